@@ -1,0 +1,52 @@
+// Errors and check macros. Two kinds of failure exist for a user: their input was wrong
+// (usage/input error: one clear line, exit code 2) or hpctrain itself failed (exit code 1).
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace hpc {
+
+enum class ErrorKind { Usage, Internal };
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+  int exit_code() const { return kind_ == ErrorKind::Usage ? 2 : 1; }
+
+ private:
+  ErrorKind kind_;
+};
+
+namespace detail {
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+[[noreturn]] void throw_internal(const char* file, int line, const char* cond, const std::string& msg);
+}  // namespace detail
+
+// A problem the user can fix: bad flag, bad file, bad value. Message names the problem.
+template <class... Args>
+[[noreturn]] void usage_error(const Args&... args) {
+  throw Error(ErrorKind::Usage, detail::concat(args...));
+}
+
+}  // namespace hpc
+
+// Internal invariant: carries file and line, because only a developer can act on it.
+#define HPC_CHECK(cond, ...)                                                              \
+  do {                                                                                    \
+    if (!(cond)) ::hpc::detail::throw_internal(__FILE__, __LINE__, #cond,                 \
+                                               ::hpc::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
+  } while (0)
+
+// User-facing validation: throws a usage error (exit code 2) with the given message.
+#define HPC_REQUIRE(cond, ...)                      \
+  do {                                              \
+    if (!(cond)) ::hpc::usage_error(__VA_ARGS__);   \
+  } while (0)

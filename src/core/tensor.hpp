@@ -1,0 +1,105 @@
+// Tensor: a shape, a dtype, a device and a view into reference-counted owning storage.
+// Views share storage, which is how layers hold their slices of the parameter and gradient
+// arenas (DESIGN.md principle 1). Host storage is 64-byte aligned for AVX-512 loads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace hpc {
+
+enum class DType : uint8_t { F32, F64, I32, U8 };
+enum class DeviceKind : uint8_t { CPU, CUDA };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<double>() { return DType::F64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) : dims_(dims) {}
+  explicit Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+  size_t rank() const { return dims_.size(); }
+  int64_t operator[](size_t i) const { return dims_.at(i); }
+  int64_t& operator[](size_t i) { return dims_.at(i); }
+  int64_t numel() const;
+  const std::vector<int64_t>& dims() const { return dims_; }
+  bool operator==(const Shape& o) const = default;
+  std::string str() const;  // "[64, 28, 28, 1]"
+
+ private:
+  std::vector<int64_t> dims_;
+};
+
+// Owning, aligned storage on one device. Only the CPU allocates here; the CUDA backend
+// provides its own allocator behind the same class (kernels/).
+class Storage {
+ public:
+  Storage(size_t bytes, DeviceKind device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() { return data_; }
+  size_t bytes() const { return bytes_; }
+  DeviceKind device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  DeviceKind device_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-filled storage.
+  Tensor(Shape shape, DType dtype, DeviceKind device = DeviceKind::CPU);
+
+  template <class T>
+  static Tensor zeros(Shape shape) { return Tensor(std::move(shape), dtype_of<T>()); }
+
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  DeviceKind device() const { return storage_ ? storage_->device() : DeviceKind::CPU; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  bool defined() const { return storage_ != nullptr; }
+
+  template <class T>
+  T* data() const {
+    HPC_CHECK(dtype_of<T>() == dtype_, "tensor holds ", dtype_name(dtype_));
+    return reinterpret_cast<T*>(raw());
+  }
+  void* raw() const;
+
+  // A view of `count` elements starting at element `offset`, with a new shape.
+  Tensor view(int64_t offset, Shape shape) const;
+  // Same storage, new shape with the same number of elements.
+  Tensor reshape(Shape shape) const;
+  void fill_zero();
+  // Gives the tensor `shape`, reusing its storage when that is large enough (activation
+  // buffers grow to the largest batch once and are then reused every step).
+  void resize(Shape shape, DType dtype);
+  template <class T>
+  void resize(Shape shape) { resize(std::move(shape), dtype_of<T>()); }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // in elements
+  Shape shape_;
+  DType dtype_ = DType::F32;
+};
+
+}  // namespace hpc

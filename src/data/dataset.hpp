@@ -1,0 +1,47 @@
+// Datasets held in memory as uint8 pixels (NHWC) and labels, as the files store them;
+// normalisation to float happens per batch in the loader.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hpc::data {
+
+struct Dataset {
+  std::string source;  // file or directory it came from, for messages
+  int64_t count = 0, height = 0, width = 0, channels = 0;
+  int classes = 10;
+  std::vector<uint8_t> images;  // count x height x width x channels
+  std::vector<uint8_t> labels;  // count
+  int64_t sample_bytes() const { return height * width * channels; }
+  // Keeps the first n samples (short test runs); n <= 0 keeps all.
+  void truncate(int64_t n);
+};
+
+struct Normalization {
+  std::vector<float> mean, std;  // per channel, on pixels scaled to [0, 1]
+};
+
+struct DatasetPair {
+  Dataset train, test;
+  Normalization norm;
+};
+
+// The names load_dataset accepts.
+const std::vector<std::string>& dataset_names();
+// Where the dataset is found when --data-dir is not given (Debian's package for Fashion-MNIST).
+std::string default_data_dir(const std::string& name);
+// Loads train and test sets; every problem with the files is a usage error naming the file.
+DatasetPair load_dataset(const std::string& name, const std::string& dir);
+
+// IDX files (MNIST, Fashion-MNIST), gzip-compressed or raw. Expected image size is checked.
+Dataset read_idx(const std::string& images_path, const std::string& labels_path, int64_t height, int64_t width,
+                 int classes);
+// CIFAR-10 binary batches: records of 1 label byte and 3072 pixel bytes (planar RGB 32x32).
+Dataset read_cifar10(const std::vector<std::string>& paths);
+
+// Reads a whole file, gunzipping when it starts with the gzip magic.
+std::vector<uint8_t> read_file_maybe_gzip(const std::string& path);
+
+}  // namespace hpc::data

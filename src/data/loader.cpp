@@ -1,0 +1,134 @@
+#include "data/loader.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#include "core/rng.hpp"
+
+namespace hpc::data {
+
+BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed)
+    : ds_(ds), aug_(aug), seed_(seed) {
+  HPC_CHECK(static_cast<int64_t>(norm.mean.size()) == ds.channels && norm.std.size() == norm.mean.size(),
+            "normalisation has ", norm.mean.size(), " channels, dataset ", ds.channels);
+  table_.resize(ds.channels * 256);
+  for (int64_t c = 0; c < ds.channels; ++c)
+    for (int v = 0; v < 256; ++v)
+      table_[c * 256 + v] = (static_cast<float>(v) / 255.0f - norm.mean[c]) / norm.std[c];
+}
+
+void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
+                              Batch& out) const {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t h = ds_.height, w = ds_.width, c = ds_.channels, per = ds_.sample_bytes();
+  out.images.resize<float>(Shape{n, h, w, c});
+  out.labels.resize(n);
+  float* dst = out.images.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t idx = indices[i];
+    const uint8_t* src = ds_.images.data() + static_cast<int64_t>(idx) * per;
+    float* o = dst + i * per;
+    out.labels[i] = ds_.labels[idx];
+    if (!augment || !aug_.any()) {
+      if (c == 1) {
+        for (int64_t p = 0; p < per; ++p) o[p] = table_[src[p]];
+      } else {
+        for (int64_t p = 0; p < per; ++p) o[p] = table_[(p % c) * 256 + src[p]];
+      }
+      continue;
+    }
+    Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
+    const int64_t pad = aug_.crop_padding;
+    const int64_t dy = pad ? static_cast<int64_t>(rng.below(static_cast<uint32_t>(2 * pad + 1))) - pad : 0;
+    const int64_t dx = pad ? static_cast<int64_t>(rng.below(static_cast<uint32_t>(2 * pad + 1))) - pad : 0;
+    const bool flip = aug_.flip && (rng.next_u32() & 1u);
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) {
+        const int64_t sy = y + dy, sx0 = x + dx;
+        const int64_t sx = flip ? (w - 1 - x) + dx : sx0;
+        float* px = o + (y * w + x) * c;
+        const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+        for (int64_t ch = 0; ch < c; ++ch)  // padding is a black pixel, normalised like any other
+          px[ch] = table_[ch * 256 + (inside ? src[(sy * w + sx) * c + ch] : 0)];
+      }
+    }
+  }
+}
+
+Loader::Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler,
+               uint64_t seed, int depth)
+    : assembler_(ds, norm, aug, seed), sampler_(std::move(sampler)), augment_(aug.any()), depth_(depth),
+      pool_(depth) {}
+
+Loader::~Loader() { stop(); }
+
+void Loader::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Loader::start_epoch(int64_t epoch, int64_t first_step) {
+  stop();
+  free_.clear();
+  ready_.clear();
+  for (int i = 0; i < depth_; ++i) free_.push_back(i);
+  in_use_ = -1;
+  done_ = stop_ = false;
+  error_ = nullptr;
+  thread_ = std::thread([this, epoch, first_step] { produce(epoch, first_step); });
+}
+
+void Loader::produce(int64_t epoch, int64_t first_step) {
+  try {
+    for (int64_t s = first_step; s < sampler_.steps_per_epoch(); ++s) {
+      int slot;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !free_.empty(); });
+        if (stop_) return;
+        slot = free_.front();
+        free_.pop_front();
+      }
+      // The sampler is used by this thread only while an epoch is running.
+      assembler_.assemble(sampler_.indices(epoch, s), epoch, augment_, pool_[slot]);
+      pool_[slot].epoch = epoch;
+      pool_[slot].step = s;
+      {
+        std::lock_guard lock(mu_);
+        ready_.push_back(slot);
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    error_ = std::current_exception();
+  }
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+const Batch* Loader::next() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock lock(mu_);
+  if (in_use_ >= 0) {  // the consumer is done with the previous batch
+    free_.push_back(in_use_);
+    in_use_ = -1;
+    cv_.notify_all();
+  }
+  cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (error_) std::rethrow_exception(error_);
+  if (ready_.empty()) return nullptr;
+  in_use_ = ready_.front();
+  ready_.pop_front();
+  return &pool_[in_use_];
+}
+
+}  // namespace hpc::data

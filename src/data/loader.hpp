@@ -1,0 +1,82 @@
+// Batches as the model wants them: float NHWC, normalised, augmented, with int32 labels.
+// The Loader builds the next batches on a prefetch thread while the model trains on the
+// current one; augmentation randomness is keyed by (seed, epoch, sample index), so the same
+// sample is augmented identically whichever rank, thread or run reads it.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "data/dataset.hpp"
+#include "data/sampler.hpp"
+
+namespace hpc::data {
+
+struct AugmentSpec {
+  int64_t crop_padding = 0;  // random crop of the original size from the image padded by this
+  bool flip = false;         // horizontal flip with probability 1/2
+  bool any() const { return crop_padding > 0 || flip; }
+};
+
+struct Batch {
+  Tensor images;                // n x H x W x C float
+  std::vector<int32_t> labels;  // n
+  int64_t epoch = 0, step = 0;
+  int64_t size() const { return static_cast<int64_t>(labels.size()); }
+};
+
+// Turns uint8 samples into normalised floats (a 256-entry table per channel).
+class BatchAssembler {
+ public:
+  BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed);
+  // Fills out with the given samples; augmentation (if any) is keyed by (seed, epoch, index).
+  void assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
+
+ private:
+  const Dataset& ds_;
+  AugmentSpec aug_;
+  uint64_t seed_;
+  std::vector<float> table_;  // channels x 256
+};
+
+class Loader {
+ public:
+  Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler, uint64_t seed,
+         int depth = 3);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts producing the batches of `epoch` from step `first_step` on (resume starts mid-epoch).
+  void start_epoch(int64_t epoch, int64_t first_step = 0);
+  // The next batch of the epoch, or nullptr after its last one. The batch stays valid until
+  // the next call. Time spent waiting here is the data-wait time.
+  const Batch* next();
+  int64_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  void stop();
+  void produce(int64_t epoch, int64_t first_step);
+
+  BatchAssembler assembler_;
+  ShardedSampler sampler_;
+  bool augment_;
+  int depth_;
+  std::vector<Batch> pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int> free_, ready_;  // indices into pool_
+  int in_use_ = -1;               // batch handed to the consumer
+  bool done_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace hpc::data

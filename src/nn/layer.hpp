@@ -1,0 +1,225 @@
+// Layers: forward and backward on the CPU, templated on the scalar type so the same code runs
+// in float for training and in double for the finite-difference gradient checks.
+//
+// Activations are NHWC (channels last): a convolution's im2col rows are then contiguous
+// copies of Cin channels, batch norm sees an M x C matrix, and the flatten before a linear
+// layer is free. Tensors of features are N x F, which is NHWC with H = W = 1.
+//
+// Contract of every layer:
+//  - setup(in) declares parameters/buffers in the store and returns the per-sample output
+//    shape ({H, W, C} or {F}); it runs once, before the arenas are allocated.
+//  - forward(x, train) returns a reference to the layer's own output buffer, valid until its
+//    next forward. The layer may keep a handle to x: the caller keeps x alive and unchanged
+//    until backward.
+//  - backward(dy, need_dx) OVERWRITES (not accumulates) the layer's parameter gradients, and
+//    returns dx when need_dx (the first layer skips the input gradient: it is never used).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.hpp"
+#include "core/tensor.hpp"
+
+namespace hpc::nn {
+
+template <class T>
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string kind() const = 0;
+  virtual Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) = 0;
+  virtual const Tensor& forward(const Tensor& x, bool train) = 0;
+  virtual const Tensor& backward(const Tensor& dy, bool need_dx) = 0;
+  // Per-sample forward multiply-adds x 2 (for GFLOP/s reports); 0 for cheap layers.
+  virtual double forward_flops() const { return 0; }
+  // Multiply-adds x 2 of backward; by default twice the forward (input and weight gradients).
+  virtual double backward_flops(bool need_dx) const { return forward_flops() * (need_dx ? 2 : 1); }
+};
+
+template <class T>
+using LayerPtr = std::unique_ptr<Layer<T>>;
+
+// Shape of a batch of n samples with per-sample shape s.
+inline Shape batch_shape(int64_t n, const Shape& s) {
+  std::vector<int64_t> d{n};
+  d.insert(d.end(), s.dims().begin(), s.dims().end());
+  return Shape(std::move(d));
+}
+
+struct ConvSpec {
+  int64_t out_channels = 0, kernel = 3, stride = 1, padding = 1;
+  bool bias = true;
+};
+
+template <class T>
+class Conv2d final : public Layer<T> {
+ public:
+  explicit Conv2d(ConvSpec spec) : spec_(spec) {}
+  std::string kind() const override { return "conv2d"; }
+  Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  double forward_flops() const override;
+
+ private:
+  bool direct() const;  // 1x1, stride 1, no padding: the input is its own im2col matrix
+  void im2col(const T* x, int64_t images, T* col) const;
+  void col2im(const T* col, int64_t images, T* dx) const;
+  int64_t images_per_chunk() const;
+
+  ConvSpec spec_;
+  int64_t h_ = 0, w_ = 0, cin_ = 0, ho_ = 0, wo_ = 0, k_ = 0;  // k_ = kernel*kernel*cin
+  ParamStore<T>* store_ = nullptr;
+  int weight_ = -1, bias_ = -1;
+  Tensor x_, y_, dx_, col_, dcol_;
+  bool col_kept_ = false;  // forward kept every chunk's columns for backward
+};
+
+template <class T>
+class BatchNorm final : public Layer<T> {
+ public:
+  explicit BatchNorm(double momentum = 0.1, double eps = 1e-5) : momentum_(momentum), eps_(eps) {}
+  std::string kind() const override { return "batchnorm"; }
+  Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  double momentum_, eps_;
+  int64_t c_ = 0;
+  ParamStore<T>* store_ = nullptr;
+  int gamma_ = -1, beta_ = -1, running_mean_ = -1, running_var_ = -1;
+  Tensor x_, y_, dx_;
+  std::vector<double> mean_, invstd_;
+};
+
+template <class T>
+class ReLU final : public Layer<T> {
+ public:
+  std::string kind() const override { return "relu"; }
+  Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override { return in; }
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  Tensor y_, dx_;
+};
+
+template <class T>
+class MaxPool2d final : public Layer<T> {
+ public:
+  MaxPool2d(int64_t kernel, int64_t stride) : kernel_(kernel), stride_(stride) {}
+  std::string kind() const override { return "maxpool2d"; }
+  Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  int64_t kernel_, stride_, h_ = 0, w_ = 0, c_ = 0, ho_ = 0, wo_ = 0;
+  Tensor y_, dx_, argmax_;
+};
+
+template <class T>
+class GlobalAvgPool final : public Layer<T> {
+ public:
+  std::string kind() const override { return "global_avg_pool"; }
+  Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  int64_t hw_ = 0, c_ = 0;
+  Tensor y_, dx_;
+};
+
+template <class T>
+class Flatten final : public Layer<T> {
+ public:
+  std::string kind() const override { return "flatten"; }
+  Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  Shape in_;
+  Tensor y_, dx_;
+};
+
+template <class T>
+class Linear final : public Layer<T> {
+ public:
+  explicit Linear(int64_t out_features, bool bias = true) : out_(out_features), has_bias_(bias) {}
+  std::string kind() const override { return "linear"; }
+  Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  double forward_flops() const override { return 2.0 * static_cast<double>(in_ * out_); }
+
+ private:
+  int64_t in_ = 0, out_;
+  bool has_bias_;
+  ParamStore<T>* store_ = nullptr;
+  int weight_ = -1, bias_ = -1;
+  Tensor x_, y_, dx_;
+};
+
+// A chain of layers; itself a layer, so blocks nest.
+template <class T>
+class Sequential final : public Layer<T> {
+ public:
+  std::string kind() const override { return "sequential"; }
+  void add(LayerPtr<T> layer) { layers_.push_back(std::move(layer)); }
+  bool empty() const { return layers_.empty(); }
+  Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  double forward_flops() const override;
+  double backward_flops(bool need_dx) const override;
+  const std::vector<LayerPtr<T>>& layers() const { return layers_; }
+
+ private:
+  std::vector<LayerPtr<T>> layers_;
+};
+
+// ResNet basic block: relu(main(x) + shortcut(x)); an empty shortcut is the identity.
+// The residual add and its gradient (the same dy flows into both branches) live here.
+template <class T>
+class Residual final : public Layer<T> {
+ public:
+  Residual(Sequential<T> main, Sequential<T> shortcut)
+      : main_(std::move(main)), shortcut_(std::move(shortcut)) {}
+  std::string kind() const override { return "residual"; }
+  Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
+  const Tensor& forward(const Tensor& x, bool train) override;
+  const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  double forward_flops() const override { return main_.forward_flops() + shortcut_.forward_flops(); }
+  double backward_flops(bool need_dx) const override {
+    return main_.backward_flops(true) + shortcut_.backward_flops(true) * (need_dx ? 1 : 0);
+  }
+
+ private:
+  Sequential<T> main_, shortcut_;
+  Tensor y_, dsum_, dx_;
+};
+
+// Mean softmax cross-entropy over the batch, with optional label smoothing (the target puts
+// 1 - s on the label and s / classes on every class, as PyTorch's label_smoothing).
+template <class T>
+class SoftmaxCrossEntropy {
+ public:
+  explicit SoftmaxCrossEntropy(double label_smoothing = 0) : smoothing_(label_smoothing) {}
+  // logits: N x K; labels: N int32 in [0, K). Returns the mean loss.
+  double forward(const Tensor& logits, const int32_t* labels);
+  // Gradient of the mean loss with respect to the logits of the last forward.
+  const Tensor& backward();
+  const Tensor& probabilities() const { return prob_; }
+
+ private:
+  double smoothing_;
+  const int32_t* labels_ = nullptr;
+  Tensor prob_, dlogits_;
+};
+
+}  // namespace hpc::nn

@@ -1,0 +1,54 @@
+// Models by name, and the Model that owns a network, its arenas and its loss.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layer.hpp"
+
+namespace hpc::nn {
+
+struct ModelSpec {
+  std::string name = "cnn";   // mlp | cnn | resnet20 | resnet18
+  bool batch_norm = true;     // false: the variant without batch norm (exactness tests)
+  Shape input{28, 28, 1};     // per-sample H x W x C
+  int64_t classes = 10;
+  double label_smoothing = 0;
+};
+
+// The names build_model accepts, for --help and error messages.
+const std::vector<std::string>& model_names();
+
+template <class T>
+class Model {
+ public:
+  explicit Model(const ModelSpec& spec);
+  // Kaiming-normal weights (fan in, ReLU gain) drawn from (seed, parameter index); zero
+  // biases; batch-norm scale 1 and shift 0. Identical on every machine for a given seed.
+  void init(uint64_t seed);
+  // Forward of a batch x (N x H x W x C); returns the logits (N x classes).
+  const Tensor& forward(const Tensor& x, bool train) { return net_.forward(x, train); }
+  // Loss of the last forward against labels, and the gradient of it into the grad arena.
+  double loss(const Tensor& logits, const int32_t* labels) { return loss_.forward(logits, labels); }
+  void backward() { net_.backward(loss_.backward(), false); }
+  double train_step(const Tensor& x, const int32_t* labels);  // forward + loss + backward
+
+  // Softmax outputs of the last loss() call (N x classes).
+  const Tensor& probabilities() const { return loss_.probabilities(); }
+  ParamStore<T>& params() { return store_; }
+  const ParamStore<T>& params() const { return store_; }
+  const ModelSpec& spec() const { return spec_; }
+  Sequential<T>& net() { return net_; }
+  // Per-sample multiply-add work of one training step (forward + backward) x 2.
+  double train_flops_per_sample() const { return net_.forward_flops() + net_.backward_flops(false); }
+  std::string summary() const;
+
+ private:
+  ModelSpec spec_;
+  Sequential<T> net_;
+  ParamStore<T> store_;
+  SoftmaxCrossEntropy<T> loss_;
+};
+
+}  // namespace hpc::nn

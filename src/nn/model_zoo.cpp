@@ -1,0 +1,158 @@
+#include <cmath>
+#include <sstream>
+
+#include "core/rng.hpp"
+#include "nn/model.hpp"
+
+namespace hpc::nn {
+namespace {
+
+template <class T, class L, class... Args>
+void push(Sequential<T>& s, Args&&... args) {
+  s.add(std::make_unique<L>(std::forward<Args>(args)...));
+}
+
+// conv (+ BN) (+ ReLU). Without BN the convolution carries a bias instead.
+template <class T>
+void conv_bn(Sequential<T>& s, bool bn, int64_t out, int64_t kernel, int64_t stride, int64_t pad, bool relu,
+             bool bias_with_bn = false) {
+  push<T, Conv2d<T>>(s, ConvSpec{out, kernel, stride, pad, !bn || bias_with_bn});
+  if (bn) push<T, BatchNorm<T>>(s);
+  if (relu) push<T, ReLU<T>>(s);
+}
+
+// The model of shared/bench/torch_peer.py. Its convolutions keep their bias even before batch
+// norm, as PyTorch's nn.Conv2d default does there.
+template <class T>
+void build_cnn(Sequential<T>& s, const ModelSpec& m) {
+  conv_bn(s, m.batch_norm, 32, 3, 1, 1, true, true);
+  push<T, MaxPool2d<T>>(s, 2, 2);
+  conv_bn(s, m.batch_norm, 64, 3, 1, 1, true, true);
+  push<T, MaxPool2d<T>>(s, 2, 2);
+  push<T, Flatten<T>>(s);
+  push<T, Linear<T>>(s, 128);
+  push<T, ReLU<T>>(s);
+  push<T, Linear<T>>(s, m.classes);
+}
+
+template <class T>
+void build_mlp(Sequential<T>& s, const ModelSpec& m) {
+  push<T, Flatten<T>>(s);
+  for (int64_t width : {512, 256}) {
+    push<T, Linear<T>>(s, width, !m.batch_norm);
+    if (m.batch_norm) push<T, BatchNorm<T>>(s);
+    push<T, ReLU<T>>(s);
+  }
+  push<T, Linear<T>>(s, m.classes);
+}
+
+template <class T>
+LayerPtr<T> basic_block(bool bn, int64_t in, int64_t out, int64_t stride) {
+  Sequential<T> main, shortcut;
+  conv_bn(main, bn, out, 3, stride, 1, true);
+  conv_bn(main, bn, out, 3, 1, 1, false);
+  if (stride != 1 || in != out) conv_bn(shortcut, bn, out, 1, stride, 0, false);  // projection
+  return std::make_unique<Residual<T>>(std::move(main), std::move(shortcut));
+}
+
+// He et al. 2016, section 4.2: 6n+2 layers on 32x32 images, widths 16/32/64, n = 3.
+template <class T>
+void build_resnet20(Sequential<T>& s, const ModelSpec& m) {
+  conv_bn(s, m.batch_norm, 16, 3, 1, 1, true);
+  int64_t in = 16;
+  for (int64_t width : {16, 32, 64}) {
+    for (int b = 0; b < 3; ++b) {
+      s.add(basic_block<T>(m.batch_norm, in, width, (b == 0 && width != 16) ? 2 : 1));
+      in = width;
+    }
+  }
+  push<T, GlobalAvgPool<T>>(s);
+  push<T, Linear<T>>(s, m.classes);
+}
+
+// ResNet-18. Small images (<= 64 pixels a side: MNIST, CIFAR) get the usual CIFAR stem,
+// a 3x3 convolution without max pool; larger ones the ImageNet stem (7x7/2 + max pool).
+template <class T>
+void build_resnet18(Sequential<T>& s, const ModelSpec& m) {
+  if (m.input[0] <= 64) {
+    conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
+  } else {
+    conv_bn(s, m.batch_norm, 64, 7, 2, 3, true);
+    push<T, MaxPool2d<T>>(s, 2, 2);
+  }
+  int64_t in = 64;
+  for (int64_t width : {64, 128, 256, 512}) {
+    for (int b = 0; b < 2; ++b) {
+      s.add(basic_block<T>(m.batch_norm, in, width, (b == 0 && width != 64) ? 2 : 1));
+      in = width;
+    }
+  }
+  push<T, GlobalAvgPool<T>>(s);
+  push<T, Linear<T>>(s, m.classes);
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names{"mlp", "cnn", "resnet20", "resnet18"};
+  return names;
+}
+
+template <class T>
+Model<T>::Model(const ModelSpec& spec) : spec_(spec), loss_(spec.label_smoothing) {
+  if (spec.name == "cnn") build_cnn(net_, spec);
+  else if (spec.name == "mlp") build_mlp(net_, spec);
+  else if (spec.name == "resnet20") build_resnet20(net_, spec);
+  else if (spec.name == "resnet18") build_resnet18(net_, spec);
+  else usage_error("unknown model '", spec.name, "' (choose mlp, cnn, resnet20 or resnet18)");
+  Shape out = net_.setup(spec.input, store_, "");
+  HPC_CHECK(out == Shape({spec.classes}), "model ", spec.name, " ends in ", out.str());
+  store_.allocate();
+}
+
+template <class T>
+void Model<T>::init(uint64_t seed) {
+  const auto& slots = store_.slots();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const ParamSlot& s = slots[i];
+    T* p = store_.value(static_cast<int>(i));
+    const int64_t n = s.shape.numel();
+    switch (s.role) {
+      case ParamRole::Weight: {
+        Philox rng(seed, RngStream::Init, i);
+        const double stddev = std::sqrt(2.0 / static_cast<double>(s.fan_in));
+        for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>(rng.normal() * stddev);
+        break;
+      }
+      case ParamRole::NormScale:
+        for (int64_t j = 0; j < n; ++j) p[j] = T(1);
+        break;
+      case ParamRole::Bias:
+      case ParamRole::NormShift:
+        for (int64_t j = 0; j < n; ++j) p[j] = T(0);
+        break;
+    }
+  }
+}
+
+template <class T>
+double Model<T>::train_step(const Tensor& x, const int32_t* labels) {
+  const Tensor& logits = forward(x, true);
+  const double l = loss(logits, labels);
+  backward();
+  return l;
+}
+
+template <class T>
+std::string Model<T>::summary() const {
+  std::ostringstream os;
+  os << spec_.name << (spec_.batch_norm ? "" : " (no batch norm)") << ": " << store_.param_count()
+     << " parameters in " << store_.slots().size() << " tensors, "
+     << net_.forward_flops() / 1e6 << " MFLOP forward per sample";
+  return os.str();
+}
+
+template class Model<float>;
+template class Model<double>;
+
+}  // namespace hpc::nn

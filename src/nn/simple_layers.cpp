@@ -1,0 +1,217 @@
+// The cheap layers: ReLU, max pool, global average pool, flatten and linear.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "nn/gemm.hpp"
+#include "nn/layer.hpp"
+
+namespace hpc::nn {
+
+// ---- ReLU ---------------------------------------------------------------------------------
+template <class T>
+const Tensor& ReLU<T>::forward(const Tensor& x, bool /*train*/) {
+  y_.resize<T>(x.shape());
+  const T* xp = x.data<T>();
+  T* yp = y_.data<T>();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > T(0) ? xp[i] : T(0);
+  return y_;
+}
+
+template <class T>
+const Tensor& ReLU<T>::backward(const Tensor& dy, bool need_dx) {
+  if (!need_dx) return dx_;
+  dx_.resize<T>(dy.shape());
+  const T* yp = y_.data<T>();
+  const T* g = dy.data<T>();
+  T* dxp = dx_.data<T>();
+  const int64_t n = dy.numel();
+  for (int64_t i = 0; i < n; ++i) dxp[i] = yp[i] > T(0) ? g[i] : T(0);
+  return dx_;
+}
+
+// ---- Max pool (no padding; windows that do not fit are dropped, as PyTorch's floor mode) ----
+template <class T>
+Shape MaxPool2d<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
+  HPC_CHECK(in.rank() == 3, "maxpool2d expects H x W x C input, got ", in.str());
+  h_ = in[0];
+  w_ = in[1];
+  c_ = in[2];
+  ho_ = (h_ - kernel_) / stride_ + 1;
+  wo_ = (w_ - kernel_) / stride_ + 1;
+  HPC_CHECK(ho_ > 0 && wo_ > 0, "maxpool2d output would be empty for input ", in.str());
+  return Shape{ho_, wo_, c_};
+}
+
+template <class T>
+const Tensor& MaxPool2d<T>::forward(const Tensor& x, bool /*train*/) {
+  const int64_t n = x.shape()[0];
+  y_.resize<T>(Shape{n, ho_, wo_, c_});
+  argmax_.resize<int32_t>(Shape{n, ho_, wo_, c_});
+  const T* xp = x.data<T>();
+  T* yp = y_.data<T>();
+  int32_t* am = argmax_.data<int32_t>();
+  for (int64_t b = 0; b < n; ++b) {
+    const T* xb = xp + b * h_ * w_ * c_;
+    const int32_t base = static_cast<int32_t>(b * h_ * w_ * c_);
+    for (int64_t oh = 0; oh < ho_; ++oh) {
+      for (int64_t ow = 0; ow < wo_; ++ow) {
+        const int64_t o = ((b * ho_ + oh) * wo_ + ow) * c_;
+        T* out = yp + o;
+        int32_t* idx = am + o;
+        const int64_t first = (oh * stride_ * w_ + ow * stride_) * c_;
+        for (int64_t ch = 0; ch < c_; ++ch) {
+          out[ch] = xb[first + ch];
+          idx[ch] = base + static_cast<int32_t>(first + ch);
+        }
+        for (int64_t kh = 0; kh < kernel_; ++kh) {
+          for (int64_t kw = 0; kw < kernel_; ++kw) {
+            if (kh == 0 && kw == 0) continue;
+            const int64_t off = ((oh * stride_ + kh) * w_ + ow * stride_ + kw) * c_;
+            const T* in = xb + off;
+            for (int64_t ch = 0; ch < c_; ++ch) {
+              if (in[ch] > out[ch]) {
+                out[ch] = in[ch];
+                idx[ch] = base + static_cast<int32_t>(off + ch);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  dx_.resize<T>(x.shape());
+  return y_;
+}
+
+template <class T>
+const Tensor& MaxPool2d<T>::backward(const Tensor& dy, bool need_dx) {
+  if (!need_dx) return dx_;
+  dx_.fill_zero();
+  T* dxp = dx_.data<T>();
+  const T* g = dy.data<T>();
+  const int32_t* am = argmax_.data<int32_t>();
+  const int64_t n = dy.numel();
+  for (int64_t i = 0; i < n; ++i) dxp[am[i]] += g[i];
+  return dx_;
+}
+
+// ---- Global average pool ------------------------------------------------------------------
+template <class T>
+Shape GlobalAvgPool<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
+  HPC_CHECK(in.rank() == 3, "global_avg_pool expects H x W x C input, got ", in.str());
+  hw_ = in[0] * in[1];
+  c_ = in[2];
+  return Shape{c_};
+}
+
+template <class T>
+const Tensor& GlobalAvgPool<T>::forward(const Tensor& x, bool /*train*/) {
+  const int64_t n = x.shape()[0];
+  y_.resize<T>(Shape{n, c_});
+  dx_.resize<T>(x.shape());
+  const T* xp = x.data<T>();
+  T* yp = y_.data<T>();
+  const T inv = T(1) / static_cast<T>(hw_);
+  for (int64_t b = 0; b < n; ++b) {
+    T* out = yp + b * c_;
+    std::fill(out, out + c_, T(0));
+    for (int64_t p = 0; p < hw_; ++p) {
+      const T* in = xp + (b * hw_ + p) * c_;
+      for (int64_t ch = 0; ch < c_; ++ch) out[ch] += in[ch];
+    }
+    for (int64_t ch = 0; ch < c_; ++ch) out[ch] *= inv;
+  }
+  return y_;
+}
+
+template <class T>
+const Tensor& GlobalAvgPool<T>::backward(const Tensor& dy, bool need_dx) {
+  if (!need_dx) return dx_;
+  const int64_t n = dy.shape()[0];
+  const T* g = dy.data<T>();
+  T* dxp = dx_.data<T>();
+  const T inv = T(1) / static_cast<T>(hw_);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t p = 0; p < hw_; ++p) {
+      T* out = dxp + (b * hw_ + p) * c_;
+      for (int64_t ch = 0; ch < c_; ++ch) out[ch] = g[b * c_ + ch] * inv;
+    }
+  return dx_;
+}
+
+// ---- Flatten: NHWC is already contiguous per sample, so this is a change of shape only ----
+template <class T>
+Shape Flatten<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
+  in_ = in;
+  return Shape{in.numel()};
+}
+
+template <class T>
+const Tensor& Flatten<T>::forward(const Tensor& x, bool /*train*/) {
+  y_ = x.reshape(Shape{x.shape()[0], in_.numel()});
+  return y_;
+}
+
+template <class T>
+const Tensor& Flatten<T>::backward(const Tensor& dy, bool need_dx) {
+  if (need_dx) dx_ = dy.reshape(batch_shape(dy.shape()[0], in_));
+  return dx_;
+}
+
+// ---- Linear: y = x W^T + b, W is out x in -------------------------------------------------
+template <class T>
+Shape Linear<T>::setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) {
+  HPC_CHECK(in.rank() == 1, "linear expects flat features, got ", in.str(), " (add a flatten)");
+  in_ = in[0];
+  store_ = &store;
+  weight_ = store.add_param(prefix + ".weight", Shape{out_, in_}, ParamRole::Weight, in_);
+  if (has_bias_) bias_ = store.add_param(prefix + ".bias", Shape{out_}, ParamRole::Bias, in_);
+  return Shape{out_};
+}
+
+template <class T>
+const Tensor& Linear<T>::forward(const Tensor& x, bool /*train*/) {
+  const int64_t n = x.shape()[0];
+  HPC_CHECK(x.shape() == Shape({n, in_}), "linear input ", x.shape().str());
+  x_ = x;
+  y_.resize<T>(Shape{n, out_});
+  T* yp = y_.data<T>();
+  T beta = 0;
+  if (has_bias_) {
+    const T* b = store_->value(bias_);
+    for (int64_t r = 0; r < n; ++r) std::memcpy(yp + r * out_, b, sizeof(T) * out_);
+    beta = 1;
+  }
+  gemm(false, true, n, out_, in_, T(1), x.data<T>(), in_, store_->value(weight_), in_, beta, yp, out_);
+  return y_;
+}
+
+template <class T>
+const Tensor& Linear<T>::backward(const Tensor& dy, bool need_dx) {
+  const int64_t n = x_.shape()[0];
+  const T* g = dy.data<T>();
+  gemm(true, false, out_, in_, n, T(1), g, out_, x_.data<T>(), in_, T(0), store_->grad(weight_), in_);
+  if (has_bias_) {
+    T* db = store_->grad(bias_);
+    std::fill(db, db + out_, T(0));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < out_; ++j) db[j] += g[r * out_ + j];
+  }
+  if (need_dx) {
+    dx_.resize<T>(Shape{n, in_});
+    gemm(false, false, n, in_, out_, T(1), g, out_, store_->value(weight_), in_, T(0), dx_.data<T>(), in_);
+  }
+  return dx_;
+}
+
+#define HPC_INSTANTIATE(L) template class L<float>; template class L<double>;
+HPC_INSTANTIATE(ReLU)
+HPC_INSTANTIATE(MaxPool2d)
+HPC_INSTANTIATE(GlobalAvgPool)
+HPC_INSTANTIATE(Flatten)
+HPC_INSTANTIATE(Linear)
+#undef HPC_INSTANTIATE
+
+}  // namespace hpc::nn

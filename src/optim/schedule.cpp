@@ -1,0 +1,55 @@
+#include "optim/schedule.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace hpc::optim {
+namespace {
+// Cosine interpolation from a (at t = 0) to b (at t = 1).
+double cosine(double a, double b, double t) { return b + (a - b) * 0.5 * (1 + std::cos(M_PI * t)); }
+}  // namespace
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names{"constant", "step", "cosine", "onecycle"};
+  return names;
+}
+
+LrSchedule::LrSchedule(ScheduleSpec spec) : spec_(std::move(spec)) {
+  const auto& names = schedule_names();
+  HPC_REQUIRE(std::find(names.begin(), names.end(), spec_.kind) != names.end(), "unknown --lr-schedule '",
+              spec_.kind, "' (choose constant, step, cosine or onecycle)");
+  HPC_REQUIRE(spec_.lr > 0 && std::isfinite(spec_.lr), "--lr must be a positive number, got ", spec_.lr);
+  HPC_REQUIRE(spec_.warmup_samples >= 0, "--warmup-epochs must not be negative");
+  HPC_REQUIRE(spec_.pct_start > 0 && spec_.pct_start < 1, "--onecycle-pct-start must be in (0, 1)");
+  HPC_REQUIRE(spec_.div_factor >= 1 && spec_.final_div_factor >= 1, "one-cycle divisors must be >= 1");
+  HPC_REQUIRE(spec_.gamma > 0, "--lr-gamma must be positive");
+  std::sort(spec_.step_samples.begin(), spec_.step_samples.end());
+}
+
+double LrSchedule::base(double s) const {
+  const double total = std::max(spec_.total_samples, 1.0);
+  const double t = std::clamp(s / total, 0.0, 1.0);
+  if (spec_.kind == "constant") return spec_.lr;
+  if (spec_.kind == "step") {
+    double lr = spec_.lr;
+    for (double m : spec_.step_samples)
+      if (s >= m) lr *= spec_.gamma;
+    return lr;
+  }
+  if (spec_.kind == "cosine") return cosine(spec_.lr, spec_.min_lr, t);
+  // onecycle
+  const double initial = spec_.lr / spec_.div_factor;
+  const double final_lr = initial / spec_.final_div_factor;
+  if (t <= spec_.pct_start) return cosine(initial, spec_.lr, t / spec_.pct_start);
+  return cosine(spec_.lr, final_lr, (t - spec_.pct_start) / (1 - spec_.pct_start));
+}
+
+double LrSchedule::lr(double s) const {
+  const double b = base(s);
+  if (spec_.warmup_samples > 0 && s < spec_.warmup_samples) return b * (s / spec_.warmup_samples);
+  return b;
+}
+
+}  // namespace hpc::optim

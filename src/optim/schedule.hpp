@@ -1,0 +1,38 @@
+// Learning-rate schedules. Every schedule is a function of the number of training samples
+// seen, not of steps, so it survives a change of batch size or world size on resume.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hpc::optim {
+
+struct ScheduleSpec {
+  std::string kind = "onecycle";     // constant | step | cosine | onecycle
+  double lr = 0.1;                   // base lr (constant/step/cosine) or peak lr (onecycle)
+  double total_samples = 0;          // length of the training run in samples
+  double warmup_samples = 0;         // linear warm-up from 0 over this many samples
+  std::vector<double> step_samples;  // step: multiply by gamma at each of these
+  double gamma = 0.1;
+  double min_lr = 0;                 // cosine: floor
+  // onecycle, as PyTorch's OneCycleLR: from lr/div_factor up to lr over pct_start of the run
+  // (cosine), then down to lr/(div_factor*final_div_factor) (cosine).
+  double pct_start = 0.3;
+  double div_factor = 25;
+  double final_div_factor = 1e4;
+};
+
+class LrSchedule {
+ public:
+  explicit LrSchedule(ScheduleSpec spec);
+  double lr(double samples_seen) const;
+  const ScheduleSpec& spec() const { return spec_; }
+
+ private:
+  double base(double samples_seen) const;
+  ScheduleSpec spec_;
+};
+
+const std::vector<std::string>& schedule_names();
+
+}  // namespace hpc::optim

@@ -1,0 +1,44 @@
+#include "optim/sgd.hpp"
+
+namespace hpc::optim {
+
+template <class T>
+Sgd<T>::Sgd(const ParamStore<T>& params, SgdSpec spec) : spec_(spec) {
+  HPC_REQUIRE(spec.momentum >= 0 && spec.momentum < 1, "--momentum must be in [0, 1), got ", spec.momentum);
+  HPC_REQUIRE(spec.weight_decay >= 0, "--weight-decay must not be negative, got ", spec.weight_decay);
+  HPC_REQUIRE(!spec.nesterov || spec.momentum > 0, "Nesterov momentum needs --momentum > 0");
+  for (const ParamSlot& s : params.slots()) {
+    const bool decay = s.role == ParamRole::Weight || spec.decay_bias_and_norm;
+    ranges_.push_back({s.offset, s.offset + s.shape.numel(), decay});
+  }
+  velocity_ = Tensor::zeros<T>(params.values().shape());
+}
+
+template <class T>
+void Sgd<T>::step(ParamStore<T>& params, double lr_d) {
+  T* p = params.values().template data<T>();
+  const T* g = params.grads().template data<T>();
+  T* v = velocity_.data<T>();
+  const T lr = static_cast<T>(lr_d), mu = static_cast<T>(spec_.momentum);
+  for (const Range& r : ranges_) {
+    const T wd = r.decay ? static_cast<T>(spec_.weight_decay) : T(0);
+    if (spec_.nesterov) {
+      for (int64_t i = r.begin; i < r.end; ++i) {
+        const T gi = g[i] + wd * p[i];
+        v[i] = mu * v[i] + gi;
+        p[i] -= lr * (gi + mu * v[i]);
+      }
+    } else {
+      for (int64_t i = r.begin; i < r.end; ++i) {
+        const T gi = g[i] + wd * p[i];
+        v[i] = mu * v[i] + gi;
+        p[i] -= lr * v[i];
+      }
+    }
+  }
+}
+
+template class Sgd<float>;
+template class Sgd<double>;
+
+}  // namespace hpc::optim

@@ -1,0 +1,38 @@
+// SGD with momentum, Nesterov and decoupled-from-nothing L2 weight decay, as torch.optim.SGD:
+//   g = grad + wd * p;  v = mu * v + g;  p -= lr * (nesterov ? g + mu * v : v)
+// over the whole parameter arena in one pass. Which tensors are decayed is a table built from
+// the parameters' roles: weights always, biases and batch-norm parameters only when asked.
+#pragma once
+
+#include <vector>
+
+#include "core/arena.hpp"
+
+namespace hpc::optim {
+
+struct SgdSpec {
+  double momentum = 0.9;
+  bool nesterov = true;
+  double weight_decay = 5e-4;
+  bool decay_bias_and_norm = false;
+};
+
+template <class T>
+class Sgd {
+ public:
+  Sgd(const ParamStore<T>& params, SgdSpec spec);
+  void step(ParamStore<T>& params, double lr);
+  Tensor& momentum_buffer() { return velocity_; }
+  const SgdSpec& spec() const { return spec_; }
+
+ private:
+  struct Range {
+    int64_t begin, end;
+    bool decay;
+  };
+  SgdSpec spec_;
+  std::vector<Range> ranges_;  // one per parameter tensor, in arena order
+  Tensor velocity_;            // same layout as the parameter arena
+};
+
+}  // namespace hpc::optim

@@ -1,0 +1,167 @@
+#include "train/options.hpp"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "core/device.hpp"
+#include "core/error.hpp"
+#include "nn/gemm.hpp"
+
+namespace hpc::train {
+namespace po = boost::program_options;
+
+namespace {
+
+std::vector<double> parse_list(const std::string& s, const char* option) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      double v = std::stod(item, &used);
+      HPC_REQUIRE(used == item.size() && v >= 0, "");
+      out.push_back(v);
+    } catch (...) {
+      usage_error("--", option, " takes a comma-separated list of epochs, got '", s, "'");
+    }
+  }
+  return out;
+}
+
+void require_positive(int64_t v, const char* option) {
+  HPC_REQUIRE(v > 0, "--", option, " must be a positive integer, got ", v);
+}
+
+void require_finite(double v, const char* option) {
+  HPC_REQUIRE(std::isfinite(v), "--", option, " must be a finite number, got ", v);
+}
+
+void validate(const TrainOptions& o) {
+  require_positive(o.epochs, "epochs");
+  require_positive(o.batch_size, "batch-size");
+  require_positive(o.eval_batch_size, "eval-batch-size");
+  HPC_REQUIRE(o.seed >= 0, "--seed must not be negative, got ", o.seed);
+  HPC_REQUIRE(o.max_steps >= 0, "--max-steps must not be negative, got ", o.max_steps);
+  HPC_REQUIRE(o.train_samples >= 0, "--train-samples must not be negative, got ", o.train_samples);
+  HPC_REQUIRE(o.test_samples >= 0, "--test-samples must not be negative, got ", o.test_samples);
+  HPC_REQUIRE(o.threads >= 0 && o.threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ",
+              o.threads);
+  HPC_REQUIRE(o.log_every >= 0, "--log-every must not be negative, got ", o.log_every);
+  for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
+                         {o.label_smoothing, "label-smoothing"}, {o.warmup_epochs, "warmup-epochs"},
+                         {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"}})
+    require_finite(v, name);
+  HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+              o.label_smoothing);
+  HPC_REQUIRE(o.augment == "auto" || o.augment == "on" || o.augment == "off",
+              "--augment must be auto, on or off, got '", o.augment, "'");
+  HPC_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+              "--device must be auto, cpu or cuda, got '", o.device, "'");
+}
+
+}  // namespace
+
+std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
+  TrainOptions o;
+  std::string config, step_epochs;
+  bool no_nesterov = false, no_batch_norm = false, keep_last = false;
+  po::options_description general("General");
+  general.add_options()
+      ("help,h", "print this help and exit")
+      ("version", "print the version and exit")
+      ("config", po::value(&config), "read options from FILE (key = value, same names as the long "
+                                     "options); the command line wins")
+      ("quiet", po::bool_switch(&o.quiet), "print nothing but errors")
+      ("metrics-file", po::value(&o.metrics_file), "append JSON Lines metrics (epoch and done events) to FILE")
+      ("log-every", po::value(&o.log_every)->default_value(o.log_every),
+       "steps between progress lines when not on a terminal (0: about ten per epoch)")
+      ("seed", po::value(&o.seed)->default_value(o.seed), "seed of initialisation, shuffling and augmentation")
+      ("threads", po::value(&o.threads)->default_value(o.threads),
+       "math-library threads per process (0: every core)")
+      ("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda");
+  po::options_description model("Model and data");
+  model.add_options()
+      ("model", po::value(&o.model)->default_value(o.model), "mlp, cnn, resnet20 or resnet18")
+      ("no-batch-norm", po::bool_switch(&no_batch_norm), "the model's variant without batch norm")
+      ("dataset", po::value(&o.dataset)->default_value(o.dataset), "fashion-mnist, mnist or cifar10")
+      ("data-dir", po::value(&o.data_dir), "directory of the dataset files (default: where Debian's "
+                                           "dataset-fashion-mnist installs them)")
+      ("train-samples", po::value(&o.train_samples)->default_value(o.train_samples),
+       "use only the first N training samples (0: all)")
+      ("test-samples", po::value(&o.test_samples)->default_value(o.test_samples),
+       "evaluate on the first N test samples only (0: all)")
+      ("augment", po::value(&o.augment)->default_value(o.augment),
+       "auto (random crop + flip for cifar10 only), on or off");
+  po::options_description training("Training");
+  training.add_options()
+      ("epochs", po::value(&o.epochs)->default_value(o.epochs), "passes over the training set")
+      ("max-steps", po::value(&o.max_steps)->default_value(o.max_steps), "stop after N steps in all (0: no limit)")
+      ("batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "samples per step")
+      ("keep-last-batch", po::bool_switch(&keep_last), "train on the short last batch of each epoch "
+                                                       "instead of dropping it")
+      ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(o.eval_batch_size),
+       "samples per evaluation batch")
+      ("lr", po::value(&o.lr)->default_value(o.lr), "learning rate (the peak for onecycle)")
+      ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule), "constant, step, cosine or onecycle")
+      ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
+       "linear warm-up from 0 over this many epochs (fractions allowed)")
+      ("lr-step-epochs", po::value(&step_epochs), "step: epochs at which the lr is multiplied by --lr-gamma, "
+                                                  "e.g. 30,60")
+      ("lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "step: factor at each step")
+      ("min-lr", po::value(&o.min_lr)->default_value(o.min_lr), "cosine: final learning rate")
+      ("onecycle-pct-start", po::value(&o.onecycle_pct_start)->default_value(o.onecycle_pct_start),
+       "onecycle: fraction of the run spent rising")
+      ("onecycle-div-factor", po::value(&o.onecycle_div_factor)->default_value(o.onecycle_div_factor),
+       "onecycle: initial lr = lr / this")
+      ("onecycle-final-div-factor",
+       po::value(&o.onecycle_final_div_factor)->default_value(o.onecycle_final_div_factor),
+       "onecycle: final lr = initial lr / this")
+      ("momentum", po::value(&o.momentum)->default_value(o.momentum), "SGD momentum")
+      ("no-nesterov", po::bool_switch(&no_nesterov), "classical momentum instead of Nesterov")
+      ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "L2 weight decay")
+      ("decay-bias-and-norm", po::bool_switch(&o.decay_bias_and_norm),
+       "apply weight decay to biases and batch-norm parameters too")
+      ("label-smoothing", po::value(&o.label_smoothing)->default_value(o.label_smoothing),
+       "label smoothing of the cross-entropy target");
+  po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "
+                              "(cnn on Fashion-MNIST, 3 epochs)");
+  all.add(general).add(model).add(training);
+
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, all), vm);
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream in(path);
+      HPC_REQUIRE(in.good(), "cannot read config file ", path);
+      // Stored after the command line, so options given there win.
+      po::store(po::parse_config_file(in, all), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage_error(e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << all << "\n";
+    return std::nullopt;
+  }
+  if (vm.count("version")) {
+    std::cout << "hpctrain " << HPCTRAIN_VERSION << " (CPU GEMM: " << nn::gemm_backend() << "; "
+              << device::describe() << ")\n";
+    return std::nullopt;
+  }
+  o.nesterov = !no_nesterov;
+  o.batch_norm = !no_batch_norm;
+  o.drop_last = !keep_last;
+  if (!step_epochs.empty()) o.lr_step_epochs = parse_list(step_epochs, "lr-step-epochs");
+  HPC_REQUIRE(o.lr_schedule != "step" || !o.lr_step_epochs.empty(),
+              "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
+  validate(o);
+  return o;
+}
+
+}  // namespace hpc::train

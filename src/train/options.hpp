@@ -1,0 +1,46 @@
+// Every setting of a training run, with the defaults of the default job (the recipe of
+// shared/bench/torch_peer.py), and the command-line / config-file parser that fills them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hpc::train {
+
+struct TrainOptions {
+  // what to train
+  std::string model = "cnn";
+  bool batch_norm = true;
+  std::string dataset = "fashion-mnist";
+  std::string data_dir;  // empty: the dataset's default location
+  int64_t train_samples = 0, test_samples = 0;  // > 0: use only the first N (short runs)
+  std::string augment = "auto";                 // auto (on for cifar10) | on | off
+  // how long
+  int64_t epochs = 3;
+  int64_t max_steps = 0;  // > 0: stop after this many steps in all
+  int64_t batch_size = 64;
+  bool drop_last = true;
+  int64_t eval_batch_size = 1000;
+  // optimizer and schedule
+  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0;
+  bool nesterov = true, decay_bias_and_norm = false;
+  std::string lr_schedule = "onecycle";
+  double warmup_epochs = 0, lr_gamma = 0.1, min_lr = 0;
+  std::vector<double> lr_step_epochs;
+  double onecycle_pct_start = 0.3, onecycle_div_factor = 25, onecycle_final_div_factor = 1e4;
+  // run
+  int64_t seed = 1;  // signed so that "-1" is rejected, not wrapped
+  int threads = 0;  // 0: every core of the machine
+  std::string device = "auto";
+  std::string metrics_file;
+  bool quiet = false;
+  int64_t log_every = 0;  // steps between plain progress lines; 0: about ten per epoch
+};
+
+// Parses argv (and --config FILE). Returns nullopt when --help or --version was handled.
+// Any problem is a usage error (exit code 2) naming it.
+std::optional<TrainOptions> parse_options(int argc, const char* const* argv);
+
+}  // namespace hpc::train
