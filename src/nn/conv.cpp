@@ -4,6 +4,7 @@
 // BLAS kernels busy even for small images. Weights are Cout x (KH*KW*Cin).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "nn/gemm.hpp"
 #include "nn/layer.hpp"
@@ -51,7 +52,6 @@ int64_t Conv2d<T>::images_per_chunk() const {
 template <class T>
 void Conv2d<T>::im2col(const T* x, int64_t images, T* col) const {
   const int64_t kk = spec_.kernel, s = spec_.stride, p = spec_.padding;
-  const size_t cbytes = static_cast<size_t>(cin_) * sizeof(T);
   for (int64_t n = 0; n < images; ++n) {
     const T* xn = x + n * h_ * w_ * cin_;
     for (int64_t oh = 0; oh < ho_; ++oh) {
@@ -61,12 +61,12 @@ void Conv2d<T>::im2col(const T* x, int64_t images, T* col) const {
           const int64_t ih = oh * s - p + kh;
           for (int64_t kw = 0; kw < kk; ++kw, row += cin_) {
             const int64_t iw = ow * s - p + kw;
+            // Plain loops, not memcpy: rows are short (Cin floats) and the call costs more.
             if (ih < 0 || ih >= h_ || iw < 0 || iw >= w_) {
-              std::memset(row, 0, cbytes);
-            } else if (cin_ == 1) {
-              *row = xn[ih * w_ + iw];
+              for (int64_t c = 0; c < cin_; ++c) row[c] = T(0);
             } else {
-              std::memcpy(row, xn + (ih * w_ + iw) * cin_, cbytes);
+              const T* src = xn + (ih * w_ + iw) * cin_;
+              for (int64_t c = 0; c < cin_; ++c) row[c] = src[c];
             }
           }
         }
@@ -98,6 +98,21 @@ void Conv2d<T>::col2im(const T* col, int64_t images, T* dx) const {
 }
 
 template <class T>
+LibraryConv* Conv2d<T>::library(int64_t batch) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return nullptr;
+  } else {
+    if (!spec_.library) return nullptr;
+    auto it = library_.find(batch);
+    if (it == library_.end())
+      it = library_.emplace(batch, make_library_conv({batch, h_, w_, cin_, spec_.out_channels, spec_.kernel,
+                                                      spec_.stride, spec_.padding, spec_.bias}))
+               .first;
+    return it->second.get();
+  }
+}
+
+template <class T>
 const Tensor& Conv2d<T>::forward(const Tensor& x, bool /*train*/) {
   const int64_t n = x.shape()[0], cout = spec_.out_channels;
   HPC_CHECK(x.shape() == batch_shape(n, Shape{h_, w_, cin_}), "conv2d input ", x.shape().str());
@@ -107,6 +122,13 @@ const Tensor& Conv2d<T>::forward(const Tensor& x, bool /*train*/) {
   T* yp = y_.data<T>();
   const T* wp = store_->value(weight_);
   const int64_t pix = ho_ * wo_;
+  if constexpr (std::is_same_v<T, float>) {
+    LibraryConv* lib = library(n);
+    if (lib && lib->forward(xp, wp, bias_ >= 0 ? store_->value(bias_) : nullptr, yp)) {
+      col_kept_ = false;
+      return y_;
+    }
+  }
   T beta = 0;
   if (bias_ >= 0) {  // start from the bias and let the GEMM accumulate onto it
     const T* b = store_->value(bias_);
@@ -131,11 +153,27 @@ const Tensor& Conv2d<T>::forward(const Tensor& x, bool /*train*/) {
 
 template <class T>
 const Tensor& Conv2d<T>::backward(const Tensor& dy, bool need_dx) {
-  const int64_t n = x_.shape()[0], cout = spec_.out_channels, pix = ho_ * wo_;
+  const int64_t n = x_.shape()[0];
   HPC_CHECK(dy.shape() == y_.shape(), "conv2d gradient ", dy.shape().str(), " for output ", y_.shape().str());
   const T* dyp = dy.data<T>();
+  bool weights_done = false, data_done = false;
+  if (need_dx) dx_.resize<T>(x_.shape());
+  if constexpr (std::is_same_v<T, float>) {
+    if (LibraryConv* lib = library(n)) {
+      weights_done = lib->backward_weights(x_.data<T>(), dyp, store_->grad(weight_),
+                                           bias_ >= 0 ? store_->grad(bias_) : nullptr);
+      data_done = need_dx && lib->backward_data(dyp, store_->value(weight_), dx_.data<T>());
+    }
+  }
+  if (!weights_done) backward_weights_im2col(dyp, n);
+  if (need_dx && !data_done) backward_data_im2col(dyp, n);
+  return dx_;
+}
+
+template <class T>
+void Conv2d<T>::backward_weights_im2col(const T* dyp, int64_t n) {
+  const int64_t cout = spec_.out_channels, pix = ho_ * wo_;
   const T* xp = x_.data<T>();
-  const T* wp = store_->value(weight_);
   T* dw = store_->grad(weight_);
   if (bias_ >= 0) {
     T* db = store_->grad(bias_);
@@ -145,29 +183,36 @@ const Tensor& Conv2d<T>::backward(const Tensor& dy, bool need_dx) {
       for (int64_t c = 0; c < cout; ++c) db[c] += row[c];
     }
   }
-  if (need_dx) {
-    dx_.resize<T>(x_.shape());
-    dx_.fill_zero();
-  }
   if (direct()) {
     gemm(true, false, cout, k_, n * pix, T(1), dyp, cout, xp, k_, T(0), dw, k_);
-    if (need_dx) gemm(false, false, n * pix, k_, cout, T(1), dyp, cout, wp, k_, T(0), dx_.data<T>(), k_);
-    return dx_;
+    return;
   }
   const int64_t chunk = col_kept_ ? n : std::min(n, images_per_chunk());
-  if (need_dx) dcol_.resize<T>(Shape{chunk * pix, k_});
+  col_.resize<T>(Shape{chunk * pix, k_});
   for (int64_t i0 = 0; i0 < n; i0 += chunk) {
     const int64_t ni = std::min(chunk, n - i0);
     T* col = col_.data<T>();
     if (!col_kept_) im2col(xp + i0 * h_ * w_ * cin_, ni, col);
-    const T* dyc = dyp + i0 * pix * cout;
-    gemm(true, false, cout, k_, ni * pix, T(1), dyc, cout, col, k_, T(i0 == 0 ? 0 : 1), dw, k_);
-    if (need_dx) {
-      gemm(false, false, ni * pix, k_, cout, T(1), dyc, cout, wp, k_, T(0), dcol_.data<T>(), k_);
-      col2im(dcol_.data<T>(), ni, dx_.data<T>() + i0 * h_ * w_ * cin_);
-    }
+    gemm(true, false, cout, k_, ni * pix, T(1), dyp + i0 * pix * cout, cout, col, k_, T(i0 == 0 ? 0 : 1), dw, k_);
   }
-  return dx_;
+}
+
+template <class T>
+void Conv2d<T>::backward_data_im2col(const T* dyp, int64_t n) {
+  const int64_t cout = spec_.out_channels, pix = ho_ * wo_;
+  const T* wp = store_->value(weight_);
+  if (direct()) {
+    gemm(false, false, n * pix, k_, cout, T(1), dyp, cout, wp, k_, T(0), dx_.data<T>(), k_);
+    return;
+  }
+  dx_.fill_zero();  // col2im accumulates
+  const int64_t chunk = std::min(n, images_per_chunk());
+  dcol_.resize<T>(Shape{chunk * pix, k_});
+  for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+    const int64_t ni = std::min(chunk, n - i0);
+    gemm(false, false, ni * pix, k_, cout, T(1), dyp + i0 * pix * cout, cout, wp, k_, T(0), dcol_.data<T>(), k_);
+    col2im(dcol_.data<T>(), ni, dx_.data<T>() + i0 * h_ * w_ * cin_);
+  }
 }
 
 template class Conv2d<float>;

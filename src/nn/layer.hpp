@@ -15,12 +15,14 @@
 //    returns dx when need_dx (the first layer skips the input gradient: it is never used).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/arena.hpp"
 #include "core/tensor.hpp"
+#include "nn/library_conv.hpp"
 
 namespace hpc::nn {
 
@@ -51,6 +53,7 @@ inline Shape batch_shape(int64_t n, const Shape& s) {
 struct ConvSpec {
   int64_t out_channels = 0, kernel = 3, stride = 1, padding = 1;
   bool bias = true;
+  bool library = true;  // float: let the library convolution (library_conv.hpp) serve what it can
 };
 
 template <class T>
@@ -65,28 +68,37 @@ class Conv2d final : public Layer<T> {
 
  private:
   bool direct() const;  // 1x1, stride 1, no padding: the input is its own im2col matrix
+
   void im2col(const T* x, int64_t images, T* col) const;
   void col2im(const T* col, int64_t images, T* dx) const;
   int64_t images_per_chunk() const;
+  LibraryConv* library(int64_t batch);  // nullptr: im2col + GEMM
+  void backward_weights_im2col(const T* dy, int64_t n);
+  void backward_data_im2col(const T* dy, int64_t n);
 
   ConvSpec spec_;
   int64_t h_ = 0, w_ = 0, cin_ = 0, ho_ = 0, wo_ = 0, k_ = 0;  // k_ = kernel*kernel*cin
   ParamStore<T>* store_ = nullptr;
   int weight_ = -1, bias_ = -1;
   Tensor x_, y_, dx_, col_, dcol_;
+  std::map<int64_t, std::unique_ptr<LibraryConv>> library_;  // by batch size: shapes are baked in
   bool col_kept_ = false;  // forward kept every chunk's columns for backward
 };
 
+// Batch norm with PyTorch's defaults (momentum 0.1, eps 1e-5), optionally followed by a
+// fused ReLU (relu = true is exactly BatchNorm then ReLU, in one pass).
 template <class T>
 class BatchNorm final : public Layer<T> {
  public:
-  explicit BatchNorm(double momentum = 0.1, double eps = 1e-5) : momentum_(momentum), eps_(eps) {}
-  std::string kind() const override { return "batchnorm"; }
+  explicit BatchNorm(bool relu = false, double momentum = 0.1, double eps = 1e-5)
+      : relu_(relu), momentum_(momentum), eps_(eps) {}
+  std::string kind() const override { return relu_ ? "batchnorm_relu" : "batchnorm"; }
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
 
  private:
+  bool relu_;
   double momentum_, eps_;
   int64_t c_ = 0;
   ParamStore<T>* store_ = nullptr;

@@ -17,8 +17,8 @@ template <class T>
 void conv_bn(Sequential<T>& s, bool bn, int64_t out, int64_t kernel, int64_t stride, int64_t pad, bool relu,
              bool bias_with_bn = false) {
   push<T, Conv2d<T>>(s, ConvSpec{out, kernel, stride, pad, !bn || bias_with_bn});
-  if (bn) push<T, BatchNorm<T>>(s);
-  if (relu) push<T, ReLU<T>>(s);
+  if (bn) push<T, BatchNorm<T>>(s, relu);  // ReLU fused into the batch norm
+  else if (relu) push<T, ReLU<T>>(s);
 }
 
 // The model of shared/bench/torch_peer.py. Its convolutions keep their bias even before batch
@@ -40,8 +40,8 @@ void build_mlp(Sequential<T>& s, const ModelSpec& m) {
   push<T, Flatten<T>>(s);
   for (int64_t width : {512, 256}) {
     push<T, Linear<T>>(s, width, !m.batch_norm);
-    if (m.batch_norm) push<T, BatchNorm<T>>(s);
-    push<T, ReLU<T>>(s);
+    if (m.batch_norm) push<T, BatchNorm<T>>(s, true);
+    else push<T, ReLU<T>>(s);
   }
   push<T, Linear<T>>(s, m.classes);
 }

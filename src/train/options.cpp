@@ -133,7 +133,8 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
 
   po::variables_map vm;
   try {
-    po::store(po::parse_command_line(argc, argv, all), vm);
+    // No positional options: a stray word ("hpctrain resnet20") is an error, not ignored.
+    po::store(po::command_line_parser(argc, argv).options(all).positional({}).run(), vm);
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
       std::ifstream in(path);

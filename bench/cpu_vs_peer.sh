@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# hpctrain against its PyTorch peer on the CPU, in one invocation on one machine (machines
+# here are shared and noisy, so only figures taken side by side compare):
+#   1. hpctrain, the default job's recipe (cnn, Fashion-MNIST, batch 64, SGD Nesterov,
+#      one-cycle), one process, one thread;
+#   2. shared/bench/torch_peer.py, the same work in PyTorch: one rank, one thread;
+#   3. bench/gemm_shapes --peak-only: this machine's single-thread sgemm peak.
+# Prints both throughputs, their ratio (target: hpctrain / peer >= 2.0), and hpctrain's
+# achieved GFLOP/s as a fraction of that peak.
+#
+# Usage: bench/cpu_vs_peer.sh [--epochs E]    (default 1; the peer needs about a minute per
+#        epoch on one thread, hpctrain less)
+# Environment: BUILD_DIR (default build), HPCTRAIN and GEMM_SHAPES (binaries), PEER (the
+#              peer script, default ../shared/bench/torch_peer.py from the repository root),
+#              PYTHON (default /usr/bin/python3, where Debian's python3-torch lives).
+# Needs ./setup.sh --bench (python3-torch) and the dataset-fashion-mnist package.
+set -euo pipefail
+
+die() { echo "cpu_vs_peer.sh: error: $*" >&2; exit 2; }
+
+epochs=1
+while (($#)); do
+  case "$1" in
+    --epochs) [[ $# -ge 2 ]] || die "--epochs needs a value"; epochs=$2; shift 2 ;;
+    --epochs=*) epochs=${1#--epochs=}; shift ;;
+    -h | --help) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) die "unknown option '$1' (try --help)" ;;
+  esac
+done
+[[ "$epochs" =~ ^[1-9][0-9]*$ ]] || die "--epochs must be a positive integer, got '$epochs'"
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-build}
+[[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
+hpctrain=${HPCTRAIN:-$build_dir/src/hpctrain}
+gemm_shapes=${GEMM_SHAPES:-$build_dir/bench/gemm_shapes}
+peer=${PEER:-$root/../shared/bench/torch_peer.py}
+python=${PYTHON:-/usr/bin/python3}
+threads=1
+
+[[ -x "$hpctrain" ]] || die "no hpctrain binary at $hpctrain (run ./setup.sh, or set BUILD_DIR or HPCTRAIN)"
+[[ -x "$gemm_shapes" ]] || die "no gemm_shapes binary at $gemm_shapes (run ./setup.sh, or set GEMM_SHAPES)"
+[[ -f "$peer" ]] || die "no peer script at $peer (set PEER to shared/bench/torch_peer.py)"
+peer=$(cd "$(dirname "$peer")" && pwd)/$(basename "$peer")
+[[ -x "$python" ]] || die "no $python (set PYTHON)"
+"$python" -c 'import torch' 2> /dev/null || die "$python cannot import torch (run ./setup.sh --bench)"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Reads one numeric field of a flat JSON object: json_number KEY < line.
+json_number() { sed -nE "s/.*\"$1\": ?(-?[0-9.eE+-]+).*/\\1/p" | tail -n 1; }
+calc() { awk "BEGIN { printf \"%.${2:-1}f\", $1 }"; }
+
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+echo "cpu_vs_peer: $(nproc) core(s), ${cpu:-unknown CPU}; $epochs epoch(s), $threads thread(s), 1 process each"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+echo
+echo "== 1/3 hpctrain: $hpctrain --threads $threads --epochs $epochs"
+"$hpctrain" --threads "$threads" --epochs "$epochs" --metrics-file "$tmp/metrics.jsonl" 2>&1 |
+  tee "$tmp/hpctrain.log" | sed -u 's/^/  /'
+done_line=$(grep '"event":"done"' "$tmp/metrics.jsonl" | tail -n 1)
+[[ -n "$done_line" ]] || die "hpctrain wrote no done line to its metrics file"
+ours_ips=$(json_number images_per_second <<< "$done_line")
+ours_acc=$(json_number test_accuracy <<< "$done_line")
+
+echo
+echo "== 2/3 peer: $python $peer --ranks 1 --threads $threads --epochs $epochs"
+"$python" "$peer" --ranks 1 --threads "$threads" --epochs "$epochs" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
+peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
+[[ -n "$peer_line" ]] || die "the peer printed no result line"
+peer_ips=$(json_number images_per_s <<< "$peer_line")
+peer_acc=$(json_number test_acc <<< "$peer_line")
+
+echo
+echo "== 3/3 sgemm peak: $gemm_shapes --peak-only --threads $threads"
+peak=$("$gemm_shapes" --peak-only --threads "$threads" | sed -n 's/^peak_sgemm_gflops=//p')
+[[ -n "$peak" ]] || die "gemm_shapes printed no peak_sgemm_gflops line"
+echo "  peak_sgemm_gflops=$peak"
+
+# Training FLOPs per image (forward + backward): from hpctrain's log when it reports them,
+# in the metrics or as "<x> MFLOP train(ing) per sample/image"; otherwise the cnn figure
+# (8.48 MFLOP forward: convs 0.45 + 7.23, fc 0.80; backward twice that but for conv1,
+# which needs no input gradient: 16.5; together 25.0 MFLOP).
+flops=$(json_number train_flops_per_sample <<< "$done_line")
+flops_source="hpctrain metrics (train_flops_per_sample)"
+if [[ -z "$flops" ]]; then
+  mflop=$(sed -nE 's/.*[^0-9.]([0-9]+(\.[0-9]+)?) MFLOP (forward ?\+ ?backward|train|training)[^,;]* per (sample|image).*/\1/p' \
+    "$tmp/hpctrain.log" | head -n 1)
+  if [[ -n "$mflop" ]]; then
+    flops=$(calc "$mflop * 1e6" 0)
+    flops_source="hpctrain log ($mflop MFLOP per image)"
+  else
+    flops=25.0e6
+    flops_source="fallback: the cnn constant 25.0 MFLOP/image (hpctrain logs no training FLOPs)"
+  fi
+fi
+
+ratio=$(calc "$ours_ips / $peer_ips" 2)
+gflops=$(calc "$ours_ips * $flops / 1e9" 1)
+fraction=$(calc "$ours_ips * $flops / 1e9 / $peak" 3)
+met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 2.0) ? \"yes\" : \"no\" }")
+
+echo
+echo "hpctrain: $(calc "$ours_ips" 1) images/s, test accuracy $ours_acc"
+echo "peer:     $(calc "$peer_ips" 1) images/s, test accuracy $peer_acc"
+echo "ratio hpctrain/peer: $ratio (target >= 2.0: $met)"
+echo "hpctrain achieved: $gflops GFLOP/s of $peak peak sgemm GFLOP/s ($(calc "$fraction * 100" 1)%)"
+echo "training FLOPs per image: $flops ($flops_source)"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (another job on the machine makes all of this noisy)"
+echo
+echo "== summary"
+cat << EOF
+epochs=$epochs
+threads=$threads
+hpctrain_images_per_second=$(calc "$ours_ips" 1)
+hpctrain_test_accuracy=$ours_acc
+peer_images_per_second=$(calc "$peer_ips" 1)
+peer_test_accuracy=$peer_acc
+ratio_hpctrain_over_peer=$ratio
+ratio_target=2.0
+ratio_target_met=$met
+train_flops_per_image=$flops
+hpctrain_gflops=$gflops
+peak_sgemm_gflops=$peak
+fraction_of_peak=$fraction
+EOF

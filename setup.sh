@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine for hpctrain: installs the Debian packages the build and the
+# tests need, then configures and builds (Release) into build/.
+#
+#   ./setup.sh            packages for building and testing, then the build
+#   ./setup.sh --bench    also python3-torch, which only bench/cpu_vs_peer.sh needs
+#
+# Environment: BUILD_DIR (default build, relative to the repository root unless absolute),
+# JOBS (parallel build jobs, default: every core).
+# Idempotent: apt runs only when a package is missing, and CMake rebuilds only what changed.
+set -euo pipefail
+
+usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
+
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "setup.sh: error: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build_dir=${BUILD_DIR:-build}
+[[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
+
+packages=(
+  cmake g++ make pkg-config                    # toolchain
+  libopenmpi-dev openmpi-bin                   # data-parallel runs over MPI
+  libboost-program-options-dev                 # command line and config files
+  libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
+  zlib1g-dev                                   # gzip-compressed dataset files
+  libgtest-dev googletest                      # the test suite
+  dataset-fashion-mnist                        # the default job's data
+)
+if ((bench)); then
+  packages+=(python3-torch)  # the PyTorch peer of bench/cpu_vs_peer.sh
+fi
+
+# Root runs apt directly; anyone else goes through sudo when there is one.
+as_root=()
+if ((EUID != 0)); then
+  if command -v sudo > /dev/null; then
+    as_root=(sudo)
+  else
+    echo "setup.sh: error: installing packages needs root, and sudo is not available; run as root" >&2
+    exit 2
+  fi
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2> /dev/null || true)
+  [[ "$status" == "ii"* ]] || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${packages[@]}" > /dev/null
+else
+  echo "setup.sh: all ${#packages[@]} packages are installed"
+fi
+
+# Configure and build; the full log goes to a file, and only its tail to the screen on failure.
+mkdir -p "$build_dir"
+log="$build_dir/setup.log"
+jobs=${JOBS:-$(nproc)}
+echo "setup.sh: building hpctrain (Release) in $build_dir with $jobs job(s); log in $log"
+if ! { cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release &&
+  cmake --build "$build_dir" --parallel "$jobs"; } > "$log" 2>&1; then
+  tail -n 60 "$log" >&2
+  echo "setup.sh: error: the build failed; the full log is $log" >&2
+  exit 1
+fi
+grep -E '^-- hpctrain:' "$log" | sed 's/^-- /setup.sh: /' || true
+echo "setup.sh: done: $build_dir/src/hpctrain"

@@ -1,0 +1,33 @@
+// A float convolution computed by a vendor library instead of im2col + GEMM. On the CPU that
+// is oneDNN's JIT convolutions, which skip the im2col copies and beat im2col + sgemm on our
+// shapes (bench/layer_profile; numbers in docs/performance.md). CMake compiles
+// library_conv_dnnl.cpp or library_conv_none.cpp; Conv2d falls back to its own im2col path
+// (the reference, and the only path for double) for whatever the library does not serve.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace hpc::nn {
+
+struct ConvGeometry {
+  int64_t n, h, w, cin, cout, kernel, stride, padding;
+  bool bias;
+};
+
+class LibraryConv {
+ public:
+  virtual ~LibraryConv() = default;
+  // All tensors are NHWC; weights are Cout x KH x KW x Cin. Each call returns false when the
+  // library has no fast kernel for that direction, and the caller computes it itself.
+  virtual bool forward(const float* x, const float* w, const float* b, float* y) = 0;
+  virtual bool backward_data(const float* dy, const float* w, float* dx) = 0;
+  // Overwrites dw (and db when the convolution has a bias).
+  virtual bool backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;
+};
+
+// nullptr when this build has no library convolution or the library rejects the geometry.
+std::unique_ptr<LibraryConv> make_library_conv(const ConvGeometry& g);
+const char* library_conv_name();
+
+}  // namespace hpc::nn
