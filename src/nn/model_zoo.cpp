@@ -148,7 +148,8 @@ std::string Model<T>::summary() const {
   std::ostringstream os;
   os << spec_.name << (spec_.batch_norm ? "" : " (no batch norm)") << ": " << store_.param_count()
      << " parameters in " << store_.slots().size() << " tensors, "
-     << net_.forward_flops() / 1e6 << " MFLOP forward per sample";
+     << net_.forward_flops() / 1e6 << " MFLOP forward, " << train_flops_per_sample() / 1e6
+     << " MFLOP training per sample";
   return os.str();
 }
 

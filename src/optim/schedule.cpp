@@ -25,6 +25,9 @@ LrSchedule::LrSchedule(ScheduleSpec spec) : spec_(std::move(spec)) {
   HPC_REQUIRE(spec_.pct_start > 0 && spec_.pct_start < 1, "--onecycle-pct-start must be in (0, 1)");
   HPC_REQUIRE(spec_.div_factor >= 1 && spec_.final_div_factor >= 1, "one-cycle divisors must be >= 1");
   HPC_REQUIRE(spec_.gamma > 0, "--lr-gamma must be positive");
+  HPC_REQUIRE(spec_.base_momentum >= 0 && spec_.base_momentum <= spec_.max_momentum && spec_.max_momentum < 1,
+              "one-cycle momentum needs 0 <= base <= max < 1, got ", spec_.base_momentum, " and ",
+              spec_.max_momentum);
   std::sort(spec_.step_samples.begin(), spec_.step_samples.end());
 }
 
@@ -44,6 +47,13 @@ double LrSchedule::base(double s) const {
   const double final_lr = initial / spec_.final_div_factor;
   if (t <= spec_.pct_start) return cosine(initial, spec_.lr, t / spec_.pct_start);
   return cosine(spec_.lr, final_lr, (t - spec_.pct_start) / (1 - spec_.pct_start));
+}
+
+double LrSchedule::momentum(double s, double fixed) const {
+  if (spec_.kind != "onecycle" || !spec_.cycle_momentum) return fixed;
+  const double t = std::clamp(s / std::max(spec_.total_samples, 1.0), 0.0, 1.0);
+  if (t <= spec_.pct_start) return cosine(spec_.max_momentum, spec_.base_momentum, t / spec_.pct_start);
+  return cosine(spec_.base_momentum, spec_.max_momentum, (t - spec_.pct_start) / (1 - spec_.pct_start));
 }
 
 double LrSchedule::lr(double s) const {

@@ -20,12 +20,18 @@ struct ScheduleSpec {
   double pct_start = 0.3;
   double div_factor = 25;
   double final_div_factor = 1e4;
+  // onecycle also cycles momentum inversely to the lr, max -> base -> max (PyTorch's
+  // cycle_momentum, on by default there and so in the peer's recipe).
+  bool cycle_momentum = true;
+  double base_momentum = 0.85, max_momentum = 0.95;
 };
 
 class LrSchedule {
  public:
   explicit LrSchedule(ScheduleSpec spec);
   double lr(double samples_seen) const;
+  // The momentum for this point of the run: cycled under onecycle, else `fixed`.
+  double momentum(double samples_seen, double fixed) const;
   const ScheduleSpec& spec() const { return spec_; }
 
  private:

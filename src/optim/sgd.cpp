@@ -15,11 +15,11 @@ Sgd<T>::Sgd(const ParamStore<T>& params, SgdSpec spec) : spec_(spec) {
 }
 
 template <class T>
-void Sgd<T>::step(ParamStore<T>& params, double lr_d) {
+void Sgd<T>::step(ParamStore<T>& params, double lr_d, double momentum) {
   T* p = params.values().template data<T>();
   const T* g = params.grads().template data<T>();
   T* v = velocity_.data<T>();
-  const T lr = static_cast<T>(lr_d), mu = static_cast<T>(spec_.momentum);
+  const T lr = static_cast<T>(lr_d), mu = static_cast<T>(momentum);
   for (const Range& r : ranges_) {
     const T wd = r.decay ? static_cast<T>(spec_.weight_decay) : T(0);
     if (spec_.nesterov) {

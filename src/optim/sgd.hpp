@@ -21,7 +21,9 @@ template <class T>
 class Sgd {
  public:
   Sgd(const ParamStore<T>& params, SgdSpec spec);
-  void step(ParamStore<T>& params, double lr);
+  void step(ParamStore<T>& params, double lr) { step(params, lr, spec_.momentum); }
+  // With a momentum for this step (schedules that cycle it).
+  void step(ParamStore<T>& params, double lr, double momentum);
   Tensor& momentum_buffer() { return velocity_; }
   const SgdSpec& spec() const { return spec_; }
 

@@ -32,6 +32,14 @@ std::vector<double> parse_list(const std::string& s, const char* option) {
   return out;
 }
 
+// Defaults as people write them (0.1, not Boost's 0.10000000000000001).
+template <class V>
+std::string shown(const V& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 void require_positive(int64_t v, const char* option) {
   HPC_REQUIRE(v > 0, "--", option, " must be a positive integer, got ", v);
 }
@@ -68,7 +76,7 @@ void validate(const TrainOptions& o) {
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
   TrainOptions o;
   std::string config, step_epochs;
-  bool no_nesterov = false, no_batch_norm = false, keep_last = false;
+  bool no_nesterov = false, no_batch_norm = false, keep_last = false, no_cycle_momentum = false;
   po::options_description general("General");
   general.add_options()
       ("help,h", "print this help and exit")
@@ -77,55 +85,62 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
                                      "options); the command line wins")
       ("quiet", po::bool_switch(&o.quiet), "print nothing but errors")
       ("metrics-file", po::value(&o.metrics_file), "append JSON Lines metrics (epoch and done events) to FILE")
-      ("log-every", po::value(&o.log_every)->default_value(o.log_every),
+      ("log-every", po::value(&o.log_every)->default_value(o.log_every, shown(o.log_every)),
        "steps between progress lines when not on a terminal (0: about ten per epoch)")
-      ("seed", po::value(&o.seed)->default_value(o.seed), "seed of initialisation, shuffling and augmentation")
-      ("threads", po::value(&o.threads)->default_value(o.threads),
+      ("seed", po::value(&o.seed)->default_value(o.seed, shown(o.seed)), "seed of initialisation, shuffling and augmentation")
+      ("threads", po::value(&o.threads)->default_value(o.threads, shown(o.threads)),
        "math-library threads per process (0: every core)")
-      ("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda");
+      ("device", po::value(&o.device)->default_value(o.device, shown(o.device)), "auto, cpu or cuda");
   po::options_description model("Model and data");
   model.add_options()
-      ("model", po::value(&o.model)->default_value(o.model), "mlp, cnn, resnet20 or resnet18")
+      ("model", po::value(&o.model)->default_value(o.model, shown(o.model)), "mlp, cnn, resnet20 or resnet18")
       ("no-batch-norm", po::bool_switch(&no_batch_norm), "the model's variant without batch norm")
-      ("dataset", po::value(&o.dataset)->default_value(o.dataset), "fashion-mnist, mnist or cifar10")
+      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist or cifar10")
       ("data-dir", po::value(&o.data_dir), "directory of the dataset files (default: where Debian's "
                                            "dataset-fashion-mnist installs them)")
-      ("train-samples", po::value(&o.train_samples)->default_value(o.train_samples),
+      ("train-samples", po::value(&o.train_samples)->default_value(o.train_samples, shown(o.train_samples)),
        "use only the first N training samples (0: all)")
-      ("test-samples", po::value(&o.test_samples)->default_value(o.test_samples),
+      ("test-samples", po::value(&o.test_samples)->default_value(o.test_samples, shown(o.test_samples)),
        "evaluate on the first N test samples only (0: all)")
-      ("augment", po::value(&o.augment)->default_value(o.augment),
+      ("augment", po::value(&o.augment)->default_value(o.augment, shown(o.augment)),
        "auto (random crop + flip for cifar10 only), on or off");
   po::options_description training("Training");
   training.add_options()
-      ("epochs", po::value(&o.epochs)->default_value(o.epochs), "passes over the training set")
-      ("max-steps", po::value(&o.max_steps)->default_value(o.max_steps), "stop after N steps in all (0: no limit)")
-      ("batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "samples per step")
+      ("epochs", po::value(&o.epochs)->default_value(o.epochs, shown(o.epochs)), "passes over the training set")
+      ("max-steps", po::value(&o.max_steps)->default_value(o.max_steps, shown(o.max_steps)), "stop after N steps in all (0: no limit)")
+      ("batch-size", po::value(&o.batch_size)->default_value(o.batch_size, shown(o.batch_size)), "samples per step")
       ("keep-last-batch", po::bool_switch(&keep_last), "train on the short last batch of each epoch "
                                                        "instead of dropping it")
-      ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(o.eval_batch_size),
+      ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(o.eval_batch_size, shown(o.eval_batch_size)),
        "samples per evaluation batch")
-      ("lr", po::value(&o.lr)->default_value(o.lr), "learning rate (the peak for onecycle)")
-      ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule), "constant, step, cosine or onecycle")
-      ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
+      ("lr", po::value(&o.lr)->default_value(o.lr, shown(o.lr)), "learning rate (the peak for onecycle)")
+      ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule, shown(o.lr_schedule)), "constant, step, cosine or onecycle")
+      ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs, shown(o.warmup_epochs)),
        "linear warm-up from 0 over this many epochs (fractions allowed)")
       ("lr-step-epochs", po::value(&step_epochs), "step: epochs at which the lr is multiplied by --lr-gamma, "
                                                   "e.g. 30,60")
-      ("lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "step: factor at each step")
-      ("min-lr", po::value(&o.min_lr)->default_value(o.min_lr), "cosine: final learning rate")
-      ("onecycle-pct-start", po::value(&o.onecycle_pct_start)->default_value(o.onecycle_pct_start),
+      ("lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma, shown(o.lr_gamma)), "step: factor at each step")
+      ("min-lr", po::value(&o.min_lr)->default_value(o.min_lr, shown(o.min_lr)), "cosine: final learning rate")
+      ("onecycle-pct-start", po::value(&o.onecycle_pct_start)->default_value(o.onecycle_pct_start, shown(o.onecycle_pct_start)),
        "onecycle: fraction of the run spent rising")
-      ("onecycle-div-factor", po::value(&o.onecycle_div_factor)->default_value(o.onecycle_div_factor),
+      ("onecycle-div-factor", po::value(&o.onecycle_div_factor)->default_value(o.onecycle_div_factor, shown(o.onecycle_div_factor)),
        "onecycle: initial lr = lr / this")
       ("onecycle-final-div-factor",
-       po::value(&o.onecycle_final_div_factor)->default_value(o.onecycle_final_div_factor),
+       po::value(&o.onecycle_final_div_factor)->default_value(o.onecycle_final_div_factor, shown(o.onecycle_final_div_factor)),
        "onecycle: final lr = initial lr / this")
-      ("momentum", po::value(&o.momentum)->default_value(o.momentum), "SGD momentum")
+      ("onecycle-base-momentum", po::value(&o.onecycle_base_momentum)->default_value(o.onecycle_base_momentum, shown(o.onecycle_base_momentum)),
+       "onecycle: momentum at the lr peak")
+      ("onecycle-max-momentum", po::value(&o.onecycle_max_momentum)->default_value(o.onecycle_max_momentum, shown(o.onecycle_max_momentum)),
+       "onecycle: momentum at the start and end")
+      ("no-cycle-momentum", po::bool_switch(&no_cycle_momentum),
+       "onecycle: keep --momentum fixed instead of cycling it (PyTorch's cycle_momentum=False)")
+      ("momentum", po::value(&o.momentum)->default_value(o.momentum, shown(o.momentum)),
+       "SGD momentum (under onecycle only with --no-cycle-momentum)")
       ("no-nesterov", po::bool_switch(&no_nesterov), "classical momentum instead of Nesterov")
-      ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "L2 weight decay")
+      ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay, shown(o.weight_decay)), "L2 weight decay")
       ("decay-bias-and-norm", po::bool_switch(&o.decay_bias_and_norm),
        "apply weight decay to biases and batch-norm parameters too")
-      ("label-smoothing", po::value(&o.label_smoothing)->default_value(o.label_smoothing),
+      ("label-smoothing", po::value(&o.label_smoothing)->default_value(o.label_smoothing, shown(o.label_smoothing)),
        "label smoothing of the cross-entropy target");
   po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "
                               "(cnn on Fashion-MNIST, 3 epochs)");
@@ -156,6 +171,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
     return std::nullopt;
   }
   o.nesterov = !no_nesterov;
+  o.cycle_momentum = !no_cycle_momentum;
   o.batch_norm = !no_batch_norm;
   o.drop_last = !keep_last;
   if (!step_epochs.empty()) o.lr_step_epochs = parse_list(step_epochs, "lr-step-epochs");

@@ -30,6 +30,8 @@ struct TrainOptions {
   double warmup_epochs = 0, lr_gamma = 0.1, min_lr = 0;
   std::vector<double> lr_step_epochs;
   double onecycle_pct_start = 0.3, onecycle_div_factor = 25, onecycle_final_div_factor = 1e4;
+  bool cycle_momentum = true;
+  double onecycle_base_momentum = 0.85, onecycle_max_momentum = 0.95;
   // run
   int64_t seed = 1;  // signed so that "-1" is rejected, not wrapped
   int threads = 0;  // 0: every core of the machine

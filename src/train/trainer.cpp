@@ -61,6 +61,9 @@ optim::ScheduleSpec schedule_spec(const TrainOptions& o, double samples_per_epoc
   s.pct_start = o.onecycle_pct_start;
   s.div_factor = o.onecycle_div_factor;
   s.final_div_factor = o.onecycle_final_div_factor;
+  s.cycle_momentum = o.cycle_momentum;
+  s.base_momentum = o.onecycle_base_momentum;
+  s.max_momentum = o.onecycle_max_momentum;
   return s;
 }
 
@@ -140,7 +143,7 @@ TrainResult run_training(const TrainOptions& o) {
       if (!batch) break;
       const double loss = model.train_step(batch->images, batch->labels.data());
       correct += count_correct(model.probabilities(), batch->labels.data());
-      sgd.step(model.params(), schedule.lr(samples_seen));
+      sgd.step(model.params(), schedule.lr(samples_seen), schedule.momentum(samples_seen, o.momentum));
       samples_seen += static_cast<double>(batch->size());
       seen += batch->size();
       loss_sum += loss * static_cast<double>(batch->size());
@@ -185,6 +188,7 @@ TrainResult run_training(const TrainOptions& o) {
                  {"test_accuracy", eval.accuracy},
                  {"param_checksum", result.param_checksum},
                  {"images_per_second", result.images_per_second},
+                 {"train_flops_per_sample", model.train_flops_per_sample()},
                  {"train_seconds", train_seconds},
                  {"elapsed_seconds", seconds_since(t_start)}});
   char buf[200];
