@@ -7,9 +7,9 @@ int64_t align_up(int64_t n) { return (n + kAlignElems - 1) / kAlignElems * kAlig
 }  // namespace
 
 template <class T>
-int ParamStore<T>::add_param(std::string name, Shape shape, ParamRole role, int64_t fan_in) {
+int ParamStore<T>::add_param(std::string name, Shape shape, ParamRole role, int64_t fan_in, double init_gain) {
   HPC_CHECK(!allocated(), "parameter ", name, " declared after allocation");
-  params_.push_back({std::move(name), std::move(shape), role, 0, fan_in});
+  params_.push_back({std::move(name), std::move(shape), role, 0, fan_in, init_gain});
   return static_cast<int>(params_.size()) - 1;
 }
 

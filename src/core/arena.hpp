@@ -22,6 +22,7 @@ struct ParamSlot {
   ParamRole role;
   int64_t offset = 0;  // elements from the start of the arena
   int64_t fan_in = 1;  // for Kaiming initialisation of weights
+  double init_gain = 1;  // multiplies the Kaiming standard deviation (0: start at zero)
 };
 
 struct BufferSlot {
@@ -34,7 +35,7 @@ struct BufferSlot {
 template <class T>
 class ParamStore {
  public:
-  int add_param(std::string name, Shape shape, ParamRole role, int64_t fan_in = 1);
+  int add_param(std::string name, Shape shape, ParamRole role, int64_t fan_in = 1, double init_gain = 1);
   int add_buffer(std::string name, Shape shape, double init);
   void allocate();
   bool allocated() const { return values_.defined(); }

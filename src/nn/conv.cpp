@@ -29,7 +29,7 @@ Shape Conv2d<T>::setup(const Shape& in, ParamStore<T>& store, const std::string&
   k_ = spec_.kernel * spec_.kernel * cin_;
   store_ = &store;
   weight_ = store.add_param(prefix + ".weight", Shape{spec_.out_channels, spec_.kernel, spec_.kernel, cin_},
-                            ParamRole::Weight, k_);
+                            ParamRole::Weight, k_, spec_.init_gain);
   if (spec_.bias) bias_ = store.add_param(prefix + ".bias", Shape{spec_.out_channels}, ParamRole::Bias, k_);
   return Shape{ho_, wo_, spec_.out_channels};
 }

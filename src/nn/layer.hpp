@@ -54,6 +54,7 @@ struct ConvSpec {
   int64_t out_channels = 0, kernel = 3, stride = 1, padding = 1;
   bool bias = true;
   bool library = true;  // float: let the library convolution (library_conv.hpp) serve what it can
+  double init_gain = 1;  // scales the Kaiming initialisation of the weights
 };
 
 template <class T>

@@ -1,0 +1,312 @@
+// Shared by the integration tests: run the hpctrain binary and capture what it says, temporary
+// directories, small IDX dataset files, and a strict parser for the metrics file's JSON lines.
+#pragma once
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace hpc::itest {
+namespace fs = std::filesystem;
+
+// Paths baked in by tests/CMakeLists.txt.
+inline std::string hpctrain_binary() { return HPCTRAIN_BIN; }
+inline std::string fashion_mnist_dir() { return HPCTRAIN_TEST_FASHION_MNIST_DIR; }
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "itest") {
+    std::string pattern = (fs::temp_directory_path() / ("hpctrain-" + tag + "-XXXXXX")).string();
+    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+struct RunResult {
+  int exit_code = -1;  // -1: killed by a signal
+  std::string out, err;
+  std::string command;  // for messages
+};
+
+// Runs hpctrain with `args`; stdout and stderr go to files (no pipe to fill up) and are read back.
+inline RunResult run_hpctrain(const std::vector<std::string>& args) {
+  TempDir io("io");
+  const std::string out_path = io.file("stdout"), err_path = io.file("stderr");
+  std::vector<std::string> argv_s{hpctrain_binary()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  RunResult r;
+  for (auto& a : argv_s) {
+    argv.push_back(a.data());
+    r.command += (r.command.empty() ? "" : " ") + a;
+  }
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv_s[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw std::runtime_error("waitpid failed");
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
+
+// ---- IDX files -------------------------------------------------------------------------------
+
+using Bytes = std::vector<uint8_t>;
+
+inline void put_be32(Bytes& b, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+}
+
+// n images of rows x cols: a pattern that depends on the label, so a model can learn it.
+inline Bytes idx_images(uint32_t n, uint32_t rows = 28, uint32_t cols = 28, uint32_t magic = 0x803) {
+  Bytes b;
+  put_be32(b, magic);
+  put_be32(b, n);
+  put_be32(b, rows);
+  put_be32(b, cols);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t p = 0; p < rows * cols; ++p) b.push_back(static_cast<uint8_t>(((p % cols) * 9 + (i % 10) * 25 + p / cols) & 0xff));
+  return b;
+}
+
+inline Bytes idx_labels(uint32_t n, uint32_t magic = 0x801) {
+  Bytes b;
+  put_be32(b, magic);
+  put_be32(b, n);
+  for (uint32_t i = 0; i < n; ++i) b.push_back(static_cast<uint8_t>(i % 10));
+  return b;
+}
+
+inline void write_bytes(const std::string& path, const Bytes& b) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+inline void write_gzip(const std::string& path, const Bytes& b) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  if (!f || gzwrite(f, b.data(), static_cast<unsigned>(b.size())) != static_cast<int>(b.size()) || gzclose(f) != Z_OK)
+    throw std::runtime_error("cannot write " + path);
+}
+
+inline Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), {});
+}
+
+// The four Fashion-MNIST files, uncompressed, in `dir`: 64 training and 16 test samples.
+inline void write_small_fashion_mnist(const std::string& dir) {
+  write_bytes(dir + "/train-images-idx3-ubyte", idx_images(64));
+  write_bytes(dir + "/train-labels-idx1-ubyte", idx_labels(64));
+  write_bytes(dir + "/t10k-images-idx3-ubyte", idx_images(16));
+  write_bytes(dir + "/t10k-labels-idx1-ubyte", idx_labels(16));
+}
+
+// ---- JSON Lines ------------------------------------------------------------------------------
+
+// One value of a flat JSON object. `raw` keeps the token, to tell 3 from 3.0.
+struct JsonValue {
+  enum Type { Null, Bool, Number, String } type = Null;
+  double number = 0;
+  bool boolean = false;
+  std::string str, raw;
+  bool is_integer() const { return type == Number && raw.find_first_of(".eE") == std::string::npos; }
+};
+using JsonObject = std::map<std::string, JsonValue>;
+
+// Parses one line holding one flat JSON object (the metrics file has no nesting); throws on
+// anything that is not strictly valid JSON, including duplicate keys and trailing text.
+class FlatJsonParser {
+ public:
+  explicit FlatJsonParser(const std::string& s) : s_(s) {}
+  JsonObject parse() {
+    JsonObject obj;
+    ws();
+    expect('{');
+    ws();
+    if (peek() == '}') {
+      ++i_;
+    } else {
+      for (;;) {
+        ws();
+        std::string key = string_token();
+        ws();
+        expect(':');
+        ws();
+        JsonValue v = value();
+        if (!obj.emplace(key, v).second) fail("duplicate key " + key);
+        ws();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect('}');
+        break;
+      }
+    }
+    ws();
+    if (i_ != s_.size()) fail("text after the object");
+    return obj;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    throw std::runtime_error("invalid JSON (" + why + ") at " + std::to_string(i_) + " in: " + s_);
+  }
+  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+  void ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t')) ++i_;
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
+  std::string string_token() {
+    expect('"');
+    std::string out;
+    for (;;) {
+      if (i_ >= s_.size()) fail("unterminated string");
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      const char e = peek();
+      ++i_;
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          if (i_ + 4 > s_.size()) fail("short \\u escape");
+          const std::string hex = s_.substr(i_, 4);
+          for (char h : hex)
+            if (!std::isxdigit(static_cast<unsigned char>(h))) fail("bad \\u escape");
+          out += static_cast<char>(std::stoi(hex, nullptr, 16));  // ASCII is all the metrics use
+          i_ += 4;
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+  }
+  JsonValue value() {
+    JsonValue v;
+    const char c = peek();
+    if (c == '"') {
+      v.type = JsonValue::String;
+      v.str = string_token();
+      return v;
+    }
+    for (const char* word : {"null", "true", "false"}) {
+      const std::string w(word);
+      if (s_.compare(i_, w.size(), w) == 0) {
+        i_ += w.size();
+        v.raw = w;
+        v.type = w == "null" ? JsonValue::Null : JsonValue::Bool;
+        v.boolean = w == "true";
+        return v;
+      }
+    }
+    // Number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+    const size_t start = i_;
+    auto digits = [&] {
+      const size_t from = i_;
+      while (std::isdigit(static_cast<unsigned char>(peek()))) ++i_;
+      if (i_ == from) fail("expected a digit");
+    };
+    if (peek() == '-') ++i_;
+    if (peek() == '0') {
+      ++i_;
+    } else {
+      digits();
+    }
+    if (peek() == '.') {
+      ++i_;
+      digits();
+    }
+    if (peek() == 'e' || peek() == 'E') {
+      ++i_;
+      if (peek() == '+' || peek() == '-') ++i_;
+      digits();
+    }
+    v.type = JsonValue::Number;
+    v.raw = s_.substr(start, i_ - start);
+    v.number = std::strtod(v.raw.c_str(), nullptr);
+    return v;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+inline std::vector<JsonObject> read_json_lines(const std::string& path) {
+  std::vector<JsonObject> out;
+  for (const std::string& line : lines_of(read_text(path))) out.push_back(FlatJsonParser(line).parse());
+  return out;
+}
+
+}  // namespace hpc::itest

@@ -1,0 +1,178 @@
+// Tensors, the parameter arenas, errors, the checksum and the metrics lines.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "core/arena.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "train/checksum.hpp"
+#include "train/metrics.hpp"
+
+namespace hpc {
+namespace {
+
+ErrorKind kind_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no hpc::Error thrown";
+  return ErrorKind::Usage;
+}
+
+// ---- Tensor ----------------------------------------------------------------------------------
+
+TEST(Tensor, ZeroFilledAndAligned) {
+  Tensor t(Shape{3, 5, 7}, DType::F32);
+  EXPECT_EQ(t.numel(), 105);
+  EXPECT_EQ(t.bytes(), 420u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+  for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data<float>()[i], 0.0f);
+  EXPECT_EQ(Shape({2, 3}).str(), "[2, 3]");
+  EXPECT_EQ(Shape().numel(), 1);
+}
+
+TEST(Tensor, ViewsAndReshapesShareStorage) {
+  Tensor t = Tensor::zeros<double>(Shape{10});
+  Tensor v = t.view(4, Shape{2, 3});
+  v.data<double>()[0] = 5;
+  EXPECT_EQ(t.data<double>()[4], 5);
+  Tensor r = t.reshape(Shape{2, 5});
+  EXPECT_EQ(r.data<double>()[4], 5);
+  EXPECT_EQ(kind_of([&] { t.view(8, Shape{3}); }), ErrorKind::Internal);
+  EXPECT_EQ(kind_of([&] { t.reshape(Shape{3, 3}); }), ErrorKind::Internal);
+  EXPECT_EQ(kind_of([&] { t.data<float>(); }), ErrorKind::Internal);  // wrong dtype
+}
+
+TEST(Tensor, ResizeReusesStorageWhenLargeEnough) {
+  Tensor t;
+  t.resize<float>(Shape{4, 4});
+  const void* p = t.raw();
+  t.resize<float>(Shape{2, 3});
+  EXPECT_EQ(t.raw(), p);
+  EXPECT_EQ(t.shape(), Shape({2, 3}));
+  t.resize<float>(Shape{100});
+  EXPECT_EQ(t.numel(), 100);
+  t.fill_zero();
+  for (int64_t i = 0; i < 100; ++i) ASSERT_EQ(t.data<float>()[i], 0.0f);
+}
+
+// ---- ParamStore ------------------------------------------------------------------------------
+
+TEST(ParamStore, LaysOutParametersInOrderAligned) {
+  ParamStore<float> s;
+  EXPECT_EQ(s.add_param("a", Shape{3, 3}, ParamRole::Weight, 9), 0);
+  EXPECT_EQ(s.add_param("b", Shape{3}, ParamRole::Bias), 1);
+  EXPECT_EQ(s.add_param("c", Shape{40}, ParamRole::NormScale), 2);
+  EXPECT_EQ(s.add_buffer("m", Shape{5}, 0.0), 0);
+  EXPECT_EQ(s.add_buffer("v", Shape{5}, 1.0), 1);
+  EXPECT_FALSE(s.allocated());
+  s.allocate();
+  EXPECT_TRUE(s.allocated());
+  EXPECT_EQ(s.param_count(), 9 + 3 + 40);
+  int64_t prev_end = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto& slot = s.slots()[i];
+    EXPECT_GE(slot.offset, prev_end);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s.value(i)) % 64, 0u) << slot.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s.grad(i)) % 64, 0u) << slot.name;
+    EXPECT_EQ(s.grad(i) - s.grads().data<float>(), s.value(i) - s.values().data<float>());
+    prev_end = slot.offset + slot.shape.numel();
+  }
+  EXPECT_GE(s.values().numel(), prev_end);
+  for (int j = 0; j < 5; ++j) {
+    EXPECT_EQ(s.buffer(0)[j], 0.0f);
+    EXPECT_EQ(s.buffer(1)[j], 1.0f);
+  }
+  EXPECT_EQ(kind_of([&] { s.add_param("late", Shape{1}, ParamRole::Bias); }), ErrorKind::Internal);
+  EXPECT_EQ(kind_of([&] { s.allocate(); }), ErrorKind::Internal);
+}
+
+// ---- Errors ----------------------------------------------------------------------------------
+
+TEST(Errors, KindsAndExitCodes) {
+  try {
+    usage_error("bad value ", 3, " for --x");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_STREQ(e.what(), "bad value 3 for --x");
+  }
+  try {
+    HPC_CHECK(1 + 1 == 3, "math ", "broke");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Internal);
+    EXPECT_EQ(e.exit_code(), 1);
+    const std::string w = e.what();
+    EXPECT_NE(w.find("core_test.cpp"), std::string::npos) << w;
+    EXPECT_NE(w.find("1 + 1 == 3"), std::string::npos) << w;
+    EXPECT_NE(w.find("math broke"), std::string::npos) << w;
+  }
+  EXPECT_EQ(kind_of([] { HPC_REQUIRE(false, "x"); }), ErrorKind::Usage);
+  EXPECT_NO_THROW(HPC_REQUIRE(true, "x"));
+  EXPECT_NO_THROW(HPC_CHECK(true));
+}
+
+// ---- Checksum --------------------------------------------------------------------------------
+
+TEST(Checksum, Fnv1aKnownAnswers) {
+  EXPECT_EQ(train::fnv1a_hex("", 0), "cbf29ce484222325");
+  EXPECT_EQ(train::fnv1a_hex("a", 1), "af63dc4c8601ec8c");
+  EXPECT_EQ(train::fnv1a_hex("foobar", 6), "85944171f73967e8");
+  // Any changed bit changes it.
+  float v[4] = {1, 2, 3, 4};
+  const std::string before = train::fnv1a_hex(v, sizeof v);
+  v[2] = std::nextafter(v[2], 10.0f);
+  EXPECT_NE(train::fnv1a_hex(v, sizeof v), before);
+}
+
+// ---- Metrics lines ---------------------------------------------------------------------------
+
+TEST(Metrics, JsonLineTypesAndEscapes) {
+  using train::json_line;
+  EXPECT_EQ(json_line({}), "{}");
+  EXPECT_EQ(json_line({{"event", std::string("epoch")}, {"epoch", int64_t{3}}, {"loss", 0.25}}),
+            R"({"event":"epoch","epoch":3,"loss":0.25})");
+  EXPECT_EQ(json_line({{"nan", NAN}, {"inf", -INFINITY}}), R"({"nan":null,"inf":null})");
+  EXPECT_EQ(json_line({{"s", std::string("a\"b\\c\nd\te\x01")}}), R"({"s":"a\"b\\c\nd\te\u0001"})");
+  // Enough digits to tell nearby values apart.
+  EXPECT_EQ(json_line({{"x", 0.123456789012}}), R"({"x":0.123456789})");
+  EXPECT_EQ(json_line({{"big", int64_t{1} << 40}}), R"({"big":1099511627776})");
+}
+
+TEST(Metrics, WriterAppendsWholeLines) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("hpctrain-metrics-" + std::to_string(getpid()) + ".jsonl")).string();
+  std::filesystem::remove(path);
+  {
+    train::MetricsWriter w(path);
+    w.write({{"a", int64_t{1}}});
+    // Flushed as written: readable before the writer closes.
+    std::ifstream in(path);
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    EXPECT_EQ(line, R"({"a":1})");
+  }
+  {
+    train::MetricsWriter w(path);  // appends
+    w.write({{"b", int64_t{2}}});
+  }
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(all, "{\"a\":1}\n{\"b\":2}\n");
+  std::filesystem::remove(path);
+  train::MetricsWriter none;  // no file: writes nothing, no error
+  EXPECT_NO_THROW(none.write({{"c", int64_t{3}}}));
+  EXPECT_EQ(kind_of([] { train::MetricsWriter w("/nonexistent-dir/hpctrain/m.jsonl"); }), ErrorKind::Usage);
+}
+
+}  // namespace
+}  // namespace hpc

@@ -1,0 +1,517 @@
+// Dataset readers (IDX, CIFAR-10), batch assembly, augmentation and the prefetching loader,
+// on small files the tests write themselves.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "data/dataset.hpp"
+#include "data/loader.hpp"
+#include "data/sampler.hpp"
+
+namespace hpc::data {
+namespace {
+namespace fs = std::filesystem;
+
+using Bytes = std::vector<uint8_t>;
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "hpctrain-data-test-XXXXXX").string();
+    char* made = mkdtemp(pattern.data());
+    if (!made) throw std::runtime_error("mkdtemp failed");
+    path_ = made;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void put_be32(Bytes& b, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+}
+
+Bytes idx_images(uint32_t n, uint32_t rows, uint32_t cols, uint32_t magic = 0x803) {
+  Bytes b;
+  put_be32(b, magic);
+  put_be32(b, n);
+  put_be32(b, rows);
+  put_be32(b, cols);
+  for (uint32_t i = 0; i < n * rows * cols; ++i) b.push_back(static_cast<uint8_t>((i * 7 + i / 13) & 0xff));
+  return b;
+}
+
+Bytes idx_labels(uint32_t n, int classes = 10, uint32_t magic = 0x801) {
+  Bytes b;
+  put_be32(b, magic);
+  put_be32(b, n);
+  for (uint32_t i = 0; i < n; ++i) b.push_back(static_cast<uint8_t>((i * 3) % classes));
+  return b;
+}
+
+void write_raw(const std::string& path, const Bytes& b) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+void write_gzip(const std::string& path, const Bytes& b) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  ASSERT_EQ(gzwrite(f, b.data(), static_cast<unsigned>(b.size())), static_cast<int>(b.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+Bytes read_raw(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), {});
+}
+
+// The message of the usage error f throws ("" and a test failure if it throws something else).
+std::string usage_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no hpc::Error thrown";
+  return "";
+}
+
+// ---- IDX -------------------------------------------------------------------------------------
+
+TEST(IdxReader, RawFiles) {
+  TempDir dir;
+  const Bytes img = idx_images(5, 4, 3), lab = idx_labels(5);
+  write_raw(dir.file("img"), img);
+  write_raw(dir.file("lab"), lab);
+  const Dataset d = read_idx(dir.file("img"), dir.file("lab"), 4, 3, 10);
+  EXPECT_EQ(d.count, 5);
+  EXPECT_EQ(d.height, 4);
+  EXPECT_EQ(d.width, 3);
+  EXPECT_EQ(d.channels, 1);
+  EXPECT_EQ(d.classes, 10);
+  EXPECT_EQ(d.sample_bytes(), 12);
+  EXPECT_EQ(d.images, Bytes(img.begin() + 16, img.end()));
+  EXPECT_EQ(d.labels, Bytes(lab.begin() + 8, lab.end()));
+}
+
+TEST(IdxReader, GzipFilesReadTheSameAsRaw) {
+  TempDir dir;
+  const Bytes img = idx_images(70, 28, 28), lab = idx_labels(70);
+  write_gzip(dir.file("img.gz"), img);
+  write_gzip(dir.file("lab.gz"), lab);
+  write_raw(dir.file("img"), img);
+  write_raw(dir.file("lab"), lab);
+  ASSERT_NE(read_raw(dir.file("img.gz")), img);  // really compressed
+  EXPECT_EQ(read_file_maybe_gzip(dir.file("img.gz")), img);
+  EXPECT_EQ(read_file_maybe_gzip(dir.file("img")), img);
+  const Dataset gz = read_idx(dir.file("img.gz"), dir.file("lab.gz"), 28, 28, 10);
+  const Dataset raw = read_idx(dir.file("img"), dir.file("lab"), 28, 28, 10);
+  EXPECT_EQ(gz.images, raw.images);
+  EXPECT_EQ(gz.labels, raw.labels);
+  EXPECT_EQ(gz.count, 70);
+}
+
+TEST(IdxReader, LargerThanOneReadBuffer) {  // the reader loops over 1 MiB reads
+  TempDir dir;
+  const Bytes img = idx_images(1500, 28, 28), lab = idx_labels(1500);
+  write_gzip(dir.file("img.gz"), img);
+  write_raw(dir.file("lab"), lab);
+  const Dataset d = read_idx(dir.file("img.gz"), dir.file("lab"), 28, 28, 10);
+  EXPECT_EQ(d.images, Bytes(img.begin() + 16, img.end()));
+}
+
+// Every malformed file is a usage error whose message names the file and the problem.
+TEST(IdxReader, MalformedFilesAreUsageErrors) {
+  TempDir dir;
+  const std::string img = dir.file("img"), lab = dir.file("lab");
+  auto check = [&](const Bytes& images, const Bytes& labels, const std::string& names_file,
+                   const std::string& problem, int64_t h = 4, int64_t w = 3) {
+    write_raw(img, images);
+    write_raw(lab, labels);
+    const std::string msg = usage_error_of([&] { read_idx(img, lab, h, w, 10); });
+    EXPECT_NE(msg.find(names_file), std::string::npos) << msg;
+    EXPECT_NE(msg.find(problem), std::string::npos) << msg;
+  };
+  const Bytes good_img = idx_images(5, 4, 3), good_lab = idx_labels(5);
+  check(idx_images(5, 4, 3, 0x802), good_lab, img, "not an IDX image file");
+  check(good_img, idx_labels(5, 10, 0x803), lab, "not an IDX label file");
+  check(Bytes(good_img.begin(), good_img.end() - 1), good_lab, img, "truncated");
+  check(Bytes(good_img.begin(), good_img.begin() + 10), good_lab, img, "truncated");
+  check(Bytes{}, good_lab, img, "truncated");
+  check(good_img, Bytes(good_lab.begin(), good_lab.end() - 2), lab, "truncated");
+  Bytes trailing = good_img;
+  trailing.push_back(0);
+  check(trailing, good_lab, img, "1 bytes follow");
+  check(idx_images(5, 4, 3), idx_labels(6), lab, "disagree");
+  check(idx_images(5, 5, 3), good_lab, img, "5x3 images, expected 4x3");
+  check(idx_images(0, 4, 3), idx_labels(0), img, "no images");
+  Bytes bad_label = good_lab;
+  bad_label[8 + 3] = 10;
+  check(good_img, bad_label, lab, "label 10 of sample 3 is out of range");
+  // Missing files.
+  fs::remove(lab);
+  EXPECT_NE(usage_error_of([&] { read_idx(img, lab, 4, 3, 10); }).find("does not exist"), std::string::npos);
+}
+
+TEST(IdxReader, CorruptGzipIsAUsageError) {
+  TempDir dir;
+  const Bytes img = idx_images(200, 28, 28);
+  write_gzip(dir.file("full.gz"), img);
+  const Bytes gz = read_raw(dir.file("full.gz"));
+  // Cut short: zlib reports a clean end of data; the reader must still notice.
+  write_raw(dir.file("cut.gz"), Bytes(gz.begin(), gz.begin() + static_cast<long>(gz.size() / 2)));
+  std::string msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("cut.gz")); });
+  EXPECT_NE(msg.find("cut.gz"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+  // Only the 8-byte trailer (CRC and length) missing.
+  write_raw(dir.file("notrailer.gz"), Bytes(gz.begin(), gz.end() - 8));
+  msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("notrailer.gz")); });
+  EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+  // A flipped bit in the compressed data: a CRC or stream error.
+  Bytes flipped = gz;
+  flipped[gz.size() / 2] ^= 0x10;
+  write_raw(dir.file("flipped.gz"), flipped);
+  msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("flipped.gz")); });
+  EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+}
+
+// load_dataset finds NAME.gz, NAME, and the dotted variant (train-images.idx3-ubyte).
+TEST(LoadDataset, FindsIdxFilesUnderEveryName) {
+  TempDir dir;
+  write_gzip(dir.file("train-images-idx3-ubyte.gz"), idx_images(6, 28, 28));
+  write_raw(dir.file("train-labels-idx1-ubyte"), idx_labels(6));
+  write_raw(dir.file("t10k-images.idx3-ubyte"), idx_images(3, 28, 28));
+  write_gzip(dir.file("t10k-labels.idx1-ubyte.gz"), idx_labels(3));
+  const DatasetPair p = load_dataset("fashion-mnist", dir.path().string());
+  EXPECT_EQ(p.train.count, 6);
+  EXPECT_EQ(p.test.count, 3);
+  ASSERT_EQ(p.norm.mean.size(), 1u);
+  EXPECT_FLOAT_EQ(p.norm.mean[0], 0.2860f);
+  EXPECT_FLOAT_EQ(p.norm.std[0], 0.3530f);
+  const DatasetPair m = load_dataset("mnist", dir.path().string());
+  EXPECT_FLOAT_EQ(m.norm.mean[0], 0.1307f);
+  // One file missing: named in the message.
+  fs::remove(dir.file("t10k-labels.idx1-ubyte.gz"));
+  const std::string msg = usage_error_of([&] { load_dataset("fashion-mnist", dir.path().string()); });
+  EXPECT_NE(msg.find("t10k-labels-idx1-ubyte"), std::string::npos) << msg;
+}
+
+TEST(LoadDataset, UnknownNameAndMissingDirectory) {
+  EXPECT_NE(usage_error_of([] { load_dataset("imagenet", "/tmp"); }).find("unknown --dataset 'imagenet'"),
+            std::string::npos);
+  const std::string msg = usage_error_of([] { load_dataset("fashion-mnist", "/nonexistent/hpctrain/data"); });
+  EXPECT_NE(msg.find("/nonexistent/hpctrain/data"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+}
+
+TEST(Dataset, TruncateKeepsTheFirstSamples) {
+  Dataset d;
+  d.count = 4;
+  d.height = d.width = 2;
+  d.channels = 1;
+  d.images = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  d.labels = {1, 2, 3, 4};
+  d.truncate(0);  // no-op
+  EXPECT_EQ(d.count, 4);
+  d.truncate(10);  // more than there is: no-op
+  EXPECT_EQ(d.count, 4);
+  d.truncate(2);
+  EXPECT_EQ(d.count, 2);
+  EXPECT_EQ(d.images, Bytes({0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(d.labels, Bytes({1, 2}));
+}
+
+// ---- CIFAR-10 --------------------------------------------------------------------------------
+
+constexpr int kPlane = 1024, kRecord = 3073;
+
+// Record i: label i % 10, pixel p of channel c holds (p + 37 c + 11 i) mod 251.
+Bytes cifar_records(int n, int first = 0) {
+  Bytes b;
+  for (int i = first; i < first + n; ++i) {
+    b.push_back(static_cast<uint8_t>(i % 10));
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < kPlane; ++p) b.push_back(static_cast<uint8_t>((p + 37 * c + 11 * i) % 251));
+  }
+  return b;
+}
+
+TEST(CifarReader, PlanarRgbBecomesInterleaved) {
+  TempDir dir;
+  write_raw(dir.file("a.bin"), cifar_records(3));
+  write_raw(dir.file("b.bin"), cifar_records(2, 3));
+  const Dataset d = read_cifar10({dir.file("a.bin"), dir.file("b.bin")});
+  EXPECT_EQ(d.count, 5);
+  EXPECT_EQ(d.height, 32);
+  EXPECT_EQ(d.width, 32);
+  EXPECT_EQ(d.channels, 3);
+  ASSERT_EQ(d.images.size(), 5u * 3 * kPlane);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(d.labels[i], i % 10);
+    for (int p = 0; p < kPlane; ++p)
+      for (int c = 0; c < 3; ++c)
+        ASSERT_EQ(d.images[(i * kPlane + p) * 3 + c], (p + 37 * c + 11 * i) % 251)
+            << "sample " << i << " pixel " << p << " channel " << c;
+  }
+}
+
+TEST(CifarReader, MalformedFilesAreUsageErrors) {
+  TempDir dir;
+  Bytes recs = cifar_records(2);
+  write_raw(dir.file("short.bin"), Bytes(recs.begin(), recs.end() - 1));
+  std::string msg = usage_error_of([&] { read_cifar10({dir.file("short.bin")}); });
+  EXPECT_NE(msg.find("short.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3073"), std::string::npos) << msg;
+  write_raw(dir.file("empty.bin"), {});
+  usage_error_of([&] { read_cifar10({dir.file("empty.bin")}); });
+  recs[kRecord] = 10;  // label of the second record
+  write_raw(dir.file("label.bin"), recs);
+  msg = usage_error_of([&] { read_cifar10({dir.file("label.bin")}); });
+  EXPECT_NE(msg.find("label 10 of record 1"), std::string::npos) << msg;
+  usage_error_of([&] { read_cifar10({dir.file("missing.bin")}); });
+}
+
+TEST(LoadDataset, Cifar10DirectoryOrItsParent) {
+  TempDir dir;
+  const fs::path inner = dir.path() / "cifar-10-batches-bin";
+  fs::create_directory(inner);
+  for (int i = 1; i <= 5; ++i) write_raw((inner / ("data_batch_" + std::to_string(i) + ".bin")).string(), cifar_records(2, i));
+  write_raw((inner / "test_batch.bin").string(), cifar_records(3));
+  for (const fs::path& root : {inner, dir.path()}) {
+    const DatasetPair p = load_dataset("cifar10", root.string());
+    EXPECT_EQ(p.train.count, 10);
+    EXPECT_EQ(p.test.count, 3);
+    EXPECT_EQ(p.norm.mean.size(), 3u);
+  }
+}
+
+// ---- BatchAssembler --------------------------------------------------------------------------
+
+Dataset ramp_dataset(int64_t count, int64_t h, int64_t w, int64_t c) {
+  Dataset d;
+  d.count = count;
+  d.height = h;
+  d.width = w;
+  d.channels = c;
+  d.images.resize(count * h * w * c);
+  for (size_t i = 0; i < d.images.size(); ++i) d.images[i] = static_cast<uint8_t>((i * 29 + i / 7) % 256);
+  for (int64_t i = 0; i < count; ++i) d.labels.push_back(static_cast<uint8_t>(i % 10));
+  return d;
+}
+
+TEST(BatchAssembler, NormalisesPerChannel) {
+  Dataset d;
+  d.count = 2;
+  d.height = 1;
+  d.width = 2;
+  d.channels = 3;
+  d.images = {0, 255, 51, 102, 204, 255, /* sample 1: */ 1, 2, 3, 4, 5, 6};
+  d.labels = {7, 2};
+  const Normalization norm{{0.5f, 0.25f, 0.0f}, {0.5f, 0.25f, 2.0f}};
+  BatchAssembler a(d, norm, {}, 1);
+  Batch b;
+  a.assemble({0, 1}, 0, false, b);
+  ASSERT_EQ(b.images.shape(), Shape({2, 1, 2, 3}));
+  EXPECT_EQ(b.labels, std::vector<int32_t>({7, 2}));
+  const float* x = b.images.data<float>();
+  auto want = [&](int v, int c) { return (v / 255.0f - norm.mean[c]) / norm.std[c]; };
+  EXPECT_FLOAT_EQ(x[0], -1.0f);  // 0 in channel 0: (0 - 0.5) / 0.5
+  EXPECT_FLOAT_EQ(x[1], 3.0f);   // 255 in channel 1: (1 - 0.25) / 0.25
+  EXPECT_FLOAT_EQ(x[2], 0.1f);   // 51 in channel 2: 0.2 / 2
+  for (int i = 0; i < 12; ++i) EXPECT_FLOAT_EQ(x[i], want(d.images[i], i % 3)) << i;
+  // Sample order follows the indices.
+  a.assemble({1, 0}, 0, false, b);
+  EXPECT_FLOAT_EQ(b.images.data<float>()[0], want(1, 0));
+  EXPECT_EQ(b.labels, std::vector<int32_t>({2, 7}));
+}
+
+TEST(BatchAssembler, AugmentFlagOffOrNothingToDoMeansPlainCopy) {
+  const Dataset d = ramp_dataset(8, 5, 6, 1);
+  const Normalization norm{{0.3f}, {0.2f}};
+  BatchAssembler plain(d, norm, {}, 3), aug(d, norm, {2, true}, 3);
+  Batch p, a, n;
+  const std::vector<uint32_t> idx{0, 1, 2, 3, 4, 5, 6, 7};
+  plain.assemble(idx, 0, true, p);   // nothing to do
+  aug.assemble(idx, 0, false, n);    // augmentation off (evaluation)
+  aug.assemble(idx, 0, true, a);
+  const auto bytes = p.images.bytes();
+  EXPECT_EQ(std::memcmp(p.images.raw(), n.images.raw(), bytes), 0);
+  EXPECT_NE(std::memcmp(p.images.raw(), a.images.raw(), bytes), 0);
+}
+
+// Augmentation is keyed by (seed, epoch, sample index), not by position in the batch.
+TEST(BatchAssembler, AugmentationIsDeterministic) {
+  const Dataset d = ramp_dataset(16, 6, 6, 3);
+  const Normalization norm{{0.1f, 0.2f, 0.3f}, {0.3f, 0.3f, 0.3f}};
+  BatchAssembler a(d, norm, {2, true}, 42), same(d, norm, {2, true}, 42), other_seed(d, norm, {2, true}, 43);
+  Batch b1, b2, single, e1, s2;
+  std::vector<uint32_t> idx(16);
+  std::iota(idx.begin(), idx.end(), 0u);
+  a.assemble(idx, 0, true, b1);
+  same.assemble(idx, 0, true, b2);
+  EXPECT_EQ(std::memcmp(b1.images.raw(), b2.images.raw(), b1.images.bytes()), 0);
+  const int64_t per = 6 * 6 * 3;
+  a.assemble({11}, 0, true, single);
+  EXPECT_EQ(std::memcmp(single.images.data<float>(), b1.images.data<float>() + 11 * per, per * sizeof(float)), 0);
+  a.assemble(idx, 1, true, e1);
+  other_seed.assemble(idx, 0, true, s2);
+  EXPECT_NE(std::memcmp(b1.images.raw(), e1.images.raw(), b1.images.bytes()), 0);
+  EXPECT_NE(std::memcmp(b1.images.raw(), s2.images.raw(), b1.images.bytes()), 0);
+}
+
+// Each augmented sample is the original shifted by (dy, dx) in [-pad, pad]^2, black outside,
+// and mirrored or not; over many samples several shifts and both mirrorings occur.
+TEST(BatchAssembler, CropAndFlipAreWhatTheySay) {
+  const int64_t h = 5, w = 7, c = 2, pad = 2, count = 64;
+  const Dataset d = ramp_dataset(count, h, w, c);
+  const Normalization norm{{0.0f, 0.0f}, {1.0f, 1.0f}};  // value = byte / 255
+  for (bool flip : {false, true}) {
+    BatchAssembler a(d, norm, {pad, flip}, 5);
+    Batch b;
+    std::vector<uint32_t> idx(count);
+    std::iota(idx.begin(), idx.end(), 0u);
+    a.assemble(idx, 3, true, b);
+    std::set<std::pair<int64_t, int64_t>> shifts;
+    std::set<int64_t> mirrored_dx;  // horizontal shifts seen on mirrored samples
+    int mirrored = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const float* o = b.images.data<float>() + i * h * w * c;
+      const uint8_t* src = d.images.data() + i * h * w * c;
+      bool found = false;
+      for (int m = 0; m <= (flip ? 1 : 0) && !found; ++m)
+        for (int64_t dy = -pad; dy <= pad && !found; ++dy)
+          for (int64_t dx = -pad; dx <= pad && !found; ++dx) {
+            bool match = true;
+            for (int64_t y = 0; y < h && match; ++y)
+              for (int64_t x = 0; x < w && match; ++x) {
+                const int64_t sy = y + dy, sx = (m ? w - 1 - x : x) + dx;
+                const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+                for (int64_t ch = 0; ch < c; ++ch) {
+                  const float want = inside ? src[(sy * w + sx) * c + ch] / 255.0f : 0.0f;
+                  match = match && o[(y * w + x) * c + ch] == want;
+                }
+              }
+            if (match) {
+              found = true;
+              shifts.insert({dy, dx});
+              mirrored += m;
+              if (m) mirrored_dx.insert(dx);
+            }
+          }
+      EXPECT_TRUE(found) << "sample " << i << " is no shifted" << (flip ? "/mirrored" : "") << " copy";
+    }
+    EXPECT_GE(shifts.size(), 10u);  // 25 possible
+    if (flip) {
+      EXPECT_GT(mirrored, count / 4);
+      EXPECT_LT(mirrored, 3 * count / 4);
+      EXPECT_GE(mirrored_dx.size(), 3u) << "mirrored samples are cropped too";
+    }
+  }
+}
+
+// ---- Loader ----------------------------------------------------------------------------------
+
+void expect_batch(const Batch& got, const Dataset& d, const Normalization& norm, const std::vector<uint32_t>& idx,
+                  int64_t epoch) {
+  BatchAssembler a(d, norm, {}, 0);
+  Batch want;
+  a.assemble(idx, epoch, false, want);
+  ASSERT_EQ(got.images.shape(), want.images.shape());
+  EXPECT_EQ(got.labels, want.labels);
+  EXPECT_EQ(std::memcmp(got.images.raw(), want.images.raw(), want.images.bytes()), 0);
+}
+
+TEST(Loader, YieldsEveryStepOfAnEpochInOrder) {
+  const Dataset d = ramp_dataset(103, 4, 4, 1);
+  const Normalization norm{{0.5f}, {0.25f}};
+  for (int depth : {1, 3}) {
+    ShardedSampler sampler(d.count, 10, 7);
+    ShardedSampler reference = sampler;
+    Loader loader(d, norm, {}, sampler, 7, depth);
+    EXPECT_EQ(loader.steps_per_epoch(), 10);
+    for (int64_t epoch : {0, 1}) {
+      loader.start_epoch(epoch);
+      for (int64_t s = 0; s < 10; ++s) {
+        const Batch* b = loader.next();
+        ASSERT_NE(b, nullptr) << "epoch " << epoch << " step " << s;
+        EXPECT_EQ(b->epoch, epoch);
+        EXPECT_EQ(b->step, s);
+        EXPECT_EQ(b->size(), 10);
+        expect_batch(*b, d, norm, reference.indices(epoch, s), epoch);
+      }
+      EXPECT_EQ(loader.next(), nullptr);
+      EXPECT_EQ(loader.next(), nullptr);  // stays at the end
+    }
+  }
+}
+
+TEST(Loader, StartsMidEpoch) {
+  const Dataset d = ramp_dataset(60, 3, 3, 1);
+  const Normalization norm{{0.5f}, {0.25f}};
+  ShardedSampler sampler(d.count, 8, 2, 0, 1, /*drop_last=*/false);
+  ShardedSampler reference = sampler;
+  Loader loader(d, norm, {}, sampler, 2);
+  ASSERT_EQ(loader.steps_per_epoch(), 8);
+  loader.start_epoch(4, 5);
+  for (int64_t s = 5; s < 8; ++s) {
+    const Batch* b = loader.next();
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->step, s);
+    EXPECT_EQ(b->epoch, 4);
+    EXPECT_EQ(b->size(), s == 7 ? 4 : 8);  // the kept short batch
+    expect_batch(*b, d, norm, reference.indices(4, s), 4);
+  }
+  EXPECT_EQ(loader.next(), nullptr);
+  // Restarting while batches are still queued abandons them cleanly.
+  loader.start_epoch(0);
+  ASSERT_NE(loader.next(), nullptr);
+  loader.start_epoch(1, 2);
+  const Batch* b = loader.next();
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->epoch, 1);
+  EXPECT_EQ(b->step, 2);
+  // Starting at the end gives an empty epoch.
+  loader.start_epoch(2, 8);
+  EXPECT_EQ(loader.next(), nullptr);
+}
+
+TEST(Loader, AugmentsWithTheSameKeysAsTheAssembler) {
+  const Dataset d = ramp_dataset(40, 6, 6, 1);
+  const Normalization norm{{0.5f}, {0.25f}};
+  ShardedSampler sampler(d.count, 8, 9);
+  ShardedSampler reference = sampler;
+  Loader loader(d, norm, {2, false}, sampler, 9);
+  BatchAssembler a(d, norm, {2, false}, 9);
+  loader.start_epoch(3);
+  for (int64_t s = 0; s < 5; ++s) {
+    const Batch* b = loader.next();
+    ASSERT_NE(b, nullptr);
+    Batch want;
+    a.assemble(reference.indices(3, s), 3, true, want);
+    EXPECT_EQ(std::memcmp(b->images.raw(), want.images.raw(), want.images.bytes()), 0) << "step " << s;
+  }
+}
+
+}  // namespace
+}  // namespace hpc::data

@@ -1,0 +1,578 @@
+// What the layers compute (the gradient checks only prove that backward matches forward):
+// forward against naive references, batch-norm statistics, the loss, the chunked im2col
+// path, float against double, and the model zoo's architectures and initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "core/error.hpp"
+#include "nn/model.hpp"
+#include "unit/gradcheck.hpp"
+
+namespace hpc::testing {
+namespace {
+
+using nn::LayerPtr;
+
+double max_abs(const double* p, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
+  return m;
+}
+
+// max |a - b| / max(max|b|, tiny): one number for "these arrays agree".
+template <class A>
+double relative_difference(const A* a, const double* b, int64_t n) {
+  double d = 0;
+  for (int64_t i = 0; i < n; ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return d / std::max(max_abs(b, n), 1e-30);
+}
+
+// ---- Conv2d forward against the textbook definition ------------------------------------------
+
+struct ConvCase {
+  const char* name;
+  int64_t h, w, cin, cout, kernel, stride, padding;
+  bool bias;
+};
+void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.name; }
+
+// y[n, oh, ow, co] = b[co] + sum_{kh, kw, ci} x[n, oh*s - p + kh, ow*s - p + kw, ci] w[co, kh, kw, ci]
+std::vector<double> naive_conv(const ConvCase& c, int64_t n, const double* x, const double* w, const double* b) {
+  const int64_t ho = (c.h + 2 * c.padding - c.kernel) / c.stride + 1;
+  const int64_t wo = (c.w + 2 * c.padding - c.kernel) / c.stride + 1;
+  std::vector<double> y(n * ho * wo * c.cout);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t oh = 0; oh < ho; ++oh)
+      for (int64_t ow = 0; ow < wo; ++ow)
+        for (int64_t co = 0; co < c.cout; ++co) {
+          double s = b ? b[co] : 0.0;
+          for (int64_t kh = 0; kh < c.kernel; ++kh)
+            for (int64_t kw = 0; kw < c.kernel; ++kw) {
+              const int64_t ih = oh * c.stride - c.padding + kh, iw = ow * c.stride - c.padding + kw;
+              if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
+              for (int64_t ci = 0; ci < c.cin; ++ci)
+                s += x[((i * c.h + ih) * c.w + iw) * c.cin + ci] *
+                     w[((co * c.kernel + kh) * c.kernel + kw) * c.cin + ci];
+            }
+          y[((i * ho + oh) * wo + ow) * c.cout + co] = s;
+        }
+  return y;
+}
+
+class ConvForward : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(ConvForward, MatchesNaiveConvolution) {
+  const ConvCase& c = GetParam();
+  ParamStore<double> store;
+  nn::Conv2d<double> conv(nn::ConvSpec{c.cout, c.kernel, c.stride, c.padding, c.bias});
+  const Shape out = conv.setup(Shape{c.h, c.w, c.cin}, store, "conv");
+  store.allocate();
+  randomize_params(store, 8);
+  ASSERT_EQ(store.slots()[0].shape, Shape({c.cout, c.kernel, c.kernel, c.cin}));
+  const int64_t n = 3;
+  Tensor x = random_tensor(nn::batch_shape(n, Shape{c.h, c.w, c.cin}), 8, 1);
+  const Tensor& y = conv.forward(x, true);
+  ASSERT_EQ(y.shape(), nn::batch_shape(n, out));
+  const auto want = naive_conv(c, n, x.data<double>(), store.value(0), c.bias ? store.value(1) : nullptr);
+  ASSERT_EQ(static_cast<int64_t>(want.size()), y.numel());
+  EXPECT_LT(relative_difference(y.data<double>(), want.data(), y.numel()), 1e-14);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ConvForward,
+                         ::testing::Values(ConvCase{"k3s1p1", 5, 6, 3, 4, 3, 1, 1, true},
+                                           ConvCase{"k3s1p1_cin1", 5, 6, 1, 4, 3, 1, 1, true},
+                                           ConvCase{"k3s2p1_cin1", 7, 6, 1, 5, 3, 2, 1, false},
+                                           ConvCase{"k3s2p1", 7, 7, 2, 3, 3, 2, 1, false},
+                                           ConvCase{"k1s1p0", 4, 5, 6, 3, 1, 1, 0, true},
+                                           ConvCase{"k1s2p0", 5, 5, 4, 3, 1, 2, 0, false},
+                                           ConvCase{"k5s1p0", 6, 7, 2, 2, 5, 1, 0, true},
+                                           ConvCase{"k7s2p3", 9, 8, 3, 4, 7, 2, 3, true}),
+                         [](const ::testing::TestParamInfo<ConvCase>& i) { return std::string(i.param.name); });
+
+// ---- The chunked im2col path -----------------------------------------------------------------
+
+// A batch whose column matrix (N*Ho*Wo*K elements) is above conv.cpp's keep-columns limit
+// (2^23) is built and consumed chunk by chunk; it must give what image-by-image calls give.
+TEST(ConvChunkedPath, BigBatchEqualsImageByImage) {
+  const int64_t n = 80, h = 16, w = 16, cin = 64, cout = 8;  // 80*256*576 = 11.8M column elements
+  ASSERT_GT(n * h * w * 9 * cin, int64_t{1} << 23);
+  const nn::ConvSpec spec{cout, 3, 1, 1, true};
+  ParamStore<double> big_store, one_store;
+  nn::Conv2d<double> big(spec), one(spec);
+  big.setup(Shape{h, w, cin}, big_store, "c");
+  one.setup(Shape{h, w, cin}, one_store, "c");
+  big_store.allocate();
+  one_store.allocate();
+  randomize_params(big_store, 21);
+  std::memcpy(one_store.values().raw(), big_store.values().raw(), big_store.values().bytes());
+  Tensor x = random_tensor(Shape{n, h, w, cin}, 21, 1);
+  Tensor dy = random_tensor(Shape{n, h, w, cout}, 21, 2);
+  const Tensor& y = big.forward(x, true);
+  const Tensor& dx = big.backward(dy, true);
+  const int64_t xs = h * w * cin, ys = h * w * cout, wn = cout * 9 * cin;
+  std::vector<double> dw_sum(wn, 0.0), db_sum(cout, 0.0);
+  double worst_y = 0, worst_dx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor xi = x.view(i * xs, Shape{1, h, w, cin});
+    Tensor dyi = dy.view(i * ys, Shape{1, h, w, cout});
+    const Tensor& yi = one.forward(xi, true);
+    worst_y = std::max(worst_y, relative_difference(y.data<double>() + i * ys, yi.data<double>(), ys));
+    const Tensor& dxi = one.backward(dyi, true);
+    worst_dx = std::max(worst_dx, relative_difference(dx.data<double>() + i * xs, dxi.data<double>(), xs));
+    for (int64_t k = 0; k < wn; ++k) dw_sum[k] += one_store.grad(0)[k];
+    for (int64_t k = 0; k < cout; ++k) db_sum[k] += one_store.grad(1)[k];
+  }
+  EXPECT_LT(worst_y, 1e-13);
+  EXPECT_LT(worst_dx, 1e-13);
+  EXPECT_LT(relative_difference(big_store.grad(0), dw_sum.data(), wn), 1e-12);
+  EXPECT_LT(relative_difference(big_store.grad(1), db_sum.data(), cout), 1e-12);
+
+  // The float im2col path (what runs when the library convolution declines) chunks the same
+  // way; it must agree with the double results to float precision.
+  nn::Conv2d<float> flt(nn::ConvSpec{cout, 3, 1, 1, true, /*library=*/false});
+  ParamStore<float> fstore;
+  flt.setup(Shape{h, w, cin}, fstore, "c");
+  fstore.allocate();
+  for (int64_t i = 0; i < big_store.values().numel(); ++i)
+    fstore.values().data<float>()[i] = static_cast<float>(big_store.values().data<double>()[i]);
+  Tensor xf = Tensor::zeros<float>(x.shape()), dyf = Tensor::zeros<float>(dy.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) xf.data<float>()[i] = static_cast<float>(x.data<double>()[i]);
+  for (int64_t i = 0; i < dy.numel(); ++i) dyf.data<float>()[i] = static_cast<float>(dy.data<double>()[i]);
+  const Tensor& yf = flt.forward(xf, true);
+  EXPECT_LT(relative_difference(yf.data<float>(), y.data<double>(), y.numel()), 1e-5);
+  const Tensor& dxf = flt.backward(dyf, true);
+  EXPECT_LT(relative_difference(dxf.data<float>(), dx.data<double>(), dx.numel()), 1e-5);
+  EXPECT_LT(relative_difference(fstore.grad(0), big_store.grad(0), wn), 1e-5);
+  EXPECT_LT(relative_difference(fstore.grad(1), big_store.grad(1), cout), 1e-5);
+}
+
+// ---- Float against double --------------------------------------------------------------------
+
+// The same layer in float and in double, with the same parameters and input: forward output,
+// input gradient and parameter gradients agree to float precision. This covers the float GEMM
+// backend and every float-only code path (training runs in float).
+struct ParityResult {
+  double y = 0, dx = 0, grads = 0;
+};
+
+ParityResult float_double_parity(const std::function<LayerPtr<float>()>& make_f,
+                                 const std::function<LayerPtr<double>()>& make_d, const Shape& sample, int64_t batch,
+                                 double input_shift = 0, double input_scale = 1) {
+  ParamStore<float> fs;
+  ParamStore<double> ds;
+  LayerPtr<float> lf = make_f();
+  LayerPtr<double> ld = make_d();
+  const Shape out = ld->setup(sample, ds, "l");
+  EXPECT_EQ(lf->setup(sample, fs, "l"), out);
+  fs.allocate();
+  ds.allocate();
+  randomize_params(ds, 31);
+  // Round the double parameters and input to float, so both start from the same numbers.
+  double* dv = ds.values().data<double>();
+  float* fv = fs.values().data<float>();
+  for (int64_t i = 0; i < ds.values().numel(); ++i) fv[i] = static_cast<float>(dv[i]), dv[i] = fv[i];
+  Tensor xd = random_tensor(nn::batch_shape(batch, sample), 31, 1, input_scale);
+  Tensor rd = random_tensor(nn::batch_shape(batch, out), 31, 2);
+  Tensor xf = Tensor::zeros<float>(xd.shape()), rf = Tensor::zeros<float>(rd.shape());
+  for (int64_t i = 0; i < xd.numel(); ++i)
+    xf.data<float>()[i] = static_cast<float>(input_shift + xd.data<double>()[i]), xd.data<double>()[i] = xf.data<float>()[i];
+  for (int64_t i = 0; i < rd.numel(); ++i)
+    rf.data<float>()[i] = static_cast<float>(rd.data<double>()[i]), rd.data<double>()[i] = rf.data<float>()[i];
+  ParityResult r;
+  const Tensor& yd = ld->forward(xd, true);
+  const Tensor& yf = lf->forward(xf, true);
+  r.y = relative_difference(yf.data<float>(), yd.data<double>(), yd.numel());
+  const Tensor& dxd = ld->backward(rd, true);
+  const Tensor& dxf = lf->backward(rf, true);
+  r.dx = relative_difference(dxf.data<float>(), dxd.data<double>(), dxd.numel());
+  for (size_t i = 0; i < ds.slots().size(); ++i)
+    r.grads = std::max(r.grads, relative_difference(fs.grad(static_cast<int>(i)), ds.grad(static_cast<int>(i)),
+                                                    ds.slots()[i].shape.numel()));
+  return r;
+}
+
+template <template <class> class L, class... Args>
+void expect_parity(const Shape& sample, int64_t batch, double tol, Args... args) {
+  const ParityResult r = float_double_parity([&] { return LayerPtr<float>(new L<float>(args...)); },
+                                             [&] { return LayerPtr<double>(new L<double>(args...)); }, sample, batch);
+  EXPECT_LT(r.y, tol) << "forward";
+  EXPECT_LT(r.dx, tol) << "input gradient";
+  EXPECT_LT(r.grads, tol) << "parameter gradients";
+}
+
+// Float convolutions run on the library (oneDNN) where it has a kernel, else on our im2col
+// path; double always on im2col. Both float paths are compared with double.
+TEST(FloatDoubleParity, Conv2d) {
+  for (bool library : {true, false}) {
+    SCOPED_TRACE(library ? "library convolution" : "im2col convolution");
+    expect_parity<nn::Conv2d>(Shape{12, 12, 1}, 4, 1e-5, nn::ConvSpec{8, 3, 1, 1, true, library});  // one channel
+    expect_parity<nn::Conv2d>(Shape{10, 10, 16}, 4, 1e-5, nn::ConvSpec{24, 3, 1, 1, false, library});
+    expect_parity<nn::Conv2d>(Shape{9, 9, 8}, 3, 1e-5, nn::ConvSpec{16, 3, 2, 1, true, library});
+    expect_parity<nn::Conv2d>(Shape{6, 6, 32}, 4, 1e-5, nn::ConvSpec{16, 1, 1, 0, true, library});  // 1x1
+    expect_parity<nn::Conv2d>(Shape{7, 7, 8}, 2, 1e-5, nn::ConvSpec{16, 1, 2, 0, false, library});
+    expect_parity<nn::Conv2d>(Shape{9, 9, 3}, 2, 1e-5, nn::ConvSpec{8, 7, 2, 3, false, library});  // stem
+  }
+}
+
+// One float layer called with changing batch sizes (the last, short batch of an epoch; the
+// evaluation batches) gives the double results for each.
+TEST(FloatDoubleParity, Conv2dAcrossBatchSizes) {
+  const nn::ConvSpec spec{12, 3, 1, 1, true};
+  const Shape sample{8, 8, 4};
+  ParamStore<float> fs;
+  ParamStore<double> ds;
+  nn::Conv2d<float> cf(spec);
+  nn::Conv2d<double> cd(spec);
+  cf.setup(sample, fs, "c");
+  cd.setup(sample, ds, "c");
+  fs.allocate();
+  ds.allocate();
+  randomize_params(ds, 12);
+  for (int64_t i = 0; i < ds.values().numel(); ++i)
+    fs.values().data<float>()[i] = static_cast<float>(ds.values().data<double>()[i]),
+    ds.values().data<double>()[i] = fs.values().data<float>()[i];
+  for (int64_t batch : {4, 3, 4, 1, 6}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    Tensor xd = random_tensor(nn::batch_shape(batch, sample), 12, 10 + batch);
+    Tensor rd = random_tensor(nn::batch_shape(batch, Shape{8, 8, 12}), 12, 20 + batch);
+    Tensor xf = Tensor::zeros<float>(xd.shape()), rf = Tensor::zeros<float>(rd.shape());
+    for (int64_t i = 0; i < xd.numel(); ++i)
+      xf.data<float>()[i] = static_cast<float>(xd.data<double>()[i]), xd.data<double>()[i] = xf.data<float>()[i];
+    for (int64_t i = 0; i < rd.numel(); ++i)
+      rf.data<float>()[i] = static_cast<float>(rd.data<double>()[i]), rd.data<double>()[i] = rf.data<float>()[i];
+    const Tensor& yd = cd.forward(xd, true);
+    const Tensor& yf = cf.forward(xf, true);
+    ASSERT_EQ(yf.shape(), yd.shape());
+    EXPECT_LT(relative_difference(yf.data<float>(), yd.data<double>(), yd.numel()), 1e-5);
+    const Tensor& dxd = cd.backward(rd, true);
+    const Tensor& dxf = cf.backward(rf, true);
+    EXPECT_LT(relative_difference(dxf.data<float>(), dxd.data<double>(), dxd.numel()), 1e-5);
+    for (int p = 0; p < 2; ++p)
+      EXPECT_LT(relative_difference(fs.grad(p), ds.grad(p), ds.slots()[p].shape.numel()), 1e-5) << "param " << p;
+  }
+}
+
+TEST(FloatDoubleParity, SimpleLayers) {
+  expect_parity<nn::Linear>(Shape{300}, 16, 1e-5, int64_t{40}, true);
+  expect_parity<nn::ReLU>(Shape{5, 5, 4}, 3, 1e-6);
+  expect_parity<nn::GlobalAvgPool>(Shape{7, 7, 16}, 3, 1e-6);
+}
+
+TEST(FloatDoubleParity, BatchNorm) {
+  expect_parity<nn::BatchNorm>(Shape{14, 14, 16}, 32, 1e-4);
+  expect_parity<nn::BatchNorm>(Shape{64}, 64, 1e-4);
+  expect_parity<nn::BatchNorm>(Shape{14, 14, 16}, 32, 1e-4, true);  // fused ReLU
+}
+
+// Statistics of 50k rows whose mean (100) is a thousand times their spread (0.1): float
+// accumulation must not lose the variance. A one-pass E[x^2] - E[x]^2 in float is off by
+// about 1e-2 here; the shifted sums by about 1e-5 (the float inputs' own rounding).
+TEST(FloatDoubleParity, BatchNormOfOffsetActivations) {
+  auto f = [] { return LayerPtr<float>(new nn::BatchNorm<float>()); };
+  auto d = [] { return LayerPtr<double>(new nn::BatchNorm<double>()); };
+  const ParityResult r = float_double_parity(f, d, Shape{28, 28, 8}, 64, /*shift=*/100.0, /*scale=*/0.1);
+  EXPECT_LT(r.y, 3e-4) << "forward";
+  EXPECT_LT(r.dx, 3e-4) << "input gradient";
+  EXPECT_LT(r.grads, 3e-4) << "parameter gradients";
+}
+
+TEST(FloatDoubleParity, WholeModels) {
+  for (const std::string& name : nn::model_names()) {
+    if (name == "resnet18") continue;  // same layers as resnet20, ten times the work
+    for (bool bn : {true, false}) {
+      nn::ModelSpec spec;
+      spec.name = name;
+      spec.batch_norm = bn;
+      spec.input = Shape{12, 12, 1};
+      nn::Model<float> mf(spec);
+      nn::Model<double> md(spec);
+      md.init(5);
+      mf.init(5);
+      const double* dv = md.params().values().data<double>();
+      const float* fv = mf.params().values().data<float>();
+      ASSERT_EQ(md.params().values().numel(), mf.params().values().numel());
+      // Initialisation draws the same numbers in both precisions.
+      for (int64_t i = 0; i < md.params().values().numel(); ++i) ASSERT_EQ(fv[i], static_cast<float>(dv[i]));
+      for (int64_t i = 0; i < md.params().values().numel(); ++i) md.params().values().data<double>()[i] = fv[i];
+      Tensor xd = random_tensor(nn::batch_shape(8, spec.input), 5, 1);
+      Tensor xf = Tensor::zeros<float>(xd.shape());
+      for (int64_t i = 0; i < xd.numel(); ++i)
+        xf.data<float>()[i] = static_cast<float>(xd.data<double>()[i]), xd.data<double>()[i] = xf.data<float>()[i];
+      const std::vector<int32_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
+      const double ld = md.train_step(xd, labels.data());
+      const double lf = mf.train_step(xf, labels.data());
+      EXPECT_NEAR(lf, ld, 1e-5 * std::fabs(ld)) << name << " bn=" << bn;
+      const double d = relative_difference(mf.params().grads().data<float>(), md.params().grads().data<double>(),
+                                           md.params().grads().numel());
+      EXPECT_LT(d, 1e-3) << name << " bn=" << bn;
+    }
+  }
+}
+
+// ---- Batch norm statistics -------------------------------------------------------------------
+
+TEST(BatchNormForward, TrainNormalisesAndUpdatesRunningStatistics) {
+  ParamStore<double> store;
+  nn::BatchNorm<double> bn;  // momentum 0.1, eps 1e-5
+  bn.setup(Shape{2}, store, "bn");
+  store.allocate();
+  store.value(0)[0] = 2.0, store.value(0)[1] = 0.5;  // gamma
+  store.value(1)[0] = 1.0, store.value(1)[1] = -1.0;  // beta
+  // Channel 0: 1, 2, 3, 6 (mean 3, biased var 3.5, unbiased 14/3); channel 1: all 4.
+  Tensor x = Tensor::zeros<double>(Shape{4, 2});
+  const double v[8] = {1, 4, 2, 4, 3, 4, 6, 4};
+  std::copy(v, v + 8, x.data<double>());
+  const Tensor& y = bn.forward(x, true);
+  const double inv0 = 1 / std::sqrt(3.5 + 1e-5), inv1 = 1 / std::sqrt(1e-5);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NEAR(y.data<double>()[r * 2], 2.0 * (v[r * 2] - 3) * inv0 + 1.0, 1e-12);
+    EXPECT_NEAR(y.data<double>()[r * 2 + 1], 0.5 * (4 - 4) * inv1 - 1.0, 1e-9);
+  }
+  const double* rmean = store.buffer(0);
+  const double* rvar = store.buffer(1);
+  EXPECT_NEAR(rmean[0], 0.3, 1e-12);
+  EXPECT_NEAR(rmean[1], 0.4, 1e-12);
+  EXPECT_NEAR(rvar[0], 0.9 + 0.1 * 14.0 / 3, 1e-12);
+  EXPECT_NEAR(rvar[1], 0.9, 1e-12);
+  // Evaluation uses the running statistics, and leaves them alone.
+  const Tensor& e = bn.forward(x, false);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NEAR(e.data<double>()[r * 2], 2.0 * (v[r * 2] - rmean[0]) / std::sqrt(rvar[0] + 1e-5) + 1.0, 1e-12);
+  EXPECT_NEAR(rmean[0], 0.3, 1e-12);
+}
+
+TEST(BatchNormForward, SingleValuePerChannelInTrainingIsAUsageError) {
+  ParamStore<double> store;
+  nn::BatchNorm<double> bn;
+  bn.setup(Shape{1, 1, 3}, store, "bn");
+  store.allocate();
+  Tensor x = Tensor::zeros<double>(Shape{1, 1, 1, 3});
+  try {
+    bn.forward(x, true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find("batch"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(bn.forward(x, false));  // evaluation of one sample is fine
+}
+
+// ---- Cheap layers ----------------------------------------------------------------------------
+
+TEST(SimpleLayersForward, MaxPoolPicksWindowMaxima) {
+  ParamStore<double> store;
+  nn::MaxPool2d<double> pool(2, 2);
+  EXPECT_EQ(pool.setup(Shape{3, 5, 1}, store, "p"), Shape({1, 2, 1}));  // last row and column dropped
+  Tensor x = Tensor::zeros<double>(Shape{1, 3, 5, 1});
+  const double v[15] = {1, 9, 2, 3, 7, 4, 5, 8, 6, 0, 99, 99, 99, 99, 99};
+  std::copy(v, v + 15, x.data<double>());
+  const Tensor& y = pool.forward(x, true);
+  EXPECT_EQ(y.data<double>()[0], 9);
+  EXPECT_EQ(y.data<double>()[1], 8);
+  Tensor dy = Tensor::zeros<double>(Shape{1, 1, 2, 1});
+  dy.data<double>()[0] = 1.5, dy.data<double>()[1] = -2;
+  const Tensor& dx = pool.backward(dy, true);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(dx.data<double>()[i], i == 1 ? 1.5 : i == 7 ? -2 : 0) << i;
+}
+
+TEST(SimpleLayersForward, GlobalAvgPoolReluFlattenLinear) {
+  ParamStore<double> store;
+  nn::GlobalAvgPool<double> gap;
+  EXPECT_EQ(gap.setup(Shape{2, 2, 2}, store, "g"), Shape({2}));
+  Tensor x = Tensor::zeros<double>(Shape{1, 2, 2, 2});
+  const double v[8] = {1, -1, 2, -2, 3, -3, 6, 2};
+  std::copy(v, v + 8, x.data<double>());
+  const Tensor& g = gap.forward(x, true);
+  EXPECT_DOUBLE_EQ(g.data<double>()[0], 3.0);
+  EXPECT_DOUBLE_EQ(g.data<double>()[1], -1.0);
+
+  nn::ReLU<double> relu;
+  const Tensor& r = relu.forward(x, true);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(r.data<double>()[i], std::max(v[i], 0.0));
+
+  nn::Flatten<double> flat;
+  EXPECT_EQ(flat.setup(Shape{2, 2, 2}, store, "f"), Shape({8}));
+  EXPECT_EQ(flat.forward(x, true).shape(), Shape({1, 8}));
+
+  nn::Linear<double> lin(2, true);
+  EXPECT_EQ(lin.setup(Shape{3}, store, "lin"), Shape({2}));
+  store.allocate();
+  const double w[6] = {1, 2, 3, -1, 0, 1};  // out x in
+  std::copy(w, w + 6, store.value(0));
+  store.value(1)[0] = 0.5, store.value(1)[1] = -0.5;
+  Tensor in = Tensor::zeros<double>(Shape{1, 3});
+  in.data<double>()[0] = 1, in.data<double>()[1] = 2, in.data<double>()[2] = 3;
+  const Tensor& y = lin.forward(in, true);
+  EXPECT_DOUBLE_EQ(y.data<double>()[0], 14.5);
+  EXPECT_DOUBLE_EQ(y.data<double>()[1], 1.5);
+}
+
+// ---- Softmax cross-entropy -------------------------------------------------------------------
+
+TEST(SoftmaxCrossEntropyForward, KnownValues) {
+  nn::SoftmaxCrossEntropy<double> loss;
+  Tensor z = Tensor::zeros<double>(Shape{2, 4});  // uniform logits: log 4 whatever the label
+  const std::vector<int32_t> labels{1, 3};
+  EXPECT_NEAR(loss.forward(z, labels.data()), std::log(4.0), 1e-15);
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(loss.probabilities().data<double>()[i], 0.25, 1e-15);
+  // Huge logits do not overflow.
+  z.data<double>()[1] = 1000;
+  z.data<double>()[7] = 1000;
+  const double l = loss.forward(z, labels.data());
+  EXPECT_TRUE(std::isfinite(l));
+  EXPECT_NEAR(l, 0.0, 1e-12);
+  z.data<double>()[1] = 0;
+  z.data<double>()[0] = 1000;
+  EXPECT_NEAR(loss.forward(z, labels.data()), 1000.0 / 2, 1e-9);  // sample 0 loses by 1000
+}
+
+TEST(SoftmaxCrossEntropyForward, LabelSmoothingAsPyTorch) {
+  const double s = 0.2;
+  nn::SoftmaxCrossEntropy<double> loss(s);
+  Tensor z = random_tensor(Shape{3, 5}, 4, 1);
+  const std::vector<int32_t> labels{4, 0, 2};
+  const double got = loss.forward(z, labels.data());
+  double want = 0;
+  for (int r = 0; r < 3; ++r) {
+    const double* zr = z.data<double>() + r * 5;
+    double lse = 0;
+    for (int j = 0; j < 5; ++j) lse += std::exp(zr[j]);
+    lse = std::log(lse);
+    for (int j = 0; j < 5; ++j) want -= ((j == labels[r] ? 1 - s : 0) + s / 5) * (zr[j] - lse);
+  }
+  EXPECT_NEAR(got, want / 3, 1e-14);
+}
+
+// ---- Model zoo -------------------------------------------------------------------------------
+
+nn::ModelSpec spec_of(const std::string& name, bool bn, Shape input) {
+  nn::ModelSpec s;
+  s.name = name;
+  s.batch_norm = bn;
+  s.input = std::move(input);
+  return s;
+}
+
+TEST(ModelZoo, NamesAndUnknownName) {
+  EXPECT_EQ(nn::model_names(), std::vector<std::string>({"mlp", "cnn", "resnet20", "resnet18"}));
+  try {
+    nn::Model<float> m(spec_of("resnet50", true, Shape{28, 28, 1}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find("resnet50"), std::string::npos);
+  }
+}
+
+// Parameter counts of the published architectures (10 classes).
+TEST(ModelZoo, ParameterCounts) {
+  auto count = [](const std::string& name, bool bn, Shape in) {
+    return nn::Model<float>(spec_of(name, bn, std::move(in))).params().param_count();
+  };
+  // cnn: conv 1->32 (+bias, BN), conv 32->64 (+bias, BN), fc 3136->128, fc 128->10.
+  EXPECT_EQ(count("cnn", true, Shape{28, 28, 1}), 320 + 64 + 18496 + 128 + 401536 + 1290);
+  EXPECT_EQ(count("cnn", false, Shape{28, 28, 1}), 320 + 18496 + 401536 + 1290);
+  // mlp: 784->512->256->10; with batch norm the hidden linears lose their bias.
+  EXPECT_EQ(count("mlp", true, Shape{28, 28, 1}), 401408 + 1024 + 131072 + 512 + 2570);
+  EXPECT_EQ(count("mlp", false, Shape{28, 28, 1}), 401920 + 131328 + 2570);
+  // ResNet-20 with 1x1-conv projection shortcuts (He et al. option B).
+  EXPECT_EQ(count("resnet20", true, Shape{32, 32, 3}), 272474);
+  // ResNet-18 with the CIFAR stem (3x3 conv, no max pool) and with the ImageNet stem.
+  EXPECT_EQ(count("resnet18", true, Shape{32, 32, 3}), 11173962);
+  EXPECT_EQ(count("resnet18", true, Shape{96, 96, 3}), 11181642);
+}
+
+TEST(ModelZoo, VariantsWithoutBatchNormHaveNoNormParameters) {
+  for (const std::string& name : nn::model_names()) {
+    nn::Model<float> m(spec_of(name, false, Shape{16, 16, 1}));
+    for (const auto& s : m.params().slots()) {
+      EXPECT_NE(s.role, ParamRole::NormScale) << name << " " << s.name;
+      EXPECT_NE(s.role, ParamRole::NormShift) << name << " " << s.name;
+    }
+    EXPECT_TRUE(m.params().buffer_slots().empty()) << name;
+    nn::Model<float> with(spec_of(name, true, Shape{16, 16, 1}));
+    EXPECT_FALSE(with.params().buffer_slots().empty()) << name;
+  }
+}
+
+TEST(ModelZoo, ForwardGivesLogitsPerSample) {
+  for (const std::string& name : nn::model_names()) {
+    nn::ModelSpec spec = spec_of(name, true, Shape{28, 28, 1});
+    spec.classes = 7;
+    nn::Model<float> m(spec);
+    m.init(1);
+    Tensor x = Tensor::zeros<float>(Shape{2, 28, 28, 1});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(std::sin(i * 0.1));
+    const Tensor& y = m.forward(x, false);
+    ASSERT_EQ(y.shape(), Shape({2, 7})) << name;
+    for (int64_t i = 0; i < y.numel(); ++i) EXPECT_TRUE(std::isfinite(y.data<float>()[i])) << name;
+  }
+}
+
+// A freshly initialised classifier should be unsure: its loss near chance (ln 10 = 2.3), its
+// logits of order one. He et al.'s initialisation keeps the activations' scale through ReLU
+// layers, so logits of a few units (loss up to ~5) are expected; far larger ones make the first
+// steps blow up. (Each residual sum without batch norm doubles the activations' variance.)
+TEST(ModelZoo, InitialLossIsNearChance) {
+  Tensor x = Tensor::zeros<float>(Shape{8, 28, 28, 1});
+  Philox rng(2, RngStream::Test);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(rng.normal());
+  const std::vector<int32_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
+  for (const std::string& name : nn::model_names()) {
+    for (bool bn : {true, false}) {
+      nn::Model<float> m(spec_of(name, bn, Shape{28, 28, 1}));
+      m.init(1);
+      const double loss = m.loss(m.forward(x, true), labels.data());
+      EXPECT_LT(loss, 10.0) << name << (bn ? "" : " without batch norm");
+    }
+  }
+}
+
+TEST(ModelZoo, InitIsDeterministicAndFollowsRoles) {
+  nn::Model<float> a(spec_of("cnn", true, Shape{28, 28, 1})), b(spec_of("cnn", true, Shape{28, 28, 1})),
+      c(spec_of("cnn", true, Shape{28, 28, 1}));
+  a.init(17);
+  b.init(17);
+  c.init(18);
+  const auto& va = a.params().values();
+  EXPECT_EQ(std::memcmp(va.raw(), b.params().values().raw(), va.bytes()), 0);
+  EXPECT_NE(std::memcmp(va.raw(), c.params().values().raw(), va.bytes()), 0);
+  const auto& slots = a.params().slots();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const float* p = a.params().value(static_cast<int>(i));
+    const int64_t n = slots[i].shape.numel();
+    double s = 0, s2 = 0;
+    for (int64_t j = 0; j < n; ++j) s += p[j], s2 += double{p[j]} * p[j];
+    switch (slots[i].role) {
+      case ParamRole::Weight: {  // Kaiming normal: std sqrt(2 / fan_in)
+        const double want = std::sqrt(2.0 / static_cast<double>(slots[i].fan_in));
+        const double std = std::sqrt(s2 / n - (s / n) * (s / n));
+        EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
+        EXPECT_NEAR(s / n, 0.0, 6 * want / std::sqrt(n)) << slots[i].name;
+        break;
+      }
+      case ParamRole::NormScale:  // all ones
+        EXPECT_EQ(s, static_cast<double>(n)) << slots[i].name;
+        EXPECT_EQ(s2, static_cast<double>(n)) << slots[i].name;
+        break;
+      case ParamRole::Bias:
+      case ParamRole::NormShift:  // all zeros
+        EXPECT_EQ(s2, 0.0) << slots[i].name;
+        break;
+    }
+  }
+  // Each weight tensor has its own stream: the first two do not start with the same draw.
+  std::vector<int> weights;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].role == ParamRole::Weight) weights.push_back(static_cast<int>(i));
+  ASSERT_GE(weights.size(), 2u);
+  EXPECT_NE(a.params().value(weights[0])[0] / std::sqrt(2.0 / slots[weights[0]].fan_in),
+            a.params().value(weights[1])[0] / std::sqrt(2.0 / slots[weights[1]].fan_in));
+}
+
+}  // namespace
+}  // namespace hpc::testing
