@@ -541,37 +541,57 @@ TEST(ModelZoo, InitIsDeterministicAndFollowsRoles) {
   const auto& va = a.params().values();
   EXPECT_EQ(std::memcmp(va.raw(), b.params().values().raw(), va.bytes()), 0);
   EXPECT_NE(std::memcmp(va.raw(), c.params().values().raw(), va.bytes()), 0);
-  const auto& slots = a.params().slots();
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const float* p = a.params().value(static_cast<int>(i));
-    const int64_t n = slots[i].shape.numel();
-    double s = 0, s2 = 0;
-    for (int64_t j = 0; j < n; ++j) s += p[j], s2 += double{p[j]} * p[j];
-    switch (slots[i].role) {
-      case ParamRole::Weight: {  // Kaiming normal: std sqrt(2 / fan_in)
-        const double want = std::sqrt(2.0 / static_cast<double>(slots[i].fan_in));
-        const double std = std::sqrt(s2 / n - (s / n) * (s / n));
-        EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
-        EXPECT_NEAR(s / n, 0.0, 6 * want / std::sqrt(n)) << slots[i].name;
-        break;
-      }
-      case ParamRole::NormScale:  // all ones
-        EXPECT_EQ(s, static_cast<double>(n)) << slots[i].name;
-        EXPECT_EQ(s2, static_cast<double>(n)) << slots[i].name;
-        break;
-      case ParamRole::Bias:
-      case ParamRole::NormShift:  // all zeros
-        EXPECT_EQ(s2, 0.0) << slots[i].name;
-        break;
-    }
-  }
   // Each weight tensor has its own stream: the first two do not start with the same draw.
+  const auto& slots = a.params().slots();
   std::vector<int> weights;
   for (size_t i = 0; i < slots.size(); ++i)
     if (slots[i].role == ParamRole::Weight) weights.push_back(static_cast<int>(i));
   ASSERT_GE(weights.size(), 2u);
   EXPECT_NE(a.params().value(weights[0])[0] / std::sqrt(2.0 / slots[weights[0]].fan_in),
             a.params().value(weights[1])[0] / std::sqrt(2.0 / slots[weights[1]].fan_in));
+}
+
+// Weights: Kaiming normal, std = init_gain * sqrt(2 / fan_in) (gain 0: all zero, as the last
+// convolution of a residual branch without batch norm); biases and shifts zero; scales one.
+TEST(ModelZoo, InitFollowsRolesAndGains) {
+  for (const auto& [name, bn] : {std::pair<std::string, bool>{"cnn", true}, {"mlp", false}, {"resnet20", true},
+                                 {"resnet20", false}}) {
+    SCOPED_TRACE(name + (bn ? "" : " without batch norm"));
+    nn::Model<float> m(spec_of(name, bn, Shape{28, 28, 1}));
+    m.init(17);
+    const auto& slots = m.params().slots();
+    int zero_gain = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const float* p = m.params().value(static_cast<int>(i));
+      const int64_t n = slots[i].shape.numel();
+      double s = 0, s2 = 0;
+      for (int64_t j = 0; j < n; ++j) s += p[j], s2 += double{p[j]} * p[j];
+      switch (slots[i].role) {
+        case ParamRole::Weight: {
+          const double want = slots[i].init_gain * std::sqrt(2.0 / static_cast<double>(slots[i].fan_in));
+          if (want == 0) {
+            ++zero_gain;
+            EXPECT_EQ(s2, 0.0) << slots[i].name;
+            break;
+          }
+          const double std = std::sqrt(s2 / n - (s / n) * (s / n));
+          EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
+          EXPECT_NEAR(s / n, 0.0, 6 * want / std::sqrt(n)) << slots[i].name;
+          break;
+        }
+        case ParamRole::NormScale:  // all ones
+          EXPECT_EQ(s, static_cast<double>(n)) << slots[i].name;
+          EXPECT_EQ(s2, static_cast<double>(n)) << slots[i].name;
+          break;
+        case ParamRole::Bias:
+        case ParamRole::NormShift:  // all zeros
+          EXPECT_EQ(s2, 0.0) << slots[i].name;
+          break;
+      }
+    }
+    // Only the residual branches of the variant without batch norm start at zero (9 blocks).
+    EXPECT_EQ(zero_gain, name == "resnet20" && !bn ? 9 : 0);
+  }
 }
 
 }  // namespace
