@@ -32,13 +32,13 @@ class DnnlConv final : public LibraryConv {
     dst_md_ = {{g.n, g.cout, ho, wo}, dt::f32, tag::nhwc};
     user_w_md_ = {{g.cout, g.cin, g.kernel, g.kernel}, dt::f32, tag::ohwi};
     const dnnl::memory::desc any_w{{g.cout, g.cin, g.kernel, g.kernel}, dt::f32, tag::any};
-    const dnnl::memory::desc bias_md = g.bias ? dnnl::memory::desc({g.cout}, dt::f32, tag::a) : dnnl::memory::desc();
+    bias_md_ = g.bias ? dnnl::memory::desc({g.cout}, dt::f32, tag::a) : dnnl::memory::desc();
     has_bias_ = g.bias;
     const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.padding, g.padding};
     const auto algo = dnnl::algorithm::convolution_direct;
 
     fwd_pd_ = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_md_, any_w, bias_md, dst_md_,
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_md_, any_w, bias_md_, dst_md_,
                                         strides, pad, pad),
         eng);
     if (is_fast(fwd_pd_.impl_info_str())) {
@@ -54,26 +54,23 @@ class DnnlConv final : public LibraryConv {
       to_bd_w_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, user_w_md_, eng, bd_pd.weights_desc()));
     }
     auto bw_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(algo, src_md_, any_w, bias_md, dst_md_, strides, pad, pad), eng,
+        dnnl::convolution_backward_weights::desc(algo, src_md_, any_w, bias_md_, dst_md_, strides, pad, pad), eng,
         fwd_pd_);
     if (is_fast(bw_pd.impl_info_str())) {
       bwd_weights_ = dnnl::convolution_backward_weights(bw_pd);
       bw_dw_ = dnnl::memory(bw_pd.diff_weights_desc(), eng);
       from_bw_dw_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, bw_pd.diff_weights_desc(), eng, user_w_md_));
-      bias_md_ = bias_md;
     }
   }
 
   bool forward(const float* x, const float* w, const float* b, float* y) override {
     if (!fwd_) return false;
-    auto& eng = cpu_engine();
     dnnl::memory user = user_w(w);
     to_fwd_w_->execute(stream_, user, fwd_w_);  // weights change every step
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(src_md_, x)},
                                                {DNNL_ARG_WEIGHTS, fwd_w_},
                                                {DNNL_ARG_DST, mem(dst_md_, y)}};
-    if (has_bias_) args[DNNL_ARG_BIAS] = dnnl::memory({{fwd_pd_.dst_desc().dims()[1]}, dt::f32, tag::a}, eng,
-                                                      const_cast<float*>(b));
+    if (has_bias_) args[DNNL_ARG_BIAS] = mem(bias_md_, b);
     fwd_->execute(stream_, args);
     stream_.wait();
     return true;
