@@ -86,26 +86,45 @@ class Conv2d final : public Layer<T> {
   bool col_kept_ = false;  // forward kept every chunk's columns for backward
 };
 
+// A max pool fused into the batch norm before it (kernel 0: none). Only windows that do not
+// overlap (kernel <= stride) fuse: each input cell then feeds at most one output.
+struct FusedPool {
+  int64_t kernel = 0, stride = 0;
+};
+
 // Batch norm with PyTorch's defaults (momentum 0.1, eps 1e-5), optionally followed by a
-// fused ReLU (relu = true is exactly BatchNorm then ReLU, in one pass).
+// fused ReLU (relu = true is exactly BatchNorm then ReLU, in one pass) and a fused max pool
+// (exactly BatchNorm [ReLU] MaxPool2d: same outputs, same gradients, summed in the same
+// order). Fusing the pool means the full-size normalised activations and their gradient are
+// never written: the layer reads its input and writes the pooled output, and backward
+// rebuilds each cell's gradient from the pooled gradient and the window's argmax.
 template <class T>
 class BatchNorm final : public Layer<T> {
  public:
-  explicit BatchNorm(bool relu = false, double momentum = 0.1, double eps = 1e-5)
-      : relu_(relu), momentum_(momentum), eps_(eps) {}
-  std::string kind() const override { return relu_ ? "batchnorm_relu" : "batchnorm"; }
+  explicit BatchNorm(bool relu = false, FusedPool pool = {}, double momentum = 0.1, double eps = 1e-5)
+      : relu_(relu), pool_(pool), momentum_(momentum), eps_(eps) {}
+  std::string kind() const override;
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
 
  private:
+  bool pooled() const { return pool_.kernel > 0; }
+  void statistics(const T* xp, int64_t m, bool train);  // sets mean_, invstd_, scale_, shift_
+  void pool_forward(const T* xp, int64_t n);
+  // Calls rows(b, e, s1, s2) to sum the incoming gradient g and g * (x - mean) of rows [b, e).
+  template <class RowSums>
+  void gradient_sums(int64_t m, std::vector<double>& sdy, std::vector<double>& sdyx, RowSums&& rows);
+
   bool relu_;
+  FusedPool pool_;
   double momentum_, eps_;
-  int64_t c_ = 0;
+  int64_t c_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;  // h_.. only with a fused pool
   ParamStore<T>* store_ = nullptr;
   int gamma_ = -1, beta_ = -1, running_mean_ = -1, running_var_ = -1;
-  Tensor x_, y_, dx_;
+  Tensor x_, y_, dx_, argmax_;
   std::vector<double> mean_, invstd_;
+  std::vector<T> scale_, shift_;  // forward's normalisation: x * scale + shift, per channel
 };
 
 template <class T>

@@ -15,6 +15,9 @@ struct ModelSpec {
   Shape input{28, 28, 1};     // per-sample H x W x C
   int64_t classes = 10;
   double label_smoothing = 0;
+  // Fuse each batch norm + ReLU + max pool into one layer (identical results, fewer passes
+  // over memory); false keeps them as separate layers (tests compare the two).
+  bool fuse = true;
 };
 
 // The names build_model accepts, for --help and error messages.

@@ -23,14 +23,27 @@ void conv_bn(Sequential<T>& s, bool bn, int64_t out, int64_t kernel, int64_t str
   else if (relu) push<T, ReLU<T>>(s);
 }
 
+// conv + BN + ReLU + max pool (k x k, stride k), the pool fused into the batch norm where
+// the spec allows.
+template <class T>
+void conv_bn_pool(Sequential<T>& s, const ModelSpec& m, int64_t out, int64_t kernel, int64_t stride, int64_t pad,
+                  bool bias_with_bn, int64_t pool) {
+  if (m.batch_norm && m.fuse) {
+    ConvSpec spec{out, kernel, stride, pad, bias_with_bn};
+    push<T, Conv2d<T>>(s, spec);
+    push<T, BatchNorm<T>>(s, true, FusedPool{pool, pool});
+    return;
+  }
+  conv_bn(s, m.batch_norm, out, kernel, stride, pad, true, bias_with_bn);
+  push<T, MaxPool2d<T>>(s, pool, pool);
+}
+
 // The model of shared/bench/torch_peer.py. Its convolutions keep their bias even before batch
 // norm, as PyTorch's nn.Conv2d default does there.
 template <class T>
 void build_cnn(Sequential<T>& s, const ModelSpec& m) {
-  conv_bn(s, m.batch_norm, 32, 3, 1, 1, true, true);
-  push<T, MaxPool2d<T>>(s, 2, 2);
-  conv_bn(s, m.batch_norm, 64, 3, 1, 1, true, true);
-  push<T, MaxPool2d<T>>(s, 2, 2);
+  conv_bn_pool(s, m, 32, 3, 1, 1, true, 2);
+  conv_bn_pool(s, m, 64, 3, 1, 1, true, 2);
   push<T, Flatten<T>>(s);
   push<T, Linear<T>>(s, 128);
   push<T, ReLU<T>>(s);
@@ -83,8 +96,7 @@ void build_resnet18(Sequential<T>& s, const ModelSpec& m) {
   if (m.input[0] <= 64) {
     conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
   } else {
-    conv_bn(s, m.batch_norm, 64, 7, 2, 3, true);
-    push<T, MaxPool2d<T>>(s, 2, 2);
+    conv_bn_pool(s, m, 64, 7, 2, 3, false, 2);
   }
   int64_t in = 64;
   for (int64_t width : {64, 128, 256, 512}) {

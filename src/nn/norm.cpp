@@ -1,12 +1,19 @@
 // Batch normalisation over the channel (last) dimension: NHWC activations are an M x C
-// matrix with M = N*H*W, and N x F features are the same with M = N. An optional ReLU is
-// fused in (one pass over memory fewer each way, and the activations of these small models
-// do not fit in L2).
+// matrix with M = N*H*W, and N x F features are the same with M = N. An optional ReLU and
+// an optional max pool are fused in: the activations of these small models do not fit in
+// L2, so every pass over them that fusion removes is time saved (the cnn's first block
+// spends more time in these passes than in its convolution).
 //
 // Statistics: blocks of kBlock rows are summed in T (vectorised), blocks and threads are
 // combined in double. Values are taken relative to the first row (a shift), so the one-pass
 // variance E[(x-K)^2] - E[x-K]^2 does not cancel catastrophically.
+//
+// Exactness of the fusions: the ReLU decision is recomputed from x with the same function
+// forward used (affine below), and the fused pool's backward visits rows in the order the
+// unfused batch norm does, so fused and unfused layers give identical bits.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "nn/layer.hpp"
 #include "nn/parallel.hpp"
@@ -17,15 +24,18 @@ constexpr int64_t kBlock = 64;
 constexpr int kMaxParts = 64;
 constexpr int64_t kMinRowsPerPart = 512;
 
-// Sums over rows [b, e) of f(row, j) into out1/out2 (double, c entries each).
+// Sums over rows [b, e) in blocks of kBlock rows: rows(r0, r1, s1, s2) adds rows [r0, r1)
+// into the block accumulators s1, s2 (c entries each, restrict-qualified so the compiler
+// vectorises across channels); each block is then added to out1/out2 in double.
 template <class T, class F>
-void blocked_sums(int64_t b, int64_t e, int64_t c, double* out1, double* out2, F&& f) {
-  std::vector<T> s1(c), s2(c);
+void blocked_sums(int64_t b, int64_t e, int64_t c, double* out1, double* out2, F&& rows) {
+  std::vector<T> acc(2 * c);
+  T* s1 = acc.data();
+  T* s2 = acc.data() + c;
   for (int64_t r0 = b; r0 < e; r0 += kBlock) {
-    std::fill(s1.begin(), s1.end(), T(0));
-    std::fill(s2.begin(), s2.end(), T(0));
+    std::fill(acc.begin(), acc.end(), T(0));
     const int64_t r1 = std::min(e, r0 + kBlock);
-    for (int64_t r = r0; r < r1; ++r) f(r, s1.data(), s2.data());
+    rows(r0, r1, s1, s2);
     for (int64_t j = 0; j < c; ++j) {
       out1[j] += s1[j];
       out2[j] += s2[j];
@@ -33,7 +43,166 @@ void blocked_sums(int64_t b, int64_t e, int64_t c, double* out1, double* out2, F
   }
 }
 
+template <class T>
+inline T affine(T x, T scale, T shift) {
+  return x * scale + shift;
+}
+
+// Forward's output value of one cell.
+template <bool Relu, class T>
+inline T activate(T x, T scale, T shift) {
+  if constexpr (Relu) return std::max(affine(x, scale, shift), T(0));
+  return affine(x, scale, shift);
+}
+
+// The incoming gradient g masked by the fused ReLU. Every operand is loaded
+// unconditionally, so the loops stay branch-free and vectorise.
+template <bool Relu, class T>
+inline T relu_masked(T g, T x, T scale, T shift) {
+  if constexpr (Relu) return affine(x, scale, shift) > T(0) ? g : T(0);
+  return g;
+}
+
+// dx = g*a + x*b + k (see backward); one function, so every caller rounds alike.
+template <class T>
+inline T input_gradient(T g, T x, T a, T b, T k) {
+  return g * a + x * b + k;
+}
+
+// Calls f(std::bool_constant<relu>{}) so kernels are compiled once per case.
+template <class F>
+void with_relu(bool relu, F&& f) {
+  if (relu) f(std::true_type{});
+  else f(std::false_type{});
+}
+
+// Where each input row (one cell of one sample) sits in a grid of non-overlapping pooling
+// windows. Walks rows in order with counters rather than dividing per row.
+struct PoolWalk {
+  int64_t h, w, k, s, ho, wo;
+  // Calls fn(r, window, pos) for r in [b, e): window is the pooled row (sample*ho*wo +
+  // oh*wo + ow) whose window holds r, pos is r's place in it (kh*k + kw); window is -1 for
+  // cells no window covers (floor mode's remainder, gaps when k < s).
+  template <class F>
+  void rows(int64_t b, int64_t e, F&& fn) const {
+    const int64_t hw = h * w;
+    int64_t n = b / hw, hh = (b % hw) / w, ww = b % w;
+    int64_t oh = hh / s, kh = hh % s, ow = ww / s, kw = ww % s;
+    for (int64_t r = b; r < e; ++r) {
+      const bool covered = kh < k && kw < k && oh < ho && ow < wo;
+      fn(r, covered ? (n * ho + oh) * wo + ow : int64_t{-1}, kh * k + kw);
+      if (++kw == s) kw = 0, ++ow;
+      if (++ww == w) {
+        ww = 0, ow = 0, kw = 0;
+        if (++kh == s) kh = 0, ++oh;
+        if (++hh == h) hh = 0, oh = 0, kh = 0, ++n;
+      }
+    }
+  }
+};
+
+struct PoolWindows {
+  int64_t c, k, s, w, wo;  // channels, window, stride, input width, output width
+};
+
+// One row of pooling windows over the normalised (and ReLU'd) input row xrow: maxima to
+// out, the winners' places to idx. A function of its own, not a lambda, so every size and
+// pointer is a local the byte stores to idx cannot alias (otherwise nothing vectorises).
+template <bool Relu, class T>
+void pool_row(const PoolWindows p, const T* __restrict xrow, const T* __restrict sc, const T* __restrict sh,
+              T* __restrict out, uint8_t* __restrict idx) {
+  const int64_t c = p.c, k = p.k, w = p.w;
+  for (int64_t ow = 0; ow < p.wo; ++ow, out += c, idx += c) {
+    const T* __restrict corner = xrow + ow * p.s * c;
+    if (k == 2) {  // the common window, unrolled: the running maximum stays in registers
+      const T* __restrict right = corner + c;
+      const T* __restrict below = corner + w * c;
+      const T* __restrict diagonal = below + c;
+      for (int64_t j = 0; j < c; ++j) {
+        T best = activate<Relu>(corner[j], sc[j], sh[j]);
+        uint8_t at = 0;
+        const T v1 = activate<Relu>(right[j], sc[j], sh[j]);
+        if (v1 > best) best = v1, at = 1;
+        const T v2 = activate<Relu>(below[j], sc[j], sh[j]);
+        if (v2 > best) best = v2, at = 2;
+        const T v3 = activate<Relu>(diagonal[j], sc[j], sh[j]);
+        if (v3 > best) best = v3, at = 3;
+        out[j] = best;
+        idx[j] = at;
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      out[j] = activate<Relu>(corner[j], sc[j], sh[j]);
+      idx[j] = 0;
+    }
+    for (int64_t kh = 0; kh < k; ++kh) {
+      for (int64_t kw = (kh == 0 ? 1 : 0); kw < k; ++kw) {
+        const T* __restrict in = corner + (kh * w + kw) * c;
+        const auto pos = static_cast<uint8_t>(kh * k + kw);
+        for (int64_t j = 0; j < c; ++j) {
+          const T v = activate<Relu>(in[j], sc[j], sh[j]);
+          const bool more = v > out[j];
+          out[j] = more ? v : out[j];
+          idx[j] = more ? pos : idx[j];
+        }
+      }
+    }
+  }
+}
+
+// Backward's row kernels. g is the gradient reaching the normalised output: dy's row, or
+// with a fused pool (Pooled) the window's pooled gradient where this cell won it (idx ==
+// at) and zero where it lost; then masked by the fused ReLU. Functions of their own with
+// restrict-qualified arguments, so the compiler vectorises across channels.
+template <bool Relu, bool Pooled, class T>
+inline T row_gradient(const T* __restrict g, const uint8_t* __restrict idx, uint8_t at, int64_t j, T x, T sc,
+                      T sh) {
+  T gj = g[j];
+  if constexpr (Pooled) gj = idx[j] == at ? gj : T(0);
+  return relu_masked<Relu>(gj, x, sc, sh);
+}
+
+// Adds one row's g and g * (x - mean) into s1 and s2.
+template <bool Relu, bool Pooled, class T>
+void sum_row(int64_t c, const T* __restrict x, const T* __restrict g, const uint8_t* __restrict idx, uint8_t at,
+             const T* __restrict sc, const T* __restrict sh, const T* __restrict mu, T* __restrict s1,
+             T* __restrict s2) {
+  for (int64_t j = 0; j < c; ++j) {
+    const T gj = row_gradient<Relu, Pooled>(g, idx, at, j, x[j], sc[j], sh[j]);
+    s1[j] += gj;
+    s2[j] += gj * (x[j] - mu[j]);
+  }
+}
+
+template <class T>
+struct RowCoefficients {
+  const T *scale, *shift, *a, *b, *k;  // forward's normalisation; dx = g*a + x*b + k
+};
+
+// One row of dx; g == nullptr: a cell no pooling window covers (its g is zero).
+template <bool Relu, bool Pooled, class T>
+void dx_row(int64_t c, const T* __restrict x, const T* __restrict g, const uint8_t* __restrict idx, uint8_t at,
+            const RowCoefficients<T> co, T* __restrict d) {
+  const T* __restrict sc = co.scale;
+  const T* __restrict sh = co.shift;
+  const T* __restrict a = co.a;
+  const T* __restrict b = co.b;
+  const T* __restrict k = co.k;
+  if (!g) {
+    for (int64_t j = 0; j < c; ++j) d[j] = input_gradient(T(0), x[j], a[j], b[j], k[j]);
+    return;
+  }
+  for (int64_t j = 0; j < c; ++j)
+    d[j] = input_gradient(row_gradient<Relu, Pooled>(g, idx, at, j, x[j], sc[j], sh[j]), x[j], a[j], b[j], k[j]);
+}
+
 }  // namespace
+
+template <class T>
+std::string BatchNorm<T>::kind() const {
+  return std::string(relu_ ? "batchnorm_relu" : "batchnorm") + (pooled() ? "_maxpool" : "");
+}
 
 template <class T>
 Shape BatchNorm<T>::setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) {
@@ -45,33 +214,42 @@ Shape BatchNorm<T>::setup(const Shape& in, ParamStore<T>& store, const std::stri
   running_var_ = store.add_buffer(prefix + ".running_var", Shape{c_}, 1.0);
   mean_.assign(c_, 0);
   invstd_.assign(c_, 0);
-  return in;
+  if (!pooled()) return in;
+  HPC_CHECK(in.rank() == 3, "a max pool fused into batch norm expects H x W x C input, got ", in.str());
+  HPC_CHECK(pool_.kernel >= 1 && pool_.kernel <= 15 && pool_.kernel <= pool_.stride,
+            "a max pool fused into batch norm needs non-overlapping windows of at most 15 (kernel <= stride), got "
+            "kernel ",
+            pool_.kernel, " stride ", pool_.stride);
+  h_ = in[0];
+  w_ = in[1];
+  ho_ = (h_ - pool_.kernel) / pool_.stride + 1;
+  wo_ = (w_ - pool_.kernel) / pool_.stride + 1;
+  HPC_CHECK(h_ >= pool_.kernel && w_ >= pool_.kernel, "maxpool2d output would be empty for input ", in.str());
+  return Shape{ho_, wo_, c_};
 }
 
 template <class T>
-const Tensor& BatchNorm<T>::forward(const Tensor& x, bool train) {
-  const int64_t m = x.numel() / c_, c = c_;
-  x_ = x;
-  y_.resize<T>(x.shape());
-  const T* xp = x.data<T>();
-  T* yp = y_.data<T>();
+void BatchNorm<T>::statistics(const T* xp, int64_t m, bool train) {
+  const int64_t c = c_;
   const T* gamma = store_->value(gamma_);
   const T* beta = store_->value(beta_);
   T* rmean = store_->buffer(running_mean_);
   T* rvar = store_->buffer(running_var_);
   if (train) {
-    HPC_REQUIRE(m > 1, "batch norm needs more than one value per channel in training (batch of ", x.shape()[0],
-                " sample(s)); use a larger batch size");
     std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
-    const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int p) {
-      blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c], [&](int64_t r, T* s1, T* s2) {
-        const T* row = xp + r * c;
-        for (int64_t j = 0; j < c; ++j) {
-          const T d = row[j] - xp[j];  // shift by the first row
-          s1[j] += d;
-          s2[j] += d * d;
-        }
-      });
+    const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
+      blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c],
+                      [&](int64_t r0, int64_t r1, T* __restrict s1, T* __restrict s2) {
+                        const T* __restrict first = xp;
+                        for (int64_t r = r0; r < r1; ++r) {
+                          const T* __restrict row = xp + r * c;
+                          for (int64_t j = 0; j < c; ++j) {
+                            const T d = row[j] - first[j];  // shift by the first row
+                            s1[j] += d;
+                            s2[j] += d * d;
+                          }
+                        }
+                      });
     });
     for (int64_t j = 0; j < c; ++j) {
       double s1 = 0, s2 = 0;
@@ -94,66 +272,122 @@ const Tensor& BatchNorm<T>::forward(const Tensor& x, bool train) {
     }
   }
   // y = x * scale + shift with per-channel scale = gamma*invstd, shift = beta - mean*scale.
-  std::vector<T> scale(c), shift(c);
+  scale_.resize(c);
+  shift_.resize(c);
   for (int64_t j = 0; j < c; ++j) {
-    scale[j] = static_cast<T>(gamma[j] * invstd_[j]);
-    shift[j] = static_cast<T>(beta[j] - mean_[j] * gamma[j] * invstd_[j]);
+    scale_[j] = static_cast<T>(gamma[j] * invstd_[j]);
+    shift_[j] = static_cast<T>(beta[j] - mean_[j] * gamma[j] * invstd_[j]);
   }
-  const T* sc = scale.data();
-  const T* sh = shift.data();
-  const bool relu = relu_;
-  parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int) {
-    for (int64_t r = b; r < e; ++r) {
-      const T* row = xp + r * c;
-      T* out = yp + r * c;
-      if (relu) {
-        for (int64_t j = 0; j < c; ++j) out[j] = std::max(row[j] * sc[j] + sh[j], T(0));
-      } else {
-        for (int64_t j = 0; j < c; ++j) out[j] = row[j] * sc[j] + sh[j];
+}
+
+template <class T>
+const Tensor& BatchNorm<T>::forward(const Tensor& x, bool train) {
+  const int64_t m = x.numel() / c_, c = c_;
+  HPC_REQUIRE(!train || m > 1, "batch norm needs more than one value per channel in training (batch of ",
+              x.shape()[0], " sample(s)); use a larger batch size");
+  x_ = x;
+  const T* xp = x.data<T>();
+  statistics(xp, m, train);
+  if (pooled()) {
+    pool_forward(xp, x.shape()[0]);
+    return y_;
+  }
+  y_.resize<T>(x.shape());
+  T* yp = y_.data<T>();
+  const T* __restrict sc = scale_.data();
+  const T* __restrict sh = shift_.data();
+  with_relu(relu_, [&](auto relu_c) {
+    constexpr bool kRelu = decltype(relu_c)::value;
+    parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* __restrict row = xp + r * c;
+        T* __restrict out = yp + r * c;
+        for (int64_t j = 0; j < c; ++j) out[j] = activate<kRelu>(row[j], sc[j], sh[j]);
       }
-    }
+    });
   });
   return y_;
+}
+
+// The pooled output and, per output value, the winner's place in its window (the first
+// maximum wins, as MaxPool2d and PyTorch).
+template <class T>
+void BatchNorm<T>::pool_forward(const T* xp, int64_t n) {
+  const int64_t c = c_, s = pool_.stride, w = w_;
+  y_.resize<T>(Shape{n, ho_, wo_, c});
+  argmax_.resize<uint8_t>(Shape{n, ho_, wo_, c});
+  T* yp = y_.data<T>();
+  uint8_t* am = argmax_.data<uint8_t>();
+  const T* __restrict sc = scale_.data();
+  const T* __restrict sh = shift_.data();
+  const PoolWindows win{c, pool_.kernel, pool_.stride, w_, wo_};
+  with_relu(relu_, [&](auto relu_c) {
+    constexpr bool kRelu = decltype(relu_c)::value;
+    parallel_rows(n * ho_, 8, kMaxParts, [&](int64_t b, int64_t e, int) {
+      for (int64_t q = b; q < e; ++q)  // q = sample * ho + oh: one row of windows
+        pool_row<kRelu>(win, xp + (q / ho_ * h_ + q % ho_ * s) * w * c, sc, sh, yp + q * wo_ * c,
+                        am + q * wo_ * c);
+    });
+  });
+}
+
+template <class T>
+template <class RowSums>
+void BatchNorm<T>::gradient_sums(int64_t m, std::vector<double>& sdy, std::vector<double>& sdyx, RowSums&& rows) {
+  const int64_t c = c_;
+  std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
+  const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
+    blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c], rows);
+  });
+  sdy.assign(c, 0.0);
+  sdyx.assign(c, 0.0);
+  for (int64_t j = 0; j < c; ++j)
+    for (int p = 0; p < parts; ++p) {
+      sdy[j] += part1[p * c + j];
+      sdyx[j] += part2[p * c + j];
+    }
 }
 
 template <class T>
 const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
   const int64_t m = x_.numel() / c_, c = c_;
   const T* xp = x_.data<T>();
-  const T* yp = y_.data<T>();
   const T* dyp = dy.data<T>();
+  const uint8_t* am = pooled() ? argmax_.data<uint8_t>() : nullptr;
+  const T* __restrict sc = scale_.data();
+  const T* __restrict sh = shift_.data();
   const T* gamma = store_->value(gamma_);
   T* dgamma = store_->grad(gamma_);
   T* dbeta = store_->grad(beta_);
-  const bool relu = relu_;
   std::vector<T> mean_t(c);
   for (int64_t j = 0; j < c; ++j) mean_t[j] = static_cast<T>(mean_[j]);
-  const T* mu = mean_t.data();
-  // sum g and sum g * (x - mean), where g is dy masked by the fused ReLU.
-  std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
-  const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int p) {
-    blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c], [&](int64_t r, T* s1, T* s2) {
-      const T* row = xp + r * c;
-      const T* g = dyp + r * c;
-      const T* out = yp + r * c;
-      for (int64_t j = 0; j < c; ++j) {
-        const T gj = relu && out[j] <= T(0) ? T(0) : g[j];
-        s1[j] += gj;
-        s2[j] += gj * (row[j] - mu[j]);
+  const T* __restrict mu = mean_t.data();
+  const PoolWalk walk{h_, w_, pool_.kernel, pool_.stride, ho_, wo_};
+
+  // sum g and sum g * (x - mean), where g is the gradient reaching the normalised output
+  // (see sum_row).
+  std::vector<double> sdy, sdyx;
+  with_relu(relu_, [&](auto relu_c) {
+    constexpr bool kRelu = decltype(relu_c)::value;
+    gradient_sums(m, sdy, sdyx, [&](int64_t r0, int64_t r1, T* s1, T* s2) {
+      if (!pooled()) {
+        for (int64_t r = r0; r < r1; ++r)
+          sum_row<kRelu, false>(c, xp + r * c, dyp + r * c, nullptr, 0, sc, sh, mu, s1, s2);
+        return;
       }
+      walk.rows(r0, r1, [&](int64_t r, int64_t window, int64_t pos) {
+        if (window >= 0)  // a cell no window covers has no gradient
+          sum_row<kRelu, true>(c, xp + r * c, dyp + window * c, am + window * c, static_cast<uint8_t>(pos), sc, sh,
+                               mu, s1, s2);
+      });
     });
   });
-  std::vector<double> sdy(c, 0.0), sdyx(c, 0.0);
-  for (int64_t j = 0; j < c; ++j)
-    for (int p = 0; p < parts; ++p) {
-      sdy[j] += part1[p * c + j];
-      sdyx[j] += part2[p * c + j];
-    }
   for (int64_t j = 0; j < c; ++j) {
     dgamma[j] = static_cast<T>(sdyx[j] * invstd_[j]);
     dbeta[j] = static_cast<T>(sdy[j]);
   }
   if (!need_dx) return dx_;
+
   // dx = gamma*invstd * (g - mean(g) - xhat * mean(g*xhat)), written as g*a + x*b + k.
   std::vector<T> a(c), bcoef(c), k(c);
   for (int64_t j = 0; j < c; ++j) {
@@ -165,18 +399,21 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
   }
   dx_.resize<T>(x_.shape());
   T* dxp = dx_.data<T>();
-  const T *pa = a.data(), *pb = bcoef.data(), *pk = k.data();
-  parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int) {
-    for (int64_t r = b; r < e; ++r) {
-      const T* row = xp + r * c;
-      const T* g = dyp + r * c;
-      const T* out = yp + r * c;
-      T* d = dxp + r * c;
-      for (int64_t j = 0; j < c; ++j) {
-        const T gj = relu && out[j] <= T(0) ? T(0) : g[j];
-        d[j] = gj * pa[j] + row[j] * pb[j] + pk[j];
+  const T *__restrict pa = a.data(), *__restrict pb = bcoef.data(), *__restrict pk = k.data();
+  const RowCoefficients<T> co{sc, sh, pa, pb, pk};
+  with_relu(relu_, [&](auto relu_c) {
+    constexpr bool kRelu = decltype(relu_c)::value;
+    parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int) {
+      if (!pooled()) {
+        for (int64_t r = b; r < e; ++r) dx_row<kRelu, false>(c, xp + r * c, dyp + r * c, nullptr, 0, co, dxp + r * c);
+        return;
       }
-    }
+      walk.rows(b, e, [&](int64_t r, int64_t window, int64_t pos) {
+        if (window < 0) dx_row<kRelu, false, T>(c, xp + r * c, nullptr, nullptr, 0, co, dxp + r * c);
+        else dx_row<kRelu, true>(c, xp + r * c, dyp + window * c, am + window * c, static_cast<uint8_t>(pos), co,
+                                 dxp + r * c);
+      });
+    });
   });
   return dx_;
 }

@@ -35,6 +35,8 @@ const Tensor& ReLU<T>::backward(const Tensor& dy, bool need_dx) {
 template <class T>
 Shape MaxPool2d<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
   HPC_CHECK(in.rank() == 3, "maxpool2d expects H x W x C input, got ", in.str());
+  HPC_CHECK(kernel_ >= 1 && kernel_ <= 15 && stride_ >= 1, "maxpool2d kernel must be 1..15 and stride >= 1, got ",
+            kernel_, " and ", stride_);
   h_ = in[0];
   w_ = in[1];
   c_ = in[2];
@@ -44,37 +46,53 @@ Shape MaxPool2d<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
   return Shape{ho_, wo_, c_};
 }
 
+// The argmax is kept as the winner's position inside its window (one byte; kernel <= 15).
+// Windows that do not overlap (kernel <= stride, the usual 2x2/2) let backward write every
+// input gradient once, densely, instead of clearing the whole buffer and then scattering.
 template <class T>
 const Tensor& MaxPool2d<T>::forward(const Tensor& x, bool /*train*/) {
-  const int64_t n = x.shape()[0];
-  y_.resize<T>(Shape{n, ho_, wo_, c_});
-  argmax_.resize<int32_t>(Shape{n, ho_, wo_, c_});
-  const T* xp = x.data<T>();
-  T* yp = y_.data<T>();
-  int32_t* am = argmax_.data<int32_t>();
+  const int64_t n = x.shape()[0], c = c_, k = kernel_, s = stride_, w = w_;
+  y_.resize<T>(Shape{n, ho_, wo_, c});
+  argmax_.resize<uint8_t>(Shape{n, ho_, wo_, c});
+  const T* __restrict xp = x.data<T>();
+  T* __restrict yp = y_.data<T>();
+  uint8_t* __restrict am = argmax_.data<uint8_t>();
   for (int64_t b = 0; b < n; ++b) {
-    const T* xb = xp + b * h_ * w_ * c_;
-    const int32_t base = static_cast<int32_t>(b * h_ * w_ * c_);
+    const T* xb = xp + b * h_ * w * c;
     for (int64_t oh = 0; oh < ho_; ++oh) {
       for (int64_t ow = 0; ow < wo_; ++ow) {
-        const int64_t o = ((b * ho_ + oh) * wo_ + ow) * c_;
-        T* out = yp + o;
-        int32_t* idx = am + o;
-        const int64_t first = (oh * stride_ * w_ + ow * stride_) * c_;
-        for (int64_t ch = 0; ch < c_; ++ch) {
-          out[ch] = xb[first + ch];
-          idx[ch] = base + static_cast<int32_t>(first + ch);
+        const int64_t o = ((b * ho_ + oh) * wo_ + ow) * c;
+        T* __restrict out = yp + o;
+        uint8_t* __restrict idx = am + o;
+        const T* __restrict corner = xb + (oh * s * w + ow * s) * c;
+        if (k == 2) {  // the common window, unrolled: the running maximum stays in registers
+          const T* __restrict right = corner + c;
+          const T* __restrict below = corner + w * c;
+          const T* __restrict diagonal = below + c;
+          for (int64_t ch = 0; ch < c; ++ch) {
+            T best = corner[ch];
+            uint8_t at = 0;
+            if (right[ch] > best) best = right[ch], at = 1;
+            if (below[ch] > best) best = below[ch], at = 2;
+            if (diagonal[ch] > best) best = diagonal[ch], at = 3;
+            out[ch] = best;
+            idx[ch] = at;
+          }
+          continue;
         }
-        for (int64_t kh = 0; kh < kernel_; ++kh) {
-          for (int64_t kw = 0; kw < kernel_; ++kw) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+          out[ch] = corner[ch];
+          idx[ch] = 0;
+        }
+        for (int64_t kh = 0; kh < k; ++kh) {
+          for (int64_t kw = 0; kw < k; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const int64_t off = ((oh * stride_ + kh) * w_ + ow * stride_ + kw) * c_;
-            const T* in = xb + off;
-            for (int64_t ch = 0; ch < c_; ++ch) {
-              if (in[ch] > out[ch]) {
-                out[ch] = in[ch];
-                idx[ch] = base + static_cast<int32_t>(off + ch);
-              }
+            const T* __restrict in = corner + (kh * w + kw) * c;
+            const auto pos = static_cast<uint8_t>(kh * k + kw);
+            for (int64_t ch = 0; ch < c; ++ch) {  // strict >: the first maximum wins, as PyTorch
+              const bool more = in[ch] > out[ch];
+              out[ch] = more ? in[ch] : out[ch];
+              idx[ch] = more ? pos : idx[ch];
             }
           }
         }
@@ -88,12 +106,40 @@ const Tensor& MaxPool2d<T>::forward(const Tensor& x, bool /*train*/) {
 template <class T>
 const Tensor& MaxPool2d<T>::backward(const Tensor& dy, bool need_dx) {
   if (!need_dx) return dx_;
-  dx_.fill_zero();
-  T* dxp = dx_.data<T>();
-  const T* g = dy.data<T>();
-  const int32_t* am = argmax_.data<int32_t>();
-  const int64_t n = dy.numel();
-  for (int64_t i = 0; i < n; ++i) dxp[am[i]] += g[i];
+  const int64_t n = dy.shape()[0], c = c_, k = kernel_, s = stride_, w = w_;
+  T* __restrict dxp = dx_.data<T>();
+  const T* __restrict g = dy.data<T>();
+  const uint8_t* __restrict am = argmax_.data<uint8_t>();
+  const bool dense = k <= s;
+  if (dense) {
+    // Rows and columns no window covers (floor mode's remainder, or gaps when kernel < stride)
+    // get zeros; the windows' cells are written below.
+    if (k < s || ho_ * s != h_ || wo_ * s != w_) dx_.fill_zero();
+  } else {
+    dx_.fill_zero();
+  }
+  for (int64_t b = 0; b < n; ++b) {
+    T* dxb = dxp + b * h_ * w * c;
+    for (int64_t oh = 0; oh < ho_; ++oh) {
+      for (int64_t ow = 0; ow < wo_; ++ow) {
+        const int64_t o = ((b * ho_ + oh) * wo_ + ow) * c;
+        const T* __restrict go = g + o;
+        const uint8_t* __restrict idx = am + o;
+        T* corner = dxb + (oh * s * w + ow * s) * c;
+        for (int64_t kh = 0; kh < k; ++kh) {
+          for (int64_t kw = 0; kw < k; ++kw) {
+            T* __restrict d = corner + (kh * w + kw) * c;
+            const auto pos = static_cast<uint8_t>(kh * k + kw);
+            if (dense) {
+              for (int64_t ch = 0; ch < c; ++ch) d[ch] = idx[ch] == pos ? go[ch] : T(0);
+            } else {  // overlapping windows: a cell may win in several, so accumulate
+              for (int64_t ch = 0; ch < c; ++ch) d[ch] += idx[ch] == pos ? go[ch] : T(0);
+            }
+          }
+        }
+      }
+    }
+  }
   return dx_;
 }
 

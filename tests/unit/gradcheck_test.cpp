@@ -128,6 +128,34 @@ TEST(BatchNormGradient, WithFusedRelu) {
   EXPECT_GRADIENTS_OK(f.check());
 }
 
+// Batch norm with a fused max pool (and with or without the fused ReLU): every cell's
+// gradient is rebuilt from the pooled gradient, including cells no window covers.
+struct FusedPoolCase {
+  const char* name;
+  int64_t h, w, c, kernel, stride, batch;
+  bool relu;
+};
+void PrintTo(const FusedPoolCase& c, std::ostream* os) { *os << c.name; }
+
+class BatchNormFusedPoolGradient : public ::testing::TestWithParam<FusedPoolCase> {};
+
+TEST_P(BatchNormFusedPoolGradient, MatchesCentralDifferences) {
+  const FusedPoolCase& p = GetParam();
+  Harness h(make<nn::BatchNorm<double>>(p.relu, nn::FusedPool{p.kernel, p.stride}), Shape{p.h, p.w, p.c}, p.batch);
+  h.x = separated_tensor(h.x.shape(), 7);  // no ties within a window
+  const GradCheckReport rep = h.check();
+  EXPECT_TRUE(rep.ok()) << rep.str();
+  EXPECT_GT(rep.tensors[0].max_analytic, 0.01);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, BatchNormFusedPoolGradient,
+                         ::testing::Values(FusedPoolCase{"k2s2_relu", 6, 6, 3, 2, 2, 2, true},
+                                           FusedPoolCase{"k2s2_odd_relu", 7, 5, 2, 2, 2, 3, true},
+                                           FusedPoolCase{"k2s2_no_relu", 4, 6, 3, 2, 2, 2, false},
+                                           FusedPoolCase{"k3s3_odd", 8, 7, 2, 3, 3, 2, true},
+                                           FusedPoolCase{"k2s3_gaps", 8, 7, 2, 2, 3, 2, true}),
+                         [](const ::testing::TestParamInfo<FusedPoolCase>& i) { return std::string(i.param.name); });
+
 TEST(BatchNormGradient, NoDx) {
   Harness h(make<nn::BatchNorm<double>>(), Shape{3, 3, 4}, 2);
   EXPECT_GRADIENTS_OK(h.check({}, false));
@@ -162,7 +190,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, MaxPoolGradient,
                                            PoolCase{"k2s2_odd", 7, 5, 2, 2, 2, 2},
                                            PoolCase{"k3s2_odd", 7, 7, 2, 3, 2, 2},  // overlapping windows
                                            PoolCase{"k3s2_even", 8, 6, 1, 3, 2, 2},
-                                           PoolCase{"k3s1", 5, 5, 2, 3, 1, 1}),
+                                           PoolCase{"k3s1", 5, 5, 2, 3, 1, 1},
+                                           PoolCase{"k2s3_gaps", 8, 7, 2, 2, 3, 2}),  // cells no window sees
                          [](const ::testing::TestParamInfo<PoolCase>& i) { return std::string(i.param.name); });
 
 TEST(GlobalAvgPoolGradient, RandomInputs) {
