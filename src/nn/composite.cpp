@@ -9,8 +9,12 @@ namespace hpc::nn {
 template <class T>
 Shape Sequential<T>::setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) {
   Shape s = in;
-  for (size_t i = 0; i < layers_.size(); ++i)
+  first_slots_.clear();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    first_slots_.push_back(store.slots().size());
     s = layers_[i]->setup(s, store, prefix.empty() ? std::to_string(i) : prefix + "." + std::to_string(i));
+  }
+  first_slots_.push_back(store.slots().size());
   return s;
 }
 
@@ -23,9 +27,7 @@ const Tensor& Sequential<T>::forward(const Tensor& x, bool train) {
 
 template <class T>
 const Tensor& Sequential<T>::backward(const Tensor& dy, bool need_dx) {
-  const Tensor* cur = &dy;
-  for (size_t i = layers_.size(); i-- > 0;) cur = &layers_[i]->backward(*cur, need_dx || i > 0);
-  return *cur;
+  return backward_with(dy, need_dx, [](size_t) {});
 }
 
 template <class T>

@@ -207,12 +207,26 @@ class Sequential final : public Layer<T> {
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  // backward, calling after_layer(i) as soon as layer i's backward is done (so its
+  // parameter gradients are final: the gradient all-reduce starts on them).
+  template <class F>
+  const Tensor& backward_with(const Tensor& dy, bool need_dx, F&& after_layer) {
+    const Tensor* cur = &dy;
+    for (size_t i = layers_.size(); i-- > 0;) {
+      cur = &layers_[i]->backward(*cur, need_dx || i > 0);
+      after_layer(i);
+    }
+    return *cur;
+  }
   double forward_flops() const override;
   double backward_flops(bool need_dx) const override;
   const std::vector<LayerPtr<T>>& layers() const { return layers_; }
+  // Index of the first parameter slot each layer declared in setup (size: layers + 1).
+  const std::vector<size_t>& first_slots() const { return first_slots_; }
 
  private:
   std::vector<LayerPtr<T>> layers_;
+  std::vector<size_t> first_slots_;
 };
 
 // ResNet basic block: relu(main(x) + shortcut(x)); an empty shortcut is the identity.

@@ -35,7 +35,19 @@ class Model {
   // Loss of the last forward against labels, and the gradient of it into the grad arena.
   double loss(const Tensor& logits, const int32_t* labels) { return loss_.forward(logits, labels); }
   void backward() { net_.backward(loss_.backward(), false); }
+  // backward, calling grads_ready(offset) whenever every gradient at arena offsets
+  // [offset, end) is final (after each top-level layer with parameters).
+  template <class F>
+  void backward(F&& grads_ready) {
+    const auto& first = net_.first_slots();
+    net_.backward_with(loss_.backward(), false, [&](size_t i) {
+      if (first[i + 1] > first[i]) grads_ready(store_.slots()[first[i]].offset);
+    });
+  }
   double train_step(const Tensor& x, const int32_t* labels);  // forward + loss + backward
+  // Arena offsets at which the top-level layers' parameters begin (ascending): the groups
+  // backward completes together.
+  std::vector<int64_t> gradient_groups() const;
 
   // Softmax outputs of the last loss() call (N x classes).
   const Tensor& probabilities() const { return loss_.probabilities(); }

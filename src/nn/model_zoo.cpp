@@ -162,6 +162,15 @@ double Model<T>::train_step(const Tensor& x, const int32_t* labels) {
 }
 
 template <class T>
+std::vector<int64_t> Model<T>::gradient_groups() const {
+  std::vector<int64_t> starts;
+  const auto& first = net_.first_slots();
+  for (size_t i = 0; i + 1 < first.size(); ++i)
+    if (first[i + 1] > first[i]) starts.push_back(store_.slots()[first[i]].offset);
+  return starts;
+}
+
+template <class T>
 std::string Model<T>::summary() const {
   std::ostringstream os;
   os << spec_.name << (spec_.batch_norm ? "" : " (no batch norm)") << ": " << store_.param_count()

@@ -58,6 +58,9 @@ void validate(const TrainOptions& o) {
   HPC_REQUIRE(o.test_samples >= 0, "--test-samples must not be negative, got ", o.test_samples);
   HPC_REQUIRE(o.threads >= 0 && o.threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ",
               o.threads);
+  HPC_REQUIRE(o.global_batch_size >= 0, "--global-batch-size must not be negative, got ", o.global_batch_size);
+  HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096,
+              "--bucket-mb must be a size in MB in (0, 4096], got ", o.bucket_mb);
   HPC_REQUIRE(o.log_every >= 0, "--log-every must not be negative, got ", o.log_every);
   for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
                          {o.label_smoothing, "label-smoothing"}, {o.warmup_epochs, "warmup-epochs"},
@@ -73,10 +76,10 @@ void validate(const TrainOptions& o) {
 
 }  // namespace
 
-std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
+std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak) {
   TrainOptions o;
   std::string config, step_epochs;
-  bool no_nesterov = false, no_batch_norm = false, keep_last = false, no_cycle_momentum = false;
+  bool no_nesterov = false, no_batch_norm = false, keep_last = false, no_cycle_momentum = false, no_overlap = false;
   po::options_description general("General");
   general.add_options()
       ("help,h", "print this help and exit")
@@ -89,7 +92,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
        "steps between progress lines when not on a terminal (0: about ten per epoch)")
       ("seed", po::value(&o.seed)->default_value(o.seed, shown(o.seed)), "seed of initialisation, shuffling and augmentation")
       ("threads", po::value(&o.threads)->default_value(o.threads, shown(o.threads)),
-       "math-library threads per process (0: every core)")
+       "math-library threads per rank (0: the host's cores / the ranks on it)")
       ("device", po::value(&o.device)->default_value(o.device, shown(o.device)), "auto, cpu or cuda");
   po::options_description model("Model and data");
   model.add_options()
@@ -108,7 +111,10 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
   training.add_options()
       ("epochs", po::value(&o.epochs)->default_value(o.epochs, shown(o.epochs)), "passes over the training set")
       ("max-steps", po::value(&o.max_steps)->default_value(o.max_steps, shown(o.max_steps)), "stop after N steps in all (0: no limit)")
-      ("batch-size", po::value(&o.batch_size)->default_value(o.batch_size, shown(o.batch_size)), "samples per step")
+      ("batch-size", po::value(&o.batch_size)->default_value(o.batch_size, shown(o.batch_size)),
+       "samples per step on each rank")
+      ("global-batch-size", po::value(&o.global_batch_size)->default_value(o.global_batch_size, shown(o.global_batch_size)),
+       "samples per step over all ranks, instead of --batch-size (0: batch-size x ranks)")
       ("keep-last-batch", po::bool_switch(&keep_last), "train on the short last batch of each epoch "
                                                        "instead of dropping it")
       ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(o.eval_batch_size, shown(o.eval_batch_size)),
@@ -142,9 +148,17 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
        "apply weight decay to biases and batch-norm parameters too")
       ("label-smoothing", po::value(&o.label_smoothing)->default_value(o.label_smoothing, shown(o.label_smoothing)),
        "label smoothing of the cross-entropy target");
+  po::options_description parallel("Data parallelism (mpirun -np N hpctrain ...)");
+  parallel.add_options()
+      ("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb, shown(o.bucket_mb)),
+       "size of the gradient all-reduce buckets, in MB")
+      ("no-overlap", po::bool_switch(&no_overlap),
+       "all-reduce the gradients after the backward pass instead of during it (to measure the overlap)")
+      ("timeline-file", po::value(&o.timeline_file),
+       "append, for every step, when each gradient bucket was queued and all-reduced (JSON Lines, rank 0)");
   po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "
                               "(cnn on Fashion-MNIST, 3 epochs)");
-  all.add(general).add(model).add(training);
+  all.add(general).add(model).add(training).add(parallel);
 
   po::variables_map vm;
   try {
@@ -162,11 +176,11 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
     usage_error(e.what());
   }
   if (vm.count("help")) {
-    std::cout << all << "\n";
+    if (speak) std::cout << all << "\n";
     return std::nullopt;
   }
   if (vm.count("version")) {
-    std::cout << "hpctrain " << HPCTRAIN_VERSION << " (CPU GEMM: " << nn::gemm_backend() << "; "
+    if (speak) std::cout << "hpctrain " << HPCTRAIN_VERSION << " (CPU GEMM: " << nn::gemm_backend() << "; "
               << device::describe() << ")\n";
     return std::nullopt;
   }
@@ -174,6 +188,9 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv) {
   o.cycle_momentum = !no_cycle_momentum;
   o.batch_norm = !no_batch_norm;
   o.drop_last = !keep_last;
+  o.overlap = !no_overlap;
+  HPC_REQUIRE(o.global_batch_size == 0 || vm["batch-size"].defaulted(),
+              "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
   if (!step_epochs.empty()) o.lr_step_epochs = parse_list(step_epochs, "lr-step-epochs");
   HPC_REQUIRE(o.lr_schedule != "step" || !o.lr_step_epochs.empty(),
               "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");

@@ -20,7 +20,8 @@ struct TrainOptions {
   // how long
   int64_t epochs = 3;
   int64_t max_steps = 0;  // > 0: stop after this many steps in all
-  int64_t batch_size = 64;
+  int64_t batch_size = 64;          // per rank (the Horovod / DDP convention)
+  int64_t global_batch_size = 0;    // > 0: samples per step over all ranks, instead of batch_size
   bool drop_last = true;
   int64_t eval_batch_size = 1000;
   // optimizer and schedule
@@ -34,7 +35,11 @@ struct TrainOptions {
   double onecycle_base_momentum = 0.85, onecycle_max_momentum = 0.95;
   // run
   int64_t seed = 1;  // signed so that "-1" is rejected, not wrapped
-  int threads = 0;  // 0: every core of the machine
+  int threads = 0;  // 0: the host's cores / the ranks on the host
+  // data parallelism
+  double bucket_mb = 25;  // gradient all-reduce bucket size
+  bool overlap = true;    // all-reduce buckets during the backward pass
+  std::string timeline_file;  // rank 0 appends each step's bucket timeline (JSON Lines)
   std::string device = "auto";
   std::string metrics_file;
   bool quiet = false;
@@ -43,6 +48,7 @@ struct TrainOptions {
 
 // Parses argv (and --config FILE). Returns nullopt when --help or --version was handled.
 // Any problem is a usage error (exit code 2) naming it.
-std::optional<TrainOptions> parse_options(int argc, const char* const* argv);
+// Only a process with `speak` prints --help and --version (rank 0 of a multi-rank job).
+std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak = true);
 
 }  // namespace hpc::train

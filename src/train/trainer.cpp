@@ -4,11 +4,15 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <memory>
+#include <sstream>
 #include <thread>
 
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "data/loader.hpp"
+#include "dist/agree.hpp"
+#include "dist/bucketer.hpp"
 #include "nn/gemm.hpp"
 #include "optim/schedule.hpp"
 #include "optim/sgd.hpp"
@@ -67,98 +71,239 @@ optim::ScheduleSpec schedule_spec(const TrainOptions& o, double samples_per_epoc
   return s;
 }
 
+
+// Cores of this host shared among the ranks on it, so the host is not oversubscribed.
+int default_threads(int ranks_on_host) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_host));
+}
+
+// The options every rank must agree on, by name (all but where rank 0 writes, how it speaks,
+// and the per-rank --threads and --data-dir).
+std::vector<std::pair<std::string, std::string>> agreed_options(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v;
+  auto add = [&](const char* name, const auto& value) {
+    std::ostringstream os;
+    os << value;
+    v.emplace_back(name, os.str());
+  };
+  add("model", o.model), add("no-batch-norm", !o.batch_norm), add("dataset", o.dataset);
+  add("train-samples", o.train_samples), add("test-samples", o.test_samples), add("augment", o.augment);
+  add("epochs", o.epochs), add("max-steps", o.max_steps), add("batch-size", o.batch_size);
+  add("global-batch-size", o.global_batch_size), add("keep-last-batch", !o.drop_last);
+  add("eval-batch-size", o.eval_batch_size), add("lr", o.lr), add("momentum", o.momentum);
+  add("weight-decay", o.weight_decay), add("label-smoothing", o.label_smoothing), add("no-nesterov", !o.nesterov);
+  add("decay-bias-and-norm", o.decay_bias_and_norm), add("lr-schedule", o.lr_schedule);
+  add("warmup-epochs", o.warmup_epochs), add("lr-gamma", o.lr_gamma), add("min-lr", o.min_lr);
+  std::ostringstream steps;
+  for (double e : o.lr_step_epochs) steps << e << ',';
+  add("lr-step-epochs", steps.str()), add("onecycle-pct-start", o.onecycle_pct_start);
+  add("onecycle-div-factor", o.onecycle_div_factor), add("onecycle-final-div-factor", o.onecycle_final_div_factor);
+  add("no-cycle-momentum", !o.cycle_momentum), add("onecycle-base-momentum", o.onecycle_base_momentum);
+  add("onecycle-max-momentum", o.onecycle_max_momentum), add("seed", o.seed), add("device", o.device);
+  add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap);
+  return v;
+}
+
+std::string joined(const std::vector<std::pair<std::string, std::string>>& v) {
+  std::string s;
+  for (const auto& [name, value] : v) s += name + '=' + value + '\n';
+  return s;
+}
+
+uint64_t hash_bytes(const void* p, size_t n) { return std::stoull(fnv1a_hex(p, n), nullptr, 16); }
+
+// A per-rank config file or a different command line on one host is caught before any work,
+// naming the first option that differs.
+void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
+  const std::string mine = joined(agreed_options(o));
+  dist::require_agreement(ctx, hash_bytes(mine.data(), mine.size()), ErrorKind::Usage, [&](int r) {
+    const std::string theirs = dist::broadcast_string(ctx.world(), mine, r);
+    std::istringstream a(mine), b(theirs);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb))
+      if (la != lb)
+        return detail::concat("rank ", r, " was started with other options than rank 0 (a per-rank --config or "
+                              "command line?): --", lb, " there, --", la, " on rank 0");
+    return detail::concat("rank ", r, " was started with other options than rank 0");
+  });
+}
+
+// Every rank must read the same samples: the same counts, shapes and labels.
+void require_same_data(dist::ProcessContext& ctx, const data::DatasetPair& ds) {
+  const int64_t shape[] = {ds.train.count, ds.test.count, ds.train.height, ds.train.width, ds.train.channels};
+  const uint64_t h = hash_bytes(shape, sizeof shape) ^
+                     hash_bytes(ds.train.labels.data(), ds.train.labels.size() * sizeof ds.train.labels[0]) ^
+                     (hash_bytes(ds.test.labels.data(), ds.test.labels.size() * sizeof ds.test.labels[0]) << 1);
+  dist::require_agreement(ctx, h, ErrorKind::Usage, [&](int r) {
+    return detail::concat("rank ", r, " read a different dataset than rank 0 (", ds.train.count, " train and ",
+                          ds.test.count, " test samples on rank 0): every host needs the same --data-dir contents");
+  });
+}
+
+// Rank 0's parameters and buffers to every rank.
+void broadcast_state(dist::Communicator& comm, nn::Model<float>& model) {
+  if (comm.size() == 1) return;
+  for (Tensor* t : {&model.params().values(), &model.params().buffers()})
+    if (t->bytes() > 0) comm.broadcast(t->raw(), static_cast<int64_t>(t->bytes()), 0);
+}
+
+void require_same_parameters(dist::ProcessContext& ctx, const nn::Model<float>& model) {
+  const Tensor& v = model.params().values();
+  dist::require_agreement(ctx, hash_bytes(v.raw(), v.bytes()), ErrorKind::Internal, [&](int r) {
+    return detail::concat("rank ", r, " holds other initial parameters than rank 0 after the broadcast");
+  });
+}
+
+// One line per bucket: when it was queued, started and done, and when backward ended and the
+// optimizer could go on (seconds since the step began, before its forward pass).
+void write_timeline(MetricsWriter& out, int64_t step, const dist::BucketTimeline& t) {
+  for (size_t b = 0; b < t.buckets.size(); ++b)
+    out.write({{"step", step},
+               {"bucket", static_cast<int64_t>(b)},
+               {"begin", t.buckets[b].begin},
+               {"end", t.buckets[b].end},
+               {"queued", t.buckets[b].queued},
+               {"started", t.buckets[b].started},
+               {"done", t.buckets[b].done},
+               {"backward_done", t.backward_done},
+               {"finished", t.finished}});
+}
+
 }  // namespace
 
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
-                    int64_t batch_size) {
+                    int64_t batch_size, dist::Communicator* comm) {
+  // Each rank evaluates its contiguous part of the test set; the sums are then added up.
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  const int64_t begin = ds.count * rank / world, end = ds.count * (rank + 1) / world;
   data::BatchAssembler assembler(ds, norm, {}, 0);
   data::Batch batch;
-  EvalResult r;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  for (int64_t start = 0; start < ds.count; start += batch_size) {
-    const int64_t n = std::min(batch_size, ds.count - start);
+  double sums[2] = {0, 0};  // loss * samples, correct
+  for (int64_t start = begin; start < end; start += batch_size) {
+    const int64_t n = std::min(batch_size, end - start);
     std::vector<uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), static_cast<uint32_t>(start));
     assembler.assemble(idx, 0, false, batch);
     const Tensor& logits = model.forward(batch.images, false);
-    loss_sum += model.loss(logits, batch.labels.data()) * static_cast<double>(n);
-    correct += count_correct(model.probabilities(), batch.labels.data());
+    sums[0] += model.loss(logits, batch.labels.data()) * static_cast<double>(n);
+    sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
   }
+  if (comm && world > 1) comm->allreduce_sum(sums, 2);
+  EvalResult r;
   r.samples = ds.count;
-  r.loss = loss_sum / static_cast<double>(ds.count);
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(ds.count);
+  r.loss = sums[0] / static_cast<double>(ds.count);
+  r.accuracy = sums[1] / static_cast<double>(ds.count);
   return r;
 }
 
-TrainResult run_training(const TrainOptions& o) {
+TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   const auto t_start = Clock::now();
-  if (o.quiet) log::set_level(log::Level::Warn);
-  resolve_device(o);
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  nn::set_math_threads(threads);
+  dist::Communicator& comm = ctx.world();
+  const int rank = ctx.rank(), world = ctx.world_size();
+  const bool lead = rank == 0;  // rank 0 speaks: progress, metrics, the done line
+  if (o.quiet || !lead) log::set_level(log::Level::Warn);
+  require_same_options(ctx, o);
 
-  const std::string dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
-  data::DatasetPair ds = data::load_dataset(o.dataset, dir);
-  ds.train.truncate(o.train_samples);
-  ds.test.truncate(o.test_samples);
+  // Everything up to the first step can fail on one rank alone (a missing file on one
+  // host): collectively() turns that into the same error on every rank.
+  int threads = 0;
+  std::string dir;
+  data::DatasetPair ds;
+  std::unique_ptr<nn::Model<float>> model_ptr;
+  int64_t global_batch = 0;
+  collectively(ctx, [&] {
+    resolve_device(o);
+    threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
+    nn::set_math_threads(threads);
+    dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
+    ds = data::load_dataset(o.dataset, dir);
+    ds.train.truncate(o.train_samples);
+    ds.test.truncate(o.test_samples);
+    global_batch = o.global_batch_size > 0 ? o.global_batch_size : o.batch_size * world;
+    HPC_REQUIRE(global_batch >= world, "--global-batch-size ", global_batch, " gives some of the ", world,
+                " ranks no sample per step; use at least one sample per rank");
+    HPC_REQUIRE(ds.train.count >= global_batch || !o.drop_last, "the training set holds ", ds.train.count,
+                " samples, fewer than one global batch of ", global_batch, " (", world, " ranks)");
+    nn::ModelSpec spec;
+    spec.name = o.model;
+    spec.batch_norm = o.batch_norm;
+    spec.input = Shape{ds.train.height, ds.train.width, ds.train.channels};
+    spec.classes = ds.train.classes;
+    spec.label_smoothing = o.label_smoothing;
+    model_ptr = std::make_unique<nn::Model<float>>(spec);
+  });
+  nn::Model<float>& model = *model_ptr;
+  require_same_data(ctx, ds);
 
-  nn::ModelSpec spec;
-  spec.name = o.model;
-  spec.batch_norm = o.batch_norm;
-  spec.input = Shape{ds.train.height, ds.train.width, ds.train.channels};
-  spec.classes = ds.train.classes;
-  spec.label_smoothing = o.label_smoothing;
-  nn::Model<float> model(spec);
-  model.init(static_cast<uint64_t>(o.seed));
+  // Rank 0 creates the initial variables; every rank receives them and proves it holds the
+  // same bytes before the first step.
+  if (lead) model.init(static_cast<uint64_t>(o.seed));
+  broadcast_state(comm, model);
+  require_same_parameters(ctx, model);
 
-  data::ShardedSampler sampler(ds.train.count, o.batch_size, static_cast<uint64_t>(o.seed), 0, 1, o.drop_last);
+  data::ShardedSampler sampler(ds.train.count, global_batch, static_cast<uint64_t>(o.seed), rank, world,
+                               o.drop_last);
   const int64_t spe = sampler.steps_per_epoch();
   const int64_t planned = o.epochs * spe;
   const int64_t total_steps = o.max_steps > 0 ? std::min(o.max_steps, planned) : planned;
-  const double samples_per_epoch = static_cast<double>(o.drop_last ? spe * o.batch_size : ds.train.count);
+  const double samples_per_epoch = static_cast<double>(o.drop_last ? spe * global_batch : ds.train.count);
   optim::LrSchedule schedule(
       schedule_spec(o, samples_per_epoch, static_cast<double>(total_steps) * samples_per_epoch / spe));
   optim::Sgd<float> sgd(model.params(), {o.momentum, o.nesterov, o.weight_decay, o.decay_bias_and_norm});
   data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed));
-  MetricsWriter metrics = o.metrics_file.empty() ? MetricsWriter() : MetricsWriter(o.metrics_file);
+  MetricsWriter metrics = o.metrics_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics_file);
+  MetricsWriter timeline = o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file);
+  Tensor& grads = model.params().grads();
+  dist::GradientBucketer bucketer(comm, grads.data<float>(), grads.numel(), model.gradient_groups(),
+                                  static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap);
 
   log::info("hpctrain ", HPCTRAIN_VERSION, ": ", model.summary());
   log::info("data: ", o.dataset, " from ", dir, " (", ds.train.count, " train, ", ds.test.count,
-            " test); batch ", o.batch_size, ", ", spe, " steps per epoch, ", total_steps, " steps; ", threads,
-            " thread(s), GEMM ", nn::gemm_backend());
+            " test); ", world, " rank(s), global batch ", global_batch, ", ", spe, " steps per epoch, ", total_steps,
+            " steps; ", threads, " thread(s) per rank, GEMM ", nn::gemm_backend());
+  if (world > 1)
+    log::info("gradients all-reduced in ", bucketer.bucket_count(), " bucket(s) of up to ", o.bucket_mb, " MB",
+              o.overlap ? ", overlapping the backward pass" : ", after the backward pass (--no-overlap)");
 
-  Progress progress(o.quiet, o.log_every, o.epochs, spe, total_steps);
+  Progress progress(o.quiet || !lead, o.log_every, o.epochs, spe, total_steps);
   TrainResult result;
-  double samples_seen = 0, train_seconds = 0;
+  double samples_seen = 0, train_seconds = 0, comm_wait_seconds = 0;
   int64_t step = 0;
   EvalResult eval;
   for (int64_t epoch = 0; epoch < o.epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
     loader.start_epoch(epoch);
-    double loss_sum = 0;
-    int64_t correct = 0, seen = 0;
+    double sums[3] = {0, 0, 0};  // this rank's loss * samples, correct, samples
+    int64_t epoch_global_samples = 0;
     while (step < total_steps) {
       const data::Batch* batch = loader.next();
       if (!batch) break;
-      const double loss = model.train_step(batch->images, batch->labels.data());
-      correct += count_correct(model.probabilities(), batch->labels.data());
+      const int64_t global_len = sampler.global_batch_length(batch->step);
+      bucketer.begin_step(static_cast<float>(static_cast<double>(batch->size()) / static_cast<double>(global_len)));
+      const double loss = model.loss(model.forward(batch->images, true), batch->labels.data());
+      model.backward([&](int64_t offset) { bucketer.ready_from(offset); });
+      comm_wait_seconds += bucketer.finish();
+      if (!o.timeline_file.empty() && lead) write_timeline(timeline, step, bucketer.last_timeline());
+      sums[1] += static_cast<double>(count_correct(model.probabilities(), batch->labels.data()));
       sgd.step(model.params(), schedule.lr(samples_seen), schedule.momentum(samples_seen, o.momentum));
-      samples_seen += static_cast<double>(batch->size());
-      seen += batch->size();
-      loss_sum += loss * static_cast<double>(batch->size());
+      samples_seen += static_cast<double>(global_len);
+      epoch_global_samples += global_len;
+      sums[2] += static_cast<double>(batch->size());
+      sums[0] += loss * static_cast<double>(batch->size());
       ++step;
       const double el = seconds_since(t_epoch);
-      const double ips = static_cast<double>(seen) / std::max(el, 1e-9);
+      const double ips = static_cast<double>(epoch_global_samples) / std::max(el, 1e-9);
       const double eta = (train_seconds + el) / static_cast<double>(step) * static_cast<double>(total_steps - step);
-      progress.step(epoch, batch->step, step - 1, loss_sum / static_cast<double>(seen),
-                    static_cast<double>(correct) / static_cast<double>(seen), ips, eta);
+      progress.step(epoch, batch->step, step - 1, sums[0] / sums[2], sums[1] / sums[2], ips, eta);
     }
     const double epoch_seconds = seconds_since(t_epoch);
     train_seconds += epoch_seconds;
-    eval = evaluate(model, ds.test, ds.norm, o.eval_batch_size);
-    const double train_loss = loss_sum / static_cast<double>(std::max<int64_t>(seen, 1));
-    const double ips = static_cast<double>(seen) / std::max(epoch_seconds, 1e-9);
+    if (world > 1) comm.allreduce_sum(sums, 3);
+    eval = evaluate(model, ds.test, ds.norm, o.eval_batch_size, &comm);
+    const double seen = std::max(sums[2], 1.0);
+    const double train_loss = sums[0] / seen;
+    const double ips = static_cast<double>(epoch_global_samples) / std::max(epoch_seconds, 1e-9);
     char buf[200];
     std::snprintf(buf, sizeof buf,
                   "epoch %lld/%lld: train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.0f img/s  %s",
@@ -170,7 +315,7 @@ TrainResult run_training(const TrainOptions& o) {
                    {"epoch", epoch + 1},
                    {"step", step},
                    {"train_loss", train_loss},
-                   {"train_accuracy", static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1))},
+                   {"train_accuracy", sums[1] / seen},
                    {"test_loss", eval.loss},
                    {"test_accuracy", eval.accuracy},
                    {"images_per_second", ips},
@@ -183,19 +328,31 @@ TrainResult run_training(const TrainOptions& o) {
   result.train_seconds = train_seconds;
   result.images_per_second = samples_seen / std::max(train_seconds, 1e-9);
   result.param_checksum = fnv1a_hex(values.raw(), values.bytes());
+  double norm2 = 0;
+  for (int64_t i = 0; i < values.numel(); ++i) norm2 += static_cast<double>(values.data<float>()[i]) * values.data<float>()[i];
+  const double wait_per_step = comm_wait_seconds / static_cast<double>(std::max<int64_t>(step, 1));
   metrics.write({{"event", std::string("done")},
                  {"steps", step},
                  {"test_accuracy", eval.accuracy},
                  {"param_checksum", result.param_checksum},
+                 {"param_norm", std::sqrt(norm2)},
                  {"images_per_second", result.images_per_second},
                  {"train_flops_per_sample", model.train_flops_per_sample()},
                  {"train_seconds", train_seconds},
+                 {"world_size", world},
+                 {"global_batch_size", global_batch},
+                 {"comm_wait_seconds_per_step", wait_per_step},
+                 {"step_seconds", train_seconds / static_cast<double>(std::max<int64_t>(step, 1))},
                  {"elapsed_seconds", seconds_since(t_start)}});
-  char buf[200];
+  char buf[240];
   std::snprintf(buf, sizeof buf, "done: %lld steps, test accuracy %.2f%%, %.0f img/s, param checksum %s",
                 static_cast<long long>(step), 100 * eval.accuracy, result.images_per_second,
                 result.param_checksum.c_str());
   log::info(buf);
+  if (world > 1)
+    log::info("exposed communication: ", 1e3 * wait_per_step, " ms per step (",
+              100 * wait_per_step * static_cast<double>(std::max<int64_t>(step, 1)) / std::max(train_seconds, 1e-9),
+              "% of the step time)");
   return result;
 }
 

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "data/dataset.hpp"
+#include "dist/communicator.hpp"
+#include "dist/process.hpp"
 #include "nn/model.hpp"
 #include "train/options.hpp"
 
@@ -21,11 +23,14 @@ struct TrainResult {
   std::string param_checksum;
 };
 
-// Loss and accuracy of the model (in eval mode) on a whole dataset, in order.
+// Loss and accuracy of the model (in eval mode) on a whole dataset. With a communicator,
+// each rank evaluates its contiguous part and the sums are all-reduced (every rank gets
+// the whole set's figures).
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
-                    int64_t batch_size);
+                    int64_t batch_size, dist::Communicator* comm = nullptr);
 
-// Runs a whole training job as the options say. Throws hpc::Error on bad input.
-TrainResult run_training(const TrainOptions& options);
+// Runs a whole training job as the options say, as one rank of ctx's world. Throws
+// hpc::Error on bad input (a dist::CollectiveError when every rank throws it).
+TrainResult run_training(const TrainOptions& options, dist::ProcessContext& ctx);
 
 }  // namespace hpc::train

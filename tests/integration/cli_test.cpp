@@ -256,6 +256,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"epochs", "3"},
     {"max-steps", "0"},
     {"batch-size", "64"},
+    {"global-batch-size", "0"},
     {"keep-last-batch", ""},
     {"eval-batch-size", "1000"},
     {"lr", "0.1"},
@@ -275,6 +276,9 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"weight-decay", "0.0005"},
     {"decay-bias-and-norm", ""},
     {"label-smoothing", "0"},
+    {"bucket-mb", "25"},
+    {"no-overlap", ""},
+    {"timeline-file", ""},
 };
 
 // Whether `prefix` (the start of a help line) is what comes before an option's name there:

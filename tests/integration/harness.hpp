@@ -73,12 +73,11 @@ struct RunResult {
   std::string command;  // for messages
 };
 
-// Runs hpctrain with `args`; stdout and stderr go to files (no pipe to fill up) and are read back.
-inline RunResult run_hpctrain(const std::vector<std::string>& args) {
+// Runs argv[0] with the rest as its arguments; stdout and stderr go to files (no pipe to fill
+// up) and are read back.
+inline RunResult run_program(std::vector<std::string> argv_s) {
   TempDir io("io");
   const std::string out_path = io.file("stdout"), err_path = io.file("stderr");
-  std::vector<std::string> argv_s{hpctrain_binary()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   RunResult r;
   for (auto& a : argv_s) {
@@ -103,6 +102,13 @@ inline RunResult run_hpctrain(const std::vector<std::string>& args) {
   r.out = read_text(out_path);
   r.err = read_text(err_path);
   return r;
+}
+
+// Runs hpctrain with `args`.
+inline RunResult run_hpctrain(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{hpctrain_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_program(std::move(argv));
 }
 
 // ---- IDX files -------------------------------------------------------------------------------

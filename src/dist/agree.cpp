@@ -1,0 +1,45 @@
+#include "dist/agree.hpp"
+
+#include <algorithm>
+#include <exception>
+
+namespace hpc::dist {
+
+void collectively(ProcessContext& ctx, const std::function<void()>& fn) {
+  uint64_t code = 0;
+  std::string message;
+  try {
+    fn();
+  } catch (const Error& e) {
+    code = static_cast<uint64_t>(e.exit_code());
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = 1;
+    message = e.what();
+  }
+  Communicator& comm = ctx.world();
+  if (comm.size() == 1) {
+    if (code) throw CollectiveError(code == 2 ? ErrorKind::Usage : ErrorKind::Internal, message);
+    return;
+  }
+  const std::vector<uint64_t> codes = comm.allgather(code);
+  // A failure of every rank (a bad flag) is the job's; one of some ranks names where it was.
+  const bool everywhere = std::all_of(codes.begin(), codes.end(), [](uint64_t c) { return c != 0; });
+  for (int r = 0; r < comm.size(); ++r) {
+    if (!codes[static_cast<size_t>(r)]) continue;
+    if (r == ctx.rank() && !everywhere) message = ctx.where() + ": " + message;
+    message = broadcast_string(comm, message, r);
+    throw CollectiveError(codes[static_cast<size_t>(r)] == 2 ? ErrorKind::Usage : ErrorKind::Internal, message);
+  }
+}
+
+void require_agreement(ProcessContext& ctx, uint64_t value, ErrorKind kind,
+                       const std::function<std::string(int rank)>& describe) {
+  Communicator& comm = ctx.world();
+  if (comm.size() == 1) return;
+  const std::vector<uint64_t> all = comm.allgather(value);
+  for (int r = 1; r < comm.size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) throw CollectiveError(kind, describe(r));
+}
+
+}  // namespace hpc::dist

@@ -1,0 +1,125 @@
+#include "dist/bucketer.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.hpp"
+
+namespace hpc::dist {
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+GradientBucketer::GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
+                                   int64_t bucket_bytes, bool overlap)
+    : comm_(comm), grads_(grads), n_(n), overlap_(overlap) {
+  HPC_CHECK(n > 0 && bucket_bytes > 0, "bucketer of ", n, " elements, ", bucket_bytes, " bytes per bucket");
+  std::sort(group_starts.begin(), group_starts.end());
+  group_starts.erase(std::unique(group_starts.begin(), group_starts.end()), group_starts.end());
+  if (group_starts.empty() || group_starts.front() != 0) group_starts.insert(group_starts.begin(), 0);
+  HPC_CHECK(group_starts.back() < n, "gradient group at ", group_starts.back(), " past the arena's end ", n);
+  const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  int64_t end = n;
+  for (size_t g = group_starts.size(); g-- > 0;) {
+    const int64_t begin = group_starts[g];
+    if (end - begin >= per_bucket || begin == 0) {
+      buckets_.emplace_back(begin, end);
+      end = begin;
+    }
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+GradientBucketer::~GradientBucketer() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+double GradientBucketer::now() const { return static_cast<double>(now_ns() - step_start_ns_) * 1e-9; }
+
+void GradientBucketer::begin_step(float share) {
+  std::lock_guard lock(mu_);
+  HPC_CHECK(queue_.empty() && done_ == next_, "begin_step while buckets of the last step are in flight");
+  step_start_ns_ = now_ns();
+  share_ = share;
+  next_ = 0;
+  done_ = 0;
+  timeline_ = BucketTimeline{};
+  timeline_.buckets.resize(buckets_.size());
+}
+
+void GradientBucketer::ready_from(int64_t offset) {
+  if (!overlap_) return;
+  size_t count = next_;
+  while (count < buckets_.size() && buckets_[count].first >= offset) ++count;
+  if (count > next_) queue_upto(count);
+}
+
+void GradientBucketer::queue_upto(size_t count) {
+  {
+    std::lock_guard lock(mu_);
+    const double t = now();
+    for (size_t b = next_; b < count; ++b) {
+      timeline_.buckets[b].begin = buckets_[b].first;
+      timeline_.buckets[b].end = buckets_[b].second;
+      timeline_.buckets[b].queued = t;
+      queue_.push_back(b);
+    }
+    next_ = count;
+  }
+  work_cv_.notify_one();
+}
+
+double GradientBucketer::finish() {
+  const int64_t wait_start = now_ns();
+  timeline_.backward_done = now();
+  queue_upto(buckets_.size());
+  std::unique_lock lock(mu_);
+  done_cv_.wait(lock, [&] { return done_ == buckets_.size() || failure_; });
+  timeline_.finished = now();
+  if (failure_) std::rethrow_exception(failure_);
+  return static_cast<double>(now_ns() - wait_start) * 1e-9;
+}
+
+void GradientBucketer::run() {
+  for (;;) {
+    size_t b;
+    float share;
+    {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      b = queue_.front();
+      queue_.pop_front();
+      share = share_;
+      timeline_.buckets[b].started = now();
+    }
+    try {
+      float* p = grads_ + buckets_[b].first;
+      const int64_t len = buckets_[b].second - buckets_[b].first;
+      if (share != 1.0f)
+        for (int64_t i = 0; i < len; ++i) p[i] *= share;
+      if (comm_.size() > 1) comm_.allreduce_sum(p, len);
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      failure_ = std::current_exception();
+      done_cv_.notify_all();
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      timeline_.buckets[b].done = now();
+      ++done_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace hpc::dist

@@ -1,0 +1,87 @@
+// GradientBucketer: all-reduces the gradient arena in buckets while the backward pass is
+// still running (DESIGN.md principle 6; PyTorch DDP's buckets, Horovod's tensor fusion).
+//
+// Backward fills the arena from its end (the last layer's gradients first). The trainer
+// reports each point from which every gradient to the end is final (ready_from); each
+// bucket wholly inside that range is queued at once for the communication thread, which
+// scales it by this rank's share of the global batch and sums it over the ranks (so the
+// result is the global batch's mean gradient). finish() queues whatever is left and waits.
+//
+// Cross-thread contract: between begin_step() and finish() returning, the communication
+// thread owns the queued buckets' memory; the main thread must not touch gradients it has
+// reported ready, nor make MPI calls of its own (the library may only be SERIALIZED).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dist/communicator.hpp"
+
+namespace hpc::dist {
+
+// When each bucket of one step was queued and all-reduced (seconds since begin_step, which
+// the trainer calls before the forward pass), and
+// when the trainer finished its backward pass and started waiting.
+struct BucketTimeline {
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // arena elements [begin, end)
+    double queued = 0, started = 0, done = 0;
+  };
+  std::vector<Bucket> buckets;  // in the order they were all-reduced (arena end first)
+  double backward_done = 0, finished = 0;
+};
+
+class GradientBucketer {
+ public:
+  // grads: the gradient arena of n elements. group_starts: ascending arena offsets where a
+  // group of gradients that backward completes together begins (one per layer with
+  // parameters); buckets are runs of whole groups, from the arena's end, each at least
+  // bucket_bytes (the one holding offset 0 takes what is left). overlap = false queues
+  // nothing before finish() (to measure what overlap buys).
+  GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
+                   int64_t bucket_bytes, bool overlap);
+  ~GradientBucketer();
+  GradientBucketer(const GradientBucketer&) = delete;
+  GradientBucketer& operator=(const GradientBucketer&) = delete;
+
+  // A new step: this rank's gradients will be multiplied by `share` (its samples / the
+  // global batch's) before the sum.
+  void begin_step(float share);
+  // Every gradient at arena offsets [offset, n) is final.
+  void ready_from(int64_t offset);
+  // Queues the rest, waits for every bucket; returns the seconds spent waiting (the
+  // communication the backward pass did not hide).
+  double finish();
+
+  size_t bucket_count() const { return buckets_.size(); }
+  const BucketTimeline& last_timeline() const { return timeline_; }
+
+ private:
+  void queue_upto(size_t count);  // queue buckets [next_, count)
+  void run();                     // the communication thread
+  double now() const;
+
+  Communicator& comm_;
+  float* grads_;
+  int64_t n_;
+  bool overlap_;
+  std::vector<std::pair<int64_t, int64_t>> buckets_;  // [begin, end), arena end first
+  size_t next_ = 0;                                   // buckets queued this step
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<size_t> queue_;
+  size_t done_ = 0;
+  bool stop_ = false;
+  float share_ = 1;
+  std::exception_ptr failure_;
+  int64_t step_start_ns_ = 0;
+  BucketTimeline timeline_;
+  std::thread thread_;
+};
+
+}  // namespace hpc::dist

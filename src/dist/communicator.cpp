@@ -1,0 +1,13 @@
+#include "dist/communicator.hpp"
+
+namespace hpc::dist {
+
+std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
+  uint64_t len = s.size();
+  comm.broadcast(&len, sizeof len, root);
+  std::string out = comm.rank() == root ? s : std::string(len, '\0');
+  if (len > 0) comm.broadcast(out.data(), static_cast<int64_t>(len), root);
+  return out;
+}
+
+}  // namespace hpc::dist

@@ -1,0 +1,33 @@
+// The Communicator seam (DESIGN.md principle 2): collectives among the ranks of one job.
+// mpi.cpp implements it over MPI for CPU training; the GPU issue adds NCCL behind the same
+// interface. dist/ knows nothing of layers, and nn/ nothing of MPI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hpc::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In-place sum over all ranks.
+  virtual void allreduce_sum(float* data, int64_t n) = 0;
+  virtual void allreduce_sum(double* data, int64_t n) = 0;
+  // The root's bytes to every rank.
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  // Every rank's value, in rank order, on every rank.
+  virtual std::vector<uint64_t> allgather(uint64_t value) = 0;
+  virtual void barrier() = 0;
+  // Ends the whole job (every rank on every host) with this exit code: for an error one rank
+  // meets alone, where waiting for the others in a collective would hang.
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+};
+
+// The root's string on every rank.
+std::string broadcast_string(Communicator& comm, const std::string& s, int root);
+
+}  // namespace hpc::dist

@@ -1,0 +1,123 @@
+// Open MPI behind the Communicator interface, and the process context that owns MPI.
+// The C API only: the deprecated C++ bindings would need their own library.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "dist/process.hpp"
+
+namespace hpc::dist {
+namespace {
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+std::string g_where = "rank 0";  // set once the context knows its rank and host
+
+}  // namespace
+
+// Every MPI call is checked; failures carry the call, the rank and host, and MPI's own words.
+#define MPI_CHECK(call)                                                                               \
+  do {                                                                                                \
+    const int mpi_rc_ = (call);                                                                       \
+    if (mpi_rc_ != MPI_SUCCESS)                                                                       \
+      ::hpc::detail::throw_internal(__FILE__, __LINE__, #call,                                        \
+                                    ::hpc::detail::concat(g_where, ": ", mpi_error_string(mpi_rc_))); \
+  } while (0)
+
+namespace {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allreduce_sum(float* data, int64_t n) override { allreduce(data, n, MPI_FLOAT); }
+  void allreduce_sum(double* data, int64_t n) override { allreduce(data, n, MPI_DOUBLE); }
+  void broadcast(void* data, int64_t bytes, int root) override {
+    auto* p = static_cast<char*>(data);
+    for (int64_t done = 0; done < bytes;) {  // MPI counts are ints
+      const int chunk = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
+      MPI_CHECK(MPI_Bcast(p + done, chunk, MPI_BYTE, root, comm_));
+      done += chunk;
+    }
+  }
+  std::vector<uint64_t> allgather(uint64_t value) override {
+    std::vector<uint64_t> all(static_cast<size_t>(size_));
+    MPI_CHECK(MPI_Allgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_));
+    return all;
+  }
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  [[noreturn]] void abort(int exit_code) override {
+    MPI_Abort(comm_, exit_code);
+    std::_Exit(exit_code);  // MPI_Abort does not return; if it did, do not hang either
+  }
+
+ private:
+  template <class T>
+  void allreduce(T* data, int64_t n, MPI_Datatype type) {
+    for (int64_t done = 0; done < n;) {
+      const int chunk = static_cast<int>(std::min<int64_t>(n - done, INT_MAX));
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, chunk, type, MPI_SUM, comm_));
+      done += chunk;
+    }
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+ProcessContext::ProcessContext(int* argc, char*** argv) {
+  int initialised = 0;
+  MPI_CHECK(MPI_Initialized(&initialised));
+  HPC_CHECK(!initialised, "MPI initialised twice");
+  // The gradient all-reduce runs on a communication thread while the main thread computes;
+  // the main thread's own MPI calls happen only while that thread is idle, so SERIALIZED
+  // suffices, and MULTIPLE is asked for where the library has it.
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  // Errors come back as return codes (checked by MPI_CHECK) instead of killing the job
+  // before it can say what went wrong.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  host_.assign(name, static_cast<size_t>(len));
+  g_where = where();
+  HPC_CHECK(provided >= MPI_THREAD_SERIALIZED, where(),
+            ": the MPI library offers no thread support beyond level ", provided,
+            " (hpctrain needs MPI_THREAD_SERIALIZED for its communication thread)");
+  MPI_Comm local;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
+  MPI_CHECK(MPI_Comm_size(local, &local_size_));
+  MPI_CHECK(MPI_Comm_free(&local));
+  comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+ProcessContext::~ProcessContext() {
+  comm_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::string ProcessContext::where() const { return "rank " + std::to_string(rank_) + " on " + host_; }
+
+}  // namespace hpc::dist

@@ -1,0 +1,37 @@
+// The MPI process context: MPI is initialised once, here, and finalised when the context
+// goes out of scope. It knows this process's rank, the world size, its local rank and the
+// number of ranks on its host (ranks sharing memory), and the host's name, which every
+// error from a multi-rank job carries.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dist/communicator.hpp"
+
+namespace hpc::dist {
+
+class ProcessContext {
+ public:
+  // Initialises MPI (a process started without mpirun is a world of one).
+  ProcessContext(int* argc, char*** argv);
+  ~ProcessContext();
+  ProcessContext(const ProcessContext&) = delete;
+  ProcessContext& operator=(const ProcessContext&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& host() const { return host_; }
+  // "rank 1 on node7": how errors name where they happened.
+  std::string where() const;
+  Communicator& world() { return *comm_; }
+
+ private:
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::string host_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+}  // namespace hpc::dist
