@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ class Communicator {
   // Every rank's value, in rank order, on every rank.
   virtual std::vector<uint64_t> allgather(uint64_t value) = 0;
   virtual void barrier() = 0;
+  // A communicator over the same ranks whose collectives never match this one's: for a
+  // second thread's collectives (the gradient buckets run on their own thread).
+  virtual std::unique_ptr<Communicator> duplicate() = 0;
   // Ends the whole job (every rank on every host) with this exit code: for an error one rank
   // meets alone, where waiting for the others in a collective would hang.
   [[noreturn]] virtual void abort(int exit_code) = 0;

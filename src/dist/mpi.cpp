@@ -38,9 +38,21 @@ namespace {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  // owned: the communicator is freed with this object (a duplicate; not MPI_COMM_WORLD).
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiCommunicator() override {
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  std::unique_ptr<Communicator> duplicate() override {
+    MPI_Comm dup;
+    MPI_CHECK(MPI_Comm_dup(comm_, &dup));
+    MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
+    return std::make_unique<MpiCommunicator>(dup, true);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -76,6 +88,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  bool owned_;
   int rank_ = 0, size_ = 1;
 };
 
@@ -108,7 +121,8 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
   MPI_CHECK(MPI_Comm_size(local, &local_size_));
   MPI_CHECK(MPI_Comm_free(&local));
-  comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
+  comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
 }
 
 ProcessContext::~ProcessContext() {

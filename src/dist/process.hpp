@@ -27,10 +27,13 @@ class ProcessContext {
   // "rank 1 on node7": how errors name where they happened.
   std::string where() const;
   Communicator& world() { return *comm_; }
+  // Whether two threads may make MPI calls at once (MPI_THREAD_MULTIPLE).
+  bool thread_multiple() const { return thread_multiple_; }
 
  private:
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string host_;
+  bool thread_multiple_ = false;
   std::unique_ptr<Communicator> comm_;
 };
 

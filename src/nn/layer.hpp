@@ -15,6 +15,7 @@
 //    returns dx when need_dx (the first layer skips the input gradient: it is never used).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,11 @@
 #include "nn/library_conv.hpp"
 
 namespace hpc::nn {
+
+// Sums n doubles over every rank of a data-parallel job, in place: how batch norm shares its
+// statistics across ranks (--sync-batch-norm). nn knows nothing of MPI; the trainer hands
+// this in.
+using StatsSum = std::function<void(double* data, int64_t n)>;
 
 template <class T>
 class Layer {
@@ -38,6 +44,8 @@ class Layer {
   virtual double forward_flops() const { return 0; }
   // Multiply-adds x 2 of backward; by default twice the forward (input and weight gradients).
   virtual double backward_flops(bool need_dx) const { return forward_flops() * (need_dx ? 2 : 1); }
+  // Batch statistics over all ranks from now on (layers that have none ignore it).
+  virtual void sync_statistics(const StatsSum& /*sum*/) {}
 };
 
 template <class T>
@@ -107,10 +115,15 @@ class BatchNorm final : public Layer<T> {
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  // Statistics (forward) and gradient sums (backward) over the whole global batch: the
+  // SyncBatchNorm of PyTorch. Parameter gradients stay per rank (the all-reduce averages them).
+  void sync_statistics(const StatsSum& sum) override { sync_ = sum; }
 
  private:
   bool pooled() const { return pool_.kernel > 0; }
-  void statistics(const T* xp, int64_t m, bool train);  // sets mean_, invstd_, scale_, shift_
+  void statistics(const T* xp, int64_t m, bool train);  // sets mean_, invstd_, scale_, shift_, count_
+  // Sums of x - shift and its square per channel over the m rows of xp, in double.
+  void shifted_sums(const T* xp, int64_t m, const T* shift, std::vector<double>& s1, std::vector<double>& s2);
   void pool_forward(const T* xp, int64_t n);
   // Calls rows(b, e, s1, s2) to sum the incoming gradient g and g * (x - mean) of rows [b, e).
   template <class RowSums>
@@ -125,6 +138,8 @@ class BatchNorm final : public Layer<T> {
   Tensor x_, y_, dx_, argmax_;
   std::vector<double> mean_, invstd_;
   std::vector<T> scale_, shift_;  // forward's normalisation: x * scale + shift, per channel
+  double count_ = 0;                // values per channel the statistics came from (all ranks')
+  StatsSum sync_;
 };
 
 template <class T>
@@ -221,6 +236,9 @@ class Sequential final : public Layer<T> {
   double forward_flops() const override;
   double backward_flops(bool need_dx) const override;
   const std::vector<LayerPtr<T>>& layers() const { return layers_; }
+  void sync_statistics(const StatsSum& sum) override {
+    for (auto& l : layers_) l->sync_statistics(sum);
+  }
   // Index of the first parameter slot each layer declared in setup (size: layers + 1).
   const std::vector<size_t>& first_slots() const { return first_slots_; }
 
@@ -243,6 +261,10 @@ class Residual final : public Layer<T> {
   double forward_flops() const override { return main_.forward_flops() + shortcut_.forward_flops(); }
   double backward_flops(bool need_dx) const override {
     return main_.backward_flops(true) + shortcut_.backward_flops(true) * (need_dx ? 1 : 0);
+  }
+  void sync_statistics(const StatsSum& sum) override {
+    main_.sync_statistics(sum);
+    shortcut_.sync_statistics(sum);
   }
 
  private:

@@ -58,6 +58,8 @@ class Model {
   // Per-sample multiply-add work of one training step (forward + backward) x 2.
   double train_flops_per_sample() const { return net_.forward_flops() + net_.backward_flops(false); }
   std::string summary() const;
+  // Batch norm statistics over every rank (sum adds doubles over the ranks).
+  void sync_batch_norm(const StatsSum& sum) { net_.sync_statistics(sum); }
 
  private:
   ModelSpec spec_;

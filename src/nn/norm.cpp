@@ -229,6 +229,34 @@ Shape BatchNorm<T>::setup(const Shape& in, ParamStore<T>& store, const std::stri
 }
 
 template <class T>
+void BatchNorm<T>::shifted_sums(const T* xp, int64_t m, const T* shift, std::vector<double>& s1,
+                                std::vector<double>& s2) {
+  const int64_t c = c_;
+  std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
+  const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
+    blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c],
+                    [&](int64_t r0, int64_t r1, T* __restrict a1, T* __restrict a2) {
+                      const T* __restrict k = shift;
+                      for (int64_t r = r0; r < r1; ++r) {
+                        const T* __restrict row = xp + r * c;
+                        for (int64_t j = 0; j < c; ++j) {
+                          const T d = row[j] - k[j];
+                          a1[j] += d;
+                          a2[j] += d * d;
+                        }
+                      }
+                    });
+  });
+  s1.assign(c, 0.0);
+  s2.assign(c, 0.0);
+  for (int64_t j = 0; j < c; ++j)
+    for (int p = 0; p < parts; ++p) {
+      s1[j] += part1[p * c + j];
+      s2[j] += part2[p * c + j];
+    }
+}
+
+template <class T>
 void BatchNorm<T>::statistics(const T* xp, int64_t m, bool train) {
   const int64_t c = c_;
   const T* gamma = store_->value(gamma_);
@@ -236,34 +264,35 @@ void BatchNorm<T>::statistics(const T* xp, int64_t m, bool train) {
   T* rmean = store_->buffer(running_mean_);
   T* rvar = store_->buffer(running_var_);
   if (train) {
-    std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
-    const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
-      blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c],
-                      [&](int64_t r0, int64_t r1, T* __restrict s1, T* __restrict s2) {
-                        const T* __restrict first = xp;
-                        for (int64_t r = r0; r < r1; ++r) {
-                          const T* __restrict row = xp + r * c;
-                          for (int64_t j = 0; j < c; ++j) {
-                            const T d = row[j] - first[j];  // shift by the first row
-                            s1[j] += d;
-                            s2[j] += d * d;
-                          }
-                        }
-                      });
-    });
+    // Values are taken relative to a shift K per channel: this rank's first row, or with
+    // synchronised statistics the global mean (found first: every rank needs the same K).
+    std::vector<double> s1, s2;
+    std::vector<T> shift(xp, xp + c);
+    shifted_sums(xp, m, shift.data(), s1, s2);
+    count_ = static_cast<double>(m);
+    if (sync_) {
+      std::vector<double> total(c + 1);
+      for (int64_t j = 0; j < c; ++j) total[j] = s1[j] + count_ * static_cast<double>(shift[j]);
+      total[c] = count_;
+      sync_(total.data(), c + 1);
+      count_ = total[c];
+      for (int64_t j = 0; j < c; ++j) shift[j] = static_cast<T>(total[j] / count_);
+      shifted_sums(xp, m, shift.data(), s1, s2);
+      std::vector<double> both(s1);
+      both.insert(both.end(), s2.begin(), s2.end());
+      sync_(both.data(), 2 * c);
+      std::copy(both.begin(), both.begin() + c, s1.begin());
+      std::copy(both.begin() + c, both.end(), s2.begin());
+    }
+    const double n = count_;
     for (int64_t j = 0; j < c; ++j) {
-      double s1 = 0, s2 = 0;
-      for (int p = 0; p < parts; ++p) {
-        s1 += part1[p * c + j];
-        s2 += part2[p * c + j];
-      }
-      const double dm = s1 / static_cast<double>(m);
-      const double var = std::max(0.0, s2 / static_cast<double>(m) - dm * dm);
-      mean_[j] = static_cast<double>(xp[j]) + dm;
+      const double dm = s1[j] / n;
+      const double var = std::max(0.0, s2[j] / n - dm * dm);
+      mean_[j] = static_cast<double>(shift[j]) + dm;
       invstd_[j] = 1.0 / std::sqrt(var + eps_);
       // Running variance is unbiased (as PyTorch); normalisation uses the biased one.
       rmean[j] = static_cast<T>((1 - momentum_) * rmean[j] + momentum_ * mean_[j]);
-      rvar[j] = static_cast<T>((1 - momentum_) * rvar[j] + momentum_ * var * m / (m - 1));
+      rvar[j] = static_cast<T>((1 - momentum_) * rvar[j] + momentum_ * var * n / (n - 1));
     }
   } else {
     for (int64_t j = 0; j < c; ++j) {
@@ -382,17 +411,25 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
       });
     });
   });
+  // Parameter gradients from this rank's samples (the gradient all-reduce combines ranks).
   for (int64_t j = 0; j < c; ++j) {
     dgamma[j] = static_cast<T>(sdyx[j] * invstd_[j]);
     dbeta[j] = static_cast<T>(sdy[j]);
   }
   if (!need_dx) return dx_;
+  if (sync_) {  // every rank's samples moved the statistics: dx needs the global sums
+    std::vector<double> both(sdy);
+    both.insert(both.end(), sdyx.begin(), sdyx.end());
+    sync_(both.data(), 2 * c);
+    std::copy(both.begin(), both.begin() + c, sdy.begin());
+    std::copy(both.begin() + c, both.end(), sdyx.begin());
+  }
 
   // dx = gamma*invstd * (g - mean(g) - xhat * mean(g*xhat)), written as g*a + x*b + k.
   std::vector<T> a(c), bcoef(c), k(c);
   for (int64_t j = 0; j < c; ++j) {
     const double gi = gamma[j] * invstd_[j];
-    const double mdy = sdy[j] / m, mdyxhat = sdyx[j] * invstd_[j] / m;
+    const double mdy = sdy[j] / count_, mdyxhat = sdyx[j] * invstd_[j] / count_;
     a[j] = static_cast<T>(gi);
     bcoef[j] = static_cast<T>(-gi * mdyxhat * invstd_[j]);
     k[j] = static_cast<T>(-gi * mdy + gi * mdyxhat * invstd_[j] * mean_[j]);

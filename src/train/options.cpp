@@ -154,6 +154,8 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "size of the gradient all-reduce buckets, in MB")
       ("no-overlap", po::bool_switch(&no_overlap),
        "all-reduce the gradients after the backward pass instead of during it (to measure the overlap)")
+      ("sync-batch-norm", po::bool_switch(&o.sync_batch_norm),
+       "batch-norm statistics over the whole global batch (all ranks) instead of each rank's part")
       ("timeline-file", po::value(&o.timeline_file),
        "append, for every step, when each gradient bucket was queued and all-reduced (JSON Lines, rank 0)");
   po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "

@@ -39,6 +39,7 @@ struct TrainOptions {
   // data parallelism
   double bucket_mb = 25;  // gradient all-reduce bucket size
   bool overlap = true;    // all-reduce buckets during the backward pass
+  bool sync_batch_norm = false;  // batch statistics over all ranks (default: per rank, as DDP)
   std::string timeline_file;  // rank 0 appends each step's bucket timeline (JSON Lines)
   std::string device = "auto";
   std::string metrics_file;

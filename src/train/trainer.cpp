@@ -101,7 +101,7 @@ std::vector<std::pair<std::string, std::string>> agreed_options(const TrainOptio
   add("onecycle-div-factor", o.onecycle_div_factor), add("onecycle-final-div-factor", o.onecycle_final_div_factor);
   add("no-cycle-momentum", !o.cycle_momentum), add("onecycle-base-momentum", o.onecycle_base_momentum);
   add("onecycle-max-momentum", o.onecycle_max_momentum), add("seed", o.seed), add("device", o.device);
-  add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap);
+  add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap), add("sync-batch-norm", o.sync_batch_norm);
   return v;
 }
 
@@ -212,7 +212,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   data::DatasetPair ds;
   std::unique_ptr<nn::Model<float>> model_ptr;
   int64_t global_batch = 0;
-  collectively(ctx, [&] {
+  dist::collectively(ctx, [&] {
     resolve_device(o);
     threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(threads);
@@ -235,6 +235,17 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   });
   nn::Model<float>& model = *model_ptr;
   require_same_data(ctx, ds);
+  // Batch norm's collectives run on the main thread while the bucket thread all-reduces
+  // gradients: they get a communicator of their own (collectives on one communicator must
+  // come in the same order on every rank, which two threads cannot promise).
+  std::unique_ptr<dist::Communicator> stats_comm;
+  if (o.sync_batch_norm && world > 1) {
+    dist::collectively(ctx, [&] {
+      HPC_REQUIRE(ctx.thread_multiple(), "--sync-batch-norm needs an MPI library with MPI_THREAD_MULTIPLE");
+    });
+    stats_comm = comm.duplicate();
+    model.sync_batch_norm([c = stats_comm.get()](double* data, int64_t n) { c->allreduce_sum(data, n); });
+  }
 
   // Rank 0 creates the initial variables; every rank receives them and proves it holds the
   // same bytes before the first step.

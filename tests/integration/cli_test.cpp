@@ -278,6 +278,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"label-smoothing", "0"},
     {"bucket-mb", "25"},
     {"no-overlap", ""},
+    {"sync-batch-norm", ""},
     {"timeline-file", ""},
 };
 

@@ -111,6 +111,29 @@ TEST_F(MpiTraining, TwoAndFourRanksMatchOneRankWithoutBatchNorm) {
   }
 }
 
+// With --sync-batch-norm the statistics come from the whole global batch on every rank, so
+// several ranks compute what one rank does with batch norm too (same reasons for a tolerance
+// as above; batch-norm training amplifies rounding faster, hence fewer steps).
+TEST_F(MpiTraining, SyncBatchNormMatchesOneRank) {
+  const auto args = kSmall + std::vector<std::string>{"--sync-batch-norm", "--global-batch-size", "64", "--max-steps",
+                                                      "25", "--lr-schedule", "constant", "--lr", "0.01"};
+  const auto one = train(1, args);
+  ASSERT_FALSE(one.empty());
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    const auto many = train(ranks, args);
+    ASSERT_FALSE(many.empty());
+    EXPECT_NEAR(number(done(many), "param_norm") / number(done(one), "param_norm"), 1.0, 1e-6);
+    EXPECT_NEAR(number(many.front(), "test_loss") / number(one.front(), "test_loss"), 1.0, 1e-4);
+    EXPECT_NEAR(number(one.front(), "train_loss"), number(many.front(), "train_loss"), 1e-4);
+  }
+  // Without it, each rank normalises by its own 16 or 32 samples: measurably another result.
+  const auto per_rank = train(2, kSmall + std::vector<std::string>{"--global-batch-size", "64", "--max-steps", "25",
+                                                                   "--lr-schedule", "constant", "--lr", "0.01"});
+  ASSERT_FALSE(per_rank.empty());
+  EXPECT_GT(std::fabs(number(per_rank.front(), "test_loss") / number(one.front(), "test_loss") - 1), 1e-3);
+}
+
 // Per-rank batch norm sees half the batch's statistics on each of two ranks: not the same
 // computation as one rank, but training as well.
 TEST_F(MpiTraining, WithBatchNormTwoRanksTrainAsWellAsOne) {
