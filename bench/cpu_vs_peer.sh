@@ -15,8 +15,7 @@
 #              PYTHON (default /usr/bin/python3, where Debian's python3-torch lives).
 # Needs ./setup.sh --bench (python3-torch) and the dataset-fashion-mnist package.
 set -euo pipefail
-
-die() { echo "cpu_vs_peer.sh: error: $*" >&2; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 epochs=1
 while (($#)); do
@@ -27,30 +26,14 @@ while (($#)); do
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
-[[ "$epochs" =~ ^[1-9][0-9]*$ ]] || die "--epochs must be a positive integer, got '$epochs'"
-
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build_dir=${BUILD_DIR:-build}
-[[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
-hpctrain=${HPCTRAIN:-$build_dir/src/hpctrain}
-gemm_shapes=${GEMM_SHAPES:-$build_dir/bench/gemm_shapes}
-peer=${PEER:-$root/../shared/bench/torch_peer.py}
-python=${PYTHON:-/usr/bin/python3}
+require_count --epochs "$epochs"
+locate_programs
 threads=1
-
-[[ -x "$hpctrain" ]] || die "no hpctrain binary at $hpctrain (run ./setup.sh, or set BUILD_DIR or HPCTRAIN)"
 [[ -x "$gemm_shapes" ]] || die "no gemm_shapes binary at $gemm_shapes (run ./setup.sh, or set GEMM_SHAPES)"
-[[ -f "$peer" ]] || die "no peer script at $peer (set PEER to shared/bench/torch_peer.py)"
-peer=$(cd "$(dirname "$peer")" && pwd)/$(basename "$peer")
-[[ -x "$python" ]] || die "no $python (set PYTHON)"
-"$python" -c 'import torch' 2> /dev/null || die "$python cannot import torch (run ./setup.sh --bench)"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# Reads one numeric field of a flat JSON object: json_number KEY < line.
-json_number() { sed -nE "s/.*\"$1\": ?(-?[0-9.eE+-]+).*/\\1/p" | tail -n 1; }
-calc() { awk "BEGIN { printf \"%.${2:-1}f\", $1 }"; }
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 echo "cpu_vs_peer: $(nproc) core(s), ${cpu:-unknown CPU}; $epochs epoch(s), $threads thread(s), 1 process each"

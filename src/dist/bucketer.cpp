@@ -22,10 +22,13 @@ GradientBucketer::GradientBucketer(Communicator& comm, float* grads, int64_t n, 
   if (group_starts.empty() || group_starts.front() != 0) group_starts.insert(group_starts.begin(), 0);
   HPC_CHECK(group_starts.back() < n, "gradient group at ", group_starts.back(), " past the arena's end ", n);
   const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  // The first bucket (the last layers, done first) is kept small, as PyTorch DDP does, so
+  // communication starts early even when the whole model fits in one bucket.
+  const int64_t first_bucket = std::min<int64_t>(per_bucket, kFirstBucketBytes / static_cast<int64_t>(sizeof(float)));
   int64_t end = n;
   for (size_t g = group_starts.size(); g-- > 0;) {
     const int64_t begin = group_starts[g];
-    if (end - begin >= per_bucket || begin == 0) {
+    if (end - begin >= (buckets_.empty() ? first_bucket : per_bucket) || begin == 0) {
       buckets_.emplace_back(begin, end);
       end = begin;
     }

@@ -37,10 +37,12 @@ struct BucketTimeline {
 
 class GradientBucketer {
  public:
+  static constexpr int64_t kFirstBucketBytes = 1 << 20;  // 1 MB: see the constructor
   // grads: the gradient arena of n elements. group_starts: ascending arena offsets where a
   // group of gradients that backward completes together begins (one per layer with
   // parameters); buckets are runs of whole groups, from the arena's end, each at least
-  // bucket_bytes (the one holding offset 0 takes what is left). overlap = false queues
+  // bucket_bytes (the first at least min(bucket_bytes, 1 MB); the one holding offset 0
+  // takes what is left). overlap = false queues
   // nothing before finish() (to measure what overlap buys).
   GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
                    int64_t bucket_bytes, bool overlap);

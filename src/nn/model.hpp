@@ -9,6 +9,11 @@
 
 namespace hpc::nn {
 
+// How weights start (biases always start at zero). KaimingUniform: the weight init PyTorch
+// gives Conv2d and Linear by default, so the peer's model (kaiming_uniform with a = sqrt(5):
+// U(+-1/sqrt(fan_in))). KaimingNormal: He et al.'s N(0, 2/fan_in), the ReLU gain.
+enum class InitScheme { KaimingUniform, KaimingNormal };
+
 struct ModelSpec {
   std::string name = "cnn";   // mlp | cnn | resnet20 | resnet18
   bool batch_norm = true;     // false: the variant without batch norm (exactness tests)
@@ -18,6 +23,7 @@ struct ModelSpec {
   // Fuse each batch norm + ReLU + max pool into one layer (identical results, fewer passes
   // over memory); false keeps them as separate layers (tests compare the two).
   bool fuse = true;
+  InitScheme init = InitScheme::KaimingUniform;
 };
 
 // The names build_model accepts, for --help and error messages.
@@ -27,8 +33,9 @@ template <class T>
 class Model {
  public:
   explicit Model(const ModelSpec& spec);
-  // Kaiming-normal weights (fan in, ReLU gain) drawn from (seed, parameter index); zero
-  // biases; batch-norm scale 1 and shift 0. Identical on every machine for a given seed.
+  // Weights as spec().init says, drawn from (seed, parameter index) and scaled by each
+  // slot's init_gain; zero biases; batch-norm scale 1 and shift 0. Identical on every machine for a
+  // given seed.
   void init(uint64_t seed);
   // Forward of a batch x (N x H x W x C); returns the logits (N x classes).
   const Tensor& forward(const Tensor& x, bool train) { return net_.forward(x, train); }

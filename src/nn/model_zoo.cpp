@@ -138,8 +138,14 @@ void Model<T>::init(uint64_t seed) {
     switch (s.role) {
       case ParamRole::Weight: {
         Philox rng(seed, RngStream::Init, i);
-        const double stddev = s.init_gain * std::sqrt(2.0 / static_cast<double>(s.fan_in));
-        for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>(rng.normal() * stddev);
+        const double fan_in = static_cast<double>(s.fan_in);
+        if (spec_.init == InitScheme::KaimingNormal) {
+          const double stddev = s.init_gain * std::sqrt(2.0 / fan_in);
+          for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>(rng.normal() * stddev);
+        } else {
+          const double bound = s.init_gain / std::sqrt(fan_in);
+          for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>((2 * rng.uniform_double() - 1) * bound);
+        }
         break;
       }
       case ParamRole::NormScale:

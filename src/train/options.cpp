@@ -68,6 +68,8 @@ void validate(const TrainOptions& o) {
     require_finite(v, name);
   HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
               o.label_smoothing);
+  HPC_REQUIRE(o.init == "kaiming-uniform" || o.init == "kaiming-normal",
+              "--init must be kaiming-uniform or kaiming-normal, got '", o.init, "'");
   HPC_REQUIRE(o.augment == "auto" || o.augment == "on" || o.augment == "off",
               "--augment must be auto, on or off, got '", o.augment, "'");
   HPC_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
@@ -98,6 +100,9 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   model.add_options()
       ("model", po::value(&o.model)->default_value(o.model, shown(o.model)), "mlp, cnn, resnet20 or resnet18")
       ("no-batch-norm", po::bool_switch(&no_batch_norm), "the model's variant without batch norm")
+      ("init", po::value(&o.init)->default_value(o.init, shown(o.init)),
+       "how weights start: kaiming-uniform (PyTorch's default for conv and linear layers, "
+       "U(+-1/sqrt(fan_in)), as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU gain); biases start at 0")
       ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist or cifar10")
       ("data-dir", po::value(&o.data_dir), "directory of the dataset files (default: where Debian's "
                                            "dataset-fashion-mnist installs them)")
@@ -151,7 +156,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   po::options_description parallel("Data parallelism (mpirun -np N hpctrain ...)");
   parallel.add_options()
       ("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb, shown(o.bucket_mb)),
-       "size of the gradient all-reduce buckets, in MB")
+       "size of the gradient all-reduce buckets, in MB (the first, of the last layers, at most 1 MB)")
       ("no-overlap", po::bool_switch(&no_overlap),
        "all-reduce the gradients after the backward pass instead of during it (to measure the overlap)")
       ("sync-batch-norm", po::bool_switch(&o.sync_batch_norm),

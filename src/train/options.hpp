@@ -13,6 +13,7 @@ struct TrainOptions {
   // what to train
   std::string model = "cnn";
   bool batch_norm = true;
+  std::string init = "kaiming-uniform";  // | kaiming-normal (see nn::InitScheme)
   std::string dataset = "fashion-mnist";
   std::string data_dir;  // empty: the dataset's default location
   int64_t train_samples = 0, test_samples = 0;  // > 0: use only the first N (short runs)

@@ -87,7 +87,7 @@ std::vector<std::pair<std::string, std::string>> agreed_options(const TrainOptio
     os << value;
     v.emplace_back(name, os.str());
   };
-  add("model", o.model), add("no-batch-norm", !o.batch_norm), add("dataset", o.dataset);
+  add("model", o.model), add("no-batch-norm", !o.batch_norm), add("init", o.init), add("dataset", o.dataset);
   add("train-samples", o.train_samples), add("test-samples", o.test_samples), add("augment", o.augment);
   add("epochs", o.epochs), add("max-steps", o.max_steps), add("batch-size", o.batch_size);
   add("global-batch-size", o.global_batch_size), add("keep-last-batch", !o.drop_last);
@@ -231,6 +231,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     spec.input = Shape{ds.train.height, ds.train.width, ds.train.channels};
     spec.classes = ds.train.classes;
     spec.label_smoothing = o.label_smoothing;
+    spec.init = o.init == "kaiming-normal" ? nn::InitScheme::KaimingNormal : nn::InitScheme::KaimingUniform;
     model_ptr = std::make_unique<nn::Model<float>>(spec);
   });
   nn::Model<float>& model = *model_ptr;
@@ -239,7 +240,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // gradients: they get a communicator of their own (collectives on one communicator must
   // come in the same order on every rank, which two threads cannot promise).
   std::unique_ptr<dist::Communicator> stats_comm;
-  if (o.sync_batch_norm && world > 1) {
+  if (o.sync_batch_norm) {  // on one rank too: the same arithmetic as on several
     dist::collectively(ctx, [&] {
       HPC_REQUIRE(ctx.thread_multiple(), "--sync-batch-norm needs an MPI library with MPI_THREAD_MULTIPLE");
     });
@@ -330,6 +331,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                    {"test_loss", eval.loss},
                    {"test_accuracy", eval.accuracy},
                    {"images_per_second", ips},
+                   {"train_seconds", train_seconds},
                    {"elapsed_seconds", seconds_since(t_start)}});
   }
   const Tensor& values = model.params().values();

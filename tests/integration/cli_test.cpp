@@ -248,6 +248,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"device", "auto"},
     {"model", "cnn"},
     {"no-batch-norm", ""},
+    {"init", "kaiming-uniform"},
     {"dataset", "fashion-mnist"},
     {"data-dir", ""},
     {"train-samples", "0"},

@@ -113,10 +113,13 @@ TEST_F(MpiTraining, TwoAndFourRanksMatchOneRankWithoutBatchNorm) {
 
 // With --sync-batch-norm the statistics come from the whole global batch on every rank, so
 // several ranks compute what one rank does with batch norm too (same reasons for a tolerance
-// as above; batch-norm training amplifies rounding faster, hence fewer steps).
+// as above). The mlp, not the cnn: a rounding difference in a normalised value near a max
+// pool's tie or the ReLU's kink flips a discrete choice, and the cnn's runs drift apart by
+// ~1e-4 within a few steps though every step is computed right (they agree after one step).
 TEST_F(MpiTraining, SyncBatchNormMatchesOneRank) {
-  const auto args = kSmall + std::vector<std::string>{"--sync-batch-norm", "--global-batch-size", "64", "--max-steps",
-                                                      "25", "--lr-schedule", "constant", "--lr", "0.01"};
+  const auto common = kSmall + std::vector<std::string>{"--model", "mlp", "--global-batch-size", "64", "--max-steps",
+                                                        "50", "--lr-schedule", "constant", "--lr", "0.01"};
+  const auto args = common + std::vector<std::string>{"--sync-batch-norm"};
   const auto one = train(1, args);
   ASSERT_FALSE(one.empty());
   for (int ranks : {2, 4}) {
@@ -124,12 +127,11 @@ TEST_F(MpiTraining, SyncBatchNormMatchesOneRank) {
     const auto many = train(ranks, args);
     ASSERT_FALSE(many.empty());
     EXPECT_NEAR(number(done(many), "param_norm") / number(done(one), "param_norm"), 1.0, 1e-6);
-    EXPECT_NEAR(number(many.front(), "test_loss") / number(one.front(), "test_loss"), 1.0, 1e-4);
-    EXPECT_NEAR(number(one.front(), "train_loss"), number(many.front(), "train_loss"), 1e-4);
+    EXPECT_NEAR(number(many.front(), "test_loss") / number(one.front(), "test_loss"), 1.0, 1e-5);
+    EXPECT_NEAR(number(one.front(), "train_loss"), number(many.front(), "train_loss"), 1e-5);
   }
-  // Without it, each rank normalises by its own 16 or 32 samples: measurably another result.
-  const auto per_rank = train(2, kSmall + std::vector<std::string>{"--global-batch-size", "64", "--max-steps", "25",
-                                                                   "--lr-schedule", "constant", "--lr", "0.01"});
+  // Without it, each rank normalises by its own 32 samples: measurably another result.
+  const auto per_rank = train(2, common);
   ASSERT_FALSE(per_rank.empty());
   EXPECT_GT(std::fabs(number(per_rank.front(), "test_loss") / number(one.front(), "test_loss") - 1), 1e-3);
 }

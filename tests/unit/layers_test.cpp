@@ -631,46 +631,51 @@ TEST(ModelZoo, InitIsDeterministicAndFollowsRoles) {
             a.params().value(weights[1])[0] / std::sqrt(2.0 / slots[weights[1]].fan_in));
 }
 
-// Weights: Kaiming normal, std = init_gain * sqrt(2 / fan_in) (gain 0: all zero, as the last
-// convolution of a residual branch without batch norm); biases and shifts zero; scales one.
+// Kaiming uniform (the default): weights U(+-g/sqrt(fan_in)), g the slot's init_gain (0: all
+// zero, as the last convolution of a residual branch without batch norm). Kaiming normal:
+// weights N(0, g^2 * 2/fan_in). Either way biases and shifts start at zero, scales at one.
 TEST(ModelZoo, InitFollowsRolesAndGains) {
-  for (const auto& [name, bn] : {std::pair<std::string, bool>{"cnn", true}, {"mlp", false}, {"resnet20", true},
-                                 {"resnet20", false}}) {
-    SCOPED_TRACE(name + (bn ? "" : " without batch norm"));
-    nn::Model<float> m(spec_of(name, bn, Shape{28, 28, 1}));
-    m.init(17);
-    const auto& slots = m.params().slots();
-    int zero_gain = 0;
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const float* p = m.params().value(static_cast<int>(i));
-      const int64_t n = slots[i].shape.numel();
-      double s = 0, s2 = 0;
-      for (int64_t j = 0; j < n; ++j) s += p[j], s2 += double{p[j]} * p[j];
-      switch (slots[i].role) {
-        case ParamRole::Weight: {
-          const double want = slots[i].init_gain * std::sqrt(2.0 / static_cast<double>(slots[i].fan_in));
-          if (want == 0) {
-            ++zero_gain;
-            EXPECT_EQ(s2, 0.0) << slots[i].name;
-            break;
-          }
-          const double std = std::sqrt(s2 / n - (s / n) * (s / n));
-          EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
-          EXPECT_NEAR(s / n, 0.0, 6 * want / std::sqrt(n)) << slots[i].name;
-          break;
+  for (nn::InitScheme scheme : {nn::InitScheme::KaimingUniform, nn::InitScheme::KaimingNormal}) {
+    for (const auto& [name, bn] : {std::pair<std::string, bool>{"cnn", true}, {"mlp", false}, {"resnet20", true},
+                                   {"resnet20", false}}) {
+      SCOPED_TRACE(name + (bn ? "" : " without batch norm") + (scheme == nn::InitScheme::KaimingNormal ? ", normal" : ", uniform"));
+      nn::ModelSpec spec = spec_of(name, bn, Shape{28, 28, 1});
+      spec.init = scheme;
+      nn::Model<float> m(spec);
+      m.init(17);
+      const auto& slots = m.params().slots();
+      int zero_gain = 0;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const float* p = m.params().value(static_cast<int>(i));
+        const int64_t n = slots[i].shape.numel();
+        double s = 0, s2 = 0, largest = 0;
+        for (int64_t j = 0; j < n; ++j) s += p[j], s2 += double{p[j]} * p[j], largest = std::max(largest, std::fabs(double{p[j]}));
+        const double fan_in = static_cast<double>(slots[i].fan_in), gain = slots[i].init_gain;
+        const bool trained = slots[i].role == ParamRole::Weight;
+        if (trained && gain == 0) {
+          ++zero_gain;
+          EXPECT_EQ(s2, 0.0) << slots[i].name;
+          continue;
         }
-        case ParamRole::NormScale:  // all ones
+        if (trained) {
+          const double want = scheme == nn::InitScheme::KaimingNormal ? gain * std::sqrt(2.0 / fan_in)
+                                                            : gain / std::sqrt(fan_in) / std::sqrt(3.0);
+          const double std = std::sqrt(s2 / n - (s / n) * (s / n));
+          if (n >= 64) EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
+          EXPECT_NEAR(s / n, 0.0, 6 * want / std::sqrt(n)) << slots[i].name;
+          if (scheme == nn::InitScheme::KaimingUniform) EXPECT_LE(largest, gain / std::sqrt(fan_in)) << slots[i].name;
+          continue;
+        }
+        if (slots[i].role == ParamRole::NormScale) {
           EXPECT_EQ(s, static_cast<double>(n)) << slots[i].name;
           EXPECT_EQ(s2, static_cast<double>(n)) << slots[i].name;
-          break;
-        case ParamRole::Bias:
-        case ParamRole::NormShift:  // all zeros
+        } else {
           EXPECT_EQ(s2, 0.0) << slots[i].name;
-          break;
+        }
       }
+      // Only the residual branches of the variant without batch norm start at zero (9 blocks).
+      EXPECT_EQ(zero_gain, name == "resnet20" && !bn ? 9 : 0);
     }
-    // Only the residual branches of the variant without batch norm start at zero (9 blocks).
-    EXPECT_EQ(zero_gain, name == "resnet20" && !bn ? 9 : 0);
   }
 }
 
