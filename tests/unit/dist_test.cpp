@@ -1,0 +1,124 @@
+// The gradient bucketer against a stand-in communicator: how the arena is cut into buckets,
+// when buckets are queued, the share weighting, and that finish() waits for every bucket.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "dist/bucketer.hpp"
+
+namespace hpc::testing {
+namespace {
+
+// A world of `size` ranks whose other ranks hold the same values as this one: the sum is
+// the value times size. Records each all-reduce's range and can hold it back a while.
+class FakeComm final : public dist::Communicator {
+ public:
+  FakeComm(int size, const float* base) : size_(size), base_(base) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  void allreduce_sum(float* data, int64_t n) override {
+    std::this_thread::sleep_for(delay);
+    for (int64_t i = 0; i < n; ++i) data[i] *= static_cast<float>(size_);
+    std::lock_guard lock(mu);
+    calls.emplace_back(data - base_, data - base_ + n);
+  }
+  void allreduce_sum(double* data, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) data[i] *= size_;
+  }
+  void broadcast(void*, int64_t, int) override {}
+  std::vector<uint64_t> allgather(uint64_t v) override { return std::vector<uint64_t>(size_, v); }
+  void barrier() override {}
+  std::unique_ptr<dist::Communicator> duplicate() override { return std::make_unique<FakeComm>(size_, base_); }
+  [[noreturn]] void abort(int) override { std::abort(); }
+
+  std::chrono::milliseconds delay{0};
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> calls;
+
+ private:
+  int size_;
+  const float* base_;
+};
+
+constexpr int64_t kMB = 1 << 20;
+
+TEST(GradientBucketer, BucketsAreRunsOfWholeGroupsFromTheEnd) {
+  // Groups (layers) start at 0, 1000, 300000 (1.2 MB in), 310000; the arena ends at 600000.
+  std::vector<float> g(600000, 1.0f);
+  FakeComm comm(2, g.data());
+  dist::GradientBucketer b(comm, g.data(), 600000, {0, 1000, 300000, 310000}, 2 * kMB, true);
+  // First bucket: at least min(2 MB, 1 MB) = 262144 floats from the end: groups 310000..600000
+  // (290000). Next: at least 2 MB = 524288 floats: the rest (everything down to 0).
+  ASSERT_EQ(b.bucket_count(), 2u);
+  b.begin_step(1.0f);
+  b.ready_from(310000);  // the last group is done: the first bucket goes at once
+  b.ready_from(1000);
+  b.ready_from(0);
+  EXPECT_GE(b.finish(), 0.0);
+  ASSERT_EQ(comm.calls.size(), 2u);
+  EXPECT_EQ(comm.calls[0], std::make_pair(int64_t{310000}, int64_t{600000}));
+  EXPECT_EQ(comm.calls[1], std::make_pair(int64_t{0}, int64_t{310000}));
+}
+
+TEST(GradientBucketer, SharesWeightTheSumAndEveryElementIsReducedOnce) {
+  std::vector<float> g(1000);
+  std::iota(g.begin(), g.end(), 0.0f);
+  FakeComm comm(4, g.data());
+  dist::GradientBucketer b(comm, g.data(), 1000, {0, 100, 500, 900}, 1600, true);  // 400-float buckets
+  for (int step = 0; step < 3; ++step) {
+    std::iota(g.begin(), g.end(), 0.0f);
+    b.begin_step(0.25f);  // a quarter of the global batch on each of 4 ranks: the mean
+    for (int64_t at : {900, 500, 100, 0}) b.ready_from(at);
+    b.finish();
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(g[i], static_cast<float>(i)) << "step " << step << " element " << i;
+  }
+  const auto& t = b.last_timeline();
+  ASSERT_EQ(t.buckets.size(), b.bucket_count());
+  int64_t covered = 0;
+  for (const auto& bk : t.buckets) covered += bk.end - bk.begin;
+  EXPECT_EQ(covered, 1000);
+}
+
+// With overlap, a bucket is all-reduced while the caller is still "computing"; without, not
+// before finish().
+TEST(GradientBucketer, OverlapStartsBeforeFinishAndNoOverlapDoesNot) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    std::vector<float> g(2 * kMB / 4, 1.0f);
+    FakeComm comm(2, g.data());
+    dist::GradientBucketer b(comm, g.data(), static_cast<int64_t>(g.size()), {0, static_cast<int64_t>(g.size()) / 2},
+                             kMB / 2, overlap);
+    ASSERT_EQ(b.bucket_count(), 2u);
+    b.begin_step(0.5f);
+    b.ready_from(static_cast<int64_t>(g.size()) / 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the rest of the backward pass
+    b.ready_from(0);
+    b.finish();
+    const auto& t = b.last_timeline();
+    if (overlap) EXPECT_LT(t.buckets[0].done, t.backward_done);
+    else EXPECT_GE(t.buckets[0].queued, t.backward_done);
+    for (float v : g) ASSERT_EQ(v, 1.0f);
+  }
+}
+
+// finish() returns only when every bucket is reduced, and reports the wait.
+TEST(GradientBucketer, FinishWaitsForSlowCommunication) {
+  std::vector<float> g(1000, 3.0f);
+  FakeComm comm(2, g.data());
+  comm.delay = std::chrono::milliseconds(30);
+  dist::GradientBucketer b(comm, g.data(), 1000, {0}, kMB, true);
+  b.begin_step(0.5f);
+  b.ready_from(0);
+  const double waited = b.finish();
+  EXPECT_GE(waited, 0.02);
+  EXPECT_EQ(g[0], 3.0f);
+  EXPECT_EQ(comm.calls.size(), 1u);
+}
+
+}  // namespace
+}  // namespace hpc::testing
