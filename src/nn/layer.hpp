@@ -125,9 +125,10 @@ class BatchNorm final : public Layer<T> {
   // Sums of x - shift and its square per channel over the m rows of xp, in double.
   void shifted_sums(const T* xp, int64_t m, const T* shift, std::vector<double>& s1, std::vector<double>& s2);
   void pool_forward(const T* xp, int64_t n);
-  // Calls rows(b, e, s1, s2) to sum the incoming gradient g and g * (x - mean) of rows [b, e).
+  // Two per-channel sums over the m rows, in parallel and in blocks: rows(b, e, s1, s2) adds
+  // rows [b, e) into s1 and s2; the totals land in out1 and out2 (double).
   template <class RowSums>
-  void gradient_sums(int64_t m, std::vector<double>& sdy, std::vector<double>& sdyx, RowSums&& rows);
+  void row_sums(int64_t m, std::vector<double>& out1, std::vector<double>& out2, RowSums&& rows);
 
   bool relu_;
   FusedPool pool_;

@@ -232,28 +232,17 @@ template <class T>
 void BatchNorm<T>::shifted_sums(const T* xp, int64_t m, const T* shift, std::vector<double>& s1,
                                 std::vector<double>& s2) {
   const int64_t c = c_;
-  std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
-  const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
-    blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c],
-                    [&](int64_t r0, int64_t r1, T* __restrict a1, T* __restrict a2) {
-                      const T* __restrict k = shift;
-                      for (int64_t r = r0; r < r1; ++r) {
-                        const T* __restrict row = xp + r * c;
-                        for (int64_t j = 0; j < c; ++j) {
-                          const T d = row[j] - k[j];
-                          a1[j] += d;
-                          a2[j] += d * d;
-                        }
-                      }
-                    });
-  });
-  s1.assign(c, 0.0);
-  s2.assign(c, 0.0);
-  for (int64_t j = 0; j < c; ++j)
-    for (int p = 0; p < parts; ++p) {
-      s1[j] += part1[p * c + j];
-      s2[j] += part2[p * c + j];
+  row_sums(m, s1, s2, [&](int64_t r0, int64_t r1, T* __restrict a1, T* __restrict a2) {
+    const T* __restrict k = shift;
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* __restrict row = xp + r * c;
+      for (int64_t j = 0; j < c; ++j) {
+        const T d = row[j] - k[j];
+        a1[j] += d;
+        a2[j] += d * d;
+      }
     }
+  });
 }
 
 template <class T>
@@ -362,18 +351,18 @@ void BatchNorm<T>::pool_forward(const T* xp, int64_t n) {
 
 template <class T>
 template <class RowSums>
-void BatchNorm<T>::gradient_sums(int64_t m, std::vector<double>& sdy, std::vector<double>& sdyx, RowSums&& rows) {
+void BatchNorm<T>::row_sums(int64_t m, std::vector<double>& out1, std::vector<double>& out2, RowSums&& rows) {
   const int64_t c = c_;
   std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
   const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
     blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c], rows);
   });
-  sdy.assign(c, 0.0);
-  sdyx.assign(c, 0.0);
+  out1.assign(c, 0.0);
+  out2.assign(c, 0.0);
   for (int64_t j = 0; j < c; ++j)
     for (int p = 0; p < parts; ++p) {
-      sdy[j] += part1[p * c + j];
-      sdyx[j] += part2[p * c + j];
+      out1[j] += part1[p * c + j];
+      out2[j] += part2[p * c + j];
     }
 }
 
@@ -398,7 +387,7 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
   std::vector<double> sdy, sdyx;
   with_relu(relu_, [&](auto relu_c) {
     constexpr bool kRelu = decltype(relu_c)::value;
-    gradient_sums(m, sdy, sdyx, [&](int64_t r0, int64_t r1, T* s1, T* s2) {
+    row_sums(m, sdy, sdyx, [&](int64_t r0, int64_t r1, T* s1, T* s2) {
       if (!pooled()) {
         for (int64_t r = r0; r < r1; ++r)
           sum_row<kRelu, false>(c, xp + r * c, dyp + r * c, nullptr, 0, sc, sh, mu, s1, s2);
