@@ -40,6 +40,22 @@ std::string shown(const V& v) {
   return os.str();
 }
 
+// "90", "90s", "10m", "1.5h": seconds.
+double parse_duration(const std::string& text, const char* option) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
+  HPC_REQUIRE(used > 0 && scale > 0 && std::isfinite(v) && v >= 0, "--", option,
+              " must be a duration such as 90s, 10m or 1.5h (0: off), got '", text, "'");
+  return v * scale;
+}
+
 void require_positive(int64_t v, const char* option) {
   HPC_REQUIRE(v > 0, "--", option, " must be a positive integer, got ", v);
 }
@@ -61,6 +77,10 @@ void validate(const TrainOptions& o) {
   HPC_REQUIRE(o.global_batch_size >= 0, "--global-batch-size must not be negative, got ", o.global_batch_size);
   HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096,
               "--bucket-mb must be a size in MB in (0, 4096], got ", o.bucket_mb);
+  HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
+              "--keep-checkpoints must be at least 1, got ", o.keep_checkpoints);
+  HPC_REQUIRE(o.checkpoint_every_steps >= 0, "--checkpoint-every-steps must not be negative, got ",
+              o.checkpoint_every_steps);
   HPC_REQUIRE(o.log_every >= 0, "--log-every must not be negative, got ", o.log_every);
   for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
                          {o.label_smoothing, "label-smoothing"}, {o.warmup_epochs, "warmup-epochs"},
@@ -163,9 +183,24 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "batch-norm statistics over the whole global batch (all ranks) instead of each rank's part")
       ("timeline-file", po::value(&o.timeline_file),
        "append, for every step, when each gradient bucket was queued and all-reduced (JSON Lines, rank 0)");
+  std::string interval = "10m";
+  po::options_description checkpoints("Checkpoints and resume");
+  checkpoints.add_options()
+      ("checkpoint-dir", po::value(&o.checkpoint_dir),
+       "rank 0 writes checkpoints here (shared storage on clusters); none without it")
+      ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints, shown(o.keep_checkpoints)),
+       "keep the newest K checkpoints")
+      ("checkpoint-every-steps",
+       po::value(&o.checkpoint_every_steps)->default_value(o.checkpoint_every_steps, shown(o.checkpoint_every_steps)),
+       "also checkpoint every N steps (0: not by steps)")
+      ("checkpoint-interval", po::value(&interval)->default_value(interval),
+       "checkpoint when this much wall-clock time has passed since the last one: 90s, 10m, 1.5h (0: never)")
+      ("checkpoint-each-epoch", po::bool_switch(&o.checkpoint_each_epoch), "also checkpoint after every epoch")
+      ("resume", po::value(&o.resume)->default_value(o.resume),
+       "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file");
   po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "
                               "(cnn on Fashion-MNIST, 3 epochs)");
-  all.add(general).add(model).add(training).add(parallel);
+  all.add(general).add(model).add(training).add(parallel).add(checkpoints);
 
   po::variables_map vm;
   try {
@@ -196,6 +231,8 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   o.batch_norm = !no_batch_norm;
   o.drop_last = !keep_last;
   o.overlap = !no_overlap;
+  o.checkpoint_interval_seconds = parse_duration(interval, "checkpoint-interval");
+  HPC_REQUIRE(!o.resume.empty(), "--resume must be auto, none or a checkpoint file");
   HPC_REQUIRE(o.global_batch_size == 0 || vm["batch-size"].defaulted(),
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
   if (!step_epochs.empty()) o.lr_step_epochs = parse_list(step_epochs, "lr-step-epochs");
@@ -203,6 +240,31 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
               "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
   validate(o);
   return o;
+}
+
+std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v;
+  auto add = [&](const char* name, const auto& value) {
+    std::ostringstream os;
+    os << value;
+    v.emplace_back(name, os.str());
+  };
+  add("model", o.model), add("no-batch-norm", !o.batch_norm), add("init", o.init), add("dataset", o.dataset);
+  add("train-samples", o.train_samples), add("test-samples", o.test_samples), add("augment", o.augment);
+  add("epochs", o.epochs), add("max-steps", o.max_steps), add("batch-size", o.batch_size);
+  add("global-batch-size", o.global_batch_size), add("keep-last-batch", !o.drop_last);
+  add("eval-batch-size", o.eval_batch_size), add("lr", o.lr), add("momentum", o.momentum);
+  add("weight-decay", o.weight_decay), add("label-smoothing", o.label_smoothing), add("no-nesterov", !o.nesterov);
+  add("decay-bias-and-norm", o.decay_bias_and_norm), add("lr-schedule", o.lr_schedule);
+  add("warmup-epochs", o.warmup_epochs), add("lr-gamma", o.lr_gamma), add("min-lr", o.min_lr);
+  std::ostringstream steps;
+  for (double e : o.lr_step_epochs) steps << e << ',';
+  add("lr-step-epochs", steps.str()), add("onecycle-pct-start", o.onecycle_pct_start);
+  add("onecycle-div-factor", o.onecycle_div_factor), add("onecycle-final-div-factor", o.onecycle_final_div_factor);
+  add("no-cycle-momentum", !o.cycle_momentum), add("onecycle-base-momentum", o.onecycle_base_momentum);
+  add("onecycle-max-momentum", o.onecycle_max_momentum), add("seed", o.seed), add("device", o.device);
+  add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap), add("sync-batch-norm", o.sync_batch_norm);
+  return v;
 }
 
 }  // namespace hpc::train

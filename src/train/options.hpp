@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hpc::train {
@@ -42,6 +43,13 @@ struct TrainOptions {
   bool overlap = true;    // all-reduce buckets during the backward pass
   bool sync_batch_norm = false;  // batch statistics over all ranks (default: per rank, as DDP)
   std::string timeline_file;  // rank 0 appends each step's bucket timeline (JSON Lines)
+  // checkpoints
+  std::string checkpoint_dir;      // empty: no checkpoints
+  int keep_checkpoints = 3;
+  int64_t checkpoint_every_steps = 0;
+  double checkpoint_interval_seconds = 600;  // 0: off
+  bool checkpoint_each_epoch = false;
+  std::string resume = "auto";  // auto | none | a checkpoint file
   std::string device = "auto";
   std::string metrics_file;
   bool quiet = false;
@@ -50,6 +58,11 @@ struct TrainOptions {
 
 // Parses argv (and --config FILE). Returns nullopt when --help or --version was handled.
 // Any problem is a usage error (exit code 2) naming it.
+// The options that decide what is computed, by long name with their values as text: every
+// rank must agree on them, and a resumed run on most (all but where rank 0 writes, how it
+// speaks, the per-rank --threads and --data-dir, and the checkpoint settings).
+std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o);
+
 // Only a process with `speak` prints --help and --version (rank 0 of a multi-rank job).
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak = true);
 

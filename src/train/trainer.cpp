@@ -1,6 +1,9 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -10,12 +13,14 @@
 
 #include "core/device.hpp"
 #include "core/log.hpp"
+#include "ckpt/store.hpp"
 #include "data/loader.hpp"
 #include "dist/agree.hpp"
 #include "dist/bucketer.hpp"
 #include "nn/gemm.hpp"
 #include "optim/schedule.hpp"
 #include "optim/sgd.hpp"
+#include "train/checkpointing.hpp"
 #include "train/checksum.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
@@ -78,33 +83,6 @@ int default_threads(int ranks_on_host) {
   return std::max(1, cores / std::max(1, ranks_on_host));
 }
 
-// The options every rank must agree on, by name (all but where rank 0 writes, how it speaks,
-// and the per-rank --threads and --data-dir).
-std::vector<std::pair<std::string, std::string>> agreed_options(const TrainOptions& o) {
-  std::vector<std::pair<std::string, std::string>> v;
-  auto add = [&](const char* name, const auto& value) {
-    std::ostringstream os;
-    os << value;
-    v.emplace_back(name, os.str());
-  };
-  add("model", o.model), add("no-batch-norm", !o.batch_norm), add("init", o.init), add("dataset", o.dataset);
-  add("train-samples", o.train_samples), add("test-samples", o.test_samples), add("augment", o.augment);
-  add("epochs", o.epochs), add("max-steps", o.max_steps), add("batch-size", o.batch_size);
-  add("global-batch-size", o.global_batch_size), add("keep-last-batch", !o.drop_last);
-  add("eval-batch-size", o.eval_batch_size), add("lr", o.lr), add("momentum", o.momentum);
-  add("weight-decay", o.weight_decay), add("label-smoothing", o.label_smoothing), add("no-nesterov", !o.nesterov);
-  add("decay-bias-and-norm", o.decay_bias_and_norm), add("lr-schedule", o.lr_schedule);
-  add("warmup-epochs", o.warmup_epochs), add("lr-gamma", o.lr_gamma), add("min-lr", o.min_lr);
-  std::ostringstream steps;
-  for (double e : o.lr_step_epochs) steps << e << ',';
-  add("lr-step-epochs", steps.str()), add("onecycle-pct-start", o.onecycle_pct_start);
-  add("onecycle-div-factor", o.onecycle_div_factor), add("onecycle-final-div-factor", o.onecycle_final_div_factor);
-  add("no-cycle-momentum", !o.cycle_momentum), add("onecycle-base-momentum", o.onecycle_base_momentum);
-  add("onecycle-max-momentum", o.onecycle_max_momentum), add("seed", o.seed), add("device", o.device);
-  add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap), add("sync-batch-norm", o.sync_batch_norm);
-  return v;
-}
-
 std::string joined(const std::vector<std::pair<std::string, std::string>>& v) {
   std::string s;
   for (const auto& [name, value] : v) s += name + '=' + value + '\n';
@@ -116,7 +94,7 @@ uint64_t hash_bytes(const void* p, size_t n) { return std::stoull(fnv1a_hex(p, n
 // A per-rank config file or a different command line on one host is caught before any work,
 // naming the first option that differs.
 void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
-  const std::string mine = joined(agreed_options(o));
+  const std::string mine = joined(option_values(o));
   dist::require_agreement(ctx, hash_bytes(mine.data(), mine.size()), ErrorKind::Usage, [&](int r) {
     const std::string theirs = dist::broadcast_string(ctx.world(), mine, r);
     std::istringstream a(mine), b(theirs);
@@ -168,6 +146,21 @@ void write_timeline(MetricsWriter& out, int64_t step, const dist::BucketTimeline
                {"done", t.buckets[b].done},
                {"backward_done", t.backward_done},
                {"finished", t.finished}});
+}
+
+// Test hook for the resume tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r] makes rank r (0 by
+// default) die by SIGKILL right after global step k, as a lost node would.
+struct TestKill {
+  int64_t step = -1;
+  int rank = 0;
+};
+TestKill test_kill_hook() {
+  TestKill k;
+  if (const char* v = std::getenv("HPCTRAIN_TEST_KILL_AFTER_STEP")) {
+    k.step = std::atoll(v);
+    if (const char* at = std::strchr(v, '@')) k.rank = std::atoi(at + 1);
+  }
+  return k;
 }
 
 }  // namespace
@@ -248,9 +241,29 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     model.sync_batch_norm([c = stats_comm.get()](double* data, int64_t n) { c->allreduce_sum(data, n); });
   }
 
-  // Rank 0 creates the initial variables; every rank receives them and proves it holds the
-  // same bytes before the first step.
-  if (lead) model.init(static_cast<uint64_t>(o.seed));
+  optim::Sgd<float> sgd(model.params(), {o.momentum, o.nesterov, o.weight_decay, o.decay_bias_and_norm});
+  // Resume: rank 0 reads and verifies the checkpoint, every rank loads the same bytes. The
+  // global batch is the checkpoint's (the sampler's position is in its global steps), so a
+  // run can come back on another number of ranks and continue at the exact sample.
+  std::string resume_path;
+  const std::optional<ckpt::Checkpoint> resume = find_resume(o, ctx, &resume_path);
+  RunPosition start;
+  start.global_batch = global_batch;
+  if (resume) {
+    dist::collectively(ctx, [&] {
+      start = check_resumable(*resume, o, model);
+      HPC_REQUIRE(start.global_batch >= world, "the checkpoint's global batch of ", start.global_batch,
+                  " cannot give each of the ", world, " ranks a sample");
+      apply_checkpoint(*resume, model, sgd);
+    });
+    global_batch = start.global_batch;
+    log::info("resuming from ", resume_path, " at step ", start.step, " (epoch ", start.epoch + 1, ", step ",
+              start.step_in_epoch, " of it), global batch ", global_batch);
+  } else if (lead) {
+    // Rank 0 creates the initial variables.
+    model.init(static_cast<uint64_t>(o.seed));
+  }
+  // Every rank receives rank 0's state and proves it holds the same bytes before the first step.
   broadcast_state(comm, model);
   require_same_parameters(ctx, model);
 
@@ -262,7 +275,6 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   const double samples_per_epoch = static_cast<double>(o.drop_last ? spe * global_batch : ds.train.count);
   optim::LrSchedule schedule(
       schedule_spec(o, samples_per_epoch, static_cast<double>(total_steps) * samples_per_epoch / spe));
-  optim::Sgd<float> sgd(model.params(), {o.momentum, o.nesterov, o.weight_decay, o.decay_bias_and_norm});
   data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed));
   MetricsWriter metrics = o.metrics_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics_file);
   MetricsWriter timeline = o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file);
@@ -278,14 +290,40 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     log::info("gradients all-reduced in ", bucketer.bucket_count(), " bucket(s) of up to ", o.bucket_mb, " MB",
               o.overlap ? ", overlapping the backward pass" : ", after the backward pass (--no-overlap)");
 
+  // Checkpoints: rank 0 snapshots its state (all ranks hold the same parameters and
+  // optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a background
+  // thread writes it.
+  std::unique_ptr<ckpt::CheckpointStore> store;
+  std::unique_ptr<ckpt::AsyncWriter> writer;
+  if (lead && !o.checkpoint_dir.empty()) {
+    dist::collectively(ctx, [&] { store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints); });
+    writer = std::make_unique<ckpt::AsyncWriter>(*store);
+  } else if (!o.checkpoint_dir.empty()) {
+    dist::collectively(ctx, [] {});  // rank 0's directory check
+  }
+  int64_t checkpoints = 0, last_saved = -1;
+  double checkpoint_stall = 0;
+  auto last_checkpoint_time = Clock::now();
+  auto save = [&](RunPosition at) {
+    if (!writer || at.step == last_saved) return;
+    const auto t0 = Clock::now();
+    if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
+    writer->submit(make_checkpoint(o, model, sgd, world, at), at.step);
+    checkpoint_stall += seconds_since(t0);
+    last_checkpoint_time = Clock::now();
+    last_saved = at.step;
+    ++checkpoints;
+  };
+  const TestKill kill_at = test_kill_hook();
+
   Progress progress(o.quiet || !lead, o.log_every, o.epochs, spe, total_steps);
   TrainResult result;
-  double samples_seen = 0, train_seconds = 0, comm_wait_seconds = 0;
-  int64_t step = 0;
+  double samples_seen = start.samples_seen, run_samples = 0, train_seconds = 0, comm_wait_seconds = 0;
+  int64_t step = start.step;
   EvalResult eval;
-  for (int64_t epoch = 0; epoch < o.epochs && step < total_steps; ++epoch) {
+  for (int64_t epoch = start.epoch; epoch < o.epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
-    loader.start_epoch(epoch);
+    loader.start_epoch(epoch, epoch == start.epoch ? start.step_in_epoch : 0);
     double sums[3] = {0, 0, 0};  // this rank's loss * samples, correct, samples
     int64_t epoch_global_samples = 0;
     while (step < total_steps) {
@@ -300,6 +338,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       sums[1] += static_cast<double>(count_correct(model.probabilities(), batch->labels.data()));
       sgd.step(model.params(), schedule.lr(samples_seen), schedule.momentum(samples_seen, o.momentum));
       samples_seen += static_cast<double>(global_len);
+      run_samples += static_cast<double>(global_len);
       epoch_global_samples += global_len;
       sums[2] += static_cast<double>(batch->size());
       sums[0] += loss * static_cast<double>(batch->size());
@@ -308,6 +347,12 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       const double ips = static_cast<double>(epoch_global_samples) / std::max(el, 1e-9);
       const double eta = (train_seconds + el) / static_cast<double>(step) * static_cast<double>(total_steps - step);
       progress.step(epoch, batch->step, step - 1, sums[0] / sums[2], sums[1] / sums[2], ips, eta);
+      const RunPosition here{step, epoch, batch->step + 1, global_batch, samples_seen};
+      if ((o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0) ||
+          (o.checkpoint_interval_seconds > 0 &&
+           seconds_since(last_checkpoint_time) >= o.checkpoint_interval_seconds))
+        save(here);
+      if (kill_at.step == step && kill_at.rank == rank) std::raise(SIGKILL);
     }
     const double epoch_seconds = seconds_since(t_epoch);
     train_seconds += epoch_seconds;
@@ -322,6 +367,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                   static_cast<long long>(epoch + 1), static_cast<long long>(o.epochs), train_loss, eval.loss,
                   100 * eval.accuracy, ips, format_duration(epoch_seconds).c_str());
     progress.line(buf);
+    if (o.checkpoint_each_epoch) save({step, epoch + 1, 0, global_batch, samples_seen});
     if (!std::isfinite(train_loss)) log::warn("the training loss is not finite: training diverged (try a lower --lr)");
     metrics.write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
@@ -334,16 +380,21 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                    {"train_seconds", train_seconds},
                    {"elapsed_seconds", seconds_since(t_start)}});
   }
+  if (writer) {  // the final state, and every write finished before reporting
+    save({step, o.epochs, 0, global_batch, samples_seen});
+    writer->wait();
+    log::info("checkpoint: ", writer->last_written());
+  }
   const Tensor& values = model.params().values();
   result.steps = step;
   result.test_accuracy = eval.accuracy;
   result.test_loss = eval.loss;
   result.train_seconds = train_seconds;
-  result.images_per_second = samples_seen / std::max(train_seconds, 1e-9);
+  result.images_per_second = run_samples / std::max(train_seconds, 1e-9);
   result.param_checksum = fnv1a_hex(values.raw(), values.bytes());
   double norm2 = 0;
   for (int64_t i = 0; i < values.numel(); ++i) norm2 += static_cast<double>(values.data<float>()[i]) * values.data<float>()[i];
-  const double wait_per_step = comm_wait_seconds / static_cast<double>(std::max<int64_t>(step, 1));
+  const double wait_per_step = comm_wait_seconds / static_cast<double>(std::max<int64_t>(step - start.step, 1));
   metrics.write({{"event", std::string("done")},
                  {"steps", step},
                  {"test_accuracy", eval.accuracy},
@@ -355,7 +406,10 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                  {"world_size", world},
                  {"global_batch_size", global_batch},
                  {"comm_wait_seconds_per_step", wait_per_step},
-                 {"step_seconds", train_seconds / static_cast<double>(std::max<int64_t>(step, 1))},
+                 {"step_seconds", train_seconds / static_cast<double>(std::max<int64_t>(step - start.step, 1))},
+                 {"resumed_from_step", resume ? start.step : int64_t{-1}},
+                 {"checkpoints_written", checkpoints},
+                 {"checkpoint_stall_seconds", checkpoint_stall},
                  {"elapsed_seconds", seconds_since(t_start)}});
   char buf[240];
   std::snprintf(buf, sizeof buf, "done: %lld steps, test accuracy %.2f%%, %.0f img/s, param checksum %s",
@@ -364,7 +418,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   log::info(buf);
   if (world > 1)
     log::info("exposed communication: ", 1e3 * wait_per_step, " ms per step (",
-              100 * wait_per_step * static_cast<double>(std::max<int64_t>(step, 1)) / std::max(train_seconds, 1e-9),
+              100 * wait_per_step * static_cast<double>(std::max<int64_t>(step - start.step, 1)) /
+                  std::max(train_seconds, 1e-9),
               "% of the step time)");
   return result;
 }

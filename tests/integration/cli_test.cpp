@@ -281,6 +281,12 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"no-overlap", ""},
     {"sync-batch-norm", ""},
     {"timeline-file", ""},
+    {"checkpoint-dir", ""},
+    {"keep-checkpoints", "3"},
+    {"checkpoint-every-steps", "0"},
+    {"checkpoint-interval", "10m"},
+    {"checkpoint-each-epoch", ""},
+    {"resume", "auto"},
 };
 
 // Whether `prefix` (the start of a help line) is what comes before an option's name there:

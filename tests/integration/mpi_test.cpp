@@ -12,33 +12,6 @@
 namespace hpc::itest {
 namespace {
 
-std::string mpiexec() { return HPCTRAIN_MPIEXEC; }
-
-// One mpirun of several groups of ranks (MPMD: "-np 1 A : -np 1 B"); each group is (ranks,
-// hpctrain's arguments).
-RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
-  // CI runs as root; Open MPI refuses that unless told. --oversubscribe: 4 ranks on 2 cores.
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  // Containers often have a tiny /dev/shm; the shared-memory transport can use /tmp.
-  setenv("OMPI_MCA_btl_vader_backing_directory", "/tmp", 0);
-  std::vector<std::string> argv{mpiexec(), "--oversubscribe", "--bind-to", "none"};
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (g > 0) argv.push_back(":");
-    argv.insert(argv.end(), {"-np", std::to_string(groups[g].first), hpctrain_binary()});
-    argv.insert(argv.end(), groups[g].second.begin(), groups[g].second.end());
-  }
-  return run_program(std::move(argv));
-}
-
-RunResult run_mpi(int ranks, const std::vector<std::string>& args) { return run_mpi({{ranks, args}}); }
-
-int count_of(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 class MpiTraining : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1,0 +1,38 @@
+// The checkpoint format: what exact resume needs, in checksummed sections.
+//
+//   file    := magic "HPCTCKPT" | u32 format version | section... | end section
+//   section := u32 kind | u64 payload bytes | u32 CRC-32 of the payload | payload
+//
+// Integers are little-endian (x86-64 and AArch64 both). The meta section is text, one
+// "key=value" per line, so `hpctrain inspect` and people can read it and later versions can
+// add keys; the arenas are raw float32 in the parameter arena's layout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hpc::ckpt {
+
+constexpr uint32_t kFormatVersion = 1;
+
+// Everything a run needs to continue exactly where it stopped.
+struct Checkpoint {
+  std::map<std::string, std::string> meta;  // header fields and the options resume must match
+  std::vector<float> params, momentum, buffers;
+
+  // Typed access to the meta section; missing or malformed keys are input errors.
+  int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  const std::string& text(const std::string& key) const;
+};
+
+// The whole file's bytes.
+std::vector<char> encode(const Checkpoint& c);
+
+// Parses and verifies (magic, version, every section's length and CRC). Throws a usage error
+// naming `what` (the file) and the first problem found.
+Checkpoint decode(const std::vector<char>& bytes, const std::string& what);
+
+}  // namespace hpc::ckpt

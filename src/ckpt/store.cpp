@@ -1,0 +1,216 @@
+#include "ckpt/store.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace hpc::ckpt {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kPrefix = "ckpt-";
+constexpr const char* kSuffix = ".hpck";
+
+[[noreturn]] void io_error(const std::string& what, const std::string& path) {
+  usage_error("cannot ", what, " ", path, ": ", std::strerror(errno));
+}
+
+void write_all(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) io_error("write", path);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) io_error("open", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0 && errno != EINVAL) io_error("fsync", path);  // some filesystems cannot sync directories
+}
+
+// Step of a checkpoint file name, or -1 for other files.
+int64_t step_of(const std::string& name) {
+  const size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
+  if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 || name.compare(name.size() - s, s, kSuffix) != 0)
+    return -1;
+  const std::string digits = name.substr(p, name.size() - p - s);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+// Test hook (crash-consistency tests): seconds to sleep between writing the temporary file
+// and renaming it, so a test can kill the writer there.
+double pause_before_rename() {
+  const char* v = std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  return v ? std::atof(v) : 0.0;
+}
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
+  HPC_REQUIRE(!dir_.empty(), "--checkpoint-dir must not be empty");
+  HPC_REQUIRE(keep_ >= 1, "--keep-checkpoints must be at least 1, got ", keep_);
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  HPC_REQUIRE(!ec && fs::is_directory(dir_), "cannot create checkpoint directory ", dir_,
+              ec ? ": " + ec.message() : std::string(": not a directory"));
+  HPC_REQUIRE(::access(dir_.c_str(), W_OK) == 0, "checkpoint directory ", dir_, " is not writable");
+}
+
+std::string CheckpointStore::file_name(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s%09lld%s", kPrefix, static_cast<long long>(step), kSuffix);
+  return buf;
+}
+
+std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
+  const std::string path = (fs::path(dir_) / file_name(step)).string();
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("create", tmp);
+  try {
+    write_all(fd, bytes.data(), bytes.size(), tmp);
+    if (::fsync(fd) != 0) io_error("fsync", tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    io_error("close", tmp);
+  }
+  if (const double s = pause_before_rename(); s > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    io_error("rename", tmp);
+  }
+  fsync_path(dir_, O_RDONLY | O_DIRECTORY);
+  // Retention: only after the new one is durable.
+  const std::vector<std::string> all = list_checkpoints(dir_);
+  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+    if (ec) log::warn("cannot remove old checkpoint ", all[i], ": ", ec.message());
+  }
+  return path;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && e.is_regular_file(ec)) found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  HPC_REQUIRE(in.good(), "cannot read checkpoint ", path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  HPC_REQUIRE(!in.bad(), "cannot read checkpoint ", path);
+  return decode(bytes, "checkpoint " + path);
+}
+
+std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir) {
+  std::string skipped;
+  for (const std::string& path : list_checkpoints(dir)) {
+    try {
+      Checkpoint c = load_checkpoint(path);
+      if (!skipped.empty()) log::warn(skipped, "; resuming from the previous valid one, ", path);
+      return std::make_pair(path, std::move(c));
+    } catch (const Error& e) {
+      if (!skipped.empty()) log::warn(skipped);
+      skipped = e.what();
+    }
+  }
+  if (!skipped.empty()) log::warn(skipped, "; no valid checkpoint is left in ", dir, ": starting afresh");
+  return std::nullopt;
+}
+
+AsyncWriter::AsyncWriter(CheckpointStore& store) : store_(store), thread_([this] { run(); }) {}
+
+AsyncWriter::~AsyncWriter() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !pending_ && !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+double AsyncWriter::submit(Checkpoint snapshot, int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return (!pending_ && !busy_) || failure_; });
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    pending_.emplace(std::move(snapshot), step);
+  }
+  cv_.notify_all();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void AsyncWriter::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return (!pending_ && !busy_) || failure_; });
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+}
+
+std::string AsyncWriter::last_written() {
+  std::lock_guard lock(mu_);
+  return last_;
+}
+
+void AsyncWriter::run() {
+  for (;;) {
+    std::pair<Checkpoint, int64_t> job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || pending_; });
+      if (!pending_) return;
+      job = std::move(*pending_);
+      pending_.reset();
+      busy_ = true;
+    }
+    std::string path;
+    std::exception_ptr failure;
+    try {
+      path = store_.write(encode(job.first), job.second);  // encode (and CRC) here, off the step loop
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      busy_ = false;
+      if (failure) failure_ = failure;
+      else last_ = path;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace hpc::ckpt

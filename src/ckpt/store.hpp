@@ -1,0 +1,75 @@
+// Where checkpoints live: one directory (EFS/NFS on clusters), files ckpt-<step>.hpck.
+// Writes are atomic and durable (temporary file in the same directory, fsync, rename, fsync
+// of the directory), so a crash at any moment leaves every earlier checkpoint intact; the
+// newest `keep` are kept. The AsyncWriter writes on a background thread so the step loop only
+// pays for copying the state.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+
+namespace hpc::ckpt {
+
+class CheckpointStore {
+ public:
+  // Creates the directory if needed; usage error if it cannot be made or written.
+  CheckpointStore(std::string dir, int keep);
+  // Writes the checkpoint of `step`; returns its path. Then deletes all but the newest keep.
+  std::string write(const std::vector<char>& bytes, int64_t step);
+  const std::string& dir() const { return dir_; }
+
+  static std::string file_name(int64_t step);
+
+ private:
+  std::string dir_;
+  int keep_;
+};
+
+// The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Reads and verifies one checkpoint file (usage error naming the problem).
+Checkpoint load_checkpoint(const std::string& path);
+
+// The newest valid checkpoint of dir and its path: corrupt or truncated newer ones are
+// skipped with a warning naming them. nullopt when there is none (a fresh start).
+std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir);
+
+class AsyncWriter {
+ public:
+  explicit AsyncWriter(CheckpointStore& store);
+  ~AsyncWriter();  // finishes the write in flight
+  AsyncWriter(const AsyncWriter&) = delete;
+  AsyncWriter& operator=(const AsyncWriter&) = delete;
+
+  // Hands a snapshot over. At most one write is in flight: if the previous one is still
+  // being written, this waits for it first (the step loop stalls rather than skipping or
+  // queueing checkpoints). Returns the seconds it waited. A failed earlier write is thrown.
+  double submit(Checkpoint snapshot, int64_t step);
+  // Waits until nothing is in flight; throws a failed write's error.
+  void wait();
+  // Path of the last checkpoint written completely ("" before the first).
+  std::string last_written();
+
+ private:
+  void run();
+
+  CheckpointStore& store_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<std::pair<Checkpoint, int64_t>> pending_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr failure_;
+  std::string last_;
+  std::thread thread_;
+};
+
+}  // namespace hpc::ckpt

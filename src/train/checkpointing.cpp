@@ -1,0 +1,138 @@
+#include "train/checkpointing.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "ckpt/store.hpp"
+#include "core/error.hpp"
+#include "dist/agree.hpp"
+#include "train/checksum.hpp"
+
+namespace hpc::train {
+namespace {
+
+// Options a resumed run may change: they do not change what a step computes (the global
+// batch is the checkpoint's whatever --batch-size says; see check_resumable).
+const std::set<std::string>& free_on_resume() {
+  static const std::set<std::string> names{"batch-size", "global-batch-size", "eval-batch-size", "test-samples",
+                                           "bucket-mb",  "no-overlap",        "device",          "init"};
+  return names;
+}
+
+// Names and shapes of every parameter and buffer: two models with the same layout have the
+// same signature.
+std::string model_signature(const ParamStore<float>& p) {
+  std::ostringstream s;
+  for (const auto& slot : p.slots()) s << slot.name << slot.shape.str() << ';';
+  for (const auto& slot : p.buffer_slots()) s << slot.name << slot.shape.str() << ';';
+  const std::string text = s.str();
+  return fnv1a_hex(text.data(), text.size());
+}
+
+template <class V>
+std::string str(const V& v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+std::vector<float> copy_of(const Tensor& t) {
+  const float* p = t.numel() ? t.data<float>() : nullptr;
+  return std::vector<float>(p, p + t.numel());
+}
+
+void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
+  HPC_REQUIRE(static_cast<int64_t>(v.size()) == t.numel(), "the checkpoint's ", what, " hold ", v.size(),
+              " values; this model has ", t.numel());
+  if (!v.empty()) std::memcpy(t.data<float>(), v.data(), v.size() * sizeof(float));
+}
+
+}  // namespace
+
+ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
+                                 int world, const RunPosition& at) {
+  ckpt::Checkpoint c;
+  auto& m = c.meta;
+  m["hpctrain_version"] = HPCTRAIN_VERSION;
+  m["model"] = model.spec().name;
+  m["model_signature"] = model_signature(model.params());
+  m["time"] = str(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count());
+  m["world_size"] = str(world);
+  m["step"] = str(at.step);
+  m["epoch"] = str(at.epoch);
+  m["step_in_epoch"] = str(at.step_in_epoch);
+  m["global_batch_size"] = str(at.global_batch);
+  m["samples_seen"] = str(at.samples_seen);
+  for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
+  c.params = copy_of(model.params().values());
+  c.momentum = copy_of(const_cast<optim::Sgd<float>&>(sgd).momentum_buffer());
+  c.buffers = copy_of(model.params().buffers());
+  return c;
+}
+
+std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path) {
+  // Rank 0 reads and verifies; the others get its verdict and the bytes.
+  std::optional<ckpt::Checkpoint> found;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() != 0 || o.resume == "none") return;
+    if (o.resume == "auto") {
+      if (o.checkpoint_dir.empty()) return;
+      if (auto latest = ckpt::load_latest(o.checkpoint_dir)) {
+        *path = latest->first;
+        found = std::move(latest->second);
+      }
+      return;
+    }
+    *path = o.resume;
+    found = ckpt::load_checkpoint(o.resume);
+  });
+  dist::Communicator& comm = ctx.world();
+  if (comm.size() == 1) return found;
+  std::vector<char> bytes = found ? ckpt::encode(*found) : std::vector<char>{};
+  uint64_t n = bytes.size();
+  comm.broadcast(&n, sizeof n, 0);
+  *path = dist::broadcast_string(comm, *path, 0);
+  if (n == 0) return std::nullopt;
+  bytes.resize(n);
+  comm.broadcast(bytes.data(), static_cast<int64_t>(n), 0);
+  return ckpt::decode(bytes, "the checkpoint received from rank 0");
+}
+
+RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
+  HPC_REQUIRE(c.text("model") == model.spec().name, "the checkpoint is of model ", c.text("model"), ", not ",
+              model.spec().name, " (--model)");
+  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()),
+              "the checkpoint's parameters do not fit this ", model.spec().name,
+              " (another variant, dataset shape or number of classes)");
+  for (const auto& [name, value] : option_values(o)) {
+    if (free_on_resume().count(name)) continue;
+    auto it = c.meta.find("option." + name);
+    HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
+    HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",
+                name, "=", value, " (resume with the same value, or start afresh with --resume none)");
+  }
+  RunPosition at;
+  at.step = c.integer("step");
+  at.epoch = c.integer("epoch");
+  at.step_in_epoch = c.integer("step_in_epoch");
+  at.global_batch = c.integer("global_batch_size");
+  at.samples_seen = c.number("samples_seen");
+  HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0,
+              "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ")");
+  HPC_REQUIRE(o.global_batch_size == 0 || o.global_batch_size == at.global_batch, "the checkpoint was made with a ",
+              "global batch of ", at.global_batch, "; --global-batch-size ", o.global_batch_size,
+              " would change what every later step computes");
+  return at;
+}
+
+void apply_checkpoint(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd) {
+  load_into(model.params().values(), c.params, "parameters");
+  load_into(sgd.momentum_buffer(), c.momentum, "optimizer state");
+  load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,170 @@
+// Checkpoints and resume through the real binary: bit-exact resume after a rank is killed,
+// resume on another world size, crash consistency of the store, retention, and the errors
+// of a checkpoint that does not fit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "integration/harness.hpp"
+
+namespace hpc::itest {
+namespace {
+
+class Checkpoints : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "Fashion-MNIST not found in " << fashion_mnist_dir();
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  }
+  void TearDown() override {
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  }
+
+  // 2 epochs of 20 global steps (1280 samples, global batch 64), one thread per rank.
+  std::vector<std::string> job(const std::string& ckpt_dir, const std::string& metrics) const {
+    std::vector<std::string> a{"--train-samples", "1280", "--test-samples", "300",       "--epochs", "2",
+                               "--global-batch-size", "64", "--threads",    "1",        "--quiet",  "--data-dir",
+                               fashion_mnist_dir(),   "--metrics-file",     metrics};
+    if (!ckpt_dir.empty()) a.insert(a.end(), {"--checkpoint-dir", ckpt_dir, "--checkpoint-every-steps", "5"});
+    return a;
+  }
+  JsonObject done_of(const std::string& metrics) {
+    const auto lines = read_json_lines(metrics);
+    if (lines.empty() || lines.back().at("event").str != "done") {
+      ADD_FAILURE() << "no done line in " << metrics;
+      return {};
+    }
+    return lines.back();
+  }
+  std::string uninterrupted(int ranks) {
+    const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
+    const RunResult r = run_mpi(ranks, job("", m));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return done_of(m)["param_checksum"].str;
+  }
+
+  TempDir dir_{"ckpt"};
+};
+
+// A rank dies by SIGKILL after step 7 (checkpoints every 5 steps); the job resumed on the same
+// number of ranks ends with exactly the parameters of a run never interrupted.
+TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
+  for (const auto& [ranks, victim] : {std::pair{1, "7@0"}, std::pair{2, "7@1"}}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " rank(s), kill " << victim);
+    const std::string want = uninterrupted(ranks);
+    const std::string ck = dir_.file("kill" + std::to_string(ranks));
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", victim, 1);
+    const RunResult killed = run_mpi(ranks, job(ck, dir_.file("killed.jsonl")));
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    EXPECT_NE(killed.exit_code, 0);
+    const std::string m = dir_.file("resumed" + std::to_string(ranks) + ".jsonl");
+    const RunResult resumed = run_mpi(ranks, job(ck, m));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    const JsonObject d = done_of(m);
+    EXPECT_EQ(d.at("resumed_from_step").number, 5);
+    EXPECT_EQ(d.at("steps").number, 40);
+    EXPECT_EQ(d.at("param_checksum").str, want);
+  }
+}
+
+// Resumed on another number of ranks, the run continues at the checkpoint's sample with the
+// checkpoint's global batch and finishes the planned steps.
+TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
+  for (const auto& [before, after] : {std::pair{4, 2}, std::pair{2, 1}}) {
+    SCOPED_TRACE(::testing::Message() << before << " -> " << after << " ranks");
+    const std::string ck = dir_.file("world" + std::to_string(before));
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "12@0", 1);
+    run_mpi(before, job(ck, dir_.file("w_killed.jsonl")));
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    const std::string m = dir_.file("w_resumed.jsonl");
+    auto args = job(ck, m);
+    args.erase(std::find(args.begin(), args.end(), "--global-batch-size"), std::find(args.begin(), args.end(), "--threads"));
+    args.insert(args.end(), {"--batch-size", "16"});  // per rank: would be another global batch; the checkpoint's wins
+    const RunResult r = run_mpi(after, args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonObject d = done_of(m);
+    EXPECT_EQ(d.at("resumed_from_step").number, 10);
+    EXPECT_EQ(d.at("steps").number, 40);
+    EXPECT_EQ(d.at("world_size").number, after);
+    EXPECT_EQ(d.at("global_batch_size").number, 64);
+  }
+}
+
+// A writer killed between writing its temporary file and renaming it leaves the earlier
+// checkpoints as they were; truncated and bit-flipped newest files are skipped with a warning.
+TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
+  const std::string ck = dir_.file("crash");
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "3", 1);
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "11@0", 1);  // the step-10 write is paused before its rename
+  run_mpi(1, job(ck, dir_.file("c1.jsonl")));
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000005.hpck"));
+  EXPECT_FALSE(fs::exists(ck + "/ckpt-000000010.hpck"));
+  // Now damage copies: a newest file cut short and one with a flipped bit.
+  Bytes good = read_bytes(ck + "/ckpt-000000005.hpck");
+  Bytes cut(good.begin(), good.begin() + static_cast<long>(good.size() / 2));
+  write_bytes(ck + "/ckpt-000000015.hpck", cut);
+  Bytes flipped = good;
+  flipped[flipped.size() - 100] ^= 0x10;
+  write_bytes(ck + "/ckpt-000000020.hpck", flipped);
+  const std::string m = dir_.file("c2.jsonl");
+  auto args = job(ck, m);
+  std::replace(args.begin(), args.end(), std::string("--quiet"), std::string("--log-every"));
+  args.insert(std::find(args.begin(), args.end(), std::string("--log-every")) + 1, "1000");
+  const RunResult r = run_hpctrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("ckpt-000000020.hpck is corrupt (checksum mismatch"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ckpt-000000015.hpck is truncated"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resuming from the previous valid one"), std::string::npos) << r.err;
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
+  EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(1));
+}
+
+TEST_F(Checkpoints, KeepsTheNewestK) {
+  const std::string ck = dir_.file("keep");
+  auto args = job(ck, dir_.file("k.jsonl"));
+  args.insert(args.end(), {"--keep-checkpoints", "2"});
+  ASSERT_EQ(run_hpctrain(args).exit_code, 0);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-000000035.hpck", "ckpt-000000040.hpck"}));
+}
+
+void expect_usage_error(const RunResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 2) << r.command << "\n" << r.err;
+  EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "wanted '" << needle << "' in\n" << r.err;
+}
+
+TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
+  const std::string ck = dir_.file("fit");
+  ASSERT_EQ(run_hpctrain(job(ck, dir_.file("f.jsonl"))).exit_code, 0);
+  auto with = [&](std::vector<std::string> extra) {
+    auto a = job(ck, dir_.file("f2.jsonl"));
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_hpctrain(a);
+  };
+  expect_usage_error(with({"--lr", "0.2"}), "the checkpoint was made with --lr=0.1, this run has --lr=0.2");
+  expect_usage_error(with({"--model", "mlp"}), "the checkpoint is of model cnn, not mlp");
+  auto other_batch = job(ck, dir_.file("f3.jsonl"));
+  *(std::find(other_batch.begin(), other_batch.end(), "--global-batch-size") + 1) = "32";
+  expect_usage_error(run_hpctrain(other_batch), "the checkpoint was made with a global batch of 64");
+  expect_usage_error(with({"--resume", dir_.file("missing.hpck")}), "cannot read checkpoint");
+  write_text(dir_.file("junk.hpck"), "not a checkpoint at all");
+  expect_usage_error(with({"--resume", dir_.file("junk.hpck")}), "is not an hpctrain checkpoint (wrong magic)");
+  expect_usage_error(with({"--checkpoint-interval", "soon"}), "--checkpoint-interval must be a duration");
+  // --resume none starts afresh even with checkpoints in the directory.
+  const std::string m = dir_.file("fresh.jsonl");
+  auto fresh = job(ck, m);
+  fresh.insert(fresh.end(), {"--resume", "none"});
+  ASSERT_EQ(run_hpctrain(fresh).exit_code, 0);
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, -1);
+}
+
+}  // namespace
+}  // namespace hpc::itest

@@ -1,0 +1,54 @@
+// The checkpoint format: round trip, and every truncation or flipped bit is caught.
+#include <gtest/gtest.h>
+
+#include "ckpt/checkpoint.hpp"
+#include "core/error.hpp"
+
+namespace hpc::testing {
+namespace {
+
+ckpt::Checkpoint sample() {
+  ckpt::Checkpoint c;
+  c.meta = {{"model", "cnn"}, {"step", "42"}, {"samples_seen", "2688.5"}};
+  for (int i = 0; i < 50; ++i) c.params.push_back(0.25f * i - 3);
+  for (int i = 0; i < 50; ++i) c.momentum.push_back(-0.5f * i);
+  c.buffers = {1, 2, 3, 4};
+  return c;
+}
+
+TEST(CheckpointFormat, RoundTrip) {
+  const ckpt::Checkpoint c = sample();
+  const ckpt::Checkpoint d = ckpt::decode(ckpt::encode(c), "test");
+  EXPECT_EQ(d.meta, c.meta);
+  EXPECT_EQ(d.params, c.params);
+  EXPECT_EQ(d.momentum, c.momentum);
+  EXPECT_EQ(d.buffers, c.buffers);
+  EXPECT_EQ(d.integer("step"), 42);
+  EXPECT_EQ(d.number("samples_seen"), 2688.5);
+  EXPECT_THROW(d.integer("model"), Error);
+  EXPECT_THROW(d.text("nothing"), Error);
+}
+
+TEST(CheckpointFormat, EveryTruncationIsDetected) {
+  const std::vector<char> bytes = ckpt::encode(sample());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    const std::vector<char> cut(bytes.begin(), bytes.begin() + static_cast<long>(n));
+    EXPECT_THROW(ckpt::decode(cut, "cut"), Error) << "cut to " << n << " bytes";
+  }
+  std::vector<char> longer = bytes;
+  longer.push_back(0);
+  EXPECT_THROW(ckpt::decode(longer, "longer"), Error);
+}
+
+TEST(CheckpointFormat, EveryFlippedBitIsDetected) {
+  const std::vector<char> bytes = ckpt::encode(sample());
+  for (size_t i = 0; i < bytes.size(); ++i)
+    for (int bit : {0, 5}) {
+      std::vector<char> bad = bytes;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      EXPECT_THROW(ckpt::decode(bad, "flipped"), Error) << "byte " << i << " bit " << bit;
+    }
+}
+
+}  // namespace
+}  // namespace hpc::testing
