@@ -36,8 +36,7 @@ int main(int argc, char** argv) {
     // Every rank parses the same command line, so a bad flag fails on all of them alike.
     hpc::dist::collectively(ctx, [&] { options = hpc::train::parse_options(argc, argv, ctx.rank() == 0); });
     if (!options) return 0;
-    hpc::train::run_training(*options, ctx);
-    return 0;
+    return hpc::train::run_training(*options, ctx).exit_code;
   } catch (const hpc::dist::CollectiveError& e) {
     return fail(ctx, true, e.exit_code(), e.what());
   } catch (const hpc::Error& e) {

@@ -22,6 +22,7 @@
 #include "optim/sgd.hpp"
 #include "train/checkpointing.hpp"
 #include "train/checksum.hpp"
+#include "train/signals.hpp"
 #include "train/metrics.hpp"
 #include "train/progress.hpp"
 
@@ -148,16 +149,19 @@ void write_timeline(MetricsWriter& out, int64_t step, const dist::BucketTimeline
                {"finished", t.finished}});
 }
 
-// Test hook for the resume tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r] makes rank r (0 by
-// default) die by SIGKILL right after global step k, as a lost node would.
+// Test hooks for the resume tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r] makes rank r (0 by
+// default) die by SIGKILL right after global step k, as a lost node would;
+// HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k[@r][:usr1] sends it SIGTERM (or SIGUSR1) there instead.
 struct TestKill {
   int64_t step = -1;
   int rank = 0;
+  int signal = 0;
 };
-TestKill test_kill_hook() {
+TestKill test_hook(const char* variable, int signal) {
   TestKill k;
-  if (const char* v = std::getenv("HPCTRAIN_TEST_KILL_AFTER_STEP")) {
+  if (const char* v = std::getenv(variable)) {
     k.step = std::atoll(v);
+    k.signal = std::strstr(v, ":usr1") ? SIGUSR1 : signal;
     if (const char* at = std::strchr(v, '@')) k.rank = std::atoi(at + 1);
   }
   return k;
@@ -314,7 +318,11 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     last_saved = at.step;
     ++checkpoints;
   };
-  const TestKill kill_at = test_kill_hook();
+  const TestKill kill_at = test_hook("HPCTRAIN_TEST_KILL_AFTER_STEP", SIGKILL);
+  const TestKill signal_at = test_hook("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM);
+  StopSignals stop_signals;
+  bool stopping = false;
+  RunPosition here = start;
 
   Progress progress(o.quiet || !lead, o.log_every, o.epochs, spe, total_steps);
   TrainResult result;
@@ -347,13 +355,24 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       const double ips = static_cast<double>(epoch_global_samples) / std::max(el, 1e-9);
       const double eta = (train_seconds + el) / static_cast<double>(step) * static_cast<double>(total_steps - step);
       progress.step(epoch, batch->step, step - 1, sums[0] / sums[2], sums[1] / sums[2], ips, eta);
-      const RunPosition here{step, epoch, batch->step + 1, global_batch, samples_seen};
-      if ((o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0) ||
-          (o.checkpoint_interval_seconds > 0 &&
-           seconds_since(last_checkpoint_time) >= o.checkpoint_interval_seconds))
-        save(here);
-      if (kill_at.step == step && kill_at.rank == rank) std::raise(SIGKILL);
+      here = RunPosition{step, epoch, batch->step + 1, global_batch, samples_seen};
+      if (signal_at.step == step && signal_at.rank == rank) std::raise(signal_at.signal);
+      // Every rank agrees at each step boundary on whether to stop (any rank was signalled)
+      // and whether rank 0's clock says a checkpoint is due.
+      double flags[2] = {lead && o.checkpoint_interval_seconds > 0 &&
+                                 seconds_since(last_checkpoint_time) >= o.checkpoint_interval_seconds
+                             ? 1.0
+                             : 0.0,
+                         StopSignals::requested() ? 1.0 : 0.0};
+      if (world > 1) comm.allreduce_sum(flags, 2);
+      if ((o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0) || flags[0] > 0) save(here);
+      if (kill_at.step == step && kill_at.rank == rank) std::raise(kill_at.signal);
+      if (flags[1] > 0) {
+        stopping = true;
+        break;
+      }
     }
+    if (stopping) break;
     const double epoch_seconds = seconds_since(t_epoch);
     train_seconds += epoch_seconds;
     if (world > 1) comm.allreduce_sum(sums, 3);
@@ -379,6 +398,21 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                    {"images_per_second", ips},
                    {"train_seconds", train_seconds},
                    {"elapsed_seconds", seconds_since(t_start)}});
+  }
+  if (stopping) {
+    // Asked to stop: checkpoint where we are and leave with "requeue me".
+    if (writer) {
+      save(here);
+      writer->wait();
+    }
+    if (world > 1) comm.barrier();  // rank 0's checkpoint is durable before anyone exits
+    if (lead)
+      log::warn("stopped on request (SIGTERM or SIGUSR1) after step ", step,
+                o.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
+                                         : "; checkpoint written, --resume auto continues from it");
+    result.steps = step;
+    result.exit_code = o.checkpoint_dir.empty() ? 128 + SIGTERM : kExitCheckpointed;
+    return result;
   }
   if (writer) {  // the final state, and every write finished before reporting
     save({step, o.epochs, 0, global_batch, samples_seen});

@@ -21,6 +21,7 @@ struct TrainResult {
   double test_accuracy = 0, test_loss = 0;
   double train_seconds = 0, images_per_second = 0;
   std::string param_checksum;
+  int exit_code = 0;  // kExitCheckpointed (75) when stopped by a signal after a checkpoint
 };
 
 // Loss and accuracy of the model (in eval mode) on a whole dataset. With a communicator,

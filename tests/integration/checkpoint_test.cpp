@@ -17,8 +17,10 @@ class Checkpoints : public ::testing::Test {
       GTEST_SKIP() << "Fashion-MNIST not found in " << fashion_mnist_dir();
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   }
   void TearDown() override {
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
   }
@@ -67,6 +69,31 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
     EXPECT_EQ(d.at("resumed_from_step").number, 5);
     EXPECT_EQ(d.at("steps").number, 40);
     EXPECT_EQ(d.at("param_checksum").str, want);
+  }
+}
+
+// SIGTERM (or SIGUSR1) on one rank: every rank stops at the same step boundary, rank 0
+// checkpoints there, all exit with 75 ("checkpointed, requeue me"); the resumed job ends
+// bit-exactly where an uninterrupted one does.
+TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
+  const std::string want = uninterrupted(2);
+  for (const char* how : {"13@1", "17@0:usr1"}) {
+    SCOPED_TRACE(how);
+    const std::string ck = dir_.file(std::string("sig") + how[0] + how[1]);
+    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", how, 1);
+    auto args = job(ck, dir_.file("s1.jsonl"));
+    std::replace(args.begin(), args.end(), std::string("--checkpoint-every-steps"), std::string("--keep-checkpoints"));
+    const RunResult stopped = run_mpi(2, args);  // no periodic checkpoints: only the one for the signal
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
+    EXPECT_EQ(count_of(stopped.err, "stopped on request"), 1) << stopped.err;
+    const int64_t at = std::atoll(how);
+    EXPECT_TRUE(fs::exists(ck + "/" + "ckpt-0000000" + std::to_string(at) + ".hpck")) << stopped.err;
+    const std::string m = dir_.file("s2.jsonl");
+    const RunResult resumed = run_mpi(2, job(ck, m));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(at));
+    EXPECT_EQ(done_of(m).at("param_checksum").str, want);
   }
 }
 
