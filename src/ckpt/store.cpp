@@ -180,6 +180,12 @@ void AsyncWriter::wait() {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
+Checkpoint AsyncWriter::recycled() {
+  wait();
+  std::lock_guard lock(mu_);
+  return std::move(spare_);
+}
+
 std::string AsyncWriter::last_written() {
   std::lock_guard lock(mu_);
   return last_;
@@ -206,6 +212,7 @@ void AsyncWriter::run() {
     {
       std::lock_guard lock(mu_);
       busy_ = false;
+      spare_ = std::move(job.first);
       if (failure) failure_ = failure;
       else last_ = path;
     }

@@ -56,6 +56,10 @@ class AsyncWriter {
   double submit(Checkpoint snapshot, int64_t step);
   // Waits until nothing is in flight; throws a failed write's error.
   void wait();
+  // A snapshot to fill for the next submit: the last one written, handed back with its
+  // buffers' capacity, so taking a snapshot copies into memory already mapped instead of
+  // faulting in fresh pages (most of a large model's stall). Waits like submit.
+  Checkpoint recycled();
   // Path of the last checkpoint written completely ("" before the first).
   std::string last_written();
 
@@ -66,6 +70,7 @@ class AsyncWriter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<std::pair<Checkpoint, int64_t>> pending_;
+  Checkpoint spare_;
   bool busy_ = false, stop_ = false;
   std::exception_ptr failure_;
   std::string last_;

@@ -39,9 +39,9 @@ std::string str(const V& v) {
   return os.str();
 }
 
-std::vector<float> copy_of(const Tensor& t) {
+void copy_into(std::vector<float>& v, const Tensor& t) {
   const float* p = t.numel() ? t.data<float>() : nullptr;
-  return std::vector<float>(p, p + t.numel());
+  v.assign(p, p + t.numel());  // keeps v's capacity
 }
 
 void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
@@ -55,7 +55,14 @@ void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
 ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
                                  int world, const RunPosition& at) {
   ckpt::Checkpoint c;
+  fill_checkpoint(c, o, model, sgd, world, at);
+  return c;
+}
+
+void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model,
+                     const optim::Sgd<float>& sgd, int world, const RunPosition& at) {
   auto& m = c.meta;
+  m.clear();
   m["hpctrain_version"] = HPCTRAIN_VERSION;
   m["model"] = model.spec().name;
   m["model_signature"] = model_signature(model.params());
@@ -68,10 +75,9 @@ ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& 
   m["global_batch_size"] = str(at.global_batch);
   m["samples_seen"] = str(at.samples_seen);
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
-  c.params = copy_of(model.params().values());
-  c.momentum = copy_of(const_cast<optim::Sgd<float>&>(sgd).momentum_buffer());
-  c.buffers = copy_of(model.params().buffers());
-  return c;
+  copy_into(c.params, model.params().values());
+  copy_into(c.momentum, const_cast<optim::Sgd<float>&>(sgd).momentum_buffer());
+  copy_into(c.buffers, model.params().buffers());
 }
 
 std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path) {

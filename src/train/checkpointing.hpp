@@ -23,7 +23,10 @@ struct RunPosition {
   double samples_seen = 0;    // what the schedules are functions of
 };
 
-// A copy of the state (rank 0's) at `at`, with the options and model it belongs to.
+// A copy of the state (rank 0's) at `at`, with the options and model it belongs to, into c
+// (whose buffers are reused: see ckpt::AsyncWriter::recycled).
+void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model,
+                     const optim::Sgd<float>& sgd, int world, const RunPosition& at);
 ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
                                  int world, const RunPosition& at);
 

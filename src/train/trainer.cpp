@@ -312,7 +312,9 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     if (!writer || at.step == last_saved) return;
     const auto t0 = Clock::now();
     if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
-    writer->submit(make_checkpoint(o, model, sgd, world, at), at.step);
+    ckpt::Checkpoint snapshot = writer->recycled();
+    fill_checkpoint(snapshot, o, model, sgd, world, at);
+    writer->submit(std::move(snapshot), at.step);
     checkpoint_stall += seconds_since(t0);
     last_checkpoint_time = Clock::now();
     last_saved = at.step;
