@@ -113,6 +113,21 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
   return path;
 }
 
+void write_heartbeat(const std::string& dir, int64_t step, int64_t epoch) {
+  const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "step=" << step << "\nepoch=" << epoch << "\nunix_time="
+        << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
+        << "\npid=" << ::getpid() << "\n";
+    if (!out) {
+      log::warn("cannot write heartbeat ", tmp);
+      return;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) log::warn("cannot rename heartbeat ", tmp, ": ", std::strerror(errno));
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;

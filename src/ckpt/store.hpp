@@ -33,6 +33,11 @@ class CheckpointStore {
   int keep_;
 };
 
+// Liveness for a launcher: DIR/heartbeat holds "step=N", "epoch=E", "unix_time=T" and
+// "pid=P" lines, replaced (write + rename, not synced: it is not state) by rank 0 about once
+// a second while it trains. A launcher that sees unix_time stop advancing knows the job hangs.
+void write_heartbeat(const std::string& dir, int64_t step, int64_t epoch);
+
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 

@@ -307,7 +307,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   }
   int64_t checkpoints = 0, last_saved = -1;
   double checkpoint_stall = 0;
-  auto last_checkpoint_time = Clock::now();
+  auto last_checkpoint_time = Clock::now(), last_heartbeat = Clock::now() - std::chrono::hours(1);
   auto save = [&](RunPosition at) {
     if (!writer || at.step == last_saved) return;
     const auto t0 = Clock::now();
@@ -359,6 +359,10 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       progress.step(epoch, batch->step, step - 1, sums[0] / sums[2], sums[1] / sums[2], ips, eta);
       here = RunPosition{step, epoch, batch->step + 1, global_batch, samples_seen};
       if (signal_at.step == step && signal_at.rank == rank) std::raise(signal_at.signal);
+      if (store && seconds_since(last_heartbeat) >= 1.0) {
+        ckpt::write_heartbeat(store->dir(), step, epoch);
+        last_heartbeat = Clock::now();
+      }
       // Every rank agrees at each step boundary on whether to stop (any rank was signalled)
       // and whether rank 0's clock says a checkpoint is due.
       double flags[2] = {lead && o.checkpoint_interval_seconds > 0 &&

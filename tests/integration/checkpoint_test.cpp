@@ -159,7 +159,10 @@ TEST_F(Checkpoints, KeepsTheNewestK) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-000000035.hpck", "ckpt-000000040.hpck"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-000000035.hpck", "ckpt-000000040.hpck", "heartbeat"}));
+  const std::string beat = read_text(ck + "/heartbeat");
+  EXPECT_EQ(beat.rfind("step=", 0), 0u) << beat;
+  EXPECT_NE(beat.find("\nunix_time="), std::string::npos) << beat;
 }
 
 void expect_usage_error(const RunResult& r, const std::string& needle) {
