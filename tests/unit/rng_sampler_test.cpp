@@ -321,4 +321,33 @@ TEST(ShardedSampler, RejectsImpossibleConfigurations) {
 }
 
 }  // namespace
+// An epoch interrupted after k steps on 4 ranks and resumed on 2 (or 1) with the same global
+// batch reads every sample of the epoch's batches exactly once, in the same order.
+TEST(ShardedSampler, ResumeOnAnotherWorldSizeSkipsAndRepeatsNothing) {
+  const int64_t count = 1000, global = 64;
+  for (const auto& [before, after] : {std::pair{4, 2}, std::pair{2, 1}, std::pair{3, 4}}) {
+    for (int64_t k : {0, 1, 7, 15}) {
+      std::vector<uint32_t> seen;
+      auto take = [&](int world, int64_t from, int64_t to) {
+        for (int64_t step = from; step < to; ++step)
+          for (int r = 0; r < world; ++r) {
+            data::ShardedSampler s(count, global, 9, r, world);
+            const auto idx = s.indices(2, step);
+            seen.insert(seen.end(), idx.begin(), idx.end());
+          }
+      };
+      data::ShardedSampler one(count, global, 9);
+      take(before, 0, k);
+      take(after, k, one.steps_per_epoch());
+      std::vector<uint32_t> want;
+      for (int64_t step = 0; step < one.steps_per_epoch(); ++step) {
+        const auto idx = one.indices(2, step);
+        want.insert(want.end(), idx.begin(), idx.end());
+      }
+      EXPECT_EQ(seen, want) << before << " -> " << after << " ranks after step " << k;
+      EXPECT_EQ(std::set<uint32_t>(seen.begin(), seen.end()).size(), seen.size());
+    }
+  }
+}
+
 }  // namespace hpc
