@@ -25,6 +25,7 @@ class Sgd {
   // With a momentum for this step (schedules that cycle it).
   void step(ParamStore<T>& params, double lr, double momentum);
   Tensor& momentum_buffer() { return velocity_; }
+  const Tensor& momentum_buffer() const { return velocity_; }
   const SgdSpec& spec() const { return spec_; }
 
  private:

@@ -76,7 +76,7 @@ void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model
   m["samples_seen"] = str(at.samples_seen);
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
   copy_into(c.params, model.params().values());
-  copy_into(c.momentum, const_cast<optim::Sgd<float>&>(sgd).momentum_buffer());
+  copy_into(c.momentum, sgd.momentum_buffer());
   copy_into(c.buffers, model.params().buffers());
 }
 

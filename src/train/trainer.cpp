@@ -299,12 +299,11 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // thread writes it.
   std::unique_ptr<ckpt::CheckpointStore> store;
   std::unique_ptr<ckpt::AsyncWriter> writer;
-  if (lead && !o.checkpoint_dir.empty()) {
-    dist::collectively(ctx, [&] { store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints); });
-    writer = std::make_unique<ckpt::AsyncWriter>(*store);
-  } else if (!o.checkpoint_dir.empty()) {
-    dist::collectively(ctx, [] {});  // rank 0's directory check
-  }
+  dist::collectively(ctx, [&] {  // every rank learns whether rank 0 could use the directory
+    if (lead && !o.checkpoint_dir.empty())
+      store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints);
+  });
+  if (store) writer = std::make_unique<ckpt::AsyncWriter>(*store);
   int64_t checkpoints = 0, last_saved = -1;
   double checkpoint_stall = 0;
   auto last_checkpoint_time = Clock::now(), last_heartbeat = Clock::now() - std::chrono::hours(1);
@@ -434,7 +433,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   result.param_checksum = fnv1a_hex(values.raw(), values.bytes());
   double norm2 = 0;
   for (int64_t i = 0; i < values.numel(); ++i) norm2 += static_cast<double>(values.data<float>()[i]) * values.data<float>()[i];
-  const double wait_per_step = comm_wait_seconds / static_cast<double>(std::max<int64_t>(step - start.step, 1));
+  const double run_steps = static_cast<double>(std::max<int64_t>(step - start.step, 1));  // steps this run took
+  const double wait_per_step = comm_wait_seconds / run_steps;
   metrics.write({{"event", std::string("done")},
                  {"steps", step},
                  {"test_accuracy", eval.accuracy},
@@ -446,7 +446,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                  {"world_size", world},
                  {"global_batch_size", global_batch},
                  {"comm_wait_seconds_per_step", wait_per_step},
-                 {"step_seconds", train_seconds / static_cast<double>(std::max<int64_t>(step - start.step, 1))},
+                 {"step_seconds", train_seconds / run_steps},
                  {"resumed_from_step", resume ? start.step : int64_t{-1}},
                  {"checkpoints_written", checkpoints},
                  {"checkpoint_stall_seconds", checkpoint_stall},
@@ -458,8 +458,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   log::info(buf);
   if (world > 1)
     log::info("exposed communication: ", 1e3 * wait_per_step, " ms per step (",
-              100 * wait_per_step * static_cast<double>(std::max<int64_t>(step - start.step, 1)) /
-                  std::max(train_seconds, 1e-9),
+              100 * comm_wait_seconds / std::max(train_seconds, 1e-9),
               "% of the step time)");
   return result;
 }
