@@ -17,6 +17,7 @@
 
 #include "nn/layer.hpp"
 #include "nn/parallel.hpp"
+#include "nn/pool_row.hpp"
 
 namespace hpc::nn {
 namespace {
@@ -43,17 +44,9 @@ void blocked_sums(int64_t b, int64_t e, int64_t c, double* out1, double* out2, F
   }
 }
 
-template <class T>
-inline T affine(T x, T scale, T shift) {
-  return x * scale + shift;
-}
-
-// Forward's output value of one cell.
-template <bool Relu, class T>
-inline T activate(T x, T scale, T shift) {
-  if constexpr (Relu) return std::max(affine(x, scale, shift), T(0));
-  return affine(x, scale, shift);
-}
+// What batch norm outputs (and a fused pool compares), with or without the fused ReLU.
+template <bool Relu>
+constexpr Seen kOutput = Relu ? Seen::NormalisedRelu : Seen::Normalised;
 
 // The incoming gradient g masked by the fused ReLU. Every operand is loaded
 // unconditionally, so the loops stay branch-free and vectorise.
@@ -100,56 +93,6 @@ struct PoolWalk {
     }
   }
 };
-
-struct PoolWindows {
-  int64_t c, k, s, w, wo;  // channels, window, stride, input width, output width
-};
-
-// One row of pooling windows over the normalised (and ReLU'd) input row xrow: maxima to
-// out, the winners' places to idx. A function of its own, not a lambda, so every size and
-// pointer is a local the byte stores to idx cannot alias (otherwise nothing vectorises).
-template <bool Relu, class T>
-void pool_row(const PoolWindows p, const T* __restrict xrow, const T* __restrict sc, const T* __restrict sh,
-              T* __restrict out, uint8_t* __restrict idx) {
-  const int64_t c = p.c, k = p.k, w = p.w;
-  for (int64_t ow = 0; ow < p.wo; ++ow, out += c, idx += c) {
-    const T* __restrict corner = xrow + ow * p.s * c;
-    if (k == 2) {  // the common window, unrolled: the running maximum stays in registers
-      const T* __restrict right = corner + c;
-      const T* __restrict below = corner + w * c;
-      const T* __restrict diagonal = below + c;
-      for (int64_t j = 0; j < c; ++j) {
-        T best = activate<Relu>(corner[j], sc[j], sh[j]);
-        uint8_t at = 0;
-        const T v1 = activate<Relu>(right[j], sc[j], sh[j]);
-        if (v1 > best) best = v1, at = 1;
-        const T v2 = activate<Relu>(below[j], sc[j], sh[j]);
-        if (v2 > best) best = v2, at = 2;
-        const T v3 = activate<Relu>(diagonal[j], sc[j], sh[j]);
-        if (v3 > best) best = v3, at = 3;
-        out[j] = best;
-        idx[j] = at;
-      }
-      continue;
-    }
-    for (int64_t j = 0; j < c; ++j) {
-      out[j] = activate<Relu>(corner[j], sc[j], sh[j]);
-      idx[j] = 0;
-    }
-    for (int64_t kh = 0; kh < k; ++kh) {
-      for (int64_t kw = (kh == 0 ? 1 : 0); kw < k; ++kw) {
-        const T* __restrict in = corner + (kh * w + kw) * c;
-        const auto pos = static_cast<uint8_t>(kh * k + kw);
-        for (int64_t j = 0; j < c; ++j) {
-          const T v = activate<Relu>(in[j], sc[j], sh[j]);
-          const bool more = v > out[j];
-          out[j] = more ? v : out[j];
-          idx[j] = more ? pos : idx[j];
-        }
-      }
-    }
-  }
-}
 
 // Backward's row kernels. g is the gradient reaching the normalised output: dy's row, or
 // with a fused pool (Pooled) the window's pooled gradient where this cell won it (idx ==
@@ -320,7 +263,7 @@ const Tensor& BatchNorm<T>::forward(const Tensor& x, bool train) {
       for (int64_t r = b; r < e; ++r) {
         const T* __restrict row = xp + r * c;
         T* __restrict out = yp + r * c;
-        for (int64_t j = 0; j < c; ++j) out[j] = activate<kRelu>(row[j], sc[j], sh[j]);
+        for (int64_t j = 0; j < c; ++j) out[j] = seen<kOutput<kRelu>>(row[j], sc[j], sh[j]);
       }
     });
   });
@@ -343,7 +286,7 @@ void BatchNorm<T>::pool_forward(const T* xp, int64_t n) {
     constexpr bool kRelu = decltype(relu_c)::value;
     parallel_rows(n * ho_, 8, kMaxParts, [&](int64_t b, int64_t e, int) {
       for (int64_t q = b; q < e; ++q)  // q = sample * ho + oh: one row of windows
-        pool_row<kRelu>(win, xp + (q / ho_ * h_ + q % ho_ * s) * w * c, sc, sh, yp + q * wo_ * c,
+        pool_row<kOutput<kRelu>>(win, xp + (q / ho_ * h_ + q % ho_ * s) * w * c, sc, sh, yp + q * wo_ * c,
                         am + q * wo_ * c);
     });
   });

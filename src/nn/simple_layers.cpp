@@ -5,6 +5,7 @@
 
 #include "nn/gemm.hpp"
 #include "nn/layer.hpp"
+#include "nn/pool_row.hpp"
 
 namespace hpc::nn {
 
@@ -51,54 +52,16 @@ Shape MaxPool2d<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
 // input gradient once, densely, instead of clearing the whole buffer and then scattering.
 template <class T>
 const Tensor& MaxPool2d<T>::forward(const Tensor& x, bool /*train*/) {
-  const int64_t n = x.shape()[0], c = c_, k = kernel_, s = stride_, w = w_;
+  const int64_t n = x.shape()[0], c = c_;
   y_.resize<T>(Shape{n, ho_, wo_, c});
   argmax_.resize<uint8_t>(Shape{n, ho_, wo_, c});
-  const T* __restrict xp = x.data<T>();
-  T* __restrict yp = y_.data<T>();
-  uint8_t* __restrict am = argmax_.data<uint8_t>();
-  for (int64_t b = 0; b < n; ++b) {
-    const T* xb = xp + b * h_ * w * c;
-    for (int64_t oh = 0; oh < ho_; ++oh) {
-      for (int64_t ow = 0; ow < wo_; ++ow) {
-        const int64_t o = ((b * ho_ + oh) * wo_ + ow) * c;
-        T* __restrict out = yp + o;
-        uint8_t* __restrict idx = am + o;
-        const T* __restrict corner = xb + (oh * s * w + ow * s) * c;
-        if (k == 2) {  // the common window, unrolled: the running maximum stays in registers
-          const T* __restrict right = corner + c;
-          const T* __restrict below = corner + w * c;
-          const T* __restrict diagonal = below + c;
-          for (int64_t ch = 0; ch < c; ++ch) {
-            T best = corner[ch];
-            uint8_t at = 0;
-            if (right[ch] > best) best = right[ch], at = 1;
-            if (below[ch] > best) best = below[ch], at = 2;
-            if (diagonal[ch] > best) best = diagonal[ch], at = 3;
-            out[ch] = best;
-            idx[ch] = at;
-          }
-          continue;
-        }
-        for (int64_t ch = 0; ch < c; ++ch) {
-          out[ch] = corner[ch];
-          idx[ch] = 0;
-        }
-        for (int64_t kh = 0; kh < k; ++kh) {
-          for (int64_t kw = 0; kw < k; ++kw) {
-            if (kh == 0 && kw == 0) continue;
-            const T* __restrict in = corner + (kh * w + kw) * c;
-            const auto pos = static_cast<uint8_t>(kh * k + kw);
-            for (int64_t ch = 0; ch < c; ++ch) {  // strict >: the first maximum wins, as PyTorch
-              const bool more = in[ch] > out[ch];
-              out[ch] = more ? in[ch] : out[ch];
-              idx[ch] = more ? pos : idx[ch];
-            }
-          }
-        }
-      }
-    }
-  }
+  const T* xp = x.data<T>();
+  T* yp = y_.data<T>();
+  uint8_t* am = argmax_.data<uint8_t>();
+  const PoolWindows win{c, kernel_, stride_, w_, wo_};
+  for (int64_t q = 0; q < n * ho_; ++q)  // q = sample * ho + oh: one row of windows
+    pool_row<Seen::Input, T>(win, xp + (q / ho_ * h_ + q % ho_ * stride_) * w_ * c, nullptr, nullptr,
+                             yp + q * wo_ * c, am + q * wo_ * c);
   dx_.resize<T>(x.shape());
   return y_;
 }
