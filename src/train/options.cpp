@@ -183,8 +183,8 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "batch-norm statistics over the whole global batch (all ranks) instead of each rank's part")
       ("timeline-file", po::value(&o.timeline_file),
        "append, for every step, when each gradient bucket was queued and all-reduced (JSON Lines, rank 0)");
-  std::string interval = "10m";
-  po::options_description checkpoints("Checkpoints and resume");
+  std::string interval = "10m", step_timeout = "10m";
+  po::options_description checkpoints("Checkpoints, resume and failures");
   checkpoints.add_options()
       ("checkpoint-dir", po::value(&o.checkpoint_dir),
        "rank 0 writes checkpoints here (shared storage on clusters); none without it")
@@ -197,7 +197,10 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "checkpoint when this much wall-clock time has passed since the last one: 90s, 10m, 1.5h (0: never)")
       ("checkpoint-each-epoch", po::bool_switch(&o.checkpoint_each_epoch), "also checkpoint after every epoch")
       ("resume", po::value(&o.resume)->default_value(o.resume),
-       "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file");
+       "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file")
+      ("step-timeout", po::value(&step_timeout)->default_value(step_timeout),
+       "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside an "
+       "all-reduce: 90s, 10m (0: never)");
   po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "
                               "(cnn on Fashion-MNIST, 3 epochs)");
   all.add(general).add(model).add(training).add(parallel).add(checkpoints);
@@ -232,6 +235,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   o.drop_last = !keep_last;
   o.overlap = !no_overlap;
   o.checkpoint_interval_seconds = parse_duration(interval, "checkpoint-interval");
+  o.step_timeout_seconds = parse_duration(step_timeout, "step-timeout");
   HPC_REQUIRE(!o.resume.empty(), "--resume must be auto, none or a checkpoint file");
   HPC_REQUIRE(o.global_batch_size == 0 || vm["batch-size"].defaulted(),
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");

@@ -50,6 +50,7 @@ struct TrainOptions {
   double checkpoint_interval_seconds = 600;  // 0: off
   bool checkpoint_each_epoch = false;
   std::string resume = "auto";  // auto | none | a checkpoint file
+  double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
   std::string device = "auto";
   std::string metrics_file;
   bool quiet = false;

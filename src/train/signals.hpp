@@ -3,11 +3,9 @@
 // SIGTERM, or SIGINT, ends the process at once. Installed for the training loop's lifetime.
 #pragma once
 
-namespace hpc::train {
+#include "train/exit_codes.hpp"  // kExitCheckpointed: the exit code after such a stop
 
-// Exit code of a job that stopped on request after writing its checkpoint: "requeue me".
-// (EX_TEMPFAIL of sysexits.h; distinct from success 0, failure 1 and usage errors 2.)
-constexpr int kExitCheckpointed = 75;
+namespace hpc::train {
 
 class StopSignals {
  public:

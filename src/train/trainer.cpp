@@ -24,6 +24,7 @@
 #include "train/checksum.hpp"
 #include "train/signals.hpp"
 #include "train/metrics.hpp"
+#include "train/watchdog.hpp"
 #include "train/progress.hpp"
 
 namespace hpc::train {
@@ -149,9 +150,10 @@ void write_timeline(MetricsWriter& out, int64_t step, const dist::BucketTimeline
                {"finished", t.finished}});
 }
 
-// Test hooks for the resume tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r] makes rank r (0 by
-// default) die by SIGKILL right after global step k, as a lost node would;
-// HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k[@r][:usr1] sends it SIGTERM (or SIGUSR1) there instead.
+// Test hooks for the resume and watchdog tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r][:stop]
+// makes rank r (0 by default) die by SIGKILL right after global step k, as a lost node would
+// (or stop by SIGSTOP, as a hung one); HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k[@r][:usr1] sends it
+// SIGTERM (or SIGUSR1) there instead.
 struct TestKill {
   int64_t step = -1;
   int rank = 0;
@@ -161,7 +163,7 @@ TestKill test_hook(const char* variable, int signal) {
   TestKill k;
   if (const char* v = std::getenv(variable)) {
     k.step = std::atoll(v);
-    k.signal = std::strstr(v, ":usr1") ? SIGUSR1 : signal;
+    k.signal = std::strstr(v, ":usr1") ? SIGUSR1 : std::strstr(v, ":stop") ? SIGSTOP : signal;
     if (const char* at = std::strchr(v, '@')) k.rank = std::atoi(at + 1);
   }
   return k;
@@ -170,7 +172,7 @@ TestKill test_hook(const char* variable, int signal) {
 }  // namespace
 
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
-                    int64_t batch_size, dist::Communicator* comm) {
+                    int64_t batch_size, dist::Communicator* comm, const std::function<void()>& on_batch) {
   // Each rank evaluates its contiguous part of the test set; the sums are then added up.
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   const int64_t begin = ds.count * rank / world, end = ds.count * (rank + 1) / world;
@@ -185,6 +187,7 @@ EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data
     const Tensor& logits = model.forward(batch.images, false);
     sums[0] += model.loss(logits, batch.labels.data()) * static_cast<double>(n);
     sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
+    if (on_batch) on_batch();
   }
   if (comm && world > 1) comm->allreduce_sum(sums, 2);
   EvalResult r;
@@ -330,6 +333,9 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   double samples_seen = start.samples_seen, run_samples = 0, train_seconds = 0, comm_wait_seconds = 0;
   int64_t step = start.step;
   EvalResult eval;
+  // From here on every wait is for the peers: a step that never ends is a hung job.
+  StepWatchdog watchdog(o.step_timeout_seconds, ctx.where());
+  watchdog.progress(step);
   for (int64_t epoch = start.epoch; epoch < o.epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
     loader.start_epoch(epoch, epoch == start.epoch ? start.step_in_epoch : 0);
@@ -352,6 +358,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       sums[2] += static_cast<double>(batch->size());
       sums[0] += loss * static_cast<double>(batch->size());
       ++step;
+      watchdog.progress(step);
       const double el = seconds_since(t_epoch);
       const double ips = static_cast<double>(epoch_global_samples) / std::max(el, 1e-9);
       const double eta = (train_seconds + el) / static_cast<double>(step) * static_cast<double>(total_steps - step);
@@ -381,7 +388,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     const double epoch_seconds = seconds_since(t_epoch);
     train_seconds += epoch_seconds;
     if (world > 1) comm.allreduce_sum(sums, 3);
-    eval = evaluate(model, ds.test, ds.norm, o.eval_batch_size, &comm);
+    eval = evaluate(model, ds.test, ds.norm, o.eval_batch_size, &comm, [&] { watchdog.progress(step); });
     const double seen = std::max(sums[2], 1.0);
     const double train_loss = sums[0] / seen;
     const double ips = static_cast<double>(epoch_global_samples) / std::max(epoch_seconds, 1e-9);

@@ -1,6 +1,7 @@
 // The training loop: data in, steps, evaluation each epoch, metrics and progress out.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "data/dataset.hpp"
@@ -26,9 +27,10 @@ struct TrainResult {
 
 // Loss and accuracy of the model (in eval mode) on a whole dataset. With a communicator,
 // each rank evaluates its contiguous part and the sums are all-reduced (every rank gets
-// the whole set's figures).
+// the whole set's figures). on_batch is called after every batch (the step watchdog's progress).
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
-                    int64_t batch_size, dist::Communicator* comm = nullptr);
+                    int64_t batch_size, dist::Communicator* comm = nullptr,
+                    const std::function<void()>& on_batch = {});
 
 // Runs a whole training job as the options say, as one rank of ctx's world. Throws
 // hpc::Error on bad input (a dist::CollectiveError when every rank throws it).

@@ -165,6 +165,27 @@ TEST_F(Checkpoints, KeepsTheNewestK) {
   EXPECT_NE(beat.find("\nunix_time="), std::string::npos) << beat;
 }
 
+// One rank stopped by SIGSTOP (a hung node) after step 3: the others wait inside an
+// all-reduce until their watchdog ends the job with 124 within --step-timeout plus start-up.
+TEST_F(Checkpoints, TheWatchdogEndsAJobWithAStoppedRank) {
+  for (const char* stopped : {"3@1:stop", "3@0:stop"}) {
+    SCOPED_TRACE(stopped);
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", stopped, 1);
+    auto args = job("", dir_.file("hang.jsonl"));
+    args.insert(args.end(), {"--step-timeout", "4s"});
+    const RunResult r = run_mpi(2, args, 120);
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    ASSERT_FALSE(r.timed_out) << "the job hung\n" << r.err;
+    EXPECT_EQ(r.exit_code, 124) << r.err;
+    const std::string alive = stopped[2] == '1' ? "rank 0 on " : "rank 1 on ";
+    EXPECT_NE(r.err.find("hpctrain: error: " + alive), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(": no step finished within --step-timeout 4 s (the last was step 3)"), std::string::npos)
+        << r.err;
+    EXPECT_GE(r.seconds, 4.0);
+    EXPECT_LT(r.seconds, 4.0 + 10.0) << "start-up, 3 steps and the timeout took this long";
+  }
+}
+
 void expect_usage_error(const RunResult& r, const std::string& needle) {
   EXPECT_EQ(r.exit_code, 2) << r.command << "\n" << r.err;
   EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;

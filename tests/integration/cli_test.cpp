@@ -287,6 +287,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"checkpoint-interval", "10m"},
     {"checkpoint-each-epoch", ""},
     {"resume", "auto"},
+    {"step-timeout", "10m"},
 };
 
 // Whether `prefix` (the start of a help line) is what comes before an option's name there:

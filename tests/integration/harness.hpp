@@ -9,6 +9,8 @@
 #include <zlib.h>
 
 #include <cctype>
+#include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -71,11 +73,15 @@ struct RunResult {
   int exit_code = -1;  // -1: killed by a signal
   std::string out, err;
   std::string command;  // for messages
+  double seconds = 0;     // wall-clock time it ran
+  bool timed_out = false;  // killed by run_program's deadline
 };
 
 // Runs argv[0] with the rest as its arguments; stdout and stderr go to files (no pipe to fill
-// up) and are read back.
-inline RunResult run_program(std::vector<std::string> argv_s) {
+// up) and are read back. The program runs in a process group of its own; with a deadline
+// (seconds > 0), the whole group (mpirun and its ranks, stopped ones too) is killed when it
+// passes, so a hang fails the test instead of blocking it.
+inline RunResult run_program(std::vector<std::string> argv_s, double deadline_seconds = 0) {
   TempDir io("io");
   const std::string out_path = io.file("stdout"), err_path = io.file("stderr");
   std::vector<char*> argv;
@@ -90,14 +96,31 @@ inline RunResult run_program(std::vector<std::string> argv_s) {
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) throw std::runtime_error("cannot start " + argv_s[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw std::runtime_error("waitpid failed");
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, deadline_seconds > 0 ? WNOHANG : 0);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
+    if (done == 0 && elapsed() > deadline_seconds && !r.timed_out) {
+      r.timed_out = true;
+      kill(-pid, SIGCONT);
+      kill(-pid, SIGKILL);
+    }
+    if (done == 0) usleep(20000);
   }
+  r.seconds = elapsed();
+  if (r.timed_out) kill(-pid, SIGKILL);  // any rank the launcher left behind
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = read_text(out_path);
   r.err = read_text(err_path);
@@ -117,7 +140,8 @@ inline std::string mpiexec() { return HPCTRAIN_MPIEXEC; }
 
 // One mpirun of several groups of ranks (MPMD: "-np 1 A : -np 1 B"); each group is (ranks,
 // hpctrain's arguments).
-inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
+inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups,
+                         double deadline_seconds = 0) {
   // CI runs as root; Open MPI refuses that unless told. --oversubscribe: 4 ranks on 2 cores.
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -129,10 +153,12 @@ inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::strin
     argv.insert(argv.end(), {"-np", std::to_string(groups[g].first), hpctrain_binary()});
     argv.insert(argv.end(), groups[g].second.begin(), groups[g].second.end());
   }
-  return run_program(std::move(argv));
+  return run_program(std::move(argv), deadline_seconds);
 }
 
-inline RunResult run_mpi(int ranks, const std::vector<std::string>& args) { return run_mpi({{ranks, args}}); }
+inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double deadline_seconds = 0) {
+  return run_mpi({{ranks, args}}, deadline_seconds);
+}
 
 inline int count_of(const std::string& text, const std::string& what) {
   int n = 0;

@@ -153,7 +153,9 @@ TEST_F(MpiTraining, BucketsAreAllReducedDuringTheBackwardPass) {
       EXPECT_LE(e.at("started").number, e.at("done").number);
       EXPECT_LE(e.at("done").number, e.at("finished").number + 1e-9);
       const bool early = e.at("started").number < backward_done;
-      if (!overlap) EXPECT_GE(e.at("queued").number, backward_done);
+      if (!overlap) {
+        EXPECT_GE(e.at("queued").number, backward_done);
+      }
       step_overlapped[e.at("step").number] |= early;
     }
     for (const auto& [step, early] : step_overlapped) steps_overlapped += early;

@@ -1,0 +1,52 @@
+// The step watchdog: a thread that ends the process when the training loop stops making
+// progress for --step-timeout (a peer stopped, died or lost its network inside an all-reduce,
+// where the collective would otherwise wait forever). The loop reports progress after every
+// step and evaluation batch; halfway to the timeout a warning names the step that is late.
+//
+// Every rank runs one, so whichever ranks are still alive notice; the first to fire exits
+// with kExitStepTimeout and mpirun ends the rest of the job.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace hpc::train {
+
+class StepWatchdog {
+ public:
+  // Called from the watchdog's thread with the message when the timeout passes; must not
+  // return to training (the default prints the message and _exits with kExitStepTimeout).
+  using Expire = std::function<void(const std::string& message)>;
+
+  // timeout_seconds <= 0: off (no thread). `where` names this process in messages
+  // ("rank 1 on node7").
+  StepWatchdog(double timeout_seconds, std::string where, Expire expire = {});
+  ~StepWatchdog();
+  StepWatchdog(const StepWatchdog&) = delete;
+  StepWatchdog& operator=(const StepWatchdog&) = delete;
+
+  // The loop made progress; `step` is the number of global steps done. Lock-free, so it is
+  // cheap enough for every step and every evaluation batch.
+  void progress(int64_t step);
+
+ private:
+  void run();
+
+  using Clock = std::chrono::steady_clock;
+  const double timeout_;
+  const std::string where_;
+  Expire expire_;
+  std::atomic<int64_t> last_ns_{0}, step_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace hpc::train

@@ -1,0 +1,53 @@
+// The step watchdog fires when progress stops for the timeout, and only then.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "train/watchdog.hpp"
+
+namespace hpc::train {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(StepWatchdog, FiresWhenNoStepFinishesWithinTheTimeout) {
+  std::promise<std::string> fired;
+  const auto t0 = std::chrono::steady_clock::now();
+  StepWatchdog dog(0.3, "rank 1 on node7", [&](const std::string& m) { fired.set_value(m); });
+  dog.progress(7);
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the watchdog never fired";
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.3);
+  const std::string m = f.get();
+  EXPECT_NE(m.find("rank 1 on node7: no step finished within --step-timeout 0.3 s (the last was step 7)"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("Exiting with code 124"), std::string::npos) << m;
+}
+
+TEST(StepWatchdog, StaysQuietWhileStepsKeepFinishing) {
+  std::atomic<bool> fired{false};
+  {
+    StepWatchdog dog(1.0, "rank 0", [&](const std::string&) { fired = true; });
+    for (int step = 1; step <= 150; ++step) {  // 1.5 s of 10 ms steps: longer than the timeout
+      std::this_thread::sleep_for(10ms);
+      dog.progress(step);
+    }
+  }  // stopping it does not fire it either
+  EXPECT_FALSE(fired);
+}
+
+TEST(StepWatchdog, ZeroMeansOff) {
+  std::atomic<bool> fired{false};
+  {
+    StepWatchdog dog(0, "rank 0", [&](const std::string&) { fired = true; });
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(fired);
+}
+
+}  // namespace
+}  // namespace hpc::train
