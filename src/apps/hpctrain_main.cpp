@@ -1,11 +1,13 @@
-// hpctrain: start MPI, parse the options, run the job, turn errors into one line and an
-// exit code (2: the user's input, 1: hpctrain's own failure).
+// hpctrain: start MPI, pick the subcommand (train, the default; evaluate; inspect), run it,
+// turn errors into one line and an exit code (2: the user's input, 1: hpctrain's own failure).
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "core/error.hpp"
 #include "dist/agree.hpp"
 #include "dist/process.hpp"
+#include "train/commands.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
 
@@ -32,6 +34,11 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
 int main(int argc, char** argv) {
   hpc::dist::ProcessContext ctx(&argc, &argv);
   try {
+    // `hpctrain evaluate ...`, `hpctrain inspect ...`; `hpctrain train ...` or options alone train.
+    const char* command = argc > 1 && argv[1][0] != '-' ? argv[1] : "train";
+    if (std::strcmp(command, "evaluate") == 0) return hpc::train::run_evaluate(argc - 1, argv + 1, ctx);
+    if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);
+    if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;
     std::optional<hpc::train::TrainOptions> options;
     // Every rank parses the same command line, so a bad flag fails on all of them alike.
     hpc::dist::collectively(ctx, [&] { options = hpc::train::parse_options(argc, argv, ctx.rank() == 0); });

@@ -101,7 +101,9 @@ std::vector<char> encode(const Checkpoint& c) {
   return out;
 }
 
-Checkpoint decode(const std::vector<char>& bytes, const std::string& what) {
+Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout) {
+  Layout ignored;
+  Layout& seen_layout = layout ? *layout : ignored;
   size_t at = 0;
   auto need = [&](size_t n, const char* part) {
     HPC_REQUIRE(bytes.size() - at >= n, what, " is truncated (", bytes.size(), " bytes; it ends inside the ", part, ")");
@@ -116,6 +118,7 @@ Checkpoint decode(const std::vector<char>& bytes, const std::string& what) {
   at += sizeof kMagic;
   uint32_t version = 0;
   get(version, "header");
+  seen_layout.version = version;
   HPC_REQUIRE(version == kFormatVersion, what, " has checkpoint format version ", version, "; this hpctrain reads version ",
               kFormatVersion);
   Checkpoint c;
@@ -136,7 +139,9 @@ Checkpoint decode(const std::vector<char>& bytes, const std::string& what) {
     HPC_REQUIRE(n <= bytes.size() - at, what, " is truncated (its ", kind_name(kind), " section should hold ", n,
                 " bytes, ", bytes.size() - at, " are left)");
     const char* p = bytes.data() + at;
-    HPC_REQUIRE(crc(p, n) == sum, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
+    const bool intact = crc(p, n) == sum;
+    seen_layout.sections.push_back({kind_name(kind), n, intact});
+    HPC_REQUIRE(intact, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
     at += n;
     if (kind == Meta) {
       std::istringstream in(std::string(p, n));
@@ -146,6 +151,7 @@ Checkpoint decode(const std::vector<char>& bytes, const std::string& what) {
         HPC_REQUIRE(eq != std::string::npos, what, ": malformed meta line '", line, "'");
         c.meta[line.substr(0, eq)] = line.substr(eq + 1);
       }
+      seen_layout.meta = c.meta;
       continue;
     }
     HPC_REQUIRE(n % sizeof(float) == 0, what, ": the ", kind_name(kind), " section is not a whole number of floats");

@@ -31,8 +31,22 @@ struct Checkpoint {
 // The whole file's bytes.
 std::vector<char> encode(const Checkpoint& c);
 
+// What a file holds, as far as it could be read: for `hpctrain inspect`, which shows the
+// header of a damaged file too.
+struct Layout {
+  struct Section {
+    std::string name;  // meta, parameters, optimizer state, batch-norm statistics
+    uint64_t bytes = 0;
+    bool checksum_ok = false;
+  };
+  uint32_t version = 0;
+  std::vector<Section> sections;  // in file order, up to the first problem
+  std::map<std::string, std::string> meta;  // when the meta section was intact
+};
+
 // Parses and verifies (magic, version, every section's length and CRC). Throws a usage error
-// naming `what` (the file) and the first problem found.
-Checkpoint decode(const std::vector<char>& bytes, const std::string& what);
+// naming `what` (the file) and the first problem found. With `layout`, records what it read
+// there, even when it throws.
+Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout = nullptr);
 
 }  // namespace hpc::ckpt

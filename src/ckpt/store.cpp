@@ -113,13 +113,13 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
   return path;
 }
 
-void write_heartbeat(const std::string& dir, int64_t step, int64_t epoch) {
+void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state) {
   const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << "step=" << step << "\nepoch=" << epoch << "\nunix_time="
+    out << "step=" << step << "\nepoch=" << epochs_done << "\nunix_time="
         << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
-        << "\npid=" << ::getpid() << "\n";
+        << "\npid=" << ::getpid() << "\nstate=" << state << "\n";
     if (!out) {
       log::warn("cannot write heartbeat ", tmp);
       return;
@@ -141,12 +141,12 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
   std::ifstream in(path, std::ios::binary);
   HPC_REQUIRE(in.good(), "cannot read checkpoint ", path);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
   HPC_REQUIRE(!in.bad(), "cannot read checkpoint ", path);
-  return decode(bytes, "checkpoint " + path);
+  return decode(bytes, "checkpoint " + path, layout);
 }
 
 std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir) {
@@ -154,7 +154,7 @@ std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string&
   for (const std::string& path : list_checkpoints(dir)) {
     try {
       Checkpoint c = load_checkpoint(path);
-      if (!skipped.empty()) log::warn(skipped, "; resuming from the previous valid one, ", path);
+      if (!skipped.empty()) log::warn(skipped, "; using the previous valid one, ", path);
       return std::make_pair(path, std::move(c));
     } catch (const Error& e) {
       if (!skipped.empty()) log::warn(skipped);

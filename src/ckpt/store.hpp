@@ -33,16 +33,19 @@ class CheckpointStore {
   int keep_;
 };
 
-// Liveness for a launcher: DIR/heartbeat holds "step=N", "epoch=E", "unix_time=T" and
-// "pid=P" lines, replaced (write + rename, not synced: it is not state) by rank 0 about once
-// a second while it trains. A launcher that sees unix_time stop advancing knows the job hangs.
-void write_heartbeat(const std::string& dir, int64_t step, int64_t epoch);
+// Liveness for a launcher: DIR/heartbeat holds "step=N" (global steps done), "epoch=E"
+// (epochs done), "unix_time=T", "pid=P" and "state=S" lines, replaced (write + rename, not
+// synced: it is not state) by rank 0 about once a second while it trains (state "training"),
+// and once more when it ends: "done", or "stopped" after a stop signal's checkpoint. A
+// launcher that sees unix_time stop advancing while the state is "training" knows the job hangs.
+void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state = "training");
 
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
-// Reads and verifies one checkpoint file (usage error naming the problem).
-Checkpoint load_checkpoint(const std::string& path);
+// Reads and verifies one checkpoint file (usage error naming the problem); with `layout`,
+// records what could be read (see decode).
+Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr);
 
 // The newest valid checkpoint of dir and its path: corrupt or truncated newer ones are
 // skipped with a warning naming them. nullopt when there is none (a fresh start).

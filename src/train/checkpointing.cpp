@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -80,21 +81,15 @@ void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model
   copy_into(c.buffers, model.params().buffers());
 }
 
-std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path) {
-  // Rank 0 reads and verifies; the others get its verdict and the bytes.
+std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,
+                                              std::string* path) {
   std::optional<ckpt::Checkpoint> found;
   dist::collectively(ctx, [&] {
-    if (ctx.rank() != 0 || o.resume == "none") return;
-    if (o.resume == "auto") {
-      if (o.checkpoint_dir.empty()) return;
-      if (auto latest = ckpt::load_latest(o.checkpoint_dir)) {
-        *path = latest->first;
-        found = std::move(latest->second);
-      }
-      return;
+    if (ctx.rank() != 0) return;
+    if (auto got = read()) {
+      *path = got->first;
+      found = std::move(got->second);
     }
-    *path = o.resume;
-    found = ckpt::load_checkpoint(o.resume);
   });
   dist::Communicator& comm = ctx.world();
   if (comm.size() == 1) return found;
@@ -108,12 +103,45 @@ std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::Process
   return ckpt::decode(bytes, "the checkpoint received from rank 0");
 }
 
-RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
+std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path) {
+  return read_on_rank0(
+      ctx,
+      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
+        if (o.resume == "none") return std::nullopt;
+        if (o.resume == "auto") return o.checkpoint_dir.empty() ? std::nullopt : ckpt::load_latest(o.checkpoint_dir);
+        return std::make_pair(o.resume, ckpt::load_checkpoint(o.resume));
+      },
+      path);
+}
+
+std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return {path, ckpt::load_checkpoint(path)};
+  auto latest = ckpt::load_latest(path);
+  HPC_REQUIRE(latest, "no valid checkpoint in ", path);
+  return std::move(*latest);
+}
+
+nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) {
+  nn::ModelSpec spec;
+  spec.name = c.text("model");
+  spec.batch_norm = c.text("option.no-batch-norm") == "0";
+  spec.label_smoothing = c.number("option.label-smoothing");
+  spec.input = Shape{ds.height, ds.width, ds.channels};
+  spec.classes = ds.classes;
+  return spec;
+}
+
+void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
   HPC_REQUIRE(c.text("model") == model.spec().name, "the checkpoint is of model ", c.text("model"), ", not ",
               model.spec().name, " (--model)");
   HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()),
               "the checkpoint's parameters do not fit this ", model.spec().name,
               " (another variant, dataset shape or number of classes)");
+}
+
+RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
+  check_model(c, model);
   for (const auto& [name, value] : option_values(o)) {
     if (free_on_resume().count(name)) continue;
     auto it = c.meta.find("option." + name);
@@ -135,10 +163,14 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
   return at;
 }
 
-void apply_checkpoint(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd) {
+void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
   load_into(model.params().values(), c.params, "parameters");
-  load_into(sgd.momentum_buffer(), c.momentum, "optimizer state");
   load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
+}
+
+void apply_checkpoint(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd) {
+  apply_model_state(c, model);
+  load_into(sgd.momentum_buffer(), c.momentum, "optimizer state");
 }
 
 }  // namespace hpc::train

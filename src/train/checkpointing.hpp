@@ -2,10 +2,12 @@
 // the store), finding the one to resume from, and checking that it fits this run.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "ckpt/checkpoint.hpp"
+#include "data/dataset.hpp"
 #include "dist/process.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
@@ -34,11 +36,30 @@ ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& 
 // nullopt for a fresh start. Sets *path to where it came from.
 std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path);
 
+// What `read` finds on rank 0 (a checkpoint and its path, or nothing), on every rank: rank 0
+// reads and verifies, the others receive its verdict (an error in `read` is every rank's
+// error) and the bytes.
+using CheckpointReader = std::function<std::optional<std::pair<std::string, ckpt::Checkpoint>>()>;
+std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,
+                                              std::string* path);
+
+// The newest valid checkpoint when `path` is a directory, else that file (usage error when
+// there is none or it is damaged).
+std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::string& path);
+
+// The model a checkpoint holds, for a dataset of this sample shape and number of classes.
+nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
+
+// Usage error unless the checkpoint's parameters fit `model` (same name and layout).
+void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
+
 // The position a checkpoint resumes at. Throws a usage error naming the first difference when
 // it belongs to another model or to options that change what is computed.
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model);
 
 // Loads parameters, optimizer state and batch-norm statistics.
 void apply_checkpoint(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd);
+// Parameters and batch-norm statistics only (inference).
+void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model);
 
 }  // namespace hpc::train

@@ -201,8 +201,11 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("step-timeout", po::value(&step_timeout)->default_value(step_timeout),
        "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside an "
        "all-reduce: 90s, 10m (0: never)");
-  po::options_description all("Usage: hpctrain [options]\nTrains a model; with no options, the default job "
-                              "(cnn on Fashion-MNIST, 3 epochs)");
+  po::options_description all("Usage: hpctrain [train] [options]\n"
+                              "       hpctrain evaluate --checkpoint PATH [options]   (test accuracy of a checkpoint)\n"
+                              "       hpctrain inspect PATH [--json]                  (what a checkpoint holds)\n"
+                              "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 3 epochs). "
+                              "Run under mpirun for data parallelism");
   all.add(general).add(model).add(training).add(parallel).add(checkpoints);
 
   po::variables_map vm;

@@ -79,12 +79,6 @@ optim::ScheduleSpec schedule_spec(const TrainOptions& o, double samples_per_epoc
 }
 
 
-// Cores of this host shared among the ranks on it, so the host is not oversubscribed.
-int default_threads(int ranks_on_host) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, ranks_on_host));
-}
-
 std::string joined(const std::vector<std::pair<std::string, std::string>>& v) {
   std::string s;
   for (const auto& [name, value] : v) s += name + '=' + value + '\n';
@@ -170,6 +164,11 @@ TestKill test_hook(const char* variable, int signal) {
 }
 
 }  // namespace
+
+int default_threads(int ranks_on_host) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_host));
+}
 
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
                     int64_t batch_size, dist::Communicator* comm, const std::function<void()>& on_batch) {
@@ -417,6 +416,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       save(here);
       writer->wait();
     }
+    if (store) ckpt::write_heartbeat(store->dir(), step, step / spe, "stopped");
     if (world > 1) comm.barrier();  // rank 0's checkpoint is durable before anyone exits
     if (lead)
       log::warn("stopped on request (SIGTERM or SIGUSR1) after step ", step,
@@ -430,6 +430,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     save({step, o.epochs, 0, global_batch, samples_seen});
     writer->wait();
     log::info("checkpoint: ", writer->last_written());
+    ckpt::write_heartbeat(store->dir(), step, step / spe, "done");
   }
   const Tensor& values = model.params().values();
   result.steps = step;

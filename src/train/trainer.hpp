@@ -32,6 +32,10 @@ EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data
                     int64_t batch_size, dist::Communicator* comm = nullptr,
                     const std::function<void()>& on_batch = {});
 
+// Math-library threads per rank when --threads is 0: this host's cores shared among the ranks
+// on it, so the host is not oversubscribed.
+int default_threads(int ranks_on_host);
+
 // Runs a whole training job as the options say, as one rank of ctx's world. Throws
 // hpc::Error on bad input (a dist::CollectiveError when every rank throws it).
 TrainResult run_training(const TrainOptions& options, dist::ProcessContext& ctx);

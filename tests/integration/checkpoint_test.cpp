@@ -146,7 +146,7 @@ TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("ckpt-000000020.hpck is corrupt (checksum mismatch"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("ckpt-000000015.hpck is truncated"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("resuming from the previous valid one"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("using the previous valid one"), std::string::npos) << r.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
   EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(1));
 }
@@ -190,6 +190,65 @@ void expect_usage_error(const RunResult& r, const std::string& needle) {
   EXPECT_EQ(r.exit_code, 2) << r.command << "\n" << r.err;
   EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "wanted '" << needle << "' in\n" << r.err;
+}
+
+// `hpctrain evaluate` of the final checkpoint reproduces the run's own last test accuracy, on
+// one rank and on two; `hpctrain inspect` shows the header and tells valid from damaged files.
+TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
+  const std::string ck = dir_.file("eval");
+  const std::string m = dir_.file("e.jsonl");
+  ASSERT_EQ(run_hpctrain(job(ck, m)).exit_code, 0);
+  const double trained = done_of(m).at("test_accuracy").number;
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " rank(s)");
+    const std::string em = dir_.file("evaluate" + std::to_string(ranks) + ".jsonl");
+    const RunResult r = run_mpi(ranks, {"evaluate", "--checkpoint", ck, "--test-samples", "300", "--data-dir",
+                                        fashion_mnist_dir(), "--threads", "1", "--metrics-file", em});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto lines = read_json_lines(em);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].at("event").str, "evaluate");
+    EXPECT_EQ(lines[0].at("checkpoint").str, ck + "/ckpt-000000040.hpck");
+    EXPECT_EQ(lines[0].at("step").number, 40);
+    EXPECT_EQ(lines[0].at("samples").number, 300);
+    EXPECT_EQ(lines[0].at("test_accuracy").number, trained);
+    char want[64];
+    std::snprintf(want, sizeof want, "test accuracy %.2f%%", 100 * trained);
+    EXPECT_EQ(count_of(r.out, want), 1) << r.out;
+  }
+
+  const RunResult listing = run_hpctrain({"inspect", ck});
+  EXPECT_EQ(listing.exit_code, 0) << listing.err;
+  EXPECT_EQ(count_of(listing.out, "  valid\n"), 3) << listing.out;
+  EXPECT_NE(listing.out.find("ckpt-000000040.hpck  step 40  after epoch 2  cnn"), std::string::npos) << listing.out;
+  EXPECT_NE(listing.out.find("heartbeat: done, step 40"), std::string::npos) << listing.out;
+  const RunResult json = run_hpctrain({"inspect", "--json", ck + "/ckpt-000000035.hpck"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const JsonObject h = FlatJsonParser(lines_of(json.out).at(0)).parse();
+  EXPECT_EQ(h.at("valid").str, "yes");
+  EXPECT_EQ(h.at("model").str, "cnn");
+  EXPECT_EQ(h.at("step").number, 35);
+  EXPECT_EQ(h.at("epoch").number, 1);
+  EXPECT_EQ(h.at("step_in_epoch").number, 15);
+  EXPECT_EQ(h.at("global_batch_size").number, 64);
+  EXPECT_EQ(h.at("option.lr").str, "0.1");
+  EXPECT_EQ(h.at("size_bytes").number, static_cast<double>(fs::file_size(ck + "/ckpt-000000035.hpck")));
+
+  // A bit flipped in the parameters: the header is still shown, the file is declared invalid.
+  Bytes bad = read_bytes(ck + "/ckpt-000000035.hpck");
+  bad[bad.size() / 3] ^= 0x01;
+  write_bytes(dir_.file("bad.hpck"), bad);
+  const RunResult damaged = run_hpctrain({"inspect", dir_.file("bad.hpck")});
+  expect_usage_error(damaged, "is corrupt (checksum mismatch in its parameters section)");
+  EXPECT_NE(damaged.out.find("valid: no"), std::string::npos) << damaged.out;
+  EXPECT_NE(damaged.out.find("position: step 35, in epoch 2, 15 steps into it"), std::string::npos) << damaged.out;
+  expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", dir_.file("bad.hpck")}), "is corrupt");
+  expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", dir_.file("none.hpck")}), "cannot read checkpoint");
+  expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", ck, "--eval-batch-size", "0"}),
+                     "--eval-batch-size must be a positive integer");
+  expect_usage_error(run_hpctrain({"evaluate"}), "'--checkpoint' is required");
+  expect_usage_error(run_hpctrain({"inspect"}), "hpctrain inspect needs a PATH");
+  expect_usage_error(run_hpctrain({"inspect", dir_.str() + "/nothing-here"}), "no such file or directory");
 }
 
 TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {

@@ -1,0 +1,330 @@
+#include "train/commands.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "ckpt/store.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dist/agree.hpp"
+#include "nn/gemm.hpp"
+#include "train/checkpointing.hpp"
+#include "train/exit_codes.hpp"
+#include "train/metrics.hpp"
+#include "train/trainer.hpp"
+
+namespace hpc::train {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+namespace {
+
+// Parses argv (argv[0]: the subcommand) against `options`, with `positional` names if any.
+// Returns false when --help was handled.
+bool parse(int argc, const char* const* argv, const po::options_description& options,
+           const po::positional_options_description& positional, po::variables_map& vm, bool speak) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage_error(e.what());
+  }
+  if (vm.count("help")) {
+    if (speak) std::cout << options << "\n";
+    return false;
+  }
+  return true;
+}
+
+std::string utc_time(int64_t unix_seconds) {
+  const std::time_t t = static_cast<std::time_t>(unix_seconds);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+std::string human_bytes(double n) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (n >= 1000 && u < 4) n /= 1000, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", n, units[u]);
+  return buf;
+}
+
+std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key,
+                    const std::string& otherwise = "?") {
+  auto it = meta.find(key);
+  return it == meta.end() ? otherwise : it->second;
+}
+
+// ---- inspect -------------------------------------------------------------------------------
+
+struct Inspected {
+  std::string path;
+  uint64_t size = 0;
+  ckpt::Layout layout;
+  std::string problem;  // empty: valid
+};
+
+Inspected inspect_file(const std::string& path) {
+  Inspected r;
+  r.path = path;
+  std::error_code ec;
+  r.size = fs::file_size(path, ec);
+  try {
+    ckpt::load_checkpoint(path, &r.layout);
+  } catch (const Error& e) {
+    r.problem = e.what();
+  }
+  return r;
+}
+
+int64_t integer_or(const std::map<std::string, std::string>& meta, const std::string& key) {
+  try {
+    return std::stoll(meta_or(meta, key, "-1"));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Where in the run a checkpoint stands, as people count epochs: "after epoch 2" or
+// "in epoch 2, 15 steps into it".
+std::string position_text(const std::map<std::string, std::string>& meta) {
+  const int64_t epoch = integer_or(meta, "epoch"), into = integer_or(meta, "step_in_epoch");
+  if (epoch < 0 || into < 0) return "epoch ?";
+  if (into == 0) return epoch == 0 ? "at the start" : "after epoch " + std::to_string(epoch);
+  return "in epoch " + std::to_string(epoch + 1) + ", " + std::to_string(into) + " steps into it";
+}
+
+std::string json_key(std::string name) {
+  for (char& ch : name)
+    if (ch == ' ' || ch == '-') ch = '_';
+  return name;
+}
+
+// One flat JSON object per checkpoint: the header fields (numbers where they are numbers),
+// the options it was made with as "option.NAME" strings, validity and sizes.
+std::string inspected_json(const Inspected& r) {
+  JsonFields f{{"path", r.path},
+               {"valid", std::string(r.problem.empty() ? "yes" : "no")},
+               {"size_bytes", static_cast<int64_t>(r.size)},
+               {"format_version", static_cast<int64_t>(r.layout.version)}};
+  if (!r.problem.empty()) f.emplace_back("error", r.problem);
+  for (const auto& [key, value] : r.layout.meta) {
+    const bool integer = key == "step" || key == "epoch" || key == "step_in_epoch" || key == "global_batch_size" ||
+                         key == "world_size" || key == "time";
+    if (integer) f.emplace_back(key, integer_or(r.layout.meta, key));
+    else if (key == "samples_seen") f.emplace_back(key, std::atof(value.c_str()));
+    else f.emplace_back(key, value);
+  }
+  for (const auto& s : r.layout.sections) f.emplace_back("bytes." + json_key(s.name), static_cast<int64_t>(s.bytes));
+  return json_line(f);
+}
+
+void print_inspected(const Inspected& r) {
+  const auto& m = r.layout.meta;
+  std::ostringstream out;
+  out << "checkpoint: " << r.path << "\n";
+  out << "valid: " << (r.problem.empty() ? "yes" : "no: " + r.problem) << "\n";
+  out << "size: " << human_bytes(static_cast<double>(r.size)) << " (" << r.size << " bytes)\n";
+  if (r.layout.version) out << "format: version " << r.layout.version << "\n";
+  if (!m.empty()) {
+    out << "written by: hpctrain " << meta_or(m, "hpctrain_version") << " on " << meta_or(m, "world_size")
+        << " rank(s), " << utc_time(integer_or(m, "time")) << "\n";
+    out << "model: " << meta_or(m, "model") << " (layout signature " << meta_or(m, "model_signature") << ")\n";
+    out << "position: step " << meta_or(m, "step") << ", " << position_text(m) << "; " << meta_or(m, "samples_seen")
+        << " samples seen\n";
+    out << "global batch: " << meta_or(m, "global_batch_size") << "\n";
+    out << "seed: " << meta_or(m, "option.seed") << ", dataset: " << meta_or(m, "option.dataset") << "\n";
+  }
+  if (!r.layout.sections.empty()) {
+    out << "sections:";
+    for (const auto& s : r.layout.sections)
+      out << " " << s.name << " " << human_bytes(static_cast<double>(s.bytes)) << (s.checksum_ok ? "" : " (BAD CRC)")
+          << ";";
+    out << "\n";
+  }
+  if (!m.empty()) {
+    out << "options:";
+    for (const auto& [key, value] : m)
+      if (key.rfind("option.", 0) == 0) out << " --" << key.substr(7) << "=" << value;
+    out << "\n";
+  }
+  std::cout << out.str() << std::flush;
+}
+
+// One line per checkpoint of a directory, newest first, then the heartbeat.
+void print_directory_line(const Inspected& r) {
+  const auto& m = r.layout.meta;
+  std::ostringstream out;
+  out << fs::path(r.path).filename().string() << "  step " << meta_or(m, "step") << "  " << position_text(m) << "  "
+      << meta_or(m, "model") << "  "
+      << (m.count("time") ? utc_time(integer_or(m, "time")) : std::string("?")) << "  "
+      << human_bytes(static_cast<double>(r.size)) << "  " << (r.problem.empty() ? "valid" : "INVALID: " + r.problem)
+      << "\n";
+  std::cout << out.str() << std::flush;
+}
+
+void print_heartbeat(const std::string& dir) {
+  std::ifstream in(dir + "/heartbeat");
+  if (!in) return;
+  std::map<std::string, std::string> beat;
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) beat[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  const int64_t t = integer_or(beat, "unix_time");
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::cout << "heartbeat: " << meta_or(beat, "state") << ", step " << meta_or(beat, "step") << ", "
+            << meta_or(beat, "epoch") << " epoch(s) done, pid " << meta_or(beat, "pid") << ", "
+            << (t >= 0 ? std::to_string(now - t) + " s ago" : "time unknown") << "\n";
+}
+
+int inspect(const std::string& path, bool json) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const std::vector<std::string> files = ckpt::list_checkpoints(path);
+    int valid = 0;
+    for (const std::string& file : files) {
+      const Inspected r = inspect_file(file);
+      valid += r.problem.empty();
+      if (json) std::cout << inspected_json(r) << "\n";
+      else print_directory_line(r);
+    }
+    if (!json) print_heartbeat(path);
+    HPC_REQUIRE(!files.empty(), "no checkpoints (ckpt-*.hpck) in ", path);
+    HPC_REQUIRE(valid > 0, "none of the ", files.size(), " checkpoint(s) in ", path, " is valid");
+    return kExitSuccess;
+  }
+  HPC_REQUIRE(fs::exists(path, ec), "cannot read checkpoint ", path, ": no such file or directory");
+  const Inspected r = inspect_file(path);
+  if (json) std::cout << inspected_json(r) << "\n";
+  else print_inspected(r);
+  std::cout.flush();
+  if (!r.problem.empty()) usage_error(r.problem);
+  return kExitSuccess;
+}
+
+}  // namespace
+
+int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  std::string path;
+  bool json = false;
+  po::options_description options(
+      "Usage: hpctrain inspect PATH [--json]\n"
+      "Prints a checkpoint's header (step, epoch, model, time, size, sections, options) and whether it is valid;\n"
+      "for a directory, one line per checkpoint, newest first, and the heartbeat. Exit code 0: valid (a directory:\n"
+      "at least one valid checkpoint, so --resume auto can continue), 2: not");
+  options.add_options()("help,h", "print this help and exit")(
+      "json", po::bool_switch(&json), "one JSON object per checkpoint instead of text")(
+      "path", po::value(&path), "a checkpoint file or a checkpoint directory");
+  po::positional_options_description positional;
+  positional.add("path", 1);
+  int code = kExitSuccess;
+  po::variables_map vm;
+  bool go = false;
+  dist::collectively(ctx, [&] {
+    go = parse(argc, argv, options, positional, vm, ctx.rank() == 0);
+    HPC_REQUIRE(!go || !path.empty(), "hpctrain inspect needs a PATH: a checkpoint file or directory");
+  });
+  if (!go) return kExitSuccess;
+  dist::collectively(ctx, [&] {  // rank 0 reads; its verdict is every rank's
+    if (ctx.rank() == 0) code = inspect(path, json);
+  });
+  return code;
+}
+
+int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  std::string checkpoint, dataset, data_dir, metrics_file;
+  int64_t test_samples = 0, batch_size = 1000;
+  int threads = 0;
+  po::options_description options(
+      "Usage: hpctrain evaluate --checkpoint PATH [options]\n"
+      "Prints the test accuracy and loss of a checkpoint's model (batch inference; under mpirun each rank\n"
+      "evaluates a part of the test set)");
+  options.add_options()("help,h", "print this help and exit")(
+      "checkpoint", po::value(&checkpoint)->required(),
+      "a checkpoint file, or a directory (its newest valid checkpoint)")(
+      "dataset", po::value(&dataset), "fashion-mnist, mnist or cifar10 (default: the checkpoint's)")(
+      "data-dir", po::value(&data_dir), "directory of the dataset files (default: the dataset's usual place)")(
+      "test-samples", po::value(&test_samples)->default_value(test_samples),
+      "evaluate on the first N test samples only (0: all)")(
+      "eval-batch-size", po::value(&batch_size)->default_value(batch_size), "samples per batch")(
+      "threads", po::value(&threads)->default_value(threads),
+      "math-library threads per rank (0: the host's cores / the ranks on it)")(
+      "metrics-file", po::value(&metrics_file), "append the result as a JSON line (event \"evaluate\") to FILE");
+  po::variables_map vm;
+  bool go = false;
+  dist::collectively(ctx, [&] { go = parse(argc, argv, options, {}, vm, ctx.rank() == 0); });
+  if (!go) return kExitSuccess;
+  const bool lead = ctx.rank() == 0;
+  if (!lead) log::set_level(log::Level::Warn);
+  const auto t0 = std::chrono::steady_clock::now();
+
+  std::string path;
+  const std::optional<ckpt::Checkpoint> c = read_on_rank0(
+      ctx,
+      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
+        HPC_REQUIRE(test_samples >= 0, "--test-samples must not be negative, got ", test_samples);
+        HPC_REQUIRE(batch_size > 0, "--eval-batch-size must be a positive integer, got ", batch_size);
+        HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ",
+                    threads);
+        return load_checkpoint_or_latest(checkpoint);
+      },
+      &path);
+  data::DatasetPair ds;
+  std::unique_ptr<nn::Model<float>> model;
+  std::unique_ptr<MetricsWriter> metrics;
+  std::string dir;
+  dist::collectively(ctx, [&] {
+    if (lead && !metrics_file.empty()) metrics = std::make_unique<MetricsWriter>(metrics_file);
+    nn::set_math_threads(threads > 0 ? threads : default_threads(ctx.local_size()));
+    if (dataset.empty()) dataset = c->text("option.dataset");
+    dir = data_dir.empty() ? data::default_data_dir(dataset) : data_dir;
+    ds = data::load_dataset(dataset, dir);
+    ds.test.truncate(test_samples);
+    model = std::make_unique<nn::Model<float>>(model_spec_of(*c, ds.test));
+    check_model(*c, *model);
+    apply_model_state(*c, *model);
+  });
+  const auto t_eval = std::chrono::steady_clock::now();
+  const EvalResult r = evaluate(*model, ds.test, ds.norm, batch_size, &ctx.world());
+  const auto t_end = std::chrono::steady_clock::now();
+  const double eval_seconds = std::chrono::duration<double>(t_end - t_eval).count();
+  if (lead) {
+    const int64_t step = c->integer("step");
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "test accuracy %.2f%%, test loss %.4f on %lld %s test samples: %s (%s at step %lld, %s)",
+                  100 * r.accuracy, r.loss, static_cast<long long>(r.samples), dataset.c_str(), path.c_str(),
+                  c->text("model").c_str(), static_cast<long long>(step), position_text(c->meta).c_str());
+    std::cout << line << std::endl;
+    if (metrics)
+      metrics->write({{"event", std::string("evaluate")},
+                     {"checkpoint", path},
+                     {"model", c->text("model")},
+                     {"step", step},
+                     {"dataset", dataset},
+                     {"samples", r.samples},
+                     {"test_loss", r.loss},
+                     {"test_accuracy", r.accuracy},
+                     {"images_per_second", static_cast<double>(r.samples) / std::max(eval_seconds, 1e-9)},
+                     {"world_size", ctx.world_size()},
+                     {"elapsed_seconds", std::chrono::duration<double>(t_end - t0).count()}});
+  }
+  return kExitSuccess;
+}
+
+}  // namespace hpc::train

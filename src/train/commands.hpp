@@ -1,0 +1,18 @@
+// hpctrain's subcommands besides training: `hpctrain evaluate` (the test accuracy of a
+// checkpoint) and `hpctrain inspect` (what a checkpoint file or directory holds). Each parses
+// its own options (argv[0] is the subcommand's name) and returns the process exit code; bad
+// input throws hpc::Error as training does.
+#pragma once
+
+#include "dist/process.hpp"
+
+namespace hpc::train {
+
+// Every rank evaluates its part of the test set; rank 0 prints the result.
+int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx);
+
+// Rank 0 alone reads and prints; 0 when the file (or some checkpoint of the directory) is
+// valid, kExitUsage when it is not.
+int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx);
+
+}  // namespace hpc::train
