@@ -120,6 +120,42 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
   }
 }
 
+// Killed late in its second epoch and resumed on half the ranks, a run reaches the accuracy
+// of one never interrupted: 2 epochs of 100 steps, checkpoints every 25, killed after step
+// 155, so the last 50 steps run on the new world size (batch-norm statistics then come from
+// other per-rank batches; everything else is the same computation). Evaluated on all 10000
+// test images; over seeds 1 to 4 the differences were at most 0.32 points.
+TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
+  const std::vector<std::string> base{"--train-samples", "6400",    "--epochs",     "2",
+                                      "--global-batch-size", "64",  "--threads",    "1",
+                                      "--quiet",         "--data-dir", fashion_mnist_dir()};
+  for (const auto& [before, after] : {std::pair{4, 2}, std::pair{2, 1}}) {
+    SCOPED_TRACE(::testing::Message() << before << " -> " << after << " ranks");
+    const std::string tag = std::to_string(before) + std::to_string(after);
+    auto with = [&](std::vector<std::string> extra) {
+      extra.insert(extra.begin(), base.begin(), base.end());
+      return extra;
+    };
+    const std::string full = dir_.file("acc_full" + tag + ".jsonl");
+    ASSERT_EQ(run_mpi(before, with({"--metrics-file", full})).exit_code, 0);
+    const std::string ck = dir_.file("acc" + tag);
+    const auto checkpointed = with({"--checkpoint-dir", ck, "--checkpoint-every-steps", "25"});
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "155@0", 1);
+    EXPECT_NE(run_mpi(before, checkpointed).exit_code, 0);
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    const std::string resumed = dir_.file("acc_resumed" + tag + ".jsonl");
+    auto args = checkpointed;
+    args.insert(args.end(), {"--metrics-file", resumed});
+    const RunResult r = run_mpi(after, args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonObject want = done_of(full), got = done_of(resumed);
+    EXPECT_EQ(got.at("resumed_from_step").number, 150);
+    EXPECT_EQ(got.at("steps").number, 200);
+    EXPECT_EQ(got.at("world_size").number, after);
+    EXPECT_NEAR(got.at("test_accuracy").number, want.at("test_accuracy").number, 0.005);
+  }
+}
+
 // A writer killed between writing its temporary file and renaming it leaves the earlier
 // checkpoints as they were; truncated and bit-flipped newest files are skipped with a warning.
 TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
