@@ -71,6 +71,16 @@ CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir
   HPC_REQUIRE(!ec && fs::is_directory(dir_), "cannot create checkpoint directory ", dir_,
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(::access(dir_.c_str(), W_OK) == 0, "checkpoint directory ", dir_, " is not writable");
+  // A writer killed before its rename leaves its temporary file (as large as a checkpoint).
+  // This store is the directory's only writer now, so such leftovers are garbage.
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kPrefix, 0) != 0 || name.find(std::string(kSuffix) + ".tmp.") == std::string::npos) continue;
+    std::error_code rm;
+    fs::remove(e.path(), rm);
+    if (rm) log::warn("cannot remove the unfinished checkpoint ", e.path().string(), ": ", rm.message());
+    else log::info("removed the unfinished checkpoint ", name, " (its writer was killed before finishing it)");
+  }
 }
 
 std::string CheckpointStore::file_name(int64_t step) {

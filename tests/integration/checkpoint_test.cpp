@@ -167,6 +167,12 @@ TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
   EXPECT_TRUE(fs::exists(ck + "/ckpt-000000005.hpck"));
   EXPECT_FALSE(fs::exists(ck + "/ckpt-000000010.hpck"));
+  auto leftovers = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(ck)) n += e.path().filename().string().find(".tmp.") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(leftovers(), 1) << "the killed writer's temporary file";
   // Now damage copies: a newest file cut short and one with a flipped bit.
   Bytes good = read_bytes(ck + "/ckpt-000000005.hpck");
   Bytes cut(good.begin(), good.begin() + static_cast<long>(good.size() / 2));
@@ -185,6 +191,7 @@ TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
   EXPECT_NE(r.err.find("using the previous valid one"), std::string::npos) << r.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
   EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(1));
+  EXPECT_EQ(leftovers(), 0) << "the next run removes it";
 }
 
 TEST_F(Checkpoints, KeepsTheNewestK) {
