@@ -2,6 +2,7 @@
 // device_none.cpp otherwise; nothing else in the code asks which one it got.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace hpc::device {
@@ -12,5 +13,23 @@ int cuda_device_count();
 bool built_with_cuda();
 // One line describing the GPU support, for --version and logs.
 std::string describe();
+
+// The GPU of this rank: local rank modulo the visible GPUs (one rank per GPU on each host, as
+// mpirun -npernode / Slurm --gpus-per-task arrange). Returns its index. Usage error when no
+// GPU is visible or this build has no CUDA.
+int select_gpu(int local_rank);
+
+// Device memory through the process's caching allocator (core/caching_allocator.hpp):
+// allocate never returns nullptr (usage error when out of memory); release(nullptr) is a no-op.
+void* allocate(size_t bytes);
+void release(void* p);
+// Zero-fills device memory (on the default stream, synchronously).
+void zero(void* p, size_t bytes);
+enum class Copy { HostToDevice, DeviceToHost, DeviceToDevice };
+// Synchronous copy (tests, checkpoints, set-up; the step loop uses streams).
+void copy(void* dst, const void* src, size_t bytes, Copy direction);
+// Bytes the allocator holds for tensors now, and the most it ever held (for the metrics).
+size_t memory_in_use();
+size_t peak_memory_in_use();
 
 }  // namespace hpc::device

@@ -1,8 +1,46 @@
 #include <cuda_runtime_api.h>
 
-#include "core/device.hpp"
+#include <memory>
 
-namespace hpc::device {
+#include "core/caching_allocator.hpp"
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "core/log.hpp"
+
+namespace hpc {
+namespace detail {
+
+void throw_gpu_error(const char* library, const char* call, const char* file, int line, const char* what) {
+  // Out of memory is the user's to fix (batch size, model); the rest is ours or the machine's.
+  const bool oom = std::string(what).find("out of memory") != std::string::npos;
+  throw Error(oom ? ErrorKind::Usage : ErrorKind::Internal,
+              concat(library, " error: ", what, " in ", call, " (", file, ":", line, ")",
+                     oom ? "; try a smaller --batch-size" : ""));
+}
+
+const char* cublas_error_string(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+}  // namespace detail
+
+namespace device {
+namespace {
+
+// One allocator for the process, as the CUDA context it sits on is one per process and
+// device. Created on first use, after select_gpu.
+CachingAllocator& allocator() {
+  static CachingAllocator a({[](size_t n) -> void* {
+                               void* p = nullptr;
+                               if (cudaMalloc(&p, n) != cudaSuccess) {
+                                 cudaGetLastError();  // out of memory is not sticky: clear it, let the cache retry
+                                 return nullptr;
+                               }
+                               return p;
+                             },
+                             [](void* p) { cudaFree(p); }});
+  return a;
+}
+
+}  // namespace
 
 int cuda_device_count() {
   int n = 0;
@@ -24,4 +62,31 @@ std::string describe() {
          std::to_string(cuda_device_count()) + " GPU(s) visible";
 }
 
-}  // namespace hpc::device
+int select_gpu(int local_rank) {
+  const int n = cuda_device_count();
+  HPC_REQUIRE(n > 0, "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES, driver?); use --device cpu");
+  const int gpu = local_rank % n;
+  CUDA_CHECK(cudaSetDevice(gpu));
+  return gpu;
+}
+
+void* allocate(size_t bytes) { return allocator().allocate(bytes); }
+void release(void* p) { allocator().release(p); }
+
+void zero(void* p, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
+}
+
+void copy(void* dst, const void* src, size_t bytes, Copy direction) {
+  if (!bytes) return;
+  const cudaMemcpyKind kind = direction == Copy::HostToDevice   ? cudaMemcpyHostToDevice
+                              : direction == Copy::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                                : cudaMemcpyDeviceToDevice;
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+}
+
+size_t memory_in_use() { return allocator().stats().in_use; }
+size_t peak_memory_in_use() { return allocator().stats().peak_in_use; }
+
+}  // namespace device
+}  // namespace hpc

@@ -1,7 +1,22 @@
 #include "core/device.hpp"
 
+#include "core/error.hpp"
+
 namespace hpc::device {
+namespace {
+[[noreturn]] void no_cuda() { usage_error("this hpctrain was built without CUDA: GPU memory is not available"); }
+}  // namespace
+
 int cuda_device_count() { return 0; }
 bool built_with_cuda() { return false; }
 std::string describe() { return "CPU only (built without CUDA)"; }
+int select_gpu(int /*local_rank*/) { no_cuda(); }
+void* allocate(size_t /*bytes*/) { no_cuda(); }
+void release(void* p) {
+  HPC_CHECK(p == nullptr, "release of device memory in a build without CUDA");
+}
+void zero(void* /*p*/, size_t /*bytes*/) { no_cuda(); }
+void copy(void* /*dst*/, const void* /*src*/, size_t /*bytes*/, Copy /*direction*/) { no_cuda(); }
+size_t memory_in_use() { return 0; }
+size_t peak_memory_in_use() { return 0; }
 }  // namespace hpc::device

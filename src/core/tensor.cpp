@@ -1,5 +1,7 @@
 #include "core/tensor.hpp"
 
+#include "core/device.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -41,7 +43,11 @@ std::string Shape::str() const {
 }
 
 Storage::Storage(size_t bytes, DeviceKind device) : bytes_(bytes), device_(device) {
-  HPC_CHECK(device == DeviceKind::CPU, "this build allocates host storage only");
+  if (device == DeviceKind::CUDA) {  // the device's caching allocator (core/device.hpp)
+    data_ = device::allocate(bytes);
+    device::zero(data_, bytes);
+    return;
+  }
   constexpr size_t kAlign = 64;
   size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   data_ = std::aligned_alloc(kAlign, rounded ? rounded : kAlign);
@@ -49,7 +55,10 @@ Storage::Storage(size_t bytes, DeviceKind device) : bytes_(bytes), device_(devic
   std::memset(data_, 0, rounded ? rounded : kAlign);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (device_ == DeviceKind::CUDA) device::release(data_);
+  else std::free(data_);
+}
 
 Tensor::Tensor(Shape shape, DType dtype, DeviceKind device)
     : storage_(std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device)),
@@ -82,7 +91,7 @@ Tensor Tensor::reshape(Shape shape) const {
 void Tensor::resize(Shape shape, DType dtype) {
   size_t need = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   if (!storage_ || storage_->bytes() < need + static_cast<size_t>(offset_) * dtype_size(dtype_)) {
-    *this = Tensor(std::move(shape), dtype);
+    *this = Tensor(std::move(shape), dtype, device());
     return;
   }
   shape_ = std::move(shape);
@@ -91,7 +100,9 @@ void Tensor::resize(Shape shape, DType dtype) {
 }
 
 void Tensor::fill_zero() {
-  if (defined()) std::memset(raw(), 0, bytes());
+  if (!defined()) return;
+  if (device() == DeviceKind::CUDA) device::zero(raw(), bytes());
+  else std::memset(raw(), 0, bytes());
 }
 
 }  // namespace hpc

@@ -43,8 +43,8 @@ class Shape {
   std::vector<int64_t> dims_;
 };
 
-// Owning, aligned storage on one device. Only the CPU allocates here; the CUDA backend
-// provides its own allocator behind the same class (kernels/).
+// Owning storage on one device, zero-filled: 64-byte aligned host memory, or device memory
+// from the caching allocator (core/device.hpp; a usage error in a build without CUDA).
 class Storage {
  public:
   Storage(size_t bytes, DeviceKind device);

@@ -1,15 +1,20 @@
-// Tensors, the parameter arenas, errors, the checksum and the metrics lines.
+// Tensors, the parameter arenas, the device caching allocator, errors, the checksum and the metrics lines.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/arena.hpp"
+#include "core/caching_allocator.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "train/checksum.hpp"
@@ -172,6 +177,102 @@ TEST(Metrics, WriterAppendsWholeLines) {
   train::MetricsWriter none;  // no file: writes nothing, no error
   EXPECT_NO_THROW(none.write({{"c", int64_t{3}}}));
   EXPECT_EQ(kind_of([] { train::MetricsWriter w("/nonexistent-dir/hpctrain/m.jsonl"); }), ErrorKind::Usage);
+}
+
+}  // namespace
+}  // namespace hpc
+
+// ---- CachingAllocator (over a counting host backend; on a GPU it sits over cudaMalloc) --------
+
+namespace hpc {
+namespace {
+
+struct CountingBackend {
+  int64_t live = 0, calls = 0;
+  size_t limit = SIZE_MAX, held = 0;
+  std::map<void*, size_t> blocks;
+  CachingAllocator::Backend backend() {
+    return {[this](size_t n) -> void* {
+              ++calls;
+              if (held + n > limit) return nullptr;
+              void* p = std::malloc(n);
+              blocks[p] = n;
+              held += n;
+              ++live;
+              return p;
+            },
+            [this](void* p) {
+              held -= blocks.at(p);
+              blocks.erase(p);
+              std::free(p);
+              --live;
+            }};
+  }
+};
+
+TEST(CachingAllocator, RoundsSmallAndLargeRequests) {
+  EXPECT_EQ(CachingAllocator::rounded(0), 512u);
+  EXPECT_EQ(CachingAllocator::rounded(1), 512u);
+  EXPECT_EQ(CachingAllocator::rounded(513), 1024u);
+  EXPECT_EQ(CachingAllocator::rounded(1 << 20), size_t{1} << 20);
+  EXPECT_EQ(CachingAllocator::rounded((1 << 20) + 1), size_t{2} << 20);
+  EXPECT_EQ(CachingAllocator::rounded((5 << 20) + 7), size_t{6} << 20);
+}
+
+TEST(CachingAllocator, ASecondStepAllocatesNothingFromTheBackend) {
+  CountingBackend b;
+  {
+    CachingAllocator a(b.backend());
+    const std::vector<size_t> step{100, 4096, 3 << 20, 700, 3 << 20};
+    for (int round = 0; round < 3; ++round) {
+      std::vector<void*> ptrs;
+      for (size_t n : step) ptrs.push_back(a.allocate(n));
+      for (size_t i = 0; i < ptrs.size(); ++i)
+        for (size_t j = 0; j < i; ++j) EXPECT_NE(ptrs[i], ptrs[j]);
+      for (void* p : ptrs) a.release(p);
+    }
+    const auto s = a.stats();
+    EXPECT_EQ(s.backend_allocations, 5);
+    EXPECT_EQ(s.cache_hits, 10);
+    EXPECT_EQ(s.in_use, 0u);
+    EXPECT_EQ(s.cached, 512u + 4096u + (4u << 20) * 2 + 1024u);
+    EXPECT_EQ(s.peak_in_use, s.cached);
+    EXPECT_EQ(b.live, 5);
+  }
+  EXPECT_EQ(b.live, 0) << "the destructor gives every block back";
+}
+
+TEST(CachingAllocator, DoesNotHandOutABlockMoreThanTwiceTheRequest) {
+  CountingBackend b;
+  CachingAllocator a(b.backend());
+  a.release(a.allocate(64 << 20));
+  void* small = a.allocate(1000);
+  EXPECT_EQ(a.stats().cached, size_t{64} << 20) << "the 64 MiB block stays for a large request";
+  void* large = a.allocate(40 << 20);
+  EXPECT_EQ(a.stats().cache_hits, 1);
+  a.release(small);
+  a.release(large);
+}
+
+TEST(CachingAllocator, OutOfMemoryEmptiesTheCacheThenFailsClearly) {
+  CountingBackend b;
+  b.limit = 10 << 20;
+  CachingAllocator a(b.backend());
+  a.release(a.allocate(6 << 20));  // cached, but too small for the next request
+  void* p = a.allocate(8 << 20);    // fits only once the cached block is given back
+  EXPECT_NE(p, nullptr);
+  EXPECT_EQ(a.stats().cached, 0u);
+  try {
+    a.allocate(4 << 20);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find("out of GPU memory allocating 4 MiB (8 MiB already in use)"),
+              std::string::npos)
+        << e.what();
+  }
+  a.release(p);
+  EXPECT_THROW(a.release(reinterpret_cast<void*>(0x1000)), Error);
 }
 
 }  // namespace

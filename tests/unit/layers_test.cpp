@@ -661,9 +661,13 @@ TEST(ModelZoo, InitFollowsRolesAndGains) {
           const double want = scheme == nn::InitScheme::KaimingNormal ? gain * std::sqrt(2.0 / fan_in)
                                                             : gain / std::sqrt(fan_in) / std::sqrt(3.0);
           const double std = std::sqrt(s2 / n - (s / n) * (s / n));
-          if (n >= 64) EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
+          if (n >= 64) {
+            EXPECT_NEAR(std / want, 1.0, 6 / std::sqrt(2.0 * n)) << slots[i].name;
+          }
           EXPECT_NEAR(s / n, 0.0, 6 * want / std::sqrt(n)) << slots[i].name;
-          if (scheme == nn::InitScheme::KaimingUniform) EXPECT_LE(largest, gain / std::sqrt(fan_in)) << slots[i].name;
+          if (scheme == nn::InitScheme::KaimingUniform) {
+            EXPECT_LE(largest, gain / std::sqrt(fan_in)) << slots[i].name;
+          }
           continue;
         }
         if (slots[i].role == ParamRole::NormScale) {
