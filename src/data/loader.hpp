@@ -36,6 +36,9 @@ class BatchAssembler {
   BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed);
   // Fills out with the given samples; augmentation (if any) is keyed by (seed, epoch, index).
   void assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
+  // byte value -> normalised float, channels x 256 (the GPU path normalises with the same
+  // table: kernels::normalize_u8).
+  const std::vector<float>& table() const { return table_; }
 
  private:
   const Dataset& ds_;

@@ -28,11 +28,15 @@ class Sgd {
   const Tensor& momentum_buffer() const { return velocity_; }
   const SgdSpec& spec() const { return spec_; }
 
- private:
+  // The decay table: one range per parameter tensor, in arena order, covering the arena (the
+  // GPU update, kernels::sgd_step, takes it as range ends and decays).
   struct Range {
     int64_t begin, end;
     bool decay;
   };
+  const std::vector<Range>& ranges() const { return ranges_; }
+
+ private:
   SgdSpec spec_;
   std::vector<Range> ranges_;  // one per parameter tensor, in arena order
   Tensor velocity_;            // same layout as the parameter arena

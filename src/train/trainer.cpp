@@ -46,9 +46,10 @@ int64_t count_correct(const Tensor& prob, const int32_t* labels) {
 
 void resolve_device(const TrainOptions& o) {
   const int gpus = device::cuda_device_count();
-  // The GPU path is the subject of its own issue; until it lands, asking for it is an error
-  // rather than a silent CPU run (DESIGN.md principle 3).
-  HPC_REQUIRE(o.device != "cuda", "--device cuda: this build trains on the CPU only (",
+  // The GPU path is being built (kernels/, dist/nccl.cpp) but the GPU layers and the GPU
+  // training loop are not there yet: asking for it is an error rather than a silent CPU run
+  // (DESIGN.md principle 3).
+  HPC_REQUIRE(o.device != "cuda", "--device cuda: GPU training is not available yet (",
               device::describe(), "); use --device cpu");
   if (o.device == "auto" && gpus > 0)
     log::info(gpus, " GPU(s) visible, but GPU training is not available in this build; training on the CPU");

@@ -1,0 +1,60 @@
+// Host wrappers of hpctrain's own CUDA kernels: the work that neither cuDNN nor cuBLAS does.
+// Every wrapper takes device pointers, enqueues on `stream` and checks the launch
+// (CUDA_CHECK_LAUNCH); none synchronises. Each kernel has a CPU counterpart it is tested
+// against (tests/gpu/, DESIGN.md principle 3), named in its comment.
+//
+// Compiled only when CMake finds the CUDA toolkit (kernels/CMakeLists.txt), for sm_80 and
+// sm_90 plus PTX.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace hpc::kernels {
+
+// ---- elementwise (nn::ReLU, nn::Residual, data::BatchAssembler) ------------------------------
+
+// y = max(x, 0).
+void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
+// dx = dy where y > 0, else 0 (y: the forward's output, as the CPU layer keeps it).
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
+// out = a + b (a residual block's join; out may alias a or b).
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
+// Images of bytes (NHWC, `channels` innermost) to normalised floats through a lookup table of
+// channels x 256 floats, the table the CPU assembler uses: out[i] = table[c(i) * 256 + in[i]],
+// bit for bit the CPU's values.
+void normalize_u8(const uint8_t* in, float* out, int64_t n, int channels, const float* table,
+                  cudaStream_t stream);
+
+// ---- loss (nn::SoftmaxCrossEntropy: forward and backward fused) -------------------------------
+
+// For logits of n rows x k classes and int32 labels: the softmax probabilities, the gradient
+// of the mean loss with respect to the logits ((p - target) / n with target = (1 - s) onehot +
+// s / k), and each row's loss. A label outside [0, k) gives that row a NaN loss and a zero
+// gradient. One warp per row; reductions in a fixed order, so results are deterministic.
+void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
+                  float* probabilities, float* dlogits, float* row_loss, cudaStream_t stream);
+
+// *out = sum of x[0..n) in double, in a fixed order (one block): the step's loss without a
+// non-deterministic atomic.
+void sum_deterministic(const float* x, int64_t n, double* out, cudaStream_t stream);
+
+// ---- optimizer (optim::Sgd::step) ---------------------------------------------------------------
+
+// The SGD update of the whole parameter arena in one launch: for the parameters of range r
+// (elements [range_end[r-1], range_end[r]), weight decay range_decay[r]),
+//   g' = g + wd p;  v = mu v + g';  p -= lr (nesterov ? g' + mu v : v)
+// rounded as the CPU rounds (no fused multiply-add), so one step matches the CPU bit for bit.
+// range_end and range_decay are device arrays of `ranges` entries, range_end ascending with
+// the last equal to n.
+void sgd_step(float* params, const float* grads, float* velocity, int64_t n, const int64_t* range_end,
+              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream);
+
+// ---- mixed precision ----------------------------------------------------------------------------
+
+// x *= factor, and *non_finite = 1 if any result is not finite (a loss-scaled fp16 step that
+// overflowed is skipped). *non_finite is only ever set, never cleared: zero it per step.
+void scale_and_check(float* x, int64_t n, float factor, int* non_finite, cudaStream_t stream);
+
+}  // namespace hpc::kernels

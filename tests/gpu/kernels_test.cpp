@@ -1,0 +1,236 @@
+// GPU-vs-CPU parity of hpctrain's own CUDA kernels (kernels/kernels.hpp), each against the CPU
+// code it replaces, plus the device caching allocator on cudaMalloc. Every test skips, with
+// the reason, where no GPU is visible (CTest reports it as skipped).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/tensor.hpp"
+#include "data/loader.hpp"
+#include "kernels/kernels.hpp"
+#include "nn/model.hpp"
+#include "optim/sgd.hpp"
+
+namespace hpc {
+namespace {
+
+// A device copy of a host vector, and back.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
+    p_ = static_cast<T*>(device::allocate(bytes()));
+    device::copy(p_, host.data(), bytes(), device::Copy::HostToDevice);
+  }
+  explicit DeviceBuffer(size_t n) : DeviceBuffer(std::vector<T>(n)) {}
+  ~DeviceBuffer() { device::release(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    device::copy(h.data(), p_, bytes(), device::Copy::DeviceToHost);  // synchronous: waits for the kernels
+    return h;
+  }
+
+ private:
+  size_t bytes() const { return n_ * sizeof(T); }
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+std::vector<float> host_of(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+Tensor tensor_of(const std::vector<float>& v, Shape shape) {
+  Tensor t = Tensor::zeros<float>(std::move(shape));
+  std::memcpy(t.data<float>(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+class GpuKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device::cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA GPU visible (" << device::describe() << "): GPU parity tests skipped";
+    device::select_gpu(0);
+  }
+  cudaStream_t stream_ = nullptr;  // the default stream; the copies back synchronise with it
+};
+
+TEST_F(GpuKernels, ReluForwardAndBackwardEqualTheCpuLayer) {
+  const int64_t n = 3 * 50000 + 7;
+  std::vector<float> x = random_floats(n, 1), dy = random_floats(n, 2);
+  x[0] = 0.f, x[1] = -0.f;
+  nn::ReLU<float> cpu;
+  const Tensor xt = tensor_of(x, {n, 1});
+  const std::vector<float> y_cpu = host_of(cpu.forward(xt, true));
+  const std::vector<float> dx_cpu = host_of(cpu.backward(tensor_of(dy, {n, 1}), true));
+  DeviceBuffer<float> dx_(x), y(n), ddy(dy), ddx(n);
+  kernels::relu_forward(dx_.get(), y.get(), n, stream_);
+  kernels::relu_backward(y.get(), ddy.get(), ddx.get(), n, stream_);
+  const auto y_gpu = y.host(), dx_gpu = ddx.host();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(same_bits(y_gpu[i], y_cpu[i])) << i;
+    ASSERT_TRUE(same_bits(dx_gpu[i], dx_cpu[i])) << i;
+  }
+}
+
+TEST_F(GpuKernels, AddAndScaleAreExact) {
+  const int64_t n = 100003;
+  const auto a = random_floats(n, 3), b = random_floats(n, 4);
+  DeviceBuffer<float> da(a), db(b), out(n);
+  kernels::add(da.get(), db.get(), out.get(), n, stream_);
+  const auto sum = out.host();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sum[i], a[i] + b[i]) << i;
+
+  DeviceBuffer<int> flag(std::vector<int>{0});
+  kernels::scale_and_check(out.get(), n, 0.5f, flag.get(), stream_);
+  const auto half = out.host();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(half[i], sum[i] * 0.5f) << i;
+  EXPECT_EQ(flag.host()[0], 0);
+  kernels::scale_and_check(out.get(), n, 1e38f, flag.get(), stream_);  // overflows: an fp16 step to skip
+  EXPECT_EQ(flag.host()[0], 1);
+}
+
+// The CPU assembler's batch and the GPU's normalisation of the same bytes with its table.
+TEST_F(GpuKernels, NormalisationEqualsTheCpuAssembler) {
+  data::Dataset ds;
+  ds.count = 20, ds.height = 8, ds.width = 8, ds.channels = 3;
+  std::mt19937 g(5);
+  ds.images.resize(static_cast<size_t>(ds.count * ds.sample_bytes()));
+  for (auto& b : ds.images) b = static_cast<uint8_t>(g());
+  ds.labels.assign(static_cast<size_t>(ds.count), 1);
+  const data::Normalization norm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
+  data::BatchAssembler assembler(ds, norm, {}, 1);
+  std::vector<uint32_t> all(static_cast<size_t>(ds.count));
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  data::Batch batch;
+  assembler.assemble(all, 0, false, batch);
+  const auto cpu = host_of(batch.images);
+  DeviceBuffer<uint8_t> bytes(ds.images);
+  DeviceBuffer<float> table(assembler.table()), out(ds.images.size());
+  kernels::normalize_u8(bytes.get(), out.get(), static_cast<int64_t>(ds.images.size()), 3, table.get(), stream_);
+  const auto gpu = out.host();
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < gpu.size(); ++i) ASSERT_TRUE(same_bits(gpu[i], cpu[i])) << i;
+}
+
+void expect_softmax_xent_parity(int64_t n, int64_t k, double smoothing, cudaStream_t stream) {
+  SCOPED_TRACE(::testing::Message() << n << " x " << k << ", smoothing " << smoothing);
+  const auto z = random_floats(static_cast<size_t>(n * k), 6, 3.f);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) labels[static_cast<size_t>(r)] = static_cast<int32_t>((r * 7) % k);
+  nn::SoftmaxCrossEntropy<float> cpu(smoothing);
+  const double loss_cpu = cpu.forward(tensor_of(z, {n, k}), labels.data());
+  const auto p_cpu = host_of(cpu.probabilities());
+  const auto d_cpu = host_of(cpu.backward());
+  DeviceBuffer<float> dz(z), p(static_cast<size_t>(n * k)), d(static_cast<size_t>(n * k)), rows(static_cast<size_t>(n));
+  DeviceBuffer<int32_t> dl(labels);
+  DeviceBuffer<double> total(1);
+  kernels::softmax_xent(dz.get(), dl.get(), n, k, static_cast<float>(smoothing), p.get(), d.get(), rows.get(), stream);
+  kernels::sum_deterministic(rows.get(), n, total.get(), stream);
+  const auto p_gpu = p.host(), d_gpu = d.host();
+  for (size_t i = 0; i < p_gpu.size(); ++i) {
+    ASSERT_NEAR(p_gpu[i], p_cpu[i], 1e-6f * std::max(1.f, std::fabs(p_cpu[i]))) << i;
+    ASSERT_NEAR(d_gpu[i], d_cpu[i], 1e-6f / static_cast<float>(n) + 1e-6f * std::fabs(d_cpu[i])) << i;
+  }
+  EXPECT_NEAR(total.host()[0] / static_cast<double>(n), loss_cpu, 1e-6 * std::max(1.0, loss_cpu));
+}
+
+TEST_F(GpuKernels, SoftmaxCrossEntropyMatchesTheCpuLoss) {
+  expect_softmax_xent_parity(67, 10, 0, stream_);
+  expect_softmax_xent_parity(67, 10, 0.1, stream_);
+  expect_softmax_xent_parity(33, 1000, 0.1, stream_);  // more classes than lanes
+}
+
+TEST_F(GpuKernels, ALabelOutOfRangeGivesANanLossAndNoGradient) {
+  const std::vector<float> z{1, 2, 3, 4, 5, 6};
+  DeviceBuffer<float> dz(z), p(6), d(6), rows(2);
+  DeviceBuffer<int32_t> labels(std::vector<int32_t>{1, 3});  // 3 is outside [0, 3)
+  kernels::softmax_xent(dz.get(), labels.get(), 2, 3, 0, p.get(), d.get(), rows.get(), stream_);
+  const auto r = rows.host(), g = d.host();
+  EXPECT_TRUE(std::isfinite(r[0]));
+  EXPECT_TRUE(std::isnan(r[1]));
+  for (int j = 3; j < 6; ++j) EXPECT_EQ(g[static_cast<size_t>(j)], 0.f);
+}
+
+TEST_F(GpuKernels, TheDeterministicSumIsReproducible) {
+  const auto x = random_floats(1000003, 7);
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<double> a(1), b(1);
+  kernels::sum_deterministic(dx.get(), static_cast<int64_t>(x.size()), a.get(), stream_);
+  kernels::sum_deterministic(dx.get(), static_cast<int64_t>(x.size()), b.get(), stream_);
+  double host = 0;
+  for (float v : x) host += v;
+  EXPECT_EQ(a.host()[0], b.host()[0]);
+  EXPECT_NEAR(a.host()[0], host, 1e-9 * static_cast<double>(x.size()));
+}
+
+// One fused launch over the cnn's whole arena equals optim::Sgd's step bit for bit.
+TEST_F(GpuKernels, SgdStepEqualsTheCpuOptimizerBitForBit) {
+  for (bool nesterov : {true, false}) {
+    SCOPED_TRACE(nesterov ? "nesterov" : "classical momentum");
+    nn::Model<float> model(nn::ModelSpec{});
+    model.init(1);
+    ParamStore<float>& store = model.params();
+    const int64_t n = store.values().numel();
+    const auto grads = random_floats(static_cast<size_t>(n), 8, 0.01f);
+    std::memcpy(store.grads().data<float>(), grads.data(), grads.size() * sizeof(float));
+    optim::Sgd<float> sgd(store, {0.9, nesterov, 5e-4, false});
+    const std::vector<float> p0 = host_of(store.values());
+    DeviceBuffer<float> p(p0), g(grads), v(static_cast<size_t>(n));
+    std::vector<int64_t> ends;
+    std::vector<float> decays;
+    for (const auto& r : sgd.ranges()) {
+      ends.push_back(r.end);
+      decays.push_back(r.decay ? 5e-4f : 0.f);
+    }
+    DeviceBuffer<int64_t> dends(ends);
+    DeviceBuffer<float> ddecays(decays);
+    for (int step = 0; step < 3; ++step) {  // velocity carries over
+      sgd.step(store, 0.05, 0.9);
+      kernels::sgd_step(p.get(), g.get(), v.get(), n, dends.get(), ddecays.get(), static_cast<int>(ends.size()),
+                        0.05f, 0.9f, nesterov, stream_);
+    }
+    const auto p_gpu = p.host(), v_gpu = v.host();
+    const auto p_cpu = host_of(store.values()), v_cpu = host_of(sgd.momentum_buffer());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(same_bits(p_gpu[static_cast<size_t>(i)], p_cpu[static_cast<size_t>(i)])) << i;
+      ASSERT_TRUE(same_bits(v_gpu[static_cast<size_t>(i)], v_cpu[static_cast<size_t>(i)])) << i;
+    }
+  }
+}
+
+TEST_F(GpuKernels, DeviceTensorsComeZeroedFromTheCachingAllocator) {
+  const size_t before = device::memory_in_use();
+  {
+    Tensor t(Shape{1000, 1000}, DType::F32, DeviceKind::CUDA);
+    EXPECT_EQ(t.device(), DeviceKind::CUDA);
+    std::vector<float> h(static_cast<size_t>(t.numel()), 1.f);
+    device::copy(h.data(), t.raw(), t.bytes(), device::Copy::DeviceToHost);
+    for (float v : h) ASSERT_EQ(v, 0.f);
+    EXPECT_GE(device::memory_in_use(), before + t.bytes());
+  }
+  EXPECT_EQ(device::memory_in_use(), before);
+  EXPECT_GE(device::peak_memory_in_use(), before + 4000000);
+}
+
+}  // namespace
+}  // namespace hpc
