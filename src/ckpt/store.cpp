@@ -138,6 +138,16 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
   if (::rename(tmp.c_str(), path.c_str()) != 0) log::warn("cannot rename heartbeat ", tmp, ": ", std::strerror(errno));
 }
 
+std::map<std::string, std::string> read_heartbeat(const std::string& dir) {
+  std::map<std::string, std::string> fields;
+  std::ifstream in((fs::path(dir) / "heartbeat").string());
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return fields;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;

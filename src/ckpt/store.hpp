@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -39,6 +40,8 @@ class CheckpointStore {
 // and once more when it ends: "done", or "stopped" after a stop signal's checkpoint. A
 // launcher that sees unix_time stop advancing while the state is "training" knows the job hangs.
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state = "training");
+// The heartbeat's fields by name (empty when DIR has none).
+std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);

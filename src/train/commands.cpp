@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -20,6 +19,7 @@
 #include "train/checkpointing.hpp"
 #include "train/exit_codes.hpp"
 #include "train/metrics.hpp"
+#include "train/options.hpp"
 #include "train/trainer.hpp"
 
 namespace hpc::train {
@@ -177,13 +177,8 @@ void print_directory_line(const Inspected& r) {
 }
 
 void print_heartbeat(const std::string& dir) {
-  std::ifstream in(dir + "/heartbeat");
-  if (!in) return;
-  std::map<std::string, std::string> beat;
-  for (std::string line; std::getline(in, line);) {
-    const size_t eq = line.find('=');
-    if (eq != std::string::npos) beat[line.substr(0, eq)] = line.substr(eq + 1);
-  }
+  const std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir);
+  if (beat.empty()) return;
   const int64_t t = integer_or(beat, "unix_time");
   const int64_t now =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -267,7 +262,13 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
       "metrics-file", po::value(&metrics_file), "append the result as a JSON line (event \"evaluate\") to FILE");
   po::variables_map vm;
   bool go = false;
-  dist::collectively(ctx, [&] { go = parse(argc, argv, options, {}, vm, ctx.rank() == 0); });
+  dist::collectively(ctx, [&] {
+    go = parse(argc, argv, options, {}, vm, ctx.rank() == 0);
+    if (!go) return;
+    require_non_negative(test_samples, "test-samples");
+    require_positive(batch_size, "eval-batch-size");
+    require_thread_count(threads);
+  });
   if (!go) return kExitSuccess;
   const bool lead = ctx.rank() == 0;
   if (!lead) log::set_level(log::Level::Warn);
@@ -276,13 +277,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   std::string path;
   const std::optional<ckpt::Checkpoint> c = read_on_rank0(
       ctx,
-      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
-        HPC_REQUIRE(test_samples >= 0, "--test-samples must not be negative, got ", test_samples);
-        HPC_REQUIRE(batch_size > 0, "--eval-batch-size must be a positive integer, got ", batch_size);
-        HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ",
-                    threads);
-        return load_checkpoint_or_latest(checkpoint);
-      },
+      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> { return load_checkpoint_or_latest(checkpoint); },
       &path);
   data::DatasetPair ds;
   std::unique_ptr<nn::Model<float>> model;

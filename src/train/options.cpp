@@ -56,10 +56,6 @@ double parse_duration(const std::string& text, const char* option) {
   return v * scale;
 }
 
-void require_positive(int64_t v, const char* option) {
-  HPC_REQUIRE(v > 0, "--", option, " must be a positive integer, got ", v);
-}
-
 void require_finite(double v, const char* option) {
   HPC_REQUIRE(std::isfinite(v), "--", option, " must be a finite number, got ", v);
 }
@@ -68,20 +64,15 @@ void validate(const TrainOptions& o) {
   require_positive(o.epochs, "epochs");
   require_positive(o.batch_size, "batch-size");
   require_positive(o.eval_batch_size, "eval-batch-size");
-  HPC_REQUIRE(o.seed >= 0, "--seed must not be negative, got ", o.seed);
-  HPC_REQUIRE(o.max_steps >= 0, "--max-steps must not be negative, got ", o.max_steps);
-  HPC_REQUIRE(o.train_samples >= 0, "--train-samples must not be negative, got ", o.train_samples);
-  HPC_REQUIRE(o.test_samples >= 0, "--test-samples must not be negative, got ", o.test_samples);
-  HPC_REQUIRE(o.threads >= 0 && o.threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ",
-              o.threads);
-  HPC_REQUIRE(o.global_batch_size >= 0, "--global-batch-size must not be negative, got ", o.global_batch_size);
+  for (auto [v, name] : {std::pair{o.seed, "seed"}, {o.max_steps, "max-steps"}, {o.train_samples, "train-samples"},
+                         {o.test_samples, "test-samples"}, {o.global_batch_size, "global-batch-size"},
+                         {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"}})
+    require_non_negative(v, name);
+  require_thread_count(o.threads);
   HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096,
               "--bucket-mb must be a size in MB in (0, 4096], got ", o.bucket_mb);
   HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
               "--keep-checkpoints must be at least 1, got ", o.keep_checkpoints);
-  HPC_REQUIRE(o.checkpoint_every_steps >= 0, "--checkpoint-every-steps must not be negative, got ",
-              o.checkpoint_every_steps);
-  HPC_REQUIRE(o.log_every >= 0, "--log-every must not be negative, got ", o.log_every);
   for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
                          {o.label_smoothing, "label-smoothing"}, {o.warmup_epochs, "warmup-epochs"},
                          {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"}})
@@ -97,6 +88,18 @@ void validate(const TrainOptions& o) {
 }
 
 }  // namespace
+
+void require_positive(int64_t v, const char* option) {
+  HPC_REQUIRE(v > 0, "--", option, " must be a positive integer, got ", v);
+}
+
+void require_non_negative(int64_t v, const char* option) {
+  HPC_REQUIRE(v >= 0, "--", option, " must not be negative, got ", v);
+}
+
+void require_thread_count(int threads) {
+  HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ", threads);
+}
 
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak) {
   TrainOptions o;

@@ -64,6 +64,12 @@ struct TrainOptions {
 // speaks, the per-rank --threads and --data-dir, and the checkpoint settings).
 std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o);
 
+// Checks shared with the other subcommands' options (train/commands.cpp): a usage error
+// naming the option and the value.
+void require_positive(int64_t v, const char* option);
+void require_non_negative(int64_t v, const char* option);
+void require_thread_count(int threads);  // --threads: 0 (all cores) to 4096
+
 // Only a process with `speak` prints --help and --version (rank 0 of a multi-rank job).
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak = true);
 

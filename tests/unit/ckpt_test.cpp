@@ -1,7 +1,12 @@
-// The checkpoint format: round trip, and every truncation or flipped bit is caught.
+// The checkpoint format: round trip, and every truncation or flipped bit is caught; the
+// heartbeat's fields read back as written.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/store.hpp"
 #include "core/error.hpp"
 
 namespace hpc::testing {
@@ -48,6 +53,20 @@ TEST(CheckpointFormat, EveryFlippedBitIsDetected) {
       bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
       EXPECT_THROW(ckpt::decode(bad, "flipped"), Error) << "byte " << i << " bit " << bit;
     }
+}
+
+TEST(Heartbeat, ReadsBackWhatWasWritten) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-beat-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  EXPECT_TRUE(ckpt::read_heartbeat(dir).empty());
+  ckpt::write_heartbeat(dir, 12, 1, "stopped");
+  const auto beat = ckpt::read_heartbeat(dir);
+  EXPECT_EQ(beat.at("step"), "12");
+  EXPECT_EQ(beat.at("epoch"), "1");
+  EXPECT_EQ(beat.at("state"), "stopped");
+  EXPECT_EQ(beat.at("pid"), std::to_string(::getpid()));
+  EXPECT_GT(std::stoll(beat.at("unix_time")), 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
