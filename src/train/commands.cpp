@@ -33,13 +33,13 @@ bool parse(int argc, const char* const* argv, const po::options_description& opt
            const po::positional_options_description& positional, po::variables_map& vm, bool speak) {
   try {
     po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
+    if (vm.count("help")) {  // before notify, which would insist on the required options
+      if (speak) std::cout << options << "\n";
+      return false;
+    }
     po::notify(vm);
   } catch (const po::error& e) {
     usage_error(e.what());
-  }
-  if (vm.count("help")) {
-    if (speak) std::cout << options << "\n";
-    return false;
   }
   return true;
 }

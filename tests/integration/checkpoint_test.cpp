@@ -290,6 +290,9 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", ck, "--eval-batch-size", "0"}),
                      "--eval-batch-size must be a positive integer");
   expect_usage_error(run_hpctrain({"evaluate"}), "'--checkpoint' is required");
+  const RunResult help = run_hpctrain({"evaluate", "--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("Usage: hpctrain evaluate --checkpoint PATH"), std::string::npos) << help.out;
   expect_usage_error(run_hpctrain({"inspect"}), "hpctrain inspect needs a PATH");
   expect_usage_error(run_hpctrain({"inspect", dir_.str() + "/nothing-here"}), "no such file or directory");
 }
