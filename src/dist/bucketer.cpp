@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 
 #include "core/error.hpp"
 
@@ -14,8 +15,8 @@ int64_t now_ns() {
 }  // namespace
 
 GradientBucketer::GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
-                                   int64_t bucket_bytes, bool overlap)
-    : comm_(comm), grads_(grads), n_(n), overlap_(overlap) {
+                                   int64_t bucket_bytes, bool overlap, BucketDevice* device)
+    : comm_(comm), device_(device), grads_(grads), n_(n), overlap_(overlap) {
   HPC_CHECK(n > 0 && bucket_bytes > 0, "bucketer of ", n, " elements, ", bucket_bytes, " bytes per bucket");
   std::sort(group_starts.begin(), group_starts.end());
   group_starts.erase(std::unique(group_starts.begin(), group_starts.end()), group_starts.end());
@@ -66,6 +67,7 @@ void GradientBucketer::ready_from(int64_t offset) {
 }
 
 void GradientBucketer::queue_upto(size_t count) {
+  const uint64_t fence = device_ ? device_->fence() : 0;
   {
     std::lock_guard lock(mu_);
     const double t = now();
@@ -73,7 +75,7 @@ void GradientBucketer::queue_upto(size_t count) {
       timeline_.buckets[b].begin = buckets_[b].first;
       timeline_.buckets[b].end = buckets_[b].second;
       timeline_.buckets[b].queued = t;
-      queue_.push_back(b);
+      queue_.emplace_back(b, fence);
     }
     next_ = count;
   }
@@ -94,12 +96,13 @@ double GradientBucketer::finish() {
 void GradientBucketer::run() {
   for (;;) {
     size_t b;
+    uint64_t fence;
     float share;
     {
       std::unique_lock lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      b = queue_.front();
+      std::tie(b, fence) = queue_.front();
       queue_.pop_front();
       share = share_;
       timeline_.buckets[b].started = now();
@@ -107,9 +110,11 @@ void GradientBucketer::run() {
     try {
       float* p = grads_ + buckets_[b].first;
       const int64_t len = buckets_[b].second - buckets_[b].first;
-      if (share != 1.0f)
+      const bool reduce = comm_.size() > 1;
+      if (device_) device_->prepare(p, len, share, fence, reduce);
+      else if (share != 1.0f)
         for (int64_t i = 0; i < len; ++i) p[i] *= share;
-      if (comm_.size() > 1) comm_.allreduce_sum(p, len);
+      if (reduce) comm_.allreduce_sum(p, len);
     } catch (...) {
       std::lock_guard lock(mu_);
       failure_ = std::current_exception();

@@ -35,6 +35,21 @@ struct BucketTimeline {
   double backward_done = 0, finished = 0;
 };
 
+// Where the gradients live decides how a bucket is made ready for its sum. The default (host
+// memory, CPU training) needs no fence and scales in place on the communication thread. GPU
+// training supplies its own (train/gpu_engine.cpp): the fence is an event recorded on the
+// compute stream after the backward kernels that produced the bucket, and prepare makes the
+// communicator's stream wait for it and scales there, before the all-reduce on that stream.
+class BucketDevice {
+ public:
+  virtual ~BucketDevice() = default;
+  // Main thread, as buckets are queued: a token for "all work enqueued so far".
+  virtual uint64_t fence() = 0;
+  // Communication thread, before the bucket's all-reduce: wait for the fence, then x *= share.
+  // When `reduce` is false no all-reduce follows (one rank): return only once x is final.
+  virtual void prepare(float* x, int64_t n, float share, uint64_t fence, bool reduce) = 0;
+};
+
 class GradientBucketer {
  public:
   static constexpr int64_t kFirstBucketBytes = 1 << 20;  // 1 MB: see the constructor
@@ -44,8 +59,9 @@ class GradientBucketer {
   // bucket_bytes (the first at least min(bucket_bytes, 1 MB); the one holding offset 0
   // takes what is left). overlap = false queues
   // nothing before finish() (to measure what overlap buys).
+  // device: nullptr for host memory, else it must outlive the bucketer.
   GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
-                   int64_t bucket_bytes, bool overlap);
+                   int64_t bucket_bytes, bool overlap, BucketDevice* device = nullptr);
   ~GradientBucketer();
   GradientBucketer(const GradientBucketer&) = delete;
   GradientBucketer& operator=(const GradientBucketer&) = delete;
@@ -68,6 +84,7 @@ class GradientBucketer {
   double now() const;
 
   Communicator& comm_;
+  BucketDevice* device_;
   float* grads_;
   int64_t n_;
   bool overlap_;
@@ -76,7 +93,7 @@ class GradientBucketer {
 
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<size_t> queue_;
+  std::deque<std::pair<size_t, uint64_t>> queue_;  // bucket, fence
   size_t done_ = 0;
   bool stop_ = false;
   float share_ = 1;
