@@ -10,9 +10,11 @@ template <class T>
 Shape Sequential<T>::setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) {
   Shape s = in;
   first_slots_.clear();
+  shapes_.assign(1, in);
   for (size_t i = 0; i < layers_.size(); ++i) {
     first_slots_.push_back(store.slots().size());
     s = layers_[i]->setup(s, store, prefix.empty() ? std::to_string(i) : prefix + "." + std::to_string(i));
+    shapes_.push_back(s);
   }
   first_slots_.push_back(store.slots().size());
   return s;

@@ -74,6 +74,10 @@ class Conv2d final : public Layer<T> {
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
   double forward_flops() const override;
+  // For the GPU network, which mirrors this layer (nn/cuda/network.hpp).
+  const ConvSpec& spec() const { return spec_; }
+  int weight_slot() const { return weight_; }
+  int bias_slot() const { return bias_; }  // -1: no bias
 
  private:
   bool direct() const;  // 1x1, stride 1, no padding: the input is its own im2col matrix
@@ -118,6 +122,15 @@ class BatchNorm final : public Layer<T> {
   // Statistics (forward) and gradient sums (backward) over the whole global batch: the
   // SyncBatchNorm of PyTorch. Parameter gradients stay per rank (the all-reduce averages them).
   void sync_statistics(const StatsSum& sum) override { sync_ = sum; }
+  // For the GPU network, which mirrors this layer (nn/cuda/network.hpp).
+  bool fused_relu() const { return relu_; }
+  FusedPool fused_pool() const { return pool_; }
+  double momentum() const { return momentum_; }
+  double eps() const { return eps_; }
+  int gamma_slot() const { return gamma_; }
+  int beta_slot() const { return beta_; }
+  int running_mean_slot() const { return running_mean_; }
+  int running_var_slot() const { return running_var_; }
 
  private:
   bool pooled() const { return pool_.kernel > 0; }
@@ -163,6 +176,8 @@ class MaxPool2d final : public Layer<T> {
   Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  int64_t kernel() const { return kernel_; }
+  int64_t stride() const { return stride_; }
 
  private:
   int64_t kernel_, stride_, h_ = 0, w_ = 0, c_ = 0, ho_ = 0, wo_ = 0;
@@ -204,6 +219,8 @@ class Linear final : public Layer<T> {
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
   double forward_flops() const override { return 2.0 * static_cast<double>(in_ * out_); }
+  int weight_slot() const { return weight_; }
+  int bias_slot() const { return bias_; }  // -1: no bias
 
  private:
   int64_t in_ = 0, out_;
@@ -242,10 +259,13 @@ class Sequential final : public Layer<T> {
   }
   // Index of the first parameter slot each layer declared in setup (size: layers + 1).
   const std::vector<size_t>& first_slots() const { return first_slots_; }
+  // Per-sample shapes from setup: layer i maps shapes()[i] to shapes()[i + 1].
+  const std::vector<Shape>& shapes() const { return shapes_; }
 
  private:
   std::vector<LayerPtr<T>> layers_;
   std::vector<size_t> first_slots_;
+  std::vector<Shape> shapes_;
 };
 
 // ResNet basic block: relu(main(x) + shortcut(x)); an empty shortcut is the identity.
@@ -267,6 +287,8 @@ class Residual final : public Layer<T> {
     main_.sync_statistics(sum);
     shortcut_.sync_statistics(sum);
   }
+  const Sequential<T>& main() const { return main_; }
+  const Sequential<T>& shortcut() const { return shortcut_; }  // empty: the identity
 
  private:
   Sequential<T> main_, shortcut_;

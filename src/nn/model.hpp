@@ -62,6 +62,7 @@ class Model {
   const ParamStore<T>& params() const { return store_; }
   const ModelSpec& spec() const { return spec_; }
   Sequential<T>& net() { return net_; }
+  const Sequential<T>& net() const { return net_; }
   // Per-sample multiply-add work of one training step (forward + backward) x 2.
   double train_flops_per_sample() const { return net_.forward_flops() + net_.backward_flops(false); }
   std::string summary() const;
