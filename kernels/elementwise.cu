@@ -21,6 +21,10 @@ __global__ void normalize_u8_kernel(const uint8_t* in, float* out, int64_t n, in
   HPC_GRID_STRIDE(i, n) out[i] = table[(i % channels) * 256 + in[i]];
 }
 
+__global__ void scale_kernel(float* x, int64_t n, float factor) {
+  HPC_GRID_STRIDE(i, n) x[i] *= factor;
+}
+
 __global__ void scale_and_check_kernel(float* x, int64_t n, float factor, int* non_finite) {
   bool bad = false;
   HPC_GRID_STRIDE(i, n) {
@@ -54,6 +58,12 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t str
 void normalize_u8(const uint8_t* in, float* out, int64_t n, int channels, const float* table, cudaStream_t stream) {
   if (n == 0) return;
   normalize_u8_kernel<<<blocks_for(n), kThreads, 0, stream>>>(in, out, n, channels, table);
+  CUDA_CHECK_LAUNCH();
+}
+
+void scale(float* x, int64_t n, float factor, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
   CUDA_CHECK_LAUNCH();
 }
 

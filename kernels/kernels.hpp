@@ -40,6 +40,11 @@ void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t
 // non-deterministic atomic.
 void sum_deterministic(const float* x, int64_t n, double* out, cudaStream_t stream);
 
+// *correct += the rows of scores (n x k) whose first largest entry is at the row's label (the
+// trainer's accuracy count). *correct is only ever added to: zero it first.
+void count_correct(const float* scores, const int32_t* labels, int64_t n, int64_t k, int* correct,
+                   cudaStream_t stream);
+
 // ---- optimizer (optim::Sgd::step) ---------------------------------------------------------------
 
 // The SGD update of the whole parameter arena in one launch: for the parameters of range r
@@ -50,6 +55,11 @@ void sum_deterministic(const float* x, int64_t n, double* out, cudaStream_t stre
 // the last equal to n.
 void sgd_step(float* params, const float* grads, float* velocity, int64_t n, const int64_t* range_end,
               const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream);
+
+// ---- data parallelism (dist::GradientBucketer) -------------------------------------------------
+
+// x *= factor: a rank's share of the global batch, applied to a gradient bucket before the sum.
+void scale(float* x, int64_t n, float factor, cudaStream_t stream);
 
 // ---- mixed precision ----------------------------------------------------------------------------
 

@@ -76,6 +76,17 @@ __global__ void sum_kernel(const float* x, int64_t n, double* out) {
   if (threadIdx.x == 0) *out = part[0];
 }
 
+// One thread per row: the first largest score, as std::max_element on the CPU.
+__global__ void count_correct_kernel(const float* scores, const int32_t* labels, int64_t n, int64_t k, int* correct) {
+  HPC_GRID_STRIDE(r, n) {
+    const float* row = scores + r * k;
+    int64_t best = 0;
+    for (int64_t j = 1; j < k; ++j)
+      if (row[j] > row[best]) best = j;
+    if (best == labels[r]) atomicAdd(correct, 1);  // integer sums do not depend on the order
+  }
+}
+
 }  // namespace
 
 void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
@@ -90,6 +101,13 @@ void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t
 
 void sum_deterministic(const float* x, int64_t n, double* out, cudaStream_t stream) {
   sum_kernel<<<1, kSumThreads, 0, stream>>>(x, n, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void count_correct(const float* scores, const int32_t* labels, int64_t n, int64_t k, int* correct,
+                   cudaStream_t stream) {
+  if (n == 0) return;
+  count_correct_kernel<<<blocks_for(n), kThreads, 0, stream>>>(scores, labels, n, k, correct);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -18,7 +18,8 @@ namespace {
 // batch is the checkpoint's whatever --batch-size says; see check_resumable).
 const std::set<std::string>& free_on_resume() {
   static const std::set<std::string> names{"batch-size", "global-batch-size", "eval-batch-size", "test-samples",
-                                           "bucket-mb",  "no-overlap",        "device",          "init"};
+                                           "bucket-mb",  "no-overlap",        "device",          "init",
+                                           "precision",  "no-deterministic"};
   return names;
 }
 

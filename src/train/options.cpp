@@ -85,6 +85,10 @@ void validate(const TrainOptions& o) {
               "--augment must be auto, on or off, got '", o.augment, "'");
   HPC_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
               "--device must be auto, cpu or cuda, got '", o.device, "'");
+  HPC_REQUIRE(o.precision != "bf16" && o.precision != "fp16", "--precision ", o.precision,
+              ": mixed precision is not built yet; use fp32 or tf32");
+  HPC_REQUIRE(o.precision == "fp32" || o.precision == "tf32", "--precision must be fp32 or tf32, got '",
+              o.precision, "'");
 }
 
 }  // namespace
@@ -104,7 +108,8 @@ void require_thread_count(int threads) {
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak) {
   TrainOptions o;
   std::string config, step_epochs;
-  bool no_nesterov = false, no_batch_norm = false, keep_last = false, no_cycle_momentum = false, no_overlap = false;
+  bool no_nesterov = false, no_batch_norm = false, keep_last = false, no_cycle_momentum = false, no_overlap = false,
+       no_deterministic = false;
   po::options_description general("General");
   general.add_options()
       ("help,h", "print this help and exit")
@@ -118,7 +123,14 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("seed", po::value(&o.seed)->default_value(o.seed, shown(o.seed)), "seed of initialisation, shuffling and augmentation")
       ("threads", po::value(&o.threads)->default_value(o.threads, shown(o.threads)),
        "math-library threads per rank (0: the host's cores / the ranks on it)")
-      ("device", po::value(&o.device)->default_value(o.device, shown(o.device)), "auto, cpu or cuda");
+      ("device", po::value(&o.device)->default_value(o.device, shown(o.device)),
+       "auto (the GPU of each rank's local rank when one is visible, else the CPU), cpu or cuda")
+      ("precision", po::value(&o.precision)->default_value(o.precision, shown(o.precision)),
+       "GPU arithmetic: tf32 (convolutions and matrix products on tensor cores, as PyTorch's cuDNN default) or "
+       "fp32 (IEEE float throughout); the CPU always computes in fp32")
+      ("no-deterministic", po::bool_switch(&no_deterministic),
+       "GPU: let cuDNN choose non-deterministic algorithms too (faster for some shapes; runs then differ in their "
+       "last bits and a resume is no longer bit-exact)");
   po::options_description model("Model and data");
   model.add_options()
       ("model", po::value(&o.model)->default_value(o.model, shown(o.model)), "mlp, cnn, resnet20 or resnet18")
@@ -240,6 +252,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   o.batch_norm = !no_batch_norm;
   o.drop_last = !keep_last;
   o.overlap = !no_overlap;
+  o.deterministic = !no_deterministic;
   o.checkpoint_interval_seconds = parse_duration(interval, "checkpoint-interval");
   o.step_timeout_seconds = parse_duration(step_timeout, "step-timeout");
   HPC_REQUIRE(!o.resume.empty(), "--resume must be auto, none or a checkpoint file");
@@ -273,6 +286,7 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
   add("onecycle-div-factor", o.onecycle_div_factor), add("onecycle-final-div-factor", o.onecycle_final_div_factor);
   add("no-cycle-momentum", !o.cycle_momentum), add("onecycle-base-momentum", o.onecycle_base_momentum);
   add("onecycle-max-momentum", o.onecycle_max_momentum), add("seed", o.seed), add("device", o.device);
+  add("precision", o.precision), add("no-deterministic", !o.deterministic);
   add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap), add("sync-batch-norm", o.sync_batch_norm);
   return v;
 }

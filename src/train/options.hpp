@@ -51,7 +51,11 @@ struct TrainOptions {
   bool checkpoint_each_epoch = false;
   std::string resume = "auto";  // auto | none | a checkpoint file
   double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
-  std::string device = "auto";
+  std::string device = "auto";  // auto (a GPU when one is visible) | cpu | cuda
+  // GPU arithmetic: tf32 lets convolutions and matrix products use tensor cores with 10-bit
+  // mantissas (PyTorch's cuDNN default); fp32 keeps IEEE float (the CPU always computes fp32).
+  std::string precision = "tf32";
+  bool deterministic = true;  // GPU: only algorithms that give the same bits every run
   std::string metrics_file;
   bool quiet = false;
   int64_t log_every = 0;  // steps between plain progress lines; 0: about ten per epoch

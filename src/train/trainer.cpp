@@ -16,12 +16,12 @@
 #include "ckpt/store.hpp"
 #include "data/loader.hpp"
 #include "dist/agree.hpp"
-#include "dist/bucketer.hpp"
 #include "nn/gemm.hpp"
 #include "optim/schedule.hpp"
 #include "optim/sgd.hpp"
 #include "train/checkpointing.hpp"
 #include "train/checksum.hpp"
+#include "train/engine.hpp"
 #include "train/signals.hpp"
 #include "train/metrics.hpp"
 #include "train/watchdog.hpp"
@@ -33,26 +33,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int64_t count_correct(const Tensor& prob, const int32_t* labels) {
-  const int64_t n = prob.shape()[0], k = prob.shape()[1];
-  const float* p = prob.data<float>();
-  int64_t correct = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    const float* row = p + r * k;
-    correct += (std::max_element(row, row + k) - row) == labels[r];
-  }
-  return correct;
-}
-
-void resolve_device(const TrainOptions& o) {
-  const int gpus = device::cuda_device_count();
-  // The GPU path is being built (kernels/, dist/nccl.cpp) but the GPU layers and the GPU
-  // training loop are not there yet: asking for it is an error rather than a silent CPU run
-  // (DESIGN.md principle 3).
-  HPC_REQUIRE(o.device != "cuda", "--device cuda: GPU training is not available yet (",
-              device::describe(), "); use --device cpu");
-  if (o.device == "auto" && gpus > 0)
-    log::info(gpus, " GPU(s) visible, but GPU training is not available in this build; training on the CPU");
+// Whether this rank trains on its GPU. --device cuda without a usable GPU is an error, never a
+// silent CPU run (DESIGN.md principle 3); auto takes the GPU when there is one.
+bool resolve_device(const TrainOptions& o) {
+  if (o.device == "cpu") return false;
+  std::string why;
+  const bool gpu = gpu_training_available(&why);
+  HPC_REQUIRE(gpu || o.device == "auto", "--device cuda: ", why, "; use --device cpu");
+  if (gpu)
+    HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
+                                    "--device cpu");
+  return gpu;
 }
 
 data::AugmentSpec augment_spec(const TrainOptions& o) {
@@ -173,6 +164,13 @@ int default_threads(int ranks_on_host) {
 
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
                     int64_t batch_size, dist::Communicator* comm, const std::function<void()>& on_batch) {
+  return evaluate([&](const data::Batch& b, double* sums) { eval_batch_cpu(model, b, sums); }, ds, norm, batch_size,
+                  comm, on_batch);
+}
+
+EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
+                    const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm,
+                    const std::function<void()>& on_batch) {
   // Each rank evaluates its contiguous part of the test set; the sums are then added up.
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   const int64_t begin = ds.count * rank / world, end = ds.count * (rank + 1) / world;
@@ -184,9 +182,7 @@ EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data
     std::vector<uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), static_cast<uint32_t>(start));
     assembler.assemble(idx, 0, false, batch);
-    const Tensor& logits = model.forward(batch.images, false);
-    sums[0] += model.loss(logits, batch.labels.data()) * static_cast<double>(n);
-    sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
+    run(batch, sums);
     if (on_batch) on_batch();
   }
   if (comm && world > 1) comm->allreduce_sum(sums, 2);
@@ -208,12 +204,14 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // Everything up to the first step can fail on one rank alone (a missing file on one
   // host): collectively() turns that into the same error on every rank.
   int threads = 0;
+  bool gpu = false;
   std::string dir;
   data::DatasetPair ds;
   std::unique_ptr<nn::Model<float>> model_ptr;
   int64_t global_batch = 0;
   dist::collectively(ctx, [&] {
-    resolve_device(o);
+    gpu = resolve_device(o);
+    if (gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
     threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(threads);
     dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
@@ -285,16 +283,16 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed));
   MetricsWriter metrics = o.metrics_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics_file);
   MetricsWriter timeline = o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file);
-  Tensor& grads = model.params().grads();
-  dist::GradientBucketer bucketer(comm, grads.data<float>(), grads.numel(), model.gradient_groups(),
-                                  static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap);
+  // The engine takes the state as it now is (initialised or resumed, and broadcast).
+  std::unique_ptr<Engine> engine =
+      gpu ? make_gpu_engine(model, sgd, ctx, o) : make_cpu_engine(model, sgd, comm, o, threads);
 
   log::info("hpctrain ", HPCTRAIN_VERSION, ": ", model.summary());
   log::info("data: ", o.dataset, " from ", dir, " (", ds.train.count, " train, ", ds.test.count,
             " test); ", world, " rank(s), global batch ", global_batch, ", ", spe, " steps per epoch, ", total_steps,
-            " steps; ", threads, " thread(s) per rank, GEMM ", nn::gemm_backend());
+            " steps; ", engine->describe());
   if (world > 1)
-    log::info("gradients all-reduced in ", bucketer.bucket_count(), " bucket(s) of up to ", o.bucket_mb, " MB",
+    log::info("gradients all-reduced in ", engine->bucket_count(), " bucket(s) of up to ", o.bucket_mb, " MB",
               o.overlap ? ", overlapping the backward pass" : ", after the backward pass (--no-overlap)");
 
   // Checkpoints: rank 0 snapshots its state (all ranks hold the same parameters and
@@ -315,6 +313,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     const auto t0 = Clock::now();
     if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
     ckpt::Checkpoint snapshot = writer->recycled();
+    engine->sync_to_host();
     fill_checkpoint(snapshot, o, model, sgd, world, at);
     writer->submit(std::move(snapshot), at.step);
     checkpoint_stall += seconds_since(t0);
@@ -345,13 +344,13 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       const data::Batch* batch = loader.next();
       if (!batch) break;
       const int64_t global_len = sampler.global_batch_length(batch->step);
-      bucketer.begin_step(static_cast<float>(static_cast<double>(batch->size()) / static_cast<double>(global_len)));
-      const double loss = model.loss(model.forward(batch->images, true), batch->labels.data());
-      model.backward([&](int64_t offset) { bucketer.ready_from(offset); });
-      comm_wait_seconds += bucketer.finish();
-      if (!o.timeline_file.empty() && lead) write_timeline(timeline, step, bucketer.last_timeline());
-      sums[1] += static_cast<double>(count_correct(model.probabilities(), batch->labels.data()));
-      sgd.step(model.params(), schedule.lr(samples_seen), schedule.momentum(samples_seen, o.momentum));
+      const float share = static_cast<float>(static_cast<double>(batch->size()) / static_cast<double>(global_len));
+      const StepResult r =
+          engine->train_step(*batch, share, schedule.lr(samples_seen), schedule.momentum(samples_seen, o.momentum));
+      const double loss = r.loss;
+      comm_wait_seconds += r.comm_wait;
+      if (!o.timeline_file.empty() && lead) write_timeline(timeline, step, engine->timeline());
+      sums[1] += static_cast<double>(r.correct);
       samples_seen += static_cast<double>(global_len);
       run_samples += static_cast<double>(global_len);
       epoch_global_samples += global_len;
@@ -388,7 +387,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     const double epoch_seconds = seconds_since(t_epoch);
     train_seconds += epoch_seconds;
     if (world > 1) comm.allreduce_sum(sums, 3);
-    eval = evaluate(model, ds.test, ds.norm, o.eval_batch_size, &comm, [&] { watchdog.progress(step); });
+    eval = evaluate([&](const data::Batch& b, double* s) { engine->eval_batch(b, s); }, ds.test, ds.norm,
+                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); });
     const double seen = std::max(sums[2], 1.0);
     const double train_loss = sums[0] / seen;
     const double ips = static_cast<double>(epoch_global_samples) / std::max(epoch_seconds, 1e-9);
@@ -433,6 +433,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     log::info("checkpoint: ", writer->last_written());
     ckpt::write_heartbeat(store->dir(), step, step / spe, "done");
   }
+  engine->sync_to_host();
   const Tensor& values = model.params().values();
   result.steps = step;
   result.test_accuracy = eval.accuracy;
@@ -453,6 +454,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                  {"train_flops_per_sample", model.train_flops_per_sample()},
                  {"train_seconds", train_seconds},
                  {"world_size", world},
+                 {"device", std::string(gpu ? "cuda" : "cpu")},
+                 {"peak_device_memory_bytes", static_cast<int64_t>(engine->peak_device_memory())},
                  {"global_batch_size", global_batch},
                  {"comm_wait_seconds_per_step", wait_per_step},
                  {"step_seconds", train_seconds / run_steps},

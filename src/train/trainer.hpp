@@ -5,6 +5,7 @@
 #include <string>
 
 #include "data/dataset.hpp"
+#include "data/loader.hpp"
 #include "dist/communicator.hpp"
 #include "dist/process.hpp"
 #include "nn/model.hpp"
@@ -30,6 +31,11 @@ struct TrainResult {
 // the whole set's figures). on_batch is called after every batch (the step watchdog's progress).
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
                     int64_t batch_size, dist::Communicator* comm = nullptr,
+                    const std::function<void()>& on_batch = {});
+// The same with any per-batch evaluation: run(batch, sums) adds the batch's loss sum and
+// correct count to sums[0] and sums[1] (an Engine's eval_batch).
+EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
+                    const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm = nullptr,
                     const std::function<void()>& on_batch = {});
 
 // Math-library threads per rank when --threads is 0: this host's cores shared among the ranks

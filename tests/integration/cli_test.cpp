@@ -110,11 +110,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"cycle_momentum_one", {"--onecycle-max-momentum", "1"}, {"momentum"}},
         BadArgs{"augment_unknown", {"--augment", "maybe"}, {"--augment", "maybe"}},
         BadArgs{"device_unknown", {"--device", "gpu"}, {"--device", "gpu"}},
+        BadArgs{"precision_unknown", {"--precision", "fp8"}, {"--precision", "'fp8'", "tf32"}},
+        BadArgs{"precision_mixed_not_built", {"--precision", "bf16"}, {"--precision bf16", "not built yet"}},
         BadArgs{"batch_larger_than_dataset", {"--batch-size", "100"}, {"64", "100"}},
         BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}}),
     [](const ::testing::TestParamInfo<BadArgs>& i) { return std::string(i.param.name); });
 
 // ---- Paths -----------------------------------------------------------------------------------
+
+// --device cuda where no GPU can train is an error naming why, never a silent CPU run. (On a
+// machine with a GPU the GPU tests, label gpu, cover --device cuda.)
+TEST_F(Cli, DeviceCudaWithoutAGpuIsAUsageError) {
+  if (fs::exists("/dev/nvidia0")) GTEST_SKIP() << "a GPU is present: --device cuda would train";
+  expect_usage_error(run({"--device", "cuda"}), {"--device cuda", "--device cpu"});
+}
 
 TEST_F(Cli, MissingDataDirectory) {
   expect_usage_error(run({"--data-dir", "/nonexistent/hpctrain-data"}),
@@ -246,6 +255,8 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"seed", "1"},
     {"threads", "0"},
     {"device", "auto"},
+    {"precision", "tf32"},
+    {"no-deterministic", ""},
     {"model", "cnn"},
     {"no-batch-norm", ""},
     {"init", "kaiming-uniform"},

@@ -1,0 +1,400 @@
+#include "nn/cuda/layers.hpp"
+
+#include <algorithm>
+
+#include "core/device.hpp"
+#include "kernels/kernels.hpp"
+
+namespace hpc::nn::cuda {
+namespace {
+
+constexpr float kOne = 1.0f, kZero = 0.0f;
+
+int to_int(int64_t v) {
+  HPC_CHECK(v >= 0 && v <= INT32_MAX, "GPU layer dimension ", v, " does not fit the libraries' int");
+  return static_cast<int>(v);
+}
+
+// Picks the first of cuDNN's measured algorithms (fastest first) that succeeded, fits the
+// workspace limit, and meets the settings: deterministic when asked, and in fp32 only plain
+// FMA math (CUDNN_DEFAULT_MATH may use TF32 on Ampere and later).
+template <class Perf>
+const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > s.workspace_limit) continue;
+    if (s.deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+    if (s.math == Math::Fp32 && p.mathType != CUDNN_FMA_MATH) continue;
+    return p;
+  }
+  throw Error(ErrorKind::Internal, detail::concat("cuDNN offers no ", what, " algorithm for this convolution",
+                                                  s.deterministic ? " that is deterministic" : "",
+                                                  s.math == Math::Fp32 ? " in plain fp32" : ""));
+}
+
+cudnnConvolutionDescriptor_t make_conv(int64_t stride, int64_t padding, cudnnMathType_t math) {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, to_int(padding), to_int(padding), to_int(stride), to_int(stride),
+                                              1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
+  return d;
+}
+
+Shape nhwc_shape(int64_t n, const Geometry& g, bool image) {
+  return image ? Shape{n, g.h, g.w, g.c} : Shape{n, g.c};
+}
+
+}  // namespace
+
+// ---- arenas, geometry, sequential ------------------------------------------------------------
+
+DeviceArenas::DeviceArenas(const ParamStore<float>& layout)
+    : layout_(&layout),
+      values_(layout.values().shape(), DType::F32, DeviceKind::CUDA),
+      grads_(layout.grads().shape(), DType::F32, DeviceKind::CUDA),
+      buffers_(layout.buffers().shape(), DType::F32, DeviceKind::CUDA) {}
+
+Geometry Geometry::of(const Shape& s) {
+  if (s.rank() == 3) return {s[0], s[1], s[2]};
+  HPC_CHECK(s.rank() == 1, "GPU layers take H x W x C or F per sample, not ", s.str());
+  return {1, 1, s[0]};
+}
+
+const Tensor& GpuSequential::forward(const Tensor& x, bool train) {
+  const Tensor* cur = &x;
+  for (auto& l : layers_) cur = &l->forward(*cur, train);
+  return *cur;
+}
+
+const Tensor& GpuSequential::backward(const Tensor& dy, bool need_dx) {
+  return backward_with(dy, need_dx, [](size_t) {});
+}
+
+const Tensor& GpuSequential::backward_with(const Tensor& dy, bool need_dx,
+                                           const std::function<void(size_t)>& after_layer) {
+  const Tensor* cur = &dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    cur = &layers_[i]->backward(*cur, need_dx || i > 0);
+    after_layer(i);
+  }
+  return *cur;
+}
+
+// ---- convolution ------------------------------------------------------------------------------
+
+ConvGpu::ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry out, int64_t kernel, int64_t stride,
+                 int64_t padding, int weight_slot, int bias_slot)
+    : ctx_(ctx), arenas_(arenas), in_(in), out_(out), weight_(weight_slot), bias_(bias_slot) {
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&filter_));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(filter_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, to_int(out.c), to_int(in.c),
+                                         to_int(kernel), to_int(kernel)));
+  // One descriptor per direction: each carries the math type of the algorithm chosen for it.
+  const cudnnMathType_t math = ctx.settings().math == Math::Fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  conv_fwd_ = make_conv(stride, padding, math);
+  conv_bwd_data_ = make_conv(stride, padding, math);
+  conv_bwd_filter_ = make_conv(stride, padding, math);
+  bias_desc_.set_nhwc(1, 1, 1, out.c);
+}
+
+ConvGpu::~ConvGpu() {
+  for (auto d : {conv_fwd_, conv_bwd_data_, conv_bwd_filter_}) cudnnDestroyConvolutionDescriptor(d);
+  cudnnDestroyFilterDescriptor(filter_);
+}
+
+const ConvGpu::Plan& ConvGpu::plan(int64_t n) {
+  if (n != described_n_) {
+    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
+    y_desc_.set_nhwc(n, out_.h, out_.w, out_.c);
+    described_n_ = n;
+  }
+  auto it = plans_.find(n);
+  if (it != plans_.end()) return it->second;
+  // cuDNN times the candidates on this GPU once per shape (cudnnFind*, as PyTorch's
+  // cudnn.benchmark); the choice is then cached for the run.
+  constexpr int kMax = 16;
+  int got = 0;
+  Plan p;
+  const GpuSettings& s = ctx_.settings();
+  cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
+  CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_, y_desc_.get(),
+                                                   kMax, &got, fwd));
+  const auto& f = choose(fwd, got, s, "forward");
+  p.fwd = f.algo, p.fwd_bytes = f.memory, p.fwd_math = f.mathType;
+  cudnnConvolutionBwdDataAlgoPerf_t bd[kMax];
+  CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
+                                                        x_desc_.get(), kMax, &got, bd));
+  const auto& d = choose(bd, got, s, "backward-data");
+  p.bwd_data = d.algo, p.bwd_data_bytes = d.memory, p.bwd_data_math = d.mathType;
+  cudnnConvolutionBwdFilterAlgoPerf_t bf[kMax];
+  CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
+                                                          conv_bwd_filter_, filter_, kMax, &got, bf));
+  const auto& w = choose(bf, got, s, "backward-filter");
+  p.bwd_filter = w.algo, p.bwd_filter_bytes = w.memory, p.bwd_filter_math = w.mathType;
+  return plans_.emplace(n, p).first->second;
+}
+
+const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
+  const int64_t n = x.shape()[0];
+  HPC_CHECK(x.numel() == n * in_.size(), "conv input ", x.shape().str());
+  const Plan& p = plan(n);
+  x_ = x;
+  ensure(y_, Shape{n, out_.h, out_.w, out_.c});
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_, p.fwd_math));
+  CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_, arenas_.value(weight_),
+                                      conv_fwd_, p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero,
+                                      y_desc_.get(), y_.raw()));
+  if (bias_ >= 0)
+    CUDNN_CHECK(cudnnAddTensor(ctx_.cudnn(), &kOne, bias_desc_.get(), arenas_.value(bias_), &kOne, y_desc_.get(),
+                               y_.raw()));
+  return y_;
+}
+
+const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
+  const int64_t n = x_.shape()[0];
+  const Plan& p = plan(n);
+  if (bias_ >= 0)
+    CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn(), &kOne, y_desc_.get(), dy.raw(), &kZero, bias_desc_.get(),
+                                             arenas_.grad(bias_)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_, p.bwd_filter_math));
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &kOne, x_desc_.get(), x_.raw(), y_desc_.get(), dy.raw(),
+                                             conv_bwd_filter_, p.bwd_filter, ctx_.workspace(p.bwd_filter_bytes),
+                                             p.bwd_filter_bytes, &kZero, filter_, arenas_.grad(weight_)));
+  if (!need_dx) return dx_;
+  ensure(dx_, x_.shape());
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, p.bwd_data_math));
+  CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_, arenas_.value(weight_), y_desc_.get(),
+                                           dy.raw(), conv_bwd_data_, p.bwd_data, ctx_.workspace(p.bwd_data_bytes),
+                                           p.bwd_data_bytes, &kZero, x_desc_.get(), dx_.raw()));
+  return dx_;
+}
+
+// ---- batch norm [+ ReLU] [+ max pool] -----------------------------------------------------------
+
+BatchNormGpu::BatchNormGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, bool relu, int64_t pool_kernel,
+                           int64_t pool_stride, double momentum, double eps, int gamma, int beta, int running_mean,
+                           int running_var)
+    : ctx_(ctx),
+      arenas_(arenas),
+      in_(in),
+      pooled_(in),
+      relu_(relu),
+      pool_kernel_(pool_kernel),
+      momentum_(momentum),
+      eps_(std::max(eps, CUDNN_BN_MIN_EPSILON)),
+      gamma_(gamma),
+      beta_(beta),
+      running_mean_(running_mean),
+      running_var_(running_var) {
+  if (pool_kernel_ > 0) {
+    pooled_.h = (in.h - pool_kernel) / pool_stride + 1;
+    pooled_.w = (in.w - pool_kernel) / pool_stride + 1;
+    CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool_));
+    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN,
+                                            to_int(pool_kernel), to_int(pool_kernel), 0, 0, to_int(pool_stride),
+                                            to_int(pool_stride)));
+  }
+}
+
+BatchNormGpu::~BatchNormGpu() {
+  if (pool_) cudnnDestroyPoolingDescriptor(pool_);
+}
+
+const Tensor& BatchNormGpu::forward(const Tensor& x, bool train) {
+  const int64_t n = x.shape()[0];
+  HPC_CHECK(x.numel() == n * in_.size(), "batch norm input ", x.shape().str());
+  if (n != described_n_) {
+    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
+    pooled_desc_.set_nhwc(n, pooled_.h, pooled_.w, pooled_.c);
+    CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(stats_desc_.get(), x_desc_.get(), CUDNN_BATCHNORM_SPATIAL));
+    described_n_ = n;
+  }
+  x_ = x;
+  in_shape_ = x.shape();
+  ensure(y_, x.shape());
+  ensure(save_mean_, Shape{in_.c});
+  ensure(save_invstd_, Shape{in_.c});
+  if (train) {
+    // cuDNN's running variance takes the unbiased batch variance, as PyTorch's and the CPU layer's.
+    CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+        ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x.raw(), x_desc_.get(), y_.raw(),
+        stats_desc_.get(), arenas_.value(gamma_), arenas_.value(beta_), momentum_, arenas_.buffer(running_mean_),
+        arenas_.buffer(running_var_), eps_, save_mean_.raw(), save_invstd_.raw()));
+  } else {
+    CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x.raw(), x_desc_.get(), y_.raw(),
+        stats_desc_.get(), arenas_.value(gamma_), arenas_.value(beta_), arenas_.buffer(running_mean_),
+        arenas_.buffer(running_var_), eps_));
+  }
+  if (relu_) kernels::relu_forward(y_.data<float>(), y_.data<float>(), y_.numel(), ctx_.stream());
+  if (!pool_) return y_;
+  ensure(pooled_y_, nhwc_shape(n, pooled_, true));
+  CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), y_.raw(), &kZero, pooled_desc_.get(),
+                                  pooled_y_.raw()));
+  return pooled_y_;
+}
+
+const Tensor& BatchNormGpu::backward(const Tensor& dy, bool /*need_dx*/) {
+  // cuDNN's batch-norm backward always writes dx; the first layer's is simply not used.
+  const Tensor* d = &dy;
+  if (pool_) {
+    ensure(dnorm_, in_shape_);
+    CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, pooled_desc_.get(), pooled_y_.raw(),
+                                     pooled_desc_.get(), dy.raw(), x_desc_.get(), y_.raw(), &kZero, x_desc_.get(),
+                                     dnorm_.raw()));
+    d = &dnorm_;
+  }
+  if (relu_) {
+    ensure(dnorm_, in_shape_);  // elementwise: dnorm_ may be its own input
+    kernels::relu_backward(y_.data<float>(), d->data<float>(), dnorm_.data<float>(), dnorm_.numel(), ctx_.stream());
+    d = &dnorm_;
+  }
+  ensure(dx_, in_shape_);
+  CUDNN_CHECK(cudnnBatchNormalizationBackward(
+      ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x_.raw(), x_desc_.get(),
+      d->raw(), x_desc_.get(), dx_.raw(), stats_desc_.get(), arenas_.value(gamma_), arenas_.grad(gamma_),
+      arenas_.grad(beta_), eps_, save_mean_.raw(), save_invstd_.raw()));
+  return dx_;
+}
+
+// ---- ReLU, pooling, flatten ----------------------------------------------------------------------
+
+const Tensor& ReluGpu::forward(const Tensor& x, bool /*train*/) {
+  ensure(y_, x.shape());
+  kernels::relu_forward(x.data<float>(), y_.data<float>(), x.numel(), ctx_.stream());
+  return y_;
+}
+
+const Tensor& ReluGpu::backward(const Tensor& dy, bool /*need_dx*/) {
+  ensure(dx_, dy.shape());
+  kernels::relu_backward(y_.data<float>(), dy.data<float>(), dx_.data<float>(), dy.numel(), ctx_.stream());
+  return dx_;
+}
+
+PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride)
+    : ctx_(ctx), kind_(kind), in_(in), out_(in) {
+  if (kind == Kind::GlobalAverage) {
+    kernel = in.h;  // one window over the whole image; the window is never padded
+    stride = in.h;
+    out_.h = out_.w = 1;
+  } else {
+    out_.h = (in.h - kernel) / stride + 1;
+    out_.w = (in.w - kernel) / stride + 1;
+  }
+  CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool_));
+  const int kh = to_int(kind == Kind::GlobalAverage ? in.h : kernel);
+  const int kw = to_int(kind == Kind::GlobalAverage ? in.w : kernel);
+  const int sh = to_int(kind == Kind::GlobalAverage ? in.h : stride);
+  const int sw = to_int(kind == Kind::GlobalAverage ? in.w : stride);
+  CUDNN_CHECK(cudnnSetPooling2dDescriptor(
+      pool_, kind == Kind::Max ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+      CUDNN_PROPAGATE_NAN, kh, kw, 0, 0, sh, sw));
+}
+
+PoolGpu::~PoolGpu() { cudnnDestroyPoolingDescriptor(pool_); }
+
+const Tensor& PoolGpu::forward(const Tensor& x, bool /*train*/) {
+  const int64_t n = x.shape()[0];
+  HPC_CHECK(x.numel() == n * in_.size(), "pooling input ", x.shape().str());
+  if (n != described_n_) {
+    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
+    y_desc_.set_nhwc(n, out_.h, out_.w, out_.c);
+    described_n_ = n;
+  }
+  x_ = x;
+  in_shape_ = x.shape();
+  // The global average pool ends in features (N x C), as the CPU layer's output.
+  ensure(y_, nhwc_shape(n, out_, kind_ == Kind::Max));
+  CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), x.raw(), &kZero, y_desc_.get(),
+                                  y_.raw()));
+  return y_;
+}
+
+const Tensor& PoolGpu::backward(const Tensor& dy, bool /*need_dx*/) {
+  ensure(dx_, in_shape_);
+  CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
+                                   x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
+  return dx_;
+}
+
+const Tensor& FlattenGpu::forward(const Tensor& x, bool /*train*/) {
+  in_ = x.shape();
+  const int64_t n = in_[0];
+  y_ = x.reshape(Shape{n, x.numel() / std::max<int64_t>(n, 1)});  // NHWC: flattening moves nothing
+  return y_;
+}
+
+const Tensor& FlattenGpu::backward(const Tensor& dy, bool /*need_dx*/) {
+  dx_ = dy.reshape(in_);
+  return dx_;
+}
+
+// ---- linear ---------------------------------------------------------------------------------------
+// Row-major y[n x out] = x[n x in] W^T + b, W[out x in] as on the CPU. cuBLAS is column-major:
+// a row-major M[r x c] is its column-major M^T[c x r], so every product below is the CPU's
+// read transposed.
+
+LinearGpu::LinearGpu(GpuContext& ctx, DeviceArenas& arenas, int64_t in, int64_t out, int weight_slot, int bias_slot)
+    : ctx_(ctx), arenas_(arenas), in_(in), out_(out), weight_(weight_slot), bias_(bias_slot) {}
+
+const Tensor& LinearGpu::forward(const Tensor& x, bool /*train*/) {
+  const int64_t n = x.shape()[0];
+  HPC_CHECK(x.shape() == Shape({n, in_}), "linear input ", x.shape().str());
+  x_ = x;
+  ensure(y_, Shape{n, out_});
+  const int o = to_int(out_), i = to_int(in_), m = to_int(n);
+  // y^T[out x n] = W[out x in] . x^T[in x n]
+  CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, arenas_.value(weight_), i,
+                           x.data<float>(), i, &kZero, y_.data<float>(), o));
+  if (bias_ >= 0)  // y^T += b . ones^T
+    CUBLAS_CHECK(cublasSger(ctx_.cublas(), o, m, &kOne, arenas_.value(bias_), 1, ctx_.ones(n), 1, y_.data<float>(), o));
+  return y_;
+}
+
+const Tensor& LinearGpu::backward(const Tensor& dy, bool need_dx) {
+  const int64_t n = x_.shape()[0];
+  const int o = to_int(out_), i = to_int(in_), m = to_int(n);
+  // dW^T[in x out] = x^T[in x n] . dy[n x out]
+  CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &kOne, x_.data<float>(), i,
+                           dy.data<float>(), o, &kZero, arenas_.grad(weight_), i));
+  if (bias_ >= 0)  // db = dy^T[out x n] . ones
+    CUBLAS_CHECK(cublasSgemv(ctx_.cublas(), CUBLAS_OP_N, o, m, &kOne, dy.data<float>(), o, ctx_.ones(n), 1, &kZero,
+                             arenas_.grad(bias_), 1));
+  if (!need_dx) return dx_;
+  ensure(dx_, Shape{n, in_});
+  // dx^T[in x n] = W^T[in x out] . dy^T[out x n]
+  CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, m, o, &kOne, arenas_.value(weight_), i,
+                           dy.data<float>(), o, &kZero, dx_.data<float>(), i));
+  return dx_;
+}
+
+// ---- residual ---------------------------------------------------------------------------------------
+
+ResidualGpu::ResidualGpu(GpuContext& ctx, std::unique_ptr<GpuSequential> main, std::unique_ptr<GpuSequential> shortcut)
+    : ctx_(ctx), main_(std::move(main)), shortcut_(std::move(shortcut)) {}
+
+const Tensor& ResidualGpu::forward(const Tensor& x, bool train) {
+  const Tensor& a = main_->forward(x, train);
+  const Tensor& b = shortcut_->empty() ? x : shortcut_->forward(x, train);
+  ensure(y_, a.shape());
+  kernels::add(a.data<float>(), b.data<float>(), y_.data<float>(), a.numel(), ctx_.stream());
+  kernels::relu_forward(y_.data<float>(), y_.data<float>(), y_.numel(), ctx_.stream());
+  return y_;
+}
+
+const Tensor& ResidualGpu::backward(const Tensor& dy, bool need_dx) {
+  ensure(dsum_, dy.shape());
+  kernels::relu_backward(y_.data<float>(), dy.data<float>(), dsum_.data<float>(), dy.numel(), ctx_.stream());
+  // The add sends the same gradient into both branches; their input gradients sum.
+  const Tensor& dmain = main_->backward(dsum_, need_dx);
+  if (!need_dx) {
+    if (!shortcut_->empty()) shortcut_->backward(dsum_, false);
+    return dx_;
+  }
+  const Tensor& dshort = shortcut_->empty() ? dsum_ : shortcut_->backward(dsum_, true);
+  ensure(dx_, dmain.shape());
+  kernels::add(dmain.data<float>(), dshort.data<float>(), dx_.data<float>(), dmain.numel(), ctx_.stream());
+  return dx_;
+}
+
+}  // namespace hpc::nn::cuda

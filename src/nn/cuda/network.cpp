@@ -1,0 +1,109 @@
+#include "nn/cuda/network.hpp"
+
+#include "core/device.hpp"
+#include "kernels/kernels.hpp"
+
+namespace hpc::nn::cuda {
+namespace {
+
+// One GPU layer per CPU layer of `host`, recursively. A CPU layer with no GPU counterpart is
+// an error, never a silent CPU fallback (DESIGN.md principle 3).
+std::unique_ptr<GpuSequential> mirror(GpuContext& ctx, DeviceArenas& arenas, const Sequential<float>& host) {
+  auto seq = std::make_unique<GpuSequential>();
+  const auto& shapes = host.shapes();
+  for (size_t i = 0; i < host.layers().size(); ++i) {
+    const Layer<float>* l = host.layers()[i].get();
+    const Shape& in = shapes[i];
+    const Shape& out = shapes[i + 1];
+    if (auto* c = dynamic_cast<const Conv2d<float>*>(l)) {
+      const ConvSpec& s = c->spec();
+      seq->add(std::make_unique<ConvGpu>(ctx, arenas, Geometry::of(in), Geometry::of(out), s.kernel, s.stride,
+                                         s.padding, c->weight_slot(), c->bias_slot()));
+    } else if (auto* b = dynamic_cast<const BatchNorm<float>*>(l)) {
+      seq->add(std::make_unique<BatchNormGpu>(ctx, arenas, Geometry::of(in), b->fused_relu(), b->fused_pool().kernel,
+                                              b->fused_pool().stride, b->momentum(), b->eps(), b->gamma_slot(),
+                                              b->beta_slot(), b->running_mean_slot(), b->running_var_slot()));
+    } else if (dynamic_cast<const ReLU<float>*>(l)) {
+      seq->add(std::make_unique<ReluGpu>(ctx));
+    } else if (auto* p = dynamic_cast<const MaxPool2d<float>*>(l)) {
+      seq->add(std::make_unique<PoolGpu>(ctx, PoolGpu::Kind::Max, Geometry::of(in), p->kernel(), p->stride()));
+    } else if (dynamic_cast<const GlobalAvgPool<float>*>(l)) {
+      seq->add(std::make_unique<PoolGpu>(ctx, PoolGpu::Kind::GlobalAverage, Geometry::of(in), 0, 0));
+    } else if (dynamic_cast<const Flatten<float>*>(l)) {
+      seq->add(std::make_unique<FlattenGpu>());
+    } else if (auto* f = dynamic_cast<const Linear<float>*>(l)) {
+      seq->add(std::make_unique<LinearGpu>(ctx, arenas, in.numel(), out.numel(), f->weight_slot(), f->bias_slot()));
+    } else if (auto* r = dynamic_cast<const Residual<float>*>(l)) {
+      seq->add(std::make_unique<ResidualGpu>(ctx, mirror(ctx, arenas, r->main()), mirror(ctx, arenas, r->shortcut())));
+    } else if (auto* s = dynamic_cast<const Sequential<float>*>(l)) {
+      seq->add(mirror(ctx, arenas, *s));
+    } else {
+      throw Error(ErrorKind::Internal, detail::concat("layer ", l->kind(), " has no GPU implementation"));
+    }
+  }
+  return seq;
+}
+
+void copy_tensor(Tensor& dst, const Tensor& src, device::Copy direction) {
+  HPC_CHECK(dst.bytes() == src.bytes(), "arena copy of ", src.bytes(), " bytes into ", dst.bytes());
+  device::copy(dst.raw(), src.raw(), src.bytes(), direction);
+}
+
+}  // namespace
+
+GpuNetwork::GpuNetwork(GpuContext& ctx, const Model<float>& host)
+    : ctx_(ctx), host_(host), arenas_(host.params()), net_(mirror(ctx, arenas_, host.net())) {
+  const auto& first = host.net().first_slots();
+  for (size_t i = 0; i + 1 < first.size(); ++i)
+    group_offset_.push_back(first[i + 1] > first[i] ? host.params().slots()[first[i]].offset : -1);
+  // Room for a double and an int, 8-byte aligned.
+  sums_ = Tensor(Shape{4}, DType::F32, DeviceKind::CUDA);
+}
+
+void GpuNetwork::upload(const ParamStore<float>& host) {
+  copy_tensor(arenas_.values(), host.values(), device::Copy::HostToDevice);
+  copy_tensor(arenas_.buffers(), host.buffers(), device::Copy::HostToDevice);
+}
+
+void GpuNetwork::download(ParamStore<float>& host) {
+  copy_tensor(host.values(), arenas_.values(), device::Copy::DeviceToHost);
+  copy_tensor(host.buffers(), arenas_.buffers(), device::Copy::DeviceToHost);
+}
+
+void GpuNetwork::loss(const Tensor& logits, const int32_t* labels) {
+  const int64_t n = logits.shape()[0], k = logits.shape()[1];
+  ensure(prob_, logits.shape());
+  ensure(dlogits_, logits.shape());
+  ensure(row_loss_, Shape{n});
+  rows_ = n;
+  auto* sum = static_cast<double*>(sums_.raw());
+  int* correct = reinterpret_cast<int*>(sum + 1);
+  kernels::softmax_xent(logits.data<float>(), labels, n, k, static_cast<float>(host_.spec().label_smoothing),
+                        prob_.data<float>(), dlogits_.data<float>(), row_loss_.data<float>(), ctx_.stream());
+  kernels::sum_deterministic(row_loss_.data<float>(), n, sum, ctx_.stream());
+  CUDA_CHECK(cudaMemsetAsync(correct, 0, sizeof(int), ctx_.stream()));
+  kernels::count_correct(prob_.data<float>(), labels, n, k, correct, ctx_.stream());
+}
+
+void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready) {
+  net_->backward_with(dlogits_, false, [&](size_t i) {
+    if (group_offset_[i] >= 0) grads_ready(group_offset_[i]);
+  });
+}
+
+double GpuNetwork::loss_sum() {
+  double s = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&s, sums_.raw(), sizeof s, cudaMemcpyDeviceToHost, ctx_.stream()));
+  ctx_.synchronize();
+  return s;
+}
+
+int64_t GpuNetwork::correct() {
+  int c = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&c, static_cast<double*>(sums_.raw()) + 1, sizeof c, cudaMemcpyDeviceToHost,
+                             ctx_.stream()));
+  ctx_.synchronize();
+  return c;
+}
+
+}  // namespace hpc::nn::cuda

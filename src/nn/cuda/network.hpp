@@ -1,0 +1,51 @@
+// GpuNetwork: a host nn::Model mirrored on the GPU. The host model stays the owner of the
+// architecture, the parameter layout and the initialisation (identical on every machine);
+// this class builds one GPU layer per CPU layer, holds device arenas with the host's layout,
+// and runs forward, the fused softmax cross-entropy and backward on the compute stream.
+// upload()/download() move the state between the two (resume, checkpoints, the checksum).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "nn/cuda/layers.hpp"
+#include "nn/model.hpp"
+
+namespace hpc::nn::cuda {
+
+class GpuNetwork {
+ public:
+  GpuNetwork(GpuContext& ctx, const Model<float>& host);
+
+  // Host parameters and buffers to the device, and back (both synchronous).
+  void upload(const ParamStore<float>& host);
+  void download(ParamStore<float>& host);
+
+  // x: a device batch, N x H x W x C. Returns the logits (N x classes).
+  const Tensor& forward(const Tensor& x, bool train) { return net_->forward(x, train); }
+  // Softmax cross-entropy of the last forward against device labels: enqueues the loss sum
+  // and the count of correct predictions into device memory; loss_sum()/correct() read them.
+  void loss(const Tensor& logits, const int32_t* labels);
+  // Backward from the last loss(); grads_ready(offset) is called (on this thread, after the
+  // work is enqueued, not done) whenever every gradient at arena offsets >= offset is final.
+  void backward(const std::function<void(int64_t)>& grads_ready);
+  // The last loss()'s sums (waits for the stream).
+  double loss_sum();
+  int64_t correct();
+
+  DeviceArenas& arenas() { return arenas_; }
+  GpuContext& context() { return ctx_; }
+
+ private:
+  GpuContext& ctx_;
+  const Model<float>& host_;
+  DeviceArenas arenas_;
+  std::unique_ptr<GpuSequential> net_;
+  std::vector<int64_t> group_offset_;  // per top-level layer: its first gradient's offset, or -1
+  Tensor prob_, dlogits_, row_loss_;
+  Tensor sums_;  // device: [0] the loss sum (double), [1] the correct count (int)
+  int64_t rows_ = 0;
+};
+
+}  // namespace hpc::nn::cuda

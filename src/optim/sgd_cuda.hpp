@@ -1,0 +1,28 @@
+// optim::Sgd on the GPU: the same update (kernels::sgd_step, bit-exact against Sgd<float>)
+// over a device parameter arena with the host arena's layout, the decay table copied from the
+// host optimizer, and the momentum buffer on the device. upload()/download() move the momentum
+// buffer (resume, checkpoints). Compiled only with the CUDA toolkit.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "optim/sgd.hpp"
+
+namespace hpc::optim {
+
+class SgdCuda {
+ public:
+  explicit SgdCuda(const Sgd<float>& host);
+  void upload(const Sgd<float>& host);
+  void download(Sgd<float>& host) const;
+  // params and grads: device arenas of the host optimizer's size.
+  void step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream);
+
+ private:
+  SgdSpec spec_;
+  int64_t n_ = 0;
+  Tensor velocity_, range_end_, range_decay_;  // device
+  int ranges_ = 0;
+};
+
+}  // namespace hpc::optim

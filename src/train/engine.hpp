@@ -1,0 +1,59 @@
+// Where the training steps run. The loop in trainer.cpp is the same for every device; an
+// Engine runs each step's forward, loss, backward, gradient all-reduce and update. The host
+// nn::Model and optim::Sgd stay the owners of the run's state (initialisation, broadcast,
+// resume, checkpoints): the CPU engine works on them directly, the GPU engine
+// (gpu_engine.cpp; gpu_engine_none.cpp in builds without CUDA and cuDNN) on a device mirror
+// that sync_to_host() copies back.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "data/loader.hpp"
+#include "dist/bucketer.hpp"
+#include "dist/process.hpp"
+#include "nn/model.hpp"
+#include "optim/sgd.hpp"
+#include "train/options.hpp"
+
+namespace hpc::train {
+
+struct StepResult {
+  double loss = 0;       // mean over this rank's batch
+  int64_t correct = 0;   // this rank's right answers
+  double comm_wait = 0;  // seconds spent waiting for the all-reduce after backward
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // One training step on this rank's batch; share: its part of the global batch.
+  virtual StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) = 0;
+  // Eval-mode forward: adds the batch's loss sum and correct count to sums[0] and sums[1].
+  virtual void eval_batch(const data::Batch& batch, double* sums) = 0;
+  // The host model and optimizer hold the current state afterwards (checkpoints, the end).
+  virtual void sync_to_host() = 0;
+  virtual const dist::BucketTimeline& timeline() const = 0;
+  virtual size_t bucket_count() const = 0;
+  // One line for the log: where the steps run and how.
+  virtual std::string describe() const = 0;
+  // Bytes of device memory at the high-water mark (0 on the CPU).
+  virtual size_t peak_device_memory() const { return 0; }
+};
+
+// Counts the rows of probabilities (N x K) whose first largest entry is the label.
+int64_t count_correct(const Tensor& probabilities, const int32_t* labels);
+// Eval-mode forward of a host model: adds the batch's loss sum and correct count to sums[0..1].
+void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* sums);
+
+std::unique_ptr<Engine> make_cpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::Communicator& comm,
+                                        const TrainOptions& o, int threads);
+
+// Whether this build and machine can train on a GPU; when not, *why says what is missing.
+bool gpu_training_available(std::string* why);
+// Selects this rank's GPU (its local rank) and mirrors model and sgd on it. Collective: the
+// NCCL communicator is made from ctx's world.
+std::unique_ptr<Engine> make_gpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::ProcessContext& ctx,
+                                        const TrainOptions& o);
+
+}  // namespace hpc::train

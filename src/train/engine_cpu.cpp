@@ -1,0 +1,72 @@
+// The CPU engine: nn::Model and optim::Sgd in host memory, gradients all-reduced over MPI by
+// the GradientBucketer while backward runs.
+#include <algorithm>
+
+#include "nn/gemm.hpp"
+#include "train/engine.hpp"
+
+namespace hpc::train {
+namespace {
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::Communicator& comm, const TrainOptions& o,
+            int threads)
+      : model_(model),
+        sgd_(sgd),
+        threads_(threads),
+        bucketer_(comm, model.params().grads().data<float>(), model.params().grads().numel(), model.gradient_groups(),
+                  static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap) {}
+
+  StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
+    StepResult r;
+    bucketer_.begin_step(share);
+    r.loss = model_.loss(model_.forward(batch.images, true), batch.labels.data());
+    model_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
+    r.comm_wait = bucketer_.finish();
+    r.correct = count_correct(model_.probabilities(), batch.labels.data());
+    sgd_.step(model_.params(), lr, momentum);
+    return r;
+  }
+
+  void eval_batch(const data::Batch& batch, double* sums) override { eval_batch_cpu(model_, batch, sums); }
+
+  void sync_to_host() override {}
+  const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
+  size_t bucket_count() const override { return bucketer_.bucket_count(); }
+  std::string describe() const override {
+    return "CPU, " + std::to_string(threads_) + " thread(s) per rank, GEMM " + nn::gemm_backend();
+  }
+
+ private:
+  nn::Model<float>& model_;
+  optim::Sgd<float>& sgd_;
+  int threads_;
+  dist::GradientBucketer bucketer_;
+};
+
+}  // namespace
+
+int64_t count_correct(const Tensor& prob, const int32_t* labels) {
+  const int64_t n = prob.shape()[0], k = prob.shape()[1];
+  const float* p = prob.data<float>();
+  int64_t correct = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = p + r * k;
+    correct += (std::max_element(row, row + k) - row) == labels[r];
+  }
+  return correct;
+}
+
+void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* sums) {
+  const Tensor& logits = model.forward(batch.images, false);
+  sums[0] += model.loss(logits, batch.labels.data()) * static_cast<double>(batch.size());
+  sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
+}
+
+std::unique_ptr<Engine> make_cpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::Communicator& comm,
+                                        const TrainOptions& o, int threads) {
+  return std::make_unique<CpuEngine>(model, sgd, comm, o, threads);
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,214 @@
+// The GPU engine: the model mirrored on this rank's GPU (nn/cuda), the SGD update as one
+// kernel over the arena (optim/sgd_cuda), gradients all-reduced by NCCL in buckets that
+// overlap the backward pass. Compiled when CMake finds CUDA, cuDNN and NCCL.
+//
+// Streams and their dependencies (DESIGN.md principle 6):
+//  - Everything of a step runs on the context's compute stream, in order: the batch copy,
+//    forward, loss, backward, the SGD update.
+//  - A bucket's all-reduce runs on the NCCL communicator's stream. When the bucketer queues a
+//    bucket, fence() records an event on the compute stream after the backward kernels
+//    enqueued so far (which produced that bucket); prepare() makes the NCCL stream wait for it.
+//  - GradientBucketer::finish() returns once every all-reduce is complete (the communicator
+//    waits for its stream), so the update enqueued after it reads the summed gradients.
+//  - The step ends by reading the loss back, which waits for the compute stream: the pinned
+//    staging buffers are then free for the next batch.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "core/device.hpp"
+#include "dist/nccl.hpp"
+#include "kernels/kernels.hpp"
+#include "nn/cuda/network.hpp"
+#include "optim/sgd_cuda.hpp"
+#include "train/engine.hpp"
+
+namespace hpc::train {
+namespace {
+
+// Page-locked host memory: copies from it to the GPU are asynchronous DMA.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get(size_t bytes) {
+    if (bytes > size_) {
+      if (p_) CUDA_CHECK(cudaFreeHost(p_));
+      p_ = nullptr;
+      CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocDefault));
+      size_ = bytes;
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+class CudaEvent {
+ public:
+  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~CudaEvent() { cudaEventDestroy(e_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// The bucketer's view of device gradients (dist/bucketer.hpp).
+class GpuBuckets final : public dist::BucketDevice {
+ public:
+  GpuBuckets(cudaStream_t compute, cudaStream_t comm) : compute_(compute), comm_(comm) {}
+  void reserve(size_t buckets) {
+    while (events_.size() < buckets + 1) events_.emplace_back();
+  }
+
+  // At most one fence per queued bucket plus one per step, and finish() waits for every
+  // bucket before the next step: a ring of buckets + 1 events is never overwritten while a
+  // prepare() still needs it (cudaStreamWaitEvent takes the event's state at the call).
+  uint64_t fence() override {
+    const uint64_t token = next_++ % events_.size();
+    CUDA_CHECK(cudaEventRecord(events_.at(token).get(), compute_));
+    return token;
+  }
+
+  void prepare(float* x, int64_t n, float share, uint64_t fence, bool reduce) override {
+    if (!reduce && share == 1.0f) return;  // one rank: the update follows on the compute stream anyway
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, events_[fence].get(), 0));
+    if (share != 1.0f) kernels::scale(x, n, share, comm_);
+    if (!reduce) CUDA_CHECK(cudaStreamSynchronize(comm_));
+  }
+
+ private:
+  cudaStream_t compute_, comm_;
+  std::deque<CudaEvent> events_;  // deque: events neither copy nor move
+  uint64_t next_ = 0;
+};
+
+nn::cuda::GpuSettings settings_of(const TrainOptions& o) {
+  nn::cuda::GpuSettings s;
+  s.math = o.precision == "fp32" ? nn::cuda::Math::Fp32 : nn::cuda::Math::Tf32;
+  s.deterministic = o.deterministic;
+  return s;
+}
+
+int select(dist::ProcessContext& ctx) { return device::select_gpu(ctx.local_rank()); }
+
+class GpuEngine final : public Engine {
+ public:
+  GpuEngine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::ProcessContext& ctx, const TrainOptions& o)
+      : model_(model),
+        sgd_(sgd),
+        gpu_(select(ctx)),
+        context_(settings_of(o)),
+        nccl_(ctx.world()),
+        net_(context_, model),
+        sgd_gpu_(sgd),
+        buckets_(context_.stream(), nccl_.stream()),
+        bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model.gradient_groups(),
+                  static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
+        precision_(o.precision),
+        deterministic_(o.deterministic) {
+    buckets_.reserve(bucketer_.bucket_count());
+    net_.upload(model.params());
+    sgd_gpu_.upload(sgd);
+  }
+
+  StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
+    StepResult r;
+    bucketer_.begin_step(share);
+    stage(batch);
+    net_.loss(net_.forward(x_, true), labels_.data<int32_t>());
+    net_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
+    r.comm_wait = bucketer_.finish();
+    auto& a = net_.arenas();
+    sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream());
+    r.loss = net_.loss_sum() / static_cast<double>(std::max<int64_t>(batch.size(), 1));
+    r.correct = net_.correct();
+    return r;
+  }
+
+  void eval_batch(const data::Batch& batch, double* sums) override {
+    stage(batch);
+    net_.loss(net_.forward(x_, false), labels_.data<int32_t>());
+    sums[0] += net_.loss_sum();
+    sums[1] += static_cast<double>(net_.correct());
+  }
+
+  void sync_to_host() override {
+    context_.synchronize();
+    net_.download(model_.params());
+    sgd_gpu_.download(sgd_);
+  }
+
+  const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
+  size_t bucket_count() const override { return bucketer_.bucket_count(); }
+  size_t peak_device_memory() const override { return device::peak_memory_in_use(); }
+
+  std::string describe() const override {
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, gpu_));
+    int nccl = 0;
+    ncclGetVersion(&nccl);
+    return detail::concat("GPU ", gpu_, " (", p.name, ", ", p.totalGlobalMem >> 20, " MiB), ", precision_,
+                          deterministic_ ? ", deterministic" : ", non-deterministic", ", cuDNN ",
+                          cudnnGetVersion(), ", NCCL ", nccl);
+  }
+
+ private:
+  // The batch to the device: through pinned memory, asynchronously on the compute stream (the
+  // previous step's read-back has waited for that stream, so the buffers are free).
+  void stage(const data::Batch& batch) {
+    const size_t image_bytes = batch.images.bytes(), label_bytes = batch.labels.size() * sizeof(int32_t);
+    auto* pinned = static_cast<char*>(pinned_.get(image_bytes + label_bytes));
+    std::memcpy(pinned, batch.images.raw(), image_bytes);
+    std::memcpy(pinned + image_bytes, batch.labels.data(), label_bytes);
+    nn::cuda::ensure(x_, batch.images.shape());
+    if (!labels_.defined() || labels_.numel() < batch.size())
+      labels_ = Tensor(Shape{batch.size()}, DType::I32, DeviceKind::CUDA);
+    else
+      labels_.resize(Shape{batch.size()}, DType::I32);
+    CUDA_CHECK(cudaMemcpyAsync(x_.raw(), pinned, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(labels_.raw(), pinned + image_bytes, label_bytes, cudaMemcpyHostToDevice,
+                               context_.stream()));
+  }
+
+  nn::Model<float>& model_;
+  optim::Sgd<float>& sgd_;
+  int gpu_;
+  nn::cuda::GpuContext context_;
+  dist::NcclCommunicator nccl_;
+  nn::cuda::GpuNetwork net_;
+  optim::SgdCuda sgd_gpu_;
+  GpuBuckets buckets_;
+  dist::GradientBucketer bucketer_;
+  std::string precision_;
+  bool deterministic_;
+  PinnedBuffer pinned_;
+  Tensor x_, labels_;
+};
+
+}  // namespace
+
+bool gpu_training_available(std::string* why) {
+  if (device::cuda_device_count() > 0) return true;
+  if (why) *why = "no CUDA GPU is visible (" + device::describe() + ")";
+  return false;
+}
+
+std::unique_ptr<Engine> make_gpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::ProcessContext& ctx,
+                                        const TrainOptions& o) {
+  return std::make_unique<GpuEngine>(model, sgd, ctx, o);
+}
+
+}  // namespace hpc::train

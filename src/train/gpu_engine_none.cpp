@@ -1,0 +1,25 @@
+// GPU training in a build without the CUDA toolkit, cuDNN or NCCL: never available, and
+// asking for it is a usage error naming what the build lacks (DESIGN.md principle 2: the
+// backend is chosen by which file CMake compiles).
+#include "core/device.hpp"
+#include "core/error.hpp"
+#include "train/engine.hpp"
+
+namespace hpc::train {
+
+bool gpu_training_available(std::string* why) {
+  if (why)
+    *why = std::string("this hpctrain was built without GPU training (it needs the CUDA toolkit with cuDNN and "
+                       "NCCL at build time; ") +
+           device::describe() + ")";
+  return false;
+}
+
+std::unique_ptr<Engine> make_gpu_engine(nn::Model<float>&, optim::Sgd<float>&, dist::ProcessContext&,
+                                        const TrainOptions&) {
+  std::string why;
+  gpu_training_available(&why);
+  usage_error("--device cuda: ", why);
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,159 @@
+// GPU-vs-CPU parity of every GPU layer (nn/cuda/layers.hpp), through whole models: each model
+// variant below puts a different set of layers on the path (convolution with and without bias,
+// batch norm alone, with ReLU, with a fused or a separate max pool, ReLU, global average pool,
+// flatten, linear, residual blocks with identity and projection shortcuts). For each: logits,
+// loss, every parameter gradient and the batch-norm running statistics after a training
+// forward, and the logits of an eval-mode forward, against the CPU model with the same
+// parameters, within a relative-error bound per precision. Skips where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/device.hpp"
+#include "nn/cuda/network.hpp"
+#include "nn/model.hpp"
+
+namespace hpc {
+namespace {
+
+struct Variant {
+  const char* name;
+  const char* model;
+  bool batch_norm, fuse;
+  Shape input;
+  int64_t batch;
+  double smoothing;
+};
+
+const Variant kVariants[] = {
+    {"mlp", "mlp", true, true, {28, 28, 1}, 32, 0},
+    {"mlp_no_bn", "mlp", false, true, {28, 28, 1}, 32, 0.1},
+    {"cnn", "cnn", true, true, {28, 28, 1}, 16, 0},
+    {"cnn_unfused", "cnn", true, false, {28, 28, 1}, 16, 0},
+    {"cnn_no_bn", "cnn", false, true, {28, 28, 1}, 16, 0},
+    {"resnet20", "resnet20", true, true, {32, 32, 3}, 8, 0},
+    {"resnet20_no_bn", "resnet20", false, true, {32, 32, 3}, 8, 0},
+    {"resnet18_imagenet_stem", "resnet18", true, true, {80, 80, 3}, 4, 0},
+};
+
+std::vector<float> host_of(const Tensor& t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  if (t.device() == DeviceKind::CUDA) device::copy(h.data(), t.raw(), t.bytes(), device::Copy::DeviceToHost);
+  else std::memcpy(h.data(), t.raw(), t.bytes());
+  return h;
+}
+
+// ||a - b|| / max(||b||, tiny): the error of a whole tensor relative to its size.
+double rel_error(const float* a, const float* b, int64_t n) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-20);
+}
+
+class GpuNetworkParity : public ::testing::TestWithParam<std::tuple<Variant, nn::cuda::Math>> {
+ protected:
+  void SetUp() override {
+    if (device::cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA GPU visible (" << device::describe() << "): GPU layer parity tests skipped";
+    device::select_gpu(0);
+  }
+};
+
+TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
+  const auto& [v, math] = GetParam();
+  // TF32 keeps 10 mantissa bits in convolutions and products: errors near 1e-3 per product,
+  // compounding over the layers. fp32 differs from the CPU only in summation order.
+  const double tol = math == nn::cuda::Math::Fp32 ? 2e-4 : 3e-2;
+  nn::ModelSpec spec;
+  spec.name = v.model;
+  spec.batch_norm = v.batch_norm;
+  spec.fuse = v.fuse;
+  spec.input = v.input;
+  spec.label_smoothing = v.smoothing;
+  nn::Model<float> cpu(spec);
+  cpu.init(7);
+
+  nn::cuda::GpuContext ctx({math, true});
+  nn::cuda::GpuNetwork gpu(ctx, cpu);
+  gpu.upload(cpu.params());
+
+  const int64_t n = v.batch;
+  Tensor x = Tensor::zeros<float>(nn::batch_shape(n, spec.input));
+  std::mt19937 g(3);
+  std::normal_distribution<float> normal(0, 1);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(g);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (auto& l : labels) l = static_cast<int32_t>(g() % 10);
+  Tensor xd(x.shape(), DType::F32, DeviceKind::CUDA), ld(Shape{n}, DType::I32, DeviceKind::CUDA);
+  device::copy(xd.raw(), x.raw(), x.bytes(), device::Copy::HostToDevice);
+  device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
+
+  // Training pass.
+  const Tensor& logits_cpu = cpu.forward(x, true);
+  const double loss_cpu = cpu.loss(logits_cpu, labels.data());
+  cpu.backward();
+  const Tensor& logits_gpu = gpu.forward(xd, true);
+  gpu.loss(logits_gpu, ld.data<int32_t>());
+  gpu.backward([](int64_t) {});
+  const double loss_gpu = gpu.loss_sum() / static_cast<double>(n);
+
+  const auto lg = host_of(logits_gpu), lc = host_of(logits_cpu);
+  EXPECT_LT(rel_error(lg.data(), lc.data(), logits_cpu.numel()), tol) << "training logits";
+  EXPECT_NEAR(loss_gpu, loss_cpu, tol * std::max(1.0, std::abs(loss_cpu)));
+  const auto gg = host_of(gpu.arenas().grads()), gc = host_of(cpu.params().grads());
+  for (const auto& slot : cpu.params().slots()) {
+    const int64_t count = slot.shape.numel();
+    EXPECT_LT(rel_error(gg.data() + slot.offset, gc.data() + slot.offset, count), tol * 5)
+        << "gradient of " << slot.name;
+  }
+  const auto bg = host_of(gpu.arenas().buffers()), bc = host_of(cpu.params().buffers());
+  for (const auto& slot : cpu.params().buffer_slots())
+    EXPECT_LT(rel_error(bg.data() + slot.offset, bc.data() + slot.offset, slot.shape.numel()), tol)
+        << "running statistic " << slot.name;
+
+  // Eval pass with the running statistics just updated.
+  const Tensor& eval_cpu = cpu.forward(x, false);
+  const auto ec = host_of(eval_cpu);
+  const auto eg = host_of(gpu.forward(xd, false));
+  EXPECT_LT(rel_error(eg.data(), ec.data(), eval_cpu.numel()), tol) << "eval logits";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuNetworkParity,
+                         ::testing::Combine(::testing::ValuesIn(kVariants),
+                                            ::testing::Values(nn::cuda::Math::Fp32, nn::cuda::Math::Tf32)),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) == nn::cuda::Math::Fp32 ? "_fp32" : "_tf32");
+                         });
+
+// The counted correct predictions equal the CPU's argmax count, ties included.
+TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
+  device::select_gpu(0);
+  nn::ModelSpec spec;
+  spec.name = "mlp";
+  nn::Model<float> cpu(spec);
+  nn::cuda::GpuContext ctx({nn::cuda::Math::Fp32, true});
+  nn::cuda::GpuNetwork gpu(ctx, cpu);
+  // 3 rows of 10: right, wrong, a tie between the label and a later class (first wins: right).
+  std::vector<float> z(30, 0.f);
+  z[0 * 10 + 4] = 5, z[1 * 10 + 2] = 5, z[2 * 10 + 7] = 3, z[2 * 10 + 9] = 3;
+  std::vector<int32_t> labels{4, 3, 7};
+  Tensor zd(Shape{3, 10}, DType::F32, DeviceKind::CUDA), ld(Shape{3}, DType::I32, DeviceKind::CUDA);
+  device::copy(zd.raw(), z.data(), z.size() * sizeof(float), device::Copy::HostToDevice);
+  device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
+  gpu.loss(zd, ld.data<int32_t>());
+  EXPECT_EQ(gpu.correct(), 2);
+  Tensor zc = Tensor::zeros<float>(Shape{3, 10});
+  std::memcpy(zc.data<float>(), z.data(), z.size() * sizeof(float));
+  EXPECT_NEAR(gpu.loss_sum(), 3 * cpu.loss(zc, labels.data()), 1e-5);
+}
+
+}  // namespace
+}  // namespace hpc

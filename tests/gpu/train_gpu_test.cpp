@@ -1,0 +1,105 @@
+// GPU training through the real binary (hpctrain --device cuda): the default job's accuracy on
+// one GPU, reproducibility and bit-exact resume in deterministic mode, agreement with the CPU
+// reference, and GPU checkpoints that the CPU reads. Skips where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "core/device.hpp"
+#include "integration/harness.hpp"
+
+namespace hpc::itest {
+namespace {
+
+class GpuTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device::cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA GPU visible (" << device::describe() << "): GPU training tests skipped";
+    if (!fs::exists(fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "Fashion-MNIST not found in " << fashion_mnist_dir();
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  }
+  void TearDown() override { unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP"); }
+
+  // 2 epochs of 20 steps of 64 samples.
+  std::vector<std::string> short_job(const std::string& metrics, const std::string& device = "cuda") const {
+    return {"--device", device, "--train-samples", "1280", "--test-samples", "500", "--epochs", "2",
+            "--quiet", "--data-dir", fashion_mnist_dir(), "--metrics-file", metrics};
+  }
+  JsonObject done_of(const std::string& metrics) {
+    const auto lines = read_json_lines(metrics);
+    if (lines.empty() || lines.back().at("event").str != "done") {
+      ADD_FAILURE() << "no done line in " << metrics;
+      return {};
+    }
+    return lines.back();
+  }
+  TempDir dir_{"gpu-train"};
+};
+
+// The acceptance run: the default job (cnn, 3 epochs of Fashion-MNIST) on one GPU.
+TEST_F(GpuTraining, DefaultJobReaches92PercentOnOneGpu) {
+  const std::string m = dir_.file("default.jsonl");
+  const RunResult r = run_hpctrain({"--device", "cuda", "--data-dir", fashion_mnist_dir(), "--metrics-file", m});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonObject d = done_of(m);
+  EXPECT_GE(d.at("test_accuracy").number, 0.92);
+  EXPECT_EQ(d.at("device").str, "cuda");
+  EXPECT_GT(d.at("peak_device_memory_bytes").number, 0);
+  std::cout << "default job on the GPU: test accuracy " << d.at("test_accuracy").number << ", "
+            << d.at("images_per_second").number << " img/s\n";
+}
+
+// Deterministic mode (the default): two runs end with the same bits, and a run killed after
+// step 7 and resumed from its step-5 checkpoint ends with them too.
+TEST_F(GpuTraining, DeterministicRunsRepeatAndResumeBitExactly) {
+  const std::string a = dir_.file("a.jsonl"), b = dir_.file("b.jsonl");
+  ASSERT_EQ(run_hpctrain(short_job(a)).exit_code, 0);
+  ASSERT_EQ(run_hpctrain(short_job(b)).exit_code, 0);
+  const std::string want = done_of(a).at("param_checksum").str;
+  EXPECT_EQ(done_of(b).at("param_checksum").str, want);
+
+  const std::string ck = dir_.file("ck");
+  auto job = short_job(dir_.file("killed.jsonl"));
+  job.insert(job.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
+  EXPECT_NE(run_hpctrain(job).exit_code, 0);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  const std::string m = dir_.file("resumed.jsonl");
+  job = short_job(m);
+  job.insert(job.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  const RunResult resumed = run_hpctrain(job);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
+  EXPECT_EQ(done_of(m).at("param_checksum").str, want);
+}
+
+// In fp32 the GPU follows the CPU reference: after 40 steps the parameters' norm agrees to
+// 1e-3 and the accuracy to a point. A GPU checkpoint is then evaluated on the CPU.
+TEST_F(GpuTraining, Fp32TrainingFollowsTheCpuAndItsCheckpointsLoadOnTheCpu) {
+  const std::string g = dir_.file("gpu.jsonl"), c = dir_.file("cpu.jsonl"), ck = dir_.file("ck32");
+  auto gpu_job = short_job(g);
+  gpu_job.insert(gpu_job.end(), {"--precision", "fp32", "--checkpoint-dir", ck});
+  ASSERT_EQ(run_hpctrain(gpu_job).exit_code, 0);
+  ASSERT_EQ(run_hpctrain(short_job(c, "cpu")).exit_code, 0);
+  const JsonObject dg = done_of(g), dc = done_of(c);
+  EXPECT_NEAR(dg.at("param_norm").number, dc.at("param_norm").number, 1e-3 * dc.at("param_norm").number);
+  EXPECT_NEAR(dg.at("test_accuracy").number, dc.at("test_accuracy").number, 0.01);
+  const RunResult ev = run_hpctrain({"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(),
+                                     "--test-samples", "500"});
+  ASSERT_EQ(ev.exit_code, 0) << ev.err;
+  EXPECT_NE(ev.out.find("test accuracy"), std::string::npos) << ev.out;
+}
+
+// --device cuda under mpirun with one rank: the NCCL communicator of world size 1.
+TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
+  const std::string m = dir_.file("mpi.jsonl");
+  const RunResult r = run_mpi(1, short_job(m));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(done_of(m).at("steps").number, 40);
+}
+
+}  // namespace
+}  // namespace hpc::itest
