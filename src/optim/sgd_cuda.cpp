@@ -17,8 +17,15 @@ SgdCuda::SgdCuda(const Sgd<float>& host)
     ends.push_back(r.end);
     decays.push_back(r.decay ? static_cast<float>(spec_.weight_decay) : 0.0f);
   }
-  HPC_CHECK(!ends.empty() && ends.back() == n_, "SGD decay table ends at ", ends.empty() ? 0 : ends.back(),
-            ", not at the arena's end ", n_);
+  HPC_CHECK(!ends.empty() && ends.back() <= n_, "SGD decay table ends at ", ends.empty() ? 0 : ends.back(),
+            ", past the arena's end ", n_);
+  // The kernel walks the whole arena, alignment padding included. Padding before a tensor falls
+  // in that tensor's range; the tail after the last one gets a range of its own. Its
+  // parameters and gradients are zero and stay zero.
+  if (ends.back() < n_) {
+    ends.push_back(n_);
+    decays.push_back(0.0f);
+  }
   ranges_ = static_cast<int>(ends.size());
   // int64 table stored in a float-typed device tensor of twice the length: raw bytes.
   range_end_ = Tensor(Shape{2 * static_cast<int64_t>(ends.size())}, DType::F32, DeviceKind::CUDA);

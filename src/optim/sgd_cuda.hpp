@@ -1,6 +1,6 @@
 // optim::Sgd on the GPU: the same update (kernels::sgd_step, bit-exact against Sgd<float>)
-// over a device parameter arena with the host arena's layout, the decay table copied from the
-// host optimizer, and the momentum buffer on the device. upload()/download() move the momentum
+// over a device parameter arena with the host arena's layout (padding included), the decay
+// table copied from the host optimizer, and the momentum buffer on the device. upload()/download() move the momentum
 // buffer (resume, checkpoints). Compiled only with the CUDA toolkit.
 #pragma once
 

@@ -68,7 +68,7 @@ class CudaEvent {
 // The bucketer's view of device gradients (dist/bucketer.hpp).
 class GpuBuckets final : public dist::BucketDevice {
  public:
-  GpuBuckets(cudaStream_t compute, cudaStream_t comm) : compute_(compute), comm_(comm) {}
+  GpuBuckets(int gpu, cudaStream_t compute, cudaStream_t comm) : gpu_(gpu), compute_(compute), comm_(comm) {}
   void reserve(size_t buckets) {
     while (events_.size() < buckets + 1) events_.emplace_back();
   }
@@ -84,12 +84,15 @@ class GpuBuckets final : public dist::BucketDevice {
 
   void prepare(float* x, int64_t n, float share, uint64_t fence, bool reduce) override {
     if (!reduce && share == 1.0f) return;  // one rank: the update follows on the compute stream anyway
+    // The bucketer's thread starts on device 0; this rank's streams live on its own GPU.
+    CUDA_CHECK(cudaSetDevice(gpu_));
     CUDA_CHECK(cudaStreamWaitEvent(comm_, events_[fence].get(), 0));
     if (share != 1.0f) kernels::scale(x, n, share, comm_);
     if (!reduce) CUDA_CHECK(cudaStreamSynchronize(comm_));
   }
 
  private:
+  int gpu_;
   cudaStream_t compute_, comm_;
   std::deque<CudaEvent> events_;  // deque: events neither copy nor move
   uint64_t next_ = 0;
@@ -114,7 +117,7 @@ class GpuEngine final : public Engine {
         nccl_(ctx.world()),
         net_(context_, model),
         sgd_gpu_(sgd),
-        buckets_(context_.stream(), nccl_.stream()),
+        buckets_(gpu_, context_.stream(), nccl_.stream()),
         bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model.gradient_groups(),
                   static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
         precision_(o.precision),

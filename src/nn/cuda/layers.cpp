@@ -9,15 +9,21 @@ namespace hpc::nn::cuda {
 namespace {
 
 constexpr float kOne = 1.0f, kZero = 0.0f;
+constexpr int kMaxAlgos = 16;  // more than cuDNN has for any direction
 
 int to_int(int64_t v) {
   HPC_CHECK(v >= 0 && v <= INT32_MAX, "GPU layer dimension ", v, " does not fit the libraries' int");
   return static_cast<int>(v);
 }
 
-// Picks the first of cuDNN's measured algorithms (fastest first) that succeeded, fits the
-// workspace limit, and meets the settings: deterministic when asked, and in fp32 only plain
-// FMA math (CUDNN_DEFAULT_MATH may use TF32 on Ampere and later).
+// Picks the first of cuDNN's candidates that succeeded, fits the workspace limit, and meets
+// the settings: deterministic when asked; in fp32 only plain FMA math (CUDNN_DEFAULT_MATH may
+// use TF32 on Ampere and later); never a conversion of fp32 inputs to fp16.
+//
+// Where the candidates come from matters as much: cudnnFind* times them on the GPU, and the
+// fastest can differ from run to run, after a resume and between ranks, and with it the bits.
+// Deterministic runs therefore take cuDNN's heuristic order (cudnnGet*_v7), fixed for a given
+// GPU and cuDNN; the others the measured order, as PyTorch's cudnn.benchmark.
 template <class Perf>
 const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char* what) {
   for (int i = 0; i < count; ++i) {
@@ -25,6 +31,7 @@ const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > s.workspace_limit) continue;
     if (s.deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
     if (s.math == Math::Fp32 && p.mathType != CUDNN_FMA_MATH) continue;
+    if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
     return p;
   }
   throw Error(ErrorKind::Internal, detail::concat("cuDNN offers no ", what, " algorithm for this convolution",
@@ -102,7 +109,7 @@ ConvGpu::~ConvGpu() {
   cudnnDestroyFilterDescriptor(filter_);
 }
 
-const ConvGpu::Plan& ConvGpu::plan(int64_t n) {
+ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   if (n != described_n_) {
     x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
     y_desc_.set_nhwc(n, out_.h, out_.w, out_.c);
@@ -110,28 +117,42 @@ const ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   }
   auto it = plans_.find(n);
   if (it != plans_.end()) return it->second;
-  // cuDNN times the candidates on this GPU once per shape (cudnnFind*, as PyTorch's
-  // cudnn.benchmark); the choice is then cached for the run.
-  constexpr int kMax = 16;
+  // Chosen once per batch size (see choose() for how), then cached for the run.
   int got = 0;
   Plan p;
   const GpuSettings& s = ctx_.settings();
-  cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
-  CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_, y_desc_.get(),
-                                                   kMax, &got, fwd));
+  const bool measure = !s.deterministic;
+  cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
+  CUDNN_CHECK(measure ? cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_,
+                                                             y_desc_.get(), kMaxAlgos, &got, fwd)
+                      : cudnnGetConvolutionForwardAlgorithm_v7(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_,
+                                                               y_desc_.get(), kMaxAlgos, &got, fwd));
   const auto& f = choose(fwd, got, s, "forward");
   p.fwd = f.algo, p.fwd_bytes = f.memory, p.fwd_math = f.mathType;
-  cudnnConvolutionBwdDataAlgoPerf_t bd[kMax];
-  CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
-                                                        x_desc_.get(), kMax, &got, bd));
-  const auto& d = choose(bd, got, s, "backward-data");
-  p.bwd_data = d.algo, p.bwd_data_bytes = d.memory, p.bwd_data_math = d.mathType;
-  cudnnConvolutionBwdFilterAlgoPerf_t bf[kMax];
-  CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
-                                                          conv_bwd_filter_, filter_, kMax, &got, bf));
+  cudnnConvolutionBwdFilterAlgoPerf_t bf[kMaxAlgos];
+  CUDNN_CHECK(measure ? cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
+                                                                    conv_bwd_filter_, filter_, kMaxAlgos, &got, bf)
+                      : cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
+                                                                      conv_bwd_filter_, filter_, kMaxAlgos, &got, bf));
   const auto& w = choose(bf, got, s, "backward-filter");
   p.bwd_filter = w.algo, p.bwd_filter_bytes = w.memory, p.bwd_filter_math = w.mathType;
   return plans_.emplace(n, p).first->second;
+}
+
+// Separate from plan(): the first layer never computes dx, and a shape cuDNN has no suitable
+// backward-data algorithm for must not stop a run that does not need one.
+void ConvGpu::choose_backward_data(Plan& p) {
+  int got = 0;
+  const GpuSettings& s = ctx_.settings();
+  cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
+  CUDNN_CHECK(!s.deterministic
+                  ? cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
+                                                              x_desc_.get(), kMaxAlgos, &got, bd)
+                  : cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
+                                                                x_desc_.get(), kMaxAlgos, &got, bd));
+  const auto& d = choose(bd, got, s, "backward-data");
+  p.bwd_data = d.algo, p.bwd_data_bytes = d.memory, p.bwd_data_math = d.mathType;
+  p.have_bwd_data = true;
 }
 
 const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
@@ -152,7 +173,7 @@ const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
 
 const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
   const int64_t n = x_.shape()[0];
-  const Plan& p = plan(n);
+  Plan& p = plan(n);
   if (bias_ >= 0)
     CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn(), &kOne, y_desc_.get(), dy.raw(), &kZero, bias_desc_.get(),
                                              arenas_.grad(bias_)));
@@ -161,6 +182,7 @@ const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
                                              conv_bwd_filter_, p.bwd_filter, ctx_.workspace(p.bwd_filter_bytes),
                                              p.bwd_filter_bytes, &kZero, filter_, arenas_.grad(weight_)));
   if (!need_dx) return dx_;
+  if (!p.have_bwd_data) choose_backward_data(p);
   ensure(dx_, x_.shape());
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, p.bwd_data_math));
   CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_, arenas_.value(weight_), y_desc_.get(),
@@ -209,6 +231,8 @@ const Tensor& BatchNormGpu::forward(const Tensor& x, bool train) {
     CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(stats_desc_.get(), x_desc_.get(), CUDNN_BATCHNORM_SPATIAL));
     described_n_ = n;
   }
+  HPC_REQUIRE(!train || n * in_.h * in_.w > 1, "batch norm needs more than one value per channel in training (batch "
+              "of ", n, " sample(s)); use a larger batch size");
   x_ = x;
   in_shape_ = x.shape();
   ensure(y_, x.shape());

@@ -77,13 +77,15 @@ class ConvGpu final : public GpuLayer {
 
  private:
   struct Plan {  // the algorithms for one batch size, chosen once
+    bool have_bwd_data = false;  // chosen at the first backward that needs dx (never for the first layer)
     cudnnConvolutionFwdAlgo_t fwd{};
     cudnnConvolutionBwdDataAlgo_t bwd_data{};
     cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
     cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
     size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
   };
-  const Plan& plan(int64_t n);
+  Plan& plan(int64_t n);
+  void choose_backward_data(Plan& p);
 
   GpuContext& ctx_;
   DeviceArenas& arenas_;
