@@ -60,6 +60,12 @@ env_lines() {
   if [[ ! -f $to/.unpacked ]]; then
     mkdir -p "$to"
     tar -C "$to" -xJf "$dir/deps.tar.xz"
+    # Some -dev links are absolute (libz.so -> /lib/.../libz.so.1.2.13): point them into the copy.
+    local link target
+    while IFS= read -r link; do
+      target=$(readlink "$link")
+      [[ -e "$to$target" ]] && ln -sfn "$to$target" "$link"
+    done < <(find "$to" -type l -lname '/*')
     touch "$to/.unpacked"
   fi
   local lib=$to/usr/lib/x86_64-linux-gnu
