@@ -34,12 +34,20 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Whether this rank trains on its GPU. --device cuda without a usable GPU is an error, never a
-// silent CPU run (DESIGN.md principle 3); auto takes the GPU when there is one.
-bool resolve_device(const TrainOptions& o) {
+// silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank on the host can
+// have one of its own (NCCL refuses two ranks on one GPU), and says so when it cannot.
+bool resolve_device(const TrainOptions& o, int ranks_on_host) {
   if (o.device == "cpu") return false;
   std::string why;
-  const bool gpu = gpu_training_available(&why);
-  HPC_REQUIRE(gpu || o.device == "auto", "--device cuda: ", why, "; use --device cpu");
+  bool gpu = gpu_training_available(&why);
+  const int gpus = device::cuda_device_count();
+  if (gpu && gpus < ranks_on_host) {
+    why = detail::concat(ranks_on_host, " ranks on this host share ", gpus,
+                         " GPU(s); start one rank per GPU (mpirun -npernode ", gpus, ", srun --gpus-per-task 1)");
+    gpu = false;
+  }
+  HPC_REQUIRE(gpu || o.device == "auto", "--device cuda: ", why, "; or use --device cpu");
+  if (!gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
                                     "--device cpu");
@@ -210,7 +218,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   std::unique_ptr<nn::Model<float>> model_ptr;
   int64_t global_batch = 0;
   dist::collectively(ctx, [&] {
-    gpu = resolve_device(o);
+    gpu = resolve_device(o, ctx.local_size());
     if (gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
     threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(threads);

@@ -127,10 +127,24 @@ inline RunResult run_program(std::vector<std::string> argv_s, double deadline_se
   return r;
 }
 
+// The CPU tests train on the CPU also where a GPU is visible (--device auto would take it):
+// a training command without a --device of its own gets --device cpu. The subcommands that
+// train nothing are left as they are.
+inline std::vector<std::string> on_cpu_unless_told(std::vector<std::string> args) {
+  if (!args.empty() && (args[0] == "evaluate" || args[0] == "inspect")) return args;
+  for (const auto& a : args)
+    if (a == "--device" || a.rfind("--device=", 0) == 0) return args;
+  // In front, so that a trailing option left without its value stays the last word.
+  const auto at = args.begin() + (!args.empty() && args[0] == "train" ? 1 : 0);
+  args.insert(at, {"--device", "cpu"});
+  return args;
+}
+
 // Runs hpctrain with `args`.
 inline RunResult run_hpctrain(const std::vector<std::string>& args) {
   std::vector<std::string> argv{hpctrain_binary()};
-  argv.insert(argv.end(), args.begin(), args.end());
+  const auto a = on_cpu_unless_told(args);
+  argv.insert(argv.end(), a.begin(), a.end());
   return run_program(std::move(argv));
 }
 
@@ -151,7 +165,8 @@ inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::strin
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g > 0) argv.push_back(":");
     argv.insert(argv.end(), {"-np", std::to_string(groups[g].first), hpctrain_binary()});
-    argv.insert(argv.end(), groups[g].second.begin(), groups[g].second.end());
+    const auto a = on_cpu_unless_told(groups[g].second);
+    argv.insert(argv.end(), a.begin(), a.end());
   }
   return run_program(std::move(argv), deadline_seconds);
 }
