@@ -47,7 +47,8 @@ pack() {
   cp "$fm"/*.gz "$dir/fashion-mnist/"
   cp "$peer" "$dir/"
   local rel=${dir#"$root"/}
-  if [[ "$rel" != /* ]] && ! grep -qx "/$rel/" "$root/.git/info/exclude" 2> /dev/null; then
+  if [[ "$rel" != /* && -d "$root/.git" ]] && ! grep -qx "/$rel/" "$root/.git/info/exclude" 2> /dev/null; then
+    mkdir -p "$root/.git/info"
     echo "/$rel/" >> "$root/.git/info/exclude"
   fi
   echo "packed $(du -sh "$dir" | cut -f1) into $dir: carry '$rel' (run's carry), then eval \"\$(bench/device_deps.sh env $rel)\""
