@@ -36,7 +36,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // Whether this rank trains on its GPU. --device cuda without a usable GPU is an error, never a
 // silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank on the host can
 // have one of its own (NCCL refuses two ranks on one GPU), and says so when it cannot.
-bool resolve_device(const TrainOptions& o, int ranks_on_host) {
+bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
   if (o.device == "cpu") return false;
   std::string why;
   bool gpu = gpu_training_available(&why);
@@ -47,7 +47,7 @@ bool resolve_device(const TrainOptions& o, int ranks_on_host) {
     gpu = false;
   }
   HPC_REQUIRE(gpu || o.device == "auto", "--device cuda: ", why, "; or use --device cpu");
-  if (!gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
+  if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
                                     "--device cpu");
@@ -218,7 +218,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   std::unique_ptr<nn::Model<float>> model_ptr;
   int64_t global_batch = 0;
   dist::collectively(ctx, [&] {
-    gpu = resolve_device(o, ctx.local_size());
+    gpu = resolve_device(o, ctx.local_size(), ctx.local_rank() == 0);  // one warning per host
     if (gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
     threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(threads);
