@@ -28,14 +28,6 @@ class GpuTraining : public ::testing::Test {
     return {"--device", device, "--train-samples", "1280", "--test-samples", "500", "--epochs", "2",
             "--quiet", "--data-dir", fashion_mnist_dir(), "--metrics-file", metrics};
   }
-  JsonObject done_of(const std::string& metrics) {
-    const auto lines = read_json_lines(metrics);
-    if (lines.empty() || lines.back().at("event").str != "done") {
-      ADD_FAILURE() << "no done line in " << metrics;
-      return {};
-    }
-    return lines.back();
-  }
   TempDir dir_{"gpu-train"};
 };
 

@@ -33,14 +33,6 @@ class Checkpoints : public ::testing::Test {
     if (!ckpt_dir.empty()) a.insert(a.end(), {"--checkpoint-dir", ckpt_dir, "--checkpoint-every-steps", "5"});
     return a;
   }
-  JsonObject done_of(const std::string& metrics) {
-    const auto lines = read_json_lines(metrics);
-    if (lines.empty() || lines.back().at("event").str != "done") {
-      ADD_FAILURE() << "no done line in " << metrics;
-      return {};
-    }
-    return lines.back();
-  }
   std::string uninterrupted(int ranks) {
     const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
     const RunResult r = run_mpi(ranks, job("", m));

@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <cctype>
@@ -383,6 +384,23 @@ inline std::vector<JsonObject> read_json_lines(const std::string& path) {
   std::vector<JsonObject> out;
   for (const std::string& line : lines_of(read_text(path))) out.push_back(FlatJsonParser(line).parse());
   return out;
+}
+
+// The run's done event, which must be the last metrics line: a test failure and an empty
+// object when it is not there.
+inline const JsonObject& done_line(const std::vector<JsonObject>& lines) {
+  static const JsonObject none;
+  if (lines.empty() || lines.back().at("event").str != "done") {
+    ADD_FAILURE() << "no done line last";
+    return none;
+  }
+  return lines.back();
+}
+
+// The done event of a metrics file (a copy: the file's lines are gone after the call).
+inline JsonObject done_of(const std::string& metrics) {
+  SCOPED_TRACE(metrics);
+  return done_line(read_json_lines(metrics));
 }
 
 }  // namespace hpc::itest

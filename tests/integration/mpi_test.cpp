@@ -29,14 +29,6 @@ class MpiTraining : public ::testing::Test {
     return read_json_lines(metrics);
   }
 
-  static const JsonObject& done(const std::vector<JsonObject>& lines) {
-    static const JsonObject none;
-    if (lines.empty() || lines.back().at("event").str != "done") {
-      ADD_FAILURE() << "no done line last";
-      return none;
-    }
-    return lines.back();
-  }
   static double number(const JsonObject& o, const std::string& key) {
     auto it = o.find(key);
     if (it == o.end()) {
@@ -56,10 +48,10 @@ class MpiTraining : public ::testing::Test {
       SCOPED_TRACE(::testing::Message() << ranks << " ranks");
       const auto many = train(ranks, args);
       ASSERT_FALSE(many.empty());
-      EXPECT_EQ(number(done(many), "steps"), number(done(one), "steps"));
-      EXPECT_EQ(number(done(many), "world_size"), ranks);
-      EXPECT_EQ(number(done(many), "global_batch_size"), number(done(one), "global_batch_size"));
-      EXPECT_NEAR(number(done(many), "param_norm") / number(done(one), "param_norm"), 1.0, norm_tol);
+      EXPECT_EQ(number(done_line(many), "steps"), number(done_line(one), "steps"));
+      EXPECT_EQ(number(done_line(many), "world_size"), ranks);
+      EXPECT_EQ(number(done_line(many), "global_batch_size"), number(done_line(one), "global_batch_size"));
+      EXPECT_NEAR(number(done_line(many), "param_norm") / number(done_line(one), "param_norm"), 1.0, norm_tol);
       EXPECT_NEAR(number(many.front(), "test_loss") / number(one.front(), "test_loss"), 1.0, loss_tol);
       EXPECT_NEAR(number(one.front(), "train_loss"), number(many.front(), "train_loss"), loss_tol);
     }
@@ -117,7 +109,7 @@ TEST_F(MpiTraining, WithBatchNormTwoRanksTrainAsWellAsOne) {
   const auto two = train(2, args);
   ASSERT_FALSE(one.empty());
   ASSERT_FALSE(two.empty());
-  const double a1 = number(done(one), "test_accuracy"), a2 = number(done(two), "test_accuracy");
+  const double a1 = number(done_line(one), "test_accuracy"), a2 = number(done_line(two), "test_accuracy");
   EXPECT_GT(a1, 0.85);
   EXPECT_NEAR(a2, a1, 0.01) << "one rank " << a1 << ", two ranks " << a2;
 }
@@ -127,7 +119,7 @@ TEST_F(MpiTraining, SameSeedSameResultOnTwoRanks) {
   const auto a = train(2, args), b = train(2, args);
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty());
-  EXPECT_EQ(done(a).at("param_checksum").str, done(b).at("param_checksum").str);
+  EXPECT_EQ(done_line(a).at("param_checksum").str, done_line(b).at("param_checksum").str);
 }
 
 // The timeline shows each bucket queued as soon as backward has finished its gradients: with

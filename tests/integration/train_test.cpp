@@ -35,14 +35,6 @@ class Train : public ::testing::Test {
     return read_json_lines(metrics);
   }
 
-  static const JsonObject& done_line(const std::vector<JsonObject>& lines) {
-    static const JsonObject none;
-    if (lines.empty() || lines.back().at("event").str != "done") {
-      ADD_FAILURE() << "no done line last";
-      return none;
-    }
-    return lines.back();
-  }
   static std::string checksum(const std::vector<JsonObject>& lines) {
     const JsonObject& d = done_line(lines);
     auto it = d.find("param_checksum");
