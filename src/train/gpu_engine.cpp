@@ -136,16 +136,18 @@ class GpuEngine final : public Engine {
     r.comm_wait = bucketer_.finish();
     auto& a = net_.arenas();
     sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream());
-    r.loss = net_.loss_sum() / static_cast<double>(std::max<int64_t>(batch.size(), 1));
-    r.correct = net_.correct();
+    const auto sums = net_.sums();
+    r.loss = sums.loss / static_cast<double>(std::max<int64_t>(batch.size(), 1));
+    r.correct = sums.correct;
     return r;
   }
 
   void eval_batch(const data::Batch& batch, double* sums) override {
     stage(batch);
     net_.loss(net_.forward(x_, false), labels_.data<int32_t>());
-    sums[0] += net_.loss_sum();
-    sums[1] += static_cast<double>(net_.correct());
+    const auto s = net_.sums();
+    sums[0] += s.loss;
+    sums[1] += static_cast<double>(s.correct);
   }
 
   void sync_to_host() override {

@@ -101,7 +101,7 @@ TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   const Tensor& logits_gpu = gpu.forward(xd, true);
   gpu.loss(logits_gpu, ld.data<int32_t>());
   gpu.backward([](int64_t) {});
-  const double loss_gpu = gpu.loss_sum() / static_cast<double>(n);
+  const double loss_gpu = gpu.sums().loss / static_cast<double>(n);
 
   const auto lg = host_of(logits_gpu), lc = host_of(logits_cpu);
   EXPECT_LT(rel_error(lg.data(), lc.data(), logits_cpu.numel()), tol) << "training logits";
@@ -149,10 +149,10 @@ TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {
   device::copy(zd.raw(), z.data(), z.size() * sizeof(float), device::Copy::HostToDevice);
   device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
   gpu.loss(zd, ld.data<int32_t>());
-  EXPECT_EQ(gpu.correct(), 2);
+  EXPECT_EQ(gpu.sums().correct, 2);
   Tensor zc = Tensor::zeros<float>(Shape{3, 10});
   std::memcpy(zc.data<float>(), z.data(), z.size() * sizeof(float));
-  EXPECT_NEAR(gpu.loss_sum(), 3 * cpu.loss(zc, labels.data()), 1e-5);
+  EXPECT_NEAR(gpu.sums().loss, 3 * cpu.loss(zc, labels.data()), 1e-5);
 }
 
 }  // namespace

@@ -234,7 +234,6 @@ const Tensor& BatchNormGpu::forward(const Tensor& x, bool train) {
   HPC_REQUIRE(!train || n * in_.h * in_.w > 1, "batch norm needs more than one value per channel in training (batch "
               "of ", n, " sample(s)); use a larger batch size");
   x_ = x;
-  in_shape_ = x.shape();
   ensure(y_, x.shape());
   ensure(save_mean_, Shape{in_.c});
   ensure(save_invstd_, Shape{in_.c});
@@ -262,18 +261,18 @@ const Tensor& BatchNormGpu::backward(const Tensor& dy, bool /*need_dx*/) {
   // cuDNN's batch-norm backward always writes dx; the first layer's is simply not used.
   const Tensor* d = &dy;
   if (pool_) {
-    ensure(dnorm_, in_shape_);
+    ensure(dnorm_, x_.shape());
     CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, pooled_desc_.get(), pooled_y_.raw(),
                                      pooled_desc_.get(), dy.raw(), x_desc_.get(), y_.raw(), &kZero, x_desc_.get(),
                                      dnorm_.raw()));
     d = &dnorm_;
   }
   if (relu_) {
-    ensure(dnorm_, in_shape_);  // elementwise: dnorm_ may be its own input
+    ensure(dnorm_, x_.shape());  // elementwise: dnorm_ may be its own input
     kernels::relu_backward(y_.data<float>(), d->data<float>(), dnorm_.data<float>(), dnorm_.numel(), ctx_.stream());
     d = &dnorm_;
   }
-  ensure(dx_, in_shape_);
+  ensure(dx_, x_.shape());
   CUDNN_CHECK(cudnnBatchNormalizationBackward(
       ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x_.raw(), x_desc_.get(),
       d->raw(), x_desc_.get(), dx_.raw(), stats_desc_.get(), arenas_.value(gamma_), arenas_.grad(gamma_),
@@ -297,22 +296,16 @@ const Tensor& ReluGpu::backward(const Tensor& dy, bool /*need_dx*/) {
 
 PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride)
     : ctx_(ctx), kind_(kind), in_(in), out_(in) {
-  if (kind == Kind::GlobalAverage) {
-    kernel = in.h;  // one window over the whole image; the window is never padded
-    stride = in.h;
-    out_.h = out_.w = 1;
-  } else {
-    out_.h = (in.h - kernel) / stride + 1;
-    out_.w = (in.w - kernel) / stride + 1;
-  }
+  // The global average is one unpadded window over the whole image.
+  const bool global = kind == Kind::GlobalAverage;
+  const int64_t kh = global ? in.h : kernel, kw = global ? in.w : kernel;
+  const int64_t sh = global ? in.h : stride, sw = global ? in.w : stride;
+  out_.h = (in.h - kh) / sh + 1;
+  out_.w = (in.w - kw) / sw + 1;
   CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool_));
-  const int kh = to_int(kind == Kind::GlobalAverage ? in.h : kernel);
-  const int kw = to_int(kind == Kind::GlobalAverage ? in.w : kernel);
-  const int sh = to_int(kind == Kind::GlobalAverage ? in.h : stride);
-  const int sw = to_int(kind == Kind::GlobalAverage ? in.w : stride);
   CUDNN_CHECK(cudnnSetPooling2dDescriptor(
-      pool_, kind == Kind::Max ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
-      CUDNN_PROPAGATE_NAN, kh, kw, 0, 0, sh, sw));
+      pool_, global ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_MAX_DETERMINISTIC,
+      CUDNN_PROPAGATE_NAN, to_int(kh), to_int(kw), 0, 0, to_int(sh), to_int(sw)));
 }
 
 PoolGpu::~PoolGpu() { cudnnDestroyPoolingDescriptor(pool_); }
@@ -326,7 +319,6 @@ const Tensor& PoolGpu::forward(const Tensor& x, bool /*train*/) {
     described_n_ = n;
   }
   x_ = x;
-  in_shape_ = x.shape();
   // The global average pool ends in features (N x C), as the CPU layer's output.
   ensure(y_, nhwc_shape(n, out_, kind_ == Kind::Max));
   CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), x.raw(), &kZero, y_desc_.get(),
@@ -335,7 +327,7 @@ const Tensor& PoolGpu::forward(const Tensor& x, bool /*train*/) {
 }
 
 const Tensor& PoolGpu::backward(const Tensor& dy, bool /*need_dx*/) {
-  ensure(dx_, in_shape_);
+  ensure(dx_, x_.shape());
   CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
                                    x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
   return dx_;

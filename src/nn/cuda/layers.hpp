@@ -120,7 +120,6 @@ class BatchNormGpu final : public GpuLayer {
   cudnnPoolingDescriptor_t pool_ = nullptr;
   TensorDesc x_desc_, pooled_desc_, stats_desc_;
   int64_t described_n_ = -1;
-  Shape in_shape_;
   Tensor x_, y_, pooled_y_, save_mean_, save_invstd_, dnorm_, dx_;
 };
 
@@ -151,7 +150,6 @@ class PoolGpu final : public GpuLayer {
   cudnnPoolingDescriptor_t pool_ = nullptr;
   TensorDesc x_desc_, y_desc_;
   int64_t described_n_ = -1;
-  Shape in_shape_;
   Tensor x_, y_, dx_;
 };
 

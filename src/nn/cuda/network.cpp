@@ -91,19 +91,15 @@ void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready) {
   });
 }
 
-double GpuNetwork::loss_sum() {
-  double s = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&s, sums_.raw(), sizeof s, cudaMemcpyDeviceToHost, ctx_.stream()));
+GpuNetwork::LossSums GpuNetwork::sums() {
+  struct {
+    double loss;
+    int correct;
+  } host{};  // the device layout loss() writes: a double, then an int
+  static_assert(sizeof host == 2 * sizeof(double));
+  CUDA_CHECK(cudaMemcpyAsync(&host, sums_.raw(), sizeof host, cudaMemcpyDeviceToHost, ctx_.stream()));
   ctx_.synchronize();
-  return s;
-}
-
-int64_t GpuNetwork::correct() {
-  int c = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&c, static_cast<double*>(sums_.raw()) + 1, sizeof c, cudaMemcpyDeviceToHost,
-                             ctx_.stream()));
-  ctx_.synchronize();
-  return c;
+  return {host.loss, host.correct};
 }
 
 }  // namespace hpc::nn::cuda

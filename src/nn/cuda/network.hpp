@@ -25,14 +25,17 @@ class GpuNetwork {
   // x: a device batch, N x H x W x C. Returns the logits (N x classes).
   const Tensor& forward(const Tensor& x, bool train) { return net_->forward(x, train); }
   // Softmax cross-entropy of the last forward against device labels: enqueues the loss sum
-  // and the count of correct predictions into device memory; loss_sum()/correct() read them.
+  // and the count of correct predictions into device memory; sums() reads them.
   void loss(const Tensor& logits, const int32_t* labels);
   // Backward from the last loss(); grads_ready(offset) is called (on this thread, after the
   // work is enqueued, not done) whenever every gradient at arena offsets >= offset is final.
   void backward(const std::function<void(int64_t)>& grads_ready);
-  // The last loss()'s sums (waits for the stream).
-  double loss_sum();
-  int64_t correct();
+  // The last loss()'s sums: one copy and one wait for the stream.
+  struct LossSums {
+    double loss = 0;  // summed over the batch's rows
+    int64_t correct = 0;
+  };
+  LossSums sums();
 
   DeviceArenas& arenas() { return arenas_; }
   GpuContext& context() { return ctx_; }
