@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/device.hpp"
+#include "core/duration.hpp"
 #include "core/error.hpp"
 #include "nn/gemm.hpp"
 
@@ -38,22 +39,6 @@ std::string shown(const V& v) {
   std::ostringstream os;
   os << v;
   return os.str();
-}
-
-// "90", "90s", "10m", "1.5h": seconds.
-double parse_duration(const std::string& text, const char* option) {
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
-  HPC_REQUIRE(used > 0 && scale > 0 && std::isfinite(v) && v >= 0, "--", option,
-              " must be a duration such as 90s, 10m or 1.5h (0: off), got '", text, "'");
-  return v * scale;
 }
 
 void require_finite(double v, const char* option) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/log.hpp"
 
@@ -20,7 +21,8 @@ std::string format_duration(double s) {
 
 Progress::Progress(bool quiet, int64_t log_every, int64_t epochs, int64_t steps_per_epoch, int64_t total_steps)
     : quiet_(quiet || log::rank() != 0),
-      tty_(isatty(STDOUT_FILENO) != 0),
+      // Under hpcrun every line is prefixed and logged: no redrawn line there.
+      tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("HPCRUN_ATTEMPT") == nullptr),
       log_every_(log_every > 0 ? log_every : std::max<int64_t>(1, steps_per_epoch / 10)),
       epochs_(epochs),
       steps_per_epoch_(steps_per_epoch),

@@ -1,0 +1,116 @@
+#include "analysis.hpp"
+
+#include <map>
+#include <sstream>
+
+#include "train/exit_codes.hpp"
+
+namespace hpc::launch {
+
+std::vector<std::string> rank_hosts(const HostList& placement) {
+  std::vector<std::string> hosts;
+  for (const Host& h : placement) hosts.insert(hosts.end(), static_cast<size_t>(h.slots), h.name);
+  return hosts;
+}
+
+bool failed_by_itself(const RankReport& r) {
+  if (r.terminated || r.stop_requested) return false;
+  if (!r.status.exited) return true;  // a crash, or a kill from outside mpirun
+  // 124: the trainer's watchdog gave up waiting for a peer: the peer is the culprit, not this rank.
+  const int c = r.status.code;
+  return c != train::kExitSuccess && c != train::kExitCheckpointed && c != train::kExitStepTimeout;
+}
+
+std::string host_blamed_by_mpirun(const std::string& line) {
+  const auto word_after = [&](const std::string& key) -> std::string {
+    const size_t at = line.find(key);
+    if (at == std::string::npos) return "";
+    std::stringstream rest(line.substr(at + key.size()));
+    std::string word;
+    rest >> word;
+    return word;
+  };
+  if (line.find("Remote daemon:") != std::string::npos) return word_after(" on node ");
+  if (line.find("Peer host:") != std::string::npos) return word_after("Peer host:");
+  if (line.find("noticed that process rank") != std::string::npos) return word_after(" on node ");
+  return "";
+}
+
+Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport>& reports,
+                         const std::vector<std::string>& blamed_by_mpirun, const ExitStatus& mpirun_status,
+                         bool stop_requested, bool stalled) {
+  const std::vector<std::string> hosts = rank_hosts(placement);
+  const int np = static_cast<int>(hosts.size());
+  Analysis a;
+  if (mpirun_status.success()) {
+    a.verdict = Verdict::Success;
+    a.reason = "every rank finished";
+    return a;
+  }
+  for (const RankReport& r : reports) {
+    if (r.status.exited && r.status.code == train::kExitUsage && !r.terminated && !r.stop_requested) {
+      a.verdict = Verdict::UsageError;
+      a.reason = "rank " + std::to_string(r.rank) + " reported a usage error (exit code 2): its input is wrong, retrying cannot help";
+      return a;
+    }
+  }
+  bool all_checkpointed = mpirun_status.exited && mpirun_status.code == train::kExitCheckpointed;
+  for (const RankReport& r : reports)
+    if (!(r.status.exited && r.status.code == train::kExitCheckpointed)) all_checkpointed = false;
+  if (all_checkpointed && !stalled) {
+    a.verdict = stop_requested ? Verdict::Stopped : Verdict::StoppedOutside;
+    a.reason = stop_requested ? "checkpointed and stopped as asked"
+                              : "the job checkpointed and stopped on a signal from outside hpcrun";
+    return a;
+  }
+  if (stop_requested && !stalled) {
+    a.verdict = Verdict::Stopped;
+    a.reason = "stopped as asked (" + mpirun_status.show() + ", not a checkpoint's exit code 75)";
+    return a;
+  }
+
+  a.verdict = Verdict::Failure;
+  std::map<std::string, bool> reported;  // host -> any of its ranks reported
+  for (const std::string& h : hosts) reported.emplace(h, false);
+  std::string first_failure, first_host;
+  for (const RankReport& r : reports) {
+    if (r.rank < 0 || r.rank >= np) continue;
+    const std::string& host = hosts[static_cast<size_t>(r.rank)];
+    reported[host] = true;
+    if (first_failure.empty() && failed_by_itself(r)) {
+      first_host = host;
+      first_failure = "rank " + std::to_string(r.rank) + " on " + host + " ended with " + r.status.show();
+    }
+  }
+  bool anyone_reported = false;
+  for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
+  std::string silent;
+  if (anyone_reported)
+    for (const auto& [host, did] : reported)
+      if (!did) {
+        a.failed_hosts.insert(host);
+        silent += (silent.empty() ? "" : ", ") + host;
+      }
+  std::string named;
+  for (const std::string& b : blamed_by_mpirun) {
+    for (const std::string& h : hosts) {
+      const bool same = h == b || h.substr(0, h.find('.')) == b || b.substr(0, b.find('.')) == h;
+      if (same && a.failed_hosts.insert(h).second) named += (named.empty() ? "" : ", ") + h;
+    }
+  }
+  if (a.failed_hosts.empty() && !first_host.empty()) a.failed_hosts.insert(first_host);
+  if (!named.empty() || !silent.empty()) {
+    a.reason = "lost ";
+    if (!named.empty()) a.reason += named + " (named by mpirun)";
+    if (!silent.empty()) a.reason += (named.empty() ? "" : ", ") + silent + " (no word from its ranks)";
+  } else {
+    a.reason = first_failure;
+  }
+  if (a.reason.empty())
+    a.reason = stalled ? "the job stalled (no finished step within --stall-timeout)" : "mpirun ended with " + mpirun_status.show();
+  else if (stalled)
+    a.reason = "the job stalled; " + a.reason;
+  return a;
+}
+
+}  // namespace hpc::launch

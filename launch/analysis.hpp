@@ -1,0 +1,48 @@
+// What an attempt's end means, from how mpirun ended and what each rank's wrapper reported.
+// Pure, so every case is unit-tested (tests/unit/launch_test.cpp).
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hosts.hpp"
+#include "rank_report.hpp"
+
+namespace hpc::launch {
+
+enum class Verdict {
+  Success,        // every rank finished
+  Stopped,        // hpcrun asked for a checkpoint-and-stop and the job did it
+  StoppedOutside, // the job checkpointed and stopped on a signal hpcrun did not send (Slurm, a spot watcher)
+  UsageError,     // the program rejected its input (exit code 2): retrying cannot help
+  Failure,        // anything else: relaunch from the last checkpoint
+};
+
+struct Analysis {
+  Verdict verdict = Verdict::Failure;
+  std::set<std::string> failed_hosts;  // hosts to blame (blacklisted by the caller)
+  std::string reason;                  // one line
+};
+
+// Which host each rank runs on: mpirun -H h1:s1,h2:s2 fills h1's slots first, then h2's.
+std::vector<std::string> rank_hosts(const HostList& placement);
+
+// The host an mpirun message blames, or "": Open MPI 4 names a lost daemon ("Remote daemon: ...
+// on node H"), a vanished peer ("Peer host: H") and a rank that died ("noticed that process rank
+// R ... on node H exited"). Used beside the ranks' reports, which a torn-down job may never deliver.
+std::string host_blamed_by_mpirun(const std::string& line);
+
+// `reports` in the order they arrived. `stop_requested`: hpcrun asked the job to checkpoint and
+// stop. `stalled`: hpcrun killed it for a heartbeat stall.
+// Blame: the hosts mpirun named (`blamed_by_mpirun`, among the placement's), then the hosts that went silent while others could still report (lost with their processes,
+// or cut off the network); when none did, the host of the first rank that failed by itself (the
+// ranks failing after it are usually its victims: their peer vanished from a collective).
+Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport>& reports,
+                         const std::vector<std::string>& blamed_by_mpirun, const ExitStatus& mpirun_status,
+                         bool stop_requested, bool stalled);
+
+// A report that shows this rank failed by itself rather than being torn down with the job.
+bool failed_by_itself(const RankReport& r);
+
+}  // namespace hpc::launch

@@ -1,0 +1,218 @@
+#include "hosts.hpp"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace hpc::launch {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Host names and addresses as DNS, /etc/hosts and Open MPI accept them.
+bool valid_name(const std::string& s) {
+  return !s.empty() && s.size() <= 253 && s.front() != '-' &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '-' || c == '_'; });
+}
+
+int parse_slots(const std::string& text, const std::string& where) {
+  int v = 0;
+  size_t used = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  HPC_REQUIRE(used > 0 && used == text.size() && v >= 1 && v <= 4096, where, ": slots must be a whole number from 1 to 4096, got '",
+              text, "'");
+  return v;
+}
+
+// Repeated hosts add up their slots (as Open MPI does), keeping the first one's place.
+void add(HostList& hosts, const std::string& name, int slots, const std::string& where) {
+  HPC_REQUIRE(valid_name(name), where, ": '", name, "' is not a host name");
+  for (Host& h : hosts)
+    if (h.name == name) {
+      h.slots += slots;
+      return;
+    }
+  hosts.push_back({name, slots});
+}
+
+// "name[:slots]"
+void add_colon_form(HostList& hosts, const std::string& item, int default_slots, const std::string& where) {
+  const size_t colon = item.rfind(':');
+  if (colon == std::string::npos) return add(hosts, item, default_slots, where);
+  add(hosts, item.substr(0, colon), parse_slots(item.substr(colon + 1), where + ": '" + item + "'"), where);
+}
+
+}  // namespace
+
+HostList parse_host_list(const std::string& spec, int default_slots) {
+  HostList hosts;
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    item = trim(item);
+    HPC_REQUIRE(!item.empty(), "-H '", spec, "': empty host name (hosts are separated by single commas)");
+    add_colon_form(hosts, item, default_slots, "-H");
+  }
+  HPC_REQUIRE(!hosts.empty(), "-H names no host");
+  return hosts;
+}
+
+HostList parse_hostfile(const std::string& path, int default_slots) {
+  std::ifstream in(path);
+  HPC_REQUIRE(in, "--hostfile ", path, ": cannot open it");
+  HostList hosts;
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    line = trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    const std::string where = "--hostfile " + path + " line " + std::to_string(line_no);
+    std::stringstream words(line);
+    std::string name, word;
+    words >> name;
+    int slots = default_slots;
+    while (words >> word) {
+      const size_t eq = word.find('=');
+      const std::string key = word.substr(0, eq);
+      HPC_REQUIRE(eq != std::string::npos && (key == "slots" || key == "max_slots" || key == "max-slots"), where,
+                  ": expected 'slots=N' or 'max_slots=N' after the host name, got '", word, "'");
+      if (key == "slots") slots = parse_slots(word.substr(eq + 1), where);
+      else parse_slots(word.substr(eq + 1), where);  // validated; hpcrun never oversubscribes
+    }
+    add(hosts, name, slots, where);
+  }
+  HPC_REQUIRE(!hosts.empty(), "--hostfile ", path, " names no host");
+  return hosts;
+}
+
+HostList parse_discovery_output(const std::string& text, int default_slots, const std::string& source) {
+  HostList hosts;
+  std::stringstream ss(text);
+  int line_no = 0;
+  for (std::string line; std::getline(ss, line);) {
+    ++line_no;
+    line = trim(line);
+    if (line.empty() || line[0] == '#') continue;
+    add_colon_form(hosts, line, default_slots, source + " line " + std::to_string(line_no));
+  }
+  return hosts;
+}
+
+std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  const auto bad = [&] { usage_error("SLURM_JOB_NODELIST '", list, "' is not a Slurm host list"); };
+  while (i < list.size()) {
+    // One item: a prefix, then optionally "[ranges]" and a suffix, up to a comma outside brackets.
+    size_t end = i;
+    int depth = 0;
+    while (end < list.size() && (list[end] != ',' || depth > 0)) {
+      if (list[end] == '[') ++depth;
+      if (list[end] == ']' && --depth < 0) bad();
+      ++end;
+    }
+    if (depth != 0 || end == i) bad();
+    const std::string item = list.substr(i, end - i);
+    const size_t open = item.find('[');
+    if (open == std::string::npos) {
+      out.push_back(item);
+    } else {
+      const size_t close = item.find(']', open);
+      const std::string prefix = item.substr(0, open), suffix = item.substr(close + 1);
+      if (suffix.find('[') != std::string::npos) bad();  // one bracket group per item, as sbatch prints
+      std::stringstream ranges(item.substr(open + 1, close - open - 1));
+      for (std::string r; std::getline(ranges, r, ',');) {
+        const size_t dash = r.find('-');
+        const std::string lo = r.substr(0, dash), hi = dash == std::string::npos ? lo : r.substr(dash + 1);
+        if (lo.empty() || hi.empty() || !std::all_of(lo.begin(), lo.end(), ::isdigit) ||
+            !std::all_of(hi.begin(), hi.end(), ::isdigit) || lo.size() > 9 || hi.size() > 9)
+          bad();
+        const long a = std::stol(lo), b = std::stol(hi);
+        if (b < a || b - a > 100000) bad();
+        for (long n = a; n <= b; ++n) {
+          std::string digits = std::to_string(n);
+          if (digits.size() < lo.size()) digits.insert(0, lo.size() - digits.size(), '0');  // keep zero padding
+          out.push_back(prefix + digits + suffix);
+        }
+      }
+    }
+    i = end + 1;
+  }
+  if (out.empty()) bad();
+  return out;
+}
+
+std::vector<int> expand_slurm_tasks_per_node(const std::string& tasks) {
+  std::vector<int> out;
+  std::stringstream ss(tasks);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const size_t x = item.find("(x");
+    const int n = parse_slots(item.substr(0, x), "SLURM_TASKS_PER_NODE '" + tasks + "'");
+    int repeat = 1;
+    if (x != std::string::npos) {
+      HPC_REQUIRE(item.back() == ')', "SLURM_TASKS_PER_NODE '", tasks, "' is not in Slurm's form, e.g. 2(x3),1");
+      repeat = parse_slots(item.substr(x + 2, item.size() - x - 3), "SLURM_TASKS_PER_NODE '" + tasks + "'");
+    }
+    out.insert(out.end(), static_cast<size_t>(repeat), n);
+  }
+  HPC_REQUIRE(!out.empty(), "SLURM_TASKS_PER_NODE is empty");
+  return out;
+}
+
+HostList slurm_hosts(const std::string& nodelist, const std::string& tasks_per_node) {
+  const std::vector<std::string> names = expand_slurm_nodelist(nodelist);
+  const std::vector<int> tasks = expand_slurm_tasks_per_node(tasks_per_node);
+  HPC_REQUIRE(names.size() == tasks.size(), "Slurm's allocation is inconsistent: SLURM_JOB_NODELIST names ", names.size(),
+              " node(s), SLURM_TASKS_PER_NODE ", tasks.size());
+  HostList hosts;
+  for (size_t i = 0; i < names.size(); ++i) add(hosts, names[i], tasks[i], "SLURM_JOB_NODELIST");
+  return hosts;
+}
+
+int total_slots(const HostList& hosts) {
+  int n = 0;
+  for (const Host& h : hosts) n += h.slots;
+  return n;
+}
+
+std::string show_hosts(const HostList& hosts) {
+  std::string s;
+  for (const Host& h : hosts) s += (s.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
+  return s;
+}
+
+bool is_local_host(const std::string& name) {
+  if (name == "localhost" || name.rfind("127.", 0) == 0 || name == "::1") return true;
+  char self[256] = {};
+  if (::gethostname(self, sizeof self - 1) != 0) return false;
+  const std::string me = self;
+  return name == me || (me.find('.') != std::string::npos && name == me.substr(0, me.find('.')));
+}
+
+bool resolves(const std::string& name, std::string* why) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(name.c_str(), nullptr, &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  if (rc != 0 && why) *why = ::gai_strerror(rc);
+  return rc == 0;
+}
+
+}  // namespace hpc::launch

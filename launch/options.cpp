@@ -1,0 +1,224 @@
+#include "options.hpp"
+
+#include <boost/program_options.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "blacklist.hpp"
+#include "core/duration.hpp"
+#include "core/error.hpp"
+#include "subprocess.hpp"
+
+namespace hpc::launch {
+namespace po = boost::program_options;
+
+namespace {
+
+// hpcrun's switches: every other option takes one value.
+const std::set<std::string> kSwitches = {"help", "h", "version", "quiet"};
+// Single-dash spellings people bring from mpirun and horovodrun.
+std::string normalise(const std::string& arg) {
+  if (arg == "-np" || arg == "-n") return "--np";
+  if (arg.rfind("-np=", 0) == 0) return "--np=" + arg.substr(4);
+  return arg;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::stringstream ss(s);
+  std::vector<std::string> out;
+  for (std::string w; ss >> w;) out.push_back(w);
+  return out;
+}
+
+void require_count(int v, const char* option, int lowest) {
+  HPC_REQUIRE(v >= lowest && v <= 1000000, "--", option, " must be a whole number of at least ", lowest, ", got ", v);
+}
+
+}  // namespace
+
+int program_start(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = normalise(argv[i]);
+    if (arg == "--") return i + 1;
+    if (arg.size() < 2 || arg[0] != '-') return i;
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(arg[1] == '-' ? 2 : 1, eq == std::string::npos ? std::string::npos : eq - (arg[1] == '-' ? 2 : 1));
+    if (eq == std::string::npos && !kSwitches.count(name)) ++i;  // its value
+  }
+  return argc;
+}
+
+std::string program_option(const std::vector<std::string>& args, const std::string& name) {
+  const std::string flag = "--" + name;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == flag && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind(flag + "=", 0) == 0) return args[i].substr(flag.size() + 1);
+  }
+  return "";
+}
+
+std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv) {
+  LaunchOptions o;
+  const int start = program_start(argc, argv);
+  std::vector<std::string> own;
+  for (int i = 1; i < start; ++i)
+    if (std::string(argv[i]) != "--") own.push_back(normalise(argv[i]));
+  for (int i = start; i < argc; ++i) o.program.push_back(argv[i]);
+
+  std::string hosts, hostfile, cooldown = "60:600", stall = "10m", probe = "10s", teardown = "10s", stop = "5m",
+                                    elastic = "10m", interval = "5s", mpi_args;
+  po::options_description where("Where: hosts and slots (one rank per slot)");
+  where.add_options()
+      ("hosts,H", po::value(&hosts), "hosts as host[:slots],... (as mpirun -H)")
+      ("hostfile", po::value(&hostfile), "Open MPI hostfile: 'host slots=N' per line")
+      ("host-discovery-script", po::value(&o.discovery_script),
+       "program printing the usable hosts, one 'host:slots' per line; run every --discovery-interval, "
+       "the job grows onto new hosts and is drained off vanished ones")
+      ("discovery-interval", po::value(&interval)->default_value(interval), "how often the discovery script runs")
+      ("slots-per-host", po::value(&o.slots_per_host)->default_value(o.slots_per_host),
+       "slots of a host given without ':slots'");
+  po::options_description size("How many ranks (inside a Slurm job without host options: the allocation)");
+  size.add_options()
+      ("np", po::value(&o.np), "ranks to start (-np; default: every slot, up to --max-np)")
+      ("min-np", po::value(&o.min_np), "fewest ranks the job may run on (default: -np, else 1); "
+                                       "below it hpcrun waits up to --elastic-timeout for hosts")
+      ("max-np", po::value(&o.max_np), "most ranks the job may grow to (default: -np, else unbounded)");
+  po::options_description launch("How: the mpirun command");
+  launch.add_options()
+      ("launch-agent", po::value(&o.launch_agent)->default_value(o.launch_agent),
+       "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes")
+      ("mpirun", po::value(&o.mpirun)->default_value(o.mpirun), "the mpirun to use")
+      ("mpi-args", po::value(&mpi_args), "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\"")
+      ("env,x", po::value(&o.env)->composing(), "NAME or NAME=VALUE to set on every rank (repeatable)")
+      ("log-dir", po::value(&o.log_dir), "one log per attempt and summary.json (default: CHECKPOINT_DIR/hpcrun, "
+                                         "else ./hpcrun-logs)")
+      ("checkpoint-dir", po::value(&o.checkpoint_dir),
+       "the job's checkpoint directory, where its heartbeat is (default: the program's --checkpoint-dir)")
+      ("quiet", po::bool_switch(&o.quiet), "only hpcrun's own lines on the terminal (the program's go to the logs)");
+  po::options_description recovery("Failures");
+  recovery.add_options()
+      ("stall-timeout", po::value(&stall)->default_value(stall),
+       "a job whose heartbeat shows no finished step for this long is killed and relaunched (0: off)")
+      ("max-restarts", po::value(&o.max_restarts)->default_value(o.max_restarts),
+       "failures to recover from before giving up (joins and drains do not count)")
+      ("blacklist-cooldown", po::value(&cooldown)->default_value(cooldown),
+       "MIN:MAX a failed host stays out: MIN, doubling with each failure of that host, up to MAX")
+      ("elastic-timeout", po::value(&elastic)->default_value(elastic),
+       "how long to wait for enough healthy slots (--min-np) before giving up")
+      ("probe-timeout", po::value(&probe)->default_value(probe), "a host that does not answer a probe in this time is unhealthy")
+      ("teardown-timeout", po::value(&teardown)->default_value(teardown),
+       "how long mpirun may take to end a failed job before hpcrun kills it")
+      ("stop-timeout", po::value(&stop)->default_value(stop),
+       "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is killed");
+  po::options_description general("General");
+  general.add_options()("help,h", "this help")("version", "print the version");
+  po::options_description all;
+  all.add(where).add(size).add(launch).add(recovery).add(general);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(own).options(all).style(po::command_line_style::default_style &
+                                                              ~po::command_line_style::allow_guessing).run(),
+              vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage_error(e.what(), " (hpcrun's options come before the program; try --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"
+                 "Starts PROGRAM through mpirun on the given hosts and keeps it running to completion: after a\n"
+                 "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
+                 "the job onto hosts that appear and drains it off hosts that leave.\n"
+                 "Exit codes: 0 success; 1 gave up (the reason on one line); 2 bad input (hpcrun's or the program's);\n"
+                 "75 stopped on request after a checkpoint (SIGTERM, SIGINT or SIGUSR1 to hpcrun), resume by running\n"
+                 "it again.\n"
+              << all;
+    return std::nullopt;
+  }
+  if (vm.count("version")) {
+    std::cout << "hpcrun " << HPCTRAIN_VERSION << "\n";
+    return std::nullopt;
+  }
+
+  o.discovery_interval = parse_duration(interval, "discovery-interval");
+  o.stall_timeout = parse_duration(stall, "stall-timeout");
+  o.probe_timeout = parse_duration(probe, "probe-timeout");
+  o.teardown_timeout = parse_duration(teardown, "teardown-timeout");
+  o.stop_timeout = parse_duration(stop, "stop-timeout");
+  o.elastic_timeout = parse_duration(elastic, "elastic-timeout");
+  parse_cooldown(cooldown, &o.cooldown_min, &o.cooldown_max);
+  HPC_REQUIRE(o.discovery_interval > 0, "--discovery-interval must be more than 0");
+  HPC_REQUIRE(o.probe_timeout > 0, "--probe-timeout must be more than 0");
+  HPC_REQUIRE(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
+  require_count(o.slots_per_host, "slots-per-host", 1);
+  if (vm.count("np")) require_count(o.np, "np", 1);
+  if (vm.count("min-np")) require_count(o.min_np, "min-np", 1);
+  if (vm.count("max-np")) require_count(o.max_np, "max-np", 1);
+  if (!o.min_np) o.min_np = o.np ? o.np : 1;
+  if (!o.max_np && o.np) o.max_np = std::max(o.np, o.min_np);
+  HPC_REQUIRE(!o.max_np || o.max_np >= o.min_np, "--max-np ", o.max_np, " is below --min-np ", o.min_np);
+  HPC_REQUIRE(!o.np || o.np >= o.min_np, "-np ", o.np, " is below --min-np ", o.min_np);
+  HPC_REQUIRE(!o.np || !o.max_np || o.np <= o.max_np, "-np ", o.np, " is above --max-np ", o.max_np);
+  o.mpi_args = split_words(mpi_args);
+  o.launch_agent_given = !vm["launch-agent"].defaulted();
+  HPC_REQUIRE(!split_words(o.launch_agent).empty(), "--launch-agent is empty");
+  for (const std::string& e : o.env) {
+    const std::string name = e.substr(0, e.find('='));
+    HPC_REQUIRE(!name.empty() && name.find_first_of(" \t\n") == std::string::npos, "-x '", e,
+                "' is not NAME or NAME=VALUE");
+  }
+
+  // Hosts: one source.
+  const int sources = !hosts.empty() + !hostfile.empty() + !o.discovery_script.empty();
+  HPC_REQUIRE(sources <= 1, "give one of -H, --hostfile and --host-discovery-script, not several");
+  HPC_REQUIRE(!vm.count("hosts") || !hosts.empty(), "-H is empty: name at least one host");
+  HPC_REQUIRE(!vm.count("hostfile") || !hostfile.empty(), "--hostfile is empty");
+  if (!hosts.empty()) {
+    o.host_source = HostSource::List;
+    o.static_hosts = parse_host_list(hosts, o.slots_per_host);
+  } else if (!hostfile.empty()) {
+    o.host_source = HostSource::Hostfile;
+    o.static_hosts = parse_hostfile(hostfile, o.slots_per_host);
+  } else if (!o.discovery_script.empty()) {
+    o.host_source = HostSource::Discovery;
+    std::string why;
+    HPC_REQUIRE(!find_program(o.discovery_script, &why).empty(), "--host-discovery-script ", o.discovery_script,
+                ": ", why);
+  } else if (std::getenv("SLURM_JOB_ID") && std::getenv("SLURM_JOB_NODELIST") && std::getenv("SLURM_TASKS_PER_NODE")) {
+    o.host_source = HostSource::Slurm;
+    o.static_hosts = slurm_hosts(std::getenv("SLURM_JOB_NODELIST"), std::getenv("SLURM_TASKS_PER_NODE"));
+  } else {
+    HPC_REQUIRE(o.np > 0, "no hosts: give -H, --hostfile or --host-discovery-script, run inside a Slurm job, "
+                          "or give -np to run on this machine alone");
+    o.host_source = HostSource::Local;
+    o.static_hosts = {{"localhost", o.np}};
+  }
+  if (o.host_source != HostSource::Discovery) {
+    const int slots = total_slots(o.static_hosts);
+    HPC_REQUIRE(slots >= o.min_np, "--min-np ", o.min_np, " needs more slots than the hosts have (", slots, ": ",
+                show_hosts(o.static_hosts), ")");
+    HPC_REQUIRE(!o.np || slots >= o.np, "-np ", o.np, " needs more slots than the hosts have (", slots, ": ",
+                show_hosts(o.static_hosts), ")");
+  }
+
+  // The program.
+  HPC_REQUIRE(!o.program.empty(), "no program to run: hpcrun [options] PROGRAM [ARGS...]");
+  std::string why;
+  HPC_REQUIRE(!find_program(o.program[0], &why).empty(), "program ", o.program[0], ": ", why);
+  HPC_REQUIRE(!find_program(o.mpirun, &why).empty(), "--mpirun ", o.mpirun, ": ", why);
+  o.program_is_hpctrain = std::filesystem::path(o.program[0]).filename() == "hpctrain";
+  if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_option(o.program, "checkpoint-dir");
+  if (o.program_is_hpctrain && program_option(o.program, "resume").empty()) {
+    // Every attempt after the first must continue from the last checkpoint.
+    o.program.push_back("--resume");
+    o.program.push_back("auto");
+  }
+  if (o.log_dir.empty())
+    o.log_dir = o.checkpoint_dir.empty() ? "hpcrun-logs" : (std::filesystem::path(o.checkpoint_dir) / "hpcrun").string();
+  return o;
+}
+
+}  // namespace hpc::launch

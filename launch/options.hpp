@@ -1,0 +1,56 @@
+// hpcrun's command line: `hpcrun [options] [--] PROGRAM [ARGS...]`. Option names follow
+// horovodrun and mpirun where they have one (-np, -H, --hostfile, --min-np, --max-np,
+// --host-discovery-script, --blacklist-cooldown, --elastic-timeout, -x).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hosts.hpp"
+
+namespace hpc::launch {
+
+enum class HostSource { List, Hostfile, Discovery, Slurm, Local };
+
+struct LaunchOptions {
+  // Hosts
+  HostSource host_source = HostSource::Local;
+  HostList static_hosts;         // List, Hostfile, Slurm, Local
+  std::string discovery_script;  // Discovery
+  double discovery_interval = 5;
+  int slots_per_host = 1;
+  // Size: ranks to start, at least, at most (0: not given)
+  int np = 0, min_np = 0, max_np = 0;
+  // Launch
+  std::string mpirun = "mpirun";
+  std::string launch_agent = "ssh";
+  bool launch_agent_given = false;
+  std::vector<std::string> mpi_args;
+  std::vector<std::string> env;  // NAME or NAME=VALUE, forwarded with mpirun -x
+  std::string log_dir;
+  std::string checkpoint_dir;  // where the trainer's heartbeat is
+  // Monitoring and recovery (seconds)
+  double stall_timeout = 600;
+  double probe_timeout = 10;
+  double teardown_timeout = 10;
+  double stop_timeout = 300;
+  double elastic_timeout = 600;
+  double cooldown_min = 60, cooldown_max = 600;
+  int max_restarts = 3;
+  bool quiet = false;
+  // The program and its arguments, as given (plus --resume auto for hpctrain)
+  std::vector<std::string> program;
+  bool program_is_hpctrain = false;
+};
+
+// nullopt when --help or --version was printed. Bad input throws a usage error.
+std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv);
+
+// Pure helpers, tested on their own.
+// Where hpcrun's options end and the program begins (index into argv; argc when none).
+int program_start(int argc, const char* const* argv);
+// The value of --NAME in a program's arguments ("--NAME V" or "--NAME=V"), or "".
+std::string program_option(const std::vector<std::string>& args, const std::string& name);
+
+}  // namespace hpc::launch

@@ -1,0 +1,150 @@
+#include "rank_report.hpp"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace hpc::launch {
+
+namespace {
+
+constexpr const char* kTag = "hpcrun-rank-status:";
+
+volatile sig_atomic_t g_child = 0, g_terminated = 0, g_stop = 0;
+
+// Whatever mpirun sends the wrapper is meant for the program.
+void forward(int sig) {
+  if (sig == SIGCONT) {
+    // mpirun sends it ahead of SIGTERM when it tears a job down; it means nothing alone.
+  } else if (sig == SIGUSR1 || sig == SIGUSR2) {
+    if (!g_terminated) g_stop = 1;
+  } else if (!g_stop) {
+    g_terminated = 1;
+  }
+  if (g_child > 0) ::kill(g_child, sig);
+}
+
+}  // namespace
+
+std::string format_report(const RankReport& r) {
+  std::ostringstream os;
+  os << kTag << " rank=" << r.rank;
+  if (r.status.exited) os << " exit=" << r.status.code;
+  else os << " signal=" << r.status.signal;
+  os << " terminated=" << (r.terminated ? 1 : 0) << " stop_requested=" << (r.stop_requested ? 1 : 0);
+  return os.str();
+}
+
+bool parse_report(const std::string& text, RankReport* r) {
+  if (text.rfind(kTag, 0) != 0) return false;
+  std::stringstream words(text.substr(std::strlen(kTag)));
+  RankReport out;
+  bool have_rank = false, have_end = false;
+  for (std::string w; words >> w;) {
+    const size_t eq = w.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string key = w.substr(0, eq);
+    int value = 0;
+    try {
+      value = std::stoi(w.substr(eq + 1));
+    } catch (const std::exception&) {
+      return false;
+    }
+    if (key == "rank") out.rank = value, have_rank = true;
+    else if (key == "exit") out.status.exited = true, out.status.code = value, have_end = true;
+    else if (key == "signal") out.status.exited = false, out.status.signal = value, have_end = true;
+    else if (key == "terminated") out.terminated = value != 0;
+    else if (key == "stop_requested") out.stop_requested = value != 0;
+  }
+  if (!have_rank || !have_end) return false;
+  *r = out;
+  return true;
+}
+
+TaggedLine parse_tagged(const std::string& line, bool from_stderr) {
+  TaggedLine t;
+  t.is_stderr = from_stderr;
+  t.text = line;
+  // "[jobid,rank]<stdout>:" or "<stderr>:"
+  if (line.size() < 4 || line[0] != '[') return t;
+  const size_t comma = line.find(','), close = line.find(']');
+  if (comma == std::string::npos || close == std::string::npos || comma > close) return t;
+  const std::string rank = line.substr(comma + 1, close - comma - 1);
+  if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos || rank.size() > 9) return t;
+  const std::string rest = line.substr(close + 1);
+  for (const char* stream : {"<stdout>:", "<stderr>:", "<stddiag>:"}) {
+    if (rest.rfind(stream, 0) == 0) {
+      t.rank = std::stoi(rank);
+      t.is_stderr = std::strcmp(stream, "<stdout>:") != 0;
+      t.text = rest.substr(std::strlen(stream));
+      return t;
+    }
+  }
+  return t;
+}
+
+int rank_exec_main(int argc, char** argv) {
+  if (argc < 1) {
+    std::fprintf(stderr, "hpcrun: error: --rank-exec needs a program\n");
+    return 2;
+  }
+  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank_env) rank_env = std::getenv("PMIX_RANK");
+  RankReport report;
+  report.rank = rank_env ? std::atoi(rank_env) : -1;
+
+  // Signals are blocked across fork so none is lost between the fork and g_child being set.
+  const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int s : forwarded) sigaddset(&block, s);
+  ::sigprocmask(SIG_BLOCK, &block, &old);
+  struct sigaction sa{};
+  sa.sa_handler = forward;
+  sigemptyset(&sa.sa_mask);
+  for (int s : forwarded) ::sigaction(s, &sa, nullptr);
+
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) {
+    std::fprintf(stderr, "hpcrun: error: rank %d: fork: %s\n", report.rank, std::strerror(errno));
+    return 1;
+  }
+  if (child == 0) {
+    for (int s : forwarded) ::signal(s, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned rank if the wrapper itself is killed
+    if (::getppid() != parent) ::_exit(127);
+    ::execvp(argv[0], argv);
+    std::fprintf(stderr, "hpcrun: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  g_child = child;
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+
+  int st = 0;
+  pid_t r;
+  do r = ::waitpid(child, &st, 0);
+  while (r < 0 && errno == EINTR);
+  report.status = ExitStatus::from_wait(st);
+  report.terminated = g_terminated != 0;
+  report.stop_requested = g_stop != 0;
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", format_report(report).c_str());
+  std::fflush(stderr);
+  if (report.status.exited) return report.status.code;
+  // Die the way the program died, so that mpirun reports the same signal.
+  ::signal(report.status.signal, SIG_DFL);
+  ::sigprocmask(SIG_UNBLOCK, &block, nullptr);
+  ::raise(report.status.signal);
+  return 128 + report.status.signal;
+}
+
+}  // namespace hpc::launch

@@ -1,0 +1,38 @@
+// How hpcrun learns how each rank ended. mpirun reports only the first rank that failed, and a
+// host that was lost entirely reports nothing at all, so hpcrun starts every rank through a
+// thin wrapper (`hpcrun --rank-exec PROGRAM ARGS...`): it runs the program, forwards the
+// signals mpirun sends, and prints one status line on stderr when the program ends. mpirun's
+// --tag-output brings that line back as "[job,rank]<stderr>:hpcrun-rank-status: ...". A rank
+// whose line never arrives was lost with its host, or cut off from it.
+#pragma once
+
+#include <string>
+
+#include "subprocess.hpp"
+
+namespace hpc::launch {
+
+struct RankReport {
+  int rank = -1;
+  ExitStatus status;
+  bool terminated = false;      // the wrapper got SIGTERM/SIGINT/SIGHUP first (mpirun tearing the job down)
+  bool stop_requested = false;  // the wrapper got SIGUSR1/SIGUSR2 first (a checkpoint-and-stop request)
+};
+
+std::string format_report(const RankReport& r);
+// True when `text` is a status line (then `r` holds it).
+bool parse_report(const std::string& text, RankReport* r);
+
+// One line of mpirun's --tag-output: "[1,3]<stderr>:text" is rank 3's stderr; an untagged line
+// is mpirun's own (rank -1).
+struct TaggedLine {
+  int rank = -1;
+  bool is_stderr = false;
+  std::string text;
+};
+TaggedLine parse_tagged(const std::string& line, bool from_stderr);
+
+// The wrapper's main: runs argv[0] with its arguments, reports, exits as it did.
+int rank_exec_main(int argc, char** argv);
+
+}  // namespace hpc::launch

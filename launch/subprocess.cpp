@@ -1,0 +1,279 @@
+#include "subprocess.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "core/duration.hpp"
+#include "core/error.hpp"
+
+namespace hpc::launch {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// In the forked child: only async-signal-safe calls until exec.
+[[noreturn]] void exec_child(const std::vector<std::string>& argv, const SpawnOptions& o, int out_w, int err_w,
+                             int report_w, pid_t parent) {
+  if (o.own_process_group) ::setpgid(0, 0);
+  if (o.die_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
+  }
+  // Signals hpcrun handles or ignores are back to their defaults in the program it starts.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGCHLD}) ::signal(s, SIG_DFL);
+  const int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  ::dup2(out_w, STDOUT_FILENO);
+  ::dup2(o.merge_stderr ? out_w : err_w, STDERR_FILENO);
+  for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  const int err = errno;
+  [[maybe_unused]] ssize_t n = ::write(report_w, &err, sizeof err);
+  ::_exit(127);
+}
+
+}  // namespace
+
+ExitStatus ExitStatus::from_wait(int status) {
+  ExitStatus s;
+  if (WIFEXITED(status)) s.exited = true, s.code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) s.signal = WTERMSIG(status);
+  return s;
+}
+
+std::string ExitStatus::show() const {
+  if (exited) return "exit code " + std::to_string(code);
+  return "signal " + std::to_string(signal) + " (" + ::strsignal(signal) + ")";
+}
+
+Child Child::spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
+  HPC_CHECK(!argv.empty());
+  int out[2], err[2] = {-1, -1}, report[2];
+  HPC_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(report, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
+  if (!options.merge_stderr) HPC_CHECK(::pipe2(err, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  HPC_CHECK(pid >= 0, "fork: ", std::strerror(errno));
+  if (pid == 0) exec_child(argv, options, out[1], err[1], report[1], parent);
+  ::close(out[1]);
+  if (err[1] >= 0) ::close(err[1]);
+  ::close(report[1]);
+  if (options.own_process_group) ::setpgid(pid, pid);  // also here: no race with an early signal()
+  int exec_errno = 0;
+  ssize_t n;
+  do n = ::read(report[0], &exec_errno, sizeof exec_errno);
+  while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  Child c;
+  c.pid_ = pid;
+  c.out_fd_ = out[0];
+  c.err_fd_ = err[0];
+  c.group_ = options.own_process_group;
+  if (n == static_cast<ssize_t>(sizeof exec_errno)) {
+    c.wait();
+    usage_error("cannot run ", argv[0], ": ", std::strerror(exec_errno));
+  }
+  return c;
+}
+
+Child& Child::operator=(Child&& other) noexcept {
+  if (this != &other) {
+    this->~Child();
+    pid_ = std::exchange(other.pid_, -1);
+    out_fd_ = std::exchange(other.out_fd_, -1);
+    err_fd_ = std::exchange(other.err_fd_, -1);
+    group_ = other.group_;
+    reaped_ = other.reaped_;
+    status_ = other.status_;
+  }
+  return *this;
+}
+
+Child::~Child() {
+  if (running()) {
+    signal(SIGKILL);
+    wait();
+  }
+  close_fd(out_fd_);
+  close_fd(err_fd_);
+  pid_ = -1;
+}
+
+void Child::close_out() { close_fd(out_fd_); }
+void Child::close_err() { close_fd(err_fd_); }
+
+bool Child::poll(ExitStatus* status) {
+  if (pid_ <= 0) return false;
+  if (!reaped_) {
+    int st = 0;
+    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r != pid_) return false;
+    reaped_ = true;
+    status_ = ExitStatus::from_wait(st);
+  }
+  if (status) *status = status_;
+  return true;
+}
+
+ExitStatus Child::wait() {
+  if (pid_ > 0 && !reaped_) {
+    int st = 0;
+    pid_t r;
+    do r = ::waitpid(pid_, &st, 0);
+    while (r < 0 && errno == EINTR);
+    reaped_ = true;
+    status_ = ExitStatus::from_wait(st);
+  }
+  return status_;
+}
+
+void Child::signal(int sig) const {
+  if (pid_ <= 0) return;
+  // The group outlives its leader: what mpirun started locally (launch agents) is killed too.
+  if (group_) ::kill(-pid_, sig);
+  if (!reaped_) ::kill(pid_, sig);
+}
+
+bool LineSplitter::read_from(int fd, std::vector<std::string>* lines) {
+  char buf[65536];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) return false;
+  pending_.append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    size_t end = nl;
+    if (end > start && pending_[end - 1] == '\r') --end;
+    lines->push_back(pending_.substr(start, end - start));
+  }
+  pending_.erase(0, start);
+  // A program that never ends its line must not grow this without bound.
+  if (pending_.size() > (1u << 20)) lines->push_back(std::exchange(pending_, {}));
+  return true;
+}
+
+bool LineSplitter::take_rest(std::string* line) {
+  if (pending_.empty()) return false;
+  *line = std::exchange(pending_, {});
+  return true;
+}
+
+std::string CommandResult::why() const {
+  std::string tail = output;
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
+  const size_t nl = tail.rfind('\n');
+  if (nl != std::string::npos) tail = tail.substr(nl + 1);  // the last line says most
+  if (!started) return tail;
+  if (timed_out) return "no answer (timed out)";
+  return status.show() + (tail.empty() ? "" : ": " + tail);
+}
+
+std::vector<CommandResult> run_commands(const std::vector<std::vector<std::string>>& commands, double timeout_seconds) {
+  std::vector<CommandResult> results(commands.size());
+  std::vector<Child> children(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    try {
+      SpawnOptions o;
+      o.merge_stderr = true;
+      children[i] = Child::spawn(commands[i], o);
+      results[i].started = true;
+    } catch (const Error& e) {
+      results[i].output = e.what();
+    }
+  }
+  const double deadline = now_seconds() + timeout_seconds;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> owner;
+    bool alive = false;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (!results[i].started) continue;
+      if (children[i].out_fd() >= 0) {
+        fds.push_back({children[i].out_fd(), POLLIN, 0});
+        owner.push_back(i);
+      }
+      ExitStatus st;
+      if (children[i].out_fd() >= 0 || !children[i].poll(&st)) alive = true;
+    }
+    if (!alive) break;
+    const double left = deadline - now_seconds();
+    if (left <= 0) {
+      for (size_t i = 0; i < children.size(); ++i) {
+        ExitStatus st;
+        if (results[i].started && !children[i].poll(&st)) {
+          results[i].timed_out = true;
+          children[i].signal(SIGKILL);
+        }
+      }
+      break;
+    }
+    const int wait_ms = fds.empty() ? 20 : static_cast<int>(std::min(left, 0.05) * 1000) + 1;
+    if (fds.empty()) ::usleep(static_cast<useconds_t>(wait_ms) * 1000);
+    else ::poll(fds.data(), fds.size(), wait_ms);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
+      CommandResult& r = results[owner[k]];
+      if (n > 0 && r.output.size() < (1u << 20)) r.output.append(buf, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) children[owner[k]].close_out();
+    }
+  }
+  for (size_t i = 0; i < children.size(); ++i)
+    if (results[i].started) results[i].status = children[i].wait();
+  return results;
+}
+
+CommandResult run_command(const std::vector<std::string>& command, double timeout_seconds) {
+  return run_commands({command}, timeout_seconds).front();
+}
+
+std::string find_program(const std::string& program, std::string* why) {
+  const auto executable = [](const std::string& p) {
+    struct stat st{};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (program.empty()) {
+    *why = "no program given";
+    return "";
+  }
+  if (program.find('/') != std::string::npos) {
+    if (executable(program)) return program;
+    *why = ::access(program.c_str(), F_OK) == 0 ? "it is not an executable file" : "no such file";
+    return "";
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (executable(candidate)) return candidate;
+  }
+  *why = "not found in PATH";
+  return "";
+}
+
+}  // namespace hpc::launch

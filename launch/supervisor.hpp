@@ -1,0 +1,110 @@
+// hpcrun's loop: choose healthy hosts, start the job through mpirun, watch it (its exit, each
+// rank's report, the trainer's heartbeat, the discovery script, signals), and after it ends
+// decide: done, give up, or relaunch from the last checkpoint on the hosts that are healthy now.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "analysis.hpp"
+#include "blacklist.hpp"
+#include "options.hpp"
+
+namespace hpc::launch {
+
+// One launch of the job.
+struct AttemptRecord {
+  int number = 0;
+  HostList hosts;
+  int np = 0;
+  double start = 0, end = 0;  // seconds since hpcrun started
+  Verdict verdict = Verdict::Failure;
+  bool membership = false;    // stopped by hpcrun to grow or drain the job
+  std::string outcome;        // one line
+  std::vector<std::string> failed_hosts;
+  int64_t first_step = -1, last_step = -1;  // global steps the heartbeat showed during the attempt
+  double first_step_at = -1;                 // when the first of them was seen
+  double failed_at = -1;                     // when hpcrun learned of the failure
+};
+
+// The trainer's heartbeat file (CHECKPOINT_DIR/heartbeat), polled.
+class HeartbeatWatch {
+ public:
+  explicit HeartbeatWatch(std::string dir) : dir_(std::move(dir)) {}
+  bool enabled() const { return !dir_.empty(); }
+  // Forget what earlier attempts wrote: only changes from now on are this attempt's progress.
+  void begin(double now);
+  // True when the heartbeat changed since the last call (a step finished).
+  bool poll(double now);
+  double last_progress() const { return last_change_; }
+  int64_t step() const { return step_; }
+  bool seen() const { return seen_; }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> last_;
+  double last_change_ = 0;
+  int64_t step_ = -1;
+  bool seen_ = false;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(LaunchOptions options);
+  ~Supervisor();
+  int run();  // hpcrun's exit code
+
+ private:
+  enum class StopKind { None, User, Membership };
+  struct Stop {
+    StopKind kind = StopKind::None;
+    std::string why;
+    double deadline = 0;
+  };
+
+  double now() const;
+  void say(const std::string& line);  // stderr and hpcrun.log
+  void log_line(const std::string& line);
+
+  // Hosts
+  HostList known_hosts();       // the static list, or the discovery script's latest answer
+  bool discover(bool first);    // runs the script; false when it failed (the previous answer stays)
+  HostList healthy(const HostList& candidates);  // the ones not blacklisted that answer a probe
+  std::vector<std::string> probe_command(const std::string& host) const;
+  HostList place(const HostList& usable, int np) const;
+  int target_np(const HostList& usable, bool first) const;
+  // Blocks until healthy hosts have --min-np slots; false after --elastic-timeout (or a stop signal).
+  bool wait_for_hosts(HostList* usable, bool first);
+
+  // One attempt
+  AttemptRecord run_attempt(const HostList& placement);
+  std::vector<std::string> mpirun_command(const HostList& placement) const;
+  void handle_output(const std::string& line, bool from_stderr, AttemptRecord& rec);
+  void check_membership(const HostList& placement, Stop& stop);
+  void request_stop(Stop& stop, StopKind kind, const std::string& why);
+  bool take_signal(int* sig);
+
+  int finish(int code, const std::string& last_line);
+  void print_summary();
+  void write_summary_json(int exit_code);
+
+  LaunchOptions o_;
+  Blacklist blacklist_;
+  HeartbeatWatch heartbeat_;
+  HostList discovered_;
+  double started_ = 0, last_discovery_ = -1e9;
+  int failures_ = 0, first_attempt_ = 1;
+  std::vector<AttemptRecord> attempts_;
+  std::ofstream attempt_log_, hpcrun_log_;
+  std::vector<RankReport> reports_;
+  std::vector<std::string> blamed_by_mpirun_;
+  double teardown_deadline_ = 0;
+  int signals_seen_ = 0;
+  bool interrupted_ = false;
+  std::string self_exe_;
+};
+
+}  // namespace hpc::launch

@@ -1,0 +1,280 @@
+// hpcrun's pure parts: host lists in every form, the blacklist's cooldowns, the ranks' status
+// lines, mpirun's tagged output and messages, and what an attempt's end means.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "analysis.hpp"
+#include "blacklist.hpp"
+#include "core/error.hpp"
+#include "hosts.hpp"
+#include "options.hpp"
+#include "rank_report.hpp"
+#include "subprocess.hpp"
+
+namespace hpc::launch {
+namespace {
+
+template <class F>
+std::string usage_message(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    return e.what();
+  }
+  ADD_FAILURE() << "no usage error";
+  return "";
+}
+
+TEST(Hosts, ListWithAndWithoutSlots) {
+  EXPECT_EQ(parse_host_list("a:2,b,c:4", 1), (HostList{{"a", 2}, {"b", 1}, {"c", 4}}));
+  EXPECT_EQ(parse_host_list("a,b", 3), (HostList{{"a", 3}, {"b", 3}}));
+  EXPECT_EQ(parse_host_list("a:1,b:1,a:2", 1), (HostList{{"a", 3}, {"b", 1}}));  // repeats add up, as in Open MPI
+  EXPECT_EQ(show_hosts({{"a", 2}, {"b", 1}}), "a:2,b:1");
+  EXPECT_EQ(total_slots({{"a", 2}, {"b", 5}}), 7);
+}
+
+TEST(Hosts, BadListsAreUsageErrors) {
+  EXPECT_NE(usage_message([] { parse_host_list("a,,b", 1); }).find("empty host name"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a:0", 1); }).find("slots"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a:x", 1); }).find("slots"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a b", 1); }).find("not a host name"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list(",", 1); }).find("empty"), std::string::npos);
+}
+
+TEST(Hosts, Hostfile) {
+  const std::string path = ::testing::TempDir() + "/hpcrun_hostfile";
+  {
+    std::ofstream f(path);
+    f << "# the cluster\nnode1 slots=4\n\nnode2   # one slot\nnode3 slots=2 max_slots=2\n";
+  }
+  EXPECT_EQ(parse_hostfile(path, 1), (HostList{{"node1", 4}, {"node2", 1}, {"node3", 2}}));
+  {
+    std::ofstream f(path);
+    f << "node1 cpus=4\n";
+  }
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("line 1"), std::string::npos);
+  {
+    std::ofstream f(path);
+    f << "# nothing\n";
+  }
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("names no host"), std::string::npos);
+  std::remove(path.c_str());
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("cannot open"), std::string::npos);
+}
+
+TEST(Hosts, DiscoveryOutput) {
+  EXPECT_EQ(parse_discovery_output("h1:2\n\nh2\n# gone: h3\n", 1, "d"), (HostList{{"h1", 2}, {"h2", 1}}));
+  EXPECT_TRUE(parse_discovery_output("", 1, "d").empty());
+  EXPECT_NE(usage_message([] { parse_discovery_output("h1:two\n", 1, "script"); }).find("script line 1"), std::string::npos);
+}
+
+TEST(Hosts, SlurmForms) {
+  EXPECT_EQ(expand_slurm_nodelist("gpu[01-03,07],login1"),
+            (std::vector<std::string>{"gpu01", "gpu02", "gpu03", "gpu07", "login1"}));
+  EXPECT_EQ(expand_slurm_nodelist("n[8-10]-ib"), (std::vector<std::string>{"n8-ib", "n9-ib", "n10-ib"}));
+  EXPECT_EQ(expand_slurm_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(slurm_hosts("a[1-2],b", "4(x2),1"), (HostList{{"a1", 4}, {"a2", 4}, {"b", 1}}));
+  usage_message([] { expand_slurm_nodelist("a[1-"); });
+  usage_message([] { expand_slurm_nodelist("a[3-1]"); });
+  usage_message([] { expand_slurm_tasks_per_node("2(x"); });
+  EXPECT_NE(usage_message([] { slurm_hosts("a[1-3]", "1"); }).find("inconsistent"), std::string::npos);
+}
+
+TEST(Hosts, Local) {
+  EXPECT_TRUE(is_local_host("localhost"));
+  EXPECT_TRUE(is_local_host("127.0.0.1"));
+  EXPECT_FALSE(is_local_host("10.1.2.3"));
+  std::string why;
+  EXPECT_TRUE(resolves("localhost", &why));
+  EXPECT_FALSE(resolves("no-such-host.invalid", &why));
+  EXPECT_FALSE(why.empty());
+}
+
+TEST(Blacklist, CooldownDoublesUpToTheMaximum) {
+  Blacklist b(10, 35);
+  EXPECT_FALSE(b.blocked("h", 0));
+  EXPECT_EQ(b.fail("h", 100), 10);
+  EXPECT_TRUE(b.blocked("h", 109));
+  EXPECT_FALSE(b.blocked("h", 110));
+  EXPECT_DOUBLE_EQ(b.remaining("h", 105), 5);
+  EXPECT_EQ(b.fail("h", 200), 20);
+  EXPECT_EQ(b.fail("h", 300), 35);
+  EXPECT_EQ(b.fail("h", 400), 35);
+  EXPECT_EQ(b.failures("h"), 4);
+  EXPECT_FALSE(b.blocked("other", 400));
+  EXPECT_DOUBLE_EQ(b.next_release(400), 435);
+  EXPECT_DOUBLE_EQ(b.next_release(500), 500);
+}
+
+TEST(Blacklist, CooldownOption) {
+  double lo = 0, hi = 0;
+  parse_cooldown("1m:10m", &lo, &hi);
+  EXPECT_EQ(lo, 60);
+  EXPECT_EQ(hi, 600);
+  usage_message([&] { parse_cooldown("60", &lo, &hi); });
+  usage_message([&] { parse_cooldown("60:30", &lo, &hi); });
+  usage_message([&] { parse_cooldown("0:30", &lo, &hi); });
+  usage_message([&] { parse_cooldown("a:b", &lo, &hi); });
+}
+
+TEST(RankReport, RoundTrip) {
+  RankReport r;
+  r.rank = 3;
+  r.status.exited = true;
+  r.status.code = 124;
+  RankReport back;
+  ASSERT_TRUE(parse_report(format_report(r), &back));
+  EXPECT_EQ(back.rank, 3);
+  EXPECT_TRUE(back.status.exited);
+  EXPECT_EQ(back.status.code, 124);
+  EXPECT_FALSE(back.terminated);
+  r.status = {false, 0, 9};
+  r.terminated = true;
+  ASSERT_TRUE(parse_report(format_report(r), &back));
+  EXPECT_FALSE(back.status.exited);
+  EXPECT_EQ(back.status.signal, 9);
+  EXPECT_TRUE(back.terminated);
+  EXPECT_FALSE(parse_report("hpctrain: epoch 1", &back));
+  EXPECT_FALSE(parse_report("hpcrun-rank-status: rank=x exit=1", &back));
+  EXPECT_FALSE(parse_report("hpcrun-rank-status: rank=1", &back));
+}
+
+TEST(RankReport, TaggedLines) {
+  TaggedLine t = parse_tagged("[1,12]<stderr>:hello: world", false);
+  EXPECT_EQ(t.rank, 12);
+  EXPECT_TRUE(t.is_stderr);
+  EXPECT_EQ(t.text, "hello: world");
+  t = parse_tagged("[1,0]<stdout>:", true);
+  EXPECT_EQ(t.rank, 0);
+  EXPECT_FALSE(t.is_stderr);
+  EXPECT_EQ(t.text, "");
+  t = parse_tagged("[vm:1234] mpirun: something", true);
+  EXPECT_EQ(t.rank, -1);
+  EXPECT_EQ(t.text, "[vm:1234] mpirun: something");
+}
+
+TEST(Analysis, MpirunMessagesNameHosts) {
+  EXPECT_EQ(host_blamed_by_mpirun("  Remote daemon: [[19890,0],2] on node 10.77.0.12"), "10.77.0.12");
+  EXPECT_EQ(host_blamed_by_mpirun("  Peer host:  node7"), "node7");
+  EXPECT_EQ(host_blamed_by_mpirun("mpirun noticed that process rank 1 with PID 0 on node gpu3 exited on signal 9 (Killed)."),
+            "gpu3");
+  EXPECT_EQ(host_blamed_by_mpirun("  Local host: vm"), "");
+  EXPECT_EQ(host_blamed_by_mpirun("hpctrain: epoch 1"), "");
+}
+
+RankReport report(int rank, int code, bool terminated = false, bool stop = false) {
+  RankReport r;
+  r.rank = rank;
+  r.status.exited = code >= 0;
+  r.status.code = code >= 0 ? code : 0;
+  r.status.signal = code >= 0 ? 0 : -code;
+  r.terminated = terminated;
+  r.stop_requested = stop;
+  return r;
+}
+
+ExitStatus exit_code(int c) { return {true, c, 0}; }
+
+const HostList kThree = {{"a", 2}, {"b", 2}, {"c", 2}};
+
+TEST(Analysis, RanksMapToHostsBySlot) {
+  EXPECT_EQ(rank_hosts({{"a", 2}, {"b", 1}}), (std::vector<std::string>{"a", "a", "b"}));
+}
+
+TEST(Analysis, SuccessAndStops) {
+  EXPECT_EQ(analyse_attempt(kThree, {}, {}, exit_code(0), false, false).verdict, Verdict::Success);
+  std::vector<RankReport> all75;
+  for (int r = 0; r < 6; ++r) all75.push_back(report(r, 75, false, true));
+  EXPECT_EQ(analyse_attempt(kThree, all75, {}, exit_code(75), true, false).verdict, Verdict::Stopped);
+  // Stopped by a signal hpcrun did not send (Slurm, a spot watcher): hand "requeue me" upwards.
+  EXPECT_EQ(analyse_attempt(kThree, all75, {}, exit_code(75), false, false).verdict, Verdict::StoppedOutside);
+}
+
+TEST(Analysis, UsageErrorsAreNotRetried) {
+  const Analysis a = analyse_attempt(kThree, {report(0, 2), report(1, 2, true)}, {}, exit_code(2), false, false);
+  EXPECT_EQ(a.verdict, Verdict::UsageError);
+  EXPECT_NE(a.reason.find("usage error"), std::string::npos);
+}
+
+TEST(Analysis, LostHostIsTheSilentOne) {
+  // Host b's ranks never reported; the others were torn down by mpirun.
+  const Analysis a = analyse_attempt(kThree, {report(0, 15, true), report(1, -15, true), report(4, -15, true), report(5, 1, true)},
+                                     {}, exit_code(205), false, false);
+  EXPECT_EQ(a.verdict, Verdict::Failure);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
+  EXPECT_NE(a.reason.find("b"), std::string::npos);
+}
+
+TEST(Analysis, CutOffHostWhileThePeersTimedOut) {
+  // Ranks on a and c ended by the step watchdog (124): victims; b could not report at all.
+  const Analysis a = analyse_attempt(kThree, {report(0, 124), report(1, 124), report(4, 124), report(5, 124)}, {},
+                                     {false, 0, 9}, false, false);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
+}
+
+TEST(Analysis, FirstRankToFailByItselfIsBlamed) {
+  // Rank 3 crashed; rank 0 then failed on the vanished peer: only b is blamed.
+  const Analysis a = analyse_attempt(kThree,
+                                     {report(3, -11), report(0, 1), report(1, -15, true), report(2, -15, true),
+                                      report(4, -15, true), report(5, -15, true)},
+                                     {}, exit_code(1), false, false);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
+  EXPECT_NE(a.reason.find("rank 3 on b"), std::string::npos);
+}
+
+TEST(Analysis, HostsNamedByMpirun) {
+  const Analysis a = analyse_attempt(kThree, {}, {"c"}, exit_code(205), false, false);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"c"}));
+  const Analysis none = analyse_attempt(kThree, {}, {"elsewhere"}, exit_code(1), false, true);
+  EXPECT_TRUE(none.failed_hosts.empty());  // nothing to blame: the caller probes every host
+  EXPECT_NE(none.reason.find("stalled"), std::string::npos);
+}
+
+TEST(Options, WhereTheProgramStarts) {
+  const char* a[] = {"hpcrun", "-np", "4", "-H", "a:2,b:2", "--quiet", "prog", "--np", "3"};
+  EXPECT_EQ(program_start(9, a), 6);
+  const char* b[] = {"hpcrun", "--max-np=4", "--", "-prog"};
+  EXPECT_EQ(program_start(4, b), 3);
+  const char* c[] = {"hpcrun", "-x", "A=1", "--env", "B"};
+  EXPECT_EQ(program_start(5, c), 5);
+  EXPECT_EQ(program_option({"hpctrain", "--epochs", "3", "--checkpoint-dir=/ck"}, "checkpoint-dir"), "/ck");
+  EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dir", "/x"}, "checkpoint-dir"), "/x");
+  EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dirs", "/x"}, "checkpoint-dir"), "");
+}
+
+TEST(Subprocess, CommandsWithDeadlines) {
+  const std::vector<CommandResult> r =
+      run_commands({{"sh", "-c", "echo hi; exit 3"}, {"sleep", "5"}, {"/no/such/program"}}, 0.5);
+  EXPECT_TRUE(r[0].started);
+  EXPECT_EQ(r[0].status.code, 3);
+  EXPECT_EQ(r[0].output, "hi\n");
+  EXPECT_NE(r[0].why().find("exit code 3: hi"), std::string::npos);
+  EXPECT_TRUE(r[1].timed_out);
+  EXPECT_FALSE(r[2].started);
+  EXPECT_NE(r[2].why().find("No such file"), std::string::npos);
+  EXPECT_TRUE(run_command({"true"}, 5).ok());
+}
+
+TEST(Subprocess, LinesAcrossReads) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  LineSplitter s;
+  std::vector<std::string> lines;
+  ASSERT_EQ(::write(fds[1], "one\r\ntw", 7), 7);
+  EXPECT_TRUE(s.read_from(fds[0], &lines));
+  ASSERT_EQ(::write(fds[1], "o\nthree", 7), 7);
+  EXPECT_TRUE(s.read_from(fds[0], &lines));
+  ::close(fds[1]);
+  EXPECT_FALSE(s.read_from(fds[0], &lines));
+  std::string rest;
+  EXPECT_TRUE(s.take_rest(&rest));
+  ::close(fds[0]);
+  EXPECT_EQ(lines, (std::vector<std::string>{"one", "two"}));
+  EXPECT_EQ(rest, "three");
+}
+
+}  // namespace
+}  // namespace hpc::launch
