@@ -28,6 +28,7 @@ build_dir=${BUILD_DIR:-build}
 packages=(
   cmake g++ make pkg-config                    # toolchain
   libopenmpi-dev openmpi-bin                   # data-parallel runs over MPI
+  iproute2                                     # hpcrun's tests: hosts as network namespaces
   libboost-program-options-dev                 # command line and config files
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
   zlib1g-dev                                   # gzip-compressed dataset files

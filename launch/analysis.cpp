@@ -82,15 +82,8 @@ Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport
       first_failure = "rank " + std::to_string(r.rank) + " on " + host + " ended with " + r.status.show();
     }
   }
-  bool anyone_reported = false;
-  for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
-  std::string silent;
-  if (anyone_reported)
-    for (const auto& [host, did] : reported)
-      if (!did) {
-        a.failed_hosts.insert(host);
-        silent += (silent.empty() ? "" : ", ") + host;
-      }
+  // mpirun's own words first: when it names hosts, the others' silence only means the teardown
+  // was too quick for their reports to come through.
   std::string named;
   for (const std::string& b : blamed_by_mpirun) {
     for (const std::string& h : hosts) {
@@ -98,6 +91,15 @@ Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport
       if (same && a.failed_hosts.insert(h).second) named += (named.empty() ? "" : ", ") + h;
     }
   }
+  bool anyone_reported = false;
+  for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
+  std::string silent;
+  if (anyone_reported && named.empty())
+    for (const auto& [host, did] : reported)
+      if (!did) {
+        a.failed_hosts.insert(host);
+        silent += (silent.empty() ? "" : ", ") + host;
+      }
   if (a.failed_hosts.empty() && !first_host.empty()) a.failed_hosts.insert(first_host);
   if (!named.empty() || !silent.empty()) {
     a.reason = "lost ";

@@ -35,9 +35,10 @@ std::string host_blamed_by_mpirun(const std::string& line);
 
 // `reports` in the order they arrived. `stop_requested`: hpcrun asked the job to checkpoint and
 // stop. `stalled`: hpcrun killed it for a heartbeat stall.
-// Blame: the hosts mpirun named (`blamed_by_mpirun`, among the placement's), then the hosts that went silent while others could still report (lost with their processes,
-// or cut off the network); when none did, the host of the first rank that failed by itself (the
-// ranks failing after it are usually its victims: their peer vanished from a collective).
+// Blame: the hosts mpirun named (`blamed_by_mpirun`, among the placement's); when it named none,
+// the hosts that went silent while others could still report (lost with their processes, or cut
+// off the network); when none did, the host of the first rank that failed by itself (the ranks
+// failing after it are usually its victims: their peer vanished from a collective).
 Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport>& reports,
                          const std::vector<std::string>& blamed_by_mpirun, const ExitStatus& mpirun_status,
                          bool stop_requested, bool stalled);

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Growth and draining through --host-discovery-script: a host added to its output mid-run joins
+# at the next relaunch (the job checkpoints and stops at a step boundary, then runs on 3 ranks); a
+# host removed from it is drained the same way. Neither counts as a failure.
+source "$(dirname "$0")/common.sh"
+netns_require
+netns_setup 13 3
+export EPOCHS=2
+
+hosts_file="$NETNS_DIR/discovered"
+printf '%s:1\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[2]}" > "$hosts_file"
+discover="$NETNS_DIR/discover.sh"
+printf '#!/bin/sh\ncat %s\n' "$hosts_file" > "$discover"
+chmod +x "$discover"
+
+hpcrun_start grow --host-discovery-script "$discover" --discovery-interval 1s --min-np 2 --max-np 3 --max-restarts 0
+wait_for_step grow 15 60
+say "adding host 3 to the discovery output"
+printf '%s:1\n' "${NETNS_HOSTS[3]}" >> "$hosts_file"
+wait_for_text grow "attempt 2: 3 rank(s)" 30
+s=$(step_of grow)
+wait_for_step grow $((s + 15)) 60
+say "removing host 2 from the discovery output"
+printf '%s:1\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[3]}" > "$hosts_file"
+wait_for_text grow "attempt 3: 2 rank(s)" 30
+hpcrun_wait 180
+[[ $RC == 0 ]] || fail "the job ended with $RC"
+expect_in grow "attempt 1: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[2]}:1"
+expect_in grow "growing onto ${NETNS_HOSTS[3]}"
+expect_in grow "attempt 2: 3 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[2]}:1,${NETNS_HOSTS[3]}:1"
+expect_in grow "host ${NETNS_HOSTS[2]} left the discovery output"
+expect_in grow "attempt 3: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[3]}:1"
+expect_in grow "summary: 3 attempt(s), 0 failure(s), 2 host change(s)"
+[[ -n "$(accuracy_of grow)" ]] || fail "the job printed no final accuracy"
+say "PASS"
