@@ -121,6 +121,7 @@ Supervisor::Supervisor(LaunchOptions options)
       blacklist_(o_.cooldown_min, o_.cooldown_max),
       heartbeat_(o_.checkpoint_dir) {
   started_ = monotonic();
+  started_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::error_code ec;
   fs::create_directories(o_.log_dir, ec);
   HPC_REQUIRE(!ec, "--log-dir ", o_.log_dir, ": cannot create it: ", ec.message());
@@ -613,7 +614,9 @@ void Supervisor::print_summary() {
 void Supervisor::write_summary_json(int exit_code) {
   const std::string path = (fs::path(o_.log_dir) / "summary.json").string(), tmp = path + ".tmp";
   std::ofstream out(tmp, std::ios::trunc);
-  out << "{\"exit_code\": " << exit_code << ", \"seconds\": " << fixed(now(), 3) << ", \"failures\": " << failures_
+  // Times of attempts are seconds since hpcrun started, at started_unix on the wall clock.
+  out << "{\"exit_code\": " << exit_code << ", \"started_unix\": " << fixed(started_unix_, 3)
+      << ", \"seconds\": " << fixed(now(), 3) << ", \"failures\": " << failures_
       << ", \"attempts\": [";
   for (size_t i = 0; i < attempts_.size(); ++i) {
     const AttemptRecord& a = attempts_[i];

@@ -95,7 +95,7 @@ class Supervisor {
   Blacklist blacklist_;
   HeartbeatWatch heartbeat_;
   HostList discovered_;
-  double started_ = 0, last_discovery_ = -1e9;
+  double started_ = 0, started_unix_ = 0, last_discovery_ = -1e9;
   int failures_ = 0, first_attempt_ = 1;
   std::vector<AttemptRecord> attempts_;
   std::ofstream attempt_log_, hpcrun_log_;

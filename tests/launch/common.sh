@@ -42,6 +42,7 @@ hpcrun_start() {
   "$HPCRUN" --launch-agent "$NETNS_AGENT" --mpi-args "$NETNS_MPI_ARGS" --log-dir "$ck/hpcrun" "$@" \
     "$HPCTRAIN" $(train_args) --checkpoint-dir "$ck" > "$NETNS_DIR/$name.out" 2> "$NETNS_DIR/$name.err" &
   HPCRUN_PID=$!
+  NETNS_KILL_AT_EXIT+=" $HPCRUN_PID"
 }
 
 hpcrun_wait() {  # hpcrun_wait SECONDS: its exit code in RC (fails the test on a hang)

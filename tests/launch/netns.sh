@@ -10,6 +10,7 @@
 #   NETNS_DIR            a scratch directory (removed)  NETNS_MPI_ARGS  mpirun options for the hosts
 #   netns_kill_host K    SIGKILL every process of host K (its sshd-less "node" loses everything)
 #   netns_cut_host K     take host K's link down (its processes live on, cut off)
+#   NETNS_KILL_AT_EXIT   pids to SIGKILL at exit, before the hosts are removed
 #   netns_require        exit 77 (CTest: skipped) with a message where namespaces are unavailable
 
 netns_require() {
@@ -21,9 +22,13 @@ netns_require() {
 
 netns_cleanup() {
   local k
+  # Programs the script left running on these hosts (an hpcrun it started in the background).
+  for k in ${NETNS_KILL_AT_EXIT:-}; do kill -9 "$k" 2> /dev/null || true; done
   for ((k = 1; k <= ${NETNS_COUNT:-0}; ++k)); do
     ip netns pids "hpt${NETNS_ID}h$k" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
     ip netns del "hpt${NETNS_ID}h$k" 2> /dev/null || true
+    # A namespace outlives its name while a dying process is still in it: remove its link now.
+    ip link del "hpt${NETNS_ID}v$k" 2> /dev/null || true
   done
   ip link del "hpt${NETNS_ID}br" 2> /dev/null || true
   [[ -n "${NETNS_DIR:-}" ]] && rm -rf "$NETNS_DIR"
@@ -83,6 +88,8 @@ netns_cleanup_leftovers() {
     ip netns pids "$ns" | xargs -r kill -9 2> /dev/null || true
     ip netns del "$ns" 2> /dev/null || true
   done
+  ip -o link show 2> /dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^hpt${NETNS_ID}v" |
+    xargs -r -n1 ip link del 2> /dev/null || true
   ip link del "hpt${NETNS_ID}br" 2> /dev/null || true
 }
 
