@@ -36,9 +36,10 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   return "";
 }
 
-Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport>& reports,
-                         const std::vector<std::string>& blamed_by_mpirun, const ExitStatus& mpirun_status,
-                         bool stop_requested, bool stalled) {
+Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
+  const std::vector<RankReport>& reports = e.reports;
+  const ExitStatus& mpirun_status = e.mpirun_status;
+  const bool stop_requested = e.stop_requested, stalled = e.stalled;
   const std::vector<std::string> hosts = rank_hosts(placement);
   const int np = static_cast<int>(hosts.size());
   Analysis a;
@@ -85,26 +86,39 @@ Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport
   // mpirun's own words first: when it names hosts, the others' silence only means the teardown
   // was too quick for their reports to come through.
   std::string named;
-  for (const std::string& b : blamed_by_mpirun) {
+  for (const std::string& b : e.blamed_by_mpirun) {
     for (const std::string& h : hosts) {
       const bool same = h == b || h.substr(0, h.find('.')) == b || b.substr(0, b.find('.')) == h;
       if (same && a.failed_hosts.insert(h).second) named += (named.empty() ? "" : ", ") + h;
     }
   }
+  std::string unresponsive;
+  if (stalled && named.empty() && !e.alive.empty()) {
+    std::map<std::string, bool> answered;
+    for (const std::string& h : hosts) answered.emplace(h, false);
+    for (int r : e.alive)
+      if (r >= 0 && r < np) answered[hosts[static_cast<size_t>(r)]] = true;
+    for (const auto& [host, did] : answered)
+      if (!did) {
+        a.failed_hosts.insert(host);
+        unresponsive += (unresponsive.empty() ? "" : ", ") + host;
+      }
+  }
   bool anyone_reported = false;
   for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
   std::string silent;
-  if (anyone_reported && named.empty())
+  if (anyone_reported && named.empty() && unresponsive.empty())
     for (const auto& [host, did] : reported)
       if (!did) {
         a.failed_hosts.insert(host);
         silent += (silent.empty() ? "" : ", ") + host;
       }
   if (a.failed_hosts.empty() && !first_host.empty()) a.failed_hosts.insert(first_host);
-  if (!named.empty() || !silent.empty()) {
+  if (!named.empty() || !silent.empty() || !unresponsive.empty()) {
     a.reason = "lost ";
     if (!named.empty()) a.reason += named + " (named by mpirun)";
-    if (!silent.empty()) a.reason += (named.empty() ? "" : ", ") + silent + " (no word from its ranks)";
+    if (!unresponsive.empty()) a.reason += unresponsive + " (its ranks did not answer)";
+    if (!silent.empty()) a.reason += silent + " (no word from its ranks)";
   } else {
     a.reason = first_failure;
   }

@@ -33,15 +33,22 @@ std::vector<std::string> rank_hosts(const HostList& placement);
 // R ... on node H exited"). Used beside the ranks' reports, which a torn-down job may never deliver.
 std::string host_blamed_by_mpirun(const std::string& line);
 
-// `reports` in the order they arrived. `stop_requested`: hpcrun asked the job to checkpoint and
-// stop. `stalled`: hpcrun killed it for a heartbeat stall.
-// Blame: the hosts mpirun named (`blamed_by_mpirun`, among the placement's); when it named none,
-// the hosts that went silent while others could still report (lost with their processes, or cut
-// off the network); when none did, the host of the first rank that failed by itself (the ranks
-// failing after it are usually its victims: their peer vanished from a collective).
-Analysis analyse_attempt(const HostList& placement, const std::vector<RankReport>& reports,
-                         const std::vector<std::string>& blamed_by_mpirun, const ExitStatus& mpirun_status,
-                         bool stop_requested, bool stalled);
+// What hpcrun saw of an attempt.
+struct AttemptEvidence {
+  std::vector<RankReport> reports;            // in the order they arrived
+  std::vector<std::string> blamed_by_mpirun;  // host_blamed_by_mpirun() of mpirun's lines
+  std::set<int> alive;                        // ranks that answered the liveness query of a stalled job
+  ExitStatus mpirun_status;
+  bool stop_requested = false;  // hpcrun asked the job to checkpoint and stop
+  bool stalled = false;         // hpcrun killed it for a heartbeat stall
+};
+
+// Blame, in order of trust: the hosts mpirun named; for a stalled job, the hosts none of whose
+// ranks answered the liveness query (stopped, hung in the kernel, cut off) when others did; the
+// hosts that went silent while others could still report (lost with their processes, or cut off
+// the network); else the host of the first rank that failed by itself (the ranks failing after
+// it are usually its victims: their peer vanished from a collective).
+Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
 
 // A report that shows this rank failed by itself rather than being torn down with the job.
 bool failed_by_itself(const RankReport& r);

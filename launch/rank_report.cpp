@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <sstream>
 
 namespace hpc::launch {
@@ -16,14 +17,22 @@ namespace hpc::launch {
 namespace {
 
 constexpr const char* kTag = "hpcrun-rank-status:";
+constexpr const char* kAliveTag = "hpcrun-rank-alive:";
+
+char g_alive_line[64];
+size_t g_alive_length = 0;
 
 volatile sig_atomic_t g_child = 0, g_terminated = 0, g_stop = 0;
 
 // Whatever mpirun sends the wrapper is meant for the program.
 void forward(int sig) {
+  if (sig == SIGUSR2) {  // hpcrun's liveness query: answered here, never forwarded
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, g_alive_line, g_alive_length);
+    return;
+  }
   if (sig == SIGCONT) {
     // mpirun sends it ahead of SIGTERM when it tears a job down; it means nothing alone.
-  } else if (sig == SIGUSR1 || sig == SIGUSR2) {
+  } else if (sig == SIGUSR1) {
     if (!g_terminated) g_stop = 1;
   } else if (!g_stop) {
     g_terminated = 1;
@@ -32,6 +41,19 @@ void forward(int sig) {
 }
 
 }  // namespace
+
+bool parse_alive(const std::string& text, int* rank) {
+  if (text.rfind(kAliveTag, 0) != 0) return false;
+  const std::string rest = text.substr(std::strlen(kAliveTag));
+  const size_t eq = rest.find("rank=");
+  if (eq == std::string::npos) return false;
+  try {
+    *rank = std::stoi(rest.substr(eq + 5));
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
 
 std::string format_report(const RankReport& r) {
   std::ostringstream os;
@@ -99,6 +121,8 @@ int rank_exec_main(int argc, char** argv) {
   if (!rank_env) rank_env = std::getenv("PMIX_RANK");
   RankReport report;
   report.rank = rank_env ? std::atoi(rank_env) : -1;
+  const int n = std::snprintf(g_alive_line, sizeof g_alive_line, "%s rank=%d\n", kAliveTag, report.rank);
+  g_alive_length = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_alive_line - 1) : 0;
 
   // Signals are blocked across fork so none is lost between the fork and g_child being set.
   const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};

@@ -16,8 +16,13 @@ struct RankReport {
   int rank = -1;
   ExitStatus status;
   bool terminated = false;      // the wrapper got SIGTERM/SIGINT/SIGHUP first (mpirun tearing the job down)
-  bool stop_requested = false;  // the wrapper got SIGUSR1/SIGUSR2 first (a checkpoint-and-stop request)
+  bool stop_requested = false;  // the wrapper got SIGUSR1 first (a checkpoint-and-stop request)
 };
+
+// A stalled job is asked, before it is killed, which ranks still respond: SIGUSR2 to mpirun, which
+// forwards it to every wrapper, and each wrapper that can run answers with one "alive" line (the
+// program never sees SIGUSR2). Ranks on a host that is stopped or cut off do not answer.
+bool parse_alive(const std::string& text, int* rank);
 
 std::string format_report(const RankReport& r);
 // True when `text` is a status line (then `r` holds it).

@@ -321,7 +321,7 @@ void Supervisor::handle_output(const std::string& line, bool from_stderr, Attemp
   RankReport report;
   if (t.rank >= 0 && parse_report(t.text, &report)) {
     log_line("[a" + std::to_string(rec.number) + ":r" + std::to_string(t.rank) + "] " + t.text);
-    reports_.push_back(report);
+    evidence_.reports.push_back(report);
     // The first rank to fail by itself starts the clock on mpirun's teardown of the rest.
     if (failed_by_itself(report) || (report.status.exited && report.status.code == train::kExitStepTimeout)) {
       if (rec.failed_at < 0) rec.failed_at = now();
@@ -329,10 +329,16 @@ void Supervisor::handle_output(const std::string& line, bool from_stderr, Attemp
     }
     return;
   }
+  int alive_rank = -1;
+  if (t.rank >= 0 && parse_alive(t.text, &alive_rank)) {
+    log_line("[a" + std::to_string(rec.number) + ":r" + std::to_string(t.rank) + "] " + t.text);
+    evidence_.alive.insert(alive_rank);
+    return;
+  }
   if (t.rank < 0) {
     const std::string blamed = host_blamed_by_mpirun(t.text);
     if (!blamed.empty()) {
-      blamed_by_mpirun_.push_back(blamed);
+      evidence_.blamed_by_mpirun.push_back(blamed);
       if (rec.failed_at < 0) rec.failed_at = now();
       if (teardown_deadline_ == 0) teardown_deadline_ = now() + o_.teardown_timeout;
     }
@@ -379,8 +385,7 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
   rec.hosts = placement;
   rec.np = total_slots(placement);
   rec.start = now();
-  reports_.clear();
-  blamed_by_mpirun_.clear();
+  evidence_ = {};
   teardown_deadline_ = 0;
 
   const std::string log_path = (fs::path(o_.log_dir) / ("attempt-" + std::to_string(rec.number) + ".log")).string();
@@ -401,7 +406,7 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
   LineSplitter out_lines, err_lines;
   Stop stop;
   bool stalled = false, killed = false;
-  double last_beat_poll = 0, last_membership = now(), sigkill_at = 0;
+  double last_beat_poll = 0, last_membership = now(), sigkill_at = 0, query_deadline = 0;
   ExitStatus status;
   bool exited = false;
   double drain_deadline = 0;
@@ -469,16 +474,20 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
         }
         rec.last_step = heartbeat_.step();
       }
-      if (o_.stall_timeout > 0 && heartbeat_.enabled() && !killed && stop.kind == StopKind::None &&
+      if (o_.stall_timeout > 0 && heartbeat_.enabled() && !killed && !stalled && stop.kind == StopKind::None &&
           teardown_deadline_ == 0 && t - std::max(rec.start, heartbeat_.last_progress()) > o_.stall_timeout) {
         say("no step finished for " + show_duration(o_.stall_timeout) + " (--stall-timeout, heartbeat in " +
-            o_.checkpoint_dir + "): killing the job");
+            o_.checkpoint_dir + "): asking which ranks respond, then killing the job");
         stalled = true;
         rec.failed_at = t;
-        mpirun.signal(SIGTERM);
-        killed = true;
-        sigkill_at = t + o_.teardown_timeout;
+        ::kill(mpirun.pid(), SIGUSR2);  // mpirun forwards it to every rank's wrapper, which answers
+        query_deadline = t + std::min(2.0, o_.teardown_timeout);
       }
+    }
+    if (query_deadline > 0 && !killed && t > query_deadline) {
+      mpirun.signal(SIGTERM);
+      killed = true;
+      sigkill_at = t + o_.teardown_timeout;
     }
 
     // Growth and draining
@@ -511,7 +520,10 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
   rec.end = now();
   attempt_log_ << "hpcrun: mpirun ended with " << status.show() << '\n';
 
-  const Analysis a = analyse_attempt(placement, reports_, blamed_by_mpirun_, status, stop.kind != StopKind::None, stalled);
+  evidence_.mpirun_status = status;
+  evidence_.stop_requested = stop.kind != StopKind::None;
+  evidence_.stalled = stalled;
+  const Analysis a = analyse_attempt(placement, evidence_);
   rec.verdict = a.verdict;
   rec.membership = stop.kind == StopKind::Membership && a.verdict == Verdict::Stopped;
   rec.failed_hosts.assign(a.failed_hosts.begin(), a.failed_hosts.end());

@@ -99,8 +99,7 @@ class Supervisor {
   int failures_ = 0, first_attempt_ = 1;
   std::vector<AttemptRecord> attempts_;
   std::ofstream attempt_log_, hpcrun_log_;
-  std::vector<RankReport> reports_;
-  std::vector<std::string> blamed_by_mpirun_;
+  AttemptEvidence evidence_;  // of the running attempt
   double teardown_deadline_ = 0;
   int signals_seen_ = 0;
   bool interrupted_ = false;

@@ -11,6 +11,8 @@ SECONDS=0
 
 fail() {
   echo "FAIL: $*" >&2
+  # HPCRUN_TEST_KEEP=DIR keeps every log of a failed run there.
+  if [[ -n "${HPCRUN_TEST_KEEP:-}" ]]; then mkdir -p "$HPCRUN_TEST_KEEP" && cp -r "$NETNS_DIR"/. "$HPCRUN_TEST_KEEP"/; fi
   for f in "${NETNS_DIR:-/nonexistent}"/*.err; do [[ -f "$f" ]] && { echo "--- $f"; tail -40 "$f"; } >&2; done
   exit 1
 }

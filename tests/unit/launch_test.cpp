@@ -140,6 +140,10 @@ TEST(RankReport, RoundTrip) {
   EXPECT_FALSE(parse_report("hpctrain: epoch 1", &back));
   EXPECT_FALSE(parse_report("hpcrun-rank-status: rank=x exit=1", &back));
   EXPECT_FALSE(parse_report("hpcrun-rank-status: rank=1", &back));
+  int rank = -1;
+  EXPECT_TRUE(parse_alive("hpcrun-rank-alive: rank=7", &rank));
+  EXPECT_EQ(rank, 7);
+  EXPECT_FALSE(parse_alive("hpcrun-rank-alive: nobody", &rank));
 }
 
 TEST(RankReport, TaggedLines) {
@@ -178,6 +182,18 @@ RankReport report(int rank, int code, bool terminated = false, bool stop = false
 
 ExitStatus exit_code(int c) { return {true, c, 0}; }
 
+Analysis analyse(const HostList& placement, std::vector<RankReport> reports, std::vector<std::string> named,
+                 ExitStatus status, bool stop_requested, bool stalled, std::set<int> alive = {}) {
+  AttemptEvidence e;
+  e.reports = std::move(reports);
+  e.blamed_by_mpirun = std::move(named);
+  e.alive = std::move(alive);
+  e.mpirun_status = status;
+  e.stop_requested = stop_requested;
+  e.stalled = stalled;
+  return analyse_attempt(placement, e);
+}
+
 const HostList kThree = {{"a", 2}, {"b", 2}, {"c", 2}};
 
 TEST(Analysis, RanksMapToHostsBySlot) {
@@ -185,23 +201,23 @@ TEST(Analysis, RanksMapToHostsBySlot) {
 }
 
 TEST(Analysis, SuccessAndStops) {
-  EXPECT_EQ(analyse_attempt(kThree, {}, {}, exit_code(0), false, false).verdict, Verdict::Success);
+  EXPECT_EQ(analyse(kThree, {}, {}, exit_code(0), false, false).verdict, Verdict::Success);
   std::vector<RankReport> all75;
   for (int r = 0; r < 6; ++r) all75.push_back(report(r, 75, false, true));
-  EXPECT_EQ(analyse_attempt(kThree, all75, {}, exit_code(75), true, false).verdict, Verdict::Stopped);
+  EXPECT_EQ(analyse(kThree, all75, {}, exit_code(75), true, false).verdict, Verdict::Stopped);
   // Stopped by a signal hpcrun did not send (Slurm, a spot watcher): hand "requeue me" upwards.
-  EXPECT_EQ(analyse_attempt(kThree, all75, {}, exit_code(75), false, false).verdict, Verdict::StoppedOutside);
+  EXPECT_EQ(analyse(kThree, all75, {}, exit_code(75), false, false).verdict, Verdict::StoppedOutside);
 }
 
 TEST(Analysis, UsageErrorsAreNotRetried) {
-  const Analysis a = analyse_attempt(kThree, {report(0, 2), report(1, 2, true)}, {}, exit_code(2), false, false);
+  const Analysis a = analyse(kThree, {report(0, 2), report(1, 2, true)}, {}, exit_code(2), false, false);
   EXPECT_EQ(a.verdict, Verdict::UsageError);
   EXPECT_NE(a.reason.find("usage error"), std::string::npos);
 }
 
 TEST(Analysis, LostHostIsTheSilentOne) {
   // Host b's ranks never reported; the others were torn down by mpirun.
-  const Analysis a = analyse_attempt(kThree, {report(0, 15, true), report(1, -15, true), report(4, -15, true), report(5, 1, true)},
+  const Analysis a = analyse(kThree, {report(0, 15, true), report(1, -15, true), report(4, -15, true), report(5, 1, true)},
                                      {}, exit_code(205), false, false);
   EXPECT_EQ(a.verdict, Verdict::Failure);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
@@ -210,14 +226,14 @@ TEST(Analysis, LostHostIsTheSilentOne) {
 
 TEST(Analysis, CutOffHostWhileThePeersTimedOut) {
   // Ranks on a and c ended by the step watchdog (124): victims; b could not report at all.
-  const Analysis a = analyse_attempt(kThree, {report(0, 124), report(1, 124), report(4, 124), report(5, 124)}, {},
+  const Analysis a = analyse(kThree, {report(0, 124), report(1, 124), report(4, 124), report(5, 124)}, {},
                                      {false, 0, 9}, false, false);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
 }
 
 TEST(Analysis, FirstRankToFailByItselfIsBlamed) {
   // Rank 3 crashed; rank 0 then failed on the vanished peer: only b is blamed.
-  const Analysis a = analyse_attempt(kThree,
+  const Analysis a = analyse(kThree,
                                      {report(3, -11), report(0, 1), report(1, -15, true), report(2, -15, true),
                                       report(4, -15, true), report(5, -15, true)},
                                      {}, exit_code(1), false, false);
@@ -226,11 +242,18 @@ TEST(Analysis, FirstRankToFailByItselfIsBlamed) {
 }
 
 TEST(Analysis, HostsNamedByMpirun) {
-  const Analysis a = analyse_attempt(kThree, {}, {"c"}, exit_code(205), false, false);
+  const Analysis a = analyse(kThree, {}, {"c"}, exit_code(205), false, false);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"c"}));
-  const Analysis none = analyse_attempt(kThree, {}, {"elsewhere"}, exit_code(1), false, true);
+  const Analysis none = analyse(kThree, {}, {"elsewhere"}, exit_code(1), false, true);
   EXPECT_TRUE(none.failed_hosts.empty());  // nothing to blame: the caller probes every host
   EXPECT_NE(none.reason.find("stalled"), std::string::npos);
+}
+
+TEST(Analysis, StalledJobBlamesTheHostsThatDidNotAnswer) {
+  // Host c's processes are stopped: its ranks neither answered the liveness query nor reported.
+  const Analysis a = analyse(kThree, {report(0, -9, true)}, {}, {false, 0, 9}, false, true, {0, 1, 2, 3});
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"c"}));
+  EXPECT_NE(a.reason.find("c (its ranks did not answer)"), std::string::npos) << a.reason;
 }
 
 TEST(Options, WhereTheProgramStarts) {

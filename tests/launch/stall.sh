@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A hang that only the heartbeat shows: every process of host 3 is stopped (SIGSTOP) and the
+# trainer's own step watchdog is off, so nothing exits. hpcrun sees no finished step for
+# --stall-timeout, kills the job, blames the host whose ranks never reported, and relaunches
+# without it.
+source "$(dirname "$0")/common.sh"
+netns_require
+netns_setup 15 3
+export STEP_TIMEOUT=0
+
+hpcrun_start stall -H "$(hpcrun_hosts "1 2 3")" -np 3 --min-np 2 --blacklist-cooldown 10m:20m \
+  --stall-timeout 6s --teardown-timeout 2s
+wait_for_step stall 20 60
+say "stopping every process of host 3"
+stopped_at=$SECONDS
+ip netns pids "hpt${NETNS_ID}h3" | xargs -r kill -STOP
+wait_for_text stall "attempt 2:" 60
+took=$((SECONDS - stopped_at))
+say "relaunched ${took} s after the hang began"
+((took <= 6 + 2 + 6)) || fail "relaunch took ${took} s, more than --stall-timeout 6 s + --teardown-timeout 2 s + 6 s"
+hpcrun_wait 120
+[[ $RC == 0 ]] || fail "the job ended with $RC"
+expect_in stall "no step finished for 6 s (--stall-timeout"
+expect_in stall "host ${NETNS_HOSTS[3]} blacklisted"
+expect_in stall "attempt 2: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[2]}:1"
+[[ -n "$(accuracy_of stall)" ]] || fail "the job printed no final accuracy"
+say "PASS"
