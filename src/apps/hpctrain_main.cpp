@@ -9,6 +9,7 @@
 #include "dist/process.hpp"
 #include "train/commands.hpp"
 #include "train/options.hpp"
+#include "train/signals.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -32,6 +33,7 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
 }  // namespace
 
 int main(int argc, char** argv) {
+  hpc::train::start_signal_thread();  // before MPI starts its threads: they must block the stop signals
   hpc::dist::ProcessContext ctx(&argc, &argv);
   try {
     // `hpctrain evaluate ...`, `hpctrain inspect ...`; `hpctrain train ...` or options alone train.

@@ -371,7 +371,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       const double eta = (train_seconds + el) / static_cast<double>(step) * static_cast<double>(total_steps - step);
       progress.step(epoch, batch->step, step - 1, sums[0] / sums[2], sums[1] / sums[2], ips, eta);
       here = RunPosition{step, epoch, batch->step + 1, global_batch, samples_seen};
-      if (signal_at.step == step && signal_at.rank == rank) std::raise(signal_at.signal);
+      if (signal_at.step == step && signal_at.rank == rank) StopSignals::raise_and_wait(signal_at.signal);
       if (store && seconds_since(last_heartbeat) >= 1.0) {
         ckpt::write_heartbeat(store->dir(), step, epoch);
         last_heartbeat = Clock::now();
