@@ -44,8 +44,23 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
   const int np = static_cast<int>(hosts.size());
   Analysis a;
   if (mpirun_status.success()) {
-    a.verdict = Verdict::Success;
-    a.reason = "every rank finished";
+    // mpirun's 0 alone is not enough: signalled while it was still starting the job, Open MPI 4
+    // was seen to end with 0 before any rank ran. Success is every rank's own report of 0.
+    std::vector<bool> finished(static_cast<size_t>(np), false);
+    for (const RankReport& r : reports)
+      if (r.rank >= 0 && r.rank < np && r.status.exited && r.status.code == 0) finished[static_cast<size_t>(r.rank)] = true;
+    std::string missing;
+    int n_missing = 0;
+    for (int r = 0; r < np; ++r)
+      if (!finished[static_cast<size_t>(r)] && ++n_missing <= 4) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    if (n_missing == 0) {
+      a.verdict = Verdict::Success;
+      a.reason = "every rank finished";
+      return a;
+    }
+    if (n_missing > 4) missing += ", ...";
+    a.verdict = stop_requested ? Verdict::Stopped : Verdict::Failure;
+    a.reason = "mpirun ended with exit code 0, but rank(s) " + missing + " never reported finishing";
     return a;
   }
   for (const RankReport& r : reports) {

@@ -491,7 +491,9 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
     }
 
     // Growth and draining
-    if (stop.kind == StopKind::None && teardown_deadline_ == 0 && !killed &&
+    // Not before the job runs: a stop request while mpirun is still starting it is lost.
+    const bool running = heartbeat_.enabled() ? rec.first_step >= 0 : t - rec.start > 10;
+    if (running && stop.kind == StopKind::None && teardown_deadline_ == 0 && !killed &&
         (o_.host_source == HostSource::Discovery || !o_.static_hosts.empty()) && t - last_membership >= o_.discovery_interval) {
       last_membership = t;
       check_membership(placement, stop);

@@ -201,7 +201,15 @@ TEST(Analysis, RanksMapToHostsBySlot) {
 }
 
 TEST(Analysis, SuccessAndStops) {
-  EXPECT_EQ(analyse(kThree, {}, {}, exit_code(0), false, false).verdict, Verdict::Success);
+  std::vector<RankReport> all0;
+  for (int r = 0; r < 6; ++r) all0.push_back(report(r, 0));
+  EXPECT_EQ(analyse(kThree, all0, {}, exit_code(0), false, false).verdict, Verdict::Success);
+  // mpirun's 0 without every rank's word is no success (seen when signalled during start-up).
+  all0.pop_back();
+  const Analysis early = analyse(kThree, all0, {}, exit_code(0), false, false);
+  EXPECT_EQ(early.verdict, Verdict::Failure);
+  EXPECT_NE(early.reason.find("rank(s) 5 never reported finishing"), std::string::npos) << early.reason;
+  EXPECT_EQ(analyse(kThree, {}, {}, exit_code(0), true, false).verdict, Verdict::Stopped);
   std::vector<RankReport> all75;
   for (int r = 0; r < 6; ++r) all75.push_back(report(r, 75, false, true));
   EXPECT_EQ(analyse(kThree, all75, {}, exit_code(75), true, false).verdict, Verdict::Stopped);
