@@ -31,8 +31,8 @@ json_field() { sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$NETNS_DIR/$1/hpcrun/sum
 median() { sort -n | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f s (min %.2f, max %.2f, %d runs)", m, v[1], v[NR], NR }'; }
 
 loss=() cut_detect=() cut_recover=()
-# Fresh hosts for every run: a veth link brought back up after a cut was seen to drop the next
-# job's first messages (a quirk of the namespace setup, not of real links), so none is reused.
+# Fresh hosts for every run, so that runs are independent (before the hosts had host names of
+# their own, a reused one was seen to hang the next job at start).
 fresh_hosts() {
   if [[ -n "${NETNS_ID:-}" ]]; then netns_cleanup; fi
   netns_setup 20 3

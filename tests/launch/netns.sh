@@ -73,7 +73,9 @@ ns=\$(echo "\$entry" | cut -d' ' -f2); veth=\$(echo "\$entry" | cut -d' ' -f3)
 if [ "\$(cat /sys/class/net/\$veth/operstate 2>/dev/null)" != up ]; then
   echo "ssh: connect to host \$host port 22: No route to host" >&2; exit 255
 fi
-exec ip netns exec "\$ns" sh -c "\$*"
+# Its own host name too (a UTS namespace), as a real host has: Open MPI names its session
+# directories in the shared /tmp after it.
+exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$ns; \$*"
 AGENT
   chmod +x "$NETNS_AGENT"
   # Open MPI between the namespaces: over the bridge, one daemon launch per host, no core binding
