@@ -20,10 +20,6 @@ namespace hpc::launch {
 
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
@@ -57,6 +53,10 @@ void close_fd(int& fd) {
 }
 
 }  // namespace
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 ExitStatus ExitStatus::from_wait(int status) {
   ExitStatus s;
@@ -205,7 +205,7 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
       results[i].output = e.what();
     }
   }
-  const double deadline = now_seconds() + timeout_seconds;
+  const double deadline = monotonic_seconds() + timeout_seconds;
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<size_t> owner;
@@ -220,7 +220,7 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
       if (children[i].out_fd() >= 0 || !children[i].poll(&st)) alive = true;
     }
     if (!alive) break;
-    const double left = deadline - now_seconds();
+    const double left = deadline - monotonic_seconds();
     if (left <= 0) {
       for (size_t i = 0; i < children.size(); ++i) {
         ExitStatus st;

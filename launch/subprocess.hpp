@@ -12,6 +12,9 @@
 
 namespace hpc::launch {
 
+// Seconds on the monotonic clock: the launcher's time base for deadlines and timings.
+double monotonic_seconds();
+
 // How a process ended.
 struct ExitStatus {
   bool exited = false;  // false: killed by `signal`

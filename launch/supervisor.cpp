@@ -21,6 +21,7 @@
 #include "core/error.hpp"
 #include "subprocess.hpp"
 #include "train/exit_codes.hpp"
+#include "train/metrics.hpp"
 
 namespace hpc::launch {
 namespace fs = std::filesystem;
@@ -42,10 +43,6 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-double monotonic() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::string timestamp() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -59,16 +56,6 @@ std::string fixed(double v, int digits = 1) {
   os.precision(digits);
   os << v;
   return os.str();
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\', out += c;
-    else if (static_cast<unsigned char>(c) < 0x20) out += ' ';
-    else out += c;
-  }
-  return out + "\"";
 }
 
 bool contains(const HostList& hosts, const std::string& name) {
@@ -120,7 +107,7 @@ Supervisor::Supervisor(LaunchOptions options)
     : o_(std::move(options)),
       blacklist_(o_.cooldown_min, o_.cooldown_max),
       heartbeat_(o_.checkpoint_dir) {
-  started_ = monotonic();
+  started_ = monotonic_seconds();
   started_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::error_code ec;
   fs::create_directories(o_.log_dir, ec);
@@ -149,7 +136,7 @@ Supervisor::~Supervisor() {
   }
 }
 
-double Supervisor::now() const { return monotonic() - started_; }
+double Supervisor::now() const { return monotonic_seconds() - started_; }
 
 void Supervisor::log_line(const std::string& line) {
   if (attempt_log_.is_open()) attempt_log_ << line << '\n' << std::flush;
@@ -316,22 +303,27 @@ std::vector<std::string> Supervisor::mpirun_command(const HostList& placement) c
   return cmd;
 }
 
+// The first sign of a failure (a rank that failed, a host mpirun names) starts the clock on
+// mpirun's teardown of the rest.
+void Supervisor::note_failure(AttemptRecord& rec) {
+  if (rec.failed_at < 0) rec.failed_at = now();
+  if (teardown_deadline_ == 0) teardown_deadline_ = now() + o_.teardown_timeout;
+}
+
 void Supervisor::handle_output(const std::string& line, bool from_stderr, AttemptRecord& rec) {
   const TaggedLine t = parse_tagged(line, from_stderr);
+  const std::string prefix =
+      "[a" + std::to_string(rec.number) + ":" + (t.rank >= 0 ? "r" + std::to_string(t.rank) : "mpirun") + "] ";
+  log_line(prefix + t.text);
   RankReport report;
-  if (t.rank >= 0 && parse_report(t.text, &report)) {
-    log_line("[a" + std::to_string(rec.number) + ":r" + std::to_string(t.rank) + "] " + t.text);
-    evidence_.reports.push_back(report);
-    // The first rank to fail by itself starts the clock on mpirun's teardown of the rest.
-    if (failed_by_itself(report) || (report.status.exited && report.status.code == train::kExitStepTimeout)) {
-      if (rec.failed_at < 0) rec.failed_at = now();
-      if (teardown_deadline_ == 0) teardown_deadline_ = now() + o_.teardown_timeout;
-    }
-    return;
-  }
   int alive_rank = -1;
+  if (t.rank >= 0 && parse_report(t.text, &report)) {
+    evidence_.reports.push_back(report);
+    if (failed_by_itself(report) || (report.status.exited && report.status.code == train::kExitStepTimeout))
+      note_failure(rec);
+    return;  // the wrapper's lines stay in the log
+  }
   if (t.rank >= 0 && parse_alive(t.text, &alive_rank)) {
-    log_line("[a" + std::to_string(rec.number) + ":r" + std::to_string(t.rank) + "] " + t.text);
     evidence_.alive.insert(alive_rank);
     return;
   }
@@ -339,12 +331,9 @@ void Supervisor::handle_output(const std::string& line, bool from_stderr, Attemp
     const std::string blamed = host_blamed_by_mpirun(t.text);
     if (!blamed.empty()) {
       evidence_.blamed_by_mpirun.push_back(blamed);
-      if (rec.failed_at < 0) rec.failed_at = now();
-      if (teardown_deadline_ == 0) teardown_deadline_ = now() + o_.teardown_timeout;
+      note_failure(rec);
     }
   }
-  const std::string prefix = "[a" + std::to_string(rec.number) + ":" + (t.rank >= 0 ? "r" + std::to_string(t.rank) : "mpirun") + "] ";
-  log_line(prefix + t.text);
   if (o_.quiet) return;
   std::FILE* out = t.is_stderr ? stderr : stdout;
   std::fprintf(out, "%s%s\n", prefix.c_str(), t.text.c_str());
@@ -494,7 +483,7 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
     // Not before the job runs: a stop request while mpirun is still starting it is lost.
     const bool running = heartbeat_.enabled() ? rec.first_step >= 0 : t - rec.start > 10;
     if (running && stop.kind == StopKind::None && teardown_deadline_ == 0 && !killed &&
-        (o_.host_source == HostSource::Discovery || !o_.static_hosts.empty()) && t - last_membership >= o_.discovery_interval) {
+        t - last_membership >= o_.discovery_interval) {
       last_membership = t;
       check_membership(placement, stop);
       if (stop.kind == StopKind::Membership) ::kill(mpirun.pid(), SIGUSR1);
@@ -538,8 +527,9 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
 // --------------------------------------------------------------------------------- the loop
 
 int Supervisor::run() {
-  if (o_.host_source == HostSource::Discovery) discover(true);
-  if (o_.host_source != HostSource::Discovery) {
+  if (o_.host_source == HostSource::Discovery) {
+    discover(true);
+  } else {
     for (const Host& h : o_.static_hosts) {
       std::string why;
       HPC_REQUIRE(is_local_host(h.name) || o_.launch_agent_given || resolves(h.name, &why), "unknown host '", h.name,
@@ -637,9 +627,9 @@ void Supervisor::write_summary_json(int exit_code) {
     const char* verdict = a.verdict == Verdict::Success ? "success" : a.verdict == Verdict::Failure ? "failure"
                           : a.verdict == Verdict::UsageError ? "usage_error" : a.membership ? "host_change" : "stopped";
     out << (i ? ", " : "") << "{\"attempt\": " << a.number << ", \"np\": " << a.np << ", \"hosts\": "
-        << json_string(show_hosts(a.hosts)) << ", \"start\": " << fixed(a.start, 3) << ", \"end\": " << fixed(a.end, 3)
-        << ", \"result\": \"" << verdict << "\", \"outcome\": " << json_string(a.outcome) << ", \"failed_hosts\": [";
-    for (size_t k = 0; k < a.failed_hosts.size(); ++k) out << (k ? ", " : "") << json_string(a.failed_hosts[k]);
+        << train::json_string(show_hosts(a.hosts)) << ", \"start\": " << fixed(a.start, 3) << ", \"end\": " << fixed(a.end, 3)
+        << ", \"result\": \"" << verdict << "\", \"outcome\": " << train::json_string(a.outcome) << ", \"failed_hosts\": [";
+    for (size_t k = 0; k < a.failed_hosts.size(); ++k) out << (k ? ", " : "") << train::json_string(a.failed_hosts[k]);
     out << "], \"first_step\": " << a.first_step << ", \"last_step\": " << a.last_step;
     if (a.first_step_at >= 0) out << ", \"first_step_at\": " << fixed(a.first_step_at, 3);
     if (a.verdict == Verdict::Failure) {

@@ -83,6 +83,7 @@ class Supervisor {
   AttemptRecord run_attempt(const HostList& placement);
   std::vector<std::string> mpirun_command(const HostList& placement) const;
   void handle_output(const std::string& line, bool from_stderr, AttemptRecord& rec);
+  void note_failure(AttemptRecord& rec);
   void check_membership(const HostList& placement, Stop& stop);
   void request_stop(Stop& stop, StopKind kind, const std::string& why);
   bool take_signal(int* sig);

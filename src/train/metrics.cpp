@@ -32,6 +32,12 @@ void append_escaped(std::string& out, const std::string& s) {
 
 }  // namespace
 
+std::string json_string(const std::string& s) {
+  std::string out;
+  append_escaped(out, s);
+  return out;
+}
+
 std::string json_line(const JsonFields& fields) {
   std::string out = "{";
   for (size_t i = 0; i < fields.size(); ++i) {

@@ -13,6 +13,9 @@ namespace hpc::train {
 using JsonValue = std::variant<int64_t, double, std::string>;
 using JsonFields = std::vector<std::pair<std::string, JsonValue>>;
 
+// A JSON string literal of `s`, quotes included.
+std::string json_string(const std::string& s);
+
 // One JSON object on one line; non-finite numbers become null (JSON has no NaN).
 std::string json_line(const JsonFields& fields);
 

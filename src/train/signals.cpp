@@ -15,12 +15,12 @@ std::atomic<int> g_signal{0};
 std::atomic<bool> g_armed{false};
 std::atomic<bool> g_started{false};
 
+constexpr int kSignals[] = {SIGTERM, SIGUSR1, SIGINT};
+
 sigset_t handled_signals() {
   sigset_t set;
   sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  sigaddset(&set, SIGINT);
+  for (int sig : kSignals) sigaddset(&set, sig);
   return set;
 }
 
@@ -60,7 +60,7 @@ void start_signal_thread() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+  for (int sig : kSignals) sigaction(sig, &sa, nullptr);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // inherited by every thread started from now on
   std::thread(watch, set).detach();
 }
