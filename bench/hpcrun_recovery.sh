@@ -10,6 +10,7 @@
 # Usage: sudo bench/hpcrun_recovery.sh [--runs N]   (root: it makes network namespaces)
 # Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-build}
 [[ "$build" == /* ]] || build="$root/$build"
@@ -17,17 +18,18 @@ export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hp
 runs=3
 while (($#)); do
   case "$1" in
-    --runs) runs=$2; shift 2 ;;
+    --runs) [[ $# -ge 2 ]] || die "--runs needs a value"; runs=$2; shift 2 ;;
     -h | --help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "hpcrun_recovery.sh: error: unknown option '$1'" >&2; exit 2 ;;
+    *) die "unknown option '$1'" ;;
   esac
 done
-[[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || { echo "hpcrun_recovery.sh: error: build first (./setup.sh): $HPCRUN" >&2; exit 2; }
+require_count --runs "$runs"
+[[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCRUN"
 source "$root/tests/launch/common.sh"
 netns_require
 export EPOCHS=1 TRAIN_SAMPLES=24000
 
-json_field() { sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$NETNS_DIR/$1/hpcrun/summary.json" | head -1; }
+json_field() { json_number "$2" < "$NETNS_DIR/$1/hpcrun/summary.json"; }
 median() { sort -n | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f s (min %.2f, max %.2f, %d runs)", m, v[1], v[NR], NR }'; }
 
 loss=() cut_detect=() cut_recover=()

@@ -83,6 +83,15 @@ wait_for_step() {
   done
 }
 
+# expect_relaunch_within NAME SINCE LIMIT WHAT: attempt 2 starts at most LIMIT s after SINCE (a
+# $SECONDS reading taken when the failure was caused); WHAT names the timeouts LIMIT allows for.
+expect_relaunch_within() {
+  wait_for_text "$1" "attempt 2:" 60
+  local took=$((SECONDS - $2))
+  say "relaunched ${took} s after the failure began"
+  ((took <= $3)) || fail "relaunch took ${took} s, more than $4"
+}
+
 # The final test accuracy (percent) the job printed.
 accuracy_of() { sed -n 's/.*done: .* test accuracy \([0-9.]*\)%.*/\1/p' "$NETNS_DIR/$1.out" | tail -1; }
 

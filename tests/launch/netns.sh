@@ -21,16 +21,10 @@ netns_require() {
 }
 
 netns_cleanup() {
-  local k
+  local pid
   # Programs the script left running on these hosts (an hpcrun it started in the background).
-  for k in ${NETNS_KILL_AT_EXIT:-}; do kill -9 "$k" 2> /dev/null || true; done
-  for ((k = 1; k <= ${NETNS_COUNT:-0}; ++k)); do
-    ip netns pids "hpt${NETNS_ID}h$k" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
-    ip netns del "hpt${NETNS_ID}h$k" 2> /dev/null || true
-    # A namespace outlives its name while a dying process is still in it: remove its link now.
-    ip link del "hpt${NETNS_ID}v$k" 2> /dev/null || true
-  done
-  ip link del "hpt${NETNS_ID}br" 2> /dev/null || true
+  for pid in ${NETNS_KILL_AT_EXIT:-}; do kill -9 "$pid" 2> /dev/null || true; done
+  netns_remove_hosts
   [[ -n "${NETNS_DIR:-}" ]] && rm -rf "$NETNS_DIR"
   return 0
 }
@@ -42,7 +36,7 @@ netns_setup() {
   NETNS_HOSTS=()
   trap 'netns_cleanup' EXIT
   trap 'exit 130' INT TERM
-  netns_cleanup_leftovers
+  netns_remove_hosts
   local br="hpt${NETNS_ID}br" net="10.231.${NETNS_ID}" k
   ip link add "$br" type bridge
   ip addr add "$net.1/24" dev "$br"
@@ -83,13 +77,15 @@ AGENT
   NETNS_MPI_ARGS="--mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include $net.0/24 --mca btl_tcp_if_include $net.0/24 --bind-to none"
 }
 
-# A test killed before its EXIT trap ran may have left its namespaces: remove them first.
-netns_cleanup_leftovers() {
+# Every namespace, link and bridge of NETNS_ID, with their processes: this run's at exit, and at
+# setup those a test killed before its EXIT trap ran left behind.
+netns_remove_hosts() {
   local ns
   for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^hpt${NETNS_ID}h" || true); do
     ip netns pids "$ns" | xargs -r kill -9 2> /dev/null || true
     ip netns del "$ns" 2> /dev/null || true
   done
+  # A namespace outlives its name while a dying process is still in it: remove its link now.
   ip -o link show 2> /dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^hpt${NETNS_ID}v" |
     xargs -r -n1 ip link del 2> /dev/null || true
   ip link del "hpt${NETNS_ID}br" 2> /dev/null || true
