@@ -340,9 +340,14 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   double samples_seen = start.samples_seen, run_samples = 0, train_seconds = 0, comm_wait_seconds = 0;
   int64_t step = start.step;
   EvalResult eval;
+  bool evaluated = false;
   // From here on every wait is for the peers: a step that never ends is a hung job.
   StepWatchdog watchdog(o.step_timeout_seconds, ctx.where());
   watchdog.progress(step);
+  auto run_evaluation = [&] {
+    return evaluate([&](const data::Batch& b, double* s) { engine->eval_batch(b, s); }, ds.test, ds.norm,
+                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); });
+  };
   for (int64_t epoch = start.epoch; epoch < o.epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
     loader.start_epoch(epoch, epoch == start.epoch ? start.step_in_epoch : 0);
@@ -395,8 +400,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     const double epoch_seconds = seconds_since(t_epoch);
     train_seconds += epoch_seconds;
     if (world > 1) comm.allreduce_sum(sums, 3);
-    eval = evaluate([&](const data::Batch& b, double* s) { engine->eval_batch(b, s); }, ds.test, ds.norm,
-                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); });
+    eval = run_evaluation();
+    evaluated = true;
     const double seen = std::max(sums[2], 1.0);
     const double train_loss = sums[0] / seen;
     const double ips = static_cast<double>(epoch_global_samples) / std::max(epoch_seconds, 1e-9);
@@ -434,6 +439,13 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     result.steps = step;
     result.exit_code = o.checkpoint_dir.empty() ? 128 + SIGTERM : kExitCheckpointed;
     return result;
+  }
+  if (!evaluated) {
+    // Resumed from a checkpoint at the run's end (a finished run started again, as a job chain's
+    // later segments do, or one stopped right after its last step): nothing left to train, but
+    // the result reported is still the model's.
+    if (lead) log::info("the checkpoint is at the run's last step (", step, "): nothing to train; evaluating");
+    eval = run_evaluation();
   }
   if (writer) {  // the final state, and every write finished before reporting
     save({step, o.epochs, 0, global_batch, samples_seen});

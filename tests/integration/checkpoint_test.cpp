@@ -89,6 +89,34 @@ TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
   }
 }
 
+// Stopped right after its last step, and then started again once finished (as a job chain's
+// later segments are): nothing is left to train, so each run only evaluates the checkpoint's
+// model, and reports its real accuracy and parameters.
+TEST_F(Checkpoints, ResumingAtTheLastStepOnlyEvaluates) {
+  const std::string want = uninterrupted(2);
+  const std::string ck = dir_.file("end");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "40@1", 1);
+  const RunResult stopped = run_mpi(2, job(ck, dir_.file("end1.jsonl")));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  double accuracy = -1;
+  for (const char* run : {"end2", "end3"}) {
+    SCOPED_TRACE(run);
+    const std::string m = dir_.file(std::string(run) + ".jsonl");
+    const RunResult r = run_mpi(2, job(ck, m));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonObject d = done_of(m);
+    EXPECT_EQ(d.at("steps").number, 40);
+    EXPECT_EQ(d.at("resumed_from_step").number, 40);
+    EXPECT_EQ(d.at("param_checksum").str, want);
+    EXPECT_GT(d.at("test_accuracy").number, 0.3);  // evaluated, not a zero left unset
+    if (accuracy >= 0) {
+      EXPECT_EQ(d.at("test_accuracy").number, accuracy);
+    }
+    accuracy = d.at("test_accuracy").number;
+  }
+}
+
 // Resumed on another number of ranks, the run continues at the checkpoint's sample with the
 // checkpoint's global batch and finishes the planned steps.
 TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
