@@ -1,0 +1,136 @@
+# What slurm/*.sbatch share, sourced by them inside the job: launching hpctrain with the chosen
+# launcher, forwarding Slurm's warning signal to it, and turning its exit code into what Slurm
+# should do next. Not a job script itself.
+#
+#   job_log TEXT...                 a line in the job's output, with the job id and restart count
+#   job_run_trainer ARGS...         runs hpctrain through $LAUNCHER with ARGS (plus --threads,
+#                                   --checkpoint-dir and --metrics-file where ARGS lack them) and
+#                                   exits the script the way its exit code asks:
+#     0        the training finished                        exit 0
+#     2        a usage error (bad option, bad data)         exit 2, never requeued
+#     75       checkpointed and stopped (warning signal)    requeue the job, which resumes
+#     other    a node lost, a rank killed, a watchdog end   requeue the job, which resumes
+#   A job is requeued only while Slurm still has it RUNNING (not after scancel, nor when Slurm
+#   itself is requeueing or preempting it), only with REQUEUE=1, and at most MAX_REQUEUES times;
+#   otherwise the script ends with the trainer's exit code.
+#
+# Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
+# hpcrun), LAUNCHER_ARGS (extra options for it), CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES.
+
+job_log() {
+  echo "hpctrain-slurm: $(date '+%F %T') job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $*"
+}
+
+job_die() {  # one line and exit 2: the job cannot run as set up (nothing to requeue)
+  echo "hpctrain-slurm: error: $*" >&2
+  exit 2
+}
+
+# job_has_option NAME ARGS...: whether ARGS hold --NAME or --NAME=...
+job_has_option() {
+  local name=$1 a
+  shift
+  for a in "$@"; do [[ "$a" == "--$name" || "$a" == "--$name="* ]] && return 0; done
+  return 1
+}
+
+# job_option_value NAME ARGS...: the value of --NAME in ARGS (the last one), else nothing.
+job_option_value() {
+  local name=$1 value="" prev=""
+  shift
+  for a in "$@"; do
+    [[ "$prev" == "--$name" ]] && value=$a
+    [[ "$a" == "--$name="* ]] && value=${a#--"$name"=}
+    prev=$a
+  done
+  echo "$value"
+}
+
+job_state() {
+  scontrol show job -o "$SLURM_JOB_ID" 2> /dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p'
+}
+
+# job_requeue_or_exit CODE WHY: requeue this job if it may be, else exit with CODE.
+job_requeue_or_exit() {
+  local code=$1 why=$2 state
+  if [[ "${REQUEUE:-1}" != 1 ]]; then
+    job_log "$why; not requeued (REQUEUE=$REQUEUE): exit $code"
+    exit "$code"
+  fi
+  if ((${SLURM_RESTART_COUNT:-0} >= ${MAX_REQUEUES:-20})); then
+    job_log "$why; already requeued ${SLURM_RESTART_COUNT} times (MAX_REQUEUES): exit $code"
+    exit "$code"
+  fi
+  state=$(job_state)
+  if [[ "$state" != RUNNING ]]; then
+    # Cancelled (scancel), or Slurm is requeueing or preempting the job itself.
+    job_log "$why; the job is ${state:-gone} in Slurm, so this script does not requeue it: exit $code"
+    exit "$code"
+  fi
+  if scontrol requeue "$SLURM_JOB_ID"; then
+    job_log "$why; requeued: the next run resumes from the checkpoint"
+    exit 0
+  fi
+  job_log "$why; 'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"
+  exit "$code"
+}
+
+job_run_trainer() {
+  [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
+  local args=("$@")
+  if ! job_has_option checkpoint-dir "${args[@]}"; then
+    [[ -n "${CHECKPOINT_DIR:-}" ]] || job_die "no checkpoint directory: set CHECKPOINT_DIR or pass --checkpoint-dir"
+    args+=(--checkpoint-dir "$CHECKPOINT_DIR")
+  else
+    CHECKPOINT_DIR=$(job_option_value checkpoint-dir "${args[@]}")
+  fi
+  mkdir -p "$CHECKPOINT_DIR" || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
+  job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")
+  # Each rank's math threads: the CPUs Slurm gave its task (hpctrain would otherwise count the
+  # host's cores, which a shared node does not all give to this job).
+  if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && ! job_has_option threads "${args[@]}"; then
+    args+=(--threads "$SLURM_CPUS_PER_TASK")
+  fi
+
+  local launch
+  case "${LAUNCHER:-srun}" in
+    srun) launch=(srun --mpi=pmix) ;;
+    mpirun)
+      launch=(mpirun --bind-to none)
+      ((EUID != 0)) || launch+=(--allow-run-as-root)
+      ;;
+    hpcrun)
+      [[ -x "${HPCRUN:-}" ]] || job_die "hpcrun not found at '${HPCRUN:-}' (build it, or set HPCRUN)"
+      launch=("$HPCRUN" --log-dir "$CHECKPOINT_DIR/hpcrun")
+      ;;
+    *) job_die "LAUNCHER must be srun, mpirun or hpcrun, not '$LAUNCHER'" ;;
+  esac
+  # shellcheck disable=SC2206  # LAUNCHER_ARGS: words, as on a command line
+  launch+=(${LAUNCHER_ARGS:-})
+  [[ "${LAUNCHER:-srun}" == hpcrun ]] && launch+=(--)
+
+  job_log "on ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-?} node(s), ${SLURM_NTASKS:-?} task(s)); checkpoints in $CHECKPOINT_DIR"
+  job_log "${launch[*]} $HPCTRAIN ${args[*]}"
+
+  # The warning signal (--signal=B:USR1@SECONDS: time limit near, or a preemption notice) comes
+  # to this shell only: pass it on, and the trainer checkpoints and exits 75. SIGTERM is not passed
+  # on: when Slurm ends a job it sends SIGTERM to every step's processes itself, and a second one
+  # would make hpctrain stop at once instead of checkpointing. This shell only outlives it, since a
+  # batch script that ends takes its steps down with it.
+  local pid
+  trap 'job_log "SIGUSR1: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR1
+  trap 'job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"' TERM
+  "${launch[@]}" "$HPCTRAIN" "${args[@]}" &
+  pid=$!
+  while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done  # a trapped signal ends a wait
+  local code=0
+  wait "$pid" || code=$?
+  trap - USR1 TERM
+
+  case "$code" in
+    0) job_log "the training finished"; exit 0 ;;
+    2) job_log "the trainer stopped with a usage error (exit 2): not requeued"; exit 2 ;;
+    75) job_requeue_or_exit 75 "the trainer checkpointed and stopped (exit 75)" ;;
+    *) job_requeue_or_exit "$code" "the trainer failed (exit $code: a node or rank lost?)" ;;
+  esac
+}

@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# A real Slurm cluster on this one machine, from Debian's slurm-wlm and munge: a munged, a
+# slurmctld and several slurmd (`slurmd -N name`, each on its own port, with `%n` in its spool,
+# log and pid paths), configured in a private directory. For trying the sbatch scripts in slurm/
+# and for the tests. Needs root (slurmd runs jobs as their users).
+#
+#   slurm/local-cluster.sh up [--nodes N] [--cpus-per-node C] [--dir DIR]
+#                                  boot it and wait until every node is idle
+#   slurm/local-cluster.sh env     print the export line(s) that point Slurm's commands at it:
+#                                  eval "$(slurm/local-cluster.sh env)"; sbatch ...
+#   slurm/local-cluster.sh status  its daemons, nodes and jobs (exit 0: up, 1: degraded, 3: down)
+#   slurm/local-cluster.sh down    stop everything it started, jobs included, and remove DIR
+#   slurm/local-cluster.sh kill-node NAME
+#                                  SIGKILL one node's slurmd and its jobs' processes there (a node
+#                                  failure: the controller marks it down after SlurmdTimeout)
+#   slurm/local-cluster.sh start-node NAME
+#                                  start that node's slurmd again (it rejoins by itself)
+#
+# Options: --dir DIR (default $HPCTRAIN_SLURM_DIR, else /tmp/hpctrain-slurm), for every command;
+# --nodes N (default 2) nodes named n1..nN; --cpus-per-node C (default: this machine's cores / N,
+# at least 1). Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
+# job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters.
+set -euo pipefail
+
+me=local-cluster.sh
+die() { echo "$me: error: $*" >&2; exit "${2:-1}"; }
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+
+cmd=${1:-}
+[[ -n "$cmd" ]] || { usage >&2; exit 2; }
+shift
+case "$cmd" in
+  -h | --help | help) usage; exit 0 ;;
+  up | env | status | down | kill-node | start-node) ;;
+  *) die "unknown command '$cmd' (up, env, status, down, kill-node, start-node)" 2 ;;
+esac
+
+dir=${HPCTRAIN_SLURM_DIR:-/tmp/hpctrain-slurm}
+nodes=2
+cpus=0
+node_arg=""
+while (($#)); do
+  case "$1" in
+    --dir) (($# >= 2)) || die "--dir needs a directory" 2; dir=$2; shift 2 ;;
+    --dir=*) dir=${1#--dir=}; shift ;;
+    --nodes) (($# >= 2)) || die "--nodes needs a number" 2; nodes=$2; shift 2 ;;
+    --nodes=*) nodes=${1#--nodes=}; shift ;;
+    --cpus-per-node) (($# >= 2)) || die "--cpus-per-node needs a number" 2; cpus=$2; shift 2 ;;
+    --cpus-per-node=*) cpus=${1#--cpus-per-node=}; shift ;;
+    -*) die "unknown option '$1' (try --help)" 2 ;;
+    *)
+      [[ "$cmd" == *-node && -z "$node_arg" ]] || die "unexpected argument '$1'" 2
+      node_arg=$1; shift ;;
+  esac
+done
+[[ -n "$dir" ]] || die "--dir is empty" 2
+[[ "$dir" == /* ]] || dir="$PWD/$dir"
+dir=${dir%/}
+if [[ "$cmd" != up ]]; then
+  [[ "$nodes$cpus" == "20" ]] || die "--nodes and --cpus-per-node belong to 'up'" 2
+fi
+if [[ "$cmd" == *-node ]]; then
+  [[ -n "$node_arg" ]] || die "$cmd needs a node name" 2
+fi
+
+marker="HPCTRAIN_SLURM_CLUSTER=$dir"  # in the environment of every daemon this cluster runs
+conf="$dir/etc/slurm.conf"
+state_file="$dir/cluster.env"         # what 'up' chose: node names, ports
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2> /dev/null; }
+pid_in() { [[ -s "$1" ]] && tr -dc '0-9' < "$1" || true; }
+
+# Pids whose environment holds every one of the given NAME=VALUE entries.
+pids_with_env() {
+  local p env want ok
+  for p in /proc/[0-9]*; do
+    env=$(tr '\0' '\n' 2> /dev/null < "$p/environ") || continue
+    ok=1
+    for want in "$@"; do grep -qxF -- "$want" <<< "$env" || { ok=0; break; }; done
+    ((ok)) && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+# slurmstepd processes (one per job step and node) serving nodes whose spool directory starts with
+# PREFIX: slurmd starts them through a double fork and they overwrite their environment, so they
+# are known by the socket each one listens on in its node's spool directory.
+stepd_pids() {
+  local inodes p fd
+  inodes=" $(awk -v d="$1" 'index($8, d) == 1 {print $7}' /proc/net/unix | tr '\n' ' ') "
+  [[ "$inodes" != "  " ]] || return 0
+  for p in /proc/[0-9]*; do
+    for fd in "$p"/fd/*; do
+      fd=$(readlink "$fd" 2> /dev/null) || continue
+      [[ "$fd" == socket:* && "$inodes" == *" ${fd//[^0-9]/} "* ]] && { echo "${p#/proc/}"; break; }
+    done
+  done
+  return 0
+}
+
+# The given pids and all their descendants (a step's tasks, a batch script and its srun).
+with_descendants() {
+  local all=" $* " added=1 pid ppid
+  while ((added)); do
+    added=0
+    while read -r pid ppid; do
+      if [[ "$all" == *" $ppid "* && "$all" != *" $pid "* ]]; then all+="$pid "; added=1; fi
+    done < <(ps -e -o pid= -o ppid=)
+  done
+  echo "$all"
+}
+
+# kill_and_wait SECONDS PID...: SIGTERM, then SIGKILL what is left after SECONDS.
+kill_and_wait() {
+  local grace=$1 p left t
+  shift
+  (($#)) || return 0
+  kill "$@" 2> /dev/null || true
+  for ((t = 0; t < grace * 10; ++t)); do
+    left=0
+    for p in "$@"; do alive "$p" && left=1; done
+    ((left)) || return 0
+    sleep 0.1
+  done
+  kill -9 "$@" 2> /dev/null || true
+  for ((t = 0; t < 50; ++t)); do
+    left=0
+    for p in "$@"; do alive "$p" && left=1; done
+    ((left)) || return 0
+    sleep 0.1
+  done
+}
+
+load_state() {
+  [[ -f "$state_file" ]] || return 1
+  # shellcheck disable=SC1090
+  source "$state_file"
+}
+
+is_up() { load_state && alive "$(pid_in "$dir/run/slurmctld.pid")"; }
+
+# ---------------------------------------------------------------------------------------------
+# up
+
+free_port_base() {  # a base port P with P..P+$1-1 all free on this machine
+  local used base k ok
+  used=" $(ss -Htan 2> /dev/null | awk '{n = split($4, a, ":"); print a[n]}' | tr '\n' ' ') "
+  for ((try = 0; try < 200; ++try)); do
+    base=$((20000 + (RANDOM % 400) * 25))
+    ok=1
+    for ((k = 0; k < $1; ++k)); do [[ "$used" == *" $((base + k)) "* ]] && { ok=0; break; }; done
+    ((ok)) && { echo "$base"; return 0; }
+  done
+  die "no $1 free TCP ports found between 20000 and 30000"
+}
+
+write_config() {
+  local base=$1 k
+  cat > "$conf" << EOF
+# Generated by hpctrain's slurm/local-cluster.sh: $nodes nodes on this one machine.
+ClusterName=hpctrain-local
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$base
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmdTimeout=10
+SlurmctldTimeout=10
+MessageTimeout=10
+KillWait=30
+MinJobAge=600
+InactiveLimit=0
+EOF
+  for ((k = 1; k <= nodes; ++k)); do
+    echo "NodeName=n$k NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((base + k)) CPUs=$cpus State=UNKNOWN" >> "$conf"
+  done
+  echo "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$conf"
+  # Every slurmd reads its own copy of the directory: the PMIx plugin puts a step's client
+  # directory under PMIxCliTmpDirBase by user, job and step only, so two nodes of one machine
+  # would collide in a shared one.
+  for ((k = 1; k <= nodes; ++k)); do
+    mkdir -p "$dir/etc/n$k" "$dir/spool/n$k" "$dir/tmp/n$k"
+    chmod 1777 "$dir/tmp/n$k"
+    ln -sf ../slurm.conf "$dir/etc/n$k/slurm.conf"
+    echo "PMIxCliTmpDirBase=$dir/tmp/n$k" > "$dir/etc/n$k/mpi.conf"
+  done
+}
+
+start_slurmd() {  # start_slurmd NAME
+  env "$marker" "HPCTRAIN_SLURM_NODE=$1" slurmd -f "$dir/etc/$1/slurm.conf" -N "$1" ||
+    die "slurmd for $1 did not start; see $dir/log/slurmd-$1.log"
+}
+
+node_states() { SLURM_CONF=$conf sinfo -h -N -o '%N %T' 2> /dev/null | sort -u; }
+
+wait_idle() {  # wait_idle SECONDS NAME...: until every named node is idle (or allocated/mixed)
+  local deadline=$((SECONDS + $1)) n states ok
+  shift
+  while :; do
+    states=$(node_states)
+    ok=1
+    for n in "$@"; do
+      grep -qE "^$n (idle|allocated|mixed|completing)\$" <<< "$states" || { ok=0; break; }
+    done
+    ((ok)) && return 0
+    ((SECONDS < deadline)) || return 1
+    sleep 0.3
+  done
+}
+
+up() {
+  ((EUID == 0)) || die "needs root: slurmd runs jobs as the users who submit them (try sudo)" 2
+  local c
+  for c in munged munge slurmctld slurmd sinfo scontrol sbatch ss; do
+    command -v "$c" > /dev/null ||
+      die "'$c' not found: install Debian's slurm-wlm, munge and iproute2 (./setup.sh does)" 2
+  done
+  [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) ||
+    die "--nodes must be a number from 1 to 64, not '$nodes'" 2
+  [[ "$cpus" =~ ^[0-9]+$ ]] || die "--cpus-per-node must be a number, not '$cpus'" 2
+  ((cpus > 0)) || cpus=$(($(nproc) / nodes))
+  ((cpus > 0)) || cpus=1
+  if is_up; then die "a local cluster is already up in $dir ('$me down' first)"; fi
+  if [[ -e "$dir" ]]; then
+    [[ -f "$dir/.hpctrain-local-cluster" ]] ||
+      die "$dir exists and is not a local cluster's directory; choose another with --dir" 2
+    stop_everything quiet
+  fi
+  mkdir -p "$dir"/{etc,munge,state,spool,log,run,tmp}
+  : > "$dir/.hpctrain-local-cluster"
+  chmod 755 "$dir" "$dir/munge"  # munged wants its socket's directory searchable by all
+  trap 'echo "$me: error: up failed; stopping what it started" >&2; stop_everything quiet' ERR
+
+  (umask 077 && head -c 1024 /dev/urandom > "$dir/munge/munge.key")
+  env "$marker" munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
+    --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
+    --seed-file="$dir/munge/munged.seed" ||
+    die "munged did not start: $(tail -1 "$dir/log/munged.log" 2> /dev/null)"
+
+  local base
+  base=$(free_port_base $((nodes + 1)))
+  write_config "$base"
+  local names=() k
+  for ((k = 1; k <= nodes; ++k)); do names+=("n$k"); done
+  printf 'NODES="%s"\nPORT_BASE=%s\nCPUS=%s\n' "${names[*]}" "$base" "$cpus" > "$state_file"
+
+  env "$marker" slurmctld -f "$conf" -i || die "slurmctld did not start; see $dir/log/slurmctld.log"
+  for n in "${names[@]}"; do start_slurmd "$n"; done
+  if ! wait_idle 60 "${names[@]}"; then
+    echo "$me: nodes: $(node_states | tr '\n' ' ')" >&2
+    tail -n 5 "$dir/log/slurmctld.log" >&2 || true
+    false
+  fi
+  trap - ERR
+  echo "$me: up: $nodes node(s) (${names[*]}) with $cpus CPU(s) each, in $dir"
+  echo "$me: use it with: eval \"\$($0 env${dir:+ --dir $dir})\""
+}
+
+# ---------------------------------------------------------------------------------------------
+# down, kill-node, start-node, status
+
+stop_everything() {
+  # Job steps first (SIGKILL: the cluster goes away, there is nothing to save), then the daemons,
+  # which are marked through their environment, and munged last, which the others talk to.
+  local steps daemons munged_pid p
+  steps=$(with_descendants $(stepd_pids "$dir/spool/"))
+  # shellcheck disable=SC2086
+  [[ -n "${steps// /}" ]] && kill -9 $steps 2> /dev/null || true
+  munged_pid=$(pid_in "$dir/munge/munged.pid")
+  daemons=$(for p in $(pids_with_env "$marker"); do [[ "$p" == "$munged_pid" || "$p" == "$$" ]] || echo "$p"; done)
+  # shellcheck disable=SC2086
+  kill_and_wait 5 $daemons
+  alive "$munged_pid" && kill_and_wait 5 "$munged_pid"
+  if [[ -f "$dir/.hpctrain-local-cluster" ]]; then rm -rf "$dir"; fi
+  [[ "${1:-}" == quiet ]] || echo "$me: down: stopped and removed $dir"
+}
+
+down() {
+  if [[ ! -e "$dir" ]]; then echo "$me: nothing to stop in $dir"; return 0; fi
+  [[ -f "$dir/.hpctrain-local-cluster" ]] || die "$dir is not a local cluster's directory" 2
+  stop_everything
+}
+
+known_node() {
+  load_state || die "no local cluster in $dir" 1
+  [[ " $NODES " == *" $1 "* ]] || die "no node '$1' in this cluster (nodes: $NODES)" 2
+}
+
+kill_node() {
+  known_node "$node_arg"
+  local pids
+  pids=$(with_descendants $(pids_with_env "$marker" "HPCTRAIN_SLURM_NODE=$node_arg") \
+    $(stepd_pids "$dir/spool/$node_arg/"))
+  # shellcheck disable=SC2086
+  [[ -n "${pids// /}" ]] && kill -9 $pids 2> /dev/null || true
+  echo "$me: killed node $node_arg ($(wc -w <<< "$pids") process(es): its slurmd, slurmstepd and job tasks)"
+}
+
+start_node() {
+  known_node "$node_arg"
+  alive "$(pid_in "$dir/run/slurmd-$node_arg.pid")" && die "node $node_arg's slurmd is already running"
+  start_slurmd "$node_arg"
+  wait_idle 60 "$node_arg" || die "node $node_arg did not come back: $(node_states | tr '\n' ' ')"
+  echo "$me: node $node_arg is back"
+}
+
+status() {
+  if ! load_state; then echo "$me: no local cluster in $dir"; return 3; fi
+  local bad=0 p n
+  p=$(pid_in "$dir/munge/munged.pid")
+  if alive "$p"; then echo "munged     pid $p"; else echo "munged     not running"; bad=1; fi
+  p=$(pid_in "$dir/run/slurmctld.pid")
+  if alive "$p"; then echo "slurmctld  pid $p, port $PORT_BASE"; else echo "slurmctld  not running"; return 3; fi
+  for n in $NODES; do
+    p=$(pid_in "$dir/run/slurmd-$n.pid")
+    if alive "$p"; then echo "slurmd $n  pid $p"; else echo "slurmd $n  not running"; bad=1; fi
+  done
+  SLURM_CONF=$conf sinfo -N -o '%N %T %c %E' || bad=1
+  SLURM_CONF=$conf squeue || bad=1
+  return "$bad"
+}
+
+case "$cmd" in
+  up) up ;;
+  env)
+    is_up || die "no local cluster is up in $dir ('$me up' first)" 3
+    echo "export SLURM_CONF=$conf"
+    ;;
+  status) status ;;
+  down) down ;;
+  kill-node) kill_node ;;
+  start-node) start_node ;;
+esac

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A job whose time limit (1 minute, Slurm's least) is shorter than its training: the warning
+# signal comes before the limit (--signal=B:USR1@15), the trainer checkpoints, the script requeues
+# the job, and the training finishes over several segments, none of them killed by the limit.
+source "$(dirname "$0")/common.sh"
+slurm_setup 2 400
+# About 70 s of training here: more than one segment can hold, whatever the phase of slurmctld's
+# 30-second check that sends the signal (up to a minute early, as Slurm's manual warns).
+export TRAIN_SAMPLES=20000 EPOCHS=10  # 1560 steps
+
+submit segments --nodes=2 --time=1 --signal=B:USR1@15 -- --checkpoint-interval 0
+wait_state "$JOB" COMPLETED 330
+restarts=$(job_field "$JOB" Restarts)
+resumed=$(resumed_steps segments)
+stops=$(sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/segments.out" | tr '\n' ' ')
+say "completed after $restarts requeue(s); stopped after steps: $stops; resumed at: $resumed"
+((restarts >= 1)) || fail "the job finished in one segment: the test's training is too short"
+[[ "$resumed" == "$stops" ]] || fail "the runs resumed at '$resumed', not where they stopped ('$stops')"
+[[ $(wc -w <<< "$stops") == "$restarts" ]] || fail "$restarts requeues but $(wc -w <<< "$stops") checkpointed stops"
+grep -q "DUE TO TIME LIMIT" "$WORK/segments.out" && fail "a segment was killed by the time limit"
+[[ $(grep -c "SIGUSR1: asking the trainer" "$WORK/segments.out") == "$restarts" ]] ||
+  fail "not every segment ended on the warning signal"
+[[ "$(done_field segments steps)" == 1560 ]] || fail "$(done_field segments steps) steps, not 1560"
+expect_out segments "job $JOB (restart $restarts)"
+say "PASS"
