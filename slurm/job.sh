@@ -46,6 +46,39 @@ job_option_value() {
   echo "$value"
 }
 
+# job_sweep_point GRID INDEX: the hpctrain options of point INDEX (0-based) of GRID, which is words
+# NAME=V1,V2,... (every combination of the values is a point; the last word's values vary
+# fastest), one per line as "--NAME" then "VALUE"; exit 2 with a message on a malformed grid or an
+# INDEX outside it. job_sweep_size GRID: the number of points.
+job_sweep_size() {
+  local n=1 word values
+  for word in $1; do
+    [[ "$word" =~ ^[a-z][a-z0-9-]*=[^,]+(,[^,]+)*$ ]] ||
+      job_die "SWEEP entry '$word' is not NAME=V1,V2,... (an hpctrain option without --, then values)"
+    values=${word#*=}
+    IFS=, read -r -a values <<< "$values"
+    n=$((n * ${#values[@]}))
+  done
+  [[ -n "${1// /}" ]] || job_die "SWEEP is empty"
+  echo "$n"
+}
+
+job_sweep_point() {
+  local grid=$1 index=$2 size words k word values
+  size=$(job_sweep_size "$grid") || exit 2
+  [[ "$index" =~ ^[0-9]+$ ]] && ((index < size)) ||
+    job_die "array task '$index' is outside the sweep's $size point(s) (submit with --array=0-$((size - 1)))"
+  read -r -a words <<< "$grid"
+  local out=()
+  for ((k = ${#words[@]} - 1; k >= 0; --k)); do
+    word=${words[k]}
+    IFS=, read -r -a values <<< "${word#*=}"
+    out=("--${word%%=*}" "${values[index % ${#values[@]}]}" "${out[@]}")
+    index=$((index / ${#values[@]}))
+  done
+  printf '%s\n' "${out[@]}"
+}
+
 job_state() {
   scontrol show job -o "$SLURM_JOB_ID" 2> /dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p'
 }

@@ -70,7 +70,9 @@ state_file="$dir/cluster.env"         # what 'up' chose: node names, ports
 # ---------------------------------------------------------------------------------------------
 # Processes
 
-alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2> /dev/null; }
+# A process that exists and has not exited (daemons are reparented to init, which in a container
+# may never reap them: a zombie is dead).
+alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2> /dev/null && [[ "$(ps -o stat= -p "$1")" != Z* ]]; }
 pid_in() { [[ -s "$1" ]] && tr -dc '0-9' < "$1" || true; }
 
 # Pids whose environment holds every one of the given NAME=VALUE entries.
@@ -249,10 +251,20 @@ up() {
       die "$dir exists and is not a local cluster's directory; choose another with --dir" 2
     stop_everything quiet
   fi
+  # munged serves everyone through a socket in DIR/munge, and insists that every directory
+  # above it be searchable by all.
+  local up_to=${dir%/*}
+  while [[ -n "$up_to" ]]; do
+    if [[ -d "$up_to" ]] && ! (((8#$(stat -c %a "$up_to") & 1) == 1)); then
+      die "$up_to is not searchable by all ($(stat -c %a "$up_to")), which munged requires of the directories above its socket: chmod o+x it, or choose another --dir" 2
+    fi
+    up_to=${up_to%/*}
+  done
   mkdir -p "$dir"/{etc,munge,state,spool,log,run,tmp}
   : > "$dir/.hpctrain-local-cluster"
-  chmod 755 "$dir" "$dir/munge"  # munged wants its socket's directory searchable by all
-  trap 'echo "$me: error: up failed; stopping what it started" >&2; stop_everything quiet' ERR
+  chmod 755 "$dir" "$dir/munge"
+  # From here a failure stops what was started and removes the directory.
+  trap 'if (($? != 0)); then stop_everything quiet; fi' EXIT
 
   (umask 077 && head -c 1024 /dev/urandom > "$dir/munge/munge.key")
   env "$marker" munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
@@ -272,9 +284,9 @@ up() {
   if ! wait_idle 60 "${names[@]}"; then
     echo "$me: nodes: $(node_states | tr '\n' ' ')" >&2
     tail -n 5 "$dir/log/slurmctld.log" >&2 || true
-    false
+    die "the nodes did not all become idle within 60 s"
   fi
-  trap - ERR
+  trap - EXIT
   echo "$me: up: $nodes node(s) (${names[*]}) with $cpus CPU(s) each, in $dir"
   echo "$me: use it with: eval \"\$($0 env${dir:+ --dir $dir})\""
 }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# For sites that forbid requeue: submits a training as a chain of N jobs ("segments"), each one
+# starting when the one before it has ended, whatever its end (--dependency=afterany). Every
+# segment runs slurm/train.sbatch with REQUEUE=0 and --no-requeue on the same checkpoint
+# directory: a segment stopped by its time limit's warning signal checkpoints (exit 75) and the
+# next one resumes from there. Segments that start after the training is done only evaluate the
+# final checkpoint and end at once.
+#
+#   slurm/chain.sh SEGMENTS [sbatch options] [-- hpctrain options]
+#   e.g. slurm/chain.sh 6 --time=04:00:00 -- --epochs 90
+#
+# Environment: CHECKPOINT_DIR (default runs/hpctrain-chain-<date>-<time> here; printed), and
+# CHAIN_SCRIPT (default slurm/train.sbatch beside this script). Prints one line per segment,
+# "segment K: job ID", and exits 2 on bad input; if a submission fails midway, the segments
+# already submitted are cancelled (no half chain is left queued) and it exits 1.
+set -euo pipefail
+
+me=chain.sh
+die() { echo "$me: error: $*" >&2; exit "${2:-1}"; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0; }
+segments=${1:-}
+[[ "$segments" =~ ^[0-9]+$ ]] && ((segments >= 1 && segments <= 1000)) ||
+  die "the first argument must be the number of segments, 1 to 1000, not '${segments}' (try --help)" 2
+shift
+sbatch_args=()
+while (($#)) && [[ "$1" != -- ]]; do
+  [[ "$1" == --requeue || "$1" == --dependency* || "$1" == -d ]] &&
+    die "'$1' is chain.sh's to set: segments never requeue and each depends on the one before" 2
+  sbatch_args+=("$1")
+  shift
+done
+(($#)) && shift  # the --
+script=${CHAIN_SCRIPT:-$here/train.sbatch}
+[[ -f "$script" ]] || die "no job script '$script' (CHAIN_SCRIPT)" 2
+command -v sbatch > /dev/null || die "sbatch not found: run this where Slurm's commands are" 2
+checkpoint_dir=${CHECKPOINT_DIR:-$PWD/runs/hpctrain-chain-$(date +%Y%m%d-%H%M%S)}
+[[ "$checkpoint_dir" == /* ]] || checkpoint_dir="$PWD/$checkpoint_dir"
+
+jobs=()
+cancel_submitted() {
+  ((${#jobs[@]})) && scancel "${jobs[@]}" 2> /dev/null
+  die "submitting segment $1 failed; cancelled the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
+}
+echo "$me: $segments segment(s) of $script, checkpoints in $checkpoint_dir"
+for ((k = 1; k <= segments; ++k)); do
+  dep=()
+  ((${#jobs[@]})) && dep=(--dependency="afterany:${jobs[-1]}")
+  id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 sbatch --parsable --no-requeue "${dep[@]}" \
+    "${sbatch_args[@]}" "$script" "$@") || cancel_submitted "$k"
+  id=${id%%;*}  # --parsable: "id" or "id;cluster"
+  jobs+=("$id")
+  echo "segment $k: job $id"
+done

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# slurm/local-cluster.sh itself: bad input gets one error line and exit 2; up, env, status,
+# kill-node, start-node and down do what they say; down leaves no daemon, job or file behind.
+source "$(dirname "$0")/common.sh"
+if ((EUID != 0)); then echo "SKIPPED: the local Slurm cluster needs root"; exit 77; fi
+command -v slurmctld > /dev/null || { echo "SKIPPED: no slurmctld (Debian package slurm-wlm)"; exit 77; }
+TEST_DIR=$(mktemp -d /tmp/hpctrain-slurm-test-XXXXXX)
+CLUSTER_DIR="$TEST_DIR/cluster"
+WORK="$TEST_DIR"
+trap slurm_cleanup EXIT
+lc() { "$LOCAL_CLUSTER" "$@" --dir "$CLUSTER_DIR"; }
+
+# expect_error CODE TEXT ARGS...: exit CODE and a single 'local-cluster.sh: error:' line with TEXT.
+expect_error() {
+  local code=$1 text=$2 rc=0 err
+  shift 2
+  err=$("$LOCAL_CLUSTER" "$@" 2>&1 > /dev/null) || rc=$?
+  [[ $rc == "$code" ]] || fail "'$*' exited $rc, not $code ($err)"
+  [[ $(wc -l <<< "$err") == 1 && "$err" == "local-cluster.sh: error: "*"$text"* ]] ||
+    fail "'$*' said '$err', not one error line with '$text'"
+}
+expect_error 2 "unknown command 'start'" start
+expect_error 2 "--nodes must be a number from 1 to 64, not '0'" up --nodes 0 --dir "$CLUSTER_DIR"
+expect_error 2 "--nodes must be a number from 1 to 64, not 'two'" up --nodes two --dir "$CLUSTER_DIR"
+expect_error 2 "--cpus-per-node must be a number" up --cpus-per-node -1x --dir "$CLUSTER_DIR"
+expect_error 2 "--dir needs a directory" up --dir
+expect_error 2 "unknown option '--node'" up --node 3
+expect_error 2 "--nodes and --cpus-per-node belong to 'up'" status --nodes 3
+expect_error 2 "kill-node needs a node name" kill-node --dir "$CLUSTER_DIR"
+expect_error 3 "no local cluster is up in $CLUSTER_DIR" env --dir "$CLUSTER_DIR"
+mkdir "$TEST_DIR/precious" && echo keep > "$TEST_DIR/precious/file"
+expect_error 2 "is not a local cluster's directory" up --dir "$TEST_DIR/precious"
+expect_error 2 "$TEST_DIR is not searchable by all (700)" up --dir "$CLUSTER_DIR"
+[[ ! -e "$CLUSTER_DIR" ]] || fail "a failed up left $CLUSTER_DIR"
+chmod 755 "$TEST_DIR"
+[[ "$(cat "$TEST_DIR/precious/file")" == keep ]] || fail "up touched a directory that was not its own"
+rc=0; lc status > /dev/null || rc=$?
+[[ $rc == 3 ]] || fail "status of no cluster exited $rc, not 3"
+lc down | grep -q "nothing to stop" || fail "down with nothing up did not say so"
+say "bad input: one error line and the right exit code each"
+
+lc up --nodes 3 > /dev/null
+eval "$(lc env)"
+[[ "$SLURM_CONF" == "$CLUSTER_DIR/etc/slurm.conf" ]] || fail "env printed SLURM_CONF=$SLURM_CONF"
+[[ "$(sinfo -h -N -o '%N %T' | tr '\n' ' ')" == "n1 idle n2 idle n3 idle " ]] || fail "nodes: $(sinfo -h -N -o '%N %T')"
+expect_error 1 "already up" up --dir "$CLUSTER_DIR"
+lc status > "$TEST_DIR/status" || fail "status of a healthy cluster failed: $(cat "$TEST_DIR/status")"
+grep -q "slurmd n3  pid" "$TEST_DIR/status" || fail "status lacks n3's slurmd"
+expect_error 2 "no node 'n4'" kill-node n4 --dir "$CLUSTER_DIR"
+
+# A job on n2 when the node dies: its processes die with it.
+job=$(sbatch --parsable -o /dev/null -w n2 --wrap 'srun sleep 317')
+wait_state "$job" RUNNING 30
+deadline=$((SECONDS + 20))
+until pgrep -f '^(/usr/bin/)?sleep 317$' > /dev/null; do ((SECONDS < deadline)) || fail "the job's sleep did not start"; sleep 0.2; done
+lc kill-node n2 > /dev/null
+pgrep -f '^(/usr/bin/)?sleep 317$' > /dev/null && fail "the job's task on n2 survived kill-node"
+rc=0; lc status > /dev/null || rc=$?
+[[ $rc == 1 ]] || fail "status with a dead slurmd exited $rc, not 1"
+scancel "$job"
+lc start-node n2 > /dev/null
+lc status > /dev/null || fail "status after start-node n2 is not healthy"
+say "up, env, status, kill-node, start-node: as documented"
+
+# down leaves nothing: no process of the cluster (daemons are known by its directory in their
+# environment, job steps by their sockets), no directory.
+job=$(sbatch --parsable -o /dev/null -N 3 --wrap 'srun sleep 317')
+wait_state "$job" RUNNING 30
+deadline=$((SECONDS + 20))
+until [[ $(pgrep -c -f '^(/usr/bin/)?sleep 317$') == 3 ]]; do ((SECONDS < deadline)) || fail "the job's tasks did not start"; sleep 0.2; done
+steps=$(ps -e -o pid=,stat=,args= | awk '$2 !~ /^Z/ && $3 == "slurmstepd:" {print $1}')
+lc down > /dev/null
+left=$(for p in /proc/[0-9]*; do tr '\0' '\n' 2> /dev/null < "$p/environ" | grep -qx "HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR" && echo "${p#/proc/}"; done || true)
+[[ -z "$left" ]] || fail "processes left after down: $left"
+pgrep -f '^(/usr/bin/)?sleep 317$' > /dev/null && fail "a job's process survived down"
+for p in $steps; do
+  [[ "$(ps -o stat= -p "$p")" == "" || "$(ps -o stat= -p "$p")" == Z* ]] || fail "slurmstepd $p survived down"
+done
+[[ ! -e "$CLUSTER_DIR" ]] || fail "down left $CLUSTER_DIR"
+say "PASS"

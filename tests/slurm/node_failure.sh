@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Node failure: one node's slurmd and its share of the job die (SIGKILL) mid-run. Slurm marks the
+# node down, requeues the job (--requeue), and the job comes back on the nodes that remain (the
+# third, idle until then, in place of the lost one) and finishes from its last periodic checkpoint.
+source "$(dirname "$0")/common.sh"
+slurm_setup 3 400
+export TRAIN_SAMPLES=16000 EPOCHS=4  # 500 steps
+
+submit lost --nodes=2 -- --checkpoint-every-steps 20 --checkpoint-interval 0
+wait_state "$JOB" RUNNING 60
+[[ "$(job_field "$JOB" NodeList)" == "n[1-2]" ]] || fail "the job started on $(job_field "$JOB" NodeList), not both nodes"
+wait_step lost 70 90
+say "at step $(step_of lost): killing node n2"
+"$LOCAL_CLUSTER" kill-node n2 --dir "$CLUSTER_DIR"
+wait_restarts "$JOB" 1 120
+say "Slurm requeued the job: n2 is $(sinfo -h -n n2 -o %T)"
+wait_state "$JOB" COMPLETED 200
+
+resumed=$(resumed_steps lost)
+say "resumed at step $resumed; second run: $(grep -o 'restart 1): on [^;]*' "$WORK/lost.out" | head -1)"
+read -r r1 rest <<< "$resumed"
+[[ -n "$r1" && -z "$rest" ]] || fail "expected one resume, saw '$resumed'"
+((r1 >= 60 && r1 % 20 == 0)) || fail "resumed at step $r1, not from a periodic checkpoint at or after step 60"
+expect_out lost "restart 1): on n\[1,3\] (2 node(s), 2 task(s))"
+[[ "$(done_field lost steps)" == 500 ]] || fail "$(done_field lost steps) steps, not 500"
+say "PASS"
