@@ -185,6 +185,18 @@ HostList slurm_hosts(const std::string& nodelist, const std::string& tasks_per_n
   return hosts;
 }
 
+std::vector<std::pair<std::string, std::string>> slurm_allocation_env(const HostList& hosts) {
+  std::string names, tasks;
+  for (const Host& h : hosts) {
+    if (!names.empty()) names += ',', tasks += ',';
+    names += h.name;
+    tasks += std::to_string(h.slots);
+  }
+  const std::string count = std::to_string(hosts.size());
+  return {{"SLURM_JOB_NODELIST", names}, {"SLURM_NODELIST", names},         {"SLURM_TASKS_PER_NODE", tasks},
+          {"SLURM_JOB_CPUS_PER_NODE", tasks}, {"SLURM_JOB_NUM_NODES", count}, {"SLURM_NNODES", count}};
+}
+
 int total_slots(const HostList& hosts) {
   int n = 0;
   for (const Host& h : hosts) n += h.slots;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hpc::launch {
@@ -26,6 +27,10 @@ HostList parse_discovery_output(const std::string& text, int default_slots, cons
 std::vector<std::string> expand_slurm_nodelist(const std::string& list);
 std::vector<int> expand_slurm_tasks_per_node(const std::string& tasks);
 HostList slurm_hosts(const std::string& nodelist, const std::string& tasks_per_node);
+// The inverse, for mpirun inside a Slurm job: the variables (name, value) through which Open MPI
+// reads the allocation, narrowed to `hosts`. Otherwise mpirun starts its daemons (through srun)
+// on every node of the allocation, a lost one included, and waits for that one forever.
+std::vector<std::pair<std::string, std::string>> slurm_allocation_env(const HostList& hosts);
 
 int total_slots(const HostList& hosts);
 // "a:2,b:1", as -H takes it.

@@ -290,6 +290,15 @@ std::vector<std::string> Supervisor::mpirun_command(const HostList& placement) c
   const bool remote = std::any_of(placement.begin(), placement.end(), [](const Host& h) { return !is_local_host(h.name); });
   if (remote && (o_.host_source != HostSource::Slurm || o_.launch_agent_given)) {
     cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", o_.launch_agent});
+  } else if (o_.host_source == HostSource::Slurm) {
+    // mpirun starts its daemons with srun, which without a node list takes the whole
+    // allocation, a lost node included, and waits for that node forever; and a step of the
+    // failed attempt that Slurm cannot end on the lost node keeps its CPUs on the others
+    // (--no-kill), which the next step must share.
+    std::string names;
+    for (const Host& h : placement) names += (names.empty() ? "" : ",") + h.name;
+    cmd.insert(cmd.end(), {"--mca", "plm_slurm_args",
+                           "--overlap --nodes=" + std::to_string(placement.size()) + " --nodelist=" + names});
   }
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -383,6 +392,9 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
   if (!attempt_log_) say("warning: cannot write " + log_path);
   ::setenv("HPCRUN_ATTEMPT", std::to_string(rec.number).c_str(), 1);
   ::setenv("HPCRUN_RESTART_COUNT", std::to_string(failures_).c_str(), 1);
+  if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given) {
+    for (const auto& [name, value] : slurm_allocation_env(placement)) ::setenv(name.c_str(), value.c_str(), 1);
+  }
   const std::vector<std::string> cmd = mpirun_command(placement);
   std::string shown;
   for (const std::string& a : cmd) shown += (shown.empty() ? "" : " ") + a;
@@ -529,7 +541,7 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
 int Supervisor::run() {
   if (o_.host_source == HostSource::Discovery) {
     discover(true);
-  } else {
+  } else if (o_.host_source != HostSource::Slurm) {  // Slurm's node names are Slurm's to reach (srun)
     for (const Host& h : o_.static_hosts) {
       std::string why;
       HPC_REQUIRE(is_local_host(h.name) || o_.launch_agent_given || resolves(h.name, &why), "unknown host '", h.name,

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include "analysis.hpp"
 #include "blacklist.hpp"
@@ -81,6 +82,20 @@ TEST(Hosts, SlurmForms) {
   usage_message([] { expand_slurm_nodelist("a[3-1]"); });
   usage_message([] { expand_slurm_tasks_per_node("2(x"); });
   EXPECT_NE(usage_message([] { slurm_hosts("a[1-3]", "1"); }).find("inconsistent"), std::string::npos);
+}
+
+// The allocation as mpirun should see it after a lost node: only the healthy hosts, in forms
+// that read back as the same hosts.
+TEST(Hosts, SlurmAllocationForMpirun) {
+  const HostList healthy{{"a1", 4}, {"b", 1}};
+  std::map<std::string, std::string> env;
+  for (const auto& [k, v] : slurm_allocation_env(healthy)) env[k] = v;
+  EXPECT_EQ(env["SLURM_JOB_NODELIST"], "a1,b");
+  EXPECT_EQ(env["SLURM_NODELIST"], "a1,b");
+  EXPECT_EQ(env["SLURM_JOB_NUM_NODES"], "2");
+  EXPECT_EQ(env["SLURM_NNODES"], "2");
+  EXPECT_EQ(env["SLURM_JOB_CPUS_PER_NODE"], "4,1");
+  EXPECT_EQ(slurm_hosts(env["SLURM_JOB_NODELIST"], env["SLURM_TASKS_PER_NODE"]), healthy);
 }
 
 TEST(Hosts, Local) {
