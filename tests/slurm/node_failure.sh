@@ -12,8 +12,12 @@ wait_state "$JOB" RUNNING 60
 wait_step lost 70 90
 say "at step $(step_of lost): killing node n2"
 "$LOCAL_CLUSTER" kill-node n2 --dir "$CLUSTER_DIR"
+killed_at=$SECONDS
 wait_restarts "$JOB" 1 120
-say "Slurm requeued the job: n2 is $(sinfo -h -n n2 -o %T)"
+say "Slurm requeued the job $((SECONDS - killed_at)) s after the node died: n2 is $(sinfo -h -n n2 -o %T)"
+deadline=$((SECONDS + 90))
+until grep -q "resuming from" "$WORK/lost.out"; do ((SECONDS < deadline)) || fail "the job did not resume"; sleep 0.5; done
+say "resumed $((SECONDS - killed_at)) s after the node died"
 wait_state "$JOB" COMPLETED 200
 
 resumed=$(resumed_steps lost)
