@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What slurm/*.sbatch share, sourced by them inside the job: launching hpctrain with the chosen
 # launcher, forwarding Slurm's warning signal to it, and turning its exit code into what Slurm
 # should do next. Not a job script itself.

@@ -298,6 +298,7 @@ stop_everything() {
   # Job steps first (SIGKILL: the cluster goes away, there is nothing to save), then the daemons,
   # which are marked through their environment, and munged last, which the others talk to.
   local steps daemons munged_pid p
+  # shellcheck disable=SC2046  # lists of pids, split on purpose
   steps=$(with_descendants $(stepd_pids "$dir/spool/"))
   # shellcheck disable=SC2086
   [[ -n "${steps// /}" ]] && kill -9 $steps 2> /dev/null || true
@@ -324,6 +325,7 @@ known_node() {
 kill_node() {
   known_node "$node_arg"
   local pids
+  # shellcheck disable=SC2046  # lists of pids, split on purpose
   pids=$(with_descendants $(pids_with_env "$marker" "HPCTRAIN_SLURM_NODE=$node_arg") \
     $(stepd_pids "$dir/spool/$node_arg/"))
   # shellcheck disable=SC2086

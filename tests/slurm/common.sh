@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What the Slurm tests share: a real local cluster (slurm/local-cluster.sh) of their own, started
 # here and stopped with everything in it when the test exits; jobs submitted with the scripts in
 # slurm/ as a user would; ways to wait for a job's state and its training's progress.
@@ -25,7 +26,8 @@ fail() {
   # SLURM_TEST_KEEP=DIR keeps the job outputs and the cluster's logs of a failed test there.
   if [[ -n "${SLURM_TEST_KEEP:-}" ]]; then mkdir -p "$SLURM_TEST_KEEP" && cp -r "$TEST_DIR"/. "$SLURM_TEST_KEEP"/ 2> /dev/null; fi
   for f in "$WORK"/*.out; do [[ -f "$f" ]] && { echo "--- $f"; tail -n 30 "$f"; } >&2; done
-  for f in "$CLUSTER_DIR"/log/slurmctld.log; do [[ -f "$f" ]] && { echo "--- $f"; tail -n 15 "$f"; } >&2; done
+  f="$CLUSTER_DIR/log/slurmctld.log"
+  if [[ -f "$f" ]]; then { echo "--- $f"; tail -n 15 "$f"; } >&2; fi
   exit 1
 }
 
