@@ -29,7 +29,7 @@ packages=(
   cmake g++ make pkg-config                    # toolchain
   libopenmpi-dev openmpi-bin                   # data-parallel runs over MPI
   iproute2                                     # hpcrun's tests: hosts as network namespaces
-  slurm-wlm munge                              # slurm/local-cluster.sh and the Slurm tests
+  slurm-wlm munge procps                       # slurm/local-cluster.sh and the Slurm tests
   libboost-program-options-dev                 # command line and config files
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
   zlib1g-dev                                   # gzip-compressed dataset files

@@ -143,7 +143,7 @@ job_run_trainer() {
   launch+=(${LAUNCHER_ARGS:-})
   [[ "${LAUNCHER:-srun}" == hpcrun ]] && launch+=(--)
 
-  job_log "on ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-?} node(s), ${SLURM_NTASKS:-?} task(s)); checkpoints in $CHECKPOINT_DIR"
+  job_log "on ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-?} node(s), ${SLURM_NTASKS:-?} task(s)), SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}; checkpoints in $CHECKPOINT_DIR"
   job_log "${launch[*]} $HPCTRAIN ${args[*]}"
 
   # The warning signal (--signal=B:USR1@SECONDS: time limit near, or a preemption notice) comes

@@ -77,7 +77,7 @@ slurm_setup() {
 train_args() {
   echo --device cpu --data-dir "$FASHION_MNIST" --model cnn --global-batch-size 128 --sync-batch-norm \
     --train-samples "${TRAIN_SAMPLES:-8000}" --test-samples 2000 --epochs "${EPOCHS:-1}" --log-every 10 \
-    --step-timeout 60s
+    --step-timeout "${STEP_TIMEOUT:-60s}"
 }
 
 # The sbatch options that fit slurm/train.sbatch's #SBATCH lines (GPU nodes) to this machine.
@@ -126,13 +126,16 @@ wait_restarts() {  # wait_restarts JOB N SECONDS: until Slurm has requeued the j
 step_of() { sed -n 's/^step=//p' "$WORK/$1/heartbeat" 2> /dev/null || true; }
 
 # wait_step NAME STEP SECONDS [NEWER_THAN]: until the heartbeat shows at least STEP (and, with
-# NEWER_THAN, was written after that file).
+# NEWER_THAN, was written after that file); fails at once when the job $JOB has ended.
 wait_step() {
   local deadline=$((SECONDS + $3)) s
   while :; do
     s=$(step_of "$1")
     if ((${s:-0} >= $2)) && { [[ -z "${4:-}" ]] || [[ "$WORK/$1/heartbeat" -nt "$4" ]]; }; then return 0; fi
     ((SECONDS < deadline)) || fail "$1 did not reach step $2 within $3 s (at ${s:-none})"
+    if [[ -n "${JOB:-}" && "$(job_field "$JOB" JobState)" =~ ^(COMPLETED|FAILED|CANCELLED|TIMEOUT)$ ]]; then
+      fail "job $JOB ended $(job_field "$JOB" JobState) before $1 reached step $2 (at ${s:-none})"
+    fi
     sleep 0.2
   done
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sbatch slurm/train.sbatch on 2 nodes of a real Slurm runs the training to completion, with the
-# expected accuracy and its outputs where the script promises them; a usage error fails the job at
-# once (exit 2) instead of requeueing it.
+# expected accuracy and its outputs where the script promises them, through srun and through
+# mpirun alike; a usage error fails the job at once (exit 2) instead of requeueing it.
 source "$(dirname "$0")/common.sh"
 slurm_setup 2 240
 
@@ -10,7 +10,7 @@ wait_state "$JOB" COMPLETED 180
 say "job $JOB completed"
 [[ "$(job_field "$JOB" Restarts)" == 0 ]] || fail "the job was requeued"
 [[ "$(job_field "$JOB" ExitCode)" == 0:0 ]] || fail "exit code $(job_field "$JOB" ExitCode)"
-expect_out run "restart 0): on n\[1-2\] (2 node(s), 2 task(s))"
+expect_out run "restart 0): on n\[1-2\] (2 node(s), 2 task(s)), SLURM_RESTART_COUNT=0"
 expect_out run "2 rank(s), global batch 128"
 expect_out run "the training finished"
 acc=$(done_field run test_accuracy)
@@ -18,6 +18,14 @@ say "test accuracy $acc, $(done_field run steps) steps"
 [[ "$(done_field run steps)" == 124 ]] || fail "$(done_field run steps) steps, not 124"
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.80) }' || fail "test accuracy $acc below 0.80"
 ls "$WORK/run"/ckpt-*.hpck > /dev/null 2>&1 || fail "no checkpoint in the checkpoint directory"
+
+# The same job launched by Open MPI's mpirun inside the allocation trains the same parameters.
+LAUNCHER=mpirun EPOCHS=2 submit viampirun --nodes=2
+wait_state "$JOB" COMPLETED 180
+expect_out viampirun "mpirun --bind-to none"
+[[ "$(done_field viampirun param_checksum)" == "$(done_field run param_checksum)" ]] ||
+  fail "LAUNCHER=mpirun: param checksum $(done_field viampirun param_checksum), srun: $(done_field run param_checksum)"
+say "LAUNCHER=mpirun: the same parameters as srun's"
 
 # A usage error: the trainer exits 2 and the job fails at once, never requeued.
 submit bad --nodes=2 -- --lr-schedule sideways
