@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""Slurm's SuspendProgram: terminates the instances that stand for the given nodes (found by
+their hpctrain:node tag, in this cluster only) and resets the nodes' addresses to their names,
+so that powered-down nodes cost nothing.
+
+    suspend.py NODELIST       (slurm.conf: SuspendProgram=...)
+"""
+
+import logging
+import sys
+
+from hpc_cloud import ec2_client, instances_of, main_wrapper, scontrol
+
+
+def suspend(cfg, nodes):
+    ec2 = ec2_client(cfg)
+    found = instances_of(ec2, cfg, nodes)
+    ids = [i for node in nodes for i in found.get(node, [])]
+    if ids:
+        ec2.terminate_instances(InstanceIds=ids)
+    for node in nodes:
+        logging.info("%s: %s", node, f"terminated {', '.join(found[node])}" if node in found else "no instance")
+        scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_wrapper("suspend.py", suspend))

@@ -1,0 +1,177 @@
+"""Slurm power saving on AWS, against moto's EC2: ResumeProgram launches one tagged instance per
+node from the launch template and registers its address with Slurm (a fake scontrol on PATH
+records the calls); SuspendProgram terminates exactly those; capacity errors fall back from spot
+to on-demand, or set the nodes down with the reason; bad input is one error line and exit 2."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_DIR = os.path.join(HERE, "..", "..", "cloudformation", "node")
+sys.path.insert(0, NODE_DIR)
+
+try:
+    import boto3
+    from botocore.exceptions import ClientError
+    from moto import mock_aws
+except ImportError as e:  # pragma: no cover - CTest reports the skip
+    print(f"SKIPPED: {e} (boto3 and moto are needed)")
+    sys.exit(77)
+
+import hpc_cloud  # noqa: E402
+import resume  # noqa: E402
+import resume_fail  # noqa: E402
+import suspend  # noqa: E402
+
+REGION = "us-east-1"
+
+
+class PowerSaving(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": REGION}.items():
+            self.enterContext(mock.patch.dict(os.environ, {k: v}))
+        self.enterContext(mock_aws())
+        # A fake scontrol that records its arguments, one call per line.
+        self.calls = os.path.join(self.tmp.name, "scontrol.calls")
+        bindir = os.path.join(self.tmp.name, "bin")
+        os.mkdir(bindir)
+        with open(os.path.join(bindir, "scontrol"), "w", encoding="utf-8") as f:
+            f.write(f'#!/bin/sh\necho "$*" >> {self.calls}\n')
+        os.chmod(os.path.join(bindir, "scontrol"), 0o755)
+        self.enterContext(mock.patch.dict(os.environ, {"PATH": bindir + os.pathsep + os.environ["PATH"]}))
+        self.ec2 = boto3.client("ec2", region_name=REGION)
+        subnet = self.ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        lt = self.ec2.create_launch_template(
+            LaunchTemplateName="compute",
+            LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge",
+                                "MetadataOptions": {"HttpTokens": "required"}})
+        self.cfg = {"cluster": "testc", "region": REGION, "subnet_ids": [subnet], "market": "on-demand",
+                    "spot_fallback": True, "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"]}
+
+    def scontrol_calls(self):
+        if not os.path.exists(self.calls):
+            return []
+        with open(self.calls, encoding="utf-8") as f:
+            return f.read().splitlines()
+
+    def live(self):
+        """{node: instance} of running or pending instances, from EC2 itself."""
+        out = {}
+        for r in self.ec2.describe_instances()["Reservations"]:
+            for i in r["Instances"]:
+                tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                if i["State"]["Name"] in ("pending", "running"):
+                    out[tags.get(hpc_cloud.NODE_TAG)] = i
+        return out
+
+    def test_resume_launches_tagged_instances_and_registers_addresses(self):
+        self.assertEqual(resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-3]")), 0)
+        live = self.live()
+        self.assertEqual(sorted(live), ["gpu-1", "gpu-2", "gpu-3"])
+        for node, inst in live.items():
+            tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+            self.assertEqual(tags[hpc_cloud.CLUSTER_TAG], "testc")
+            self.assertEqual(inst["InstanceType"], "g5.xlarge")  # from the launch template
+            self.assertNotEqual(inst.get("InstanceLifecycle"), "spot")
+            self.assertIn(f"update nodename={node} nodeaddr={inst['PrivateIpAddress']} "
+                          f"nodehostname={inst['PrivateDnsName'].split('.')[0]}", self.scontrol_calls())
+        # Asked again for a node it already has (a retry), it launches nothing new.
+        self.assertEqual(resume.resume(self.cfg, ["gpu-2"]), 0)
+        self.assertEqual(len(self.live()), 3)
+
+    def test_spot_market(self):
+        self.cfg["market"] = "spot"
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(self.live()["gpu-1"].get("InstanceLifecycle"), "spot")
+
+    def test_suspend_terminates_exactly_those_nodes(self):
+        resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-3]"))
+        # Another cluster's instance with the same node name is not this cluster's to stop.
+        other = dict(self.cfg, cluster="other")
+        resume.resume(other, ["gpu-1"])
+        self.assertEqual(suspend.suspend(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-2]")), 0)
+        left = [(n, {t["Key"]: t["Value"] for t in i["Tags"]}[hpc_cloud.CLUSTER_TAG]) for n, i in self.live().items()]
+        self.assertEqual(sorted(left), [("gpu-1", "other"), ("gpu-3", "testc")])
+        self.assertIn("update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1", self.scontrol_calls())
+
+    def capacity_error(self, fail_spot_only):
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+            run = c.run_instances
+
+            def run_instances(**req):
+                if not fail_spot_only or "InstanceMarketOptions" in req:
+                    raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
+                                                 "Message": "no g5.xlarge capacity"}}, "RunInstances")
+                return run(**req)
+            c.run_instances = run_instances
+            return c
+        return mock.patch.object(boto3, "client", client)
+
+    def test_spot_without_capacity_falls_back_to_on_demand(self):
+        self.cfg["market"] = "spot"
+        with self.capacity_error(fail_spot_only=True):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertNotEqual(self.live()["gpu-1"].get("InstanceLifecycle"), "spot")
+
+    def test_no_capacity_sets_the_nodes_down_with_the_reason(self):
+        with self.capacity_error(fail_spot_only=False):
+            self.assertEqual(resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-2]")), 1)
+        self.assertEqual(self.live(), {})
+        calls = self.scontrol_calls()
+        for node in ("gpu-1", "gpu-2"):
+            self.assertIn(f"update nodename={node} state=down reason=resume failed: "
+                          "InsufficientInstanceCapacity: no g5.xlarge capacity", calls)
+
+    def test_resume_fail_terminates_and_sets_down(self):
+        resume.resume(self.cfg, ["gpu-1", "gpu-2"])
+        resume_fail.resume_failed(self.cfg, ["gpu-2"])
+        self.assertEqual(sorted(self.live()), ["gpu-1"])
+        self.assertIn("update nodename=gpu-2 state=down reason=did not come up within ResumeTimeout",
+                      self.scontrol_calls())
+
+
+class BadInput(unittest.TestCase):
+    def run_program(self, program, arg, config_text):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "cloud.json")
+            if config_text is not None:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(config_text)
+            env = dict(os.environ, HPCTRAIN_CLOUD_CONFIG=path)
+            return subprocess.run([sys.executable, os.path.join(NODE_DIR, program), arg], env=env,
+                                  capture_output=True, text=True, check=False)
+
+    def test_one_error_line_and_exit_2(self):
+        good = json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt-1"})
+        cases = [
+            ("resume.py", "gpu-[1-", good, "not a Slurm host list"),
+            ("suspend.py", "gpu-[3-1]", good, "not a Slurm host list"),
+            ("resume.py", "gpu-1", None, "cannot read"),
+            ("resume.py", "gpu-1", "{not json", "is not JSON"),
+            ("resume.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION}), "'launch_template_id'"),
+            ("resume_fail.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt",
+                                                    "market": "cheap"}), "'market' must be"),
+        ]
+        for program, arg, config, text in cases:
+            with self.subTest(program=program, arg=arg, text=text):
+                r = self.run_program(program, arg, config)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn(text, r.stderr)
+                self.assertTrue(r.stderr.startswith(f"{program}: error: "), r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
