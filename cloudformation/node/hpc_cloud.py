@@ -10,6 +10,7 @@ head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, default /etc/hpctrain/cloud
    "log_file": "/var/log/hpctrain/power.log"}
 """
 
+import argparse
 import json
 import logging
 import os
@@ -32,6 +33,13 @@ CAPACITY_ERRORS = {
     "VcpuLimitExceeded",
     "Unsupported",
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with bad input reported as one line ("PROG: error: ...") and exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 class ConfigError(Exception):

@@ -10,7 +10,6 @@ treated as an interruption). Each notice is acted on once.
     spot_watcher.py [--node NAME] [--imds URL] [--interval SECONDS] [--on-rebalance drain|checkpoint]
 """
 
-import argparse
 import json
 import logging
 import os
@@ -20,6 +19,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from hpc_cloud import OneLineParser
 
 TOKEN_TTL = 21600
 
@@ -126,7 +127,7 @@ def watch(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--node", help="this node's Slurm name (default: /etc/hpctrain/node-name, else the host name)")
     p.add_argument("--imds", default=os.environ.get("HPCTRAIN_IMDS", "http://169.254.169.254"),
                    help="the instance metadata service (default %(default)s)")

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The slurm.conf that the AWS head node's bootstrap renders (cloudformation/node/
+# render_slurm_conf.py) is accepted by a real slurmctld: started with it (beside a local cluster's
+# munged), the controller answers, and the compute nodes are cloud nodes, powered down, with
+# their GPUs and power-saving programs as rendered.
+source "$(dirname "$0")/common.sh"
+slurm_setup 1 120
+rendered="$TEST_DIR/aws"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$rendered"/{state,spool,log}
+chown slurm: "$rendered"/{state,log}
+python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws --controller localhost \
+  --max-nodes 4 --cpus 48 --gpus 4 --memory-mib 180000 --suspend-minutes 10 \
+  --programs "$repo/cloudformation/node" --state-dir "$rendered/state" --spool-dir "$rendered/spool" \
+  --log-dir "$rendered/log" --port "$port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" \
+  --out "$rendered/etc" || fail "render_slurm_conf.py failed"
+# The bootstrap's config has no address for localhost: pin it to loopback for this machine.
+sed -i 's/^SlurmctldHost=localhost$/SlurmctldHost=localhost(127.0.0.1)/' "$rendered/etc/slurm.conf"
+export SLURM_CONF="$rendered/etc/slurm.conf"
+env "HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR" slurmctld -f "$SLURM_CONF" -i || fail "slurmctld refused the rendered slurm.conf"
+deadline=$((SECONDS + 30))
+until scontrol ping 2> /dev/null | grep -q 'is UP'; do
+  ((SECONDS < deadline)) || { tail -n 20 "$rendered/log/slurmctld.log" >&2; fail "slurmctld with the rendered config is not up"; }
+  sleep 0.3
+done
+grep -E 'error|fatal' "$rendered/log/slurmctld.log" | grep -v -E 'state file|Trying backup|No such file' &&
+  fail "slurmctld logged errors with the rendered config"
+nodes=$(sinfo -h -N -o '%N %T %G' | sort -u | tr '\n' ';')
+say "nodes: $nodes"
+[[ "$nodes" == "gpu-1 idle~ gpu:4;gpu-2 idle~ gpu:4;gpu-3 idle~ gpu:4;gpu-4 idle~ gpu:4;" ]] ||
+  fail "not four powered-down cloud nodes with 4 GPUs each: $nodes"
+config=$(scontrol show config)
+grep -q "ResumeProgram *= $repo/cloudformation/node/resume.py" <<< "$config" || fail "ResumeProgram not as rendered"
+grep -q "SuspendTime *= 600 sec" <<< "$config" || fail "SuspendTime not 10 minutes"
+scontrol show node gpu-1 | grep -q 'CLOUD' || fail "gpu-1 is not a CLOUD node"
+say "PASS"
