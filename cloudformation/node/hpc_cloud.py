@@ -6,7 +6,7 @@ hpctrain:node (the Slurm node name it stands for). The settings come from a JSON
 head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, default /etc/hpctrain/cloud.json):
 
   {"cluster": "hpctrain", "region": "us-east-1", "launch_template_id": "lt-...",
-   "subnet_ids": ["subnet-..."], "market": "spot" | "on-demand", "spot_fallback": true,
+   "fallback_launch_template_id": "lt-..." (on-demand, for spot's fallback), "subnet_ids": ["subnet-..."], "market": "spot" | "on-demand", "spot_fallback": true,
    "log_file": "/var/log/hpctrain/power.log"}
 """
 

@@ -16,8 +16,11 @@ from hpc_cloud import CAPACITY_ERRORS, CLUSTER_TAG, NODE_TAG, ec2_client, instan
 
 
 def launch(ec2, cfg, node, spot, subnet):
+    # The on-demand fallback uses the on-demand template where the stack made one (the spot
+    # template's market options cannot be switched off in the request).
+    template = cfg["launch_template_id"] if spot else cfg.get("fallback_launch_template_id") or cfg["launch_template_id"]
     request = {
-        "LaunchTemplate": {"LaunchTemplateId": cfg["launch_template_id"], "Version": "$Latest"},
+        "LaunchTemplate": {"LaunchTemplateId": template, "Version": "$Latest"},
         "MinCount": 1,
         "MaxCount": 1,
         "TagSpecifications": [

@@ -121,9 +121,16 @@ class PowerSaving(unittest.TestCase):
 
     def test_spot_without_capacity_falls_back_to_on_demand(self):
         self.cfg["market"] = "spot"
+        # The stack's on-demand template (here told apart by its instance type).
+        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        fallback = self.ec2.create_launch_template(
+            LaunchTemplateName="compute-on-demand", LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.2xlarge"})
+        self.cfg["fallback_launch_template_id"] = fallback["LaunchTemplate"]["LaunchTemplateId"]
         with self.capacity_error(fail_spot_only=True):
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
-        self.assertNotEqual(self.live()["gpu-1"].get("InstanceLifecycle"), "spot")
+        inst = self.live()["gpu-1"]
+        self.assertNotEqual(inst.get("InstanceLifecycle"), "spot")
+        self.assertEqual(inst["InstanceType"], "g5.2xlarge")
 
     def test_no_capacity_sets_the_nodes_down_with_the_reason(self):
         with self.capacity_error(fail_spot_only=False):
