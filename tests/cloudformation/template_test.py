@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 REGION = "us-east-1"
-HEAD_AMI = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+HEAD_AMI = "/aws/service/debian/release/12/latest/amd64"
 COMPUTE_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 
