@@ -1,0 +1,85 @@
+"""The cloud for tests/slurm/power_saving.sh, on this machine: moto's EC2 as a server, and a
+watcher that makes each instance tagged hpctrain:node a Slurm node here, the way an instance's
+boot (join_compute.sh) does on AWS: it starts `slurmd -N NODE` when the instance is running and
+stops it when the instance is terminated.
+
+    fake_cloud.py server PORT                 moto's server on 127.0.0.1:PORT (foreground)
+    fake_cloud.py setup ENDPOINT CONFIG       a launch template; writes the programs' cloud.json
+    fake_cloud.py nodes ENDPOINT SLURM_CONF   the watcher (foreground)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+
+REGION = "us-east-1"
+
+
+def ec2(endpoint):
+    return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
+
+
+def server(port):
+    from moto.server import ThreadedMotoServer
+
+    s = ThreadedMotoServer(ip_address="127.0.0.1", port=int(port))
+    s.start()
+    while True:
+        time.sleep(3600)
+
+
+def setup(endpoint, config):
+    client = ec2(endpoint)
+    ami = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    lt = client.create_launch_template(LaunchTemplateName="compute",
+                                       LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge"})
+    with open(config, "w", encoding="utf-8") as f:
+        json.dump({"cluster": "local", "region": REGION, "market": "on-demand",
+                   "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"]}, f)
+
+
+def node_addr(node):
+    out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, check=False).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeAddr=")), "")
+
+
+def nodes(endpoint, slurm_conf):
+    client = ec2(endpoint)
+    running = {}  # node -> slurmd process
+    while True:
+        live = set()
+        for r in client.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])["Reservations"]:
+            for inst in r["Instances"]:
+                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                if "hpctrain:node" in tags:
+                    live.add(tags["hpctrain:node"])
+        for node in live - set(running):
+            # resume.py gave Slurm the instance's address; this "instance" is this machine.
+            if node_addr(node) not in ("", node):
+                subprocess.run(["scontrol", "update", f"nodename={node}", "nodeaddr=127.0.0.1",
+                                "nodehostname=localhost"], check=False)
+                # slurmctld takes a powering-up node's registration only from a machine that
+                # booted after the resume request: a fresh instance has. This one runs slurmd in a
+                # time namespace whose clock says it booted just now.
+                time.sleep(3)  # booting: slurmd must come up seconds after the resume request
+                with open("/proc/uptime", encoding="utf-8") as f:
+                    uptime = int(float(f.read().split()[0]))  # the clock may not go below zero
+                running[node] = subprocess.Popen(
+                    ["unshare", "--fork", "--kill-child", "--time", "--boottime", str(-uptime),
+                     "slurmd", "-D", "-f", slurm_conf, "-N", node],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                print(f"fake_cloud: {node}: instance running, slurmd started", flush=True)
+        for node in set(running) - live:
+            running.pop(node).kill()
+            print(f"fake_cloud: {node}: instance gone, slurmd stopped", flush=True)
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    {"server": server, "setup": setup, "nodes": nodes}[sys.argv[1]](*sys.argv[2:])
