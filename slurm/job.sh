@@ -101,11 +101,12 @@ job_requeue_or_exit() {
     job_log "$why; the job is ${state:-gone} in Slurm, so this script does not requeue it: exit $code"
     exit "$code"
   fi
+  # Said first: a requeue ends this script (SIGTERM, then SIGKILL) as soon as Slurm acts on it.
+  job_log "$why; requeueing: the next run resumes from the checkpoint"
   if scontrol requeue "$SLURM_JOB_ID"; then
-    job_log "$why; requeued: the next run resumes from the checkpoint"
     exit 0
   fi
-  job_log "$why; 'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"
+  job_log "'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"
   exit "$code"
 }
 

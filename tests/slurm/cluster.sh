@@ -36,7 +36,7 @@ chmod 755 "$TEST_DIR"
 [[ "$(cat "$TEST_DIR/precious/file")" == keep ]] || fail "up touched a directory that was not its own"
 rc=0; lc status > /dev/null || rc=$?
 [[ $rc == 3 ]] || fail "status of no cluster exited $rc, not 3"
-lc down | grep -q "nothing to stop" || fail "down with nothing up did not say so"
+[[ "$(lc down)" == *"nothing to stop"* ]] || fail "down with nothing up did not say so"
 say "bad input: one error line and the right exit code each"
 
 lc up --nodes 3 > /dev/null
@@ -70,7 +70,11 @@ deadline=$((SECONDS + 20))
 until [[ $(pgrep -c -f '^(/usr/bin/)?sleep 317$') == 3 ]]; do ((SECONDS < deadline)) || fail "the job's tasks did not start"; sleep 0.2; done
 steps=$(ps -e -o pid=,stat=,args= | awk '$2 !~ /^Z/ && $3 == "slurmstepd:" {print $1}')
 lc down > /dev/null
-left=$(for p in /proc/[0-9]*; do tr '\0' '\n' 2> /dev/null < "$p/environ" | grep -qx "HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR" && echo "${p#/proc/}"; done || true)
+left=""
+for p in /proc/[0-9]*; do
+  env=$(tr '\0' '\n' 2> /dev/null < "$p/environ") || continue
+  [[ $'\n'"$env"$'\n' == *$'\n'"HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR"$'\n'* ]] && left+=" ${p#/proc/}"
+done
 [[ -z "$left" ]] || fail "processes left after down: $left"
 pgrep -f '^(/usr/bin/)?sleep 317$' > /dev/null && fail "a job's process survived down"
 for p in $steps; do

@@ -96,7 +96,11 @@ submit() {
   say "submitted $name as job $JOB"
 }
 
-job_field() { scontrol show job -o "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+# (Every reader in these pipelines reads to the end: under pipefail, one that stops early would
+# fail the pipeline with its writer's SIGPIPE.)
+job_field() {
+  scontrol show job -o "$1" 2> /dev/null | tr ' ' '\n' | awk -v k="$2=" 'index($0, k) == 1 && !n++ { print substr($0, length(k) + 1) }'
+}
 
 # wait_state JOB STATE SECONDS: until the job is in STATE (a regular expression); fails at once on
 # another final state.

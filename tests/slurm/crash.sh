@@ -10,15 +10,18 @@ export TRAIN_SAMPLES=16000 EPOCHS=4  # 500 steps
 STEP_TIMEOUT=10s submit crashed --nodes=2 -- --checkpoint-every-steps 20 --checkpoint-interval 0
 wait_state "$JOB" RUNNING 60
 wait_step crashed 70 90
-victim=$(pgrep -f "hpctrain .*--checkpoint-dir $WORK/crashed" | while read -r p; do
-  tr '\0' '\n' < "/proc/$p/environ" | grep -qx SLURM_PROCID=1 && echo "$p"; done | head -1)
+victim=""
+for p in $(pgrep -f "hpctrain .*--checkpoint-dir $WORK/crashed" || true); do
+  env=$(tr '\0' '\n' 2> /dev/null < "/proc/$p/environ") || continue
+  if [[ $'\n'"$env"$'\n' == *$'\nSLURM_PROCID=1\n'* ]]; then victim=$p; break; fi
+done
 [[ -n "$victim" ]] || fail "rank 1 of the job not found"
 say "at step $(step_of crashed): SIGKILL to rank 1 (pid $victim)"
 kill -9 "$victim"
 wait_restarts "$JOB" 1 90
 wait_state "$JOB" COMPLETED 150
 grep '^hpctrain-slurm' "$WORK/crashed.out" | sed 's/^/    /'
-expect_out crashed "the trainer failed (exit [0-9]*: a node or rank lost?); requeued"
+expect_out crashed "the trainer failed (exit [0-9]*: a node or rank lost?); requeueing"
 read -r r1 rest <<< "$(resumed_steps crashed)"
 [[ -n "$r1" && -z "$rest" ]] || fail "expected one resume, saw '$(resumed_steps crashed)'"
 ((r1 >= 60 && r1 % 20 == 0)) || fail "resumed at step $r1, not from a periodic checkpoint at or after step 60"

@@ -21,7 +21,7 @@ say "at step $(step_of preempted): scancel --signal=USR1 --batch"
 scancel --signal=USR1 --batch "$JOB"
 wait_restarts "$JOB" 1 60
 expect_out preempted "SIGUSR1: asking the trainer to checkpoint and stop"
-expect_out preempted "the trainer checkpointed and stopped (exit 75); requeued"
+expect_out preempted "the trainer checkpointed and stopped (exit 75); requeueing"
 stop1=$(sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/preempted.out" | tail -1)
 say "requeued after a checkpoint at step $stop1"
 

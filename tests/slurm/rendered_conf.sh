@@ -32,5 +32,5 @@ say "nodes: $nodes"
 config=$(scontrol show config)
 grep -q "ResumeProgram *= $repo/cloudformation/node/resume.py" <<< "$config" || fail "ResumeProgram not as rendered"
 grep -q "SuspendTime *= 600 sec" <<< "$config" || fail "SuspendTime not 10 minutes"
-scontrol show node gpu-1 | grep -q 'CLOUD' || fail "gpu-1 is not a CLOUD node"
+[[ "$(scontrol show node gpu-1)" == *CLOUD* ]] || fail "gpu-1 is not a CLOUD node"
 say "PASS"
