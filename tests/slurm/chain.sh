@@ -32,8 +32,8 @@ wait_state "${seg[3]}" COMPLETED 60
 
 cat "$WORK"/chain-"${seg[0]}".out "$WORK"/chain-"${seg[1]}".out "$WORK"/chain-"${seg[2]}".out \
   "$WORK"/chain-"${seg[3]}".out > "$WORK/all.out"
-resumed=$(sed -n 's/.*resuming from .* at step \([0-9]*\) .*/\1/p' "$WORK/all.out" | tr '\n' ' ')
-stops=$(sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/all.out" | tr '\n' ' ')
+resumed=$(resumed_steps all)
+stops=$(stopped_steps all)
 say "stopped after steps: $stops; segments resumed at: $resumed"
 [[ "$resumed" == "${stops}500 " ]] || fail "segments resumed at '$resumed', not at '$stops' and then 500"
 grep -q "REQUEUE=0" "$WORK/all.out" || fail "no segment said it was not requeued"

@@ -154,5 +154,9 @@ done_field() {
     sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p"
 }
 
-# The steps each run resumed from, in order ("resuming from ... at step N").
+# The steps each run resumed from, in order ("resuming from ... at step N"), and those after which
+# a run stopped on a signal with a checkpoint ("stopped on request ... after step N;").
 resumed_steps() { sed -n 's/.*resuming from .* at step \([0-9]*\) .*/\1/p' "$WORK/$1.out" | tr '\n' ' '; }
+stopped_steps() { sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/$1.out" | tr '\n' ' '; }
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

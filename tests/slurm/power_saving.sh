@@ -9,7 +9,6 @@ python3 -c 'import boto3, moto' 2> /dev/null || { echo "SKIPPED: python3 has no 
 slurm_setup 1 300
 aws="$TEST_DIR/aws"
 mkdir -p "$aws"/{state,spool,log,programs}
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 moto_port=$(free_port)
 slurm_port=$(free_port)
 endpoint="http://127.0.0.1:$moto_port"

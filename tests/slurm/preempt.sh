@@ -22,7 +22,9 @@ scancel --signal=USR1 --batch "$JOB"
 wait_restarts "$JOB" 1 60
 expect_out preempted "SIGUSR1: asking the trainer to checkpoint and stop"
 expect_out preempted "the trainer checkpointed and stopped (exit 75); requeueing"
-stop1=$(sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/preempted.out" | tail -1)
+stop1=$(stopped_steps preempted)
+stop1=${stop1% }
+stop1=${stop1##* }  # the last one
 say "requeued after a checkpoint at step $stop1"
 
 wait_state "$JOB" RUNNING 60
@@ -33,7 +35,7 @@ wait_restarts "$JOB" 2 60
 wait_state "$JOB" COMPLETED 150
 
 resumed=$(resumed_steps preempted)
-stops=$(sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/preempted.out" | tr '\n' ' ')
+stops=$(stopped_steps preempted)
 say "stopped after steps: $stops; runs resumed at steps: $resumed"
 [[ "$resumed" == "$stops" ]] || fail "the runs resumed at '$resumed', not where they stopped ('$stops')"
 read -r r1 r2 rest <<< "$resumed"

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/common.sh"
 slurm_setup 1 120
 rendered="$TEST_DIR/aws"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 mkdir -p "$rendered"/{state,spool,log}
 chown slurm: "$rendered"/{state,log}
 python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws --controller localhost \

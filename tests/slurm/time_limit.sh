@@ -12,7 +12,7 @@ submit segments --nodes=2 --time=1 --signal=B:USR1@15 -- --checkpoint-interval 0
 wait_state "$JOB" COMPLETED 330
 restarts=$(job_field "$JOB" Restarts)
 resumed=$(resumed_steps segments)
-stops=$(sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/segments.out" | tr '\n' ' ')
+stops=$(stopped_steps segments)
 say "completed after $restarts requeue(s); stopped after steps: $stops; resumed at: $resumed"
 ((restarts >= 1)) || fail "the job finished in one segment: the test's training is too short"
 [[ "$resumed" == "$stops" ]] || fail "the runs resumed at '$resumed', not where they stopped ('$stops')"
