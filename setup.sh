@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Sets up a Debian 12 machine for hpctrain: installs the Debian packages the build and the
-# tests need, then configures and builds (Release) into build/.
+# Sets up a Debian 12 machine for hpctrain (or Ubuntu 22.04, the AWS compute nodes' Deep Learning
+# AMI): installs the packages the build and the tests need, then configures and builds (Release)
+# into build/.
 #
 #   ./setup.sh            packages for building and testing, then the build
 #   ./setup.sh --bench    also python3-torch, which only bench/cpu_vs_peer.sh needs
 #
 # Environment: BUILD_DIR (default build, relative to the repository root unless absolute),
-# JOBS (parallel build jobs, default: every core).
+# JOBS (parallel build jobs, default: every core), CMAKE_ARGS (more configure options, split on
+# spaces, e.g. "-DHPCTRAIN_CUDA=ON -DHPCTRAIN_NATIVE=OFF").
 # Idempotent: apt runs only when a package is missing, and CMake rebuilds only what changed.
 set -euo pipefail
 
-usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,13s/^# \{0,1\}//p' "$0"; }
 
 bench=0
 for arg in "$@"; do
@@ -20,6 +22,16 @@ for arg in "$@"; do
     *) echo "setup.sh: error: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
+
+# The distributions whose package names and versions this list was written for; others may work.
+if [[ -r /etc/os-release ]]; then
+  # shellcheck source=/dev/null
+  os=$(. /etc/os-release && echo "${ID:-?} ${VERSION_ID:-?}")
+  case "$os" in
+    "debian 12" | "ubuntu 22.04") ;;
+    *) echo "setup.sh: warning: $os is neither Debian 12 nor Ubuntu 22.04; trying anyway" >&2 ;;
+  esac
+fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build_dir=${BUILD_DIR:-build}
@@ -72,7 +84,8 @@ mkdir -p "$build_dir"
 log="$build_dir/setup.log"
 jobs=${JOBS:-$(nproc)}
 echo "setup.sh: building hpctrain (Release) in $build_dir with $jobs job(s); log in $log"
-if ! { cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release &&
+read -r -a cmake_args <<< "${CMAKE_ARGS:-}"
+if ! { cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" &&
   cmake --build "$build_dir" --parallel "$jobs"; } > "$log" 2>&1; then
   tail -n 60 "$log" >&2
   echo "setup.sh: error: the build failed; the full log is $log" >&2

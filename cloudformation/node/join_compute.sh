@@ -33,5 +33,9 @@ systemctl daemon-reload
 systemctl enable --now hpctrain-spot-watcher
 
 # Packages, and the CUDA build the first time: one node at a time (the others find it built).
-flock /shared/.hpctrain/build.lock env BUILD_DIR=/shared/hpctrain/build-cuda /shared/hpctrain/setup.sh
+# GPU support is required (a build that quietly went CPU-only would train on the CPU), and no
+# -march=native: the build is shared by every node, whatever instance type they come up as.
+flock /shared/.hpctrain/build.lock env BUILD_DIR=/shared/hpctrain/build-cuda \
+  CMAKE_ARGS="-DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON -DHPCTRAIN_NCCL=ON -DHPCTRAIN_NATIVE=OFF" \
+  /shared/hpctrain/setup.sh
 systemctl enable slurmd && systemctl restart slurmd

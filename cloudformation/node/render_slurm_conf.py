@@ -56,8 +56,11 @@ SlurmctldPidFile={a.state_dir}/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile={a.log_dir}/slurmctld.log
 SlurmdLogFile={a.log_dir}/slurmd.log
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup,task/affinity
+# linuxproc, not cgroup: the compute image (Ubuntu 22.04) mounts cgroup v2 only, which its
+# slurmd (21.08) cannot use; nodes are given to one job at a time (OverSubscribe=EXCLUSIVE), so
+# cgroup confinement would buy little, and every job's processes are still found and killed.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill

@@ -38,9 +38,9 @@ python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws 
   --programs "$aws/programs" --state-dir "$aws/state" --spool-dir "$aws/spool" --log-dir "$aws/log" \
   --port "$slurm_port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --out "$aws/etc" ||
   fail "render_slurm_conf.py failed"
-# This machine stands in for the head node and the instance: loopback, root, no cgroups.
+# This machine stands in for the head node and the instance: loopback, root, no CPU binding.
 sed -i -e 's/^SlurmctldHost=localhost$/SlurmctldHost=localhost(127.0.0.1)/' -e 's/^SlurmUser=slurm$/SlurmUser=root/' \
-  -e 's|^ProctrackType=.*|ProctrackType=proctrack/linuxproc|' -e 's|^TaskPlugin=.*|TaskPlugin=task/none|' \
+  -e 's|^TaskPlugin=.*|TaskPlugin=task/none|' \
   -e 's|^SelectTypeParameters=.*|SelectTypeParameters=CR_CPU|' -e 's|^SlurmdPidFile=.*|SlurmdPidFile='"$aws"'/slurmd.pid|' \
   "$aws/etc/slurm.conf"
 echo "SlurmdParameters=config_overrides" >> "$aws/etc/slurm.conf"
