@@ -46,6 +46,17 @@ DatasetPair load_cifar10(const std::string& dir) {
   return p;
 }
 
+DatasetPair load_cifar100(const std::string& dir) {
+  fs::path root(dir);
+  std::error_code ec;
+  if (!fs::exists(root / "train.bin", ec) && fs::exists(root / "cifar-100-binary", ec)) root /= "cifar-100-binary";
+  DatasetPair p;
+  p.train = read_cifar100({(root / "train.bin").string()});
+  p.test = read_cifar100({(root / "test.bin").string()});
+  p.norm = {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
+  return p;
+}
+
 }  // namespace
 
 void Dataset::truncate(int64_t n) {
@@ -56,7 +67,7 @@ void Dataset::truncate(int64_t n) {
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10"};
+  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10", "cifar100"};
   return names;
 }
 
@@ -70,14 +81,15 @@ std::string default_data_dir(const std::string& name) {
 DatasetPair load_dataset(const std::string& name, const std::string& dir) {
   const auto& names = dataset_names();
   HPC_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), "unknown --dataset '", name,
-              "' (choose fashion-mnist, mnist or cifar10)");
+              "' (choose fashion-mnist, mnist, cifar10 or cifar100)");
   std::error_code ec;
   HPC_REQUIRE(fs::is_directory(dir, ec), "data directory ", dir, " does not exist",
               name == "fashion-mnist" ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
                                       : " (pass --data-dir)");
   if (name == "fashion-mnist") return load_idx_pair(dir, {{0.2860f}, {0.3530f}});
   if (name == "mnist") return load_idx_pair(dir, {{0.1307f}, {0.3081f}});
-  return load_cifar10(dir);
+  if (name == "cifar10") return load_cifar10(dir);
+  return load_cifar100(dir);
 }
 
 }  // namespace hpc::data

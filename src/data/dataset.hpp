@@ -40,6 +40,9 @@ Dataset read_idx(const std::string& images_path, const std::string& labels_path,
                  int classes);
 // CIFAR-10 binary batches: records of 1 label byte and 3072 pixel bytes (planar RGB 32x32).
 Dataset read_cifar10(const std::vector<std::string>& paths);
+// CIFAR-100 binary files: records of a coarse and a fine label byte (the fine one, 0..99, is the
+// class) and the same 3072 pixel bytes.
+Dataset read_cifar100(const std::vector<std::string>& paths);
 
 // Reads a whole file, gunzipping when it starts with the gzip magic.
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path);

@@ -252,7 +252,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   options.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint)->required(),
       "a checkpoint file, or a directory (its newest valid checkpoint)")(
-      "dataset", po::value(&dataset), "fashion-mnist, mnist or cifar10 (default: the checkpoint's)")(
+      "dataset", po::value(&dataset), "fashion-mnist, mnist, cifar10 or cifar100 (default: the checkpoint's)")(
       "data-dir", po::value(&data_dir), "directory of the dataset files (default: the dataset's usual place)")(
       "test-samples", po::value(&test_samples)->default_value(test_samples),
       "evaluate on the first N test samples only (0: all)")(

@@ -123,7 +123,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("init", po::value(&o.init)->default_value(o.init, shown(o.init)),
        "how weights start: kaiming-uniform (PyTorch's default for conv and linear layers, "
        "U(+-1/sqrt(fan_in)), as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU gain); biases start at 0")
-      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist or cifar10")
+      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist, cifar10 or cifar100")
       ("data-dir", po::value(&o.data_dir), "directory of the dataset files (default: where Debian's "
                                            "dataset-fashion-mnist installs them)")
       ("train-samples", po::value(&o.train_samples)->default_value(o.train_samples, shown(o.train_samples)),
@@ -131,7 +131,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("test-samples", po::value(&o.test_samples)->default_value(o.test_samples, shown(o.test_samples)),
        "evaluate on the first N test samples only (0: all)")
       ("augment", po::value(&o.augment)->default_value(o.augment, shown(o.augment)),
-       "auto (random crop + flip for cifar10 only), on or off");
+       "auto (random crop + flip for cifar10 and cifar100 only), on or off");
   po::options_description training("Training");
   training.add_options()
       ("epochs", po::value(&o.epochs)->default_value(o.epochs, shown(o.epochs)), "passes over the training set")

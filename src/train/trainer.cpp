@@ -55,9 +55,10 @@ bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
 }
 
 data::AugmentSpec augment_spec(const TrainOptions& o) {
-  const bool on = o.augment == "on" || (o.augment == "auto" && o.dataset == "cifar10");
+  const bool cifar = o.dataset == "cifar10" || o.dataset == "cifar100";
+  const bool on = o.augment == "on" || (o.augment == "auto" && cifar);
   if (!on) return {};
-  return {o.dataset == "cifar10" ? 4 : 2, o.dataset == "cifar10"};  // digits and clothes are not mirrored
+  return {cifar ? 4 : 2, cifar};  // digits and clothes are not mirrored
 }
 
 optim::ScheduleSpec schedule_spec(const TrainOptions& o, double samples_per_epoch, double total_samples) {

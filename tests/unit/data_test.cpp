@@ -306,6 +306,55 @@ TEST(LoadDataset, Cifar10DirectoryOrItsParent) {
   }
 }
 
+// CIFAR-100 record i: coarse label i % 20, fine label (7 i) % 100, pixels as in cifar_records.
+Bytes cifar100_records(int n, int first = 0) {
+  Bytes b;
+  for (int i = first; i < first + n; ++i) {
+    b.push_back(static_cast<uint8_t>(i % 20));
+    b.push_back(static_cast<uint8_t>((7 * i) % 100));
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < kPlane; ++p) b.push_back(static_cast<uint8_t>((p + 37 * c + 11 * i) % 251));
+  }
+  return b;
+}
+
+TEST(CifarReader, Cifar100TrainsOnTheFineLabels) {
+  TempDir dir;
+  write_raw(dir.file("train.bin"), cifar100_records(20));
+  const Dataset d = read_cifar100({dir.file("train.bin")});
+  EXPECT_EQ(d.count, 20);
+  EXPECT_EQ(d.classes, 100);
+  ASSERT_EQ(d.images.size(), 20u * 3 * kPlane);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(d.labels[i], (7 * i) % 100);
+    for (int p = 0; p < kPlane; p += 97)
+      for (int c = 0; c < 3; ++c) ASSERT_EQ(d.images[(i * kPlane + p) * 3 + c], (p + 37 * c + 11 * i) % 251);
+  }
+  // CIFAR-10 files are not silently read as CIFAR-100 (3073 does not divide 3 x 3074).
+  write_raw(dir.file("ten.bin"), cifar_records(3));
+  std::string msg = usage_error_of([&] { read_cifar100({dir.file("ten.bin")}); });
+  EXPECT_NE(msg.find("3074-byte CIFAR-100 records"), std::string::npos) << msg;
+  Bytes bad = cifar100_records(2);
+  bad[3074 + 1] = 100;  // fine label of the second record
+  write_raw(dir.file("label.bin"), bad);
+  msg = usage_error_of([&] { read_cifar100({dir.file("label.bin")}); });
+  EXPECT_NE(msg.find("label 100 of record 1"), std::string::npos) << msg;
+}
+
+TEST(LoadDataset, Cifar100DirectoryOrItsParent) {
+  TempDir dir;
+  const fs::path inner = dir.path() / "cifar-100-binary";
+  fs::create_directory(inner);
+  write_raw((inner / "train.bin").string(), cifar100_records(6));
+  write_raw((inner / "test.bin").string(), cifar100_records(4, 6));
+  for (const fs::path& root : {inner, dir.path()}) {
+    const DatasetPair p = load_dataset("cifar100", root.string());
+    EXPECT_EQ(p.train.count, 6);
+    EXPECT_EQ(p.test.count, 4);
+    EXPECT_EQ(p.train.classes, 100);
+  }
+}
+
 // ---- BatchAssembler --------------------------------------------------------------------------
 
 Dataset ramp_dataset(int64_t count, int64_t h, int64_t w, int64_t c) {
