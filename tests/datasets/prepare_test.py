@@ -1,0 +1,211 @@
+"""hpcdata prepare, offline: Fashion-MNIST from Debian's package (verified by content) and
+hpctrain training on the result; CIFAR-10/100 and MNIST from archives the test makes (their
+checksums are not the published ones: refused, then taken with --no-verify, structure still
+checked); downloads from a mirror on loopback; corrupt, truncated and wrong archives are one
+error line and leave nothing behind where hpctrain looks."""
+
+import gzip
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
+HPCTRAIN = os.environ.get("HPCTRAIN")
+FASHION = os.environ.get("FASHION_MNIST") or "/usr/share/datasets/fashion-mnist"
+
+
+def hpcdata(*args):
+    p = subprocess.run([sys.executable, HPCDATA, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def error_lines(err):
+    """The error lines of hpcdata's stderr (the others are progress)."""
+    return [line for line in err.splitlines() if line.startswith("hpcdata: error:")]
+
+
+def idx_images(n, rows=28, cols=28):
+    return (0x803).to_bytes(4, "big") + n.to_bytes(4, "big") + rows.to_bytes(4, "big") + cols.to_bytes(4, "big") + \
+        bytes((i * 7) % 256 for i in range(n * rows * cols))
+
+
+def idx_labels(n):
+    return (0x801).to_bytes(4, "big") + n.to_bytes(4, "big") + bytes(i % 10 for i in range(n))
+
+
+def cifar_tarball(path, top, members, record, label_bytes, classes):
+    """A tarball laid out as the published one, each member a whole number of records with valid
+    labels (record i: labels i % classes) and pixels following a pattern."""
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        for name, size in members.items():
+            n = size // record
+            one = bytearray()
+            for i in range(100):
+                one += bytes([i % classes] * label_bytes) + bytes((i + p) % 256 for p in range(record - label_bytes))
+            data = bytes(one) * (n // 100)
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(f"{top}/readme.html")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+
+
+class Prepare(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="hpcdata-prepare-")
+        cls.archives = os.path.join(cls.tmp, "archives")
+        os.makedirs(cls.archives)
+        cls.cifar10 = os.path.join(cls.archives, "cifar-10-binary.tar.gz")
+        cifar_tarball(cls.cifar10, "cifar-10-batches-bin",
+                      {**{f"data_batch_{i}.bin": 30730000 for i in range(1, 6)}, "test_batch.bin": 30730000},
+                      3073, 1, 10)
+        cls.cifar100 = os.path.join(cls.archives, "cifar-100-binary.tar.gz")
+        cifar_tarball(cls.cifar100, "cifar-100-binary", {"train.bin": 153700000, "test.bin": 30740000}, 3074, 2, 100)
+        cls.mnist = os.path.join(cls.archives, "mnist")
+        os.makedirs(cls.mnist)
+        for name, data in {"train-images-idx3-ubyte.gz": idx_images(300), "train-labels-idx1-ubyte.gz": idx_labels(300),
+                           "t10k-images-idx3-ubyte.gz": idx_images(100), "t10k-labels-idx1-ubyte.gz": idx_labels(100)}.items():
+            with gzip.open(os.path.join(cls.mnist, name), "wb", compresslevel=1) as f:
+                f.write(data)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def out(self, name):
+        return os.path.join(self.tmp, "out", name)
+
+    def train(self, dataset, data_dir):
+        if not HPCTRAIN:
+            self.skipTest("HPCTRAIN (the hpctrain binary) is not set")
+        p = subprocess.run([HPCTRAIN, "--dataset", dataset, "--data-dir", data_dir, "--model", "mlp", "--max-steps", "3",
+                            "--batch-size", "32", "--test-samples", "64"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout)
+        return p.stdout
+
+    @unittest.skipUnless(os.path.isdir(FASHION), "Debian's dataset-fashion-mnist is not installed")
+    def test_fashion_mnist_from_debian_then_trains(self):
+        out = self.out("fashion")
+        code, stdout, err = hpcdata("prepare", "fashion-mnist", "--out", out, "--offline", "--from", FASHION)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(stdout.strip(), out)
+        self.assertEqual(err.count("contents match the published dataset"), 4, err)
+        with open(os.path.join(out, "hpcdata.json")) as f:
+            manifest = json.load(f)
+        self.assertEqual(manifest["dataset"], "fashion-mnist")
+        self.assertEqual(len(manifest["files"]), 4)
+        self.assertTrue(manifest["verified"])
+        code, _, err = hpcdata("prepare", "fashion-mnist", "--out", out, "--offline")
+        self.assertEqual(code, 0, err)
+        self.assertIn("already prepared", err)
+        self.train("fashion-mnist", out)
+
+    def test_cifar100_archive_unpacks_and_trains(self):
+        out = self.out("cifar100")
+        code, _, err = hpcdata("prepare", "cifar100", "--out", out, "--offline", "--from", self.archives)
+        self.assertEqual(code, 1)
+        self.assertIn("is not the published cifar-100-binary.tar.gz", err)
+        self.assertEqual(len(error_lines(err)), 1, err)
+        self.assertEqual(os.listdir(out), [])  # the refused archive is not left behind
+        code, _, err = hpcdata("prepare", "cifar100", "--out", out, "--offline", "--from", self.cifar100, "--no-verify")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(os.listdir(out)), ["hpcdata.json", "test.bin", "train.bin"])
+        self.train("cifar100", out)
+
+    def test_cifar10_archive_and_broken_ones(self):
+        out = self.out("cifar10")
+        code, _, err = hpcdata("prepare", "cifar10", "--out", out, "--offline", "--from", self.archives, "--no-verify")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(os.listdir(out)), ["data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                                   "data_batch_4.bin", "data_batch_5.bin", "hpcdata.json",
+                                                   "test_batch.bin"])
+        # Truncated: cut in the middle of the compressed stream.
+        broken = os.path.join(self.tmp, "broken")
+        os.makedirs(broken)
+        with open(self.cifar10, "rb") as f:
+            data = f.read()
+        with open(os.path.join(broken, "cifar-10-binary.tar.gz"), "wb") as f:
+            f.write(data[: len(data) // 2])
+        code, _, err = hpcdata("prepare", "cifar10", "--out", self.out("cut"), "--from", broken, "--no-verify")
+        self.assertEqual(code, 1)
+        self.assertIn("cannot be unpacked", err)
+        self.assertEqual(len(error_lines(err)), 1, err)
+        self.assertEqual(os.listdir(self.out("cut")), [])  # neither the archive nor half its members
+        # The other CIFAR's archive under this one's name: members missing.
+        shutil.copyfile(self.cifar100, os.path.join(broken, "cifar-10-binary.tar.gz"))
+        code, _, err = hpcdata("prepare", "cifar10", "--out", self.out("wrong"), "--from", broken, "--no-verify")
+        self.assertEqual(code, 1)
+        self.assertIn("has no file cifar-10-batches-bin/data_batch_1.bin", err)
+
+    def test_mnist_idx_structure_is_checked(self):
+        code, _, err = hpcdata("prepare", "mnist", "--out", self.out("mnist"), "--from", self.mnist, "--no-verify")
+        self.assertEqual(code, 0, err)
+        bad = os.path.join(self.tmp, "bad-mnist")
+        shutil.copytree(self.mnist, bad)
+        with gzip.open(os.path.join(bad, "t10k-labels-idx1-ubyte.gz"), "wb") as f:
+            f.write(idx_labels(100)[:-3])  # three labels short of the header's count
+        code, _, err = hpcdata("prepare", "mnist", "--out", self.out("bad-mnist"), "--from", bad, "--no-verify")
+        self.assertEqual(code, 1)
+        self.assertIn("truncated or corrupt", err)
+        with open(os.path.join(bad, "t10k-labels-idx1-ubyte.gz"), "wb") as f:
+            f.write(b"not gzip at all")
+        code, _, err = hpcdata("prepare", "mnist", "--out", self.out("bad-mnist"), "--from", bad, "--no-verify")
+        self.assertEqual(code, 1)
+        self.assertIn("not a readable gzip file", err)
+
+    def test_download_from_a_mirror(self):
+        directory = self.mnist
+
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a):
+                super().__init__(*a, directory=directory)
+
+            def log_message(self, *a):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        mirror = f"http://127.0.0.1:{server.server_address[1]}/"
+        out = self.out("downloaded")
+        code, _, err = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror)
+        self.assertEqual(code, 1)  # the test's files are not the published ones
+        self.assertIn("is not the published", err)
+        self.assertEqual([n for n in os.listdir(out) if not n.startswith(".")], [])
+        code, _, err = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror, "--no-verify")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(err.count("downloading " + mirror), 4, err)
+        self.assertEqual(len([n for n in os.listdir(out) if n.endswith(".gz")]), 4)
+        code, _, err = hpcdata("prepare", "mnist", "--out", self.out("missing"), "--mirror", mirror + "nothing/")
+        self.assertEqual(code, 1)
+        self.assertIn("cannot download", err)
+        self.assertEqual(os.listdir(self.out("missing")), [])  # no .part left
+
+    def test_usage_errors(self):
+        for args, message in [(("prepare", "imagenet", "--out", "x"), "invalid choice"),
+                              (("prepare", "mnist"), "--out"),
+                              (("prepare", "mnist", "--out", self.out("u"), "--from", "/no/such/dir"), "does not exist"),
+                              (("frobnicate",), "invalid choice")]:
+            with self.subTest(args=args):
+                code, _, err = hpcdata(*args)
+                self.assertEqual(code, 2, err)
+                self.assertEqual(len(error_lines(err)), 1, err)
+                self.assertIn(message, err)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,213 @@
+"""hpcdata stage against moto's S3 served on loopback, through the real AWS CLI: two concurrent
+stagings of one prefix into one DEST download each object once; a staging killed part-way
+resumes and completes, fetching again only what it had not finished; what is staged is
+verified; bad input is one error line."""
+
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
+
+for tool in ("aws", "moto_server"):
+    if not shutil.which(tool):
+        print(f"SKIPPED: {tool} is not on PATH (the AWS CLI and moto's server are needed)")
+        sys.exit(77)
+
+GET_OBJECT = re.compile(r'"GET /(?P<bucket>[^/?\s]+)/(?P<key>[^?\s]+) HTTP')
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stage(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="hpcdata-stage-")
+        cls.env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                       AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.path.join(cls.tmp, "aws-config"),
+                       AWS_SHARED_CREDENTIALS_FILE=os.path.join(cls.tmp, "no-credentials"))
+        # One object at a time, so that a staging can be caught part-way.
+        with open(cls.env["AWS_CONFIG_FILE"], "w") as f:
+            f.write("[default]\ns3 =\n  max_concurrent_requests = 1\n")
+        port = free_port()
+        cls.endpoint = f"http://127.0.0.1:{port}"
+        cls.server_log_path = os.path.join(cls.tmp, "moto.log")
+        cls.server_log = open(cls.server_log_path, "w")
+        cls.server = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)], stdout=cls.server_log,
+                                      stderr=subprocess.STDOUT, env=cls.env, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(cls.endpoint + "/moto-api/", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline or cls.server.poll() is not None:
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.2)
+        cls.aws("s3", "mb", "s3://data")
+        # The prefix: files of assorted sizes in nested folders, and one big enough to be caught
+        # in flight.
+        rng = random.Random(7)
+        cls.src = os.path.join(cls.tmp, "src")
+        cls.files = {}
+        for i in range(60):
+            rel = f"train/class{i % 3}/img{i:03}.bin" if i < 55 else f"val/img{i:03}.bin"
+            cls.files[rel] = rng.randbytes(rng.randint(1, 40000))
+        cls.files["index.bin"] = rng.randbytes(3 << 20)
+        for rel, data in cls.files.items():
+            path = os.path.join(cls.src, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        cls.aws("s3", "sync", cls.src, "s3://data/sets/one", "--only-show-errors")
+        cls.aws("s3", "sync", cls.src, "s3://data/sets/two", "--only-show-errors")
+
+    @classmethod
+    def tearDownClass(cls):
+        os.killpg(cls.server.pid, signal.SIGTERM)
+        cls.server.wait(timeout=30)
+        cls.server_log.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
+    def aws(cls, *args):
+        subprocess.run(["aws", "--endpoint-url", cls.endpoint, *args], env=cls.env, check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def hpcdata(self, *args, **kw):
+        return subprocess.Popen([sys.executable, HPCDATA, *args], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+    def run_stage(self, *args):
+        p = self.hpcdata("stage", *args)
+        out, err = p.communicate(timeout=120)
+        return p.returncode, out, err
+
+    def gets(self, prefix):
+        """How many times each object under s3://data/PREFIX was downloaded so far."""
+        counts = {}
+        with open(self.server_log_path) as f:
+            for m in GET_OBJECT.finditer(f.read()):
+                key = urllib.request.unquote(m["key"])
+                if m["bucket"] == "data" and key.startswith(prefix):
+                    counts[key[len(prefix):]] = counts.get(key[len(prefix):], 0) + 1
+        return counts
+
+    def assert_staged(self, dest):
+        for rel, data in self.files.items():
+            with open(os.path.join(dest, rel), "rb") as f:
+                self.assertEqual(hashlib.sha256(f.read()).hexdigest(), hashlib.sha256(data).hexdigest(), rel)
+        staged = {os.path.relpath(os.path.join(d, n), dest) for d, _, names in os.walk(dest) for n in names}
+        self.assertEqual(staged - set(self.files), {".hpcdata-stage.lock", ".hpcdata-staged.json"})
+
+    def test_concurrent_stagings_download_each_object_once(self):
+        dest = os.path.join(self.tmp, "dest-concurrent")
+        jobs = [self.hpcdata("stage", "s3://data/sets/one", dest, "--endpoint-url", self.endpoint, "--verify", "md5")
+                for _ in range(2)]
+        results = [j.communicate(timeout=120) for j in jobs]
+        for j, (out, err) in zip(jobs, results):
+            self.assertEqual(j.returncode, 0, err)
+            self.assertEqual(out.strip(), dest)
+        errs = "".join(err for _, err in results)
+        self.assertIn("waiting for the staging into", errs)
+        self.assertIn("already staged", errs)
+        self.assert_staged(dest)
+        counts = self.gets("sets/one/")
+        self.assertEqual(set(counts), set(self.files))
+        self.assertEqual({k: v for k, v in counts.items() if v != 1}, {})
+        # A later job finds it complete without listing or downloading anything.
+        code, _, err = self.run_stage("s3://data/sets/one/", dest, "--endpoint-url", self.endpoint)
+        self.assertEqual(code, 0, err)
+        self.assertIn("already staged", err)
+        self.assertEqual(self.gets("sets/one/"), counts)
+
+    def test_interrupted_staging_resumes(self):
+        dest = os.path.join(self.tmp, "dest-interrupted")
+        job = self.hpcdata("stage", "s3://data/sets/two", dest, "--endpoint-url", self.endpoint)
+        deadline = time.monotonic() + 60
+        while len(self.gets("sets/two/")) < 10:  # part-way: some objects downloaded, not all
+            self.assertIsNone(job.poll(), "the staging finished before it could be interrupted")
+            self.assertLess(time.monotonic(), deadline, "the staging did not start downloading")
+            time.sleep(0.02)
+        os.killpg(job.pid, signal.SIGKILL)  # hpcdata and its aws, as a node loss would
+        job.communicate()
+        self.assertFalse(os.path.exists(os.path.join(dest, ".hpcdata-staged.json")))
+        before = self.gets("sets/two/")
+        self.assertLess(len(before), len(self.files))
+        # A temporary file as a download cut short leaves one.
+        with open(os.path.join(dest, "index.bin.5e2F1a9C"), "wb") as f:
+            f.write(b"half")
+        code, out, err = self.run_stage("s3://data/sets/two", dest, "--endpoint-url", self.endpoint,
+                                        "--verify", "md5")
+        self.assertEqual(code, 0, err)
+        self.assert_staged(dest)
+        after = self.gets("sets/two/")
+        # What was complete before the cut is not fetched again (one object may have been in flight).
+        again = [k for k in before if after[k] > before[k]]
+        self.assertLessEqual(len(again), 1, again)
+        self.assertEqual(set(after), set(self.files))
+
+    def test_errors_are_one_line(self):
+        dest = os.path.join(self.tmp, "dest-errors")
+        cases = [
+            (("http://data/x", dest), 2, "is not an S3 URL"),
+            (("s3://", dest), 2, "names no bucket"),
+            (("s3://data/no/such/prefix", dest, "--endpoint-url", self.endpoint), 1, "no objects under"),
+            (("s3://missing-bucket/x", dest, "--endpoint-url", self.endpoint), 1, "failed"),
+            (("s3://data/sets/one", dest, "--wait-timeout", "0"), 2, "must be more than 0"),
+        ]
+        for args, code, message in cases:
+            with self.subTest(args=args):
+                got, _, err = self.run_stage(*args)
+                self.assertEqual(got, code, err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+                self.assertIn(message, err)
+        # DEST already holds another prefix's staging.
+        other = os.path.join(self.tmp, "dest-other")
+        self.assertEqual(self.run_stage("s3://data/sets/one", other, "--endpoint-url", self.endpoint)[0], 0)
+        code, _, err = self.run_stage("s3://data/sets/two", other, "--endpoint-url", self.endpoint)
+        self.assertEqual(code, 1)
+        self.assertIn("holds a staging of s3://data/sets/one/", err)
+        # Nothing reached: the CLI's error, in one line, and no marker.
+        dead = os.path.join(self.tmp, "dest-dead")
+        code, _, err = self.run_stage("s3://data/sets/one", dead, "--endpoint-url", f"http://127.0.0.1:{free_port()}")
+        self.assertEqual(code, 1)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertFalse(os.path.exists(os.path.join(dead, ".hpcdata-staged.json")))
+
+    def test_waiting_gives_up_after_the_timeout(self):
+        dest = os.path.join(self.tmp, "dest-held")
+        os.makedirs(dest)
+        import fcntl
+
+        with open(os.path.join(dest, ".hpcdata-stage.lock"), "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            held.write("node-7 pid 42\n")
+            held.flush()
+            start = time.monotonic()
+            code, _, err = self.run_stage("s3://data/sets/one", dest, "--endpoint-url", self.endpoint,
+                                          "--wait-timeout", "1.5")
+        self.assertEqual(code, 1, err)
+        self.assertGreaterEqual(time.monotonic() - start, 1.5)
+        self.assertIn("waiting for the staging into", err)
+        self.assertIn("node-7 pid 42", err)
+        self.assertIn("gave up after 1.5 s", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
