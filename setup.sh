@@ -45,6 +45,7 @@ packages=(
   libboost-program-options-dev                 # command line and config files
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
   zlib1g-dev                                   # gzip-compressed dataset files
+  libturbojpeg0-dev                            # JPEG images in packed shards (hpcdata pack)
   libgtest-dev googletest                      # the test suite
   dataset-fashion-mnist                        # the default job's data
 )

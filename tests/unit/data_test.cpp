@@ -18,32 +18,11 @@
 #include "data/dataset.hpp"
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
+#include "unit/data_test_util.hpp"
 
 namespace hpc::data {
 namespace {
 namespace fs = std::filesystem;
-
-using Bytes = std::vector<uint8_t>;
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "hpctrain-data-test-XXXXXX").string();
-    char* made = mkdtemp(pattern.data());
-    if (!made) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 void put_be32(Bytes& b, uint32_t v) {
   for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
@@ -67,34 +46,11 @@ Bytes idx_labels(uint32_t n, int classes = 10, uint32_t magic = 0x801) {
   return b;
 }
 
-void write_raw(const std::string& path, const Bytes& b) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
 void write_gzip(const std::string& path, const Bytes& b) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
   ASSERT_EQ(gzwrite(f, b.data(), static_cast<unsigned>(b.size())), static_cast<int>(b.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
-}
-
-Bytes read_raw(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(in), {});
-}
-
-// The message of the usage error f throws ("" and a test failure if it throws something else).
-std::string usage_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Usage) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no hpc::Error thrown";
-  return "";
 }
 
 // ---- IDX -------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+// hpcdata-pack: packs an image folder (SRC/<class>/<image>.jpg) into shards for hpctrain.
+// Normally run as `hpcdata pack` (datasets/hpcdata); exit codes 0 done, 1 bad data or storage,
+// 2 bad usage.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "core/error.hpp"
+#include "data/pack.hpp"
+
+namespace po = boost::program_options;
+
+int main(int argc, char** argv) {
+  hpc::data::PackOptions o;
+  o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool quiet = false;
+  po::options_description desc(
+      "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-NNNNN-of-MMMMM.hpcs shards,\n"
+      "OUT/classes.txt and OUT/<split>.json. Options");
+  desc.add_options()("help,h", "this help")("split", po::value(&o.split)->default_value(o.split), "train or val")(
+      "images-per-shard", po::value(&o.images_per_shard)->default_value(o.images_per_shard), "images in each shard")(
+      "resize", po::value(&o.resize)->default_value(0),
+      "scale each image's shorter side down to this many pixels (0: keep the images as they are)")(
+      "quality", po::value(&o.quality)->default_value(o.quality), "JPEG quality of resized images (1..100)")(
+      "threads", po::value(&o.threads)->default_value(o.threads), "images decoded in parallel (one shard each)")(
+      "skip-corrupt", po::bool_switch(&o.skip_corrupt),
+      "skip images that do not decode, listing them in <split>.json (default: fail naming the first)")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "seed of the order images take in the shards")(
+      "quiet", po::bool_switch(&quiet), "no progress");
+  po::options_description hidden;
+  hidden.add_options()("src", po::value(&o.src))("out", po::value(&o.out));
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description pos;
+  pos.add("src", 1).add("out", 1);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+    if (vm.count("help")) {
+      std::cout << desc << "\n";
+      return 0;
+    }
+    if (o.src.empty() || o.out.empty()) throw po::error("an image folder SRC and an output directory OUT are needed");
+    if (o.images_per_shard <= 0) throw po::error("--images-per-shard must be positive");
+    if (o.resize < 0) throw po::error("--resize must be 0 or positive");
+    if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
+    if (o.threads < 1) throw po::error("--threads must be positive");
+    if (o.split.empty() || o.split.find_first_of("/-. ") != std::string::npos)
+      throw po::error("--split must be a plain word (train, val)");
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "hpcdata pack: error: %s (try --help)\n", e.what());
+    return 2;
+  }
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  int64_t shown_tenth = -1;
+  if (!quiet)
+    o.progress = [&](int64_t done, int64_t total) {
+      if (tty) {
+        std::fprintf(stderr, "\rhpcdata pack: %s: %lld/%lld images", o.split.c_str(), static_cast<long long>(done),
+                     static_cast<long long>(total));
+        if (done == total) std::fputc('\n', stderr);
+      } else if (total > 0 && done * 10 / total > shown_tenth) {
+        shown_tenth = done * 10 / total;
+        std::fprintf(stderr, "hpcdata pack: %s: %lld/%lld images\n", o.split.c_str(), static_cast<long long>(done),
+                     static_cast<long long>(total));
+      }
+    };
+  try {
+    const hpc::data::PackResult r = hpc::data::pack_image_folder(o);
+    std::fprintf(stderr, "hpcdata pack: %s: %lld images of %zu classes in %lld shards (%.1f MiB) in %s", o.split.c_str(),
+                 static_cast<long long>(r.images), r.classes.size(), static_cast<long long>(r.shards),
+                 static_cast<double>(r.bytes) / (1 << 20), o.out.c_str());
+    if (!r.skipped.empty()) std::fprintf(stderr, "; %zu images skipped, listed in %s.json", r.skipped.size(), o.split.c_str());
+    if (r.ignored_files) std::fprintf(stderr, "; %lld files that are not JPEG ignored", static_cast<long long>(r.ignored_files));
+    std::fputc('\n', stderr);
+    return 0;
+  } catch (const hpc::Error& e) {
+    if (tty && !quiet) std::fputc('\n', stderr);
+    std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
+    return 1;
+  }
+}

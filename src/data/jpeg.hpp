@@ -1,0 +1,29 @@
+// JPEG decoding and encoding through libjpeg-turbo (its TurboJPEG API), for packed image shards:
+// images are always decoded to interleaved RGB (grey and CMYK files too), and any warning the
+// decoder raises (a truncated or damaged file) is an error, never a half-grey image.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace hpc::data {
+
+struct Image {
+  int64_t height = 0, width = 0;  // always 3 channels, RGB, row-major
+  std::vector<uint8_t> pixels;    // height x width x 3
+};
+
+// Decodes a JPEG; `what` names it in the error (a file, or a shard and record). Anything the
+// decoder cannot read cleanly is a usage error naming it (as with every bad dataset file).
+Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& what);
+// Only the dimensions, from the header.
+void jpeg_size(std::span<const uint8_t> bytes, const std::string& what, int64_t& height, int64_t& width);
+// Encodes RGB pixels (4:2:0 chroma, as most photographs are stored).
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality);
+// Scales so that the shorter side becomes `side` (never up), by averaging the source pixels each
+// destination pixel covers (area resampling, what shrinking photographs wants).
+Image resize_shorter_side(const Image& image, int64_t side);
+
+}  // namespace hpc::data

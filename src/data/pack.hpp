@@ -1,0 +1,37 @@
+// Packing an image folder (ImageNet layout: SRC/<class>/<image>.jpg) into shards (shards.hpp):
+// what `hpcdata pack` runs. Classes are the sub-folders in name order (label = position, as
+// torchvision's ImageFolder numbers them); the images are shuffled once with a fixed seed so
+// that every shard mixes classes, then shards are written in parallel, one thread per shard.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace hpc::data {
+
+struct PackOptions {
+  std::string src, out;
+  std::string split = "train";
+  int64_t images_per_shard = 1024;
+  int64_t resize = 0;     // shorter side scaled down to this many pixels (0: images kept as they are)
+  int quality = 90;       // JPEG quality of resized images
+  int threads = 1;
+  bool skip_corrupt = false;  // skip images that do not decode (and list them) instead of failing
+  uint64_t seed = 0;
+  // Called now and then from the calling thread with (images done, images in all).
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+struct PackResult {
+  std::vector<std::string> classes;
+  int64_t images = 0, shards = 0, bytes = 0, ignored_files = 0;
+  std::vector<std::string> skipped;  // images that did not decode (skip_corrupt)
+};
+
+// Errors (an empty class folder, an undecodable image without skip_corrupt, unwritable OUT)
+// are usage errors naming the file; shards already written by this call are then removed.
+PackResult pack_image_folder(const PackOptions& options);
+
+}  // namespace hpc::data

@@ -1,0 +1,313 @@
+// Packed image shards: the shard format (writer, reader, every way a shard can be broken), JPEG
+// decoding through libjpeg-turbo, resizing, and packing an image folder the test makes: labels
+// and pixels of every packed image verified against its source file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "data/jpeg.hpp"
+#include "data/pack.hpp"
+#include "data/shards.hpp"
+#include "unit/data_test_util.hpp"
+
+namespace hpc::data {
+namespace {
+namespace fs = std::filesystem;
+
+// A smooth test picture (JPEG keeps smooth pictures well): colour depends on the class and
+// the image, brightness on the position.
+Image picture(int64_t h, int64_t w, int cls, int index) {
+  Image img;
+  img.height = h;
+  img.width = w;
+  img.pixels.resize(static_cast<size_t>(h * w * 3));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        img.pixels[static_cast<size_t>((y * w + x) * 3 + c)] =
+            static_cast<uint8_t>((40 * cls + 17 * index + 60 * c + (x + y) * 100 / (h + w)) % 256);
+  return img;
+}
+
+double mean_abs_diff(const Image& a, const Image& b) {
+  EXPECT_EQ(a.height, b.height);
+  EXPECT_EQ(a.width, b.width);
+  double sum = 0;
+  for (size_t i = 0; i < a.pixels.size(); ++i) sum += std::abs(int{a.pixels[i]} - int{b.pixels[i]});
+  return sum / static_cast<double>(a.pixels.size());
+}
+
+// ---- shard format -------------------------------------------------------------------------------
+
+TEST(Shards, WriterAndReaderRoundTrip) {
+  TempDir dir;
+  const std::vector<Bytes> records{{1, 2, 3}, Bytes(1000, 7), {42}};
+  {
+    ShardWriter w(dir.file(shard_name("train", 0, 1)));
+    for (size_t i = 0; i < records.size(); ++i) w.add(records[i], static_cast<uint32_t>(i * 2));
+    EXPECT_TRUE(fs::exists(dir.file("train-00000-of-00001.hpcs.part")));  // not under its name until finished
+    EXPECT_FALSE(fs::exists(dir.file("train-00000-of-00001.hpcs")));
+    w.finish();
+  }
+  EXPECT_FALSE(fs::exists(dir.file("train-00000-of-00001.hpcs.part")));
+  const std::vector<std::string> shards = list_shards(dir.path().string(), "train");
+  ASSERT_EQ(shards.size(), 1u);
+  const ShardReader r(shards[0], 5);
+  ASSERT_EQ(r.count(), 3);
+  Bytes got;
+  for (int64_t i = 0; i < 3; ++i) {
+    r.read(i, got);
+    EXPECT_EQ(got, records[static_cast<size_t>(i)]);
+    EXPECT_EQ(r.record(i).label, i * 2);
+  }
+  EXPECT_TRUE(list_shards(dir.path().string(), "val").empty());
+}
+
+TEST(Shards, UnfinishedWriterLeavesNothing) {
+  TempDir dir;
+  {
+    ShardWriter w(dir.file("train-00000-of-00001.hpcs"));
+    w.add(Bytes{1, 2}, 0);
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+TEST(Shards, BrokenShardsAreUsageErrors) {
+  TempDir dir;
+  const std::string good = dir.file("good.hpcs");
+  {
+    ShardWriter w(good);
+    w.add(Bytes(100, 1), 0);
+    w.add(Bytes(50, 2), 3);
+    w.finish();
+  }
+  const Bytes bytes = read_raw(good);
+  auto broken = [&](const std::string& name, const Bytes& b) {
+    write_raw(dir.file(name), b);
+    return usage_error_of([&] { ShardReader r(dir.file(name)); });
+  };
+  EXPECT_NE(broken("cut.hpcs", Bytes(bytes.begin(), bytes.end() - 5)).find("no index at its end"), std::string::npos);
+  EXPECT_NE(broken("tiny.hpcs", Bytes(bytes.begin(), bytes.begin() + 20)).find("too short"), std::string::npos);
+  Bytes header = bytes;
+  header[0] = 'X';
+  EXPECT_NE(broken("header.hpcs", header).find("not an hpcdata shard"), std::string::npos);
+  Bytes index = bytes;
+  index[bytes.size() - kShardFooterBytes - 3] ^= 0x40;  // a label byte of the last entry
+  EXPECT_NE(broken("index.hpcs", index).find("corrupt index (CRC mismatch)"), std::string::npos);
+  Bytes count = bytes;
+  count[bytes.size() - kShardFooterBytes + 8] = 9;  // the footer's record count
+  EXPECT_NE(broken("count.hpcs", count).find("bad index"), std::string::npos);
+  // Records appended after the index: the footer no longer ends the file.
+  Bytes grown = bytes;
+  grown.insert(grown.begin() + 158, 16, 0);
+  EXPECT_NE(broken("grown.hpcs", grown).find("bad index"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { ShardReader r(good, 3); }).find("label 3 but the dataset has 3 classes"),
+            std::string::npos);
+  EXPECT_NE(usage_error_of([&] { ShardReader r(dir.file("absent.hpcs")); }).find("cannot open shard"),
+            std::string::npos);
+}
+
+TEST(Shards, ListingFindsMissingAndMixedShards) {
+  TempDir dir;
+  for (int i : {0, 2}) {
+    ShardWriter w(dir.file(shard_name("train", i, 3)));
+    w.finish();
+  }
+  EXPECT_NE(usage_error_of([&] { list_shards(dir.path().string(), "train"); }).find("train-00001-of-00003.hpcs is missing"),
+            std::string::npos);
+  {
+    ShardWriter w(dir.file(shard_name("train", 1, 4)));
+    w.finish();
+  }
+  EXPECT_NE(usage_error_of([&] { list_shards(dir.path().string(), "train"); }).find("disagree on their number"),
+            std::string::npos);
+  {
+    ShardWriter w(dir.file(shard_name("val", 0, 2)));
+    w.finish();
+  }
+  EXPECT_NE(usage_error_of([&] { list_shards(dir.path().string(), "val"); }).find("val-00001-of-00002.hpcs is missing"),
+            std::string::npos);
+}
+
+// ---- JPEG ---------------------------------------------------------------------------------------
+
+TEST(Jpeg, EncodeDecodeAndDamage) {
+  const Image src = picture(48, 64, 1, 2);
+  const Bytes jpeg = encode_jpeg(src, 95);
+  int64_t h = 0, w = 0;
+  jpeg_size(jpeg, "test", h, w);
+  EXPECT_EQ(h, 48);
+  EXPECT_EQ(w, 64);
+  const Image back = decode_jpeg(jpeg, "test");
+  EXPECT_LT(mean_abs_diff(src, back), 3.0);
+  // Cut short: libjpeg-turbo would fill the rest with grey and warn; that is an error here.
+  const std::string cut = usage_error_of([&] { decode_jpeg(Bytes(jpeg.begin(), jpeg.begin() + jpeg.size() / 2), "cut.jpg"); });
+  EXPECT_NE(cut.find("cut.jpg is a damaged JPEG image"), std::string::npos) << cut;
+  // The failure does not carry over to the next image the thread decodes.
+  EXPECT_EQ(decode_jpeg(jpeg, "after the damaged one").pixels, back.pixels);
+  const Bytes other = encode_jpeg(picture(40, 24, 2, 1), 90);
+  usage_error_of([&] { decode_jpeg(Bytes(jpeg.begin(), jpeg.begin() + jpeg.size() / 3), "cut.jpg"); });
+  EXPECT_EQ(decode_jpeg(other, "a smaller one after a damaged one").height, 40);
+  const std::string junk = usage_error_of([&] { decode_jpeg(Bytes(300, 0x55), "junk.jpg"); });
+  EXPECT_NE(junk.find("junk.jpg is not a readable JPEG image"), std::string::npos) << junk;
+  EXPECT_NE(usage_error_of([&] { decode_jpeg(Bytes{}, "empty.jpg"); }).find("empty.jpg is empty"), std::string::npos);
+}
+
+TEST(Jpeg, ResizeShorterSide) {
+  Image flat;
+  flat.height = 90;
+  flat.width = 150;
+  flat.pixels.assign(90 * 150 * 3, 77);
+  const Image small = resize_shorter_side(flat, 30);
+  EXPECT_EQ(small.height, 30);
+  EXPECT_EQ(small.width, 50);
+  EXPECT_TRUE(std::all_of(small.pixels.begin(), small.pixels.end(), [](uint8_t v) { return v == 77; }));
+  const Image tall = resize_shorter_side(picture(200, 100, 0, 0), 40);
+  EXPECT_EQ(tall.width, 40);
+  EXPECT_EQ(tall.height, 80);
+  const Image same = resize_shorter_side(flat, 120);  // never scaled up
+  EXPECT_EQ(same.height, 90);
+  EXPECT_EQ(same.width, 150);
+}
+
+// ---- packing ------------------------------------------------------------------------------------
+
+struct Folder {
+  std::map<std::string, std::pair<uint32_t, Bytes>> files;  // path -> (label, bytes)
+};
+
+// SRC/<class>/img<i>.jpg for classes "cat", "dog", "emu" (labels 0, 1, 2 by name order), images
+// of assorted sizes, plus a file that is not a JPEG.
+Folder make_folder(const fs::path& src, int per_class = 5) {
+  Folder f;
+  const std::vector<std::string> classes{"dog", "cat", "emu"};  // created out of order on purpose
+  for (const std::string& c : classes) {
+    fs::create_directories(src / c);
+    const uint32_t label = c == "cat" ? 0 : c == "dog" ? 1 : 2;
+    for (int i = 0; i < per_class; ++i) {
+      const Bytes jpeg = encode_jpeg(picture(24 + 8 * i, 40 - 4 * i, static_cast<int>(label), i), 90);
+      const std::string path = (src / c / ("img" + std::to_string(i) + (i % 2 ? ".JPEG" : ".jpg"))).string();
+      write_raw(path, jpeg);
+      f.files[path] = {label, jpeg};
+    }
+  }
+  write_raw((src / "cat" / "notes.txt").string(), Bytes{'h', 'i'});
+  return f;
+}
+
+TEST(Pack, EveryImageArrivesOnceWithItsLabelAndPixels) {
+  TempDir dir;
+  const Folder folder = make_folder(dir.path() / "src");
+  PackOptions o;
+  o.src = (dir.path() / "src").string();
+  o.out = (dir.path() / "out").string();
+  o.images_per_shard = 4;
+  o.threads = 3;
+  const PackResult r = pack_image_folder(o);
+  EXPECT_EQ(r.classes, (std::vector<std::string>{"cat", "dog", "emu"}));
+  EXPECT_EQ(r.images, 15);
+  EXPECT_EQ(r.shards, 4);
+  EXPECT_EQ(r.ignored_files, 1);
+  EXPECT_EQ(read_class_names(o.out), r.classes);
+  EXPECT_TRUE(fs::exists(fs::path(o.out) / "train.json"));
+  std::map<std::string, std::pair<uint32_t, std::string>> by_bytes;  // file contents -> (label, path)
+  for (const auto& [path, lb] : folder.files) by_bytes[std::string(lb.second.begin(), lb.second.end())] = {lb.first, path};
+  std::set<std::string> seen;
+  std::set<uint32_t> labels_in_first_shard;
+  for (const std::string& shard : list_shards(o.out, "train")) {
+    const ShardReader reader(shard, 3);
+    Bytes rec;
+    for (int64_t i = 0; i < reader.count(); ++i) {
+      reader.read(i, rec);
+      auto it = by_bytes.find(std::string(rec.begin(), rec.end()));
+      ASSERT_NE(it, by_bytes.end()) << shard << " record " << i << " is no source image";
+      EXPECT_EQ(reader.record(i).label, it->second.first) << it->second.second;
+      EXPECT_TRUE(seen.insert(it->second.second).second) << it->second.second << " packed twice";
+      // Pixels: the record decodes to exactly what its source file decodes to.
+      EXPECT_EQ(decode_jpeg(rec, "record").pixels, decode_jpeg(read_raw(it->second.second), "source").pixels);
+      if (shard.find("-00000-") != std::string::npos) labels_in_first_shard.insert(reader.record(i).label);
+    }
+  }
+  EXPECT_EQ(seen.size(), folder.files.size());
+  EXPECT_GT(labels_in_first_shard.size(), 1u) << "shards should mix classes";
+  // Packing again gives the same shards (a fixed seed), and replaces the old ones.
+  const Bytes first = read_raw(list_shards(o.out, "train")[0]);
+  o.images_per_shard = 8;
+  EXPECT_EQ(pack_image_folder(o).shards, 2);
+  EXPECT_EQ(list_shards(o.out, "train").size(), 2u);
+  o.images_per_shard = 4;
+  pack_image_folder(o);
+  EXPECT_EQ(read_raw(list_shards(o.out, "train")[0]), first);
+}
+
+TEST(Pack, ResizeScalesTheShorterSide) {
+  TempDir dir;
+  make_folder(dir.path() / "src", 3);
+  PackOptions o;
+  o.src = (dir.path() / "src").string();
+  o.out = (dir.path() / "out").string();
+  o.resize = 16;
+  pack_image_folder(o);
+  const ShardReader reader(list_shards(o.out, "train")[0]);
+  Bytes rec;
+  for (int64_t i = 0; i < reader.count(); ++i) {
+    reader.read(i, rec);
+    int64_t h = 0, w = 0;
+    jpeg_size(rec, "record", h, w);
+    EXPECT_EQ(std::min(h, w), 16);
+  }
+}
+
+TEST(Pack, CorruptImagesFailOrAreSkippedAndCounted) {
+  TempDir dir;
+  const Folder folder = make_folder(dir.path() / "src", 3);
+  const std::string bad = (dir.path() / "src" / "emu" / "img1.JPEG").string();
+  const Bytes& good = folder.files.at(bad).second;
+  write_raw(bad, Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 3)));
+  PackOptions o;
+  o.src = (dir.path() / "src").string();
+  o.out = (dir.path() / "out").string();
+  o.images_per_shard = 2;
+  o.threads = 2;
+  const std::string msg = usage_error_of([&] { pack_image_folder(o); });
+  EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+  EXPECT_TRUE(list_shards(o.out, "train").empty()) << "a failed packing leaves no shards";
+  o.skip_corrupt = true;
+  const PackResult r = pack_image_folder(o);
+  EXPECT_EQ(r.images, 8);
+  EXPECT_EQ(r.skipped, std::vector<std::string>{bad});
+  int64_t total = 0;
+  for (const std::string& s : list_shards(o.out, "train")) total += ShardReader(s).count();
+  EXPECT_EQ(total, 8);
+}
+
+TEST(Pack, BadFoldersAreUsageErrors) {
+  TempDir dir;
+  make_folder(dir.path() / "src", 2);
+  PackOptions o;
+  o.src = (dir.path() / "src").string();
+  o.out = (dir.path() / "out").string();
+  fs::create_directories(dir.path() / "src" / "fox");
+  EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("fox has no JPEG images"), std::string::npos);
+  fs::remove(dir.path() / "src" / "fox");
+  pack_image_folder(o);
+  // The val split from folders with other classes than train's.
+  make_folder(dir.path() / "val", 1);
+  fs::rename(dir.path() / "val" / "emu", dir.path() / "val" / "eel");
+  o.src = (dir.path() / "val").string();
+  o.split = "val";
+  EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("differ from the 3 class folders"), std::string::npos);
+  o.src = (dir.path() / "nowhere").string();
+  EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("does not exist"), std::string::npos);
+  fs::create_directories(dir.path() / "flat");
+  write_raw((dir.path() / "flat" / "a.jpg").string(), Bytes{1});
+  o.src = (dir.path() / "flat").string();
+  EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("has no class folders"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hpc::data
