@@ -109,10 +109,44 @@ void build_resnet18(Sequential<T>& s, const ModelSpec& m) {
   push<T, Linear<T>>(s, m.classes);
 }
 
+// The bottleneck block of ResNet-50: 1x1 reduce, 3x3 (carrying the stride, as torchvision's
+// "v1.5"), 1x1 expand to 4x; the branch's last convolution starts at zero without batch norm.
+template <class T>
+LayerPtr<T> bottleneck_block(bool bn, int64_t in, int64_t mid, int64_t stride) {
+  const int64_t out = 4 * mid;
+  Sequential<T> main, shortcut;
+  conv_bn(main, bn, mid, 1, 1, 0, true);
+  conv_bn(main, bn, mid, 3, stride, 1, true);
+  conv_bn(main, bn, out, 1, 1, 0, false, false, bn ? 1.0 : 0.0);
+  if (stride != 1 || in != out) conv_bn(shortcut, bn, out, 1, stride, 0, false);  // projection
+  return std::make_unique<Residual<T>>(std::move(main), std::move(shortcut));
+}
+
+// ResNet-50 (He et al. 2016, table 1): stages of 3, 4, 6, 3 bottleneck blocks; the same stems
+// as resnet18 (the ImageNet one above 64 pixels a side).
+template <class T>
+void build_resnet50(Sequential<T>& s, const ModelSpec& m) {
+  if (m.input[0] <= 64) {
+    conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
+  } else {
+    conv_bn_pool(s, m, 64, 7, 2, 3, false, 2);
+  }
+  int64_t in = 64;
+  const std::pair<int64_t, int> stages[] = {{64, 3}, {128, 4}, {256, 6}, {512, 3}};
+  for (const auto& [mid, blocks] : stages) {
+    for (int b = 0; b < blocks; ++b) {
+      s.add(bottleneck_block<T>(m.batch_norm, in, mid, (b == 0 && mid != 64) ? 2 : 1));
+      in = 4 * mid;
+    }
+  }
+  push<T, GlobalAvgPool<T>>(s);
+  push<T, Linear<T>>(s, m.classes);
+}
+
 }  // namespace
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"mlp", "cnn", "resnet20", "resnet18"};
+  static const std::vector<std::string> names{"mlp", "cnn", "resnet20", "resnet18", "resnet50"};
   return names;
 }
 
@@ -122,7 +156,8 @@ Model<T>::Model(const ModelSpec& spec) : spec_(spec), loss_(spec.label_smoothing
   else if (spec.name == "mlp") build_mlp(net_, spec);
   else if (spec.name == "resnet20") build_resnet20(net_, spec);
   else if (spec.name == "resnet18") build_resnet18(net_, spec);
-  else usage_error("unknown model '", spec.name, "' (choose mlp, cnn, resnet20 or resnet18)");
+  else if (spec.name == "resnet50") build_resnet50(net_, spec);
+  else usage_error("unknown model '", spec.name, "' (choose mlp, cnn, resnet20, resnet18 or resnet50)");
   Shape out = net_.setup(spec.input, store_, "");
   HPC_CHECK(out == Shape({spec.classes}), "model ", spec.name, " ends in ", out.str());
   store_.allocate();

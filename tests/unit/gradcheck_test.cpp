@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <memory>
 #include <string>
 
@@ -355,8 +357,17 @@ TEST_P(ModelGradient, EveryParameterTensor) {
   EXPECT_EQ(rep.tensors.size(), model.params().slots().size() + 1);
 }
 
+// Every model but resnet50: its 23 million parameters make a double-precision check of each
+// tensor minutes of CI; its bottleneck blocks are 1x1 and 3x3 convolutions, batch norm and a
+// residual sum, each checked here inside resnet18 and resnet20 and on its own above.
+std::vector<std::string> checked_models() {
+  std::vector<std::string> names = nn::model_names();
+  names.erase(std::remove(names.begin(), names.end(), "resnet50"), names.end());
+  return names;
+}
+
 INSTANTIATE_TEST_SUITE_P(Zoo, ModelGradient,
-                         ::testing::Combine(::testing::ValuesIn(nn::model_names()), ::testing::Bool()),
+                         ::testing::Combine(::testing::ValuesIn(checked_models()), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& i) {
                            return std::get<0>(i.param) + (std::get<1>(i.param) ? "_bn" : "_nobn");
                          });
