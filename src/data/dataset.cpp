@@ -4,6 +4,8 @@
 #include <filesystem>
 
 #include "core/error.hpp"
+#include "data/shard_images.hpp"
+#include "data/shards.hpp"
 
 namespace hpc::data {
 namespace fs = std::filesystem;
@@ -62,12 +64,12 @@ DatasetPair load_cifar100(const std::string& dir) {
 void Dataset::truncate(int64_t n) {
   if (n <= 0 || n >= count) return;
   count = n;
-  images.resize(n * sample_bytes());
+  if (!shards) images.resize(n * sample_bytes());
   labels.resize(n);
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10", "cifar100"};
+  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10", "cifar100", "shards"};
   return names;
 }
 
@@ -78,14 +80,43 @@ std::string default_data_dir(const std::string& name) {
   return "data/" + name;
 }
 
-DatasetPair load_dataset(const std::string& name, const std::string& dir) {
+DatasetPair load_shards(const std::string& dir, int64_t image_size) {
+  const int64_t size = image_size > 0 ? image_size : 224;
+  const std::vector<std::string> names = read_class_names(dir);
+  const auto classes = static_cast<uint32_t>(names.size());
+  auto split = [&](const std::string& which) {
+    const std::vector<std::string> paths = list_shards(dir, which);
+    HPC_REQUIRE(!paths.empty(), "no ", which, " shards (", which, "-NNNNN-of-MMMMM.hpcs) in ", dir,
+                ": pack them with hpcdata pack --split ", which);
+    Dataset d;
+    d.source = dir;
+    auto images = std::make_shared<const ShardImages>(paths, classes, size);
+    d.count = images->count();
+    HPC_REQUIRE(d.count > 0, "the ", which, " shards in ", dir, " hold no images");
+    d.height = d.width = size;
+    d.channels = 3;
+    d.classes = static_cast<int>(classes);
+    d.labels = images->labels();
+    d.shards = std::move(images);
+    return d;
+  };
+  DatasetPair p;
+  p.train = split("train");
+  p.test = split("val");
+  p.norm = {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};  // ImageNet's, as torchvision uses
+  return p;
+}
+
+DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_t image_size) {
   const auto& names = dataset_names();
   HPC_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), "unknown --dataset '", name,
-              "' (choose fashion-mnist, mnist, cifar10 or cifar100)");
+              "' (choose fashion-mnist, mnist, cifar10, cifar100 or shards)");
   std::error_code ec;
   HPC_REQUIRE(fs::is_directory(dir, ec), "data directory ", dir, " does not exist",
               name == "fashion-mnist" ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
                                       : " (pass --data-dir)");
+  if (name == "shards") return load_shards(dir, image_size);
+  HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards only; ", name, " has its own image size");
   if (name == "fashion-mnist") return load_idx_pair(dir, {{0.2860f}, {0.3530f}});
   if (name == "mnist") return load_idx_pair(dir, {{0.1307f}, {0.3081f}});
   if (name == "cifar10") return load_cifar10(dir);

@@ -3,17 +3,22 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace hpc::data {
 
+class ShardImages;
+
 struct Dataset {
   std::string source;  // file or directory it came from, for messages
   int64_t count = 0, height = 0, width = 0, channels = 0;
   int classes = 10;
-  std::vector<uint8_t> images;  // count x height x width x channels
-  std::vector<uint8_t> labels;  // count
+  std::vector<uint8_t> images;  // count x height x width x channels (empty when `shards` holds them)
+  std::vector<int32_t> labels;  // count
+  // Packed image shards, decoded per batch (shard_images.hpp); null for the in-memory datasets.
+  std::shared_ptr<const ShardImages> shards;
   int64_t sample_bytes() const { return height * width * channels; }
   // Keeps the first n samples (short test runs); n <= 0 keeps all.
   void truncate(int64_t n);
@@ -33,7 +38,11 @@ const std::vector<std::string>& dataset_names();
 // Where the dataset is found when --data-dir is not given (Debian's package for Fashion-MNIST).
 std::string default_data_dir(const std::string& name);
 // Loads train and test sets; every problem with the files is a usage error naming the file.
-DatasetPair load_dataset(const std::string& name, const std::string& dir);
+// image_size: the side of the square images a packed dataset ("shards") is cropped to (0: 224);
+// the other datasets have their own size and take 0 only.
+DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_t image_size = 0);
+// Packed shards (hpcdata pack): DIR/train-*.hpcs, DIR/val-*.hpcs, DIR/classes.txt.
+DatasetPair load_shards(const std::string& dir, int64_t image_size);
 
 // IDX files (MNIST, Fashion-MNIST), gzip-compressed or raw. Expected image size is checked.
 Dataset read_idx(const std::string& images_path, const std::string& labels_path, int64_t height, int64_t width,

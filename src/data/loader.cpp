@@ -1,14 +1,18 @@
 #include "data/loader.hpp"
 
+#include <algorithm>
+#include <exception>
 #include <chrono>
 #include <cstring>
 
 #include "core/rng.hpp"
+#include "data/shard_images.hpp"
 
 namespace hpc::data {
 
-BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed)
-    : ds_(ds), aug_(aug), seed_(seed) {
+BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed,
+                               int threads)
+    : ds_(ds), aug_(aug), seed_(seed), threads_(std::max(1, threads)) {
   HPC_CHECK(static_cast<int64_t>(norm.mean.size()) == ds.channels && norm.std.size() == norm.mean.size(),
             "normalisation has ", norm.mean.size(), " channels, dataset ", ds.channels);
   table_.resize(ds.channels * 256);
@@ -17,8 +21,45 @@ BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, Aug
       table_[c * 256 + v] = (static_cast<float>(v) / 255.0f - norm.mean[c]) / norm.std[c];
 }
 
+void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
+                                     Batch& out) const {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t h = ds_.height, w = ds_.width, c = ds_.channels, per = ds_.sample_bytes();
+  out.images.resize<float>(Shape{n, h, w, c});
+  out.labels.resize(n);
+  float* dst = out.images.data<float>();
+  std::exception_ptr error;
+  // Decoding dominates: the batch's images are decoded in parallel, each keyed by its own
+  // (seed, epoch, index) stream, so the result does not depend on the number of threads.
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      thread_local std::vector<uint8_t> pixels;
+      pixels.resize(static_cast<size_t>(per));
+      const uint32_t idx = indices[static_cast<size_t>(i)];
+      out.labels[static_cast<size_t>(i)] = ds_.labels[idx];
+      if (augment && aug_.resized_crop) {
+        Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
+        ds_.shards->fill(idx, &rng, aug_.flip, pixels.data());
+      } else {
+        ds_.shards->fill(idx, nullptr, false, pixels.data());
+      }
+      float* o = dst + i * per;
+      for (int64_t p = 0; p < per; ++p) o[p] = table_[(p % c) * 256 + pixels[static_cast<size_t>(p)]];
+    } catch (...) {
+#pragma omp critical
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
                               Batch& out) const {
+  if (ds_.shards) {
+    assemble_shards(indices, epoch, augment, out);
+    return;
+  }
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t h = ds_.height, w = ds_.width, c = ds_.channels, per = ds_.sample_bytes();
   out.images.resize<float>(Shape{n, h, w, c});
@@ -56,8 +97,8 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
 }
 
 Loader::Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler,
-               uint64_t seed, int depth)
-    : assembler_(ds, norm, aug, seed), sampler_(std::move(sampler)), augment_(aug.any()), depth_(depth),
+               uint64_t seed, int depth, int threads)
+    : assembler_(ds, norm, aug, seed, threads), sampler_(std::move(sampler)), augment_(aug.any()), depth_(depth),
       pool_(depth) {}
 
 Loader::~Loader() { stop(); }

@@ -18,9 +18,10 @@
 namespace hpc::data {
 
 struct AugmentSpec {
-  int64_t crop_padding = 0;  // random crop of the original size from the image padded by this
-  bool flip = false;         // horizontal flip with probability 1/2
-  bool any() const { return crop_padding > 0 || flip; }
+  int64_t crop_padding = 0;   // random crop of the original size from the image padded by this
+  bool flip = false;          // horizontal flip with probability 1/2
+  bool resized_crop = false;  // packed shards: random resized crop (else the centre crop)
+  bool any() const { return crop_padding > 0 || flip || resized_crop; }
 };
 
 struct Batch {
@@ -33,7 +34,8 @@ struct Batch {
 // Turns uint8 samples into normalised floats (a 256-entry table per channel).
 class BatchAssembler {
  public:
-  BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed);
+  // threads: how many decode packed images in parallel (in-memory datasets need none).
+  BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed, int threads = 1);
   // Fills out with the given samples; augmentation (if any) is keyed by (seed, epoch, index).
   void assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
   // byte value -> normalised float, channels x 256 (the GPU path normalises with the same
@@ -41,16 +43,18 @@ class BatchAssembler {
   const std::vector<float>& table() const { return table_; }
 
  private:
+  void assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
   const Dataset& ds_;
   AugmentSpec aug_;
   uint64_t seed_;
+  int threads_;
   std::vector<float> table_;  // channels x 256
 };
 
 class Loader {
  public:
   Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler, uint64_t seed,
-         int depth = 3);
+         int depth = 3, int threads = 1);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -252,7 +252,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   options.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint)->required(),
       "a checkpoint file, or a directory (its newest valid checkpoint)")(
-      "dataset", po::value(&dataset), "fashion-mnist, mnist, cifar10 or cifar100 (default: the checkpoint's)")(
+      "dataset", po::value(&dataset), "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)")(
       "data-dir", po::value(&data_dir), "directory of the dataset files (default: the dataset's usual place)")(
       "test-samples", po::value(&test_samples)->default_value(test_samples),
       "evaluate on the first N test samples only (0: all)")(
@@ -285,17 +285,20 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   std::string dir;
   dist::collectively(ctx, [&] {
     if (lead && !metrics_file.empty()) metrics = std::make_unique<MetricsWriter>(metrics_file);
-    nn::set_math_threads(threads > 0 ? threads : default_threads(ctx.local_size()));
+    threads = threads > 0 ? threads : default_threads(ctx.local_size());
+    nn::set_math_threads(threads);
     if (dataset.empty()) dataset = c->text("option.dataset");
     dir = data_dir.empty() ? data::default_data_dir(dataset) : data_dir;
-    ds = data::load_dataset(dataset, dir);
+    // Packed shards are cropped to the size the model was trained on.
+    const auto size = c->meta.find("option.image-size");
+    ds = data::load_dataset(dataset, dir, dataset == "shards" && size != c->meta.end() ? c->integer("option.image-size") : 0);
     ds.test.truncate(test_samples);
     model = std::make_unique<nn::Model<float>>(model_spec_of(*c, ds.test));
     check_model(*c, *model);
     apply_model_state(*c, *model);
   });
   const auto t_eval = std::chrono::steady_clock::now();
-  const EvalResult r = evaluate(*model, ds.test, ds.norm, batch_size, &ctx.world());
+  const EvalResult r = evaluate(*model, ds.test, ds.norm, batch_size, &ctx.world(), {}, threads);
   const auto t_end = std::chrono::steady_clock::now();
   const double eval_seconds = std::chrono::duration<double>(t_end - t_eval).count();
   if (lead) {

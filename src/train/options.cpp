@@ -51,9 +51,11 @@ void validate(const TrainOptions& o) {
   require_positive(o.eval_batch_size, "eval-batch-size");
   for (auto [v, name] : {std::pair{o.seed, "seed"}, {o.max_steps, "max-steps"}, {o.train_samples, "train-samples"},
                          {o.test_samples, "test-samples"}, {o.global_batch_size, "global-batch-size"},
+                         {o.image_size, "image-size"},
                          {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"}})
     require_non_negative(v, name);
   require_thread_count(o.threads);
+  HPC_REQUIRE(o.image_size <= 4096, "--image-size must be at most 4096 pixels, got ", o.image_size);
   HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096,
               "--bucket-mb must be a size in MB in (0, 4096], got ", o.bucket_mb);
   HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
@@ -118,20 +120,23 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "last bits and a resume is no longer bit-exact)");
   po::options_description model("Model and data");
   model.add_options()
-      ("model", po::value(&o.model)->default_value(o.model, shown(o.model)), "mlp, cnn, resnet20 or resnet18")
+      ("model", po::value(&o.model)->default_value(o.model, shown(o.model)), "mlp, cnn, resnet20, resnet18 or resnet50")
       ("no-batch-norm", po::bool_switch(&no_batch_norm), "the model's variant without batch norm")
       ("init", po::value(&o.init)->default_value(o.init, shown(o.init)),
        "how weights start: kaiming-uniform (PyTorch's default for conv and linear layers, "
        "U(+-1/sqrt(fan_in)), as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU gain); biases start at 0")
-      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist, cifar10 or cifar100")
+      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist, cifar10, cifar100 or shards (an image folder packed by hpcdata pack)")
       ("data-dir", po::value(&o.data_dir), "directory of the dataset files (default: where Debian's "
                                            "dataset-fashion-mnist installs them)")
+      ("image-size", po::value(&o.image_size)->default_value(o.image_size, shown(o.image_size)),
+       "shards: side of the square images the model sees (random resized crops in training, centre crops "
+       "in evaluation; 0: 224)")
       ("train-samples", po::value(&o.train_samples)->default_value(o.train_samples, shown(o.train_samples)),
        "use only the first N training samples (0: all)")
       ("test-samples", po::value(&o.test_samples)->default_value(o.test_samples, shown(o.test_samples)),
        "evaluate on the first N test samples only (0: all)")
       ("augment", po::value(&o.augment)->default_value(o.augment, shown(o.augment)),
-       "auto (random crop + flip for cifar10 and cifar100 only), on or off");
+       "auto (random crop + flip for cifar10 and cifar100, random resized crop + flip for shards), on or off");
   po::options_description training("Training");
   training.add_options()
       ("epochs", po::value(&o.epochs)->default_value(o.epochs, shown(o.epochs)), "passes over the training set")
@@ -259,6 +264,7 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
   };
   add("model", o.model), add("no-batch-norm", !o.batch_norm), add("init", o.init), add("dataset", o.dataset);
   add("train-samples", o.train_samples), add("test-samples", o.test_samples), add("augment", o.augment);
+  add("image-size", o.image_size);
   add("epochs", o.epochs), add("max-steps", o.max_steps), add("batch-size", o.batch_size);
   add("global-batch-size", o.global_batch_size), add("keep-last-batch", !o.drop_last);
   add("eval-batch-size", o.eval_batch_size), add("lr", o.lr), add("momentum", o.momentum);

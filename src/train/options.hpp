@@ -19,6 +19,7 @@ struct TrainOptions {
   std::string data_dir;  // empty: the dataset's default location
   int64_t train_samples = 0, test_samples = 0;  // > 0: use only the first N (short runs)
   std::string augment = "auto";                 // auto (on for cifar10) | on | off
+  int64_t image_size = 0;                       // packed shards: side of the square crops (0: 224)
   // how long
   int64_t epochs = 3;
   int64_t max_steps = 0;  // > 0: stop after this many steps in all

@@ -55,10 +55,11 @@ bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
 }
 
 data::AugmentSpec augment_spec(const TrainOptions& o) {
-  const bool cifar = o.dataset == "cifar10" || o.dataset == "cifar100";
-  const bool on = o.augment == "on" || (o.augment == "auto" && cifar);
+  const bool cifar = o.dataset == "cifar10" || o.dataset == "cifar100", shards = o.dataset == "shards";
+  const bool on = o.augment == "on" || (o.augment == "auto" && (cifar || shards));
   if (!on) return {};
-  return {cifar ? 4 : 2, cifar};  // digits and clothes are not mirrored
+  if (shards) return {0, true, true};  // photographs: random resized crop and flip
+  return {cifar ? 4 : 2, cifar};       // digits and clothes are not mirrored
 }
 
 optim::ScheduleSpec schedule_spec(const TrainOptions& o, double samples_per_epoch, double total_samples) {
@@ -172,18 +173,19 @@ int default_threads(int ranks_on_host) {
 }
 
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
-                    int64_t batch_size, dist::Communicator* comm, const std::function<void()>& on_batch) {
+                    int64_t batch_size, dist::Communicator* comm, const std::function<void()>& on_batch,
+                    int decode_threads) {
   return evaluate([&](const data::Batch& b, double* sums) { eval_batch_cpu(model, b, sums); }, ds, norm, batch_size,
-                  comm, on_batch);
+                  comm, on_batch, decode_threads);
 }
 
 EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
                     const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm,
-                    const std::function<void()>& on_batch) {
+                    const std::function<void()>& on_batch, int decode_threads) {
   // Each rank evaluates its contiguous part of the test set; the sums are then added up.
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   const int64_t begin = ds.count * rank / world, end = ds.count * (rank + 1) / world;
-  data::BatchAssembler assembler(ds, norm, {}, 0);
+  data::BatchAssembler assembler(ds, norm, {}, 0, decode_threads);
   data::Batch batch;
   double sums[2] = {0, 0};  // loss * samples, correct
   for (int64_t start = begin; start < end; start += batch_size) {
@@ -224,7 +226,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(threads);
     dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
-    ds = data::load_dataset(o.dataset, dir);
+    ds = data::load_dataset(o.dataset, dir, o.image_size);
     ds.train.truncate(o.train_samples);
     ds.test.truncate(o.test_samples);
     global_batch = o.global_batch_size > 0 ? o.global_batch_size : o.batch_size * world;
@@ -289,7 +291,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   const double samples_per_epoch = static_cast<double>(o.drop_last ? spe * global_batch : ds.train.count);
   optim::LrSchedule schedule(
       schedule_spec(o, samples_per_epoch, static_cast<double>(total_steps) * samples_per_epoch / spe));
-  data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed));
+  data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed), 3, threads);
   MetricsWriter metrics = o.metrics_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics_file);
   MetricsWriter timeline = o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file);
   // The engine takes the state as it now is (initialised or resumed, and broadcast).
@@ -347,7 +349,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   watchdog.progress(step);
   auto run_evaluation = [&] {
     return evaluate([&](const data::Batch& b, double* s) { engine->eval_batch(b, s); }, ds.test, ds.norm,
-                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); });
+                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); }, threads);
   };
   for (int64_t epoch = start.epoch; epoch < o.epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();

@@ -29,14 +29,15 @@ struct TrainResult {
 // Loss and accuracy of the model (in eval mode) on a whole dataset. With a communicator,
 // each rank evaluates its contiguous part and the sums are all-reduced (every rank gets
 // the whole set's figures). on_batch is called after every batch (the step watchdog's progress).
+// decode_threads: how many threads decode a batch of packed images (shards).
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
                     int64_t batch_size, dist::Communicator* comm = nullptr,
-                    const std::function<void()>& on_batch = {});
+                    const std::function<void()>& on_batch = {}, int decode_threads = 1);
 // The same with any per-batch evaluation: run(batch, sums) adds the batch's loss sum and
 // correct count to sums[0] and sums[1] (an Engine's eval_batch).
 EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
                     const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm = nullptr,
-                    const std::function<void()>& on_batch = {});
+                    const std::function<void()>& on_batch = {}, int decode_threads = 1);
 
 // Math-library threads per rank when --threads is 0: this host's cores shared among the ranks
 // on it, so the host is not oversubscribed.

@@ -63,6 +63,14 @@ class Pack(unittest.TestCase):
         code, err = run(self.src, self.out, "--split", "val", "--resize", "4")
         self.assertEqual(code, 0, err)
         self.assertIn("val-00000-of-00001.hpcs", self.shards())
+        # hpctrain trains on them: random resized crops of the JPEGs, decoded in its loader.
+        if os.environ.get("HPCTRAIN"):
+            p = subprocess.run([os.environ["HPCTRAIN"], "--dataset", "shards", "--data-dir", self.out, "--image-size", "16",
+                                "--model", "cnn", "--max-steps", "3", "--batch-size", "4", "--threads", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stdout)
+            self.assertIn("data: shards from", p.stdout)
+            self.assertIn("(9 train, 9 test)", p.stdout)
 
     def test_corrupt_image_fails_or_is_skipped(self):
         bad = os.path.join(self.src, "n01443537", "n01443537_1.JPEG")

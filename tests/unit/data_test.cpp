@@ -68,7 +68,7 @@ TEST(IdxReader, RawFiles) {
   EXPECT_EQ(d.classes, 10);
   EXPECT_EQ(d.sample_bytes(), 12);
   EXPECT_EQ(d.images, Bytes(img.begin() + 16, img.end()));
-  EXPECT_EQ(d.labels, Bytes(lab.begin() + 8, lab.end()));
+  EXPECT_EQ(d.labels, std::vector<int32_t>(lab.begin() + 8, lab.end()));
 }
 
 TEST(IdxReader, GzipFilesReadTheSameAsRaw) {
@@ -195,7 +195,7 @@ TEST(Dataset, TruncateKeepsTheFirstSamples) {
   d.truncate(2);
   EXPECT_EQ(d.count, 2);
   EXPECT_EQ(d.images, Bytes({0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(d.labels, Bytes({1, 2}));
+  EXPECT_EQ(d.labels, std::vector<int32_t>({1, 2}));
 }
 
 // ---- CIFAR-10 --------------------------------------------------------------------------------

@@ -7,10 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <set>
 
+#include "data/dataset.hpp"
 #include "data/jpeg.hpp"
+#include "data/loader.hpp"
 #include "data/pack.hpp"
+#include "data/shard_images.hpp"
 #include "data/shards.hpp"
 #include "unit/data_test_util.hpp"
 
@@ -307,6 +311,105 @@ TEST(Pack, BadFoldersAreUsageErrors) {
   write_raw((dir.path() / "flat" / "a.jpg").string(), Bytes{1});
   o.src = (dir.path() / "flat").string();
   EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("has no class folders"), std::string::npos);
+}
+
+// ---- training on shards -------------------------------------------------------------------------
+
+// Images of one flat colour per class (any crop of them, resized, is that colour): what the
+// loader gives for a sample shows whether it came from the right image with the right label.
+const uint8_t kColour[3][3] = {{200, 30, 30}, {30, 200, 30}, {30, 30, 200}};
+
+std::string packed_flat_dataset(const TempDir& dir) {
+  for (const char* split : {"train", "val"}) {
+    const fs::path src = dir.path() / (std::string("src-") + split);
+    for (int c = 0; c < 3; ++c) {
+      fs::create_directories(src / ("class" + std::to_string(c)));
+      for (int i = 0; i < 4; ++i) {
+        Image img;
+        img.height = 20 + 10 * i;
+        img.width = 60 - 10 * i;
+        img.pixels.resize(static_cast<size_t>(img.height * img.width * 3));
+        for (size_t p = 0; p < img.pixels.size(); ++p) img.pixels[p] = kColour[c][p % 3];
+        write_raw((src / ("class" + std::to_string(c)) / (std::to_string(i) + ".jpg")).string(), encode_jpeg(img, 95));
+      }
+    }
+    PackOptions o;
+    o.src = src.string();
+    o.out = (dir.path() / "packed").string();
+    o.split = split;
+    o.images_per_shard = 5;
+    pack_image_folder(o);
+  }
+  return (dir.path() / "packed").string();
+}
+
+TEST(ShardDataset, LoaderGivesEachSampleItsImageAndLabel) {
+  TempDir dir;
+  const DatasetPair p = load_dataset("shards", packed_flat_dataset(dir), 16);
+  EXPECT_EQ(p.train.count, 12);
+  EXPECT_EQ(p.test.count, 12);
+  EXPECT_EQ(p.train.classes, 3);
+  EXPECT_EQ(p.train.height, 16);
+  EXPECT_EQ(p.train.channels, 3);
+  ASSERT_TRUE(p.train.shards);
+  std::vector<uint32_t> all(12);
+  std::iota(all.begin(), all.end(), 0u);
+  for (bool augment : {false, true}) {
+    const BatchAssembler assembler(p.train, p.norm, {0, true, true}, 7, 3);
+    Batch b;
+    assembler.assemble(all, 1, augment, b);
+    ASSERT_EQ(b.size(), 12);
+    const float* x = b.images.data<float>();
+    for (int64_t i = 0; i < 12; ++i) {
+      const int label = b.labels[static_cast<size_t>(i)];
+      EXPECT_EQ(label, p.train.labels[static_cast<size_t>(i)]);
+      for (int64_t px = 0; px < 16 * 16; ++px)
+        for (int c = 0; c < 3; ++c) {
+          const float want = (kColour[label][c] / 255.0f - p.norm.mean[c]) / p.norm.std[c];
+          ASSERT_NEAR(x[(i * 256 + px) * 3 + c], want, 4 / 255.0f / p.norm.std[c])
+              << "sample " << i << " pixel " << px << " channel " << c << (augment ? " (augmented)" : "");
+        }
+    }
+  }
+}
+
+TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
+  TempDir dir;
+  // Pictures with structure, so that different crops differ.
+  make_folder(dir.path() / "src", 4);
+  for (const char* split : {"train", "val"}) {
+    PackOptions o;
+    o.src = (dir.path() / "src").string();
+    o.out = (dir.path() / "packed").string();
+    o.split = split;
+    pack_image_folder(o);
+  }
+  const DatasetPair p = load_dataset("shards", (dir.path() / "packed").string(), 12);
+  const std::vector<uint32_t> idx{3, 0, 7, 5};
+  auto batch = [&](int threads, int64_t epoch, bool augment) {
+    const BatchAssembler a(p.train, p.norm, {0, true, true}, 11, threads);
+    Batch b;
+    a.assemble(idx, epoch, augment, b);
+    const float* x = b.images.data<float>();
+    return std::vector<float>(x, x + b.images.numel());
+  };
+  EXPECT_EQ(batch(1, 2, true), batch(4, 2, true));    // threads change nothing
+  EXPECT_NE(batch(1, 2, true), batch(1, 3, true));    // another epoch, other crops
+  EXPECT_EQ(batch(1, 2, false), batch(3, 5, false));  // evaluation: centre crops, always the same
+}
+
+TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
+  TempDir dir;
+  make_folder(dir.path() / "src", 2);
+  PackOptions o;
+  o.src = (dir.path() / "src").string();
+  o.out = (dir.path() / "packed").string();
+  pack_image_folder(o);
+  EXPECT_NE(usage_error_of([&] { load_dataset("shards", o.out, 32); }).find("no val shards"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { load_dataset("shards", dir.path().string(), 32); }).find("classes.txt"),
+            std::string::npos);
+  EXPECT_NE(usage_error_of([&] { load_dataset("mnist", dir.path().string(), 32); }).find("packed shards only"),
+            std::string::npos);
 }
 
 }  // namespace
