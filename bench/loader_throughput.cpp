@@ -1,0 +1,161 @@
+// The shard loader against the trainer it feeds, on this machine's CPU, in one invocation:
+//   1. decoded images/s of the training loader (pread, JPEG decode, random resized crop, flip,
+//      normalisation) on one thread and on T threads, hence per core;
+//   2. the images/s that hpctrain's CPU training step consumes for the same model and size
+//      (forward, backward, SGD), on T threads;
+// and their ratio: how many loader cores keep one trainer fed. Without --shards it makes its own
+// dataset: photograph-sized JPEGs (noise over gradients, so that they compress like photos),
+// packed with hpcdata's packer into a temporary directory.
+//
+//   loader_throughput [--shards DIR] [--images 256] [--source 375x500] [--image-size 224]
+//                     [--model resnet18] [--batch 16] [--steps 3] [--threads T]
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include "core/rng.hpp"
+#include "data/dataset.hpp"
+#include "data/jpeg.hpp"
+#include "data/loader.hpp"
+#include "data/pack.hpp"
+#include "nn/gemm.hpp"
+#include "nn/model.hpp"
+#include "optim/sgd.hpp"
+
+using namespace hpc;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string make_dataset(int64_t images, int64_t h, int64_t w, const fs::path& root) {
+  Philox rng(5, RngStream::Test);
+  for (int64_t i = 0; i < images; ++i) {
+    const int cls = static_cast<int>(i % 10);
+    data::Image img;
+    img.height = h;
+    img.width = w;
+    img.pixels.resize(static_cast<size_t>(h * w * 3));
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x)
+        for (int c = 0; c < 3; ++c) {
+          const double base = 128 + 60 * std::sin((x * (c + 1) + y * (cls + 1)) * 0.02);
+          img.pixels[static_cast<size_t>((y * w + x) * 3 + c)] =
+              static_cast<uint8_t>(std::clamp(base + 20 * rng.normal(), 0.0, 255.0));
+        }
+    const fs::path dir = root / "src" / ("class" + std::to_string(cls));
+    fs::create_directories(dir);
+    const std::vector<uint8_t> jpeg = data::encode_jpeg(img, 90);
+    std::ofstream((dir / (std::to_string(i) + ".jpg")).string(), std::ios::binary)
+        .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+  }
+  for (const char* split : {"train", "val"}) {
+    data::PackOptions o;
+    o.src = (root / "src").string();
+    o.out = (root / "packed").string();
+    o.split = split;
+    o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    data::pack_image_folder(o);
+  }
+  return (root / "packed").string();
+}
+
+// Images/s of the training loader's assembly with `threads` decoding threads.
+double loader_rate(const data::DatasetPair& ds, int threads, int64_t batch, int64_t& images_out) {
+  const data::BatchAssembler a(ds.train, ds.norm, {0, true, true}, 1, threads);
+  data::Batch b;
+  std::vector<uint32_t> idx(static_cast<size_t>(batch));
+  const int64_t batches = std::max<int64_t>(1, ds.train.count / batch);
+  a.assemble(std::vector<uint32_t>{0}, 0, true, b);  // warm-up: buffers, decoder
+  const auto t0 = Clock::now();
+  for (int64_t k = 0; k < batches; ++k) {
+    std::iota(idx.begin(), idx.end(), static_cast<uint32_t>(k * batch));
+    a.assemble(idx, 1, true, b);
+  }
+  images_out = batches * batch;
+  return static_cast<double>(images_out) / seconds_since(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shards, model_name = "resnet18";
+  int64_t images = 256, src_h = 375, src_w = 500, size = 224, batch = 16, steps = 3;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--shards") shards = argv[i + 1];
+    else if (a == "--images") images = std::stoll(argv[i + 1]);
+    else if (a == "--source") std::sscanf(argv[i + 1], "%ldx%ld", &src_h, &src_w);
+    else if (a == "--image-size") size = std::stoll(argv[i + 1]);
+    else if (a == "--model") model_name = argv[i + 1];
+    else if (a == "--batch") batch = std::stoll(argv[i + 1]);
+    else if (a == "--steps") steps = std::stoll(argv[i + 1]);
+    else if (a == "--threads") threads = std::stoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "loader_throughput: error: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  try {
+    std::string tmp;
+    if (shards.empty()) {
+      std::string pattern = (fs::temp_directory_path() / "loader-bench-XXXXXX").string();
+      tmp = mkdtemp(pattern.data());
+      std::printf("making %ld JPEGs of %ldx%ld and packing them in %s\n", images, src_h, src_w, tmp.c_str());
+      shards = make_dataset(images, src_h, src_w, tmp);
+    }
+    const data::DatasetPair ds = data::load_dataset("shards", shards, size);
+    int64_t n1 = 0, nt = 0;
+    const double one = loader_rate(ds, 1, batch, n1);
+    const double many = loader_rate(ds, threads, batch, nt);
+    std::printf("loader: %ld images, %ldx%ld random resized crops: 1 thread %.1f img/s; %d threads %.1f img/s "
+                "(%.1f img/s per core)\n",
+                n1, size, size, one, threads, many, many / threads);
+
+    nn::set_math_threads(threads);
+    nn::ModelSpec spec;
+    spec.name = model_name;
+    spec.input = Shape{size, size, 3};
+    spec.classes = ds.train.classes;
+    nn::Model<float> model(spec);
+    model.init(1);
+    optim::Sgd<float> sgd(model.params(), {});
+    const data::BatchAssembler a(ds.train, ds.norm, {0, true, true}, 1, threads);
+    data::Batch b;
+    std::vector<uint32_t> idx(static_cast<size_t>(batch));
+    std::iota(idx.begin(), idx.end(), 0u);
+    a.assemble(idx, 0, true, b);
+    model.train_step(b.images, b.labels.data());  // warm-up
+    sgd.step(model.params(), 0.01);
+    const auto t0 = Clock::now();
+    for (int64_t s = 0; s < steps; ++s) {
+      model.train_step(b.images, b.labels.data());
+      sgd.step(model.params(), 0.01);
+    }
+    const double train = static_cast<double>(steps * batch) / seconds_since(t0);
+    std::printf("trainer: %s %ldx%ld on the CPU, %d threads, batch %ld: %.1f img/s\n", model_name.c_str(), size, size,
+                threads, batch, train);
+    std::printf("one loader core decodes %.1fx what the trainer consumes; %.2f cores keep it fed\n",
+                (many / threads) / train, train / (many / threads));
+    std::printf("loader_images_per_second_1_thread=%.2f\nloader_images_per_second=%.2f\nloader_threads=%d\n"
+                "loader_images_per_second_per_core=%.2f\ntrainer_images_per_second=%.2f\n"
+                "loader_cores_per_trainer=%.3f\n",
+                one, many, threads, many / threads, train, train / (many / threads));
+    if (!tmp.empty()) fs::remove_all(tmp);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loader_throughput: error: %s\n", e.what());
+    return 1;
+  }
+}
