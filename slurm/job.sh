@@ -14,9 +14,18 @@
 #   A job is requeued only while Slurm still has it RUNNING (not after scancel, nor when Slurm
 #   itself is requeueing or preempting it), only with REQUEUE=1, and at most MAX_REQUEUES times;
 #   otherwise the script ends with the trainer's exit code.
+#   With STAGE_FROM set it first stages the dataset (job_stage_data).
+#   job_stage_data                  STAGE_FROM=s3://BUCKET/PREFIX: copies it to STAGE_TO with
+#                                   datasets/hpcdata stage (jobs staging one STAGE_TO download it
+#                                   once; an interrupted copy resumes), once for the job, or once
+#                                   on every node with STAGE_PER_NODE=1 (node-local disks);
+#                                   STAGE_ARGS: more hpcdata stage options. The trainer then gets
+#                                   --data-dir STAGE_TO unless its options name one. A staging
+#                                   that fails is requeued like a failed run; bad settings are not.
 #
 # Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
-# hpcrun), LAUNCHER_ARGS (extra options for it), CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES.
+# hpcrun), LAUNCHER_ARGS (extra options for it), CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
+# HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS.
 
 job_log() {
   echo "hpctrain-slurm: $(date '+%F %T') job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $*"
@@ -110,9 +119,41 @@ job_requeue_or_exit() {
   exit "$code"
 }
 
+job_stage_data() {
+  [[ -n "${STAGE_FROM:-}" ]] || return 0
+  [[ -n "${STAGE_TO:-}" ]] || job_die "STAGE_FROM is set but STAGE_TO is not: set where the dataset goes"
+  local stage=("${HPCTRAIN_HOME:?}/datasets/hpcdata" stage "$STAGE_FROM" "$STAGE_TO") code=0
+  # shellcheck disable=SC2206  # STAGE_ARGS: words, as on a command line
+  stage+=(${STAGE_ARGS:-})
+  if [[ "${STAGE_PER_NODE:-0}" == 1 ]]; then
+    local nodes=${SLURM_JOB_NUM_NODES:-1}
+    stage=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${stage[@]}")
+  fi
+  job_log "staging $STAGE_FROM into $STAGE_TO: ${stage[*]}"
+  # The warning signal (time limit near) during the copy: stop it and requeue; the next run's
+  # staging resumes where this one stopped.
+  local pid warned=0
+  trap 'warned=1; job_log "SIGUSR1 while staging: stopping the copy"; kill -TERM "$pid" 2> /dev/null' USR1
+  "${stage[@]}" &
+  pid=$!
+  while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done
+  wait "$pid" || code=$?
+  trap - USR1
+  ((warned)) && job_requeue_or_exit 75 "the staging was stopped by the warning signal"
+  case "$code" in
+    0) job_log "the dataset is in $STAGE_TO" ;;
+    2) job_die "the staging's settings are wrong (hpcdata exit 2): not requeued" ;;
+    *) job_requeue_or_exit "$code" "staging $STAGE_FROM failed (exit $code)" ;;
+  esac
+}
+
 job_run_trainer() {
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   local args=("$@")
+  job_stage_data
+  if [[ -n "${STAGE_FROM:-}" ]] && ! job_has_option data-dir "${args[@]}"; then
+    args+=(--data-dir "$STAGE_TO")
+  fi
   if ! job_has_option checkpoint-dir "${args[@]}"; then
     [[ -n "${CHECKPOINT_DIR:-}" ]] || job_die "no checkpoint directory: set CHECKPOINT_DIR or pass --checkpoint-dir"
     args+=(--checkpoint-dir "$CHECKPOINT_DIR")
