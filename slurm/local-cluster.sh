@@ -88,16 +88,21 @@ pids_with_env() {
 }
 
 # slurmstepd processes (one per job step and node) serving nodes whose spool directory starts with
-# PREFIX: slurmd starts them through a double fork and they overwrite their environment, so they
-# are known by the socket each one listens on in its node's spool directory.
+# SPOOL: slurmd starts them through a double fork and they overwrite their environment, so they
+# are known by the socket each one listens on in its node's spool directory, or, for one that has
+# not opened its socket yet or has already closed it, by the node's log file it writes to (LOG, a
+# path prefix: the whole log directory, or one node's log).
 stepd_pids() {
   local inodes p fd
   inodes=" $(awk -v d="$1" 'index($8, d) == 1 {print $7}' /proc/net/unix | tr '\n' ' ') "
-  [[ "$inodes" != "  " ]] || return 0
   for p in /proc/[0-9]*; do
+    [[ "$(cat "$p/comm" 2> /dev/null)" == slurmstepd ]] || continue
     for fd in "$p"/fd/*; do
       fd=$(readlink "$fd" 2> /dev/null) || continue
-      [[ "$fd" == socket:* && "$inodes" == *" ${fd//[^0-9]/} "* ]] && { echo "${p#/proc/}"; break; }
+      if [[ "$fd" == socket:* && "$inodes" == *" ${fd//[^0-9]/} "* ]] || [[ "$fd" == "$2"* ]]; then
+        echo "${p#/proc/}"
+        break
+      fi
     done
   done
   return 0
@@ -299,7 +304,7 @@ stop_everything() {
   # which are marked through their environment, and munged last, which the others talk to.
   local steps daemons munged_pid p
   # shellcheck disable=SC2046  # lists of pids, split on purpose
-  steps=$(with_descendants $(stepd_pids "$dir/spool/"))
+  steps=$(with_descendants $(stepd_pids "$dir/spool/" "$dir/log/"))
   # shellcheck disable=SC2086
   [[ -n "${steps// /}" ]] && kill -9 $steps 2> /dev/null || true
   munged_pid=$(pid_in "$dir/munge/munged.pid")
@@ -327,7 +332,7 @@ kill_node() {
   local pids
   # shellcheck disable=SC2046  # lists of pids, split on purpose
   pids=$(with_descendants $(pids_with_env "$marker" "HPCTRAIN_SLURM_NODE=$node_arg") \
-    $(stepd_pids "$dir/spool/$node_arg/"))
+    $(stepd_pids "$dir/spool/$node_arg/" "$dir/log/slurmd-$node_arg.log"))
   # shellcheck disable=SC2086
   [[ -n "${pids// /}" ]] && kill -9 $pids 2> /dev/null || true
   echo "$me: killed node $node_arg ($(wc -w <<< "$pids") process(es): its slurmd, slurmstepd and job tasks)"
