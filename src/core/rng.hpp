@@ -10,7 +10,7 @@
 namespace hpc {
 
 // Stream identifiers keep the uses of one seed apart.
-enum class RngStream : uint32_t { Init = 1, Shuffle = 2, Augment = 3, Dropout = 4, Test = 5, Pack = 6 };
+enum class RngStream : uint32_t { Init = 1, Shuffle = 2, Augment = 3, Dropout = 4, Test = 5, Pack = 6, Synthetic = 7 };
 
 class Philox {
  public:

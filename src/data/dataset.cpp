@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.hpp"
+#include "core/rng.hpp"
 #include "data/shard_images.hpp"
 #include "data/shards.hpp"
 
@@ -69,7 +70,7 @@ void Dataset::truncate(int64_t n) {
 }
 
 const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10", "cifar100", "shards"};
+  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10", "cifar100", "shards", "synthetic"};
   return names;
 }
 
@@ -107,16 +108,47 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   return p;
 }
 
+DatasetPair load_synthetic(int64_t image_size) {
+  const int64_t size = image_size > 0 ? image_size : 224;
+  auto split = [&](int64_t count, uint64_t which) {
+    Dataset d;
+    d.source = "synthetic";
+    d.count = count;
+    d.height = d.width = size;
+    d.channels = 3;
+    d.classes = kSyntheticClasses;
+    d.images.resize(static_cast<size_t>(count * d.sample_bytes()));
+    d.labels.resize(static_cast<size_t>(count));
+    // One Philox stream per sample: the same bytes on every rank and machine.
+    for (int64_t i = 0; i < count; ++i) {
+      Philox rng(0, RngStream::Synthetic, which, static_cast<uint64_t>(i));
+      d.labels[i] = static_cast<int32_t>(rng.below(kSyntheticClasses));
+      uint8_t* px = d.images.data() + i * d.sample_bytes();
+      for (int64_t b = 0; b < d.sample_bytes(); b += 4) {
+        const uint32_t r = rng.next_u32();
+        for (int64_t k = 0; k < 4 && b + k < d.sample_bytes(); ++k) px[b + k] = static_cast<uint8_t>(r >> (8 * k));
+      }
+    }
+    return d;
+  };
+  DatasetPair p;
+  p.train = split(kSyntheticTrain, 0);
+  p.test = split(kSyntheticTest, 1);
+  p.norm = {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
+  return p;
+}
+
 DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_t image_size) {
   const auto& names = dataset_names();
   HPC_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), "unknown --dataset '", name,
-              "' (choose fashion-mnist, mnist, cifar10, cifar100 or shards)");
+              "' (choose fashion-mnist, mnist, cifar10, cifar100, shards or synthetic)");
+  if (name == "synthetic") return load_synthetic(image_size);
   std::error_code ec;
   HPC_REQUIRE(fs::is_directory(dir, ec), "data directory ", dir, " does not exist",
               name == "fashion-mnist" ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
                                       : " (pass --data-dir)");
   if (name == "shards") return load_shards(dir, image_size);
-  HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards only; ", name, " has its own image size");
+  HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", name, " has its own image size");
   if (name == "fashion-mnist") return load_idx_pair(dir, {{0.2860f}, {0.3530f}});
   if (name == "mnist") return load_idx_pair(dir, {{0.1307f}, {0.3081f}});
   if (name == "cifar10") return load_cifar10(dir);

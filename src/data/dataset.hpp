@@ -38,9 +38,16 @@ const std::vector<std::string>& dataset_names();
 // Where the dataset is found when --data-dir is not given (Debian's package for Fashion-MNIST).
 std::string default_data_dir(const std::string& name);
 // Loads train and test sets; every problem with the files is a usage error naming the file.
-// image_size: the side of the square images a packed dataset ("shards") is cropped to (0: 224);
+// image_size: the side of the square images of packed shards (cropped to it) and of synthetic
+// data (0: 224);
 // the other datasets have their own size and take 0 only.
 DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_t image_size = 0);
+// Random images and labels from a fixed seed, ImageNet-shaped (3 channels, 1000 classes;
+// image_size 0: 224): for benchmarks that measure the training step without a dataset's files,
+// as the peer's synthetic workload. --train-samples / --test-samples cut them shorter.
+constexpr int64_t kSyntheticTrain = 2048, kSyntheticTest = 256;
+constexpr int kSyntheticClasses = 1000;
+DatasetPair load_synthetic(int64_t image_size);
 // Packed shards (hpcdata pack): DIR/train-*.hpcs, DIR/val-*.hpcs, DIR/classes.txt.
 DatasetPair load_shards(const std::string& dir, int64_t image_size);
 

@@ -289,9 +289,10 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
     nn::set_math_threads(threads);
     if (dataset.empty()) dataset = c->text("option.dataset");
     dir = data_dir.empty() ? data::default_data_dir(dataset) : data_dir;
-    // Packed shards are cropped to the size the model was trained on.
+    // Packed shards are cropped (synthetic images made) to the size the model was trained on.
     const auto size = c->meta.find("option.image-size");
-    ds = data::load_dataset(dataset, dir, dataset == "shards" && size != c->meta.end() ? c->integer("option.image-size") : 0);
+    const bool sized = dataset == "shards" || dataset == "synthetic";
+    ds = data::load_dataset(dataset, dir, sized && size != c->meta.end() ? c->integer("option.image-size") : 0);
     ds.test.truncate(test_samples);
     model = std::make_unique<nn::Model<float>>(model_spec_of(*c, ds.test));
     check_model(*c, *model);

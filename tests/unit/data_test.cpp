@@ -181,6 +181,35 @@ TEST(LoadDataset, UnknownNameAndMissingDirectory) {
   EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
 }
 
+// Synthetic data needs no directory, takes its size from --image-size, and is the same bytes
+// every time (every rank generates it itself).
+TEST(LoadDataset, SyntheticIsReproducibleAndSized) {
+  const DatasetPair a = load_dataset("synthetic", "/nonexistent/hpctrain/data", 20);
+  EXPECT_EQ(a.train.count, kSyntheticTrain);
+  EXPECT_EQ(a.test.count, kSyntheticTest);
+  EXPECT_EQ(a.train.height, 20);
+  EXPECT_EQ(a.train.width, 20);
+  EXPECT_EQ(a.train.channels, 3);
+  EXPECT_EQ(a.train.classes, 1000);
+  ASSERT_EQ(a.train.images.size(), static_cast<size_t>(kSyntheticTrain * 20 * 20 * 3));
+  ASSERT_EQ(a.norm.mean.size(), 3u);
+  const DatasetPair b = load_synthetic(20);
+  EXPECT_EQ(a.train.images, b.train.images);
+  EXPECT_EQ(a.test.labels, b.test.labels);
+  EXPECT_NE(a.train.images, std::vector<uint8_t>(a.train.images.size(), a.train.images[0])) << "not random";
+  EXPECT_NE(std::vector<uint8_t>(a.train.images.begin(), a.train.images.begin() + 1200),
+            std::vector<uint8_t>(a.test.images.begin(), a.test.images.begin() + 1200))
+      << "the test split is other images";
+  // Labels cover the classes roughly uniformly, all in range.
+  std::vector<int> seen(1000, 0);
+  for (int32_t l : a.train.labels) {
+    ASSERT_GE(l, 0);
+    ASSERT_LT(l, 1000);
+    seen[l] = 1;
+  }
+  EXPECT_GT(std::accumulate(seen.begin(), seen.end(), 0), 500);
+}
+
 TEST(Dataset, TruncateKeepsTheFirstSamples) {
   Dataset d;
   d.count = 4;
