@@ -8,6 +8,7 @@
 #include "core/arena.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "optim/loss_scaler.hpp"
 #include "optim/schedule.hpp"
 #include "optim/sgd.hpp"
 
@@ -319,3 +320,44 @@ TEST(LrSchedule, BadSpecsAreUsageErrors) {
 
 }  // namespace
 }  // namespace hpc
+
+namespace hpc::optim {
+namespace {
+
+// PyTorch's GradScaler schedule: halve and skip on an overflow, double after `interval` finite
+// steps in a row, an overflow restarting the count.
+TEST(LossScaler, HalvesOnOverflowAndGrowsAfterTheInterval) {
+  LossScaler s({}, 3);
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_FALSE(s.update(false));  // skipped: the count starts again
+  EXPECT_EQ(s.scale(), 32768.0);
+  EXPECT_EQ(s.state().good_steps, 0);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 32768.0);
+  EXPECT_TRUE(s.update(true));  // the third finite step in a row
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.state().good_steps, 0);
+  EXPECT_EQ(s.state().skipped, 1);
+}
+
+TEST(LossScaler, NeverFallsBelowOneAndResumesFromItsState) {
+  LossScaler s({4.0, 0, 0}, 2000);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 1.0);
+  EXPECT_EQ(s.state().skipped, 5);
+  // A scaler made from a saved state carries on exactly where that one stood.
+  LossScaler a({1024.0, 1998, 7}, 2000), b(a.state(), 2000);
+  for (LossScaler* x : {&a, &b}) {
+    x->update(true);
+    x->update(true);
+  }
+  EXPECT_EQ(a.scale(), 2048.0);
+  EXPECT_EQ(b.scale(), a.scale());
+  EXPECT_EQ(b.state().skipped, 7);
+}
+
+}  // namespace
+}  // namespace hpc::optim
