@@ -4,6 +4,7 @@
 #include <exception>
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 
 #include "core/rng.hpp"
 #include "data/shard_images.hpp"
@@ -11,8 +12,8 @@
 namespace hpc::data {
 
 BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed,
-                               int threads)
-    : ds_(ds), aug_(aug), seed_(seed), threads_(std::max(1, threads)) {
+                               int threads, bool bytes)
+    : ds_(ds), aug_(aug), seed_(seed), threads_(std::max(1, threads)), bytes_(bytes) {
   HPC_CHECK(static_cast<int64_t>(norm.mean.size()) == ds.channels && norm.std.size() == norm.mean.size(),
             "normalisation has ", norm.mean.size(), " channels, dataset ", ds.channels);
   table_.resize(ds.channels * 256);
@@ -21,31 +22,37 @@ BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, Aug
       table_[c * 256 + v] = (static_cast<float>(v) / 255.0f - norm.mean[c]) / norm.std[c];
 }
 
-void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
-                                     Batch& out) const {
+template <class T, class Put>
+void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst,
+                                     Put put) const {
   const int64_t n = static_cast<int64_t>(indices.size());
-  const int64_t h = ds_.height, w = ds_.width, c = ds_.channels, per = ds_.sample_bytes();
-  out.images.resize<float>(Shape{n, h, w, c});
-  out.labels.resize(n);
-  float* dst = out.images.data<float>();
+  const int64_t c = ds_.channels, per = ds_.sample_bytes();
   std::exception_ptr error;
   // Decoding dominates: the batch's images are decoded in parallel, each keyed by its own
   // (seed, epoch, index) stream, so the result does not depend on the number of threads.
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
   for (int64_t i = 0; i < n; ++i) {
     try {
+      const uint32_t idx = indices[static_cast<size_t>(i)];
+      T* o = dst + i * per;
+      if constexpr (std::is_same_v<T, uint8_t>) {  // decoded straight into the batch
+        if (augment && aug_.resized_crop) {
+          Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
+          ds_.shards->fill(idx, &rng, aug_.flip, o);
+        } else {
+          ds_.shards->fill(idx, nullptr, false, o);
+        }
+        continue;
+      }
       thread_local std::vector<uint8_t> pixels;
       pixels.resize(static_cast<size_t>(per));
-      const uint32_t idx = indices[static_cast<size_t>(i)];
-      out.labels[static_cast<size_t>(i)] = ds_.labels[idx];
       if (augment && aug_.resized_crop) {
         Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
         ds_.shards->fill(idx, &rng, aug_.flip, pixels.data());
       } else {
         ds_.shards->fill(idx, nullptr, false, pixels.data());
       }
-      float* o = dst + i * per;
-      for (int64_t p = 0; p < per; ++p) o[p] = table_[(p % c) * 256 + pixels[static_cast<size_t>(p)]];
+      for (int64_t p = 0; p < per; ++p) o[p] = put(p % c, pixels[static_cast<size_t>(p)]);
     } catch (...) {
 #pragma omp critical
       if (!error) error = std::current_exception();
@@ -54,27 +61,20 @@ void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64
   if (error) std::rethrow_exception(error);
 }
 
-void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
-                              Batch& out) const {
-  if (ds_.shards) {
-    assemble_shards(indices, epoch, augment, out);
-    return;
-  }
+template <class T, class Put>
+void BatchAssembler::assemble_memory(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst,
+                                     Put put) const {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t h = ds_.height, w = ds_.width, c = ds_.channels, per = ds_.sample_bytes();
-  out.images.resize<float>(Shape{n, h, w, c});
-  out.labels.resize(n);
-  float* dst = out.images.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t idx = indices[i];
     const uint8_t* src = ds_.images.data() + static_cast<int64_t>(idx) * per;
-    float* o = dst + i * per;
-    out.labels[i] = ds_.labels[idx];
+    T* o = dst + i * per;
     if (!augment || !aug_.any()) {
       if (c == 1) {
-        for (int64_t p = 0; p < per; ++p) o[p] = table_[src[p]];
+        for (int64_t p = 0; p < per; ++p) o[p] = put(0, src[p]);
       } else {
-        for (int64_t p = 0; p < per; ++p) o[p] = table_[(p % c) * 256 + src[p]];
+        for (int64_t p = 0; p < per; ++p) o[p] = put(p % c, src[p]);
       }
       continue;
     }
@@ -87,18 +87,40 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
       for (int64_t x = 0; x < w; ++x) {
         const int64_t sy = y + dy, sx0 = x + dx;
         const int64_t sx = flip ? (w - 1 - x) + dx : sx0;
-        float* px = o + (y * w + x) * c;
+        T* px = o + (y * w + x) * c;
         const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
         for (int64_t ch = 0; ch < c; ++ch)  // padding is a black pixel, normalised like any other
-          px[ch] = table_[ch * 256 + (inside ? src[(sy * w + sx) * c + ch] : 0)];
+          px[ch] = put(ch, inside ? src[(sy * w + sx) * c + ch] : uint8_t{0});
       }
     }
   }
 }
 
+void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
+                              Batch& out) const {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const Shape shape{n, ds_.height, ds_.width, ds_.channels};
+  out.labels.resize(n);
+  for (int64_t i = 0; i < n; ++i) out.labels[i] = ds_.labels[indices[i]];
+  if (bytes_) {
+    out.images.resize<uint8_t>(shape);
+    out.table = &table_;
+    auto put = [](int64_t, uint8_t v) { return v; };
+    if (ds_.shards) assemble_shards(indices, epoch, augment, out.images.data<uint8_t>(), put);
+    else assemble_memory(indices, epoch, augment, out.images.data<uint8_t>(), put);
+    return;
+  }
+  out.images.resize<float>(shape);
+  out.table = nullptr;
+  const float* table = table_.data();
+  auto put = [table](int64_t ch, uint8_t v) { return table[ch * 256 + v]; };
+  if (ds_.shards) assemble_shards(indices, epoch, augment, out.images.data<float>(), put);
+  else assemble_memory(indices, epoch, augment, out.images.data<float>(), put);
+}
+
 Loader::Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler,
-               uint64_t seed, int depth, int threads)
-    : assembler_(ds, norm, aug, seed, threads), sampler_(std::move(sampler)), augment_(aug.any()), depth_(depth),
+               uint64_t seed, int depth, int threads, bool bytes)
+    : assembler_(ds, norm, aug, seed, threads, bytes), sampler_(std::move(sampler)), augment_(aug.any()), depth_(depth),
       pool_(depth) {}
 
 Loader::~Loader() { stop(); }

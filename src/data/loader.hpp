@@ -25,17 +25,23 @@ struct AugmentSpec {
 };
 
 struct Batch {
-  Tensor images;                // n x H x W x C float
+  // n x H x W x C: normalised floats (F32), or, from an assembler asked for bytes, the samples'
+  // bytes (U8) with `table` the normalisation that the consumer applies (the GPU does it).
+  Tensor images;
   std::vector<int32_t> labels;  // n
   int64_t epoch = 0, step = 0;
+  const std::vector<float>* table = nullptr;  // bytes: BatchAssembler::table()
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
 };
 
-// Turns uint8 samples into normalised floats (a 256-entry table per channel).
+// Turns uint8 samples into normalised floats (a 256-entry table per channel), or, with
+// bytes, into batches of the augmented bytes that a GPU normalises: a quarter of the data to
+// copy, and no float pass on the host.
 class BatchAssembler {
  public:
   // threads: how many decode packed images in parallel (in-memory datasets need none).
-  BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed, int threads = 1);
+  BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed, int threads = 1,
+                 bool bytes = false);
   // Fills out with the given samples; augmentation (if any) is keyed by (seed, epoch, index).
   void assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
   // byte value -> normalised float, channels x 256 (the GPU path normalises with the same
@@ -43,18 +49,24 @@ class BatchAssembler {
   const std::vector<float>& table() const { return table_; }
 
  private:
-  void assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
+  // T: float or uint8_t; put(channel, byte) is what the batch stores.
+  template <class T, class Put>
+  void assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put) const;
+  template <class T, class Put>
+  void assemble_memory(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put) const;
   const Dataset& ds_;
   AugmentSpec aug_;
   uint64_t seed_;
   int threads_;
+  bool bytes_;
   std::vector<float> table_;  // channels x 256
 };
 
 class Loader {
  public:
+  // bytes: batches of bytes for a GPU to normalise (BatchAssembler).
   Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler, uint64_t seed,
-         int depth = 3, int threads = 1);
+         int depth = 3, int threads = 1, bool bytes = false);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -394,6 +394,29 @@ TEST(BatchAssembler, AugmentFlagOffOrNothingToDoMeansPlainCopy) {
   EXPECT_NE(std::memcmp(p.images.raw(), a.images.raw(), bytes), 0);
 }
 
+// Batches of bytes (for a GPU to normalise) are the float batches before the table: the same
+// samples, crops and flips, and the table that turns one into the other.
+TEST(BatchAssembler, BytesAreTheFloatBatchBeforeNormalisation) {
+  const Dataset d = ramp_dataset(12, 6, 5, 3);
+  const Normalization norm{{0.1f, 0.2f, 0.3f}, {0.3f, 0.25f, 0.5f}};
+  const std::vector<uint32_t> idx{4, 0, 11, 7, 7, 2};
+  for (bool augment : {false, true}) {
+    BatchAssembler floats(d, norm, {2, true}, 17), bytes(d, norm, {2, true}, 17, 1, true);
+    Batch f, b;
+    floats.assemble(idx, 3, augment, f);
+    bytes.assemble(idx, 3, augment, b);
+    EXPECT_EQ(f.table, nullptr);
+    ASSERT_EQ(b.table, &bytes.table());
+    ASSERT_EQ(b.images.dtype(), DType::U8);
+    ASSERT_EQ(b.images.shape(), f.images.shape());
+    EXPECT_EQ(b.labels, f.labels);
+    const uint8_t* px = b.images.data<uint8_t>();
+    const float* x = f.images.data<float>();
+    for (int64_t i = 0; i < f.images.numel(); ++i)
+      ASSERT_EQ(x[i], (*b.table)[(i % 3) * 256 + px[i]]) << "element " << i << (augment ? " (augmented)" : "");
+  }
+}
+
 // Augmentation is keyed by (seed, epoch, sample index), not by position in the batch.
 TEST(BatchAssembler, AugmentationIsDeterministic) {
   const Dataset d = ramp_dataset(16, 6, 6, 3);

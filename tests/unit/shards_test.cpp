@@ -394,6 +394,15 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
     return std::vector<float>(x, x + b.images.numel());
   };
   EXPECT_EQ(batch(1, 2, true), batch(4, 2, true));    // threads change nothing
+  {  // batches of bytes (a GPU normalises them) are the same crops before the table
+    const BatchAssembler a(p.train, p.norm, {0, true, true}, 11, 2, true);
+    Batch b;
+    a.assemble(idx, 2, true, b);
+    ASSERT_EQ(b.images.dtype(), DType::U8);
+    const std::vector<float> want = batch(1, 2, true);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(want[i], (*b.table)[(i % 3) * 256 + b.images.data<uint8_t>()[i]]) << "element " << i;
+  }
   EXPECT_NE(batch(1, 2, true), batch(1, 3, true));    // another epoch, other crops
   EXPECT_EQ(batch(1, 2, false), batch(3, 5, false));  // evaluation: centre crops, always the same
 }
@@ -408,7 +417,7 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
   EXPECT_NE(usage_error_of([&] { load_dataset("shards", o.out, 32); }).find("no val shards"), std::string::npos);
   EXPECT_NE(usage_error_of([&] { load_dataset("shards", dir.path().string(), 32); }).find("classes.txt"),
             std::string::npos);
-  EXPECT_NE(usage_error_of([&] { load_dataset("mnist", dir.path().string(), 32); }).find("packed shards only"),
+  EXPECT_NE(usage_error_of([&] { load_dataset("mnist", dir.path().string(), 32); }).find("packed shards and synthetic data only"),
             std::string::npos);
 }
 
