@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     {
       ckpt::AsyncWriter writer(store);
       for (int r = 0; r < repeats; ++r) {
-        const train::RunPosition at{r + 1, 0, r + 1, 64, 64.0 * (r + 1)};
+        const train::RunPosition at{r + 1, 0, r + 1, 64, 64.0 * (r + 1), {}};
         const auto t0 = Clock::now();  // as the trainer does it
         ckpt::Checkpoint snapshot = writer.recycled();
         train::fill_checkpoint(snapshot, o, model, sgd, 1, at);
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
       }
     }
     for (int r = 0; r < repeats; ++r) {
-      const train::RunPosition at{100 + r, 0, r, 64, 64.0 * r};
+      const train::RunPosition at{100 + r, 0, r, 64, 64.0 * r, {}};
       const auto t0 = Clock::now();
       const std::vector<char> encoded = ckpt::encode(train::make_checkpoint(o, model, sgd, 1, at));
       store.write(encoded, at.step);

@@ -1,20 +1,51 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "core/cuda_check.hpp"
+#include "core/error.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/launch.cuh"
 
 namespace hpc::kernels {
 namespace {
 
-__global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
-  HPC_GRID_STRIDE(i, n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+// Activations of every precision are computed in float: loaded, worked on, rounded once to
+// the nearest representable value when stored (as PyTorch's elementwise kernels do).
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <class T>
+__global__ void relu_forward_kernel(const T* x, T* y, int64_t n) {
+  HPC_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]);
+    y[i] = from_f<T>(v > 0.f ? v : 0.f);
+  }
 }
 
-__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, int64_t n) {
-  HPC_GRID_STRIDE(i, n) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+template <class T>
+__global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, int64_t n) {
+  HPC_GRID_STRIDE(i, n) dx[i] = to_f(y[i]) > 0.f ? dy[i] : from_f<T>(0.f);
 }
 
-__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
-  HPC_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
+  HPC_GRID_STRIDE(i, n) out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
+template <class From, class To>
+__global__ void convert_kernel(const From* in, To* out, int64_t n, float factor, int* non_finite) {
+  bool bad = false;
+  HPC_GRID_STRIDE(i, n) {
+    const To v = from_f<To>(to_f(in[i]) * factor);
+    out[i] = v;
+    bad |= !isfinite(to_f(v));
+  }
+  if (non_finite && __syncthreads_or(bad) && threadIdx.x == 0) *non_finite = 1;  // every writer writes 1
 }
 
 __global__ void normalize_u8_kernel(const uint8_t* in, float* out, int64_t n, int channels, const float* table) {
@@ -25,34 +56,73 @@ __global__ void scale_kernel(float* x, int64_t n, float factor) {
   HPC_GRID_STRIDE(i, n) x[i] *= factor;
 }
 
-__global__ void scale_and_check_kernel(float* x, int64_t n, float factor, int* non_finite) {
-  bool bad = false;
-  HPC_GRID_STRIDE(i, n) {
-    const float v = x[i] * factor;
-    x[i] = v;
-    bad |= !isfinite(v);
+// Calls f with a value of the element type that `t` names.
+template <class F>
+void with_type(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f(float{});
+    case DType::BF16: return f(__nv_bfloat16{});
+    case DType::F16: return f(__half{});
+    default: break;
   }
-  if (__syncthreads_or(bad) && threadIdx.x == 0) *non_finite = 1;  // a plain store: every writer writes 1
+  throw Error(ErrorKind::Internal, detail::concat("no GPU elementwise kernel for ", dtype_name(t), " tensors"));
 }
 
 }  // namespace
 
-void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {
+void relu_forward(DType t, const void* x, void* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  relu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  with_type(t, [&](auto tag) {
+    using T = decltype(tag);
+    relu_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
+  });
   CUDA_CHECK_LAUNCH();
+}
+
+void relu_backward(DType t, const void* y, const void* dy, void* dx, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  with_type(t, [&](auto tag) {
+    using T = decltype(tag);
+    relu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(y), static_cast<const T*>(dy),
+                                                                    static_cast<T*>(dx), n);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void add(DType t, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  with_type(t, [&](auto tag) {
+    using T = decltype(tag);
+    add_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                          static_cast<T*>(out), n);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void convert(DType from, const void* in, DType to, void* out, int64_t n, float factor, int* non_finite,
+             cudaStream_t stream) {
+  if (n == 0) return;
+  with_type(from, [&](auto from_tag) {
+    with_type(to, [&](auto to_tag) {
+      using From = decltype(from_tag);
+      using To = decltype(to_tag);
+      convert_kernel<From, To><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const From*>(in),
+                                                                       static_cast<To*>(out), n, factor, non_finite);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  relu_forward(DType::F32, x, y, n, stream);
 }
 
 void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, dy, dx, n);
-  CUDA_CHECK_LAUNCH();
+  relu_backward(DType::F32, y, dy, dx, n, stream);
 }
 
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, out, n);
-  CUDA_CHECK_LAUNCH();
+  add(DType::F32, a, b, out, n, stream);
 }
 
 void normalize_u8(const uint8_t* in, float* out, int64_t n, int channels, const float* table, cudaStream_t stream) {
@@ -68,9 +138,7 @@ void scale(float* x, int64_t n, float factor, cudaStream_t stream) {
 }
 
 void scale_and_check(float* x, int64_t n, float factor, int* non_finite, cudaStream_t stream) {
-  if (n == 0) return;
-  scale_and_check_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor, non_finite);
-  CUDA_CHECK_LAUNCH();
+  convert(DType::F32, x, DType::F32, x, n, factor, non_finite, stream);
 }
 
 }  // namespace hpc::kernels

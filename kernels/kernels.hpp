@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "core/tensor.hpp"
+
 namespace hpc::kernels {
 
 // ---- elementwise (nn::ReLU, nn::Residual, data::BatchAssembler) ------------------------------
@@ -26,6 +28,19 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t str
 // bit for bit the CPU's values.
 void normalize_u8(const uint8_t* in, float* out, int64_t n, int channels, const float* table,
                   cudaStream_t stream);
+
+// The same on activations of any precision (t: F32, BF16 or F16; x, y, ... of that type),
+// computed in float and rounded once when stored: the layers of mixed-precision training.
+void relu_forward(DType t, const void* x, void* y, int64_t n, cudaStream_t stream);
+void relu_backward(DType t, const void* y, const void* dy, void* dx, int64_t n, cudaStream_t stream);
+void add(DType t, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+
+// out = in * factor, converted from `from` to `to` (each F32, BF16 or F16; in == out only when
+// the types are equal): fp32 weights to their bf16/fp16 copies, low-precision gradients to the
+// fp32 arena with the loss scale divided out, logits to fp32. When non_finite is not null it
+// is set to 1 if any result is not finite (and never cleared: zero it per step).
+void convert(DType from, const void* in, DType to, void* out, int64_t n, float factor, int* non_finite,
+             cudaStream_t stream);
 
 // ---- loss (nn::SoftmaxCrossEntropy: forward and backward fused) -------------------------------
 
@@ -53,8 +68,11 @@ void count_correct(const float* scores, const int32_t* labels, int64_t n, int64_
 // rounded as the CPU rounds (no fused multiply-add), so one step matches the CPU bit for bit.
 // range_end and range_decay are device arrays of `ranges` entries, range_end ascending with
 // the last equal to n.
+// When skip is not null and *skip is non-zero on the device, the launch changes nothing: an
+// fp16 step whose gradients overflowed is skipped without the host waiting for the flag.
 void sgd_step(float* params, const float* grads, float* velocity, int64_t n, const int64_t* range_end,
-              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream);
+              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream,
+              const int* skip = nullptr);
 
 // ---- data parallelism (dist::GradientBucketer) -------------------------------------------------
 

@@ -21,7 +21,8 @@ __device__ int range_of(int64_t i, const int64_t* end, int ranges) {
 // multiply-add (GCC with -std=c++20 keeps -ffp-contract=off), so neither may this kernel if a
 // step is to equal the CPU's bit for bit.
 __global__ void sgd_kernel(float* p, const float* g, float* v, int64_t n, const int64_t* end, const float* decay,
-                           int ranges, float lr, float mu, bool nesterov) {
+                           int ranges, float lr, float mu, bool nesterov, const int* skip) {
+  if (skip && *skip) return;
   HPC_GRID_STRIDE(i, n) {
     const float wd = decay[range_of(i, end, ranges)];
     const float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
@@ -35,10 +36,11 @@ __global__ void sgd_kernel(float* p, const float* g, float* v, int64_t n, const 
 }  // namespace
 
 void sgd_step(float* params, const float* grads, float* velocity, int64_t n, const int64_t* range_end,
-              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream) {
+              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream,
+              const int* skip) {
   if (n == 0) return;
   sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(params, grads, velocity, n, range_end, range_decay, ranges, lr,
-                                                     momentum, nesterov);
+                                                     momentum, nesterov, skip);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -14,6 +14,8 @@ size_t dtype_size(DType t) {
     case DType::F64: return 8;
     case DType::I32: return 4;
     case DType::U8: return 1;
+    case DType::BF16:
+    case DType::F16: return 2;
   }
   return 0;
 }
@@ -24,6 +26,8 @@ const char* dtype_name(DType t) {
     case DType::F64: return "f64";
     case DType::I32: return "i32";
     case DType::U8: return "u8";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
   }
   return "?";
 }

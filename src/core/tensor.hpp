@@ -14,7 +14,8 @@
 
 namespace hpc {
 
-enum class DType : uint8_t { F32, F64, I32, U8 };
+// BF16 and F16: device activations of mixed-precision training (nn/cuda), never host math.
+enum class DType : uint8_t { F32, F64, I32, U8, BF16, F16 };
 enum class DeviceKind : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType t);

@@ -42,10 +42,11 @@ void SgdCuda::download(Sgd<float>& host) const {
   device::copy(host.momentum_buffer().raw(), velocity_.raw(), velocity_.bytes(), device::Copy::DeviceToHost);
 }
 
-void SgdCuda::step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream) {
+void SgdCuda::step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream,
+                   const int* skip) {
   kernels::sgd_step(params, grads, velocity_.data<float>(), n_, static_cast<const int64_t*>(range_end_.raw()),
                     range_decay_.data<float>(), ranges_, static_cast<float>(lr), static_cast<float>(momentum),
-                    spec_.nesterov, stream);
+                    spec_.nesterov, stream, skip);
 }
 
 }  // namespace hpc::optim

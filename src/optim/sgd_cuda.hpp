@@ -15,8 +15,10 @@ class SgdCuda {
   explicit SgdCuda(const Sgd<float>& host);
   void upload(const Sgd<float>& host);
   void download(Sgd<float>& host) const;
-  // params and grads: device arenas of the host optimizer's size.
-  void step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream);
+  // params and grads: device arenas of the host optimizer's size. skip: a device flag that,
+  // when set, makes the step change nothing (an overflowed fp16 step); null: never.
+  void step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream,
+            const int* skip = nullptr);
 
  private:
   SgdSpec spec_;

@@ -76,6 +76,11 @@ void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model
   m["step_in_epoch"] = str(at.step_in_epoch);
   m["global_batch_size"] = str(at.global_batch);
   m["samples_seen"] = str(at.samples_seen);
+  if (at.scaler) {
+    m["loss_scale"] = str(at.scaler->scale);
+    m["loss_scale_good_steps"] = str(at.scaler->good_steps);
+    m["skipped_steps"] = str(at.scaler->skipped);
+  }
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
   copy_into(c.params, model.params().values());
   copy_into(c.momentum, sgd.momentum_buffer());
@@ -156,6 +161,12 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
   at.step_in_epoch = c.integer("step_in_epoch");
   at.global_batch = c.integer("global_batch_size");
   at.samples_seen = c.number("samples_seen");
+  if (c.meta.count("loss_scale")) {
+    at.scaler = optim::LossScalerState{c.number("loss_scale"), c.integer("loss_scale_good_steps"),
+                                       c.integer("skipped_steps")};
+    HPC_REQUIRE(at.scaler->scale >= 1 && at.scaler->good_steps >= 0 && at.scaler->skipped >= 0,
+                "the checkpoint's loss scale is invalid (", at.scaler->scale, ")");
+  }
   HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0,
               "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ")");
   HPC_REQUIRE(o.global_batch_size == 0 || o.global_batch_size == at.global_batch, "the checkpoint was made with a ",

@@ -10,6 +10,7 @@
 #include "data/dataset.hpp"
 #include "dist/process.hpp"
 #include "nn/model.hpp"
+#include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
 #include "train/options.hpp"
 
@@ -23,6 +24,9 @@ struct RunPosition {
   int64_t step_in_epoch = 0;  // index of the next step within that epoch
   int64_t global_batch = 0;
   double samples_seen = 0;    // what the schedules are functions of
+  // fp16 runs: the dynamic loss scale and its counters (checkpoint keys loss_scale,
+  // loss_scale_good_steps, skipped_steps), so a resumed run scales as the first would have.
+  std::optional<optim::LossScalerState> scaler;
 };
 
 // A copy of the state (rank 0's) at `at`, with the options and model it belongs to, into c

@@ -7,12 +7,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "data/loader.hpp"
 #include "dist/bucketer.hpp"
 #include "dist/process.hpp"
 #include "nn/model.hpp"
+#include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
 #include "train/options.hpp"
 
@@ -22,6 +24,7 @@ struct StepResult {
   double loss = 0;       // mean over this rank's batch
   int64_t correct = 0;   // this rank's right answers
   double comm_wait = 0;  // seconds spent waiting for the all-reduce after backward
+  bool skipped = false;  // fp16: the gradients overflowed, the update was not applied
 };
 
 class Engine {
@@ -39,6 +42,10 @@ class Engine {
   virtual std::string describe() const = 0;
   // Bytes of device memory at the high-water mark (0 on the CPU).
   virtual size_t peak_device_memory() const { return 0; }
+  // fp16 training's dynamic loss scale (none in the other precisions), for checkpoints; and
+  // a resumed run's, restored.
+  virtual std::optional<optim::LossScalerState> loss_scaler() const { return std::nullopt; }
+  virtual void restore_loss_scaler(const optim::LossScalerState&) {}
 };
 
 // Counts the rows of probabilities (N x K) whose first largest entry is the label.

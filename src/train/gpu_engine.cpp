@@ -100,7 +100,11 @@ class GpuBuckets final : public dist::BucketDevice {
 
 nn::cuda::GpuSettings settings_of(const TrainOptions& o) {
   nn::cuda::GpuSettings s;
-  s.math = o.precision == "fp32" ? nn::cuda::Math::Fp32 : nn::cuda::Math::Tf32;
+  using nn::cuda::Math;
+  s.math = o.precision == "fp32"   ? Math::Fp32
+           : o.precision == "bf16" ? Math::Bf16
+           : o.precision == "fp16" ? Math::Fp16
+                                   : Math::Tf32;
   s.deterministic = o.deterministic;
   return s;
 }
@@ -121,7 +125,8 @@ class GpuEngine final : public Engine {
         bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model.gradient_groups(),
                   static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
         precision_(o.precision),
-        deterministic_(o.deterministic) {
+        deterministic_(o.deterministic),
+        scaled_(o.precision == "fp16") {
     buckets_.reserve(bucketer_.bucket_count());
     net_.upload(model.params());
     sgd_gpu_.upload(sgd);
@@ -131,12 +136,26 @@ class GpuEngine final : public Engine {
     StepResult r;
     bucketer_.begin_step(share);
     stage(batch);
+    if (scaled_) {
+      context_.set_loss_scale(static_cast<float>(scaler_.scale()));
+      CUDA_CHECK(cudaMemsetAsync(context_.non_finite(), 0, sizeof(int), context_.stream()));
+    }
     net_.loss(net_.forward(x_, true), labels_.data<int32_t>());
     net_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
     r.comm_wait = bucketer_.finish();
     auto& a = net_.arenas();
-    sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream());
-    const auto sums = net_.sums();
+    // fp16: the summed gradients (every rank holds the same, so every rank decides alike) are
+    // checked in one pass; when one is not finite the update kernel changes nothing.
+    if (scaled_)
+      kernels::scale_and_check(a.grads().data<float>(), a.grads().numel(), 1.0f, context_.non_finite(),
+                               context_.stream());
+    sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream(),
+                  scaled_ ? context_.non_finite() : nullptr);
+    if (scaled_)
+      CUDA_CHECK(cudaMemcpyAsync(&overflow_, context_.non_finite(), sizeof(int), cudaMemcpyDeviceToHost,
+                                 context_.stream()));
+    const auto sums = net_.sums();  // waits for the stream: overflow_ is in place
+    if (scaled_) r.skipped = !scaler_.update(overflow_ == 0);
     r.loss = sums.loss / static_cast<double>(std::max<int64_t>(batch.size(), 1));
     r.correct = sums.correct;
     return r;
@@ -159,6 +178,11 @@ class GpuEngine final : public Engine {
   const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
   size_t bucket_count() const override { return bucketer_.bucket_count(); }
   size_t peak_device_memory() const override { return device::peak_memory_in_use(); }
+  std::optional<optim::LossScalerState> loss_scaler() const override {
+    if (!scaled_) return std::nullopt;
+    return scaler_.state();
+  }
+  void restore_loss_scaler(const optim::LossScalerState& s) override { scaler_ = optim::LossScaler(s); }
 
   std::string describe() const override {
     cudaDeviceProp p{};
@@ -173,7 +197,11 @@ class GpuEngine final : public Engine {
  private:
   // The batch to the device: through pinned memory, asynchronously on the compute stream (the
   // previous step's read-back has waited for that stream, so the buffers are free).
+  // The batch onto the device: its images as they come (bytes, normalised here by the
+  // assembler's table; or floats) and its labels, through one pinned buffer.
   void stage(const data::Batch& batch) {
+    const bool bytes = batch.images.dtype() == DType::U8;
+    HPC_CHECK(!bytes || batch.table, "a batch of bytes without its normalisation table");
     const size_t image_bytes = batch.images.bytes(), label_bytes = batch.labels.size() * sizeof(int32_t);
     auto* pinned = static_cast<char*>(pinned_.get(image_bytes + label_bytes));
     std::memcpy(pinned, batch.images.raw(), image_bytes);
@@ -183,7 +211,20 @@ class GpuEngine final : public Engine {
       labels_ = Tensor(Shape{batch.size()}, DType::I32, DeviceKind::CUDA);
     else
       labels_.resize(Shape{batch.size()}, DType::I32);
-    CUDA_CHECK(cudaMemcpyAsync(x_.raw(), pinned, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    if (bytes) {
+      if (*batch.table != table_host_) {  // once per run (and when evaluation's differs)
+        table_host_ = *batch.table;
+        table_ = Tensor(Shape{static_cast<int64_t>(table_host_.size())}, DType::F32, DeviceKind::CUDA);
+        CUDA_CHECK(cudaMemcpyAsync(table_.raw(), table_host_.data(), table_.bytes(), cudaMemcpyHostToDevice,
+                                   context_.stream()));
+      }
+      nn::cuda::ensure(x_bytes_, batch.images.shape(), DType::U8);
+      CUDA_CHECK(cudaMemcpyAsync(x_bytes_.raw(), pinned, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+      kernels::normalize_u8(x_bytes_.data<uint8_t>(), x_.data<float>(), x_.numel(),
+                            static_cast<int>(batch.images.shape()[3]), table_.data<float>(), context_.stream());
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(x_.raw(), pinned, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    }
     CUDA_CHECK(cudaMemcpyAsync(labels_.raw(), pinned + image_bytes, label_bytes, cudaMemcpyHostToDevice,
                                context_.stream()));
   }
@@ -199,8 +240,12 @@ class GpuEngine final : public Engine {
   dist::GradientBucketer bucketer_;
   std::string precision_;
   bool deterministic_;
+  bool scaled_;  // fp16: dynamic loss scaling
+  optim::LossScaler scaler_;
+  int overflow_ = 0;
   PinnedBuffer pinned_;
-  Tensor x_, labels_;
+  Tensor x_, labels_, x_bytes_, table_;
+  std::vector<float> table_host_;  // what table_ holds
 };
 
 }  // namespace

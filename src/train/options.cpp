@@ -72,10 +72,8 @@ void validate(const TrainOptions& o) {
               "--augment must be auto, on or off, got '", o.augment, "'");
   HPC_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
               "--device must be auto, cpu or cuda, got '", o.device, "'");
-  HPC_REQUIRE(o.precision != "bf16" && o.precision != "fp16", "--precision ", o.precision,
-              ": mixed precision is not built yet; use fp32 or tf32");
-  HPC_REQUIRE(o.precision == "fp32" || o.precision == "tf32", "--precision must be fp32 or tf32, got '",
-              o.precision, "'");
+  HPC_REQUIRE(o.precision == "fp32" || o.precision == "tf32" || o.precision == "bf16" || o.precision == "fp16",
+              "--precision must be fp32, tf32, bf16 or fp16, got '", o.precision, "'");
 }
 
 }  // namespace
@@ -113,8 +111,10 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("device", po::value(&o.device)->default_value(o.device, shown(o.device)),
        "auto (the GPU of each rank's local rank when one is visible, else the CPU), cpu or cuda")
       ("precision", po::value(&o.precision)->default_value(o.precision, shown(o.precision)),
-       "GPU arithmetic: tf32 (convolutions and matrix products on tensor cores, as PyTorch's cuDNN default) or "
-       "fp32 (IEEE float throughout); the CPU always computes in fp32")
+       "GPU arithmetic: tf32 (convolutions and matrix products on tensor cores, as PyTorch's cuDNN default), "
+       "fp32 (IEEE float throughout), or mixed precision as PyTorch's autocast: bf16, or fp16 with dynamic loss "
+       "scaling (activations in 16 bits; master weights, gradients and optimizer state in fp32); the CPU always "
+       "computes in fp32 (and refuses bf16 and fp16)")
       ("no-deterministic", po::bool_switch(&no_deterministic),
        "GPU: let cuDNN choose non-deterministic algorithms too (faster for some shapes; runs then differ in their "
        "last bits and a resume is no longer bit-exact)");
@@ -125,12 +125,12 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("init", po::value(&o.init)->default_value(o.init, shown(o.init)),
        "how weights start: kaiming-uniform (PyTorch's default for conv and linear layers, "
        "U(+-1/sqrt(fan_in)), as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU gain); biases start at 0")
-      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist, cifar10, cifar100 or shards (an image folder packed by hpcdata pack)")
+      ("dataset", po::value(&o.dataset)->default_value(o.dataset, shown(o.dataset)), "fashion-mnist, mnist, cifar10, cifar100, shards (an image folder packed by hpcdata pack) or synthetic (2048 random 224x224 images and 1000 classes from a fixed seed, for benchmarks)")
       ("data-dir", po::value(&o.data_dir), "directory of the dataset files (default: where Debian's "
                                            "dataset-fashion-mnist installs them)")
       ("image-size", po::value(&o.image_size)->default_value(o.image_size, shown(o.image_size)),
        "shards: side of the square images the model sees (random resized crops in training, centre crops "
-       "in evaluation; 0: 224)")
+       "in evaluation; 0: 224); synthetic: the images' side (0: 224)")
       ("train-samples", po::value(&o.train_samples)->default_value(o.train_samples, shown(o.train_samples)),
        "use only the first N training samples (0: all)")
       ("test-samples", po::value(&o.test_samples)->default_value(o.test_samples, shown(o.test_samples)),

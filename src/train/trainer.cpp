@@ -37,16 +37,18 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank on the host can
 // have one of its own (NCCL refuses two ranks on one GPU), and says so when it cannot.
 bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
-  if (o.device == "cpu") return false;
   std::string why;
-  bool gpu = gpu_training_available(&why);
-  const int gpus = device::cuda_device_count();
+  bool gpu = o.device != "cpu" && gpu_training_available(&why);
+  const int gpus = o.device == "cpu" ? 0 : device::cuda_device_count();
   if (gpu && gpus < ranks_on_host) {
     why = detail::concat(ranks_on_host, " ranks on this host share ", gpus,
                          " GPU(s); start one rank per GPU (mpirun -npernode ", gpus, ", srun --gpus-per-task 1)");
     gpu = false;
   }
-  HPC_REQUIRE(gpu || o.device == "auto", "--device cuda: ", why, "; or use --device cpu");
+  HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
+  HPC_REQUIRE(gpu || (o.precision != "bf16" && o.precision != "fp16"), "--precision ", o.precision,
+              " is mixed precision on the GPU, and this rank trains on the CPU",
+              o.device == "cpu" ? "" : detail::concat(" (", why, ")"), "; the CPU trains in fp32: use --precision fp32");
   if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
@@ -181,11 +183,11 @@ EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data
 
 EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
                     const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm,
-                    const std::function<void()>& on_batch, int decode_threads) {
+                    const std::function<void()>& on_batch, int decode_threads, bool bytes) {
   // Each rank evaluates its contiguous part of the test set; the sums are then added up.
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   const int64_t begin = ds.count * rank / world, end = ds.count * (rank + 1) / world;
-  data::BatchAssembler assembler(ds, norm, {}, 0, decode_threads);
+  data::BatchAssembler assembler(ds, norm, {}, 0, decode_threads, bytes);
   data::Batch batch;
   double sums[2] = {0, 0};  // loss * samples, correct
   for (int64_t start = begin; start < end; start += batch_size) {
@@ -291,12 +293,14 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   const double samples_per_epoch = static_cast<double>(o.drop_last ? spe * global_batch : ds.train.count);
   optim::LrSchedule schedule(
       schedule_spec(o, samples_per_epoch, static_cast<double>(total_steps) * samples_per_epoch / spe));
-  data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed), 3, threads);
+  // The GPU takes the batches as bytes and normalises them itself.
+  data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed), 3, threads, gpu);
   MetricsWriter metrics = o.metrics_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics_file);
   MetricsWriter timeline = o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file);
   // The engine takes the state as it now is (initialised or resumed, and broadcast).
   std::unique_ptr<Engine> engine =
       gpu ? make_gpu_engine(model, sgd, ctx, o) : make_cpu_engine(model, sgd, comm, o, threads);
+  if (start.scaler) engine->restore_loss_scaler(*start.scaler);
 
   log::info("hpctrain ", HPCTRAIN_VERSION, ": ", model.summary());
   log::info("data: ", o.dataset, " from ", dir, " (", ds.train.count, " train, ", ds.test.count,
@@ -325,6 +329,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
     ckpt::Checkpoint snapshot = writer->recycled();
     engine->sync_to_host();
+    at.scaler = engine->loss_scaler();
     fill_checkpoint(snapshot, o, model, sgd, world, at);
     writer->submit(std::move(snapshot), at.step);
     checkpoint_stall += seconds_since(t0);
@@ -349,7 +354,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   watchdog.progress(step);
   auto run_evaluation = [&] {
     return evaluate([&](const data::Batch& b, double* s) { engine->eval_batch(b, s); }, ds.test, ds.norm,
-                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); }, threads);
+                    o.eval_batch_size, &comm, [&] { watchdog.progress(step); }, threads, gpu);
   };
   for (int64_t epoch = start.epoch; epoch < o.epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
@@ -378,7 +383,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       const double ips = static_cast<double>(epoch_global_samples) / std::max(el, 1e-9);
       const double eta = (train_seconds + el) / static_cast<double>(step) * static_cast<double>(total_steps - step);
       progress.step(epoch, batch->step, step - 1, sums[0] / sums[2], sums[1] / sums[2], ips, eta);
-      here = RunPosition{step, epoch, batch->step + 1, global_batch, samples_seen};
+      here = RunPosition{step, epoch, batch->step + 1, global_batch, samples_seen, {}};
       if (signal_at.step == step && signal_at.rank == rank) StopSignals::raise_and_wait(signal_at.signal);
       if (store && seconds_since(last_heartbeat) >= 1.0) {
         ckpt::write_heartbeat(store->dir(), step, epoch);
@@ -421,7 +426,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                   static_cast<long long>(epoch + 1), static_cast<long long>(o.epochs), train_loss, eval.loss,
                   100 * eval.accuracy, ips, format_duration(epoch_seconds).c_str());
     progress.line(buf);
-    if (o.checkpoint_each_epoch) save({step, epoch + 1, 0, global_batch, samples_seen});
+    if (o.checkpoint_each_epoch) save({step, epoch + 1, 0, global_batch, samples_seen, {}});
     if (!std::isfinite(train_loss)) log::warn("the training loss is not finite: training diverged (try a lower --lr)");
     metrics.write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
@@ -458,7 +463,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     eval = run_evaluation();
   }
   if (writer) {  // the final state, and every write finished before reporting
-    save({step, o.epochs, 0, global_batch, samples_seen});
+    save({step, o.epochs, 0, global_batch, samples_seen, {}});
     writer->wait();
     log::info("checkpoint: ", writer->last_written());
     ckpt::write_heartbeat(store->dir(), step, step / spe, "done");
@@ -490,6 +495,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                  {"comm_wait_seconds_per_step", wait_per_step},
                  {"step_seconds", train_seconds / run_steps},
                  {"resumed_from_step", resume ? start.step : int64_t{-1}},
+                 {"skipped_steps", engine->loss_scaler() ? engine->loss_scaler()->skipped : int64_t{0}},
                  {"checkpoints_written", checkpoints},
                  {"checkpoint_stall_seconds", checkpoint_stall},
                  {"elapsed_seconds", seconds_since(t_start)}});

@@ -34,10 +34,11 @@ EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data
                     int64_t batch_size, dist::Communicator* comm = nullptr,
                     const std::function<void()>& on_batch = {}, int decode_threads = 1);
 // The same with any per-batch evaluation: run(batch, sums) adds the batch's loss sum and
-// correct count to sums[0] and sums[1] (an Engine's eval_batch).
+// correct count to sums[0] and sums[1] (an Engine's eval_batch). bytes: batches of bytes
+// for a GPU to normalise (data::BatchAssembler).
 EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
                     const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm = nullptr,
-                    const std::function<void()>& on_batch = {}, int decode_threads = 1);
+                    const std::function<void()>& on_batch = {}, int decode_threads = 1, bool bytes = false);
 
 // Math-library threads per rank when --threads is 0: this host's cores shared among the ranks
 // on it, so the host is not oversubscribed.

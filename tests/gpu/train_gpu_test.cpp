@@ -85,6 +85,46 @@ TEST_F(GpuTraining, Fp32TrainingFollowsTheCpuAndItsCheckpointsLoadOnTheCpu) {
   EXPECT_NE(ev.out.find("test accuracy"), std::string::npos) << ev.out;
 }
 
+// Mixed precision trains as well as fp32 on this short job (within 3 points), and an fp16 run
+// killed and resumed ends bit-exactly where an uninterrupted one does: the dynamic loss scale
+// travels in the checkpoint (its keys are there, and skipped_steps is in the done line).
+TEST_F(GpuTraining, MixedPrecisionTrainsAndFp16ResumesExactly) {
+  const std::string ref = dir_.file("fp32.jsonl");
+  auto fp32 = short_job(ref);
+  fp32.insert(fp32.end(), {"--precision", "fp32"});
+  ASSERT_EQ(run_hpctrain(fp32).exit_code, 0);
+  const double want_accuracy = done_of(ref).at("test_accuracy").number;
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const std::string m = dir_.file(std::string(precision) + ".jsonl");
+    auto job = short_job(m);
+    job.insert(job.end(), {"--precision", precision});
+    const RunResult r = run_hpctrain(job);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonObject d = done_of(m);
+    EXPECT_NEAR(d.at("test_accuracy").number, want_accuracy, 0.03);
+    EXPECT_GE(d.at("skipped_steps").number, 0);
+    std::cout << precision << ": test accuracy " << d.at("test_accuracy").number << " (fp32 " << want_accuracy
+              << "), skipped steps " << d.at("skipped_steps").number << "\n";
+  }
+  const std::string want = done_of(dir_.file("fp16.jsonl")).at("param_checksum").str;
+  const std::string ck = dir_.file("ck16");
+  auto job = short_job(dir_.file("killed16.jsonl"));
+  job.insert(job.end(), {"--precision", "fp16", "--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
+  EXPECT_NE(run_hpctrain(job).exit_code, 0);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  const RunResult listing = run_hpctrain({"inspect", "--json", ck + "/ckpt-000000005.hpck"});
+  EXPECT_NE(listing.out.find("loss_scale"), std::string::npos) << listing.out;
+  const std::string m = dir_.file("resumed16.jsonl");
+  job = short_job(m);
+  job.insert(job.end(), {"--precision", "fp16", "--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  const RunResult resumed = run_hpctrain(job);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
+  EXPECT_EQ(done_of(m).at("param_checksum").str, want);
+}
+
 // --device cuda under mpirun with one rank: the NCCL communicator of world size 1.
 TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
   const std::string m = dir_.file("mpi.jsonl");

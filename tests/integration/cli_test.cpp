@@ -101,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"threads_negative", {"--threads", "-1"}, {"--threads"}},
         BadArgs{"image_size_negative", {"--image-size", "-5"}, {"--image-size", "negative"}},
         BadArgs{"image_size_huge", {"--image-size", "5000"}, {"--image-size", "4096"}},
-        BadArgs{"image_size_not_for_mnist", {"--image-size", "32"}, {"--image-size", "packed shards only"}},
+        BadArgs{"image_size_not_for_mnist", {"--image-size", "32"}, {"--image-size", "packed shards and synthetic data only"}},
         BadArgs{"max_steps_negative", {"--max-steps", "-1"}, {"--max-steps"}},
         BadArgs{"train_samples_negative", {"--train-samples", "-5"}, {"--train-samples"}},
         BadArgs{"momentum_one", {"--momentum", "1"}, {"--momentum"}},
@@ -114,7 +114,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"augment_unknown", {"--augment", "maybe"}, {"--augment", "maybe"}},
         BadArgs{"device_unknown", {"--device", "gpu"}, {"--device", "gpu"}},
         BadArgs{"precision_unknown", {"--precision", "fp8"}, {"--precision", "'fp8'", "tf32"}},
-        BadArgs{"precision_mixed_not_built", {"--precision", "bf16"}, {"--precision bf16", "not built yet"}},
+        BadArgs{"precision_mixed_on_the_cpu", {"--device", "cpu", "--precision", "fp16"},
+                {"--precision fp16", "mixed precision on the GPU", "--precision fp32"}},
         BadArgs{"batch_larger_than_dataset", {"--batch-size", "100"}, {"64", "100"}},
         BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}}),
     [](const ::testing::TestParamInfo<BadArgs>& i) { return std::string(i.param.name); });

@@ -71,3 +71,44 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 
 }  // namespace
 }  // namespace hpc::testing
+
+#include "train/checkpointing.hpp"
+
+namespace hpc::testing {
+namespace {
+
+// An fp16 run's dynamic loss scale goes into its checkpoints and comes back as the resumed
+// run's position; the other precisions' checkpoints carry none. A damaged value is an error.
+TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
+  nn::ModelSpec spec;
+  spec.name = "mlp";
+  spec.input = Shape{28, 28, 1};
+  nn::Model<float> model(spec);
+  model.init(1);
+  optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
+  train::TrainOptions o;
+  train::RunPosition at{10, 1, 2, 64, 640, {}};
+  const ckpt::Checkpoint plain = train::make_checkpoint(o, model, sgd, 1, at);
+  EXPECT_EQ(plain.meta.count("loss_scale"), 0u);
+  EXPECT_FALSE(train::check_resumable(plain, o, model).scaler.has_value());
+
+  at.scaler = optim::LossScalerState{8192.0, 37, 3};
+  ckpt::Checkpoint c = ckpt::decode(ckpt::encode(train::make_checkpoint(o, model, sgd, 1, at)), "test");
+  const train::RunPosition back = train::check_resumable(c, o, model);
+  ASSERT_TRUE(back.scaler.has_value());
+  EXPECT_EQ(back.scaler->scale, 8192.0);
+  EXPECT_EQ(back.scaler->good_steps, 37);
+  EXPECT_EQ(back.scaler->skipped, 3);
+  EXPECT_EQ(back.step, 10);
+
+  c.meta["loss_scale"] = "0.25";
+  try {
+    train::check_resumable(c, o, model);
+    ADD_FAILURE() << "a loss scale below 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("loss scale"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hpc::testing

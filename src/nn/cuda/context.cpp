@@ -3,19 +3,37 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
+#include "kernels/kernels.hpp"
 
 namespace hpc::nn::cuda {
 
-GpuContext::GpuContext(GpuSettings settings) : settings_(settings) {
+DType activation_type(Math math) {
+  return math == Math::Bf16 ? DType::BF16 : math == Math::Fp16 ? DType::F16 : DType::F32;
+}
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F16: return CUDNN_DATA_HALF;
+    default: break;
+  }
+  throw Error(ErrorKind::Internal, detail::concat("cuDNN takes no ", dtype_name(t), " activations here"));
+}
+
+GpuContext::GpuContext(GpuSettings settings) : settings_(settings), act_(activation_type(settings.math)) {
   CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see the header
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // Pointer mode host: alpha and beta are host scalars. Tensor cores only when asked; the
   // default math never uses TF32 in cuBLAS.
+  // (bf16 and fp16 products use tensor cores whatever the mode; they accumulate in fp32.)
   CUBLAS_CHECK(cublasSetMathMode(cublas_, settings_.math == Math::Tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                                         : CUBLAS_DEFAULT_MATH));
   CUDNN_CHECK(cudnnCreate(&cudnn_));
   CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+  flag_ = Tensor(Shape{1}, DType::I32, DeviceKind::CUDA);
 }
 
 GpuContext::~GpuContext() {
@@ -23,6 +41,8 @@ GpuContext::~GpuContext() {
   if (stream_) cudaStreamSynchronize(stream_);
   workspace_ = Tensor();
   ones_ = Tensor();
+  ones_lp_ = Tensor();
+  flag_ = Tensor();
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -44,18 +64,69 @@ const float* GpuContext::ones(int64_t n) {
   return ones_.data<float>();
 }
 
+const void* GpuContext::ones(int64_t n, DType t) {
+  if (t == DType::F32) return ones(n);
+  if (!ones_lp_.defined() || ones_lp_.dtype() != t || ones_lp_.numel() < n) {
+    ones_lp_ = Tensor(Shape{n}, t, DeviceKind::CUDA);
+    kernels::convert(DType::F32, ones(n), t, ones_lp_.raw(), n, 1.0f, nullptr, stream_);
+  }
+  return ones_lp_.raw();
+}
+
+DType GpuContext::norm_type() {
+  if (act_ == DType::F32) return act_;
+  if (norm_native_ < 0) {
+    // Batch norm (training forward and backward) and max pooling (forward and backward) on a
+    // 2x2x2x1 batch of act_: cuDNN checks the types on the host and answers with a status.
+    TensorDesc x, stats;
+    x.set_nhwc(2, 2, 2, 1, act_);
+    CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(stats.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
+    Tensor a(Shape{8}, act_, DeviceKind::CUDA), b(Shape{8}, act_, DeviceKind::CUDA);
+    Tensor c(Shape{8}, act_, DeviceKind::CUDA), d(Shape{8}, act_, DeviceKind::CUDA);
+    Tensor f(Shape{6}, DType::F32, DeviceKind::CUDA);
+    CUDA_CHECK(cudaMemsetAsync(a.raw(), 0, a.bytes(), stream_));
+    CUDA_CHECK(cudaMemsetAsync(c.raw(), 0, c.bytes(), stream_));
+    CUDA_CHECK(cudaMemsetAsync(f.raw(), 0, f.bytes(), stream_));
+    float* p = f.data<float>();
+    const float one = 1.0f, zero = 0.0f;
+    bool ok = cudnnBatchNormalizationForwardTraining(cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x.get(), a.raw(),
+                                                     x.get(), b.raw(), stats.get(), p, p + 1, 0.1, p + 2, p + 3,
+                                                     CUDNN_BN_MIN_EPSILON, p + 4, p + 5) == CUDNN_STATUS_SUCCESS;
+    ok = ok && cudnnBatchNormalizationBackward(cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, x.get(),
+                                               a.raw(), x.get(), c.raw(), x.get(), d.raw(), stats.get(), p, p + 1,
+                                               p + 2, CUDNN_BN_MIN_EPSILON, p + 4, p + 5) == CUDNN_STATUS_SUCCESS;
+    cudnnPoolingDescriptor_t pool = nullptr;
+    CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool));
+    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, 2, 2, 0, 0,
+                                            2, 2));
+    TensorDesc y;
+    y.set_nhwc(2, 1, 1, 1, act_);
+    ok = ok && cudnnPoolingForward(cudnn_, pool, &one, x.get(), a.raw(), &zero, y.get(), b.raw()) ==
+                   CUDNN_STATUS_SUCCESS;
+    ok = ok && cudnnPoolingBackward(cudnn_, pool, &one, y.get(), b.raw(), y.get(), c.raw(), x.get(), a.raw(), &zero,
+                                    x.get(), d.raw()) == CUDNN_STATUS_SUCCESS;
+    cudnnDestroyPoolingDescriptor(pool);
+    synchronize();  // the probe's buffers go back to the allocator only when it is done
+    norm_native_ = ok ? 1 : 0;
+    if (!ok)
+      log::info("cuDNN ", cudnnGetVersion(), " takes no ", dtype_name(act_),
+                " batch norm or pooling: those layers compute in fp32 and convert at their ends");
+  }
+  return norm_native_ ? act_ : DType::F32;
+}
+
 void GpuContext::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-void ensure(Tensor& t, const Shape& shape) {
-  if (!t.defined()) t = Tensor(shape, DType::F32, DeviceKind::CUDA);
-  else t.resize(shape, DType::F32);
+void ensure(Tensor& t, const Shape& shape, DType dtype) {
+  if (!t.defined()) t = Tensor(shape, dtype, DeviceKind::CUDA);
+  else t.resize(shape, dtype);
 }
 
 TensorDesc::TensorDesc() { CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
 TensorDesc::~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
 
-void TensorDesc::set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c) {
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, static_cast<int>(n),
+void TensorDesc::set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c, DType t) {
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NHWC, cudnn_type(t), static_cast<int>(n),
                                          static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }
 

@@ -24,7 +24,15 @@ namespace hpc::nn::cuda {
 
 // fp32: IEEE float everywhere (the parity tests against the CPU); tf32: convolutions and
 // matrix products on tensor cores with 10-bit mantissas, as PyTorch's cuDNN default.
-enum class Math { Fp32, Tf32 };
+// bf16 / fp16: mixed precision, as PyTorch's autocast: activations and the weights' copies the
+// convolutions and products read are 16-bit, the products accumulate in fp32; master weights,
+// gradients, batch-norm parameters and statistics, the loss and the optimizer stay fp32. fp16
+// needs loss scaling (GpuContext::set_loss_scale); bf16 has fp32's range and needs none.
+enum class Math { Fp32, Tf32, Bf16, Fp16 };
+
+// The element type of activations under `math`: F32, BF16 or F16.
+DType activation_type(Math math);
+cudnnDataType_t cudnn_type(DType t);
 
 struct GpuSettings {
   Math math = Math::Tf32;
@@ -49,19 +57,39 @@ class GpuContext {
   void* workspace(size_t bytes);
   // n ones on the device.
   const float* ones(int64_t n);
+  // n ones of type t (F32, BF16 or F16).
+  const void* ones(int64_t n, DType t);
   void synchronize();
+
+  // The activations' element type (activation_type of the settings' math).
+  DType act() const { return act_; }
+  // The element type batch norm and pooling compute in: act(), or F32 where this cuDNN's
+  // batch-norm and pooling calls refuse act() (bf16 in some versions); those layers then
+  // convert at their ends. Probed once on a tiny tensor.
+  DType norm_type();
+  // Loss scaling (fp16): the backward pass starts from the loss times `scale`; layers divide
+  // it out of the parameter gradients they write (grad_factor() = 1 / scale). The device
+  // flag non_finite() is where the step's check of the summed gradients reports a value that
+  // is not finite. The scale is 1 in the other precisions.
+  void set_loss_scale(float scale) { loss_scale_ = scale; }
+  float loss_scale() const { return loss_scale_; }
+  float grad_factor() const { return 1.0f / loss_scale_; }
+  int* non_finite() { return static_cast<int*>(flag_.raw()); }
 
  private:
   GpuSettings settings_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
-  Tensor workspace_, ones_;
+  Tensor workspace_, ones_, ones_lp_, flag_;
+  DType act_;
+  int norm_native_ = -1;  // norm_type(): -1 not probed yet, 0 fp32, 1 act()
+  float loss_scale_ = 1.0f;
 };
 
-// A device tensor of `shape`, reusing t's storage when it is large enough (as Tensor::resize
-// on the host).
-void ensure(Tensor& t, const Shape& shape);
+// A device tensor of `shape` (and dtype), reusing t's storage when it is large enough (as
+// Tensor::resize on the host).
+void ensure(Tensor& t, const Shape& shape, DType dtype = DType::F32);
 
 // RAII for cuDNN descriptors.
 class TensorDesc {
@@ -70,8 +98,8 @@ class TensorDesc {
   ~TensorDesc();
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
-  // n images of h x w x c floats, channels last.
-  void set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c);
+  // n images of h x w x c elements of type t, channels last.
+  void set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c, DType t = DType::F32);
   cudnnTensorDescriptor_t get() const { return d_; }
 
  private:

@@ -39,6 +39,8 @@ const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char
                                                   s.math == Math::Fp32 ? " in plain fp32" : ""));
 }
 
+// Compute type float in every precision: 16-bit convolutions accumulate in fp32 (cuDNN's
+// "pseudo" half and bfloat16 configurations).
 cudnnConvolutionDescriptor_t make_conv(int64_t stride, int64_t padding, cudnnMathType_t math) {
   cudnnConvolutionDescriptor_t d = nullptr;
   CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
@@ -50,6 +52,38 @@ cudnnConvolutionDescriptor_t make_conv(int64_t stride, int64_t padding, cudnnMat
 
 Shape nhwc_shape(int64_t n, const Geometry& g, bool image) {
   return image ? Shape{n, g.h, g.w, g.c} : Shape{n, g.c};
+}
+
+cudnnMathType_t math_of(Math m) {
+  switch (m) {
+    case Math::Fp32: return CUDNN_FMA_MATH;
+    case Math::Tf32: return CUDNN_DEFAULT_MATH;
+    default: return CUDNN_TENSOR_OP_MATH;  // bf16, fp16: tensor cores
+  }
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+// A low-precision copy of the fp32 parameter at p (n values) for this step's products.
+const void* low_precision(GpuContext& ctx, Tensor& copy, const float* p, int64_t n) {
+  ensure(copy, Shape{n}, ctx.act());
+  kernels::convert(DType::F32, p, ctx.act(), copy.raw(), n, 1.0f, nullptr, ctx.stream());
+  return copy.raw();
+}
+
+// x as type t: x itself, or its conversion into buf.
+const Tensor& as_type(GpuContext& ctx, const Tensor& x, DType t, Tensor& buf) {
+  if (x.dtype() == t) return x;
+  ensure(buf, x.shape(), t);
+  kernels::convert(x.dtype(), x.raw(), t, buf.raw(), x.numel(), 1.0f, nullptr, ctx.stream());
+  return buf;
+}
+
+// A low-precision gradient into the fp32 arena, the loss scale divided out.
+void to_fp32_grad(GpuContext& ctx, const Tensor& g, float* out) {
+  kernels::convert(ctx.act(), g.raw(), DType::F32, out, g.numel(), ctx.grad_factor(), nullptr, ctx.stream());
 }
 
 }  // namespace
@@ -93,15 +127,16 @@ const Tensor& GpuSequential::backward_with(const Tensor& dy, bool need_dx,
 ConvGpu::ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry out, int64_t kernel, int64_t stride,
                  int64_t padding, int weight_slot, int bias_slot)
     : ctx_(ctx), arenas_(arenas), in_(in), out_(out), weight_(weight_slot), bias_(bias_slot) {
+  weight_count_ = out.c * kernel * kernel * in.c;
   CUDNN_CHECK(cudnnCreateFilterDescriptor(&filter_));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(filter_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, to_int(out.c), to_int(in.c),
-                                         to_int(kernel), to_int(kernel)));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(filter_, cudnn_type(ctx.act()), CUDNN_TENSOR_NHWC, to_int(out.c),
+                                         to_int(in.c), to_int(kernel), to_int(kernel)));
   // One descriptor per direction: each carries the math type of the algorithm chosen for it.
-  const cudnnMathType_t math = ctx.settings().math == Math::Fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  const cudnnMathType_t math = math_of(ctx.settings().math);
   conv_fwd_ = make_conv(stride, padding, math);
   conv_bwd_data_ = make_conv(stride, padding, math);
   conv_bwd_filter_ = make_conv(stride, padding, math);
-  bias_desc_.set_nhwc(1, 1, 1, out.c);
+  bias_desc_.set_nhwc(1, 1, 1, out.c, ctx.act());
 }
 
 ConvGpu::~ConvGpu() {
@@ -111,8 +146,8 @@ ConvGpu::~ConvGpu() {
 
 ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   if (n != described_n_) {
-    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
-    y_desc_.set_nhwc(n, out_.h, out_.w, out_.c);
+    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c, ctx_.act());
+    y_desc_.set_nhwc(n, out_.h, out_.w, out_.c, ctx_.act());
     described_n_ = n;
   }
   auto it = plans_.find(n);
@@ -160,32 +195,45 @@ const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
   HPC_CHECK(x.numel() == n * in_.size(), "conv input ", x.shape().str());
   const Plan& p = plan(n);
   x_ = x;
-  ensure(y_, Shape{n, out_.h, out_.w, out_.c});
+  ensure(y_, Shape{n, out_.h, out_.w, out_.c}, ctx_.act());
+  // Mixed precision: this step's 16-bit copies of the fp32 weight and bias (as autocast makes).
+  const bool low = ctx_.act() != DType::F32;
+  weight_used_ = low ? low_precision(ctx_, weight_lp_, arenas_.value(weight_), weight_count_) : arenas_.value(weight_);
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_, p.fwd_math));
-  CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_, arenas_.value(weight_),
-                                      conv_fwd_, p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero,
-                                      y_desc_.get(), y_.raw()));
-  if (bias_ >= 0)
-    CUDNN_CHECK(cudnnAddTensor(ctx_.cudnn(), &kOne, bias_desc_.get(), arenas_.value(bias_), &kOne, y_desc_.get(),
-                               y_.raw()));
+  CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_, weight_used_, conv_fwd_,
+                                      p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero, y_desc_.get(),
+                                      y_.raw()));
+  if (bias_ >= 0) {
+    const void* b = low ? low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_.c) : arenas_.value(bias_);
+    CUDNN_CHECK(cudnnAddTensor(ctx_.cudnn(), &kOne, bias_desc_.get(), b, &kOne, y_desc_.get(), y_.raw()));
+  }
   return y_;
 }
 
 const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
   const int64_t n = x_.shape()[0];
   Plan& p = plan(n);
-  if (bias_ >= 0)
+  // In mixed precision cuDNN writes the parameter gradients in the activations' type (the
+  // filter's); they reach the fp32 arena converted, the loss scale divided out.
+  const bool low = ctx_.act() != DType::F32;
+  if (bias_ >= 0) {
+    if (low) ensure(dbias_lp_, Shape{out_.c}, ctx_.act());
     CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn(), &kOne, y_desc_.get(), dy.raw(), &kZero, bias_desc_.get(),
-                                             arenas_.grad(bias_)));
+                                             low ? dbias_lp_.raw() : arenas_.grad(bias_)));
+    if (low) to_fp32_grad(ctx_, dbias_lp_, arenas_.grad(bias_));
+  }
+  if (low) ensure(dweight_lp_, Shape{weight_count_}, ctx_.act());
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_, p.bwd_filter_math));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &kOne, x_desc_.get(), x_.raw(), y_desc_.get(), dy.raw(),
                                              conv_bwd_filter_, p.bwd_filter, ctx_.workspace(p.bwd_filter_bytes),
-                                             p.bwd_filter_bytes, &kZero, filter_, arenas_.grad(weight_)));
+                                             p.bwd_filter_bytes, &kZero, filter_,
+                                             low ? dweight_lp_.raw() : arenas_.grad(weight_)));
+  if (low) to_fp32_grad(ctx_, dweight_lp_, arenas_.grad(weight_));
   if (!need_dx) return dx_;
   if (!p.have_bwd_data) choose_backward_data(p);
-  ensure(dx_, x_.shape());
+  ensure(dx_, x_.shape(), ctx_.act());
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, p.bwd_data_math));
-  CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_, arenas_.value(weight_), y_desc_.get(),
+  CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_, weight_used_, y_desc_.get(),
                                            dy.raw(), conv_bwd_data_, p.bwd_data, ctx_.workspace(p.bwd_data_bytes),
                                            p.bwd_data_bytes, &kZero, x_desc_.get(), dx_.raw()));
   return dx_;
@@ -207,7 +255,8 @@ BatchNormGpu::BatchNormGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, b
       gamma_(gamma),
       beta_(beta),
       running_mean_(running_mean),
-      running_var_(running_var) {
+      running_var_(running_var),
+      io_(ctx.norm_type()) {
   if (pool_kernel_ > 0) {
     pooled_.h = (in.h - pool_kernel) / pool_stride + 1;
     pooled_.w = (in.w - pool_kernel) / pool_stride + 1;
@@ -222,19 +271,20 @@ BatchNormGpu::~BatchNormGpu() {
   if (pool_) cudnnDestroyPoolingDescriptor(pool_);
 }
 
-const Tensor& BatchNormGpu::forward(const Tensor& x, bool train) {
+const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
+  const Tensor& x = as_type(ctx_, x_in, io_, x_wide_);
   const int64_t n = x.shape()[0];
   HPC_CHECK(x.numel() == n * in_.size(), "batch norm input ", x.shape().str());
   if (n != described_n_) {
-    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
-    pooled_desc_.set_nhwc(n, pooled_.h, pooled_.w, pooled_.c);
+    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c, io_);
+    pooled_desc_.set_nhwc(n, pooled_.h, pooled_.w, pooled_.c, io_);
     CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(stats_desc_.get(), x_desc_.get(), CUDNN_BATCHNORM_SPATIAL));
     described_n_ = n;
   }
   HPC_REQUIRE(!train || n * in_.h * in_.w > 1, "batch norm needs more than one value per channel in training (batch "
               "of ", n, " sample(s)); use a larger batch size");
   x_ = x;
-  ensure(y_, x.shape());
+  ensure(y_, x.shape(), io_);
   ensure(save_mean_, Shape{in_.c});
   ensure(save_invstd_, Shape{in_.c});
   if (train) {
@@ -249,53 +299,56 @@ const Tensor& BatchNormGpu::forward(const Tensor& x, bool train) {
         stats_desc_.get(), arenas_.value(gamma_), arenas_.value(beta_), arenas_.buffer(running_mean_),
         arenas_.buffer(running_var_), eps_));
   }
-  if (relu_) kernels::relu_forward(y_.data<float>(), y_.data<float>(), y_.numel(), ctx_.stream());
-  if (!pool_) return y_;
-  ensure(pooled_y_, nhwc_shape(n, pooled_, true));
+  if (relu_) kernels::relu_forward(y_.dtype(), y_.raw(), y_.raw(), y_.numel(), ctx_.stream());
+  if (!pool_) return as_type(ctx_, y_, ctx_.act(), y_low_);
+  ensure(pooled_y_, nhwc_shape(n, pooled_, true), io_);
   CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), y_.raw(), &kZero, pooled_desc_.get(),
                                   pooled_y_.raw()));
-  return pooled_y_;
+  return as_type(ctx_, pooled_y_, ctx_.act(), y_low_);
 }
 
-const Tensor& BatchNormGpu::backward(const Tensor& dy, bool /*need_dx*/) {
+const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   // cuDNN's batch-norm backward always writes dx; the first layer's is simply not used.
-  const Tensor* d = &dy;
+  const Tensor* d = &as_type(ctx_, dy_in, io_, dy_wide_);
   if (pool_) {
-    ensure(dnorm_, x_.shape());
+    ensure(dnorm_, x_.shape(), io_);
     CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, pooled_desc_.get(), pooled_y_.raw(),
-                                     pooled_desc_.get(), dy.raw(), x_desc_.get(), y_.raw(), &kZero, x_desc_.get(),
+                                     pooled_desc_.get(), d->raw(), x_desc_.get(), y_.raw(), &kZero, x_desc_.get(),
                                      dnorm_.raw()));
     d = &dnorm_;
   }
   if (relu_) {
-    ensure(dnorm_, x_.shape());  // elementwise: dnorm_ may be its own input
-    kernels::relu_backward(y_.data<float>(), d->data<float>(), dnorm_.data<float>(), dnorm_.numel(), ctx_.stream());
+    ensure(dnorm_, x_.shape(), io_);  // elementwise: dnorm_ may be its own input
+    kernels::relu_backward(y_.dtype(), y_.raw(), d->raw(), dnorm_.raw(), dnorm_.numel(), ctx_.stream());
     d = &dnorm_;
   }
-  ensure(dx_, x_.shape());
+  ensure(dx_, x_.shape(), io_);
+  // dx keeps the loss scale (the backward pass goes on with it); dgamma and dbeta, fp32 in
+  // every precision, have it divided out.
+  const float param_factor = ctx_.grad_factor();
   CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x_.raw(), x_desc_.get(),
+      ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &param_factor, &kZero, x_desc_.get(), x_.raw(), x_desc_.get(),
       d->raw(), x_desc_.get(), dx_.raw(), stats_desc_.get(), arenas_.value(gamma_), arenas_.grad(gamma_),
       arenas_.grad(beta_), eps_, save_mean_.raw(), save_invstd_.raw()));
-  return dx_;
+  return as_type(ctx_, dx_, ctx_.act(), dx_low_);
 }
 
 // ---- ReLU, pooling, flatten ----------------------------------------------------------------------
 
 const Tensor& ReluGpu::forward(const Tensor& x, bool /*train*/) {
-  ensure(y_, x.shape());
-  kernels::relu_forward(x.data<float>(), y_.data<float>(), x.numel(), ctx_.stream());
+  ensure(y_, x.shape(), x.dtype());
+  kernels::relu_forward(x.dtype(), x.raw(), y_.raw(), x.numel(), ctx_.stream());
   return y_;
 }
 
 const Tensor& ReluGpu::backward(const Tensor& dy, bool /*need_dx*/) {
-  ensure(dx_, dy.shape());
-  kernels::relu_backward(y_.data<float>(), dy.data<float>(), dx_.data<float>(), dy.numel(), ctx_.stream());
+  ensure(dx_, dy.shape(), dy.dtype());
+  kernels::relu_backward(dy.dtype(), y_.raw(), dy.raw(), dx_.raw(), dy.numel(), ctx_.stream());
   return dx_;
 }
 
 PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride)
-    : ctx_(ctx), kind_(kind), in_(in), out_(in) {
+    : ctx_(ctx), kind_(kind), in_(in), out_(in), io_(ctx.norm_type()) {
   // The global average is one unpadded window over the whole image.
   const bool global = kind == Kind::GlobalAverage;
   const int64_t kh = global ? in.h : kernel, kw = global ? in.w : kernel;
@@ -310,27 +363,29 @@ PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_
 
 PoolGpu::~PoolGpu() { cudnnDestroyPoolingDescriptor(pool_); }
 
-const Tensor& PoolGpu::forward(const Tensor& x, bool /*train*/) {
+const Tensor& PoolGpu::forward(const Tensor& x_in, bool /*train*/) {
+  const Tensor& x = as_type(ctx_, x_in, io_, x_wide_);
   const int64_t n = x.shape()[0];
   HPC_CHECK(x.numel() == n * in_.size(), "pooling input ", x.shape().str());
   if (n != described_n_) {
-    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c);
-    y_desc_.set_nhwc(n, out_.h, out_.w, out_.c);
+    x_desc_.set_nhwc(n, in_.h, in_.w, in_.c, io_);
+    y_desc_.set_nhwc(n, out_.h, out_.w, out_.c, io_);
     described_n_ = n;
   }
   x_ = x;
   // The global average pool ends in features (N x C), as the CPU layer's output.
-  ensure(y_, nhwc_shape(n, out_, kind_ == Kind::Max));
+  ensure(y_, nhwc_shape(n, out_, kind_ == Kind::Max), io_);
   CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), x.raw(), &kZero, y_desc_.get(),
                                   y_.raw()));
-  return y_;
+  return as_type(ctx_, y_, ctx_.act(), y_low_);
 }
 
-const Tensor& PoolGpu::backward(const Tensor& dy, bool /*need_dx*/) {
-  ensure(dx_, x_.shape());
+const Tensor& PoolGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
+  const Tensor& dy = as_type(ctx_, dy_in, io_, dy_wide_);
+  ensure(dx_, x_.shape(), io_);
   CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
                                    x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
-  return dx_;
+  return as_type(ctx_, dx_, ctx_.act(), dx_low_);
 }
 
 const Tensor& FlattenGpu::forward(const Tensor& x, bool /*train*/) {
@@ -357,8 +412,9 @@ const Tensor& LinearGpu::forward(const Tensor& x, bool /*train*/) {
   const int64_t n = x.shape()[0];
   HPC_CHECK(x.shape() == Shape({n, in_}), "linear input ", x.shape().str());
   x_ = x;
-  ensure(y_, Shape{n, out_});
+  ensure(y_, Shape{n, out_}, ctx_.act());
   const int o = to_int(out_), i = to_int(in_), m = to_int(n);
+  if (ctx_.act() != DType::F32) return forward_low(x, o, i, m);
   // y^T[out x n] = W[out x in] . x^T[in x n]
   CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, arenas_.value(weight_), i,
                            x.data<float>(), i, &kZero, y_.data<float>(), o));
@@ -370,6 +426,7 @@ const Tensor& LinearGpu::forward(const Tensor& x, bool /*train*/) {
 const Tensor& LinearGpu::backward(const Tensor& dy, bool need_dx) {
   const int64_t n = x_.shape()[0];
   const int o = to_int(out_), i = to_int(in_), m = to_int(n);
+  if (ctx_.act() != DType::F32) return backward_low(dy, need_dx, o, i, m);
   // dW^T[in x out] = x^T[in x n] . dy[n x out]
   CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &kOne, x_.data<float>(), i,
                            dy.data<float>(), o, &kZero, arenas_.grad(weight_), i));
@@ -384,6 +441,42 @@ const Tensor& LinearGpu::backward(const Tensor& dy, bool need_dx) {
   return dx_;
 }
 
+// Mixed precision: the same products through cublasGemmEx on 16-bit operands, accumulated in
+// fp32 (CUBLAS_COMPUTE_32F); the bias enters as a rank-1 product with a vector of ones.
+const Tensor& LinearGpu::forward_low(const Tensor& x, int o, int i, int m) {
+  const cudaDataType_t t = cuda_type(ctx_.act());
+  weight_used_ = low_precision(ctx_, weight_lp_, arenas_.value(weight_), out_ * in_);
+  CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, weight_used_, t, i, x.raw(), t, i,
+                            &kZero, y_.raw(), t, o, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (bias_ >= 0) {  // y^T[out x n] += b[out x 1] . ones[1 x n]
+    const void* b = low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_);
+    CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, o, m, 1, &kOne, b, t, o,
+                              ctx_.ones(m, ctx_.act()), t, 1, &kOne, y_.raw(), t, o, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  }
+  return y_;
+}
+
+// The parameter gradients go straight into the fp32 arena (16-bit operands, fp32 output), the
+// loss scale divided out through alpha.
+const Tensor& LinearGpu::backward_low(const Tensor& dy, bool need_dx, int o, int i, int m) {
+  const cudaDataType_t t = cuda_type(ctx_.act());
+  const float unscale = ctx_.grad_factor();
+  // dW^T[in x out] = x^T[in x n] . dy[n x out]
+  CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &unscale, x_.raw(), t, i, dy.raw(), t,
+                            o, &kZero, arenas_.grad(weight_), CUDA_R_32F, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (bias_ >= 0)  // db[out x 1] = dy^T[out x n] . ones[n x 1]
+    CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, o, 1, m, &unscale, dy.raw(), t, o,
+                              ctx_.ones(m, ctx_.act()), t, m, &kZero, arenas_.grad(bias_), CUDA_R_32F, o,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (!need_dx) return dx_;
+  ensure(dx_, Shape{m, in_}, ctx_.act());
+  // dx^T[in x n] = W^T[in x out] . dy^T[out x n]
+  CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, m, o, &kOne, weight_used_, t, i, dy.raw(), t,
+                            o, &kZero, dx_.raw(), t, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return dx_;
+}
+
 // ---- residual ---------------------------------------------------------------------------------------
 
 ResidualGpu::ResidualGpu(GpuContext& ctx, std::unique_ptr<GpuSequential> main, std::unique_ptr<GpuSequential> shortcut)
@@ -392,15 +485,15 @@ ResidualGpu::ResidualGpu(GpuContext& ctx, std::unique_ptr<GpuSequential> main, s
 const Tensor& ResidualGpu::forward(const Tensor& x, bool train) {
   const Tensor& a = main_->forward(x, train);
   const Tensor& b = shortcut_->empty() ? x : shortcut_->forward(x, train);
-  ensure(y_, a.shape());
-  kernels::add(a.data<float>(), b.data<float>(), y_.data<float>(), a.numel(), ctx_.stream());
-  kernels::relu_forward(y_.data<float>(), y_.data<float>(), y_.numel(), ctx_.stream());
+  ensure(y_, a.shape(), a.dtype());
+  kernels::add(a.dtype(), a.raw(), b.raw(), y_.raw(), a.numel(), ctx_.stream());
+  kernels::relu_forward(y_.dtype(), y_.raw(), y_.raw(), y_.numel(), ctx_.stream());
   return y_;
 }
 
 const Tensor& ResidualGpu::backward(const Tensor& dy, bool need_dx) {
-  ensure(dsum_, dy.shape());
-  kernels::relu_backward(y_.data<float>(), dy.data<float>(), dsum_.data<float>(), dy.numel(), ctx_.stream());
+  ensure(dsum_, dy.shape(), dy.dtype());
+  kernels::relu_backward(dy.dtype(), y_.raw(), dy.raw(), dsum_.raw(), dy.numel(), ctx_.stream());
   // The add sends the same gradient into both branches; their input gradients sum.
   const Tensor& dmain = main_->backward(dsum_, need_dx);
   if (!need_dx) {
@@ -408,8 +501,8 @@ const Tensor& ResidualGpu::backward(const Tensor& dy, bool need_dx) {
     return dx_;
   }
   const Tensor& dshort = shortcut_->empty() ? dsum_ : shortcut_->backward(dsum_, true);
-  ensure(dx_, dmain.shape());
-  kernels::add(dmain.data<float>(), dshort.data<float>(), dx_.data<float>(), dmain.numel(), ctx_.stream());
+  ensure(dx_, dmain.shape(), dmain.dtype());
+  kernels::add(dmain.dtype(), dmain.raw(), dshort.raw(), dx_.raw(), dmain.numel(), ctx_.stream());
   return dx_;
 }
 

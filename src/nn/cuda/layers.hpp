@@ -96,7 +96,9 @@ class ConvGpu final : public GpuLayer {
   TensorDesc x_desc_, y_desc_, bias_desc_;
   int64_t described_n_ = -1;
   std::map<int64_t, Plan> plans_;
-  Tensor x_, y_, dx_;
+  int64_t weight_count_ = 0;
+  const void* weight_used_ = nullptr;  // the fp32 weight, or this step's 16-bit copy
+  Tensor x_, y_, dx_, weight_lp_, bias_lp_, dweight_lp_, dbias_lp_;
 };
 
 // BatchNorm [+ ReLU] [+ max pool]: the fusions of the CPU layer, as three cuDNN/kernel passes.
@@ -120,7 +122,9 @@ class BatchNormGpu final : public GpuLayer {
   cudnnPoolingDescriptor_t pool_ = nullptr;
   TensorDesc x_desc_, pooled_desc_, stats_desc_;
   int64_t described_n_ = -1;
+  DType io_;  // the type it computes in: GpuContext::norm_type()
   Tensor x_, y_, pooled_y_, save_mean_, save_invstd_, dnorm_, dx_;
+  Tensor x_wide_, dy_wide_, y_low_, dx_low_;  // when io_ is not the activations' type
 };
 
 class ReluGpu final : public GpuLayer {
@@ -150,7 +154,8 @@ class PoolGpu final : public GpuLayer {
   cudnnPoolingDescriptor_t pool_ = nullptr;
   TensorDesc x_desc_, y_desc_;
   int64_t described_n_ = -1;
-  Tensor x_, y_, dx_;
+  DType io_;  // as BatchNormGpu's
+  Tensor x_, y_, dx_, x_wide_, dy_wide_, y_low_, dx_low_;
 };
 
 class FlattenGpu final : public GpuLayer {
@@ -170,11 +175,15 @@ class LinearGpu final : public GpuLayer {
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
 
  private:
+  const Tensor& forward_low(const Tensor& x, int o, int i, int m);
+  const Tensor& backward_low(const Tensor& dy, bool need_dx, int o, int i, int m);
+
   GpuContext& ctx_;
   DeviceArenas& arenas_;
   int64_t in_, out_;
   int weight_, bias_;
-  Tensor x_, y_, dx_;
+  const void* weight_used_ = nullptr;  // this step's 16-bit copy of the weight (mixed precision)
+  Tensor x_, y_, dx_, weight_lp_, bias_lp_;
 };
 
 // relu(main(x) + shortcut(x)); an empty shortcut is the identity.

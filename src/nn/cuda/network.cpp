@@ -70,6 +70,17 @@ void GpuNetwork::download(ParamStore<float>& host) {
   copy_tensor(host.buffers(), arenas_.buffers(), device::Copy::DeviceToHost);
 }
 
+const Tensor& GpuNetwork::forward(const Tensor& x, bool train) {
+  const DType act = ctx_.act();
+  if (act == DType::F32) return net_->forward(x, train);
+  ensure(x_low_, x.shape(), act);
+  kernels::convert(DType::F32, x.raw(), act, x_low_.raw(), x.numel(), 1.0f, nullptr, ctx_.stream());
+  const Tensor& y = net_->forward(x_low_, train);
+  ensure(logits_, y.shape());
+  kernels::convert(act, y.raw(), DType::F32, logits_.raw(), y.numel(), 1.0f, nullptr, ctx_.stream());
+  return logits_;
+}
+
 void GpuNetwork::loss(const Tensor& logits, const int32_t* labels) {
   const int64_t n = logits.shape()[0], k = logits.shape()[1];
   ensure(prob_, logits.shape());
@@ -86,7 +97,14 @@ void GpuNetwork::loss(const Tensor& logits, const int32_t* labels) {
 }
 
 void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready) {
-  net_->backward_with(dlogits_, false, [&](size_t i) {
+  const Tensor* d = &dlogits_;
+  if (ctx_.act() != DType::F32) {  // the gradient of the loss times the loss scale, in 16 bits
+    ensure(dlogits_low_, dlogits_.shape(), ctx_.act());
+    kernels::convert(DType::F32, dlogits_.raw(), ctx_.act(), dlogits_low_.raw(), dlogits_.numel(), ctx_.loss_scale(),
+                     nullptr, ctx_.stream());
+    d = &dlogits_low_;
+  }
+  net_->backward_with(*d, false, [&](size_t i) {
     if (group_offset_[i] >= 0) grads_ready(group_offset_[i]);
   });
 }

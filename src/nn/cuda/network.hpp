@@ -22,12 +22,13 @@ class GpuNetwork {
   void upload(const ParamStore<float>& host);
   void download(ParamStore<float>& host);
 
-  // x: a device batch, N x H x W x C. Returns the logits (N x classes).
-  const Tensor& forward(const Tensor& x, bool train) { return net_->forward(x, train); }
+  // x: a device batch of fp32, N x H x W x C. Returns the fp32 logits (N x classes). In mixed
+  // precision the batch is converted to the activations' type first and the logits back.
+  const Tensor& forward(const Tensor& x, bool train);
   // Softmax cross-entropy of the last forward against device labels: enqueues the loss sum
   // and the count of correct predictions into device memory; sums() reads them.
   void loss(const Tensor& logits, const int32_t* labels);
-  // Backward from the last loss(); grads_ready(offset) is called (on this thread, after the
+  // Backward from the last loss() (times the context's loss scale); grads_ready(offset) is called (on this thread, after the
   // work is enqueued, not done) whenever every gradient at arena offsets >= offset is final.
   void backward(const std::function<void(int64_t)>& grads_ready);
   // The last loss()'s sums: one copy and one wait for the stream.
@@ -47,6 +48,7 @@ class GpuNetwork {
   std::unique_ptr<GpuSequential> net_;
   std::vector<int64_t> group_offset_;  // per top-level layer: its first gradient's offset, or -1
   Tensor prob_, dlogits_, row_loss_;
+  Tensor x_low_, logits_, dlogits_low_;  // mixed precision: the conversions at the ends
   Tensor sums_;  // device: [0] the loss sum (double), [1] the correct count (int)
   int64_t rows_ = 0;
 };
