@@ -4,10 +4,15 @@
 # then
 #   1. hpctrain --device cuda on the peer's cnn recipe (Fashion-MNIST, batch 128, 3 epochs);
 #   2. the peer, torch_peer_gpu.py cnn, the same work in PyTorch eager, same precision;
-# and prints both throughputs, their ratio (target: hpctrain / peer >= 3.0) and both accuracies.
-# ResNet-50 (bf16, channels-last) is not compared yet: hpctrain has no resnet50 model nor bf16.
+# and prints both throughputs, their ratio (target: hpctrain / peer >= 3.0) and both accuracies;
+#   3. hpctrain --model resnet50 on synthetic 224x224 data (--dataset synthetic), bf16, NHWC
+#      (hpctrain's only layout), its last epoch's training images/s;
+#   4. the peer's resnet50 workload, bf16 autocast, channels-last, eager and torch.compile;
+# and prints those throughputs, the ratios (target >= 1.0 against both) and each side's
+# model-FLOPs utilisation (hpctrain's FLOPs per sample over the GPU's dense bf16 peak).
 #
-# Usage: bench/gpu_vs_peer.sh [--epochs E] [--batch B] [--precision fp32|tf32] [--no-build] [--no-tests]
+# Usage: bench/gpu_vs_peer.sh [--epochs E] [--batch B] [--precision fp32|tf32|bf16|fp16]
+#          [--resnet50-batch B] [--no-resnet50] [--no-compile] [--no-build] [--no-tests]
 # Environment: BUILD_DIR (default build-gpu), DEPS (a folder from `bench/device_deps.sh pack`:
 #   build dependencies, the dataset and the peer script, for machines without them),
 #   DATA_DIR (Fashion-MNIST .gz files; default $DEPS/fashion-mnist, else Debian's location),
@@ -18,21 +23,25 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-epochs=3 batch=128 precision=tf32 build=1 tests=1
+epochs=3 batch=128 precision=tf32 build=1 tests=1 r50_batch=128 resnet50=1 compile=1
 while (($#)); do
   case "$1" in
     --epochs) [[ $# -ge 2 ]] || die "--epochs needs a value"; epochs=$2; shift 2 ;;
     --batch) [[ $# -ge 2 ]] || die "--batch needs a value"; batch=$2; shift 2 ;;
     --precision) [[ $# -ge 2 ]] || die "--precision needs a value"; precision=$2; shift 2 ;;
+    --resnet50-batch) [[ $# -ge 2 ]] || die "--resnet50-batch needs a value"; r50_batch=$2; shift 2 ;;
+    --no-resnet50) resnet50=0; shift ;;
+    --no-compile) compile=0; shift ;;
     --no-build) build=0; shift ;;
     --no-tests) tests=0; shift ;;
-    -h | --help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
 require_count --epochs "$epochs"
 require_count --batch "$batch"
-[[ $precision == fp32 || $precision == tf32 ]] || die "--precision must be fp32 or tf32, got '$precision'"
+require_count --resnet50-batch "$r50_batch"
+[[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
 command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 || die "no NVIDIA GPU here (nvidia-smi -L failed)"
 
 cmake_args=()
@@ -83,7 +92,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo
-echo "== 1/2 hpctrain --device cuda --batch-size $batch --epochs $epochs --precision $precision"
+echo "== 1/4 hpctrain --device cuda --batch-size $batch --epochs $epochs --precision $precision"
 "$hpctrain" --device cuda --batch-size "$batch" --epochs "$epochs" --precision "$precision" --data-dir "$data" \
   --metrics-file "$tmp/m.jsonl" 2>&1 | sed -u 's/^/  /'
 done_line=$(grep '"event":"done"' "$tmp/m.jsonl" | tail -n 1)
@@ -92,9 +101,12 @@ ours_ips=$(json_number images_per_second <<< "$done_line")
 ours_acc=$(json_number test_accuracy <<< "$done_line")
 
 echo
-echo "== 2/2 peer: $python $peer cnn --batch $batch --epochs $epochs --precision $precision"
+# The peer's autocast knows fp32, tf32 and bf16; fp16 runs it in bf16, the nearest it has.
+peer_precision=$precision
+[[ $precision == fp16 ]] && peer_precision=bf16
+echo "== 2/4 peer: $python $peer cnn --batch $batch --epochs $epochs --precision $peer_precision"
 PYTHONUNBUFFERED=1 "$python" "$peer" cnn --data-dir "$data" --batch "$batch" --epochs "$epochs" \
-  --precision "$precision" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
+  --precision "$peer_precision" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
 peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
 [[ -n "$peer_line" ]] || die "the peer printed no result line"
 peer_ips=$(json_number images_per_s <<< "$peer_line")
@@ -102,6 +114,59 @@ peer_acc=$(json_number test_acc <<< "$peer_line")
 
 ratio=$(calc "$ours_ips / $peer_ips" 2)
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 3.0) ? \"yes\" : \"no\" }")
+
+# ResNet-50, bf16. hpctrain: 4 epochs of the 2048 synthetic images; the last epoch's rate
+# (cuDNN's algorithm choice and the allocator's first requests fall in the first). The peer:
+# 15 warm-up steps, then 50 timed.
+r50_summary="resnet50_bf16=skipped (--no-resnet50)"
+if ((resnet50)); then
+  echo
+  echo "== 3/4 hpctrain --model resnet50 --dataset synthetic --image-size 224 --precision bf16 --batch-size $r50_batch"
+  "$hpctrain" --device cuda --model resnet50 --dataset synthetic --image-size 224 --precision bf16 \
+    --no-deterministic --batch-size "$r50_batch" --epochs 4 --test-samples "$r50_batch" \
+    --metrics-file "$tmp/r50.jsonl" 2>&1 | sed -u 's/^/  /'
+  r50_epoch=$(grep '"event":"epoch"' "$tmp/r50.jsonl" | tail -n 1)
+  r50_done=$(grep '"event":"done"' "$tmp/r50.jsonl" | tail -n 1)
+  [[ -n "$r50_epoch" && -n "$r50_done" ]] || die "hpctrain's resnet50 run wrote no epoch or done line"
+  r50_ours=$(json_number images_per_second <<< "$r50_epoch")
+  r50_flops=$(json_number train_flops_per_sample <<< "$r50_done")
+  echo
+  r50_peer=() r50_modes=(eager)
+  ((compile)) && r50_modes+=(compile)
+  for mode in "${r50_modes[@]}"; do
+    flag=()
+    [[ $mode == compile ]] && flag=(--compile)
+    echo "== 4/4 peer: $python $peer resnet50 --precision bf16 --channels-last --batch $r50_batch ${flag[*]}"
+    PYTHONUNBUFFERED=1 "$python" "$peer" resnet50 --precision bf16 --channels-last --batch "$r50_batch" \
+      "${flag[@]}" 2>&1 | tee "$tmp/r50peer.log" | sed -u 's/^/  /'
+    line=$(grep '"images_per_s"' "$tmp/r50peer.log" | tail -n 1)
+    [[ -n "$line" ]] || die "the peer's resnet50 ($mode) printed no result line"
+    r50_peer+=("$(json_number images_per_s <<< "$line")")
+  done
+  # Dense bf16 tensor-core peaks (FLOP/s) of the GPUs these benchmarks meet.
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+  case "$gpu_name" in
+    *H100*PCIe*) peak=756e12 ;;
+    *H100* | *H200*) peak=989e12 ;;
+    *A100*) peak=312e12 ;;
+    *L40S*) peak=362e12 ;;
+    *A10G*) peak=70e12 ;;
+    *) peak=0 ;;
+  esac
+  mfu() { if [[ $peak == 0 ]]; then echo "unknown (no peak for $gpu_name)"; else calc "$1 * $r50_flops / $peak" 3; fi; }
+  r50_summary="resnet50_bf16_batch=$r50_batch
+resnet50_hpctrain_images_per_second=$(calc "$r50_ours" 1)
+resnet50_hpctrain_mfu=$(mfu "$r50_ours")
+resnet50_train_flops_per_sample=$r50_flops"
+  for i in "${!r50_modes[@]}"; do
+    r50_summary+="
+resnet50_peer_${r50_modes[$i]}_images_per_second=$(calc "${r50_peer[$i]}" 1)
+resnet50_peer_${r50_modes[$i]}_mfu=$(mfu "${r50_peer[$i]}")
+resnet50_ratio_over_peer_${r50_modes[$i]}=$(calc "$r50_ours / ${r50_peer[$i]}" 2)"
+  done
+  r50_summary+="
+resnet50_ratio_target=1.0"
+fi
 echo
 echo "== summary"
 cat << EOS
@@ -116,5 +181,5 @@ peer_test_accuracy=$peer_acc
 ratio_hpctrain_over_peer=$ratio
 ratio_target=3.0
 ratio_target_met=$met
-resnet50_bf16=not compared: hpctrain has no resnet50 model or bf16 yet
+$r50_summary
 EOS
