@@ -86,6 +86,27 @@ void to_fp32_grad(GpuContext& ctx, const Tensor& g, float* out) {
   kernels::convert(ctx.act(), g.raw(), DType::F32, out, g.numel(), ctx.grad_factor(), nullptr, ctx.stream());
 }
 
+// Mixed precision's bias terms, for linear and convolution layers alike (channels last: the
+// output is rows x channels), as cuBLAS products with a vector of ones accumulated in fp32:
+// cuDNN's bias calls do not take every 16-bit type.
+// y^T[channels x rows] += b[channels x 1] . ones[1 x rows], b the bias's 16-bit copy.
+void add_bias_low(GpuContext& ctx, const void* b, void* y, int channels, int rows) {
+  const cudaDataType_t t = cuda_type(ctx.act());
+  CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, channels, rows, 1, &kOne, b, t, channels,
+                            ctx.ones(rows, ctx.act()), t, 1, &kOne, y, t, channels, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+// db[channels x 1] = dy^T[channels x rows] . ones[rows x 1], into the fp32 arena with the loss
+// scale divided out.
+void bias_grad_low(GpuContext& ctx, const void* dy, float* db, int channels, int rows) {
+  const cudaDataType_t t = cuda_type(ctx.act());
+  const float unscale = ctx.grad_factor();
+  CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, channels, 1, rows, &unscale, dy, t, channels,
+                            ctx.ones(rows, ctx.act()), t, rows, &kZero, db, CUDA_R_32F, channels, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 // ---- arenas, geometry, sequential ------------------------------------------------------------
@@ -136,7 +157,7 @@ ConvGpu::ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry ou
   conv_fwd_ = make_conv(stride, padding, math);
   conv_bwd_data_ = make_conv(stride, padding, math);
   conv_bwd_filter_ = make_conv(stride, padding, math);
-  bias_desc_.set_nhwc(1, 1, 1, out.c, ctx.act());
+  bias_desc_.set_nhwc(1, 1, 1, out.c);  // fp32 only: mixed precision adds biases through cuBLAS
 }
 
 ConvGpu::~ConvGpu() {
@@ -203,10 +224,12 @@ const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
   CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_, weight_used_, conv_fwd_,
                                       p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero, y_desc_.get(),
                                       y_.raw()));
-  if (bias_ >= 0) {
-    const void* b = low ? low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_.c) : arenas_.value(bias_);
-    CUDNN_CHECK(cudnnAddTensor(ctx_.cudnn(), &kOne, bias_desc_.get(), b, &kOne, y_desc_.get(), y_.raw()));
-  }
+  if (bias_ >= 0 && low)
+    add_bias_low(ctx_, low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_.c), y_.raw(), to_int(out_.c),
+                 to_int(n * out_.h * out_.w));
+  else if (bias_ >= 0)
+    CUDNN_CHECK(cudnnAddTensor(ctx_.cudnn(), &kOne, bias_desc_.get(), arenas_.value(bias_), &kOne, y_desc_.get(),
+                               y_.raw()));
   return y_;
 }
 
@@ -216,12 +239,11 @@ const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
   // In mixed precision cuDNN writes the parameter gradients in the activations' type (the
   // filter's); they reach the fp32 arena converted, the loss scale divided out.
   const bool low = ctx_.act() != DType::F32;
-  if (bias_ >= 0) {
-    if (low) ensure(dbias_lp_, Shape{out_.c}, ctx_.act());
+  if (bias_ >= 0 && low)
+    bias_grad_low(ctx_, dy.raw(), arenas_.grad(bias_), to_int(out_.c), to_int(n * out_.h * out_.w));
+  else if (bias_ >= 0)
     CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn(), &kOne, y_desc_.get(), dy.raw(), &kZero, bias_desc_.get(),
-                                             low ? dbias_lp_.raw() : arenas_.grad(bias_)));
-    if (low) to_fp32_grad(ctx_, dbias_lp_, arenas_.grad(bias_));
-  }
+                                             arenas_.grad(bias_)));
   if (low) ensure(dweight_lp_, Shape{weight_count_}, ctx_.act());
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_, p.bwd_filter_math));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &kOne, x_desc_.get(), x_.raw(), y_desc_.get(), dy.raw(),
@@ -448,12 +470,7 @@ const Tensor& LinearGpu::forward_low(const Tensor& x, int o, int i, int m) {
   weight_used_ = low_precision(ctx_, weight_lp_, arenas_.value(weight_), out_ * in_);
   CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, weight_used_, t, i, x.raw(), t, i,
                             &kZero, y_.raw(), t, o, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (bias_ >= 0) {  // y^T[out x n] += b[out x 1] . ones[1 x n]
-    const void* b = low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_);
-    CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, o, m, 1, &kOne, b, t, o,
-                              ctx_.ones(m, ctx_.act()), t, 1, &kOne, y_.raw(), t, o, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
-  }
+  if (bias_ >= 0) add_bias_low(ctx_, low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_), y_.raw(), o, m);
   return y_;
 }
 
@@ -465,10 +482,7 @@ const Tensor& LinearGpu::backward_low(const Tensor& dy, bool need_dx, int o, int
   // dW^T[in x out] = x^T[in x n] . dy[n x out]
   CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &unscale, x_.raw(), t, i, dy.raw(), t,
                             o, &kZero, arenas_.grad(weight_), CUDA_R_32F, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (bias_ >= 0)  // db[out x 1] = dy^T[out x n] . ones[n x 1]
-    CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, o, 1, m, &unscale, dy.raw(), t, o,
-                              ctx_.ones(m, ctx_.act()), t, m, &kZero, arenas_.grad(bias_), CUDA_R_32F, o,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (bias_ >= 0) bias_grad_low(ctx_, dy.raw(), arenas_.grad(bias_), o, m);
   if (!need_dx) return dx_;
   ensure(dx_, Shape{m, in_}, ctx_.act());
   // dx^T[in x n] = W^T[in x out] . dy^T[out x n]

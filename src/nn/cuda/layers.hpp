@@ -98,7 +98,7 @@ class ConvGpu final : public GpuLayer {
   std::map<int64_t, Plan> plans_;
   int64_t weight_count_ = 0;
   const void* weight_used_ = nullptr;  // the fp32 weight, or this step's 16-bit copy
-  Tensor x_, y_, dx_, weight_lp_, bias_lp_, dweight_lp_, dbias_lp_;
+  Tensor x_, y_, dx_, weight_lp_, bias_lp_, dweight_lp_;
 };
 
 // BatchNorm [+ ReLU] [+ max pool]: the fusions of the CPU layer, as three cuDNN/kernel passes.
