@@ -23,6 +23,11 @@ int select_gpu(int local_rank);
 // allocate never returns nullptr (usage error when out of memory); release(nullptr) is a no-op.
 void* allocate(size_t bytes);
 void release(void* p);
+// Page-locked host memory, which the GPU copies from without staging (cudaHostAlloc), or
+// nullptr where it cannot be had (no CUDA in this build, or no GPU): the caller then takes
+// ordinary memory. release_pinned frees what allocate_pinned returned.
+void* allocate_pinned(size_t bytes);
+void release_pinned(void* p);
 // Zero-fills device memory (on the default stream, synchronously).
 void zero(void* p, size_t bytes);
 enum class Copy { HostToDevice, DeviceToHost, DeviceToDevice };

@@ -73,6 +73,20 @@ int select_gpu(int local_rank) {
 void* allocate(size_t bytes) { return allocator().allocate(bytes); }
 void release(void* p) { allocator().release(p); }
 
+void* allocate_pinned(size_t bytes) {
+  if (cuda_device_count() == 0) return nullptr;
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the caller falls back to pageable memory
+    return nullptr;
+  }
+  return p;
+}
+
+void release_pinned(void* p) {
+  if (p) cudaFreeHost(p);
+}
+
 void zero(void* p, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
 }

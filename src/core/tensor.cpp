@@ -46,10 +46,16 @@ std::string Shape::str() const {
   return os.str();
 }
 
-Storage::Storage(size_t bytes, DeviceKind device) : bytes_(bytes), device_(device) {
+Storage::Storage(size_t bytes, DeviceKind device, bool pinned)
+    : bytes_(bytes), device_(device), asked_pinned_(pinned && device == DeviceKind::CPU) {
   if (device == DeviceKind::CUDA) {  // the device's caching allocator (core/device.hpp)
     data_ = device::allocate(bytes);
     device::zero(data_, bytes);
+    return;
+  }
+  if (asked_pinned_ && (data_ = device::allocate_pinned(bytes)) != nullptr) {
+    pinned_ = true;
+    std::memset(data_, 0, bytes);
     return;
   }
   constexpr size_t kAlign = 64;
@@ -61,6 +67,7 @@ Storage::Storage(size_t bytes, DeviceKind device) : bytes_(bytes), device_(devic
 
 Storage::~Storage() {
   if (device_ == DeviceKind::CUDA) device::release(data_);
+  else if (pinned_) device::release_pinned(data_);
   else std::free(data_);
 }
 
@@ -69,6 +76,15 @@ Tensor::Tensor(Shape shape, DType dtype, DeviceKind device)
       shape_(std::move(shape)),
       dtype_(dtype) {
   for (int64_t d : shape_.dims()) HPC_CHECK(d >= 0, "negative dimension in ", shape_.str());
+}
+
+Tensor Tensor::pinned(Shape shape, DType dtype) {
+  for (int64_t d : shape.dims()) HPC_CHECK(d >= 0, "negative dimension in ", shape.str());
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), DeviceKind::CPU, true);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  return t;
 }
 
 void* Tensor::raw() const {
@@ -95,7 +111,8 @@ Tensor Tensor::reshape(Shape shape) const {
 void Tensor::resize(Shape shape, DType dtype) {
   size_t need = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   if (!storage_ || storage_->bytes() < need + static_cast<size_t>(offset_) * dtype_size(dtype_)) {
-    *this = Tensor(std::move(shape), dtype, device());
+    *this = storage_ && storage_->pinned_request() ? Tensor::pinned(std::move(shape), dtype)
+                                                   : Tensor(std::move(shape), dtype, device());
     return;
   }
   shape_ = std::move(shape);

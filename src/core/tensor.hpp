@@ -48,18 +48,22 @@ class Shape {
 // from the caching allocator (core/device.hpp; a usage error in a build without CUDA).
 class Storage {
  public:
-  Storage(size_t bytes, DeviceKind device);
+  // pinned (host only): page-locked where the machine has a GPU to copy to, else ordinary.
+  Storage(size_t bytes, DeviceKind device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() { return data_; }
   size_t bytes() const { return bytes_; }
   DeviceKind device() const { return device_; }
+  bool pinned() const { return pinned_; }  // page-locked (asked for and had)
+  bool pinned_request() const { return asked_pinned_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   DeviceKind device_;
+  bool pinned_ = false, asked_pinned_ = false;
 };
 
 class Tensor {
@@ -70,6 +74,10 @@ class Tensor {
 
   template <class T>
   static Tensor zeros(Shape shape) { return Tensor(std::move(shape), dtype_of<T>()); }
+  // Host memory a GPU copies from directly (page-locked) where there is a GPU; ordinary host
+  // memory elsewhere. resize() keeps asking for it.
+  static Tensor pinned(Shape shape, DType dtype);
+  bool pinned() const { return storage_ && storage_->pinned(); }
 
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

@@ -102,8 +102,9 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
   const Shape shape{n, ds_.height, ds_.width, ds_.channels};
   out.labels.resize(n);
   for (int64_t i = 0; i < n; ++i) out.labels[i] = ds_.labels[indices[i]];
-  if (bytes_) {
-    out.images.resize<uint8_t>(shape);
+  if (bytes_) {  // in page-locked memory where there is a GPU: it copies the batch from there
+    if (out.images.defined()) out.images.resize<uint8_t>(shape);
+    else out.images = Tensor::pinned(shape, DType::U8);
     out.table = &table_;
     auto put = [](int64_t, uint8_t v) { return v; };
     if (ds_.shards) assemble_shards(indices, epoch, augment, out.images.data<uint8_t>(), put);

@@ -198,35 +198,37 @@ class GpuEngine final : public Engine {
   // The batch to the device: through pinned memory, asynchronously on the compute stream (the
   // previous step's read-back has waited for that stream, so the buffers are free).
   // The batch onto the device: its images as they come (bytes, normalised here by the
-  // assembler's table; or floats) and its labels, through one pinned buffer.
+  // assembler's table; or floats) and its labels. Images in page-locked memory (the loader's
+  // batches of bytes) are copied from where they are, others through the pinned buffer. The
+  // step ends with a wait for the stream, so the copies are done before the loader reuses them.
   void stage(const data::Batch& batch) {
-    const bool bytes = batch.images.dtype() == DType::U8;
+    const bool bytes = batch.images.dtype() == DType::U8, direct = batch.images.pinned();
     HPC_CHECK(!bytes || batch.table, "a batch of bytes without its normalisation table");
     const size_t image_bytes = batch.images.bytes(), label_bytes = batch.labels.size() * sizeof(int32_t);
-    auto* pinned = static_cast<char*>(pinned_.get(image_bytes + label_bytes));
-    std::memcpy(pinned, batch.images.raw(), image_bytes);
-    std::memcpy(pinned + image_bytes, batch.labels.data(), label_bytes);
+    auto* pinned = static_cast<char*>(pinned_.get((direct ? 0 : image_bytes) + label_bytes));
+    const void* images = direct ? batch.images.raw() : pinned + label_bytes;
+    std::memcpy(pinned, batch.labels.data(), label_bytes);
+    if (!direct) std::memcpy(pinned + label_bytes, batch.images.raw(), image_bytes);
     nn::cuda::ensure(x_, batch.images.shape());
     if (!labels_.defined() || labels_.numel() < batch.size())
       labels_ = Tensor(Shape{batch.size()}, DType::I32, DeviceKind::CUDA);
     else
       labels_.resize(Shape{batch.size()}, DType::I32);
-    if (bytes) {
-      if (*batch.table != table_host_) {  // once per run (and when evaluation's differs)
-        table_host_ = *batch.table;
-        table_ = Tensor(Shape{static_cast<int64_t>(table_host_.size())}, DType::F32, DeviceKind::CUDA);
-        CUDA_CHECK(cudaMemcpyAsync(table_.raw(), table_host_.data(), table_.bytes(), cudaMemcpyHostToDevice,
-                                   context_.stream()));
-      }
-      nn::cuda::ensure(x_bytes_, batch.images.shape(), DType::U8);
-      CUDA_CHECK(cudaMemcpyAsync(x_bytes_.raw(), pinned, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
-      kernels::normalize_u8(x_bytes_.data<uint8_t>(), x_.data<float>(), x_.numel(),
-                            static_cast<int>(batch.images.shape()[3]), table_.data<float>(), context_.stream());
-    } else {
-      CUDA_CHECK(cudaMemcpyAsync(x_.raw(), pinned, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(labels_.raw(), pinned, label_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    if (!bytes) {
+      CUDA_CHECK(cudaMemcpyAsync(x_.raw(), images, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+      return;
     }
-    CUDA_CHECK(cudaMemcpyAsync(labels_.raw(), pinned + image_bytes, label_bytes, cudaMemcpyHostToDevice,
-                               context_.stream()));
+    if (*batch.table != table_host_) {  // once per run (and when evaluation's differs)
+      table_host_ = *batch.table;
+      table_ = Tensor(Shape{static_cast<int64_t>(table_host_.size())}, DType::F32, DeviceKind::CUDA);
+      CUDA_CHECK(cudaMemcpyAsync(table_.raw(), table_host_.data(), table_.bytes(), cudaMemcpyHostToDevice,
+                                 context_.stream()));
+    }
+    nn::cuda::ensure(x_bytes_, batch.images.shape(), DType::U8);
+    CUDA_CHECK(cudaMemcpyAsync(x_bytes_.raw(), images, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    kernels::normalize_u8(x_bytes_.data<uint8_t>(), x_.data<float>(), x_.numel(),
+                          static_cast<int>(batch.images.shape()[3]), table_.data<float>(), context_.stream());
   }
 
   nn::Model<float>& model_;

@@ -15,6 +15,7 @@
 
 #include "core/arena.hpp"
 #include "core/caching_allocator.hpp"
+#include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "train/checksum.hpp"
@@ -71,6 +72,23 @@ TEST(Tensor, ResizeReusesStorageWhenLargeEnough) {
 }
 
 // ---- ParamStore ------------------------------------------------------------------------------
+
+// Pinned host tensors (the GPU's batches of bytes): page-locked where a GPU is visible, plain
+// host memory elsewhere; either way zero-filled, usable, and still asked for after a resize.
+TEST(Tensor, PinnedIsHostMemoryEverywhereAndPageLockedWithAGpu) {
+  const bool gpu = device::cuda_device_count() > 0;
+  Tensor t = Tensor::pinned(Shape{3, 5}, DType::U8);
+  EXPECT_EQ(t.device(), DeviceKind::CPU);
+  EXPECT_EQ(t.pinned(), gpu);
+  ASSERT_EQ(t.numel(), 15);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(t.data<uint8_t>()[i], 0);
+  t.data<uint8_t>()[14] = 7;
+  t.resize<uint8_t>(Shape{1000});  // larger: new storage, asked for pinned again
+  EXPECT_EQ(t.pinned(), gpu);
+  EXPECT_EQ(t.data<uint8_t>()[999], 0);
+  EXPECT_FALSE(Tensor(Shape{4}, DType::U8).pinned());
+  EXPECT_THROW(Tensor::pinned(Shape{-1}, DType::U8), Error);
+}
 
 TEST(ParamStore, LaysOutParametersInOrderAligned) {
   ParamStore<float> s;
