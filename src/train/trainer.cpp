@@ -48,7 +48,8 @@ bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
   HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
   HPC_REQUIRE(gpu || (o.precision != "bf16" && o.precision != "fp16"), "--precision ", o.precision,
               " is mixed precision on the GPU, and this rank trains on the CPU",
-              o.device == "cpu" ? "" : detail::concat(" (", why, ")"), "; the CPU trains in fp32: use --precision fp32");
+              o.device == "cpu" ? "" : detail::concat(" (", why, ")"),
+              "; the CPU trains in fp32: use --precision fp32");
   if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
@@ -303,7 +304,11 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   if (start.scaler) engine->restore_loss_scaler(*start.scaler);
 
   log::info("hpctrain ", HPCTRAIN_VERSION, ": ", model.summary());
-  log::info("data: ", o.dataset, " from ", dir, " (", ds.train.count, " train, ", ds.test.count,
+  const std::string source =
+      o.dataset == "synthetic"
+          ? detail::concat("synthetic ", ds.train.height, "x", ds.train.width, " images made from a fixed seed")
+          : detail::concat(o.dataset, " from ", dir);
+  log::info("data: ", source, " (", ds.train.count, " train, ", ds.test.count,
             " test); ", world, " rank(s), global batch ", global_batch, ", ", spe, " steps per epoch, ", total_steps,
             " steps; ", engine->describe());
   if (world > 1)

@@ -349,7 +349,8 @@ const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   // every precision, have it divided out.
   const float param_factor = ctx_.grad_factor();
   CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &param_factor, &kZero, x_desc_.get(), x_.raw(), x_desc_.get(),
+      ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &param_factor, &kZero, x_desc_.get(), x_.raw(),
+      x_desc_.get(),
       d->raw(), x_desc_.get(), dx_.raw(), stats_desc_.get(), arenas_.value(gamma_), arenas_.grad(gamma_),
       arenas_.grad(beta_), eps_, save_mean_.raw(), save_invstd_.raw()));
   return as_type(ctx_, dx_, ctx_.act(), dx_low_);

@@ -28,8 +28,9 @@ class GpuNetwork {
   // Softmax cross-entropy of the last forward against device labels: enqueues the loss sum
   // and the count of correct predictions into device memory; sums() reads them.
   void loss(const Tensor& logits, const int32_t* labels);
-  // Backward from the last loss() (times the context's loss scale); grads_ready(offset) is called (on this thread, after the
-  // work is enqueued, not done) whenever every gradient at arena offsets >= offset is final.
+  // Backward from the last loss() (times the context's loss scale); grads_ready(offset) is
+  // called (on this thread, after the work is enqueued, not done) whenever every gradient at
+  // arena offsets >= offset is final.
   void backward(const std::function<void(int64_t)>& grads_ready);
   // The last loss()'s sums: one copy and one wait for the stream.
   struct LossSums {
