@@ -2,7 +2,8 @@
 # hpctrain against its PyTorch peer on one NVIDIA GPU, in one invocation on one machine (the
 # device machine): builds hpctrain with CUDA, cuDNN and NCCL, runs the GPU tests (ctest -L gpu),
 # then
-#   1. hpctrain --device cuda on the peer's cnn recipe (Fashion-MNIST, batch 128, 3 epochs);
+#   1. hpctrain --device cuda on the peer's cnn recipe (Fashion-MNIST, batch 128, 3 epochs),
+#      and again with --cuda-graphs (its rate, and whether it ends with the same checksum);
 #   2. the peer, torch_peer_gpu.py cnn, the same work in PyTorch eager, same precision;
 # and prints both throughputs, their ratio (target: hpctrain / peer >= 3.0) and both accuracies;
 #   3. hpctrain --model resnet50 on synthetic 224x224 data (--dataset synthetic), bf16, NHWC
@@ -99,6 +100,22 @@ done_line=$(grep '"event":"done"' "$tmp/m.jsonl" | tail -n 1)
 [[ -n "$done_line" ]] || die "hpctrain wrote no done line"
 ours_ips=$(json_number images_per_second <<< "$done_line")
 ours_acc=$(json_number test_accuracy <<< "$done_line")
+ours_sum=$(sed -n 's/.*"param_checksum":"\([0-9a-f]*\)".*/\1/p' <<< "$done_line")
+
+# The same run replaying each step as one CUDA graph (fp16 is not captured: its loss scale moves).
+graphs_summary="hpctrain_cuda_graphs=skipped (--precision fp16)"
+if [[ $precision != fp16 ]]; then
+  echo
+  echo "== 1b/4 the same with --cuda-graphs"
+  "$hpctrain" --device cuda --batch-size "$batch" --epochs "$epochs" --precision "$precision" --data-dir "$data" \
+    --cuda-graphs --metrics-file "$tmp/g.jsonl" 2>&1 | sed -u 's/^/  /'
+  g_line=$(grep '"event":"done"' "$tmp/g.jsonl" | tail -n 1)
+  [[ -n "$g_line" ]] || die "hpctrain --cuda-graphs wrote no done line"
+  g_ips=$(json_number images_per_second <<< "$g_line")
+  g_sum=$(sed -n 's/.*"param_checksum":"\([0-9a-f]*\)".*/\1/p' <<< "$g_line")
+  graphs_summary="hpctrain_cuda_graphs_images_per_second=$(calc "$g_ips" 1)
+hpctrain_cuda_graphs_same_checksum=$([[ "$g_sum" == "$ours_sum" ]] && echo yes || echo no)"
+fi
 
 echo
 # The peer's autocast knows fp32, tf32 and bf16; fp16 runs it in bf16, the nearest it has.
@@ -114,6 +131,8 @@ peer_acc=$(json_number test_acc <<< "$peer_line")
 
 ratio=$(calc "$ours_ips / $peer_ips" 2)
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 3.0) ? \"yes\" : \"no\" }")
+[[ -n "${g_ips:-}" ]] && graphs_summary+="
+ratio_cuda_graphs_over_peer=$(calc "$g_ips / $peer_ips" 2)"
 
 # ResNet-50, bf16. hpctrain: 4 epochs of the 2048 synthetic images; the last epoch's rate
 # (cuDNN's algorithm choice and the allocator's first requests fall in the first). The peer:
@@ -181,5 +200,6 @@ peer_test_accuracy=$peer_acc
 ratio_hpctrain_over_peer=$ratio
 ratio_target=3.0
 ratio_target_met=$met
+$graphs_summary
 $r50_summary
 EOS

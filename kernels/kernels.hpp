@@ -70,9 +70,11 @@ void count_correct(const float* scores, const int32_t* labels, int64_t n, int64_
 // the last equal to n.
 // When skip is not null and *skip is non-zero on the device, the launch changes nothing: an
 // fp16 step whose gradients overflowed is skipped without the host waiting for the flag.
+// When hyper is not null, lr and momentum are read from the device (hyper[0], hyper[1]) instead:
+// a step captured in a CUDA graph takes each replay's values from there.
 void sgd_step(float* params, const float* grads, float* velocity, int64_t n, const int64_t* range_end,
               const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream,
-              const int* skip = nullptr);
+              const int* skip = nullptr, const float* hyper = nullptr);
 
 // ---- data parallelism (dist::GradientBucketer) -------------------------------------------------
 

@@ -43,10 +43,10 @@ void SgdCuda::download(Sgd<float>& host) const {
 }
 
 void SgdCuda::step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream,
-                   const int* skip) {
+                   const int* skip, const float* hyper) {
   kernels::sgd_step(params, grads, velocity_.data<float>(), n_, static_cast<const int64_t*>(range_end_.raw()),
                     range_decay_.data<float>(), ranges_, static_cast<float>(lr), static_cast<float>(momentum),
-                    spec_.nesterov, stream, skip);
+                    spec_.nesterov, stream, skip, hyper);
 }
 
 }  // namespace hpc::optim

@@ -16,9 +16,10 @@ class SgdCuda {
   void upload(const Sgd<float>& host);
   void download(Sgd<float>& host) const;
   // params and grads: device arenas of the host optimizer's size. skip: a device flag that,
-  // when set, makes the step change nothing (an overflowed fp16 step); null: never.
+  // when set, makes the step change nothing (an overflowed fp16 step); null: never. hyper:
+  // device {lr, momentum} that replace the arguments (a step captured in a CUDA graph).
   void step(float* params, const float* grads, double lr, double momentum, cudaStream_t stream,
-            const int* skip = nullptr);
+            const int* skip = nullptr, const float* hyper = nullptr);
 
  private:
   SgdSpec spec_;

@@ -19,7 +19,7 @@ namespace {
 const std::set<std::string>& free_on_resume() {
   static const std::set<std::string> names{"batch-size", "global-batch-size", "eval-batch-size", "test-samples",
                                            "bucket-mb",  "no-overlap",        "device",          "init",
-                                           "precision",  "no-deterministic"};
+                                           "precision",  "no-deterministic",  "cuda-graphs"};
   return names;
 }
 

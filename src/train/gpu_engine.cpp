@@ -17,9 +17,11 @@
 
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/log.hpp"
 #include "dist/nccl.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/cuda/network.hpp"
@@ -63,6 +65,29 @@ class CudaEvent {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+// A captured CUDA graph and its executable instance.
+class Graph {
+ public:
+  explicit Graph(cudaGraph_t g) : graph_(g) {
+    const cudaError_t e = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (e != cudaSuccess) {
+      cudaGraphDestroy(graph_);
+      CUDA_CHECK(e);
+    }
+  }
+  ~Graph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 // The bucketer's view of device gradients (dist/bucketer.hpp).
@@ -126,23 +151,34 @@ class GpuEngine final : public Engine {
                   static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
         precision_(o.precision),
         deterministic_(o.deterministic),
-        scaled_(o.precision == "fp16") {
+        scaled_(o.precision == "fp16"),
+        graphs_(o.cuda_graphs) {
+    HPC_CHECK(!graphs_ || (!scaled_ && ctx.world_size() == 1), "--cuda-graphs with fp16 or several ranks");
+    if (graphs_) hyper_ = Tensor(Shape{2}, DType::F32, DeviceKind::CUDA);
     buckets_.reserve(bucketer_.bucket_count());
     net_.upload(model.params());
     sgd_gpu_.upload(sgd);
   }
 
   StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
+    if (graphs_) return graph_step(batch, share, lr, momentum);
     StepResult r;
     bucketer_.begin_step(share);
     stage(batch);
+    enqueue_step(lr, momentum, &r);
+    return finish_step(batch, r);
+  }
+
+  // Forward, loss, backward, the gradients' reduction and the update, enqueued on the compute
+  // stream (hyper: device {lr, momentum} for a step being captured). comm_wait goes into *r.
+  void enqueue_step(double lr, double momentum, StepResult* r, const float* hyper = nullptr) {
     if (scaled_) {
       context_.set_loss_scale(static_cast<float>(scaler_.scale()));
       CUDA_CHECK(cudaMemsetAsync(context_.non_finite(), 0, sizeof(int), context_.stream()));
     }
     net_.loss(net_.forward(x_, true), labels_.data<int32_t>());
     net_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
-    r.comm_wait = bucketer_.finish();
+    r->comm_wait = bucketer_.finish();
     auto& a = net_.arenas();
     // fp16: the summed gradients (every rank holds the same, so every rank decides alike) are
     // checked in one pass; when one is not finite the update kernel changes nothing.
@@ -150,10 +186,14 @@ class GpuEngine final : public Engine {
       kernels::scale_and_check(a.grads().data<float>(), a.grads().numel(), 1.0f, context_.non_finite(),
                                context_.stream());
     sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream(),
-                  scaled_ ? context_.non_finite() : nullptr);
+                  scaled_ ? context_.non_finite() : nullptr, hyper);
     if (scaled_)
       CUDA_CHECK(cudaMemcpyAsync(&overflow_, context_.non_finite(), sizeof(int), cudaMemcpyDeviceToHost,
                                  context_.stream()));
+  }
+
+  // Waits for the step and reads its loss, correct count and (fp16) overflow flag back.
+  StepResult finish_step(const data::Batch& batch, StepResult r) {
     const auto sums = net_.sums();  // waits for the stream: overflow_ is in place
     if (scaled_) r.skipped = !scaler_.update(overflow_ == 0);
     r.loss = sums.loss / static_cast<double>(std::max<int64_t>(batch.size(), 1));
@@ -161,7 +201,56 @@ class GpuEngine final : public Engine {
     return r;
   }
 
+  // --cuda-graphs (one rank, not fp16). A captured graph holds the addresses of every buffer
+  // the step touches; they stay put while the batch shape stays and nothing else resizes
+  // them. So: a step with a new shape, or the first after an evaluation (whose batches may
+  // have grown the buffers), runs eagerly and settles the allocations; the next one of that
+  // shape is captured (and then replayed, which runs it), and later ones replay. lr and
+  // momentum reach the update kernel through device memory uploaded before each launch; the
+  // batch is staged before the launch, into the same device buffers.
+  StepResult graph_step(const data::Batch& batch, float share, double lr, double momentum) {
+    StepResult r;
+    stage(batch);
+    // A share other than 1 (never with one rank, but the bucketer would then scale on its own
+    // stream) is not captured.
+    const bool same_shape = batch.images.shape() == graph_shape_ && share == 1.0f;
+    if (!same_shape || !settled_) {  // eager, and the buffers settle for this shape
+      graph_.reset();
+      bucketer_.begin_step(share);
+      enqueue_step(lr, momentum, &r);
+      graph_shape_ = batch.images.shape();
+      settled_ = true;
+      return finish_step(batch, r);
+    }
+    hyper_host_[0] = static_cast<float>(lr);
+    hyper_host_[1] = static_cast<float>(momentum);
+    CUDA_CHECK(cudaMemcpyAsync(hyper_.raw(), hyper_host_, sizeof hyper_host_, cudaMemcpyHostToDevice,
+                               context_.stream()));
+    if (!graph_) {
+      // Thread-local capture: the bucketer's thread may make CUDA calls of its own meanwhile
+      // (with one rank it only hands the buckets back).
+      cudaStream_t s = context_.stream();
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      cudaGraph_t g = nullptr;
+      try {
+        bucketer_.begin_step(share);
+        enqueue_step(lr, momentum, &r, hyper_.data<float>());
+      } catch (...) {
+        cudaStreamEndCapture(s, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      graph_ = std::make_unique<Graph>(g);
+      if (++captures_ == 1) log::info("CUDA graph: the training step captured (batch ", graph_shape_.str(), ")");
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_->exec(), context_.stream()));
+    return finish_step(batch, r);
+  }
+
   void eval_batch(const data::Batch& batch, double* sums) override {
+    settled_ = false;  // evaluation may resize the buffers a captured step points at
+    graph_.reset();
     stage(batch);
     net_.loss(net_.forward(x_, false), labels_.data<int32_t>());
     const auto s = net_.sums();
@@ -190,13 +279,12 @@ class GpuEngine final : public Engine {
     int nccl = 0;
     ncclGetVersion(&nccl);
     return detail::concat("GPU ", gpu_, " (", p.name, ", ", p.totalGlobalMem >> 20, " MiB), ", precision_,
-                          deterministic_ ? ", deterministic" : ", non-deterministic", ", cuDNN ",
+                          deterministic_ ? ", deterministic" : ", non-deterministic",
+                          graphs_ ? ", CUDA graphs" : "", ", cuDNN ",
                           cudnnGetVersion(), ", NCCL ", nccl);
   }
 
  private:
-  // The batch to the device: through pinned memory, asynchronously on the compute stream (the
-  // previous step's read-back has waited for that stream, so the buffers are free).
   // The batch onto the device: its images as they come (bytes, normalised here by the
   // assembler's table; or floats) and its labels. Images in page-locked memory (the loader's
   // batches of bytes) are copied from where they are, others through the pinned buffer. The
@@ -243,6 +331,13 @@ class GpuEngine final : public Engine {
   std::string precision_;
   bool deterministic_;
   bool scaled_;  // fp16: dynamic loss scaling
+  bool graphs_;  // --cuda-graphs
+  std::unique_ptr<Graph> graph_;
+  Shape graph_shape_;
+  bool settled_ = false;
+  Tensor hyper_;  // device {lr, momentum} of a replayed step
+  float hyper_host_[2] = {0, 0};
+  int64_t captures_ = 0;
   optim::LossScaler scaler_;
   int overflow_ = 0;
   PinnedBuffer pinned_;

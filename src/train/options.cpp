@@ -74,6 +74,8 @@ void validate(const TrainOptions& o) {
               "--device must be auto, cpu or cuda, got '", o.device, "'");
   HPC_REQUIRE(o.precision == "fp32" || o.precision == "tf32" || o.precision == "bf16" || o.precision == "fp16",
               "--precision must be fp32, tf32, bf16 or fp16, got '", o.precision, "'");
+  HPC_REQUIRE(!o.cuda_graphs || o.precision != "fp16", "--cuda-graphs does not take --precision fp16 (its dynamic "
+              "loss scale changes between steps, a graph replays fixed ones); use bf16, or leave out --cuda-graphs");
 }
 
 }  // namespace
@@ -115,6 +117,10 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "fp32 (IEEE float throughout), or mixed precision as PyTorch's autocast: bf16, or fp16 with dynamic loss "
        "scaling (activations in 16 bits; master weights, gradients and optimizer state in fp32); the CPU always "
        "computes in fp32 (and refuses bf16 and fp16)")
+      ("cuda-graphs", po::bool_switch(&o.cuda_graphs),
+       "GPU, one rank per job: capture the training step once its shapes are steady and replay it as one CUDA "
+       "graph (one launch instead of hundreds: small models on big GPUs are launch-bound); the same bits as "
+       "without; not with --precision fp16, whose loss scale changes between steps")
       ("no-deterministic", po::bool_switch(&no_deterministic),
        "GPU: let cuDNN choose non-deterministic algorithms too (faster for some shapes; runs then differ in their "
        "last bits and a resume is no longer bit-exact)");
@@ -277,7 +283,7 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
   add("onecycle-div-factor", o.onecycle_div_factor), add("onecycle-final-div-factor", o.onecycle_final_div_factor);
   add("no-cycle-momentum", !o.cycle_momentum), add("onecycle-base-momentum", o.onecycle_base_momentum);
   add("onecycle-max-momentum", o.onecycle_max_momentum), add("seed", o.seed), add("device", o.device);
-  add("precision", o.precision), add("no-deterministic", !o.deterministic);
+  add("precision", o.precision), add("no-deterministic", !o.deterministic), add("cuda-graphs", o.cuda_graphs);
   add("bucket-mb", o.bucket_mb), add("no-overlap", !o.overlap), add("sync-batch-norm", o.sync_batch_norm);
   return v;
 }

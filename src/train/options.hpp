@@ -57,6 +57,8 @@ struct TrainOptions {
   // mantissas (PyTorch's cuDNN default); fp32 keeps IEEE float (the CPU always computes fp32).
   std::string precision = "tf32";
   bool deterministic = true;  // GPU: only algorithms that give the same bits every run
+  // GPU, one rank: replay each steady-state training step as one captured CUDA graph.
+  bool cuda_graphs = false;
   std::string metrics_file;
   bool quiet = false;
   int64_t log_every = 0;  // steps between plain progress lines; 0: about ten per epoch

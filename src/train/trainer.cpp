@@ -50,6 +50,8 @@ bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
               " is mixed precision on the GPU, and this rank trains on the CPU",
               o.device == "cpu" ? "" : detail::concat(" (", why, ")"),
               "; the CPU trains in fp32: use --precision fp32");
+  HPC_REQUIRE(gpu || !o.cuda_graphs, "--cuda-graphs replays training steps on the GPU, and this rank trains on the CPU",
+              o.device == "cpu" ? "" : detail::concat(" (", why, ")"), "; leave out --cuda-graphs");
   if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
@@ -225,6 +227,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   int64_t global_batch = 0;
   dist::collectively(ctx, [&] {
     gpu = resolve_device(o, ctx.local_size(), ctx.local_rank() == 0);  // one warning per host
+    HPC_REQUIRE(!o.cuda_graphs || world == 1, "--cuda-graphs takes one rank per job for now (this one has ", world,
+                "): the gradient all-reduce waits on the host, which a captured step cannot; leave it out");
     if (gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
     threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(threads);

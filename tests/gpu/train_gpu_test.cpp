@@ -3,8 +3,10 @@
 // reference, and GPU checkpoints that the CPU reads. Skips where no GPU is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "core/device.hpp"
 #include "integration/harness.hpp"
@@ -123,6 +125,26 @@ TEST_F(GpuTraining, MixedPrecisionTrainsAndFp16ResumesExactly) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
   EXPECT_EQ(done_of(m).at("param_checksum").str, want);
+}
+
+// --cuda-graphs replays a captured step: the same bits as the eager steps (tf32 and bf16, over
+// epochs whose evaluations force a new capture each time), and it says it captured.
+TEST_F(GpuTraining, CudaGraphsReplayTheEagerStepsBitExactly) {
+  for (const std::string precision : {"tf32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::string e = dir_.file("eager-" + precision + ".jsonl"), g = dir_.file("graphs-" + precision + ".jsonl");
+    auto eager = short_job(e);
+    eager.insert(eager.end(), {"--precision", precision});
+    ASSERT_EQ(run_hpctrain(eager).exit_code, 0);
+    auto graphs = short_job(g);
+    graphs.erase(std::find(graphs.begin(), graphs.end(), "--quiet"));
+    graphs.insert(graphs.end(), {"--precision", precision, "--cuda-graphs"});
+    const RunResult r = run_hpctrain(graphs);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE((r.out + r.err).find("CUDA graph: the training step captured"), std::string::npos) << r.err;
+    EXPECT_EQ(done_of(g).at("param_checksum").str, done_of(e).at("param_checksum").str);
+    EXPECT_EQ(done_of(g).at("test_accuracy").number, done_of(e).at("test_accuracy").number);
+  }
 }
 
 // --device cuda under mpirun with one rank: the NCCL communicator of world size 1.

@@ -116,6 +116,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"precision_unknown", {"--precision", "fp8"}, {"--precision", "'fp8'", "tf32"}},
         BadArgs{"precision_mixed_on_the_cpu", {"--device", "cpu", "--precision", "fp16"},
                 {"--precision fp16", "mixed precision on the GPU", "--precision fp32"}},
+        BadArgs{"cuda_graphs_on_the_cpu", {"--device", "cpu", "--cuda-graphs"},
+                {"--cuda-graphs", "trains on the CPU", "leave out --cuda-graphs"}},
+        BadArgs{"cuda_graphs_with_fp16", {"--cuda-graphs", "--precision", "fp16"},
+                {"--cuda-graphs does not take --precision fp16", "bf16"}},
         BadArgs{"batch_larger_than_dataset", {"--batch-size", "100"}, {"64", "100"}},
         BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}}),
     [](const ::testing::TestParamInfo<BadArgs>& i) { return std::string(i.param.name); });
@@ -261,6 +265,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"device", "auto"},
     {"precision", "tf32"},
     {"no-deterministic", ""},
+    {"cuda-graphs", ""},
     {"model", "cnn"},
     {"no-batch-norm", ""},
     {"init", "kaiming-uniform"},
