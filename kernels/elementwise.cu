@@ -52,6 +52,19 @@ __global__ void normalize_u8_kernel(const uint8_t* in, float* out, int64_t n, in
   HPC_GRID_STRIDE(i, n) out[i] = table[(i % channels) * 256 + in[i]];
 }
 
+__global__ void crop_flip_normalize_u8_kernel(const uint8_t* in, const int32_t* crops, float* out, int64_t total,
+                                              int64_t h, int64_t w, int channels, const float* table) {
+  HPC_GRID_STRIDE(i, total) {
+    const int ch = static_cast<int>(i % channels);
+    const int64_t pixel = i / channels, x = pixel % w, y = (pixel / w) % h, image = pixel / (w * h);
+    const int32_t* cf = crops + 3 * image;
+    const int64_t sy = y + cf[0], sx = (cf[2] ? w - 1 - x : x) + cf[1];
+    const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+    const uint8_t v = inside ? in[((image * h + sy) * w + sx) * channels + ch] : uint8_t{0};
+    out[i] = table[ch * 256 + v];
+  }
+}
+
 __global__ void scale_kernel(float* x, int64_t n, float factor) {
   HPC_GRID_STRIDE(i, n) x[i] *= factor;
 }
@@ -128,6 +141,15 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t str
 void normalize_u8(const uint8_t* in, float* out, int64_t n, int channels, const float* table, cudaStream_t stream) {
   if (n == 0) return;
   normalize_u8_kernel<<<blocks_for(n), kThreads, 0, stream>>>(in, out, n, channels, table);
+  CUDA_CHECK_LAUNCH();
+}
+
+void crop_flip_normalize_u8(const uint8_t* in, const int32_t* crops, float* out, int64_t n, int64_t h, int64_t w,
+                            int channels, const float* table, cudaStream_t stream) {
+  const int64_t total = n * h * w * channels;
+  if (total == 0) return;
+  crop_flip_normalize_u8_kernel<<<blocks_for(total), kThreads, 0, stream>>>(in, crops, out, total, h, w, channels,
+                                                                            table);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -28,6 +28,12 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t str
 // bit for bit the CPU's values.
 void normalize_u8(const uint8_t* in, float* out, int64_t n, int channels, const float* table,
                   cudaStream_t stream);
+// The same for n images of h x w x c bytes that are still to be cropped and flipped (GPU
+// augmentation): crops holds three int32 per image, (dy, dx, flip), and output pixel (y, x) is
+// input pixel (y + dy, (flip ? w - 1 - x : x) + dx), a black (0) byte where that is outside
+// the image, as data::BatchAssembler does on the host.
+void crop_flip_normalize_u8(const uint8_t* in, const int32_t* crops, float* out, int64_t n, int64_t h, int64_t w,
+                            int channels, const float* table, cudaStream_t stream);
 
 // The same on activations of any precision (t: F32, BF16 or F16; x, y, ... of that type),
 // computed in float and rounded once when stored: the layers of mixed-precision training.

@@ -61,16 +61,70 @@ void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64
   if (error) std::rethrow_exception(error);
 }
 
+namespace {
+
+// The crop and flip of sample idx in epoch (its own stream: the same on every rank and thread).
+CropFlip draw_crop_flip(const AugmentSpec& aug, uint64_t seed, int64_t epoch, uint32_t idx) {
+  Philox rng(seed, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
+  const int64_t pad = aug.crop_padding;
+  CropFlip cf;
+  if (pad) {
+    const auto span = static_cast<uint32_t>(2 * pad + 1);
+    cf.dy = static_cast<int32_t>(rng.below(span)) - static_cast<int32_t>(pad);
+    cf.dx = static_cast<int32_t>(rng.below(span)) - static_cast<int32_t>(pad);
+  }
+  cf.flip = aug.flip && (rng.next_u32() & 1u) ? 1 : 0;
+  return cf;
+}
+
+// One h x w x c sample cropped and flipped into o through put(channel, byte).
+template <class T, class Put>
+void crop_flip(const uint8_t* src, int64_t h, int64_t w, int64_t c, CropFlip cf, T* o, Put put) {
+  for (int64_t y = 0; y < h; ++y) {
+    for (int64_t x = 0; x < w; ++x) {
+      const int64_t sy = y + cf.dy, sx = (cf.flip ? w - 1 - x : x) + cf.dx;
+      T* px = o + (y * w + x) * c;
+      const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+      for (int64_t ch = 0; ch < c; ++ch)  // padding is a black pixel, normalised like any other
+        px[ch] = put(ch, inside ? src[(sy * w + sx) * c + ch] : uint8_t{0});
+    }
+  }
+}
+
+}  // namespace
+
+Tensor apply_crops(const Batch& batch) {
+  HPC_CHECK(batch.images.dtype() == DType::U8 && batch.images.shape().rank() == 4, "apply_crops of a batch of ",
+            dtype_name(batch.images.dtype()), " ", batch.images.shape().str());
+  const Shape& s = batch.images.shape();
+  Tensor out(s, DType::U8);
+  const int64_t n = s[0], h = s[1], w = s[2], c = s[3], per = h * w * c;
+  const uint8_t* src = batch.images.data<uint8_t>();
+  uint8_t* dst = out.data<uint8_t>();
+  if (batch.crops.empty()) {
+    std::memcpy(dst, src, static_cast<size_t>(n * per));
+    return out;
+  }
+  HPC_CHECK(static_cast<int64_t>(batch.crops.size()) == n, batch.crops.size(), " crops for ", n, " samples");
+  for (int64_t i = 0; i < n; ++i)
+    crop_flip(src + i * per, h, w, c, batch.crops[static_cast<size_t>(i)], dst + i * per,
+              [](int64_t, uint8_t v) { return v; });
+  return out;
+}
+
 template <class T, class Put>
 void BatchAssembler::assemble_memory(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst,
-                                     Put put) const {
+                                     Put put, std::vector<CropFlip>* crops) const {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t h = ds_.height, w = ds_.width, c = ds_.channels, per = ds_.sample_bytes();
+  const bool cropped = augment && aug_.any();
+  if (crops) crops->resize(cropped ? static_cast<size_t>(n) : 0);
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t idx = indices[i];
     const uint8_t* src = ds_.images.data() + static_cast<int64_t>(idx) * per;
     T* o = dst + i * per;
-    if (!augment || !aug_.any()) {
+    if (!cropped || crops) {  // as stored (the consumer crops what it is told to)
+      if (cropped) (*crops)[static_cast<size_t>(i)] = draw_crop_flip(aug_, seed_, epoch, idx);
       if (c == 1) {
         for (int64_t p = 0; p < per; ++p) o[p] = put(0, src[p]);
       } else {
@@ -78,21 +132,7 @@ void BatchAssembler::assemble_memory(const std::vector<uint32_t>& indices, int64
       }
       continue;
     }
-    Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
-    const int64_t pad = aug_.crop_padding;
-    const int64_t dy = pad ? static_cast<int64_t>(rng.below(static_cast<uint32_t>(2 * pad + 1))) - pad : 0;
-    const int64_t dx = pad ? static_cast<int64_t>(rng.below(static_cast<uint32_t>(2 * pad + 1))) - pad : 0;
-    const bool flip = aug_.flip && (rng.next_u32() & 1u);
-    for (int64_t y = 0; y < h; ++y) {
-      for (int64_t x = 0; x < w; ++x) {
-        const int64_t sy = y + dy, sx0 = x + dx;
-        const int64_t sx = flip ? (w - 1 - x) + dx : sx0;
-        T* px = o + (y * w + x) * c;
-        const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
-        for (int64_t ch = 0; ch < c; ++ch)  // padding is a black pixel, normalised like any other
-          px[ch] = put(ch, inside ? src[(sy * w + sx) * c + ch] : uint8_t{0});
-      }
-    }
+    crop_flip(src, h, w, c, draw_crop_flip(aug_, seed_, epoch, idx), o, put);
   }
 }
 
@@ -107,12 +147,14 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
     else out.images = Tensor::pinned(shape, DType::U8);
     out.table = &table_;
     auto put = [](int64_t, uint8_t v) { return v; };
+    out.crops.clear();
     if (ds_.shards) assemble_shards(indices, epoch, augment, out.images.data<uint8_t>(), put);
-    else assemble_memory(indices, epoch, augment, out.images.data<uint8_t>(), put);
+    else assemble_memory(indices, epoch, augment, out.images.data<uint8_t>(), put, &out.crops);
     return;
   }
   out.images.resize<float>(shape);
   out.table = nullptr;
+  out.crops.clear();
   const float* table = table_.data();
   auto put = [table](int64_t ch, uint8_t v) { return table[ch * 256 + v]; };
   if (ds_.shards) assemble_shards(indices, epoch, augment, out.images.data<float>(), put);

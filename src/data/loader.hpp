@@ -24,6 +24,14 @@ struct AugmentSpec {
   bool any() const { return crop_padding > 0 || flip || resized_crop; }
 };
 
+// One sample's random crop and flip: output pixel (y, x) is source pixel
+// (y + dy, (flip ? w - 1 - x : x) + dx), black where that falls outside the image. Three
+// int32 in a row, as kernels::crop_flip_normalize_u8 reads them.
+struct CropFlip {
+  int32_t dy = 0, dx = 0, flip = 0;
+};
+static_assert(sizeof(CropFlip) == 3 * sizeof(int32_t));
+
 struct Batch {
   // n x H x W x C: normalised floats (F32), or, from an assembler asked for bytes, the samples'
   // bytes (U8) with `table` the normalisation that the consumer applies (the GPU does it).
@@ -31,12 +39,21 @@ struct Batch {
   std::vector<int32_t> labels;  // n
   int64_t epoch = 0, step = 0;
   const std::vector<float>* table = nullptr;  // bytes: BatchAssembler::table()
+  // Bytes of an in-memory dataset, augmented: each sample's crop and flip, which the consumer
+  // applies (images then hold the samples as stored). Empty: images are final.
+  std::vector<CropFlip> crops;
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
 };
 
+// A batch of bytes with its crops applied on the host: what the GPU computes before its table
+// (the reference its kernel is tested against). Without crops, a copy.
+Tensor apply_crops(const Batch& batch);
+
 // Turns uint8 samples into normalised floats (a 256-entry table per channel), or, with
-// bytes, into batches of the augmented bytes that a GPU normalises: a quarter of the data to
-// copy, and no float pass on the host.
+// bytes, into batches of bytes that a GPU normalises (a quarter of the data to copy, and no
+// float pass on the host). With bytes, in-memory datasets leave the crops and flips to the
+// GPU too (Batch::crops), drawn from the same streams as on the host: either path gives the
+// same floats. Packed shards crop while they decode, so their bytes come cropped.
 class BatchAssembler {
  public:
   // threads: how many decode packed images in parallel (in-memory datasets need none).
@@ -52,8 +69,10 @@ class BatchAssembler {
   // T: float or uint8_t; put(channel, byte) is what the batch stores.
   template <class T, class Put>
   void assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put) const;
+  // crops: where the consumer crops and flips (the samples are copied as stored), else null.
   template <class T, class Put>
-  void assemble_memory(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put) const;
+  void assemble_memory(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put,
+                       std::vector<CropFlip>* crops = nullptr) const;
   const Dataset& ds_;
   AugmentSpec aug_;
   uint64_t seed_;

@@ -285,18 +285,23 @@ class GpuEngine final : public Engine {
   }
 
  private:
-  // The batch onto the device: its images as they come (bytes, normalised here by the
-  // assembler's table; or floats) and its labels. Images in page-locked memory (the loader's
-  // batches of bytes) are copied from where they are, others through the pinned buffer. The
-  // step ends with a wait for the stream, so the copies are done before the loader reuses them.
+  // The batch onto the device: its images as they come (bytes, cropped, flipped and normalised
+  // here by the assembler's crops and table; or floats) and its labels. Images in page-locked
+  // memory (the loader's batches of bytes) are copied from where they are, others through the
+  // pinned buffer, after the labels and crops. The step ends with a wait for the stream, so the
+  // copies are done before the loader reuses them.
   void stage(const data::Batch& batch) {
     const bool bytes = batch.images.dtype() == DType::U8, direct = batch.images.pinned();
     HPC_CHECK(!bytes || batch.table, "a batch of bytes without its normalisation table");
-    const size_t image_bytes = batch.images.bytes(), label_bytes = batch.labels.size() * sizeof(int32_t);
-    auto* pinned = static_cast<char*>(pinned_.get((direct ? 0 : image_bytes) + label_bytes));
-    const void* images = direct ? batch.images.raw() : pinned + label_bytes;
+    HPC_CHECK(batch.crops.empty() || (bytes && static_cast<int64_t>(batch.crops.size()) == batch.size()),
+              "a batch with ", batch.crops.size(), " crops for ", batch.size(), " samples");
+    const size_t image_bytes = batch.images.bytes(), label_bytes = batch.labels.size() * sizeof(int32_t),
+                 crop_bytes = batch.crops.size() * sizeof(data::CropFlip), head = label_bytes + crop_bytes;
+    auto* pinned = static_cast<char*>(pinned_.get((direct ? 0 : image_bytes) + head));
+    const void* images = direct ? batch.images.raw() : pinned + head;
     std::memcpy(pinned, batch.labels.data(), label_bytes);
-    if (!direct) std::memcpy(pinned + label_bytes, batch.images.raw(), image_bytes);
+    if (crop_bytes) std::memcpy(pinned + label_bytes, batch.crops.data(), crop_bytes);
+    if (!direct) std::memcpy(pinned + head, batch.images.raw(), image_bytes);
     nn::cuda::ensure(x_, batch.images.shape());
     if (!labels_.defined() || labels_.numel() < batch.size())
       labels_ = Tensor(Shape{batch.size()}, DType::I32, DeviceKind::CUDA);
@@ -315,8 +320,17 @@ class GpuEngine final : public Engine {
     }
     nn::cuda::ensure(x_bytes_, batch.images.shape(), DType::U8);
     CUDA_CHECK(cudaMemcpyAsync(x_bytes_.raw(), images, image_bytes, cudaMemcpyHostToDevice, context_.stream()));
-    kernels::normalize_u8(x_bytes_.data<uint8_t>(), x_.data<float>(), x_.numel(),
-                          static_cast<int>(batch.images.shape()[3]), table_.data<float>(), context_.stream());
+    const Shape& s = batch.images.shape();
+    if (crop_bytes == 0) {
+      kernels::normalize_u8(x_bytes_.data<uint8_t>(), x_.data<float>(), x_.numel(), static_cast<int>(s[3]),
+                            table_.data<float>(), context_.stream());
+      return;
+    }
+    nn::cuda::ensure(crops_, Shape{batch.size(), 3}, DType::I32);
+    CUDA_CHECK(cudaMemcpyAsync(crops_.raw(), pinned + label_bytes, crop_bytes, cudaMemcpyHostToDevice,
+                               context_.stream()));
+    kernels::crop_flip_normalize_u8(x_bytes_.data<uint8_t>(), crops_.data<int32_t>(), x_.data<float>(), s[0], s[1],
+                                    s[2], static_cast<int>(s[3]), table_.data<float>(), context_.stream());
   }
 
   nn::Model<float>& model_;
@@ -341,7 +355,7 @@ class GpuEngine final : public Engine {
   optim::LossScaler scaler_;
   int overflow_ = 0;
   PinnedBuffer pinned_;
-  Tensor x_, labels_, x_bytes_, table_;
+  Tensor x_, labels_, x_bytes_, table_, crops_;  // crops_: the batch's data::CropFlip
   std::vector<float> table_host_;  // what table_ holds
 };
 

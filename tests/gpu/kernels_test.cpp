@@ -132,6 +132,35 @@ TEST_F(GpuKernels, NormalisationEqualsTheCpuAssembler) {
   for (size_t i = 0; i < gpu.size(); ++i) ASSERT_TRUE(same_bits(gpu[i], cpu[i])) << i;
 }
 
+// GPU augmentation: the assembler's batch of bytes with its crops and flips, cropped and
+// normalised by the GPU, is the CPU assembler's augmented float batch, bit for bit.
+TEST_F(GpuKernels, CropFlipNormalisationEqualsTheCpuAssembler) {
+  data::Dataset ds;
+  ds.count = 40, ds.height = 9, ds.width = 7, ds.channels = 3;
+  std::mt19937 g(8);
+  ds.images.resize(static_cast<size_t>(ds.count * ds.sample_bytes()));
+  for (auto& b : ds.images) b = static_cast<uint8_t>(g());
+  ds.labels.assign(static_cast<size_t>(ds.count), 1);
+  const data::Normalization norm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
+  data::BatchAssembler floats(ds, norm, {3, true}, 21), bytes(ds, norm, {3, true}, 21, 1, true);
+  std::vector<uint32_t> idx(static_cast<size_t>(ds.count));
+  for (uint32_t i = 0; i < idx.size(); ++i) idx[i] = (i * 7) % static_cast<uint32_t>(ds.count);
+  data::Batch f, b;
+  floats.assemble(idx, 4, true, f);
+  bytes.assemble(idx, 4, true, b);
+  ASSERT_EQ(b.crops.size(), idx.size());
+  const auto cpu = host_of(f.images);
+  const uint8_t* raw = b.images.data<uint8_t>();
+  DeviceBuffer<uint8_t> in(std::vector<uint8_t>(raw, raw + b.images.numel()));
+  const auto* cf = reinterpret_cast<const int32_t*>(b.crops.data());
+  DeviceBuffer<int32_t> crops(std::vector<int32_t>(cf, cf + 3 * b.crops.size()));
+  DeviceBuffer<float> table(bytes.table()), out(cpu.size());
+  kernels::crop_flip_normalize_u8(in.get(), crops.get(), out.get(), ds.count, ds.height, ds.width, 3, table.get(),
+                                  stream_);
+  const auto gpu = out.host();
+  for (size_t i = 0; i < gpu.size(); ++i) ASSERT_TRUE(same_bits(gpu[i], cpu[i])) << i;
+}
+
 void expect_softmax_xent_parity(int64_t n, int64_t k, double smoothing, cudaStream_t stream) {
   SCOPED_TRACE(::testing::Message() << n << " x " << k << ", smoothing " << smoothing);
   const auto z = random_floats(static_cast<size_t>(n * k), 6, 3.f);

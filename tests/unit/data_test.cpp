@@ -394,27 +394,58 @@ TEST(BatchAssembler, AugmentFlagOffOrNothingToDoMeansPlainCopy) {
   EXPECT_NE(std::memcmp(p.images.raw(), a.images.raw(), bytes), 0);
 }
 
-// Batches of bytes (for a GPU to normalise) are the float batches before the table: the same
-// samples, crops and flips, and the table that turns one into the other.
-TEST(BatchAssembler, BytesAreTheFloatBatchBeforeNormalisation) {
+// Batches of bytes (for a GPU to augment and normalise) are the float batches before the
+// crops and the table: the samples as stored, each one's crop and flip, and the table. With
+// the crops applied (apply_crops, the GPU kernel's reference), the table gives the floats.
+TEST(BatchAssembler, BytesAreTheFloatBatchBeforeCropsAndNormalisation) {
   const Dataset d = ramp_dataset(12, 6, 5, 3);
   const Normalization norm{{0.1f, 0.2f, 0.3f}, {0.3f, 0.25f, 0.5f}};
   const std::vector<uint32_t> idx{4, 0, 11, 7, 7, 2};
-  for (bool augment : {false, true}) {
-    BatchAssembler floats(d, norm, {2, true}, 17), bytes(d, norm, {2, true}, 17, 1, true);
-    Batch f, b;
+  const int64_t per = 6 * 5 * 3;
+  BatchAssembler floats(d, norm, {2, true}, 17), bytes(d, norm, {2, true}, 17, 1, true);
+  Batch f, b;
+  for (bool augment : {true, false, true}) {  // the same batch object, crops on, off and on
     floats.assemble(idx, 3, augment, f);
     bytes.assemble(idx, 3, augment, b);
     EXPECT_EQ(f.table, nullptr);
+    EXPECT_TRUE(f.crops.empty());
     ASSERT_EQ(b.table, &bytes.table());
     ASSERT_EQ(b.images.dtype(), DType::U8);
     ASSERT_EQ(b.images.shape(), f.images.shape());
     EXPECT_EQ(b.labels, f.labels);
-    const uint8_t* px = b.images.data<uint8_t>();
+    ASSERT_EQ(b.crops.size(), augment ? idx.size() : 0u);
+    for (size_t i = 0; i < idx.size(); ++i)  // as stored
+      ASSERT_EQ(std::memcmp(b.images.data<uint8_t>() + i * per, d.images.data() + idx[i] * per, per), 0) << i;
+    const Tensor cropped = apply_crops(b);
+    const uint8_t* px = cropped.data<uint8_t>();
     const float* x = f.images.data<float>();
     for (int64_t i = 0; i < f.images.numel(); ++i)
       ASSERT_EQ(x[i], (*b.table)[(i % 3) * 256 + px[i]]) << "element " << i << (augment ? " (augmented)" : "");
   }
+  // Some crops move the sample and some flip it, else the test above proves little.
+  bytes.assemble(std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0, true, b);
+  int moved = 0, flipped = 0;
+  for (const CropFlip& cf : b.crops) {
+    moved += cf.dy != 0 || cf.dx != 0;
+    flipped += cf.flip;
+    EXPECT_LE(std::abs(cf.dy), 2);
+    EXPECT_LE(std::abs(cf.dx), 2);
+  }
+  EXPECT_GT(moved, 0);
+  EXPECT_GT(flipped, 0);
+  EXPECT_LT(flipped, 12);
+}
+
+TEST(BatchAssembler, ApplyCropsRefusesCropsThatDoNotFitTheBatch) {
+  const Dataset d = ramp_dataset(4, 3, 3, 1);
+  BatchAssembler bytes(d, {{0.5f}, {0.5f}}, {1, true}, 3, 1, true);
+  Batch b;
+  bytes.assemble({0, 1, 2}, 0, true, b);
+  b.crops.pop_back();
+  EXPECT_THROW(apply_crops(b), Error);
+  BatchAssembler floats(d, {{0.5f}, {0.5f}}, {1, true}, 3);
+  floats.assemble({0, 1}, 0, true, b);
+  EXPECT_THROW(apply_crops(b), Error);  // floats: nothing to crop
 }
 
 // Augmentation is keyed by (seed, epoch, sample index), not by position in the batch.

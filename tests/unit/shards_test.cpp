@@ -394,11 +394,13 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
     return std::vector<float>(x, x + b.images.numel());
   };
   EXPECT_EQ(batch(1, 2, true), batch(4, 2, true));    // threads change nothing
-  {  // batches of bytes (a GPU normalises them) are the same crops before the table
+  {  // batches of bytes (a GPU normalises them) are the same crops before the table: shards
+     // crop while they decode, so nothing is left for the GPU to crop
     const BatchAssembler a(p.train, p.norm, {0, true, true}, 11, 2, true);
     Batch b;
     a.assemble(idx, 2, true, b);
     ASSERT_EQ(b.images.dtype(), DType::U8);
+    EXPECT_TRUE(b.crops.empty());
     const std::vector<float> want = batch(1, 2, true);
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_EQ(want[i], (*b.table)[(i % 3) * 256 + b.images.data<uint8_t>()[i]]) << "element " << i;
