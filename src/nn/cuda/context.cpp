@@ -28,7 +28,8 @@ GpuContext::GpuContext(GpuSettings settings) : settings_(settings), act_(activat
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // Pointer mode host: alpha and beta are host scalars. Tensor cores only when asked; the
   // default math never uses TF32 in cuBLAS.
-  // (bf16 and fp16 products use tensor cores whatever the mode; they accumulate in fp32.)
+  // (bf16 and fp16 products use tensor cores whatever the mode and accumulate in fp32; cuBLAS
+  // may add split-K partial sums in 16 bits, as PyTorch's default allows too.)
   CUBLAS_CHECK(cublasSetMathMode(cublas_, settings_.math == Math::Tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                                         : CUBLAS_DEFAULT_MATH));
   CUDNN_CHECK(cudnnCreate(&cudnn_));
@@ -76,36 +77,41 @@ const void* GpuContext::ones(int64_t n, DType t) {
 DType GpuContext::norm_type() {
   if (act_ == DType::F32) return act_;
   if (norm_native_ < 0) {
-    // Batch norm (training forward and backward) and max pooling (forward and backward) on a
-    // 2x2x2x1 batch of act_: cuDNN checks the types on the host and answers with a status.
-    TensorDesc x, stats;
-    x.set_nhwc(2, 2, 2, 1, act_);
-    CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(stats.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
-    Tensor a(Shape{8}, act_, DeviceKind::CUDA), b(Shape{8}, act_, DeviceKind::CUDA);
-    Tensor c(Shape{8}, act_, DeviceKind::CUDA), d(Shape{8}, act_, DeviceKind::CUDA);
-    Tensor f(Shape{6}, DType::F32, DeviceKind::CUDA);
+    // Every batch-norm and pooling call the layers make, on a 2x2x2x8 batch of act_: cuDNN
+    // checks the types on the host and answers with a status (none of these throws).
+    constexpr int64_t kC = 8, kN = 2 * 2 * 2 * kC;
+    TensorDesc x, stats, y;
+    x.set_nhwc(2, 2, 2, kC, act_);
+    y.set_nhwc(2, 1, 1, kC, act_);
+    bool ok = cudnnDeriveBNTensorDescriptor(stats.get(), x.get(), CUDNN_BATCHNORM_SPATIAL) == CUDNN_STATUS_SUCCESS;
+    Tensor a(Shape{kN}, act_, DeviceKind::CUDA), b(Shape{kN}, act_, DeviceKind::CUDA);
+    Tensor c(Shape{kN}, act_, DeviceKind::CUDA), d(Shape{kN}, act_, DeviceKind::CUDA);
+    Tensor f(Shape{6 * kC}, DType::F32, DeviceKind::CUDA);
     CUDA_CHECK(cudaMemsetAsync(a.raw(), 0, a.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(c.raw(), 0, c.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(f.raw(), 0, f.bytes(), stream_));
-    float* p = f.data<float>();
+    float* p = f.data<float>();  // scale, bias, running mean, running variance, saved mean, saved 1/std
     const float one = 1.0f, zero = 0.0f;
-    bool ok = cudnnBatchNormalizationForwardTraining(cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x.get(), a.raw(),
-                                                     x.get(), b.raw(), stats.get(), p, p + 1, 0.1, p + 2, p + 3,
-                                                     CUDNN_BN_MIN_EPSILON, p + 4, p + 5) == CUDNN_STATUS_SUCCESS;
-    ok = ok && cudnnBatchNormalizationBackward(cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, x.get(),
-                                               a.raw(), x.get(), c.raw(), x.get(), d.raw(), stats.get(), p, p + 1,
-                                               p + 2, CUDNN_BN_MIN_EPSILON, p + 4, p + 5) == CUDNN_STATUS_SUCCESS;
-    cudnnPoolingDescriptor_t pool = nullptr;
-    CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool));
-    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, 2, 2, 0, 0,
-                                            2, 2));
-    TensorDesc y;
-    y.set_nhwc(2, 1, 1, 1, act_);
-    ok = ok && cudnnPoolingForward(cudnn_, pool, &one, x.get(), a.raw(), &zero, y.get(), b.raw()) ==
-                   CUDNN_STATUS_SUCCESS;
-    ok = ok && cudnnPoolingBackward(cudnn_, pool, &one, y.get(), b.raw(), y.get(), c.raw(), x.get(), a.raw(), &zero,
-                                    x.get(), d.raw()) == CUDNN_STATUS_SUCCESS;
-    cudnnDestroyPoolingDescriptor(pool);
+    auto succeeds = [](cudnnStatus_t st) { return st == CUDNN_STATUS_SUCCESS; };
+    ok = ok && succeeds(cudnnBatchNormalizationForwardTraining(
+                   cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x.get(), a.raw(), x.get(), b.raw(), stats.get(), p,
+                   p + kC, 0.1, p + 2 * kC, p + 3 * kC, CUDNN_BN_MIN_EPSILON, p + 4 * kC, p + 5 * kC));
+    ok = ok && succeeds(cudnnBatchNormalizationBackward(
+                   cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, x.get(), a.raw(), x.get(), c.raw(),
+                   x.get(), d.raw(), stats.get(), p, p + kC, p + 2 * kC, CUDNN_BN_MIN_EPSILON, p + 4 * kC, p + 5 * kC));
+    ok = ok && succeeds(cudnnBatchNormalizationForwardInference(cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                                x.get(), a.raw(), x.get(), b.raw(), stats.get(), p,
+                                                                p + kC, p + 2 * kC, p + 3 * kC, CUDNN_BN_MIN_EPSILON));
+    // Max pooling and the global average pool (a 2x2 window over the 2x2 image).
+    for (cudnnPoolingMode_t mode : {CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING}) {
+      cudnnPoolingDescriptor_t pool = nullptr;
+      CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool));
+      ok = ok && succeeds(cudnnSetPooling2dDescriptor(pool, mode, CUDNN_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
+      ok = ok && succeeds(cudnnPoolingForward(cudnn_, pool, &one, x.get(), a.raw(), &zero, y.get(), b.raw()));
+      ok = ok && succeeds(cudnnPoolingBackward(cudnn_, pool, &one, y.get(), b.raw(), y.get(), c.raw(), x.get(),
+                                               a.raw(), &zero, x.get(), d.raw()));
+      cudnnDestroyPoolingDescriptor(pool);
+    }
     synchronize();  // the probe's buffers go back to the allocator only when it is done
     norm_native_ = ok ? 1 : 0;
     if (!ok)

@@ -25,7 +25,8 @@ namespace hpc::nn::cuda {
 // fp32: IEEE float everywhere (the parity tests against the CPU); tf32: convolutions and
 // matrix products on tensor cores with 10-bit mantissas, as PyTorch's cuDNN default.
 // bf16 / fp16: mixed precision, as PyTorch's autocast: activations and the weights' copies the
-// convolutions and products read are 16-bit, the products accumulate in fp32; master weights,
+// convolutions and products read are 16-bit, the products accumulate in fp32 (cuBLAS may add
+// split-K partial sums in 16 bits, as under autocast); master weights,
 // gradients, batch-norm parameters and statistics, the loss and the optimizer stay fp32. fp16
 // needs loss scaling (GpuContext::set_loss_scale); bf16 has fp32's range and needs none.
 enum class Math { Fp32, Tf32, Bf16, Fp16 };

@@ -178,6 +178,10 @@ ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   Plan p;
   const GpuSettings& s = ctx_.settings();
   const bool measure = !s.deterministic;
+  // The search starts from the precision's math type, not the one the last plan's algorithm
+  // left on the descriptor (which could narrow it to FMA kernels).
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_, math_of(s.math)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_, math_of(s.math)));
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   CUDNN_CHECK(measure ? cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_,
                                                              y_desc_.get(), kMaxAlgos, &got, fwd)
@@ -200,6 +204,7 @@ ConvGpu::Plan& ConvGpu::plan(int64_t n) {
 void ConvGpu::choose_backward_data(Plan& p) {
   int got = 0;
   const GpuSettings& s = ctx_.settings();
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, math_of(s.math)));
   cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
   CUDNN_CHECK(!s.deterministic
                   ? cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
