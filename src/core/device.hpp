@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace hpc::device {
@@ -18,6 +19,10 @@ std::string describe();
 // mpirun -npernode / Slurm --gpus-per-task arrange). Returns its index. Usage error when no
 // GPU is visible or this build has no CUDA.
 int select_gpu(int local_rank);
+// A number that names the physical GPU select_gpu(local_rank) would take, the same in every
+// process that sees it whatever CUDA_VISIBLE_DEVICES numbers it (a hash of its UUID); 0 when
+// there is none. Two ranks with the same non-zero value would share one GPU.
+uint64_t gpu_identity(int local_rank);
 
 // Device memory through the process's caching allocator (core/caching_allocator.hpp):
 // allocate never returns nullptr (usage error when out of memory); release(nullptr) is a no-op.

@@ -1,5 +1,7 @@
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "core/caching_allocator.hpp"
@@ -25,15 +27,19 @@ const char* cublas_error_string(cublasStatus_t s) { return cublasGetStatusString
 namespace device {
 namespace {
 
+std::atomic<int> selected_gpu{-1};  // select_gpu's choice, for threads that allocate pinned memory
+
 // One allocator for the process, as the CUDA context it sits on is one per process and
 // device. Created on first use, after select_gpu.
 CachingAllocator& allocator() {
   static CachingAllocator a({[](size_t n) -> void* {
                                void* p = nullptr;
-                               if (cudaMalloc(&p, n) != cudaSuccess) {
+                               const cudaError_t e = cudaMalloc(&p, n);
+                               if (e == cudaErrorMemoryAllocation) {
                                  cudaGetLastError();  // out of memory is not sticky: clear it, let the cache retry
                                  return nullptr;
                                }
+                               CUDA_CHECK(e);  // anything else (a fault of an earlier kernel) is no shortage
                                return p;
                              },
                              [](void* p) { cudaFree(p); }});
@@ -67,7 +73,21 @@ int select_gpu(int local_rank) {
   HPC_REQUIRE(n > 0, "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES, driver?); use --device cpu");
   const int gpu = local_rank % n;
   CUDA_CHECK(cudaSetDevice(gpu));
+  selected_gpu = gpu;
   return gpu;
+}
+
+uint64_t gpu_identity(int local_rank) {
+  const int n = cuda_device_count();
+  if (n == 0) return 0;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, local_rank % n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the UUID's 16 bytes
+  for (const char c : p.uuid.bytes) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h == 0 ? 1 : h;
 }
 
 void* allocate(size_t bytes) { return allocator().allocate(bytes); }
@@ -75,8 +95,11 @@ void release(void* p) { allocator().release(p); }
 
 void* allocate_pinned(size_t bytes) {
   if (cuda_device_count() == 0) return nullptr;
+  // A thread starts on device 0 (the loader's does): without this, every rank would open a
+  // context on GPU 0 just to allocate host memory.
+  if (const int gpu = selected_gpu.load(); gpu >= 0) cudaSetDevice(gpu);
   void* p = nullptr;
-  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
     cudaGetLastError();  // clear it: the caller falls back to pageable memory
     return nullptr;
   }

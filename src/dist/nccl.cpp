@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cstdlib>
+#include <exception>
 
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
@@ -32,8 +33,16 @@ void NcclCommunicator::init_stream_and_scratch() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // No throwing here: a failed destroy at exit is not worth a crash.
-  if (stream_) cudaStreamSynchronize(stream_);
+  // No throwing here: a failed destroy at exit is not worth a crash. While an error unwinds,
+  // the peers may never issue the collectives this rank queued: waiting for the stream or a
+  // cooperative destroy could hang, so the communicator is aborted instead (main then ends
+  // the job).
+  if (std::uncaught_exceptions() > 0) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  } else if (stream_) {
+    cudaStreamSynchronize(stream_);
+  }
   device::release(scratch_);
   if (comm_) ncclCommDestroy(comm_);
   if (stream_) cudaStreamDestroy(stream_);

@@ -303,10 +303,7 @@ class GpuEngine final : public Engine {
     if (crop_bytes) std::memcpy(pinned + label_bytes, batch.crops.data(), crop_bytes);
     if (!direct) std::memcpy(pinned + head, batch.images.raw(), image_bytes);
     nn::cuda::ensure(x_, batch.images.shape());
-    if (!labels_.defined() || labels_.numel() < batch.size())
-      labels_ = Tensor(Shape{batch.size()}, DType::I32, DeviceKind::CUDA);
-    else
-      labels_.resize(Shape{batch.size()}, DType::I32);
+    nn::cuda::ensure(labels_, Shape{batch.size()}, DType::I32);
     CUDA_CHECK(cudaMemcpyAsync(labels_.raw(), pinned, label_bytes, cudaMemcpyHostToDevice, context_.stream()));
     if (!bytes) {
       CUDA_CHECK(cudaMemcpyAsync(x_.raw(), images, image_bytes, cudaMemcpyHostToDevice, context_.stream()));

@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "core/device.hpp"
 #include "core/log.hpp"
@@ -33,16 +34,32 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Which two ranks would share one GPU (NCCL refuses that), from the identities of the GPUs
+// they would take; "" when none would. Every rank learns the same answer. Identities, not
+// counts: under srun --gpus-per-task 1 each rank sees one GPU, its own.
+std::string shared_gpu(dist::ProcessContext& ctx, const TrainOptions& o) {
+  if (o.device == "cpu" || ctx.world_size() == 1) return "";  // o.device is every rank's (require_same_options)
+  const uint64_t mine = device::gpu_identity(ctx.local_rank());
+  const std::vector<uint64_t> all = ctx.world().allgather(mine);
+  std::unordered_map<uint64_t, size_t> first;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) continue;
+    const auto [it, fresh] = first.emplace(all[r], r);
+    if (!fresh) return detail::concat("ranks ", it->second, " and ", r, " would share one GPU");
+  }
+  return "";
+}
+
 // Whether this rank trains on its GPU. --device cuda without a usable GPU is an error, never a
-// silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank on the host can
-// have one of its own (NCCL refuses two ranks on one GPU), and says so when it cannot.
-bool resolve_device(const TrainOptions& o, int ranks_on_host, bool speak) {
+// silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank can have one of
+// its own (shared: shared_gpu's answer), and says so when it cannot.
+bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak) {
   std::string why;
   bool gpu = o.device != "cpu" && gpu_training_available(&why);
   const int gpus = o.device == "cpu" ? 0 : device::cuda_device_count();
-  if (gpu && gpus < ranks_on_host) {
-    why = detail::concat(ranks_on_host, " ranks on this host share ", gpus,
-                         " GPU(s); start one rank per GPU (mpirun -npernode ", gpus, ", srun --gpus-per-task 1)");
+  if (gpu && !shared.empty()) {
+    why = detail::concat(shared, " (", gpus, " visible on this host); start one rank per GPU (mpirun -npernode ",
+                         gpus, ", srun --gpus-per-task 1)");
     gpu = false;
   }
   HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
@@ -225,8 +242,9 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   data::DatasetPair ds;
   std::unique_ptr<nn::Model<float>> model_ptr;
   int64_t global_batch = 0;
+  const std::string shared = shared_gpu(ctx, o);
   dist::collectively(ctx, [&] {
-    gpu = resolve_device(o, ctx.local_size(), ctx.local_rank() == 0);  // one warning per host
+    gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
     HPC_REQUIRE(!o.cuda_graphs || world == 1, "--cuda-graphs takes one rank per job for now (this one has ", world,
                 "): the gradient all-reduce waits on the host, which a captured step cannot; leave it out");
     if (gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up

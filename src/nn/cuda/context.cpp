@@ -26,6 +26,11 @@ GpuContext::GpuContext(GpuSettings settings) : settings_(settings), act_(activat
   CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see the header
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // A workspace of our own (set after the stream, which resets it), as PyTorch gives cuBLAS:
+  // products captured in a CUDA graph then use it instead of allocating inside the graph.
+  constexpr int64_t kCublasWorkspaceBytes = 32 << 20;
+  cublas_workspace_ = Tensor(Shape{kCublasWorkspaceBytes / 4}, DType::F32, DeviceKind::CUDA);
+  CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   // Pointer mode host: alpha and beta are host scalars. Tensor cores only when asked; the
   // default math never uses TF32 in cuBLAS.
   // (bf16 and fp16 products use tensor cores whatever the mode and accumulate in fp32; cuBLAS

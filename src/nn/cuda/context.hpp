@@ -83,6 +83,7 @@ class GpuContext {
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   Tensor workspace_, ones_, ones_lp_, flag_;
+  Tensor cublas_workspace_;  // cuBLAS's own, fixed: a captured CUDA graph then allocates nothing
   DType act_;
   int norm_native_ = -1;  // norm_type(): -1 not probed yet, 0 fp32, 1 act()
   float loss_scale_ = 1.0f;
