@@ -74,13 +74,14 @@ std::vector<std::string> operator+(std::vector<std::string> a, const std::vector
 // the sum over the batch is taken in another order (per rank, then across ranks) and float
 // addition is not associative, so each step differs by a few units in the last place and
 // training carries that on. After 50 steps at a gentle learning rate the runs agree to about
-// 1e-6 relative in the parameters' norm and 1e-4 in the test loss; a wrong shard, a missing
-// average or a stale bucket would be off by far more.
+// 1e-6 relative in the parameters' norm and 1e-4 in the test loss (2e-4 measured in a
+// build for generic x86-64, -DHPCTRAIN_NATIVE=OFF, whose other instructions round elsewhere;
+// hence 5e-4); a wrong shard, a missing average or a stale bucket would be off by far more.
 TEST_F(MpiTraining, TwoAndFourRanksMatchOneRankWithoutBatchNorm) {
   expect_same_on_more_ranks(kSmall + std::vector<std::string>{"--no-batch-norm", "--global-batch-size", "64",
                                                               "--max-steps", "50", "--lr-schedule", "constant", "--lr",
                                                               "0.01", "--bucket-mb", "0.5"},
-                            1e-5, 1e-4);
+                            1e-5, 5e-4);
 }
 
 // With --sync-batch-norm the statistics come from the whole global batch on every rank, so
