@@ -259,6 +259,15 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                 " ranks no sample per step; use at least one sample per rank");
     HPC_REQUIRE(ds.train.count >= global_batch || !o.drop_last, "the training set holds ", ds.train.count,
                 " samples, fewer than one global batch of ", global_batch, " (", world, " ranks)");
+    {  // --keep-last-batch: the short last batch must still give every rank what a step needs
+      const int64_t last = ds.train.count % global_batch, per_epoch = (ds.train.count + global_batch - 1) / global_batch;
+      const int64_t least = last / world, need = o.batch_norm ? 2 : 1;  // batch norm: two values per channel
+      const bool reached = o.max_steps == 0 || o.max_steps >= per_epoch;
+      HPC_REQUIRE(o.drop_last || last == 0 || least >= need || !reached, "--keep-last-batch: the last global batch "
+                  "holds ", last, " of the ", ds.train.count, " training samples, which leaves some of the ", world,
+                  " ranks ", least, " (a step needs ", need, o.batch_norm ? ", for batch norm" : "",
+                  "); leave out --keep-last-batch, or change --train-samples or the batch size");
+    }
     nn::ModelSpec spec;
     spec.name = o.model;
     spec.batch_norm = o.batch_norm;

@@ -210,6 +210,21 @@ TEST_F(MpiTraining, WorldLargerThanTheData) {
                    "--global-batch-size 3 gives some of the 4 ranks no sample per step");
 }
 
+// A short last batch (--keep-last-batch) that would leave a rank too few samples for a step is
+// refused before training, not met at the end of the first epoch; with enough, it trains.
+TEST_F(MpiTraining, AShortLastBatchIsCheckedBeforeTraining) {
+  const std::vector<std::string> base{"--data-dir", fashion_mnist_dir(), "--test-samples", "100", "--epochs", "1",
+                                      "--model", "mlp", "--global-batch-size", "64", "--keep-last-batch"};
+  expect_one_error(run_mpi(4, base + std::vector<std::string>{"--train-samples", "70"}),
+                   "--keep-last-batch: the last global batch holds 6 of the 70 training samples, which leaves some "
+                   "of the 4 ranks 1 (a step needs 2, for batch norm)");
+  const RunResult ok = run_mpi(4, base + std::vector<std::string>{"--train-samples", "72", "--quiet"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;  // 8 samples: 2 per rank
+  const RunResult no_bn = run_mpi(4, base + std::vector<std::string>{"--train-samples", "68", "--no-batch-norm",
+                                                                     "--quiet"});
+  EXPECT_EQ(no_bn.exit_code, 0) << no_bn.err;  // 1 per rank is enough without batch norm
+}
+
 TEST_F(MpiTraining, AProblemOnOneRankIsNamedByRankAndHost) {
   expect_one_error(run_mpi({{1, {"--max-steps", "1", "--data-dir", fashion_mnist_dir()}},
                             {1, {"--max-steps", "1", "--data-dir", "/nonexistent-hpctrain-data"}}}),
