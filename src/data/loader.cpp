@@ -35,24 +35,23 @@ void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64
     try {
       const uint32_t idx = indices[static_cast<size_t>(i)];
       T* o = dst + i * per;
-      if constexpr (std::is_same_v<T, uint8_t>) {  // decoded straight into the batch
-        if (augment && aug_.resized_crop) {
-          Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
-          ds_.shards->fill(idx, &rng, aug_.flip, o);
-        } else {
-          ds_.shards->fill(idx, nullptr, false, o);
-        }
-        continue;
+      // Bytes are decoded straight into the batch; floats through this thread's buffer.
+      uint8_t* pixels;
+      thread_local std::vector<uint8_t> buffer;
+      if constexpr (std::is_same_v<T, uint8_t>) {
+        pixels = o;
+      } else {
+        buffer.resize(static_cast<size_t>(per));
+        pixels = buffer.data();
       }
-      thread_local std::vector<uint8_t> pixels;
-      pixels.resize(static_cast<size_t>(per));
       if (augment && aug_.resized_crop) {
         Philox rng(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
-        ds_.shards->fill(idx, &rng, aug_.flip, pixels.data());
+        ds_.shards->fill(idx, &rng, aug_.flip, pixels);
       } else {
-        ds_.shards->fill(idx, nullptr, false, pixels.data());
+        ds_.shards->fill(idx, nullptr, false, pixels);
       }
-      for (int64_t p = 0; p < per; ++p) o[p] = put(p % c, pixels[static_cast<size_t>(p)]);
+      if constexpr (!std::is_same_v<T, uint8_t>)
+        for (int64_t p = 0; p < per; ++p) o[p] = put(p % c, pixels[p]);
     } catch (...) {
 #pragma omp critical
       if (!error) error = std::current_exception();

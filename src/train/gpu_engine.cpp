@@ -161,10 +161,14 @@ class GpuEngine final : public Engine {
   }
 
   StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
-    if (graphs_) return graph_step(batch, share, lr, momentum);
+    stage(batch);
+    return graphs_ ? graph_step(batch, share, lr, momentum) : eager_step(batch, share, lr, momentum);
+  }
+
+  // One step of the staged batch, enqueued and waited for.
+  StepResult eager_step(const data::Batch& batch, float share, double lr, double momentum) {
     StepResult r;
     bucketer_.begin_step(share);
-    stage(batch);
     enqueue_step(lr, momentum, &r);
     return finish_step(batch, r);
   }
@@ -206,22 +210,19 @@ class GpuEngine final : public Engine {
   // them. So: a step with a new shape, or the first after an evaluation (whose batches may
   // have grown the buffers), runs eagerly and settles the allocations; the next one of that
   // shape is captured (and then replayed, which runs it), and later ones replay. lr and
-  // momentum reach the update kernel through device memory uploaded before each launch; the
-  // batch is staged before the launch, into the same device buffers.
+  // momentum reach the update kernel through device memory uploaded before each launch;
+  // train_step has staged the batch, into the same device buffers.
   StepResult graph_step(const data::Batch& batch, float share, double lr, double momentum) {
-    StepResult r;
-    stage(batch);
     // A share other than 1 (never with one rank, but the bucketer would then scale on its own
     // stream) is not captured.
     const bool same_shape = batch.images.shape() == graph_shape_ && share == 1.0f;
     if (!same_shape || !settled_) {  // eager, and the buffers settle for this shape
       graph_.reset();
-      bucketer_.begin_step(share);
-      enqueue_step(lr, momentum, &r);
       graph_shape_ = batch.images.shape();
       settled_ = true;
-      return finish_step(batch, r);
+      return eager_step(batch, share, lr, momentum);
     }
+    StepResult r;
     hyper_host_[0] = static_cast<float>(lr);
     hyper_host_[1] = static_cast<float>(momentum);
     CUDA_CHECK(cudaMemcpyAsync(hyper_.raw(), hyper_host_, sizeof hyper_host_, cudaMemcpyHostToDevice,

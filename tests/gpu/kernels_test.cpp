@@ -109,16 +109,22 @@ TEST_F(GpuKernels, AddAndScaleAreExact) {
   EXPECT_EQ(flag.host()[0], 1);
 }
 
-// The CPU assembler's batch and the GPU's normalisation of the same bytes with its table.
-TEST_F(GpuKernels, NormalisationEqualsTheCpuAssembler) {
+// count random h x w RGB images (bytes from seed), all of class 1, and a normalisation for them.
+data::Dataset random_rgb_images(int64_t count, int64_t h, int64_t w, unsigned seed) {
   data::Dataset ds;
-  ds.count = 20, ds.height = 8, ds.width = 8, ds.channels = 3;
-  std::mt19937 g(5);
+  ds.count = count, ds.height = h, ds.width = w, ds.channels = 3;
+  std::mt19937 g(seed);
   ds.images.resize(static_cast<size_t>(ds.count * ds.sample_bytes()));
   for (auto& b : ds.images) b = static_cast<uint8_t>(g());
   ds.labels.assign(static_cast<size_t>(ds.count), 1);
-  const data::Normalization norm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
-  data::BatchAssembler assembler(ds, norm, {}, 1);
+  return ds;
+}
+const data::Normalization kRgbNorm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
+
+// The CPU assembler's batch and the GPU's normalisation of the same bytes with its table.
+TEST_F(GpuKernels, NormalisationEqualsTheCpuAssembler) {
+  const data::Dataset ds = random_rgb_images(20, 8, 8, 5);
+  data::BatchAssembler assembler(ds, kRgbNorm, {}, 1);
   std::vector<uint32_t> all(static_cast<size_t>(ds.count));
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   data::Batch batch;
@@ -135,14 +141,8 @@ TEST_F(GpuKernels, NormalisationEqualsTheCpuAssembler) {
 // GPU augmentation: the assembler's batch of bytes with its crops and flips, cropped and
 // normalised by the GPU, is the CPU assembler's augmented float batch, bit for bit.
 TEST_F(GpuKernels, CropFlipNormalisationEqualsTheCpuAssembler) {
-  data::Dataset ds;
-  ds.count = 40, ds.height = 9, ds.width = 7, ds.channels = 3;
-  std::mt19937 g(8);
-  ds.images.resize(static_cast<size_t>(ds.count * ds.sample_bytes()));
-  for (auto& b : ds.images) b = static_cast<uint8_t>(g());
-  ds.labels.assign(static_cast<size_t>(ds.count), 1);
-  const data::Normalization norm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
-  data::BatchAssembler floats(ds, norm, {3, true}, 21), bytes(ds, norm, {3, true}, 21, 1, true);
+  const data::Dataset ds = random_rgb_images(40, 9, 7, 8);
+  data::BatchAssembler floats(ds, kRgbNorm, {3, true}, 21), bytes(ds, kRgbNorm, {3, true}, 21, 1, true);
   std::vector<uint32_t> idx(static_cast<size_t>(ds.count));
   for (uint32_t i = 0; i < idx.size(); ++i) idx[i] = (i * 7) % static_cast<uint32_t>(ds.count);
   data::Batch f, b;
