@@ -63,12 +63,12 @@ bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak
     gpu = false;
   }
   HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
+  const std::string because = o.device == "cpu" ? "" : detail::concat(" (", why, ")");  // why not the GPU
   HPC_REQUIRE(gpu || (o.precision != "bf16" && o.precision != "fp16"), "--precision ", o.precision,
-              " is mixed precision on the GPU, and this rank trains on the CPU",
-              o.device == "cpu" ? "" : detail::concat(" (", why, ")"),
+              " is mixed precision on the GPU, and this rank trains on the CPU", because,
               "; the CPU trains in fp32: use --precision fp32");
   HPC_REQUIRE(gpu || !o.cuda_graphs, "--cuda-graphs replays training steps on the GPU, and this rank trains on the CPU",
-              o.device == "cpu" ? "" : detail::concat(" (", why, ")"), "; leave out --cuda-graphs");
+              because, "; leave out --cuda-graphs");
   if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
@@ -259,11 +259,12 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                 " ranks no sample per step; use at least one sample per rank");
     HPC_REQUIRE(ds.train.count >= global_batch || !o.drop_last, "the training set holds ", ds.train.count,
                 " samples, fewer than one global batch of ", global_batch, " (", world, " ranks)");
-    {  // --keep-last-batch: the short last batch must still give every rank what a step needs
-      const int64_t last = ds.train.count % global_batch, per_epoch = (ds.train.count + global_batch - 1) / global_batch;
+    if (!o.drop_last) {  // --keep-last-batch: the short last batch must still give every rank what a step needs
+      const data::ShardedSampler epoch(ds.train.count, global_batch, 0, 0, world, false);
+      const int64_t steps = epoch.steps_per_epoch(), last = epoch.global_batch_length(steps - 1);
       const int64_t least = last / world, need = o.batch_norm ? 2 : 1;  // batch norm: two values per channel
-      const bool reached = o.max_steps == 0 || o.max_steps >= per_epoch;
-      HPC_REQUIRE(o.drop_last || last == 0 || least >= need || !reached, "--keep-last-batch: the last global batch "
+      const bool reached = o.max_steps == 0 || o.max_steps >= steps;
+      HPC_REQUIRE(last == global_batch || least >= need || !reached, "--keep-last-batch: the last global batch "
                   "holds ", last, " of the ", ds.train.count, " training samples, which leaves some of the ", world,
                   " ranks ", least, " (a step needs ", need, o.batch_norm ? ", for batch norm" : "",
                   "); leave out --keep-last-batch, or change --train-samples or the batch size");
