@@ -16,7 +16,7 @@
 set -euo pipefail
 
 me=chain.sh
-die() { echo "$me: error: $*" >&2; exit "${2:-1}"; }
+die() { echo "$me: error: $1" >&2; exit "${2:-1}"; }  # die MESSAGE [CODE]
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0; }

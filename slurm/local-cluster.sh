@@ -23,7 +23,7 @@
 set -euo pipefail
 
 me=local-cluster.sh
-die() { echo "$me: error: $*" >&2; exit "${2:-1}"; }
+die() { echo "$me: error: $1" >&2; exit "${2:-1}"; }  # die MESSAGE [CODE]
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 cmd=${1:-}
@@ -53,9 +53,19 @@ while (($#)); do
       node_arg=$1; shift ;;
   esac
 done
+# The directory is checked before anything is touched: 'up' creates it and 'down' removes it, so
+# it must be one this script made. An unset variable ("$UNSET/") or "/" must never become the
+# root directory; realpath -s spells one directory one way (no "//", "/./" or trailing slash)
+# without following links, so that the marker in the daemons' environment is unique.
 [[ -n "$dir" ]] || die "--dir is empty" 2
-[[ "$dir" == /* ]] || dir="$PWD/$dir"
-dir=${dir%/}
+dir=$(realpath -m -s -- "$dir")
+[[ "$dir" != / ]] || die "--dir is the root directory '/' (an unset variable?); give a directory of its own, such as /tmp/hpctrain-slurm" 2
+if [[ -e "$dir" && ! -f "$dir/.hpctrain-local-cluster" ]]; then
+  case "$cmd" in
+    env | status) ;;  # nothing there to read: they say no cluster is up
+    *) die "$dir exists and is not a local cluster's directory (one '$me up' made); choose another with --dir" 2 ;;
+  esac
+fi
 if [[ "$cmd" != up ]]; then
   [[ "$nodes$cpus" == "20" ]] || die "--nodes and --cpus-per-node belong to 'up'" 2
 fi
@@ -142,7 +152,7 @@ kill_and_wait() {
 }
 
 load_state() {
-  [[ -f "$state_file" ]] || return 1
+  [[ -f "$dir/.hpctrain-local-cluster" && -f "$state_file" ]] || return 1  # never a file of a directory not ours
   # shellcheck disable=SC1090
   source "$state_file"
 }
@@ -251,11 +261,7 @@ up() {
   ((cpus > 0)) || cpus=$(($(nproc) / nodes))
   ((cpus > 0)) || cpus=1
   if is_up; then die "a local cluster is already up in $dir ('$me down' first)"; fi
-  if [[ -e "$dir" ]]; then
-    [[ -f "$dir/.hpctrain-local-cluster" ]] ||
-      die "$dir exists and is not a local cluster's directory; choose another with --dir" 2
-    stop_everything quiet
-  fi
+  if [[ -e "$dir" ]]; then stop_everything quiet; fi  # a cluster's directory left behind (checked above)
   # munged serves everyone through a socket in DIR/munge, and insists that every directory
   # above it be searchable by all.
   local up_to=${dir%/*}
@@ -318,7 +324,6 @@ stop_everything() {
 
 down() {
   if [[ ! -e "$dir" ]]; then echo "$me: nothing to stop in $dir"; return 0; fi
-  [[ -f "$dir/.hpctrain-local-cluster" ]] || die "$dir is not a local cluster's directory" 2
   stop_everything
 }
 

@@ -18,6 +18,7 @@ expect_error() {
   [[ $rc == "$code" ]] || fail "'$*' exited $rc, not $code ($err)"
   [[ $(wc -l <<< "$err") == 1 && "$err" == "local-cluster.sh: error: "*"$text"* ]] ||
     fail "'$*' said '$err', not one error line with '$text'"
+  [[ "$err" != *" $code" ]] || fail "'$*' printed its exit code as part of the message: '$err'"
 }
 expect_error 2 "unknown command 'start'" start
 expect_error 2 "--nodes must be a number from 1 to 64, not '0'" up --nodes 0 --dir "$CLUSTER_DIR"
@@ -30,10 +31,28 @@ expect_error 2 "kill-node needs a node name" kill-node --dir "$CLUSTER_DIR"
 expect_error 3 "no local cluster is up in $CLUSTER_DIR" env --dir "$CLUSTER_DIR"
 mkdir "$TEST_DIR/precious" && echo keep > "$TEST_DIR/precious/file"
 expect_error 2 "is not a local cluster's directory" up --dir "$TEST_DIR/precious"
+# A directory that is not the script's own is refused by every command before anything is
+# touched: "/" (also as an unset variable's "$UNSET/", or spelled otherwise), a user's directory.
+# (A cluster.env there is not the script's to read: status must not run it.)
+echo "touch $TEST_DIR/sourced" > "$TEST_DIR/precious/cluster.env"
+for root in / "${UNSET_DIR-}/" // /tmp/.. /./; do
+  expect_error 2 "--dir is the root directory '/'" up --dir "$root"
+  expect_error 2 "--dir is the root directory '/'" down --dir "$root"
+done
+for c in down "kill-node n1" "start-node n1"; do
+  # shellcheck disable=SC2086  # the command and its node, split on purpose
+  expect_error 2 "$TEST_DIR/precious exists and is not a local cluster's directory" $c --dir "$TEST_DIR/precious/"
+done
+rc=0; "$LOCAL_CLUSTER" status --dir "$TEST_DIR/precious" > /dev/null || rc=$?
+[[ $rc == 3 && ! -e "$TEST_DIR/sourced" ]] || fail "status of a user's directory exited $rc or ran its cluster.env"
+for f in /munge /state /spool /.hpctrain-local-cluster /cluster.env /etc/slurm.conf; do
+  [[ ! -e "$f" ]] || fail "a refused --dir / left $f"
+done
 expect_error 2 "$TEST_DIR is not searchable by all (700)" up --dir "$CLUSTER_DIR"
 [[ ! -e "$CLUSTER_DIR" ]] || fail "a failed up left $CLUSTER_DIR"
 chmod 755 "$TEST_DIR"
-[[ "$(cat "$TEST_DIR/precious/file")" == keep ]] || fail "up touched a directory that was not its own"
+[[ "$(cat "$TEST_DIR/precious/file")" == keep && "$(ls -A "$TEST_DIR/precious" | tr '\n' ' ')" == "cluster.env file " ]] ||
+  fail "a command touched a directory that was not its own: $(ls -A "$TEST_DIR/precious")"
 rc=0; lc status > /dev/null || rc=$?
 [[ $rc == 3 ]] || fail "status of no cluster exited $rc, not 3"
 [[ "$(lc down)" == *"nothing to stop"* ]] || fail "down with nothing up did not say so"
