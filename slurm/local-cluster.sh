@@ -16,7 +16,8 @@
 #   slurm/local-cluster.sh start-node NAME
 #                                  start that node's slurmd again (it rejoins by itself)
 #
-# Options: --dir DIR (default $HPCTRAIN_SLURM_DIR, else /tmp/hpctrain-slurm), for every command;
+# Options: --dir DIR (default $HPCTRAIN_SLURM_DIR, else /run/hpctrain-slurm: root sources files
+# there, so it must be root's own and writable by no one else), for every command;
 # --nodes N (default 2) nodes named n1..nN; --cpus-per-node C (default: this machine's cores / N,
 # at least 1). Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
 # job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters.
@@ -35,7 +36,7 @@ case "$cmd" in
   *) die "unknown command '$cmd' (up, env, status, down, kill-node, start-node)" 2 ;;
 esac
 
-dir=${HPCTRAIN_SLURM_DIR:-/tmp/hpctrain-slurm}
+dir=${HPCTRAIN_SLURM_DIR:-/run/hpctrain-slurm}  # not /tmp: any user could make it first
 nodes=2
 cpus=0
 node_arg=""
@@ -59,7 +60,21 @@ done
 # without following links, so that the marker in the daemons' environment is unique.
 [[ -n "$dir" ]] || die "--dir is empty" 2
 dir=$(realpath -m -s -- "$dir")
-[[ "$dir" != / ]] || die "--dir is the root directory '/' (an unset variable?); give a directory of its own, such as /tmp/hpctrain-slurm" 2
+[[ "$dir" != / ]] || die "--dir is the root directory '/' (an unset variable?); give a directory of its own, such as /run/hpctrain-slurm" 2
+# Root runs the cluster's daemons from files in the directory and sources its cluster.env: one
+# that another user made (first, in a shared /tmp) or may write in is refused by every command.
+require_own_dir() {
+  [[ -e "$dir" ]] || return 0
+  local f
+  for f in "$dir" "$dir/cluster.env" "$dir/.hpctrain-local-cluster"; do
+    [[ -e "$f" ]] || continue
+    [[ -d "$dir" && ! -L "$f" && "$(stat -c %u "$f")" == 0 ]] ||
+      die "$f is not root's own (owner $(stat -c %U "$f"), a link or not a directory): a local cluster's files must be; choose another --dir" 2
+    (((8#$(stat -c %a "$f") & 8#022) == 0)) ||
+      die "$f is writable by others ($(stat -c %a "$f")): a local cluster's files must not be; choose another --dir" 2
+  done
+}
+require_own_dir
 if [[ -e "$dir" && ! -f "$dir/.hpctrain-local-cluster" ]]; then
   case "$cmd" in
     env | status) ;;  # nothing there to read: they say no cluster is up
@@ -272,6 +287,7 @@ up() {
     up_to=${up_to%/*}
   done
   mkdir -p "$dir"/{etc,munge,state,spool,log,run,tmp}
+  require_own_dir  # again: in a shared parent another user may have made it in the meantime
   : > "$dir/.hpctrain-local-cluster"
   chmod 755 "$dir" "$dir/munge"
   # From here a failure stops what was started and removes the directory.

@@ -43,6 +43,21 @@ for c in down "kill-node n1" "start-node n1"; do
   # shellcheck disable=SC2086  # the command and its node, split on purpose
   expect_error 2 "$TEST_DIR/precious exists and is not a local cluster's directory" $c --dir "$TEST_DIR/precious/"
 done
+# Root's files only: a directory another user made (first, in a shared /tmp) or may write in,
+# or a cluster directory whose cluster.env (which root sources) is someone else's.
+mkdir -m 755 "$TEST_DIR/theirs" "$TEST_DIR/open" "$TEST_DIR/planted"
+chown 65534 "$TEST_DIR/theirs"
+chmod 777 "$TEST_DIR/open"
+: > "$TEST_DIR/planted/.hpctrain-local-cluster"
+echo "touch $TEST_DIR/sourced" > "$TEST_DIR/planted/cluster.env"
+chown 65534 "$TEST_DIR/planted/cluster.env"
+for c in up down status env; do
+  expect_error 2 "$TEST_DIR/theirs is not root's own (owner nobody" $c --dir "$TEST_DIR/theirs"
+  expect_error 2 "$TEST_DIR/open is writable by others (777)" $c --dir "$TEST_DIR/open"
+  expect_error 2 "$TEST_DIR/planted/cluster.env is not root's own (owner nobody" $c --dir "$TEST_DIR/planted"
+done
+[[ ! -e "$TEST_DIR/sourced" && -z "$(ls -A "$TEST_DIR/theirs")$(ls -A "$TEST_DIR/open")" ]] ||
+  fail "a command used a directory that is not root's own"
 rc=0; "$LOCAL_CLUSTER" status --dir "$TEST_DIR/precious" > /dev/null || rc=$?
 [[ $rc == 3 && ! -e "$TEST_DIR/sourced" ]] || fail "status of a user's directory exited $rc or ran its cluster.env"
 for f in /munge /state /spool /.hpctrain-local-cluster /cluster.env /etc/slurm.conf; do
