@@ -4,7 +4,7 @@
 # log and pid paths), configured in a private directory. For trying the sbatch scripts in slurm/
 # and for the tests. Needs root (slurmd runs jobs as their users).
 #
-#   slurm/local-cluster.sh up [--nodes N] [--cpus-per-node C] [--dir DIR]
+#   slurm/local-cluster.sh up [--nodes N] [--cpus-per-node C] [--preemption GRACE] [--dir DIR]
 #                                  boot it and wait until every node is idle
 #   slurm/local-cluster.sh env     print the export line(s) that point Slurm's commands at it:
 #                                  eval "$(slurm/local-cluster.sh env)"; sbatch ...
@@ -19,7 +19,11 @@
 # Options: --dir DIR (default $HPCTRAIN_SLURM_DIR, else /run/hpctrain-slurm: root sources files
 # there, so it must be root's own and writable by no one else), for every command;
 # --nodes N (default 2) nodes named n1..nN; --cpus-per-node C (default: this machine's cores / N,
-# at least 1). Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
+# at least 1); --preemption GRACE (seconds): Slurm's own preemption, as sites configure it
+# (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE): two partitions over all nodes, 'low'
+# (the default, GraceTime=GRACE) and 'high', whose jobs preempt low ones: Slurm sends the low
+# job's tasks SIGTERM, gives them GRACE seconds, then kills and requeues the job; without it, one
+# partition 'local'. Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
 # job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters.
 set -euo pipefail
 
@@ -39,6 +43,7 @@ esac
 dir=${HPCTRAIN_SLURM_DIR:-/run/hpctrain-slurm}  # not /tmp: any user could make it first
 nodes=2
 cpus=0
+grace=""
 node_arg=""
 while (($#)); do
   case "$1" in
@@ -48,6 +53,8 @@ while (($#)); do
     --nodes=*) nodes=${1#--nodes=}; shift ;;
     --cpus-per-node) (($# >= 2)) || die "--cpus-per-node needs a number" 2; cpus=$2; shift 2 ;;
     --cpus-per-node=*) cpus=${1#--cpus-per-node=}; shift ;;
+    --preemption) (($# >= 2)) || die "--preemption needs a grace time in seconds" 2; grace=$2; shift 2 ;;
+    --preemption=*) grace=${1#--preemption=}; shift ;;
     -*) die "unknown option '$1' (try --help)" 2 ;;
     *)
       [[ "$cmd" == *-node && -z "$node_arg" ]] || die "unexpected argument '$1'" 2
@@ -82,7 +89,7 @@ if [[ -e "$dir" && ! -f "$dir/.hpctrain-local-cluster" ]]; then
   esac
 fi
 if [[ "$cmd" != up ]]; then
-  [[ "$nodes$cpus" == "20" ]] || die "--nodes and --cpus-per-node belong to 'up'" 2
+  [[ "$nodes$cpus$grace" == "20" ]] || die "--nodes, --cpus-per-node and --preemption belong to 'up'" 2
 fi
 if [[ "$cmd" == *-node ]]; then
   [[ -n "$node_arg" ]] || die "$cmd needs a node name" 2
@@ -229,7 +236,18 @@ EOF
   for ((k = 1; k <= nodes; ++k)); do
     echo "NodeName=n$k NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((base + k)) CPUs=$cpus State=UNKNOWN" >> "$conf"
   done
-  echo "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$conf"
+  if [[ -n "$grace" ]]; then
+    # A job of the higher PriorityTier takes the nodes of lower ones: those get SIGTERM (every
+    # task), GraceTime to checkpoint, then SIGKILL, and are requeued (they must be requeueable).
+    cat >> "$conf" << EOF
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=low Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$grace
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+EOF
+  else
+    echo "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$conf"
+  fi
   # Every slurmd reads its own copy of the directory: the PMIx plugin puts a step's client
   # directory under PMIxCliTmpDirBase by user, job and step only, so two nodes of one machine
   # would collide in a shared one.
@@ -273,6 +291,8 @@ up() {
   [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) ||
     die "--nodes must be a number from 1 to 64, not '$nodes'" 2
   [[ "$cpus" =~ ^[0-9]+$ ]] || die "--cpus-per-node must be a number, not '$cpus'" 2
+  [[ -z "$grace" || ("$grace" =~ ^[0-9]+$ && ${#grace} -le 5) ]] ||
+    die "--preemption must be a grace time in whole seconds, not '$grace'" 2
   ((cpus > 0)) || cpus=$(($(nproc) / nodes))
   ((cpus > 0)) || cpus=1
   if is_up; then die "a local cluster is already up in $dir ('$me down' first)"; fi

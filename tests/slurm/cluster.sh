@@ -25,8 +25,11 @@ expect_error 2 "--nodes must be a number from 1 to 64, not '0'" up --nodes 0 --d
 expect_error 2 "--nodes must be a number from 1 to 64, not 'two'" up --nodes two --dir "$CLUSTER_DIR"
 expect_error 2 "--cpus-per-node must be a number" up --cpus-per-node -1x --dir "$CLUSTER_DIR"
 expect_error 2 "--dir needs a directory" up --dir
+expect_error 2 "--preemption must be a grace time in whole seconds, not '30s'" up --preemption 30s --dir "$CLUSTER_DIR"
+expect_error 2 "--preemption needs a grace time in seconds" up --preemption
+expect_error 2 "--nodes, --cpus-per-node and --preemption belong to 'up'" down --preemption 10 --dir "$CLUSTER_DIR"
 expect_error 2 "unknown option '--node'" up --node 3
-expect_error 2 "--nodes and --cpus-per-node belong to 'up'" status --nodes 3
+expect_error 2 "--nodes, --cpus-per-node and --preemption belong to 'up'" status --nodes 3
 expect_error 2 "kill-node needs a node name" kill-node --dir "$CLUSTER_DIR"
 expect_error 3 "no local cluster is up in $CLUSTER_DIR" env --dir "$CLUSTER_DIR"
 mkdir "$TEST_DIR/precious" && echo keep > "$TEST_DIR/precious/file"

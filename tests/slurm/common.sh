@@ -3,7 +3,8 @@
 # here and stopped with everything in it when the test exits; jobs submitted with the scripts in
 # slurm/ as a user would; ways to wait for a job's state and its training's progress.
 #
-#   slurm_setup NODES          boot the cluster (skips, exit 77, without root or Slurm)
+#   slurm_setup NODES          boot the cluster (skips, exit 77, without root or Slurm); more
+#                              options of local-cluster.sh up in CLUSTER_ARGS
 #   submit NAME SBATCH_ARGS... [-- HPCTRAIN_ARGS...]
 #                              sbatch slurm/train.sbatch for this machine's nodes (1 task, 1 CPU,
 #                              no GPU per node); checkpoints in $WORK/NAME, output $WORK/NAME.out;
@@ -65,7 +66,9 @@ slurm_setup() {
   local limit=${2:-300} me=$$
   (sleep "$limit" && echo "FAIL: the test ran past its limit of $limit s" >&2 && kill -TERM "$me") &
   WATCHDOG_PID=$!
-  "$LOCAL_CLUSTER" up --dir "$CLUSTER_DIR" --nodes "$1" --cpus-per-node 1 || fail "the cluster did not come up"
+  # shellcheck disable=SC2086  # CLUSTER_ARGS: more options of 'up', split on purpose
+  "$LOCAL_CLUSTER" up --dir "$CLUSTER_DIR" --nodes "$1" --cpus-per-node 1 ${CLUSTER_ARGS:-} ||
+    fail "the cluster did not come up"
   eval "$("$LOCAL_CLUSTER" env --dir "$CLUSTER_DIR")"
   export HPCTRAIN HPCRUN
   cd "$WORK"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Preemption, both ways a site does it: the warning signal (scancel --signal=USR1 --batch, as
-# --signal=B:USR1@N sends before a time limit) and `scontrol requeue` (SIGTERM to every task).
-# Each time the job checkpoints, is requeued, and resumes from its checkpoint (the step goes on,
-# not back to 0), and it ends with exactly the parameters of a run never interrupted.
+# --signal=B:USR1@N sends before a time limit) and Slurm's own preemption (a cluster with
+# PreemptType=preempt/partition_prio, PreemptMode=REQUEUE and a GraceTime: a job submitted to the
+# high-priority partition takes the nodes, Slurm sends the training's tasks SIGTERM and kills them
+# after the grace time). Each time the job checkpoints, is requeued, and resumes from its
+# checkpoint (the step goes on, not back to 0), and it ends with exactly the parameters of a run
+# never interrupted.
 source "$(dirname "$0")/common.sh"
-slurm_setup 2 300
+CLUSTER_ARGS="--preemption 30" slurm_setup 2 300
 export TRAIN_SAMPLES=16000 EPOCHS=4  # 500 steps
 # No periodic checkpoints: a resume from step > 0 can only come from the signal's checkpoint.
 periodic=(--checkpoint-interval 0)
@@ -29,9 +32,17 @@ say "requeued after a checkpoint at step $stop1"
 
 wait_state "$JOB" RUNNING 60
 wait_step preempted $((stop1 + 40)) 90
-say "at step $(step_of preempted): scontrol requeue"
-scontrol requeue "$JOB"
+say "at step $(step_of preempted): a job on partition high needs both nodes"
+scontrol setdebug debug  # for the preemption's line in slurmctld's log
+high=$(sbatch --parsable -p high -N 2 --ntasks-per-node=1 --cpus-per-task=1 -o "$WORK/high.out" \
+  --wrap 'echo "high ran at $(date +%s.%N)"') || fail "sbatch -p high refused the job"
+wait_state "$high" COMPLETED 90
 wait_restarts "$JOB" 2 60
+expect_out preempted "stopped on request (SIGTERM"
+# slurmctld logs (at level debug) the job it chose to preempt and the grace time it gave it.
+grep -q "preemption grace time for JobId=$JOB to reclaim resources for JobId=$high" "$CLUSTER_DIR/log/slurmctld.log" ||
+  fail "slurmctld's log does not show job $JOB preempted for job $high"
+say "Slurm preempted job $JOB for job $high, which ran: $(cat "$WORK/high.out")"
 wait_state "$JOB" COMPLETED 150
 
 resumed=$(resumed_steps preempted)
