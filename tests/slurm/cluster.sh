@@ -27,9 +27,10 @@ expect_error 2 "--cpus-per-node must be a number" up --cpus-per-node -1x --dir "
 expect_error 2 "--dir needs a directory" up --dir
 expect_error 2 "--preemption must be a grace time in whole seconds, not '30s'" up --preemption 30s --dir "$CLUSTER_DIR"
 expect_error 2 "--preemption needs a grace time in seconds" up --preemption
-expect_error 2 "--nodes, --cpus-per-node and --preemption belong to 'up'" down --preemption 10 --dir "$CLUSTER_DIR"
+expect_error 2 "--nodes, --cpus-per-node, --preemption and --netns belong to 'up'" down --preemption 10 --dir "$CLUSTER_DIR"
+expect_error 2 "--nodes, --cpus-per-node, --preemption and --netns belong to 'up'" kill-node n1 --netns --dir "$CLUSTER_DIR"
 expect_error 2 "unknown option '--node'" up --node 3
-expect_error 2 "--nodes, --cpus-per-node and --preemption belong to 'up'" status --nodes 3
+expect_error 2 "--nodes, --cpus-per-node, --preemption and --netns belong to 'up'" status --nodes 3
 expect_error 2 "kill-node needs a node name" kill-node --dir "$CLUSTER_DIR"
 expect_error 3 "no local cluster is up in $CLUSTER_DIR" env --dir "$CLUSTER_DIR"
 mkdir "$TEST_DIR/precious" && echo keep > "$TEST_DIR/precious/file"

@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
 # sbatch slurm/train.sbatch on 2 nodes of a real Slurm runs the training to completion, with the
 # expected accuracy and its outputs where the script promises them, through srun and through
-# mpirun alike; a usage error fails the job at once (exit 2) instead of requeueing it.
+# mpirun alike; a usage error fails the job at once (exit 2) instead of requeueing it. The two
+# nodes are separate network namespaces with their own addresses (local-cluster.sh --netns), so
+# srun's PMIx wire-up and the ranks' MPI traffic cross a network path, as between real nodes.
 source "$(dirname "$0")/common.sh"
-slurm_setup 2 240
+CLUSTER_ARGS=--netns slurm_setup 2 240
+
+# ranks_by_namespace: "namespace:count" of the running hpctrain processes, e.g. "hpcs1n1:1 hpcs1n2:1".
+ranks_by_namespace() {
+  local p
+  for p in $(pgrep -x hpctrain); do ip netns identify "$p" 2> /dev/null || true; done | sort | uniq -c |
+    awk '{printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1}'
+}
 
 EPOCHS=2 submit run --nodes=2
+wait_step run 5 60
+placed=$(ranks_by_namespace)
+[[ "$placed" =~ ^hpcs[0-9]+n1:1\ hpcs[0-9]+n2:1$ ]] || fail "the ranks ran in namespaces '$placed', not one in each node's"
+say "srun: one rank in each node's network namespace ($placed)"
 wait_state "$JOB" COMPLETED 180
 say "job $JOB completed"
 [[ "$(job_field "$JOB" Restarts)" == 0 ]] || fail "the job was requeued"
