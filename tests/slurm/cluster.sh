@@ -106,7 +106,12 @@ job=$(sbatch --parsable -o /dev/null -N 3 --wrap 'srun sleep 317')
 wait_state "$job" RUNNING 30
 deadline=$((SECONDS + 20))
 until [[ $(pgrep -c -f '^(/usr/bin/)?sleep 317$') == 3 ]]; do ((SECONDS < deadline)) || fail "the job's tasks did not start"; sleep 0.2; done
-steps=$(ps -e -o pid=,stat=,args= | awk '$2 !~ /^Z/ && $3 == "slurmstepd:" {print $1}')
+# This cluster's slurmstepd (another test's cluster may be running beside it): those holding a
+# file of its directory open.
+steps=$(for p in $(pgrep -x slurmstepd); do
+  ls -l "/proc/$p/fd" 2> /dev/null | grep -q -- "$CLUSTER_DIR/" && echo "$p"
+done)
+[[ -n "$steps" ]] || fail "no slurmstepd of this cluster found while its job runs"
 lc down > /dev/null
 left=""
 for p in /proc/[0-9]*; do
