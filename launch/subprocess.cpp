@@ -263,7 +263,9 @@ std::string find_program(const std::string& program, std::string* why) {
   }
   if (program.find('/') != std::string::npos) {
     if (executable(program)) return program;
-    *why = ::access(program.c_str(), F_OK) == 0 ? "it is not an executable file" : "no such file";
+    struct stat st{};
+    const bool exists = ::stat(program.c_str(), &st) == 0;
+    *why = !exists ? "no such file" : S_ISDIR(st.st_mode) ? "it is a directory" : "it is not an executable file";
     return "";
   }
   const char* path = std::getenv("PATH");
