@@ -78,8 +78,21 @@ void check_log_dir(const std::string& dir) {
               p.string(), ": ", std::strerror(errno));
 }
 
-void require_count(int v, const char* option, int lowest) {
-  HPC_REQUIRE(v >= lowest && v <= 1000000, "--", option, " must be a whole number of at least ", lowest, ", got ", v);
+void require_count(int v, const char* option, int lowest, int highest = 1000000) {
+  HPC_REQUIRE(v >= lowest && v <= highest, "--", option, " must be a whole number from ", lowest, " to ", highest, ", got ", v);
+}
+
+// hpcrun reads the heartbeat where the trainer writes it: a different directory would show no
+// progress, and every attempt would be killed as stalled.
+void check_checkpoint_dir(const LaunchOptions& o) {
+  std::error_code ec;
+  HPC_REQUIRE(!fs::exists(o.checkpoint_dir, ec) || fs::is_directory(o.checkpoint_dir, ec), "--checkpoint-dir ",
+              o.checkpoint_dir, ": not a directory");
+  const std::string programs = program_option(o.program, "checkpoint-dir");
+  if (!o.program_is_hpctrain || programs.empty()) return;
+  HPC_REQUIRE(fs::weakly_canonical(fs::absolute(programs), ec) == fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec),
+              "hpcrun's --checkpoint-dir ", o.checkpoint_dir, " is not the program's (", programs,
+              "), where its heartbeat is: give it once, to the program");
 }
 
 }  // namespace
@@ -227,7 +240,7 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
               " is shorter than a start-up needs (it counts from the launch): give at least ",
               show_duration(kMinStallTimeout), ", or 0 to turn it off");
   HPC_REQUIRE(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
-  require_count(o.slots_per_host, "slots-per-host", 1);
+  require_count(o.slots_per_host, "slots-per-host", 1, 4096);  // as host:slots
   if (vm.count("np")) require_count(o.np, "np", 1);
   if (vm.count("min-np")) require_count(o.min_np, "min-np", 1);
   if (vm.count("max-np")) require_count(o.max_np, "max-np", 1);
@@ -247,6 +260,9 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
     const std::string name = e.substr(0, e.find('='));
     HPC_REQUIRE(!name.empty() && name.find_first_of(" \t\n") == std::string::npos, "-x '", e,
                 "' is not NAME or NAME=VALUE");
+    // mpirun only warns, and starts the ranks without it.
+    HPC_REQUIRE(e.find('=') != std::string::npos || std::getenv(name.c_str()), "-x ", name,
+                ": not set in hpcrun's environment (export it, or give -x ", name, "=VALUE)");
   }
 
   // Hosts: one source.
@@ -291,6 +307,7 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   HPC_REQUIRE(!find_program(o.mpirun, &why).empty(), "--mpirun ", o.mpirun, ": ", why);
   o.program_is_hpctrain = std::filesystem::path(o.program[0]).filename() == "hpctrain";
   if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_option(o.program, "checkpoint-dir");
+  if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o);
   if (o.program_is_hpctrain && program_option(o.program, "resume").empty()) {
     // Every attempt after the first must continue from the last checkpoint.
     o.program.push_back("--resume");

@@ -170,7 +170,7 @@ bool Supervisor::take_signal(int* sig) {
 
 bool Supervisor::discover(bool first) {
   last_discovery_ = now();
-  const CommandResult r = run_command({o_.discovery_script}, o_.probe_timeout);
+  const CommandResult r = run_command({o_.discovery_script}, o_.probe_timeout, /*merge_stderr=*/false);
   if (!r.ok()) {
     const std::string msg = "host discovery script " + o_.discovery_script + " failed: " + r.why();
     if (first) usage_error(msg);

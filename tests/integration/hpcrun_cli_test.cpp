@@ -128,6 +128,12 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--log-dir", "", "-np", "1", "true"}, "--log-dir is empty"},
       {{"--log-dir", dir.file("a_file") + "/logs", "-np", "1", "true"}, "a_file is not a directory"},
       {{"-np", "1", "--checkpoint-dir", "", "true"}, "--checkpoint-dir is empty"},
+      {{"-np", "1", "--checkpoint-dir", dir.file("a_file"), "true"}, "a_file: not a directory"},
+      // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
+      {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
+       "is not the program's"},
+      {{"-np", "1", "-x", "HPCRUN_TEST_SURELY_UNSET", "true"}, "-x HPCRUN_TEST_SURELY_UNSET: not set in hpcrun's environment"},
+      {{"-H", "localhost", "--slots-per-host", "5000", "true"}, "--slots-per-host must be a whole number from 1 to 4096"},
       {{"-np", "1", "--mpirun", "", "true"}, "--mpirun is empty"},
       {{"-np", "1", "--mpi-args", "-np 4", "true"}, "--mpi-args: -np is hpcrun's to set"},
       {{"-np", "1", "--mpi-args", "--mca btl 'self", "true"}, "quote is not closed"},
@@ -188,6 +194,15 @@ TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
 
 // Not retried, and not buried: hpctrain prints its error on rank 0 alone, and mpirun follows it
 // with a dozen lines of its own; hpcrun's last line repeats the program's.
+// The discovery script's stdout is its answer; a warning on its stderr is not a host.
+TEST(HpcrunCli, DiscoveryScriptMayWarnOnStderr) {
+  TempDir dir("hpcrun_discovery");
+  const std::string noisy = script(dir, "noisy", "echo localhost:1; echo 'note: using the cached list' >&2");
+  const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--host-discovery-script", noisy, "sh", "-c", "echo ran"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
+}
+
 TEST(HpcrunCli, ProgramUsageErrorIsNotRetried) {
   TempDir dir("hpcrun_usage");
   const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", hpctrain_binary(), "--model", "nope"});
