@@ -174,8 +174,11 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
   }
   bool anyone_reported = false;
   for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
+  // A stalled job's liveness query outranks silence: a host whose ranks answered it was alive, and
+  // its reports were only lost in the teardown (those that did not answer are blamed above).
+  const bool query_answered = stalled && !e.alive.empty();
   std::string silent;
-  if (anyone_reported && named.empty() && unresponsive.empty())
+  if (anyone_reported && named.empty() && unresponsive.empty() && !query_answered)
     for (const auto& [host, did] : reported)
       if (!did) {
         a.failed_hosts.insert(host);

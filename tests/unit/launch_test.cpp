@@ -317,6 +317,15 @@ TEST(Analysis, StalledJobBlamesTheHostsThatDidNotAnswer) {
   EXPECT_NE(a.reason.find("c (its ranks did not answer)"), std::string::npos) << a.reason;
 }
 
+TEST(Analysis, StalledJobWhoseRanksAllAnsweredBlamesNobody) {
+  // Every rank answered the query; the teardown then let only host a's reports through.
+  const Analysis a = analyse(kThree, {report(0, -15, true), report(1, -15, true)}, {}, {false, 0, 15}, false, true,
+                             {0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(a.verdict, Verdict::Failure);
+  EXPECT_TRUE(a.failed_hosts.empty()) << a.reason;
+  EXPECT_EQ(a.reason, "the job stalled (no finished step within --stall-timeout)");
+}
+
 TEST(Options, WhereTheProgramStarts) {
   const char* a[] = {"hpcrun", "-np", "4", "-H", "a:2,b:2", "--quiet", "prog", "--np", "3"};
   EXPECT_EQ(program_start(9, a), 6);
