@@ -1,5 +1,7 @@
 #include "analysis.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <sstream>
 
@@ -19,6 +21,49 @@ bool failed_by_itself(const RankReport& r) {
   // 124: the trainer's watchdog gave up waiting for a peer: the peer is the culprit, not this rank.
   const int c = r.status.code;
   return c != train::kExitSuccess && c != train::kExitCheckpointed && c != train::kExitStepTimeout;
+}
+
+bool is_usage_error(const RankReport& r) {
+  return r.status.exited && r.status.code == train::kExitUsage && !r.terminated && !r.stop_requested;
+}
+
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+bool mentions_error(const std::string& line) {
+  std::string lower = line;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower.find("error") != std::string::npos;
+}
+
+}  // namespace
+
+void keep_error_line(std::string& kept, const std::string& line) {
+  const std::string l = trimmed(line);
+  if (!l.empty() && (kept.empty() || mentions_error(l) || !mentions_error(kept))) kept = l;
+}
+
+std::string mpirun_complaint(const std::string& output) {
+  std::istringstream in(output);
+  std::string out;
+  bool details = false;  // past the first paragraph: only its indented "Key: value" lines
+  for (std::string line; std::getline(in, line);) {
+    const std::string l = trimmed(line);
+    if (l.find_first_not_of('-') == std::string::npos) {  // a rule or an empty line
+      if (out.empty()) continue;
+      if (!l.empty() || details) break;  // the message ended
+      details = true;
+      continue;
+    }
+    if (details && (line.find(':') == std::string::npos || line[0] != ' ')) break;
+    out += (out.empty() ? "" : " ") + l;
+  }
+  if (out.size() > 400) out = out.substr(0, 397) + "...";
+  return out.empty() ? "(it said nothing)" : out;
 }
 
 std::string host_blamed_by_mpirun(const std::string& line) {
@@ -64,9 +109,17 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
     return a;
   }
   for (const RankReport& r : reports) {
-    if (r.status.exited && r.status.code == train::kExitUsage && !r.terminated && !r.stop_requested) {
+    if (is_usage_error(r)) {
       a.verdict = Verdict::UsageError;
       a.reason = "rank " + std::to_string(r.rank) + " reported a usage error (exit code 2): its input is wrong, retrying cannot help";
+      // MPI programs often print an error on rank 0 alone while every rank exits with 2.
+      for (const RankReport& other : reports) {
+        const auto said = e.error_lines.find(other.rank);
+        if (is_usage_error(other) && said != e.error_lines.end()) {
+          a.program_error = said->second;
+          break;
+        }
+      }
       return a;
     }
   }
@@ -121,8 +174,11 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
   }
   bool anyone_reported = false;
   for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
+  // A stalled job's liveness query outranks silence: a host whose ranks answered it was alive, and
+  // its reports were only lost in the teardown (those that did not answer are blamed above).
+  const bool query_answered = stalled && !e.alive.empty();
   std::string silent;
-  if (anyone_reported && named.empty() && unresponsive.empty())
+  if (anyone_reported && named.empty() && unresponsive.empty() && !query_answered)
     for (const auto& [host, did] : reported)
       if (!did) {
         a.failed_hosts.insert(host);

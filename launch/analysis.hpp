@@ -2,6 +2,7 @@
 // Pure, so every case is unit-tested (tests/unit/launch_test.cpp).
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct Analysis {
   Verdict verdict = Verdict::Failure;
   std::set<std::string> failed_hosts;  // hosts to blame (blacklisted by the caller)
   std::string reason;                  // one line
+  std::string program_error;           // UsageError: the failing rank's own error line, if it printed one
 };
 
 // Which host each rank runs on: mpirun -H h1:s1,h2:s2 fills h1's slots first, then h2's.
@@ -33,11 +35,21 @@ std::vector<std::string> rank_hosts(const HostList& placement);
 // R ... on node H exited"). Used beside the ranks' reports, which a torn-down job may never deliver.
 std::string host_blamed_by_mpirun(const std::string& line);
 
+// What mpirun said when it refused its command line, on one line: the first paragraph of its first
+// message and the "Key: value" lines under it ("The specified binding policy is not recognized:
+// Policy: bogus"), not the boilerplate that follows.
+std::string mpirun_complaint(const std::string& output);
+
+// A rank's stderr, kept as the line that best says why it failed: the latest one, except that a
+// line mentioning an error is not displaced by later lines that do not.
+void keep_error_line(std::string& kept, const std::string& line);
+
 // What hpcrun saw of an attempt.
 struct AttemptEvidence {
   std::vector<RankReport> reports;            // in the order they arrived
   std::vector<std::string> blamed_by_mpirun;  // host_blamed_by_mpirun() of mpirun's lines
   std::set<int> alive;                        // ranks that answered the liveness query of a stalled job
+  std::map<int, std::string> error_lines;     // keep_error_line() of each rank's stderr
   ExitStatus mpirun_status;
   bool stop_requested = false;  // hpcrun asked the job to checkpoint and stop
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
@@ -52,5 +64,7 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
 
 // A report that shows this rank failed by itself rather than being torn down with the job.
 bool failed_by_itself(const RankReport& r);
+// The program rejected its input (exit code 2, not while being stopped): retrying cannot help.
+bool is_usage_error(const RankReport& r);
 
 }  // namespace hpc::launch

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -28,6 +30,21 @@ bool valid_name(const std::string& s) {
          std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '-' || c == '_'; });
 }
 
+// For messages: a binary file's bytes (a NUL, a UTF-16 mark) as \xNN, not as terminal garbage.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isprint(c)) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
 int parse_slots(const std::string& text, const std::string& where) {
   int v = 0;
   size_t used = 0;
@@ -37,13 +54,13 @@ int parse_slots(const std::string& text, const std::string& where) {
     used = 0;
   }
   HPC_REQUIRE(used > 0 && used == text.size() && v >= 1 && v <= 4096, where, ": slots must be a whole number from 1 to 4096, got '",
-              text, "'");
+              printable(text), "'");
   return v;
 }
 
 // Repeated hosts add up their slots (as Open MPI does), keeping the first one's place.
 void add(HostList& hosts, const std::string& name, int slots, const std::string& where) {
-  HPC_REQUIRE(valid_name(name), where, ": '", name, "' is not a host name");
+  HPC_REQUIRE(valid_name(name), where, ": '", printable(name), "' is not a host name");
   for (Host& h : hosts)
     if (h.name == name) {
       h.slots += slots;
@@ -56,7 +73,7 @@ void add(HostList& hosts, const std::string& name, int slots, const std::string&
 void add_colon_form(HostList& hosts, const std::string& item, int default_slots, const std::string& where) {
   const size_t colon = item.rfind(':');
   if (colon == std::string::npos) return add(hosts, item, default_slots, where);
-  add(hosts, item.substr(0, colon), parse_slots(item.substr(colon + 1), where + ": '" + item + "'"), where);
+  add(hosts, item.substr(0, colon), parse_slots(item.substr(colon + 1), where + ": '" + printable(item) + "'"), where);
 }
 
 }  // namespace
@@ -74,6 +91,8 @@ HostList parse_host_list(const std::string& spec, int default_slots) {
 }
 
 HostList parse_hostfile(const std::string& path, int default_slots) {
+  // A directory opens as an empty stream: it would read as a file that "names no host".
+  HPC_REQUIRE(!std::filesystem::is_directory(path), "--hostfile ", path, ": is a directory, not a hostfile");
   std::ifstream in(path);
   HPC_REQUIRE(in, "--hostfile ", path, ": cannot open it");
   HostList hosts;
@@ -91,7 +110,7 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
       const size_t eq = word.find('=');
       const std::string key = word.substr(0, eq);
       HPC_REQUIRE(eq != std::string::npos && (key == "slots" || key == "max_slots" || key == "max-slots"), where,
-                  ": expected 'slots=N' or 'max_slots=N' after the host name, got '", word, "'");
+                  ": expected 'slots=N' or 'max_slots=N' after the host name, got '", printable(word), "'");
       if (key == "slots") slots = parse_slots(word.substr(eq + 1), where);
       else parse_slots(word.substr(eq + 1), where);  // validated; hpcrun never oversubscribes
     }

@@ -1,7 +1,12 @@
 #include "options.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -14,6 +19,7 @@
 
 namespace hpc::launch {
 namespace po = boost::program_options;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -33,8 +39,60 @@ std::vector<std::string> split_words(const std::string& s) {
   return out;
 }
 
-void require_count(int v, const char* option, int lowest) {
-  HPC_REQUIRE(v >= lowest && v <= 1000000, "--", option, " must be a whole number of at least ", lowest, ", got ", v);
+// The mpirun options that hpcrun sets for each attempt: given again in --mpi-args they would
+// contradict its placement (mpirun refuses a second -np, or takes it and ignores the healthy hosts).
+const std::set<std::string> kOwnMpirunOptions = {"-np", "--np", "-n", "-c", "-H", "--host", "-host", "--hostfile",
+                                                 "-hostfile", "--machinefile", "-machinefile", "--default-hostfile"};
+
+// Names the launch agent cannot reach are typos; Slurm's node names are Slurm's to reach (srun).
+void check_host_names(const LaunchOptions& o) {
+  if (o.host_source != HostSource::List && o.host_source != HostSource::Hostfile) return;
+  for (const Host& h : o.static_hosts) {
+    std::string why;
+    HPC_REQUIRE(is_local_host(h.name) || o.launch_agent_given || resolves(h.name, &why), "unknown host '", h.name,
+                "': ", why, " (check -H or --hostfile)");
+  }
+}
+
+// The launch agent runs on this machine: missing, it is a local typo, not the failure of every
+// remote host it was meant to reach (which would be blacklisted for it).
+void check_launch_agent(const LaunchOptions& o) {
+  const bool remote = o.host_source == HostSource::Discovery ||
+                      ((o.host_source == HostSource::List || o.host_source == HostSource::Hostfile) &&
+                       std::any_of(o.static_hosts.begin(), o.static_hosts.end(),
+                                   [](const Host& h) { return !is_local_host(h.name); }));
+  if (!o.launch_agent_given && !remote) return;
+  const std::string agent = split_words(o.launch_agent).front();
+  std::string why;
+  HPC_REQUIRE(!find_program(agent, &why).empty(), "--launch-agent ", agent, ": ", why,
+              " (it starts the ranks on the other hosts and probes them)");
+}
+
+// Checked now, while nothing is written; the directory itself is created at the first launch.
+void check_log_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  while (!p.empty() && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+  HPC_REQUIRE(fs::is_directory(p, ec), "log directory ", dir, " (--log-dir): ", p.string(), " is not a directory");
+  HPC_REQUIRE(::access(p.c_str(), W_OK | X_OK) == 0, "log directory ", dir, " (--log-dir): cannot write in ",
+              p.string(), ": ", std::strerror(errno));
+}
+
+void require_count(int v, const char* option, int lowest, int highest = 1000000) {
+  HPC_REQUIRE(v >= lowest && v <= highest, "--", option, " must be a whole number from ", lowest, " to ", highest, ", got ", v);
+}
+
+// hpcrun reads the heartbeat where the trainer writes it: a different directory would show no
+// progress, and every attempt would be killed as stalled.
+void check_checkpoint_dir(const LaunchOptions& o) {
+  std::error_code ec;
+  HPC_REQUIRE(!fs::exists(o.checkpoint_dir, ec) || fs::is_directory(o.checkpoint_dir, ec), "--checkpoint-dir ",
+              o.checkpoint_dir, ": not a directory");
+  const std::string programs = program_option(o.program, "checkpoint-dir");
+  if (!o.program_is_hpctrain || programs.empty()) return;
+  HPC_REQUIRE(fs::weakly_canonical(fs::absolute(programs), ec) == fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec),
+              "hpcrun's --checkpoint-dir ", o.checkpoint_dir, " is not the program's (", programs,
+              "), where its heartbeat is: give it once, to the program");
 }
 
 }  // namespace
@@ -49,6 +107,27 @@ int program_start(int argc, const char* const* argv) {
     if (eq == std::string::npos && !kSwitches.count(name)) ++i;  // its value
   }
   return argc;
+}
+
+std::vector<std::string> split_mpi_args(const std::string& text) {
+  // split_unix reads quotes and backslashes as a shell does, but closes a quote left open.
+  char open = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\') ++i;
+    else if (open && text[i] == open) open = 0;
+    else if (!open && (text[i] == '"' || text[i] == '\'')) open = text[i];
+  }
+  HPC_REQUIRE(!open, "--mpi-args '", text, "': a ", open, " quote is not closed");
+  std::vector<std::string> words;
+  try {
+    words = po::split_unix(text);
+  } catch (const std::exception& e) {
+    usage_error("--mpi-args '", text, "': ", e.what());
+  }
+  for (const std::string& w : words)
+    HPC_REQUIRE(!kOwnMpirunOptions.count(w.substr(0, w.find('='))), "--mpi-args: ", w,
+                " is hpcrun's to set for each attempt; give hpcrun -np, -H or --hostfile instead");
+  return words;
 }
 
 std::string program_option(const std::vector<std::string>& args, const std::string& name) {
@@ -101,7 +180,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   po::options_description recovery("Failures");
   recovery.add_options()
       ("stall-timeout", po::value(&stall)->default_value(stall),
-       "a job whose heartbeat shows no finished step for this long is killed and relaunched (0: off)")
+       ("a job whose heartbeat shows no finished step for this long (from its launch) is killed and relaunched; "
+        "at least " + show_duration(kMinStallTimeout) + " (0: off)").c_str())
       ("max-restarts", po::value(&o.max_restarts)->default_value(o.max_restarts),
        "failures to recover from before giving up (joins and drains do not count)")
       ("blacklist-cooldown", po::value(&cooldown)->default_value(cooldown),
@@ -152,8 +232,15 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   parse_cooldown(cooldown, &o.cooldown_min, &o.cooldown_max);
   HPC_REQUIRE(o.discovery_interval > 0, "--discovery-interval must be more than 0");
   HPC_REQUIRE(o.probe_timeout > 0, "--probe-timeout must be more than 0");
+  HPC_REQUIRE(o.teardown_timeout > 0, "--teardown-timeout must be more than 0 (it is how long the ranks of a "
+                                      "stalled job get to answer, and mpirun to end a failed job)");
+  HPC_REQUIRE(o.stop_timeout > 0, "--stop-timeout must be more than 0 (0 would kill every job asked to "
+                                  "checkpoint before it can)");
+  HPC_REQUIRE(o.stall_timeout == 0 || o.stall_timeout >= kMinStallTimeout, "--stall-timeout ", show_duration(o.stall_timeout),
+              " is shorter than a start-up needs (it counts from the launch): give at least ",
+              show_duration(kMinStallTimeout), ", or 0 to turn it off");
   HPC_REQUIRE(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
-  require_count(o.slots_per_host, "slots-per-host", 1);
+  require_count(o.slots_per_host, "slots-per-host", 1, 4096);  // as host:slots
   if (vm.count("np")) require_count(o.np, "np", 1);
   if (vm.count("min-np")) require_count(o.min_np, "min-np", 1);
   if (vm.count("max-np")) require_count(o.max_np, "max-np", 1);
@@ -162,13 +249,20 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   HPC_REQUIRE(!o.max_np || o.max_np >= o.min_np, "--max-np ", o.max_np, " is below --min-np ", o.min_np);
   HPC_REQUIRE(!o.np || o.np >= o.min_np, "-np ", o.np, " is below --min-np ", o.min_np);
   HPC_REQUIRE(!o.np || !o.max_np || o.np <= o.max_np, "-np ", o.np, " is above --max-np ", o.max_np);
-  o.mpi_args = split_words(mpi_args);
+  o.mpi_args = split_mpi_args(mpi_args);
   o.launch_agent_given = !vm["launch-agent"].defaulted();
   HPC_REQUIRE(!split_words(o.launch_agent).empty(), "--launch-agent is empty");
+  // An empty value is an unset variable in a script, never a wish for the default.
+  for (const char* name : {"log-dir", "checkpoint-dir", "mpirun", "host-discovery-script"})
+    HPC_REQUIRE(!vm.count(name) || !vm[name].as<std::string>().empty(), "--", name,
+                " is empty (an unset variable?): give a path or leave the option out");
   for (const std::string& e : o.env) {
     const std::string name = e.substr(0, e.find('='));
     HPC_REQUIRE(!name.empty() && name.find_first_of(" \t\n") == std::string::npos, "-x '", e,
                 "' is not NAME or NAME=VALUE");
+    // mpirun only warns, and starts the ranks without it.
+    HPC_REQUIRE(e.find('=') != std::string::npos || std::getenv(name.c_str()), "-x ", name,
+                ": not set in hpcrun's environment (export it, or give -x ", name, "=VALUE)");
   }
 
   // Hosts: one source.
@@ -203,6 +297,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
     HPC_REQUIRE(!o.np || slots >= o.np, "-np ", o.np, " needs more slots than the hosts have (", slots, ": ",
                 show_hosts(o.static_hosts), ")");
   }
+  check_host_names(o);
+  check_launch_agent(o);
 
   // The program.
   HPC_REQUIRE(!o.program.empty(), "no program to run: hpcrun [options] PROGRAM [ARGS...]");
@@ -211,6 +307,7 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   HPC_REQUIRE(!find_program(o.mpirun, &why).empty(), "--mpirun ", o.mpirun, ": ", why);
   o.program_is_hpctrain = std::filesystem::path(o.program[0]).filename() == "hpctrain";
   if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_option(o.program, "checkpoint-dir");
+  if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o);
   if (o.program_is_hpctrain && program_option(o.program, "resume").empty()) {
     // Every attempt after the first must continue from the last checkpoint.
     o.program.push_back("--resume");
@@ -218,6 +315,7 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   }
   if (o.log_dir.empty())
     o.log_dir = o.checkpoint_dir.empty() ? "hpcrun-logs" : (std::filesystem::path(o.checkpoint_dir) / "hpcrun").string();
+  check_log_dir(o.log_dir);
   return o;
 }
 

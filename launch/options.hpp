@@ -44,6 +44,11 @@ struct LaunchOptions {
   bool program_is_hpctrain = false;
 };
 
+// The shortest --stall-timeout (seconds; 0 turns it off): it counts from the launch, and mpirun's
+// start-up alone takes a second or more (several across hosts) before the program has even begun, whose
+// heartbeat then changes at most once a second.
+constexpr double kMinStallTimeout = 5;
+
 // nullopt when --help or --version was printed. Bad input throws a usage error.
 std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv);
 
@@ -52,5 +57,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
 int program_start(int argc, const char* const* argv);
 // The value of --NAME in a program's arguments ("--NAME V" or "--NAME=V"), or "".
 std::string program_option(const std::vector<std::string>& args, const std::string& name);
+// --mpi-args as the words mpirun gets: split as a shell would (quotes, backslashes); an unclosed
+// quote, or an option hpcrun sets itself for each attempt (-np, -H, --hostfile, ...), is a usage error.
+std::vector<std::string> split_mpi_args(const std::string& text);
 
 }  // namespace hpc::launch

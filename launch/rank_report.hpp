@@ -21,7 +21,8 @@ struct RankReport {
 
 // A stalled job is asked, before it is killed, which ranks still respond: SIGUSR2 to mpirun, which
 // forwards it to every wrapper, and each wrapper that can run answers with one "alive" line (the
-// program never sees SIGUSR2). Ranks on a host that is stopped or cut off do not answer.
+// program never sees SIGUSR2: hpcrun tells mpirun to signal the wrappers alone, not their process
+// groups). Ranks on a host that is stopped or cut off do not answer.
 bool parse_alive(const std::string& text, int* rank);
 
 std::string format_report(const RankReport& r);

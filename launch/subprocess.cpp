@@ -183,7 +183,7 @@ bool LineSplitter::take_rest(std::string* line) {
 }
 
 std::string CommandResult::why() const {
-  std::string tail = output;
+  std::string tail = errors.find_first_not_of(" \t\r\n") != std::string::npos ? errors : output;
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
   const size_t nl = tail.rfind('\n');
   if (nl != std::string::npos) tail = tail.substr(nl + 1);  // the last line says most
@@ -192,13 +192,14 @@ std::string CommandResult::why() const {
   return status.show() + (tail.empty() ? "" : ": " + tail);
 }
 
-std::vector<CommandResult> run_commands(const std::vector<std::vector<std::string>>& commands, double timeout_seconds) {
+std::vector<CommandResult> run_commands(const std::vector<std::vector<std::string>>& commands, double timeout_seconds,
+                                        bool merge_stderr) {
   std::vector<CommandResult> results(commands.size());
   std::vector<Child> children(commands.size());
   for (size_t i = 0; i < commands.size(); ++i) {
     try {
       SpawnOptions o;
-      o.merge_stderr = true;
+      o.merge_stderr = merge_stderr;
       children[i] = Child::spawn(commands[i], o);
       results[i].started = true;
     } catch (const Error& e) {
@@ -212,12 +213,14 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
     bool alive = false;
     for (size_t i = 0; i < children.size(); ++i) {
       if (!results[i].started) continue;
-      if (children[i].out_fd() >= 0) {
-        fds.push_back({children[i].out_fd(), POLLIN, 0});
+      for (int fd : {children[i].out_fd(), children[i].err_fd()}) {
+        if (fd < 0) continue;
+        fds.push_back({fd, POLLIN, 0});
         owner.push_back(i);
+        alive = true;
       }
       ExitStatus st;
-      if (children[i].out_fd() >= 0 || !children[i].poll(&st)) alive = true;
+      if (!children[i].poll(&st)) alive = true;
     }
     if (!alive) break;
     const double left = deadline - monotonic_seconds();
@@ -238,9 +241,13 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[4096];
       const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
-      CommandResult& r = results[owner[k]];
-      if (n > 0 && r.output.size() < (1u << 20)) r.output.append(buf, static_cast<size_t>(n));
-      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) children[owner[k]].close_out();
+      Child& child = children[owner[k]];
+      const bool is_err = fds[k].fd == child.err_fd();
+      std::string& text = is_err ? results[owner[k]].errors : results[owner[k]].output;
+      if (n > 0 && text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
+      if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) continue;
+      if (is_err) child.close_err();
+      else child.close_out();
     }
   }
   for (size_t i = 0; i < children.size(); ++i)
@@ -248,8 +255,8 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
   return results;
 }
 
-CommandResult run_command(const std::vector<std::string>& command, double timeout_seconds) {
-  return run_commands({command}, timeout_seconds).front();
+CommandResult run_command(const std::vector<std::string>& command, double timeout_seconds, bool merge_stderr) {
+  return run_commands({command}, timeout_seconds, merge_stderr).front();
 }
 
 std::string find_program(const std::string& program, std::string* why) {
@@ -263,7 +270,9 @@ std::string find_program(const std::string& program, std::string* why) {
   }
   if (program.find('/') != std::string::npos) {
     if (executable(program)) return program;
-    *why = ::access(program.c_str(), F_OK) == 0 ? "it is not an executable file" : "no such file";
+    struct stat st{};
+    const bool exists = ::stat(program.c_str(), &st) == 0;
+    *why = !exists ? "no such file" : S_ISDIR(st.st_mode) ? "it is a directory" : "it is not an executable file";
     return "";
   }
   const char* path = std::getenv("PATH");

@@ -82,13 +82,17 @@ struct CommandResult {
   bool started = false;   // false: could not be started (`output` says why)
   bool timed_out = false;
   ExitStatus status;
-  std::string output;     // stdout and stderr together
+  std::string output;     // stdout, and stderr with it unless kept apart
+  std::string errors;     // stderr, when kept apart
   bool ok() const { return started && !timed_out && status.success(); }
   std::string why() const;  // "timed out after 10 s", "exit code 255: ssh: connect to host ..."
 };
 // Runs all the commands at once and returns when each has ended or `timeout_seconds` passed.
-std::vector<CommandResult> run_commands(const std::vector<std::vector<std::string>>& commands, double timeout_seconds);
-CommandResult run_command(const std::vector<std::string>& command, double timeout_seconds);
+// With `merge_stderr` false, stderr goes to `errors`: for output that is data (the discovery
+// script's host list), where a warning on stderr is not a host.
+std::vector<CommandResult> run_commands(const std::vector<std::vector<std::string>>& commands, double timeout_seconds,
+                                        bool merge_stderr = true);
+CommandResult run_command(const std::vector<std::string>& command, double timeout_seconds, bool merge_stderr = true);
 
 // The path of PROGRAM as execvp would find it, or "" (then `why` says why).
 std::string find_program(const std::string& program, std::string* why);

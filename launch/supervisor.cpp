@@ -109,12 +109,6 @@ Supervisor::Supervisor(LaunchOptions options)
       heartbeat_(o_.checkpoint_dir) {
   started_ = monotonic_seconds();
   started_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::error_code ec;
-  fs::create_directories(o_.log_dir, ec);
-  HPC_REQUIRE(!ec, "--log-dir ", o_.log_dir, ": cannot create it: ", ec.message());
-  hpcrun_log_.open((fs::path(o_.log_dir) / "hpcrun.log").string(), std::ios::app);
-  HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", o_.log_dir, ": cannot write in it");
-  first_attempt_ = next_attempt_number(o_.log_dir);
   char exe[PATH_MAX] = {};
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   HPC_CHECK(n > 0, "cannot find hpcrun's own path: ", std::strerror(errno));
@@ -138,6 +132,21 @@ Supervisor::~Supervisor() {
 
 double Supervisor::now() const { return monotonic_seconds() - started_; }
 
+// Not before the first launch: input refused at once leaves no log directory behind. What was
+// said until then goes into hpcrun.log first.
+void Supervisor::open_logs() {
+  if (hpcrun_log_.is_open()) return;
+  std::error_code ec;
+  fs::create_directories(o_.log_dir, ec);
+  HPC_REQUIRE(!ec, "--log-dir ", o_.log_dir, ": cannot create it: ", ec.message());
+  hpcrun_log_.open((fs::path(o_.log_dir) / "hpcrun.log").string(), std::ios::app);
+  HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", o_.log_dir, ": cannot write in it");
+  for (const std::string& line : early_lines_) hpcrun_log_ << line << '\n';
+  hpcrun_log_ << std::flush;
+  early_lines_.clear();
+  first_attempt_ = next_attempt_number(o_.log_dir);
+}
+
 void Supervisor::log_line(const std::string& line) {
   if (attempt_log_.is_open()) attempt_log_ << line << '\n' << std::flush;
 }
@@ -145,7 +154,8 @@ void Supervisor::log_line(const std::string& line) {
 void Supervisor::say(const std::string& line) {
   std::fprintf(stderr, "hpcrun: %s\n", line.c_str());
   std::fflush(stderr);
-  hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
+  if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
+  else early_lines_.push_back(timestamp() + " " + line);
   log_line("hpcrun: " + line);
 }
 
@@ -160,7 +170,7 @@ bool Supervisor::take_signal(int* sig) {
 
 bool Supervisor::discover(bool first) {
   last_discovery_ = now();
-  const CommandResult r = run_command({o_.discovery_script}, std::max(o_.probe_timeout, 10.0));
+  const CommandResult r = run_command({o_.discovery_script}, o_.probe_timeout, /*merge_stderr=*/false);
   if (!r.ok()) {
     const std::string msg = "host discovery script " + o_.discovery_script + " failed: " + r.why();
     if (first) usage_error(msg);
@@ -287,6 +297,11 @@ std::vector<std::string> Supervisor::mpirun_command(const HostList& placement) c
   std::vector<std::string> cmd = {o_.mpirun, "--tag-output", "-np", std::to_string(total_slots(placement)), "-H",
                                   show_hosts(placement)};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  // Open MPI's daemons send the signals mpirun forwards (SIGUSR1, SIGUSR2) to a rank's whole
+  // process group: the program as well as the wrapper, so hpcrun's liveness query (SIGUSR2) killed
+  // it. To the wrapper alone, which answers the query and passes the rest on. (A teardown's
+  // SIGTERM and SIGKILL still go to the group.)
+  cmd.insert(cmd.end(), {"--mca", "odls_base_signal_direct_children_only", "1"});
   const bool remote = std::any_of(placement.begin(), placement.end(), [](const Host& h) { return !is_local_host(h.name); });
   if (remote && (o_.host_source != HostSource::Slurm || o_.launch_agent_given)) {
     cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", o_.launch_agent});
@@ -336,6 +351,7 @@ void Supervisor::handle_output(const std::string& line, bool from_stderr, Attemp
     evidence_.alive.insert(alive_rank);
     return;
   }
+  if (t.rank >= 0 && t.is_stderr) keep_error_line(evidence_.error_lines[t.rank], t.text);
   if (t.rank < 0) {
     const std::string blamed = host_blamed_by_mpirun(t.text);
     if (!blamed.empty()) {
@@ -343,7 +359,12 @@ void Supervisor::handle_output(const std::string& line, bool from_stderr, Attemp
       note_failure(rec);
     }
   }
-  if (o_.quiet) return;
+  // After a rank's usage error, mpirun's account of the abort (a dozen lines) would bury the
+  // program's own message: it stays in the attempt's log.
+  const bool usage_error_seen = std::any_of(evidence_.reports.begin(), evidence_.reports.end(), is_usage_error);
+  // "Forwarding signal 12 to job": hpcrun has said why it sent one.
+  const bool forwarding = t.rank < 0 && t.text.rfind("mpirun: Forwarding signal", 0) == 0;
+  if (o_.quiet || forwarding || (t.rank < 0 && usage_error_seen)) return;
   std::FILE* out = t.is_stderr ? stderr : stdout;
   std::fprintf(out, "%s%s\n", prefix.c_str(), t.text.c_str());
   std::fflush(out);
@@ -530,30 +551,42 @@ AttemptRecord Supervisor::run_attempt(const HostList& placement) {
   rec.verdict = a.verdict;
   rec.membership = stop.kind == StopKind::Membership && a.verdict == Verdict::Stopped;
   rec.failed_hosts.assign(a.failed_hosts.begin(), a.failed_hosts.end());
+  rec.program_error = a.program_error;
   rec.outcome = a.verdict == Verdict::Stopped && rec.membership ? "stopped to change hosts: " + stop.why : a.reason;
   if (a.verdict != Verdict::Failure) rec.failed_at = -1;
   else if (rec.failed_at < 0) rec.failed_at = rec.end;
   return rec;
 }
 
+// mpirun's own usage errors (a typo in --mpi-args or -x, an option it does not know) are the same
+// on every attempt, and its exit code does not tell them from a lost host. Open MPI's
+// --do-not-launch parses and maps the job without starting anything: one such run before the first
+// launch makes them hpcrun's usage error, quoting mpirun, instead of a retried failure.
+void Supervisor::check_mpirun_accepts(const HostList& placement) {
+  std::vector<std::string> cmd = mpirun_command(placement);
+  cmd.insert(cmd.begin() + 1, "--do-not-launch");
+  const CommandResult r = run_command(cmd, o_.probe_timeout);
+  if (r.ok()) return;
+  if (!r.started || r.timed_out) {
+    say("warning: could not check mpirun's arguments (" + r.why() + ")");
+    return;
+  }
+  usage_error("mpirun refused its arguments (", r.status.show(), "; check --mpi-args and -x): ",
+              mpirun_complaint(r.output));
+}
+
 // --------------------------------------------------------------------------------- the loop
 
 int Supervisor::run() {
-  if (o_.host_source == HostSource::Discovery) {
-    discover(true);
-  } else if (o_.host_source != HostSource::Slurm) {  // Slurm's node names are Slurm's to reach (srun)
-    for (const Host& h : o_.static_hosts) {
-      std::string why;
-      HPC_REQUIRE(is_local_host(h.name) || o_.launch_agent_given || resolves(h.name, &why), "unknown host '", h.name,
-                  "': ", why, " (check -H, --hostfile or the Slurm allocation)");
-    }
-  }
+  if (o_.host_source == HostSource::Discovery) discover(true);
   if (o_.program_is_hpctrain && o_.checkpoint_dir.empty())
     say("warning: hpctrain runs without --checkpoint-dir: a relaunch starts it over from step 0, and there is no "
         "heartbeat to detect a stall");
 
   HostList usable;
   if (!wait_for_hosts(&usable, true)) return finish(interrupted_ ? kExitStopped : kExitGaveUp, "");
+  check_mpirun_accepts(place(usable, target_np(usable, true)));
+  open_logs();
   bool first = true;
   for (;;) {
     const HostList placement = place(usable, target_np(usable, first));
@@ -565,7 +598,10 @@ int Supervisor::run() {
         show_duration(rec.end - rec.start) + ": " + rec.outcome);
     switch (rec.verdict) {
       case Verdict::Success: return finish(0, "");
-      case Verdict::UsageError: return finish(kExitUsage, "gave up: " + rec.outcome);
+      case Verdict::UsageError:
+        // Its own words last, where a batch log's reader looks first.
+        return finish(kExitUsage, "gave up: " + (rec.program_error.empty() ? rec.outcome
+                                                                           : "the program's usage error: " + rec.program_error));
       case Verdict::StoppedOutside: return finish(kExitStopped, "the job stopped itself after a checkpoint; run hpcrun again to resume");
       case Verdict::Stopped:
         if (!rec.membership) return finish(interrupted_ ? kExitStopped : kExitGaveUp, "stopped; run hpcrun again to resume");
@@ -593,6 +629,7 @@ int Supervisor::run() {
 // ------------------------------------------------------------------------------ the summary
 
 int Supervisor::finish(int code, const std::string& last_line) {
+  open_logs();
   print_summary();
   write_summary_json(code);
   if (!last_line.empty()) say(last_line);

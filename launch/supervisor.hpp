@@ -24,6 +24,7 @@ struct AttemptRecord {
   Verdict verdict = Verdict::Failure;
   bool membership = false;    // stopped by hpcrun to grow or drain the job
   std::string outcome;        // one line
+  std::string program_error;  // for a usage error: the program's own error line
   std::vector<std::string> failed_hosts;
   int64_t first_step = -1, last_step = -1;  // global steps the heartbeat showed during the attempt
   double first_step_at = -1;                 // when the first of them was seen
@@ -68,6 +69,7 @@ class Supervisor {
   double now() const;
   void say(const std::string& line);  // stderr and hpcrun.log
   void log_line(const std::string& line);
+  void open_logs();  // creates --log-dir; until then say() keeps its lines for hpcrun.log
 
   // Hosts
   HostList known_hosts();       // the static list, or the discovery script's latest answer
@@ -78,6 +80,9 @@ class Supervisor {
   int target_np(const HostList& usable, bool first) const;
   // Blocks until healthy hosts have --min-np slots; false after --elastic-timeout (or a stop signal).
   bool wait_for_hosts(HostList* usable, bool first);
+
+  // Before the first launch: mpirun's own usage errors, found by a run that starts nothing.
+  void check_mpirun_accepts(const HostList& placement);
 
   // One attempt
   AttemptRecord run_attempt(const HostList& placement);
@@ -100,6 +105,7 @@ class Supervisor {
   int failures_ = 0, first_attempt_ = 1;
   std::vector<AttemptRecord> attempts_;
   std::ofstream attempt_log_, hpcrun_log_;
+  std::vector<std::string> early_lines_;  // said before the log directory was created
   AttemptEvidence evidence_;  // of the running attempt
   double teardown_deadline_ = 0;
   int signals_seen_ = 0;

@@ -4,6 +4,10 @@
 // (Several hosts, lost and cut ones: tests/launch/*.sh, in network namespaces.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,12 +32,51 @@ int error_lines(const std::string& err) {
 struct BadCase {
   std::vector<std::string> args;
   std::string says;
+  std::vector<std::pair<std::string, std::string>> env = {};  // set while it runs
+  double within = 30;                                         // seconds it may take
 };
+
+// Every file under `dir` with its size and time: what a refused command must leave as it was.
+std::map<std::string, std::string> contents(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out[e.path().string()] = e.is_directory() ? "dir" : std::to_string(e.file_size()) + "@" +
+        std::to_string(e.last_write_time().time_since_epoch().count());
+  return out;
+}
+
+// What changed between two contents(), for a failure message ("" when nothing did).
+std::string changes(const std::map<std::string, std::string>& before, const std::map<std::string, std::string>& after) {
+  std::string out;
+  for (const auto& [path, what] : after)
+    if (!before.count(path) || before.at(path) != what) out += (before.count(path) ? " changed " : " new ") + path;
+  for (const auto& [path, what] : before)
+    if (!after.count(path)) out += " gone " + path;
+  return out;
+}
+
+std::string script(const TempDir& dir, const std::string& name, const std::string& body, bool executable = true) {
+  write_text(dir.file(name), "#!/bin/sh\n" + body + "\n");
+  fs::permissions(dir.file(name), executable ? fs::perms::owner_all : fs::perms::owner_read | fs::perms::owner_write);
+  return dir.file(name);
+}
 
 TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   TempDir dir("hpcrun_cli");
   write_text(dir.file("empty_hostfile"), "# no hosts here\n");
   write_text(dir.file("bad_hostfile"), "node1 cores=4\n");
+  write_text(dir.file("nul_hostfile"), std::string("localhost slots=1\0\n", 19));
+  write_text(dir.file("a_file"), "not a directory\n");
+  fs::create_directory(dir.file("a_dir"));
+  const std::string garbage = script(dir, "garbage", "echo '!!! garbage'");
+  const std::string hangs = script(dir, "hangs", "exec sleep 30");
+  const std::string fails = script(dir, "fails", "echo 'no cloud credentials' >&2; exit 3");
+  const std::string zero = script(dir, "zero_slots", "echo localhost:0");
+  const std::string not_executable = script(dir, "not_executable", "echo localhost:1", false);
+  const auto slurm = [](const std::string& nodes, const std::string& tasks) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", nodes}, {"SLURM_TASKS_PER_NODE", tasks}};
+  };
   const std::vector<BadCase> cases = {
       {{"-np", "1"}, "no program to run"},
       {{"-np", "1", "/no/such/program"}, "program /no/such/program: no such file"},
@@ -60,15 +103,67 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-H", "a", "--host-discovery-script", "/no/script", "true"}, "not several"},
       {{"--host-discovery-script", "/no/script", "true"}, "--host-discovery-script /no/script"},
       {{"--host-discovery-script", "false", "true"}, "host discovery script false failed"},
+      // Host lists
+      {{"--hostfile", dir.file("a_dir"), "true"}, "is a directory, not a hostfile"},
+      {{"--hostfile", dir.file("nul_hostfile"), "true"}, "got '1\\x00'"},
+      {{"true"}, "SLURM_JOB_NODELIST 'node[1-' is not a Slurm host list", slurm("node[1-", "1")},
+      {{"true"}, "SLURM_JOB_NODELIST names 3 node(s), SLURM_TASKS_PER_NODE 1", slurm("node[1-3]", "2")},
+      {{"true"}, "slots must be a whole number", slurm("node1", "0")},
+      // Discovery scripts
+      {{"--host-discovery-script", "", "true"}, "--host-discovery-script is empty"},
+      {{"--host-discovery-script", not_executable, "true"}, "it is not an executable file"},
+      {{"--host-discovery-script", dir.file("a_dir"), "true"}, "it is a directory"},
+      {{"--host-discovery-script", garbage, "true"}, "line 1: '!!! garbage' is not a host name"},
+      {{"--probe-timeout", "1s", "--host-discovery-script", hangs, "true"}, "no answer (timed out)", {}, 5},
+      {{"--host-discovery-script", fails, "true"}, "failed: exit code 3: no cloud credentials"},
+      {{"--host-discovery-script", zero, "true"}, "'localhost:0': slots must be"},
+      // hpcrun's own options
+      {{"-np", "1", "--stall-timeout", "0.5s", "true"}, "--stall-timeout 0.5 s is shorter than a start-up needs"},
+      {{"-np", "1", "--teardown-timeout", "0", "true"}, "--teardown-timeout must be more than 0"},
+      {{"-np", "1", "--stop-timeout", "0s", "true"}, "--stop-timeout must be more than 0"},
+      {{"--min-np", "4", "--max-np", "2", "-H", "localhost:4", "true"}, "--max-np 2 is below --min-np 4"},
+      {{"-np", "1", "--blacklist-cooldown", "10m:1m", "true"}, "0 < MIN <= MAX"},
+      {{"-np", "1", "--discovery-interval", "0", "true"}, "--discovery-interval must be more than 0"},
+      {{"-np", "1", "-x", "=1", "true"}, "-x '=1' is not NAME or NAME=VALUE"},
+      {{"--log-dir", "", "-np", "1", "true"}, "--log-dir is empty"},
+      {{"--log-dir", dir.file("a_file") + "/logs", "-np", "1", "true"}, "a_file is not a directory"},
+      {{"-np", "1", "--checkpoint-dir", "", "true"}, "--checkpoint-dir is empty"},
+      {{"-np", "1", "--checkpoint-dir", dir.file("a_file"), "true"}, "a_file: not a directory"},
+      // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
+      {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
+       "is not the program's"},
+      {{"-np", "1", "-x", "HPCRUN_TEST_SURELY_UNSET", "true"}, "-x HPCRUN_TEST_SURELY_UNSET: not set in hpcrun's environment"},
+      {{"-H", "localhost", "--slots-per-host", "5000", "true"}, "--slots-per-host must be a whole number from 1 to 4096"},
+      {{"-np", "1", "--mpirun", "", "true"}, "--mpirun is empty"},
+      {{"-np", "1", "--mpi-args", "-np 4", "true"}, "--mpi-args: -np is hpcrun's to set"},
+      {{"-np", "1", "--mpi-args", "--mca btl 'self", "true"}, "quote is not closed"},
+      // mpirun's own usage error: quoted, not retried as if a host had failed
+      {{"-np", "1", "--mpi-args", "--bind-to bogus", "true"},
+       "mpirun refused its arguments (exit code 1; check --mpi-args and -x): The specified binding policy is not "
+       "recognized: Policy: bogus"},
+      // A local typo in the launch agent is not the remote host's failure
+      {{"--launch-agent", "/nonexistent", "-H", "otherhost", "true"}, "--launch-agent /nonexistent: no such file"},
+      {{"--launch-agent", dir.file("a_dir"), "-H", "otherhost", "true"}, "it is a directory"},
   };
   for (const BadCase& c : cases) {
+    const auto before = contents(dir.str());
+    const bool had_default_logs = fs::exists("hpcrun-logs");
     std::vector<std::string> args = c.args;
-    args.insert(args.begin(), {"--log-dir", dir.file("logs")});
+    if (std::find(args.begin(), args.end(), "--log-dir") == args.end())
+      args.insert(args.begin(), {"--log-dir", dir.file("logs")});
+    for (const auto& [name, value] : c.env) ::setenv(name.c_str(), value.c_str(), 1);
     const RunResult r = hpcrun(args);
+    for (const auto& [name, value] : c.env) ::unsetenv(name.c_str());
     EXPECT_EQ(r.exit_code, 2) << r.command << "\n" << r.err;
     EXPECT_EQ(error_lines(r.err), 1) << r.command << "\n" << r.err;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.command << "\nexpected: " << c.says << "\ngot: " << r.err;
     EXPECT_EQ(r.err.find("attempt 1"), std::string::npos) << r.command << ": launched despite bad input";
+    EXPECT_EQ(r.err.find("blacklisted"), std::string::npos) << r.command << ": blamed a host for bad input";
+    EXPECT_LT(r.seconds, c.within) << r.command;
+    const auto after = contents(dir.str());
+    EXPECT_EQ(changes(before, after), "") << r.command << ": refused, but changed files";
+    fs::remove_all(dir.file("logs"));  // for the next case, after a failure
+    EXPECT_TRUE(had_default_logs || !fs::exists("hpcrun-logs")) << r.command << ": wrote the default log directory";
   }
 }
 
@@ -97,13 +192,51 @@ TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
   EXPECT_NE(read_text(dir.file("summary.json")).find("\"result\": \"success\""), std::string::npos);
 }
 
+// Not retried, and not buried: hpctrain prints its error on rank 0 alone, and mpirun follows it
+// with a dozen lines of its own; hpcrun's last line repeats the program's.
+// The discovery script's stdout is its answer; a warning on its stderr is not a host.
+TEST(HpcrunCli, DiscoveryScriptMayWarnOnStderr) {
+  TempDir dir("hpcrun_discovery");
+  const std::string noisy = script(dir, "noisy", "echo localhost:1; echo 'note: using the cached list' >&2");
+  const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--host-discovery-script", noisy, "sh", "-c", "echo ran"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
+}
+
 TEST(HpcrunCli, ProgramUsageErrorIsNotRetried) {
   TempDir dir("hpcrun_usage");
-  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "1", hpctrain_binary(), "--model", "nope"});
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", hpctrain_binary(), "--model", "nope"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("unknown model 'nope'"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("gave up: rank 0 reported a usage error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("reported a usage error"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("attempt 2"), std::string::npos) << r.err;
+  const std::vector<std::string> lines = lines_of(r.err);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().rfind("hpcrun: gave up: the program's usage error: hpctrain: error: unknown model 'nope'", 0), 0u)
+      << r.err;
+  EXPECT_EQ(r.err.find("[a1:mpirun]"), std::string::npos) << "mpirun's boilerplate on the terminal:\n" << r.err;
+  EXPECT_NE(read_text(dir.file("attempt-1.log")).find("[a1:mpirun]"), std::string::npos) << "but kept in the log";
+}
+
+// A stall's liveness query (SIGUSR2 through the real mpirun) reaches the rank wrappers alone:
+// Open MPI 4's daemons signal a rank's whole process group unless told otherwise, and a program
+// that does not handle SIGUSR2 died of it, its host blamed and blacklisted. Now the healthy ranks
+// answer, nobody is blamed, and the job is relaunched on the same host.
+TEST(HpcrunCli, StallQueryLeavesHealthyRanksAlive) {
+  TempDir dir("hpcrun_stall");
+  const RunResult r = hpcrun({"--checkpoint-dir", dir.str(), "--stall-timeout", "5s", "--max-restarts", "1",
+                              "--elastic-timeout", "1s", "-np", "2", "sh", "-c",
+                              "if [ \"$HPCRUN_ATTEMPT\" = 1 ]; then exec sleep 60; fi; echo relaunched"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no step finished for 5 s (--stall-timeout"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("blacklisted"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("signal 12"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("attempt 2: 2 rank(s) on localhost:2"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[a2:r1] relaunched"), std::string::npos) << r.out;
+  const std::string log = read_text(dir.file("hpcrun/attempt-1.log"));
+  EXPECT_NE(log.find("hpcrun-rank-alive: rank=0"), std::string::npos) << log;
+  EXPECT_NE(log.find("hpcrun-rank-alive: rank=1"), std::string::npos) << log;
+  EXPECT_EQ(log.find("signal=12"), std::string::npos) << log;
+  EXPECT_NE(read_text(dir.file("hpcrun/summary.json")).find("\"failed_hosts\": []"), std::string::npos);
 }
 
 TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {

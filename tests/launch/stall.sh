@@ -18,6 +18,11 @@ expect_relaunch_within stall "$stopped_at" $((6 + 2 + 6)) "--stall-timeout 6 s +
 hpcrun_wait 120
 [[ $RC == 0 ]] || fail "the job ended with $RC"
 expect_in stall "no step finished for 6 s (--stall-timeout"
+# The healthy hosts' ranks answered the liveness query (SIGUSR2 through mpirun and the remote
+# daemons), and it reached only the rank wrappers: no program died of it.
+log="$NETNS_DIR/stall/hpcrun/attempt-1.log"
+for r in 0 1; do grep -q "hpcrun-rank-alive: rank=$r" "$log" || fail "rank $r did not answer the liveness query"; done
+! grep -q "signal=12" "$log" || fail "a rank died of hpcrun's liveness query (SIGUSR2): $(grep signal=12 "$log")"
 expect_in stall "host ${NETNS_HOSTS[3]} blacklisted"
 expect_in stall "attempt 2: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[2]}:1"
 [[ -n "$(accuracy_of stall)" ]] || fail "the job printed no final accuracy"

@@ -62,8 +62,15 @@ TEST(Hosts, Hostfile) {
     f << "# nothing\n";
   }
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("names no host"), std::string::npos);
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << std::string("node1 slots=1\0\n", 15);  // a NUL is named, not printed
+  }
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("got '1\\x00'"), std::string::npos);
   std::remove(path.c_str());
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("cannot open"), std::string::npos);
+  // A directory reads as an empty stream: not "names no host".
+  EXPECT_NE(usage_message([&] { parse_hostfile(::testing::TempDir(), 1); }).find("is a directory"), std::string::npos);
 }
 
 TEST(Hosts, DiscoveryOutput) {
@@ -236,6 +243,37 @@ TEST(Analysis, UsageErrorsAreNotRetried) {
   const Analysis a = analyse(kThree, {report(0, 2), report(1, 2, true)}, {}, exit_code(2), false, false);
   EXPECT_EQ(a.verdict, Verdict::UsageError);
   EXPECT_NE(a.reason.find("usage error"), std::string::npos);
+  EXPECT_EQ(a.program_error, "");
+}
+
+// The program's own words for hpcrun's last line: an MPI program prints its error on rank 0 alone,
+// while another rank may be the first to exit with 2.
+TEST(Analysis, UsageErrorCarriesTheProgramsLine) {
+  AttemptEvidence e;
+  e.reports = {report(1, 2), report(0, 2), report(2, -15, true)};
+  e.mpirun_status = exit_code(2);
+  keep_error_line(e.error_lines[2], "hpctrain: error: torn down");  // not a usage error's rank
+  keep_error_line(e.error_lines[0], "hpctrain: error: unknown model 'nope'");
+  keep_error_line(e.error_lines[0], "see --help");  // a later line without "error" does not displace it
+  const Analysis a = analyse_attempt(kThree, e);
+  EXPECT_EQ(a.verdict, Verdict::UsageError);
+  EXPECT_EQ(a.program_error, "hpctrain: error: unknown model 'nope'");
+  std::string kept;
+  keep_error_line(kept, "loading");
+  keep_error_line(kept, "  Error: bad value  ");
+  keep_error_line(kept, "");
+  EXPECT_EQ(kept, "Error: bad value");
+}
+
+TEST(Analysis, MpirunComplaint) {
+  const std::string binding =
+      "-----\nThe specified binding policy is not recognized:\n\n  Policy: bogus\n\nPlease check for a typo or ensure "
+      "that the option is a supported\none.\n-----\n-----\nIt looks like opal_init failed for some reason;\n-----\n";
+  EXPECT_EQ(mpirun_complaint(binding), "The specified binding policy is not recognized: Policy: bogus");
+  EXPECT_EQ(mpirun_complaint("mpirun: Error: unknown option \"--bogus\"\nType 'mpirun --help' for usage.\n"),
+            "mpirun: Error: unknown option \"--bogus\" Type 'mpirun --help' for usage.");
+  EXPECT_EQ(mpirun_complaint(""), "(it said nothing)");
+  EXPECT_LE(mpirun_complaint(std::string(1000, 'x')).size(), 400u);
 }
 
 TEST(Analysis, LostHostIsTheSilentOne) {
@@ -279,6 +317,15 @@ TEST(Analysis, StalledJobBlamesTheHostsThatDidNotAnswer) {
   EXPECT_NE(a.reason.find("c (its ranks did not answer)"), std::string::npos) << a.reason;
 }
 
+TEST(Analysis, StalledJobWhoseRanksAllAnsweredBlamesNobody) {
+  // Every rank answered the query; the teardown then let only host a's reports through.
+  const Analysis a = analyse(kThree, {report(0, -15, true), report(1, -15, true)}, {}, {false, 0, 15}, false, true,
+                             {0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(a.verdict, Verdict::Failure);
+  EXPECT_TRUE(a.failed_hosts.empty()) << a.reason;
+  EXPECT_EQ(a.reason, "the job stalled (no finished step within --stall-timeout)");
+}
+
 TEST(Options, WhereTheProgramStarts) {
   const char* a[] = {"hpcrun", "-np", "4", "-H", "a:2,b:2", "--quiet", "prog", "--np", "3"};
   EXPECT_EQ(program_start(9, a), 6);
@@ -289,6 +336,31 @@ TEST(Options, WhereTheProgramStarts) {
   EXPECT_EQ(program_option({"hpctrain", "--epochs", "3", "--checkpoint-dir=/ck"}, "checkpoint-dir"), "/ck");
   EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dir", "/x"}, "checkpoint-dir"), "/x");
   EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dirs", "/x"}, "checkpoint-dir"), "");
+}
+
+TEST(Options, MpiArgsAreSplitAsAShellWould) {
+  EXPECT_EQ(split_mpi_args("--mca btl 'self,tcp'  --bind-to \"none\""),
+            (std::vector<std::string>{"--mca", "btl", "self,tcp", "--bind-to", "none"}));
+  EXPECT_EQ(split_mpi_args("-x A=a\\ b"), (std::vector<std::string>{"-x", "A=a b"}));
+  EXPECT_TRUE(split_mpi_args("").empty());
+  EXPECT_NE(usage_message([] { split_mpi_args("--mca btl 'self"); }).find("quote is not closed"), std::string::npos);
+  EXPECT_NE(usage_message([] { split_mpi_args("--bind-to none\\"); }).find("--mpi-args"), std::string::npos);
+  for (const char* own : {"-np 4", "-H a,b", "--host=a", "--hostfile f", "-n 2"})
+    EXPECT_NE(usage_message([&] { split_mpi_args(own); }).find("is hpcrun's to set"), std::string::npos) << own;
+}
+
+TEST(Subprocess, FindProgramSaysWhy) {
+  std::string why;
+  EXPECT_EQ(find_program("/no/such/agent", &why), "");
+  EXPECT_EQ(why, "no such file");
+  const std::string text = ::testing::TempDir() + "/hpcrun_not_executable";
+  std::ofstream(text) << "#!/bin/sh\n";  // mode 0644
+  EXPECT_EQ(find_program(text, &why), "");
+  EXPECT_EQ(why, "it is not an executable file");
+  std::remove(text.c_str());
+  EXPECT_EQ(find_program("/tmp", &why), "");
+  EXPECT_EQ(why, "it is a directory");
+  EXPECT_NE(find_program("sh", &why), "");
 }
 
 TEST(Subprocess, CommandsWithDeadlines) {
