@@ -7,6 +7,7 @@ broken shards given to hpctrain, is one error line with the documented exit code
 nothing."""
 
 import fcntl
+import hashlib
 import json
 import os
 import resource
@@ -55,17 +56,17 @@ def error_lines(err):
 
 
 def snapshot(*roots):
-    """Every path under the roots with its bytes (None for a directory); {} for a missing root."""
+    """Every path under the roots with the SHA-256 of its bytes (None for a directory)."""
     seen = {}
     for root in roots:
         if os.path.isfile(root):
             with open(root, "rb") as f:
-                seen[root] = f.read()
+                seen[root] = hashlib.sha256(f.read()).hexdigest()
         for d, dirs, files in os.walk(root):
             seen[d] = None
             for n in files:
                 with open(os.path.join(d, n), "rb") as f:
-                    seen[os.path.join(d, n)] = f.read()
+                    seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
     return seen
 
 
