@@ -140,15 +140,28 @@ class Stage(unittest.TestCase):
         self.assertIn("already staged", err)
         self.assertEqual(self.gets("sets/one/"), counts)
 
-    def test_interrupted_staging_resumes(self):
-        dest = os.path.join(self.tmp, "dest-interrupted")
+    def start_and_interrupt(self, dest, objects):
+        """A staging of sets/two into dest, caught once `objects` objects were downloaded."""
         job = self.hpcdata("stage", "s3://data/sets/two", dest, "--endpoint-url", self.endpoint)
         deadline = time.monotonic() + 60
-        while len(self.gets("sets/two/")) < 10:  # part-way: some objects downloaded, not all
+        while len(self.gets("sets/two/")) < objects:  # part-way: some objects downloaded, not all
             self.assertIsNone(job.poll(), "the staging finished before it could be interrupted")
             self.assertLess(time.monotonic(), deadline, "the staging did not start downloading")
             time.sleep(0.02)
-        os.killpg(job.pid, signal.SIGKILL)  # hpcdata and its aws, as a node loss would
+        return job
+
+    def test_interrupted_staging_resumes(self):
+        dest = os.path.join(self.tmp, "dest-interrupted")
+        # Stopped (a job's time limit: slurm/job.sh sends SIGTERM): it cleans up its lock file.
+        job = self.start_and_interrupt(dest, 5)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("stopped by SIGTERM", err.strip().splitlines()[-1])
+        self.assertEqual(sorted(n for n in os.listdir(dest) if n.startswith(".hpcdata")), [".hpcdata-staging.json"])
+        # Resumed, then killed with its aws, as a node loss would: the lock file stays, unheld.
+        job = self.start_and_interrupt(dest, 10)
+        os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
         self.assertFalse(os.path.exists(os.path.join(dest, ".hpcdata-staged.json")))
         before = self.gets("sets/two/")
