@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     if (o.images_per_shard <= 0) throw po::error("--images-per-shard must be positive");
     if (o.resize < 0) throw po::error("--resize must be 0 or positive");
     if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
-    if (o.threads < 1) throw po::error("--threads must be positive");
+    if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
     if (o.split.empty() || o.split.find_first_of("/-. ") != std::string::npos)
       throw po::error("--split must be a plain word (train, val)");
     hpc::data::check_pack_paths(o);
@@ -119,6 +119,9 @@ int main(int argc, char** argv) {
                    sigabbrev_np(stop_signal), o.split.c_str(), o.out.c_str());
       return 128 + stop_signal;
     }
+    std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // the file system's or the C++ library's own error
     std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
     return 1;
   }

@@ -285,7 +285,8 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
     }
   };
   std::vector<std::thread> threads;
-  for (int t = 0; t < std::max(1, o.threads); ++t) threads.emplace_back(work);
+  const int64_t wanted = std::clamp<int64_t>(o.threads, 1, std::max<int64_t>(shards, 1));  // one shard each at most
+  for (int64_t t = 0; t < wanted; ++t) threads.emplace_back(work);
   while (o.progress && done < total && !failed) {
     o.progress(done, total);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -236,7 +236,13 @@ class Pack(unittest.TestCase):
         a_file = os.path.join(self.tmp, "a-file")
         with open(a_file, "w") as f:
             f.write("x")
-        cases = [((empty_class, self.out), 1, "has no JPEG images"),
+        empty_jpeg = os.path.join(self.tmp, "empty-jpeg")
+        self.folder(empty_jpeg, self.CLASSES)
+        open(os.path.join(empty_jpeg, self.CLASSES[0], "zero.jpg"), "w").close()
+        line_break = os.path.join(self.tmp, "line-break")
+        self.folder(line_break, ["a", "b\nc"])
+        cases = [((empty_jpeg, self.out), 1, "zero.jpg is empty, not a JPEG image"),
+                 ((line_break, self.out), 1, "holds a line break"),((empty_class, self.out), 1, "has no JPEG images"),
                  ((texts, self.out), 1, "has no JPEG images"),
                  ((os.path.join(self.tmp, "empty"), self.out), 1, "has no class folders"),
                  ((os.path.join(self.tmp, "nowhere"), self.out), 2, "does not exist"),
@@ -248,7 +254,8 @@ class Pack(unittest.TestCase):
                  ((self.src, ""), 2, "OUT is an empty path"),
                  ((self.src,), 2, "are needed"),
                  ((self.src, self.out, "--images-per-shard", "0"), 2, "must be positive"),
-                 ((self.src, self.out, "--threads", "0"), 2, "must be positive"),
+                 ((self.src, self.out, "--threads", "0"), 2, "1..1024"),
+                 ((self.src, self.out, "--threads", "100000"), 2, "1..1024"),
                  ((self.src, self.out, "--quality", "101"), 2, "1..100"),
                  ((self.src, self.out, "--resize", "-1"), 2, "0 or positive"),
                  ((self.src, self.out, "--seed", "x"), 2, "invalid"),

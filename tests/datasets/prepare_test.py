@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -173,8 +174,12 @@ class Prepare(unittest.TestCase):
         self.assertIn("has no file cifar-10-batches-bin/data_batch_1.bin", err)
 
     def test_mnist_idx_structure_is_checked(self):
+        # What a prepare killed on this host left (its process is gone) is removed by the next.
+        stale = os.path.join(self.out("mnist"), f".hpcdata-prepare.{socket.gethostname()}.999999999")
+        os.makedirs(stale)
         code, _, err = hpcdata("prepare", "mnist", "--out", self.out("mnist"), "--from", self.mnist, "--no-verify")
         self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(os.listdir(self.out("mnist"))), sorted(["hpcdata.json", *os.listdir(self.mnist)]))
         bad = os.path.join(self.tmp, "bad-mnist")
         shutil.copytree(self.mnist, bad)
         with gzip.open(os.path.join(bad, "t10k-labels-idx1-ubyte.gz"), "wb") as f:
@@ -319,6 +324,7 @@ class Prepare(unittest.TestCase):
                 (("prepare", "mnist", "--out", new, "--from", ""), 2, "--from is an empty path"),
                 (("prepare", "mnist", "--out", a_file, "--from", self.mnist), 2, "exists and is not a directory"),
                 (("prepare", "mnist", "--out", new, "--mirror", "mirror.example.org/mnist"), 2, "is not an http://"),
+                (("prepare", "mnist", "--out", new, "--mirror", "http://"), 2, "is not an http://"),
                 (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--no-verify"), 2,
                  "holds mnist"),
                 (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--force"), 2, "holds mnist"),

@@ -229,6 +229,8 @@ class Stage(unittest.TestCase):
             (("s3://data/sets/one", dest, "--verify", "sha1"), 2, "invalid choice"),
             (("s3://data/sets/one", dest, "--wait-timeout", "0"), 2, "must be more than 0"),
             (("s3://data/sets/one", dest, "--wait-timeout", "soon"), 2, "is not a number of seconds"),
+            (("s3://data/sets/one", dest, "--wait-timeout", "nan"), 2, "and finite"),
+            (("s3://data/sets/one", dest, "--endpoint-url", "http://[::1"), 2, "is not an http:// or https:// URL"),
             (("s3://data/sets/two", other, *ep), 2, "holds a staging of s3://data/sets/one/"),
             (("s3://data/sets/two", unfinished, *ep), 2, "holds an unfinished staging of s3://data/sets/one/"),
             (("s3://data/sets/one", home, *ep), 2, "holds files that are not a staging of"),

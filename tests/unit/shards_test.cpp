@@ -419,6 +419,23 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
   EXPECT_EQ(batch(1, 2, false), batch(3, 5, false));  // evaluation: centre crops, always the same
 }
 
+TEST(ShardDataset, SplitsPackedBeforeManifestsListedShardsStillLoad) {
+  TempDir dir;
+  const std::string packed = packed_flat_dataset(dir);
+  // As hpcdata pack left them before: <split>-NNNNN-of-MMMMM.hpcs, a version 1 manifest, classes.txt.
+  for (const char* split : {"train", "val"}) {
+    const std::vector<std::string> shards = packed_shards(packed, split);
+    for (size_t i = 0; i < shards.size(); ++i)
+      fs::rename(shards[i], fs::path(packed) / shard_name(split, static_cast<int64_t>(i), static_cast<int64_t>(shards.size())));
+    const std::string v1 = std::string("{\"format\": \"hpcdata shards\", \"version\": 1, \"split\": \"") + split + "\"}\n";
+    write_raw((fs::path(packed) / (std::string(split) + ".json")).string(), Bytes(v1.begin(), v1.end()));
+  }
+  const DatasetPair p = load_dataset("shards", packed, 16);
+  EXPECT_EQ(p.train.count, 12);
+  EXPECT_EQ(p.test.count, 12);
+  EXPECT_EQ(p.train.classes, 3);
+}
+
 TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
   TempDir dir;
   make_folder(dir.path() / "src", 2);
