@@ -1,6 +1,6 @@
 // hpcdata-pack: packs an image folder (SRC/<class>/<image>.jpg) into shards for hpctrain.
 // Normally run as `hpcdata pack` (datasets/hpcdata); exit codes 0 done, 1 bad data or storage,
-// 2 bad usage.
+// 2 bad usage, 128 + N stopped by signal N.
 #include <unistd.h>
 
 #include <atomic>
@@ -42,8 +42,9 @@ int main(int argc, char** argv) {
   o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool quiet = false;
   po::options_description desc(
-      "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-NNNNN-of-MMMMM.hpcs shards,\n"
-      "OUT/classes.txt and OUT/<split>.json. Options");
+      "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
+      "OUT/<split>.json (the split's manifest, replaced last: a packing that fails or is stopped\n"
+      "leaves OUT as it was) and OUT/classes.txt. Options");
   desc.add_options()("help,h", "this help")("split", po::value(&o.split)->default_value(o.split), "train or val")(
       "images-per-shard", po::value(&o.images_per_shard)->default_value(o.images_per_shard), "images in each shard")(
       "resize", po::value(&o.resize)->default_value(0),
