@@ -349,7 +349,10 @@ void check_pack_paths(const PackOptions& o) {
   HPC_REQUIRE(fs::is_directory(o.src, ec), "image folder ", o.src, " does not exist or is not a directory");
   HPC_REQUIRE(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "output directory ", o.out,
               " exists and is not a directory");
-  const fs::path src = fs::weakly_canonical(fs::absolute(o.src), ec), out = fs::weakly_canonical(fs::absolute(o.out), ec);
+  std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
+  const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);
+  const fs::path out = fs::weakly_canonical(fs::absolute(o.out), out_ec);
+  if (src_ec || out_ec) return;  // a path that cannot be resolved fails below, naming it
   HPC_REQUIRE(src != out, "the output directory ", o.out, " is the image folder itself: choose another OUT");
   HPC_REQUIRE(!is_within(out, src), "the output directory ", o.out, " is inside the image folder ", o.src,
               " (it would be read as a class): choose an OUT outside SRC");

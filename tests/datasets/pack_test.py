@@ -239,6 +239,8 @@ class Pack(unittest.TestCase):
         empty_jpeg = os.path.join(self.tmp, "empty-jpeg")
         self.folder(empty_jpeg, self.CLASSES)
         open(os.path.join(empty_jpeg, self.CLASSES[0], "zero.jpg"), "w").close()
+        link = os.path.join(self.tmp, "src-link")  # SRC by another name
+        os.symlink(self.src, link)
         line_break = os.path.join(self.tmp, "line-break")
         self.folder(line_break, ["a", "b\nc"])
         cases = [((empty_jpeg, self.out), 1, "zero.jpg is empty, not a JPEG image"),
@@ -248,6 +250,7 @@ class Pack(unittest.TestCase):
                  ((os.path.join(self.tmp, "nowhere"), self.out), 2, "does not exist"),
                  ((a_file, self.out), 2, "is not a directory"),
                  ((self.src, self.src), 2, "is the image folder itself"),
+                 ((self.src, link), 2, "is the image folder itself"),
                  ((self.src, os.path.join(self.src, "n01440764", "packed")), 2, "inside the image folder"),
                  ((self.src, a_file), 2, "exists and is not a directory"),
                  (("", self.out), 2, "SRC is an empty path"),
