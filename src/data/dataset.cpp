@@ -85,8 +85,8 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   const int64_t size = image_size > 0 ? image_size : 224;
   auto split = [&](const std::string& which) {
     OpenSplit open = open_split(dir, which);
-    HPC_REQUIRE(!open.shards.empty(), "no ", which, " shards in ", dir, " (no ", which,
-                ".json listing them): pack them with hpcdata pack --split ", which);
+    HPC_REQUIRE(!open.shards.empty(), "no ", which, " shards in ", dir, " (", which,
+                ".json lists them): pack them with hpcdata pack --split ", which);
     Dataset d;
     d.source = dir;
     d.classes = static_cast<int>(open.classes.size());

@@ -295,6 +295,8 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
   if (error) std::rethrow_exception(error);
   if (o.progress) o.progress(total, total);
   std::sort(result.skipped.begin(), result.skipped.end());
+  HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src, " decoded (all skipped by --skip-corrupt, the first: ",
+              result.skipped.front(), ")");
   result.images = packed;
   result.shards = shards;
   result.bytes = bytes;

@@ -157,6 +157,13 @@ class Pack(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("1 images skipped", err)
         self.assertEqual((self.manifest()["images"], self.manifest()["skipped"]), (8, [bad]))
+        # Nothing left to pack once every image is skipped: an error, and the split stays.
+        broken = os.path.join(self.tmp, "broken")
+        self.folder(broken, self.CLASSES, per_class=1)
+        for cls in self.CLASSES:
+            with open(os.path.join(broken, cls, f"{cls}_0.JPEG"), "wb") as f:
+                f.write(b"\xff\xd8 not really")
+        self.assert_refused((broken, self.out, "--skip-corrupt", "--quiet"), 1, "none of the 3 images")
 
     def test_failed_repack_keeps_the_good_shards(self):
         """Issue 20: a file that is not a JPEG among the images deleted the packed train shards
