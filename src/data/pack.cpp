@@ -234,8 +234,9 @@ std::string manifest_json(const PackOptions& o, const PackResult& r, const std::
   for (size_t i = 0; i < r.classes.size(); ++i) f << (i ? ", " : "") << json_string(r.classes[i]);
   f << "],\n  \"shard_files\": [";
   for (size_t i = 0; i < shards.size(); ++i)
-    f << (i ? ",\n    " : "\n    ") << "{\"name\": " << json_string(shards[i].name) << ", \"bytes\": " << shards[i].bytes
-      << ", \"records\": " << shards[i].records << ", \"index_crc32\": " << shards[i].index_crc << "}";
+    f << (i ? ",\n    " : "\n    ") << "{\"name\": " << json_string(shards[i].name)
+      << ", \"bytes\": " << shards[i].bytes << ", \"records\": " << shards[i].records
+      << ", \"index_crc32\": " << shards[i].index_crc << "}";
   f << "\n  ]\n}\n";
   return f.str();
 }
@@ -295,8 +296,8 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
   if (error) std::rethrow_exception(error);
   if (o.progress) o.progress(total, total);
   std::sort(result.skipped.begin(), result.skipped.end());
-  HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src, " decoded (all skipped by --skip-corrupt, the first: ",
-              result.skipped.front(), ")");
+  HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src,
+              " decoded (all skipped by --skip-corrupt, the first: ", result.skipped.front(), ")");
   result.images = packed;
   result.shards = shards;
   result.bytes = bytes;

@@ -426,8 +426,10 @@ TEST(ShardDataset, SplitsPackedBeforeManifestsListedShardsStillLoad) {
   for (const char* split : {"train", "val"}) {
     const std::vector<std::string> shards = packed_shards(packed, split);
     for (size_t i = 0; i < shards.size(); ++i)
-      fs::rename(shards[i], fs::path(packed) / shard_name(split, static_cast<int64_t>(i), static_cast<int64_t>(shards.size())));
-    const std::string v1 = std::string("{\"format\": \"hpcdata shards\", \"version\": 1, \"split\": \"") + split + "\"}\n";
+      fs::rename(shards[i], fs::path(packed) / shard_name(split, static_cast<int64_t>(i),
+                                                          static_cast<int64_t>(shards.size())));
+    const std::string v1 =
+        std::string("{\"format\": \"hpcdata shards\", \"version\": 1, \"split\": \"") + split + "\"}\n";
     write_raw((fs::path(packed) / (std::string(split) + ".json")).string(), Bytes(v1.begin(), v1.end()));
   }
   const DatasetPair p = load_dataset("shards", packed, 16);
