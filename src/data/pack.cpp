@@ -320,13 +320,13 @@ std::vector<SplitManifest::Shard> verify_shards(const std::vector<std::string>& 
 // After the commit: classes.txt follows the dataset's classes, and the split's files that the
 // new manifest does not list (the replaced set, a killed packing's leftovers) go. Nothing here
 // can undo the commit; a failure is a warning.
-void tidy_after_commit(const PackOptions& o, const PackResult& r, const std::vector<std::string>& kept,
-                       bool classes_changed, PackResult& result) {
+void tidy_after_commit(const PackOptions& o, const std::vector<std::string>& kept, bool classes_changed,
+                       PackResult& result) {
   const fs::path classes = fs::path(o.out) / "classes.txt";
   std::error_code ec;
   if (classes_changed || !fs::exists(classes, ec)) {
     std::string text;
-    for (const std::string& c : r.classes) text += c + "\n";
+    for (const std::string& c : result.classes) text += c + "\n";
     try {
       write_file_synced(classes.string(), text);
     } catch (const Error& e) {
@@ -396,7 +396,7 @@ PackResult pack_image_folder(const PackOptions& o) {
   fresh.committed = true;
   out.commit();
   out.sync();
-  tidy_after_commit(o, result, fresh.paths, !before || *before != result.classes, result);
+  tidy_after_commit(o, fresh.paths, !before || *before != result.classes, result);
   return result;
 }
 
