@@ -1,10 +1,13 @@
 // hpcdata-pack: packs an image folder (SRC/<class>/<image>.jpg) into shards for hpctrain.
 // Normally run as `hpcdata pack` (datasets/hpcdata); exit codes 0 done, 1 bad data or storage,
-// 2 bad usage.
+// 2 bad usage, 128 + N stopped by signal N.
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/program_options.hpp>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
@@ -13,13 +16,35 @@
 
 namespace po = boost::program_options;
 
+namespace {
+
+// A stop signal (Ctrl-C, a job's end) makes the packing give up before its commit, so OUT is
+// left as it was and the new shards are removed, instead of dying with them half-written.
+std::atomic<bool> stop_requested{false};
+volatile std::sig_atomic_t stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  stop_signal = sig;
+  stop_requested = true;
+}
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   hpc::data::PackOptions o;
   o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool quiet = false;
   po::options_description desc(
-      "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-NNNNN-of-MMMMM.hpcs shards,\n"
-      "OUT/classes.txt and OUT/<split>.json. Options");
+      "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
+      "OUT/<split>.json (the split's manifest, replaced last: a packing that fails or is stopped\n"
+      "leaves OUT as it was) and OUT/classes.txt. Options");
   desc.add_options()("help,h", "this help")("split", po::value(&o.split)->default_value(o.split), "train or val")(
       "images-per-shard", po::value(&o.images_per_shard)->default_value(o.images_per_shard), "images in each shard")(
       "resize", po::value(&o.resize)->default_value(0),
@@ -44,17 +69,26 @@ int main(int argc, char** argv) {
       std::cout << desc << "\n";
       return 0;
     }
-    if (o.src.empty() || o.out.empty()) throw po::error("an image folder SRC and an output directory OUT are needed");
+    if (!vm.count("src") || !vm.count("out"))
+      throw po::error("an image folder SRC and an output directory OUT are needed");
+    if (o.src.empty() || o.out.empty())
+      throw po::error(std::string(o.src.empty() ? "SRC" : "OUT") + " is an empty path (an unset variable?)");
     if (o.images_per_shard <= 0) throw po::error("--images-per-shard must be positive");
     if (o.resize < 0) throw po::error("--resize must be 0 or positive");
     if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
-    if (o.threads < 1) throw po::error("--threads must be positive");
+    if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
     if (o.split.empty() || o.split.find_first_of("/-. ") != std::string::npos)
       throw po::error("--split must be a plain word (train, val)");
+    hpc::data::check_pack_paths(o);
   } catch (const po::error& e) {
     std::fprintf(stderr, "hpcdata pack: error: %s (try --help)\n", e.what());
     return 2;
+  } catch (const hpc::Error& e) {
+    std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
+    return 2;
   }
+  catch_stop_signals();
+  o.stop = &stop_requested;
   const bool tty = isatty(STDERR_FILENO) != 0;
   int64_t shown_tenth = -1;
   if (!quiet)
@@ -77,9 +111,18 @@ int main(int argc, char** argv) {
     if (!r.skipped.empty()) std::fprintf(stderr, "; %zu images skipped, listed in %s.json", r.skipped.size(), o.split.c_str());
     if (r.ignored_files) std::fprintf(stderr, "; %lld files that are not JPEG ignored", static_cast<long long>(r.ignored_files));
     std::fputc('\n', stderr);
+    for (const std::string& w : r.warnings) std::fprintf(stderr, "hpcdata pack: warning: %s\n", w.c_str());
     return 0;
   } catch (const hpc::Error& e) {
     if (tty && !quiet) std::fputc('\n', stderr);
+    if (stop_signal) {
+      std::fprintf(stderr, "hpcdata pack: stopped by SIG%s before the new %s shards were committed: %s is as it was\n",
+                   sigabbrev_np(stop_signal), o.split.c_str(), o.out.c_str());
+      return 128 + stop_signal;
+    }
+    std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // the file system's or the C++ library's own error
     std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
     return 1;
   }

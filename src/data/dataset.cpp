@@ -83,27 +83,30 @@ std::string default_data_dir(const std::string& name) {
 
 DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   const int64_t size = image_size > 0 ? image_size : 224;
-  const std::vector<std::string> names = read_class_names(dir);
-  const auto classes = static_cast<uint32_t>(names.size());
   auto split = [&](const std::string& which) {
-    const std::vector<std::string> paths = list_shards(dir, which);
-    HPC_REQUIRE(!paths.empty(), "no ", which, " shards (", which, "-NNNNN-of-MMMMM.hpcs) in ", dir,
-                ": pack them with hpcdata pack --split ", which);
+    OpenSplit open = open_split(dir, which);
+    HPC_REQUIRE(!open.shards.empty(), "no ", which, " shards in ", dir, " (", which,
+                ".json lists them): pack them with hpcdata pack --split ", which);
     Dataset d;
     d.source = dir;
-    auto images = std::make_shared<const ShardImages>(paths, classes, size);
+    d.classes = static_cast<int>(open.classes.size());
+    auto images = std::make_shared<const ShardImages>(std::move(open.shards), size);
     d.count = images->count();
     HPC_REQUIRE(d.count > 0, "the ", which, " shards in ", dir, " hold no images");
     d.height = d.width = size;
     d.channels = 3;
-    d.classes = static_cast<int>(classes);
     d.labels = images->labels();
     d.shards = std::move(images);
-    return d;
+    return std::make_pair(std::move(d), std::move(open.classes));
   };
+  auto [train, train_classes] = split("train");
+  auto [test, test_classes] = split("val");
+  HPC_REQUIRE(train_classes == test_classes, "the train and val splits in ", dir, " have different classes (",
+              train_classes.size(), " and ", test_classes.size(),
+              "): pack both from folders with the same classes");
   DatasetPair p;
-  p.train = split("train");
-  p.test = split("val");
+  p.train = std::move(train);
+  p.test = std::move(test);
   p.norm = {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};  // ImageNet's, as torchvision uses
   return p;
 }

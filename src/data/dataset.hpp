@@ -48,7 +48,8 @@ DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_
 constexpr int64_t kSyntheticTrain = 2048, kSyntheticTest = 256;
 constexpr int kSyntheticClasses = 1000;
 DatasetPair load_synthetic(int64_t image_size);
-// Packed shards (hpcdata pack): DIR/train-*.hpcs, DIR/val-*.hpcs, DIR/classes.txt.
+// Packed shards (hpcdata pack): the train and val splits their manifests DIR/train.json and
+// DIR/val.json list (shards.hpp).
 DatasetPair load_shards(const std::string& dir, int64_t image_size);
 
 // IDX files (MNIST, Fashion-MNIST), gzip-compressed or raw. Expected image size is checked.

@@ -1,12 +1,23 @@
 #include "data/pack.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "core/error.hpp"
@@ -64,35 +75,137 @@ std::vector<Source> scan(const std::string& src, PackResult& result) {
   return sources;
 }
 
-// classes.txt is shared by the splits: the first packing writes it, later ones must agree.
-void write_or_check_classes(const std::string& out, const std::vector<std::string>& classes) {
-  const fs::path path = fs::path(out) / "classes.txt";
-  std::error_code ec;
-  if (fs::exists(path, ec)) {
-    const std::vector<std::string> existing = read_class_names(out);
-    HPC_REQUIRE(existing == classes, path.string(), " lists ", existing.size(), " classes that differ from the ",
-                classes.size(), " class folders here: pack the splits of one dataset from folders with the same classes");
-    return;
-  }
-  const std::string part = path.string() + ".part";
-  {
-    std::ofstream f(part);
-    for (const std::string& c : classes) {
-      HPC_REQUIRE(c.find('\n') == std::string::npos, "class folder name '", c, "' holds a newline");
-      f << c << '\n';
-    }
-    HPC_REQUIRE(f.flush(), "cannot write ", part);
-  }
-  fs::rename(part, path);
+// True when `inner` is `outer` or lies below it (both made absolute, links resolved).
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
 }
 
-void remove_split_shards(const std::string& out, const std::string& split) {
+// A small file written whole under PATH.part, flushed to storage and renamed: the manifest (the
+// commit point) and classes.txt.
+void write_file_synced(const std::string& path, const std::string& text) {
+  const std::string part = path + ".part";
+  const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  HPC_REQUIRE(fd >= 0, "cannot create ", part, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += static_cast<size_t>(w);
+  }
+  const int err = done < text.size() || ::fsync(fd) != 0 ? errno : 0;
+  ::close(fd);
+  if (err == 0 && ::rename(part.c_str(), path.c_str()) == 0) return;
+  const int why = err ? err : errno;
+  ::unlink(part.c_str());
+  usage_error("cannot write ", path, ": ", std::strerror(why));
+}
+
+// OUT while a packing writes into it: created (with missing parents) if needed and removed again
+// unless the packing commits, so a failed packing leaves no new directory; flock()ed so that two
+// packings of one OUT cannot interleave (a lock on the directory itself: no lock file to leave
+// behind; on NFS only within one client).
+class OutDir {
+ public:
+  explicit OutDir(const std::string& path) : path_(path) {
+    std::error_code ec;
+    for (fs::path p = fs::absolute(path, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+      created_.insert(created_.begin(), p);
+    fs::create_directories(path, ec);
+    HPC_REQUIRE(!ec, "cannot create ", path, ": ", ec.message());
+    fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    HPC_REQUIRE(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+      usage_error("another hpcdata pack is writing into ", path, ": wait until it ends");
+  }
+  ~OutDir() {
+    ::close(fd_);
+    std::error_code ec;
+    if (!committed_)
+      for (auto p = created_.rbegin(); p != created_.rend(); ++p) fs::remove(*p, ec);  // only if empty
+  }
+  OutDir(const OutDir&) = delete;
+  OutDir& operator=(const OutDir&) = delete;
+  // Renames and new files in OUT reach storage before what depends on them.
+  void sync() const { HPC_REQUIRE(::fsync(fd_) == 0, "cannot flush ", path_, ": ", std::strerror(errno)); }
+  void commit() { committed_ = true; }
+
+ private:
+  std::string path_;
+  std::vector<fs::path> created_;  // outermost first
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// The shards a packing writes, removed unless it commits (their .part files remove themselves).
+struct NewShards {
+  std::vector<std::string> paths;
+  bool committed = false;
+  ~NewShards() {
+    if (committed) return;
+    std::error_code ec;
+    for (const std::string& p : paths) fs::remove(p, ec);
+  }
+};
+
+// A split's shard files: <split>-NNNNN-of-MMMMM.hpcs (before manifests listed them) and
+// <split>-gG-NNNNN-of-MMMMM.hpcs, finished or .part.
+const std::regex& shard_file_pattern() {
+  static const std::regex pattern(R"(([^-./ ]+)-(?:g(\d+)-)?\d{5}-of-\d{5}\.hpcs(\.part)?)");
+  return pattern;
+}
+
+// One more than any generation of the split's shard files in OUT (those of a packing that was
+// killed included), so new shards never take the name of a file there.
+int64_t next_generation(const std::string& out, const std::string& split) {
+  int64_t g = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
+    std::smatch m;
     const std::string name = e.path().filename().string();
-    if (name.rfind(split + "-", 0) == 0 && (name.ends_with(".hpcs") || name.ends_with(".hpcs.part")))
-      fs::remove(e.path(), ec);
+    if (std::regex_match(name, m, shard_file_pattern()) && m[1] == split && m[2].matched)
+      g = std::max<int64_t>(g, std::stoll(m[2]));
   }
+  return g + 1;
+}
+
+// The classes a split in OUT was packed with; nullopt when it has none (or they cannot be read:
+// a split broken beyond reading constrains nothing, and packing it again repairs it).
+std::optional<std::vector<std::string>> committed_classes(const std::string& out, const std::string& split) {
+  try {
+    if (const std::optional<SplitManifest> m = read_split_manifest(out, split)) return m->classes;
+    if (!list_shards(out, split).empty()) return read_class_names(out);
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+
+// The other splits' classes, which this packing must share ("<split>.json" and legacy shards).
+std::map<std::string, std::vector<std::string>> other_splits(const std::string& out, const std::string& split) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".json")) names.insert(name.substr(0, name.size() - 5));
+    else if (std::regex_match(name, m, shard_file_pattern()) && !m[2].matched && !m[3].matched) names.insert(m[1]);
+  }
+  names.erase(split);
+  std::map<std::string, std::vector<std::string>> found;
+  for (const std::string& n : names)
+    if (auto classes = committed_classes(out, n)) found[n] = std::move(*classes);
+  return found;
+}
+
+void check_classes_agree(const PackOptions& o, const std::map<std::string, std::vector<std::string>>& others,
+                         const std::vector<std::string>& classes) {
+  for (const auto& [other, theirs] : others)
+    HPC_REQUIRE(theirs == classes, "the ", other, " split in ", o.out, " has ", theirs.size(),
+                " classes that differ from the ", classes.size(), " class folders in ", o.src,
+                ": pack the splits of one dataset from folders with the same classes");
 }
 
 std::string json_string(const std::string& s) {
@@ -108,45 +221,35 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
-void write_manifest(const PackOptions& o, const PackResult& r) {
-  const fs::path path = fs::path(o.out) / (o.split + ".json");
-  const std::string part = path.string() + ".part";
-  {
-    std::ofstream f(part);
-    f << "{\n  \"format\": \"hpcdata shards\", \"version\": 1,\n  \"split\": " << json_string(o.split)
-      << ",\n  \"source\": " << json_string(fs::absolute(o.src).string()) << ",\n  \"classes\": " << r.classes.size()
-      << ", \"images\": " << r.images << ", \"shards\": " << r.shards << ", \"bytes\": " << r.bytes
-      << ",\n  \"resize\": " << o.resize << ", \"quality\": " << (o.resize ? o.quality : 0) << ", \"seed\": " << o.seed
-      << ",\n  \"skipped\": [";
-    for (size_t i = 0; i < r.skipped.size(); ++i) f << (i ? ", " : "") << json_string(r.skipped[i]);
-    f << "]\n}\n";
-    HPC_REQUIRE(f.flush(), "cannot write ", part);
-  }
-  fs::rename(part, path);
+std::string manifest_json(const PackOptions& o, const PackResult& r, const std::vector<SplitManifest::Shard>& shards,
+                          int64_t generation) {
+  std::ostringstream f;
+  f << "{\n  \"format\": \"hpcdata shards\", \"version\": 2, \"generation\": " << generation
+    << ",\n  \"split\": " << json_string(o.split) << ",\n  \"source\": " << json_string(fs::absolute(o.src).string())
+    << ",\n  \"classes\": " << r.classes.size() << ", \"images\": " << r.images << ", \"shards\": " << r.shards
+    << ", \"bytes\": " << r.bytes << ",\n  \"resize\": " << o.resize << ", \"quality\": " << (o.resize ? o.quality : 0)
+    << ", \"seed\": " << o.seed << ",\n  \"skipped\": [";
+  for (size_t i = 0; i < r.skipped.size(); ++i) f << (i ? ", " : "") << json_string(r.skipped[i]);
+  f << "],\n  \"class_names\": [";
+  for (size_t i = 0; i < r.classes.size(); ++i) f << (i ? ", " : "") << json_string(r.classes[i]);
+  f << "],\n  \"shard_files\": [";
+  for (size_t i = 0; i < shards.size(); ++i)
+    f << (i ? ",\n    " : "\n    ") << "{\"name\": " << json_string(shards[i].name)
+      << ", \"bytes\": " << shards[i].bytes << ", \"records\": " << shards[i].records
+      << ", \"index_crc32\": " << shards[i].index_crc << "}";
+  f << "\n  ]\n}\n";
+  return f.str();
 }
 
-}  // namespace
+void check_stop(const PackOptions& o) {
+  if (o.stop && o.stop->load()) usage_error("interrupted before the new shards were complete");
+}
 
-PackResult pack_image_folder(const PackOptions& o) {
-  HPC_REQUIRE(o.images_per_shard > 0, "images per shard must be positive");
-  HPC_REQUIRE(o.resize >= 0, "resize must be 0 or a positive number of pixels");
-  HPC_REQUIRE(o.quality >= 1 && o.quality <= 100, "JPEG quality must be 1..100");
-  HPC_REQUIRE(!o.split.empty() && o.split.find_first_of("/-. ") == std::string::npos, "split name '", o.split,
-              "' must be a plain word (train, val)");
-  PackResult result;
-  std::vector<Source> sources = scan(o.src, result);
-  // One fixed shuffle (Fisher-Yates on Philox: the same on every platform), so shards mix classes.
-  Philox rng(o.seed, RngStream::Pack);
-  for (size_t i = sources.size(); i > 1; --i) std::swap(sources[i - 1], sources[rng.below(static_cast<uint32_t>(i))]);
-
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  HPC_REQUIRE(fs::is_directory(o.out, ec), "cannot create ", o.out);
-  write_or_check_classes(o.out, result.classes);
-  remove_split_shards(o.out, o.split);
-
+// Decodes every image (resizing where asked) into shards named `names`, one thread per shard.
+void write_shards(const PackOptions& o, const std::vector<Source>& sources, const std::vector<std::string>& names,
+                  PackResult& result) {
   const auto total = static_cast<int64_t>(sources.size());
-  const int64_t shards = (total + o.images_per_shard - 1) / o.images_per_shard;
+  const auto shards = static_cast<int64_t>(names.size());
   std::atomic<int64_t> next_shard{0}, done{0}, bytes{0}, packed{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
@@ -154,9 +257,10 @@ PackResult pack_image_folder(const PackOptions& o) {
   auto work = [&] {
     try {
       for (int64_t s; !failed && (s = next_shard++) < shards;) {
-        ShardWriter writer((fs::path(o.out) / shard_name(o.split, s, shards)).string());
+        ShardWriter writer(names[static_cast<size_t>(s)]);
         const int64_t begin = s * o.images_per_shard, end = std::min(total, begin + o.images_per_shard);
         for (int64_t i = begin; i < end && !failed; ++i, ++done) {
+          check_stop(o);
           const Source& src = sources[static_cast<size_t>(i)];
           std::vector<uint8_t> bytes_in = read_whole(src.path);
           try {
@@ -182,22 +286,117 @@ PackResult pack_image_folder(const PackOptions& o) {
     }
   };
   std::vector<std::thread> threads;
-  for (int t = 0; t < std::max(1, o.threads); ++t) threads.emplace_back(work);
+  const int64_t wanted = std::clamp<int64_t>(o.threads, 1, std::max<int64_t>(shards, 1));  // one shard each at most
+  for (int64_t t = 0; t < wanted; ++t) threads.emplace_back(work);
   while (o.progress && done < total && !failed) {
     o.progress(done, total);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   for (std::thread& t : threads) t.join();
-  if (error) {
-    remove_split_shards(o.out, o.split);  // no half-packed split left to train on
-    std::rethrow_exception(error);
-  }
+  if (error) std::rethrow_exception(error);
   if (o.progress) o.progress(total, total);
   std::sort(result.skipped.begin(), result.skipped.end());
+  HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src,
+              " decoded (all skipped by --skip-corrupt, the first: ", result.skipped.front(), ")");
   result.images = packed;
   result.shards = shards;
   result.bytes = bytes;
-  write_manifest(o, result);
+}
+
+// Reads every new shard back as hpctrain will (footer, index, CRC, labels) before anything
+// depends on it: the manifest's entries.
+std::vector<SplitManifest::Shard> verify_shards(const std::vector<std::string>& paths, const PackResult& r) {
+  std::vector<SplitManifest::Shard> entries;
+  int64_t images = 0;
+  for (const std::string& p : paths) {
+    const ShardReader reader(p, static_cast<uint32_t>(r.classes.size()));
+    entries.push_back({fs::path(p).filename().string(), reader.file_bytes(), reader.count(), reader.index_crc()});
+    images += reader.count();
+  }
+  HPC_CHECK(images == r.images, "the new shards hold ", images, " images where ", r.images, " were packed");
+  return entries;
+}
+
+// After the commit: classes.txt follows the dataset's classes, and the split's files that the
+// new manifest does not list (the replaced set, a killed packing's leftovers) go. Nothing here
+// can undo the commit; a failure is a warning.
+void tidy_after_commit(const PackOptions& o, const std::vector<std::string>& kept, bool classes_changed,
+                       PackResult& result) {
+  const fs::path classes = fs::path(o.out) / "classes.txt";
+  std::error_code ec;
+  if (classes_changed || !fs::exists(classes, ec)) {
+    std::string text;
+    for (const std::string& c : result.classes) text += c + "\n";
+    try {
+      write_file_synced(classes.string(), text);
+    } catch (const Error& e) {
+      result.warnings.push_back(e.what());
+    }
+  }
+  for (const auto& e : fs::directory_iterator(o.out, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, shard_file_pattern()) || m[1] != o.split) continue;
+    if (std::find(kept.begin(), kept.end(), e.path().string()) != kept.end()) continue;
+    std::error_code rm;
+    if (!fs::remove(e.path(), rm) && rm)
+      result.warnings.push_back("cannot remove the replaced shard " + e.path().string() + ": " + rm.message());
+  }
+}
+
+}  // namespace
+
+void check_pack_paths(const PackOptions& o) {
+  HPC_REQUIRE(!o.src.empty() && !o.out.empty(), "an image folder SRC and an output directory OUT are needed");
+  std::error_code ec;
+  HPC_REQUIRE(fs::is_directory(o.src, ec), "image folder ", o.src, " does not exist or is not a directory");
+  HPC_REQUIRE(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "output directory ", o.out,
+              " exists and is not a directory");
+  std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
+  const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);
+  const fs::path out = fs::weakly_canonical(fs::absolute(o.out), out_ec);
+  if (src_ec || out_ec) return;  // a path that cannot be resolved fails below, naming it
+  HPC_REQUIRE(src != out, "the output directory ", o.out, " is the image folder itself: choose another OUT");
+  HPC_REQUIRE(!is_within(out, src), "the output directory ", o.out, " is inside the image folder ", o.src,
+              " (it would be read as a class): choose an OUT outside SRC");
+}
+
+PackResult pack_image_folder(const PackOptions& o) {
+  HPC_REQUIRE(o.images_per_shard > 0, "images per shard must be positive");
+  HPC_REQUIRE(o.resize >= 0, "resize must be 0 or a positive number of pixels");
+  HPC_REQUIRE(o.quality >= 1 && o.quality <= 100, "JPEG quality must be 1..100");
+  HPC_REQUIRE(!o.split.empty() && o.split.find_first_of("/-. ") == std::string::npos, "split name '", o.split,
+              "' must be a plain word (train, val)");
+  check_pack_paths(o);
+  PackResult result;
+  std::vector<Source> sources = scan(o.src, result);
+  for (const std::string& c : result.classes)
+    HPC_REQUIRE(c.find_first_of("\r\n") == std::string::npos, "class folder name '", c, "' holds a line break");
+  // One fixed shuffle (Fisher-Yates on Philox: the same on every platform), so shards mix classes.
+  Philox rng(o.seed, RngStream::Pack);
+  for (size_t i = sources.size(); i > 1; --i) std::swap(sources[i - 1], sources[rng.below(static_cast<uint32_t>(i))]);
+
+  // The checkpoint way: the new set beside the old one under new names, verified, then the
+  // manifest replaced in one rename; until then OUT is exactly as it was.
+  OutDir out(o.out);
+  const std::map<std::string, std::vector<std::string>> others = other_splits(o.out, o.split);
+  check_classes_agree(o, others, result.classes);
+  std::optional<std::vector<std::string>> before = committed_classes(o.out, o.split);  // the dataset's classes
+  if (!before && !others.empty()) before = others.begin()->second;
+  const int64_t generation = next_generation(o.out, o.split);
+  const int64_t shards = (static_cast<int64_t>(sources.size()) + o.images_per_shard - 1) / o.images_per_shard;
+  NewShards fresh;
+  for (int64_t s = 0; s < shards; ++s)
+    fresh.paths.push_back((fs::path(o.out) / shard_name(o.split, s, shards, generation)).string());
+  write_shards(o, sources, fresh.paths, result);
+  const std::vector<SplitManifest::Shard> entries = verify_shards(fresh.paths, result);
+  check_stop(o);
+  out.sync();  // the shards' names are on storage before the manifest that lists them
+  write_file_synced((fs::path(o.out) / (o.split + ".json")).string(), manifest_json(o, result, entries, generation));
+  fresh.committed = true;
+  out.commit();
+  out.sync();
+  tidy_after_commit(o, fresh.paths, !before || *before != result.classes, result);
   return result;
 }
 

@@ -4,6 +4,7 @@
 // that every shard mixes classes, then shards are written in parallel, one thread per shard.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -22,16 +23,28 @@ struct PackOptions {
   uint64_t seed = 0;
   // Called now and then from the calling thread with (images done, images in all).
   std::function<void(int64_t, int64_t)> progress;
+  // Set (by a signal handler) to give up before the new shards are committed.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct PackResult {
   std::vector<std::string> classes;
   int64_t images = 0, shards = 0, bytes = 0, ignored_files = 0;
   std::vector<std::string> skipped;  // images that did not decode (skip_corrupt)
+  // Problems after the commit that leave the new split whole (a replaced shard not removed).
+  std::vector<std::string> warnings;
 };
 
-// Errors (an empty class folder, an undecodable image without skip_corrupt, unwritable OUT)
-// are usage errors naming the file; shards already written by this call are then removed.
+// The paths' usage errors, before anything is read or written: SRC missing or not a directory,
+// OUT a file, OUT the image folder or inside it.
+void check_pack_paths(const PackOptions& options);
+
+// Packs the checkpoint way: the new shards are written beside the split's current ones under
+// new names, read back and verified, and only then does the split's manifest (OUT/<split>.json,
+// the commit point, shards.hpp) change, in one rename; the replaced shards are removed after.
+// Any error before the commit (an empty class folder, an undecodable image without
+// skip_corrupt, a full disk, `stop`) is a usage error naming the cause, and leaves OUT exactly
+// as it was: no new shard, manifest, classes.txt or directory stays.
 PackResult pack_image_folder(const PackOptions& options);
 
 }  // namespace hpc::data

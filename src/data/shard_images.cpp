@@ -70,13 +70,10 @@ void resample(const Image& img, const Region& r, int64_t size, bool flip, uint8_
 
 }  // namespace
 
-ShardImages::ShardImages(const std::vector<std::string>& paths, uint32_t classes, int64_t size) : size_(size) {
+ShardImages::ShardImages(std::vector<ShardReader> shards, int64_t size) : shards_(std::move(shards)), size_(size) {
   HPC_REQUIRE(size > 0, "the image size must be positive");
   first_.push_back(0);
-  for (const std::string& p : paths) {
-    shards_.emplace_back(p, classes);
-    first_.push_back(first_.back() + shards_.back().count());
-  }
+  for (const ShardReader& s : shards_) first_.push_back(first_.back() + s.count());
 }
 
 std::vector<int32_t> ShardImages::labels() const {

@@ -16,7 +16,7 @@ namespace hpc::data {
 class ShardImages {
  public:
   // size: the side of the square images the model is given.
-  ShardImages(const std::vector<std::string>& paths, uint32_t classes, int64_t size);
+  ShardImages(std::vector<ShardReader> shards, int64_t size);
   int64_t count() const { return first_.empty() ? 0 : first_.back(); }
   int64_t size() const { return size_; }
   std::vector<int32_t> labels() const;

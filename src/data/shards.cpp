@@ -5,11 +5,14 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <utility>
 
 #include "core/error.hpp"
@@ -63,10 +66,10 @@ uint32_t crc32_of(const std::vector<uint8_t>& bytes) {
 
 }  // namespace
 
-std::string shard_name(const std::string& split, int64_t index, int64_t total) {
+std::string shard_name(const std::string& split, int64_t index, int64_t total, int64_t generation) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05lld-of-%05lld.hpcs", static_cast<long long>(index), static_cast<long long>(total));
-  return split + buf;
+  return split + (generation > 0 ? "-g" + std::to_string(generation) : "") + buf;
 }
 
 // ---- writer ------------------------------------------------------------------------------------
@@ -126,6 +129,7 @@ ShardReader::ShardReader(std::string path, uint32_t classes) : path_(std::move(p
   HPC_REQUIRE(end >= kShardHeaderBytes + kShardFooterBytes, "shard ", path_, " is too short (", end,
               " bytes) to be a shard: truncated?");
   const auto size = static_cast<uint64_t>(end);
+  file_bytes_ = size;
   uint8_t head[kShardHeaderBytes], footer[kShardFooterBytes];
   pread_all(fd_, head, sizeof head, 0, path_);
   HPC_REQUIRE(std::memcmp(head, kShardMagic, 8) == 0, path_, " is not an hpcdata shard (no HPCSHRD1 header)");
@@ -139,7 +143,8 @@ ShardReader::ShardReader(std::string path, uint32_t classes) : path_(std::move(p
               " bytes");
   std::vector<uint8_t> index(count * kShardEntryBytes);
   if (count) pread_all(fd_, index.data(), index.size(), index_offset, path_);
-  HPC_REQUIRE(crc32_of(index) == get_u32(footer + 12), "shard ", path_, " has a corrupt index (CRC mismatch)");
+  index_crc_ = get_u32(footer + 12);
+  HPC_REQUIRE(crc32_of(index) == index_crc_, "shard ", path_, " has a corrupt index (CRC mismatch)");
   records_.resize(count);
   for (uint64_t i = 0; i < count; ++i) {
     const uint8_t* e = index.data() + i * kShardEntryBytes;
@@ -159,7 +164,11 @@ ShardReader::~ShardReader() {
 }
 
 ShardReader::ShardReader(ShardReader&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), records_(std::move(other.records_)) {}
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      file_bytes_(other.file_bytes_),
+      index_crc_(other.index_crc_),
+      records_(std::move(other.records_)) {}
 
 void ShardReader::read(int64_t i, std::vector<uint8_t>& out) const {
   const ShardRecord& r = record(i);
@@ -207,6 +216,111 @@ std::vector<std::string> read_class_names(const std::string& dir) {
   }
   HPC_REQUIRE(!names.empty(), path, " lists no classes");
   return names;
+}
+
+// ---- manifests ---------------------------------------------------------------------------------
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  HPC_REQUIRE(in, "cannot read ", path, ": ", std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  HPC_REQUIRE(!in.bad(), "cannot read ", path);
+  return text;
+}
+
+// The manifest's text, "" when there is none.
+std::string manifest_text(const std::string& dir, const std::string& split) {
+  const std::string path = (fs::path(dir) / (split + ".json")).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "";
+  return read_text(path);
+}
+
+std::optional<SplitManifest> parse_manifest(const std::string& text, const std::string& path,
+                                            const std::string& split) {
+  namespace pt = boost::property_tree;
+  pt::ptree tree;
+  try {
+    std::istringstream in(text);
+    pt::read_json(in, tree);
+  } catch (const pt::json_parser_error& e) {
+    usage_error(path, " is not a packed split's manifest (line ", e.line(), ": ", e.message(),
+                "): overwritten? pack the split again");
+  }
+  HPC_REQUIRE(tree.get("format", "") == "hpcdata shards" && tree.get("split", "") == split, path,
+              " is not the manifest of the packed split '", split, "' (written by hpcdata pack)");
+  if (tree.get("version", 0) < 2) return std::nullopt;
+  try {
+    SplitManifest m;
+    for (const auto& c : tree.get_child("class_names")) m.classes.push_back(c.second.get_value<std::string>());
+    for (const auto& s : tree.get_child("shard_files"))
+      m.shards.push_back({s.second.get<std::string>("name"), s.second.get<uint64_t>("bytes"),
+                          s.second.get<int64_t>("records"), s.second.get<uint32_t>("index_crc32")});
+    m.images = tree.get<int64_t>("images");
+    for (const SplitManifest::Shard& s : m.shards)
+      HPC_REQUIRE(!s.name.empty() && s.name.find('/') == std::string::npos && s.name.ends_with(".hpcs"), path,
+                  " lists '", s.name, "', which is no shard file name");
+    HPC_REQUIRE(!m.classes.empty(), path, " lists no classes");
+    return m;
+  } catch (const pt::ptree_error& e) {
+    usage_error(path, " is not a complete packed split's manifest (", e.what(), "): pack the split again");
+  }
+}
+
+// Opens the shards a manifest lists, each checked against its entry.
+std::vector<ShardReader> open_listed(const std::string& dir, const SplitManifest& m, const std::string& manifest) {
+  std::vector<ShardReader> shards;
+  int64_t images = 0;
+  for (const SplitManifest::Shard& s : m.shards) {
+    const std::string path = (fs::path(dir) / s.name).string();
+    std::error_code ec;
+    HPC_REQUIRE(fs::exists(path, ec), manifest, " lists ", s.name, ", which is missing from ", dir,
+                ": restore it or pack the split again");
+    ShardReader& r = shards.emplace_back(path, static_cast<uint32_t>(m.classes.size()));
+    HPC_REQUIRE(r.file_bytes() == s.bytes, "shard ", path, " is ", r.file_bytes(), " bytes where ", manifest,
+                " lists ", s.bytes, ": changed since it was packed (pack the split again)");
+    HPC_REQUIRE(r.count() == s.records && r.index_crc() == s.index_crc, "shard ", path,
+                " is not the one ", manifest, " lists (its index differs): a shard from another packing?");
+    images += r.count();
+  }
+  HPC_REQUIRE(images == m.images, manifest, " counts ", m.images, " images but its shards hold ", images);
+  return shards;
+}
+
+OpenSplit open_legacy(const std::string& dir, const std::string& split) {
+  OpenSplit open;
+  const std::vector<std::string> paths = list_shards(dir, split);
+  if (paths.empty()) return open;
+  open.classes = read_class_names(dir);
+  for (const std::string& p : paths) open.shards.emplace_back(p, static_cast<uint32_t>(open.classes.size()));
+  return open;
+}
+
+}  // namespace
+
+std::optional<SplitManifest> read_split_manifest(const std::string& dir, const std::string& split) {
+  const std::string text = manifest_text(dir, split);
+  if (text.empty()) return std::nullopt;
+  return parse_manifest(text, (fs::path(dir) / (split + ".json")).string(), split);
+}
+
+OpenSplit open_split(const std::string& dir, const std::string& split) {
+  const std::string path = (fs::path(dir) / (split + ".json")).string();
+  // A packing may replace the manifest (and delete the shards it listed) while this reads them:
+  // then the manifest's text has changed, and reading starts again from the new one.
+  for (int attempt = 0;; ++attempt) {
+    const std::string text = manifest_text(dir, split);
+    try {
+      const std::optional<SplitManifest> m = text.empty() ? std::nullopt : parse_manifest(text, path, split);
+      if (!m) return open_legacy(dir, split);
+      return {m->classes, open_listed(dir, *m, path)};
+    } catch (const Error&) {
+      if (attempt < 3 && manifest_text(dir, split) != text) continue;
+      throw;
+    }
+  }
 }
 
 }  // namespace hpc::data

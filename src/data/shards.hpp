@@ -9,11 +9,18 @@
 // all integers little-endian. A shard is valid only if the footer's magic is there, the index
 // fills exactly the space between index_offset and the footer, its CRC matches, and every record
 // lies inside the data area: a truncated or overwritten shard fails to open, naming the file.
-// A dataset directory holds <split>-NNNNN-of-MMMMM.hpcs for each split (train, val), classes.txt
-// (one class name per line; label = line number) and <split>.json (what was packed, for people).
+// A dataset directory holds, for each split (train, val), its shards and <split>.json, the
+// split's manifest, plus classes.txt (one class name per line; label = line number, for people
+// and tools). The manifest is the commit point of a packing: it lists the split's shard files
+// and classes, and a packing writes new shards under new names (<split>-gG-NNNNN-of-MMMMM.hpcs,
+// G one more than any generation there) before it replaces the manifest with one rename. A
+// reader that opens exactly the files the manifest lists never sees a packing in progress, a
+// failed one, or a mix of two. Splits packed before manifests listed their shards (version 1)
+// are read by their names, <split>-NNNNN-of-MMMMM.hpcs, with classes.txt.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -64,19 +71,50 @@ class ShardReader {
   // Reads record i's bytes into out (thread-safe: pread).
   void read(int64_t i, std::vector<uint8_t>& out) const;
   const std::string& path() const { return path_; }
+  uint64_t file_bytes() const { return file_bytes_; }
+  uint32_t index_crc() const { return index_crc_; }
 
  private:
   std::string path_;
   int fd_ = -1;
+  uint64_t file_bytes_ = 0;
+  uint32_t index_crc_ = 0;
   std::vector<ShardRecord> records_;
 };
 
-// The shard files of one split in a packed dataset directory, in order; checks that all M of
-// them are there. Empty if the split has none.
+// DIR/<split>.json as a reader needs it.
+struct SplitManifest {
+  struct Shard {
+    std::string name;  // file name in DIR
+    uint64_t bytes = 0;
+    int64_t records = 0;
+    uint32_t index_crc = 0;  // the CRC-32 in the shard's footer
+  };
+  std::vector<std::string> classes;
+  std::vector<Shard> shards;
+  int64_t images = 0;
+};
+
+// The manifest of a split; nullopt when DIR has no <split>.json or one written before manifests
+// listed their shards (version 1). A file that is not such a manifest is a usage error naming it.
+std::optional<SplitManifest> read_split_manifest(const std::string& dir, const std::string& split);
+
+// A split opened for reading: its classes and its shards, each checked against the manifest
+// (present, the size, record count and index CRC it lists: a shard truncated, overwritten or
+// copied from another packing is refused, naming it). A packing that replaces the split while
+// this opens it makes it start again from the new manifest. Empty shards: the split has none.
+struct OpenSplit {
+  std::vector<std::string> classes;
+  std::vector<ShardReader> shards;
+};
+OpenSplit open_split(const std::string& dir, const std::string& split);
+
+// The shard files of a split packed before manifests listed them (<split>-NNNNN-of-MMMMM.hpcs),
+// in order; checks that all M of them are there. Empty if the split has none.
 std::vector<std::string> list_shards(const std::string& dir, const std::string& split);
 // classes.txt: one name per line.
 std::vector<std::string> read_class_names(const std::string& dir);
-// "<split>-NNNNN-of-MMMMM.hpcs"
-std::string shard_name(const std::string& split, int64_t index, int64_t total);
+// "<split>-NNNNN-of-MMMMM.hpcs", or with a generation (> 0) "<split>-gG-NNNNN-of-MMMMM.hpcs"
+std::string shard_name(const std::string& split, int64_t index, int64_t total, int64_t generation = 0);
 
 }  // namespace hpc::data

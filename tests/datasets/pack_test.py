@@ -1,19 +1,28 @@
 """hpcdata pack from the command line (the packer's library is tested in depth by
 tests/unit/shards_test.cpp): a folder of real JPEGs becomes shards, classes.txt and train.json;
-corrupt images fail naming the file, or are skipped and listed with --skip-corrupt; an empty
-class folder, a missing folder and bad options are one error line with the documented exit
-code, and a failed packing leaves no shards."""
+corrupt images fail naming the file, or are skipped and listed with --skip-corrupt. Packing
+replaces a split the checkpoint way: a packing that fails (a bad image, a signal, a full disk)
+leaves OUT byte for byte as it was, with nothing new in it. Bad input, to hpcdata pack or as
+broken shards given to hpctrain, is one error line with the documented exit code and changes
+nothing."""
 
+import fcntl
+import hashlib
 import json
 import os
+import resource
 import shutil
+import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
+HPCTRAIN = os.environ.get("HPCTRAIN")
 if not os.environ.get("HPCDATA_PACK"):
     print("SKIPPED: HPCDATA_PACK (the built hpcdata-pack) is not set")
     sys.exit(77)
@@ -23,9 +32,22 @@ JPEGS = [bytes.fromhex("ffd8ffe000104a46494600010100000100010000ffdb004300060405
          bytes.fromhex("ffd8ffe000104a46494600010100000100010000ffdb00430006040506050406060506070706080a100a0a09090a140e0f0c1017141818171416161a1d251f1a1b231c1616202c20232627292a29191f2d302d283025282928ffdb0043010707070a080a130a0a13281a161a2828282828282828282828282828282828282828282828282828282828282828282828282828282828282828282828282828ffc00011080010000803012200021101031101ffc4001f0000010501010101010100000000000000000102030405060708090a0bffc400b5100002010303020403050504040000017d01020300041105122131410613516107227114328191a1082342b1c11552d1f02433627282090a161718191a25262728292a3435363738393a434445464748494a535455565758595a636465666768696a737475767778797a838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9faffc4001f0100030101010101010101010000000000000102030405060708090a0bffc400b51100020102040403040705040400010277000102031104052131061241510761711322328108144291a1b1c109233352f0156272d10a162434e125f11718191a262728292a35363738393a434445464748494a535455565758595a636465666768696a737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9faffda000c03010002110311003f00935e4b84d2adb58b54b9b65b5c24fb166810213c31c2dac6304e096624e4014543a05aa596a175a635b89a15263135bdba12c847043c366ca1b047dc73b4f19c8a284db578eccd23eca4bf78da6bb24ff55ff0c7ffd9")]
 
 
-def run(*args):
+def big_jpeg(side):
+    """A valid grey JPEG of side x side pixels that is tiny on disk (every 8x8 block flat, one
+    Huffman code of one bit) but takes libjpeg-turbo a while to decode: a packing slow enough
+    to be caught part-way."""
+    def segment(marker, body):
+        return b"\xff" + bytes([marker]) + struct.pack(">H", len(body) + 2) + body
+    one_code = bytes([1] + [0] * 15) + b"\x00"  # the code "0": DC difference 0, and end of block
+    return (b"\xff\xd8" + segment(0xDB, b"\x00" + bytes([1] * 64))
+            + segment(0xC0, struct.pack(">BHHB", 8, side, side, 1) + b"\x01\x11\x00")
+            + segment(0xC4, b"\x00" + one_code) + segment(0xC4, b"\x10" + one_code)
+            + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + bytes((side // 8) ** 2 * 2 // 8) + b"\xff\xd9")
+
+
+def run(*args, **kw):
     p = subprocess.run([sys.executable, HPCDATA, "pack", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, timeout=120)
+                       text=True, timeout=120, **kw)
     return p.returncode, p.stderr
 
 
@@ -33,77 +55,305 @@ def error_lines(err):
     return [line for line in err.splitlines() if "error:" in line]
 
 
+def snapshot(*roots):
+    """Every path under the roots with the SHA-256 of its bytes (None for a directory)."""
+    seen = {}
+    for root in roots:
+        if os.path.isfile(root):
+            with open(root, "rb") as f:
+                seen[root] = hashlib.sha256(f.read()).hexdigest()
+        for d, dirs, files in os.walk(root):
+            seen[d] = None
+            for n in files:
+                with open(os.path.join(d, n), "rb") as f:
+                    seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
+    return seen
+
+
+def hpctrain(data_dir, cwd):
+    p = subprocess.run([HPCTRAIN, "--dataset", "shards", "--data-dir", data_dir, "--image-size", "16", "--model", "cnn",
+                        "--max-steps", "2", "--batch-size", "4", "--threads", "2"], cwd=cwd,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
 class Pack(unittest.TestCase):
+    CLASSES = ["n01440764", "n01443537", "n01484850"]
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="hpcdata-pack-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.src = os.path.join(self.tmp, "src")
         self.out = os.path.join(self.tmp, "out")
-        for c, cls in enumerate(["n01440764", "n01443537", "n01484850"]):
-            os.makedirs(os.path.join(self.src, cls))
-            for i in range(3):
-                with open(os.path.join(self.src, cls, f"{cls}_{i}.JPEG"), "wb") as f:
+        self.folder(self.src, self.CLASSES)
+
+    def folder(self, path, classes, per_class=3):
+        for c, cls in enumerate(classes):
+            os.makedirs(os.path.join(path, cls))
+            for i in range(per_class):
+                with open(os.path.join(path, cls, f"{cls}_{i}.JPEG"), "wb") as f:
                     f.write(JPEGS[(c + i) % 2])
 
-    def shards(self):
-        return sorted(n for n in os.listdir(self.out) if n.endswith(".hpcs")) if os.path.isdir(self.out) else []
+    def shards(self, out=None):
+        out = out or self.out
+        return sorted(n for n in os.listdir(out) if n.endswith(".hpcs")) if os.path.isdir(out) else []
+
+    def manifest(self, split="train"):
+        with open(os.path.join(self.out, f"{split}.json")) as f:
+            return json.load(f)
+
+    def packed(self):
+        """OUT with good train and val splits."""
+        for split in ("train", "val"):
+            code, err = run(self.src, self.out, "--split", split, "--images-per-shard", "4", "--quiet")
+            self.assertEqual(code, 0, err)
+        return snapshot(self.out)
+
+    def assert_refused(self, args, code, message, before=None, **kw):
+        """hpcdata pack ARGS exits CODE, its last line names the problem, and neither SRC nor OUT
+        (nor the folder around them) changed."""
+        before = before if before is not None else snapshot(self.tmp)
+        got, err = run(*args, **kw)
+        self.assertEqual(got, code, err)
+        self.assertIn(message, err.strip().splitlines()[-1], err)
+        self.assertEqual(len(error_lines(err)), 1, err)
+        self.assertEqual(snapshot(self.tmp), before, "a refused packing changed files")
 
     def test_folder_becomes_shards(self):
         code, err = run(self.src, self.out, "--images-per-shard", "4", "--threads", "2")
         self.assertEqual(code, 0, err)
         self.assertIn("9 images of 3 classes in 3 shards", err)
-        self.assertEqual(self.shards(), [f"train-0000{i}-of-00003.hpcs" for i in range(3)])
+        self.assertEqual(self.shards(), [f"train-g1-0000{i}-of-00003.hpcs" for i in range(3)])
         with open(os.path.join(self.out, "classes.txt")) as f:
-            self.assertEqual(f.read().split(), ["n01440764", "n01443537", "n01484850"])
-        with open(os.path.join(self.out, "train.json")) as f:
-            manifest = json.load(f)
+            self.assertEqual(f.read().split(), self.CLASSES)
+        manifest = self.manifest()
         self.assertEqual((manifest["images"], manifest["shards"], manifest["classes"]), (9, 3, 3))
         self.assertEqual(manifest["skipped"], [])
+        self.assertEqual(manifest["class_names"], self.CLASSES)
+        self.assertEqual([s["name"] for s in manifest["shard_files"]], self.shards())
         # The val split beside it, with the same classes.
         code, err = run(self.src, self.out, "--split", "val", "--resize", "4")
         self.assertEqual(code, 0, err)
-        self.assertIn("val-00000-of-00001.hpcs", self.shards())
+        self.assertIn("val-g1-00000-of-00001.hpcs", self.shards())
+        # Packing a split again replaces its shards: only the new ones stay.
+        code, err = run(self.src, self.out, "--images-per-shard", "5", "--quiet")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.shards(), ["train-g2-00000-of-00002.hpcs", "train-g2-00001-of-00002.hpcs",
+                                         "val-g1-00000-of-00001.hpcs"])
         # hpctrain trains on them: random resized crops of the JPEGs, decoded in its loader.
-        if os.environ.get("HPCTRAIN"):
-            p = subprocess.run([os.environ["HPCTRAIN"], "--dataset", "shards", "--data-dir", self.out, "--image-size", "16",
-                                "--model", "cnn", "--max-steps", "3", "--batch-size", "4", "--threads", "2"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-            self.assertEqual(p.returncode, 0, p.stdout)
-            self.assertIn("data: shards from", p.stdout)
-            self.assertIn("(9 train, 9 test)", p.stdout)
+        if HPCTRAIN:
+            code, out, err = hpctrain(self.out, self.tmp)
+            self.assertEqual(code, 0, out + err)
+            self.assertIn("data: shards from", out)
+            self.assertIn("(9 train, 9 test)", out)
 
     def test_corrupt_image_fails_or_is_skipped(self):
         bad = os.path.join(self.src, "n01443537", "n01443537_1.JPEG")
         with open(bad, "wb") as f:
             f.write(JPEGS[0][: len(JPEGS[0]) // 2])
-        code, err = run(self.src, self.out, "--quiet")
-        self.assertEqual(code, 1)
-        self.assertEqual(len(error_lines(err)), 1, err)
-        self.assertIn(bad, err)
-        self.assertEqual(self.shards(), [])
+        self.assert_refused((self.src, self.out, "--quiet"), 1, bad)
+        self.assertFalse(os.path.exists(self.out), "a failed first packing leaves no OUT behind")
         code, err = run(self.src, self.out, "--skip-corrupt", "--quiet")
         self.assertEqual(code, 0, err)
         self.assertIn("1 images skipped", err)
-        with open(os.path.join(self.out, "train.json")) as f:
-            manifest = json.load(f)
-        self.assertEqual((manifest["images"], manifest["skipped"]), (8, [bad]))
+        self.assertEqual((self.manifest()["images"], self.manifest()["skipped"]), (8, [bad]))
+        # Nothing left to pack once every image is skipped: an error, and the split stays.
+        broken = os.path.join(self.tmp, "broken")
+        self.folder(broken, self.CLASSES, per_class=1)
+        for cls in self.CLASSES:
+            with open(os.path.join(broken, cls, f"{cls}_0.JPEG"), "wb") as f:
+                f.write(b"\xff\xd8 not really")
+        self.assert_refused((broken, self.out, "--skip-corrupt", "--quiet"), 1, "none of the 3 images")
 
-    def test_bad_input_is_one_line(self):
-        os.makedirs(os.path.join(self.src, "n09999999"))
-        cases = [((self.src, self.out), 1, "n09999999 has no JPEG images"),
-                 ((os.path.join(self.tmp, "nowhere"), self.out), 1, "does not exist"),
+    def test_failed_repack_keeps_the_good_shards(self):
+        """Issue 20: a file that is not a JPEG among the images deleted the packed train shards
+        while train.json still listed them."""
+        before = self.packed()
+        bad = os.path.join(self.src, "n01484850", "scan.jpg")
+        with open(bad, "wb") as f:
+            f.write(b"%PDF-1.4 not a picture\n")
+        self.assert_refused((self.src, self.out, "--quiet", "--images-per-shard", "2"), 1, bad)
+        self.assertEqual(snapshot(self.out), before)
+        if HPCTRAIN:  # still whole: hpctrain trains on the old set
+            code, out, err = hpctrain(self.out, self.tmp)
+            self.assertEqual(code, 0, out + err)
+        # A failed packing leaves no classes.txt to block the next one: the only split may
+        # change its classes (with val present they must stay those of val).
+        shutil.rmtree(self.out)
+        code, err = run(self.src, self.out, "--quiet")
+        self.assertEqual(code, 1, err)
+        self.assertFalse(os.path.exists(self.out))
+        os.unlink(bad)
+        other = os.path.join(self.tmp, "other")
+        self.folder(other, ["cat", "dog"])
+        self.assertEqual(run(self.src, self.out, "--quiet")[0], 0)
+        code, err = run(other, self.out, "--quiet")
+        self.assertEqual(code, 0, err)
+        with open(os.path.join(self.out, "classes.txt")) as f:
+            self.assertEqual(f.read().split(), ["cat", "dog"])
+        self.assertEqual(run(other, self.out, "--split", "val", "--quiet")[0], 0)
+        self.assert_refused((self.src, self.out, "--quiet"), 1, "differ from the 3 class folders")
+
+    def test_signal_part_way_leaves_out_as_it_was(self):
+        before = self.packed()
+        slow = os.path.join(self.tmp, "slow")
+        for cls in self.CLASSES:
+            os.makedirs(os.path.join(slow, cls))
+            for i in range(4):
+                with open(os.path.join(slow, cls, f"{i}.jpg"), "wb") as f:
+                    f.write(big_jpeg(4096))
+        job = subprocess.Popen([sys.executable, HPCDATA, "pack", slow, self.out, "--threads", "1", "--quiet"],
+                               stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not any(n.endswith(".part") for n in os.listdir(self.out)):  # a new shard is being written
+            self.assertIsNone(job.poll(), "the packing ended before it could be stopped")
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.005)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("stopped by SIGTERM", err.strip().splitlines()[-1])
+        self.assertEqual(snapshot(self.out), before)
+
+    def test_full_disk_leaves_out_as_it_was(self):
+        before = self.packed()
+        big = os.path.join(self.src, "n01440764", "big.jpg")
+        with open(big, "wb") as f:
+            f.write(big_jpeg(256) + bytes(20000))  # bytes after the end of the image are ignored by decoders
+
+        def small_files():  # a file system with 10 kB left, as the packer sees it
+            resource.setrlimit(resource.RLIMIT_FSIZE, (10000, 10000))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        # One image a shard, one at a time: shards finished before the big one must go too.
+        got, err = run(self.src, self.out, "--quiet", "--images-per-shard", "1", "--threads", "1",
+                       preexec_fn=small_files)
+        self.assertEqual(got, 1, err)
+        self.assertIn("cannot write", err.strip().splitlines()[-1])
+        self.assertEqual(snapshot(self.out), before)
+
+    def test_bad_input_is_one_line_and_changes_nothing(self):
+        self.packed()
+        empty_class = os.path.join(self.tmp, "empty-class")
+        self.folder(empty_class, ["a"])
+        os.makedirs(os.path.join(empty_class, "b"))
+        texts = os.path.join(self.tmp, "texts")
+        os.makedirs(os.path.join(texts, "a"))
+        with open(os.path.join(texts, "a", "notes.txt"), "w") as f:
+            f.write("hi")
+        os.makedirs(os.path.join(self.tmp, "empty"))
+        a_file = os.path.join(self.tmp, "a-file")
+        with open(a_file, "w") as f:
+            f.write("x")
+        empty_jpeg = os.path.join(self.tmp, "empty-jpeg")
+        self.folder(empty_jpeg, self.CLASSES)
+        open(os.path.join(empty_jpeg, self.CLASSES[0], "zero.jpg"), "w").close()
+        link = os.path.join(self.tmp, "src-link")  # SRC by another name
+        os.symlink(self.src, link)
+        line_break = os.path.join(self.tmp, "line-break")
+        self.folder(line_break, ["a", "b\nc"])
+        cases = [((empty_jpeg, self.out), 1, "zero.jpg is empty, not a JPEG image"),
+                 ((line_break, self.out), 1, "holds a line break"),((empty_class, self.out), 1, "has no JPEG images"),
+                 ((texts, self.out), 1, "has no JPEG images"),
+                 ((os.path.join(self.tmp, "empty"), self.out), 1, "has no class folders"),
+                 ((os.path.join(self.tmp, "nowhere"), self.out), 2, "does not exist"),
+                 ((a_file, self.out), 2, "is not a directory"),
+                 ((self.src, self.src), 2, "is the image folder itself"),
+                 ((self.src, link), 2, "is the image folder itself"),
+                 ((self.src, os.path.join(self.src, "n01440764", "packed")), 2, "inside the image folder"),
+                 ((self.src, a_file), 2, "exists and is not a directory"),
+                 (("", self.out), 2, "SRC is an empty path"),
+                 ((self.src, ""), 2, "OUT is an empty path"),
                  ((self.src,), 2, "are needed"),
                  ((self.src, self.out, "--images-per-shard", "0"), 2, "must be positive"),
+                 ((self.src, self.out, "--threads", "0"), 2, "1..1024"),
+                 ((self.src, self.out, "--threads", "100000"), 2, "1..1024"),
                  ((self.src, self.out, "--quality", "101"), 2, "1..100"),
+                 ((self.src, self.out, "--resize", "-1"), 2, "0 or positive"),
+                 ((self.src, self.out, "--seed", "x"), 2, "invalid"),
                  ((self.src, self.out, "--bogus"), 2, "unrecognised option"),
                  ((self.src, self.out, "--split", "a/b"), 2, "plain word")]
         for args, want, message in cases:
-            with self.subTest(args=args[2:] or args):
-                code, err = run(*args)
-                self.assertEqual(code, want, err)
-                self.assertEqual(len(error_lines(err)), 1, err)
-                self.assertIn(message, err)
-        self.assertEqual(self.shards(), [])
+            with self.subTest(args=args):
+                self.assert_refused(args, want, message)
+        # Another packing of the same OUT in progress (it holds OUT's lock).
+        fd = os.open(self.out, os.O_RDONLY)
+        self.addCleanup(os.close, fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self.assert_refused((self.src, self.out), 1, "another hpcdata pack is writing into")
+
+    @unittest.skipUnless(HPCTRAIN, "HPCTRAIN (the hpctrain binary) is not set")
+    def test_broken_shards_are_refused_by_hpctrain(self):
+        """Shards damaged, lost or mixed up after packing: hpctrain exits 2 naming the problem,
+        and reads nothing it should not (nothing in OUT changes)."""
+        self.packed()
+        other = os.path.join(self.tmp, "other")
+        self.folder(other, ["cat", "dog"], per_class=5)
+        other_out = os.path.join(self.tmp, "other-out")
+        self.assertEqual(run(other, other_out, "--split", "val", "--images-per-shard", "4", "--quiet")[0], 0)
+        first = os.path.join(self.out, "train-g1-00000-of-00003.hpcs")
+
+        def truncate(path=first):
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) - 5)
+
+        def overwrite_index():
+            with open(first, "r+b") as f:
+                f.seek(-30, os.SEEK_END)
+                f.write(b"\xff\xff")
+
+        def foreign_shard():  # another packing's shard under this one's name
+            shutil.copyfile(os.path.join(other_out, "val-g1-00000-of-00003.hpcs"), first)
+
+        def rewrite(split, change):
+            path = os.path.join(self.out, f"{split}.json")
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(change(text))
+
+        def replace_val():  # a val split from another dataset
+            for n in os.listdir(self.out):
+                if n.startswith("val"):
+                    os.unlink(os.path.join(self.out, n))
+            for n in os.listdir(other_out):
+                if n.startswith("val"):
+                    shutil.copyfile(os.path.join(other_out, n), os.path.join(self.out, n))
+
+        cases = [(truncate, "has no index at its end"),
+                 (overwrite_index, "corrupt index"),
+                 (foreign_shard, "train-g1-00000-of-00003.hpcs is"),
+                 (lambda: os.unlink(os.path.join(self.out, "train-g1-00001-of-00003.hpcs")),
+                  "lists train-g1-00001-of-00003.hpcs, which is missing"),
+                 (lambda: rewrite("train", lambda t: t[: len(t) // 2]), "is not a packed split's manifest"),
+                 (lambda: rewrite("train", lambda t: "[1, 2]"), "is not the manifest of the packed split 'train'"),
+                 (lambda: rewrite("train", lambda t: t.replace('"split": "train"', '"split": "val"')),
+                  "is not the manifest of the packed split 'train'"),
+                 (lambda: rewrite("train", lambda t: t.replace('"images": 9', '"images": 10')),
+                  "counts 10 images but its shards hold 9"),
+                 (lambda: rewrite("train", lambda t: t.replace("shard_files", "files")), "No such node (shard_files)"),
+                 (lambda: rewrite("train", lambda t: t.replace('"name": "train-g1', '"name": "../train-g1')),
+                  "which is no shard file name"),
+                 (lambda: os.unlink(os.path.join(self.out, "val.json")), "no val shards"),
+                 (replace_val, "have different classes (3 and 2)")]
+        pristine = os.path.join(self.tmp, "pristine")
+        shutil.copytree(self.out, pristine)
+        for damage, message in cases:
+            with self.subTest(message=message):
+                shutil.rmtree(self.out)
+                shutil.copytree(pristine, self.out)
+                damage()
+                before = snapshot(self.out)
+                code, out, err = hpctrain(self.out, self.tmp)
+                self.assertEqual(code, 2, out + err)
+                self.assertIn(message, err.strip().splitlines()[-1], err)
+                self.assertEqual(snapshot(self.out), before)
+        # classes.txt is for people: hpctrain goes by the manifests, so a renamed class changes nothing.
+        shutil.rmtree(self.out)
+        shutil.copytree(pristine, self.out)
+        with open(os.path.join(self.out, "classes.txt"), "w") as f:
+            f.write("tench\ngoldfish\n")
+        code, out, err = hpctrain(self.out, self.tmp)
+        self.assertEqual(code, 0, out + err)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,26 @@
 hpctrain training on the result; CIFAR-10/100 and MNIST from archives the test makes (their
 checksums are not the published ones: refused, then taken with --no-verify, structure still
 checked); downloads from a mirror on loopback; corrupt, truncated and wrong archives are one
-error line and leave nothing behind where hpctrain looks."""
+error line naming the user's file and leave nothing behind. Preparing again (--force, a stale
+DIR) works the checkpoint way: a failure or a signal leaves the prepared DIR byte for byte as
+it was. Bad arguments are usage errors that change nothing."""
 
 import gzip
+import hashlib
 import http.server
 import io
 import json
 import os
+import resource
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -23,10 +30,25 @@ HPCTRAIN = os.environ.get("HPCTRAIN")
 FASHION = os.environ.get("FASHION_MNIST") or "/usr/share/datasets/fashion-mnist"
 
 
-def hpcdata(*args):
+def hpcdata(*args, **kw):
     p = subprocess.run([sys.executable, HPCDATA, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=300)
+                       timeout=300, **kw)
     return p.returncode, p.stdout, p.stderr
+
+
+def snapshot(*roots):
+    """Every path under the roots with the SHA-256 of its bytes (None for a directory)."""
+    seen = {}
+    for root in roots:
+        if os.path.isfile(root):
+            with open(root, "rb") as f:
+                seen[root] = hashlib.sha256(f.read()).hexdigest()
+        for d, _, files in os.walk(root):
+            seen[d] = None
+            for n in files:
+                with open(os.path.join(d, n), "rb") as f:
+                    seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
+    return seen
 
 
 def error_lines(err):
@@ -119,7 +141,7 @@ class Prepare(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("is not the published cifar-100-binary.tar.gz", err)
         self.assertEqual(len(error_lines(err)), 1, err)
-        self.assertEqual(os.listdir(out), [])  # the refused archive is not left behind
+        self.assertFalse(os.path.exists(out))  # neither the refused archive nor the directory made for it
         code, _, err = hpcdata("prepare", "cifar100", "--out", out, "--offline", "--from", self.cifar100, "--no-verify")
         self.assertEqual(code, 0, err)
         self.assertEqual(sorted(os.listdir(out)), ["hpcdata.json", "test.bin", "train.bin"])
@@ -143,7 +165,8 @@ class Prepare(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("cannot be unpacked", err)
         self.assertEqual(len(error_lines(err)), 1, err)
-        self.assertEqual(os.listdir(self.out("cut")), [])  # neither the archive nor half its members
+        self.assertIn(os.path.join(broken, "cifar-10-binary.tar.gz"), err)  # the user's file, not a temporary
+        self.assertFalse(os.path.exists(self.out("cut")))  # neither the archive nor half its members
         # The other CIFAR's archive under this one's name: members missing.
         shutil.copyfile(self.cifar100, os.path.join(broken, "cifar-10-binary.tar.gz"))
         code, _, err = hpcdata("prepare", "cifar10", "--out", self.out("wrong"), "--from", broken, "--no-verify")
@@ -151,8 +174,12 @@ class Prepare(unittest.TestCase):
         self.assertIn("has no file cifar-10-batches-bin/data_batch_1.bin", err)
 
     def test_mnist_idx_structure_is_checked(self):
+        # What a prepare killed on this host left (its process is gone) is removed by the next.
+        stale = os.path.join(self.out("mnist"), f".hpcdata-prepare.{socket.gethostname()}.999999999")
+        os.makedirs(stale)
         code, _, err = hpcdata("prepare", "mnist", "--out", self.out("mnist"), "--from", self.mnist, "--no-verify")
         self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(os.listdir(self.out("mnist"))), sorted(["hpcdata.json", *os.listdir(self.mnist)]))
         bad = os.path.join(self.tmp, "bad-mnist")
         shutil.copytree(self.mnist, bad)
         with gzip.open(os.path.join(bad, "t10k-labels-idx1-ubyte.gz"), "wb") as f:
@@ -185,7 +212,7 @@ class Prepare(unittest.TestCase):
         code, _, err = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror)
         self.assertEqual(code, 1)  # the test's files are not the published ones
         self.assertIn("is not the published", err)
-        self.assertEqual([n for n in os.listdir(out) if not n.startswith(".")], [])
+        self.assertFalse(os.path.exists(out))
         code, _, err = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror, "--no-verify")
         self.assertEqual(code, 0, err)
         self.assertEqual(err.count("downloading " + mirror), 4, err)
@@ -193,18 +220,118 @@ class Prepare(unittest.TestCase):
         code, _, err = hpcdata("prepare", "mnist", "--out", self.out("missing"), "--mirror", mirror + "nothing/")
         self.assertEqual(code, 1)
         self.assertIn("cannot download", err)
-        self.assertEqual(os.listdir(self.out("missing")), [])  # no .part left
+        self.assertFalse(os.path.exists(self.out("missing")))  # no .part left, no directory
+
+    def assert_refused(self, args, code, message, watched, **kw):
+        """hpcdata ARGS exits CODE, its last line names the problem, and nothing under `watched`
+        changed."""
+        cwd = os.path.join(self.tmp, "cwd")  # an empty path must not mean the current directory
+        os.makedirs(cwd, exist_ok=True)
+        watched = [*watched, cwd]
+        before = snapshot(*watched)
+        got, _, err = hpcdata(*args, cwd=cwd, **kw)
+        self.assertEqual(got, code, err)
+        self.assertIn(message, err.strip().splitlines()[-1], err)
+        self.assertEqual(len(error_lines(err)), 1, err)
+        self.assertEqual(snapshot(*watched), before, "a refused prepare changed files")
+        return err
+
+    @unittest.skipUnless(os.path.isdir(FASHION), "Debian's dataset-fashion-mnist is not installed")
+    def test_preparing_again_keeps_a_verified_dataset(self):
+        """Issue 20: --force with one truncated file in --from deleted the verified file of the
+        prepared DIR while its hpcdata.json stayed."""
+        good = self.out("good")
+        code, _, err = hpcdata("prepare", "fashion-mnist", "--out", good, "--offline", "--from", FASHION)
+        self.assertEqual(code, 0, err)
+        cut = os.path.join(self.tmp, "cut-fashion")
+        shutil.copytree(FASHION, cut)
+        truncated = os.path.join(cut, "t10k-labels-idx1-ubyte.gz")
+        with open(truncated, "r+b") as f:
+            f.truncate(3000)
+        for extra in ([], ["--no-verify"]):
+            with self.subTest(extra=extra):
+                err = self.assert_refused(("prepare", "fashion-mnist", "--out", good, "--force", "--from", cut,
+                                           "--offline", *extra), 1, truncated, [good, cut])
+                self.assertNotIn(".hpcdata-prepare", err)
+        # Without --force, a DIR whose files no longer match its hpcdata.json is prepared again,
+        # just as safely.
+        with open(os.path.join(good, "hpcdata.json")) as f:
+            manifest = json.load(f)
+        manifest["files"]["t10k-labels-idx1-ubyte.gz"]["bytes"] += 1
+        with open(os.path.join(good, "hpcdata.json"), "w") as f:
+            json.dump(manifest, f)
+        self.assert_refused(("prepare", "fashion-mnist", "--out", good, "--from", cut, "--offline"), 1, truncated,
+                            [good, cut])
+        # Full disk, as hpcdata sees it (no file may grow past 1 MB): the error names DIR, not a
+        # temporary.
+        def small_files():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        self.assertIn("cannot write into " + good, self.assert_refused(
+            ("prepare", "fashion-mnist", "--out", good, "--force", "--from", FASHION, "--offline"), 1,
+            "File too large", [good], preexec_fn=small_files))
+        self.train("fashion-mnist", good)
+
+    def test_signal_part_way_leaves_dir_as_it_was(self):
+        out = self.out("stopped")
+        code, _, err = hpcdata("prepare", "mnist", "--out", out, "--from", self.mnist, "--no-verify")
+        self.assertEqual(code, 0, err)
+        before = snapshot(out)
+        started, release = threading.Event(), threading.Event()
+
+        class Stalling(http.server.BaseHTTPRequestHandler):  # sends half an archive, then waits
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                self.wfile.write(bytes(50000))
+                self.wfile.flush()
+                started.set()
+                release.wait(60)
+
+            def log_message(self, *a):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stalling)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        self.addCleanup(release.set)
+        job = subprocess.Popen([sys.executable, HPCDATA, "prepare", "mnist", "--out", out, "--force", "--no-verify",
+                                "--mirror", f"http://127.0.0.1:{server.server_address[1]}/"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertTrue(started.wait(60), "the download did not start")
+        time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("stopped by SIGTERM", err.strip().splitlines()[-1])
+        self.assertEqual(snapshot(out), before)
 
     def test_usage_errors(self):
-        for args, message in [(("prepare", "imagenet", "--out", "x"), "invalid choice"),
-                              (("prepare", "mnist"), "--out"),
-                              (("prepare", "mnist", "--out", self.out("u"), "--from", "/no/such/dir"), "does not exist"),
-                              (("frobnicate",), "invalid choice")]:
+        prepared = self.out("prepared-mnist")
+        code, _, err = hpcdata("prepare", "mnist", "--out", prepared, "--from", self.mnist, "--no-verify")
+        self.assertEqual(code, 0, err)
+        a_file = os.path.join(self.tmp, "a-file")
+        with open(a_file, "w") as f:
+            f.write("mine")
+        new = self.out("u")
+        for args, code, message in [
+                (("prepare", "imagenet", "--out", new), 2, "invalid choice"),
+                (("prepare", "mnist"), 2, "--out"),
+                (("prepare", "mnist", "--out", new, "--from", "/no/such/dir"), 2, "does not exist"),
+                (("prepare", "mnist", "--out", "", "--from", self.mnist), 2, "--out is an empty path"),
+                (("prepare", "mnist", "--out", new, "--from", ""), 2, "--from is an empty path"),
+                (("prepare", "mnist", "--out", a_file, "--from", self.mnist), 2, "exists and is not a directory"),
+                (("prepare", "mnist", "--out", new, "--mirror", "mirror.example.org/mnist"), 2, "is not an http://"),
+                (("prepare", "mnist", "--out", new, "--mirror", "http://"), 2, "is not an http://"),
+                (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--no-verify"), 2,
+                 "holds mnist"),
+                (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--force"), 2, "holds mnist"),
+                (("prepare", "cifar10", "--out", new, "--offline"), 1, "--offline forbids downloading"),
+                (("frobnicate",), 2, "invalid choice")]:
             with self.subTest(args=args):
-                code, _, err = hpcdata(*args)
-                self.assertEqual(code, 2, err)
-                self.assertEqual(len(error_lines(err)), 1, err)
-                self.assertIn(message, err)
+                self.assert_refused(args, code, message, [prepared, new, a_file, self.mnist])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """hpcdata stage against moto's S3 served on loopback, through the real AWS CLI: two concurrent
 stagings of one prefix into one DEST download each object once; a staging killed part-way
 resumes and completes, fetching again only what it had not finished; what is staged is
-verified; bad input is one error line."""
+verified; no lock file stays, however a staging ends. Bad input is one error line with the
+documented exit code, and changes nothing: a malformed bucket or DEST is refused before DEST is
+touched, and the copy (which mirrors the prefix, deleting what else is there) never runs in a
+directory holding someone's files."""
 
 import hashlib
 import os
@@ -90,7 +93,8 @@ class Stage(unittest.TestCase):
                        stdout=subprocess.DEVNULL)
 
     def hpcdata(self, *args, **kw):
-        return subprocess.Popen([sys.executable, HPCDATA, *args], env=self.env, stdout=subprocess.PIPE,
+        kw.setdefault("env", self.env)
+        return subprocess.Popen([sys.executable, HPCDATA, *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
 
     def run_stage(self, *args):
@@ -113,7 +117,7 @@ class Stage(unittest.TestCase):
             with open(os.path.join(dest, rel), "rb") as f:
                 self.assertEqual(hashlib.sha256(f.read()).hexdigest(), hashlib.sha256(data).hexdigest(), rel)
         staged = {os.path.relpath(os.path.join(d, n), dest) for d, _, names in os.walk(dest) for n in names}
-        self.assertEqual(staged - set(self.files), {".hpcdata-stage.lock", ".hpcdata-staged.json"})
+        self.assertEqual(staged - set(self.files), {".hpcdata-staged.json"})  # and no lock file
 
     def test_concurrent_stagings_download_each_object_once(self):
         dest = os.path.join(self.tmp, "dest-concurrent")
@@ -136,15 +140,28 @@ class Stage(unittest.TestCase):
         self.assertIn("already staged", err)
         self.assertEqual(self.gets("sets/one/"), counts)
 
-    def test_interrupted_staging_resumes(self):
-        dest = os.path.join(self.tmp, "dest-interrupted")
+    def start_and_interrupt(self, dest, objects):
+        """A staging of sets/two into dest, caught once `objects` objects were downloaded."""
         job = self.hpcdata("stage", "s3://data/sets/two", dest, "--endpoint-url", self.endpoint)
         deadline = time.monotonic() + 60
-        while len(self.gets("sets/two/")) < 10:  # part-way: some objects downloaded, not all
+        while len(self.gets("sets/two/")) < objects:  # part-way: some objects downloaded, not all
             self.assertIsNone(job.poll(), "the staging finished before it could be interrupted")
             self.assertLess(time.monotonic(), deadline, "the staging did not start downloading")
             time.sleep(0.02)
-        os.killpg(job.pid, signal.SIGKILL)  # hpcdata and its aws, as a node loss would
+        return job
+
+    def test_interrupted_staging_resumes(self):
+        dest = os.path.join(self.tmp, "dest-interrupted")
+        # Stopped (a job's time limit: slurm/job.sh sends SIGTERM): it cleans up its lock file.
+        job = self.start_and_interrupt(dest, 5)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("stopped by SIGTERM", err.strip().splitlines()[-1])
+        self.assertEqual(sorted(n for n in os.listdir(dest) if n.startswith(".hpcdata")), [".hpcdata-staging.json"])
+        # Resumed, then killed with its aws, as a node loss would: the lock file stays, unheld.
+        job = self.start_and_interrupt(dest, 10)
+        os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
         self.assertFalse(os.path.exists(os.path.join(dest, ".hpcdata-staged.json")))
         before = self.gets("sets/two/")
@@ -162,33 +179,77 @@ class Stage(unittest.TestCase):
         self.assertLessEqual(len(again), 1, again)
         self.assertEqual(set(after), set(self.files))
 
-    def test_errors_are_one_line(self):
+    @staticmethod
+    def snapshot(*roots):
+        """Every path under the roots (a missing one: nothing) with its bytes' SHA-256."""
+        seen = {}
+        for root in roots:
+            if os.path.isfile(root):
+                with open(root, "rb") as f:
+                    seen[root] = hashlib.sha256(f.read()).hexdigest()
+            for d, _, names in os.walk(root):
+                seen[d] = None
+                for n in names:
+                    with open(os.path.join(d, n), "rb") as f:
+                        seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
+        return seen
+
+    def test_errors_are_one_line_and_change_nothing(self):
         dest = os.path.join(self.tmp, "dest-errors")
+        a_file = os.path.join(self.tmp, "a-file")
+        with open(a_file, "w") as f:
+            f.write("mine")
+        # Someone's directory (the copy would delete what is not under the prefix).
+        home = os.path.join(self.tmp, "home")
+        os.makedirs(home)
+        with open(os.path.join(home, "thesis.tex"), "w") as f:
+            f.write("years of work")
+        other = os.path.join(self.tmp, "dest-other")  # a staging of another prefix
+        self.assertEqual(self.run_stage("s3://data/sets/one", other, "--endpoint-url", self.endpoint)[0], 0)
+        unfinished = os.path.join(self.tmp, "dest-unfinished")  # an interrupted staging of another prefix
+        os.makedirs(unfinished)
+        with open(os.path.join(unfinished, ".hpcdata-staging.json"), "w") as f:
+            f.write('{"source": "s3://data/sets/one/"}')
+        with open(os.path.join(unfinished, "index.bin"), "w") as f:
+            f.write("half")
+        cwd = os.path.join(self.tmp, "cwd")  # an empty DEST must not mean the current directory
+        os.makedirs(cwd)
+        with open(os.path.join(cwd, "notes"), "w") as f:
+            f.write("mine")
+        ep = ("--endpoint-url", self.endpoint)
         cases = [
             (("http://data/x", dest), 2, "is not an S3 URL"),
             (("s3://", dest), 2, "names no bucket"),
-            (("s3://data/no/such/prefix", dest, "--endpoint-url", self.endpoint), 1, "no objects under"),
-            (("s3://missing-bucket/x", dest, "--endpoint-url", self.endpoint), 1, "failed"),
+            (("s3:///x", dest), 2, "names no bucket"),
+            (("s3://bad_bucket!/x", dest), 2, "'bad_bucket!' is not a bucket name"),
+            (("s3://da ta/x", dest), 2, "is not a bucket name"),
+            (("s3://data/sets/one", ""), 2, "DEST is an empty path"),
+            (("s3://data/sets/one", a_file), 2, "exists and is not a directory"),
+            (("s3://data/sets/one", dest, "--endpoint-url", "localhost:9"), 2, "is not an http:// or https:// URL"),
+            (("s3://data/sets/one", dest, "--verify", "sha1"), 2, "invalid choice"),
             (("s3://data/sets/one", dest, "--wait-timeout", "0"), 2, "must be more than 0"),
+            (("s3://data/sets/one", dest, "--wait-timeout", "soon"), 2, "is not a number of seconds"),
+            (("s3://data/sets/one", dest, "--wait-timeout", "nan"), 2, "and finite"),
+            (("s3://data/sets/one", dest, "--endpoint-url", "http://[::1"), 2, "is not an http:// or https:// URL"),
+            (("s3://data/sets/two", other, *ep), 2, "holds a staging of s3://data/sets/one/"),
+            (("s3://data/sets/two", unfinished, *ep), 2, "holds an unfinished staging of s3://data/sets/one/"),
+            (("s3://data/sets/one", home, *ep), 2, "holds files that are not a staging of"),
+            (("s3://data/no/such/prefix", dest, *ep), 1, "no objects under"),
+            (("s3://missing-bucket/x", dest, *ep), 1, "failed"),
+            # Nothing reached: the CLI's error, in one line.
+            (("s3://data/sets/one", dest, "--endpoint-url", f"http://127.0.0.1:{free_port()}"), 1, "failed"),
         ]
+        watched = (dest, a_file, home, other, unfinished, cwd)
         for args, code, message in cases:
             with self.subTest(args=args):
-                got, _, err = self.run_stage(*args)
-                self.assertEqual(got, code, err)
+                before = self.snapshot(*watched)
+                # One try where nothing answers (the CLI's retries would take seconds).
+                p = self.hpcdata("stage", *args, cwd=cwd, env=dict(self.env, AWS_MAX_ATTEMPTS="1"))
+                _, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, code, err)
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
                 self.assertIn(message, err)
-        # DEST already holds another prefix's staging.
-        other = os.path.join(self.tmp, "dest-other")
-        self.assertEqual(self.run_stage("s3://data/sets/one", other, "--endpoint-url", self.endpoint)[0], 0)
-        code, _, err = self.run_stage("s3://data/sets/two", other, "--endpoint-url", self.endpoint)
-        self.assertEqual(code, 1)
-        self.assertIn("holds a staging of s3://data/sets/one/", err)
-        # Nothing reached: the CLI's error, in one line, and no marker.
-        dead = os.path.join(self.tmp, "dest-dead")
-        code, _, err = self.run_stage("s3://data/sets/one", dead, "--endpoint-url", f"http://127.0.0.1:{free_port()}")
-        self.assertEqual(code, 1)
-        self.assertEqual(len(err.strip().splitlines()), 1, err)
-        self.assertFalse(os.path.exists(os.path.join(dead, ".hpcdata-staged.json")))
+                self.assertEqual(self.snapshot(*watched), before, "a refused staging changed files (a lock file left?)")
 
     def test_waiting_gives_up_after_the_timeout(self):
         dest = os.path.join(self.tmp, "dest-held")

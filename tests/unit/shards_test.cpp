@@ -45,6 +45,13 @@ double mean_abs_diff(const Image& a, const Image& b) {
   return sum / static_cast<double>(a.pixels.size());
 }
 
+// The shards a packed split's manifest lists, opened and checked as hpctrain opens them.
+std::vector<std::string> packed_shards(const std::string& dir, const std::string& split) {
+  std::vector<std::string> paths;
+  for (const ShardReader& r : open_split(dir, split).shards) paths.push_back(r.path());
+  return paths;
+}
+
 // ---- shard format -------------------------------------------------------------------------------
 
 TEST(Shards, WriterAndReaderRoundTrip) {
@@ -222,7 +229,7 @@ TEST(Pack, EveryImageArrivesOnceWithItsLabelAndPixels) {
   for (const auto& [path, lb] : folder.files) by_bytes[std::string(lb.second.begin(), lb.second.end())] = {lb.first, path};
   std::set<std::string> seen;
   std::set<uint32_t> labels_in_first_shard;
-  for (const std::string& shard : list_shards(o.out, "train")) {
+  for (const std::string& shard : packed_shards(o.out, "train")) {
     const ShardReader reader(shard, 3);
     Bytes rec;
     for (int64_t i = 0; i < reader.count(); ++i) {
@@ -239,13 +246,16 @@ TEST(Pack, EveryImageArrivesOnceWithItsLabelAndPixels) {
   EXPECT_EQ(seen.size(), folder.files.size());
   EXPECT_GT(labels_in_first_shard.size(), 1u) << "shards should mix classes";
   // Packing again gives the same shards (a fixed seed), and replaces the old ones.
-  const Bytes first = read_raw(list_shards(o.out, "train")[0]);
+  const Bytes first = read_raw(packed_shards(o.out, "train")[0]);
   o.images_per_shard = 8;
   EXPECT_EQ(pack_image_folder(o).shards, 2);
-  EXPECT_EQ(list_shards(o.out, "train").size(), 2u);
+  EXPECT_EQ(packed_shards(o.out, "train").size(), 2u);
+  size_t files = 0;  // the replaced shards are gone: the manifest, classes.txt and the two new shards
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(o.out)) ++files;
+  EXPECT_EQ(files, 4u);
   o.images_per_shard = 4;
   pack_image_folder(o);
-  EXPECT_EQ(read_raw(list_shards(o.out, "train")[0]), first);
+  EXPECT_EQ(read_raw(packed_shards(o.out, "train")[0]), first);
 }
 
 TEST(Pack, ResizeScalesTheShorterSide) {
@@ -256,7 +266,7 @@ TEST(Pack, ResizeScalesTheShorterSide) {
   o.out = (dir.path() / "out").string();
   o.resize = 16;
   pack_image_folder(o);
-  const ShardReader reader(list_shards(o.out, "train")[0]);
+  const ShardReader reader(packed_shards(o.out, "train")[0]);
   Bytes rec;
   for (int64_t i = 0; i < reader.count(); ++i) {
     reader.read(i, rec);
@@ -279,13 +289,13 @@ TEST(Pack, CorruptImagesFailOrAreSkippedAndCounted) {
   o.threads = 2;
   const std::string msg = usage_error_of([&] { pack_image_folder(o); });
   EXPECT_NE(msg.find(bad), std::string::npos) << msg;
-  EXPECT_TRUE(list_shards(o.out, "train").empty()) << "a failed packing leaves no shards";
+  EXPECT_FALSE(fs::exists(o.out)) << "a failed packing leaves nothing, not even the directory it made";
   o.skip_corrupt = true;
   const PackResult r = pack_image_folder(o);
   EXPECT_EQ(r.images, 8);
   EXPECT_EQ(r.skipped, std::vector<std::string>{bad});
   int64_t total = 0;
-  for (const std::string& s : list_shards(o.out, "train")) total += ShardReader(s).count();
+  for (const std::string& s : packed_shards(o.out, "train")) total += ShardReader(s).count();
   EXPECT_EQ(total, 8);
 }
 
@@ -409,6 +419,25 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
   EXPECT_EQ(batch(1, 2, false), batch(3, 5, false));  // evaluation: centre crops, always the same
 }
 
+TEST(ShardDataset, SplitsPackedBeforeManifestsListedShardsStillLoad) {
+  TempDir dir;
+  const std::string packed = packed_flat_dataset(dir);
+  // As hpcdata pack left them before: <split>-NNNNN-of-MMMMM.hpcs, a version 1 manifest, classes.txt.
+  for (const char* split : {"train", "val"}) {
+    const std::vector<std::string> shards = packed_shards(packed, split);
+    for (size_t i = 0; i < shards.size(); ++i)
+      fs::rename(shards[i], fs::path(packed) / shard_name(split, static_cast<int64_t>(i),
+                                                          static_cast<int64_t>(shards.size())));
+    const std::string v1 =
+        std::string("{\"format\": \"hpcdata shards\", \"version\": 1, \"split\": \"") + split + "\"}\n";
+    write_raw((fs::path(packed) / (std::string(split) + ".json")).string(), Bytes(v1.begin(), v1.end()));
+  }
+  const DatasetPair p = load_dataset("shards", packed, 16);
+  EXPECT_EQ(p.train.count, 12);
+  EXPECT_EQ(p.test.count, 12);
+  EXPECT_EQ(p.train.classes, 3);
+}
+
 TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
   TempDir dir;
   make_folder(dir.path() / "src", 2);
@@ -417,7 +446,7 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
   o.out = (dir.path() / "packed").string();
   pack_image_folder(o);
   EXPECT_NE(usage_error_of([&] { load_dataset("shards", o.out, 32); }).find("no val shards"), std::string::npos);
-  EXPECT_NE(usage_error_of([&] { load_dataset("shards", dir.path().string(), 32); }).find("classes.txt"),
+  EXPECT_NE(usage_error_of([&] { load_dataset("shards", dir.path().string(), 32); }).find("no train shards"),
             std::string::npos);
   EXPECT_NE(usage_error_of([&] { load_dataset("mnist", dir.path().string(), 32); }).find("packed shards and synthetic data only"),
             std::string::npos);
