@@ -86,6 +86,17 @@ def subnet_zones(ec2, cfg):
     return {s["SubnetId"]: s["AvailabilityZone"] for s in reply["Subnets"]}
 
 
+def available_choices(cfg, state, zones):
+    """The choices not cooling down after a capacity error, in order, with their cooldown keys."""
+    found = []
+    for choice in choices(cfg):
+        spot, itype, subnet = choice
+        key = cooldown_key(itype, "spot" if spot else "on-demand", zones.get(subnet, subnet))
+        if not state.cooling(key):
+            found.append((choice, key))
+    return found
+
+
 def launch_node(ec2, cfg, state, node, zones):
     """Launches `node`'s instance with the first choice that works; returns (instance id or None,
     the reason none was launched)."""
@@ -94,14 +105,8 @@ def launch_node(ec2, cfg, state, node, zones):
     pending = state.launches.get(node)
     if not pending:
         pending = state.launches[node] = {"token": uuid.uuid4().hex, "at": time.time()}
-    reason = ""
-    for choice in choices(cfg):
-        spot, itype, subnet = choice
-        market = "spot" if spot else "on-demand"
-        key = cooldown_key(itype, market, zones.get(subnet, subnet))
-        if state.cooling(key):
-            reason = reason or f"no capacity: {key} disabled until {time.ctime(state.cooling(key))}"
-            continue
+    reason = "no capacity: every instance type, market and zone is disabled for a while after a capacity error"
+    for choice, key in available_choices(cfg, state, zones):
         try:
             reply = ec2.run_instances(**request_for(cfg, node, choice, choice_token(pending["token"], choice)))
         except BotoCoreError as e:
