@@ -257,6 +257,7 @@ def setup_logging(cfg, program):
             pass
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format=f"%(asctime)s {program}: %(levelname)s: %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # not its "Found credentials" on every run
 
 
 def main_wrapper(program, body):
