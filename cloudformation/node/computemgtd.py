@@ -2,11 +2,11 @@
 """The compute node's watchdog (as ParallelCluster's computemgtd), a systemd service on every
 compute node: when the head node's cluster manager has not written its heartbeat file for
 --stale-after seconds (the head node is gone, or its manager has stopped), nothing would ever
-terminate this instance, so it terminates itself: TerminateInstances on its own instance id
-(from the instance metadata service, IMDSv2; the compute role may terminate only the instance
-its request comes from), and if that fails, `shutdown -h now` (the launch templates make an
-instance that shuts itself down terminate). A node that finds no heartbeat (it booted before
-the first one, or /shared hangs) counts from the watchdog's start instead.
+terminate this instance, so it terminates itself: `shutdown -h now`, which the launch templates
+(InstanceInitiatedShutdownBehavior: terminate) turn into termination. That needs no permission:
+IAM cannot grant an instance the right to terminate itself without also granting it others.
+A node that finds no heartbeat (it booted before the first one, or /shared hangs) counts from
+the watchdog's start instead.
 
     computemgtd.py [--heartbeat FILE] [--stale-after SECONDS] [--interval SECONDS] [--imds URL] [--once]
 """
@@ -42,19 +42,14 @@ def read_heartbeat(path, timeout=30.0):
 
 
 def terminate_self(imds_url):
-    """Terminates this instance; returns how."""
+    """Shuts this instance down (and so terminates it); returns its id, for the log."""
     try:
-        import boto3
-
-        imds = Imds(imds_url)
-        instance = imds.get("instance-id")
-        region = imds.get("placement/region")
-        boto3.client("ec2", region_name=region).terminate_instances(InstanceIds=[instance])
-        return f"TerminateInstances {instance}"
-    except Exception as e:  # noqa: BLE001 - whatever failed, the instance must still go
-        logging.error("TerminateInstances failed (%s: %s): shutting down instead", type(e).__name__, e)
-        subprocess.run(["shutdown", "-h", "now"], check=False)
-        return "shutdown -h now"
+        instance = Imds(imds_url).get("instance-id") or "this instance"
+    except Exception as e:  # noqa: BLE001 - the id is only for the log: the shutdown matters
+        instance = f"this instance (no id from the metadata service: {e})"
+    logging.warning("shutting down %s", instance)
+    subprocess.run(["shutdown", "-h", "now"], check=False)
+    return instance
 
 
 def watch(args):
@@ -67,7 +62,7 @@ def watch(args):
         if silent > args.stale_after:
             logging.warning("no heartbeat from the head node for %.0f s (last: %s): terminating this instance",
                             silent, time.ctime(beat) if beat else "never")
-            logging.warning("terminated by %s", terminate_self(args.imds))
+            terminate_self(args.imds)
             return 0
         if args.once:
             return 0
@@ -81,13 +76,12 @@ def main():
                    help="seconds without a heartbeat before the instance terminates itself (default 900)")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between checks (default 30)")
     p.add_argument("--imds", default=os.environ.get("HPCTRAIN_IMDS", "http://169.254.169.254"),
-                   help="the instance metadata service (default %(default)s)")
+                   help="the instance metadata service, for this instance's id (default %(default)s)")
     p.add_argument("--once", action="store_true", help="check once and exit")
     args = p.parse_args()
     if not args.stale_after > 0 or not args.interval > 0:
         p.error("--stale-after and --interval must be positive")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s computemgtd: %(levelname)s: %(message)s")
-    logging.getLogger("botocore").setLevel(logging.WARNING)
     try:
         return watch(args)
     except KeyboardInterrupt:
