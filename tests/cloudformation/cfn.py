@@ -5,6 +5,7 @@ moto made to run that custom resource in-process (moto runs Lambda only in a con
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -23,7 +24,9 @@ STACK = "hpc"
 NO_VALUE = object()
 
 
+@functools.lru_cache(maxsize=None)
 def load_template():
+    """The parsed template (parsed once: shared, not to be changed)."""
     from cfnlint.decode import decode
 
     template, matches = decode(TEMPLATE)
