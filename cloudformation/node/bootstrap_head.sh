@@ -1,49 +1,102 @@
 #!/usr/bin/env bash
-# The head node's bootstrap, run as root by cfn-init (cluster.yaml) once /shared (EFS) is mounted
-# and hpctrain is cloned to /shared/hpctrain; a failure here fails the stack through cfn-signal.
-# Settings come from /etc/hpctrain/cluster.env and /etc/hpctrain/cloud.json (written by cfn-init).
+# The head node's bootstrap, run as root by cfn-init (cluster.yaml) from /opt/hpctrain/src, where
+# cfn-init has installed hpctrain at the pinned revision (root's, on this node's own disk); a
+# failure here fails the stack through cfn-signal. Settings: /etc/hpctrain/cluster.env and
+# /etc/hpctrain/cloud.json (written by cfn-init; the former's values single-quoted).
 #
-#   1. munge: the key is made once, at the first boot, in /shared/.hpctrain (mode 0400, root's,
-#      on storage only the cluster's security groups reach) and installed from there by every node;
-#   2. Slurm: slurm.conf and gres.conf rendered by render_slurm_conf.py (compute nodes as CLOUD
-#      nodes powered by resume.py/suspend.py), copied to /shared/.hpctrain/etc for the compute
-#      nodes, slurmctld enabled;
-#   3. hpctrain built (CPU) into /shared/hpctrain/build; the compute nodes build the CUDA one;
-#   4. the CloudWatch agent ships Slurm's and these programs' logs to the stack's log group.
+#   1. the instance metadata service (and so this node's role) for root and Slurm's user only;
+#   2. /shared (EFS) mounted: data and checkpoints only, nothing that root runs or trusts;
+#   3. munge: the key the stack generated, from Secrets Manager;
+#   4. Slurm: slurm.conf and gres.conf rendered by render_slurm_conf.py (compute nodes as CLOUD
+#      nodes powered by resume.py/suspend.py, which run from /opt/hpctrain/src), served to the
+#      compute nodes by slurmctld itself (configless), slurmctld enabled;
+#   5. the cluster manager (clustermgtd.py) on a one-minute systemd timer, as Slurm's user;
+#   6. hpctrain built (CPU) in /opt/hpctrain/src/build; each compute node builds its CUDA one at
+#      the same path, so that slurm/train.sbatch finds it there on every node;
+#   7. the CloudWatch agent ships Slurm's and these programs' logs to the stack's log group.
 set -euo pipefail
 # shellcheck source=/dev/null
 . /etc/hpctrain/cluster.env
 export DEBIAN_FRONTEND=noninteractive
 node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl
+apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl nfs-common nftables
 
-install -d -m 0700 /shared/.hpctrain
-if [[ ! -s /shared/.hpctrain/munge.key ]]; then
-  (umask 077 && head -c 1024 /dev/urandom > /shared/.hpctrain/munge.key.tmp && mv /shared/.hpctrain/munge.key.tmp /shared/.hpctrain/munge.key)
-fi
-install -m 0400 -o munge -g munge /shared/.hpctrain/munge.key /etc/munge/munge.key
+# 1. The metadata service hands out this node's credentials (which may launch and terminate
+# instances) to whoever asks: root and Slurm's user (the power-saving programs and the cluster
+# manager run as it) only. The launch already limits it to one hop (no container reaches it).
+cat > /etc/hpctrain/imds.nft << 'NFT'
+table inet hpctrain_imds
+delete table inet hpctrain_imds
+table inet hpctrain_imds {
+  chain output {
+    type filter hook output priority 0; policy accept;
+    ip daddr 169.254.169.254 meta skuid != { 0, slurm } reject
+  }
+}
+NFT
+cat > /etc/systemd/system/hpctrain-imds-firewall.service << 'UNIT'
+[Unit]
+Description=hpctrain: the instance metadata service for root and Slurm's user only
+Before=network-pre.target
+Wants=network-pre.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/sbin/nft -f /etc/hpctrain/imds.nft
+[Install]
+WantedBy=multi-user.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now hpctrain-imds-firewall
+
+# 2. /shared.
+mkdir -p /shared
+grep -q " /shared " /etc/fstab ||
+  echo "$EFS_ID.efs.$REGION.$URL_SUFFIX:/ /shared nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0" >> /etc/fstab
+until mountpoint -q /shared || mount /shared; do sleep 5; done
+chmod 1777 /shared
+install -d -o slurm -g slurm -m 0755 /shared/.hpctrain  # the cluster manager's heartbeat
+
+# 3. munge.
+python3 "$node_dir/fetch_munge_key.py" --secret "$MUNGE_SECRET" --region "$REGION"
 systemctl enable munge && systemctl restart munge
 
-install -d /opt/hpctrain/cloud
-install -m 0755 "$node_dir"/*.py /opt/hpctrain/cloud/
-install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm /var/log/hpctrain
-python3 /opt/hpctrain/cloud/render_slurm_conf.py --cluster "$CLUSTER_NAME" --controller "$(hostname -s)" \
+# 4. Slurm.
+install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm /var/log/hpctrain /var/lib/hpctrain
+python3 "$node_dir/render_slurm_conf.py" --cluster "$CLUSTER_NAME" --controller "$(hostname -s)" \
   --max-nodes "$MAX_NODES" --cpus "$CPUS" --gpus "$GPUS" --memory-mib "$MEMORY_MIB" \
-  --suspend-minutes "$SUSPEND_MINUTES" --resume-timeout "$RESUME_TIMEOUT" --programs /opt/hpctrain/cloud \
+  --suspend-minutes "$SUSPEND_MINUTES" --resume-timeout "$RESUME_TIMEOUT" --programs "$node_dir" \
   --out /etc/slurm
-install -d -m 0755 /shared/.hpctrain/etc
-install -m 0644 /etc/slurm/slurm.conf /etc/slurm/gres.conf /shared/.hpctrain/etc/
 systemctl enable slurmctld && systemctl restart slurmctld
 
-# Jobs find the CUDA build the compute nodes make (train.sbatch reads HPCTRAIN).
-cat > /etc/profile.d/hpctrain.sh << 'PROFILE'
-export HPCTRAIN=/shared/hpctrain/build-cuda/src/hpctrain HPCRUN=/shared/hpctrain/build-cuda/launch/hpcrun
-PROFILE
-BUILD_DIR=/shared/hpctrain/build /shared/hpctrain/setup.sh
+# 5. The cluster manager.
+cat > /etc/systemd/system/hpctrain-clustermgtd.service << UNIT
+[Unit]
+Description=hpctrain cluster manager: one pass (orphans, nodes back to service, heartbeat)
+After=slurmctld.service
+[Service]
+Type=oneshot
+User=slurm
+ExecStart=/usr/bin/python3 $node_dir/clustermgtd.py
+UNIT
+cat > /etc/systemd/system/hpctrain-clustermgtd.timer << 'UNIT'
+[Unit]
+Description=hpctrain cluster manager, every minute
+[Timer]
+OnBootSec=1min
+OnUnitInactiveSec=1min
+[Install]
+WantedBy=timers.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now hpctrain-clustermgtd.timer
 
-# Logs to CloudWatch.
-curl -fsSL -o /tmp/cwagent.deb https://s3.amazonaws.com/amazoncloudwatch-agent/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
+# 6. hpctrain (CPU) for jobs' steps on this node; the compute nodes build theirs.
+/opt/hpctrain/src/setup.sh
+
+# 7. Logs to CloudWatch.
+curl -fsSL -o /tmp/cwagent.deb "https://s3.amazonaws.com/amazoncloudwatch-agent/debian/amd64/latest/amazon-cloudwatch-agent.deb"
 dpkg -i /tmp/cwagent.deb
 cat > /opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json << JSON
 {"logs": {"logs_collected": {"files": {"collect_list": [

@@ -1,25 +1,48 @@
-"""What the head node's Slurm power-saving programs share: the cluster's settings, Slurm host
-lists, scontrol, and the EC2 instances that stand for Slurm nodes.
+"""What the head node's cloud programs share (resume.py, suspend.py, resume_fail.py and the
+cluster manager clustermgtd.py): the cluster's settings, Slurm host lists, scontrol, the EC2
+instances that stand for Slurm nodes, and the small state they keep between runs.
 
-Every compute instance carries two tags: hpctrain:cluster (the stack's cluster name) and
-hpctrain:node (the Slurm node name it stands for). The settings come from a JSON file that the
-head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, default /etc/hpctrain/cloud.json):
+Every compute instance carries the tags hpctrain:cluster (the stack's name: unique among the
+account's stacks in the region, and what the IAM policies match), hpctrain:node (the Slurm node
+it stands for) and hpctrain:controller (where its slurmd finds slurmctld). The settings come from
+a JSON file that the head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, default
+/etc/hpctrain/cloud.json):
 
-  {"cluster": "hpctrain", "region": "us-east-1", "launch_template_id": "lt-...",
-   "fallback_launch_template_id": "lt-..." (on-demand, for spot's fallback), "subnet_ids": ["subnet-..."], "market": "spot" | "on-demand", "spot_fallback": true,
+  {"cluster": "STACK", "region": "us-east-1",
+   "launch_template_id": "lt-...", "fallback_launch_template_id": "lt-..." (on-demand, spot's fallback),
+   "instance_types": ["g5.12xlarge", ...]   in order of preference (empty: the template's),
+   "subnet_ids": ["subnet-...", ...]         in order of preference (empty: the template's network),
+   "security_group_ids": ["sg-..."], "efa": false,
+   "market": "spot" | "on-demand", "spot_fallback": true,
+   "capacity_cooldown_seconds": 600, "orphan_grace_seconds": 300,
+   "controller": "HOST" (default: this host's name),
+   "state_file": "/var/lib/hpctrain/cloud-state.json",
+   "heartbeat_file": "/shared/.hpctrain/clustermgtd.heartbeat",
    "log_file": "/var/log/hpctrain/power.log"}
 """
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 CLUSTER_TAG = "hpctrain:cluster"
 NODE_TAG = "hpctrain:node"
+CONTROLLER_TAG = "hpctrain:controller"
+# The reasons this cluster's own programs give when they set a node down or drain it: the cluster
+# manager returns such nodes to service, and never a node drained for any other reason (an
+# administrator's). Slurm's own reasons for a cloud node that failed are included.
+OWN_REASON_PREFIX = "hpctrain: "
+SLURM_FAILURE_REASONS = ("Not responding", "ResumeTimeout reached", "Node unexpectedly rebooted",
+                         "Kill task failed", "Prolog error", "Epilog error", "batch job complete failure")
 # Instance states in which an instance still stands for its node (or costs money).
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 # EC2 errors that mean "no capacity for this request now": spot falls back to on-demand on
@@ -60,12 +83,23 @@ def load_config(path=None):
     for key in ("cluster", "region", "launch_template_id"):
         if not isinstance(cfg.get(key), str) or not cfg[key]:
             raise ConfigError(f"{path}: '{key}' must be a non-empty string")
-    subnets = cfg.setdefault("subnet_ids", [])
-    if not isinstance(subnets, list) or not all(isinstance(s, str) and s for s in subnets):
-        raise ConfigError(f"{path}: 'subnet_ids' must be a list of subnet ids")
+    for key, what in (("subnet_ids", "subnet ids"), ("instance_types", "instance types"),
+                      ("security_group_ids", "security group ids")):
+        values = cfg.setdefault(key, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+            raise ConfigError(f"{path}: '{key}' must be a list of {what}")
     if cfg.setdefault("market", "on-demand") not in ("spot", "on-demand"):
         raise ConfigError(f"{path}: 'market' must be 'spot' or 'on-demand', not {cfg['market']!r}")
+    for key, default in (("capacity_cooldown_seconds", 600), ("orphan_grace_seconds", 300)):
+        value = cfg.setdefault(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{path}: '{key}' must be a number of seconds, not {value!r}")
     cfg.setdefault("spot_fallback", True)
+    cfg.setdefault("efa", False)
+    if not cfg.get("controller"):
+        cfg["controller"] = socket.getfqdn()
+    cfg.setdefault("state_file", "/var/lib/hpctrain/cloud-state.json")
+    cfg.setdefault("heartbeat_file", "/shared/.hpctrain/clustermgtd.heartbeat")
     return cfg
 
 
@@ -119,9 +153,14 @@ def scontrol(*args):
 
 
 def set_down(node, reason):
-    """Takes a node down with a reason: Slurm requeues its job and, with ReturnToService=2,
-    powers it up again only when asked to."""
-    return scontrol("update", f"nodename={node}", "state=down", f"reason={reason[:200]}")
+    """Takes a node down with a reason (marked as this cluster's own, so that the cluster manager
+    returns the node to service): Slurm requeues its job."""
+    return scontrol("update", f"nodename={node}", "state=down", f"reason={OWN_REASON_PREFIX}{reason}"[:200])
+
+
+def is_own_reason(reason):
+    """Whether a node's down or drain reason is this cluster's or Slurm's own (not an administrator's)."""
+    return reason.startswith(OWN_REASON_PREFIX) or reason.startswith(SLURM_FAILURE_REASONS)
 
 
 def ec2_client(cfg):
@@ -148,6 +187,65 @@ def instances_of(ec2, cfg, nodes=None):
     return found
 
 
+class State:
+    """What the programs remember between runs, in one JSON file (state_file) on the head node's
+    own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until} and each node's pending launch
+    {"NODE": {"token": ClientToken base, "at": time}}. Used as `with State(path) as st:`, which
+    holds an exclusive lock (resume.py, suspend.py and the cluster manager may run at once) and
+    writes the file back atomically when the block ends without an exception."""
+
+    def __init__(self, path):
+        self.path = path
+        self.data = {}
+        self._lock = None
+
+    def __enter__(self):
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+        self._lock = open(self.path + ".lock", "a", encoding="utf-8")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                self.data = json.load(f)
+        except FileNotFoundError:
+            self.data = {}
+        except (OSError, json.JSONDecodeError) as e:  # a damaged file costs only what it remembered
+            logging.warning("state file %s unreadable (%s): starting afresh", self.path, e)
+            self.data = {}
+        if not isinstance(self.data, dict):
+            self.data = {}
+        self.data.setdefault("cooldowns", {})
+        self.data.setdefault("launches", {})
+        return self
+
+    def __exit__(self, kind, value, tb):
+        try:
+            if kind is None:
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path) or ".", prefix=".state.")
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(self.data, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
+        finally:
+            self._lock.close()
+        return False
+
+    @property
+    def cooldowns(self):
+        return self.data["cooldowns"]
+
+    @property
+    def launches(self):
+        return self.data["launches"]
+
+    def cooling(self, key, now=None):
+        """Whether the choice `key` is disabled after a capacity error, until when."""
+        until = self.cooldowns.get(key, 0)
+        return until if until > (now or time.time()) else 0
+
+
+def cooldown_key(instance_type, market, zone):
+    return f"{instance_type or 'template'}|{market}|{zone or 'template'}"
+
+
 def setup_logging(cfg, program):
     handlers = [logging.StreamHandler(sys.stderr)]
     log_file = cfg.get("log_file") if cfg else None
@@ -159,6 +257,7 @@ def setup_logging(cfg, program):
             pass
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format=f"%(asctime)s {program}: %(levelname)s: %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # not its "Found credentials" on every run
 
 
 def main_wrapper(program, body):

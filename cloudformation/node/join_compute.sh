@@ -1,41 +1,66 @@
 #!/usr/bin/env bash
-# A compute instance's bootstrap (its user data runs it once /shared is mounted): it learns which
-# Slurm node it stands for from its own hpctrain:node tag (instance metadata, IMDSv2), installs
-# the cluster's munge key and slurm.conf from /shared/.hpctrain, starts slurmd as that node and
-# the spot watcher, and builds the CUDA hpctrain into /shared/hpctrain/build-cuda the first time
-# (one node at a time, under a lock). slurmctld then sees the node register and starts its job.
+# A compute instance's bootstrap, run as root by its user data from /opt/hpctrain/src (hpctrain
+# at the pinned revision on this node's own disk, root's; nothing here comes from /shared).
+# Settings: /etc/hpctrain/cluster.env (written by the user data, values single-quoted). It
+# learns which Slurm node it stands for and where slurmctld is from its own tags (instance
+# metadata, IMDSv2), mounts /shared (data and checkpoints), installs the munge key from Secrets
+# Manager, starts the spot watcher and the watchdog, builds the CUDA hpctrain in
+# /opt/hpctrain/src/build, and starts slurmd, which takes its configuration from slurmctld
+# (configless). slurmctld then sees the node register and starts its job.
 set -euo pipefail
+# shellcheck source=/dev/null
+. /etc/hpctrain/cluster.env
 export DEBIAN_FRONTEND=noninteractive
+node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 imds=http://169.254.169.254/latest
 token=$(curl -fsS -X PUT "$imds/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300")
-node=$(curl -fsS -H "X-aws-ec2-metadata-token: $token" "$imds/meta-data/tags/instance/hpctrain:node")
-[[ -n "$node" ]] || { echo "join_compute.sh: error: this instance has no hpctrain:node tag" >&2; exit 1; }
-install -d /etc/hpctrain
+tag() { curl -fsS -H "X-aws-ec2-metadata-token: $token" "$imds/meta-data/tags/instance/$1"; }
+node=$(tag hpctrain:node)
+controller=$(tag hpctrain:controller)
+[[ "$node" =~ ^[a-z][a-z0-9-]{0,30}$ ]] || { echo "join_compute.sh: error: bad hpctrain:node tag '$node'" >&2; exit 1; }
+[[ "$controller" =~ ^[A-Za-z0-9.-]+$ ]] || { echo "join_compute.sh: error: bad hpctrain:controller tag '$controller'" >&2; exit 1; }
 echo "$node" > /etc/hpctrain/node-name
 
-install -m 0400 -o munge -g munge /shared/.hpctrain/munge.key /etc/munge/munge.key
+mkdir -p /shared
+grep -q " /shared " /etc/fstab ||
+  echo "$EFS_ID.efs.$REGION.$URL_SUFFIX:/ /shared nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0" >> /etc/fstab
+until mountpoint -q /shared || mount /shared; do sleep 5; done
+
+python3 "$node_dir/fetch_munge_key.py" --secret "$MUNGE_SECRET" --region "$REGION"
 systemctl enable munge && systemctl restart munge
-install -m 0644 /shared/.hpctrain/etc/slurm.conf /shared/.hpctrain/etc/gres.conf /etc/slurm/
-install -d -o slurm -g slurm /var/spool/slurmd /var/log/slurm
-echo "SLURMD_OPTIONS=\"-N $node\"" > /etc/default/slurmd
 
 cat > /etc/systemd/system/hpctrain-spot-watcher.service << UNIT
 [Unit]
 Description=hpctrain spot interruption watcher (drains the node, jobs checkpoint)
 After=slurmd.service
 [Service]
-ExecStart=/usr/bin/python3 /shared/hpctrain/cloudformation/node/spot_watcher.py --node $node
+ExecStart=/usr/bin/python3 $node_dir/spot_watcher.py --node $node
+Restart=always
+[Install]
+WantedBy=multi-user.target
+UNIT
+cat > /etc/systemd/system/hpctrain-computemgtd.service << UNIT
+[Unit]
+Description=hpctrain watchdog: this instance terminates itself when the head node stops its heartbeat
+After=network-online.target remote-fs.target
+[Service]
+ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --stale-after $((HEARTBEAT_MINUTES * 60))
 Restart=always
 [Install]
 WantedBy=multi-user.target
 UNIT
 systemctl daemon-reload
-systemctl enable --now hpctrain-spot-watcher
+systemctl enable --now hpctrain-computemgtd hpctrain-spot-watcher
 
-# Packages, and the CUDA build the first time: one node at a time (the others find it built).
-# GPU support is required (a build that quietly went CPU-only would train on the CPU), and no
-# -march=native: the build is shared by every node, whatever instance type they come up as.
-flock /shared/.hpctrain/build.lock env BUILD_DIR=/shared/hpctrain/build-cuda \
-  CMAKE_ARGS="-DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON -DHPCTRAIN_NCCL=ON -DHPCTRAIN_NATIVE=OFF" \
-  /shared/hpctrain/setup.sh
+# The CUDA build on this node's disk. GPU support is required (a build that quietly went
+# CPU-only would train on the CPU), and no -march=native (any of the instance types may run it).
+CMAKE_ARGS="-DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON -DHPCTRAIN_NCCL=ON -DHPCTRAIN_NATIVE=OFF" /opt/hpctrain/src/setup.sh
+
+# slurmd with its configuration from slurmctld (no slurm.conf here: the packaged unit's
+# condition on one is lifted).
+install -d -o slurm -g slurm /var/spool/slurmd /var/log/slurm
+install -d /etc/systemd/system/slurmd.service.d
+printf '[Unit]\nConditionPathExists=\n' > /etc/systemd/system/slurmd.service.d/configless.conf
+echo "SLURMD_OPTIONS=\"-N $node --conf-server $controller\"" > /etc/default/slurmd
+systemctl daemon-reload
 systemctl enable slurmd && systemctl restart slurmd

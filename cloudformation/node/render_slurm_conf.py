@@ -85,7 +85,7 @@ SuspendRate=0
 TreeWidth=65533
 PrivateData=cloud
 CommunicationParameters=NoAddrCache
-SlurmctldParameters=idle_on_node_suspend
+SlurmctldParameters=enable_configless,idle_on_node_suspend
 NodeName={nodes} State=CLOUD CPUs={a.cpus} RealMemory={a.memory_mib}{gres}
 PartitionName={a.partition} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
 """

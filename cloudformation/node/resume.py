@@ -1,76 +1,157 @@
 #!/usr/bin/env python3
 """Slurm's ResumeProgram: launches one EC2 instance per node name Slurm asks for, from the
-cluster's launch template, tagged with the node's name, and tells Slurm each instance's address
-(scontrol update nodeaddr/nodehostname). With market "spot" it asks for spot capacity first and
-falls back to on-demand when spot has none (spot_fallback). A node that gets no instance is set
-down with EC2's reason, so that Slurm requeues the job that asked for it.
+cluster's launch template, tags the instance, its volumes and its network interface as it is
+created (the head node's IAM policy allows no launch without them), and tells Slurm each
+instance's address (scontrol update nodeaddr/nodehostname).
+
+It tries the configured choices in order: market (spot first with market "spot", then on-demand
+if spot_fallback), then instance type (instance_types), then subnet (subnet_ids). A capacity
+error disables that (instance type, market, zone) for capacity_cooldown_seconds, for this node
+and the next ones, and the next choice is tried. A node that gets no instance is set down with
+EC2's reason, so that Slurm requeues the job that asked for it; the cluster manager returns it to
+service. Each launch carries a ClientToken kept in the state file until the node is suspended:
+run again for the same power-up (a retry, a lost reply), EC2 returns the instance it already
+launched instead of a second one.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
 
+import hashlib
 import logging
 import sys
 import time
+import uuid
 
-from hpc_cloud import CAPACITY_ERRORS, CLUSTER_TAG, NODE_TAG, ec2_client, instances_of, main_wrapper, scontrol, set_down
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NODE_TAG, State, cooldown_key, ec2_client,
+                       instances_of, main_wrapper, scontrol, set_down)
+
+# What RunInstances creates and tags: the instance, its root volume, its network interface, and
+# with spot its spot request. The IAM policy requires the cluster tag on each.
+TAGGED_RESOURCES = ("instance", "volume", "network-interface")
 
 
-def launch(ec2, cfg, node, spot, subnet):
+def tags_for(cfg, node):
+    return [{"Key": CLUSTER_TAG, "Value": cfg["cluster"]}, {"Key": NODE_TAG, "Value": node},
+            {"Key": CONTROLLER_TAG, "Value": cfg["controller"]},
+            {"Key": "Name", "Value": f"{cfg['cluster']}-{node}"}]
+
+
+def request_for(cfg, node, choice, token):
+    """The RunInstances request for one node and one choice (spot, instance type, subnet)."""
+    spot, instance_type, subnet = choice
     # The on-demand fallback uses the on-demand template where the stack made one (the spot
     # template's market options cannot be switched off in the request).
     template = cfg["launch_template_id"] if spot else cfg.get("fallback_launch_template_id") or cfg["launch_template_id"]
+    resources = TAGGED_RESOURCES + (("spot-instances-request",) if spot else ())
     request = {
         "LaunchTemplate": {"LaunchTemplateId": template, "Version": "$Latest"},
         "MinCount": 1,
         "MaxCount": 1,
-        "TagSpecifications": [
-            {"ResourceType": "instance",
-             "Tags": [{"Key": CLUSTER_TAG, "Value": cfg["cluster"]}, {"Key": NODE_TAG, "Value": node},
-                      {"Key": "Name", "Value": f"{cfg['cluster']}-{node}"}]},
-        ],
+        "ClientToken": token,
+        "TagSpecifications": [{"ResourceType": r, "Tags": tags_for(cfg, node)} for r in resources],
     }
+    if instance_type:
+        request["InstanceType"] = instance_type
     if subnet:
-        request["SubnetId"] = subnet
+        interface = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": cfg["security_group_ids"]}
+        if cfg["efa"]:
+            interface["InterfaceType"] = "efa"
+        request["NetworkInterfaces"] = [interface]
     if spot:
         request["InstanceMarketOptions"] = {
             "MarketType": "spot",
             "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
         }
-    return ec2.run_instances(**request)["Instances"][0]["InstanceId"]
+    return request
+
+
+def choices(cfg):
+    """(spot, instance type or None, subnet or None), in the order they are tried."""
+    markets = [True, False] if cfg["market"] == "spot" and cfg["spot_fallback"] else [cfg["market"] == "spot"]
+    return [(spot, itype, subnet) for spot in markets for itype in cfg["instance_types"] or [None]
+            for subnet in cfg["subnet_ids"] or [None]]
+
+
+def choice_token(base, choice):
+    """ClientToken (at most 64 characters) of one node's power-up and one choice: a retry of the
+    same request gets the same token; another choice a different one (EC2 refuses a token reused
+    with other parameters)."""
+    return hashlib.sha256(f"{base}|{choice}".encode()).hexdigest()[:64]
+
+
+def subnet_zones(ec2, cfg):
+    if not cfg["subnet_ids"]:
+        return {}
+    reply = ec2.describe_subnets(SubnetIds=cfg["subnet_ids"])
+    return {s["SubnetId"]: s["AvailabilityZone"] for s in reply["Subnets"]}
+
+
+def available_choices(cfg, state, zones):
+    """The choices not cooling down after a capacity error, in order, with their cooldown keys."""
+    found = []
+    for choice in choices(cfg):
+        spot, itype, subnet = choice
+        key = cooldown_key(itype, "spot" if spot else "on-demand", zones.get(subnet, subnet))
+        if not state.cooling(key):
+            found.append((choice, key))
+    return found
+
+
+def launch_node(ec2, cfg, state, node, zones):
+    """Launches `node`'s instance with the first choice that works; returns (instance id or None,
+    the reason none was launched)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    pending = state.launches.get(node)
+    if not pending:
+        pending = state.launches[node] = {"token": uuid.uuid4().hex, "at": time.time()}
+    reason = "no capacity: every instance type, market and zone is disabled for a while after a capacity error"
+    for choice, key in available_choices(cfg, state, zones):
+        try:
+            reply = ec2.run_instances(**request_for(cfg, node, choice, choice_token(pending["token"], choice)))
+        except BotoCoreError as e:
+            # No answer (botocore has retried with the same token): the launch may have happened,
+            # so the token is kept for the next try of this power-up.
+            return None, f"no answer from EC2: {e}"
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            reason = f"{code}: {e.response.get('Error', {}).get('Message', '')}"
+            logging.warning("%s: %s launch failed: %s", node, key, reason)
+            if code not in CAPACITY_ERRORS:
+                state.launches.pop(node, None)  # refused: nothing was launched
+                return None, reason  # not a capacity problem: another choice will not help
+            state.cooldowns[key] = time.time() + cfg["capacity_cooldown_seconds"]
+            logging.warning("%s disabled for %d s", key, cfg["capacity_cooldown_seconds"])
+            continue
+        inst = reply["Instances"][0]
+        if inst.get("State", {}).get("Name") in ("shutting-down", "terminated"):
+            # The token answered with an earlier power-up's instance (its record outlived it):
+            # forget it, so that the next try gets a new one.
+            state.launches.pop(node, None)
+            return None, f"launch token of a terminated instance {inst['InstanceId']}: retry"
+        logging.info("%s: launched %s (%s)", node, inst["InstanceId"], key)
+        return inst["InstanceId"], ""
+    state.launches.pop(node, None)  # every choice refused or cooling down: nothing was launched
+    return None, reason
 
 
 def resume(cfg, nodes):
-    from botocore.exceptions import ClientError
-
     ec2 = ec2_client(cfg)
     existing = instances_of(ec2, cfg, nodes)
-    markets = [True, False] if cfg["market"] == "spot" and cfg["spot_fallback"] else [cfg["market"] == "spot"]
-    subnets = cfg["subnet_ids"] or [None]
+    zones = subnet_zones(ec2, cfg)
     launched, failed = {}, 0
-    for node in nodes:
-        if node in existing:  # asked twice (a retry): keep the instance it has
-            launched[node] = existing[node][0]
-            logging.info("%s: already has %s", node, existing[node][0])
-            continue
-        reason = ""
-        for spot in markets:
-            for subnet in subnets:
-                try:
-                    launched[node] = launch(ec2, cfg, node, spot, subnet)
-                    logging.info("%s: launched %s (%s%s)", node, launched[node], "spot" if spot else "on-demand",
-                                 f", {subnet}" if subnet else "")
-                    break
-                except ClientError as e:
-                    code = e.response.get("Error", {}).get("Code", "")
-                    reason = f"{code}: {e.response.get('Error', {}).get('Message', '')}"
-                    logging.warning("%s: %s launch failed: %s", node, "spot" if spot else "on-demand", reason)
-                    if code not in CAPACITY_ERRORS:
-                        break  # not a capacity problem: another market or subnet will not help
-            if node in launched:
-                break
-        if node not in launched:
-            failed += 1
-            set_down(node, f"resume failed: {reason}" if reason else "resume failed")
+    with State(cfg["state_file"]) as state:
+        for node in nodes:
+            if node in existing:  # asked twice (a retry): keep the instance it has
+                launched[node] = existing[node][0]
+                logging.info("%s: already has %s", node, existing[node][0])
+                continue
+            instance, reason = launch_node(ec2, cfg, state, node, zones)
+            if instance:
+                launched[node] = instance
+            else:
+                failed += 1
+                set_down(node, f"resume failed: {reason}" if reason else "resume failed")
     register_addresses(ec2, launched)
     return 1 if failed else 0
 

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
-from hpc_cloud import OneLineParser
+from hpc_cloud import OWN_REASON_PREFIX, OneLineParser
 
 TOKEN_TTL = 21600
 
@@ -68,7 +68,9 @@ def run(cmd):
 
 
 def drain(node, reason):
-    run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason[:200]}"])
+    """Drains with a reason marked as the cluster's own: once the node's jobs have left, the
+    cluster manager powers it down (its instance is terminated) and returns it to service."""
+    run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={OWN_REASON_PREFIX}{reason}"[:200]])
 
 
 def checkpoint_jobs(node):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Slurm's SuspendProgram: terminates the instances that stand for the given nodes (found by
-their hpctrain:node tag, in this cluster only) and resets the nodes' addresses to their names,
-so that powered-down nodes cost nothing.
+their hpctrain:node tag, in this cluster only), forgets their launch tokens (the next power-up
+is a new launch) and resets the nodes' addresses to their names, so that powered-down nodes cost
+nothing. An instance it fails to terminate is the cluster manager's to find as an orphan.
 
     suspend.py NODELIST       (slurm.conf: SuspendProgram=...)
 """
@@ -9,7 +10,7 @@ so that powered-down nodes cost nothing.
 import logging
 import sys
 
-from hpc_cloud import ec2_client, instances_of, main_wrapper, scontrol
+from hpc_cloud import State, ec2_client, instances_of, main_wrapper, scontrol
 
 
 def suspend(cfg, nodes):
@@ -18,6 +19,9 @@ def suspend(cfg, nodes):
     ids = [i for node in nodes for i in found.get(node, [])]
     if ids:
         ec2.terminate_instances(InstanceIds=ids)
+    with State(cfg["state_file"]) as state:
+        for node in nodes:
+            state.launches.pop(node, None)
     for node in nodes:
         logging.info("%s: %s", node, f"terminated {', '.join(found[node])}" if node in found else "no instance")
         scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}")

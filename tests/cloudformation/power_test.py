@@ -1,13 +1,16 @@
 """Slurm power saving on AWS, against moto's EC2: ResumeProgram launches one tagged instance per
 node from the launch template and registers its address with Slurm (a fake scontrol on PATH
-records the calls); SuspendProgram terminates exactly those; capacity errors fall back from spot
-to on-demand, or set the nodes down with the reason; bad input is one error line and exit 2."""
+records the calls); SuspendProgram terminates exactly those; a capacity error disables that
+(instance type, market, zone) for a cooldown and the next configured choice is used (spot to
+on-demand, instance type, subnet), or sets the nodes down with the reason; a power-up retried
+sends the same ClientToken; bad input is one error line and exit 2."""
 
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from unittest import mock
 
@@ -48,14 +51,29 @@ class PowerSaving(unittest.TestCase):
         os.chmod(os.path.join(bindir, "scontrol"), 0o755)
         self.enterContext(mock.patch.dict(os.environ, {"PATH": bindir + os.pathsep + os.environ["PATH"]}))
         self.ec2 = boto3.client("ec2", region_name=REGION)
-        subnet = self.ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+        self.subnets = sorted(self.ec2.describe_subnets()["Subnets"], key=lambda s: s["AvailabilityZone"])
+        subnet = self.subnets[0]["SubnetId"]
         ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         lt = self.ec2.create_launch_template(
             LaunchTemplateName="compute",
             LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge",
                                 "MetadataOptions": {"HttpTokens": "required"}})
-        self.cfg = {"cluster": "testc", "region": REGION, "subnet_ids": [subnet], "market": "on-demand",
-                    "spot_fallback": True, "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"]}
+        self.cfg = hpc_cloud.load_config(self.write_config({
+            "cluster": "testc", "region": REGION, "subnet_ids": [subnet], "market": "on-demand",
+            "security_group_ids": [self.ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]],
+            "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"], "controller": "head.internal",
+            "state_file": os.path.join(self.tmp.name, "state", "cloud-state.json")}))
+        self.requests = []  # every RunInstances request, as sent
+
+    def write_config(self, cfg):
+        path = os.path.join(self.tmp.name, "cloud.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        return path
+
+    def state(self):
+        with open(self.cfg["state_file"], encoding="utf-8") as f:
+            return json.load(f)
 
     def scontrol_calls(self):
         if not os.path.exists(self.calls):
@@ -103,21 +121,37 @@ class PowerSaving(unittest.TestCase):
         self.assertEqual(sorted(left), [("gpu-1", "other"), ("gpu-3", "testc")])
         self.assertIn("update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1", self.scontrol_calls())
 
-    def capacity_error(self, fail_spot_only):
+    def ec2_faults(self, refuse=lambda req: False, lose_reply=lambda req: False, idempotent=False):
+        """boto3 clients whose run_instances records each request, refuses those `refuse` picks
+        with InsufficientInstanceCapacity, and launches but loses the reply of those `lose_reply`
+        picks. With idempotent, a ClientToken seen before returns its first instance, as EC2 does
+        (moto launches another)."""
         real = boto3.client
+        by_token = {}
 
         def client(*a, **kw):
             c = real(*a, **kw)
             run = c.run_instances
 
             def run_instances(**req):
-                if not fail_spot_only or "InstanceMarketOptions" in req:
+                self.requests.append(req)
+                if refuse(req):
                     raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
-                                                 "Message": "no g5.xlarge capacity"}}, "RunInstances")
-                return run(**req)
+                                                 "Message": f"no {req.get('InstanceType', 'g5.xlarge')} capacity"}},
+                                      "RunInstances")
+                if idempotent and req["ClientToken"] in by_token:
+                    return by_token[req["ClientToken"]]
+                reply = by_token[req["ClientToken"]] = run(**req)
+                if lose_reply(req):
+                    from botocore.exceptions import EndpointConnectionError
+                    raise EndpointConnectionError(endpoint_url="https://ec2.us-east-1.amazonaws.com")
+                return reply
             c.run_instances = run_instances
             return c
         return mock.patch.object(boto3, "client", client)
+
+    def capacity_error(self, fail_spot_only):
+        return self.ec2_faults(refuse=lambda req: not fail_spot_only or "InstanceMarketOptions" in req)
 
     def test_spot_without_capacity_falls_back_to_on_demand(self):
         self.cfg["market"] = "spot"
@@ -137,16 +171,87 @@ class PowerSaving(unittest.TestCase):
             self.assertEqual(resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-2]")), 1)
         self.assertEqual(self.live(), {})
         calls = self.scontrol_calls()
-        for node in ("gpu-1", "gpu-2"):
-            self.assertIn(f"update nodename={node} state=down reason=resume failed: "
-                          "InsufficientInstanceCapacity: no g5.xlarge capacity", calls)
+        self.assertIn("update nodename=gpu-1 state=down reason=hpctrain: resume failed: "
+                      "InsufficientInstanceCapacity: no g5.xlarge capacity", calls)
+        # The choice is disabled: gpu-2 is not even tried.
+        self.assertEqual(calls[-1], "update nodename=gpu-2 state=down reason=hpctrain: resume failed: no capacity: "
+                                    "every instance type, market and zone is disabled for a while after a capacity error")
 
     def test_resume_fail_terminates_and_sets_down(self):
         resume.resume(self.cfg, ["gpu-1", "gpu-2"])
         resume_fail.resume_failed(self.cfg, ["gpu-2"])
         self.assertEqual(sorted(self.live()), ["gpu-1"])
-        self.assertIn("update nodename=gpu-2 state=down reason=did not come up within ResumeTimeout",
+        self.assertIn("update nodename=gpu-2 state=down reason=hpctrain: did not come up within ResumeTimeout",
                       self.scontrol_calls())
+
+
+    def test_every_created_resource_is_tagged_in_the_request(self):
+        self.cfg["market"] = "spot"
+        with self.ec2_faults():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        (req,) = self.requests
+        want = [{"Key": "hpctrain:cluster", "Value": "testc"}, {"Key": "hpctrain:node", "Value": "gpu-1"},
+                {"Key": "hpctrain:controller", "Value": "head.internal"}, {"Key": "Name", "Value": "testc-gpu-1"}]
+        self.assertEqual({t["ResourceType"]: t["Tags"] for t in req["TagSpecifications"]},
+                         {r: want for r in ("instance", "volume", "network-interface", "spot-instances-request")})
+        volumes = self.ec2.describe_volumes()["Volumes"]  # (moto keeps the volume's tags, not the interface's)
+        self.assertEqual([{t["Key"]: t["Value"] for t in v["Tags"]}["hpctrain:cluster"] for v in volumes], ["testc"])
+
+    def test_capacity_error_disables_the_type_and_falls_back_to_the_next(self):
+        self.cfg["instance_types"] = ["p5.48xlarge", "g5.12xlarge"]
+        with self.ec2_faults(refuse=lambda req: req["InstanceType"] == "p5.48xlarge"):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+            self.assertEqual(self.live()["gpu-1"]["InstanceType"], "g5.12xlarge")
+            zone = self.subnets[0]["AvailabilityZone"]
+            until = self.state()["cooldowns"][f"p5.48xlarge|on-demand|{zone}"]
+            self.assertAlmostEqual(until, time.time() + 600, delta=30)
+            # While it cools down, the next power-up goes straight to the next type.
+            self.requests.clear()
+            self.assertEqual(resume.resume(self.cfg, ["gpu-2"]), 0)
+            self.assertEqual([r["InstanceType"] for r in self.requests], ["g5.12xlarge"])
+            # Once the cooldown is over, the first choice is tried again.
+            with hpc_cloud.State(self.cfg["state_file"]) as st:
+                st.cooldowns[f"p5.48xlarge|on-demand|{zone}"] = time.time() - 1
+            self.requests.clear()
+            self.assertEqual(resume.resume(self.cfg, ["gpu-3"]), 0)
+            self.assertEqual([r["InstanceType"] for r in self.requests], ["p5.48xlarge", "g5.12xlarge"])
+
+    def test_capacity_error_in_one_zone_falls_back_to_the_next_subnet(self):
+        first, second = self.subnets[0], self.subnets[1]
+        self.cfg["subnet_ids"] = [first["SubnetId"], second["SubnetId"]]
+        with self.ec2_faults(refuse=lambda req: req["NetworkInterfaces"][0]["SubnetId"] == first["SubnetId"]):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(self.live()["gpu-1"]["SubnetId"], second["SubnetId"])
+        self.assertIn(f"template|on-demand|{first['AvailabilityZone']}", self.state()["cooldowns"])
+        self.assertEqual(self.requests[-1]["NetworkInterfaces"][0]["Groups"], self.cfg["security_group_ids"])
+
+    def test_every_choice_cooling_down_sets_the_node_down_without_a_request(self):
+        with self.capacity_error(fail_spot_only=False):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
+            self.requests.clear()
+            self.assertEqual(resume.resume(self.cfg, ["gpu-2"]), 1)
+        self.assertEqual(self.requests, [])
+        self.assertIn("no capacity: every instance type", self.scontrol_calls()[-1])
+        self.assertEqual(self.state()["launches"], {})
+
+    def test_a_retried_power_up_sends_the_same_client_token(self):
+        # The first reply is lost after EC2 launched the instance, and the instance is not yet
+        # listed (EC2's listing lags): the retry must be the same launch, not a second one.
+        lost = []
+        with self.ec2_faults(lose_reply=lambda req: not lost and not lost.append(1), idempotent=True), \
+             mock.patch.object(resume, "instances_of", return_value={}):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(len(self.requests), 2)
+        self.assertEqual(self.requests[0]["ClientToken"], self.requests[1]["ClientToken"])
+        self.assertEqual(len(self.live()), 1)
+        # Suspended, the node forgets the token: its next power-up is a new launch.
+        suspend.suspend(self.cfg, ["gpu-1"])
+        self.assertEqual(self.state()["launches"], {})
+        with self.ec2_faults(idempotent=True):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertNotEqual(self.requests[2]["ClientToken"], self.requests[0]["ClientToken"])
+        self.assertEqual(len(self.live()), 1)
 
 
 class BadInput(unittest.TestCase):

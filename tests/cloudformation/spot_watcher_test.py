@@ -113,7 +113,7 @@ class SpotWatcher(unittest.TestCase):
         self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
         drained = self.wait_for("scontrol update nodename=gpu-1 state=drain", 3)
         signalled = self.wait_for("scancel", 3, count=2)  # one per job: the second may lag the first
-        self.assertIn("reason=spot interruption: terminate at 2026-11-22T13:00:00Z", drained[0][1])
+        self.assertIn("reason=hpctrain: spot interruption: terminate at 2026-11-22T13:00:00Z", drained[0][1])
         self.assertEqual(sorted(c for _, c in signalled),
                          ["scancel --signal=USR1 --batch 101", "scancel --signal=USR1 --batch 102"])
         # Within one poll period of the notice (plus the time the fakes take to start).
@@ -124,7 +124,7 @@ class SpotWatcher(unittest.TestCase):
 
     def test_a_rebalance_recommendation_drains_only(self):
         self.imds.documents["events/recommendations/rebalance"] = '{"noticeTime": "2026-11-22T12:58:00Z"}'
-        self.wait_for("reason=spot rebalance recommendation", 3)
+        self.wait_for("reason=hpctrain: spot rebalance recommendation", 3)
         time.sleep(2 * INTERVAL)
         self.assertEqual([c for _, c in self.calls() if c.startswith("scancel")], [])
 

@@ -1,8 +1,11 @@
 """cloudformation/cluster.yaml, offline: cfn-lint finds nothing, and the stack deploys into moto's
 CloudFormation with only KeyName given (and again with spot on), with the resources the cluster
-needs: encrypted EFS with a mount target per subnet, launch templates with IMDSv2 and their
-market options, security groups open to the outside only for SSH from SshCidr, and IAM roles
-whose policies name actions, not wildcards."""
+needs: encrypted EFS with a mount target per subnet, kept when the stack is deleted unless told
+otherwise; launch templates with IMDSv2, their market options and termination on shutdown; the
+head node's metadata service one hop away; a generated munge key in Secrets Manager; security
+groups open to the outside only for SSH from SshCidr; IAM roles whose policies name actions,
+not wildcards; and the cleanup custom resource run (moto runs its code in-process here). What
+the policies allow is policy_test.py's; the cleanup handler's work is cleanup_test.py's."""
 
 import ast
 import json
@@ -14,6 +17,7 @@ from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "..", "cloudformation", "cluster.yaml")
+sys.path.insert(0, HERE)
 
 try:
     import boto3
@@ -52,27 +56,90 @@ class HeadNodeSettings(unittest.TestCase):
     """The settings file cfn-init writes for the power-saving programs is one they accept."""
 
     def test_cloud_json_loads(self):
-        import re
         import tempfile
 
-        from cfnlint.decode import decode
+        import cfn
 
-        sys.path.insert(0, os.path.join(HERE, "..", "..", "cloudformation", "node"))
+        sys.path.insert(0, cfn.NODE_DIR)
         import hpc_cloud
 
-        template, matches = decode(TEMPLATE)
-        self.assertFalse(matches)
-        files = template["Resources"]["HeadNode"]["Metadata"]["AWS::CloudFormation::Init"]["config"]["files"]
-        text = files["/etc/hpctrain/cloud.json"]["content"]["Fn::Sub"]
-        values = {"SpotFallback": "true", "Market": "spot"}
-        text = re.sub(r"\$\{([^}]+)\}", lambda m: values.get(m.group(1), "x-" + m.group(1)), text)
+        r = cfn.Resolved(cfn.load_template(), Market="spot", ComputeInstanceTypes="p5.48xlarge,p4d.24xlarge")
+        files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["config"]["files"]
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            f.write(text)
+            f.write(files["/etc/hpctrain/cloud.json"]["content"])
         self.addCleanup(os.unlink, f.name)
         cfg = hpc_cloud.load_config(f.name)
-        self.assertEqual(cfg["launch_template_id"], "x-ComputeLaunchTemplate")
-        self.assertEqual(cfg["fallback_launch_template_id"], "x-ComputeOnDemandLaunchTemplate")
-        self.assertEqual((cfg["market"], cfg["spot_fallback"], cfg["subnet_ids"]), ("spot", True, []))
+        self.assertEqual(cfg["cluster"], cfn.STACK)  # the tag value: the stack's name
+        self.assertEqual(cfg["launch_template_id"], r.physical("ComputeLaunchTemplate"))
+        self.assertEqual(cfg["fallback_launch_template_id"], r.physical("ComputeOnDemandLaunchTemplate"))
+        self.assertEqual((cfg["market"], cfg["spot_fallback"], cfg["efa"]), ("spot", True, False))
+        self.assertEqual(cfg["instance_types"], ["p5.48xlarge", "p4d.24xlarge"])
+        self.assertEqual(cfg["subnet_ids"], [r.physical("PrivateSubnet")])
+        self.assertEqual(cfg["security_group_ids"], [r.physical("ComputeSecurityGroup")])
+
+
+class Resolved(unittest.TestCase):
+    """What moto does not keep or cannot do (it leaves network interfaces behind and so cannot
+    delete this stack), checked on the template resolved for given parameters."""
+
+    def test_the_file_system_is_kept_unless_told_otherwise(self):
+        import cfn
+
+        template = cfn.load_template()
+        for policy, kept in (("Retain", "SharedFileSystem"), ("Delete", "DisposableSharedFileSystem")):
+            r = cfn.Resolved(template, **({"SharedStorageDeletionPolicy": policy} if policy == "Delete" else {}))
+            made = [k for k, v in template["Resources"].items() if v["Type"] == "AWS::EFS::FileSystem" and r.exists(k)]
+            self.assertEqual(made, [kept])
+            res = template["Resources"][kept]
+            self.assertEqual((res["DeletionPolicy"], res["UpdateReplacePolicy"]), (policy, policy))
+            for target in ("PublicMountTarget", "PrivateMountTarget"):
+                self.assertEqual(r.resource(target)["Properties"]["FileSystemId"], r.physical(kept))
+
+    def test_head_node_metadata_service_is_one_hop_and_firewalled(self):
+        import cfn
+
+        r = cfn.Resolved(cfn.load_template())
+        options = r.resource("HeadNode")["Properties"]["MetadataOptions"]
+        self.assertEqual((options["HttpTokens"], options["HttpPutResponseHopLimit"]), ("required", 1))
+        with open(os.path.join(cfn.NODE_DIR, "bootstrap_head.sh"), encoding="utf-8") as f:
+            self.assertIn("ip daddr 169.254.169.254 meta skuid != { 0, slurm } reject", f.read())
+
+
+class MungeKey(unittest.TestCase):
+    """The stack generates the munge key in Secrets Manager (moto's CloudFormation does not make
+    secrets: checked on the template); fetch_munge_key.py installs it from there, against moto's
+    Secrets Manager. Who may read it is policy_test.py's."""
+
+    def test_generated_by_the_stack(self):
+        import cfn
+
+        secret = cfn.Resolved(cfn.load_template()).resource("MungeKey")
+        self.assertEqual(secret["Type"], "AWS::SecretsManager::Secret")
+        self.assertEqual(secret["Properties"]["GenerateSecretString"],
+                         {"PasswordLength": 1024, "ExcludePunctuation": True, "IncludeSpace": False})
+
+    def test_fetched_into_place(self):
+        import tempfile
+
+        import cfn
+
+        sys.path.insert(0, cfn.NODE_DIR)
+        import fetch_munge_key
+
+        with mock.patch.dict(os.environ, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}), \
+                mock_aws(), tempfile.TemporaryDirectory() as d:
+            sm = boto3.client("secretsmanager", region_name=REGION)
+            arn = sm.create_secret(Name="hpc-MungeKey", SecretString="k" * 1024)["ARN"]
+            short = sm.create_secret(Name="short", SecretString="k" * 31)["ARN"]
+            out = os.path.join(d, "munge.key")
+            for secret, code in ((arn, 0), (short, 1), ("arn:aws:secretsmanager:us-east-1:123456789012:secret:none", 1)):
+                with mock.patch.object(sys, "argv", ["fetch_munge_key.py", "--secret", secret, "--region", REGION,
+                                                     "--out", out]):
+                    self.assertEqual(fetch_munge_key.main(), code)
+            with open(out, encoding="utf-8") as f:
+                self.assertEqual(f.read(), "k" * 1024)  # the refused ones did not replace it
+            self.assertEqual(os.stat(out).st_mode & 0o777, 0o400)
+            self.assertEqual(sorted(os.listdir(d)), ["munge.key"])
 
 
 class Deploy(unittest.TestCase):
@@ -81,6 +148,9 @@ class Deploy(unittest.TestCase):
                      "AWS_DEFAULT_REGION": REGION}.items():
             self.enterContext(mock.patch.dict(os.environ, {k: v}))
         self.enterContext(mock_aws())
+        import cfn
+
+        self.custom_resources = self.enterContext(cfn.moto_runs_custom_resources(cfn.load_template()))
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.ec2.create_key_pair(KeyName="mykey")
         ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
@@ -91,10 +161,16 @@ class Deploy(unittest.TestCase):
     def deploy(self, **params):
         with open(TEMPLATE, encoding="utf-8") as f:
             body = f.read()
+        import cfn
+
+        # moto splits a CommaDelimitedList given, not its default (CloudFormation splits both):
+        # the defaults of those are given as CloudFormation would take them.
+        lists = {k: p["Default"] for k, p in cfn.load_template()["Parameters"].items() if p["Type"] == "CommaDelimitedList"}
         parameters = [{"ParameterKey": "KeyName", "ParameterValue": "mykey"}]
-        parameters += [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()]
+        parameters += [{"ParameterKey": k, "ParameterValue": v} for k, v in {**lists, **params}.items()]
         self.cfn.create_stack(StackName="hpc", TemplateBody=body, Parameters=parameters,
                               Capabilities=["CAPABILITY_IAM"])
+        self.custom_resources.deliver()
         stack = self.cfn.describe_stacks(StackName="hpc")["Stacks"][0]
         self.assertEqual(stack["StackStatus"], "CREATE_COMPLETE", stack.get("StackStatusReason"))
         resources = self.cfn.describe_stack_resources(StackName="hpc")["StackResources"]
@@ -114,7 +190,7 @@ class Deploy(unittest.TestCase):
         self.assertEqual(sorted(outputs), ["LoginAndSubmit", "SharedFileSystemId"])
         with open(TEMPLATE, encoding="utf-8") as f:
             self.assertIn("  HeadNodeAddress:\n    Description: Public address of the head node\n", f.read())
-        self.assertIn("sbatch slurm/train.sbatch", outputs["LoginAndSubmit"])
+        self.assertIn("sbatch /opt/hpctrain/src/slurm/train.sbatch", outputs["LoginAndSubmit"])
 
         # Storage: encrypted EFS with a mount target in each subnet.
         efs = boto3.client("efs", region_name=REGION)
@@ -124,13 +200,17 @@ class Deploy(unittest.TestCase):
         self.assertEqual(sorted(t["SubnetId"] for t in targets),
                          sorted([self.ids["PublicSubnet"], self.ids["PrivateSubnet"]]))
 
-        # Compute: IMDSv2 required, on-demand (no market options), the DLAMI, in the private subnet.
+        # Compute: IMDSv2 required, on-demand (no market options), the DLAMI, terminated when it
+        # shuts itself down (its watchdog); the network comes with each request (resume.py).
         data = self.launch_template("ComputeLaunchTemplate")
         self.assertEqual(data["MetadataOptions"]["HttpTokens"], "required")
         self.assertNotIn("InstanceMarketOptions", data)
         self.assertEqual(data["InstanceType"], "g5.12xlarge")
-        self.assertEqual(data["NetworkInterfaces"][0]["SubnetId"], self.ids["PrivateSubnet"])
+        self.assertNotIn("NetworkInterfaces", data)
+        for logical in ("ComputeLaunchTemplate", "ComputeOnDemandLaunchTemplate"):
+            self.assertEqual(self.launch_template(logical)["InstanceInitiatedShutdownBehavior"], "terminate")
         self.assertNotIn("InstanceMarketOptions", self.launch_template("ComputeOnDemandLaunchTemplate"))
+
 
         # Network: the only ingress from outside the cluster is SSH from SshCidr to the head node.
         groups = self.ec2.describe_security_groups(
@@ -161,6 +241,12 @@ class Deploy(unittest.TestCase):
         self.assertTrue({"ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole",
                          "ec2:DescribeInstances"} <= actions["HeadNodeRole"])
         self.assertNotIn("ec2:RunInstances", actions["ComputeRole"])
+
+    def test_storage_deletion_policy(self):
+        stack = self.deploy(SharedStorageDeletionPolicy="Delete")
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
+        self.assertEqual(outputs["SharedFileSystemId"], self.ids["DisposableSharedFileSystem"])
+        self.assertNotIn("SharedFileSystem", self.ids)
 
     def test_spot(self):
         self.deploy(Market="spot", DataBucket="my-datasets", ResultsPrefix="results/")

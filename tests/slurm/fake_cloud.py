@@ -3,8 +3,13 @@ watcher that makes each instance tagged hpctrain:node a Slurm node here, the way
 boot (join_compute.sh) does on AWS: it starts `slurmd -N NODE` when the instance is running and
 stops it when the instance is terminated.
 
-    fake_cloud.py server PORT                 moto's server on 127.0.0.1:PORT (foreground)
-    fake_cloud.py setup ENDPOINT CONFIG       a launch template; writes the programs' cloud.json
+    fake_cloud.py server PORT [NO_CAPACITY_TYPE]
+                                              moto's server on 127.0.0.1:PORT (foreground); it
+                                              refuses NO_CAPACITY_TYPE with InsufficientInstanceCapacity
+    fake_cloud.py setup ENDPOINT CONFIG DIR [INSTANCE_TYPE...]
+                                              a launch template; writes the programs' cloud.json
+                                              (their state and heartbeat files in DIR)
+    fake_cloud.py launch ENDPOINT NODE        an instance tagged for NODE, as if launched and lost
     fake_cloud.py nodes ENDPOINT SLURM_CONF   the watcher (foreground)
 """
 
@@ -23,23 +28,50 @@ def ec2(endpoint):
     return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
 
 
-def server(port):
+def refuse_instance_type(no_capacity):
+    """EC2 with no capacity for one instance type (as when a zone runs out of p5s)."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    real = InstanceBackend.run_instances
+
+    def run_instances(self, *args, **kwargs):
+        if kwargs.get("instance_type") == no_capacity:
+            raise EC2ClientError("InsufficientInstanceCapacity", f"We currently do not have sufficient {no_capacity} capacity")
+        return real(self, *args, **kwargs)
+    InstanceBackend.run_instances = run_instances
+
+
+def server(port, no_capacity=None):
     from moto.server import ThreadedMotoServer
 
+    if no_capacity:
+        refuse_instance_type(no_capacity)
     s = ThreadedMotoServer(ip_address="127.0.0.1", port=int(port))
     s.start()
     while True:
         time.sleep(3600)
 
 
-def setup(endpoint, config):
+def setup(endpoint, config, state_dir, *instance_types):
     client = ec2(endpoint)
     ami = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     lt = client.create_launch_template(LaunchTemplateName="compute",
                                        LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge"})
     with open(config, "w", encoding="utf-8") as f:
-        json.dump({"cluster": "local", "region": REGION, "market": "on-demand",
-                   "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"]}, f)
+        json.dump({"cluster": "local", "region": REGION, "market": "on-demand", "controller": "localhost",
+                   "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"],
+                   "instance_types": list(instance_types), "orphan_grace_seconds": 0,
+                   "state_file": f"{state_dir}/cloud-state.json", "heartbeat_file": f"{state_dir}/heartbeat"}, f)
+
+
+def launch(endpoint, node):
+    client = ec2(endpoint)
+    ami = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    tags = [{"Key": "hpctrain:cluster", "Value": "local"}, {"Key": "hpctrain:node", "Value": node}]
+    inst = client.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
+                                TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0]
+    print(inst["InstanceId"])
 
 
 def node_addr(node):
@@ -82,4 +114,4 @@ def nodes(endpoint, slurm_conf):
 if __name__ == "__main__":
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    {"server": server, "setup": setup, "nodes": nodes}[sys.argv[1]](*sys.argv[2:])
+    {"server": server, "setup": setup, "launch": launch, "nodes": nodes}[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Installs the cluster's munge key from Secrets Manager (the stack generates it; only the
+cluster's node roles may read it): written atomically to --out (default /etc/munge/munge.key),
+mode 0400, owned by the munge user when there is one. The key never touches /shared.
+
+    fetch_munge_key.py --secret ARN --region REGION [--out PATH]
+"""
+
+import os
+import pwd
+import sys
+import tempfile
+
+from hpc_cloud import OneLineParser
+
+
+def install_key(key, out):
+    if len(key) < 32:
+        raise ValueError(f"the secret holds {len(key)} bytes: munge needs at least 32")
+    directory = os.path.dirname(out) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".munge.key.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        os.chmod(tmp, 0o400)
+        try:
+            munge = pwd.getpwnam("munge")
+            os.chown(tmp, munge.pw_uid, munge.pw_gid)
+        except KeyError:
+            pass  # no munge user (a test): root's
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main():
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--secret", required=True, help="the secret's ARN")
+    p.add_argument("--region", required=True)
+    p.add_argument("--out", default="/etc/munge/munge.key")
+    a = p.parse_args()
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        reply = boto3.client("secretsmanager", region_name=a.region).get_secret_value(SecretId=a.secret)
+        key = reply["SecretString"].encode() if "SecretString" in reply else reply["SecretBinary"]
+        install_key(key, a.out)
+    except (BotoCoreError, ClientError, OSError, ValueError) as e:
+        print(f"fetch_munge_key.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

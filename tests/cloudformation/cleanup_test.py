@@ -1,0 +1,89 @@
+"""The cleanup custom resource's handler (cluster.yaml: CleanupFunction's inline code), run
+directly against moto's EC2 (moto's CloudFormation runs Lambda code only in a container; the
+whole-stack deployment in template_test.py runs it in-process on creation): on the stack's
+deletion it terminates every instance tagged for this cluster, and only those (another
+cluster's in the same account survives, so does an untagged one), and answers SUCCESS; on
+creation it does nothing; when it cannot finish, it answers FAILED with the reason, so that the
+stack's deletion stops instead of leaving instances running."""
+
+import os
+import sys
+import unittest
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+try:
+    import boto3
+    from moto import mock_aws
+except ImportError as e:  # pragma: no cover - CTest reports the skip
+    print(f"SKIPPED: {e} (boto3 and moto are needed)")
+    sys.exit(77)
+
+import cfn  # noqa: E402
+
+
+class Cleanup(unittest.TestCase):
+    def setUp(self):
+        self.enterContext(mock.patch.dict(os.environ, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                                       "AWS_DEFAULT_REGION": cfn.REGION}))
+        self.enterContext(mock_aws())
+        self.ec2 = boto3.client("ec2", region_name=cfn.REGION)
+        self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        self.sent = []
+        self.handler = cfn.cleanup_module(cfn.load_template(), self.sent).handler
+        self.pauses = self.enterContext(mock.patch("time.sleep"))  # its 10 s between rounds
+
+    def launch(self, count, **tags):
+        spec = [{"ResourceType": "instance", "Tags": [{"Key": k.replace("_", ":"), "Value": v} for k, v in tags.items()]}]
+        reply = self.ec2.run_instances(ImageId=self.ami, MinCount=count, MaxCount=count,
+                                       **({"TagSpecifications": spec} if tags else {}))
+        return {i["InstanceId"] for i in reply["Instances"]}
+
+    def live(self):
+        found = set()
+        for r in self.ec2.describe_instances()["Reservations"]:
+            found |= {i["InstanceId"] for i in r["Instances"] if i["State"]["Name"] != "terminated"}
+        return found
+
+    def event(self, kind):
+        return {"RequestType": kind, "ResourceProperties": {"ServiceToken": "arn", "ClusterTag": cfn.STACK},
+                "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/hpc/1", "LogicalResourceId": "InstanceCleanup",
+                "RequestId": "r1", "ResponseURL": "https://example.invalid"}
+
+    def test_deletion_terminates_this_cluster_only(self):
+        ours = self.launch(3, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-1")
+        stopped = self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-4")
+        self.ec2.stop_instances(InstanceIds=list(stopped))  # a stopped one bills its volumes
+        theirs = self.launch(2, hpctrain_cluster="other", hpctrain_node="gpu-1")
+        untagged = self.launch(1)
+        self.handler(self.event("Delete"), cfn.LambdaContext())
+        self.assertEqual(self.live(), theirs | untagged)
+        self.assertEqual([(s[0], s[1]) for s in self.sent], [("SUCCESS", f"instances-of-{cfn.STACK}")])
+        self.assertEqual(self.pauses.call_count, 1)  # it looked again: none left
+        del ours
+
+    def test_creation_terminates_nothing(self):
+        ours = self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-1")
+        self.handler(self.event("Create"), cfn.LambdaContext())
+        self.assertEqual(self.live(), ours)
+        self.assertEqual(self.sent[0][0], "SUCCESS")
+
+    def test_a_deletion_it_cannot_finish_fails(self):
+        self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-1")
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+            c.terminate_instances = lambda **_: None  # the instances do not go
+            return c
+        with mock.patch.object(boto3, "client", client):
+            self.handler(self.event("Delete"), cfn.LambdaContext(seconds=30))
+        status, _, reason, _ = self.sent[0]
+        self.assertEqual(status, "FAILED")
+        self.assertIn("instances still there", reason)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,396 @@
+"""The stack's IAM policies, evaluated the way AWS evaluates them, against the requests the node
+programs really send (moto does not evaluate IAM at all).
+
+The policies come from cloudformation/cluster.yaml resolved for given parameters (tests/
+cloudformation/cfn.py). A power-up is resume.py's own RunInstances request (request_for, fed
+the cloud.json the head node gets) for every choice it may try, authorized as EC2 authorizes
+RunInstances: once per resource the launch uses or creates (the launch template, the image,
+key pair, placement group, subnet, security group, and the instance, volume, network interface
+and spot request it creates), each with its condition keys (ec2:LaunchTemplate,
+ec2:IsLaunchTemplateResource, ec2:InstanceType, and the tags requested for that resource type
+as aws:RequestTag/... and aws:TagKeys: tag-on-create), plus ec2:CreateTags for each resource
+type tagged (ec2:CreateAction) and iam:PassRole for the launch template's role. Then:
+
+  - everything the cluster does is allowed (power-up, suspend, cleanup, logs, munge key, data);
+  - a long list of what it must not do is denied (a power-up lacking a tag on any resource, or
+    with another cluster's tag, another template, image, key, type, subnet or group; tagging
+    outside a launch; terminating another cluster's instance or the head node; passing another
+    role; reading another secret, bucket or prefix; ...);
+  - for every statement of every role, each planted mutation (one condition removed, the
+    resource widened to "*", the action widened to its service's "*") makes one of the above
+    fail: no statement holds a condition or a scope that nothing checks.
+"""
+
+import copy
+import fnmatch
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import cfn  # noqa: E402
+
+sys.path.insert(0, cfn.NODE_DIR)
+import hpc_cloud  # noqa: E402
+import resume  # noqa: E402
+
+ARN = f"arn:aws:ec2:{cfn.REGION}:{cfn.ACCOUNT}"
+
+
+# ------------------------------------------------------------------------- IAM evaluation
+def listify(v):
+    return v if isinstance(v, list) else [v]
+
+
+def glob(pattern, value, case=True):
+    if not case:
+        pattern, value = pattern.lower(), value.lower()
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def compare(op, wanted, have):
+    """One condition operator (without set qualifier) on one request value."""
+    if op in ("StringEquals", "ArnEquals"):
+        return have == wanted
+    if op in ("StringLike", "ArnLike"):
+        return glob(wanted, have)
+    if op == "Bool":
+        return str(have).lower() == str(wanted).lower()
+    raise ValueError(f"condition operator {op} is not modelled")
+
+
+def condition_holds(op, key, wanted, ctx):
+    wanted = [str(w) for w in listify(wanted)]
+    have = ctx.get(key)
+    if op == "Null":
+        return (have is None) == (wanted[0] == "true")
+    if op.startswith("ForAllValues:"):  # every requested value is allowed (none: true)
+        return all(any(compare(op.split(":")[1], w, h) for w in wanted) for h in listify(have or []))
+    if op.startswith("ForAnyValue:"):
+        return any(any(compare(op.split(":")[1], w, h) for w in wanted) for h in listify(have or []))
+    if op.endswith("IfExists") and have is None:
+        return True
+    if have is None:
+        return False  # a key the request lacks fails every plain operator
+    return any(compare(op.removesuffix("IfExists"), w, h) for w in wanted for h in listify(have))
+
+
+def applies(st, action, resource, ctx):
+    if not any(glob(a, action, case=False) for a in listify(st["Action"])):
+        return False
+    if not any(glob(r, resource) for r in listify(st["Resource"])):
+        return False
+    return all(condition_holds(op, key, wanted, ctx)
+               for op, keys in st.get("Condition", {}).items() for key, wanted in keys.items())
+
+
+def allowed(statements, action, resource, ctx=None):
+    ctx = ctx or {}
+    if any(st["Effect"] == "Deny" and applies(st, action, resource, ctx) for st in statements):
+        return False
+    return any(st["Effect"] == "Allow" and applies(st, action, resource, ctx) for st in statements)
+
+
+# ------------------------------------------------------------------------- what is asked
+def request_tags(req, resource_type):
+    tags = {t["Key"]: t["Value"] for spec in req.get("TagSpecifications", []) if spec["ResourceType"] == resource_type
+            for t in spec["Tags"]}
+    ctx = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
+    if tags:
+        ctx["aws:TagKeys"] = list(tags)
+    return ctx
+
+
+def run_instances_checks(r, req):
+    """[(action, resource ARN, condition context)] that EC2 authorizes for this RunInstances."""
+    lt_id = req["LaunchTemplate"]["LaunchTemplateId"]
+    lt_logical = next((k for k, v in r.template["Resources"].items()
+                       if v["Type"] == "AWS::EC2::LaunchTemplate" and r.physical(k) == lt_id), None)
+    data = r.resource(lt_logical)["Properties"]["LaunchTemplateData"] if lt_logical else {}
+    lt = {"ec2:LaunchTemplate": f"{ARN}:launch-template/{lt_id}"}
+
+    def from_template(field):
+        return {**lt, "ec2:IsLaunchTemplateResource": "false" if field in req else "true"}
+    checks = [("ec2:RunInstances", f"{ARN}:launch-template/{lt_id}", lt),
+              ("ec2:RunInstances", f"arn:aws:ec2:{cfn.REGION}::image/{req.get('ImageId', data.get('ImageId'))}",
+               from_template("ImageId"))]
+    if req.get("KeyName", data.get("KeyName")):
+        checks.append(("ec2:RunInstances", f"{ARN}:key-pair/{req.get('KeyName', data.get('KeyName'))}",
+                       from_template("KeyName")))
+    if data.get("Placement", {}).get("GroupName"):
+        checks.append(("ec2:RunInstances", f"{ARN}:placement-group/{data['Placement']['GroupName']}",
+                       from_template("Placement")))
+    for ni in req.get("NetworkInterfaces") or data.get("NetworkInterfaces") or []:
+        net = from_template("NetworkInterfaces")
+        checks.append(("ec2:RunInstances", f"{ARN}:subnet/{ni['SubnetId']}", net))
+        checks += [("ec2:RunInstances", f"{ARN}:security-group/{g}", net) for g in ni.get("Groups", [])]
+        checks.append(("ec2:RunInstances", f"{ARN}:network-interface/*",
+                       {**lt, "ec2:Subnet": f"{ARN}:subnet/{ni['SubnetId']}", **request_tags(req, "network-interface")}))
+    checks.append(("ec2:RunInstances", f"{ARN}:instance/*",
+                   {**lt, "ec2:InstanceType": req.get("InstanceType", data.get("InstanceType")),
+                    **request_tags(req, "instance")}))
+    checks += [("ec2:RunInstances", f"{ARN}:volume/*", {**lt, **request_tags(req, "volume")})
+               for _ in data.get("BlockDeviceMappings", [])]
+    market = req.get("InstanceMarketOptions") or data.get("InstanceMarketOptions")
+    if market and market["MarketType"] == "spot":
+        checks.append(("ec2:RunInstances", f"{ARN}:spot-instances-request/*", {**lt, **request_tags(req, "spot-instances-request")}))
+    for spec in req.get("TagSpecifications", []):
+        checks.append(("ec2:CreateTags", f"{ARN}:{spec['ResourceType']}/*",
+                       {"ec2:CreateAction": "RunInstances", **request_tags(req, spec["ResourceType"])}))
+    profile = data.get("IamInstanceProfile", {}).get("Arn")
+    if profile:
+        logical = next(k for k, v in r.template["Resources"].items()
+                       if v["Type"] == "AWS::IAM::InstanceProfile" and r.attribute(k, "Arn") == profile)
+        for role in r.template["Resources"][logical]["Properties"]["Roles"]:
+            checks.append(("iam:PassRole", r.attribute(role["Ref"], "Arn"), {"iam:PassedToService": "ec2.amazonaws.com"}))
+    return checks
+
+
+def head_node_config(r):
+    """cloud.json as the head node gets it, loaded by the programs' own loader."""
+    files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["config"]["files"]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(files["/etc/hpctrain/cloud.json"]["content"])
+    try:
+        cfg = hpc_cloud.load_config(f.name)
+    finally:
+        os.unlink(f.name)
+    cfg["controller"] = "ip-10-42-16-5.ec2.internal"
+    return cfg
+
+
+def power_ups(r):
+    """resume.py's RunInstances requests for every choice it may try, as it builds them."""
+    cfg = head_node_config(r)
+    return [resume.request_for(cfg, "gpu-1", choice, "token") for choice in resume.choices(cfg)]
+
+
+# ------------------------------------------------------------------------- the cases
+FULL = {"Market": "spot", "ComputeInstanceTypes": "g5.12xlarge,g6.12xlarge", "UseEfa": "true",
+        "DataBucket": "my-datasets", "ResultsPrefix": "results/"}
+ROLES = ("HeadNodeRole", "ComputeRole", "CleanupRole")
+
+
+def without_tags(req, resource_type):
+    req = copy.deepcopy(req)
+    req["TagSpecifications"] = [s for s in req["TagSpecifications"] if s["ResourceType"] != resource_type]
+    return req
+
+
+def with_tag(req, resource_type, key, value):
+    req = copy.deepcopy(req)
+    for spec in req["TagSpecifications"]:
+        if spec["ResourceType"] == resource_type:
+            spec["Tags"] = [t for t in spec["Tags"] if t["Key"] != key] + [{"Key": key, "Value": value}]
+    return req
+
+
+def changed(req, **fields):
+    req = copy.deepcopy(req)
+    req.update(fields)
+    return req
+
+
+def cases(r):
+    """(what, role, [checks], whether allowed): the cluster's needs and what it must not do."""
+    instance = f"{ARN}:instance/i-0123456789abcdef0"
+    compute_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:ResourceTag/hpctrain:node": "gpu-1"}
+    head_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK}
+    other_tags = {"ec2:ResourceTag/hpctrain:cluster": "other", "ec2:ResourceTag/hpctrain:node": "gpu-1"}
+    secret = r.physical("MungeKey")
+    log_stream = f"arn:aws:logs:{cfn.REGION}:{cfn.ACCOUNT}:log-group:{r.physical('LogGroup')}:log-stream:i-1/power"
+    other_stream = f"arn:aws:logs:{cfn.REGION}:{cfn.ACCOUNT}:log-group:/other:log-stream:x"
+    out = []
+    ups = power_ups(r)
+    for i, req in enumerate(ups):
+        out.append((f"power-up choice {i}", "HeadNodeRole", run_instances_checks(r, req), True))
+    # A spot power-up where there is one (it creates every kind of resource), else the first.
+    req = next((u for u in ups if "InstanceMarketOptions" in u), ups[0])
+    for rt in [s["ResourceType"] for s in req["TagSpecifications"]]:
+        out.append((f"power-up without tags on the {rt}", "HeadNodeRole",
+                    run_instances_checks(r, without_tags(req, rt)), False))
+        out.append((f"power-up tagging the {rt} for another cluster", "HeadNodeRole",
+                    run_instances_checks(r, with_tag(req, rt, "hpctrain:cluster", "other")), False))
+        out.append((f"power-up with another tag key on the {rt}", "HeadNodeRole",
+                    run_instances_checks(r, with_tag(req, rt, "Owner", "x")), False))
+    ni = req["NetworkInterfaces"][0]
+    for what, bad in (("another launch template", changed(req, LaunchTemplate={"LaunchTemplateId": "lt-0other", "Version": "1"})),
+                      ("another image", changed(req, ImageId="ami-0other")),
+                      ("another key pair", changed(req, KeyName="other-key")),
+                      ("an instance type not allowed", changed(req, InstanceType="p5.48xlarge")),
+                      ("another subnet", changed(req, NetworkInterfaces=[{**ni, "SubnetId": "subnet-0other"}])),
+                      ("another security group", changed(req, NetworkInterfaces=[{**ni, "Groups": ["sg-0other"]}]))):
+        out.append((f"power-up with {what}", "HeadNodeRole", run_instances_checks(r, bad), False))
+    # Each resource of a launch through another template, alone (the whole launch fails anyway on
+    # the template itself): every statement must require the cluster's templates.
+    other_lt = f"{ARN}:launch-template/lt-0other"
+    for action, resource, ctx in run_instances_checks(r, req):
+        if action == "ec2:RunInstances" and "launch-template/" not in resource:
+            out.append((f"{resource} through another template", "HeadNodeRole",
+                        [(action, resource, {**ctx, "ec2:LaunchTemplate": other_lt})], False))
+        # The same resources for a fleet (which launches through templates too): RunInstances only.
+        out.append((f"CreateFleet: {resource}", "HeadNodeRole", [("ec2:CreateFleet", resource, ctx)], False))
+    lt = {"ec2:LaunchTemplate": run_instances_checks(r, req)[0][2]["ec2:LaunchTemplate"]}
+    west = ARN.replace(cfn.REGION, "us-west-2")
+    out += [
+        ("another subnet, even one the template named", "HeadNodeRole",
+         [("ec2:RunInstances", f"{ARN}:subnet/subnet-0other", {**lt, "ec2:IsLaunchTemplateResource": "true"})], False),
+        ("an instance in another region", "HeadNodeRole",
+         [("ec2:RunInstances", f"{west}:instance/*", c) for a, res, c in run_instances_checks(r, req)
+          if a == "ec2:RunInstances" and res.endswith(":instance/*")], False),
+        ("tag at launch for another cluster", "HeadNodeRole",
+         [("ec2:CreateTags", f"{ARN}:instance/*", {"ec2:CreateAction": "RunInstances", "aws:RequestTag/hpctrain:cluster": "other"})], False),
+        ("tag at launch a security group", "HeadNodeRole",
+         [("ec2:CreateTags", f"{ARN}:security-group/sg-1", {"ec2:CreateAction": "RunInstances",
+                                                            "aws:RequestTag/hpctrain:cluster": cfn.STACK})], False),
+        ("change a launch template", "HeadNodeRole",
+         [("ec2:CreateLaunchTemplateVersion", f"{ARN}:launch-template/{r.physical('ComputeLaunchTemplate')}", {})], False),
+        ("delete this stack", "HeadNodeRole", [("cloudformation:DeleteStack", r.ref("AWS::StackId"), {})], False),
+    ]
+    # Only the checks that differ: a check the request has anyway says nothing.
+    out += [
+        ("tag an instance outside a launch", "HeadNodeRole",
+         [("ec2:CreateTags", instance, {"aws:RequestTag/hpctrain:cluster": cfn.STACK, "aws:TagKeys": ["hpctrain:cluster"]})], False),
+        ("suspend: terminate a compute instance", "HeadNodeRole", [("ec2:TerminateInstances", instance, compute_tags)], True),
+        ("terminate another cluster's instance", "HeadNodeRole", [("ec2:TerminateInstances", instance, other_tags)], False),
+        ("terminate a namesake's instance in another region", "HeadNodeRole",
+         [("ec2:TerminateInstances", instance.replace(cfn.REGION, "us-west-2"), compute_tags)], False),
+        ("terminate an untagged instance", "HeadNodeRole", [("ec2:TerminateInstances", instance, {})], False),
+        ("terminate the head node itself", "HeadNodeRole", [("ec2:TerminateInstances", instance, head_tags)], False),
+        ("stop a compute instance", "HeadNodeRole", [("ec2:StopInstances", instance, compute_tags)], False),
+        ("delete a volume", "HeadNodeRole", [("ec2:DeleteVolume", f"{ARN}:volume/vol-1", {})], False),
+        ("list instances and subnets", "HeadNodeRole",
+         [("ec2:DescribeInstances", "*", {}), ("ec2:DescribeSubnets", "*", {})], True),
+        ("pass the head node's role", "HeadNodeRole",
+         [("iam:PassRole", r.attribute("HeadNodeRole", "Arn"), {"iam:PassedToService": "ec2.amazonaws.com"})], False),
+        ("pass the compute role to Lambda", "HeadNodeRole",
+         [("iam:PassRole", r.attribute("ComputeRole", "Arn"), {"iam:PassedToService": "lambda.amazonaws.com"})], False),
+        ("signal this stack", "HeadNodeRole",
+         [("cloudformation:SignalResource", r.ref("AWS::StackId"), {}),
+          ("cloudformation:DescribeStackResource", r.ref("AWS::StackId"), {})], True),
+        ("signal another stack", "HeadNodeRole",
+         [("cloudformation:SignalResource", f"arn:aws:cloudformation:{cfn.REGION}:{cfn.ACCOUNT}:stack/other/1", {})], False),
+        ("cleanup: terminate the cluster's instances", "CleanupRole",
+         [("ec2:DescribeInstances", "*", {}), ("ec2:TerminateInstances", instance, compute_tags),
+          ("ec2:TerminateInstances", instance, head_tags)], True),
+        ("cleanup: terminate another cluster's instance", "CleanupRole", [("ec2:TerminateInstances", instance, other_tags)], False),
+        ("cleanup: terminate a namesake's instance in another region", "CleanupRole",
+         [("ec2:TerminateInstances", instance.replace(cfn.REGION, "us-west-2"), compute_tags)], False),
+        ("cleanup: terminate an untagged instance", "CleanupRole", [("ec2:TerminateInstances", instance, {})], False),
+        ("cleanup: read the munge key", "CleanupRole", [("secretsmanager:GetSecretValue", secret, {})], False),
+        ("cleanup: stop an instance", "CleanupRole", [("ec2:StopInstances", instance, compute_tags)], False),
+        ("compute: launch", "ComputeRole", run_instances_checks(r, ups[0]), False),
+        ("compute: terminate an instance of the cluster", "ComputeRole", [("ec2:TerminateInstances", instance, compute_tags)], False),
+    ]
+    for role in ("HeadNodeRole", "ComputeRole", "CleanupRole"):
+        out.append((f"{role}: ship logs", role, [("logs:CreateLogStream", log_stream, {}), ("logs:PutLogEvents", log_stream, {})], True))
+        out.append((f"{role}: logs elsewhere", role, [("logs:PutLogEvents", other_stream, {})], False))
+        out.append((f"{role}: delete the log group", role, [("logs:DeleteLogGroup", r.attribute("LogGroup", "Arn"), {})], False))
+    for role in ("HeadNodeRole", "ComputeRole"):
+        out.append((f"{role}: read the munge key", role, [("secretsmanager:GetSecretValue", secret, {})], True))
+        out.append((f"{role}: read another secret", role,
+                    [("secretsmanager:GetSecretValue", f"arn:aws:secretsmanager:{cfn.REGION}:{cfn.ACCOUNT}:secret:other-AbCdEf", {})], False))
+        out.append((f"{role}: change the munge key", role, [("secretsmanager:PutSecretValue", secret, {})], False))
+        if r.conditions["HasDataBucket"]:
+            bucket = f"arn:aws:s3:::{r.params['DataBucket']}"
+            out += [(f"{role}: read the data", role, [("s3:ListBucket", bucket, {}), ("s3:GetObject", f"{bucket}/cifar10/a", {})], True),
+                    (f"{role}: write a result", role, [("s3:PutObject", f"{bucket}/results/run1/x", {})], True),
+                    (f"{role}: write outside the results prefix", role, [("s3:PutObject", f"{bucket}/cifar10/a", {})], False),
+                    (f"{role}: delete data", role, [("s3:DeleteObject", f"{bucket}/cifar10/a", {})], False),
+                    (f"{role}: delete a result", role, [("s3:DeleteObject", f"{bucket}/results/run1/x", {})], False),
+                    (f"{role}: change the bucket's policy", role, [("s3:PutBucketPolicy", bucket, {})], False),
+                    (f"{role}: read another bucket", role, [("s3:GetObject", "arn:aws:s3:::other/a", {})], False),
+                    (f"{role}: list another bucket", role, [("s3:ListBucket", "arn:aws:s3:::other", {})], False)]
+    return out
+
+
+def failures(r, policies):
+    """The cases whose outcome under `policies` is not the expected one."""
+    bad = []
+    for what, role, checks, expected in cases(r):
+        statements = policies.get(role, [])
+        got = all(allowed(statements, *check) for check in checks)
+        if expected and not got:
+            refused = [c[:2] for c in checks if not allowed(statements, *c)]
+            bad.append(f"{what}: refused {refused}")
+        elif not expected and got:
+            bad.append(f"{what}: allowed")
+    return bad
+
+
+def mutations(statement):
+    """(description, mutated statement): each condition removed, the resource widened, and the
+    action widened where no condition confines it (a condition on a key only its own action has,
+    such as ec2:CreateAction or iam:PassedToService, already does)."""
+    for op, keys in statement.get("Condition", {}).items():
+        for key in keys:
+            m = copy.deepcopy(statement)
+            del m["Condition"][op][key]
+            if not m["Condition"][op]:
+                del m["Condition"][op]
+            yield f"without its {op} {key} condition", m
+    if listify(statement["Resource"]) != ["*"]:
+        yield "with Resource *", {**copy.deepcopy(statement), "Resource": "*"}
+    services = sorted({a.split(":")[0] for a in listify(statement["Action"])})
+    widened = [f"{s}:*" for s in services]
+    if sorted(listify(statement["Action"])) != widened and not statement.get("Condition"):
+        yield f"with Action {widened}", {**copy.deepcopy(statement), "Action": widened}
+
+
+class Policies(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.template = cfn.load_template()
+
+    def test_the_cluster_may_do_what_it_does_and_nothing_else(self):
+        for name, params in (("defaults", {}), ("spot, EFA, two types, data", FULL),
+                             ("an existing VPC", {"VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a", "PrivateSubnetId": "subnet-0b"})):
+            with self.subTest(name):
+                r = cfn.Resolved(self.template, **params)
+                self.assertEqual(failures(r, r.role_policies()), [])
+
+    def test_the_power_up_tags_every_resource_it_creates(self):
+        r = cfn.Resolved(self.template, **FULL)
+        for req in power_ups(r):
+            kinds = {c[1].split(":")[-1].split("/")[0] for c in run_instances_checks(r, req) if c[0] == "ec2:CreateTags"}
+            spot = "InstanceMarketOptions" in req
+            self.assertEqual(kinds, {"instance", "volume", "network-interface"} | ({"spot-instances-request"} if spot else set()))
+
+    def test_every_statement_is_checked(self):
+        """Each planted mutation of each statement makes a case fail."""
+        r = cfn.Resolved(self.template, **FULL)
+        policies = r.role_policies()
+        self.assertEqual(sorted(policies), sorted(ROLES))
+        uncaught, tried = [], 0
+        for role in ROLES:
+            for i, statement in enumerate(policies[role]):
+                for what, mutated in mutations(statement):
+                    planted = copy.deepcopy(policies)
+                    planted[role][i] = mutated
+                    tried += 1
+                    if not failures(r, planted):
+                        uncaught.append(f"{role} {statement.get('Sid', i)} {what}")
+        self.assertEqual(uncaught, [], "\n".join(uncaught))
+        self.assertGreater(tried, 40)
+
+    def test_the_evaluator_knows_tag_on_create(self):
+        """The evaluator itself: a request tag condition fails on a resource the request does not
+        tag, ForAllValues holds on no keys, Null tells a missing key."""
+        st = {"Effect": "Allow", "Action": "ec2:RunInstances", "Resource": "arn:x:volume/*",
+              "Condition": {"StringEquals": {"aws:RequestTag/k": "v"}}}
+        self.assertTrue(allowed([st], "ec2:RunInstances", "arn:x:volume/*", {"aws:RequestTag/k": "v"}))
+        self.assertFalse(allowed([st], "ec2:RunInstances", "arn:x:volume/*", {}))
+        self.assertTrue(condition_holds("ForAllValues:StringEquals", "aws:TagKeys", ["a"], {}))
+        self.assertFalse(condition_holds("ForAllValues:StringEquals", "aws:TagKeys", ["a"], {"aws:TagKeys": ["a", "b"]}))
+        self.assertTrue(condition_holds("Null", "k", "false", {"k": "x"}))
+        self.assertFalse(condition_holds("Null", "k", "false", {}))
+        deny = {**st, "Effect": "Deny", "Condition": {}}
+        self.assertFalse(allowed([st, deny], "ec2:RunInstances", "arn:x:volume/*", {"aws:RequestTag/k": "v"}))
+
+
+if __name__ == "__main__":
+    unittest.main()
