@@ -257,5 +257,50 @@ INSTANTIATE_TEST_SUITE_P(Zoo, TrainModel, ::testing::Combine(::testing::Values("
                            return std::get<0>(i.param) + (std::get<1>(i.param) ? "_bn" : "_nobn");
                          });
 
+// ---- (f) a diverging run ---------------------------------------------------------------------
+
+// A learning rate far too high: a loss, or first the parameters after a step's update, stop
+// being finite. Training stops there with exit 2 and one line naming the step and the remedy,
+// never "done" with NaN parameters; the checkpoints written before hold finite parameters (the
+// newest evaluates to a finite loss), so --resume auto never continues into NaN.
+TEST_F(Train, ADivergingRunStopsWithoutSavingItsState) {
+  const std::vector<std::vector<std::string>> lrs{{"--lr", "1e6"}, {"--lr-schedule", "constant", "--lr", "50"}};
+  for (const auto& lr : lrs) {
+    const bool checkpoints = lr.size() == 2;
+    SCOPED_TRACE(lr.back());
+    const std::string ck = dir_.file("diverged" + lr.back()), m = dir_.file("diverged" + lr.back() + ".jsonl");
+    auto args = kShort + lr + std::vector<std::string>{"--data-dir", fashion_mnist_dir(), "--metrics-file", m,
+                                                       "--quiet", "--threads", "2"};
+    if (checkpoints) args = args + std::vector<std::string>{"--checkpoint-dir", ck, "--checkpoint-every-steps", "1"};
+    const RunResult r = run_hpctrain(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    const std::regex line("hpctrain: error: training diverged: the (loss of step ([0-9]+) \\(epoch 1\\) is not finite|"
+                          "parameters are not finite after step ([0-9]+), though its loss was); lower --lr \\(now " +
+                          std::string(checkpoints ? "1e\\+06" : "50") +
+                          "\\) or warm up to it \\(--warmup-epochs\\); no checkpoint holds this state\n");
+    std::smatch got;
+    ASSERT_TRUE(std::regex_match(r.err, got, line)) << r.err;
+    for (const JsonObject& o : read_json_lines(m)) EXPECT_NE(o.at("event").str, "done");
+    if (!checkpoints) continue;
+    // The loss of step N not finite: the state after step N-1 was checked and saved, not the
+    // next; the parameters not finite after step N: the one before is the newest as well.
+    const int64_t n = std::stoll(got[2].matched ? got[2].str() : got[3].str());
+    char newest[32];
+    std::snprintf(newest, sizeof newest, "ckpt-%09lld.hpck", static_cast<long long>(n - 1));
+    EXPECT_TRUE(fs::exists(ck + "/" + newest)) << newest;
+    for (const auto& e : fs::directory_iterator(ck)) {
+      const std::string name = e.path().filename().string();
+      if (name != "heartbeat") {
+        EXPECT_LE(name, newest);
+      }
+    }
+    const std::string em = dir_.file("diverged_eval.jsonl");
+    const RunResult eval = run_hpctrain({"evaluate", "--checkpoint", ck, "--test-samples", "200", "--data-dir",
+                                         fashion_mnist_dir(), "--threads", "2", "--metrics-file", em});
+    ASSERT_EQ(eval.exit_code, 0) << eval.err;
+    EXPECT_TRUE(std::isfinite(read_json_lines(em).at(0).at("test_loss").number));
+  }
+}
+
 }  // namespace
 }  // namespace hpc::itest
