@@ -441,14 +441,16 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // can make it so, and a layer can hide it from later losses). Collective; the ranks that
   // `check` look at their host copy, and every rank learns their verdict.
   auto require_finite_state = [&](int64_t after_step, bool check) {
-    double bad = 0;
+    double bad[3] = {0, 0, 0};
     if (check) {
       engine->sync_to_host();
-      bad = finite(model.params().values()) && finite(model.params().buffers()) && finite(sgd.momentum_buffer()) ? 0 : 1;
+      bad[0] = !finite(model.params().values()), bad[1] = !finite(sgd.momentum_buffer());
+      bad[2] = !finite(model.params().buffers());
     }
-    if (world > 1) comm.allreduce_sum(&bad, 1);
-    if (bad > 0) diverged(o, detail::concat("the parameters are not finite after step ", after_step, ", though its loss was"),
-                          false);
+    if (world > 1) comm.allreduce_sum(bad, 3);
+    const char* what = bad[0] > 0 ? "the parameters" : bad[1] > 0 ? "the optimizer's momentum"
+                                                   : bad[2] > 0 ? "the batch-norm statistics" : nullptr;
+    if (what) diverged(o, detail::concat(what, " are not finite after step ", after_step, ", though its loss still was"), false);
   };
   // Collective: every rank calls it at the same step.
   auto save = [&](RunPosition at) {

@@ -559,6 +559,7 @@ TEST_F(Checkpoints, AStopThatCannotCheckpointIsAnError) {
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;
+  EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << "every rank knows, none is killed\n" << r.err;
   EXPECT_NE(r.err.find("stopped on request (SIGTERM to rank 1) after step 13, but its checkpoint could not be "
                        "written: cannot rename " + ck + "/ckpt-000000013.hpck.tmp."),
             std::string::npos)
