@@ -5,9 +5,9 @@
 // process at once; so does any of them in a command that has nothing to save (evaluate, inspect).
 // Every one of these ends says so in one line on stderr.
 //
-// No thread is ever interrupted by these signals: start_signal_thread(), called first in main()
-// before MPI or anything else starts a thread, blocks them in every thread and takes them on one
-// thread of its own with sigwait(). (With a handler, a signal landing on a library's thread in
+// No thread is ever interrupted by these signals: they are blocked before any library starts a
+// thread (block_stop_signals), and start_signal_thread(), called first in main(), takes them on
+// one thread of its own with sigwait(). (With a handler, a signal landing on a library's thread in
 // the middle of a system call was seen to corrupt the heap now and then: 1 stop in ~10.)
 #pragma once
 
