@@ -452,18 +452,21 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                                                    : bad[2] > 0 ? "the batch-norm statistics" : nullptr;
     if (what) diverged(o, detail::concat(what, " are not finite after step ", after_step, ", though its loss still was"), false);
   };
-  // Collective: every rank calls it at the same step.
+  // Collective: every rank calls it at the same step, and learns whether rank 0 could hand the
+  // snapshot over (it cannot after an earlier write failed in the background).
   auto save = [&](RunPosition at) {
     if (o.checkpoint_dir.empty() || at.step == last_saved) return;
     const auto t0 = Clock::now();
     require_finite_state(at.step, writer != nullptr);
     last_saved = at.step;
-    if (!writer) return;
-    if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
-    ckpt::Checkpoint snapshot = writer->recycled();
-    at.scaler = engine->loss_scaler();
-    fill_checkpoint(snapshot, o, model, sgd, world, at);
-    writer->submit(std::move(snapshot), at.step);
+    dist::collectively(ctx, [&] {
+      if (!writer) return;
+      if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
+      ckpt::Checkpoint snapshot = writer->recycled();
+      at.scaler = engine->loss_scaler();
+      fill_checkpoint(snapshot, o, model, sgd, world, at);
+      writer->submit(std::move(snapshot), at.step);
+    });
     checkpoint_stall += seconds_since(t0);
     last_checkpoint_time = Clock::now();
     ++checkpoints;

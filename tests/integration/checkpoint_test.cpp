@@ -587,6 +587,19 @@ TEST_F(Checkpoints, AStopThatCannotCheckpointIsAnError) {
                                                     "ckpt-000000013.hpck", "heartbeat"}));
   EXPECT_TRUE(fs::is_directory(ck + "/ckpt-000000013.hpck"));
 
+  // The periodic checkpoint before the stop (step 10) failed in the background: the stop, the
+  // next to hand a checkpoint over, reports it on every rank alike.
+  const std::string ck10 = dir_.file("blocked10");
+  fs::create_directories(ck10 + "/ckpt-000000010.hpck");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
+  const RunResult r10 = run_mpi(2, job(ck10, dir_.file("b10.jsonl")), 120);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  EXPECT_EQ(r10.exit_code, 2) << r10.err;
+  EXPECT_EQ(count_of(r10.err, "hpctrain: error: "), 1) << r10.err;
+  EXPECT_EQ(r10.err.find("MPI_ABORT"), std::string::npos) << "every rank knows, none is killed\n" << r10.err;
+  EXPECT_NE(r10.err.find(" to " + ck10 + "/ckpt-000000010.hpck: Is a directory"), std::string::npos) << r10.err;
+  EXPECT_EQ(names_in(ck10), (std::vector<std::string>{"ckpt-000000005.hpck", "ckpt-000000010.hpck", "heartbeat"}));
+
   write_text(dir_.file("a-file"), "");
   setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", "2", 1);
   const RunResult early = run_hpctrain(job(dir_.file("a-file") + "/ckpt", dir_.file("b2.jsonl")));
