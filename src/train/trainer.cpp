@@ -383,6 +383,10 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       HPC_REQUIRE(start.global_batch >= world, "the checkpoint's global batch of ", start.global_batch,
                   " cannot give each of the ", world, " ranks a sample");
       apply_checkpoint(*resume, model, sgd);
+      // Written by a run that diverged (hpctrain writes none such now): it would only diverge on.
+      HPC_REQUIRE(finite(model.params().values()) && finite(sgd.momentum_buffer()) && finite(model.params().buffers()),
+                  resume_path, " holds a state that is not finite (its run had diverged): resume from an earlier ",
+                  "checkpoint (--resume FILE) or start afresh (--resume none)");
     });
     global_batch = start.global_batch;
     log::info("resuming from ", resume_path, " at step ", start.step, " (epoch ", start.epoch + 1, ", step ",

@@ -3,8 +3,10 @@
 // of a checkpoint that does not fit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "integration/harness.hpp"
@@ -643,6 +645,26 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   write_text(dir_.file("junk.hpck"), "not a checkpoint at all");
   expect_usage_error(with({"--resume", dir_.file("junk.hpck")}), "is not an hpctrain checkpoint (wrong magic)");
   expect_usage_error(with({"--checkpoint-interval", "soon"}), "--checkpoint-interval must be a duration");
+  // A checkpoint whose parameters are not finite (written by a run that diverged, before
+  // hpctrain refused to write such): refused by name, not resumed into NaN.
+  Bytes bad = read_bytes(ck + "/ckpt-000000040.hpck");
+  for (size_t at = 12; at + 16 <= bad.size();) {  // sections: u32 kind, u64 bytes, u32 CRC-32, payload
+    uint32_t kind = 0;
+    uint64_t bytes = 0;
+    std::memcpy(&kind, &bad[at], 4);
+    std::memcpy(&bytes, &bad[at + 4], 8);
+    if (kind == 2) {  // the parameters
+      const float nan = std::nanf("");
+      std::memcpy(&bad[at + 16], &nan, 4);
+      const auto sum = static_cast<uint32_t>(crc32(0L, &bad[at + 16], static_cast<uInt>(bytes)));
+      std::memcpy(&bad[at + 12], &sum, 4);
+    }
+    at += 16 + bytes;
+  }
+  write_bytes(dir_.file("diverged.hpck"), bad);
+  expect_usage_error(with({"--resume", dir_.file("diverged.hpck")}),
+                     dir_.file("diverged.hpck") + " holds a state that is not finite (its run had diverged): resume "
+                     "from an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
   // --resume none starts afresh even with checkpoints in the directory.
   const std::string m = dir_.file("fresh.jsonl");
   auto fresh = job(ck, m);
