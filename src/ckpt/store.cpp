@@ -135,8 +135,9 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(tmp.c_str());
+    const std::string both = tmp + " to " + path;
     errno = error;
-    io_error("rename", tmp + " to " + path);
+    io_error("rename", both);
   }
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);
   // Retention: only after the new one is durable.
