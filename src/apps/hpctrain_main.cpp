@@ -30,14 +30,26 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
   return code;
 }
 
+// A stop signal in the first moments (the shared libraries' initialisers, MPI's start) waits
+// for the signal thread instead of killing the process unannounced: blocked before anything
+// else runs. (.preinit_array: an executable's own, run before every library's initialisers.)
+void block_early(int, char**, char**) { hpc::train::block_stop_signals(); }
+[[gnu::section(".preinit_array"), gnu::used]] void (*const g_block_early)(int, char**, char**) = block_early;
+
+// `hpctrain evaluate ...`, `hpctrain inspect ...`; `hpctrain train ...` or options alone train.
+const char* command_of(int argc, char** argv) { return argc > 1 && argv[1][0] != '-' ? argv[1] : "train"; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  hpc::train::start_signal_thread();  // before MPI starts its threads: they must block the stop signals
+  // Before MPI starts its threads: they must block the stop signals. Training takes a stop as a
+  // request from here on; the other commands have nothing to save and end at once.
+  const char* first = command_of(argc, argv);
+  const bool trains = std::strcmp(first, "evaluate") != 0 && std::strcmp(first, "inspect") != 0;
+  hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   hpc::dist::ProcessContext ctx(&argc, &argv);
   try {
-    // `hpctrain evaluate ...`, `hpctrain inspect ...`; `hpctrain train ...` or options alone train.
-    const char* command = argc > 1 && argv[1][0] != '-' ? argv[1] : "train";
+    const char* command = command_of(argc, argv);
     if (std::strcmp(command, "evaluate") == 0) return hpc::train::run_evaluate(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -61,7 +62,29 @@ double pause_before_rename() {
   return v ? std::atof(v) : 0.0;
 }
 
+// The temporary file being written now, for remove_unfinished_checkpoint(): a fixed buffer
+// and a flag, since a signal handler may read them. (One writer thread fills them.)
+char g_unfinished[4096];
+std::atomic<bool> g_unfinished_set{false};
+
+// Marks `tmp` as the unfinished checkpoint while it lives.
+class UnfinishedMark {
+ public:
+  explicit UnfinishedMark(const std::string& tmp) {
+    if (tmp.size() >= sizeof g_unfinished) return;  // longer than PATH_MAX: left to the next run's clean-up
+    std::memcpy(g_unfinished, tmp.c_str(), tmp.size() + 1);
+    g_unfinished_set.store(true);
+  }
+  ~UnfinishedMark() { g_unfinished_set.store(false); }
+  UnfinishedMark(const UnfinishedMark&) = delete;
+  UnfinishedMark& operator=(const UnfinishedMark&) = delete;
+};
+
 }  // namespace
+
+void remove_unfinished_checkpoint() {
+  if (g_unfinished_set.load()) ::unlink(g_unfinished);
+}
 
 CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
   HPC_REQUIRE(!dir_.empty(), "--checkpoint-dir must not be empty");
@@ -92,6 +115,7 @@ std::string CheckpointStore::file_name(int64_t step) {
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
   const std::string path = (fs::path(dir_) / file_name(step)).string();
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const UnfinishedMark mark(tmp);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("create", tmp);
   try {
@@ -109,8 +133,11 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
   if (const double s = pause_before_rename(); s > 0)
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
     ::unlink(tmp.c_str());
-    io_error("rename", tmp);
+    const std::string both = tmp + " to " + path;
+    errno = error;
+    io_error("rename", both);
   }
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);
   // Retention: only after the new one is durable.

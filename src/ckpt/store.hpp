@@ -43,6 +43,11 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
 // The heartbeat's fields by name (empty when DIR has none).
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 
+// Removes the temporary file of the checkpoint being written now, if any: for a process that
+// ends at once in the middle of a write (train/signals.cpp), which would otherwise leave a
+// half-written file behind. Async-signal-safe.
+void remove_unfinished_checkpoint();
+
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 

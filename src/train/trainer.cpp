@@ -187,6 +187,81 @@ TestKill test_hook(const char* variable, int signal) {
   return k;
 }
 
+// The first stop signal any rank took (0: none), and the ranks that took one. Every rank
+// learns the same.
+struct StopAsked {
+  int signal = 0, rank = 0, ranks = 0;
+};
+StopAsked stop_asked(dist::Communicator& comm) {
+  const auto mine = static_cast<uint64_t>(StopSignals::signal_number());
+  const std::vector<uint64_t> all = comm.size() > 1 ? comm.allgather(mine) : std::vector<uint64_t>{mine};
+  StopAsked s;
+  for (size_t r = all.size(); r-- > 0;)
+    if (all[r] != 0) s = {static_cast<int>(all[r]), static_cast<int>(r), s.ranks + 1};
+  return s;
+}
+
+// "SIGTERM"; "SIGTERM to rank 1" where only some of several ranks were signalled.
+std::string cause_of(const StopAsked& s, int world) {
+  return s.ranks == world ? signal_name(s.signal) : detail::concat(signal_name(s.signal), " to rank ", s.rank);
+}
+
+// 75, "requeue me", where the checkpoint directory holds the state to continue from; without
+// one nothing is kept, and the code is the signal's, as if it had ended the process.
+int stop_exit_code(const TrainOptions& o, const StopAsked& s) {
+  return o.checkpoint_dir.empty() ? 128 + s.signal : kExitCheckpointed;
+}
+
+// Rank 0 writes checkpoints there; every rank learns whether it could use the directory.
+std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, const TrainOptions& o) {
+  std::unique_ptr<ckpt::CheckpointStore> store;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0 && !o.checkpoint_dir.empty())
+      store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints);
+  });
+  return store;
+}
+
+// Set-up ends each of its phases here (`phase` counts them for the test hook
+// HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@rank][:usr1]). A stop asked for on any rank ends the run
+// before its first step, on every rank alike. Nothing new exists to save: the checkpoint
+// directory already holds what a later run continues from (the checkpoint this one resumed
+// from, or none: a fresh start), so it is the exit of a stop after a checkpoint, once the
+// directory is known to be usable (dir_checked; else it is checked here, a usage error if not).
+std::optional<TrainResult> stopped_in_setup(dist::ProcessContext& ctx, const TrainOptions& o, int phase,
+                                            const char* during, bool dir_checked) {
+  const TestKill hook = test_hook("HPCTRAIN_TEST_SIGNAL_IN_SETUP", SIGTERM);
+  if (hook.step == phase && hook.rank == ctx.rank()) StopSignals::raise_and_wait(hook.signal);
+  const StopAsked asked = stop_asked(ctx.world());
+  if (!asked.signal) return std::nullopt;
+  if (!dir_checked) open_store(ctx, o);
+  if (ctx.rank() == 0)
+    log::warn("stopped on request (", cause_of(asked, ctx.world_size()), ") ", during,
+              ", before the first step: nothing to save",
+              o.checkpoint_dir.empty() ? " (no --checkpoint-dir)" : " and nothing lost; run it again to continue");
+  TrainResult r;
+  r.exit_code = stop_exit_code(o, asked);
+  return r;
+}
+
+bool finite(const Tensor& t) {
+  const float* p = t.numel() ? t.data<float>() : nullptr;
+  return std::all_of(p, p + t.numel(), [](float v) { return std::isfinite(v); });
+}
+
+// Training diverged: a loss, or the state about to be saved, is not finite. Nothing of it is
+// saved (the newest checkpoint stays the last good one), and it is the user's learning rate;
+// except in a fresh run's first step, whose loss no update has touched: that is hpctrain's bug.
+[[noreturn]] void diverged(const TrainOptions& o, const std::string& what, bool before_any_update) {
+  if (before_any_update)
+    throw dist::CollectiveError(ErrorKind::Internal,
+                                detail::concat("internal error at ", __FILE__, ":", __LINE__, ": ", what,
+                                               " before any update of the initial parameters (not the options' doing)"));
+  throw dist::CollectiveError(ErrorKind::Usage,
+                              detail::concat("training diverged: ", what, "; lower --lr (now ", o.lr,
+                                             ") or warm up to it (--warmup-epochs); no checkpoint holds this state"));
+}
+
 }  // namespace
 
 int default_threads(int ranks_on_host) {
@@ -233,6 +308,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   const bool lead = rank == 0;  // rank 0 speaks: progress, metrics, the done line
   if (o.quiet || !lead) log::set_level(log::Level::Warn);
   require_same_options(ctx, o);
+  if (auto stopped = stopped_in_setup(ctx, o, 1, "while starting", false)) return *stopped;
 
   // Everything up to the first step can fail on one rank alone (a missing file on one
   // host): collectively() turns that into the same error on every rank.
@@ -280,6 +356,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   });
   nn::Model<float>& model = *model_ptr;
   require_same_data(ctx, ds);
+  if (auto stopped = stopped_in_setup(ctx, o, 2, "while loading the dataset", false)) return *stopped;
   // Batch norm's collectives run on the main thread while the bucket thread all-reduces
   // gradients: they get a communicator of their own (collectives on one communicator must
   // come in the same order on every rank, which two threads cannot promise).
@@ -306,6 +383,10 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
       HPC_REQUIRE(start.global_batch >= world, "the checkpoint's global batch of ", start.global_batch,
                   " cannot give each of the ", world, " ranks a sample");
       apply_checkpoint(*resume, model, sgd);
+      // Written by a run that diverged (hpctrain writes none such now): it would only diverge on.
+      HPC_REQUIRE(finite(model.params().values()) && finite(sgd.momentum_buffer()) && finite(model.params().buffers()),
+                  resume_path, " holds a state that is not finite (its run had diverged): resume from an earlier ",
+                  "checkpoint (--resume FILE) or start afresh (--resume none)");
     });
     global_batch = start.global_batch;
     log::info("resuming from ", resume_path, " at step ", start.step, " (epoch ", start.epoch + 1, ", step ",
@@ -317,6 +398,9 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // Every rank receives rank 0's state and proves it holds the same bytes before the first step.
   broadcast_state(comm, model);
   require_same_parameters(ctx, model);
+  if (auto stopped = stopped_in_setup(ctx, o, 3, resume ? "while loading the checkpoint to resume from"
+                                                        : "while initialising the model", false))
+    return *stopped;
 
   data::ShardedSampler sampler(ds.train.count, global_batch, static_cast<uint64_t>(o.seed), rank, world,
                                o.drop_last);
@@ -350,33 +434,60 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // Checkpoints: rank 0 snapshots its state (all ranks hold the same parameters and
   // optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a background
   // thread writes it.
-  std::unique_ptr<ckpt::CheckpointStore> store;
+  std::unique_ptr<ckpt::CheckpointStore> store = open_store(ctx, o);
   std::unique_ptr<ckpt::AsyncWriter> writer;
-  dist::collectively(ctx, [&] {  // every rank learns whether rank 0 could use the directory
-    if (lead && !o.checkpoint_dir.empty())
-      store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints);
-  });
   if (store) writer = std::make_unique<ckpt::AsyncWriter>(*store);
+  if (auto stopped = stopped_in_setup(ctx, o, 4, "while preparing the training engine", true)) return *stopped;
   int64_t checkpoints = 0, last_saved = -1;
   double checkpoint_stall = 0;
   auto last_checkpoint_time = Clock::now(), last_heartbeat = Clock::now() - std::chrono::hours(1);
+  // Never saved nor reported done: a state that is not finite (the update after a finite loss
+  // can make it so, and a layer can hide it from later losses). Collective; the ranks that
+  // `check` look at their host copy, and every rank learns their verdict.
+  auto require_finite_state = [&](int64_t after_step, bool check) {
+    double bad[3] = {0, 0, 0};
+    if (check) {
+      engine->sync_to_host();
+      bad[0] = !finite(model.params().values()), bad[1] = !finite(sgd.momentum_buffer());
+      bad[2] = !finite(model.params().buffers());
+    }
+    if (world > 1) comm.allreduce_sum(bad, 3);
+    const char* what = bad[0] > 0 ? "the parameters" : bad[1] > 0 ? "the optimizer's momentum"
+                                                   : bad[2] > 0 ? "the batch-norm statistics" : nullptr;
+    if (what) diverged(o, detail::concat(what, " are not finite after step ", after_step, ", though its loss still was"), false);
+  };
+  // Collective: every rank calls it at the same step, and learns whether rank 0 could hand the
+  // snapshot over (it cannot after an earlier write failed in the background).
   auto save = [&](RunPosition at) {
-    if (!writer || at.step == last_saved) return;
+    if (o.checkpoint_dir.empty() || at.step == last_saved) return;
     const auto t0 = Clock::now();
-    if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
-    ckpt::Checkpoint snapshot = writer->recycled();
-    engine->sync_to_host();
-    at.scaler = engine->loss_scaler();
-    fill_checkpoint(snapshot, o, model, sgd, world, at);
-    writer->submit(std::move(snapshot), at.step);
+    require_finite_state(at.step, writer != nullptr);
+    last_saved = at.step;
+    dist::collectively(ctx, [&] {
+      if (!writer) return;
+      if (at.step_in_epoch >= spe) at.epoch += 1, at.step_in_epoch = 0;  // the next step opens the next epoch
+      ckpt::Checkpoint snapshot = writer->recycled();
+      at.scaler = engine->loss_scaler();
+      fill_checkpoint(snapshot, o, model, sgd, world, at);
+      writer->submit(std::move(snapshot), at.step);
+    });
     checkpoint_stall += seconds_since(t0);
     last_checkpoint_time = Clock::now();
-    last_saved = at.step;
     ++checkpoints;
+  };
+  // Every rank learns whether rank 0's checkpoints were all written; `doing` says what for.
+  auto finish_writes = [&](const std::string& doing) {
+    dist::collectively(ctx, [&] {
+      if (!writer) return;
+      try {
+        writer->wait();
+      } catch (const Error& e) {
+        throw Error(e.kind(), doing + ", but its checkpoint could not be written: " + e.what());
+      }
+    });
   };
   const TestKill kill_at = test_hook("HPCTRAIN_TEST_KILL_AFTER_STEP", SIGKILL);
   const TestKill signal_at = test_hook("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM);
-  StopSignals stop_signals;
   bool stopping = false;
   RunPosition here = start;
 
@@ -426,14 +537,17 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
         ckpt::write_heartbeat(store->dir(), step, epoch);
         last_heartbeat = Clock::now();
       }
-      // Every rank agrees at each step boundary on whether to stop (any rank was signalled)
-      // and whether rank 0's clock says a checkpoint is due.
-      double flags[2] = {lead && o.checkpoint_interval_seconds > 0 &&
+      // Every rank agrees at each step boundary on whether to stop (any rank was signalled),
+      // whether rank 0's clock says a checkpoint is due, and whether any rank's loss is not finite.
+      double flags[3] = {lead && o.checkpoint_interval_seconds > 0 &&
                                  seconds_since(last_checkpoint_time) >= o.checkpoint_interval_seconds
                              ? 1.0
                              : 0.0,
-                         StopSignals::requested() ? 1.0 : 0.0};
-      if (world > 1) comm.allreduce_sum(flags, 2);
+                         StopSignals::requested() ? 1.0 : 0.0, std::isfinite(loss) ? 0.0 : 1.0};
+      if (world > 1) comm.allreduce_sum(flags, 3);
+      if (flags[2] > 0)
+        diverged(o, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),
+                 step == 1 && !resume);
       if ((o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0) || flags[0] > 0) save(here);
       if (kill_at.step == step) {
         // The tests then know which checkpoint the resumed run starts from: what was submitted
@@ -464,7 +578,6 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                   100 * eval.accuracy, ips, format_duration(epoch_seconds).c_str());
     progress.line(buf);
     if (o.checkpoint_each_epoch) save({step, epoch + 1, 0, global_batch, samples_seen, {}});
-    if (!std::isfinite(train_loss)) log::warn("the training loss is not finite: training diverged (try a lower --lr)");
     metrics.write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
                    {"step", step},
@@ -475,21 +588,24 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
                    {"images_per_second", ips},
                    {"train_seconds", train_seconds},
                    {"elapsed_seconds", seconds_since(t_start)}});
+    // A stop asked for during the evaluation ends the run here, not after one more step.
+    if (step < total_steps && stop_asked(comm).signal) {
+      stopping = true;
+      break;
+    }
   }
   if (stopping) {
     // Asked to stop: checkpoint where we are and leave with "requeue me".
-    if (writer) {
-      save(here);
-      writer->wait();
-    }
+    const StopAsked asked = stop_asked(comm);
+    const std::string cause = detail::concat("stopped on request (", cause_of(asked, world), ") after step ", step);
+    save(here);
+    finish_writes(cause);  // rank 0's checkpoint is durable before anyone exits
     if (store) ckpt::write_heartbeat(store->dir(), step, step / spe, "stopped");
-    if (world > 1) comm.barrier();  // rank 0's checkpoint is durable before anyone exits
     if (lead)
-      log::warn("stopped on request (SIGTERM or SIGUSR1) after step ", step,
-                o.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
-                                         : "; checkpoint written, --resume auto continues from it");
+      log::warn(cause, o.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
+                                                : "; checkpoint written, --resume auto continues from it");
     result.steps = step;
-    result.exit_code = o.checkpoint_dir.empty() ? 128 + SIGTERM : kExitCheckpointed;
+    result.exit_code = stop_exit_code(o, asked);
     return result;
   }
   if (!evaluated) {
@@ -499,9 +615,15 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
     if (lead) log::info("the checkpoint is at the run's last step (", step, "): nothing to train; evaluating");
     eval = run_evaluation();
   }
-  if (writer) {  // the final state, and every write finished before reporting
-    save({step, o.epochs, 0, global_batch, samples_seen, {}});
-    writer->wait();
+  // The final state (checked by save(), or here without a checkpoint directory), and every write
+  // finished before reporting.
+  if (o.checkpoint_dir.empty()) require_finite_state(step, true);
+  save({step, o.epochs, 0, global_batch, samples_seen, {}});
+  finish_writes(detail::concat("finished after step ", step));
+  if (StopSignals::requested())  // on this rank: too late to stop before the end, which is as good
+    log::warn("a stop was asked for (", signal_name(StopSignals::signal_number()),
+              ") as the run was finishing; it finished instead");
+  if (writer) {
     log::info("checkpoint: ", writer->last_written());
     ckpt::write_heartbeat(store->dir(), step, step / spe, "done");
   }

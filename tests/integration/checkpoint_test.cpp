@@ -3,7 +3,11 @@
 // of a checkpoint that does not fit.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 
 #include "integration/harness.hpp"
 
@@ -33,11 +37,33 @@ class Checkpoints : public ::testing::Test {
     if (!ckpt_dir.empty()) a.insert(a.end(), {"--checkpoint-dir", ckpt_dir, "--checkpoint-every-steps", "5"});
     return a;
   }
+  // The final parameters' checksum of job() never interrupted (the same in every test: worked
+  // out once per binary).
   std::string uninterrupted(int ranks) {
+    static std::map<int, std::string> known;
+    if (known.count(ranks)) return known[ranks];
     const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
     const RunResult r = run_mpi(ranks, job("", m));
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    return done_of(m)["param_checksum"].str;
+    return known[ranks] = done_of(m)["param_checksum"].str;
+  }
+
+  // job() continued from the checkpoints in `ck`: it must resume at step `from` and end exactly
+  // where an uninterrupted run does.
+  void expect_exact_resume(int ranks, const std::string& ck, int64_t from) {
+    const std::string m = dir_.file("resumed.jsonl");
+    std::filesystem::remove(m);
+    const RunResult r = run_mpi(ranks, job(ck, m));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(from));
+    EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(ranks));
+  }
+
+  // job() started in the background with `ck` (checkpoints every 5 steps) and extra options.
+  std::unique_ptr<Started> start(const std::string& ck, std::vector<std::string> extra = {}) {
+    auto args = job(ck, dir_.file("bg.jsonl"));
+    args.insert(args.end(), extra.begin(), extra.end());
+    return start_hpctrain(args);
   }
 
   TempDir dir_{"ckpt"};
@@ -317,6 +343,291 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   expect_usage_error(run_hpctrain({"inspect", dir_.str() + "/nothing-here"}), "no such file or directory");
 }
 
+// ---- stop signals ----------------------------------------------------------------------------
+
+std::string ckpt_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt-%09lld.hpck", static_cast<long long>(step));
+  return buf;
+}
+
+// The names in a checkpoint directory, sorted.
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Once its code runs (the signal blocked in its main thread), a stop signal at any moment of
+// set-up or training ends hpctrain with 75 and one line: never the silent 143 of a signal's
+// default action. Before the first step there is nothing to save, and no checkpoint is written;
+// after it, the checkpoint is whole. Without --checkpoint-dir the code is the signal's.
+TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
+  for (const double delay : {0.0, 0.1, 0.3, 0.7, 1.5}) {
+    SCOPED_TRACE(::testing::Message() << "SIGTERM " << delay << " s after its start");
+    const std::string ck = dir_.file("any" + std::to_string(static_cast<int>(delay * 10)));
+    const auto p = start(ck);
+    ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), SIGTERM) || !p->running(); }, 20));
+    usleep(static_cast<useconds_t>(delay * 1e6));
+    kill(p->pid(), SIGTERM);
+    const RunResult r = p->finish(120);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_EQ(count_of(r.err, "hpctrain: warning: stopped on request (SIGTERM) "), 1) << r.err;
+    EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
+    const bool before_training = r.err.find("before the first step") != std::string::npos;
+    for (const std::string& name : names_in(ck)) {
+      EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+      if (before_training) {
+        EXPECT_EQ(name.find("ckpt-"), std::string::npos) << name;
+      }
+    }
+  }
+  // Without --checkpoint-dir the code is the signal's; SIGINT ends it at once, also in set-up.
+  struct Case {
+    std::string ck;
+    int signal, exit_code;
+    std::string says;
+  };
+  const Case cases[] = {
+      {"", SIGUSR1, 128 + SIGUSR1, "hpctrain: warning: stopped on request (SIGUSR1) while "},
+      {dir_.file("int"), SIGINT, 128 + SIGINT, "hpctrain: stopped at once by SIGINT, without a checkpoint"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    const auto p = start(c.ck);
+    ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), c.signal) || !p->running(); }, 20));
+    kill(p->pid(), c.signal);
+    const RunResult r = p->finish(120);
+    EXPECT_EQ(r.exit_code, c.exit_code) << r.err;
+    EXPECT_EQ(count_of(r.err, c.says), 1) << r.err;
+    EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
+    if (c.ck.empty()) {
+      EXPECT_NE(r.err.find(", before the first step: nothing to save (no --checkpoint-dir)\n"), std::string::npos)
+          << r.err;
+    }
+    for (const std::string& name : names_in(c.ck)) EXPECT_EQ(name.find("ckpt-"), std::string::npos) << name;
+  }
+}
+
+// A stop asked for on rank 1 in each phase of set-up (resuming from a checkpoint, in phase 3)
+// ends both ranks there with 75 and one line naming it; the directory is left as it was, and
+// the run continued from it later ends exactly as one never stopped.
+TEST_F(Checkpoints, AStopDuringSetUpOnOneRankEndsEveryRankAndLosesNothing) {
+  const std::string ck = dir_.file("setup");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "7@1", 1);
+  ASSERT_EQ(run_mpi(2, job(ck, dir_.file("s0.jsonl"))).exit_code, 75);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  const std::vector<std::string> before = names_in(ck);
+  const Bytes newest = read_bytes(ck + "/ckpt-000000007.hpck");
+  const char* phases[] = {"while starting", "while loading the dataset",
+                          "while loading the checkpoint to resume from", "while preparing the training engine"};
+  for (int phase = 1; phase <= 4; ++phase) {
+    const std::string hook = std::to_string(phase) + "@1" + (phase == 2 ? ":usr1" : "");
+    SCOPED_TRACE(hook);
+    setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", hook.c_str(), 1);
+    const RunResult r = run_mpi(2, job(ck, dir_.file("s1.jsonl")), 120);
+    unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    const std::string line = std::string("hpctrain: warning: stopped on request (") +
+                             (phase == 2 ? "SIGUSR1" : "SIGTERM") + " to rank 1) " + phases[phase - 1] +
+                             ", before the first step: nothing to save and nothing lost; run it again to continue";
+    EXPECT_EQ(count_of(r.err, line), 1) << r.err;
+    EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
+    EXPECT_EQ(names_in(ck), before);
+    EXPECT_EQ(read_bytes(ck + "/ckpt-000000007.hpck"), newest);
+  }
+  expect_exact_resume(2, ck, 7);
+}
+
+// SIGINT in the middle of a checkpoint write stops at once, and says so (not "second signal"):
+// the unfinished file is removed, the previous checkpoint stays the newest, whole.
+TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOne) {
+  const std::string ck = dir_.file("sigint");
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "2", 1);
+  const auto p = start(ck);
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  const std::string unfinished = "ckpt-000000010.hpck.tmp." + std::to_string(p->pid());
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ck + "/" + unfinished) || !p->running(); }, 60));
+  kill(p->pid(), SIGINT);
+  const RunResult r = p->finish(60);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_EQ(r.err, "hpctrain: stopped at once by SIGINT, without a checkpoint: the ones already written are kept "
+                   "(SIGTERM or SIGUSR1 would have written one first)\n");
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
+  expect_exact_resume(1, ck, 5);
+}
+
+// A second SIGTERM while the stop's checkpoint is written ends at once; a SIGUSR1 then SIGTERM,
+// or two SIGUSR1, are one stop, whose checkpoint is written.
+TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {
+  struct Case {
+    const char* first;  // HPCTRAIN_TEST_SIGNAL_AFTER_STEP
+    std::vector<int> then;
+    int exit_code;
+    std::vector<std::string> lines;
+    int64_t resumes_from;
+  };
+  const Case cases[] = {
+      {"13", {SIGTERM}, 128 + SIGTERM,
+       {"hpctrain: stopped at once by SIGTERM (the second one), without a checkpoint: the ones already written are "
+        "kept\n"},
+       10},
+      {"13:usr1", {SIGUSR1, SIGTERM}, 75,
+       {"hpctrain: SIGUSR1: already stopping (SIGUSR1); a second SIGTERM or SIGINT would stop at once, without a "
+        "checkpoint\n",
+        "hpctrain: SIGTERM: already stopping (SIGUSR1); a second SIGTERM or SIGINT would stop at once, without a "
+        "checkpoint\n",
+        "hpctrain: warning: stopped on request (SIGUSR1) after step 13; checkpoint written, --resume auto continues "
+        "from it\n"},
+       13},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.first);
+    const std::string ck = dir_.file(std::string("second") + (c.exit_code == 75 ? "usr1" : "term"));
+    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", c.first, 1);
+    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+    const auto p = start(ck);
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+    const std::string unfinished = "ckpt-000000013.hpck.tmp." + std::to_string(p->pid());
+    ASSERT_TRUE(wait_until([&] { return fs::exists(ck + "/" + unfinished) || !p->running(); }, 60));
+    for (int sig : c.then) {
+      kill(p->pid(), sig);
+      usleep(100000);
+    }
+    const RunResult r = p->finish(60);
+    EXPECT_EQ(r.exit_code, c.exit_code) << r.err;
+    std::string want;
+    for (const std::string& line : c.lines) want += line;
+    EXPECT_EQ(r.err, want);
+    for (const std::string& name : names_in(ck)) EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+    EXPECT_TRUE(fs::exists(ck + "/" + ckpt_name(c.resumes_from)));
+    expect_exact_resume(1, ck, c.resumes_from);
+  }
+}
+
+// A stop asked for while the final checkpoint is written lets the run finish (exit 0, the
+// checkpoint whole, a warning); a second SIGTERM there stops at once and leaves the one before.
+TEST_F(Checkpoints, SignalsDuringTheFinalCheckpoint) {
+  for (const int sigterms : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << sigterms << " SIGTERM(s)");
+    const std::string ck = dir_.file("final" + std::to_string(sigterms));
+    const std::string m = dir_.file("final" + std::to_string(sigterms) + ".jsonl");
+    auto args = job(ck, m);
+    *(std::find(args.begin(), args.end(), "--checkpoint-every-steps") + 1) = "20";
+    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+    const auto p = start_hpctrain(args);
+    unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+    const std::string unfinished = "ckpt-000000040.hpck.tmp." + std::to_string(p->pid());
+    ASSERT_TRUE(wait_until([&] { return fs::exists(ck + "/" + unfinished) || !p->running(); }, 60));
+    for (int i = 0; i < sigterms; ++i) {
+      kill(p->pid(), SIGTERM);
+      usleep(100000);
+    }
+    const RunResult r = p->finish(60);
+    if (sigterms == 1) {
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(r.err, "hpctrain: warning: a stop was asked for (SIGTERM) as the run was finishing; it finished "
+                       "instead\n");
+      EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(1));
+      EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000020.hpck", "ckpt-000000040.hpck", "heartbeat"}));
+    } else {
+      EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+      EXPECT_EQ(count_of(r.err, "hpctrain: stopped at once by SIGTERM (the second one)"), 1) << r.err;
+      EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000020.hpck", "heartbeat"}));
+      args = job(ck, dir_.file("final_resumed.jsonl"));
+      *(std::find(args.begin(), args.end(), "--checkpoint-every-steps") + 1) = "20";
+      const RunResult resumed = run_hpctrain(args);
+      ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+      EXPECT_EQ(done_of(dir_.file("final_resumed.jsonl")).at("resumed_from_step").number, 20);
+      EXPECT_EQ(done_of(dir_.file("final_resumed.jsonl")).at("param_checksum").str, uninterrupted(1));
+    }
+  }
+}
+
+// A stop asked for during the first epoch's evaluation is honoured right after it, at the
+// epoch's end (step 20), not one step into the next epoch.
+TEST_F(Checkpoints, AStopDuringTheEvaluationEndsTheRunRightAfterIt) {
+  const std::string ck = dir_.file("eval");
+  auto args = job(ck, dir_.file("ev.jsonl"));
+  std::replace(args.begin(), args.end(), std::string("--quiet"), std::string("--log-every"));
+  args.insert(std::find(args.begin(), args.end(), std::string("--log-every")) + 1, "20");
+  *(std::find(args.begin(), args.end(), "--test-samples") + 1) = "4000";  // a second or more to evaluate
+  const auto p = start_hpctrain(args);
+  ASSERT_TRUE(wait_until([&] { return read_text(p->out_path()).find("step 20/20") != std::string::npos ||
+                                      !p->running(); }, 60));
+  kill(p->pid(), SIGTERM);
+  const RunResult r = p->finish(60);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_EQ(r.err, "hpctrain: warning: stopped on request (SIGTERM) after step 20; checkpoint written, --resume "
+                   "auto continues from it\n");
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000010.hpck", "ckpt-000000015.hpck",
+                                                    "ckpt-000000020.hpck", "heartbeat"}));
+  expect_exact_resume(1, ck, 20);
+}
+
+// A stop whose checkpoint cannot be written (something in the way of its file) is an error on
+// every rank, not a 75 that promises a checkpoint; the ones before stay. A stop during set-up
+// with a directory that cannot be used is that directory's error.
+TEST_F(Checkpoints, AStopThatCannotCheckpointIsAnError) {
+  const std::string ck = dir_.file("blocked");
+  fs::create_directories(ck + "/ckpt-000000013.hpck");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
+  const RunResult r = run_mpi(2, job(ck, dir_.file("b.jsonl")), 120);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;
+  EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << "every rank knows, none is killed\n" << r.err;
+  EXPECT_NE(r.err.find("stopped on request (SIGTERM to rank 1) after step 13, but its checkpoint could not be "
+                       "written: cannot rename " + ck + "/ckpt-000000013.hpck.tmp."),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(" to " + ck + "/ckpt-000000013.hpck: Is a directory"), std::string::npos) << r.err;
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "ckpt-000000010.hpck",
+                                                    "ckpt-000000013.hpck", "heartbeat"}));
+  EXPECT_TRUE(fs::is_directory(ck + "/ckpt-000000013.hpck"));
+
+  // The periodic checkpoint before the stop (step 10) failed in the background: the stop, the
+  // next to hand a checkpoint over, reports it on every rank alike.
+  const std::string ck10 = dir_.file("blocked10");
+  fs::create_directories(ck10 + "/ckpt-000000010.hpck");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
+  const RunResult r10 = run_mpi(2, job(ck10, dir_.file("b10.jsonl")), 120);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  EXPECT_EQ(r10.exit_code, 2) << r10.err;
+  EXPECT_EQ(count_of(r10.err, "hpctrain: error: "), 1) << r10.err;
+  EXPECT_EQ(r10.err.find("MPI_ABORT"), std::string::npos) << "every rank knows, none is killed\n" << r10.err;
+  EXPECT_NE(r10.err.find(" to " + ck10 + "/ckpt-000000010.hpck: Is a directory"), std::string::npos) << r10.err;
+  EXPECT_EQ(names_in(ck10), (std::vector<std::string>{"ckpt-000000005.hpck", "ckpt-000000010.hpck", "heartbeat"}));
+
+  write_text(dir_.file("a-file"), "");
+  setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", "2", 1);
+  const RunResult early = run_hpctrain(job(dir_.file("a-file") + "/ckpt", dir_.file("b2.jsonl")));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
+  expect_usage_error(early, "cannot create checkpoint directory " + dir_.file("a-file") + "/ckpt");
+  EXPECT_EQ(early.err.find("stopped on request"), std::string::npos) << early.err;
+}
+
+// `hpctrain evaluate` has nothing to save: a stop signal ends it at once, saying so.
+TEST_F(Checkpoints, EvaluateStopsAtOnceOnASignal) {
+  const std::string ck = dir_.file("evaluate");
+  auto args = job(ck, dir_.file("ee.jsonl"));
+  args.insert(args.end(), {"--max-steps", "1"});
+  ASSERT_EQ(run_hpctrain(args).exit_code, 0);
+  for (const int sig : {SIGTERM, SIGUSR1}) {
+    const auto p = start_hpctrain({"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads", "1"});
+    ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), sig) || !p->running(); }, 20));
+    usleep(200000);
+    kill(p->pid(), sig);
+    const RunResult r = p->finish(60);
+    EXPECT_EQ(r.exit_code, 128 + sig) << r.err;
+    EXPECT_EQ(r.err, std::string("hpctrain: stopped at once by ") + (sig == SIGTERM ? "SIGTERM" : "SIGUSR1") +
+                         " (nothing to save)\n");
+  }
+}
+
 TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   const std::string ck = dir_.file("fit");
   ASSERT_EQ(run_hpctrain(job(ck, dir_.file("f.jsonl"))).exit_code, 0);
@@ -334,6 +645,26 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   write_text(dir_.file("junk.hpck"), "not a checkpoint at all");
   expect_usage_error(with({"--resume", dir_.file("junk.hpck")}), "is not an hpctrain checkpoint (wrong magic)");
   expect_usage_error(with({"--checkpoint-interval", "soon"}), "--checkpoint-interval must be a duration");
+  // A checkpoint whose parameters are not finite (written by a run that diverged, before
+  // hpctrain refused to write such): refused by name, not resumed into NaN.
+  Bytes bad = read_bytes(ck + "/ckpt-000000040.hpck");
+  for (size_t at = 12; at + 16 <= bad.size();) {  // sections: u32 kind, u64 bytes, u32 CRC-32, payload
+    uint32_t kind = 0;
+    uint64_t bytes = 0;
+    std::memcpy(&kind, &bad[at], 4);
+    std::memcpy(&bytes, &bad[at + 4], 8);
+    if (kind == 2) {  // the parameters
+      const float nan = std::nanf("");
+      std::memcpy(&bad[at + 16], &nan, 4);
+      const auto sum = static_cast<uint32_t>(crc32(0L, &bad[at + 16], static_cast<uInt>(bytes)));
+      std::memcpy(&bad[at + 12], &sum, 4);
+    }
+    at += 16 + bytes;
+  }
+  write_bytes(dir_.file("diverged.hpck"), bad);
+  expect_usage_error(with({"--resume", dir_.file("diverged.hpck")}),
+                     dir_.file("diverged.hpck") + " holds a state that is not finite (its run had diverged): resume "
+                     "from an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
   // --resume none starts afresh even with checkpoints in the directory.
   const std::string m = dir_.file("fresh.jsonl");
   auto fresh = job(ck, m);

@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -78,54 +80,87 @@ struct RunResult {
   bool timed_out = false;  // killed by run_program's deadline
 };
 
-// Runs argv[0] with the rest as its arguments; stdout and stderr go to files (no pipe to fill
-// up) and are read back. The program runs in a process group of its own; with a deadline
-// (seconds > 0), the whole group (mpirun and its ranks, stopped ones too) is killed when it
-// passes, so a hang fails the test instead of blocking it.
-inline RunResult run_program(std::vector<std::string> argv_s, double deadline_seconds = 0) {
-  TempDir io("io");
-  const std::string out_path = io.file("stdout"), err_path = io.file("stderr");
-  std::vector<char*> argv;
-  RunResult r;
-  for (auto& a : argv_s) {
-    argv.push_back(a.data());
-    r.command += (r.command.empty() ? "" : " ") + a;
-  }
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  pid_t pid = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) throw std::runtime_error("cannot start " + argv_s[0]);
-  int status = 0;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, deadline_seconds > 0 ? WNOHANG : 0);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
-    if (done == 0 && elapsed() > deadline_seconds && !r.timed_out) {
-      r.timed_out = true;
-      kill(-pid, SIGCONT);
-      kill(-pid, SIGKILL);
+// A program started in the background: argv[0] with the rest as its arguments; stdout and
+// stderr go to files (no pipe to fill up) and are read back by finish(). It runs in a process
+// group of its own; with a deadline (seconds > 0), finish() kills the whole group (mpirun and
+// its ranks, stopped ones too) when it passes, so a hang fails the test instead of blocking it.
+// Tests that signal a program while it runs use pid() meanwhile.
+class Started {
+ public:
+  explicit Started(std::vector<std::string> argv_s) : t0_(std::chrono::steady_clock::now()) {
+    std::vector<char*> argv;
+    for (auto& a : argv_s) {
+      argv.push_back(a.data());
+      command_ += (command_.empty() ? "" : " ") + a;
     }
-    if (done == 0) usleep(20000);
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+    const int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) throw std::runtime_error("cannot start " + argv_s[0]);
   }
-  r.seconds = elapsed();
-  if (r.timed_out) kill(-pid, SIGKILL);  // any rank the launcher left behind
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_text(out_path);
-  r.err = read_text(err_path);
-  return r;
+  Started(const Started&) = delete;
+  Started& operator=(const Started&) = delete;
+  ~Started() {  // a test that failed before finish(): nothing is left running
+    if (finished_) return;
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+  pid_t pid() const { return pid_; }
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  std::string out_path() const { return io_.file("stdout"); }
+  std::string err_path() const { return io_.file("stderr"); }
+  // Whether it has not exited yet (its exit status is left for finish()).
+  bool running() const {
+    siginfo_t info{};
+    return !finished_ && waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == 0;
+  }
+
+  RunResult finish(double deadline_seconds = 0) {
+    RunResult r;
+    r.command = command_;
+    int status = 0;
+    for (;;) {
+      const pid_t done = waitpid(pid_, &status, deadline_seconds > 0 ? WNOHANG : 0);
+      if (done == pid_) break;
+      if (done < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
+      if (done == 0 && seconds() > deadline_seconds && !r.timed_out) {
+        r.timed_out = true;
+        kill(-pid_, SIGCONT);
+        kill(-pid_, SIGKILL);
+      }
+      if (done == 0) usleep(20000);
+    }
+    finished_ = true;
+    r.seconds = seconds();
+    if (r.timed_out) kill(-pid_, SIGKILL);  // any rank the launcher left behind
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = read_text(out_path());
+    r.err = read_text(err_path());
+    return r;
+  }
+
+ private:
+  TempDir io_{"io"};
+  std::chrono::steady_clock::time_point t0_;
+  std::string command_;
+  pid_t pid_ = 0;
+  bool finished_ = false;
+};
+
+inline RunResult run_program(std::vector<std::string> argv_s, double deadline_seconds = 0) {
+  return Started(std::move(argv_s)).finish(deadline_seconds);
 }
 
 // The CPU tests train on the CPU also where a GPU is visible (--device auto would take it):
@@ -141,12 +176,59 @@ inline std::vector<std::string> on_cpu_unless_told(std::vector<std::string> args
   return args;
 }
 
-// Runs hpctrain with `args`.
-inline RunResult run_hpctrain(const std::vector<std::string>& args) {
+inline std::vector<std::string> hpctrain_argv(const std::vector<std::string>& args) {
   std::vector<std::string> argv{hpctrain_binary()};
   const auto a = on_cpu_unless_told(args);
   argv.insert(argv.end(), a.begin(), a.end());
-  return run_program(std::move(argv));
+  return argv;
+}
+
+// Runs hpctrain with `args`.
+inline RunResult run_hpctrain(const std::vector<std::string>& args) { return run_program(hpctrain_argv(args)); }
+
+// Starts hpctrain with `args` in the background.
+inline std::unique_ptr<Started> start_hpctrain(const std::vector<std::string>& args) {
+  return std::make_unique<Started>(hpctrain_argv(args));
+}
+
+// Polls `done` every 5 ms for up to `seconds`; whether it came true.
+inline bool wait_until(const std::function<bool()>& done, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    usleep(5000);
+  }
+  return true;
+}
+
+// Whether process `pid` blocks signal `sig` in its main thread (/proc/PID/status, SigBlk): for
+// hpctrain, that its code runs and a stop signal is taken by its signal thread, not by the
+// default action.
+inline bool blocks_signal(pid_t pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("SigBlk:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  return false;
+}
+
+// The processes whose parent is `pid` (mpirun's ranks), from /proc.
+inline std::vector<pid_t> child_pids(pid_t pid) {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');  // the command may hold spaces and parentheses
+    if (paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(paren + 1));
+    std::string state;
+    pid_t parent = 0;
+    if (rest >> state >> parent && parent == pid) children.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return children;
 }
 
 // ---- MPI ---------------------------------------------------------------------------------------
@@ -155,8 +237,7 @@ inline std::string mpiexec() { return HPCTRAIN_MPIEXEC; }
 
 // One mpirun of several groups of ranks (MPMD: "-np 1 A : -np 1 B"); each group is (ranks,
 // hpctrain's arguments).
-inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups,
-                         double deadline_seconds = 0) {
+inline std::vector<std::string> mpi_argv(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
   // CI runs as root; Open MPI refuses that unless told. --oversubscribe: 4 ranks on 2 cores.
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -169,16 +250,33 @@ inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::strin
     const auto a = on_cpu_unless_told(groups[g].second);
     argv.insert(argv.end(), a.begin(), a.end());
   }
-  return run_program(std::move(argv), deadline_seconds);
+  return argv;
+}
+
+inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups,
+                         double deadline_seconds = 0) {
+  return run_program(mpi_argv(groups), deadline_seconds);
 }
 
 inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double deadline_seconds = 0) {
   return run_mpi({{ranks, args}}, deadline_seconds);
 }
 
+// Starts mpirun with `ranks` ranks of hpctrain `args` in the background.
+inline std::unique_ptr<Started> start_mpi(int ranks, const std::vector<std::string>& args) {
+  return std::make_unique<Started>(mpi_argv({{ranks, args}}));
+}
+
 inline int count_of(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// How many lines of `err` hpctrain wrote (mpirun's own are not its).
+inline int hpctrain_lines(const std::string& err) {
+  int n = 0;
+  for (const std::string& line : lines_of(err)) n += line.rfind("hpctrain: ", 0) == 0 || line.rfind("hpctrain[", 0) == 0;
   return n;
 }
 

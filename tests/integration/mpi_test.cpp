@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 
 #include "integration/harness.hpp"
@@ -229,6 +230,38 @@ TEST_F(MpiTraining, AProblemOnOneRankIsNamedByRankAndHost) {
   expect_one_error(run_mpi({{1, {"--max-steps", "1", "--data-dir", fashion_mnist_dir()}},
                             {1, {"--max-steps", "1", "--data-dir", "/nonexistent-hpctrain-data"}}}),
                    "hpctrain: error: rank 1 on ");
+}
+
+// A learning rate far too high: every rank stops at the same step, one line says so, exit 2.
+TEST_F(MpiTraining, ADivergingRunStopsEveryRankWithOneError) {
+  const std::string m = dir_.file("diverged.jsonl");
+  const RunResult r = run_mpi(2, {"--data-dir", fashion_mnist_dir(), "--train-samples", "1280", "--test-samples",
+                                  "100", "--global-batch-size", "64", "--max-steps", "12", "--threads", "1", "--lr",
+                                  "1e6", "--quiet", "--metrics-file", m}, 120);
+  expect_one_error(r, "hpctrain: error: training diverged: the ");
+  EXPECT_NE(r.err.find("; lower --lr (now 1e+06) or warm up to it (--warmup-epochs)"), std::string::npos) << r.err;
+  for (const JsonObject& o : read_json_lines(m)) EXPECT_NE(o.at("event").str, "done");
+}
+
+// SIGUSR1 to mpirun (which passes it to every rank) while the ranks start: they all stop
+// before the first step, one line says so, and every rank exits 75.
+TEST_F(MpiTraining, AStopSignalWhileTheRanksStartStopsThemAll) {
+  const std::string ck = dir_.file("stop");
+  const auto p = start_mpi(2, {"--data-dir", fashion_mnist_dir(), "--train-samples", "1280", "--epochs", "1",
+                               "--threads", "1", "--quiet", "--checkpoint-dir", ck});
+  auto ranks_started = [&] {
+    const std::vector<pid_t> ranks = child_pids(p->pid());
+    return ranks.size() == 2 && std::all_of(ranks.begin(), ranks.end(), [](pid_t r) { return blocks_signal(r, SIGUSR1); });
+  };
+  ASSERT_TRUE(wait_until([&] { return ranks_started() || !p->running(); }, 30));
+  kill(p->pid(), SIGUSR1);
+  const RunResult r = p->finish(120);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_EQ(count_of(r.err, "hpctrain: warning: stopped on request (SIGUSR1) while "), 1) << r.err;
+  EXPECT_EQ(count_of(r.err, ", before the first step: nothing to save and nothing lost; run it again to continue\n"), 1)
+      << r.err;
+  EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
+  EXPECT_TRUE(std::filesystem::is_empty(ck));
 }
 
 TEST_F(MpiTraining, BatchSizeAndGlobalBatchSizeExcludeEachOther) {

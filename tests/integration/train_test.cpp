@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <regex>
 #include <string>
 #include <vector>
@@ -256,6 +257,87 @@ INSTANTIATE_TEST_SUITE_P(Zoo, TrainModel, ::testing::Combine(::testing::Values("
                          [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& i) {
                            return std::get<0>(i.param) + (std::get<1>(i.param) ? "_bn" : "_nobn");
                          });
+
+// ---- (f) a diverging run ---------------------------------------------------------------------
+
+// Whether every float of a checkpoint file's parameter, momentum and batch-norm sections is
+// finite (the format: ckpt/checkpoint.hpp; sections of kind 2, 3 and 4 hold float32).
+bool finite_checkpoint(const std::string& path) {
+  const Bytes b = read_bytes(path);
+  size_t at = 12;  // magic and version
+  while (at + 16 <= b.size()) {
+    uint32_t kind = 0;
+    uint64_t bytes = 0;
+    std::memcpy(&kind, &b[at], 4);
+    std::memcpy(&bytes, &b[at + 4], 8);
+    at += 16;
+    if (kind >= 2 && kind <= 4)
+      for (uint64_t i = 0; i + 4 <= bytes; i += 4) {
+        float v = 0;
+        std::memcpy(&v, &b[at + i], 4);
+        if (!std::isfinite(v)) return false;
+      }
+    at += bytes;
+  }
+  return at == b.size();
+}
+
+// A learning rate far too high: a loss, or first the state after a step's update (batch-norm
+// statistics overflow while the loss stays finite), stops being finite. Training stops at that
+// step with exit 2 and one line naming it and the remedy, never "done"; no checkpoint holds a
+// state that is not finite (every one written before is checked, the newest evaluates to a
+// finite loss), so --resume auto never continues into NaN.
+TEST_F(Train, ADivergingRunStopsWithoutSavingItsState) {
+  const std::vector<std::vector<std::string>> lrs{
+      {"--lr", "1e6"}, {"--lr-schedule", "constant", "--lr", "1e6"}, {"--lr-schedule", "constant", "--lr", "50"}};
+  for (const auto& lr : lrs) {
+    const bool checkpoints = lr.size() == 2;
+    SCOPED_TRACE(lr.back() + (checkpoints ? " with checkpoints" : ""));
+    const std::string ck = dir_.file("diverged" + lr.back()), m = dir_.file("diverged" + lr.back() + ".jsonl");
+    auto args = kShort + lr + std::vector<std::string>{"--data-dir", fashion_mnist_dir(), "--metrics-file", m,
+                                                       "--threads", "2", "--log-every", "1"};
+    if (checkpoints) args = args + std::vector<std::string>{"--checkpoint-dir", ck, "--checkpoint-every-steps", "1"};
+    const RunResult r = run_hpctrain(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    const std::regex line("hpctrain: error: training diverged: the (loss of step ([0-9]+) \\(epoch 1\\) is not finite|"
+                          "(parameters|optimizer's momentum|batch-norm statistics) are not finite after step "
+                          "([0-9]+), though its loss still was); lower --lr \\(now " +
+                          std::string(lr.back() == "50" ? "50" : "1e\\+06") +
+                          "\\) or warm up to it \\(--warmup-epochs\\); no checkpoint holds this state\n");
+    std::smatch got;
+    ASSERT_TRUE(std::regex_match(r.err, got, line)) << r.err;
+    for (const JsonObject& o : read_json_lines(m)) EXPECT_NE(o.at("event").str, "done");
+    // It stopped at the first step whose loss was not finite (the progress lines show the
+    // epoch's mean loss so far), or, named for its state, no loss before was.
+    const int64_t n = std::stoll(got[2].matched ? got[2].str() : got[4].str());
+    const std::regex progress("epoch 1/1  step ([0-9]+)/[0-9]+  loss ([^ ]+) ");
+    int64_t first_bad = 0, last = 0;
+    for (const std::string& l : lines_of(r.out)) {
+      std::smatch p;
+      if (!std::regex_search(l, p, progress)) continue;
+      last = std::stoll(p[1].str());
+      if (!first_bad && !std::isfinite(std::strtod(p[2].str().c_str(), nullptr))) first_bad = last;
+    }
+    EXPECT_EQ(last, n) << r.out;
+    EXPECT_EQ(first_bad, got[2].matched ? n : 0) << r.out;
+    if (!checkpoints) continue;
+    // The state after step n-1 was checked and saved; nothing after it.
+    char newest[32];
+    std::snprintf(newest, sizeof newest, "ckpt-%09lld.hpck", static_cast<long long>(n - 1));
+    EXPECT_TRUE(fs::exists(ck + "/" + newest)) << newest;
+    for (const auto& e : fs::directory_iterator(ck)) {
+      const std::string name = e.path().filename().string();
+      if (name == "heartbeat") continue;
+      EXPECT_LE(name, newest);
+      EXPECT_TRUE(finite_checkpoint(e.path().string())) << name;
+    }
+    const std::string em = dir_.file("diverged_eval.jsonl");
+    const RunResult eval = run_hpctrain({"evaluate", "--checkpoint", ck, "--test-samples", "200", "--data-dir",
+                                         fashion_mnist_dir(), "--threads", "2", "--metrics-file", em});
+    ASSERT_EQ(eval.exit_code, 0) << eval.err;
+    EXPECT_TRUE(std::isfinite(read_json_lines(em).at(0).at("test_loss").number));
+  }
+}
 
 }  // namespace
 }  // namespace hpc::itest
