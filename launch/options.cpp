@@ -168,7 +168,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   po::options_description launch("How: the mpirun command");
   launch.add_options()
       ("launch-agent", po::value(&o.launch_agent)->default_value(o.launch_agent),
-       "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes")
+       "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes; "
+       "ssh gets -o BatchMode=yes -o ConnectTimeout=<--probe-timeout>")
       ("mpirun", po::value(&o.mpirun)->default_value(o.mpirun), "the mpirun to use")
       ("mpi-args", po::value(&mpi_args), "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\"")
       ("env,x", po::value(&o.env)->composing(), "NAME or NAME=VALUE to set on every rank (repeatable)")
