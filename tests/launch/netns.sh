@@ -52,11 +52,13 @@ netns_cleanup() {
 netns_setup() {
   NETNS_ID=$1
   NETNS_COUNT=$2
-  NETNS_DIR=$(mktemp -d /var/tmp/hpcrun-netns-XXXXXX)
   NETNS_HOSTS=()
   trap 'netns_cleanup' EXIT
   trap 'exit 130' INT TERM
   netns_remove_hosts
+  # And the scratch directory (keys included) of one killed before it could remove it.
+  rm -rf "/var/tmp/hpcrun-netns-$NETNS_ID-"*
+  NETNS_DIR=$(mktemp -d "/var/tmp/hpcrun-netns-$NETNS_ID-XXXXXX")
   local br="hpt${NETNS_ID}br" net="10.231.${NETNS_ID}" k
   ip link add "$br" type bridge
   ip addr add "$net.1/24" dev "$br"
