@@ -165,6 +165,7 @@ netns_boot_host() {
   # Its privilege separation directory (Debian's init script makes it; a container may lack it).
   mkdir -p /run/sshd
   rm -f "$d/sshd.pid"
+  # shellcheck disable=SC2016  # $1... are the inner sh's arguments
   ip netns exec "hpt${NETNS_ID}h$1" unshare --uts --mount --propagation private sh -c '
     hostname "$1" && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm &&
     exec "$2" -f "$3" -E "$4"' sh "hpt${NETNS_ID}h$1" "$NETNS_SSHD" "$d/sshd_config" "$d/sshd.log" ||
