@@ -41,6 +41,7 @@ packages=(
   cmake g++ make pkg-config                    # toolchain
   libopenmpi-dev openmpi-bin                   # data-parallel runs over MPI
   iproute2                                     # hpcrun's tests: hosts as network namespaces
+  openssh-client openssh-server                # hpcrun's launch agent; an sshd per test host
   slurm-wlm munge procps                       # slurm/local-cluster.sh and the Slurm tests
   libboost-program-options-dev                 # command line and config files
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)

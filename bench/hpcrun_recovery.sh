@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # hpcrun's recovery time: from a failure to the first training step of the relaunched job, for
-# the cnn job on three local hosts (network namespaces, as in tests/launch/). Two failures:
+# the cnn job on three local hosts (network namespaces, each a real SSH server, launched through
+# ssh, as in tests/launch/). Two failures:
 #   node loss  every process of host 2 is SIGKILLed at step 25; mpirun notices at once, so the
 #              recovery time is the whole cost (target: < 5 s);
 #   cut        host 2's link goes down at step 25; the ranks' --step-timeout (5 s here) detects
 #              it, hpcrun's --teardown-timeout (2 s) ends mpirun; printed: cut to detection,
 #              detection to the first step (target: < 5 s plus the detection timeout).
 # Each is repeated --runs times (default 3); the median and the spread are printed.
-# Usage: sudo bench/hpcrun_recovery.sh [--runs N]   (root: it makes network namespaces)
+# Usage: sudo bench/hpcrun_recovery.sh [--runs N]   (root: it makes network namespaces and sshds)
 # Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -19,7 +20,7 @@ runs=3
 while (($#)); do
   case "$1" in
     --runs) [[ $# -ge 2 ]] || die "--runs needs a value"; runs=$2; shift 2 ;;
-    -h | --help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,14s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1'" ;;
   esac
 done
@@ -68,7 +69,8 @@ for ((i = 1; i <= runs; ++i)); do
 done
 
 echo
-echo "hpcrun recovery, cnn on Fashion-MNIST (${TRAIN_SAMPLES} samples), 3 namespace hosts on $(nproc) cores:"
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+echo "hpcrun recovery, cnn on Fashion-MNIST (${TRAIN_SAMPLES} samples), 3 namespace hosts over ssh on $(nproc) cores ($cpu):"
 echo "  node loss: failure to first step of the next attempt: $(printf '%s\n' "${loss[@]}" | median)   target < 5 s"
 echo "  link cut:  cut to detection: $(printf '%s\n' "${cut_detect[@]}" | median)" \
   "  (--step-timeout 5 s + --teardown-timeout 2 s)"

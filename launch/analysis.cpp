@@ -78,6 +78,17 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   if (line.find("Remote daemon:") != std::string::npos) return word_after(" on node ");
   if (line.find("Peer host:") != std::string::npos) return word_after("Peer host:");
   if (line.find("noticed that process rank") != std::string::npos) return word_after(" on node ");
+  // ssh, as mpirun's launch agent, about the host it could not start a daemon on (or lost).
+  if (line.rfind("ssh: connect to host ", 0) == 0) return word_after("connect to host ");
+  if (line.rfind("ssh: Could not resolve hostname ", 0) == 0) {
+    const std::string host = word_after("hostname ");
+    return host.empty() || host.back() != ':' ? host : host.substr(0, host.size() - 1);
+  }
+  if (line.rfind("Host key for ", 0) == 0 && line.find(" has changed") != std::string::npos) return word_after("Host key for ");
+  if (line.find(" host key is known for ") != std::string::npos) return word_after(" host key is known for ");
+  if (line.rfind("Connection to ", 0) == 0 && (line.find(" timed out") != std::string::npos ||
+                                              line.find(" closed by remote host") != std::string::npos))
+    return word_after("Connection to ");
   return "";
 }
 

@@ -32,7 +32,9 @@ std::vector<std::string> rank_hosts(const HostList& placement);
 
 // The host an mpirun message blames, or "": Open MPI 4 names a lost daemon ("Remote daemon: ...
 // on node H"), a vanished peer ("Peer host: H") and a rank that died ("noticed that process rank
-// R ... on node H exited"). Used beside the ranks' reports, which a torn-down job may never deliver.
+// R ... on node H exited"); ssh as its launch agent names a host it cannot reach or trust ("ssh:
+// connect to host H port 22: Connection refused", "Host key for H has changed ...", "Connection to
+// H closed by remote host."). Used beside the ranks' reports, which a torn-down job may never deliver.
 std::string host_blamed_by_mpirun(const std::string& line);
 
 // What mpirun said when it refused its command line, on one line: the first paragraph of its first

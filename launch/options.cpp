@@ -44,14 +44,21 @@ std::vector<std::string> split_words(const std::string& s) {
 const std::set<std::string> kOwnMpirunOptions = {"-np", "--np", "-n", "-c", "-H", "--host", "-host", "--hostfile",
                                                  "-hostfile", "--machinefile", "-machinefile", "--default-hostfile"};
 
-// Names the launch agent cannot reach are typos; Slurm's node names are Slurm's to reach (srun).
+// A name that does not resolve is a typo, or a host the name service has lost: when the hosts that
+// do resolve cannot give --min-np slots, nothing could ever start, and it is bad input; otherwise
+// the health probe reports it (one line naming it), blacklists it, and the job runs on the others.
+// A launch agent given may reach names this machine cannot resolve (an ssh config's Host aliases);
+// Slurm's node names are Slurm's to reach (srun).
 void check_host_names(const LaunchOptions& o) {
-  if (o.host_source != HostSource::List && o.host_source != HostSource::Hostfile) return;
+  if (o.launch_agent_given || (o.host_source != HostSource::List && o.host_source != HostSource::Hostfile)) return;
+  int resolved_slots = 0;
+  std::string unknown, why;
   for (const Host& h : o.static_hosts) {
-    std::string why;
-    HPC_REQUIRE(is_local_host(h.name) || o.launch_agent_given || resolves(h.name, &why), "unknown host '", h.name,
-                "': ", why, " (check -H or --hostfile)");
+    if (is_local_host(h.name) || resolves(h.name, unknown.empty() ? &why : nullptr)) resolved_slots += h.slots;
+    else if (unknown.empty()) unknown = h.name;
   }
+  HPC_REQUIRE(unknown.empty() || resolved_slots >= o.min_np, "unknown host '", unknown, "': ", why,
+              " (check -H or --hostfile)");
 }
 
 // The launch agent runs on this machine: missing, it is a local typo, not the failure of every
@@ -168,7 +175,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   po::options_description launch("How: the mpirun command");
   launch.add_options()
       ("launch-agent", po::value(&o.launch_agent)->default_value(o.launch_agent),
-       "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes")
+       "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes; "
+       "ssh gets -o BatchMode=yes -o ConnectTimeout=<--probe-timeout>")
       ("mpirun", po::value(&o.mpirun)->default_value(o.mpirun), "the mpirun to use")
       ("mpi-args", po::value(&mpi_args), "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\"")
       ("env,x", po::value(&o.env)->composing(), "NAME or NAME=VALUE to set on every rank (repeatable)")

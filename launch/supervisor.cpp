@@ -193,17 +193,25 @@ HostList Supervisor::known_hosts() {
   return discovered_;
 }
 
-std::vector<std::string> Supervisor::probe_command(const std::string& host) const {
-  if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given)
-    return {"srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=" + host, "true"};
+// For ssh: never a password or host-key prompt (nobody would answer it, and the probe or mpirun's
+// start-up would wait for it), and no connection attempt longer than a probe may take: a host that
+// does not answer would otherwise hold a probe, or mpirun's start-up, for ssh's default, the
+// system's TCP connect timeout (two minutes). On the command line these outrank the user's config.
+std::vector<std::string> Supervisor::agent_command() const {
   std::vector<std::string> cmd;
   std::stringstream words(o_.launch_agent);
   for (std::string w; words >> w;) cmd.push_back(w);
   if (fs::path(cmd[0]).filename() == "ssh") {
-    // Never wait for a password prompt, nor longer than the probe may take.
     const int connect = std::max(1, static_cast<int>(o_.probe_timeout));
     cmd.insert(cmd.begin() + 1, {"-o", "BatchMode=yes", "-o", "ConnectTimeout=" + std::to_string(connect)});
   }
+  return cmd;
+}
+
+std::vector<std::string> Supervisor::probe_command(const std::string& host) const {
+  if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given)
+    return {"srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=" + host, "true"};
+  std::vector<std::string> cmd = agent_command();
   cmd.push_back(host);
   cmd.push_back("true");
   return cmd;
@@ -304,7 +312,9 @@ std::vector<std::string> Supervisor::mpirun_command(const HostList& placement) c
   cmd.insert(cmd.end(), {"--mca", "odls_base_signal_direct_children_only", "1"});
   const bool remote = std::any_of(placement.begin(), placement.end(), [](const Host& h) { return !is_local_host(h.name); });
   if (remote && (o_.host_source != HostSource::Slurm || o_.launch_agent_given)) {
-    cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", o_.launch_agent});
+    std::string agent;
+    for (const std::string& w : agent_command()) agent += (agent.empty() ? "" : " ") + w;
+    cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", agent});
   } else if (o_.host_source == HostSource::Slurm) {
     // mpirun starts its daemons with srun, which without a node list takes the whole
     // allocation, a lost node included, and waits for that node forever; and a step of the

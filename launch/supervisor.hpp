@@ -75,6 +75,7 @@ class Supervisor {
   HostList known_hosts();       // the static list, or the discovery script's latest answer
   bool discover(bool first);    // runs the script; false when it failed (the previous answer stays)
   HostList healthy(const HostList& candidates);  // the ones not blacklisted that answer a probe
+  std::vector<std::string> agent_command() const;  // --launch-agent's words, with ssh's options
   std::vector<std::string> probe_command(const std::string& host) const;
   HostList place(const HostList& usable, int np) const;
   int target_np(const HostList& usable, bool first) const;

@@ -82,6 +82,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-np", "1", "/no/such/program"}, "program /no/such/program: no such file"},
       {{"-np", "1", "no-such-program-anywhere"}, "not found in PATH"},
       {{"-H", "no-such-host.invalid:1", "true"}, "unknown host 'no-such-host.invalid'"},
+      // Without it the job could not start either: --min-np is 2
+      {{"-H", "localhost:1,no-such-host.invalid:1", "-np", "2", "true"}, "unknown host 'no-such-host.invalid'"},
       {{"-H", "", "true"}, "-H is empty"},
       {{"-H", "a,,b", "true"}, "empty host name"},
       {{"-H", "localhost:0", "true"}, "slots must be"},
@@ -190,6 +192,20 @@ TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
   EXPECT_NE(log.find("hello from 1"), std::string::npos);
   EXPECT_NE(log.find("hpcrun-rank-status: rank=1 exit=0"), std::string::npos) << log;
   EXPECT_NE(read_text(dir.file("summary.json")).find("\"result\": \"success\""), std::string::npos);
+}
+
+// A host name that does not resolve, where the other hosts give --min-np slots: one line naming it
+// (from the health probe, through ssh, the default launch agent), and the job runs without it.
+TEST(HpcrunCli, HostThatDoesNotResolveIsLeftOutWhereMinNpAllows) {
+  TempDir dir("hpcrun_unresolved");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-H", "localhost:1,no-such-host.invalid:1", "-np", "1", "sh",
+                              "-c", "echo ran"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("host no-such-host.invalid failed its health probe (exit code 255: ssh: Could not resolve "
+                       "hostname no-such-host.invalid"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
 }
 
 // Not retried, and not buried: hpctrain prints its error on rank 0 alone, and mpirun follows it

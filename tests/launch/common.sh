@@ -11,9 +11,14 @@ SECONDS=0
 
 fail() {
   echo "FAIL: $*" >&2
-  # HPCRUN_TEST_KEEP=DIR keeps every log of a failed run there.
-  if [[ -n "${HPCRUN_TEST_KEEP:-}" ]]; then mkdir -p "$HPCRUN_TEST_KEEP" && cp -r "$NETNS_DIR"/. "$HPCRUN_TEST_KEEP"/; fi
-  for f in "${NETNS_DIR:-/nonexistent}"/*.err; do [[ -f "$f" ]] && { echo "--- $f"; tail -40 "$f"; } >&2; done
+  # HPCRUN_TEST_KEEP=DIR keeps every log of a failed run there (the private keys stay behind).
+  if [[ -n "${HPCRUN_TEST_KEEP:-}" ]]; then
+    mkdir -p "$HPCRUN_TEST_KEEP" && cp -r "$NETNS_DIR"/. "$HPCRUN_TEST_KEEP"/
+    rm -f "$HPCRUN_TEST_KEEP"/ssh/id_ed25519 "$HPCRUN_TEST_KEEP"/ssh/h*/host_key
+  fi
+  for f in "${NETNS_DIR:-/nonexistent}"/*.err "${NETNS_DIR:-/nonexistent}"/ssh/h*/sshd.log; do
+    [[ -f "$f" ]] && { echo "--- $f"; tail -40 "$f"; } >&2
+  done
   exit 1
 }
 say() { echo "[$SECONDS s] $*"; }
@@ -40,6 +45,7 @@ hpcrun_start() {
   local name=$1
   shift
   local ck="$NETNS_DIR/$name"
+  say "hpcrun $name, launch agent '$NETNS_AGENT'"
   # shellcheck disable=SC2046
   "$HPCRUN" --launch-agent "$NETNS_AGENT" --mpi-args "$NETNS_MPI_ARGS" --log-dir "$ck/hpcrun" "$@" \
     "$HPCTRAIN" $(train_args) --checkpoint-dir "$ck" > "$NETNS_DIR/$name.out" 2> "$NETNS_DIR/$name.err" &
@@ -47,10 +53,10 @@ hpcrun_start() {
   NETNS_KILL_AT_EXIT+=" $HPCRUN_PID"
 }
 
-hpcrun_wait() {  # hpcrun_wait SECONDS: its exit code in RC (fails the test on a hang)
+hpcrun_wait() {  # hpcrun_wait SECONDS [WHAT]: its exit code in RC (fails the test on a hang)
   local deadline=$((SECONDS + $1))
   while kill -0 "$HPCRUN_PID" 2> /dev/null; do
-    ((SECONDS < deadline)) || { kill -9 "$HPCRUN_PID"; fail "hpcrun still running after $1 s"; }
+    ((SECONDS < deadline)) || { kill -9 "$HPCRUN_PID"; fail "${2:-hpcrun} still running after $1 s"; }
     sleep 0.2
   done
   RC=0
@@ -97,4 +103,24 @@ accuracy_of() { sed -n 's/.*done: .* test accuracy \([0-9.]*\)%.*/\1/p' "$NETNS_
 
 expect_in() {  # expect_in NAME TEXT: hpcrun's stderr contains TEXT
   grep -q -- "$2" "$NETNS_DIR/$1.err" || fail "hpcrun's output lacks '$2'"
+}
+
+# expect_ssh_used NAME HOST_INDEX...: hpcrun's mpirun started the job's daemons through ssh (the
+# attempt log's mpirun command names it as plm_rsh_agent, with the options hpcrun adds), and each
+# host's sshd accepted logins with the test's key.
+expect_ssh_used() {
+  local name=$1
+  shift
+  grep -q -- "--mca plm_rsh_agent ssh -o BatchMode=yes -o ConnectTimeout=[0-9]* -F $NETNS_SSH_CONFIG " \
+    "$NETNS_DIR/$name/hpcrun/attempt-1.log" || fail "mpirun's launch agent in attempt 1 of $name was not ssh with the test's config"
+  expect_sshd_logins "$@"
+}
+
+expect_sshd_logins() {  # expect_sshd_logins HOST_INDEX...
+  local k n
+  for k in "$@"; do
+    n=$(netns_sshd_logins "$k")
+    ((n > 0)) || fail "the sshd of host $k logged no login with the test's key"
+    say "sshd of host $k (${NETNS_HOSTS[k]}): $n login(s) with the test's key"
+  done
 }

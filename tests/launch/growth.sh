@@ -32,4 +32,5 @@ expect_in grow "host ${NETNS_HOSTS[2]} left the discovery output"
 expect_in grow "attempt 3: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[3]}:1"
 expect_in grow "summary: 3 attempt(s), 0 failure(s), 2 host change(s)"
 [[ -n "$(accuracy_of grow)" ]] || fail "the job printed no final accuracy"
+expect_ssh_used grow 1 2 3
 say "PASS"

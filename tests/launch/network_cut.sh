@@ -24,4 +24,5 @@ expect_in cut "lost ${NETNS_HOSTS[1]}"
 expect_in cut "attempt 2: 2 rank(s) on ${NETNS_HOSTS[2]}:1,${NETNS_HOSTS[3]}:1"
 expect_in cut "summary: 2 attempt(s), 1 failure(s)"
 [[ -n "$(accuracy_of cut)" ]] || fail "the job printed no final accuracy"
+expect_ssh_used cut 1 2 3
 say "PASS"

@@ -32,6 +32,7 @@ grep -q '"recovery_seconds"' "$NETNS_DIR/lost/hpcrun/summary.json" || fail "summ
 awk -v a="$got" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.5) }' ||
   fail "accuracy $got% is more than 0.5 points from the undisturbed $ref%"
 grep -q "resumed from" "$NETNS_DIR/lost.out" || grep -q "resum" "$NETNS_DIR/lost.out" || fail "attempt 2 did not resume"
+expect_ssh_used lost 1 2 3
 
 say "SIGTERM to hpcrun mid-run: the job checkpoints and stops, hpcrun exits 75"
 hpcrun_start stop -H "$(hpcrun_hosts "1 3")" -np 2

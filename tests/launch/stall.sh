@@ -26,4 +26,5 @@ for r in 0 1; do grep -q "hpcrun-rank-alive: rank=$r" "$log" || fail "rank $r di
 expect_in stall "host ${NETNS_HOSTS[3]} blacklisted"
 expect_in stall "attempt 2: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[2]}:1"
 [[ -n "$(accuracy_of stall)" ]] || fail "the job printed no final accuracy"
+expect_ssh_used stall 1 2 3
 say "PASS"

@@ -187,6 +187,16 @@ TEST(Analysis, MpirunMessagesNameHosts) {
   EXPECT_EQ(host_blamed_by_mpirun("  Peer host:  node7"), "node7");
   EXPECT_EQ(host_blamed_by_mpirun("mpirun noticed that process rank 1 with PID 0 on node gpu3 exited on signal 9 (Killed)."),
             "gpu3");
+  // ssh, mpirun's launch agent, failing to start a daemon (OpenSSH 9's words)
+  EXPECT_EQ(host_blamed_by_mpirun("ssh: connect to host 10.7.0.3 port 22: Connection refused"), "10.7.0.3");
+  EXPECT_EQ(host_blamed_by_mpirun("ssh: connect to host node4 port 2222: Connection timed out"), "node4");
+  EXPECT_EQ(host_blamed_by_mpirun("ssh: Could not resolve hostname nohost: Name or service not known"), "nohost");
+  EXPECT_EQ(host_blamed_by_mpirun("Host key for node5 has changed and you have requested strict checking."), "node5");
+  EXPECT_EQ(host_blamed_by_mpirun("No ED25519 host key is known for node6 and you have requested strict checking."), "node6");
+  EXPECT_EQ(host_blamed_by_mpirun("Connection to node7 port 22 timed out"), "node7");
+  EXPECT_EQ(host_blamed_by_mpirun("Connection to 10.7.0.8 closed by remote host."), "10.7.0.8");
+  EXPECT_EQ(host_blamed_by_mpirun("Host key verification failed."), "");
+  EXPECT_EQ(host_blamed_by_mpirun("hpctrain: cannot connect to host x"), "");
   EXPECT_EQ(host_blamed_by_mpirun("  Local host: vm"), "");
   EXPECT_EQ(host_blamed_by_mpirun("hpctrain: epoch 1"), "");
 }
