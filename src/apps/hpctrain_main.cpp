@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
+#include <string>
 
 #include "core/error.hpp"
 #include "dist/agree.hpp"
@@ -17,7 +19,9 @@ namespace {
 // One line on stderr. An error every rank threw is printed by rank 0 alone, and every rank
 // exits with its code; an error one rank met alone names that rank and ends the whole job,
 // since the others would wait for it forever.
-int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* what) {
+int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* message) {
+  const std::string line = hpc::one_line(message);
+  const char* what = line.c_str();
   const bool several = ctx.world_size() > 1;
   if (collective) {
     if (ctx.rank() == 0) std::fprintf(stderr, "hpctrain: error: %s\n", what);
@@ -62,6 +66,8 @@ int main(int argc, char** argv) {
     return fail(ctx, true, e.exit_code(), e.what());
   } catch (const hpc::Error& e) {
     return fail(ctx, false, e.exit_code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(ctx, false, 1, hpc::kOutOfMemory);
   } catch (const std::exception& e) {
     return fail(ctx, false, 1, e.what());
   }

@@ -1,5 +1,29 @@
 #include "core/error.hpp"
 
+#include <cstdio>
+
+namespace hpc {
+
+std::string one_line(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace hpc
+
 namespace hpc::detail {
 
 void throw_internal(const char* file, int line, const char* cond, const std::string& msg) {

@@ -30,6 +30,15 @@ std::string concat(const Args&... args) {
 [[noreturn]] void throw_internal(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 
+// What a std::bad_alloc means to a user: the job asks for more memory than there is (exit 1,
+// a failure, but no bug to report), and which settings decide how much.
+inline constexpr const char* kOutOfMemory =
+    "out of memory (a smaller --batch-size, --eval-batch-size, --image-size or model needs less)";
+
+// `text` as one printable line: control characters (a newline inside a path or value a user
+// gave) written as escapes, so that an error stays the one line its contract promises.
+std::string one_line(const std::string& text);
+
 // A problem the user can fix: bad flag, bad file, bad value. Message names the problem.
 template <class... Args>
 [[noreturn]] void usage_error(const Args&... args) {

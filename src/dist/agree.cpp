@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <new>
 
 namespace hpc::dist {
 
@@ -13,6 +14,9 @@ void collectively(ProcessContext& ctx, const std::function<void()>& fn) {
   } catch (const Error& e) {
     code = static_cast<uint64_t>(e.exit_code());
     message = e.what();
+  } catch (const std::bad_alloc&) {
+    code = 1;
+    message = kOutOfMemory;
   } catch (const std::exception& e) {
     code = 1;
     message = e.what();
