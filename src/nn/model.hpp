@@ -28,6 +28,9 @@ struct ModelSpec {
 
 // The names build_model accepts, for --help and error messages.
 const std::vector<std::string>& model_names();
+// The smallest image side the model can take (cnn: its two 2x2 max pools need 4 pixels; the
+// ResNets end in a global average pool and take any size).
+int64_t smallest_image_side(const std::string& model);
 
 template <class T>
 class Model {

@@ -150,6 +150,8 @@ const std::vector<std::string>& model_names() {
   return names;
 }
 
+int64_t smallest_image_side(const std::string& model) { return model == "cnn" ? 4 : 1; }
+
 template <class T>
 Model<T>::Model(const ModelSpec& spec) : spec_(spec), loss_(spec.label_smoothing) {
   if (spec.name == "cnn") build_cnn(net_, spec);

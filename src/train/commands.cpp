@@ -212,6 +212,23 @@ int inspect(const std::string& path, bool json) {
   return kExitSuccess;
 }
 
+// evaluate on another dataset than the checkpoint's: refused where the model cannot take its
+// images or classes, else said once (an accuracy on other data is rarely what was meant).
+void check_evaluation_data(const ckpt::Checkpoint& c, const nn::Model<float>& model, const std::string& dataset,
+                           bool speak) {
+  const std::string trained_on = meta_or(c.meta, "option.dataset", "");
+  if (trained_on.empty() || trained_on == dataset) return check_model(c, model);
+  try {
+    check_model(c, model);
+  } catch (const Error&) {
+    usage_error("--dataset ", dataset, ": the checkpoint's ", c.text("model"), " was trained on ", trained_on,
+                " and cannot take ", dataset, "'s images or classes (evaluate it on ", trained_on, ")");
+  }
+  if (speak)
+    log::warn("--dataset ", dataset, " is not the dataset the checkpoint was trained on (", trained_on,
+              "): this is its accuracy on other data");
+}
+
 }  // namespace
 
 int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
@@ -232,7 +249,9 @@ int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   bool go = false;
   dist::collectively(ctx, [&] {
     go = parse(argc, argv, options, positional, vm, ctx.rank() == 0);
-    HPC_REQUIRE(!go || !path.empty(), "hpctrain inspect needs a PATH: a checkpoint file or directory");
+    HPC_REQUIRE(!go || vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
+    HPC_REQUIRE(!go || !path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
+                "checkpoint file or directory");
   });
   if (!go) return kExitSuccess;
   dist::collectively(ctx, [&] {  // rank 0 reads; its verdict is every rank's
@@ -265,6 +284,8 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   dist::collectively(ctx, [&] {
     go = parse(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
+    for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
+      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
     require_non_negative(test_samples, "test-samples");
     require_positive(batch_size, "eval-batch-size");
     require_thread_count(threads);
@@ -295,7 +316,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
     ds = data::load_dataset(dataset, dir, sized && size != c->meta.end() ? c->integer("option.image-size") : 0);
     ds.test.truncate(test_samples);
     model = std::make_unique<nn::Model<float>>(model_spec_of(*c, ds.test));
-    check_model(*c, *model);
+    check_evaluation_data(*c, *model, dataset, lead);
     apply_model_state(*c, *model);
   });
   const auto t_eval = std::chrono::steady_clock::now();

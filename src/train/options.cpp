@@ -1,7 +1,12 @@
 #include "train/options.hpp"
 
 #include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -9,10 +14,14 @@
 #include "core/device.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "data/dataset.hpp"
 #include "nn/gemm.hpp"
+#include "nn/model.hpp"
+#include "optim/schedule.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -24,7 +33,7 @@ std::vector<double> parse_list(const std::string& s, const char* option) {
     try {
       size_t used = 0;
       double v = std::stod(item, &used);
-      HPC_REQUIRE(used == item.size() && v >= 0, "");
+      HPC_REQUIRE(used == item.size() && std::isfinite(v) && v >= 0, "");
       out.push_back(v);
     } catch (...) {
       usage_error("--", option, " takes a comma-separated list of epochs, got '", s, "'");
@@ -45,7 +54,30 @@ void require_finite(double v, const char* option) {
   HPC_REQUIRE(std::isfinite(v), "--", option, " must be a finite number, got ", v);
 }
 
-void validate(const TrainOptions& o) {
+// Sample indices are 32-bit inside (ShardedSampler), and no dataset hpctrain reads holds more
+// than 2^32 samples: a billion is far above any real batch and keeps the products hpctrain
+// forms (batch x ranks, epochs x steps per epoch) far from overflowing.
+constexpr int64_t kMaxBatch = 1'000'000'000;
+constexpr int64_t kMaxEpochs = 1'000'000;
+// The watchdog counts in int64 nanoseconds: beyond 1000 h a step timeout means "never" anyway,
+// and under a second it would end healthy runs whose steps take that long.
+constexpr double kMinStepTimeout = 1, kMaxStepTimeout = 1000 * 3600.0;
+// A bucket must hold at least one float; 1 kB also keeps the number of buckets sane.
+constexpr double kMinBucketMb = 0.001, kMaxBucketMb = 4096;
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
+// what: the option as the message names it ("--dataset"; "model", as Model itself words it).
+void require_one_of(const std::string& value, const std::vector<std::string>& names, const char* what) {
+  HPC_REQUIRE(std::find(names.begin(), names.end(), value) != names.end(), "unknown ", what, " '", value,
+              "' (choose ", joined(names), ")");
+}
+
+void validate_counts(const TrainOptions& o) {
   require_positive(o.epochs, "epochs");
   require_positive(o.batch_size, "batch-size");
   require_positive(o.eval_batch_size, "eval-batch-size");
@@ -54,18 +86,22 @@ void validate(const TrainOptions& o) {
                          {o.image_size, "image-size"},
                          {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"}})
     require_non_negative(v, name);
+  HPC_REQUIRE(o.epochs <= kMaxEpochs, "--epochs must be at most ", kMaxEpochs, ", got ", o.epochs);
+  for (auto [v, name] : {std::pair{o.batch_size, "batch-size"}, {o.global_batch_size, "global-batch-size"},
+                         {o.eval_batch_size, "eval-batch-size"}})
+    HPC_REQUIRE(v <= kMaxBatch, "--", name, " must be at most ", kMaxBatch, " samples, got ", v);
   require_thread_count(o.threads);
   HPC_REQUIRE(o.image_size <= 4096, "--image-size must be at most 4096 pixels, got ", o.image_size);
-  HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096,
-              "--bucket-mb must be a size in MB in (0, 4096], got ", o.bucket_mb);
   HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
-              "--keep-checkpoints must be at least 1, got ", o.keep_checkpoints);
-  for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
-                         {o.label_smoothing, "label-smoothing"}, {o.warmup_epochs, "warmup-epochs"},
-                         {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"}})
-    require_finite(v, name);
-  HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
-              o.label_smoothing);
+              "--keep-checkpoints must be from 1 to 1000000, got ", o.keep_checkpoints);
+}
+
+void validate_choices(const TrainOptions& o) {
+  require_one_of(o.model, nn::model_names(), "model");
+  require_one_of(o.dataset, data::dataset_names(), "--dataset");
+  require_one_of(o.lr_schedule, optim::schedule_names(), "--lr-schedule");
+  HPC_REQUIRE(o.image_size == 0 || o.image_size >= nn::smallest_image_side(o.model), "--image-size ", o.image_size,
+              " is too small for --model ", o.model, " (at least ", nn::smallest_image_side(o.model), " pixels)");
   HPC_REQUIRE(o.init == "kaiming-uniform" || o.init == "kaiming-normal",
               "--init must be kaiming-uniform or kaiming-normal, got '", o.init, "'");
   HPC_REQUIRE(o.augment == "auto" || o.augment == "on" || o.augment == "off",
@@ -78,6 +114,135 @@ void validate(const TrainOptions& o) {
               "loss scale changes between steps, a graph replays fixed ones); use bf16, or leave out --cuda-graphs");
 }
 
+// As optim::Sgd would refuse them (it checks again for its own callers).
+void validate_optimizer(const TrainOptions& o) {
+  for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
+                         {o.label_smoothing, "label-smoothing"}})
+    require_finite(v, name);
+  HPC_REQUIRE(o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  HPC_REQUIRE(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
+  HPC_REQUIRE(!o.nesterov || o.momentum > 0, "Nesterov momentum needs --momentum > 0 (or --no-nesterov)");
+  HPC_REQUIRE(o.weight_decay >= 0, "--weight-decay must not be negative, got ", o.weight_decay);
+  HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+              o.label_smoothing);
+}
+
+// As optim::LrSchedule would refuse them, and the values that contradict --lr or --epochs.
+void validate_schedule(const TrainOptions& o) {
+  for (auto [v, name] : {std::pair{o.warmup_epochs, "warmup-epochs"}, {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"},
+                         {o.onecycle_pct_start, "onecycle-pct-start"}, {o.onecycle_div_factor, "onecycle-div-factor"},
+                         {o.onecycle_final_div_factor, "onecycle-final-div-factor"},
+                         {o.onecycle_base_momentum, "onecycle-base-momentum"},
+                         {o.onecycle_max_momentum, "onecycle-max-momentum"}})
+    require_finite(v, name);
+  HPC_REQUIRE(o.warmup_epochs >= 0, "--warmup-epochs must not be negative, got ", o.warmup_epochs);
+  HPC_REQUIRE(o.warmup_epochs <= static_cast<double>(o.epochs), "--warmup-epochs ", o.warmup_epochs,
+              " is longer than the run (--epochs ", o.epochs, ")");
+  HPC_REQUIRE(o.lr_gamma > 0, "--lr-gamma must be positive, got ", o.lr_gamma);
+  HPC_REQUIRE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr ", o.lr, "] (the cosine schedule "
+              "falls from --lr to it), got ", o.min_lr);
+  for (double e : o.lr_step_epochs)
+    HPC_REQUIRE(o.lr_schedule != "step" || e < static_cast<double>(o.epochs), "--lr-step-epochs ", e,
+                " is not within the run (--epochs ", o.epochs, "): the learning rate would never change there");
+  HPC_REQUIRE(o.onecycle_pct_start > 0 && o.onecycle_pct_start < 1, "--onecycle-pct-start must be in (0, 1), got ",
+              o.onecycle_pct_start);
+  HPC_REQUIRE(o.onecycle_div_factor >= 1 && o.onecycle_final_div_factor >= 1,
+              "--onecycle-div-factor and --onecycle-final-div-factor must be at least 1, got ", o.onecycle_div_factor,
+              " and ", o.onecycle_final_div_factor);
+  HPC_REQUIRE(o.onecycle_base_momentum >= 0 && o.onecycle_base_momentum <= o.onecycle_max_momentum &&
+                  o.onecycle_max_momentum < 1,
+              "one-cycle momentum needs 0 <= --onecycle-base-momentum <= --onecycle-max-momentum < 1, got ",
+              o.onecycle_base_momentum, " and ", o.onecycle_max_momentum);
+}
+
+void validate_parallel(const TrainOptions& o) {
+  HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb >= kMinBucketMb && o.bucket_mb <= kMaxBucketMb,
+              "--bucket-mb must be a size in MB from ", kMinBucketMb, " (1 kB) to ", kMaxBucketMb, ", got ",
+              o.bucket_mb);
+  HPC_REQUIRE(o.step_timeout_seconds == 0 ||
+                  (o.step_timeout_seconds >= kMinStepTimeout && o.step_timeout_seconds <= kMaxStepTimeout),
+              "--step-timeout must be 0 (never) or from 1s to 1000h, got ", show_duration(o.step_timeout_seconds));
+}
+
+// A config file is a few lines: reading stops past this, so that --config /dev/zero, or a
+// dataset named by mistake, ends in an error rather than taking all the memory.
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
+// The text of a config file, without a UTF-8 byte-order mark (Windows editors write one).
+std::string read_config_text(const std::string& path) {
+  require_not_empty(path, "config");
+  std::error_code ec;
+  HPC_REQUIRE(!fs::is_directory(path, ec), "--config ", path, " is a directory, not a file of name = value lines");
+  std::ifstream in(path, std::ios::binary);
+  HPC_REQUIRE(in, "cannot read config file ", path, ": ", std::strerror(errno));
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  HPC_REQUIRE(!in.bad(), "cannot read config file ", path, ": ", std::strerror(errno));
+  text.resize(static_cast<size_t>(in.gcount()));
+  HPC_REQUIRE(text.size() <= kMaxConfigBytes, "config file ", path, " is larger than ", kMaxConfigBytes >> 20,
+              " MB: not a config file of name = value lines?");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  // Control characters other than tabs and line ends mean a binary file, whose bytes would
+  // otherwise reach the error line raw.
+  const auto bad = std::find_if(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f;
+  });
+  HPC_REQUIRE(bad == text.end(), "config file ", path, " is not a text file (byte ", bad - text.begin(),
+              " is a control character): it should hold name = value lines");
+  return text;
+}
+
+// Reads --config PATH into vm after the command line (whose values win). Boost's messages
+// are prefixed with the file; the options that only make sense on a command line are refused.
+void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
+  std::istringstream in(read_config_text(path));
+  try {
+    const po::parsed_options parsed = po::parse_config_file(in, all);
+    for (const po::option& opt : parsed.options) {
+      HPC_REQUIRE(opt.string_key != "config" && opt.string_key != "help" && opt.string_key != "version",
+                  "config file ", path, " sets '", opt.string_key, "', which only the command line can give");
+      // "checkpoint-dir =": a generated file whose variable was unset.
+      HPC_REQUIRE(opt.value.empty() || !opt.value.front().empty(), "config file ", path, ": '", opt.string_key,
+                  "' is empty (an unset variable?)");
+    }
+    po::store(parsed, vm);
+    po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    const bool dotted = e.get_option_name().find('.') != std::string::npos;
+    usage_error("config file ", path, ": ", e.what(),
+                dotted ? " (sections such as [train] are not read: write name = value lines)" : "");
+  } catch (const po::error& e) {
+    usage_error("config file ", path, ": ", e.what());
+  }
+}
+
+bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
+
+// Paths: an empty one is an unset variable ("--checkpoint-dir $DIR"), never a request for the
+// default; and the files hpctrain writes must not be one another.
+void validate_paths(const TrainOptions& o, const po::variables_map& vm) {
+  for (const char* name : {"data-dir", "metrics-file", "timeline-file", "checkpoint-dir", "resume"})
+    if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+  std::error_code ec;
+  HPC_REQUIRE(o.metrics_file.empty() || o.timeline_file.empty() ||
+                  (o.metrics_file != o.timeline_file && !fs::equivalent(o.metrics_file, o.timeline_file, ec)),
+              "--metrics-file and --timeline-file are the same file, ", o.metrics_file,
+              ": their lines would mix; give the timeline a file of its own");
+}
+
+// Checkpoint settings without a directory to write to would silently save nothing.
+void validate_checkpointing(const TrainOptions& o, const po::variables_map& vm) {
+  if (!o.checkpoint_dir.empty()) return;
+  const std::pair<bool, const char*> asks[] = {
+      {o.checkpoint_every_steps > 0, "--checkpoint-every-steps"},
+      {o.checkpoint_each_epoch, "--checkpoint-each-epoch"},
+      {given(vm, "keep-checkpoints"), "--keep-checkpoints"},
+      {given(vm, "checkpoint-interval") && o.checkpoint_interval_seconds > 0, "--checkpoint-interval"}};
+  for (const auto& [asked, option] : asks)
+    HPC_REQUIRE(!asked, option, " needs --checkpoint-dir: without it no checkpoint is written");
+}
+
 }  // namespace
 
 void require_positive(int64_t v, const char* option) {
@@ -86,6 +251,10 @@ void require_positive(int64_t v, const char* option) {
 
 void require_non_negative(int64_t v, const char* option) {
   HPC_REQUIRE(v >= 0, "--", option, " must not be negative, got ", v);
+}
+
+void require_not_empty(const std::string& value, const char* option) {
+  HPC_REQUIRE(!value.empty(), "--", option, " is empty (an unset variable?)");
 }
 
 void require_thread_count(int threads) {
@@ -101,10 +270,11 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   general.add_options()
       ("help,h", "print this help and exit")
       ("version", "print the version and exit")
-      ("config", po::value(&config), "read options from FILE (key = value, same names as the long "
-                                     "options); the command line wins")
+      ("config", po::value(&config), "read options from FILE (name = value lines with the long options' names, "
+                                     "# comments; a text file of at most 1 MB); the command line wins")
       ("quiet", po::bool_switch(&o.quiet), "print nothing but errors")
-      ("metrics-file", po::value(&o.metrics_file), "append JSON Lines metrics (epoch and done events) to FILE")
+      ("metrics-file", po::value(&o.metrics_file),
+       "append JSON Lines metrics (epoch and done events) to FILE (one that exists must hold JSON Lines)")
       ("log-every", po::value(&o.log_every)->default_value(o.log_every, shown(o.log_every)),
        "steps between progress lines when not on a terminal (0: about ten per epoch)")
       ("seed", po::value(&o.seed)->default_value(o.seed, shown(o.seed)), "seed of initialisation, shuffling and augmentation")
@@ -158,11 +328,11 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
       ("lr", po::value(&o.lr)->default_value(o.lr, shown(o.lr)), "learning rate (the peak for onecycle)")
       ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule, shown(o.lr_schedule)), "constant, step, cosine or onecycle")
       ("warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs, shown(o.warmup_epochs)),
-       "linear warm-up from 0 over this many epochs (fractions allowed)")
+       "linear warm-up from 0 over this many epochs (fractions allowed; at most --epochs)")
       ("lr-step-epochs", po::value(&step_epochs), "step: epochs at which the lr is multiplied by --lr-gamma, "
-                                                  "e.g. 30,60")
+                                                  "e.g. 30,60 (each before --epochs)")
       ("lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma, shown(o.lr_gamma)), "step: factor at each step")
-      ("min-lr", po::value(&o.min_lr)->default_value(o.min_lr, shown(o.min_lr)), "cosine: final learning rate")
+      ("min-lr", po::value(&o.min_lr)->default_value(o.min_lr, shown(o.min_lr)), "cosine: final learning rate (0 to --lr)")
       ("onecycle-pct-start", po::value(&o.onecycle_pct_start)->default_value(o.onecycle_pct_start, shown(o.onecycle_pct_start)),
        "onecycle: fraction of the run spent rising")
       ("onecycle-div-factor", po::value(&o.onecycle_div_factor)->default_value(o.onecycle_div_factor, shown(o.onecycle_div_factor)),
@@ -187,7 +357,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   po::options_description parallel("Data parallelism (mpirun -np N hpctrain ...)");
   parallel.add_options()
       ("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb, shown(o.bucket_mb)),
-       "size of the gradient all-reduce buckets, in MB (the first, of the last layers, at most 1 MB)")
+       "size of the gradient all-reduce buckets, in MB, 0.001 to 4096 (the first, of the last layers, at most 1 MB)")
       ("no-overlap", po::bool_switch(&no_overlap),
        "all-reduce the gradients after the backward pass instead of during it (to measure the overlap)")
       ("sync-batch-norm", po::bool_switch(&o.sync_batch_norm),
@@ -198,9 +368,10 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   po::options_description checkpoints("Checkpoints, resume and failures");
   checkpoints.add_options()
       ("checkpoint-dir", po::value(&o.checkpoint_dir),
-       "rank 0 writes checkpoints here (shared storage on clusters); none without it")
+       "rank 0 writes checkpoints here (shared storage on clusters); none without it (the options below that ask "
+       "for checkpoints then are refused)")
       ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints, shown(o.keep_checkpoints)),
-       "keep the newest K checkpoints")
+       "keep the newest K checkpoints (1 to 1000000)")
       ("checkpoint-every-steps",
        po::value(&o.checkpoint_every_steps)->default_value(o.checkpoint_every_steps, shown(o.checkpoint_every_steps)),
        "also checkpoint every N steps (0: not by steps)")
@@ -211,7 +382,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
        "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file")
       ("step-timeout", po::value(&step_timeout)->default_value(step_timeout),
        "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside an "
-       "all-reduce: 90s, 10m (0: never)");
+       "all-reduce: 90s, 10m (0: never; else 1s to 1000h)");
   po::options_description all("Usage: hpctrain [train] [options]\n"
                               "       hpctrain evaluate --checkpoint PATH [options]   (test accuracy of a checkpoint)\n"
                               "       hpctrain inspect PATH [--json]                  (what a checkpoint holds)\n"
@@ -223,17 +394,12 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   try {
     // No positional options: a stray word ("hpctrain resnet20") is an error, not ignored.
     po::store(po::command_line_parser(argc, argv).options(all).positional({}).run(), vm);
-    if (vm.count("config")) {
-      const std::string path = vm["config"].as<std::string>();
-      std::ifstream in(path);
-      HPC_REQUIRE(in.good(), "cannot read config file ", path);
-      // Stored after the command line, so options given there win.
-      po::store(po::parse_config_file(in, all), vm);
-    }
     po::notify(vm);
   } catch (const po::error& e) {
     usage_error(e.what());
   }
+  // Stored after the command line, so options given there win.
+  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
   if (vm.count("help")) {
     if (speak) std::cout << all << "\n";
     return std::nullopt;
@@ -251,13 +417,19 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   o.deterministic = !no_deterministic;
   o.checkpoint_interval_seconds = parse_duration(interval, "checkpoint-interval");
   o.step_timeout_seconds = parse_duration(step_timeout, "step-timeout");
-  HPC_REQUIRE(!o.resume.empty(), "--resume must be auto, none or a checkpoint file");
+  validate_paths(o, vm);
   HPC_REQUIRE(o.global_batch_size == 0 || vm["batch-size"].defaulted(),
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
+  if (vm.count("lr-step-epochs")) require_not_empty(step_epochs, "lr-step-epochs");
   if (!step_epochs.empty()) o.lr_step_epochs = parse_list(step_epochs, "lr-step-epochs");
   HPC_REQUIRE(o.lr_schedule != "step" || !o.lr_step_epochs.empty(),
               "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
-  validate(o);
+  validate_counts(o);
+  validate_choices(o);
+  validate_optimizer(o);
+  validate_schedule(o);
+  validate_parallel(o);
+  validate_checkpointing(o, vm);
   return o;
 }
 
