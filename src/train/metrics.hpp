@@ -19,18 +19,25 @@ std::string json_string(const std::string& s);
 // One JSON object on one line; non-finite numbers become null (JSON has no NaN).
 std::string json_line(const JsonFields& fields);
 
+// Appends JSON lines to the file of an option (--metrics-file, --timeline-file), which every
+// error names. A file that exists must be JSON Lines already: appending to anything else (a
+// dataset file named by mistake) would damage it. A file this writer created and never wrote
+// to is removed again, so a refused run leaves nothing behind.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path);  // appends; usage error if it cannot
+  explicit MetricsWriter(const std::string& path, const char* option = "--metrics-file");  // usage error if it cannot
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // A failed write (a full disk) is a usage error naming the option and the cause.
   void write(const JsonFields& fields);
 
  private:
   std::string path_;
+  const char* option_ = "";
   FILE* file_ = nullptr;
+  bool created_ = false, written_ = false;
 };
 
 }  // namespace hpc::train

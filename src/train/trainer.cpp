@@ -413,7 +413,8 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // The GPU takes the batches as bytes and normalises them itself.
   data::Loader loader(ds.train, ds.norm, augment_spec(o), sampler, static_cast<uint64_t>(o.seed), 3, threads, gpu);
   MetricsWriter metrics = o.metrics_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.metrics_file);
-  MetricsWriter timeline = o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file);
+  MetricsWriter timeline =
+      o.timeline_file.empty() || !lead ? MetricsWriter() : MetricsWriter(o.timeline_file, "--timeline-file");
   // The engine takes the state as it now is (initialised or resumed, and broadcast).
   std::unique_ptr<Engine> engine =
       gpu ? make_gpu_engine(model, sgd, ctx, o) : make_cpu_engine(model, sgd, comm, o, threads);
