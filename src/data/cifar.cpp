@@ -2,6 +2,8 @@
 // (0..9) then 1024 red, 1024 green and 1024 blue bytes of a 32x32 image, row-major. CIFAR-100:
 // 3074-byte records, a coarse label (0..19) and a fine label (0..99) byte, then the same pixels;
 // hpctrain trains on the fine labels.
+#include <filesystem>
+
 #include "core/error.hpp"
 #include "data/dataset.hpp"
 
@@ -15,7 +17,17 @@ struct CifarFormat {
   int classes;
 };
 
-Dataset read_cifar(const std::vector<std::string>& paths, const CifarFormat& f) {
+// Records of one file against the count its published version holds (0: any).
+void check_record_count(const std::string& path, int64_t have, int64_t want, const CifarFormat& f) {
+  if (want == 0 || have == want) return;
+  const std::string name = std::filesystem::path(path).filename().string();
+  HPC_REQUIRE(have < want, "dataset file ", path, " holds ", have, " ", f.name, " records, but the published ", name,
+              " holds ", want, ": ", have - want, " too many (records appended from another file?)");
+  usage_error("dataset file ", path, " holds ", have, " ", f.name, " records, but the published ", name, " holds ",
+              want, ": ", want - have, " missing (truncated?)");
+}
+
+Dataset read_cifar(const std::vector<std::string>& paths, const CifarFormat& f, int64_t records_per_file) {
   constexpr int64_t kSide = 32, kPlane = kSide * kSide;
   const int64_t record = f.label_bytes + 3 * kPlane;
   Dataset d;
@@ -29,6 +41,7 @@ Dataset read_cifar(const std::vector<std::string>& paths, const CifarFormat& f) 
                 " bytes is not a whole number of ", record, "-byte ", f.name, " records",
                 size > record ? " (truncated?)" : "");
     const int64_t n = size / record;
+    check_record_count(path, n, records_per_file, f);
     const size_t base = d.images.size();
     d.images.resize(base + n * 3 * kPlane);
     for (int64_t i = 0; i < n; ++i) {
@@ -50,8 +63,12 @@ Dataset read_cifar(const std::vector<std::string>& paths, const CifarFormat& f) 
 
 }  // namespace
 
-Dataset read_cifar10(const std::vector<std::string>& paths) { return read_cifar(paths, {"CIFAR-10", 1, 0, 10}); }
+Dataset read_cifar10(const std::vector<std::string>& paths, int64_t records_per_file) {
+  return read_cifar(paths, {"CIFAR-10", 1, 0, 10}, records_per_file);
+}
 
-Dataset read_cifar100(const std::vector<std::string>& paths) { return read_cifar(paths, {"CIFAR-100", 2, 1, 100}); }
+Dataset read_cifar100(const std::vector<std::string>& paths, int64_t records_per_file) {
+  return read_cifar(paths, {"CIFAR-100", 2, 1, 100}, records_per_file);
+}
 
 }  // namespace hpc::data

@@ -1,6 +1,10 @@
 #include "data/dataset.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.hpp"
@@ -19,11 +23,27 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
   std::string dotted = stem;
   dotted[dotted.find("-idx")] = '.';
   for (const std::string& name : {stem + ".gz", stem, dotted + ".gz", dotted}) {
-    std::error_code ec;
-    if (fs::is_regular_file(fs::path(dir) / name, ec)) return (fs::path(dir) / name).string();
+    const std::string path = (fs::path(dir) / name).string();
+    if (dataset_file_exists(path)) return path;
   }
   usage_error("dataset file ", (fs::path(dir) / (stem + ".gz")).string(), " does not exist (nor ", stem,
               " uncompressed)");
+}
+
+// The data directory must be one; the error says why it cannot be used (a permission
+// denied is not "does not exist"), with a hint only where the default place was looked in.
+void require_data_directory(const std::string& name, const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const bool missing = errno == ENOENT;
+    HPC_REQUIRE(missing, "cannot read data directory ", dir, ": ", std::strerror(errno));
+    const bool default_place = dir == default_data_dir(name);
+    usage_error("data directory ", dir, " does not exist",
+                !default_place                ? ""
+                : name == "fashion-mnist" ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
+                                          : " (pass --data-dir)");
+  }
+  HPC_REQUIRE(S_ISDIR(st.st_mode), "data directory ", dir, " is not a directory");
 }
 
 DatasetPair load_idx_pair(const std::string& dir, Normalization norm) {
@@ -43,8 +63,8 @@ DatasetPair load_cifar10(const std::string& dir) {
   std::vector<std::string> train;
   for (int i = 1; i <= 5; ++i) train.push_back((root / ("data_batch_" + std::to_string(i) + ".bin")).string());
   DatasetPair p;
-  p.train = read_cifar10(train);
-  p.test = read_cifar10({(root / "test_batch.bin").string()});
+  p.train = read_cifar10(train, kCifar10RecordsPerFile);
+  p.test = read_cifar10({(root / "test_batch.bin").string()}, kCifar10RecordsPerFile);
   p.norm = {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
   return p;
 }
@@ -54,8 +74,8 @@ DatasetPair load_cifar100(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(root / "train.bin", ec) && fs::exists(root / "cifar-100-binary", ec)) root /= "cifar-100-binary";
   DatasetPair p;
-  p.train = read_cifar100({(root / "train.bin").string()});
-  p.test = read_cifar100({(root / "test.bin").string()});
+  p.train = read_cifar100({(root / "train.bin").string()}, kCifar100TrainRecords);
+  p.test = read_cifar100({(root / "test.bin").string()}, kCifar100TestRecords);
   p.norm = {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
   return p;
 }
@@ -146,10 +166,7 @@ DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_
   HPC_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), "unknown --dataset '", name,
               "' (choose fashion-mnist, mnist, cifar10, cifar100, shards or synthetic)");
   if (name == "synthetic") return load_synthetic(image_size);
-  std::error_code ec;
-  HPC_REQUIRE(fs::is_directory(dir, ec), "data directory ", dir, " does not exist",
-              name == "fashion-mnist" ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
-                                      : " (pass --data-dir)");
+  require_data_directory(name, dir);
   if (name == "shards") return load_shards(dir, image_size);
   HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", name, " has its own image size");
   if (name == "fashion-mnist") return load_idx_pair(dir, {{0.2860f}, {0.3530f}});

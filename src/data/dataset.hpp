@@ -56,12 +56,19 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size);
 Dataset read_idx(const std::string& images_path, const std::string& labels_path, int64_t height, int64_t width,
                  int classes);
 // CIFAR-10 binary batches: records of 1 label byte and 3072 pixel bytes (planar RGB 32x32).
-Dataset read_cifar10(const std::vector<std::string>& paths);
+// records_per_file > 0: each file must hold exactly that many (load_dataset asks for the
+// published counts, so that records appended to a batch, or cut from it, are refused).
+Dataset read_cifar10(const std::vector<std::string>& paths, int64_t records_per_file = 0);
 // CIFAR-100 binary files: records of a coarse and a fine label byte (the fine one, 0..99, is the
 // class) and the same 3072 pixel bytes.
-Dataset read_cifar100(const std::vector<std::string>& paths);
+Dataset read_cifar100(const std::vector<std::string>& paths, int64_t records_per_file = 0);
+// The published record counts of the CIFAR binary files.
+constexpr int64_t kCifar10RecordsPerFile = 10000, kCifar100TrainRecords = 50000, kCifar100TestRecords = 10000;
 
 // Reads a whole file, gunzipping when it starts with the gzip magic.
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path);
+// Whether a dataset file is at `path` (false: nothing there). Anything else that stops it being
+// read is a usage error with the system's reason: a permission denied is not "does not exist".
+bool dataset_file_exists(const std::string& path);
 
 }  // namespace hpc::data

@@ -1,9 +1,10 @@
 // IDX format (LeCun's MNIST distribution): big-endian magic 0x00000803 for images
 // (count, rows, cols follow) and 0x00000801 for labels (count follows), then raw uint8 data.
+#include <sys/stat.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
@@ -29,9 +30,19 @@ void check_size(const std::string& path, size_t have, uint64_t header, uint64_t 
 
 }  // namespace
 
+bool dataset_file_exists(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    HPC_REQUIRE(errno == ENOENT, "cannot read dataset file ", path, ": ", std::strerror(errno));
+    return false;
+  }
+  HPC_REQUIRE(S_ISREG(st.st_mode), "dataset file ", path, " is not a regular file",
+              S_ISDIR(st.st_mode) ? " (a directory)" : "");
+  return true;
+}
+
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
-  std::error_code ec;
-  HPC_REQUIRE(std::filesystem::is_regular_file(path, ec), "dataset file ", path, " does not exist");
+  HPC_REQUIRE(dataset_file_exists(path), "dataset file ", path, " does not exist");
   gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently
   HPC_REQUIRE(f != nullptr, "cannot open dataset file ", path, ": ", std::strerror(errno));
   std::vector<uint8_t> out;

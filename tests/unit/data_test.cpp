@@ -277,6 +277,8 @@ TEST(CifarReader, MalformedFilesAreUsageErrors) {
   usage_error_of([&] { read_cifar10({dir.file("missing.bin")}); });
 }
 
+// load_dataset takes the directory the tarball unpacks to, or its parent, and holds every file
+// to its published count of records (small files here: the error names the file found inside).
 TEST(LoadDataset, Cifar10DirectoryOrItsParent) {
   TempDir dir;
   const fs::path inner = dir.path() / "cifar-10-batches-bin";
@@ -284,11 +286,26 @@ TEST(LoadDataset, Cifar10DirectoryOrItsParent) {
   for (int i = 1; i <= 5; ++i) write_raw((inner / ("data_batch_" + std::to_string(i) + ".bin")).string(), cifar_records(2, i));
   write_raw((inner / "test_batch.bin").string(), cifar_records(3));
   for (const fs::path& root : {inner, dir.path()}) {
-    const DatasetPair p = load_dataset("cifar10", root.string());
-    EXPECT_EQ(p.train.count, 10);
-    EXPECT_EQ(p.test.count, 3);
-    EXPECT_EQ(p.norm.mean.size(), 3u);
+    const std::string msg = usage_error_of([&] { load_dataset("cifar10", root.string()); });
+    EXPECT_NE(msg.find((inner / "data_batch_1.bin").string() + " holds 2 CIFAR-10 records, but the published "
+                       "data_batch_1.bin holds 10000: 9998 missing"),
+              std::string::npos)
+        << msg;
   }
+}
+
+// A file with the published count is read; one record more or less is refused.
+TEST(CifarReader, RecordsPerFileAreExact) {
+  TempDir dir;
+  write_raw(dir.file("batch.bin"), cifar_records(4));
+  EXPECT_EQ(read_cifar10({dir.file("batch.bin")}, 4).count, 4);
+  std::string msg = usage_error_of([&] { read_cifar10({dir.file("batch.bin")}, 3); });
+  EXPECT_NE(msg.find("holds 4 CIFAR-10 records, but the published batch.bin holds 3: 1 too many (records appended"),
+            std::string::npos)
+      << msg;
+  msg = usage_error_of([&] { read_cifar10({dir.file("batch.bin")}, 5); });
+  EXPECT_NE(msg.find("1 missing (truncated?)"), std::string::npos) << msg;
+  EXPECT_EQ(read_cifar10({dir.file("batch.bin")}).count, 4);  // 0: any count
 }
 
 // CIFAR-100 record i: coarse label i % 20, fine label (7 i) % 100, pixels as in cifar_records.
@@ -333,10 +350,11 @@ TEST(LoadDataset, Cifar100DirectoryOrItsParent) {
   write_raw((inner / "train.bin").string(), cifar100_records(6));
   write_raw((inner / "test.bin").string(), cifar100_records(4, 6));
   for (const fs::path& root : {inner, dir.path()}) {
-    const DatasetPair p = load_dataset("cifar100", root.string());
-    EXPECT_EQ(p.train.count, 6);
-    EXPECT_EQ(p.test.count, 4);
-    EXPECT_EQ(p.train.classes, 100);
+    const std::string msg = usage_error_of([&] { load_dataset("cifar100", root.string()); });
+    EXPECT_NE(msg.find((inner / "train.bin").string() + " holds 6 CIFAR-100 records, but the published train.bin "
+                       "holds 50000"),
+              std::string::npos)
+        << msg;
   }
 }
 
