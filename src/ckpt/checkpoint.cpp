@@ -10,7 +10,7 @@
 namespace hpc::ckpt {
 namespace {
 
-constexpr char kMagic[8] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
+constexpr char kMagic[kMagicBytes] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
 enum Kind : uint32_t { Meta = 1, Params = 2, Momentum = 3, Buffers = 4, End = 0xE0Fu };
 
 uint32_t crc(const char* p, size_t n) {
@@ -79,6 +79,10 @@ const std::string& Checkpoint::text(const std::string& key) const {
   auto it = meta.find(key);
   HPC_REQUIRE(it != meta.end(), "the checkpoint has no field ", key);
   return it->second;
+}
+
+bool is_checkpoint_magic(const std::vector<char>& bytes) {
+  return bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0;
 }
 
 std::vector<char> encode(const Checkpoint& c) {

@@ -31,6 +31,10 @@ struct Checkpoint {
 // The whole file's bytes.
 std::vector<char> encode(const Checkpoint& c);
 
+// Whether bytes begin as a checkpoint does (they hold at least kMagicBytes).
+constexpr size_t kMagicBytes = 8;
+bool is_checkpoint_magic(const std::vector<char>& bytes);
+
 // What a file holds, as far as it could be read: for `hpctrain inspect`, which shows the
 // header of a damaged file too.
 struct Layout {

@@ -1,6 +1,7 @@
 #include "ckpt/store.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "core/error.hpp"
@@ -43,6 +45,25 @@ void fsync_path(const std::string& path, int flags) {
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0 && errno != EINVAL) io_error("fsync", path);  // some filesystems cannot sync directories
+}
+
+struct FileCloser {
+  int fd;
+  ~FileCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Reads into bytes[from, size()) up to the end of the file; bytes keeps what was read.
+void read_into(int fd, std::vector<char>& bytes, size_t from, const std::string& path) {
+  while (from < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + from, bytes.size() - from);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) io_error("read checkpoint", path);
+    if (n == 0) break;
+    from += static_cast<size_t>(n);
+  }
+  bytes.resize(from);
 }
 
 // Step of a checkpoint file name, or -1 for other files.
@@ -112,7 +133,33 @@ std::string CheckpointStore::file_name(int64_t step) {
   return buf;
 }
 
+void CheckpointStore::supersede_after(int64_t step) { supersede_after_ = step; }
+
+void CheckpointStore::move_superseded() {
+  if (!supersede_after_) return;
+  const int64_t after = *std::exchange(supersede_after_, std::nullopt);
+  std::vector<std::string> newer;
+  for (const std::string& path : list_checkpoints(dir_))
+    if (step_of(fs::path(path).filename().string()) > after) newer.push_back(path);
+  if (newer.empty()) return;
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string name = "superseded-" + std::to_string(now);
+  fs::path aside = fs::path(dir_) / name;
+  for (int n = 2; fs::exists(aside); ++n) aside = fs::path(dir_) / (name + "-" + std::to_string(n));
+  std::error_code ec;
+  fs::create_directory(aside, ec);
+  HPC_REQUIRE(!ec, "cannot create ", aside.string(), ": ", ec.message());
+  for (const std::string& path : newer)
+    if (::rename(path.c_str(), (aside / fs::path(path).filename()).c_str()) != 0) io_error("move", path);
+  fsync_path(dir_, O_RDONLY | O_DIRECTORY);
+  log::warn("moved ", newer.size(), " checkpoint(s) this run does not continue (up to ",
+            fs::path(newer.front()).filename().string(), ") to ", aside.string(),
+            ": left beside its own, they would outrank them");
+}
+
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
+  move_superseded();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
@@ -178,7 +225,11 @@ std::map<std::string, std::string> read_heartbeat(const std::string& dir) {
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  fs::directory_iterator it(dir, ec);
+  // A directory that cannot be read must not look empty: --resume auto would start afresh.
+  HPC_REQUIRE(!ec || ec == std::errc::no_such_file_or_directory, "cannot list checkpoint directory ", dir, ": ",
+              ec.message());
+  for (const auto& e : it) {
     const int64_t step = step_of(e.path().filename().string());
     if (step >= 0 && e.is_regular_file(ec)) found.emplace_back(step, e.path().string());
   }
@@ -189,27 +240,50 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
-  std::ifstream in(path, std::ios::binary);
-  HPC_REQUIRE(in.good(), "cannot read checkpoint ", path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
-  HPC_REQUIRE(!in.bad(), "cannot read checkpoint ", path);
+  // O_NONBLOCK: a FIFO given by mistake is refused below instead of waiting for a writer.
+  const FileCloser file{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  if (file.fd < 0) io_error("read checkpoint", path);
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) io_error("read checkpoint", path);
+  HPC_REQUIRE(S_ISREG(st.st_mode), "cannot read checkpoint ", path, ": ",
+              S_ISDIR(st.st_mode) ? "it is a directory (give a checkpoint file in it)" : "not a regular file");
+  // The magic first: a large file given by mistake (a dataset, an archive) is refused without
+  // reading all of it.
+  std::vector<char> bytes(std::min<size_t>(static_cast<size_t>(st.st_size), kMagicBytes));
+  read_into(file.fd, bytes, 0, path);
+  if (is_checkpoint_magic(bytes)) {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    read_into(file.fd, bytes, kMagicBytes, path);
+  }
   return decode(bytes, "checkpoint " + path, layout);
 }
 
-std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir) {
-  std::string skipped;
-  for (const std::string& path : list_checkpoints(dir)) {
+LatestCheckpoint find_latest(const std::string& dir) {
+  LatestCheckpoint latest;
+  const std::vector<std::string> files = list_checkpoints(dir);
+  latest.listed = files.size();
+  for (const std::string& path : files) {
     try {
       Checkpoint c = load_checkpoint(path);
-      if (!skipped.empty()) log::warn(skipped, "; using the previous valid one, ", path);
-      return std::make_pair(path, std::move(c));
+      latest.found = std::make_pair(path, std::move(c));
+      return latest;
     } catch (const Error& e) {
-      if (!skipped.empty()) log::warn(skipped);
-      skipped = e.what();
+      if (e.kind() != ErrorKind::Usage) throw;
+      latest.skipped.push_back(e.what());
     }
   }
-  if (!skipped.empty()) log::warn(skipped, "; no valid checkpoint is left in ", dir, ": starting afresh");
-  return std::nullopt;
+  return latest;
+}
+
+std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir) {
+  LatestCheckpoint latest = find_latest(dir);
+  for (size_t i = 0; i < latest.skipped.size(); ++i) {
+    const bool last = i + 1 == latest.skipped.size();
+    if (!last) log::warn(latest.skipped[i]);
+    else if (latest.found) log::warn(latest.skipped[i], "; using the previous valid one, ", latest.found->first);
+    else log::warn(latest.skipped[i], "; no valid checkpoint is left in ", dir, ": starting afresh");
+  }
+  return std::move(latest.found);
 }
 
 AsyncWriter::AsyncWriter(CheckpointStore& store) : store_(store), thread_([this] { run(); }) {}

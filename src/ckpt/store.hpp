@@ -27,11 +27,21 @@ class CheckpointStore {
   std::string write(const std::vector<char>& bytes, int64_t step);
   const std::string& dir() const { return dir_; }
 
+  // For a run that does not continue the directory's newest checkpoint (a fresh start, step
+  // -1; --resume FILE; newer files skipped as damaged): before its first write, the checkpoints
+  // above `step` are moved into DIR/superseded-<unix time>/. Left in place they would outrank
+  // this run's own (retention keeps the highest steps, --resume auto takes the highest): its
+  // checkpoints deleted as soon as written, another run's resumed in their place.
+  void supersede_after(int64_t step);
+
   static std::string file_name(int64_t step);
 
  private:
+  void move_superseded();
+
   std::string dir_;
   int keep_;
+  std::optional<int64_t> supersede_after_;  // set until the first write has moved them
 };
 
 // Liveness for a launcher: DIR/heartbeat holds "step=N" (global steps done), "epoch=E"
@@ -51,9 +61,17 @@ void remove_unfinished_checkpoint();
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
-// Reads and verifies one checkpoint file (usage error naming the problem); with `layout`,
-// records what could be read (see decode).
+// Reads and verifies one checkpoint file (usage error naming the problem, the system's reason
+// when it cannot be read); with `layout`, records what could be read (see decode).
 Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr);
+
+// The newest valid checkpoint of a directory, and what was wrong with the newer ones.
+struct LatestCheckpoint {
+  std::optional<std::pair<std::string, Checkpoint>> found;  // its path and contents
+  std::vector<std::string> skipped;  // the problem of each newer file, newest first
+  size_t listed = 0;                 // checkpoint files in the directory
+};
+LatestCheckpoint find_latest(const std::string& dir);
 
 // The newest valid checkpoint of dir and its path: corrupt or truncated newer ones are
 // skipped with a warning naming them. nullopt when there is none (a fresh start).

@@ -8,6 +8,7 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "dist/agree.hpp"
 #include "train/checksum.hpp"
 
@@ -115,6 +116,9 @@ std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::Process
       [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
         if (o.resume == "none") return std::nullopt;
         if (o.resume == "auto") return o.checkpoint_dir.empty() ? std::nullopt : ckpt::load_latest(o.checkpoint_dir);
+        std::error_code ec;
+        HPC_REQUIRE(!std::filesystem::is_directory(o.resume, ec), "--resume ", o.resume, " is a directory: give a "
+                    "checkpoint file in it, or the directory as --checkpoint-dir (--resume auto takes its newest)");
         return std::make_pair(o.resume, ckpt::load_checkpoint(o.resume));
       },
       path);
@@ -123,9 +127,12 @@ std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::Process
 std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return {path, ckpt::load_checkpoint(path)};
-  auto latest = ckpt::load_latest(path);
-  HPC_REQUIRE(latest, "no valid checkpoint in ", path);
-  return std::move(*latest);
+  ckpt::LatestCheckpoint latest = ckpt::find_latest(path);
+  HPC_REQUIRE(latest.listed > 0, "no checkpoints (ckpt-*.hpck) in ", path);
+  HPC_REQUIRE(latest.found, "none of the ", latest.listed, " checkpoint(s) in ", path, " is valid; the newest: ",
+              latest.skipped.front());
+  for (const std::string& problem : latest.skipped) log::warn(problem, "; using ", latest.found->first);
+  return std::move(*latest.found);
 }
 
 nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) {

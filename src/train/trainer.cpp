@@ -436,6 +436,7 @@ TrainResult run_training(const TrainOptions& o, dist::ProcessContext& ctx) {
   // optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a background
   // thread writes it.
   std::unique_ptr<ckpt::CheckpointStore> store = open_store(ctx, o);
+  if (store) store->supersede_after(resume ? start.step : -1);  // none newer when it continues the newest
   std::unique_ptr<ckpt::AsyncWriter> writer;
   if (store) writer = std::make_unique<ckpt::AsyncWriter>(*store);
   if (auto stopped = stopped_in_setup(ctx, o, 4, "while preparing the training engine", true)) return *stopped;
