@@ -2,7 +2,9 @@
 // stderr, "hpctrain: error: ..." naming the problem (DESIGN.md principle 4); --help and
 // --version exit 0.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <cctype>
 #include <functional>
 #include <optional>
@@ -34,9 +36,14 @@ std::vector<std::string> with_quick_defaults(const std::vector<std::string>& arg
   return line;
 }
 
+// A bad input that hpctrain failed to refuse may hang (a FIFO read to its end) or train: the
+// quick job ends in seconds, so a run that takes this long has gone wrong.
+constexpr double kDeadline = 60;
+
 // Checks the error contract and that the message contains every one of `expect`.
 void expect_usage_error(const RunResult& r, const std::vector<std::string>& expect) {
   SCOPED_TRACE(r.command);
+  ASSERT_FALSE(r.timed_out) << "hpctrain ran past " << kDeadline << " s";
   EXPECT_EQ(r.exit_code, 2) << "stderr: " << r.err << "\nstdout: " << r.out;
   const auto lines = lines_of(r.err);
   ASSERT_EQ(lines.size(), 1u) << "stderr must be exactly one line, got:\n" << r.err;
@@ -49,8 +56,27 @@ void expect_usage_error(const RunResult& r, const std::vector<std::string>& expe
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override { write_small_fashion_mnist(data_.str()); }
-  RunResult run(const std::vector<std::string>& args) { return run_hpctrain(with_quick_defaults(args, data_.str())); }
-  TempDir data_{"cli-data"};
+  RunResult run(const std::vector<std::string>& args) {
+    return run_hpctrain(with_quick_defaults(in_work(args), data_.str()), kDeadline);
+  }
+  // A bad input: exit code 2, one line naming the problem, and the data and the work
+  // directories (where checkpoints and metrics go) exactly as they were.
+  // Subcommands (evaluate, inspect) take `args` as they are (quick = false).
+  void expect_refused(const std::vector<std::string>& args, const std::vector<std::string>& expect,
+                      bool quick = true) {
+    const auto before = snapshots({data_.str(), work_.str()});
+    expect_usage_error(quick ? run(args) : run_hpctrain(in_work(args), kDeadline), in_work(expect));
+    EXPECT_EQ(snapshots({data_.str(), work_.str()}), before) << "the refused run changed files";
+  }
+  // "@WORK" in arguments and messages (a table knows no temporary directory) is the work
+  // directory.
+  std::vector<std::string> in_work(std::vector<std::string> args) const {
+    for (auto& a : args)
+      for (size_t at = a.find("@WORK"); at != std::string::npos; at = a.find("@WORK", at))
+        a.replace(at, 5, work_.str());
+    return args;
+  }
+  TempDir data_{"cli-data"}, work_{"cli-work"};
 };
 
 // The control for every case below: the quick defaults on good files run to the end.
@@ -71,7 +97,7 @@ void PrintTo(const BadArgs& c, std::ostream* os) { *os << c.name; }
 
 class CliBadOption : public Cli, public ::testing::WithParamInterface<BadArgs> {};
 
-TEST_P(CliBadOption, IsOneLineUsageError) { expect_usage_error(run(GetParam().args), GetParam().expect); }
+TEST_P(CliBadOption, IsOneLineUsageError) { expect_refused(GetParam().args, GetParam().expect); }
 
 INSTANTIATE_TEST_SUITE_P(
     Options, CliBadOption,
@@ -121,7 +147,61 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"cuda_graphs_with_fp16", {"--cuda-graphs", "--precision", "fp16"},
                 {"--cuda-graphs does not take --precision fp16", "bf16"}},
         BadArgs{"batch_larger_than_dataset", {"--batch-size", "100"}, {"64", "100"}},
-        BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}}),
+        BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}},
+        // Extreme values: each was an internal error, a hang, a silent overflow or a silent no-op.
+        BadArgs{"bucket_mb_tiny", {"--bucket-mb", "1e-9"}, {"--bucket-mb", "0.001", "1e-09"}},
+        BadArgs{"bucket_mb_huge", {"--bucket-mb", "1e300"}, {"--bucket-mb", "4096"}},
+        BadArgs{"step_timeout_huge", {"--step-timeout", "1e300"}, {"--step-timeout", "1000h"}},
+        BadArgs{"step_timeout_subsecond", {"--step-timeout", "0.5s"}, {"--step-timeout", "from 1s", "0.5 s"}},
+        BadArgs{"epochs_overflowing_the_step_count", {"--epochs", "4611686018427387904", "--max-steps", "0"},
+                {"--epochs", "at most 1000000"}},
+        BadArgs{"batch_size_huge", {"--batch-size", "4611686018427387904", "--keep-last-batch"},
+                {"--batch-size", "at most 1000000000"}},
+        BadArgs{"eval_batch_size_huge", {"--eval-batch-size", "9223372036854775807"},
+                {"--eval-batch-size", "at most 1000000000"}},
+        BadArgs{"image_size_too_small_for_cnn", {"--dataset", "synthetic", "--image-size", "3"},
+                {"--image-size 3", "--model cnn", "at least 4"}},
+        BadArgs{"onecycle_div_factor_inf", {"--onecycle-div-factor", "inf"}, {"--onecycle-div-factor", "finite"}},
+        BadArgs{"step_epochs_inf", {"--lr-schedule", "step", "--lr-step-epochs", "inf"}, {"--lr-step-epochs", "inf"}},
+        BadArgs{"value_with_a_newline", {"--epochs", "1\n2"}, {"--epochs", "1\\n2"}},
+        // Values that contradict each other.
+        BadArgs{"min_lr_above_lr", {"--lr-schedule", "cosine", "--min-lr", "5"}, {"--min-lr", "--lr 0.1", "5"}},
+        BadArgs{"min_lr_negative", {"--lr-schedule", "cosine", "--min-lr", "-0.1"}, {"--min-lr", "-0.1"}},
+        BadArgs{"warmup_longer_than_the_run", {"--warmup-epochs", "4", "--epochs", "3"},
+                {"--warmup-epochs 4", "--epochs 3"}},
+        BadArgs{"step_epoch_after_the_run", {"--lr-schedule", "step", "--lr-step-epochs", "2,30"},
+                {"--lr-step-epochs 30", "--epochs 3"}},
+        BadArgs{"checkpoint_every_steps_without_a_directory", {"--checkpoint-every-steps", "5"},
+                {"--checkpoint-every-steps needs --checkpoint-dir"}},
+        BadArgs{"checkpoint_each_epoch_without_a_directory", {"--checkpoint-each-epoch"},
+                {"--checkpoint-each-epoch needs --checkpoint-dir"}},
+        BadArgs{"keep_checkpoints_without_a_directory", {"--keep-checkpoints", "5"},
+                {"--keep-checkpoints needs --checkpoint-dir"}},
+        BadArgs{"checkpoint_interval_without_a_directory", {"--checkpoint-interval", "5m"},
+                {"--checkpoint-interval needs --checkpoint-dir"}},
+        BadArgs{"metrics_and_timeline_the_same_file", {"--metrics-file", "@WORK/m.jsonl", "--timeline-file",
+                                                       "@WORK/m.jsonl"},
+                {"--metrics-file and --timeline-file are the same file", "@WORK/m.jsonl"}},
+        // An empty value is an unset variable, never the option's default.
+        BadArgs{"checkpoint_dir_empty", {"--checkpoint-dir", ""}, {"--checkpoint-dir is empty"}},
+        BadArgs{"data_dir_empty", {"--data-dir", ""}, {"--data-dir is empty"}},
+        BadArgs{"metrics_file_empty", {"--metrics-file", ""}, {"--metrics-file is empty"}},
+        BadArgs{"timeline_file_empty", {"--timeline-file", ""}, {"--timeline-file is empty"}},
+        BadArgs{"config_empty", {"--config", ""}, {"--config is empty"}},
+        BadArgs{"resume_empty", {"--resume", ""}, {"--resume is empty"}},
+        BadArgs{"lr_step_epochs_empty", {"--lr-schedule", "step", "--lr-step-epochs", ""},
+                {"--lr-step-epochs is empty"}},
+        // Paths that are not what the option takes.
+        BadArgs{"resume_a_directory", {"--resume", "@WORK"}, {"--resume @WORK is a directory"}},
+        BadArgs{"resume_a_character_device", {"--resume", "/dev/zero"}, {"/dev/zero", "not a regular file"}},
+        BadArgs{"timeline_file_in_a_missing_directory", {"--timeline-file", "@WORK/no/t.jsonl"},
+                {"cannot open --timeline-file @WORK/no/t.jsonl", "No such file or directory"}},
+        BadArgs{"metrics_file_in_a_missing_directory", {"--metrics-file", "@WORK/no/m.jsonl"},
+                {"cannot open --metrics-file @WORK/no/m.jsonl", "No such file or directory"}},
+        BadArgs{"metrics_file_a_directory", {"--metrics-file", "@WORK"}, {"--metrics-file @WORK", "Is a directory"}},
+        BadArgs{"data_dir_a_file", {"--data-dir", "/dev/null"}, {"data directory /dev/null is not a directory"}},
+        BadArgs{"config_a_directory", {"--config", "@WORK"}, {"--config @WORK is a directory"}},
+        BadArgs{"config_endless", {"--config", "/dev/zero"}, {"config file /dev/zero is larger than 1 MB"}}),
     [](const ::testing::TestParamInfo<BadArgs>& i) { return std::string(i.param.name); });
 
 // ---- Paths -----------------------------------------------------------------------------------
@@ -138,6 +218,37 @@ TEST_F(Cli, MissingDataDirectory) {
                      {"data directory", "/nonexistent/hpctrain-data", "does not exist"});
 }
 
+// Unreadable data is reported with its real cause, never as "does not exist" (run without
+// root's override, so that the test means the same as root, as CI runs it).
+TEST_F(Cli, UnreadableDataNamesTheRealCause) {
+  auto quick = [&](const std::string& dir) { return with_quick_defaults({"--data-dir", dir}, data_.str()); };
+  const std::string file = data_.file("train-labels-idx1-ubyte");
+  fs::permissions(file, fs::perms::none);
+  auto before = snapshots({data_.str()});
+  expect_usage_error(run_hpctrain_without_override(quick(data_.str())), {file, "Permission denied"});
+  EXPECT_EQ(snapshots({data_.str()}), before);
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(data_.str(), fs::perms::none);  // the directory: its entries cannot be looked up
+  before = snapshots({data_.str()});
+  expect_usage_error(run_hpctrain_without_override(quick(data_.str())), {data_.str(), "Permission denied"});
+  EXPECT_EQ(snapshots({data_.str()}), before);
+  fs::permissions(data_.str(), fs::perms::owner_all);
+  const std::string inside = data_.file("sub/data");
+  fs::create_directories(inside);
+  fs::permissions(data_.file("sub"), fs::perms::none);  // --data-dir itself cannot be reached
+  expect_usage_error(run_hpctrain_without_override(quick(inside)),
+                     {"cannot read data directory", inside, "Permission denied"});
+  fs::permissions(data_.file("sub"), fs::perms::owner_all);
+}
+
+// A dataset file that is a directory is named as one, not as missing.
+TEST_F(Cli, DatasetFileThatIsADirectory) {
+  const std::string file = data_.file("t10k-images-idx3-ubyte");
+  fs::remove(file);
+  fs::create_directory(file);
+  expect_refused({}, {file, "not a regular file (a directory)"});
+}
+
 TEST_F(Cli, ConfigFileMissing) {
   expect_usage_error(run({"--config", "/nonexistent/hpctrain.cfg"}), {"config file", "/nonexistent/hpctrain.cfg"});
 }
@@ -149,19 +260,66 @@ TEST_F(Cli, ConfigFileProblems) {
       {"epochs = abc\n", {"epochs", "abc"}},            // bad value
       {"epochs\n", {"epochs"}},                         // not key = value
       {"lr = -3\n", {"--lr", "positive"}},              // validated like the command line
-      {"model = nope\n", {"'nope'"}}};
+      {"model = nope\n", {"'nope'"}},
+      {"epochs = 1\nepochs = 2\n", {"config file", "'epochs' cannot be specified more than once"}},  // duplicate
+      {"[train]\nepochs = 1\n", {"config file", "train.epochs", "sections such as [train] are not read"}},
+      {"config = other.cfg\n", {"sets 'config', which only the command line can give"}},  // not followed
+      {"help = 1\n", {"sets 'help'"}},       // was: help printed, exit 0, nothing trained
+      {"version = 1\n", {"sets 'version'"}},
+      {"checkpoint-dir =\n", {"'checkpoint-dir' is empty"}},  // an unset variable in a generated file
+      {"epochs = 1\n\x01\x02\x03\x7f\n", {"is not a text file (byte 11"}},  // binary
+      {std::string(2 << 20, '#'), {"is larger than 1 MB"}}};  // huge
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = dir.file(std::to_string(i).append(".cfg"));  // not "c" + ...: GCC 12 -Wrestrict
     write_text(path, cases[i].first);
-    expect_usage_error(run({"--config", path}), cases[i].second);
+    SCOPED_TRACE(cases[i].first.substr(0, 40));
+    auto expect = cases[i].second;
+    if (i >= 5) expect.push_back(path);  // the file is named
+    expect_refused({"--config", path}, expect);
   }
+  // A NUL byte (a binary file named by mistake) is refused the same way, not cut short.
+  write_bytes(dir.file("nul.cfg"), Bytes{'e', 'p', 'o', 'c', 'h', 's', '=', '1', 0, '\n'});
+  expect_refused({"--config", dir.file("nul.cfg")}, {"nul.cfg", "not a text file (byte 8"});
+}
+
+// What editors write is read: a UTF-8 byte-order mark, CRLF line ends, comments, no final
+// newline.
+TEST_F(Cli, ConfigFileAsEditorsWriteIt) {
+  TempDir dir("cli-config");
+  write_text(dir.file("c.cfg"), "\xEF\xBB\xBF# from Notepad\r\nepochs = 1 # one\r\nlr = 0.05");
+  const std::string m = dir.file("m.jsonl");
+  const RunResult r = run({"--config", dir.file("c.cfg"), "--metrics-file", m});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(done_of(m).at("steps").number, 1);
 }
 
 TEST_F(Cli, UnwritableMetricsFile) {
   expect_usage_error(run({"--metrics-file", "/nonexistent/dir/m.jsonl"}),
-                     {"metrics file", "/nonexistent/dir/m.jsonl", "No such file"});
+                     {"--metrics-file", "/nonexistent/dir/m.jsonl", "No such file"});
   TempDir dir("cli-metrics");
-  expect_usage_error(run({"--metrics-file", dir.str()}), {"metrics file", dir.str()});  // a directory
+  expect_usage_error(run({"--metrics-file", dir.str()}), {"--metrics-file", dir.str()});  // a directory
+}
+
+// hpctrain appends to metrics and timeline files: never to a file that holds something else
+// (a dataset file named by mistake would be damaged), and a refused run leaves no file of
+// its own behind.
+TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
+  const std::string data_file = data_.file("t10k-labels-idx1-ubyte");
+  expect_refused({"--metrics-file", data_file}, {"--metrics-file", data_file, "is not a JSON Lines file"});
+  expect_refused({"--timeline-file", data_file}, {"--timeline-file", data_file, "is not a JSON Lines file"});
+  // Opened, then the run refused (the checkpoint directory cannot be made): the files are gone.
+  expect_refused({"--metrics-file", "@WORK/m.jsonl", "--timeline-file", "@WORK/t.jsonl", "--checkpoint-dir",
+                  "/dev/null/ckpt", "--resume", "none"},
+                 {"cannot create checkpoint directory /dev/null/ckpt"});
+  EXPECT_FALSE(fs::exists(work_.file("m.jsonl")));
+  // An existing metrics file stays, and is appended to.
+  write_text(work_.file("m.jsonl"), "{\"event\":\"earlier\"}\n");
+  ASSERT_EQ(run({"--metrics-file", "@WORK/m.jsonl"}).exit_code, 0);
+  const auto lines = read_json_lines(work_.file("m.jsonl"));
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines.front().at("event").str, "earlier");
+  EXPECT_EQ(lines.back().at("event").str, "done");
 }
 
 // ---- Malformed dataset files -----------------------------------------------------------------
@@ -244,10 +402,177 @@ INSTANTIATE_TEST_SUITE_P(
         BadData{"missing_file", "train-labels-idx1-ubyte", [] { return Bytes{}; }, {"does not exist"}, false, true}),
     [](const ::testing::TestParamInfo<BadData>& i) { return std::string(i.param.name); });
 
+// CIFAR-10 as published: five training batches and a test batch of 10000 records each. A batch
+// with records appended (the test batch: test images leaking into training) or cut off is
+// refused; the files as published train.
+TEST_F(Cli, CifarBatchesHoldThePublishedRecords) {
+  TempDir cifar("cli-cifar");
+  constexpr uintmax_t kRecord = 3073, kRecords = 10000;
+  const auto batch = [&](const std::string& name, uintmax_t records) {
+    write_bytes(cifar.file(name), {});
+    fs::resize_file(cifar.file(name), records * kRecord);  // sparse zeros: label 0, black images
+  };
+  for (int i = 1; i <= 5; ++i) batch("data_batch_" + std::to_string(i) + ".bin", kRecords);
+  batch("test_batch.bin", kRecords);
+  const std::vector<std::string> args{"--dataset", "cifar10", "--data-dir", cifar.str(), "--model", "mlp"};
+  const RunResult good = run(args);
+  ASSERT_EQ(good.exit_code, 0) << good.err;
+  batch("data_batch_1.bin", 2 * kRecords);
+  const std::string path = cifar.file("data_batch_1.bin");
+  auto before = snapshot(cifar.str());
+  expect_refused(args, {path, "holds 20000 CIFAR-10 records", "published data_batch_1.bin holds 10000",
+                        "10000 too many"});
+  EXPECT_EQ(snapshot(cifar.str()), before);
+  batch("data_batch_1.bin", kRecords - 1);
+  expect_refused(args, {path, "holds 9999 CIFAR-10 records", "1 missing"});
+}
+
 // A directory that is not a dataset at all.
 TEST_F(Cli, DirectoryWithoutDatasetFiles) {
   TempDir empty("cli-empty");
   expect_usage_error(run({"--data-dir", empty.str()}), {empty.str(), "-ubyte", "does not exist"});
+}
+
+// ---- Checkpoints given to --resume, evaluate and inspect -------------------------------------
+
+// One step of the quick job, checkpointed: ckpt-000000001.hpck in the work directory.
+class CliCheckpoint : public Cli {
+ protected:
+  void SetUp() override {
+    Cli::SetUp();
+    const RunResult r = run({"--checkpoint-dir", dir_});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_TRUE(fs::exists(file_));
+  }
+  // A copy of the checkpoint's bytes, changed by `damage`, in the work directory.
+  std::string damaged(const std::string& name, const std::function<void(Bytes&)>& damage) const {
+    Bytes b = read_bytes(file_);
+    damage(b);
+    write_bytes(work_.file(name), b);
+    return work_.file(name);
+  }
+  const std::string dir_ = work_.file("ckpt"), file_ = dir_ + "/ckpt-000000001.hpck";
+};
+
+// Damaged or unsuitable files given to --resume: refused before anything is written.
+TEST_F(CliCheckpoint, BadResumeFilesAreRefused) {
+  const std::string truncated = damaged("cut.hpck", [](Bytes& b) { b.resize(b.size() / 2); });
+  const std::string flipped = damaged("flip.hpck", [](Bytes& b) { b[b.size() / 2] ^= 0x04; });
+  const std::string empty = damaged("empty.hpck", [](Bytes& b) { b.clear(); });
+  const std::string appended = damaged("long.hpck", [](Bytes& b) { b.push_back(0); });
+  ASSERT_EQ(run({"--checkpoint-dir", "@WORK/mlp", "--model", "mlp"}).exit_code, 0);
+  mkfifo(work_.file("fifo").c_str(), 0600);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {truncated, {truncated, "is truncated"}},
+      {flipped, {flipped, "is corrupt (checksum mismatch"}},
+      {empty, {empty, "is truncated (0 bytes"}},
+      {appended, {appended, "1 stray bytes after its end"}},
+      {work_.file("mlp/ckpt-000000001.hpck"), {"the checkpoint is of model mlp, not cnn"}},
+      {data_.file("train-images-idx3-ubyte"), {"train-images-idx3-ubyte is not an hpctrain checkpoint"}},
+      {work_.file("fifo"), {"fifo: not a regular file"}},  // was: waiting forever for a writer
+      {dir_, {"--resume", dir_, "is a directory"}}};        // was: exit 1, "basic_filebuf::underflow"
+  for (const auto& [file, expect] : cases) expect_refused({"--resume", file, "--checkpoint-dir", dir_}, expect);
+}
+
+// A checkpoint directory that cannot be listed is an error: it must not look empty, which
+// would start the run afresh beside the checkpoints it could not see.
+TEST_F(CliCheckpoint, UnreadableCheckpointsNameTheRealCause) {
+  fs::permissions(dir_, fs::perms::owner_write | fs::perms::owner_exec);
+  auto before = snapshots({work_.str()});
+  expect_usage_error(run_hpctrain_without_override(with_quick_defaults({"--checkpoint-dir", dir_}, data_.str())),
+                     {"cannot list checkpoint directory", dir_, "Permission denied"});
+  EXPECT_EQ(snapshots({work_.str()}), before);
+  fs::permissions(dir_, fs::perms::owner_all);
+  fs::permissions(file_, fs::perms::none);
+  expect_usage_error(run_hpctrain_without_override({"inspect", file_}), {file_, "Permission denied"});
+  expect_usage_error(run_hpctrain_without_override({"evaluate", "--checkpoint", file_, "--data-dir", data_.str()}),
+                     {file_, "Permission denied"});
+  fs::permissions(file_, fs::perms::owner_read | fs::perms::owner_write);
+}
+
+TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
+  const std::string empty_dir = work_.file("none");
+  fs::create_directory(empty_dir);
+  const std::string bad_dir = work_.file("bad");
+  fs::create_directory(bad_dir);
+  write_bytes(bad_dir + "/ckpt-000000007.hpck", Bytes{'H', 'P', 'C'});
+  const std::string data = data_.str();
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
+      {{"evaluate", "--checkpoint", ""}, {"--checkpoint is empty"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", ""}, {"--data-dir is empty"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--dataset", ""}, {"--dataset is empty"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", ""}, {"--metrics-file is empty"}},
+      {{"evaluate", "--checkpoint", empty_dir, "--data-dir", data}, {"no checkpoints (ckpt-*.hpck) in", empty_dir}},
+      {{"evaluate", "--checkpoint", bad_dir, "--data-dir", data},
+       {"none of the 1 checkpoint(s) in", bad_dir, "is valid; the newest:", "ckpt-000000007.hpck is truncated"}},
+      {{"evaluate", "--checkpoint", "/dev/zero", "--data-dir", data}, {"/dev/zero: not a regular file"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", "@WORK/no/m.jsonl"},
+       {"cannot open --metrics-file", "No such file"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", "/dev/null"}, {"/dev/null is not a directory"}},
+      {{"inspect", ""}, {"the PATH of hpctrain inspect is empty"}},
+      {{"inspect", empty_dir}, {"no checkpoints (ckpt-*.hpck) in", empty_dir}},
+      {{"inspect", "/dev/zero"}, {"/dev/zero: not a regular file"}}};
+  for (const auto& [args, expect] : cases) expect_refused(args, expect, false);
+}
+
+// evaluate on another dataset than the checkpoint's: one warning where the model takes its
+// images and classes (MNIST for Fashion-MNIST), refused where it cannot.
+TEST_F(CliCheckpoint, EvaluateOnAnotherDataset) {
+  const RunResult other = run_hpctrain({"evaluate", "--checkpoint", dir_, "--dataset", "mnist", "--data-dir",
+                                        data_.str()});
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_EQ(lines_of(other.err),
+            std::vector<std::string>{"hpctrain: warning: --dataset mnist is not the dataset the checkpoint was "
+                                     "trained on (fashion-mnist): this is its accuracy on other data"});
+  const RunResult same = run_hpctrain({"evaluate", "--checkpoint", dir_, "--data-dir", data_.str()});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.err, "");
+  // A checkpoint of 8x8 RGB images in 1000 classes cannot take Fashion-MNIST's.
+  ASSERT_EQ(run({"--dataset", "synthetic", "--image-size", "8", "--train-samples", "32", "--checkpoint-dir",
+                 "@WORK/synthetic"})
+                .exit_code,
+            0);
+  expect_refused({"evaluate", "--checkpoint", "@WORK/synthetic", "--dataset", "fashion-mnist", "--data-dir",
+                  data_.str()},
+                 {"--dataset fashion-mnist: the checkpoint's cnn was trained on synthetic and cannot take "
+                  "fashion-mnist's images or classes"},
+                 false);
+}
+
+// A run that does not continue the newest checkpoint of its directory (here --resume none over
+// another run's steps 3 and 4) moves the ones that would outrank its own aside, untouched:
+// left in place, retention (the highest steps) deleted this run's checkpoints as it wrote them,
+// and --resume auto then continued the other run.
+TEST_F(CliCheckpoint, AFreshRunKeepsItsCheckpointsBesideAnotherRuns) {
+  const std::vector<std::string> every_step{"--checkpoint-dir", "@WORK/run", "--checkpoint-every-steps", "1",
+                                            "--keep-checkpoints", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), every_step.begin(), every_step.end());
+    return extra;
+  };
+  ASSERT_EQ(run(with({"--max-steps", "4"})).exit_code, 0);
+  const Bytes step4 = read_bytes(work_.file("run/ckpt-000000004.hpck"));
+  const RunResult fresh = run(with({"--max-steps", "2", "--resume", "none", "--seed", "2"}));
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  EXPECT_EQ(count_of(fresh.err, "warning: moved 2 checkpoint(s) this run does not continue"), 1) << fresh.err;
+  std::vector<std::string> top, aside;
+  for (const auto& e : fs::directory_iterator(work_.file("run"))) {
+    top.push_back(e.path().filename().string());
+    if (e.is_directory())
+      for (const auto& f : fs::directory_iterator(e.path())) aside.push_back(f.path().filename().string());
+  }
+  std::sort(top.begin(), top.end());
+  std::sort(aside.begin(), aside.end());
+  ASSERT_EQ(top.size(), 4u);
+  EXPECT_EQ(std::vector<std::string>(top.begin(), top.begin() + 3),
+            (std::vector<std::string>{"ckpt-000000001.hpck", "ckpt-000000002.hpck", "heartbeat"}));
+  EXPECT_EQ(top[3].rfind("superseded-", 0), 0u) << top[3];
+  EXPECT_EQ(aside, (std::vector<std::string>{"ckpt-000000003.hpck", "ckpt-000000004.hpck"}));
+  EXPECT_EQ(read_bytes(work_.file("run/" + top[3] + "/ckpt-000000004.hpck")), step4);
+  // --resume auto continues this run, not the other.
+  const std::string m = work_.file("m.jsonl");
+  ASSERT_EQ(run(with({"--max-steps", "2", "--seed", "2", "--metrics-file", m})).exit_code, 0);
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 2);
 }
 
 // ---- Help and version ------------------------------------------------------------------------

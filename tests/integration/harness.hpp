@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <gtest/gtest.h>
@@ -183,8 +184,23 @@ inline std::vector<std::string> hpctrain_argv(const std::vector<std::string>& ar
   return argv;
 }
 
-// Runs hpctrain with `args`.
-inline RunResult run_hpctrain(const std::vector<std::string>& args) { return run_program(hpctrain_argv(args)); }
+// Runs hpctrain with `args` (killed after deadline_seconds when that is > 0).
+inline RunResult run_hpctrain(const std::vector<std::string>& args, double deadline_seconds = 0) {
+  return run_program(hpctrain_argv(args), deadline_seconds);
+}
+
+// Runs hpctrain where permission bits stop it. As root (CI runs the tests as root, whom mode
+// 000 does not stop) it runs through setpriv without the two capabilities that let root past
+// them, so that the tests of unreadable files run everywhere instead of being skipped.
+inline RunResult run_hpctrain_without_override(const std::vector<std::string>& args, double deadline_seconds = 60) {
+  std::vector<std::string> argv;
+  if (geteuid() == 0)
+    argv = {"/usr/bin/setpriv", "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search"};
+  const auto a = hpctrain_argv(args);
+  argv.insert(argv.end(), a.begin(), a.end());
+  return run_program(std::move(argv), deadline_seconds);
+}
 
 // Starts hpctrain with `args` in the background.
 inline std::unique_ptr<Started> start_hpctrain(const std::vector<std::string>& args) {
@@ -331,6 +347,46 @@ inline void write_small_fashion_mnist(const std::string& dir) {
   write_bytes(dir + "/train-labels-idx1-ubyte", idx_labels(64));
   write_bytes(dir + "/t10k-images-idx3-ubyte", idx_images(16));
   write_bytes(dir + "/t10k-labels-idx1-ubyte", idx_labels(16));
+}
+
+// ---- Nothing changed -------------------------------------------------------------------------
+
+// One path as a refused run must leave it: type and permissions, size, modification time and
+// a CRC-32 of a file's bytes ("absent" when there is nothing). A directory's own times are left
+// out: a file made and removed again changes them, and its entries are compared one by one.
+inline std::string describe_path(const fs::path& p) {
+  struct stat st {};
+  if (::lstat(p.c_str(), &st) != 0) return "absent";
+  std::ostringstream d;
+  d << std::oct << st.st_mode << std::dec;
+  if (S_ISDIR(st.st_mode)) return d.str();
+  d << ' ' << st.st_size << " bytes, modified " << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec;
+  if (!S_ISREG(st.st_mode)) return d.str();
+  std::ifstream in(p, std::ios::binary);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> buf(1 << 16);
+  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(in.gcount()));
+  d << ", crc " << std::hex << crc << (in.bad() ? " (unreadable)" : "");
+  return d.str();
+}
+
+// Everything under root (root itself as "."), path by path: equal snapshots taken before and
+// after a run show that it changed nothing there.
+using Snapshot = std::map<std::string, std::string>;
+inline Snapshot snapshot(const std::string& root) {
+  Snapshot s{{".", describe_path(root)}};
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+    s[fs::relative(it->path(), root).string()] = describe_path(it->path());
+  return s;
+}
+
+// The same for several roots at once.
+inline std::vector<Snapshot> snapshots(const std::vector<std::string>& roots) {
+  std::vector<Snapshot> all;
+  for (const auto& r : roots) all.push_back(snapshot(r));
+  return all;
 }
 
 // ---- JSON Lines ------------------------------------------------------------------------------
