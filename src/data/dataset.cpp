@@ -54,6 +54,30 @@ DatasetPair load_idx_pair(const std::string& dir, Normalization norm) {
   return p;
 }
 
+// The records of one CIFAR file within a dataset read from several of equal size.
+struct FileRecords {
+  const std::string* path;
+  const uint8_t* images;
+  const int32_t* labels;
+};
+
+// CIFAR-10's six files hold different images: one copied over another (the test batch as a
+// training batch, which trains on the test set; one batch twice) is refused, naming both.
+void require_distinct_files(const Dataset& train, const std::vector<std::string>& train_paths, const Dataset& test,
+                            const std::string& test_path) {
+  const int64_t n = kCifar10RecordsPerFile, bytes = n * train.sample_bytes();
+  std::vector<FileRecords> files;
+  for (size_t i = 0; i < train_paths.size(); ++i)
+    files.push_back({&train_paths[i], train.images.data() + i * bytes, train.labels.data() + i * n});
+  files.push_back({&test_path, test.images.data(), test.labels.data()});
+  for (size_t a = 0; a < files.size(); ++a)
+    for (size_t b = a + 1; b < files.size(); ++b)
+      HPC_REQUIRE(std::memcmp(files[a].images, files[b].images, static_cast<size_t>(bytes)) != 0 ||
+                      !std::equal(files[a].labels, files[a].labels + n, files[b].labels),
+                  "dataset files ", *files[a].path, " and ", *files[b].path, " hold the same records (one copied "
+                  "over the other?)", b + 1 == files.size() ? ": the test set would be trained on" : "");
+}
+
 DatasetPair load_cifar10(const std::string& dir) {
   fs::path root(dir);
   std::error_code ec;
@@ -64,7 +88,9 @@ DatasetPair load_cifar10(const std::string& dir) {
   for (int i = 1; i <= 5; ++i) train.push_back((root / ("data_batch_" + std::to_string(i) + ".bin")).string());
   DatasetPair p;
   p.train = read_cifar10(train, kCifar10RecordsPerFile);
-  p.test = read_cifar10({(root / "test_batch.bin").string()}, kCifar10RecordsPerFile);
+  const std::string test = (root / "test_batch.bin").string();
+  p.test = read_cifar10({test}, kCifar10RecordsPerFile);
+  require_distinct_files(p.train, train, p.test, test);
   p.norm = {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
   return p;
 }

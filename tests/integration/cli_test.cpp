@@ -409,23 +409,31 @@ INSTANTIATE_TEST_SUITE_P(
 TEST_F(Cli, CifarBatchesHoldThePublishedRecords) {
   TempDir cifar("cli-cifar");
   constexpr uintmax_t kRecord = 3073, kRecords = 10000;
-  const auto batch = [&](const std::string& name, uintmax_t records) {
-    write_bytes(cifar.file(name), {});
-    fs::resize_file(cifar.file(name), records * kRecord);  // sparse zeros: label 0, black images
+  // Sparse zeros (label 0, black images) but for the first label, which tells the files apart.
+  const auto batch = [&](const std::string& name, uintmax_t records, uint8_t first_label) {
+    write_bytes(cifar.file(name), {first_label});
+    fs::resize_file(cifar.file(name), records * kRecord);
   };
-  for (int i = 1; i <= 5; ++i) batch("data_batch_" + std::to_string(i) + ".bin", kRecords);
-  batch("test_batch.bin", kRecords);
+  for (int i = 1; i <= 5; ++i) batch("data_batch_" + std::to_string(i) + ".bin", kRecords, static_cast<uint8_t>(i));
+  batch("test_batch.bin", kRecords, 0);
   const std::vector<std::string> args{"--dataset", "cifar10", "--data-dir", cifar.str(), "--model", "mlp"};
   const RunResult good = run(args);
   ASSERT_EQ(good.exit_code, 0) << good.err;
-  batch("data_batch_1.bin", 2 * kRecords);
+  batch("data_batch_1.bin", 2 * kRecords, 1);
   const std::string path = cifar.file("data_batch_1.bin");
   auto before = snapshot(cifar.str());
   expect_refused(args, {path, "holds 20000 CIFAR-10 records", "published data_batch_1.bin holds 10000",
                         "10000 too many"});
   EXPECT_EQ(snapshot(cifar.str()), before);
-  batch("data_batch_1.bin", kRecords - 1);
+  batch("data_batch_1.bin", kRecords - 1, 1);
   expect_refused(args, {path, "holds 9999 CIFAR-10 records", "1 missing"});
+  // The test batch copied over a training batch, or one training batch over another.
+  batch("data_batch_1.bin", kRecords, 1);
+  batch("data_batch_4.bin", kRecords, 0);
+  expect_refused(args, {cifar.file("data_batch_4.bin"), cifar.file("test_batch.bin"), "hold the same records",
+                        "the test set would be trained on"});
+  batch("data_batch_4.bin", kRecords, 2);
+  expect_refused(args, {cifar.file("data_batch_2.bin"), cifar.file("data_batch_4.bin"), "hold the same records"});
 }
 
 // A directory that is not a dataset at all.
