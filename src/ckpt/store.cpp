@@ -115,6 +115,9 @@ CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir
   HPC_REQUIRE(!ec && fs::is_directory(dir_), "cannot create checkpoint directory ", dir_,
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(::access(dir_.c_str(), W_OK) == 0, "checkpoint directory ", dir_, " is not writable");
+  const fs::path beat = fs::path(dir_) / "heartbeat";
+  HPC_REQUIRE(!fs::exists(fs::symlink_status(beat, ec)) || fs::is_regular_file(fs::symlink_status(beat, ec)),
+              beat.string(), " is not a file: hpctrain replaces it with its heartbeat (move it away)");
   // A writer killed before its rename leaves its temporary file (as large as a checkpoint).
   // This store is the directory's only writer now, so such leftovers are garbage.
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
@@ -198,6 +201,8 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
 }
 
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state) {
+  // Written about once a second: a failure that lasts (a full disk) is said once, not each time.
+  static std::atomic<bool> warned{false};
   const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -205,11 +210,12 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
         << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
         << "\npid=" << ::getpid() << "\nstate=" << state << "\n";
     if (!out) {
-      log::warn("cannot write heartbeat ", tmp);
+      if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
       return;
     }
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) log::warn("cannot rename heartbeat ", tmp, ": ", std::strerror(errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0 && !warned.exchange(true))
+    log::warn("cannot rename heartbeat ", tmp, ": ", std::strerror(errno), " (said once)");
 }
 
 std::map<std::string, std::string> read_heartbeat(const std::string& dir) {

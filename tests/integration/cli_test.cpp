@@ -201,6 +201,7 @@ INSTANTIATE_TEST_SUITE_P(
                 {"cannot open --metrics-file @WORK/no/m.jsonl", "No such file or directory"}},
         BadArgs{"metrics_file_a_directory", {"--metrics-file", "@WORK"}, {"--metrics-file @WORK", "Is a directory"}},
         BadArgs{"data_dir_a_file", {"--data-dir", "/dev/null"}, {"data directory /dev/null is not a directory"}},
+        BadArgs{"checkpoint_dir_a_file", {"--checkpoint-dir", "/dev/null"}, {"/dev/null", "Not a directory"}},
         BadArgs{"config_a_directory", {"--config", "@WORK"}, {"--config @WORK is a directory"}},
         BadArgs{"config_endless", {"--config", "/dev/zero"}, {"config file /dev/zero is larger than 1 MB"}}),
     [](const ::testing::TestParamInfo<BadArgs>& i) { return std::string(i.param.name); });
@@ -481,6 +482,14 @@ TEST_F(CliCheckpoint, BadResumeFilesAreRefused) {
       {work_.file("fifo"), {"fifo: not a regular file"}},  // was: waiting forever for a writer
       {dir_, {"--resume", dir_, "is a directory"}}};        // was: exit 1, "basic_filebuf::underflow"
   for (const auto& [file, expect] : cases) expect_refused({"--resume", file, "--checkpoint-dir", dir_}, expect);
+}
+
+// A checkpoint directory whose heartbeat path is taken by a directory: refused at the start,
+// not a warning every second of the run.
+TEST_F(CliCheckpoint, HeartbeatThatIsADirectory) {
+  fs::remove(dir_ + "/heartbeat");
+  fs::create_directory(dir_ + "/heartbeat");
+  expect_refused({"--checkpoint-dir", dir_}, {dir_ + "/heartbeat is not a file"});
 }
 
 // A checkpoint directory that cannot be listed is an error: it must not look empty, which
