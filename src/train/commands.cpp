@@ -287,7 +287,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
     for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
       if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
     require_non_negative(test_samples, "test-samples");
-    require_positive(batch_size, "eval-batch-size");
+    require_batch_size(batch_size, "eval-batch-size");
     require_thread_count(threads);
   });
   if (!go) return kExitSuccess;

@@ -79,17 +79,15 @@ void require_one_of(const std::string& value, const std::vector<std::string>& na
 
 void validate_counts(const TrainOptions& o) {
   require_positive(o.epochs, "epochs");
-  require_positive(o.batch_size, "batch-size");
-  require_positive(o.eval_batch_size, "eval-batch-size");
+  require_batch_size(o.batch_size, "batch-size");
+  require_batch_size(o.eval_batch_size, "eval-batch-size");
   for (auto [v, name] : {std::pair{o.seed, "seed"}, {o.max_steps, "max-steps"}, {o.train_samples, "train-samples"},
                          {o.test_samples, "test-samples"}, {o.global_batch_size, "global-batch-size"},
                          {o.image_size, "image-size"},
                          {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"}})
     require_non_negative(v, name);
   HPC_REQUIRE(o.epochs <= kMaxEpochs, "--epochs must be at most ", kMaxEpochs, ", got ", o.epochs);
-  for (auto [v, name] : {std::pair{o.batch_size, "batch-size"}, {o.global_batch_size, "global-batch-size"},
-                         {o.eval_batch_size, "eval-batch-size"}})
-    HPC_REQUIRE(v <= kMaxBatch, "--", name, " must be at most ", kMaxBatch, " samples, got ", v);
+  if (o.global_batch_size > 0) require_batch_size(o.global_batch_size, "global-batch-size");
   require_thread_count(o.threads);
   HPC_REQUIRE(o.image_size <= 4096, "--image-size must be at most 4096 pixels, got ", o.image_size);
   HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
@@ -256,6 +254,11 @@ void require_positive(int64_t v, const char* option) {
 
 void require_non_negative(int64_t v, const char* option) {
   HPC_REQUIRE(v >= 0, "--", option, " must not be negative, got ", v);
+}
+
+void require_batch_size(int64_t v, const char* option) {
+  require_positive(v, option);
+  HPC_REQUIRE(v <= kMaxBatch, "--", option, " must be at most ", kMaxBatch, " samples, got ", v);
 }
 
 void require_not_empty(const std::string& value, const char* option) {

@@ -243,6 +243,14 @@ TEST_F(Cli, UnreadableDataNamesTheRealCause) {
   fs::permissions(data_.file("sub"), fs::perms::owner_all);
 }
 
+TEST_F(Cli, UnreadableConfigFileNamesTheRealCause) {
+  write_text(work_.file("c.cfg"), "epochs = 1\n");
+  fs::permissions(work_.file("c.cfg"), fs::perms::none);
+  expect_usage_error(
+      run_hpctrain_without_override(with_quick_defaults({"--config", work_.file("c.cfg")}, data_.str())),
+      {"cannot read config file", work_.file("c.cfg"), "Permission denied"});
+}
+
 // A dataset file that is a directory is named as one, not as missing.
 TEST_F(Cli, DatasetFileThatIsADirectory) {
   const std::string file = data_.file("t10k-images-idx3-ubyte");
@@ -527,6 +535,8 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", "@WORK/no/m.jsonl"},
        {"cannot open --metrics-file", "No such file"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", "/dev/null"}, {"/dev/null is not a directory"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--eval-batch-size", "9223372036854775807"},
+       {"--eval-batch-size must be at most 1000000000"}},
       {{"inspect", ""}, {"the PATH of hpctrain inspect is empty"}},
       {{"inspect", empty_dir}, {"no checkpoints (ckpt-*.hpck) in", empty_dir}},
       {{"inspect", "/dev/zero"}, {"/dev/zero: not a regular file"}}};
