@@ -121,11 +121,6 @@ void validate_optimizer(const TrainOptions& o) {
   HPC_REQUIRE(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
   HPC_REQUIRE(!o.nesterov || o.momentum > 0, "Nesterov momentum needs --momentum > 0 (or --no-nesterov)");
   HPC_REQUIRE(o.weight_decay >= 0, "--weight-decay must not be negative, got ", o.weight_decay);
-  // Each step multiplies a weight by (1 - lr x decay) before the gradient: at 1 or more the
-  // decay alone wipes out or flips every weight, and training diverges whatever the data.
-  HPC_REQUIRE(o.lr * o.weight_decay < 1, "--weight-decay ", o.weight_decay, " with --lr ", o.lr,
-              " would shrink every weight by lr x decay = ", o.lr * o.weight_decay,
-              " (1 or more) of itself at each step");
   HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
               o.label_smoothing);
 }
