@@ -116,8 +116,9 @@ CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(::access(dir_.c_str(), W_OK) == 0, "checkpoint directory ", dir_, " is not writable");
   const fs::path beat = fs::path(dir_) / "heartbeat";
-  HPC_REQUIRE(!fs::exists(fs::symlink_status(beat, ec)) || fs::is_regular_file(fs::symlink_status(beat, ec)),
-              beat.string(), " is not a file: hpctrain replaces it with its heartbeat (move it away)");
+  // The heartbeat is replaced by a rename, which a directory there would refuse all run long.
+  HPC_REQUIRE(!fs::is_directory(fs::symlink_status(beat, ec)), beat.string(),
+              " is a directory: hpctrain replaces that path with its heartbeat file (move it away)");
   // A writer killed before its rename leaves its temporary file (as large as a checkpoint).
   // This store is the directory's only writer now, so such leftovers are garbage.
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
@@ -149,10 +150,9 @@ void CheckpointStore::move_superseded() {
       std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string name = "superseded-" + std::to_string(now);
   fs::path aside = fs::path(dir_) / name;
-  for (int n = 2; fs::exists(aside); ++n) aside = fs::path(dir_) / (name + "-" + std::to_string(n));
   std::error_code ec;
-  fs::create_directory(aside, ec);
-  HPC_REQUIRE(!ec, "cannot create ", aside.string(), ": ", ec.message());
+  for (int n = 2; fs::exists(aside, ec); ++n) aside = fs::path(dir_) / (name + "-" + std::to_string(n));
+  HPC_REQUIRE(fs::create_directory(aside, ec) && !ec, "cannot create ", aside.string(), ": ", ec.message());
   for (const std::string& path : newer)
     if (::rename(path.c_str(), (aside / fs::path(path).filename()).c_str()) != 0) io_error("move", path);
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);

@@ -496,7 +496,7 @@ TEST_F(CliCheckpoint, BadResumeFilesAreRefused) {
 TEST_F(CliCheckpoint, HeartbeatThatIsADirectory) {
   fs::remove(dir_ + "/heartbeat");
   fs::create_directory(dir_ + "/heartbeat");
-  expect_refused({"--checkpoint-dir", dir_}, {dir_ + "/heartbeat is not a file"});
+  expect_refused({"--checkpoint-dir", dir_}, {dir_ + "/heartbeat is a directory"});
 }
 
 // A checkpoint directory that cannot be listed is an error: it must not look empty, which
