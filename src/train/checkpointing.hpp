@@ -27,6 +27,14 @@ struct RunPosition {
   // fp16 runs: the dynamic loss scale and its counters (checkpoint keys loss_scale,
   // loss_scale_good_steps, skipped_steps), so a resumed run scales as the first would have.
   std::optional<optim::LossScalerState> scaler;
+
+  // Where a run stands after global step `step`, whose index in `epoch` was `index`: at the
+  // end of the epoch (steps_per_epoch steps) the next step opens the next epoch.
+  static RunPosition after_step(int64_t step, int64_t epoch, int64_t index, int64_t steps_per_epoch,
+                                int64_t global_batch, double samples_seen) {
+    if (index + 1 < steps_per_epoch) return {step, epoch, index + 1, global_batch, samples_seen, {}};
+    return {step, epoch + 1, 0, global_batch, samples_seen, {}};
+  }
 };
 
 // A copy of the state (rank 0's) at `at`, with the options and model it belongs to, into c

@@ -1,0 +1,162 @@
+#include "train/boundary.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "dist/agree.hpp"
+#include "train/exit_codes.hpp"
+#include "train/signals.hpp"
+
+namespace hpc::train {
+
+TestHook TestHook::from_environment(const char* variable, int default_signal) {
+  TestHook k;
+  if (const char* v = std::getenv(variable)) {
+    k.step = std::atoll(v);
+    k.signal = std::strstr(v, ":usr1") ? SIGUSR1 : std::strstr(v, ":stop") ? SIGSTOP : default_signal;
+    if (const char* at = std::strchr(v, '@')) k.rank = std::atoi(at + 1);
+  }
+  return k;
+}
+
+TestHooks::TestHooks(int rank)
+    : rank_(rank),
+      kill_(TestHook::from_environment("HPCTRAIN_TEST_KILL_AFTER_STEP", SIGKILL)),
+      signal_(TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM)) {}
+
+void TestHooks::signal_after(int64_t step) const {
+  if (signal_.fires(step, rank_)) StopSignals::raise_and_wait(signal_.signal);
+}
+
+void TestHooks::kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const {
+  if (kill_.step != step) return;
+  if (writer && !std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) writer->wait();
+  if (comm.size() > 1) comm.barrier();
+  if (kill_.rank == rank_) std::raise(kill_.signal);
+}
+
+StopAsked stop_asked(dist::Communicator& comm) {
+  const auto mine = static_cast<uint64_t>(StopSignals::signal_number());
+  const std::vector<uint64_t> all = comm.size() > 1 ? comm.allgather(mine) : std::vector<uint64_t>{mine};
+  StopAsked s;
+  for (size_t r = all.size(); r-- > 0;)
+    if (all[r] != 0) s = {static_cast<int>(all[r]), static_cast<int>(r), s.ranks + 1};
+  return s;
+}
+
+std::string cause_of(const StopAsked& s, int world) {
+  return s.ranks == world ? signal_name(s.signal) : detail::concat(signal_name(s.signal), " to rank ", s.rank);
+}
+
+int stop_exit_code(const TrainOptions& o, const StopAsked& s) {
+  return o.checkpoint_dir.empty() ? 128 + s.signal : kExitCheckpointed;
+}
+
+std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, const TrainOptions& o) {
+  std::unique_ptr<ckpt::CheckpointStore> store;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0 && !o.checkpoint_dir.empty())
+      store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints);
+  });
+  return store;
+}
+
+void diverged(const TrainOptions& o, const std::string& what, bool before_any_update) {
+  if (before_any_update)
+    throw dist::CollectiveError(ErrorKind::Internal,
+                                detail::concat("internal error at ", __FILE__, ":", __LINE__, ": ", what,
+                                               " before any update of the initial parameters (not the options' doing)"));
+  throw dist::CollectiveError(ErrorKind::Usage,
+                              detail::concat("training diverged: ", what, "; lower --lr (now ", o.lr,
+                                             ") or warm up to it (--warmup-epochs); no checkpoint holds this state"));
+}
+
+bool all_finite(const Tensor& t) {
+  const float* p = t.numel() ? t.data<float>() : nullptr;
+  return std::all_of(p, p + t.numel(), [](float v) { return std::isfinite(v); });
+}
+
+void require_finite_state(dist::Communicator& comm, Engine& engine, const nn::Model<float>& model,
+                          const optim::Sgd<float>& sgd, const TrainOptions& o, int64_t after_step, bool check) {
+  double bad[3] = {0, 0, 0};
+  if (check) {
+    engine.sync_to_host();
+    bad[0] = !all_finite(model.params().values()), bad[1] = !all_finite(sgd.momentum_buffer());
+    bad[2] = !all_finite(model.params().buffers());
+  }
+  if (comm.size() > 1) comm.allreduce_sum(bad, 3);
+  const char* what = bad[0] > 0   ? "the parameters"
+                     : bad[1] > 0 ? "the optimizer's momentum"
+                     : bad[2] > 0 ? "the batch-norm statistics"
+                                  : nullptr;
+  if (what)
+    diverged(o, detail::concat(what, " are not finite after step ", after_step, ", though its loss still was"), false);
+}
+
+StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, double loss) {
+  double flags[3] = {checkpoint_due ? 1.0 : 0.0, StopSignals::requested() ? 1.0 : 0.0,
+                     std::isfinite(loss) ? 0.0 : 1.0};
+  if (comm.size() > 1) comm.allreduce_sum(flags, 3);
+  return {flags[0] > 0, flags[1] > 0, flags[2] > 0};
+}
+
+void Heartbeat::beat(int64_t step, int64_t epochs_done) {
+  if (!store_ || seconds_since(last_) < 1.0) return;
+  ckpt::write_heartbeat(store_->dir(), step, epochs_done);
+  last_ = Clock::now();
+}
+
+void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state) {
+  if (store_) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state);
+}
+
+Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,
+                           std::unique_ptr<ckpt::CheckpointStore> store, Engine& engine,
+                           const nn::Model<float>& model, const optim::Sgd<float>& sgd)
+    : ctx_(ctx), o_(o), store_(std::move(store)), engine_(engine), model_(model), sgd_(sgd) {
+  if (store_) writer_ = std::make_unique<ckpt::AsyncWriter>(*store_);
+}
+
+bool Checkpointer::due_by_clock() const {
+  return ctx_.rank() == 0 && o_.checkpoint_interval_seconds > 0 &&
+         seconds_since(last_time_) >= o_.checkpoint_interval_seconds;
+}
+
+bool Checkpointer::due_at_step(int64_t step) const {
+  return o_.checkpoint_every_steps > 0 && step % o_.checkpoint_every_steps == 0;
+}
+
+void Checkpointer::save(const RunPosition& at) {
+  if (o_.checkpoint_dir.empty() || at.step == last_saved_) return;
+  const auto t0 = Clock::now();
+  require_finite_state(ctx_.world(), engine_, model_, sgd_, o_, at.step, writer_ != nullptr);
+  last_saved_ = at.step;
+  dist::collectively(ctx_, [&] {
+    if (!writer_) return;
+    ckpt::Checkpoint snapshot = writer_->recycled();
+    RunPosition with_scaler = at;
+    with_scaler.scaler = engine_.loss_scaler();
+    fill_checkpoint(snapshot, o_, model_, sgd_, ctx_.world_size(), with_scaler);
+    writer_->submit(std::move(snapshot), at.step);
+  });
+  stall_ += seconds_since(t0);
+  last_time_ = Clock::now();
+  ++written_;
+}
+
+void Checkpointer::wait_for_writes(const std::string& doing) {
+  dist::collectively(ctx_, [&] {
+    if (!writer_) return;
+    try {
+      writer_->wait();
+    } catch (const Error& e) {
+      throw Error(e.kind(), doing + ", but its checkpoint could not be written: " + e.what());
+    }
+  });
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,144 @@
+// The step boundary: what happens between two training steps, each its own small object. Every
+// rank agrees on whether to stop, whether a checkpoint is due and whether the loss was finite
+// (StepAgreement); checkpoints are handed to the background writer (Checkpointer); rank 0 tells
+// launchers it is alive (Heartbeat); the tests' hooks kill or signal a rank there (TestHooks).
+// The set-up phase (setup.hpp) uses the stop and store helpers too.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ckpt/store.hpp"
+#include "dist/process.hpp"
+#include "train/checkpointing.hpp"
+#include "train/engine.hpp"
+#include "train/options.hpp"
+
+namespace hpc::train {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Test hooks for the resume and watchdog tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r][:stop]
+// makes rank r (0 by default) die by SIGKILL right after global step k, as a lost node would
+// (or stop by SIGSTOP, as a hung one); HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k[@r][:usr1] sends it
+// SIGTERM (or SIGUSR1) there instead; HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@r][:usr1] does that
+// at the end of a set-up phase (stopped_in_setup).
+struct TestHook {
+  int64_t step = -1;  // or the set-up phase
+  int rank = 0;
+  int signal = 0;
+  static TestHook from_environment(const char* variable, int default_signal);
+  bool fires(int64_t at, int on_rank) const { return step == at && rank == on_rank; }
+};
+
+class TestHooks {
+ public:
+  explicit TestHooks(int rank);
+  // HPCTRAIN_TEST_SIGNAL_AFTER_STEP: right after the step, before the boundary's agreement, so
+  // that the stop is taken at this very step.
+  void signal_after(int64_t step) const;
+  // HPCTRAIN_TEST_KILL_AFTER_STEP, at the end of the boundary (collective at that step): what
+  // was submitted is durable before the victim dies, so the tests know which checkpoint the
+  // resumed run starts from (on a loaded machine the write could otherwise still be in flight;
+  // a kill in the middle of a write is what HPCTRAIN_TEST_PAUSE_BEFORE_RENAME is for).
+  void kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const;
+
+ private:
+  int rank_;
+  TestHook kill_, signal_;
+};
+
+// The first stop signal any rank took (0: none), and how many ranks took one. Every rank
+// learns the same (collective).
+struct StopAsked {
+  int signal = 0, rank = 0, ranks = 0;
+};
+StopAsked stop_asked(dist::Communicator& comm);
+// "SIGTERM"; "SIGTERM to rank 1" where only some of several ranks were signalled.
+std::string cause_of(const StopAsked& s, int world);
+// 75, "requeue me", where the checkpoint directory holds the state to continue from; without
+// one nothing is kept, and the code is the signal's, as if it had ended the process.
+int stop_exit_code(const TrainOptions& o, const StopAsked& s);
+
+// Rank 0's checkpoint store (none on the other ranks, or without --checkpoint-dir); every rank
+// learns whether rank 0 could use the directory (collective).
+std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, const TrainOptions& o);
+
+// Training diverged: a loss, or the state about to be saved, is not finite. Nothing of it is
+// saved (the newest checkpoint stays the last good one), and it is the user's learning rate;
+// except in a fresh run's first step, whose loss no update has touched: that is hpctrain's bug.
+// Thrown on every rank alike.
+[[noreturn]] void diverged(const TrainOptions& o, const std::string& what, bool before_any_update);
+
+bool all_finite(const Tensor& t);
+
+// Never saved nor reported done: a state that is not finite (the update after a finite loss
+// can make it so, and a layer can hide it from later losses). Collective; the ranks that
+// `check` look at their state, and every rank learns their verdict.
+void require_finite_state(dist::Communicator& comm, Engine& engine, const nn::Model<float>& model,
+                          const optim::Sgd<float>& sgd, const TrainOptions& o, int64_t after_step, bool check);
+
+// What every rank agrees on at a step boundary, in one all-reduce.
+struct StepAgreement {
+  bool checkpoint_due = false;   // rank 0's clock says --checkpoint-interval has passed
+  bool stop = false;             // some rank was asked to stop
+  bool loss_not_finite = false;  // on some rank
+  static StepAgreement reach(dist::Communicator& comm, bool checkpoint_due, double loss);
+};
+
+// Rank 0's DIR/heartbeat (ckpt::write_heartbeat): about once a second while training, and once
+// more at the end. Does nothing without a store.
+class Heartbeat {
+ public:
+  explicit Heartbeat(const ckpt::CheckpointStore* store) : store_(store) {}
+  void beat(int64_t step, int64_t epochs_done);
+  void last(int64_t step, int64_t epochs_done, const char* state);
+
+ private:
+  const ckpt::CheckpointStore* store_;
+  Clock::time_point last_ = Clock::now() - std::chrono::hours(1);
+};
+
+// The step loop's checkpoints. Rank 0 snapshots its state (all ranks hold the same parameters
+// and optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a background
+// thread writes it. save() and wait_for_writes() are collective: every rank calls them at the
+// same step and learns whether rank 0 could hand the snapshot over or write it.
+class Checkpointer {
+ public:
+  // store: rank 0's (open_store), superseded files already set aside.
+  Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o, std::unique_ptr<ckpt::CheckpointStore> store,
+               Engine& engine, const nn::Model<float>& model, const optim::Sgd<float>& sgd);
+  const ckpt::CheckpointStore* store() const { return store_.get(); }
+  ckpt::AsyncWriter* writer() const { return writer_.get(); }
+  // Whether rank 0's --checkpoint-interval has passed since the last checkpoint (false on the
+  // other ranks: StepAgreement spreads rank 0's answer).
+  bool due_by_clock() const;
+  bool due_at_step(int64_t step) const;  // --checkpoint-every-steps
+  // A checkpoint at `at` (none without --checkpoint-dir, or when one was taken at this step).
+  void save(const RunPosition& at);
+  // Waits until rank 0's checkpoints are written; `doing` says what for in the error if one
+  // could not be.
+  void wait_for_writes(const std::string& doing);
+  int64_t written() const { return written_; }
+  double stall_seconds() const { return stall_; }
+
+ private:
+  dist::ProcessContext& ctx_;
+  const TrainOptions& o_;
+  std::unique_ptr<ckpt::CheckpointStore> store_;
+  std::unique_ptr<ckpt::AsyncWriter> writer_;
+  Engine& engine_;
+  const nn::Model<float>& model_;
+  const optim::Sgd<float>& sgd_;
+  int64_t written_ = 0, last_saved_ = -1;
+  double stall_ = 0;
+  Clock::time_point last_time_ = Clock::now();
+};
+
+}  // namespace hpc::train

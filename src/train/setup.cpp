@@ -1,0 +1,229 @@
+#include "train/setup.hpp"
+
+#include <csignal>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/device.hpp"
+#include "core/hash.hpp"
+#include "core/log.hpp"
+#include "data/sampler.hpp"
+#include "dist/agree.hpp"
+#include "nn/gemm.hpp"
+#include "train/boundary.hpp"
+#include "train/engine.hpp"
+#include "train/signals.hpp"
+#include "train/trainer.hpp"
+
+namespace hpc::train {
+namespace {
+
+// Which two ranks would share one GPU (NCCL refuses that), from the identities of the GPUs
+// they would take; "" when none would. Every rank learns the same answer. Identities, not
+// counts: under srun --gpus-per-task 1 each rank sees one GPU, its own.
+std::string shared_gpu(dist::ProcessContext& ctx, const TrainOptions& o) {
+  if (o.device == "cpu" || ctx.world_size() == 1) return "";  // o.device is every rank's (require_same_options)
+  const uint64_t mine = device::gpu_identity(ctx.local_rank());
+  const std::vector<uint64_t> all = ctx.world().allgather(mine);
+  std::unordered_map<uint64_t, size_t> first;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) continue;
+    const auto [it, fresh] = first.emplace(all[r], r);
+    if (!fresh) return detail::concat("ranks ", it->second, " and ", r, " would share one GPU");
+  }
+  return "";
+}
+
+// Whether this rank trains on its GPU. --device cuda without a usable GPU is an error, never a
+// silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank can have one of
+// its own (shared: shared_gpu's answer), and says so when it cannot.
+bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak) {
+  std::string why;
+  bool gpu = o.device != "cpu" && gpu_training_available(&why);
+  const int gpus = o.device == "cpu" ? 0 : device::cuda_device_count();
+  if (gpu && !shared.empty()) {
+    why = detail::concat(shared, " (", gpus, " visible on this host); start one rank per GPU (mpirun -npernode ",
+                         gpus, ", srun --gpus-per-task 1)");
+    gpu = false;
+  }
+  HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
+  const std::string because = o.device == "cpu" ? "" : detail::concat(" (", why, ")");  // why not the GPU
+  HPC_REQUIRE(gpu || (o.precision != "bf16" && o.precision != "fp16"), "--precision ", o.precision,
+              " is mixed precision on the GPU, and this rank trains on the CPU", because,
+              "; the CPU trains in fp32: use --precision fp32");
+  HPC_REQUIRE(gpu || !o.cuda_graphs, "--cuda-graphs replays training steps on the GPU, and this rank trains on the CPU",
+              because, "; leave out --cuda-graphs");
+  if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
+  if (gpu)
+    HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
+                                    "--device cpu");
+  return gpu;
+}
+
+// The device and math threads of this rank.
+void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::string& shared, Prepared& p) {
+  p.gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
+  HPC_REQUIRE(!o.cuda_graphs || ctx.world_size() == 1, "--cuda-graphs takes one rank per job for now (this one has ",
+              ctx.world_size(), "): the gradient all-reduce waits on the host, which a captured step cannot; leave it "
+              "out");
+  if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
+  p.threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
+  nn::set_math_threads(p.threads);
+}
+
+// --keep-last-batch: the short last batch must still give every rank what a step needs.
+void check_last_batch(const TrainOptions& o, const data::Dataset& train, int64_t global_batch, int world) {
+  const data::ShardedSampler epoch(train.count, global_batch, 0, 0, world, false);
+  const int64_t steps = epoch.steps_per_epoch(), last = epoch.global_batch_length(steps - 1);
+  const int64_t least = last / world, need = o.batch_norm ? 2 : 1;  // batch norm: two values per channel
+  const bool reached = o.max_steps == 0 || o.max_steps >= steps;
+  HPC_REQUIRE(last == global_batch || least >= need || !reached, "--keep-last-batch: the last global batch "
+              "holds ", last, " of the ", train.count, " training samples, which leaves some of the ", world,
+              " ranks ", least, " (a step needs ", need, o.batch_norm ? ", for batch norm" : "",
+              "); leave out --keep-last-batch, or change --train-samples or the batch size");
+}
+
+// The dataset (cut to --train-samples and --test-samples) and this run's global batch.
+void load_data(const TrainOptions& o, int world, Prepared& p) {
+  p.data_dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
+  p.ds = data::load_dataset(o.dataset, p.data_dir, o.image_size);
+  p.ds.train.truncate(o.train_samples);
+  p.ds.test.truncate(o.test_samples);
+  const int64_t global_batch = o.global_batch_size > 0 ? o.global_batch_size : o.batch_size * world;
+  HPC_REQUIRE(global_batch >= world, "--global-batch-size ", global_batch, " gives some of the ", world,
+              " ranks no sample per step; use at least one sample per rank");
+  HPC_REQUIRE(p.ds.train.count >= global_batch || !o.drop_last, "the training set holds ", p.ds.train.count,
+              " samples, fewer than one global batch of ", global_batch, " (", world, " ranks)");
+  if (!o.drop_last) check_last_batch(o, p.ds.train, global_batch, world);
+  p.start.global_batch = global_batch;
+}
+
+std::unique_ptr<nn::Model<float>> build_model(const TrainOptions& o, const data::Dataset& train) {
+  nn::ModelSpec spec;
+  spec.name = o.model;
+  spec.batch_norm = o.batch_norm;
+  spec.input = Shape{train.height, train.width, train.channels};
+  spec.classes = train.classes;
+  spec.label_smoothing = o.label_smoothing;
+  spec.init = o.init == "kaiming-normal" ? nn::InitScheme::KaimingNormal : nn::InitScheme::KaimingUniform;
+  return std::make_unique<nn::Model<float>>(spec);
+}
+
+std::string joined(const std::vector<std::pair<std::string, std::string>>& v) {
+  std::string s;
+  for (const auto& [name, value] : v) s += name + '=' + value + '\n';
+  return s;
+}
+
+// Every rank must read the same samples: the same counts, shapes and labels.
+void require_same_data(dist::ProcessContext& ctx, const data::DatasetPair& ds) {
+  const int64_t shape[] = {ds.train.count, ds.test.count, ds.train.height, ds.train.width, ds.train.channels};
+  const uint64_t h = fnv1a(shape, sizeof shape) ^
+                     fnv1a(ds.train.labels.data(), ds.train.labels.size() * sizeof ds.train.labels[0]) ^
+                     (fnv1a(ds.test.labels.data(), ds.test.labels.size() * sizeof ds.test.labels[0]) << 1);
+  dist::require_agreement(ctx, h, ErrorKind::Usage, [&](int r) {
+    return detail::concat("rank ", r, " read a different dataset than rank 0 (", ds.train.count, " train and ",
+                          ds.test.count, " test samples on rank 0): every host needs the same --data-dir contents");
+  });
+}
+
+// Batch norm's collectives run on the main thread while the bucket thread all-reduces
+// gradients: they get a communicator of their own (collectives on one communicator must come in
+// the same order on every rank, which two threads cannot promise). On one rank too: the same
+// arithmetic as on several.
+void enable_sync_batch_norm(dist::ProcessContext& ctx, Prepared& p) {
+  dist::collectively(ctx, [&] {
+    HPC_REQUIRE(ctx.thread_multiple(), "--sync-batch-norm needs an MPI library with MPI_THREAD_MULTIPLE");
+  });
+  p.stats_comm = ctx.world().duplicate();
+  p.model->sync_batch_norm([c = p.stats_comm.get()](double* data, int64_t n) { c->allreduce_sum(data, n); });
+}
+
+// Rank 0 reads and verifies the checkpoint, every rank loads the same bytes. The global batch is
+// the checkpoint's (the sampler's position is in its global steps), so a run can come back on
+// another number of ranks and continue at the exact sample.
+void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, const ckpt::Checkpoint& c,
+                 const std::string& path, Prepared& p) {
+  dist::collectively(ctx, [&] {
+    p.start = check_resumable(c, o, *p.model);
+    HPC_REQUIRE(p.start.global_batch >= ctx.world_size(), "the checkpoint's global batch of ", p.start.global_batch,
+                " cannot give each of the ", ctx.world_size(), " ranks a sample");
+    apply_checkpoint(c, *p.model, *p.sgd);
+    // Written by a run that diverged (hpctrain writes none such now): it would only diverge on.
+    HPC_REQUIRE(all_finite(p.model->params().values()) && all_finite(p.sgd->momentum_buffer()) &&
+                    all_finite(p.model->params().buffers()),
+                path, " holds a state that is not finite (its run had diverged): resume from an earlier ",
+                "checkpoint (--resume FILE) or start afresh (--resume none)");
+  });
+  p.resumed = true;
+  log::info("resuming from ", path, " at step ", p.start.step, " (epoch ", p.start.epoch + 1, ", step ",
+            p.start.step_in_epoch, " of it), global batch ", p.start.global_batch);
+}
+
+// Rank 0's parameters and buffers to every rank, which proves it holds the same bytes.
+void broadcast_state(dist::ProcessContext& ctx, nn::Model<float>& model) {
+  dist::Communicator& comm = ctx.world();
+  if (comm.size() > 1)
+    for (Tensor* t : {&model.params().values(), &model.params().buffers()})
+      if (t->bytes() > 0) comm.broadcast(t->raw(), static_cast<int64_t>(t->bytes()), 0);
+  const Tensor& v = model.params().values();
+  dist::require_agreement(ctx, fnv1a(v.raw(), v.bytes()), ErrorKind::Internal, [&](int r) {
+    return detail::concat("rank ", r, " holds other initial parameters than rank 0 after the broadcast");
+  });
+}
+
+}  // namespace
+
+void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
+  const std::string mine = joined(option_values(o));
+  dist::require_agreement(ctx, fnv1a(mine.data(), mine.size()), ErrorKind::Usage, [&](int r) {
+    const std::string theirs = dist::broadcast_string(ctx.world(), mine, r);
+    std::istringstream a(mine), b(theirs);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb))
+      if (la != lb)
+        return detail::concat("rank ", r, " was started with other options than rank 0 (a per-rank --config or "
+                              "command line?): --", lb, " there, --", la, " on rank 0");
+    return detail::concat("rank ", r, " was started with other options than rank 0");
+  });
+}
+
+Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o) {
+  Prepared p;
+  const std::string shared = shared_gpu(ctx, o);
+  dist::collectively(ctx, [&] {
+    choose_device(ctx, o, shared, p);
+    load_data(o, ctx.world_size(), p);
+    p.model = build_model(o, p.ds.train);
+  });
+  require_same_data(ctx, p.ds);
+  return p;
+}
+
+void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p) {
+  if (o.sync_batch_norm) enable_sync_batch_norm(ctx, p);
+  p.sgd = std::make_unique<optim::Sgd<float>>(p.model->params(), optim::SgdSpec{o.momentum, o.nesterov,
+                                                                                 o.weight_decay,
+                                                                                 o.decay_bias_and_norm});
+  std::string path;
+  const std::optional<ckpt::Checkpoint> resume = find_resume(o, ctx, &path);
+  if (resume) resume_from(ctx, o, *resume, path, p);
+  else if (ctx.rank() == 0) p.model->init(static_cast<uint64_t>(o.seed));  // rank 0 creates the initial variables
+  broadcast_state(ctx, *p.model);
+}
+
+std::optional<int> stopped_in_setup(dist::ProcessContext& ctx, const TrainOptions& o, int phase, const char* during,
+                                    bool dir_checked) {
+  const TestHook hook = TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_IN_SETUP", SIGTERM);
+  if (hook.fires(phase, ctx.rank())) StopSignals::raise_and_wait(hook.signal);
+  const StopAsked asked = stop_asked(ctx.world());
+  if (!asked.signal) return std::nullopt;
+  if (!dir_checked) open_store(ctx, o);
+  if (ctx.rank() == 0)
+    log::warn("stopped on request (", cause_of(asked, ctx.world_size()), ") ", during,
+              ", before the first step: nothing to save",
+              o.checkpoint_dir.empty() ? " (no --checkpoint-dir)" : " and nothing lost; run it again to continue");
+  return stop_exit_code(o, asked);
+}
+
+}  // namespace hpc::train

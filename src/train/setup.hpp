@@ -1,0 +1,60 @@
+// The set-up phase of a training run, before its first step, in the order trainer.cpp runs it:
+//   1. every rank was started with the same options (require_same_options);
+//   2. each rank picks its device and math threads, loads the dataset and builds the model
+//      (load_data_and_model);
+//   3. the state to start from: rank 0 initialises the model, or every rank loads the
+//      checkpoint to resume from; rank 0's state is broadcast and every rank proves it holds
+//      the same bytes (resume_or_initialise).
+// Each part is collective: an error on one rank (a file missing on one host) is every rank's
+// (dist::collectively). A stop asked for on any rank meanwhile ends the run at the end of the
+// part it came in (stopped_in_setup).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ckpt/checkpoint.hpp"
+#include "data/dataset.hpp"
+#include "dist/process.hpp"
+#include "nn/model.hpp"
+#include "optim/sgd.hpp"
+#include "train/checkpointing.hpp"
+#include "train/options.hpp"
+
+namespace hpc::train {
+
+// What set-up hands the step loop.
+struct Prepared {
+  bool gpu = false;  // this rank trains on its GPU
+  int threads = 0;   // math-library threads of this rank
+  std::string data_dir;
+  data::DatasetPair ds;
+  std::unique_ptr<nn::Model<float>> model;
+  // --sync-batch-norm's own communicator (the model's layers call it).
+  std::unique_ptr<dist::Communicator> stats_comm;
+  std::unique_ptr<optim::Sgd<float>> sgd;
+  bool resumed = false;
+  RunPosition start;  // global_batch: this run's, the checkpoint's when resumed
+};
+
+// A per-rank config file or a different command line on one host is caught before any work,
+// naming the first option that differs.
+void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o);
+
+Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o);
+
+// Initialised (rank 0) or resumed (every rank, from the same bytes), then broadcast and checked.
+void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p);
+
+// Set-up ends each of its parts here (`phase` counts them for the test hook
+// HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@rank][:usr1]). A stop asked for on any rank ends the run
+// before its first step, on every rank alike: the exit code, else nullopt. Nothing new exists
+// to save: the checkpoint directory already holds what a later run continues from (the
+// checkpoint this one resumed from, or none: a fresh start), so it is the exit of a stop after
+// a checkpoint, once the directory is known to be usable (dir_checked; else it is checked here,
+// a usage error if not).
+std::optional<int> stopped_in_setup(dist::ProcessContext& ctx, const TrainOptions& o, int phase, const char* during,
+                                    bool dir_checked);
+
+}  // namespace hpc::train
