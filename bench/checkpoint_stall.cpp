@@ -48,13 +48,13 @@ int main(int argc, char** argv) {
   for (const auto& [name, input] : {std::pair<std::string, Shape>{"cnn", Shape{28, 28, 1}},
                                     {"resnet18", Shape{32, 32, 3}}}) {
     nn::ModelSpec spec;
-    spec.name = name;
+    spec.kind = parse_named(nn::kModelNames, name, "model");
     spec.input = input;
     nn::Model<float> model(spec);
     model.init(1);
     optim::Sgd<float> sgd(model.params(), {});
     train::TrainOptions o;
-    o.model = name;
+    o.model = spec.kind;
     ckpt::CheckpointStore store(dir + "/" + name, 2);
     std::vector<double> stall, sync;
     size_t bytes = 0;

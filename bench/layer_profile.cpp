@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   }
   nn::set_math_threads(threads);
   nn::ModelSpec spec;
-  spec.name = model_name;
+  spec.kind = parse_named(nn::kModelNames, model_name, "model");
   spec.input = Shape{h, w, ch};
   nn::Model<float> model(spec);
   model.init(1);

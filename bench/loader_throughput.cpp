@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
       std::printf("making %ld JPEGs of %ldx%ld and packing them in %s\n", images, src_h, src_w, tmp.c_str());
       shards = make_dataset(images, src_h, src_w, tmp);
     }
-    const data::DatasetPair ds = data::load_dataset("shards", shards, size);
+    const data::DatasetPair ds = data::load_dataset(data::DatasetKind::Shards, shards, size);
     int64_t n1 = 0, nt = 0;
     const double one = loader_rate(ds, 1, batch, n1);
     const double many = loader_rate(ds, threads, batch, nt);
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
 
     nn::set_math_threads(threads);
     nn::ModelSpec spec;
-    spec.name = model_name;
+    spec.kind = parse_named(nn::kModelNames, model_name, "model");
     spec.input = Shape{size, size, 3};
     spec.classes = ds.train.classes;
     nn::Model<float> model(spec);

@@ -32,16 +32,16 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
 
 // The data directory must be one; the error says why it cannot be used (a permission
 // denied is not "does not exist"), with a hint only where the default place was looked in.
-void require_data_directory(const std::string& name, const std::string& dir) {
+void require_data_directory(DatasetKind kind, const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     const bool missing = errno == ENOENT;
     HPC_REQUIRE(missing, "cannot read data directory ", dir, ": ", std::strerror(errno));
-    const bool default_place = dir == default_data_dir(name);
+    const bool default_place = dir == default_data_dir(kind);
     usage_error("data directory ", dir, " does not exist",
-                !default_place                ? ""
-                : name == "fashion-mnist" ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
-                                          : " (pass --data-dir)");
+                !default_place                        ? ""
+                : kind == DatasetKind::FashionMnist ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
+                                                    : " (pass --data-dir)");
   }
   HPC_REQUIRE(S_ISDIR(st.st_mode), "data directory ", dir, " is not a directory");
 }
@@ -115,16 +115,11 @@ void Dataset::truncate(int64_t n) {
   labels.resize(n);
 }
 
-const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names{"fashion-mnist", "mnist", "cifar10", "cifar100", "shards", "synthetic"};
-  return names;
-}
-
-std::string default_data_dir(const std::string& name) {
+std::string default_data_dir(DatasetKind kind) {
   // Debian's dataset-fashion-mnist installs here; the others have no Debian package.
-  if (name == "fashion-mnist") return "/usr/share/datasets/fashion-mnist";
-  if (name == "mnist") return "/usr/share/datasets/mnist";
-  return "data/" + name;
+  if (kind == DatasetKind::FashionMnist) return "/usr/share/datasets/fashion-mnist";
+  if (kind == DatasetKind::Mnist) return "/usr/share/datasets/mnist";
+  return std::string("data/") + dataset_name(kind);
 }
 
 DatasetPair load_shards(const std::string& dir, int64_t image_size) {
@@ -187,17 +182,15 @@ DatasetPair load_synthetic(int64_t image_size) {
   return p;
 }
 
-DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_t image_size) {
-  const auto& names = dataset_names();
-  HPC_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), "unknown --dataset '", name,
-              "' (choose fashion-mnist, mnist, cifar10, cifar100, shards or synthetic)");
-  if (name == "synthetic") return load_synthetic(image_size);
-  require_data_directory(name, dir);
-  if (name == "shards") return load_shards(dir, image_size);
-  HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", name, " has its own image size");
-  if (name == "fashion-mnist") return load_idx_pair(dir, {{0.2860f}, {0.3530f}});
-  if (name == "mnist") return load_idx_pair(dir, {{0.1307f}, {0.3081f}});
-  if (name == "cifar10") return load_cifar10(dir);
+DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size) {
+  if (kind == DatasetKind::Synthetic) return load_synthetic(image_size);
+  require_data_directory(kind, dir);
+  if (kind == DatasetKind::Shards) return load_shards(dir, image_size);
+  HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", dataset_name(kind),
+              " has its own image size");
+  if (kind == DatasetKind::FashionMnist) return load_idx_pair(dir, {{0.2860f}, {0.3530f}});
+  if (kind == DatasetKind::Mnist) return load_idx_pair(dir, {{0.1307f}, {0.3081f}});
+  if (kind == DatasetKind::Cifar10) return load_cifar10(dir);
   return load_cifar100(dir);
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/choice.hpp"
+
 namespace hpc::data {
 
 class ShardImages;
@@ -33,15 +35,23 @@ struct DatasetPair {
   Normalization norm;
 };
 
-// The names load_dataset accepts.
-const std::vector<std::string>& dataset_names();
+// The datasets hpctrain reads, and their names (--dataset, checkpoints), in --help's order.
+enum class DatasetKind { FashionMnist, Mnist, Cifar10, Cifar100, Shards, Synthetic };
+inline constexpr Named<DatasetKind> kDatasetNames[] = {
+    {"fashion-mnist", DatasetKind::FashionMnist}, {"mnist", DatasetKind::Mnist},
+    {"cifar10", DatasetKind::Cifar10},           {"cifar100", DatasetKind::Cifar100},
+    {"shards", DatasetKind::Shards},             {"synthetic", DatasetKind::Synthetic}};
+inline const char* dataset_name(DatasetKind kind) { return name_of(kDatasetNames, kind); }
+// A name to its kind: a usage error "unknown --dataset 'x' (choose ...)" for any other.
+inline DatasetKind parse_dataset(const std::string& name) { return parse_named(kDatasetNames, name, "--dataset"); }
+inline bool find_dataset(const std::string& name, DatasetKind* kind) { return find_named(kDatasetNames, name, kind); }
 // Where the dataset is found when --data-dir is not given (Debian's package for Fashion-MNIST).
-std::string default_data_dir(const std::string& name);
+std::string default_data_dir(DatasetKind kind);
 // Loads train and test sets; every problem with the files is a usage error naming the file.
 // image_size: the side of the square images of packed shards (cropped to it) and of synthetic
 // data (0: 224);
 // the other datasets have their own size and take 0 only.
-DatasetPair load_dataset(const std::string& name, const std::string& dir, int64_t image_size = 0);
+DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size = 0);
 // Random images and labels from a fixed seed, ImageNet-shaped (3 channels, 1000 classes;
 // image_size 0: 224): for benchmarks that measure the training step without a dataset's files,
 // as the peer's synthetic workload. --train-samples / --test-samples cut them shorter.

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/choice.hpp"
 #include "nn/layer.hpp"
 
 namespace hpc::nn {
@@ -13,9 +14,20 @@ namespace hpc::nn {
 // gives Conv2d and Linear by default, so the peer's model (kaiming_uniform with a = sqrt(5):
 // U(+-1/sqrt(fan_in))). KaimingNormal: He et al.'s N(0, 2/fan_in), the ReLU gain.
 enum class InitScheme { KaimingUniform, KaimingNormal };
+inline constexpr Named<InitScheme> kInitNames[] = {{"kaiming-uniform", InitScheme::KaimingUniform},
+                                                   {"kaiming-normal", InitScheme::KaimingNormal}};
+
+// The model zoo, and the names --model and checkpoints give its models (in --help's order).
+enum class ModelKind { Mlp, Cnn, ResNet20, ResNet18, ResNet50 };
+inline constexpr Named<ModelKind> kModelNames[] = {{"mlp", ModelKind::Mlp},
+                                                   {"cnn", ModelKind::Cnn},
+                                                   {"resnet20", ModelKind::ResNet20},
+                                                   {"resnet18", ModelKind::ResNet18},
+                                                   {"resnet50", ModelKind::ResNet50}};
+inline const char* model_name(ModelKind kind) { return name_of(kModelNames, kind); }
 
 struct ModelSpec {
-  std::string name = "cnn";   // mlp | cnn | resnet20 | resnet18
+  ModelKind kind = ModelKind::Cnn;
   bool batch_norm = true;     // false: the variant without batch norm (exactness tests)
   Shape input{28, 28, 1};     // per-sample H x W x C
   int64_t classes = 10;
@@ -26,11 +38,9 @@ struct ModelSpec {
   InitScheme init = InitScheme::KaimingUniform;
 };
 
-// The names build_model accepts, for --help and error messages.
-const std::vector<std::string>& model_names();
 // The smallest image side the model can take (cnn: its two 2x2 max pools need 4 pixels; the
 // ResNets end in a global average pool and take any size).
-int64_t smallest_image_side(const std::string& model);
+int64_t smallest_image_side(ModelKind model);
 
 template <class T>
 class Model {

@@ -145,23 +145,19 @@ void build_resnet50(Sequential<T>& s, const ModelSpec& m) {
 
 }  // namespace
 
-const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"mlp", "cnn", "resnet20", "resnet18", "resnet50"};
-  return names;
-}
-
-int64_t smallest_image_side(const std::string& model) { return model == "cnn" ? 4 : 1; }
+int64_t smallest_image_side(ModelKind model) { return model == ModelKind::Cnn ? 4 : 1; }
 
 template <class T>
 Model<T>::Model(const ModelSpec& spec) : spec_(spec), loss_(spec.label_smoothing) {
-  if (spec.name == "cnn") build_cnn(net_, spec);
-  else if (spec.name == "mlp") build_mlp(net_, spec);
-  else if (spec.name == "resnet20") build_resnet20(net_, spec);
-  else if (spec.name == "resnet18") build_resnet18(net_, spec);
-  else if (spec.name == "resnet50") build_resnet50(net_, spec);
-  else usage_error("unknown model '", spec.name, "' (choose mlp, cnn, resnet20, resnet18 or resnet50)");
+  switch (spec.kind) {
+    case ModelKind::Mlp: build_mlp(net_, spec); break;
+    case ModelKind::Cnn: build_cnn(net_, spec); break;
+    case ModelKind::ResNet20: build_resnet20(net_, spec); break;
+    case ModelKind::ResNet18: build_resnet18(net_, spec); break;
+    case ModelKind::ResNet50: build_resnet50(net_, spec); break;
+  }
   Shape out = net_.setup(spec.input, store_, "");
-  HPC_CHECK(out == Shape({spec.classes}), "model ", spec.name, " ends in ", out.str());
+  HPC_CHECK(out == Shape({spec.classes}), "model ", model_name(spec.kind), " ends in ", out.str());
   store_.allocate();
 }
 
@@ -216,7 +212,7 @@ std::vector<int64_t> Model<T>::gradient_groups() const {
 template <class T>
 std::string Model<T>::summary() const {
   std::ostringstream os;
-  os << spec_.name << (spec_.batch_norm ? "" : " (no batch norm)") << ": " << store_.param_count()
+  os << model_name(spec_.kind) << (spec_.batch_norm ? "" : " (no batch norm)") << ": " << store_.param_count()
      << " parameters in " << store_.slots().size() << " tensors, "
      << net_.forward_flops() / 1e6 << " MFLOP forward, " << train_flops_per_sample() / 1e6
      << " MFLOP training per sample";

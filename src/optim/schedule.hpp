@@ -5,10 +5,18 @@
 #include <string>
 #include <vector>
 
+#include "core/choice.hpp"
+
 namespace hpc::optim {
 
+enum class Schedule { Constant, Step, Cosine, OneCycle };
+inline constexpr Named<Schedule> kScheduleNames[] = {{"constant", Schedule::Constant},
+                                                     {"step", Schedule::Step},
+                                                     {"cosine", Schedule::Cosine},
+                                                     {"onecycle", Schedule::OneCycle}};
+
 struct ScheduleSpec {
-  std::string kind = "onecycle";     // constant | step | cosine | onecycle
+  Schedule kind = Schedule::OneCycle;
   double lr = 0.1;                   // base lr (constant/step/cosine) or peak lr (onecycle)
   double total_samples = 0;          // length of the training run in samples
   double warmup_samples = 0;         // linear warm-up from 0 over this many samples
@@ -38,7 +46,5 @@ class LrSchedule {
   double base(double samples_seen) const;
   ScheduleSpec spec_;
 };
-
-const std::vector<std::string>& schedule_names();
 
 }  // namespace hpc::optim

@@ -15,15 +15,6 @@
 namespace hpc::train {
 namespace {
 
-// Options a resumed run may change: they do not change what a step computes (the global
-// batch is the checkpoint's whatever --batch-size says; see check_resumable).
-const std::set<std::string>& free_on_resume() {
-  static const std::set<std::string> names{"batch-size", "global-batch-size", "eval-batch-size", "test-samples",
-                                           "bucket-mb",  "no-overlap",        "device",          "init",
-                                           "precision",  "no-deterministic",  "cuda-graphs"};
-  return names;
-}
-
 // Names and shapes of every parameter and buffer: two models with the same layout have the
 // same signature.
 std::string model_signature(const ParamStore<float>& p) {
@@ -67,7 +58,7 @@ void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model
   auto& m = c.meta;
   m.clear();
   m["hpctrain_version"] = HPCTRAIN_VERSION;
-  m["model"] = model.spec().name;
+  m["model"] = nn::model_name(model.spec().kind);
   m["model_signature"] = model_signature(model.params());
   m["time"] = str(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count());
@@ -114,12 +105,14 @@ std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::Process
   return read_on_rank0(
       ctx,
       [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
-        if (o.resume == "none") return std::nullopt;
-        if (o.resume == "auto") return o.checkpoint_dir.empty() ? std::nullopt : ckpt::load_latest(o.checkpoint_dir);
+        if (o.resume == ResumeFrom::None) return std::nullopt;
+        if (o.resume == ResumeFrom::Auto)
+          return o.checkpoint_dir.empty() ? std::nullopt : ckpt::load_latest(o.checkpoint_dir);
         std::error_code ec;
-        HPC_REQUIRE(!std::filesystem::is_directory(o.resume, ec), "--resume ", o.resume, " is a directory: give a "
-                    "checkpoint file in it, or the directory as --checkpoint-dir (--resume auto takes its newest)");
-        return std::make_pair(o.resume, ckpt::load_checkpoint(o.resume));
+        HPC_REQUIRE(!std::filesystem::is_directory(o.resume_file, ec), "--resume ", o.resume_file, " is a directory: "
+                    "give a checkpoint file in it, or the directory as --checkpoint-dir (--resume auto takes its "
+                    "newest)");
+        return std::make_pair(o.resume_file, ckpt::load_checkpoint(o.resume_file));
       },
       path);
 }
@@ -137,7 +130,7 @@ std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::st
 
 nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) {
   nn::ModelSpec spec;
-  spec.name = c.text("model");
+  spec.kind = parse_named(nn::kModelNames, c.text("model"), "model (in the checkpoint)");
   spec.batch_norm = c.text("option.no-batch-norm") == "0";
   spec.label_smoothing = c.number("option.label-smoothing");
   spec.input = Shape{ds.height, ds.width, ds.channels};
@@ -146,17 +139,17 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) 
 }
 
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
-  HPC_REQUIRE(c.text("model") == model.spec().name, "the checkpoint is of model ", c.text("model"), ", not ",
-              model.spec().name, " (--model)");
-  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()),
-              "the checkpoint's parameters do not fit this ", model.spec().name,
+  const char* name = nn::model_name(model.spec().kind);
+  HPC_REQUIRE(c.text("model") == name, "the checkpoint is of model ", c.text("model"), ", not ", name, " (--model)");
+  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()), "the checkpoint's parameters do not fit this ",
+              name,
               " (another variant, dataset shape or number of classes)");
 }
 
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
   check_model(c, model);
   for (const auto& [name, value] : option_values(o)) {
-    if (free_on_resume().count(name)) continue;
+    if (!must_match_on_resume(name)) continue;
     auto it = c.meta.find("option." + name);
     HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
     HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",

@@ -214,19 +214,116 @@ int inspect(const std::string& path, bool json) {
 
 // evaluate on another dataset than the checkpoint's: refused where the model cannot take its
 // images or classes, else said once (an accuracy on other data is rarely what was meant).
-void check_evaluation_data(const ckpt::Checkpoint& c, const nn::Model<float>& model, const std::string& dataset,
+void check_evaluation_data(const ckpt::Checkpoint& c, const nn::Model<float>& model, data::DatasetKind dataset,
                            bool speak) {
   const std::string trained_on = meta_or(c.meta, "option.dataset", "");
-  if (trained_on.empty() || trained_on == dataset) return check_model(c, model);
+  data::DatasetKind trained = dataset;
+  if (trained_on.empty() || (data::find_dataset(trained_on, &trained) && trained == dataset))
+    return check_model(c, model);
+  const char* name = data::dataset_name(dataset);
   try {
     check_model(c, model);
   } catch (const Error&) {
-    usage_error("--dataset ", dataset, ": the checkpoint's ", c.text("model"), " was trained on ", trained_on,
-                " and cannot take ", dataset, "'s images or classes (evaluate it on ", trained_on, ")");
+    usage_error("--dataset ", name, ": the checkpoint's ", c.text("model"), " was trained on ", trained_on,
+                " and cannot take ", name, "'s images or classes (evaluate it on ", trained_on, ")");
   }
   if (speak)
-    log::warn("--dataset ", dataset, " is not the dataset the checkpoint was trained on (", trained_on,
+    log::warn("--dataset ", name, " is not the dataset the checkpoint was trained on (", trained_on,
               "): this is its accuracy on other data");
+}
+
+struct EvaluateArgs {
+  std::string checkpoint, dataset, data_dir, metrics_file;
+  int64_t test_samples = 0, batch_size = 1000;
+  int threads = 0;
+};
+
+// evaluate's options, checked on every rank alike; nullopt when --help was handled.
+std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  EvaluateArgs a;
+  po::options_description options(
+      "Usage: hpctrain evaluate --checkpoint PATH [options]\n"
+      "Prints the test accuracy and loss of a checkpoint's model (batch inference; under mpirun each rank\n"
+      "evaluates a part of the test set)");
+  options.add_options()("help,h", "print this help and exit")(
+      "checkpoint", po::value(&a.checkpoint)->required(),
+      "a checkpoint file, or a directory (its newest valid checkpoint)")(
+      "dataset", po::value(&a.dataset), "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)")(
+      "data-dir", po::value(&a.data_dir), "directory of the dataset files (default: the dataset's usual place)")(
+      "test-samples", po::value(&a.test_samples)->default_value(a.test_samples),
+      "evaluate on the first N test samples only (0: all)")(
+      "eval-batch-size", po::value(&a.batch_size)->default_value(a.batch_size), "samples per batch")(
+      "threads", po::value(&a.threads)->default_value(a.threads),
+      "math-library threads per rank (0: the host's cores / the ranks on it)")(
+      "metrics-file", po::value(&a.metrics_file), "append the result as a JSON line (event \"evaluate\") to FILE");
+  po::variables_map vm;
+  bool go = false;
+  dist::collectively(ctx, [&] {
+    go = parse(argc, argv, options, {}, vm, ctx.rank() == 0);
+    if (!go) return;
+    for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
+      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+    require_non_negative(a.test_samples, "test-samples");
+    require_batch_size(a.batch_size, "eval-batch-size");
+    require_thread_count(a.threads);
+  });
+  if (!go) return std::nullopt;
+  return a;
+}
+
+// A checkpoint's model and the test set it is evaluated on.
+struct Evaluation {
+  data::DatasetKind dataset = data::DatasetKind::FashionMnist;
+  data::DatasetPair ds;
+  std::unique_ptr<nn::Model<float>> model;
+  std::unique_ptr<MetricsWriter> metrics;  // rank 0's, with --metrics-file
+  int threads = 0;
+};
+
+// Collective: any rank's problem (a missing file on one host) is every rank's.
+Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, dist::ProcessContext& ctx) {
+  Evaluation e;
+  const bool lead = ctx.rank() == 0;
+  dist::collectively(ctx, [&] {
+    if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
+    e.threads = a.threads > 0 ? a.threads : default_threads(ctx.local_size());
+    nn::set_math_threads(e.threads);
+    e.dataset = data::parse_dataset(a.dataset.empty() ? c.text("option.dataset") : a.dataset);
+    const std::string dir = a.data_dir.empty() ? data::default_data_dir(e.dataset) : a.data_dir;
+    // Packed shards are cropped (synthetic images made) to the size the model was trained on.
+    const bool sized = e.dataset == data::DatasetKind::Shards || e.dataset == data::DatasetKind::Synthetic;
+    const bool recorded = c.meta.count("option.image-size") > 0;
+    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? c.integer("option.image-size") : 0);
+    e.ds.test.truncate(a.test_samples);
+    e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
+    check_evaluation_data(c, *e.model, e.dataset, lead);
+    apply_model_state(c, *e.model);
+  });
+  return e;
+}
+
+// Rank 0's line, and the metrics file's.
+void report_evaluation(const Evaluation& e, const EvalResult& r, const ckpt::Checkpoint& c, const std::string& path,
+                       double eval_seconds, double elapsed_seconds, int world) {
+  const int64_t step = c.integer("step");
+  const char* dataset = data::dataset_name(e.dataset);
+  char line[400];
+  std::snprintf(line, sizeof line, "test accuracy %.2f%%, test loss %.4f on %lld %s test samples: %s (%s at step %lld, %s)",
+                100 * r.accuracy, r.loss, static_cast<long long>(r.samples), dataset, path.c_str(),
+                c.text("model").c_str(), static_cast<long long>(step), position_text(c.meta).c_str());
+  std::cout << line << std::endl;
+  if (e.metrics)
+    e.metrics->write({{"event", std::string("evaluate")},
+                      {"checkpoint", path},
+                      {"model", c.text("model")},
+                      {"step", step},
+                      {"dataset", std::string(dataset)},
+                      {"samples", r.samples},
+                      {"test_loss", r.loss},
+                      {"test_accuracy", r.accuracy},
+                      {"images_per_second", static_cast<double>(r.samples) / std::max(eval_seconds, 1e-9)},
+                      {"world_size", world},
+                      {"elapsed_seconds", elapsed_seconds}});
 }
 
 }  // namespace
@@ -261,89 +358,25 @@ int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
 }
 
 int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
-  std::string checkpoint, dataset, data_dir, metrics_file;
-  int64_t test_samples = 0, batch_size = 1000;
-  int threads = 0;
-  po::options_description options(
-      "Usage: hpctrain evaluate --checkpoint PATH [options]\n"
-      "Prints the test accuracy and loss of a checkpoint's model (batch inference; under mpirun each rank\n"
-      "evaluates a part of the test set)");
-  options.add_options()("help,h", "print this help and exit")(
-      "checkpoint", po::value(&checkpoint)->required(),
-      "a checkpoint file, or a directory (its newest valid checkpoint)")(
-      "dataset", po::value(&dataset), "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)")(
-      "data-dir", po::value(&data_dir), "directory of the dataset files (default: the dataset's usual place)")(
-      "test-samples", po::value(&test_samples)->default_value(test_samples),
-      "evaluate on the first N test samples only (0: all)")(
-      "eval-batch-size", po::value(&batch_size)->default_value(batch_size), "samples per batch")(
-      "threads", po::value(&threads)->default_value(threads),
-      "math-library threads per rank (0: the host's cores / the ranks on it)")(
-      "metrics-file", po::value(&metrics_file), "append the result as a JSON line (event \"evaluate\") to FILE");
-  po::variables_map vm;
-  bool go = false;
-  dist::collectively(ctx, [&] {
-    go = parse(argc, argv, options, {}, vm, ctx.rank() == 0);
-    if (!go) return;
-    for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
-      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
-    require_non_negative(test_samples, "test-samples");
-    require_batch_size(batch_size, "eval-batch-size");
-    require_thread_count(threads);
-  });
-  if (!go) return kExitSuccess;
+  const std::optional<EvaluateArgs> args = parse_evaluate(argc, argv, ctx);
+  if (!args) return kExitSuccess;
   const bool lead = ctx.rank() == 0;
   if (!lead) log::set_level(log::Level::Warn);
   const auto t0 = std::chrono::steady_clock::now();
-
   std::string path;
   const std::optional<ckpt::Checkpoint> c = read_on_rank0(
       ctx,
-      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> { return load_checkpoint_or_latest(checkpoint); },
+      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
+        return load_checkpoint_or_latest(args->checkpoint);
+      },
       &path);
-  data::DatasetPair ds;
-  std::unique_ptr<nn::Model<float>> model;
-  std::unique_ptr<MetricsWriter> metrics;
-  std::string dir;
-  dist::collectively(ctx, [&] {
-    if (lead && !metrics_file.empty()) metrics = std::make_unique<MetricsWriter>(metrics_file);
-    threads = threads > 0 ? threads : default_threads(ctx.local_size());
-    nn::set_math_threads(threads);
-    if (dataset.empty()) dataset = c->text("option.dataset");
-    dir = data_dir.empty() ? data::default_data_dir(dataset) : data_dir;
-    // Packed shards are cropped (synthetic images made) to the size the model was trained on.
-    const auto size = c->meta.find("option.image-size");
-    const bool sized = dataset == "shards" || dataset == "synthetic";
-    ds = data::load_dataset(dataset, dir, sized && size != c->meta.end() ? c->integer("option.image-size") : 0);
-    ds.test.truncate(test_samples);
-    model = std::make_unique<nn::Model<float>>(model_spec_of(*c, ds.test));
-    check_evaluation_data(*c, *model, dataset, lead);
-    apply_model_state(*c, *model);
-  });
+  const Evaluation e = prepare_evaluation(*args, *c, ctx);
   const auto t_eval = std::chrono::steady_clock::now();
-  const EvalResult r = evaluate(*model, ds.test, ds.norm, batch_size, &ctx.world(), {}, threads);
+  const EvalResult r = evaluate(*e.model, e.ds.test, e.ds.norm, args->batch_size, &ctx.world(), {}, e.threads);
   const auto t_end = std::chrono::steady_clock::now();
-  const double eval_seconds = std::chrono::duration<double>(t_end - t_eval).count();
-  if (lead) {
-    const int64_t step = c->integer("step");
-    char line[400];
-    std::snprintf(line, sizeof line,
-                  "test accuracy %.2f%%, test loss %.4f on %lld %s test samples: %s (%s at step %lld, %s)",
-                  100 * r.accuracy, r.loss, static_cast<long long>(r.samples), dataset.c_str(), path.c_str(),
-                  c->text("model").c_str(), static_cast<long long>(step), position_text(c->meta).c_str());
-    std::cout << line << std::endl;
-    if (metrics)
-      metrics->write({{"event", std::string("evaluate")},
-                     {"checkpoint", path},
-                     {"model", c->text("model")},
-                     {"step", step},
-                     {"dataset", dataset},
-                     {"samples", r.samples},
-                     {"test_loss", r.loss},
-                     {"test_accuracy", r.accuracy},
-                     {"images_per_second", static_cast<double>(r.samples) / std::max(eval_seconds, 1e-9)},
-                     {"world_size", ctx.world_size()},
-                     {"elapsed_seconds", std::chrono::duration<double>(t_end - t0).count()}});
-  }
+  if (lead)
+    report_evaluation(e, r, *c, path, std::chrono::duration<double>(t_end - t_eval).count(),
+                      std::chrono::duration<double>(t_end - t0).count(), ctx.world_size());
   return kExitSuccess;
 }
 

@@ -126,10 +126,10 @@ class GpuBuckets final : public dist::BucketDevice {
 nn::cuda::GpuSettings settings_of(const TrainOptions& o) {
   nn::cuda::GpuSettings s;
   using nn::cuda::Math;
-  s.math = o.precision == "fp32"   ? Math::Fp32
-           : o.precision == "bf16" ? Math::Bf16
-           : o.precision == "fp16" ? Math::Fp16
-                                   : Math::Tf32;
+  s.math = o.precision == Precision::Fp32   ? Math::Fp32
+           : o.precision == Precision::Bf16 ? Math::Bf16
+           : o.precision == Precision::Fp16 ? Math::Fp16
+                                            : Math::Tf32;
   s.deterministic = o.deterministic;
   return s;
 }
@@ -149,9 +149,9 @@ class GpuEngine final : public Engine {
         buckets_(gpu_, context_.stream(), nccl_.stream()),
         bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model.gradient_groups(),
                   static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
-        precision_(o.precision),
+        precision_(name_of(kPrecisionNames, o.precision)),
         deterministic_(o.deterministic),
-        scaled_(o.precision == "fp16"),
+        scaled_(o.precision == Precision::Fp16),
         graphs_(o.cuda_graphs) {
     HPC_CHECK(!graphs_ || (!scaled_ && ctx.world_size() == 1), "--cuda-graphs with fp16 or several ranks");
     if (graphs_) hyper_ = Tensor(Shape{2}, DType::F32, DeviceKind::CUDA);

@@ -1,5 +1,10 @@
 // Every setting of a training run, with the defaults of the default job (the recipe of
-// shared/bench/torch_peer.py), and the command-line / config-file parser that fills them.
+// shared/bench/torch_peer.py), and the parser that fills them from the command line and a config
+// file. The options themselves are one table (options.cpp, option_table): each entry names an
+// option, the member it sets, its help and its rule for ranks and resume; the Boost options,
+// --help, the cross-rank agreement check, the resume check and the checkpoint's record of the
+// options are all made from it. The defaults are the members' initialisers below, which the
+// table shows. Choices are enums here, parsed from their names once, while parsing.
 #pragma once
 
 #include <cstdint>
@@ -8,17 +13,39 @@
 #include <utility>
 #include <vector>
 
+#include "core/choice.hpp"
+#include "data/dataset.hpp"
+#include "nn/model.hpp"
+#include "optim/schedule.hpp"
+
 namespace hpc::train {
+
+enum class Augment { Auto, On, Off };  // auto: on for cifar10, cifar100 and shards
+inline constexpr Named<Augment> kAugmentNames[] = {{"auto", Augment::Auto}, {"on", Augment::On}, {"off", Augment::Off}};
+
+enum class Device { Auto, Cpu, Cuda };  // auto: a GPU when one is visible
+inline constexpr Named<Device> kDeviceNames[] = {{"auto", Device::Auto}, {"cpu", Device::Cpu}, {"cuda", Device::Cuda}};
+
+// GPU arithmetic: tf32 lets convolutions and matrix products use tensor cores with 10-bit
+// mantissas (PyTorch's cuDNN default); fp32 keeps IEEE float (the CPU always computes fp32);
+// bf16 and fp16 are mixed precision (fp16 with dynamic loss scaling).
+enum class Precision { Fp32, Tf32, Bf16, Fp16 };
+inline constexpr Named<Precision> kPrecisionNames[] = {
+    {"fp32", Precision::Fp32}, {"tf32", Precision::Tf32}, {"bf16", Precision::Bf16}, {"fp16", Precision::Fp16}};
+inline bool mixed_precision(Precision p) { return p == Precision::Bf16 || p == Precision::Fp16; }
+
+// --resume: auto (the newest valid checkpoint in --checkpoint-dir), none, or a file.
+enum class ResumeFrom { Auto, None, File };
 
 struct TrainOptions {
   // what to train
-  std::string model = "cnn";
+  nn::ModelKind model = nn::ModelKind::Cnn;
   bool batch_norm = true;
-  std::string init = "kaiming-uniform";  // | kaiming-normal (see nn::InitScheme)
-  std::string dataset = "fashion-mnist";
+  nn::InitScheme init = nn::InitScheme::KaimingUniform;
+  data::DatasetKind dataset = data::DatasetKind::FashionMnist;
   std::string data_dir;  // empty: the dataset's default location
   int64_t train_samples = 0, test_samples = 0;  // > 0: use only the first N (short runs)
-  std::string augment = "auto";                 // auto (on for cifar10) | on | off
+  Augment augment = Augment::Auto;
   int64_t image_size = 0;                       // packed shards: side of the square crops (0: 224)
   // how long
   int64_t epochs = 3;
@@ -30,7 +57,7 @@ struct TrainOptions {
   // optimizer and schedule
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0;
   bool nesterov = true, decay_bias_and_norm = false;
-  std::string lr_schedule = "onecycle";
+  optim::Schedule lr_schedule = optim::Schedule::OneCycle;
   double warmup_epochs = 0, lr_gamma = 0.1, min_lr = 0;
   std::vector<double> lr_step_epochs;
   double onecycle_pct_start = 0.3, onecycle_div_factor = 25, onecycle_final_div_factor = 1e4;
@@ -50,12 +77,11 @@ struct TrainOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_interval_seconds = 600;  // 0: off
   bool checkpoint_each_epoch = false;
-  std::string resume = "auto";  // auto | none | a checkpoint file
+  ResumeFrom resume = ResumeFrom::Auto;
+  std::string resume_file;  // ResumeFrom::File
   double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
-  std::string device = "auto";  // auto (a GPU when one is visible) | cpu | cuda
-  // GPU arithmetic: tf32 lets convolutions and matrix products use tensor cores with 10-bit
-  // mantissas (PyTorch's cuDNN default); fp32 keeps IEEE float (the CPU always computes fp32).
-  std::string precision = "tf32";
+  Device device = Device::Auto;
+  Precision precision = Precision::Tf32;
   bool deterministic = true;  // GPU: only algorithms that give the same bits every run
   // GPU, one rank: replay each steady-state training step as one captured CUDA graph.
   bool cuda_graphs = false;
@@ -64,12 +90,30 @@ struct TrainOptions {
   int64_t log_every = 0;  // steps between plain progress lines; 0: about ten per epoch
 };
 
-// Parses argv (and --config FILE). Returns nullopt when --help or --version was handled.
-// Any problem is a usage error (exit code 2) naming it.
-// The options that decide what is computed, by long name with their values as text: every
-// rank must agree on them, and a resumed run on most (all but where rank 0 writes, how it
-// speaks, the per-rank --threads and --data-dir, and the checkpoint settings).
+// How an option may differ between the ranks of a job, and between a resumed run and the
+// checkpoint it continues. Every entry of the table must say (no default: an entry without a
+// rule does not compile).
+enum class Rule {
+  Local,  // may differ: where a rank reads and writes, how it speaks, when checkpoints are taken
+  Agree,  // the same on every rank; a resumed run may change it (it does not change what a step
+          // computes: the batch split, evaluation, the device and its arithmetic, how training starts)
+  Match,  // the same on every rank, and as the checkpoint records it
+};
+
+struct OptionRule {
+  std::string name;  // the long option, without "--"
+  Rule rule;
+};
+// Every option of the table, in --help's order (not --help, --version and --config, which
+// belong to the command line, not to a run).
+std::vector<OptionRule> option_rules();
+
+// The options that decide what is computed (rule Agree or Match), by long name with their values
+// as text: every rank must agree on them, a checkpoint records them ("option.NAME"), and a
+// resumed run must match those of rule Match.
 std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o);
+// Whether a resumed run must match the checkpoint's value of this option (rule Match).
+bool must_match_on_resume(const std::string& name);
 
 // Checks shared with the other subcommands' options (train/commands.cpp): a usage error
 // naming the option and the value.
@@ -81,7 +125,12 @@ void require_batch_size(int64_t v, const char* option);  // 1 to a billion
 // for its default: a usage error naming the option when `value` is empty.
 void require_not_empty(const std::string& value, const char* option);
 
-// Only a process with `speak` prints --help and --version (rank 0 of a multi-rank job).
+// --help's text.
+std::string help_text();
+
+// Parses argv (and --config FILE). Returns nullopt when --help or --version was handled.
+// Any problem is a usage error (exit code 2) naming it. Only a process with `speak` prints
+// --help and --version (rank 0 of a multi-rank job).
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak = true);
 
 }  // namespace hpc::train

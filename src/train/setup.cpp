@@ -22,7 +22,7 @@ namespace {
 // they would take; "" when none would. Every rank learns the same answer. Identities, not
 // counts: under srun --gpus-per-task 1 each rank sees one GPU, its own.
 std::string shared_gpu(dist::ProcessContext& ctx, const TrainOptions& o) {
-  if (o.device == "cpu" || ctx.world_size() == 1) return "";  // o.device is every rank's (require_same_options)
+  if (o.device == Device::Cpu || ctx.world_size() == 1) return "";  // o.device is every rank's (require_same_options)
   const uint64_t mine = device::gpu_identity(ctx.local_rank());
   const std::vector<uint64_t> all = ctx.world().allgather(mine);
   std::unordered_map<uint64_t, size_t> first;
@@ -39,21 +39,21 @@ std::string shared_gpu(dist::ProcessContext& ctx, const TrainOptions& o) {
 // its own (shared: shared_gpu's answer), and says so when it cannot.
 bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak) {
   std::string why;
-  bool gpu = o.device != "cpu" && gpu_training_available(&why);
-  const int gpus = o.device == "cpu" ? 0 : device::cuda_device_count();
+  bool gpu = o.device != Device::Cpu && gpu_training_available(&why);
+  const int gpus = o.device == Device::Cpu ? 0 : device::cuda_device_count();
   if (gpu && !shared.empty()) {
     why = detail::concat(shared, " (", gpus, " visible on this host); start one rank per GPU (mpirun -npernode ",
                          gpus, ", srun --gpus-per-task 1)");
     gpu = false;
   }
-  HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
-  const std::string because = o.device == "cpu" ? "" : detail::concat(" (", why, ")");  // why not the GPU
-  HPC_REQUIRE(gpu || (o.precision != "bf16" && o.precision != "fp16"), "--precision ", o.precision,
+  HPC_REQUIRE(gpu || o.device != Device::Cuda, "--device cuda: ", why, "; or use --device cpu");
+  const std::string because = o.device == Device::Cpu ? "" : detail::concat(" (", why, ")");  // why not the GPU
+  HPC_REQUIRE(gpu || !mixed_precision(o.precision), "--precision ", name_of(kPrecisionNames, o.precision),
               " is mixed precision on the GPU, and this rank trains on the CPU", because,
               "; the CPU trains in fp32: use --precision fp32");
   HPC_REQUIRE(gpu || !o.cuda_graphs, "--cuda-graphs replays training steps on the GPU, and this rank trains on the CPU",
               because, "; leave out --cuda-graphs");
-  if (speak && !gpu && o.device == "auto" && gpus > 0) log::warn("training on the CPU: ", why);
+  if (speak && !gpu && o.device == Device::Auto && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
     HPC_REQUIRE(!o.sync_batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
                                     "--device cpu");
@@ -100,12 +100,12 @@ void load_data(const TrainOptions& o, int world, Prepared& p) {
 
 std::unique_ptr<nn::Model<float>> build_model(const TrainOptions& o, const data::Dataset& train) {
   nn::ModelSpec spec;
-  spec.name = o.model;
+  spec.kind = o.model;
   spec.batch_norm = o.batch_norm;
   spec.input = Shape{train.height, train.width, train.channels};
   spec.classes = train.classes;
   spec.label_smoothing = o.label_smoothing;
-  spec.init = o.init == "kaiming-normal" ? nn::InitScheme::KaimingNormal : nn::InitScheme::KaimingUniform;
+  spec.init = o.init;
   return std::make_unique<nn::Model<float>>(spec);
 }
 

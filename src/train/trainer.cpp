@@ -35,8 +35,9 @@ namespace hpc::train {
 namespace {
 
 data::AugmentSpec augment_spec(const TrainOptions& o) {
-  const bool cifar = o.dataset == "cifar10" || o.dataset == "cifar100", shards = o.dataset == "shards";
-  const bool on = o.augment == "on" || (o.augment == "auto" && (cifar || shards));
+  const bool cifar = o.dataset == data::DatasetKind::Cifar10 || o.dataset == data::DatasetKind::Cifar100;
+  const bool shards = o.dataset == data::DatasetKind::Shards;
+  const bool on = o.augment == Augment::On || (o.augment == Augment::Auto && (cifar || shards));
   if (!on) return {};
   if (shards) return {0, true, true};  // photographs: random resized crop and flip
   return {cifar ? 4 : 2, cifar};       // digits and clothes are not mirrored
@@ -205,9 +206,9 @@ void TrainingRun::start_engine() {
   const data::Dataset& train = p_.ds.train;
   log::info("hpctrain ", HPCTRAIN_VERSION, ": ", p_.model->summary());
   const std::string source =
-      o_.dataset == "synthetic"
+      o_.dataset == data::DatasetKind::Synthetic
           ? detail::concat("synthetic ", train.height, "x", train.width, " images made from a fixed seed")
-          : detail::concat(o_.dataset, " from ", p_.data_dir);
+          : detail::concat(data::dataset_name(o_.dataset), " from ", p_.data_dir);
   log::info("data: ", source, " (", train.count, " train, ", p_.ds.test.count, " test); ", world_,
             " rank(s), global batch ", plan_.global_batch, ", ", plan_.steps_per_epoch, " steps per epoch, ",
             plan_.total_steps, " steps; ", engine_->describe());

@@ -73,7 +73,7 @@ TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   using nn::cuda::Math;
   const double tol = math == Math::Fp32 ? 2e-4 : math == Math::Bf16 ? 8e-2 : 3e-2;
   nn::ModelSpec spec;
-  spec.name = v.model;
+  spec.kind = parse_named(nn::kModelNames, v.model, "model");
   spec.batch_norm = v.batch_norm;
   spec.fuse = v.fuse;
   spec.input = v.input;
@@ -146,7 +146,7 @@ TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {
   if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
   device::select_gpu(0);
   nn::ModelSpec spec;
-  spec.name = "mlp";
+  spec.kind = nn::ModelKind::Mlp;
   nn::Model<float> cpu(spec);
   nn::cuda::GpuContext ctx({nn::cuda::Math::Fp32, true});
   nn::cuda::GpuNetwork gpu(ctx, cpu);

@@ -81,7 +81,7 @@ namespace {
 // run's position; the other precisions' checkpoints carry none. A damaged value is an error.
 TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
   nn::ModelSpec spec;
-  spec.name = "mlp";
+  spec.kind = nn::ModelKind::Mlp;
   spec.input = Shape{28, 28, 1};
   nn::Model<float> model(spec);
   model.init(1);

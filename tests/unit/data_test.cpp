@@ -159,24 +159,24 @@ TEST(LoadDataset, FindsIdxFilesUnderEveryName) {
   write_raw(dir.file("train-labels-idx1-ubyte"), idx_labels(6));
   write_raw(dir.file("t10k-images.idx3-ubyte"), idx_images(3, 28, 28));
   write_gzip(dir.file("t10k-labels.idx1-ubyte.gz"), idx_labels(3));
-  const DatasetPair p = load_dataset("fashion-mnist", dir.path().string());
+  const DatasetPair p = load_dataset(parse_dataset("fashion-mnist"), dir.path().string());
   EXPECT_EQ(p.train.count, 6);
   EXPECT_EQ(p.test.count, 3);
   ASSERT_EQ(p.norm.mean.size(), 1u);
   EXPECT_FLOAT_EQ(p.norm.mean[0], 0.2860f);
   EXPECT_FLOAT_EQ(p.norm.std[0], 0.3530f);
-  const DatasetPair m = load_dataset("mnist", dir.path().string());
+  const DatasetPair m = load_dataset(parse_dataset("mnist"), dir.path().string());
   EXPECT_FLOAT_EQ(m.norm.mean[0], 0.1307f);
   // One file missing: named in the message.
   fs::remove(dir.file("t10k-labels.idx1-ubyte.gz"));
-  const std::string msg = usage_error_of([&] { load_dataset("fashion-mnist", dir.path().string()); });
+  const std::string msg = usage_error_of([&] { load_dataset(parse_dataset("fashion-mnist"), dir.path().string()); });
   EXPECT_NE(msg.find("t10k-labels-idx1-ubyte"), std::string::npos) << msg;
 }
 
 TEST(LoadDataset, UnknownNameAndMissingDirectory) {
-  EXPECT_NE(usage_error_of([] { load_dataset("imagenet", "/tmp"); }).find("unknown --dataset 'imagenet'"),
+  EXPECT_NE(usage_error_of([] { load_dataset(parse_dataset("imagenet"), "/tmp"); }).find("unknown --dataset 'imagenet'"),
             std::string::npos);
-  const std::string msg = usage_error_of([] { load_dataset("fashion-mnist", "/nonexistent/hpctrain/data"); });
+  const std::string msg = usage_error_of([] { load_dataset(parse_dataset("fashion-mnist"), "/nonexistent/hpctrain/data"); });
   EXPECT_NE(msg.find("/nonexistent/hpctrain/data"), std::string::npos) << msg;
   EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
 }
@@ -184,7 +184,7 @@ TEST(LoadDataset, UnknownNameAndMissingDirectory) {
 // Synthetic data needs no directory, takes its size from --image-size, and is the same bytes
 // every time (every rank generates it itself).
 TEST(LoadDataset, SyntheticIsReproducibleAndSized) {
-  const DatasetPair a = load_dataset("synthetic", "/nonexistent/hpctrain/data", 20);
+  const DatasetPair a = load_dataset(parse_dataset("synthetic"), "/nonexistent/hpctrain/data", 20);
   EXPECT_EQ(a.train.count, kSyntheticTrain);
   EXPECT_EQ(a.test.count, kSyntheticTest);
   EXPECT_EQ(a.train.height, 20);
@@ -286,7 +286,7 @@ TEST(LoadDataset, Cifar10DirectoryOrItsParent) {
   for (int i = 1; i <= 5; ++i) write_raw((inner / ("data_batch_" + std::to_string(i) + ".bin")).string(), cifar_records(2, i));
   write_raw((inner / "test_batch.bin").string(), cifar_records(3));
   for (const fs::path& root : {inner, dir.path()}) {
-    const std::string msg = usage_error_of([&] { load_dataset("cifar10", root.string()); });
+    const std::string msg = usage_error_of([&] { load_dataset(parse_dataset("cifar10"), root.string()); });
     EXPECT_NE(msg.find((inner / "data_batch_1.bin").string() + " holds 2 CIFAR-10 records, but the published "
                        "data_batch_1.bin holds 10000: 9998 missing"),
               std::string::npos)
@@ -350,7 +350,7 @@ TEST(LoadDataset, Cifar100DirectoryOrItsParent) {
   write_raw((inner / "train.bin").string(), cifar100_records(6));
   write_raw((inner / "test.bin").string(), cifar100_records(4, 6));
   for (const fs::path& root : {inner, dir.path()}) {
-    const std::string msg = usage_error_of([&] { load_dataset("cifar100", root.string()); });
+    const std::string msg = usage_error_of([&] { load_dataset(parse_dataset("cifar100"), root.string()); });
     EXPECT_NE(msg.find((inner / "train.bin").string() + " holds 6 CIFAR-100 records, but the published train.bin "
                        "holds 50000"),
               std::string::npos)

@@ -342,7 +342,7 @@ TEST_P(ModelGradient, EveryParameterTensor) {
   const auto& [name, bn] = GetParam();
   const ModelCase mc = model_case(name);
   nn::ModelSpec spec;
-  spec.name = name;
+  spec.kind = parse_named(nn::kModelNames, name, "model");
   spec.batch_norm = bn;
   spec.input = mc.input;
   spec.classes = 5;
@@ -361,8 +361,9 @@ TEST_P(ModelGradient, EveryParameterTensor) {
 // tensor minutes of CI; its bottleneck blocks are 1x1 and 3x3 convolutions, batch norm and a
 // residual sum, each checked here inside resnet18 and resnet20 and on its own above.
 std::vector<std::string> checked_models() {
-  std::vector<std::string> names = nn::model_names();
-  names.erase(std::remove(names.begin(), names.end(), "resnet50"), names.end());
+  std::vector<std::string> names;
+  for (const auto& [name, kind] : nn::kModelNames)
+    if (kind != nn::ModelKind::ResNet50) names.push_back(name);
   return names;
 }
 
@@ -375,7 +376,7 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ModelGradient,
 // Model::train_step: forward, loss (with label smoothing) and backward into the gradient arena.
 TEST(ModelLossGradient, TrainStepMatchesLossDifferences) {
   nn::ModelSpec spec;
-  spec.name = "cnn";
+  spec.kind = nn::ModelKind::Cnn;
   spec.input = Shape{6, 6, 1};
   spec.label_smoothing = 0.1;
   nn::Model<double> model(spec);

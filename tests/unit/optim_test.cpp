@@ -184,7 +184,7 @@ TEST(SgdSpecValidation, RejectsBadSettings) {
 
 ScheduleSpec spec_of(const std::string& kind, double lr = 0.4, double total = 1000) {
   ScheduleSpec s;
-  s.kind = kind;
+  s.kind = parse_named(optim::kScheduleNames, kind, "--lr-schedule");
   s.lr = lr;
   s.total_samples = total;
   return s;
@@ -283,7 +283,7 @@ TEST(LrSchedule, WarmupRisesLinearlyFromZero) {
 }
 
 TEST(LrSchedule, EveryNameIsAccepted) {
-  for (const std::string& name : optim::schedule_names()) {
+  for (const auto& [name, kind] : optim::kScheduleNames) {
     ScheduleSpec spec = spec_of(name);
     spec.step_samples = {500};
     LrSchedule s(spec);
@@ -299,8 +299,8 @@ TEST(LrSchedule, BadSpecsAreUsageErrors) {
       LrSchedule sched(s);
     };
   };
-  EXPECT_EQ(error_kind(with([](ScheduleSpec& s) { s.kind = "nope"; })), ErrorKind::Usage);
-  EXPECT_EQ(error_kind(with([](ScheduleSpec& s) { s.kind = ""; })), ErrorKind::Usage);
+  EXPECT_EQ(error_kind([] { spec_of("nope"); }), ErrorKind::Usage);
+  EXPECT_EQ(error_kind([] { spec_of(""); }), ErrorKind::Usage);
   EXPECT_EQ(error_kind(with([](ScheduleSpec& s) { s.lr = 0; })), ErrorKind::Usage);
   EXPECT_EQ(error_kind(with([](ScheduleSpec& s) { s.lr = -1; })), ErrorKind::Usage);
   EXPECT_EQ(error_kind(with([](ScheduleSpec& s) { s.lr = NAN; })), ErrorKind::Usage);

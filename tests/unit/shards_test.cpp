@@ -355,7 +355,7 @@ std::string packed_flat_dataset(const TempDir& dir) {
 
 TEST(ShardDataset, LoaderGivesEachSampleItsImageAndLabel) {
   TempDir dir;
-  const DatasetPair p = load_dataset("shards", packed_flat_dataset(dir), 16);
+  const DatasetPair p = load_dataset(parse_dataset("shards"), packed_flat_dataset(dir), 16);
   EXPECT_EQ(p.train.count, 12);
   EXPECT_EQ(p.test.count, 12);
   EXPECT_EQ(p.train.classes, 3);
@@ -394,7 +394,7 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
     o.split = split;
     pack_image_folder(o);
   }
-  const DatasetPair p = load_dataset("shards", (dir.path() / "packed").string(), 12);
+  const DatasetPair p = load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
   const std::vector<uint32_t> idx{3, 0, 7, 5};
   auto batch = [&](int threads, int64_t epoch, bool augment) {
     const BatchAssembler a(p.train, p.norm, {0, true, true}, 11, threads);
@@ -432,7 +432,7 @@ TEST(ShardDataset, SplitsPackedBeforeManifestsListedShardsStillLoad) {
         std::string("{\"format\": \"hpcdata shards\", \"version\": 1, \"split\": \"") + split + "\"}\n";
     write_raw((fs::path(packed) / (std::string(split) + ".json")).string(), Bytes(v1.begin(), v1.end()));
   }
-  const DatasetPair p = load_dataset("shards", packed, 16);
+  const DatasetPair p = load_dataset(parse_dataset("shards"), packed, 16);
   EXPECT_EQ(p.train.count, 12);
   EXPECT_EQ(p.test.count, 12);
   EXPECT_EQ(p.train.classes, 3);
@@ -445,10 +445,10 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
   o.src = (dir.path() / "src").string();
   o.out = (dir.path() / "packed").string();
   pack_image_folder(o);
-  EXPECT_NE(usage_error_of([&] { load_dataset("shards", o.out, 32); }).find("no val shards"), std::string::npos);
-  EXPECT_NE(usage_error_of([&] { load_dataset("shards", dir.path().string(), 32); }).find("no train shards"),
+  EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("shards"), o.out, 32); }).find("no val shards"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("shards"), dir.path().string(), 32); }).find("no train shards"),
             std::string::npos);
-  EXPECT_NE(usage_error_of([&] { load_dataset("mnist", dir.path().string(), 32); }).find("packed shards and synthetic data only"),
+  EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("mnist"), dir.path().string(), 32); }).find("packed shards and synthetic data only"),
             std::string::npos);
 }
 

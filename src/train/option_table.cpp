@@ -1,0 +1,285 @@
+// The option table. To add an option: a member in TrainOptions (with its default), one entry
+// here with its Rule, and a line in tests/unit/options_test.cpp's list (which checks that --help,
+// the agreement check and the resume check all know it).
+#include "train/option_table.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/duration.hpp"
+#include "core/error.hpp"
+
+namespace hpc::train {
+namespace po = boost::program_options;
+
+namespace {
+
+using Members = TrainOptions;
+
+// As people write them (0.1, not Boost's 0.10000000000000001), and as option_values has always
+// recorded them in checkpoints (six significant digits; booleans 0 and 1).
+template <class V>
+std::string text(const V& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// A number, shown with its default.
+template <class T>
+Option number(const char* name, T Members::*m, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions& o) {
+            d.add_options()(name, po::value(&(o.*m))->default_value(o.*m, text(o.*m)), help.c_str());
+          },
+          {}, [m](const TrainOptions& o) { return text(o.*m); }};
+}
+
+// A path or file name; none by default (an empty one given is refused: validate_paths).
+Option path(const char* name, std::string Members::*m, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions& o) { d.add_options()(name, po::value(&(o.*m)), help.c_str()); },
+          {}, [m](const TrainOptions& o) { return o.*m; }};
+}
+
+// --name sets the member.
+Option flag(const char* name, bool Members::*m, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions& o) { d.add_options()(name, po::bool_switch(&(o.*m)), help.c_str()); },
+          {}, [m](const TrainOptions& o) { return text(o.*m); }};
+}
+
+// --name clears the member (--no-nesterov: nesterov = false); its value is the switch's.
+Option negation(const char* name, bool Members::*m, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions&) { d.add_options()(name, po::bool_switch(), help.c_str()); },
+          [=](const po::variables_map& vm, TrainOptions& o) { o.*m = !vm[name].as<bool>(); },
+          [m](const TrainOptions& o) { return text(!(o.*m)); }};
+}
+
+// One of `names`, shown with the default's name; an unknown word is "unknown WHAT 'x' (choose
+// ...)", WHAT being --name unless given.
+template <class E, size_t N>
+Option choice(const char* name, E Members::*m, const Named<E> (&names)[N], Rule rule, std::string help,
+              std::string what = "") {
+  if (what.empty()) what = std::string("--") + name;
+  return {name, rule,
+          [=, &names](po::options_description& d, TrainOptions& o) {
+            d.add_options()(name, po::value<std::string>()->default_value(name_of(names, o.*m)), help.c_str());
+          },
+          [=, &names](const po::variables_map& vm, TrainOptions& o) {
+            o.*m = parse_named(names, vm[name].as<std::string>(), what);
+          },
+          [m, &names](const TrainOptions& o) { return std::string(name_of(names, o.*m)); }};
+}
+
+// A duration in seconds, given as 90s, 10m, 1.5h (parse_duration).
+Option duration(const char* name, double Members::*m, const char* default_text, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions&) {
+            d.add_options()(name, po::value<std::string>()->default_value(default_text), help.c_str());
+          },
+          [=](const po::variables_map& vm, TrainOptions& o) {
+            o.*m = parse_duration(vm[name].as<std::string>(), name);
+          },
+          [m](const TrainOptions& o) { return text(o.*m); }};
+}
+
+std::vector<double> parse_epochs(const std::string& s, const char* option) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      double v = std::stod(item, &used);
+      HPC_REQUIRE(used == item.size() && std::isfinite(v) && v >= 0, "");
+      out.push_back(v);
+    } catch (...) {
+      usage_error("--", option, " takes a comma-separated list of epochs, got '", s, "'");
+    }
+  }
+  return out;
+}
+
+// Comma-separated epochs ("30,60"); none by default.
+Option epoch_list(const char* name, std::vector<double> Members::*m, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions&) { d.add_options()(name, po::value<std::string>(), help.c_str()); },
+          [=](const po::variables_map& vm, TrainOptions& o) {
+            if (!vm.count(name)) return;
+            const std::string& given = vm[name].as<std::string>();
+            require_not_empty(given, name);
+            o.*m = parse_epochs(given, name);
+          },
+          [m](const TrainOptions& o) {
+            std::ostringstream os;
+            for (double e : o.*m) os << e << ',';
+            return os.str();
+          }};
+}
+
+// --resume: auto, none or a file.
+Option resume(Rule rule, std::string help) {
+  return {"resume", rule,
+          [=](po::options_description& d, TrainOptions&) {
+            d.add_options()("resume", po::value<std::string>()->default_value("auto"), help.c_str());
+          },
+          [](const po::variables_map& vm, TrainOptions& o) {
+            const std::string& v = vm["resume"].as<std::string>();
+            o.resume = v == "auto" ? ResumeFrom::Auto : v == "none" ? ResumeFrom::None : ResumeFrom::File;
+            o.resume_file = o.resume == ResumeFrom::File ? v : "";
+          },
+          [](const TrainOptions& o) {
+            return o.resume == ResumeFrom::Auto ? std::string("auto") : o.resume == ResumeFrom::None ? "none" : o.resume_file;
+          }};
+}
+
+std::vector<Option> general() {
+  using R = Rule;
+  return {
+      flag("quiet", &Members::quiet, R::Local, "print nothing but errors"),
+      path("metrics-file", &Members::metrics_file, R::Local,
+           "append JSON Lines metrics (epoch and done events) to FILE (one that exists must hold JSON Lines)"),
+      number("log-every", &Members::log_every, R::Local,
+             "steps between progress lines when not on a terminal (0: about ten per epoch)"),
+      number("seed", &Members::seed, R::Match, "seed of initialisation, shuffling and augmentation"),
+      number("threads", &Members::threads, R::Local,
+             "math-library threads per rank (0: the host's cores / the ranks on it)"),
+      choice("device", &Members::device, kDeviceNames, R::Agree,
+             "auto (the GPU of each rank's local rank when one is visible, else the CPU), cpu or cuda"),
+      choice("precision", &Members::precision, kPrecisionNames, R::Agree,
+             "GPU arithmetic: tf32 (convolutions and matrix products on tensor cores, as PyTorch's cuDNN default), "
+             "fp32 (IEEE float throughout), or mixed precision as PyTorch's autocast: bf16, or fp16 with dynamic "
+             "loss scaling (activations in 16 bits; master weights, gradients and optimizer state in fp32); the CPU "
+             "always computes in fp32 (and refuses bf16 and fp16)"),
+      flag("cuda-graphs", &Members::cuda_graphs, R::Agree,
+           "GPU, one rank per job: capture the training step once its shapes are steady and replay it as one CUDA "
+           "graph (one launch instead of hundreds: small models on big GPUs are launch-bound); the same bits as "
+           "without; not with --precision fp16, whose loss scale changes between steps"),
+      negation("no-deterministic", &Members::deterministic, R::Agree,
+               "GPU: let cuDNN choose non-deterministic algorithms too (faster for some shapes; runs then differ in "
+               "their last bits and a resume is no longer bit-exact)"),
+  };
+}
+
+std::vector<Option> model_and_data() {
+  using R = Rule;
+  return {
+      choice("model", &Members::model, nn::kModelNames, R::Match, names_of(nn::kModelNames), "model"),
+      negation("no-batch-norm", &Members::batch_norm, R::Match, "the model's variant without batch norm"),
+      choice("init", &Members::init, nn::kInitNames, R::Agree,
+             "how weights start: kaiming-uniform (PyTorch's default for conv and linear layers, "
+             "U(+-1/sqrt(fan_in)), as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU gain); biases start at 0"),
+      choice("dataset", &Members::dataset, data::kDatasetNames, R::Match,
+             "fashion-mnist, mnist, cifar10, cifar100, shards (an image folder packed by hpcdata pack) or synthetic "
+             "(2048 random 224x224 images and 1000 classes from a fixed seed, for benchmarks)"),
+      path("data-dir", &Members::data_dir, R::Local,
+           "directory of the dataset files (default: where Debian's dataset-fashion-mnist installs them)"),
+      number("image-size", &Members::image_size, R::Match,
+             "shards: side of the square images the model sees (random resized crops in training, centre crops in "
+             "evaluation; 0: 224); synthetic: the images' side (0: 224)"),
+      number("train-samples", &Members::train_samples, R::Match, "use only the first N training samples (0: all)"),
+      number("test-samples", &Members::test_samples, R::Agree, "evaluate on the first N test samples only (0: all)"),
+      choice("augment", &Members::augment, kAugmentNames, R::Match,
+             "auto (random crop + flip for cifar10 and cifar100, random resized crop + flip for shards), on or off"),
+  };
+}
+
+std::vector<Option> schedule() {
+  using R = Rule;
+  return {
+      number("lr", &Members::lr, R::Match, "learning rate (the peak for onecycle)"),
+      choice("lr-schedule", &Members::lr_schedule, optim::kScheduleNames, R::Match, names_of(optim::kScheduleNames)),
+      number("warmup-epochs", &Members::warmup_epochs, R::Match,
+             "linear warm-up from 0 over this many epochs (fractions allowed; at most --epochs)"),
+      epoch_list("lr-step-epochs", &Members::lr_step_epochs, R::Match,
+                 "step: epochs at which the lr is multiplied by --lr-gamma, e.g. 30,60 (each before --epochs)"),
+      number("lr-gamma", &Members::lr_gamma, R::Match, "step: factor at each step"),
+      number("min-lr", &Members::min_lr, R::Match, "cosine: final learning rate (0 to --lr)"),
+      number("onecycle-pct-start", &Members::onecycle_pct_start, R::Match, "onecycle: fraction of the run spent rising"),
+      number("onecycle-div-factor", &Members::onecycle_div_factor, R::Match, "onecycle: initial lr = lr / this"),
+      number("onecycle-final-div-factor", &Members::onecycle_final_div_factor, R::Match,
+             "onecycle: final lr = initial lr / this"),
+      number("onecycle-base-momentum", &Members::onecycle_base_momentum, R::Match, "onecycle: momentum at the lr peak"),
+      number("onecycle-max-momentum", &Members::onecycle_max_momentum, R::Match,
+             "onecycle: momentum at the start and end"),
+      negation("no-cycle-momentum", &Members::cycle_momentum, R::Match,
+               "onecycle: keep --momentum fixed instead of cycling it (PyTorch's cycle_momentum=False)"),
+  };
+}
+
+std::vector<Option> training() {
+  using R = Rule;
+  std::vector<Option> t{
+      number("epochs", &Members::epochs, R::Match, "passes over the training set"),
+      number("max-steps", &Members::max_steps, R::Match, "stop after N steps in all (0: no limit)"),
+      number("batch-size", &Members::batch_size, R::Agree, "samples per step on each rank"),
+      number("global-batch-size", &Members::global_batch_size, R::Agree,
+             "samples per step over all ranks, instead of --batch-size (0: batch-size x ranks)"),
+      negation("keep-last-batch", &Members::drop_last, R::Match,
+               "train on the short last batch of each epoch instead of dropping it"),
+      number("eval-batch-size", &Members::eval_batch_size, R::Agree, "samples per evaluation batch"),
+  };
+  for (Option& s : schedule()) t.push_back(std::move(s));
+  for (Option& s : std::vector<Option>{
+           number("momentum", &Members::momentum, R::Match, "SGD momentum (under onecycle only with --no-cycle-momentum)"),
+           negation("no-nesterov", &Members::nesterov, R::Match, "classical momentum instead of Nesterov"),
+           number("weight-decay", &Members::weight_decay, R::Match, "L2 weight decay"),
+           flag("decay-bias-and-norm", &Members::decay_bias_and_norm, R::Match,
+                "apply weight decay to biases and batch-norm parameters too"),
+           number("label-smoothing", &Members::label_smoothing, R::Match, "label smoothing of the cross-entropy target"),
+       })
+    t.push_back(std::move(s));
+  return t;
+}
+
+std::vector<Option> parallel() {
+  using R = Rule;
+  return {
+      number("bucket-mb", &Members::bucket_mb, R::Agree,
+             "size of the gradient all-reduce buckets, in MB, 0.001 to 4096 (the first, of the last layers, at most "
+             "1 MB)"),
+      negation("no-overlap", &Members::overlap, R::Agree,
+               "all-reduce the gradients after the backward pass instead of during it (to measure the overlap)"),
+      flag("sync-batch-norm", &Members::sync_batch_norm, R::Match,
+           "batch-norm statistics over the whole global batch (all ranks) instead of each rank's part"),
+      path("timeline-file", &Members::timeline_file, R::Local,
+           "append, for every step, when each gradient bucket was queued and all-reduced (JSON Lines, rank 0)"),
+  };
+}
+
+std::vector<Option> checkpoints() {
+  using R = Rule;
+  return {
+      path("checkpoint-dir", &Members::checkpoint_dir, R::Local,
+           "rank 0 writes checkpoints here (shared storage on clusters); none without it (the options below that "
+           "ask for checkpoints then are refused)"),
+      number("keep-checkpoints", &Members::keep_checkpoints, R::Local, "keep the newest K checkpoints (1 to 1000000)"),
+      number("checkpoint-every-steps", &Members::checkpoint_every_steps, R::Local,
+             "also checkpoint every N steps (0: not by steps)"),
+      duration("checkpoint-interval", &Members::checkpoint_interval_seconds, "10m", R::Local,
+               "checkpoint when this much wall-clock time has passed since the last one: 90s, 10m, 1.5h (0: never)"),
+      flag("checkpoint-each-epoch", &Members::checkpoint_each_epoch, R::Local, "also checkpoint after every epoch"),
+      resume(R::Local,
+             "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file"),
+      duration("step-timeout", &Members::step_timeout_seconds, "10m", R::Local,
+               "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
+               "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),
+  };
+}
+
+}  // namespace
+
+const std::vector<OptionGroup>& option_table() {
+  static const std::vector<OptionGroup> table{
+      {"General", general()},
+      {"Model and data", model_and_data()},
+      {"Training", training()},
+      {"Data parallelism (mpirun -np N hpctrain ...)", parallel()},
+      {"Checkpoints, resume and failures", checkpoints()},
+  };
+  return table;
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,213 @@
+// The option table (train/option_table.cpp): every option is listed here with its rule for ranks
+// and resume and another value than its default. The table must hold exactly these; --help must
+// show each; the cross-rank agreement check (option_values, which every rank compares and every
+// checkpoint records) must compare each option whose rule is not Local and no other; and the
+// resume check must refuse another value of each Match option and accept it of the others. An
+// option added to the table and not here fails the first check (and one without a rule does not
+// compile).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "nn/model.hpp"
+#include "optim/sgd.hpp"
+#include "train/checkpointing.hpp"
+#include "train/options.hpp"
+
+namespace hpc::testing {
+namespace {
+
+using train::Rule;
+
+struct Listed {
+  const char* name;
+  Rule rule;
+  std::vector<std::string> other;  // a command line that gives it another value than its default
+};
+
+const std::vector<Listed>& every_option() {
+  static const std::vector<Listed> list{
+      {"quiet", Rule::Local, {"--quiet"}},
+      {"metrics-file", Rule::Local, {"--metrics-file", "m.jsonl"}},
+      {"log-every", Rule::Local, {"--log-every", "7"}},
+      {"seed", Rule::Match, {"--seed", "2"}},
+      {"threads", Rule::Local, {"--threads", "3"}},
+      {"device", Rule::Agree, {"--device", "cpu"}},
+      {"precision", Rule::Agree, {"--precision", "fp32"}},
+      {"cuda-graphs", Rule::Agree, {"--cuda-graphs"}},
+      {"no-deterministic", Rule::Agree, {"--no-deterministic"}},
+      {"model", Rule::Match, {"--model", "resnet20"}},
+      {"no-batch-norm", Rule::Match, {"--no-batch-norm"}},
+      {"init", Rule::Agree, {"--init", "kaiming-normal"}},
+      {"dataset", Rule::Match, {"--dataset", "mnist"}},
+      {"data-dir", Rule::Local, {"--data-dir", "/tmp"}},
+      {"image-size", Rule::Match, {"--image-size", "32"}},
+      {"train-samples", Rule::Match, {"--train-samples", "100"}},
+      {"test-samples", Rule::Agree, {"--test-samples", "100"}},
+      {"augment", Rule::Match, {"--augment", "on"}},
+      {"epochs", Rule::Match, {"--epochs", "4"}},
+      {"max-steps", Rule::Match, {"--max-steps", "10"}},
+      {"batch-size", Rule::Agree, {"--batch-size", "32"}},
+      {"global-batch-size", Rule::Agree, {"--global-batch-size", "128"}},  // the checkpoint's (below)
+      {"keep-last-batch", Rule::Match, {"--keep-last-batch"}},
+      {"eval-batch-size", Rule::Agree, {"--eval-batch-size", "500"}},
+      {"lr", Rule::Match, {"--lr", "0.05"}},
+      {"lr-schedule", Rule::Match, {"--lr-schedule", "cosine"}},
+      {"warmup-epochs", Rule::Match, {"--warmup-epochs", "1"}},
+      {"lr-step-epochs", Rule::Match, {"--lr-step-epochs", "1,2"}},
+      {"lr-gamma", Rule::Match, {"--lr-gamma", "0.5"}},
+      {"min-lr", Rule::Match, {"--min-lr", "0.01"}},
+      {"onecycle-pct-start", Rule::Match, {"--onecycle-pct-start", "0.4"}},
+      {"onecycle-div-factor", Rule::Match, {"--onecycle-div-factor", "10"}},
+      {"onecycle-final-div-factor", Rule::Match, {"--onecycle-final-div-factor", "100"}},
+      {"onecycle-base-momentum", Rule::Match, {"--onecycle-base-momentum", "0.8"}},
+      {"onecycle-max-momentum", Rule::Match, {"--onecycle-max-momentum", "0.9"}},
+      {"no-cycle-momentum", Rule::Match, {"--no-cycle-momentum"}},
+      {"momentum", Rule::Match, {"--momentum", "0.8"}},
+      {"no-nesterov", Rule::Match, {"--no-nesterov"}},
+      {"weight-decay", Rule::Match, {"--weight-decay", "0.001"}},
+      {"decay-bias-and-norm", Rule::Match, {"--decay-bias-and-norm"}},
+      {"label-smoothing", Rule::Match, {"--label-smoothing", "0.1"}},
+      {"bucket-mb", Rule::Agree, {"--bucket-mb", "1"}},
+      {"no-overlap", Rule::Agree, {"--no-overlap"}},
+      {"sync-batch-norm", Rule::Match, {"--sync-batch-norm"}},
+      {"timeline-file", Rule::Local, {"--timeline-file", "t.jsonl"}},
+      {"checkpoint-dir", Rule::Local, {"--checkpoint-dir", "ck"}},
+      {"keep-checkpoints", Rule::Local, {"--checkpoint-dir", "ck", "--keep-checkpoints", "2"}},
+      {"checkpoint-every-steps", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-every-steps", "5"}},
+      {"checkpoint-interval", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-interval", "5m"}},
+      {"checkpoint-each-epoch", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-each-epoch"}},
+      {"resume", Rule::Local, {"--resume", "none"}},
+      {"step-timeout", Rule::Local, {"--step-timeout", "5m"}},
+  };
+  return list;
+}
+
+const char* rule_name(Rule r) { return r == Rule::Local ? "Local" : r == Rule::Agree ? "Agree" : "Match"; }
+
+train::TrainOptions parse(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"hpctrain"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  const std::optional<train::TrainOptions> o = train::parse_options(static_cast<int>(argv.size()), argv.data());
+  if (!o) throw std::runtime_error("no options parsed");
+  return *o;
+}
+
+std::map<std::string, std::string> agreed_values(const train::TrainOptions& o) {
+  std::map<std::string, std::string> m;
+  for (const auto& [name, value] : train::option_values(o)) m[name] = value;
+  return m;
+}
+
+TEST(OptionTable, HoldsEveryListedOptionWithItsRule) {
+  std::vector<std::string> listed, table;
+  for (const Listed& l : every_option()) listed.push_back(std::string(l.name) + " " + rule_name(l.rule));
+  for (const train::OptionRule& r : train::option_rules()) table.push_back(r.name + " " + rule_name(r.rule));
+  EXPECT_EQ(table, listed) << "an option added to the table belongs in this test's list, with its rule";
+}
+
+TEST(OptionTable, HelpShowsEveryOption) {
+  const std::string help = train::help_text();
+  for (const Listed& l : every_option()) {
+    const std::regex line("(^|\n)  --" + std::string(l.name) + "( |\n)");
+    EXPECT_TRUE(std::regex_search(help, line)) << "--" << l.name << " is not in --help:\n" << help;
+  }
+}
+
+// Another value of an option that is not Local is another value for the ranks to compare;
+// a Local one is not compared (ranks may differ in it).
+TEST(OptionTable, TheAgreementCheckComparesEveryOptionButTheLocalOnes) {
+  const auto defaults = agreed_values(parse({}));
+  for (const Listed& l : every_option()) {
+    SCOPED_TRACE(l.name);
+    const auto other = agreed_values(parse(l.other));
+    if (l.rule == Rule::Local) {
+      EXPECT_EQ(defaults.count(l.name), 0u);
+      EXPECT_EQ(other, defaults);
+      continue;
+    }
+    ASSERT_EQ(defaults.count(l.name), 1u);
+    EXPECT_NE(other.at(l.name), defaults.at(l.name));
+    auto rest = other;
+    rest[l.name] = defaults.at(l.name);
+    EXPECT_EQ(rest, defaults) << "another value of --" << l.name << " changed other options' values too";
+  }
+}
+
+// A checkpoint made with the defaults resumes with another value of every option but those of
+// rule Match, which are refused by name.
+TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::Mlp;
+  nn::Model<float> model(spec);
+  optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
+  const train::RunPosition at{10, 1, 2, 128, 1280, {}};
+  const ckpt::Checkpoint c = train::make_checkpoint(parse({}), model, sgd, 1, at);
+  for (const Listed& l : every_option()) {
+    SCOPED_TRACE(l.name);
+    const train::TrainOptions other = parse(l.other);
+    if (l.rule != Rule::Match) {
+      EXPECT_NO_THROW(train::check_resumable(c, other, model));
+      continue;
+    }
+    try {
+      train::check_resumable(c, other, model);
+      ADD_FAILURE() << "another --" << l.name << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_NE(std::string(e.what()).find("the checkpoint was made with --" + std::string(l.name) + "="),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// The values as checkpoints have always recorded them: a resumed run of this version compares
+// them with checkpoints written by earlier ones.
+TEST(OptionTable, ValuesKeepTheirText) {
+  const auto d = agreed_values(parse({}));
+  EXPECT_EQ(d.at("model"), "cnn");
+  EXPECT_EQ(d.at("no-batch-norm"), "0");
+  EXPECT_EQ(d.at("init"), "kaiming-uniform");
+  EXPECT_EQ(d.at("dataset"), "fashion-mnist");
+  EXPECT_EQ(d.at("augment"), "auto");
+  EXPECT_EQ(d.at("lr"), "0.1");
+  EXPECT_EQ(d.at("weight-decay"), "0.0005");
+  EXPECT_EQ(d.at("onecycle-final-div-factor"), "10000");
+  EXPECT_EQ(d.at("lr-schedule"), "onecycle");
+  EXPECT_EQ(d.at("lr-step-epochs"), "");
+  EXPECT_EQ(d.at("device"), "auto");
+  EXPECT_EQ(d.at("precision"), "tf32");
+  EXPECT_EQ(d.size(), 39u);
+  const auto o = agreed_values(parse({"--lr-schedule", "step", "--lr-step-epochs", "1,2.5", "--no-nesterov"}));
+  EXPECT_EQ(o.at("lr-step-epochs"), "1,2.5,");
+  EXPECT_EQ(o.at("no-nesterov"), "1");
+}
+
+// A word that names no choice is refused with the choices, naming the option.
+TEST(OptionTable, UnknownChoicesAreRefusedWithTheChoices) {
+  const std::map<std::string, std::string> wanted{
+      {"--model", "unknown model 'x' (choose mlp, cnn, resnet20, resnet18 or resnet50)"},
+      {"--dataset", "unknown --dataset 'x' (choose fashion-mnist, mnist, cifar10, cifar100, shards or synthetic)"},
+      {"--lr-schedule", "unknown --lr-schedule 'x' (choose constant, step, cosine or onecycle)"},
+      {"--init", "unknown --init 'x' (choose kaiming-uniform or kaiming-normal)"},
+      {"--augment", "unknown --augment 'x' (choose auto, on or off)"},
+      {"--device", "unknown --device 'x' (choose auto, cpu or cuda)"},
+      {"--precision", "unknown --precision 'x' (choose fp32, tf32, bf16 or fp16)"}};
+  for (const auto& [option, message] : wanted) {
+    try {
+      parse({option, "x"});
+      ADD_FAILURE() << option << " x was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hpc::testing
