@@ -55,23 +55,25 @@ int main(int argc, char** argv) {
     optim::Sgd<float> sgd(model.params(), {});
     train::TrainOptions o;
     o.model = spec.kind;
+    const train::ModelIdentity identity = train::ModelIdentity::of(model);
     ckpt::CheckpointStore store(dir + "/" + name, 2);
     std::vector<double> stall, sync;
     size_t bytes = 0;
     {
       ckpt::AsyncWriter writer(store);
       for (int r = 0; r < repeats; ++r) {
-        const train::RunPosition at{r + 1, 0, r + 1, 64, 64.0 * (r + 1), {}};
+        const train::RunPosition at{r + 1, 0, r + 1, 64, 64.0 * (r + 1)};
         const auto t0 = Clock::now();  // as the trainer does it
         ckpt::Checkpoint snapshot = writer.recycled();
-        train::fill_checkpoint(snapshot, o, model, sgd, 1, at);
+        train::record_run(snapshot, o, identity, 1, at);
+        train::copy_state(snapshot, model, sgd);
         writer.submit(std::move(snapshot), at.step);
         stall.push_back(seconds_since(t0));
         writer.wait();  // the steps in between
       }
     }
     for (int r = 0; r < repeats; ++r) {
-      const train::RunPosition at{100 + r, 0, r, 64, 64.0 * r, {}};
+      const train::RunPosition at{100 + r, 0, r, 64, 64.0 * r};
       const auto t0 = Clock::now();
       const std::vector<char> encoded = ckpt::encode(train::make_checkpoint(o, model, sgd, 1, at));
       store.write(encoded, at.step);

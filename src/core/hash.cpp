@@ -4,8 +4,8 @@
 
 namespace hpc {
 
-uint64_t fnv1a(const void* data, size_t bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV's 64-bit offset basis
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t so_far) {
+  uint64_t h = so_far;
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < bytes; ++i) {
     h ^= p[i];
@@ -14,10 +14,12 @@ uint64_t fnv1a(const void* data, size_t bytes) {
   return h;
 }
 
-std::string fnv1a_hex(const void* data, size_t bytes) {
+std::string hex64(uint64_t h) {
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(data, bytes)));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
+
+std::string fnv1a_hex(const void* data, size_t bytes) { return hex64(fnv1a(data, bytes)); }
 
 }  // namespace hpc

@@ -39,6 +39,11 @@ void TestHooks::kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Commun
   if (kill_.rank == rank_) std::raise(kill_.signal);
 }
 
+int shard_of(int rank, int world) {
+  const char* v = std::getenv("HPCTRAIN_TEST_WRONG_SHARD");
+  return v && std::atoi(v) == rank ? (rank + 1) % world : rank;
+}
+
 StopAsked stop_asked(dist::Communicator& comm) {
   const auto mine = static_cast<uint64_t>(StopSignals::signal_number());
   const std::vector<uint64_t> all = comm.size() > 1 ? comm.allgather(mine) : std::vector<uint64_t>{mine};
@@ -75,26 +80,17 @@ void diverged(const TrainOptions& o, const std::string& what, bool before_any_up
                                              ") or warm up to it (--warmup-epochs); no checkpoint holds this state"));
 }
 
-bool all_finite(const Tensor& t) {
-  const float* p = t.numel() ? t.data<float>() : nullptr;
-  return std::all_of(p, p + t.numel(), [](float v) { return std::isfinite(v); });
-}
-
-void require_finite_state(dist::Communicator& comm, Engine& engine, const nn::Model<float>& model,
-                          const optim::Sgd<float>& sgd, const TrainOptions& o, int64_t after_step, bool check) {
-  double bad[3] = {0, 0, 0};
-  if (check) {
-    engine.sync_to_host();
-    bad[0] = !all_finite(model.params().values()), bad[1] = !all_finite(sgd.momentum_buffer());
-    bad[2] = !all_finite(model.params().buffers());
-  }
+void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainOptions& o, int64_t after_step,
+                          bool check) {
+  constexpr StatePart kParts[] = {StatePart::Parameters, StatePart::Momentum, StatePart::NormStatistics};
+  double bad[3] = {0, 0, 0};  // by part: the first part any rank found
+  if (check)
+    if (const std::optional<StatePart> part = engine.first_non_finite()) bad[static_cast<int>(*part)] = 1;
   if (comm.size() > 1) comm.allreduce_sum(bad, 3);
-  const char* what = bad[0] > 0   ? "the parameters"
-                     : bad[1] > 0 ? "the optimizer's momentum"
-                     : bad[2] > 0 ? "the batch-norm statistics"
-                                  : nullptr;
-  if (what)
-    diverged(o, detail::concat(what, " are not finite after step ", after_step, ", though its loss still was"), false);
+  for (int i = 0; i < 3; ++i)
+    if (bad[i] > 0)
+      diverged(o, detail::concat(describe(kParts[i]), " are not finite after step ", after_step,
+                                 ", though its loss still was"), false);
 }
 
 StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, double loss) {
@@ -115,9 +111,8 @@ void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state) {
 }
 
 Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,
-                           std::unique_ptr<ckpt::CheckpointStore> store, Engine& engine,
-                           const nn::Model<float>& model, const optim::Sgd<float>& sgd)
-    : ctx_(ctx), o_(o), store_(std::move(store)), engine_(engine), model_(model), sgd_(sgd) {
+                           std::unique_ptr<ckpt::CheckpointStore> store, Engine& engine, ModelIdentity model)
+    : ctx_(ctx), o_(o), store_(std::move(store)), engine_(engine), model_(std::move(model)) {
   if (store_) writer_ = std::make_unique<ckpt::AsyncWriter>(*store_);
 }
 
@@ -133,14 +128,13 @@ bool Checkpointer::due_at_step(int64_t step) const {
 void Checkpointer::save(const RunPosition& at) {
   if (o_.checkpoint_dir.empty() || at.step == last_saved_) return;
   const auto t0 = Clock::now();
-  require_finite_state(ctx_.world(), engine_, model_, sgd_, o_, at.step, writer_ != nullptr);
+  require_finite_state(ctx_.world(), engine_, o_, at.step, writer_ != nullptr);
   last_saved_ = at.step;
   dist::collectively(ctx_, [&] {
     if (!writer_) return;
     ckpt::Checkpoint snapshot = writer_->recycled();
-    RunPosition with_scaler = at;
-    with_scaler.scaler = engine_.loss_scaler();
-    fill_checkpoint(snapshot, o_, model_, sgd_, ctx_.world_size(), with_scaler);
+    record_run(snapshot, o_, model_, ctx_.world_size(), at);
+    engine_.snapshot(snapshot);
     writer_->submit(std::move(snapshot), at.step);
   });
   stall_ += seconds_since(t0);

@@ -54,6 +54,11 @@ class TestHooks {
   TestHook kill_, signal_;
 };
 
+// The part of each global batch this rank reads: its own, but for the rank r named by
+// HPCTRAIN_TEST_WRONG_SHARD=r, which reads rank r+1's (so that one part is read twice and one
+// never): the planted bug that shows the data-parallel tests' tolerances catch a wrong shard.
+int shard_of(int rank, int world);
+
 // The first stop signal any rank took (0: none), and how many ranks took one. Every rank
 // learns the same (collective).
 struct StopAsked {
@@ -76,13 +81,11 @@ std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, con
 // Thrown on every rank alike.
 [[noreturn]] void diverged(const TrainOptions& o, const std::string& what, bool before_any_update);
 
-bool all_finite(const Tensor& t);
-
 // Never saved nor reported done: a state that is not finite (the update after a finite loss
 // can make it so, and a layer can hide it from later losses). Collective; the ranks that
-// `check` look at their state, and every rank learns their verdict.
-void require_finite_state(dist::Communicator& comm, Engine& engine, const nn::Model<float>& model,
-                          const optim::Sgd<float>& sgd, const TrainOptions& o, int64_t after_step, bool check);
+// `check` look at their engine's state, and every rank learns their verdict.
+void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainOptions& o, int64_t after_step,
+                          bool check);
 
 // What every rank agrees on at a step boundary, in one all-reduce.
 struct StepAgreement {
@@ -105,15 +108,16 @@ class Heartbeat {
   Clock::time_point last_ = Clock::now() - std::chrono::hours(1);
 };
 
-// The step loop's checkpoints. Rank 0 snapshots its state (all ranks hold the same parameters
-// and optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a background
-// thread writes it. save() and wait_for_writes() are collective: every rank calls them at the
+// The step loop's checkpoints. Rank 0's engine snapshots its state (all ranks hold the same
+// parameters and optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a
+// background thread writes it. save() and wait_for_writes() are collective: every rank calls them at the
 // same step and learns whether rank 0 could hand the snapshot over or write it.
 class Checkpointer {
  public:
-  // store: rank 0's (open_store), superseded files already set aside.
+  // store: rank 0's (open_store), superseded files already set aside; engine: whose state the
+  // checkpoints hold, of `model`.
   Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o, std::unique_ptr<ckpt::CheckpointStore> store,
-               Engine& engine, const nn::Model<float>& model, const optim::Sgd<float>& sgd);
+               Engine& engine, ModelIdentity model);
   const ckpt::CheckpointStore* store() const { return store_.get(); }
   ckpt::AsyncWriter* writer() const { return writer_.get(); }
   // Whether rank 0's --checkpoint-interval has passed since the last checkpoint (false on the
@@ -134,8 +138,7 @@ class Checkpointer {
   std::unique_ptr<ckpt::CheckpointStore> store_;
   std::unique_ptr<ckpt::AsyncWriter> writer_;
   Engine& engine_;
-  const nn::Model<float>& model_;
-  const optim::Sgd<float>& sgd_;
+  const ModelIdentity model_;
   int64_t written_ = 0, last_saved_ = -1;
   double stall_ = 0;
   Clock::time_point last_time_ = Clock::now();

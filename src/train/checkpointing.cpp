@@ -1,9 +1,10 @@
 #include "train/checkpointing.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <set>
 #include <sstream>
 
 #include "ckpt/store.hpp"
@@ -38,6 +39,14 @@ void copy_into(std::vector<float>& v, const Tensor& t) {
   v.assign(p, p + t.numel());  // keeps v's capacity
 }
 
+bool all_finite(const float* p, size_t n) {
+  return std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
+}
+
+bool all_finite(const Tensor& t) {
+  return all_finite(t.numel() ? t.data<float>() : nullptr, static_cast<size_t>(t.numel()));
+}
+
 void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
   HPC_REQUIRE(static_cast<int64_t>(v.size()) == t.numel(), "the checkpoint's ", what, " hold ", v.size(),
               " values; this model has ", t.numel());
@@ -46,20 +55,17 @@ void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
 
 }  // namespace
 
-ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
-                                 int world, const RunPosition& at) {
-  ckpt::Checkpoint c;
-  fill_checkpoint(c, o, model, sgd, world, at);
-  return c;
+ModelIdentity ModelIdentity::of(const nn::Model<float>& model) {
+  return {nn::model_name(model.spec().kind), model_signature(model.params())};
 }
 
-void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model,
-                     const optim::Sgd<float>& sgd, int world, const RunPosition& at) {
+void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
+                const RunPosition& at) {
   auto& m = c.meta;
   m.clear();
   m["hpctrain_version"] = HPCTRAIN_VERSION;
-  m["model"] = nn::model_name(model.spec().kind);
-  m["model_signature"] = model_signature(model.params());
+  m["model"] = model.name;
+  m["model_signature"] = model.signature;
   m["time"] = str(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count());
   m["world_size"] = str(world);
@@ -68,15 +74,89 @@ void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model
   m["step_in_epoch"] = str(at.step_in_epoch);
   m["global_batch_size"] = str(at.global_batch);
   m["samples_seen"] = str(at.samples_seen);
-  if (at.scaler) {
-    m["loss_scale"] = str(at.scaler->scale);
-    m["loss_scale_good_steps"] = str(at.scaler->good_steps);
-    m["skipped_steps"] = str(at.scaler->skipped);
-  }
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
+}
+
+void copy_state(ckpt::Checkpoint& c, const nn::Model<float>& model, const optim::Sgd<float>& sgd) {
   copy_into(c.params, model.params().values());
   copy_into(c.momentum, sgd.momentum_buffer());
   copy_into(c.buffers, model.params().buffers());
+}
+
+void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd) {
+  apply_model_state(c, model);
+  load_into(sgd.momentum_buffer(), c.momentum, "optimizer state");
+}
+
+void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
+  load_into(model.params().values(), c.params, "parameters");
+  load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
+}
+
+void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s) {
+  c.meta["loss_scale"] = str(s.scale);
+  c.meta["loss_scale_good_steps"] = str(s.good_steps);
+  c.meta["skipped_steps"] = str(s.skipped);
+}
+
+std::optional<optim::LossScalerState> loss_scaler_of(const ckpt::Checkpoint& c) {
+  if (!c.meta.count("loss_scale")) return std::nullopt;
+  const optim::LossScalerState s{c.number("loss_scale"), c.integer("loss_scale_good_steps"),
+                                 c.integer("skipped_steps")};
+  HPC_REQUIRE(s.scale >= 1 && s.good_steps >= 0 && s.skipped >= 0, "the checkpoint's loss scale is invalid (",
+              s.scale, ")");
+  return s;
+}
+
+ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
+                                 int world, const RunPosition& at) {
+  ckpt::Checkpoint c;
+  record_run(c, o, ModelIdentity::of(model), world, at);
+  copy_state(c, model, sgd);
+  return c;
+}
+
+std::string param_checksum(const ckpt::Checkpoint& c) {
+  return fnv1a_hex(c.params.data(), c.params.size() * sizeof(float));
+}
+
+std::string state_checksum(const ckpt::Checkpoint& c) {
+  uint64_t h = kFnv1aBasis;
+  for (const std::vector<float>* v : {&c.params, &c.momentum, &c.buffers}) {
+    const uint64_t n = v->size();  // where one arena ends and the next begins
+    h = fnv1a(&n, sizeof n, h);
+    h = fnv1a(v->data(), v->size() * sizeof(float), h);
+  }
+  std::string record;  // the meta section's text: exact, and the same on every machine
+  for (const char* key : {"step", "epoch", "step_in_epoch", "global_batch_size", "samples_seen", "loss_scale",
+                          "loss_scale_good_steps", "skipped_steps"}) {
+    const auto it = c.meta.find(key);
+    record += std::string(key) + '=' + (it == c.meta.end() ? "-" : it->second) + '\n';
+  }
+  return hex64(fnv1a(record.data(), record.size(), h));
+}
+
+const char* describe(StatePart part) {
+  switch (part) {
+    case StatePart::Parameters: return "the parameters";
+    case StatePart::Momentum: return "the optimizer's momentum";
+    case StatePart::NormStatistics: return "the batch-norm statistics";
+  }
+  return "the state";
+}
+
+std::optional<StatePart> first_non_finite(const ckpt::Checkpoint& c) {
+  if (!all_finite(c.params.data(), c.params.size())) return StatePart::Parameters;
+  if (!all_finite(c.momentum.data(), c.momentum.size())) return StatePart::Momentum;
+  if (!all_finite(c.buffers.data(), c.buffers.size())) return StatePart::NormStatistics;
+  return std::nullopt;
+}
+
+std::optional<StatePart> first_non_finite(const nn::Model<float>& model, const optim::Sgd<float>& sgd) {
+  if (!all_finite(model.params().values())) return StatePart::Parameters;
+  if (!all_finite(sgd.momentum_buffer())) return StatePart::Momentum;
+  if (!all_finite(model.params().buffers())) return StatePart::NormStatistics;
+  return std::nullopt;
 }
 
 std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,
@@ -141,9 +221,8 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) 
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
   const char* name = nn::model_name(model.spec().kind);
   HPC_REQUIRE(c.text("model") == name, "the checkpoint is of model ", c.text("model"), ", not ", name, " (--model)");
-  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()), "the checkpoint's parameters do not fit this ",
-              name,
-              " (another variant, dataset shape or number of classes)");
+  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()), "the checkpoint's parameters do not fit "
+              "this ", name, " (another variant, dataset shape or number of classes)");
 }
 
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
@@ -161,28 +240,13 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
   at.step_in_epoch = c.integer("step_in_epoch");
   at.global_batch = c.integer("global_batch_size");
   at.samples_seen = c.number("samples_seen");
-  if (c.meta.count("loss_scale")) {
-    at.scaler = optim::LossScalerState{c.number("loss_scale"), c.integer("loss_scale_good_steps"),
-                                       c.integer("skipped_steps")};
-    HPC_REQUIRE(at.scaler->scale >= 1 && at.scaler->good_steps >= 0 && at.scaler->skipped >= 0,
-                "the checkpoint's loss scale is invalid (", at.scaler->scale, ")");
-  }
+  loss_scaler_of(c);  // valid, for the engine to restore
   HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0,
               "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ")");
   HPC_REQUIRE(o.global_batch_size == 0 || o.global_batch_size == at.global_batch, "the checkpoint was made with a ",
               "global batch of ", at.global_batch, "; --global-batch-size ", o.global_batch_size,
               " would change what every later step computes");
   return at;
-}
-
-void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
-  load_into(model.params().values(), c.params, "parameters");
-  load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
-}
-
-void apply_checkpoint(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd) {
-  apply_model_state(c, model);
-  load_into(sgd.momentum_buffer(), c.momentum, "optimizer state");
 }
 
 }  // namespace hpc::train

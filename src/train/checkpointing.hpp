@@ -24,25 +24,62 @@ struct RunPosition {
   int64_t step_in_epoch = 0;  // index of the next step within that epoch
   int64_t global_batch = 0;
   double samples_seen = 0;    // what the schedules are functions of
-  // fp16 runs: the dynamic loss scale and its counters (checkpoint keys loss_scale,
-  // loss_scale_good_steps, skipped_steps), so a resumed run scales as the first would have.
-  std::optional<optim::LossScalerState> scaler;
 
   // Where a run stands after global step `step`, whose index in `epoch` was `index`: at the
   // end of the epoch (steps_per_epoch steps) the next step opens the next epoch.
   static RunPosition after_step(int64_t step, int64_t epoch, int64_t index, int64_t steps_per_epoch,
                                 int64_t global_batch, double samples_seen) {
-    if (index + 1 < steps_per_epoch) return {step, epoch, index + 1, global_batch, samples_seen, {}};
-    return {step, epoch + 1, 0, global_batch, samples_seen, {}};
+    if (index + 1 < steps_per_epoch) return {step, epoch, index + 1, global_batch, samples_seen};
+    return {step, epoch + 1, 0, global_batch, samples_seen};
   }
 };
 
-// A copy of the state (rank 0's) at `at`, with the options and model it belongs to, into c
-// (whose buffers are reused: see ckpt::AsyncWriter::recycled).
-void fill_checkpoint(ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model,
-                     const optim::Sgd<float>& sgd, int world, const RunPosition& at);
+// Which model a checkpoint's arenas belong to: its name and layout signature (the names and
+// shapes of every parameter and buffer).
+struct ModelIdentity {
+  std::string name, signature;
+  static ModelIdentity of(const nn::Model<float>& model);
+};
+
+// A checkpoint is the run's record (its meta section: versions, model, time, world size,
+// position and options, written here) and the training state (the arenas, and the loss scaler's
+// keys, which the Engine snapshots). record_run replaces c's meta.
+void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
+                const RunPosition& at);
+
+// The state held by a host model and optimizer into c's arenas (keeping their capacity: see
+// ckpt::AsyncWriter::recycled), and back (a usage error when c's do not fit). The CPU engine's
+// snapshot and restore, and the GPU engine's through its host mirror.
+void copy_state(ckpt::Checkpoint& c, const nn::Model<float>& model, const optim::Sgd<float>& sgd);
+void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd);
+// Parameters and batch-norm statistics only (inference).
+void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model);
+
+// fp16 runs' dynamic loss scale and its counters (keys loss_scale, loss_scale_good_steps,
+// skipped_steps), so a resumed run scales as the first would have; nullopt in a checkpoint of
+// another precision, a usage error when they are invalid.
+void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s);
+std::optional<optim::LossScalerState> loss_scaler_of(const ckpt::Checkpoint& c);
+
+// A whole checkpoint of a host model and optimizer (tests, benchmarks).
 ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
                                  int world, const RunPosition& at);
+
+// The hash of the parameters alone (the done line's param_checksum, as it has always been).
+std::string param_checksum(const ckpt::Checkpoint& c);
+// A hash of everything that decides the rest of a run: the parameters, the optimizer's momentum,
+// the batch-norm statistics, the loss scaler and the position (step, epoch, step in the epoch,
+// global batch, samples seen); not the options (check_resumable compares those), the time or the
+// world size. A resumed run ends with the state_checksum of one never interrupted.
+std::string state_checksum(const ckpt::Checkpoint& c);
+
+// The parts of a training state, in the order a problem with them is reported.
+enum class StatePart { Parameters, Momentum, NormStatistics };
+const char* describe(StatePart part);  // "the parameters", "the optimizer's momentum", ...
+// The first part holding a value that is not finite, of a checkpoint or of a host model and
+// optimizer.
+std::optional<StatePart> first_non_finite(const ckpt::Checkpoint& c);
+std::optional<StatePart> first_non_finite(const nn::Model<float>& model, const optim::Sgd<float>& sgd);
 
 // The checkpoint --resume asks for, read and verified by rank 0 and handed to every rank, or
 // nullopt for a fresh start. Sets *path to where it came from.
@@ -66,12 +103,8 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 
 // The position a checkpoint resumes at. Throws a usage error naming the first difference when
-// it belongs to another model or to options that change what is computed.
+// it belongs to another model or to options that change what is computed, or when its position
+// or loss scale is invalid.
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model);
-
-// Loads parameters, optimizer state and batch-norm statistics.
-void apply_checkpoint(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd);
-// Parameters and batch-norm statistics only (inference).
-void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model);
 
 }  // namespace hpc::train

@@ -75,6 +75,7 @@ struct Inspected {
   uint64_t size = 0;
   ckpt::Layout layout;
   std::string problem;  // empty: valid
+  std::string param_checksum, state_checksum;  // of a valid one (as a done line gives them)
 };
 
 Inspected inspect_file(const std::string& path) {
@@ -83,7 +84,9 @@ Inspected inspect_file(const std::string& path) {
   std::error_code ec;
   r.size = fs::file_size(path, ec);
   try {
-    ckpt::load_checkpoint(path, &r.layout);
+    const ckpt::Checkpoint c = ckpt::load_checkpoint(path, &r.layout);
+    r.param_checksum = param_checksum(c);
+    r.state_checksum = state_checksum(c);
   } catch (const Error& e) {
     r.problem = e.what();
   }
@@ -128,6 +131,10 @@ std::string inspected_json(const Inspected& r) {
     else if (key == "samples_seen") f.emplace_back(key, std::atof(value.c_str()));
     else f.emplace_back(key, value);
   }
+  if (r.problem.empty()) {
+    f.emplace_back("param_checksum", r.param_checksum);
+    f.emplace_back("state_checksum", r.state_checksum);
+  }
   for (const auto& s : r.layout.sections) f.emplace_back("bytes." + json_key(s.name), static_cast<int64_t>(s.bytes));
   return json_line(f);
 }
@@ -146,6 +153,8 @@ void print_inspected(const Inspected& r) {
     out << "position: step " << meta_or(m, "step") << ", " << position_text(m) << "; " << meta_or(m, "samples_seen")
         << " samples seen\n";
     out << "global batch: " << meta_or(m, "global_batch_size") << "\n";
+    if (r.problem.empty())
+      out << "checksums: state " << r.state_checksum << ", parameters " << r.param_checksum << "\n";
     out << "seed: " << meta_or(m, "option.seed") << ", dataset: " << meta_or(m, "option.dataset") << "\n";
   }
   if (!r.layout.sections.empty()) {

@@ -1,9 +1,10 @@
 // Where the training steps run. The loop in trainer.cpp is the same for every device; an
-// Engine runs each step's forward, loss, backward, gradient all-reduce and update. The host
-// nn::Model and optim::Sgd stay the owners of the run's state (initialisation, broadcast,
-// resume, checkpoints): the CPU engine works on them directly, the GPU engine
-// (gpu_engine.cpp; gpu_engine_none.cpp in builds without CUDA and cuDNN) on a device mirror
-// that sync_to_host() copies back.
+// Engine runs each step's forward, loss, backward, gradient all-reduce and update. Set-up
+// initialises (or resumes) and broadcasts a host nn::Model and optim::Sgd; from then on the
+// engine owns them and the whole training state: snapshot() copies it into a checkpoint and
+// restore() takes it from one. The CPU engine trains the host model itself; the GPU engine
+// (gpu_engine.cpp; gpu_engine_none.cpp in builds without CUDA and cuDNN) a device mirror, of
+// which the host model is then only its copy for snapshots.
 #pragma once
 
 #include <memory>
@@ -12,10 +13,12 @@
 
 #include "data/loader.hpp"
 #include "dist/bucketer.hpp"
+#include "ckpt/checkpoint.hpp"
 #include "dist/process.hpp"
 #include "nn/model.hpp"
 #include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
+#include "train/checkpointing.hpp"
 #include "train/options.hpp"
 
 namespace hpc::train {
@@ -34,18 +37,21 @@ class Engine {
   virtual StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) = 0;
   // Eval-mode forward: adds the batch's loss sum and correct count to sums[0] and sums[1].
   virtual void eval_batch(const data::Batch& batch, double* sums) = 0;
-  // The host model and optimizer hold the current state afterwards (checkpoints, the end).
-  virtual void sync_to_host() = 0;
+  // The training state into c: the parameters, optimizer state and batch-norm statistics into
+  // its arenas (keeping their capacity), and in fp16 the loss scaler's keys into its meta (the
+  // rest of which, the run's record, is record_run's).
+  virtual void snapshot(ckpt::Checkpoint& c) = 0;
+  // c's state becomes the engine's (a usage error when its arenas do not fit the model).
+  virtual void restore(const ckpt::Checkpoint& c) = 0;
+  // The first part of the state that holds a value that is not finite (checked before every
+  // checkpoint and at the end).
+  virtual std::optional<StatePart> first_non_finite() = 0;
   virtual const dist::BucketTimeline& timeline() const = 0;
   virtual size_t bucket_count() const = 0;
   // One line for the log: where the steps run and how.
   virtual std::string describe() const = 0;
   // Bytes of device memory at the high-water mark (0 on the CPU).
   virtual size_t peak_device_memory() const { return 0; }
-  // fp16 training's dynamic loss scale (none in the other precisions), for checkpoints; and
-  // a resumed run's, restored.
-  virtual std::optional<optim::LossScalerState> loss_scaler() const { return std::nullopt; }
-  virtual void restore_loss_scaler(const optim::LossScalerState&) {}
 };
 
 // Counts the rows of probabilities (N x K) whose first largest entry is the label.
@@ -53,14 +59,15 @@ int64_t count_correct(const Tensor& probabilities, const int32_t* labels);
 // Eval-mode forward of a host model: adds the batch's loss sum and correct count to sums[0..1].
 void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* sums);
 
-std::unique_ptr<Engine> make_cpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::Communicator& comm,
-                                        const TrainOptions& o, int threads);
+// The engines take the model and optimizer over.
+std::unique_ptr<Engine> make_cpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
+                                        dist::Communicator& comm, const TrainOptions& o, int threads);
 
 // Whether this build and machine can train on a GPU; when not, *why says what is missing.
 bool gpu_training_available(std::string* why);
 // Selects this rank's GPU (its local rank) and mirrors model and sgd on it. Collective: the
 // NCCL communicator is made from ctx's world.
-std::unique_ptr<Engine> make_gpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::ProcessContext& ctx,
-                                        const TrainOptions& o);
+std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
+                                        dist::ProcessContext& ctx, const TrainOptions& o);
 
 }  // namespace hpc::train

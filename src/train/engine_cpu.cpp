@@ -10,13 +10,15 @@ namespace {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::Communicator& comm, const TrainOptions& o,
-            int threads)
-      : model_(model),
-        sgd_(sgd),
+  CpuEngine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
+            dist::Communicator& comm, const TrainOptions& o, int threads)
+      : owned_model_(std::move(model)),
+        owned_sgd_(std::move(sgd)),
+        model_(*owned_model_),
+        sgd_(*owned_sgd_),
         threads_(threads),
-        bucketer_(comm, model.params().grads().data<float>(), model.params().grads().numel(), model.gradient_groups(),
-                  static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap) {}
+        bucketer_(comm, model_.params().grads().data<float>(), model_.params().grads().numel(),
+                  model_.gradient_groups(), static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap) {}
 
   StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
     StepResult r;
@@ -31,7 +33,9 @@ class CpuEngine final : public Engine {
 
   void eval_batch(const data::Batch& batch, double* sums) override { eval_batch_cpu(model_, batch, sums); }
 
-  void sync_to_host() override {}
+  void snapshot(ckpt::Checkpoint& c) override { copy_state(c, model_, sgd_); }
+  void restore(const ckpt::Checkpoint& c) override { load_state(c, model_, sgd_); }
+  std::optional<StatePart> first_non_finite() override { return train::first_non_finite(model_, sgd_); }
   const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
   size_t bucket_count() const override { return bucketer_.bucket_count(); }
   std::string describe() const override {
@@ -39,6 +43,8 @@ class CpuEngine final : public Engine {
   }
 
  private:
+  std::unique_ptr<nn::Model<float>> owned_model_;
+  std::unique_ptr<optim::Sgd<float>> owned_sgd_;
   nn::Model<float>& model_;
   optim::Sgd<float>& sgd_;
   int threads_;
@@ -64,9 +70,9 @@ void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* s
   sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
 }
 
-std::unique_ptr<Engine> make_cpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::Communicator& comm,
-                                        const TrainOptions& o, int threads) {
-  return std::make_unique<CpuEngine>(model, sgd, comm, o, threads);
+std::unique_ptr<Engine> make_cpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
+                                        dist::Communicator& comm, const TrainOptions& o, int threads) {
+  return std::make_unique<CpuEngine>(std::move(model), std::move(sgd), comm, o, threads);
 }
 
 }  // namespace hpc::train

@@ -138,16 +138,19 @@ int select(dist::ProcessContext& ctx) { return device::select_gpu(ctx.local_rank
 
 class GpuEngine final : public Engine {
  public:
-  GpuEngine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::ProcessContext& ctx, const TrainOptions& o)
-      : model_(model),
-        sgd_(sgd),
+  GpuEngine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
+            dist::ProcessContext& ctx, const TrainOptions& o)
+      : owned_model_(std::move(model)),
+        owned_sgd_(std::move(sgd)),
+        model_(*owned_model_),
+        sgd_(*owned_sgd_),
         gpu_(select(ctx)),
         context_(settings_of(o)),
         nccl_(ctx.world()),
-        net_(context_, model),
-        sgd_gpu_(sgd),
+        net_(context_, model_),
+        sgd_gpu_(sgd_),
         buckets_(gpu_, context_.stream(), nccl_.stream()),
-        bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model.gradient_groups(),
+        bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model_.gradient_groups(),
                   static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
         precision_(name_of(kPrecisionNames, o.precision)),
         deterministic_(o.deterministic),
@@ -156,11 +159,11 @@ class GpuEngine final : public Engine {
     HPC_CHECK(!graphs_ || (!scaled_ && ctx.world_size() == 1), "--cuda-graphs with fp16 or several ranks");
     if (graphs_) hyper_ = Tensor(Shape{2}, DType::F32, DeviceKind::CUDA);
     buckets_.reserve(bucketer_.bucket_count());
-    net_.upload(model.params());
-    sgd_gpu_.upload(sgd);
+    upload();
   }
 
   StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
+    host_current_ = false;
     stage(batch);
     return graphs_ ? graph_step(batch, share, lr, momentum) : eager_step(batch, share, lr, momentum);
   }
@@ -259,20 +262,28 @@ class GpuEngine final : public Engine {
     sums[1] += static_cast<double>(s.correct);
   }
 
-  void sync_to_host() override {
-    context_.synchronize();
-    net_.download(model_.params());
-    sgd_gpu_.download(sgd_);
+  // Through the host mirror: downloaded once after the last step (a snapshot after the state
+  // check reads the same copy), uploaded whole on restore.
+  void snapshot(ckpt::Checkpoint& c) override {
+    download();
+    copy_state(c, model_, sgd_);
+    if (scaled_) record_loss_scaler(c, scaler_.state());
+  }
+
+  void restore(const ckpt::Checkpoint& c) override {
+    load_state(c, model_, sgd_);
+    upload();
+    if (const std::optional<optim::LossScalerState> s = loss_scaler_of(c)) scaler_ = optim::LossScaler(*s);
+  }
+
+  std::optional<StatePart> first_non_finite() override {
+    download();
+    return train::first_non_finite(model_, sgd_);
   }
 
   const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
   size_t bucket_count() const override { return bucketer_.bucket_count(); }
   size_t peak_device_memory() const override { return device::peak_memory_in_use(); }
-  std::optional<optim::LossScalerState> loss_scaler() const override {
-    if (!scaled_) return std::nullopt;
-    return scaler_.state();
-  }
-  void restore_loss_scaler(const optim::LossScalerState& s) override { scaler_ = optim::LossScaler(s); }
 
   std::string describe() const override {
     cudaDeviceProp p{};
@@ -286,6 +297,22 @@ class GpuEngine final : public Engine {
   }
 
  private:
+  // The host mirror to the device (once the compute stream has nothing in flight that uses the
+  // arenas: before the first step), and back after the steps so far.
+  void upload() {
+    context_.synchronize();
+    net_.upload(model_.params());
+    sgd_gpu_.upload(sgd_);
+    host_current_ = true;
+  }
+  void download() {
+    if (host_current_) return;
+    context_.synchronize();
+    net_.download(model_.params());
+    sgd_gpu_.download(sgd_);
+    host_current_ = true;
+  }
+
   // The batch onto the device: its images as they come (bytes, cropped, flipped and normalised
   // here by the assembler's crops and table; or floats) and its labels. Images in page-locked
   // memory (the loader's batches of bytes) are copied from where they are, others through the
@@ -331,8 +358,11 @@ class GpuEngine final : public Engine {
                                     s[2], static_cast<int>(s[3]), table_.data<float>(), context_.stream());
   }
 
-  nn::Model<float>& model_;
+  std::unique_ptr<nn::Model<float>> owned_model_;
+  std::unique_ptr<optim::Sgd<float>> owned_sgd_;
+  nn::Model<float>& model_;  // the host mirror
   optim::Sgd<float>& sgd_;
+  bool host_current_ = true;  // whether the mirror holds the state after the last step
   int gpu_;
   nn::cuda::GpuContext context_;
   dist::NcclCommunicator nccl_;
@@ -365,9 +395,9 @@ bool gpu_training_available(std::string* why) {
   return false;
 }
 
-std::unique_ptr<Engine> make_gpu_engine(nn::Model<float>& model, optim::Sgd<float>& sgd, dist::ProcessContext& ctx,
-                                        const TrainOptions& o) {
-  return std::make_unique<GpuEngine>(model, sgd, ctx, o);
+std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
+                                        dist::ProcessContext& ctx, const TrainOptions& o) {
+  return std::make_unique<GpuEngine>(std::move(model), std::move(sgd), ctx, o);
 }
 
 }  // namespace hpc::train

@@ -15,8 +15,8 @@ bool gpu_training_available(std::string* why) {
   return false;
 }
 
-std::unique_ptr<Engine> make_gpu_engine(nn::Model<float>&, optim::Sgd<float>&, dist::ProcessContext&,
-                                        const TrainOptions&) {
+std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>>, std::unique_ptr<optim::Sgd<float>>,
+                                        dist::ProcessContext&, const TrainOptions&) {
   std::string why;
   gpu_training_available(&why);
   usage_error("--device cuda: ", why);

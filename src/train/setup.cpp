@@ -139,28 +139,27 @@ void enable_sync_batch_norm(dist::ProcessContext& ctx, Prepared& p) {
   p.model->sync_batch_norm([c = p.stats_comm.get()](double* data, int64_t n) { c->allreduce_sum(data, n); });
 }
 
-// Rank 0 reads and verifies the checkpoint, every rank loads the same bytes. The global batch is
-// the checkpoint's (the sampler's position is in its global steps), so a run can come back on
-// another number of ranks and continue at the exact sample.
-void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, const ckpt::Checkpoint& c,
-                 const std::string& path, Prepared& p) {
+// Rank 0 reads and verifies the checkpoint, every rank receives the same bytes and checks that
+// they fit this run. The global batch is the checkpoint's (the sampler's position is in its
+// global steps), so a run can come back on another number of ranks and continue at the exact
+// sample.
+void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpoint c, const std::string& path,
+                 Prepared& p) {
   dist::collectively(ctx, [&] {
     p.start = check_resumable(c, o, *p.model);
     HPC_REQUIRE(p.start.global_batch >= ctx.world_size(), "the checkpoint's global batch of ", p.start.global_batch,
                 " cannot give each of the ", ctx.world_size(), " ranks a sample");
-    apply_checkpoint(c, *p.model, *p.sgd);
     // Written by a run that diverged (hpctrain writes none such now): it would only diverge on.
-    HPC_REQUIRE(all_finite(p.model->params().values()) && all_finite(p.sgd->momentum_buffer()) &&
-                    all_finite(p.model->params().buffers()),
-                path, " holds a state that is not finite (its run had diverged): resume from an earlier ",
-                "checkpoint (--resume FILE) or start afresh (--resume none)");
+    HPC_REQUIRE(!first_non_finite(c), path, " holds a state that is not finite (its run had diverged): resume from "
+                "an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
   });
+  p.resume = std::move(c);
   p.resumed = true;
   log::info("resuming from ", path, " at step ", p.start.step, " (epoch ", p.start.epoch + 1, ", step ",
             p.start.step_in_epoch, " of it), global batch ", p.start.global_batch);
 }
 
-// Rank 0's parameters and buffers to every rank, which proves it holds the same bytes.
+// Rank 0's initial parameters and buffers to every rank, which proves it holds the same bytes.
 void broadcast_state(dist::ProcessContext& ctx, nn::Model<float>& model) {
   dist::Communicator& comm = ctx.world();
   if (comm.size() > 1)
@@ -206,9 +205,9 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
                                                                                  o.weight_decay,
                                                                                  o.decay_bias_and_norm});
   std::string path;
-  const std::optional<ckpt::Checkpoint> resume = find_resume(o, ctx, &path);
-  if (resume) resume_from(ctx, o, *resume, path, p);
-  else if (ctx.rank() == 0) p.model->init(static_cast<uint64_t>(o.seed));  // rank 0 creates the initial variables
+  if (std::optional<ckpt::Checkpoint> resume = find_resume(o, ctx, &path))
+    return resume_from(ctx, o, std::move(*resume), path, p);
+  if (ctx.rank() == 0) p.model->init(static_cast<uint64_t>(o.seed));  // rank 0 creates the initial variables
   broadcast_state(ctx, *p.model);
 }
 

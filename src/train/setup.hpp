@@ -2,9 +2,9 @@
 //   1. every rank was started with the same options (require_same_options);
 //   2. each rank picks its device and math threads, loads the dataset and builds the model
 //      (load_data_and_model);
-//   3. the state to start from: rank 0 initialises the model, or every rank loads the
-//      checkpoint to resume from; rank 0's state is broadcast and every rank proves it holds
-//      the same bytes (resume_or_initialise).
+//   3. the state to start from: rank 0 initialises the model, broadcasts it and every rank
+//      proves it holds the same bytes; or every rank receives rank 0's checkpoint to resume from
+//      and checks that it fits (resume_or_initialise), for the engine to restore.
 // Each part is collective: an error on one rank (a file missing on one host) is every rank's
 // (dist::collectively). A stop asked for on any rank meanwhile ends the run at the end of the
 // part it came in (stopped_in_setup).
@@ -34,6 +34,7 @@ struct Prepared {
   // --sync-batch-norm's own communicator (the model's layers call it).
   std::unique_ptr<dist::Communicator> stats_comm;
   std::unique_ptr<optim::Sgd<float>> sgd;
+  std::optional<ckpt::Checkpoint> resume;  // the state to restore, the same bytes on every rank
   bool resumed = false;
   RunPosition start;  // global_batch: this run's, the checkpoint's when resumed
 };
@@ -44,7 +45,8 @@ void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o);
 
 Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o);
 
-// Initialised (rank 0) or resumed (every rank, from the same bytes), then broadcast and checked.
+// The optimizer, and the state to start from: initialised by rank 0 and broadcast, or the
+// checkpoint to resume from, checked.
 void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p);
 
 // Set-up ends each of its parts here (`phase` counts them for the test hook

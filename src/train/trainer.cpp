@@ -4,10 +4,12 @@
 // policies live in boundary.hpp), the end of an epoch (end_epoch), and one of two ends: a stop
 // on request (stop) or the finish (finish, report).
 //
-// Order rules: the engine is built after the state it starts from is final on every rank
-// (initialised or resumed, and broadcast); the checkpoint store is opened after the engine and
-// before the first step, so that a stop during set-up can check the directory; the watchdog
-// starts with the first step's wait for the peers.
+// Order rules: the engine is built once the initial state is final on every rank (initialised and
+// broadcast), and takes the model and optimizer over: from then on the run's state is the
+// engine's alone (a resumed run's checkpoint is restored into it; checkpoints and the final
+// checksums are its snapshots). The checkpoint store is opened after the engine and before the
+// first step, so that a stop during set-up can check the directory; the watchdog starts with the
+// first step's wait for the peers.
 #include "train/trainer.hpp"
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "core/log.hpp"
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
+#include "dist/agree.hpp"
 #include "optim/schedule.hpp"
 #include "train/boundary.hpp"
 #include "train/engine.hpp"
@@ -117,8 +120,9 @@ class TrainingRun {
   EvalResult evaluate_now();
   TrainResult stop();
   TrainResult finish();
+  RunPosition final_position() const { return {tally_.step, o_.epochs, 0, plan_.global_batch, tally_.samples_seen}; }
   TrainResult report();
-  void write_done_line(const TrainResult& r, double param_norm, double wait_per_step, double run_steps);
+  void write_done_line(const TrainResult& r, const ckpt::Checkpoint& state, double wait_per_step, double run_steps);
 
   const TrainOptions& o_;
   dist::ProcessContext& ctx_;
@@ -129,6 +133,8 @@ class TrainingRun {
   Prepared p_;
   Plan plan_;
   std::optional<MetricsWriter> metrics_, timeline_;  // rank 0's; the others' write nothing
+  ModelIdentity model_id_;         // of the model the engine took over
+  double train_flops_per_sample_ = 0;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Checkpointer> checkpoints_;
   std::optional<Heartbeat> heartbeat_;
@@ -172,7 +178,7 @@ std::optional<int> TrainingRun::set_up() {
   start_engine();
   std::unique_ptr<ckpt::CheckpointStore> store = open_store(ctx_, o_);
   if (store) store->supersede_after(p_.resumed ? p_.start.step : -1);  // none newer when it continues the newest
-  checkpoints_ = std::make_unique<Checkpointer>(ctx_, o_, std::move(store), *engine_, *p_.model, *p_.sgd);
+  checkpoints_ = std::make_unique<Checkpointer>(ctx_, o_, std::move(store), *engine_, model_id_);
   heartbeat_.emplace(checkpoints_->store());
   return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true);
 }
@@ -181,8 +187,8 @@ std::optional<int> TrainingRun::set_up() {
 void TrainingRun::plan() {
   const int64_t global_batch = plan_.global_batch = p_.start.global_batch;
   plan_.sampler = std::make_unique<data::ShardedSampler>(p_.ds.train.count, global_batch,
-                                                         static_cast<uint64_t>(o_.seed), ctx_.rank(), world_,
-                                                         o_.drop_last);
+                                                         static_cast<uint64_t>(o_.seed),
+                                                         shard_of(ctx_.rank(), world_), world_, o_.drop_last);
   const int64_t spe = plan_.steps_per_epoch = plan_.sampler->steps_per_epoch();
   const int64_t planned = o_.epochs * spe;
   plan_.total_steps = o_.max_steps > 0 ? std::min(o_.max_steps, planned) : planned;
@@ -198,13 +204,18 @@ void TrainingRun::plan() {
   else timeline_.emplace(o_.timeline_file, "--timeline-file");
 }
 
-// The engine takes the state as it now is (initialised or resumed, and broadcast).
+// The engine takes the model and optimizer over, as initialised and broadcast, and restores a
+// resumed run's checkpoint (the same bytes on every rank).
 void TrainingRun::start_engine() {
-  engine_ = p_.gpu ? make_gpu_engine(*p_.model, *p_.sgd, ctx_, o_)
-                   : make_cpu_engine(*p_.model, *p_.sgd, comm_, o_, p_.threads);
-  if (p_.start.scaler) engine_->restore_loss_scaler(*p_.start.scaler);
+  model_id_ = ModelIdentity::of(*p_.model);
+  train_flops_per_sample_ = p_.model->train_flops_per_sample();
+  const std::string summary = p_.model->summary();
+  engine_ = p_.gpu ? make_gpu_engine(std::move(p_.model), std::move(p_.sgd), ctx_, o_)
+                   : make_cpu_engine(std::move(p_.model), std::move(p_.sgd), comm_, o_, p_.threads);
+  if (p_.resume) dist::collectively(ctx_, [&] { engine_->restore(*p_.resume); });
+  p_.resume.reset();
   const data::Dataset& train = p_.ds.train;
-  log::info("hpctrain ", HPCTRAIN_VERSION, ": ", p_.model->summary());
+  log::info("hpctrain ", HPCTRAIN_VERSION, ": ", summary);
   const std::string source =
       o_.dataset == data::DatasetKind::Synthetic
           ? detail::concat("synthetic ", train.height, "x", train.width, " images made from a fixed seed")
@@ -301,7 +312,7 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
                 100 * eval_.accuracy, ips, format_duration(epoch_seconds).c_str());
   progress_->line(buf);
   if (o_.checkpoint_each_epoch)
-    checkpoints_->save({tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen, {}});
+    checkpoints_->save({tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen});
   metrics_->write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
                    {"step", tally_.step},
@@ -344,8 +355,8 @@ TrainResult TrainingRun::finish() {
     eval_ = evaluate_now();
   }
   // Checked by save(), or here without a checkpoint directory.
-  if (o_.checkpoint_dir.empty()) require_finite_state(comm_, *engine_, *p_.model, *p_.sgd, o_, step, true);
-  checkpoints_->save({step, o_.epochs, 0, plan_.global_batch, tally_.samples_seen, {}});
+  if (o_.checkpoint_dir.empty()) require_finite_state(comm_, *engine_, o_, step, true);
+  checkpoints_->save(final_position());
   checkpoints_->wait_for_writes(detail::concat("finished after step ", step));
   if (StopSignals::requested())  // on this rank: too late to stop before the end, which is as good
     log::warn("a stop was asked for (", signal_name(StopSignals::signal_number()),
@@ -357,23 +368,23 @@ TrainResult TrainingRun::finish() {
   return report();
 }
 
-// The result, the done line and the last log lines.
+// The result (its checksums from a snapshot of the final state, where the final checkpoint
+// stands), the done line and the last log lines.
 TrainResult TrainingRun::report() {
-  engine_->sync_to_host();
-  const Tensor& values = p_.model->params().values();
+  ckpt::Checkpoint state;
+  record_run(state, o_, model_id_, world_, final_position());
+  engine_->snapshot(state);
   TrainResult result;
   result.steps = tally_.step;
   result.test_accuracy = eval_.accuracy;
   result.test_loss = eval_.loss;
   result.train_seconds = tally_.train_seconds;
   result.images_per_second = tally_.run_samples / std::max(tally_.train_seconds, 1e-9);
-  result.param_checksum = fnv1a_hex(values.raw(), values.bytes());
-  double norm2 = 0;
-  for (int64_t i = 0; i < values.numel(); ++i)
-    norm2 += static_cast<double>(values.data<float>()[i]) * values.data<float>()[i];
+  result.param_checksum = param_checksum(state);
+  result.state_checksum = state_checksum(state);
   const double run_steps = static_cast<double>(std::max<int64_t>(tally_.step - p_.start.step, 1));  // this run's
   const double wait_per_step = tally_.comm_wait_seconds / run_steps;
-  write_done_line(result, std::sqrt(norm2), wait_per_step, run_steps);
+  write_done_line(result, state, wait_per_step, run_steps);
   char buf[240];
   std::snprintf(buf, sizeof buf, "done: %lld steps, test accuracy %.2f%%, %.0f img/s, param checksum %s",
                 static_cast<long long>(result.steps), 100 * eval_.accuracy, result.images_per_second,
@@ -385,15 +396,23 @@ TrainResult TrainingRun::report() {
   return result;
 }
 
-void TrainingRun::write_done_line(const TrainResult& r, double param_norm, double wait_per_step, double run_steps) {
-  const std::optional<optim::LossScalerState> scaler = engine_->loss_scaler();
+double norm(const std::vector<float>& v) {
+  double norm2 = 0;
+  for (float x : v) norm2 += static_cast<double>(x) * x;
+  return std::sqrt(norm2);
+}
+
+void TrainingRun::write_done_line(const TrainResult& r, const ckpt::Checkpoint& state, double wait_per_step,
+                                  double run_steps) {
+  const std::optional<optim::LossScalerState> scaler = loss_scaler_of(state);
   metrics_->write({{"event", std::string("done")},
                    {"steps", r.steps},
                    {"test_accuracy", eval_.accuracy},
                    {"param_checksum", r.param_checksum},
-                   {"param_norm", param_norm},
+                   {"state_checksum", r.state_checksum},
+                   {"param_norm", norm(state.params)},
                    {"images_per_second", r.images_per_second},
-                   {"train_flops_per_sample", p_.model->train_flops_per_sample()},
+                   {"train_flops_per_sample", train_flops_per_sample_},
                    {"train_seconds", tally_.train_seconds},
                    {"world_size", world_},
                    {"device", std::string(p_.gpu ? "cuda" : "cpu")},

@@ -22,7 +22,7 @@ struct TrainResult {
   int64_t steps = 0;
   double test_accuracy = 0, test_loss = 0;
   double train_seconds = 0, images_per_second = 0;
-  std::string param_checksum;
+  std::string param_checksum, state_checksum;  // of the final state (train/checkpointing.hpp)
   int exit_code = 0;  // kExitCheckpointed (75) when stopped by a signal after a checkpoint
 };
 

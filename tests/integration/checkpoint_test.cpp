@@ -14,6 +14,14 @@
 namespace hpc::itest {
 namespace {
 
+// A run's done line `got` ends exactly where `want` does: the same parameters and the same whole
+// state (momentum, batch-norm statistics, position).
+void expect_same_end(const JsonObject& got, const JsonObject& want) {
+  ASSERT_TRUE(got.count("state_checksum") && want.count("state_checksum"));
+  EXPECT_EQ(got.at("param_checksum").str, want.at("param_checksum").str);
+  EXPECT_EQ(got.at("state_checksum").str, want.at("state_checksum").str);
+}
+
 class Checkpoints : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -37,15 +45,15 @@ class Checkpoints : public ::testing::Test {
     if (!ckpt_dir.empty()) a.insert(a.end(), {"--checkpoint-dir", ckpt_dir, "--checkpoint-every-steps", "5"});
     return a;
   }
-  // The final parameters' checksum of job() never interrupted (the same in every test: worked
-  // out once per binary).
-  std::string uninterrupted(int ranks) {
-    static std::map<int, std::string> known;
+  // The done line of job() never interrupted (the same in every test: worked out once per
+  // binary).
+  JsonObject uninterrupted(int ranks) {
+    static std::map<int, JsonObject> known;
     if (known.count(ranks)) return known[ranks];
     const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
     const RunResult r = run_mpi(ranks, job("", m));
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    return known[ranks] = done_of(m)["param_checksum"].str;
+    return known[ranks] = done_of(m);
   }
 
   // job() continued from the checkpoints in `ck`: it must resume at step `from` and end exactly
@@ -56,7 +64,7 @@ class Checkpoints : public ::testing::Test {
     const RunResult r = run_mpi(ranks, job(ck, m));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(from));
-    EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(ranks));
+    expect_same_end(done_of(m), uninterrupted(ranks));
   }
 
   // job() started in the background with `ck` (checkpoints every 5 steps) and extra options.
@@ -74,7 +82,7 @@ class Checkpoints : public ::testing::Test {
 TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
   for (const auto& [ranks, victim] : {std::pair{1, "7@0"}, std::pair{2, "7@1"}}) {
     SCOPED_TRACE(::testing::Message() << ranks << " rank(s), kill " << victim);
-    const std::string want = uninterrupted(ranks);
+    const JsonObject want = uninterrupted(ranks);
     const std::string ck = dir_.file("kill" + std::to_string(ranks));
     setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", victim, 1);
     const RunResult killed = run_mpi(ranks, job(ck, dir_.file("killed.jsonl")));
@@ -86,7 +94,7 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
     const JsonObject d = done_of(m);
     EXPECT_EQ(d.at("resumed_from_step").number, 5);
     EXPECT_EQ(d.at("steps").number, 40);
-    EXPECT_EQ(d.at("param_checksum").str, want);
+    expect_same_end(d, want);
   }
 }
 
@@ -94,7 +102,7 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
 // checkpoints there, all exit with 75 ("checkpointed, requeue me"); the resumed job ends
 // bit-exactly where an uninterrupted one does.
 TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
-  const std::string want = uninterrupted(2);
+  const JsonObject want = uninterrupted(2);
   for (const char* how : {"13@1", "17@0:usr1"}) {
     SCOPED_TRACE(how);
     const std::string ck = dir_.file(std::string("sig") + how[0] + how[1]);
@@ -111,7 +119,7 @@ TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
     const RunResult resumed = run_mpi(2, job(ck, m));
     ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
     EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(at));
-    EXPECT_EQ(done_of(m).at("param_checksum").str, want);
+    expect_same_end(done_of(m), want);
   }
 }
 
@@ -119,7 +127,7 @@ TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
 // later segments are): nothing is left to train, so each run only evaluates the checkpoint's
 // model, and reports its real accuracy and parameters.
 TEST_F(Checkpoints, ResumingAtTheLastStepOnlyEvaluates) {
-  const std::string want = uninterrupted(2);
+  const JsonObject want = uninterrupted(2);
   const std::string ck = dir_.file("end");
   setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "40@1", 1);
   const RunResult stopped = run_mpi(2, job(ck, dir_.file("end1.jsonl")));
@@ -134,7 +142,7 @@ TEST_F(Checkpoints, ResumingAtTheLastStepOnlyEvaluates) {
     const JsonObject d = done_of(m);
     EXPECT_EQ(d.at("steps").number, 40);
     EXPECT_EQ(d.at("resumed_from_step").number, 40);
-    EXPECT_EQ(d.at("param_checksum").str, want);
+    expect_same_end(d, want);
     EXPECT_GT(d.at("test_accuracy").number, 0.3);  // evaluated, not a zero left unset
     if (accuracy >= 0) {
       EXPECT_EQ(d.at("test_accuracy").number, accuracy);
@@ -202,6 +210,101 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
   }
 }
 
+// Stopped in the middle of an epoch, right before its short last batch or at its end (the next
+// step opens the next epoch), a run with augmentation (CIFAR-10's random crops and flips, drawn
+// from the seed, epoch and sample) and --keep-last-batch resumes to the very state of a run never
+// stopped: parameters, momentum, batch-norm statistics and position; on one rank and on two.
+TEST_F(Checkpoints, ResumeWithAugmentationAndTheShortLastBatchEndsInTheSameState) {
+  TempDir cifar("cifar");
+  write_cifar10(cifar.str(), 400);
+  // 300 samples in global batches of 64: four whole steps and a short fifth (44) per epoch.
+  auto args = [&](const std::string& ck, const std::string& m) {
+    std::vector<std::string> a{"--dataset", "cifar10", "--data-dir", cifar.str(), "--model", "mlp", "--train-samples",
+                               "300", "--test-samples", "100", "--global-batch-size", "64", "--keep-last-batch",
+                               "--epochs", "2", "--threads", "1", "--quiet", "--metrics-file", m};
+    if (!ck.empty()) a.insert(a.end(), {"--checkpoint-dir", ck});
+    return a;
+  };
+  for (const auto& [ranks, stops] : {std::pair<int, std::vector<std::string>>{1, {"3", "4", "5"}}, {2, {"5@1"}}}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " rank(s)");
+    const std::string full = dir_.file("aug_full" + std::to_string(ranks) + ".jsonl");
+    const RunResult f = run_mpi(ranks, args("", full));
+    ASSERT_EQ(f.exit_code, 0) << f.err;
+    const JsonObject want = done_of(full);
+    EXPECT_EQ(want.at("steps").number, 10);
+    for (const std::string& at : stops) {
+      SCOPED_TRACE("stopped after step " + at);
+      const std::string ck = dir_.file("aug" + std::to_string(ranks) + "_" + at.substr(0, 1));
+      setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", at.c_str(), 1);
+      const RunResult stopped = run_mpi(ranks, args(ck, dir_.file("aug_stopped.jsonl")));
+      unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+      ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+      const std::string m = dir_.file("aug_resumed.jsonl");
+      fs::remove(m);
+      const RunResult resumed = run_mpi(ranks, args(ck, m));
+      ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+      EXPECT_EQ(done_of(m).at("resumed_from_step").number, std::stod(at));
+      expect_same_end(done_of(m), want);
+    }
+  }
+}
+
+// With --sync-batch-norm the world size does not change what a step computes (up to float
+// rounding: mpi_test.cpp), so a run stopped and resumed on more ranks (1 to 2, 2 to 4) or fewer
+// (4 to 2, 2 to 1) agrees with runs never stopped, on either world size, within the tolerances of
+// mpi_test's SyncBatchNormMatchesOneRank (the same job): the final parameters' norm within 1e-6
+// relative, the test loss within 1e-5. The control: a run one step shorter is outside them, so a
+// resume that lost or repeated a step would be too.
+TEST_F(Checkpoints, ResumeOnMoreOrFewerRanksWithSyncBatchNormAgreesWithAnUninterruptedRun) {
+  auto args = [&](const std::string& ck, const std::string& m, const char* steps = "50") {
+    std::vector<std::string> a{"--model", "mlp", "--sync-batch-norm", "--train-samples", "6400", "--test-samples",
+                               "1000", "--epochs", "1", "--global-batch-size", "64", "--max-steps", steps,
+                               "--lr-schedule", "constant", "--lr", "0.01", "--threads", "1", "--quiet",
+                               "--data-dir", fashion_mnist_dir(), "--metrics-file", m};
+    if (!ck.empty()) a.insert(a.end(), {"--checkpoint-dir", ck});
+    return a;
+  };
+  // The epoch line (the run ends inside its one epoch, which still reports) and the done line.
+  auto result = [](const std::string& m) {
+    const std::vector<JsonObject> lines = read_json_lines(m);
+    EXPECT_EQ(lines.size(), 2u) << m;
+    return std::pair{lines.front().at("test_loss").number, done_line(lines).at("param_norm").number};
+  };
+  auto expect_close = [](std::pair<double, double> got, std::pair<double, double> want) {
+    EXPECT_NEAR(got.first / want.first, 1.0, 1e-5) << "test loss";
+    EXPECT_NEAR(got.second / want.second, 1.0, 1e-6) << "parameters' norm";
+  };
+  std::map<int, std::pair<double, double>> uninterrupted;
+  for (int ranks : {1, 2, 4}) {
+    const std::string m = dir_.file("sync_full" + std::to_string(ranks) + ".jsonl");
+    ASSERT_EQ(run_mpi(ranks, args("", m)).exit_code, 0);
+    uninterrupted[ranks] = result(m);
+  }
+  const std::string shorter = dir_.file("sync_49.jsonl");
+  ASSERT_EQ(run_mpi(1, args("", shorter, "49")).exit_code, 0);
+  EXPECT_GT(std::fabs(result(shorter).first / uninterrupted[1].first - 1), 1e-5) << "the control's test loss";
+  EXPECT_GT(std::fabs(result(shorter).second / uninterrupted[1].second - 1), 1e-6) << "the control's norm";
+  for (const auto& [before, after] : {std::pair{1, 2}, std::pair{2, 4}, std::pair{4, 2}, std::pair{2, 1}}) {
+    SCOPED_TRACE(::testing::Message() << before << " -> " << after << " ranks");
+    const std::string ck = dir_.file("sync" + std::to_string(before) + std::to_string(after));
+    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "20", 1);
+    const RunResult stopped = run_mpi(before, args(ck, dir_.file("sync_stopped.jsonl")));
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+    const std::string m = dir_.file("sync_resumed" + std::to_string(before) + std::to_string(after) + ".jsonl");
+    const RunResult r = run_mpi(after, args(ck, m));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonObject got = done_of(m);
+    EXPECT_EQ(got.at("resumed_from_step").number, 20);
+    EXPECT_EQ(got.at("steps").number, 50);
+    EXPECT_EQ(got.at("world_size").number, after);
+    for (int ranks : {before, after}) {
+      SCOPED_TRACE(::testing::Message() << "against " << ranks << " rank(s) never stopped");
+      expect_close(result(m), uninterrupted[ranks]);
+    }
+  }
+}
+
 // A writer killed between writing its temporary file and renaming it leaves the earlier
 // checkpoints as they were; truncated and bit-flipped newest files are skipped with a warning.
 TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
@@ -236,7 +339,7 @@ TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
   EXPECT_NE(r.err.find("ckpt-000000015.hpck is truncated"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("using the previous valid one"), std::string::npos) << r.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
-  EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(1));
+  expect_same_end(done_of(m), uninterrupted(1));
   EXPECT_EQ(leftovers(), 0) << "the next run removes it";
 }
 
@@ -531,7 +634,7 @@ TEST_F(Checkpoints, SignalsDuringTheFinalCheckpoint) {
       EXPECT_EQ(r.exit_code, 0) << r.err;
       EXPECT_EQ(r.err, "hpctrain: warning: a stop was asked for (SIGTERM) as the run was finishing; it finished "
                        "instead\n");
-      EXPECT_EQ(done_of(m).at("param_checksum").str, uninterrupted(1));
+      expect_same_end(done_of(m), uninterrupted(1));
       EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000020.hpck", "ckpt-000000040.hpck", "heartbeat"}));
     } else {
       EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
@@ -542,7 +645,7 @@ TEST_F(Checkpoints, SignalsDuringTheFinalCheckpoint) {
       const RunResult resumed = run_hpctrain(args);
       ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
       EXPECT_EQ(done_of(dir_.file("final_resumed.jsonl")).at("resumed_from_step").number, 20);
-      EXPECT_EQ(done_of(dir_.file("final_resumed.jsonl")).at("param_checksum").str, uninterrupted(1));
+      expect_same_end(done_of(dir_.file("final_resumed.jsonl")), uninterrupted(1));
     }
   }
 }

@@ -349,6 +349,29 @@ inline void write_small_fashion_mnist(const std::string& dir) {
   write_bytes(dir + "/t10k-labels-idx1-ubyte", idx_labels(16));
 }
 
+// CIFAR-10 in `dir` as published: five training batches and a test batch of 10000 records
+// (a label byte, then 32x32 red, green and blue planes) each. The first `patterned` records of
+// each file hold a pattern of the file, the record and the pixel (so random crops and flips
+// change what a model sees, and no two files are alike); the rest are sparse zeros.
+inline void write_cifar10(const std::string& dir, uint32_t patterned) {
+  constexpr uintmax_t kRecord = 3073, kRecords = 10000;
+  const std::vector<std::string> names{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                       "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"};
+  for (uint32_t f = 0; f < names.size(); ++f) {
+    Bytes b;
+    b.reserve(patterned * kRecord);
+    for (uint32_t r = 0; r < patterned; ++r) {
+      const uint32_t label = (r * 7 + f) % 10;
+      b.push_back(static_cast<uint8_t>(label));
+      for (uint32_t p = 0; p < 3072; ++p)
+        b.push_back(static_cast<uint8_t>((p * 13 + r * 31 + f * 57 + (p / 96) * label * 5) * 7));
+    }
+    const std::string path = dir + "/" + names[f];
+    write_bytes(path, b);
+    fs::resize_file(path, kRecord * kRecords);
+  }
+}
+
 // ---- Nothing changed -------------------------------------------------------------------------
 
 // One path as a refused run must leave it: type and permissions, size, modification time and

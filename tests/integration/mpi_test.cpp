@@ -41,14 +41,15 @@ class MpiTraining : public ::testing::Test {
 
   // Runs args on 1 rank, then on 2 and 4, and expects the same training within tolerances:
   // relative on the final parameters' norm and the first epoch's test loss, absolute on its
-  // training loss.
-  void expect_same_on_more_ranks(const std::vector<std::string>& args, double norm_tol, double loss_tol) {
+  // training loss. Returns the 1-rank run's lines.
+  std::vector<JsonObject> expect_same_on_more_ranks(const std::vector<std::string>& args, double norm_tol,
+                                                    double loss_tol) {
     const auto one = train(1, args);
-    ASSERT_FALSE(one.empty());
+    if (one.empty()) return one;
     for (int ranks : {2, 4}) {
       SCOPED_TRACE(::testing::Message() << ranks << " ranks");
       const auto many = train(ranks, args);
-      ASSERT_FALSE(many.empty());
+      if (many.empty()) continue;
       EXPECT_EQ(number(done_line(many), "steps"), number(done_line(one), "steps"));
       EXPECT_EQ(number(done_line(many), "world_size"), ranks);
       EXPECT_EQ(number(done_line(many), "global_batch_size"), number(done_line(one), "global_batch_size"));
@@ -56,6 +57,7 @@ class MpiTraining : public ::testing::Test {
       EXPECT_NEAR(number(many.front(), "test_loss") / number(one.front(), "test_loss"), 1.0, loss_tol);
       EXPECT_NEAR(number(one.front(), "train_loss"), number(many.front(), "train_loss"), loss_tol);
     }
+    return one;
   }
 
   TempDir dir_{"mpi"};
@@ -77,12 +79,22 @@ std::vector<std::string> operator+(std::vector<std::string> a, const std::vector
 // training carries that on. After 50 steps at a gentle learning rate the runs agree to about
 // 1e-6 relative in the parameters' norm and 1e-4 in the test loss (2e-4 measured in a
 // build for generic x86-64, -DHPCTRAIN_NATIVE=OFF, whose other instructions round elsewhere;
-// hence 5e-4); a wrong shard, a missing average or a stale bucket would be off by far more.
+// hence 5e-4); a wrong shard, a missing average or a stale bucket would be off by far more. The
+// control: rank 1 of 4 reading rank 2's part of every global batch instead of its own
+// (HPCTRAIN_TEST_WRONG_SHARD) ends outside both tolerances.
 TEST_F(MpiTraining, TwoAndFourRanksMatchOneRankWithoutBatchNorm) {
-  expect_same_on_more_ranks(kSmall + std::vector<std::string>{"--no-batch-norm", "--global-batch-size", "64",
-                                                              "--max-steps", "50", "--lr-schedule", "constant", "--lr",
-                                                              "0.01", "--bucket-mb", "0.5"},
-                            1e-5, 5e-4);
+  const auto args = kSmall + std::vector<std::string>{"--no-batch-norm", "--global-batch-size", "64", "--max-steps",
+                                                      "50", "--lr-schedule", "constant", "--lr", "0.01",
+                                                      "--bucket-mb", "0.5"};
+  const auto one = expect_same_on_more_ranks(args, 1e-5, 5e-4);
+  ASSERT_FALSE(one.empty());
+  setenv("HPCTRAIN_TEST_WRONG_SHARD", "1", 1);
+  const auto wrong = train(4, args);
+  unsetenv("HPCTRAIN_TEST_WRONG_SHARD");
+  ASSERT_FALSE(wrong.empty());
+  EXPECT_GT(std::fabs(number(done_line(wrong), "param_norm") / number(done_line(one), "param_norm") - 1), 1e-5);
+  EXPECT_GT(std::fabs(number(wrong.front(), "test_loss") / number(one.front(), "test_loss") - 1), 5e-4);
+  EXPECT_GT(std::fabs(number(wrong.front(), "train_loss") - number(one.front(), "train_loss")), 5e-4);
 }
 
 // With --sync-batch-norm the statistics come from the whole global batch on every rank, so
@@ -93,8 +105,7 @@ TEST_F(MpiTraining, TwoAndFourRanksMatchOneRankWithoutBatchNorm) {
 TEST_F(MpiTraining, SyncBatchNormMatchesOneRank) {
   const auto common = kSmall + std::vector<std::string>{"--model", "mlp", "--global-batch-size", "64", "--max-steps",
                                                         "50", "--lr-schedule", "constant", "--lr", "0.01"};
-  expect_same_on_more_ranks(common + std::vector<std::string>{"--sync-batch-norm"}, 1e-6, 1e-5);
-  const auto one = train(1, common + std::vector<std::string>{"--sync-batch-norm"});
+  const auto one = expect_same_on_more_ranks(common + std::vector<std::string>{"--sync-batch-norm"}, 1e-6, 1e-5);
   ASSERT_FALSE(one.empty());
   // Without it, each rank normalises by its own 32 samples: measurably another result.
   const auto per_rank = train(2, common);

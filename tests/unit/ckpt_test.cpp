@@ -77,8 +77,8 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 namespace hpc::testing {
 namespace {
 
-// An fp16 run's dynamic loss scale goes into its checkpoints and comes back as the resumed
-// run's position; the other precisions' checkpoints carry none. A damaged value is an error.
+// An fp16 run's dynamic loss scale goes into its checkpoints and comes back for the resumed
+// run's engine; the other precisions' checkpoints carry none. A damaged value is an error.
 TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
   nn::ModelSpec spec;
   spec.kind = nn::ModelKind::Mlp;
@@ -87,19 +87,21 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
   model.init(1);
   optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
   train::TrainOptions o;
-  train::RunPosition at{10, 1, 2, 64, 640, {}};
+  const train::RunPosition at{10, 1, 2, 64, 640};
   const ckpt::Checkpoint plain = train::make_checkpoint(o, model, sgd, 1, at);
   EXPECT_EQ(plain.meta.count("loss_scale"), 0u);
-  EXPECT_FALSE(train::check_resumable(plain, o, model).scaler.has_value());
+  EXPECT_FALSE(train::loss_scaler_of(plain).has_value());
 
-  at.scaler = optim::LossScalerState{8192.0, 37, 3};
-  ckpt::Checkpoint c = ckpt::decode(ckpt::encode(train::make_checkpoint(o, model, sgd, 1, at)), "test");
-  const train::RunPosition back = train::check_resumable(c, o, model);
-  ASSERT_TRUE(back.scaler.has_value());
-  EXPECT_EQ(back.scaler->scale, 8192.0);
-  EXPECT_EQ(back.scaler->good_steps, 37);
-  EXPECT_EQ(back.scaler->skipped, 3);
-  EXPECT_EQ(back.step, 10);
+  ckpt::Checkpoint scaled = train::make_checkpoint(o, model, sgd, 1, at);
+  train::record_loss_scaler(scaled, optim::LossScalerState{8192.0, 37, 3});
+  ckpt::Checkpoint c = ckpt::decode(ckpt::encode(scaled), "test");
+  EXPECT_EQ(train::check_resumable(c, o, model).step, 10);
+  const std::optional<optim::LossScalerState> back = train::loss_scaler_of(c);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->scale, 8192.0);
+  EXPECT_EQ(back->good_steps, 37);
+  EXPECT_EQ(back->skipped, 3);
+  EXPECT_NE(train::state_checksum(c), train::state_checksum(plain)) << "the scaler is part of the state";
 
   c.meta["loss_scale"] = "0.25";
   try {

@@ -145,7 +145,7 @@ TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
   spec.kind = nn::ModelKind::Mlp;
   nn::Model<float> model(spec);
   optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
-  const train::RunPosition at{10, 1, 2, 128, 1280, {}};
+  const train::RunPosition at{10, 1, 2, 128, 1280};
   const ckpt::Checkpoint c = train::make_checkpoint(parse({}), model, sgd, 1, at);
   for (const Listed& l : every_option()) {
     SCOPED_TRACE(l.name);
