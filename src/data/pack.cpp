@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/rng.hpp"
 #include "data/jpeg.hpp"
 #include "data/shards.hpp"
@@ -208,37 +209,28 @@ void check_classes_agree(const PackOptions& o, const std::map<std::string, std::
                 ": pack the splits of one dataset from folders with the same classes");
 }
 
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
-    else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else o += static_cast<char>(c);
-  }
-  return o + "\"";
-}
-
+// The split's manifest (shards.hpp, read_split_manifest): what was packed and each shard file.
 std::string manifest_json(const PackOptions& o, const PackResult& r, const std::vector<SplitManifest::Shard>& shards,
                           int64_t generation) {
-  std::ostringstream f;
-  f << "{\n  \"format\": \"hpcdata shards\", \"version\": 2, \"generation\": " << generation
-    << ",\n  \"split\": " << json_string(o.split) << ",\n  \"source\": " << json_string(fs::absolute(o.src).string())
-    << ",\n  \"classes\": " << r.classes.size() << ", \"images\": " << r.images << ", \"shards\": " << r.shards
-    << ", \"bytes\": " << r.bytes << ",\n  \"resize\": " << o.resize << ", \"quality\": " << (o.resize ? o.quality : 0)
-    << ", \"seed\": " << o.seed << ",\n  \"skipped\": [";
-  for (size_t i = 0; i < r.skipped.size(); ++i) f << (i ? ", " : "") << json_string(r.skipped[i]);
-  f << "],\n  \"class_names\": [";
-  for (size_t i = 0; i < r.classes.size(); ++i) f << (i ? ", " : "") << json_string(r.classes[i]);
-  f << "],\n  \"shard_files\": [";
-  for (size_t i = 0; i < shards.size(); ++i)
-    f << (i ? ",\n    " : "\n    ") << "{\"name\": " << json_string(shards[i].name)
-      << ", \"bytes\": " << shards[i].bytes << ", \"records\": " << shards[i].records
-      << ", \"index_crc32\": " << shards[i].index_crc << "}";
-  f << "\n  ]\n}\n";
-  return f.str();
+  JsonObject files = JsonObject::array();
+  for (const SplitManifest::Shard& s : shards)
+    files.push_back({{"name", s.name}, {"bytes", s.bytes}, {"records", s.records}, {"index_crc32", s.index_crc}});
+  const JsonObject m{{"format", "hpcdata shards"},
+                     {"version", 2},
+                     {"generation", generation},
+                     {"split", o.split},
+                     {"source", fs::absolute(o.src).string()},
+                     {"classes", r.classes.size()},
+                     {"images", r.images},
+                     {"shards", r.shards},
+                     {"bytes", r.bytes},
+                     {"resize", o.resize},
+                     {"quality", o.resize ? o.quality : 0},
+                     {"seed", o.seed},
+                     {"skipped", r.skipped},
+                     {"class_names", r.classes},
+                     {"shard_files", files}};
+  return json_text(m, 2) + "\n";
 }
 
 void check_stop(const PackOptions& o) {

@@ -4,9 +4,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -230,6 +230,26 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
+// What a JSON error says, without the library's "[json.exception.type_error.302] " prefix.
+std::string json_problem(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t end = what.find("] ");
+  return what.rfind("[json.exception.", 0) == 0 && end != std::string::npos ? what.substr(end + 2) : what;
+}
+
+std::string parse_problem(const nlohmann::json::parse_error& e) {
+  const std::string what = json_problem(e);
+  const size_t at = what.find(": ");  // "parse error at line 1, column 5: syntax error ..."
+  return at != std::string::npos ? what.substr(at + 2) : what;
+}
+
+// A member an object must have: "no NAME" when it has none.
+const nlohmann::json& field(const nlohmann::json& object, const char* name) {
+  if (!object.is_object() || !object.contains(name))
+    throw nlohmann::json::out_of_range::create(403, std::string("no ") + name, &object);
+  return object.at(name);
+}
+
 // The manifest's text, "" when there is none.
 std::string manifest_text(const std::string& dir, const std::string& split) {
   const std::string path = (fs::path(dir) / (split + ".json")).string();
@@ -240,32 +260,32 @@ std::string manifest_text(const std::string& dir, const std::string& split) {
 
 std::optional<SplitManifest> parse_manifest(const std::string& text, const std::string& path,
                                             const std::string& split) {
-  namespace pt = boost::property_tree;
-  pt::ptree tree;
+  nlohmann::json tree;
   try {
-    std::istringstream in(text);
-    pt::read_json(in, tree);
-  } catch (const pt::json_parser_error& e) {
-    usage_error(path, " is not a packed split's manifest (line ", e.line(), ": ", e.message(),
+    tree = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    usage_error(path, " is not a packed split's manifest (byte ", e.byte, ": ", parse_problem(e),
                 "): overwritten? pack the split again");
   }
-  HPC_REQUIRE(tree.get("format", "") == "hpcdata shards" && tree.get("split", "") == split, path,
-              " is not the manifest of the packed split '", split, "' (written by hpcdata pack)");
-  if (tree.get("version", 0) < 2) return std::nullopt;
+  const bool ours = tree.is_object() && tree.value("format", nlohmann::json()) == "hpcdata shards" &&
+                    tree.value("split", nlohmann::json()) == split;
+  HPC_REQUIRE(ours, path, " is not the manifest of the packed split '", split, "' (written by hpcdata pack)");
+  const nlohmann::json& version = tree.value("version", nlohmann::json(0));
+  if (!version.is_number_integer() || version.get<int64_t>() < 2) return std::nullopt;
   try {
     SplitManifest m;
-    for (const auto& c : tree.get_child("class_names")) m.classes.push_back(c.second.get_value<std::string>());
-    for (const auto& s : tree.get_child("shard_files"))
-      m.shards.push_back({s.second.get<std::string>("name"), s.second.get<uint64_t>("bytes"),
-                          s.second.get<int64_t>("records"), s.second.get<uint32_t>("index_crc32")});
-    m.images = tree.get<int64_t>("images");
+    for (const auto& c : field(tree, "class_names")) m.classes.push_back(c.get<std::string>());
+    for (const auto& f : field(tree, "shard_files"))
+      m.shards.push_back({field(f, "name").get<std::string>(), field(f, "bytes").get<uint64_t>(),
+                          field(f, "records").get<int64_t>(), field(f, "index_crc32").get<uint32_t>()});
+    m.images = field(tree, "images").get<int64_t>();
     for (const SplitManifest::Shard& s : m.shards)
       HPC_REQUIRE(!s.name.empty() && s.name.find('/') == std::string::npos && s.name.ends_with(".hpcs"), path,
                   " lists '", s.name, "', which is no shard file name");
     HPC_REQUIRE(!m.classes.empty(), path, " lists no classes");
     return m;
-  } catch (const pt::ptree_error& e) {
-    usage_error(path, " is not a complete packed split's manifest (", e.what(), "): pack the split again");
+  } catch (const nlohmann::json::exception& e) {
+    usage_error(path, " is not a complete packed split's manifest (", json_problem(e), "): pack the split again");
   }
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "ckpt/store.hpp"
@@ -119,24 +120,24 @@ std::string json_key(std::string name) {
 // One flat JSON object per checkpoint: the header fields (numbers where they are numbers),
 // the options it was made with as "option.NAME" strings, validity and sizes.
 std::string inspected_json(const Inspected& r) {
-  JsonFields f{{"path", r.path},
-               {"valid", std::string(r.problem.empty() ? "yes" : "no")},
+  static const std::set<std::string> integers{"step", "epoch", "step_in_epoch", "global_batch_size", "world_size",
+                                              "time"};
+  JsonObject f{{"path", r.path},
+               {"valid", r.problem.empty() ? "yes" : "no"},
                {"size_bytes", static_cast<int64_t>(r.size)},
                {"format_version", static_cast<int64_t>(r.layout.version)}};
-  if (!r.problem.empty()) f.emplace_back("error", r.problem);
+  if (!r.problem.empty()) f["error"] = r.problem;
   for (const auto& [key, value] : r.layout.meta) {
-    const bool integer = key == "step" || key == "epoch" || key == "step_in_epoch" || key == "global_batch_size" ||
-                         key == "world_size" || key == "time";
-    if (integer) f.emplace_back(key, integer_or(r.layout.meta, key));
-    else if (key == "samples_seen") f.emplace_back(key, std::atof(value.c_str()));
-    else f.emplace_back(key, value);
+    if (integers.count(key)) f[key] = integer_or(r.layout.meta, key);
+    else if (key == "samples_seen") f[key] = std::atof(value.c_str());
+    else f[key] = value;
   }
   if (r.problem.empty()) {
-    f.emplace_back("param_checksum", r.param_checksum);
-    f.emplace_back("state_checksum", r.state_checksum);
+    f["param_checksum"] = r.param_checksum;
+    f["state_checksum"] = r.state_checksum;
   }
-  for (const auto& s : r.layout.sections) f.emplace_back("bytes." + json_key(s.name), static_cast<int64_t>(s.bytes));
-  return json_line(f);
+  for (const auto& s : r.layout.sections) f["bytes." + json_key(s.name)] = static_cast<int64_t>(s.bytes);
+  return json_text(f);
 }
 
 void print_inspected(const Inspected& r) {

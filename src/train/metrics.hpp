@@ -4,20 +4,14 @@
 
 #include <cstdio>
 #include <string>
-#include <utility>
-#include <variant>
-#include <vector>
+
+#include "core/json.hpp"
 
 namespace hpc::train {
 
-using JsonValue = std::variant<int64_t, double, std::string>;
-using JsonFields = std::vector<std::pair<std::string, JsonValue>>;
-
-// A JSON string literal of `s`, quotes included.
-std::string json_string(const std::string& s);
-
-// One JSON object on one line; non-finite numbers become null (JSON has no NaN).
-std::string json_line(const JsonFields& fields);
+using hpc::json_string;
+using hpc::json_text;
+using hpc::JsonObject;
 
 // Appends JSON lines to the file of an option (--metrics-file, --timeline-file), which every
 // error names. A file that exists must be JSON Lines already: appending to anything else (a
@@ -30,8 +24,8 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  // A failed write (a full disk) is a usage error naming the option and the cause.
-  void write(const JsonFields& fields);
+  // One line. A failed write (a full disk) is a usage error naming the option and the cause.
+  void write(const JsonObject& fields);
 
  private:
   std::string path_;

@@ -412,7 +412,7 @@ void TrainingRun::write_done_line(const TrainResult& r, const ckpt::Checkpoint& 
                    {"state_checksum", r.state_checksum},
                    {"param_norm", norm(state.params)},
                    {"images_per_second", r.images_per_second},
-                   {"train_flops_per_sample", train_flops_per_sample_},
+                   {"train_flops_per_sample", static_cast<int64_t>(std::llround(train_flops_per_sample_))},
                    {"train_seconds", tally_.train_seconds},
                    {"world_size", world_},
                    {"device", std::string(p_.gpu ? "cuda" : "cpu")},

@@ -162,15 +162,23 @@ TEST(Hash, Fnv1aKnownAnswers) {
 // ---- Metrics lines ---------------------------------------------------------------------------
 
 TEST(Metrics, JsonLineTypesAndEscapes) {
-  using train::json_line;
-  EXPECT_EQ(json_line({}), "{}");
-  EXPECT_EQ(json_line({{"event", std::string("epoch")}, {"epoch", int64_t{3}}, {"loss", 0.25}}),
+  using train::json_text;
+  using train::JsonObject;
+  EXPECT_EQ(json_text(JsonObject::object()), "{}");
+  // Keys in the order given.
+  EXPECT_EQ(json_text({{"event", std::string("epoch")}, {"epoch", int64_t{3}}, {"loss", 0.25}}),
             R"({"event":"epoch","epoch":3,"loss":0.25})");
-  EXPECT_EQ(json_line({{"nan", NAN}, {"inf", -INFINITY}}), R"({"nan":null,"inf":null})");
-  EXPECT_EQ(json_line({{"s", std::string("a\"b\\c\nd\te\x01")}}), R"({"s":"a\"b\\c\nd\te\u0001"})");
-  // Enough digits to tell nearby values apart.
-  EXPECT_EQ(json_line({{"x", 0.123456789012}}), R"({"x":0.123456789})");
-  EXPECT_EQ(json_line({{"big", int64_t{1} << 40}}), R"({"big":1099511627776})");
+  EXPECT_EQ(json_text({{"nan", NAN}, {"inf", -INFINITY}}), R"({"nan":null,"inf":null})");
+  EXPECT_EQ(json_text({{"s", std::string("a\"b\\c\nd\te\x01")}}), R"({"s":"a\"b\\c\nd\te\u0001"})");
+  // As many digits as the double needs to come back the same, and no more.
+  EXPECT_EQ(json_text({{"x", 0.123456789012}}), R"({"x":0.123456789012})");
+  EXPECT_EQ(json_text({{"x", 0.1}}), R"({"x":0.1})");
+  // A double stays a double, an integer an integer, whatever the value.
+  EXPECT_EQ(json_text({{"d", 2.0}, {"i", int64_t{2}}}), R"({"d":2.0,"i":2})");
+  EXPECT_EQ(json_text({{"big", int64_t{1} << 40}}), R"({"big":1099511627776})");
+  // A path may hold any bytes: those that are not UTF-8 are replaced, not refused.
+  EXPECT_EQ(json_text({{"p", std::string("a\xff" "b")}}), "{\"p\":\"a\xEF\xBF\xBD" "b\"}");
+  EXPECT_EQ(train::json_string("x\"y"), R"("x\"y")");
 }
 
 TEST(Metrics, WriterAppendsWholeLines) {

@@ -1,0 +1,11 @@
+#include "core/json.hpp"
+
+namespace hpc {
+
+std::string json_text(const JsonObject& j, int indent) {
+  return j.dump(indent, ' ', false, JsonObject::error_handler_t::replace);
+}
+
+std::string json_string(const std::string& s) { return json_text(JsonObject(s)); }
+
+}  // namespace hpc
