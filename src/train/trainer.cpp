@@ -20,7 +20,6 @@
 #include <optional>
 #include <thread>
 
-#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
