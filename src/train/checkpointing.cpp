@@ -8,8 +8,8 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "dist/agree.hpp"
-#include "train/checksum.hpp"
 
 namespace hpc::train {
 namespace {
