@@ -44,6 +44,7 @@ packages=(
   openssh-client openssh-server                # hpcrun's launch agent; an sshd per test host
   slurm-wlm munge procps                       # slurm/local-cluster.sh and the Slurm tests
   libboost-program-options-dev                 # command line and config files
+  nlohmann-json3-dev                           # JSON, written and read (hpcrun's summary.json, ...)
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
   zlib1g-dev                                   # gzip-compressed dataset files
   libturbojpeg0-dev                            # JPEG images in packed shards (hpcdata pack)

@@ -3,7 +3,7 @@
 # builds against nor a network (the device machines lent to development sessions).
 #
 #   bench/device_deps.sh pack [DIR]   here, where apt works: downloads the packages (Open MPI,
-#       Boost.Program_options, oneDNN, OpenBLAS, GoogleTest, zlib and their libraries), unpacks
+#       Boost.Program_options, oneDNN, OpenBLAS, GoogleTest, zlib, nlohmann-json and their libraries), unpacks
 #       them, drops what no build reads, and leaves DIR/deps.tar.xz (about 29 MB), the
 #       Fashion-MNIST .gz files (DIR/fashion-mnist) and the GPU peer script (DIR/torch_peer_gpu.py).
 #       DIR defaults to .device, which this adds to .git/info/exclude; carry it to the machine.
@@ -22,7 +22,7 @@ packages=(
   libnl-route-3-200 libmunge2 libxnvctrl0
   libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
   libdnnl-dev libdnnl2 libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread
-  libgtest-dev zlib1g-dev zlib1g
+  libgtest-dev zlib1g-dev zlib1g nlohmann-json3-dev
 )
 
 pack() {

@@ -7,6 +7,7 @@
 #include "core/caching_allocator.hpp"
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 
 namespace hpc {
@@ -85,8 +86,7 @@ uint64_t gpu_identity(int local_rank) {
     cudaGetLastError();
     return 0;
   }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a of the UUID's 16 bytes
-  for (const char c : p.uuid.bytes) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  const uint64_t h = fnv1a(p.uuid.bytes, sizeof p.uuid.bytes);
   return h == 0 ? 1 : h;
 }
 

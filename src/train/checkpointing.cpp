@@ -8,9 +8,9 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/agree.hpp"
-#include "train/checksum.hpp"
 
 namespace hpc::train {
 namespace {

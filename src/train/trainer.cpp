@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "core/device.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "ckpt/store.hpp"
 #include "data/loader.hpp"
@@ -21,7 +22,6 @@
 #include "optim/schedule.hpp"
 #include "optim/sgd.hpp"
 #include "train/checkpointing.hpp"
-#include "train/checksum.hpp"
 #include "train/engine.hpp"
 #include "train/signals.hpp"
 #include "train/metrics.hpp"
@@ -109,7 +109,7 @@ std::string joined(const std::vector<std::pair<std::string, std::string>>& v) {
   return s;
 }
 
-uint64_t hash_bytes(const void* p, size_t n) { return std::stoull(fnv1a_hex(p, n), nullptr, 16); }
+uint64_t hash_bytes(const void* p, size_t n) { return fnv1a(p, n); }
 
 // A per-rank config file or a different command line on one host is caught before any work,
 // naming the first option that differs.

@@ -20,5 +20,10 @@ expect_out inside "hpcrun: attempt 2: 1 rank(s) on n1:1"
 expect_out inside "hpcrun: attempt 2 succeeded"
 [[ "$(done_field inside steps)" == 500 ]] || fail "$(done_field inside steps) steps, not 500"
 [[ "$(done_field inside world_size)" == 1 ]] || fail "finished on $(done_field inside world_size) ranks, not 1"
-grep -q '"recovery_seconds"' "$WORK/inside/hpcrun/summary.json" || fail "no summary.json with the recovery time"
+# Attempt 1 failed, and the time from its failure to attempt 2's first step is recorded.
+python3 - "$WORK/inside/hpcrun/summary.json" << 'PY' || fail "no summary.json with the recovery time of attempt 1"
+import json, sys
+a = json.load(open(sys.argv[1]))["attempts"]
+sys.exit(not (a[0]["result"] == "failure" and a[0]["recovery_seconds"] >= 0 and a[1]["result"] == "success"))
+PY
 say "PASS"

@@ -17,8 +17,8 @@
 #include "core/caching_allocator.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/tensor.hpp"
-#include "train/checksum.hpp"
 #include "train/metrics.hpp"
 
 namespace hpc {
@@ -145,17 +145,18 @@ TEST(Errors, KindsAndExitCodes) {
   EXPECT_NO_THROW(HPC_CHECK(true));
 }
 
-// ---- Checksum --------------------------------------------------------------------------------
+// ---- Hash ------------------------------------------------------------------------------------
 
-TEST(Checksum, Fnv1aKnownAnswers) {
-  EXPECT_EQ(train::fnv1a_hex("", 0), "cbf29ce484222325");
-  EXPECT_EQ(train::fnv1a_hex("a", 1), "af63dc4c8601ec8c");
-  EXPECT_EQ(train::fnv1a_hex("foobar", 6), "85944171f73967e8");
+TEST(Hash, Fnv1aKnownAnswers) {
+  EXPECT_EQ(fnv1a_hex("", 0), "cbf29ce484222325");
+  EXPECT_EQ(fnv1a_hex("a", 1), "af63dc4c8601ec8c");
+  EXPECT_EQ(fnv1a_hex("foobar", 6), "85944171f73967e8");
+  EXPECT_EQ(fnv1a("foobar", 6), 0x85944171f73967e8ull);
   // Any changed bit changes it.
   float v[4] = {1, 2, 3, 4};
-  const std::string before = train::fnv1a_hex(v, sizeof v);
+  const std::string before = fnv1a_hex(v, sizeof v);
   v[2] = std::nextafter(v[2], 10.0f);
-  EXPECT_NE(train::fnv1a_hex(v, sizeof v), before);
+  EXPECT_NE(fnv1a_hex(v, sizeof v), before);
 }
 
 // ---- Metrics lines ---------------------------------------------------------------------------
