@@ -329,6 +329,13 @@ void Supervisor::check_mpirun_accepts(const HostList& placement) {
               mpirun_complaint(r.output));
 }
 
+std::string Supervisor::slurm_preemption() const {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (!job || !*job) return "";
+  const CommandResult r = run_command({"scontrol", "show", "job", "-o", job}, o_.probe_timeout, /*merge_stderr=*/false);
+  return r.ok() ? slurm_preempt_time(r.output) : "";
+}
+
 // --------------------------------------------------------------------------------- the loop
 
 int Supervisor::run() {
@@ -362,6 +369,13 @@ int Supervisor::run() {
         break;
       case Verdict::Failure: {
         if (interrupted_) return finish(kExitKilled, "killed on request");
+        // Preemption signals every step of the job, mpirun's daemons too, which end the ranks:
+        // it looks like lost hosts, but relaunching inside an allocation Slurm is taking back
+        // only races its grace time. 75: the batch script requeues the job, which resumes.
+        if (const std::string when = slurm_preemption(); !when.empty())
+          return finish(kExitStopped, "Slurm chose this job for preemption at " + when +
+                                          " and ended its steps: not a host failure, nothing relaunched; the "
+                                          "batch script requeues it (exit 75), and it resumes from the last checkpoint");
         ++failures_;
         for (const std::string& h : rec.failed_hosts) {
           const double cooldown = blacklist_.fail(h, now());

@@ -98,6 +98,8 @@ class Supervisor {
 
   // Before the first launch: mpirun's own usage errors, found by a run that starts nothing.
   void check_mpirun_accepts(const HostList& placement);
+  // Inside a Slurm job: when Slurm chose it for preemption ("" when not, or not in Slurm).
+  std::string slurm_preemption() const;
 
   // One attempt (attempt.cpp): started, watched until mpirun and its output are gone, judged.
   AttemptRecord run_attempt(const HostList& placement);

@@ -107,6 +107,16 @@ TEST(Hosts, SlurmAllocationForMpirun) {
   EXPECT_EQ(slurm_hosts(env["SLURM_JOB_NODELIST"], env["SLURM_TASKS_PER_NODE"]), healthy);
 }
 
+// scontrol show job -o's record: PreemptTime is set once Slurm chose the job for preemption.
+TEST(Hosts, SlurmPreemptTime) {
+  EXPECT_EQ(slurm_preempt_time("JobId=7 JobName=t JobState=RUNNING PreemptEligibleTime=2026-11-23T14:30:08 "
+                               "PreemptTime=2026-11-23T14:30:12 SuspendTime=None"),
+            "2026-11-23T14:30:12");
+  EXPECT_EQ(slurm_preempt_time("JobId=7 JobState=RUNNING PreemptEligibleTime=2026-11-23T14:30:08 PreemptTime=None"), "");
+  EXPECT_EQ(slurm_preempt_time("JobId=7 JobState=RUNNING"), "");
+  EXPECT_EQ(slurm_preempt_time(""), "");
+}
+
 TEST(Hosts, Local) {
   EXPECT_TRUE(is_local_host("localhost"));
   EXPECT_TRUE(is_local_host("127.0.0.1"));
