@@ -48,8 +48,10 @@ expect_out preempted "hpcrun exited 75\|(exit 75); requeueing"
 ! grep -q "relaunching from the last checkpoint\|blacklisted" "$WORK/preempted.out" ||
   fail "hpcrun took Slurm's preemption for a host failure"
 resumed=$(resumed_steps preempted)
-[[ "$resumed" =~ ^[0-9]+\ $ && $((${resumed% } % 20)) == 0 && ${resumed% } -ge 60 ]] ||
-  fail "the requeued run resumed at '$resumed', not once at a periodic checkpoint from step 60 on"
+# From a periodic checkpoint, or from the stop's own when rank 0 wrote it on Slurm's SIGTERM
+# before mpirun's daemons ended the ranks.
+[[ "$resumed" =~ ^[0-9]+\ $ && ${resumed% } -ge 60 ]] ||
+  fail "the requeued run resumed at '$resumed', not once, from a checkpoint of step 60 or later"
 [[ "$(done_field preempted steps)" == 500 && "$(done_field preempted world_size)" == 2 ]] ||
   fail "$(done_field preempted steps) steps on $(done_field preempted world_size) ranks, not 500 on 2"
 say "preemption: requeued once, resumed at step ${resumed% } on both nodes"
