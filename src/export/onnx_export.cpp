@@ -29,8 +29,9 @@ class GraphWriter {
       scale[j] = static_cast<float>(1.0 / (255.0 * norm.std[j]));
       shift[j] = static_cast<float>(-static_cast<double>(norm.mean[j]) / norm.std[j]);
     }
-    const std::string scaled = node("Mul", {x, constant("normalize.scale", {1, c, 1, 1}, scale)});
-    return node("Add", {scaled, constant("normalize.shift", {1, c, 1, 1}, shift)});
+    // C x 1 x 1, broadcast over N x C x H x W: OpenCV 4.6 refuses an Add of a 1 x C x 1 x 1 constant.
+    const std::string scaled = node("Mul", {x, constant("normalize.scale", {c, 1, 1}, scale)});
+    return node("Add", {scaled, constant("normalize.shift", {c, 1, 1}, shift)});
   }
 
   // The layers of s from x (a per-sample shape s.shapes()[0]); returns the last output's name.

@@ -68,7 +68,7 @@ std::vector<std::string> walk(const std::string& dir) {
 
 // Every input as image files: a file as it is (its content is checked when it is read), a
 // directory walked. A path that cannot be used is a problem: refused, or with --skip-bad a warning.
-std::vector<std::string> list_images(const PredictOptions& o) {
+std::vector<std::string> list_images(const PredictOptions& o, int64_t& skipped) {
   std::vector<std::string> files;
   for (const std::string& input : o.inputs) {
     try {
@@ -83,6 +83,7 @@ std::vector<std::string> list_images(const PredictOptions& o) {
     } catch (const Error& e) {
       if (!o.skip_bad || e.kind() != ErrorKind::Usage) throw;
       log::warn("skipped: ", e.what());
+      ++skipped;
     }
   }
   HPC_REQUIRE(!files.empty(), "no images to classify", o.skip_bad ? " (every input was skipped)" : "");
@@ -295,18 +296,19 @@ int run_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   ServingModel m = load_serving_model(o.checkpoint, o.data_dir, ctx);
   std::unique_ptr<Inference> inference;
   std::vector<std::string> files;
+  int64_t unusable = 0;  // inputs skipped while listing
   dist::collectively(ctx, [&] {
     o.threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
     nn::set_math_threads(o.threads);
     inference = make_inference(o, m, ctx);
-    if (ctx.rank() == 0) files = list_images(o);
+    if (ctx.rank() == 0) files = list_images(o, unusable);
   });
   files = broadcast_list(ctx, files);
   const auto t0 = std::chrono::steady_clock::now();
   Predictor predictor(o, m, *inference);
   const auto n = static_cast<int64_t>(files.size());
   const int64_t batches = (n + o.batch_size - 1) / o.batch_size, world = ctx.world_size();
-  double counts[2] = {0, 0};  // classified, skipped
+  double counts[2] = {0, static_cast<double>(unusable)};  // classified, skipped
   for (int64_t round = 0; round * world < batches; ++round) {
     const int64_t b = round * world + ctx.rank();
     Said said;
