@@ -116,13 +116,13 @@ class Serving(unittest.TestCase):
             evaluated = json.loads(f.readline())
         self.assertEqual(int((z.argmax(axis=1) == self.labels).sum()), round(evaluated["test_accuracy"] * FIRST))
         loss = -log_p[np.arange(FIRST), self.labels].mean()
-        self.assertAlmostEqual(loss / evaluated["test_loss"], 1.0, delta=1e-5)
+        self.assertAlmostEqual(loss / evaluated["test_loss"], 1.0, delta=1e-6)
 
     def test_sizes_colours_and_formats_frame_as_evaluation(self):
         """Each variant of a test image that holds the same pixels once framed (grey or colour, PNG
         with alpha, 2x and 3x larger, not square around the same square) gives the reference's
-        logits; an image smaller than the model's input is enlarged bilinearly; a JPEG gives the
-        logits of its decoded pixels."""
+        logits; a colour image gives its luma's; an image smaller than the model's input is enlarged
+        bilinearly; a JPEG gives the logits of its decoded pixels."""
         image = self.images[3]
         ref = self.write("ref.png", image)
         rgb = np.repeat(image[..., None], 3, axis=2)
@@ -132,6 +132,11 @@ class Serving(unittest.TestCase):
                 self.write("thrice-colour.png", np.kron(rgb, np.ones((3, 3, 1), np.uint8))),
                 self.write("tall.png", np.pad(image, ((6, 6), (0, 0)))),
                 self.write("wide-colour.png", np.pad(rgb, ((0, 0), (10, 10), (0, 0))))]
+        # A colour image against its BT.601 luma, which a grey model sees (README).
+        colour = np.dstack([image, image // 2, 255 - image]).astype(np.uint32)  # R, G, B
+        luma = (19595 * colour[..., 0] + 38470 * colour[..., 1] + 7471 * colour[..., 2] + 32768) >> 16
+        luma_ref = self.write("luma-ref.png", luma.astype(np.uint8))
+        colour_path = self.write("rgb.png", colour[..., ::-1].astype(np.uint8))  # OpenCV writes BGR
         small = image[4:24, 4:24]
         small_ref = self.write("small-ref.png", self.bilinear(small, 28))
         small_path = self.write("small.png", small)
@@ -142,6 +147,7 @@ class Serving(unittest.TestCase):
         for path in same:
             np.testing.assert_allclose(got[path], got[ref], rtol=1e-6, atol=1e-6, err_msg=path)
         np.testing.assert_allclose(got[small_path], got[small_ref], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[colour_path], got[luma_ref], rtol=1e-6, atol=1e-6)
         for jpeg, png in zip(jpegs, decoded):
             np.testing.assert_allclose(got[jpeg], got[png], rtol=1e-6, atol=1e-6, err_msg=jpeg)
 
