@@ -38,7 +38,8 @@ class GraphWriter {
   std::string sequential(const nn::Sequential<float>& s, std::string x) {
     const auto& layers = s.layers();
     for (size_t i = 0; i < layers.size(); ++i) {
-      const auto* norm = i + 1 < layers.size() ? dynamic_cast<const nn::BatchNorm<float>*>(layers[i + 1].get()) : nullptr;
+      const auto* norm =
+          i + 1 < layers.size() ? dynamic_cast<const nn::BatchNorm<float>*>(layers[i + 1].get()) : nullptr;
       const bool folds = fold_ && norm && (is<nn::Conv2d<float>>(*layers[i]) || is<nn::Linear<float>>(*layers[i]));
       x = layer(*layers[i], s.shapes()[i], folds ? norm : nullptr, x);
       if (folds) x = after_norm(*norm, x), ++i;  // the batch norm is inside the layer now
@@ -58,7 +59,8 @@ class GraphWriter {
     return dynamic_cast<const L*>(&l) != nullptr;
   }
 
-  std::string layer(const nn::Layer<float>& l, const Shape& in, const nn::BatchNorm<float>* folded, const std::string& x) {
+  std::string layer(const nn::Layer<float>& l, const Shape& in, const nn::BatchNorm<float>* folded,
+                    const std::string& x) {
     if (auto* c = dynamic_cast<const nn::Conv2d<float>*>(&l)) return conv(*c, folded, x);
     if (auto* f = dynamic_cast<const nn::Linear<float>*>(&l)) return linear(*f, folded, x);
     if (auto* b = dynamic_cast<const nn::BatchNorm<float>*>(&l)) return after_norm(*b, batch_norm(*b, x));
@@ -127,7 +129,8 @@ class GraphWriter {
       HPC_CHECK(h * wd * c == in, "linear of ", in, " after a flatten of ", hwc_->str());
       for (int64_t a = 0; a < o; ++a)
         for (int64_t p = 0; p < h * wd; ++p)
-          for (int64_t ch = 0; ch < c; ++ch) w[static_cast<size_t>(a * in + ch * h * wd + p)] = src[a * in + p * c + ch];
+          for (int64_t ch = 0; ch < c; ++ch)
+            w[static_cast<size_t>(a * in + ch * h * wd + p)] = src[a * in + p * c + ch];
       hwc_.reset();
     }
     // Gemm's C is optional, but not to every importer: a linear layer without bias gets zeros.

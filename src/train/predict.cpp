@@ -95,7 +95,8 @@ std::vector<std::string> broadcast_list(dist::ProcessContext& ctx, const std::ve
   for (const std::string& f : files) joined += f + '\0';  // NUL: the one byte no path holds
   joined = dist::broadcast_string(ctx.world(), joined, 0);
   std::vector<std::string> out;
-  for (size_t b = 0, e; (e = joined.find('\0', b)) != std::string::npos; b = e + 1) out.push_back(joined.substr(b, e - b));
+  for (size_t b = 0, e; (e = joined.find('\0', b)) != std::string::npos; b = e + 1)
+    out.push_back(joined.substr(b, e - b));
   return out;
 }
 
@@ -116,53 +117,72 @@ class Predictor {
   // --skip-bad a warning line.
   void classify(const std::vector<std::string>& files, int64_t begin, int64_t end, Said& said) {
     const data::DatasetFacts& f = m_.facts;
-    const int64_t n = end - begin, bytes = f.height * f.width * f.channels;
-    std::vector<std::string> problems(static_cast<size_t>(n));
-    data::Dataset batch_set;
-    batch_set.height = f.height, batch_set.width = f.width, batch_set.channels = f.channels;
-    batch_set.images.resize(static_cast<size_t>(n * bytes));
-    // Decoding is most of the work on small models: one image per thread.
-#pragma omp parallel for schedule(dynamic) num_threads(o_.threads)
-    for (int64_t i = 0; i < n; ++i) {
-      try {
-        data::frame_for_model(data::read_image_file(files[static_cast<size_t>(begin + i)]), f,
-                              batch_set.images.data() + i * bytes);
-      } catch (const Error& e) {  // exceptions must not leave the parallel loop: kept for below
-        problems[static_cast<size_t>(i)] = (e.kind() == ErrorKind::Usage ? "" : "\x01") + std::string(e.what());
-      } catch (const std::exception& e) {
-        problems[static_cast<size_t>(i)] = "\x01" + std::string(e.what());
-      }
-    }
-    std::vector<uint32_t> good;
-    for (int64_t i = 0; i < n; ++i) {
-      const std::string& p = problems[static_cast<size_t>(i)];
-      if (p.empty()) {
-        // Compact the good images to the front: the assembler takes samples by index.
-        if (static_cast<int64_t>(good.size()) != i)
-          std::memcpy(batch_set.images.data() + static_cast<int64_t>(good.size()) * bytes,
-                      batch_set.images.data() + i * bytes, static_cast<size_t>(bytes));
-        good.push_back(static_cast<uint32_t>(good.size()));
-        continue;
-      }
-      HPC_CHECK(p[0] != '\x01', p.substr(1));
-      if (!o_.skip_bad) usage_error(p);
-      said.err += "hpctrain: warning: skipped: " + one_line(p) + "\n";
-      ++said.skipped;
-    }
+    data::Dataset frames;
+    frames.height = f.height, frames.width = f.width, frames.channels = f.channels;
+    const std::vector<Problem> problems = frame_all(files, begin, end, frames);
+    const std::vector<uint32_t> good = keep_good(problems, frames, said);
     if (good.empty()) return;
-    batch_set.count = static_cast<int64_t>(good.size());
-    batch_set.labels.assign(good.size(), 0);
     // Evaluation's normalisation (a table per channel), to the same floats.
-    const data::BatchAssembler assembler(batch_set, f.norm, {}, 0);
+    const data::BatchAssembler assembler(frames, f.norm, {}, 0);
     assembler.assemble(good, 0, false, batch_);
     inference_.logits(batch_.images, logits_);
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i)
-      if (problems[static_cast<size_t>(i)].empty()) said.out += line(files[static_cast<size_t>(begin + i)], k++);
-    said.classified += k;
+    int64_t row = 0;
+    for (size_t i = 0; i < problems.size(); ++i)
+      if (problems[i].message.empty()) said.out += line(files[static_cast<size_t>(begin) + i], row++);
+    said.classified += row;
   }
 
  private:
+  struct Problem {
+    std::string message;  // empty: the image is framed
+    bool internal = false;
+  };
+
+  // Reads and frames files[begin, end) into frames.images, in parallel (decoding is most of the
+  // work on small models); what went wrong with each, kept (exceptions must not leave the loop).
+  std::vector<Problem> frame_all(const std::vector<std::string>& files, int64_t begin, int64_t end,
+                                 data::Dataset& frames) const {
+    const int64_t n = end - begin, bytes = frames.sample_bytes();
+    std::vector<Problem> problems(static_cast<size_t>(n));
+    frames.images.resize(static_cast<size_t>(n * bytes));
+#pragma omp parallel for schedule(dynamic) num_threads(o_.threads)
+    for (int64_t i = 0; i < n; ++i) {
+      Problem& p = problems[static_cast<size_t>(i)];
+      try {
+        data::frame_for_model(data::read_image_file(files[static_cast<size_t>(begin + i)]), m_.facts,
+                              frames.images.data() + i * bytes);
+      } catch (const Error& e) {
+        p = {e.what(), e.kind() != ErrorKind::Usage};
+      } catch (const std::exception& e) {
+        p = {e.what(), true};
+      }
+    }
+    return problems;
+  }
+
+  // The framed images moved to the front of frames (the assembler takes samples by index) and
+  // their indices; each bad one refused, or with --skip-bad said as a warning.
+  std::vector<uint32_t> keep_good(const std::vector<Problem>& problems, data::Dataset& frames, Said& said) const {
+    const int64_t bytes = frames.sample_bytes();
+    std::vector<uint32_t> good;
+    for (size_t i = 0; i < problems.size(); ++i) {
+      const Problem& p = problems[i];
+      HPC_CHECK(!p.internal, p.message);
+      if (!p.message.empty()) {
+        if (!o_.skip_bad) usage_error(p.message);
+        said.err += "hpctrain: warning: skipped: " + one_line(p.message) + "\n";
+        ++said.skipped;
+        continue;
+      }
+      uint8_t* images = frames.images.data();
+      if (good.size() != i) std::memmove(images + good.size() * bytes, images + i * bytes, static_cast<size_t>(bytes));
+      good.push_back(static_cast<uint32_t>(good.size()));
+    }
+    frames.count = static_cast<int64_t>(good.size());
+    frames.labels.assign(good.size(), 0);
+    return good;
+  }
+
   // The line for image `path`, row `row` of the logits.
   std::string line(const std::string& path, int64_t row) const {
     const int64_t classes = m_.facts.classes;
@@ -187,7 +207,8 @@ class Predictor {
     return names.empty() ? std::to_string(k) : names[static_cast<size_t>(k)];
   }
 
-  std::string text_line(const std::string& path, const std::vector<int64_t>& order, const std::vector<double>& p) const {
+  std::string text_line(const std::string& path, const std::vector<int64_t>& order,
+                        const std::vector<double>& p) const {
     std::ostringstream s;
     s << one_line(path) << ":";
     for (size_t i = 0; i < order.size(); ++i) {
@@ -274,7 +295,8 @@ po::options_description predict_options(PredictOptions& o) {
       "auto (this rank's GPU when the build and the machine have one), cpu or cuda")(
       "skip-bad", po::bool_switch(&o.skip_bad),
       "warn about an image that cannot be read (or a path that cannot be used) and classify the rest")(
-      "data-dir", po::value(&o.data_dir), "packed shards only: the packed dataset, whose classes.txt names the classes");
+      "data-dir", po::value(&o.data_dir),
+      "packed shards only: the packed dataset, whose classes.txt names the classes");
   return options;
 }
 

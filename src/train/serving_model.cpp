@@ -51,10 +51,9 @@ std::string ServingModel::param_checksum() const {
 
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx) {
   ServingModel s;
-  std::optional<ckpt::Checkpoint> c = read_on_rank0(
-      ctx,
-      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> { return load_checkpoint_or_latest(checkpoint); },
-      &s.path);
+  using Found = std::optional<std::pair<std::string, ckpt::Checkpoint>>;
+  std::optional<ckpt::Checkpoint> c =
+      read_on_rank0(ctx, [&]() -> Found { return load_checkpoint_or_latest(checkpoint); }, &s.path);
   s.checkpoint = std::move(*c);
   dist::collectively(ctx, [&] {
     s.facts = facts_of(s.checkpoint, data_dir);

@@ -59,7 +59,8 @@ def centre_view(rgb, fraction, size):
     iy1, ix1 = np.minimum(iy + 1, h - 1), np.minimum(ix + 1, w - 1)
     wy, wx = (fy - iy)[:, None, None], (fx - ix)[None, :, None]
     p = rgb.astype(np.float64)
-    v = (1 - wy) * ((1 - wx) * p[iy][:, ix] + wx * p[iy][:, ix1]) + wy * ((1 - wx) * p[iy1][:, ix] + wx * p[iy1][:, ix1])
+    v = ((1 - wy) * ((1 - wx) * p[iy][:, ix] + wx * p[iy][:, ix1])
+         + wy * ((1 - wx) * p[iy1][:, ix] + wx * p[iy1][:, ix1]))
     return np.clip(v + 0.5, 0.0, 255.0).astype(np.uint8)
 
 
@@ -117,7 +118,8 @@ class Export(unittest.TestCase):
                         h, w = rng.integers(36, 60, size=2)
                         y, x = np.mgrid[0:h, 0:w]
                         pattern = [((y // 6) + (x // 6)) % 2, (x // 4) % 2, np.zeros_like(y), (y // 4) % 2][c]
-                        rgb = rng.integers(0, 90, size=(h, w, 3)) + 120 * pattern[..., None] * (np.arange(3) == [2, 1, 0, 0][c])
+                        tint = np.arange(3) == [2, 1, 0, 0][c]  # blue, green, red, red
+                        rgb = rng.integers(0, 90, size=(h, w, 3)) + 120 * pattern[..., None] * tint
                         cv2.imwrite(os.path.join(src[split], name, f"{i:02d}.jpg"),
                                     np.clip(rgb, 0, 255).astype(np.uint8)[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 92])
                 p = subprocess.run([HPCDATA_PACK, src[split], out, "--split", split, "--quiet"],

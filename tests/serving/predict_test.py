@@ -111,7 +111,8 @@ class Serving(unittest.TestCase):
         log_p = z - z.max(axis=1, keepdims=True)
         log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
         metrics = os.path.join(self.dir, "evaluate.jsonl")
-        ok("evaluate", "--checkpoint", self.ck, "--test-samples", str(FIRST), "--metrics-file", metrics, "--threads", "2")
+        ok("evaluate", "--checkpoint", self.ck, "--test-samples", str(FIRST), "--metrics-file", metrics,
+           "--threads", "2")
         with open(metrics) as f:
             evaluated = json.loads(f.readline())
         self.assertEqual(int((z.argmax(axis=1) == self.labels).sum()), round(evaluated["test_accuracy"] * FIRST))
@@ -161,7 +162,8 @@ class Serving(unittest.TestCase):
         i1, w = np.minimum(i0 + 1, n - 1), f - i0
         p = grey.astype(np.float64)
         wy, wx = w[:, None], w[None, :]
-        v = (1 - wy) * ((1 - wx) * p[i0][:, i0] + wx * p[i0][:, i1]) + wy * ((1 - wx) * p[i1][:, i0] + wx * p[i1][:, i1])
+        v = ((1 - wy) * ((1 - wx) * p[i0][:, i0] + wx * p[i0][:, i1])
+             + wy * ((1 - wx) * p[i1][:, i0] + wx * p[i1][:, i1]))
         return np.clip(v + 0.5, 0.0, 255.0).astype(np.uint8)
 
     def test_directories_are_walked_in_order_and_text_names_the_classes(self):
@@ -270,8 +272,12 @@ class Serving(unittest.TestCase):
             f.write(data)
         unknown = os.path.join(self.dir, "unknown-model.hpck")
         rewrite_meta(self.ckpt, unknown, lambda meta: meta.replace("model=cnn\n", "model=vgg\n"))
+        shards = os.path.join(self.dir, "shards.hpck")  # packed shards name their classes in the dataset
+        rewrite_meta(self.ckpt, shards, lambda meta: meta.replace("option.dataset=fashion-mnist\n",
+                                                                   "option.dataset=shards\n"))
         out = os.path.join(self.dir, "m.onnx")
-        cases = [(other, "the checkpoint's parameters do not fit this resnet20"),
+        cases = [(shards, "pass --data-dir DIR (the directory with its classes.txt)"),
+                 (other, "the checkpoint's parameters do not fit this resnet20"),
                  (corrupt, "is corrupt (checksum mismatch"),
                  (unknown, "unknown model 'vgg'"),
                  (os.path.join(self.dir, "nothing-here"), "nothing-here")]
