@@ -253,7 +253,9 @@ void speak(dist::ProcessContext& ctx, const Said& mine) {
 
 std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel& m, dist::ProcessContext& ctx) {
   std::string why;
-  const bool gpu = o.device == "cuda" || (o.device == "auto" && gpu_training_available(&why));
+  const bool gpu = o.device != "cpu" && gpu_training_available(&why);
+  // As training: --device cuda without a usable GPU is an error, never a quiet fallback.
+  HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
   if (gpu) return make_gpu_inference(*m.model, ctx.local_rank());
   return make_cpu_inference(*m.model, o.threads);
 }
