@@ -242,6 +242,20 @@ class Serving(unittest.TestCase):
         os.mkdir(empty)
         self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, empty], f"no PNG or JPEG images")
 
+    def test_an_unreadable_image_says_why(self):
+        """Permission denied is not "does not exist". As root (CI), hpctrain runs without the
+        capabilities that let root past permission bits, so that the test runs everywhere."""
+        good = self.write("good.png", self.images[0])
+        locked = self.write("locked.png", self.images[1])
+        os.chmod(locked, 0)
+        prefix = ["/usr/bin/setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                  "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+        p = subprocess.run(prefix + [HPCTRAIN, "predict", "--checkpoint", self.ck, *CPU, good, locked],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         [f"hpctrain: error: cannot read image {locked}: Permission denied"])
+
     def test_skip_bad_warns_and_classifies_the_rest(self):
         good, files = self.bad_files()
         args = [good] + [path for path, _ in files.values()] + [good]
