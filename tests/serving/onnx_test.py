@@ -11,7 +11,8 @@ resnet18 (72 pixels: the ImageNet stem, with its max pool fused into the batch n
 (16 pixels) on a small RGB dataset this test writes as JPEG files and packs into shards (hpcdata
 pack), whose whole val split (the test set evaluate reads) is 24 images. That also covers three
 channels, class names from classes.txt and evaluation's centre crop, which the numpy port below
-(centre_view) reproduces for OpenCV's input."""
+(centre_view) reproduces for OpenCV's input. The variants without batch norm (cnn and resnet20,
+--no-batch-norm) are compared on the first 500 Fashion-MNIST test images."""
 
 import gzip
 import json
@@ -135,9 +136,11 @@ class Export(unittest.TestCase):
 
     # ---- the check -----------------------------------------------------------------------------
 
-    def train(self, model, *options):
-        ck = os.path.join(self.tmp, f"ck-{model}")
-        hpctrain("--model", model, "--checkpoint-dir", ck, "--threads", THREADS, "--quiet", *options)
+    def train(self, name, *options):
+        """A checkpoint of the model `name` names (up to a dash: "cnn-nobn" is a cnn)."""
+        ck = os.path.join(self.tmp, f"ck-{name}")
+        hpctrain("--model", name.split("-")[0], "--checkpoint-dir", ck, "--threads", THREADS, "--quiet",
+                 "--device", "cpu", *options)
         return ck
 
     def export(self, ck, name, *options):
@@ -151,7 +154,7 @@ class Export(unittest.TestCase):
     def predicted(self, ck, folder, paths, *options):
         """hpctrain predict's logits for every path, in the order of paths."""
         out = hpctrain("predict", "--checkpoint", ck, "--json", "--logits", "--top-k", "1", "--threads", THREADS,
-                       "--batch-size", "500", folder, *options)
+                       "--device", "cpu", "--batch-size", "500", folder, *options)
         by_path = {r["path"]: r["logits"] for r in map(json.loads, out.splitlines())}
         self.assertEqual(sorted(by_path), sorted(paths))
         return np.array([by_path[p] for p in paths], dtype=np.float64)
@@ -210,6 +213,27 @@ class Export(unittest.TestCase):
         self.check(model, ck, ("shards", out, paths, labels, val), pixels,
                    {"model": model, "dataset": "shards", "input_channels": "3", "input_height": str(size),
                     "mean": "0.485,0.456,0.406", "class_names": json.dumps(classes, separators=(",", ":"))})
+
+    def test_variants_without_batch_norm(self):
+        """--no-batch-norm models (convolutions with biases, ReLU and max pool layers of their own),
+        on the first 500 test images: the same logits and classes (nothing to fold: both exports
+        are the same graph)."""
+        _, _, _, pixels, labels, _ = self.fashion_mnist()
+        folder = os.path.join(self.tmp, "first-500")
+        os.makedirs(folder, exist_ok=True)
+        paths = [os.path.join(folder, f"{i:03d}.png") for i in range(500)]
+        for path, image in zip(paths, pixels[:500, 0].astype(np.uint8)):
+            cv2.imwrite(path, image)
+        for model in ("cnn", "resnet20"):
+            ck = self.train(model + "-nobn", "--no-batch-norm", "--train-samples", "256",
+                            "--max-steps", "3", "--test-samples", "16", "--lr", "0.01")
+            ours = self.predicted(ck, folder, paths)
+            for fold in ([], ["--fold-batch-norm"]):
+                path, meta = self.export(ck, f"{model}-nobn{'-folded' if fold else ''}.onnx", *fold)
+                theirs = opencv_logits(path, pixels[:500])
+                worst = (np.abs(theirs - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()
+                self.assertLessEqual(worst, RELATIVE, f"{model} without batch norm")
+                self.assertTrue((theirs.argmax(axis=1) == ours.argmax(axis=1)).all(), model)
 
     def test_mlp(self):
         self.fashion_mnist_model("mlp")
