@@ -48,7 +48,11 @@ packages=(
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
   zlib1g-dev                                   # gzip-compressed dataset files
   libturbojpeg0-dev                            # JPEG images in packed shards (hpcdata pack)
+  libpng-dev                                   # PNG images for hpctrain predict
+  libonnx-dev libprotobuf-dev                  # hpctrain export: ONNX (libonnx-dev omits protobuf's headers)
+  nlohmann-json3-dev                           # JSON of hpctrain predict and export
   libgtest-dev googletest                      # the test suite
+  python3-onnx python3-opencv python3-numpy    # the serving tests: onnx.checker and OpenCV DNN check exports
   dataset-fashion-mnist                        # the default job's data
 )
 if ((bench)); then

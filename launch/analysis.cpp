@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "train/exit_codes.hpp"
@@ -92,123 +93,163 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   return "";
 }
 
-Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
-  const std::vector<RankReport>& reports = e.reports;
-  const ExitStatus& mpirun_status = e.mpirun_status;
-  const bool stop_requested = e.stop_requested, stalled = e.stalled;
-  const std::vector<std::string> hosts = rank_hosts(placement);
-  const int np = static_cast<int>(hosts.size());
-  Analysis a;
-  if (mpirun_status.success()) {
-    // mpirun's 0 alone is not enough: signalled while it was still starting the job, Open MPI 4
-    // was seen to end with 0 before any rank ran. Success is every rank's own report of 0.
-    std::vector<bool> finished(static_cast<size_t>(np), false);
-    for (const RankReport& r : reports)
-      if (r.rank >= 0 && r.rank < np && r.status.exited && r.status.code == 0) finished[static_cast<size_t>(r.rank)] = true;
-    std::string missing;
-    int n_missing = 0;
-    for (int r = 0; r < np; ++r)
-      if (!finished[static_cast<size_t>(r)] && ++n_missing <= 4) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    if (n_missing == 0) {
-      a.verdict = Verdict::Success;
-      a.reason = "every rank finished";
-      return a;
-    }
-    if (n_missing > 4) missing += ", ...";
-    a.verdict = stop_requested ? Verdict::Stopped : Verdict::Failure;
-    a.reason = "mpirun ended with exit code 0, but rank(s) " + missing + " never reported finishing";
-    return a;
-  }
-  for (const RankReport& r : reports) {
-    if (is_usage_error(r)) {
-      a.verdict = Verdict::UsageError;
-      a.reason = "rank " + std::to_string(r.rank) + " reported a usage error (exit code 2): its input is wrong, retrying cannot help";
-      // MPI programs often print an error on rank 0 alone while every rank exits with 2.
-      for (const RankReport& other : reports) {
-        const auto said = e.error_lines.find(other.rank);
-        if (is_usage_error(other) && said != e.error_lines.end()) {
-          a.program_error = said->second;
-          break;
-        }
-      }
-      return a;
-    }
-  }
-  bool all_checkpointed = mpirun_status.exited && mpirun_status.code == train::kExitCheckpointed;
-  for (const RankReport& r : reports)
-    if (!(r.status.exited && r.status.code == train::kExitCheckpointed)) all_checkpointed = false;
-  if (all_checkpointed && !stalled) {
-    a.verdict = stop_requested ? Verdict::Stopped : Verdict::StoppedOutside;
-    a.reason = stop_requested ? "checkpointed and stopped as asked"
-                              : "the job checkpointed and stopped on a signal from outside hpcrun";
-    return a;
-  }
-  if (stop_requested && !stalled) {
-    a.verdict = Verdict::Stopped;
-    a.reason = "stopped as asked (" + mpirun_status.show() + ", not a checkpoint's exit code 75)";
-    return a;
-  }
+namespace {
 
-  a.verdict = Verdict::Failure;
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// mpirun's 0 alone is not enough: signalled while it was still starting the job, Open MPI 4 was
+// seen to end with 0 before any rank ran. Success is every rank's own report of 0.
+Analysis judge_clean_exit(int np, const AttemptEvidence& e) {
+  std::vector<bool> finished(static_cast<size_t>(np), false);
+  for (const RankReport& r : e.reports)
+    if (r.rank >= 0 && r.rank < np && r.status.exited && r.status.code == 0) finished[static_cast<size_t>(r.rank)] = true;
+  std::string missing;
+  int n_missing = 0;
+  for (int r = 0; r < np; ++r)
+    if (!finished[static_cast<size_t>(r)] && ++n_missing <= 4) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  Analysis a;
+  if (n_missing == 0) {
+    a.verdict = Verdict::Success;
+    a.reason = "every rank finished";
+    return a;
+  }
+  if (n_missing > 4) missing += ", ...";
+  a.verdict = e.stop_requested ? Verdict::Stopped : Verdict::Failure;
+  a.reason = "mpirun ended with exit code 0, but rank(s) " + missing + " never reported finishing";
+  return a;
+}
+
+std::optional<Analysis> usage_error_of(const AttemptEvidence& e) {
+  const auto first = std::find_if(e.reports.begin(), e.reports.end(), is_usage_error);
+  if (first == e.reports.end()) return std::nullopt;
+  Analysis a;
+  a.verdict = Verdict::UsageError;
+  a.reason = "rank " + std::to_string(first->rank) + " reported a usage error (exit code 2): its input is wrong, retrying cannot help";
+  // MPI programs often print an error on rank 0 alone while every rank exits with 2.
+  for (const RankReport& other : e.reports) {
+    const auto said = e.error_lines.find(other.rank);
+    if (is_usage_error(other) && said != e.error_lines.end()) {
+      a.program_error = said->second;
+      break;
+    }
+  }
+  return a;
+}
+
+std::optional<Analysis> stop_of(const AttemptEvidence& e) {
+  if (e.stalled) return std::nullopt;
+  const ExitStatus& st = e.mpirun_status;
+  bool all_checkpointed = st.exited && st.code == train::kExitCheckpointed;
+  for (const RankReport& r : e.reports)
+    if (!(r.status.exited && r.status.code == train::kExitCheckpointed)) all_checkpointed = false;
+  Analysis a;
+  if (all_checkpointed) {
+    a.verdict = e.stop_requested ? Verdict::Stopped : Verdict::StoppedOutside;
+    a.reason = e.stop_requested ? "checkpointed and stopped as asked"
+                                : "the job checkpointed and stopped on a signal from outside hpcrun";
+    return a;
+  }
+  if (!e.stop_requested) return std::nullopt;
+  a.verdict = Verdict::Stopped;
+  a.reason = "stopped as asked (" + st.show() + ", not a checkpoint's exit code 75)";
+  return a;
+}
+
+// What the ranks' reports say: which hosts were heard from, and the first rank that failed by itself.
+struct Heard {
   std::map<std::string, bool> reported;  // host -> any of its ranks reported
-  for (const std::string& h : hosts) reported.emplace(h, false);
   std::string first_failure, first_host;
+};
+
+Heard read_reports(const std::vector<std::string>& hosts, const std::vector<RankReport>& reports) {
+  Heard h;
+  const int np = static_cast<int>(hosts.size());
+  for (const std::string& host : hosts) h.reported.emplace(host, false);
   for (const RankReport& r : reports) {
     if (r.rank < 0 || r.rank >= np) continue;
     const std::string& host = hosts[static_cast<size_t>(r.rank)];
-    reported[host] = true;
-    if (first_failure.empty() && failed_by_itself(r)) {
-      first_host = host;
-      first_failure = "rank " + std::to_string(r.rank) + " on " + host + " ended with " + r.status.show();
+    h.reported[host] = true;
+    if (h.first_failure.empty() && failed_by_itself(r)) {
+      h.first_host = host;
+      h.first_failure = "rank " + std::to_string(r.rank) + " on " + host + " ended with " + r.status.show();
     }
   }
-  // mpirun's own words first: when it names hosts, the others' silence only means the teardown
-  // was too quick for their reports to come through.
-  std::string named;
-  for (const std::string& b : e.blamed_by_mpirun) {
+  return h;
+}
+
+// The placement's hosts mpirun named (by full or short name), each once.
+std::vector<std::string> named_by_mpirun(const std::vector<std::string>& hosts, const std::vector<std::string>& blamed) {
+  std::vector<std::string> named;
+  for (const std::string& b : blamed)
     for (const std::string& h : hosts) {
       const bool same = h == b || h.substr(0, h.find('.')) == b || b.substr(0, b.find('.')) == h;
-      if (same && a.failed_hosts.insert(h).second) named += (named.empty() ? "" : ", ") + h;
+      if (same && std::find(named.begin(), named.end(), h) == named.end()) named.push_back(h);
     }
-  }
-  std::string unresponsive;
-  if (stalled && named.empty() && !e.alive.empty()) {
-    std::map<std::string, bool> answered;
-    for (const std::string& h : hosts) answered.emplace(h, false);
-    for (int r : e.alive)
-      if (r >= 0 && r < np) answered[hosts[static_cast<size_t>(r)]] = true;
-    for (const auto& [host, did] : answered)
-      if (!did) {
-        a.failed_hosts.insert(host);
-        unresponsive += (unresponsive.empty() ? "" : ", ") + host;
-      }
-  }
-  bool anyone_reported = false;
-  for (const auto& [host, did] : reported) anyone_reported = anyone_reported || did;
-  // A stalled job's liveness query outranks silence: a host whose ranks answered it was alive, and
-  // its reports were only lost in the teardown (those that did not answer are blamed above).
-  const bool query_answered = stalled && !e.alive.empty();
-  std::string silent;
-  if (anyone_reported && named.empty() && unresponsive.empty() && !query_answered)
+  return named;
+}
+
+// Hosts none of whose ranks answered the liveness query, by name.
+std::vector<std::string> not_answering(const std::vector<std::string>& hosts, const std::set<int>& alive) {
+  std::map<std::string, bool> answered;
+  for (const std::string& h : hosts) answered.emplace(h, false);
+  for (int r : alive)
+    if (r >= 0 && r < static_cast<int>(hosts.size())) answered[hosts[static_cast<size_t>(r)]] = true;
+  std::vector<std::string> out;
+  for (const auto& [host, did] : answered)
+    if (!did) out.push_back(host);
+  return out;
+}
+
+// Hosts none of whose ranks reported, where another host's did.
+std::vector<std::string> silent_hosts(const std::map<std::string, bool>& reported) {
+  std::vector<std::string> out;
+  const bool anyone = std::any_of(reported.begin(), reported.end(), [](const auto& kv) { return kv.second; });
+  if (anyone)
     for (const auto& [host, did] : reported)
-      if (!did) {
-        a.failed_hosts.insert(host);
-        silent += (silent.empty() ? "" : ", ") + host;
-      }
-  if (a.failed_hosts.empty() && !first_host.empty()) a.failed_hosts.insert(first_host);
-  if (!named.empty() || !silent.empty() || !unresponsive.empty()) {
-    a.reason = "lost ";
-    if (!named.empty()) a.reason += named + " (named by mpirun)";
-    if (!unresponsive.empty()) a.reason += unresponsive + " (its ranks did not answer)";
-    if (!silent.empty()) a.reason += silent + " (no word from its ranks)";
-  } else {
-    a.reason = first_failure;
-  }
+      if (!did) out.push_back(host);
+  return out;
+}
+
+Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
+  const Heard heard = read_reports(hosts, e.reports);
+  // mpirun's own words first: when it names hosts, the others' silence only means the teardown
+  // was too quick for their reports to come through. A stalled job's liveness query outranks
+  // silence: a host whose ranks answered it was alive, and its reports were only lost in the
+  // teardown (those that did not answer are blamed).
+  const std::vector<std::string> named = named_by_mpirun(hosts, e.blamed_by_mpirun);
+  const bool query_answered = e.stalled && !e.alive.empty();
+  std::vector<std::string> unresponsive, silent;
+  if (named.empty() && query_answered) unresponsive = not_answering(hosts, e.alive);
+  if (named.empty() && !query_answered) silent = silent_hosts(heard.reported);
+  Analysis a;
+  a.verdict = Verdict::Failure;
+  a.failed_hosts.insert(named.begin(), named.end());
+  a.failed_hosts.insert(unresponsive.begin(), unresponsive.end());
+  a.failed_hosts.insert(silent.begin(), silent.end());
+  if (a.failed_hosts.empty() && !heard.first_host.empty()) a.failed_hosts.insert(heard.first_host);
+  if (!named.empty()) a.reason = "lost " + listed(named) + " (named by mpirun)";
+  else if (!unresponsive.empty()) a.reason = "lost " + listed(unresponsive) + " (its ranks did not answer)";
+  else if (!silent.empty()) a.reason = "lost " + listed(silent) + " (no word from its ranks)";
+  else a.reason = heard.first_failure;
   if (a.reason.empty())
-    a.reason = stalled ? "the job stalled (no finished step within --stall-timeout)" : "mpirun ended with " + mpirun_status.show();
-  else if (stalled)
+    a.reason = e.stalled ? "the job stalled (no finished step within --stall-timeout)" : "mpirun ended with " + e.mpirun_status.show();
+  else if (e.stalled)
     a.reason = "the job stalled; " + a.reason;
   return a;
+}
+
+}  // namespace
+
+Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
+  const std::vector<std::string> hosts = rank_hosts(placement);
+  if (e.mpirun_status.success()) return judge_clean_exit(static_cast<int>(hosts.size()), e);
+  if (std::optional<Analysis> a = usage_error_of(e)) return *a;
+  if (std::optional<Analysis> a = stop_of(e)) return *a;
+  return blame_failure(hosts, e);
 }
 
 }  // namespace hpc::launch

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -214,6 +215,16 @@ std::vector<std::pair<std::string, std::string>> slurm_allocation_env(const Host
   const std::string count = std::to_string(hosts.size());
   return {{"SLURM_JOB_NODELIST", names}, {"SLURM_NODELIST", names},         {"SLURM_TASKS_PER_NODE", tasks},
           {"SLURM_JOB_CPUS_PER_NODE", tasks}, {"SLURM_JOB_NUM_NODES", count}, {"SLURM_NNODES", count}};
+}
+
+std::string slurm_preempt_time(const std::string& scontrol_record) {
+  std::istringstream fields(scontrol_record);
+  for (std::string f; fields >> f;) {
+    if (f.rfind("PreemptTime=", 0) != 0) continue;
+    const std::string when = f.substr(std::strlen("PreemptTime="));
+    return when == "None" || when == "Unknown" || when == "(null)" ? "" : when;
+  }
+  return "";
 }
 
 int total_slots(const HostList& hosts) {

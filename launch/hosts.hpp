@@ -32,6 +32,12 @@ HostList slurm_hosts(const std::string& nodelist, const std::string& tasks_per_n
 // on every node of the allocation, a lost one included, and waits for that one forever.
 std::vector<std::pair<std::string, std::string>> slurm_allocation_env(const HostList& hosts);
 
+// When Slurm chose the job whose `scontrol show job -o` record is given for preemption: its
+// PreemptTime ("2026-11-23T14:30:12"), or "" when it was not ("None", absent). Slurm then signals
+// every step's processes (mpirun's daemons too, which end the ranks) and requeues or cancels the
+// job after the partition's GraceTime: not a host failure to relaunch from.
+std::string slurm_preempt_time(const std::string& scontrol_record);
+
 int total_slots(const HostList& hosts);
 // "a:2,b:1", as -H takes it.
 std::string show_hosts(const HostList& hosts);

@@ -146,76 +146,87 @@ std::string program_option(const std::vector<std::string>& args, const std::stri
   return "";
 }
 
-std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv) {
-  LaunchOptions o;
-  const int start = program_start(argc, argv);
-  std::vector<std::string> own;
-  for (int i = 1; i < start; ++i)
-    if (std::string(argv[i]) != "--") own.push_back(normalise(argv[i]));
-  for (int i = start; i < argc; ++i) o.program.push_back(argv[i]);
+namespace {
 
+// The option values hpcrun reads itself (durations, host lists, mpirun's words) before they go
+// into LaunchOptions.
+struct RawOptions {
   std::string hosts, hostfile, cooldown = "60:600", stall = "10m", probe = "10s", teardown = "10s", stop = "5m",
-                                    elastic = "10m", interval = "5s", mpi_args;
+              elastic = "10m", interval = "5s", mpi_args;
+};
+
+po::options_description where_options(LaunchOptions& o, RawOptions& raw) {
   po::options_description where("Where: hosts and slots (one rank per slot)");
   where.add_options()
-      ("hosts,H", po::value(&hosts), "hosts as host[:slots],... (as mpirun -H)")
-      ("hostfile", po::value(&hostfile), "Open MPI hostfile: 'host slots=N' per line")
+      ("hosts,H", po::value(&raw.hosts), "hosts as host[:slots],... (as mpirun -H)")
+      ("hostfile", po::value(&raw.hostfile), "Open MPI hostfile: 'host slots=N' per line")
       ("host-discovery-script", po::value(&o.discovery_script),
        "program printing the usable hosts, one 'host:slots' per line; run every --discovery-interval, "
        "the job grows onto new hosts and is drained off vanished ones")
-      ("discovery-interval", po::value(&interval)->default_value(interval), "how often the discovery script runs")
+      ("discovery-interval", po::value(&raw.interval)->default_value(raw.interval), "how often the discovery script runs")
       ("slots-per-host", po::value(&o.slots_per_host)->default_value(o.slots_per_host),
        "slots of a host given without ':slots'");
+  return where;
+}
+
+po::options_description size_options(LaunchOptions& o) {
   po::options_description size("How many ranks (inside a Slurm job without host options: the allocation)");
   size.add_options()
       ("np", po::value(&o.np), "ranks to start (-np; default: every slot, up to --max-np)")
       ("min-np", po::value(&o.min_np), "fewest ranks the job may run on (default: -np, else 1); "
                                        "below it hpcrun waits up to --elastic-timeout for hosts")
       ("max-np", po::value(&o.max_np), "most ranks the job may grow to (default: -np, else unbounded)");
+  return size;
+}
+
+po::options_description launch_options(LaunchOptions& o, RawOptions& raw) {
   po::options_description launch("How: the mpirun command");
   launch.add_options()
       ("launch-agent", po::value(&o.launch_agent)->default_value(o.launch_agent),
        "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes; "
        "ssh gets -o BatchMode=yes -o ConnectTimeout=<--probe-timeout>")
       ("mpirun", po::value(&o.mpirun)->default_value(o.mpirun), "the mpirun to use")
-      ("mpi-args", po::value(&mpi_args), "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\"")
+      ("mpi-args", po::value(&raw.mpi_args), "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\"")
       ("env,x", po::value(&o.env)->composing(), "NAME or NAME=VALUE to set on every rank (repeatable)")
       ("log-dir", po::value(&o.log_dir), "one log per attempt and summary.json (default: CHECKPOINT_DIR/hpcrun, "
                                          "else ./hpcrun-logs)")
       ("checkpoint-dir", po::value(&o.checkpoint_dir),
        "the job's checkpoint directory, where its heartbeat is (default: the program's --checkpoint-dir)")
       ("quiet", po::bool_switch(&o.quiet), "only hpcrun's own lines on the terminal (the program's go to the logs)");
+  return launch;
+}
+
+po::options_description recovery_options(LaunchOptions& o, RawOptions& raw) {
   po::options_description recovery("Failures");
   recovery.add_options()
-      ("stall-timeout", po::value(&stall)->default_value(stall),
+      ("stall-timeout", po::value(&raw.stall)->default_value(raw.stall),
        ("a job whose heartbeat shows no finished step for this long (from its launch) is killed and relaunched; "
         "at least " + show_duration(kMinStallTimeout) + " (0: off)").c_str())
       ("max-restarts", po::value(&o.max_restarts)->default_value(o.max_restarts),
        "failures to recover from before giving up (joins and drains do not count)")
-      ("blacklist-cooldown", po::value(&cooldown)->default_value(cooldown),
+      ("blacklist-cooldown", po::value(&raw.cooldown)->default_value(raw.cooldown),
        "MIN:MAX a failed host stays out: MIN, doubling with each failure of that host, up to MAX")
-      ("elastic-timeout", po::value(&elastic)->default_value(elastic),
+      ("elastic-timeout", po::value(&raw.elastic)->default_value(raw.elastic),
        "how long to wait for enough healthy slots (--min-np) before giving up")
-      ("probe-timeout", po::value(&probe)->default_value(probe), "a host that does not answer a probe in this time is unhealthy")
-      ("teardown-timeout", po::value(&teardown)->default_value(teardown),
+      ("probe-timeout", po::value(&raw.probe)->default_value(raw.probe), "a host that does not answer a probe in this time is unhealthy")
+      ("teardown-timeout", po::value(&raw.teardown)->default_value(raw.teardown),
        "how long mpirun may take to end a failed job before hpcrun kills it")
-      ("stop-timeout", po::value(&stop)->default_value(stop),
+      ("stop-timeout", po::value(&raw.stop)->default_value(raw.stop),
        "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is killed");
-  po::options_description general("General");
-  general.add_options()("help,h", "this help")("version", "print the version");
-  po::options_description all;
-  all.add(where).add(size).add(launch).add(recovery).add(general);
+  return recovery;
+}
 
-  po::variables_map vm;
+// False when --help or --version was printed.
+bool parse_own(const std::vector<std::string>& own, const po::options_description& all, po::variables_map* vm) {
   try {
     po::store(po::command_line_parser(own).options(all).style(po::command_line_style::default_style &
                                                               ~po::command_line_style::allow_guessing).run(),
-              vm);
-    po::notify(vm);
+              *vm);
+    po::notify(*vm);
   } catch (const po::error& e) {
     usage_error(e.what(), " (hpcrun's options come before the program; try --help)");
   }
-  if (vm.count("help")) {
+  if (vm->count("help")) {
     std::cout << "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"
                  "Starts PROGRAM through mpirun on the given hosts and keeps it running to completion: after a\n"
                  "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
@@ -224,20 +235,23 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
                  "75 stopped on request after a checkpoint (SIGTERM, SIGINT or SIGUSR1 to hpcrun), resume by running\n"
                  "it again.\n"
               << all;
-    return std::nullopt;
+    return false;
   }
-  if (vm.count("version")) {
+  if (vm->count("version")) {
     std::cout << "hpcrun " << HPCTRAIN_VERSION << "\n";
-    return std::nullopt;
+    return false;
   }
+  return true;
+}
 
-  o.discovery_interval = parse_duration(interval, "discovery-interval");
-  o.stall_timeout = parse_duration(stall, "stall-timeout");
-  o.probe_timeout = parse_duration(probe, "probe-timeout");
-  o.teardown_timeout = parse_duration(teardown, "teardown-timeout");
-  o.stop_timeout = parse_duration(stop, "stop-timeout");
-  o.elastic_timeout = parse_duration(elastic, "elastic-timeout");
-  parse_cooldown(cooldown, &o.cooldown_min, &o.cooldown_max);
+void read_timeouts(const RawOptions& raw, LaunchOptions& o) {
+  o.discovery_interval = parse_duration(raw.interval, "discovery-interval");
+  o.stall_timeout = parse_duration(raw.stall, "stall-timeout");
+  o.probe_timeout = parse_duration(raw.probe, "probe-timeout");
+  o.teardown_timeout = parse_duration(raw.teardown, "teardown-timeout");
+  o.stop_timeout = parse_duration(raw.stop, "stop-timeout");
+  o.elastic_timeout = parse_duration(raw.elastic, "elastic-timeout");
+  parse_cooldown(raw.cooldown, &o.cooldown_min, &o.cooldown_max);
   HPC_REQUIRE(o.discovery_interval > 0, "--discovery-interval must be more than 0");
   HPC_REQUIRE(o.probe_timeout > 0, "--probe-timeout must be more than 0");
   HPC_REQUIRE(o.teardown_timeout > 0, "--teardown-timeout must be more than 0 (it is how long the ranks of a "
@@ -247,6 +261,9 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   HPC_REQUIRE(o.stall_timeout == 0 || o.stall_timeout >= kMinStallTimeout, "--stall-timeout ", show_duration(o.stall_timeout),
               " is shorter than a start-up needs (it counts from the launch): give at least ",
               show_duration(kMinStallTimeout), ", or 0 to turn it off");
+}
+
+void read_counts(const po::variables_map& vm, LaunchOptions& o) {
   HPC_REQUIRE(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
   require_count(o.slots_per_host, "slots-per-host", 1, 4096);  // as host:slots
   if (vm.count("np")) require_count(o.np, "np", 1);
@@ -257,7 +274,10 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   HPC_REQUIRE(!o.max_np || o.max_np >= o.min_np, "--max-np ", o.max_np, " is below --min-np ", o.min_np);
   HPC_REQUIRE(!o.np || o.np >= o.min_np, "-np ", o.np, " is below --min-np ", o.min_np);
   HPC_REQUIRE(!o.np || !o.max_np || o.np <= o.max_np, "-np ", o.np, " is above --max-np ", o.max_np);
-  o.mpi_args = split_mpi_args(mpi_args);
+}
+
+void read_launch(const po::variables_map& vm, const RawOptions& raw, LaunchOptions& o) {
+  o.mpi_args = split_mpi_args(raw.mpi_args);
   o.launch_agent_given = !vm["launch-agent"].defaulted();
   HPC_REQUIRE(!split_words(o.launch_agent).empty(), "--launch-agent is empty");
   // An empty value is an unset variable in a script, never a wish for the default.
@@ -272,18 +292,20 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
     HPC_REQUIRE(e.find('=') != std::string::npos || std::getenv(name.c_str()), "-x ", name,
                 ": not set in hpcrun's environment (export it, or give -x ", name, "=VALUE)");
   }
+}
 
-  // Hosts: one source.
-  const int sources = !hosts.empty() + !hostfile.empty() + !o.discovery_script.empty();
+// One source of hosts: -H, --hostfile, the discovery script, Slurm's allocation, or this machine.
+void choose_hosts(const po::variables_map& vm, const RawOptions& raw, LaunchOptions& o) {
+  const int sources = !raw.hosts.empty() + !raw.hostfile.empty() + !o.discovery_script.empty();
   HPC_REQUIRE(sources <= 1, "give one of -H, --hostfile and --host-discovery-script, not several");
-  HPC_REQUIRE(!vm.count("hosts") || !hosts.empty(), "-H is empty: name at least one host");
-  HPC_REQUIRE(!vm.count("hostfile") || !hostfile.empty(), "--hostfile is empty");
-  if (!hosts.empty()) {
+  HPC_REQUIRE(!vm.count("hosts") || !raw.hosts.empty(), "-H is empty: name at least one host");
+  HPC_REQUIRE(!vm.count("hostfile") || !raw.hostfile.empty(), "--hostfile is empty");
+  if (!raw.hosts.empty()) {
     o.host_source = HostSource::List;
-    o.static_hosts = parse_host_list(hosts, o.slots_per_host);
-  } else if (!hostfile.empty()) {
+    o.static_hosts = parse_host_list(raw.hosts, o.slots_per_host);
+  } else if (!raw.hostfile.empty()) {
     o.host_source = HostSource::Hostfile;
-    o.static_hosts = parse_hostfile(hostfile, o.slots_per_host);
+    o.static_hosts = parse_hostfile(raw.hostfile, o.slots_per_host);
   } else if (!o.discovery_script.empty()) {
     o.host_source = HostSource::Discovery;
     std::string why;
@@ -298,17 +320,18 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
     o.host_source = HostSource::Local;
     o.static_hosts = {{"localhost", o.np}};
   }
-  if (o.host_source != HostSource::Discovery) {
-    const int slots = total_slots(o.static_hosts);
-    HPC_REQUIRE(slots >= o.min_np, "--min-np ", o.min_np, " needs more slots than the hosts have (", slots, ": ",
-                show_hosts(o.static_hosts), ")");
-    HPC_REQUIRE(!o.np || slots >= o.np, "-np ", o.np, " needs more slots than the hosts have (", slots, ": ",
-                show_hosts(o.static_hosts), ")");
-  }
-  check_host_names(o);
-  check_launch_agent(o);
+}
 
-  // The program.
+void check_slots(const LaunchOptions& o) {
+  if (o.host_source == HostSource::Discovery) return;
+  const int slots = total_slots(o.static_hosts);
+  HPC_REQUIRE(slots >= o.min_np, "--min-np ", o.min_np, " needs more slots than the hosts have (", slots, ": ",
+              show_hosts(o.static_hosts), ")");
+  HPC_REQUIRE(!o.np || slots >= o.np, "-np ", o.np, " needs more slots than the hosts have (", slots, ": ",
+              show_hosts(o.static_hosts), ")");
+}
+
+void read_program(LaunchOptions& o) {
   HPC_REQUIRE(!o.program.empty(), "no program to run: hpcrun [options] PROGRAM [ARGS...]");
   std::string why;
   HPC_REQUIRE(!find_program(o.program[0], &why).empty(), "program ", o.program[0], ": ", why);
@@ -324,6 +347,35 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   if (o.log_dir.empty())
     o.log_dir = o.checkpoint_dir.empty() ? "hpcrun-logs" : (std::filesystem::path(o.checkpoint_dir) / "hpcrun").string();
   check_log_dir(o.log_dir);
+}
+
+}  // namespace
+
+std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv) {
+  LaunchOptions o;
+  const int start = program_start(argc, argv);
+  std::vector<std::string> own;
+  for (int i = 1; i < start; ++i)
+    if (std::string(argv[i]) != "--") own.push_back(normalise(argv[i]));
+  for (int i = start; i < argc; ++i) o.program.push_back(argv[i]);
+
+  RawOptions raw;
+  po::options_description general("General");
+  general.add_options()("help,h", "this help")("version", "print the version");
+  po::options_description all;
+  all.add(where_options(o, raw)).add(size_options(o)).add(launch_options(o, raw)).add(recovery_options(o, raw)).add(general);
+  po::variables_map vm;
+  if (!parse_own(own, all, &vm)) return std::nullopt;
+
+  // In this order: the first bad value is the one reported.
+  read_timeouts(raw, o);
+  read_counts(vm, o);
+  read_launch(vm, raw, o);
+  choose_hosts(vm, raw, o);
+  check_slots(o);
+  check_host_names(o);
+  check_launch_agent(o);
+  read_program(o);
   return o;
 }
 

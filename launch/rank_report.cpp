@@ -112,6 +112,54 @@ TaggedLine parse_tagged(const std::string& line, bool from_stderr) {
   return t;
 }
 
+namespace {
+
+const int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};
+
+// The answer to a liveness query, written from the signal handler: made ready beforehand.
+void prepare_alive_line(int rank) {
+  const int n = std::snprintf(g_alive_line, sizeof g_alive_line, "%s rank=%d\n", kAliveTag, rank);
+  g_alive_length = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_alive_line - 1) : 0;
+}
+
+// Forks the program with the signals in `block` blocked across the fork, so that none is lost
+// between the fork and g_child being set. -1 when fork failed.
+pid_t start_program(char** argv, const sigset_t& block) {
+  sigset_t old;
+  ::sigprocmask(SIG_BLOCK, &block, &old);
+  struct sigaction sa{};
+  sa.sa_handler = forward;
+  sigemptyset(&sa.sa_mask);
+  for (int s : kForwarded) ::sigaction(s, &sa, nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    for (int s : kForwarded) ::signal(s, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned rank if the wrapper itself is killed
+    if (::getppid() != parent) ::_exit(127);
+    ::execvp(argv[0], argv);
+    std::fprintf(stderr, "hpcrun: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  if (child > 0) g_child = child;
+  const int fork_errno = errno;  // for the caller's message
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  errno = fork_errno;
+  return child;
+}
+
+// Die the way the program died, so that mpirun reports the same signal.
+int end_as(const RankReport& report, const sigset_t& block) {
+  if (report.status.exited) return report.status.code;
+  ::signal(report.status.signal, SIG_DFL);
+  ::sigprocmask(SIG_UNBLOCK, &block, nullptr);
+  ::raise(report.status.signal);
+  return 128 + report.status.signal;
+}
+
+}  // namespace
+
 int rank_exec_main(int argc, char** argv) {
   if (argc < 1) {
     std::fprintf(stderr, "hpcrun: error: --rank-exec needs a program\n");
@@ -121,38 +169,16 @@ int rank_exec_main(int argc, char** argv) {
   if (!rank_env) rank_env = std::getenv("PMIX_RANK");
   RankReport report;
   report.rank = rank_env ? std::atoi(rank_env) : -1;
-  const int n = std::snprintf(g_alive_line, sizeof g_alive_line, "%s rank=%d\n", kAliveTag, report.rank);
-  g_alive_length = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_alive_line - 1) : 0;
+  prepare_alive_line(report.rank);
 
-  // Signals are blocked across fork so none is lost between the fork and g_child being set.
-  const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};
-  sigset_t block, old;
+  sigset_t block;
   sigemptyset(&block);
-  for (int s : forwarded) sigaddset(&block, s);
-  ::sigprocmask(SIG_BLOCK, &block, &old);
-  struct sigaction sa{};
-  sa.sa_handler = forward;
-  sigemptyset(&sa.sa_mask);
-  for (int s : forwarded) ::sigaction(s, &sa, nullptr);
-
-  const pid_t parent = ::getpid();
-  const pid_t child = ::fork();
+  for (int s : kForwarded) sigaddset(&block, s);
+  const pid_t child = start_program(argv, block);
   if (child < 0) {
     std::fprintf(stderr, "hpcrun: error: rank %d: fork: %s\n", report.rank, std::strerror(errno));
     return 1;
   }
-  if (child == 0) {
-    for (int s : forwarded) ::signal(s, SIG_DFL);
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned rank if the wrapper itself is killed
-    if (::getppid() != parent) ::_exit(127);
-    ::execvp(argv[0], argv);
-    std::fprintf(stderr, "hpcrun: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  g_child = child;
-  ::sigprocmask(SIG_SETMASK, &old, nullptr);
-
   int st = 0;
   pid_t r;
   do r = ::waitpid(child, &st, 0);
@@ -163,12 +189,7 @@ int rank_exec_main(int argc, char** argv) {
   std::fflush(stdout);
   std::fprintf(stderr, "%s\n", format_report(report).c_str());
   std::fflush(stderr);
-  if (report.status.exited) return report.status.code;
-  // Die the way the program died, so that mpirun reports the same signal.
-  ::signal(report.status.signal, SIG_DFL);
-  ::sigprocmask(SIG_UNBLOCK, &block, nullptr);
-  ::raise(report.status.signal);
-  return 128 + report.status.signal;
+  return end_as(report, block);
 }
 
 }  // namespace hpc::launch

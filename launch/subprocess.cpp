@@ -192,6 +192,51 @@ std::string CommandResult::why() const {
   return status.show() + (tail.empty() ? "" : ": " + tail);
 }
 
+namespace {
+
+// The pipes still open of the commands that started, each with its command's index; false when
+// every command has ended and closed its pipes.
+bool open_pipes(std::vector<Child>& children, const std::vector<CommandResult>& results, std::vector<pollfd>* fds,
+                std::vector<size_t>* owner) {
+  bool alive = false;
+  for (size_t i = 0; i < children.size(); ++i) {
+    if (!results[i].started) continue;
+    for (int fd : {children[i].out_fd(), children[i].err_fd()}) {
+      if (fd < 0) continue;
+      fds->push_back({fd, POLLIN, 0});
+      owner->push_back(i);
+      alive = true;
+    }
+    ExitStatus st;
+    if (!children[i].poll(&st)) alive = true;
+  }
+  return alive;
+}
+
+// Keeps the first MiB of what the pipe has; closes it at its end.
+void read_pipe(Child& child, int fd, CommandResult& result) {
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  const bool is_err = fd == child.err_fd();
+  std::string& text = is_err ? result.errors : result.output;
+  if (n > 0 && text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
+  if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) return;
+  if (is_err) child.close_err();
+  else child.close_out();
+}
+
+void kill_the_late(std::vector<Child>& children, std::vector<CommandResult>& results) {
+  for (size_t i = 0; i < children.size(); ++i) {
+    ExitStatus st;
+    if (results[i].started && !children[i].poll(&st)) {
+      results[i].timed_out = true;
+      children[i].signal(SIGKILL);
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<CommandResult> run_commands(const std::vector<std::vector<std::string>>& commands, double timeout_seconds,
                                         bool merge_stderr) {
   std::vector<CommandResult> results(commands.size());
@@ -210,45 +255,17 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<size_t> owner;
-    bool alive = false;
-    for (size_t i = 0; i < children.size(); ++i) {
-      if (!results[i].started) continue;
-      for (int fd : {children[i].out_fd(), children[i].err_fd()}) {
-        if (fd < 0) continue;
-        fds.push_back({fd, POLLIN, 0});
-        owner.push_back(i);
-        alive = true;
-      }
-      ExitStatus st;
-      if (!children[i].poll(&st)) alive = true;
-    }
-    if (!alive) break;
+    if (!open_pipes(children, results, &fds, &owner)) break;
     const double left = deadline - monotonic_seconds();
     if (left <= 0) {
-      for (size_t i = 0; i < children.size(); ++i) {
-        ExitStatus st;
-        if (results[i].started && !children[i].poll(&st)) {
-          results[i].timed_out = true;
-          children[i].signal(SIGKILL);
-        }
-      }
+      kill_the_late(children, results);
       break;
     }
     const int wait_ms = fds.empty() ? 20 : static_cast<int>(std::min(left, 0.05) * 1000) + 1;
     if (fds.empty()) ::usleep(static_cast<useconds_t>(wait_ms) * 1000);
     else ::poll(fds.data(), fds.size(), wait_ms);
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[4096];
-      const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
-      Child& child = children[owner[k]];
-      const bool is_err = fds[k].fd == child.err_fd();
-      std::string& text = is_err ? results[owner[k]].errors : results[owner[k]].output;
-      if (n > 0 && text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
-      if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) continue;
-      if (is_err) child.close_err();
-      else child.close_out();
-    }
+    for (size_t k = 0; k < fds.size(); ++k)
+      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_pipe(children[owner[k]], fds[k].fd, results[owner[k]]);
   }
   for (size_t i = 0; i < children.size(); ++i)
     if (results[i].started) results[i].status = children[i].wait();

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "analysis.hpp"
+#include "attempt_phase.hpp"
 #include "blacklist.hpp"
 #include "options.hpp"
+#include "subprocess.hpp"
 
 namespace hpc::launch {
 
@@ -63,7 +65,19 @@ class Supervisor {
   struct Stop {
     StopKind kind = StopKind::None;
     std::string why;
-    double deadline = 0;
+  };
+  // The running attempt: what the steps of its watch loop share.
+  struct Attempt {
+    Attempt(AttemptRecord record, HostList hosts, AttemptPhase watch)
+        : rec(std::move(record)), placement(std::move(hosts)), phase(watch) {}
+    AttemptRecord rec;
+    HostList placement;
+    Child mpirun;
+    LineSplitter out_lines, err_lines;
+    AttemptPhase phase;
+    Stop stop;
+    AttemptEvidence evidence;
+    double last_beat_poll = 0, last_membership = 0;
   };
 
   double now() const;
@@ -84,16 +98,34 @@ class Supervisor {
 
   // Before the first launch: mpirun's own usage errors, found by a run that starts nothing.
   void check_mpirun_accepts(const HostList& placement);
+  // Inside a Slurm job: when Slurm chose it for preemption ("" when not, or not in Slurm).
+  std::string slurm_preemption() const;
 
-  // One attempt
+  // One attempt (attempt.cpp): started, watched until mpirun and its output are gone, judged.
   AttemptRecord run_attempt(const HostList& placement);
+  Attempt start_attempt(const HostList& placement);
+  void set_attempt_env(const Attempt& a);
   std::vector<std::string> mpirun_command(const HostList& placement) const;
-  void handle_output(const std::string& line, bool from_stderr, AttemptRecord& rec);
-  void note_failure(AttemptRecord& rec);
-  void check_membership(const HostList& placement, Stop& stop);
-  void request_stop(Stop& stop, StopKind kind, const std::string& why);
+  AttemptRecord conclude(Attempt& a, const ExitStatus& status);
+  // The watch loop's steps, in the order each pass takes them.
+  void read_output(Attempt& a);  // waits up to 100 ms for output (or a signal)
+  void read_stream(Attempt& a, int fd);
+  void check_exit(Attempt& a, double t, ExitStatus* status);
+  void take_signals(Attempt& a, double t);
+  void watch_heartbeat(Attempt& a, double t);
+  void escalate(Attempt& a, double t);  // the attempt's phase past its deadline: what hpcrun does
+  void watch_membership(Attempt& a, double t);
+  // Output
+  void handle_output(Attempt& a, const std::string& line, bool from_stderr);
+  bool keep_off_terminal(const Attempt& a, const TaggedLine& t) const;
+  void note_failure(Attempt& a);
+  void check_membership(Attempt& a);
+  std::string joining_hosts(const HostList& placement, const HostList& known);
+  void request_stop(Attempt& a, StopKind kind, const std::string& why);
   bool take_signal(int* sig);
+  int signal_fd() const;  // readable when a signal is waiting
 
+  // The summary (summary.cpp)
   int finish(int code, const std::string& last_line);
   void print_summary();
   void write_summary_json(int exit_code);
@@ -107,8 +139,6 @@ class Supervisor {
   std::vector<AttemptRecord> attempts_;
   std::ofstream attempt_log_, hpcrun_log_;
   std::vector<std::string> early_lines_;  // said before the log directory was created
-  AttemptEvidence evidence_;  // of the running attempt
-  double teardown_deadline_ = 0;
   int signals_seen_ = 0;
   bool interrupted_ = false;
   std::string self_exe_;

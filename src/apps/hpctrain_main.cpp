@@ -1,5 +1,6 @@
-// hpctrain: start MPI, pick the subcommand (train, the default; evaluate; inspect), run it,
-// turn errors into one line and an exit code (2: the user's input, 1: hpctrain's own failure).
+// hpctrain: start MPI, pick the subcommand (train, the default; evaluate; inspect; export;
+// predict), run it, turn errors into one line and an exit code (2: the user's input, 1:
+// hpctrain's own failure).
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -11,6 +12,7 @@
 #include "dist/process.hpp"
 #include "train/commands.hpp"
 #include "train/options.hpp"
+#include "train/serving.hpp"
 #include "train/signals.hpp"
 #include "train/trainer.hpp"
 
@@ -40,7 +42,7 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
 void block_early(int, char**, char**) { hpc::train::block_stop_signals(); }
 [[gnu::section(".preinit_array"), gnu::used]] void (*const g_block_early)(int, char**, char**) = block_early;
 
-// `hpctrain evaluate ...`, `hpctrain inspect ...`; `hpctrain train ...` or options alone train.
+// `hpctrain evaluate|inspect|export|predict ...`; `hpctrain train ...` or options alone train.
 const char* command_of(int argc, char** argv) { return argc > 1 && argv[1][0] != '-' ? argv[1] : "train"; }
 
 }  // namespace
@@ -49,13 +51,16 @@ int main(int argc, char** argv) {
   // Before MPI starts its threads: they must block the stop signals. Training takes a stop as a
   // request from here on; the other commands have nothing to save and end at once.
   const char* first = command_of(argc, argv);
-  const bool trains = std::strcmp(first, "evaluate") != 0 && std::strcmp(first, "inspect") != 0;
+  bool trains = true;
+  for (const char* other : {"evaluate", "inspect", "export", "predict"}) trains = trains && std::strcmp(first, other) != 0;
   hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   hpc::dist::ProcessContext ctx(&argc, &argv);
   try {
     const char* command = command_of(argc, argv);
     if (std::strcmp(command, "evaluate") == 0) return hpc::train::run_evaluate(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);
+    if (std::strcmp(command, "export") == 0) return hpc::train::run_export(argc - 1, argv + 1, ctx);
+    if (std::strcmp(command, "predict") == 0) return hpc::train::run_predict(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;
     std::optional<hpc::train::TrainOptions> options;
     // Every rank parses the same command line, so a bad flag fails on all of them alike.

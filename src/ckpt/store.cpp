@@ -103,6 +103,36 @@ class UnfinishedMark {
 
 }  // namespace
 
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const UnfinishedMark mark(tmp);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("create", tmp);
+  try {
+    write_all(fd, bytes.data(), bytes.size(), tmp);
+    if (::fsync(fd) != 0) io_error("fsync", tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    io_error("close", tmp);
+  }
+  if (const double s = pause_before_rename(); s > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    const std::string both = tmp + " to " + path;
+    errno = error;
+    io_error("rename", both);
+  }
+  const std::string dir = fs::path(path).parent_path().string();
+  fsync_path(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
+}
+
 void remove_unfinished_checkpoint() {
   if (g_unfinished_set.load()) ::unlink(g_unfinished);
 }
@@ -164,32 +194,7 @@ void CheckpointStore::move_superseded() {
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
   move_superseded();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const UnfinishedMark mark(tmp);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("create", tmp);
-  try {
-    write_all(fd, bytes.data(), bytes.size(), tmp);
-    if (::fsync(fd) != 0) io_error("fsync", tmp);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    io_error("close", tmp);
-  }
-  if (const double s = pause_before_rename(); s > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double>(s));
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(tmp.c_str());
-    const std::string both = tmp + " to " + path;
-    errno = error;
-    io_error("rename", both);
-  }
-  fsync_path(dir_, O_RDONLY | O_DIRECTORY);
+  write_file_atomically(path, bytes);
   // Retention: only after the new one is durable.
   const std::vector<std::string> all = list_checkpoints(dir_);
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {

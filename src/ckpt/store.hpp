@@ -53,6 +53,13 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
 // The heartbeat's fields by name (empty when DIR has none).
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 
+// Replaces (or creates) the file at `path` with `bytes` the checkpoint way: a temporary file
+// beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any
+// moment leaves what was at `path` byte for byte (a kill before the rename may leave the
+// temporary file, PATH.tmp.PID, which remove_unfinished_checkpoint() removes from a signal
+// handler). Usage error naming the file and the system's reason.
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
+
 // Removes the temporary file of the checkpoint being written now, if any: for a process that
 // ends at once in the middle of a write (train/signals.cpp), which would otherwise leave a
 // half-written file behind. Async-signal-safe.

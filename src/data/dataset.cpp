@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "data/facts.hpp"
 #include "data/shard_images.hpp"
 #include "data/shards.hpp"
 
@@ -91,7 +92,7 @@ DatasetPair load_cifar10(const std::string& dir) {
   const std::string test = (root / "test_batch.bin").string();
   p.test = read_cifar10({test}, kCifar10RecordsPerFile);
   require_distinct_files(p.train, train, p.test, test);
-  p.norm = {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
+  p.norm = normalization_of(DatasetKind::Cifar10);
   return p;
 }
 
@@ -102,7 +103,7 @@ DatasetPair load_cifar100(const std::string& dir) {
   DatasetPair p;
   p.train = read_cifar100({(root / "train.bin").string()}, kCifar100TrainRecords);
   p.test = read_cifar100({(root / "test.bin").string()}, kCifar100TestRecords);
-  p.norm = {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
+  p.norm = normalization_of(DatasetKind::Cifar100);
   return p;
 }
 
@@ -148,7 +149,7 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   DatasetPair p;
   p.train = std::move(train);
   p.test = std::move(test);
-  p.norm = {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};  // ImageNet's, as torchvision uses
+  p.norm = normalization_of(DatasetKind::Shards);
   return p;
 }
 
@@ -178,7 +179,7 @@ DatasetPair load_synthetic(int64_t image_size) {
   DatasetPair p;
   p.train = split(kSyntheticTrain, 0);
   p.test = split(kSyntheticTest, 1);
-  p.norm = {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
+  p.norm = normalization_of(DatasetKind::Synthetic);
   return p;
 }
 
@@ -188,8 +189,8 @@ DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image
   if (kind == DatasetKind::Shards) return load_shards(dir, image_size);
   HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", dataset_name(kind),
               " has its own image size");
-  if (kind == DatasetKind::FashionMnist) return load_idx_pair(dir, {{0.2860f}, {0.3530f}});
-  if (kind == DatasetKind::Mnist) return load_idx_pair(dir, {{0.1307f}, {0.3081f}});
+  if (kind == DatasetKind::FashionMnist) return load_idx_pair(dir, normalization_of(kind));
+  if (kind == DatasetKind::Mnist) return load_idx_pair(dir, normalization_of(kind));
   if (kind == DatasetKind::Cifar10) return load_cifar10(dir);
   return load_cifar100(dir);
 }

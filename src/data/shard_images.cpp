@@ -36,8 +36,8 @@ Region random_resized_crop(int64_t height, int64_t width, Philox& rng) {
   return {(static_cast<double>(height) - h) / 2, (static_cast<double>(width) - w) / 2, h, w};
 }
 
-Region centre_crop(int64_t height, int64_t width) {
-  const double side = static_cast<double>(std::min(height, width)) * 7.0 / 8.0;
+Region centre_crop(int64_t height, int64_t width, double fraction = kEvaluationCrop) {
+  const double side = static_cast<double>(std::min(height, width)) * fraction;
   return {(static_cast<double>(height) - side) / 2, (static_cast<double>(width) - side) / 2, side, side};
 }
 
@@ -69,6 +69,11 @@ void resample(const Image& img, const Region& r, int64_t size, bool flip, uint8_
 }
 
 }  // namespace
+
+void centre_view(const Image& image, double fraction, int64_t size, uint8_t* out) {
+  HPC_CHECK(fraction > 0 && fraction <= 1 && size > 0, "centre_view(", fraction, ", ", size, ")");
+  resample(image, centre_crop(image.height, image.width, fraction), size, false, out);
+}
 
 ShardImages::ShardImages(std::vector<ShardReader> shards, int64_t size) : shards_(std::move(shards)), size_(size) {
   HPC_REQUIRE(size > 0, "the image size must be positive");

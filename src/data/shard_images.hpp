@@ -13,6 +13,16 @@
 
 namespace hpc::data {
 
+struct Image;
+
+// The share of the shorter side that evaluation's centre crop keeps (ImageNet's 224 of 256).
+constexpr double kEvaluationCrop = 7.0 / 8.0;
+
+// The centre crop of `fraction` of the image's shorter side, bilinear-resampled to size x size
+// RGB bytes into out: evaluation's view of a packed image (fraction kEvaluationCrop), which
+// `hpctrain predict` gives the user's images too.
+void centre_view(const Image& image, double fraction, int64_t size, uint8_t* out);
+
 class ShardImages {
  public:
   // size: the side of the square images the model is given.

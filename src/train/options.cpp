@@ -209,6 +209,8 @@ po::options_description description(TrainOptions& o, std::string* config) {
   po::options_description all("Usage: hpctrain [train] [options]\n"
                               "       hpctrain evaluate --checkpoint PATH [options]   (test accuracy of a checkpoint)\n"
                               "       hpctrain inspect PATH [--json]                  (what a checkpoint holds)\n"
+                              "       hpctrain export --checkpoint PATH --output FILE (the model as an ONNX file)\n"
+                              "       hpctrain predict --checkpoint PATH IMAGES...   (classify PNG and JPEG images)\n"
                               "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 3 epochs). "
                               "Run under mpirun for data parallelism");
   for (const OptionGroup& group : option_table()) {

@@ -7,7 +7,6 @@ broken shards given to hpctrain, is one error line with the documented exit code
 nothing."""
 
 import fcntl
-import hashlib
 import json
 import os
 import resource
@@ -19,6 +18,8 @@ import sys
 import tempfile
 import time
 import unittest
+
+from tree_snapshot import snapshot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
@@ -55,19 +56,6 @@ def error_lines(err):
     return [line for line in err.splitlines() if "error:" in line]
 
 
-def snapshot(*roots):
-    """Every path under the roots with the SHA-256 of its bytes (None for a directory)."""
-    seen = {}
-    for root in roots:
-        if os.path.isfile(root):
-            with open(root, "rb") as f:
-                seen[root] = hashlib.sha256(f.read()).hexdigest()
-        for d, dirs, files in os.walk(root):
-            seen[d] = None
-            for n in files:
-                with open(os.path.join(d, n), "rb") as f:
-                    seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
-    return seen
 
 
 def hpctrain(data_dir, cwd):

@@ -7,7 +7,6 @@ DIR) works the checkpoint way: a failure or a signal leaves the prepared DIR byt
 it was. Bad arguments are usage errors that change nothing."""
 
 import gzip
-import hashlib
 import http.server
 import io
 import json
@@ -24,6 +23,8 @@ import threading
 import time
 import unittest
 
+from tree_snapshot import snapshot
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
 HPCTRAIN = os.environ.get("HPCTRAIN")
@@ -36,19 +37,6 @@ def hpcdata(*args, **kw):
     return p.returncode, p.stdout, p.stderr
 
 
-def snapshot(*roots):
-    """Every path under the roots with the SHA-256 of its bytes (None for a directory)."""
-    seen = {}
-    for root in roots:
-        if os.path.isfile(root):
-            with open(root, "rb") as f:
-                seen[root] = hashlib.sha256(f.read()).hexdigest()
-        for d, _, files in os.walk(root):
-            seen[d] = None
-            for n in files:
-                with open(os.path.join(d, n), "rb") as f:
-                    seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
-    return seen
 
 
 def error_lines(err):

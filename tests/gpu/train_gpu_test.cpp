@@ -1,14 +1,20 @@
 // GPU training through the real binary (hpctrain --device cuda): the default job's accuracy on
 // one GPU, reproducibility and bit-exact resume in deterministic mode, agreement with the CPU
-// reference, and GPU checkpoints that the CPU reads. Skips where no GPU is visible.
+// reference, and GPU checkpoints that the CPU reads; hpctrain predict on the GPU. Skips where no
+// GPU is visible.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/device.hpp"
+#include "data/jpeg.hpp"
 #include "integration/harness.hpp"
 
 namespace hpc::itest {
@@ -163,6 +169,59 @@ TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
   const RunResult r = run_mpi(1, short_job(m));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(done_of(m).at("steps").number, 40);
+}
+
+// The logits of hpctrain predict --json --logits's lines, in order.
+std::vector<std::vector<double>> predicted_logits(const std::string& out) {
+  std::vector<std::vector<double>> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    rows.push_back(nlohmann::json::parse(line).at("logits").get<std::vector<double>>());
+  return rows;
+}
+
+// hpctrain predict --device cuda: the checkpoint's model on the GPU (the GpuNetwork the engine
+// evaluates with, in fp32) gives the CPU's logits within 1e-4, also for a residual network.
+TEST_F(GpuTraining, PredictOnTheGpuGivesTheCpuLogits) {
+  const std::string images = dir_.file("images");
+  fs::create_directories(images);
+  for (int i = 0; i < 6; ++i) {  // colour JPEGs of several sizes
+    data::Image img;
+    img.height = 28 + 5 * i, img.width = 40 - 2 * i;
+    for (int64_t p = 0; p < img.height * img.width * 3; ++p)
+      img.pixels.push_back(static_cast<uint8_t>((p * (i + 3)) % 251));
+    const std::vector<uint8_t> jpeg = data::encode_jpeg(img, 90);
+    std::ofstream(images + "/" + std::to_string(i) + ".jpg", std::ios::binary)
+        .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+  }
+  for (const std::string model : {"cnn", "resnet20"}) {
+    SCOPED_TRACE(model);
+    const std::string ck = dir_.file("ck-" + model);
+    const RunResult trained = run_hpctrain({"--device", "cpu", "--model", model, "--train-samples", "256",
+                                            "--max-steps", "4", "--test-samples", "16", "--quiet", "--data-dir",
+                                            fashion_mnist_dir(), "--checkpoint-dir", ck});
+    ASSERT_EQ(trained.exit_code, 0) << trained.err;
+    std::vector<std::vector<double>> logits[2];
+    for (int gpu = 0; gpu < 2; ++gpu) {
+      const RunResult r = run_hpctrain({"predict", "--checkpoint", ck, "--device", gpu ? "cuda" : "cpu", "--json",
+                                        "--logits", "--batch-size", "4", images});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      if (gpu) {
+        EXPECT_NE(r.err.find("on GPU"), std::string::npos) << r.err;
+      }
+      logits[gpu] = predicted_logits(r.out);
+    }
+    ASSERT_EQ(logits[0].size(), 6u);
+    ASSERT_EQ(logits[1].size(), 6u);
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      double scale = 0, worst = 0;
+      for (size_t k = 0; k < logits[0][i].size(); ++k) {
+        scale = std::max(scale, std::abs(logits[0][i][k]));
+        worst = std::max(worst, std::abs(logits[0][i][k] - logits[1][i][k]));
+      }
+      EXPECT_LE(worst, 1e-4 * scale) << "image " << i;
+    }
+  }
 }
 
 }  // namespace

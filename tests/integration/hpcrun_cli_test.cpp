@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ RunResult hpcrun(std::vector<std::string> args, double deadline = 60) {
   args.insert(args.begin(), hpcrun_binary());
   return run_program(std::move(args), deadline);
 }
+
+// LOG_DIR/summary.json, parsed (a parse error fails the test).
+nlohmann::json summary(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
 
 int error_lines(const std::string& err) {
   int n = 0;
@@ -191,7 +195,20 @@ TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
   const std::string log = read_text(dir.file("attempt-1.log"));
   EXPECT_NE(log.find("hello from 1"), std::string::npos);
   EXPECT_NE(log.find("hpcrun-rank-status: rank=1 exit=0"), std::string::npos) << log;
-  EXPECT_NE(read_text(dir.file("summary.json")).find("\"result\": \"success\""), std::string::npos);
+  const nlohmann::json sum = summary(dir.file("summary.json"));
+  EXPECT_EQ(sum["exit_code"], 0);
+  EXPECT_EQ(sum["failures"], 0);
+  ASSERT_EQ(sum["attempts"].size(), 1u) << sum;
+  const nlohmann::json& a = sum["attempts"][0];
+  EXPECT_EQ(a["attempt"], 1);
+  EXPECT_EQ(a["np"], 2);
+  EXPECT_EQ(a["hosts"], "localhost:2");
+  EXPECT_EQ(a["result"], "success");
+  EXPECT_EQ(a["outcome"], "every rank finished");
+  EXPECT_EQ(a["failed_hosts"], nlohmann::json::array());
+  EXPECT_LE(a["start"].get<double>(), a["end"].get<double>());
+  EXPECT_LE(a["end"].get<double>(), sum["seconds"].get<double>());
+  EXPECT_FALSE(a.contains("failed_at")) << a;
 }
 
 // A host name that does not resolve, where the other hosts give --min-np slots: one line naming it
@@ -252,7 +269,11 @@ TEST(HpcrunCli, StallQueryLeavesHealthyRanksAlive) {
   EXPECT_NE(log.find("hpcrun-rank-alive: rank=0"), std::string::npos) << log;
   EXPECT_NE(log.find("hpcrun-rank-alive: rank=1"), std::string::npos) << log;
   EXPECT_EQ(log.find("signal=12"), std::string::npos) << log;
-  EXPECT_NE(read_text(dir.file("hpcrun/summary.json")).find("\"failed_hosts\": []"), std::string::npos);
+  const nlohmann::json sum = summary(dir.file("hpcrun/summary.json"));
+  ASSERT_EQ(sum["attempts"].size(), 2u) << sum;
+  EXPECT_EQ(sum["attempts"][0]["result"], "failure");
+  EXPECT_EQ(sum["attempts"][0]["failed_hosts"], nlohmann::json::array());
+  EXPECT_EQ(sum["attempts"][1]["result"], "success");
 }
 
 TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {
@@ -266,6 +287,17 @@ TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("summary: 3 attempt(s), 3 failure(s)"), std::string::npos) << r.err;
+  const nlohmann::json sum = summary(dir.file("summary.json"));
+  EXPECT_EQ(sum["exit_code"], 1);
+  EXPECT_EQ(sum["failures"], 3);
+  ASSERT_EQ(sum["attempts"].size(), 3u) << sum;
+  for (const nlohmann::json& a : sum["attempts"]) {
+    EXPECT_EQ(a["result"], "failure") << a;
+    EXPECT_EQ(a["outcome"], "rank 0 on localhost ended with exit code 3") << a;
+    EXPECT_EQ(a["failed_hosts"], nlohmann::json::array({"localhost"})) << a;
+    EXPECT_GE(a["failed_at"].get<double>(), a["start"].get<double>()) << a;
+    EXPECT_FALSE(a.contains("recovery_seconds")) << "no heartbeat showed a step: " << a;
+  }
 }
 
 }  // namespace

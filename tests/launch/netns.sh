@@ -158,17 +158,38 @@ LogLevel INFO
 CONFIG
 }
 
+# What every host must see as the cluster's shared file system does (the build, the data) but
+# lies in a host-local place (/tmp, /dev/shm: a checkout under /tmp): the first folder of each
+# under that place, once.
+netns_shared_local_dirs() {
+  local p top seen=" "
+  for p in "$@"; do
+    case "$p" in /tmp/?* | /dev/shm/?*) ;; *) continue ;; esac
+    top=${p#/tmp/}
+    [[ "$p" == /tmp/* ]] && top=/tmp/${top%%/*} || { top=${p#/dev/shm/}; top=/dev/shm/${top%%/*}; }
+    [[ "$seen" == *" $top "* ]] || { seen+="$top "; echo "$top"; }
+  done
+}
+
 # Starts host K's sshd in its namespaces: its own host name, and a fresh tmpfs on /tmp and
-# /dev/shm that nobody else sees and that goes when the host's last process does.
+# /dev/shm that nobody else sees and that goes when the host's last process does. The folders
+# netns_shared_local_dirs names are carried over into the fresh tmpfs (moved there from a holding
+# place outside it), as a shared mount would be on a real host.
 netns_boot_host() {
-  local d="$NETNS_DIR/ssh/h$1" i
+  local d="$NETNS_DIR/ssh/h$1" i hold="$NETNS_DIR/ssh/h$1/hold" shared=()
   # Its privilege separation directory (Debian's init script makes it; a container may lack it).
   mkdir -p /run/sshd
   rm -f "$d/sshd.pid"
+  mapfile -t shared < <(netns_shared_local_dirs "$HPCRUN" "$HPCTRAIN" "${FASHION_MNIST:-}")
+  for ((i = 0; i < ${#shared[@]}; ++i)); do mkdir -p "$hold/$i"; done
   # shellcheck disable=SC2016  # $1... are the inner sh's arguments
   ip netns exec "hpt${NETNS_ID}h$1" unshare --uts --mount --propagation private sh -c '
-    hostname "$1" && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm &&
-    exec "$2" -f "$3" -E "$4"' sh "hpt${NETNS_ID}h$1" "$NETNS_SSHD" "$d/sshd_config" "$d/sshd.log" ||
+    name=$1 sshd=$2 config=$3 log=$4 hold=$5; shift 5
+    i=0; for p in "$@"; do mount --bind "$p" "$hold/$i" || exit 1; i=$((i + 1)); done
+    hostname "$name" && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm || exit 1
+    i=0; for p in "$@"; do mkdir -p "$p" && mount --move "$hold/$i" "$p" || exit 1; i=$((i + 1)); done
+    exec "$sshd" -f "$config" -E "$log"' sh "hpt${NETNS_ID}h$1" "$NETNS_SSHD" "$d/sshd_config" "$d/sshd.log" \
+    "$hold" "${shared[@]}" ||
     { cat "$d/sshd.log" >&2 2> /dev/null; echo "FAIL: cannot start sshd on host $1" >&2; exit 1; }
   # sshd writes its pid file once it listens.
   for ((i = 0; i < 100; ++i)); do

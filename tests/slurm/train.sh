@@ -7,16 +7,20 @@
 source "$(dirname "$0")/common.sh"
 CLUSTER_ARGS=--netns slurm_setup 2 240
 
-# ranks_by_namespace: "namespace:count" of the running hpctrain processes, e.g. "hpcs1n1:1 hpcs1n2:1".
+# ranks_by_namespace NAME: "namespace:count" of the running hpctrain processes of this test's job
+# NAME (its checkpoint directory is on their command line; other tests' hpctrain may run beside
+# them), e.g. "hpcs1n1:1 hpcs1n2:1"; a process in no named namespace counts as "-".
 ranks_by_namespace() {
-  local p
-  for p in $(pgrep -x hpctrain); do ip netns identify "$p" 2> /dev/null || true; done | sort | uniq -c |
-    awk '{printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1}'
+  local p ns
+  for p in $(pgrep -x -f "$HPCTRAIN .*--checkpoint-dir $WORK/$1 .*"); do
+    ns=$(ip netns identify "$p" 2> /dev/null) || true
+    echo "${ns:--}"
+  done | sort | uniq -c | awk '{printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1}'
 }
 
 EPOCHS=2 submit run --nodes=2
 wait_step run 5 60
-placed=$(ranks_by_namespace)
+placed=$(ranks_by_namespace run)
 [[ "$placed" =~ ^hpcs[0-9]+n1:1\ hpcs[0-9]+n2:1$ ]] || fail "the ranks ran in namespaces '$placed', not one in each node's"
 say "srun: one rank in each node's network namespace ($placed)"
 wait_state "$JOB" COMPLETED 180

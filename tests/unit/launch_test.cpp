@@ -1,5 +1,6 @@
 // hpcrun's pure parts: host lists in every form, the blacklist's cooldowns, the ranks' status
-// lines, mpirun's tagged output and messages, and what an attempt's end means.
+// lines, mpirun's tagged output and messages, an attempt's phases and deadlines, and what an
+// attempt's end means.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <map>
 
 #include "analysis.hpp"
+#include "attempt_phase.hpp"
 #include "blacklist.hpp"
 #include "core/error.hpp"
 #include "hosts.hpp"
@@ -103,6 +105,16 @@ TEST(Hosts, SlurmAllocationForMpirun) {
   EXPECT_EQ(env["SLURM_NNODES"], "2");
   EXPECT_EQ(env["SLURM_JOB_CPUS_PER_NODE"], "4,1");
   EXPECT_EQ(slurm_hosts(env["SLURM_JOB_NODELIST"], env["SLURM_TASKS_PER_NODE"]), healthy);
+}
+
+// scontrol show job -o's record: PreemptTime is set once Slurm chose the job for preemption.
+TEST(Hosts, SlurmPreemptTime) {
+  EXPECT_EQ(slurm_preempt_time("JobId=7 JobName=t JobState=RUNNING PreemptEligibleTime=2026-11-23T14:30:08 "
+                               "PreemptTime=2026-11-23T14:30:12 SuspendTime=None"),
+            "2026-11-23T14:30:12");
+  EXPECT_EQ(slurm_preempt_time("JobId=7 JobState=RUNNING PreemptEligibleTime=2026-11-23T14:30:08 PreemptTime=None"), "");
+  EXPECT_EQ(slurm_preempt_time("JobId=7 JobState=RUNNING"), "");
+  EXPECT_EQ(slurm_preempt_time(""), "");
 }
 
 TEST(Hosts, Local) {
@@ -402,6 +414,144 @@ TEST(Subprocess, LinesAcrossReads) {
   ::close(fds[0]);
   EXPECT_EQ(lines, (std::vector<std::string>{"one", "two"}));
   EXPECT_EQ(rest, "three");
+}
+
+// An attempt launched at t = 100 with a heartbeat, --stall-timeout 60, --stop-timeout 300 and
+// --teardown-timeout 10.
+AttemptPhase launched(bool heartbeat = true, double stall = 60, double teardown = 10) {
+  return AttemptPhase(PhaseTimeouts{heartbeat, stall, 300, teardown}, 100);
+}
+
+void expect_escalation(AttemptPhase& p, double t, Phase from, Action action, Phase to, double deadline) {
+  const Escalation e = p.escalate(t);
+  EXPECT_EQ(phase_name(e.from), std::string(phase_name(from))) << "at " << t;
+  EXPECT_EQ(static_cast<int>(e.action), static_cast<int>(action)) << "at " << t;
+  EXPECT_EQ(phase_name(p.phase()), std::string(phase_name(to))) << "at " << t;
+  EXPECT_DOUBLE_EQ(p.deadline(), deadline) << "at " << t;
+}
+
+TEST(AttemptPhase, StallCountsFromTheLaunchThenFromTheLastStep) {
+  AttemptPhase p = launched();
+  EXPECT_EQ(p.phase(), Phase::Starting);
+  EXPECT_DOUBLE_EQ(p.deadline(), 160);
+  EXPECT_FALSE(p.running());
+  expect_escalation(p, 159, Phase::Starting, Action::None, Phase::Starting, 160);
+  p.progress(150);
+  EXPECT_TRUE(p.running());
+  EXPECT_DOUBLE_EQ(p.deadline(), 210);
+  expect_escalation(p, 210, Phase::Running, Action::None, Phase::Running, 210);
+  EXPECT_FALSE(p.stalled());
+  // Stalled: the ranks are asked which respond, for at most 2 s, then terminated, then killed.
+  expect_escalation(p, 211, Phase::Running, Action::QueryLiveness, Phase::Querying, 213);
+  EXPECT_TRUE(p.stalled());
+  EXPECT_FALSE(p.running());
+  expect_escalation(p, 214, Phase::Querying, Action::Terminate, Phase::Terminating, 224);
+  expect_escalation(p, 225, Phase::Terminating, Action::Kill, Phase::Killed, AttemptPhase::kNever);
+  expect_escalation(p, 1e9, Phase::Killed, Action::None, Phase::Killed, AttemptPhase::kNever);
+}
+
+TEST(AttemptPhase, StallBeforeTheFirstStepAndAShortTeardown) {
+  AttemptPhase p = launched(true, 60, 1);
+  expect_escalation(p, 161, Phase::Starting, Action::QueryLiveness, Phase::Querying, 162);  // 1 s, not 2
+  expect_escalation(p, 163, Phase::Querying, Action::Terminate, Phase::Terminating, 164);
+}
+
+TEST(AttemptPhase, WithoutAHeartbeatTheJobRunsAfterTenSecondsAndNeverStalls) {
+  AttemptPhase p = launched(false);
+  EXPECT_DOUBLE_EQ(p.deadline(), 110);
+  expect_escalation(p, 111, Phase::Starting, Action::None, Phase::Running, AttemptPhase::kNever);
+  EXPECT_TRUE(p.running());
+  AttemptPhase off = launched(true, 0);  // --stall-timeout 0
+  EXPECT_DOUBLE_EQ(off.deadline(), AttemptPhase::kNever);
+  off.progress(120);
+  EXPECT_DOUBLE_EQ(off.deadline(), AttemptPhase::kNever);
+}
+
+TEST(AttemptPhase, AStopThatTakesTooLongIsTerminatedThenKilled) {
+  AttemptPhase p = launched();
+  p.progress(110);
+  p.stop_requested(120);
+  EXPECT_FALSE(p.running());
+  EXPECT_DOUBLE_EQ(p.deadline(), 420);
+  p.progress(130);  // steps until the checkpoint: no stall clock while stopping
+  EXPECT_DOUBLE_EQ(p.deadline(), 420);
+  // Asked again (a signal after a request to grow): --stop-timeout starts again.
+  p.stop_requested(200);
+  EXPECT_DOUBLE_EQ(p.deadline(), 500);
+  expect_escalation(p, 501, Phase::Stopping, Action::Terminate, Phase::Terminating, 504);
+  expect_escalation(p, 505, Phase::Terminating, Action::Kill, Phase::Killed, AttemptPhase::kNever);
+}
+
+TEST(AttemptPhase, AFailureGivesMpirunTheTeardownTimeoutThenKills) {
+  AttemptPhase p = launched();
+  p.progress(110);
+  p.failure_seen(130);
+  EXPECT_EQ(p.phase(), Phase::TearingDown);
+  EXPECT_DOUBLE_EQ(p.deadline(), 140);
+  p.failure_seen(135);  // the first sign starts the clock
+  p.progress(136);
+  EXPECT_DOUBLE_EQ(p.deadline(), 140);
+  expect_escalation(p, 141, Phase::TearingDown, Action::Kill, Phase::Killed, AttemptPhase::kNever);
+}
+
+// Two reasons to end the job: whichever runs out first escalates.
+TEST(AttemptPhase, TheSoonerOfTwoDeadlinesWins) {
+  AttemptPhase stopping = launched();
+  stopping.stop_requested(120);  // until 420
+  stopping.failure_seen(130);    // until 140: sooner
+  EXPECT_EQ(stopping.phase(), Phase::TearingDown);
+  EXPECT_DOUBLE_EQ(stopping.deadline(), 140);
+
+  AttemptPhase failing = launched();
+  failing.failure_seen(130);    // until 140
+  failing.stop_requested(135);  // until 435: later
+  EXPECT_EQ(failing.phase(), Phase::TearingDown);
+  EXPECT_DOUBLE_EQ(failing.deadline(), 140);
+
+  AttemptPhase querying = launched();
+  querying.escalate(161);        // stalled: the query ends at 163
+  querying.failure_seen(162);    // until 172: later
+  querying.stop_requested(162);  // until 462: later
+  EXPECT_EQ(querying.phase(), Phase::Querying);
+  EXPECT_DOUBLE_EQ(querying.deadline(), 163);
+
+  AttemptPhase slow = launched(true, 60, 600);  // --teardown-timeout longer than --stop-timeout
+  slow.stop_requested(120);                     // until 420
+  slow.failure_seen(130);                       // until 730: later
+  EXPECT_EQ(slow.phase(), Phase::Stopping);
+  EXPECT_DOUBLE_EQ(slow.deadline(), 420);
+}
+
+TEST(AttemptPhase, ASecondSignalTerminatesOnce) {
+  AttemptPhase p = launched();
+  p.stop_requested(120);
+  EXPECT_EQ(p.kill_requested(130), Action::Terminate);
+  EXPECT_EQ(p.phase(), Phase::Terminating);
+  EXPECT_DOUBLE_EQ(p.deadline(), 133);
+  EXPECT_EQ(p.kill_requested(131), Action::None);
+  p.failure_seen(131);  // hpcrun is ending the job already
+  EXPECT_EQ(p.phase(), Phase::Terminating);
+  expect_escalation(p, 134, Phase::Terminating, Action::Kill, Phase::Killed, AttemptPhase::kNever);
+  EXPECT_EQ(p.kill_requested(135), Action::None);
+  AttemptPhase torn = launched();
+  torn.failure_seen(130);
+  torn.escalate(141);  // killed for the teardown
+  EXPECT_EQ(torn.kill_requested(142), Action::None);
+}
+
+TEST(AttemptPhase, AfterMpirunEndsItsPipesGetTwoSeconds) {
+  AttemptPhase p = launched();
+  p.stop_requested(120);
+  p.exited(150);
+  EXPECT_TRUE(p.mpirun_gone());
+  EXPECT_DOUBLE_EQ(p.deadline(), 152);
+  p.failure_seen(151);
+  p.stop_requested(151);
+  EXPECT_EQ(p.kill_requested(151), Action::None);
+  p.exited(151.5);
+  EXPECT_DOUBLE_EQ(p.deadline(), 152);
+  expect_escalation(p, 152.5, Phase::Draining, Action::CloseOutput, Phase::Draining, AttemptPhase::kNever);
+  EXPECT_TRUE(p.mpirun_gone());
 }
 
 }  // namespace

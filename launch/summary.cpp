@@ -1,0 +1,135 @@
+// The end of hpcrun's run: the summary on the terminal and in hpcrun.log, and summary.json.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/duration.hpp"
+#include "supervisor.hpp"
+
+namespace hpc::launch {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Keys in the order they are written: the attempt's number first, as a reader looks for it.
+using Json = nlohmann::ordered_json;
+
+std::string fixed(double v, int digits = 1) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(digits);
+  os << v;
+  return os.str();
+}
+
+// Seconds to the millisecond: times taken from a clock, not measurements to 17 digits.
+double ms(double seconds) { return std::round(seconds * 1000) / 1000; }
+
+// How long a failure cost: from hpcrun learning of it to the next attempt's first step, and the
+// steps the next attempt did again (from the last checkpoint). Unknown (-1) where the heartbeat
+// did not show them.
+struct Recovery {
+  double seconds = -1;
+  int64_t steps_redone = -1;
+};
+
+Recovery recovery(const AttemptRecord& failed, const AttemptRecord& next) {
+  Recovery r;
+  if (next.first_step_at < 0) return r;
+  r.seconds = next.first_step_at - failed.failed_at;
+  if (failed.last_step >= 0 && next.first_step >= 0)
+    r.steps_redone = std::max<int64_t>(0, failed.last_step - (next.first_step - 1));
+  return r;
+}
+
+const char* result_name(const AttemptRecord& a) {
+  switch (a.verdict) {
+    case Verdict::Success: return "success";
+    case Verdict::Failure: return "failure";
+    case Verdict::UsageError: return "usage_error";
+    case Verdict::Stopped:
+    case Verdict::StoppedOutside: return a.membership ? "host_change" : "stopped";
+  }
+  return "?";
+}
+
+// One attempt; `next` is the attempt after it, if any.
+Json attempt_json(const AttemptRecord& a, const AttemptRecord* next) {
+  Json j = {{"attempt", a.number},       {"np", a.np},
+            {"hosts", show_hosts(a.hosts)}, {"start", ms(a.start)},
+            {"end", ms(a.end)},           {"result", result_name(a)},
+            {"outcome", a.outcome},       {"failed_hosts", a.failed_hosts},
+            {"first_step", a.first_step}, {"last_step", a.last_step}};
+  if (a.first_step_at >= 0) j["first_step_at"] = ms(a.first_step_at);
+  if (a.verdict != Verdict::Failure) return j;
+  j["failed_at"] = ms(a.failed_at);
+  if (!next) return j;
+  const Recovery r = recovery(a, *next);
+  if (r.seconds >= 0) j["recovery_seconds"] = ms(r.seconds);
+  if (r.seconds >= 0 && r.steps_redone >= 0) j["steps_redone"] = r.steps_redone;
+  return j;
+}
+
+// Written whole under a temporary name, then renamed: a reader never sees half a file.
+bool write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << text;
+  out.close();
+  return out && ::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int Supervisor::finish(int code, const std::string& last_line) {
+  open_logs();
+  print_summary();
+  write_summary_json(code);
+  if (!last_line.empty()) say(last_line);
+  return code;
+}
+
+void Supervisor::print_summary() {
+  if (attempts_.empty()) return;
+  int failed = 0, changes = 0;
+  for (const AttemptRecord& a : attempts_) failed += a.verdict == Verdict::Failure, changes += a.membership;
+  say("summary: " + std::to_string(attempts_.size()) + " attempt(s), " + std::to_string(failed) + " failure(s), " +
+      std::to_string(changes) + " host change(s), " + show_duration(now()) + " in all");
+  for (size_t i = 0; i < attempts_.size(); ++i) {
+    const AttemptRecord& a = attempts_[i];
+    std::string line = "  attempt " + std::to_string(a.number) + ": " + std::to_string(a.np) + " rank(s) on " +
+                       show_hosts(a.hosts) + ", " + show_duration(a.end - a.start);
+    if (a.first_step >= 0) line += ", steps " + std::to_string(a.first_step) + "-" + std::to_string(a.last_step);
+    say(line + ": " + a.outcome);
+    if (a.verdict != Verdict::Failure || i + 1 == attempts_.size()) continue;
+    const AttemptRecord& next = attempts_[i + 1];
+    const Recovery r = recovery(a, next);
+    std::string lost = "  failure of attempt " + std::to_string(a.number) + ": ";
+    if (r.seconds < 0) {
+      lost += "attempt " + std::to_string(next.number) + " finished no step the heartbeat showed";
+    } else {
+      lost += fixed(r.seconds) + " s from failure to the first step of attempt " + std::to_string(next.number);
+      if (r.steps_redone >= 0) lost += ", " + std::to_string(r.steps_redone) + " step(s) redone";
+    }
+    say(lost);
+  }
+}
+
+// Times of attempts are seconds since hpcrun started, at started_unix on the wall clock.
+void Supervisor::write_summary_json(int exit_code) {
+  Json attempts = Json::array();
+  for (size_t i = 0; i < attempts_.size(); ++i)
+    attempts.push_back(attempt_json(attempts_[i], i + 1 < attempts_.size() ? &attempts_[i + 1] : nullptr));
+  const Json summary = {{"exit_code", exit_code}, {"started_unix", ms(started_unix_)}, {"seconds", ms(now())},
+                        {"failures", failures_},   {"attempts", attempts}};
+  // A program's line in an outcome may hold bytes that are not UTF-8: replaced, not refused.
+  const std::string text = summary.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+  const std::string path = (fs::path(o_.log_dir) / "summary.json").string();
+  if (!write_atomically(path, text)) say("warning: cannot write " + path);
+}
+
+}  // namespace hpc::launch

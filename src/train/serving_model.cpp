@@ -1,0 +1,73 @@
+#include <cmath>
+#include <iostream>
+
+#include "core/error.hpp"
+#include "dist/agree.hpp"
+#include "train/checkpointing.hpp"
+#include "core/hash.hpp"
+#include "train/serving.hpp"
+
+namespace hpc::train {
+namespace {
+
+data::DatasetFacts facts_of(const ckpt::Checkpoint& c, const std::string& data_dir) {
+  const std::string& dataset = c.text("option.dataset");
+  const auto size = c.meta.find("option.image-size");
+  const int64_t image_size = size == c.meta.end() ? 0 : c.integer("option.image-size");
+  if (dataset == "shards")
+    HPC_REQUIRE(!data_dir.empty(), "the checkpoint's ", c.text("model"), " was trained on packed shards, whose class ",
+                "names only the packed dataset holds: pass --data-dir DIR (the directory with its classes.txt)");
+  return data::dataset_facts(dataset, image_size, data_dir);
+}
+
+// A model whose parameters are not finite would answer NaN for every image.
+void require_finite(const ckpt::Checkpoint& c, const std::string& path) {
+  for (const std::vector<float>* v : {&c.params, &c.buffers})
+    for (float x : *v) HPC_REQUIRE(std::isfinite(x), "the checkpoint ", path, " holds parameters that are not finite");
+}
+
+}  // namespace
+
+bool parse_subcommand(int argc, const char* const* argv, const boost::program_options::options_description& options,
+                      const boost::program_options::positional_options_description& positional,
+                      boost::program_options::variables_map& vm, bool speak) {
+  namespace po = boost::program_options;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
+    if (vm.count("help")) {  // before notify, which would insist on the required options
+      if (speak) std::cout << options << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage_error(e.what());
+  }
+  return true;
+}
+
+std::string ServingModel::param_checksum() const {
+  return fnv1a_hex(checkpoint.params.data(), checkpoint.params.size() * sizeof(float));
+}
+
+ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx) {
+  ServingModel s;
+  using Found = std::optional<std::pair<std::string, ckpt::Checkpoint>>;
+  std::optional<ckpt::Checkpoint> c =
+      read_on_rank0(ctx, [&]() -> Found { return load_checkpoint_or_latest(checkpoint); }, &s.path);
+  s.checkpoint = std::move(*c);
+  dist::collectively(ctx, [&] {
+    s.facts = facts_of(s.checkpoint, data_dir);
+    data::Dataset shape;  // the model's view of its dataset: only the sample shape and classes
+    shape.height = s.facts.height;
+    shape.width = s.facts.width;
+    shape.channels = s.facts.channels;
+    shape.classes = s.facts.classes;
+    s.model = std::make_unique<nn::Model<float>>(model_spec_of(s.checkpoint, shape));
+    check_model(s.checkpoint, *s.model);
+    require_finite(s.checkpoint, s.path);
+    apply_model_state(s.checkpoint, *s.model);
+  });
+  return s;
+}
+
+}  // namespace hpc::train

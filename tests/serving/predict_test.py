@@ -1,0 +1,350 @@
+"""hpctrain predict on images this test writes (PNG and JPEG, several sizes, grey and colour, files
+and directories), against hpctrain evaluate on the same samples; every kind of bad input (a file
+that is not an image, a truncated JPEG or PNG, a path that cannot be read, a checkpoint of another
+model or a corrupt one) is one error line and exit code 2, or with --skip-bad a warning and the rest
+classified. hpctrain export: a corrupt checkpoint is refused, an output in a missing directory or
+one that exists is refused, and --force replaces a file only by the rename of a complete one (a
+stop in the middle leaves the old file byte for byte). Under mpirun the batches are shared among
+the ranks and the output is the same as one rank's."""
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+import zlib
+
+import cv2
+import numpy as np
+
+HPCTRAIN = os.environ["HPCTRAIN"]
+MPIEXEC = os.environ.get("HPCTRAIN_MPIEXEC", "mpirun")
+FASHION_MNIST = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+FIRST = 64  # the test samples compared with evaluate
+CPU = ["--device", "cpu", "--threads", "2"]
+
+
+def run(*args, env=None):
+    p = subprocess.run([HPCTRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120,
+                       env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def ok(*args):
+    code, out, err = run(*args)
+    assert code == 0, f"hpctrain {' '.join(args)} exited {code}: {err}"
+    return out
+
+
+def logits_of(out):
+    """path -> logits of predict --json --logits's lines."""
+    return {r["path"]: np.array(r["logits"], dtype=np.float64) for r in map(json.loads, out.splitlines())}
+
+
+def rewrite_meta(src, dst, change):
+    """A copy of checkpoint src whose meta section (kind 1) is change(text), its CRC-32 recomputed:
+    a valid file that says something else."""
+    with open(src, "rb") as f:
+        data = f.read()
+    out, pos = bytearray(data[:12]), 12  # magic and format version
+    while pos < len(data):
+        kind, size, _ = struct.unpack_from("<IQI", data, pos)
+        payload = data[pos + 16:pos + 16 + size]
+        if kind == 1:
+            payload = change(payload.decode()).encode()
+        out += struct.pack("<IQI", kind, len(payload), zlib.crc32(payload)) + payload
+        pos += 16 + size
+    with open(dst, "wb") as f:
+        f.write(out)
+
+
+class Serving(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="hpctrain-predict-")
+        cls.ck = os.path.join(cls.tmp, "ck")
+        ok("--model", "cnn", "--train-samples", "512", "--epochs", "1", "--test-samples", str(FIRST),
+           "--checkpoint-dir", cls.ck, "--quiet", *CPU)
+        cls.ckpt = os.path.join(cls.ck, sorted(n for n in os.listdir(cls.ck) if n.endswith(".hpck"))[-1])
+        with gzip.open(os.path.join(FASHION_MNIST, "t10k-images-idx3-ubyte.gz")) as f:
+            cls.images = np.frombuffer(f.read()[16:16 + FIRST * 784], np.uint8).reshape(FIRST, 28, 28)
+        with gzip.open(os.path.join(FASHION_MNIST, "t10k-labels-idx1-ubyte.gz")) as f:
+            cls.labels = np.frombuffer(f.read()[8:8 + FIRST], np.uint8)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, True)
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=self.tmp)
+
+    def write(self, name, pixels, *params):
+        path = os.path.join(self.dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.assertTrue(cv2.imwrite(path, pixels, list(params)))
+        return path
+
+    def predict(self, *args):
+        return ok("predict", "--checkpoint", self.ck, "--json", "--logits", *CPU, *args)
+
+    def assert_refused(self, args, message):
+        code, out, err = run(*args)
+        self.assertEqual(code, 2, err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("error:", lines[0])
+        self.assertIn(message, lines[0])
+        return out
+
+    # ---- predict agrees with evaluate ----------------------------------------------------------
+
+    def test_agrees_with_evaluate_on_the_same_samples(self):
+        for i, image in enumerate(self.images):
+            self.write(f"test/{i:03d}.png", image)
+        got = logits_of(self.predict("--top-k", "10", os.path.join(self.dir, "test")))
+        z = np.stack([got[os.path.join(self.dir, "test", f"{i:03d}.png")] for i in range(FIRST)])
+        log_p = z - z.max(axis=1, keepdims=True)
+        log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+        metrics = os.path.join(self.dir, "evaluate.jsonl")
+        ok("evaluate", "--checkpoint", self.ck, "--test-samples", str(FIRST), "--metrics-file", metrics,
+           "--threads", "2")
+        with open(metrics) as f:
+            evaluated = json.loads(f.readline())
+        self.assertEqual(int((z.argmax(axis=1) == self.labels).sum()), round(evaluated["test_accuracy"] * FIRST))
+        loss = -log_p[np.arange(FIRST), self.labels].mean()
+        self.assertAlmostEqual(loss / evaluated["test_loss"], 1.0, delta=1e-6)
+
+    def test_sizes_colours_and_formats_frame_as_evaluation(self):
+        """Each variant of a test image that holds the same pixels once framed (grey or colour, PNG
+        with alpha, 2x and 3x larger, not square around the same square) gives the reference's
+        logits; a colour image gives its luma's; an image smaller than the model's input is enlarged
+        bilinearly; a JPEG gives the logits of its decoded pixels."""
+        image = self.images[3]
+        ref = self.write("ref.png", image)
+        rgb = np.repeat(image[..., None], 3, axis=2)
+        same = [self.write("colour.png", rgb),
+                self.write("alpha.png", np.dstack([rgb, np.full_like(image, 255)])),
+                self.write("twice.png", np.kron(image, np.ones((2, 2), np.uint8))),
+                self.write("thrice-colour.png", np.kron(rgb, np.ones((3, 3, 1), np.uint8))),
+                self.write("tall.png", np.pad(image, ((6, 6), (0, 0)))),
+                self.write("wide-colour.png", np.pad(rgb, ((0, 0), (10, 10), (0, 0))))]
+        # A colour image against its BT.601 luma, which a grey model sees (README).
+        colour = np.dstack([image, image // 2, 255 - image]).astype(np.uint32)  # R, G, B
+        luma = (19595 * colour[..., 0] + 38470 * colour[..., 1] + 7471 * colour[..., 2] + 32768) >> 16
+        luma_ref = self.write("luma-ref.png", luma.astype(np.uint8))
+        colour_path = self.write("rgb.png", colour[..., ::-1].astype(np.uint8))  # OpenCV writes BGR
+        small = image[4:24, 4:24]
+        small_ref = self.write("small-ref.png", self.bilinear(small, 28))
+        small_path = self.write("small.png", small)
+        jpegs = [self.write("grey.jpg", image, cv2.IMWRITE_JPEG_QUALITY, 95),
+                 self.write("colour.jpg", np.dstack([image, image // 2, 255 - image]), cv2.IMWRITE_JPEG_QUALITY, 90)]
+        decoded = [self.write(f"decoded-{i}.png", cv2.imread(p)) for i, p in enumerate(jpegs)]
+        got = logits_of(self.predict("--batch-size", "16", self.dir))
+        for path in same:
+            np.testing.assert_allclose(got[path], got[ref], rtol=1e-6, atol=1e-6, err_msg=path)
+        np.testing.assert_allclose(got[small_path], got[small_ref], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[colour_path], got[luma_ref], rtol=1e-6, atol=1e-6)
+        for jpeg, png in zip(jpegs, decoded):
+            np.testing.assert_allclose(got[jpeg], got[png], rtol=1e-6, atol=1e-6, err_msg=jpeg)
+
+    @staticmethod
+    def bilinear(grey, size):
+        """hpctrain's enlargement (data::centre_view of the whole square), in numpy."""
+        n = grey.shape[0]
+        o = np.arange(size, dtype=np.float64)
+        f = np.clip((o + 0.5) * (n / size) - 0.5, 0.0, n - 1)
+        i0 = f.astype(np.int64)
+        i1, w = np.minimum(i0 + 1, n - 1), f - i0
+        p = grey.astype(np.float64)
+        wy, wx = w[:, None], w[None, :]
+        v = ((1 - wy) * ((1 - wx) * p[i0][:, i0] + wx * p[i0][:, i1])
+             + wy * ((1 - wx) * p[i1][:, i0] + wx * p[i1][:, i1]))
+        return np.clip(v + 0.5, 0.0, 255.0).astype(np.uint8)
+
+    def test_directories_are_walked_in_order_and_text_names_the_classes(self):
+        paths = [self.write(name, self.images[i]) for i, name in
+                 enumerate(["b.png", "a/z.JPG", "a/deeper/y.jpeg", "a/x.png"])]
+        with open(os.path.join(self.dir, "a", "notes.txt"), "w") as f:
+            f.write("not an image, and not named as one: left alone\n")
+        out = ok("predict", "--checkpoint", self.ckpt, *CPU, "--top-k", "3", self.dir, paths[0])
+        lines = out.splitlines()
+        expected = sorted(paths) + [paths[0]]
+        self.assertEqual([line.split(": ")[0] for line in lines], expected)
+        names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                 "Ankle boot"]
+        for line in lines:
+            top = line.split(": ", 1)[1].split(", ")
+            self.assertEqual(len(top), 3, line)
+            probabilities = [float(t.rsplit(" ", 1)[1]) for t in top]
+            self.assertEqual(probabilities, sorted(probabilities, reverse=True), line)
+            self.assertTrue(all(t.rsplit(" ", 1)[0] in names for t in top), line)
+        record = json.loads(self.predict(paths[0]).splitlines()[0])
+        self.assertEqual([k for k in record], ["path", "top", "logits"])
+        self.assertEqual(len(record["top"]), 5)
+        self.assertAlmostEqual(sum(np.exp(np.array(record["logits"]) - max(record["logits"]))
+                                   / np.exp(np.array(record["logits"]) - max(record["logits"])).sum()), 1.0)
+
+    def test_ranks_share_the_batches_and_print_in_order(self):
+        paths = [self.write(f"{i:02d}.png", self.images[i]) for i in range(10)]
+        one = self.predict("--batch-size", "3", self.dir)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_btl_vader_backing_directory="/tmp")
+        p = subprocess.run([MPIEXEC, "--oversubscribe", "--bind-to", "none", "-np", "2", HPCTRAIN, "predict",
+                            "--checkpoint", self.ck, "--json", "--logits", "--device", "cpu", "--threads", "1",
+                            "--batch-size", "3", self.dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=120, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([json.loads(x)["path"] for x in p.stdout.splitlines()], paths)
+        for a, b in zip(map(json.loads, one.splitlines()), map(json.loads, p.stdout.splitlines())):
+            np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-6, atol=1e-6)
+        self.assertIn("10 image(s)", p.stderr)
+        self.assertIn("2 rank(s)", p.stderr)
+
+    # ---- bad input -------------------------------------------------------------------------------
+
+    def bad_files(self):
+        """name -> (path, what the error says)."""
+        good = self.write("good.png", self.images[0])
+        with open(good, "rb") as f:
+            png = f.read()
+        jpeg_path = self.write("whole.jpg", self.images[1], cv2.IMWRITE_JPEG_QUALITY, 90)
+        with open(jpeg_path, "rb") as f:
+            jpeg = f.read()
+        os.remove(jpeg_path)
+        files = {}
+        for name, data, says in [("text.png", b"hello, not an image\n", "is not a PNG or JPEG image"),
+                                 ("truncated.jpg", jpeg[:len(jpeg) // 2], "is a damaged JPEG image"),
+                                 ("truncated.png", png[:len(png) // 2], "is a damaged PNG image"),
+                                 ("empty.jpeg", b"", "is empty")]:
+            path = os.path.join(self.dir, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            files[name] = (path, f"{path} {says}")
+        missing = os.path.join(self.dir, "missing.png")
+        files["missing"] = (missing, f"cannot read image {missing}: No such file or directory")
+        dangling = os.path.join(self.dir, "dangling.png")
+        os.symlink(os.path.join(self.dir, "nowhere"), dangling)
+        files["dangling"] = (dangling, f"cannot read image {dangling}: No such file or directory")
+        return good, files
+
+    def test_each_bad_image_is_one_error_line_and_exit_2(self):
+        good, files = self.bad_files()
+        for name, (path, says) in files.items():
+            with self.subTest(name):
+                out = self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, good, path], says)
+                self.assertEqual(out, "", "nothing is printed for a refused batch")
+        empty = os.path.join(self.dir, "empty-dir")
+        os.mkdir(empty)
+        self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, empty], f"no PNG or JPEG images")
+
+    def test_an_unreadable_image_says_why(self):
+        """Permission denied is not "does not exist". As root (CI), hpctrain runs without the
+        capabilities that let root past permission bits, so that the test runs everywhere."""
+        good = self.write("good.png", self.images[0])
+        locked = self.write("locked.png", self.images[1])
+        os.chmod(locked, 0)
+        prefix = ["/usr/bin/setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                  "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+        p = subprocess.run(prefix + [HPCTRAIN, "predict", "--checkpoint", self.ck, *CPU, good, locked],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         [f"hpctrain: error: cannot read image {locked}: Permission denied"])
+
+    def test_skip_bad_warns_and_classifies_the_rest(self):
+        good, files = self.bad_files()
+        args = [good] + [path for path, _ in files.values()] + [good]
+        code, out, err = run("predict", "--checkpoint", self.ck, *CPU, "--skip-bad", "--json", *args)
+        self.assertEqual(code, 0, err)
+        self.assertEqual([json.loads(x)["path"] for x in out.splitlines()], [good, good])
+        warnings = [line for line in err.splitlines() if "warning" in line]
+        self.assertEqual(len(warnings), len(files), err)
+        for path, says in files.values():  # paths that cannot be used are found first, while listing
+            self.assertEqual(sum(says in line for line in warnings), 1, (says, err))
+        self.assertIn("classified 2 image(s)", err)
+        self.assertIn(f"skipped {len(files)} bad image(s)", err)
+        only_bad = [path for path, _ in files.values()][:3]
+        code, out, err = run("predict", "--checkpoint", self.ck, *CPU, "--skip-bad", *only_bad)
+        self.assertEqual((code, out), (2, ""), err)
+        self.assertEqual(len(err.strip().splitlines()), 4, err)  # three warnings, then why nothing was done
+        self.assertIn("error: none of the 3 image(s) could be classified", err.strip().splitlines()[-1])
+
+    def test_checkpoints_that_cannot_serve(self):
+        image = self.write("x.png", self.images[0])
+        other = os.path.join(self.dir, "other-model.hpck")
+        rewrite_meta(self.ckpt, other, lambda meta: meta.replace("model=cnn\n", "model=resnet20\n"))
+        corrupt = os.path.join(self.dir, "corrupt.hpck")
+        with open(self.ckpt, "rb") as f:
+            data = bytearray(f.read())
+        data[len(data) // 2] ^= 0xFF
+        with open(corrupt, "wb") as f:
+            f.write(data)
+        unknown = os.path.join(self.dir, "unknown-model.hpck")
+        rewrite_meta(self.ckpt, unknown, lambda meta: meta.replace("model=cnn\n", "model=vgg\n"))
+        shards = os.path.join(self.dir, "shards.hpck")  # packed shards name their classes in the dataset
+        rewrite_meta(self.ckpt, shards, lambda meta: meta.replace("option.dataset=fashion-mnist\n",
+                                                                   "option.dataset=shards\n"))
+        out = os.path.join(self.dir, "m.onnx")
+        cases = [(shards, "pass --data-dir DIR (the directory with its classes.txt)"),
+                 (other, "the checkpoint's parameters do not fit this resnet20"),
+                 (corrupt, "is corrupt (checksum mismatch"),
+                 (unknown, "unknown model 'vgg'"),
+                 (os.path.join(self.dir, "nothing-here"), "nothing-here")]
+        for path, says in cases:
+            with self.subTest(path):
+                self.assert_refused(["predict", "--checkpoint", path, *CPU, image], says)
+                self.assert_refused(["export", "--checkpoint", path, "--output", out], says)
+                self.assertFalse(os.path.exists(out), "a refused export wrote its output")
+
+    # ---- export's output ---------------------------------------------------------------------------
+
+    def test_export_output_is_checked_first_and_replaced_atomically(self):
+        out = os.path.join(self.dir, "model.onnx")
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", os.path.join(self.dir, "no", "m.onnx")],
+                            f"directory {os.path.join(self.dir, 'no')} does not exist")
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", self.dir], "is a directory")
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", out, "--format", "tflite"],
+                            "--format tflite is not known")
+        with open(out, "wb") as f:
+            f.write(b"an older model")
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", out], "exists (--force replaces it)")
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"an older model")
+        # A stop between the complete temporary file and its rename: the old file stays, and the
+        # temporary file goes.
+        env = dict(os.environ, HPCTRAIN_TEST_PAUSE_BEFORE_RENAME="60")
+        p = subprocess.Popen([HPCTRAIN, "export", "--checkpoint", self.ck, "--output", out, "--force"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not any(n.startswith("model.onnx.tmp.") for n in os.listdir(self.dir)) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the pause before the rename has begun (the file is written before it)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"an older model")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["model.onnx"])
+        said = ok("export", "--checkpoint", self.ck, "--output", out, "--force")
+        self.assertIn(f"to {out}: ONNX opset 13", said)
+        with open(out, "rb") as f:
+            self.assertNotEqual(f.read(), b"an older model")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["model.onnx"])
+
+    def test_help_documents_the_options(self):
+        for command, options in [("export", ["--checkpoint", "--output", "--fold-batch-norm", "--force", "--format"]),
+                                 ("predict", ["--checkpoint", "--top-k", "--json", "--logits", "--batch-size",
+                                              "--device", "--skip-bad", "--threads"])]:
+            out = ok(command, "--help")
+            for option in options:
+                self.assertIn(option, out, command)
+        self.assertIn("hpctrain predict", ok("--help"))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
