@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "dist/agree.hpp"
 #include "export/onnx_export.hpp"
+#include "train/checkpointing.hpp"
 #include "train/exit_codes.hpp"
 #include "train/options.hpp"
 #include "train/serving.hpp"
@@ -72,8 +73,9 @@ onnx_export::ExportSpec spec_of(const ServingModel& m, bool fold) {
       {"dataset", f.name},
       {"step", c.text("step")},
       {"epoch", c.text("epoch")},
-      // Until the checkpoint records a state checksum: the parameters' checksum, as the run's
-      // done line reports it.
+      // The checkpoint's checksums, as the run's done line and hpctrain inspect report them:
+      // of everything that decides the rest of the run, and of the parameters alone.
+      {"state_checksum", state_checksum(c)},
       {"param_checksum", m.param_checksum()},
       {"hpctrain_version", c.text("hpctrain_version")},
       {"input_layout", "NCHW float32, pixel values 0..255"},
@@ -118,7 +120,7 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
       "Writes a checkpoint's model as an ONNX file (opset 13, dynamic batch) for other runtimes (ONNX Runtime,\n"
       "TensorRT, OpenCV, Triton). The graph takes float32 N x C x H x W pixel values 0..255 (RGB, or grey for\n"
       "one channel) and normalises them itself; its output is the logits N x classes. The file's metadata\n"
-      "holds the input size, mean and std, class names, the checkpoint's step and parameter checksum");
+      "holds the input size, mean and std, class names, the checkpoint's step, state and parameter checksums");
   options.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&o.checkpoint)->required(), "a checkpoint file, or a directory (its newest valid one)")(
       "output", po::value(&o.output)->required(),

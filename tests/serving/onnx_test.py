@@ -187,10 +187,15 @@ class Export(unittest.TestCase):
         evaluated = self.evaluated_accuracy(ck, *options)
         self.assertEqual(int((ours.argmax(axis=1) == labels).sum()), round(evaluated[0] * evaluated[1]),
                          "hpctrain predict and hpctrain evaluate disagree on the test set")
+        # The checkpoint export reads: the newest valid one (inspect lists a directory newest first).
+        inspected = next(r for r in map(json.loads, hpctrain("inspect", ck, "--json").splitlines())
+                         if r.get("valid") == "yes")
         for fold in ([], ["--fold-batch-norm"]):
             path, meta = self.export(ck, f"{model}{'-folded' if fold else ''}.onnx", *fold, *options)
             for key, value in metadata.items():
                 self.assertEqual(meta[key], value, key)
+            for key in ("state_checksum", "param_checksum", "step"):
+                self.assertEqual(meta[key], str(inspected[key]), key)
             self.assertEqual(meta["batch_norm"].split()[0], "folded" if fold else "BatchNormalization")
             theirs = opencv_logits(path, pixels)
             self.agree(ours, theirs, labels, evaluated, f"{model}{' folded' if fold else ''}")
