@@ -293,7 +293,7 @@ class Serving(unittest.TestCase):
         cases = [(shards, "pass --data-dir DIR (the directory with its classes.txt)"),
                  (other, "the checkpoint's parameters do not fit this resnet20"),
                  (corrupt, "is corrupt (checksum mismatch"),
-                 (unknown, "unknown model 'vgg'"),
+                 (unknown, "unknown model (in the checkpoint) 'vgg'"),
                  (os.path.join(self.dir, "nothing-here"), "nothing-here")]
         for path, says in cases:
             with self.subTest(path):
