@@ -85,6 +85,11 @@ bool HeartbeatWatch::poll(double now) {
   return true;
 }
 
+std::string HeartbeatWatch::field(const std::string& key) const {
+  const auto it = last_.find(key);
+  return it == last_.end() ? "" : it->second;
+}
+
 Supervisor::Supervisor(LaunchOptions options)
     : o_(std::move(options)),
       blacklist_(o_.cooldown_min, o_.cooldown_max),

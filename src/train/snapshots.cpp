@@ -131,8 +131,16 @@ RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o) {
 
 void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
   if (o.checkpoint_dir.empty() || r.id == r.previous) return;
+  const fs::path path = fs::path(o.checkpoint_dir) / kRunIdFile;
+  if (o.snapshot_every_steps == 0) {
+    // No snapshots, but a new lineage all the same: the old id must not make a later run with
+    // snapshots take the old run's for its own.
+    std::error_code ec;
+    fs::remove(path, ec);
+    return;
+  }
   const std::string text = r.id + "\n";
-  ckpt::write_file_atomically((fs::path(o.checkpoint_dir) / kRunIdFile).string(), {text.begin(), text.end()});
+  ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
 }
 
 std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
