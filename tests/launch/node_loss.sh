@@ -56,7 +56,7 @@ grep -q "the newest state is a snapshot in host memory" "$NETNS_DIR/lost.err" "$
 expect_ssh_used lost 1 2 3
 
 say "SIGTERM to hpcrun mid-run: the job checkpoints and stops, hpcrun exits 75"
-hpcrun_start stop -H "$(hpcrun_hosts "1 3")" -np 2
+hpcrun_start stop -H "$(hpcrun_hosts "2 3")" -np 2
 wait_for_step stop 5 60
 kill -TERM "$HPCRUN_PID"
 hpcrun_wait 60; rc=$RC
