@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "core/duration.hpp"
@@ -125,6 +126,7 @@ Supervisor::Attempt Supervisor::start_attempt(const HostList& placement) {
   log_line("hpcrun: " + joined(cmd));
 
   heartbeat_.begin(now());
+  mark_membership_change(false);
   a.mpirun = Child::spawn(cmd, SpawnOptions{});
   a.last_membership = now();
   return a;
@@ -205,9 +207,15 @@ void Supervisor::watch_heartbeat(Attempt& a, double t) {
   if (rec.first_step < 0) {
     rec.first_step = heartbeat_.step();
     rec.first_step_at = t;
-    log_line("hpcrun: first step of attempt " + std::to_string(rec.number) + ": global step " + std::to_string(rec.first_step));
+    const std::string from = heartbeat_.field("resumed_from");
+    rec.resumed_source = heartbeat_.field("resumed_source");
+    if (!from.empty()) rec.resumed_from = std::atoll(from.c_str());
+    log_line("hpcrun: first step of attempt " + std::to_string(rec.number) + ": global step " +
+             std::to_string(rec.first_step) +
+             (rec.resumed_source.empty() ? "" : " (resumed from: " + rec.resumed_source + ", step " + from + ")"));
   }
   rec.last_step = heartbeat_.step();
+  rec.last_step_at = t;
   a.phase.progress(t);
 }
 
@@ -296,10 +304,24 @@ bool Supervisor::keep_off_terminal(const Attempt& a, const TaggedLine& t) const 
   return t.rank < 0 && std::any_of(reports.begin(), reports.end(), is_usage_error);
 }
 
+void Supervisor::mark_membership_change(bool on) const {
+  if (o_.checkpoint_dir.empty()) return;
+  const fs::path marker = fs::path(o_.checkpoint_dir) / "membership-change";
+  std::error_code ec;
+  if (!on) {
+    fs::remove(marker, ec);
+    return;
+  }
+  std::ofstream(marker) << "hpcrun pid " << ::getpid() << " changes the job's hosts\n";
+}
+
 void Supervisor::request_stop(Attempt& a, StopKind kind, const std::string& why) {
   if (a.stop.kind != StopKind::None) return;
   a.stop = {kind, why};
   a.phase.stop_requested(now());
+  // For a change of hosts the hosts that go on keep the state in memory: hpctrain then writes
+  // snapshots instead of a checkpoint to shared storage (train/snapshots.hpp).
+  if (kind == StopKind::Membership) mark_membership_change(true);
   say("asking the job to checkpoint and stop: " + why);
   ::kill(a.mpirun.pid(), SIGUSR1);  // mpirun forwards it to every rank
 }

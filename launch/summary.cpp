@@ -35,14 +35,19 @@ double ms(double seconds) { return std::round(seconds * 1000) / 1000; }
 struct Recovery {
   double seconds = -1;
   int64_t steps_redone = -1;
+  double seconds_lost = -1;  // the redone steps at the failed attempt's pace
 };
 
 Recovery recovery(const AttemptRecord& failed, const AttemptRecord& next) {
   Recovery r;
   if (next.first_step_at < 0) return r;
   r.seconds = next.first_step_at - failed.failed_at;
-  if (failed.last_step >= 0 && next.first_step >= 0)
-    r.steps_redone = std::max<int64_t>(0, failed.last_step - (next.first_step - 1));
+  // Where the next attempt resumed, as its heartbeat says; else its first step shown.
+  const int64_t resumed = next.resumed_from >= 0 ? next.resumed_from : next.first_step - 1;
+  if (failed.last_step >= 0 && next.first_step >= 0) r.steps_redone = std::max<int64_t>(0, failed.last_step - resumed);
+  if (r.steps_redone >= 0 && failed.last_step > failed.first_step)
+    r.seconds_lost = static_cast<double>(r.steps_redone) * (failed.last_step_at - failed.first_step_at) /
+                     static_cast<double>(failed.last_step - failed.first_step);
   return r;
 }
 
@@ -65,12 +70,17 @@ Json attempt_json(const AttemptRecord& a, const AttemptRecord* next) {
             {"outcome", a.outcome},       {"failed_hosts", a.failed_hosts},
             {"first_step", a.first_step}, {"last_step", a.last_step}};
   if (a.first_step_at >= 0) j["first_step_at"] = ms(a.first_step_at);
+  if (!a.resumed_source.empty()) {
+    j["resumed_from"] = a.resumed_source;
+    j["resumed_from_step"] = a.resumed_from;
+  }
   if (a.verdict != Verdict::Failure) return j;
   j["failed_at"] = ms(a.failed_at);
   if (!next) return j;
   const Recovery r = recovery(a, *next);
   if (r.seconds >= 0) j["recovery_seconds"] = ms(r.seconds);
   if (r.seconds >= 0 && r.steps_redone >= 0) j["steps_redone"] = r.steps_redone;
+  if (r.seconds >= 0 && r.seconds_lost >= 0) j["seconds_lost"] = ms(r.seconds_lost);
   return j;
 }
 
@@ -86,6 +96,7 @@ bool write_atomically(const std::string& path, const std::string& text) {
 }  // namespace
 
 int Supervisor::finish(int code, const std::string& last_line) {
+  mark_membership_change(false);
   open_logs();
   print_summary();
   write_summary_json(code);
@@ -114,6 +125,9 @@ void Supervisor::print_summary() {
     } else {
       lost += fixed(r.seconds) + " s from failure to the first step of attempt " + std::to_string(next.number);
       if (r.steps_redone >= 0) lost += ", " + std::to_string(r.steps_redone) + " step(s) redone";
+      if (r.seconds_lost >= 0) lost += " (" + fixed(r.seconds_lost) + " s of work)";
+      if (!next.resumed_source.empty())
+        lost += "; resumed from the " + next.resumed_source + " of step " + std::to_string(next.resumed_from);
     }
     say(lost);
   }

@@ -85,6 +85,11 @@ bool HeartbeatWatch::poll(double now) {
   return true;
 }
 
+std::string HeartbeatWatch::field(const std::string& key) const {
+  const auto it = last_.find(key);
+  return it == last_.end() ? "" : it->second;
+}
+
 Supervisor::Supervisor(LaunchOptions options)
     : o_(std::move(options)),
       blacklist_(o_.cooldown_min, o_.cooldown_max),
@@ -385,8 +390,8 @@ int Supervisor::run() {
         if (failures_ > o_.max_restarts)
           return finish(kExitGaveUp, "gave up: " + std::to_string(failures_) + " failure(s), --max-restarts is " +
                                          std::to_string(o_.max_restarts) + "; the last: " + rec.outcome);
-        say("relaunching from the last checkpoint (restart " + std::to_string(failures_) + " of " +
-            std::to_string(o_.max_restarts) + ")");
+        say("relaunching from the newest saved state, a host's snapshot or a checkpoint (restart " +
+            std::to_string(failures_) + " of " + std::to_string(o_.max_restarts) + ")");
         break;
       }
     }

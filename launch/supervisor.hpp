@@ -29,7 +29,11 @@ struct AttemptRecord {
   std::string program_error;  // for a usage error: the program's own error line
   std::vector<std::string> failed_hosts;
   int64_t first_step = -1, last_step = -1;  // global steps the heartbeat showed during the attempt
-  double first_step_at = -1;                 // when the first of them was seen
+  double first_step_at = -1, last_step_at = -1;  // when the first and the last of them were seen
+  // The step of the state the attempt resumed (-1: none, or unknown) and where that state was:
+  // "snapshot" (a host's memory), "checkpoint" (shared storage), "none" (a fresh start).
+  int64_t resumed_from = -1;
+  std::string resumed_source;
   double failed_at = -1;                     // when hpcrun learned of the failure
 };
 
@@ -44,6 +48,8 @@ class HeartbeatWatch {
   bool poll(double now);
   double last_progress() const { return last_change_; }
   int64_t step() const { return step_; }
+  // A heartbeat field ("" when it has none).
+  std::string field(const std::string& key) const;
   bool seen() const { return seen_; }
 
  private:
@@ -122,6 +128,8 @@ class Supervisor {
   void check_membership(Attempt& a);
   std::string joining_hosts(const HostList& placement, const HostList& known);
   void request_stop(Attempt& a, StopKind kind, const std::string& why);
+  // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for.
+  void mark_membership_change(bool on) const;
   bool take_signal(int* sig);
   int signal_fd() const;  // readable when a signal is waiting
 

@@ -272,7 +272,11 @@ start_slurmd() {  # start_slurmd NAME
   # nsenter, not `ip netns exec`, which mounts a sysfs of its own without /sys/fs/cgroup, and
   # slurmd then fails to start its cgroup plugin.
   ((NETNS_ID)) && in_ns=(nsenter "--net=/run/netns/hpcs${NETNS_ID}$1")
-  "${in_ns[@]}" env "$marker" "HPCTRAIN_SLURM_NODE=$1" slurmd -f "$dir/etc/$1/slurm.conf" -N "$1" ||
+  # Each node has a /dev/shm of its own (a private mount namespace), as separate machines do:
+  # what a node keeps in memory (hpctrain's snapshots, MPI's shared-memory segments) is not
+  # another node's, and goes with the node when kill-node ends its processes.
+  local own_shm=(unshare --mount --propagation private -- sh -c 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"' sh)
+  "${in_ns[@]}" "${own_shm[@]}" env "$marker" "HPCTRAIN_SLURM_NODE=$1" slurmd -f "$dir/etc/$1/slurm.conf" -N "$1" ||
     die "slurmd for $1 did not start; see $dir/log/slurmd-$1.log"
 }
 

@@ -205,7 +205,8 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
   return path;
 }
 
-void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state) {
+void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state,
+                     const std::string& extra) {
   // Written about once a second: a failure that lasts (a full disk) is said once, not each time.
   static std::atomic<bool> warned{false};
   const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
@@ -213,7 +214,8 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
     std::ofstream out(tmp, std::ios::trunc);
     out << "step=" << step << "\nepoch=" << epochs_done << "\nunix_time="
         << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
-        << "\npid=" << ::getpid() << "\nstate=" << state << "\n";
+        << "\npid=" << ::getpid() << "\nstate=" << state << "\n"
+        << extra;
     if (!out) {
       if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
       return;
@@ -331,6 +333,11 @@ Checkpoint AsyncWriter::recycled() {
   wait();
   std::lock_guard lock(mu_);
   return std::move(spare_);
+}
+
+bool AsyncWriter::idle() {
+  std::lock_guard lock(mu_);
+  return !pending_ && !busy_;
 }
 
 std::string AsyncWriter::last_written() {

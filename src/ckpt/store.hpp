@@ -49,7 +49,9 @@ class CheckpointStore {
 // synced: it is not state) by rank 0 about once a second while it trains (state "training"),
 // and once more when it ends: "done", or "stopped" after a stop signal's checkpoint. A
 // launcher that sees unix_time stop advancing while the state is "training" knows the job hangs.
-void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state = "training");
+// `extra`: more "key=value" lines, as they are.
+void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state = "training",
+                     const std::string& extra = "");
 // The heartbeat's fields by name (empty when DIR has none).
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 
@@ -101,6 +103,8 @@ class AsyncWriter {
   // buffers' capacity, so taking a snapshot copies into memory already mapped instead of
   // faulting in fresh pages (most of a large model's stall). Waits like submit.
   Checkpoint recycled();
+  // Whether nothing is in flight (a submit would not wait).
+  bool idle();
   // Path of the last checkpoint written completely ("" before the first).
   std::string last_written();
 

@@ -93,21 +93,21 @@ void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainO
                                  ", though its loss still was"), false);
 }
 
-StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, double loss) {
-  double flags[3] = {checkpoint_due ? 1.0 : 0.0, StopSignals::requested() ? 1.0 : 0.0,
+StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss) {
+  double flags[4] = {checkpoint_due ? 1.0 : 0.0, snapshot_due ? 1.0 : 0.0, StopSignals::requested() ? 1.0 : 0.0,
                      std::isfinite(loss) ? 0.0 : 1.0};
-  if (comm.size() > 1) comm.allreduce_sum(flags, 3);
-  return {flags[0] > 0, flags[1] > 0, flags[2] > 0};
+  if (comm.size() > 1) comm.allreduce_sum(flags, 4);
+  return {flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0};
 }
 
 void Heartbeat::beat(int64_t step, int64_t epochs_done) {
   if (!store_ || seconds_since(last_) < 1.0) return;
-  ckpt::write_heartbeat(store_->dir(), step, epochs_done);
+  ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", resumed_);
   last_ = Clock::now();
 }
 
 void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state) {
-  if (store_) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state);
+  if (store_) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_);
 }
 
 Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,

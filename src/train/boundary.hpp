@@ -48,6 +48,8 @@ class TestHooks {
   // resumed run starts from (on a loaded machine the write could otherwise still be in flight;
   // a kill in the middle of a write is what HPCTRAIN_TEST_PAUSE_BEFORE_RENAME is for).
   void kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const;
+  // Whether kill_after fires at this step (on any rank).
+  bool kills_at(int64_t step) const { return kill_.step == step; }
 
  private:
   int rank_;
@@ -90,21 +92,25 @@ void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainO
 // What every rank agrees on at a step boundary, in one all-reduce.
 struct StepAgreement {
   bool checkpoint_due = false;   // rank 0's clock says --checkpoint-interval has passed
+  bool snapshot_due = false;     // rank 0's Snapshotter says a snapshot is due
   bool stop = false;             // some rank was asked to stop
   bool loss_not_finite = false;  // on some rank
-  static StepAgreement reach(dist::Communicator& comm, bool checkpoint_due, double loss);
+  static StepAgreement reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss);
 };
 
 // Rank 0's DIR/heartbeat (ckpt::write_heartbeat): about once a second while training, and once
 // more at the end. Does nothing without a store.
 class Heartbeat {
  public:
-  explicit Heartbeat(const ckpt::CheckpointStore* store) : store_(store) {}
+  // resumed: "resumed_from=STEP\nresumed_source=SOURCE\n" (hpcrun's account of the work a
+  // failure cost), added to every beat.
+  Heartbeat(const ckpt::CheckpointStore* store, std::string resumed) : store_(store), resumed_(std::move(resumed)) {}
   void beat(int64_t step, int64_t epochs_done);
   void last(int64_t step, int64_t epochs_done, const char* state);
 
  private:
   const ckpt::CheckpointStore* store_;
+  const std::string resumed_;
   Clock::time_point last_ = Clock::now() - std::chrono::hours(1);
 };
 

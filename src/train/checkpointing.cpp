@@ -169,16 +169,21 @@ std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const C
       found = std::move(got->second);
     }
   });
-  dist::Communicator& comm = ctx.world();
-  if (comm.size() == 1) return found;
-  std::vector<char> bytes = found ? ckpt::encode(*found) : std::vector<char>{};
+  return share_checkpoint(ctx.world(), std::move(found), 0, path);
+}
+
+std::optional<ckpt::Checkpoint> share_checkpoint(dist::Communicator& comm, std::optional<ckpt::Checkpoint> c, int root,
+                                                 std::string* path) {
+  if (comm.size() == 1) return c;
+  std::vector<char> bytes = c && comm.rank() == root ? ckpt::encode(*c) : std::vector<char>{};
   uint64_t n = bytes.size();
-  comm.broadcast(&n, sizeof n, 0);
-  *path = dist::broadcast_string(comm, *path, 0);
+  comm.broadcast(&n, sizeof n, root);
+  *path = dist::broadcast_string(comm, *path, root);
   if (n == 0) return std::nullopt;
   bytes.resize(n);
-  comm.broadcast(bytes.data(), static_cast<int64_t>(n), 0);
-  return ckpt::decode(bytes, "the checkpoint received from rank 0");
+  comm.broadcast(bytes.data(), static_cast<int64_t>(n), root);
+  if (comm.rank() == root) return c;
+  return ckpt::decode(bytes, detail::concat("the state received from rank ", root));
 }
 
 std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path) {

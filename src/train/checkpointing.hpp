@@ -89,6 +89,9 @@ std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::Process
 // reads and verifies, the others receive its verdict (an error in `read` is every rank's
 // error) and the bytes.
 using CheckpointReader = std::function<std::optional<std::pair<std::string, ckpt::Checkpoint>>()>;
+// Rank root's checkpoint (or its nullopt) and its *path, on every rank: the same bytes.
+std::optional<ckpt::Checkpoint> share_checkpoint(dist::Communicator& comm, std::optional<ckpt::Checkpoint> c, int root,
+                                                 std::string* path);
 std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,
                                               std::string* path);
 

@@ -135,6 +135,32 @@ Option resume(Rule rule, std::string help) {
           }};
 }
 
+// --snapshot-every-steps: auto (-1) or a count.
+Option steps_or_auto(const char* name, int64_t Members::*m, Rule rule, std::string help) {
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions&) {
+            d.add_options()(name, po::value<std::string>()->default_value("auto"), help.c_str());
+          },
+          [=](const po::variables_map& vm, TrainOptions& o) {
+            const std::string& v = vm[name].as<std::string>();
+            if (v == "auto") {
+              o.*m = -1;
+              return;
+            }
+            size_t used = 0;
+            long long n = -1;
+            try {
+              n = std::stoll(v, &used);
+            } catch (...) {
+              used = 0;
+            }
+            HPC_REQUIRE(used > 0 && used == v.size() && n >= 0, "--", name, " takes auto or a number of steps (0: "
+                        "off), got '", v, "'");
+            o.*m = n;
+          },
+          [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); }};
+}
+
 std::vector<Option> general() {
   using R = Rule;
   return {
@@ -266,6 +292,16 @@ std::vector<Option> checkpoints() {
       duration("step-timeout", &Members::step_timeout_seconds, "10m", R::Local,
                "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
                "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),
+      steps_or_auto("snapshot-every-steps", &Members::snapshot_every_steps, R::Local,
+                    "with --checkpoint-dir: one process per host keeps the training state in host memory (a tmpfs) "
+                    "every N steps, for --resume auto after a lost rank or host to continue from (auto: as often as "
+                    "their copies cost under 1% of the step time; 0: off)"),
+      path("snapshot-dir", &Members::snapshot_dir, R::Local,
+           "where each host keeps the snapshots, a directory per run (default: /dev/shm/hpctrain-UID; it must be "
+           "memory, or a disk local to the host)"),
+      path("snapshot-max-memory", &Members::snapshot_max_memory, R::Local,
+           "the most the snapshots may take on a host, as a size (512M, 4G) or a share of its memory (default 25%); "
+           "a run whose two snapshots would not fit takes none"),
   };
 }
 

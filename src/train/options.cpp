@@ -19,6 +19,7 @@
 #include "nn/model.hpp"
 #include "optim/schedule.hpp"
 #include "train/option_table.hpp"
+#include "train/snapshots.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
@@ -178,7 +179,8 @@ bool given(const po::variables_map& vm, const char* name) { return vm.count(name
 // Paths: an empty one is an unset variable ("--checkpoint-dir $DIR"), never a request for the
 // default.
 void validate_paths(const po::variables_map& vm) {
-  for (const char* name : {"data-dir", "metrics-file", "timeline-file", "checkpoint-dir", "resume"})
+  for (const char* name : {"data-dir", "metrics-file", "timeline-file", "checkpoint-dir", "resume", "snapshot-dir",
+                           "snapshot-max-memory", "snapshot-every-steps"})
     if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
 }
 
@@ -198,9 +200,12 @@ void validate_checkpointing(const TrainOptions& o, const po::variables_map& vm) 
       {o.checkpoint_every_steps > 0, "--checkpoint-every-steps"},
       {o.checkpoint_each_epoch, "--checkpoint-each-epoch"},
       {given(vm, "keep-checkpoints"), "--keep-checkpoints"},
-      {given(vm, "checkpoint-interval") && o.checkpoint_interval_seconds > 0, "--checkpoint-interval"}};
+      {given(vm, "checkpoint-interval") && o.checkpoint_interval_seconds > 0, "--checkpoint-interval"},
+      {o.snapshot_every_steps > 0, "--snapshot-every-steps"},
+      {given(vm, "snapshot-dir"), "--snapshot-dir"}};
   for (const auto& [asked, option] : asks)
-    HPC_REQUIRE(!asked, option, " needs --checkpoint-dir: without it no checkpoint is written");
+    HPC_REQUIRE(!asked, option, " needs --checkpoint-dir: without it no checkpoint is written",
+                std::strncmp(option, "--snapshot", 10) == 0 ? " and no snapshot resumed" : "");
 }
 
 // The table's options in their groups, bound to o, under the usage line; with the command
@@ -299,6 +304,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   validate_schedule(o);
   validate_parallel(o);
   validate_checkpointing(o, *vm);
+  memory_budget(o.snapshot_max_memory, host_memory_bytes());  // a usage error now, not when the run starts
   return o;
 }
 

@@ -80,6 +80,10 @@ struct TrainOptions {
   ResumeFrom resume = ResumeFrom::Auto;
   std::string resume_file;  // ResumeFrom::File
   double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
+  // in-memory snapshots (train/snapshots.hpp)
+  int64_t snapshot_every_steps = -1;        // -1: auto (their copies cost under 1% of the step time); 0: off
+  std::string snapshot_dir;                 // empty: /dev/shm/hpctrain-UID
+  std::string snapshot_max_memory = "25%";  // of the host's memory, or a size (512M, 4G)
   Device device = Device::Auto;
   Precision precision = Precision::Tf32;
   bool deterministic = true;  // GPU: only algorithms that give the same bits every run

@@ -199,14 +199,17 @@ Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o) {
   return p;
 }
 
-void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p) {
+void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p, const std::string& run_dir,
+                          const std::string& run_id) {
   if (o.sync_batch_norm) enable_sync_batch_norm(ctx, p);
   p.sgd = std::make_unique<optim::Sgd<float>>(p.model->params(), optim::SgdSpec{o.momentum, o.nesterov,
                                                                                  o.weight_decay,
                                                                                  o.decay_bias_and_norm});
-  std::string path;
-  if (std::optional<ckpt::Checkpoint> resume = find_resume(o, ctx, &path))
-    return resume_from(ctx, o, std::move(*resume), path, p);
+  FoundState found = find_resume_state(ctx, o, *p.model, run_dir, run_id);
+  if (found.state) {
+    p.source = found.source;
+    return resume_from(ctx, o, std::move(*found.state), found.path, p);
+  }
   if (ctx.rank() == 0) p.model->init(static_cast<uint64_t>(o.seed));  // rank 0 creates the initial variables
   broadcast_state(ctx, *p.model);
 }

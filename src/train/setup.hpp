@@ -21,6 +21,7 @@
 #include "optim/sgd.hpp"
 #include "train/checkpointing.hpp"
 #include "train/options.hpp"
+#include "train/snapshots.hpp"
 
 namespace hpc::train {
 
@@ -36,6 +37,7 @@ struct Prepared {
   std::unique_ptr<optim::Sgd<float>> sgd;
   std::optional<ckpt::Checkpoint> resume;  // the state to restore, the same bytes on every rank
   bool resumed = false;
+  StateSource source = StateSource::None;  // where it came from
   RunPosition start;  // global_batch: this run's, the checkpoint's when resumed
 };
 
@@ -46,8 +48,9 @@ void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o);
 Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o);
 
 // The optimizer, and the state to start from: initialised by rank 0 and broadcast, or the
-// checkpoint to resume from, checked.
-void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p);
+// checkpoint or host snapshot (in run_dir, of run_id: snapshots.hpp) to resume from, checked.
+void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p, const std::string& run_dir,
+                          const std::string& run_id);
 
 // Set-up ends each of its parts here (`phase` counts them for the test hook
 // HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@rank][:usr1]). A stop asked for on any rank ends the run

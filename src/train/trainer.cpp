@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -31,6 +32,7 @@
 #include "train/progress.hpp"
 #include "train/setup.hpp"
 #include "train/signals.hpp"
+#include "train/snapshots.hpp"
 #include "train/watchdog.hpp"
 
 namespace hpc::train {
@@ -111,6 +113,8 @@ class TrainingRun {
   std::optional<int> set_up();
   void plan();
   void start_engine();
+  void start_state_keeping();
+  bool stop_for_membership();
   bool run_epoch(int64_t epoch);
   double train_step(const data::Batch& batch, int64_t epoch, EpochTally& e);
   void show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e);
@@ -136,6 +140,8 @@ class TrainingRun {
   double train_flops_per_sample_ = 0;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Checkpointer> checkpoints_;
+  RunIdentity run_;
+  std::unique_ptr<Snapshotter> snapshots_;
   std::optional<Heartbeat> heartbeat_;
   const TestHooks hooks_;
   std::optional<Progress> progress_;
@@ -170,16 +176,32 @@ std::optional<int> TrainingRun::set_up() {
   if (auto code = stopped_in_setup(ctx_, o_, 1, "while starting", false)) return code;
   p_ = load_data_and_model(ctx_, o_);
   if (auto code = stopped_in_setup(ctx_, o_, 2, "while loading the dataset", false)) return code;
-  resume_or_initialise(ctx_, o_, p_);
+  run_ = run_identity(ctx_, o_);
+  resume_or_initialise(ctx_, o_, p_, snapshot_run_dir(o_, run_.id), run_.id);
   const char* loading = p_.resumed ? "while loading the checkpoint to resume from" : "while initialising the model";
   if (auto code = stopped_in_setup(ctx_, o_, 3, loading, false)) return code;
   plan();
   start_engine();
+  start_state_keeping();
+  return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true);
+}
+
+// Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the
+// engine and before the first step, so that a stop during set-up can check the directory), the
+// run's identity beside them, and the snapshots in every host's memory.
+void TrainingRun::start_state_keeping() {
   std::unique_ptr<ckpt::CheckpointStore> store = open_store(ctx_, o_);
   if (store) store->supersede_after(p_.resumed ? p_.start.step : -1);  // none newer when it continues the newest
+  dist::collectively(ctx_, [&] {
+    if (lead_) record_run_identity(o_, run_);
+  });
   checkpoints_ = std::make_unique<Checkpointer>(ctx_, o_, std::move(store), *engine_, model_id_);
-  heartbeat_.emplace(checkpoints_->store());
-  return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true);
+  snapshots_ = std::make_unique<Snapshotter>(ctx_, o_, *engine_, model_id_, snapshot_run_dir(o_, run_.id), run_.id,
+                                             run_.previous);
+  snapshots_->begins_at(p_.start.step);
+  const std::string resumed = detail::concat("resumed_from=", p_.resumed ? p_.start.step : int64_t{-1},
+                                             "\nresumed_source=", source_name(p_.source), "\n");
+  heartbeat_.emplace(checkpoints_->store(), resumed);
 }
 
 // The sampler, the schedule over the planned steps, the loader and rank 0's metrics files.
@@ -279,11 +301,17 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   const int64_t step = tally_.step;
   hooks_.signal_after(step);
   heartbeat_->beat(step, epoch);
-  const StepAgreement agreed = StepAgreement::reach(comm_, checkpoints_->due_by_clock(), loss);
+  const StepAgreement agreed =
+      StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss);
   if (agreed.loss_not_finite)
     diverged(o_, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),
              step == 1 && !p_.resumed);
-  if (checkpoints_->due_at_step(step) || agreed.checkpoint_due) checkpoints_->save(tally_.here);
+  const bool checkpoint = checkpoints_->due_at_step(step) || agreed.checkpoint_due;
+  if (checkpoint) checkpoints_->save(tally_.here);
+  // A snapshot with every checkpoint too: the hosts' newest state is never older than the
+  // directory's.
+  if (checkpoint || agreed.snapshot_due) snapshots_->take(tally_.here);
+  if (hooks_.kills_at(step)) snapshots_->wait();
   hooks_.kill_after(step, checkpoints_->writer(), comm_);
   return agreed.stop;
 }
@@ -310,8 +338,11 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
                 static_cast<long long>(epoch + 1), static_cast<long long>(o_.epochs), train_loss, eval_.loss,
                 100 * eval_.accuracy, ips, format_duration(epoch_seconds).c_str());
   progress_->line(buf);
-  if (o_.checkpoint_each_epoch)
-    checkpoints_->save({tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen});
+  if (o_.checkpoint_each_epoch) {
+    const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
+    checkpoints_->save(at);
+    snapshots_->take(at);
+  }
   metrics_->write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
                    {"step", tally_.step},
@@ -330,16 +361,37 @@ TrainResult TrainingRun::stop() {
   const StopAsked asked = stop_asked(comm_);
   const std::string cause =
       detail::concat("stopped on request (", cause_of(asked, world_), ") after step ", tally_.step);
-  checkpoints_->save(tally_.here);
-  checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
-  heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
-  if (lead_)
-    log::warn(cause, o_.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
-                                               : "; checkpoint written, --resume auto continues from it");
+  if (stop_for_membership()) {
+    heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
+    if (lead_) log::warn(cause, " for hpcrun to change the hosts; every host's memory holds its state");
+  } else {
+    checkpoints_->save(tally_.here);
+    snapshots_->take(tally_.here);
+    checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
+    heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
+    if (lead_)
+      log::warn(cause, o_.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
+                                                 : "; checkpoint written, --resume auto continues from it");
+  }
   TrainResult result;
   result.steps = tally_.step;
   result.exit_code = stop_exit_code(o_, asked);
   return result;
+}
+
+// hpcrun stops the job to add or drain hosts (it leaves CHECKPOINT_DIR/membership-change): the
+// hosts that go on hold the state in memory, so the stop writes a snapshot on every host
+// instead of a checkpoint to shared storage. False (a checkpoint then) when it is not such a
+// stop, snapshots are off, or some host could not write its snapshot.
+bool TrainingRun::stop_for_membership() {
+  if (!snapshots_->enabled()) return false;
+  uint64_t marked = 0;
+  if (lead_) {
+    std::error_code ec;
+    marked = std::filesystem::exists(std::filesystem::path(o_.checkpoint_dir) / "membership-change", ec) ? 1 : 0;
+  }
+  if (world_ > 1) comm_.broadcast(&marked, sizeof marked, 0);
+  return marked && snapshots_->take_and_wait(tally_.here);
 }
 
 // Every planned step done: the final state checked and saved, every write finished, then the
@@ -364,6 +416,7 @@ TrainResult TrainingRun::finish() {
     log::info("checkpoint: ", writer->last_written());
     heartbeat_->last(step, step / plan_.steps_per_epoch, "done");
   }
+  snapshots_->remove_all();  // the final checkpoint holds the state now
   return report();
 }
 
@@ -420,6 +473,9 @@ void TrainingRun::write_done_line(const TrainResult& r, const ckpt::Checkpoint& 
                    {"comm_wait_seconds_per_step", wait_per_step},
                    {"step_seconds", tally_.train_seconds / run_steps},
                    {"resumed_from_step", p_.resumed ? p_.start.step : int64_t{-1}},
+                   {"resumed_from", std::string(source_name(p_.source))},
+                   {"snapshots_taken", snapshots_->taken()},
+                   {"snapshot_stall_seconds", snapshots_->stall_seconds()},
                    {"skipped_steps", scaler ? scaler->skipped : int64_t{0}},
                    {"checkpoints_written", checkpoints_->written()},
                    {"checkpoint_stall_seconds", checkpoints_->stall_seconds()},

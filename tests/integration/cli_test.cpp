@@ -179,6 +179,18 @@ INSTANTIATE_TEST_SUITE_P(
                 {"--keep-checkpoints needs --checkpoint-dir"}},
         BadArgs{"checkpoint_interval_without_a_directory", {"--checkpoint-interval", "5m"},
                 {"--checkpoint-interval needs --checkpoint-dir"}},
+        BadArgs{"snapshot_every_steps_without_a_directory", {"--snapshot-every-steps", "5"},
+                {"--snapshot-every-steps needs --checkpoint-dir", "no snapshot resumed"}},
+        BadArgs{"snapshot_dir_without_a_directory", {"--snapshot-dir", "/tmp/s"}, {"--snapshot-dir needs --checkpoint-dir"}},
+        BadArgs{"snapshot_every_steps_negative", {"--snapshot-every-steps", "-1"},
+                {"--snapshot-every-steps takes auto or a number of steps", "'-1'"}},
+        BadArgs{"snapshot_every_steps_a_word", {"--snapshot-every-steps", "often"}, {"--snapshot-every-steps", "'often'"}},
+        BadArgs{"snapshot_every_steps_fraction", {"--snapshot-every-steps", "2.5"}, {"--snapshot-every-steps", "'2.5'"}},
+        BadArgs{"snapshot_max_memory_unit", {"--snapshot-max-memory", "4X"}, {"--snapshot-max-memory takes a size", "'4X'"}},
+        BadArgs{"snapshot_max_memory_percent_over", {"--snapshot-max-memory", "150%"}, {"--snapshot-max-memory", "'150%'"}},
+        BadArgs{"snapshot_max_memory_negative", {"--snapshot-max-memory", "-1G"}, {"--snapshot-max-memory", "'-1G'"}},
+        BadArgs{"snapshot_dir_empty", {"--snapshot-dir", ""}, {"--snapshot-dir is empty"}},
+        BadArgs{"snapshot_max_memory_empty", {"--snapshot-max-memory", ""}, {"--snapshot-max-memory is empty"}},
         BadArgs{"metrics_and_timeline_the_same_file", {"--metrics-file", "@WORK/m.jsonl", "--timeline-file",
                                                        "@WORK/m.jsonl"},
                 {"--metrics-file and --timeline-file are the same file", "@WORK/m.jsonl"}},
@@ -590,12 +602,12 @@ TEST_F(CliCheckpoint, AFreshRunKeepsItsCheckpointsBesideAnotherRuns) {
   }
   std::sort(top.begin(), top.end());
   std::sort(aside.begin(), aside.end());
-  ASSERT_EQ(top.size(), 4u);
-  EXPECT_EQ(std::vector<std::string>(top.begin(), top.begin() + 3),
-            (std::vector<std::string>{"ckpt-000000001.hpck", "ckpt-000000002.hpck", "heartbeat"}));
-  EXPECT_EQ(top[3].rfind("superseded-", 0), 0u) << top[3];
+  ASSERT_EQ(top.size(), 5u);
+  EXPECT_EQ(std::vector<std::string>(top.begin(), top.begin() + 4),
+            (std::vector<std::string>{"ckpt-000000001.hpck", "ckpt-000000002.hpck", "heartbeat", "run-id"}));
+  EXPECT_EQ(top[4].rfind("superseded-", 0), 0u) << top[4];
   EXPECT_EQ(aside, (std::vector<std::string>{"ckpt-000000003.hpck", "ckpt-000000004.hpck"}));
-  EXPECT_EQ(read_bytes(work_.file("run/" + top[3] + "/ckpt-000000004.hpck")), step4);
+  EXPECT_EQ(read_bytes(work_.file("run/" + top[4] + "/ckpt-000000004.hpck")), step4);
   // --resume auto continues this run, not the other.
   const std::string m = work_.file("m.jsonl");
   ASSERT_EQ(run(with({"--max-steps", "2", "--seed", "2", "--metrics-file", m})).exit_code, 0);

@@ -163,12 +163,12 @@ TEST_F(Train, TheDoneLineHoldsEveryKeyWithItsValue) {
   EXPECT_EQ(keys, (std::vector<std::string>{
                       "checkpoint_stall_seconds", "checkpoints_written", "comm_wait_seconds_per_step", "device",
                       "elapsed_seconds", "event", "global_batch_size", "images_per_second", "param_checksum",
-                      "param_norm", "peak_device_memory_bytes", "resumed_from_step", "skipped_steps",
-                      "state_checksum", "step_seconds", "steps", "test_accuracy", "train_flops_per_sample",
-                      "train_seconds", "world_size"}))
+                      "param_norm", "peak_device_memory_bytes", "resumed_from", "resumed_from_step",
+                      "skipped_steps", "snapshot_stall_seconds", "snapshots_taken", "state_checksum", "step_seconds",
+                      "steps", "test_accuracy", "train_flops_per_sample", "train_seconds", "world_size"}))
       << "a key added to the done line belongs in README's list and here";
   expect_done_line(d, 12, epoch);
-  for (const char* key : {"steps", "world_size", "global_batch_size", "resumed_from_step", "skipped_steps",
+  for (const char* key : {"steps", "world_size", "global_batch_size", "resumed_from_step", "skipped_steps", "snapshots_taken",
                           "checkpoints_written", "peak_device_memory_bytes", "train_flops_per_sample"})
     EXPECT_TRUE(d.at(key).is_integer()) << key << " = " << d.at(key).raw;
   EXPECT_EQ(d.at("world_size").number, 1);
@@ -176,6 +176,13 @@ TEST_F(Train, TheDoneLineHoldsEveryKeyWithItsValue) {
   EXPECT_EQ(d.at("device").str, "cpu");
   EXPECT_EQ(d.at("peak_device_memory_bytes").number, 0);
   EXPECT_EQ(d.at("resumed_from_step").number, -1);
+  EXPECT_EQ(d.at("resumed_from").str, "none");
+  // Snapshots by default (auto): at least with each of the two checkpoints before the end, and
+  // never more than one a step.
+  EXPECT_GE(d.at("snapshots_taken").number, 2);
+  EXPECT_LE(d.at("snapshots_taken").number, 12);
+  EXPECT_GE(d.at("snapshot_stall_seconds").number, 0);
+  EXPECT_LE(d.at("snapshot_stall_seconds").number, d.at("train_seconds").number);
   EXPECT_EQ(d.at("skipped_steps").number, 0);
   EXPECT_EQ(d.at("checkpoints_written").number, 3) << "after steps 5 and 10, and the final one";
   // The mlp's three linear layers (784-512-256-10): two FLOPs per weight forward, and a backward
@@ -392,7 +399,7 @@ TEST_F(Train, ADivergingRunStopsWithoutSavingItsState) {
     EXPECT_TRUE(fs::exists(ck + "/" + newest)) << newest;
     for (const auto& e : fs::directory_iterator(ck)) {
       const std::string name = e.path().filename().string();
-      if (name == "heartbeat") continue;
+      if (name == "heartbeat" || name == "run-id") continue;
       EXPECT_LE(name, newest);
       EXPECT_TRUE(finite_checkpoint(e.path().string())) << name;
     }

@@ -29,7 +29,7 @@ say() { echo "[$SECONDS s] $*"; }
 train_args() {
   echo --device cpu --threads 1 --data-dir "$FASHION_MNIST" --model cnn --global-batch-size 192 \
     --train-samples "${TRAIN_SAMPLES:-12000}" --test-samples 2000 --epochs "${EPOCHS:-1}" --sync-batch-norm \
-    --checkpoint-every-steps 10 --checkpoint-interval 0 --step-timeout "${STEP_TIMEOUT:-30s}"
+    --checkpoint-every-steps 10 --checkpoint-interval 0 --step-timeout "${STEP_TIMEOUT:-30s}" ${TRAIN_EXTRA:-}
 }
 
 # hpcrun on the namespace hosts (hosts named by index: hpcrun_on "1 2 3" ...).

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Growth and draining through --host-discovery-script: a host added to its output mid-run joins
-# at the next relaunch (the job checkpoints and stops at a step boundary, then runs on 3 ranks); a
-# host removed from it is drained the same way. Neither counts as a failure.
+# at the next relaunch (the job stops at a step boundary, then runs on 3 ranks); a host removed
+# from it is drained the same way. Neither counts as a failure, and neither writes a checkpoint:
+# the hosts that go on hold the state in memory (snapshots), from which the next attempt
+# continues at the very step of the stop.
 source "$(dirname "$0")/common.sh"
 netns_require
 netns_setup 13 3
@@ -33,4 +35,20 @@ expect_in grow "attempt 3: 2 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[3]}:1"
 expect_in grow "summary: 3 attempt(s), 0 failure(s), 2 host change(s)"
 [[ -n "$(accuracy_of grow)" ]] || fail "the job printed no final accuracy"
 expect_ssh_used grow 1 2 3
+# Attempts 2 and 3 resumed from the snapshot of the step where the one before stopped, which no
+# checkpoint holds (checkpoints every 10 steps; the stop did not write one).
+python3 - "$NETNS_DIR/grow" << 'PY' || fail "a change of hosts was not resumed from a snapshot at its stop step"
+import json, os, sys
+d = sys.argv[1]
+a = json.load(open(os.path.join(d, "hpcrun", "summary.json")))["attempts"]
+print("hpcrun summary:", [(x["attempt"], x["result"], x.get("resumed_from"), x.get("resumed_from_step"), x["last_step"]) for x in a])
+for before, after in zip(a, a[1:]):
+    s = after["resumed_from_step"]
+    assert after["resumed_from"] == "snapshot", after
+    assert s >= before["last_step"], (s, before["last_step"])
+    if s % 10 != 0:
+        assert not os.path.exists(os.path.join(d, "ckpt-%09d.hpck" % s)), s
+PY
+grep -q "for hpcrun to change the hosts" "$NETNS_DIR/grow/hpcrun/attempt-1.log" ||
+  fail "attempt 1 did not stop with snapshots only"
 say "PASS"

@@ -1,0 +1,338 @@
+// In-memory snapshots through the real binary: a killed rank's job continues from the hosts'
+// snapshot a few steps back and ends in exactly the state of a run never interrupted; damaged,
+// foreign and incompatible snapshots are skipped with a warning for the next valid state; a
+// stop for hpcrun's change of hosts keeps the state in memory only; the memory budget, a
+// directory that cannot be used and a file system that fills up are warnings, never the end of
+// a run; a finished run's snapshots and old leftovers go.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "integration/harness.hpp"
+
+namespace hpc::itest {
+namespace {
+
+constexpr int kEvery = 3;  // --snapshot-every-steps of the tests
+
+class Snapshots : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "Fashion-MNIST not found in " << fashion_mnist_dir();
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  }
+  void TearDown() override {
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  }
+
+  // 2 epochs of 20 global steps (1280 samples, global batch 64); checkpoints on shared storage
+  // every 5 steps, snapshots every kEvery in `snaps` (the test's own, not /dev/shm).
+  std::vector<std::string> job(const std::string& ck, const std::string& metrics, const std::string& snaps) const {
+    std::vector<std::string> a{"--train-samples", "1280",        "--test-samples", "300",   "--epochs",
+                               "2",               "--global-batch-size", "64",     "--threads", "1",
+                               "--quiet",         "--data-dir",  fashion_mnist_dir(), "--metrics-file", metrics};
+    if (!ck.empty())
+      a.insert(a.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5", "--snapshot-every-steps",
+                         std::to_string(kEvery)});
+    if (!snaps.empty()) a.insert(a.end(), {"--snapshot-dir", snaps});
+    return a;
+  }
+  JsonObject uninterrupted(int ranks) {
+    static std::map<int, JsonObject> known;
+    if (known.count(ranks)) return known[ranks];
+    const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
+    const RunResult r = run_mpi(ranks, job("", m, ""));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return known[ranks] = done_of(m);
+  }
+  // Kills rank `victim` after `step` of job(ck) on `ranks` ranks.
+  void kill_after(int ranks, const std::string& ck, const std::string& snaps, int step, int victim = 0) {
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", (std::to_string(step) + "@" + std::to_string(victim)).c_str(), 1);
+    const RunResult killed = run_mpi(ranks, job(ck, dir_.file("killed.jsonl"), snaps));
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    ASSERT_NE(killed.exit_code, 0) << killed.err;
+  }
+  // job(ck) again: its done line, its stderr in *err.
+  JsonObject resume(int ranks, const std::string& ck, const std::string& snaps, std::string* err = nullptr) {
+    const std::string m = dir_.file("resumed.jsonl");
+    fs::remove(m);
+    const RunResult r = run_mpi(ranks, job(ck, m, snaps));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (err) *err = r.err;
+    return done_of(m);
+  }
+  void expect_same_end(const JsonObject& got, const JsonObject& want) {
+    EXPECT_EQ(got.at("param_checksum").str, want.at("param_checksum").str);
+    EXPECT_EQ(got.at("state_checksum").str, want.at("state_checksum").str);
+  }
+  // The run directory (the run id's) in `snaps`, and its one snapshot.
+  static std::string run_dir(const std::string& snaps) {
+    for (const auto& e : fs::directory_iterator(snaps))
+      if (e.is_directory()) return e.path().string();
+    return "";
+  }
+  static std::string the_snapshot(const std::string& snaps) {
+    for (const auto& e : fs::directory_iterator(run_dir(snaps)))
+      if (e.path().extension() == ".hpck") return e.path().string();
+    return "";
+  }
+
+  TempDir dir_{"snap"};
+};
+
+// args with the value of `option` replaced.
+std::vector<std::string> with(std::vector<std::string> args, const std::string& option, const std::string& value) {
+  const auto at = std::find(args.begin(), args.end(), option);
+  EXPECT_NE(at, args.end()) << option;
+  if (at != args.end()) *(at + 1) = value;
+  return args;
+}
+
+// The meta section's text (the first section: after the 8-byte magic and the version, a u32
+// kind, a u64 length and a u32 CRC-32) with `from` replaced by `to` (of the same length) and
+// its CRC made right again: a valid snapshot that says something else.
+void rewrite_meta(const std::string& path, const std::string& from, const std::string& to) {
+  ASSERT_EQ(from.size(), to.size());
+  Bytes b = read_bytes(path);
+  uint64_t n = 0;
+  std::memcpy(&n, b.data() + 16, sizeof n);
+  std::string meta(reinterpret_cast<const char*>(b.data()) + 28, n);
+  const size_t at = meta.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << meta;
+  meta.replace(at, from.size(), to);
+  std::memcpy(b.data() + 28, meta.data(), n);
+  const auto crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(meta.data()), static_cast<uInt>(n)));
+  std::memcpy(b.data() + 24, &crc, sizeof crc);
+  write_bytes(path, b);
+}
+
+// A rank dies after step 8: the job on the same ranks resumes from the hosts' newest snapshot
+// (step 6, at most --snapshot-every-steps back), not from the checkpoint of step 5, and ends
+// in exactly the state of a run never interrupted. With 2 ranks the victim is rank 1 and, in a
+// second round, rank 0; with 1 rank the snapshots are in the default place (/dev/shm), which a
+// finished run leaves empty of its own.
+TEST_F(Snapshots, AKilledRankResumesFromTheSnapshotAndEndsInTheSameState) {
+  for (const auto& [ranks, victim] : {std::pair{2, 1}, std::pair{2, 0}, std::pair{1, 0}}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " rank(s), rank " << victim << " killed");
+    const std::string ck = dir_.file("ck" + std::to_string(ranks) + std::to_string(victim));
+    const std::string snaps = ranks == 1 ? "" : dir_.file("snaps" + std::to_string(victim));
+    kill_after(ranks, ck, snaps, 8, victim);
+    const std::string id = read_text(ck + "/run-id").substr(0, 16);
+    const std::string where = (snaps.empty() ? "/dev/shm/hpctrain-" + std::to_string(geteuid()) : snaps) + "/" + id;
+    EXPECT_TRUE(fs::exists(where + "/ckpt-000000006.hpck")) << where;
+    std::string err;
+    const JsonObject d = resume(ranks, ck, snaps, &err);
+    EXPECT_EQ(d.at("resumed_from").str, "snapshot") << err;
+    EXPECT_EQ(d.at("resumed_from_step").number, 6) << err;
+    EXPECT_GE(d.at("resumed_from_step").number, 8 - kEvery + 1);
+    EXPECT_GT(d.at("snapshots_taken").number, 0);
+    expect_same_end(d, uninterrupted(ranks));
+    EXPECT_FALSE(fs::exists(where)) << "a finished run's snapshots stay in " << where;
+  }
+}
+
+// Each kind of bad snapshot is skipped with one warning naming it and why, and the run goes on
+// from the next valid state (the checkpoint of step 5) to the same end.
+TEST_F(Snapshots, ABadSnapshotIsSkippedForTheNextValidState) {
+  const std::map<std::string, std::pair<std::function<void(const std::string&)>, std::string>> damage{
+      {"truncated", {[](const std::string& f) { fs::resize_file(f, fs::file_size(f) / 2); }, "truncated"}},
+      {"bit-flipped",
+       {[](const std::string& f) {
+          Bytes b = read_bytes(f);
+          b[b.size() / 2] ^= 0x10;
+          write_bytes(f, b);
+        },
+        "corrupt"}},
+      {"another run", {[](const std::string& f) { rewrite_meta(f, "run_id=", "run_Id="); }, "of another run"}},
+      {"other options",
+       {[](const std::string& f) { rewrite_meta(f, "option.lr=0.1\n", "option.lr=0.2\n"); }, "--lr"}},
+      {"a diverged state",
+       {[](const std::string& f) {
+          // A NaN as the first parameter, its section's CRC made right: only the state check can
+          // tell.
+          Bytes b = read_bytes(f);
+          uint64_t n = 0;
+          std::memcpy(&n, b.data() + 16, sizeof n);
+          const size_t params = 28 + n;  // the next section's header
+          uint64_t pn = 0;
+          std::memcpy(&pn, b.data() + params + 4, sizeof pn);
+          const float nan = std::nanf("");
+          std::memcpy(b.data() + params + 16, &nan, sizeof nan);
+          const auto crc = static_cast<uint32_t>(
+              crc32(0, reinterpret_cast<const Bytef*>(b.data() + params + 16), static_cast<uInt>(pn)));
+          std::memcpy(b.data() + params + 12, &crc, sizeof crc);
+          write_bytes(f, b);
+        },
+        "not finite"}},
+  };
+  const JsonObject want = uninterrupted(1);
+  int n = 0;
+  for (const auto& [what, how] : damage) {
+    SCOPED_TRACE(what);
+    const std::string ck = dir_.file("bad" + std::to_string(++n)), snaps = dir_.file("bad-snaps" + std::to_string(n));
+    kill_after(1, ck, snaps, 8);
+    const std::string file = the_snapshot(snaps);
+    ASSERT_EQ(fs::path(file).filename(), "ckpt-000000006.hpck");
+    how.first(file);
+    std::string err;
+    const JsonObject d = resume(1, ck, snaps, &err);
+    EXPECT_EQ(count_of(err, "snapshot " + file + " ignored: "), 1) << err;
+    EXPECT_NE(err.find(how.second), std::string::npos) << err;
+    EXPECT_EQ(d.at("resumed_from").str, "checkpoint");
+    EXPECT_EQ(d.at("resumed_from_step").number, 5);
+    expect_same_end(d, want);
+  }
+}
+
+// A snapshot older than the newest checkpoint is not resumed (and said so); a fresh start in the
+// directory (--resume none) makes the run a new one whose hosts drop the old run's snapshots.
+TEST_F(Snapshots, AStaleOrReplacedRunsSnapshotIsNotResumed) {
+  const std::string ck = dir_.file("stale"), snaps = dir_.file("stale-snaps");
+  kill_after(1, ck, snaps, 8);
+  const std::string old_dir = run_dir(snaps);
+  // A checkpoint of step 7 from the same run, newer than the snapshot of step 6: the file of step
+  // 6 renamed and its step rewritten would do, but the real thing is simpler: train to step 7.
+  fs::rename(the_snapshot(snaps), dir_.file("held"));
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
+  auto a = with(with(job(ck, dir_.file("k2.jsonl"), snaps), "--checkpoint-every-steps", "7"), "--snapshot-every-steps",
+                "100");
+  ASSERT_NE(run_mpi(1, a).exit_code, 0);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  for (const auto& e : fs::directory_iterator(old_dir)) fs::remove(e.path());
+  fs::rename(dir_.file("held"), old_dir + "/ckpt-000000006.hpck");
+  std::string err;
+  JsonObject d = resume(1, ck, snaps, &err);
+  EXPECT_NE(err.find("older (step 6) than the newest checkpoint (step 7)"), std::string::npos) << err;
+  EXPECT_EQ(d.at("resumed_from").str, "checkpoint");
+  EXPECT_EQ(d.at("resumed_from_step").number, 7);
+  // A fresh start: a new run id, and the old run's snapshots go as soon as it starts.
+  const std::string ck2 = dir_.file("replaced");
+  kill_after(1, ck2, snaps, 8);
+  const std::string old_id2 = read_text(ck2 + "/run-id");
+  const std::string replaced_dir = snaps + "/" + old_id2.substr(0, 16);
+  ASSERT_TRUE(fs::exists(replaced_dir));
+  auto fresh = job(ck2, dir_.file("fresh.jsonl"), snaps);
+  fresh.insert(fresh.end(), {"--resume", "none", "--max-steps", "2"});
+  const RunResult r = run_mpi(1, fresh);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(read_text(ck2 + "/run-id"), old_id2);
+  EXPECT_FALSE(fs::exists(replaced_dir)) << r.err;
+}
+
+// hpcrun asks for a stop to change the hosts (CHECKPOINT_DIR/membership-change): every host
+// writes its snapshot and no checkpoint goes to shared storage; the next run continues from the
+// very step it stopped at.
+TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
+  const std::string ck = dir_.file("member"), snaps = dir_.file("member-snaps");
+  fs::create_directories(ck);
+  write_text(ck + "/membership-change", "attempt=1\n");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8@1:usr1", 1);
+  const RunResult stopped = run_mpi(2, job(ck, dir_.file("m1.jsonl"), snaps));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_NE(stopped.err.find("for hpcrun to change the hosts"), std::string::npos) << stopped.err;
+  EXPECT_FALSE(fs::exists(ck + "/ckpt-000000008.hpck")) << "the stop wrote a checkpoint to shared storage";
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000005.hpck"));
+  EXPECT_TRUE(fs::exists(run_dir(snaps) + "/ckpt-000000008.hpck"));
+  fs::remove(ck + "/membership-change");
+  const JsonObject d = resume(2, ck, snaps);
+  EXPECT_EQ(d.at("resumed_from").str, "snapshot");
+  EXPECT_EQ(d.at("resumed_from_step").number, 8) << "a step redone";
+  expect_same_end(d, uninterrupted(2));
+  // Without the marker a stop writes its checkpoint as before.
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8@1:usr1", 1);
+  const std::string ck2 = dir_.file("member2");
+  EXPECT_EQ(run_mpi(2, job(ck2, dir_.file("m2.jsonl"), snaps)).exit_code, 75);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  EXPECT_TRUE(fs::exists(ck2 + "/ckpt-000000008.hpck"));
+}
+
+// Snapshots that cannot be kept are a warning at start-up and the run trains on without them:
+// over --snapshot-max-memory, and a --snapshot-dir that cannot be made.
+TEST_F(Snapshots, SnapshotsThatCannotBeKeptAreAWarningNotAFailure) {
+  write_text(dir_.file("a-file"), "not a directory\n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--snapshot-max-memory", "1M", "--snapshot-dir", dir_.file("budget")},
+       "and --snapshot-max-memory allows 1.0 MB (1M)"},
+      {{"--snapshot-dir", dir_.file("a-file") + "/snaps"}, "cannot create " + dir_.file("a-file") + "/snaps"},
+  };
+  for (const auto& [extra, message] : cases) {
+    SCOPED_TRACE(message);
+    const std::string m = dir_.file("warn.jsonl");
+    fs::remove(m);
+    auto a = job(dir_.file("warn-ck" + std::to_string(extra.size())), m, "");
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), {"--max-steps", "6"});
+    const RunResult r = run_mpi(2, a);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("snapshots in host memory off on "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(done_of(m).at("snapshots_taken").number, 0);
+    EXPECT_EQ(done_of(m).at("steps").number, 6);
+  }
+}
+
+// The snapshots' file system fills up during the run (a 6 MB tmpfs, room for one snapshot of
+// 3.4 MB but not for the next beside it): a warning, the run goes on and finishes, and the last
+// snapshot that was written stays whole until then. Needs root (mount).
+TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root (CI runs as root)";
+  const std::string snaps = dir_.file("small");
+  fs::create_directories(snaps);
+  ASSERT_EQ(mount("tmpfs", snaps.c_str(), "tmpfs", 0, "size=8m"), 0) << std::strerror(errno);
+  struct Unmount {
+    std::string at;
+    ~Unmount() { umount2(at.c_str(), MNT_DETACH); }
+  } unmount{snaps};
+  const std::string ck = dir_.file("full-ck");
+  // Filled once the first snapshot is there: 8 MB - 3.4 MB - 3 MB leaves no room for a second.
+  auto args = job(ck, dir_.file("full.jsonl"), snaps);
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "30", 1);
+  auto started = start_mpi(1, args);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_TRUE(wait_until([&] { return fs::exists(snaps) && !run_dir(snaps).empty() && !the_snapshot(snaps).empty(); },
+                         60));
+  write_bytes(snaps + "/filler", Bytes(3 * 1024 * 1024, 1));
+  const RunResult r = started->finish(120);
+  EXPECT_NE(r.exit_code, 0) << "the kill hook did not fire: " << r.err;
+  EXPECT_NE(r.err.find("a snapshot could not be written"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  // Nothing half-written: one whole snapshot, no temporary files; it resumes.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(run_dir(snaps))) left.push_back(e.path().filename().string());
+  ASSERT_EQ(left.size(), 1u) << left.size();
+  EXPECT_EQ(run_hpctrain({"inspect", run_dir(snaps) + "/" + left[0]}).exit_code, 0);
+  fs::remove(snaps + "/filler");
+  const JsonObject d = resume(1, ck, snaps);
+  EXPECT_EQ(d.at("resumed_from").str, "checkpoint") << "the newest state, step 30, is the checkpoint's";
+  expect_same_end(d, uninterrupted(1));
+}
+
+// Snapshots of other runs untouched for a day are removed at start-up; newer ones, and files
+// that are not run directories, stay.
+TEST_F(Snapshots, OldLeftoversOfOtherRunsAreRemoved) {
+  const std::string snaps = dir_.file("leftovers");
+  for (const char* d : {"0123456789abcdef", "fedcba9876543210", "not-a-run"}) fs::create_directories(snaps + "/" + d);
+  const auto day_ago = fs::file_time_type::clock::now() - std::chrono::hours(25);
+  fs::last_write_time(snaps + "/0123456789abcdef", day_ago);
+  fs::last_write_time(snaps + "/not-a-run", day_ago);
+  auto a = job(dir_.file("left-ck"), dir_.file("left.jsonl"), snaps);
+  a.insert(a.end(), {"--max-steps", "2"});
+  const RunResult r = run_mpi(1, a);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(snaps + "/0123456789abcdef"));
+  EXPECT_TRUE(fs::exists(snaps + "/fedcba9876543210"));
+  EXPECT_TRUE(fs::exists(snaps + "/not-a-run"));
+}
+
+}  // namespace
+}  // namespace hpc::itest
