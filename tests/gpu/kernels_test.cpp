@@ -3,6 +3,7 @@
 // the reason, where no GPU is visible (CTest reports it as skipped).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -219,13 +220,27 @@ TEST_F(GpuKernels, ConvertBetweenEveryPairEqualsTheCpuRounding) {
       }
 }
 
-TEST_F(GpuKernels, ScaleIsTheCpuProduct) {
-  const auto x = random_floats(100003, 12);
-  DeviceBuffer<float> d(x);
-  kernels::scale(d.get(), static_cast<int64_t>(x.size()), 0.125f + 0x1p-20f, stream_);
-  std::vector<float> want(x.size());
-  for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] * (0.125f + 0x1p-20f);
-  EXPECT_TRUE(same_values(d.host(), want));
+// count_correct against the CPU's argmax count (the first largest entry, ties included),
+// added to what the counter held.
+TEST_F(GpuKernels, CountCorrectEqualsTheCpuArgmaxCount) {
+  const int64_t n = 1000, k = 10;
+  auto scores = random_floats(static_cast<size_t>(n * k), 16);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    labels[static_cast<size_t>(r)] = static_cast<int32_t>((r * 3) % k);
+    if (r % 5 == 0) scores[static_cast<size_t>(r * k + (r * 3) % k)] = 9.f;  // right
+    if (r % 10 == 0) scores[static_cast<size_t>(r * k + 9)] = 9.f;           // a tie: the first wins
+  }
+  int expected = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = scores.data() + r * k;
+    expected += std::max_element(row, row + k) - row == labels[static_cast<size_t>(r)];
+  }
+  DeviceBuffer<float> ds(scores);
+  DeviceBuffer<int32_t> dl(labels);
+  DeviceBuffer<int> correct(std::vector<int>{5});
+  kernels::count_correct(ds.get(), dl.get(), n, k, correct.get(), stream_);
+  EXPECT_EQ(correct.host()[0], 5 + expected);
 }
 
 // relu and add on bf16 and fp16 activations: computed in float, rounded once when stored.
