@@ -6,7 +6,8 @@
 // Every rank runs one, so whichever ranks are still alive notice; the first to fire exits
 // with kExitStepTimeout and mpirun ends the rest of the job. It also polls, every
 // kPollSeconds, an error source the caller gives (NCCL's asynchronous errors: on the GPU no
-// host thread waits inside the all-reduce to see them), and fires at once on an error.
+// host thread waits inside the all-reduce to see them), and fires at once on an error; only
+// while it runs (--step-timeout 0 turns the poll off too).
 #pragma once
 
 #include <atomic>

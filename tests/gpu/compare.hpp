@@ -48,12 +48,37 @@ inline const char* name_of(Precision p) {
   return kNames[static_cast<int>(p)];
 }
 
-// x rounded to precision p, to nearest even (the CPU reference of a conversion kernel). fp16
-// through GCC's _Float16 (IEEE binary16, gradual underflow, overflow to infinity); bf16 and
-// TF32 by clearing low mantissa bits with rounding, NaN kept a NaN.
+// IEEE binary16 by hand (the GPU machine's compiler may predate GCC 12's _Float16 on x86):
+// the bits of x rounded to nearest even (gradual underflow, overflow to infinity, NaN kept),
+// and the value of such bits. compare_test checks both against _Float16 where it exists.
+inline uint16_t fp16_bits(float x) {
+  uint32_t f;
+  std::memcpy(&f, &x, sizeof f);
+  const auto sign = static_cast<uint16_t>((f >> 16) & 0x8000u);
+  const uint32_t a = f & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to infinity
+  if (a < 0x38800000u) {                        // below 2^-14: a multiple of 2^-24, rounded
+    const double units = std::nearbyint(static_cast<double>(std::fabs(x)) * 16777216.0);  // to even
+    return sign | static_cast<uint16_t>(units);  // 1024 units is the smallest normal's encoding
+  }
+  uint32_t h = a - 0x38000000u;  // exponent rebiased from 127 to 15
+  h += 0xfffu + ((h >> 13) & 1u);
+  return sign | static_cast<uint16_t>(h >> 13);
+}
+inline float fp16_value(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -24)
+                  : e == 31 ? (m ? NAN : INFINITY)
+                            : std::ldexp(static_cast<float>(m | 0x400), e - 25);
+  return (h & 0x8000u) ? -v : v;
+}
+
+// x rounded to precision p, to nearest even (the CPU reference of a conversion kernel): fp16
+// as above; bf16 and TF32 by clearing low mantissa bits with rounding, NaN kept a NaN.
 inline float round_to(Precision p, float x) {
   if (p == Precision::Fp32) return x;
-  if (p == Precision::Fp16) return static_cast<float>(static_cast<_Float16>(x));
+  if (p == Precision::Fp16) return fp16_value(fp16_bits(x));
   if (std::isnan(x)) return x;
   const int drop = p == Precision::Bf16 ? 16 : 13;
   uint32_t bits;

@@ -120,22 +120,13 @@ DType dtype_of(Precision p) { return p == Precision::Bf16 ? DType::BF16 : p == P
 
 // The 16 bits of a bf16 or fp16 value (x already representable) and back.
 uint16_t bits16(Precision p, float x) {
-  if (p == Precision::Fp16) {
-    const _Float16 h = static_cast<_Float16>(x);
-    uint16_t b;
-    std::memcpy(&b, &h, sizeof b);
-    return b;
-  }
+  if (p == Precision::Fp16) return testing::fp16_bits(x);
   uint32_t f;
   std::memcpy(&f, &x, sizeof f);
   return static_cast<uint16_t>(f >> 16);  // x is a bf16 value: its low half is zero
 }
 float from_bits16(Precision p, uint16_t b) {
-  if (p == Precision::Fp16) {
-    _Float16 h;
-    std::memcpy(&h, &b, sizeof h);
-    return static_cast<float>(h);
-  }
+  if (p == Precision::Fp16) return testing::fp16_value(b);
   const uint32_t f = static_cast<uint32_t>(b) << 16;
   float x;
   std::memcpy(&x, &f, sizeof x);

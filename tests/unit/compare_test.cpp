@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -65,6 +66,41 @@ TEST(RoundTo, RoundsToNearestEven) {
   EXPECT_EQ(round_to(Precision::Bf16, 3.3895313e38f), 3.3895313e38f);  // bf16's largest
   EXPECT_EQ(round_to(Precision::Bf16, 3.4e38f), INFINITY);
   EXPECT_TRUE(std::isnan(round_to(Precision::Bf16, NAN)));
+}
+
+// The hand-made binary16 against GCC's _Float16 (where this compiler has it): every 16-bit
+// pattern's value, and the rounding of floats across the whole range, ties, subnormals and
+// the overflow edge included.
+TEST(RoundTo, Fp16ByHandEqualsFloat16) {
+#if defined(__FLT16_MAX__)
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    _Float16 h;
+    const auto bits = static_cast<uint16_t>(b);
+    std::memcpy(&h, &bits, sizeof h);
+    const float want = static_cast<float>(h), got = fp16_value(bits);
+    ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : std::memcmp(&want, &got, 4) == 0) << std::hex << b;
+  }
+  std::mt19937 g(9);
+  std::vector<float> xs = {0.f, -0.f, 65504.f, 65519.99f, 65520.f, 65536.f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f,
+                           0x1p-14f, 0x1.ffcp-15f, 0x1.ffep-15f, 1.f + 0x1p-11f, 1.f + 0x1.8p-10f, INFINITY, NAN};
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t bits = g();
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    xs.push_back(x);
+    xs.push_back(std::ldexp(static_cast<float>(g() % 100000) / 1000.f, static_cast<int>(g() % 50) - 30));
+  }
+  for (float x : xs) {
+    const _Float16 h = static_cast<_Float16>(x);
+    uint16_t want;
+    std::memcpy(&want, &h, sizeof want);
+    const uint16_t got = fp16_bits(x);
+    if (std::isnan(x)) ASSERT_TRUE(std::isnan(fp16_value(got))) << x;
+    else ASSERT_EQ(got, want) << std::hexfloat << x;
+  }
+#else
+  GTEST_SKIP() << "this compiler has no _Float16 to compare with";
+#endif
 }
 
 TEST(Compare, RoundingNoiseOfEachPrecisionPasses) {
