@@ -49,6 +49,8 @@ kept_static='/lib(gtest|gtest_main)\.a$'
 # What the GPU machine provides itself, so the pack must not bring it: glibc; GCC's runtime
 # (libstdc++, libgcc_s, OpenMP's libgomp), part of the compiler that builds there; the CUDA
 # driver and toolkit (/usr/local/cuda), and cuDNN and NCCL (the toolkit's or PyTorch's wheels').
+# Its glibc and libstdc++ must be at least as new as the symbol versions `check` prints
+# (GLIBC_2.36, GLIBCXX_3.4.30 from Debian 12: an Ubuntu 24.04 image has them, 22.04 has not).
 provided=(
   ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1
   libstdc++.so.6 libgcc_s.so.1 libgomp.so.1
@@ -144,8 +146,12 @@ check() {
     echo "$(basename "$0"): the pack's closure is incomplete (${#problems[@]} problem(s)): add each library's package to packages=()" >&2
     exit 1
   fi
+  # The newest glibc and libstdc++ symbol versions they use: the GPU machine's must be as new.
+  local newest
+  newest=$(objdump -T "${elves[@]}" "$@" 2> /dev/null | grep -oE '\((GLIBC|GLIBCXX)_[0-9.]+\)' | tr -d '()' |
+    sort -uV | awk -F_ '{ v[$1] = $0 } END { print v["GLIBC"], v["GLIBCXX"] }')
   echo "closure complete: $((${#elves[@]} + $#)) ELF files ($# programs), ${#packed[@]} libraries packed; provided by the GPU machine:" \
-    "$(printf '%s\n' "${provided_seen[@]}" | sort -u | tr '\n' ' ')"
+    "$(printf '%s\n' "${provided_seen[@]}" | sort -u | tr '\n' ' ')(at least $newest)"
 }
 
 pack() {
