@@ -172,6 +172,26 @@ inline ::testing::AssertionResult matches(const std::vector<float>& got, const s
   return matches(got.data(), want.data(), static_cast<int64_t>(got.size()), p, roundings, channels);
 }
 
+// C = A (m x k) B (k x n), row-major, accumulated in double and rounded once: the reference.
+inline std::vector<float> exact_product(const float* a, const float* b, int64_t m, int64_t k, int64_t n) {
+  std::vector<float> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l) s += static_cast<double>(a[i * k + l]) * b[l * n + j];
+      c[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
+    }
+  return c;
+}
+
+// The transpose of a row-major rows x cols matrix.
+inline std::vector<float> transposed(const float* a, int64_t rows, int64_t cols) {
+  std::vector<float> t(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[static_cast<size_t>(j * rows + i)] = a[i * cols + j];
+  return t;
+}
+
 // A product computed in precision p (operands rounded to p, sums of k terms in float): every
 // element within (2 + k u(fp32)/u(p)) roundings of its terms' magnitude.
 inline ::testing::AssertionResult product_matches(const float* got, const float* want, const float* a, const float* b,

@@ -16,6 +16,7 @@
 
 #include "core/device.hpp"
 #include "gpu/compare.hpp"
+#include "nn/cuda/layers.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"
 
@@ -136,6 +137,56 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuNetworkParity,
                                             ::testing::Values(nn::cuda::Math::Fp32, nn::cuda::Math::Tf32,
                                                               nn::cuda::Math::Bf16, nn::cuda::Math::Fp16)),
                          parity_name);
+
+// The linear layer's three products through cuBLAS, y = x W^T, dW = dy^T x and dx = dy W,
+// each element within the rounding bound of its own terms (testing::product_matches, which a
+// transposed operand or a wrong cuBLAS op flag fails: compare_test), in fp32 and TF32.
+TEST(GpuLinearProducts, EachElementIsWithinItsTermsRoundingBound) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
+  device::select_gpu(0);
+  const int64_t n = 32, in = 48, out = 40;
+  std::mt19937 g(11);
+  std::normal_distribution<float> normal(0, 1);
+  auto random = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& e : v) e = normal(g);
+    return v;
+  };
+  const auto x = random(n * in), dy = random(n * out);
+  for (auto math : {nn::cuda::Math::Fp32, nn::cuda::Math::Tf32}) {
+    const auto precision = static_cast<testing::Precision>(math);
+    SCOPED_TRACE(testing::name_of(precision));
+    ParamStore<float> store;
+    nn::Linear<float> cpu(out, false);
+    cpu.setup(Shape{in}, store, "fc");
+    store.allocate();
+    const auto w = random(out * in);  // out x in, row-major, as the layer keeps it
+    std::memcpy(store.values().data<float>() + store.slots().at(cpu.weight_slot()).offset, w.data(),
+                w.size() * sizeof(float));
+    nn::cuda::GpuContext ctx({math, true});
+    nn::cuda::DeviceArenas arenas(store);
+    device::copy(arenas.values().raw(), store.values().raw(), store.values().bytes(), device::Copy::HostToDevice);
+    nn::cuda::LinearGpu gpu(ctx, arenas, in, out, cpu.weight_slot(), -1);
+    Tensor xd(Shape{n, in}, DType::F32, DeviceKind::CUDA), dyd(Shape{n, out}, DType::F32, DeviceKind::CUDA);
+    device::copy(xd.raw(), x.data(), x.size() * sizeof(float), device::Copy::HostToDevice);
+    device::copy(dyd.raw(), dy.data(), dy.size() * sizeof(float), device::Copy::HostToDevice);
+    const auto y = host_of(gpu.forward(xd, true));
+    const auto dx = host_of(gpu.backward(dyd, true));
+    std::vector<float> dw(w.size());
+    device::copy(dw.data(), arenas.grad(cpu.weight_slot()), dw.size() * sizeof(float), device::Copy::DeviceToHost);
+
+    const auto wt = testing::transposed(w.data(), out, in), dyt = testing::transposed(dy.data(), n, out);
+    EXPECT_TRUE(testing::product_matches(y.data(), testing::exact_product(x.data(), wt.data(), n, in, out).data(),
+                                         x.data(), wt.data(), n, in, out, precision))
+        << "y = x W^T";
+    EXPECT_TRUE(testing::product_matches(dw.data(), testing::exact_product(dyt.data(), x.data(), out, n, in).data(),
+                                         dyt.data(), x.data(), out, n, in, precision))
+        << "dW = dy^T x";
+    EXPECT_TRUE(testing::product_matches(dx.data(), testing::exact_product(dy.data(), w.data(), n, out, in).data(),
+                                         dy.data(), w.data(), n, out, in, precision))
+        << "dx = dy W";
+  }
+}
 
 // The counted correct predictions equal the CPU's argmax count, ties included.
 TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {

@@ -30,18 +30,6 @@ std::vector<float> rounded(Precision p, std::vector<float> v) {
   return v;
 }
 
-// C = A B, row-major, accumulated in double and rounded once: the reference.
-std::vector<float> product(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t k, int64_t n) {
-  std::vector<float> c(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t l = 0; l < k; ++l) s += static_cast<double>(a[i * k + l]) * b[l * n + j];
-      c[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
-    }
-  return c;
-}
-
 // The product as a tensor-core GEMM in precision p does it: operands rounded, sums in float.
 std::vector<float> product_in(Precision p, const std::vector<float>& a, const std::vector<float>& b, int64_t m,
                               int64_t k, int64_t n) {
@@ -160,10 +148,8 @@ TEST(Compare, AGradientScaledBy0_9Fails) {
 TEST(Compare, ATransposedProductFails) {
   const int64_t k = 48;
   const auto a = normal(static_cast<size_t>(k * k), 5), b = normal(static_cast<size_t>(k * k), 6);
-  std::vector<float> at(a.size());
-  for (int64_t i = 0; i < k; ++i)
-    for (int64_t j = 0; j < k; ++j) at[static_cast<size_t>(j * k + i)] = a[static_cast<size_t>(i * k + j)];
-  const auto want = product(a, b, k, k, k);
+  const auto at = transposed(a.data(), k, k);
+  const auto want = exact_product(a.data(), b.data(), k, k, k);
   for (Precision p : kAll) {
     SCOPED_TRACE(name_of(p));
     const auto right = product_in(p, a, b, k, k, k);
