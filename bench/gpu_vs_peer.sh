@@ -141,11 +141,11 @@ mfu() {
 build_step() {
   echo "== build: $build_dir ($gpu_name)"
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON \
-    -DHPCTRAIN_NCCL=ON -DHPCTRAIN_TEST_FASHION_MNIST_DIR="$data" "${cmake_args[@]}" > "$build_dir.cmake.log" 2>&1 ||
-    { tail -n 30 "$build_dir.cmake.log"; die "cmake failed (log: $build_dir.cmake.log)"; }
+    -DHPCTRAIN_NCCL=ON -DHPCTRAIN_TEST_FASHION_MNIST_DIR="$data" "${cmake_args[@]}" > "$results/cmake.log" 2>&1 ||
+    { tail -n 30 "$results/cmake.log"; die "cmake failed (log: $results/cmake.log)"; }
   local targets=(hpctrain gpu_step kernels_test nccl_test network_test train_gpu_test)
-  cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" > "$build_dir.build.log" 2>&1 ||
-    { tail -n 40 "$build_dir.build.log"; die "the build failed (log: $build_dir.build.log)"; }
+  cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" > "$results/build.log" 2>&1 ||
+    { tail -n 40 "$results/build.log"; die "the build failed (log: $results/build.log)"; }
   report << EOS
 built=${targets[*]}
 hpctrain_version=$("$hpctrain" --version | head -n 1)
