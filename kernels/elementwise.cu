@@ -65,10 +65,6 @@ __global__ void crop_flip_normalize_u8_kernel(const uint8_t* in, const int32_t* 
   }
 }
 
-__global__ void scale_kernel(float* x, int64_t n, float factor) {
-  HPC_GRID_STRIDE(i, n) x[i] *= factor;
-}
-
 // Calls f with a value of the element type that `t` names.
 template <class F>
 void with_type(DType t, F&& f) {
@@ -150,12 +146,6 @@ void crop_flip_normalize_u8(const uint8_t* in, const int32_t* crops, float* out,
   if (total == 0) return;
   crop_flip_normalize_u8_kernel<<<blocks_for(total), kThreads, 0, stream>>>(in, crops, out, total, h, w, channels,
                                                                             table);
-  CUDA_CHECK_LAUNCH();
-}
-
-void scale(float* x, int64_t n, float factor, cudaStream_t stream) {
-  if (n == 0) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -82,11 +82,6 @@ void sgd_step(float* params, const float* grads, float* velocity, int64_t n, con
               const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream,
               const int* skip = nullptr, const float* hyper = nullptr);
 
-// ---- data parallelism (dist::GradientBucketer) -------------------------------------------------
-
-// x *= factor: a rank's share of the global batch, applied to a gradient bucket before the sum.
-void scale(float* x, int64_t n, float factor, cudaStream_t stream);
-
 // ---- mixed precision ----------------------------------------------------------------------------
 
 // x *= factor, and *non_finite = 1 if any result is not finite (a loss-scaled fp16 step that

@@ -8,7 +8,8 @@
 //
 // Streams: a cached block may be handed out again at once. That is safe for memory used on
 // one stream (the compute stream: kernels run in the order they were issued, so the next
-// user's kernels run after the last user's). Memory used on another stream too (gradient
+// user's kernels run after the last user's, and device::zero of a new tensor is enqueued on it
+// too: core/device.hpp). Memory used on another stream too (gradient
 // buckets all-reduced on the communication stream) lives in the arenas, which are allocated
 // once and never released while training.
 #pragma once

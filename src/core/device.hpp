@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+struct CUstream_st;  // CUDA's stream (cudaStream_t is a pointer to it): this header needs no CUDA
+
 namespace hpc::device {
 
 // Number of CUDA GPUs visible to this process (respects CUDA_VISIBLE_DEVICES); 0 without CUDA.
@@ -33,10 +35,18 @@ void release(void* p);
 // ordinary memory. release_pinned frees what allocate_pinned returned.
 void* allocate_pinned(size_t bytes);
 void release_pinned(void* p);
-// Zero-fills device memory (on the default stream, synchronously).
+// The stream zero() and copy() are ordered on: the compute stream of the process's GpuContext
+// (nn/cuda/context.hpp), which sets it while it lives; nullptr (the default): the legacy
+// default stream. The compute stream is non-blocking, so the legacy stream would not order
+// these after its kernels: a block the caching allocator hands out again must be zeroed behind
+// the kernels that still read it, and copies must see what they wrote.
+void set_stream(CUstream_st* stream);
+// Zero-fills device memory, enqueued on set_stream's stream (cudaMemsetAsync: ordered, and
+// captured into a CUDA graph rather than breaking its capture).
 void zero(void* p, size_t bytes);
 enum class Copy { HostToDevice, DeviceToHost, DeviceToDevice };
-// Synchronous copy (tests, checkpoints, set-up; the step loop uses streams).
+// Synchronous copy (tests, checkpoints, set-up; the step loop uses streams): enqueued on
+// set_stream's stream, after its work so far, and waited for.
 void copy(void* dst, const void* src, size_t bytes, Copy direction);
 // Bytes the allocator holds for tensors now, and the most it ever held (for the metrics).
 size_t memory_in_use();

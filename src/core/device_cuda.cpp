@@ -110,8 +110,14 @@ void release_pinned(void* p) {
   if (p) cudaFreeHost(p);
 }
 
+namespace {
+std::atomic<cudaStream_t> ordered_on{nullptr};  // set_stream's
+}  // namespace
+
+void set_stream(CUstream_st* stream) { ordered_on = stream; }
+
 void zero(void* p, size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ordered_on.load()));
 }
 
 void copy(void* dst, const void* src, size_t bytes, Copy direction) {
@@ -119,7 +125,9 @@ void copy(void* dst, const void* src, size_t bytes, Copy direction) {
   const cudaMemcpyKind kind = direction == Copy::HostToDevice   ? cudaMemcpyHostToDevice
                               : direction == Copy::DeviceToHost ? cudaMemcpyDeviceToHost
                                                                 : cudaMemcpyDeviceToDevice;
-  CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  const cudaStream_t s = ordered_on.load();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 size_t memory_in_use() { return allocator().stats().in_use; }

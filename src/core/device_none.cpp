@@ -20,6 +20,7 @@ void* allocate_pinned(size_t /*bytes*/) { return nullptr; }
 void release_pinned(void* p) {
   HPC_CHECK(p == nullptr, "release of pinned memory in a build without CUDA");
 }
+void set_stream(CUstream_st* /*stream*/) {}
 void zero(void* /*p*/, size_t /*bytes*/) { no_cuda(); }
 void copy(void* /*dst*/, const void* /*src*/, size_t /*bytes*/, Copy /*direction*/) { no_cuda(); }
 size_t memory_in_use() { return 0; }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <tuple>
 
 #include "core/error.hpp"
 
@@ -14,9 +13,8 @@ int64_t now_ns() {
 }
 }  // namespace
 
-GradientBucketer::GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
-                                   int64_t bucket_bytes, bool overlap, BucketDevice* device)
-    : comm_(comm), device_(device), grads_(grads), n_(n), overlap_(overlap) {
+std::vector<std::pair<int64_t, int64_t>> partition_buckets(int64_t n, std::vector<int64_t> group_starts,
+                                                           int64_t bucket_bytes) {
   HPC_CHECK(n > 0 && bucket_bytes > 0, "bucketer of ", n, " elements, ", bucket_bytes, " bytes per bucket");
   std::sort(group_starts.begin(), group_starts.end());
   group_starts.erase(std::unique(group_starts.begin(), group_starts.end()), group_starts.end());
@@ -25,16 +23,29 @@ GradientBucketer::GradientBucketer(Communicator& comm, float* grads, int64_t n, 
   const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float)));
   // The first bucket (the last layers, done first) is kept small, as PyTorch DDP does, so
   // communication starts early even when the whole model fits in one bucket.
-  const int64_t first_bucket = std::min<int64_t>(per_bucket, kFirstBucketBytes / static_cast<int64_t>(sizeof(float)));
+  const int64_t first_bucket = std::min<int64_t>(
+      per_bucket, GradientBucketer::kFirstBucketBytes / static_cast<int64_t>(sizeof(float)));
+  std::vector<std::pair<int64_t, int64_t>> buckets;
   int64_t end = n;
   for (size_t g = group_starts.size(); g-- > 0;) {
     const int64_t begin = group_starts[g];
-    if (end - begin >= (buckets_.empty() ? first_bucket : per_bucket) || begin == 0) {
-      buckets_.emplace_back(begin, end);
+    if (end - begin >= (buckets.empty() ? first_bucket : per_bucket) || begin == 0) {
+      buckets.emplace_back(begin, end);
       end = begin;
     }
   }
-  thread_ = std::thread([this] { run(); });
+  return buckets;
+}
+
+GradientBucketer::GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
+                                   int64_t bucket_bytes, bool overlap, BucketDevice* device)
+    : comm_(comm),
+      device_(device),
+      grads_(grads),
+      n_(n),
+      overlap_(overlap),
+      buckets_(partition_buckets(n, std::move(group_starts), bucket_bytes)) {
+  if (!device_) thread_ = std::thread([this] { run(); });
 }
 
 GradientBucketer::~GradientBucketer() {
@@ -43,7 +54,7 @@ GradientBucketer::~GradientBucketer() {
     stop_ = true;
   }
   work_cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 double GradientBucketer::now() const { return static_cast<double>(now_ns() - step_start_ns_) * 1e-9; }
@@ -67,7 +78,6 @@ void GradientBucketer::ready_from(int64_t offset) {
 }
 
 void GradientBucketer::queue_upto(size_t count) {
-  const uint64_t fence = device_ ? device_->fence() : 0;
   {
     std::lock_guard lock(mu_);
     const double t = now();
@@ -75,17 +85,29 @@ void GradientBucketer::queue_upto(size_t count) {
       timeline_.buckets[b].begin = buckets_[b].first;
       timeline_.buckets[b].end = buckets_[b].second;
       timeline_.buckets[b].queued = t;
-      queue_.emplace_back(b, fence);
+      if (device_) {
+        device_->enqueue(grads_ + buckets_[b].first, buckets_[b].second - buckets_[b].first, share_);
+        timeline_.buckets[b].started = t;
+        ++done_;
+      } else {
+        queue_.push_back(b);
+      }
     }
     next_ = count;
   }
-  work_cv_.notify_one();
+  if (!device_) work_cv_.notify_one();
 }
 
 double GradientBucketer::finish() {
   const int64_t wait_start = now_ns();
   timeline_.backward_done = now();
   queue_upto(buckets_.size());
+  if (device_) {
+    device_->join();
+    timeline_.finished = now();
+    for (auto& b : timeline_.buckets) b.done = timeline_.finished;
+    return 0;
+  }
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return done_ == buckets_.size() || failure_; });
   timeline_.finished = now();
@@ -96,13 +118,12 @@ double GradientBucketer::finish() {
 void GradientBucketer::run() {
   for (;;) {
     size_t b;
-    uint64_t fence;
     float share;
     {
       std::unique_lock lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      std::tie(b, fence) = queue_.front();
+      b = queue_.front();
       queue_.pop_front();
       share = share_;
       timeline_.buckets[b].started = now();
@@ -110,11 +131,9 @@ void GradientBucketer::run() {
     try {
       float* p = grads_ + buckets_[b].first;
       const int64_t len = buckets_[b].second - buckets_[b].first;
-      const bool reduce = comm_.size() > 1;
-      if (device_) device_->prepare(p, len, share, fence, reduce);
-      else if (share != 1.0f)
+      if (share != 1.0f)
         for (int64_t i = 0; i < len; ++i) p[i] *= share;
-      if (reduce) comm_.allreduce_sum(p, len);
+      if (comm_.size() > 1) comm_.allreduce_sum(p, len);
     } catch (...) {
       std::lock_guard lock(mu_);
       failure_ = std::current_exception();

@@ -7,9 +7,10 @@
 // scales it by this rank's share of the global batch and sums it over the ranks (so the
 // result is the global batch's mean gradient). finish() queues whatever is left and waits.
 //
-// Cross-thread contract: between begin_step() and finish() returning, the communication
-// thread owns the queued buckets' memory; the main thread must not touch gradients it has
-// reported ready, nor make MPI calls of its own (the library may only be SERIALIZED).
+// Cross-thread contract (host memory): between begin_step() and finish() returning, the
+// communication thread owns the queued buckets' memory; the main thread must not touch
+// gradients it has reported ready, nor make MPI calls of its own (the library may only be
+// SERIALIZED). With a BucketDevice there is no thread (see below).
 #pragma once
 
 #include <condition_variable>
@@ -35,20 +36,29 @@ struct BucketTimeline {
   double backward_done = 0, finished = 0;
 };
 
-// Where the gradients live decides how a bucket is made ready for its sum. The default (host
-// memory, CPU training) needs no fence and scales in place on the communication thread. GPU
-// training supplies its own (train/gpu_engine.cpp): the fence is an event recorded on the
-// compute stream after the backward kernels that produced the bucket, and prepare makes the
-// communicator's stream wait for it and scales there, before the all-reduce on that stream.
+// Where the gradients live decides how a bucket is reduced. Host memory (CPU training, no
+// device): the communication thread scales each bucket and all-reduces it with MPI, and
+// finish() waits for the thread. Device memory (GPU training: train/gpu_engine.cpp): no thread;
+// the main thread hands each bucket to the device as it is queued, and the device enqueues its
+// reduction behind the backward kernels that produced it (an event on the compute stream that
+// the communicator's stream waits for), as PyTorch DDP and llm.c do; finish() asks the device to
+// make what follows (the optimizer) wait for every reduction, on the device, not on the host.
 class BucketDevice {
  public:
   virtual ~BucketDevice() = default;
-  // Main thread, as buckets are queued: a token for "all work enqueued so far".
-  virtual uint64_t fence() = 0;
-  // Communication thread, before the bucket's all-reduce: wait for the fence, then x *= share.
-  // When `reduce` is false no all-reduce follows (one rank): return only once x is final.
-  virtual void prepare(float* x, int64_t n, float share, uint64_t fence, bool reduce) = 0;
+  // Main thread, as each bucket is queued: enqueue the sum over the ranks of x * share (every
+  // gradient in x is final once the work enqueued so far on the compute stream is done).
+  // Returns at once.
+  virtual void enqueue(float* x, int64_t n, float share) = 0;
+  // Main thread, in finish(): work enqueued on the compute stream from now on waits for every
+  // reduction enqueued this step. Returns at once.
+  virtual void join() = 0;
 };
+
+// The arena's buckets, [begin, end) in elements, arena end first: runs of whole groups (see
+// GradientBucketer's constructor), shared by the host bucketer and the GPU's stream-ordered one.
+std::vector<std::pair<int64_t, int64_t>> partition_buckets(int64_t n, std::vector<int64_t> group_starts,
+                                                           int64_t bucket_bytes);
 
 class GradientBucketer {
  public:
@@ -59,7 +69,8 @@ class GradientBucketer {
   // bucket_bytes (the first at least min(bucket_bytes, 1 MB); the one holding offset 0
   // takes what is left). overlap = false queues
   // nothing before finish() (to measure what overlap buys).
-  // device: nullptr for host memory, else it must outlive the bucketer.
+  // device: nullptr for host memory, else it must outlive the bucketer (and comm is only
+  // asked for its size).
   GradientBucketer(Communicator& comm, float* grads, int64_t n, std::vector<int64_t> group_starts,
                    int64_t bucket_bytes, bool overlap, BucketDevice* device = nullptr);
   ~GradientBucketer();
@@ -72,7 +83,9 @@ class GradientBucketer {
   // Every gradient at arena offsets [offset, n) is final.
   void ready_from(int64_t offset);
   // Queues the rest, waits for every bucket; returns the seconds spent waiting (the
-  // communication the backward pass did not hide).
+  // communication the backward pass did not hide). With a BucketDevice: joins instead (the
+  // device waits, not the host) and returns 0; the timeline then holds when each bucket was
+  // enqueued (started = queued) and when finish() joined (done), host times both.
   double finish();
 
   size_t bucket_count() const { return buckets_.size(); }
@@ -93,7 +106,7 @@ class GradientBucketer {
 
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<std::pair<size_t, uint64_t>> queue_;  // bucket, fence
+  std::deque<size_t> queue_;  // buckets for the communication thread (host memory)
   size_t done_ = 0;
   bool stop_ = false;
   float share_ = 1;

@@ -17,7 +17,9 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap)
   ncclUniqueId id{};
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   if (size_ > 1) bootstrap_.broadcast(&id, sizeof id, 0);
-  NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  ncclComm_t comm = nullptr;
+  NCCL_CHECK(ncclCommInitRank(&comm, size_, id, rank_));
+  comm_ = comm;
   init_stream_and_scratch();
 }
 
@@ -38,33 +40,53 @@ NcclCommunicator::~NcclCommunicator() {
   // cooperative destroy could hang, so the communicator is aborted instead (main then ends
   // the job).
   if (std::uncaught_exceptions() > 0) {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
+    if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommAbort(c);
   } else if (stream_) {
     cudaStreamSynchronize(stream_);
   }
   device::release(scratch_);
-  if (comm_) ncclCommDestroy(comm_);
+  if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommDestroy(c);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+std::string NcclCommunicator::async_error() {
+  ncclComm_t comm = comm_.load();
+  if (!comm) return "the NCCL communicator was aborted";
+  ncclResult_t async = ncclSuccess;
+  const ncclResult_t polled = ncclCommGetAsyncError(comm, &async);
+  if (polled != ncclSuccess) async = polled;
+  if (async == ncclSuccess || async == ncclInProgress) return {};
+  const char* detail = ncclGetLastError(comm);
+  const std::string message =
+      detail::concat("NCCL error during a collective: ", ncclGetErrorString(async),
+                     detail && *detail ? std::string(" (") + detail + ")" : "", "; a peer rank died or lost its network?");
+  if (comm_.exchange(nullptr) == comm) ncclCommAbort(comm);  // frees the stream's stuck kernels
+  return message;
+}
+
+// The set-up collectives only (the gradients' do not wait: enqueue_weighted_sum).
 void NcclCommunicator::wait() {
   for (;;) {
     const cudaError_t state = cudaStreamQuery(stream_);
     if (state == cudaSuccess) return;
     if (state != cudaErrorNotReady) CUDA_CHECK(state);
-    ncclResult_t async = ncclSuccess;
-    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    if (async != ncclSuccess) {
-      const char* detail = ncclGetLastError(comm_);
-      ncclCommAbort(comm_);  // frees the stream's stuck kernels
-      comm_ = nullptr;
-      throw Error(ErrorKind::Internal, detail::concat("NCCL error during a collective: ", ncclGetErrorString(async),
-                                                      detail && *detail ? std::string(" (") + detail + ")" : "",
-                                                      "; a peer rank died or lost its network?"));
-    }
+    if (std::string error = async_error(); !error.empty()) throw Error(ErrorKind::Internal, error);
     sched_yield();
   }
+}
+
+void NcclCommunicator::enqueue_weighted_sum(float* data, int64_t n, float share) {
+  const auto count = static_cast<size_t>(n);
+  if (share * static_cast<float>(size_) == 1.0f) {
+    NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, ncclAvg, comm_, stream_));
+    return;
+  }
+  ncclRedOp_t op;
+  NCCL_CHECK(ncclRedOpCreatePreMulSum(&op, &share, ncclFloat, ncclScalarHostImmediate, comm_));
+  const ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_);
+  // NCCL allows destroying the operator once the last call that names it has returned.
+  ncclRedOpDestroy(op, comm_);
+  NCCL_CHECK(r);
 }
 
 void NcclCommunicator::allreduce_sum(float* data, int64_t n) {
@@ -98,13 +120,12 @@ void NcclCommunicator::barrier() {
 
 std::unique_ptr<Communicator> NcclCommunicator::duplicate() {
   ncclComm_t twin = nullptr;
-  NCCL_CHECK(ncclCommSplit(comm_, 0, rank_, &twin, nullptr));
+  NCCL_CHECK(ncclCommSplit(comm_.load(), 0, rank_, &twin, nullptr));
   return std::unique_ptr<Communicator>(new NcclCommunicator(bootstrap_, twin));
 }
 
 void NcclCommunicator::abort(int exit_code) {
-  if (comm_) ncclCommAbort(comm_);
-  comm_ = nullptr;
+  if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommAbort(c);
   bootstrap_.abort(exit_code);
   std::_Exit(exit_code);  // not reached: the bootstrap's abort ends the job
 }

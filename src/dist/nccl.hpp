@@ -1,12 +1,13 @@
 // NCCL behind the Communicator seam: collectives among one GPU per rank, for the gradient
 // all-reduce of GPU training (DESIGN.md principle 2). Data pointers are device pointers.
 //
-// Every collective runs on this communicator's own stream and the call returns when it is
-// done, as the MPI implementation does, so the GradientBucketer's communication thread uses it
-// unchanged; the GPU overlaps it with the compute stream's backward kernels. While waiting it
-// polls NCCL's asynchronous error state, so a peer that died shows up as an error here
-// (ncclCommAbort, then the whole job ends) rather than as a hang; a peer that hangs silently is
-// the step watchdog's (train/watchdog.hpp).
+// The Communicator collectives (set-up: broadcast, allgather, barrier) run on this
+// communicator's own stream and return when done, as the MPI implementation does; while
+// waiting they poll NCCL's asynchronous error state. The gradients' reduction does not wait:
+// enqueue_weighted_sum puts a bucket's all-reduce on the stream and returns (the GPU engine
+// orders it with events, train/gpu_engine.cpp), and async_error, which the step watchdog polls
+// from its thread (train/watchdog.hpp), turns a peer that died into an error and an abort
+// (which frees the stuck kernels) rather than a hang.
 //
 // Compiled only when CMake finds NCCL (HPCTRAIN_HAVE_NCCL).
 #pragma once
@@ -14,7 +15,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.hpp"
@@ -43,6 +46,13 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void abort(int exit_code) override;
 
   cudaStream_t stream() const { return stream_; }
+  // Enqueues data = sum over the ranks of share * data on stream() and returns at once:
+  // ncclAvg where share is 1 / size (every rank the same share, the usual step), else a
+  // pre-multiplied sum (ncclRedOpCreatePreMulSum), one pass either way.
+  void enqueue_weighted_sum(float* data, int64_t n, float share);
+  // Empty while NCCL reports no asynchronous error; else a message, the communicator aborted.
+  // Safe from another thread (ncclCommGetAsyncError is, and PyTorch's watchdog calls it so).
+  std::string async_error();
 
  private:
   NcclCommunicator(Communicator& bootstrap, ncclComm_t comm);
@@ -52,7 +62,7 @@ class NcclCommunicator final : public Communicator {
   void wait();
 
   Communicator& bootstrap_;
-  ncclComm_t comm_ = nullptr;
+  std::atomic<ncclComm_t> comm_ = nullptr;  // the watchdog's thread may abort it
   cudaStream_t stream_ = nullptr;
   uint64_t* scratch_ = nullptr;  // device: allgather values, the barrier's word
   int rank_ = 0, size_ = 1;

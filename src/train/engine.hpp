@@ -52,6 +52,9 @@ class Engine {
   virtual std::string describe() const = 0;
   // Bytes of device memory at the high-water mark (0 on the CPU).
   virtual size_t peak_device_memory() const { return 0; }
+  // An error the communication library reported asynchronously (NCCL: a peer died while the
+  // device waits for its all-reduce), else empty. Polled by the step watchdog's thread.
+  virtual std::string async_error() { return {}; }
 };
 
 // Counts the rows of probabilities (N x K) whose first largest entry is the label.

@@ -2,19 +2,26 @@
 // kernel over the arena (optim/sgd_cuda), gradients all-reduced by NCCL in buckets that
 // overlap the backward pass. Compiled when CMake finds CUDA, cuDNN and NCCL.
 //
-// Streams and their dependencies (DESIGN.md principle 6):
-//  - Everything of a step runs on the context's compute stream, in order: the batch copy,
-//    forward, loss, backward, the SGD update.
-//  - A bucket's all-reduce runs on the NCCL communicator's stream. When the bucketer queues a
-//    bucket, fence() records an event on the compute stream after the backward kernels
-//    enqueued so far (which produced that bucket); prepare() makes the NCCL stream wait for it.
-//  - GradientBucketer::finish() returns once every all-reduce is complete (the communicator
-//    waits for its stream), so the update enqueued after it reads the summed gradients.
+// Streams and their dependencies (DESIGN.md principle 6), as PyTorch DDP and llm.c order them:
+//  - Everything of a step runs on the context's compute stream (non-blocking), in order: the
+//    batch copy, forward, loss, backward, the SGD update.
+//  - A bucket's all-reduce runs on the NCCL communicator's stream. As the bucketer queues a
+//    bucket (main thread, no communication thread), NcclBuckets records the fence event on the
+//    compute stream after the backward kernels enqueued so far (which produced that bucket),
+//    makes the NCCL stream wait for it (cudaStreamWaitEvent) and enqueues the all-reduce there
+//    (ncclAvg, or a pre-multiplied sum: the rank's share applied in the same pass).
+//  - GradientBucketer::finish() joins: the done event recorded on the NCCL stream after the
+//    last all-reduce, which the compute stream waits for before the update. No host thread
+//    waits or spins; a lost peer surfaces through the step watchdog's poll of NCCL's
+//    asynchronous error (Engine::async_error).
+//  - One GPU: no NCCL communicator and no bucketer (nothing to reduce: the share is 1), unless
+//    HPCTRAIN_TEST_FORCE_NCCL=1 makes one so that the GPU tests exercise this path on one GPU.
 //  - The step ends by reading the loss back, which waits for the compute stream: the pinned
 //    staging buffers are then free for the next batch.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -90,38 +97,37 @@ class Graph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-// The bucketer's view of device gradients (dist/bucketer.hpp).
-class GpuBuckets final : public dist::BucketDevice {
+// The bucketer's device (dist/bucketer.hpp): each bucket's all-reduce enqueued on the NCCL
+// stream behind a fence on the compute stream; the join makes the compute stream wait.
+class NcclBuckets final : public dist::BucketDevice {
  public:
-  GpuBuckets(int gpu, cudaStream_t compute, cudaStream_t comm) : gpu_(gpu), compute_(compute), comm_(comm) {}
-  void reserve(size_t buckets) {
-    while (events_.size() < buckets + 1) events_.emplace_back();
+  NcclBuckets(dist::NcclCommunicator& nccl, cudaStream_t compute) : nccl_(nccl), compute_(compute) {}
+
+  // One fence event serves every bucket: cudaStreamWaitEvent takes the event's state at the
+  // call, so recording it again for the next bucket does not change what this one waits for.
+  void enqueue(float* x, int64_t n, float share) override {
+    CUDA_CHECK(cudaEventRecord(fence_.get(), compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(nccl_.stream(), fence_.get(), 0));
+    nccl_.enqueue_weighted_sum(x, n, share);
   }
 
-  // At most one fence per queued bucket plus one per step, and finish() waits for every
-  // bucket before the next step: a ring of buckets + 1 events is never overwritten while a
-  // prepare() still needs it (cudaStreamWaitEvent takes the event's state at the call).
-  uint64_t fence() override {
-    const uint64_t token = next_++ % events_.size();
-    CUDA_CHECK(cudaEventRecord(events_.at(token).get(), compute_));
-    return token;
-  }
-
-  void prepare(float* x, int64_t n, float share, uint64_t fence, bool reduce) override {
-    if (!reduce && share == 1.0f) return;  // one rank: the update follows on the compute stream anyway
-    // The bucketer's thread starts on device 0; this rank's streams live on its own GPU.
-    CUDA_CHECK(cudaSetDevice(gpu_));
-    CUDA_CHECK(cudaStreamWaitEvent(comm_, events_[fence].get(), 0));
-    if (share != 1.0f) kernels::scale(x, n, share, comm_);
-    if (!reduce) CUDA_CHECK(cudaStreamSynchronize(comm_));
+  void join() override {
+    CUDA_CHECK(cudaEventRecord(done_.get(), nccl_.stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
   }
 
  private:
-  int gpu_;
-  cudaStream_t compute_, comm_;
-  std::deque<CudaEvent> events_;  // deque: events neither copy nor move
-  uint64_t next_ = 0;
+  dist::NcclCommunicator& nccl_;
+  cudaStream_t compute_;
+  CudaEvent fence_, done_;
 };
+
+// The test option of the GPU tests (README, "Test hooks"): an NCCL communicator and the
+// bucketed all-reduce even at world size 1.
+bool nccl_forced() {
+  const char* v = std::getenv("HPCTRAIN_TEST_FORCE_NCCL");
+  return v && std::string(v) == "1";
+}
 
 nn::cuda::GpuSettings settings_of(const TrainOptions& o) {
   nn::cuda::GpuSettings s;
@@ -146,19 +152,21 @@ class GpuEngine final : public Engine {
         sgd_(*owned_sgd_),
         gpu_(select(ctx)),
         context_(settings_of(o)),
-        nccl_(ctx.world()),
         net_(context_, model_),
         sgd_gpu_(sgd_),
-        buckets_(gpu_, context_.stream(), nccl_.stream()),
-        bucketer_(nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model_.gradient_groups(),
-                  static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, &buckets_),
         precision_(name_of(kPrecisionNames, o.precision)),
         deterministic_(o.deterministic),
         scaled_(o.precision == Precision::Fp16),
         graphs_(o.cuda_graphs) {
-    HPC_CHECK(!graphs_ || (!scaled_ && ctx.world_size() == 1), "--cuda-graphs with fp16 or several ranks");
+    if (ctx.world_size() > 1 || nccl_forced()) {
+      nccl_ = std::make_unique<dist::NcclCommunicator>(ctx.world());
+      buckets_ = std::make_unique<NcclBuckets>(*nccl_, context_.stream());
+      bucketer_ = std::make_unique<dist::GradientBucketer>(
+          *nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model_.gradient_groups(),
+          static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, buckets_.get());
+    }
+    HPC_CHECK(!graphs_ || (!scaled_ && !nccl_), "--cuda-graphs with fp16, several ranks or NCCL forced");
     if (graphs_) hyper_ = Tensor(Shape{2}, DType::F32, DeviceKind::CUDA);
-    buckets_.reserve(bucketer_.bucket_count());
     upload();
   }
 
@@ -171,7 +179,7 @@ class GpuEngine final : public Engine {
   // One step of the staged batch, enqueued and waited for.
   StepResult eager_step(const data::Batch& batch, float share, double lr, double momentum) {
     StepResult r;
-    bucketer_.begin_step(share);
+    begin_reduction(share);
     enqueue_step(lr, momentum, &r);
     return finish_step(batch, r);
   }
@@ -184,8 +192,10 @@ class GpuEngine final : public Engine {
       CUDA_CHECK(cudaMemsetAsync(context_.non_finite(), 0, sizeof(int), context_.stream()));
     }
     net_.loss(net_.forward(x_, true), labels_.data<int32_t>());
-    net_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
-    r->comm_wait = bucketer_.finish();
+    net_.backward([&](int64_t offset) {
+      if (bucketer_) bucketer_->ready_from(offset);
+    });
+    r->comm_wait = bucketer_ ? bucketer_->finish() : 0.0;  // 0: the device waits, not the host
     auto& a = net_.arenas();
     // fp16: the summed gradients (every rank holds the same, so every rank decides alike) are
     // checked in one pass; when one is not finite the update kernel changes nothing.
@@ -237,7 +247,7 @@ class GpuEngine final : public Engine {
       CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       cudaGraph_t g = nullptr;
       try {
-        bucketer_.begin_step(share);
+        begin_reduction(share);
         enqueue_step(lr, momentum, &r, hyper_.data<float>());
       } catch (...) {
         cudaStreamEndCapture(s, &g);
@@ -281,8 +291,12 @@ class GpuEngine final : public Engine {
     return train::first_non_finite(model_, sgd_);
   }
 
-  const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
-  size_t bucket_count() const override { return bucketer_.bucket_count(); }
+  const dist::BucketTimeline& timeline() const override {
+    static const dist::BucketTimeline kNone;  // one GPU: nothing reduced
+    return bucketer_ ? bucketer_->last_timeline() : kNone;
+  }
+  size_t bucket_count() const override { return bucketer_ ? bucketer_->bucket_count() : 0; }
+  std::string async_error() override { return nccl_ ? nccl_->async_error() : std::string(); }
   size_t peak_device_memory() const override { return device::peak_memory_in_use(); }
 
   std::string describe() const override {
@@ -290,13 +304,21 @@ class GpuEngine final : public Engine {
     CUDA_CHECK(cudaGetDeviceProperties(&p, gpu_));
     int nccl = 0;
     ncclGetVersion(&nccl);
+    const std::string reduction = !nccl_              ? "no NCCL (one GPU)"
+                                  : nccl_->size() > 1 ? detail::concat("NCCL ", nccl)
+                                                      : detail::concat("NCCL ", nccl, " forced at world size 1");
     return detail::concat("GPU ", gpu_, " (", p.name, ", ", p.totalGlobalMem >> 20, " MiB), ", precision_,
                           deterministic_ ? ", deterministic" : ", non-deterministic",
-                          graphs_ ? ", CUDA graphs" : "", ", cuDNN ",
-                          cudnnGetVersion(), ", NCCL ", nccl);
+                          graphs_ ? ", CUDA graphs" : "", ", cuDNN ", cudnnGetVersion(), ", ", reduction);
   }
 
  private:
+  // A new step's reduction: this rank's share of the global batch (1 on one GPU).
+  void begin_reduction(float share) {
+    if (bucketer_) bucketer_->begin_step(share);
+    else HPC_CHECK(share == 1.0f, "a share of ", share, " of the global batch on the only GPU");
+  }
+
   // The host mirror to the device (once the compute stream has nothing in flight that uses the
   // arenas: before the first step), and back after the steps so far.
   void upload() {
@@ -365,11 +387,13 @@ class GpuEngine final : public Engine {
   bool host_current_ = true;  // whether the mirror holds the state after the last step
   int gpu_;
   nn::cuda::GpuContext context_;
-  dist::NcclCommunicator nccl_;
   nn::cuda::GpuNetwork net_;
   optim::SgdCuda sgd_gpu_;
-  GpuBuckets buckets_;
-  dist::GradientBucketer bucketer_;
+  // Several ranks (or HPCTRAIN_TEST_FORCE_NCCL=1): the communicator, the bucketer's device and
+  // the bucketer, destroyed in the reverse order; else none of them.
+  std::unique_ptr<dist::NcclCommunicator> nccl_;
+  std::unique_ptr<NcclBuckets> buckets_;
+  std::unique_ptr<dist::GradientBucketer> bucketer_;
   std::string precision_;
   bool deterministic_;
   bool scaled_;  // fp16: dynamic loss scaling

@@ -162,7 +162,9 @@ TrainResult TrainingRun::run() {
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
   // From here on every wait is for the peers: a step that never ends is a hung job.
-  watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where());
+  watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where(), StepWatchdog::Expire{},
+                                             p_.gpu ? StepWatchdog::Poll([this] { return engine_->async_error(); })
+                                                    : StepWatchdog::Poll{});
   watchdog_->progress(tally_.step);
   for (int64_t epoch = p_.start.epoch; epoch < o_.epochs && tally_.step < plan_.total_steps; ++epoch)
     if (!run_epoch(epoch)) return stop();

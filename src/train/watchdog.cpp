@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -34,8 +35,11 @@ void print_and_exit(const std::string& message) {
 
 }  // namespace
 
-StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire)
-    : timeout_(timeout_seconds), where_(std::move(where)), expire_(expire ? std::move(expire) : print_and_exit) {
+StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll)
+    : timeout_(timeout_seconds),
+      where_(std::move(where)),
+      expire_(expire ? std::move(expire) : print_and_exit),
+      poll_(std::move(poll)) {
   last_ns_ = now_ns();
   if (timeout_ > 0) thread_ = std::thread([this] { run(); });
 }
@@ -59,6 +63,12 @@ void StepWatchdog::run() {
   int64_t warned_for = -1;  // the progress mark already warned about
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
+    if (poll_)
+      if (const std::string error = poll_(); !error.empty()) {
+        expire_(detail::concat(where_, ": ", error, " Exiting with code ", kExitStepTimeout,
+                               " so that the job can be relaunched from its last checkpoint"));
+        return;
+      }
     const int64_t last = last_ns_.load(std::memory_order_acquire);
     const int64_t idle = now_ns() - last;
     if (idle >= timeout_ns) {
@@ -73,8 +83,9 @@ void StepWatchdog::run() {
       log::warn(where_, ": no step finished for ", seconds_text(idle * 1e-9), " since step ", step_.load(),
                 "; waiting for a peer? (--step-timeout ", seconds_text(timeout_), ")");
     }
-    // Wake at the next moment something can be due: the warning or the timeout.
-    const int64_t next = idle < timeout_ns / 2 ? timeout_ns / 2 - idle : timeout_ns - idle;
+    // Wake at the next moment something can be due: the warning, the timeout or the poll.
+    int64_t next = idle < timeout_ns / 2 ? timeout_ns / 2 - idle : timeout_ns - idle;
+    if (poll_) next = std::min<int64_t>(next, static_cast<int64_t>(kPollSeconds * 1e9));
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(next, 1000000)));
   }
 }

@@ -4,7 +4,10 @@
 // step and evaluation batch; halfway to the timeout a warning names the step that is late.
 //
 // Every rank runs one, so whichever ranks are still alive notice; the first to fire exits
-// with kExitStepTimeout and mpirun ends the rest of the job.
+// with kExitStepTimeout and mpirun ends the rest of the job. It also polls, every
+// kPollSeconds, an error source the caller gives (NCCL's asynchronous errors: on the GPU no
+// host thread waits inside the all-reduce to see them), and fires at once on an error; only
+// while it runs (--step-timeout 0 turns the poll off too).
 #pragma once
 
 #include <atomic>
@@ -23,10 +26,13 @@ class StepWatchdog {
   // Called from the watchdog's thread with the message when the timeout passes; must not
   // return to training (the default prints the message and _exits with kExitStepTimeout).
   using Expire = std::function<void(const std::string& message)>;
+  // Returns an error's message, or empty while there is none. Called from the watchdog's thread.
+  using Poll = std::function<std::string()>;
+  static constexpr double kPollSeconds = 1.0;
 
   // timeout_seconds <= 0: off (no thread). `where` names this process in messages
   // ("rank 1 on node7").
-  StepWatchdog(double timeout_seconds, std::string where, Expire expire = {});
+  StepWatchdog(double timeout_seconds, std::string where, Expire expire = {}, Poll poll = {});
   ~StepWatchdog();
   StepWatchdog(const StepWatchdog&) = delete;
   StepWatchdog& operator=(const StepWatchdog&) = delete;
@@ -42,6 +48,7 @@ class StepWatchdog {
   const double timeout_;
   const std::string where_;
   Expire expire_;
+  Poll poll_;
   std::atomic<int64_t> last_ns_{0}, step_{0};
   std::mutex mu_;
   std::condition_variable cv_;

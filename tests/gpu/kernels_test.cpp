@@ -3,6 +3,7 @@
 // the reason, where no GPU is visible (CTest reports it as skipped).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -10,6 +11,7 @@
 
 #include "core/device.hpp"
 #include "core/tensor.hpp"
+#include "gpu/compare.hpp"
 #include "data/loader.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/model.hpp"
@@ -107,6 +109,155 @@ TEST_F(GpuKernels, AddAndScaleAreExact) {
   EXPECT_EQ(flag.host()[0], 0);
   kernels::scale_and_check(out.get(), n, 1e38f, flag.get(), stream_);  // overflows: an fp16 step to skip
   EXPECT_EQ(flag.host()[0], 1);
+}
+
+// ---- the kernels of mixed precision: convert, scale, and relu and add on 16-bit activations ----
+// References: testing::round_to, the CPU's rounding to nearest even (proven in compare_test).
+
+using testing::Precision;
+
+DType dtype_of(Precision p) { return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32; }
+
+// The 16 bits of a bf16 or fp16 value (x already representable) and back.
+uint16_t bits16(Precision p, float x) {
+  if (p == Precision::Fp16) return testing::fp16_bits(x);
+  uint32_t f;
+  std::memcpy(&f, &x, sizeof f);
+  return static_cast<uint16_t>(f >> 16);  // x is a bf16 value: its low half is zero
+}
+float from_bits16(Precision p, uint16_t b) {
+  if (p == Precision::Fp16) return testing::fp16_value(b);
+  const uint32_t f = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &f, sizeof x);
+  return x;
+}
+
+// A device array of n values of precision p holding `values` (rounded to p), read back as floats.
+class TypedBuffer {
+ public:
+  TypedBuffer(Precision p, const std::vector<float>& values) : p_(p), n_(values.size()) {
+    std::vector<uint8_t> raw(bytes());
+    for (size_t i = 0; i < n_; ++i) {
+      const float v = testing::round_to(p, values[i]);
+      if (p == Precision::Fp32) std::memcpy(raw.data() + 4 * i, &v, 4);
+      else {
+        const uint16_t b = bits16(p, v);
+        std::memcpy(raw.data() + 2 * i, &b, 2);
+      }
+    }
+    p_dev_ = device::allocate(bytes());
+    device::copy(p_dev_, raw.data(), bytes(), device::Copy::HostToDevice);
+  }
+  ~TypedBuffer() { device::release(p_dev_); }
+  TypedBuffer(const TypedBuffer&) = delete;
+  TypedBuffer& operator=(const TypedBuffer&) = delete;
+  void* get() const { return p_dev_; }
+  std::vector<float> host() const {
+    std::vector<uint8_t> raw(bytes());
+    device::copy(raw.data(), p_dev_, bytes(), device::Copy::DeviceToHost);
+    std::vector<float> out(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      if (p_ == Precision::Fp32) std::memcpy(&out[i], raw.data() + 4 * i, 4);
+      else {
+        uint16_t b;
+        std::memcpy(&b, raw.data() + 2 * i, 2);
+        out[i] = from_bits16(p_, b);
+      }
+    }
+    return out;
+  }
+
+ private:
+  size_t bytes() const { return n_ * (p_ == Precision::Fp32 ? 4 : 2); }
+  Precision p_;
+  size_t n_;
+  void* p_dev_ = nullptr;
+};
+
+// Equal as values, NaN equal to NaN, and +0 told from -0.
+::testing::AssertionResult same_values(const std::vector<float>& got, const std::vector<float>& want) {
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(std::isnan(got[i]) && std::isnan(want[i])) && !same_bits(got[i], want[i]))
+      return ::testing::AssertionFailure() << "[" << i << "]: got " << got[i] << ", want " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+const Precision kStored[] = {Precision::Fp32, Precision::Bf16, Precision::Fp16};
+
+// convert: every pair of element types, with a factor (a loss scale divided out), equals the
+// CPU's float product rounded once to the target; the non-finite flag is raised by exactly
+// the conversions that overflow.
+TEST_F(GpuKernels, ConvertBetweenEveryPairEqualsTheCpuRounding) {
+  auto values = random_floats(70001, 11, 300.f);
+  values[0] = 0.f, values[1] = -0.f, values[2] = 65504.f, values[3] = 1e-6f;
+  for (Precision from : kStored)
+    for (Precision to : kStored)
+      for (float factor : {1.f, 1.f / 1024.f, 300.f}) {
+        SCOPED_TRACE(::testing::Message() << testing::name_of(from) << " -> " << testing::name_of(to) << " x "
+                                          << factor);
+        TypedBuffer in(from, values), out(to, std::vector<float>(values.size()));
+        DeviceBuffer<int> flag(std::vector<int>{0});
+        kernels::convert(dtype_of(from), in.get(), dtype_of(to), out.get(), static_cast<int64_t>(values.size()),
+                         factor, flag.get(), stream_);
+        std::vector<float> want(values.size());
+        bool overflow = false;
+        for (size_t i = 0; i < values.size(); ++i) {
+          want[i] = testing::round_to(to, testing::round_to(from, values[i]) * factor);
+          overflow |= !std::isfinite(want[i]);
+        }
+        EXPECT_TRUE(same_values(out.host(), want));
+        EXPECT_EQ(flag.host()[0], overflow ? 1 : 0);
+      }
+}
+
+// count_correct against the CPU's argmax count (the first largest entry, ties included),
+// added to what the counter held.
+TEST_F(GpuKernels, CountCorrectEqualsTheCpuArgmaxCount) {
+  const int64_t n = 1000, k = 10;
+  auto scores = random_floats(static_cast<size_t>(n * k), 16);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    labels[static_cast<size_t>(r)] = static_cast<int32_t>((r * 3) % k);
+    if (r % 5 == 0) scores[static_cast<size_t>(r * k + (r * 3) % k)] = 9.f;  // right
+    if (r % 10 == 0) scores[static_cast<size_t>(r * k + 9)] = 9.f;           // a tie: the first wins
+  }
+  int expected = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = scores.data() + r * k;
+    expected += std::max_element(row, row + k) - row == labels[static_cast<size_t>(r)];
+  }
+  DeviceBuffer<float> ds(scores);
+  DeviceBuffer<int32_t> dl(labels);
+  DeviceBuffer<int> correct(std::vector<int>{5});
+  kernels::count_correct(ds.get(), dl.get(), n, k, correct.get(), stream_);
+  EXPECT_EQ(correct.host()[0], 5 + expected);
+}
+
+// relu and add on bf16 and fp16 activations: computed in float, rounded once when stored.
+TEST_F(GpuKernels, SixteenBitReluAndAddEqualTheCpuRounding) {
+  const int64_t n = 50021;
+  auto a = random_floats(n, 13, 4.f), b = random_floats(n, 14, 4.f), dy = random_floats(n, 15);
+  a[0] = 0.f, a[1] = -0.f, b[2] = -a[2];
+  for (Precision p : {Precision::Bf16, Precision::Fp16, Precision::Fp32}) {
+    SCOPED_TRACE(testing::name_of(p));
+    const DType t = dtype_of(p);
+    TypedBuffer da(p, a), db(p, b), ddy(p, dy), y(p, std::vector<float>(n)), dx(p, std::vector<float>(n)),
+        sum(p, std::vector<float>(n));
+    kernels::relu_forward(t, da.get(), y.get(), n, stream_);
+    kernels::relu_backward(t, y.get(), ddy.get(), dx.get(), n, stream_);
+    kernels::add(t, da.get(), db.get(), sum.get(), n, stream_);
+    std::vector<float> want_y(n), want_dx(n), want_sum(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float ai = testing::round_to(p, a[i]), bi = testing::round_to(p, b[i]);
+      want_y[i] = ai > 0.f ? ai : 0.f;
+      want_dx[i] = want_y[i] > 0.f ? testing::round_to(p, dy[i]) : 0.f;
+      want_sum[i] = testing::round_to(p, ai + bi);
+    }
+    EXPECT_TRUE(same_values(y.host(), want_y)) << "relu forward";
+    EXPECT_TRUE(same_values(dx.host(), want_dx)) << "relu backward";
+    EXPECT_TRUE(same_values(sum.host(), want_sum)) << "add";
+  }
 }
 
 // count random h x w RGB images (bytes from seed), all of class 1, and a normalisation for them.

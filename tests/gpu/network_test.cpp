@@ -4,7 +4,9 @@
 // flatten, linear, residual blocks with identity and projection shortcuts). For each: logits,
 // loss, every parameter gradient and the batch-norm running statistics after a training
 // forward, and the logits of an eval-mode forward, against the CPU model with the same
-// parameters, within a relative-error bound per precision. Skips where no GPU is visible.
+// parameters, element by element within bounds derived from the precision's rounding and the
+// variant's depth (tests/gpu/compare.hpp, whose helpers compare_test proves on planted errors).
+// Skips where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "gpu/compare.hpp"
+#include "nn/cuda/layers.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"
 
@@ -26,17 +30,18 @@ struct Variant {
   Shape input;
   int64_t batch;
   double smoothing;
+  int depth;  // layers on the longest path: each rounds its operands and its result
 };
 
 const Variant kVariants[] = {
-    {"mlp", "mlp", true, true, {28, 28, 1}, 32, 0},
-    {"mlp_no_bn", "mlp", false, true, {28, 28, 1}, 32, 0.1},
-    {"cnn", "cnn", true, true, {28, 28, 1}, 16, 0},
-    {"cnn_unfused", "cnn", true, false, {28, 28, 1}, 16, 0},
-    {"cnn_no_bn", "cnn", false, true, {28, 28, 1}, 16, 0},
-    {"resnet20", "resnet20", true, true, {32, 32, 3}, 8, 0},
-    {"resnet20_no_bn", "resnet20", false, true, {32, 32, 3}, 8, 0},
-    {"resnet18_imagenet_stem", "resnet18", true, true, {80, 80, 3}, 4, 0},
+    {"mlp", "mlp", true, true, {28, 28, 1}, 32, 0, 3},
+    {"mlp_no_bn", "mlp", false, true, {28, 28, 1}, 32, 0.1, 3},
+    {"cnn", "cnn", true, true, {28, 28, 1}, 16, 0, 4},
+    {"cnn_unfused", "cnn", true, false, {28, 28, 1}, 16, 0, 4},
+    {"cnn_no_bn", "cnn", false, true, {28, 28, 1}, 16, 0, 4},
+    {"resnet20", "resnet20", true, true, {32, 32, 3}, 8, 0, 20},
+    {"resnet20_no_bn", "resnet20", false, true, {32, 32, 3}, 8, 0, 20},
+    {"resnet18_imagenet_stem", "resnet18", true, true, {80, 80, 3}, 4, 0, 18},
 };
 
 std::vector<float> host_of(const Tensor& t) {
@@ -44,16 +49,6 @@ std::vector<float> host_of(const Tensor& t) {
   if (t.device() == DeviceKind::CUDA) device::copy(h.data(), t.raw(), t.bytes(), device::Copy::DeviceToHost);
   else std::memcpy(h.data(), t.raw(), t.bytes());
   return h;
-}
-
-// ||a - b|| / max(||b||, tiny): the error of a whole tensor relative to its size.
-double rel_error(const float* a, const float* b, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    ref += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-20);
 }
 
 class GpuNetworkParity : public ::testing::TestWithParam<std::tuple<Variant, nn::cuda::Math>> {
@@ -67,11 +62,12 @@ class GpuNetworkParity : public ::testing::TestWithParam<std::tuple<Variant, nn:
 
 TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   const auto& [v, math] = GetParam();
-  // TF32 keeps 10 mantissa bits in convolutions and products: errors near 1e-3 per product,
-  // compounding over the layers; fp16 activations keep 10 too, bf16 ones 7 (errors near 4e-3
-  // per rounding). fp32 differs from the CPU only in summation order.
+  // Each layer rounds its weights, its input and its result (3 roundings) in the forward pass,
+  // and as many again backwards for a gradient; fp32 differs from the CPU in summation order.
   using nn::cuda::Math;
-  const double tol = math == Math::Fp32 ? 2e-4 : math == Math::Bf16 ? 8e-2 : 3e-2;
+  using testing::matches;
+  const auto precision = static_cast<testing::Precision>(math);  // the same four, in the same order
+  const double forward = 3.0 * v.depth, backward = 6.0 * v.depth;
   nn::ModelSpec spec;
   spec.kind = parse_named(nn::kModelNames, v.model, "model");
   spec.batch_norm = v.batch_norm;
@@ -109,24 +105,25 @@ TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   const double loss_gpu = gpu.sums().loss / static_cast<double>(n);
 
   const auto lg = host_of(logits_gpu), lc = host_of(logits_cpu);
-  EXPECT_LT(rel_error(lg.data(), lc.data(), logits_cpu.numel()), tol) << "training logits";
-  EXPECT_NEAR(loss_gpu, loss_cpu, tol * std::max(1.0, std::abs(loss_cpu)));
+  EXPECT_TRUE(matches(lg, lc, precision, forward)) << "training logits";
+  EXPECT_NEAR(loss_gpu, loss_cpu, testing::rounding_bound(precision, forward) * std::max(1.0, std::abs(loss_cpu)));
   const auto gg = host_of(gpu.arenas().grads()), gc = host_of(cpu.params().grads());
   for (const auto& slot : cpu.params().slots()) {
     const int64_t count = slot.shape.numel();
-    EXPECT_LT(rel_error(gg.data() + slot.offset, gc.data() + slot.offset, count), tol * 5)
+    EXPECT_TRUE(matches(gg.data() + slot.offset, gc.data() + slot.offset, count, precision, backward,
+                        slot.shape.rank() ? slot.shape.dims().back() : 1))
         << "gradient of " << slot.name;
   }
   const auto bg = host_of(gpu.arenas().buffers()), bc = host_of(cpu.params().buffers());
   for (const auto& slot : cpu.params().buffer_slots())
-    EXPECT_LT(rel_error(bg.data() + slot.offset, bc.data() + slot.offset, slot.shape.numel()), tol)
+    EXPECT_TRUE(matches(bg.data() + slot.offset, bc.data() + slot.offset, slot.shape.numel(), precision, forward))
         << "running statistic " << slot.name;
 
   // Eval pass with the running statistics just updated.
   const Tensor& eval_cpu = cpu.forward(x, false);
   const auto ec = host_of(eval_cpu);
   const auto eg = host_of(gpu.forward(xd, false));
-  EXPECT_LT(rel_error(eg.data(), ec.data(), eval_cpu.numel()), tol) << "eval logits";
+  EXPECT_TRUE(matches(eg, ec, precision, forward)) << "eval logits";
 }
 
 // Outside the macro: the braces of the suffix table do not protect its commas from it.
@@ -140,6 +137,56 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuNetworkParity,
                                             ::testing::Values(nn::cuda::Math::Fp32, nn::cuda::Math::Tf32,
                                                               nn::cuda::Math::Bf16, nn::cuda::Math::Fp16)),
                          parity_name);
+
+// The linear layer's three products through cuBLAS, y = x W^T, dW = dy^T x and dx = dy W,
+// each element within the rounding bound of its own terms (testing::product_matches, which a
+// transposed operand or a wrong cuBLAS op flag fails: compare_test), in fp32 and TF32.
+TEST(GpuLinearProducts, EachElementIsWithinItsTermsRoundingBound) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
+  device::select_gpu(0);
+  const int64_t n = 32, in = 48, out = 40;
+  std::mt19937 g(11);
+  std::normal_distribution<float> normal(0, 1);
+  auto random = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& e : v) e = normal(g);
+    return v;
+  };
+  const auto x = random(n * in), dy = random(n * out);
+  for (auto math : {nn::cuda::Math::Fp32, nn::cuda::Math::Tf32}) {
+    const auto precision = static_cast<testing::Precision>(math);
+    SCOPED_TRACE(testing::name_of(precision));
+    ParamStore<float> store;
+    nn::Linear<float> cpu(out, false);
+    cpu.setup(Shape{in}, store, "fc");
+    store.allocate();
+    const auto w = random(out * in);  // out x in, row-major, as the layer keeps it
+    std::memcpy(store.values().data<float>() + store.slots().at(cpu.weight_slot()).offset, w.data(),
+                w.size() * sizeof(float));
+    nn::cuda::GpuContext ctx({math, true});
+    nn::cuda::DeviceArenas arenas(store);
+    device::copy(arenas.values().raw(), store.values().raw(), store.values().bytes(), device::Copy::HostToDevice);
+    nn::cuda::LinearGpu gpu(ctx, arenas, in, out, cpu.weight_slot(), -1);
+    Tensor xd(Shape{n, in}, DType::F32, DeviceKind::CUDA), dyd(Shape{n, out}, DType::F32, DeviceKind::CUDA);
+    device::copy(xd.raw(), x.data(), x.size() * sizeof(float), device::Copy::HostToDevice);
+    device::copy(dyd.raw(), dy.data(), dy.size() * sizeof(float), device::Copy::HostToDevice);
+    const auto y = host_of(gpu.forward(xd, true));
+    const auto dx = host_of(gpu.backward(dyd, true));
+    std::vector<float> dw(w.size());
+    device::copy(dw.data(), arenas.grad(cpu.weight_slot()), dw.size() * sizeof(float), device::Copy::DeviceToHost);
+
+    const auto wt = testing::transposed(w.data(), out, in), dyt = testing::transposed(dy.data(), n, out);
+    EXPECT_TRUE(testing::product_matches(y.data(), testing::exact_product(x.data(), wt.data(), n, in, out).data(),
+                                         x.data(), wt.data(), n, in, out, precision))
+        << "y = x W^T";
+    EXPECT_TRUE(testing::product_matches(dw.data(), testing::exact_product(dyt.data(), x.data(), out, n, in).data(),
+                                         dyt.data(), x.data(), out, n, in, precision))
+        << "dW = dy^T x";
+    EXPECT_TRUE(testing::product_matches(dx.data(), testing::exact_product(dy.data(), w.data(), n, out, in).data(),
+                                         dy.data(), w.data(), n, out, in, precision))
+        << "dx = dy W";
+  }
+}
 
 // The counted correct predictions equal the CPU's argmax count, ties included.
 TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {

@@ -171,6 +171,38 @@ TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
   EXPECT_EQ(done_of(m).at("steps").number, 40);
 }
 
+// HPCTRAIN_TEST_FORCE_NCCL=1 on one GPU: the bucketed NCCL path that several GPUs take (the
+// fence event on the compute stream, the all-reduce with ncclAvg on the NCCL stream behind it,
+// the compute stream's wait for the done event before the optimizer), with 0.1 MB buckets so
+// that several overlap the backward pass. An average over one rank is each gradient itself, so
+// the run ends with the bits of the run without NCCL; the log names the path, and the timeline
+// holds every bucket of every step.
+TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
+  const std::string plain = dir_.file("plain.jsonl"), forced = dir_.file("forced.jsonl"),
+                    timeline = dir_.file("timeline.jsonl");
+  auto job = short_job(plain);
+  job.erase(std::find(job.begin(), job.end(), "--quiet"));
+  const RunResult p = run_hpctrain(job);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE((p.out + p.err).find("no NCCL (one GPU)"), std::string::npos) << p.err;
+  auto forced_job = short_job(forced);
+  forced_job.erase(std::find(forced_job.begin(), forced_job.end(), "--quiet"));
+  forced_job.insert(forced_job.end(), {"--bucket-mb", "0.1", "--timeline-file", timeline});
+  setenv("HPCTRAIN_TEST_FORCE_NCCL", "1", 1);
+  const RunResult f = run_hpctrain(forced_job);
+  unsetenv("HPCTRAIN_TEST_FORCE_NCCL");
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE((f.out + f.err).find("forced at world size 1"), std::string::npos) << f.err;
+  EXPECT_EQ(done_of(forced).at("param_checksum").str, done_of(plain).at("param_checksum").str);
+  EXPECT_EQ(done_of(forced).at("state_checksum").str, done_of(plain).at("state_checksum").str);
+  std::ifstream in(timeline);
+  int64_t lines = 0, max_bucket = 0;
+  for (std::string line; std::getline(in, line); ++lines)
+    max_bucket = std::max<int64_t>(max_bucket, nlohmann::json::parse(line).at("bucket").get<int64_t>());
+  EXPECT_GE(max_bucket, 2) << "0.1 MB buckets of the cnn: several per step";
+  EXPECT_EQ(lines, 40 * (max_bucket + 1)) << "every bucket of every step";
+}
+
 // The logits of hpctrain predict --json --logits's lines, in order.
 std::vector<std::vector<double>> predicted_logits(const std::string& out) {
   std::vector<std::vector<double>> rows;

@@ -120,63 +120,55 @@ TEST(GradientBucketer, FinishWaitsForSlowCommunication) {
   EXPECT_EQ(comm.calls.size(), 1u);
 }
 
-// Device gradients (GPU training): the bucketer asks its BucketDevice for a fence as buckets
-// are queued, on the queuing thread, and hands each bucket's fence to prepare() on the
-// communication thread before its all-reduce, which then replaces the host-side scaling.
+// Device gradients (GPU training): no communication thread. Each bucket is handed to the
+// device on the queuing thread as it is queued (the device enqueues its reduction behind the
+// backward kernels), with the step's share; finish() joins once, and nothing waits on the host.
 class RecordingDevice final : public dist::BucketDevice {
  public:
-  uint64_t fence() override {
-    fence_thread = std::this_thread::get_id();
-    return ++fences;
+  void enqueue(float* x, int64_t n, float share) override {
+    calls.push_back({x, n, share, std::this_thread::get_id()});
   }
-  void prepare(float* x, int64_t n, float share, uint64_t fence, bool reduce) override {
-    std::lock_guard lock(mu);
-    prepared.push_back({n, fence, reduce});
-    for (int64_t i = 0; i < n; ++i) x[i] *= share * 10;  // marks that prepare, not the bucketer, scaled
-  }
+  void join() override { ++joins; }
   struct Call {
+    float* x;
     int64_t n;
-    uint64_t fence;
-    bool reduce;
+    float share;
+    std::thread::id thread;
   };
-  std::mutex mu;
-  std::vector<Call> prepared;
-  uint64_t fences = 0;
-  std::thread::id fence_thread;
+  std::vector<Call> calls;
+  int joins = 0;
 };
 
-TEST(GradientBucketer, DeviceGradientsGetAFencePerQueueingAndArePreparedByTheDevice) {
+TEST(GradientBucketer, DeviceGradientsAreEnqueuedOnTheQueuingThreadAndJoinedOnce) {
   std::vector<float> g(600000, 1.0f);
   FakeComm comm(2, g.data());
   RecordingDevice dev;
   dist::GradientBucketer b(comm, g.data(), 600000, {0, 1000, 300000, 310000}, 2 * kMB, true, &dev);
   b.begin_step(0.5f);
-  b.ready_from(310000);  // queues the first bucket: fence 1
-  b.ready_from(300000);  // nothing new to queue: no fence
-  b.finish();            // queues the rest: fence 2
-  EXPECT_EQ(dev.fences, 2u);
-  EXPECT_EQ(dev.fence_thread, std::this_thread::get_id());
-  ASSERT_EQ(dev.prepared.size(), 2u);
-  EXPECT_EQ(dev.prepared[0].n, 290000);
-  EXPECT_EQ(dev.prepared[0].fence, 1u);
-  EXPECT_EQ(dev.prepared[1].n, 310000);
-  EXPECT_EQ(dev.prepared[1].fence, 2u);
-  EXPECT_TRUE(dev.prepared[0].reduce);
-  // prepare's scaling (x 0.5 x 10), then the sum over 2 ranks; the bucketer scaled nothing itself.
-  EXPECT_EQ(g[0], 10.0f);
-  EXPECT_EQ(g[599999], 10.0f);
-}
-
-TEST(GradientBucketer, OnOneRankTheDeviceIsToldNoAllReduceFollows) {
-  std::vector<float> g(1000, 1.0f);
-  FakeComm comm(1, g.data());
-  RecordingDevice dev;
-  dist::GradientBucketer b(comm, g.data(), 1000, {0}, kMB, true, &dev);
-  b.begin_step(1.0f);
-  b.finish();
-  ASSERT_EQ(dev.prepared.size(), 1u);
-  EXPECT_FALSE(dev.prepared[0].reduce);
+  b.ready_from(310000);  // the first bucket
+  EXPECT_EQ(dev.calls.size(), 1u);
+  b.ready_from(300000);  // nothing new
+  EXPECT_EQ(dev.calls.size(), 1u);
+  EXPECT_EQ(dev.joins, 0);
+  EXPECT_EQ(b.finish(), 0.0);  // the rest, then the join: no host wait
+  EXPECT_EQ(dev.joins, 1);
+  ASSERT_EQ(dev.calls.size(), 2u);
+  EXPECT_EQ(dev.calls[0].x, g.data() + 310000);
+  EXPECT_EQ(dev.calls[0].n, 290000);
+  EXPECT_EQ(dev.calls[1].x, g.data());
+  EXPECT_EQ(dev.calls[1].n, 310000);
+  for (const auto& c : dev.calls) {
+    EXPECT_EQ(c.share, 0.5f);
+    EXPECT_EQ(c.thread, std::this_thread::get_id());
+  }
+  // The device reduces; the bucketer neither scaled nor called the communicator.
+  EXPECT_EQ(g[0], 1.0f);
   EXPECT_TRUE(comm.calls.empty());
+  // A second step: the same buckets again.
+  b.begin_step(0.5f);
+  b.finish();
+  EXPECT_EQ(dev.calls.size(), 4u);
+  EXPECT_EQ(dev.joins, 2);
 }
 
 }  // namespace

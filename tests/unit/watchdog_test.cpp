@@ -49,5 +49,25 @@ TEST(StepWatchdog, ZeroMeansOff) {
   EXPECT_FALSE(fired);
 }
 
+// An error the poll reports (NCCL's asynchronous error on the GPU) fires the watchdog at the
+// next poll, long before the timeout, with the poll's message; while the poll reports nothing,
+// steps that keep finishing keep it quiet.
+TEST(StepWatchdog, FiresOnAPolledErrorBeforeTheTimeout) {
+  std::promise<std::string> fired;
+  std::atomic<int> polls{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  StepWatchdog dog(600, "rank 2 on node3", [&](const std::string& m) { fired.set_value(m); }, [&] {
+    return ++polls < 2 ? std::string() : std::string("NCCL error during a collective: remote process exited");
+  });
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the polled error never fired the watchdog";
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 5.0);
+  EXPECT_GE(polls.load(), 2);
+  const std::string m = f.get();
+  EXPECT_NE(m.find("rank 2 on node3: NCCL error during a collective: remote process exited"), std::string::npos) << m;
+  EXPECT_NE(m.find("Exiting with code 124"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace hpc::train

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "kernels/kernels.hpp"
@@ -23,7 +24,8 @@ cudnnDataType_t cudnn_type(DType t) {
 }
 
 GpuContext::GpuContext(GpuSettings settings) : settings_(settings), act_(activation_type(settings.math)) {
-  CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: see the header
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));  // see the header
+  device::set_stream(stream_);
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // A workspace of our own (set after the stream, which resets it), as PyTorch gives cuBLAS:
@@ -51,6 +53,7 @@ GpuContext::~GpuContext() {
   flag_ = Tensor();
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublas_) cublasDestroy(cublas_);
+  device::set_stream(nullptr);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -65,7 +68,7 @@ const float* GpuContext::ones(int64_t n) {
   if (!ones_.defined() || ones_.numel() < n) {
     ones_ = Tensor(Shape{n}, DType::F32, DeviceKind::CUDA);
     const std::vector<float> host(static_cast<size_t>(n), 1.0f);
-    CUDA_CHECK(cudaMemcpy(ones_.raw(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    device::copy(ones_.raw(), host.data(), host.size() * sizeof(float), device::Copy::HostToDevice);
   }
   return ones_.data<float>();
 }

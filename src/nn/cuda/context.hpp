@@ -2,11 +2,13 @@
 // and cuDNN handles bound to it, one workspace, a vector of ones (bias sums through cuBLAS),
 // and the math settings. One per process, created after device::select_gpu; RAII.
 //
-// Stream contract: the compute stream is a blocking stream, so the legacy default stream's
-// synchronous calls (device::copy, device::zero behind every new Tensor) wait for it and it
-// waits for them. A buffer a layer frees and the allocator hands out again therefore never
-// races with kernels still reading it. The NCCL communicator's stream is the only other one;
-// it waits on events recorded here (train/gpu_engine.cpp).
+// Stream contract: the compute stream is non-blocking (it neither waits for the legacy default
+// stream nor makes it wait, as PyTorch's and llm.c's streams), and while the context lives it
+// is device::set_stream's: device::zero behind every new Tensor (cudaMemsetAsync) and
+// device::copy are enqueued on it. A buffer a layer frees and the allocator hands out again is
+// therefore zeroed and written behind the kernels still reading it, and a memset during a CUDA
+// graph's capture is captured. The NCCL communicator's stream is the only other one; it and
+// this one wait on each other's events (train/gpu_engine.cpp). One context per process.
 #pragma once
 
 #include <cublas_v2.h>
