@@ -54,6 +54,7 @@ packages=(
   libgtest-dev googletest                      # the test suite
   python3-onnx python3-opencv python3-numpy    # the serving tests: onnx.checker and OpenCV DNN check exports
   dataset-fashion-mnist                        # the default job's data
+  python3-matplotlib                           # hpctrain-plot: charts of the metrics files
   bsdutils                                     # script: the test of the live progress line in a terminal
 )
 if ((bench)); then
