@@ -55,6 +55,7 @@ packages=(
   python3-onnx python3-opencv python3-numpy    # the serving tests: onnx.checker and OpenCV DNN check exports
   dataset-fashion-mnist                        # the default job's data
   python3-matplotlib                           # hpctrain-plot: charts of the metrics files
+  help2man                                     # man pages from --help, made at build time
   bsdutils                                     # script: the test of the live progress line in a terminal
 )
 if ((bench)); then
