@@ -56,6 +56,7 @@ packages=(
   dataset-fashion-mnist                        # the default job's data
   python3-matplotlib                           # hpctrain-plot: charts of the metrics files
   help2man                                     # man pages from --help, made at build time
+  dpkg-dev file man-db                         # cpack -G DEB (dpkg-shlibdeps, file) and man: the package test
   bsdutils                                     # script: the test of the live progress line in a terminal
 )
 if ((bench)); then
