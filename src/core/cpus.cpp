@@ -3,10 +3,12 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 namespace hpc::cpus {
 namespace {
@@ -62,13 +64,24 @@ std::optional<double> tightest(const std::string& mount, std::string path,
 }  // namespace
 
 std::vector<int> affinity() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> ids;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return {0};  // cannot tell: one CPU is certain
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) ids.push_back(c);
-  return ids;
+  // A set as large as the kernel's: cpu_set_t holds 1024 CPUs, and sched_getaffinity refuses a
+  // set smaller than the machine's possible CPUs (EINVAL), so it grows until it fits.
+  for (int n = CPU_SETSIZE; n <= (1 << 20); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    const size_t size = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(size, set);
+    std::vector<int> ids;
+    const bool ok = sched_getaffinity(0, size, set) == 0;
+    for (int c = 0; ok && c < n; ++c)
+      if (CPU_ISSET_S(c, size, set)) ids.push_back(c);
+    const bool too_small = !ok && errno == EINVAL;
+    CPU_FREE(set);
+    if (ok) return ids;
+    if (!too_small) break;
+  }
+  std::vector<int> all(std::max(1u, std::thread::hardware_concurrency()));  // cannot tell: the host's
+  for (size_t c = 0; c < all.size(); ++c) all[c] = static_cast<int>(c);
+  return all;
 }
 
 std::optional<double> cgroup_quota(const std::string& proc_cgroup, const std::string& cgroup_root) {

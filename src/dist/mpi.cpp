@@ -95,18 +95,19 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-// The ranks on a host exchange their affinity masks (as bitsets of CPU_SETSIZE CPUs) so that
-// each knows how many of them may run on each of its CPUs.
+// The ranks on a host exchange their affinity masks (as bitsets as wide as the largest CPU id
+// among them) so that each knows how many of them may run on each of its CPUs.
 double local_cpu_share(MPI_Comm local, int local_size, int local_rank) {
-  constexpr int kWords = 1024 / 64;
-  std::vector<uint64_t> mine(kWords, 0), all(static_cast<size_t>(kWords) * local_size);
-  for (int c : cpus::affinity())
-    if (c < 1024) mine[c / 64] |= uint64_t{1} << (c % 64);
-  MPI_CHECK(MPI_Allgather(mine.data(), kWords, MPI_UINT64_T, all.data(), kWords, MPI_UINT64_T, local));
-  std::vector<std::vector<int>> masks(local_size);
-  for (int r = 0; r < local_size; ++r)
-    for (int c = 0; c < 1024; ++c)
-      if (all[r * kWords + c / 64] >> (c % 64) & 1) masks[r].push_back(c);
+  const std::vector<int> ids = cpus::affinity();
+  int words = ids.empty() ? 1 : ids.back() / 64 + 1;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &words, 1, MPI_INT, MPI_MAX, local));
+  std::vector<uint64_t> mine(static_cast<size_t>(words), 0), all(mine.size() * static_cast<size_t>(local_size));
+  for (int c : ids) mine[static_cast<size_t>(c / 64)] |= uint64_t{1} << (c % 64);
+  MPI_CHECK(MPI_Allgather(mine.data(), words, MPI_UINT64_T, all.data(), words, MPI_UINT64_T, local));
+  std::vector<std::vector<int>> masks(static_cast<size_t>(local_size));
+  for (size_t r = 0; r < masks.size(); ++r)
+    for (int c = 0; c < 64 * words; ++c)
+      if (all[r * static_cast<size_t>(words) + static_cast<size_t>(c / 64)] >> (c % 64) & 1) masks[r].push_back(c);
   return cpus::fair_share(masks, static_cast<size_t>(local_rank));
 }
 
