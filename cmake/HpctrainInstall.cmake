@@ -44,6 +44,7 @@ if(HELP2MAN)
     list(APPEND pages ${page}.gz)
   endforeach()
   add_custom_target(man_pages ALL DEPENDS ${pages})
+  add_dependencies(man_pages hpctrain hpcrun hpcdata-pack)  # built before help2man runs them
   install(FILES ${pages} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 else()
   message(WARNING "help2man not found: no man pages will be made or installed (apt-get install help2man)")
