@@ -54,6 +54,10 @@ packages=(
   libgtest-dev googletest                      # the test suite
   python3-onnx python3-opencv python3-numpy    # the serving tests: onnx.checker and OpenCV DNN check exports
   dataset-fashion-mnist                        # the default job's data
+  python3-matplotlib                           # hpctrain-plot: charts of the metrics files
+  help2man                                     # man pages from --help, made at build time
+  dpkg-dev file man-db                         # cpack -G DEB (dpkg-shlibdeps, file) and man: the package test
+  bsdutils                                     # script: the test of the live progress line in a terminal
 )
 if ((bench)); then
   packages+=(python3-torch)  # the PyTorch peer of bench/cpu_vs_peer.sh

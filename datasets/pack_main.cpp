@@ -9,9 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <thread>
 
+#include "core/cpus.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "data/pack.hpp"
 
 namespace po = boost::program_options;
@@ -39,8 +40,9 @@ void catch_stop_signals() {
 
 int main(int argc, char** argv) {
   hpc::data::PackOptions o;
-  o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o.threads = hpc::cpus::usable();  // the CPUs this process may use, not the host's
   bool quiet = false;
+  std::string progress = "auto", stamps = "auto";
   po::options_description desc(
       "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
       "OUT/<split>.json (the split's manifest, replaced last: a packing that fails or is stopped\n"
@@ -54,7 +56,13 @@ int main(int argc, char** argv) {
       "skip-corrupt", po::bool_switch(&o.skip_corrupt),
       "skip images that do not decode, listing them in <split>.json (default: fail naming the first)")(
       "seed", po::value(&o.seed)->default_value(o.seed), "seed of the order images take in the shards")(
-      "quiet", po::bool_switch(&quiet), "no progress");
+      "progress", po::value(&progress)->default_value(progress),
+      "auto (a line redrawn in place when stderr is an interactive terminal, not a launcher's or a file; else "
+      "lines), bar, lines (one every tenth of the images) or off")(
+      "log-timestamps", po::value(&stamps)->default_value(stamps),
+      "start progress and summary lines with the UTC time: auto (when stderr is not an interactive terminal), on "
+      "or off")(
+      "quiet", po::bool_switch(&quiet), "no progress (--progress off)");
   po::options_description hidden;
   hidden.add_options()("src", po::value(&o.src))("out", po::value(&o.out));
   po::options_description all;
@@ -79,6 +87,10 @@ int main(int argc, char** argv) {
     if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
     if (o.split.empty() || o.split.find_first_of("/-. ") != std::string::npos)
       throw po::error("--split must be a plain word (train, val)");
+    if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "off")
+      throw po::error("unknown --progress '" + progress + "' (choose auto, bar, lines or off)");
+    if (stamps != "auto" && stamps != "on" && stamps != "off")
+      throw po::error("unknown --log-timestamps '" + stamps + "' (choose auto, on or off)");
     hpc::data::check_pack_paths(o);
   } catch (const po::error& e) {
     std::fprintf(stderr, "hpcdata pack: error: %s (try --help)\n", e.what());
@@ -89,7 +101,11 @@ int main(int argc, char** argv) {
   }
   catch_stop_signals();
   o.stop = &stop_requested;
-  const bool tty = isatty(STDERR_FILENO) != 0;
+  const bool interactive = hpc::log::interactive(STDERR_FILENO);
+  const bool tty = progress == "bar" || (progress == "auto" && interactive);
+  quiet = quiet || progress == "off";
+  hpc::log::set_stamps(stamps == "on" || (stamps == "auto" && !interactive) ? hpc::log::Stamps::On : hpc::log::Stamps::Off);
+  auto stamp = [] { return hpc::log::stamp(stderr); };
   int64_t shown_tenth = -1;
   if (!quiet)
     o.progress = [&](int64_t done, int64_t total) {
@@ -99,19 +115,20 @@ int main(int argc, char** argv) {
         if (done == total) std::fputc('\n', stderr);
       } else if (total > 0 && done * 10 / total > shown_tenth) {
         shown_tenth = done * 10 / total;
-        std::fprintf(stderr, "hpcdata pack: %s: %lld/%lld images\n", o.split.c_str(), static_cast<long long>(done),
-                     static_cast<long long>(total));
+        std::fprintf(stderr, "%shpcdata pack: %s: %lld/%lld images\n", stamp().c_str(), o.split.c_str(),
+                     static_cast<long long>(done), static_cast<long long>(total));
       }
     };
   try {
     const hpc::data::PackResult r = hpc::data::pack_image_folder(o);
-    std::fprintf(stderr, "hpcdata pack: %s: %lld images of %zu classes in %lld shards (%.1f MiB) in %s", o.split.c_str(),
+    std::fprintf(stderr, "%shpcdata pack: %s: %lld images of %zu classes in %lld shards (%.1f MiB) in %s", stamp().c_str(), o.split.c_str(),
                  static_cast<long long>(r.images), r.classes.size(), static_cast<long long>(r.shards),
                  static_cast<double>(r.bytes) / (1 << 20), o.out.c_str());
     if (!r.skipped.empty()) std::fprintf(stderr, "; %zu images skipped, listed in %s.json", r.skipped.size(), o.split.c_str());
     if (r.ignored_files) std::fprintf(stderr, "; %lld files that are not JPEG ignored", static_cast<long long>(r.ignored_files));
     std::fputc('\n', stderr);
-    for (const std::string& w : r.warnings) std::fprintf(stderr, "hpcdata pack: warning: %s\n", w.c_str());
+    for (const std::string& w : r.warnings)
+      std::fprintf(stderr, "%shpcdata pack: warning: %s\n", stamp().c_str(), w.c_str());
     return 0;
   } catch (const hpc::Error& e) {
     if (tty && !quiet) std::fputc('\n', stderr);

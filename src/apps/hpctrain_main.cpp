@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "dist/agree.hpp"
 #include "dist/process.hpp"
 #include "train/commands.hpp"
@@ -26,11 +27,12 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
   const char* what = line.c_str();
   const bool several = ctx.world_size() > 1;
   if (collective) {
-    if (ctx.rank() == 0) std::fprintf(stderr, "hpctrain: error: %s\n", what);
+    if (ctx.rank() == 0) std::fprintf(stderr, "%shpctrain: error: %s\n", hpc::log::stamp(stderr).c_str(), what);
     return code;
   }
-  if (several) std::fprintf(stderr, "hpctrain: error: %s: %s\n", ctx.where().c_str(), what);
-  else std::fprintf(stderr, "hpctrain: error: %s\n", what);
+  const std::string stamp = hpc::log::stamp(stderr);  // with --log-timestamps on
+  if (several) std::fprintf(stderr, "%shpctrain: error: %s: %s\n", stamp.c_str(), ctx.where().c_str(), what);
+  else std::fprintf(stderr, "%shpctrain: error: %s\n", stamp.c_str(), what);
   std::fflush(stderr);
   if (several) ctx.world().abort(code);
   return code;

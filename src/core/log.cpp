@@ -1,6 +1,12 @@
 #include "core/log.hpp"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <mutex>
 
 namespace hpc::log {
@@ -8,13 +14,50 @@ namespace {
 int g_rank = 0;
 int g_world = 1;
 Level g_level = Level::Info;
+Stamps g_stamps = Stamps::Auto;
 std::mutex g_mutex;  // lines from the loader thread and the main thread must not interleave
+
+// Variables that Open MPI, PMIx, MPICH/PMI, MVAPICH, Slurm's srun and hpcrun set in the processes
+// they start.
+constexpr const char* kLauncherVariables[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK",    "PMI_RANK",
+                                              "MV2_COMM_WORLD_RANK",  "SLURM_PROCID", "HPCRUN_ATTEMPT"};
 }  // namespace
 
 void set_rank(int rank, int world_size) { g_rank = rank; g_world = world_size; }
 void set_level(Level level) { g_level = level; }
+void set_stamps(Stamps stamps) { g_stamps = stamps; }
 Level level() { return g_level; }
 int rank() { return g_rank; }
+
+namespace {
+// Whether the environment was a person's, read once before main(): MPI_Init sets Open MPI's and
+// PMIx's rank variables in a process started without a launcher too (a singleton).
+bool person_environment() {
+  const char* term = std::getenv("TERM");
+  if (term == nullptr || *term == '\0' || std::strcmp(term, "dumb") == 0) return false;
+  for (const char* v : kLauncherVariables)
+    if (std::getenv(v) != nullptr) return false;
+  return true;
+}
+const bool g_person_environment = person_environment();
+}  // namespace
+
+bool interactive(int fd) { return g_person_environment && isatty(fd) != 0; }
+
+std::string stamp(FILE* out) {
+  static const bool stdout_interactive = interactive_stdout();
+  const bool on = g_stamps == Stamps::On || (g_stamps == Stamps::Auto && out == stdout && !stdout_interactive);
+  if (!on) return "";
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&secs, &utc);
+  char buf[40];
+  const size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ ", static_cast<int>(ms));
+  return buf;
+}
 
 void write(Level lvl, const std::string& line) {
   if (lvl < g_level) return;
@@ -26,7 +69,7 @@ void write(Level lvl, const std::string& line) {
   if (lvl == Level::Error) prefix += ": error";
   std::lock_guard lock(g_mutex);
   FILE* out = lvl >= Level::Warn ? stderr : stdout;
-  std::fprintf(out, "%s: %s\n", prefix.c_str(), line.c_str());
+  std::fprintf(out, "%s%s: %s\n", stamp(out).c_str(), prefix.c_str(), line.c_str());
   std::fflush(out);
 }
 

@@ -1,6 +1,11 @@
 // Rank-aware logging. Only rank 0 prints informational lines unless asked otherwise; every
 // line printed by a rank other than 0, and every error, carries the rank so a multi-rank log
 // can be read. The process context (src/dist) sets the rank once at start-up.
+//
+// Lines may start with the time (ISO 8601, UTC, milliseconds): a log file read the next morning
+// needs it, a terminal does not. Stamps::Auto stamps stdout's lines when stdout is not an
+// interactive terminal, and leaves stderr's warnings and errors as they are ("hpctrain: error:
+// ..." first on the line is what launchers and scripts match); Stamps::On stamps every line.
 #pragma once
 
 #include <string>
@@ -10,11 +15,22 @@
 namespace hpc::log {
 
 enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3, Quiet = 4 };
+enum class Stamps { Auto, On, Off };
 
 void set_rank(int rank, int world_size);
 void set_level(Level level);
+void set_stamps(Stamps stamps);
 Level level();
 int rank();
+
+// Whether `fd` is a terminal a person watches: a TTY whose TERM is not "dumb", in a process no
+// launcher started (mpirun, srun and PMIx give their ranks pseudo-terminals of their own, which
+// end up in log files: a line redrawn with \r and escapes garbles them).
+bool interactive(int fd);
+inline bool interactive_stdout() { return interactive(1); }
+
+// "2026-11-23T18:04:02.123Z " when lines going to `out` are stamped, else "".
+std::string stamp(FILE* out);
 
 void write(Level level, const std::string& line);
 

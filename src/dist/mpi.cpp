@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <vector>
 
+#include "core/cpus.hpp"
 #include "core/error.hpp"
 #include "dist/process.hpp"
 
@@ -92,6 +95,22 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
+// The ranks on a host exchange their affinity masks (as bitsets as wide as the largest CPU id
+// among them) so that each knows how many of them may run on each of its CPUs.
+double local_cpu_share(MPI_Comm local, int local_size, int local_rank) {
+  const std::vector<int> ids = cpus::affinity();
+  int words = ids.empty() ? 1 : ids.back() / 64 + 1;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &words, 1, MPI_INT, MPI_MAX, local));
+  std::vector<uint64_t> mine(static_cast<size_t>(words), 0), all(mine.size() * static_cast<size_t>(local_size));
+  for (int c : ids) mine[static_cast<size_t>(c / 64)] |= uint64_t{1} << (c % 64);
+  MPI_CHECK(MPI_Allgather(mine.data(), words, MPI_UINT64_T, all.data(), words, MPI_UINT64_T, local));
+  std::vector<std::vector<int>> masks(static_cast<size_t>(local_size));
+  for (size_t r = 0; r < masks.size(); ++r)
+    for (int c = 0; c < 64 * words; ++c)
+      if (all[r * static_cast<size_t>(words) + static_cast<size_t>(c / 64)] >> (c % 64) & 1) masks[r].push_back(c);
+  return cpus::fair_share(masks, static_cast<size_t>(local_rank));
+}
+
 }  // namespace
 
 ProcessContext::ProcessContext(int* argc, char*** argv) {
@@ -120,6 +139,7 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
   MPI_CHECK(MPI_Comm_size(local, &local_size_));
+  cpu_share_ = local_cpu_share(local, local_size_, local_rank_);
   MPI_CHECK(MPI_Comm_free(&local));
   thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
   comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);

@@ -29,11 +29,15 @@ class ProcessContext {
   Communicator& world() { return *comm_; }
   // Whether two threads may make MPI calls at once (MPI_THREAD_MULTIPLE).
   bool thread_multiple() const { return thread_multiple_; }
+  // This rank's share of the CPUs the ranks on its host may run on (their affinity masks, which
+  // the ranks exchange at start-up: cpus::fair_share): what its math threads may use.
+  double cpu_share() const { return cpu_share_; }
 
  private:
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string host_;
   bool thread_multiple_ = false;
+  double cpu_share_ = 1;
   std::unique_ptr<Communicator> comm_;
 };
 

@@ -264,7 +264,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
       "evaluate on the first N test samples only (0: all)")(
       "eval-batch-size", po::value(&a.batch_size)->default_value(a.batch_size), "samples per batch")(
       "threads", po::value(&a.threads)->default_value(a.threads),
-      "math-library threads per rank (0: the host's cores / the ranks on it)")(
+      "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and cgroup quota)")(
       "metrics-file", po::value(&a.metrics_file), "append the result as a JSON line (event \"evaluate\") to FILE");
   po::variables_map vm;
   bool go = false;
@@ -296,7 +296,7 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
   const bool lead = ctx.rank() == 0;
   dist::collectively(ctx, [&] {
     if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
-    e.threads = a.threads > 0 ? a.threads : default_threads(ctx.local_size());
+    e.threads = a.threads > 0 ? a.threads : default_threads(ctx);
     nn::set_math_threads(e.threads);
     e.dataset = data::parse_dataset(a.dataset.empty() ? c.text("option.dataset") : a.dataset);
     const std::string dir = a.data_dir.empty() ? data::default_data_dir(e.dataset) : a.data_dir;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/choice.hpp"
+#include "core/log.hpp"
 #include "data/dataset.hpp"
 #include "nn/model.hpp"
 #include "optim/schedule.hpp"
@@ -33,6 +34,16 @@ enum class Precision { Fp32, Tf32, Bf16, Fp16 };
 inline constexpr Named<Precision> kPrecisionNames[] = {
     {"fp32", Precision::Fp32}, {"tf32", Precision::Tf32}, {"bf16", Precision::Bf16}, {"fp16", Precision::Fp16}};
 inline bool mixed_precision(Precision p) { return p == Precision::Bf16 || p == Precision::Fp16; }
+
+// How progress is shown: auto (a live line redrawn in place on an interactive terminal, else
+// lines), bar, lines (plain log lines every --log-every steps or --progress-interval), off.
+enum class ProgressStyle { Auto, Bar, Lines, Off };
+inline constexpr Named<ProgressStyle> kProgressNames[] = {
+    {"auto", ProgressStyle::Auto}, {"bar", ProgressStyle::Bar}, {"lines", ProgressStyle::Lines}, {"off", ProgressStyle::Off}};
+inline constexpr Named<log::Level> kLogLevelNames[] = {
+    {"error", log::Level::Error}, {"warn", log::Level::Warn}, {"info", log::Level::Info}, {"debug", log::Level::Debug}};
+inline constexpr Named<log::Stamps> kStampNames[] = {
+    {"auto", log::Stamps::Auto}, {"on", log::Stamps::On}, {"off", log::Stamps::Off}};
 
 // --resume: auto (the newest valid checkpoint in --checkpoint-dir), none, or a file.
 enum class ResumeFrom { Auto, None, File };
@@ -65,7 +76,7 @@ struct TrainOptions {
   double onecycle_base_momentum = 0.85, onecycle_max_momentum = 0.95;
   // run
   int64_t seed = 1;  // signed so that "-1" is rejected, not wrapped
-  int threads = 0;  // 0: the host's cores / the ranks on the host
+  int threads = 0;  // 0: default_threads (the rank's share of its CPUs)
   // data parallelism
   double bucket_mb = 25;  // gradient all-reduce bucket size
   bool overlap = true;    // all-reduce buckets during the backward pass
@@ -91,7 +102,11 @@ struct TrainOptions {
   bool cuda_graphs = false;
   std::string metrics_file;
   bool quiet = false;
-  int64_t log_every = 0;  // steps between plain progress lines; 0: about ten per epoch
+  int64_t log_every = 0;  // steps between plain progress lines; 0: by time (progress_interval_seconds)
+  double progress_interval_seconds = 30;
+  ProgressStyle progress = ProgressStyle::Auto;
+  log::Level log_level = log::Level::Info;
+  log::Stamps log_timestamps = log::Stamps::Auto;
 };
 
 // How an option may differ between the ranks of a job, and between a resumed run and the

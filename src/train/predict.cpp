@@ -292,7 +292,7 @@ po::options_description predict_options(PredictOptions& o) {
       "logits", po::bool_switch(&o.logits), "with --json: add \"logits\", the model's raw outputs for every class")(
       "batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "images per batch")(
       "threads", po::value(&o.threads)->default_value(o.threads),
-      "decoding and math threads per rank (0: the host's cores / the ranks on it)")(
+      "decoding and math threads per rank (0: this rank's share of the CPUs it may use: its affinity and cgroup quota)")(
       "device", po::value(&o.device)->default_value(o.device),
       "auto (this rank's GPU when the build and the machine have one), cpu or cuda")(
       "skip-bad", po::bool_switch(&o.skip_bad),
@@ -322,7 +322,7 @@ int run_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   std::vector<std::string> files;
   int64_t unusable = 0;  // inputs skipped while listing
   dist::collectively(ctx, [&] {
-    o.threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
+    o.threads = o.threads > 0 ? o.threads : default_threads(ctx);
     nn::set_math_threads(o.threads);
     inference = make_inference(o, m, ctx);
     if (ctx.rank() == 0) files = list_images(o, unusable);

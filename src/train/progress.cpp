@@ -1,10 +1,7 @@
 #include "train/progress.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "core/log.hpp"
 
@@ -19,31 +16,39 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Progress(bool quiet, int64_t log_every, int64_t epochs, int64_t steps_per_epoch, int64_t total_steps)
-    : quiet_(quiet || log::rank() != 0),
-      // Under hpcrun every line is prefixed and logged: no redrawn line there.
-      tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("HPCRUN_ATTEMPT") == nullptr),
-      log_every_(log_every > 0 ? log_every : std::max<int64_t>(1, steps_per_epoch / 10)),
+Progress::Progress(const ProgressSpec& spec, int64_t epochs, int64_t steps_per_epoch, int64_t total_steps)
+    : quiet_(spec.quiet || log::rank() != 0),
+      bar_(spec.style == ProgressStyle::Bar || (spec.style == ProgressStyle::Auto && log::interactive_stdout())),
+      off_(spec.style == ProgressStyle::Off),
+      log_every_(spec.log_every),
+      interval_seconds_(spec.interval_seconds),
       epochs_(epochs),
       steps_per_epoch_(steps_per_epoch),
-      total_steps_(total_steps) {}
+      total_steps_(total_steps),
+      last_draw_(std::chrono::steady_clock::now()) {}
+
+// Whether this step gets a line: the bar at most 10 times a second; lines every --log-every
+// steps, or every --progress-interval; both at an epoch's (and the run's) last step.
+bool Progress::due(int64_t s, bool last, std::chrono::steady_clock::time_point now) const {
+  if (last) return true;
+  const double since = std::chrono::duration<double>(now - last_draw_).count();
+  if (bar_) return since >= 0.1;
+  if (log_every_ > 0) return (s + 1) % log_every_ == 0;
+  return since >= interval_seconds_;
+}
 
 void Progress::step(int64_t epoch, int64_t s, int64_t global_step, double loss, double acc, double ips,
                     double eta_seconds) {
-  if (quiet_) return;
+  if (quiet_ || off_) return;
   const bool last = global_step + 1 == total_steps_ || s + 1 == steps_per_epoch_;
   const auto now = std::chrono::steady_clock::now();
-  if (tty_) {  // redraw at most 10 times a second
-    if (!last && now - last_draw_ < std::chrono::milliseconds(100)) return;
-  } else if ((s + 1) % log_every_ != 0 && !last) {
-    return;
-  }
+  if (!due(s, last, now)) return;
   last_draw_ = now;
   char buf[256];
   std::snprintf(buf, sizeof buf, "epoch %lld/%lld  step %lld/%lld  loss %.4f  acc %5.2f%%  %.0f img/s  ETA %s",
                 static_cast<long long>(epoch + 1), static_cast<long long>(epochs_), static_cast<long long>(s + 1),
                 static_cast<long long>(steps_per_epoch_), loss, 100 * acc, ips, format_duration(eta_seconds).c_str());
-  if (tty_) {
+  if (bar_) {
     std::printf("\r\033[K%s", buf);
     std::fflush(stdout);
     open_line_ = true;

@@ -67,7 +67,7 @@ void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::
               ctx.world_size(), "): the gradient all-reduce waits on the host, which a captured step cannot; leave it "
               "out");
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
-  p.threads = o.threads > 0 ? o.threads : default_threads(ctx.local_size());
+  p.threads = o.threads > 0 ? o.threads : default_threads(ctx);
   nn::set_math_threads(p.threads);
 }
 

@@ -21,6 +21,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/cpus.hpp"
 #include "core/log.hpp"
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
@@ -157,7 +158,8 @@ TrainResult TrainingRun::run() {
     stopped.exit_code = *code;
     return stopped;
   }
-  progress_.emplace(o_.quiet || !lead_, o_.log_every, o_.epochs, plan_.steps_per_epoch, plan_.total_steps);
+  progress_.emplace(ProgressSpec{o_.progress, o_.quiet || !lead_, o_.log_every, o_.progress_interval_seconds},
+                    o_.epochs, plan_.steps_per_epoch, plan_.total_steps);
   tally_.step = p_.start.step;
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
@@ -173,7 +175,8 @@ TrainResult TrainingRun::run() {
 
 // Set-up, each part ended by a chance to stop (setup.hpp): an exit code when one was taken.
 std::optional<int> TrainingRun::set_up() {
-  if (o_.quiet || !lead_) log::set_level(log::Level::Warn);
+  log::set_level(o_.quiet || !lead_ ? std::max(log::Level::Warn, o_.log_level) : o_.log_level);
+  log::set_stamps(o_.log_timestamps);
   require_same_options(ctx_, o_);
   if (auto code = stopped_in_setup(ctx_, o_, 1, "while starting", false)) return code;
   p_ = load_data_and_model(ctx_, o_);
@@ -486,9 +489,15 @@ void TrainingRun::write_done_line(const TrainResult& r, const ckpt::Checkpoint& 
 
 }  // namespace
 
-int default_threads(int ranks_on_host) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, ranks_on_host));
+int default_threads(const dist::ProcessContext& ctx) {
+  // The rank's share of the CPUs it may run on; a cgroup's quota binds all the ranks in it.
+  double cpus = ctx.cpu_share();
+  const auto quota = cpus::cgroup_quota();
+  if (quota) cpus = std::min(cpus, *quota / std::max(1, ctx.local_size()));
+  log::debug("threads: this rank's share of its CPUs ", ctx.cpu_share(), " (", cpus::affinity().size(),
+             " in its affinity mask, ", ctx.local_size(), " rank(s) on the host), cgroup quota ",
+             quota ? detail::concat(*quota, " CPUs") : std::string("none"));
+  return std::max(1, static_cast<int>(cpus));
 }
 
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,

@@ -11,6 +11,7 @@ import http.server
 import io
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -205,6 +206,14 @@ class Prepare(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(err.count("downloading " + mirror), 4, err)
         self.assertEqual(len([n for n in os.listdir(out) if n.endswith(".gz")]), 4)
+        # stderr is a pipe, not a terminal: plain lines, each starting with the UTC time.
+        stamped = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z hpcdata: ")
+        self.assertTrue(err and all(stamped.match(line) for line in err.splitlines()), err)
+        self.assertFalse(set(err) & {"\r", "\x1b"}, repr(err))
+        code, _, err = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror, "--no-verify", "--force",
+                               "--log-timestamps", "off", "--progress", "off")
+        self.assertEqual(code, 0, err)
+        self.assertTrue(all(line.startswith("hpcdata: ") for line in err.splitlines()), err)
         code, _, err = hpcdata("prepare", "mnist", "--out", self.out("missing"), "--mirror", mirror + "nothing/")
         self.assertEqual(code, 1)
         self.assertIn("cannot download", err)

@@ -43,6 +43,14 @@ expect_out viampirun "mpirun --bind-to none"
 [[ "$(done_field viampirun param_checksum)" == "$(done_field run param_checksum)" ]] ||
   fail "LAUNCHER=mpirun: param checksum $(done_field viampirun param_checksum), srun: $(done_field run param_checksum)"
 say "LAUNCHER=mpirun: the same parameters as srun's"
+# The job outputs are logs: no carriage return or escape (mpirun gives rank 0 a pseudo-terminal,
+# which must not be taken for a person's), and hpctrain's lines start with the UTC time.
+for name in run viampirun; do
+  ! grep -q $'[\r\e]' "$WORK/$name.out" || fail "$name's output holds carriage returns or escapes"
+  grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z hpctrain(\[0\])?: epoch 1/2  step 10/' \
+    "$WORK/$name.out" || fail "$name's progress lines are not stamped with the time"
+done
+say "srun and mpirun: plain progress lines with timestamps"
 
 # A usage error: the trainer exits 2 and the job fails at once, never requeued.
 submit bad --nodes=2 -- --lr-schedule sideways

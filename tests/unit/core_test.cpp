@@ -10,11 +10,13 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/arena.hpp"
 #include "core/caching_allocator.hpp"
+#include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -300,6 +302,71 @@ TEST(CachingAllocator, OutOfMemoryEmptiesTheCacheThenFailsClearly) {
   }
   a.release(p);
   EXPECT_THROW(a.release(reinterpret_cast<void*>(0x1000)), Error);
+}
+
+}  // namespace
+}  // namespace hpc
+
+// ---- The CPUs a process may use ------------------------------------------------------------
+
+namespace hpc {
+namespace {
+
+// A fake /proc/self/cgroup and /sys/fs/cgroup in a temporary directory.
+class CgroupTree {
+ public:
+  CgroupTree() : root_(std::filesystem::temp_directory_path() / ("hpctrain-cgroup-" + std::to_string(getpid()))) {
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_ / "fs");
+  }
+  ~CgroupTree() { std::filesystem::remove_all(root_); }
+  void write(const std::string& rel, const std::string& text) {
+    const auto p = rel == "proc" ? root_ / "proc" : root_ / "fs" / rel;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  std::optional<double> quota() const { return cpus::cgroup_quota((root_ / "proc").string(), (root_ / "fs").string()); }
+
+ private:
+  std::filesystem::path root_;
+};
+
+TEST(Cpus, CgroupV2QuotaIsTheTightestAlongThePath) {
+  CgroupTree t;
+  t.write("proc", "0::/job/step\n");
+  t.write("job/step/cpu.max", "max 100000\n");
+  EXPECT_FALSE(t.quota()) << "no quota: 'max'";
+  t.write("job/cpu.max", "250000 100000\n");  // the parent's limit binds the child
+  EXPECT_DOUBLE_EQ(*t.quota(), 2.5);
+  t.write("job/step/cpu.max", "150000 100000\n");
+  EXPECT_DOUBLE_EQ(*t.quota(), 1.5);
+}
+
+TEST(Cpus, CgroupV1QuotaFromCfsFiles) {
+  CgroupTree t;
+  t.write("proc", "12:memory:/x\n4:cpu,cpuacct:/docker/abc\n");
+  t.write("cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
+  t.write("cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  EXPECT_FALSE(t.quota()) << "-1: none";
+  t.write("cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n");
+  EXPECT_DOUBLE_EQ(*t.quota(), 3.0);
+}
+
+TEST(Cpus, NoCgroupFilesNoQuota) {
+  CgroupTree t;
+  EXPECT_FALSE(t.quota());
+  t.write("proc", "0::/\n");
+  EXPECT_FALSE(t.quota());
+}
+
+TEST(Cpus, FairShareCountsCpusSharedByOverlappingMasks) {
+  // Two ranks bound to their own cores each have theirs; two on one socket share it.
+  EXPECT_DOUBLE_EQ(cpus::fair_share({{0, 1}, {2, 3}}, 0), 2);
+  EXPECT_DOUBLE_EQ(cpus::fair_share({{0, 1, 2, 3}, {0, 1, 2, 3}}, 1), 2);
+  EXPECT_DOUBLE_EQ(cpus::fair_share({{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5}}, 2), 2);
+  EXPECT_DOUBLE_EQ(cpus::fair_share({{0}}, 0), 1);
+  EXPECT_GE(cpus::usable(), 1);
+  EXPECT_FALSE(cpus::affinity().empty());
 }
 
 }  // namespace

@@ -33,7 +33,11 @@ const std::vector<Listed>& every_option() {
   static const std::vector<Listed> list{
       {"quiet", Rule::Local, {"--quiet"}},
       {"metrics-file", Rule::Local, {"--metrics-file", "m.jsonl"}},
+      {"progress", Rule::Local, {"--progress", "lines"}},
       {"log-every", Rule::Local, {"--log-every", "7"}},
+      {"progress-interval", Rule::Local, {"--progress-interval", "5s"}},
+      {"log-level", Rule::Local, {"--log-level", "debug"}},
+      {"log-timestamps", Rule::Local, {"--log-timestamps", "on"}},
       {"seed", Rule::Match, {"--seed", "2"}},
       {"threads", Rule::Local, {"--threads", "3"}},
       {"device", Rule::Agree, {"--device", "cpu"}},

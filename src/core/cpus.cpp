@@ -1,0 +1,125 @@
+#include "core/cpus.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace hpc::cpus {
+namespace {
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// cgroup v2: cpu.max is "QUOTA PERIOD" in microseconds, QUOTA "max" for none.
+std::optional<double> v2_quota(const std::string& dir) {
+  std::istringstream in(first_line(dir + "/cpu.max"));
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return std::nullopt;
+  try {
+    return std::stod(quota) / period;
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// cgroup v1: cpu.cfs_quota_us (-1 for none) over cpu.cfs_period_us.
+std::optional<double> v1_quota(const std::string& dir) {
+  try {
+    const double quota = std::stod(first_line(dir + "/cpu.cfs_quota_us"));
+    const double period = std::stod(first_line(dir + "/cpu.cfs_period_us"));
+    if (quota > 0 && period > 0) return quota / period;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+// The tightest quota on `path` and each of its ancestors below `mount` (a limit set on a parent
+// binds its children too). Inside a container the path may name the host's hierarchy, which is
+// then mounted as the root: the mount point itself is read as well.
+std::optional<double> tightest(const std::string& mount, std::string path,
+                               std::optional<double> (*read)(const std::string&)) {
+  std::optional<double> best;
+  auto take = [&](std::optional<double> q) {
+    if (q && (!best || *q < *best)) best = q;
+  };
+  for (;;) {
+    take(read(mount + path));
+    if (path.empty() || path == "/") break;
+    path = path.substr(0, path.rfind('/'));
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<int> affinity() {
+  // A set as large as the kernel's: cpu_set_t holds 1024 CPUs, and sched_getaffinity refuses a
+  // set smaller than the machine's possible CPUs (EINVAL), so it grows until it fits.
+  for (int n = CPU_SETSIZE; n <= (1 << 20); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    const size_t size = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(size, set);
+    std::vector<int> ids;
+    const bool ok = sched_getaffinity(0, size, set) == 0;
+    for (int c = 0; ok && c < n; ++c)
+      if (CPU_ISSET_S(c, size, set)) ids.push_back(c);
+    const bool too_small = !ok && errno == EINVAL;
+    CPU_FREE(set);
+    if (ok) return ids;
+    if (!too_small) break;
+  }
+  std::vector<int> all(std::max(1u, std::thread::hardware_concurrency()));  // cannot tell: the host's
+  for (size_t c = 0; c < all.size(); ++c) all[c] = static_cast<int>(c);
+  return all;
+}
+
+std::optional<double> cgroup_quota(const std::string& proc_cgroup, const std::string& cgroup_root) {
+  // Lines "ID:CONTROLLERS:PATH": v2 has "0::PATH"; v1 names "cpu" among the controllers and is
+  // mounted under a directory named after them (cpu,cpuacct).
+  std::ifstream in(proc_cgroup);
+  std::optional<double> best;
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::optional<double> q;
+    if (controllers.empty()) {
+      q = tightest(cgroup_root, path, v2_quota);
+    } else {
+      std::istringstream names(controllers);
+      bool cpu = false;
+      for (std::string n; std::getline(names, n, ',');) cpu = cpu || n == "cpu";
+      if (cpu) q = tightest(cgroup_root + "/" + controllers, path, v1_quota);
+    }
+    if (q && (!best || *q < *best)) best = q;
+  }
+  return best;
+}
+
+int usable() {
+  double n = static_cast<double>(affinity().size());
+  if (const auto q = cgroup_quota()) n = std::min(n, std::ceil(*q));
+  return std::max(1, static_cast<int>(n));
+}
+
+double fair_share(const std::vector<std::vector<int>>& masks, size_t me) {
+  std::map<int, int> holders;
+  for (const auto& m : masks)
+    for (int c : m) ++holders[c];
+  double share = 0;
+  for (int c : masks.at(me)) share += 1.0 / holders[c];
+  return share;
+}
+
+}  // namespace hpc::cpus

@@ -1,0 +1,31 @@
+// The CPUs a process may use, as the kernel limits them: its affinity mask (taskset, mpirun
+// --bind-to, a Slurm task's cpuset) and its cgroup's CPU quota (cgroup v2 cpu.max, v1
+// cpu.cfs_quota_us: docker --cpus, systemd CPUQuota=). The host's core count says neither: a
+// thread pool sized by it oversubscribes the CPUs a bound or limited process really has.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hpc::cpus {
+
+// The ids of the CPUs this process may run on (sched_getaffinity).
+std::vector<int> affinity();
+
+// The tightest CPU quota, in CPUs (1.5 = 150 ms per 100 ms), along this process's cgroup path
+// and its ancestors; nullopt when none is set or cgroups cannot be read. `proc_cgroup` and
+// `cgroup_root` are /proc/self/cgroup and /sys/fs/cgroup, other files for the tests.
+std::optional<double> cgroup_quota(const std::string& proc_cgroup = "/proc/self/cgroup",
+                                   const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// What this process alone may use: the affinity's CPUs, no more than the quota (at least 1).
+int usable();
+
+// One process's share of CPUs that several processes on a host may run on: each CPU of its mask
+// counts 1/k when k of the masks hold it (two ranks bound to the same socket share its cores; two
+// bound to their own cores each have theirs). masks[me] is this process's.
+double fair_share(const std::vector<std::vector<int>>& masks, size_t me);
+
+}  // namespace hpc::cpus

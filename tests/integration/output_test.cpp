@@ -1,0 +1,136 @@
+// What operators see (issue 25): the math threads a rank takes by default follow the CPUs it may
+// run on, and the output fits where it goes: a live line only on a terminal a person watches,
+// plain timestamped lines in files and under mpirun.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "integration/harness.hpp"
+
+namespace hpc::itest {
+namespace {
+
+class Output : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_small_fashion_mnist(data_.str());
+    // As from a person's shell: a terminal type, and no launcher's variables (a pseudo-terminal
+    // is then taken for a person's, and only the launcher's variables tell them apart).
+    setenv("TERM", "xterm", 1);
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID",
+                          "HPCRUN_ATTEMPT"})
+      unsetenv(v);
+  }
+  // A short run printing progress at every step.
+  std::vector<std::string> quick(std::vector<std::string> more = {}) const {
+    std::vector<std::string> a{"--data-dir", data_.str(), "--max-steps", "3", "--batch-size", "16",
+                               "--test-samples", "16", "--log-every", "1", "--epochs", "1"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  }
+  TempDir data_{"output"};
+};
+
+// The CPUs this test may run on.
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+int first_cpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof set, &set);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) return c;
+  return 0;
+}
+
+TEST_F(Output, DefaultThreadsFollowTheAffinityMask) {
+  // Bound to one CPU: one thread, whatever the host has.
+  auto args = hpctrain_argv(quick({"--log-level", "debug"}));
+  args.insert(args.begin(), {"/usr/bin/taskset", "-c", std::to_string(first_cpu())});
+  RunResult r = run_program(args, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("CPU, 1 thread(s) per rank"), std::string::npos) << r.out;
+  // Unbound: every CPU of the test's own mask (not the host's when the mask is smaller), within
+  // the cgroup's quota, which the debug line names.
+  args.erase(args.begin(), args.begin() + 3);
+  r = run_program(args, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::smatch quota;
+  int expected = affinity_cpus();
+  if (std::regex_search(r.out, quota, std::regex("cgroup quota ([0-9.]+) CPUs")))
+    expected = std::max(1, std::min(expected, static_cast<int>(std::stod(quota[1]))));
+  else
+    EXPECT_NE(r.out.find("cgroup quota none"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CPU, " + std::to_string(expected) + " thread(s) per rank"), std::string::npos) << r.out;
+}
+
+// Every line of `text` starts with an ISO 8601 UTC time with milliseconds, then `program`.
+void expect_stamped(const std::string& text, const std::string& program) {
+  const std::regex stamped("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z " + program +
+                           "(\\[[0-9]+\\])?: .*");
+  ASSERT_FALSE(text.empty());
+  for (const std::string& line : lines_of(text)) EXPECT_TRUE(std::regex_match(line, stamped)) << "'" << line << "'";
+}
+
+void expect_no_control_bytes(const std::string& text) {
+  EXPECT_EQ(text.find('\r'), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+}
+
+TEST_F(Output, AFileGetsPlainTimestampedLines) {
+  RunResult r = run_hpctrain(quick(), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_no_control_bytes(r.out);
+  expect_stamped(r.out, "hpctrain");
+  EXPECT_EQ(count_of(r.out, "  step "), 3) << r.out;  // --log-every 1
+  // Asked otherwise: no stamps; no progress lines; nothing below warnings.
+  r = run_hpctrain(quick({"--log-timestamps", "off"}), 120);
+  for (const std::string& line : lines_of(r.out)) EXPECT_EQ(line.rfind("hpctrain: ", 0), 0u) << line;
+  r = run_hpctrain(quick({"--progress", "off"}), 120);
+  EXPECT_EQ(count_of(r.out, "  step "), 0) << r.out;
+  EXPECT_NE(r.out.find("hpctrain: done"), std::string::npos) << r.out;
+  r = run_hpctrain(quick({"--log-level", "warn"}), 120);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  // Debug adds the thread count's reasons.
+  r = run_hpctrain(quick({"--log-level", "debug"}), 120);
+  EXPECT_NE(r.out.find("threads: this rank's share of its CPUs"), std::string::npos) << r.out;
+}
+
+TEST_F(Output, UnderMpirunToAFilePlainTimestampedLines) {
+  // Open MPI gives rank 0 a pseudo-terminal for its stdout even when mpirun's goes to a file.
+  const RunResult r = run_mpi(2, quick({"--threads", "1"}), 180);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_no_control_bytes(r.out);
+  expect_stamped(r.out, "hpctrain");
+  EXPECT_EQ(count_of(r.out, "  step "), 2) << r.out;  // 64 samples in global batches of 32
+}
+
+TEST_F(Output, ATerminalShowsTheLiveLine) {
+  // script(1) runs the command on a real pseudo-terminal and copies what it shows to stdout.
+  std::string command;
+  for (const std::string& a : hpctrain_argv(quick({"--threads", "1"}))) command += "'" + a + "' ";
+  const RunResult r = run_program({"/usr/bin/script", "-qec", command, "/dev/null"}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("\r\x1b[Kepoch 1/1  step 3/"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Z hpctrain: "), std::string::npos) << "no timestamps on a terminal: " << r.out;
+  // --progress lines there: the plain lines.
+  command.clear();
+  for (const std::string& a : hpctrain_argv(quick({"--threads", "1", "--progress", "lines"}))) command += "'" + a + "' ";
+  const RunResult lines = run_program({"/usr/bin/script", "-qec", command, "/dev/null"}, 120);
+  ASSERT_EQ(lines.exit_code, 0) << lines.out << lines.err;
+  EXPECT_EQ(lines.out.find('\x1b'), std::string::npos) << lines.out;
+  EXPECT_EQ(count_of(lines.out, "  step "), 3) << lines.out;
+}
+
+}  // namespace
+}  // namespace hpc::itest
