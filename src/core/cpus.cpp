@@ -84,9 +84,16 @@ std::vector<int> affinity() {
   return all;
 }
 
-std::optional<double> cgroup_quota(const std::string& proc_cgroup, const std::string& cgroup_root) {
-  // Lines "ID:CONTROLLERS:PATH": v2 has "0::PATH"; v1 names "cpu" among the controllers and is
-  // mounted under a directory named after them (cpu,cpuacct).
+namespace {
+
+using Reader = std::optional<double> (*)(const std::string&);
+
+// The tightest limit along this process's cgroups: v2's (reader2 on the unified hierarchy) and
+// v1's of the controller `v1` (reader1 under the directory named after its controllers).
+std::optional<double> tightest_limit(const std::string& proc_cgroup, const std::string& cgroup_root,
+                                     const char* v1, Reader reader2, Reader reader1) {
+  // Lines "ID:CONTROLLERS:PATH": v2 has "0::PATH"; v1 names its controllers and is mounted
+  // under a directory named after them (cpu,cpuacct).
   std::ifstream in(proc_cgroup);
   std::optional<double> best;
   for (std::string line; std::getline(in, line);) {
@@ -95,16 +102,46 @@ std::optional<double> cgroup_quota(const std::string& proc_cgroup, const std::st
     const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
     std::optional<double> q;
     if (controllers.empty()) {
-      q = tightest(cgroup_root, path, v2_quota);
+      q = tightest(cgroup_root, path, reader2);
     } else {
       std::istringstream names(controllers);
-      bool cpu = false;
-      for (std::string n; std::getline(names, n, ',');) cpu = cpu || n == "cpu";
-      if (cpu) q = tightest(cgroup_root + "/" + controllers, path, v1_quota);
+      bool named = false;
+      for (std::string n; std::getline(names, n, ',');) named = named || n == v1;
+      if (named) q = tightest(cgroup_root + "/" + controllers, path, reader1);
     }
     if (q && (!best || *q < *best)) best = q;
   }
   return best;
+}
+
+// cgroup v2: memory.max in bytes, "max" for none.
+std::optional<double> v2_memory(const std::string& dir) {
+  const std::string v = first_line(dir + "/memory.max");
+  try {
+    return v.empty() || v == "max" ? std::nullopt : std::optional<double>(std::stod(v));
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// cgroup v1: memory.limit_in_bytes, a huge number (about 2^63) for none.
+std::optional<double> v1_memory(const std::string& dir) {
+  try {
+    const double v = std::stod(first_line(dir + "/memory.limit_in_bytes"));
+    if (v > 0 && v < 4e18) return v;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<double> cgroup_quota(const std::string& proc_cgroup, const std::string& cgroup_root) {
+  return tightest_limit(proc_cgroup, cgroup_root, "cpu", v2_quota, v1_quota);
+}
+
+std::optional<double> cgroup_memory_limit(const std::string& proc_cgroup, const std::string& cgroup_root) {
+  return tightest_limit(proc_cgroup, cgroup_root, "memory", v2_memory, v1_memory);
 }
 
 int usable() {

@@ -20,6 +20,12 @@ std::vector<int> affinity();
 std::optional<double> cgroup_quota(const std::string& proc_cgroup = "/proc/self/cgroup",
                                    const std::string& cgroup_root = "/sys/fs/cgroup");
 
+// The tightest memory limit in bytes along the same path (cgroup v2 memory.max, v1
+// memory.limit_in_bytes: a Slurm job's --mem, docker --memory), which also counts what the
+// process writes to a tmpfs; nullopt when none is set.
+std::optional<double> cgroup_memory_limit(const std::string& proc_cgroup = "/proc/self/cgroup",
+                                          const std::string& cgroup_root = "/sys/fs/cgroup");
+
 // What this process alone may use: the affinity's CPUs, no more than the quota (at least 1).
 int usable();
 

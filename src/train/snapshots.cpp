@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/cpus.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
@@ -152,7 +153,12 @@ std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
 
 uint64_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(size) : 0;
+  uint64_t bytes = pages > 0 && size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(size) : 0;
+  // A job's memory limit (Slurm's --mem, a container's) counts the snapshots' tmpfs pages too:
+  // a share of the host would let them push the job over it.
+  if (const std::optional<double> limit = cpus::cgroup_memory_limit())
+    bytes = std::min<uint64_t>(bytes, static_cast<uint64_t>(*limit));
+  return bytes;
 }
 
 uint64_t memory_budget(const std::string& spec, uint64_t host_memory) {

@@ -51,6 +51,7 @@ std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id);
 // --snapshot-max-memory as bytes: "25%" of host_memory, or a size ("512M", "4G", "1.5T",
 // "65536"). Usage error naming the option.
 uint64_t memory_budget(const std::string& spec, uint64_t host_memory);
+// The host's memory, or the job's cgroup memory limit where that is smaller.
 uint64_t host_memory_bytes();
 
 // Where a resumed run's state came from.

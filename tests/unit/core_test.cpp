@@ -326,6 +326,9 @@ class CgroupTree {
     std::ofstream(p) << text;
   }
   std::optional<double> quota() const { return cpus::cgroup_quota((root_ / "proc").string(), (root_ / "fs").string()); }
+  std::optional<double> memory() const {
+    return cpus::cgroup_memory_limit((root_ / "proc").string(), (root_ / "fs").string());
+  }
 
  private:
   std::filesystem::path root_;
@@ -350,6 +353,26 @@ TEST(Cpus, CgroupV1QuotaFromCfsFiles) {
   EXPECT_FALSE(t.quota()) << "-1: none";
   t.write("cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n");
   EXPECT_DOUBLE_EQ(*t.quota(), 3.0);
+}
+
+// The memory limit the snapshots' budget is a share of: v2's memory.max along the path, v1's
+// memory.limit_in_bytes of the memory controller (a huge value: none).
+TEST(Cpus, CgroupMemoryLimitV2AndV1) {
+  CgroupTree t;
+  t.write("proc", "0::/job/step\n");
+  t.write("job/step/memory.max", "max\n");
+  EXPECT_FALSE(t.memory());
+  t.write("job/memory.max", "4294967296\n");
+  EXPECT_DOUBLE_EQ(*t.memory(), 4294967296.0);
+  t.write("job/step/memory.max", "1073741824\n");
+  EXPECT_DOUBLE_EQ(*t.memory(), 1073741824.0);
+  CgroupTree v1;
+  v1.write("proc", "4:cpu,cpuacct:/a\n9:memory:/slurm/job7\n");
+  v1.write("memory/slurm/job7/memory.limit_in_bytes", "9223372036854771712\n");
+  EXPECT_FALSE(v1.memory()) << "2^63 - 4096: none";
+  v1.write("memory/slurm/memory.limit_in_bytes", "2147483648\n");
+  EXPECT_DOUBLE_EQ(*v1.memory(), 2147483648.0);
+  EXPECT_FALSE(v1.quota()) << "the cpu controller's files are not the memory's";
 }
 
 TEST(Cpus, NoCgroupFilesNoQuota) {
