@@ -310,7 +310,8 @@ std::vector<Option> checkpoints() {
            "where each host keeps the snapshots, a directory per run (default: /dev/shm/hpctrain-UID; it must be "
            "memory, or a disk local to the host)"),
       path("snapshot-max-memory", &Members::snapshot_max_memory, R::Local,
-           "the most the snapshots may take on a host, as a size (512M, 4G) or a share of its memory (default 25%); "
+           "the most the snapshots may take on a host, as a size (512M, 4G) or a share of its memory or of the "
+           "job's cgroup memory limit where smaller (default 25%); "
            "a run whose two snapshots would not fit takes none"),
   };
 }
