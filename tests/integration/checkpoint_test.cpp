@@ -195,7 +195,9 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
     const std::string full = dir_.file("acc_full" + tag + ".jsonl");
     ASSERT_EQ(run_mpi(before, with({"--metrics-file", full})).exit_code, 0);
     const std::string ck = dir_.file("acc" + tag);
-    const auto checkpointed = with({"--checkpoint-dir", ck, "--checkpoint-every-steps", "25"});
+    // From the checkpoints on shared storage (the hosts' snapshots would resume at step 155).
+    const auto checkpointed =
+        with({"--checkpoint-dir", ck, "--checkpoint-every-steps", "25", "--snapshot-every-steps", "0"});
     setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "155@0", 1);
     EXPECT_NE(run_mpi(before, checkpointed).exit_code, 0);
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");

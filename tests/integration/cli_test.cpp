@@ -681,6 +681,9 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"checkpoint-each-epoch", ""},
     {"resume", "auto"},
     {"step-timeout", "10m"},
+    {"snapshot-every-steps", "auto"},
+    {"snapshot-dir", ""},
+    {"snapshot-max-memory", ""},
 };
 
 // Whether `prefix` (the start of a help line) is what comes before an option's name there:
