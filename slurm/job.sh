@@ -134,11 +134,12 @@ job_stage_data() {
   # staging resumes where this one stopped.
   local pid warned=0
   trap 'warned=1; job_log "SIGUSR1 while staging: stopping the copy"; kill -TERM "$pid" 2> /dev/null' USR1
+  trap 'warned=1; job_log "SIGUSR2 while staging: stopping the copy"; kill -TERM "$pid" 2> /dev/null' USR2
   "${stage[@]}" &
   pid=$!
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done
   wait "$pid" || code=$?
-  trap - USR1
+  trap - USR1 USR2
   ((warned)) && job_requeue_or_exit 75 "the staging was stopped by the warning signal"
   case "$code" in
     0) job_log "the dataset is in $STAGE_TO" ;;
@@ -188,20 +189,22 @@ job_run_trainer() {
   job_log "on ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-?} node(s), ${SLURM_NTASKS:-?} task(s)), SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}; checkpoints in $CHECKPOINT_DIR"
   job_log "${launch[*]} $HPCTRAIN ${args[*]}"
 
-  # The warning signal (--signal=B:USR1@SECONDS: time limit near, or a preemption notice) comes
-  # to this shell only: pass it on, and the trainer checkpoints and exits 75. SIGTERM is not passed
-  # on: when Slurm ends a job it sends SIGTERM to every step's processes itself, and a second one
-  # would make hpctrain stop at once instead of checkpointing. This shell only outlives it, since a
-  # batch script that ends takes its steps down with it.
+  # The warning signal (--signal=B:USR1@SECONDS, or B:USR2 as submitit's habit: time limit near,
+  # or a preemption notice) comes to this shell only: pass it on as SIGUSR1, which every launcher
+  # forwards as a stop (hpcrun takes SIGUSR2 for its own), and the trainer checkpoints and exits
+  # 75. SIGTERM is not passed on: when Slurm ends a job it sends SIGTERM to every step's processes
+  # itself, and a second one would make hpctrain stop at once instead of checkpointing. This shell
+  # only outlives it, since a batch script that ends takes its steps down with it.
   local pid
   trap 'job_log "SIGUSR1: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR1
+  trap 'job_log "SIGUSR2: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR2
   trap 'job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"' TERM
   "${launch[@]}" "$HPCTRAIN" "${args[@]}" &
   pid=$!
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done  # a trapped signal ends a wait
   local code=0
   wait "$pid" || code=$?
-  trap - USR1 TERM
+  trap - USR1 USR2 TERM
 
   case "$code" in
     0) job_log "the training finished"; exit 0 ;;

@@ -17,7 +17,9 @@ TestHook TestHook::from_environment(const char* variable, int default_signal) {
   TestHook k;
   if (const char* v = std::getenv(variable)) {
     k.step = std::atoll(v);
-    k.signal = std::strstr(v, ":usr1") ? SIGUSR1 : std::strstr(v, ":stop") ? SIGSTOP : default_signal;
+    const char* name = std::strchr(v, ':');
+    k.signal = name ? signal_number_of(name + 1) : default_signal;
+    HPC_REQUIRE(k.signal != 0, variable, ": unknown signal in '", v, "'");
     if (const char* at = std::strchr(v, '@')) k.rank = std::atoi(at + 1);
   }
   return k;

@@ -26,9 +26,10 @@ inline double seconds_since(Clock::time_point t0) {
 
 // Test hooks for the resume and watchdog tests: HPCTRAIN_TEST_KILL_AFTER_STEP=k[@r][:stop]
 // makes rank r (0 by default) die by SIGKILL right after global step k, as a lost node would
-// (or stop by SIGSTOP, as a hung one); HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k[@r][:usr1] sends it
-// SIGTERM (or SIGUSR1) there instead; HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@r][:usr1] does that
-// at the end of a set-up phase (stopped_in_setup).
+// (or stop by SIGSTOP, as a hung one); HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k[@r][:NAME] sends it
+// SIGTERM (or the signal NAME: usr1, usr2, hup, ...) there instead;
+// HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@r][:NAME] does that at the end of a set-up phase
+// (stopped_in_setup).
 struct TestHook {
   int64_t step = -1;  // or the set-up phase
   int rank = 0;

@@ -7,7 +7,7 @@ namespace hpc::train {
 constexpr int kExitSuccess = 0;
 constexpr int kExitFailure = 1;  // hpctrain's own failure (hpc::ErrorKind::Internal)
 constexpr int kExitUsage = 2;    // the user's input: flags, files, a checkpoint that does not fit
-// Stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint: "requeue me".
+// Stopped on request (a stop signal: --stop-signals) after writing a checkpoint: "requeue me".
 // (EX_TEMPFAIL of sysexits.h.)
 constexpr int kExitCheckpointed = 75;
 // The step watchdog fired: no step finished within --step-timeout, a peer hangs or died inside

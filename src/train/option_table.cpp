@@ -8,6 +8,7 @@
 
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "train/signals.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
@@ -161,6 +162,19 @@ Option steps_or_auto(const char* name, int64_t Members::*m, Rule rule, std::stri
           [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); }};
 }
 
+// --stop-signals: signal names, comma-separated (signals.hpp).
+Option stop_signals(Rule rule, std::string help) {
+  return {"stop-signals", rule,
+          [=](po::options_description& d, TrainOptions& o) {
+            d.add_options()("stop-signals", po::value<std::string>()->default_value(stop_signals_text(o.stop_signals)),
+                            help.c_str());
+          },
+          [](const po::variables_map& vm, TrainOptions& o) {
+            o.stop_signals = parse_stop_signals(vm["stop-signals"].as<std::string>());
+          },
+          [](const TrainOptions& o) { return stop_signals_text(o.stop_signals); }};
+}
+
 std::vector<Option> general() {
   using R = Rule;
   return {
@@ -302,6 +316,10 @@ std::vector<Option> checkpoints() {
       duration("step-timeout", &Members::step_timeout_seconds, "10m", R::Local,
                "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
                "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),
+      stop_signals(R::Local,
+                   "the signals that make the run checkpoint at the next step boundary and exit 75 (\"requeue me\"), "
+                   "from TERM, USR1, USR2 and HUP (submitit sends USR2, Lightning's default is USR1); one left out "
+                   "ends the process as it would any program; a second TERM, or INT, always stops at once"),
       steps_or_auto("snapshot-every-steps", &Members::snapshot_every_steps, R::Local,
                     "with --checkpoint-dir: one process per host keeps the training state in host memory (a tmpfs) "
                     "every N steps, for --resume auto after a lost rank or host to continue from (auto: as often as "

@@ -7,6 +7,7 @@
 // table shows. Choices are enums here, parsed from their names once, while parsing.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -91,6 +92,8 @@ struct TrainOptions {
   ResumeFrom resume = ResumeFrom::Auto;
   std::string resume_file;  // ResumeFrom::File
   double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
+  // Each asks for a checkpoint and exit 75 (signals.hpp).
+  std::vector<int> stop_signals = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};
   // in-memory snapshots (train/snapshots.hpp)
   int64_t snapshot_every_steps = -1;        // -1: auto (their copies cost under 1% of the step time); 0: off
   std::string snapshot_dir;                 // empty: /dev/shm/hpctrain-UID

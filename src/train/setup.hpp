@@ -53,7 +53,7 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
                           const std::string& run_id);
 
 // Set-up ends each of its parts here (`phase` counts them for the test hook
-// HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@rank][:usr1]). A stop asked for on any rank ends the run
+// HPCTRAIN_TEST_SIGNAL_IN_SETUP=phase[@rank][:NAME]). A stop asked for on any rank ends the run
 // before its first step, on every rank alike: the exit code, else nullopt. Nothing new exists
 // to save: the checkpoint directory already holds what a later run continues from (the
 // checkpoint this one resumed from, or none: a fresh start), so it is the exit of a stop after

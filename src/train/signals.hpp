@@ -1,28 +1,44 @@
-// Stop requests by signal: SIGTERM or SIGUSR1 (Slurm --signal, scancel, a spot interruption
-// notice, hpcrun) ask a training run to stop, from the moment main() starts: at the next step
-// boundary after a checkpoint, or, before the first step, at the end of the set-up phase the
-// request came in (trainer.cpp), on every rank alike. A second SIGTERM, or SIGINT, ends the
-// process at once; so does any of them in a command that has nothing to save (evaluate, inspect).
-// Every one of these ends says so in one line on stderr.
+// Stop requests by signal: the stop signals (--stop-signals, by default SIGTERM, SIGUSR1, SIGUSR2
+// and SIGHUP: Slurm's --signal, scancel, submitit, Lightning, a spot interruption notice, hpcrun)
+// ask a training run to stop, from the moment main() starts: at the next step boundary after a
+// checkpoint, or, before the first step, at the end of the set-up phase the request came in
+// (trainer.cpp), on every rank alike. A second SIGTERM, or SIGINT, ends the process at once; so
+// does any of them in a command that has nothing to save (evaluate, inspect). One of the four
+// left out of --stop-signals takes its default action (the process ends by it). Every one of
+// these ends says so in one line on stderr.
 //
 // No thread is ever interrupted by these signals: they are blocked before any library starts a
 // thread (block_stop_signals), and start_signal_thread(), called first in main(), takes them on
 // one thread of its own with sigwait(). (With a handler, a signal landing on a library's thread in
-// the middle of a system call was seen to corrupt the heap now and then: 1 stop in ~10.)
+// the middle of a system call was seen to corrupt the heap now and then: 1 stop in ~10.) One that
+// comes before the options are read waits for them (use_stop_signals) to know what it means.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "train/exit_codes.hpp"  // kExitCheckpointed: the exit code after such a stop
 
 namespace hpc::train {
 
 enum class OnStopSignal {
-  Request,  // training: SIGTERM and SIGUSR1 ask for a stop, which the trainer honours
+  Request,  // training: the stop signals ask for a stop, which the trainer honours
   Exit,     // nothing to save: they end the process at once, as SIGINT does
 };
 
 void start_signal_thread(OnStopSignal mode);
+
+// The signals --stop-signals may name, its default, and its value parsed ("TERM,USR1": names
+// with or without SIG, in any case; a usage error, exit 2, for an unknown or uncatchable one, one
+// outside these four, a repeated one or none) and written back ("TERM,USR1").
+std::vector<int> stop_signal_choices();  // SIGTERM, SIGUSR1, SIGUSR2, SIGHUP
+std::vector<int> parse_stop_signals(const std::string& list);
+std::string stop_signals_text(const std::vector<int>& signals);
+
+// Training's --stop-signals, once its options are read: from then on a signal of
+// stop_signal_choices() outside `signals` takes its default action; one that came earlier is
+// decided now.
+void use_stop_signals(const std::vector<int>& signals);
 
 // Blocks the stop signals in the calling thread and in every thread it starts from then on: a
 // stop signal that comes earlier than start_signal_thread() waits for it instead of killing the
@@ -40,7 +56,9 @@ class StopSignals {
   static void raise_and_wait(int sig);
 };
 
-// "SIGTERM", "SIGUSR1", "SIGINT"; "signal N" for others.
+// "SIGTERM", "SIGUSR2", "SIGHUP"; "signal N" for one without a name.
 std::string signal_name(int sig);
+// The signal named "TERM", "SIGTERM" or "term" (0: none such).
+int signal_number_of(const std::string& name);
 
 }  // namespace hpc::train

@@ -177,6 +177,7 @@ TrainResult TrainingRun::run() {
 std::optional<int> TrainingRun::set_up() {
   log::set_level(o_.quiet || !lead_ ? std::max(log::Level::Warn, o_.log_level) : o_.log_level);
   log::set_stamps(o_.log_timestamps);
+  use_stop_signals(o_.stop_signals);  // a stop signal taken while MPI started is decided now
   require_same_options(ctx_, o_);
   if (auto code = stopped_in_setup(ctx_, o_, 1, "while starting", false)) return code;
   p_ = load_data_and_model(ctx_, o_);

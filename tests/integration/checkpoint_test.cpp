@@ -3,6 +3,7 @@
 // of a checkpoint that does not fit.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -13,6 +14,12 @@
 
 namespace hpc::itest {
 namespace {
+
+// "usr2" -> "USR2" (the tests' hooks name signals in lower case).
+std::string upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
 
 // A run's done line `got` ends exactly where `want` does: the same parameters and the same whole
 // state (momentum, batch-norm statistics, position).
@@ -100,12 +107,12 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
   }
 }
 
-// SIGTERM (or SIGUSR1) on one rank: every rank stops at the same step boundary, rank 0
-// checkpoints there, all exit with 75 ("checkpointed, requeue me"); the resumed job ends
-// bit-exactly where an uninterrupted one does.
+// SIGTERM (or SIGUSR1, SIGUSR2 as submitit sends, SIGHUP) on one rank: every rank stops at the
+// same step boundary, rank 0 checkpoints there, all exit with 75 ("checkpointed, requeue me");
+// the resumed job ends bit-exactly where an uninterrupted one does.
 TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
   const JsonObject want = uninterrupted(2);
-  for (const char* how : {"13@1", "17@0:usr1"}) {
+  for (const char* how : {"13@1", "17@0:usr1", "11@1:usr2", "19@0:hup"}) {
     SCOPED_TRACE(how);
     const std::string ck = dir_.file(std::string("sig") + how[0] + how[1]);
     setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", how, 1);
@@ -115,6 +122,9 @@ TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
     EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
     EXPECT_EQ(count_of(stopped.err, "stopped on request"), 1) << stopped.err;
+    const char* named = std::strchr(how, ':');
+    const std::string signal = named ? "SIG" + upper(named + 1) : "SIGTERM";
+    EXPECT_EQ(count_of(stopped.err, "stopped on request (" + signal + " to rank "), 1) << stopped.err;
     const int64_t at = std::atoll(how);
     EXPECT_TRUE(fs::exists(ck + "/" + "ckpt-0000000" + std::to_string(at) + ".hpck")) << stopped.err;
     const std::string m = dir_.file("s2.jsonl");
@@ -472,16 +482,19 @@ std::vector<std::string> names_in(const std::string& dir) {
 // default action. Before the first step there is nothing to save, and no checkpoint is written;
 // after it, the checkpoint is whole. Without --checkpoint-dir the code is the signal's.
 TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
-  for (const double delay : {0.0, 0.1, 0.3, 0.7, 1.5}) {
-    SCOPED_TRACE(::testing::Message() << "SIGTERM " << delay << " s after its start");
-    const std::string ck = dir_.file("any" + std::to_string(static_cast<int>(delay * 10)));
+  const std::pair<double, int> moments[] = {{0.0, SIGUSR2}, {0.0, SIGHUP}, {0.1, SIGTERM},
+                                            {0.3, SIGUSR2}, {0.7, SIGHUP},  {1.5, SIGTERM}};
+  for (const auto& [delay, sig] : moments) {
+    const std::string name = std::string("SIG") + sigabbrev_np(sig);
+    SCOPED_TRACE(::testing::Message() << name << " " << delay << " s after its start");
+    const std::string ck = dir_.file("any" + std::to_string(static_cast<int>(delay * 10)) + "_" + std::to_string(sig));
     const auto p = start(ck);
-    ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), SIGTERM) || !p->running(); }, 20));
+    ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), sig) || !p->running(); }, 20));
     usleep(static_cast<useconds_t>(delay * 1e6));
-    kill(p->pid(), SIGTERM);
+    kill(p->pid(), sig);
     const RunResult r = p->finish(120);
     EXPECT_EQ(r.exit_code, 75) << r.err;
-    EXPECT_EQ(count_of(r.err, "hpctrain: warning: stopped on request (SIGTERM) "), 1) << r.err;
+    EXPECT_EQ(count_of(r.err, "hpctrain: warning: stopped on request (" + name + ") "), 1) << r.err;
     EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
     const bool before_training = r.err.find("before the first step") != std::string::npos;
     for (const std::string& name : names_in(ck)) {
@@ -499,6 +512,7 @@ TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
   };
   const Case cases[] = {
       {"", SIGUSR1, 128 + SIGUSR1, "hpctrain: warning: stopped on request (SIGUSR1) while "},
+      {"", SIGHUP, 128 + SIGHUP, "hpctrain: warning: stopped on request (SIGHUP) while "},
       {dir_.file("int"), SIGINT, 128 + SIGINT, "hpctrain: stopped at once by SIGINT, without a checkpoint"},
   };
   for (const Case& c : cases) {
@@ -518,7 +532,32 @@ TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
   }
 }
 
-// A stop asked for on rank 1 in each phase of set-up (resuming from a checkpoint, in phase 3)
+// A signal left out of --stop-signals does what it does to any program: it ends the process (no
+// checkpoint for it; the periodic ones stay), at a step or while the process starts, before
+// the options that leave it out were read.
+TEST_F(Checkpoints, ASignalLeftOutOfStopSignalsKeepsItsDefaultAction) {
+  const std::string ck = dir_.file("left_out");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "9:usr2", 1);
+  const auto p = start(ck, {"--stop-signals", "TERM,USR1"});
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  const RunResult r = p->finish(120);
+  EXPECT_EQ(r.exit_code, -1) << "killed by the signal\n" << r.err;
+  EXPECT_EQ(r.err, "hpctrain: ended by SIGUSR2 (not in --stop-signals)\n");
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
+  expect_exact_resume(1, ck, 5);
+
+  const std::string early = dir_.file("left_out_early");
+  const auto q = start(early, {"--stop-signals", "USR2"});
+  ASSERT_TRUE(wait_until([&] { return blocks_signal(q->pid(), SIGHUP) || !q->running(); }, 20));
+  kill(q->pid(), SIGHUP);
+  const RunResult e = q->finish(120);
+  EXPECT_EQ(e.exit_code, -1) << "killed by the signal\n" << e.err;
+  EXPECT_EQ(e.err, "hpctrain: ended by SIGHUP (not in --stop-signals)\n");
+  for (const std::string& name : names_in(early)) EXPECT_EQ(name.find("ckpt-"), std::string::npos) << name;
+}
+
+// A stop asked for on rank 1 in each phase of set-up (SIGTERM, SIGUSR1, SIGUSR2, SIGHUP in phases
+// 1 to 4; resuming from a checkpoint, in phase 3)
 // ends both ranks there with 75 and one line naming it; the directory is left as it was, and
 // the run continued from it later ends exactly as one never stopped.
 TEST_F(Checkpoints, AStopDuringSetUpOnOneRankEndsEveryRankAndLosesNothing) {
@@ -530,15 +569,17 @@ TEST_F(Checkpoints, AStopDuringSetUpOnOneRankEndsEveryRankAndLosesNothing) {
   const Bytes newest = read_bytes(ck + "/ckpt-000000007.hpck");
   const char* phases[] = {"while starting", "while loading the dataset",
                           "while loading the checkpoint to resume from", "while preparing the training engine"};
+  const char* named[] = {"", ":usr1", ":usr2", ":hup"};  // SIGTERM, SIGUSR1, ... in phase 1, 2, ...
   for (int phase = 1; phase <= 4; ++phase) {
-    const std::string hook = std::to_string(phase) + "@1" + (phase == 2 ? ":usr1" : "");
+    const std::string hook = std::to_string(phase) + "@1" + named[phase - 1];
     SCOPED_TRACE(hook);
     setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", hook.c_str(), 1);
     const RunResult r = run_mpi(2, job(ck, dir_.file("s1.jsonl")), 120);
     unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
     EXPECT_EQ(r.exit_code, 75) << r.err;
     const std::string line = std::string("hpctrain: warning: stopped on request (") +
-                             (phase == 2 ? "SIGUSR1" : "SIGTERM") + " to rank 1) " + phases[phase - 1] +
+                             (phase == 1 ? "SIGTERM" : "SIG" + upper(named[phase - 1] + 1)) + " to rank 1) " +
+                             phases[phase - 1] +
                              ", before the first step: nothing to save and nothing lost; run it again to continue";
     EXPECT_EQ(count_of(r.err, line), 1) << r.err;
     EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
@@ -723,15 +764,14 @@ TEST_F(Checkpoints, EvaluateStopsAtOnceOnASignal) {
   auto args = job(ck, dir_.file("ee.jsonl"));
   args.insert(args.end(), {"--max-steps", "1"});
   ASSERT_EQ(run_hpctrain(args).exit_code, 0);
-  for (const int sig : {SIGTERM, SIGUSR1}) {
+  for (const int sig : {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP}) {
     const auto p = start_hpctrain({"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads", "1"});
     ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), sig) || !p->running(); }, 20));
     usleep(200000);
     kill(p->pid(), sig);
     const RunResult r = p->finish(60);
     EXPECT_EQ(r.exit_code, 128 + sig) << r.err;
-    EXPECT_EQ(r.err, std::string("hpctrain: stopped at once by ") + (sig == SIGTERM ? "SIGTERM" : "SIGUSR1") +
-                         " (nothing to save)\n");
+    EXPECT_EQ(r.err, std::string("hpctrain: stopped at once by SIG") + sigabbrev_np(sig) + " (nothing to save)\n");
   }
 }
 

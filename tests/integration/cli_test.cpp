@@ -157,6 +157,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"bucket_mb_huge", {"--bucket-mb", "1e300"}, {"--bucket-mb", "4096"}},
         BadArgs{"step_timeout_huge", {"--step-timeout", "1e300"}, {"--step-timeout", "1000h"}},
         BadArgs{"step_timeout_subsecond", {"--step-timeout", "0.5s"}, {"--step-timeout", "from 1s", "0.5 s"}},
+        BadArgs{"stop_signals_unknown", {"--stop-signals", "TERM,USR3"},
+                {"--stop-signals: unknown signal 'USR3'", "choose from TERM,USR1,USR2,HUP"}},
+        BadArgs{"stop_signals_empty", {"--stop-signals", ""}, {"--stop-signals names no signal"}},
+        BadArgs{"stop_signals_empty_name", {"--stop-signals", "TERM,,HUP"}, {"--stop-signals has an empty name"}},
+        BadArgs{"stop_signals_kill", {"--stop-signals", "KILL"}, {"--stop-signals: SIGKILL cannot be caught"}},
+        BadArgs{"stop_signals_stop", {"--stop-signals", "sigstop"}, {"--stop-signals: SIGSTOP cannot be caught"}},
+        BadArgs{"stop_signals_int", {"--stop-signals", "INT"}, {"--stop-signals: SIGINT always stops at once"}},
+        BadArgs{"stop_signals_other", {"--stop-signals", "QUIT"}, {"--stop-signals: SIGQUIT cannot be a stop signal"}},
+        BadArgs{"stop_signals_a_number", {"--stop-signals", "15"}, {"--stop-signals: unknown signal '15'"}},
+        BadArgs{"stop_signals_twice", {"--stop-signals", "USR2,sigusr2"}, {"--stop-signals names SIGUSR2 twice"}},
         BadArgs{"epochs_overflowing_the_step_count", {"--epochs", "4611686018427387904", "--max-steps", "0"},
                 {"--epochs", "at most 1000000"}},
         BadArgs{"batch_size_huge", {"--batch-size", "4611686018427387904", "--keep-last-batch"},
@@ -684,6 +694,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"snapshot-every-steps", "auto"},
     {"snapshot-dir", ""},
     {"snapshot-max-memory", ""},
+    {"stop-signals", "TERM,USR1,USR2,HUP"},
 };
 
 // Whether `prefix` (the start of a help line) is what comes before an option's name there:

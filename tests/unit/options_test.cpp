@@ -87,6 +87,7 @@ const std::vector<Listed>& every_option() {
       {"checkpoint-each-epoch", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-each-epoch"}},
       {"resume", Rule::Local, {"--resume", "none"}},
       {"step-timeout", Rule::Local, {"--step-timeout", "5m"}},
+      {"stop-signals", Rule::Local, {"--stop-signals", "usr2,SIGHUP"}},
       {"snapshot-every-steps", Rule::Local, {"--checkpoint-dir", "ck", "--snapshot-every-steps", "5"}},
       {"snapshot-dir", Rule::Local, {"--checkpoint-dir", "ck", "--snapshot-dir", "/tmp/s"}},
       {"snapshot-max-memory", Rule::Local, {"--snapshot-max-memory", "1G"}},
