@@ -215,16 +215,18 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
 }
 
 std::optional<int> stopped_in_setup(dist::ProcessContext& ctx, const TrainOptions& o, int phase, const char* during,
-                                    bool dir_checked) {
+                                    bool dir_checked, const std::function<void()>& save) {
   const TestHook hook = TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_IN_SETUP", SIGTERM);
   if (hook.fires(phase, ctx.rank())) StopSignals::raise_and_wait(hook.signal);
   const StopAsked asked = stop_asked(ctx.world());
   if (!asked.signal) return std::nullopt;
   if (!dir_checked) open_store(ctx, o);
+  if (save) save();
   if (ctx.rank() == 0)
-    log::warn("stopped on request (", cause_of(asked, ctx.world_size()), ") ", during,
-              ", before the first step: nothing to save",
-              o.checkpoint_dir.empty() ? " (no --checkpoint-dir)" : " and nothing lost; run it again to continue");
+    log::warn("stopped on request (", cause_of(asked, ctx.world_size()), ") ", during, ", before the first step: ",
+              save ? "the state it resumed from a host's memory is checkpointed; run it again to continue"
+                   : o.checkpoint_dir.empty() ? "nothing to save (no --checkpoint-dir)"
+                                              : "nothing to save and nothing lost; run it again to continue");
   return stop_exit_code(o, asked);
 }
 

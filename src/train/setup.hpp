@@ -10,6 +10,7 @@
 // part it came in (stopped_in_setup).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,8 +59,9 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
 // to save: the checkpoint directory already holds what a later run continues from (the
 // checkpoint this one resumed from, or none: a fresh start), so it is the exit of a stop after
 // a checkpoint, once the directory is known to be usable (dir_checked; else it is checked here,
-// a usage error if not).
+// a usage error if not). Unless `save` is given: then the state the run starts from is not in
+// the directory (it came from a host's memory), and save() checkpoints it before the exit.
 std::optional<int> stopped_in_setup(dist::ProcessContext& ctx, const TrainOptions& o, int phase, const char* during,
-                                    bool dir_checked);
+                                    bool dir_checked, const std::function<void()>& save = {});
 
 }  // namespace hpc::train

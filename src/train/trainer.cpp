@@ -185,11 +185,21 @@ std::optional<int> TrainingRun::set_up() {
   run_ = run_identity(ctx_, o_);
   resume_or_initialise(ctx_, o_, p_, snapshot_run_dir(o_, run_.id), run_.id);
   const char* loading = p_.resumed ? "while loading the checkpoint to resume from" : "while initialising the model";
-  if (auto code = stopped_in_setup(ctx_, o_, 3, loading, false)) return code;
+  // A state resumed from a host's memory is newer than the directory's: a stop is taken once the
+  // engine holds it and can checkpoint it (the end of set-up), not lost with the hosts.
+  const bool only_in_memory = p_.source == StateSource::Snapshot;
+  if (!only_in_memory)
+    if (auto code = stopped_in_setup(ctx_, o_, 3, loading, false)) return code;
   plan();
   start_engine();
   start_state_keeping();
-  return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true);
+  std::function<void()> save;
+  if (only_in_memory)
+    save = [this] {
+      checkpoints_->save(p_.start);
+      checkpoints_->wait_for_writes("stopped during set-up");
+    };
+  return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
 }
 
 // Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the

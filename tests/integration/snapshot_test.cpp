@@ -28,6 +28,7 @@ class Snapshots : public ::testing::Test {
       GTEST_SKIP() << "Fashion-MNIST not found in " << fashion_mnist_dir();
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
   }
   void TearDown() override {
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
@@ -254,6 +255,26 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   EXPECT_EQ(run_mpi(2, job(ck2, dir_.file("m2.jsonl"), snaps)).exit_code, 75);
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   EXPECT_TRUE(fs::exists(ck2 + "/ckpt-000000008.hpck"));
+}
+
+// A run that resumed from a host's memory and is stopped before its first step checkpoints that
+// state to shared storage before it exits (75): the next run continues from it even where the
+// hosts' memory is gone (a requeue onto other nodes).
+TEST_F(Snapshots, AStopDuringSetUpCheckpointsTheStateResumedFromMemory) {
+  const std::string ck = dir_.file("setup"), snaps = dir_.file("setup-snaps");
+  kill_after(1, ck, snaps, 8);
+  setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", "4", 1);
+  const RunResult stopped = run_mpi(1, job(ck, dir_.file("s1.jsonl"), snaps));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_NE(stopped.err.find("the state it resumed from a host's memory is checkpointed"), std::string::npos)
+      << stopped.err;
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000006.hpck")) << stopped.err;
+  fs::remove_all(snaps);  // the hosts are gone
+  const JsonObject d = resume(1, ck, snaps);
+  EXPECT_EQ(d.at("resumed_from").str, "checkpoint");
+  EXPECT_EQ(d.at("resumed_from_step").number, 6);
+  expect_same_end(d, uninterrupted(1));
 }
 
 // Snapshots that cannot be kept are a warning at start-up and the run trains on without them:
