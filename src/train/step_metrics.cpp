@@ -53,7 +53,8 @@ JsonObject step_event(const StepFigures& f) {
           {"images_per_second", f.images_per_second},
           {"data_wait_seconds", f.data_wait_seconds},
           {"comm_wait_seconds", f.comm_wait_seconds},
-          {"step_seconds", f.step_seconds}};
+          {"step_seconds", f.step_seconds},
+          {"elapsed_seconds", f.elapsed_seconds}};
 }
 
 std::string prometheus_job(const TrainOptions& o) {

@@ -24,6 +24,7 @@ struct StepFigures {
   double data_wait_seconds = 0;   // the step loop's wait for the loader's batch
   double comm_wait_seconds = 0;   // the wait for the gradient all-reduce after the backward pass
   double step_seconds = 0;        // from asking for the batch to the end of the update
+  double elapsed_seconds = 0;     // since the process started, as the epoch lines' (hpctrain-plot's time)
 };
 
 // The metrics file's step event.

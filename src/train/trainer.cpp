@@ -309,7 +309,7 @@ void TrainingRun::record_step(const StepResult& r, double lr, int64_t global_len
   if (!step_metrics_) return;
   const double seconds = seconds_since(start.asked);
   step_metrics_->after_step({tally_.step, epoch + 1, r.loss, lr, static_cast<double>(global_len) / std::max(seconds, 1e-9),
-                             start.data_wait, r.comm_wait, seconds});
+                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_)});
 }
 
 void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e) {

@@ -268,8 +268,9 @@ TEST_F(Train, StepEventsEveryNStepsCarryTheSchedulesLearningRate) {
     SCOPED_TRACE("step event " + s.at("step").raw);
     std::vector<std::string> keys;
     for (const auto& [key, value] : s) keys.push_back(key);
-    EXPECT_EQ(keys, (std::vector<std::string>{"comm_wait_seconds", "data_wait_seconds", "epoch", "event",
-                                              "images_per_second", "learning_rate", "loss", "step", "step_seconds"}))
+    EXPECT_EQ(keys, (std::vector<std::string>{"comm_wait_seconds", "data_wait_seconds", "elapsed_seconds", "epoch",
+                                              "event", "images_per_second", "learning_rate", "loss", "step",
+                                              "step_seconds"}))
         << "a key added to the step event belongs in README's list and here";
     const int64_t step = 4 * static_cast<int64_t>(i + 1);
     ASSERT_TRUE(s.at("step").is_integer() && s.at("epoch").is_integer());
@@ -283,6 +284,10 @@ TEST_F(Train, StepEventsEveryNStepsCarryTheSchedulesLearningRate) {
     EXPECT_GE(s.at("comm_wait_seconds").number, 0);
     EXPECT_LE(s.at("data_wait_seconds").number + s.at("comm_wait_seconds").number, seconds);
     EXPECT_NEAR(s.at("images_per_second").number, 32 / seconds, 1e-9 * s.at("images_per_second").number);
+    EXPECT_LE(s.at("elapsed_seconds").number, (step <= 9 ? lines[2] : lines[5]).at("elapsed_seconds").number);
+    if (i > 0) {
+      EXPECT_GE(s.at("elapsed_seconds").number, steps[i - 1].at("elapsed_seconds").number + seconds);
+    }
   }
 
   // Every step, under the step schedule: 0.05 for the first epoch's 9 steps, then a tenth.
