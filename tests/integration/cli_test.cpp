@@ -637,6 +637,8 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"config", ""},
     {"quiet", ""},
     {"metrics-file", ""},
+    {"metrics-every-steps", "0"},
+    {"prometheus-file", ""},
     {"progress", "auto"},
     {"log-every", "0"},
     {"progress-interval", "30s"},
