@@ -58,6 +58,7 @@ packages=(
   help2man                                     # man pages from --help, made at build time
   dpkg-dev file man-db                         # cpack -G DEB (dpkg-shlibdeps, file) and man: the package test
   bsdutils                                     # script: the test of the live progress line in a terminal
+  prometheus                                   # promtool: the test of --prometheus-file's format
 )
 if ((bench)); then
   packages+=(python3-torch)  # the PyTorch peer of bench/cpu_vs_peer.sh

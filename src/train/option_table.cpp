@@ -181,6 +181,12 @@ std::vector<Option> general() {
       flag("quiet", &Members::quiet, R::Local, "print nothing but errors"),
       path("metrics-file", &Members::metrics_file, R::Local,
            "append JSON Lines metrics (epoch and done events) to FILE (one that exists must hold JSON Lines)"),
+      number("metrics-every-steps", &Members::metrics_every_steps, R::Local,
+             "with --metrics-file: also a step event (loss, learning rate, throughput, data and communication "
+             "waits of one step) every N steps (0: none)"),
+      path("prometheus-file", &Members::prometheus_file, R::Local,
+           "keep the latest step's figures and the run's state in FILE (*.prom) for node_exporter's textfile "
+           "collector: rewritten whole about once a second, after each epoch and at the end (rank 0)"),
       choice("progress", &Members::progress, kProgressNames, R::Local,
              "auto (a line redrawn in place when stdout is an interactive terminal: not a file, not TERM=dumb, not "
              "a pseudo-terminal of mpirun, srun or hpcrun; else lines), bar, lines (plain log lines) or off"),

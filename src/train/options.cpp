@@ -49,7 +49,8 @@ void validate_counts(const TrainOptions& o) {
   for (auto [v, name] : {std::pair{o.seed, "seed"}, {o.max_steps, "max-steps"}, {o.train_samples, "train-samples"},
                          {o.test_samples, "test-samples"}, {o.global_batch_size, "global-batch-size"},
                          {o.image_size, "image-size"},
-                         {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"}})
+                         {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"},
+                         {o.metrics_every_steps, "metrics-every-steps"}})
     require_non_negative(v, name);
   HPC_REQUIRE(o.epochs <= kMaxEpochs, "--epochs must be at most ", kMaxEpochs, ", got ", o.epochs);
   if (o.global_batch_size > 0) require_batch_size(o.global_batch_size, "global-batch-size");
@@ -179,18 +180,35 @@ bool given(const po::variables_map& vm, const char* name) { return vm.count(name
 // Paths: an empty one is an unset variable ("--checkpoint-dir $DIR"), never a request for the
 // default.
 void validate_paths(const po::variables_map& vm) {
-  for (const char* name : {"data-dir", "metrics-file", "timeline-file", "checkpoint-dir", "resume", "snapshot-dir",
+  for (const char* name : {"data-dir", "metrics-file", "prometheus-file", "timeline-file", "checkpoint-dir", "resume", "snapshot-dir",
                            "snapshot-max-memory", "snapshot-every-steps"})
     if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return !a.empty() && !b.empty() && (a == b || fs::equivalent(a, b, ec));
+}
+
 // The files hpctrain writes must not be one another.
 void validate_distinct_files(const TrainOptions& o) {
-  std::error_code ec;
-  HPC_REQUIRE(o.metrics_file.empty() || o.timeline_file.empty() ||
-                  (o.metrics_file != o.timeline_file && !fs::equivalent(o.metrics_file, o.timeline_file, ec)),
-              "--metrics-file and --timeline-file are the same file, ", o.metrics_file,
-              ": their lines would mix; give the timeline a file of its own");
+  HPC_REQUIRE(!same_file(o.metrics_file, o.timeline_file), "--metrics-file and --timeline-file are the same file, ",
+              o.metrics_file, ": their lines would mix; give the timeline a file of its own");
+  for (const auto& [file, option] : {std::pair{o.metrics_file, "--metrics-file"}, {o.timeline_file, "--timeline-file"}})
+    HPC_REQUIRE(!same_file(o.prometheus_file, file), "--prometheus-file and ", option, " are the same file, ", file,
+                ": each rewrite of the Prometheus file would replace the other's lines");
+}
+
+// What the step metrics need: a metrics file to add the step events to, and a name
+// node_exporter's textfile collector reads (it skips all but *.prom, so another would be
+// written for nobody).
+void validate_step_metrics(const TrainOptions& o) {
+  HPC_REQUIRE(o.metrics_every_steps == 0 || !o.metrics_file.empty(),
+              "--metrics-every-steps needs --metrics-file: the step events go there");
+  const std::string name = fs::path(o.prometheus_file).filename().string();
+  HPC_REQUIRE(o.prometheus_file.empty() || (name.size() > 5 && name.ends_with(".prom") && name[0] != '.'),
+              "--prometheus-file ", o.prometheus_file, " must name a file ending in .prom (and not starting with "
+              "a dot): node_exporter's textfile collector reads no other");
 }
 
 // Checkpoint settings without a directory to write to would silently save nothing.
@@ -296,6 +314,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
     for (const Option& option : group.options)
       if (option.read) option.read(*vm, o);
   validate_distinct_files(o);
+  validate_step_metrics(o);
   HPC_REQUIRE(o.global_batch_size == 0 || (*vm)["batch-size"].defaulted(),
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
   validate_counts(o);

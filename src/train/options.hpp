@@ -104,6 +104,8 @@ struct TrainOptions {
   // GPU, one rank: replay each steady-state training step as one captured CUDA graph.
   bool cuda_graphs = false;
   std::string metrics_file;
+  int64_t metrics_every_steps = 0;  // > 0: rank 0 adds a step event to metrics_file every N steps
+  std::string prometheus_file;      // rank 0's node_exporter textfile (train/step_metrics.hpp)
   bool quiet = false;
   int64_t log_every = 0;  // steps between plain progress lines; 0: by time (progress_interval_seconds)
   double progress_interval_seconds = 30;

@@ -34,6 +34,7 @@
 #include "train/setup.hpp"
 #include "train/signals.hpp"
 #include "train/snapshots.hpp"
+#include "train/step_metrics.hpp"
 #include "train/watchdog.hpp"
 
 namespace hpc::train {
@@ -97,6 +98,12 @@ struct Tally {
   RunPosition here;           // after the last step
 };
 
+// When the step loop asked the loader for a step's batch, and how long it waited for it.
+struct StepStart {
+  Clock::time_point asked;
+  double data_wait = 0;
+};
+
 // One epoch's sums on this rank.
 struct EpochTally {
   Clock::time_point t0 = Clock::now();
@@ -117,7 +124,8 @@ class TrainingRun {
   void start_state_keeping();
   bool stop_for_membership();
   bool run_epoch(int64_t epoch);
-  double train_step(const data::Batch& batch, int64_t epoch, EpochTally& e);
+  double train_step(const data::Batch& batch, int64_t epoch, EpochTally& e, const StepStart& start);
+  void record_step(const StepResult& r, double lr, int64_t global_len, int64_t epoch, const StepStart& start);
   void show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e);
   bool at_step_boundary(int64_t epoch, double loss);
   bool end_epoch(int64_t epoch, EpochTally& e);
@@ -146,6 +154,7 @@ class TrainingRun {
   std::optional<Heartbeat> heartbeat_;
   const TestHooks hooks_;
   std::optional<Progress> progress_;
+  std::optional<StepMetrics> step_metrics_;  // rank 0's
   std::unique_ptr<StepWatchdog> watchdog_;
   Tally tally_;
   EvalResult eval_;
@@ -160,6 +169,7 @@ TrainResult TrainingRun::run() {
   }
   progress_.emplace(ProgressSpec{o_.progress, o_.quiet || !lead_, o_.log_every, o_.progress_interval_seconds},
                     o_.epochs, plan_.steps_per_epoch, plan_.total_steps);
+  if (lead_) step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_);
   tally_.step = p_.start.step;
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
@@ -270,21 +280,23 @@ bool TrainingRun::run_epoch(int64_t epoch) {
   EpochTally e;
   plan_.loader->start_epoch(epoch, epoch == p_.start.epoch ? p_.start.step_in_epoch : 0);
   while (tally_.step < plan_.total_steps) {
+    StepStart start{Clock::now()};
     const data::Batch* batch = plan_.loader->next();
     if (!batch) break;
-    const double loss = train_step(*batch, epoch, e);
+    start.data_wait = seconds_since(start.asked);
+    const double loss = train_step(*batch, epoch, e, start);
     if (at_step_boundary(epoch, loss)) return false;
   }
   return end_epoch(epoch, e);
 }
 
 // One step on this rank's part of the global batch; its loss.
-double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTally& e) {
+double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTally& e, const StepStart& start) {
   const int64_t global_len = plan_.sampler->global_batch_length(batch.step);
   const float share = static_cast<float>(static_cast<double>(batch.size()) / static_cast<double>(global_len));
   const double seen = tally_.samples_seen;
-  const StepResult r = engine_->train_step(batch, share, plan_.schedule->lr(seen),
-                                           plan_.schedule->momentum(seen, o_.momentum));
+  const double lr = plan_.schedule->lr(seen);
+  const StepResult r = engine_->train_step(batch, share, lr, plan_.schedule->momentum(seen, o_.momentum));
   tally_.comm_wait_seconds += r.comm_wait;
   if (!o_.timeline_file.empty() && lead_) write_timeline(*timeline_, tally_.step, engine_->timeline());
   e.sums[1] += static_cast<double>(r.correct);
@@ -295,10 +307,20 @@ double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTal
   e.sums[0] += r.loss * static_cast<double>(batch.size());
   const int64_t step = ++tally_.step;
   watchdog_->progress(step);
+  record_step(r, lr, global_len, epoch, start);
   show_progress(batch, epoch, e);
   tally_.here = RunPosition::after_step(step, epoch, batch.step, plan_.steps_per_epoch, plan_.global_batch,
                                         tally_.samples_seen);
   return r.loss;
+}
+
+// Rank 0's figures of the step just done (tally_.step), for the step events and Prometheus.
+void TrainingRun::record_step(const StepResult& r, double lr, int64_t global_len, int64_t epoch,
+                              const StepStart& start) {
+  if (!step_metrics_) return;
+  const double seconds = seconds_since(start.asked);
+  step_metrics_->after_step({tally_.step, epoch + 1, r.loss, lr, static_cast<double>(global_len) / std::max(seconds, 1e-9),
+                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_)});
 }
 
 void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e) {
@@ -354,6 +376,7 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
                 static_cast<long long>(epoch + 1), static_cast<long long>(o_.epochs), train_loss, eval_.loss,
                 100 * eval_.accuracy, ips, format_duration(epoch_seconds).c_str());
   progress_->line(buf);
+  if (step_metrics_) step_metrics_->after_epoch(eval_.accuracy);
   if (o_.checkpoint_each_epoch) {
     const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
     checkpoints_->save(at);
@@ -389,6 +412,7 @@ TrainResult TrainingRun::stop() {
       log::warn(cause, o_.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
                                                  : "; checkpoint written, --resume auto continues from it");
   }
+  if (step_metrics_) step_metrics_->ended(RunState::Stopped);
   TrainResult result;
   result.steps = tally_.step;
   result.exit_code = stop_exit_code(o_, asked);
@@ -433,6 +457,7 @@ TrainResult TrainingRun::finish() {
     heartbeat_->last(step, step / plan_.steps_per_epoch, "done");
   }
   snapshots_->remove_all();  // the final checkpoint holds the state now
+  if (step_metrics_) step_metrics_->ended(RunState::Done);
   return report();
 }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ctime>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -226,6 +228,180 @@ TEST_F(Train, MetricsFileIsAppendedTo) {
   EXPECT_EQ(lines[1].at("event").str, "done");
   EXPECT_EQ(lines[3].at("event").str, "done");
   EXPECT_EQ(lines[1].at("param_checksum").str, lines[3].at("param_checksum").str);
+}
+
+// ---- (b2) step metrics: step events and the Prometheus file --------------------------------
+
+// The step events of a metrics file, in order.
+std::vector<JsonObject> step_events(const std::vector<JsonObject>& lines) {
+  std::vector<JsonObject> steps;
+  for (const JsonObject& o : lines)
+    if (o.at("event").str == "step") steps.push_back(o);
+  return steps;
+}
+
+// hpctrain's onecycle as README states it: PyTorch's OneCycleLR (cosine up from lr/div_factor to
+// lr over pct_start of the run, then down to lr/div_factor/final_div_factor) at the fraction t of
+// the run's samples seen before the step; with the defaults (0.3, 25, 1e4).
+double onecycle_lr(double peak, double t) {
+  const double initial = peak / 25, final_lr = initial / 1e4, pct = 0.3;
+  const auto anneal = [](double a, double b, double x) { return b + (a - b) * (1 + std::cos(M_PI * x)) / 2; };
+  return t <= pct ? anneal(initial, peak, t / pct) : anneal(peak, final_lr, (t - pct) / (1 - pct));
+}
+
+// 300 samples in batches of 32: 9 steps per epoch (the short batch dropped), 18 in two epochs.
+const std::vector<std::string> kStepRun{"--model", "mlp", "--train-samples", "300", "--test-samples", "100",
+                                        "--batch-size", "32", "--epochs", "2"};
+
+// Every N steps a step event with the step's figures, before its epoch's line; the rest of the
+// file as without them; the learning rate the schedule's for that step.
+TEST_F(Train, StepEventsEveryNStepsCarryTheSchedulesLearningRate) {
+  const auto lines = train(kStepRun + std::vector<std::string>{"--metrics-every-steps", "4"});
+  const auto steps = step_events(lines);
+  ASSERT_EQ(steps.size(), 18u / 4) << "steps 4, 8, 12 and 16 of 18";
+  ASSERT_EQ(lines.size(), steps.size() + 3) << "two epoch lines and the done line as ever";
+  expect_epoch_line(lines[2], 1, 9);  // after steps 4 and 8
+  expect_epoch_line(lines[5], 2, 18);
+  expect_done_line(lines[6], 18, lines[5]);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const JsonObject& s = steps[i];
+    SCOPED_TRACE("step event " + s.at("step").raw);
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : s) keys.push_back(key);
+    EXPECT_EQ(keys, (std::vector<std::string>{"comm_wait_seconds", "data_wait_seconds", "elapsed_seconds", "epoch",
+                                              "event", "images_per_second", "learning_rate", "loss", "step",
+                                              "step_seconds"}))
+        << "a key added to the step event belongs in README's list and here";
+    const int64_t step = 4 * static_cast<int64_t>(i + 1);
+    ASSERT_TRUE(s.at("step").is_integer() && s.at("epoch").is_integer());
+    EXPECT_EQ(s.at("step").number, step);
+    EXPECT_EQ(s.at("epoch").number, (step - 1) / 9 + 1);
+    EXPECT_NEAR(s.at("learning_rate").number, onecycle_lr(0.1, (step - 1) / 18.0), 1e-12);
+    EXPECT_TRUE(std::isfinite(s.at("loss").number) && s.at("loss").number > 0) << s.at("loss").raw;
+    const double seconds = s.at("step_seconds").number;
+    EXPECT_GT(seconds, 0);
+    EXPECT_GE(s.at("data_wait_seconds").number, 0);
+    EXPECT_GE(s.at("comm_wait_seconds").number, 0);
+    EXPECT_LE(s.at("data_wait_seconds").number + s.at("comm_wait_seconds").number, seconds);
+    EXPECT_NEAR(s.at("images_per_second").number, 32 / seconds, 1e-9 * s.at("images_per_second").number);
+    EXPECT_LE(s.at("elapsed_seconds").number, (step <= 9 ? lines[2] : lines[5]).at("elapsed_seconds").number);
+    if (i > 0) {
+      EXPECT_GE(s.at("elapsed_seconds").number, steps[i - 1].at("elapsed_seconds").number + seconds);
+    }
+  }
+
+  // Every step, under the step schedule: 0.05 for the first epoch's 9 steps, then a tenth.
+  const auto stepped = step_events(train(kStepRun + std::vector<std::string>{
+                                             "--metrics-every-steps", "1", "--lr-schedule", "step", "--lr", "0.05",
+                                             "--lr-step-epochs", "1", "--lr-gamma", "0.1"}));
+  ASSERT_EQ(stepped.size(), 18u);
+  for (size_t i = 0; i < stepped.size(); ++i) {
+    EXPECT_EQ(stepped[i].at("step").number, static_cast<double>(i + 1));
+    EXPECT_NEAR(stepped[i].at("learning_rate").number, i < 9 ? 0.05 : 0.005, 1e-15) << "step " << i + 1;
+  }
+}
+
+// A Prometheus text file's samples by series ("name{labels}") and the names its TYPE lines
+// declare gauges, the HELP lines' names.
+struct PromFile {
+  std::map<std::string, double> samples;
+  std::vector<std::string> gauges, helped;
+};
+
+PromFile read_prom(const std::string& path) {
+  PromFile f;
+  for (const std::string& line : lines_of(read_text(path))) {
+    std::smatch m;
+    if (std::regex_match(line, m, std::regex("# TYPE (\\S+) gauge"))) f.gauges.push_back(m[1]);
+    else if (std::regex_match(line, m, std::regex("# HELP (\\S+) .+"))) f.helped.push_back(m[1]);
+    else if (std::regex_match(line, m, std::regex("([a-z_]+(\\{[^}]*\\})?) (\\S+)")))
+      f.samples[m[1]] = std::strtod(m[3].str().c_str(), nullptr);
+    else ADD_FAILURE() << "unexpected line in " << path << ": " << line;
+  }
+  return f;
+}
+
+// promtool (Debian's prometheus) on the file: its complaints, empty when it passes.
+std::string promtool_check(const std::string& path) {
+  const std::string promtool = "/usr/bin/promtool";
+  if (!fs::exists(promtool)) return promtool + " is missing: apt-get install prometheus (setup.sh does)";
+  const RunResult r = run_program({"/bin/sh", "-c", "exec " + promtool + " check metrics < \"$0\"", path});
+  return r.exit_code == 0 ? "" : "exit " + std::to_string(r.exit_code) + ": " + r.out + r.err;
+}
+
+// The file node_exporter reads passes promtool, labels every series with the job (the
+// checkpoint directory's name here) and the world size, and holds the last step's figures as
+// the metrics file's last step event has them, the last epoch's test accuracy and the state.
+TEST_F(Train, PrometheusFileParsesAndAgreesWithTheMetricsFile) {
+  unsetenv("SLURM_JOB_ID");
+  const std::string prom = dir_.file("run.prom"), ck = dir_.file("nightly") + "/";
+  const double t0 = static_cast<double>(std::time(nullptr));
+  const auto lines = train(kStepRun + std::vector<std::string>{"--metrics-every-steps", "6", "--prometheus-file", prom,
+                                                               "--checkpoint-dir", ck});
+  const auto steps = step_events(lines);
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(promtool_check(prom), "");
+  const PromFile f = read_prom(prom);
+  const std::string labels = "{hpctrain_job=\"nightly\",world_size=\"1\"}";
+  const JsonObject& last = steps.back();
+  EXPECT_EQ(f.samples.at("hpctrain_step" + labels), last.at("step").number);
+  EXPECT_EQ(f.samples.at("hpctrain_planned_steps" + labels), 18);
+  for (const char* key : {"epoch", "loss", "learning_rate", "images_per_second", "data_wait_seconds",
+                          "comm_wait_seconds", "step_seconds"})
+    EXPECT_EQ(f.samples.at("hpctrain_" + std::string(key) + labels), last.at(key).number) << key;
+  EXPECT_EQ(f.samples.at("hpctrain_test_accuracy" + labels), done_line(lines).at("test_accuracy").number);
+  for (const char* state : {"training", "stopped", "done", "failed"})
+    EXPECT_EQ(f.samples.at("hpctrain_state{hpctrain_job=\"nightly\",world_size=\"1\",state=\"" + std::string(state) +
+                           "\"}"),
+              std::strcmp(state, "done") == 0 ? 1 : 0)
+        << state;
+  const double updated = f.samples.at("hpctrain_last_update_timestamp_seconds" + labels);
+  EXPECT_GE(updated, t0);
+  EXPECT_LE(updated, static_cast<double>(std::time(nullptr)) + 1);
+  EXPECT_EQ(f.samples.size(), 15u);
+  for (const auto& [series, value] : f.samples) {
+    const std::string name = series.substr(0, series.find('{'));
+    EXPECT_EQ(std::count(f.gauges.begin(), f.gauges.end(), name), 1) << name << " has one TYPE line";
+    EXPECT_EQ(std::count(f.helped.begin(), f.helped.end(), name), 1) << name << " has one HELP line";
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_.str()), fs::directory_iterator()), 3)
+      << "the metrics file, the Prometheus file and the checkpoints: no temporary file left";
+}
+
+// The state after a stop (exit 75) and after a failure (diverged, exit 2); the job from Slurm.
+// A file that cannot be written is one warning, and the run goes on.
+TEST_F(Train, PrometheusFileShowsStopsAndFailuresAndNeverEndsARun) {
+  setenv("SLURM_JOB_ID", "4242", 1);
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "5", 1);
+  const std::string prom = dir_.file("stop.prom");
+  const RunResult stopped = run_hpctrain(kStepRun + std::vector<std::string>{
+      "--data-dir", fashion_mnist_dir(), "--threads", "2", "--quiet", "--prometheus-file", prom,
+      "--checkpoint-dir", dir_.file("ck")});
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  unsetenv("SLURM_JOB_ID");
+  EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_EQ(promtool_check(prom), "");
+  const std::string labels = "{hpctrain_job=\"4242\",world_size=\"1\"";
+  PromFile f = read_prom(prom);
+  EXPECT_EQ(f.samples.at("hpctrain_step" + labels + "}"), 5);
+  EXPECT_EQ(f.samples.at("hpctrain_state" + labels + ",state=\"stopped\"}"), 1);
+  EXPECT_EQ(f.samples.at("hpctrain_state" + labels + ",state=\"training\"}"), 0);
+
+  const std::string failed_prom = dir_.file("failed.prom");
+  const RunResult failed = run_hpctrain(kShort + std::vector<std::string>{
+      "--lr-schedule", "constant", "--lr", "1e6", "--data-dir", fashion_mnist_dir(), "--threads", "2", "--quiet",
+      "--prometheus-file", failed_prom});
+  EXPECT_EQ(failed.exit_code, 2) << failed.err;
+  EXPECT_EQ(promtool_check(failed_prom), "");
+  f = read_prom(failed_prom);
+  EXPECT_EQ(f.samples.at("hpctrain_state{hpctrain_job=\"hpctrain\",world_size=\"1\",state=\"failed\"}"), 1);
+  EXPECT_EQ(f.samples.at("hpctrain_state{hpctrain_job=\"hpctrain\",world_size=\"1\",state=\"training\"}"), 0);
+
+  const RunResult unwritable = run_hpctrain(kShort + std::vector<std::string>{
+      "--data-dir", fashion_mnist_dir(), "--threads", "2", "--quiet", "--prometheus-file", dir_.file("none/x.prom")});
+  EXPECT_EQ(unwritable.exit_code, 0) << unwritable.err;
+  EXPECT_EQ(unwritable.err, "hpctrain: warning: cannot write --prometheus-file " + dir_.file("none/x.prom") +
+                                ": No such file or directory (said once; training goes on, and so do the tries)\n");
 }
 
 // ---- (c) it learns ---------------------------------------------------------------------------

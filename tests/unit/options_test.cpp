@@ -33,6 +33,8 @@ const std::vector<Listed>& every_option() {
   static const std::vector<Listed> list{
       {"quiet", Rule::Local, {"--quiet"}},
       {"metrics-file", Rule::Local, {"--metrics-file", "m.jsonl"}},
+      {"metrics-every-steps", Rule::Local, {"--metrics-file", "m.jsonl", "--metrics-every-steps", "10"}},
+      {"prometheus-file", Rule::Local, {"--prometheus-file", "/tmp/hpctrain.prom"}},
       {"progress", Rule::Local, {"--progress", "lines"}},
       {"log-every", Rule::Local, {"--log-every", "7"}},
       {"progress-interval", Rule::Local, {"--progress-interval", "5s"}},

@@ -1,0 +1,41 @@
+// A file for node_exporter's textfile collector (--prometheus-file): Prometheus's text format,
+// gauges with their HELP and TYPE lines, replaced whole on every write (a temporary file beside
+// it, then a rename) so that a scrape never reads half a file. Knows nothing of training: the
+// step metrics (step_metrics.hpp) say which gauges it holds.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hpc::train {
+
+// One sample of a gauge. Samples of one name must be given together, the first with the help.
+struct Gauge {
+  std::string name;  // without the prefix (hpctrain_ is added)
+  std::string help;
+  double value = 0;
+  std::vector<std::pair<std::string, std::string>> labels = {};  // its own, after the file's
+};
+
+class PrometheusTextfile {
+ public:
+  // labels: on every sample (the job, the world size). Their values keep letters, digits and
+  // ._:-/ ; any other byte becomes _ (label values must be UTF-8, and these need no escapes).
+  PrometheusTextfile(std::string path, std::vector<std::pair<std::string, std::string>> labels);
+  // The file's text for these gauges.
+  std::string render(const std::vector<Gauge>& gauges) const;
+  // Replaces the file. A failure is one warning (the first), never an error: the file is for
+  // watching a run, not part of it. Whether it was written.
+  bool write(const std::vector<Gauge>& gauges);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, labels_;  // labels_: `name="value",...` as rendered
+  bool warned_ = false;
+};
+
+// What a label value becomes (PrometheusTextfile's rule): "job 1" -> "job_1".
+std::string label_value(const std::string& s);
+
+}  // namespace hpc::train
