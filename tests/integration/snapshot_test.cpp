@@ -302,6 +302,26 @@ TEST_F(Snapshots, SnapshotsThatCannotBeKeptAreAWarningNotAFailure) {
   }
 }
 
+// A snapshot directory this user may not write (as root, through setpriv without the override
+// of permission bits, as CI runs it): one warning naming it, and the run trains on.
+TEST_F(Snapshots, ASnapshotDirectoryThatIsNotWritableIsAWarning) {
+  const std::string ro = dir_.file("read-only");
+  fs::create_directories(ro);
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                          fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  const std::string m = dir_.file("ro.jsonl");
+  auto a = job(dir_.file("ro-ck"), m, ro + "/snaps");
+  a.insert(a.end(), {"--max-steps", "4"});
+  const RunResult r = run_hpctrain_without_override(a);
+  fs::permissions(ro, fs::perms::owner_all);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "snapshots in host memory off on "), 1) << r.err;
+  EXPECT_NE(r.err.find(ro + "/snaps"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
+  EXPECT_EQ(done_of(m).at("snapshots_taken").number, 0);
+  EXPECT_EQ(done_of(m).at("steps").number, 4);
+}
+
 // The snapshots' file system fills up during the run (a 6 MB tmpfs, room for one snapshot of
 // 3.4 MB but not for the next beside it): a warning, the run goes on and finishes, and the last
 // snapshot that was written stays whole until then. Needs root (mount).
