@@ -21,29 +21,13 @@
 #include "train/exit_codes.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
+#include "train/serving.hpp"
 #include "train/trainer.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
 namespace {
-
-// Parses argv (argv[0]: the subcommand) against `options`, with `positional` names if any.
-// Returns false when --help was handled.
-bool parse(int argc, const char* const* argv, const po::options_description& options,
-           const po::positional_options_description& positional, po::variables_map& vm, bool speak) {
-  try {
-    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
-    if (vm.count("help")) {  // before notify, which would insist on the required options
-      if (speak) std::cout << options << "\n";
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    usage_error(e.what());
-  }
-  return true;
-}
 
 std::string utc_time(int64_t unix_seconds) {
   const std::time_t t = static_cast<std::time_t>(unix_seconds);
@@ -269,7 +253,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
-    go = parse(argc, argv, options, {}, vm, ctx.rank() == 0);
+    go = parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
     for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
       if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
@@ -355,7 +339,7 @@ int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
-    go = parse(argc, argv, options, positional, vm, ctx.rank() == 0);
+    go = parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
     HPC_REQUIRE(!go || vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
     HPC_REQUIRE(!go || !path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
                 "checkpoint file or directory");
