@@ -340,8 +340,8 @@ void Snapshotter::take(const RunPosition& at) {
   // Under auto, rank 0 spaces them so that their copies cost under 1% of the steps between.
   const double since = std::chrono::duration<double>(t0 - last_time_).count();
   if (o_.snapshot_every_steps < 0 && steps_since > 0 && since > 0) {
-    step_seconds_ = since / static_cast<double>(steps_since);
-    every_ = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(took / (0.01 * step_seconds_))), 1, 1000);
+    const double step_seconds = since / static_cast<double>(steps_since);
+    every_ = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(took / (0.01 * step_seconds))), 1, 1000);
   }
   last_time_ = Clock::now();
 }

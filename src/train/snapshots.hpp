@@ -119,7 +119,7 @@ class Snapshotter {
   std::unique_ptr<ckpt::AsyncWriter> writer_;
   int64_t last_ = -1, taken_ = 0;
   int64_t every_ = 0;  // steps between snapshots (rank 0's, adapted under auto)
-  double stall_ = 0, step_seconds_ = 0;
+  double stall_ = 0;
   std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
 };
 
