@@ -45,8 +45,8 @@ class Checkpoints : public ::testing::Test {
   }
 
   // 2 epochs of 20 global steps (1280 samples, global batch 64), one thread per rank.
-  std::vector<std::string> job(const std::string& ckpt_dir, const std::string& metrics) const {
-    std::vector<std::string> a{"--train-samples", "1280", "--test-samples", "300",       "--epochs", "2",
+  std::vector<std::string> job(const std::string& ckpt_dir, const std::string& metrics, int epochs = 2) const {
+    std::vector<std::string> a{"--train-samples", "1280", "--test-samples", "300",       "--epochs", std::to_string(epochs),
                                "--global-batch-size", "64", "--threads",    "1",        "--quiet",  "--data-dir",
                                fashion_mnist_dir(),   "--metrics-file",     metrics};
     // The checkpoints on shared storage alone: snapshot_test has the snapshots in host memory.
@@ -488,7 +488,9 @@ TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
     const std::string name = std::string("SIG") + sigabbrev_np(sig);
     SCOPED_TRACE(::testing::Message() << name << " " << delay << " s after its start");
     const std::string ck = dir_.file("any" + std::to_string(static_cast<int>(delay * 10)) + "_" + std::to_string(sig));
-    const auto p = start(ck);
+    // 50 epochs: a fast machine finishes 2 epochs in under 1.5 s, and a stop as the run ends is
+    // not a stop (it finishes instead, exit 0). The run is stopped long before it would end.
+    const auto p = start_hpctrain(job(ck, dir_.file("bg.jsonl"), 50));
     ASSERT_TRUE(wait_until([&] { return blocks_signal(p->pid(), sig) || !p->running(); }, 20));
     usleep(static_cast<useconds_t>(delay * 1e6));
     kill(p->pid(), sig);
