@@ -34,7 +34,7 @@ packages=(
   libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
   libdnnl-dev libdnnl2 ocl-icd-libopencl1                              # oneDNN loads libOpenCL
   libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
-  libgtest-dev zlib1g-dev zlib1g nlohmann-json3-dev
+  libgtest-dev zlib1g-dev zlib1g nlohmann-json3-dev libisal-dev libisal2
   libturbojpeg0-dev libturbojpeg0 libpng-dev libpng16-16
   libonnx-dev libonnx1 libprotobuf-dev libprotobuf32 libprotobuf-lite32
 )

@@ -1,6 +1,6 @@
 #include "ckpt/checkpoint.hpp"
 
-#include <zlib.h>
+#include <isa-l/crc.h>
 
 #include <cstring>
 #include <sstream>
@@ -13,16 +13,9 @@ namespace {
 constexpr char kMagic[kMagicBytes] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
 enum Kind : uint32_t { Meta = 1, Params = 2, Momentum = 3, Buffers = 4, End = 0xE0Fu };
 
-uint32_t crc(const char* p, size_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  while (n > 0) {  // zlib takes uInt lengths
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    c = crc32(c, reinterpret_cast<const Bytef*>(p), chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(c);
-}
+// zlib's CRC-32 (crc32(0, p, n)), by ISA-L: folded with carry-less multiplies, an order of
+// magnitude faster, which the writer of a snapshot every step needs.
+uint32_t crc(const char* p, size_t n) { return crc32_gzip_refl(0, reinterpret_cast<const unsigned char*>(p), n); }
 
 template <class V>
 void put(std::vector<char>& out, V v) {
@@ -86,6 +79,12 @@ bool is_checkpoint_magic(const std::vector<char>& bytes) {
 }
 
 std::vector<char> encode(const Checkpoint& c) {
+  std::vector<char> out;
+  encode(c, out);
+  return out;
+}
+
+void encode(const Checkpoint& c, std::vector<char>& out) {
   std::ostringstream m;
   for (const auto& [k, v] : c.meta) {
     HPC_CHECK(k.find_first_of("=\n") == std::string::npos && v.find('\n') == std::string::npos,
@@ -93,7 +92,7 @@ std::vector<char> encode(const Checkpoint& c) {
     m << k << '=' << v << '\n';
   }
   const std::string meta = m.str();
-  std::vector<char> out;
+  out.clear();
   out.reserve(64 + meta.size() + (c.params.size() + c.momentum.size() + c.buffers.size()) * sizeof(float));
   out.insert(out.end(), kMagic, kMagic + sizeof kMagic);
   put(out, kFormatVersion);
@@ -102,7 +101,6 @@ std::vector<char> encode(const Checkpoint& c) {
   put_floats(out, Momentum, c.momentum);
   put_floats(out, Buffers, c.buffers);
   put_section(out, End, nullptr, 0);
-  return out;
 }
 
 Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout) {

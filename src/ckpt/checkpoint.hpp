@@ -28,8 +28,9 @@ struct Checkpoint {
   const std::string& text(const std::string& key) const;
 };
 
-// The whole file's bytes.
+// The whole file's bytes; the second form into `out`, keeping its capacity.
 std::vector<char> encode(const Checkpoint& c);
+void encode(const Checkpoint& c, std::vector<char>& out);
 
 // Whether bytes begin as a checkpoint does (they hold at least kMagicBytes).
 constexpr size_t kMagicBytes = 8;

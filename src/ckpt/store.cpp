@@ -1,6 +1,7 @@
 #include "ckpt/store.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -103,13 +104,18 @@ class UnfinishedMark {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("create", tmp);
+  const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | (reused ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (reused) ::unlink(tmp.c_str());
+    io_error("create", tmp);
+  }
   try {
     write_all(fd, bytes.data(), bytes.size(), tmp);
+    if (reused && ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) io_error("truncate", tmp);
     if (::fsync(fd) != 0) io_error("fsync", tmp);
   } catch (...) {
     ::close(fd);
@@ -137,7 +143,8 @@ void remove_unfinished_checkpoint() {
   if (g_unfinished_set.load()) ::unlink(g_unfinished);
 }
 
-CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
+CheckpointStore::CheckpointStore(std::string dir, int keep, bool reuse_pages)
+    : dir_(std::move(dir)), keep_(keep), reuse_pages_(reuse_pages) {
   HPC_REQUIRE(!dir_.empty(), "--checkpoint-dir must not be empty");
   HPC_REQUIRE(keep_ >= 1, "--keep-checkpoints must be at least 1, got ", keep_);
   std::error_code ec;
@@ -194,16 +201,19 @@ void CheckpointStore::move_superseded() {
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
   move_superseded();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
-  write_file_atomically(path, bytes);
+  write_file_atomically(path, bytes, reuse_pages_ ? spare() : "");
   // Retention: only after the new one is durable.
   const std::vector<std::string> all = list_checkpoints(dir_);
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {
     std::error_code ec;
+    if (reuse_pages_ && ::rename(all[i].c_str(), spare().c_str()) == 0) continue;
     fs::remove(all[i], ec);
     if (ec) log::warn("cannot remove old checkpoint ", all[i], ": ", ec.message());
   }
   return path;
 }
+
+std::string CheckpointStore::spare() const { return (fs::path(dir_) / ".spare").string(); }
 
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state,
                      const std::string& extra) {
@@ -311,13 +321,13 @@ AsyncWriter::~AsyncWriter() {
   thread_.join();
 }
 
-double AsyncWriter::submit(Checkpoint snapshot, int64_t step) {
+double AsyncWriter::submit(Checkpoint snapshot, int64_t step, std::function<void()> fill) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return (!pending_ && !busy_) || failure_; });
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
-    pending_.emplace(std::move(snapshot), step);
+    pending_.emplace(Job{std::move(snapshot), step, std::move(fill)});
   }
   cv_.notify_all();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -346,8 +356,9 @@ std::string AsyncWriter::last_written() {
 }
 
 void AsyncWriter::run() {
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   for (;;) {
-    std::pair<Checkpoint, int64_t> job;
+    Job job;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || pending_; });
@@ -359,14 +370,16 @@ void AsyncWriter::run() {
     std::string path;
     std::exception_ptr failure;
     try {
-      path = store_.write(encode(job.first), job.second);  // encode (and CRC) here, off the step loop
+      if (job.fill) job.fill();
+      encode(job.snapshot, bytes_);  // (and the CRCs) here, off the step loop
+      path = store_.write(bytes_, job.step);
     } catch (...) {
       failure = std::current_exception();
     }
     {
       std::lock_guard lock(mu_);
       busy_ = false;
-      spare_ = std::move(job.first);
+      spare_ = std::move(job.snapshot);
       if (failure) failure_ = failure;
       else last_ = path;
     }

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -22,7 +23,11 @@ namespace hpc::ckpt {
 class CheckpointStore {
  public:
   // Creates the directory if needed; usage error if it cannot be made or written.
-  CheckpointStore(std::string dir, int keep);
+  // reuse_pages (in-memory snapshots on a tmpfs): the checkpoint that retention removes is kept
+  // as DIR/.spare instead, and the next write rewrites it in place under its temporary name, so
+  // that its memory is not freed and allocated (and zeroed) again for every snapshot. A spare
+  // is never read; the directory then holds keep checkpoints and one spare.
+  CheckpointStore(std::string dir, int keep, bool reuse_pages = false);
   // Writes the checkpoint of `step`; returns its path. Then deletes all but the newest keep.
   std::string write(const std::vector<char>& bytes, int64_t step);
   const std::string& dir() const { return dir_; }
@@ -39,8 +44,11 @@ class CheckpointStore {
  private:
   void move_superseded();
 
+  std::string spare() const;
+
   std::string dir_;
   int keep_;
+  bool reuse_pages_;
   std::optional<int64_t> supersede_after_;  // set until the first write has moved them
 };
 
@@ -59,8 +67,9 @@ std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 // beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any
 // moment leaves what was at `path` byte for byte (a kill before the rename may leave the
 // temporary file, PATH.tmp.PID, which remove_unfinished_checkpoint() removes from a signal
-// handler). Usage error naming the file and the system's reason.
-void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
+// handler). Usage error naming the file and the system's reason. reuse: a file that becomes the
+// temporary one, rewritten in place (its pages kept) rather than created; ignored when absent.
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
 
 // Removes the temporary file of the checkpoint being written now, if any: for a process that
 // ends at once in the middle of a write (train/signals.cpp), which would otherwise leave a
@@ -96,7 +105,9 @@ class AsyncWriter {
   // Hands a snapshot over. At most one write is in flight: if the previous one is still
   // being written, this waits for it first (the step loop stalls rather than skipping or
   // queueing checkpoints). Returns the seconds it waited. A failed earlier write is thrown.
-  double submit(Checkpoint snapshot, int64_t step);
+  // fill, when given, runs on the writer's thread before the snapshot is encoded: the rest of
+  // its state copied in there, off the step loop (Engine::complete_snapshot).
+  double submit(Checkpoint snapshot, int64_t step, std::function<void()> fill = {});
   // Waits until nothing is in flight; throws a failed write's error.
   void wait();
   // A snapshot to fill for the next submit: the last one written, handed back with its
@@ -114,11 +125,17 @@ class AsyncWriter {
   CheckpointStore& store_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<std::pair<Checkpoint, int64_t>> pending_;
+  struct Job {
+    Checkpoint snapshot;
+    int64_t step = 0;
+    std::function<void()> fill;
+  };
+  std::optional<Job> pending_;
   Checkpoint spare_;
   bool busy_ = false, stop_ = false;
   std::exception_ptr failure_;
   std::string last_;
+  std::vector<char> bytes_;  // the writer thread's encoding, its capacity kept between writes
   std::thread thread_;
 };
 

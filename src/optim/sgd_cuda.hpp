@@ -15,6 +15,7 @@ class SgdCuda {
   explicit SgdCuda(const Sgd<float>& host);
   void upload(const Sgd<float>& host);
   void download(Sgd<float>& host) const;
+  const Tensor& velocity() const { return velocity_; }  // the device momentum buffer
   // params and grads: device arenas of the host optimizer's size. skip: a device flag that,
   // when set, makes the step change nothing (an overflowed fp16 step); null: never. hyper:
   // device {lr, momentum} that replace the arguments (a step captured in a CUDA graph).

@@ -66,15 +66,20 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
   m["hpctrain_version"] = HPCTRAIN_VERSION;
   m["model"] = model.name;
   m["model_signature"] = model.signature;
+  m["world_size"] = str(world);
+  for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
+  record_position(c, at);
+}
+
+void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
+  auto& m = c.meta;
   m["time"] = str(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count());
-  m["world_size"] = str(world);
   m["step"] = str(at.step);
   m["epoch"] = str(at.epoch);
   m["step_in_epoch"] = str(at.step_in_epoch);
   m["global_batch_size"] = str(at.global_batch);
   m["samples_seen"] = str(at.samples_seen);
-  for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
 }
 
 void copy_state(ckpt::Checkpoint& c, const nn::Model<float>& model, const optim::Sgd<float>& sgd) {

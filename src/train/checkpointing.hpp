@@ -46,6 +46,9 @@ struct ModelIdentity {
 // keys, which the Engine snapshots). record_run replaces c's meta.
 void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
                 const RunPosition& at);
+// Only the parts of the record that change during a run: the time and the position (for a
+// meta record_run made earlier in the same run, as snapshots reuse theirs).
+void record_position(ckpt::Checkpoint& c, const RunPosition& at);
 
 // The state held by a host model and optimizer into c's arenas (keeping their capacity: see
 // ckpt::AsyncWriter::recycled), and back (a usage error when c's do not fit). The CPU engine's

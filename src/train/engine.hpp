@@ -41,6 +41,15 @@ class Engine {
   // its arenas (keeping their capacity), and in fp16 the loss scaler's keys into its meta (the
   // rest of which, the run's record, is record_run's).
   virtual void snapshot(ckpt::Checkpoint& c) = 0;
+  // The same state, its largest parts copied off the step loop (in-memory snapshots every
+  // step). begin_snapshot() fills c at once with what the next step's forward changes (the
+  // batch-norm statistics; in fp16 the loss scaler's keys) and sizes its parameters and
+  // momentum; complete_snapshot(), on any thread, copies those two in. They change only at the
+  // next update, which waits for that copy first (CheckFreq's pipelined snapshot, FAST '21), so
+  // c ends with exactly the state at this boundary, as snapshot() gives it. c's arrays must
+  // stay where they are (moving c keeps them) until complete_snapshot() has returned.
+  virtual void begin_snapshot(ckpt::Checkpoint& c) { snapshot(c); }
+  virtual void complete_snapshot() {}
   // c's state becomes the engine's (a usage error when its arenas do not fit the model).
   virtual void restore(const ckpt::Checkpoint& c) = 0;
   // The first part of the state that holds a value that is not finite (checked before every

@@ -1,6 +1,9 @@
 // The CPU engine: nn::Model and optim::Sgd in host memory, gradients all-reduced over MPI by
 // the GradientBucketer while backward runs.
 #include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <optional>
 
 #include "nn/gemm.hpp"
 #include "train/engine.hpp"
@@ -27,6 +30,7 @@ class CpuEngine final : public Engine {
     model_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
     r.comm_wait = bucketer_.finish();
     r.correct = count_correct(model_.probabilities(), batch.labels.data());
+    complete_snapshot();  // the update changes what a snapshot begun before this step copies
     sgd_.step(model_.params(), lr, momentum);
     return r;
   }
@@ -34,7 +38,31 @@ class CpuEngine final : public Engine {
   void eval_batch(const data::Batch& batch, double* sums) override { eval_batch_cpu(model_, batch, sums); }
 
   void snapshot(ckpt::Checkpoint& c) override { copy_state(c, model_, sgd_); }
-  void restore(const ckpt::Checkpoint& c) override { load_state(c, model_, sgd_); }
+  void restore(const ckpt::Checkpoint& c) override {
+    complete_snapshot();
+    load_state(c, model_, sgd_);
+  }
+
+  void begin_snapshot(ckpt::Checkpoint& c) override {
+    complete_snapshot();  // one in flight at a time
+    std::lock_guard lock(deferred_mu_);
+    const Tensor& buffers = model_.params().buffers();
+    const float* b = buffers.numel() ? buffers.data<float>() : nullptr;
+    c.buffers.assign(b, b + buffers.numel());
+    c.params.resize(static_cast<size_t>(model_.params().values().numel()));
+    c.momentum.resize(static_cast<size_t>(sgd_.momentum_buffer().numel()));
+    deferred_ = Deferred{c.params.data(), c.momentum.data()};
+  }
+
+  void complete_snapshot() override {
+    std::lock_guard lock(deferred_mu_);
+    if (!deferred_) return;
+    const Tensor &values = model_.params().values(), &velocity = sgd_.momentum_buffer();
+    if (values.numel()) std::memcpy(deferred_->params, values.raw(), values.bytes());
+    if (velocity.numel()) std::memcpy(deferred_->momentum, velocity.raw(), velocity.bytes());
+    deferred_.reset();
+  }
+
   std::optional<StatePart> first_non_finite() override { return train::first_non_finite(model_, sgd_); }
   const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
   size_t bucket_count() const override { return bucketer_.bucket_count(); }
@@ -49,6 +77,12 @@ class CpuEngine final : public Engine {
   optim::Sgd<float>& sgd_;
   int threads_;
   dist::GradientBucketer bucketer_;
+  // A snapshot begun and not yet completed: where its parameters and momentum go.
+  struct Deferred {
+    float *params, *momentum;
+  };
+  std::mutex deferred_mu_;
+  std::optional<Deferred> deferred_;
 };
 
 }  // namespace

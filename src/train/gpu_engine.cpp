@@ -18,6 +18,11 @@
 //    HPCTRAIN_TEST_FORCE_NCCL=1 makes one so that the GPU tests exercise this path on one GPU.
 //  - The step ends by reading the loss back, which waits for the compute stream: the pinned
 //    staging buffers are then free for the next batch.
+//  - An in-memory snapshot (begin_snapshot) copies the parameters and momentum to pinned host
+//    memory on a side stream, behind an event recorded at the step boundary, while the next
+//    step's forward and backward run; that step's update waits for the copy's event (a replayed
+//    graph: its launch does). The snapshot's writer thread waits for the event and moves the
+//    pinned copy into the snapshot (complete_snapshot), off the step loop.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -25,6 +30,9 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/device.hpp"
@@ -72,6 +80,19 @@ class CudaEvent {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+// A stream of its own that does not synchronise with the legacy default stream.
+class CudaStream {
+ public:
+  CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~CudaStream() { cudaStreamDestroy(s_); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
 // A captured CUDA graph and its executable instance.
@@ -202,6 +223,7 @@ class GpuEngine final : public Engine {
     if (scaled_)
       kernels::scale_and_check(a.grads().data<float>(), a.grads().numel(), 1.0f, context_.non_finite(),
                                context_.stream());
+    if (!hyper) wait_for_snapshot_copy();  // a captured step waits at its launch instead
     sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream(),
                   scaled_ ? context_.non_finite() : nullptr, hyper);
     if (scaled_)
@@ -258,6 +280,7 @@ class GpuEngine final : public Engine {
       graph_ = std::make_unique<Graph>(g);
       if (++captures_ == 1) log::info("CUDA graph: the training step captured (batch ", graph_shape_.str(), ")");
     }
+    wait_for_snapshot_copy();
     CUDA_CHECK(cudaGraphLaunch(graph_->exec(), context_.stream()));
     return finish_step(batch, r);
   }
@@ -280,7 +303,43 @@ class GpuEngine final : public Engine {
     if (scaled_) record_loss_scaler(c, scaler_.state());
   }
 
+  // The parameters and momentum through pinned memory on the side stream (see the top).
+  void begin_snapshot(ckpt::Checkpoint& c) override {
+    complete_snapshot();  // one in flight at a time: the pinned copy is reused
+    std::lock_guard lock(deferred_mu_);
+    const Tensor &values = net_.arenas().values(), &velocity = sgd_gpu_.velocity(),
+                 &buffers = net_.arenas().buffers();
+    // The forward of the next step changes the batch-norm statistics: they are copied now (the
+    // compute stream is idle at a step boundary; a few kilobytes).
+    c.buffers.resize(static_cast<size_t>(buffers.numel()));
+    if (buffers.numel()) device::copy(c.buffers.data(), buffers.raw(), buffers.bytes(), device::Copy::DeviceToHost);
+    if (scaled_) record_loss_scaler(c, scaler_.state());
+    char* pinned = static_cast<char*>(snapshot_pinned_.get(values.bytes() + velocity.bytes()));
+    CUDA_CHECK(cudaEventRecord(boundary_.get(), context_.stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(side_.get(), boundary_.get(), 0));
+    CUDA_CHECK(cudaMemcpyAsync(pinned, values.raw(), values.bytes(), cudaMemcpyDeviceToHost, side_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(pinned + values.bytes(), velocity.raw(), velocity.bytes(), cudaMemcpyDeviceToHost,
+                               side_.get()));
+    CUDA_CHECK(cudaEventRecord(copied_.get(), side_.get()));
+    update_waits_ = true;
+    c.params.resize(static_cast<size_t>(values.numel()));
+    c.momentum.resize(static_cast<size_t>(velocity.numel()));
+    deferred_ = Deferred{pinned, c.params.data(), values.bytes(), c.momentum.data(), velocity.bytes()};
+  }
+
+  // On the snapshot writer's thread (or before anything that replaces the state).
+  void complete_snapshot() override {
+    std::lock_guard lock(deferred_mu_);
+    if (!deferred_) return;
+    const Deferred d = *std::exchange(deferred_, std::nullopt);
+    CUDA_CHECK(cudaSetDevice(gpu_));  // a thread's current device is its own
+    CUDA_CHECK(cudaEventSynchronize(copied_.get()));
+    std::memcpy(d.params, d.pinned, d.param_bytes);
+    std::memcpy(d.momentum, d.pinned + d.param_bytes, d.momentum_bytes);
+  }
+
   void restore(const ckpt::Checkpoint& c) override {
+    complete_snapshot();  // the side stream's copy reads the arenas restore replaces
     load_state(c, model_, sgd_);
     upload();
     if (const std::optional<optim::LossScalerState> s = loss_scaler_of(c)) scaler_ = optim::LossScaler(*s);
@@ -317,6 +376,12 @@ class GpuEngine final : public Engine {
   void begin_reduction(float share) {
     if (bucketer_) bucketer_->begin_step(share);
     else HPC_CHECK(share == 1.0f, "a share of ", share, " of the global batch on the only GPU");
+  }
+
+  // The next update waits for the side stream's copy of a snapshot begun before it.
+  void wait_for_snapshot_copy() {
+    if (!std::exchange(update_waits_, false)) return;
+    CUDA_CHECK(cudaStreamWaitEvent(context_.stream(), copied_.get(), 0));
   }
 
   // The host mirror to the device (once the compute stream has nothing in flight that uses the
@@ -407,6 +472,21 @@ class GpuEngine final : public Engine {
   optim::LossScaler scaler_;
   int overflow_ = 0;
   PinnedBuffer pinned_;
+  // In-memory snapshots: the side stream, the boundary and copy events, the pinned copy, and
+  // where the snapshot begun last wants its parameters and momentum (until completed).
+  CudaStream side_;
+  CudaEvent boundary_, copied_;
+  PinnedBuffer snapshot_pinned_;
+  bool update_waits_ = false;
+  struct Deferred {
+    const char* pinned;
+    float* params;
+    size_t param_bytes;
+    float* momentum;
+    size_t momentum_bytes;
+  };
+  std::mutex deferred_mu_;
+  std::optional<Deferred> deferred_;
   Tensor x_, labels_, x_bytes_, table_, crops_;  // crops_: the batch's data::CropFlip
   std::vector<float> table_host_;  // what table_ holds
 };

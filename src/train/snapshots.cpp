@@ -239,7 +239,7 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
     try {
       require_own_directory(fs::path(run_dir_).parent_path());
       remove_leftovers(previous_run_id);
-      store_ = std::make_unique<ckpt::CheckpointStore>(run_dir_, 1);
+      store_ = std::make_unique<ckpt::CheckpointStore>(run_dir_, 1, /*reuse_pages=*/true);
       check_budget(state_bytes);
     } catch (const Error& e) {
       log::warn("snapshots in host memory off on ", ctx_.host(), ": ", e.what(),
@@ -325,15 +325,21 @@ void Snapshotter::take(const RunPosition& at) {
   ckpt::Checkpoint c;
   if (write) {
     c = writer_->recycled();
-    record_run(c, o_, model_, ctx_.world_size(), at);
-    c.meta["run_id"] = run_id_;
-    engine_.snapshot(c);
+    // The last snapshot's record, handed back with it, differs only in the position.
+    const auto id = c.meta.find("run_id");
+    if (id == c.meta.end() || id->second != run_id_) {
+      record_run(c, o_, model_, ctx_.world_size(), at);
+      c.meta["run_id"] = run_id_;
+    } else {
+      record_position(c, at);
+    }
+    engine_.begin_snapshot(c);  // the parameters and momentum: on the writer's thread
   }
   if (share_buffers_) {
     std::vector<float>& b = write ? c.buffers : scratch_buffers_;
     ctx_.world().broadcast(b.data(), static_cast<int64_t>(b.size() * sizeof(float)), 0);
   }
-  if (write) writer_->submit(std::move(c), at.step);
+  if (write) writer_->submit(std::move(c), at.step, [this] { engine_.complete_snapshot(); });
   ++taken_;
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   stall_ += took;

@@ -1,8 +1,11 @@
 // The checkpoint format: round trip, and every truncation or flipped bit is caught; the
 // heartbeat's fields read back as written.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "ckpt/checkpoint.hpp"
@@ -55,6 +58,56 @@ TEST(CheckpointFormat, EveryFlippedBitIsDetected) {
     }
 }
 
+// The sections' checksums are zlib's CRC-32 (computed by ISA-L): checkpoints written before
+// the change, and by other tools, check the same.
+TEST(CheckpointFormat, SectionChecksumsAreZlibsCrc32) {
+  ckpt::Checkpoint c = sample();
+  c.params.resize(100003);  // long enough for the folded path, and an odd tail
+  for (size_t i = 0; i < c.params.size(); ++i) c.params[i] = static_cast<float>(i % 977) * 0.37f;
+  const std::vector<char> bytes = ckpt::encode(c);
+  // Sections: u32 kind, u64 bytes, u32 CRC, payload; the meta section comes first, after the
+  // 8-byte magic and the u32 version.
+  size_t at = 12;
+  for (int section = 0; section < 3; ++section) {
+    uint64_t n = 0;
+    uint32_t stored = 0;
+    std::memcpy(&n, bytes.data() + at + 4, sizeof n);
+    std::memcpy(&stored, bytes.data() + at + 12, sizeof stored);
+    const auto* payload = reinterpret_cast<const Bytef*>(bytes.data() + at + 16);
+    EXPECT_EQ(stored, static_cast<uint32_t>(crc32(0, payload, static_cast<uInt>(n)))) << "section " << section;
+    at += 16 + n;
+  }
+}
+
+// A store that reuses pages (in-memory snapshots) rewrites the checkpoint retention drops, kept
+// as DIR/.spare, in place: the same inode, never listed or read, each new file exactly its
+// bytes (a larger spare is cut to size).
+TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-reuse-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ckpt::CheckpointStore store(dir, 1, /*reuse_pages=*/true);
+  const std::string spare = dir + "/.spare";
+  ino_t spare_inode = 0;
+  const size_t sizes[] = {5000, 9000, 3000, 3000, 7000};
+  for (int64_t step = 1; step <= 5; ++step) {
+    ckpt::Checkpoint c = sample();
+    c.params.assign(sizes[step - 1], static_cast<float>(step));
+    c.meta["step"] = std::to_string(step);
+    const std::string path = store.write(ckpt::encode(c), step);
+    const std::vector<std::string> listed = ckpt::list_checkpoints(dir);
+    ASSERT_EQ(listed, std::vector<std::string>{path});
+    const ckpt::Checkpoint back = ckpt::load_checkpoint(path);
+    EXPECT_EQ(back.params, c.params) << "step " << step;
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    if (spare_inode) EXPECT_EQ(st.st_ino, spare_inode) << "step " << step << " did not reuse the spare";
+    EXPECT_EQ(std::filesystem::exists(spare), step > 1) << "step " << step;
+    spare_inode = 0;
+    if (::stat(spare.c_str(), &st) == 0) spare_inode = st.st_ino;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
   std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-beat-XXXXXX").string();
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
@@ -72,7 +125,9 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 }  // namespace
 }  // namespace hpc::testing
 
+#include "data/loader.hpp"
 #include "train/checkpointing.hpp"
+#include "train/engine.hpp"
 
 namespace hpc::testing {
 namespace {
@@ -110,6 +165,48 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("loss scale"), std::string::npos) << e.what();
   }
+}
+
+// A snapshot begun at a step boundary (Engine::begin_snapshot) holds that boundary's state
+// exactly, though its parameters and momentum are copied later: the next step's update first
+// completes the copy. Without that, this snapshot would hold the next step's parameters.
+class SelfCommunicator final : public dist::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  std::vector<uint64_t> allgather(uint64_t v) override { return {v}; }
+  void barrier() override {}
+  std::unique_ptr<dist::Communicator> duplicate() override { return std::make_unique<SelfCommunicator>(); }
+  [[noreturn]] void abort(int code) override { std::exit(code); }
+};
+
+TEST(EngineSnapshot, ABegunSnapshotHoldsItsBoundarysStateAfterTheNextStep) {
+  nn::ModelSpec spec;  // cnn with batch norm: parameters, momentum and statistics
+  auto model = std::make_unique<nn::Model<float>>(spec);
+  model->init(1);
+  auto sgd = std::make_unique<optim::Sgd<float>>(model->params(), optim::SgdSpec{});
+  SelfCommunicator self;
+  train::TrainOptions o;
+  const auto engine = train::make_cpu_engine(std::move(model), std::move(sgd), self, o, 1);
+  data::Batch batch;
+  batch.images = Tensor(Shape{8, 28, 28, 1}, DType::F32);
+  for (int64_t i = 0; i < batch.images.numel(); ++i) batch.images.data<float>()[i] = static_cast<float>(i % 13) * 0.1f;
+  batch.labels = {0, 1, 2, 3, 4, 5, 6, 7};
+  engine->train_step(batch, 1.0f, 0.1, 0.9);  // momentum that is not zero
+  ckpt::Checkpoint want, got, after;
+  engine->snapshot(want);
+  engine->begin_snapshot(got);
+  engine->train_step(batch, 1.0f, 0.1, 0.9);
+  engine->complete_snapshot();
+  EXPECT_EQ(got.params, want.params);
+  EXPECT_EQ(got.momentum, want.momentum);
+  EXPECT_EQ(got.buffers, want.buffers);
+  engine->snapshot(after);
+  EXPECT_NE(after.params, want.params) << "the step changed nothing: the test shows nothing";
+  EXPECT_NE(after.buffers, want.buffers);
 }
 
 }  // namespace
