@@ -6,7 +6,8 @@
 # checkpoint_stall_seconds of the done line) per step, and that stall as a share of the run's
 # own step time (target: snapshots every step under 2% for cnn); the step time of a run that
 # keeps nothing is printed beside them.
-# Usage: bench/snapshot_cost.sh [--steps N] [--threads T]   (defaults: 300 steps, all cores)
+# Usage: bench/snapshot_cost.sh [--steps N] [--threads T] [--models M,...]
+#        (defaults: 300 steps, all cores, cnn,resnet18)
 # Environment: BUILD_DIR (default build), HPCTRAIN, FASHION_MNIST, SNAPSHOT_DIR (default /dev/shm).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -15,17 +16,19 @@ build=${BUILD_DIR:-build}
 [[ "$build" == /* ]] || build="$root/$build"
 hpctrain=${HPCTRAIN:-$build/src/hpctrain}
 fashion=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-steps=300 threads=0
+steps=300 threads=0 models=cnn,resnet18
 while (($#)); do
   case "$1" in
     --steps) [[ $# -ge 2 ]] || die "--steps needs a value"; steps=$2; shift 2 ;;
     --threads) [[ $# -ge 2 ]] || die "--threads needs a value"; threads=$2; shift 2 ;;
-    -h | --help) sed -n '2,9s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --models) [[ $# -ge 2 ]] || die "--models needs a value"; models=$2; shift 2 ;;
+    -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1'" ;;
   esac
 done
 require_count --steps "$steps"
 [[ "$threads" =~ ^[0-9]+$ ]] || die "--threads must be a count, got '$threads'"
+[[ "$models" =~ ^(cnn|resnet18)(,(cnn|resnet18))*$ ]] || die "--models takes cnn and resnet18, comma-separated, got '$models'"
 [[ -x "$hpctrain" ]] || die "no hpctrain binary at $hpctrain (run ./setup.sh, or set BUILD_DIR or HPCTRAIN)"
 work=$(mktemp -d /tmp/snapshot-cost-XXXXXX)
 snaps=$(mktemp -d "${SNAPSHOT_DIR:-/dev/shm}/snapshot-cost-XXXXXX")
@@ -53,7 +56,7 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 isa=$(grep -o -w -m1 'avx512f' /proc/cpuinfo || grep -o -w -m1 'avx2' /proc/cpuinfo || echo "no AVX2")
 echo "state-keeping cost, $steps steps each, on $(nproc) cores ($cpu, $isa), snapshots in $snaps:"
 printf '%-10s %-34s %12s %14s %10s\n' model variant "step (ms)" "stall/step" "of step"
-for model in cnn resnet18; do
+for model in ${models//,/ }; do
   if [[ $model == cnn ]]; then
     margs=(--model cnn --data-dir "$fashion")
   else
