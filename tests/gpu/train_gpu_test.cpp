@@ -163,6 +163,38 @@ TEST_F(GpuTraining, CudaGraphsReplayTheEagerStepsBitExactly) {
   }
 }
 
+// In-memory snapshots every step on the GPU: the parameters and momentum go to pinned memory on
+// a side stream while the next step runs, and its update (a replayed graph: its launch) waits for
+// that copy. A run killed after step 7 resumes from the snapshot of step 7 and ends with the
+// uninterrupted run's whole state, eager and with CUDA graphs. A copy that raced the update
+// would hold step 8's parameters under step 7's position, and the end would differ.
+TEST_F(GpuTraining, SnapshotsThroughTheSideStreamResumeBitExactly) {
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "CUDA graphs" : "eager");
+    const std::string tag = graphs ? "graphs" : "eager";
+    auto job = [&](const std::string& metrics, bool keep) {
+      auto a = short_job(dir_.file(metrics));
+      if (graphs) a.push_back("--cuda-graphs");
+      if (keep)
+        a.insert(a.end(), {"--checkpoint-dir", dir_.file("ck-" + tag), "--checkpoint-every-steps", "5",
+                           "--snapshot-every-steps", "1", "--snapshot-dir", dir_.file("snaps-" + tag)});
+      return a;
+    };
+    ASSERT_EQ(run_hpctrain(job("whole-" + tag + ".jsonl", false)).exit_code, 0);
+    const JsonObject want = done_of(dir_.file("whole-" + tag + ".jsonl"));
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
+    EXPECT_NE(run_hpctrain(job("killed-" + tag + ".jsonl", true)).exit_code, 0);
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    const RunResult resumed = run_hpctrain(job("resumed-" + tag + ".jsonl", true));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    const JsonObject d = done_of(dir_.file("resumed-" + tag + ".jsonl"));
+    EXPECT_EQ(d.at("resumed_from").str, "snapshot");
+    EXPECT_EQ(d.at("resumed_from_step").number, 7);
+    EXPECT_EQ(d.at("param_checksum").str, want.at("param_checksum").str);
+    EXPECT_EQ(d.at("state_checksum").str, want.at("state_checksum").str);
+  }
+}
+
 // --device cuda under mpirun with one rank: the NCCL communicator of world size 1.
 TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
   const std::string m = dir_.file("mpi.jsonl");
