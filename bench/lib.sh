@@ -32,3 +32,98 @@ locate_programs() {
   peer=$(cd "$(dirname "$peer")" && pwd)/$(basename "$peer")
   require_torch
 }
+
+# cpu_model: the CPU's model name (/proc/cpuinfo's, else lscpu's, as on Arm), or "unknown CPU".
+cpu_model() {
+  local m
+  m=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  [[ -n "$m" ]] || m=$(lscpu 2> /dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
+  echo "${m:-unknown CPU}"
+}
+
+# cpu_isa: the widest x86 vector ISA the CPU offers: avx512f, avx2 or other (the kernels
+# oneDNN and our own loops can use differ between these, and so does the speed).
+cpu_isa() {
+  grep -o -w -m1 'avx512f' /proc/cpuinfo || grep -o -w -m1 'avx2' /proc/cpuinfo || echo other
+}
+
+# conv_kernels_of < oneDNN verbose log: one line per convolution ("  ic1oc32 28x28 k3:
+# forward_training brgconv:avx512_core, ..."), the directions in the order they ran, then a
+# last line with the distinct implementation names (empty when none ran). The batch size is
+# left out of the layer's name: evaluation runs the same layers at another one.
+conv_kernels_of() {
+  awk -F, '
+    /_verbose,/ {
+      for (i = 1; i <= NF && $i != "exec"; i++) {}
+      if (i > NF || $(i + 2) != "convolution") next
+      impl = $(i + 3); dir = $(i + 4); p = ""
+      for (j = i + 5; j <= NF; j++) if ($j ~ /^g?[0-9]*mb[0-9]+_/) p = $j
+      sub(/^g?[0-9]*mb[0-9]+_/, "", p)
+      layer = p; sub(/_.*/, "", layer)
+      if (match(p, /ih[0-9]+/)) layer = layer " " substr(p, RSTART + 2, RLENGTH - 2)
+      if (match(p, /iw[0-9]+/)) layer = layer "x" substr(p, RSTART + 2, RLENGTH - 2)
+      if (match(p, /kh[0-9]+/)) layer = layer " k" substr(p, RSTART + 2, RLENGTH - 2)
+      if (!(layer in seen)) { seen[layer] = 1; order[++layers] = layer }
+      if (!((layer, dir) in done)) { done[layer, dir] = 1; ran[layer] = ran[layer] (ran[layer] == "" ? "" : ", ") dir " " impl }
+      if (!(impl in named)) { named[impl] = 1; impls = impls (impls == "" ? "" : " ") impl }
+    }
+    END {
+      for (l = 1; l <= layers; l++) print "  " order[l] ": " ran[order[l]]
+      print impls
+    }'
+}
+
+# print_conv_kernels THREADS: runs one training step of the default job with oneDNN's verbose
+# output on and prints, per convolution, which oneDNN implementation ran in each direction
+# (a direction not listed runs hpctrain's own im2col + GEMM: a build without oneDNN, or a
+# shape oneDNN has only reference kernels for; the first layer computes no input gradient).
+# Sets conv_kernels (the distinct implementation names, space-separated, or "none") and
+# onednn_isa (the ISA oneDNN says it dispatches for, or "not reported").
+print_conv_kernels() {
+  local log found
+  log=$(mktemp)
+  if ! ONEDNN_VERBOSE=1 DNNL_VERBOSE=1 "$hpctrain" --threads "$1" --max-steps 1 --quiet > "$log" 2>&1; then
+    found=$(grep -v '_verbose,' "$log" | tail -n 1)
+    rm -f "$log"
+    die "the one-step run that shows oneDNN's kernels failed: ${found:-no message}"
+  fi
+  onednn_isa=$(sed -n 's/^[a-z]*_verbose,.*,isa:\([^,]*\).*/\1/p' "$log" | head -n 1)
+  onednn_isa=${onednn_isa:-not reported}
+  found=$(conv_kernels_of < "$log")
+  rm -f "$log"
+  conv_kernels=$(tail -n 1 <<< "$found")
+  conv_kernels=${conv_kernels:-none}
+  echo "oneDNN convolution kernels (one training step, ONEDNN_VERBOSE=1; oneDNN ISA: $onednn_isa):"
+  if [[ "$conv_kernels" == none ]]; then
+    echo "  none ran: hpctrain's own im2col + GEMM convolutions throughout"
+  else
+    sed '$d' <<< "$found"
+  fi
+}
+
+# require_smoothing VALUE: a label smoothing in [0, 1), written as a plain decimal (0.1).
+require_smoothing() {
+  [[ "$1" =~ ^(0|0?\.[0-9]+|0\.[0-9]*)$ ]] || die "--label-smoothing must be a number in [0, 1) such as 0.1, got '$1'"
+}
+
+# smoothing_flag VALUE: sets smoothing_args to the flag both sides take, or to nothing for 0,
+# so that the default runs exactly the commands it always ran.
+smoothing_flag() {
+  smoothing_args=()
+  awk "BEGIN { exit !($1 > 0) }" && smoothing_args=(--label-smoothing "$1")
+  return 0
+}
+
+# mean VALUE...: their mean with 5 decimals; a single value is returned as written.
+mean() {
+  (($# > 1)) || { echo "$1"; return; }
+  printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.5f\n", s / NR }'
+}
+
+# sample_sd VALUE...: their sample standard deviation (n - 1 in the denominator) with 5
+# decimals; "n/a" for a single value.
+sample_sd() {
+  (($# > 1)) || { echo n/a; return; }
+  printf '%s\n' "$@" | awk '{ x[NR] = $1; s += $1 }
+    END { m = s / NR; for (i = 1; i <= NR; i++) q += (x[i] - m) ^ 2; printf "%.5f\n", sqrt(q / (NR - 1)) }'
+}

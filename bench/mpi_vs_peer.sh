@@ -4,12 +4,19 @@
 #      evaluating after each, with the gradient all-reduce overlapping the backward pass;
 #   2. the same with --no-overlap, for --overlap-steps steps: what overlap hides;
 #   3. shared/bench/torch_peer.py --ranks R --threads 1 --epochs E (PyTorch DDP over gloo).
-# Prints both throughputs and their ratio (target: hpctrain / peer >= 2.0 at equal or
-# better accuracy), both times to the target accuracy, and hpctrain's exposed communication
-# (time the optimizer waits for buckets) per step, with overlap on and off.
+# First it prints the CPU, its ISA (avx512f, avx2 or other) and the oneDNN convolution
+# kernels hpctrain runs on it (one step with ONEDNN_VERBOSE=1). Prints both throughputs and
+# their ratio (target: hpctrain / peer >= 2.0 at equal or better accuracy), both times to the
+# target accuracy, and hpctrain's exposed communication (time the optimizer waits for
+# buckets) per step, with overlap on and off. With --seeds N, steps 1 and 3 run N times each
+# with seeds 1..N: each run's test accuracy, the mean and sample standard deviation of both
+# sides are printed, and the ratio and the verdict come from the means.
 #
 # Usage: bench/mpi_vs_peer.sh [--ranks R] [--epochs E] [--target-accuracy A] [--overlap-steps N]
-#        defaults: 2 ranks, 3 epochs (the default job), 0.92, 300 steps.
+#                             [--seeds N] [--label-smoothing S]
+#        defaults: 2 ranks, 3 epochs (the default job), 0.92, 300 steps, 1 seed (no --seed
+#        given: both sides' default, 1), no label smoothing (S is passed to both sides as
+#        --label-smoothing when above 0).
 # Time to the target: hpctrain's training seconds up to the first epoch whose test accuracy
 # reaches it; the peer evaluates only at its end, so its time is its whole training time if
 # its final accuracy reaches the target, else "not reached".
@@ -18,20 +25,25 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ranks=2 epochs=3 target=0.92 overlap_steps=300
+ranks=2 epochs=3 target=0.92 overlap_steps=300 seeds=1 smoothing=0
 while (($#)); do
   case "$1" in
     --ranks) ranks=${2:-}; shift 2 || die "--ranks needs a value" ;;
     --epochs) epochs=${2:-}; shift 2 || die "--epochs needs a value" ;;
     --target-accuracy) target=${2:-}; shift 2 || die "--target-accuracy needs a value" ;;
     --overlap-steps) overlap_steps=${2:-}; shift 2 || die "--overlap-steps needs a value" ;;
-    -h | --help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --seeds) seeds=${2:-}; shift 2 || die "--seeds needs a value" ;;
+    --label-smoothing) smoothing=${2:-}; shift 2 || die "--label-smoothing needs a value" ;;
+    -h | --help) sed -n '2,27s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
 require_count --ranks "$ranks"
 require_count --epochs "$epochs"
 require_count --overlap-steps "$overlap_steps"
+require_count --seeds "$seeds"
+require_smoothing "$smoothing"
+smoothing_flag "$smoothing"
 [[ "$target" =~ ^0?\.[0-9]+$ ]] || die "--target-accuracy must be a fraction like 0.92, got '$target'"
 locate_programs
 mpirun=${MPIRUN:-mpirun}
@@ -43,56 +55,104 @@ mpirun_args=(${MPIRUN_ARGS:-})
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "mpi_vs_peer: $(nproc) core(s), $ranks rank(s) x 1 thread, $epochs epoch(s), target accuracy $target"
+cpu=$(cpu_model) isa=$(cpu_isa)
+runs="target accuracy $target"
+((seeds == 1)) || runs+=", seeds 1..$seeds"
+((${#smoothing_args[@]} == 0)) || runs+=", label smoothing $smoothing"
+echo "mpi_vs_peer: $(nproc) core(s), $ranks rank(s) x 1 thread, $epochs epoch(s), $runs"
+echo "cpu: $cpu, ISA $isa"
+print_conv_kernels 1
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-echo
-echo "== 1/3 hpctrain: $mpirun -np $ranks $hpctrain --threads 1 --epochs $epochs"
-"$mpirun" "${mpirun_args[@]}" -np "$ranks" "$hpctrain" --threads 1 --epochs "$epochs" \
-  --metrics-file "$tmp/on.jsonl" 2>&1 | sed -u 's/^/  /'
-done_line=$(grep '"event":"done"' "$tmp/on.jsonl" | tail -n 1)
-[[ -n "$done_line" ]] || die "hpctrain wrote no done line"
-ours_ips=$(json_number images_per_second <<< "$done_line")
-ours_acc=$(json_number test_accuracy <<< "$done_line")
-wait_on=$(json_number comm_wait_seconds_per_step <<< "$done_line")
-step_on=$(json_number step_seconds <<< "$done_line")
-ours_t92="not reached"
-while read -r line; do
-  acc=$(json_number test_accuracy <<< "$line")
-  if awk "BEGIN { exit !($acc >= $target) }"; then
-    ours_t92="$(calc "$(json_number train_seconds <<< "$line")" 1) s"
-    break
+# seed_args S: the --seed flag for run S, none when there is one run (each side's default).
+seed_args() { seed=(); ((seeds == 1)) || seed=(--seed "$1"); }
+# run_label S: ", seed S of N" in the step headers when there are several runs.
+run_label() { ((seeds == 1)) || echo ", seed $1 of $seeds"; }
+
+# time_to_target "TIMES" SUFFIX: the time to the target over the runs ("" for a run that
+# did not reach it): as it always read for one run; for several, the mean of those that did.
+time_to_target() {
+  local -a reached
+  read -r -a reached <<< "$1"
+  if ((seeds == 1)); then
+    ((${#reached[@]})) && echo "$(calc "${reached[0]}" 1) s$2" || echo "not reached"
+  elif ((${#reached[@]})); then
+    echo "mean $(calc "$(mean "${reached[@]}")" 1) s over the ${#reached[@]} of $seeds seeds that reached it$2"
+  else
+    echo "not reached (0 of $seeds seeds)"
   fi
-done < <(grep '"event":"epoch"' "$tmp/on.jsonl")
+}
+
+ours_ips_runs=() ours_acc_runs=() wait_on_runs=() step_on_runs=() ours_reached=""
+for ((s = 1; s <= seeds; s++)); do
+  seed_args "$s"
+  echo
+  cmd=("$hpctrain" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
+  echo "== 1/3 hpctrain$(run_label "$s"): $mpirun -np $ranks ${cmd[*]}"
+  "$mpirun" "${mpirun_args[@]}" -np "$ranks" "${cmd[@]}" --metrics-file "$tmp/on.jsonl" 2>&1 | sed -u 's/^/  /'
+  done_line=$(grep '"event":"done"' "$tmp/on.jsonl" | tail -n 1)
+  [[ -n "$done_line" ]] || die "hpctrain wrote no done line"
+  ours_ips_runs+=("$(json_number images_per_second <<< "$done_line")")
+  ours_acc_runs+=("$(json_number test_accuracy <<< "$done_line")")
+  wait_on_runs+=("$(json_number comm_wait_seconds_per_step <<< "$done_line")")
+  step_on_runs+=("$(json_number step_seconds <<< "$done_line")")
+  while read -r line; do
+    acc=$(json_number test_accuracy <<< "$line")
+    if awk "BEGIN { exit !($acc >= $target) }"; then
+      ours_reached+=" $(json_number train_seconds <<< "$line")"
+      break
+    fi
+  done < <(grep '"event":"epoch"' "$tmp/on.jsonl")
+  rm -f "$tmp/on.jsonl"
+done
+ours_ips=$(mean "${ours_ips_runs[@]}") ours_acc=$(mean "${ours_acc_runs[@]}") ours_sd=$(sample_sd "${ours_acc_runs[@]}")
+wait_on=$(mean "${wait_on_runs[@]}") step_on=$(mean "${step_on_runs[@]}")
+ours_t92=$(time_to_target "$ours_reached" "")
 
 echo
 echo "== 2/3 hpctrain without overlap: ... --no-overlap --max-steps $overlap_steps"
 "$mpirun" "${mpirun_args[@]}" -np "$ranks" "$hpctrain" --threads 1 --epochs "$epochs" --max-steps "$overlap_steps" \
-  --no-overlap --quiet --metrics-file "$tmp/off.jsonl"
+  "${smoothing_args[@]}" --no-overlap --quiet --metrics-file "$tmp/off.jsonl"
 off_line=$(grep '"event":"done"' "$tmp/off.jsonl" | tail -n 1)
 [[ -n "$off_line" ]] || die "hpctrain --no-overlap wrote no done line"
 wait_off=$(json_number comm_wait_seconds_per_step <<< "$off_line")
 step_off=$(json_number step_seconds <<< "$off_line")
 echo "  exposed communication $(calc "$wait_off * 1000" 3) ms per step of $(calc "$step_off * 1000" 2) ms"
 
-echo
-echo "== 3/3 peer: $python $peer --ranks $ranks --threads 1 --epochs $epochs"
-"$python" "$peer" --ranks "$ranks" --threads 1 --epochs "$epochs" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
-peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
-[[ -n "$peer_line" ]] || die "the peer printed no result line"
-peer_ips=$(json_number images_per_s <<< "$peer_line")
-peer_acc=$(json_number test_acc <<< "$peer_line")
-peer_train=$(json_number train_s <<< "$peer_line")
-peer_t92="not reached"
-awk "BEGIN { exit !($peer_acc >= $target) }" && peer_t92="$(calc "$peer_train" 1) s (its whole run)"
+peer_ips_runs=() peer_acc_runs=() peer_reached=""
+for ((s = 1; s <= seeds; s++)); do
+  seed_args "$s"
+  echo
+  cmd=("$python" "$peer" --ranks "$ranks" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
+  echo "== 3/3 peer$(run_label "$s"): ${cmd[*]}"
+  "${cmd[@]}" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
+  peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
+  [[ -n "$peer_line" ]] || die "the peer printed no result line"
+  peer_ips_runs+=("$(json_number images_per_s <<< "$peer_line")")
+  peer_acc_runs+=("$(json_number test_acc <<< "$peer_line")")
+  if awk "BEGIN { exit !(${peer_acc_runs[-1]} >= $target) }"; then
+    peer_reached+=" $(json_number train_s <<< "$peer_line")"
+  fi
+done
+peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") peer_sd=$(sample_sd "${peer_acc_runs[@]}")
+peer_t92=$(time_to_target "$peer_reached" " (its whole run)")
 
 ratio=$(calc "$ours_ips / $peer_ips" 2)
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 2.0 && $ours_acc >= $peer_acc) ? \"yes\" : \"no\" }")
 share_on=$(calc "100 * $wait_on / $step_on" 2)
 share_off=$(calc "100 * $wait_off / $step_off" 2)
 echo
-echo "hpctrain: $(calc "$ours_ips" 1) images/s, final test accuracy $ours_acc, time to $target: $ours_t92"
-echo "peer:     $(calc "$peer_ips" 1) images/s, final test accuracy $peer_acc, time to $target: $peer_t92"
+if ((seeds > 1)); then
+  echo "per seed: final test accuracy, images/s"
+  for ((i = 0; i < seeds; i++)); do
+    echo "  seed $((i + 1)): hpctrain ${ours_acc_runs[i]}, $(calc "${ours_ips_runs[i]}" 1); peer ${peer_acc_runs[i]}, $(calc "${peer_ips_runs[i]}" 1)"
+  done
+  echo "hpctrain final test accuracy over $seeds seeds: mean $ours_acc, sample sd $ours_sd"
+  echo "peer final test accuracy over $seeds seeds:     mean $peer_acc, sample sd $peer_sd"
+  of=" (mean of $seeds seeds)"
+fi
+echo "hpctrain: $(calc "$ours_ips" 1) images/s, final test accuracy $ours_acc${of:-}, time to $target: $ours_t92"
+echo "peer:     $(calc "$peer_ips" 1) images/s, final test accuracy $peer_acc${of:-}, time to $target: $peer_t92"
 echo "ratio hpctrain/peer: $ratio (target >= 2.0 at equal or better accuracy: $met)"
 echo "exposed communication per step: $(calc "$wait_on * 1000" 3) ms = $share_on% of the step with overlap" \
   "(target < 5%), $(calc "$wait_off * 1000" 3) ms = $share_off% without"
@@ -114,4 +174,14 @@ exposed_comm_ms_per_step_overlap=$(calc "$wait_on * 1000" 3)
 exposed_comm_percent_overlap=$share_on
 exposed_comm_ms_per_step_no_overlap=$(calc "$wait_off * 1000" 3)
 exposed_comm_percent_no_overlap=$share_off
+seeds=$seeds
+label_smoothing=$smoothing
+hpctrain_test_accuracy_sd=$ours_sd
+peer_test_accuracy_sd=$peer_sd
+hpctrain_test_accuracies=$(IFS=,; echo "${ours_acc_runs[*]}")
+peer_test_accuracies=$(IFS=,; echo "${peer_acc_runs[*]}")
+cpu_model=$cpu
+cpu_isa=$isa
+onednn_isa=$onednn_isa
+onednn_conv_kernels=$conv_kernels
 SUMMARY

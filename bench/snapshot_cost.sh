@@ -52,8 +52,7 @@ run() {
   echo "$step ${snap:-0} ${ck:-0}"
 }
 
-cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
-isa=$(grep -o -w -m1 'avx512f' /proc/cpuinfo || grep -o -w -m1 'avx2' /proc/cpuinfo || echo "no AVX2")
+cpu=$(cpu_model) isa=$(cpu_isa)
 echo "state-keeping cost, $steps steps each, on $(nproc) cores ($cpu, $isa), snapshots in $snaps:"
 printf '%-10s %-34s %12s %14s %10s\n' model variant "step (ms)" "stall/step" "of step"
 for model in ${models//,/ }; do

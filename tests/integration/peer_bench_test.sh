@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# bench/cpu_vs_peer.sh and bench/mpi_vs_peer.sh with stand-ins for hpctrain, the PyTorch peer,
+# python3, mpirun and gemm_shapes (the real runs take minutes and need python3-torch): the
+# CPU/ISA and oneDNN kernel lines, --seeds N (seeds 1..N to both sides, mean and sample
+# standard deviation, the verdict on the means), --label-smoothing passed to both sides only
+# when above 0, the default passing neither, and bad values refused with exit 2.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bench=$(cd "$here/../../bench" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+checks=0 failures=0
+
+# fail MESSAGE OUTPUT: one failed check, with the script's output.
+fail() {
+  local line
+  echo "FAILED: $1"
+  while IFS= read -r line; do echo "  | $line"; done <<< "$2"
+  failures=$((failures + 1))
+}
+
+# expect OUTPUT TEXT...: every TEXT is a line of OUTPUT.
+expect() {
+  local out=$1 text
+  shift
+  for text in "$@"; do
+    checks=$((checks + 1))
+    grep -qxF -- "$text" <<< "$out" || fail "no line '$text'" "$out"
+  done
+}
+
+# refuse SCRIPT TEXT ARGS...: SCRIPT ARGS exits 2 with the one line TEXT on stderr.
+refuse() {
+  local script=$1 text=$2 out code
+  shift 2
+  out=$("$bench/$script" "$@" 2>&1 > /dev/null)
+  code=$?
+  checks=$((checks + 1))
+  [[ $code == 2 && "$out" == "$script: error: $text" ]] || fail "$script $* exited $code, wanted 2 and '$text'" "$out"
+}
+
+# The stand-ins log their arguments to $tmp/calls. Accuracies by seed are chosen so that
+# seed 1 alone loses to the peer (0.9187 < 0.9215, as in issue 26) while the means over
+# three seeds win (0.92190 > 0.92083).
+cat > "$tmp/hpctrain" << 'EOF'
+#!/usr/bin/env bash
+if [[ -n "${ONEDNN_VERBOSE:-}" ]]; then
+  echo "onednn_verbose,info,cpu,isa:Intel AVX2"
+  echo "onednn_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32::blocked:acdb:f0,,alg:convolution_direct,mb64_ic1oc32_ih28oh28kh3sh1dh0ph1_iw28ow28kw3sw1dw0pw1,1.0"
+  echo "onednn_verbose,exec,cpu,convolution,gemm:jit,backward_weights,src_f32::blocked:acdb:f0,,alg:convolution_direct,mb64_ic32oc64_ih14oh14kh3sh1dh0ph1_iw14ow14kw3sw1dw0pw1,1.0"
+  echo "onednn_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32::blocked:acdb:f0,,alg:convolution_direct,mb1000_ic1oc32_ih28oh28kh3sh1dh0ph1_iw28ow28kw3sw1dw0pw1,1.0"
+  exit 0
+fi
+echo "hpctrain $*" >> "$STUB_CALLS"
+seed=1 metrics=/dev/null
+while (($#)); do
+  case "$1" in
+    --seed) seed=$2; shift ;;
+    --metrics-file) metrics=$2; shift ;;
+  esac
+  shift
+done
+acc=(0 0.9187 0.9240 0.9230)
+cat >> "$metrics" << JSON
+{"event":"epoch","epoch":1,"test_accuracy":0.9,"train_seconds":10}
+{"event":"epoch","epoch":2,"test_accuracy":${acc[seed]},"train_seconds":2$seed}
+{"event":"done","images_per_second":$((3000 + 100 * seed)),"test_accuracy":${acc[seed]},"comm_wait_seconds_per_step":0.001,"step_seconds":0.02,"train_flops_per_sample":25000000}
+JSON
+EOF
+cat > "$tmp/peer.py" << 'EOF'
+echo "peer $*" >> "$STUB_CALLS"
+seed=1
+while (($#)); do [[ $1 != --seed ]] || seed=$2; shift; done
+acc=(0 0.9215 0.9200 0.9210)
+echo "{\"peer\": \"stand-in\", \"train_s\": 3$seed.0, \"images_per_s\": $((1000 + 100 * seed)).0, \"test_acc\": ${acc[seed]}}"
+EOF
+# python3 that has torch (require_torch asks it with -c) and runs the peer stand-in.
+cat > "$tmp/python" << 'EOF'
+#!/usr/bin/env bash
+[[ $1 == -c ]] && exit 0
+exec bash "$@"
+EOF
+# mpirun runs the command once, as rank 0 would write the metrics.
+cat > "$tmp/mpirun" << 'EOF'
+#!/usr/bin/env bash
+while [[ $1 != -np ]]; do shift; done
+shift 2
+exec "$@"
+EOF
+printf '#!/bin/sh\necho peak_sgemm_gflops=100.0\n' > "$tmp/gemm_shapes"
+chmod +x "$tmp/hpctrain" "$tmp/python" "$tmp/mpirun" "$tmp/gemm_shapes"
+export HPCTRAIN=$tmp/hpctrain PEER=$tmp/peer.py PYTHON=$tmp/python MPIRUN=$tmp/mpirun GEMM_SHAPES=$tmp/gemm_shapes
+export STUB_CALLS=$tmp/calls
+
+isa=$(grep -o -w -m1 'avx512f' /proc/cpuinfo || grep -o -w -m1 'avx2' /proc/cpuinfo || echo other)
+kernel_lines=(
+  "oneDNN convolution kernels (one training step, ONEDNN_VERBOSE=1; oneDNN ISA: Intel AVX2):"
+  "  ic1oc32 28x28 k3: forward_training jit:avx2"
+  "  ic32oc64 14x14 k3: backward_weights gemm:jit"
+  "cpu_isa=$isa"
+  "onednn_conv_kernels=jit:avx2 gemm:jit")
+
+# The default: one run each, no --seed and no --label-smoothing, seed 1's figures as they are.
+: > "$STUB_CALLS"
+out=$("$bench/cpu_vs_peer.sh" 2>&1) || fail "cpu_vs_peer.sh failed" "$out"
+expect "$out" "${kernel_lines[@]}" "hpctrain_test_accuracy=0.9187" "peer_test_accuracy=0.9215" \
+  "hpctrain_test_accuracy_sd=n/a" "seeds=1" "label_smoothing=0" "ratio_hpctrain_over_peer=2.82"
+calls=$(cat "$STUB_CALLS")
+expect "$calls" "peer --ranks 1 --threads 1 --epochs 1"
+checks=$((checks + 1))
+grep -qx -- "hpctrain --threads 1 --epochs 1 --metrics-file [^ ]*" <<< "$calls" || fail "hpctrain got other options" "$calls"
+
+# Three seeds with label smoothing: both sides get each seed and the smoothing.
+: > "$STUB_CALLS"
+out=$("$bench/mpi_vs_peer.sh" --seeds 3 --label-smoothing 0.1 --overlap-steps 5 2>&1) ||
+  fail "mpi_vs_peer.sh --seeds 3 failed" "$out"
+expect "$out" "${kernel_lines[@]}" \
+  "  seed 1: hpctrain 0.9187, 3100.0; peer 0.9215, 1100.0" \
+  "hpctrain final test accuracy over 3 seeds: mean 0.92190, sample sd 0.00282" \
+  "peer final test accuracy over 3 seeds:     mean 0.92083, sample sd 0.00076" \
+  "ratio hpctrain/peer: 2.67 (target >= 2.0 at equal or better accuracy: yes)" \
+  "hpctrain_time_to_target=mean 22.5 s over the 2 of 3 seeds that reached it" \
+  "peer_time_to_target=mean 32.0 s over the 3 of 3 seeds that reached it (its whole run)" \
+  "hpctrain_test_accuracies=0.9187,0.9240,0.9230" "peer_test_accuracies=0.9215,0.9200,0.9210" \
+  "label_smoothing=0.1" "seeds=3"
+calls=$(grep -v max-steps "$STUB_CALLS")
+for s in 1 2 3; do
+  checks=$((checks + 2))
+  grep -q -- "^hpctrain .*--seed $s --label-smoothing 0.1 " <<< "$calls" || fail "hpctrain got no seed $s with smoothing" "$calls"
+  grep -q -- "^peer .*--seed $s --label-smoothing 0.1$" <<< "$calls" || fail "the peer got no seed $s with smoothing" "$calls"
+done
+
+# One seed decides against hpctrain where the means of three do not (the case above).
+out=$("$bench/mpi_vs_peer.sh" --overlap-steps 5 2>&1) || fail "mpi_vs_peer.sh failed" "$out"
+expect "$out" "ratio_target_met=no" "hpctrain_time_to_target=not reached" "peer_time_to_target=31.0 s (its whole run)"
+
+# --label-smoothing 0 passes nothing (the default's numerics).
+: > "$STUB_CALLS"
+out=$("$bench/cpu_vs_peer.sh" --seeds=2 --label-smoothing=0.0 2>&1) || fail "cpu_vs_peer.sh --seeds=2 failed" "$out"
+expect "$out" "hpctrain test accuracy over 2 seeds: mean 0.92135, sample sd 0.00375" \
+  "hpctrain: 3150.0 images/s, test accuracy 0.92135 (means of 2 seeds)"
+checks=$((checks + 1))
+! grep -q -- --label-smoothing "$STUB_CALLS" || fail "--label-smoothing 0 was passed on" "$(cat "$STUB_CALLS")"
+
+for script in cpu_vs_peer.sh mpi_vs_peer.sh; do
+  refuse "$script" "--seeds must be a positive integer, got '0'" --seeds 0
+  refuse "$script" "--seeds needs a value" --seeds
+  refuse "$script" "--label-smoothing must be a number in [0, 1) such as 0.1, got '1'" --label-smoothing 1
+  refuse "$script" "--label-smoothing must be a number in [0, 1) such as 0.1, got '-0.1'" --label-smoothing -0.1
+done
+
+echo "$checks checks, $failures failed"
+((failures == 0))
