@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include "core/crash.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dist/agree.hpp"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
   for (const char* other : {"evaluate", "inspect", "export", "predict"}) trains = trains && std::strcmp(first, other) != 0;
   hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   hpc::dist::ProcessContext ctx(&argc, &argv);
+  hpc::crash::install_reporter();  // after MPI_Init: before Open MPI's handler, which it hands on to
+  hpc::crash::crash_if_asked();
   try {
     const char* command = command_of(argc, argv);
     if (std::strcmp(command, "evaluate") == 0) return hpc::train::run_evaluate(argc - 1, argv + 1, ctx);
