@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
   for (const char* other : {"evaluate", "inspect", "export", "predict"}) trains = trains && std::strcmp(first, other) != 0;
   hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   hpc::dist::ProcessContext ctx(&argc, &argv);
-  hpc::crash::install_reporter();  // after MPI_Init: before Open MPI's handler, which it hands on to
+  // After MPI_Init: Open MPI installs its handler (a backtrace) only where none is installed,
+  // and this one hands on to it.
+  hpc::crash::install_reporter();
   hpc::crash::crash_if_asked();
   try {
     const char* command = command_of(argc, argv);

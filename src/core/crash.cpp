@@ -13,7 +13,7 @@ namespace hpc::crash {
 namespace {
 
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
-struct sigaction g_previous[NSIG];
+struct sigaction g_previous[NSIG];  // zero: SIG_DFL
 
 // A line built without allocating (the heap may be what broke).
 struct Line {
@@ -125,7 +125,13 @@ void install_reporter() {
   sa.sa_sigaction = on_crash;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-  for (int sig : kSignals) ::sigaction(sig, &sa, &g_previous[sig]);
+  for (int sig : kSignals) {
+    struct sigaction previous {};
+    ::sigaction(sig, &sa, &previous);
+    // Installed twice, it must not hand on to itself: the signal would come back for ever.
+    if ((previous.sa_flags & SA_SIGINFO) && previous.sa_sigaction == on_crash) continue;
+    g_previous[sig] = previous;
+  }
 }
 
 void crash_if_asked() {

@@ -1,5 +1,6 @@
 // Tensors, the parameter arenas, the device caching allocator, errors, the checksum and the metrics lines.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "core/arena.hpp"
 #include "core/caching_allocator.hpp"
+#include "core/crash.hpp"
 #include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
@@ -390,6 +392,25 @@ TEST(Cpus, FairShareCountsCpusSharedByOverlappingMasks) {
   EXPECT_DOUBLE_EQ(cpus::fair_share({{0}}, 0), 1);
   EXPECT_GE(cpus::usable(), 1);
   EXPECT_FALSE(cpus::affinity().empty());
+}
+
+// The crash reporter, installed twice (or over itself), still ends the process by the signal:
+// it must not hand the signal on to itself, which would make it come back for ever.
+TEST(CrashReporter, InstalledTwiceACrashStillEndsTheProcess) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(10);  // a reporter that re-enters itself would spin until this
+    setenv("HPCTRAIN_TEST_CRASH", "null-call", 1);
+    crash::install_reporter();
+    crash::install_reporter();
+    crash::crash_if_asked();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << status;
+  EXPECT_EQ(WTERMSIG(status), SIGSEGV);
 }
 
 }  // namespace
