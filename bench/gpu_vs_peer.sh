@@ -22,7 +22,7 @@
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
 #
 # Options: --precision fp32|tf32|bf16|fp16 (cnn; default tf32), --batch B (cnn, 128),
-#   --epochs E (cnn end to end, 3), --resnet50-batch B (128), --no-compile (resnet50).
+#   --epochs E (cnn end to end, 4: the default job), --resnet50-batch B (128), --no-compile (resnet50).
 # Environment: BUILD_DIR (default build-gpu), DEPS (a folder from `bench/device_deps.sh pack`:
 #   build dependencies, the dataset and the peer script, for machines without them),
 #   DATA_DIR (Fashion-MNIST .gz files; default $DEPS/fashion-mnist, else Debian's location),
@@ -38,7 +38,7 @@ step=${1:-}
   die "the first argument must be a step: build, tests, training, cnn, resnet50 or summary (try --help)"
 shift
 [[ $step == -h || $step == --help ]] && { sed -n '2,32s/^# \{0,1\}//p' "$0"; exit 0; }
-epochs=3 batch=128 precision=tf32 r50_batch=128 compile=1
+epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1
 while (($#)); do
   case "$1" in
     --epochs) [[ $# -ge 2 ]] || die "--epochs needs a value"; epochs=$2; shift 2 ;;

@@ -7,7 +7,7 @@
 #
 #   bench/same_bits.sh HPCTRAIN                  # name  param_checksum  state_checksum
 #   bench/same_bits.sh HPCTRAIN_OLD HPCTRAIN_NEW # name  old  new  same|DIFFERENT; exit 1 if any differs
-#   FULL=1 bench/same_bits.sh ...                # also the default job (2 ranks, 3 epochs: minutes)
+#   FULL=1 bench/same_bits.sh ...                # also the default job (2 ranks, 4 epochs: minutes)
 #   ONLY=regex bench/same_bits.sh ...            # only the runs whose name matches
 #
 # Fashion-MNIST from FASHION_MNIST (default: Debian's); CIFAR-10 and CIFAR-100 are made here

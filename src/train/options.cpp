@@ -234,7 +234,7 @@ po::options_description description(TrainOptions& o, std::string* config) {
                               "       hpctrain inspect PATH [--json]                  (what a checkpoint holds)\n"
                               "       hpctrain export --checkpoint PATH --output FILE (the model as an ONNX file)\n"
                               "       hpctrain predict --checkpoint PATH IMAGES...   (classify PNG and JPEG images)\n"
-                              "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 3 epochs). "
+                              "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 4 epochs). "
                               "Run under mpirun for data parallelism");
   for (const OptionGroup& group : option_table()) {
     po::options_description d(group.caption);

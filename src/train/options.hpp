@@ -60,7 +60,7 @@ struct TrainOptions {
   Augment augment = Augment::Auto;
   int64_t image_size = 0;                       // packed shards: side of the square crops (0: 224)
   // how long
-  int64_t epochs = 3;
+  int64_t epochs = 4;
   int64_t max_steps = 0;  // > 0: stop after this many steps in all
   int64_t batch_size = 64;          // per rank (the Horovod / DDP convention)
   int64_t global_batch_size = 0;    // > 0: samples per step over all ranks, instead of batch_size

@@ -39,7 +39,7 @@ class GpuTraining : public ::testing::Test {
   TempDir dir_{"gpu-train"};
 };
 
-// The acceptance run: the default job (cnn, 3 epochs of Fashion-MNIST) on one GPU.
+// The acceptance run: the default job (cnn, 4 epochs of Fashion-MNIST) on one GPU.
 TEST_F(GpuTraining, DefaultJobReaches92PercentOnOneGpu) {
   const std::string m = dir_.file("default.jsonl");
   const RunResult r = run_hpctrain({"--device", "cuda", "--data-dir", fashion_mnist_dir(), "--metrics-file", m});
