@@ -55,7 +55,7 @@ const std::vector<Listed>& every_option() {
       {"train-samples", Rule::Match, {"--train-samples", "100"}},
       {"test-samples", Rule::Agree, {"--test-samples", "100"}},
       {"augment", Rule::Match, {"--augment", "on"}},
-      {"epochs", Rule::Match, {"--epochs", "4"}},
+      {"epochs", Rule::Match, {"--epochs", "5"}},
       {"max-steps", Rule::Match, {"--max-steps", "10"}},
       {"batch-size", Rule::Agree, {"--batch-size", "32"}},
       {"global-batch-size", Rule::Agree, {"--global-batch-size", "128"}},  // the checkpoint's (below)
