@@ -104,10 +104,11 @@ LibraryConv* Conv2d<T>::library(int64_t batch) {
   } else {
     if (!spec_.library) return nullptr;
     auto it = library_.find(batch);
-    if (it == library_.end())
-      it = library_.emplace(batch, make_library_conv({batch, h_, w_, cin_, spec_.out_channels, spec_.kernel,
-                                                      spec_.stride, spec_.padding, spec_.bias}))
+    if (it == library_.end()) {
+      const ConvGeometry g{batch, h_, w_, cin_, spec_.out_channels, spec_.kernel, spec_.stride, spec_.padding, spec_.bias};
+      it = library_.emplace(batch, spec_.winograd && winograd_fits(g) ? make_winograd_conv(g) : make_library_conv(g))
                .first;
+    }
     return it->second.get();
   }
 }

@@ -1,8 +1,9 @@
 // A float convolution computed by a vendor library instead of im2col + GEMM. On the CPU that
 // is oneDNN's JIT convolutions, which skip the im2col copies and beat im2col + sgemm on our
 // shapes (bench/layer_profile; numbers in docs/performance.md). CMake compiles
-// library_conv_dnnl.cpp or library_conv_none.cpp; Conv2d falls back to its own im2col path
-// (the reference, and the only path for double) for whatever the library does not serve.
+// library_conv_dnnl.cpp or library_conv_none.cpp. Where our Winograd convolution fits
+// (below), Conv2d takes it instead, in every build; it falls back to its own im2col path (the
+// reference, and the only path for double) for whatever neither serves.
 #pragma once
 
 #include <cstdint>
@@ -29,5 +30,13 @@ class LibraryConv {
 // nullptr when this build has no library convolution or the library rejects the geometry.
 std::unique_ptr<LibraryConv> make_library_conv(const ConvGeometry& g);
 const char* library_conv_name();
+
+// Our own Winograd F(2x2, 3x3) convolution (winograd.cpp), in every build: 3x3 kernels with
+// stride 1 and padding 1, at least 8 channels in and out and at most 128 x 128 channel
+// pairs (winograd.cpp says why). It does 2.25x fewer
+// multiply-adds than a direct kernel, with rounding that differs from it by about 1e-6
+// relative; on AVX2, where oneDNN has no Winograd kernel, it is the faster of the two.
+bool winograd_fits(const ConvGeometry& g);
+std::unique_ptr<LibraryConv> make_winograd_conv(const ConvGeometry& g);  // nullptr: does not fit
 
 }  // namespace hpc::nn

@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "nn/gemm.hpp"
 #include "nn/model.hpp"
 #include "unit/gradcheck.hpp"
 
@@ -219,11 +220,52 @@ TEST(FloatDoubleParity, Conv2d) {
   }
 }
 
+// Winograd F(2x2, 3x3) (winograd.cpp) serves float 3x3 convolutions with stride 1, padding 1
+// and 8+ channels: its output, input gradient and weight gradient agree with double im2col,
+// as oneDNN's direct kernel (winograd = false) does, for even and odd image sizes (tiles that
+// hang over the edge), with and without bias, over one and several blocks of tiles.
+TEST(FloatDoubleParity, Conv2dWinograd) {
+  EXPECT_TRUE(nn::winograd_fits({64, 14, 14, 32, 64, 3, 1, 1, false}));  // cnn's conv2
+  EXPECT_FALSE(nn::winograd_fits({64, 28, 28, 1, 32, 3, 1, 1, false}));  // conv1: one channel
+  EXPECT_FALSE(nn::winograd_fits({64, 14, 14, 32, 64, 3, 2, 1, false}));
+  EXPECT_TRUE(nn::winograd_fits({32, 16, 16, 128, 128, 3, 1, 1, false}));
+  EXPECT_FALSE(nn::winograd_fits({32, 8, 8, 128, 256, 3, 1, 1, false}));  // weights past the L2
+  for (bool winograd : {true, false}) {
+    SCOPED_TRACE(winograd ? "winograd" : "direct");
+    expect_parity<nn::Conv2d>(Shape{14, 14, 32}, 3, 1e-5, nn::ConvSpec{64, 3, 1, 1, false, true, 1, winograd});
+    expect_parity<nn::Conv2d>(Shape{9, 7, 8}, 2, 1e-5, nn::ConvSpec{16, 3, 1, 1, true, true, 1, winograd});
+    expect_parity<nn::Conv2d>(Shape{5, 6, 24}, 5, 1e-5, nn::ConvSpec{8, 3, 1, 1, true, true, 1, winograd});
+    expect_parity<nn::Conv2d>(Shape{1, 1, 8}, 2, 1e-5, nn::ConvSpec{8, 3, 1, 1, true, true, 1, winograd});
+  }
+}
+
+// With two math threads the tiles' blocks are split between them (cnn's conv2 at batch 3 is
+// two blocks) and the weight gradient's two partial sums are added in a fixed order: the
+// results agree with double and repeat bit for bit.
+TEST(FloatDoubleParity, Conv2dWinogradOnTwoThreadsRepeats) {
+  nn::set_math_threads(2);
+  const nn::ConvSpec spec{64, 3, 1, 1, false};
+  auto make = [&] { return LayerPtr<float>(new nn::Conv2d<float>(spec)); };
+  auto make_d = [&] { return LayerPtr<double>(new nn::Conv2d<double>(spec)); };
+  const ParityResult a = float_double_parity(make, make_d, Shape{14, 14, 32}, 3);
+  const ParityResult b = float_double_parity(make, make_d, Shape{14, 14, 32}, 3);
+  nn::set_math_threads(1);
+  EXPECT_LT(a.y, 1e-5);
+  EXPECT_LT(a.dx, 1e-5);
+  EXPECT_LT(a.grads, 1e-5);
+  EXPECT_EQ(a.y, b.y);
+  EXPECT_EQ(a.dx, b.dx);
+  EXPECT_EQ(a.grads, b.grads);
+}
+
 // One float layer called with changing batch sizes (the last, short batch of an epoch; the
-// evaluation batches) gives the double results for each.
-TEST(FloatDoubleParity, Conv2dAcrossBatchSizes) {
+// evaluation batches) gives the double results for each: on oneDNN (4 channels in) and on
+// Winograd (8 in).
+class Conv2dAcrossBatchSizes : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(FloatDoubleParity, Conv2dAcrossBatchSizes, ::testing::Values(4, 8));
+TEST_P(Conv2dAcrossBatchSizes, AgreesWithDouble) {
   const nn::ConvSpec spec{12, 3, 1, 1, true};
-  const Shape sample{8, 8, 4};
+  const Shape sample{8, 8, GetParam()};
   ParamStore<float> fs;
   ParamStore<double> ds;
   nn::Conv2d<float> cf(spec);
