@@ -92,27 +92,9 @@ peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") pe
 
 echo
 echo "== 3/3 sgemm peak: $gemm_shapes --peak-only --threads $threads"
-peak=$("$gemm_shapes" --peak-only --threads "$threads" | sed -n 's/^peak_sgemm_gflops=//p')
-[[ -n "$peak" ]] || die "gemm_shapes printed no peak_sgemm_gflops line"
-echo "  peak_sgemm_gflops=$peak"
+sgemm_peak "$threads"
 
-# Training FLOPs per image (forward + backward): from hpctrain's log when it reports them,
-# in the metrics or as "<x> MFLOP train(ing) per sample/image"; otherwise the cnn figure
-# (8.48 MFLOP forward: convs 0.45 + 7.23, fc 0.80; backward twice that but for conv1,
-# which needs no input gradient: 16.5; together 25.0 MFLOP).
-flops=$(json_number train_flops_per_sample <<< "$done_line")
-flops_source="hpctrain metrics (train_flops_per_sample)"
-if [[ -z "$flops" ]]; then
-  mflop=$(sed -nE 's/.*[^0-9.]([0-9]+(\.[0-9]+)?) MFLOP (forward ?\+ ?backward|train|training)[^,;]* per (sample|image).*/\1/p' \
-    "$tmp/hpctrain.log" | head -n 1)
-  if [[ -n "$mflop" ]]; then
-    flops=$(calc "$mflop * 1e6" 0)
-    flops_source="hpctrain log ($mflop MFLOP per image)"
-  else
-    flops=25.0e6
-    flops_source="fallback: the cnn constant 25.0 MFLOP/image (hpctrain logs no training FLOPs)"
-  fi
-fi
+train_flops "$done_line" "$tmp/hpctrain.log"
 
 ratio=$(calc "$ours_ips / $peer_ips" 2)
 gflops=$(calc "$ours_ips * $flops / 1e9" 1)
@@ -120,15 +102,7 @@ fraction=$(calc "$ours_ips * $flops / 1e9 / $peak" 3)
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 2.0) ? \"yes\" : \"no\" }")
 
 echo
-if ((seeds > 1)); then
-  echo "per seed: test accuracy, images/s"
-  for ((i = 0; i < seeds; i++)); do
-    echo "  seed $((i + 1)): hpctrain ${ours_acc_runs[i]}, $(calc "${ours_ips_runs[i]}" 1); peer ${peer_acc_runs[i]}, $(calc "${peer_ips_runs[i]}" 1)"
-  done
-  echo "hpctrain test accuracy over $seeds seeds: mean $ours_acc, sample sd $ours_sd"
-  echo "peer test accuracy over $seeds seeds:     mean $peer_acc, sample sd $peer_sd"
-  of=" (means of $seeds seeds)"
-fi
+per_seed_report "$seeds" "test accuracy" "means of N seeds"
 echo "hpctrain: $(calc "$ours_ips" 1) images/s, test accuracy $ours_acc${of:-}"
 echo "peer:     $(calc "$peer_ips" 1) images/s, test accuracy $peer_acc${of:-}"
 echo "ratio hpctrain/peer: $ratio (target >= 2.0: $met)"

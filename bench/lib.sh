@@ -127,3 +127,49 @@ sample_sd() {
   printf '%s\n' "$@" | awk '{ x[NR] = $1; s += $1 }
     END { m = s / NR; for (i = 1; i <= NR; i++) q += (x[i] - m) ^ 2; printf "%.5f\n", sqrt(q / (NR - 1)) }'
 }
+
+# train_flops DONE_LINE LOG: sets flops (training FLOPs per image, forward + backward) and
+# flops_source: from hpctrain's metrics (train_flops_per_sample) when it reports them, else
+# from its log ("<x> MFLOP train(ing) per sample/image"), else the cnn figure (8.48 MFLOP
+# forward: convs 0.45 + 7.23, fc 0.80; backward twice that but for conv1, which needs no
+# input gradient: 16.5; together 25.0 MFLOP).
+train_flops() {
+  local mflop
+  flops=$(json_number train_flops_per_sample <<< "$1")
+  flops_source="hpctrain metrics (train_flops_per_sample)"
+  [[ -z "$flops" ]] || return 0
+  mflop=$(sed -nE 's/.*[^0-9.]([0-9]+(\.[0-9]+)?) MFLOP (forward ?\+ ?backward|train|training)[^,;]* per (sample|image).*/\1/p' \
+    "$2" | head -n 1)
+  if [[ -n "$mflop" ]]; then
+    flops=$(calc "$mflop * 1e6" 0)
+    flops_source="hpctrain log ($mflop MFLOP per image)"
+  else
+    flops=25.0e6
+    flops_source="fallback: the cnn constant 25.0 MFLOP/image (hpctrain logs no training FLOPs)"
+  fi
+}
+
+# sgemm_peak THREADS: sets peak, this machine's sgemm GFLOP/s with THREADS threads
+# (bench/gemm_shapes --peak-only), or dies with one line.
+sgemm_peak() {
+  [[ -x "$gemm_shapes" ]] || die "no gemm_shapes binary at $gemm_shapes (run ./setup.sh, or set GEMM_SHAPES)"
+  peak=$("$gemm_shapes" --peak-only --threads "$1" | sed -n 's/^peak_sgemm_gflops=//p')
+  [[ -n "$peak" ]] || die "gemm_shapes printed no peak_sgemm_gflops line"
+  echo "  peak_sgemm_gflops=$peak"
+}
+
+# per_seed_report SEEDS WHAT OF: with several seeds, each seed's accuracy and images/s of both
+# sides (from ours_acc_runs, ours_ips_runs, peer_acc_runs, peer_ips_runs), then both means and
+# sample sds (ours_acc, ours_sd, peer_acc, peer_sd); WHAT names the accuracy ("test accuracy"),
+# and `of` is set to OF with the count, for the lines that follow.
+per_seed_report() {
+  local seeds=$1 what=$2 i
+  ((seeds > 1)) || return 0
+  echo "per seed: $what, images/s"
+  for ((i = 0; i < seeds; i++)); do
+    echo "  seed $((i + 1)): hpctrain ${ours_acc_runs[i]}, $(calc "${ours_ips_runs[i]}" 1); peer ${peer_acc_runs[i]}, $(calc "${peer_ips_runs[i]}" 1)"
+  done
+  echo "hpctrain $what over $seeds seeds: mean $ours_acc, sample sd $ours_sd"
+  echo "peer $what over $seeds seeds:     mean $peer_acc, sample sd $peer_sd"
+  of=" (${3/N/$seeds})"
+}

@@ -3,12 +3,14 @@
 #   1. mpirun -np R hpctrain (the default job's recipe, one thread per rank) for E epochs,
 #      evaluating after each, with the gradient all-reduce overlapping the backward pass;
 #   2. the same with --no-overlap, for --overlap-steps steps: what overlap hides;
-#   3. shared/bench/torch_peer.py --ranks R --threads 1 --epochs E (PyTorch DDP over gloo).
+#   3. shared/bench/torch_peer.py --ranks R --threads 1 --epochs E (PyTorch DDP over gloo);
+#   4. bench/gemm_shapes --peak-only --threads R: this machine's sgemm rate on R threads.
 # First it prints the CPU, its ISA (avx512f, avx2 or other) and the oneDNN convolution
 # kernels hpctrain runs on it (one step with ONEDNN_VERBOSE=1). Prints both throughputs and
 # their ratio (target: hpctrain / peer >= 2.0 at equal or better accuracy), both times to the
 # target accuracy, and hpctrain's exposed communication (time the optimizer waits for
-# buckets) per step, with overlap on and off. With --seeds N, steps 1 and 3 run N times each
+# buckets) per step, with overlap on and off, and hpctrain's training GFLOP/s as a fraction
+# of the sgemm rate of step 4 (target: at least 60%). With --seeds N, steps 1 and 3 run N times each
 # with seeds 1..N: each run's test accuracy, the mean and sample standard deviation of both
 # sides are printed, and the ratio and the verdict come from the means.
 #
@@ -20,7 +22,7 @@
 # Time to the target: hpctrain's training seconds up to the first epoch whose test accuracy
 # reaches it; the peer evaluates only at its end, so its time is its whole training time if
 # its final accuracy reaches the target, else "not reached".
-# Environment: BUILD_DIR, HPCTRAIN, PEER, PYTHON (as bench/cpu_vs_peer.sh), MPIRUN
+# Environment: BUILD_DIR, HPCTRAIN, PEER, PYTHON, GEMM_SHAPES (as bench/cpu_vs_peer.sh), MPIRUN
 #              (default mpirun), MPIRUN_ARGS (extra mpirun options).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -34,7 +36,7 @@ while (($#)); do
     --overlap-steps) overlap_steps=${2:-}; shift 2 || die "--overlap-steps needs a value" ;;
     --seeds) seeds=${2:-}; shift 2 || die "--seeds needs a value" ;;
     --label-smoothing) smoothing=${2:-}; shift 2 || die "--label-smoothing needs a value" ;;
-    -h | --help) sed -n '2,27s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -46,6 +48,7 @@ require_smoothing "$smoothing"
 smoothing_flag "$smoothing"
 [[ "$target" =~ ^0?\.[0-9]+$ ]] || die "--target-accuracy must be a fraction like 0.92, got '$target'"
 locate_programs
+[[ -x "$gemm_shapes" ]] || die "no gemm_shapes binary at $gemm_shapes (run ./setup.sh, or set GEMM_SHAPES)"
 mpirun=${MPIRUN:-mpirun}
 command -v "$mpirun" > /dev/null || die "no $mpirun (apt-get install openmpi-bin, or set MPIRUN)"
 mpirun_args=(${MPIRUN_ARGS:-})
@@ -88,8 +91,9 @@ for ((s = 1; s <= seeds; s++)); do
   seed_args "$s"
   echo
   cmd=("$hpctrain" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
-  echo "== 1/3 hpctrain$(run_label "$s"): $mpirun -np $ranks ${cmd[*]}"
-  "$mpirun" "${mpirun_args[@]}" -np "$ranks" "${cmd[@]}" --metrics-file "$tmp/on.jsonl" 2>&1 | sed -u 's/^/  /'
+  echo "== 1/4 hpctrain$(run_label "$s"): $mpirun -np $ranks ${cmd[*]}"
+  "$mpirun" "${mpirun_args[@]}" -np "$ranks" "${cmd[@]}" --metrics-file "$tmp/on.jsonl" 2>&1 | tee "$tmp/hpctrain.log" |
+    sed -u 's/^/  /'
   done_line=$(grep '"event":"done"' "$tmp/on.jsonl" | tail -n 1)
   [[ -n "$done_line" ]] || die "hpctrain wrote no done line"
   ours_ips_runs+=("$(json_number images_per_second <<< "$done_line")")
@@ -105,12 +109,13 @@ for ((s = 1; s <= seeds; s++)); do
   done < <(grep '"event":"epoch"' "$tmp/on.jsonl")
   rm -f "$tmp/on.jsonl"
 done
+train_flops "$done_line" "$tmp/hpctrain.log"
 ours_ips=$(mean "${ours_ips_runs[@]}") ours_acc=$(mean "${ours_acc_runs[@]}") ours_sd=$(sample_sd "${ours_acc_runs[@]}")
 wait_on=$(mean "${wait_on_runs[@]}") step_on=$(mean "${step_on_runs[@]}")
 ours_t92=$(time_to_target "$ours_reached" "")
 
 echo
-echo "== 2/3 hpctrain without overlap: ... --no-overlap --max-steps $overlap_steps"
+echo "== 2/4 hpctrain without overlap: ... --no-overlap --max-steps $overlap_steps"
 "$mpirun" "${mpirun_args[@]}" -np "$ranks" "$hpctrain" --threads 1 --epochs "$epochs" --max-steps "$overlap_steps" \
   "${smoothing_args[@]}" --no-overlap --quiet --metrics-file "$tmp/off.jsonl"
 off_line=$(grep '"event":"done"' "$tmp/off.jsonl" | tail -n 1)
@@ -124,7 +129,7 @@ for ((s = 1; s <= seeds; s++)); do
   seed_args "$s"
   echo
   cmd=("$python" "$peer" --ranks "$ranks" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
-  echo "== 3/3 peer$(run_label "$s"): ${cmd[*]}"
+  echo "== 3/4 peer$(run_label "$s"): ${cmd[*]}"
   "${cmd[@]}" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
   peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
   [[ -n "$peer_line" ]] || die "the peer printed no result line"
@@ -137,25 +142,27 @@ done
 peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") peer_sd=$(sample_sd "${peer_acc_runs[@]}")
 peer_t92=$(time_to_target "$peer_reached" " (its whole run)")
 
+echo
+echo "== 4/4 sgemm rate: $gemm_shapes --peak-only --threads $ranks"
+sgemm_peak "$ranks"
+gflops=$(calc "$ours_ips * $flops / 1e9" 1)
+fraction=$(calc "$ours_ips * $flops / 1e9 / $peak" 3)
+fraction_met=$(awk "BEGIN { print ($fraction >= 0.6) ? \"yes\" : \"no\" }")
+
 ratio=$(calc "$ours_ips / $peer_ips" 2)
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 2.0 && $ours_acc >= $peer_acc) ? \"yes\" : \"no\" }")
 share_on=$(calc "100 * $wait_on / $step_on" 2)
 share_off=$(calc "100 * $wait_off / $step_off" 2)
 echo
-if ((seeds > 1)); then
-  echo "per seed: final test accuracy, images/s"
-  for ((i = 0; i < seeds; i++)); do
-    echo "  seed $((i + 1)): hpctrain ${ours_acc_runs[i]}, $(calc "${ours_ips_runs[i]}" 1); peer ${peer_acc_runs[i]}, $(calc "${peer_ips_runs[i]}" 1)"
-  done
-  echo "hpctrain final test accuracy over $seeds seeds: mean $ours_acc, sample sd $ours_sd"
-  echo "peer final test accuracy over $seeds seeds:     mean $peer_acc, sample sd $peer_sd"
-  of=" (mean of $seeds seeds)"
-fi
+per_seed_report "$seeds" "final test accuracy" "mean of N seeds"
 echo "hpctrain: $(calc "$ours_ips" 1) images/s, final test accuracy $ours_acc${of:-}, time to $target: $ours_t92"
 echo "peer:     $(calc "$peer_ips" 1) images/s, final test accuracy $peer_acc${of:-}, time to $target: $peer_t92"
 echo "ratio hpctrain/peer: $ratio (target >= 2.0 at equal or better accuracy: $met)"
 echo "exposed communication per step: $(calc "$wait_on * 1000" 3) ms = $share_on% of the step with overlap" \
   "(target < 5%), $(calc "$wait_off * 1000" 3) ms = $share_off% without"
+echo "hpctrain achieved: $gflops GFLOP/s of $peak measured sgemm GFLOP/s with $ranks threads" \
+  "($(calc "$fraction * 100" 1)%; target >= 60%: $fraction_met)"
+echo "training FLOPs per image: $flops ($flops_source)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (another job on the machine makes all of this noisy)"
 echo
 echo "== summary"
@@ -184,4 +191,10 @@ cpu_model=$cpu
 cpu_isa=$isa
 onednn_isa=$onednn_isa
 onednn_conv_kernels=$conv_kernels
+train_flops_per_image=$flops
+hpctrain_gflops=$gflops
+peak_sgemm_gflops=$peak
+fraction_of_peak=$fraction
+fraction_target=0.6
+fraction_target_met=$fraction_met
 SUMMARY

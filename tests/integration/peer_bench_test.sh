@@ -87,7 +87,12 @@ while [[ $1 != -np ]]; do shift; done
 shift 2
 exec "$@"
 EOF
-printf '#!/bin/sh\necho peak_sgemm_gflops=100.0\n' > "$tmp/gemm_shapes"
+# gemm_shapes --peak-only --threads T: 120 GFLOP/s per thread.
+cat > "$tmp/gemm_shapes" << 'EOF'
+#!/usr/bin/env bash
+echo "gemm_shapes $*" >> "$STUB_CALLS"
+echo "peak_sgemm_gflops=$((120 * $3)).0"
+EOF
 chmod +x "$tmp/hpctrain" "$tmp/python" "$tmp/mpirun" "$tmp/gemm_shapes"
 export HPCTRAIN=$tmp/hpctrain PEER=$tmp/peer.py PYTHON=$tmp/python MPIRUN=$tmp/mpirun GEMM_SHAPES=$tmp/gemm_shapes
 export STUB_CALLS=$tmp/calls
@@ -129,6 +134,18 @@ for s in 1 2 3; do
   grep -q -- "^hpctrain .*--seed $s --label-smoothing 0.1 " <<< "$calls" || fail "hpctrain got no seed $s with smoothing" "$calls"
   grep -q -- "^peer .*--seed $s --label-smoothing 0.1$" <<< "$calls" || fail "the peer got no seed $s with smoothing" "$calls"
 done
+
+# The training work against the sgemm rate on as many threads as ranks: the mean 3200 img/s
+# x 25 MFLOP = 80 GFLOP/s, of 240 on 2 threads (short of 60%) and of 120 on 1 (past it).
+expect "$out" "hpctrain achieved: 80.0 GFLOP/s of 240.0 measured sgemm GFLOP/s with 2 threads (33.3%; target >= 60%: no)" \
+  "train_flops_per_image=25000000" "hpctrain_gflops=80.0" "peak_sgemm_gflops=240.0" "fraction_of_peak=0.333" \
+  "fraction_target=0.6" "fraction_target_met=no"
+expect "$(cat "$STUB_CALLS")" "gemm_shapes --peak-only --threads 2"
+out=$("$bench/mpi_vs_peer.sh" --ranks 1 --seeds 3 --overlap-steps 5 2>&1) || fail "mpi_vs_peer.sh --ranks 1 failed" "$out"
+expect "$out" "hpctrain achieved: 80.0 GFLOP/s of 120.0 measured sgemm GFLOP/s with 1 threads (66.7%; target >= 60%: yes)" \
+  "fraction_of_peak=0.667" "fraction_target_met=yes"
+GEMM_SHAPES=$tmp/none refuse mpi_vs_peer.sh "no gemm_shapes binary at $tmp/none (run ./setup.sh, or set GEMM_SHAPES)"
+GEMM_SHAPES=/bin/true refuse mpi_vs_peer.sh "gemm_shapes printed no peak_sgemm_gflops line" --overlap-steps 5
 
 # One seed decides against hpctrain where the means of three do not (the case above).
 out=$("$bench/mpi_vs_peer.sh" --overlap-steps 5 2>&1) || fail "mpi_vs_peer.sh failed" "$out"
