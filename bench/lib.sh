@@ -75,8 +75,10 @@ conv_kernels_of() {
 
 # print_conv_kernels THREADS: runs one training step of the default job with oneDNN's verbose
 # output on and prints, per convolution, which oneDNN implementation ran in each direction
-# (a direction not listed runs hpctrain's own im2col + GEMM: a build without oneDNN, or a
-# shape oneDNN has only reference kernels for; the first layer computes no input gradient).
+# (a layer or direction not listed runs hpctrain's own convolution: Winograd F(2x2, 3x3) for
+# the 3x3 stride-1 layers it fits, as cnn's conv2, else im2col + GEMM, for a build without
+# oneDNN or a shape oneDNN has only reference kernels for; the first layer computes no input
+# gradient).
 # Sets conv_kernels (the distinct implementation names, space-separated, or "none") and
 # onednn_isa (the ISA oneDNN says it dispatches for, or "not reported").
 print_conv_kernels() {
@@ -95,10 +97,11 @@ print_conv_kernels() {
   conv_kernels=${conv_kernels:-none}
   echo "oneDNN convolution kernels (one training step, ONEDNN_VERBOSE=1; oneDNN ISA: $onednn_isa):"
   if [[ "$conv_kernels" == none ]]; then
-    echo "  none ran: hpctrain's own im2col + GEMM convolutions throughout"
+    echo "  none ran: hpctrain's own convolutions throughout"
   else
     sed '$d' <<< "$found"
   fi
+  echo "  (layers not listed: hpctrain's own Winograd F(2x2, 3x3) where it fits, else im2col + GEMM)"
 }
 
 # require_smoothing VALUE: a label smoothing in [0, 1), written as a plain decimal (0.1).
