@@ -14,8 +14,9 @@
 //
 // Tiles are processed in blocks sized so that a block's transformed tiles stay in the L2
 // cache between the transforms and the GEMMs. Blocks are split among the math threads;
-// every output element is computed by one thread in a fixed order, and the weight gradient's
-// per-thread sums are added in thread order, so results repeat exactly for a thread count.
+// every output element is computed by one thread in a fixed order, and the weight gradient
+// is summed over a fixed split of the blocks, so the results have the same bits on any
+// number of threads.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -30,6 +31,7 @@ namespace {
 
 constexpr int kPoints = 16;                 // the 4x4 transformed tile
 constexpr int64_t kBlockBytes = 512 << 10;  // a block's transformed inputs and outputs
+constexpr int64_t kWeightGradGroups = 8;     // the weight gradient's partial sums (below)
 
 // Tiles per block for products with `in` input and `out` output channels.
 int64_t tiles_per_block(int64_t in, int64_t out) {
@@ -206,26 +208,34 @@ class WinogradConv final : public LibraryConv {
   bool backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     const int64_t tiles = grid_.tiles(n_), block = tiles_per_block(cin_, cout_);
     const int64_t blocks = (tiles + block - 1) / block;
-    const int64_t du_size = kPoints * cin_ * cout_;
-    const int max_parts = static_cast<int>(std::min<int64_t>(blocks, math_threads()));
-    scratch_.resize(static_cast<size_t>(max_parts) * (kPoints * block * (cin_ + cout_) + du_size));
-    const int parts = parallel_rows(blocks, 1, max_parts, [&](int64_t b0, int64_t b1, int part) {
-      float* v = scratch_.data() + part * (kPoints * block * (cin_ + cout_) + du_size);
+    const int64_t du_size = kPoints * cin_ * cout_, buffers = kPoints * block * (cin_ + cout_);
+    // The blocks fall into a fixed number of groups, whatever the thread count: each group's
+    // sum is accumulated in block order and the groups' sums are added in group order, so the
+    // threads only share out whole groups and the gradient has the same bits on any number
+    // of them (as oneDNN's direct kernel had).
+    const int64_t groups = std::min(kWeightGradGroups, blocks);
+    const int max_parts = static_cast<int>(std::min<int64_t>(groups, math_threads()));
+    scratch_.resize(static_cast<size_t>(max_parts * buffers + groups * du_size));
+    float* const sums = scratch_.data() + max_parts * buffers;
+    parallel_rows(groups, 1, max_parts, [&](int64_t g0, int64_t g1, int part) {
+      float* v = scratch_.data() + part * buffers;
       float* z = v + kPoints * block * cin_;
-      float* du = z + kPoints * block * cout_;
-      for (int64_t bl = b0; bl < b1; ++bl) {
-        const int64_t t0 = bl * block, nt = std::min(block, tiles - t0);
-        transform_inputs(grid_, x, cin_, t0, nt, zeros_.data(), v);
-        transform_output_grads(grid_, dy, cout_, t0, nt, zeros_.data(), z);
-        for (int p = 0; p < kPoints; ++p)  // dU[p] (C x K) += V[p]^T Z[p]
-          gemm(true, false, cin_, cout_, nt, 1.0f, v + p * nt * cin_, cin_, z + p * nt * cout_, cout_,
-               bl == b0 ? 0.0f : 1.0f, du + p * cin_ * cout_, cout_);
+      for (int64_t group = g0; group < g1; ++group) {
+        float* du = sums + group * du_size;
+        const int64_t b0 = blocks * group / groups, b1 = blocks * (group + 1) / groups;
+        for (int64_t bl = b0; bl < b1; ++bl) {
+          const int64_t t0 = bl * block, nt = std::min(block, tiles - t0);
+          transform_inputs(grid_, x, cin_, t0, nt, zeros_.data(), v);
+          transform_output_grads(grid_, dy, cout_, t0, nt, zeros_.data(), z);
+          for (int p = 0; p < kPoints; ++p)  // dU[p] (C x K) += V[p]^T Z[p]
+            gemm(true, false, cin_, cout_, nt, 1.0f, v + p * nt * cin_, cin_, z + p * nt * cout_, cout_,
+                 bl == b0 ? 0.0f : 1.0f, du + p * cin_ * cout_, cout_);
+        }
       }
     });
-    const int64_t part_stride = kPoints * block * (cin_ + cout_) + du_size;
-    float* du = scratch_.data() + kPoints * block * (cin_ + cout_);
-    for (int part = 1; part < parts; ++part) {  // in thread order: the same sum every run
-      const float* other = scratch_.data() + part * part_stride + kPoints * block * (cin_ + cout_);
+    float* du = sums;
+    for (int64_t group = 1; group < groups; ++group) {
+      const float* other = sums + group * du_size;
       for (int64_t i = 0; i < du_size; ++i) du[i] += other[i];
     }
     for (int64_t k = 0; k < cout_; ++k)
