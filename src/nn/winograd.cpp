@@ -56,6 +56,17 @@ struct TileGrid {
       }
     }
   }
+  // The 2x2 output pixels of tile t in y (C channels each); one past the image's last row or
+  // column (odd sizes) is outside + e * outside_stride instead.
+  template <class P>
+  void outputs(P y, int64_t c, int64_t t, P outside, int64_t outside_stride, P o[4]) const {
+    const int64_t n = t / (th * tw), i = t / tw % th, j = t % tw;
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b) {
+        const int64_t r = 2 * i + a, q = 2 * j + b;
+        o[a * 2 + b] = (r < h && q < w) ? y + ((n * h + r) * w + q) * c : outside + (a * 2 + b) * outside_stride;
+      }
+  }
 };
 
 // V[pt][t][c] = (B^T d B)[pt] for tiles t0 .. t0+nt of x (C channels); ld = nt * C.
@@ -94,14 +105,8 @@ void transform_outputs(const TileGrid& grid, const float* __restrict m, int64_t 
   const float* b = bias ? bias : zeros;
   std::vector<float> scratch(static_cast<size_t>(4 * kc));
   for (int64_t t = 0; t < nt; ++t) {
-    const int64_t tt = t0 + t, n = tt / (grid.th * grid.tw), i = tt / grid.tw % grid.th, j = tt % grid.tw;
     float* out[4];
-    for (int a = 0; a < 2; ++a)
-      for (int c = 0; c < 2; ++c) {
-        const int64_t r = 2 * i + a, q = 2 * j + c;
-        out[a * 2 + c] = (r < grid.h && q < grid.w) ? y + ((n * grid.h + r) * grid.w + q) * kc
-                                                    : scratch.data() + (a * 2 + c) * kc;
-      }
+    grid.outputs(y, kc, t0 + t, scratch.data(), kc, out);
     float* __restrict o0 = out[0];
     float* __restrict o1 = out[1];
     float* __restrict o2 = out[2];
@@ -128,13 +133,8 @@ void transform_output_grads(const TileGrid& grid, const float* __restrict dy, in
                             const float* zeros, float* __restrict z) {
   const int64_t ld = nt * kc;
   for (int64_t t = 0; t < nt; ++t) {
-    const int64_t tt = t0 + t, n = tt / (grid.th * grid.tw), i = tt / grid.tw % grid.th, j = tt % grid.tw;
     const float* in[4];
-    for (int a = 0; a < 2; ++a)
-      for (int c = 0; c < 2; ++c) {
-        const int64_t r = 2 * i + a, q = 2 * j + c;
-        in[a * 2 + c] = (r < grid.h && q < grid.w) ? dy + ((n * grid.h + r) * grid.w + q) * kc : zeros;
-      }
+    grid.outputs(dy, kc, t0 + t, zeros, 0, in);
     float* __restrict o = z + t * kc;
 #pragma omp simd
     for (int64_t k = 0; k < kc; ++k) {
