@@ -156,8 +156,13 @@ train_flops() {
 # (bench/gemm_shapes --peak-only), or dies with one line.
 sgemm_peak() {
   [[ -x "$gemm_shapes" ]] || die "no gemm_shapes binary at $gemm_shapes (run ./setup.sh, or set GEMM_SHAPES)"
-  peak=$("$gemm_shapes" --peak-only --threads "$1" | sed -n 's/^peak_sgemm_gflops=//p')
+  local out
+  out=$("$gemm_shapes" --peak-only --threads "$1" 2>&1) ||
+    die "$gemm_shapes --peak-only --threads $1 failed: $(tail -n 1 <<< "$out")"
+  peak=$(sed -n 's/^peak_sgemm_gflops=//p' <<< "$out")
   [[ -n "$peak" ]] || die "gemm_shapes printed no peak_sgemm_gflops line"
+  [[ "$peak" =~ ^[0-9]*\.?[0-9]+$ ]] && awk "BEGIN { exit !($peak > 0) }" ||
+    die "gemm_shapes printed peak_sgemm_gflops=$peak, not a positive GFLOP/s figure"
   echo "  peak_sgemm_gflops=$peak"
 }
 

@@ -146,6 +146,11 @@ expect "$out" "hpctrain achieved: 80.0 GFLOP/s of 120.0 measured sgemm GFLOP/s w
   "fraction_of_peak=0.667" "fraction_target_met=yes"
 GEMM_SHAPES=$tmp/none refuse mpi_vs_peer.sh "no gemm_shapes binary at $tmp/none (run ./setup.sh, or set GEMM_SHAPES)"
 GEMM_SHAPES=/bin/true refuse mpi_vs_peer.sh "gemm_shapes printed no peak_sgemm_gflops line" --overlap-steps 5
+printf '#!/bin/sh\necho "gemm_shapes: out of memory" >&2\nexit 1\n' > "$tmp/gemm_fails"
+printf '#!/bin/sh\necho peak_sgemm_gflops=0.0\n' > "$tmp/gemm_zero"
+chmod +x "$tmp/gemm_fails" "$tmp/gemm_zero"
+GEMM_SHAPES=$tmp/gemm_fails refuse mpi_vs_peer.sh "$tmp/gemm_fails --peak-only --threads 2 failed: gemm_shapes: out of memory" --overlap-steps 5
+GEMM_SHAPES=$tmp/gemm_zero refuse cpu_vs_peer.sh "gemm_shapes printed peak_sgemm_gflops=0.0, not a positive GFLOP/s figure"
 
 # One seed decides against hpctrain where the means of three do not (the case above).
 out=$("$bench/mpi_vs_peer.sh" --overlap-steps 5 2>&1) || fail "mpi_vs_peer.sh failed" "$out"
