@@ -106,8 +106,11 @@ LibraryConv* Conv2d<T>::library(int64_t batch) {
     auto it = library_.find(batch);
     if (it == library_.end()) {
       const ConvGeometry g{batch, h_, w_, cin_, spec_.out_channels, spec_.kernel, spec_.stride, spec_.padding, spec_.bias};
-      it = library_.emplace(batch, spec_.winograd && winograd_fits(g) ? make_winograd_conv(g) : make_library_conv(g))
-               .first;
+      std::unique_ptr<LibraryConv> conv;
+      if (spec_.winograd && winograd_fits(g)) conv = make_winograd_conv(g);
+      else if (spec_.narrow && narrow_fits(g)) conv = make_narrow_conv(g);
+      else conv = make_library_conv(g);
+      it = library_.emplace(batch, std::move(conv)).first;
     }
     return it->second.get();
   }

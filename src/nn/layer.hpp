@@ -64,6 +64,7 @@ struct ConvSpec {
   bool library = true;  // float: let the library convolution (library_conv.hpp) serve what it can
   double init_gain = 1;  // scales the Kaiming initialisation of the weights
   bool winograd = true;  // float, with library: Winograd F(2x2, 3x3) where it fits (library_conv.hpp)
+  bool narrow = true;    // float, with library: our direct kernel for few inputs per output (library_conv.hpp)
 };
 
 template <class T>

@@ -1,8 +1,8 @@
 // A float convolution computed by a vendor library instead of im2col + GEMM. On the CPU that
 // is oneDNN's JIT convolutions, which skip the im2col copies and beat im2col + sgemm on our
 // shapes (bench/layer_profile; numbers in docs/performance.md). CMake compiles
-// library_conv_dnnl.cpp or library_conv_none.cpp. Where our Winograd convolution fits
-// (below), Conv2d takes it instead, in every build; it falls back to its own im2col path (the
+// library_conv_dnnl.cpp or library_conv_none.cpp. Where one of our own convolutions fits
+// (Winograd or narrow, below), Conv2d takes it instead, in every build; it falls back to its own im2col path (the
 // reference, and the only path for double) for whatever neither serves.
 #pragma once
 
@@ -38,5 +38,12 @@ const char* library_conv_name();
 // relative; on AVX2, where oneDNN has no Winograd kernel, it is the faster of the two.
 bool winograd_fits(const ConvGeometry& g);
 std::unique_ptr<LibraryConv> make_winograd_conv(const ConvGeometry& g);  // nullptr: does not fit
+
+// Our own direct convolution for layers with at most 32 inputs per output (KH*KW*Cin, plus
+// one for a bias) and a kernel larger than 1x1 (narrow_conv.cpp), in every build: the first
+// layer on grey or RGB images, where oneDNN's kernels are slow. It computes the forward pass
+// and the weight gradient, and passes the input gradient to make_library_conv's convolution.
+bool narrow_fits(const ConvGeometry& g);
+std::unique_ptr<LibraryConv> make_narrow_conv(const ConvGeometry& g);  // nullptr: does not fit
 
 }  // namespace hpc::nn

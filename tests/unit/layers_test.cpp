@@ -239,6 +239,30 @@ TEST(FloatDoubleParity, Conv2dWinograd) {
   }
 }
 
+// Our narrow direct kernel (narrow_conv.cpp) computes the weight gradient of convolutions with
+// at most 32 inputs per output (cnn's conv1: 3x3 over one channel): it agrees with double
+// im2col, as oneDNN's kernel (narrow = false) does, for one and three channels, strides 1
+// and 2, 3x3 and 5x5 kernels, with and without bias, output channels that are not a multiple
+// of its 32-channel blocks, and images with and without padding.
+TEST(FloatDoubleParity, Conv2dNarrow) {
+  EXPECT_TRUE(nn::narrow_fits({64, 28, 28, 1, 32, 3, 1, 1, false}));  // cnn's conv1
+  EXPECT_TRUE(nn::narrow_fits({8, 32, 32, 3, 16, 3, 1, 1, true}));    // RGB, 27 + bias
+  EXPECT_FALSE(nn::narrow_fits({8, 32, 32, 4, 16, 3, 1, 1, false}));  // 36 inputs
+  EXPECT_FALSE(nn::narrow_fits({8, 32, 32, 8, 16, 1, 1, 0, false}));  // 1x1: a plain GEMM
+  EXPECT_FALSE(nn::narrow_fits({64, 14, 14, 32, 64, 3, 1, 1, false}));
+  for (bool narrow : {true, false}) {
+    SCOPED_TRACE(narrow ? "narrow" : "library");
+    auto spec = [narrow](int64_t cout, int64_t kernel, int64_t stride, int64_t padding, bool bias) {
+      return nn::ConvSpec{cout, kernel, stride, padding, bias, true, 1, true, narrow};
+    };
+    expect_parity<nn::Conv2d>(Shape{12, 12, 1}, 4, 1e-5, spec(32, 3, 1, 1, false));
+    expect_parity<nn::Conv2d>(Shape{11, 9, 1}, 3, 1e-5, spec(40, 3, 1, 1, true));
+    expect_parity<nn::Conv2d>(Shape{9, 10, 3}, 2, 1e-5, spec(8, 3, 2, 1, true));
+    expect_parity<nn::Conv2d>(Shape{10, 10, 1}, 3, 1e-5, spec(16, 5, 1, 2, false));
+    expect_parity<nn::Conv2d>(Shape{9, 9, 3}, 2, 1e-5, spec(33, 3, 2, 0, false));
+  }
+}
+
 // The float outputs and gradients of one forward and backward pass of a fresh layer with the
 // given spec, parameters and input from fixed seeds, on `threads` math threads.
 std::vector<float> conv_pass_results(const nn::ConvSpec& spec, const Shape& sample, int64_t batch, int threads) {
@@ -275,11 +299,23 @@ TEST(Conv2dWinograd, AnyThreadCountGivesTheSameBits) {
   }
 }
 
+// The weight gradient of the narrow kernel is summed over a fixed split of the rows of
+// pixels (cnn's conv1 at batch 4 is 28 chunks): the same bits on one, two and three threads.
+TEST(Conv2dNarrow, AnyThreadCountGivesTheSameBits) {
+  const nn::ConvSpec spec{32, 3, 1, 1, true};
+  const std::vector<float> one = conv_pass_results(spec, Shape{28, 28, 1}, 4, 1);
+  for (int threads : {2, 3}) {
+    const std::vector<float> many = conv_pass_results(spec, Shape{28, 28, 1}, 4, threads);
+    ASSERT_EQ(many.size(), one.size());
+    EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0) << threads << " threads";
+  }
+}
+
 // One float layer called with changing batch sizes (the last, short batch of an epoch; the
-// evaluation batches) gives the double results for each: on oneDNN (4 channels in) and on
-// Winograd (8 in).
+// evaluation batches) gives the double results for each: on the narrow kernel (1 channel in),
+// oneDNN (4) and Winograd (8).
 class Conv2dAcrossBatchSizes : public ::testing::TestWithParam<int64_t> {};
-INSTANTIATE_TEST_SUITE_P(FloatDoubleParity, Conv2dAcrossBatchSizes, ::testing::Values(4, 8));
+INSTANTIATE_TEST_SUITE_P(FloatDoubleParity, Conv2dAcrossBatchSizes, ::testing::Values(1, 4, 8));
 TEST_P(Conv2dAcrossBatchSizes, AgreesWithDouble) {
   const nn::ConvSpec spec{12, 3, 1, 1, true};
   const Shape sample{8, 8, GetParam()};
