@@ -76,9 +76,10 @@ conv_kernels_of() {
 # print_conv_kernels THREADS: runs one training step of the default job with oneDNN's verbose
 # output on and prints, per convolution, which oneDNN implementation ran in each direction
 # (a layer or direction not listed runs hpctrain's own convolution: Winograd F(2x2, 3x3) for
-# the 3x3 stride-1 layers it fits, as cnn's conv2, else im2col + GEMM, for a build without
-# oneDNN or a shape oneDNN has only reference kernels for; the first layer computes no input
-# gradient).
+# the 3x3 stride-1 layers it fits, as cnn's conv2; the narrow direct kernel for the weight
+# gradient of layers with at most 32 inputs per output, as cnn's conv1; else im2col + GEMM,
+# for a build without oneDNN or a shape oneDNN has only reference kernels for; the first
+# layer computes no input gradient).
 # Sets conv_kernels (the distinct implementation names, space-separated, or "none") and
 # onednn_isa (the ISA oneDNN says it dispatches for, or "not reported").
 print_conv_kernels() {
@@ -101,7 +102,7 @@ print_conv_kernels() {
   else
     sed '$d' <<< "$found"
   fi
-  echo "  (layers not listed: hpctrain's own Winograd F(2x2, 3x3) where it fits, else im2col + GEMM)"
+  echo "  (not listed: hpctrain's own Winograd F(2x2, 3x3) where it fits, its narrow kernel for the weight gradient of layers with at most 32 inputs per output, else im2col + GEMM)"
 }
 
 # require_smoothing VALUE: a label smoothing in [0, 1), written as a plain decimal (0.1).
