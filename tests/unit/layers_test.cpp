@@ -289,26 +289,24 @@ std::vector<float> conv_pass_results(const nn::ConvSpec& spec, const Shape& samp
 // With two or three math threads the blocks of tiles are split among them (cnn's conv2 at
 // batch 8 is 5 blocks) and the weight gradient is summed over a fixed split of the blocks:
 // output, input gradient and weight gradient have the same bits as on one thread.
-TEST(Conv2dWinograd, AnyThreadCountGivesTheSameBits) {
-  const nn::ConvSpec spec{64, 3, 1, 1, false};
-  const std::vector<float> one = conv_pass_results(spec, Shape{14, 14, 32}, 8, 1);
+// conv_pass_results on two and three threads has the same bits as on one.
+void expect_same_bits_on_any_thread_count(const nn::ConvSpec& spec, const Shape& sample, int64_t batch) {
+  const std::vector<float> one = conv_pass_results(spec, sample, batch, 1);
   for (int threads : {2, 3}) {
-    const std::vector<float> many = conv_pass_results(spec, Shape{14, 14, 32}, 8, threads);
+    const std::vector<float> many = conv_pass_results(spec, sample, batch, threads);
     ASSERT_EQ(many.size(), one.size());
     EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0) << threads << " threads";
   }
 }
 
+TEST(Conv2dWinograd, AnyThreadCountGivesTheSameBits) {
+  expect_same_bits_on_any_thread_count(nn::ConvSpec{64, 3, 1, 1, false}, Shape{14, 14, 32}, 8);
+}
+
 // The weight gradient of the narrow kernel is summed over a fixed split of the rows of
 // pixels (cnn's conv1 at batch 4 is 28 chunks): the same bits on one, two and three threads.
 TEST(Conv2dNarrow, AnyThreadCountGivesTheSameBits) {
-  const nn::ConvSpec spec{32, 3, 1, 1, true};
-  const std::vector<float> one = conv_pass_results(spec, Shape{28, 28, 1}, 4, 1);
-  for (int threads : {2, 3}) {
-    const std::vector<float> many = conv_pass_results(spec, Shape{28, 28, 1}, 4, threads);
-    ASSERT_EQ(many.size(), one.size());
-    EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0) << threads << " threads";
-  }
+  expect_same_bits_on_any_thread_count(nn::ConvSpec{32, 3, 1, 1, true}, Shape{28, 28, 1}, 4);
 }
 
 // One float layer called with changing batch sizes (the last, short batch of an epoch; the
