@@ -41,8 +41,9 @@ std::unique_ptr<LibraryConv> make_winograd_conv(const ConvGeometry& g);  // null
 
 // Our own direct convolution for layers with at most 32 inputs per output (KH*KW*Cin, plus
 // one for a bias) and a kernel larger than 1x1 (narrow_conv.cpp), in every build: the first
-// layer on grey or RGB images, where oneDNN's kernels are slow. It computes the forward pass
-// and the weight gradient, and passes the input gradient to make_library_conv's convolution.
+// layer on grey or RGB images, where oneDNN's weight-gradient kernels are slow. It computes
+// the weight gradient and passes the forward pass and the input gradient to
+// make_library_conv's convolution (none: Conv2d's im2col).
 bool narrow_fits(const ConvGeometry& g);
 std::unique_ptr<LibraryConv> make_narrow_conv(const ConvGeometry& g);  // nullptr: does not fit
 
