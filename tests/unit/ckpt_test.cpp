@@ -100,7 +100,9 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
     EXPECT_EQ(back.params, c.params) << "step " << step;
     struct stat st {};
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
-    if (spare_inode) EXPECT_EQ(st.st_ino, spare_inode) << "step " << step << " did not reuse the spare";
+    if (spare_inode) {
+      EXPECT_EQ(st.st_ino, spare_inode) << "step " << step << " did not reuse the spare";
+    }
     EXPECT_EQ(std::filesystem::exists(spare), step > 1) << "step " << step;
     spare_inode = 0;
     if (::stat(spare.c_str(), &st) == 0) spare_inode = st.st_ino;
