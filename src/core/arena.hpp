@@ -21,7 +21,7 @@ struct ParamSlot {
   Shape shape;
   ParamRole role;
   int64_t offset = 0;  // elements from the start of the arena
-  int64_t fan_in = 1;  // for Kaiming initialisation of weights
+  int64_t fan_in = 1;  // for Kaiming initialisation of weights (and of biases under kaiming-uniform)
   double init_gain = 1;  // multiplies the Kaiming standard deviation (0: start at zero)
 };
 

@@ -30,7 +30,9 @@ Shape Conv2d<T>::setup(const Shape& in, ParamStore<T>& store, const std::string&
   store_ = &store;
   weight_ = store.add_param(prefix + ".weight", Shape{spec_.out_channels, spec_.kernel, spec_.kernel, cin_},
                             ParamRole::Weight, k_, spec_.init_gain);
-  if (spec_.bias) bias_ = store.add_param(prefix + ".bias", Shape{spec_.out_channels}, ParamRole::Bias, k_);
+  if (spec_.bias) {
+    bias_ = store.add_param(prefix + ".bias", Shape{spec_.out_channels}, ParamRole::Bias, k_, spec_.init_gain);
+  }
   return Shape{ho_, wo_, spec_.out_channels};
 }
 

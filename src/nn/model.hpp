@@ -10,9 +10,10 @@
 
 namespace hpc::nn {
 
-// How weights start (biases always start at zero). KaimingUniform: the weight init PyTorch
-// gives Conv2d and Linear by default, so the peer's model (kaiming_uniform with a = sqrt(5):
-// U(+-1/sqrt(fan_in))). KaimingNormal: He et al.'s N(0, 2/fan_in), the ReLU gain.
+// How weights and biases start. KaimingUniform: the init PyTorch gives Conv2d and Linear by
+// default, so the peer's model (kaiming_uniform with a = sqrt(5): U(+-1/sqrt(fan_in)), and the
+// biases U(+-1/sqrt(fan_in)) too). KaimingNormal: He et al.'s N(0, 2/fan_in), the ReLU gain, and
+// zero biases.
 enum class InitScheme { KaimingUniform, KaimingNormal };
 inline constexpr Named<InitScheme> kInitNames[] = {{"kaiming-uniform", InitScheme::KaimingUniform},
                                                    {"kaiming-normal", InitScheme::KaimingNormal}};
@@ -47,7 +48,7 @@ class Model {
  public:
   explicit Model(const ModelSpec& spec);
   // Weights as spec().init says, drawn from (seed, parameter index) and scaled by each
-  // slot's init_gain; zero biases; batch-norm scale 1 and shift 0. Identical on every machine for a
+  // slot's init_gain; biases as spec().init says; batch-norm scale 1 and shift 0. Identical on every machine for a
   // given seed.
   void init(uint64_t seed);
   // Forward of a batch x (N x H x W x C); returns the logits (N x classes).

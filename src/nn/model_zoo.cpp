@@ -185,6 +185,15 @@ void Model<T>::init(uint64_t seed) {
         for (int64_t j = 0; j < n; ++j) p[j] = T(1);
         break;
       case ParamRole::Bias:
+        // As PyTorch's Conv2d and Linear: U(+-1/sqrt(fan_in)) under its weight init, scaled by
+        // the layer's gain (0: a branch that starts at zero starts at zero); zero else.
+        if (spec_.init == InitScheme::KaimingUniform) {
+          Philox rng(seed, RngStream::Init, i);
+          const double bound = s.init_gain / std::sqrt(static_cast<double>(s.fan_in));
+          for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>((2 * rng.uniform_double() - 1) * bound);
+          break;
+        }
+        [[fallthrough]];
       case ParamRole::NormShift:
         for (int64_t j = 0; j < n; ++j) p[j] = T(0);
         break;

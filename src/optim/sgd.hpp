@@ -1,7 +1,8 @@
 // SGD with momentum, Nesterov and decoupled-from-nothing L2 weight decay, as torch.optim.SGD:
 //   g = grad + wd * p;  v = mu * v + g;  p -= lr * (nesterov ? g + mu * v : v)
 // over the whole parameter arena in one pass. Which tensors are decayed is a table built from
-// the parameters' roles: weights always, biases and batch-norm parameters only when asked.
+// the parameters' roles: weights always, biases and batch-norm parameters unless asked not to
+// (torch.optim.SGD decays every parameter it is given).
 #pragma once
 
 #include <vector>
@@ -14,7 +15,7 @@ struct SgdSpec {
   double momentum = 0.9;
   bool nesterov = true;
   double weight_decay = 5e-4;
-  bool decay_bias_and_norm = false;
+  bool decay_bias_and_norm = true;
 };
 
 template <class T>

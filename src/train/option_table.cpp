@@ -58,6 +58,24 @@ Option negation(const char* name, bool Members::*m, Rule rule, std::string help)
           [m](const TrainOptions& o) { return text(!(o.*m)); }};
 }
 
+// A setting on by default: --NAME, kept for the scripts written while it was off by default,
+// changes nothing; --no-NAME (help: no_help) clears it; both at once is refused. Recorded under
+// NAME, as before.
+Option on_by_default(const char* name, bool Members::*m, Rule rule, std::string help, std::string no_help) {
+  const std::string no = std::string("no-") + name;
+  return {name, rule,
+          [=](po::options_description& d, TrainOptions&) {
+            d.add_options()(name, po::bool_switch(), (help + " (the default)").c_str())(
+                no.c_str(), po::bool_switch(), no_help.c_str());
+          },
+          [=](const po::variables_map& vm, TrainOptions& o) {
+            const bool on = vm[name].as<bool>(), off = vm[no].as<bool>();
+            HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
+            o.*m = !off;
+          },
+          [m](const TrainOptions& o) { return text(o.*m); }};
+}
+
 // One of `names`, shown with the default's name; an unknown word is "unknown WHAT 'x' (choose
 // ...)", WHAT being --name unless given.
 template <class E, size_t N>
@@ -226,7 +244,8 @@ std::vector<Option> model_and_data() {
       negation("no-batch-norm", &Members::batch_norm, R::Match, "the model's variant without batch norm"),
       choice("init", &Members::init, nn::kInitNames, R::Agree,
              "how weights start: kaiming-uniform (PyTorch's default for conv and linear layers, "
-             "U(+-1/sqrt(fan_in)), as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU gain); biases start at 0"),
+             "U(+-1/sqrt(fan_in)) for weights and biases, as the peer) or kaiming-normal (N(0, 2/fan_in), the ReLU "
+             "gain, and biases at 0)"),
       choice("dataset", &Members::dataset, data::kDatasetNames, R::Match,
              "fashion-mnist, mnist, cifar10, cifar100, shards (an image folder packed by hpcdata pack) or synthetic "
              "(2048 random 224x224 images and 1000 classes from a fixed seed, for benchmarks)"),
@@ -282,8 +301,10 @@ std::vector<Option> training() {
            number("momentum", &Members::momentum, R::Match, "SGD momentum (under onecycle only with --no-cycle-momentum)"),
            negation("no-nesterov", &Members::nesterov, R::Match, "classical momentum instead of Nesterov"),
            number("weight-decay", &Members::weight_decay, R::Match, "L2 weight decay"),
-           flag("decay-bias-and-norm", &Members::decay_bias_and_norm, R::Match,
-                "apply weight decay to biases and batch-norm parameters too"),
+           on_by_default("decay-bias-and-norm", &Members::decay_bias_and_norm, R::Match,
+                         "apply weight decay to biases and batch-norm parameters too, as torch.optim.SGD does",
+                         "decay only the weights of convolutions and linear layers (the default before 2026-11; "
+                         "resumes checkpoints made then)"),
            number("label-smoothing", &Members::label_smoothing, R::Match, "label smoothing of the cross-entropy target"),
        })
     t.push_back(std::move(s));

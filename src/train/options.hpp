@@ -67,8 +67,8 @@ struct TrainOptions {
   bool drop_last = true;
   int64_t eval_batch_size = 1000;
   // optimizer and schedule
-  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0;
-  bool nesterov = true, decay_bias_and_norm = false;
+  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0.1;
+  bool nesterov = true, decay_bias_and_norm = true;  // as torch.optim.SGD: every parameter decays
   optim::Schedule lr_schedule = optim::Schedule::OneCycle;
   double warmup_epochs = 0, lr_gamma = 0.1, min_lr = 0;
   std::vector<double> lr_step_epochs;

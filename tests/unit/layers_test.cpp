@@ -726,9 +726,10 @@ TEST(ModelZoo, InitIsDeterministicAndFollowsRoles) {
             a.params().value(weights[1])[0] / std::sqrt(2.0 / slots[weights[1]].fan_in));
 }
 
-// Kaiming uniform (the default): weights U(+-g/sqrt(fan_in)), g the slot's init_gain (0: all
-// zero, as the last convolution of a residual branch without batch norm). Kaiming normal:
-// weights N(0, g^2 * 2/fan_in). Either way biases and shifts start at zero, scales at one.
+// Kaiming uniform (the default): weights and biases U(+-g/sqrt(fan_in)), as PyTorch's Conv2d
+// and Linear, g the layer's init_gain (0: all zero, as the last convolution of a residual branch
+// without batch norm). Kaiming normal: weights N(0, g^2 * 2/fan_in), biases zero. Either way
+// batch-norm shifts start at zero, scales at one.
 TEST(ModelZoo, InitFollowsRolesAndGains) {
   for (nn::InitScheme scheme : {nn::InitScheme::KaimingUniform, nn::InitScheme::KaimingNormal}) {
     for (const auto& [name, bn] : {std::pair<std::string, bool>{"cnn", true}, {"mlp", false}, {"resnet20", true},
@@ -746,9 +747,10 @@ TEST(ModelZoo, InitFollowsRolesAndGains) {
         double s = 0, s2 = 0, largest = 0;
         for (int64_t j = 0; j < n; ++j) s += p[j], s2 += double{p[j]} * p[j], largest = std::max(largest, std::fabs(double{p[j]}));
         const double fan_in = static_cast<double>(slots[i].fan_in), gain = slots[i].init_gain;
-        const bool trained = slots[i].role == ParamRole::Weight;
+        const bool uniform_bias = slots[i].role == ParamRole::Bias && scheme == nn::InitScheme::KaimingUniform;
+        const bool trained = slots[i].role == ParamRole::Weight || uniform_bias;
         if (trained && gain == 0) {
-          ++zero_gain;
+          zero_gain += !uniform_bias;
           EXPECT_EQ(s2, 0.0) << slots[i].name;
           continue;
         }
