@@ -14,8 +14,8 @@
 #
 # Usage: bench/cpu_vs_peer.sh [--epochs E] [--seeds N] [--label-smoothing S]
 #        defaults: 1 epoch (the peer needs about a minute per epoch on one thread, hpctrain
-#        less), 1 seed (no --seed given: both sides' default, 1), no label smoothing (S is
-#        passed to both sides as --label-smoothing when above 0).
+#        less), 1 seed (no --seed given: both sides' default, 1), label smoothing 0.1 (the
+#        default job's; S is passed to both sides as --label-smoothing, 0 included).
 # Environment: BUILD_DIR (default build), HPCTRAIN and GEMM_SHAPES (binaries), PEER (the
 #              peer script, default ../shared/bench/torch_peer.py from the repository root),
 #              PYTHON (default /usr/bin/python3, where Debian's python3-torch lives).
@@ -23,7 +23,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-epochs=1 seeds=1 smoothing=0
+epochs=1 seeds=1 smoothing=$default_smoothing
 while (($#)); do
   case "$1" in
     --epochs) [[ $# -ge 2 ]] || die "--epochs needs a value"; epochs=$2; shift 2 ;;
@@ -50,7 +50,7 @@ trap 'rm -rf "$tmp"' EXIT
 cpu=$(cpu_model) isa=$(cpu_isa)
 runs="1 process each"
 ((seeds == 1)) || runs+=", seeds 1..$seeds"
-((${#smoothing_args[@]} == 0)) || runs+=", label smoothing $smoothing"
+runs+=", label smoothing $smoothing"
 echo "cpu_vs_peer: $(nproc) core(s), $cpu; $epochs epoch(s), $threads thread(s), $runs"
 echo "cpu: $cpu, ISA $isa"
 print_conv_kernels "$threads"

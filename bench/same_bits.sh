@@ -219,9 +219,9 @@ check onecycle-shape     train 1 "${FM[@]}" "${SMALL[@]}" --onecycle-pct-start 0
   --onecycle-final-div-factor 100 --onecycle-base-momentum 0.8 --onecycle-max-momentum 0.9
 check no-nesterov        train 1 "${FM[@]}" "${SMALL[@]}" --no-nesterov
 check no-momentum        train 1 "${FM[@]}" "${SMALL[@]}" --no-nesterov --lr-schedule constant --momentum 0
-check decay-bias-norm    train 1 "${FM[@]}" "${SMALL[@]}" --decay-bias-and-norm --weight-decay 1e-3
+check no-decay-bias-norm train 1 "${FM[@]}" "${SMALL[@]}" --no-decay-bias-and-norm --weight-decay 1e-3
 check no-weight-decay    train 1 "${FM[@]}" "${SMALL[@]}" --weight-decay 0
-check label-smoothing    train 1 "${FM[@]}" "${SMALL[@]}" --label-smoothing 0.1
+check no-label-smoothing train 1 "${FM[@]}" "${SMALL[@]}" --label-smoothing 0
 check kaiming-normal     train 1 "${FM[@]}" "${SMALL[@]}" --init kaiming-normal
 check seed-7             train 1 "${FM[@]}" "${SMALL[@]}" --seed 7
 # Data: batches, augmentation, datasets.

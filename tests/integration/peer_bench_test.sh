@@ -2,8 +2,9 @@
 # bench/cpu_vs_peer.sh and bench/mpi_vs_peer.sh with stand-ins for hpctrain, the PyTorch peer,
 # python3, mpirun and gemm_shapes (the real runs take minutes and need python3-torch): the
 # CPU/ISA and oneDNN kernel lines, --seeds N (seeds 1..N to both sides, mean and sample
-# standard deviation, the verdict on the means), --label-smoothing passed to both sides only
-# when above 0, the default passing neither, and bad values refused with exit 2.
+# standard deviation, the verdict on the means), --label-smoothing passed to both sides always
+# (by default the default job's 0.1, which the peer would not use on its own; 0 as 0), and bad
+# values refused with exit 2.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$(cd "$here/../../bench" && pwd)
@@ -105,15 +106,17 @@ kernel_lines=(
   "cpu_isa=$isa"
   "onednn_conv_kernels=jit:avx2 gemm:jit")
 
-# The default: one run each, no --seed and no --label-smoothing, seed 1's figures as they are.
+# The default: one run each, no --seed, the default job's label smoothing on both sides, seed
+# 1's figures as they are.
 : > "$STUB_CALLS"
 out=$("$bench/cpu_vs_peer.sh" 2>&1) || fail "cpu_vs_peer.sh failed" "$out"
 expect "$out" "${kernel_lines[@]}" "hpctrain_test_accuracy=0.9187" "peer_test_accuracy=0.9215" \
-  "hpctrain_test_accuracy_sd=n/a" "seeds=1" "label_smoothing=0" "ratio_hpctrain_over_peer=2.82"
+  "hpctrain_test_accuracy_sd=n/a" "seeds=1" "label_smoothing=0.1" "ratio_hpctrain_over_peer=2.82"
 calls=$(cat "$STUB_CALLS")
-expect "$calls" "peer --ranks 1 --threads 1 --epochs 1"
+expect "$calls" "peer --ranks 1 --threads 1 --epochs 1 --label-smoothing 0.1"
 checks=$((checks + 1))
-grep -qx -- "hpctrain --threads 1 --epochs 1 --metrics-file [^ ]*" <<< "$calls" || fail "hpctrain got other options" "$calls"
+grep -qx -- "hpctrain --threads 1 --epochs 1 --label-smoothing 0.1 --metrics-file [^ ]*" <<< "$calls" ||
+  fail "hpctrain got other options" "$calls"
 
 # Three seeds with label smoothing: both sides get each seed and the smoothing.
 : > "$STUB_CALLS"
@@ -156,13 +159,16 @@ GEMM_SHAPES=$tmp/gemm_zero refuse cpu_vs_peer.sh "gemm_shapes printed peak_sgemm
 out=$("$bench/mpi_vs_peer.sh" --overlap-steps 5 2>&1) || fail "mpi_vs_peer.sh failed" "$out"
 expect "$out" "ratio_target_met=no" "hpctrain_time_to_target=not reached" "peer_time_to_target=31.0 s (its whole run)"
 
-# --label-smoothing 0 passes nothing (the default's numerics).
+# --label-smoothing 0 goes to both sides too: hpctrain's default would smooth.
 : > "$STUB_CALLS"
 out=$("$bench/cpu_vs_peer.sh" --seeds=2 --label-smoothing=0.0 2>&1) || fail "cpu_vs_peer.sh --seeds=2 failed" "$out"
 expect "$out" "hpctrain test accuracy over 2 seeds: mean 0.92135, sample sd 0.00375" \
-  "hpctrain: 3150.0 images/s, test accuracy 0.92135 (means of 2 seeds)"
-checks=$((checks + 1))
-! grep -q -- --label-smoothing "$STUB_CALLS" || fail "--label-smoothing 0 was passed on" "$(cat "$STUB_CALLS")"
+  "hpctrain: 3150.0 images/s, test accuracy 0.92135 (means of 2 seeds)" "label_smoothing=0.0"
+for side in hpctrain peer; do
+  checks=$((checks + 1))
+  [[ $(grep -c -- "^$side .*--label-smoothing 0.0\( \|$\)" "$STUB_CALLS") == 2 ]] ||
+    fail "$side did not get --label-smoothing 0.0 on both seeds" "$(cat "$STUB_CALLS")"
+done
 
 for script in cpu_vs_peer.sh mpi_vs_peer.sh; do
   refuse "$script" "--seeds must be a positive integer, got '0'" --seeds 0
