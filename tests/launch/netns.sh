@@ -211,20 +211,22 @@ netns_rekey_host() {
 }
 
 # Every host answers ssh with the test's key, as itself, in a mount namespace (its /tmp and
-# /dev/shm) of its own: says so, or fails the setup.
+# /dev/shm) of its own: says so, or fails the setup. Only the answer's stdout is read: a login
+# shell's start-up files may write to stderr (pyenv's rehash, run by root's .bashrc on two hosts
+# at once, complained there), as on real hosts.
 netns_check_hosts() {
   local k out mine pids=()
   mine=$(readlink /proc/self/ns/mnt)
   for ((k = 1; k <= NETNS_COUNT; ++k)); do
     ssh -F "$NETNS_SSH_CONFIG" "${NETNS_HOSTS[k]}" 'echo $(hostname) $(readlink /proc/self/ns/mnt) $(stat -f -c %T /tmp /dev/shm)' \
-      > "$NETNS_DIR/ssh/h$k/check" 2>&1 &
+      > "$NETNS_DIR/ssh/h$k/check" 2> "$NETNS_DIR/ssh/h$k/check.err" &
     pids+=($!)
   done
   wait "${pids[@]}" || true
   for ((k = 1; k <= NETNS_COUNT; ++k)); do
     read -r out < "$NETNS_DIR/ssh/h$k/check" || true
     [[ "$out" == "hpt${NETNS_ID}h$k mnt:"*" tmpfs tmpfs" && "$out" != *" $mine "* ]] ||
-      { echo "FAIL: host $k (${NETNS_HOSTS[k]}) did not answer ssh as hpt${NETNS_ID}h$k with its own tmpfs: $(cat "$NETNS_DIR/ssh/h$k/check")" >&2; exit 1; }
+      { echo "FAIL: host $k (${NETNS_HOSTS[k]}) did not answer ssh as hpt${NETNS_ID}h$k with its own tmpfs: $(cat "$NETNS_DIR/ssh/h$k/check" "$NETNS_DIR/ssh/h$k/check.err")" >&2; exit 1; }
     echo "host $k: sshd (pid $(cat "$NETNS_DIR/ssh/h$k/sshd.pid")) on ${NETNS_HOSTS[k]}; ssh answers: $out"
   done
 }
