@@ -303,8 +303,7 @@ std::vector<Option> training() {
            number("weight-decay", &Members::weight_decay, R::Match, "L2 weight decay"),
            on_by_default("decay-bias-and-norm", &Members::decay_bias_and_norm, R::Match,
                          "apply weight decay to biases and batch-norm parameters too, as torch.optim.SGD does",
-                         "decay only the weights of convolutions and linear layers (the default before 2026-11; "
-                         "resumes checkpoints made then)"),
+                         "decay only the weights of convolutions and linear layers (the rule before 2026-11-25)"),
            number("label-smoothing", &Members::label_smoothing, R::Match, "label smoothing of the cross-entropy target"),
        })
     t.push_back(std::move(s));

@@ -26,6 +26,7 @@ HPCTRAIN = os.environ["HPCTRAIN"]
 MPIEXEC = os.environ.get("HPCTRAIN_MPIEXEC", "mpirun")
 FASHION_MNIST = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 FIRST = 64  # the test samples compared with evaluate
+SMOOTHING = 0.1  # the checkpoint's --label-smoothing: evaluate's test loss is the training criterion
 CPU = ["--device", "cpu", "--threads", "2"]
 
 
@@ -69,7 +70,7 @@ class Serving(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="hpctrain-predict-")
         cls.ck = os.path.join(cls.tmp, "ck")
         ok("--model", "cnn", "--train-samples", "512", "--epochs", "1", "--test-samples", str(FIRST),
-           "--checkpoint-dir", cls.ck, "--quiet", *CPU)
+           "--label-smoothing", str(SMOOTHING), "--checkpoint-dir", cls.ck, "--quiet", *CPU)
         cls.ckpt = os.path.join(cls.ck, sorted(n for n in os.listdir(cls.ck) if n.endswith(".hpck"))[-1])
         with gzip.open(os.path.join(FASHION_MNIST, "t10k-images-idx3-ubyte.gz")) as f:
             cls.images = np.frombuffer(f.read()[16:16 + FIRST * 784], np.uint8).reshape(FIRST, 28, 28)
@@ -116,7 +117,8 @@ class Serving(unittest.TestCase):
         with open(metrics) as f:
             evaluated = json.loads(f.readline())
         self.assertEqual(int((z.argmax(axis=1) == self.labels).sum()), round(evaluated["test_accuracy"] * FIRST))
-        loss = -log_p[np.arange(FIRST), self.labels].mean()
+        # Cross-entropy against the smoothed target (1 - e) * onehot + e / K, as evaluate computes it.
+        loss = -((1 - SMOOTHING) * log_p[np.arange(FIRST), self.labels] + SMOOTHING * log_p.mean(axis=1)).mean()
         self.assertAlmostEqual(loss / evaluated["test_loss"], 1.0, delta=1e-6)
 
     def test_sizes_colours_and_formats_frame_as_evaluation(self):
