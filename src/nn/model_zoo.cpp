@@ -168,35 +168,23 @@ void Model<T>::init(uint64_t seed) {
     const ParamSlot& s = slots[i];
     T* p = store_.value(static_cast<int>(i));
     const int64_t n = s.shape.numel();
-    switch (s.role) {
-      case ParamRole::Weight: {
-        Philox rng(seed, RngStream::Init, i);
-        const double fan_in = static_cast<double>(s.fan_in);
-        if (spec_.init == InitScheme::KaimingNormal) {
-          const double stddev = s.init_gain * std::sqrt(2.0 / fan_in);
-          for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>(rng.normal() * stddev);
-        } else {
-          const double bound = s.init_gain / std::sqrt(fan_in);
-          for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>((2 * rng.uniform_double() - 1) * bound);
-        }
-        break;
-      }
-      case ParamRole::NormScale:
-        for (int64_t j = 0; j < n; ++j) p[j] = T(1);
-        break;
-      case ParamRole::Bias:
-        // As PyTorch's Conv2d and Linear: U(+-1/sqrt(fan_in)) under its weight init, scaled by
-        // the layer's gain (0: a branch that starts at zero starts at zero); zero else.
-        if (spec_.init == InitScheme::KaimingUniform) {
-          Philox rng(seed, RngStream::Init, i);
-          const double bound = s.init_gain / std::sqrt(static_cast<double>(s.fan_in));
-          for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>((2 * rng.uniform_double() - 1) * bound);
-          break;
-        }
-        [[fallthrough]];
-      case ParamRole::NormShift:
-        for (int64_t j = 0; j < n; ++j) p[j] = T(0);
-        break;
+    // Biases are drawn as the weights are under kaiming-uniform, as PyTorch's Conv2d and Linear
+    // draw theirs: U(+-gain/sqrt(fan_in)), so a layer of gain 0 still starts at zero.
+    const bool drawn = s.role == ParamRole::Weight ||
+                       (s.role == ParamRole::Bias && spec_.init == InitScheme::KaimingUniform);
+    if (!drawn) {  // zero biases (kaiming-normal), batch-norm scale 1 and shift 0
+      const T v = s.role == ParamRole::NormScale ? T(1) : T(0);
+      for (int64_t j = 0; j < n; ++j) p[j] = v;
+      continue;
+    }
+    Philox rng(seed, RngStream::Init, i);
+    const double fan_in = static_cast<double>(s.fan_in);
+    if (spec_.init == InitScheme::KaimingNormal) {
+      const double stddev = s.init_gain * std::sqrt(2.0 / fan_in);
+      for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>(rng.normal() * stddev);
+    } else {
+      const double bound = s.init_gain / std::sqrt(fan_in);
+      for (int64_t j = 0; j < n; ++j) p[j] = static_cast<T>((2 * rng.uniform_double() - 1) * bound);
     }
   }
 }
