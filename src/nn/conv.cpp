@@ -109,7 +109,7 @@ LibraryConv* Conv2d<T>::library(int64_t batch) {
     if (it == library_.end()) {
       const ConvGeometry g{batch, h_, w_, cin_, spec_.out_channels, spec_.kernel, spec_.stride, spec_.padding, spec_.bias};
       std::unique_ptr<LibraryConv> conv;
-      if (spec_.winograd && winograd_fits(g)) conv = make_winograd_conv(g);
+      if (spec_.winograd && winograd_fits(g)) conv = make_winograd_conv(g, spec_.winograd_tile);
       else if (spec_.narrow && narrow_fits(g)) conv = make_narrow_conv(g);
       else conv = make_library_conv(g);
       it = library_.emplace(batch, std::move(conv)).first;

@@ -31,13 +31,17 @@ class LibraryConv {
 std::unique_ptr<LibraryConv> make_library_conv(const ConvGeometry& g);
 const char* library_conv_name();
 
-// Our own Winograd F(2x2, 3x3) convolution (winograd.cpp), in every build: 3x3 kernels with
-// stride 1 and padding 1, at least 8 channels in and out and at most 128 x 128 channel
-// pairs (winograd.cpp says why). It does 2.25x fewer
-// multiply-adds than a direct kernel, with rounding that differs from it by about 1e-6
-// relative; on AVX2, where oneDNN has no Winograd kernel, it is the faster of the two.
+// Our own Winograd convolution (winograd.cpp), F(2x2, 3x3) or F(4x4, 3x3), in every build: 3x3
+// kernels with stride 1 and padding 1, at least 8 channels in and out and at most 128 x 128
+// channel pairs (winograd.cpp says why). Against a direct kernel F(2x2) does 2.25x fewer
+// multiply-adds and F(4x4) 4x fewer (less where its 4x4 tiles hang over the image's edge);
+// the rounding differs from a direct kernel's by about 1e-6 and 5e-6 relative. On AVX2, where
+// oneDNN has no Winograd kernel, it is the faster of the two.
 bool winograd_fits(const ConvGeometry& g);
-std::unique_ptr<LibraryConv> make_winograd_conv(const ConvGeometry& g);  // nullptr: does not fit
+// 2 or 4: the tile with fewer multiply-adds for this image size (what tile 0 below takes).
+int winograd_tile(const ConvGeometry& g);
+// nullptr: does not fit. tile: 2 or 4, or 0 for winograd_tile(g).
+std::unique_ptr<LibraryConv> make_winograd_conv(const ConvGeometry& g, int tile = 0);
 
 // Our own direct convolution for layers with at most 32 inputs per output (KH*KW*Cin, plus
 // one for a bias) and a kernel larger than 1x1 (narrow_conv.cpp), in every build: the first

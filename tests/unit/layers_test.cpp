@@ -220,22 +220,36 @@ TEST(FloatDoubleParity, Conv2d) {
   }
 }
 
-// Winograd F(2x2, 3x3) (winograd.cpp) serves float 3x3 convolutions with stride 1, padding 1
-// and 8+ channels: its output, input gradient and weight gradient agree with double im2col,
-// as oneDNN's direct kernel (winograd = false) does, for even and odd image sizes (tiles that
-// hang over the edge), with and without bias, over one and several blocks of tiles.
+// Winograd (winograd.cpp), F(2x2, 3x3) and F(4x4, 3x3), serves float 3x3 convolutions with
+// stride 1, padding 1 and 8+ channels: its output, input gradient and weight gradient agree
+// with double im2col, as oneDNN's direct kernel (winograd = false) does, for image sizes that
+// are and are not multiples of the tile (tiles that hang over the edge), with and without
+// bias, over one and several blocks of tiles.
 TEST(FloatDoubleParity, Conv2dWinograd) {
   EXPECT_TRUE(nn::winograd_fits({64, 14, 14, 32, 64, 3, 1, 1, false}));  // cnn's conv2
   EXPECT_FALSE(nn::winograd_fits({64, 28, 28, 1, 32, 3, 1, 1, false}));  // conv1: one channel
   EXPECT_FALSE(nn::winograd_fits({64, 14, 14, 32, 64, 3, 2, 1, false}));
   EXPECT_TRUE(nn::winograd_fits({32, 16, 16, 128, 128, 3, 1, 1, false}));
   EXPECT_FALSE(nn::winograd_fits({32, 8, 8, 128, 256, 3, 1, 1, false}));  // weights past the L2
-  for (bool winograd : {true, false}) {
-    SCOPED_TRACE(winograd ? "winograd" : "direct");
-    expect_parity<nn::Conv2d>(Shape{14, 14, 32}, 3, 1e-5, nn::ConvSpec{64, 3, 1, 1, false, true, 1, winograd});
-    expect_parity<nn::Conv2d>(Shape{9, 7, 8}, 2, 1e-5, nn::ConvSpec{16, 3, 1, 1, true, true, 1, winograd});
-    expect_parity<nn::Conv2d>(Shape{5, 6, 24}, 5, 1e-5, nn::ConvSpec{8, 3, 1, 1, true, true, 1, winograd});
-    expect_parity<nn::Conv2d>(Shape{1, 1, 8}, 2, 1e-5, nn::ConvSpec{8, 3, 1, 1, true, true, 1, winograd});
+  // F(4x4) where it has fewer multiply-adds and 64+ channels each way: resnet18's 64- and
+  // 128-channel layers, not the cnn's conv2 (32 in), nor images too small for 4x4 tiles.
+  EXPECT_EQ(nn::winograd_tile({64, 14, 14, 32, 64, 3, 1, 1, false}), 2);
+  EXPECT_EQ(nn::winograd_tile({32, 16, 16, 64, 64, 3, 1, 1, false}), 4);
+  EXPECT_EQ(nn::winograd_tile({32, 8, 8, 128, 128, 3, 1, 1, false}), 4);
+  EXPECT_EQ(nn::winograd_tile({32, 2, 2, 64, 64, 3, 1, 1, false}), 2);
+  EXPECT_EQ(nn::winograd_tile({32, 1, 9, 64, 64, 3, 1, 1, false}), 2);
+  for (int tile : {2, 4, 0}) {
+    for (bool winograd : {true, false}) {
+      if (!winograd && tile != 0) continue;
+      SCOPED_TRACE(winograd ? "winograd, tile " + std::to_string(tile) : "direct");
+      auto spec = [&](int64_t cout, bool bias) { return nn::ConvSpec{cout, 3, 1, 1, bias, true, 1, winograd, true, tile}; };
+      expect_parity<nn::Conv2d>(Shape{14, 14, 32}, 3, 1e-5, spec(64, false));
+      expect_parity<nn::Conv2d>(Shape{9, 7, 8}, 2, 1e-5, spec(16, true));
+      expect_parity<nn::Conv2d>(Shape{5, 6, 24}, 5, 1e-5, spec(8, true));
+      expect_parity<nn::Conv2d>(Shape{1, 1, 8}, 2, 1e-5, spec(8, true));
+      expect_parity<nn::Conv2d>(Shape{12, 16, 16}, 40, 1e-5, spec(16, false));  // several blocks either way
+      expect_parity<nn::Conv2d>(Shape{10, 11, 64}, 2, 1e-5, spec(64, true));     // tile 0: F(4x4)
+    }
   }
 }
 
@@ -300,7 +314,11 @@ void expect_same_bits_on_any_thread_count(const nn::ConvSpec& spec, const Shape&
 }
 
 TEST(Conv2dWinograd, AnyThreadCountGivesTheSameBits) {
-  expect_same_bits_on_any_thread_count(nn::ConvSpec{64, 3, 1, 1, false}, Shape{14, 14, 32}, 8);
+  for (int tile : {2, 4}) {
+    SCOPED_TRACE("tile " + std::to_string(tile));
+    expect_same_bits_on_any_thread_count(nn::ConvSpec{64, 3, 1, 1, false, true, 1, true, true, tile}, Shape{14, 14, 32},
+                                         8 * tile / 2);
+  }
 }
 
 // The weight gradient of the narrow kernel is summed over a fixed split of the rows of
