@@ -65,7 +65,7 @@ struct ConvSpec {
   double init_gain = 1;  // scales the Kaiming initialisation of the weights
   bool winograd = true;  // float, with library: our Winograd convolution where it fits (library_conv.hpp)
   bool narrow = true;    // float, with library: our direct kernel for few inputs per output (library_conv.hpp)
-  int winograd_tile = 0;  // Winograd F(2x2, 3x3) or F(4x4, 3x3); 0: the one with less work (tests pick)
+  int winograd_tile = 0;  // Winograd F(2x2, 3x3) or F(4x4, 3x3): 2 or 4; 0: winograd_tile() picks
 };
 
 template <class T>

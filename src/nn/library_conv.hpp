@@ -38,7 +38,8 @@ const char* library_conv_name();
 // the rounding differs from a direct kernel's by about 1e-6 and 5e-6 relative. On AVX2, where
 // oneDNN has no Winograd kernel, it is the faster of the two.
 bool winograd_fits(const ConvGeometry& g);
-// 2 or 4: the tile with fewer multiply-adds for this image size (what tile 0 below takes).
+// 4 where F(4x4) does fewer multiply-adds than F(2x2) for this image size and both sides have
+// 64+ channels, else 2 (winograd.cpp says why); what tile 0 below takes.
 int winograd_tile(const ConvGeometry& g);
 // nullptr: does not fit. tile: 2 or 4, or 0 for winograd_tile(g).
 std::unique_ptr<LibraryConv> make_winograd_conv(const ConvGeometry& g, int tile = 0);
