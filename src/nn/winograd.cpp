@@ -107,7 +107,7 @@ struct Transforms<2> {  // the tiles' own transforms are transform_inputs<2> etc
 
 template <>
 struct Transforms<4> {
-  static void input(const float* const* z, float* const* o, int64_t c, const float*) {  // B^T: 6 -> 6
+  static void input(const float* const* z, float* const* o, int64_t c) {  // B^T: 6 -> 6
     const float *__restrict z0 = z[0], *__restrict z1 = z[1], *__restrict z2 = z[2], *__restrict z3 = z[3],
                 *__restrict z4 = z[4], *__restrict z5 = z[5];
     float *__restrict o0 = o[0], *__restrict o1 = o[1], *__restrict o2 = o[2], *__restrict o3 = o[3],
@@ -122,22 +122,20 @@ struct Transforms<4> {
       o5[k] = 4.0f * z1[k] - 5.0f * z3[k] + z5[k];
     }
   }
-  static void output(const float* const* z, float* const* o, int64_t c, const float* bias) {  // A^T: 6 -> 4
+  static void output(const float* const* z, float* const* o, int64_t c) {  // A^T: 6 -> 4
     const float *__restrict z0 = z[0], *__restrict z1 = z[1], *__restrict z2 = z[2], *__restrict z3 = z[3],
                 *__restrict z4 = z[4], *__restrict z5 = z[5];
     float *__restrict o0 = o[0], *__restrict o1 = o[1], *__restrict o2 = o[2], *__restrict o3 = o[3];
-    const float* __restrict b = bias;
 #pragma omp simd
     for (int64_t k = 0; k < c; ++k) {
       const float p12 = z1[k] + z2[k], m12 = z1[k] - z2[k], p34 = z3[k] + z4[k], m34 = z3[k] - z4[k];
-      const float add = b ? b[k] : 0.0f;
-      o0[k] = add + (z0[k] + p12 + p34);
-      o1[k] = add + (m12 + 2.0f * m34);
-      o2[k] = add + (p12 + 4.0f * p34);
-      o3[k] = add + (m12 + 8.0f * m34 + z5[k]);
+      o0[k] = z0[k] + p12 + p34;
+      o1[k] = m12 + 2.0f * m34;
+      o2[k] = p12 + 4.0f * p34;
+      o3[k] = m12 + 8.0f * m34 + z5[k];
     }
   }
-  static void output_grad(const float* const* z, float* const* o, int64_t c, const float*) {  // A: 4 -> 6
+  static void output_grad(const float* const* z, float* const* o, int64_t c) {  // A: 4 -> 6
     const float *__restrict z0 = z[0], *__restrict z1 = z[1], *__restrict z2 = z[2], *__restrict z3 = z[3];
     float *__restrict o0 = o[0], *__restrict o1 = o[1], *__restrict o2 = o[2], *__restrict o3 = o[3],
           *__restrict o4 = o[4], *__restrict o5 = o[5];
@@ -167,23 +165,22 @@ struct Transforms<4> {
   }
 };
 
-// bias: added first to each value on the row pass of the output transform (nullptr elsewhere).
-using Transform1d = void (*)(const float* const* z, float* const* o, int64_t c, const float* bias);
+using Transform1d = void (*)(const float* const* z, float* const* o, int64_t c);
 
 // X^T z X for one tile of c-channel vectors: z holds In x In pointers (row-major), o Out x Out;
 // tmp holds Out x In vectors (F applied down z's columns), which F then maps row by row.
 template <int In, int Out, Transform1d F>
-void transform_2d(const float* const* z, float* const* o, float* tmp, int64_t c, const float* bias = nullptr) {
+void transform_2d(const float* const* z, float* const* o, float* tmp, int64_t c) {
   const float* zs[In];
   float* ts[Out];
   for (int b = 0; b < In; ++b) {  // column b
     for (int i = 0; i < In; ++i) zs[i] = z[i * In + b];
     for (int a = 0; a < Out; ++a) ts[a] = tmp + (a * In + b) * c;
-    F(zs, ts, c, nullptr);
+    F(zs, ts, c);
   }
   for (int a = 0; a < Out; ++a) {  // row a
     for (int i = 0; i < In; ++i) zs[i] = tmp + (a * In + i) * c;
-    F(zs, o + a * Out, c, bias);
+    F(zs, o + a * Out, c);
   }
 }
 
@@ -218,17 +215,21 @@ void transform_inputs(const TileGrid<M>& grid, const float* x, int64_t c, int64_
 // past the image's last row or column go to scratch.
 template <int M>
 void transform_outputs(const TileGrid<M>& grid, const float* m, int64_t kc, int64_t t0, int64_t nt, const float* bias,
-                       const float* zeros, float* tmp, float* y) {
+                       const float* /*zeros: F(2x2)'s own adds them without a bias*/, float* tmp, float* y) {
   constexpr int kA = Tile<M>::kAlpha, kP = Tile<M>::kPoints, kO = Tile<M>::kOut;
   const int64_t ld = nt * kc;
   float* scratch = tmp + kA * kA * kc;
-  const float* b = bias ? bias : zeros;
   const float* e[kP];
   float* out[kO];
   for (int64_t t = 0; t < nt; ++t) {
     grid.outputs(y, kc, t0 + t, scratch, kc, out);
     for (int q = 0; q < kP; ++q) e[q] = m + q * ld + t * kc;
-    transform_2d<kA, M, Transforms<M>::output>(e, out, tmp, kc, b);
+    transform_2d<kA, M, Transforms<M>::output>(e, out, tmp, kc);
+    if (bias)
+      for (float* o : out) {
+#pragma omp simd
+        for (int64_t k = 0; k < kc; ++k) o[k] += bias[k];
+      }
   }
 }
 
