@@ -473,7 +473,7 @@ bool winograd_fits(const ConvGeometry& g) {
 // tiles of 36 points against 49 of 16 (576 against 784), 16 x 16 takes 576 against 1024, 2 x 2
 // 36 against 16. With 32 channels its 36 GEMMs per block are too shallow to gain anything:
 // the cnn's conv2 (14 x 14, 32 -> 64 channels) took as long either way, while resnet18's
-// 64- and 128-channel layers made its step 11% faster on AVX2 (docs/performance.md).
+// 64- and 128-channel layers made its step 10-15% faster (docs/performance.md).
 int winograd_tile(const ConvGeometry& g) {
   auto work = [&g](int64_t m) { return ((g.h + m - 1) / m) * ((g.w + m - 1) / m) * (m + 2) * (m + 2); };
   return std::min(g.cin, g.cout) >= 64 && work(4) < work(2) ? 4 : 2;
