@@ -69,19 +69,14 @@ class NarrowConv final : public LibraryConv {
 
   bool backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     const int64_t rows = g_.n * ho_, chunks = (rows + kBandRows - 1) / kBandRows;
-    const int64_t groups = std::min(kWeightGradGroups, chunks);
-    const int max_parts = static_cast<int>(std::min<int64_t>(groups, math_threads()));
     // Per group: depthp_ rows of weight gradients, then the bias gradient.
     const int64_t sum_size = (depthp_ + 1) * coutp_;
     const int64_t part_size = kBandRows * band_len_ + kBandRows * wo_ * coutp_;
-    scratch_.assign(static_cast<size_t>(max_parts * part_size + groups * sum_size), 0.0f);
-    float* const sums = scratch_.data() + max_parts * part_size;
-    parallel_rows(groups, 1, max_parts, [&](int64_t g0, int64_t g1, int part) {
-      float* bands = scratch_.data() + part * part_size;
-      float* padded = bands + kBandRows * band_len_;  // dy with channels past cout zeroed
-      for (int64_t group = g0; group < g1; ++group) {
-        float* dwt = sums + group * sum_size;
-        for (int64_t c = chunks * group / groups; c < chunks * (group + 1) / groups; ++c) {
+    // Zeroed: the bands' padding and the sums start at zero.
+    const float* sums = grouped_sum(
+        scratch_, chunks, kWeightGradGroups, part_size, sum_size, /*zeroed=*/true,
+        [&](int64_t c, bool /*first*/, float* bands, float* dwt) {
+          float* padded = bands + kBandRows * band_len_;  // dy with channels past cout zeroed
           const int64_t r0 = c * kBandRows, nr = std::min(kBandRows, rows - r0), np = nr * wo_;
           for (int64_t i = 0; i < nr; ++i) fill_band(x, r0 + i, bands + i * band_len_);
           const float* g = dy + r0 * wo_ * g_.cout;
@@ -94,13 +89,7 @@ class NarrowConv final : public LibraryConv {
               weight_grad_block(bands, nr, e0, g + k0, dwt + e0 * coutp_ + k0);
           if (g_.bias)
             for (int64_t k0 = 0; k0 < coutp_; k0 += kLanes) bias_grad_block(g + k0, np, dwt + depthp_ * coutp_ + k0);
-        }
-      }
-    });
-    for (int64_t group = 1; group < groups; ++group) {
-      const float* other = sums + group * sum_size;
-      for (int64_t i = 0; i < sum_size; ++i) sums[i] += other[i];
-    }
+        });
     for (int64_t k = 0; k < g_.cout; ++k) {
       for (int64_t e = 0; e < depth_; ++e) dw[k * depth_ + e] = sums[e * coutp_ + k];
       if (g_.bias) db[k] = sums[depthp_ * coutp_ + k];

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace hpc::nn {
 
@@ -28,6 +29,37 @@ int parallel_rows(int64_t n, int64_t min_rows_per_part, int max_parts, F&& fn) {
     fn(n * p / parts, n * (p + 1) / parts, p);
   }
   return parts;
+}
+
+// A sum of `items` work items (a weight gradient over blocks of pixels) with the same bits on
+// any number of threads. The items fall into min(max_groups, items) groups of consecutive
+// items, whatever the thread count; one thread adds a group's items in order into the group's
+// own sum, and the groups' sums are then added in group order, so threads only share out
+// whole groups. scratch becomes one work buffer of part_size floats per thread, then the
+// groups' sums of sum_size floats each, all zero if `zeroed` (otherwise uninitialised: the
+// first item of a group must write its sum, not add to it). add(item, first, work, sum) adds
+// one item; first says whether it is its group's first. Returns the total, in scratch.
+template <class Add>
+float* grouped_sum(std::vector<float>& scratch, int64_t items, int64_t max_groups, int64_t part_size,
+                   int64_t sum_size, bool zeroed, Add&& add) {
+  const int64_t groups = std::min(max_groups, items);
+  const int max_parts = static_cast<int>(std::min<int64_t>(groups, math_threads()));
+  const auto size = static_cast<size_t>(max_parts * part_size + groups * sum_size);
+  if (zeroed) scratch.assign(size, 0.0f);
+  else scratch.resize(size);
+  float* const sums = scratch.data() + max_parts * part_size;
+  parallel_rows(groups, 1, max_parts, [&](int64_t g0, int64_t g1, int part) {
+    float* work = scratch.data() + part * part_size;
+    for (int64_t group = g0; group < g1; ++group) {
+      const int64_t i0 = items * group / groups, i1 = items * (group + 1) / groups;
+      for (int64_t i = i0; i < i1; ++i) add(i, i == i0, work, sums + group * sum_size);
+    }
+  });
+  for (int64_t group = 1; group < groups; ++group) {
+    const float* other = sums + group * sum_size;
+    for (int64_t i = 0; i < sum_size; ++i) sums[i] += other[i];
+  }
+  return sums;
 }
 
 }  // namespace hpc::nn

@@ -363,36 +363,20 @@ class WinogradConv final : public LibraryConv {
     const int64_t blocks = (tiles + block - 1) / block;
     const int64_t du_size = kPoints * cin_ * cout_;
     const int64_t buffers = kPoints * block * (cin_ + cout_) + tile_scratch<M>(std::max(cin_, cout_));
-    // The blocks fall into a fixed number of groups, whatever the thread count: each group's
-    // sum is accumulated in block order and the groups' sums are added in group order, so the
-    // threads only share out whole groups and the gradient has the same bits on any number
-    // of them (as oneDNN's direct kernel had).
-    const int64_t groups = std::min(kWeightGradGroups, blocks);
-    const int max_parts = static_cast<int>(std::min<int64_t>(groups, math_threads()));
-    scratch_.resize(static_cast<size_t>(max_parts * buffers + groups * du_size));
-    float* const sums = scratch_.data() + max_parts * buffers;
-    parallel_rows(groups, 1, max_parts, [&](int64_t g0, int64_t g1, int part) {
-      float* v = scratch_.data() + part * buffers;
-      float* z = v + kPoints * block * cin_;
-      float* tmp = z + kPoints * block * cout_;
-      for (int64_t group = g0; group < g1; ++group) {
-        float* du = sums + group * du_size;
-        const int64_t b0 = blocks * group / groups, b1 = blocks * (group + 1) / groups;
-        for (int64_t bl = b0; bl < b1; ++bl) {
+    // Summed over a fixed split of the blocks (grouped_sum), so the gradient has the same bits
+    // on any number of threads (as oneDNN's direct kernel had).
+    const float* du = grouped_sum(
+        scratch_, blocks, kWeightGradGroups, buffers, du_size, /*zeroed=*/false,
+        [&](int64_t bl, bool first, float* v, float* sum) {
+          float* z = v + kPoints * block * cin_;
+          float* tmp = z + kPoints * block * cout_;
           const int64_t t0 = bl * block, nt = std::min(block, tiles - t0);
           transform_inputs(grid_, x, cin_, t0, nt, zeros_.data(), tmp, v);
           transform_output_grads(grid_, dy, cout_, t0, nt, zeros_.data(), tmp, z);
           for (int p = 0; p < kPoints; ++p)  // dU[p] (C x K) += V[p]^T Z[p]
             gemm(true, false, cin_, cout_, nt, 1.0f, v + p * nt * cin_, cin_, z + p * nt * cout_, cout_,
-                 bl == b0 ? 0.0f : 1.0f, du + p * cin_ * cout_, cout_);
-        }
-      }
-    });
-    float* du = sums;
-    for (int64_t group = 1; group < groups; ++group) {
-      const float* other = sums + group * du_size;
-      for (int64_t i = 0; i < du_size; ++i) du[i] += other[i];
-    }
+                 first ? 0.0f : 1.0f, sum + p * cin_ * cout_, cout_);
+        });
     for (int64_t k = 0; k < cout_; ++k)
       for (int64_t c = 0; c < cin_; ++c) {
         float u[kPoints];
