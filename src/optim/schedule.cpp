@@ -37,15 +37,28 @@ double LrSchedule::base(double s) const {
   // onecycle
   const double initial = spec_.lr / spec_.div_factor;
   const double final_lr = initial / spec_.final_div_factor;
-  if (t <= spec_.pct_start) return cosine(initial, spec_.lr, t / spec_.pct_start);
-  return cosine(spec_.lr, final_lr, (t - spec_.pct_start) / (1 - spec_.pct_start));
+  const Phase ph = onecycle_phase(s);
+  return ph.rising ? cosine(initial, spec_.lr, ph.t) : cosine(spec_.lr, final_lr, ph.t);
+}
+
+// As PyTorch's OneCycleLR (two phases) with step k = samples_seen / samples_per_step: rising
+// while k <= pct_start*T - 1, t = k / (pct_start*T - 1); then t = (k - rise end) / (T - 1 -
+// rise end), 1 at the last step, T - 1. A rising phase that ends at or before the first step
+// is skipped (PyTorch divides by zero when it ends there), and t stays within [0, 1].
+LrSchedule::Phase LrSchedule::onecycle_phase(double s) const {
+  const double total = std::max(spec_.total_samples, 1.0);
+  const double rise_end = spec_.pct_start * total - spec_.samples_per_step;
+  const double fall_end = std::max(total - spec_.samples_per_step, rise_end);
+  if (rise_end > 0 && s <= rise_end) return {true, std::clamp(s / rise_end, 0.0, 1.0)};
+  if (fall_end <= rise_end) return {false, 1.0};
+  return {false, std::clamp((s - rise_end) / (fall_end - rise_end), 0.0, 1.0)};
 }
 
 double LrSchedule::momentum(double s, double fixed) const {
   if (spec_.kind != Schedule::OneCycle || !spec_.cycle_momentum) return fixed;
-  const double t = std::clamp(s / std::max(spec_.total_samples, 1.0), 0.0, 1.0);
-  if (t <= spec_.pct_start) return cosine(spec_.max_momentum, spec_.base_momentum, t / spec_.pct_start);
-  return cosine(spec_.base_momentum, spec_.max_momentum, (t - spec_.pct_start) / (1 - spec_.pct_start));
+  const Phase ph = onecycle_phase(s);
+  return ph.rising ? cosine(spec_.max_momentum, spec_.base_momentum, ph.t)
+                   : cosine(spec_.base_momentum, spec_.max_momentum, ph.t);
 }
 
 double LrSchedule::lr(double s) const {

@@ -19,6 +19,11 @@ struct ScheduleSpec {
   Schedule kind = Schedule::OneCycle;
   double lr = 0.1;                   // base lr (constant/step/cosine) or peak lr (onecycle)
   double total_samples = 0;          // length of the training run in samples
+  // Samples per optimizer step (the global batch), for onecycle's phase ends: PyTorch's
+  // OneCycleLR counts steps, and with T steps its peak is at step pct_start*T - 1 and its
+  // floor at the last step, T - 1; in samples, pct_start*total - this and total - this. 0:
+  // the continuous schedule (the peak at pct_start*total, the floor at total).
+  double samples_per_step = 0;
   double warmup_samples = 0;         // linear warm-up from 0 over this many samples
   std::vector<double> step_samples;  // step: multiply by gamma at each of these
   double gamma = 0.1;
@@ -44,6 +49,12 @@ class LrSchedule {
 
  private:
   double base(double samples_seen) const;
+  // Where onecycle is at this point: in its rising phase or not, and how far through it.
+  struct Phase {
+    bool rising;
+    double t;
+  };
+  Phase onecycle_phase(double samples_seen) const;
   ScheduleSpec spec_;
 };
 

@@ -240,8 +240,10 @@ void TrainingRun::plan() {
   const int64_t planned = o_.epochs * spe;
   plan_.total_steps = o_.max_steps > 0 ? std::min(o_.max_steps, planned) : planned;
   const double samples_per_epoch = static_cast<double>(o_.drop_last ? spe * global_batch : p_.ds.train.count);
-  plan_.schedule = std::make_unique<optim::LrSchedule>(
-      schedule_spec(o_, samples_per_epoch, static_cast<double>(plan_.total_steps) * samples_per_epoch / spe));
+  optim::ScheduleSpec spec =
+      schedule_spec(o_, samples_per_epoch, static_cast<double>(plan_.total_steps) * samples_per_epoch / spe);
+  spec.samples_per_step = samples_per_epoch / spe;  // the global batch (less with a kept short last one)
+  plan_.schedule = std::make_unique<optim::LrSchedule>(std::move(spec));
   // The GPU takes the batches as bytes and normalises them itself.
   plan_.loader = std::make_unique<data::Loader>(p_.ds.train, p_.ds.norm, augment_spec(o_), *plan_.sampler,
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu);

@@ -243,10 +243,13 @@ std::vector<JsonObject> step_events(const std::vector<JsonObject>& lines) {
 // hpctrain's onecycle as README states it: PyTorch's OneCycleLR (cosine up from lr/div_factor to
 // lr over pct_start of the run, then down to lr/div_factor/final_div_factor) at the fraction t of
 // the run's samples seen before the step; with the defaults (0.3, 25, 1e4).
-double onecycle_lr(double peak, double t) {
-  const double initial = peak / 25, final_lr = initial / 1e4, pct = 0.3;
+// PyTorch's OneCycleLR (peak lr, pct_start 0.3) before step k of T (k from 0): rising until
+// step 0.3*T - 1, at its floor at the last step, T - 1.
+double onecycle_lr(double peak, int64_t k, int64_t steps) {
+  const double initial = peak / 25, final_lr = initial / 1e4, rise_end = 0.3 * steps - 1;
   const auto anneal = [](double a, double b, double x) { return b + (a - b) * (1 + std::cos(M_PI * x)) / 2; };
-  return t <= pct ? anneal(initial, peak, t / pct) : anneal(peak, final_lr, (t - pct) / (1 - pct));
+  return k <= rise_end ? anneal(initial, peak, k / rise_end)
+                       : anneal(peak, final_lr, (k - rise_end) / (steps - 1 - rise_end));
 }
 
 // 300 samples in batches of 32: 9 steps per epoch (the short batch dropped), 18 in two epochs.
@@ -276,7 +279,7 @@ TEST_F(Train, StepEventsEveryNStepsCarryTheSchedulesLearningRate) {
     ASSERT_TRUE(s.at("step").is_integer() && s.at("epoch").is_integer());
     EXPECT_EQ(s.at("step").number, step);
     EXPECT_EQ(s.at("epoch").number, (step - 1) / 9 + 1);
-    EXPECT_NEAR(s.at("learning_rate").number, onecycle_lr(0.1, (step - 1) / 18.0), 1e-12);
+    EXPECT_NEAR(s.at("learning_rate").number, onecycle_lr(0.1, step - 1, 18), 1e-12);
     EXPECT_TRUE(std::isfinite(s.at("loss").number) && s.at("loss").number > 0) << s.at("loss").raw;
     const double seconds = s.at("step_seconds").number;
     EXPECT_GT(seconds, 0);
@@ -489,6 +492,10 @@ TEST_P(TrainModel, FewStepsWithFiniteLoss) {
                                 "--test-samples", "100", "--batch-size", "16", "--eval-batch-size", "50"};
   // Without batch norm the deep ResNets need a gentler peak lr than the default 0.1.
   if (!bn) args.insert(args.end(), {"--no-batch-norm", "--lr", "0.01"});
+  // Start at the initial lr: over 3 steps pct_start 0.3 leaves no rising phase (PyTorch's
+  // OneCycleLR rises until step 0.3 * 3 - 1 < 0) and the first step would take nearly the
+  // peak lr; 0.5 rises until step 0.5.
+  args.insert(args.end(), {"--onecycle-pct-start", "0.5"});
   const auto lines = train(args);
   ASSERT_EQ(lines.size(), 2u);
   expect_epoch_line(lines[0], 1, 3);

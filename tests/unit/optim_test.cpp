@@ -236,6 +236,34 @@ TEST(LrSchedule, OneCycleAsPyTorch) {
   for (double x = 260; x <= 1000; x += 10) EXPECT_LT(s.lr(x), s.lr(x - 10)) << x;
 }
 
+// With the samples of a step given, the lr and momentum of every step are PyTorch's own:
+// OneCycleLR(max_lr=0.5, total_steps=10, pct_start=0.25, base_momentum=0.8,
+// max_momentum=0.96), read from its optimizer before each step (python3-torch 1.13). Its
+// peak is at step pct_start*T - 1 = 1.5 and its floor at the last step, T - 1.
+TEST(LrSchedule, OneCycleStepsAsPyTorch) {
+  ScheduleSpec spec = spec_of("onecycle", 0.5, 30);
+  spec.samples_per_step = 3;
+  spec.pct_start = 0.25;
+  spec.base_momentum = 0.8;
+  spec.max_momentum = 0.96;
+  LrSchedule s(spec);
+  const double lr[] = {0.020000000000000018, 0.37999999999999995, 0.4945369220358507, 0.4522544395767425,
+                       0.3750005,            0.27613301128845014, 0.17274706042325755, 0.08271901754089188,
+                       0.021615549134807396, 2e-06};
+  const double momentum[] = {0.96, 0.8400000000000001, 0.8017481919412957, 0.8152786404500042,
+                             0.8400000000000001, 0.8716377229385878, 0.9047213595499958, 0.9335304485087086,
+                             0.953083636611408, 0.96};
+  for (int k = 0; k < 10; ++k) {
+    EXPECT_NEAR(s.lr(3.0 * k), lr[k], 1e-15) << "step " << k;
+    EXPECT_NEAR(s.momentum(3.0 * k, 0.5), momentum[k], 1e-15) << "step " << k;
+  }
+  // A rising phase that ends at the first step (pct_start * T = 1) is skipped: the peak first.
+  spec.total_samples = 12;  // 4 steps, the rise ending at step 0.25 * 4 - 1 = 0
+  LrSchedule short_rise(spec);
+  EXPECT_NEAR(short_rise.lr(0), 0.5, 1e-15);
+  EXPECT_NEAR(short_rise.lr(9), 0.5 / 25 / 1e4, 1e-18);
+}
+
 // PyTorch's OneCycleLR with cycle_momentum: max -> base while the lr rises, back to max as it
 // falls (cosine both ways); other schedules, or cycling off, keep the fixed momentum.
 TEST(LrSchedule, OneCycleCyclesMomentumInversely) {

@@ -1,0 +1,40 @@
+#!/usr/bin/python3
+"""The peer's recipe, step by step, from given weights: loads an ONNX file that `hpctrain export`
+wrote for the cnn model, trains the peer's own model (torch_peer.Net) on the first N training
+samples as one full batch per step, with the peer's optimizer and schedule (SGD with Nesterov
+momentum 0.9, weight decay 5e-4, OneCycleLR peaking at --lr over --steps steps, cross entropy
+with --label-smoothing), and prints one JSON line per step: step, loss (before the step's
+update), lr and momentum. bench/recipe_vs_peer.sh compares these with hpctrain's step metrics.
+Usage: torch_recipe_steps.py PEER_SCRIPT ONNX_FILE --steps S --samples N --lr LR --label-smoothing E"""
+import argparse, importlib.util, json
+import numpy as np, onnx, torch, torch.nn.functional as F
+from onnx import numpy_helper
+
+p = argparse.ArgumentParser()
+p.add_argument("peer"); p.add_argument("onnx")
+p.add_argument("--steps", type=int, required=True); p.add_argument("--samples", type=int, required=True)
+p.add_argument("--lr", type=float, required=True); p.add_argument("--label-smoothing", type=float, required=True)
+a = p.parse_args()
+spec = importlib.util.spec_from_file_location("torch_peer", a.peer)
+tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
+torch.set_num_threads(1)
+weights = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in onnx.load(a.onnx).graph.initializer}
+net = tp.Net()
+# hpctrain's ONNX names its parameters by layer index (the layers in the model's order, the
+# ReLUs, pools and flatten included); the export gives fc1 the NCHW flatten order PyTorch uses.
+with torch.no_grad():
+    for module, k in ((net.c1, 0), (net.b1, 1), (net.c2, 2), (net.b2, 3), (net.f1, 5), (net.f2, 7)):
+        module.weight.copy_(weights[f"param.{k}.weight"]); module.bias.copy_(weights[f"param.{k}.bias"])
+d = tp.default_data_dir()
+x = torch.from_numpy(tp.idx(f"{d}/train-images-idx3-ubyte.gz")[:a.samples].astype(np.float32) / 255.0)
+y = torch.from_numpy(tp.idx(f"{d}/train-labels-idx1-ubyte.gz")[:a.samples].astype(np.int64))
+x = (x - 0.2860) / 0.3530
+opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=a.steps)
+net.train()
+for s in range(a.steps):
+    group = opt.param_groups[0]
+    lr, momentum = group["lr"], group["momentum"]
+    loss = F.cross_entropy(net(x), y, label_smoothing=a.label_smoothing)
+    opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+    print(json.dumps(dict(step=s + 1, loss=loss.item(), lr=lr, momentum=momentum)))
