@@ -4,8 +4,10 @@ wrote for the cnn model, trains the peer's own model (torch_peer.Net) on the fir
 samples as one full batch per step, with the peer's optimizer and schedule (SGD with Nesterov
 momentum 0.9, weight decay 5e-4, OneCycleLR peaking at --lr over --steps steps, cross entropy
 with --label-smoothing), and prints one JSON line per step: step, loss (before the step's
-update), lr and momentum. bench/recipe_vs_peer.sh compares these with hpctrain's step metrics.
-Usage: torch_recipe_steps.py PEER_SCRIPT ONNX_FILE --steps S --samples N --lr LR --label-smoothing E"""
+update), lr and momentum; then a last line with the test loss and accuracy of the first
+--test-samples test samples in eval mode (batch norm's running statistics). bench/recipe_vs_peer.sh compares these with hpctrain's step metrics.
+Usage: torch_recipe_steps.py PEER_SCRIPT ONNX_FILE --steps S --samples N --lr LR --label-smoothing E
+       --test-samples M"""
 import argparse, importlib.util, json
 import numpy as np, onnx, torch, torch.nn.functional as F
 from onnx import numpy_helper
@@ -14,6 +16,7 @@ p = argparse.ArgumentParser()
 p.add_argument("peer"); p.add_argument("onnx")
 p.add_argument("--steps", type=int, required=True); p.add_argument("--samples", type=int, required=True)
 p.add_argument("--lr", type=float, required=True); p.add_argument("--label-smoothing", type=float, required=True)
+p.add_argument("--test-samples", type=int, required=True)
 a = p.parse_args()
 spec = importlib.util.spec_from_file_location("torch_peer", a.peer)
 tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
@@ -38,3 +41,12 @@ for s in range(a.steps):
     loss = F.cross_entropy(net(x), y, label_smoothing=a.label_smoothing)
     opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
     print(json.dumps(dict(step=s + 1, loss=loss.item(), lr=lr, momentum=momentum)))
+# In eval mode, as hpctrain's evaluation: the batch norms' running statistics decide it.
+xt = torch.from_numpy(tp.idx(f"{d}/t10k-images-idx3-ubyte.gz")[:a.test_samples].astype(np.float32) / 255.0)
+yt = torch.from_numpy(tp.idx(f"{d}/t10k-labels-idx1-ubyte.gz")[:a.test_samples].astype(np.int64))
+net.eval()
+with torch.no_grad():
+    logits = net((xt - 0.2860) / 0.3530)
+    test_loss = F.cross_entropy(logits, yt, label_smoothing=a.label_smoothing).item()
+    test_accuracy = (logits.argmax(1) == yt).float().mean().item()
+print(json.dumps(dict(test_loss=test_loss, test_accuracy=test_accuracy)))

@@ -4,7 +4,7 @@
 # CPU/ISA and oneDNN kernel lines, --seeds N (seeds 1..N to both sides, mean and sample
 # standard deviation, the verdict on the means), --label-smoothing passed to both sides always
 # (by default the default job's 0.1, which the peer would not use on its own; 0 as 0), and bad
-# values refused with exit 2.
+# values refused with exit 2 (recipe_vs_peer.sh's too).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$(cd "$here/../../bench" && pwd)
@@ -176,6 +176,16 @@ for script in cpu_vs_peer.sh mpi_vs_peer.sh; do
   refuse "$script" "--label-smoothing must be a number in [0, 1) such as 0.1, got '1'" --label-smoothing 1
   refuse "$script" "--label-smoothing must be a number in [0, 1) such as 0.1, got '-0.1'" --label-smoothing -0.1
 done
+
+# recipe_vs_peer.sh checks its options before it looks for hpctrain, torch and onnx.
+refuse recipe_vs_peer.sh "--steps must be a positive integer, got '0'" --steps 0
+refuse recipe_vs_peer.sh "--samples must be a positive integer, got 'x'" --samples x
+refuse recipe_vs_peer.sh "--lr must be a positive number, got '-1'" --lr -1
+refuse recipe_vs_peer.sh "--lr must be a positive number, got '0'" --lr 0
+refuse recipe_vs_peer.sh "--label-smoothing must be a number in [0, 1) such as 0.1, got '1'" --label-smoothing 1
+refuse recipe_vs_peer.sh "--loss-tolerance must be a number, got 'tiny'" --loss-tolerance tiny
+refuse recipe_vs_peer.sh "unknown option '--seeds' (see --help)" --seeds 2
+HPCTRAIN=$tmp/none refuse recipe_vs_peer.sh "no hpctrain binary at $tmp/none (run ./setup.sh, or set BUILD_DIR or HPCTRAIN)"
 
 echo "$checks checks, $failures failed"
 ((failures == 0))
