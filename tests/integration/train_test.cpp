@@ -240,11 +240,9 @@ std::vector<JsonObject> step_events(const std::vector<JsonObject>& lines) {
   return steps;
 }
 
-// hpctrain's onecycle as README states it: PyTorch's OneCycleLR (cosine up from lr/div_factor to
-// lr over pct_start of the run, then down to lr/div_factor/final_div_factor) at the fraction t of
-// the run's samples seen before the step; with the defaults (0.3, 25, 1e4).
-// PyTorch's OneCycleLR (peak lr, pct_start 0.3) before step k of T (k from 0): rising until
-// step 0.3*T - 1, at its floor at the last step, T - 1.
+// hpctrain's onecycle: PyTorch's OneCycleLR with the defaults (pct_start 0.3, div_factor 25,
+// final_div_factor 1e4), the lr before step k of T (k from 0): cosine up from peak/25 until
+// step 0.3*T - 1, then down to peak/25/1e4, reached at the last step, T - 1.
 double onecycle_lr(double peak, int64_t k, int64_t steps) {
   const double initial = peak / 25, final_lr = initial / 1e4, rise_end = 0.3 * steps - 1;
   const auto anneal = [](double a, double b, double x) { return b + (a - b) * (1 + std::cos(M_PI * x)) / 2; };
