@@ -53,25 +53,27 @@ locate_programs
 work=$(mktemp -d /tmp/recipe-vs-peer-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 run() { "$@" > "$work/log" 2>&1 || die "$1 failed: $(tail -n 1 "$work/log")"; }
-common=(--threads 1 --seed 1 --train-samples "$samples" --batch-size "$samples" --test-samples 1000
+test_samples=1000
+common=(--threads 1 --seed 1 --train-samples "$samples" --batch-size "$samples" --test-samples "$test_samples"
   --label-smoothing "$smoothing" --quiet)
 run "$hpctrain" "${common[@]}" --epochs 1 --lr 1e-30 --checkpoint-dir "$work/init"
 run "$hpctrain" export --checkpoint "$work/init" --output "$work/init.onnx"
 run "$hpctrain" "${common[@]}" --epochs "$steps" --lr "$lr" --metrics-file "$work/hpctrain.jsonl" \
   --metrics-every-steps 1
 run "$python" "$root/bench/torch_recipe_steps.py" "$peer" "$work/init.onnx" --steps "$steps" \
-  --samples "$samples" --lr "$lr" --label-smoothing "$smoothing" --test-samples 1000
+  --samples "$samples" --lr "$lr" --label-smoothing "$smoothing" --test-samples "$test_samples"
 cp "$work/log" "$work/peer.jsonl"
 
 echo "recipe_vs_peer: $steps full-batch steps of $samples samples, lr $lr, label smoothing $smoothing; cpu: $(cpu_model)"
 echo "step  hpctrain loss  peer loss  rel diff  hpctrain lr  peer lr"
-"$python" - "$work/hpctrain.jsonl" "$work/peer.jsonl" "$tolerance" "$steps" << 'PY'
+"$python" - "$work/hpctrain.jsonl" "$work/peer.jsonl" "$tolerance" "$steps" "$test_samples" << 'PY'
 import json, sys
-ours = [json.loads(l) for l in open(sys.argv[1]) if '"event":"step"' in l]
-ours_test = [json.loads(l) for l in open(sys.argv[1]) if '"event":"epoch"' in l][-1]
+lines = [json.loads(l) for l in open(sys.argv[1])]
+ours = [l for l in lines if l.get("event") == "step"]
+ours_test = [l for l in lines if l.get("event") == "epoch"][-1]
 peer = [json.loads(l) for l in open(sys.argv[2])]
 peer_test = peer.pop()
-tol, steps = float(sys.argv[3]), int(sys.argv[4])
+tol, steps, test_samples = float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 if len(ours) != steps or len(peer) != steps:
     sys.exit(f"recipe_vs_peer.sh: error: {len(ours)} hpctrain and {len(peer)} peer steps, expected {steps}")
 worst_loss = worst_lr = 0.0
@@ -81,7 +83,7 @@ for a, b in zip(ours, peer):
     worst_loss, worst_lr = max(worst_loss, dl), max(worst_lr, dr)
     print(f"{a['step']:4d}  {a['loss']:.7f}  {b['loss']:.7f}  {dl:.1e}  {a['learning_rate']:.8f}  {b['lr']:.8f}")
 test = abs(ours_test["test_loss"] - peer_test["test_loss"]) / peer_test["test_loss"]
-print(f"test loss after the last step, eval mode (running statistics), 1000 test samples: hpctrain "
+print(f"test loss after the last step, eval mode (running statistics), {test_samples} test samples: hpctrain "
       f"{ours_test['test_loss']:.7f}, peer {peer_test['test_loss']:.7f}, rel diff {test:.1e}; accuracy "
       f"{ours_test['test_accuracy']:.4f} and {peer_test['test_accuracy']:.4f}")
 same = worst_lr <= 1e-9 and worst_loss <= tol and test <= 10 * tol
