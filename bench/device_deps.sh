@@ -36,7 +36,7 @@ packages=(
   libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
   libgtest-dev zlib1g-dev zlib1g nlohmann-json3-dev libisal-dev libisal2
   libturbojpeg0-dev libturbojpeg0 libpng-dev libpng16-16
-  libonnx-dev libonnx1 libprotobuf-dev libprotobuf32 libprotobuf-lite32
+  libonnx-dev libonnx1 libonnxifi libprotobuf-dev libprotobuf32 libprotobuf-lite32
 )
 
 # Files of those packages that nothing reads there (extended regular expressions on absolute
@@ -44,7 +44,7 @@ packages=(
 # static), the Open MPI components of the fabrics left out, and the Boost headers no source
 # includes (boost_headers below adds those the build reads).
 dropped='^/usr/share/(doc|man|lintian|bug)/|^/usr/src/|^/usr/include/boost/|/openmpi3/mca_[a-z]+_(ucx|ofi|psm|psm2|openib|usnic)\.so$|/libmca_common_(ucx|ofi|verbs)\.so'
-kept_static='/lib(gtest|gtest_main)\.a$'
+kept_static='/lib(gtest|gtest_main|onnxifi_loader)\.a$'
 
 # What the GPU machine provides itself, so the pack must not bring it: glibc; GCC's runtime
 # (libstdc++, libgcc_s, OpenMP's libgomp), part of the compiler that builds there; the CUDA
@@ -200,11 +200,13 @@ env_lines() {
   local lib=$to/usr/lib/x86_64-linux-gnu ld_path d
   for d in "${lib_dirs[@]}"; do ld_path+=${ld_path:+:}$to/$d; done
   # Debian points mpicc, mpirun and libblas through update-alternatives links that unpacking
-  # does not make; the programs are named directly instead. OPAL_PREFIX relocates Open MPI.
+  # does not make; the programs are named directly instead. OPAL_PREFIX relocates Open MPI,
+  # PMIX_PREFIX and the component path PMIx (else it loads the machine's own PMIx plugins).
   # One machine: Open MPI's shared-memory and self transports only, the fabrics' left behind.
   cat << EOS
 export HPCTRAIN_DEPS=$to
 export OPAL_PREFIX=$to/usr
+export PMIX_PREFIX=$to/usr/lib/x86_64-linux-gnu/pmix2 PMIX_MCA_mca_base_component_path=$to/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
 export PATH=$to/usr/bin:\$PATH
 export LD_LIBRARY_PATH=$ld_path\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export CMAKE_PREFIX_PATH=$to/usr\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}
