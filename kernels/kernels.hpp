@@ -71,7 +71,8 @@ void count_correct(const float* scores, const int32_t* labels, int64_t n, int64_
 // The SGD update of the whole parameter arena in one launch: for the parameters of range r
 // (elements [range_end[r-1], range_end[r]), weight decay range_decay[r]),
 //   g' = g + wd p;  v = mu v + g';  p -= lr (nesterov ? g' + mu v : v)
-// rounded as the CPU rounds (no fused multiply-add), so one step matches the CPU bit for bit.
+// each a * b + c rounded once (fused multiply-add) when `fused`, else twice: pass
+// optim::sgd_fuses_multiply_add(), and one step matches the CPU's optim::Sgd bit for bit.
 // range_end and range_decay are device arrays of `ranges` entries, range_end ascending with
 // the last equal to n.
 // When skip is not null and *skip is non-zero on the device, the launch changes nothing: an
@@ -79,8 +80,8 @@ void count_correct(const float* scores, const int32_t* labels, int64_t n, int64_
 // When hyper is not null, lr and momentum are read from the device (hyper[0], hyper[1]) instead:
 // a step captured in a CUDA graph takes each replay's values from there.
 void sgd_step(float* params, const float* grads, float* velocity, int64_t n, const int64_t* range_end,
-              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, cudaStream_t stream,
-              const int* skip = nullptr, const float* hyper = nullptr);
+              const float* range_decay, int ranges, float lr, float momentum, bool nesterov, bool fused,
+              cudaStream_t stream, const int* skip = nullptr, const float* hyper = nullptr);
 
 // ---- mixed precision ----------------------------------------------------------------------------
 

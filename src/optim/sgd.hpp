@@ -11,6 +11,11 @@
 
 namespace hpc::optim {
 
+// Whether Sgd's step rounds each a * b + c once (a fused multiply-add: where the CPU this was
+// built for has FMA) or twice. The GPU update (kernels::sgd_step) rounds as it is told, so that
+// both give the same bits.
+bool sgd_fuses_multiply_add();
+
 struct SgdSpec {
   double momentum = 0.9;
   bool nesterov = true;

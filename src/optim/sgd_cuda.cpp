@@ -46,7 +46,7 @@ void SgdCuda::step(float* params, const float* grads, double lr, double momentum
                    const int* skip, const float* hyper) {
   kernels::sgd_step(params, grads, velocity_.data<float>(), n_, static_cast<const int64_t*>(range_end_.raw()),
                     range_decay_.data<float>(), ranges_, static_cast<float>(lr), static_cast<float>(momentum),
-                    spec_.nesterov, stream, skip, hyper);
+                    spec_.nesterov, sgd_fuses_multiply_add(), stream, skip, hyper);
 }
 
 }  // namespace hpc::optim
