@@ -107,7 +107,10 @@ TEST_F(GpuKernels, AddAndScaleAreExact) {
   const auto half = out.host();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(half[i], sum[i] * 0.5f) << i;
   EXPECT_EQ(flag.host()[0], 0);
-  kernels::scale_and_check(out.get(), n, 1e38f, flag.get(), stream_);  // overflows: an fp16 step to skip
+  // Values up to 1 times 1e38 stay finite; the same again overflows: an fp16 step to skip.
+  kernels::scale_and_check(out.get(), n, 1e38f, flag.get(), stream_);
+  EXPECT_EQ(flag.host()[0], 0);
+  kernels::scale_and_check(out.get(), n, 1e38f, flag.get(), stream_);
   EXPECT_EQ(flag.host()[0], 1);
 }
 
@@ -371,9 +374,16 @@ TEST_F(GpuKernels, SgdStepEqualsTheCpuOptimizerBitForBit) {
     model.init(1);
     ParamStore<float>& store = model.params();
     const int64_t n = store.values().numel();
-    const auto grads = random_floats(static_cast<size_t>(n), 8, 0.01f);
-    std::memcpy(store.grads().data<float>(), grads.data(), grads.size() * sizeof(float));
     optim::Sgd<float> sgd(store, {0.9, nesterov, 5e-4, false});
+    // Random gradients for the parameters; the arena's alignment padding keeps zero gradients,
+    // as in training (the CPU step skips it, the GPU's walks it and must leave it zero).
+    auto grads = random_floats(static_cast<size_t>(n), 8, 0.01f);
+    std::vector<bool> in_range(static_cast<size_t>(n), false);
+    for (const auto& r : sgd.ranges())
+      for (int64_t i = r.begin; i < r.end; ++i) in_range[static_cast<size_t>(i)] = true;
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (!in_range[i]) grads[i] = 0;
+    std::memcpy(store.grads().data<float>(), grads.data(), grads.size() * sizeof(float));
     const std::vector<float> p0 = host_of(store.values());
     DeviceBuffer<float> p(p0), g(grads), v(static_cast<size_t>(n));
     std::vector<int64_t> ends;
@@ -387,7 +397,7 @@ TEST_F(GpuKernels, SgdStepEqualsTheCpuOptimizerBitForBit) {
     for (int step = 0; step < 3; ++step) {  // velocity carries over
       sgd.step(store, 0.05, 0.9);
       kernels::sgd_step(p.get(), g.get(), v.get(), n, dends.get(), ddecays.get(), static_cast<int>(ends.size()),
-                        0.05f, 0.9f, nesterov, stream_);
+                        0.05f, 0.9f, nesterov, optim::sgd_fuses_multiply_add(), stream_);
     }
     const auto p_gpu = p.host(), v_gpu = v.host();
     const auto p_cpu = host_of(store.values()), v_cpu = host_of(sgd.momentum_buffer());
