@@ -53,7 +53,8 @@ TEST_F(GpuTraining, DefaultJobReaches92PercentOnOneGpu) {
 }
 
 // Deterministic mode (the default): two runs end with the same bits, and a run killed after
-// step 7 and resumed from its step-5 checkpoint ends with them too, in its whole state.
+// step 7 and resumed from its step-5 checkpoint ends with them too, in its whole state (the
+// checkpoints on shared storage alone: SnapshotsThroughTheSideStream... has the snapshots).
 TEST_F(GpuTraining, DeterministicRunsRepeatAndResumeBitExactly) {
   const std::string a = dir_.file("a.jsonl"), b = dir_.file("b.jsonl");
   ASSERT_EQ(run_hpctrain(short_job(a)).exit_code, 0);
@@ -64,13 +65,13 @@ TEST_F(GpuTraining, DeterministicRunsRepeatAndResumeBitExactly) {
 
   const std::string ck = dir_.file("ck");
   auto job = short_job(dir_.file("killed.jsonl"));
-  job.insert(job.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  job.insert(job.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5", "--snapshot-every-steps", "0"});
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
   EXPECT_NE(run_hpctrain(job).exit_code, 0);
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
   const std::string m = dir_.file("resumed.jsonl");
   job = short_job(m);
-  job.insert(job.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  job.insert(job.end(), {"--checkpoint-dir", ck, "--checkpoint-every-steps", "5", "--snapshot-every-steps", "0"});
   const RunResult resumed = run_hpctrain(job);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
@@ -78,43 +79,74 @@ TEST_F(GpuTraining, DeterministicRunsRepeatAndResumeBitExactly) {
   EXPECT_EQ(done_of(m).at("state_checksum").str, want.at("state_checksum").str);
 }
 
-// In fp32 the GPU follows the CPU reference: after 40 steps the parameters' norm agrees to
-// 1e-3 and the accuracy to a point. A GPU checkpoint is then evaluated on the CPU.
+// The training loss of each step (--metrics-every-steps 1), in step order.
+std::vector<double> step_losses(const std::string& metrics) {
+  std::vector<double> losses;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "step") losses.push_back(j.at("loss").get<double>());
+  }
+  return losses;
+}
+
+// In fp32 the GPU follows the CPU reference: the same initial weights and batches give the same
+// loss at each of the first steps to 1e-4 (the products differ only in summation order), and
+// after 40 steps the parameters' norm still agrees to 1e-2. A GPU checkpoint is then evaluated on
+// the CPU. (Not the test accuracy: after 40 steps the running statistics are still far from
+// settled, and runs 1e-3 apart in their parameters were seen 3 points apart on 500 test images.)
 TEST_F(GpuTraining, Fp32TrainingFollowsTheCpuAndItsCheckpointsLoadOnTheCpu) {
   const std::string g = dir_.file("gpu.jsonl"), c = dir_.file("cpu.jsonl"), ck = dir_.file("ck32");
   auto gpu_job = short_job(g);
-  gpu_job.insert(gpu_job.end(), {"--precision", "fp32", "--checkpoint-dir", ck});
+  gpu_job.insert(gpu_job.end(), {"--precision", "fp32", "--checkpoint-dir", ck, "--metrics-every-steps", "1"});
   ASSERT_EQ(run_hpctrain(gpu_job).exit_code, 0);
-  ASSERT_EQ(run_hpctrain(short_job(c, "cpu")).exit_code, 0);
+  auto cpu_job = short_job(c, "cpu");
+  cpu_job.insert(cpu_job.end(), {"--metrics-every-steps", "1"});
+  ASSERT_EQ(run_hpctrain(cpu_job).exit_code, 0);
+  const std::vector<double> lg = step_losses(g), lc = step_losses(c);
+  ASSERT_EQ(lg.size(), 40u);
+  ASSERT_EQ(lc.size(), 40u);
+  for (size_t i = 0; i < lg.size(); ++i) {
+    std::cout << "step " << i + 1 << ": loss " << lg[i] << " on the GPU, " << lc[i] << " on the CPU (relative "
+              << std::abs(lg[i] - lc[i]) / lc[i] << ")\n";
+    if (i < 5) {
+      EXPECT_NEAR(lg[i], lc[i], 1e-4 * lc[i]) << "step " << i + 1;
+    }
+  }
   const JsonObject dg = done_of(g), dc = done_of(c);
-  EXPECT_NEAR(dg.at("param_norm").number, dc.at("param_norm").number, 1e-3 * dc.at("param_norm").number);
-  EXPECT_NEAR(dg.at("test_accuracy").number, dc.at("test_accuracy").number, 0.01);
+  EXPECT_NEAR(dg.at("param_norm").number, dc.at("param_norm").number, 1e-2 * dc.at("param_norm").number);
+  std::cout << "after 40 steps: parameters' norm " << dg.at("param_norm").number << " on the GPU, "
+            << dc.at("param_norm").number << " on the CPU; test accuracy " << dg.at("test_accuracy").number << " and "
+            << dc.at("test_accuracy").number << "\n";
   const RunResult ev = run_hpctrain({"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(),
                                      "--test-samples", "500"});
   ASSERT_EQ(ev.exit_code, 0) << ev.err;
   EXPECT_NE(ev.out.find("test accuracy"), std::string::npos) << ev.out;
 }
 
-// Mixed precision trains as well as fp32 on this short job (within 3 points), and an fp16 run
-// killed and resumed ends bit-exactly where an uninterrupted one does, its state too: the
-// dynamic loss scale and its counters travel in the checkpoint (its keys are there, and they are
-// part of the state_checksum). bf16 has no loss scale and skips no step; fp16 may skip some while
-// its scale comes down, never all.
+// Mixed precision trains as well as fp32: the default job (4 epochs of Fashion-MNIST, seconds
+// on a GPU) ends within 0.6 points of fp32's accuracy and at 91.5% or more in bf16 and in fp16.
+// (Not a short job: after 40 steps runs that differ only in rounding were seen from 42% to 69%
+// on 500 test images.) An fp16 run killed and resumed ends bit-exactly where an uninterrupted
+// one does, its state too: the dynamic loss scale and its counters travel in the checkpoint
+// (its keys are there, and they are part of the state_checksum). bf16 has no loss scale and
+// skips no step; fp16 may skip some while its scale comes down, never all.
 TEST_F(GpuTraining, MixedPrecisionTrainsAndFp16ResumesExactly) {
+  auto default_job = [&](const std::string& metrics, const char* precision) {
+    return std::vector<std::string>{"--device", "cuda", "--precision", precision, "--quiet",
+                                    "--data-dir", fashion_mnist_dir(), "--metrics-file", metrics};
+  };
   const std::string ref = dir_.file("fp32.jsonl");
-  auto fp32 = short_job(ref);
-  fp32.insert(fp32.end(), {"--precision", "fp32"});
-  ASSERT_EQ(run_hpctrain(fp32).exit_code, 0);
+  ASSERT_EQ(run_hpctrain(default_job(ref, "fp32")).exit_code, 0);
   const double want_accuracy = done_of(ref).at("test_accuracy").number;
   for (const char* precision : {"bf16", "fp16"}) {
     SCOPED_TRACE(precision);
     const std::string m = dir_.file(std::string(precision) + ".jsonl");
-    auto job = short_job(m);
-    job.insert(job.end(), {"--precision", precision});
-    const RunResult r = run_hpctrain(job);
+    const RunResult r = run_hpctrain(default_job(m, precision));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const JsonObject d = done_of(m);
-    EXPECT_NEAR(d.at("test_accuracy").number, want_accuracy, 0.03);
+    EXPECT_NEAR(d.at("test_accuracy").number, want_accuracy, 0.006);
+    EXPECT_GE(d.at("test_accuracy").number, 0.915);
     EXPECT_TRUE(d.at("skipped_steps").is_integer()) << d.at("skipped_steps").raw;
     if (std::string(precision) == "bf16") {
       EXPECT_EQ(d.at("skipped_steps").number, 0);
@@ -124,10 +156,15 @@ TEST_F(GpuTraining, MixedPrecisionTrainsAndFp16ResumesExactly) {
     std::cout << precision << ": test accuracy " << d.at("test_accuracy").number << " (fp32 " << want_accuracy
               << "), skipped steps " << d.at("skipped_steps").number << "\n";
   }
-  const JsonObject want = done_of(dir_.file("fp16.jsonl"));
+  const std::string whole = dir_.file("fp16-short.jsonl");
+  auto short16 = short_job(whole);
+  short16.insert(short16.end(), {"--precision", "fp16"});
+  ASSERT_EQ(run_hpctrain(short16).exit_code, 0);
+  const JsonObject want = done_of(whole);
   const std::string ck = dir_.file("ck16");
   auto job = short_job(dir_.file("killed16.jsonl"));
-  job.insert(job.end(), {"--precision", "fp16", "--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  job.insert(job.end(), {"--precision", "fp16", "--checkpoint-dir", ck, "--checkpoint-every-steps", "5",
+                         "--snapshot-every-steps", "0"});
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
   EXPECT_NE(run_hpctrain(job).exit_code, 0);
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
@@ -135,7 +172,8 @@ TEST_F(GpuTraining, MixedPrecisionTrainsAndFp16ResumesExactly) {
   EXPECT_NE(listing.out.find("loss_scale"), std::string::npos) << listing.out;
   const std::string m = dir_.file("resumed16.jsonl");
   job = short_job(m);
-  job.insert(job.end(), {"--precision", "fp16", "--checkpoint-dir", ck, "--checkpoint-every-steps", "5"});
+  job.insert(job.end(), {"--precision", "fp16", "--checkpoint-dir", ck, "--checkpoint-every-steps", "5",
+                         "--snapshot-every-steps", "0"});
   const RunResult resumed = run_hpctrain(job);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 5);
@@ -206,7 +244,7 @@ TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
 // HPCTRAIN_TEST_FORCE_NCCL=1 on one GPU: the bucketed NCCL path that several GPUs take (the
 // fence event on the compute stream, the all-reduce with ncclAvg on the NCCL stream behind it,
 // the compute stream's wait for the done event before the optimizer), with 0.1 MB buckets so
-// that several overlap the backward pass. An average over one rank is each gradient itself, so
+// that one overlaps the backward pass. An average over one rank is each gradient itself, so
 // the run ends with the bits of the run without NCCL; the log names the path, and the timeline
 // holds every bucket of every step.
 TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
@@ -231,7 +269,9 @@ TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
   int64_t lines = 0, max_bucket = 0;
   for (std::string line; std::getline(in, line); ++lines)
     max_bucket = std::max<int64_t>(max_bucket, nlohmann::json::parse(line).at("bucket").get<int64_t>());
-  EXPECT_GE(max_bucket, 2) << "0.1 MB buckets of the cnn: several per step";
+  // The cnn's gradients come in two groups (its layers' order of completion): with 0.1 MB
+  // buckets each is a bucket, the first all-reduced while the backward pass goes on.
+  EXPECT_GE(max_bucket, 1) << "0.1 MB buckets of the cnn: two per step";
   EXPECT_EQ(lines, 40 * (max_bucket + 1)) << "every bucket of every step";
 }
 
