@@ -12,7 +12,8 @@
 #   bench/device_deps.sh check [PROGRAM...]   here, without packing (CTest device_deps_closure):
 #       every DT_NEEDED of every packed ELF file and of each PROGRAM resolves to a library in
 #       the pack's library folders or to one the GPU machine provides (`provided` below), and
-#       every packed symbolic link points inside the pack. Exit 1 naming what is missing.
+#       every packed symbolic link points inside the pack, and every file a packed CMake package
+#       names is packed. Exit 1 naming what is missing.
 #   bench/device_deps.sh files        the files the pack holds, one a line (what `check` reads).
 #   bench/device_deps.sh env DIR      there: unpacks DIR/deps.tar.xz into /tmp/hpctrain-deps
 #       (once) and prints the export lines that make CMake, the compiler, the loader and
@@ -132,6 +133,20 @@ check() {
       [[ "$magic" == $'\x7fELF' ]]; then
       elves+=("$f")
     fi
+  done
+  # Every file a packed CMake package's imported targets name (CMake refuses the whole package
+  # when one is missing, as ONNX's did on the first GPU run: onnxifi, another package's files).
+  local named cfg prefix
+  for f in "${files[@]}"; do
+    [[ "$f" == */cmake/*/*Targets-*.cmake ]] || continue
+    cfg=${f%/*}
+    # Each get_filename_component(_IMPORT_PREFIX "${_IMPORT_PREFIX}" PATH) goes one folder up.
+    prefix=$(realpath -m "$cfg/$(grep -c '^get_filename_component(_IMPORT_PREFIX "${_IMPORT_PREFIX}" PATH)$' \
+      "${f%-*}.cmake" | awk '{ for (i = 0; i < $1; i++) printf "../" }')")
+    while IFS= read -r named; do
+      named=$prefix${named#'${_IMPORT_PREFIX}'}
+      [[ -n "${in_pack[$named]:-}" ]] || problems+=("$named, named by $f, is not in the pack")
+    done < <(grep -oE '"\$\{_IMPORT_PREFIX\}/[^"]*"' "$f" | tr -d '"' | sort -u)
   done
   local needed provided_seen=()
   for f in "${elves[@]}" "$@"; do
