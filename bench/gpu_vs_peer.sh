@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # The GPU procedure, on a machine with one NVIDIA GPU (the device machine), in steps that each
 # end well inside the 10 minutes one command may take there; each step is resumable on a warm
-# machine (the build is incremental, a step reads only the build and the data). Durations are
-# estimates for one H100 with 16 cores, never measured (no GPU has run this yet).
+# machine (the build is incremental, a step reads only the build and the data). Durations as
+# measured on one H200 with 16 cores (2026-11-25; bench/README.md, "What the first run gave").
 #
-#   bench/gpu_vs_peer.sh build      ~5 min  configure and build hpctrain with CUDA, cuDNN and NCCL
+#   bench/gpu_vs_peer.sh build      ~1 min  configure and build hpctrain with CUDA, cuDNN and NCCL
 #                                          into build-gpu/ (hpctrain, the GPU tests, gpu_step)
-#   bench/gpu_vs_peer.sh tests      ~3 min  ctest -L gpu without GpuTraining: every kernel and
+#   bench/gpu_vs_peer.sh tests      ~15 s   ctest -L gpu without GpuTraining: every kernel and
 #                                          layer against the CPU, the NCCL communicator
-#   bench/gpu_vs_peer.sh training   ~5 min  ctest -R GpuTraining: the default job's 92% on one GPU,
+#   bench/gpu_vs_peer.sh training   ~2 min  ctest -R GpuTraining: the default job's 92% on one GPU,
 #                                          exact resume, CPU parity, the bucketed NCCL path
 #                                          (HPCTRAIN_TEST_FORCE_NCCL=1), mpirun, CUDA graphs, predict
-#   bench/gpu_vs_peer.sh cnn        ~3 min  cnn, Fashion-MNIST: hpctrain against the PyTorch peer,
+#   bench/gpu_vs_peer.sh cnn        ~45 s   cnn, Fashion-MNIST: hpctrain against the PyTorch peer,
 #                                          steady steps with the batch on the GPU (gpu_step and
 #                                          torch_gpu_steps.py, same steps), then end to end (the
 #                                          trainer with its loader, copies and evaluation, and
 #                                          the peer's training loop over data held on the GPU)
-#   bench/gpu_vs_peer.sh resnet50   ~5 min  ResNet-50, 224x224, bf16: steady steps both sides
+#   bench/gpu_vs_peer.sh resnet50   >1 min  ResNet-50, 224x224, bf16: steady steps both sides
 #                                          (the peer eager and compiled), hpctrain end to end on
 #                                          --dataset synthetic; MFU of each
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
