@@ -20,9 +20,18 @@
 #                                          (the peer eager and compiled), hpctrain end to end on
 #                                          --dataset synthetic; MFU of each
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
+#   bench/gpu_vs_peer.sh all        the five steps in order as one command, each under the time
+#                                          left of --within S seconds (default 540; a step with
+#                                          under 30 s left is not started), with up to 4 CTest
+#                                          tests at a time; stops after a failed build. All output
+#                                          goes to DIR/all.log and the key=value lines to
+#                                          DIR/summary.txt (--out DIR, default BUILD_DIR/gpu_vs_peer):
+#                                          two files, for a device call's $OUT. Exit 1 if a step
+#                                          failed or was not run.
 #
 # Options: --precision fp32|tf32|bf16|fp16 (cnn; default tf32), --batch B (cnn, 128),
-#   --epochs E (cnn end to end, 4: the default job), --resnet50-batch B (128), --no-compile (resnet50).
+#   --epochs E (cnn end to end, 4: the default job), --resnet50-batch B (128), --no-compile (resnet50),
+#   --within S and --out DIR (all).
 # Environment: BUILD_DIR (default build-gpu), DEPS (a folder from `bench/device_deps.sh pack`:
 #   build dependencies, the dataset and the peer script, for machines without them),
 #   DATA_DIR (Fashion-MNIST .gz files; default $DEPS/fashion-mnist, else Debian's location),
@@ -34,12 +43,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 step=${1:-}
-[[ $step =~ ^(build|tests|training|cnn|resnet50|summary|-h|--help)$ ]] ||
-  die "the first argument must be a step: build, tests, training, cnn, resnet50 or summary (try --help)"
+[[ $step =~ ^(build|tests|training|cnn|resnet50|summary|all|-h|--help)$ ]] ||
+  die "the first argument must be a step: build, tests, training, cnn, resnet50, summary or all (try --help)"
 shift
-[[ $step == -h || $step == --help ]] && { sed -n '2,32s/^# \{0,1\}//p' "$0"; exit 0; }
-epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1
+[[ $step == -h || $step == --help ]] && { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0; }
+epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir=
+step_args=()  # the options a step of `all` is given
 while (($#)); do
+  case "$1" in
+    --within) [[ $# -ge 2 ]] || die "--within needs a value"; within=$2; shift 2; continue ;;
+    --out) [[ $# -ge 2 && -n "$2" ]] || die "--out needs a folder"; out_dir=$2; shift 2; continue ;;
+  esac
+  case "$1" in --epochs | --batch | --precision | --resnet50-batch) step_args+=("$1" "${2:-}") ;; *) step_args+=("$1") ;; esac
   case "$1" in
     --epochs) [[ $# -ge 2 ]] || die "--epochs needs a value"; epochs=$2; shift 2 ;;
     --batch) [[ $# -ge 2 ]] || die "--batch needs a value"; batch=$2; shift 2 ;;
@@ -52,6 +67,7 @@ done
 require_count --epochs "$epochs"
 require_count --batch "$batch"
 require_count --resnet50-batch "$r50_batch"
+require_count --within "$within"
 [[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
 
 build_dir=${BUILD_DIR:-build-gpu}
@@ -273,7 +289,38 @@ resnet50_ratio_target=1.0
 EOS
 }
 
+# all: the steps in order under one time limit (see the header).
+all_step() {
+  local out=${out_dir:-$results} start=$SECONDS st left rc failed=()
+  mkdir -p "$out"
+  rm -f "$results"/{build,tests,training,cnn,resnet50}.txt
+  : > "$out/all.log"
+  export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-4}
+  for st in build tests training cnn resnet50; do
+    left=$((within - (SECONDS - start)))
+    if ((left < 30)); then
+      echo "== all: $st not run (${left} s left of --within $within)" | tee -a "$out/all.log"
+      failed+=("$st (not run)")
+      continue
+    fi
+    echo "== all: $st at $((SECONDS - start)) s, under ${left} s" | tee -a "$out/all.log"
+    rc=0
+    timeout -k 5 "$left" "$0" "$st" "${step_args[@]}" >> "$out/all.log" 2>&1 || rc=$?
+    ((rc == 0)) || failed+=("$st (exit $rc$( ((rc == 124)) && echo ": out of time"))")
+    echo "== all: $st exit $rc at $((SECONDS - start)) s" | tee -a "$out/all.log"
+    [[ -f $results/$st.txt ]] && grep -v '^#' "$results/$st.txt"
+    [[ $st == build && $rc -ne 0 ]] && { tail -n 30 "$out/all.log"; break; }
+  done
+  cat "$results"/*.txt > "$out/summary.txt" 2> /dev/null || true
+  if ((${#failed[@]})); then
+    echo "== all: not passed: ${failed[*]} (log: $out/all.log)"
+    return 1
+  fi
+  echo "== all: every step passed (log: $out/all.log)"
+}
+
 case $step in
+  all) all_step ;;
   build) build_step ;;
   tests) ctest_step gpu_tests -L gpu -E GpuTraining ;;
   training) ctest_step gpu_training -R GpuTraining ;;
