@@ -48,14 +48,11 @@ step=${1:-}
 shift
 [[ $step == -h || $step == --help ]] && { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0; }
 epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir=
-step_args=()  # the options a step of `all` is given
+step_args=("$@")  # a step of `all` gets the same options (a single step ignores --within and --out)
 while (($#)); do
   case "$1" in
-    --within) [[ $# -ge 2 ]] || die "--within needs a value"; within=$2; shift 2; continue ;;
-    --out) [[ $# -ge 2 && -n "$2" ]] || die "--out needs a folder"; out_dir=$2; shift 2; continue ;;
-  esac
-  case "$1" in --epochs | --batch | --precision | --resnet50-batch) step_args+=("$1" "${2:-}") ;; *) step_args+=("$1") ;; esac
-  case "$1" in
+    --within) [[ $# -ge 2 ]] || die "--within needs a value"; within=$2; shift 2 ;;
+    --out) [[ $# -ge 2 && -n "$2" ]] || die "--out needs a folder"; out_dir=$2; shift 2 ;;
     --epochs) [[ $# -ge 2 ]] || die "--epochs needs a value"; epochs=$2; shift 2 ;;
     --batch) [[ $# -ge 2 ]] || die "--batch needs a value"; batch=$2; shift 2 ;;
     --precision) [[ $# -ge 2 ]] || die "--precision needs a value"; precision=$2; shift 2 ;;
