@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -140,15 +141,19 @@ inline ::testing::AssertionResult within_elementwise(const float* got, const flo
                                        << " x their magnitude (the worst needs " << worst << ")" << first.str();
 }
 
-// The least-squares scale of got on want, <got, want> / <want, want>, is within tol of 1.
-inline ::testing::AssertionResult same_scale(const float* got, const float* want, int64_t n, double tol) {
+// The least-squares scale of got on want, <got, want> / <want, want> (1 where want is zero).
+inline double least_squares_scale(const float* got, const float* want, int64_t n) {
   double gw = 0, ww = 0;
   for (int64_t i = 0; i < n; ++i) {
     gw += static_cast<double>(got[i]) * want[i];
     ww += static_cast<double>(want[i]) * want[i];
   }
-  if (ww == 0) return ::testing::AssertionSuccess() << "reference is zero";
-  const double s = gw / ww;
+  return ww == 0 ? 1.0 : gw / ww;
+}
+
+// The least-squares scale of got on want is within tol of 1.
+inline ::testing::AssertionResult same_scale(const float* got, const float* want, int64_t n, double tol) {
+  const double s = least_squares_scale(got, want, n);
   if (std::fabs(s - 1) <= tol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "scaled by " << s << " against the reference (allowed 1 +- " << tol << ")";
 }
@@ -170,6 +175,95 @@ inline ::testing::AssertionResult matches(const std::vector<float>& got, const s
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
   return matches(got.data(), want.data(), static_cast<int64_t>(got.size()), p, roundings, channels);
+}
+
+// A network's parameter gradients against their reference. Two things move them by more than
+// the rounding of their own magnitude: a ReLU or a max pool whose input lies within the
+// forward pass's rounding of its threshold takes the other branch, which moves every gradient
+// upstream of it by about 1/sqrt(its terms); and a gradient that is zero in exact arithmetic
+// (a bias just before a batch norm) is the rounding of terms far larger than itself. Neither
+// is bounded by the value, so both are measured: each of `runs` is the same computation on
+// inputs and parameters perturbed by up to one unit roundoff of p (each operand rounded as it
+// could have been), which moves the forward pass about as far as its own rounding does, so
+// the runs take other branches and round other ways; `reference_runs` are the reference's
+// computation on the same perturbed inputs. The spread is the largest distance between two
+// of {got, runs}, or between two of {want, reference_runs}, relative to each element's
+// magnitude (value_magnitudes). Both sides count because a branch can be taken by either:
+// on an H200, mlp_no_bn's TF32 pass took a ReLU's other side in got and in all three of its
+// runs, against the CPU; the CPU's own runs, perturbed alike, cross there too. got passes if
+// every element is within max(the rounding bound, factor x spread) of its reference, and its
+// scale on the reference within the largest of the rounding tolerance, factor x the largest
+// difference of scale within either side, and factor x the scale's uncertainty that the
+// spread implies (each element moved by the spread in a random direction). A fault of the
+// code under test (a wrong channel, a missing factor) is in got and all its runs alike and in
+// no reference run: the spread stays small and the fault is caught (compare_test plants
+// both). What this cannot catch is a got that alone is wrong; got and its runs come from the
+// same deterministic code, which train_gpu_test checks repeats bit for bit.
+struct Spread {
+  double element = 0;  // max over pairs and elements of |a_i - b_i| / magnitude_i
+  double scale = 0;    // max over pairs of the difference of their scales on want
+};
+
+inline Spread spread_of(const float* want, int64_t n, const std::vector<const float*>& runs) {
+  const std::vector<double> magnitude = value_magnitudes(want, n);
+  std::vector<double> scales;
+  for (const float* run : runs) scales.push_back(least_squares_scale(run, want, n));
+  Spread sp;
+  for (size_t a = 0; a < runs.size(); ++a)
+    for (size_t b = a + 1; b < runs.size(); ++b) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double diff = std::fabs(static_cast<double>(runs[a][i]) - runs[b][i]);
+        const double d = diff == 0 ? 0.0 : diff / magnitude[static_cast<size_t>(i)];  // 0/0: equal
+        if (!(d <= sp.element)) sp.element = d;  // a NaN stays
+      }
+      const double ds = std::fabs(scales[a] - scales[b]);
+      if (!(ds <= sp.scale)) sp.scale = ds;
+    }
+  return sp;
+}
+
+// The spread matches_within_spread allows: the larger of the spreads among got and its runs
+// and among want and the reference's runs (none: got's side alone).
+inline Spread spread_around(const float* got, const float* want, int64_t n, const std::vector<const float*>& runs,
+                            const std::vector<const float*>& reference_runs) {
+  std::vector<const float*> mine{got}, reference{want};
+  mine.insert(mine.end(), runs.begin(), runs.end());
+  reference.insert(reference.end(), reference_runs.begin(), reference_runs.end());
+  const Spread a = spread_of(want, n, mine), b = spread_of(want, n, reference);
+  auto larger = [](double x, double y) { return std::isnan(x) || std::isnan(y) ? NAN : std::max(x, y); };
+  return {larger(a.element, b.element), larger(a.scale, b.scale)};
+}
+
+inline ::testing::AssertionResult matches_within_spread(const float* got, const float* want, int64_t n,
+                                                        const std::vector<const float*>& runs, Precision p,
+                                                        double roundings, int64_t channels = 1,
+                                                        double factor = 3,
+                                                        const std::vector<const float*>& reference_runs = {}) {
+  if (runs.empty()) return ::testing::AssertionFailure() << "a spread needs a perturbed run or more";
+  const Spread sp = spread_around(got, want, n, runs, reference_runs);
+  if (std::isnan(sp.element) || std::isnan(sp.scale))
+    return ::testing::AssertionFailure() << "a perturbed run gave a NaN";
+  const std::vector<double> magnitude = value_magnitudes(want, n);
+  const double bound = std::max(rounding_bound(p, roundings), factor * sp.element);
+  std::ostringstream why;
+  why << " [" << name_of(p) << ", " << roundings << " roundings, " << runs.size() << " runs' spread "
+      << sp.element << ", scale " << sp.scale << "]";
+  auto each = within_elementwise(got, want, magnitude.data(), n, bound, channels);
+  if (!each) return each << why.str();
+  // The scale's own uncertainty where each element may move by the spread, in random
+  // directions: spread x sqrt(sum want_i^2 magnitude_i^2) / sum want_i^2.
+  double wm = 0, ww = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double w = want[i];
+    wm += w * w * magnitude[static_cast<size_t>(i)] * magnitude[static_cast<size_t>(i)];
+    ww += w * w;
+  }
+  const double implied = ww > 0 ? sp.element * std::sqrt(wm) / ww : 0.0;
+  const double tol =
+      std::max({2 * unit_roundoff(p) * std::sqrt(roundings) + 1e-6, factor * sp.scale, factor * implied});
+  auto whole = same_scale(got, want, n, tol);
+  if (!whole) return whole << why.str();
+  return ::testing::AssertionSuccess();
 }
 
 // C = A (m x k) B (k x n), row-major, accumulated in double and rounded once: the reference.

@@ -2,14 +2,19 @@
 // variant below puts a different set of layers on the path (convolution with and without bias,
 // batch norm alone, with ReLU, with a fused or a separate max pool, ReLU, global average pool,
 // flatten, linear, residual blocks with identity and projection shortcuts). For each: logits,
-// loss, every parameter gradient and the batch-norm running statistics after a training
-// forward, and the logits of an eval-mode forward, against the CPU model with the same
-// parameters, element by element within bounds derived from the precision's rounding and the
-// variant's depth (tests/gpu/compare.hpp, whose helpers compare_test proves on planted errors).
+// loss and the batch-norm running statistics after a training forward, and the logits of an
+// eval-mode forward, against the CPU model with the same parameters, element by element
+// within bounds derived from the precision's rounding and the variant's depth; every
+// parameter gradient within that bound or within the spread of three passes on perturbed
+// inputs, on each side (tests/gpu/compare.hpp, whose helpers compare_test proves on planted
+// errors).
 // Skips where no GPU is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -108,12 +113,6 @@ TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   EXPECT_TRUE(matches(lg, lc, precision, forward)) << "training logits";
   EXPECT_NEAR(loss_gpu, loss_cpu, testing::rounding_bound(precision, forward) * std::max(1.0, std::abs(loss_cpu)));
   const auto gg = host_of(gpu.arenas().grads()), gc = host_of(cpu.params().grads());
-  for (const auto& slot : cpu.params().slots()) {
-    const int64_t count = slot.shape.numel();
-    EXPECT_TRUE(matches(gg.data() + slot.offset, gc.data() + slot.offset, count, precision, backward,
-                        slot.shape.rank() ? slot.shape.dims().back() : 1))
-        << "gradient of " << slot.name;
-  }
   const auto bg = host_of(gpu.arenas().buffers()), bc = host_of(cpu.params().buffers());
   for (const auto& slot : cpu.params().buffer_slots())
     EXPECT_TRUE(matches(bg.data() + slot.offset, bc.data() + slot.offset, slot.shape.numel(), precision, forward))
@@ -124,6 +123,55 @@ TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   const auto ec = host_of(eval_cpu);
   const auto eg = host_of(gpu.forward(xd, false));
   EXPECT_TRUE(matches(eg, ec, precision, forward)) << "eval logits";
+
+  // The parameter gradients, against the spread of three training passes on inputs and
+  // parameters each moved by up to one unit roundoff of the precision, on the GPU and on the
+  // CPU alike (compare.hpp, matches_within_spread: a ReLU or max pool at its threshold, and
+  // gradients that are zero in exact arithmetic, move them by more than their magnitude's
+  // rounding; the CPU's runs show where the reference itself sits at such a branch).
+  const float* values = cpu.params().values().data<float>();
+  const std::vector<float> original(values, values + cpu.params().values().numel());
+  std::vector<std::vector<float>> runs, cpu_runs;
+  for (unsigned k = 1; k <= 3; ++k) {
+    std::mt19937 r(100 + k);
+    std::uniform_real_distribution<double> e(-1, 1);
+    const double u = testing::unit_roundoff(precision);
+    auto moved = [&](float a) { return static_cast<float>(a * (1 + u * e(r))); };
+    float* pv = cpu.params().values().data<float>();
+    for (size_t i = 0; i < original.size(); ++i) pv[i] = moved(original[i]);
+    gpu.upload(cpu.params());
+    Tensor xs = Tensor::zeros<float>(x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) xs.data<float>()[i] = moved(x.data<float>()[i]);
+    device::copy(xd.raw(), xs.raw(), x.bytes(), device::Copy::HostToDevice);
+    gpu.loss(gpu.forward(xd, true), ld.data<int32_t>());
+    gpu.backward([](int64_t) {});
+    runs.push_back(host_of(gpu.arenas().grads()));
+    cpu.loss(cpu.forward(xs, true), labels.data());
+    cpu.backward();
+    cpu_runs.push_back(host_of(cpu.params().grads()));
+  }
+  const bool diagnose = std::getenv("HPCTRAIN_PARITY_DIAG") != nullptr;
+  for (const auto& slot : cpu.params().slots()) {
+    const int64_t count = slot.shape.numel();
+    std::vector<const float*> at, cpu_at;
+    for (const auto& run : runs) at.push_back(run.data() + slot.offset);
+    for (const auto& run : cpu_runs) cpu_at.push_back(run.data() + slot.offset);
+    const float *got = gg.data() + slot.offset, *want = gc.data() + slot.offset;
+    EXPECT_TRUE(testing::matches_within_spread(got, want, count, at, precision, backward,
+                                               slot.shape.rank() ? slot.shape.dims().back() : 1, 3, cpu_at))
+        << "gradient of " << slot.name;
+    if (diagnose) {  // calibration: the worst element's distance and the runs' spread, both relative
+      const auto magnitude = testing::value_magnitudes(want, count);
+      double need = 0;
+      for (int64_t i = 0; i < count; ++i)
+        need = std::max(need, std::fabs(static_cast<double>(got[i]) - want[i]) / magnitude[static_cast<size_t>(i)]);
+      const auto sp = testing::spread_around(got, want, count, at, cpu_at);
+      std::printf("[ spread   ] %s_%s %s n=%lld need=%.3g spread=%.3g ratio=%.3g scale=%.5f scale_spread=%.3g\n",
+                  v.name, testing::name_of(precision), slot.name.c_str(), static_cast<long long>(count), need,
+                  sp.element, sp.element > 0 ? need / sp.element : 0.0,
+                  testing::least_squares_scale(got, want, count), sp.scale);
+    }
+  }
 }
 
 // Outside the macro: the braces of the suffix table do not protect its commas from it.

@@ -159,5 +159,129 @@ TEST(Compare, ATransposedProductFails) {
   }
 }
 
+// What matches_within_spread admits and what it still catches. `noisy` is want moved by
+// Gaussian noise of `size` times each element's magnitude (|want_i| + rms), as a branch taken
+// the other way moves every gradient upstream of it.
+std::vector<float> noisy(const std::vector<float>& want, double size, unsigned seed) {
+  const std::vector<double> m = value_magnitudes(want.data(), static_cast<int64_t>(want.size()));
+  auto z = normal(want.size(), seed);
+  std::vector<float> v(want.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(want[i] + size * m[i] * z[i]);
+  return v;
+}
+
+struct Runs {
+  std::vector<std::vector<float>> data;
+  std::vector<const float*> pointers() const {
+    std::vector<const float*> p;
+    for (const auto& d : data) p.push_back(d.data());
+    return p;
+  }
+};
+
+// Three runs that differ from want as much as got does: got passes, in every precision at
+// the tightest bound (1 rounding), though fp32's rounding bound alone refuses it.
+TEST(CompareSpread, AResultAsFarAsItsPerturbedRunsPasses) {
+  const auto want = normal(2000, 11);
+  const auto got = noisy(want, 0.02, 12);
+  Runs runs{{noisy(want, 0.02, 13), noisy(want, 0.02, 14), noisy(want, 0.02, 15)}};
+  const int64_t n = static_cast<int64_t>(want.size());
+  EXPECT_FALSE(matches(got, want, Precision::Fp32, kLoosest));
+  for (Precision p : kAll) {
+    SCOPED_TRACE(name_of(p));
+    EXPECT_TRUE(matches_within_spread(got.data(), want.data(), n, runs.pointers(), p, 1));
+  }
+  // Runs equal to got: no spread, the rounding bound alone decides.
+  Runs same{{got, got}};
+  EXPECT_FALSE(matches_within_spread(got.data(), want.data(), n, same.pointers(), Precision::Fp32, kLoosest));
+}
+
+// A gradient that is zero in exact arithmetic: the reference is float noise, got and the runs
+// are the GPU precision's noise, a thousand times larger, and pass; an offset that got and
+// every run share (a sum that forgot to subtract its mean), far beyond that noise, fails.
+TEST(CompareSpread, AnExactZeroGradientIsJudgedByTheRunsNoise) {
+  auto want = normal(64, 21);
+  for (float& w : want) w *= 1e-9f;
+  auto at = [](unsigned seed, float offset) {
+    auto v = normal(64, seed);
+    for (float& x : v) x = x * 1e-6f + offset;
+    return v;
+  };
+  const auto got = at(22, 0);
+  Runs runs{{at(23, 0), at(24, 0), at(25, 0)}};
+  EXPECT_FALSE(matches(got, want, Precision::Bf16, kLoosest));
+  EXPECT_TRUE(matches_within_spread(got.data(), want.data(), 64, runs.pointers(), Precision::Bf16, kLoosest));
+  const auto off = at(22, 1e-4f);
+  Runs off_runs{{at(23, 1e-4f), at(24, 1e-4f), at(25, 1e-4f)}};
+  EXPECT_FALSE(
+      matches_within_spread(off.data(), want.data(), 64, off_runs.pointers(), Precision::Bf16, kLoosest));
+}
+
+// Faults the runs share, as a wrong kernel gives every run: one wrong channel (named), and a
+// gradient scaled by 0.9, each at the loosest setting, fail in every precision.
+TEST(CompareSpread, AFaultTheRunsShareFails) {
+  const int64_t channels = 8;
+  const auto want = normal(256 * channels, 31);
+  const int64_t n = static_cast<int64_t>(want.size());
+  auto wrong_channel = [&](std::vector<float> v) {
+    for (size_t i = 3; i + 1 < v.size(); i += channels) v[i] = want[i + 1];
+    return v;
+  };
+  auto scaled = [](std::vector<float> v) {
+    for (float& x : v) x *= 0.9f;
+    return v;
+  };
+  for (Precision p : kAll) {
+    SCOPED_TRACE(name_of(p));
+    const auto base = noisy(want, 0.02, 32);
+    Runs base_runs{{noisy(want, 0.02, 33), noisy(want, 0.02, 34), noisy(want, 0.02, 35)}};
+    EXPECT_TRUE(matches_within_spread(base.data(), want.data(), n, base_runs.pointers(), p, kLoosest, channels));
+
+    Runs bad{{wrong_channel(base_runs.data[0]), wrong_channel(base_runs.data[1]), wrong_channel(base_runs.data[2])}};
+    const auto got = wrong_channel(base);
+    const auto r = matches_within_spread(got.data(), want.data(), n, bad.pointers(), p, kLoosest, channels);
+    EXPECT_FALSE(r);
+    EXPECT_NE(std::string(r.message()).find("channel 3"), std::string::npos) << r.message();
+
+    Runs small{{scaled(base_runs.data[0]), scaled(base_runs.data[1]), scaled(base_runs.data[2])}};
+    const auto got_small = scaled(base);
+    EXPECT_FALSE(matches_within_spread(got_small.data(), want.data(), n, small.pointers(), p, kLoosest, channels));
+  }
+}
+
+// The reference itself at a branch: got and its runs agree with one another, the reference
+// took the other side of a ReLU (its elements moved by 5% of their magnitude). Its own
+// perturbed runs, some of which take got's side, show that sensitivity: with them got
+// passes, without them it fails. A fault in got and its runs is still caught with them.
+TEST(CompareSpread, AReferenceAtABranchIsJudgedByItsOwnRuns) {
+  const auto exact = normal(2000, 51);
+  const auto got = noisy(exact, 0.002, 52);
+  Runs runs{{noisy(exact, 0.002, 53), noisy(exact, 0.002, 54), noisy(exact, 0.002, 55)}};
+  const auto want = noisy(exact, 0.05, 56);
+  Runs reference_runs{{noisy(exact, 0.002, 57), noisy(want, 0.002, 58), noisy(exact, 0.002, 59)}};
+  const int64_t n = static_cast<int64_t>(exact.size());
+  EXPECT_FALSE(matches_within_spread(got.data(), want.data(), n, runs.pointers(), Precision::Tf32, 18));
+  EXPECT_TRUE(matches_within_spread(got.data(), want.data(), n, runs.pointers(), Precision::Tf32, 18, 1, 3,
+                                    reference_runs.pointers()));
+  auto scaled = [](std::vector<float> v) {
+    for (float& x : v) x *= 0.9f;
+    return v;
+  };
+  const auto bad = scaled(got);
+  Runs bad_runs{{scaled(runs.data[0]), scaled(runs.data[1]), scaled(runs.data[2])}};
+  EXPECT_FALSE(matches_within_spread(bad.data(), want.data(), n, bad_runs.pointers(), Precision::Tf32, 18, 1, 3,
+                                     reference_runs.pointers()));
+}
+
+TEST(CompareSpread, ANanInARunFails) {
+  const auto want = normal(100, 41);
+  auto run = want;
+  run[10] = NAN;
+  Runs runs{{want, run}};
+  EXPECT_FALSE(matches_within_spread(want.data(), want.data(), 100, runs.pointers(), Precision::Bf16, kLoosest));
+  Runs none;
+  EXPECT_FALSE(matches_within_spread(want.data(), want.data(), 100, none.pointers(), Precision::Bf16, kLoosest));
+}
+
 }  // namespace
 }  // namespace hpc::testing
