@@ -1,23 +1,11 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/launch.cuh"
+#include "kernels/types.cuh"
 
 namespace hpc::kernels {
 namespace {
-
-// Activations of every precision are computed in float: loaded, worked on, rounded once to
-// the nearest representable value when stored (as PyTorch's elementwise kernels do).
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <class T>
 __global__ void relu_forward_kernel(const T* x, T* y, int64_t n) {
@@ -63,18 +51,6 @@ __global__ void crop_flip_normalize_u8_kernel(const uint8_t* in, const int32_t* 
     const uint8_t v = inside ? in[((image * h + sy) * w + sx) * channels + ch] : uint8_t{0};
     out[i] = table[ch * 256 + v];
   }
-}
-
-// Calls f with a value of the element type that `t` names.
-template <class F>
-void with_type(DType t, F&& f) {
-  switch (t) {
-    case DType::F32: return f(float{});
-    case DType::BF16: return f(__nv_bfloat16{});
-    case DType::F16: return f(__half{});
-    default: break;
-  }
-  throw Error(ErrorKind::Internal, detail::concat("no GPU elementwise kernel for ", dtype_name(t), " tensors"));
 }
 
 }  // namespace

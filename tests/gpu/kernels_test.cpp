@@ -276,6 +276,80 @@ data::Dataset random_rgb_images(int64_t count, int64_t h, int64_t w, unsigned se
 const data::Normalization kRgbNorm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
 
 // The CPU assembler's batch and the GPU's normalisation of the same bytes with its table.
+// Batch norm in training (kernels/batch_norm.cu) against its definition in double: the
+// saved statistics, the running averages, y with and without the fused ReLU, dgamma and dbeta
+// (with a loss scale's factor), and dx. Shapes that leave partial slabs and a partial block of
+// channels, and a channel mean of 5 standard deviations (the sums are centred). Two runs give
+// the same bits.
+TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
+  struct Case {
+    int64_t rows, channels;
+    bool relu;
+  };
+  for (const Case k : {Case{1000, 40, false}, Case{1000, 40, true}, Case{3, 3, false}, Case{20000, 7, true}}) {
+    SCOPED_TRACE(::testing::Message() << k.rows << " x " << k.channels << (k.relu ? " relu" : ""));
+    const int64_t rows = k.rows, c = k.channels, n = rows * c;
+    auto x = random_floats(static_cast<size_t>(n), 31);
+    for (int64_t i = 0; i < n; ++i) x[i] += 5.0f * static_cast<float>(i % c % 3);
+    const auto dy = random_floats(static_cast<size_t>(n), 32);
+    const auto gamma = random_floats(static_cast<size_t>(c), 33), beta = random_floats(static_cast<size_t>(c), 34);
+    std::vector<float> running_mean(static_cast<size_t>(c), 0.5f), running_var(static_cast<size_t>(c), 2.0f);
+    const double momentum = 0.1, eps = 1e-5;
+    const float factor = 1.0f / 1024;
+    // The definition, in double.
+    std::vector<double> mean(c, 0), var(c, 0), sdy(c, 0), sdyx(c, 0);
+    for (int64_t i = 0; i < n; ++i) mean[i % c] += x[i] / static_cast<double>(rows);
+    for (int64_t i = 0; i < n; ++i) var[i % c] += (x[i] - mean[i % c]) * (x[i] - mean[i % c]) / static_cast<double>(rows);
+    std::vector<float> want_y(n), want_dx(n), want_dgamma(c), want_dbeta(c), want_rm(c), want_rv(c), want_inv(c);
+    auto invstd = [&](int64_t ch) { return 1.0 / std::sqrt(var[ch] + eps); };
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t ch = i % c;
+      const double xhat = (x[i] - mean[ch]) * invstd(ch), v = xhat * gamma[ch] + beta[ch];
+      want_y[i] = static_cast<float>(k.relu && v < 0 ? 0.0 : v);
+      sdy[ch] += dy[i];
+      sdyx[ch] += dy[i] * xhat;
+    }
+    for (int64_t ch = 0; ch < c; ++ch) {
+      want_dgamma[ch] = static_cast<float>(factor * sdyx[ch]);
+      want_dbeta[ch] = static_cast<float>(factor * sdy[ch]);
+      want_rm[ch] = static_cast<float>(0.9 * 0.5 + 0.1 * mean[ch]);
+      want_rv[ch] = static_cast<float>(0.9 * 2.0 + 0.1 * var[ch] * rows / (rows - 1));
+      want_inv[ch] = static_cast<float>(invstd(ch));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t ch = i % c;
+      const double xhat = (x[i] - mean[ch]) * invstd(ch);
+      want_dx[i] = static_cast<float>(gamma[ch] * invstd(ch) *
+                                      (dy[i] - sdy[ch] / rows - xhat * sdyx[ch] / static_cast<double>(rows)));
+    }
+    std::vector<float> first_y, first_dx;
+    for (int run = 0; run < 2; ++run) {
+      DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), drm(running_mean), drv(running_var);
+      DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
+          si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
+      DeviceBuffer<double> work((kernels::batch_norm_work_bytes(rows, c) + 7) / 8);
+      kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), drm.get(),
+                                        drv.get(), momentum, eps, k.relu, sm.get(), si.get(), work.get(), stream_);
+      kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(), si.get(),
+                                   factor, dgamma.get(), dbeta.get(), work.get(), stream_);
+      const auto gy = y.host(), gdx = dxo.host();
+      EXPECT_TRUE(testing::matches(gy, want_y, testing::Precision::Fp32, 2)) << "y";
+      EXPECT_TRUE(testing::matches(si.host(), want_inv, testing::Precision::Fp32, 2)) << "1/std";
+      EXPECT_TRUE(testing::matches(drm.host(), want_rm, testing::Precision::Fp32, 2)) << "running mean";
+      EXPECT_TRUE(testing::matches(drv.host(), want_rv, testing::Precision::Fp32, 2)) << "running variance";
+      EXPECT_TRUE(testing::matches(dgamma.host(), want_dgamma, testing::Precision::Fp32, 4)) << "dgamma";
+      EXPECT_TRUE(testing::matches(dbeta.host(), want_dbeta, testing::Precision::Fp32, 4)) << "dbeta";
+      EXPECT_TRUE(testing::matches(gdx, want_dx, testing::Precision::Fp32, 4)) << "dx";
+      if (run == 0) {
+        first_y = gy, first_dx = gdx;
+      } else {
+        EXPECT_EQ(std::memcmp(first_y.data(), gy.data(), gy.size() * 4), 0) << "y repeats bit for bit";
+        EXPECT_EQ(std::memcmp(first_dx.data(), gdx.data(), gdx.size() * 4), 0) << "dx repeats bit for bit";
+      }
+    }
+  }
+}
+
 TEST_F(GpuKernels, NormalisationEqualsTheCpuAssembler) {
   const data::Dataset ds = random_rgb_images(20, 8, 8, 5);
   data::BatchAssembler assembler(ds, kRgbNorm, {}, 1);

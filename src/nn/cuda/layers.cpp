@@ -314,19 +314,24 @@ const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
   ensure(y_, x.shape(), io_);
   ensure(save_mean_, Shape{in_.c});
   ensure(save_invstd_, Shape{in_.c});
+  const int64_t rows = n * in_.h * in_.w;
   if (train) {
-    // cuDNN's running variance takes the unbiased batch variance, as PyTorch's and the CPU layer's.
-    CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-        ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x.raw(), x_desc_.get(), y_.raw(),
-        stats_desc_.get(), arenas_.value(gamma_), arenas_.value(beta_), momentum_, arenas_.buffer(running_mean_),
-        arenas_.buffer(running_var_), eps_, save_mean_.raw(), save_invstd_.raw()));
+    // Our NHWC kernels, ReLU fused (cuDNN's legacy calls ran NCHW kernels on this layout:
+    // kernels/batch_norm.cu). The running variance takes the unbiased batch variance, as
+    // PyTorch's and the CPU layer's.
+    ensure(work_, Shape{static_cast<int64_t>((kernels::batch_norm_work_bytes(rows, in_.c) + 7) / 8)}, DType::F64);
+    kernels::batch_norm_forward_train(io_, x.raw(), y_.raw(), rows, in_.c, arenas_.value(gamma_),
+                                      arenas_.value(beta_), arenas_.buffer(running_mean_),
+                                      arenas_.buffer(running_var_), momentum_, eps_, relu_,
+                                      save_mean_.data<float>(), save_invstd_.data<float>(), work_.raw(),
+                                      ctx_.stream());
   } else {
     CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
         ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x.raw(), x_desc_.get(), y_.raw(),
         stats_desc_.get(), arenas_.value(gamma_), arenas_.value(beta_), arenas_.buffer(running_mean_),
         arenas_.buffer(running_var_), eps_));
+    if (relu_) kernels::relu_forward(y_.dtype(), y_.raw(), y_.raw(), y_.numel(), ctx_.stream());
   }
-  if (relu_) kernels::relu_forward(y_.dtype(), y_.raw(), y_.raw(), y_.numel(), ctx_.stream());
   if (!pool_) return as_type(ctx_, y_, ctx_.act(), y_low_);
   ensure(pooled_y_, nhwc_shape(n, pooled_, true), io_);
   CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), y_.raw(), &kZero, pooled_desc_.get(),
@@ -335,7 +340,7 @@ const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
 }
 
 const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
-  // cuDNN's batch-norm backward always writes dx; the first layer's is simply not used.
+  // The backward always writes dx; the first layer's is simply not used.
   const Tensor* d = &as_type(ctx_, dy_in, io_, dy_wide_);
   if (pool_) {
     ensure(dnorm_, x_.shape(), io_);
@@ -352,12 +357,10 @@ const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   ensure(dx_, x_.shape(), io_);
   // dx keeps the loss scale (the backward pass goes on with it); dgamma and dbeta, fp32 in
   // every precision, have it divided out.
-  const float param_factor = ctx_.grad_factor();
-  CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &param_factor, &kZero, x_desc_.get(), x_.raw(),
-      x_desc_.get(),
-      d->raw(), x_desc_.get(), dx_.raw(), stats_desc_.get(), arenas_.value(gamma_), arenas_.grad(gamma_),
-      arenas_.grad(beta_), eps_, save_mean_.raw(), save_invstd_.raw()));
+  const int64_t rows = x_.shape()[0] * in_.h * in_.w;
+  kernels::batch_norm_backward(io_, x_.raw(), d->raw(), dx_.raw(), rows, in_.c, arenas_.value(gamma_),
+                               save_mean_.data<float>(), save_invstd_.data<float>(), ctx_.grad_factor(),
+                               arenas_.grad(gamma_), arenas_.grad(beta_), work_.raw(), ctx_.stream());
   return as_type(ctx_, dx_, ctx_.act(), dx_low_);
 }
 

@@ -124,6 +124,7 @@ class BatchNormGpu final : public GpuLayer {
   int64_t described_n_ = -1;
   DType io_;  // the type it computes in: GpuContext::norm_type()
   Tensor x_, y_, pooled_y_, save_mean_, save_invstd_, dnorm_, dx_;
+  Tensor work_;  // the training kernels' scratch (kernels::batch_norm_work_bytes)
   Tensor x_wide_, dy_wide_, y_low_, dx_low_;  // when io_ is not the activations' type
 };
 

@@ -1,0 +1,34 @@
+// The activation types of the kernels (F32, BF16, F16): every kernel computes in float, loading
+// through to_f and rounding once to the nearest representable value when it stores (from_f),
+// as PyTorch's elementwise kernels do; with_type turns a DType into that element type.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+
+namespace hpc::kernels {
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Calls f with a value of the element type that `t` names.
+template <class F>
+void with_type(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f(float{});
+    case DType::BF16: return f(__nv_bfloat16{});
+    case DType::F16: return f(__half{});
+    default: break;
+  }
+  throw Error(ErrorKind::Internal, detail::concat("no GPU kernel for ", dtype_name(t), " tensors"));
+}
+
+}  // namespace hpc::kernels
