@@ -16,9 +16,13 @@
 #                                          torch_gpu_steps.py, same steps), then end to end (the
 #                                          trainer with its loader, copies and evaluation, and
 #                                          the peer's training loop over data held on the GPU)
-#   bench/gpu_vs_peer.sh resnet50   >1 min  ResNet-50, 224x224, bf16: steady steps both sides
+#   bench/gpu_vs_peer.sh resnet50   2.5 min ResNet-50, 224x224, bf16: steady steps both sides
 #                                          (the peer eager and compiled), hpctrain end to end on
 #                                          --dataset synthetic; MFU of each
+#   bench/gpu_vs_peer.sh kernels    ~20 s   where one training step's GPU time goes: Nsight Compute
+#                                          (ncu) times every kernel launch of a gpu_step step,
+#                                          grouped by kernel name, largest first (--kernels-model
+#                                          resnet50, the default, or cnn); not part of `all`
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
 #   bench/gpu_vs_peer.sh all        the five steps in order as one command, each under the time
 #                                          left of --within S seconds (default 540; a step with
@@ -31,7 +35,8 @@
 #
 # Options: --precision fp32|tf32|bf16|fp16 (cnn; default tf32), --batch B (cnn, 128),
 #   --epochs E (cnn end to end, 4: the default job), --resnet50-batch B (128), --no-compile (resnet50),
-#   --within S and --out DIR (all).
+#   --within S and --out DIR (all), --kernels-model resnet50|cnn (kernels; the cnn at --batch and
+#   --precision, ResNet-50 at --resnet50-batch in bf16).
 # Environment: BUILD_DIR (default build-gpu), DEPS (a folder from `bench/device_deps.sh pack`:
 #   build dependencies, the dataset and the peer script, for machines without them),
 #   DATA_DIR (Fashion-MNIST .gz files; default $DEPS/fashion-mnist, else Debian's location),
@@ -43,11 +48,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 step=${1:-}
-[[ $step =~ ^(build|tests|training|cnn|resnet50|summary|all|-h|--help)$ ]] ||
-  die "the first argument must be a step: build, tests, training, cnn, resnet50, summary or all (try --help)"
+[[ $step =~ ^(build|tests|training|cnn|resnet50|kernels|summary|all|-h|--help)$ ]] ||
+  die "the first argument must be a step: build, tests, training, cnn, resnet50, kernels, summary or all (try --help)"
 shift
 [[ $step == -h || $step == --help ]] && { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0; }
-epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir=
+epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir= kernels_model=resnet50
 step_args=("$@")  # a step of `all` gets the same options (a single step ignores --within and --out)
 while (($#)); do
   case "$1" in
@@ -58,6 +63,7 @@ while (($#)); do
     --precision) [[ $# -ge 2 ]] || die "--precision needs a value"; precision=$2; shift 2 ;;
     --resnet50-batch) [[ $# -ge 2 ]] || die "--resnet50-batch needs a value"; r50_batch=$2; shift 2 ;;
     --no-compile) compile=0; shift ;;
+    --kernels-model) [[ $# -ge 2 ]] || die "--kernels-model needs a value"; kernels_model=$2; shift 2 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -66,6 +72,7 @@ require_count --batch "$batch"
 require_count --resnet50-batch "$r50_batch"
 require_count --within "$within"
 [[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
+[[ $kernels_model =~ ^(resnet50|cnn)$ ]] || die "--kernels-model must be resnet50 or cnn, got '$kernels_model'"
 
 build_dir=${BUILD_DIR:-build-gpu}
 [[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
@@ -286,6 +293,45 @@ resnet50_ratio_target=1.0
 EOS
 }
 
+# kernels: ncu's duration of every kernel launch in two gpu_step steps (deterministic, so cuDNN
+# times no candidate algorithms: the two steps launch the same kernels), the second step's
+# launches grouped by kernel name. ncu replays each launch, so the step itself runs slowly.
+kernels_step() {
+  need_build
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1) || true
+  [[ -n $ncu ]] || die "no Nsight Compute here (ncu not on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute)"
+  local args=(--model cnn --batch "$batch" --precision "$([[ $precision == fp16 ]] && echo bf16 || echo "$precision")")
+  [[ $kernels_model == resnet50 ]] &&
+    args=(--model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch")
+  echo "== kernels: $ncu on gpu_step ${args[*]} --warmup 1 --iters 1"
+  "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --log-file "$tmp/ncu.csv" \
+    "$gpu_step" "${args[@]}" --warmup 1 --iters 1 || die "ncu or gpu_step failed"
+  "$python" - "$tmp/ncu.csv" "$kernels_model" > "$tmp/kernels.txt" << 'EOS' ||
+import collections, csv, re, sys
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
+        if r.get("Metric Name") == "gpu__time_duration.sum"]
+if not rows:
+    sys.exit("ncu recorded no kernel durations")
+step = rows[len(rows) // 2:]  # the second of the two steps
+total, count = collections.Counter(), collections.Counter()
+for r in step:
+    name = re.sub(r"[<(].*", "", r["Kernel Name"]).replace("void ", "").strip()
+    total[name] += float(r["Metric Value"].replace(",", "")) / 1e6
+    count[name] += 1
+ms = sum(total.values())
+for name, t in total.most_common(15):
+    print(f"# {t:9.3f} ms {100 * t / ms:5.1f}%  x{count[name]:<4d} {name}")
+top, top_ms = total.most_common(1)[0]
+m = sys.argv[2]
+print(f"kernels_{m}_launches={len(step)}\nkernels_{m}_step_ms={ms:.3f}")
+print(f"kernels_{m}_top={top}\nkernels_{m}_top_share={top_ms / ms:.3f}")
+EOS
+    die "could not read ncu's kernel durations"
+  grep '^#' "$tmp/kernels.txt"
+  grep -v '^#' "$tmp/kernels.txt" | report
+}
+
 # all: the steps in order under one time limit (see the header).
 all_step() {
   local out=${out_dir:-$results} start=$SECONDS st left rc failed=()
@@ -323,4 +369,5 @@ case $step in
   training) ctest_step gpu_training -R GpuTraining ;;
   cnn) cnn_step ;;
   resnet50) resnet50_step ;;
+  kernels) kernels_step ;;
 esac
