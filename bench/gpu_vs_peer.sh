@@ -316,7 +316,10 @@ if not rows:
 step = rows[len(rows) // 2:]  # the second of the two steps
 total, count = collections.Counter(), collections.Counter()
 for r in step:
-    name = re.sub(r"[<(].*", "", r["Kernel Name"]).replace("void ", "").strip()
+    # ncu names ours "void hpc::<unnamed>::add_kernel<__nv_bfloat16>(const T1 *, ...)": drop the
+    # anonymous namespace before cutting the template and the arguments ("hpc::add_kernel").
+    name = re.sub(r"\(anonymous namespace\)::|<unnamed>::", "", r["Kernel Name"])
+    name = re.sub(r"[<(].*", "", name).replace("void ", "").strip()
     total[name] += float(r["Metric Value"].replace(",", "")) / 1e6
     count[name] += 1
 ms = sum(total.values())
