@@ -5,8 +5,9 @@
 // the host ParamStore's layout (same offsets), so checkpoints, the optimizer's decay table and
 // the gradient buckets are the CPU's.
 //
-// Convolution, batch norm and pooling go through cuDNN, matrix products through cuBLAS, the
-// rest through kernels/ — all on the context's compute stream.
+// Convolution, pooling and batch norm in eval mode go through cuDNN, matrix products through
+// cuBLAS, the rest (batch norm in training too) through kernels/ — all on the context's
+// compute stream.
 #pragma once
 
 #include <functional>
