@@ -132,24 +132,28 @@ __global__ void backward_apply_kernel(const T* x, const T* dy, T* dx, int64_t n,
   }
 }
 
-// The work area: the slabs' partial sums (double), then the coefficients (float).
-struct Work {
+// One call's plan: its slabs of rows, its grids, and the parts of its work area (the slabs'
+// partial sums in double, then the per-channel coefficients in float).
+struct Plan {
+  Plan(void* work, int64_t rows, int64_t channels)
+      : slabs(slabs_for(rows)),
+        per_slab((rows + slabs - 1) / slabs),
+        c(static_cast<int>(channels)),
+        partial(static_cast<double*>(work)),
+        coef(reinterpret_cast<float*>(partial + slabs * 2 * channels)) {
+    HPC_CHECK(rows > 1 && channels > 0 && channels <= INT32_MAX / kCoefficients,
+              "batch norm of ", rows, " rows x ", channels, " channels");
+  }
+  unsigned channel_blocks() const { return static_cast<unsigned>((c + kLanes - 1) / kLanes); }
+  dim3 sums_grid() const { return dim3(channel_blocks(), static_cast<unsigned>(slabs)); }
+  dim3 finalize_grid() const { return dim3(channel_blocks()); }
+  static dim3 block() { return dim3(kLanes, kRowLanes); }
+
+  int64_t slabs, per_slab;
+  int c;
   double* partial;
   float* coef;
 };
-Work split(void* work, int64_t rows, int64_t channels) {
-  auto* partial = static_cast<double*>(work);
-  return {partial, reinterpret_cast<float*>(partial + slabs_for(rows) * 2 * channels)};
-}
-
-dim3 blocks_of(int64_t channels, int64_t slabs) {
-  return dim3(static_cast<unsigned>((channels + kLanes - 1) / kLanes), static_cast<unsigned>(slabs));
-}
-
-void check_shape(int64_t rows, int64_t channels) {
-  HPC_CHECK(rows > 1 && channels > 0 && channels <= INT32_MAX / kCoefficients,
-            "batch norm of ", rows, " rows x ", channels, " channels");
-}
 
 }  // namespace
 
@@ -162,22 +166,19 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
                               const float* beta, float* running_mean, float* running_var, double momentum,
                               double eps, bool relu, float* save_mean, float* save_invstd, void* work,
                               cudaStream_t stream) {
-  check_shape(rows, channels);
-  const int64_t slabs = slabs_for(rows), per_slab = (rows + slabs - 1) / slabs;
-  const Work w = split(work, rows, channels);
-  const int c = static_cast<int>(channels);
+  const Plan p(work, rows, channels);
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    partial_sums_kernel<T, false><<<blocks_of(channels, slabs), dim3(kLanes, kRowLanes), 0, stream>>>(
-        static_cast<const T*>(x), nullptr, nullptr, rows, c, per_slab, w.partial);
+    partial_sums_kernel<T, false><<<p.sums_grid(), Plan::block(), 0, stream>>>(
+        static_cast<const T*>(x), nullptr, nullptr, rows, p.c, p.per_slab, p.partial);
     CUDA_CHECK_LAUNCH();
-    forward_finalize_kernel<<<blocks_of(channels, 1), dim3(kLanes, kRowLanes), 0, stream>>>(
-        w.partial, slabs, rows, c, gamma, beta, running_mean, running_var, momentum, eps, save_mean, save_invstd,
-        w.coef);
+    forward_finalize_kernel<<<p.finalize_grid(), Plan::block(), 0, stream>>>(
+        p.partial, p.slabs, rows, p.c, gamma, beta, running_mean, running_var, momentum, eps, save_mean, save_invstd,
+        p.coef);
     CUDA_CHECK_LAUNCH();
     const int64_t n = rows * channels;
     forward_apply_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n,
-                                                                   c, w.coef, relu);
+                                                                   p.c, p.coef, relu);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -185,21 +186,18 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
 void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64_t rows, int64_t channels,
                          const float* gamma, const float* save_mean, const float* save_invstd, float param_factor,
                          float* dgamma, float* dbeta, void* work, cudaStream_t stream) {
-  check_shape(rows, channels);
-  const int64_t slabs = slabs_for(rows), per_slab = (rows + slabs - 1) / slabs;
-  const Work w = split(work, rows, channels);
-  const int c = static_cast<int>(channels);
+  const Plan p(work, rows, channels);
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    partial_sums_kernel<T, true><<<blocks_of(channels, slabs), dim3(kLanes, kRowLanes), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), save_mean, rows, c, per_slab, w.partial);
+    partial_sums_kernel<T, true><<<p.sums_grid(), Plan::block(), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), save_mean, rows, p.c, p.per_slab, p.partial);
     CUDA_CHECK_LAUNCH();
-    backward_finalize_kernel<<<blocks_of(channels, 1), dim3(kLanes, kRowLanes), 0, stream>>>(
-        w.partial, slabs, rows, c, gamma, save_mean, save_invstd, param_factor, dgamma, dbeta, w.coef);
+    backward_finalize_kernel<<<p.finalize_grid(), Plan::block(), 0, stream>>>(
+        p.partial, p.slabs, rows, p.c, gamma, save_mean, save_invstd, param_factor, dgamma, dbeta, p.coef);
     CUDA_CHECK_LAUNCH();
     const int64_t n = rows * channels;
     backward_apply_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, c, w.coef);
+        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, p.c, p.coef);
   });
   CUDA_CHECK_LAUNCH();
 }

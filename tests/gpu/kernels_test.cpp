@@ -299,7 +299,8 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
     // The definition, in double.
     std::vector<double> mean(c, 0), var(c, 0), sdy(c, 0), sdyx(c, 0);
     for (int64_t i = 0; i < n; ++i) mean[i % c] += x[i] / static_cast<double>(rows);
-    for (int64_t i = 0; i < n; ++i) var[i % c] += (x[i] - mean[i % c]) * (x[i] - mean[i % c]) / static_cast<double>(rows);
+    for (int64_t i = 0; i < n; ++i)
+      var[i % c] += (x[i] - mean[i % c]) * (x[i] - mean[i % c]) / static_cast<double>(rows);
     std::vector<float> want_y(n), want_dx(n), want_dgamma(c), want_dbeta(c), want_rm(c), want_rv(c), want_inv(c);
     auto invstd = [&](int64_t ch) { return 1.0 / std::sqrt(var[ch] + eps); };
     for (int64_t i = 0; i < n; ++i) {
