@@ -307,7 +307,7 @@ kernels_step() {
   echo "== kernels: $ncu on gpu_step ${args[*]} --warmup 1 --iters 1"
   "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --log-file "$tmp/ncu.csv" \
     "$gpu_step" "${args[@]}" --warmup 1 --iters 1 || die "ncu or gpu_step failed"
-  "$python" - "$tmp/ncu.csv" "$kernels_model" > "$tmp/kernels.txt" << 'EOS' ||
+  "$python" - "$tmp/ncu.csv" "$kernels_model" > "$tmp/kernels.txt" 2> "$tmp/kernels.err" << 'EOS' ||
 import collections, csv, re, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
@@ -330,7 +330,7 @@ m = sys.argv[2]
 print(f"kernels_{m}_launches={len(step)}\nkernels_{m}_step_ms={ms:.3f}")
 print(f"kernels_{m}_top={top}\nkernels_{m}_top_share={top_ms / ms:.3f}")
 EOS
-    die "could not read ncu's kernel durations"
+    die "could not read ncu's kernel durations: $(tail -n 1 "$tmp/kernels.err")"
   grep '^#' "$tmp/kernels.txt"
   grep -v '^#' "$tmp/kernels.txt" | report
 }

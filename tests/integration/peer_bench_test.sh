@@ -4,7 +4,8 @@
 # CPU/ISA and oneDNN kernel lines, --seeds N (seeds 1..N to both sides, mean and sample
 # standard deviation, the verdict on the means), --label-smoothing passed to both sides always
 # (by default the default job's 0.1, which the peer would not use on its own; 0 as 0), and bad
-# values refused with exit 2 (recipe_vs_peer.sh's too).
+# values refused with exit 2 (recipe_vs_peer.sh's too). And bench/gpu_vs_peer.sh, which only
+# runs on a lent GPU machine, with stand-ins for nvidia-smi, ncu and the GPU build.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$(cd "$here/../../bench" && pwd)
@@ -186,6 +187,70 @@ refuse recipe_vs_peer.sh "--label-smoothing must be a number in [0, 1) such as 0
 refuse recipe_vs_peer.sh "--loss-tolerance must be a number, got 'tiny'" --loss-tolerance tiny
 refuse recipe_vs_peer.sh "unknown option '--seeds' (see --help)" --seeds 2
 HPCTRAIN=$tmp/none refuse recipe_vs_peer.sh "no hpctrain binary at $tmp/none (run ./setup.sh, or set BUILD_DIR or HPCTRAIN)"
+
+# bench/gpu_vs_peer.sh, which only ever runs on a lent GPU machine: its options, `all` out of
+# time, and the kernels step's grouping of ncu's per-launch durations, with stand-ins for
+# nvidia-smi, ncu, the GPU build and the cuDNN/NCCL packages.
+gpu=$tmp/gpu
+mkdir -p "$gpu/bin" "$gpu/build/src" "$gpu/build/bench" "$gpu/data" "$gpu/nv/include" "$gpu/nv/lib"
+touch "$gpu/data/train-images-idx3-ubyte.gz" "$gpu/nv/include/"{cudnn.h,nccl.h} "$gpu/nv/lib/"{libcudnn.so.9,libnccl.so.2}
+printf '#!/bin/sh\n[ "$1" = -L ] && echo "GPU 0: Stand-in" || echo Stand-in GPU\n' > "$gpu/bin/nvidia-smi"
+printf '#!/bin/sh\necho "gpu_step $*" >> "$STUB_CALLS"\necho "{\\"step_ms\\": 1}"\n' > "$gpu/build/bench/gpu_step"
+printf '#!/bin/sh\nexit 0\n' > "$gpu/build/src/hpctrain"
+# python: nvidia.cudnn and nvidia.nccl are $gpu/nv; torch is there; scripts run for real.
+cat > "$gpu/bin/python" << STUB
+#!/usr/bin/env bash
+[[ \$1 == -c && \$2 == *nvidia.* ]] && { echo "$gpu/nv"; exit 0; }
+[[ \$1 == -c ]] && exit 0
+exec /usr/bin/python3 "\$@"
+STUB
+# ncu: runs the program, then writes two steps of four launches as ncu's CSV names them (ours
+# in an anonymous namespace, with templates and arguments), or none with NCU_EMPTY set.
+cat > "$gpu/bin/ncu" << 'STUB'
+#!/usr/bin/env bash
+log=
+while [[ $1 != */gpu_step ]]; do [[ $1 == --log-file ]] && log=$2; shift; done
+"$@" > /dev/null
+echo '==PROF== Disconnected' > "$log"
+[[ -n ${NCU_EMPTY:-} ]] && exit 0
+echo '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"' >> "$log"
+for step in 1 2; do
+  for k in 1 2 3; do
+    echo "\"$k\",\"void hpc::<unnamed>::add_kernel<__nv_bfloat16>(const T1 *, T1 *, long)\",\"gpu__time_duration.sum\",\"ns\",\"$((step * 1000)),000\""
+  done
+  echo "\"4\",\"sm90_xmma_fprop_implicit_gemm\",\"gpu__time_duration.sum\",\"ns\",\"500,000\""
+done >> "$log"
+STUB
+chmod +x "$gpu/bin/"* "$gpu/build/src/hpctrain" "$gpu/build/bench/gpu_step"
+gpu_env=(env PATH="$gpu/bin:$PATH" BUILD_DIR="$gpu/build" DATA_DIR="$gpu/data" PYTHON="$gpu/bin/python")
+
+# The second of the two steps, grouped by name: 3 x 2 ms of ours, 0.5 ms of cuDNN's.
+: > "$STUB_CALLS"
+out=$("${gpu_env[@]}" "$bench/gpu_vs_peer.sh" kernels 2>&1)
+expect "$out" "kernels_resnet50_launches=4" "kernels_resnet50_step_ms=6.500" "kernels_resnet50_top=hpc::add_kernel" \
+  "kernels_resnet50_top_share=0.923"
+expect "$(cat "$STUB_CALLS")" \
+  "gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch 128 --warmup 1 --iters 1"
+: > "$STUB_CALLS"
+out=$("${gpu_env[@]}" "$bench/gpu_vs_peer.sh" kernels --kernels-model cnn --precision fp16 --batch 64 2>&1)
+expect "$out" "kernels_cnn_launches=4"
+expect "$(cat "$STUB_CALLS")" "gpu_step --model cnn --batch 64 --precision bf16 --warmup 1 --iters 1"
+# `all` with no time for any step: none starts, each is named, exit 1.
+out=$("${gpu_env[@]}" "$bench/gpu_vs_peer.sh" all --within 20 --out "$gpu/out" 2>&1)
+code=$?
+checks=$((checks + 1))
+[[ $code == 1 ]] || fail "gpu_vs_peer.sh all --within 20 exited $code, wanted 1" "$out"
+expect "$out" "== all: build not run (20 s left of --within 20)" \
+  "== all: not passed: build (not run) tests (not run) training (not run) cnn (not run) resnet50 (not run) (log: $gpu/out/all.log)"
+# Refusals: each one line and exit 2.
+export PATH="$gpu/bin:$PATH" BUILD_DIR="$gpu/build" DATA_DIR="$gpu/data"
+PYTHON=$gpu/bin/python NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's kernel durations: ncu recorded no kernel durations" kernels
+refuse gpu_vs_peer.sh "--kernels-model must be resnet50 or cnn, got 'vgg'" kernels --kernels-model vgg
+refuse gpu_vs_peer.sh "the first argument must be a step: build, tests, training, cnn, resnet50, kernels, summary or all (try --help)" profile
+refuse gpu_vs_peer.sh "--within must be a positive integer, got '0'" all --within 0
+BUILD_DIR=$tmp/none refuse gpu_vs_peer.sh "no GPU build in $tmp/none (run: bench/gpu_vs_peer.sh build)" kernels
+printf '#!/bin/sh\nexit 9\n' > "$gpu/bin/nvidia-smi"
+refuse gpu_vs_peer.sh "no NVIDIA GPU here (nvidia-smi -L failed)" kernels
 
 echo "$checks checks, $failures failed"
 ((failures == 0))
