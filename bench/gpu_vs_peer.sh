@@ -73,6 +73,10 @@ require_count --resnet50-batch "$r50_batch"
 require_count --within "$within"
 [[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
 [[ $kernels_model =~ ^(resnet50|cnn)$ ]] || die "--kernels-model must be resnet50 or cnn, got '$kernels_model'"
+# gpu_step's and the peer's precision: their autocast knows fp32, tf32 and bf16; fp16 runs them
+# in bf16, the nearest they have (the trainer itself runs fp16).
+peer_precision=$precision
+[[ $precision == fp16 ]] && peer_precision=bf16
 
 build_dir=${BUILD_DIR:-build-gpu}
 [[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
@@ -190,9 +194,6 @@ EOS
 cnn_step() {
   need_build
   need_peer
-  # The peer's autocast knows fp32, tf32 and bf16; fp16 runs it in bf16, the nearest it has.
-  local peer_precision=$precision
-  [[ $precision == fp16 ]] && peer_precision=bf16
   echo "== 1/4 steady steps, batch on the GPU: gpu_step --model cnn --batch $batch --precision $peer_precision"
   "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" | tee "$tmp/ours.json"
   echo "== 2/4 the same steps in PyTorch: torch_gpu_steps.py cnn"
@@ -301,7 +302,7 @@ kernels_step() {
   local ncu
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1) || true
   [[ -n $ncu ]] || die "no Nsight Compute here (ncu not on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute)"
-  local args=(--model cnn --batch "$batch" --precision "$([[ $precision == fp16 ]] && echo bf16 || echo "$precision")")
+  local args=(--model cnn --batch "$batch" --precision "$peer_precision")
   [[ $kernels_model == resnet50 ]] &&
     args=(--model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch")
   echo "== kernels: $ncu on gpu_step ${args[*]} --warmup 1 --iters 1"

@@ -222,29 +222,28 @@ for step in 1 2; do
 done >> "$log"
 STUB
 chmod +x "$gpu/bin/"* "$gpu/build/src/hpctrain" "$gpu/build/bench/gpu_step"
-gpu_env=(env PATH="$gpu/bin:$PATH" BUILD_DIR="$gpu/build" DATA_DIR="$gpu/data" PYTHON="$gpu/bin/python")
+export PATH="$gpu/bin:$PATH" BUILD_DIR="$gpu/build" DATA_DIR="$gpu/data" PYTHON="$gpu/bin/python"
 
 # The second of the two steps, grouped by name: 3 x 2 ms of ours, 0.5 ms of cuDNN's.
 : > "$STUB_CALLS"
-out=$("${gpu_env[@]}" "$bench/gpu_vs_peer.sh" kernels 2>&1)
+out=$("$bench/gpu_vs_peer.sh" kernels 2>&1)
 expect "$out" "kernels_resnet50_launches=4" "kernels_resnet50_step_ms=6.500" "kernels_resnet50_top=hpc::add_kernel" \
   "kernels_resnet50_top_share=0.923"
 expect "$(cat "$STUB_CALLS")" \
   "gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch 128 --warmup 1 --iters 1"
 : > "$STUB_CALLS"
-out=$("${gpu_env[@]}" "$bench/gpu_vs_peer.sh" kernels --kernels-model cnn --precision fp16 --batch 64 2>&1)
+out=$("$bench/gpu_vs_peer.sh" kernels --kernels-model cnn --precision fp16 --batch 64 2>&1)
 expect "$out" "kernels_cnn_launches=4"
 expect "$(cat "$STUB_CALLS")" "gpu_step --model cnn --batch 64 --precision bf16 --warmup 1 --iters 1"
 # `all` with no time for any step: none starts, each is named, exit 1.
-out=$("${gpu_env[@]}" "$bench/gpu_vs_peer.sh" all --within 20 --out "$gpu/out" 2>&1)
+out=$("$bench/gpu_vs_peer.sh" all --within 20 --out "$gpu/out" 2>&1)
 code=$?
 checks=$((checks + 1))
 [[ $code == 1 ]] || fail "gpu_vs_peer.sh all --within 20 exited $code, wanted 1" "$out"
 expect "$out" "== all: build not run (20 s left of --within 20)" \
   "== all: not passed: build (not run) tests (not run) training (not run) cnn (not run) resnet50 (not run) (log: $gpu/out/all.log)"
 # Refusals: each one line and exit 2.
-export PATH="$gpu/bin:$PATH" BUILD_DIR="$gpu/build" DATA_DIR="$gpu/data"
-PYTHON=$gpu/bin/python NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's kernel durations: ncu recorded no kernel durations" kernels
+NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's kernel durations: ncu recorded no kernel durations" kernels
 refuse gpu_vs_peer.sh "--kernels-model must be resnet50 or cnn, got 'vgg'" kernels --kernels-model vgg
 refuse gpu_vs_peer.sh "the first argument must be a step: build, tests, training, cnn, resnet50, kernels, summary or all (try --help)" profile
 refuse gpu_vs_peer.sh "--within must be a positive integer, got '0'" all --within 0
