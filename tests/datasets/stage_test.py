@@ -6,7 +6,9 @@ documented exit code, and changes nothing: a malformed bucket or DEST is refused
 touched, and the copy (which mirrors the prefix, deleting what else is there) never runs in a
 directory holding someone's files."""
 
+import datetime
 import hashlib
+import json
 import os
 import random
 import re
@@ -114,6 +116,14 @@ class Stage(unittest.TestCase):
                     counts[key[len(prefix):]] = counts.get(key[len(prefix):], 0) + 1
         return counts
 
+    def object_times(self, prefix):
+        """Each object's LastModified under s3://data/PREFIX, in whole seconds since the epoch."""
+        out = subprocess.run(["aws", "--endpoint-url", self.endpoint, "s3api", "list-objects-v2", "--bucket", "data",
+                              "--prefix", prefix, "--query", "Contents[].[Key,LastModified]", "--output", "json"],
+                             env=self.env, check=True, stdout=subprocess.PIPE, text=True).stdout
+        return {key[len(prefix):]: int(datetime.datetime.fromisoformat(when).timestamp())
+                for key, when in json.loads(out)}
+
     def assert_staged(self, dest):
         for rel, data in self.files.items():
             with open(os.path.join(dest, rel), "rb") as f:
@@ -168,10 +178,14 @@ class Stage(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(dest, ".hpcdata-staged.json")))
         before = self.gets("sets/two/")
         self.assertLess(len(before), len(self.files))
-        # Downloads land under temporary names and are renamed when complete: what is under its
-        # own name was complete at the cut (the aws CLI had several more in flight, on a loaded
-        # machine one or two more than their count shows).
-        complete = [k for k in before if os.path.isfile(os.path.join(dest, k))]
+        # Downloads land under temporary names, renamed when complete and then given the object's
+        # time: what is under its own name with that time was complete at the cut (the aws CLI had
+        # several more in flight, on a loaded machine one or two more than their count shows). One
+        # cut between its rename and its time is fetched again, as `aws s3 sync` must: a file newer
+        # than its object may be a different file.
+        times = self.object_times("sets/two/")
+        complete = [k for k in before if os.path.isfile(os.path.join(dest, k))
+                    and int(os.stat(os.path.join(dest, k)).st_mtime) == times[k]]
         self.assertTrue(complete, "nothing was complete at the cut")
         # A temporary file as a download cut short leaves one.
         with open(os.path.join(dest, "index.bin.5e2F1a9C"), "wb") as f:
