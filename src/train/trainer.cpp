@@ -503,6 +503,7 @@ void TrainingRun::write_done_line(const TrainResult& r, const ckpt::Checkpoint& 
   metrics_->write({{"event", std::string("done")},
                    {"steps", r.steps},
                    {"test_accuracy", eval_.accuracy},
+                   {"test_loss", eval_.loss},
                    {"param_checksum", r.param_checksum},
                    {"state_checksum", r.state_checksum},
                    {"param_norm", norm(state.params)},

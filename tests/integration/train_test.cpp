@@ -120,6 +120,8 @@ void expect_done_line(const JsonObject& o, int64_t steps, const JsonObject& last
   EXPECT_EQ(o.at("steps").number, steps);
   ASSERT_TRUE(o.count("test_accuracy"));
   EXPECT_EQ(o.at("test_accuracy").number, last_epoch.at("test_accuracy").number);
+  ASSERT_TRUE(o.count("test_loss"));
+  EXPECT_EQ(o.at("test_loss").number, last_epoch.at("test_loss").number);
   ASSERT_TRUE(o.count("param_checksum"));
   ASSERT_EQ(o.at("param_checksum").type, JsonValue::String);
   EXPECT_TRUE(std::regex_match(o.at("param_checksum").str, std::regex("[0-9a-f]{16}"))) << o.at("param_checksum").str;
@@ -167,7 +169,7 @@ TEST_F(Train, TheDoneLineHoldsEveryKeyWithItsValue) {
                       "elapsed_seconds", "event", "global_batch_size", "images_per_second", "param_checksum",
                       "param_norm", "peak_device_memory_bytes", "resumed_from", "resumed_from_step",
                       "skipped_steps", "snapshot_stall_seconds", "snapshots_taken", "state_checksum", "step_seconds",
-                      "steps", "test_accuracy", "train_flops_per_sample", "train_seconds", "world_size"}))
+                      "steps", "test_accuracy", "test_loss", "train_flops_per_sample", "train_seconds", "world_size"}))
       << "a key added to the done line belongs in README's list and here";
   expect_done_line(d, 12, epoch);
   for (const char* key : {"steps", "world_size", "global_batch_size", "resumed_from_step", "skipped_steps", "snapshots_taken",
