@@ -20,6 +20,8 @@ class CpuEngine final : public Engine {
         model_(*owned_model_),
         sgd_(*owned_sgd_),
         threads_(threads),
+        comm_(comm),
+        average_statistics_(comm.size() > 1 && !o.sync_batch_norm && model_.params().buffers().numel() > 0),
         bucketer_(comm, model_.params().grads().data<float>(), model_.params().grads().numel(),
                   model_.gradient_groups(), static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap) {}
 
@@ -29,6 +31,7 @@ class CpuEngine final : public Engine {
     r.loss = model_.loss(model_.forward(batch.images, true), batch.labels.data());
     model_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
     r.comm_wait = bucketer_.finish();
+    if (average_statistics_) average_statistics();
     r.correct = count_correct(model_.probabilities(), batch.labels.data());
     complete_snapshot();  // the update changes what a snapshot begun before this step copies
     sgd_.step(model_.params(), lr, momentum);
@@ -63,6 +66,20 @@ class CpuEngine final : public Engine {
     deferred_.reset();
   }
 
+  // Each rank's forward moved its batch-norm running statistics towards its own batch's; their
+  // average over the ranks (timm's --dist-bn reduce, after every step) is what every rank keeps.
+  // So all ranks evaluate with the statistics the state holds, a checkpoint (rank 0's) evaluates
+  // as the run did, and a resumed run as an uninterrupted one. The running averages then follow
+  // the mean of the ranks' batch statistics; training itself is untouched. Not needed with
+  // --sync-batch-norm, whose batch statistics are already the whole global batch's.
+  void average_statistics() {
+    Tensor& stats = model_.params().buffers();
+    float* s = stats.data<float>();
+    comm_.allreduce_sum(s, stats.numel());
+    const float inverse = 1.0f / static_cast<float>(comm_.size());
+    for (int64_t i = 0; i < stats.numel(); ++i) s[i] *= inverse;
+  }
+
   std::optional<StatePart> first_non_finite() override { return train::first_non_finite(model_, sgd_); }
   const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
   size_t bucket_count() const override { return bucketer_.bucket_count(); }
@@ -76,6 +93,8 @@ class CpuEngine final : public Engine {
   nn::Model<float>& model_;
   optim::Sgd<float>& sgd_;
   int threads_;
+  dist::Communicator& comm_;
+  bool average_statistics_;  // several ranks, each with statistics of its own
   dist::GradientBucketer bucketer_;
   // A snapshot begun and not yet completed: where its parameters and momentum go.
   struct Deferred {

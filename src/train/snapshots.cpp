@@ -248,7 +248,7 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
       ok = false;
     }
   }
-  // Every rank takes part in the broadcasts of a snapshot: all take them or none.
+  // Every host keeps snapshots or none does (one warning says which host cannot).
   double failed = ok ? 0 : 1;
   if (ctx_.world_size() > 1) ctx_.world().allreduce_sum(&failed, 1);
   enabled_ = failed == 0;
@@ -258,8 +258,6 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
     return;
   }
   if (store_) writer_ = std::make_unique<ckpt::AsyncWriter>(*store_);
-  share_buffers_ = ctx_.world_size() > 1 && !o_.sync_batch_norm && !probe.buffers.empty();
-  if (share_buffers_) scratch_buffers_.resize(probe.buffers.size());
   if (ctx_.rank() == 0)
     log::info("snapshots of the training state in host memory: ", run_dir_, ", ",
               o_.snapshot_every_steps > 0 ? detail::concat("every ", o_.snapshot_every_steps, " step(s)")
@@ -319,8 +317,8 @@ void Snapshotter::take(const RunPosition& at) {
   const int64_t steps_since = at.step - std::max<int64_t>(last_, 0);
   last_ = at.step;
   // Under auto, a host whose last snapshot is still being written skips this one rather than
-  // stall the step loop (it still takes part in the broadcast); a spacing the user chose is kept,
-  // as checkpoints are, by waiting for the write.
+  // stall the step loop; a spacing the user chose is kept, as checkpoints are, by waiting for
+  // the write.
   const bool write = writes() && (o_.snapshot_every_steps > 0 || writer_->idle()) && settle();
   ckpt::Checkpoint c;
   if (write) {
@@ -334,10 +332,6 @@ void Snapshotter::take(const RunPosition& at) {
       record_position(c, at);
     }
     engine_.begin_snapshot(c);  // the parameters and momentum: on the writer's thread
-  }
-  if (share_buffers_) {
-    std::vector<float>& b = write ? c.buffers : scratch_buffers_;
-    ctx_.world().broadcast(b.data(), static_cast<int64_t>(b.size() * sizeof(float)), 0);
   }
   if (write) writer_->submit(std::move(c), at.step, [this] { engine_.complete_snapshot(); });
   ++taken_;

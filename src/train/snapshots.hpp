@@ -7,8 +7,8 @@
 // --snapshot-every-steps, into DIR/<run id>/ckpt-<step>.hpck: the checkpoint format (checksummed
 // sections), written as checkpoints are (a temporary name, then a rename) by a background
 // thread, the step loop only copying. The state is rank 0's, bit for bit: the parameters,
-// momentum and loss scale are the same on every rank; batch-norm running statistics, which each
-// rank keeps for its own part of the batch, are rank 0's, broadcast (a few kilobytes).
+// momentum, loss scale and batch-norm running statistics are the same on every rank (the
+// engines average the statistics over the ranks after every step).
 //
 // The run's identity (a random id, CHECKPOINT_DIR/run-id) ties snapshots to the lineage of the
 // checkpoint directory: a fresh start makes a new one, so snapshots of an earlier run there
@@ -113,8 +113,6 @@ class Snapshotter {
   const ModelIdentity model_;
   const std::string run_dir_, run_id_;
   bool enabled_ = false;
-  bool share_buffers_ = false;         // rank 0's batch-norm statistics are broadcast
-  std::vector<float> scratch_buffers_;  // a rank that does not write: where they land
   std::unique_ptr<ckpt::CheckpointStore> store_;
   std::unique_ptr<ckpt::AsyncWriter> writer_;
   int64_t last_ = -1, taken_ = 0;

@@ -22,11 +22,15 @@ std::string upper(std::string s) {
 }
 
 // A run's done line `got` ends exactly where `want` does: the same parameters and the same whole
-// state (momentum, batch-norm statistics, position).
+// state (momentum, batch-norm statistics, position), and so the same evaluation: every rank
+// evaluates its part of the test set with its own batch-norm statistics, which must all be the
+// ones the state holds.
 void expect_same_end(const JsonObject& got, const JsonObject& want) {
   ASSERT_TRUE(got.count("state_checksum") && want.count("state_checksum"));
   EXPECT_EQ(got.at("param_checksum").str, want.at("param_checksum").str);
   EXPECT_EQ(got.at("state_checksum").str, want.at("state_checksum").str);
+  EXPECT_EQ(got.at("test_loss").number, want.at("test_loss").number);
+  EXPECT_EQ(got.at("test_accuracy").number, want.at("test_accuracy").number);
 }
 
 class Checkpoints : public ::testing::Test {
@@ -398,12 +402,30 @@ void expect_usage_error(const RunResult& r, const std::string& needle) {
   EXPECT_NE(r.err.find(needle), std::string::npos) << "wanted '" << needle << "' in\n" << r.err;
 }
 
-// `hpctrain evaluate` of the final checkpoint reproduces the run's own last test accuracy, on
-// one rank and on two; `hpctrain inspect` shows the header and tells valid from damaged files.
+// `hpctrain evaluate` of the final checkpoint reproduces the run's own last test accuracy and
+// loss, on one rank and on two, of a run trained on one rank or on two (whose ranks keep the
+// batch-norm statistics averaged: the checkpoint's are the ones every rank evaluated with);
+// `hpctrain inspect` shows the header and tells valid from damaged files.
 TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
+  const std::string m2 = dir_.file("e2.jsonl"), ck2 = dir_.file("eval2");
+  ASSERT_EQ(run_mpi(2, job(ck2, m2)).exit_code, 0);
   const std::string ck = dir_.file("eval");
   const std::string m = dir_.file("e.jsonl");
   ASSERT_EQ(run_hpctrain(job(ck, m)).exit_code, 0);
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "trained on 2 ranks, evaluated on " << ranks);
+    const std::string em = dir_.file("evaluate-of-2-on-" + std::to_string(ranks) + ".jsonl");
+    const RunResult r = run_mpi(ranks, {"evaluate", "--checkpoint", ck2, "--test-samples", "300", "--data-dir",
+                                        fashion_mnist_dir(), "--threads", "1", "--metrics-file", em});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto lines = read_json_lines(em);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].at("test_accuracy").number, done_of(m2).at("test_accuracy").number);
+    // The loss is summed batch by batch: the same bits where the test set is split alike.
+    if (ranks == 2) {
+      EXPECT_EQ(lines[0].at("test_loss").number, done_of(m2).at("test_loss").number);
+    }
+  }
   const double trained = done_of(m).at("test_accuracy").number;
   for (int ranks : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << ranks << " rank(s)");
@@ -499,10 +521,10 @@ TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
     EXPECT_EQ(count_of(r.err, "hpctrain: warning: stopped on request (" + name + ") "), 1) << r.err;
     EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
     const bool before_training = r.err.find("before the first step") != std::string::npos;
-    for (const std::string& name : names_in(ck)) {
-      EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+    for (const std::string& file : names_in(ck)) {
+      EXPECT_EQ(file.find(".tmp"), std::string::npos) << file;
       if (before_training) {
-        EXPECT_EQ(name.find("ckpt-"), std::string::npos) << name;
+        EXPECT_EQ(file.find("ckpt-"), std::string::npos) << file;
       }
     }
   }
