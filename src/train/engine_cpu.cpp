@@ -1,6 +1,7 @@
 // The CPU engine: nn::Model and optim::Sgd in host memory, gradients all-reduced over MPI by
 // the GradientBucketer while backward runs.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -31,7 +32,7 @@ class CpuEngine final : public Engine {
     r.loss = model_.loss(model_.forward(batch.images, true), batch.labels.data());
     model_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
     r.comm_wait = bucketer_.finish();
-    if (average_statistics_) average_statistics();
+    if (average_statistics_) r.comm_wait += average_statistics();
     r.correct = count_correct(model_.probabilities(), batch.labels.data());
     complete_snapshot();  // the update changes what a snapshot begun before this step copies
     sgd_.step(model_.params(), lr, momentum);
@@ -72,12 +73,15 @@ class CpuEngine final : public Engine {
   // as the run did, and a resumed run as an uninterrupted one. The running averages then follow
   // the mean of the ranks' batch statistics; training itself is untouched. Not needed with
   // --sync-batch-norm, whose batch statistics are already the whole global batch's.
-  void average_statistics() {
+  // Returns the seconds it took (communication the step waited for).
+  double average_statistics() {
+    const auto t0 = std::chrono::steady_clock::now();
     Tensor& stats = model_.params().buffers();
     float* s = stats.data<float>();
     comm_.allreduce_sum(s, stats.numel());
     const float inverse = 1.0f / static_cast<float>(comm_.size());
     for (int64_t i = 0; i < stats.numel(); ++i) s[i] *= inverse;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   std::optional<StatePart> first_non_finite() override { return train::first_non_finite(model_, sgd_); }

@@ -21,18 +21,6 @@ std::string upper(std::string s) {
   return s;
 }
 
-// A run's done line `got` ends exactly where `want` does: the same parameters and the same whole
-// state (momentum, batch-norm statistics, position), and so the same evaluation: every rank
-// evaluates its part of the test set with its own batch-norm statistics, which must all be the
-// ones the state holds.
-void expect_same_end(const JsonObject& got, const JsonObject& want) {
-  ASSERT_TRUE(got.count("state_checksum") && want.count("state_checksum"));
-  EXPECT_EQ(got.at("param_checksum").str, want.at("param_checksum").str);
-  EXPECT_EQ(got.at("state_checksum").str, want.at("state_checksum").str);
-  EXPECT_EQ(got.at("test_loss").number, want.at("test_loss").number);
-  EXPECT_EQ(got.at("test_accuracy").number, want.at("test_accuracy").number);
-}
-
 class Checkpoints : public ::testing::Test {
  protected:
   void SetUp() override {

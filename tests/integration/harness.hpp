@@ -580,4 +580,16 @@ inline JsonObject done_of(const std::string& metrics) {
   return done_line(read_json_lines(metrics));
 }
 
+// A run's done line `got` ends exactly where `want` does: the same parameters and the same whole
+// state (momentum, batch-norm statistics, position), and so the same evaluation: every rank
+// evaluates its part of the test set with its own batch-norm statistics, which must all be the
+// ones the state holds.
+inline void expect_same_end(const JsonObject& got, const JsonObject& want) {
+  ASSERT_TRUE(got.count("state_checksum") && want.count("state_checksum"));
+  EXPECT_EQ(got.at("param_checksum").str, want.at("param_checksum").str);
+  EXPECT_EQ(got.at("state_checksum").str, want.at("state_checksum").str);
+  EXPECT_EQ(got.at("test_loss").number, want.at("test_loss").number);
+  EXPECT_EQ(got.at("test_accuracy").number, want.at("test_accuracy").number);
+}
+
 }  // namespace hpc::itest

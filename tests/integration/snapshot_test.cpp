@@ -71,10 +71,6 @@ class Snapshots : public ::testing::Test {
     if (err) *err = r.err;
     return done_of(m);
   }
-  void expect_same_end(const JsonObject& got, const JsonObject& want) {
-    EXPECT_EQ(got.at("param_checksum").str, want.at("param_checksum").str);
-    EXPECT_EQ(got.at("state_checksum").str, want.at("state_checksum").str);
-  }
   // The run directory (the run id's) in `snaps`, and its one snapshot.
   static std::string run_dir(const std::string& snaps) {
     for (const auto& e : fs::directory_iterator(snaps))
