@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -61,11 +62,13 @@ double GradientBucketer::now() const { return static_cast<double>(now_ns() - ste
 
 void GradientBucketer::begin_step(float share) {
   std::lock_guard lock(mu_);
-  HPC_CHECK(queue_.empty() && done_ == next_, "begin_step while buckets of the last step are in flight");
+  HPC_CHECK(queue_.empty() && done_ == expected_, "begin_step while buckets of the last step are in flight");
   step_start_ns_ = now_ns();
   share_ = share;
   next_ = 0;
+  expected_ = 0;
   done_ = 0;
+  average_pending_ = averaged_ = false;
   timeline_ = BucketTimeline{};
   timeline_.buckets.resize(buckets_.size());
 }
@@ -77,14 +80,39 @@ void GradientBucketer::ready_from(int64_t offset) {
   if (count > next_) queue_upto(count);
 }
 
+void GradientBucketer::average(float* x, int64_t n) {
+  {
+    std::lock_guard lock(mu_);
+    HPC_CHECK(!averaged_ && n >= 0, "a second average in one step, or one of ", n, " values");
+    average_x_ = x, average_n_ = n;
+    averaged_ = average_pending_ = true;
+    if (overlap_) queue_average();
+  }
+  if (!device_) work_cv_.notify_one();
+}
+
+void GradientBucketer::queue_average() {
+  if (!std::exchange(average_pending_, false)) return;
+  ++expected_;
+  const float inverse = 1.0f / static_cast<float>(comm_.size());
+  if (device_) {
+    device_->enqueue(average_x_, average_n_, inverse);
+    ++done_;
+  } else {
+    queue_.push_back(kAverage);
+  }
+}
+
 void GradientBucketer::queue_upto(size_t count) {
   {
     std::lock_guard lock(mu_);
+    queue_average();  // no overlap: held until finish(), and then ahead of every bucket
     const double t = now();
     for (size_t b = next_; b < count; ++b) {
       timeline_.buckets[b].begin = buckets_[b].first;
       timeline_.buckets[b].end = buckets_[b].second;
       timeline_.buckets[b].queued = t;
+      ++expected_;
       if (device_) {
         device_->enqueue(grads_ + buckets_[b].first, buckets_[b].second - buckets_[b].first, share_);
         timeline_.buckets[b].started = t;
@@ -109,7 +137,7 @@ double GradientBucketer::finish() {
     return 0;
   }
   std::unique_lock lock(mu_);
-  done_cv_.wait(lock, [&] { return done_ == buckets_.size() || failure_; });
+  done_cv_.wait(lock, [&] { return done_ == expected_ || failure_; });
   timeline_.finished = now();
   if (failure_) std::rethrow_exception(failure_);
   return static_cast<double>(now_ns() - wait_start) * 1e-9;
@@ -125,12 +153,12 @@ void GradientBucketer::run() {
       if (stop_) return;
       b = queue_.front();
       queue_.pop_front();
-      share = share_;
-      timeline_.buckets[b].started = now();
+      share = b == kAverage ? 1.0f / static_cast<float>(comm_.size()) : share_;
+      if (b != kAverage) timeline_.buckets[b].started = now();
     }
     try {
-      float* p = grads_ + buckets_[b].first;
-      const int64_t len = buckets_[b].second - buckets_[b].first;
+      float* p = b == kAverage ? average_x_ : grads_ + buckets_[b].first;
+      const int64_t len = b == kAverage ? average_n_ : buckets_[b].second - buckets_[b].first;
       if (share != 1.0f)
         for (int64_t i = 0; i < len; ++i) p[i] *= share;
       if (comm_.size() > 1) comm_.allreduce_sum(p, len);
@@ -142,7 +170,7 @@ void GradientBucketer::run() {
     }
     {
       std::lock_guard lock(mu_);
-      timeline_.buckets[b].done = now();
+      if (b != kAverage) timeline_.buckets[b].done = now();
       ++done_;
     }
     done_cv_.notify_all();

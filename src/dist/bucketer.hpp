@@ -7,10 +7,14 @@
 // scales it by this rank's share of the global batch and sums it over the ranks (so the
 // result is the global batch's mean gradient). finish() queues whatever is left and waits.
 //
+// average() adds one more reduction to a step, ahead of the buckets still to come: the mean over
+// the ranks of values the forward pass has made final (the batch-norm running statistics),
+// hidden behind the backward pass as the buckets are.
+//
 // Cross-thread contract (host memory): between begin_step() and finish() returning, the
-// communication thread owns the queued buckets' memory; the main thread must not touch
-// gradients it has reported ready, nor make MPI calls of its own (the library may only be
-// SERIALIZED). With a BucketDevice there is no thread (see below).
+// communication thread owns the queued buckets' memory (and what average() was given); the main
+// thread must not touch gradients it has reported ready, nor make MPI calls of its own (the
+// library may only be SERIALIZED). With a BucketDevice there is no thread (see below).
 #pragma once
 
 #include <condition_variable>
@@ -82,6 +86,10 @@ class GradientBucketer {
   void begin_step(float share);
   // Every gradient at arena offsets [offset, n) is final.
   void ready_from(int64_t offset);
+  // This step also replaces x[0, n) with its mean over the ranks (at most once a step), reduced
+  // before the buckets not yet queued (with overlap off: in finish(), before every bucket).
+  // The caller leaves x alone until finish() returns.
+  void average(float* x, int64_t n);
   // Queues the rest, waits for every bucket; returns the seconds spent waiting (the
   // communication the backward pass did not hide). With a BucketDevice: joins instead (the
   // device waits, not the host) and returns 0; the timeline then holds when each bucket was
@@ -92,7 +100,8 @@ class GradientBucketer {
   const BucketTimeline& last_timeline() const { return timeline_; }
 
  private:
-  void queue_upto(size_t count);  // queue buckets [next_, count)
+  void queue_upto(size_t count);  // queue buckets [next_, count) (the average first, if pending)
+  void queue_average();           // under mu_
   void run();                     // the communication thread
   double now() const;
 
@@ -106,7 +115,12 @@ class GradientBucketer {
 
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<size_t> queue_;  // buckets for the communication thread (host memory)
+  static constexpr size_t kAverage = static_cast<size_t>(-1);  // in queue_: the step's average
+  std::deque<size_t> queue_;  // buckets (or kAverage) for the communication thread (host memory)
+  float* average_x_ = nullptr;  // the step's average(): what, and whether it is still to queue
+  int64_t average_n_ = 0;
+  bool average_pending_ = false, averaged_ = false;
+  size_t expected_ = 0;  // reductions queued this step (buckets and the average)
   size_t done_ = 0;
   bool stop_ = false;
   float share_ = 1;

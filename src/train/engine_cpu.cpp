@@ -1,7 +1,6 @@
 // The CPU engine: nn::Model and optim::Sgd in host memory, gradients all-reduced over MPI by
 // the GradientBucketer while backward runs.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -21,8 +20,8 @@ class CpuEngine final : public Engine {
         model_(*owned_model_),
         sgd_(*owned_sgd_),
         threads_(threads),
-        comm_(comm),
-        average_statistics_(comm.size() > 1 && !o.sync_batch_norm && model_.params().buffers().numel() > 0),
+        statistics_(model_.params().buffers()),
+        average_statistics_(comm.size() > 1 && !o.sync_batch_norm && statistics_.numel() > 0),
         bucketer_(comm, model_.params().grads().data<float>(), model_.params().grads().numel(),
                   model_.gradient_groups(), static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap) {}
 
@@ -30,9 +29,9 @@ class CpuEngine final : public Engine {
     StepResult r;
     bucketer_.begin_step(share);
     r.loss = model_.loss(model_.forward(batch.images, true), batch.labels.data());
+    if (average_statistics_) bucketer_.average(statistics_.data<float>(), statistics_.numel());
     model_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
     r.comm_wait = bucketer_.finish();
-    if (average_statistics_) r.comm_wait += average_statistics();
     r.correct = count_correct(model_.probabilities(), batch.labels.data());
     complete_snapshot();  // the update changes what a snapshot begun before this step copies
     sgd_.step(model_.params(), lr, momentum);
@@ -67,23 +66,6 @@ class CpuEngine final : public Engine {
     deferred_.reset();
   }
 
-  // Each rank's forward moved its batch-norm running statistics towards its own batch's; their
-  // average over the ranks (timm's --dist-bn reduce, after every step) is what every rank keeps.
-  // So all ranks evaluate with the statistics the state holds, a checkpoint (rank 0's) evaluates
-  // as the run did, and a resumed run as an uninterrupted one. The running averages then follow
-  // the mean of the ranks' batch statistics; training itself is untouched. Not needed with
-  // --sync-batch-norm, whose batch statistics are already the whole global batch's.
-  // Returns the seconds it took (communication the step waited for).
-  double average_statistics() {
-    const auto t0 = std::chrono::steady_clock::now();
-    Tensor& stats = model_.params().buffers();
-    float* s = stats.data<float>();
-    comm_.allreduce_sum(s, stats.numel());
-    const float inverse = 1.0f / static_cast<float>(comm_.size());
-    for (int64_t i = 0; i < stats.numel(); ++i) s[i] *= inverse;
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-
   std::optional<StatePart> first_non_finite() override { return train::first_non_finite(model_, sgd_); }
   const dist::BucketTimeline& timeline() const override { return bucketer_.last_timeline(); }
   size_t bucket_count() const override { return bucketer_.bucket_count(); }
@@ -97,8 +79,14 @@ class CpuEngine final : public Engine {
   nn::Model<float>& model_;
   optim::Sgd<float>& sgd_;
   int threads_;
-  dist::Communicator& comm_;
-  bool average_statistics_;  // several ranks, each with statistics of its own
+  // Each rank's forward moves its batch-norm running statistics towards its own batch's; with
+  // several ranks their mean is what every rank keeps (timm's --dist-bn reduce, after every
+  // step), reduced by the bucketer behind the backward pass. So all ranks evaluate with the
+  // statistics the state holds, a checkpoint (rank 0's) evaluates as the run did, and a resumed
+  // run as an uninterrupted one; training itself is untouched. Not needed with
+  // --sync-batch-norm, whose batch statistics are already the whole global batch's.
+  Tensor& statistics_;
+  bool average_statistics_;
   dist::GradientBucketer bucketer_;
   // A snapshot begun and not yet completed: where its parameters and momentum go.
   struct Deferred {

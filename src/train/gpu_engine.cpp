@@ -214,10 +214,9 @@ class GpuEngine final : public Engine {
     }
     net_.loss(net_.forward(x_, true), labels_.data<int32_t>());
     // The ranks' batch-norm running statistics averaged (as the CPU engine does): behind the
-    // forward that updated them, on the NCCL stream ahead of the gradients' buckets, so the
-    // bucketer's join covers it too.
-    if (Tensor& stats = net_.arenas().buffers(); buckets_ && stats.numel() > 0)
-      buckets_->enqueue(stats.data<float>(), stats.numel(), 1.0f / static_cast<float>(nccl_->size()));
+    // forward that updated them, on the NCCL stream ahead of the gradients' buckets.
+    if (Tensor& stats = net_.arenas().buffers(); bucketer_ && stats.numel() > 0)
+      bucketer_->average(stats.data<float>(), stats.numel());
     net_.backward([&](int64_t offset) {
       if (bucketer_) bucketer_->ready_from(offset);
     });

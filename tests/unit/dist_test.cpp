@@ -2,6 +2,7 @@
 // when buckets are queued, the share weighting, and that finish() waits for every bucket.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.hpp"
 #include "dist/bucketer.hpp"
 
 namespace hpc::testing {
@@ -120,6 +122,35 @@ TEST(GradientBucketer, FinishWaitsForSlowCommunication) {
   EXPECT_EQ(comm.calls.size(), 1u);
 }
 
+// average(): the batch-norm statistics (here the 10 floats after a 1000-float arena) are
+// reduced once a step, scaled by 1 / ranks, ahead of the buckets still to come: at once with
+// overlap, first thing in finish() without; finish() waits for them too.
+TEST(GradientBucketer, TheStepsAverageGoesAheadOfTheBucketsAndFinishWaitsForIt) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    std::vector<float> g(1010, 2.0f);
+    float* stats = g.data() + 1000;
+    FakeComm comm(4, g.data());
+    comm.delay = std::chrono::milliseconds(20);
+    dist::GradientBucketer b(comm, g.data(), 1000, {0, 500}, 1600, overlap);  // 2 buckets of 500
+    for (int step = 0; step < 2; ++step) {
+      std::fill(stats, stats + 10, 3.0f);
+      b.begin_step(0.25f);
+      b.average(stats, 10);
+      EXPECT_THROW(b.average(stats, 10), Error);  // once a step
+      b.ready_from(500);
+      b.ready_from(0);
+      b.finish();
+      ASSERT_EQ(comm.calls.size(), 3u * (step + 1));
+      EXPECT_EQ(comm.calls[3 * step], std::make_pair(int64_t{1000}, int64_t{1010}));
+      EXPECT_EQ(comm.calls[3 * step + 1], std::make_pair(int64_t{500}, int64_t{1000}));
+      for (int i = 0; i < 10; ++i) ASSERT_EQ(stats[i], 3.0f) << "the mean of 4 ranks holding 3";
+      for (int i = 0; i < 1000; ++i) ASSERT_EQ(g[i], 2.0f);
+      EXPECT_EQ(b.last_timeline().buckets.size(), 2u);  // the average is not a bucket
+    }
+  }
+}
+
 // Device gradients (GPU training): no communication thread. Each bucket is handed to the
 // device on the queuing thread as it is queued (the device enqueues its reduction behind the
 // backward kernels), with the step's share; finish() joins once, and nothing waits on the host.
@@ -164,10 +195,16 @@ TEST(GradientBucketer, DeviceGradientsAreEnqueuedOnTheQueuingThreadAndJoinedOnce
   // The device reduces; the bucketer neither scaled nor called the communicator.
   EXPECT_EQ(g[0], 1.0f);
   EXPECT_TRUE(comm.calls.empty());
-  // A second step: the same buckets again.
+  // A second step: the same buckets again, after the step's average (1 / ranks, at once).
   b.begin_step(0.5f);
+  float stats[3] = {1, 2, 3};
+  b.average(stats, 3);
+  ASSERT_EQ(dev.calls.size(), 3u);
+  EXPECT_EQ(dev.calls[2].x, stats);
+  EXPECT_EQ(dev.calls[2].n, 3);
+  EXPECT_EQ(dev.calls[2].share, 0.5f);
   b.finish();
-  EXPECT_EQ(dev.calls.size(), 4u);
+  EXPECT_EQ(dev.calls.size(), 5u);
   EXPECT_EQ(dev.joins, 2);
 }
 
