@@ -395,44 +395,35 @@ void expect_usage_error(const RunResult& r, const std::string& needle) {
 // batch-norm statistics averaged: the checkpoint's are the ones every rank evaluated with);
 // `hpctrain inspect` shows the header and tells valid from damaged files.
 TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
-  const std::string m2 = dir_.file("e2.jsonl"), ck2 = dir_.file("eval2");
-  ASSERT_EQ(run_mpi(2, job(ck2, m2)).exit_code, 0);
-  const std::string ck = dir_.file("eval");
-  const std::string m = dir_.file("e.jsonl");
-  ASSERT_EQ(run_hpctrain(job(ck, m)).exit_code, 0);
-  for (int ranks : {1, 2}) {
-    SCOPED_TRACE(::testing::Message() << "trained on 2 ranks, evaluated on " << ranks);
-    const std::string em = dir_.file("evaluate-of-2-on-" + std::to_string(ranks) + ".jsonl");
-    const RunResult r = run_mpi(ranks, {"evaluate", "--checkpoint", ck2, "--test-samples", "300", "--data-dir",
-                                        fashion_mnist_dir(), "--threads", "1", "--metrics-file", em});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const auto lines = read_json_lines(em);
-    ASSERT_EQ(lines.size(), 1u);
-    EXPECT_EQ(lines[0].at("test_accuracy").number, done_of(m2).at("test_accuracy").number);
-    // The loss is summed batch by batch: the same bits where the test set is split alike.
-    if (ranks == 2) {
-      EXPECT_EQ(lines[0].at("test_loss").number, done_of(m2).at("test_loss").number);
+  for (int trained_on : {2, 1}) {
+    const std::string ck = dir_.file("eval" + std::to_string(trained_on));
+    const std::string m = dir_.file("e" + std::to_string(trained_on) + ".jsonl");
+    ASSERT_EQ(run_mpi(trained_on, job(ck, m)).exit_code, 0);
+    const JsonObject trained = done_of(m);
+    for (int ranks : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "trained on " << trained_on << " rank(s), evaluated on " << ranks);
+      const std::string em = dir_.file("evaluate" + std::to_string(trained_on) + std::to_string(ranks) + ".jsonl");
+      const RunResult r = run_mpi(ranks, {"evaluate", "--checkpoint", ck, "--test-samples", "300", "--data-dir",
+                                          fashion_mnist_dir(), "--threads", "1", "--metrics-file", em});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const auto lines = read_json_lines(em);
+      ASSERT_EQ(lines.size(), 1u);
+      EXPECT_EQ(lines[0].at("event").str, "evaluate");
+      EXPECT_EQ(lines[0].at("checkpoint").str, ck + "/ckpt-000000040.hpck");
+      EXPECT_EQ(lines[0].at("step").number, 40);
+      EXPECT_EQ(lines[0].at("samples").number, 300);
+      EXPECT_EQ(lines[0].at("test_accuracy").number, trained.at("test_accuracy").number);
+      // The loss is summed batch by batch: the same bits where the test set is split alike.
+      if (ranks == trained_on) {
+        EXPECT_EQ(lines[0].at("test_loss").number, trained.at("test_loss").number);
+      }
+      char want[64];
+      std::snprintf(want, sizeof want, "test accuracy %.2f%%", 100 * trained.at("test_accuracy").number);
+      EXPECT_EQ(count_of(r.out, want), 1) << r.out;
     }
   }
-  const double trained = done_of(m).at("test_accuracy").number;
-  for (int ranks : {1, 2}) {
-    SCOPED_TRACE(::testing::Message() << ranks << " rank(s)");
-    const std::string em = dir_.file("evaluate" + std::to_string(ranks) + ".jsonl");
-    const RunResult r = run_mpi(ranks, {"evaluate", "--checkpoint", ck, "--test-samples", "300", "--data-dir",
-                                        fashion_mnist_dir(), "--threads", "1", "--metrics-file", em});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const auto lines = read_json_lines(em);
-    ASSERT_EQ(lines.size(), 1u);
-    EXPECT_EQ(lines[0].at("event").str, "evaluate");
-    EXPECT_EQ(lines[0].at("checkpoint").str, ck + "/ckpt-000000040.hpck");
-    EXPECT_EQ(lines[0].at("step").number, 40);
-    EXPECT_EQ(lines[0].at("samples").number, 300);
-    EXPECT_EQ(lines[0].at("test_accuracy").number, trained);
-    char want[64];
-    std::snprintf(want, sizeof want, "test accuracy %.2f%%", 100 * trained);
-    EXPECT_EQ(count_of(r.out, want), 1) << r.out;
-  }
 
+  const std::string ck = dir_.file("eval1");  // trained on one rank
   const RunResult listing = run_hpctrain({"inspect", ck});
   EXPECT_EQ(listing.exit_code, 0) << listing.err;
   EXPECT_EQ(count_of(listing.out, "  valid\n"), 3) << listing.out;
