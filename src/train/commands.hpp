@@ -8,7 +8,7 @@
 
 namespace hpc::train {
 
-// Every rank evaluates its part of the test set; rank 0 prints the result.
+// Every rank evaluates its share of the test set's batches; rank 0 prints the result.
 int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx);
 
 // Rank 0 alone reads and prints; 0 when the file (or some checkpoint of the directory) is

@@ -549,21 +549,30 @@ EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data
 EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run, const data::Dataset& ds,
                     const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm,
                     const std::function<void()>& on_batch, int decode_threads, bool bytes) {
-  // Each rank evaluates its contiguous part of the test set; the sums are then added up.
+  // The test set is cut into batches the same way on any number of ranks; each rank evaluates
+  // a contiguous run of them, and the batches' sums are added up in batch order, so that the
+  // figures have the same bits on 1 rank or on 8 (each sum is non-zero on one rank only: the
+  // all-reduce adds zeros to it, which is exact).
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
-  const int64_t begin = ds.count * rank / world, end = ds.count * (rank + 1) / world;
+  const int64_t batches = (ds.count + batch_size - 1) / batch_size;
+  const int64_t first = batches * rank / world, last = batches * (rank + 1) / world;
   data::BatchAssembler assembler(ds, norm, {}, 0, decode_threads, bytes);
   data::Batch batch;
-  double sums[2] = {0, 0};  // loss * samples, correct
-  for (int64_t start = begin; start < end; start += batch_size) {
-    const int64_t n = std::min(batch_size, end - start);
+  std::vector<double> per_batch(2 * static_cast<size_t>(batches), 0.0);  // loss * samples, correct
+  for (int64_t b = first; b < last; ++b) {
+    const int64_t start = b * batch_size, n = std::min(batch_size, ds.count - start);
     std::vector<uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), static_cast<uint32_t>(start));
     assembler.assemble(idx, 0, false, batch);
-    run(batch, sums);
+    run(batch, &per_batch[2 * b]);
     if (on_batch) on_batch();
   }
-  if (comm && world > 1) comm->allreduce_sum(sums, 2);
+  if (comm && world > 1) comm->allreduce_sum(per_batch.data(), static_cast<int64_t>(per_batch.size()));
+  double sums[2] = {0, 0};
+  for (int64_t b = 0; b < batches; ++b) {
+    sums[0] += per_batch[2 * b];
+    sums[1] += per_batch[2 * b + 1];
+  }
   EvalResult r;
   r.samples = ds.count;
   r.loss = sums[0] / static_cast<double>(ds.count);
