@@ -64,7 +64,7 @@ void write(Level lvl, const std::string& line) {
   // Informational output comes from rank 0 only; warnings and errors from every rank.
   if (lvl < Level::Warn && g_rank != 0) return;
   std::string prefix = "hpctrain";
-  if (g_world > 1) prefix += "[" + std::to_string(g_rank) + "]";
+  if (g_world > 1) prefix.append("[").append(std::to_string(g_rank)).append("]");  // not "[" + s: GCC 12 -Wrestrict
   if (lvl == Level::Warn) prefix += ": warning";
   if (lvl == Level::Error) prefix += ": error";
   std::lock_guard lock(g_mutex);

@@ -172,7 +172,7 @@ std::vector<int> parse_stop_signals(const std::string& list) {
 
 std::string stop_signals_text(const std::vector<int>& signals) {
   std::string text;
-  for (int sig : signals) text += (text.empty() ? "" : ",") + signal_name(sig).substr(3);
+  for (int sig : signals) text.append(text.empty() ? "" : ",").append(signal_name(sig).substr(3));
   return text;
 }
 

@@ -22,7 +22,7 @@ class MpiTraining : public ::testing::Test {
 
   // Trains on `ranks` ranks quietly with `args`; expects success; returns the metrics lines.
   std::vector<JsonObject> train(int ranks, std::vector<std::string> args) {
-    const std::string metrics = dir_.file("m" + std::to_string(runs_++) + ".jsonl");
+    const std::string metrics = dir_.file(std::string("m").append(std::to_string(runs_++)).append(".jsonl"));
     args.insert(args.end(), {"--data-dir", fashion_mnist_dir(), "--metrics-file", metrics, "--quiet"});
     const RunResult r = run_mpi(ranks, args);
     EXPECT_EQ(r.exit_code, 0) << r.command << "\nstderr: " << r.err;
@@ -190,7 +190,8 @@ TEST_F(MpiTraining, DefaultThreadsShareTheHostsCores) {
                                   fashion_mnist_dir()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  EXPECT_EQ(count_of(r.out, " " + std::to_string(std::max(1L, cores / 2)) + " thread(s) per rank"), 1) << r.out;
+  const std::string want = std::string(" ").append(std::to_string(std::max(1L, cores / 2))).append(" thread(s) per rank");
+  EXPECT_EQ(count_of(r.out, want), 1) << r.out;
 }
 
 // ---- mistakes: one clear line from rank 0, exit code 2, no hang ------------------------------
