@@ -94,9 +94,8 @@ void GradientBucketer::average(float* x, int64_t n) {
 void GradientBucketer::queue_average() {
   if (!std::exchange(average_pending_, false)) return;
   ++expected_;
-  const float inverse = 1.0f / static_cast<float>(comm_.size());
   if (device_) {
-    device_->enqueue(average_x_, average_n_, inverse);
+    device_->enqueue(average_x_, average_n_, average_share());
     ++done_;
   } else {
     queue_.push_back(kAverage);
@@ -153,7 +152,7 @@ void GradientBucketer::run() {
       if (stop_) return;
       b = queue_.front();
       queue_.pop_front();
-      share = b == kAverage ? 1.0f / static_cast<float>(comm_.size()) : share_;
+      share = b == kAverage ? average_share() : share_;
       if (b != kAverage) timeline_.buckets[b].started = now();
     }
     try {

@@ -120,6 +120,7 @@ class GradientBucketer {
   float* average_x_ = nullptr;  // the step's average(): what, and whether it is still to queue
   int64_t average_n_ = 0;
   bool average_pending_ = false, averaged_ = false;
+  float average_share() const { return 1.0f / static_cast<float>(comm_.size()); }  // each rank's part of it
   size_t expected_ = 0;  // reductions queued this step (buckets and the average)
   size_t done_ = 0;
   bool stop_ = false;
