@@ -28,7 +28,8 @@ struct TrainResult {
 
 // Loss and accuracy of the model (in eval mode) on a whole dataset. With a communicator,
 // each rank evaluates a contiguous share of the dataset's batches of batch_size and the batches'
-// sums are added up in order on every rank: the same bits on any number of ranks. on_batch is called after every batch (the step watchdog's progress).
+// sums are added up in order on every rank: the same bits on any number of ranks. on_batch is
+// called after every batch (the step watchdog's progress).
 // decode_threads: how many threads decode a batch of packed images (shards).
 EvalResult evaluate(nn::Model<float>& model, const data::Dataset& ds, const data::Normalization& norm,
                     int64_t batch_size, dist::Communicator* comm = nullptr,
