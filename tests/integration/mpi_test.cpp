@@ -190,7 +190,8 @@ TEST_F(MpiTraining, DefaultThreadsShareTheHostsCores) {
                                   fashion_mnist_dir()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  const std::string want = std::string(" ").append(std::to_string(std::max(1L, cores / 2))).append(" thread(s) per rank");
+  const std::string want =
+      std::string(" ").append(std::to_string(std::max(1L, cores / 2))).append(" thread(s) per rank");
   EXPECT_EQ(count_of(r.out, want), 1) << r.out;
 }
 
