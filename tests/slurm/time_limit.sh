@@ -18,8 +18,12 @@ say "completed after $restarts requeue(s); stopped after steps: $stops; resumed 
 [[ "$resumed" == "$stops" ]] || fail "the runs resumed at '$resumed', not where they stopped ('$stops')"
 [[ $(wc -w <<< "$stops") == "$restarts" ]] || fail "$restarts requeues but $(wc -w <<< "$stops") checkpointed stops"
 grep -q "DUE TO TIME LIMIT" "$WORK/segments.out" && fail "a segment was killed by the time limit"
-[[ $(grep -c "SIGUSR1: asking the trainer" "$WORK/segments.out") == "$restarts" ]] ||
-  fail "not every segment ended on the warning signal"
+# Every segment that was requeued ended on the warning signal. (The last one may get the signal
+# too, if slurmctld's check falls in the moment between the training's end and the script's.)
+for ((r = 0; r < restarts; r++)); do
+  grep -q "job $JOB (restart $r): SIGUSR1: asking the trainer" "$WORK/segments.out" ||
+    fail "segment $r (restart $r) did not end on the warning signal"
+done
 [[ "$(done_field segments steps)" == 1560 ]] || fail "$(done_field segments steps) steps, not 1560"
 expect_out segments "job $JOB (restart $restarts)"
 say "PASS"
