@@ -23,6 +23,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// How long an hpctrain attempt waits for its checkpoint directory's lock (--checkpoint-lock-wait).
+constexpr const char* kRelaunchLockWait = "1m";
+
 // hpcrun's switches: every other option takes one value.
 const std::set<std::string> kSwitches = {"help", "h", "version", "quiet"};
 // Single-dash spellings people bring from mpirun and horovodrun.
@@ -343,6 +346,12 @@ void read_program(LaunchOptions& o) {
     // Every attempt after the first must continue from the last checkpoint.
     o.program.push_back("--resume");
     o.program.push_back("auto");
+  }
+  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_option(o.program, "checkpoint-lock-wait").empty()) {
+    // A relaunch after a lost host may find the last attempt's rank 0 still alive there, holding
+    // the directory's lock until its own step watchdog ends it (about when the other ranks' did).
+    o.program.push_back("--checkpoint-lock-wait");
+    o.program.push_back(kRelaunchLockWait);
   }
   if (o.log_dir.empty())
     o.log_dir = o.checkpoint_dir.empty() ? "hpcrun-logs" : (std::filesystem::path(o.checkpoint_dir) / "hpcrun").string();

@@ -16,6 +16,7 @@
 #include <optional>
 #include <utility>
 
+#include "ckpt/dir_lock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -176,6 +177,12 @@ std::string CheckpointStore::file_name(int64_t step) {
 
 void CheckpointStore::supersede_after(int64_t step) { supersede_after_ = step; }
 
+void CheckpointStore::require_owned() const {
+  if (lock_) lock_->require_held();
+}
+
+bool CheckpointStore::owned() const { return !lock_ || lock_->held(); }
+
 void CheckpointStore::move_superseded() {
   if (!supersede_after_) return;
   const int64_t after = *std::exchange(supersede_after_, std::nullopt);
@@ -199,6 +206,7 @@ void CheckpointStore::move_superseded() {
 }
 
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
+  require_owned();
   move_superseded();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
   write_file_atomically(path, bytes, reuse_pages_ ? spare() : "");
@@ -236,13 +244,7 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
 }
 
 std::map<std::string, std::string> read_heartbeat(const std::string& dir) {
-  std::map<std::string, std::string> fields;
-  std::ifstream in((fs::path(dir) / "heartbeat").string());
-  for (std::string line; std::getline(in, line);) {
-    const size_t eq = line.find('=');
-    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return fields;
+  return read_key_values((fs::path(dir) / "heartbeat").string());
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

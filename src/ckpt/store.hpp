@@ -20,6 +20,8 @@
 
 namespace hpc::ckpt {
 
+class DirectoryLock;
+
 class CheckpointStore {
  public:
   // Creates the directory if needed; usage error if it cannot be made or written.
@@ -41,6 +43,12 @@ class CheckpointStore {
 
   static std::string file_name(int64_t step);
 
+  // The run's lock on the directory (dir_lock.hpp): every write first checks that the run still
+  // holds it, so a run that lost it to another writes nothing more there.
+  void guard_with(const DirectoryLock* lock) { lock_ = lock; }
+  void require_owned() const;  // usage error once the lock is lost
+  bool owned() const;
+
  private:
   void move_superseded();
 
@@ -50,6 +58,7 @@ class CheckpointStore {
   int keep_;
   bool reuse_pages_;
   std::optional<int64_t> supersede_after_;  // set until the first write has moved them
+  const DirectoryLock* lock_ = nullptr;
 };
 
 // Liveness for a launcher: DIR/heartbeat holds "step=N" (global steps done), "epoch=E"

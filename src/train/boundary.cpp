@@ -63,6 +63,19 @@ int stop_exit_code(const TrainOptions& o, const StopAsked& s) {
   return o.checkpoint_dir.empty() ? 128 + s.signal : kExitCheckpointed;
 }
 
+std::unique_ptr<ckpt::DirectoryLock> lock_directory(dist::ProcessContext& ctx, const TrainOptions& o, bool* locked) {
+  std::unique_ptr<ckpt::DirectoryLock> lock;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0 && !o.checkpoint_dir.empty())
+      lock = ckpt::DirectoryLock::acquire(o.checkpoint_dir, o.checkpoint_lock_wait_seconds,
+                                          [] { return StopSignals::requested(); });
+  });
+  uint64_t got = lock || o.checkpoint_dir.empty() ? 1 : 0;
+  if (ctx.world_size() > 1) ctx.world().broadcast(&got, sizeof got, 0);
+  *locked = got != 0;
+  return lock;
+}
+
 std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, const TrainOptions& o) {
   std::unique_ptr<ckpt::CheckpointStore> store;
   dist::collectively(ctx, [&] {
@@ -95,21 +108,29 @@ void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainO
                                  ", though its loss still was"), false);
 }
 
-StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss) {
-  double flags[4] = {checkpoint_due ? 1.0 : 0.0, snapshot_due ? 1.0 : 0.0, StopSignals::requested() ? 1.0 : 0.0,
-                     std::isfinite(loss) ? 0.0 : 1.0};
-  if (comm.size() > 1) comm.allreduce_sum(flags, 4);
-  return {flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0};
+StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss,
+                                    bool lost_directory) {
+  double flags[5] = {checkpoint_due ? 1.0 : 0.0, snapshot_due ? 1.0 : 0.0, StopSignals::requested() ? 1.0 : 0.0,
+                     std::isfinite(loss) ? 0.0 : 1.0, lost_directory ? 1.0 : 0.0};
+  if (comm.size() > 1) comm.allreduce_sum(flags, 5);
+  return {flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0, flags[4] > 0};
+}
+
+void lost_directory(const TrainOptions& o) {
+  throw dist::CollectiveError(ErrorKind::Usage,
+                              detail::concat("another run took over the checkpoint directory ", o.checkpoint_dir,
+                                             " (rank 0's lock on it was lost while this job was stopped or cut off): "
+                                             "stopping without writing anything more there"));
 }
 
 void Heartbeat::beat(int64_t step, int64_t epochs_done) {
-  if (!store_ || seconds_since(last_) < 1.0) return;
+  if (!store_ || !store_->owned() || seconds_since(last_) < 1.0) return;
   ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", resumed_);
   last_ = Clock::now();
 }
 
-void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state) {
-  if (store_) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_);
+void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra) {
+  if (store_ && store_->owned()) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_ + extra);
 }
 
 Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,

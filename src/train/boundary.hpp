@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "ckpt/dir_lock.hpp"
 #include "ckpt/store.hpp"
 #include "dist/process.hpp"
 #include "train/checkpointing.hpp"
@@ -78,6 +79,12 @@ int stop_exit_code(const TrainOptions& o, const StopAsked& s);
 // learns whether rank 0 could use the directory (collective).
 std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, const TrainOptions& o);
 
+// Rank 0's lock on --checkpoint-dir (ckpt/dir_lock.hpp), held for the whole run; none on the other
+// ranks or without a directory. A directory another live run holds is every rank's usage error
+// (after --checkpoint-lock-wait). *locked: on every rank, false when a stop signal ended the wait
+// (the directory is then another run's: nothing there may be touched).
+std::unique_ptr<ckpt::DirectoryLock> lock_directory(dist::ProcessContext& ctx, const TrainOptions& o, bool* locked);
+
 // Training diverged: a loss, or the state about to be saved, is not finite. Nothing of it is
 // saved (the newest checkpoint stays the last good one), and it is the user's learning rate;
 // except in a fresh run's first step, whose loss no update has touched: that is hpctrain's bug.
@@ -96,8 +103,14 @@ struct StepAgreement {
   bool snapshot_due = false;     // rank 0's Snapshotter says a snapshot is due
   bool stop = false;             // some rank was asked to stop
   bool loss_not_finite = false;  // on some rank
-  static StepAgreement reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss);
+  bool lost_directory = false;   // rank 0's lock on the checkpoint directory was taken over
+  static StepAgreement reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss,
+                             bool lost_directory = false);
 };
+
+// Another run took the checkpoint directory's lock over (ckpt/dir_lock.hpp): every rank ends
+// with a usage error, before anything more is written there.
+[[noreturn]] void lost_directory(const TrainOptions& o);
 
 // Rank 0's DIR/heartbeat (ckpt::write_heartbeat): about once a second while training, and once
 // more at the end. Does nothing without a store.
@@ -107,7 +120,8 @@ class Heartbeat {
   // failure cost), added to every beat.
   Heartbeat(const ckpt::CheckpointStore* store, std::string resumed) : store_(store), resumed_(std::move(resumed)) {}
   void beat(int64_t step, int64_t epochs_done);
-  void last(int64_t step, int64_t epochs_done, const char* state);
+  // The last beat: state "done", "stopped" or "failed" (with extra lines such as "exit_code=2\n").
+  void last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra = "");
 
  private:
   const ckpt::CheckpointStore* store_;

@@ -337,6 +337,9 @@ std::vector<Option> checkpoints() {
       duration("checkpoint-interval", &Members::checkpoint_interval_seconds, "10m", R::Local,
                "checkpoint when this much wall-clock time has passed since the last one: 90s, 10m, 1.5h (0: never)"),
       flag("checkpoint-each-epoch", &Members::checkpoint_each_epoch, R::Local, "also checkpoint after every epoch"),
+      duration("checkpoint-lock-wait", &Members::checkpoint_lock_wait_seconds, "0", R::Local,
+               "while another live run holds --checkpoint-dir's lock, wait this long for it before refusing to "
+               "start: 30s, 2m (0: refuse at once; hpcrun's relaunches wait 1m for a lost attempt's processes)"),
       resume(R::Local,
              "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file"),
       duration("step-timeout", &Members::step_timeout_seconds, "10m", R::Local,

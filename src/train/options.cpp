@@ -120,6 +120,8 @@ void validate_parallel(const TrainOptions& o) {
   HPC_REQUIRE(o.step_timeout_seconds == 0 ||
                   (o.step_timeout_seconds >= kMinStepTimeout && o.step_timeout_seconds <= kMaxStepTimeout),
               "--step-timeout must be 0 (never) or from 1s to 1000h, got ", show_duration(o.step_timeout_seconds));
+  HPC_REQUIRE(o.checkpoint_lock_wait_seconds <= kMaxStepTimeout, "--checkpoint-lock-wait must be at most 1000h, got ",
+              show_duration(o.checkpoint_lock_wait_seconds));
 }
 
 // A config file is a few lines: reading stops past this, so that --config /dev/zero, or a
@@ -220,7 +222,8 @@ void validate_checkpointing(const TrainOptions& o, const po::variables_map& vm) 
       {given(vm, "keep-checkpoints"), "--keep-checkpoints"},
       {given(vm, "checkpoint-interval") && o.checkpoint_interval_seconds > 0, "--checkpoint-interval"},
       {o.snapshot_every_steps > 0, "--snapshot-every-steps"},
-      {given(vm, "snapshot-dir"), "--snapshot-dir"}};
+      {given(vm, "snapshot-dir"), "--snapshot-dir"},
+      {given(vm, "checkpoint-lock-wait"), "--checkpoint-lock-wait"}};
   for (const auto& [asked, option] : asks)
     HPC_REQUIRE(!asked, option, " needs --checkpoint-dir: without it no checkpoint is written",
                 std::strncmp(option, "--snapshot", 10) == 0 ? " and no snapshot resumed" : "");

@@ -92,6 +92,7 @@ struct TrainOptions {
   ResumeFrom resume = ResumeFrom::Auto;
   std::string resume_file;  // ResumeFrom::File
   double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
+  double checkpoint_lock_wait_seconds = 0;  // for the directory's lock (ckpt/dir_lock.hpp); 0: refuse at once
   // Each asks for a checkpoint and exit 75 (signals.hpp).
   std::vector<int> stop_signals = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};
   // in-memory snapshots (train/snapshots.hpp)

@@ -118,6 +118,9 @@ class TrainingRun {
   TrainResult run();
 
  private:
+  TrainResult run_steps();
+  void mark_failed(int exit_code);
+  void release_directory();
   std::optional<int> set_up();
   void plan();
   void start_engine();
@@ -148,6 +151,7 @@ class TrainingRun {
   ModelIdentity model_id_;         // of the model the engine took over
   double train_flops_per_sample_ = 0;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ckpt::DirectoryLock> lock_;  // rank 0's; released after the checkpoints' last write
   std::unique_ptr<Checkpointer> checkpoints_;
   RunIdentity run_;
   std::unique_ptr<Snapshotter> snapshots_;
@@ -161,7 +165,38 @@ class TrainingRun {
   bool evaluated_ = false;
 };
 
+// The heartbeat ends with the run's real state: "failed" and the exit code when an error ends
+// it (a diverged loss, a checkpoint that cannot be written, the watchdog), not "training".
 TrainResult TrainingRun::run() {
+  try {
+    return run_steps();
+  } catch (const Error& e) {
+    mark_failed(e.exit_code());
+    release_directory();
+    throw;
+  } catch (...) {
+    mark_failed(kExitFailure);
+    release_directory();
+    throw;
+  }
+}
+
+void TrainingRun::mark_failed(int exit_code) {
+  if (heartbeat_)
+    heartbeat_->last(tally_.step, plan_.steps_per_epoch ? tally_.step / plan_.steps_per_epoch : 0, "failed",
+                     detail::concat("exit_code=", exit_code, "\n"));
+}
+
+// After an error: the last write finished before the lock goes, and a directory this run made
+// and left empty (refused during set-up) removed.
+void TrainingRun::release_directory() {
+  if (!lock_) return;
+  heartbeat_.reset();  // it points into the store
+  checkpoints_.reset();
+  lock_->release(true);
+}
+
+TrainResult TrainingRun::run_steps() {
   if (const std::optional<int> code = set_up()) {
     TrainResult stopped;
     stopped.exit_code = *code;
@@ -174,7 +209,11 @@ TrainResult TrainingRun::run() {
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
   // From here on every wait is for the peers: a step that never ends is a hung job.
-  watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where(), StepWatchdog::Expire{},
+  const auto expire = [this](const std::string& message) {
+    mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
+    StepWatchdog::print_and_exit(message);
+  };
+  watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where(), expire,
                                              p_.gpu ? StepWatchdog::Poll([this] { return engine_->async_error(); })
                                                     : StepWatchdog::Poll{});
   watchdog_->progress(tally_.step);
@@ -189,10 +228,15 @@ std::optional<int> TrainingRun::set_up() {
   log::set_stamps(o_.log_timestamps);
   use_stop_signals(o_.stop_signals);  // a stop signal taken while MPI started is decided now
   require_same_options(ctx_, o_);
-  if (auto code = stopped_in_setup(ctx_, o_, 1, "while starting", false)) return code;
+  // First of all, before anything in the directory is read or moved: one run writes it at a time.
+  bool locked = false;
+  lock_ = lock_directory(ctx_, o_, &locked);
+  // Stopped while waiting for another run's lock: its directory is left as it is.
+  if (auto code = stopped_in_setup(ctx_, o_, 1, "while starting", !locked)) return code;
   p_ = load_data_and_model(ctx_, o_);
   if (auto code = stopped_in_setup(ctx_, o_, 2, "while loading the dataset", false)) return code;
   run_ = run_identity(ctx_, o_);
+  if (lock_) lock_->set_run_id(run_.id);
   resume_or_initialise(ctx_, o_, p_, snapshot_run_dir(o_, run_.id), run_.id);
   const char* loading = p_.resumed ? "while loading the checkpoint to resume from" : "while initialising the model";
   // A state resumed from a host's memory is newer than the directory's: a stop is taken once the
@@ -217,6 +261,7 @@ std::optional<int> TrainingRun::set_up() {
 // run's identity beside them, and the snapshots in every host's memory.
 void TrainingRun::start_state_keeping() {
   std::unique_ptr<ckpt::CheckpointStore> store = open_store(ctx_, o_);
+  if (store) store->guard_with(lock_.get());
   if (store) store->supersede_after(p_.resumed ? p_.start.step : -1);  // none newer when it continues the newest
   dist::collectively(ctx_, [&] {
     if (lead_) record_run_identity(o_, run_);
@@ -342,7 +387,8 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   hooks_.signal_after(step);
   heartbeat_->beat(step, epoch);
   const StepAgreement agreed =
-      StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss);
+      StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss, lock_ && lock_->lost());
+  if (agreed.lost_directory) lost_directory(o_);
   if (agreed.loss_not_finite)
     diverged(o_, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),
              step == 1 && !p_.resumed);

@@ -24,7 +24,9 @@ std::string seconds_text(double s) {
   return buf;
 }
 
-void print_and_exit(const std::string& message) {
+}  // namespace
+
+void StepWatchdog::print_and_exit(const std::string& message) {
   std::fprintf(stderr, "hpctrain: error: %s\n", message.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
@@ -32,8 +34,6 @@ void print_and_exit(const std::string& message) {
   // only hang again. mpirun sees a rank leave with this code and ends the others.
   ::_exit(kExitStepTimeout);
 }
-
-}  // namespace
 
 StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll)
     : timeout_(timeout_seconds),

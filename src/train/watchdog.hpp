@@ -29,6 +29,8 @@ class StepWatchdog {
   // Returns an error's message, or empty while there is none. Called from the watchdog's thread.
   using Poll = std::function<std::string()>;
   static constexpr double kPollSeconds = 1.0;
+  // The default Expire: the message on stderr, then _exit(kExitStepTimeout).
+  [[noreturn]] static void print_and_exit(const std::string& message);
 
   // timeout_seconds <= 0: off (no thread). `where` names this process in messages
   // ("rank 1 on node7").

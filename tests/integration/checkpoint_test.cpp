@@ -824,5 +824,120 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, -1);
 }
 
+
+// Whether process `pid` is stopped (SIGSTOP): state T in /proc/PID/stat.
+bool is_stopped(pid_t pid) {
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+// The first run's job() with snapshots every step in `shm`, stopped (SIGSTOP, by the test hook)
+// at step 12 of 40, holding its directory's lock with checkpoints and snapshots written.
+std::unique_ptr<Started> start_and_stop_at_step_12(const std::vector<std::string>& args, const std::string& shm) {
+  auto a = args;
+  *(std::find(a.begin(), a.end(), std::string("--snapshot-every-steps")) + 1) = "1";
+  a.insert(a.end(), {"--snapshot-dir", shm});
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "12:stop", 1);
+  auto p = start_hpctrain(a);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  EXPECT_TRUE(wait_until([&] { return is_stopped(p->pid()) || !p->running(); }, 60));
+  return p;
+}
+
+// One writer per checkpoint directory: while a run holds it (stopped here, so that nothing moves),
+// a second one on the same directory, fresh or resuming, is refused with one line naming the
+// holder, and leaves every file of the first, its checkpoints and its snapshots, as it was; the
+// first then ends exactly as a run never disturbed, and its lock goes with it.
+TEST_F(Checkpoints, ASecondRunOnABusyDirectoryIsRefusedAndTouchesNothing) {
+  const JsonObject want = uninterrupted(1);
+  const std::string ck = dir_.file("busy"), shm = dir_.file("busy-shm");
+  const auto first = start_and_stop_at_step_12(job(ck, dir_.file("first.jsonl")), shm);
+  ASSERT_TRUE(first->running());
+  const std::vector<Snapshot> before = snapshots({ck, shm});
+  ASSERT_TRUE(fs::exists(ck + "/ckpt-000000005.hpck"));
+  ASSERT_GT(before[1].size(), 1u) << "no snapshot was taken";
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{"--resume", "none"},
+                                                std::vector<std::string>{},
+                                                std::vector<std::string>{"--checkpoint-lock-wait", "1s"}}) {
+    SCOPED_TRACE(extra.empty() ? "--resume auto" : extra[0]);
+    auto args = job(ck, dir_.file("second.jsonl"));
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult second = run_hpctrain(args, 60);
+    expect_usage_error(second, "hpctrain: error: checkpoint directory " + ck + " is in use by another run (host ");
+    EXPECT_NE(second.err.find(" pid " + std::to_string(first->pid()) + ", run "), std::string::npos) << second.err;
+    if (!extra.empty() && extra[0] == "--checkpoint-lock-wait") {
+      EXPECT_GE(second.seconds, 1.0);
+    }
+    EXPECT_EQ(snapshots({ck, shm}), before);
+  }
+  kill(first->pid(), SIGCONT);
+  const RunResult r = first->finish(120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_same_end(done_of(dir_.file("first.jsonl")), want);
+  EXPECT_FALSE(fs::exists(ck + "/lock")) << "a finished run leaves its lock behind";
+  // Free again: the next run continues it (at its end: nothing to train).
+  const RunResult after = run_hpctrain(job(ck, dir_.file("after.jsonl")), 60);
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+}
+
+// A holder that stopped refreshing its lock (its host lost, the process stopped) is taken over
+// after the stale time, with a warning naming it; when it comes back it writes nothing more in
+// the directory, and ends with one error line and exit code 2. The lock of a run killed outright
+// (SIGKILL) is taken with a warning saying whose it was.
+TEST_F(Checkpoints, AStaleLockIsTakenOverAndItsHolderWritesNothingMore) {
+  const JsonObject want = uninterrupted(1);
+  const std::string ck = dir_.file("stale"), shm = dir_.file("stale-shm");
+  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "1", 1);
+  const auto first = start_and_stop_at_step_12(job(ck, dir_.file("first.jsonl")), shm);
+  auto args = job(ck, dir_.file("second.jsonl"));
+  args.insert(args.end(), {"--checkpoint-lock-wait", "20s"});
+  const RunResult second = run_hpctrain(args, 120);
+  unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(count_of(second.err, "hpctrain: warning: taking over the checkpoint directory's lock " + ck +
+                                     "/lock from host "), 1) << second.err;
+  // From step 10, or 5 where the stop came before the checkpoint of step 10 was written whole.
+  const double from = done_of(dir_.file("second.jsonl")).at("resumed_from_step").number;
+  EXPECT_TRUE(from == 10 || from == 5) << from;
+  expect_same_end(done_of(dir_.file("second.jsonl")), want);
+  const Snapshot before = snapshot(ck);
+  kill(first->pid(), SIGCONT);
+  const RunResult r = first->finish(120);
+  expect_usage_error(r, "hpctrain: error: another run took over the checkpoint directory " + ck);
+  EXPECT_EQ(snapshot(ck), before);
+
+  const std::string killed = dir_.file("killed");
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "7", 1);
+  EXPECT_EQ(run_hpctrain(job(killed, dir_.file("k1.jsonl")), 60).exit_code, -1);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_TRUE(fs::exists(killed + "/lock"));
+  const RunResult resumed = run_hpctrain(job(killed, dir_.file("k2.jsonl")), 60);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(count_of(resumed.err, "hpctrain: warning: the checkpoint directory's lock " + killed + "/lock was left by "
+                                      "host "), 1) << resumed.err;
+  EXPECT_NE(resumed.err.find(", which ended without releasing it; taking it"), std::string::npos) << resumed.err;
+  expect_same_end(done_of(dir_.file("k2.jsonl")), want);
+}
+
+// The heartbeat ends with the run's real state: "failed" and the exit code after a run that
+// diverged, not "training".
+TEST_F(Checkpoints, TheHeartbeatOfAFailedRunSaysSo) {
+  const std::string ck = dir_.file("diverges");
+  auto args = job(ck, dir_.file("d.jsonl"));
+  args.insert(args.end(), {"--lr", "1e6"});
+  const RunResult r = run_hpctrain(args, 60);
+  expect_usage_error(r, "hpctrain: error: training diverged: the ");
+  const std::string beat = read_text(ck + "/heartbeat");
+  EXPECT_NE(beat.find("\nstate=failed\n"), std::string::npos) << beat;
+  EXPECT_NE(beat.find("\nexit_code=2\n"), std::string::npos) << beat;
+  // A run refused before it wrote anything leaves no directory behind.
+  const std::string none = dir_.file("never-made");
+  auto refused = job(none, dir_.file("r.jsonl"));
+  refused.insert(refused.end(), {"--data-dir", dir_.file("no-such-data")});
+  EXPECT_EQ(run_hpctrain(refused, 60).exit_code, 2);
+  EXPECT_FALSE(fs::exists(none));
+}
+
 }  // namespace
 }  // namespace hpc::itest

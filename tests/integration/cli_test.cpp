@@ -704,6 +704,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"checkpoint-every-steps", "0"},
     {"checkpoint-interval", "10m"},
     {"checkpoint-each-epoch", ""},
+    {"checkpoint-lock-wait", "0"},
     {"resume", "auto"},
     {"step-timeout", "10m"},
     {"snapshot-every-steps", "auto"},

@@ -2,7 +2,11 @@
 // "hpcrun: error: ..." line naming the problem, with no retry loop; a program's own usage error
 // is not retried; failures are retried up to --max-restarts, then hpcrun gives up with code 1.
 // (Several hosts, lost and cut ones: tests/launch/*.sh, in network namespaces.)
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <ctime>
 
 #include <algorithm>
 #include <cstdlib>
@@ -274,6 +278,37 @@ TEST(HpcrunCli, StallQueryLeavesHealthyRanksAlive) {
   EXPECT_EQ(sum["attempts"][0]["result"], "failure");
   EXPECT_EQ(sum["attempts"][0]["failed_hosts"], nlohmann::json::array());
   EXPECT_EQ(sum["attempts"][1]["result"], "success");
+}
+
+// hpcrun's attempts wait for the checkpoint directory's lock (hpctrain --checkpoint-lock-wait
+// 1m, which hpcrun adds): a relaunch can find the last attempt's rank 0 still alive on a lost
+// host, holding it until its own watchdog ends it. Here a holder lets go after 2 s, and the job
+// runs; the same hpctrain alone is refused at once.
+TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
+  TempDir dir("hpcrun_lock");
+  const std::string lock = dir.file("lock");
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &l), 0);
+  const std::string record = "host=elsewhere\npid=1\nunix_time=" + std::to_string(::time(nullptr)) + "\nstate=held\n";
+  ASSERT_EQ(::write(fd, record.data(), record.size()), static_cast<ssize_t>(record.size()));
+  const std::vector<std::string> train{hpctrain_binary(), "--checkpoint-dir", dir.str(), "--max-steps", "2",
+                                       "--train-samples", "640", "--test-samples", "100", "--threads", "1",
+                                       "--device", "cpu", "--data-dir", fashion_mnist_dir()};
+  const RunResult alone = run_program(train, 60);
+  EXPECT_EQ(alone.exit_code, 2) << alone.err;
+  EXPECT_NE(alone.err.find("is in use by another run (host elsewhere pid 1)"), std::string::npos) << alone.err;
+  std::vector<std::string> args{hpcrun_binary(), "-np", "1", "--max-restarts", "0"};
+  args.insert(args.end(), train.begin(), train.end());
+  Started job(args);
+  sleep(2);
+  ::close(fd);  // lets go
+  const RunResult r = job.finish(120);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("waiting up to 60 s for the checkpoint directory's lock, held by host elsewhere"),
+            std::string::npos) << r.out << r.err;
 }
 
 TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {

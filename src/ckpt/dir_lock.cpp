@@ -1,0 +1,291 @@
+#include "ckpt/dir_lock.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace hpc::ckpt {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr double kDefaultStaleSeconds = 30;
+constexpr double kPollSeconds = 0.2;  // how often a waiter looks again
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+[[noreturn]] void io_error(const std::string& what, const std::string& path) {
+  usage_error("cannot ", what, " ", path, ": ", std::strerror(errno));
+}
+
+// A write lock on the whole file, owned by the open file description (see the header): true when
+// taken, false when another holds it.
+bool try_lock(int fd, const std::string& path) {
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  if (::fcntl(fd, F_OFD_SETLK, &l) == 0) return true;
+  if (errno == EAGAIN || errno == EACCES) return false;
+  io_error("lock", path);
+}
+
+bool same_inode(int fd, const std::string& path) {
+  struct stat a {}, b {};
+  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+std::string describe(const std::map<std::string, std::string>& r) {
+  auto get = [&](const char* k) {
+    const auto it = r.find(k);
+    return it == r.end() || it->second.empty() ? std::string("?") : it->second;
+  };
+  if (r.empty()) return std::string("another run (whose lock file is gone now)");
+  std::string s = "host " + get("host") + " pid " + get("pid");
+  if (r.count("run_id")) s += ", run " + get("run_id");
+  if (const auto it = r.find("since"); it != r.end()) {
+    const time_t t = std::strtoll(it->second.c_str(), nullptr, 10);
+    char when[32] = "?";
+    struct tm utc {};
+    if (gmtime_r(&t, &utc)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    s += std::string(", since ") + when;
+  }
+  return s;
+}
+
+std::optional<int64_t> number(const std::map<std::string, std::string>& r, const char* key) {
+  const auto it = r.find(key);
+  if (it == r.end()) return std::nullopt;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (end == it->second.c_str() || *end) return std::nullopt;
+  return v;
+}
+
+std::string record_text(const std::map<std::string, std::string>& r) {
+  std::string text;
+  for (const char* k : {"host", "pid", "run_id", "since", "unix_time", "state"})
+    if (const auto it = r.find(k); it != r.end()) text += std::string(k) + '=' + it->second + '\n';
+  return text;
+}
+
+// Watches a busy lock's record: stale once it has not changed for stale_seconds by this
+// process's clock, and its unix_time is as old by this host's (two clocks: a holder whose clock
+// runs behind is not taken for dead, nor one seen for only a moment).
+class HolderWatch {
+ public:
+  explicit HolderWatch(std::string path) : path_(std::move(path)) {}
+  const std::map<std::string, std::string>& look() {
+    auto now = read_key_values(path_);
+    if (now != last_ || !seen_) {
+      last_ = std::move(now);
+      changed_ = Clock::now();
+      seen_ = true;
+    }
+    return last_;
+  }
+  double unchanged_for() const { return std::chrono::duration<double>(Clock::now() - changed_).count(); }
+  bool stale() const {
+    const double limit = DirectoryLock::stale_seconds();
+    const std::optional<int64_t> t = number(last_, "unix_time");
+    return unchanged_for() >= limit && (!t || static_cast<double>(unix_now() - *t) >= limit);
+  }
+  // Whether the record already looks stale by its own time, worth watching for stale_seconds
+  // even past the wait.
+  bool looks_stale() const {
+    const std::optional<int64_t> t = number(last_, "unix_time");
+    return t && static_cast<double>(unix_now() - *t) >= DirectoryLock::stale_seconds();
+  }
+
+ private:
+  std::string path_;
+  std::map<std::string, std::string> last_;
+  Clock::time_point changed_ = Clock::now();
+  bool seen_ = false;
+};
+
+// Writes a new lock file, locked, and renames it over `path`: the stale holder keeps its lock on
+// a file no longer named there. The fd of the new lock.
+int take_over(const std::string& path) {
+  const std::string tmp = path + ".new." + host_name() + "." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) io_error("create", tmp);
+  if (!try_lock(fd, tmp) || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = error;
+    io_error("take over the lock", path);
+  }
+  return fd;
+}
+
+}  // namespace
+
+double DirectoryLock::stale_seconds() {
+  const char* v = std::getenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
+  return v && std::atof(v) > 0 ? std::atof(v) : kDefaultStaleSeconds;
+}
+
+std::map<std::string, std::string> read_key_values(const std::string& path) {
+  std::map<std::string, std::string> fields;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return fields;
+}
+
+std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, double wait_seconds,
+                                                      const std::function<bool()>& stop) {
+  std::error_code ec;
+  const bool existed = fs::exists(dir, ec);
+  fs::create_directories(dir, ec);
+  HPC_REQUIRE(!ec && fs::is_directory(dir), "cannot create checkpoint directory ", dir,
+              ec ? ": " + ec.message() : std::string(": not a directory"));
+  const std::string path = (fs::path(dir) / "lock").string();
+  const auto deadline = Clock::now() + std::chrono::duration<double>(wait_seconds);
+  HolderWatch holder(path);
+  bool said = false;
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) io_error("open", path);
+    if (try_lock(fd, path)) {
+      if (same_inode(fd, path)) {  // else taken over between the open and the lock: look again
+        const auto left = read_key_values(path);
+        if (!left.empty() && left.count("state") && left.at("state") != "released")
+          log::warn("the checkpoint directory's lock ", path, " was left by ", describe(left),
+                    ", which ended without releasing it; taking it");
+        return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd, !existed));
+      }
+      ::close(fd);
+      continue;
+    }
+    ::close(fd);
+    const auto& record = holder.look();
+    if (holder.stale()) {
+      log::warn("taking over the checkpoint directory's lock ", path, " from ", describe(record),
+                ": its record has not changed for ", static_cast<int64_t>(holder.unchanged_for()),
+                " s (its host lost, or the process stopped); it writes nothing more there if it comes back");
+      return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, take_over(path), false));
+    }
+    const bool waiting = Clock::now() < deadline || holder.looks_stale();
+    HPC_REQUIRE(waiting, "checkpoint directory ", dir, " is in use by another run (", describe(record),
+                "): one run writes a directory at a time; wait for it to end, or give this run another "
+                "--checkpoint-dir (--checkpoint-lock-wait waits for it)");
+    if (!said && wait_seconds > 0) {
+      log::info("waiting up to ", wait_seconds, " s for the checkpoint directory's lock, held by ",
+                describe(record));
+      said = true;
+    }
+    if (stop && stop()) return nullptr;
+    std::this_thread::sleep_for(std::chrono::duration<double>(kPollSeconds));
+  }
+}
+
+DirectoryLock::DirectoryLock(const std::string& dir, int fd, bool made_dir)
+    : dir_(dir), path_((fs::path(dir) / "lock").string()), fd_(fd), made_dir_(made_dir) {
+  record_ = {{"host", host_name()}, {"pid", std::to_string(::getpid())}, {"since", std::to_string(unix_now())}};
+  write_record("held");
+  refresher_ = std::thread([this] { refresh_loop(); });
+}
+
+DirectoryLock::~DirectoryLock() { release(false); }
+
+void DirectoryLock::release(bool remove_made_directory) {
+  if (released_) return;
+  released_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  refresher_.join();
+  // Removed while locked: a process that opened it meanwhile locks a file no longer named there,
+  // which acquire() notices (same_inode) and opens the path again.
+  if (held()) ::unlink(path_.c_str());
+  ::close(fd_);  // drops the lock
+  if (remove_made_directory && made_dir_) ::rmdir(dir_.c_str());  // only when empty
+}
+
+bool DirectoryLock::held() const {
+  if (lost_.load()) return false;
+  return same_inode(fd_, path_);
+}
+
+void DirectoryLock::set_run_id(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_["run_id"] = id;
+  }
+  write_record("held");
+}
+
+void DirectoryLock::require_held() const {
+  if (held()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lost_to_.empty()) lost_to_ = describe(read_key_values(path_));
+  lost_.store(true);
+  usage_error("this run lost the checkpoint directory's lock ", path_, " to ", lost_to_,
+              " (this process was stopped or cut off, and another run took the directory over): writing nothing "
+              "more there");
+}
+
+void DirectoryLock::write_record(const char* state) {
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_["unix_time"] = std::to_string(unix_now());
+    record_["state"] = state;
+    text = record_text(record_);
+  }
+  // One write at offset 0, then the length: a reader sees the old or the new record, or a torn one
+  // that parses to other fields (never taken for stale: its text changed).
+  if (::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
+      ::ftruncate(fd_, static_cast<off_t>(text.size())) != 0)
+    log::warn("cannot update the checkpoint directory's lock ", path_, ": ", std::strerror(errno));
+  ::fdatasync(fd_);  // on NFS, what another host reads comes from the server
+}
+
+void DirectoryLock::refresh_loop() {
+  const auto period = std::chrono::duration<double>(stale_seconds() / 15);  // 2 s by default
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
+    lock.unlock();
+    if (!held()) {
+      const std::string by = describe(read_key_values(path_));
+      lock.lock();
+      lost_to_ = by;
+      lost_.store(true);
+      log::warn("the checkpoint directory's lock ", path_, " was taken over by ", by,
+                ": this run writes nothing more there");
+      return;
+    }
+    write_record("held");
+    lock.lock();
+  }
+}
+
+}  // namespace hpc::ckpt

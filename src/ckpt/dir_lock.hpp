@@ -1,0 +1,87 @@
+// One writer per checkpoint directory. A training run holds DIR/lock for its whole life, so a
+// second run on the same directory (another job given the same --checkpoint-dir, a resubmitted
+// job while the first still runs) is refused before it reads or moves anything there, instead of
+// interleaving its checkpoints, run id and heartbeat with the first's.
+//
+// How, and why it is safe on EFS/NFS:
+// - The lock is an open-file-description lock (fcntl F_OFD_SETLK, a write lock on the whole
+//   file), which the kernel drops when the holder dies, and which NFSv4 (EFS) sends to the server
+//   as a POSIX lock, so it holds between hosts. (flock() is emulated by the same server locks on
+//   NFS, but with fcntl's rule that closing any descriptor of the file drops it; an OFD lock has
+//   no such trap.) Whoever locks it then checks that DIR/lock still names the file it locked.
+// - The file is removed when the run ends (while still locked: see the destructor), so a finished
+//   run leaves no trace; one that crashed leaves it, and the next run says whose it was.
+// - The file holds the holder's record ("key=value" lines: host, pid, run_id, since, unix_time,
+//   state), which the holder rewrites every couple of seconds: a refused run names the holder,
+//   and a waiter can tell a live holder from a lost one.
+// - A holder whose host died keeps its lock on the NFS server until the server's lease for that
+//   host expires (about 90 s on EFS), and one that is stopped (SIGSTOP) or cut off keeps it while
+//   it lives. When its record has not changed for kStaleSeconds, by its own time and by the
+//   waiter's watching, the waiter takes the lock over: it writes a locked file of its own and
+//   renames it over DIR/lock, with a warning naming the holder it replaced. The old holder, if it
+//   ever comes back, finds DIR/lock is no longer its file (its refresh thread compares inodes) and
+//   writes nothing more there: require_held() fails its next checkpoint.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace hpc::ckpt {
+
+class DirectoryLock {
+ public:
+  // A record unchanged this long means its holder is gone (it rewrites it every kRefreshSeconds).
+  // HPCTRAIN_TEST_LOCK_STALE_SECONDS sets it for tests (the refresh then comes 10 times as often).
+  static double stale_seconds();
+
+  // Takes DIR/lock (making DIR if needed). While another live process holds it, waits up to
+  // wait_seconds, asking stop() every fraction of a second (a stop signal: nullptr is returned),
+  // then throws a usage error naming the holder. A lock left by a holder that ended without
+  // releasing it is taken with a warning; a stale one (see above) is taken over.
+  static std::unique_ptr<DirectoryLock> acquire(const std::string& dir, double wait_seconds,
+                                                const std::function<bool()>& stop);
+  ~DirectoryLock();  // release(false)
+  // Removes DIR/lock and unlocks; with remove_made_directory (a run that failed), also DIR itself
+  // when acquire() made it and it is still empty, so a refused run leaves nothing behind.
+  void release(bool remove_made_directory);
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+  // Adds the run's id to the record, once set-up knows it.
+  void set_run_id(const std::string& id);
+  // Whether DIR/lock is still this process's (another process has not taken it over).
+  bool held() const;
+  // Whether the refresh thread has found it taken over (a flag: cheap enough for every step).
+  bool lost() const { return lost_.load(); }
+  // Usage error naming the process that took the lock over, before a write into DIR.
+  void require_held() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  DirectoryLock(const std::string& dir, int fd, bool made_dir);
+  void write_record(const char* state);
+  void refresh_loop();
+
+  const std::string dir_, path_;
+  const int fd_;
+  const bool made_dir_;  // acquire() made the directory
+  bool released_ = false;
+  std::map<std::string, std::string> record_;
+  mutable std::mutex mu_;  // record_, lost_to_, stop_
+  std::condition_variable cv_;
+  bool stop_ = false;
+  mutable std::atomic<bool> lost_{false};
+  mutable std::string lost_to_;
+  std::thread refresher_;
+};
+
+// The fields of a "key=value" lines file (empty when it cannot be read).
+std::map<std::string, std::string> read_key_values(const std::string& path);
+
+}  // namespace hpc::ckpt
