@@ -260,6 +260,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");
     require_thread_count(a.threads);
+    require_distinct_files({{"--metrics-file", a.metrics_file}}, checkpoint_inputs("--checkpoint", a.checkpoint));
   });
   if (!go) return std::nullopt;
   return a;
