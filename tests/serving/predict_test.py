@@ -374,8 +374,8 @@ class Serving(unittest.TestCase):
             with self.subTest(checkpoint=checkpoint, output=output):
                 self.assert_refused(["export", "--checkpoint", checkpoint, "--output", output, "--force"], message)
                 self.assertEqual(contents(), before, "a refused export changed a checkpoint")
-                self.assert_refused(["evaluate", "--checkpoint", checkpoint, "--metrics-file", output, "--threads", "2"],
-                                    message.replace("--output", "--metrics-file"))
+                evaluate = ["evaluate", "--checkpoint", checkpoint, "--metrics-file", output, "--threads", "2"]
+                self.assert_refused(evaluate, message.replace("--output", "--metrics-file"))
                 self.assertEqual(contents(), before, "a refused evaluate changed a checkpoint")
         self.assertEqual(sorted(os.listdir(run_dir)), sorted(os.listdir(self.ck)))
         # Another file, a stream: written as before.
