@@ -85,8 +85,6 @@ int main(int argc, char** argv) {
     if (o.resize < 0) throw po::error("--resize must be 0 or positive");
     if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
     if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
-    if (o.split.empty() || o.split.find_first_of("/-. ") != std::string::npos)
-      throw po::error("--split must be a plain word (train, val)");
     if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "off")
       throw po::error("unknown --progress '" + progress + "' (choose auto, bar, lines or off)");
     if (stamps != "auto" && stamps != "on" && stamps != "off")

@@ -15,6 +15,7 @@
 #include "blacklist.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -80,6 +81,7 @@ void check_launch_agent(const LaunchOptions& o) {
 
 // Checked now, while nothing is written; the directory itself is created at the first launch.
 void check_log_dir(const std::string& dir) {
+  require_not_root_dir(dir, "--log-dir");
   std::error_code ec;
   fs::path p = fs::absolute(dir, ec);
   while (!p.empty() && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
@@ -95,6 +97,7 @@ void require_count(int v, const char* option, int lowest, int highest = 1000000)
 // hpcrun reads the heartbeat where the trainer writes it: a different directory would show no
 // progress, and every attempt would be killed as stalled.
 void check_checkpoint_dir(const LaunchOptions& o) {
+  require_not_root_dir(o.checkpoint_dir, "--checkpoint-dir");
   std::error_code ec;
   HPC_REQUIRE(!fs::exists(o.checkpoint_dir, ec) || fs::is_directory(o.checkpoint_dir, ec), "--checkpoint-dir ",
               o.checkpoint_dir, ": not a directory");

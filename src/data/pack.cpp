@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/json.hpp"
 #include "core/rng.hpp"
 #include "data/jpeg.hpp"
@@ -339,7 +340,11 @@ void tidy_after_commit(const PackOptions& o, const std::vector<std::string>& kep
 }  // namespace
 
 void check_pack_paths(const PackOptions& o) {
+  // hpctrain's shards dataset reads these two (dataset.cpp): any other split would be written for nobody.
+  HPC_REQUIRE(o.split == "train" || o.split == "val", "--split ", o.split, " is not a split hpctrain reads (it trains "
+              "on train and evaluates on val): choose --split train or --split val");
   HPC_REQUIRE(!o.src.empty() && !o.out.empty(), "an image folder SRC and an output directory OUT are needed");
+  require_not_root_dir(o.out, "OUT");
   std::error_code ec;
   HPC_REQUIRE(fs::is_directory(o.src, ec), "image folder ", o.src, " does not exist or is not a directory");
   HPC_REQUIRE(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "output directory ", o.out,
@@ -347,8 +352,9 @@ void check_pack_paths(const PackOptions& o) {
   std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
   const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);
   const fs::path out = fs::weakly_canonical(fs::absolute(o.out), out_ec);
+  HPC_REQUIRE(!same_file(o.src, o.out), "the output directory ", o.out,
+              " is the image folder itself: choose another OUT");
   if (src_ec || out_ec) return;  // a path that cannot be resolved fails below, naming it
-  HPC_REQUIRE(src != out, "the output directory ", o.out, " is the image folder itself: choose another OUT");
   HPC_REQUIRE(!is_within(out, src), "the output directory ", o.out, " is inside the image folder ", o.src,
               " (it would be read as a class): choose an OUT outside SRC");
 }
@@ -357,8 +363,6 @@ PackResult pack_image_folder(const PackOptions& o) {
   HPC_REQUIRE(o.images_per_shard > 0, "images per shard must be positive");
   HPC_REQUIRE(o.resize >= 0, "resize must be 0 or a positive number of pixels");
   HPC_REQUIRE(o.quality >= 1 && o.quality <= 100, "JPEG quality must be 1..100");
-  HPC_REQUIRE(!o.split.empty() && o.split.find_first_of("/-. ") == std::string::npos, "split name '", o.split,
-              "' must be a plain word (train, val)");
   check_pack_paths(o);
   PackResult result;
   std::vector<Source> sources = scan(o.src, result);

@@ -35,8 +35,8 @@ struct PackResult {
   std::vector<std::string> warnings;
 };
 
-// The paths' usage errors, before anything is read or written: SRC missing or not a directory,
-// OUT a file, OUT the image folder or inside it.
+// The usage errors, before anything is read or written: a split hpctrain does not read, SRC
+// missing or not a directory, OUT a file, the root directory, the image folder or inside it.
 void check_pack_paths(const PackOptions& options);
 
 // Packs the checkpoint way: the new shards are written beside the split's current ones under

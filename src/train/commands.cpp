@@ -260,6 +260,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");
     require_thread_count(a.threads);
+    require_distinct_files({{"--metrics-file", a.metrics_file}}, checkpoint_inputs("--checkpoint", a.checkpoint));
   });
   if (!go) return std::nullopt;
   return a;
@@ -274,11 +275,15 @@ struct Evaluation {
   int threads = 0;
 };
 
-// Collective: any rank's problem (a missing file on one host) is every rank's.
-Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, dist::ProcessContext& ctx) {
+// Collective: any rank's problem (a missing file on one host) is every rank's. `path`: the
+// checkpoint file read.
+Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, const std::string& path,
+                              dist::ProcessContext& ctx) {
   Evaluation e;
   const bool lead = ctx.rank() == 0;
   dist::collectively(ctx, [&] {
+    // Again for the file actually read: a run may have written a newer checkpoint since parsing.
+    require_distinct_files({{"--metrics-file", a.metrics_file}}, {{"the checkpoint", path}});
     if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
     e.threads = a.threads > 0 ? a.threads : default_threads(ctx);
     nn::set_math_threads(e.threads);
@@ -364,7 +369,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
         return load_checkpoint_or_latest(args->checkpoint);
       },
       &path);
-  const Evaluation e = prepare_evaluation(*args, *c, ctx);
+  const Evaluation e = prepare_evaluation(*args, *c, path, ctx);
   const auto t_eval = std::chrono::steady_clock::now();
   const EvalResult r = evaluate(*e.model, e.ds.test, e.ds.norm, args->batch_size, &ctx.world(), {}, e.threads);
   const auto t_end = std::chrono::steady_clock::now();

@@ -29,9 +29,12 @@ struct ExportOptions {
   bool fold_batch_norm = false, force = false;
 };
 
-// Checked before any work: the file can be written where asked, and replaces nothing unless
-// --force says so (then only by the rename of a complete file).
+// Checked before any work: the file is not the checkpoint (nor, for a directory, any of its
+// checkpoints), can be written where asked, and replaces nothing unless --force says so (then
+// only by the rename of a complete file).
 void check_output(const ExportOptions& o) {
+  // Not even with --force: the ONNX file would take the place of the checkpoint it is made from.
+  require_distinct_files({{"--output", o.output}}, checkpoint_inputs("--checkpoint", o.checkpoint));
   struct stat st {};
   if (::stat(o.output.c_str(), &st) == 0) {
     HPC_REQUIRE(!S_ISDIR(st.st_mode), "--output ", o.output, " is a directory: name the file to write");
@@ -102,6 +105,8 @@ std::string human_size(size_t bytes) {
 }
 
 void export_model(const ExportOptions& o, const ServingModel& m) {
+  // Again for the file actually read: a run may have written a newer checkpoint since check_output.
+  require_distinct_files({{"--output", o.output}}, {{"the checkpoint", m.path}});
   const std::vector<char> bytes = onnx_export::export_onnx(*m.model, spec_of(m, o.fold_batch_norm));
   ckpt::write_file_atomically(o.output, bytes);
   const data::DatasetFacts& f = m.facts;

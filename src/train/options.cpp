@@ -14,10 +14,12 @@
 #include "core/device.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "data/dataset.hpp"
 #include "nn/gemm.hpp"
 #include "nn/model.hpp"
 #include "optim/schedule.hpp"
+#include "train/checkpointing.hpp"
 #include "train/option_table.hpp"
 #include "train/snapshots.hpp"
 
@@ -187,18 +189,22 @@ void validate_paths(const po::variables_map& vm) {
     if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
 }
 
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return !a.empty() && !b.empty() && (a == b || fs::equivalent(a, b, ec));
-}
-
-// The files hpctrain writes must not be one another.
-void validate_distinct_files(const TrainOptions& o) {
-  HPC_REQUIRE(!same_file(o.metrics_file, o.timeline_file), "--metrics-file and --timeline-file are the same file, ",
-              o.metrics_file, ": their lines would mix; give the timeline a file of its own");
-  for (const auto& [file, option] : {std::pair{o.metrics_file, "--metrics-file"}, {o.timeline_file, "--timeline-file"}})
-    HPC_REQUIRE(!same_file(o.prometheus_file, file), "--prometheus-file and ", option, " are the same file, ", file,
-                ": each rewrite of the Prometheus file would replace the other's lines");
+// Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes
+// must be neither one another nor a file it reads (the config, the checkpoint it resumes, the
+// run's checkpoints): their bytes would be lost. By identity, so that another spelling or a link
+// is no way around it; streams (a pipe, /dev/stdout) may be shared.
+void validate_distinct_files(const TrainOptions& o, const po::variables_map& vm) {
+  require_not_root_dir(o.checkpoint_dir, "--checkpoint-dir");
+  require_not_root_dir(o.snapshot_dir, "--snapshot-dir");
+  std::vector<NamedPath> inputs;
+  if (vm.count("config")) inputs.push_back({"--config", vm["config"].as<std::string>()});
+  if (o.resume == ResumeFrom::File) inputs.push_back({"--resume", o.resume_file});
+  if (!o.checkpoint_dir.empty())
+    for (NamedPath& p : checkpoint_inputs("--checkpoint-dir", o.checkpoint_dir)) inputs.push_back(std::move(p));
+  require_distinct_files({{"--metrics-file", o.metrics_file},
+                          {"--timeline-file", o.timeline_file},
+                          {"--prometheus-file", o.prometheus_file}},
+                         inputs);
 }
 
 // What the step metrics need: a metrics file to add the step events to, and a name
@@ -316,7 +322,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   for (const OptionGroup& group : option_table())
     for (const Option& option : group.options)
       if (option.read) option.read(*vm, o);
-  validate_distinct_files(o);
+  validate_distinct_files(o, *vm);
   validate_step_metrics(o);
   HPC_REQUIRE(o.global_batch_size == 0 || (*vm)["batch-size"].defaulted(),
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");

@@ -259,7 +259,13 @@ class Pack(unittest.TestCase):
                  ((self.src, self.out, "--resize", "-1"), 2, "0 or positive"),
                  ((self.src, self.out, "--seed", "x"), 2, "invalid"),
                  ((self.src, self.out, "--bogus"), 2, "unrecognised option"),
-                 ((self.src, self.out, "--split", "a/b"), 2, "plain word")]
+                 ((self.src, self.out, "--split", "a/b"), 2, "choose --split train or --split val"),
+                 # hpctrain reads train and val only: a test split would be packed for nobody.
+                 ((self.src, self.out, "--split", "test"), 2, "--split test is not a split hpctrain reads"),
+                 # "$UNSET/": the root directory, by any spelling, is never OUT.
+                 ((self.src, "/"), 2, "OUT / is the root directory / (an unset variable?)"),
+                 ((self.src, "//"), 2, "OUT // is the root directory /"),
+                 ((self.src, "/tmp/.."), 2, "is the root directory /")]
         for args, want, message in cases:
             with self.subTest(args=args):
                 self.assert_refused(args, want, message)

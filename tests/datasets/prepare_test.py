@@ -313,6 +313,8 @@ class Prepare(unittest.TestCase):
         with open(a_file, "w") as f:
             f.write("mine")
         new = self.out("u")
+        root_link = os.path.join(self.tmp, "root-link")
+        os.symlink("/", root_link)
         for args, code, message in [
                 (("prepare", "imagenet", "--out", new), 2, "invalid choice"),
                 (("prepare", "mnist"), 2, "--out"),
@@ -320,6 +322,12 @@ class Prepare(unittest.TestCase):
                 (("prepare", "mnist", "--out", "", "--from", self.mnist), 2, "--out is an empty path"),
                 (("prepare", "mnist", "--out", new, "--from", ""), 2, "--from is an empty path"),
                 (("prepare", "mnist", "--out", a_file, "--from", self.mnist), 2, "exists and is not a directory"),
+                # "$UNSET/": the root directory, by any spelling or link, is never an output directory.
+                (("prepare", "mnist", "--out", "/", "--from", self.mnist), 2,
+                 "--out / is the root directory / (an unset variable?)"),
+                (("prepare", "mnist", "--out", "//", "--from", self.mnist), 2, "--out // is the root directory /"),
+                (("prepare", "mnist", "--out", "/tmp/..", "--from", self.mnist), 2, "is the root directory /"),
+                (("prepare", "mnist", "--out", root_link, "--from", self.mnist), 2, "is the root directory /"),
                 (("prepare", "mnist", "--out", new, "--mirror", "mirror.example.org/mnist"), 2, "is not an http://"),
                 (("prepare", "mnist", "--out", new, "--mirror", "http://"), 2, "is not an http://"),
                 (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--no-verify"), 2,

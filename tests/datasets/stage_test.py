@@ -1,10 +1,10 @@
 """hpcdata stage against moto's S3 served on loopback, through the real AWS CLI: two concurrent
 stagings of one prefix into one DEST download each object once; a staging killed part-way
 resumes and completes, fetching again only what it had not finished; what is staged is
-verified; no lock file stays, however a staging ends. Bad input is one error line with the
-documented exit code, and changes nothing: a malformed bucket or DEST is refused before DEST is
-touched, and the copy (which mirrors the prefix, deleting what else is there) never runs in a
-directory holding someone's files."""
+verified; no lock file stays, however a staging ends; files hpcdata did not stage are kept (and
+named) unless --delete. Bad input is one error line with the documented exit code, and changes
+nothing: a malformed bucket or DEST (the root directory included) is refused before DEST is
+touched, and the copy never starts in a directory holding someone's files."""
 
 import datetime
 import hashlib
@@ -201,6 +201,49 @@ class Stage(unittest.TestCase):
         self.assertEqual(set(after), set(self.files))
 
 
+    def test_files_hpcdata_did_not_stage_are_kept_unless_delete(self):
+        """As rsync and `aws s3 sync` without --delete: a refresh or a resumed staging removes what
+        hpcdata itself put in DEST (an object since gone from the prefix), keeps anything else and
+        says so in one line; --delete removes that too, saying so."""
+        self.aws("s3", "sync", self.src, "s3://data/sets/three", "--only-show-errors")
+        self.aws("s3", "cp", os.path.join(self.src, "index.bin"), "s3://data/sets/three/gone.bin", "--only-show-errors")
+        dest = os.path.join(self.tmp, "dest-theirs")
+        ep = ("--endpoint-url", self.endpoint)
+        code, _, err = self.run_stage("s3://data/sets/three", dest, *ep)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(os.path.isfile(os.path.join(dest, "gone.bin")))
+        self.aws("s3", "rm", "s3://data/sets/three/gone.bin", "--only-show-errors")
+        for rel in ("notes.txt", "train/mine.txt"):
+            with open(os.path.join(dest, rel), "w") as f:
+                f.write("mine")
+        code, _, err = self.run_stage("s3://data/sets/three", dest, "--refresh", *ep)
+        self.assertEqual(code, 0, err)
+        self.assertFalse(os.path.exists(os.path.join(dest, "gone.bin")), "a staged object gone from s3 stayed")
+        said = [line for line in err.splitlines() if "keeping" in line]
+        self.assertEqual(len(said), 1, err)
+        self.assertIn("keeping 2 file(s) in", said[0])
+        self.assertIn("(e.g. notes.txt); --delete would remove them", said[0])
+        for rel in ("notes.txt", "train/mine.txt"):
+            with open(os.path.join(dest, rel)) as f:
+                self.assertEqual(f.read(), "mine")
+        code, _, err = self.run_stage("s3://data/sets/three", dest, "--refresh", "--delete", *ep)
+        self.assertEqual(code, 0, err)
+        self.assertIn("deleting 2 file(s) in", err)
+        self.assertIn("as --delete asks", err)
+        self.assert_staged(dest)
+        # A resumed staging (one in progress of this source) keeps them as well.
+        resumed = os.path.join(self.tmp, "dest-resumed")
+        os.makedirs(resumed)
+        with open(os.path.join(resumed, ".hpcdata-staging.json"), "w") as f:
+            f.write('{"source": "s3://data/sets/three/"}')
+        with open(os.path.join(resumed, "mine.txt"), "w") as f:
+            f.write("mine")
+        code, _, err = self.run_stage("s3://data/sets/three", resumed, *ep)
+        self.assertEqual(code, 0, err)
+        self.assertIn("keeping 1 file(s) in", err)
+        with open(os.path.join(resumed, "mine.txt")) as f:
+            self.assertEqual(f.read(), "mine")
+
     def test_errors_are_one_line_and_change_nothing(self):
         dest = os.path.join(self.tmp, "dest-errors")
         a_file = os.path.join(self.tmp, "a-file")
@@ -231,6 +274,8 @@ class Stage(unittest.TestCase):
             (("s3://bad_bucket!/x", dest), 2, "'bad_bucket!' is not a bucket name"),
             (("s3://da ta/x", dest), 2, "is not a bucket name"),
             (("s3://data/sets/one", ""), 2, "DEST is an empty path"),
+            (("s3://data/sets/one", "/"), 2, "DEST / is the root directory / (an unset variable?)"),
+            (("s3://data/sets/one", "/tmp/.."), 2, "DEST /tmp/.. is the root directory /"),
             (("s3://data/sets/one", a_file), 2, "exists and is not a directory"),
             (("s3://data/sets/one", dest, "--endpoint-url", "localhost:9"), 2, "is not an http:// or https:// URL"),
             (("s3://data/sets/one", dest, "--verify", "sha1"), 2, "invalid choice"),

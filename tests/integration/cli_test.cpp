@@ -209,7 +209,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"snapshot_max_memory_empty", {"--snapshot-max-memory", ""}, {"--snapshot-max-memory is empty"}},
         BadArgs{"metrics_and_timeline_the_same_file", {"--metrics-file", "@WORK/m.jsonl", "--timeline-file",
                                                        "@WORK/m.jsonl"},
-                {"--metrics-file and --timeline-file are the same file", "@WORK/m.jsonl"}},
+                {"--metrics-file @WORK/m.jsonl and --timeline-file @WORK/m.jsonl are the same file"}},
         BadArgs{"metrics_every_steps_without_a_metrics_file", {"--metrics-every-steps", "5"},
                 {"--metrics-every-steps needs --metrics-file"}},
         BadArgs{"metrics_every_steps_negative", {"--metrics-file", "@WORK/m.jsonl", "--metrics-every-steps", "-1"},
@@ -218,10 +218,17 @@ INSTANTIATE_TEST_SUITE_P(
                 {"--prometheus-file @WORK/metrics.txt", "ending in .prom", "node_exporter"}},
         BadArgs{"prometheus_file_hidden", {"--prometheus-file", "@WORK/.prom"}, {"--prometheus-file", ".prom"}},
         BadArgs{"prometheus_file_the_metrics_file", {"--metrics-file", "@WORK/m.prom", "--prometheus-file", "@WORK/m.prom"},
-                {"--prometheus-file and --metrics-file are the same file", "@WORK/m.prom"}},
+                {"--metrics-file @WORK/m.prom and --prometheus-file @WORK/m.prom are the same file"}},
         BadArgs{"prometheus_file_empty", {"--prometheus-file", ""}, {"--prometheus-file is empty"}},
         // An empty value is an unset variable, never the option's default.
         BadArgs{"checkpoint_dir_empty", {"--checkpoint-dir", ""}, {"--checkpoint-dir is empty"}},
+        // "$UNSET/" is the root directory, never a place to write checkpoints or snapshots.
+        BadArgs{"checkpoint_dir_root", {"--checkpoint-dir", "/"},
+                {"--checkpoint-dir / is the root directory / (an unset variable?)"}},
+        BadArgs{"checkpoint_dir_root_spelled_otherwise", {"--checkpoint-dir", "/tmp/.."},
+                {"--checkpoint-dir /tmp/.. is the root directory /"}},
+        BadArgs{"snapshot_dir_root", {"--checkpoint-dir", "@WORK/ck", "--snapshot-dir", "//"},
+                {"--snapshot-dir // is the root directory /"}},
         BadArgs{"data_dir_empty", {"--data-dir", ""}, {"--data-dir is empty"}},
         BadArgs{"metrics_file_empty", {"--metrics-file", ""}, {"--metrics-file is empty"}},
         BadArgs{"timeline_file_empty", {"--timeline-file", ""}, {"--timeline-file is empty"}},
@@ -244,6 +251,46 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadArgs>& i) { return std::string(i.param.name); });
 
 // ---- Paths -----------------------------------------------------------------------------------
+
+// No output replaces an input or another output: spelled otherwise, through a link (a dangling
+// one, whose target a write would create), or a hard link, whether it exists yet or not. The
+// work directory is left as it was (expect_refused), so every file keeps its bytes.
+TEST_F(Cli, AnOutputIsNeverAnInputOrAnotherOutput) {
+  const std::string w = work_.str();
+  fs::create_directories(w + "/sub");
+  fs::create_directories(w + "/ck");
+  std::ofstream(w + "/ck/ckpt-00000007.hpck") << "a run's checkpoint";
+  std::ofstream(w + "/m.jsonl") << "{\"event\":\"start\"}\n";
+  fs::create_hard_link(w + "/m.jsonl", w + "/hard.jsonl");
+  fs::create_symlink("t.jsonl", w + "/dangling.jsonl");
+  std::ofstream(w + "/run.cfg") << "epochs = 1\n";
+  fs::create_symlink(w + "/run.cfg", w + "/cfg-link");
+  std::ofstream(w + "/resume.hpck") << "a checkpoint to resume";
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"--metrics-file", "@WORK/t.jsonl", "--timeline-file", "@WORK/./t.jsonl"},
+       {"--metrics-file @WORK/t.jsonl and --timeline-file @WORK/./t.jsonl are the same file"}},
+      {{"--metrics-file", "@WORK/t.jsonl", "--timeline-file", "@WORK/sub/../t.jsonl"}, {"are the same file"}},
+      {{"--metrics-file", "@WORK/t.jsonl", "--timeline-file", "@WORK/dangling.jsonl"},
+       {"--metrics-file @WORK/t.jsonl and --timeline-file @WORK/dangling.jsonl are the same file"}},
+      {{"--metrics-file", "@WORK/m.jsonl", "--timeline-file", "@WORK/hard.jsonl"}, {"are the same file"}},
+      {{"--metrics-file", "@WORK/m.jsonl", "--prometheus-file", "@WORK/sub/../m.jsonl"}, {"are the same file"}},
+      {{"--config", "@WORK/run.cfg", "--metrics-file", "@WORK/cfg-link"},
+       {"--metrics-file @WORK/cfg-link is the same file as --config @WORK/run.cfg, which is read"}},
+      {{"--resume", "@WORK/resume.hpck", "--timeline-file", "@WORK/./resume.hpck"},
+       {"--timeline-file @WORK/./resume.hpck is the same file as --resume @WORK/resume.hpck"}},
+      {{"--checkpoint-dir", "@WORK/ck", "--metrics-file", "@WORK/sub/../ck/ckpt-00000007.hpck"},
+       {"is the same file as --checkpoint-dir @WORK/ck's checkpoint @WORK/ck/ckpt-00000007.hpck"}},
+  };
+  for (const auto& [args, expect] : cases) expect_refused(args, expect);
+}
+
+// Streams are shared by intent: /dev/stdout for both files is no conflict, and identity is told
+// without opening anything.
+TEST_F(Cli, StreamsMayBeSharedByOutputs) {
+  const RunResult r = run({"--metrics-file", "/dev/stdout", "--timeline-file", "/dev/stdout"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"event\""), std::string::npos) << r.out;
+}
 
 // --device cuda where no GPU can train is an error naming why, never a silent CPU run. (On a
 // machine with a GPU the GPU tests, label gpu, cover --device cuda.)

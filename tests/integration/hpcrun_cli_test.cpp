@@ -139,6 +139,11 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--log-dir", dir.file("a_file") + "/logs", "-np", "1", "true"}, "a_file is not a directory"},
       {{"-np", "1", "--checkpoint-dir", "", "true"}, "--checkpoint-dir is empty"},
       {{"-np", "1", "--checkpoint-dir", dir.file("a_file"), "true"}, "a_file: not a directory"},
+      // "$UNSET/": never the root directory, by any spelling, given to hpcrun or only to the program
+      {{"--log-dir", "/", "-np", "1", "true"}, "--log-dir / is the root directory / (an unset variable?)"},
+      {{"--log-dir", "/tmp/..", "-np", "1", "true"}, "--log-dir /tmp/.. is the root directory /"},
+      {{"-np", "1", "--checkpoint-dir", "//", "true"}, "--checkpoint-dir // is the root directory /"},
+      {{"-np", "1", hpctrain_binary(), "--checkpoint-dir", "/"}, "--checkpoint-dir / is the root directory /"},
       // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
        "is not the program's"},

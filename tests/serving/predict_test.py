@@ -3,7 +3,8 @@ and directories), against hpctrain evaluate on the same samples; every kind of b
 that is not an image, a truncated JPEG or PNG, a path that cannot be read, a checkpoint of another
 model or a corrupt one) is one error line and exit code 2, or with --skip-bad a warning and the rest
 classified. hpctrain export: a corrupt checkpoint is refused, an output in a missing directory or
-one that exists is refused, and --force replaces a file only by the rename of a complete one (a
+one that exists is refused, an output (or evaluate's metrics file) that is the checkpoint read, by
+any spelling or link, is refused even with --force, and --force replaces a file only by the rename of a complete one (a
 stop in the middle leaves the old file byte for byte). Under mpirun the batches are shared among
 the ranks and the output is the same as one rank's."""
 
@@ -337,6 +338,49 @@ class Serving(unittest.TestCase):
         with open(out, "rb") as f:
             self.assertNotEqual(f.read(), b"an older model")
         self.assertEqual(sorted(os.listdir(self.dir)), ["model.onnx"])
+
+    def test_no_output_replaces_the_checkpoint_it_reads(self):
+        """export --output (even with --force) and evaluate --metrics-file naming the checkpoint
+        read, by any spelling or link, or for a directory its newest file or itself: refused (exit
+        2, one line naming both) and every checkpoint keeps its bytes."""
+        run_dir = os.path.join(self.dir, "run")
+        shutil.copytree(self.ck, run_dir)
+        os.makedirs(os.path.join(self.dir, "sub"))
+        name = os.path.basename(self.ckpt)
+        ckpt = os.path.join(run_dir, name)
+        os.symlink(ckpt, os.path.join(self.dir, "link.hpck"))
+        os.link(ckpt, os.path.join(self.dir, "hard.hpck"))
+
+        def contents():
+            found = {}
+            for n in sorted(os.listdir(run_dir)):
+                if n.endswith(".hpck"):
+                    with open(os.path.join(run_dir, n), "rb") as f:
+                        found[n] = f.read()
+            return found
+
+        before = contents()
+        said = f"is the same file as --checkpoint {ckpt}, which is read"
+        cases = [(ckpt, ckpt, said),
+                 (ckpt, os.path.join(run_dir, ".", name), said),
+                 (ckpt, os.path.join(self.dir, "sub", "..", "run", name), said),
+                 (ckpt, os.path.join(self.dir, "link.hpck"), said),
+                 (ckpt, os.path.join(self.dir, "hard.hpck"), said),
+                 (os.path.join(self.dir, "link.hpck"), ckpt, "is the same file as --checkpoint"),
+                 (run_dir, ckpt, f"is the same file as --checkpoint {run_dir}'s checkpoint {ckpt}"),
+                 (run_dir + "/", os.path.join(self.dir, "sub", "..", "run", name), "'s checkpoint"),
+                 (run_dir, run_dir, f"--output {run_dir} is the same file as --checkpoint {run_dir}")]
+        for checkpoint, output, message in cases:
+            with self.subTest(checkpoint=checkpoint, output=output):
+                self.assert_refused(["export", "--checkpoint", checkpoint, "--output", output, "--force"], message)
+                self.assertEqual(contents(), before, "a refused export changed a checkpoint")
+                evaluate = ["evaluate", "--checkpoint", checkpoint, "--metrics-file", output, "--threads", "2"]
+                self.assert_refused(evaluate, message.replace("--output", "--metrics-file"))
+                self.assertEqual(contents(), before, "a refused evaluate changed a checkpoint")
+        self.assertEqual(sorted(os.listdir(run_dir)), sorted(os.listdir(self.ck)))
+        # Another file, a stream: written as before.
+        ok("export", "--checkpoint", run_dir, "--output", os.path.join(run_dir, "model.onnx"))
+        self.assertEqual(contents(), before)
 
     def test_help_documents_the_options(self):
         for command, options in [("export", ["--checkpoint", "--output", "--fold-batch-norm", "--force", "--format"]),

@@ -1,5 +1,7 @@
-// Tensors, the parameter arenas, the device caching allocator, errors, the checksum and the metrics lines.
+// Tensors, the parameter arenas, the device caching allocator, errors, the checksum, the metrics lines
+// and file identity.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/hash.hpp"
 #include "core/tensor.hpp"
 #include "train/metrics.hpp"
@@ -411,6 +414,111 @@ TEST(CrashReporter, InstalledTwiceACrashStillEndsTheProcess) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << status;
   EXPECT_EQ(WTERMSIG(status), SIGSEGV);
+}
+
+}  // namespace
+}  // namespace hpc
+
+// ---- FileIdentity (core/file_identity.hpp) ----------------------------------------------------
+
+namespace hpc {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FileIdentityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("hpctrain-identity-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "sub");
+    std::ofstream(dir_ / "x") << "bytes";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string at(const std::string& rel) const { return (dir_ / rel).string(); }
+  fs::path dir_;
+};
+
+// Every spelling and link of one existing file is that file; another file is not.
+TEST_F(FileIdentityTest, AnExistingFileByAnySpellingOrLink) {
+  fs::create_symlink(at("x"), at("link"));
+  fs::create_symlink("link", at("link-to-link"));  // relative, and a chain
+  fs::create_hard_link(at("x"), at("hard"));
+  std::ofstream(at("y")) << "bytes";
+  for (const char* other : {"x", "./x", "sub/../x", "link", "link-to-link", "hard", ".//x"})
+    EXPECT_TRUE(same_file(at("x"), at(other))) << other;
+  EXPECT_FALSE(same_file(at("x"), at("y")));
+  EXPECT_FALSE(same_file(at("x"), at("sub")));
+  EXPECT_FALSE(same_file(at("x"), ""));
+}
+
+// A file not there yet is its directory and name: spellings of one directory, and a dangling
+// link (a write creates its target), name the same file.
+TEST_F(FileIdentityTest, AFileNotThereYetByItsDirectoryAndName) {
+  fs::create_symlink("t.jsonl", at("dangling"));
+  fs::create_directory_symlink(at("sub"), at("sublink"));
+  EXPECT_TRUE(same_file(at("t.jsonl"), at("./t.jsonl")));
+  EXPECT_TRUE(same_file(at("t.jsonl"), at("sub/../t.jsonl")));
+  EXPECT_TRUE(same_file(at("t.jsonl"), at("dangling")));
+  EXPECT_TRUE(same_file(at("sub/t.jsonl"), at("sublink/t.jsonl")));
+  EXPECT_FALSE(same_file(at("t.jsonl"), at("u.jsonl")));
+  EXPECT_FALSE(same_file(at("t.jsonl"), at("sub/t.jsonl")));
+  EXPECT_FALSE(same_file(at("x"), at("x.new")));
+  EXPECT_FALSE(same_file(at("no/t.jsonl"), at("no/t.jsonl")));  // nothing to tell by: its opener reports it
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(dir_);
+  EXPECT_TRUE(same_file("t.jsonl", at("t.jsonl")));  // relative: to the working directory
+  fs::current_path(cwd);
+}
+
+// Streams are shared by intent and hold no input's bytes; identity never opens them (a FIFO
+// without a writer would block an open forever).
+TEST_F(FileIdentityTest, StreamsAreNeverTheSameFileAndNeverOpened) {
+  ASSERT_EQ(::mkfifo(at("fifo").c_str(), 0600), 0);
+  EXPECT_TRUE(file_identity(at("fifo")) && file_identity(at("fifo"))->stream);
+  EXPECT_FALSE(same_file(at("fifo"), at("fifo")));
+  EXPECT_FALSE(same_file("/dev/stdout", "/dev/stdout"));
+  EXPECT_FALSE(same_file("/dev/stdout", "/dev/stderr"));
+  EXPECT_FALSE(same_file("/dev/null", "/dev/null"));
+}
+
+TEST_F(FileIdentityTest, DistinctFilesNameBothOrPass) {
+  fs::create_symlink(at("x"), at("link"));
+  try {
+    require_distinct_files({{"--output", at("link")}}, {{"--checkpoint", at("x")}});
+    ADD_FAILURE() << "an output that is an input was allowed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    const std::string w = e.what();
+    EXPECT_NE(w.find("--output " + at("link") + " is the same file as --checkpoint " + at("x")), std::string::npos)
+        << w;
+  }
+  try {
+    require_distinct_files({{"--metrics-file", at("m")}, {"--timeline-file", at("./m")}}, {});
+    ADD_FAILURE() << "two outputs in one file were allowed";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("--metrics-file " + at("m") + " and --timeline-file " + at("./m") + " are the same file"),
+              std::string::npos) << w;
+  }
+  EXPECT_NO_THROW(require_distinct_files({{"--metrics-file", "/dev/stdout"}, {"--timeline-file", "/dev/stdout"},
+                                          {"--prometheus-file", ""}, {"--output", at("y")}},
+                                         {{"--checkpoint", at("x")}, {"--config", ""}}));
+}
+
+TEST_F(FileIdentityTest, RootDirectoryBySpellingOrLinkIsRefused) {
+  fs::create_directory_symlink("/", at("root-link"));
+  for (const std::string& root : {std::string("/"), std::string("//"), std::string("/tmp/.."), std::string("/."),
+                                  at("root-link")})
+    EXPECT_EQ(kind_of([&] { require_not_root_dir(root, "--out"); }), ErrorKind::Usage) << root;
+  try {
+    require_not_root_dir("/", "--checkpoint-dir");
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "--checkpoint-dir / is the root directory / (an unset variable?): give a directory of its own");
+  }
+  for (const std::string& fine : {std::string(""), at("sub"), at("missing"), std::string("/tmp")})
+    EXPECT_NO_THROW(require_not_root_dir(fine, "--out")) << fine;
 }
 
 }  // namespace

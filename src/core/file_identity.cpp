@@ -1,0 +1,92 @@
+#include "core/file_identity.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "core/error.hpp"
+
+namespace hpc {
+namespace fs = std::filesystem;
+namespace {
+
+// As the kernel's limit on links followed in one lookup (MAXSYMLINKS): a loop ends here.
+constexpr int kMaxLinks = 40;
+
+// `path` with the links of its last part followed (a dangling one included, whose target a
+// write would create); the directories before it are left to the kernel's stat().
+std::string follow_last_links(std::string path) {
+  for (int i = 0; i < kMaxLinks; ++i) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+    const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+    if (n < 0) break;
+    target.resize(static_cast<size_t>(n));
+    const fs::path t(target);
+    path = t.is_absolute() ? target : (fs::path(path).parent_path() / t).string();
+  }
+  return path;
+}
+
+bool is_stream(mode_t mode) { return S_ISFIFO(mode) || S_ISCHR(mode) || S_ISSOCK(mode); }
+
+// /dev/stdout, /dev/fd/N, /proc/self/fd/N: a descriptor the process was given, a stream by the
+// user's own words even where it ends in a regular file (hpctrain ... > log 2>&1 with
+// --metrics-file /dev/stdout --timeline-file /dev/stderr shares the log by intent).
+bool names_a_descriptor(const std::string& path) {
+  const std::string p = fs::path(path).lexically_normal().string();
+  if (p == "/dev/stdin" || p == "/dev/stdout" || p == "/dev/stderr" || p.starts_with("/dev/fd/")) return true;
+  if (!p.starts_with("/proc/")) return false;
+  const std::string rest = p.substr(6), process = rest.substr(0, rest.find('/'));
+  const bool ours = process == "self" || process == "thread-self" ||
+                    (!process.empty() && process.find_first_not_of("0123456789") == std::string::npos);
+  return ours && rest.substr(process.size()).starts_with("/fd/");
+}
+
+}  // namespace
+
+std::optional<FileIdentity> file_identity(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  struct stat st {};
+  // The kernel's own lookup first: it also resolves /proc's magic links (/dev/stdout to a pipe),
+  // which no readlink() spells as a path.
+  if (::stat(path.c_str(), &st) == 0)
+    return FileIdentity{st.st_dev, st.st_ino, "", is_stream(st.st_mode) || names_a_descriptor(path)};
+  if (errno != ENOENT) return std::nullopt;
+  const fs::path resolved(follow_last_links(path));
+  const std::string name = resolved.filename().string();
+  if (name.empty() || name == "." || name == "..") return std::nullopt;
+  const std::string parent = resolved.parent_path().empty() ? "." : resolved.parent_path().string();
+  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
+  return FileIdentity{st.st_dev, st.st_ino, name, false};
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  const std::optional<FileIdentity> x = file_identity(a), y = file_identity(b);
+  return x && y && !x->stream && !y->stream && x->dev == y->dev && x->ino == y->ino && x->name == y->name;
+}
+
+void require_distinct_files(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const NamedPath& out = outputs[i];
+    if (out.path.empty()) continue;
+    for (size_t j = 0; j < i; ++j)
+      HPC_REQUIRE(!same_file(outputs[j].path, out.path), outputs[j].what, " ", outputs[j].path, " and ", out.what, " ",
+                  out.path, " are the same file: each output needs a file of its own");
+    for (const NamedPath& in : inputs)
+      HPC_REQUIRE(!same_file(in.path, out.path), out.what, " ", out.path, " is the same file as ", in.what, " ",
+                  in.path, ", which is read: an output never replaces an input; write it elsewhere");
+  }
+}
+
+void require_not_root_dir(const std::string& dir, const std::string& what) {
+  struct stat st {}, root {};
+  const bool is_root = !dir.empty() && ::stat(dir.c_str(), &st) == 0 && ::stat("/", &root) == 0 &&
+                       st.st_dev == root.st_dev && st.st_ino == root.st_ino;
+  HPC_REQUIRE(!is_root, what, " ", dir, " is the root directory / (an unset variable?): give a directory of its own");
+}
+
+}  // namespace hpc

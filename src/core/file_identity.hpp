@@ -1,0 +1,50 @@
+// Whether two paths name one file, for the rule "no output ever replaces an input or another
+// output": decided by identity (st_dev, st_ino with symlinks resolved), never by spelling, so
+// that ./x, dir/../x, a symlink and a hard link are all x. Only stat() is used, never open():
+// a FIFO would block an open, and identity needs none. The one place every C++ tool asks this
+// (datasets/hpcdata holds its Python twin).
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hpc {
+
+struct FileIdentity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  // A file that is not there yet is its name in the directory (dev, ino); empty for one that is.
+  std::string name;
+  // A FIFO, socket or character device, or a descriptor named as one (/dev/stdout, /dev/fd/N,
+  // /proc/self/fd/N): a stream, which two options may share by intent, and which is never an
+  // input's bytes to lose.
+  bool stream = false;
+};
+
+// What `path` names, symlinks (dangling ones included: a write would create their target)
+// resolved; nullopt when that cannot be told (its directory is missing or unreadable: whoever
+// opens the path reports that, naming it).
+std::optional<FileIdentity> file_identity(const std::string& path);
+
+// True when a and b are one file: the same existing file by any spelling or link, or the same
+// name in the same directory for a file not there yet. A stream is never "the same file".
+bool same_file(const std::string& a, const std::string& b);
+
+// A path with the option (or role) that gave it, as the errors name it: {"--metrics-file", "m.jsonl"}.
+struct NamedPath {
+  std::string what, path;
+};
+
+// Every output must be another file than every input and every other output: else a usage
+// error naming both ("--output a.onnx is the same file as --checkpoint a.hpck (an input): ...").
+// Empty paths (options not given) are skipped. No --force overrides this.
+void require_distinct_files(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+
+// A directory a tool writes into must not be the root directory, by any spelling ("/", "//",
+// "/tmp/..") or link: it is what an unset variable makes of "$DIR/". A usage error naming `what`.
+void require_not_root_dir(const std::string& dir, const std::string& what);
+
+}  // namespace hpc
