@@ -76,6 +76,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   const std::string hangs = script(dir, "hangs", "exec sleep 30");
   const std::string fails = script(dir, "fails", "echo 'no cloud credentials' >&2; exit 3");
   const std::string zero = script(dir, "zero_slots", "echo localhost:0");
+  const std::string twice = script(dir, "twice", "echo localhost:1; echo localhost:1");
   const std::string not_executable = script(dir, "not_executable", "echo localhost:1", false);
   const auto slurm = [](const std::string& nodes, const std::string& tasks) {
     return std::vector<std::pair<std::string, std::string>>{
@@ -123,6 +124,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--probe-timeout", "1s", "--host-discovery-script", hangs, "true"}, "no answer (timed out)", {}, 5},
       {{"--host-discovery-script", fails, "true"}, "failed: exit code 3: no cloud credentials"},
       {{"--host-discovery-script", zero, "true"}, "'localhost:0': slots must be"},
+      {{"--host-discovery-script", twice, "true"}, "line 2: host localhost is named again (first on line 1)"},
       // hpcrun's own options
       {{"-np", "1", "--stall-timeout", "0.5s", "true"}, "--stall-timeout 0.5 s is shorter than a start-up needs"},
       {{"-np", "1", "--teardown-timeout", "0", "true"}, "--teardown-timeout must be more than 0"},

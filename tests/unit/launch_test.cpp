@@ -83,6 +83,15 @@ TEST(Hosts, DiscoveryOutput) {
   EXPECT_NE(usage_message([] { parse_discovery_output("h1:two\n", 1, "script"); }).find("script line 1"), std::string::npos);
 }
 
+// A host printed twice is refused (horovodrun would count it once, Open MPI twice), not run with
+// the slots added up: one line naming both lines, whether the slots agree or not.
+TEST(Hosts, DiscoveryOutputRefusesARepeatedHost) {
+  EXPECT_EQ(usage_message([] { parse_discovery_output("h1:2\nh2\nh1:2\n", 1, "script"); }),
+            "script line 3: host h1 is named again (first on line 1); print each host once, with all its slots (h1:N)");
+  EXPECT_NE(usage_message([] { parse_discovery_output("h1\nh1:4\n", 1, "script"); }).find("line 2: host h1"),
+            std::string::npos);
+}
+
 // `ompi_info --all --parsable` as Open MPI 4.1 prints it (an excerpt).
 const char* kOmpiInfo =
     "package:Debian OpenMPI\n"
