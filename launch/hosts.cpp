@@ -121,15 +121,24 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
   return hosts;
 }
 
+// Unlike -H and hostfiles, a repeated host is refused: horovodrun counts such a host once (its
+// last line's slots), Open MPI would add the slots up, and a script that prints a host twice
+// (two sources concatenated) most likely meant neither.
 HostList parse_discovery_output(const std::string& text, int default_slots, const std::string& source) {
   HostList hosts;
+  std::map<std::string, int> first_line;
   std::stringstream ss(text);
   int line_no = 0;
   for (std::string line; std::getline(ss, line);) {
     ++line_no;
     line = trim(line);
     if (line.empty() || line[0] == '#') continue;
-    add_colon_form(hosts, line, default_slots, source + " line " + std::to_string(line_no));
+    const std::string where = source + " line " + std::to_string(line_no);
+    add_colon_form(hosts, line, default_slots, where);
+    const std::string name = line.substr(0, line.rfind(':'));  // valid: add_colon_form checked it
+    const auto [it, fresh] = first_line.emplace(name, line_no);
+    HPC_REQUIRE(fresh, where, ": host ", name, " is named again (first on line ", it->second,
+                "); print each host once, with all its slots (", name, ":N)");
   }
   return hosts;
 }

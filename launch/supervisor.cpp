@@ -18,6 +18,7 @@
 #include "ckpt/store.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "mca.hpp"
 #include "subprocess.hpp"
 #include "train/exit_codes.hpp"
 
@@ -334,6 +335,28 @@ void Supervisor::check_mpirun_accepts(const HostList& placement) {
               mpirun_complaint(r.output));
 }
 
+// Against the ompi_info beside the mpirun used (the same installation). A parameter or component
+// that only the hosts' Open MPI has can go as -x OMPI_MCA_NAME=VALUE, which is not checked.
+void Supervisor::check_mca_settings() {
+  const std::vector<std::pair<std::string, std::string>> settings = mca_settings(o_.mpi_args);
+  if (settings.empty()) return;
+  std::string why;
+  const std::string mpirun = find_program(o_.mpirun, &why);
+  CommandResult r;
+  if (!mpirun.empty())
+    r = run_command({(std::filesystem::path(mpirun).parent_path() / "ompi_info").string(), "--all", "--parsable"},
+                    o_.probe_timeout, /*merge_stderr=*/false);
+  const McaCatalogue known = parse_ompi_info(r.ok() ? r.output : "");
+  if (known.parameters.empty()) {
+    say("warning: could not check the MCA settings of --mpi-args (ompi_info beside " + o_.mpirun + ": " +
+        (mpirun.empty() ? why : r.ok() ? "it lists no parameters" : r.why()) + ")");
+    return;
+  }
+  for (const auto& [name, value] : settings)
+    if (const std::string problem = mca_problem(known, name, value); !problem.empty())
+      usage_error("--mpi-args: ", problem);
+}
+
 std::string Supervisor::slurm_preemption() const {
   const char* job = std::getenv("SLURM_JOB_ID");
   if (!job || !*job) return "";
@@ -352,6 +375,7 @@ int Supervisor::run() {
   HostList usable;
   if (!wait_for_hosts(&usable, true)) return finish(interrupted_ ? kExitStopped : kExitGaveUp, "");
   check_mpirun_accepts(place(usable, target_np(usable, true)));
+  check_mca_settings();
   open_logs();
   bool first = true;
   for (;;) {

@@ -104,6 +104,8 @@ class Supervisor {
 
   // Before the first launch: mpirun's own usage errors, found by a run that starts nothing.
   void check_mpirun_accepts(const HostList& placement);
+  // ... and the MCA settings in --mpi-args that mpirun takes without a word (mca.hpp).
+  void check_mca_settings();
   // Inside a Slurm job: when Slurm chose it for preemption ("" when not, or not in Slurm).
   std::string slurm_preemption() const;
 

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "export") == 0) return hpc::train::run_export(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "predict") == 0) return hpc::train::run_predict(argc - 1, argv + 1, ctx);
+    hpc::dist::collectively(ctx, [&] { hpc::train::require_known_command(command); });
     if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;
     std::optional<hpc::train::TrainOptions> options;
     // Every rank parses the same command line, so a bad flag fails on all of them alike.

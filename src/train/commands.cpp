@@ -2,6 +2,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,10 +12,13 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/spelling.hpp"
 #include "dist/agree.hpp"
 #include "nn/gemm.hpp"
 #include "train/checkpointing.hpp"
@@ -52,6 +56,19 @@ std::string meta_or(const std::map<std::string, std::string>& meta, const std::s
   auto it = meta.find(key);
   return it == meta.end() ? otherwise : it->second;
 }
+
+}  // namespace
+
+void require_known_command(const char* word) {
+  const std::vector<std::string> known(std::begin(kCommandNames), std::end(kCommandNames));
+  if (std::find(known.begin(), known.end(), word) != known.end()) return;
+  std::string names;
+  for (const std::string& k : known) names += (names.empty() ? "" : ", ") + k;
+  usage_error("unknown command '", word, "'", did_you_mean(known, word), "; the commands are ", names,
+              " (hpctrain --help lists the training options)");
+}
+
+namespace {
 
 // ---- inspect -------------------------------------------------------------------------------
 

@@ -8,6 +8,14 @@
 
 namespace hpc::train {
 
+// hpctrain's subcommands; `train` also runs when the first argument is an option.
+inline constexpr const char* kCommandNames[] = {"train", "evaluate", "inspect", "export", "predict"};
+
+// A first argument that is not an option must name a subcommand: a usage error naming them
+// otherwise ("unknown command 'evalute' (did you mean evaluate?) ..."), not Boost's "too many
+// positional options" from the training options it would fall through to.
+void require_known_command(const char* word);
+
 // Every rank evaluates its share of the test set's batches; rank 0 prints the result.
 int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx);
 

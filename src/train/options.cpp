@@ -359,6 +359,13 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
   return v;
 }
 
+std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v = option_values(o);
+  for (const char* name : {"checkpoint-dir", "resume", "snapshot-every-steps"})
+    v.emplace_back(name, find_option(name)->value(o));
+  return v;
+}
+
 bool must_match_on_resume(const std::string& name) {
   const Option* option = find_option(name);
   return option && option->rule == Rule::Match;

@@ -174,7 +174,7 @@ void broadcast_state(dist::ProcessContext& ctx, nn::Model<float>& model) {
 }  // namespace
 
 void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
-  const std::string mine = joined(option_values(o));
+  const std::string mine = joined(values_every_rank_shares(o));
   dist::require_agreement(ctx, fnv1a(mine.data(), mine.size()), ErrorKind::Usage, [&](int r) {
     const std::string theirs = dist::broadcast_string(ctx.world(), mine, r);
     std::istringstream a(mine), b(theirs);

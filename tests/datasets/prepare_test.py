@@ -334,7 +334,10 @@ class Prepare(unittest.TestCase):
                  "holds mnist"),
                 (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--force"), 2, "holds mnist"),
                 (("prepare", "cifar10", "--out", new, "--offline"), 1, "--offline forbids downloading"),
-                (("frobnicate",), 2, "invalid choice")]:
+                (("frobnicate",), 2, "invalid choice"),
+                (("prepair", "mnist"), 2, "invalid choice: 'prepair' (choose from 'prepare', 'pack', 'stage'); "
+                 "did you mean prepare? (try --help)"),
+                (("prepare", "mnsit", "--out", new), 2, "; did you mean mnist?")]:
             with self.subTest(args=args):
                 self.assert_refused(args, code, message, [prepared, new, a_file, self.mnist])
 

@@ -79,6 +79,21 @@ class Cli : public ::testing::Test {
   TempDir data_{"cli-data"}, work_{"cli-work"};
 };
 
+// A first word that names no subcommand: the one it most likely meant and the list, not Boost's
+// "too many positional options" from the training options it fell through to. (As typed: the
+// harness would put --device cpu in front of a word it does not know as a subcommand.)
+TEST_F(Cli, MisspeltCommandIsNamed) {
+  const auto typed = [](std::vector<std::string> args) {
+    args.insert(args.begin(), hpctrain_binary());
+    return run_program(args, kDeadline);
+  };
+  expect_usage_error(typed({"evalute", "--checkpoint", work_.str()}),
+                     {"unknown command 'evalute' (did you mean evaluate?); the commands are train, evaluate, inspect, "
+                      "export, predict"});
+  expect_usage_error(typed({"inpsect", work_.str()}), {"unknown command 'inpsect' (did you mean inspect?)"});
+  expect_usage_error(typed({"bogus"}), {"unknown command 'bogus'; the commands are train,"});
+}
+
 // The control for every case below: the quick defaults on good files run to the end.
 TEST_F(Cli, GoodSmallDatasetTrains) {
   const RunResult r = run({});

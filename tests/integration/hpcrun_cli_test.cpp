@@ -80,6 +80,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   const std::string hangs = script(dir, "hangs", "exec sleep 30");
   const std::string fails = script(dir, "fails", "echo 'no cloud credentials' >&2; exit 3");
   const std::string zero = script(dir, "zero_slots", "echo localhost:0");
+  const std::string twice = script(dir, "twice", "echo localhost:1; echo localhost:1");
   const std::string not_executable = script(dir, "not_executable", "echo localhost:1", false);
   const auto slurm = [](const std::string& nodes, const std::string& tasks) {
     return std::vector<std::pair<std::string, std::string>>{
@@ -127,6 +128,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--probe-timeout", "1s", "--host-discovery-script", hangs, "true"}, "no answer (timed out)", {}, 5},
       {{"--host-discovery-script", fails, "true"}, "failed: exit code 3: no cloud credentials"},
       {{"--host-discovery-script", zero, "true"}, "'localhost:0': slots must be"},
+      {{"--host-discovery-script", twice, "true"}, "line 2: host localhost is named again (first on line 1)"},
       // hpcrun's own options
       {{"-np", "1", "--stall-timeout", "0.5s", "true"}, "--stall-timeout 0.5 s is shorter than a start-up needs"},
       {{"-np", "1", "--teardown-timeout", "0", "true"}, "--teardown-timeout must be more than 0"},
@@ -156,6 +158,13 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-np", "1", "--mpi-args", "--bind-to bogus", "true"},
        "mpirun refused its arguments (exit code 1; check --mpi-args and -x): The specified binding policy is not "
        "recognized: Policy: bogus"},
+      // MCA settings mpirun takes without a word: a parameter it does not know is ignored, a component it
+      // has not fails every rank in MPI_Init, which looked like a lost host (localhost blacklisted)
+      {{"-np", "1", "--mpi-args", "--mca btl_tcp_if_inclde lo", "true"},
+       "--mpi-args: this Open MPI has no MCA parameter btl_tcp_if_inclde (did you mean btl_tcp_if_include?)"},
+      {{"-np", "1", "--mpi-args", "--mca btl tpc,self", "true"},
+       "--mpi-args: --mca btl tpc,self: this Open MPI has no btl component tpc (did you mean tcp?); it has "},
+      {{"-np", "1", "--mpi-args", "-mca pml ^ob2", "true"}, "no pml component ob2 (did you mean ob1?)"},
       // A local typo in the launch agent is not the remote host's failure
       {{"--launch-agent", "/nonexistent", "-H", "otherhost", "true"}, "--launch-agent /nonexistent: no such file"},
       {{"--launch-agent", dir.file("a_dir"), "-H", "otherhost", "true"}, "it is a directory"},
@@ -180,6 +189,18 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
     fs::remove_all(dir.file("logs"));  // for the next case, after a failure
     EXPECT_TRUE(had_default_logs || !fs::exists("hpcrun-logs")) << r.command << ": wrote the default log directory";
   }
+}
+
+// The MCA check's control: known parameters (a synonym too), components and exclusions run.
+TEST(HpcrunCli, KnownMcaSettingsRun) {
+  TempDir dir("hpcrun_mca");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "1", "--mpi-args",
+                              "--mca btl self,vader,tcp --mca pml ^ucx --mca orte_rsh_agent ssh --mca "
+                              "btl_tcp_if_include lo",
+                              "sh", "-c", "echo ran"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
 }
 
 TEST(HpcrunCli, HelpAndVersion) {

@@ -217,6 +217,27 @@ TEST_F(MpiTraining, RanksWithOtherOptionsAreNamed) {
                    "--model=mlp there, --model=cnn on rank 0");
 }
 
+// Options a checkpoint does not record (rule Local), but every rank's stop and resume follow:
+// the same text on every rank (options.hpp, values_every_rank_shares). Not --snapshot-dir, where
+// each host keeps its own copies.
+TEST_F(MpiTraining, RanksWithOtherCheckpointSettingsAreNamed) {
+  const std::string a = dir_.file("ck_a"), b = dir_.file("ck_b");
+  const std::vector<std::string> base{"--max-steps", "1", "--data-dir", fashion_mnist_dir(), "--train-samples", "640",
+                                      "--test-samples", "100"};
+  const auto in = [&](const std::string& ck) { return base + std::vector<std::string>{"--checkpoint-dir", ck}; };
+  expect_one_error(run_mpi({{1, in(a)}, {1, in(b)}}),
+                   "rank 1 was started with other options than rank 0 (a per-rank --config or command line?): "
+                   "--checkpoint-dir=" + b + " there, --checkpoint-dir=" + a + " on rank 0");
+  expect_one_error(run_mpi({{1, in(a)}, {1, base}}), "--checkpoint-dir= there, --checkpoint-dir=" + a + " on rank 0");
+  expect_one_error(run_mpi({{1, in(a) + std::vector<std::string>{"--resume", "none"}}, {1, in(a)}}),
+                   "--resume=auto there, --resume=none on rank 0");
+  expect_one_error(run_mpi({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--snapshot-every-steps", "0"}}}),
+                   "--snapshot-every-steps=0 there, --snapshot-every-steps=auto on rank 0");
+  const RunResult apart = run_mpi({{1, in(a) + std::vector<std::string>{"--snapshot-dir", dir_.file("s0")}},
+                                   {1, in(a) + std::vector<std::string>{"--snapshot-dir", dir_.file("s1")}}});
+  EXPECT_EQ(apart.exit_code, 0) << apart.err;
+}
+
 TEST_F(MpiTraining, WorldLargerThanTheData) {
   expect_one_error(run_mpi(4, {"--data-dir", fashion_mnist_dir(), "--train-samples", "3", "--batch-size", "1"}),
                    "the training set holds 3 samples, fewer than one global batch of 4 (4 ranks)");

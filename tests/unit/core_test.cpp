@@ -25,6 +25,7 @@
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
 #include "core/hash.hpp"
+#include "core/spelling.hpp"
 #include "core/tensor.hpp"
 #include "train/metrics.hpp"
 
@@ -414,6 +415,22 @@ TEST(CrashReporter, InstalledTwiceACrashStillEndsTheProcess) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << status;
   EXPECT_EQ(WTERMSIG(status), SIGSEGV);
+}
+
+// A typo is one or two letters wrong, left out, added or swapped; a word far from every name has
+// no suggestion (a wrong one would mislead more than none).
+TEST(Spelling, NearestNameIsATypoAway) {
+  const std::vector<std::string> commands{"train", "evaluate", "inspect", "export", "predict"};
+  EXPECT_EQ(nearest_name(commands, "evalute"), "evaluate");  // a letter left out
+  EXPECT_EQ(nearest_name(commands, "inpsect"), "inspect");   // two swapped
+  EXPECT_EQ(nearest_name(commands, "exprot"), "export");
+  EXPECT_EQ(nearest_name(commands, "tran"), "train");
+  EXPECT_EQ(nearest_name(commands, "tarin"), "train");  // two swapped, in a word short enough to allow one edit
+  EXPECT_EQ(nearest_name(commands, "resnet20"), "");
+  EXPECT_EQ(nearest_name(commands, "x"), "");
+  EXPECT_EQ(nearest_name({}, "train"), "");
+  EXPECT_EQ(did_you_mean(commands, "predcit"), " (did you mean predict?)");
+  EXPECT_EQ(did_you_mean(commands, "bogus"), "");
 }
 
 }  // namespace

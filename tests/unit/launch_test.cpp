@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "analysis.hpp"
 #include "attempt_phase.hpp"
 #include "blacklist.hpp"
 #include "core/error.hpp"
 #include "hosts.hpp"
+#include "mca.hpp"
 #include "options.hpp"
 #include "rank_report.hpp"
 #include "subprocess.hpp"
@@ -79,6 +81,59 @@ TEST(Hosts, DiscoveryOutput) {
   EXPECT_EQ(parse_discovery_output("h1:2\n\nh2\n# gone: h3\n", 1, "d"), (HostList{{"h1", 2}, {"h2", 1}}));
   EXPECT_TRUE(parse_discovery_output("", 1, "d").empty());
   EXPECT_NE(usage_message([] { parse_discovery_output("h1:two\n", 1, "script"); }).find("script line 1"), std::string::npos);
+}
+
+// A host printed twice is refused (horovodrun would count it once, Open MPI twice), not run with
+// the slots added up: one line naming both lines, whether the slots agree or not.
+TEST(Hosts, DiscoveryOutputRefusesARepeatedHost) {
+  EXPECT_EQ(usage_message([] { parse_discovery_output("h1:2\nh2\nh1:2\n", 1, "script"); }),
+            "script line 3: host h1 is named again (first on line 1); print each host once, with all its slots (h1:N)");
+  EXPECT_NE(usage_message([] { parse_discovery_output("h1\nh1:4\n", 1, "script"); }).find("line 2: host h1"),
+            std::string::npos);
+}
+
+// `ompi_info --all --parsable` as Open MPI 4.1 prints it (an excerpt).
+const char* kOmpiInfo =
+    "package:Debian OpenMPI\n"
+    "mca:btl:base:param:btl:value:^uct,openib,ofi\n"
+    "mca:btl:tcp:version:\"mca:2.1.0\"\n"
+    "mca:btl:tcp:param:btl_tcp_if_include:value:\n"
+    "mca:btl:tcp:param:btl_tcp_if_include:help:Comma-delimited list of devices: eth0\n"
+    "mca:btl:self:version:\"component:4.1.4\"\n"
+    "mca:btl:vader:version:\"component:4.1.4\"\n"
+    "mca:plm:rsh:param:plm_rsh_agent:value:\"ssh : rsh\"\n"
+    "mca:plm:rsh:param:plm_rsh_agent:synonym:name:orte_rsh_agent\n"
+    "mca:mpi:base:param:mpi_param_check:value:true\n";
+
+TEST(Mca, SettingsAreReadFromMpirunsWords) {
+  EXPECT_EQ(mca_settings({"--mca", "a", "1", "--bind-to", "core", "-mca", "b", "2", "--gmca", "c", "3", "-gmca", "d",
+                          "4", "--mca", "e"}),
+            (std::vector<std::pair<std::string, std::string>>{{"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}}));
+}
+
+TEST(Mca, KnownParametersAndComponentsPass) {
+  const McaCatalogue known = parse_ompi_info(kOmpiInfo);
+  EXPECT_EQ(known.components.at("btl"), (std::set<std::string>{"self", "tcp", "vader"}));
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"btl_tcp_if_include", "lo"}, {"orte_rsh_agent", "ssh"}, {"plm_rsh_agent", "ssh"},
+           {"mpi_param_check", "0"}, {"btl", "self,tcp"}, {"btl", "^vader"}, {"btl", ""}})
+    EXPECT_EQ(mca_problem(known, name, value), "") << name << " " << value;
+}
+
+// mpirun ignores a parameter it does not know, and a component it has not fails every rank.
+TEST(Mca, MisspeltNamesAreNamedWithTheNearest) {
+  const McaCatalogue known = parse_ompi_info(kOmpiInfo);
+  EXPECT_EQ(mca_problem(known, "btl_tcp_if_inclde", "lo"),
+            "this Open MPI has no MCA parameter btl_tcp_if_inclde (did you mean btl_tcp_if_include?); mpirun would "
+            "ignore it (ompi_info --all lists the parameters)");
+  EXPECT_EQ(mca_problem(known, "no_such_thing", "1"),
+            "this Open MPI has no MCA parameter no_such_thing; mpirun would ignore it (ompi_info --all lists the "
+            "parameters)");
+  EXPECT_EQ(mca_problem(known, "btl", "tpc,self"),
+            "--mca btl tpc,self: this Open MPI has no btl component tpc (did you mean tcp?); it has self, tcp, vader");
+  EXPECT_NE(mca_problem(known, "btl", "^self,vadre").find("no btl component vadre (did you mean vader?)"),
+            std::string::npos);
+  EXPECT_TRUE(parse_ompi_info("").parameters.empty());  // hpcrun then warns and checks nothing
 }
 
 TEST(Hosts, SlurmForms) {
