@@ -1,5 +1,9 @@
 #include "train/options.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -7,7 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -19,6 +22,7 @@
 #include "nn/model.hpp"
 #include "optim/schedule.hpp"
 #include "train/option_table.hpp"
+#include "train/signals.hpp"
 #include "train/snapshots.hpp"
 
 namespace hpc::train {
@@ -126,17 +130,46 @@ void validate_parallel(const TrainOptions& o) {
 // dataset named by mistake, ends in an error rather than taking all the memory.
 constexpr size_t kMaxConfigBytes = 1 << 20;
 
+// How long a read of the config file waits at a time before it looks for a stop signal.
+constexpr int kConfigWaitSliceMs = 100;
+
+// Up to `limit` bytes of a config file, which may be a FIFO or a pipe (--config <(generate)):
+// opened without waiting for a writer and read as its bytes come, in short slices, so that a
+// stop signal ends a wait for a writer that never comes (before the options are read, the signal
+// thread only keeps it: signals.hpp). A blocking open or read would wait forever, SIGTERM or not.
+std::string read_config_bytes(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  HPC_REQUIRE(fd >= 0, "cannot read config file ", path, ": ", std::strerror(errno));
+  const struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const std::string waiting = "--config " + path + " to be written (a FIFO or pipe whose writer has not finished)";
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() < limit) {
+    end_wait_if_stopped(waiting);
+    pollfd ready{fd, POLLIN, 0};
+    // Regular files are always ready; a FIFO no writer has opened yet is not (nor is it at its
+    // end: a read would say 0 bytes), a pipe at its end is (POLLHUP: the read says 0 bytes).
+    const int polled = ::poll(&ready, 1, kConfigWaitSliceMs);
+    HPC_REQUIRE(polled >= 0 || errno == EINTR, "cannot read config file ", path, ": ", std::strerror(errno));
+    if (polled <= 0) continue;
+    const ssize_t n = ::read(fd, chunk, std::min(sizeof chunk, limit - text.size()));
+    if (n == 0) break;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    HPC_REQUIRE(n > 0, "cannot read config file ", path, ": ", std::strerror(errno));
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  return text;
+}
+
 // The text of a config file, without a UTF-8 byte-order mark (Windows editors write one).
 std::string read_config_text(const std::string& path) {
   require_not_empty(path, "config");
   std::error_code ec;
   HPC_REQUIRE(!fs::is_directory(path, ec), "--config ", path, " is a directory, not a file of name = value lines");
-  std::ifstream in(path, std::ios::binary);
-  HPC_REQUIRE(in, "cannot read config file ", path, ": ", std::strerror(errno));
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  HPC_REQUIRE(!in.bad(), "cannot read config file ", path, ": ", std::strerror(errno));
-  text.resize(static_cast<size_t>(in.gcount()));
+  std::string text = read_config_bytes(path, kMaxConfigBytes + 1);
   HPC_REQUIRE(text.size() <= kMaxConfigBytes, "config file ", path, " is larger than ", kMaxConfigBytes >> 20,
               " MB: not a config file of name = value lines?");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);

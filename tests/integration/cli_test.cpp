@@ -369,6 +369,41 @@ TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
   EXPECT_EQ(lines.back().at("event").str, "done");
 }
 
+// --config from a pipe, as bash's process substitution gives it, is read as a file is.
+TEST_F(Cli, ConfigFromAPipe) {
+  const std::string m = work_.file("m.jsonl");
+  std::string command = "exec";
+  for (const std::string& a : hpctrain_argv({"--quiet", "--data-dir", data_.str(), "--threads", "1", "--batch-size",
+                                             "16", "--test-samples", "16", "--metrics-file", m, "--config"}))
+    command += " '" + a + "'";
+  command += " <(printf 'max-steps = 2\\n')";
+  const RunResult r = run_program({"/bin/bash", "-c", command}, kDeadline);
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(done_of(m).at("steps").number, 2);
+}
+
+// A FIFO as --config that nothing writes to: hpctrain waits for its lines, but a stop signal ends
+// the wait at once, in one line (it was kept for the options, which never came: SIGTERM did
+// nothing, and only SIGKILL ended the run).
+TEST_F(Cli, ConfigFifoWithoutAWriterEndsOnSigterm) {
+  const std::string fifo = work_.file("c.cfg");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Started run(hpctrain_argv(with_quick_defaults({"--config", fifo}, data_.str())));
+  usleep(1500 * 1000);
+  ASSERT_TRUE(run.running()) << "it did not wait for the FIFO's writer";
+  ASSERT_EQ(kill(run.pid(), SIGTERM), 0);
+  const double signalled = run.seconds();
+  const RunResult r = run.finish(kDeadline);
+  ASSERT_FALSE(r.timed_out) << "SIGTERM did not end the wait";
+  EXPECT_LT(r.seconds - signalled, 5);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: stopped at once by SIGTERM while waiting for "
+                                                      "--config " + fifo + " to be written (a FIFO or pipe whose "
+                                                      "writer has not finished): nothing to save yet"});
+}
+
 // ---- Malformed dataset files -----------------------------------------------------------------
 
 struct BadData {
