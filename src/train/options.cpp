@@ -184,6 +184,13 @@ std::string read_config_text(const std::string& path) {
   return text;
 }
 
+// The table's own reads: the values Boost stores as text (choices, durations, lists, switches).
+void read_table(const po::variables_map& vm, TrainOptions& o) {
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options)
+      if (option.read) option.read(vm, o);
+}
+
 // Reads --config PATH into vm after the command line (whose values win). Boost's messages
 // are prefixed with the file; the options that only make sense on a command line are refused.
 void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
@@ -196,6 +203,16 @@ void store_config_file(const std::string& path, const po::options_description& a
       // "checkpoint-dir =": a generated file whose variable was unset.
       HPC_REQUIRE(opt.value.empty() || !opt.value.front().empty(), "config file ", path, ": '", opt.string_key,
                   "' is empty (an unset variable?)");
+    }
+    // The file on its own first: po::store passes over a name that vm holds already, so where the
+    // command line sets it too, a name given twice or a value that cannot be read would go unseen.
+    po::variables_map own;
+    po::store(parsed, own);
+    TrainOptions unused;
+    try {
+      read_table(own, unused);
+    } catch (const Error& e) {
+      usage_error("config file ", path, ": ", e.what());
     }
     po::store(parsed, vm);
     po::notify(vm);
@@ -343,9 +360,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   const std::optional<po::variables_map> vm = parse_into(argc, argv, o, speak);
   if (!vm) return std::nullopt;
   validate_paths(*vm);
-  for (const OptionGroup& group : option_table())
-    for (const Option& option : group.options)
-      if (option.read) option.read(*vm, o);
+  read_table(*vm, o);
   validate_distinct_files(o);
   validate_step_metrics(o);
   HPC_REQUIRE(o.global_batch_size == 0 || (*vm)["batch-size"].defaulted(),
