@@ -16,7 +16,9 @@ using hpc::JsonObject;
 // Appends JSON lines to the file of an option (--metrics-file, --timeline-file), which every
 // error names. A file that exists must be JSON Lines already: appending to anything else (a
 // dataset file named by mistake) would damage it. A file this writer created and never wrote
-// to is removed again, so a refused run leaves nothing behind.
+// to is removed again, so a refused run leaves nothing behind. A stream (a pipe, a FIFO, a
+// device: --metrics-file /dev/stdout | cat) is written as it is; a FIFO that nothing reads is
+// refused at once instead of waited on.
 class MetricsWriter {
  public:
   MetricsWriter() = default;

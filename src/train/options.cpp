@@ -259,6 +259,11 @@ void validate_step_metrics(const TrainOptions& o) {
   HPC_REQUIRE(o.prometheus_file.empty() || (name.size() > 5 && name.ends_with(".prom") && name[0] != '.'),
               "--prometheus-file ", o.prometheus_file, " must name a file ending in .prom (and not starting with "
               "a dot): node_exporter's textfile collector reads no other");
+  std::error_code ec;
+  const fs::file_status there = fs::status(o.prometheus_file, ec);
+  HPC_REQUIRE(o.prometheus_file.empty() || !fs::exists(there) || fs::is_regular_file(there), "--prometheus-file ",
+              o.prometheus_file, " is not a regular file (a FIFO, a device): each rewrite renames a new file over "
+              "it, which would replace it, and a stream cannot be rewritten; name a file of its own");
 }
 
 // Checkpoint settings without a directory to write to would silently save nothing.

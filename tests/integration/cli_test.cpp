@@ -388,6 +388,18 @@ TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
   EXPECT_EQ(lines.back().at("event").str, "done");
 }
 
+// Outputs that are streams (issue 41). A FIFO that nothing reads is refused at once, and stays
+// (opening it to write waits for a reader: hpctrain waited forever, before training, reading its
+// own empty FIFO); --prometheus-file, rewritten by renaming a new file over it, takes no stream.
+TEST_F(Cli, OutputFifoWithoutAReaderIsRefusedAtOnce) {
+  const std::string fifo = work_.file("fifo"), prom = work_.file("p.prom");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(mkfifo(prom.c_str(), 0600), 0);
+  expect_refused({"--metrics-file", fifo}, {"--metrics-file " + fifo + " is a FIFO that has no reader"});
+  expect_refused({"--timeline-file", fifo}, {"--timeline-file " + fifo + " is a FIFO that has no reader"});
+  expect_refused({"--prometheus-file", prom}, {"--prometheus-file " + prom + " is not a regular file"});
+}
+
 // --config from a pipe, as bash's process substitution gives it, is read as a file is.
 TEST_F(Cli, ConfigFromAPipe) {
   const std::string m = work_.file("m.jsonl");
@@ -613,6 +625,8 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
   const std::string bad_dir = work_.file("bad");
   fs::create_directory(bad_dir);
   write_bytes(bad_dir + "/ckpt-000000007.hpck", Bytes{'H', 'P', 'C'});
+  const std::string fifo = work_.file("fifo");  // that nothing reads
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const std::string data = data_.str();
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
       {{"evaluate", "--checkpoint", ""}, {"--checkpoint is empty"}},
@@ -625,6 +639,8 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
       {{"evaluate", "--checkpoint", "/dev/zero", "--data-dir", data}, {"/dev/zero: not a regular file"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", "@WORK/no/m.jsonl"},
        {"cannot open --metrics-file", "No such file"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", fifo},
+       {"--metrics-file " + fifo + " is a FIFO that has no reader"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", "/dev/null"}, {"/dev/null is not a directory"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--eval-batch-size", "9223372036854775807"},
        {"--eval-batch-size must be at most 1000000000"}},
