@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace hpc::train {
 
@@ -62,6 +63,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option) : path
     usage_error(option, " ", path, " exists and is not a JSON Lines file: not appending to it (another file "
                 "named by mistake?)");
   }
+  cut_ = ends && ends->second != '\n';  // a run killed while it wrote a line
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -72,7 +74,12 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const JsonObject& fields) {
   if (!file_) return;
-  const std::string line = json_text(fields) + "\n";
+  if (cut_)
+    log::warn(option_, " ", path_, " ends in a cut line (a run killed while writing it?): it stays as it is, and "
+              "this run's events start on a new line after it");
+  std::string line = std::exchange(cut_, false) ? "\n" : "";  // appended: GCC 12 warns falsely (-Wrestrict) on +
+  line += json_text(fields);
+  line += '\n';
   const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   written_ = true;  // even a failed write may have left part of a line: the file stays
   HPC_REQUIRE(ok, "cannot write ", option_, " ", path_, ": ", std::strerror(errno));

@@ -388,6 +388,25 @@ TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
   EXPECT_EQ(lines.back().at("event").str, "done");
 }
 
+// A metrics file whose last line was cut (a run killed while writing it) gets the new events on
+// lines of their own, with one warning; the cut line stays as it was. (They were glued onto it,
+// and hpctrain-plot refused the whole file.)
+TEST_F(Cli, MetricsFileWithACutLastLine) {
+  const std::string m = work_.file("m.jsonl"), before = "{\"event\":\"earlier\"}\n{\"event\":\"epoch\",\"ep";
+  write_text(m, before);
+  const RunResult r = run({"--metrics-file", m});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: warning: --metrics-file " + m + " ends in a cut "
+                                                      "line (a run killed while writing it?): it stays as it is, "
+                                                      "and this run's events start on a new line after it"});
+  const std::string text = read_text(m);
+  ASSERT_EQ(text.rfind(before + "\n{", 0), 0u) << text;
+  const auto lines = lines_of(text.substr(before.size() + 1));
+  for (const std::string& line : lines) EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(FlatJsonParser(lines.back()).parse().at("event").str, "done");
+}
+
 // Outputs that are streams (issue 41). A FIFO that nothing reads is refused at once, and stays
 // (opening it to write waits for a reader: hpctrain waited forever, before training, reading its
 // own empty FIFO); --prometheus-file, rewritten by renaming a new file over it, takes no stream.
