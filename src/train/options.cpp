@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -144,11 +145,14 @@ std::string read_config_bytes(const std::string& path, size_t limit) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
+  // A regular file never waits: a stop signal taken while it is read waits for the options, as ever.
+  struct stat st {};
+  const bool stream = ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode);
   const std::string waiting = "--config " + path + " to be written (a FIFO or pipe whose writer has not finished)";
   std::string text;
   char chunk[1 << 16];
   while (text.size() < limit) {
-    end_wait_if_stopped(waiting);
+    if (stream) end_wait_if_stopped(waiting);
     pollfd ready{fd, POLLIN, 0};
     // Regular files are always ready; a FIFO no writer has opened yet is not (nor is it at its
     // end: a read would say 0 bytes), a pipe at its end is (POLLHUP: the read says 0 bytes).
