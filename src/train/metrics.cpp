@@ -1,22 +1,31 @@
 #include "train/metrics.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace hpc::train {
 
 namespace {
 
-// Whether an existing file may be appended to: empty, or starting as a JSON object does.
-bool holds_json_lines(FILE* f) {
-  const int first = std::fgetc(f);
-  return first == EOF || first == '{';
+// The first and the last byte of a regular file that is not empty (none: it is empty, or cannot
+// be read: a write-only file is appended to unseen). Read through a descriptor of its own: the
+// writer's is write-only, so that a FIFO that nothing reads is refused (below).
+std::optional<std::pair<char, char>> ends_of(const std::string& path, off_t size) {
+  const int fd = size > 0 ? ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+  if (fd < 0) return std::nullopt;
+  std::pair<char, char> ends{0, 0};
+  const bool read = ::pread(fd, &ends.first, 1, 0) == 1 && ::pread(fd, &ends.second, 1, size - 1) == 1;
+  ::close(fd);
+  return read ? std::optional(ends) : std::nullopt;
 }
 
 }  // namespace
@@ -26,22 +35,35 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option) : path
   // O_EXCL tells a file made here from one that was there (which stays, whatever happens).
   int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   created_ = fd >= 0;
-  bool readable = !created_;
-  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
-  if (fd < 0 && errno == EACCES) {  // write-only: appended to unseen
-    fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-    readable = false;
+  // One that was there may be a stream (a pipe: /dev/stdout | cat, a FIFO, a device): O_NONBLOCK
+  // makes a FIFO that nothing reads fail at once (ENXIO) where the open would wait for a reader.
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0) {
+    const int error = errno;
+    HPC_REQUIRE(error != ENXIO || ::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode), option, " ", path,
+                " is a FIFO that has no reader: start the program that reads it first");
+    usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
   }
-  HPC_REQUIRE(fd >= 0, "cannot open ", option, " ", path, ": ", std::strerror(errno));
-  file_ = ::fdopen(fd, readable ? "a+" : "a");
-  if (!file_) ::close(fd);
-  HPC_REQUIRE(file_, "cannot open ", option, " ", path, ": ", std::strerror(errno));
-  if (readable && !holds_json_lines(file_)) {
+  if (::fstat(fd, &st) != 0 || !(file_ = ::fdopen(fd, "a"))) {
+    const int error = errno;
+    ::close(fd);
+    if (created_) ::unlink(path.c_str());
+    usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    // A stream is written as it is, never read, checked or removed; its writes wait for a slow
+    // reader as the progress lines on stdout do, rather than fail.
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return;
+  }
+  const auto ends = ends_of(path, st.st_size);
+  if (ends && ends->first != '{') {
     std::fclose(std::exchange(file_, nullptr));
     usage_error(option, " ", path, " exists and is not a JSON Lines file: not appending to it (another file "
                 "named by mistake?)");
   }
-  std::fseek(file_, 0, SEEK_END);  // from reading to writing, a stream needs a seek
+  cut_ = ends && ends->second != '\n';  // a run killed while it wrote a line
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -52,7 +74,12 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const JsonObject& fields) {
   if (!file_) return;
-  const std::string line = json_text(fields) + "\n";
+  if (cut_)
+    log::warn(option_, " ", path_, " ends in a cut line (a run killed while writing it?): it stays as it is, and "
+              "this run's events start on a new line after it");
+  std::string line = std::exchange(cut_, false) ? "\n" : "";  // appended: GCC 12 warns falsely (-Wrestrict) on +
+  line += json_text(fields);
+  line += '\n';
   const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   written_ = true;  // even a failed write may have left part of a line: the file stays
   HPC_REQUIRE(ok, "cannot write ", option_, " ", path_, ": ", std::strerror(errno));

@@ -15,8 +15,11 @@ using hpc::JsonObject;
 
 // Appends JSON lines to the file of an option (--metrics-file, --timeline-file), which every
 // error names. A file that exists must be JSON Lines already: appending to anything else (a
-// dataset file named by mistake) would damage it. A file this writer created and never wrote
-// to is removed again, so a refused run leaves nothing behind.
+// dataset file named by mistake) would damage it; one whose last line was cut (a killed run) gets
+// the new lines after a line end, with a warning. A file this writer created and never wrote
+// to is removed again, so a refused run leaves nothing behind. A stream (a pipe, a FIFO, a
+// device: --metrics-file /dev/stdout | cat) is written as it is; a FIFO that nothing reads is
+// refused at once instead of waited on.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
@@ -32,6 +35,7 @@ class MetricsWriter {
   const char* option_ = "";
   FILE* file_ = nullptr;
   bool created_ = false, written_ = false;
+  bool cut_ = false;  // the file's last line has no line end yet
 };
 
 }  // namespace hpc::train

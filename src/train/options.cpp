@@ -1,5 +1,10 @@
 #include "train/options.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -7,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -21,6 +25,7 @@
 #include "optim/schedule.hpp"
 #include "train/checkpointing.hpp"
 #include "train/option_table.hpp"
+#include "train/signals.hpp"
 #include "train/snapshots.hpp"
 
 namespace hpc::train {
@@ -130,17 +135,49 @@ void validate_parallel(const TrainOptions& o) {
 // dataset named by mistake, ends in an error rather than taking all the memory.
 constexpr size_t kMaxConfigBytes = 1 << 20;
 
+// How long a read of the config file waits at a time before it looks for a stop signal.
+constexpr int kConfigWaitSliceMs = 100;
+
+// Up to `limit` bytes of a config file, which may be a FIFO or a pipe (--config <(generate)):
+// opened without waiting for a writer and read as its bytes come, in short slices, so that a
+// stop signal ends a wait for a writer that never comes (before the options are read, the signal
+// thread only keeps it: signals.hpp). A blocking open or read would wait forever, SIGTERM or not.
+std::string read_config_bytes(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  HPC_REQUIRE(fd >= 0, "cannot read config file ", path, ": ", std::strerror(errno));
+  const struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  // A regular file never waits: a stop signal taken while it is read waits for the options, as ever.
+  struct stat st {};
+  const bool stream = ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode);
+  const std::string waiting = "--config " + path + " to be written (a FIFO or pipe whose writer has not finished)";
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() < limit) {
+    if (stream) end_wait_if_stopped(waiting);
+    pollfd ready{fd, POLLIN, 0};
+    // Regular files are always ready; a FIFO no writer has opened yet is not (nor is it at its
+    // end: a read would say 0 bytes), a pipe at its end is (POLLHUP: the read says 0 bytes).
+    const int polled = ::poll(&ready, 1, kConfigWaitSliceMs);
+    HPC_REQUIRE(polled >= 0 || errno == EINTR, "cannot read config file ", path, ": ", std::strerror(errno));
+    if (polled <= 0) continue;
+    const ssize_t n = ::read(fd, chunk, std::min(sizeof chunk, limit - text.size()));
+    if (n == 0) break;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    HPC_REQUIRE(n > 0, "cannot read config file ", path, ": ", std::strerror(errno));
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  return text;
+}
+
 // The text of a config file, without a UTF-8 byte-order mark (Windows editors write one).
 std::string read_config_text(const std::string& path) {
   require_not_empty(path, "config");
   std::error_code ec;
   HPC_REQUIRE(!fs::is_directory(path, ec), "--config ", path, " is a directory, not a file of name = value lines");
-  std::ifstream in(path, std::ios::binary);
-  HPC_REQUIRE(in, "cannot read config file ", path, ": ", std::strerror(errno));
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  HPC_REQUIRE(!in.bad(), "cannot read config file ", path, ": ", std::strerror(errno));
-  text.resize(static_cast<size_t>(in.gcount()));
+  std::string text = read_config_bytes(path, kMaxConfigBytes + 1);
   HPC_REQUIRE(text.size() <= kMaxConfigBytes, "config file ", path, " is larger than ", kMaxConfigBytes >> 20,
               " MB: not a config file of name = value lines?");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
@@ -155,6 +192,13 @@ std::string read_config_text(const std::string& path) {
   return text;
 }
 
+// The table's own reads: the values Boost stores as text (choices, durations, lists, switches).
+void read_table(const po::variables_map& vm, TrainOptions& o) {
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options)
+      if (option.read) option.read(vm, o);
+}
+
 // Reads --config PATH into vm after the command line (whose values win). Boost's messages
 // are prefixed with the file; the options that only make sense on a command line are refused.
 void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
@@ -167,6 +211,16 @@ void store_config_file(const std::string& path, const po::options_description& a
       // "checkpoint-dir =": a generated file whose variable was unset.
       HPC_REQUIRE(opt.value.empty() || !opt.value.front().empty(), "config file ", path, ": '", opt.string_key,
                   "' is empty (an unset variable?)");
+    }
+    // The file on its own first: po::store passes over a name that vm holds already, so where the
+    // command line sets it too, a name given twice or a value that cannot be read would go unseen.
+    po::variables_map own;
+    po::store(parsed, own);
+    TrainOptions unused;
+    try {
+      read_table(own, unused);
+    } catch (const Error& e) {
+      usage_error("config file ", path, ": ", e.what());
     }
     po::store(parsed, vm);
     po::notify(vm);
@@ -217,6 +271,11 @@ void validate_step_metrics(const TrainOptions& o) {
   HPC_REQUIRE(o.prometheus_file.empty() || (name.size() > 5 && name.ends_with(".prom") && name[0] != '.'),
               "--prometheus-file ", o.prometheus_file, " must name a file ending in .prom (and not starting with "
               "a dot): node_exporter's textfile collector reads no other");
+  std::error_code ec;
+  const fs::file_status there = fs::status(o.prometheus_file, ec);
+  HPC_REQUIRE(o.prometheus_file.empty() || !fs::exists(there) || fs::is_regular_file(there), "--prometheus-file ",
+              o.prometheus_file, " is not a regular file (a FIFO, a device): each rewrite renames a new file over "
+              "it, which would replace it, and a stream cannot be rewritten; name a file of its own");
 }
 
 // Checkpoint settings without a directory to write to would silently save nothing.
@@ -319,9 +378,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   const std::optional<po::variables_map> vm = parse_into(argc, argv, o, speak);
   if (!vm) return std::nullopt;
   validate_paths(*vm);
-  for (const OptionGroup& group : option_table())
-    for (const Option& option : group.options)
-      if (option.read) option.read(*vm, o);
+  read_table(*vm, o);
   validate_distinct_files(o, *vm);
   validate_step_metrics(o);
   HPC_REQUIRE(o.global_batch_size == 0 || (*vm)["batch-size"].defaulted(),

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace hpc::train {
 namespace {
@@ -182,6 +184,18 @@ void use_stop_signals(const std::vector<int>& signals) {
   g_stop_mask = mask;
   g_chosen = true;
   decide_pending();
+}
+
+void end_wait_if_stopped(const std::string& what) {
+  int sig = g_signal.load();
+  const unsigned pending = g_pending.load();
+  for (int choice : kChoices)
+    if (sig == 0 && (pending & bit(choice))) sig = choice;
+  if (sig == 0) return;
+  std::fprintf(stderr, "%shpctrain: stopped at once by %s while waiting for %s: nothing to save yet\n",
+               log::stamp(stderr).c_str(), name_of(sig), one_line(what).c_str());
+  std::fflush(stderr);
+  ::_exit(128 + sig);
 }
 
 bool StopSignals::requested() { return g_signal.load() != 0; }

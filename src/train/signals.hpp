@@ -40,6 +40,13 @@ std::string stop_signals_text(const std::vector<int>& signals);
 // decided now.
 void use_stop_signals(const std::vector<int>& signals);
 
+// For a wait before the options are read that may never end on its own (--config naming a FIFO
+// or pipe that nothing writes to), checked between short slices of it: a stop signal taken
+// meanwhile, which would otherwise wait for options that never come, ends the process at once
+// (128 + the signal; one line naming `what` it waited for: there is nothing to save yet). None
+// taken: it returns.
+void end_wait_if_stopped(const std::string& what);
+
 // Blocks the stop signals in the calling thread and in every thread it starts from then on: a
 // stop signal that comes earlier than start_signal_thread() waits for it instead of killing the
 // process. hpctrain's main file runs it before the shared libraries' initialisers (which start

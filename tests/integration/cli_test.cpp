@@ -391,6 +391,25 @@ TEST_F(Cli, ConfigFileProblems) {
   expect_refused({"--config", dir.file("nul.cfg")}, {"nul.cfg", "not a text file (byte 8"});
 }
 
+// What is wrong in a config file is refused also where the command line sets the same option
+// (whose value wins): Boost passes over such a name, and a name given twice or a bad value went
+// unseen.
+TEST_F(Cli, ConfigFileProblemsWhereTheCommandLineSetsTheOptionToo) {
+  TempDir dir("cli-config");
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {"epochs = 1\nepochs = 2\n", {"'epochs' cannot be specified more than once"}},
+      {"epochs = abc\n", {"epochs", "abc"}},
+      {"model = nope\n", {"'nope'"}}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir.file(std::to_string(i).append(".cfg"));
+    write_text(path, cases[i].first);
+    SCOPED_TRACE(cases[i].first);
+    auto expect = cases[i].second;
+    expect.push_back("config file " + path);
+    expect_refused({"--config", path, "--epochs", "1", "--model", "cnn"}, expect);
+  }
+}
+
 // What editors write is read: a UTF-8 byte-order mark, CRLF line ends, comments, no final
 // newline.
 TEST_F(Cli, ConfigFileAsEditorsWriteIt) {
@@ -429,6 +448,72 @@ TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
   ASSERT_GE(lines.size(), 2u);
   EXPECT_EQ(lines.front().at("event").str, "earlier");
   EXPECT_EQ(lines.back().at("event").str, "done");
+}
+
+// A metrics file whose last line was cut (a run killed while writing it) gets the new events on
+// lines of their own, with one warning; the cut line stays as it was. (They were glued onto it,
+// and hpctrain-plot refused the whole file.)
+TEST_F(Cli, MetricsFileWithACutLastLine) {
+  const std::string m = work_.file("m.jsonl"), before = "{\"event\":\"earlier\"}\n{\"event\":\"epoch\",\"ep";
+  write_text(m, before);
+  const RunResult r = run({"--metrics-file", m});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: warning: --metrics-file " + m + " ends in a cut "
+                                                      "line (a run killed while writing it?): it stays as it is, "
+                                                      "and this run's events start on a new line after it"});
+  const std::string text = read_text(m);
+  ASSERT_EQ(text.rfind(before + "\n{", 0), 0u) << text;
+  const auto lines = lines_of(text.substr(before.size() + 1));
+  for (const std::string& line : lines) EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(FlatJsonParser(lines.back()).parse().at("event").str, "done");
+}
+
+// Outputs that are streams (issue 41). A FIFO that nothing reads is refused at once, and stays
+// (opening it to write waits for a reader: hpctrain waited forever, before training, reading its
+// own empty FIFO); --prometheus-file, rewritten by renaming a new file over it, takes no stream.
+TEST_F(Cli, OutputFifoWithoutAReaderIsRefusedAtOnce) {
+  const std::string fifo = work_.file("fifo"), prom = work_.file("p.prom");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(mkfifo(prom.c_str(), 0600), 0);
+  expect_refused({"--metrics-file", fifo}, {"--metrics-file " + fifo + " is a FIFO that has no reader"});
+  expect_refused({"--timeline-file", fifo}, {"--timeline-file " + fifo + " is a FIFO that has no reader"});
+  expect_refused({"--prometheus-file", prom}, {"--prometheus-file " + prom + " is not a regular file"});
+}
+
+// --config from a pipe, as bash's process substitution gives it, is read as a file is.
+TEST_F(Cli, ConfigFromAPipe) {
+  const std::string m = work_.file("m.jsonl");
+  std::string command = "exec";
+  for (const std::string& a : hpctrain_argv({"--quiet", "--data-dir", data_.str(), "--threads", "1", "--batch-size",
+                                             "16", "--test-samples", "16", "--metrics-file", m, "--config"}))
+    command += " '" + a + "'";
+  command += " <(printf 'max-steps = 2\\n')";
+  const RunResult r = run_program({"/bin/bash", "-c", command}, kDeadline);
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(done_of(m).at("steps").number, 2);
+}
+
+// A FIFO as --config that nothing writes to: hpctrain waits for its lines, but a stop signal ends
+// the wait at once, in one line (it was kept for the options, which never came: SIGTERM did
+// nothing, and only SIGKILL ended the run).
+TEST_F(Cli, ConfigFifoWithoutAWriterEndsOnSigterm) {
+  const std::string fifo = work_.file("c.cfg");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Started run(hpctrain_argv(with_quick_defaults({"--config", fifo}, data_.str())));
+  usleep(1500 * 1000);
+  ASSERT_TRUE(run.running()) << "it did not wait for the FIFO's writer";
+  ASSERT_EQ(kill(run.pid(), SIGTERM), 0);
+  const double signalled = run.seconds();
+  const RunResult r = run.finish(kDeadline);
+  ASSERT_FALSE(r.timed_out) << "SIGTERM did not end the wait";
+  EXPECT_LT(r.seconds - signalled, 5);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: stopped at once by SIGTERM while waiting for "
+                                                      "--config " + fifo + " to be written (a FIFO or pipe whose "
+                                                      "writer has not finished): nothing to save yet"});
 }
 
 // ---- Malformed dataset files -----------------------------------------------------------------
@@ -621,6 +706,8 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
   const std::string bad_dir = work_.file("bad");
   fs::create_directory(bad_dir);
   write_bytes(bad_dir + "/ckpt-000000007.hpck", Bytes{'H', 'P', 'C'});
+  const std::string fifo = work_.file("fifo");  // that nothing reads
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const std::string data = data_.str();
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
       {{"evaluate", "--checkpoint", ""}, {"--checkpoint is empty"}},
@@ -633,6 +720,8 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
       {{"evaluate", "--checkpoint", "/dev/zero", "--data-dir", data}, {"/dev/zero: not a regular file"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", "@WORK/no/m.jsonl"},
        {"cannot open --metrics-file", "No such file"}},
+      {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", fifo},
+       {"--metrics-file " + fifo + " is a FIFO that has no reader"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", "/dev/null"}, {"/dev/null is not a directory"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--eval-batch-size", "9223372036854775807"},
        {"--eval-batch-size must be at most 1000000000"}},

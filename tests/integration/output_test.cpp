@@ -1,6 +1,6 @@
 // What operators see (issue 25): the math threads a rank takes by default follow the CPUs it may
 // run on, and the output fits where it goes: a live line only on a terminal a person watches,
-// plain timestamped lines in files and under mpirun.
+// plain timestamped lines in files and under mpirun; metrics to stdout (issue 41).
 #include <gtest/gtest.h>
 #include <sched.h>
 
@@ -130,6 +130,33 @@ TEST_F(Output, ATerminalShowsTheLiveLine) {
   ASSERT_EQ(lines.exit_code, 0) << lines.out << lines.err;
   EXPECT_EQ(lines.out.find('\x1b'), std::string::npos) << lines.out;
   EXPECT_EQ(count_of(lines.out, "  step "), 3) << lines.out;
+}
+
+// Metrics to stdout (issue 41): --metrics-file /dev/stdout into a pipe, or on a terminal, trains
+// and prints the events there. (hpctrain read the first byte of every existing file, to check it
+// held JSON Lines: of a pipe, its own empty one; of a terminal, the keyboard's. It waited forever.)
+TEST_F(Output, MetricsToStdoutAsAStream) {
+  const std::vector<std::string> args = hpctrain_argv(quick({"--quiet", "--threads", "1", "--metrics-file",
+                                                             "/dev/stdout"}));
+  std::string command;
+  for (const std::string& a : args) command += "'" + a + "' ";
+  const RunResult piped = run_program({"/bin/bash", "-c", "set -o pipefail; " + command + "| cat"}, 60);
+  ASSERT_FALSE(piped.timed_out) << "it waited on its own pipe";
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  const std::vector<std::string> lines = lines_of(piped.out);
+  ASSERT_FALSE(lines.empty());
+  for (const std::string& line : lines) EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
+  EXPECT_EQ(FlatJsonParser(lines.back()).parse().at("steps").number, 3) << piped.out;
+  // On a terminal of its own (Python's pty.spawn; script(1) would end the terminal's input when
+  // its own stdin, /dev/null, ends, and the old read would have seen that end instead of waiting).
+  std::vector<std::string> on_a_terminal{"/usr/bin/python3", "-c",
+                                         "import os, pty, sys; sys.exit(os.waitstatus_to_exitcode(pty.spawn("
+                                         "sys.argv[1:])))"};
+  on_a_terminal.insert(on_a_terminal.end(), args.begin(), args.end());
+  const RunResult terminal = run_program(on_a_terminal, 60);
+  ASSERT_FALSE(terminal.timed_out) << "it waited on the terminal";
+  ASSERT_EQ(terminal.exit_code, 0) << terminal.out << terminal.err;
+  EXPECT_NE(terminal.out.find("{\"event\":\"done\",\"steps\":3,"), std::string::npos) << terminal.out;
 }
 
 }  // namespace

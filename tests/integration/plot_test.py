@@ -91,6 +91,39 @@ class Plot(unittest.TestCase):
             self.assertEqual(len(lines), 1, p.stderr)
             self.assertTrue(lines[0].startswith("hpctrain-plot: error: ") and message in lines[0], lines[0])
 
+    def test_cut_lines_are_skipped_bad_lines_refused(self):
+        """A run killed while writing a line leaves it cut: the last line, or one that the next run's
+        lines follow (hpctrain starts them on a new line). Those are skipped with a warning; a bad
+        line in the middle (the old hpctrain's next event glued onto a cut one) is still refused."""
+        with open(self.straight) as f:
+            whole = f.read()
+        cut = os.path.join(self.tmp.name, "cut.jsonl")
+        with open(cut, "w") as f:
+            f.write(whole + '{"event":"step","step":3,"lo')
+        count = len(whole.splitlines()) + 1
+        for resumed_after in (False, True):
+            if resumed_after:  # hpctrain appends to it: the cut line stays, the events start after it
+                assert train(cut, os.path.join(self.tmp.name, "ck-cut")).returncode == 0
+                with open(cut) as f:
+                    self.assertTrue(f.read().startswith(whole + '{"event":"step","step":3,"lo\n{"event":'))
+            p = plot(cut, "--out", self.tmp.name, "--prefix", "cut")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stderr, f"hpctrain-plot: warning: {cut}:{count}: a line cut short (a run killed while "
+                                       "writing it?), skipped\n")
+        zeros = os.path.join(self.tmp.name, "zeros.jsonl")  # a machine that crashed: its last block unwritten
+        with open(zeros, "w") as f:
+            f.write(whole + "\0" * 8)
+        p = plot(zeros, "--out", self.tmp.name, "--prefix", "zeros")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(f"{zeros}:{count}: a line cut short", p.stderr)
+        glued = os.path.join(self.tmp.name, "glued.jsonl")
+        with open(glued, "w") as f:
+            f.write(whole + '{"event":"step","step":3,"lo{"event":"epoch","step":4}\n' + whole)
+        p = plot(glued, "--out", self.tmp.name, "--prefix", "glued")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr.splitlines(), [f"hpctrain-plot: error: {glued}:{count}: not a JSON line "
+                                                 "(Expecting ':' delimiter)"])
+
 
 if __name__ == "__main__":
     unittest.main()
