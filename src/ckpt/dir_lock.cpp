@@ -141,7 +141,17 @@ int take_over(const std::string& path) {
   return fd;
 }
 
+// The lock this process holds, for remove_lock_at_exit(): a fixed buffer and the descriptor,
+// since a process ending at once may read them (set and cleared by the lock's owner).
+char g_lock_path[4096];
+std::atomic<int> g_lock_fd{-1};
+
 }  // namespace
+
+void remove_lock_at_exit() {
+  const int fd = g_lock_fd.load();
+  if (fd >= 0 && same_inode(fd, g_lock_path)) ::unlink(g_lock_path);
+}
 
 double DirectoryLock::stale_seconds() {
   const char* v = std::getenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
@@ -210,6 +220,10 @@ DirectoryLock::DirectoryLock(const std::string& dir, int fd, bool made_dir)
   record_ = {{"host", host_name()}, {"pid", std::to_string(::getpid())}, {"since", std::to_string(unix_now())}};
   write_record("held");
   refresher_ = std::thread([this] { refresh_loop(); });
+  if (path_.size() < sizeof g_lock_path) {
+    std::memcpy(g_lock_path, path_.c_str(), path_.size() + 1);
+    g_lock_fd.store(fd_);
+  }
 }
 
 DirectoryLock::~DirectoryLock() { release(false); }
@@ -223,6 +237,7 @@ void DirectoryLock::release(bool remove_made_directory) {
   }
   cv_.notify_all();
   refresher_.join();
+  g_lock_fd.store(-1);
   // Removed while locked: a process that opened it meanwhile locks a file no longer named there,
   // which acquire() notices (same_inode) and opens the path again.
   if (held()) ::unlink(path_.c_str());

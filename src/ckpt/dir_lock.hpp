@@ -81,6 +81,10 @@ class DirectoryLock {
   std::thread refresher_;
 };
 
+// For a process that ends at once (train/signals.cpp): removes the directory's lock file it holds,
+// as a run that ends normally does (the kernel drops the lock itself). Async-signal-safe.
+void remove_lock_at_exit();
+
 // The fields of a "key=value" lines file (empty when it cannot be read).
 std::map<std::string, std::string> read_key_values(const std::string& path);
 

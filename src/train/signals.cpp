@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ckpt/dir_lock.hpp"
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -66,6 +67,7 @@ void say(std::initializer_list<const char*> pieces) {
   // A checkpoint being written stays unfinished: its temporary file goes, the checkpoints
   // written before stay (the write replaces nothing until its rename).
   ckpt::remove_unfinished_checkpoint();
+  ckpt::remove_lock_at_exit();
   say({"hpctrain: stopped at once by ", name_of(sig), why});
   ::_exit(128 + sig);
 }
@@ -74,6 +76,7 @@ void say(std::initializer_list<const char*> pieces) {
 // ended by it (a checkpoint being written is dropped, as by exit_at_once).
 [[noreturn]] void default_action(int sig) {
   ckpt::remove_unfinished_checkpoint();
+  ckpt::remove_lock_at_exit();
   say({"hpctrain: ended by ", name_of(sig), " (not in --stop-signals)"});
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;

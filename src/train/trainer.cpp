@@ -211,6 +211,7 @@ TrainResult TrainingRun::run_steps() {
   // From here on every wait is for the peers: a step that never ends is a hung job.
   const auto expire = [this](const std::string& message) {
     mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
+    ckpt::remove_lock_at_exit();
     StepWatchdog::print_and_exit(message);
   };
   watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where(), expire,
