@@ -429,10 +429,11 @@ INSTANTIATE_TEST_SUITE_P(
                 {"corrupt"}, true},
         BadData{"gzip_trailer_missing", "t10k-labels-idx1-ubyte", [] { return cut(gzip_of(idx_labels(16)), 8); },
                 {"corrupt"}, true},
-        BadData{"count_mismatch", "train-labels-idx1-ubyte", [] { return idx_labels(63); }, {"disagree", "64", "63"}},
+        BadData{"count_mismatch", "train-labels-idx1-ubyte", [] { return idx_labels(63); },
+                {"disagree", "60000", "63"}},
         BadData{"label_out_of_range", "t10k-labels-idx1-ubyte",
                 [] {
-                  Bytes b = idx_labels(16);
+                  Bytes b = idx_labels(10000);
                   b[8 + 5] = 10;
                   return b;
                 },
@@ -448,6 +449,21 @@ INSTANTIATE_TEST_SUITE_P(
                 {"5 bytes follow"}},
         BadData{"missing_file", "train-labels-idx1-ubyte", [] { return Bytes{}; }, {"does not exist"}, false, true}),
     [](const ::testing::TestParamInfo<BadData>& i) { return std::string(i.param.name); });
+
+// Fashion-MNIST's files hold their published counts (60000 training and 10000 test records):
+// the test files copied over the training files (training on the test set) are refused, and so
+// is a training set of another size; each as one line naming the files.
+TEST_F(Cli, FashionMnistFilesHoldThePublishedRecords) {
+  const std::string train_images = data_.file("train-images-idx3-ubyte");
+  const std::string test_images = data_.file("t10k-images-idx3-ubyte");
+  fs::copy_file(test_images, train_images, fs::copy_options::overwrite_existing);
+  fs::copy_file(data_.file("t10k-labels-idx1-ubyte"), data_.file("train-labels-idx1-ubyte"),
+                fs::copy_options::overwrite_existing);
+  expect_refused({}, {train_images, test_images, "hold the same records", "the test set would be trained on"});
+  write_idx_images(train_images, 59999, 64);
+  write_bytes(data_.file("train-labels-idx1-ubyte"), idx_labels(59999));
+  expect_refused({}, {train_images, "holds 59999 images", "fashion-mnist's training set has 60000"});
+}
 
 // CIFAR-10 as published: five training batches and a test batch of 10000 records each. A batch
 // with records appended (the test batch: test images leaking into training) or cut off is
