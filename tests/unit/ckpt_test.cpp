@@ -110,6 +110,39 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
+// A file named for one step that holds another (ckpt-000000500.hpck holding step 10, copied or
+// renamed by hand) would be preferred by --resume auto over newer states: reading it is an error
+// naming it, and find_latest skips it as it skips a damaged file. A name of another form says
+// nothing about the step.
+TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-misnamed-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ckpt::CheckpointStore store(dir, 5);
+  ckpt::Checkpoint c = sample();
+  c.meta["step"] = "20";
+  const std::string valid = store.write(ckpt::encode(c), 20);
+  c.meta["step"] = "10";
+  const std::string misnamed = store.write(ckpt::encode(c), 500);
+  const std::string says = "checkpoint " + misnamed + " holds step 10, not the step 500 its name says";
+  try {
+    ckpt::load_checkpoint(misnamed);
+    ADD_FAILURE() << "a checkpoint named for step 500 holding step 10 was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+  const ckpt::LatestCheckpoint latest = ckpt::find_latest(dir);
+  EXPECT_EQ(latest.listed, 2u);
+  ASSERT_TRUE(latest.found.has_value());
+  EXPECT_EQ(latest.found->first, valid);
+  EXPECT_EQ(latest.found->second.integer("step"), 20);
+  ASSERT_EQ(latest.skipped.size(), 1u);
+  EXPECT_NE(latest.skipped[0].find(says), std::string::npos) << latest.skipped[0];
+  std::filesystem::rename(misnamed, dir + "/best.hpck");
+  EXPECT_EQ(ckpt::load_checkpoint(dir + "/best.hpck").integer("step"), 10);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
   std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-beat-XXXXXX").string();
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
