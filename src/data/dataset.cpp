@@ -155,6 +155,7 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
     Dataset d;
     d.source = dir;
     d.classes = static_cast<int>(open.classes.size());
+    d.class_names = open.classes;
     auto images = std::make_shared<const ShardImages>(std::move(open.shards), size);
     d.count = images->count();
     HPC_REQUIRE(d.count > 0, "the ", which, " shards in ", dir, " hold no images");

@@ -17,6 +17,9 @@ struct Dataset {
   std::string source;  // file or directory it came from, for messages
   int64_t count = 0, height = 0, width = 0, channels = 0;
   int classes = 10;
+  // The names of the labels where the files give them (packed shards: the packing's classes, label i
+  // named class_names[i]); empty for the datasets whose names are fixed (data/facts.hpp).
+  std::vector<std::string> class_names;
   std::vector<uint8_t> images;  // count x height x width x channels (empty when `shards` holds them)
   std::vector<int32_t> labels;  // count
   // Packed image shards, decoded per batch (shard_images.hpp); null for the in-memory datasets.

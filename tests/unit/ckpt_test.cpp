@@ -160,7 +160,9 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 }  // namespace
 }  // namespace hpc::testing
 
+#include "core/hash.hpp"
 #include "data/loader.hpp"
+#include "data/shards.hpp"
 #include "train/checkpointing.hpp"
 #include "train/engine.hpp"
 
@@ -199,6 +201,42 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
     ADD_FAILURE() << "a loss scale below 1 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("loss scale"), std::string::npos) << e.what();
+  }
+}
+
+// Packed shards' class names go into the checkpoint with a digest of classes.txt, and come back;
+// a checkpoint without them (other datasets, or written before they were recorded) has none, and
+// a malformed record is an error.
+TEST(CheckpointRecord, ClassNamesTravelInCheckpoints) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::Mlp;
+  spec.input = Shape{8, 8, 3};
+  spec.classes = 2;
+  nn::Model<float> model(spec);
+  train::TrainOptions o;
+  const train::RunPosition at{10, 1, 2, 64, 640};
+  ckpt::Checkpoint c;
+  train::record_run(c, o, train::ModelIdentity::of(model, {"cat", "dog"}), 1, at);
+  c = ckpt::decode(ckpt::encode(c), "test");
+  EXPECT_EQ(c.text("class_names"), "[\"cat\",\"dog\"]");
+  EXPECT_EQ(c.text("classes_digest"), data::class_names_digest({"cat", "dog"}));
+  const std::string classes_txt = "cat\ndog\n";  // as hpcdata pack writes classes.txt
+  EXPECT_EQ(c.text("classes_digest"), fnv1a_hex(classes_txt.data(), classes_txt.size()));
+  EXPECT_EQ(train::class_names_of(c), (std::vector<std::string>{"cat", "dog"}));
+
+  ckpt::Checkpoint fixed;
+  train::record_run(fixed, o, train::ModelIdentity::of(model), 1, at);
+  EXPECT_EQ(fixed.meta.count("class_names") + fixed.meta.count("classes_digest"), 0u);
+  EXPECT_FALSE(train::class_names_of(fixed).has_value());
+
+  for (const char* bad : {"[]", "[1,2]", "cat,dog", "[\"cat\""}) {
+    c.meta["class_names"] = bad;
+    try {
+      train::class_names_of(c);
+      ADD_FAILURE() << "class_names " << bad << " were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a JSON array of names"), std::string::npos) << e.what();
+    }
   }
 }
 
