@@ -152,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(
                 {"--cuda-graphs", "trains on the CPU", "leave out --cuda-graphs"}},
         BadArgs{"cuda_graphs_with_fp16", {"--cuda-graphs", "--precision", "fp16"},
                 {"--cuda-graphs does not take --precision fp16", "bf16"}},
-        BadArgs{"batch_larger_than_dataset", {"--batch-size", "100"}, {"64", "100"}},
+        BadArgs{"batch_larger_than_dataset", {"--train-samples", "64", "--batch-size", "100"}, {"64", "100"}},
         BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}},
         // Extreme values: each was an internal error, a hang, a silent overflow or a silent no-op.
         BadArgs{"bucket_mb_tiny", {"--bucket-mb", "1e-9"}, {"--bucket-mb", "0.001", "1e-09"}},
