@@ -78,6 +78,17 @@ int64_t step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
+// A checkpoint file's name must say the step it holds: --resume auto, evaluate DIR and retention
+// go by the name, so a copy or rename under another step's name (ckpt-000000500.hpck holding step
+// 10) would be preferred over newer states, or kept over them. Names of other forms say nothing.
+void require_step_of_name(const Checkpoint& c, const std::string& path) {
+  const int64_t named = step_of(fs::path(path).filename().string());
+  if (named < 0 || !c.meta.count("step")) return;
+  const int64_t held = c.integer("step");
+  HPC_REQUIRE(held == named, "checkpoint ", path, " holds step ", held, ", not the step ", named,
+              " its name says (copied or renamed from another checkpoint?)");
+}
+
 // Test hook (crash-consistency tests): seconds to sleep between writing the temporary file
 // and renaming it, so a test can kill the writer there.
 double pause_before_rename() {
@@ -280,7 +291,9 @@ Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
     bytes.resize(static_cast<size_t>(st.st_size));
     read_into(file.fd, bytes, kMagicBytes, path);
   }
-  return decode(bytes, "checkpoint " + path, layout);
+  Checkpoint c = decode(bytes, "checkpoint " + path, layout);
+  require_step_of_name(c, path);
+  return c;
 }
 
 LatestCheckpoint find_latest(const std::string& dir) {

@@ -89,7 +89,8 @@ void remove_unfinished_checkpoint();
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason
-// when it cannot be read); with `layout`, records what could be read (see decode).
+// when it cannot be read; a file named ckpt-<step>.hpck must hold that step); with `layout`,
+// records what could be read (see decode).
 Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr);
 
 // The newest valid checkpoint of a directory, and what was wrong with the newer ones.
@@ -100,8 +101,9 @@ struct LatestCheckpoint {
 };
 LatestCheckpoint find_latest(const std::string& dir);
 
-// The newest valid checkpoint of dir and its path: corrupt or truncated newer ones are
-// skipped with a warning naming them. nullopt when there is none (a fresh start).
+// The newest valid checkpoint of dir and its path: corrupt or truncated newer ones, and those
+// whose name says another step than they hold, are skipped with a warning naming them. nullopt
+// when there is none (a fresh start).
 std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir);
 
 class AsyncWriter {

@@ -47,20 +47,44 @@ void require_data_directory(DatasetKind kind, const std::string& dir) {
   HPC_REQUIRE(S_ISDIR(st.st_mode), "data directory ", dir, " is not a directory");
 }
 
-DatasetPair load_idx_pair(const std::string& dir, Normalization norm) {
-  DatasetPair p;
-  p.train = read_idx(find_idx(dir, "train-images-idx3-ubyte"), find_idx(dir, "train-labels-idx1-ubyte"), 28, 28, 10);
-  p.test = read_idx(find_idx(dir, "t10k-images-idx3-ubyte"), find_idx(dir, "t10k-labels-idx1-ubyte"), 28, 28, 10);
-  p.norm = std::move(norm);
-  return p;
-}
-
-// The records of one CIFAR file within a dataset read from several of equal size.
+// The records of one dataset file (a CIFAR batch, an IDX pair).
 struct FileRecords {
   const std::string* path;
   const uint8_t* images;
   const int32_t* labels;
 };
+
+// Whether two files hold the same n records of `bytes` pixel bytes each: one copied over the other.
+bool same_records(const FileRecords& a, const FileRecords& b, int64_t n, int64_t bytes) {
+  return std::memcmp(a.images, b.images, static_cast<size_t>(n * bytes)) == 0 &&
+         std::equal(a.labels, a.labels + n, b.labels);
+}
+
+constexpr const char* kTrainedOnTest = ": the test set would be trained on";
+
+// An IDX file of the published size: another count is a file of the other split (the test files
+// copied over the training files train on the test set), or one cut short or extended.
+void require_published_count(DatasetKind kind, const Dataset& d, int64_t published, const char* split) {
+  HPC_REQUIRE(d.count == published, "dataset file ", d.source, " holds ", d.count, " images where ",
+              dataset_name(kind), "'s ", split, " set has ", published,
+              " (a file of the other set copied over it, or one cut short or extended?)");
+}
+
+DatasetPair load_idx_pair(DatasetKind kind, const std::string& dir) {
+  DatasetPair p;
+  p.train = read_idx(find_idx(dir, "train-images-idx3-ubyte"), find_idx(dir, "train-labels-idx1-ubyte"), 28, 28, 10);
+  p.test = read_idx(find_idx(dir, "t10k-images-idx3-ubyte"), find_idx(dir, "t10k-labels-idx1-ubyte"), 28, 28, 10);
+  // The same records in both first: that says what happened better than either count.
+  const FileRecords train{&p.train.source, p.train.images.data(), p.train.labels.data()};
+  const FileRecords test{&p.test.source, p.test.images.data(), p.test.labels.data()};
+  HPC_REQUIRE(p.train.count != p.test.count || !same_records(train, test, p.test.count, p.test.sample_bytes()),
+              "dataset files ", p.train.source, " and ", p.test.source, " hold the same records (one copied over "
+              "the other?)", kTrainedOnTest);
+  require_published_count(kind, p.train, kIdxTrainRecords, "training");
+  require_published_count(kind, p.test, kIdxTestRecords, "test");
+  p.norm = normalization_of(kind);
+  return p;
+}
 
 // CIFAR-10's six files hold different images: one copied over another (the test batch as a
 // training batch, which trains on the test set; one batch twice) is refused, naming both.
@@ -73,10 +97,9 @@ void require_distinct_files(const Dataset& train, const std::vector<std::string>
   files.push_back({&test_path, test.images.data(), test.labels.data()});
   for (size_t a = 0; a < files.size(); ++a)
     for (size_t b = a + 1; b < files.size(); ++b)
-      HPC_REQUIRE(std::memcmp(files[a].images, files[b].images, static_cast<size_t>(bytes)) != 0 ||
-                      !std::equal(files[a].labels, files[a].labels + n, files[b].labels),
-                  "dataset files ", *files[a].path, " and ", *files[b].path, " hold the same records (one copied "
-                  "over the other?)", b + 1 == files.size() ? ": the test set would be trained on" : "");
+      HPC_REQUIRE(!same_records(files[a], files[b], n, train.sample_bytes()), "dataset files ", *files[a].path,
+                  " and ", *files[b].path, " hold the same records (one copied over the other?)",
+                  b + 1 == files.size() ? kTrainedOnTest : "");
 }
 
 DatasetPair load_cifar10(const std::string& dir) {
@@ -132,6 +155,7 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
     Dataset d;
     d.source = dir;
     d.classes = static_cast<int>(open.classes.size());
+    d.class_names = open.classes;
     auto images = std::make_shared<const ShardImages>(std::move(open.shards), size);
     d.count = images->count();
     HPC_REQUIRE(d.count > 0, "the ", which, " shards in ", dir, " hold no images");
@@ -189,8 +213,7 @@ DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image
   if (kind == DatasetKind::Shards) return load_shards(dir, image_size);
   HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", dataset_name(kind),
               " has its own image size");
-  if (kind == DatasetKind::FashionMnist) return load_idx_pair(dir, normalization_of(kind));
-  if (kind == DatasetKind::Mnist) return load_idx_pair(dir, normalization_of(kind));
+  if (kind == DatasetKind::FashionMnist || kind == DatasetKind::Mnist) return load_idx_pair(kind, dir);
   if (kind == DatasetKind::Cifar10) return load_cifar10(dir);
   return load_cifar100(dir);
 }

@@ -17,6 +17,9 @@ struct Dataset {
   std::string source;  // file or directory it came from, for messages
   int64_t count = 0, height = 0, width = 0, channels = 0;
   int classes = 10;
+  // The names of the labels where the files give them (packed shards: the packing's classes, label i
+  // named class_names[i]); empty for the datasets whose names are fixed (data/facts.hpp).
+  std::vector<std::string> class_names;
   std::vector<uint8_t> images;  // count x height x width x channels (empty when `shards` holds them)
   std::vector<int32_t> labels;  // count
   // Packed image shards, decoded per batch (shard_images.hpp); null for the in-memory datasets.
@@ -63,6 +66,8 @@ DatasetPair load_synthetic(int64_t image_size);
 DatasetPair load_shards(const std::string& dir, int64_t image_size);
 
 // IDX files (MNIST, Fashion-MNIST), gzip-compressed or raw. Expected image size is checked.
+// load_dataset also asks for the published counts (kIdxTrainRecords, kIdxTestRecords) and refuses
+// a training set and a test set that hold the same records.
 Dataset read_idx(const std::string& images_path, const std::string& labels_path, int64_t height, int64_t width,
                  int classes);
 // CIFAR-10 binary batches: records of 1 label byte and 3072 pixel bytes (planar RGB 32x32).
@@ -72,7 +77,8 @@ Dataset read_cifar10(const std::vector<std::string>& paths, int64_t records_per_
 // CIFAR-100 binary files: records of a coarse and a fine label byte (the fine one, 0..99, is the
 // class) and the same 3072 pixel bytes.
 Dataset read_cifar100(const std::vector<std::string>& paths, int64_t records_per_file = 0);
-// The published record counts of the CIFAR binary files.
+// The published record counts of MNIST's and Fashion-MNIST's IDX files and of the CIFAR binary files.
+constexpr int64_t kIdxTrainRecords = 60000, kIdxTestRecords = 10000;
 constexpr int64_t kCifar10RecordsPerFile = 10000, kCifar100TrainRecords = 50000, kCifar100TestRecords = 10000;
 
 // Reads a whole file, gunzipping when it starts with the gzip magic.

@@ -2,7 +2,6 @@
 
 #include "core/error.hpp"
 #include "data/shard_images.hpp"
-#include "data/shards.hpp"
 
 namespace hpc::data {
 namespace {
@@ -72,7 +71,7 @@ Normalization normalization_of(DatasetKind kind) {
   return {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
 }
 
-DatasetFacts dataset_facts(const std::string& name, int64_t image_size, const std::string& dir) {
+DatasetFacts dataset_facts(const std::string& name, int64_t image_size, const std::vector<std::string>& shard_classes) {
   DatasetKind kind{};
   HPC_REQUIRE(find_dataset(name, &kind), "unknown dataset '", name,
               "' (choose fashion-mnist, mnist, cifar10, cifar100, shards or synthetic)");
@@ -86,7 +85,8 @@ DatasetFacts dataset_facts(const std::string& name, int64_t image_size, const st
     f.classes = kSyntheticClasses;
     return f;
   }
-  DatasetFacts f = square(kind, side, 3, read_class_names(dir));
+  HPC_CHECK(!shard_classes.empty(), "packed shards need their class names from the caller");
+  DatasetFacts f = square(kind, side, 3, shard_classes);
   f.crop_fraction = kEvaluationCrop;
   return f;
 }

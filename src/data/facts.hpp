@@ -29,8 +29,10 @@ struct DatasetFacts {
 Normalization normalization_of(DatasetKind kind);
 
 // The facts of a dataset as a checkpoint names it. image_size: the side of packed shards and
-// synthetic images (0: 224). Packed shards keep their class names in DIR/classes.txt, read from
-// `dir` (the only dataset for which a directory is read).
-DatasetFacts dataset_facts(const std::string& name, int64_t image_size, const std::string& dir);
+// synthetic images (0: 224). shard_classes: packed shards' class names (the checkpoint's record, or
+// an older checkpoint's data directory's classes.txt), which only they need; the other datasets'
+// are fixed.
+DatasetFacts dataset_facts(const std::string& name, int64_t image_size,
+                           const std::vector<std::string>& shard_classes = {});
 
 }  // namespace hpc::data

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 
 namespace hpc::data {
 namespace fs = std::filesystem;
@@ -216,6 +217,12 @@ std::vector<std::string> read_class_names(const std::string& dir) {
   }
   HPC_REQUIRE(!names.empty(), path, " lists no classes");
   return names;
+}
+
+std::string class_names_digest(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += name + '\n';
+  return fnv1a_hex(text.data(), text.size());
 }
 
 // ---- manifests ---------------------------------------------------------------------------------

@@ -114,6 +114,9 @@ OpenSplit open_split(const std::string& dir, const std::string& split);
 std::vector<std::string> list_shards(const std::string& dir, const std::string& split);
 // classes.txt: one name per line.
 std::vector<std::string> read_class_names(const std::string& dir);
+// A digest of a class list: the 64-bit FNV-1a (core/hash.hpp) of classes.txt as hpcdata pack writes
+// it (each name and a newline), in hex. Checkpoints record it beside the names.
+std::string class_names_digest(const std::vector<std::string>& names);
 // "<split>-NNNNN-of-MMMMM.hpcs", or with a generation (> 0) "<split>-gG-NNNNN-of-MMMMM.hpcs"
 std::string shard_name(const std::string& split, int64_t index, int64_t total, int64_t generation = 0);
 

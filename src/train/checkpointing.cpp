@@ -10,7 +10,9 @@
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
+#include "data/shards.hpp"
 #include "dist/agree.hpp"
 
 namespace hpc::train {
@@ -47,6 +49,15 @@ bool all_finite(const Tensor& t) {
   return all_finite(t.numel() ? t.data<float>() : nullptr, static_cast<size_t>(t.numel()));
 }
 
+// "cat,dog", or for a long list its first names and the count: one line either way.
+std::string listed(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 8;
+  std::string text;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) text += (i ? "," : "") + names[i];
+  if (names.size() > kShown) text += ",... (" + std::to_string(names.size()) + " classes)";
+  return text;
+}
+
 void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
   HPC_REQUIRE(static_cast<int64_t>(v.size()) == t.numel(), "the checkpoint's ", what, " hold ", v.size(),
               " values; this model has ", t.numel());
@@ -55,8 +66,8 @@ void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
 
 }  // namespace
 
-ModelIdentity ModelIdentity::of(const nn::Model<float>& model) {
-  return {nn::model_name(model.spec().kind), model_signature(model.params())};
+ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names) {
+  return {nn::model_name(model.spec().kind), model_signature(model.params()), std::move(class_names)};
 }
 
 void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
@@ -67,8 +78,31 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
   m["model"] = model.name;
   m["model_signature"] = model.signature;
   m["world_size"] = str(world);
+  if (!model.class_names.empty()) {  // so that predict and export name the classes without the dataset
+    m["class_names"] = json_text(JsonObject(model.class_names));  // bytes that are not UTF-8 replaced
+    m["classes_digest"] = data::class_names_digest(model.class_names);  // of the names as they were
+  }
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
   record_position(c, at);
+}
+
+std::optional<std::vector<std::string>> class_names_of(const ckpt::Checkpoint& c) {
+  if (!c.meta.count("class_names")) return std::nullopt;
+  std::vector<std::string> names;
+  try {
+    names = nlohmann::json::parse(c.text("class_names")).get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception&) {
+    names.clear();  // refused below
+  }
+  HPC_REQUIRE(!names.empty(), "the checkpoint's class_names is not a JSON array of names: ", c.text("class_names"));
+  return names;
+}
+
+void require_same_classes(const ckpt::Checkpoint& c, const std::vector<std::string>& names, const std::string& source,
+                          const std::string& hint) {
+  const std::optional<std::vector<std::string>> recorded = class_names_of(c);
+  HPC_REQUIRE(!recorded || names.empty() || names == *recorded, source, " names the classes ", listed(names),
+              " but the checkpoint's model was trained on ", listed(*recorded), " (another packed dataset?)", hint);
 }
 
 void record_position(ckpt::Checkpoint& c, const RunPosition& at) {

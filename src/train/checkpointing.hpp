@@ -36,10 +36,12 @@ struct RunPosition {
 };
 
 // Which model a checkpoint's arenas belong to: its name and layout signature (the names and
-// shapes of every parameter and buffer).
+// shapes of every parameter and buffer), and the names of its outputs where the training data
+// gave them (packed shards' classes; the other datasets' are fixed: data/facts.hpp).
 struct ModelIdentity {
   std::string name, signature;
-  static ModelIdentity of(const nn::Model<float>& model);
+  std::vector<std::string> class_names;
+  static ModelIdentity of(const nn::Model<float>& model, std::vector<std::string> class_names = {});
 };
 
 // A checkpoint is the run's record (its meta section: versions, model, time, world size,
@@ -47,6 +49,15 @@ struct ModelIdentity {
 // keys, which the Engine snapshots). record_run replaces c's meta.
 void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
                 const RunPosition& at);
+// The class names record_run wrote (key class_names, a JSON array; beside it classes_digest,
+// data::class_names_digest of the names, for people and tools); nullopt in a checkpoint without
+// them (of a dataset with fixed names, or written before 2026-11-26). A usage error when malformed.
+std::optional<std::vector<std::string>> class_names_of(const ckpt::Checkpoint& c);
+// Usage error when the checkpoint records class names and a dataset's `names` (from `source`, a
+// packed dataset's directory) are other ones: its labels would mean other classes. `hint` ends
+// the message.
+void require_same_classes(const ckpt::Checkpoint& c, const std::vector<std::string>& names, const std::string& source,
+                          const std::string& hint = "");
 // Only the parts of the record that change during a run: the time and the position (for a
 // meta record_run made earlier in the same run, as snapshots reuse theirs).
 void record_position(ckpt::Checkpoint& c, const RunPosition& at);

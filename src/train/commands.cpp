@@ -158,6 +158,8 @@ void print_inspected(const Inspected& r) {
     if (r.problem.empty())
       out << "checksums: state " << r.state_checksum << ", parameters " << r.param_checksum << "\n";
     out << "seed: " << meta_or(m, "option.seed") << ", dataset: " << meta_or(m, "option.dataset") << "\n";
+    if (m.count("class_names"))  // packed shards' (the other datasets' names are fixed)
+      out << "class names: " << m.at("class_names") << " (digest " << meta_or(m, "classes_digest") << ")\n";
   }
   if (!r.layout.sections.empty()) {
     out << "sections:";
@@ -313,6 +315,7 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     e.ds.test.truncate(a.test_samples);
     e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
     check_evaluation_data(c, *e.model, e.dataset, lead);
+    require_same_classes(c, e.ds.test.class_names, "the packed dataset " + e.ds.test.source);
     apply_model_state(c, *e.model);
   });
   return e;

@@ -135,7 +135,8 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
       "fold each batch norm into the convolution (or linear layer) before it, instead of BatchNormalization nodes")(
       "force", po::bool_switch(&o.force), "replace --output if it exists")(
       "data-dir", po::value(&o.data_dir),
-      "packed shards only: the packed dataset, whose classes.txt names the classes");
+      "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed only for a "
+      "checkpoint written before 2026-11-26, which records no class names)");
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {

@@ -298,7 +298,8 @@ po::options_description predict_options(PredictOptions& o) {
       "skip-bad", po::bool_switch(&o.skip_bad),
       "warn about an image that cannot be read (or a path that cannot be used) and classify the rest")(
       "data-dir", po::value(&o.data_dir),
-      "packed shards only: the packed dataset, whose classes.txt names the classes");
+      "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed only for a "
+      "checkpoint written before 2026-11-26, which records no class names)");
   return options;
 }
 

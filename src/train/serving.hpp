@@ -1,7 +1,8 @@
 // Serving a checkpoint: `hpctrain export` (the model as an ONNX file for other runtimes) and
 // `hpctrain predict` (the model on the user's own PNG and JPEG images). Both read a checkpoint
 // as `evaluate` does and need no dataset files: what the model must know of its dataset comes
-// from data/facts.hpp (packed shards' class names from --data-dir). Each parses its own options
+// from data/facts.hpp (packed shards' class names from the checkpoint, or from an older one's
+// --data-dir). Each parses its own options
 // (argv[0] is the subcommand) and returns the exit code; bad input throws hpc::Error.
 #pragma once
 
@@ -37,8 +38,9 @@ struct ServingModel {
 
 // Reads and verifies `checkpoint` (a file or a directory's newest valid one) on rank 0 and builds
 // its model on every rank. Usage errors: a damaged checkpoint, one of a model this hpctrain does
-// not know or whose parameters do not fit it, parameters that are not finite; packed shards
-// without a readable data_dir/classes.txt.
+// not know or whose parameters do not fit it, parameters that are not finite; packed shards whose
+// data_dir/classes.txt (when given) names other classes than the checkpoint, or, in a checkpoint
+// that records none (one warning), without a readable data_dir/classes.txt.
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx);
 
 // Parses a subcommand's argv (argv[0]: its name) into vm. Returns false when --help was asked

@@ -2,22 +2,38 @@
 #include <iostream>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
+#include "core/log.hpp"
+#include "data/shards.hpp"
 #include "dist/agree.hpp"
 #include "train/checkpointing.hpp"
-#include "core/hash.hpp"
 #include "train/serving.hpp"
 
 namespace hpc::train {
 namespace {
 
-data::DatasetFacts facts_of(const ckpt::Checkpoint& c, const std::string& data_dir) {
+// Packed shards' class names: the checkpoint's own (a --data-dir must agree with them), or, in a
+// checkpoint written before they were recorded, the packed dataset's classes.txt.
+std::vector<std::string> shard_classes(const ckpt::Checkpoint& c, const std::string& data_dir, bool speak) {
+  const std::optional<std::vector<std::string>> recorded = class_names_of(c);
+  if (recorded && !data_dir.empty())
+    require_same_classes(c, data::read_class_names(data_dir), "--data-dir " + data_dir + "/classes.txt",
+                         ": leave --data-dir out, the checkpoint names its classes");
+  if (recorded) return *recorded;
+  HPC_REQUIRE(!data_dir.empty(), "the checkpoint's ", c.text("model"), " was trained on packed shards and records "
+              "no class names (written before 2026-11-26): pass --data-dir DIR (the directory with its classes.txt)");
+  std::vector<std::string> names = data::read_class_names(data_dir);
+  if (speak)
+    log::warn("the checkpoint records no class names (written before 2026-11-26); using ", data_dir, "/classes.txt");
+  return names;
+}
+
+data::DatasetFacts facts_of(const ckpt::Checkpoint& c, const std::string& data_dir, bool speak) {
   const std::string& dataset = c.text("option.dataset");
   const auto size = c.meta.find("option.image-size");
   const int64_t image_size = size == c.meta.end() ? 0 : c.integer("option.image-size");
-  if (dataset == "shards")
-    HPC_REQUIRE(!data_dir.empty(), "the checkpoint's ", c.text("model"), " was trained on packed shards, whose class ",
-                "names only the packed dataset holds: pass --data-dir DIR (the directory with its classes.txt)");
-  return data::dataset_facts(dataset, image_size, data_dir);
+  if (dataset != "shards") return data::dataset_facts(dataset, image_size);
+  return data::dataset_facts(dataset, image_size, shard_classes(c, data_dir, speak));
 }
 
 // A model whose parameters are not finite would answer NaN for every image.
@@ -56,7 +72,7 @@ ServingModel load_serving_model(const std::string& checkpoint, const std::string
       read_on_rank0(ctx, [&]() -> Found { return load_checkpoint_or_latest(checkpoint); }, &s.path);
   s.checkpoint = std::move(*c);
   dist::collectively(ctx, [&] {
-    s.facts = facts_of(s.checkpoint, data_dir);
+    s.facts = facts_of(s.checkpoint, data_dir, ctx.rank() == 0);
     data::Dataset shape;  // the model's view of its dataset: only the sample shape and classes
     shape.height = s.facts.height;
     shape.width = s.facts.width;

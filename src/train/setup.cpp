@@ -147,6 +147,7 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
                  Prepared& p) {
   dist::collectively(ctx, [&] {
     p.start = check_resumable(c, o, *p.model);
+    require_same_classes(c, p.ds.train.class_names, "the packed dataset " + p.ds.train.source);
     HPC_REQUIRE(p.start.global_batch >= ctx.world_size(), "the checkpoint's global batch of ", p.start.global_batch,
                 " cannot give each of the ", ctx.world_size(), " ranks a sample");
     // Written by a run that diverged (hpctrain writes none such now): it would only diverge on.

@@ -302,7 +302,7 @@ void TrainingRun::plan() {
 // The engine takes the model and optimizer over, as initialised and broadcast, and restores a
 // resumed run's checkpoint (the same bytes on every rank).
 void TrainingRun::start_engine() {
-  model_id_ = ModelIdentity::of(*p_.model);
+  model_id_ = ModelIdentity::of(*p_.model, p_.ds.train.class_names);
   train_flops_per_sample_ = p_.model->train_flops_per_sample();
   const std::string summary = p_.model->summary();
   engine_ = p_.gpu ? make_gpu_engine(std::move(p_.model), std::move(p_.sgd), ctx_, o_)

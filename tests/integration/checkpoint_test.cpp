@@ -349,6 +349,34 @@ TEST_F(Checkpoints, CrashesAndCorruptionLeaveAValidCheckpoint) {
   EXPECT_EQ(leftovers(), 0) << "the next run removes it";
 }
 
+// A checkpoint copied under another step's name (ckpt-000000500.hpck holding step 5) would be
+// preferred over the newer ones by its name: evaluate DIR and --resume auto skip it with a
+// warning naming it, as they skip a damaged file, and the resumed run moves it aside and ends
+// exactly as a run never stopped.
+TEST_F(Checkpoints, AFileNamedForAnotherStepIsSkipped) {
+  const std::string ck = dir_.file("misnamed");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "12@0", 1);  // checkpoints at 5, 10 and the stop's at 12
+  const RunResult stopped = run_hpctrain(job(ck, dir_.file("n1.jsonl")));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  const std::string misnamed = ck + "/ckpt-000000500.hpck";
+  fs::copy_file(ck + "/ckpt-000000005.hpck", misnamed);
+  const std::string says = misnamed + " holds step 5, not the step 500 its name says";
+  const RunResult evaluated = run_hpctrain({"evaluate", "--checkpoint", ck, "--test-samples", "300", "--data-dir",
+                                            fashion_mnist_dir(), "--threads", "1"});
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.err;
+  EXPECT_EQ(count_of(evaluated.err, says), 1) << evaluated.err;
+  EXPECT_EQ(count_of(evaluated.err, "; using " + ck + "/ckpt-000000012.hpck"), 1) << evaluated.err;
+  const std::string m = dir_.file("n2.jsonl");
+  const RunResult resumed = run_hpctrain(job(ck, m));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(count_of(resumed.err, says), 1) << resumed.err;
+  EXPECT_EQ(count_of(resumed.err, "; using the previous valid one, " + ck + "/ckpt-000000012.hpck"), 1) << resumed.err;
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 12);
+  expect_same_end(done_of(m), uninterrupted(1));
+  EXPECT_FALSE(fs::exists(misnamed)) << "moved aside with the other superseded files";
+}
+
 TEST_F(Checkpoints, KeepsTheNewestK) {
   const std::string ck = dir_.file("keep");
   auto args = job(ck, dir_.file("k.jsonl"));

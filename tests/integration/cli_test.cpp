@@ -167,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(
                 {"--cuda-graphs", "trains on the CPU", "leave out --cuda-graphs"}},
         BadArgs{"cuda_graphs_with_fp16", {"--cuda-graphs", "--precision", "fp16"},
                 {"--cuda-graphs does not take --precision fp16", "bf16"}},
-        BadArgs{"batch_larger_than_dataset", {"--batch-size", "100"}, {"64", "100"}},
+        BadArgs{"batch_larger_than_dataset", {"--train-samples", "64", "--batch-size", "100"}, {"64", "100"}},
         BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}},
         // Extreme values: each was an internal error, a hang, a silent overflow or a silent no-op.
         BadArgs{"bucket_mb_tiny", {"--bucket-mb", "1e-9"}, {"--bucket-mb", "0.001", "1e-09"}},
@@ -576,10 +576,11 @@ INSTANTIATE_TEST_SUITE_P(
                 {"corrupt"}, true},
         BadData{"gzip_trailer_missing", "t10k-labels-idx1-ubyte", [] { return cut(gzip_of(idx_labels(16)), 8); },
                 {"corrupt"}, true},
-        BadData{"count_mismatch", "train-labels-idx1-ubyte", [] { return idx_labels(63); }, {"disagree", "64", "63"}},
+        BadData{"count_mismatch", "train-labels-idx1-ubyte", [] { return idx_labels(63); },
+                {"disagree", "60000", "63"}},
         BadData{"label_out_of_range", "t10k-labels-idx1-ubyte",
                 [] {
-                  Bytes b = idx_labels(16);
+                  Bytes b = idx_labels(10000);
                   b[8 + 5] = 10;
                   return b;
                 },
@@ -595,6 +596,21 @@ INSTANTIATE_TEST_SUITE_P(
                 {"5 bytes follow"}},
         BadData{"missing_file", "train-labels-idx1-ubyte", [] { return Bytes{}; }, {"does not exist"}, false, true}),
     [](const ::testing::TestParamInfo<BadData>& i) { return std::string(i.param.name); });
+
+// Fashion-MNIST's files hold their published counts (60000 training and 10000 test records):
+// the test files copied over the training files (training on the test set) are refused, and so
+// is a training set of another size; each as one line naming the files.
+TEST_F(Cli, FashionMnistFilesHoldThePublishedRecords) {
+  const std::string train_images = data_.file("train-images-idx3-ubyte");
+  const std::string test_images = data_.file("t10k-images-idx3-ubyte");
+  fs::copy_file(test_images, train_images, fs::copy_options::overwrite_existing);
+  fs::copy_file(data_.file("t10k-labels-idx1-ubyte"), data_.file("train-labels-idx1-ubyte"),
+                fs::copy_options::overwrite_existing);
+  expect_refused({}, {train_images, test_images, "hold the same records", "the test set would be trained on"});
+  write_idx_images(train_images, 59999, 64);
+  write_bytes(data_.file("train-labels-idx1-ubyte"), idx_labels(59999));
+  expect_refused({}, {train_images, "holds 59999 images", "fashion-mnist's training set has 60000"});
+}
 
 // CIFAR-10 as published: five training batches and a test batch of 10000 records each. A batch
 // with records appended (the test batch: test images leaking into training) or cut off is

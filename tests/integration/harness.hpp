@@ -341,12 +341,23 @@ inline Bytes read_bytes(const std::string& path) {
   return Bytes(std::istreambuf_iterator<char>(in), {});
 }
 
-// The four Fashion-MNIST files, uncompressed, in `dir`: 64 training and 16 test samples.
+// An IDX image file of n 28x28 images: the first `patterned` as idx_images makes them, the rest
+// zeros left as a hole in the file (sparse: the published 60000 cost the disk nothing).
+inline void write_idx_images(const std::string& path, uint32_t n, uint32_t patterned) {
+  Bytes b = idx_images(patterned);
+  for (int i = 0; i < 4; ++i) b[4 + i] = static_cast<uint8_t>(n >> (24 - 8 * i));  // the header's count
+  write_bytes(path, b);
+  fs::resize_file(path, 16 + uintmax_t{n} * 28 * 28);
+}
+
+// The four Fashion-MNIST files, uncompressed, in `dir`, as small as hpctrain takes them: the
+// published 60000 training and 10000 test samples (data::kIdxTrainRecords, kIdxTestRecords), of
+// which the first 64 and 16 hold a pattern and the rest are black.
 inline void write_small_fashion_mnist(const std::string& dir) {
-  write_bytes(dir + "/train-images-idx3-ubyte", idx_images(64));
-  write_bytes(dir + "/train-labels-idx1-ubyte", idx_labels(64));
-  write_bytes(dir + "/t10k-images-idx3-ubyte", idx_images(16));
-  write_bytes(dir + "/t10k-labels-idx1-ubyte", idx_labels(16));
+  write_idx_images(dir + "/train-images-idx3-ubyte", 60000, 64);
+  write_bytes(dir + "/train-labels-idx1-ubyte", idx_labels(60000));
+  write_idx_images(dir + "/t10k-images-idx3-ubyte", 10000, 16);
+  write_bytes(dir + "/t10k-labels-idx1-ubyte", idx_labels(10000));
 }
 
 // CIFAR-10 in `dir` as published: five training batches and a test batch of 10000 records

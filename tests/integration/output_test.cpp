@@ -108,7 +108,7 @@ TEST_F(Output, AFileGetsPlainTimestampedLines) {
 
 TEST_F(Output, UnderMpirunToAFilePlainTimestampedLines) {
   // Open MPI gives rank 0 a pseudo-terminal for its stdout even when mpirun's goes to a file.
-  const RunResult r = run_mpi(2, quick({"--threads", "1"}), 180);
+  const RunResult r = run_mpi(2, quick({"--threads", "1", "--train-samples", "64"}), 180);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_no_control_bytes(r.out);
   expect_stamped(r.out, "hpctrain");

@@ -10,9 +10,10 @@ run on Fashion-MNIST's 10000 test images (Debian's dataset-fashion-mnist); resne
 resnet18 (72 pixels: the ImageNet stem, with its max pool fused into the batch norm) and resnet50
 (16 pixels) on a small RGB dataset this test writes as JPEG files and packs into shards (hpcdata
 pack), whose whole val split (the test set evaluate reads) is 24 images. That also covers three
-channels, class names from classes.txt and evaluation's centre crop, which the numpy port below
-(centre_view) reproduces for OpenCV's input. The variants without batch norm (cnn and resnet20,
---no-batch-norm) are compared on the first 500 Fashion-MNIST test images."""
+channels, class names (recorded in the checkpoint: predict and export are given no --data-dir) and
+evaluation's centre crop, which the numpy port below (centre_view) reproduces for OpenCV's input.
+The variants without batch norm (cnn and resnet20, --no-batch-norm) are compared on the first 500
+Fashion-MNIST test images."""
 
 import gzip
 import json
@@ -182,16 +183,15 @@ class Export(unittest.TestCase):
 
     def check(self, model, ck, test_set, pixels, metadata):
         name, data_dir, paths, labels, folder = test_set
-        options = ["--data-dir", data_dir] if data_dir else []
-        ours = self.predicted(ck, folder, paths, *options)
-        evaluated = self.evaluated_accuracy(ck, *options)
+        ours = self.predicted(ck, folder, paths)  # the checkpoint names its classes: no --data-dir
+        evaluated = self.evaluated_accuracy(ck, *(["--data-dir", data_dir] if data_dir else []))
         self.assertEqual(int((ours.argmax(axis=1) == labels).sum()), round(evaluated[0] * evaluated[1]),
                          "hpctrain predict and hpctrain evaluate disagree on the test set")
         # The checkpoint export reads: the newest valid one (inspect lists a directory newest first).
         inspected = next(r for r in map(json.loads, hpctrain("inspect", ck, "--json").splitlines())
                          if r.get("valid") == "yes")
         for fold in ([], ["--fold-batch-norm"]):
-            path, meta = self.export(ck, f"{model}{'-folded' if fold else ''}.onnx", *fold, *options)
+            path, meta = self.export(ck, f"{model}{'-folded' if fold else ''}.onnx", *fold)
             for key, value in metadata.items():
                 self.assertEqual(meta[key], value, key)
             for key in ("state_checksum", "param_checksum", "step"):

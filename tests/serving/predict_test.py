@@ -24,6 +24,7 @@ import cv2
 import numpy as np
 
 HPCTRAIN = os.environ["HPCTRAIN"]
+HPCDATA_PACK = os.environ["HPCDATA_PACK"]
 MPIEXEC = os.environ.get("HPCTRAIN_MPIEXEC", "mpirun")
 FASHION_MNIST = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 FIRST = 64  # the test samples compared with evaluate
@@ -63,6 +64,24 @@ def rewrite_meta(src, dst, change):
         pos += 16 + size
     with open(dst, "wb") as f:
         f.write(out)
+
+
+def without_class_names(meta):
+    """The meta section as a checkpoint written before class names were recorded has it."""
+    return "".join(line for line in meta.splitlines(True) if not line.startswith(("class_names=", "classes_digest=")))
+
+
+def pack(out, classes, tmp):
+    """Packs train and val splits of small JPEGs into out, a folder per class (labels in name order)."""
+    for split in ("train", "val"):
+        src = os.path.join(tmp, f"src-{os.path.basename(out)}-{split}")
+        for c, name in enumerate(classes):
+            os.makedirs(os.path.join(src, name))
+            for i in range(4):
+                cv2.imwrite(os.path.join(src, name, f"{i}.jpg"), np.full((12, 12, 3), 40 + 90 * c + 7 * i, np.uint8))
+        p = subprocess.run([HPCDATA_PACK, src, out, "--split", split, "--quiet"], stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
 
 
 class Serving(unittest.TestCase):
@@ -390,6 +409,92 @@ class Serving(unittest.TestCase):
             for option in options:
                 self.assertIn(option, out, command)
         self.assertIn("hpctrain predict", ok("--help"))
+
+
+class ShardClasses(unittest.TestCase):
+    """A model trained on packed shards (classes cat and dog) takes its class names from its
+    checkpoint: predict and export need no --data-dir, and one whose classes.txt names other classes
+    (a and b) is refused, naming both. A checkpoint written before the names were recorded takes
+    them from --data-dir, with one warning saying so."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="hpctrain-classes-")
+        cls.cats_dogs, cls.other = os.path.join(cls.tmp, "cats-dogs"), os.path.join(cls.tmp, "a-b")
+        pack(cls.cats_dogs, ["cat", "dog"], cls.tmp)
+        pack(cls.other, ["a", "b"], cls.tmp)
+        ck = os.path.join(cls.tmp, "ck")
+        ok("--model", "mlp", "--dataset", "shards", "--data-dir", cls.cats_dogs, "--image-size", "8", "--max-steps",
+           "2", "--batch-size", "4", "--checkpoint-dir", ck, "--quiet", *CPU)
+        cls.ckpt = os.path.join(ck, sorted(n for n in os.listdir(ck) if n.endswith(".hpck"))[-1])
+        cls.old = os.path.join(cls.tmp, "old.hpck")
+        rewrite_meta(cls.ckpt, cls.old, without_class_names)
+        cls.image = os.path.join(cls.tmp, "x.png")
+        cv2.imwrite(cls.image, np.full((20, 20, 3), 100, np.uint8))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, True)
+
+    @staticmethod
+    def warnings(err):
+        return [line for line in err.splitlines() if "warning" in line]
+
+    def names(self, checkpoint, *options):
+        """The class names predict gives the image, and its warnings."""
+        code, out, err = run("predict", "--checkpoint", checkpoint, "--json", *CPU, self.image, *options)
+        self.assertEqual(code, 0, err)
+        return sorted(t["name"] for t in json.loads(out)["top"]), self.warnings(err)
+
+    def exported_names(self, checkpoint, *options):
+        import onnx  # Debian's python3-onnx, as onnx_test
+        path = os.path.join(self.tmp, "m.onnx")
+        code, _, err = run("export", "--checkpoint", checkpoint, "--output", path, "--force", *options)
+        self.assertEqual(code, 0, err)
+        return json.loads({p.key: p.value for p in onnx.load(path).metadata_props}["class_names"]), self.warnings(err)
+
+    def assert_refused(self, args, *messages):
+        code, out, err = run(*args)
+        self.assertEqual((code, out), (2, ""), err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        for message in messages:
+            self.assertIn(message, lines[0])
+
+    def test_the_checkpoint_names_its_classes(self):
+        for options in ([], ["--data-dir", self.cats_dogs]):  # no --data-dir, or one that agrees
+            with self.subTest(options=options):
+                self.assertEqual(self.names(self.ckpt, *options), (["cat", "dog"], []))
+                self.assertEqual(self.exported_names(self.ckpt, *options), (["cat", "dog"], []))
+        code, out, err = run("predict", "--checkpoint", self.ckpt, *CPU, self.image)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r": (cat|dog) [0-9.]+, (cat|dog) [0-9.]+\n$")
+        self.assertIn('class names: ["cat","dog"] (digest ', ok("inspect", self.ckpt))
+
+    def test_a_data_dir_of_other_classes_is_refused(self):
+        output = os.path.join(self.tmp, "refused.onnx")
+        for args in (["predict", "--checkpoint", self.ckpt, *CPU, self.image, "--data-dir", self.other],
+                     ["export", "--checkpoint", self.ckpt, "--output", output, "--data-dir", self.other]):
+            with self.subTest(args[0]):
+                self.assert_refused(args, f"--data-dir {self.other}/classes.txt names the classes a,b",
+                                    "trained on cat,dog")
+        self.assertFalse(os.path.exists(output))
+
+    def test_evaluate_and_resume_refuse_a_dataset_of_other_classes(self):
+        says = f"the packed dataset {self.other} names the classes a,b but the checkpoint's model was trained on cat,dog"
+        self.assert_refused(["evaluate", "--checkpoint", self.ckpt, "--data-dir", self.other, "--threads", "2"], says)
+        ck = os.path.join(self.tmp, "resumed")
+        shutil.copytree(os.path.dirname(self.ckpt), ck)
+        self.assert_refused(["--model", "mlp", "--dataset", "shards", "--data-dir", self.other, "--image-size", "8",
+                             "--max-steps", "2", "--batch-size", "4", "--checkpoint-dir", ck, "--quiet", *CPU], says)
+
+    def test_an_older_checkpoint_takes_the_names_of_data_dir_and_says_so(self):
+        warning = (f"hpctrain: warning: the checkpoint records no class names (written before 2026-11-26); "
+                   f"using {self.other}/classes.txt")
+        self.assertEqual(self.names(self.old, "--data-dir", self.other), (["a", "b"], [warning]))
+        self.assertEqual(self.exported_names(self.old, "--data-dir", self.other), (["a", "b"], [warning]))
+        self.assert_refused(["predict", "--checkpoint", self.old, *CPU, self.image],
+                            "records no class names (written before 2026-11-26): pass --data-dir DIR")
 
 
 if __name__ == "__main__":

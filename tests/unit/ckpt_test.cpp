@@ -110,6 +110,39 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
+// A file named for one step that holds another (ckpt-000000500.hpck holding step 10, copied or
+// renamed by hand) would be preferred by --resume auto over newer states: reading it is an error
+// naming it, and find_latest skips it as it skips a damaged file. A name of another form says
+// nothing about the step.
+TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-misnamed-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ckpt::CheckpointStore store(dir, 5);
+  ckpt::Checkpoint c = sample();
+  c.meta["step"] = "20";
+  const std::string valid = store.write(ckpt::encode(c), 20);
+  c.meta["step"] = "10";
+  const std::string misnamed = store.write(ckpt::encode(c), 500);
+  const std::string says = "checkpoint " + misnamed + " holds step 10, not the step 500 its name says";
+  try {
+    ckpt::load_checkpoint(misnamed);
+    ADD_FAILURE() << "a checkpoint named for step 500 holding step 10 was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+  const ckpt::LatestCheckpoint latest = ckpt::find_latest(dir);
+  EXPECT_EQ(latest.listed, 2u);
+  ASSERT_TRUE(latest.found.has_value());
+  EXPECT_EQ(latest.found->first, valid);
+  EXPECT_EQ(latest.found->second.integer("step"), 20);
+  ASSERT_EQ(latest.skipped.size(), 1u);
+  EXPECT_NE(latest.skipped[0].find(says), std::string::npos) << latest.skipped[0];
+  std::filesystem::rename(misnamed, dir + "/best.hpck");
+  EXPECT_EQ(ckpt::load_checkpoint(dir + "/best.hpck").integer("step"), 10);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
   std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-beat-XXXXXX").string();
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
@@ -127,7 +160,9 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 }  // namespace
 }  // namespace hpc::testing
 
+#include "core/hash.hpp"
 #include "data/loader.hpp"
+#include "data/shards.hpp"
 #include "train/checkpointing.hpp"
 #include "train/engine.hpp"
 
@@ -166,6 +201,42 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
     ADD_FAILURE() << "a loss scale below 1 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("loss scale"), std::string::npos) << e.what();
+  }
+}
+
+// Packed shards' class names go into the checkpoint with a digest of classes.txt, and come back;
+// a checkpoint without them (other datasets, or written before they were recorded) has none, and
+// a malformed record is an error.
+TEST(CheckpointRecord, ClassNamesTravelInCheckpoints) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::Mlp;
+  spec.input = Shape{8, 8, 3};
+  spec.classes = 2;
+  nn::Model<float> model(spec);
+  train::TrainOptions o;
+  const train::RunPosition at{10, 1, 2, 64, 640};
+  ckpt::Checkpoint c;
+  train::record_run(c, o, train::ModelIdentity::of(model, {"cat", "dog"}), 1, at);
+  c = ckpt::decode(ckpt::encode(c), "test");
+  EXPECT_EQ(c.text("class_names"), "[\"cat\",\"dog\"]");
+  EXPECT_EQ(c.text("classes_digest"), data::class_names_digest({"cat", "dog"}));
+  const std::string classes_txt = "cat\ndog\n";  // as hpcdata pack writes classes.txt
+  EXPECT_EQ(c.text("classes_digest"), fnv1a_hex(classes_txt.data(), classes_txt.size()));
+  EXPECT_EQ(train::class_names_of(c), (std::vector<std::string>{"cat", "dog"}));
+
+  ckpt::Checkpoint fixed;
+  train::record_run(fixed, o, train::ModelIdentity::of(model), 1, at);
+  EXPECT_EQ(fixed.meta.count("class_names") + fixed.meta.count("classes_digest"), 0u);
+  EXPECT_FALSE(train::class_names_of(fixed).has_value());
+
+  for (const char* bad : {"[]", "[1,2]", "cat,dog", "[\"cat\""}) {
+    c.meta["class_names"] = bad;
+    try {
+      train::class_names_of(c);
+      ADD_FAILURE() << "class_names " << bad << " were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a JSON array of names"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -46,6 +46,15 @@ Bytes idx_labels(uint32_t n, int classes = 10, uint32_t magic = 0x801) {
   return b;
 }
 
+// An IDX file of n 28x28 images, the first `patterned` as idx_images makes them, the rest zeros
+// left as a hole in the file: the published counts cost the disk nothing.
+void write_idx_images(const std::string& path, uint32_t n, uint32_t patterned) {
+  Bytes b = idx_images(patterned, 28, 28);
+  for (int i = 0; i < 4; ++i) b[4 + i] = static_cast<uint8_t>(n >> (24 - 8 * i));  // the header's count
+  write_raw(path, b);
+  fs::resize_file(path, 16 + uintmax_t{n} * 28 * 28);
+}
+
 void write_gzip(const std::string& path, const Bytes& b) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
@@ -155,13 +164,15 @@ TEST(IdxReader, CorruptGzipIsAUsageError) {
 // load_dataset finds NAME.gz, NAME, and the dotted variant (train-images.idx3-ubyte).
 TEST(LoadDataset, FindsIdxFilesUnderEveryName) {
   TempDir dir;
-  write_gzip(dir.file("train-images-idx3-ubyte.gz"), idx_images(6, 28, 28));
-  write_raw(dir.file("train-labels-idx1-ubyte"), idx_labels(6));
-  write_raw(dir.file("t10k-images.idx3-ubyte"), idx_images(3, 28, 28));
-  write_gzip(dir.file("t10k-labels.idx1-ubyte.gz"), idx_labels(3));
+  write_idx_images(dir.file("train-images-idx3-ubyte"), kIdxTrainRecords, 6);
+  write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_labels(kIdxTrainRecords));
+  write_idx_images(dir.file("t10k-images.idx3-ubyte"), kIdxTestRecords, 3);
+  write_gzip(dir.file("t10k-labels.idx1-ubyte.gz"), idx_labels(kIdxTestRecords));
   const DatasetPair p = load_dataset(parse_dataset("fashion-mnist"), dir.path().string());
-  EXPECT_EQ(p.train.count, 6);
-  EXPECT_EQ(p.test.count, 3);
+  EXPECT_EQ(p.train.count, kIdxTrainRecords);
+  EXPECT_EQ(p.test.count, kIdxTestRecords);
+  const Bytes first = idx_images(3, 28, 28);
+  EXPECT_TRUE(std::equal(first.begin() + 16, first.end(), p.test.images.begin()));
   ASSERT_EQ(p.norm.mean.size(), 1u);
   EXPECT_FLOAT_EQ(p.norm.mean[0], 0.2860f);
   EXPECT_FLOAT_EQ(p.norm.std[0], 0.3530f);
@@ -171,6 +182,38 @@ TEST(LoadDataset, FindsIdxFilesUnderEveryName) {
   fs::remove(dir.file("t10k-labels.idx1-ubyte.gz"));
   const std::string msg = usage_error_of([&] { load_dataset(parse_dataset("fashion-mnist"), dir.path().string()); });
   EXPECT_NE(msg.find("t10k-labels-idx1-ubyte"), std::string::npos) << msg;
+}
+
+// MNIST's and Fashion-MNIST's files hold their published counts, as CIFAR's do: the test files
+// copied over the training files (which would train on the test set and evaluate on it) are
+// refused as the same records, and a file of another count as not the published set.
+TEST(LoadDataset, IdxFilesHoldThePublishedRecords) {
+  for (const char* name : {"fashion-mnist", "mnist"}) {
+    SCOPED_TRACE(name);
+    TempDir dir;
+    auto files = [&](uint32_t train, uint32_t test) {
+      write_idx_images(dir.file("train-images-idx3-ubyte"), train, 20);
+      write_raw(dir.file("train-labels-idx1-ubyte"), idx_labels(train));
+      write_idx_images(dir.file("t10k-images-idx3-ubyte"), test, 20);
+      write_raw(dir.file("t10k-labels-idx1-ubyte"), idx_labels(test));
+    };
+    auto refusal = [&] { return usage_error_of([&] { load_dataset(parse_dataset(name), dir.path().string()); }); };
+    files(kIdxTrainRecords, kIdxTestRecords);
+    EXPECT_EQ(load_dataset(parse_dataset(name), dir.path().string()).train.count, kIdxTrainRecords);
+    files(kIdxTestRecords, kIdxTestRecords);  // the test files over the training files
+    std::string msg = refusal();
+    for (const char* says : {"train-images-idx3-ubyte and ", "t10k-images-idx3-ubyte hold the same records",
+                             "the test set would be trained on"})
+      EXPECT_NE(msg.find(says), std::string::npos) << msg;
+    files(kIdxTrainRecords - 1, kIdxTestRecords);
+    msg = refusal();
+    EXPECT_NE(msg.find("train-images-idx3-ubyte holds 59999 images where " + std::string(name) +
+                       "'s training set has 60000"), std::string::npos) << msg;
+    files(kIdxTrainRecords, kIdxTestRecords + 1);
+    msg = refusal();
+    EXPECT_NE(msg.find("t10k-images-idx3-ubyte holds 10001 images where " + std::string(name) +
+                       "'s test set has 10000"), std::string::npos) << msg;
+  }
 }
 
 TEST(LoadDataset, UnknownNameAndMissingDirectory) {
