@@ -87,6 +87,7 @@ const std::vector<Listed>& every_option() {
       {"checkpoint-every-steps", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-every-steps", "5"}},
       {"checkpoint-interval", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-interval", "5m"}},
       {"checkpoint-each-epoch", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-each-epoch"}},
+      {"checkpoint-lock-wait", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-lock-wait", "30s"}},
       {"resume", Rule::Local, {"--resume", "none"}},
       {"step-timeout", Rule::Local, {"--step-timeout", "5m"}},
       {"stop-signals", Rule::Local, {"--stop-signals", "usr2,SIGHUP"}},
