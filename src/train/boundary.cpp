@@ -124,7 +124,7 @@ void lost_directory(const TrainOptions& o) {
 }
 
 void Heartbeat::beat(int64_t step, int64_t epochs_done) {
-  if (!store_ || !store_->owned() || seconds_since(last_) < 1.0) return;
+  if (!store_ || seconds_since(last_) < 1.0 || !store_->owned()) return;  // owned() stats the lock: once a second
   ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", resumed_);
   last_ = Clock::now();
 }
