@@ -5,7 +5,9 @@
 // directory that cannot be used and a file system that fills up are warnings, never the end of
 // a run; a finished run's snapshots and old leftovers go.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -318,9 +320,26 @@ TEST_F(Snapshots, ASnapshotDirectoryThatIsNotWritableIsAWarning) {
   EXPECT_EQ(done_of(m).at("steps").number, 4);
 }
 
-// The snapshots' file system fills up during the run (a 6 MB tmpfs, room for one snapshot of
-// 3.4 MB but not for the next beside it): a warning, the run goes on and finishes, and the last
-// snapshot that was written stays whole until then. Needs root (mount).
+// Appends to `path` until its file system is full (ENOSPC): the bytes written.
+size_t fill_up(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  const Bytes chunk(64 * 1024, 1);
+  size_t total = 0;
+  for (;;) {
+    const ssize_t n = ::write(fd, chunk.data(), chunk.size());
+    if (n <= 0) break;
+    total += static_cast<size_t>(n);
+  }
+  const int error = errno;
+  ::close(fd);
+  if (error != ENOSPC) throw std::runtime_error("cannot fill " + path + ": " + std::strerror(error));
+  return total;
+}
+
+// The snapshots' file system fills up during the run (an 8 MB tmpfs, filled once the first
+// snapshot of 3.4 MB is there): a warning, the run goes on, and the last snapshot that was written
+// stays whole until then. Needs root (mount).
 TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root (CI runs as root)";
   const std::string snaps = dir_.file("small");
@@ -331,14 +350,18 @@ TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
     ~Unmount() { umount2(at.c_str(), MNT_DETACH); }
   } unmount{snaps};
   const std::string ck = dir_.file("full-ck");
-  // Filled once the first snapshot is there: 8 MB - 3.4 MB - 3 MB leaves no room for a second.
+  // Filled once the first snapshot is there, and again a moment later: the writer may have been
+  // part way through the next one (its temporary file freed when the write fails), or have just
+  // finished it (the older one then removed). Either way no room is left for a whole snapshot.
   auto args = job(ck, dir_.file("full.jsonl"), snaps);
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "30", 1);
   auto started = start_mpi(1, args);
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
   ASSERT_TRUE(wait_until([&] { return fs::exists(snaps) && !run_dir(snaps).empty() && !the_snapshot(snaps).empty(); },
                          60));
-  write_bytes(snaps + "/filler", Bytes(3 * 1024 * 1024, 1));
+  fill_up(snaps + "/filler");
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  fill_up(snaps + "/filler");
   const RunResult r = started->finish(120);
   EXPECT_NE(r.exit_code, 0) << "the kill hook did not fire: " << r.err;
   EXPECT_NE(r.err.find("a snapshot could not be written"), std::string::npos) << r.err;
