@@ -182,14 +182,26 @@ netns_boot_host() {
   rm -f "$d/sshd.pid"
   mapfile -t shared < <(netns_shared_local_dirs "$HPCRUN" "$HPCTRAIN" "${FASHION_MNIST:-}")
   for ((i = 0; i < ${#shared[@]}; ++i)); do mkdir -p "$hold/$i"; done
+  # A login's home is this machine's, but pyenv's shims there are each host's own copy (as on
+  # separate machines): a root .bashrc running `pyenv rehash` takes a lock file in that folder,
+  # so logins on the hosts at once waited for each other (seconds of a job's start-up), and a
+  # login killed mid-rehash (a host stopped or killed by a test) left the lock behind: every
+  # later login then waited 60 s for it.
+  local shims="" home
+  home=$(getent passwd "$(id -u)" | cut -d: -f6)
+  if [[ -n "$home" && -d "$home/.pyenv/shims" ]]; then
+    shims="$home/.pyenv/shims"
+    rm -rf "$d/shims" && cp -a "$shims" "$d/shims" && rm -f "$d/shims/.pyenv-shim"
+  fi
   # shellcheck disable=SC2016  # $1... are the inner sh's arguments
   ip netns exec "hpt${NETNS_ID}h$1" unshare --uts --mount --propagation private sh -c '
-    name=$1 sshd=$2 config=$3 log=$4 hold=$5; shift 5
+    name=$1 sshd=$2 config=$3 log=$4 hold=$5 shims=$6 own_shims=$7; shift 7
     i=0; for p in "$@"; do mount --bind "$p" "$hold/$i" || exit 1; i=$((i + 1)); done
     hostname "$name" && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm || exit 1
+    [ -z "$shims" ] || mount --bind "$own_shims" "$shims" || exit 1
     i=0; for p in "$@"; do mkdir -p "$p" && mount --move "$hold/$i" "$p" || exit 1; i=$((i + 1)); done
     exec "$sshd" -f "$config" -E "$log"' sh "hpt${NETNS_ID}h$1" "$NETNS_SSHD" "$d/sshd_config" "$d/sshd.log" \
-    "$hold" "${shared[@]}" ||
+    "$hold" "$shims" "$d/shims" "${shared[@]}" ||
     { cat "$d/sshd.log" >&2 2> /dev/null; echo "FAIL: cannot start sshd on host $1" >&2; exit 1; }
   # sshd writes its pid file once it listens.
   for ((i = 0; i < 100; ++i)); do
