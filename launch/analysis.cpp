@@ -236,7 +236,9 @@ Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvide
   else if (!silent.empty()) a.reason = "lost " + listed(silent) + " (no word from its ranks)";
   else a.reason = heard.first_failure;
   if (a.reason.empty())
-    a.reason = e.stalled ? "the job stalled (no finished step within --stall-timeout)" : "mpirun ended with " + e.mpirun_status.show();
+    a.reason = !e.stalled            ? "mpirun ended with " + e.mpirun_status.show()
+               : e.stalled_starting ? std::string("the job stalled (no first step within --start-timeout)")
+                                    : std::string("the job stalled (no finished step within --stall-timeout)");
   else if (e.stalled)
     a.reason = "the job stalled; " + a.reason;
   return a;

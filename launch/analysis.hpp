@@ -55,6 +55,7 @@ struct AttemptEvidence {
   ExitStatus mpirun_status;
   bool stop_requested = false;  // hpcrun asked the job to checkpoint and stop
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
+  bool stalled_starting = false;  // the stall came before the first step (--start-timeout)
 };
 
 // Blame, in order of trust: the hosts mpirun named; for a stalled job, the hosts none of whose

@@ -112,7 +112,8 @@ Supervisor::Attempt Supervisor::start_attempt(const HostList& placement) {
   rec.hosts = placement;
   rec.np = total_slots(placement);
   rec.start = now();
-  const PhaseTimeouts timeouts{heartbeat_.enabled(), o_.stall_timeout, o_.stop_timeout, o_.teardown_timeout};
+  const PhaseTimeouts timeouts{heartbeat_.enabled(), o_.stall_timeout, o_.stop_timeout, o_.teardown_timeout,
+                               o_.start_timeout};
   Attempt a(rec, placement, AttemptPhase(timeouts, rec.start));
 
   const std::string log_path = (fs::path(o_.log_dir) / ("attempt-" + std::to_string(rec.number) + ".log")).string();
@@ -141,6 +142,7 @@ AttemptRecord Supervisor::conclude(Attempt& a, const ExitStatus& status) {
   a.evidence.mpirun_status = status;
   a.evidence.stop_requested = a.stop.kind != StopKind::None;
   a.evidence.stalled = a.phase.stalled();
+  a.evidence.stalled_starting = a.phase.stalled_starting() && o_.start_timeout_given;
   const Analysis an = analyse_attempt(a.placement, a.evidence);
   rec.verdict = an.verdict;
   rec.membership = a.stop.kind == StopKind::Membership && an.verdict == Verdict::Stopped;
@@ -224,8 +226,12 @@ void Supervisor::escalate(Attempt& a, double t) {
   switch (e.action) {
     case Action::None: return;
     case Action::QueryLiveness:
-      say("no step finished for " + show_duration(o_.stall_timeout) + " (--stall-timeout, heartbeat in " +
-          o_.checkpoint_dir + "): asking which ranks respond, then killing the job");
+      if (e.from == Phase::Starting && o_.start_timeout_given)
+        say("no first step within " + show_duration(o_.start_timeout) + " of the launch (--start-timeout, heartbeat in " +
+            o_.checkpoint_dir + "): asking which ranks respond, then killing the job");
+      else
+        say("no step finished for " + show_duration(o_.stall_timeout) + " (--stall-timeout, heartbeat in " +
+            o_.checkpoint_dir + "): asking which ranks respond, then killing the job");
       a.rec.failed_at = t;
       ::kill(a.mpirun.pid(), SIGUSR2);  // mpirun forwards it to every rank's wrapper, which answers
       return;

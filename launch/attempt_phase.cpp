@@ -28,11 +28,11 @@ void AttemptPhase::enter(Phase p, double deadline) {
   deadline_ = deadline;
 }
 
-// The stall clock counts from the launch until the first step, then from the latest one.
+// Until the first step, --start-timeout from the launch; then --stall-timeout from the latest step.
 double AttemptPhase::watch_deadline() const {
-  if (timeouts_.heartbeat && timeouts_.stall > 0) return std::max(start_, last_progress_) + timeouts_.stall;
-  if (phase_ == Phase::Starting && !timeouts_.heartbeat) return start_ + kStartupGrace;
-  return kNever;
+  if (!timeouts_.heartbeat) return phase_ == Phase::Starting ? start_ + kStartupGrace : kNever;
+  if (phase_ == Phase::Starting) return timeouts_.start > 0 ? start_ + timeouts_.start : kNever;
+  return timeouts_.stall > 0 ? std::max(start_, last_progress_) + timeouts_.stall : kNever;
 }
 
 void AttemptPhase::wait_for_end(Phase p, double deadline) {
@@ -52,7 +52,9 @@ void AttemptPhase::wait_for_end(Phase p, double deadline) {
 
 void AttemptPhase::progress(double t) {
   last_progress_ = t;
-  if (phase_ == Phase::Starting || phase_ == Phase::Running) enter(Phase::Running, watch_deadline());
+  if (phase_ != Phase::Starting && phase_ != Phase::Running) return;
+  phase_ = Phase::Running;  // first: the deadline is the running one
+  enter(Phase::Running, watch_deadline());
 }
 
 void AttemptPhase::stop_requested(double t) {
@@ -86,6 +88,7 @@ Escalation AttemptPhase::escalate(double t) {
       [[fallthrough]];
     case Phase::Running:  // stalled
       stalled_ = true;
+      stalled_starting_ = from == Phase::Starting;
       enter(Phase::Querying, t + std::min(kQueryWait, timeouts_.teardown));
       return {from, Action::QueryLiveness};
     case Phase::Querying: enter(Phase::Terminating, t + timeouts_.teardown); return {from, Action::Terminate};

@@ -3,7 +3,8 @@
 // (tests/unit/launch_test.cpp); the supervisor feeds it events and carries out its actions.
 //
 //   Starting ──first step (or 10 s without a heartbeat)──► Running
-//      │ no step within --stall-timeout (from the launch, then from the last step)
+//      │ no first step within --start-timeout of the launch, or no step within --stall-timeout
+//      │ of the last one
 //      ▼
 //   Querying ─ the ranks are asked which of them respond (SIGUSR2); after min(2 s, --teardown-timeout):
 //   Stopping ─ asked to checkpoint and stop (a signal, growth, a drain); after --stop-timeout:
@@ -38,6 +39,7 @@ struct PhaseTimeouts {
   double stall = 0;        // --stall-timeout; 0: off
   double stop = 300;       // --stop-timeout
   double teardown = 10;    // --teardown-timeout
+  double start = 0;        // --start-timeout (from the launch to the first step); 0: no limit
 };
 
 // What passed a deadline: the phase it ended, and what hpcrun must do now.
@@ -59,6 +61,7 @@ class AttemptPhase {
   Phase phase() const { return phase_; }
   double deadline() const { return deadline_; }
   bool stalled() const { return stalled_; }
+  bool stalled_starting() const { return stalled_starting_; }  // before its first step
   // Growth and draining are decided only while the job runs undisturbed.
   bool running() const { return phase_ == Phase::Running; }
   bool mpirun_gone() const { return phase_ == Phase::Draining; }
@@ -86,7 +89,7 @@ class AttemptPhase {
   Phase phase_ = Phase::Starting;
   double deadline_ = kNever;
   double start_ = 0, last_progress_ = 0;
-  bool stalled_ = false;
+  bool stalled_ = false, stalled_starting_ = false;
 };
 
 }  // namespace hpc::launch

@@ -157,7 +157,7 @@ namespace {
 // The option values hpcrun reads itself (durations, host lists, mpirun's words) before they go
 // into LaunchOptions.
 struct RawOptions {
-  std::string hosts, hostfile, cooldown = "60:600", stall = "10m", probe = "10s", teardown = "10s", stop = "5m",
+  std::string hosts, hostfile, cooldown = "60:600", stall = "10m", start, probe = "10s", teardown = "10s", stop = "5m",
               elastic = "10m", interval = "5s", mpi_args;
 };
 
@@ -206,8 +206,13 @@ po::options_description recovery_options(LaunchOptions& o, RawOptions& raw) {
   po::options_description recovery("Failures");
   recovery.add_options()
       ("stall-timeout", po::value(&raw.stall)->default_value(raw.stall),
-       ("a job whose heartbeat shows no finished step for this long (from its launch) is killed and relaunched; "
+       ("a job whose heartbeat shows no finished step for this long (from its launch, unless --start-timeout is given) "
+        "is killed and relaunched; "
         "at least " + show_duration(kMinStallTimeout) + " (0: off)").c_str())
+      ("start-timeout", po::value(&raw.start),
+       ("how long an attempt may take from its launch to its first finished step (mpirun's start-up, the "
+        "program's set-up: a slow file system, a large dataset) before it is killed and relaunched as a stall; "
+        "default: --stall-timeout; at least " + show_duration(kMinStallTimeout) + " (0: no limit)").c_str())
       ("max-restarts", po::value(&o.max_restarts)->default_value(o.max_restarts),
        "failures to recover from before giving up (joins and drains do not count)")
       ("blacklist-cooldown", po::value(&raw.cooldown)->default_value(raw.cooldown),
@@ -253,6 +258,8 @@ bool parse_own(const std::vector<std::string>& own, const po::options_descriptio
 void read_timeouts(const RawOptions& raw, LaunchOptions& o) {
   o.discovery_interval = parse_duration(raw.interval, "discovery-interval");
   o.stall_timeout = parse_duration(raw.stall, "stall-timeout");
+  o.start_timeout_given = !raw.start.empty();
+  o.start_timeout = o.start_timeout_given ? parse_duration(raw.start, "start-timeout") : o.stall_timeout;
   o.probe_timeout = parse_duration(raw.probe, "probe-timeout");
   o.teardown_timeout = parse_duration(raw.teardown, "teardown-timeout");
   o.stop_timeout = parse_duration(raw.stop, "stop-timeout");
@@ -267,6 +274,9 @@ void read_timeouts(const RawOptions& raw, LaunchOptions& o) {
   HPC_REQUIRE(o.stall_timeout == 0 || o.stall_timeout >= kMinStallTimeout, "--stall-timeout ", show_duration(o.stall_timeout),
               " is shorter than a start-up needs (it counts from the launch): give at least ",
               show_duration(kMinStallTimeout), ", or 0 to turn it off");
+  HPC_REQUIRE(o.start_timeout == 0 || o.start_timeout >= kMinStallTimeout, "--start-timeout ",
+              show_duration(o.start_timeout), " is shorter than a start-up needs: give at least ",
+              show_duration(kMinStallTimeout), ", or 0 for no limit");
 }
 
 void read_counts(const po::variables_map& vm, LaunchOptions& o) {

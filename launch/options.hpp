@@ -32,6 +32,8 @@ struct LaunchOptions {
   std::string checkpoint_dir;  // where the trainer's heartbeat is
   // Monitoring and recovery (seconds)
   double stall_timeout = 600;
+  double start_timeout = 600;  // from the launch to the first step; --stall-timeout unless given
+  bool start_timeout_given = false;
   double probe_timeout = 10;
   double teardown_timeout = 10;
   double stop_timeout = 300;
@@ -44,9 +46,10 @@ struct LaunchOptions {
   bool program_is_hpctrain = false;
 };
 
-// The shortest --stall-timeout (seconds; 0 turns it off): it counts from the launch, and mpirun's
-// start-up alone takes a second or more (several across hosts) before the program has even begun, whose
-// heartbeat then changes at most once a second.
+// The shortest --stall-timeout and --start-timeout (seconds; 0 turns each off): the stall clock
+// counts from the launch unless --start-timeout is given, and mpirun's start-up alone takes a
+// second or more (several across hosts) before the program has even begun, whose heartbeat then
+// changes at most once a second.
 constexpr double kMinStallTimeout = 5;
 
 // nullopt when --help or --version was printed. Bad input throws a usage error.

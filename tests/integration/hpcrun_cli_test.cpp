@@ -131,6 +131,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--host-discovery-script", twice, "true"}, "line 2: host localhost is named again (first on line 1)"},
       // hpcrun's own options
       {{"-np", "1", "--stall-timeout", "0.5s", "true"}, "--stall-timeout 0.5 s is shorter than a start-up needs"},
+      {{"-np", "1", "--start-timeout", "2s", "true"}, "--start-timeout 2 s is shorter than a start-up needs"},
+      {{"-np", "1", "--start-timeout", "soon", "true"}, "--start-timeout must be a duration"},
       {{"-np", "1", "--teardown-timeout", "0", "true"}, "--teardown-timeout must be more than 0"},
       {{"-np", "1", "--stop-timeout", "0s", "true"}, "--stop-timeout must be more than 0"},
       {{"--min-np", "4", "--max-np", "2", "-H", "localhost:4", "true"}, "--max-np 2 is below --min-np 4"},
@@ -207,7 +209,7 @@ TEST(HpcrunCli, HelpAndVersion) {
   const RunResult help = hpcrun({"--help"});
   EXPECT_EQ(help.exit_code, 0);
   for (const char* opt : {"--hosts", "--hostfile", "--host-discovery-script", "--np", "--min-np", "--max-np",
-                          "--slots-per-host", "--launch-agent", "--stall-timeout", "--blacklist-cooldown",
+                          "--slots-per-host", "--launch-agent", "--stall-timeout", "--start-timeout", "--blacklist-cooldown",
                           "--elastic-timeout", "--max-restarts", "--log-dir"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
   const RunResult version = hpcrun({"--version"});
@@ -310,6 +312,32 @@ TEST(HpcrunCli, StallQueryLeavesHealthyRanksAlive) {
 // 1m, which hpcrun adds): a relaunch can find the last attempt's rank 0 still alive on a lost
 // host, holding it until its own watchdog ends it. Here a holder lets go after 2 s, and the job
 // runs; the same hpctrain alone is refused at once.
+// --start-timeout gives the start-up its own limit: a program whose first step comes after 7 s
+// is no stall under --stall-timeout 5s --start-timeout 20s, but one that then finishes no further
+// step for 5 s is. Without a first step within --start-timeout, the stall says so.
+TEST(HpcrunCli, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
+  TempDir dir("hpcrun_start");
+  const std::string beat = "printf 'step=1\\nstate=training\\n' > " + dir.file("heartbeat");
+  const RunResult r = hpcrun({"--checkpoint-dir", dir.str(), "--stall-timeout", "5s", "--start-timeout", "20s",
+                              "--max-restarts", "1", "--elastic-timeout", "1s", "-np", "1", "sh", "-c",
+                              "if [ \"$HPCRUN_ATTEMPT\" = 1 ]; then sleep 7; " + beat + "; exec sleep 60; fi; echo relaunched"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no step finished for 5 s (--stall-timeout"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("steps 1-1: the job stalled (no finished step within --stall-timeout)"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("[a2:r0] relaunched"), std::string::npos) << r.out;
+
+  TempDir slow("hpcrun_start_slow");
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult s = hpcrun({"--checkpoint-dir", slow.str(), "--stall-timeout", "5s", "--start-timeout", "8s",
+                              "--max-restarts", "0", "-np", "1", "sleep", "60"});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(s.exit_code, 1) << s.err;
+  EXPECT_NE(s.err.find("no first step within 8 s of the launch (--start-timeout"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("the job stalled (no first step within --start-timeout)"), std::string::npos) << s.err;
+  EXPECT_GE(took, 8.0) << s.err;
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");

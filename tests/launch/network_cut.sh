@@ -11,7 +11,7 @@ teardown=3
 export STEP_TIMEOUT=${step_timeout}s
 
 hpcrun_start cut -H "$(hpcrun_hosts "1 2 3")" -np 3 --min-np 2 --blacklist-cooldown 10m:20m \
-  --teardown-timeout ${teardown}s --stall-timeout 20s
+  --teardown-timeout ${teardown}s --stall-timeout 20s --start-timeout 2m
 wait_for_step cut 25 60
 say "cutting host 1's link (rank 0)"
 cut_at=$SECONDS

@@ -403,6 +403,17 @@ TEST(Analysis, StalledJobWhoseRanksAllAnsweredBlamesNobody) {
   EXPECT_EQ(a.reason, "the job stalled (no finished step within --stall-timeout)");
 }
 
+TEST(Analysis, AStallBeforeTheFirstStepNamesTheStartTimeout) {
+  AttemptEvidence e;
+  e.reports = {report(0, -15, true), report(1, -15, true)};
+  e.alive = {0, 1, 2, 3, 4, 5};
+  e.mpirun_status = {false, 0, 15};
+  e.stalled = e.stalled_starting = true;
+  const Analysis a = analyse_attempt(kThree, e);
+  EXPECT_TRUE(a.failed_hosts.empty()) << a.reason;
+  EXPECT_EQ(a.reason, "the job stalled (no first step within --start-timeout)");
+}
+
 TEST(Options, WhereTheProgramStarts) {
   const char* a[] = {"hpcrun", "-np", "4", "-H", "a:2,b:2", "--quiet", "prog", "--np", "3"};
   EXPECT_EQ(program_start(9, a), 6);
@@ -472,9 +483,9 @@ TEST(Subprocess, LinesAcrossReads) {
 }
 
 // An attempt launched at t = 100 with a heartbeat, --stall-timeout 60, --stop-timeout 300 and
-// --teardown-timeout 10.
-AttemptPhase launched(bool heartbeat = true, double stall = 60, double teardown = 10) {
-  return AttemptPhase(PhaseTimeouts{heartbeat, stall, 300, teardown}, 100);
+// --teardown-timeout 10; --start-timeout as --stall-timeout (its default) unless given.
+AttemptPhase launched(bool heartbeat = true, double stall = 60, double teardown = 10, double start = -1) {
+  return AttemptPhase(PhaseTimeouts{heartbeat, stall, 300, teardown, start < 0 ? stall : start}, 100);
 }
 
 void expect_escalation(AttemptPhase& p, double t, Phase from, Action action, Phase to, double deadline) {
@@ -509,6 +520,27 @@ TEST(AttemptPhase, StallBeforeTheFirstStepAndAShortTeardown) {
   AttemptPhase p = launched(true, 60, 1);
   expect_escalation(p, 161, Phase::Starting, Action::QueryLiveness, Phase::Querying, 162);  // 1 s, not 2
   expect_escalation(p, 163, Phase::Querying, Action::Terminate, Phase::Terminating, 164);
+}
+
+// --start-timeout: the launch gets its own limit (a slow start-up is no stall), the steps after
+// the first --stall-timeout; 0 puts no limit on the start-up.
+TEST(AttemptPhase, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
+  AttemptPhase p = launched(true, 6, 10, 120);
+  EXPECT_DOUBLE_EQ(p.deadline(), 220);
+  expect_escalation(p, 150, Phase::Starting, Action::None, Phase::Starting, 220);
+  p.progress(180);
+  EXPECT_DOUBLE_EQ(p.deadline(), 186);
+  EXPECT_FALSE(p.stalled_starting());
+  expect_escalation(p, 187, Phase::Running, Action::QueryLiveness, Phase::Querying, 189);
+  EXPECT_TRUE(p.stalled());
+  EXPECT_FALSE(p.stalled_starting());
+  AttemptPhase slow = launched(true, 6, 10, 120);
+  expect_escalation(slow, 221, Phase::Starting, Action::QueryLiveness, Phase::Querying, 223);
+  EXPECT_TRUE(slow.stalled_starting());
+  AttemptPhase unlimited = launched(true, 6, 10, 0);
+  EXPECT_DOUBLE_EQ(unlimited.deadline(), AttemptPhase::kNever);
+  unlimited.progress(5000);
+  EXPECT_DOUBLE_EQ(unlimited.deadline(), 5006);
 }
 
 TEST(AttemptPhase, WithoutAHeartbeatTheJobRunsAfterTenSecondsAndNeverStalls) {
