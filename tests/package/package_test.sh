@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Debian package, as a user gets it: cpack -G DEB from the built tree (no rebuild), unpacked
 # into a fresh root (dpkg-deb -x: nothing of the machine's is touched), then from that root:
-# hpctrain --version and a short job, the man page rendered by man, hpcdata finding hpcdata-pack,
+# no library search path that is empty or relative, hpctrain --version and a short job, the man page rendered by man, hpcdata finding hpcdata-pack,
 # and a CMake project outside the tree that finds the package and links the library.
 # Environment: BUILD_DIR (the configured and built tree), FASHION_MNIST.
 set -euo pipefail
@@ -30,6 +30,7 @@ for f in bin/hpctrain bin/hpcrun bin/hpcdata bin/hpcdata-pack bin/hpctrain-plot 
   [[ -e "$usr/$f" ]] || fail "the package has no /usr/$f"
 done
 [[ -x "$usr/bin/hpctrain" && -x "$usr/share/hpctrain/slurm/train.sbatch" ]] || fail "programs are not executable"
+bash "$(dirname "$0")/runpath.sh" "$root" || fail "an installed binary searches an empty or relative library path"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 version=$("$usr/bin/hpctrain" --version) || fail "hpctrain --version failed"
