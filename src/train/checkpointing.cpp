@@ -282,6 +282,9 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
   check_model(c, model);
   for (const auto& [name, value] : option_values(o)) {
     if (!must_match_on_resume(name)) continue;
+    // Under --global-batch-size the per-rank batch is not this run's choice: the global batch is
+    // compared below.
+    if (name == "batch-size" && o.global_batch_size != 0) continue;
     auto it = c.meta.find("option." + name);
     HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
     HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",

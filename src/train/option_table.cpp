@@ -289,7 +289,8 @@ std::vector<Option> training() {
   std::vector<Option> t{
       number("epochs", &Members::epochs, R::Match, "passes over the training set"),
       number("max-steps", &Members::max_steps, R::Match, "stop after N steps in all (0: no limit)"),
-      number("batch-size", &Members::batch_size, R::Agree, "samples per step on each rank"),
+      number("batch-size", &Members::batch_size, R::Match,
+             "samples per step on each rank (a resumed run keeps the checkpoint's global batch at any world size)"),
       number("global-batch-size", &Members::global_batch_size, R::Agree,
              "samples per step over all ranks, instead of --batch-size (0: batch-size x ranks)"),
       negation("keep-last-batch", &Members::drop_last, R::Match,

@@ -156,7 +156,8 @@ TEST_F(Checkpoints, ResumingAtTheLastStepOnlyEvaluates) {
 }
 
 // Resumed on another number of ranks, the run continues at the checkpoint's sample with the
-// checkpoint's global batch and finishes the planned steps.
+// checkpoint's global batch and finishes the planned steps. A --batch-size other than the
+// checkpoint's (which would be another global batch) is refused, as another --lr is, not ignored.
 TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
   for (const auto& [before, after] : {std::pair{4, 2}, std::pair{2, 1}}) {
     SCOPED_TRACE(::testing::Message() << before << " -> " << after << " ranks");
@@ -164,11 +165,15 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
     setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "12@0", 1);
     run_mpi(before, job(ck, dir_.file("w_killed.jsonl")));
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    auto other = job(ck, dir_.file("w_refused.jsonl"));
+    other.erase(std::find(other.begin(), other.end(), "--global-batch-size"),
+                std::find(other.begin(), other.end(), "--threads"));
+    other.insert(other.end(), {"--batch-size", "16"});
+    const RunResult refused = run_mpi(after, other);
+    EXPECT_EQ(refused.exit_code, 2) << refused.err;
+    EXPECT_NE(refused.err.find("the checkpoint was made with --batch-size="), std::string::npos) << refused.err;
     const std::string m = dir_.file("w_resumed.jsonl");
-    auto args = job(ck, m);
-    args.erase(std::find(args.begin(), args.end(), "--global-batch-size"), std::find(args.begin(), args.end(), "--threads"));
-    args.insert(args.end(), {"--batch-size", "16"});  // per rank: would be another global batch; the checkpoint's wins
-    const RunResult r = run_mpi(after, args);
+    const RunResult r = run_mpi(after, job(ck, m));  // --global-batch-size 64 as before, split over fewer ranks
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const JsonObject d = done_of(m);
     EXPECT_EQ(d.at("resumed_from_step").number, 10);

@@ -57,7 +57,7 @@ const std::vector<Listed>& every_option() {
       {"augment", Rule::Match, {"--augment", "on"}},
       {"epochs", Rule::Match, {"--epochs", "5"}},
       {"max-steps", Rule::Match, {"--max-steps", "10"}},
-      {"batch-size", Rule::Agree, {"--batch-size", "32"}},
+      {"batch-size", Rule::Match, {"--batch-size", "32"}},
       {"global-batch-size", Rule::Agree, {"--global-batch-size", "128"}},  // the checkpoint's (below)
       {"keep-last-batch", Rule::Match, {"--keep-last-batch"}},
       {"eval-batch-size", Rule::Agree, {"--eval-batch-size", "500"}},
@@ -174,6 +174,26 @@ TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
                 std::string::npos)
           << e.what();
     }
+  }
+}
+
+// --batch-size is compared only where it sets the global batch: a checkpoint made with
+// --batch-size 32 resumes under the checkpoint's --global-batch-size (the per-rank batch is then
+// the default, unused), and a run whose global batch differs is refused for that.
+TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::Mlp;
+  nn::Model<float> model(spec);
+  optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
+  const train::RunPosition at{10, 1, 2, 128, 1280};
+  const ckpt::Checkpoint c = train::make_checkpoint(parse({"--batch-size", "32"}), model, sgd, 1, at);
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model));
+  EXPECT_THROW(train::check_resumable(c, parse({"--batch-size", "64"}), model), Error);
+  try {
+    train::check_resumable(c, parse({"--global-batch-size", "256"}), model);
+    ADD_FAILURE() << "another global batch was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global batch of 128; --global-batch-size 256"), std::string::npos) << e.what();
   }
 }
 
