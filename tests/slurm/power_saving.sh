@@ -83,6 +83,13 @@ snapshot() { echo "$(sinfo -h -N -o '%N %T %E' | sort) $(instances | sort)"; }
 job=$(sbatch --parsable -o "$WORK/job.out" -w gpu-1 --wrap "echo \"ran on \$SLURMD_NODENAME\"; while [ ! -e $WORK/release ]; do sleep 1; done")
 submitted=$SECONDS
 wait_state "$job" RUNNING 120
+# RUNNING comes with the allocation; slurmd starts the batch script (and makes its output file) a
+# moment later: a CI run read job.out before it existed.
+deadline=$((SECONDS + 30))
+until grep -q "ran on" "$WORK/job.out" 2> /dev/null; do
+  ((SECONDS < deadline)) || fail "job $job is RUNNING but its script printed nothing in 30 s"
+  sleep 0.5
+done
 say "the job runs $((SECONDS - submitted)) s after submission: $(cat "$WORK/job.out")"
 grep -q "resume gpu-1" "$aws/log/calls" || fail "slurmctld did not call resume.py for gpu-1"
 grep -q "ran on gpu-1" "$WORK/job.out" || fail "the job did not run on gpu-1"
