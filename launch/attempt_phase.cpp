@@ -20,7 +20,7 @@ const char* phase_name(Phase p) {
 
 AttemptPhase::AttemptPhase(const PhaseTimeouts& timeouts, double start)
     : timeouts_(timeouts), start_(start), last_progress_(start) {
-  enter(Phase::Starting, watch_deadline());
+  enter(Phase::Starting, watch_deadline(Phase::Starting));
 }
 
 void AttemptPhase::enter(Phase p, double deadline) {
@@ -29,9 +29,9 @@ void AttemptPhase::enter(Phase p, double deadline) {
 }
 
 // Until the first step, --start-timeout from the launch; then --stall-timeout from the latest step.
-double AttemptPhase::watch_deadline() const {
-  if (!timeouts_.heartbeat) return phase_ == Phase::Starting ? start_ + kStartupGrace : kNever;
-  if (phase_ == Phase::Starting) return timeouts_.start > 0 ? start_ + timeouts_.start : kNever;
+double AttemptPhase::watch_deadline(Phase p) const {
+  if (!timeouts_.heartbeat) return p == Phase::Starting ? start_ + kStartupGrace : kNever;
+  if (p == Phase::Starting) return timeouts_.start > 0 ? start_ + timeouts_.start : kNever;
   return timeouts_.stall > 0 ? std::max(start_, last_progress_) + timeouts_.stall : kNever;
 }
 
@@ -52,9 +52,7 @@ void AttemptPhase::wait_for_end(Phase p, double deadline) {
 
 void AttemptPhase::progress(double t) {
   last_progress_ = t;
-  if (phase_ != Phase::Starting && phase_ != Phase::Running) return;
-  phase_ = Phase::Running;  // first: the deadline is the running one
-  enter(Phase::Running, watch_deadline());
+  if (phase_ == Phase::Starting || phase_ == Phase::Running) enter(Phase::Running, watch_deadline(Phase::Running));
 }
 
 void AttemptPhase::stop_requested(double t) {

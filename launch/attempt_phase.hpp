@@ -83,7 +83,8 @@ class AttemptPhase {
   void enter(Phase p, double deadline);
   // A phase that waits for the job to end, unless the current one ends it sooner.
   void wait_for_end(Phase p, double deadline);
-  double watch_deadline() const;  // Starting and Running: when the job counts as running, or stalled
+  // In Starting or Running (`p`): when the job counts as running, or stalled.
+  double watch_deadline(Phase p) const;
 
   PhaseTimeouts timeouts_;
   Phase phase_ = Phase::Starting;

@@ -108,6 +108,22 @@ train::TrainOptions parse(const std::vector<std::string>& args) {
   return *o;
 }
 
+// An MLP and a checkpoint of it made with the options `args` at step 10 (global batch 128): what
+// the resume checks compare a run's options with.
+struct MlpCheckpoint {
+  static nn::ModelSpec mlp() {
+    nn::ModelSpec spec;
+    spec.kind = nn::ModelKind::Mlp;
+    return spec;
+  }
+  explicit MlpCheckpoint(const std::vector<std::string>& args) {
+    optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
+    c = train::make_checkpoint(parse(args), model, sgd, 1, train::RunPosition{10, 1, 2, 128, 1280});
+  }
+  nn::Model<float> model{mlp()};
+  ckpt::Checkpoint c;
+};
+
 std::map<std::string, std::string> agreed_values(const train::TrainOptions& o) {
   std::map<std::string, std::string> m;
   for (const auto& [name, value] : train::option_values(o)) m[name] = value;
@@ -152,12 +168,8 @@ TEST(OptionTable, TheAgreementCheckComparesEveryOptionButTheLocalOnes) {
 // A checkpoint made with the defaults resumes with another value of every option but those of
 // rule Match, which are refused by name.
 TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
-  nn::ModelSpec spec;
-  spec.kind = nn::ModelKind::Mlp;
-  nn::Model<float> model(spec);
-  optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
-  const train::RunPosition at{10, 1, 2, 128, 1280};
-  const ckpt::Checkpoint c = train::make_checkpoint(parse({}), model, sgd, 1, at);
+  const MlpCheckpoint made({});
+  const auto& [model, c] = made;
   for (const Listed& l : every_option()) {
     SCOPED_TRACE(l.name);
     const train::TrainOptions other = parse(l.other);
@@ -181,12 +193,8 @@ TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
 // --batch-size 32 resumes under the checkpoint's --global-batch-size (the per-rank batch is then
 // the default, unused), and a run whose global batch differs is refused for that.
 TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
-  nn::ModelSpec spec;
-  spec.kind = nn::ModelKind::Mlp;
-  nn::Model<float> model(spec);
-  optim::Sgd<float> sgd(model.params(), optim::SgdSpec{});
-  const train::RunPosition at{10, 1, 2, 128, 1280};
-  const ckpt::Checkpoint c = train::make_checkpoint(parse({"--batch-size", "32"}), model, sgd, 1, at);
+  const MlpCheckpoint made({"--batch-size", "32"});
+  const auto& [model, c] = made;
   EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model));
   EXPECT_THROW(train::check_resumable(c, parse({"--batch-size", "64"}), model), Error);
   try {
