@@ -24,7 +24,7 @@
 #                                   that fails is requeued like a failed run; bad settings are not.
 #
 # Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
-# hpcrun), LAUNCHER_ARGS (extra options for it), CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
+# hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
 # HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS.
 
 job_log() {
@@ -148,6 +148,15 @@ job_stage_data() {
   esac
 }
 
+# job_metrics_stopped FILE: whether FILE's last line is hpctrain's "stopped" event with exit code 75
+# (the run checkpointed and stopped on a signal).
+job_metrics_stopped() {
+  local last
+  [[ -f "$1" ]] || return 1
+  last=$(tail -n 1 "$1")
+  [[ "$last" == '{"event":"stopped",'* && "$last" == *'"exit_code":75,'* ]]
+}
+
 job_run_trainer() {
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   local args=("$@")
@@ -173,7 +182,11 @@ job_run_trainer() {
   case "${LAUNCHER:-srun}" in
     srun) launch=(srun --mpi=pmix) ;;
     mpirun)
-      launch=(mpirun --bind-to none)
+      # Open MPI's mpirun, sent SIGTERM (Slurm ends a job by signalling every process of it),
+      # passes SIGTERM to the ranks and kills them 1 s later (odls_base_sigkill_timeout): too
+      # soon for a checkpoint of a big model. MPIRUN_KILL_WAIT seconds instead (Slurm's KillWait
+      # bounds it anyway); mpirun waits as long after a rank's non-zero exit (75 included).
+      launch=(mpirun --bind-to none --mca odls_base_sigkill_timeout "${MPIRUN_KILL_WAIT:-30}")
       ((EUID != 0)) || launch+=(--allow-run-as-root)
       ;;
     hpcrun)
@@ -195,16 +208,41 @@ job_run_trainer() {
   # 75. SIGTERM is not passed on: when Slurm ends a job it sends SIGTERM to every step's processes
   # itself, and a second one would make hpctrain stop at once instead of checkpointing. This shell
   # only outlives it, since a batch script that ends takes its steps down with it.
-  local pid
+  #
+  # Under LAUNCHER=mpirun a SIGTERM, SIGINT or SIGHUP that reaches this shell goes on to mpirun
+  # as SIGUSR1 too: Open MPI's mpirun exits 1 on any of those three itself, whatever its ranks
+  # exit with, but passes SIGUSR1 on to them and keeps their 75. (Where Slurm signalled mpirun
+  # as well, it still exits 1: the metrics file's last line, a "stopped" event with exit code
+  # 75, then says that every rank checkpointed and stopped, and this script goes on as for 75.)
+  local pid stop_signal=""
+  # shellcheck disable=SC2317  # called by the traps below
+  job_stop_signal() {
+    stop_signal=$1
+    if [[ "${LAUNCHER:-srun}" == mpirun ]]; then
+      job_log "SIG$1: asking the trainer to checkpoint and stop (SIGUSR1 to mpirun)"
+      kill -USR1 "$pid" 2> /dev/null
+    else
+      job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"
+    fi
+  }
   trap 'job_log "SIGUSR1: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR1
   trap 'job_log "SIGUSR2: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR2
-  trap 'job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"' TERM
+  trap 'job_stop_signal TERM' TERM
+  if [[ "${LAUNCHER:-srun}" == mpirun ]]; then
+    trap 'job_stop_signal INT' INT
+    trap 'job_stop_signal HUP' HUP
+  fi
   "${launch[@]}" "$HPCTRAIN" "${args[@]}" &
   pid=$!
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done  # a trapped signal ends a wait
   local code=0
   wait "$pid" || code=$?
-  trap - USR1 USR2 TERM
+  trap - USR1 USR2 TERM INT HUP
+  if [[ "${LAUNCHER:-srun}" == mpirun && -n "$stop_signal" && "$code" != 0 && "$code" != 75 ]] &&
+    job_metrics_stopped "$(job_option_value metrics-file "${args[@]}")"; then
+    job_log "mpirun exited $code on SIG$stop_signal (Open MPI's code for a signal sent to it), but the metrics file says every rank checkpointed and stopped: exit 75"
+    code=75
+  fi
 
   case "$code" in
     0) job_log "the training finished"; exit 0 ;;

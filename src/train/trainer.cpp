@@ -465,6 +465,14 @@ TrainResult TrainingRun::stop() {
   TrainResult result;
   result.steps = tally_.step;
   result.exit_code = stop_exit_code(o_, asked);
+  // The last line of a stopped run: a job script that sees another launcher's code (mpirun
+  // exits 1 on any signal it is sent) reads here that every rank stopped with this one.
+  metrics_->write({{"event", std::string("stopped")},
+                   {"step", tally_.step},
+                   {"signal", signal_name(asked.signal)},
+                   {"checkpointed", !stop_for_membership() && !o_.checkpoint_dir.empty()},
+                   {"exit_code", static_cast<int64_t>(result.exit_code)},
+                   {"elapsed_seconds", seconds_since(t_start_)}});
   return result;
 }
 
