@@ -16,6 +16,7 @@
 #include "train/options.hpp"
 #include "train/serving.hpp"
 #include "train/signals.hpp"
+#include "train/snapshots.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -45,7 +46,7 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
 void block_early(int, char**, char**) { hpc::train::block_stop_signals(); }
 [[gnu::section(".preinit_array"), gnu::used]] void (*const g_block_early)(int, char**, char**) = block_early;
 
-// `hpctrain evaluate|inspect|export|predict ...`; `hpctrain train ...` or options alone train.
+// `hpctrain evaluate|inspect|export|predict|clean-snapshots ...`; `hpctrain train ...` or options alone train.
 const char* command_of(int argc, char** argv) { return argc > 1 && argv[1][0] != '-' ? argv[1] : "train"; }
 
 }  // namespace
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
   // request from here on; the other commands have nothing to save and end at once.
   const char* first = command_of(argc, argv);
   bool trains = true;
-  for (const char* other : {"evaluate", "inspect", "export", "predict"}) trains = trains && std::strcmp(first, other) != 0;
+  for (const char* other : {"evaluate", "inspect", "export", "predict", "clean-snapshots"}) trains = trains && std::strcmp(first, other) != 0;
   hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   hpc::dist::ProcessContext ctx(&argc, &argv);
   // After MPI_Init: Open MPI installs its handler (a backtrace) only where none is installed,
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "export") == 0) return hpc::train::run_export(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "predict") == 0) return hpc::train::run_predict(argc - 1, argv + 1, ctx);
+    if (std::strcmp(command, "clean-snapshots") == 0) return hpc::train::run_clean_snapshots(argc - 1, argv + 1, ctx);
     hpc::dist::collectively(ctx, [&] { hpc::train::require_known_command(command); });
     if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;
     std::optional<hpc::train::TrainOptions> options;

@@ -1,10 +1,16 @@
 #include "train/snapshots.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <boost/program_options.hpp>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,10 +19,13 @@
 #include <random>
 
 #include "core/cpus.hpp"
+#include "core/duration.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/agree.hpp"
+#include "train/exit_codes.hpp"
+#include "train/serving.hpp"
 
 namespace hpc::train {
 namespace fs = std::filesystem;
@@ -26,9 +35,9 @@ namespace {
 
 constexpr const char* kRunIdFile = "run-id";
 constexpr size_t kRunIdLength = 16;  // hex digits
-// Snapshot directories of other runs are removed once untouched for this long: a job that is
-// requeued onto the node within a day still finds its state.
-constexpr auto kLeftoverAge = std::chrono::hours(24);
+// In every run directory: locked (shared) by the run's snapshot writer while it lives; a
+// cleanup that cannot lock it exclusively leaves the directory alone.
+constexpr const char* kInUseFile = "in-use";
 
 bool is_run_id(const std::string& s) {
   return s.size() == kRunIdLength && std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c); });
@@ -80,6 +89,61 @@ void require_own_directory(const fs::path& dir) {
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(st.st_uid == ::geteuid(), dir.string(), " belongs to another user (uid ", st.st_uid, ")");
   ::chmod(dir.c_str(), 0700);
+}
+
+uint64_t bytes_in(const fs::path& dir) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+  return bytes;
+}
+
+// The other runs' directories in `parent` (named by a run id), oldest first.
+struct RunDir {
+  fs::path path;
+  std::string id;
+  double age_seconds = 0;  // since its last write
+};
+std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) {
+  std::vector<RunDir> runs;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    std::error_code ec2;
+    const std::string name = e.path().filename().string();
+    if (!is_run_id(name) || name == except || !e.is_directory(ec2) || e.is_symlink(ec2)) continue;
+    const auto written = fs::last_write_time(e.path(), ec2);
+    if (ec2) continue;
+    runs.push_back({e.path(), name, std::chrono::duration<double>(now - written).count()});
+  }
+  std::sort(runs.begin(), runs.end(), [](const RunDir& a, const RunDir& b) { return a.age_seconds > b.age_seconds; });
+  return runs;
+}
+
+// Removes `run` unless a running hpctrain holds it (its in-use file locked); the lock is held
+// across the removal, so no run can take the directory up meanwhile. Whether it went.
+bool remove_unless_in_use(const RunDir& run, const char* why, CleanedSnapshots& c) {
+  const uint64_t bytes = bytes_in(run.path);
+  const int fd = ::open((run.path / kInUseFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    ++c.kept_in_use, c.kept_bytes += bytes;
+    log::info("kept the snapshots of run ", run.id, ": a running hpctrain uses them (", run.path.string(), ")");
+    return false;
+  }
+  std::error_code ec;
+  fs::remove_all(run.path, ec);
+  if (fd >= 0) ::close(fd);
+  if (ec) {
+    log::warn("cannot remove the snapshots ", run.path.string(), ": ", ec.message());
+    ++c.kept_young, c.kept_bytes += bytes;
+    return false;
+  }
+  ++c.removed, c.freed_bytes += bytes;
+  log::info("removed the snapshots of run ", run.id, " (", why, ", ", format_bytes(static_cast<double>(bytes)),
+            ", last written ", show_duration(run.age_seconds), " ago): ", run.path.string());
+  return true;
 }
 
 // This host's newest snapshot that the run can resume, above the newest checkpoint's step;
@@ -144,11 +208,29 @@ void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
   ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
 }
 
+std::string default_snapshot_parent() { return "/dev/shm/hpctrain-" + std::to_string(::geteuid()); }
+
 std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
   if (o.snapshot_every_steps == 0 || o.checkpoint_dir.empty() || run_id.empty()) return "";
-  const std::string parent =
-      o.snapshot_dir.empty() ? "/dev/shm/hpctrain-" + std::to_string(::geteuid()) : o.snapshot_dir;
+  const std::string parent = o.snapshot_dir.empty() ? default_snapshot_parent() : o.snapshot_dir;
   return (fs::path(parent) / run_id).string();
+}
+
+CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleaning& what) {
+  CleanedSnapshots c;
+  for (const RunDir& run : run_dirs(parent, what.except)) {
+    if (!what.run_id.empty() && run.id != what.run_id) continue;
+    const char* why = what.all                  ? "every run's not in use"
+                      : !what.run_id.empty()    ? "the run asked for"
+                      : run.age_seconds > what.older_than ? "older than the limit"
+                                                          : nullptr;
+    if (!why) {
+      ++c.kept_young, c.kept_bytes += bytes_in(run.path);
+      continue;
+    }
+    remove_unless_in_use(run, why, c);
+  }
+  return c;
 }
 
 uint64_t host_memory_bytes() {
@@ -239,6 +321,7 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
     try {
       require_own_directory(fs::path(run_dir_).parent_path());
       remove_leftovers(previous_run_id);
+      hold_in_use();
       store_ = std::make_unique<ckpt::CheckpointStore>(run_dir_, 1, /*reuse_pages=*/true);
       check_budget(state_bytes);
     } catch (const Error& e) {
@@ -265,7 +348,9 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
               " (", format_bytes(static_cast<double>(state_bytes)), " each)");
 }
 
-Snapshotter::~Snapshotter() = default;
+Snapshotter::~Snapshotter() {
+  if (in_use_fd_ >= 0) ::close(in_use_fd_);
+}
 
 void Snapshotter::check_budget(size_t state_bytes) {
   // A snapshot being written beside the last one: twice the state.
@@ -274,26 +359,52 @@ void Snapshotter::check_budget(size_t state_bytes) {
   HPC_REQUIRE(need <= budget, "they need ", format_bytes(static_cast<double>(need)), " (twice the state of ",
               format_bytes(static_cast<double>(state_bytes)), ") and --snapshot-max-memory allows ",
               format_bytes(static_cast<double>(budget)), " (", o_.snapshot_max_memory, ")");
+  // The budget is the user's on this host, across all runs: the other runs' snapshots that no
+  // running hpctrain uses go first, oldest first, to make room; those in use are never taken.
+  const fs::path parent = fs::path(run_dir_).parent_path();
+  std::vector<RunDir> others = run_dirs(parent, run_id_);
+  uint64_t held = 0;
+  for (const RunDir& r : others) held += bytes_in(r.path);
+  CleanedSnapshots c;
+  for (const RunDir& r : others) {
+    if (need + held <= budget) break;
+    const uint64_t bytes = bytes_in(r.path);
+    if (remove_unless_in_use(r, "room for this run's under --snapshot-max-memory", c)) held -= std::min(held, bytes);
+  }
+  HPC_REQUIRE(need + held <= budget, "they need ", format_bytes(static_cast<double>(need)), " and the snapshots of ",
+              c.kept_in_use, " other running job(s) of this user in ", parent.string(), " hold ",
+              format_bytes(static_cast<double>(held)), " of the ", format_bytes(static_cast<double>(budget)),
+              " --snapshot-max-memory allows (", o_.snapshot_max_memory, ") across all of them");
   const uint64_t room = room_for_snapshots(run_dir_);
   HPC_REQUIRE(need <= room, "they need ", format_bytes(static_cast<double>(need)), " and ", run_dir_, " has ",
               format_bytes(static_cast<double>(room)), " free");
 }
 
 void Snapshotter::remove_leftovers(const std::string& previous_run_id) {
-  const fs::path parent = fs::path(run_dir_).parent_path();
-  std::error_code ec;
-  const auto now = fs::file_time_type::clock::now();
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!is_run_id(name) || e.path() == fs::path(run_dir_) || !e.is_directory(ec)) continue;
-    const bool replaced = name == previous_run_id;  // the lineage a fresh start in this directory ended
-    const auto written = fs::last_write_time(e.path(), ec);
-    if (!replaced && (ec || now - written < kLeftoverAge)) continue;
-    fs::remove_all(e.path(), ec);
-    if (ec) log::warn("cannot remove the snapshots ", e.path().string(), ": ", ec.message());
-    else log::info("removed the snapshots of ", replaced ? "the run this one replaced" : "a run untouched for a day",
-                   ": ", e.path().string());
+  const std::string parent = fs::path(run_dir_).parent_path().string();
+  if (!previous_run_id.empty() && previous_run_id != run_id_)  // the lineage a fresh start in this directory ended
+    clean_snapshots(parent, {.older_than = 0, .all = false, .run_id = previous_run_id, .except = run_id_});
+  clean_snapshots(parent, {.older_than = kSnapshotKeepSeconds, .all = false, .run_id = "", .except = run_id_});
+}
+
+void Snapshotter::hold_in_use() {
+  // A cleanup holds the lock exclusively while it removes a directory: taken after it, the lock
+  // may be on a file it removed; then the directory is made again and the lock taken anew.
+  const fs::path file = fs::path(run_dir_) / kInUseFile;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::error_code ec;
+    fs::create_directories(run_dir_, ec);
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    HPC_REQUIRE(fd >= 0, "cannot create ", file.string(), ": ", std::strerror(errno));
+    struct stat held {}, now {};
+    if (::flock(fd, LOCK_SH) == 0 && ::fstat(fd, &held) == 0 && ::stat(file.c_str(), &now) == 0 &&
+        held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
+      in_use_fd_ = fd;
+      return;
+    }
+    ::close(fd);
   }
+  usage_error("cannot hold ", file.string(), ": a cleanup removes the directory again and again");
 }
 
 bool Snapshotter::due(int64_t step) const {
@@ -365,9 +476,67 @@ void Snapshotter::remove_all() {
   settle();
   writer_.reset();
   store_.reset();
+  if (in_use_fd_ >= 0) ::close(in_use_fd_), in_use_fd_ = -1;
   std::error_code ec;
   fs::remove_all(run_dir_, ec);
   if (ec) log::warn("cannot remove the finished run's snapshots ", run_dir_, ": ", ec.message());
+}
+
+int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  namespace po = boost::program_options;
+  std::string dir, older, run_id;
+  bool all = false;
+  po::options_description options(
+      "Usage: hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]\n"
+      "Frees the host memory held by this user's snapshots that no relaunch needs: by default those of runs\n"
+      "that stopped or failed, last written over an hour ago (as long as hpctrain keeps them). Snapshots a\n"
+      "running hpctrain uses are never removed. Under mpirun it cleans once on each host (the host's first\n"
+      "rank): mpirun --map-by ppr:1:node hpctrain clean-snapshots. Exit code 0, also when nothing was there");
+  options.add_options()("help,h", "print this help and exit")(
+      "snapshot-dir", po::value(&dir), "where the snapshots are (default /dev/shm/hpctrain-UID, hpctrain's)")(
+      "older-than", po::value(&older), "remove those last written longer ago than this (90s, 10m, 2h; default 1h)")(
+      "all", po::bool_switch(&all), "remove every run's that no running hpctrain uses, whatever its age")(
+      "run-id", po::value(&run_id), "remove this run's alone (the id in CHECKPOINT_DIR/run-id), whatever its age");
+  po::variables_map vm;
+  bool go = false;
+  SnapshotCleaning what;
+  dist::collectively(ctx, [&] {
+    go = parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    if (!go) return;
+    HPC_REQUIRE(vm.count("older-than") + vm.count("run-id") + (all ? 1 : 0) <= 1,
+                "hpctrain clean-snapshots takes one of --older-than, --all and --run-id");
+    HPC_REQUIRE(!vm.count("run-id") || is_run_id(run_id), "--run-id takes a run id (16 hex digits, as ",
+                "CHECKPOINT_DIR/run-id holds), got '", run_id, "'");
+    HPC_REQUIRE(!vm.count("snapshot-dir") || !dir.empty(),
+                "--snapshot-dir is empty (an unset variable?): give the directory, or leave it out for the default");
+    what.all = all;
+    what.run_id = run_id;
+    if (!older.empty()) what.older_than = parse_duration(older, "--older-than");
+  });
+  if (!go) return kExitSuccess;
+  const std::string parent = dir.empty() ? default_snapshot_parent() : dir;
+  dist::collectively(ctx, [&] {
+    if (ctx.local_rank() != 0) return;
+    struct stat st {};
+    if (::lstat(parent.c_str(), &st) != 0) {
+      HPC_REQUIRE(errno == ENOENT, "cannot read ", parent, ": ", std::strerror(errno));
+      std::printf("hpctrain: %s: no snapshots (no %s)\n", ctx.host().c_str(), parent.c_str());
+      return;
+    }
+    HPC_REQUIRE(S_ISDIR(st.st_mode), parent, " is not a directory");
+    HPC_REQUIRE(st.st_uid == ::geteuid(), parent, " belongs to another user (uid ", st.st_uid,
+                "): each user cleans their own");
+    const CleanedSnapshots c = clean_snapshots(parent, what);
+    std::printf("hpctrain: %s: removed the snapshots of %d run(s), %s freed; kept %d in use and %d %s (%s) in %s\n",
+                ctx.host().c_str(), c.removed, format_bytes(static_cast<double>(c.freed_bytes)).c_str(),
+                c.kept_in_use, c.kept_young,
+                what.all || !what.run_id.empty()
+                    ? "not asked for"
+                    : detail::concat("last written within ", show_duration(what.older_than)).c_str(),
+                format_bytes(static_cast<double>(c.kept_bytes)).c_str(), parent.c_str());
+    std::fflush(stdout);
+  });
+  return kExitSuccess;
 }
 
 }  // namespace hpc::train

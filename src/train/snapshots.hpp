@@ -48,6 +48,32 @@ void record_run_identity(const TrainOptions& o, const RunIdentity& r);
 // /<run id>. Empty when snapshots are off (--snapshot-every-steps 0, no --checkpoint-dir).
 std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id);
 
+// How long the snapshots of a run that stopped or failed are kept on a host for a relaunch to
+// resume from (hpcrun relaunches in seconds, a requeued Slurm job in minutes): past this since
+// their last write, the next run on the host, `hpctrain clean-snapshots` and the Slurm epilog
+// (slurm/epilog.sh) remove them. Snapshots a running hpctrain uses are never removed.
+inline constexpr double kSnapshotKeepSeconds = 3600;
+
+// What clean_snapshots() removes of the run directories in a snapshot directory.
+struct SnapshotCleaning {
+  double older_than = kSnapshotKeepSeconds;  // untouched for longer than this (seconds)
+  bool all = false;                          // every one not in use, whatever its age
+  std::string run_id;                        // only this run's (not in use), whatever its age
+  std::string except;                        // never this run's (the caller's own)
+};
+struct CleanedSnapshots {
+  int removed = 0, kept_in_use = 0, kept_young = 0;
+  uint64_t freed_bytes = 0, kept_bytes = 0;
+};
+// Removes the run directories (named by a run id) in `parent` that `what` asks for, except those
+// a running hpctrain holds (its in-use lock), each with one info line naming it; other files stay.
+CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleaning& what);
+// The default --snapshot-dir: /dev/shm/hpctrain-UID.
+std::string default_snapshot_parent();
+// `hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]`:
+// on every host of the job (its local rank 0), the user's snapshots that no relaunch needs.
+int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx);
+
 // --snapshot-max-memory as bytes: "25%" of host_memory, or a size ("512M", "4G", "1.5T",
 // "65536"). Usage error naming the option.
 uint64_t memory_budget(const std::string& spec, uint64_t host_memory);
@@ -104,6 +130,7 @@ class Snapshotter {
   bool writes() const { return writer_ != nullptr; }
   void check_budget(size_t state_bytes);
   void remove_leftovers(const std::string& previous_run_id);
+  void hold_in_use();
   // Whether the write in flight (if any) succeeded; a failure is a warning.
   bool settle();
 
@@ -115,6 +142,7 @@ class Snapshotter {
   bool enabled_ = false;
   std::unique_ptr<ckpt::CheckpointStore> store_;
   std::unique_ptr<ckpt::AsyncWriter> writer_;
+  int in_use_fd_ = -1;  // the run directory's in-use lock (shared), held while the run lives
   int64_t last_ = -1, taken_ = 0;
   int64_t every_ = 0;  // steps between snapshots (rank 0's, adapted under auto)
   double stall_ = 0;

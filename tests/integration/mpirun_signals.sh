@@ -32,7 +32,7 @@ fail() {
 root=()
 ((EUID != 0)) || root=(--allow-run-as-root)
 train=(--data-dir "$FASHION_MNIST" --train-samples 6400 --test-samples 500 --epochs 50 --threads 1
-  --metrics-every-steps 1 --quiet)
+  --metrics-every-steps 1 --quiet --snapshot-dir "$work/snapshots")
 
 # start CASE COMMAND...: runs COMMAND in its own process group (setsid), in $work/CASE, with the
 # checkpoints in ck/ and the metrics in m.jsonl there; its pid in PID.

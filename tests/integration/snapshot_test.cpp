@@ -6,6 +6,7 @@
 // a run; a finished run's snapshots and old leftovers go.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -368,7 +369,8 @@ TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
   EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
   // Nothing half-written: one whole snapshot, no temporary files; it resumes.
   std::vector<std::string> left;
-  for (const auto& e : fs::directory_iterator(run_dir(snaps))) left.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(run_dir(snaps)))
+    if (e.path().filename() != "in-use") left.push_back(e.path().filename().string());  // the run's lock
   ASSERT_EQ(left.size(), 1u) << left.size();
   EXPECT_EQ(run_hpctrain({"inspect", run_dir(snaps) + "/" + left[0]}).exit_code, 0);
   fs::remove(snaps + "/filler");
@@ -377,14 +379,15 @@ TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
   expect_same_end(d, uninterrupted(1));
 }
 
-// Snapshots of other runs untouched for a day are removed at start-up; newer ones, and files
-// that are not run directories, stay.
+// Snapshots of other runs last written over an hour ago are removed at start-up; newer ones,
+// and files that are not run directories, stay.
 TEST_F(Snapshots, OldLeftoversOfOtherRunsAreRemoved) {
   const std::string snaps = dir_.file("leftovers");
   for (const char* d : {"0123456789abcdef", "fedcba9876543210", "not-a-run"}) fs::create_directories(snaps + "/" + d);
-  const auto day_ago = fs::file_time_type::clock::now() - std::chrono::hours(25);
-  fs::last_write_time(snaps + "/0123456789abcdef", day_ago);
-  fs::last_write_time(snaps + "/not-a-run", day_ago);
+  const auto now = fs::file_time_type::clock::now();
+  fs::last_write_time(snaps + "/0123456789abcdef", now - std::chrono::minutes(61));
+  fs::last_write_time(snaps + "/fedcba9876543210", now - std::chrono::minutes(59));
+  fs::last_write_time(snaps + "/not-a-run", now - std::chrono::hours(25));
   auto a = job(dir_.file("left-ck"), dir_.file("left.jsonl"), snaps);
   a.insert(a.end(), {"--max-steps", "2"});
   const RunResult r = run_mpi(1, a);
@@ -392,6 +395,94 @@ TEST_F(Snapshots, OldLeftoversOfOtherRunsAreRemoved) {
   EXPECT_FALSE(fs::exists(snaps + "/0123456789abcdef"));
   EXPECT_TRUE(fs::exists(snaps + "/fedcba9876543210"));
   EXPECT_TRUE(fs::exists(snaps + "/not-a-run"));
+}
+
+// A killed run's snapshots stay for a relaunch, an hour at most: `hpctrain clean-snapshots`
+// keeps them while they are younger and removes them once older (or with --all, or --run-id);
+// the snapshots of a run that is still training are never removed, not even with --all.
+TEST_F(Snapshots, AKilledRunsSnapshotsAreFreedAfterAnHourOrByTheCleanup) {
+  const std::string snaps = dir_.file("clean"), ck = dir_.file("clean-ck");
+  kill_after(1, ck, snaps, 8);
+  const std::string killed = run_dir(snaps);
+  ASSERT_TRUE(fs::exists(killed + "/ckpt-000000006.hpck")) << killed;
+  const RunResult young = run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps});
+  EXPECT_EQ(young.exit_code, 0) << young.err;
+  EXPECT_NE(young.out.find("removed the snapshots of 0 run(s), 0 B freed; kept 0 in use and 1 last written within 60 min"),
+            std::string::npos) << young.out;
+  EXPECT_TRUE(fs::exists(killed));
+  // An hour later.
+  fs::last_write_time(killed, fs::file_time_type::clock::now() - std::chrono::minutes(61));
+  const RunResult old = run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps});
+  EXPECT_EQ(old.exit_code, 0) << old.err;
+  EXPECT_NE(old.out.find("removed the snapshots of 1 run(s)"), std::string::npos) << old.out;
+  EXPECT_NE((old.out + old.err).find("removed the snapshots of run " + fs::path(killed).filename().string() + " (older than"),
+            std::string::npos) << old.out << old.err;
+  EXPECT_FALSE(fs::exists(killed));
+
+  // By its run id, at any age; and a running job's, with --all: kept.
+  kill_after(1, ck, snaps, 8);
+  const std::string again = run_dir(snaps);
+  auto a = job(dir_.file("live-ck"), dir_.file("live.jsonl"), snaps);
+  a = with(a, "--epochs", "1000");
+  const auto live = start_mpi(1, a);
+  std::string live_dir;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (const auto& e : fs::directory_iterator(snaps))
+          if (e.path() != again && fs::exists(e.path() / "in-use")) live_dir = e.path().string();
+        return !live_dir.empty() || !live->running();
+      },
+      60));
+  ASSERT_FALSE(live_dir.empty()) << "the running job took no snapshot";
+  const RunResult by_id =
+      run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps, "--run-id", fs::path(again).filename().string()});
+  EXPECT_EQ(by_id.exit_code, 0) << by_id.err;
+  EXPECT_FALSE(fs::exists(again));
+  EXPECT_TRUE(fs::exists(live_dir));
+  const RunResult all = run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps, "--all"});
+  EXPECT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_NE(all.out.find("removed the snapshots of 0 run(s), 0 B freed; kept 1 in use"), std::string::npos) << all.out;
+  EXPECT_TRUE(fs::exists(live_dir)) << "the running job's snapshots were removed";
+  const std::vector<pid_t> ranks = child_pids(live->pid());
+  kill(-live->pid(), SIGKILL);
+  for (pid_t rank : ranks) kill(rank, SIGKILL);
+  live->finish();
+  ASSERT_TRUE(wait_until([&] { return std::none_of(ranks.begin(), ranks.end(), [](pid_t p) { return kill(p, 0) == 0; }); }, 10));
+  const RunResult after = run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps, "--all"});
+  EXPECT_NE(after.out.find("removed the snapshots of 1 run(s)"), std::string::npos) << after.out << after.err;
+  EXPECT_FALSE(fs::exists(live_dir)) << "killed, its snapshots are no longer in use";
+}
+
+// --snapshot-max-memory holds across all of a user's runs on a host: the snapshots of another
+// run that no running hpctrain uses make room (oldest first); with them it would not fit.
+TEST_F(Snapshots, TheMemoryBudgetCoversEveryRunOfTheUser) {
+  const std::string snaps = dir_.file("budget");
+  for (const char* id : {"0123456789abcdef", "fedcba9876543210"}) {
+    fs::create_directories(snaps + "/" + id);
+    write_bytes(snaps + "/" + id + "/ckpt-000000003.hpck", Bytes(4 << 20, 1));
+  }
+  fs::last_write_time(snaps + "/0123456789abcdef", fs::file_time_type::clock::now() - std::chrono::minutes(5));
+  // The cnn's state is about 3.3 MB: twice that and one of the two 4 MiB leftovers fit in 12M.
+  auto a = job(dir_.file("budget-ck"), dir_.file("budget.jsonl"), snaps);
+  a.insert(a.end(), {"--max-steps", "4", "--snapshot-max-memory", "12M"});
+  const RunResult r = run_mpi(1, a);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "snapshots in host memory off"), 0) << r.err;
+  EXPECT_FALSE(fs::exists(snaps + "/0123456789abcdef")) << "the older leftover makes room";
+  EXPECT_TRUE(fs::exists(snaps + "/fedcba9876543210")) << r.err;
+  // Held by a running job, the younger leftover could not make room: the snapshots are off.
+  const int fd = ::open((snaps + "/fedcba9876543210/in-use").c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);
+  write_bytes(snaps + "/fedcba9876543210/ckpt-000000004.hpck", Bytes(4 << 20, 1));
+  auto b = job(dir_.file("budget-ck2"), dir_.file("budget2.jsonl"), snaps);
+  b.insert(b.end(), {"--max-steps", "4", "--snapshot-max-memory", "12M"});
+  const RunResult off = run_mpi(1, b);
+  ::close(fd);
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_NE(off.err.find("the snapshots of 1 other running job(s) of this user in " + snaps + " hold 8.4 MB of the 12.6 MB"),
+            std::string::npos) << off.err;
+  EXPECT_TRUE(fs::exists(snaps + "/fedcba9876543210/ckpt-000000004.hpck"));
 }
 
 }  // namespace
