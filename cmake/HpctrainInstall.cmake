@@ -9,7 +9,7 @@ include(CMakePackageConfigHelpers)
 # below HPCTRAIN_HOME (share/hpctrain: the tree's layout) and the programs on PATH.
 install(TARGETS hpctrain hpcrun hpcdata-pack RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS datasets/hpcdata launch/hpctrain-plot DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(PROGRAMS slurm/train.sbatch slurm/sweep.sbatch slurm/chain.sh slurm/local-cluster.sh slurm/job.sh
+install(PROGRAMS slurm/train.sbatch slurm/sweep.sbatch slurm/chain.sh slurm/local-cluster.sh slurm/job.sh slurm/epilog.sh
         DESTINATION ${CMAKE_INSTALL_DATADIR}/hpctrain/slurm)
 install(PROGRAMS datasets/hpcdata DESTINATION ${CMAKE_INSTALL_DATADIR}/hpctrain/datasets)
 install(FILES README.md docs/aws.md docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

@@ -29,9 +29,11 @@
 # that traffic between nodes (srun, PMIx wire-up, MPI) crosses a network path, not loopback.
 # Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
 # job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters.
+# Every node runs slurm/epilog.sh at a job's end (Epilog=), as a site running hpctrain would.
 set -euo pipefail
 
 me=local-cluster.sh
+epilog=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/epilog.sh
 die() { echo "$me: error: $1" >&2; exit "${2:-1}"; }  # die MESSAGE [CODE]
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
@@ -238,6 +240,7 @@ SlurmdTimeout=10
 SlurmctldTimeout=10
 MessageTimeout=10
 KillWait=30
+Epilog=$epilog
 MinJobAge=600
 InactiveLimit=0
 EOF

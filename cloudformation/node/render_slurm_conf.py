@@ -7,7 +7,7 @@ minutes through suspend.py, so that an idle cluster runs no compute instance at 
     render_slurm_conf.py --cluster NAME --controller HOST --max-nodes N --cpus C --gpus G
         --memory-mib M [--suspend-minutes 10] [--resume-timeout 1800] [--programs DIR]
         [--state-dir DIR] [--spool-dir DIR] [--log-dir DIR] [--port P] [--munge-socket PATH]
-        --out DIR
+        [--epilog PATH] --out DIR
 """
 
 import argparse
@@ -42,6 +42,8 @@ def render(a):
     nodes = f"{a.node_prefix}-[1-{a.max_nodes}]" if a.max_nodes > 1 else f"{a.node_prefix}-1"
     auth = f"AuthInfo=socket={a.munge_socket}\n" if a.munge_socket else ""
     gres = f" Gres=gpu:{a.gpus}" if a.gpus else ""
+    # The epilog frees the host memory of hpctrain snapshots that no relaunch needs (slurm/epilog.sh).
+    epilog = f"Epilog={a.epilog}\n" if a.epilog else ""
     conf = f"""# Rendered by hpctrain's cloudformation/node/render_slurm_conf.py for cluster {a.cluster}.
 ClusterName={a.cluster}
 SlurmctldHost={a.controller}
@@ -70,7 +72,7 @@ JobRequeue=1
 MailProg=/bin/true
 ReturnToService=2
 KillWait=30
-SlurmdTimeout=300
+{epilog}SlurmdTimeout=300
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 # Power saving: nodes are instances that exist only while Slurm wants them.
@@ -111,6 +113,8 @@ def main():
     p.add_argument("--log-dir", default="/var/log/slurm")
     p.add_argument("--port", type=positive, default=6817)
     p.add_argument("--munge-socket", default="")
+    p.add_argument("--epilog", default="/opt/hpctrain/src/slurm/epilog.sh",
+                   help="run on every node at a job's end: frees hpctrain's snapshots no relaunch needs ('' for none)")
     p.add_argument("--out", required=True, help="directory for slurm.conf and gres.conf")
     a = p.parse_args()
     conf, gres_conf = render(a)

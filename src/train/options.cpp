@@ -302,6 +302,7 @@ po::options_description description(TrainOptions& o, std::string* config) {
                               "       hpctrain inspect PATH [--json]                  (what a checkpoint holds)\n"
                               "       hpctrain export --checkpoint PATH --output FILE (the model as an ONNX file)\n"
                               "       hpctrain predict --checkpoint PATH IMAGES...   (classify PNG and JPEG images)\n"
+                              "       hpctrain clean-snapshots [--all]               (free the host memory of old snapshots)\n"
                               "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 4 epochs). "
                               "Run under mpirun for data parallelism");
   for (const OptionGroup& group : option_table()) {

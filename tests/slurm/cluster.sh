@@ -100,6 +100,19 @@ lc start-node n2 > /dev/null
 lc status > /dev/null || fail "status after start-node n2 is not healthy"
 say "up, env, status, kill-node, start-node: as documented"
 
+# The epilog (slurm/epilog.sh, which every node runs at a job's end): the user's snapshots last
+# written over an hour ago go, younger ones stay. (Each node has a /dev/shm of its own: the
+# jobs themselves make and read them there.)
+shm=/dev/shm/hpctrain-$(id -u)
+job=$(sbatch --parsable -o "$TEST_DIR/make.out" -w n1 --wrap "mkdir -p $shm/0123456789abcdef $shm/fedcba9876543210 &&
+  head -c 1000000 /dev/zero > $shm/0123456789abcdef/ckpt-000000001.hpck && touch -d '2 hours ago' $shm/0123456789abcdef")
+wait_state "$job" COMPLETED 30
+job=$(sbatch --parsable -o "$TEST_DIR/left.out" -w n1 --wrap "ls $shm")
+wait_state "$job" COMPLETED 30
+[[ "$(tr '\n' ' ' < "$TEST_DIR/left.out")" == "fedcba9876543210 " ]] ||
+  fail "after the epilog, n1's $shm holds '$(cat "$TEST_DIR/left.out")', not the younger run's alone"
+say "the epilog removed the snapshots over an hour old and kept the younger ones"
+
 # down leaves nothing: no process of the cluster (daemons are known by its directory in their
 # environment, job steps by their sockets), no directory.
 job=$(sbatch --parsable -o /dev/null -N 3 --wrap 'srun sleep 317')

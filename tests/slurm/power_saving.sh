@@ -41,7 +41,7 @@ done
 python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws --controller localhost \
   --max-nodes 4 --cpus 1 --gpus 0 --memory-mib 1000 --suspend-minutes 1 --resume-timeout 300 \
   --programs "$aws/programs" --state-dir "$aws/state" --spool-dir "$aws/spool" --log-dir "$aws/log" \
-  --port "$slurm_port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --out "$aws/etc" ||
+  --port "$slurm_port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --epilog "$repo/slurm/epilog.sh" --out "$aws/etc" ||
   fail "render_slurm_conf.py failed"
 # This machine stands in for the head node and the instance: loopback, root, no CPU binding; a
 # node powering down takes 20 s, not 2 minutes.

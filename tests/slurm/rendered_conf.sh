@@ -12,7 +12,7 @@ chown slurm: "$rendered"/{state,log}
 python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws --controller localhost \
   --max-nodes 4 --cpus 48 --gpus 4 --memory-mib 180000 --suspend-minutes 10 \
   --programs "$repo/cloudformation/node" --state-dir "$rendered/state" --spool-dir "$rendered/spool" \
-  --log-dir "$rendered/log" --port "$port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" \
+  --log-dir "$rendered/log" --port "$port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --epilog "$repo/slurm/epilog.sh" \
   --out "$rendered/etc" || fail "render_slurm_conf.py failed"
 # The bootstrap's config has no address for localhost: pin it to loopback for this machine.
 sed -i 's/^SlurmctldHost=localhost$/SlurmctldHost=localhost(127.0.0.1)/' "$rendered/etc/slurm.conf"
