@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -362,6 +363,49 @@ std::string Supervisor::slurm_preemption() const {
   if (!job || !*job) return "";
   const CommandResult r = run_command({"scontrol", "show", "job", "-o", job}, o_.probe_timeout, /*merge_stderr=*/false);
   return r.ok() ? slurm_preempt_time(r.output) : "";
+}
+
+void Supervisor::free_snapshots(int code) {
+  if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
+  if (code == kExitStopped || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
+  std::ifstream in(fs::path(o_.checkpoint_dir) / "run-id");
+  std::string run_id;
+  if (!(in >> run_id) || run_id.size() != 16) return;
+  // Every host of the job, once each, one process there (after a success only those the last
+  // attempt left behind: the finished run removed its own on the others); those that no longer
+  // answer keep theirs until their age runs out (the next run there, the Slurm epilog).
+  HostList hosts, remote;
+  for (const AttemptRecord& a : attempts_)
+    for (const Host& h : a.hosts)
+      if (!contains(hosts, h.name) && !(code == 0 && contains(attempts_.back().hosts, h.name)))
+        hosts.push_back({h.name, 1});
+  if (hosts.empty()) return;
+  for (const Host& h : hosts)
+    if (!is_local_host(h.name)) remote.push_back(h);
+  std::vector<std::vector<std::string>> probes;
+  for (const Host& h : remote) probes.push_back(probe_command(h.name));
+  const std::vector<CommandResult> answers = run_commands(probes, o_.probe_timeout);
+  HostList reachable;
+  for (const Host& h : hosts) {
+    const auto at = std::find(remote.begin(), remote.end(), h);
+    if (at == remote.end() || answers[static_cast<size_t>(at - remote.begin())].ok()) reachable.push_back(h);
+  }
+  if (reachable.empty()) return;
+  std::vector<std::string> cmd = mpirun_command(reachable);
+  cmd.erase(std::find(cmd.begin(), cmd.end(), self_exe_), cmd.end());  // the rank wrapper and the program
+  cmd.erase(std::remove(cmd.begin(), cmd.end(), std::string("--tag-output")), cmd.end());
+  cmd.insert(cmd.end(), {o_.program.front(), "clean-snapshots", "--run-id", run_id});
+  if (const std::string dir = program_option(o_.program, "snapshot-dir"); !dir.empty())
+    cmd.insert(cmd.end(), {"--snapshot-dir", dir});
+  say("freeing the run's snapshots in host memory on " + show_hosts(reachable) + " (run " + run_id + ")");
+  const CommandResult r = run_command(cmd, std::max(30.0, 2 * o_.probe_timeout), /*merge_stderr=*/false);
+  if (!r.ok()) {
+    say("warning: could not free the run's snapshots (" + r.why() + "); they go after an hour");
+    return;
+  }
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) say(line);
 }
 
 // --------------------------------------------------------------------------------- the loop

@@ -137,6 +137,11 @@ class Supervisor {
 
   // The summary (summary.cpp)
   int finish(int code, const std::string& last_line);
+  // At the end of a job that no relaunch continues (not a stop, exit 75): the run's snapshots in
+  // host memory go, on every host of its attempts that still answers (hpctrain clean-snapshots
+  // --run-id, through mpirun). A finished run removes its own; this reaches the hosts it left
+  // (after a success, those alone).
+  void free_snapshots(int code);
   void print_summary();
   void write_summary_json(int exit_code);
 

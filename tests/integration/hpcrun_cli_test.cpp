@@ -389,5 +389,42 @@ TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {
   }
 }
 
+// At the end of a job no relaunch continues, hpcrun frees the run's snapshots in host memory
+// on the job's hosts; a stop (exit 75), which a relaunch continues, keeps them.
+TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
+  TempDir dir("hpcrun_snaps");
+  const std::string snaps = dir.file("snaps");
+  auto job = [&](const std::string& hook, const std::string& ck) {
+    setenv(hook.c_str(), "8", 1);
+    const RunResult r = hpcrun({"-np", "1", "--max-restarts", "0", hpctrain_binary(), "--checkpoint-dir", ck,
+                                "--snapshot-dir", snaps, "--snapshot-every-steps", "3", "--train-samples", "1280",
+                                "--test-samples", "100", "--threads", "1", "--device", "cpu", "--data-dir",
+                                fashion_mnist_dir()},
+                               120);
+    unsetenv(hook.c_str());
+    return r;
+  };
+  auto run_dirs = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(snaps)) out.push_back(e.path().filename().string());
+    return out;
+  };
+  // Stopped by a signal after step 8: exit 75, the snapshots stay for the next run.
+  const RunResult stopped = job("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", dir.file("ck1"));
+  EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_EQ(run_dirs().size(), 1u);
+  EXPECT_EQ(stopped.err.find("freeing the run's snapshots"), std::string::npos) << stopped.err;
+  // Killed after step 8, and --max-restarts 0: hpcrun gives up, and the snapshots go.
+  const RunResult failed = job("HPCTRAIN_TEST_KILL_AFTER_STEP", dir.file("ck2"));
+  EXPECT_EQ(failed.exit_code, 1) << failed.err;
+  const std::string id = read_text(dir.file("ck2") + "/run-id").substr(0, 16);
+  EXPECT_NE(failed.err.find("freeing the run's snapshots in host memory on localhost:1 (run " + id + ")"),
+            std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find("removed the snapshots of 1 run(s)"), std::string::npos) << failed.err;
+  const std::vector<std::string> left = run_dirs();
+  EXPECT_EQ(left.size(), 1u);
+  EXPECT_EQ(std::count(left.begin(), left.end(), id), 0) << "the failed run's snapshots are still there";
+}
+
 }  // namespace
 }  // namespace hpc::itest
