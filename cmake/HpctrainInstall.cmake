@@ -21,26 +21,43 @@ endforeach()
 find_program(HELP2MAN help2man)
 if(HELP2MAN)
   set(pages)
-  # name, command, one-line description; programs without --version get the project's.
-  foreach(entry "hpctrain|$<TARGET_FILE:hpctrain>|data-parallel training of image classifiers on CPUs and GPUs|"
-                "hpcrun|$<TARGET_FILE:hpcrun>|launch and supervise an MPI training job across hosts|"
-                "hpcdata|${PROJECT_SOURCE_DIR}/datasets/hpcdata|prepare, pack and stage datasets for hpctrain|--version-string=${PROJECT_VERSION}"
-                "hpcdata-pack|$<TARGET_FILE:hpcdata-pack>|pack an image folder into shards for hpctrain|--version-string=${PROJECT_VERSION}"
-                "hpctrain-plot|${PROJECT_SOURCE_DIR}/launch/hpctrain-plot|charts of hpctrain metrics files|--version-string=${PROJECT_VERSION}")
+  # hpctrain's subcommands, every option of each (docs/man/commands.sh), for its page.
+  set(commands_h2m ${CMAKE_BINARY_DIR}/man/hpctrain-commands.h2m)
+  add_custom_command(OUTPUT ${commands_h2m}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
+    COMMAND bash ${PROJECT_SOURCE_DIR}/docs/man/commands.sh $<TARGET_FILE:hpctrain> ${commands_h2m}
+    DEPENDS hpctrain ${PROJECT_SOURCE_DIR}/docs/man/commands.sh VERBATIM)
+  set(man_dir ${PROJECT_SOURCE_DIR}/docs/man)
+  # name, command, one-line description, more help2man arguments (^-separated): the version is
+  # the project's (not --version's text, which names the build machine's GPUs), and the pages of
+  # hpctrain and hpcrun include EXIT STATUS, SIGNALS, ENVIRONMENT, FILES, EXAMPLES (docs/man).
+  foreach(entry "hpctrain|$<TARGET_FILE:hpctrain>|data-parallel training of image classifiers on CPUs and GPUs|--include=${man_dir}/hpctrain.h2m^--include=${commands_h2m}"
+                "hpcrun|$<TARGET_FILE:hpcrun>|launch and supervise an MPI training job across hosts|--include=${man_dir}/hpcrun.h2m"
+                "hpcdata|${PROJECT_SOURCE_DIR}/datasets/hpcdata|prepare, pack and stage datasets for hpctrain|"
+                "hpcdata-pack|$<TARGET_FILE:hpcdata-pack>|pack an image folder into shards for hpctrain|"
+                "hpctrain-plot|${PROJECT_SOURCE_DIR}/launch/hpctrain-plot|charts of hpctrain metrics files|")
     string(REPLACE "|" ";" fields "${entry}")
     list(GET fields 0 name)
     list(GET fields 1 program)
     list(GET fields 2 what)
-    list(GET fields 3 version)
+    list(GET fields 3 extra)
+    string(REPLACE "^" ";" extra "${extra}")
+    set(depends ${program})
+    foreach(arg IN LISTS extra)
+      if(arg MATCHES "^--include=(.*)$")
+        list(APPEND depends ${CMAKE_MATCH_1})
+      endif()
+    endforeach()
     set(page ${CMAKE_BINARY_DIR}/man/${name}.1)
     # OMPI_ALLOW_RUN_AS_ROOT: --help starts MPI (a world of one), which Open MPI refuses to root.
     # Compressed, as Debian ships man pages (gzip -n: the same bytes on every build).
     add_custom_command(OUTPUT ${page}.gz
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
       COMMAND ${CMAKE_COMMAND} -E env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-              ${HELP2MAN} --no-info --no-discard-stderr --name=${what} ${version} --output=${page} ${program}
+              ${HELP2MAN} --no-info --no-discard-stderr --name=${what} --version-string=${PROJECT_VERSION} ${extra}
+              --output=${page} ${program}
       COMMAND gzip -9nf ${page}
-      DEPENDS ${program} VERBATIM)
+      DEPENDS ${depends} VERBATIM)
     list(APPEND pages ${page}.gz)
   endforeach()
   add_custom_target(man_pages ALL DEPENDS ${pages})

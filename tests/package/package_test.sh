@@ -46,6 +46,20 @@ page=$(MANWIDTH=100 man -P cat -l "$usr/share/man/man1/hpctrain.1.gz" 2> "$tmp/m
   fail "man cannot render hpctrain.1: $(cat "$tmp/man.err")"
 grep -q -- '--checkpoint-dir' <<< "$page" || fail "the man page lacks the options: $page"
 grep -q 'NAME' <<< "$page" || fail "the man page has no NAME section"
+# The sections a Debian user looks for, every subcommand's options, and nothing of the machine
+# that built it (--version's text names its GPUs).
+for section in SYNOPSIS 'EXIT STATUS' SIGNALS ENVIRONMENT FILES EXAMPLES COMMANDS 'SEE ALSO'; do
+  grep -q "^$section\$" <<< "$page" || fail "the man page has no $section section"
+done
+for command in evaluate inspect export predict clean-snapshots; do
+  grep -q "Usage: hpctrain $command" <<< "$page" || fail "the man page lacks hpctrain $command's options"
+done
+! grep -qi 'GPU(s) visible\|CUDA runtime' <<< "$page" || fail "the man page holds the build machine's GPUs"
+page=$(MANWIDTH=100 man -P cat -l "$usr/share/man/man1/hpcrun.1.gz" 2> "$tmp/man.err") ||
+  fail "man cannot render hpcrun.1: $(cat "$tmp/man.err")"
+for section in 'EXIT STATUS' SIGNALS ENVIRONMENT FILES EXAMPLES; do
+  grep -q "^$section\$" <<< "$page" || fail "hpcrun's man page has no $section section"
+done
 
 # A project outside the tree: find_package(hpctrain), link hpctrain::hpctrain_lib, run it.
 mkdir -p "$tmp/app"
