@@ -370,6 +370,11 @@ std::string AsyncWriter::last_written() {
   return last_;
 }
 
+std::pair<int64_t, double> AsyncWriter::completed() {
+  std::lock_guard lock(mu_);
+  return {completed_, completed_unix_};
+}
+
 void AsyncWriter::run() {
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   for (;;) {
@@ -395,8 +400,13 @@ void AsyncWriter::run() {
       std::lock_guard lock(mu_);
       busy_ = false;
       spare_ = std::move(job.snapshot);
-      if (failure) failure_ = failure;
-      else last_ = path;
+      if (failure) {
+        failure_ = failure;
+      } else {
+        last_ = path;
+        ++completed_;
+        completed_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      }
     }
     cv_.notify_all();
   }

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -129,6 +130,8 @@ class AsyncWriter {
   bool idle();
   // Path of the last checkpoint written completely ("" before the first).
   std::string last_written();
+  // How many were written completely, and the Unix time the last one was (0 before the first).
+  std::pair<int64_t, double> completed();
 
  private:
   void run();
@@ -146,6 +149,8 @@ class AsyncWriter {
   bool busy_ = false, stop_ = false;
   std::exception_ptr failure_;
   std::string last_;
+  int64_t completed_ = 0;
+  double completed_unix_ = 0;
   std::vector<char> bytes_;  // the writer thread's encoding, its capacity kept between writes
   std::thread thread_;
 };

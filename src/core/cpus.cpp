@@ -159,4 +159,16 @@ double fair_share(const std::vector<std::vector<int>>& masks, size_t me) {
   return share;
 }
 
+std::string model_name(const std::string& cpuinfo) {
+  std::ifstream in(cpuinfo);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t from = line.find_first_not_of(" \t", colon + 1);
+    return from == std::string::npos ? "" : line.substr(from);
+  }
+  return "";
+}
+
 }  // namespace hpc::cpus

@@ -26,6 +26,10 @@ std::optional<double> cgroup_quota(const std::string& proc_cgroup = "/proc/self/
 std::optional<double> cgroup_memory_limit(const std::string& proc_cgroup = "/proc/self/cgroup",
                                           const std::string& cgroup_root = "/sys/fs/cgroup");
 
+// The CPU's model name, as /proc/cpuinfo gives it ("AMD EPYC 9R14 96-Core Processor"); "" when
+// it says none.
+std::string model_name(const std::string& cpuinfo = "/proc/cpuinfo");
+
 // What this process alone may use: the affinity's CPUs, no more than the quota (at least 1).
 int usable();
 

@@ -25,6 +25,8 @@ int select_gpu(int local_rank);
 // process that sees it whatever CUDA_VISIBLE_DEVICES numbers it (a hash of its UUID); 0 when
 // there is none. Two ranks with the same non-zero value would share one GPU.
 uint64_t gpu_identity(int local_rank);
+// The model of the GPU select_gpu(local_rank) would take ("NVIDIA H200"); "" when there is none.
+std::string gpu_name(int local_rank);
 
 // Device memory through the process's caching allocator (core/caching_allocator.hpp):
 // allocate never returns nullptr (usage error when out of memory); release(nullptr) is a no-op.

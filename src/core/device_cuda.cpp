@@ -90,6 +90,17 @@ uint64_t gpu_identity(int local_rank) {
   return h == 0 ? 1 : h;
 }
 
+std::string gpu_name(int local_rank) {
+  const int n = cuda_device_count();
+  if (n == 0) return "";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, local_rank % n) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return p.name;
+}
+
 void* allocate(size_t bytes) { return allocator().allocate(bytes); }
 void release(void* p) { allocator().release(p); }
 

@@ -12,6 +12,7 @@ bool built_with_cuda() { return false; }
 std::string describe() { return "CPU only (built without CUDA)"; }
 int select_gpu(int /*local_rank*/) { no_cuda(); }
 uint64_t gpu_identity(int /*local_rank*/) { return 0; }
+std::string gpu_name(int /*local_rank*/) { return ""; }
 void* allocate(size_t /*bytes*/) { no_cuda(); }
 void release(void* p) {
   HPC_CHECK(p == nullptr, "release of device memory in a build without CUDA");

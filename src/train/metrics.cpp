@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -30,7 +32,8 @@ std::optional<std::pair<char, char>> ends_of(const std::string& path, off_t size
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, const char* option) : path_(path), option_(option) {
+MetricsWriter::MetricsWriter(const std::string& path, const char* option)
+    : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0) {
   HPC_REQUIRE(!path.empty(), option, " is empty (an unset variable?)");
   // O_EXCL tells a file made here from one that was there (which stays, whatever happens).
   int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -78,7 +81,13 @@ void MetricsWriter::write(const JsonObject& fields) {
     log::warn(option_, " ", path_, " ends in a cut line (a run killed while writing it?): it stays as it is, and "
               "this run's events start on a new line after it");
   std::string line = std::exchange(cut_, false) ? "\n" : "";  // appended: GCC 12 warns falsely (-Wrestrict) on +
-  line += json_text(fields);
+  if (stamp_ && !fields.contains("unix_time")) {
+    JsonObject stamped = fields;  // the wall-clock time of every event, last
+    stamped["unix_time"] = std::round(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() * 1000) / 1000;
+    line += json_text(stamped);
+  } else {
+    line += json_text(fields);
+  }
   line += '\n';
   const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   written_ = true;  // even a failed write may have left part of a line: the file stays

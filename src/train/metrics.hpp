@@ -27,7 +27,9 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  // One line. A failed write (a full disk) is a usage error naming the option and the cause.
+  // One line; in the --metrics-file, with "unix_time" (seconds since 1970, UTC, to the
+  // millisecond) added last where `fields` has none. A failed write (a full disk) is a usage
+  // error naming the option and the cause.
   void write(const JsonObject& fields);
 
  private:
@@ -36,6 +38,7 @@ class MetricsWriter {
   FILE* file_ = nullptr;
   bool created_ = false, written_ = false;
   bool cut_ = false;  // the file's last line has no line end yet
+  bool stamp_ = false;  // every event gets "unix_time" (the metrics file's, not the timeline's)
 };
 
 }  // namespace hpc::train

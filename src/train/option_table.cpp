@@ -219,7 +219,8 @@ std::vector<Option> general() {
              "interactive terminal), on (every line, warnings and errors too) or off"),
       number("seed", &Members::seed, R::Match, "seed of initialisation, shuffling and augmentation"),
       number("threads", &Members::threads, R::Local,
-             "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and cgroup quota)"),
+             "math-library threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the CPUs it may use: its "
+             "affinity and cgroup quota)"),
       choice("device", &Members::device, kDeviceNames, R::Agree,
              "auto (the GPU of each rank's local rank when one is visible, else the CPU), cpu or cuda"),
       choice("precision", &Members::precision, kPrecisionNames, R::Agree,

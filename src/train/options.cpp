@@ -298,11 +298,11 @@ void validate_checkpointing(const TrainOptions& o, const po::variables_map& vm) 
 // line's own (help, version, config) first.
 po::options_description description(TrainOptions& o, std::string* config) {
   po::options_description all("Usage: hpctrain [train] [options]\n"
-                              "       hpctrain evaluate --checkpoint PATH [options]   (test accuracy of a checkpoint)\n"
-                              "       hpctrain inspect PATH [--json]                  (what a checkpoint holds)\n"
-                              "       hpctrain export --checkpoint PATH --output FILE (the model as an ONNX file)\n"
-                              "       hpctrain predict --checkpoint PATH IMAGES...   (classify PNG and JPEG images)\n"
-                              "       hpctrain clean-snapshots [--all]               (free the host memory of old snapshots)\n"
+                              "  or:  hpctrain evaluate --checkpoint PATH [options]    (test accuracy of a checkpoint)\n"
+                              "  or:  hpctrain inspect PATH [--json]                   (what a checkpoint holds)\n"
+                              "  or:  hpctrain export --checkpoint PATH --output FILE  (the model as an ONNX file)\n"
+                              "  or:  hpctrain predict --checkpoint PATH IMAGES...     (classify PNG and JPEG images)\n"
+                              "  or:  hpctrain clean-snapshots [options]               (free old snapshots' host memory)\n"
                               "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 4 epochs). "
                               "Run under mpirun for data parallelism");
   for (const OptionGroup& group : option_table()) {
@@ -414,6 +414,13 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
   for (const OptionGroup& group : option_table())
     for (const Option& option : group.options)
       if (option.rule != Rule::Local) v.emplace_back(option.name, option.value(o));
+  return v;
+}
+
+std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options) v.emplace_back(option.name, option.value(o));
   return v;
 }
 

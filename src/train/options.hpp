@@ -137,6 +137,8 @@ std::vector<OptionRule> option_rules();
 // as text: every rank must agree on them, a checkpoint records them ("option.NAME"), and a
 // resumed run must match those of rule Match.
 std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o);
+// Every option of the table with its value as text (the metrics file's config event).
+std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOptions& o);
 // What every rank compares (setup.cpp): option_values, and the Local options whose text must still
 // be the same on every rank, as hpcrun, mpirun and the Slurm scripts give it: --checkpoint-dir,
 // --resume and --snapshot-every-steps, which every rank's stop and resume follow (rank 0 alone

@@ -73,7 +73,7 @@ std::string PrometheusTextfile::render(const std::vector<Gauge>& gauges) const {
     const Gauge& g = gauges[i];
     const std::string name = kPrefix + g.name;
     if (i == 0 || gauges[i - 1].name != g.name)
-      text += "# HELP " + name + " " + g.help + "\n# TYPE " + name + " gauge\n";
+      text += "# HELP " + name + " " + g.help + "\n# TYPE " + name + (g.counter ? " counter\n" : " gauge\n");
     const std::string own = labels_text(g.labels);
     const std::string all = labels_ + (!labels_.empty() && !own.empty() ? "," : "") + own;
     text += name + (all.empty() ? "" : "{" + all + "}") + " " + number(g.value) + "\n";

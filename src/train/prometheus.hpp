@@ -1,5 +1,5 @@
 // A file for node_exporter's textfile collector (--prometheus-file): Prometheus's text format,
-// gauges with their HELP and TYPE lines, replaced whole on every write (a temporary file beside
+// gauges and counters with their HELP and TYPE lines, replaced whole on every write (a temporary file beside
 // it, then a rename) so that a scrape never reads half a file. Knows nothing of training: the
 // step metrics (step_metrics.hpp) say which gauges it holds.
 #pragma once
@@ -10,12 +10,14 @@
 
 namespace hpc::train {
 
-// One sample of a gauge. Samples of one name must be given together, the first with the help.
+// One sample of a gauge, or of a counter (a name ending in _total, counting up from 0 while the
+// process lives). Samples of one name must be given together, the first with the help.
 struct Gauge {
   std::string name;  // without the prefix (hpctrain_ is added)
   std::string help;
   double value = 0;
   std::vector<std::pair<std::string, std::string>> labels = {};  // its own, after the file's
+  bool counter = false;
 };
 
 class PrometheusTextfile {

@@ -1,6 +1,8 @@
 #include "train/setup.hpp"
 
 #include <csignal>
+#include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -60,6 +62,26 @@ bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak
   return gpu;
 }
 
+// OMP_NUM_THREADS when it is set to a number of threads (the first of a list: OpenMP's nested
+// levels), which --threads overrides; a value that is none is a warning and is left aside.
+std::optional<int> omp_num_threads() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  if (!v || !*v) return std::nullopt;
+  const std::string text(v);
+  const std::string first = text.substr(0, text.find(','));
+  size_t used = 0;
+  int n = 0;
+  try {
+    n = std::stoi(first, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used == first.size() && used > 0 && n >= 1 && n <= 4096) return n;
+  log::warn("OMP_NUM_THREADS='", text, "' is not a number of threads (1 to 4096): left aside, the threads are chosen "
+            "as without it");
+  return std::nullopt;
+}
+
 // The device and math threads of this rank.
 void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::string& shared, Prepared& p) {
   p.gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
@@ -67,8 +89,17 @@ void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::
               ctx.world_size(), "): the gradient all-reduce waits on the host, which a captured step cannot; leave it "
               "out");
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
-  p.threads = o.threads > 0 ? o.threads : default_threads(ctx);
+  p.threads = o.threads > 0 ? o.threads : omp_num_threads().value_or(0);
+  if (p.threads == 0) p.threads = default_threads(ctx);
   nn::set_math_threads(p.threads);
+  // More math threads on a host than the CPUs its ranks may use: they take turns, every step
+  // waits for the slowest, and the step time varies. Said once per host, by its first rank.
+  const double share = ctx.cpu_share();
+  if (!p.gpu && ctx.local_rank() == 0 && p.threads > share + 1e-9)
+    log::warn("the ranks on ", ctx.host(), " share cores: ", ctx.local_size(), " rank(s) with ", p.threads,
+              " math thread(s) each, and a rank's share of the CPUs they may use is ", share,
+              " (oversubscribed: slower, and step times vary); give fewer ranks per host",
+              o.threads > 0 ? " or fewer --threads" : std::getenv("OMP_NUM_THREADS") ? " or a smaller OMP_NUM_THREADS" : "");
 }
 
 // --keep-last-batch: the short last batch must still give every rank what a step needs.

@@ -12,6 +12,7 @@ using SteadyClock = std::chrono::steady_clock;
 // At most about one rewrite a second: a scrape every 15 s or more sees fresh figures, and a
 // step of milliseconds pays nothing for them.
 constexpr double kPrometheusInterval = 1.0;
+constexpr double kThroughputWindow = 60;  // seconds of hpctrain_images_per_second_1m
 
 const char* state_name(RunState s) {
   switch (s) {
@@ -70,8 +71,9 @@ std::string prometheus_job(const TrainOptions& o) {
 }
 
 StepMetrics::StepMetrics(const TrainOptions& o, int world_size, int64_t planned_steps, int64_t start_step,
-                         MetricsWriter& metrics)
-    : every_(o.metrics_every_steps), planned_(planned_steps), metrics_(metrics) {
+                         MetricsWriter& metrics, ckpt::AsyncWriter* checkpoints)
+    : every_(o.metrics_every_steps), planned_(planned_steps), start_step_(start_step), metrics_(metrics),
+      checkpoints_(checkpoints) {
   last_.step = start_step;
   if (o.prometheus_file.empty()) return;
   prometheus_.emplace(o.prometheus_file, std::vector<std::pair<std::string, std::string>>{
@@ -87,6 +89,10 @@ StepMetrics::~StepMetrics() {
 void StepMetrics::after_step(const StepFigures& f) {
   last_ = f;
   stepped_ = true;
+  samples_ += f.samples;
+  window_.emplace_back(f.elapsed_seconds, samples_);
+  // The oldest step kept is the one just before the window: the samples after it fell inside.
+  while (window_.size() > 2 && window_[1].first <= f.elapsed_seconds - kThroughputWindow) window_.pop_front();
   if (every_ > 0 && f.step % every_ == 0) metrics_.write(step_event(f));
   publish(false);
 }
@@ -113,6 +119,23 @@ void StepMetrics::publish(bool now) {
   for (RunState s : {RunState::Training, RunState::Stopped, RunState::Done, RunState::Failed})
     g.push_back({"state", "The run's state: 1 for the one it is in (training, stopped, done or failed).",
                  s == state_ ? 1.0 : 0.0, {{"state", state_name(s)}}});
+  g.push_back({"steps_total", "Global training steps this process has done (from its start or resume).",
+               static_cast<double>(last_.step - start_step_), {}, true});
+  g.push_back({"samples_total", "Samples of all ranks this process's steps have trained on.",
+               static_cast<double>(samples_), {}, true});
+  const auto [written, written_at] = checkpoints_ ? checkpoints_->completed() : std::pair<int64_t, double>{0, 0};
+  g.push_back({"checkpoints_total", "Checkpoints this process has written completely to --checkpoint-dir.",
+               static_cast<double>(written), {}, true});
+  if (written > 0)
+    g.push_back({"last_checkpoint_timestamp_seconds", "Unix time the newest checkpoint was written completely.",
+                 written_at});
+  if (window_.size() >= 2) {
+    const double seconds = window_.back().first - window_.front().first;
+    if (seconds > 0)
+      g.push_back({"images_per_second_1m",
+                   "Samples per second of all ranks over the last minute of steps (since the first, when shorter).",
+                   static_cast<double>(window_.back().second - window_.front().second) / seconds});
+  }
   g.push_back({"last_update_timestamp_seconds", "Unix time of this file's last update.", unix_time()});
   prometheus_->write(g);
   written_ = SteadyClock::now();

@@ -1,14 +1,18 @@
 // Figures of single steps, for dashboards: rank 0's step events in the metrics file every
 // --metrics-every-steps N steps, and its Prometheus textfile (--prometheus-file), rewritten at
-// most about once a second, after each epoch and at the end. Both report the same figures of
+// most about once a second, after each epoch and at the end: the last step's figures as gauges,
+// counters of the steps, samples and checkpoints this process did (_total), the time of the last
+// checkpoint and the throughput over the last minute. Both report the same figures of
 // the same steps; neither adds a collective to the step (the loss is rank 0's own).
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "ckpt/store.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/prometheus.hpp"
@@ -25,6 +29,7 @@ struct StepFigures {
   double comm_wait_seconds = 0;   // the wait for the gradient all-reduce after the backward pass
   double step_seconds = 0;        // from asking for the batch to the end of the update
   double elapsed_seconds = 0;     // since the process started, as the epoch lines' (hpctrain-plot's time)
+  int64_t samples = 0;            // the step's global batch (not in the step event)
 };
 
 // The metrics file's step event.
@@ -40,9 +45,10 @@ std::string prometheus_job(const TrainOptions& o);
 // "training"); a run that ends without ended() (an error) leaves the state "failed".
 class StepMetrics {
  public:
-  // metrics: rank 0's metrics file (or none); start: the step the run starts after.
+  // metrics: rank 0's metrics file (or none); start: the step the run starts after; checkpoints:
+  // rank 0's checkpoint writer (none without --checkpoint-dir), whose writes it counts.
   StepMetrics(const TrainOptions& o, int world_size, int64_t planned_steps, int64_t start_step,
-              MetricsWriter& metrics);
+              MetricsWriter& metrics, ckpt::AsyncWriter* checkpoints = nullptr);
   ~StepMetrics();
   StepMetrics(const StepMetrics&) = delete;
   StepMetrics& operator=(const StepMetrics&) = delete;
@@ -53,8 +59,12 @@ class StepMetrics {
  private:
   void publish(bool now);
 
-  const int64_t every_, planned_;
+  const int64_t every_, planned_, start_step_;
   MetricsWriter& metrics_;
+  ckpt::AsyncWriter* checkpoints_;
+  int64_t samples_ = 0;  // this process's, for hpctrain_samples_total
+  // (seconds since the start, samples so far) of the steps of the last kThroughputWindow seconds
+  std::deque<std::pair<double, int64_t>> window_;
   std::optional<PrometheusTextfile> prometheus_;
   StepFigures last_;
   bool stepped_ = false;  // whether last_ holds a step's figures

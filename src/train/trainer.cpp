@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "core/cpus.hpp"
+#include "core/device.hpp"
 #include "core/log.hpp"
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
@@ -123,6 +124,7 @@ class TrainingRun {
   void release_directory();
   std::optional<int> set_up();
   void plan();
+  void write_config_event();  // the metrics file's first line of the run (collective)
   void start_engine();
   void start_state_keeping();
   bool stop_for_membership();
@@ -204,7 +206,7 @@ TrainResult TrainingRun::run_steps() {
   }
   progress_.emplace(ProgressSpec{o_.progress, o_.quiet || !lead_, o_.log_every, o_.progress_interval_seconds},
                     o_.epochs, plan_.steps_per_epoch, plan_.total_steps);
-  if (lead_) step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_);
+  if (lead_) step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
   tally_.step = p_.start.step;
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
@@ -257,6 +259,46 @@ std::optional<int> TrainingRun::set_up() {
   return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
 }
 
+namespace {
+// Each host's name, in the order of their first ranks, comma-separated (collective).
+std::string host_names(dist::ProcessContext& ctx) {
+  if (ctx.world_size() == 1) return ctx.host();
+  dist::Communicator& comm = ctx.world();
+  const std::vector<uint64_t> first = comm.allgather(ctx.local_rank() == 0 ? 1 : 0);
+  std::string names;
+  for (int r = 0; r < static_cast<int>(first.size()); ++r)
+    if (first[r]) {
+      const std::string name = dist::broadcast_string(comm, ctx.host(), r);
+      if (!names.empty()) names += ',';
+      names += name;
+    }
+  return names;
+}
+}  // namespace
+
+// The metrics file's first line of the run: what it runs with (every option, where, on what).
+void TrainingRun::write_config_event() {
+  const std::string hosts = host_names(ctx_);
+  if (!lead_) return;
+  JsonObject c{{"event", std::string("config")},
+               {"hpctrain_version", std::string(HPCTRAIN_VERSION)},
+               {"world_size", world_},
+               {"hosts", hosts},
+               {"host_count", static_cast<int64_t>(std::count(hosts.begin(), hosts.end(), ',') + 1)},
+               {"device", std::string(p_.gpu ? "cuda" : "cpu")},
+               {"cpu_model", cpus::model_name()},
+               {"gpu_model", p_.gpu ? device::gpu_name(ctx_.local_rank()) : std::string()},
+               {"threads", p_.threads},
+               {"global_batch_size", plan_.global_batch},
+               {"steps_per_epoch", plan_.steps_per_epoch},
+               {"total_steps", plan_.total_steps},
+               {"resumed_from_step", p_.resumed ? p_.start.step : int64_t{-1}},
+               {"resumed_from", std::string(source_name(p_.source))},
+               {"run_id", run_.id}};
+  for (const auto& [name, value] : all_option_values(o_)) c["option." + name] = value;
+  metrics_->write(c);
+}
+
 // Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the
 // engine and before the first step, so that a stop during set-up can check the directory), the
 // run's identity beside them, and the snapshots in every host's memory.
@@ -295,6 +337,7 @@ void TrainingRun::plan() {
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu);
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
+  write_config_event();
   if (o_.timeline_file.empty() || !lead_) timeline_.emplace();
   else timeline_.emplace(o_.timeline_file, "--timeline-file");
 }
@@ -368,7 +411,7 @@ void TrainingRun::record_step(const StepResult& r, double lr, int64_t global_len
   if (!step_metrics_) return;
   const double seconds = seconds_since(start.asked);
   step_metrics_->after_step({tally_.step, epoch + 1, r.loss, lr, static_cast<double>(global_len) / std::max(seconds, 1e-9),
-                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_)});
+                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_), global_len});
 }
 
 void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e) {

@@ -568,9 +568,19 @@ class FlatJsonParser {
   size_t i_ = 0;
 };
 
-inline std::vector<JsonObject> read_json_lines(const std::string& path) {
+// Every line of a JSON Lines file, parsed.
+inline std::vector<JsonObject> read_all_json_lines(const std::string& path) {
   std::vector<JsonObject> out;
   for (const std::string& line : lines_of(read_text(path))) out.push_back(FlatJsonParser(line).parse());
+  return out;
+}
+
+// A metrics file's events without the config event that starts each run (train_test checks
+// that one): the training's epoch, step, stopped and done events, and any foreign line.
+inline std::vector<JsonObject> read_json_lines(const std::string& path) {
+  std::vector<JsonObject> out;
+  for (JsonObject& o : read_all_json_lines(path))
+    if (!o.count("event") || o.at("event").str != "config") out.push_back(std::move(o));
   return out;
 }
 

@@ -153,6 +153,86 @@ TEST_F(Train, MetricsFileKeysAndStepCounts) {
   expect_done_line(capped[2], 6, capped[1]);
 }
 
+// The metrics file starts each run with its configuration: every option (Local ones too) with
+// its value as text, the world, the hosts, the devices; and every event carries the wall-clock
+// time it was written at.
+TEST_F(Train, TheMetricsFileStartsWithTheConfiguration) {
+  const std::string m = dir_.file("config.jsonl");
+  const double before = static_cast<double>(std::time(nullptr));
+  const RunResult r = run_hpctrain(kShort + std::vector<std::string>{"--model", "mlp", "--lr", "0.05", "--threads", "1",
+                                                                   "--data-dir", fashion_mnist_dir(), "--metrics-file", m,
+                                                                   "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const double after = static_cast<double>(std::time(nullptr)) + 1;
+  const std::vector<JsonObject> lines = read_all_json_lines(m);
+  ASSERT_GE(lines.size(), 3u);
+  const JsonObject& c = lines.front();
+  EXPECT_EQ(c.at("event").str, "config");
+  EXPECT_EQ(c.at("option.lr").str, "0.05");
+  EXPECT_EQ(c.at("option.model").str, "mlp");
+  EXPECT_EQ(c.at("option.threads").str, "1");
+  EXPECT_EQ(c.at("option.metrics-file").str, m);
+  EXPECT_EQ(c.at("option.max-steps").str, "12");
+  EXPECT_EQ(c.at("world_size").number, 1);
+  EXPECT_EQ(c.at("host_count").number, 1);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  EXPECT_EQ(c.at("hosts").str, host);
+  EXPECT_EQ(c.at("device").str, "cpu");
+  EXPECT_EQ(c.at("gpu_model").str, "");
+  EXPECT_FALSE(c.at("cpu_model").str.empty());
+  EXPECT_EQ(c.at("threads").number, 1);
+  EXPECT_EQ(c.at("global_batch_size").number, 32);
+  EXPECT_EQ(c.at("total_steps").number, 12);
+  EXPECT_EQ(c.at("resumed_from_step").number, -1);
+  EXPECT_EQ(c.at("hpctrain_version").str, HPCTRAIN_TEST_VERSION);
+  // Every option of --help is there.
+  const RunResult help = run_hpctrain({"--help"});
+  int options = 0;
+  for (const auto& [key, value] : c) options += key.rfind("option.", 0) == 0;
+  EXPECT_EQ(options, count_of(help.out, "\n  --") - 3) << "--help, --version and --config are no run's options";
+  double last = before;
+  for (const JsonObject& o : lines) {
+    ASSERT_TRUE(o.count("unix_time")) << o.at("event").str;
+    EXPECT_GE(o.at("unix_time").number, last) << o.at("event").str;
+    EXPECT_LE(o.at("unix_time").number, after);
+    last = o.at("unix_time").number;
+  }
+  EXPECT_EQ(lines.back().at("event").str, "done");
+}
+
+// The math threads follow OMP_NUM_THREADS where it is set (and --threads overrides it); a value
+// that is no number of threads is one warning; more threads than the CPUs the rank may use is
+// one warning that the ranks share cores.
+TEST_F(Train, ThreadsFollowOmpNumThreads) {
+  auto threads_of = [&](const char* omp, std::vector<std::string> extra, std::string* err) {
+    const std::string m = dir_.file("omp" + std::to_string(runs_++) + ".jsonl");
+    if (omp) setenv("OMP_NUM_THREADS", omp, 1);
+    std::vector<std::string> args = kShort + std::vector<std::string>{"--model", "mlp", "--data-dir", fashion_mnist_dir(),
+                                                                    "--metrics-file", m, "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_hpctrain(args);
+    unsetenv("OMP_NUM_THREADS");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    *err = r.err;
+    return r.exit_code == 0 ? read_all_json_lines(m).front().at("threads").number : -1;
+  };
+  std::string err;
+  const double usable = threads_of(nullptr, {}, &err);
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(threads_of("1", {}, &err), 1);
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(threads_of("1,4", {}, &err), 1) << "the first level of a nested list";
+  EXPECT_EQ(threads_of("1", {"--threads", "2"}, &err), 2) << "--threads wins";
+  EXPECT_EQ(threads_of("lots", {}, &err), usable);
+  EXPECT_EQ(err, "hpctrain: warning: OMP_NUM_THREADS='lots' is not a number of threads (1 to 4096): left aside, the "
+                 "threads are chosen as without it\n");
+  EXPECT_EQ(threads_of("64", {}, &err), 64);
+  EXPECT_NE(err.find("hpctrain: warning: the ranks on "), std::string::npos) << err;
+  EXPECT_NE(err.find(" share cores: 1 rank(s) with 64 math thread(s) each"), std::string::npos) << err;
+  EXPECT_NE(err.find("or a smaller OMP_NUM_THREADS\n"), std::string::npos) << err;
+}
+
 // Every key of the done line, and each with the value it must have: 12 steps of the mlp (batch
 // 32) on one rank with checkpoints every 5 steps. The final checkpoint holds the state the done
 // line's checksums describe.
@@ -169,7 +249,8 @@ TEST_F(Train, TheDoneLineHoldsEveryKeyWithItsValue) {
                       "elapsed_seconds", "event", "global_batch_size", "images_per_second", "param_checksum",
                       "param_norm", "peak_device_memory_bytes", "resumed_from", "resumed_from_step",
                       "skipped_steps", "snapshot_stall_seconds", "snapshots_taken", "state_checksum", "step_seconds",
-                      "steps", "test_accuracy", "test_loss", "train_flops_per_sample", "train_seconds", "world_size"}))
+                      "steps", "test_accuracy", "test_loss", "train_flops_per_sample", "train_seconds", "unix_time",
+                      "world_size"}))
       << "a key added to the done line belongs in README's list and here";
   expect_done_line(d, 12, epoch);
   for (const char* key : {"steps", "world_size", "global_batch_size", "resumed_from_step", "skipped_steps", "snapshots_taken",
@@ -273,7 +354,7 @@ TEST_F(Train, StepEventsEveryNStepsCarryTheSchedulesLearningRate) {
     for (const auto& [key, value] : s) keys.push_back(key);
     EXPECT_EQ(keys, (std::vector<std::string>{"comm_wait_seconds", "data_wait_seconds", "elapsed_seconds", "epoch",
                                               "event", "images_per_second", "learning_rate", "loss", "step",
-                                              "step_seconds"}))
+                                              "step_seconds", "unix_time"}))
         << "a key added to the step event belongs in README's list and here";
     const int64_t step = 4 * static_cast<int64_t>(i + 1);
     ASSERT_TRUE(s.at("step").is_integer() && s.at("epoch").is_integer());
@@ -308,7 +389,7 @@ TEST_F(Train, StepEventsEveryNStepsCarryTheSchedulesLearningRate) {
 // declare gauges, the HELP lines' names.
 struct PromFile {
   std::map<std::string, double> samples;
-  std::vector<std::string> gauges, helped;
+  std::vector<std::string> gauges, counters, helped;
 };
 
 PromFile read_prom(const std::string& path) {
@@ -316,8 +397,9 @@ PromFile read_prom(const std::string& path) {
   for (const std::string& line : lines_of(read_text(path))) {
     std::smatch m;
     if (std::regex_match(line, m, std::regex("# TYPE (\\S+) gauge"))) f.gauges.push_back(m[1]);
+    else if (std::regex_match(line, m, std::regex("# TYPE (\\S+) counter"))) f.counters.push_back(m[1]);
     else if (std::regex_match(line, m, std::regex("# HELP (\\S+) .+"))) f.helped.push_back(m[1]);
-    else if (std::regex_match(line, m, std::regex("([a-z_]+(\\{[^}]*\\})?) (\\S+)")))
+    else if (std::regex_match(line, m, std::regex("([a-z_][a-z0-9_]*(\\{[^}]*\\})?) (\\S+)")))
       f.samples[m[1]] = std::strtod(m[3].str().c_str(), nullptr);
     else ADD_FAILURE() << "unexpected line in " << path << ": " << line;
   }
@@ -361,10 +443,21 @@ TEST_F(Train, PrometheusFileParsesAndAgreesWithTheMetricsFile) {
   const double updated = f.samples.at("hpctrain_last_update_timestamp_seconds" + labels);
   EXPECT_GE(updated, t0);
   EXPECT_LE(updated, static_cast<double>(std::time(nullptr)) + 1);
-  EXPECT_EQ(f.samples.size(), 15u);
+  // Counters of this process's work, the newest checkpoint's time, the throughput over a minute.
+  EXPECT_EQ(f.samples.at("hpctrain_steps_total" + labels), 18);
+  EXPECT_EQ(f.samples.at("hpctrain_samples_total" + labels), 18 * 32);
+  EXPECT_EQ(f.samples.at("hpctrain_checkpoints_total" + labels), 1) << "the final checkpoint";
+  const double checkpointed = f.samples.at("hpctrain_last_checkpoint_timestamp_seconds" + labels);
+  EXPECT_GE(checkpointed, t0);
+  EXPECT_LE(checkpointed, updated);
+  EXPECT_GT(f.samples.at("hpctrain_images_per_second_1m" + labels), 0);
+  EXPECT_EQ(f.samples.size(), 20u);
   for (const auto& [series, value] : f.samples) {
     const std::string name = series.substr(0, series.find('{'));
-    EXPECT_EQ(std::count(f.gauges.begin(), f.gauges.end(), name), 1) << name << " has one TYPE line";
+    const bool counter = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+    EXPECT_EQ(std::count(counter ? f.counters.begin() : f.gauges.begin(), counter ? f.counters.end() : f.gauges.end(),
+                         name), 1)
+        << name << " has one TYPE line, counter for a _total";
     EXPECT_EQ(std::count(f.helped.begin(), f.helped.end(), name), 1) << name << " has one HELP line";
   }
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_.str()), fs::directory_iterator()), 3)
