@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Slurm epilog for nodes that run hpctrain: frees the host memory held by the job's user's
 # snapshots (hpctrain --snapshot-dir, default /dev/shm/hpctrain-UID) that no relaunch needs any
-# more: those last written over an hour ago (hpctrain keeps a stopped or failed run's that long
+# more: those last written over an hour ago (hpctrain keeps a failed or killed run's that long
 # for a relaunch to resume from) and not held by a running hpctrain. A finished run has removed
 # its own already.
 #

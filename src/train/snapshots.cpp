@@ -489,7 +489,7 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
   po::options_description options(
       "Usage: hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]\n"
       "Frees the host memory held by this user's snapshots that no relaunch needs: by default those of runs\n"
-      "that stopped or failed, last written over an hour ago (as long as hpctrain keeps them). Snapshots a\n"
+      "that failed or were killed, last written over an hour ago (as long as hpctrain keeps them). Snapshots a\n"
       "running hpctrain uses are never removed. Under mpirun it cleans once on each host (the host's first\n"
       "rank): mpirun --map-by ppr:1:node hpctrain clean-snapshots. Exit code 0, also when nothing was there");
   options.add_options()("help,h", "print this help and exit")(

@@ -48,7 +48,7 @@ void record_run_identity(const TrainOptions& o, const RunIdentity& r);
 // /<run id>. Empty when snapshots are off (--snapshot-every-steps 0, no --checkpoint-dir).
 std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id);
 
-// How long the snapshots of a run that stopped or failed are kept on a host for a relaunch to
+// How long the snapshots of a run that failed or was killed are kept on a host for a relaunch to
 // resume from (hpcrun relaunches in seconds, a requeued Slurm job in minutes): past this since
 // their last write, the next run on the host, `hpctrain clean-snapshots` and the Slurm epilog
 // (slurm/epilog.sh) remove them. Snapshots a running hpctrain uses are never removed.

@@ -499,6 +499,8 @@ TrainResult TrainingRun::stop() {
     checkpoints_->save(tally_.here);
     snapshots_->take(tally_.here);
     checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
+    // The checkpoint holds the state the snapshots hold: their memory goes back to the host.
+    if (!o_.checkpoint_dir.empty()) snapshots_->remove_all();
     heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
     if (lead_)
       log::warn(cause, o_.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"

@@ -254,6 +254,9 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   EXPECT_EQ(run_mpi(2, job(ck2, dir_.file("m2.jsonl"), snaps)).exit_code, 75);
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   EXPECT_TRUE(fs::exists(ck2 + "/ckpt-000000008.hpck"));
+  // ... and, the checkpoint holding the same state, gives the snapshots' memory back.
+  EXPECT_FALSE(fs::exists(snaps + "/" + read_text(ck2 + "/run-id").substr(0, 16)))
+      << "a stop that wrote its checkpoint left its snapshots";
 }
 
 // A run that resumed from a host's memory and is stopped before its first step checkpoints that

@@ -225,8 +225,10 @@ TEST_F(Train, ThreadsFollowOmpNumThreads) {
   EXPECT_EQ(threads_of("1,4", {}, &err), 1) << "the first level of a nested list";
   EXPECT_EQ(threads_of("1", {"--threads", "2"}, &err), 2) << "--threads wins";
   EXPECT_EQ(threads_of("lots", {}, &err), usable);
-  EXPECT_EQ(err, "hpctrain: warning: OMP_NUM_THREADS='lots' is not a number of threads (1 to 4096): left aside, the "
-                 "threads are chosen as without it\n");
+  // (After the OpenMP runtime's own complaint, where it reads the variable too.)
+  EXPECT_EQ(count_of(err, "hpctrain: warning: OMP_NUM_THREADS='lots' is not a number of threads (1 to 4096): left "
+                          "aside, the threads are chosen as without it\n"), 1) << err;
+  EXPECT_EQ(hpctrain_lines(err), 1) << err;
   EXPECT_EQ(threads_of("64", {}, &err), 64);
   EXPECT_NE(err.find("hpctrain: warning: the ranks on "), std::string::npos) << err;
   EXPECT_NE(err.find(" share cores: 1 rank(s) with 64 math thread(s) each"), std::string::npos) << err;
@@ -644,7 +646,10 @@ TEST_F(Train, ADivergingRunStopsWithoutSavingItsState) {
     const std::string ck = dir_.file("diverged" + lr.back()), m = dir_.file("diverged" + lr.back() + ".jsonl");
     auto args = kShort + lr + std::vector<std::string>{"--data-dir", fashion_mnist_dir(), "--metrics-file", m,
                                                        "--threads", "2", "--log-every", "1"};
-    if (checkpoints) args = args + std::vector<std::string>{"--checkpoint-dir", ck, "--checkpoint-every-steps", "1"};
+    // (A failed run's snapshots stay for a relaunch: in the test's directory, not in /dev/shm.)
+    if (checkpoints)
+      args = args + std::vector<std::string>{"--checkpoint-dir", ck, "--checkpoint-every-steps", "1", "--snapshot-dir",
+                                             dir_.file("diverged-snapshots")};
     const RunResult r = run_hpctrain(args);
     EXPECT_EQ(r.exit_code, 2) << r.err;
     const std::regex line("hpctrain: error: training diverged: the (loss of step ([0-9]+) \\(epoch 1\\) is not finite|"
