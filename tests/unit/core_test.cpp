@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -193,7 +194,7 @@ TEST(Metrics, WriterAppendsWholeLines) {
   const std::string path = (std::filesystem::temp_directory_path() / ("hpctrain-metrics-" + std::to_string(getpid()) + ".jsonl")).string();
   std::filesystem::remove(path);
   {
-    train::MetricsWriter w(path);
+    train::MetricsWriter w(path, "--timeline-file");  // written as given (only the metrics file is stamped)
     w.write({{"a", int64_t{1}}});
     // Flushed as written: readable before the writer closes.
     std::ifstream in(path);
@@ -202,12 +203,27 @@ TEST(Metrics, WriterAppendsWholeLines) {
     EXPECT_EQ(line, R"({"a":1})");
   }
   {
-    train::MetricsWriter w(path);  // appends
+    train::MetricsWriter w(path, "--timeline-file");  // appends
     w.write({{"b", int64_t{2}}});
   }
   std::ifstream in(path);
   std::string all((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(all, "{\"a\":1}\n{\"b\":2}\n");
+  std::filesystem::remove(path);
+  {
+    // The metrics file's writer stamps every event with the wall-clock time, last.
+    const double before = static_cast<double>(std::time(nullptr));
+    train::MetricsWriter w(path, "--metrics-file");
+    w.write({{"c", int64_t{3}}});
+    std::ifstream stamped(path);
+    std::string line;
+    ASSERT_TRUE(std::getline(stamped, line));
+    const train::JsonObject o = train::JsonObject::parse(line);
+    EXPECT_EQ(o.begin().key(), "c");
+    EXPECT_EQ((++o.begin()).key(), "unix_time");
+    EXPECT_GE(o.at("unix_time").get<double>(), before);
+    EXPECT_LE(o.at("unix_time").get<double>(), before + 60);
+  }
   std::filesystem::remove(path);
   train::MetricsWriter none;  // no file: writes nothing, no error
   EXPECT_NO_THROW(none.write({{"c", int64_t{3}}}));
