@@ -10,10 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -67,16 +67,21 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+// The bytes of the regular files in `dir` (0 when it cannot be read).
+uint64_t bytes_in(const fs::path& dir) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+  return bytes;
+}
+
 // Free bytes of the file system holding `dir`, plus what the run's own snapshots there take
 // (they are replaced, not added to).
 uint64_t room_for_snapshots(const std::string& dir) {
   struct statvfs s {};
   if (::statvfs(dir.c_str(), &s) != 0) return 0;
-  uint64_t room = static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file(ec)) room += e.file_size(ec);
-  return room;
+  return static_cast<uint64_t>(s.f_bavail) * s.f_frsize + bytes_in(dir);
 }
 
 // The parent of the run directories must be this user's own (in a shared /dev/shm another user
@@ -91,19 +96,12 @@ void require_own_directory(const fs::path& dir) {
   ::chmod(dir.c_str(), 0700);
 }
 
-uint64_t bytes_in(const fs::path& dir) {
-  uint64_t bytes = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file(ec)) bytes += e.file_size(ec);
-  return bytes;
-}
-
 // The other runs' directories in `parent` (named by a run id), oldest first.
 struct RunDir {
   fs::path path;
   std::string id;
   double age_seconds = 0;  // since its last write
+  uint64_t bytes = 0;      // its files'
 };
 std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) {
   std::vector<RunDir> runs;
@@ -115,7 +113,7 @@ std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) 
     if (!is_run_id(name) || name == except || !e.is_directory(ec2) || e.is_symlink(ec2)) continue;
     const auto written = fs::last_write_time(e.path(), ec2);
     if (ec2) continue;
-    runs.push_back({e.path(), name, std::chrono::duration<double>(now - written).count()});
+    runs.push_back({e.path(), name, std::chrono::duration<double>(now - written).count(), bytes_in(e.path())});
   }
   std::sort(runs.begin(), runs.end(), [](const RunDir& a, const RunDir& b) { return a.age_seconds > b.age_seconds; });
   return runs;
@@ -124,7 +122,7 @@ std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) 
 // Removes `run` unless a running hpctrain holds it (its in-use file locked); the lock is held
 // across the removal, so no run can take the directory up meanwhile. Whether it went.
 bool remove_unless_in_use(const RunDir& run, const char* why, CleanedSnapshots& c) {
-  const uint64_t bytes = bytes_in(run.path);
+  const uint64_t bytes = run.bytes;
   const int fd = ::open((run.path / kInUseFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(fd);
@@ -225,7 +223,7 @@ CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleani
                       : run.age_seconds > what.older_than ? "older than the limit"
                                                           : nullptr;
     if (!why) {
-      ++c.kept_young, c.kept_bytes += bytes_in(run.path);
+      ++c.kept_young, c.kept_bytes += run.bytes;
       continue;
     }
     remove_unless_in_use(run, why, c);
@@ -364,12 +362,11 @@ void Snapshotter::check_budget(size_t state_bytes) {
   const fs::path parent = fs::path(run_dir_).parent_path();
   std::vector<RunDir> others = run_dirs(parent, run_id_);
   uint64_t held = 0;
-  for (const RunDir& r : others) held += bytes_in(r.path);
+  for (const RunDir& r : others) held += r.bytes;
   CleanedSnapshots c;
   for (const RunDir& r : others) {
     if (need + held <= budget) break;
-    const uint64_t bytes = bytes_in(r.path);
-    if (remove_unless_in_use(r, "room for this run's under --snapshot-max-memory", c)) held -= std::min(held, bytes);
+    if (remove_unless_in_use(r, "room for this run's under --snapshot-max-memory", c)) held -= r.bytes;
   }
   HPC_REQUIRE(need + held <= budget, "they need ", format_bytes(static_cast<double>(need)), " and the snapshots of ",
               c.kept_in_use, " other running job(s) of this user in ", parent.string(), " hold ",
