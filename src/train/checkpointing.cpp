@@ -132,6 +132,34 @@ void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
   load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
 }
 
+namespace {
+// Each of `to_slots` whose name and shape `from_slots` holds, copied from `from` into `to`.
+template <class Slot>
+void copy_fitting(const std::vector<Slot>& from_slots, const Tensor& from, const std::vector<Slot>& to_slots, Tensor& to,
+                  FittingState& s) {
+  for (const Slot& slot : to_slots) {
+    ++s.total;
+    const auto it = std::find_if(from_slots.begin(), from_slots.end(), [&](const Slot& f) {
+      return f.name == slot.name && f.shape == slot.shape;
+    });
+    if (it == from_slots.end()) {
+      s.left.push_back(slot.name);
+      continue;
+    }
+    std::memcpy(to.data<float>() + slot.offset, from.data<float>() + it->offset, slot.shape.numel() * sizeof(float));
+    ++s.copied;
+  }
+}
+}  // namespace
+
+FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to) {
+  FittingState s;
+  copy_fitting(from.params().slots(), from.params().values(), to.params().slots(), to.params().values(), s);
+  copy_fitting(from.params().buffer_slots(), from.params().buffers(), to.params().buffer_slots(), to.params().buffers(),
+               s);
+  return s;
+}
+
 void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s) {
   c.meta["loss_scale"] = str(s.scale);
   c.meta["loss_scale_good_steps"] = str(s.good_steps);
@@ -285,10 +313,18 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
     // Under --global-batch-size the per-rank batch is not this run's choice: the global batch is
     // compared below.
     if (name == "batch-size" && o.global_batch_size != 0) continue;
+    // --extend-epochs: a longer run than the checkpoint's, never a shorter one.
+    if (name == "epochs" && o.extend_epochs) {
+      const int64_t before = c.integer("option.epochs");
+      HPC_REQUIRE(o.epochs >= before, "--extend-epochs only lengthens a run: the checkpoint's has --epochs ", before,
+                  ", this one --epochs ", o.epochs);
+      continue;
+    }
     auto it = c.meta.find("option." + name);
     HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
     HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",
-                name, "=", value, " (resume with the same value, or start afresh with --resume none)");
+                name, "=", value, " (resume with the same value, ",
+                name == "epochs" ? "or lengthen the run with --extend-epochs, " : "", "or start afresh with --resume none)");
   }
   RunPosition at;
   at.step = c.integer("step");

@@ -70,6 +70,17 @@ void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<f
 // Parameters and batch-norm statistics only (inference).
 void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model);
 
+// What copy_fitting_state took from a model: how many of the other model's parameter and buffer
+// tensors, and the names of those it left as they were (no tensor of that name and shape there).
+struct FittingState {
+  int64_t copied = 0, total = 0;
+  std::vector<std::string> left;  // in the model's order, parameters first
+};
+// `from`'s parameters and batch-norm statistics into `to`, tensor by tensor where the names and
+// shapes match (--init-from: a checkpoint's model into this run's, whose output layer may be for
+// other classes).
+FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to);
+
 // fp16 runs' dynamic loss scale and its counters (keys loss_scale, loss_scale_good_steps,
 // skipped_steps), so a resumed run scales as the first would have; nullopt in a checkpoint of
 // another precision, a usage error when they are invalid.

@@ -344,6 +344,16 @@ std::vector<Option> checkpoints() {
                "start: 30s, 2m (0: refuse at once; hpcrun's relaunches wait 1m for a lost attempt's processes)"),
       resume(R::Local,
              "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file"),
+      path("init-from", &Members::init_from, R::Agree,
+           "start a new run from a checkpoint's weights (a file, or a directory's newest): the parameters and "
+           "batch-norm statistics whose names and shapes fit this model (an output layer for other classes, or any "
+           "other that does not fit, starts from --seed), with a fresh optimizer and schedule from step 0, evaluated "
+           "before the first step; fine-tuning, a new schedule, another dataset. A run that resumes from "
+           "--checkpoint-dir ignores it"),
+      flag("extend-epochs", &Members::extend_epochs, R::Agree,
+           "on resume, let a larger --epochs than the checkpoint's lengthen the run (a finished one too): the "
+           "learning-rate schedule is recomputed for the new length from the step the run stands at, said in the "
+           "log and the metrics file (event extended)"),
       duration("step-timeout", &Members::step_timeout_seconds, "10m", R::Local,
                "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
                "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),

@@ -238,8 +238,8 @@ bool given(const po::variables_map& vm, const char* name) { return vm.count(name
 // Paths: an empty one is an unset variable ("--checkpoint-dir $DIR"), never a request for the
 // default.
 void validate_paths(const po::variables_map& vm) {
-  for (const char* name : {"data-dir", "metrics-file", "prometheus-file", "timeline-file", "checkpoint-dir", "resume", "snapshot-dir",
-                           "snapshot-max-memory", "snapshot-every-steps"})
+  for (const char* name : {"data-dir", "metrics-file", "prometheus-file", "timeline-file", "checkpoint-dir", "resume",
+                           "init-from", "snapshot-dir", "snapshot-max-memory", "snapshot-every-steps"})
     if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
 }
 
@@ -255,6 +255,8 @@ void validate_distinct_files(const TrainOptions& o, const po::variables_map& vm)
   if (o.resume == ResumeFrom::File) inputs.push_back({"--resume", o.resume_file});
   if (!o.checkpoint_dir.empty())
     for (NamedPath& p : checkpoint_inputs("--checkpoint-dir", o.checkpoint_dir)) inputs.push_back(std::move(p));
+  if (!o.init_from.empty())
+    for (NamedPath& p : checkpoint_inputs("--init-from", o.init_from)) inputs.push_back(std::move(p));
   require_distinct_files({{"--metrics-file", o.metrics_file},
                           {"--timeline-file", o.timeline_file},
                           {"--prometheus-file", o.prometheus_file}},
@@ -280,6 +282,8 @@ void validate_step_metrics(const TrainOptions& o) {
 
 // Checkpoint settings without a directory to write to would silently save nothing.
 void validate_checkpointing(const TrainOptions& o, const po::variables_map& vm) {
+  HPC_REQUIRE(o.init_from.empty() || o.resume != ResumeFrom::File, "--init-from starts a new run from a checkpoint's "
+              "weights and --resume ", o.resume_file, " continues the run of that checkpoint: give one of them");
   if (!o.checkpoint_dir.empty()) return;
   const std::pair<bool, const char*> asks[] = {
       {o.checkpoint_every_steps > 0, "--checkpoint-every-steps"},

@@ -91,6 +91,11 @@ struct TrainOptions {
   bool checkpoint_each_epoch = false;
   ResumeFrom resume = ResumeFrom::Auto;
   std::string resume_file;  // ResumeFrom::File
+  // A new run's first state: a checkpoint's parameters and batch-norm statistics, where their names
+  // and shapes fit this model (the rest from --seed), with a fresh optimizer and schedule; a run
+  // that resumes ignores it. Empty: from --seed alone.
+  std::string init_from;
+  bool extend_epochs = false;  // on resume, a larger --epochs than the checkpoint's lengthens the run
   double step_timeout_seconds = 600;  // the watchdog (train/watchdog.hpp); 0: off
   double checkpoint_lock_wait_seconds = 0;  // for the directory's lock (ckpt/dir_lock.hpp); 0: refuse at once
   // Each asks for a checkpoint and exit 75 (signals.hpp).

@@ -14,6 +14,7 @@
 #include "nn/gemm.hpp"
 #include "train/boundary.hpp"
 #include "train/engine.hpp"
+#include "train/serving.hpp"
 #include "train/signals.hpp"
 #include "train/trainer.hpp"
 
@@ -185,10 +186,34 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
     HPC_REQUIRE(!first_non_finite(c), path, " holds a state that is not finite (its run had diverged): resume from "
                 "an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
   });
+  if (o.extend_epochs && c.integer("option.epochs") != o.epochs) p.extended_from_epochs = c.integer("option.epochs");
   p.resume = std::move(c);
   p.resumed = true;
   log::info("resuming from ", path, " at step ", p.start.step, " (epoch ", p.start.epoch + 1, ", step ",
             p.start.step_in_epoch, " of it), global batch ", p.start.global_batch);
+}
+
+// --init-from: the checkpoint's model (read by rank 0, built on every rank) into this run's, where
+// its tensors fit. The same model, so that names mean the same layers; nothing fitting at all is
+// an error, and a kept output layer whose classes have other names a warning.
+Prepared::InitialWeights initial_weights(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p) {
+  ServingModel from = load_serving_model(o.init_from, "", ctx);
+  Prepared::InitialWeights w;
+  dist::collectively(ctx, [&] {
+    const char* model = nn::model_name(p.model->spec().kind);
+    HPC_REQUIRE(from.checkpoint.text("model") == model, "--init-from ", from.path, " is of model ",
+                from.checkpoint.text("model"), "; this run's --model is ", model);
+    w.path = from.path;
+    w.step = from.checkpoint.integer("step");
+    w.fitted = copy_fitting_state(*from.model, *p.model);
+    HPC_REQUIRE(w.fitted.copied > 0, "--init-from ", from.path, ": none of its ", model, "'s tensors fits this one");
+    const std::optional<std::vector<std::string>> names = class_names_of(from.checkpoint);
+    const bool head_kept = from.model->spec().classes == p.model->spec().classes;
+    if (ctx.rank() == 0 && head_kept && names && !p.ds.train.class_names.empty() && *names != p.ds.train.class_names)
+      log::warn("--init-from ", from.path, " was trained on classes of other names than this dataset's (",
+                p.ds.train.source, "); its output layer is kept, and its outputs were for those classes");
+  });
+  return w;
 }
 
 // Rank 0's initial parameters and buffers to every rank, which proves it holds the same bytes.
@@ -240,9 +265,12 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
   FoundState found = find_resume_state(ctx, o, *p.model, run_dir, run_id);
   if (found.state) {
     p.source = found.source;
+    if (!o.init_from.empty() && ctx.rank() == 0)
+      log::info("--init-from ", o.init_from, " is for the run's first start: it resumes from its own state");
     return resume_from(ctx, o, std::move(*found.state), found.path, p);
   }
   if (ctx.rank() == 0) p.model->init(static_cast<uint64_t>(o.seed));  // rank 0 creates the initial variables
+  if (!o.init_from.empty()) p.init_from = initial_weights(ctx, o, p);
   broadcast_state(ctx, *p.model);
 }
 

@@ -40,6 +40,15 @@ struct Prepared {
   bool resumed = false;
   StateSource source = StateSource::None;  // where it came from
   RunPosition start;  // global_batch: this run's, the checkpoint's when resumed
+  // --extend-epochs: the checkpoint's --epochs when this run resumed it with more; else 0.
+  int64_t extended_from_epochs = 0;
+  // --init-from, on a fresh start: where the weights came from and what of them fitted.
+  struct InitialWeights {
+    std::string path;
+    int64_t step = 0;  // the checkpoint's
+    FittingState fitted;
+  };
+  std::optional<InitialWeights> init_from;
 };
 
 // A per-rank config file or a different command line on one host is caught before any work,
@@ -48,8 +57,9 @@ void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o);
 
 Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o);
 
-// The optimizer, and the state to start from: initialised by rank 0 and broadcast, or the
-// checkpoint or host snapshot (in run_dir, of run_id: snapshots.hpp) to resume from, checked.
+// The optimizer, and the state to start from: initialised by rank 0 (from --seed, then from
+// --init-from's checkpoint where it fits) and broadcast, or the checkpoint or host snapshot (in
+// run_dir, of run_id: snapshots.hpp) to resume from, checked.
 void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p, const std::string& run_dir,
                           const std::string& run_id);
 

@@ -125,6 +125,12 @@ class TrainingRun {
   std::optional<int> set_up();
   void plan();
   void write_config_event();  // the metrics file's first line of the run (collective)
+  void say_how_it_starts();   // --init-from's weights, evaluated; --extend-epochs' new schedule
+  // The steps of a run of `epochs` epochs (--max-steps may cut them), and their learning rates.
+  int64_t planned_steps(int64_t epochs) const {
+    return o_.max_steps > 0 ? std::min(o_.max_steps, epochs * plan_.steps_per_epoch) : epochs * plan_.steps_per_epoch;
+  }
+  std::unique_ptr<optim::LrSchedule> schedule_for(int64_t epochs) const;
   void start_engine();
   void start_state_keeping();
   bool stop_for_membership();
@@ -220,6 +226,7 @@ TrainResult TrainingRun::run_steps() {
                                              p_.gpu ? StepWatchdog::Poll([this] { return engine_->async_error(); })
                                                     : StepWatchdog::Poll{});
   watchdog_->progress(tally_.step);
+  say_how_it_starts();
   for (int64_t epoch = p_.start.epoch; epoch < o_.epochs && tally_.step < plan_.total_steps; ++epoch)
     if (!run_epoch(epoch)) return stop();
   return finish();
@@ -318,20 +325,67 @@ void TrainingRun::start_state_keeping() {
   heartbeat_.emplace(checkpoints_->store(), resumed);
 }
 
+// A run that starts from --init-from's weights is evaluated before its first step (the
+// checkpoint's own test loss, where the model and test set are the same); one lengthened by
+// --extend-epochs says what its recomputed schedule changes. In the log and the metrics file.
+void TrainingRun::say_how_it_starts() {
+  if (p_.init_from && !p_.resumed) {
+    const Prepared::InitialWeights& w = *p_.init_from;
+    eval_ = evaluate_now();
+    std::string left;  // comma-separated: the metrics lines are flat
+    for (const std::string& name : w.fitted.left) left += (left.empty() ? "" : ",") + name;
+    if (lead_)
+      log::info("started from the weights of ", w.path, " (step ", w.step, "): ", w.fitted.copied, " of ",
+                w.fitted.total, " tensors", left.empty() ? "" : "; from --seed: " + left,
+                detail::concat("; before the first step: test loss ", eval_.loss, ", test accuracy ",
+                               100 * eval_.accuracy, "%"));
+    metrics_->write({{"event", std::string("init_from")},
+                     {"checkpoint", w.path},
+                     {"checkpoint_step", w.step},
+                     {"tensors_copied", w.fitted.copied},
+                     {"tensors", w.fitted.total},
+                     {"from_seed", left},
+                     {"step", tally_.step},
+                     {"test_loss", eval_.loss},
+                     {"test_accuracy", eval_.accuracy}});
+  }
+  if (p_.extended_from_epochs > 0) {
+    const double before = schedule_for(p_.extended_from_epochs)->lr(tally_.samples_seen);
+    const double now = plan_.schedule->lr(tally_.samples_seen);
+    if (lead_)
+      log::info("--extend-epochs: the run goes on from ", p_.extended_from_epochs, " to ", o_.epochs,
+                " epochs; its learning-rate schedule (", name_of(optim::kScheduleNames, o_.lr_schedule),
+                ") is recomputed for the new length: at step ", tally_.step, " the learning rate is ", now,
+                " (the ", p_.extended_from_epochs, "-epoch schedule had ", before, ")");
+    metrics_->write({{"event", std::string("extended")},
+                     {"step", tally_.step},
+                     {"epochs_before", p_.extended_from_epochs},
+                     {"epochs", o_.epochs},
+                     {"total_steps", plan_.total_steps},
+                     {"lr_schedule", std::string(name_of(optim::kScheduleNames, o_.lr_schedule))},
+                     {"lr_before", before},
+                     {"lr", now}});
+  }
+}
+
+// The learning-rate schedule over planned_steps(epochs), as the sampler lays them out.
+std::unique_ptr<optim::LrSchedule> TrainingRun::schedule_for(int64_t epochs) const {
+  const int64_t spe = plan_.steps_per_epoch, global_batch = plan_.global_batch, steps = planned_steps(epochs);
+  const double samples_per_epoch = static_cast<double>(o_.drop_last ? spe * global_batch : p_.ds.train.count);
+  optim::ScheduleSpec spec = schedule_spec(o_, samples_per_epoch, static_cast<double>(steps) * samples_per_epoch / spe);
+  spec.samples_per_step = samples_per_epoch / spe;  // the global batch (less with a kept short last one)
+  return std::make_unique<optim::LrSchedule>(std::move(spec));
+}
+
 // The sampler, the schedule over the planned steps, the loader and rank 0's metrics files.
 void TrainingRun::plan() {
   const int64_t global_batch = plan_.global_batch = p_.start.global_batch;
   plan_.sampler = std::make_unique<data::ShardedSampler>(p_.ds.train.count, global_batch,
                                                          static_cast<uint64_t>(o_.seed),
                                                          shard_of(ctx_.rank(), world_), world_, o_.drop_last);
-  const int64_t spe = plan_.steps_per_epoch = plan_.sampler->steps_per_epoch();
-  const int64_t planned = o_.epochs * spe;
-  plan_.total_steps = o_.max_steps > 0 ? std::min(o_.max_steps, planned) : planned;
-  const double samples_per_epoch = static_cast<double>(o_.drop_last ? spe * global_batch : p_.ds.train.count);
-  optim::ScheduleSpec spec =
-      schedule_spec(o_, samples_per_epoch, static_cast<double>(plan_.total_steps) * samples_per_epoch / spe);
-  spec.samples_per_step = samples_per_epoch / spe;  // the global batch (less with a kept short last one)
-  plan_.schedule = std::make_unique<optim::LrSchedule>(std::move(spec));
+  plan_.steps_per_epoch = plan_.sampler->steps_per_epoch();
+  plan_.total_steps = planned_steps(o_.epochs);
+  plan_.schedule = schedule_for(o_.epochs);
   // The GPU takes the batches as bytes and normalises them itself.
   plan_.loader = std::make_unique<data::Loader>(p_.ds.train, p_.ds.norm, augment_spec(o_), *plan_.sampler,
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu);

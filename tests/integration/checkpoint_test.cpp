@@ -423,6 +423,119 @@ void expect_usage_error(const RunResult& r, const std::string& needle) {
   EXPECT_NE(r.err.find(needle), std::string::npos) << "wanted '" << needle << "' in\n" << r.err;
 }
 
+// The metrics file's event `name` (a failure when there is none).
+JsonObject event_of(const std::string& metrics, const std::string& name) {
+  for (const JsonObject& line : read_all_json_lines(metrics))
+    if (line.count("event") && line.at("event").str == name) return line;
+  ADD_FAILURE() << "no " << name << " event in " << metrics << ":\n" << read_text(metrics);
+  return {};
+}
+
+bool has_event(const std::string& metrics, const std::string& name) {
+  return read_text(metrics).find("{\"event\":\"" + name + "\"") != std::string::npos;
+}
+
+// --init-from: a new run starts from a trained run's weights with a fresh optimizer and schedule.
+// Evaluated before its first step it has the trained run's own last test loss, bit for bit; it
+// trains its own steps from step 0 and checkpoints in its own directory, from which the same
+// command then resumes (--init-from is for the first start only). Another model is refused by
+// name; on another dataset (CIFAR-10's 32x32x3 images) only the tensors that fit are taken.
+TEST_F(Checkpoints, InitFromStartsANewRunFromACheckpointsWeights) {
+  const std::string base = dir_.file("base");
+  const std::string m1 = dir_.file("base.jsonl");
+  ASSERT_EQ(run_hpctrain(job(base, m1)).exit_code, 0);
+  const JsonObject trained = done_of(m1);
+
+  const std::string tuned = dir_.file("tuned"), m2 = dir_.file("tuned.jsonl");
+  auto tune = job(tuned, m2, 1);
+  tune.insert(tune.end(), {"--init-from", base, "--lr", "0.01"});
+  const RunResult r = run_hpctrain(tune);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonObject init = event_of(m2, "init_from");
+  EXPECT_EQ(init.at("checkpoint").str, base + "/ckpt-000000040.hpck");  // the directory's newest
+  EXPECT_EQ(init.at("checkpoint_step").number, 40);
+  EXPECT_EQ(init.at("step").number, 0);
+  EXPECT_EQ(init.at("tensors_copied").number, init.at("tensors").number);
+  EXPECT_EQ(init.at("from_seed").str, "");
+  EXPECT_EQ(init.at("test_loss").raw, trained.at("test_loss").raw) << "not the trained run's own test loss bits";
+  EXPECT_EQ(init.at("test_accuracy").raw, trained.at("test_accuracy").raw);
+  const JsonObject done = done_of(m2);
+  EXPECT_EQ(done.at("steps").number, 20);
+  EXPECT_EQ(done.at("resumed_from_step").number, -1);
+  EXPECT_TRUE(std::filesystem::exists(tuned + "/ckpt-000000020.hpck"));
+  EXPECT_TRUE(std::filesystem::exists(base + "/ckpt-000000040.hpck")) << "the base run's checkpoint is untouched";
+
+  // Again: it resumes from its own checkpoint, and says nothing of --init-from's weights.
+  const RunResult again = run_hpctrain(tune);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(done_of(m2).at("resumed_from_step").number, 20);
+  const std::string m3 = dir_.file("tuned3.jsonl");
+  auto fresh_metrics = tune;
+  *(std::find(fresh_metrics.begin(), fresh_metrics.end(), "--metrics-file") + 1) = m3;
+  ASSERT_EQ(run_hpctrain(fresh_metrics).exit_code, 0);
+  EXPECT_FALSE(has_event(m3, "init_from")) << read_text(m3);
+
+  auto into = [&](std::vector<std::string> extra, const std::string& from) {
+    auto a = job("", dir_.file("into.jsonl"), 1);
+    a.insert(a.end(), {"--max-steps", "2", "--init-from", from});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  expect_usage_error(run_hpctrain(into({"--model", "mlp"}, base)), "--init-from " + base +
+                     "/ckpt-000000040.hpck is of model cnn; this run's --model is mlp");
+  expect_usage_error(run_hpctrain(into({}, dir_.file("none.hpck"))), "cannot read checkpoint");
+  expect_usage_error(run_hpctrain(into({"--resume", base + "/ckpt-000000040.hpck"}, base)),
+                     "--init-from starts a new run from a checkpoint's weights and --resume");
+
+  TempDir cifar("cifar");
+  write_cifar10(cifar.str(), 400);
+  auto other = into({"--dataset", "cifar10"}, base);
+  *(std::find(other.begin(), other.end(), "--data-dir") + 1) = cifar.str();
+  const RunResult on_cifar = run_hpctrain(other);
+  ASSERT_EQ(on_cifar.exit_code, 0) << on_cifar.err;
+  const JsonObject partial = event_of(dir_.file("into.jsonl"), "init_from");
+  EXPECT_GT(partial.at("tensors_copied").number, 0);
+  EXPECT_LT(partial.at("tensors_copied").number, partial.at("tensors").number);
+  // The first convolution's weights (3 input channels, not 1) and the first linear layer's (the
+  // 32x32 images pool to 8x8, not 7x7): the rest keeps its shape and is taken.
+  EXPECT_EQ(partial.at("from_seed").str, "0.weight,5.weight");
+}
+
+// --extend-epochs: a finished 2-epoch run goes on to 3 epochs, its schedule recomputed (onecycle:
+// the learning rate, at its floor where the 2 epochs ended, is back up), said in the metrics
+// file; the lengthened run's checkpoints then resume with --epochs 3, and nothing is extended
+// again. Without --extend-epochs another --epochs is refused.
+TEST_F(Checkpoints, ExtendEpochsLengthensAFinishedRun) {
+  const std::string ck = dir_.file("ext");
+  ASSERT_EQ(run_hpctrain(job(ck, dir_.file("e1.jsonl"))).exit_code, 0);
+  expect_usage_error(run_hpctrain(job(ck, dir_.file("e0.jsonl"), 3)), "or lengthen the run with --extend-epochs");
+  const std::string m = dir_.file("e2.jsonl");
+  auto longer = job(ck, m, 3);
+  longer.push_back("--extend-epochs");
+  const RunResult r = run_hpctrain(longer);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonObject e = event_of(m, "extended");
+  EXPECT_EQ(e.at("step").number, 40);
+  EXPECT_EQ(e.at("epochs_before").number, 2);
+  EXPECT_EQ(e.at("epochs").number, 3);
+  EXPECT_EQ(e.at("total_steps").number, 60);
+  EXPECT_EQ(e.at("lr_schedule").str, "onecycle");
+  EXPECT_LT(e.at("lr_before").number, 1e-5);  // onecycle's floor: lr / 25 / 10000
+  EXPECT_GT(e.at("lr").number, 0.01);
+  const JsonObject done = done_of(m);
+  EXPECT_EQ(done.at("steps").number, 60);
+  EXPECT_EQ(done.at("resumed_from_step").number, 40);
+  const std::string again = dir_.file("e3.jsonl");
+  *(std::find(longer.begin(), longer.end(), m)) = again;
+  ASSERT_EQ(run_hpctrain(longer).exit_code, 0);
+  EXPECT_EQ(done_of(again).at("resumed_from_step").number, 60);
+  EXPECT_FALSE(has_event(again, "extended"));
+  auto shorter = job(ck, dir_.file("e4.jsonl"), 2);
+  shorter.push_back("--extend-epochs");
+  expect_usage_error(run_hpctrain(shorter), "--extend-epochs only lengthens a run: the checkpoint's has --epochs 3, "
+                                            "this one --epochs 2");
+}
+
 // `hpctrain evaluate` of the final checkpoint reproduces the run's own last test accuracy and
 // loss, bit for bit, on one rank and on two, of a run trained on one rank or on two (whose ranks
 // keep the batch-norm statistics averaged: the checkpoint's are the ones every rank evaluated

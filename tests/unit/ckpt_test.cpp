@@ -240,6 +240,52 @@ TEST(CheckpointRecord, ClassNamesTravelInCheckpoints) {
   }
 }
 
+// --init-from's copy: a cnn for 10 classes into one for 5 keeps every tensor but the output
+// layer's, value for value; those stay as the new model's seed made them. Into the same model
+// everything is copied; a model sharing no tensor copies nothing.
+TEST(InitFrom, TensorsOfTheSameNameAndShapeAreCopied) {
+  auto cnn = [](int64_t classes) {
+    nn::ModelSpec spec;
+    spec.classes = classes;
+    return spec;
+  };
+  nn::Model<float> trained(cnn(10)), fresh(cnn(5)), same(cnn(10));
+  trained.init(1);
+  fresh.init(2);
+  same.init(2);
+  float* stats = trained.params().buffers().data<float>();  // batch-norm statistics as training leaves them
+  for (int64_t i = 0; i < trained.params().buffers().numel(); ++i) stats[i] = 0.5f + static_cast<float>(i % 7);
+  nn::Model<float> seeded(cnn(5));
+  seeded.init(2);
+
+  const train::FittingState s = train::copy_fitting_state(trained, fresh);
+  const auto& slots = fresh.params().slots();
+  EXPECT_EQ(s.total, static_cast<int64_t>(slots.size() + fresh.params().buffer_slots().size()));
+  EXPECT_EQ(s.copied, s.total - 2);
+  ASSERT_EQ(s.left.size(), 2u);
+  EXPECT_EQ(s.left, (std::vector<std::string>{slots[slots.size() - 2].name, slots.back().name}));
+  for (const ParamSlot& slot : slots) {
+    SCOPED_TRACE(slot.name);
+    const bool left = std::find(s.left.begin(), s.left.end(), slot.name) != s.left.end();
+    const auto* from = &trained.params().slots()[static_cast<size_t>(&slot - slots.data())];
+    const float* want = left ? seeded.params().values().data<float>() + slot.offset
+                             : trained.params().values().data<float>() + from->offset;
+    EXPECT_EQ(std::memcmp(fresh.params().values().data<float>() + slot.offset, want, slot.shape.numel() * 4), 0);
+  }
+  EXPECT_EQ(std::memcmp(fresh.params().buffers().data<float>(), stats, fresh.params().buffers().bytes()), 0);
+
+  const train::FittingState all = train::copy_fitting_state(trained, same);
+  EXPECT_EQ(all.copied, all.total);
+  EXPECT_TRUE(all.left.empty());
+  EXPECT_EQ(std::memcmp(same.params().values().raw(), trained.params().values().raw(), same.params().values().bytes()),
+            0);
+
+  nn::ModelSpec mlp;
+  mlp.kind = nn::ModelKind::Mlp;
+  nn::Model<float> other(mlp);
+  EXPECT_EQ(train::copy_fitting_state(trained, other).copied, 0);
+}
+
 // A snapshot begun at a step boundary (Engine::begin_snapshot) holds that boundary's state
 // exactly, though its parameters and momentum are copied later: the next step's update first
 // completes the copy. Without that, this snapshot would hold the next step's parameters.

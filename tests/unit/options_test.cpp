@@ -89,6 +89,8 @@ const std::vector<Listed>& every_option() {
       {"checkpoint-each-epoch", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-each-epoch"}},
       {"checkpoint-lock-wait", Rule::Local, {"--checkpoint-dir", "ck", "--checkpoint-lock-wait", "30s"}},
       {"resume", Rule::Local, {"--resume", "none"}},
+      {"init-from", Rule::Agree, {"--init-from", "base.hpck"}},
+      {"extend-epochs", Rule::Agree, {"--extend-epochs"}},
       {"step-timeout", Rule::Local, {"--step-timeout", "5m"}},
       {"stop-signals", Rule::Local, {"--stop-signals", "usr2,SIGHUP"}},
       {"snapshot-every-steps", Rule::Local, {"--checkpoint-dir", "ck", "--snapshot-every-steps", "5"}},
@@ -205,6 +207,44 @@ TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
   }
 }
 
+// --extend-epochs lets a resumed run have more --epochs than its checkpoint (4 by default), never
+// fewer; without it another --epochs is refused, and the refusal names the way to lengthen.
+TEST(OptionTable, ExtendEpochsOnlyLengthensARun) {
+  const MlpCheckpoint made({});
+  const auto& [model, c] = made;
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--epochs", "6", "--extend-epochs"}), model));
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--extend-epochs"}), model));
+  auto refused = [&](const std::vector<std::string>& args, const std::string& why) {
+    try {
+      train::check_resumable(c, parse(args), model);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused({"--epochs", "6"}, "this run has --epochs=6 (resume with the same value, or lengthen the run with "
+                             "--extend-epochs, or start afresh with --resume none)");
+  refused({"--epochs", "3", "--extend-epochs"}, "--extend-epochs only lengthens a run: the checkpoint's has --epochs "
+                                                "4, this one --epochs 3");
+  // Only --epochs: another --lr is still another run.
+  refused({"--epochs", "6", "--extend-epochs", "--lr", "0.2"}, "the checkpoint was made with --lr=0.1");
+}
+
+// --init-from starts a run and --resume FILE continues one: both at once is refused.
+TEST(OptionTable, InitFromAndAResumeFileContradict) {
+  try {
+    parse({"--init-from", "a.hpck", "--resume", "b.hpck"});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--init-from starts a new run from a checkpoint's weights and --resume "
+                                         "b.hpck continues the run of that checkpoint: give one of them"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(parse({"--init-from", "a.hpck", "--resume", "none"}));
+}
+
 // The values as checkpoints have always recorded them: a resumed run of this version compares
 // them with checkpoints written by earlier ones.
 TEST(OptionTable, ValuesKeepTheirText) {
@@ -221,7 +261,9 @@ TEST(OptionTable, ValuesKeepTheirText) {
   EXPECT_EQ(d.at("lr-step-epochs"), "");
   EXPECT_EQ(d.at("device"), "auto");
   EXPECT_EQ(d.at("precision"), "tf32");
-  EXPECT_EQ(d.size(), 39u);
+  EXPECT_EQ(d.at("init-from"), "");
+  EXPECT_EQ(d.at("extend-epochs"), "0");
+  EXPECT_EQ(d.size(), 41u);
   const auto o = agreed_values(parse({"--lr-schedule", "step", "--lr-step-epochs", "1,2.5", "--no-nesterov"}));
   EXPECT_EQ(o.at("lr-step-epochs"), "1,2.5,");
   EXPECT_EQ(o.at("no-nesterov"), "1");
