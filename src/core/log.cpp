@@ -44,9 +44,10 @@ const bool g_person_environment = person_environment();
 
 bool interactive(int fd) { return g_person_environment && isatty(fd) != 0; }
 
-std::string stamp(FILE* out) {
-  static const bool stdout_interactive = interactive_stdout();
-  const bool on = g_stamps == Stamps::On || (g_stamps == Stamps::Auto && out == stdout && !stdout_interactive);
+std::string stamp(FILE* out, bool warning) {
+  static const bool stdout_interactive = interactive_stdout(), stderr_interactive = interactive(2);
+  const bool auto_on = out == stdout ? !stdout_interactive : warning && out == stderr && !stderr_interactive;
+  const bool on = g_stamps == Stamps::On || (g_stamps == Stamps::Auto && auto_on);
   if (!on) return "";
   const auto now = std::chrono::system_clock::now();
   const std::time_t secs = std::chrono::system_clock::to_time_t(now);
@@ -69,7 +70,7 @@ void write(Level lvl, const std::string& line) {
   if (lvl == Level::Error) prefix += ": error";
   std::lock_guard lock(g_mutex);
   FILE* out = lvl >= Level::Warn ? stderr : stdout;
-  std::fprintf(out, "%s%s: %s\n", stamp(out).c_str(), prefix.c_str(), line.c_str());
+  std::fprintf(out, "%s%s: %s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(), line.c_str());
   std::fflush(out);
 }
 

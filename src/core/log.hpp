@@ -4,8 +4,9 @@
 //
 // Lines may start with the time (ISO 8601, UTC, milliseconds): a log file read the next morning
 // needs it, a terminal does not. Stamps::Auto stamps stdout's lines when stdout is not an
-// interactive terminal, and leaves stderr's warnings and errors as they are ("hpctrain: error:
-// ..." first on the line is what launchers and scripts match); Stamps::On stamps every line.
+// interactive terminal, and stderr's warnings when stderr is not; it leaves errors as they are
+// ("hpctrain: error: ..." first on the line is what launchers and scripts match, and the last line
+// of a failed run is never far from a stamped one); Stamps::On stamps every line.
 #pragma once
 
 #include <string>
@@ -29,8 +30,9 @@ int rank();
 bool interactive(int fd);
 inline bool interactive_stdout() { return interactive(1); }
 
-// "2026-11-23T18:04:02.123Z " when lines going to `out` are stamped, else "".
-std::string stamp(FILE* out);
+// "2026-11-23T18:04:02.123Z " when lines going to `out` (a warning's, or another's) are stamped,
+// else "".
+std::string stamp(FILE* out, bool warning = false);
 
 void write(Level level, const std::string& line);
 

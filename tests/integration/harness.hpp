@@ -73,9 +73,28 @@ inline std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
+// Each line of `text` without the time stamp ("2026-11-23T18:04:02.123Z ") it starts with, if any.
+inline std::string unstamped(const std::string& text) {
+  std::string out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string line = text.substr(at, end - at);
+    const bool stamped = line.size() > 25 && line[4] == '-' && line[10] == 'T' && line[19] == '.' && line[23] == 'Z' &&
+                         line[24] == ' ' && std::isdigit(static_cast<unsigned char>(line[0]));
+    out += stamped ? line.substr(25) : line;
+    at = end;
+  }
+  return out;
+}
+
 struct RunResult {
   int exit_code = -1;  // -1: killed by a signal
-  std::string out, err;
+  std::string out;
+  // stderr as the tests compare it: without the time stamps that start warnings' lines in a
+  // file (core/log.hpp); raw_err as written (tests/integration/output_test.cpp reads the stamps).
+  std::string err, raw_err;
   std::string command;  // for messages
   double seconds = 0;     // wall-clock time it ran
   bool timed_out = false;  // killed by run_program's deadline
@@ -148,7 +167,8 @@ class Started {
     if (r.timed_out) kill(-pid_, SIGKILL);  // any rank the launcher left behind
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     r.out = read_text(out_path());
-    r.err = read_text(err_path());
+    r.raw_err = read_text(err_path());
+    r.err = unstamped(r.raw_err);
     return r;
   }
 

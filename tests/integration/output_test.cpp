@@ -106,6 +106,33 @@ TEST_F(Output, AFileGetsPlainTimestampedLines) {
   EXPECT_NE(r.out.find("threads: this rank's share of its CPUs"), std::string::npos) << r.out;
 }
 
+// In a file, warnings on stderr are stamped as stdout's lines are (auto); an error line keeps
+// "hpctrain: error: " first, which launchers and scripts match, unless --log-timestamps on.
+TEST_F(Output, AFileGetsTimestampedWarningsAndPlainErrors) {
+  setenv("OMP_NUM_THREADS", "lots", 1);  // a warning, once
+  const RunResult warned = run_hpctrain(quick({"--quiet"}), 120);
+  const RunResult off = run_hpctrain(quick({"--quiet", "--log-timestamps", "off"}), 120);
+  unsetenv("OMP_NUM_THREADS");
+  ASSERT_EQ(warned.exit_code, 0) << warned.raw_err;
+  std::vector<std::string> ours;
+  for (const std::string& line : lines_of(warned.raw_err))
+    if (line.find("hpctrain: ") != std::string::npos) ours.push_back(line);  // not the OpenMP runtime's own
+  ASSERT_EQ(ours.size(), 1u) << warned.raw_err;
+  expect_stamped(ours[0] + "\n", "hpctrain");
+  EXPECT_NE(ours[0].find("Z hpctrain: warning: OMP_NUM_THREADS='lots'"), std::string::npos) << ours[0];
+  EXPECT_NE(off.raw_err.find("\nhpctrain: warning: OMP_NUM_THREADS='lots'"), std::string::npos) << off.raw_err;
+  EXPECT_EQ(off.raw_err.find("Z hpctrain: "), std::string::npos) << off.raw_err;
+
+  // An error of the run (not of its command line, read before --log-timestamps is known).
+  const std::string missing = data_.str() + "/missing.hpck";
+  const RunResult failed = run_hpctrain(quick({"--resume", missing}), 120);
+  EXPECT_EQ(failed.exit_code, 2);
+  EXPECT_EQ(failed.raw_err.rfind("hpctrain: error: cannot read checkpoint", 0), 0u) << failed.raw_err;
+  const RunResult stamped = run_hpctrain(quick({"--resume", missing, "--log-timestamps", "on"}), 120);
+  EXPECT_EQ(stamped.exit_code, 2);
+  expect_stamped(stamped.raw_err, "hpctrain");
+}
+
 TEST_F(Output, UnderMpirunToAFilePlainTimestampedLines) {
   // Open MPI gives rank 0 a pseudo-terminal for its stdout even when mpirun's goes to a file.
   const RunResult r = run_mpi(2, quick({"--threads", "1", "--train-samples", "64"}), 180);
