@@ -69,7 +69,7 @@ endif()
 
 # The library, its headers (include/hpctrain/<room>/*.hpp, included as "core/duration.hpp") and
 # a CMake package: find_package(hpctrain) gives hpctrain::hpctrain_lib.
-set(HPCTRAIN_EXPORTED hpctrain_lib hpctrain_dnnl)
+set(HPCTRAIN_EXPORTED hpctrain_lib hpctrain_usage hpctrain_dnnl)
 if(HPCTRAIN_GPU_TRAINING)
   list(APPEND HPCTRAIN_EXPORTED hpctrain_kernels)
 endif()
