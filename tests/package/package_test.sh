@@ -128,12 +128,15 @@ done
 # Stripped binaries; their symbols in the -dbgsym package, by build ID.
 for p in $expected; do
   [[ "$p" == hpctrain-dev ]] && continue
+  for f in "$tmp"/x/"$p"/usr/bin/*; do
+    [[ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" == '177ELF' ]] || continue
+    ! readelf -S "$f" | grep -qE '\.symtab|\.debug_' || fail "$p's $(basename "$f") is not stripped"
+  done
   ddeb=("$tmp"/pkg/"$p"-dbgsym_*.ddeb)
   [[ -f "${ddeb[0]}" ]] || fail "no $p-dbgsym package: $(ls "$tmp/pkg")"
   dpkg-deb -x "${ddeb[0]}" "$tmp/x/$p-dbgsym"
   for f in "$tmp"/x/"$p"/usr/bin/*; do
     [[ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" == '177ELF' ]] || continue
-    ! readelf -S "$f" | grep -qE '\.symtab|\.debug_' || fail "$p's $(basename "$f") is not stripped"
     id=$(readelf -n "$f" | sed -n 's/.*Build ID: \([0-9a-f]*\)$/\1/p')
     [[ -n "$id" ]] || fail "$p's $(basename "$f") has no build ID"
     [[ -f "$tmp/x/$p-dbgsym/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" ]] ||
