@@ -33,6 +33,7 @@ endforeach()
 
 # Debian's files of each package: its copyright (DEP-5) and changelog, gzip -9n (no name or
 # time in the header: the same bytes on every build), and lintian's overrides, each with why.
+# In the packages only (EXCLUDE_FROM_ALL: not in a plain `cmake --install`).
 set(changelog ${CMAKE_BINARY_DIR}/debian/changelog.Debian.gz)
 add_custom_command(OUTPUT ${changelog}
   COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/debian
@@ -41,10 +42,10 @@ add_custom_command(OUTPUT ${changelog}
 add_custom_target(debian_changelog ALL DEPENDS ${changelog})
 function(hpctrain_install_debian_files package)
   set(doc ${CMAKE_INSTALL_DATAROOTDIR}/doc/${package})
-  install(FILES cmake/debian/copyright ${changelog} DESTINATION ${doc} COMPONENT ${package})
+  install(FILES cmake/debian/copyright ${changelog} DESTINATION ${doc} COMPONENT ${package} EXCLUDE_FROM_ALL)
   if(EXISTS ${PROJECT_SOURCE_DIR}/cmake/debian/lintian/${package})
     install(FILES cmake/debian/lintian/${package} DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/lintian/overrides
-            COMPONENT ${package})
+            COMPONENT ${package} EXCLUDE_FROM_ALL)
   endif()
 endfunction()
 
