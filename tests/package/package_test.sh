@@ -19,7 +19,7 @@ skip() { echo "package_test: SKIP: $*"; exit 77; }
 ((EUID == 0)) || skip "needs root (dpkg --root, chroot and mount)"
 unshare --mount --fork true 2> /dev/null || skip "unshare --mount is not permitted here (a container without CAP_SYS_ADMIN?)"
 command -v lintian > /dev/null || fail "lintian is not installed (./setup.sh installs it)"
-# On /var/tmp: the fresh root is made of hard links to this host's files, which needs one file system.
+# On /var/tmp: the fresh root is made of hard links to this host's files where it shares /usr's file system.
 tmp=$(mktemp -d /var/tmp/hpctrain-package-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 SECONDS=0
@@ -233,7 +233,9 @@ with open(sys.argv[2], "w") as dirs, open(sys.argv[3], "w") as files:
             files.write(path + "\0")
 ' "$root" "$tmp/dirs" "$tmp/files"
 xargs -0 -r mkdir -p < "$tmp/dirs"
-xargs -0 -r cp -al --parents -t "$root" < "$tmp/files" 2> "$tmp/cp.err" ||
+link=-l  # hard links where the root shares this host's file system, else copies
+[[ "$(stat -c %d /usr)" == "$(stat -c %d "$tmp")" ]] || link=
+xargs -0 -r cp -a $link --parents -t "$root" < "$tmp/files" 2> "$tmp/cp.err" ||
   { cat "$tmp/cp.err" >&2; fail "copying the packages' files failed"; }
 dpkg-query -s "${packages[@]}" > "$root/var/lib/dpkg/status"
 for p in "${packages[@]}"; do
