@@ -58,6 +58,7 @@ packages=(
   python3-matplotlib                           # hpctrain-plot: charts of the metrics files
   help2man                                     # man pages from --help, made at build time
   dpkg-dev file man-db                         # cpack -G DEB (dpkg-shlibdeps, file) and man: the package test
+  lintian                                      # the package test lints every .deb cpack makes
   bsdutils                                     # script: the test of the live progress line in a terminal
   prometheus                                   # promtool: the test of --prometheus-file's format
 )

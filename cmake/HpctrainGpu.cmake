@@ -51,3 +51,12 @@ endfunction()
 
 hpctrain_find_gpu_lib(HPCTRAIN_CUDNN cudnn.h cudnn HPCTRAIN_HAVE_CUDNN)
 hpctrain_find_gpu_lib(HPCTRAIN_NCCL nccl.h nccl HPCTRAIN_HAVE_NCCL)
+
+# cuDNN's major version: NVIDIA's package of it is named by it (libcudnn9-cuda-13).
+if(HPCTRAIN_HAVE_CUDNN)
+  file(STRINGS ${HPCTRAIN_HAVE_CUDNN_INCLUDE}/cudnn_version.h cudnn_major REGEX "^#define CUDNN_MAJOR [0-9]+")
+  string(REGEX REPLACE "^#define CUDNN_MAJOR ([0-9]+).*" "\\1" HPCTRAIN_CUDNN_MAJOR "${cudnn_major}")
+  if(NOT HPCTRAIN_CUDNN_MAJOR MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "no CUDNN_MAJOR in ${HPCTRAIN_HAVE_CUDNN_INCLUDE}/cudnn_version.h")
+  endif()
+endif()

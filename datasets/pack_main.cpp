@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
       "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
       "OUT/<split>.json (the split's manifest, replaced last: a packing that fails or is stopped\n"
       "leaves OUT as it was) and OUT/classes.txt. Options");
-  desc.add_options()("help,h", "this help")("split", po::value(&o.split)->default_value(o.split), "train or val")(
+  desc.add_options()("help,h", "this help")("version", "print the version (hpctrain's, which it is built with)")("split", po::value(&o.split)->default_value(o.split), "train or val")(
       "images-per-shard", po::value(&o.images_per_shard)->default_value(o.images_per_shard), "images in each shard")(
       "resize", po::value(&o.resize)->default_value(0),
       "scale each image's shorter side down to this many pixels (0: keep the images as they are)")(
@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
     po::notify(vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
+      return 0;
+    }
+    if (vm.count("version")) {  // hpcdata --version prints this version as its own
+      std::cout << "hpcdata-pack " << HPCTRAIN_VERSION << "\n";
       return 0;
     }
     if (!vm.count("src") || !vm.count("out"))

@@ -219,6 +219,18 @@ class Pack(unittest.TestCase):
         self.assertIn("cannot write", err.strip().splitlines()[-1])
         self.assertEqual(snapshot(self.out), before)
 
+    def test_version_is_hpctrains(self):
+        """hpcdata --version: the project's version, as its hpcdata-pack was built with it; a packer
+        that cannot say it is one error line and exit 1."""
+        p = subprocess.run([sys.executable, HPCDATA, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout, p.stderr), (0, f"hpcdata {os.environ['HPCTRAIN_VERSION']}\n", ""))
+        p = subprocess.run([sys.executable, HPCDATA, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=60, env={**os.environ, "HPCDATA_PACK": "/bin/false"})
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(len(p.stderr.splitlines()), 1, p.stderr)
+        self.assertIn("hpcdata: error: /bin/false --version failed", p.stderr)
+
     def test_bad_input_is_one_line_and_changes_nothing(self):
         self.packed()
         empty_class = os.path.join(self.tmp, "empty-class")
