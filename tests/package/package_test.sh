@@ -15,6 +15,7 @@ set -euo pipefail
 : "${BUILD_DIR:?}" "${GPU_TRAINING:?}"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
+is_elf() { [[ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" == '177ELF' ]]; }
 skip() { echo "package_test: SKIP: $*"; exit 77; }
 ((EUID == 0)) || skip "needs root (dpkg --root, chroot and mount)"
 unshare --mount --fork true 2> /dev/null || skip "unshare --mount is not permitted here (a container without CAP_SYS_ADMIN?)"
@@ -54,7 +55,7 @@ for d in openmpi-bin python3 libboost-program-options; do
 done
 ! grep -qiE 'cuda|cublas|cudnn|nccl' <<< "$depends" || fail "hpctrain depends on CUDA: $depends"
 for f in "$tmp"/x/hpctrain/usr/bin/*; do
-  [[ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" == '177ELF' ]] || continue
+  is_elf "$f" || continue
   for lib in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p'); do
     [[ "$lib" != *cuda* && "$lib" != *cublas* && "$lib" != *cudnn* && "$lib" != *nccl* ]] ||
       fail "hpctrain's $(basename "$f") needs $lib (CUDA) "
@@ -70,7 +71,7 @@ if [[ "$GPU_TRAINING" == ON ]]; then
   # The libraries no Debian package holds: those the loader finds under /usr/local here (Debian's
   # packages never install there), i.e. the CUDA toolkit's; none may be missing at all.
   needed=$(for f in "$tmp"/x/hpctrain-cuda/usr/bin/*; do
-    if [[ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" == '177ELF' ]]; then ldd "$f"; fi
+    if is_elf "$f"; then ldd "$f"; fi
   done | sort -u)
   ! grep 'not found' <<< "$needed" || fail "hpctrain-cuda's programs need libraries this host lacks"
   outside=$(sed -n 's|^\s*\(\S*\) => /usr/local/.*|\1|p' <<< "$needed")
@@ -129,14 +130,14 @@ done
 for p in $expected; do
   [[ "$p" == hpctrain-dev ]] && continue
   for f in "$tmp"/x/"$p"/usr/bin/*; do
-    [[ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" == '177ELF' ]] || continue
+    is_elf "$f" || continue
     ! readelf -S "$f" | grep -qE '\.symtab|\.debug_' || fail "$p's $(basename "$f") is not stripped"
   done
   ddeb=("$tmp"/pkg/"$p"-dbgsym_*.ddeb)
   [[ -f "${ddeb[0]}" ]] || fail "no $p-dbgsym package: $(ls "$tmp/pkg")"
   dpkg-deb -x "${ddeb[0]}" "$tmp/x/$p-dbgsym"
   for f in "$tmp"/x/"$p"/usr/bin/*; do
-    [[ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" == '177ELF' ]] || continue
+    is_elf "$f" || continue
     id=$(readelf -n "$f" | sed -n 's/.*Build ID: \([0-9a-f]*\)$/\1/p')
     [[ -n "$id" ]] || fail "$p's $(basename "$f") has no build ID"
     [[ -f "$tmp/x/$p-dbgsym/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" ]] ||
@@ -194,14 +195,20 @@ pick() {
   done
   return 1
 }
+# queue_deps OWNER FIELDS: the installed package that satisfies each of FIELDS' comma-separated
+# dependencies (OWNER's), onto the queue.
+queue_deps() {
+  local g groups
+  IFS=, read -r -a groups <<< "$2"
+  for g in "${groups[@]}"; do
+    [[ -n "${g// /}" ]] || continue
+    pick "$g" || fail "$1 depends on '$g', which this host has not installed"
+    queue+=("$picked")
+  done
+}
 # The closure of hpctrain's Depends and Pre-Depends (its own fields, from the .deb).
 queue=(dataset-fashion-mnist)
-IFS=, read -r -a groups <<< "$(field hpctrain Pre-Depends), $(field hpctrain Depends)"
-for g in "${groups[@]}"; do
-  [[ -n "${g// /}" ]] || continue
-  pick "$g" || fail "hpctrain depends on '$g', which this host has not installed"
-  queue+=("$picked")
-done
+queue_deps hpctrain "$(field hpctrain Pre-Depends), $(field hpctrain Depends)"
 queue+=("${!want[@]}")
 want=()
 while ((${#queue[@]})); do
@@ -209,12 +216,7 @@ while ((${#queue[@]})); do
   queue=("${queue[@]:1}")
   [[ -n "${want[$name]:-}" ]] && continue
   want[$name]=1
-  IFS=, read -r -a groups <<< "${deps[$name]}"
-  for g in "${groups[@]}"; do
-    [[ -n "${g// /}" ]] || continue
-    pick "$g" || fail "$name depends on '$g', which this host has not installed"
-    queue+=("$picked")
-  done
+  queue_deps "$name" "${deps[$name]}"
 done
 packages=("${!want[@]}")
 # Their files (hard links; directories made, not linked), dpkg's record of them, and the
