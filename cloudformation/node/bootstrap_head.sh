@@ -9,7 +9,8 @@
 #   3. munge: the key the stack generated, from Secrets Manager;
 #   4. Slurm: slurm.conf and gres.conf rendered by render_slurm_conf.py (compute nodes as CLOUD
 #      nodes powered by resume.py/suspend.py, which run from /opt/hpctrain/src), served to the
-#      compute nodes by slurmctld itself (configless), slurmctld enabled;
+#      compute nodes by slurmctld itself (configless), slurmctld enabled: apply_head_settings.sh,
+#      which cfn-hup runs again when a stack update changes the settings;
 #   5. the cluster manager (clustermgtd.py) on a one-minute systemd timer, as Slurm's user;
 #   6. hpctrain built (CPU) in /opt/hpctrain/src/build; each compute node builds its CUDA one at
 #      the same path, so that slurm/train.sbatch finds it there on every node;
@@ -64,11 +65,7 @@ systemctl enable munge && systemctl restart munge
 
 # 4. Slurm.
 install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm /var/log/hpctrain /var/lib/hpctrain
-python3 "$node_dir/render_slurm_conf.py" --cluster "$CLUSTER_NAME" --controller "$(hostname -s)" \
-  --max-nodes "$MAX_NODES" --cpus "$CPUS" --gpus "$GPUS" --memory-mib "$MEMORY_MIB" \
-  --suspend-minutes "$SUSPEND_MINUTES" --resume-timeout "$RESUME_TIMEOUT" --programs "$node_dir" \
-  --out /etc/slurm
-systemctl enable slurmctld && systemctl restart slurmctld
+"$node_dir/apply_head_settings.sh"  # again by cfn-hup after each update of the settings
 
 # 5. The cluster manager.
 cat > /etc/systemd/system/hpctrain-clustermgtd.service << UNIT

@@ -10,8 +10,6 @@ import hashlib
 import json
 import os
 import sys
-import threading
-import time
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,13 +40,19 @@ def default_parameters(template):
 class Resolved:
     """The template with its parameters given: conditions, and any value resolved."""
 
-    def __init__(self, template, **params):
+    def __init__(self, template, custom=None, ssm=None, **params):
+        """`custom`: {logical id: {attribute: value}} of custom resources (default: made-up images);
+        `ssm`: name -> value, for parameters of an AWS::SSM::Parameter::Value type (CloudFormation
+        reads them at each create and update)."""
         self.template = template
+        self.custom = custom or {"Images": {"HeadNodeImage": "ami-0aaaaaaaaaaaaaaa1", "ComputeImage": "ami-0ccccccccccccccc1"}}
         self.params = default_parameters(template)
         self.params.update(KeyName="mykey", **params)
         for name, p in template["Parameters"].items():
             if p["Type"] == "CommaDelimitedList" and isinstance(self.params[name], str):
                 self.params[name] = self.params[name].split(",")
+            if p["Type"].startswith("AWS::SSM::Parameter::Value") and ssm:
+                self.params[name] = ssm(self.params[name])
         self.pseudo = {"AWS::StackName": STACK, "AWS::Region": REGION, "AWS::AccountId": ACCOUNT,
                        "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com",
                        "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/0f0e0d0c-uuid"}
@@ -74,6 +78,8 @@ class Resolved:
 
     def attribute(self, logical, attr):
         kind = self.template["Resources"][logical]["Type"]
+        if kind.startswith("Custom::"):
+            return self.custom[logical][attr]
         if attr == "Arn" and kind == "AWS::IAM::Role":
             return f"arn:aws:iam::{ACCOUNT}:role/{STACK}-{logical}-X1"
         if attr == "Arn" and kind == "AWS::IAM::InstanceProfile":
@@ -185,25 +191,35 @@ class Resolved:
         return found
 
 
-def cleanup_module(template, sent):
-    """The cleanup function's inline code as a module, its cfnresponse a fake that appends
-    (status, physical id, reason) to `sent`."""
+def function_module(template, logical, sent):
+    """The inline code of the Lambda function `logical` as a module, its cfnresponse a fake that
+    appends (status, physical id, reason, event, data) to `sent`."""
     fake = types.ModuleType("cfnresponse")
     fake.SUCCESS, fake.FAILED = "SUCCESS", "FAILED"
     fake.send = lambda event, context, status, data, physical=None, noEcho=False, reason=None: \
-        sent.append((status, physical, reason, event))
-    module = types.ModuleType("cleanup_handler")
-    code = template["Resources"]["CleanupFunction"]["Properties"]["Code"]["ZipFile"]
+        sent.append((status, physical, reason, event, data))
+    module = types.ModuleType(f"{logical}_handler")
+    code = template["Resources"][logical]["Properties"]["Code"]["ZipFile"]
     saved = sys.modules.get("cfnresponse")
     sys.modules["cfnresponse"] = fake
     try:
-        exec(compile(code, "cluster.yaml:CleanupFunction", "exec"), module.__dict__)  # noqa: S102 - the code under test
+        exec(compile(code, f"cluster.yaml:{logical}", "exec"), module.__dict__)  # noqa: S102 - the code under test
     finally:
         if saved is None:
             del sys.modules["cfnresponse"]
         else:
             sys.modules["cfnresponse"] = saved
     return module
+
+
+def cleanup_module(template, sent):
+    return function_module(template, "CleanupFunction", sent)
+
+
+def inline_functions(template):
+    """The logical ids of the template's Lambda functions with inline code."""
+    return [k for k, v in template["Resources"].items()
+            if v["Type"] == "AWS::Lambda::Function" and "ZipFile" in v["Properties"].get("Code", {})]
 
 
 class LambdaContext:
@@ -215,50 +231,81 @@ class LambdaContext:
 
 
 class CustomResources:
-    """Answers to custom resources, kept until deliver(): moto asks on a thread of its own while
-    it is still creating the stack, and an answer then would race it (moto creates what is not
-    yet created when it checks readiness: a second head node)."""
+    """The answers the stack's custom resources gave (status, physical id, reason, event, data)."""
 
     def __init__(self):
         self.answers = []
-        self.lock = threading.Lock()
 
-    def deliver(self, seconds=10):
-        from moto.cloudformation.models import cloudformation_backends
+    def deliver(self):
+        """Raises if a custom resource answered FAILED (its data reached moto's stack already)."""
+        failed = [(a[3]["LogicalResourceId"], a[2]) for a in self.answers if a[0] != "SUCCESS"]
+        if failed:
+            raise AssertionError(f"custom resources failed: {failed}")
 
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            with self.lock:
-                answers, self.answers = self.answers, []
-            for status, _, _, event in answers:
-                if status == "SUCCESS":
-                    stack = cloudformation_backends[ACCOUNT][REGION].get_stack(event["StackId"])
-                    stack.get_custom_resource(event["LogicalResourceId"]).set_data({})
-                    stack.verify_readiness()
-            if answers:
-                return
-            time.sleep(0.05)
+
+class _RunNow:
+    """threading.Thread for moto's custom resources: runs the target at start(), so that the
+    resource's answer (and data, for !GetAtt) is there before moto creates what depends on it, as
+    CloudFormation waits for it."""
+
+    def __init__(self, target, args=(), **_):
+        self.target, self.args = target, args
+
+    def start(self):
+        self.target(*self.args)
 
 
 @contextlib.contextmanager
 def moto_runs_custom_resources(template):
     """moto's CloudFormation hands a custom resource to its Lambda, which moto runs only in a
-    container: here the cleanup function's own code runs in-process instead; its answer reaches
-    moto's stack (as CloudFormation's response URL would take it) at CustomResources.deliver()."""
+    container and on a thread of its own, without waiting: here the function's own inline code
+    runs in-process, at once, and its answer reaches moto's stack as CloudFormation's response
+    URL would take it."""
     from moto.awslambda.models import LambdaFunction
+    from moto.cloudformation import custom_model
+    from moto.cloudformation.models import cloudformation_backends
 
     pending = CustomResources()
 
     def invoke(self, body, request_headers, response_headers):
         sent = []
-        cleanup_module(template, sent).handler(json.loads(body), LambdaContext())
-        with pending.lock:
-            pending.answers += sent
+        # (moto names a stack's function STACK-LOGICAL-SUFFIX)
+        logical = next(f for f in inline_functions(template) if f"-{f}-" in self.function_name)
+        function_module(template, logical, sent).handler(json.loads(body), LambdaContext())
+        for status, _, _, event, data in sent:
+            if status == "SUCCESS":
+                stack = cloudformation_backends[ACCOUNT][REGION].get_stack(event["StackId"])
+                stack.get_custom_resource(event["LogicalResourceId"]).set_data(data)
+        pending.answers += sent
         return "null"
 
     real = LambdaFunction.invoke
     LambdaFunction.invoke = invoke
+    real_threading = custom_model.threading
+    custom_model.threading = types.SimpleNamespace(Thread=_RunNow)
     try:
         yield pending
     finally:
         LambdaFunction.invoke = real
+        custom_model.threading = real_threading
+
+
+@contextlib.contextmanager
+def moto_keeps_what_it_cannot_update():
+    """moto's stack update drops a changed resource whose type it cannot update (an EC2 instance:
+    its update is not implemented), which breaks every later !GetAtt of it; CloudFormation would
+    update it in place or replace it. Here moto keeps it as it was: what CloudFormation would do
+    to it is the test's to work out (template_test.instance_update)."""
+    from moto.cloudformation import parsing
+
+    real = parsing.parse_and_update_resource
+
+    def update(logical_id, resource_json, resources_map, account_id, region_name):
+        changed = real(logical_id, resource_json, resources_map, account_id, region_name)
+        return resources_map[logical_id] if changed is None else changed
+
+    parsing.parse_and_update_resource = update
+    try:
+        yield
+    finally:
+        parsing.parse_and_update_resource = real

@@ -80,7 +80,7 @@ class Cleanup(unittest.TestCase):
             return c
         with mock.patch.object(boto3, "client", client):
             self.handler(self.event("Delete"), cfn.LambdaContext(seconds=30))
-        status, _, reason, _ = self.sent[0]
+        status, _, reason, _, _ = self.sent[0]
         self.assertEqual(status, "FAILED")
         self.assertIn("instances still there", reason)
 

@@ -39,12 +39,17 @@ MALFORMED = {
                          "v1.2.3'", "v1.2.3;id", "refs/tags/v1.2.3", ""],
     "DataBucket": ["My-Bucket", "a", "-bucket", "bucket-", "bucket/prefix", "bucket*", "bucket name"],
     "ResultsPrefix": ["results", "/results/", "results/*", "res*/", "a b/", "a'b/", "../"[:-1] + "$/"],
+    "HeadNodeAmi": ["", "ami-", "ami-XYZ12345", "ami-0123", "aws/service/x", "/aws/service/x;id", "/aws//x", "/a b"],
+    "ComputeAmi": ["", "ami-0123456789abcdef01", "/aws/service/x'", "/aws/service/$(id)", "latest"],
+    "RefreshImages": ["a b", "2026/11/27", "x;id", "a" * 65],
 }
 GOOD = {"SshCidr": "203.0.113.7/32", "VpcId": "vpc-0a1b", "PublicSubnetId": "subnet-0a1b", "PrivateSubnetId": "subnet-0c",
         "VpcCidr": "10.1.0.0/16", "PublicSubnetCidr": "10.1.0.0/24", "PrivateSubnetCidr": "10.1.16.0/20",
         "ClusterName": "my-cluster", "HeadNodeInstanceType": "m7i-flex.large", "ComputeInstanceTypes": "p4d.24xlarge",
         "HpctrainRepository": "https://git.example.org:8443/team/hpctrain.git", "HpctrainRevision": "0123456789abcdef0123456789abcdef01234567",
-        "DataBucket": "my.datasets-1", "ResultsPrefix": "results/run_1/"}
+        "DataBucket": "my.datasets-1", "ResultsPrefix": "results/run_1/", "HeadNodeAmi": "ami-0123456789abcdef0",
+        "ComputeAmi": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+        "RefreshImages": "2026-11-27"}
 # What no free-text value may hold: a shell's quotes, expansions, separators; JSON's quote and escape.
 HOSTILE = ["'", '"', "$", "`", ";", "&", "|", " ", "\n", "\\", "<", ">", "(", "*"]
 
@@ -120,9 +125,12 @@ def shell_scripts(template):
     for lt in ("ComputeLaunchTemplate", "ComputeOnDemandLaunchTemplate"):
         found.append((f"{lt} user data", res[lt]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Sub"]))
     found.append(("HeadNode user data", res["HeadNode"]["Properties"]["UserData"]["Fn::Base64"]["Fn::Sub"]))
-    init = res["HeadNode"]["Metadata"]["AWS::CloudFormation::Init"]["config"]
-    found += [(f"cfn-init command {n}", c["command"]["Fn::Sub"]) for n, c in init["commands"].items()]
-    found.append(("cluster.env (sourced by root)", init["files"]["/etc/hpctrain/cluster.env"]["content"]["Fn::Sub"]))
+    init = res["HeadNode"]["Metadata"]["AWS::CloudFormation::Init"]
+    found += [(f"cfn-init command {n}", c["command"]["Fn::Sub"]) for key, config in init.items() if key != "configSets"
+              for n, c in config.get("commands", {}).items() if isinstance(c["command"], dict)]
+    files = init["settings"]["files"]
+    found.append(("cluster.env (sourced by root)", files["/etc/hpctrain/cluster.env"]["content"]["Fn::Sub"]))
+    found.append(("cfn-hup's hook (its action run by root)", files["/etc/cfn/hooks.d/hpctrain-settings.conf"]["content"]["Fn::Sub"]))
     out = []
     for where, sub in found:
         text, variables = (sub, {}) if isinstance(sub, str) else sub
@@ -134,7 +142,7 @@ class Quoting(unittest.TestCase):
     def test_every_substituted_value_is_single_quoted(self):
         template = cfn.load_template()
         scripts = shell_scripts(template)
-        self.assertEqual(len(scripts), 5)
+        self.assertEqual(len(scripts), 6)
         for where, text, variables in scripts:
             for line in text.splitlines():
                 for m in re.finditer(r"\$\{([^}!][^}]*)\}", line):

@@ -152,7 +152,7 @@ def run_instances_checks(r, req):
 
 def head_node_config(r):
     """cloud.json as the head node gets it, loaded by the programs' own loader."""
-    files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["config"]["files"]
+    files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["settings"]["files"]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         f.write(files["/etc/hpctrain/cloud.json"]["content"])
     try:
@@ -172,7 +172,7 @@ def power_ups(r):
 # ------------------------------------------------------------------------- the cases
 FULL = {"Market": "spot", "ComputeInstanceTypes": "g5.12xlarge,g6.12xlarge", "UseEfa": "true",
         "DataBucket": "my-datasets", "ResultsPrefix": "results/"}
-ROLES = ("HeadNodeRole", "ComputeRole", "CleanupRole")
+ROLES = ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole")
 
 
 def without_tags(req, resource_type):
@@ -286,7 +286,24 @@ def cases(r):
         ("compute: launch", "ComputeRole", run_instances_checks(r, ups[0]), False),
         ("compute: terminate an instance of the cluster", "ComputeRole", [("ec2:TerminateInstances", instance, compute_tags)], False),
     ]
-    for role in ("HeadNodeRole", "ComputeRole", "CleanupRole"):
+    ssm = f"arn:aws:ssm:{cfn.REGION}"
+    own = f"{ssm}:{cfn.ACCOUNT}:parameter"
+    out += [
+        ("images: resolve the images' public parameters", "ImagesRole",
+         [("ssm:GetParameter", f"{ssm}::parameter{r.params[p]}", {}) for p in ("HeadNodeAmi", "ComputeAmi")
+          if r.params[p].startswith("/aws/service/")], True),
+        ("images: resolve a public parameter of another region", "ImagesRole",
+         [("ssm:GetParameter", f"arn:aws:ssm:us-west-2::parameter{r.params['HeadNodeAmi']}", {})], False),
+        ("images: read another of the account's parameters", "ImagesRole", [("ssm:GetParameter", f"{own}/db/password", {})], False),
+        ("images: change an image's parameter", "ImagesRole",
+         [("ssm:PutParameter", f"{own}{r.params['HeadNodeAmi']}", {}), ("ssm:PutParameter", f"{ssm}::parameter{r.params['HeadNodeAmi']}", {})], False),
+        ("images: read the munge key", "ImagesRole", [("secretsmanager:GetSecretValue", secret, {})], False),
+        ("images: launch", "ImagesRole", run_instances_checks(r, ups[0]), False),
+    ]
+    for p in ("HeadNodeAmi", "ComputeAmi"):
+        if not r.params[p].startswith(("/aws/service/", "ami-")):
+            out.append((f"images: resolve the account's own {p}", "ImagesRole", [("ssm:GetParameter", f"{own}{r.params[p]}", {})], True))
+    for role in ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole"):
         out.append((f"{role}: ship logs", role, [("logs:CreateLogStream", log_stream, {}), ("logs:PutLogEvents", log_stream, {})], True))
         out.append((f"{role}: logs elsewhere", role, [("logs:PutLogEvents", other_stream, {})], False))
         out.append((f"{role}: delete the log group", role, [("logs:DeleteLogGroup", r.attribute("LogGroup", "Arn"), {})], False))
@@ -348,7 +365,8 @@ class Policies(unittest.TestCase):
 
     def test_the_cluster_may_do_what_it_does_and_nothing_else(self):
         for name, params in (("defaults", {}), ("spot, EFA, two types, data", FULL),
-                             ("an existing VPC", {"VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a", "PrivateSubnetId": "subnet-0b"})):
+                             ("an existing VPC", {"VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a", "PrivateSubnetId": "subnet-0b"}),
+                             ("the account's own image parameters", {"HeadNodeAmi": "/images/head", "ComputeAmi": "/images/gpu"})):
             with self.subTest(name):
                 r = cfn.Resolved(self.template, **params)
                 self.assertEqual(failures(r, r.role_policies()), [])

@@ -27,8 +27,48 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 REGION = "us-east-1"
+STACK_POLICY = os.path.join(HERE, "..", "..", "cloudformation", "stack-policy.json")
 HEAD_AMI = "/aws/service/debian/release/12/latest/amd64"
 COMPUTE_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+
+
+# What an update does to an AWS::EC2::Instance, from "Update requires" of each property in
+# CloudFormation's reference: a change to one of these replaces the instance (a new one, the old
+# terminated: the head node's slurmctld queue and state are lost)...
+INSTANCE_REPLACED_BY = ("AvailabilityZone", "BlockDeviceMappings", "CpuOptions", "ElasticGpuSpecifications",
+                        "EnclaveOptions", "HibernationOptions", "HostResourceGroupArn", "ImageId", "Ipv6AddressCount",
+                        "Ipv6Addresses", "KeyName", "LaunchTemplate", "LicenseSpecifications", "NetworkInterfaces",
+                        "PlacementGroupName", "PrivateIpAddress", "SecurityGroups", "SubnetId")
+# ... and to one of these stops and starts it (slurmctld restarts, running jobs' steps fail).
+INSTANCE_INTERRUPTED_BY = ("Affinity", "EbsOptimized", "HostId", "InstanceType", "KernelId", "RamdiskId",
+                           "Tenancy", "UserData")
+
+
+def instance_update(before, after, logical):
+    """'replace', 'interrupt' or 'modify' (or None: unchanged): what CloudFormation does to the
+    instance `logical` going from the resolved template `before` to `after`."""
+    old, new = before.resource(logical), after.resource(logical)
+    changed = {k for k in set(old["Properties"]) | set(new["Properties"])
+               if old["Properties"].get(k) != new["Properties"].get(k)}
+    if changed & set(INSTANCE_REPLACED_BY):
+        return "replace"
+    if changed & set(INSTANCE_INTERRUPTED_BY):
+        return "interrupt"
+    return "modify" if changed or old.get("Metadata") != new.get("Metadata") else None
+
+
+def stack_policy_allows(policy, action, logical):
+    """A stack policy's verdict on one update action ("Update:Replace") of one resource: an
+    explicit Deny wins, and what no Allow covers is denied (CloudFormation's rules)."""
+    import fnmatch
+
+    def covers(st):
+        actions = [st["Action"]] if isinstance(st["Action"], str) else st["Action"]
+        resources = [st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"]
+        return any(fnmatch.fnmatchcase(action, a) for a in actions) and \
+            any(fnmatch.fnmatchcase(f"LogicalResourceId/{logical}", r) for r in resources)
+    verdicts = {st["Effect"] for st in policy["Statement"] if covers(st)}
+    return "Allow" in verdicts and "Deny" not in verdicts
 
 
 def seed_public_parameter(name, value):
@@ -64,7 +104,7 @@ class HeadNodeSettings(unittest.TestCase):
         import hpc_cloud
 
         r = cfn.Resolved(cfn.load_template(), Market="spot", ComputeInstanceTypes="p5.48xlarge,p4d.24xlarge")
-        files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["config"]["files"]
+        files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["settings"]["files"]
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             f.write(files["/etc/hpctrain/cloud.json"]["content"])
         self.addCleanup(os.unlink, f.name)
@@ -76,6 +116,67 @@ class HeadNodeSettings(unittest.TestCase):
         self.assertEqual(cfg["instance_types"], ["p5.48xlarge", "p4d.24xlarge"])
         self.assertEqual(cfg["subnet_ids"], [r.physical("PrivateSubnet")])
         self.assertEqual(cfg["security_group_ids"], [r.physical("ComputeSecurityGroup")])
+
+
+    def settings_files(self, **params):
+        import cfn
+
+        r = cfn.Resolved(cfn.load_template(), **params)
+        return r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]
+
+    def test_files_root_writes_are_root_s_alone(self):
+        """Every file cfn-init writes (root's) is writable by root only; cfn-hup's (which name the
+        stack) readable by root only."""
+        init = self.settings_files()
+        files = {path: f for key, config in init.items() if key != "configSets" for path, f in config.get("files", {}).items()}
+        self.assertIn("/etc/hpctrain/cluster.env", files)
+        for path, f in files.items():
+            mode = int(f["mode"], 8)
+            self.assertEqual(mode & 0o022, 0, f"{path}: mode {f['mode']}")
+            self.assertNotIn("owner", f, path)  # cfn-init's default: root
+            if path.startswith("/etc/cfn/"):
+                self.assertEqual(mode & 0o077, 0, f"{path}: mode {f['mode']}")
+
+    def test_an_update_applies_the_settings_without_the_bootstrap(self):
+        """cfn-hup runs the "update" config set on a change of the head node's metadata: the
+        settings rewritten and applied (apply_head_settings.sh: slurm.conf rendered again with the
+        new values, slurmctld restarted), never the bootstrap (which reinstalls /opt/hpctrain/src)."""
+        import tempfile
+
+        import cfn
+
+        init = self.settings_files()
+        self.assertEqual(init["configSets"], {"install": ["settings", "bootstrap"], "update": ["settings", "apply"]})
+        hook = init["settings"]["files"]["/etc/cfn/hooks.d/hpctrain-settings.conf"]["content"]
+        self.assertIn("path=Resources.HeadNode.Metadata.AWS::CloudFormation::Init\n", hook)
+        self.assertIn("--resource HeadNode --configsets update ", hook)
+        user_data = cfn.Resolved(cfn.load_template()).resource("HeadNode")["Properties"]["UserData"]
+        self.assertIn("--configsets install ", user_data)
+        self.assertEqual([c["command"] for c in init["apply"]["commands"].values()],
+                         ["/opt/hpctrain/src/cloudformation/node/apply_head_settings.sh"])
+
+        env = self.settings_files(MaxComputeNodes="7", ComputeGpus="8")["settings"]["files"]["/etc/hpctrain/cluster.env"]
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "cluster.env"), "w", encoding="utf-8") as f:
+                f.write(env["content"])
+            os.makedirs(os.path.join(d, "bin"))
+            with open(os.path.join(d, "bin", "systemctl"), "w", encoding="utf-8") as f:
+                f.write(f'#!/bin/sh\necho "$@" >> {d}/systemctl.log\n')
+            os.chmod(os.path.join(d, "bin", "systemctl"), 0o755)
+            run = [os.path.join(cfn.NODE_DIR, "apply_head_settings.sh"), "--env", os.path.join(d, "cluster.env"),
+                   "--out", os.path.join(d, "slurm")]
+            path = {"PATH": f"{d}/bin:{os.environ['PATH']}"}
+            r = subprocess.run(run, capture_output=True, text=True, env={**os.environ, **path}, check=False)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "slurm", "slurm.conf"), encoding="utf-8") as f:
+                conf = f.read()
+            self.assertIn("NodeName=gpu-[1-7] ", conf)
+            with open(os.path.join(d, "slurm", "gres.conf"), encoding="utf-8") as f:
+                self.assertIn("File=/dev/nvidia[0-7]", f.read())
+            with open(os.path.join(d, "systemctl.log"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), "enable slurmctld\nrestart slurmctld\n")
+            r = subprocess.run(run + ["--bogus"], capture_output=True, text=True, env={**os.environ, **path}, check=False)
+            self.assertEqual((r.returncode, r.stderr), (2, "apply_head_settings.sh: error: unknown argument '--bogus'\n"))
 
 
 class Resolved(unittest.TestCase):
@@ -158,7 +259,7 @@ class Deploy(unittest.TestCase):
             seed_public_parameter(name, ami)
         self.cfn = boto3.client("cloudformation", region_name=REGION)
 
-    def deploy(self, **params):
+    def deploy(self, StackPolicyBody=None, **params):  # noqa: N803 - CloudFormation's name
         with open(TEMPLATE, encoding="utf-8") as f:
             body = f.read()
         import cfn
@@ -169,7 +270,7 @@ class Deploy(unittest.TestCase):
         parameters = [{"ParameterKey": "KeyName", "ParameterValue": "mykey"}]
         parameters += [{"ParameterKey": k, "ParameterValue": v} for k, v in {**lists, **params}.items()]
         self.cfn.create_stack(StackName="hpc", TemplateBody=body, Parameters=parameters,
-                              Capabilities=["CAPABILITY_IAM"])
+                              Capabilities=["CAPABILITY_IAM"], **({"StackPolicyBody": StackPolicyBody} if StackPolicyBody else {}))
         self.custom_resources.deliver()
         stack = self.cfn.describe_stacks(StackName="hpc")["Stacks"][0]
         self.assertEqual(stack["StackStatus"], "CREATE_COMPLETE", stack.get("StackStatusReason"))
@@ -241,6 +342,71 @@ class Deploy(unittest.TestCase):
         self.assertTrue({"ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole",
                          "ec2:DescribeInstances"} <= actions["HeadNodeRole"])
         self.assertNotIn("ec2:RunInstances", actions["ComputeRole"])
+
+    def images_update(self, template, before, after):
+        """The Images custom resource's answer to the Update event CloudFormation sends it when
+        its properties go from `before`'s to `after`'s (moto sends custom resources no updates)."""
+        import cfn
+
+        created = next(a for a in self.custom_resources.answers if a[3]["LogicalResourceId"] == "Images")
+        event = {**created[3], "RequestType": "Update", "PhysicalResourceId": created[1],
+                 "ResourceProperties": after.resource("Images")["Properties"],
+                 "OldResourceProperties": before.resource("Images")["Properties"]}
+        sent = []
+        cfn.function_module(template, "ImagesFunction", sent).handler(event, cfn.LambdaContext())
+        self.assertEqual(sent[0][0], "SUCCESS", sent[0][2])
+        return sent[0][4]
+
+    def test_an_update_keeps_the_head_node(self):
+        """A newer image published in the images' SSM parameters and ComputeInstanceTypes changed:
+        the update neither replaces nor restarts the head node, the images stay what they were,
+        the head node's cloud.json (rewritten by cfn-hup) names the new type and its power-up is
+        allowed. With RefreshImages the images are resolved again, and the stack policy refuses
+        the head node's replacement that this would be."""
+        import cfn
+        import policy_test
+
+        template = cfn.load_template()
+        with open(STACK_POLICY, encoding="utf-8") as f:
+            stack_policy = json.load(f)
+        self.deploy(StackPolicyBody=json.dumps(stack_policy))
+        created = next(a for a in self.custom_resources.answers if a[3]["LogicalResourceId"] == "Images")[4]
+        amis = [i["ImageId"] for i in self.ec2.describe_images(Owners=["amazon"])["Images"][:2]]
+        ssm = boto3.client("ssm", region_name=REGION)
+        at_create = {n: ssm.get_parameter(Name=n)["Parameter"]["Value"] for n in (HEAD_AMI, COMPUTE_AMI)}
+        newer = next(a for a in amis if a != at_create[HEAD_AMI])
+        for name in (HEAD_AMI, COMPUTE_AMI):
+            seed_public_parameter(name, newer)
+        with open(TEMPLATE, encoding="utf-8") as f:
+            body = f.read()
+        keep = [{"ParameterKey": "KeyName", "UsePreviousValue": True}]  # the others: defaults, as at creation
+        self.enterContext(cfn.moto_keeps_what_it_cannot_update())
+        self.cfn.update_stack(StackName="hpc", TemplateBody=body, Capabilities=["CAPABILITY_IAM"],
+                              Parameters=keep + [{"ParameterKey": "ComputeInstanceTypes", "ParameterValue": "g6.12xlarge"}])
+        stack = self.cfn.describe_stacks(StackName="hpc")["Stacks"][0]
+        self.assertEqual(stack["StackStatus"], "UPDATE_COMPLETE", stack.get("StackStatusReason"))
+        head = [r for r in self.cfn.describe_stack_resources(StackName="hpc")["StackResources"]
+                if r.get("LogicalResourceId") == "HeadNode"]
+        self.assertEqual([r["PhysicalResourceId"] for r in head], [self.ids["HeadNode"]])
+
+        before = cfn.Resolved(template, custom={"Images": created}, ssm=at_create.get)
+        images = self.images_update(template, before, cfn.Resolved(template, ComputeInstanceTypes="g6.12xlarge"))
+        self.assertEqual(images, created)
+        after = cfn.Resolved(template, custom={"Images": images}, ssm=lambda name: newer,
+                             ComputeInstanceTypes="g6.12xlarge")
+        self.assertEqual(instance_update(before, after, "HeadNode"), "modify")  # its cloud.json
+        self.assertEqual(policy_test.head_node_config(after)["instance_types"], ["g6.12xlarge"])
+        self.assertEqual(policy_test.failures(after, after.role_policies()), [])
+        for what in ("Modify", "Replace"):
+            self.assertTrue(stack_policy_allows(stack_policy, f"Update:{what}", "ComputeLaunchTemplate"))
+
+        refreshed = self.images_update(template, before, cfn.Resolved(template, RefreshImages="2026-11-27"))
+        self.assertEqual(refreshed, {"HeadNodeImage": newer, "ComputeImage": newer})
+        again = cfn.Resolved(template, custom={"Images": refreshed}, RefreshImages="2026-11-27")
+        self.assertEqual(instance_update(before, again, "HeadNode"), "replace")
+        self.assertFalse(stack_policy_allows(stack_policy, "Update:Replace", "HeadNode"))
+        self.assertTrue(stack_policy_allows(stack_policy, "Update:Modify", "HeadNode"))
+        self.assertEqual(self.cfn.get_stack_policy(StackName="hpc").get("StackPolicyBody"), json.dumps(stack_policy))
 
     def test_storage_deletion_policy(self):
         stack = self.deploy(SharedStorageDeletionPolicy="Delete")
