@@ -44,7 +44,7 @@ cat > /etc/systemd/system/hpctrain-computemgtd.service << UNIT
 Description=hpctrain watchdog: this instance terminates itself when the head node stops its heartbeat
 After=network-online.target remote-fs.target
 [Service]
-ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --stale-after $((HEARTBEAT_MINUTES * 60))
+ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --node $node --stale-after $((HEARTBEAT_MINUTES * 60))
 Restart=always
 [Install]
 WantedBy=multi-user.target
