@@ -161,8 +161,13 @@ class Watchdog(unittest.TestCase):
         self.assertEqual(self.shut_down(), ["-h now"])
 
     def test_no_heartbeat_since_the_watchdog_started(self):
-        started = time.monotonic()
-        self.watch(stale_after=0.5, once=False)
+        started, sleep = time.monotonic(), time.sleep
+
+        def bounded_sleep(seconds):  # a watchdog that never shuts down fails here instead of hanging
+            self.assertLess(time.monotonic() - started, 10, "no shutdown 10 s after the start")
+            sleep(seconds)
+        with mock.patch.object(computemgtd.time, "sleep", bounded_sleep):
+            self.watch(stale_after=0.5, once=False)
         self.assertGreaterEqual(time.monotonic() - started, 0.5)  # the grace of a node that booted first
         self.assertEqual(self.shut_down(), ["-h now"])
 
