@@ -125,7 +125,8 @@ def watch(args):
 
 def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--heartbeat", default=DEFAULT_HEARTBEAT, help="the cluster manager's heartbeat file (default %(default)s)")
+    p.add_argument("--heartbeat", default=DEFAULT_HEARTBEAT,
+                   help="the cluster manager's heartbeat file (default %(default)s)")
     p.add_argument("--stale-after", type=float, default=900.0,
                    help="seconds without a heartbeat before the head counts as gone, if Slurm agrees (default 900)")
     p.add_argument("--node", help="this node's Slurm name (default: /etc/hpctrain/node-name, else the host name)")
