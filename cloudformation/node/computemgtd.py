@@ -1,27 +1,35 @@
 #!/usr/bin/env python3
 """The compute node's watchdog (as ParallelCluster's computemgtd), a systemd service on every
-compute node: when the head node's cluster manager has not written its heartbeat file for
---stale-after seconds (the head node is gone, or its manager has stopped), nothing would ever
-terminate this instance, so it terminates itself: `shutdown -h now`, which the launch templates
-(InstanceInitiatedShutdownBehavior: terminate) turn into termination. That needs no permission:
-IAM cannot grant an instance the right to terminate itself without also granting it others.
-A node that finds no heartbeat (it booted before the first one, or /shared hangs) counts from
-the watchdog's start instead.
+compute node: when the head node is gone, nothing would ever terminate this instance, so it
+terminates itself: `shutdown -h now`, which the launch templates (InstanceInitiatedShutdownBehavior:
+terminate) turn into termination. That needs no permission: IAM cannot grant an instance the right
+to terminate itself without also granting it others.
 
-    computemgtd.py [--heartbeat FILE] [--stale-after SECONDS] [--interval SECONDS] [--imds URL] [--once]
+The head node counts as gone when both hold: its cluster manager has not written the heartbeat
+file for --stale-after seconds, and Slurm has this node DOWN or cannot be asked about it at all
+(slurmctld unreachable, or an scontrol that fails or hangs; each try is bounded). A stale
+heartbeat while slurmctld still has the node up (idle, allocated...) is only a warning: the
+head lives, its cluster manager has stopped. A failed heartbeat read (missing file, a glitch or
+hang on /shared) keeps the last heartbeat read; a node that has never read one counts from the
+watchdog's start.
+
+    computemgtd.py [--heartbeat FILE] [--stale-after SECONDS] [--node NAME] [--interval SECONDS]
+                   [--imds URL] [--once]
 """
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 
 from hpc_cloud import OneLineParser
-from spot_watcher import Imds
+from spot_watcher import Imds, node_name
 
 DEFAULT_HEARTBEAT = "/shared/.hpctrain/clustermgtd.heartbeat"
+SLURM_TRIES, SLURM_TIMEOUT, SLURM_PAUSE = 3, 10.0, 2.0  # scontrol: tries, seconds each, seconds between
 
 
 def read_heartbeat(path, timeout=30.0):
@@ -52,28 +60,76 @@ def terminate_self(imds_url):
     return instance
 
 
+def slurm_state(node):
+    """This node's state and flags in Slurm (e.g. "ALLOCATED+CLOUD"), or None when slurmctld
+    cannot be asked: every try failed or ran past SLURM_TIMEOUT (a hung scontrol is killed)."""
+    error = "?"
+    for attempt in range(SLURM_TRIES):
+        time.sleep(SLURM_PAUSE if attempt else 0)
+        try:
+            r = subprocess.run(["scontrol", "--oneliner", "show", "node", node], capture_output=True, text=True,
+                               timeout=SLURM_TIMEOUT, check=False)
+        except (OSError, subprocess.SubprocessError) as e:
+            error = str(e)
+            continue
+        state = re.search(r"\bState=(\S+)", r.stdout)
+        if r.returncode == 0 and state:
+            return state.group(1)
+        error = r.stderr.strip() or f"exit status {r.returncode}"
+    logging.warning("slurmctld cannot be asked about node %s: %s", node, error)
+    return None
+
+
+def head_gone(node, silent, last_beat):
+    """Asked once the heartbeat is stale: is the head node gone, not just its cluster manager?"""
+    state = slurm_state(node)
+    since = f"for {silent:.0f} s (last: {time.ctime(last_beat) if last_beat is not None else 'never'})"
+    if state is not None and "DOWN" not in {f.rstrip("*").upper() for f in state.split("+")}:
+        logging.warning("no heartbeat from the head node's cluster manager %s, but slurmctld has node %s %s: the "
+                        "head lives, its cluster manager has stopped; not shutting down", since, node, state.lower())
+        return False
+    logging.warning("no heartbeat from the head node %s and %s: terminating this instance", since,
+                    "slurmctld cannot be reached" if state is None else f"Slurm has node {node} down")
+    return True
+
+
+class Watchdog:
+    """This node's watch: check() once per --interval."""
+
+    def __init__(self, args):
+        self.args = args
+        self.node = node_name(args.node)
+        self.started = time.time()
+        self.last_beat = None  # a failed read keeps it: a glitch on /shared is not the head's silence
+
+    def check(self):
+        """One look; True when this instance has been shut down."""
+        beat = read_heartbeat(self.args.heartbeat)
+        if beat is not None:
+            self.last_beat = beat
+        silent = time.time() - (self.last_beat if self.last_beat is not None else self.started)
+        if silent <= self.args.stale_after or not head_gone(self.node, silent, self.last_beat):
+            return False
+        terminate_self(self.args.imds)
+        return True
+
+
 def watch(args):
-    started = time.time()
-    logging.info("watching %s: this instance terminates itself %g s after the last heartbeat",
-                 args.heartbeat, args.stale_after)
-    while True:
-        beat = read_heartbeat(args.heartbeat)
-        silent = time.time() - (beat if beat is not None else started)
-        if silent > args.stale_after:
-            logging.warning("no heartbeat from the head node for %.0f s (last: %s): terminating this instance",
-                            silent, time.ctime(beat) if beat else "never")
-            terminate_self(args.imds)
-            return 0
-        if args.once:
-            return 0
+    dog = Watchdog(args)
+    logging.info("watching %s: node %s terminates itself %g s after the last heartbeat if Slurm has it down "
+                 "or cannot be reached", args.heartbeat, dog.node, args.stale_after)
+    while not dog.check() and not args.once:
         time.sleep(args.interval)
+    return 0
 
 
 def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--heartbeat", default=DEFAULT_HEARTBEAT, help="the cluster manager's heartbeat file (default %(default)s)")
+    p.add_argument("--heartbeat", default=DEFAULT_HEARTBEAT,
+                   help="the cluster manager's heartbeat file (default %(default)s)")
     p.add_argument("--stale-after", type=float, default=900.0,
-                   help="seconds without a heartbeat before the instance terminates itself (default 900)")
+                   help="seconds without a heartbeat before the head counts as gone, if Slurm agrees (default 900)")
+    p.add_argument("--node", help="this node's Slurm name (default: /etc/hpctrain/node-name, else the host name)")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between checks (default 30)")
     p.add_argument("--imds", default=os.environ.get("HPCTRAIN_IMDS", "http://169.254.169.254"),
                    help="the instance metadata service, for this instance's id (default %(default)s)")

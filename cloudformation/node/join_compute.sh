@@ -41,10 +41,10 @@ WantedBy=multi-user.target
 UNIT
 cat > /etc/systemd/system/hpctrain-computemgtd.service << UNIT
 [Unit]
-Description=hpctrain watchdog: this instance terminates itself when the head node stops its heartbeat
+Description=hpctrain watchdog: this instance terminates itself when the head node is gone (no heartbeat, and Slurm has it down or is unreachable)
 After=network-online.target remote-fs.target
 [Service]
-ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --stale-after $((HEARTBEAT_MINUTES * 60))
+ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --node $node --stale-after $((HEARTBEAT_MINUTES * 60))
 Restart=always
 [Install]
 WantedBy=multi-user.target
