@@ -10,6 +10,7 @@ the policies allow is policy_test.py's; the cleanup handler's work is cleanup_te
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -195,6 +196,79 @@ class Resolved(unittest.TestCase):
             self.assertEqual((res["DeletionPolicy"], res["UpdateReplacePolicy"]), (policy, policy))
             for target in ("PublicMountTarget", "PrivateMountTarget"):
                 self.assertEqual(r.resource(target)["Properties"]["FileSystemId"], r.physical(kept))
+
+    def test_every_instance_requires_imdsv2_one_hop_and_encrypted_disposable_volumes(self):
+        """IMDSv2 only, one hop (no container on the node reaches it), on every launch template and
+        the head node, spot or not; every volume encrypted, and a compute instance's deleted with it."""
+        import cfn
+
+        template = cfn.load_template()
+        for market in ("on-demand", "spot"):
+            r = cfn.Resolved(template, Market=market)
+            templates = [k for k, v in template["Resources"].items() if v["Type"] == "AWS::EC2::LaunchTemplate"]
+            self.assertEqual(len(templates), 2)
+            for logical in templates + ["HeadNode"]:
+                props = r.resource(logical)["Properties"]
+                data = props.get("LaunchTemplateData", props)
+                with self.subTest(market=market, resource=logical):
+                    options = data["MetadataOptions"]
+                    self.assertEqual((options["HttpTokens"], options["HttpPutResponseHopLimit"], options["HttpEndpoint"]),
+                                     ("required", 1, "enabled"))
+                    self.assertTrue(data["BlockDeviceMappings"])
+                    for mapping in data["BlockDeviceMappings"]:
+                        self.assertIs(mapping["Ebs"]["Encrypted"], True)
+                        self.assertIs(mapping["Ebs"].get("DeleteOnTermination", True), True)
+                        if logical != "HeadNode":
+                            self.assertIs(mapping["Ebs"]["DeleteOnTermination"], True)
+
+    def test_the_cleanup_outlives_nothing_compute_instances_use(self):
+        """On deletion CloudFormation deletes a resource only after everything that depends on it:
+        whatever a compute instance uses (its launch templates and all they name, its subnet,
+        security group, route out and mount target) must be a dependency of InstanceCleanup, so
+        that it is deleted only after every instance is gone; and the head node (which launches
+        them) depends on InstanceCleanup, so that it is gone first."""
+        import cfn
+
+        template = cfn.load_template()
+        resources = template["Resources"]
+
+        def direct(v):
+            if isinstance(v, list):
+                return set().union(*map(direct, v)) if v else set()
+            if not isinstance(v, dict):
+                return set()
+            found = set()
+            for k, x in v.items():
+                if k == "Ref" and x in resources:
+                    found.add(x)
+                elif k == "Fn::GetAtt":
+                    found.add(x.split(".")[0] if isinstance(x, str) else x[0])
+                elif k == "Fn::Sub":
+                    text = x if isinstance(x, str) else x[0]
+                    found |= {n.split(".")[0] for n in re.findall(r"\$\{([^}!]+)\}", text)} & set(resources)
+                    found |= direct(x[1]) if isinstance(x, list) else set()
+                else:
+                    found |= direct(x)
+            return found
+
+        def closure(names):
+            seen, todo = set(), list(names)
+            while todo:
+                name = todo.pop()
+                if name in seen:
+                    continue
+                seen.add(name)
+                res = resources[name]
+                depends = res.get("DependsOn", [])
+                todo += direct(res.get("Properties", {})) | set([depends] if isinstance(depends, str) else depends)
+            return seen
+
+        launch_templates = [k for k, v in resources.items() if v["Type"] == "AWS::EC2::LaunchTemplate"]
+        used = closure(launch_templates) | {"PrivateSubnet", "ComputeSecurityGroup", "PrivateRoute", "NatGateway",
+                                            "PrivateMountTarget"}
+        missing = used - closure(["InstanceCleanup"])
+        self.assertEqual(missing, set())
+        self.assertIn("InstanceCleanup", resources["HeadNode"]["DependsOn"])
 
     def test_head_node_metadata_service_is_one_hop_and_firewalled(self):
         import cfn
