@@ -4,8 +4,9 @@ both node kinds, offline. The installer runs into a scratch root, as the bootstr
 - Boot: `systemd-analyze verify` on the boot transaction (multi-user.target, and slurmd) with the
   installed units and stand-ins for cloud-init's: no ordering cycle and no error. A probe unit
   ordered after X and before the firewall closes a cycle exactly when the boot starts the firewall
-  before X: so it is shown to run on every boot before cloud-init, the network and sysinit.target
-  (and so before every ordinary service: slurmd, sshd, jobs). On a compute node slurmd requires it.
+  before X: so it is shown to run on every boot, with cloud-init or without, before cloud-init, the
+  network and sysinit.target (and so before every ordinary service: slurmd, sshd, jobs). On a
+  compute node slurmd requires it: without the unit, slurmd's start fails.
 - Rules: the installed rules, loaded by the unit's own command (twice, as a reload does) in a
   network namespace where the metadata addresses (IPv4 and IPv6) are local and an HTTP server
   answers there: root connects, another uid is refused, and on the head form so is everyone but
@@ -15,6 +16,8 @@ both node kinds, offline. The installer runs into a scratch root, as the bootstr
 Needs systemd-analyze and systemctl (boot), and root, unshare, nft, ip and setpriv (rules); skips
 (77) without them. CI runs as root with them (setup.sh installs systemd and nftables)."""
 
+import glob
+import itertools
 import json
 import os
 import pwd
@@ -121,19 +124,22 @@ class Boot(unittest.TestCase):
         self.addCleanup(d.cleanup)
         self.dir = d.name
 
-    def node(self, kind):
-        """A scratch root with the firewall installed for kind, and the stand-ins beside it."""
-        root = os.path.join(self.dir, kind)
+    def node(self, kind, cloud_init=True):
+        """A scratch root with the firewall installed for kind, and the stand-ins beside it (with
+        or without cloud-init's)."""
+        name = f"{kind}-{'with' if cloud_init else 'without'}-cloud-init"
+        root = os.path.join(self.dir, name)
         install(root, kind, head_users()[0] if kind == "head" else None)
-        standins = os.path.join(self.dir, f"{kind}-standins")
+        standins = os.path.join(self.dir, f"{name}-standins")
         os.makedirs(os.path.join(standins, "multi-user.target.wants"))
-        units = dict(CLOUD_INIT_STANDINS)
+        units = dict(CLOUD_INIT_STANDINS) if cloud_init else {}
         if not os.path.exists(os.path.join(self.vendor, "slurmd.service")):
             units["slurmd.service"] = SLURMD_STANDIN
         for name, text in units.items():
             with open(os.path.join(standins, name), "w", encoding="utf-8") as f:
                 f.write(textwrap.dedent(text))
-        os.symlink("../cloud-init.target", os.path.join(standins, "multi-user.target.wants", "cloud-init.target"))
+        if cloud_init:
+            os.symlink("../cloud-init.target", os.path.join(standins, "multi-user.target.wants", "cloud-init.target"))
         return root, standins
 
     def verify(self, root, standins, *units):
@@ -163,11 +169,11 @@ class Boot(unittest.TestCase):
                 self.assertNotRegex(out, "hpctrain|cloud-init")
 
     def test_started_on_every_boot_before_cloud_init_the_network_and_every_service(self):
-        for kind in ("head", "compute"):
-            root, standins = self.node(kind)
-            for then in ("cloud-init-local.service", "cloud-init.service", "network-pre.target", "sysinit.target",
-                         "slurmd.service", "multi-user.target"):
-                with self.subTest(kind=kind, then=then):
+        for kind, cloud_init in itertools.product(("head", "compute"), (True, False)):
+            root, standins = self.node(kind, cloud_init)
+            for then in (["cloud-init-local.service", "cloud-init.service"] if cloud_init else []) + [
+                    "network-pre.target", "sysinit.target", "slurmd.service", "multi-user.target"]:
+                with self.subTest(kind=kind, cloud_init=cloud_init, then=then):
                     self.assertTrue(self.precedes(root, standins, UNIT, then), f"{UNIT} not started before {then}")
             # The probe is no tautology: reversed, there is no cycle.
             self.assertFalse(self.precedes(root, standins, "sysinit.target", UNIT))
@@ -175,8 +181,9 @@ class Boot(unittest.TestCase):
     def test_compute_slurmd_does_not_start_without_the_firewall(self):
         root, standins = self.node("compute")
         self.assertEqual(self.verify(root, standins, "slurmd.service")[0], 0)
-        os.remove(os.path.join(root, "etc", "systemd", "system", UNIT))
-        os.remove(os.path.join(root, "etc", "systemd", "system", "sysinit.target.wants", UNIT))
+        for path in glob.glob(os.path.join(root, "etc", "systemd", "system", "*", UNIT)) + [
+                os.path.join(root, "etc", "systemd", "system", UNIT)]:
+            os.remove(path)  # the unit and where it is enabled: slurmd alone must want it
         rc, out = self.verify(root, standins, "slurmd.service")
         self.assertNotEqual(rc, 0, "slurmd starts without the firewall unit")
         self.assertIn(f"{UNIT} not found", out)
