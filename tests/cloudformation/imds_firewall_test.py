@@ -34,6 +34,7 @@ NODE_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "cloudformation", "no
 INSTALLER = os.path.join(NODE_DIR, "imds_firewall.sh")
 UNIT = "hpctrain-imds-firewall.service"
 IMDS = {"IPv4": "169.254.169.254", "IPv6": "fd00:ec2::254"}
+PATH = os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"  # nft and ip, for a user's PATH too
 
 # cloud-init's units on Debian and Ubuntu, as far as their order goes: the local stage before the
 # network and sysinit.target; the main stage after the network is up (networking.service or
@@ -249,10 +250,11 @@ class Rules(unittest.TestCase):
     def setUpClass(cls):
         if os.geteuid() != 0:
             raise unittest.SkipTest("not root: the rules are loaded in a network namespace (unshare -n)")
-        missing = [p for p in ("unshare", "nft", "ip", "setpriv") if shutil.which(p) is None]
+        missing = [p for p in ("unshare", "nft", "ip", "setpriv") if shutil.which(p, path=PATH) is None]
         if missing:
             raise unittest.SkipTest(f"{', '.join(missing)} not found (util-linux, nftables, iproute2)")
-        r = subprocess.run(["unshare", "-n", "nft", "list", "ruleset"], capture_output=True, text=True, check=False)
+        r = subprocess.run(["unshare", "-n", "nft", "list", "ruleset"], capture_output=True, text=True,
+                           env=dict(os.environ, PATH=PATH), check=False)
         if r.returncode != 0:
             raise unittest.SkipTest(f"no nftables in a new network namespace here: {r.stderr.strip()}")
 
@@ -264,7 +266,7 @@ class Rules(unittest.TestCase):
             install(root, kind, users)
             r = subprocess.run(["unshare", "-n", "bash", "-c", NAMESPACE, "namespace", *exec_start(root)],
                                capture_output=True, text=True, cwd="/", timeout=120, check=False,
-                               env=dict(os.environ, UIDS=" ".join(map(str, uids)), TMP=d))
+                               env=dict(os.environ, PATH=PATH, UIDS=" ".join(map(str, uids)), TMP=d))
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         lines = r.stdout.splitlines()
         family = {v: k for k, v in IMDS.items()}
