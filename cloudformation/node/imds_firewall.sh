@@ -57,11 +57,12 @@ mv "$root/etc/hpctrain/imds.nft.new" "$root/etc/hpctrain/imds.nft"
 install -m 0644 "$node_dir/systemd/$unit" "$root/etc/systemd/system/$unit"
 if [[ "$kind" == compute ]]; then
   install -d "$root/etc/systemd/system/slurmd.service.d"
-  install -m 0644 "$node_dir/systemd/slurmd-imds-firewall.conf" "$root/etc/systemd/system/slurmd.service.d/imds-firewall.conf"
+  install -m 0644 "$node_dir/systemd/slurmd-imds-firewall.conf" \
+    "$root/etc/systemd/system/slurmd.service.d/imds-firewall.conf"
 fi
 
 if [[ -n "$root" ]]; then
-  systemctl --root="$root" enable "$unit"
+  systemctl --root="$root" --quiet enable "$unit"
 else
   systemctl daemon-reload
   systemctl enable "$unit"
