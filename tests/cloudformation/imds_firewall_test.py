@@ -224,18 +224,20 @@ print("ready", flush=True); threading.Event().wait()
 server=$!
 trap 'kill "$server"' EXIT
 for _ in $(seq 100); do grep -q ready "$TMP/server.out" 2> /dev/null && break; sleep 0.05; done
+grep -q ready "$TMP/server.out" || { echo "the stand-in metadata service did not start:"; cat "$TMP/server.out"; exit 1; }
 for uid in $UIDS; do
   for address in 169.254.169.254 fd00:ec2::254; do
-    if setpriv --reuid="$uid" --regid="$uid" --clear-groups python3 -c '
+    # open: the service answered; refused: the connection was refused or timed out; anything
+    # else (the client did not run as that uid) fails the test.
+    setpriv --reuid="$uid" --regid="$uid" --clear-groups python3 -c '
 import socket, sys
-s = socket.create_connection((sys.argv[1], 80), timeout=3)
+try:
+    s = socket.create_connection((sys.argv[1], 80), timeout=3)
+except (ConnectionRefusedError, TimeoutError):
+    print("refused"); sys.exit()
 s.sendall(b"GET /latest/meta-data/iam/security-credentials/ HTTP/1.0\r\n\r\n")
-sys.exit(0 if b"credentials" in s.makefile("rb").read() else 1)
-' "$address" 2> /dev/null; then
-      echo "$uid $address open"
-    else
-      echo "$uid $address refused"
-    fi
+print("open" if b"credentials" in s.makefile("rb").read() else "no-answer")
+' "$address" | sed "s/^/$uid $address /"
   done
 done
 """
@@ -273,6 +275,7 @@ class Rules(unittest.TestCase):
         reach = {}
         for line in lines[1:]:
             uid, address, result = line.split()
+            self.assertIn(result, ("open", "refused"), line)
             reach[int(uid), family[address]] = result == "open"
         self.assertEqual(len(reach), 2 * len(uids), r.stdout + r.stderr)
         return reach, json.loads(lines[0])["nftables"]
