@@ -61,6 +61,7 @@ packages=(
   lintian                                      # the package test lints every .deb cpack makes
   bsdutils                                     # script: the test of the live progress line in a terminal
   prometheus                                   # promtool: the test of --prometheus-file's format
+  systemd nftables                             # the AWS nodes' metadata firewall: systemd-analyze verify, nft
 )
 if ((bench)); then
   packages+=(python3-torch)  # the PyTorch peer of bench/cpu_vs_peer.sh

@@ -25,31 +25,9 @@ apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl nfs-common
 
 # 1. The metadata service hands out this node's credentials (which may launch and terminate
 # instances) to whoever asks: root and Slurm's user (the power-saving programs and the cluster
-# manager run as it) only. The launch already limits it to one hop (no container reaches it).
-cat > /etc/hpctrain/imds.nft << 'NFT'
-table inet hpctrain_imds
-delete table inet hpctrain_imds
-table inet hpctrain_imds {
-  chain output {
-    type filter hook output priority 0; policy accept;
-    ip daddr 169.254.169.254 meta skuid != { 0, slurm } reject
-  }
-}
-NFT
-cat > /etc/systemd/system/hpctrain-imds-firewall.service << 'UNIT'
-[Unit]
-Description=hpctrain: the instance metadata service for root and Slurm's user only
-Before=network-pre.target
-Wants=network-pre.target
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/usr/sbin/nft -f /etc/hpctrain/imds.nft
-[Install]
-WantedBy=multi-user.target
-UNIT
-systemctl daemon-reload
-systemctl enable --now hpctrain-imds-firewall
+# manager run as it) only, from now and early on every boot (imds_firewall.sh). The launch
+# already limits it to one hop (no container reaches it).
+bash "$node_dir/imds_firewall.sh" head
 
 # 2. /shared.
 mkdir -p /shared

@@ -12,6 +12,12 @@ set -euo pipefail
 . /etc/hpctrain/cluster.env
 export DEBIAN_FRONTEND=noninteractive
 node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# First, before anything else runs and long before slurmd: the metadata service (this node's role
+# credentials) for root only (this script, the spot watcher and the watchdog), from now and early
+# on every boot, and slurmd made to require it (imds_firewall.sh). No job may read the role.
+bash "$node_dir/imds_firewall.sh" compute
+
 imds=http://169.254.169.254/latest
 token=$(curl -fsS -X PUT "$imds/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300")
 tag() { curl -fsS -H "X-aws-ec2-metadata-token: $token" "$imds/meta-data/tags/instance/$1"; }
