@@ -24,6 +24,8 @@ python3 "$node_dir/render_slurm_conf.py" --cluster "$CLUSTER_NAME" --controller 
   --max-nodes "$MAX_NODES" --cpus "$CPUS" --gpus "$GPUS" --memory-mib "$MEMORY_MIB" \
   --suspend-minutes "$SUSPEND_MINUTES" --resume-timeout "$RESUME_TIMEOUT" --programs "$node_dir" \
   --out "$out"
+# The munge key's export follows the compute subnets (once bootstrap_head.sh has made it).
+if [[ -d /etc/hpctrain/keys ]]; then python3 "$node_dir/export_munge_key.py"; fi
 # A restart, not `scontrol reconfigure`: node definitions (MaxComputeNodes, CPUs, GPUs) change
 # only with a restart, and the queue survives it.
 systemctl enable slurmctld && systemctl restart slurmctld

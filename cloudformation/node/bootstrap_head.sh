@@ -6,7 +6,8 @@
 #
 #   1. the instance metadata service (and so this node's role) for root and Slurm's user only;
 #   2. /shared (EFS) mounted: data and checkpoints only, nothing that root runs or trusts;
-#   3. munge: the key the stack generated, from Secrets Manager;
+#   3. munge: the key the stack generated, from Secrets Manager, served to the compute nodes
+#      (whose role may not read it) by a root-only NFS export;
 #   4. Slurm: slurm.conf and gres.conf rendered by render_slurm_conf.py (compute nodes as CLOUD
 #      nodes powered by resume.py/suspend.py, which run from /opt/hpctrain/src), served to the
 #      compute nodes by slurmctld itself (configless), slurmctld enabled: apply_head_settings.sh,
@@ -21,7 +22,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl nfs-common nftables
+apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl nfs-common nfs-kernel-server nftables
 
 # 1. The metadata service hands out this node's credentials (which may launch and terminate
 # instances) to whoever asks: root and Slurm's user (the power-saving programs and the cluster
@@ -37,9 +38,12 @@ until mountpoint -q /shared || mount /shared; do sleep 5; done
 chmod 1777 /shared
 install -d -o slurm -g slurm -m 0755 /shared/.hpctrain  # the cluster manager's heartbeat
 
-# 3. munge.
+# 3. munge: the key from Secrets Manager (only this node's role may read it), served to the
+# compute nodes by a root-only NFS export to their subnets (export_munge_key.py).
 python3 "$node_dir/fetch_munge_key.py" --secret "$MUNGE_SECRET" --region "$REGION"
 systemctl enable munge && systemctl restart munge
+systemctl enable --now nfs-server
+python3 "$node_dir/export_munge_key.py"
 
 # 4. Slurm.
 install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm /var/log/hpctrain /var/lib/hpctrain

@@ -3,8 +3,8 @@
 # at the pinned revision on this node's own disk, root's; nothing here comes from /shared).
 # Settings: /etc/hpctrain/cluster.env (written by the user data, values single-quoted). It
 # learns which Slurm node it stands for and where slurmctld is from its own tags (instance
-# metadata, IMDSv2), mounts /shared (data and checkpoints), installs the munge key from Secrets
-# Manager, starts the spot watcher and the watchdog, builds the CUDA hpctrain in
+# metadata, IMDSv2), mounts /shared (data and checkpoints), installs the munge key from the head
+# node, starts the spot watcher and the watchdog, builds the CUDA hpctrain in
 # /opt/hpctrain/src/build, and starts slurmd, which takes its configuration from slurmctld
 # (configless). slurmctld then sees the node register and starts its job.
 set -euo pipefail
@@ -32,7 +32,17 @@ grep -q " /shared " /etc/fstab ||
   echo "$EFS_ID.efs.$REGION.$URL_SUFFIX:/ /shared nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0" >> /etc/fstab
 until mountpoint -q /shared || mount /shared; do sleep 5; done
 
-python3 "$node_dir/fetch_munge_key.py" --secret "$MUNGE_SECRET" --region "$REGION"
+# The munge key from the head node (export_munge_key.py: a read-only export of a root-only
+# directory to the compute subnets, mountable only from a privileged port): this node's role may
+# not read it from Secrets Manager, so that credentials taken from a compute node forge nothing.
+keys=$(mktemp -d)
+for _ in $(seq 30); do
+  mount -t nfs4 -o ro,nfsvers=4.1,timeo=50,retrans=2 "$controller:/etc/hpctrain/keys" "$keys" && break
+  sleep 10
+done
+mountpoint -q "$keys" || { echo "join_compute.sh: error: cannot mount $controller:/etc/hpctrain/keys (the munge key)" >&2; exit 1; }
+install -m 0400 -o munge -g munge "$keys/munge.key" /etc/munge/munge.key
+umount "$keys" && rmdir "$keys"
 systemctl enable munge && systemctl restart munge
 
 cat > /etc/systemd/system/hpctrain-spot-watcher.service << UNIT

@@ -307,8 +307,10 @@ def cases(r):
         out.append((f"{role}: ship logs", role, [("logs:CreateLogStream", log_stream, {}), ("logs:PutLogEvents", log_stream, {})], True))
         out.append((f"{role}: logs elsewhere", role, [("logs:PutLogEvents", other_stream, {})], False))
         out.append((f"{role}: delete the log group", role, [("logs:DeleteLogGroup", r.attribute("LogGroup", "Arn"), {})], False))
+    out += [("head node: read the munge key", "HeadNodeRole", [("secretsmanager:GetSecretValue", secret, {})], True),
+            # (the head node serves it: a compute node's credentials, if a job got them, forge nothing)
+            ("compute: read the munge key", "ComputeRole", [("secretsmanager:GetSecretValue", secret, {})], False)]
     for role in ("HeadNodeRole", "ComputeRole"):
-        out.append((f"{role}: read the munge key", role, [("secretsmanager:GetSecretValue", secret, {})], True))
         out.append((f"{role}: read another secret", role,
                     [("secretsmanager:GetSecretValue", f"arn:aws:secretsmanager:{cfn.REGION}:{cfn.ACCOUNT}:secret:other-AbCdEf", {})], False))
         out.append((f"{role}: change the munge key", role, [("secretsmanager:PutSecretValue", secret, {})], False))

@@ -8,6 +8,7 @@ not wildcards; and the cleanup custom resource run (moto runs its code in-proces
 the policies allow is policy_test.py's; the cleanup handler's work is cleanup_test.py's."""
 
 import ast
+import io
 import json
 import os
 import re
@@ -308,6 +309,59 @@ class MungeKey(unittest.TestCase):
                 self.assertEqual(f.read(), "k" * 1024)  # the refused ones did not replace it
             self.assertEqual(os.stat(out).st_mode & 0o777, 0o400)
             self.assertEqual(sorted(os.listdir(d)), ["munge.key"])
+
+
+    def test_served_to_the_compute_subnets_only(self):
+        """export_munge_key.py, against moto's EC2 and a fake exportfs: the key copied root-only
+        into the exported directory, which is exported read-only, from privileged ports only, to
+        the compute subnets' ranges (from EC2) and nowhere else; a bad setting is one error line."""
+        import tempfile
+
+        import cfn
+
+        sys.path.insert(0, cfn.NODE_DIR)
+        import export_munge_key
+
+        with mock.patch.dict(os.environ, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}), \
+                mock_aws(), tempfile.TemporaryDirectory() as d:
+            ec2 = boto3.client("ec2", region_name=REGION)
+            vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+            subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=c)["Subnet"]["SubnetId"] for c in ("10.42.16.0/20", "10.42.32.0/20")]
+            ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/24")  # the head node's: not exported to
+            key, keys, exports = (os.path.join(d, n) for n in ("munge.key", "keys", "exports.d/hpctrain-keys.exports"))
+            with open(key, "w", encoding="utf-8") as f:
+                f.write("k" * 1024)
+            os.makedirs(os.path.join(d, "bin"))
+            with open(os.path.join(d, "bin", "exportfs"), "w", encoding="utf-8") as f:
+                f.write(f'#!/bin/sh\necho "$@" >> {d}/exportfs.log\n[ ! -e {d}/exportfs.fails ] || {{ echo "bad line" >&2; exit 1; }}\n')
+            os.chmod(os.path.join(d, "bin", "exportfs"), 0o755)
+
+            def run(subnet_ids):
+                config = os.path.join(d, "cloud.json")
+                with open(config, "w", encoding="utf-8") as f:
+                    json.dump({"cluster": "hpc", "region": REGION, "launch_template_id": "lt-1", "subnet_ids": subnet_ids}, f)
+                argv = ["export_munge_key.py", "--config", config, "--key", key, "--dir", keys, "--exports", exports]
+                with mock.patch.object(sys, "argv", argv), \
+                        mock.patch.dict(os.environ, {"PATH": f"{d}/bin:{os.environ['PATH']}"}), \
+                        mock.patch("sys.stderr", new_callable=io.StringIO) as err:
+                    return export_munge_key.main(), err.getvalue()
+
+            self.assertEqual(run(subnets), (0, ""))
+            with open(exports, encoding="utf-8") as f:
+                self.assertEqual(f.read(), f"{keys} 10.42.16.0/20(ro,secure,no_root_squash,no_subtree_check,sec=sys) "
+                                           f"10.42.32.0/20(ro,secure,no_root_squash,no_subtree_check,sec=sys)\n")
+            self.assertEqual(os.stat(keys).st_mode & 0o777, 0o700)
+            self.assertEqual(os.stat(os.path.join(keys, "munge.key")).st_mode & 0o777, 0o400)
+            with open(os.path.join(keys, "munge.key"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), "k" * 1024)
+            with open(os.path.join(d, "exportfs.log"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), "-ra\n")
+            code, err = run([])
+            self.assertEqual((code, err.count("\n")), (1, 1))
+            self.assertIn("names no compute subnet", err)
+            open(os.path.join(d, "exportfs.fails"), "w", encoding="utf-8").close()
+            code, err = run(subnets)
+            self.assertEqual((code, err), (1, "export_munge_key.py: error: exportfs -ra failed (1): bad line\n"))
 
 
 class Deploy(unittest.TestCase):
