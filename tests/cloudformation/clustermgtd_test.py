@@ -66,10 +66,12 @@ class ClusterManager(unittest.TestCase):
         return inst["InstanceId"], inst["PrivateIpAddress"]
 
     def slurm(self, *nodes):
-        """Sets what sinfo shows: (name, state, reason, address) per node."""
+        """Sets what sinfo shows: (name, state, reason, address[, partitions]) per node (partition
+        "gpu" unless given: a line for each, as sinfo --Node prints them)."""
         with open(self.sinfo_out, "w", encoding="utf-8") as f:
-            for name, state, reason, addr in nodes:
-                f.write(f"{name:10}|{state:30}|{reason or 'none':60}|{addr or name:20}|\n")
+            for name, state, reason, addr, *partitions in nodes:
+                for partition in (partitions or ["gpu"]):
+                    f.write(f"{name:10}|{state:30}|{reason or 'none':60}|{addr or name:20}|{partition:10}|\n")
 
     def run_pass(self):
         with mock.patch.object(sys, "argv", ["clustermgtd.py"]):
@@ -121,13 +123,14 @@ class ClusterManager(unittest.TestCase):
 
     def test_nodes_the_cluster_left_down_or_drained_return_to_service(self):
         running, running_ip = self.launch("gpu-3")
+        booting, booting_ip = self.launch("gpu-6")
         self.slurm(
             ("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: InsufficientInstanceCapacity: none", ""),
             ("gpu-2", "idle+drain+cloud", "hpctrain: spot interruption: terminate at 12:00", "10.0.0.2"),
             ("gpu-3", "allocated+drain+cloud", "hpctrain: spot rebalance recommendation", running_ip),
             ("gpu-4", "idle+drain+cloud+powered_down", "disk replacement (admin)", ""),
             ("gpu-5", "down+cloud", "Not responding", "10.0.0.5"),
-            ("gpu-6", "idle+cloud+powering_up", "", "10.0.0.6"),
+            ("gpu-6", "idle+cloud+powering_up", "", booting_ip),
             ("gpu-7", "allocated+cloud", "", "10.0.0.7"),
             ("gpu-8", "down+drain+cloud", "broken GPU (admin)", "10.0.0.8"),
         )
@@ -138,7 +141,7 @@ class ClusterManager(unittest.TestCase):
             "update nodename=gpu-5 state=power_down_force",
             "update nodename=gpu-7 state=down reason=hpctrain: instance gone",
         ])
-        self.assertEqual(self.live(), {running})  # gpu-3's jobs keep running
+        self.assertEqual(self.live(), {running, booting})  # gpu-3's jobs keep running; gpu-6 boots on
 
     def test_a_node_down_for_capacity_waits_for_a_cooldown_to_end(self):
         with hpc_cloud.State(self.cfg["state_file"]) as st:
