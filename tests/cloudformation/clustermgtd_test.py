@@ -293,6 +293,13 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual(self.state()["protected"], {})
         self.assertIsNone(self.metric("FailedBootsInARow"))
 
+    def test_resume_fail_reason_is_a_failed_boot(self):
+        """resume_fail.py's own reason (it replaces Slurm's "ResumeTimeout reached") is counted."""
+        import resume_fail
+        resume_fail.resume_failed(self.cfg, ["gpu-1"])
+        reason = next(c for c in self.scontrol_calls() if "state=down" in c).split("reason=", 1)[1]
+        self.assertTrue(clustermgtd.failed_boot(clustermgtd.Node("gpu-1", {"DOWN", "CLOUD", "POWERED_DOWN"}, reason)))
+
     def test_resuming_a_node_leaves_protected_mode(self):
         self.trip(10)
         self.assertEqual(list(self.state()["protected"]), ["gpu"])
