@@ -245,19 +245,21 @@ def count_boots(state, nodes, lost):
     return changed, lines
 
 
-def enter_protected_mode(cfg, state, nodes, partitions, now):
-    """Puts each of `partitions` whose count reached protected_failure_count in protected mode,
-    with one error line in the log for each."""
+def enter_protected_mode(cfg, state, nodes, now):
+    """Puts each partition whose count reached protected_failure_count (perhaps lowered since) in
+    protected mode; returns them, and for each the line the log gives it."""
     limit = cfg["protected_failure_count"]
-    for partition in sorted(partitions):
-        count = state.boot_failures.get(partition, 0)
+    entered, alerts = set(), []
+    for partition, count in sorted(state.boot_failures.items()):
         if not limit or count < limit or partition in state.protected:
             continue
         state.protected[partition] = {"since": now, "nodes": []}
+        entered.add(partition)
         members = ",".join(sorted(n.name for n in nodes.values() if partition in n.partitions))
-        logging.error("%s: protected mode: %d failed boots in a row; its nodes are set DOWN and no longer powered up."
-                      " Fix the cause, then resume any of them (scontrol update nodename=NODE state=resume; nodes: %s)",
-                      partition, count, members)
+        alerts.append(f"{partition}: protected mode: {count} failed boots in a row; its nodes are set DOWN and no"
+                      " longer powered up. Fix the cause, then resume any of them (scontrol update nodename=NODE"
+                      f" state=resume; nodes: {members})")
+    return entered, alerts
 
 
 def metric_data(cfg, state, partitions):
@@ -326,7 +328,7 @@ def manage(cfg):
         left, lines = leave_protected_mode(state, nodes)
         changed, counted = count_boots(state, nodes, lost_boots)
         actions += lines + counted
-        enter_protected_mode(cfg, state, nodes, changed, now)
+        entered, alerts = enter_protected_mode(cfg, state, nodes, now)
         capacity_left = bool(available_choices(cfg, state, subnet_zones(ec2, cfg)))
         for node in nodes.values():
             if node.powered_down:
@@ -338,10 +340,12 @@ def manage(cfg):
             apply(state, node, action)
             actions.append(f"{node.name}: {action[0]} (was {'+'.join(sorted(node.states)).lower()}"
                            f"{', ' + node.reason if node.reason else ''})")
-        metrics = metric_data(cfg, state, left | changed)
+        metrics = metric_data(cfg, state, left | changed | entered)
     put_metrics(cfg, metrics)  # (not holding the state file's lock, which the power-saving programs wait for)
     for a in actions:
         logging.info("%s", a)
+    for a in alerts:
+        logging.error("%s", a)
     if not actions:
         logging.info("nothing to do: %d nodes, %d instances", len(nodes), len(instances))
     return 0

@@ -319,10 +319,12 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
 
     def test_partitions_count_apart_and_the_count_is_a_setting(self):
-        self.set("protected_failure_count", 3)
         cpu = [(f"cpu-{i}", "down+cloud+powered_down", "ResumeTimeout reached", "", "cpu") for i in range(1, 5)]
-        calls = self.trip(3, cpu[:2])
+        self.trip(3, cpu[:2])
         self.assertEqual(self.state()["boot_failures"], {"gpu": 3, "cpu": 2})
+        self.assertEqual(self.state()["protected"], {})
+        self.set("protected_failure_count", 3)  # lowered: gpu's count has reached it, with no new failure
+        calls = self.run_pass()
         self.assertEqual(list(self.state()["protected"]), ["gpu"])
         self.assertIn("update nodename=cpu-1 state=resume", calls)
         self.set("protected_failure_count", 0)  # protected mode off: no partition enters it
