@@ -18,7 +18,18 @@ second pass started while one runs exits at once):
      still has jobs is left to finish them; one without is powered down (suspend.py terminates
      its instance); a powered-down one is resumed (idle~, ready for the next job). A node down
      for lack of capacity waits until a choice's cooldown is over. Nodes drained or set down for
-     any other reason (an administrator's) are left alone.
+     any other reason (an administrator's) are left alone;
+  6. protected mode (as ParallelCluster's): counts failed boots in a row per partition (a node
+     down with "ResumeTimeout reached", resume_fail.py's reason, resume.py's "resume failed" for
+     any cause but lack of capacity, or powering up while its instance has gone, which it sets
+     down at once rather than let Slurm wait ResumeTimeout); a node of the partition that comes up
+     after its launch counts it from 0 again. At protected_failure_count (cloud.json, default 10;
+     0: never) the partition's nodes are no longer returned to service: each powered-down one is
+     set DOWN with a reason starting "hpctrain: protected mode: " (sinfo -R), and the log and the
+     CloudWatch metrics hpctrain/FailedBootsInARow and ProtectedMode (dimensions Cluster,
+     Partition) say so. An operator who has fixed the cause resumes any of those nodes
+     (scontrol update nodename=NODE state=resume): the partition leaves protected mode, its count
+     starts from 0, and this program returns its other nodes to service.
 
     clustermgtd.py       (settings: HPCTRAIN_CLOUD_CONFIG, as the power-saving programs)
 """
@@ -32,12 +43,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from hpc_cloud import (CLUSTER_TAG, LIVE_STATES, NODE_TAG, ConfigError, OWN_REASON_PREFIX, State, ec2_client,
-                       is_own_reason, load_config, scontrol, set_down, setup_logging)
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, LIVE_STATES, NODE_TAG, ConfigError, OWN_REASON_PREFIX, State,
+                       ec2_client, is_own_reason, load_config, scontrol, set_down, setup_logging)
 from resume import available_choices, subnet_zones
 
-# sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces).
-SINFO_FORMAT = "NodeList:100|,StateComplete:200|,Reason:300|,NodeAddr:100|"
+# sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
+# --Node, a node in several partitions has a line for each.
+SINFO_FORMAT = "NodeList:100|,StateComplete:200|,Reason:300|,NodeAddr:100|,PartitionName:100|"
+RESUME_FAILED = f"{OWN_REASON_PREFIX}resume failed"
+PROTECTED_PREFIX = f"{OWN_REASON_PREFIX}protected mode: "
+# Down reasons that say a node's boot failed: Slurm's when ResumeTimeout passed, resume_fail.py's
+# (which replaces it), and this program's for a node whose instance is gone during power-up.
+# resume.py's RESUME_FAILED is one too unless for lack of capacity (see failed_boot).
+FAILED_BOOT_REASONS = ("ResumeTimeout reached", f"{OWN_REASON_PREFIX}did not come up within ResumeTimeout",
+                       f"{OWN_REASON_PREFIX}boot failed")
+LOST_BOOT = "boot failed: its instance is gone during power-up"
+METRIC_NAMESPACE = "hpctrain"  # cluster.yaml's head-node policy allows PutMetricData in this one only
 
 
 @dataclass
@@ -46,6 +67,7 @@ class Node:
     states: set = field(default_factory=set)  # Slurm's state and flags, upper case
     reason: str = ""
     addr: str = ""
+    partitions: set = field(default_factory=set)
 
     def has(self, *flags):
         return any(f in self.states for f in flags)
@@ -67,15 +89,23 @@ class Node:
         """Down, or drained with no job left on it."""
         return self.has("DOWN") or (self.has("DRAIN") and not self.busy)
 
+    @property
+    def up(self):
+        """Powered up and registered with slurmctld: its boot worked."""
+        return (self.has("IDLE", "ALLOCATED", "MIXED", "COMPLETING") and not self.powered_down
+                and not self.in_transition and not self.has("DOWN", "NOT_RESPONDING"))
+
 
 def parse_sinfo(text):
     nodes = {}
     for line in text.splitlines():
         fields = [f.strip() for f in line.split("|")]
-        if len(fields) < 4 or not fields[0]:
+        if len(fields) < 5 or not fields[0]:
             continue
-        name, state, reason, addr = fields[:4]
-        nodes[name] = Node(name, {s.upper() for s in state.split("+") if s}, "" if reason == "none" else reason, addr)
+        name, state, reason, addr, partition = fields[:5]
+        node = nodes.setdefault(name, Node(name, {s.upper() for s in state.split("+") if s},
+                                           "" if reason == "none" else reason, addr))
+        node.partitions.add(partition)
     return nodes
 
 
@@ -131,19 +161,149 @@ def orphans(instances, nodes, grace, now):
     return found
 
 
-def repair(node, owned, capacity_left):
-    """The one action that brings `node` closer to service, or None."""
+def failed_boot(node):
+    """Whether `node` is down because its boot failed: not for lack of capacity (that has its
+    cooldown), not for an administrator's reason, not for a launch token to retry (nothing ran)."""
+    if not node.has("DOWN"):
+        return False
+    if node.reason.startswith(RESUME_FAILED):
+        why = node.reason[len(RESUME_FAILED):].lstrip(": ")
+        return not why.startswith(("no capacity", "launch token")) and why.split(":")[0] not in CAPACITY_ERRORS
+    return node.reason.startswith(FAILED_BOOT_REASONS)
+
+
+def boot_lost(node, owned, launch, grace, now):
+    """Whether `node` is powering up without its instance (it shut itself down on a bootstrap
+    error, or EC2 took it back): Slurm would wait ResumeTimeout for it, billing nothing but the
+    job's time. `grace` after the launch, as for orphans: a new instance may not be listed yet."""
+    return (node.has("POWERING_UP") and not node.has("DOWN") and node.addr not in ("", node.name) and not owned
+            and now - (launch or {}).get("at", 0) >= grace)
+
+
+def repair(node, owned, capacity_left, protected=None, lost=False):
+    """The one action that brings `node` closer to service (or, in a `protected` partition, to
+    DOWN for protected mode), or None."""
+    if lost:
+        return ("boot_failed", LOST_BOOT)
     if node.in_transition:
         return None
     if not node.powered_down and not node.failed and node.addr not in ("", node.name) and not owned:
         return ("down", "instance gone")
     if not node.failed or not is_own_reason(node.reason):
+        if protected and node.powered_down and not node.failed:
+            return ("protect", protected)
         return None  # healthy, still running its jobs, or an administrator's
     if not node.powered_down:
-        return ("power_down_force", None)
-    if node.reason.startswith(f"{OWN_REASON_PREFIX}resume failed") and not capacity_left:
+        return ("power_down_force", None)  # its instance is terminated, protected or not
+    if protected:
+        return None if node.reason.startswith(PROTECTED_PREFIX) else ("protect", protected)
+    if node.reason.startswith(RESUME_FAILED) and not capacity_left:
         return None  # every launch choice is cooling down: resumed now, it would fail again
     return ("resume", None)
+
+
+def leave_protected_mode(state, nodes):
+    """Ends protected mode for each partition of which an operator resumed a node that this
+    program set DOWN for it; returns those partitions and what happened."""
+    left, lines = set(), []
+    for partition, record in sorted(state.protected.items()):
+        resumed = [n for n in record["nodes"] if n in nodes and not nodes[n].has("DOWN")]
+        if resumed:
+            del state.protected[partition]
+            state.boot_failures.pop(partition, None)
+            left.add(partition)
+            lines.append(f"{partition}: protected mode left ({resumed[0]} was resumed by hand): its nodes return to"
+                         " service, failed boots counted from 0")
+    return left, lines
+
+
+def count_boots(state, nodes, lost):
+    """Counts this pass's boots in the partitions not protected: a node that came up after its
+    launch (resume.py's record) sets its partitions' counts to 0; a failed boot not yet counted
+    adds 1 (a node stays down for several passes: it is counted once, until it is back in
+    service). Returns the partitions whose count changed and what happened."""
+    changed, lines = set(), []
+    for name in [n for n in state.counted_failures if n not in nodes or not nodes[n].has("DOWN")]:
+        del state.counted_failures[name]  # back in service: its next failure is a new one
+    for node in nodes.values():  # successes first, as ParallelCluster: only failures after them count
+        launch = state.launches.get(node.name)
+        if launch is not None and not launch.get("up") and node.up:
+            launch["up"] = True
+            for partition in sorted(node.partitions - set(state.protected)):
+                if state.boot_failures.pop(partition, 0):
+                    changed.add(partition)
+                    lines.append(f"{partition}: {node.name} came up: failed boots counted from 0")
+    for node in nodes.values():
+        reason = lost.get(node.name) or (node.reason if failed_boot(node) else "")
+        if not reason or node.name in state.counted_failures:
+            continue
+        state.counted_failures[node.name] = reason
+        for partition in sorted(node.partitions - set(state.protected)):
+            state.boot_failures[partition] = state.boot_failures.get(partition, 0) + 1
+            changed.add(partition)
+            lines.append(f"{partition}: {node.name}: failed boot, {state.boot_failures[partition]} in a row ({reason})")
+    return changed, lines
+
+
+def enter_protected_mode(cfg, state, nodes, now):
+    """Puts each partition whose count reached protected_failure_count (perhaps lowered since) in
+    protected mode; returns them, and for each the line the log gives it."""
+    limit = cfg["protected_failure_count"]
+    entered, alerts = set(), []
+    for partition, count in sorted(state.boot_failures.items()):
+        if not limit or count < limit or partition in state.protected:
+            continue
+        state.protected[partition] = {"since": now, "nodes": []}
+        entered.add(partition)
+        members = ",".join(sorted(n.name for n in nodes.values() if partition in n.partitions))
+        alerts.append(f"{partition}: protected mode: {count} failed boots in a row; its nodes are set DOWN and no"
+                      " longer powered up. Fix the cause, then resume any of them (scontrol update nodename=NODE"
+                      f" state=resume; nodes: {members})")
+    return entered, alerts
+
+
+def metric_data(cfg, state, partitions):
+    """hpctrain/FailedBootsInARow and ProtectedMode (0 or 1) for each of `partitions`."""
+    data = []
+    for partition in sorted(partitions):
+        dims = [{"Name": "Cluster", "Value": cfg["cluster"]}, {"Name": "Partition", "Value": partition}]
+        data += [{"MetricName": "FailedBootsInARow", "Dimensions": dims, "Unit": "Count",
+                  "Value": state.boot_failures.get(partition, 0)},
+                 {"MetricName": "ProtectedMode", "Dimensions": dims, "Unit": "None",
+                  "Value": 1 if partition in state.protected else 0}]
+    return data
+
+
+def put_metrics(cfg, data):
+    """A report: a failure to put the metrics is logged, and the pass goes on."""
+    if not data:
+        return
+    try:
+        import boto3
+
+        cloudwatch = boto3.client("cloudwatch", region_name=cfg["region"])
+        cloudwatch.put_metric_data(Namespace=METRIC_NAMESPACE, MetricData=data)
+    except Exception as e:  # noqa: BLE001 - botocore's errors, and any other: the metric must not stop the pass
+        logging.warning("cannot put the CloudWatch metrics %s: %s: %s",
+                        sorted({d["Dimensions"][1]["Value"] for d in data}), type(e).__name__, e)
+
+
+def protected_partition(state, node):
+    return next((p for p in sorted(node.partitions) if p in state.protected), None)
+
+
+def apply(state, node, action):
+    """Carries out repair's `action` on `node`."""
+    what, arg = action
+    if what in ("down", "boot_failed"):
+        if set_down(node.name, arg) and what == "boot_failed":
+            scontrol("update", f"nodename={node.name}", "state=power_down_force")  # Slurm would wait ResumeTimeout
+    elif what == "protect":
+        count = state.boot_failures.get(arg, 0)
+        if set_down(node.name, f"protected mode: {count} failed boots in a row in partition {arg}, see docs/aws.md"):
+            state.protected[arg]["nodes"].append(node.name)
+    else:
+        scontrol("update", f"nodename={node.name}", f"state={what}")
 
 
 def manage(cfg):
@@ -162,23 +322,30 @@ def manage(cfg):
             ec2.terminate_instances(InstanceIds=[inst["id"] for inst, _ in lost])
             actions += [f"{inst['node']}: terminated orphan {inst['id']} ({why})" for inst, why in lost]
         orphaned = {inst["id"] for inst, _ in lost}
+        owned = {name: [i for i in instances if i["node"] == name and i["id"] not in orphaned] for name in nodes}
+        lost_boots = {n.name: OWN_REASON_PREFIX + LOST_BOOT for n in nodes.values()
+                      if boot_lost(n, owned[n.name], state.launches.get(n.name), cfg["orphan_grace_seconds"], now)}
+        left, lines = leave_protected_mode(state, nodes)
+        changed, counted = count_boots(state, nodes, lost_boots)
+        actions += lines + counted
+        entered, alerts = enter_protected_mode(cfg, state, nodes, now)
         capacity_left = bool(available_choices(cfg, state, subnet_zones(ec2, cfg)))
         for node in nodes.values():
             if node.powered_down:
                 state.launches.pop(node.name, None)  # its next power-up is a new launch
-            owned = [i for i in instances if i["node"] == node.name and i["id"] not in orphaned]
-            action = repair(node, owned, capacity_left)
+            action = repair(node, owned[node.name], capacity_left, protected_partition(state, node),
+                            node.name in lost_boots)
             if action is None:
                 continue
-            what, reason = action
-            if what == "down":
-                set_down(node.name, reason)
-            else:
-                scontrol("update", f"nodename={node.name}", f"state={what}")
-            actions.append(f"{node.name}: {what} (was {'+'.join(sorted(node.states)).lower()}"
+            apply(state, node, action)
+            actions.append(f"{node.name}: {action[0]} (was {'+'.join(sorted(node.states)).lower()}"
                            f"{', ' + node.reason if node.reason else ''})")
+        metrics = metric_data(cfg, state, left | changed | entered)
+    put_metrics(cfg, metrics)  # (not holding the state file's lock, which the power-saving programs wait for)
     for a in actions:
         logging.info("%s", a)
+    for a in alerts:
+        logging.error("%s", a)
     if not actions:
         logging.info("nothing to do: %d nodes, %d instances", len(nodes), len(instances))
     return 0

@@ -15,6 +15,7 @@ a JSON file that the head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, defaul
    "security_group_ids": ["sg-..."], "efa": false,
    "market": "spot" | "on-demand", "spot_fallback": true,
    "capacity_cooldown_seconds": 600, "orphan_grace_seconds": 300,
+   "protected_failure_count": 10             failed boots in a row that stop a partition (0: never),
    "controller": "HOST" (default: this host's name),
    "state_file": "/var/lib/hpctrain/cloud-state.json",
    "heartbeat_file": "/shared/.hpctrain/clustermgtd.heartbeat",
@@ -94,6 +95,9 @@ def load_config(path=None):
         value = cfg.setdefault(key, default)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"{path}: '{key}' must be a number of seconds, not {value!r}")
+    count = cfg.setdefault("protected_failure_count", 10)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ConfigError(f"{path}: 'protected_failure_count' must be a whole number, 0 or more, not {count!r}")
     cfg.setdefault("spot_fallback", True)
     cfg.setdefault("efa", False)
     if not cfg.get("controller"):
@@ -189,10 +193,14 @@ def instances_of(ec2, cfg, nodes=None):
 
 class State:
     """What the programs remember between runs, in one JSON file (state_file) on the head node's
-    own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until} and each node's pending launch
-    {"NODE": {"token": ClientToken base, "at": time}}. Used as `with State(path) as st:`, which
-    holds an exclusive lock (resume.py, suspend.py and the cluster manager may run at once) and
-    writes the file back atomically when the block ends without an exception."""
+    own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until}, each node's pending launch
+    {"NODE": {"token": ClientToken base, "at": time, "up": whether it came up}}, and the cluster
+    manager's protected mode: failed boots in a row per partition {"PARTITION": count}, the nodes
+    whose failed boot is counted {"NODE": reason}, and the partitions in protected mode
+    {"PARTITION": {"since": time, "nodes": [the nodes it set down]}}. Used as
+    `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the cluster
+    manager may run at once) and writes the file back atomically when the block ends without an
+    exception."""
 
     def __init__(self, path):
         self.path = path
@@ -213,8 +221,8 @@ class State:
             self.data = {}
         if not isinstance(self.data, dict):
             self.data = {}
-        self.data.setdefault("cooldowns", {})
-        self.data.setdefault("launches", {})
+        for key in ("cooldowns", "launches", "boot_failures", "counted_failures", "protected"):
+            self.data.setdefault(key, {})
         return self
 
     def __exit__(self, kind, value, tb):
@@ -235,6 +243,18 @@ class State:
     @property
     def launches(self):
         return self.data["launches"]
+
+    @property
+    def boot_failures(self):
+        return self.data["boot_failures"]
+
+    @property
+    def counted_failures(self):
+        return self.data["counted_failures"]
+
+    @property
+    def protected(self):
+        return self.data["protected"]
 
     def cooling(self, key, now=None):
         """Whether the choice `key` is disabled after a capacity error, until when."""

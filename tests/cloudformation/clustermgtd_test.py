@@ -8,6 +8,7 @@ heartbeat is written. The real slurmctld's side is tests/slurm/power_saving.sh."
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ sys.path.insert(0, NODE_DIR)
 
 try:
     import boto3
+    import botocore.exceptions
     from moto import mock_aws
 except ImportError as e:  # pragma: no cover - CTest reports the skip
     print(f"SKIPPED: {e} (boto3 and moto are needed)")
@@ -55,6 +57,7 @@ class ClusterManager(unittest.TestCase):
             json.dump({"cluster": "testc", "region": REGION, "launch_template_id": "lt-0", "orphan_grace_seconds": 0,
                        "instance_types": ["p5.48xlarge", "g5.12xlarge"], "controller": "head",
                        "state_file": os.path.join(self.tmp.name, "state.json"),
+                       "log_file": os.path.join(self.tmp.name, "power.log"),
                        "heartbeat_file": os.path.join(self.tmp.name, "shared", "clustermgtd.heartbeat")}, f)
         self.enterContext(mock.patch.dict(os.environ, {"HPCTRAIN_CLOUD_CONFIG": self.config}))
         self.cfg = hpc_cloud.load_config()
@@ -66,10 +69,12 @@ class ClusterManager(unittest.TestCase):
         return inst["InstanceId"], inst["PrivateIpAddress"]
 
     def slurm(self, *nodes):
-        """Sets what sinfo shows: (name, state, reason, address) per node."""
+        """Sets what sinfo shows: (name, state, reason, address[, partitions]) per node (partition
+        "gpu" unless given: a line for each, as sinfo --Node prints them)."""
         with open(self.sinfo_out, "w", encoding="utf-8") as f:
-            for name, state, reason, addr in nodes:
-                f.write(f"{name:10}|{state:30}|{reason or 'none':60}|{addr or name:20}|\n")
+            for name, state, reason, addr, *partitions in nodes:
+                for partition in (partitions or ["gpu"]):
+                    f.write(f"{name:10}|{state:30}|{reason or 'none':60}|{addr or name:20}|{partition:10}|\n")
 
     def run_pass(self):
         with mock.patch.object(sys, "argv", ["clustermgtd.py"]):
@@ -121,13 +126,14 @@ class ClusterManager(unittest.TestCase):
 
     def test_nodes_the_cluster_left_down_or_drained_return_to_service(self):
         running, running_ip = self.launch("gpu-3")
+        booting, booting_ip = self.launch("gpu-6")
         self.slurm(
             ("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: InsufficientInstanceCapacity: none", ""),
             ("gpu-2", "idle+drain+cloud", "hpctrain: spot interruption: terminate at 12:00", "10.0.0.2"),
             ("gpu-3", "allocated+drain+cloud", "hpctrain: spot rebalance recommendation", running_ip),
             ("gpu-4", "idle+drain+cloud+powered_down", "disk replacement (admin)", ""),
             ("gpu-5", "down+cloud", "Not responding", "10.0.0.5"),
-            ("gpu-6", "idle+cloud+powering_up", "", "10.0.0.6"),
+            ("gpu-6", "idle+cloud+powering_up", "", booting_ip),
             ("gpu-7", "allocated+cloud", "", "10.0.0.7"),
             ("gpu-8", "down+drain+cloud", "broken GPU (admin)", "10.0.0.8"),
         )
@@ -138,7 +144,7 @@ class ClusterManager(unittest.TestCase):
             "update nodename=gpu-5 state=power_down_force",
             "update nodename=gpu-7 state=down reason=hpctrain: instance gone",
         ])
-        self.assertEqual(self.live(), {running})  # gpu-3's jobs keep running
+        self.assertEqual(self.live(), {running, booting})  # gpu-3's jobs keep running; gpu-6 boots on
 
     def test_a_node_down_for_capacity_waits_for_a_cooldown_to_end(self):
         with hpc_cloud.State(self.cfg["state_file"]) as st:
@@ -160,6 +166,207 @@ class ClusterManager(unittest.TestCase):
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.assertEqual(self.run_pass(), [])
         self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])
+
+    # ------------------------------------------------------------------ protected mode
+    # How a failed boot looks in sinfo, as each program leaves it: Slurm's ResumeTimeout (the
+    # node powered down, or not yet), resume_fail.py's reason, resume.py's for a launch EC2
+    # refused for another cause than capacity.
+    FAILED = [("down+cloud+powered_down", "ResumeTimeout reached"),
+              ("down+cloud+powered_down", "hpctrain: did not come up within ResumeTimeout"),
+              ("down+cloud+powered_down", "hpctrain: resume failed: InvalidParameterValue: bad instance type"),
+              ("down+cloud", "ResumeTimeout reached")]
+    IDLE = ("idle+cloud+powered_down", "")
+
+    def nodes(self, states, extra=()):
+        """sinfo of gpu-1.. in `states` [(state, reason)], then `extra` nodes as self.slurm takes them."""
+        self.slurm(*[(f"gpu-{i}", st, reason, "") for i, (st, reason) in enumerate(states, 1)], *extra)
+
+    def state(self):
+        with hpc_cloud.State(self.cfg["state_file"]) as st:
+            return st.data
+
+    def log(self):
+        with open(os.path.join(self.tmp.name, "power.log"), encoding="utf-8") as f:
+            return f.read()
+
+    def metric(self, name, partition="gpu"):
+        """The values put for hpctrain/`name` of this cluster's `partition` (their sum and count)."""
+        cw = boto3.client("cloudwatch", region_name=REGION)
+        dims = [{"Name": "Cluster", "Value": "testc"}, {"Name": "Partition", "Value": partition}]
+        points = cw.get_metric_statistics(Namespace="hpctrain", MetricName=name, Dimensions=dims,
+                                          StartTime=time.time() - 600, EndTime=time.time() + 600, Period=3600,
+                                          Statistics=["Maximum", "Minimum", "SampleCount"])["Datapoints"]
+        return points[0] if points else None
+
+    def trip(self, failed=10, extra=()):
+        """gpu-1..gpu-`failed` down after failed boots (of each kind in turn), gpu-11 and gpu-12
+        powered down (idle~), then `extra`; runs a pass and returns its scontrol calls."""
+        self.slurm(*[(f"gpu-{i}", *self.FAILED[(i - 1) % len(self.FAILED)], "") for i in range(1, failed + 1)],
+                   *[(f"gpu-{i}", *self.IDLE, "") for i in (11, 12)], *extra)
+        return self.run_pass()
+
+    REASON = "hpctrain: protected mode: 10 failed boots in a row in partition gpu, see docs/aws.md"
+
+    def test_nine_failed_boots_do_not_stop_the_partition_the_tenth_does(self):
+        busy, busy_ip = self.launch("gpu-13")
+        others = (("gpu-13", "allocated+cloud", "", busy_ip),                    # running a job
+                  ("gpu-14", "down+cloud+powered_down", "broken GPU (admin)", ""))  # an administrator's
+        # Eight failed boots, and a ninth: gpu-9 powering up whose instance is gone (it shut itself
+        # down on a bootstrap error), which the manager sets down at once.
+        gone = ("gpu-9", "allocated+cloud+powering_up", "", "10.0.0.9")
+        calls = self.trip(8, (gone,) + others)
+        self.assertIn("update nodename=gpu-9 state=down reason=hpctrain: boot failed: its instance is gone during "
+                      "power-up", calls)
+        self.assertIn("update nodename=gpu-9 state=power_down_force", calls)
+        self.assertIn("update nodename=gpu-1 state=resume", calls)  # still returned to service
+        self.assertFalse([c for c in calls if "protected" in c], calls)
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 9})
+        self.assertEqual(self.metric("FailedBootsInARow")["Maximum"], 9)
+        self.assertEqual(self.metric("ProtectedMode")["Maximum"], 0)
+        # The next pass sees the same nodes still down (gpu-9 now too): each failure counts once.
+        gone = ("gpu-9", "down+cloud+powering_down", "hpctrain: boot failed: its instance is gone during power-up", "")
+        self.trip(8, (gone,) + others)
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 9})
+        self.assertNotIn("protected mode", self.log())
+        # The tenth: gpu-10 times out.
+        calls = self.trip(8, (gone, ("gpu-10", "down+cloud+powered_down", "ResumeTimeout reached", "")) + others)
+        downed = [f"gpu-{i}" for i in (1, 2, 3, 5, 6, 7, 10, 11, 12)]  # the powered-down ones, not the admin's
+        down = [f"update nodename={n} state=down reason={self.REASON}" for n in downed]
+        # gpu-4 and gpu-8, down but powered up: their instances are terminated first.
+        self.assertEqual(sorted(calls), sorted(down + ["update nodename=gpu-4 state=power_down_force",
+                                                       "update nodename=gpu-8 state=power_down_force"]))
+        said = re.findall(r"clustermgtd: ERROR: gpu: protected mode: 10 failed boots in a row; its nodes are set DOWN"
+                          r" and no longer powered up\. Fix the cause, then resume any of them \(scontrol update"
+                          r" nodename=NODE state=resume; nodes: gpu-1,gpu-10,", self.log())
+        self.assertEqual(len(said), 1, self.log())
+        self.assertEqual(self.metric("ProtectedMode")["Maximum"], 1)
+        self.assertEqual(self.metric("FailedBootsInARow")["Maximum"], 10)
+        self.assertEqual(sorted(self.state()["protected"]["gpu"]["nodes"]), sorted(downed))
+        # Then Slurm shows them DOWN for protected mode: none is returned to service; gpu-4, powered
+        # down now, is set DOWN too, and gpu-9; the job on gpu-13 runs on.
+        protected = ("down+cloud+powered_down", self.REASON, "")
+        self.slurm(*[(n, *protected) for n in downed],
+                   ("gpu-4", "down+cloud+powered_down", "ResumeTimeout reached", ""),
+                   ("gpu-8", "down+cloud+powering_down", "ResumeTimeout reached", ""),
+                   ("gpu-9", "down+cloud+powered_down", gone[2], ""), *others)
+        calls = self.run_pass()
+        self.assertEqual(sorted(calls), [f"update nodename=gpu-{i} state=down reason={self.REASON}" for i in (4, 9)])
+        self.assertEqual(self.live(), {busy})
+        self.assertEqual(len(re.findall("ERROR: gpu: protected mode", self.log())), 1)  # said once
+
+    def test_a_node_that_comes_up_counts_failed_boots_from_zero(self):
+        self.trip(9)
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 9})
+        with hpc_cloud.State(self.cfg["state_file"]) as st:  # as resume.py records a launch
+            st.launches["gpu-13"] = {"token": "t", "at": time.time()}
+        _, ip = self.launch("gpu-13")
+        up = ("gpu-13", "allocated+cloud", "", ip)
+        self.trip(9, (up,))
+        self.assertEqual(self.state()["boot_failures"], {})
+        self.assertIn("gpu: gpu-13 came up: failed boots counted from 0", self.log())
+        self.assertEqual(self.metric("FailedBootsInARow")["Minimum"], 0)
+        # The nine return to service and fail again: nine in a row since gpu-13 came up, which (still
+        # up, the same launch) resets nothing more.
+        self.nodes([self.IDLE] * 9, (up,))
+        self.run_pass()
+        self.trip(9, (up,))
+        self.trip(9, (up,))
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 9})
+        self.assertEqual(self.state()["protected"], {})
+
+    def test_capacity_errors_and_an_administrators_down_are_not_failed_boots(self):
+        self.nodes([("down+cloud+powered_down", "hpctrain: resume failed: InsufficientInstanceCapacity: none left"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: SpotMaxPriceTooLow: x"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: VcpuLimitExceeded: x"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: no capacity: every instance type, ..."),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: launch token of a terminated instance i-1:"
+                                                " retry"),
+                    ("down+cloud+powered_down", "broken GPU (admin)"),
+                    ("down+cloud", "slurmd upgrade (admin)"),
+                    ("down+cloud", "Not responding"),            # it came up, then stopped answering
+                    ("idle+drain+cloud", "hpctrain: spot interruption: terminate at 12:00"),
+                    ("down+cloud+powered_down", "maintenance (admin)"),
+                    ("down+cloud+powered_down", "hpctrain: instance gone")])  # a spot reclaim of a running node
+        self.run_pass()
+        self.run_pass()
+        self.assertEqual(self.state()["boot_failures"], {})
+        self.assertEqual(self.state()["protected"], {})
+        self.assertIsNone(self.metric("FailedBootsInARow"))
+
+    def test_resume_fail_reason_is_a_failed_boot(self):
+        """resume_fail.py's own reason (it replaces Slurm's "ResumeTimeout reached") is counted."""
+        import resume_fail
+        resume_fail.resume_failed(self.cfg, ["gpu-1"])
+        reason = next(c for c in self.scontrol_calls() if "state=down" in c).split("reason=", 1)[1]
+        self.assertTrue(clustermgtd.failed_boot(clustermgtd.Node("gpu-1", {"DOWN", "CLOUD", "POWERED_DOWN"}, reason)))
+
+    def test_resuming_a_node_leaves_protected_mode(self):
+        self.trip(10)
+        self.assertEqual(list(self.state()["protected"]), ["gpu"])
+        # The operator fixed the cause and resumed gpu-2 (scontrol update nodename=gpu-2 state=resume).
+        protected = ("down+cloud+powered_down", self.REASON)
+        self.nodes([protected, self.IDLE] + [protected] * 10)
+        calls = self.run_pass()
+        self.assertEqual(sorted(calls), sorted(f"update nodename=gpu-{i} state=resume" for i in range(1, 13) if i != 2))
+        self.assertIn("gpu: protected mode left (gpu-2 was resumed by hand): its nodes return to service, failed boots"
+                      " counted from 0", self.log())
+        self.assertEqual((self.state()["protected"], self.state()["boot_failures"]), ({}, {}))
+        self.assertEqual(self.metric("ProtectedMode")["Minimum"], 0)
+        # Counted from zero: the next failure is the first.
+        self.nodes([self.IDLE] * 12)
+        self.run_pass()
+        self.trip(1)
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
+
+    def test_partitions_count_apart_and_the_count_is_a_setting(self):
+        cpu = [(f"cpu-{i}", "down+cloud+powered_down", "ResumeTimeout reached", "", "cpu") for i in range(1, 5)]
+        self.trip(3, cpu[:2])
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 3, "cpu": 2})
+        self.assertEqual(self.state()["protected"], {})
+        self.set("protected_failure_count", 3)  # lowered: gpu's count has reached it, with no new failure
+        calls = self.run_pass()
+        self.assertEqual(list(self.state()["protected"]), ["gpu"])
+        self.assertIn("update nodename=cpu-1 state=resume", calls)
+        self.set("protected_failure_count", 0)  # protected mode off: no partition enters it
+        reason = self.REASON.replace("10", "3")
+        self.slurm(*[(f"gpu-{i}", "down+cloud+powered_down", reason, "") for i in (1, 2, 3, 11, 12)], *cpu)
+        self.assertEqual(self.run_pass(), [f"update nodename=cpu-{i} state=resume" for i in range(1, 5)])
+        self.assertEqual(self.state()["boot_failures"]["cpu"], 4)
+        self.assertEqual(list(self.state()["protected"]), ["gpu"])
+
+    def test_a_metric_that_cannot_be_put_is_logged_and_the_pass_goes_on(self):
+        real = boto3.client
+
+        def client(service, **kw):
+            if service != "cloudwatch":
+                return real(service, **kw)
+            cw = mock.Mock()
+            cw.put_metric_data.side_effect = botocore.exceptions.ClientError(
+                {"Error": {"Code": "AccessDenied", "Message": "no"}}, "PutMetricData")
+            return cw
+        with mock.patch("boto3.client", side_effect=client):
+            calls = self.trip(10)
+        self.assertIn("update nodename=gpu-1 state=down reason=hpctrain: protected mode: 10 failed boots in a row in"
+                      " partition gpu, see docs/aws.md", calls)
+        self.assertIn("clustermgtd: WARNING: cannot put the CloudWatch metrics ['gpu']: ClientError: An error occurred"
+                      " (AccessDenied)", self.log())
+
+    def set(self, key, value):
+        with open(self.config, encoding="utf-8") as f:
+            cfg = json.load(f)
+        cfg[key] = value
+        with open(self.config, "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+
+    def test_bad_protected_failure_count_is_one_line_and_exit_2(self):
+        for bad in (-1, "10", 2.5, True):
+            with self.subTest(bad):
+                self.set("protected_failure_count", bad)
+                r = subprocess.run([sys.executable, os.path.join(NODE_DIR, "clustermgtd.py")], capture_output=True,
+                                   text=True, check=False)
+                self.assertEqual((r.returncode, r.stderr.splitlines()),
+                                 (2, [f"clustermgtd.py: error: {self.config}: 'protected_failure_count' must be a whole"
+                                      f" number, 0 or more, not {bad!r}"]))
 
     def test_bad_settings_are_one_line_and_exit_2(self):
         with open(self.config, "w", encoding="utf-8") as f:

@@ -11,11 +11,12 @@ ec2:IsLaunchTemplateResource, ec2:InstanceType, and the tags requested for that 
 as aws:RequestTag/... and aws:TagKeys: tag-on-create), plus ec2:CreateTags for each resource
 type tagged (ec2:CreateAction) and iam:PassRole for the launch template's role. Then:
 
-  - everything the cluster does is allowed (power-up, suspend, cleanup, logs, munge key, data);
+  - everything the cluster does is allowed (power-up, suspend, cleanup, logs, munge key, data,
+    the cluster manager's metrics);
   - a long list of what it must not do is denied (a power-up lacking a tag on any resource, or
     with another cluster's tag, another template, image, key, type, subnet or group; tagging
     outside a launch; terminating another cluster's instance or the head node; passing another
-    role; reading another secret, bucket or prefix; ...);
+    role; reading another secret, bucket or prefix; a metric in another namespace; ...);
   - for every statement of every role, each planted mutation (one condition removed, the
     resource widened to "*", the action widened to its service's "*") makes one of the above
     fail: no statement holds a condition or a scope that nothing checks.
@@ -35,6 +36,7 @@ sys.path.insert(0, HERE)
 import cfn  # noqa: E402
 
 sys.path.insert(0, cfn.NODE_DIR)
+import clustermgtd  # noqa: E402
 import hpc_cloud  # noqa: E402
 import resume  # noqa: E402
 
@@ -272,6 +274,12 @@ def cases(r):
         ("signal this stack", "HeadNodeRole",
          [("cloudformation:SignalResource", r.ref("AWS::StackId"), {}),
           ("cloudformation:DescribeStackResource", r.ref("AWS::StackId"), {})], True),
+        ("clustermgtd: put the protected-mode metrics", "HeadNodeRole",
+         [("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": clustermgtd.METRIC_NAMESPACE})], True),
+        ("put metrics in another namespace", "HeadNodeRole",
+         [("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "AWS/EC2"})], False),
+        ("compute: put metrics", "ComputeRole",
+         [("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": clustermgtd.METRIC_NAMESPACE})], False),
         ("signal another stack", "HeadNodeRole",
          [("cloudformation:SignalResource", f"arn:aws:cloudformation:{cfn.REGION}:{cfn.ACCOUNT}:stack/other/1", {})], False),
         ("cleanup: terminate the cluster's instances", "CleanupRole",
