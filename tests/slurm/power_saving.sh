@@ -44,9 +44,10 @@ python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws 
   --port "$slurm_port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --epilog "$repo/slurm/epilog.sh" --out "$aws/etc" ||
   fail "render_slurm_conf.py failed"
 # This machine stands in for the head node and the instance: loopback, root, no CPU binding; a
-# node powering down takes 20 s, not 2 minutes.
+# node is suspended after 15 s idle, not a minute (the rendering's least), and powering down
+# takes 20 s, not 2 minutes.
 sed -i -e 's/^SlurmctldHost=localhost$/SlurmctldHost=localhost(127.0.0.1)/' -e 's/^SlurmUser=slurm$/SlurmUser=root/' \
-  -e 's/^SuspendTimeout=.*/SuspendTimeout=20/' \
+  -e 's/^SuspendTime=.*/SuspendTime=15/' -e 's/^SuspendTimeout=.*/SuspendTimeout=20/' \
   -e 's|^TaskPlugin=.*|TaskPlugin=task/none|' \
   -e 's|^SelectTypeParameters=.*|SelectTypeParameters=CR_CPU|' -e 's|^SlurmdPidFile=.*|SlurmdPidFile='"$aws"'/slurmd.pid|' \
   "$aws/etc/slurm.conf"
@@ -138,7 +139,7 @@ done
 say "the drained gpu-1 is powered down and back in service: $(sinfo -h -n gpu-1 -o '%T %E')"
 
 # Scale from zero again (no p5.48xlarge try while it cools down), and back to zero after
-# SuspendTime (1 minute) idle.
+# SuspendTime (15 s here) idle.
 job=$(sbatch --parsable -o "$WORK/job2.out" -w gpu-1 --wrap 'echo "ran on $SLURMD_NODENAME"')
 submitted=$SECONDS
 wait_state "$job" COMPLETED 120
@@ -150,7 +151,7 @@ say "the job ran $((SECONDS - submitted)) s after submission: $(cat "$WORK/job2.
 idle_from=$SECONDS
 deadline=$((SECONDS + 180))
 until grep -q "suspend gpu-1" <(tail -n 1 "$aws/log/calls") 2> /dev/null && [[ -z "$(instances)" ]]; do
-  ((SECONDS < deadline)) || fail "gpu-1 was not suspended within 180 s of idling (SuspendTime 60 s)"
+  ((SECONDS < deadline)) || fail "gpu-1 was not suspended within 180 s of idling (SuspendTime 15 s)"
   sleep 1
 done
 say "suspend.py terminated gpu-1's instance $((SECONDS - idle_from)) s after the job ended"
