@@ -67,6 +67,11 @@ WantedBy=multi-user.target
 UNIT
 systemctl daemon-reload
 systemctl enable --now hpctrain-computemgtd hpctrain-spot-watcher
+# Jobs' credentials for the data bucket (the data role's, never this node's: data_credentials.py).
+if [[ -n "${DATA_ROLE:-}" ]]; then
+  install -m 0644 "$node_dir/systemd/hpctrain-data-credentials.service" /etc/systemd/system/
+  systemctl daemon-reload && systemctl enable --now hpctrain-data-credentials
+fi
 
 # The CUDA build on this node's disk. GPU support is required (a build that quietly went
 # CPU-only would train on the CPU), and no -march=native (any of the instance types may run it).

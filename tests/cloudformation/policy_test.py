@@ -174,7 +174,7 @@ def power_ups(r):
 # ------------------------------------------------------------------------- the cases
 FULL = {"Market": "spot", "ComputeInstanceTypes": "g5.12xlarge,g6.12xlarge", "UseEfa": "true",
         "DataBucket": "my-datasets", "ResultsPrefix": "results/"}
-ROLES = ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole")
+ROLES = ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole", "DataRole")
 
 
 def without_tags(req, resource_type):
@@ -324,14 +324,28 @@ def cases(r):
         out.append((f"{role}: change the munge key", role, [("secretsmanager:PutSecretValue", secret, {})], False))
         if r.conditions["HasDataBucket"]:
             bucket = f"arn:aws:s3:::{r.params['DataBucket']}"
-            out += [(f"{role}: read the data", role, [("s3:ListBucket", bucket, {}), ("s3:GetObject", f"{bucket}/cifar10/a", {})], True),
-                    (f"{role}: write a result", role, [("s3:PutObject", f"{bucket}/results/run1/x", {})], True),
-                    (f"{role}: write outside the results prefix", role, [("s3:PutObject", f"{bucket}/cifar10/a", {})], False),
-                    (f"{role}: delete data", role, [("s3:DeleteObject", f"{bucket}/cifar10/a", {})], False),
-                    (f"{role}: delete a result", role, [("s3:DeleteObject", f"{bucket}/results/run1/x", {})], False),
-                    (f"{role}: change the bucket's policy", role, [("s3:PutBucketPolicy", bucket, {})], False),
-                    (f"{role}: read another bucket", role, [("s3:GetObject", "arn:aws:s3:::other/a", {})], False),
-                    (f"{role}: list another bucket", role, [("s3:ListBucket", "arn:aws:s3:::other", {})], False)]
+            # (the data is the data role's, which jobs get: a node's own role reads none of it)
+            out.append((f"{role}: read the data", role, [("s3:GetObject", f"{bucket}/cifar10/a", {})], False))
+    if r.conditions["HasDataBucket"]:
+        bucket = f"arn:aws:s3:::{r.params['DataBucket']}"
+        data_role = r.attribute("DataRole", "Arn")
+        out += [("compute: take the data role", "ComputeRole", [("sts:AssumeRole", data_role, {})], True),
+                ("compute: tag its data-role session", "ComputeRole", [("sts:TagSession", data_role, {})], False),
+                ("compute: take another role", "ComputeRole", [("sts:AssumeRole", r.attribute("HeadNodeRole", "Arn"), {})], False),
+                ("head node: take the data role", "HeadNodeRole", [("sts:AssumeRole", data_role, {})], False),
+                ("data: read the munge key", "DataRole", [("secretsmanager:GetSecretValue", secret, {})], False),
+                ("data: launch", "DataRole", run_instances_checks(r, ups[0]), False),
+                ("data: ship logs", "DataRole", [("logs:PutLogEvents", log_stream, {})], False),
+                ("data: take a role", "DataRole", [("sts:AssumeRole", data_role, {})], False)]
+        role = "DataRole"
+        out += [(f"{role}: read the data", role, [("s3:ListBucket", bucket, {}), ("s3:GetObject", f"{bucket}/cifar10/a", {})], True),
+                (f"{role}: write a result", role, [("s3:PutObject", f"{bucket}/results/run1/x", {})], True),
+                (f"{role}: write outside the results prefix", role, [("s3:PutObject", f"{bucket}/cifar10/a", {})], False),
+                (f"{role}: delete data", role, [("s3:DeleteObject", f"{bucket}/cifar10/a", {})], False),
+                (f"{role}: delete a result", role, [("s3:DeleteObject", f"{bucket}/results/run1/x", {})], False),
+                (f"{role}: change the bucket's policy", role, [("s3:PutBucketPolicy", bucket, {})], False),
+                (f"{role}: read another bucket", role, [("s3:GetObject", "arn:aws:s3:::other/a", {})], False),
+                (f"{role}: list another bucket", role, [("s3:ListBucket", "arn:aws:s3:::other", {})], False)]
     return out
 
 
@@ -404,6 +418,15 @@ class Policies(unittest.TestCase):
                         uncaught.append(f"{role} {statement.get('Sid', i)} {what}")
         self.assertEqual(uncaught, [], "\n".join(uncaught))
         self.assertGreater(tried, 40)
+
+    def test_only_the_compute_role_may_take_the_data_role(self):
+        """The data role's trust: the compute role (whose root service hands its credentials to
+        jobs), no one else."""
+        r = cfn.Resolved(self.template, **FULL)
+        trust = r.resource("DataRole")["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        self.assertEqual(trust, [{"Effect": "Allow", "Principal": {"AWS": r.attribute("ComputeRole", "Arn")},
+                                  "Action": "sts:AssumeRole"}])
+        self.assertFalse(cfn.Resolved(self.template).exists("DataRole"))
 
     def test_the_evaluator_knows_tag_on_create(self):
         """The evaluator itself: a request tag condition fails on a resource the request does not

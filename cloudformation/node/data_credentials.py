@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Jobs' credentials for the cluster's data, and nothing else: a root service on every node
+(hpctrain-data-credentials.service). The nodes' metadata service, and so their own role, is for
+root only (imds_firewall.sh); this service assumes the stack's data role, which may only read
+DataBucket and write under ResultsPrefix, and keeps its short-lived credentials in --out (an AWS
+shared credentials file, mode 0644: every user's jobs may read the data), renewed well before
+they expire. slurm/train.sbatch points AWS_SHARED_CREDENTIALS_FILE at it, so that `hpcdata stage`
+(STAGE_FROM) finds them; any boto3 or AWS CLI program does with that variable set.
+
+    data_credentials.py --role ARN --region REGION [--out FILE] [--duration SECONDS] [--once]
+"""
+
+import configparser
+import io
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+
+from hpc_cloud import OneLineParser
+
+DEFAULT_OUT = "/run/hpctrain/aws/credentials"
+
+
+def credentials_text(reply):
+    """The shared credentials file's text for an AssumeRole reply (profile "default")."""
+    c = reply["Credentials"]
+    ini = configparser.ConfigParser(interpolation=None)
+    ini["default"] = {"aws_access_key_id": c["AccessKeyId"], "aws_secret_access_key": c["SecretAccessKey"],
+                      "aws_session_token": c["SessionToken"]}
+    out = io.StringIO()
+    out.write(f"# The cluster's data role ({reply['AssumedRoleUser']['Arn']}), until {c['Expiration']}:\n"
+              "# written by data_credentials.py, renewed before then. Read DataBucket, write ResultsPrefix only.\n")
+    ini.write(out)
+    return out.getvalue()
+
+
+def write_credentials(path, text):
+    """`text` into `path` at once (a reader never sees half a file), mode 0644."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".credentials.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def renew(sts, args):
+    """Assumes the data role and writes its credentials; returns their lifetime in seconds."""
+    reply = sts.assume_role(RoleArn=args.role, RoleSessionName=f"hpctrain-data-{socket.gethostname()}"[:64],
+                            DurationSeconds=args.duration)
+    write_credentials(args.out, credentials_text(reply))
+    left = reply["Credentials"]["Expiration"].timestamp() - time.time()
+    logging.info("credentials of %s in %s for %.0f s", args.role, args.out, left)
+    return left
+
+
+def main():
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--role", required=True, help="the data role's ARN")
+    p.add_argument("--region", required=True)
+    p.add_argument("--out", default=DEFAULT_OUT, help="the credentials file (default %(default)s)")
+    p.add_argument("--duration", type=int, default=3600, help="seconds each credential lasts (900 to 3600)")
+    p.add_argument("--once", action="store_true", help="write them once and exit")
+    args = p.parse_args()
+    if not 900 <= args.duration <= 3600:
+        p.error(f"--duration must be 900 to 3600 seconds (the role's limit), not {args.duration}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s data_credentials: %(levelname)s: %(message)s")
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    sts = boto3.client("sts", region_name=args.region)
+    while True:
+        try:
+            left = renew(sts, args)
+            pause = max(60.0, left / 2)  # renewed at half-life: jobs never read expired ones
+        except (BotoCoreError, ClientError, OSError) as e:
+            if args.once:
+                print(f"data_credentials.py: error: {e}", file=sys.stderr)
+                return 1
+            logging.error("cannot renew the credentials (the old ones stay until they expire): %s", e)
+            pause = 60.0
+        if args.once:
+            return 0
+        time.sleep(pause)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
