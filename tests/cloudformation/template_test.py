@@ -541,8 +541,9 @@ class Deploy(unittest.TestCase):
         self.assertEqual(data["InstanceMarketOptions"]["MarketType"], "spot")
         self.assertNotIn("InstanceMarketOptions", self.launch_template("ComputeOnDemandLaunchTemplate"))
         iam = boto3.client("iam", region_name=REGION)
-        policies = iam.list_role_policies(RoleName=self.ids["ComputeRole"])["PolicyNames"]
-        self.assertIn("data", policies)
+        self.assertEqual(sorted(iam.list_role_policies(RoleName=self.ids["ComputeRole"])["PolicyNames"]),
+                         ["compute-node", "data-role"])
+        self.assertEqual(sorted(iam.list_role_policies(RoleName=self.ids["DataRole"])["PolicyNames"]), ["data", "results"])
 
 
 if __name__ == "__main__":
