@@ -416,6 +416,10 @@ class AwsBehaviour(MotoCluster):
         self.assertEqual(self.live(), {})
         self.assertIn("update nodename=gpu-1 state=down reason=hpctrain: resume failed: "
                       "AuthFailure.ServiceLinkedRoleCreationNotPermitted: The provided credentials", self.scontrol_calls()[-1])
+        # No choice is left while spot cools down: the cluster manager waits before resuming the node.
+        self.assertEqual(list(self.state()["cooldowns"]), ["*|spot|*"])
+        with hpc_cloud.State(self.cfg["state_file"]) as st:
+            self.assertEqual(resume.available_choices(self.cfg, st, resume.subnet_zones(self.ec2, self.cfg)), [])
 
     def test_more_than_200_nodes(self):
         nodes = hpc_cloud.expand_hostlist("gpu-[1-201]")
