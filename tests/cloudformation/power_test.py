@@ -9,7 +9,8 @@ And what AWS does that moto does not (hooks on the EC2 clients play it): an inst
 to DescribeInstances just after its launch (the address comes from RunInstances' answer, the
 describe is retried with growing pauses and given up after a bound), spot refused in the whole
 account (the service-linked role missing: on-demand, and spot cooled down), a filter of more
-than 200 values refused (FilterLimitExceeded), an instance still shutting down."""
+than 200 values refused (FilterLimitExceeded), an instance still shutting down, TerminateInstances
+refused (suspend.py powers the nodes down all the same)."""
 
 import json
 import os
@@ -428,6 +429,18 @@ class AwsBehaviour(MotoCluster):
             self.assertEqual(len(self.live()), 201)
             self.assertEqual(suspend.suspend(self.cfg, nodes), 0)
         self.assertEqual(self.live(), {})
+
+    def test_suspend_refused_still_powers_the_nodes_down(self):
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+
+        def throttled(op, params):
+            if op == "TerminateInstances":
+                raise aws_error("RequestLimitExceeded", "Request limit exceeded.", op)
+        with self.hooked(before=throttled):
+            self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 1)
+        self.assertIn("gpu-1", self.live())  # the cluster manager's, as an orphan
+        self.assertEqual(self.state()["launches"], {})
+        self.assertEqual(self.scontrol_calls()[-1], "update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1")
 
     def test_a_node_whose_instance_is_shutting_down_gets_a_new_one(self):
         # Suspended, and powered up again while EC2 still shuts its instance down.
