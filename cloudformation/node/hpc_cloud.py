@@ -182,11 +182,12 @@ def ec2_client(cfg):
     return boto3.client("ec2", region_name=cfg["region"])
 
 
-def instances_of(ec2, cfg, nodes=None):
-    """{node name: [instance ids]} of the cluster's live instances (of `nodes` only, if given).
-    Asked by the cluster's tag only, the nodes picked here: AWS refuses a filter of more than 200
-    values (FilterLimitExceeded; moto takes any number), Slurm may pass more nodes than that, and
-    the cluster has no more instances than its nodes, so one paged request reads them all."""
+def live_instances(ec2, cfg, nodes=None):
+    """{node name: [EC2's descriptions of its instances]} of the cluster's live instances (of
+    `nodes` only, if given). Asked by the cluster's tag only, the nodes picked here: AWS refuses a
+    filter of more than 200 values (FilterLimitExceeded; moto takes any number), Slurm may pass
+    more nodes than that, and the cluster has no more instances than its nodes, so one paged
+    request reads them all."""
     wanted = set(nodes) if nodes else None
     filters = [
         {"Name": f"tag:{CLUSTER_TAG}", "Values": [cfg["cluster"]]},
@@ -198,8 +199,13 @@ def instances_of(ec2, cfg, nodes=None):
             for inst in reservation["Instances"]:
                 node = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}.get(NODE_TAG)
                 if node is not None and (wanted is None or node in wanted):
-                    found.setdefault(node, []).append(inst["InstanceId"])
+                    found.setdefault(node, []).append(inst)
     return found
+
+
+def instances_of(ec2, cfg, nodes=None):
+    """{node name: [instance ids]} of the cluster's live instances (of `nodes` only, if given)."""
+    return {node: [i["InstanceId"] for i in insts] for node, insts in live_instances(ec2, cfg, nodes).items()}
 
 
 class State:

@@ -28,7 +28,7 @@ import time
 import uuid
 
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NODE_TAG, SPOT_REFUSED_ERRORS, State,
-                       cooldown_key, ec2_client, instances_of, main_wrapper, market_cooldown_key, scontrol, set_down)
+                       cooldown_key, ec2_client, live_instances, main_wrapper, market_cooldown_key, scontrol, set_down)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
@@ -160,14 +160,14 @@ def launch_node(ec2, cfg, state, node, zones):
 
 def resume(cfg, nodes):
     ec2 = ec2_client(cfg)
-    existing = instances_of(ec2, cfg, nodes)
+    existing = live_instances(ec2, cfg, nodes)
     zones = subnet_zones(ec2, cfg)
     launched, failed = {}, 0
     with State(cfg["state_file"]) as state:
         for node in nodes:
             if node in existing:  # asked twice (a retry): keep the instance it has
-                launched[node] = {"InstanceId": existing[node][0]}
-                logging.info("%s: already has %s", node, existing[node][0])
+                launched[node] = existing[node][0]
+                logging.info("%s: already has %s", node, launched[node]["InstanceId"])
                 continue
             instance, reason = launch_node(ec2, cfg, state, node, zones)
             if instance:
@@ -216,7 +216,8 @@ def describe(ec2, instance):
 
 def register_addresses(ec2, launched, timeout=ADDRESS_TIMEOUT):
     """Gives Slurm each new instance's private address: from RunInstances' answer (`launched`:
-    {node: instance}), which has it (the network interface is made with the instance), else from
+    {node: instance}; or DescribeInstances' for an instance the node had already), which has it
+    (the network interface is made with the instance), else from
     DescribeInstances, asked again with a growing pause while the instance is not yet known or has
     no address. A node still without one after `timeout` seconds is set down and its instance
     terminated (Slurm would otherwise wait ResumeTimeout for it, billed); so is one whose instance

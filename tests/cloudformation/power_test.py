@@ -253,7 +253,7 @@ class PowerSaving(MotoCluster):
         # listed (EC2's listing lags): the retry must be the same launch, not a second one.
         lost = []
         with self.ec2_faults(lose_reply=lambda req: not lost and not lost.append(1), idempotent=True), \
-             mock.patch.object(resume, "instances_of", return_value={}):
+             mock.patch.object(resume, "live_instances", return_value={}):
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertEqual(len(self.requests), 2)
@@ -337,10 +337,15 @@ class AwsBehaviour(MotoCluster):
     def test_the_address_comes_from_the_run_instances_answer(self):
         with self.hooked(), self.fake_clock():
             self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 0)
+            self.assertEqual(resume.resume(self.cfg, ["gpu-2"]), 0)  # asked again: the instance it has
         self.assertEqual(self.described_by_id(), [])  # no DescribeInstances to wait for
         self.assertEqual(self.pauses, [])
         for node, inst in self.live().items():
             self.assert_registered(node, inst)
+        self.assertEqual(len(self.live()), 2)
+        gpu2 = self.live()["gpu-2"]
+        self.assertEqual(self.scontrol_calls().count(f"update nodename=gpu-2 nodeaddr={gpu2['PrivateIpAddress']} "
+                                                     f"nodehostname={gpu2['PrivateDnsName'].split('.')[0]}"), 2)
 
     def test_an_instance_not_yet_known_is_described_again_with_growing_pauses(self):
         unknown = [3]  # DescribeInstances answers NotFound this many times, as EC2 may just after a launch
