@@ -212,9 +212,9 @@ class State:
     """What the programs remember between runs, in one JSON file (state_file) on the head node's
     own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until} ("*|spot|*": the whole spot market)
     and each node's pending launch {"NODE": {"token": ClientToken base, "at": time}}. Used as
-    `with State(path) as st:`, which
-    holds an exclusive lock (resume.py, suspend.py and the cluster manager may run at once) and
-    writes the file back atomically when the block ends without an exception."""
+    `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the
+    cluster manager may run at once) and writes the file back atomically when the block ends
+    without an exception."""
 
     def __init__(self, path):
         self.path = path

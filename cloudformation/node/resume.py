@@ -12,11 +12,11 @@ if spot_fallback), then instance type (instance_types), then subnet (subnet_ids)
 error disables that (instance type, market, zone) for capacity_cooldown_seconds, for this node
 and the next ones, and the next choice is tried; an error that refuses spot in the whole account
 (the spot service-linked role missing) disables spot in every type and zone, and on-demand is
-tried (with spot_fallback). A node that gets no instance is set down with
-EC2's reason, so that Slurm requeues the job that asked for it; the cluster manager returns it to
-service. Each launch carries a ClientToken kept in the state file until the node is suspended:
-run again for the same power-up (a retry, a lost reply), EC2 returns the instance it already
-launched instead of a second one.
+tried (with spot_fallback). A node that gets no instance is set down with EC2's reason, so that
+Slurm requeues the job that asked for it; the cluster manager returns it to service. Each launch
+carries a ClientToken kept in the state file until the node is suspended: run again for the same
+power-up (a retry, a lost reply), EC2 returns the instance it already launched instead of a
+second one.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
@@ -216,12 +216,11 @@ def describe(ec2, instance):
 
 def register_addresses(ec2, launched, timeout=ADDRESS_TIMEOUT):
     """Gives Slurm each new instance's private address: from RunInstances' answer (`launched`:
-    {node: instance}; or DescribeInstances' for an instance the node had already), which has it
-    (the network interface is made with the instance), else from
-    DescribeInstances, asked again with a growing pause while the instance is not yet known or has
-    no address. A node still without one after `timeout` seconds is set down and its instance
-    terminated (Slurm would otherwise wait ResumeTimeout for it, billed); so is one whose instance
-    is already going. Returns those nodes."""
+    {node: instance}; DescribeInstances' for an instance the node had already), which has it (the
+    network interface is made with the instance), else from DescribeInstances, asked again with a
+    growing pause while the instance is not yet known or has no address. A node still without one
+    after `timeout` seconds is set down and its instance terminated (Slurm would otherwise wait
+    ResumeTimeout for it, billed); so is one whose instance is already going. Returns those nodes."""
     waiting = {node: inst["InstanceId"] for node, inst in launched.items() if not register_address(node, inst)}
     lost = []
     deadline, pause = time.monotonic() + timeout, 1

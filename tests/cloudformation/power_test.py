@@ -276,8 +276,8 @@ def refuse_long_filters(operation, params):
     """As AWS does (moto takes any number of values)."""
     for f in params.get("Filters", []):
         if len(f["Values"]) > 200:
-            raise aws_error("FilterLimitExceeded", "The maximum number of filter values specified on a single call is 200",
-                            operation)
+            raise aws_error("FilterLimitExceeded",
+                            "The maximum number of filter values specified on a single call is 200", operation)
 
 
 class AwsBehaviour(MotoCluster):
@@ -388,8 +388,8 @@ class AwsBehaviour(MotoCluster):
         with self.hooked(after=gone), self.fake_clock():
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
         self.assertEqual(self.pauses, [])
-        self.assertRegex(self.scontrol_calls()[-1], r"^update nodename=gpu-1 state=down reason=hpctrain: resume failed: "
-                                                    r"instance i-\w+ is terminated: Client.InternalError")
+        self.assertRegex(self.scontrol_calls()[-1], r"^update nodename=gpu-1 state=down reason=hpctrain: resume "
+                                                    r"failed: instance i-\w+ is terminated: Client.InternalError")
 
     @staticmethod
     def spot_refused(op, params):
@@ -398,7 +398,8 @@ class AwsBehaviour(MotoCluster):
                             "have permission to create the service-linked role for EC2 Spot Instances.", op)
 
     def markets_requested(self):
-        return ["spot" if "InstanceMarketOptions" in p else "on-demand" for op, p in self.ec2_calls if op == "RunInstances"]
+        return ["spot" if "InstanceMarketOptions" in p else "on-demand"
+                for op, p in self.ec2_calls if op == "RunInstances"]
 
     def test_spot_refused_in_the_account_falls_back_to_on_demand_and_cools_spot_down(self):
         self.cfg.update(market="spot", instance_types=["g5.12xlarge", "g6.12xlarge"],
@@ -421,7 +422,8 @@ class AwsBehaviour(MotoCluster):
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
         self.assertEqual(self.live(), {})
         self.assertIn("update nodename=gpu-1 state=down reason=hpctrain: resume failed: "
-                      "AuthFailure.ServiceLinkedRoleCreationNotPermitted: The provided credentials", self.scontrol_calls()[-1])
+                      "AuthFailure.ServiceLinkedRoleCreationNotPermitted: The provided credentials",
+                      self.scontrol_calls()[-1])
         # No choice is left while spot cools down: the cluster manager waits before resuming the node.
         self.assertEqual(list(self.state()["cooldowns"]), ["*|spot|*"])
         with hpc_cloud.State(self.cfg["state_file"]) as st:
