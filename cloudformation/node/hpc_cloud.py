@@ -44,7 +44,10 @@ CONTROLLER_TAG = "hpctrain:controller"
 OWN_REASON_PREFIX = "hpctrain: "
 SLURM_FAILURE_REASONS = ("Not responding", "ResumeTimeout reached", "Node unexpectedly rebooted",
                          "Kill task failed", "Prolog error", "Epilog error", "batch job complete failure")
-# Instance states in which an instance still stands for its node (or costs money).
+# Instance states in which an instance still stands for its node (or costs money). Not
+# "shutting-down": such an instance is on its way to terminated and never runs again, so its node
+# needs a new one (resume.py launches it) and there is nothing left to terminate. (The stack's
+# cleanup handler, which must wait until the network interfaces are gone, counts it as not yet gone.)
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 # EC2 errors that mean "no capacity for this request now": spot falls back to on-demand on
 # these, and a node that gets none is set down with the reason.
@@ -56,6 +59,16 @@ CAPACITY_ERRORS = {
     "InstanceLimitExceeded",
     "VcpuLimitExceeded",
     "Unsupported",
+}
+# EC2 errors that refuse spot itself, in every zone and for every instance type: spot falls back to
+# on-demand on these, and the whole spot market cools down (market_cooldown_key), not one choice.
+# AuthFailure.ServiceLinkedRoleCreationNotPermitted: the account has no AWSServiceRoleForEC2Spot
+# (a fresh account that never launched spot) and the head node's role may not create it (it
+# should not: iam:CreateServiceLinkedRole). As AWS ParallelCluster's troubleshooting guide shows it
+# in slurm_resume.log, and the EC2 user guide's "Service-linked role for Spot Instance requests";
+# an administrator creates the role once: aws iam create-service-linked-role --aws-service-name spot.amazonaws.com
+SPOT_REFUSED_ERRORS = {
+    "AuthFailure.ServiceLinkedRoleCreationNotPermitted",
 }
 
 
@@ -173,34 +186,42 @@ def ec2_client(cfg):
     return boto3.client("ec2", region_name=cfg["region"])
 
 
-def instances_of(ec2, cfg, nodes=None):
-    """{node name: [instance ids]} of the cluster's live instances (of `nodes` only, if given)."""
+def live_instances(ec2, cfg, nodes=None):
+    """{node name: [EC2's descriptions of its instances]} of the cluster's live instances (of
+    `nodes` only, if given). Asked by the cluster's tag only, the nodes picked here: AWS refuses a
+    filter of more than 200 values (FilterLimitExceeded; moto takes any number), Slurm may pass
+    more nodes than that, and the cluster has no more instances than its nodes, so one paged
+    request reads them all."""
+    wanted = set(nodes) if nodes else None
     filters = [
         {"Name": f"tag:{CLUSTER_TAG}", "Values": [cfg["cluster"]]},
         {"Name": "instance-state-name", "Values": LIVE_STATES},
     ]
-    if nodes:
-        filters.append({"Name": f"tag:{NODE_TAG}", "Values": list(nodes)})
     found = {}
     for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
         for reservation in page["Reservations"]:
             for inst in reservation["Instances"]:
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                if NODE_TAG in tags:
-                    found.setdefault(tags[NODE_TAG], []).append(inst["InstanceId"])
+                node = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}.get(NODE_TAG)
+                if node is not None and (wanted is None or node in wanted):
+                    found.setdefault(node, []).append(inst)
     return found
+
+
+def instances_of(ec2, cfg, nodes=None):
+    """{node name: [instance ids]} of the cluster's live instances (of `nodes` only, if given)."""
+    return {node: [i["InstanceId"] for i in insts] for node, insts in live_instances(ec2, cfg, nodes).items()}
 
 
 class State:
     """What the programs remember between runs, in one JSON file (state_file) on the head node's
-    own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until}, each node's pending launch
-    {"NODE": {"token": ClientToken base, "at": time, "up": whether it came up}}, and the cluster
-    manager's protected mode: failed boots in a row per partition {"PARTITION": count}, the nodes
-    whose failed boot is counted {"NODE": reason}, and the partitions in protected mode
-    {"PARTITION": {"since": time, "nodes": [the nodes it set down]}}. Used as
-    `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the cluster
-    manager may run at once) and writes the file back atomically when the block ends without an
-    exception."""
+    own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until} ("*|spot|*": the whole spot market),
+    each node's pending launch {"NODE": {"token": ClientToken base, "at": time, "up": whether it
+    came up}}, and the cluster manager's protected mode: failed boots in a row per partition
+    {"PARTITION": count}, the nodes whose failed boot is counted {"NODE": reason}, and the
+    partitions in protected mode {"PARTITION": {"since": time, "nodes": [the nodes it set down]}}.
+    Used as `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the
+    cluster manager may run at once) and writes the file back atomically when the block ends
+    without an exception."""
 
     def __init__(self, path):
         self.path = path
@@ -264,6 +285,11 @@ class State:
 
 def cooldown_key(instance_type, market, zone):
     return f"{instance_type or 'template'}|{market}|{zone or 'template'}"
+
+
+def market_cooldown_key(market):
+    """The key that disables a whole market (every instance type, every zone)."""
+    return f"*|{market}|*"
 
 
 def setup_logging(cfg, program):

@@ -2,16 +2,21 @@
 """Slurm's ResumeProgram: launches one EC2 instance per node name Slurm asks for, from the
 cluster's launch template, tags the instance, its volumes and its network interface as it is
 created (the head node's IAM policy allows no launch without them), and tells Slurm each
-instance's address (scontrol update nodeaddr/nodehostname).
+instance's address (scontrol update nodeaddr/nodehostname), taken from RunInstances' answer; only
+an instance without one there is described, again with a growing pause while EC2 does not yet
+know it (its API is eventually consistent). A node whose instance has no address after two
+minutes, or is already shutting down, is set down and the instance terminated.
 
 It tries the configured choices in order: market (spot first with market "spot", then on-demand
 if spot_fallback), then instance type (instance_types), then subnet (subnet_ids). A capacity
 error disables that (instance type, market, zone) for capacity_cooldown_seconds, for this node
-and the next ones, and the next choice is tried. A node that gets no instance is set down with
-EC2's reason, so that Slurm requeues the job that asked for it; the cluster manager returns it to
-service. Each launch carries a ClientToken kept in the state file until the node is suspended:
-run again for the same power-up (a retry, a lost reply), EC2 returns the instance it already
-launched instead of a second one.
+and the next ones, and the next choice is tried; an error that refuses spot in the whole account
+(the spot service-linked role missing) disables spot in every type and zone, and on-demand is
+tried (with spot_fallback). A node that gets no instance is set down with EC2's reason, so that
+Slurm requeues the job that asked for it; the cluster manager returns it to service. Each launch
+carries a ClientToken kept in the state file until the node is suspended: run again for the same
+power-up (a retry, a lost reply), EC2 returns the instance it already launched instead of a
+second one.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
@@ -22,12 +27,14 @@ import sys
 import time
 import uuid
 
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NODE_TAG, State, cooldown_key, ec2_client,
-                       instances_of, main_wrapper, scontrol, set_down)
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NODE_TAG, SPOT_REFUSED_ERRORS, State,
+                       cooldown_key, ec2_client, live_instances, main_wrapper, market_cooldown_key, scontrol, set_down)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
 TAGGED_RESOURCES = ("instance", "volume", "network-interface")
+# How long a new instance may take to get a private address that Slurm is told (seconds).
+ADDRESS_TIMEOUT = 120
 
 
 def tags_for(cfg, node):
@@ -86,20 +93,30 @@ def subnet_zones(ec2, cfg):
     return {s["SubnetId"]: s["AvailabilityZone"] for s in reply["Subnets"]}
 
 
+def market_of(choice):
+    return "spot" if choice[0] else "on-demand"
+
+
 def available_choices(cfg, state, zones):
-    """The choices not cooling down after a capacity error, in order, with their cooldown keys."""
+    """The choices not cooling down after a capacity error (theirs, or their whole market's), in
+    order, with their cooldown keys."""
     found = []
     for choice in choices(cfg):
-        spot, itype, subnet = choice
-        key = cooldown_key(itype, "spot" if spot else "on-demand", zones.get(subnet, subnet))
-        if not state.cooling(key):
+        _, itype, subnet = choice
+        key = cooldown_key(itype, market_of(choice), zones.get(subnet, subnet))
+        if not state.cooling(key) and not state.cooling(market_cooldown_key(market_of(choice))):
             found.append((choice, key))
     return found
 
 
+def cool_down(cfg, state, key):
+    state.cooldowns[key] = time.time() + cfg["capacity_cooldown_seconds"]
+    logging.warning("%s disabled for %d s", key, cfg["capacity_cooldown_seconds"])
+
+
 def launch_node(ec2, cfg, state, node, zones):
-    """Launches `node`'s instance with the first choice that works; returns (instance id or None,
-    the reason none was launched)."""
+    """Launches `node`'s instance with the first choice that works; returns (RunInstances' answer
+    for the instance or None, the reason none was launched)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     pending = state.launches.get(node)
@@ -107,6 +124,8 @@ def launch_node(ec2, cfg, state, node, zones):
         pending = state.launches[node] = {"token": uuid.uuid4().hex, "at": time.time()}
     reason = "no capacity: every instance type, market and zone is disabled for a while after a capacity error"
     for choice, key in available_choices(cfg, state, zones):
+        if state.cooling(market_cooldown_key(market_of(choice))):
+            continue  # its market was refused by an earlier choice of this power-up
         try:
             reply = ec2.run_instances(**request_for(cfg, node, choice, choice_token(pending["token"], choice)))
         except BotoCoreError as e:
@@ -117,11 +136,15 @@ def launch_node(ec2, cfg, state, node, zones):
             code = e.response.get("Error", {}).get("Code", "")
             reason = f"{code}: {e.response.get('Error', {}).get('Message', '')}"
             logging.warning("%s: %s launch failed: %s", node, key, reason)
+            if choice[0] and code in SPOT_REFUSED_ERRORS:
+                logging.warning("spot is refused in this account (an administrator creates its role once: "
+                                "aws iam create-service-linked-role --aws-service-name spot.amazonaws.com)")
+                cool_down(cfg, state, market_cooldown_key("spot"))
+                continue
             if code not in CAPACITY_ERRORS:
                 state.launches.pop(node, None)  # refused: nothing was launched
                 return None, reason  # not a capacity problem: another choice will not help
-            state.cooldowns[key] = time.time() + cfg["capacity_cooldown_seconds"]
-            logging.warning("%s disabled for %d s", key, cfg["capacity_cooldown_seconds"])
+            cool_down(cfg, state, key)
             continue
         inst = reply["Instances"][0]
         if inst.get("State", {}).get("Name") in ("shutting-down", "terminated"):
@@ -130,21 +153,21 @@ def launch_node(ec2, cfg, state, node, zones):
             state.launches.pop(node, None)
             return None, f"launch token of a terminated instance {inst['InstanceId']}: retry"
         logging.info("%s: launched %s (%s)", node, inst["InstanceId"], key)
-        return inst["InstanceId"], ""
+        return inst, ""
     state.launches.pop(node, None)  # every choice refused or cooling down: nothing was launched
     return None, reason
 
 
 def resume(cfg, nodes):
     ec2 = ec2_client(cfg)
-    existing = instances_of(ec2, cfg, nodes)
+    existing = live_instances(ec2, cfg, nodes)
     zones = subnet_zones(ec2, cfg)
     launched, failed = {}, 0
     with State(cfg["state_file"]) as state:
         for node in nodes:
             if node in existing:  # asked twice (a retry): keep the instance it has
                 launched[node] = existing[node][0]
-                logging.info("%s: already has %s", node, existing[node][0])
+                logging.info("%s: already has %s", node, launched[node]["InstanceId"])
                 continue
             instance, reason = launch_node(ec2, cfg, state, node, zones)
             if instance:
@@ -152,29 +175,86 @@ def resume(cfg, nodes):
             else:
                 failed += 1
                 set_down(node, f"resume failed: {reason}" if reason else "resume failed")
-    register_addresses(ec2, launched)
-    return 1 if failed else 0
+    lost = register_addresses(ec2, launched)
+    if lost:
+        with State(cfg["state_file"]) as state:
+            for node in lost:
+                state.launches.pop(node, None)  # its instance is terminated: the next power-up is a new launch
+    return 1 if failed or lost else 0
 
 
-def register_addresses(ec2, launched, timeout=120):
-    """Waits for each new instance's private address and gives it to Slurm."""
-    pending = dict(launched)
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        reply = ec2.describe_instances(InstanceIds=list(pending.values()))
-        for reservation in reply["Reservations"]:
-            for inst in reservation["Instances"]:
-                node = next(n for n, i in pending.items() if i == inst["InstanceId"])
-                ip = inst.get("PrivateIpAddress")
-                if ip:
-                    host = inst.get("PrivateDnsName") or ip
-                    scontrol("update", f"nodename={node}", f"nodeaddr={ip}", f"nodehostname={host.split('.')[0]}")
-                    logging.info("%s: %s at %s", node, inst["InstanceId"], ip)
-                    del pending[node]
-        if pending:
-            time.sleep(2)
-    for node, instance in pending.items():
-        logging.error("%s: %s has no address after %d s", node, instance, timeout)
+def register_address(node, inst):
+    """Gives Slurm the instance's private address, if `inst` (EC2's description of it) has one."""
+    ip = inst.get("PrivateIpAddress")
+    if not ip:
+        return False
+    host = inst.get("PrivateDnsName") or ip
+    scontrol("update", f"nodename={node}", f"nodeaddr={ip}", f"nodehostname={host.split('.')[0]}")
+    logging.info("%s: %s at %s", node, inst["InstanceId"], ip)
+    return True
+
+
+def describe(ec2, instance):
+    """EC2's description of one instance, or None while EC2 does not list it yet: its API is
+    eventually consistent, and an instance just launched may be InvalidInstanceID.NotFound for a
+    while ("Eventual consistency in the Amazon EC2 API"). Described one at a time, so that one
+    instance not yet known does not hide the others."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        reply = ec2.describe_instances(InstanceIds=[instance])
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        if code != "InvalidInstanceID.NotFound":
+            logging.warning("%s: DescribeInstances failed: %s", instance, e)
+        return None
+    except BotoCoreError as e:
+        logging.warning("%s: DescribeInstances failed: %s", instance, e)
+        return None
+    return next((i for r in reply["Reservations"] for i in r["Instances"]), None)
+
+
+def register_addresses(ec2, launched, timeout=ADDRESS_TIMEOUT):
+    """Gives Slurm each new instance's private address: from RunInstances' answer (`launched`:
+    {node: instance}; DescribeInstances' for an instance the node had already), which has it (the
+    network interface is made with the instance), else from DescribeInstances, asked again with a
+    growing pause while the instance is not yet known or has no address. A node still without one
+    after `timeout` seconds is set down and its instance terminated (Slurm would otherwise wait
+    ResumeTimeout for it, billed); so is one whose instance is already going. Returns those nodes."""
+    waiting = {node: inst["InstanceId"] for node, inst in launched.items() if not register_address(node, inst)}
+    lost = []
+    deadline, pause = time.monotonic() + timeout, 1
+    while waiting:
+        for node, instance in list(waiting.items()):
+            inst = describe(ec2, instance) or {"InstanceId": instance}
+            status = inst.get("State", {}).get("Name")
+            if status in ("shutting-down", "terminated"):
+                why = inst.get("StateReason", {}).get("Message", "")
+                give_up(ec2, node, instance, f"instance {instance} is {status}: {why}")
+                lost.append(node)
+                del waiting[node]
+            elif register_address(node, inst):
+                del waiting[node]
+        if not waiting or time.monotonic() + pause > deadline:
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 15)
+    for node, instance in waiting.items():
+        give_up(ec2, node, instance, f"instance {instance} has no address after {timeout} s")
+        lost.append(node)
+    return lost
+
+
+def give_up(ec2, node, instance, reason):
+    """Sets the node down (Slurm requeues its job) and terminates its instance."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    logging.error("%s: %s", node, reason)
+    try:
+        ec2.terminate_instances(InstanceIds=[instance])
+    except (BotoCoreError, ClientError) as e:  # the cluster manager terminates it as an orphan
+        logging.error("%s: cannot terminate %s: %s", node, instance, e)
+    set_down(node, f"resume failed: {reason}")
 
 
 if __name__ == "__main__":

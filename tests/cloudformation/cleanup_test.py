@@ -4,8 +4,11 @@ whole-stack deployment in template_test.py runs it in-process on creation): on t
 deletion it terminates every instance tagged for this cluster, and only those (another
 cluster's in the same account survives, so does an untagged one), and answers SUCCESS; on
 creation it does nothing; when it cannot finish, it answers FAILED with the reason, so that the
-stack's deletion stops instead of leaving instances running."""
+stack's deletion stops instead of leaving instances running. An instance shutting down is not
+gone: until it is terminated its network interface holds the subnet and security group that the
+stack deletes next."""
 
+import copy
 import os
 import sys
 import unittest
@@ -17,11 +20,14 @@ sys.path.insert(0, HERE)
 try:
     import boto3
     from moto import mock_aws
+    from moto.ec2.models import ec2_backends
 except ImportError as e:  # pragma: no cover - CTest reports the skip
     print(f"SKIPPED: {e} (boto3 and moto are needed)")
     sys.exit(77)
 
 import cfn  # noqa: E402
+
+GONE = 'GONE = ("terminated",)'  # the handler's instance states that count as gone
 
 
 class Cleanup(unittest.TestCase):
@@ -83,6 +89,64 @@ class Cleanup(unittest.TestCase):
         status, _, reason, _, _ = self.sent[0]
         self.assertEqual(status, "FAILED")
         self.assertIn("instances still there", reason)
+
+    def shutting_down_slowly(self):
+        """One instance of the cluster that EC2 is shutting down, and clients whose TerminateInstances
+        leaves it so (as EC2 does: it is terminated when EC2 is done with it)."""
+        (slow,) = self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-1")
+        self.moto_instance(slow)._state.name = "shutting-down"
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+            terminate = c.terminate_instances
+
+            def terminate_instances(InstanceIds):  # noqa: N803 - boto3's name
+                self.asked.append(sorted(InstanceIds))
+                rest = [i for i in InstanceIds if i != slow]
+                return terminate(InstanceIds=rest) if rest else {"TerminatingInstances": []}
+            c.terminate_instances = terminate_instances
+            return c
+        self.asked = []
+        return slow, mock.patch.object(boto3, "client", client)
+
+    @staticmethod
+    def moto_instance(instance_id):
+        return ec2_backends[cfn.ACCOUNT][cfn.REGION].get_instance(instance_id)
+
+    def test_an_instance_shutting_down_is_waited_for(self):
+        slow, shutting_down = self.shutting_down_slowly()
+        running = self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-2")
+        # EC2 is done with it during the handler's third pause.
+        self.pauses.side_effect = lambda _: self.pauses.call_count == 3 and self.moto_instance(slow).terminate()
+        with shutting_down:
+            self.handler(self.event("Delete"), cfn.LambdaContext())
+        self.assertEqual(self.asked, [sorted(running | {slow}), [slow], [slow]])
+        self.assertEqual(self.pauses.call_count, 3)
+        self.assertEqual(self.live(), set())
+        self.assertEqual(self.sent[0][0], "SUCCESS")
+
+    def test_an_instance_still_shutting_down_at_the_deadline_fails_the_deletion(self):
+        slow, shutting_down = self.shutting_down_slowly()
+        with shutting_down:
+            self.handler(self.event("Delete"), cfn.LambdaContext(seconds=30))
+        status, _, reason, _ = self.sent[0]
+        self.assertEqual(status, "FAILED")
+        self.assertIn(f"instances still there: ['{slow}']", reason)
+
+    def test_shutting_down_taken_as_gone_fails_those_two(self):
+        """The flaw planted into the handler's code: both tests above fail."""
+        template = copy.deepcopy(cfn.load_template())
+        code = template["Resources"]["CleanupFunction"]["Properties"]["Code"]
+        self.assertIn(GONE, code["ZipFile"])
+        code["ZipFile"] = code["ZipFile"].replace(GONE, 'GONE = ("terminated", "shutting-down")')
+        self.handler = cfn.cleanup_module(template, self.sent).handler
+        for test in (self.test_an_instance_shutting_down_is_waited_for,
+                     self.test_an_instance_still_shutting_down_at_the_deadline_fails_the_deletion):
+            self.sent.clear()
+            self.pauses.reset_mock()
+            with self.subTest(test.__name__), self.assertRaises(AssertionError):
+                test()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,14 @@ node from the launch template and registers its address with Slurm (a fake scont
 records the calls); SuspendProgram terminates exactly those; a capacity error disables that
 (instance type, market, zone) for a cooldown and the next configured choice is used (spot to
 on-demand, instance type, subnet), or sets the nodes down with the reason; a power-up retried
-sends the same ClientToken; bad input is one error line and exit 2."""
+sends the same ClientToken; bad input is one error line and exit 2.
+
+And what AWS does that moto does not (hooks on the EC2 clients play it): an instance not yet known
+to DescribeInstances just after its launch (the address comes from RunInstances' answer, the
+describe is retried with growing pauses and given up after a bound), spot refused in the whole
+account (the service-linked role missing: on-demand, and spot cooled down), a filter of more
+than 200 values refused (FilterLimitExceeded), an instance still shutting down, TerminateInstances
+refused (suspend.py powers the nodes down all the same)."""
 
 import json
 import os
@@ -22,6 +29,8 @@ try:
     import boto3
     from botocore.exceptions import ClientError
     from moto import mock_aws
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
 except ImportError as e:  # pragma: no cover - CTest reports the skip
     print(f"SKIPPED: {e} (boto3 and moto are needed)")
     sys.exit(77)
@@ -34,7 +43,9 @@ import suspend  # noqa: E402
 REGION = "us-east-1"
 
 
-class PowerSaving(unittest.TestCase):
+class MotoCluster(unittest.TestCase):
+    """moto's EC2 with a launch template, the cluster's settings and a fake scontrol."""
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.addCleanup(self.tmp.cleanup)
@@ -84,13 +95,16 @@ class PowerSaving(unittest.TestCase):
     def live(self):
         """{node: instance} of running or pending instances, from EC2 itself."""
         out = {}
-        for r in self.ec2.describe_instances()["Reservations"]:
-            for i in r["Instances"]:
-                tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-                if i["State"]["Name"] in ("pending", "running"):
-                    out[tags.get(hpc_cloud.NODE_TAG)] = i
+        for page in self.ec2.get_paginator("describe_instances").paginate():
+            for r in page["Reservations"]:
+                for i in r["Instances"]:
+                    tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                    if i["State"]["Name"] in ("pending", "running"):
+                        out[tags.get(hpc_cloud.NODE_TAG)] = i
         return out
 
+
+class PowerSaving(MotoCluster):
     def test_resume_launches_tagged_instances_and_registers_addresses(self):
         self.assertEqual(resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-3]")), 0)
         live = self.live()
@@ -239,7 +253,7 @@ class PowerSaving(unittest.TestCase):
         # listed (EC2's listing lags): the retry must be the same launch, not a second one.
         lost = []
         with self.ec2_faults(lose_reply=lambda req: not lost and not lost.append(1), idempotent=True), \
-             mock.patch.object(resume, "instances_of", return_value={}):
+             mock.patch.object(resume, "live_instances", return_value={}):
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertEqual(len(self.requests), 2)
@@ -252,6 +266,201 @@ class PowerSaving(unittest.TestCase):
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertNotEqual(self.requests[2]["ClientToken"], self.requests[0]["ClientToken"])
         self.assertEqual(len(self.live()), 1)
+
+
+def aws_error(code, message, operation):
+    return ClientError({"Error": {"Code": code, "Message": message}}, operation)
+
+
+def refuse_long_filters(operation, params):
+    """As AWS does (moto takes any number of values)."""
+    for f in params.get("Filters", []):
+        if len(f["Values"]) > 200:
+            raise aws_error("FilterLimitExceeded",
+                            "The maximum number of filter values specified on a single call is 200", operation)
+
+
+class AwsBehaviour(MotoCluster):
+    """What AWS does and moto does not, played by hooks on every EC2 client the programs make."""
+
+    def setUp(self):
+        super().setUp()
+        self.ec2_calls = []  # (operation, API parameters) of every EC2 call, in order
+        self.pauses = []
+
+    def hooked(self, before=lambda op, params: None, after=lambda op, parsed: None):
+        """boto3 clients whose EC2 calls are recorded, then passed to before(operation, params),
+        which may raise an error instead of moto's answer, and whose answers are passed to
+        after(operation, parsed), which may change them."""
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+
+            def on_call(params, model, **_):
+                self.ec2_calls.append((model.name, dict(params)))
+                before(model.name, params)  # (a value returned here would replace the parameters)
+            c.meta.events.register("provide-client-params.ec2", on_call)
+            c.meta.events.register("after-call.ec2", lambda parsed, model, **_: after(model.name, parsed))
+            return c
+        return mock.patch.object(boto3, "client", client)
+
+    def fake_clock(self):
+        """resume.py's monotonic clock and sleep, a sleep advancing the clock at once (recorded)."""
+        now = [0.0]
+
+        def sleep(seconds):
+            self.pauses.append(seconds)
+            now[0] += seconds
+        fake = mock.Mock(wraps=time, monotonic=lambda: now[0], sleep=sleep, time=time.time)
+        return mock.patch.object(resume, "time", fake)
+
+    def described_by_id(self):
+        return [p["InstanceIds"] for op, p in self.ec2_calls if op == "DescribeInstances" and "InstanceIds" in p]
+
+    @staticmethod
+    def without_address(op, parsed):
+        """RunInstances' answer without the address (moto's always has it, and AWS's normally does)."""
+        if op == "RunInstances":
+            for inst in parsed["Instances"]:
+                inst.pop("PrivateIpAddress", None)
+                inst.pop("PrivateDnsName", None)
+
+    @staticmethod
+    def moto_instance(instance_id):
+        return ec2_backends[DEFAULT_ACCOUNT_ID][REGION].get_instance(instance_id)
+
+    def assert_registered(self, node, inst):
+        self.assertIn(f"update nodename={node} nodeaddr={inst['PrivateIpAddress']} "
+                      f"nodehostname={inst['PrivateDnsName'].split('.')[0]}", self.scontrol_calls())
+
+    def test_the_address_comes_from_the_run_instances_answer(self):
+        with self.hooked(), self.fake_clock():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 0)
+            self.assertEqual(resume.resume(self.cfg, ["gpu-2"]), 0)  # asked again: the instance it has
+        self.assertEqual(self.described_by_id(), [])  # no DescribeInstances to wait for
+        self.assertEqual(self.pauses, [])
+        for node, inst in self.live().items():
+            self.assert_registered(node, inst)
+        self.assertEqual(len(self.live()), 2)
+        gpu2 = self.live()["gpu-2"]
+        self.assertEqual(self.scontrol_calls().count(f"update nodename=gpu-2 nodeaddr={gpu2['PrivateIpAddress']} "
+                                                     f"nodehostname={gpu2['PrivateDnsName'].split('.')[0]}"), 2)
+
+    def test_an_instance_not_yet_known_is_described_again_with_growing_pauses(self):
+        unknown = [3]  # DescribeInstances answers NotFound this many times, as EC2 may just after a launch
+
+        def not_yet(op, params):
+            if op == "DescribeInstances" and "InstanceIds" in params and unknown[0] > 0:
+                unknown[0] -= 1
+                raise aws_error("InvalidInstanceID.NotFound",
+                                f"The instance ID '{params['InstanceIds'][0]}' does not exist", op)
+        with self.hooked(before=not_yet, after=self.without_address), self.fake_clock():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        inst = self.live()["gpu-1"]
+        self.assertEqual(self.described_by_id(), [[inst["InstanceId"]]] * 4)
+        self.assertEqual(self.pauses, [1, 2, 4])
+        self.assert_registered("gpu-1", inst)
+
+    def test_an_instance_never_known_is_terminated_and_its_node_set_down(self):
+        def never(op, params):
+            if op == "DescribeInstances" and "InstanceIds" in params:
+                raise aws_error("InvalidInstanceID.NotFound", "does not exist", op)
+        with self.hooked(before=never, after=self.without_address), self.fake_clock():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 1)
+        self.assertEqual(self.live(), {})  # terminated: it bills no longer
+        self.assertLessEqual(sum(self.pauses), resume.ADDRESS_TIMEOUT)
+        self.assertEqual(max(self.pauses), 15)
+        self.assertGreater(len(self.pauses), 5)
+        downs = [c for c in self.scontrol_calls() if "state=down" in c]
+        self.assertEqual(len(downs), 2)
+        self.assertRegex(downs[0], r"^update nodename=gpu-1 state=down reason=hpctrain: resume failed: "
+                                   r"instance i-\w+ has no address after 120 s$")
+        self.assertEqual(self.state()["launches"], {})  # the next power-up is a new launch
+
+    def test_an_instance_already_going_is_not_waited_for(self):
+        def gone(op, parsed):
+            self.without_address(op, parsed)
+            if op == "RunInstances":  # EC2 could not start it (as with a volume it cannot encrypt)
+                inst = self.moto_instance(parsed["Instances"][0]["InstanceId"])
+                inst.terminate()
+                inst.state_reason.message = "Client.InternalError: Client error on launch"
+        with self.hooked(after=gone), self.fake_clock():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
+        self.assertEqual(self.pauses, [])
+        self.assertRegex(self.scontrol_calls()[-1], r"^update nodename=gpu-1 state=down reason=hpctrain: resume "
+                                                    r"failed: instance i-\w+ is terminated: Client.InternalError")
+
+    @staticmethod
+    def spot_refused(op, params):
+        if op == "RunInstances" and "InstanceMarketOptions" in params:
+            raise aws_error("AuthFailure.ServiceLinkedRoleCreationNotPermitted", "The provided credentials do not "
+                            "have permission to create the service-linked role for EC2 Spot Instances.", op)
+
+    def markets_requested(self):
+        return ["spot" if "InstanceMarketOptions" in p else "on-demand"
+                for op, p in self.ec2_calls if op == "RunInstances"]
+
+    def test_spot_refused_in_the_account_falls_back_to_on_demand_and_cools_spot_down(self):
+        self.cfg.update(market="spot", instance_types=["g5.12xlarge", "g6.12xlarge"],
+                        subnet_ids=[s["SubnetId"] for s in self.subnets[:2]])
+        with self.hooked(before=self.spot_refused):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+            # One spot request (the refusal holds for every type and zone), then on-demand.
+            self.assertEqual(self.markets_requested(), ["spot", "on-demand"])
+            self.assertNotEqual(self.live()["gpu-1"].get("InstanceLifecycle"), "spot")
+            self.assertEqual(list(self.state()["cooldowns"]), ["*|spot|*"])
+            self.assertAlmostEqual(self.state()["cooldowns"]["*|spot|*"], time.time() + 600, delta=30)
+            # While spot cools down, power-ups go to on-demand at once.
+            self.ec2_calls.clear()
+            self.assertEqual(resume.resume(self.cfg, ["gpu-2"]), 0)
+            self.assertEqual(self.markets_requested(), ["on-demand"])
+
+    def test_spot_refused_without_fallback_sets_the_node_down_with_the_reason(self):
+        self.cfg.update(market="spot", spot_fallback=False)
+        with self.hooked(before=self.spot_refused):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
+        self.assertEqual(self.live(), {})
+        self.assertIn("update nodename=gpu-1 state=down reason=hpctrain: resume failed: "
+                      "AuthFailure.ServiceLinkedRoleCreationNotPermitted: The provided credentials",
+                      self.scontrol_calls()[-1])
+        # No choice is left while spot cools down: the cluster manager waits before resuming the node.
+        self.assertEqual(list(self.state()["cooldowns"]), ["*|spot|*"])
+        with hpc_cloud.State(self.cfg["state_file"]) as st:
+            self.assertEqual(resume.available_choices(self.cfg, st, resume.subnet_zones(self.ec2, self.cfg)), [])
+
+    def test_more_than_200_nodes(self):
+        nodes = hpc_cloud.expand_hostlist("gpu-[1-201]")
+        with self.hooked(before=refuse_long_filters):
+            self.assertEqual(resume.resume(self.cfg, nodes), 0)
+            self.assertEqual(len(self.live()), 201)
+            self.assertEqual(suspend.suspend(self.cfg, nodes), 0)
+        self.assertEqual(self.live(), {})
+
+    def test_suspend_refused_still_powers_the_nodes_down(self):
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+
+        def throttled(op, params):
+            if op == "TerminateInstances":
+                raise aws_error("RequestLimitExceeded", "Request limit exceeded.", op)
+        with self.hooked(before=throttled):
+            self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 1)
+        self.assertIn("gpu-1", self.live())  # the cluster manager's, as an orphan
+        self.assertEqual(self.state()["launches"], {})
+        self.assertEqual(self.scontrol_calls()[-1], "update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1")
+
+    def test_a_node_whose_instance_is_shutting_down_gets_a_new_one(self):
+        # Suspended, and powered up again while EC2 still shuts its instance down.
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        old = self.live()["gpu-1"]["InstanceId"]
+        self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 0)
+        self.moto_instance(old)._state.name = "shutting-down"
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        new = self.live()["gpu-1"]
+        self.assertNotEqual(new["InstanceId"], old)
+        self.assert_registered("gpu-1", new)
+        # Nothing of the old one is the node's any more (not to terminate again, not its address).
+        self.assertEqual(hpc_cloud.instances_of(self.ec2, self.cfg, ["gpu-1"]), {"gpu-1": [new["InstanceId"]]})
 
 
 class BadInput(unittest.TestCase):
