@@ -130,7 +130,7 @@ class Cleanup(unittest.TestCase):
         slow, shutting_down = self.shutting_down_slowly()
         with shutting_down:
             self.handler(self.event("Delete"), cfn.LambdaContext(seconds=30))
-        status, _, reason, _ = self.sent[0]
+        status, _, reason, _, _ = self.sent[0]
         self.assertEqual(status, "FAILED")
         self.assertIn(f"instances still there: ['{slow}']", reason)
 
