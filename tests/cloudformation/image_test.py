@@ -4,8 +4,9 @@ paths share, cloudformation/node/prepare_compute.sh.
 moto models no Image Builder resources (no moto.imagebuilder), so the stack is not deployed:
 cfn-lint checks it against CloudFormation's schemas; the component document is parsed as AWSTOE
 reads it (its phases and steps, its fetch the same as cluster.yaml's boot fetch, the revision
-pinned); the build instance's role is evaluated with policy_test.py's evaluator (it may do what
-Image Builder's agent does and nothing more, each statement's scope checked by mutation); and
+pinned), and its fetch and marker check run against a local repository; the build instance's
+role is evaluated with policy_test.py's evaluator (it may do what Image Builder's agent does and
+nothing more, each statement's scope checked by mutation); and
 prepare_compute.sh's decision is run in a fake /opt/hpctrain with fake apt-get, dpkg, curl, cmake,
 git and setup.sh: nothing installed on an image of the node's revision, everything on any other
 (no marker, another revision, an unreadable one), no marker left by a failed install.
@@ -98,6 +99,34 @@ class Stack(unittest.TestCase):
         self.assertEqual(prepare, ["bash /opt/hpctrain/src/cloudformation/node/prepare_compute.sh 'v1.2.3'"])
         marker = self.step("validate", "Marker")["inputs"]["commands"][0]
         self.assertIn("/opt/hpctrain/image.json 'v1.2.3'", marker)
+
+    def test_the_build_steps_run(self):
+        """The Fetch step as AWSTOE runs it (bash), with /opt/hpctrain moved into a temporary
+        directory and a fake apt-get, against a local repository tagged v1.2.3; then the validate
+        step's marker check, against a marker of this revision and of another."""
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        repo, home, bin_dir = (os.path.join(tmp, d) for d in ("repo", "opt/hpctrain", "bin"))
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                   GIT_COMMITTER_EMAIL="t@t", PATH=f"{bin_dir}:{os.environ['PATH']}")
+        os.makedirs(repo)
+        os.makedirs(bin_dir)
+        executable(os.path.join(bin_dir, "apt-get"), "true")
+        for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "r"], ["tag", "v1.2.3"]):
+            subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True, env=env)
+        r = cfn.Resolved(self.template, HpctrainRevision="v1.2.3", HpctrainRepository=repo)
+        phases = {p["name"]: p for p in yaml.safe_load(r.resource("Component")["Properties"]["Data"])["phases"]}
+        fetch = phases["build"]["steps"][0]["inputs"]["commands"][0].replace("/opt/hpctrain", home)
+        run = subprocess.run(["bash", "-c", fetch], capture_output=True, text=True, env=env, check=False)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("hpctrain v1.2.3 (", run.stdout)
+        self.assertTrue(os.path.isdir(os.path.join(home, "src", ".git")))
+        check = phases["validate"]["steps"][0]["inputs"]["commands"][0].splitlines()[1:3]
+        check = "\n".join(check).replace("/opt/hpctrain", home)
+        for revision, code in (("v1.2.3", 0), ("v1.2.2", 1)):
+            with open(os.path.join(home, "image.json"), "w", encoding="utf-8") as f:
+                json.dump({"revision": revision}, f)
+            self.assertEqual(subprocess.run(["bash", "-c", check], capture_output=True, check=False).returncode, code)
 
     def test_the_image_is_built_from_the_clusters_compute_image_and_is_the_output(self):
         self.assertEqual(self.template["Parameters"]["ParentImage"]["Default"],
@@ -203,7 +232,8 @@ FAKE = {
     "cmake": 'echo "cmake $*" >> "$LOG"',
     "git": 'echo 0123456789abcdef0123456789abcdef01234567',
 }
-SETUP = 'echo "setup.sh BUILD_DIR=$BUILD_DIR CMAKE_ARGS=$CMAKE_ARGS" >> "$LOG"; mkdir -p "$BUILD_DIR"; exit "${SETUP_FAILS:-0}"\n'
+SETUP = ('echo "setup.sh BUILD_DIR=$BUILD_DIR CMAKE_ARGS=$CMAKE_ARGS" >> "$LOG"; mkdir -p "$BUILD_DIR"\n'
+         'exit "${SETUP_FAILS:-0}"\n')
 
 
 def executable(path, body):
