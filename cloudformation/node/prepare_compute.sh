@@ -52,7 +52,8 @@ apt-get install -y -q git nfs-common slurmd munge libpmix2 python3-boto3 nftable
 # The CloudWatch agent (the boot's user data installs it first when the image lacks it).
 if [[ ! -x /opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl ]]; then
   agent=$(mktemp --suffix=.deb)
-  curl -fsSL --retry 5 -o "$agent" https://s3.amazonaws.com/amazoncloudwatch-agent/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
+  curl -fsSL --retry 5 -o "$agent" \
+    https://s3.amazonaws.com/amazoncloudwatch-agent/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
   dpkg -i "$agent"
   rm -f "$agent"
 fi
@@ -66,7 +67,7 @@ BUILD_DIR=$build CMAKE_ARGS="-DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON -DHPCTRAIN_N
 cmake --install "$build" --prefix /usr/local > "$build/install.log"
 
 commit=$(git -C "$src" rev-parse HEAD)
-python3 -c 'import json, sys; print(json.dumps({"revision": sys.argv[1], "commit": sys.argv[2], "prepared": sys.argv[3]}))' \
+python3 -c 'import json, sys; print(json.dumps(dict(zip(("revision", "commit", "prepared"), sys.argv[1:]))))' \
   "$revision" "$commit" "$(date -u +%FT%TZ)" > "$marker.tmp"
 mv "$marker.tmp" "$marker"
 echo "prepare_compute.sh: hpctrain $revision ($commit) installed; marker $marker"

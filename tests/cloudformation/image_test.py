@@ -126,7 +126,8 @@ class Stack(unittest.TestCase):
         for revision, code in (("v1.2.3", 0), ("v1.2.2", 1)):
             with open(os.path.join(home, "image.json"), "w", encoding="utf-8") as f:
                 json.dump({"revision": revision}, f)
-            self.assertEqual(subprocess.run(["bash", "-c", check], capture_output=True, check=False).returncode, code)
+            run = subprocess.run(["bash", "-c", check], capture_output=True, text=True, check=False)
+            self.assertEqual(run.returncode, code, run.stderr)
 
     def test_the_image_is_built_from_the_clusters_compute_image_and_is_the_output(self):
         self.assertEqual(self.template["Parameters"]["ParentImage"]["Default"],
