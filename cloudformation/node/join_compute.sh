@@ -4,9 +4,9 @@
 # Settings: /etc/hpctrain/cluster.env (written by the user data, values single-quoted). It
 # learns which Slurm node it stands for and where slurmctld is from its own tags (instance
 # metadata, IMDSv2), mounts /shared (data and checkpoints), installs the munge key from the head
-# node, starts the spot watcher and the watchdog, builds the CUDA hpctrain in
-# /opt/hpctrain/src/build, and starts slurmd, which takes its configuration from slurmctld
-# (configless). slurmctld then sees the node register and starts its job.
+# node, starts the spot watcher and the watchdog, installs the packages and the CUDA hpctrain
+# unless the compute image has them (prepare_compute.sh), and starts slurmd, which takes its
+# configuration from slurmctld (configless). slurmctld then sees the node register and starts its job.
 set -euo pipefail
 # shellcheck source=/dev/null
 . /etc/hpctrain/cluster.env
@@ -73,9 +73,10 @@ if [[ -n "${DATA_ROLE:-}" ]]; then
   systemctl daemon-reload && systemctl enable --now hpctrain-data-credentials
 fi
 
-# The CUDA build on this node's disk. GPU support is required (a build that quietly went
-# CPU-only would train on the CPU), and no -march=native (any of the instance types may run it).
-CMAKE_ARGS="-DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON -DHPCTRAIN_NCCL=ON -DHPCTRAIN_NATIVE=OFF" /opt/hpctrain/src/setup.sh
+# The packages and the CUDA hpctrain: on the compute image made for this revision (its marker,
+# /opt/hpctrain/image.json, names it) nothing to do; on any other image, installed and built now,
+# on billed time (prepare_compute.sh, which the image's build runs too).
+bash "$node_dir/prepare_compute.sh" --if-needed "$REVISION"
 
 # slurmd with its configuration from slurmctld (no slurm.conf here: the packaged unit's
 # condition on one is lifted).
