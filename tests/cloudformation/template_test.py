@@ -339,6 +339,50 @@ class Resolved(unittest.TestCase):
             self.assertEqual(r.resource("PrivateRoute")["Properties"]["NatGatewayId"], r.physical("NatGateway"))
 
 
+class SharedMount(unittest.TestCase):
+    """mount_shared.sh, run with stand-ins for mount, mountpoint, apt-get and git: /shared in
+    fstab once, as efs-utils mounts it (tls,iam: the file-system policy refuses anything else),
+    and efs-utils built from AWS's repository at the pinned tag where the image lacks it."""
+
+    def run_it(self, have_efs_utils):
+        import tempfile
+
+        import cfn
+
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        bin_dir, log = os.path.join(tmp, "bin"), os.path.join(tmp, "log")
+        os.mkdir(bin_dir)
+        fakes = {"mountpoint": "exit 1", "mount": f'echo "mount $*" >> {log}', "apt-get": f'echo "apt-get $*" >> {log}',
+                 # git clone ... DIR: a checkout whose build-deb.sh makes the package
+                 "git": f'echo "git $*" >> {log}; d="${{@: -1}}"; mkdir -p "$d/build"; '
+                        f'printf "#!/bin/sh\ntouch build/amazon-efs-utils-1.36.0-1_all.deb\n" > "$d/build-deb.sh"; chmod +x "$d/build-deb.sh"'}
+        if have_efs_utils:
+            fakes["mount.efs"] = "exit 0"
+        for name, body in fakes.items():
+            with open(os.path.join(bin_dir, name), "w", encoding="utf-8") as f:
+                f.write(f"#!/bin/bash\n{body}\n")
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        fstab, shared = os.path.join(tmp, "fstab"), os.path.join(tmp, "shared")
+        with open(fstab, "w", encoding="utf-8") as f:
+            f.write("LABEL=root / ext4 defaults 0 1\n")
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EFS_ID": "fs-0123456789abcdef0", "FSTAB": fstab, "SHARED": shared}
+        for _ in range(2):  # a second run (cfn-init again) adds nothing
+            subprocess.run(["bash", os.path.join(cfn.NODE_DIR, "mount_shared.sh")], env=env, check=True, timeout=60)
+        with open(fstab, encoding="utf-8") as f, open(log, encoding="utf-8") as g:
+            return f.read().splitlines(), g.read().splitlines(), shared
+
+    def test_mounted_with_tls_and_iam_once(self):
+        fstab, log, shared = self.run_it(have_efs_utils=True)
+        self.assertEqual(fstab[1:], [f"fs-0123456789abcdef0:/ {shared} efs _netdev,tls,iam 0 0"])
+        self.assertEqual(log, [f"mount {shared}"] * 2)
+
+    def test_efs_utils_built_at_the_pinned_tag(self):
+        _, log, _ = self.run_it(have_efs_utils=False)
+        clones = [line for line in log if line.startswith("git clone")]
+        self.assertTrue(clones and all("--branch v1.36.0 https://github.com/aws/efs-utils " in c for c in clones), log)
+        self.assertTrue(any(line.startswith("apt-get") and "amazon-efs-utils-1.36.0-1_all.deb" in line for line in log), log)
+
+
 class MungeKey(unittest.TestCase):
     """The stack generates the munge key in Secrets Manager (moto's CloudFormation does not make
     secrets: checked on the template); fetch_munge_key.py installs it from there, against moto's
