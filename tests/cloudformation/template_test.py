@@ -1,6 +1,6 @@
 """cloudformation/cluster.yaml, offline: cfn-lint finds nothing, and the stack deploys into moto's
 CloudFormation with only KeyName given (and again with spot on), with the resources the cluster
-needs: encrypted EFS with a mount target per subnet, kept when the stack is deleted unless told
+needs: encrypted EFS with one mount target per zone, kept when the stack is deleted unless told
 otherwise; launch templates with IMDSv2, their market options and termination on shutdown; the
 head node's metadata service one hop away; a generated munge key in Secrets Manager; security
 groups open to the outside only for SSH from SshCidr; IAM roles whose policies name actions,
