@@ -31,10 +31,7 @@ apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl nfs-common
 bash "$node_dir/imds_firewall.sh" head
 
 # 2. /shared.
-mkdir -p /shared
-grep -q " /shared " /etc/fstab ||
-  echo "$EFS_ID.efs.$REGION.$URL_SUFFIX:/ /shared nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0" >> /etc/fstab
-until mountpoint -q /shared || mount /shared; do sleep 5; done
+EFS_ID="$EFS_ID" bash "$node_dir/mount_shared.sh"  # TLS and IAM authorisation (efs-utils)
 chmod 1777 /shared
 install -d -o slurm -g slurm -m 0755 /shared/.hpctrain  # the cluster manager's heartbeat
 

@@ -27,10 +27,7 @@ controller=$(tag hpctrain:controller)
 [[ "$controller" =~ ^[A-Za-z0-9.-]+$ ]] || { echo "join_compute.sh: error: bad hpctrain:controller tag '$controller'" >&2; exit 1; }
 echo "$node" > /etc/hpctrain/node-name
 
-mkdir -p /shared
-grep -q " /shared " /etc/fstab ||
-  echo "$EFS_ID.efs.$REGION.$URL_SUFFIX:/ /shared nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0" >> /etc/fstab
-until mountpoint -q /shared || mount /shared; do sleep 5; done
+EFS_ID="$EFS_ID" bash "$node_dir/mount_shared.sh"  # TLS and IAM authorisation (efs-utils)
 
 # The munge key from the head node (export_munge_key.py: a read-only export of a root-only
 # directory to the compute subnets, mountable only from a privileged port): this node's role may

@@ -49,6 +49,9 @@ echo 'DPkg::Lock::Timeout "600";' > "$APT_CONFIG"
 apt-get update -q
 apt-get install -y -q git nfs-common slurmd munge libpmix2 python3-boto3 nftables
 
+# efs-utils, which mounts /shared (mount_shared.sh) with TLS and IAM authorisation.
+"$(dirname "${BASH_SOURCE[0]}")/install_efs_utils.sh"
+
 # The CloudWatch agent (the boot's user data installs it first when the image lacks it).
 if [[ ! -x /opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl ]]; then
   agent=$(mktemp --suffix=.deb)

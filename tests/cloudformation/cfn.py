@@ -148,7 +148,12 @@ class Resolved:
             if fn == "Fn::Select":
                 return self.value(arg[1])[int(self.value(arg[0]))]
             if fn == "Fn::GetAZs":
-                return [f"{REGION}a", f"{REGION}b"]
+                return [f"{REGION}a", f"{REGION}b", f"{REGION}c"]
+            if fn == "Fn::Split":
+                return str(self.value(arg[1])).split(arg[0])
+            if fn == "Fn::EachMemberIn":  # (a Rules function)
+                members, allowed = (self.value(x) for x in arg)
+                return all(m in allowed for m in members)
             if fn == "Fn::Base64":
                 return self.value(arg)
             if fn == "Fn::FindInMap":
@@ -156,7 +161,7 @@ class Resolved:
                 return self.template["Mappings"][a][b][c]
             if fn == "Fn::Equals":
                 a, b = (self.value(x) for x in arg)
-                return a == b
+                return a == b if isinstance(a, list) or isinstance(b, list) else str(a) == str(b)
             if fn == "Fn::Not":
                 return not self.value(arg[0])
             if fn == "Fn::And":

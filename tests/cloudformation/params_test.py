@@ -25,10 +25,12 @@ MALFORMED = {
     "SshCidr": ["0.0.0.0/0", "10.0.0.0/7", "10.0.0.1", "10.0.0.0/33", "10.0.0.0/8; id", "a.b.c.d/8", ""],
     "VpcId": ["vpc-", "vpc-XYZ", "subnet-0a", "vpc-0a b", "vpc-0a'"],
     "PublicSubnetId": ["subnet-", "subnet-0A", "vpc-0a", "subnet-0a;id"],
-    "PrivateSubnetId": ["subnet-", "subnet-0A", "vpc-0a", "subnet-0a$(id)"],
+    "PrivateSubnetId": ["subnet-", "subnet-0A", "vpc-0a", "subnet-0a$(id)", "subnet-0a,vpc-0b", "subnet-0a;subnet-0b"],
     "VpcCidr": ["10.42.0.0/8", "10.42.0.0/25", "10.42.0.0", "10.42.0.0/16\n"],
     "PublicSubnetCidr": ["10.42.0.0/29", "10.42.0.0/15", "x"],
     "PrivateSubnetCidr": ["10.42.0.0/29", "10.42.0.0/15", "x"],
+    "PrivateSubnet2Cidr": ["10.42.0.0/29", "10.42.0.0/15", "x"],
+    "PrivateSubnet3Cidr": ["10.42.0.0/29", "10.42.0.0/15", "x"],
     "ClusterName": ["Hpc", "1hpc", "hpc_train", "a" * 32, "", "hpc;id"],
     "HeadNodeInstanceType": ["c6i", "C6i.xlarge", "c6i.xlarge;id", ".xlarge", "c6i..xlarge"],
     "ComputeInstanceTypes": ["g5", "G5.12xlarge", "g5.12xlarge ", "g5.12xlarge;reboot", ""],
@@ -45,6 +47,7 @@ MALFORMED = {
 }
 GOOD = {"SshCidr": "203.0.113.7/32", "VpcId": "vpc-0a1b", "PublicSubnetId": "subnet-0a1b", "PrivateSubnetId": "subnet-0c",
         "VpcCidr": "10.1.0.0/16", "PublicSubnetCidr": "10.1.0.0/24", "PrivateSubnetCidr": "10.1.16.0/20",
+        "PrivateSubnet2Cidr": "10.1.32.0/20", "PrivateSubnet3Cidr": "10.1.48.0/20",
         "ClusterName": "my-cluster", "HeadNodeInstanceType": "m7i-flex.large", "ComputeInstanceTypes": "p4d.24xlarge",
         "HpctrainRepository": "https://git.example.org:8443/team/hpctrain.git", "HpctrainRevision": "0123456789abcdef0123456789abcdef01234567",
         "DataBucket": "my.datasets-1", "ResultsPrefix": "results/run_1/", "HeadNodeAmi": "ami-0123456789abcdef0",
@@ -116,6 +119,8 @@ class Patterns(unittest.TestCase):
         self.assertEqual(refused(VpcId="vpc-0a", PublicSubnetId="subnet-0a"), ["ExistingVpcNeedsBothSubnets"])
         self.assertEqual(refused(VpcId="vpc-0a"), ["ExistingVpcNeedsBothSubnets"])
         self.assertEqual(refused(PrivateSubnetId="subnet-0b"), ["NewVpcTakesNoSubnets"])
+        self.assertEqual(refused(VpcId="vpc-0a", PublicSubnetId="subnet-0a", PrivateSubnetId="subnet-0b,subnet-0c,subnet-0d"), [])
+        self.assertEqual(refused(PrivateSubnetId="subnet-0b,subnet-0c"), ["NewVpcTakesNoSubnets"])
 
 
 def shell_scripts(template):

@@ -81,20 +81,33 @@ def condition_holds(op, key, wanted, ctx):
     return any(compare(op.removesuffix("IfExists"), w, h) for w in wanted for h in listify(have))
 
 
-def applies(st, action, resource, ctx):
+def principal_matches(st, principal):
+    """A resource policy's Principal: "*", or {"AWS": ARNs}, of which a role's ARN covers its
+    sessions (an instance's credentials). An identity policy (no Principal) applies to its role."""
+    if "Principal" not in st:
+        return True
+    given = st["Principal"] if st["Principal"] == "*" else st["Principal"].get("AWS", [])
+    return "*" in listify(given) or (principal is not None and principal in listify(given))
+
+
+def applies(st, action, resource, ctx, principal=None):
     if not any(glob(a, action, case=False) for a in listify(st["Action"])):
         return False
-    if not any(glob(r, resource) for r in listify(st["Resource"])):
+    # (a statement of a resource's own policy without Resource is about that resource)
+    if "Resource" in st and not any(glob(r, resource) for r in listify(st["Resource"])):
+        return False
+    if not principal_matches(st, principal):
         return False
     return all(condition_holds(op, key, wanted, ctx)
                for op, keys in st.get("Condition", {}).items() for key, wanted in keys.items())
 
 
-def allowed(statements, action, resource, ctx=None):
+def allowed(statements, action, resource, ctx=None, principal=None):
+    """Whether `principal` (None: an anonymous client, for a resource policy) may."""
     ctx = ctx or {}
-    if any(st["Effect"] == "Deny" and applies(st, action, resource, ctx) for st in statements):
+    if any(st["Effect"] == "Deny" and applies(st, action, resource, ctx, principal) for st in statements):
         return False
-    return any(st["Effect"] == "Allow" and applies(st, action, resource, ctx) for st in statements)
+    return any(st["Effect"] == "Allow" and applies(st, action, resource, ctx, principal) for st in statements)
 
 
 # ------------------------------------------------------------------------- what is asked
@@ -374,7 +387,7 @@ def mutations(statement):
             if not m["Condition"][op]:
                 del m["Condition"][op]
             yield f"without its {op} {key} condition", m
-    if listify(statement["Resource"]) != ["*"]:
+    if "Resource" in statement and listify(statement["Resource"]) != ["*"]:
         yield "with Resource *", {**copy.deepcopy(statement), "Resource": "*"}
     services = sorted({a.split(":")[0] for a in listify(statement["Action"])})
     widened = [f"{s}:*" for s in services]
@@ -394,6 +407,32 @@ class Policies(unittest.TestCase):
             with self.subTest(name):
                 r = cfn.Resolved(self.template, **params)
                 self.assertEqual(failures(r, r.role_policies()), [])
+
+    def test_a_power_up_may_go_into_each_compute_subnet_and_no_other(self):
+        """Every compute subnet in every zone (a new VPC's ComputeZones, or an existing VPC's list)
+        is in cloud.json, in order, and a power-up into each is allowed; one into another subnet,
+        even a subnet of the same VPC (the head node's), is refused (cases(): another subnet)."""
+        existing = {"VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a"}
+        for name, params, subnets in (
+                ("a new VPC, 1 zone", {"ComputeZones": "1"}, ["PrivateSubnet"]),
+                ("a new VPC, the default", {}, ["PrivateSubnet", "PrivateSubnet2"]),
+                ("a new VPC, 3 zones", {**FULL, "ComputeZones": "3"}, ["PrivateSubnet", "PrivateSubnet2", "PrivateSubnet3"]),
+                ("an existing VPC, 1 subnet", {**existing, "PrivateSubnetId": "subnet-0b"}, ["subnet-0b"]),
+                ("an existing VPC, 2 subnets", {**existing, "PrivateSubnetId": "subnet-0b,subnet-0c"}, ["subnet-0b", "subnet-0c"]),
+                ("an existing VPC, 3 subnets", {**existing, **FULL, "PrivateSubnetId": "subnet-0b,subnet-0c,subnet-0d"},
+                 ["subnet-0b", "subnet-0c", "subnet-0d"])):
+            with self.subTest(name):
+                r = cfn.Resolved(self.template, **params)
+                want = [s if s.startswith("subnet-0") else r.physical(s) for s in subnets]
+                self.assertEqual(head_node_config(r)["subnet_ids"], want)
+                ups = power_ups(r)
+                self.assertEqual(sorted({u["NetworkInterfaces"][0]["SubnetId"] for u in ups}), sorted(want))
+                self.assertEqual(failures(r, r.role_policies()), [])
+                policies = r.role_policies()["HeadNodeRole"]
+                for subnet in want + ["subnet-0other", r.physical("PublicSubnet") if r.conditions["CreateVpc"] else "subnet-0a"]:
+                    self.assertEqual(allowed(policies, "ec2:RunInstances", f"{ARN}:subnet/{subnet}",
+                                             {"ec2:LaunchTemplate": f"{ARN}:launch-template/{r.physical('ComputeLaunchTemplate')}",
+                                              "ec2:IsLaunchTemplateResource": "false"}), subnet in want, subnet)
 
     def test_the_power_up_tags_every_resource_it_creates(self):
         r = cfn.Resolved(self.template, **FULL)
@@ -441,6 +480,102 @@ class Policies(unittest.TestCase):
         self.assertFalse(condition_holds("Null", "k", "false", {}))
         deny = {**st, "Effect": "Deny", "Condition": {}}
         self.assertFalse(allowed([st, deny], "ec2:RunInstances", "arn:x:volume/*", {"aws:RequestTag/k": "v"}))
+
+
+# ------------------------------------------------------------------------- the file system's policy
+def file_system_policies(r):
+    """{file system logical id: statements} of the EFS file systems the template holds (both,
+    whichever SharedStorageDeletionPolicy makes: they must be the same)."""
+    return {k: r.value(copy.deepcopy(v["Properties"]["FileSystemPolicy"]))["Statement"]
+            for k, v in r.template["Resources"].items() if v["Type"] == "AWS::EFS::FileSystem"}
+
+
+def file_system_cases(r):
+    """(what, principal, [(action, context)], whether allowed): an NFS client's requests to the
+    file system as efs-utils sends them (tls: aws:SecureTransport true; iam: the role's
+    credentials, or none without it)."""
+    head, compute = r.attribute("HeadNodeRole", "Arn"), r.attribute("ComputeRole", "Arn")
+    other = f"arn:aws:iam::{cfn.ACCOUNT}:role/{cfn.STACK}-SomeoneElse-X1"
+    tls, plain = {"aws:SecureTransport": "true"}, {"aws:SecureTransport": "false"}
+    mount = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    return [
+        ("head node: mount, write and root over TLS", head, [(a, tls) for a in mount + ["elasticfilesystem:ClientRootAccess"]], True),
+        ("compute node: mount and write over TLS", compute, [(a, tls) for a in mount], True),
+        ("compute node: root (squashed instead)", compute, [("elasticfilesystem:ClientRootAccess", tls)], False),
+        ("head node: mount without TLS", head, [("elasticfilesystem:ClientMount", plain)], False),
+        ("compute node: mount without TLS", compute, [("elasticfilesystem:ClientMount", plain)], False),
+        ("compute node: write without TLS", compute, [("elasticfilesystem:ClientWrite", plain)], False),
+        ("another role: mount over TLS", other, [("elasticfilesystem:ClientMount", tls)], False),
+        ("another role: root over TLS", other, [("elasticfilesystem:ClientRootAccess", tls)], False),
+        ("a client without IAM (anonymous): mount over TLS", None, [("elasticfilesystem:ClientMount", tls)], False),
+        ("head node: delete the file system", head, [("elasticfilesystem:DeleteFileSystem", tls)], False),
+        ("compute node: change the file system's policy", compute, [("elasticfilesystem:PutFileSystemPolicy", tls)], False),
+    ]
+
+
+def file_system_failures(r, statements):
+    bad = []
+    for what, principal, requests, expected in file_system_cases(r):
+        got = all(allowed(statements, action, "", ctx, principal) for action, ctx in requests)
+        if got != expected:
+            bad.append(f"{what}: {'allowed' if got else 'refused'}")
+    return bad
+
+
+def file_system_mutations(statement):
+    """mutations() and, for a resource policy, the statement gone and its principal widened."""
+    yield "removed", None
+    yield from mutations(statement)
+    if statement.get("Principal") not in ("*", {"AWS": "*"}):
+        yield "with Principal *", {**copy.deepcopy(statement), "Principal": {"AWS": "*"}}
+
+
+class FileSystemPolicy(unittest.TestCase):
+    """The EFS file system's policy, evaluated as a resource policy (principal, aws:SecureTransport)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.template = cfn.load_template()
+
+    def test_both_file_systems_have_the_same_policy_and_backups(self):
+        r = cfn.Resolved(self.template)
+        found = file_system_policies(r)
+        self.assertEqual(sorted(found), ["DisposableSharedFileSystem", "SharedFileSystem"])
+        self.assertEqual(found["SharedFileSystem"], found["DisposableSharedFileSystem"])
+        for logical in found:
+            self.assertEqual(r.resource(logical)["Properties"]["BackupPolicy"], {"Status": "ENABLED"}, logical)
+
+    def test_only_the_nodes_roles_over_tls_and_root_on_the_head_only(self):
+        for name, params in (("defaults", {}), ("deleted with the stack", {"SharedStorageDeletionPolicy": "Delete"})):
+            with self.subTest(name):
+                r = cfn.Resolved(self.template, **params)
+                for logical, statements in file_system_policies(r).items():
+                    self.assertEqual(file_system_failures(r, statements), [], logical)
+
+    def test_every_statement_is_checked(self):
+        """Each statement removed, each condition removed, the action widened, the principal
+        widened: each makes a case fail."""
+        r = cfn.Resolved(self.template)
+        statements = file_system_policies(r)["SharedFileSystem"]
+        uncaught, tried = [], 0
+        for i, statement in enumerate(statements):
+            for what, mutated in file_system_mutations(statement):
+                planted = [s for j, s in enumerate(statements) if j != i] + ([mutated] if mutated else [])
+                tried += 1
+                if not file_system_failures(r, planted):
+                    uncaught.append(f"{statement.get('Sid', i)} {what}")
+        self.assertEqual(uncaught, [], "\n".join(uncaught))
+        self.assertGreaterEqual(tried, 8)
+
+    def test_the_evaluator_knows_principals_and_secure_transport(self):
+        role = f"arn:aws:iam::{cfn.ACCOUNT}:role/a"
+        st = {"Effect": "Allow", "Principal": {"AWS": [role]}, "Action": "elasticfilesystem:ClientMount"}
+        deny = {"Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+        self.assertTrue(allowed([st, deny], "elasticfilesystem:ClientMount", "", {"aws:SecureTransport": "true"}, role))
+        self.assertFalse(allowed([st, deny], "elasticfilesystem:ClientMount", "", {"aws:SecureTransport": "false"}, role))
+        self.assertFalse(allowed([st], "elasticfilesystem:ClientMount", "", {}, role + "b"))
+        self.assertFalse(allowed([st], "elasticfilesystem:ClientMount", "", {}, None))
+        self.assertTrue(allowed([{**st, "Principal": "*"}], "elasticfilesystem:ClientMount", "", {}, None))
 
 
 if __name__ == "__main__":

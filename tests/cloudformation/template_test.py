@@ -1,6 +1,6 @@
 """cloudformation/cluster.yaml, offline: cfn-lint finds nothing, and the stack deploys into moto's
 CloudFormation with only KeyName given (and again with spot on), with the resources the cluster
-needs: encrypted EFS with a mount target per subnet, kept when the stack is deleted unless told
+needs: encrypted EFS with one mount target per zone, kept when the stack is deleted unless told
 otherwise; launch templates with IMDSv2, their market options and termination on shutdown; the
 head node's metadata service one hop away; a generated munge key in Secrets Manager; security
 groups open to the outside only for SSH from SshCidr; IAM roles whose policies name actions,
@@ -116,7 +116,7 @@ class HeadNodeSettings(unittest.TestCase):
         self.assertEqual(cfg["fallback_launch_template_id"], r.physical("ComputeOnDemandLaunchTemplate"))
         self.assertEqual((cfg["market"], cfg["spot_fallback"], cfg["efa"]), ("spot", True, False))
         self.assertEqual(cfg["instance_types"], ["p5.48xlarge", "p4d.24xlarge"])
-        self.assertEqual(cfg["subnet_ids"], [r.physical("PrivateSubnet")])
+        self.assertEqual(cfg["subnet_ids"], [r.physical("PrivateSubnet"), r.physical("PrivateSubnet2")])
         self.assertEqual(cfg["security_group_ids"], [r.physical("ComputeSecurityGroup")])
 
 
@@ -266,12 +266,121 @@ class Resolved(unittest.TestCase):
             return seen
 
         launch_templates = [k for k, v in resources.items() if v["Type"] == "AWS::EC2::LaunchTemplate"]
-        used = closure(launch_templates) | {"PrivateSubnet", "ComputeSecurityGroup", "PrivateRoute", "NatGateway",
-                                            "PrivateMountTarget"}
+        used = closure(launch_templates) | {"PrivateSubnet", "PrivateSubnet2", "PrivateSubnet3", "ComputeSecurityGroup",
+                                            "PrivateRoute", "NatGateway", "PrivateMountTarget", "PrivateMountTarget2",
+                                            "PrivateMountTarget3", "PublicMountTarget"}
         missing = used - closure(["InstanceCleanup"])
         self.assertEqual(missing, set())
         self.assertIn("InstanceCleanup", resources["HeadNode"]["DependsOn"])
 
+
+    def test_the_head_node_gets_a_public_address(self):
+        """Without one it never reaches cfn-signal's endpoint (the stack waits 45 minutes): a new
+        VPC's public subnet maps one at launch; in an existing VPC, whose public subnet may not,
+        the head node asks for one on its interface."""
+        import cfn
+
+        template = cfn.load_template()
+        r = cfn.Resolved(template)
+        props = r.resource("HeadNode")["Properties"]
+        self.assertEqual(props["SubnetId"], r.physical("PublicSubnet"))
+        self.assertIs(r.resource("PublicSubnet")["Properties"]["MapPublicIpOnLaunch"], True)
+        r = cfn.Resolved(template, VpcId="vpc-0a", PublicSubnetId="subnet-0a", PrivateSubnetId="subnet-0b")
+        props = r.resource("HeadNode")["Properties"]
+        self.assertNotIn("SubnetId", props)
+        self.assertEqual(props["NetworkInterfaces"], [{"DeviceIndex": "0", "AssociatePublicIpAddress": True,
+                                                       "DeleteOnTermination": True, "SubnetId": "subnet-0a",
+                                                       "GroupSet": [r.physical("HeadNodeSecurityGroup")]}])
+
+    def test_a_mount_target_in_every_zone_of_a_node(self):
+        """EFS takes one mount target per zone: every compute subnet's zone and the head node's
+        has exactly one (in a new VPC the second compute subnet shares the head node's zone and
+        its mount target; an existing VPC's subnets each get their own)."""
+        import cfn
+
+        template = cfn.load_template()
+        existing = {"VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a"}
+        for params, zones in (({"ComputeZones": "1"}, 2), ({}, 2), ({"ComputeZones": "3"}, 3),
+                              ({**existing, "PrivateSubnetId": "subnet-0b"}, 2),
+                              ({**existing, "PrivateSubnetId": "subnet-0b,subnet-0c,subnet-0d"}, 4)):
+            with self.subTest(params=params):
+                r = cfn.Resolved(template, **params)
+
+                def zone(subnet):  # a new VPC's subnet's zone; an existing VPC's subnets are each in their own
+                    logical = next((k for k in template["Resources"] if r.exists(k) and r.physical(k) == subnet), None)
+                    return r.resource(logical)["Properties"]["AvailabilityZone"] if logical else subnet
+                mount_targets = [k for k, v in template["Resources"].items() if v["Type"] == "AWS::EFS::MountTarget" and r.exists(k)]
+                targets = [r.resource(k)["Properties"]["SubnetId"] for k in mount_targets]
+                target_zones = [zone(t) for t in targets]
+                self.assertEqual(len(set(target_zones)), len(target_zones), "two mount targets in one zone")
+                self.assertEqual(len(target_zones), zones)
+                head = r.resource("HeadNode")["Properties"]
+                nodes = [head.get("SubnetId") or head["NetworkInterfaces"][0]["SubnetId"]]
+                files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["settings"]["files"]
+                nodes += json.loads(files["/etc/hpctrain/cloud.json"]["content"])["subnet_ids"]
+                self.assertEqual({zone(n) for n in nodes} - set(target_zones), set())
+                uses = set(r.resource("InstanceCleanup")["Properties"]["Uses"])
+                # (deleted only after the compute instances: the cleanup names them)
+                self.assertEqual(({r.physical(k) for k in mount_targets} | set(nodes[1:])) - uses, set())
+
+    def test_every_compute_subnet_routes_out_through_the_nat_gateway(self):
+        import cfn
+
+        template = cfn.load_template()
+        for zones in ("1", "2", "3"):
+            r = cfn.Resolved(template, ComputeZones=zones)
+            files = r.resource("HeadNode")["Metadata"]["AWS::CloudFormation::Init"]["settings"]["files"]
+            subnets = json.loads(files["/etc/hpctrain/cloud.json"]["content"])["subnet_ids"]
+            self.assertEqual(len(subnets), int(zones))
+            routed = {r.resource(k)["Properties"]["SubnetId"] for k, v in template["Resources"].items()
+                      if v["Type"] == "AWS::EC2::SubnetRouteTableAssociation" and r.exists(k)
+                      and r.resource(k)["Properties"]["RouteTableId"] == r.physical("PrivateRouteTable")}
+            self.assertEqual(routed, set(subnets), zones)
+            self.assertEqual(r.resource("PrivateRoute")["Properties"]["NatGatewayId"], r.physical("NatGateway"))
+
+
+class SharedMount(unittest.TestCase):
+    """mount_shared.sh, run with stand-ins for mount, mountpoint, apt-get and git: /shared in
+    fstab once, as efs-utils mounts it (tls,iam: the file-system policy refuses anything else),
+    and efs-utils built from AWS's repository at the pinned tag where the image lacks it."""
+
+    def run_it(self, have_efs_utils):
+        import tempfile
+
+        import cfn
+
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        bin_dir, log = os.path.join(tmp, "bin"), os.path.join(tmp, "log")
+        os.mkdir(bin_dir)
+        fakes = {"mountpoint": "exit 1", "mount": f'echo "mount $*" >> {log}', "apt-get": f'echo "apt-get $*" >> {log}',
+                 # git clone ... DIR: a checkout whose build-deb.sh makes the package
+                 "git": f'echo "git $*" >> {log}; d="${{@: -1}}"; mkdir -p "$d/build"; '
+                        f'printf "#!/bin/sh\ntouch build/amazon-efs-utils-1.36.0-1_all.deb\n" > "$d/build-deb.sh"; chmod +x "$d/build-deb.sh"'}
+        if have_efs_utils:
+            fakes["mount.efs"] = "exit 0"
+        for name, body in fakes.items():
+            with open(os.path.join(bin_dir, name), "w", encoding="utf-8") as f:
+                f.write(f"#!/bin/bash\n{body}\n")
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        fstab, shared = os.path.join(tmp, "fstab"), os.path.join(tmp, "shared")
+        with open(fstab, "w", encoding="utf-8") as f:
+            f.write("LABEL=root / ext4 defaults 0 1\n")
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EFS_ID": "fs-0123456789abcdef0", "FSTAB": fstab, "SHARED": shared}
+        for _ in range(2):  # a second run (cfn-init again) adds nothing
+            subprocess.run(["bash", os.path.join(cfn.NODE_DIR, "mount_shared.sh")], env=env, check=True, timeout=60)
+        with open(fstab, encoding="utf-8") as f, open(log, encoding="utf-8") as g:
+            return f.read().splitlines(), g.read().splitlines(), shared
+
+    def test_mounted_with_tls_and_iam_once(self):
+        fstab, log, shared = self.run_it(have_efs_utils=True)
+        self.assertEqual(fstab[1:], [f"fs-0123456789abcdef0:/ {shared} efs _netdev,tls,iam 0 0"])
+        self.assertEqual(log, [f"mount {shared}"] * 2)
+
+    def test_efs_utils_built_at_the_pinned_tag(self):
+        _, log, _ = self.run_it(have_efs_utils=False)
+        clones = [line for line in log if line.startswith("git clone")]
+        self.assertTrue(clones and all("--branch v1.36.0 https://github.com/aws/efs-utils " in c for c in clones), log)
+        self.assertTrue(any(line.startswith("apt-get") and "amazon-efs-utils-1.36.0-1_all.deb" in line for line in log), log)
 
 
 class MungeKey(unittest.TestCase):
@@ -534,6 +643,36 @@ class Deploy(unittest.TestCase):
         outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
         self.assertEqual(outputs["SharedFileSystemId"], self.ids["DisposableSharedFileSystem"])
         self.assertNotIn("SharedFileSystem", self.ids)
+
+    def mount_targets(self):
+        efs = boto3.client("efs", region_name=REGION)
+        fs = self.ids.get("SharedFileSystem") or self.ids["DisposableSharedFileSystem"]
+        return {t["SubnetId"]: t["AvailabilityZoneName"] for t in efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]}
+
+    def test_three_zones(self):
+        """A new VPC's compute subnets in three zones, each zone with one mount target (moto
+        refuses a second in a zone, as EFS does)."""
+        self.deploy(ComputeZones="3")
+        private = [self.ids[k] for k in ("PrivateSubnet", "PrivateSubnet2", "PrivateSubnet3")]
+        subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in self.ec2.describe_subnets(SubnetIds=private)["Subnets"]}
+        self.assertEqual(len(set(subnets.values())), 3)
+        targets = self.mount_targets()
+        self.assertEqual(len(targets), 3)
+        self.assertEqual(set(subnets.values()), set(targets.values()))
+        table = self.ec2.describe_route_tables(RouteTableIds=[self.ids["PrivateRouteTable"]])["RouteTables"][0]
+        # (moto records no subnet's route table association: Resolved checks them on the template)
+
+    def test_an_existing_vpc(self):
+        """Into an existing VPC (subnets in three zones): each subnet gets its mount target."""
+        vpc = self.ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+        zones = [z["ZoneName"] for z in self.ec2.describe_availability_zones()["AvailabilityZones"]][:3]
+        public, *private = [self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
+                            for i, z in enumerate(zones)]
+        self.deploy(VpcId=vpc, PublicSubnetId=public, PrivateSubnetId=",".join(private))
+        self.assertEqual(sorted(self.mount_targets()), sorted([public, *private]))
+        self.assertNotIn("Vpc", self.ids)
+        # (moto's head node ignores its NetworkInterfaces: its public address is checked on the
+        # template, Resolved.test_the_head_node_gets_a_public_address)
 
     def test_spot(self):
         self.deploy(Market="spot", DataBucket="my-datasets", ResultsPrefix="results/")
