@@ -682,8 +682,7 @@ class Deploy(unittest.TestCase):
         iam = boto3.client("iam", region_name=REGION)
         self.assertEqual(sorted(iam.list_role_policies(RoleName=self.ids["ComputeRole"])["PolicyNames"]),
                          ["compute-node", "data-role"])
-        # (moto makes no policy under a condition that names another condition: HasResults)
-        self.assertIn("data", iam.list_role_policies(RoleName=self.ids["DataRole"])["PolicyNames"])
+        self.assertEqual(sorted(iam.list_role_policies(RoleName=self.ids["DataRole"])["PolicyNames"]), ["data", "results"])
 
 
 if __name__ == "__main__":
