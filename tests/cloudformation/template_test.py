@@ -223,6 +223,54 @@ class Resolved(unittest.TestCase):
                         if logical != "HeadNode":
                             self.assertIs(mapping["Ebs"]["DeleteOnTermination"], True)
 
+    def test_a_compute_node_ships_its_logs_first_and_shuts_down_on_a_bootstrap_error(self):
+        """Both launch templates' user data, run by bash in a scratch root with fake installers:
+        the CloudWatch agent is set up before anything that can fail, and a failed step (here the
+        packages' install, or hpctrain's fetch on the compute image) shuts the instance down (which
+        the templates make a termination) instead of leaving it to bill until ResumeTimeout."""
+        import tempfile
+
+        import cfn
+
+        r = cfn.Resolved(cfn.load_template())
+        for logical in ("ComputeLaunchTemplate", "ComputeOnDemandLaunchTemplate"):
+            script = r.resource(logical)["Properties"]["LaunchTemplateData"]["UserData"]
+            for image, failing in ((False, "apt-get"), (True, "git")):
+                with self.subTest(template=logical, image=image), tempfile.TemporaryDirectory() as root:
+                    text = script
+                    for path in ("/etc/hpctrain", "/opt/", "/var/log/hpctrain-bootstrap.log", "/tmp/cwagent.deb"):
+                        text = text.replace(path, root + path)
+                    fakes, log = os.path.join(root, "bin"), os.path.join(root, "calls")
+                    agent = os.path.join(root, "opt/aws/amazon-cloudwatch-agent")
+                    os.makedirs(os.path.join(agent, "etc"))
+                    os.makedirs(os.path.join(agent, "bin"))
+                    os.makedirs(fakes)
+                    os.makedirs(os.path.join(root, "var/log"))
+                    if image:
+                        os.makedirs(os.path.join(root, "opt/hpctrain"), exist_ok=True)
+                        open(os.path.join(root, "opt/hpctrain/image.json"), "w", encoding="utf-8").close()
+                    for name in ("curl", "dpkg", "apt-get", "git", "sleep", "shutdown", "amazon-cloudwatch-agent-ctl"):
+                        where = os.path.join(agent, "bin") if name.endswith("-ctl") else fakes
+                        code = 1 if name == failing else 0
+                        with open(os.path.join(where, name), "w", encoding="utf-8") as f:
+                            f.write(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit {code}\n')
+                        os.chmod(os.path.join(where, name), 0o755)
+                    run = subprocess.run(["bash", "-c", text], capture_output=True, text=True, check=False, timeout=60,
+                                         env={**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}"})
+                    with open(log, encoding="utf-8") as f:
+                        calls = [line.split()[0] for line in f]
+                    self.assertEqual(calls[-2:], ["sleep", "shutdown"], run.stdout + run.stderr)
+                    with open(log, encoding="utf-8") as f:
+                        self.assertTrue(f.read().endswith("sleep 60\nshutdown -h now\n"))
+                    self.assertEqual(calls.count("shutdown"), 1)
+                    self.assertIn(failing, calls)
+                    self.assertLess(calls.index("amazon-cloudwatch-agent-ctl"), calls.index(failing))
+                    installs = ["curl", "dpkg", "apt-get"]
+                    self.assertEqual([c for c in calls if c in installs], [] if image else ["curl", "dpkg", "apt-get"])
+                    with open(os.path.join(agent, "etc", "amazon-cloudwatch-agent.json"), encoding="utf-8") as f:
+                        streams = [c["log_stream_name"] for c in json.load(f)["logs"]["logs_collected"]["files"]["collect_list"]]
+                    self.assertEqual(streams, ["{instance_id}/bootstrap", "{instance_id}/slurmd", "{instance_id}/syslog"])
+
     def test_the_cleanup_outlives_nothing_compute_instances_use(self):
         """On deletion CloudFormation deletes a resource only after everything that depends on it:
         whatever a compute instance uses (its launch templates and all they name, its subnet,
@@ -637,6 +685,23 @@ class Deploy(unittest.TestCase):
         self.assertFalse(stack_policy_allows(stack_policy, "Update:Replace", "HeadNode"))
         self.assertTrue(stack_policy_allows(stack_policy, "Update:Modify", "HeadNode"))
         self.assertEqual(self.cfn.get_stack_policy(StackName="hpc").get("StackPolicyBody"), json.dumps(stack_policy))
+
+    def test_a_second_stack_with_the_defaults(self):
+        """Two clusters with the defaults in one account and region: nothing of one is named from a
+        parameter both share (the log group was named from ClusterName and the second failed)."""
+        self.deploy()
+        with open(TEMPLATE, encoding="utf-8") as f:
+            body = f.read()
+        import cfn
+
+        lists = {k: p["Default"] for k, p in cfn.load_template()["Parameters"].items() if p["Type"] == "CommaDelimitedList"}
+        parameters = [{"ParameterKey": k, "ParameterValue": v} for k, v in {"KeyName": "mykey", **lists}.items()]
+        self.cfn.create_stack(StackName="hpc2", TemplateBody=body, Parameters=parameters, Capabilities=["CAPABILITY_IAM"])
+        self.custom_resources.deliver()
+        stack = self.cfn.describe_stacks(StackName="hpc2")["Stacks"][0]
+        self.assertEqual(stack["StackStatus"], "CREATE_COMPLETE", stack.get("StackStatusReason"))
+        groups = boto3.client("logs", region_name=REGION).describe_log_groups(logGroupNamePrefix="/hpctrain/")["logGroups"]
+        self.assertEqual(sorted(g["logGroupName"] for g in groups), ["/hpctrain/hpc", "/hpctrain/hpc2"])
 
     def test_storage_deletion_policy(self):
         stack = self.deploy(SharedStorageDeletionPolicy="Delete")
