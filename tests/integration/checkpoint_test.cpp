@@ -201,8 +201,8 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
 // of one never interrupted: 2 epochs of 100 steps, checkpoints every 25, resumed from step 150
 // (the state a kill after step 155 leaves), so the last 50 steps run on the new world size
 // (batch-norm statistics then come from other per-rank batches; everything else is the same
-// computation). Evaluated on all 10000
-// test images; over seeds 1 to 4 the differences were at most 0.32 points.
+// computation). Evaluated on all 10000 test images; over seeds 1 to 4 the differences were at
+// most 0.32 points.
 TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
   const std::vector<std::string> base{"--train-samples", "6400",    "--epochs",     "2",
                                       "--global-batch-size", "64",  "--threads",    "1",
@@ -215,7 +215,8 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
       return extra;
     };
     const std::string ck = dir_.file("acc" + tag);
-    // From the checkpoints on shared storage (the hosts' snapshots would resume at step 155).
+    // From the checkpoints on shared storage alone, as the killed run's resume would be (its
+    // hosts' snapshots would have resumed it at step 155).
     const auto checkpointed =
         with({"--checkpoint-dir", ck, "--checkpoint-every-steps", "25", "--snapshot-every-steps", "0"});
     // The uninterrupted run leaves the checkpoints of steps 150, 175 and 200. Without the last two,
