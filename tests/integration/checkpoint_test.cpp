@@ -100,17 +100,24 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
 }
 
 // SIGTERM (or SIGUSR1, SIGUSR2 as submitit sends, SIGHUP) on one rank: every rank stops at the
-// same step boundary, rank 0 checkpoints there, all exit with 75 ("checkpointed, requeue me");
-// the resumed job ends bit-exactly where an uninterrupted one does.
+// same step boundary, rank 0 checkpoints there, all exit with 75 ("checkpointed, requeue me").
+// One job takes the four stops in turn, each run resumed from the one before's stop checkpoint
+// (no periodic checkpoints: only the stop's), and the last ends bit-exactly where an
+// uninterrupted one does: a stop or resume that lost or changed anything would show there.
 TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
   const JsonObject want = uninterrupted(2);
-  for (const char* how : {"13@1", "17@0:usr1", "11@1:usr2", "19@0:hup"}) {
+  const std::string ck = dir_.file("sig");
+  auto stop_only = job(ck, dir_.file("s1.jsonl"));
+  std::replace(stop_only.begin(), stop_only.end(), std::string("--checkpoint-every-steps"),
+               std::string("--keep-checkpoints"));
+  int64_t resumed_from = -1;  // the first run starts afresh
+  for (const char* how : {"11@1:usr2", "13@1", "17@0:usr1", "19@0:hup"}) {
     SCOPED_TRACE(how);
-    const std::string ck = dir_.file(std::string("sig") + how[0] + how[1]);
+    const std::string m = dir_.file(std::string("s") + how[0] + how[1] + ".jsonl");
+    auto args = stop_only;
+    *(std::find(args.begin(), args.end(), "--metrics-file") + 1) = m;
     setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", how, 1);
-    auto args = job(ck, dir_.file("s1.jsonl"));
-    std::replace(args.begin(), args.end(), std::string("--checkpoint-every-steps"), std::string("--keep-checkpoints"));
-    const RunResult stopped = run_mpi(2, args);  // no periodic checkpoints: only the one for the signal
+    const RunResult stopped = run_mpi(2, args);
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
     EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
     EXPECT_EQ(count_of(stopped.err, "stopped on request"), 1) << stopped.err;
@@ -119,12 +126,19 @@ TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
     EXPECT_EQ(count_of(stopped.err, "stopped on request (" + signal + " to rank "), 1) << stopped.err;
     const int64_t at = std::atoll(how);
     EXPECT_TRUE(fs::exists(ck + "/" + "ckpt-0000000" + std::to_string(at) + ".hpck")) << stopped.err;
-    const std::string m = dir_.file("s2.jsonl");
-    const RunResult resumed = run_mpi(2, job(ck, m));
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-    EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(at));
-    expect_same_end(done_of(m), want);
+    const std::vector<JsonObject> lines = read_json_lines(m);
+    ASSERT_FALSE(lines.empty()) << m;
+    EXPECT_EQ(lines.back().at("event").str, "stopped");
+    EXPECT_EQ(lines.back().at("step").number, static_cast<double>(at));
+    const JsonObject config = read_all_json_lines(m).front();  // the run's first event
+    EXPECT_EQ(config.at("resumed_from_step").number, static_cast<double>(resumed_from)) << m;
+    resumed_from = at;
   }
+  const std::string m = dir_.file("s2.jsonl");
+  const RunResult resumed = run_mpi(2, job(ck, m));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(resumed_from));
+  expect_same_end(done_of(m), want);
 }
 
 // Stopped right after its last step, and then started again once finished (as a job chain's
@@ -184,10 +198,11 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
 }
 
 // Killed late in its second epoch and resumed on half the ranks, a run reaches the accuracy
-// of one never interrupted: 2 epochs of 100 steps, checkpoints every 25, killed after step
-// 155, so the last 50 steps run on the new world size (batch-norm statistics then come from
-// other per-rank batches; everything else is the same computation). Evaluated on all 10000
-// test images; over seeds 1 to 4 the differences were at most 0.32 points.
+// of one never interrupted: 2 epochs of 100 steps, checkpoints every 25, resumed from step 150
+// (the state a kill after step 155 leaves), so the last 50 steps run on the new world size
+// (batch-norm statistics then come from other per-rank batches; everything else is the same
+// computation). Evaluated on all 10000 test images; over seeds 1 to 4 the differences were at
+// most 0.32 points.
 TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
   const std::vector<std::string> base{"--train-samples", "6400",    "--epochs",     "2",
                                       "--global-batch-size", "64",  "--threads",    "1",
@@ -199,15 +214,19 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSizeKeepsTheAccuracy) {
       extra.insert(extra.begin(), base.begin(), base.end());
       return extra;
     };
-    const std::string full = dir_.file("acc_full" + tag + ".jsonl");
-    ASSERT_EQ(run_mpi(before, with({"--metrics-file", full})).exit_code, 0);
     const std::string ck = dir_.file("acc" + tag);
-    // From the checkpoints on shared storage (the hosts' snapshots would resume at step 155).
+    // From the checkpoints on shared storage alone, as the killed run's resume would be (its
+    // hosts' snapshots would have resumed it at step 155).
     const auto checkpointed =
         with({"--checkpoint-dir", ck, "--checkpoint-every-steps", "25", "--snapshot-every-steps", "0"});
-    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "155@0", 1);
-    EXPECT_NE(run_mpi(before, checkpointed).exit_code, 0);
-    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    // The uninterrupted run leaves the checkpoints of steps 150, 175 and 200. Without the last two,
+    // its directory is what a kill after step 155 leaves (runs are deterministic: the checkpoint
+    // of step 150 is the same file), and the run killed there need not be made.
+    const std::string full = dir_.file("acc_full" + tag + ".jsonl");
+    auto never_stopped = checkpointed;
+    never_stopped.insert(never_stopped.end(), {"--metrics-file", full});
+    ASSERT_EQ(run_mpi(before, never_stopped).exit_code, 0);
+    for (const char* later : {"/ckpt-000000175.hpck", "/ckpt-000000200.hpck"}) EXPECT_TRUE(fs::remove(ck + later));
     const std::string resumed = dir_.file("acc_resumed" + tag + ".jsonl");
     auto args = checkpointed;
     args.insert(args.end(), {"--metrics-file", resumed});
@@ -236,6 +255,8 @@ TEST_F(Checkpoints, ResumeWithAugmentationAndTheShortLastBatchEndsInTheSameState
     if (!ck.empty()) a.insert(a.end(), {"--checkpoint-dir", ck});
     return a;
   };
+  // The stops are taken in turn by one job, each run resumed from the one before's stop: the last
+  // run ends in the uninterrupted run's state only if every resume restored everything.
   for (const auto& [ranks, stops] : {std::pair<int, std::vector<std::string>>{1, {"3", "4", "5"}}, {2, {"5@1"}}}) {
     SCOPED_TRACE(::testing::Message() << ranks << " rank(s)");
     const std::string full = dir_.file("aug_full" + std::to_string(ranks) + ".jsonl");
@@ -243,29 +264,34 @@ TEST_F(Checkpoints, ResumeWithAugmentationAndTheShortLastBatchEndsInTheSameState
     ASSERT_EQ(f.exit_code, 0) << f.err;
     const JsonObject want = done_of(full);
     EXPECT_EQ(want.at("steps").number, 10);
+    const std::string ck = dir_.file("aug" + std::to_string(ranks));
+    double resumed_from = -1;  // the first run starts afresh
     for (const std::string& at : stops) {
       SCOPED_TRACE("stopped after step " + at);
-      const std::string ck = dir_.file("aug" + std::to_string(ranks) + "_" + at.substr(0, 1));
+      const std::string m = dir_.file("aug_stopped" + std::to_string(ranks) + "_" + at.substr(0, 1) + ".jsonl");
       setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", at.c_str(), 1);
-      const RunResult stopped = run_mpi(ranks, args(ck, dir_.file("aug_stopped.jsonl")));
+      const RunResult stopped = run_mpi(ranks, args(ck, m));
       unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
       ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
-      const std::string m = dir_.file("aug_resumed.jsonl");
-      fs::remove(m);
-      const RunResult resumed = run_mpi(ranks, args(ck, m));
-      ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-      EXPECT_EQ(done_of(m).at("resumed_from_step").number, std::stod(at));
-      expect_same_end(done_of(m), want);
+      EXPECT_EQ(read_all_json_lines(m).front().at("resumed_from_step").number, resumed_from) << m;
+      resumed_from = std::stod(at);
     }
+    const std::string m = dir_.file("aug_resumed" + std::to_string(ranks) + ".jsonl");
+    const RunResult resumed = run_mpi(ranks, args(ck, m));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_EQ(done_of(m).at("resumed_from_step").number, resumed_from);
+    expect_same_end(done_of(m), want);
   }
 }
 
 // With --sync-batch-norm the world size does not change what a step computes (up to float
 // rounding: mpi_test.cpp), so a run stopped and resumed on more ranks (1 to 2, 2 to 4) or fewer
-// (4 to 2, 2 to 1) agrees with runs never stopped, on either world size, within the tolerances of
+// (4 to 2, 2 to 1) agrees with runs never stopped, on every world size, within the tolerances of
 // mpi_test's SyncBatchNormMatchesOneRank (the same job): the final parameters' norm within 1e-6
-// relative, the test loss within 1e-5. The control: a run one step shorter is outside them, so a
-// resume that lost or repeated a step would be too.
+// relative, the test loss within 1e-5. One job makes the four moves in turn, stopped every 10
+// steps and resumed on the next world size (1, 2, 4, 2, then 1 to the end): a move that lost or
+// changed anything would show at the end. The control: a run one step shorter is outside the
+// tolerances, so a resume that lost or repeated a step would be too.
 TEST_F(Checkpoints, ResumeOnMoreOrFewerRanksWithSyncBatchNormAgreesWithAnUninterruptedRun) {
   auto args = [&](const std::string& ck, const std::string& m, const char* steps = "50") {
     std::vector<std::string> a{"--model", "mlp", "--sync-batch-norm", "--train-samples", "6400", "--test-samples",
@@ -295,24 +321,25 @@ TEST_F(Checkpoints, ResumeOnMoreOrFewerRanksWithSyncBatchNormAgreesWithAnUninter
   ASSERT_EQ(run_mpi(1, args("", shorter, "49")).exit_code, 0);
   EXPECT_GT(std::fabs(result(shorter).first / uninterrupted[1].first - 1), 1e-5) << "the control's test loss";
   EXPECT_GT(std::fabs(result(shorter).second / uninterrupted[1].second - 1), 1e-6) << "the control's norm";
-  for (const auto& [before, after] : {std::pair{1, 2}, std::pair{2, 4}, std::pair{4, 2}, std::pair{2, 1}}) {
-    SCOPED_TRACE(::testing::Message() << before << " -> " << after << " ranks");
-    const std::string ck = dir_.file("sync" + std::to_string(before) + std::to_string(after));
-    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "20", 1);
-    const RunResult stopped = run_mpi(before, args(ck, dir_.file("sync_stopped.jsonl")));
+  const std::string ck = dir_.file("sync");
+  const std::vector<int> world_sizes{1, 2, 4, 2, 1};  // a stop every 10 steps, then the next one
+  for (size_t run = 0; run < world_sizes.size(); ++run) {
+    SCOPED_TRACE(::testing::Message() << "run " << run + 1 << " on " << world_sizes[run] << " rank(s)");
+    const bool last = run + 1 == world_sizes.size();
+    const std::string m = dir_.file("sync_run" + std::to_string(run + 1) + ".jsonl");
+    if (!last) setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", std::to_string(10 * (run + 1)).c_str(), 1);
+    const RunResult r = run_mpi(world_sizes[run], args(ck, m));
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
-    ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
-    const std::string m = dir_.file("sync_resumed" + std::to_string(before) + std::to_string(after) + ".jsonl");
-    const RunResult r = run_mpi(after, args(ck, m));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const JsonObject got = done_of(m);
-    EXPECT_EQ(got.at("resumed_from_step").number, 20);
-    EXPECT_EQ(got.at("steps").number, 50);
-    EXPECT_EQ(got.at("world_size").number, after);
-    for (int ranks : {before, after}) {
-      SCOPED_TRACE(::testing::Message() << "against " << ranks << " rank(s) never stopped");
-      expect_close(result(m), uninterrupted[ranks]);
-    }
+    ASSERT_EQ(r.exit_code, last ? 0 : 75) << r.err;
+    EXPECT_EQ(read_all_json_lines(m).front().at("resumed_from_step").number, run == 0 ? -1.0 : 10.0 * run) << m;
+  }
+  const std::string m = dir_.file("sync_run" + std::to_string(world_sizes.size()) + ".jsonl");
+  const JsonObject got = done_of(m);
+  EXPECT_EQ(got.at("steps").number, 50);
+  EXPECT_EQ(got.at("world_size").number, 1);
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE(::testing::Message() << "against " << ranks << " rank(s) never stopped");
+    expect_close(result(m), uninterrupted[ranks]);
   }
 }
 

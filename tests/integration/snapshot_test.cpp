@@ -175,11 +175,16 @@ TEST_F(Snapshots, ABadSnapshotIsSkippedForTheNextValidState) {
         "not finite"}},
   };
   const JsonObject want = uninterrupted(1);
+  // One killed run; each kind of damage is done to a copy of what it left (its checkpoints and
+  // its snapshot), so every resume starts from the same killed state.
+  const std::string killed_ck = dir_.file("killed"), killed_snaps = dir_.file("killed-snaps");
+  kill_after(1, killed_ck, killed_snaps, 8);
   int n = 0;
   for (const auto& [what, how] : damage) {
     SCOPED_TRACE(what);
     const std::string ck = dir_.file("bad" + std::to_string(++n)), snaps = dir_.file("bad-snaps" + std::to_string(n));
-    kill_after(1, ck, snaps, 8);
+    fs::copy(killed_ck, ck, fs::copy_options::recursive);
+    fs::copy(killed_snaps, snaps, fs::copy_options::recursive);
     const std::string file = the_snapshot(snaps);
     ASSERT_EQ(fs::path(file).filename(), "ckpt-000000006.hpck");
     how.first(file);
