@@ -39,12 +39,11 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, LIVE_STATES, NODE_TAG, ConfigError, OWN_REASON_PREFIX, State,
-                       ec2_client, is_own_reason, load_config, scontrol, set_down, setup_logging)
+from hpc_cloud import (CAPACITY_ERRORS, ConfigError, OWN_REASON_PREFIX, State, ec2_client, is_own_reason,
+                       live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -119,26 +118,14 @@ def slurm_nodes():
 
 def cluster_instances(ec2, cfg):
     """The cluster's live compute instances: [{id, node, ip, launched (epoch s)}]."""
-    filters = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [cfg["cluster"]]},
-               {"Name": "instance-state-name", "Values": LIVE_STATES}]
-    found = []
-    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
-        for reservation in page["Reservations"]:
-            for inst in reservation["Instances"]:
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                if NODE_TAG in tags:  # (the head node carries the cluster tag too, not a node's)
-                    found.append({"id": inst["InstanceId"], "node": tags[NODE_TAG],
-                                  "ip": inst.get("PrivateIpAddress", ""), "launched": inst["LaunchTime"].timestamp()})
-    return found
+    return [{"id": inst["InstanceId"], "node": node, "ip": inst.get("PrivateIpAddress", ""),
+             "launched": inst["LaunchTime"].timestamp()}
+            for node, found in live_instances(ec2, cfg).items() for inst in found]
 
 
 def write_heartbeat(path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".heartbeat.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(f"{time.time():.0f}\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_atomically(path, f"{time.time():.0f}\n", 0o644)
 
 
 def orphans(instances, nodes, grace, now):

@@ -16,10 +16,9 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 import time
 
-from hpc_cloud import OneLineParser
+from hpc_cloud import OneLineParser, write_atomically
 
 DEFAULT_OUT = "/run/hpctrain/aws/credentials"
 
@@ -37,25 +36,12 @@ def credentials_text(reply):
     return out.getvalue()
 
 
-def write_credentials(path, text):
-    """`text` into `path` at once (a reader never sees half a file), mode 0644."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".credentials.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def renew(sts, args):
     """Assumes the data role and writes its credentials; returns their lifetime in seconds."""
     reply = sts.assume_role(RoleArn=args.role, RoleSessionName=f"hpctrain-data-{socket.gethostname()}"[:64],
                             DurationSeconds=args.duration)
-    write_credentials(args.out, credentials_text(reply))
+    os.makedirs(os.path.dirname(args.out), mode=0o755, exist_ok=True)
+    write_atomically(args.out, credentials_text(reply), 0o644)  # (every user's jobs read it)
     left = reply["Credentials"]["Expiration"].timestamp() - time.time()
     logging.info("credentials of %s in %s for %.0f s", args.role, args.out, left)
     return left

@@ -19,9 +19,8 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
-from hpc_cloud import ConfigError, OneLineParser, ec2_client, load_config
+from hpc_cloud import ConfigError, OneLineParser, ec2_client, load_config, write_atomically
 
 EXPORT_OPTIONS = "ro,secure,no_root_squash,no_subtree_check,sec=sys"
 
@@ -41,25 +40,13 @@ def exports_line(directory, cidrs):
     return f"{directory} " + " ".join(f"{c}({EXPORT_OPTIONS})" for c in cidrs) + "\n"
 
 
-def write_atomically(path, data, mode):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def export(key, directory, exports, cidrs):
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     with open(key, "rb") as f:
         write_atomically(os.path.join(directory, "munge.key"), f.read(), 0o400)
     os.makedirs(os.path.dirname(exports), exist_ok=True)
-    write_atomically(exports, exports_line(directory, cidrs).encode(), 0o644)
+    write_atomically(exports, exports_line(directory, cidrs), 0o644)
     exportfs = shutil.which("exportfs") or "/usr/sbin/exportfs"
     r = subprocess.run([exportfs, "-ra"], capture_output=True, text=True, check=False)
     if r.returncode != 0:

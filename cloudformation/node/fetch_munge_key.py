@@ -1,37 +1,27 @@
 #!/usr/bin/env python3
-"""Installs the cluster's munge key from Secrets Manager (the stack generates it; only the
-cluster's node roles may read it): written atomically to --out (default /etc/munge/munge.key),
+"""Installs the cluster's munge key from Secrets Manager on the head node (the stack generates
+it; only the head node's role may read it, and the head node serves it to the compute nodes:
+export_munge_key.py): written atomically to --out (default /etc/munge/munge.key),
 mode 0400, owned by the munge user when there is one. The key never touches /shared.
 
     fetch_munge_key.py --secret ARN --region REGION [--out PATH]
 """
 
-import os
 import pwd
 import sys
-import tempfile
 
-from hpc_cloud import OneLineParser
+from hpc_cloud import OneLineParser, write_atomically
 
 
 def install_key(key, out):
     if len(key) < 32:
         raise ValueError(f"the secret holds {len(key)} bytes: munge needs at least 32")
-    directory = os.path.dirname(out) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".munge.key.")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
-        os.chmod(tmp, 0o400)
-        try:
-            munge = pwd.getpwnam("munge")
-            os.chown(tmp, munge.pw_uid, munge.pw_gid)
-        except KeyError:
-            pass  # no munge user (a test): root's
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        munge = pwd.getpwnam("munge")
+        owner = (munge.pw_uid, munge.pw_gid)
+    except KeyError:
+        owner = None  # no munge user (a test): root's
+    write_atomically(out, key, 0o400, owner)
 
 
 def main():

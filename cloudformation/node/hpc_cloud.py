@@ -249,10 +249,7 @@ class State:
     def __exit__(self, kind, value, tb):
         try:
             if kind is None:
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path) or ".", prefix=".state.")
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(self.data, f, indent=1, sort_keys=True)
-                os.replace(tmp, self.path)
+                write_atomically(self.path, json.dumps(self.data, indent=1, sort_keys=True), 0o600)
         finally:
             self._lock.close()
         return False
@@ -281,6 +278,23 @@ class State:
         """Whether the choice `key` is disabled after a capacity error, until when."""
         until = self.cooldowns.get(key, 0)
         return until if until > (now or time.time()) else 0
+
+
+def write_atomically(path, data, mode, owner=None):
+    """`data` (text or bytes) into `path` at once, with `mode` (and `owner`, a (uid, gid), if
+    given) before it is in place: a reader, or a kill midway, sees the old file or the whole new
+    one, never half of it, and never a moment of looser permissions."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, mode)
+        if owner is not None:
+            os.chown(tmp, *owner)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def cooldown_key(instance_type, market, zone):
