@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import types
 
@@ -23,14 +24,21 @@ NO_VALUE = object()
 
 
 @functools.lru_cache(maxsize=None)
-def load_template():
-    """The parsed template (parsed once: shared, not to be changed)."""
+def load_template(path=TEMPLATE):
+    """The parsed template (cluster.yaml unless told; parsed once: shared, not to be changed)."""
     from cfnlint.decode import decode
 
-    template, matches = decode(TEMPLATE)
+    template, matches = decode(path)
     if matches:
-        raise ValueError(f"{TEMPLATE}: {matches}")
+        raise ValueError(f"{path}: {matches}")
     return template
+
+
+def lint(path):
+    """(exit code, output) of cfn-lint on the template at `path`."""
+    r = subprocess.run([sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())", path],
+                       capture_output=True, text=True, check=False)
+    return r.returncode, r.stdout + r.stderr
 
 
 def default_parameters(template):
