@@ -7,7 +7,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/cpus.hpp"
@@ -95,6 +97,42 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
+// A world of one without MPI: the process was started by no launcher. Open MPI's singleton
+// MPI_Init forks an orted and wires it up, a second or more on a busy machine, for nothing: every
+// collective of one rank is the identity.
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  std::vector<uint64_t> allgather(uint64_t value) override { return {value}; }
+  void barrier() override {}
+  std::unique_ptr<Communicator> duplicate() override { return std::make_unique<SelfCommunicator>(); }
+  [[noreturn]] void abort(int exit_code) override {
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }
+};
+
+// Whether a launcher started this process as a rank of a job: mpirun/orted (Open MPI), a PMIx or
+// PMI server (srun, MPICH's hydra), MVAPICH's mpirun_rsh, or any step of a Slurm job (where MPI
+// decides, as it always has). HPCTRAIN_USE_MPI=1 asks for MPI (a singleton) regardless.
+bool started_by_a_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD", "PMI_SIZE", "MV2_COMM_WORLD_RANK",
+                        "SLURM_PROCID"})
+    if (std::getenv(v) != nullptr) return true;
+  const char* forced = std::getenv("HPCTRAIN_USE_MPI");
+  return forced != nullptr && std::strcmp(forced, "1") == 0;
+}
+
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
 // The ranks on a host exchange their affinity masks (as bitsets as wide as the largest CPU id
 // among them) so that each knows how many of them may run on each of its CPUs.
 double local_cpu_share(MPI_Comm local, int local_size, int local_rank) {
@@ -114,6 +152,15 @@ double local_cpu_share(MPI_Comm local, int local_size, int local_rank) {
 }  // namespace
 
 ProcessContext::ProcessContext(int* argc, char*** argv) {
+  if (!started_by_a_launcher()) {
+    host_ = host_name();
+    g_where = where();
+    thread_multiple_ = true;  // no MPI calls at all: the communication thread has none to make
+    cpu_share_ = cpus::fair_share({cpus::affinity()}, 0);  // as local_cpu_share computes it for one rank
+    comm_ = std::make_unique<SelfCommunicator>();
+    return;
+  }
+  mpi_ = true;
   int initialised = 0;
   MPI_CHECK(MPI_Initialized(&initialised));
   HPC_CHECK(!initialised, "MPI initialised twice");
@@ -147,6 +194,7 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
 
 ProcessContext::~ProcessContext() {
   comm_.reset();
+  if (!mpi_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

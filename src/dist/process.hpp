@@ -1,5 +1,5 @@
 // The MPI process context: MPI is initialised once, here, and finalised when the context
-// goes out of scope. It knows this process's rank, the world size, its local rank and the
+// goes out of scope (not at all in a process no launcher started). It knows this process's rank, the world size, its local rank and the
 // number of ranks on its host (ranks sharing memory), and the host's name, which every
 // error from a multi-rank job carries.
 #pragma once
@@ -13,7 +13,8 @@ namespace hpc::dist {
 
 class ProcessContext {
  public:
-  // Initialises MPI (a process started without mpirun is a world of one).
+  // Initialises MPI where a launcher (mpirun, srun, ...) started the process; a process started
+  // without one is a world of one that never initialises MPI.
   ProcessContext(int* argc, char*** argv);
   ~ProcessContext();
   ProcessContext(const ProcessContext&) = delete;
@@ -37,6 +38,7 @@ class ProcessContext {
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string host_;
   bool thread_multiple_ = false;
+  bool mpi_ = false;  // MPI initialised (by this context, to be finalised by it)
   double cpu_share_ = 1;
   std::unique_ptr<Communicator> comm_;
 };
