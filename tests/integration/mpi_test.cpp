@@ -194,9 +194,13 @@ TEST_F(MpiTraining, ChromeTraceOfEveryRank) {
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   check("1-7");
+  const std::string first = read_text(trace);
+  ASSERT_EQ(first.substr(first.size() - 3), "\n]\n");
   const RunResult resumed = run_mpi(2, args);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   check("1-12");
+  // Appended: the stopped run's events all kept, the resumed run's after them.
+  EXPECT_EQ(read_text(trace).rfind(first.substr(0, first.size() - 3) + ",\n{", 0), 0u);
 }
 
 TEST_F(MpiTraining, RankZeroAloneSpeaksAndWrites) {
