@@ -185,8 +185,9 @@ Trace::Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const st
   meta("thread_name", 1, {{"name", "gradient all-reduce"}});
 }
 
-double Trace::micros(Clock::time_point t) const {
-  return std::round(std::chrono::duration<double, std::micro>(t - zero_).count() * 1000) / 1000;
+// Microseconds from `from` to t, to the nanosecond.
+double Trace::micros(Clock::time_point t, Clock::time_point from) {
+  return std::round(std::chrono::duration<double, std::micro>(t - from).count() * 1000) / 1000;
 }
 
 void Trace::add(const std::string& name, int tid, Clock::time_point begin, Clock::time_point end, JsonObject args) {
@@ -196,9 +197,8 @@ void Trace::add(const std::string& name, int tid, Clock::time_point begin, Clock
                 "next gather");
     return;
   }
-  const double ts = micros(begin);
-  JsonObject e{{"name", name}, {"ph", "X"}, {"pid", comm_.rank()}, {"tid", tid},
-               {"ts", ts},     {"dur", std::max(0.0, micros(end) - ts)}};
+  JsonObject e{{"name", name}, {"ph", "X"},          {"pid", comm_.rank()},
+               {"tid", tid},   {"ts", micros(begin, zero_)}, {"dur", std::max(0.0, micros(end, begin))}};
   if (!args.empty()) e["args"] = std::move(args);
   buffer_ += ",\n" + json_text(e);
 }

@@ -89,7 +89,7 @@ class Trace {
 
  private:
   void add(const std::string& name, int tid, Clock::time_point begin, Clock::time_point end, JsonObject args = {});
-  double micros(Clock::time_point t) const;
+  static double micros(Clock::time_point t, Clock::time_point from);
 
   dist::Communicator& comm_;
   std::unique_ptr<TraceFile> file_;
