@@ -20,7 +20,8 @@
 // them (Communicator::gather_bytes) only where the ranks meet anyway: every gather_period()
 // steps at the step boundary (set so that a rank buffers at most about kEventBudget events), at
 // each epoch's end, and at the run's end or stop. A rank on another host needs no shared storage.
-// A run that fails loses the events since the last gather (its file stays valid JSON).
+// A run that fails loses the events since the last gather (its file stays valid JSON). The tests
+// set the period with HPCTRAIN_TEST_TRACE_GATHER_STEPS=K (every rank must have the same K).
 #pragma once
 
 #include <chrono>
