@@ -56,6 +56,7 @@ packages=(
   python3-onnx python3-opencv python3-numpy    # the serving tests: onnx.checker and OpenCV DNN check exports
   dataset-fashion-mnist                        # the default job's data
   python3-matplotlib                           # hpctrain-plot: charts of the metrics files
+  python3-jsonschema                           # the Chrome trace of --timeline-file checked against its schema
   help2man                                     # man pages from --help, made at build time
   dpkg-dev file man-db                         # cpack -G DEB (dpkg-shlibdeps, file) and man: the package test
   lintian                                      # the package test lints every .deb cpack makes

@@ -71,6 +71,7 @@ void GradientBucketer::begin_step(float share) {
   average_pending_ = averaged_ = false;
   timeline_ = BucketTimeline{};
   timeline_.buckets.resize(buckets_.size());
+  timeline_.start = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(step_start_ns_));
 }
 
 void GradientBucketer::ready_from(int64_t offset) {

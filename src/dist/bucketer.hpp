@@ -17,6 +17,7 @@
 // library may only be SERIALIZED). With a BucketDevice there is no thread (see below).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +38,7 @@ struct BucketTimeline {
     double queued = 0, started = 0, done = 0;
   };
   std::vector<Bucket> buckets;  // in the order they were all-reduced (arena end first)
+  std::chrono::steady_clock::time_point start;  // begin_step's: the zero of the times here
   double backward_done = 0, finished = 0;
 };
 

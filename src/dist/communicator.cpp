@@ -10,4 +10,13 @@ std::string broadcast_string(Communicator& comm, const std::string& s, int root)
   return out;
 }
 
+std::vector<std::string> Communicator::gather_bytes(const std::string& mine, int root) {
+  std::vector<std::string> all;
+  for (int r = 0; r < size(); ++r) {
+    std::string part = broadcast_string(*this, mine, r);
+    if (rank() == root) all.push_back(std::move(part));
+  }
+  return all;
+}
+
 }  // namespace hpc::dist

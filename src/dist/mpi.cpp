@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/cpus.hpp"
@@ -77,6 +78,26 @@ class MpiCommunicator final : public Communicator {
     return all;
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  std::vector<std::string> gather_bytes(const std::string& mine, int root) override {
+    // MPI counts and displacements are ints: the callers keep their payloads far below 2 GiB.
+    HPC_CHECK(mine.size() < INT_MAX / static_cast<size_t>(size_), "gather_bytes of ", mine.size(), " bytes");
+    const int count = static_cast<int>(mine.size());
+    std::vector<int> counts(rank_ == root ? static_cast<size_t>(size_) : 0), starts(counts.size());
+    MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm_));
+    int64_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      starts[r] = static_cast<int>(total);
+      total += counts[r];
+    }
+    HPC_CHECK(total < INT_MAX, "gather_bytes of ", total, " bytes in all");
+    std::string joined(static_cast<size_t>(total), '\0');
+    MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_BYTE, joined.data(), counts.data(), starts.data(), MPI_BYTE, root,
+                          comm_));
+    std::vector<std::string> all;
+    for (size_t r = 0; r < counts.size(); ++r)
+      all.push_back(joined.substr(static_cast<size_t>(starts[r]), static_cast<size_t>(counts[r])));
+    return all;
+  }
   [[noreturn]] void abort(int exit_code) override {
     MPI_Abort(comm_, exit_code);
     std::_Exit(exit_code);  // MPI_Abort does not return; if it did, do not hang either

@@ -7,6 +7,7 @@
 // which the host model is then only its copy for snapshots.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,11 +24,23 @@
 
 namespace hpc::train {
 
+// When this rank's main thread ran each part of a step, for --timeline-file's trace
+// (train/trace.hpp): forward [forward, backward), backward [backward, backward_end) (its end is
+// where the wait for the last buckets begins), the optimizer [optimizer, end). The GPU engine's
+// are host-side times, when it enqueued the kernels (the device runs them later; the step's end
+// waits for them); a replayed CUDA graph enqueues the whole step at once and leaves them unset.
+struct StepPhases {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point forward, backward, backward_end, optimizer, end;
+  bool known() const { return end != Clock::time_point{}; }
+};
+
 struct StepResult {
   double loss = 0;       // mean over this rank's batch
   int64_t correct = 0;   // this rank's right answers
   double comm_wait = 0;  // seconds spent waiting for the all-reduce after backward
   bool skipped = false;  // fp16: the gradients overflowed, the update was not applied
+  StepPhases phases;
 };
 
 class Engine {

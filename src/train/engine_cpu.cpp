@@ -27,14 +27,20 @@ class CpuEngine final : public Engine {
 
   StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) override {
     StepResult r;
+    StepPhases& t = r.phases;
     bucketer_.begin_step(share);
+    t.forward = bucketer_.last_timeline().start;  // the bucket timeline's zero
     r.loss = model_.loss(model_.forward(batch.images, true), batch.labels.data());
+    t.backward = StepPhases::Clock::now();
     if (average_statistics_) bucketer_.average(statistics_.data<float>(), statistics_.numel());
     model_.backward([&](int64_t offset) { bucketer_.ready_from(offset); });
+    t.backward_end = StepPhases::Clock::now();
     r.comm_wait = bucketer_.finish();
     r.correct = count_correct(model_.probabilities(), batch.labels.data());
     complete_snapshot();  // the update changes what a snapshot begun before this step copies
+    t.optimizer = StepPhases::Clock::now();
     sgd_.step(model_.params(), lr, momentum);
+    t.end = StepPhases::Clock::now();
     return r;
   }
 

@@ -212,7 +212,12 @@ class GpuEngine final : public Engine {
       context_.set_loss_scale(static_cast<float>(scaler_.scale()));
       CUDA_CHECK(cudaMemsetAsync(context_.non_finite(), 0, sizeof(int), context_.stream()));
     }
+    // Host-side times (StepPhases): when the kernels were enqueued. A step being captured runs
+    // later, at each replay: it leaves them unset.
+    StepPhases t;
+    t.forward = StepPhases::Clock::now();
     net_.loss(net_.forward(x_, true), labels_.data<int32_t>());
+    t.backward = StepPhases::Clock::now();
     // The ranks' batch-norm running statistics averaged (as the CPU engine does): behind the
     // forward that updated them, on the NCCL stream ahead of the gradients' buckets.
     if (Tensor& stats = net_.arenas().buffers(); bucketer_ && stats.numel() > 0)
@@ -220,6 +225,7 @@ class GpuEngine final : public Engine {
     net_.backward([&](int64_t offset) {
       if (bucketer_) bucketer_->ready_from(offset);
     });
+    t.backward_end = StepPhases::Clock::now();
     r->comm_wait = bucketer_ ? bucketer_->finish() : 0.0;  // 0: the device waits, not the host
     auto& a = net_.arenas();
     // fp16: the summed gradients (every rank holds the same, so every rank decides alike) are
@@ -228,8 +234,11 @@ class GpuEngine final : public Engine {
       kernels::scale_and_check(a.grads().data<float>(), a.grads().numel(), 1.0f, context_.non_finite(),
                                context_.stream());
     if (!hyper) wait_for_snapshot_copy();  // a captured step waits at its launch instead
+    t.optimizer = StepPhases::Clock::now();
     sgd_gpu_.step(a.values().data<float>(), a.grads().data<float>(), lr, momentum, context_.stream(),
                   scaled_ ? context_.non_finite() : nullptr, hyper);
+    t.end = StepPhases::Clock::now();
+    if (!hyper) r->phases = t;
     if (scaled_)
       CUDA_CHECK(cudaMemcpyAsync(&overflow_, context_.non_finite(), sizeof(int), cudaMemcpyDeviceToHost,
                                  context_.stream()));

@@ -323,7 +323,9 @@ std::vector<Option> parallel() {
       flag("sync-batch-norm", &Members::sync_batch_norm, R::Match,
            "batch-norm statistics over the whole global batch (all ranks) instead of each rank's part"),
       path("timeline-file", &Members::timeline_file, R::Local,
-           "append, for every step, when each gradient bucket was queued and all-reduced (JSON Lines, rank 0)"),
+           "append every rank's steps as a Chrome trace (Perfetto, chrome://tracing): data wait, forward, "
+           "backward, each gradient bucket's queue and all-reduce, optimizer, checkpoints; a name ending in .jsonl: "
+           "rank 0's buckets as JSON Lines"),
   };
 }
 

@@ -82,7 +82,7 @@ struct TrainOptions {
   double bucket_mb = 25;  // gradient all-reduce bucket size
   bool overlap = true;    // all-reduce buckets during the backward pass
   bool sync_batch_norm = false;  // batch statistics over all ranks (default: per rank, as DDP)
-  std::string timeline_file;  // rank 0 appends each step's bucket timeline (JSON Lines)
+  std::string timeline_file;  // every rank's step timeline, a Chrome trace (train/trace.hpp); .jsonl: rank 0's buckets
   // checkpoints
   std::string checkpoint_dir;      // empty: no checkpoints
   int keep_checkpoints = 3;

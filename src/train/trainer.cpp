@@ -36,6 +36,7 @@
 #include "train/signals.hpp"
 #include "train/snapshots.hpp"
 #include "train/step_metrics.hpp"
+#include "train/trace.hpp"
 #include "train/watchdog.hpp"
 
 namespace hpc::train {
@@ -139,6 +140,8 @@ class TrainingRun {
   void record_step(const StepResult& r, double lr, int64_t global_len, int64_t epoch, const StepStart& start);
   void show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e);
   bool at_step_boundary(int64_t epoch, double loss);
+  void checkpoint(const RunPosition& at);  // checkpoints_->save and snapshots_->take, traced
+  void snapshot(const RunPosition& at);
   bool end_epoch(int64_t epoch, EpochTally& e);
   EvalResult evaluate_now();
   TrainResult stop();
@@ -156,6 +159,8 @@ class TrainingRun {
   Prepared p_;
   Plan plan_;
   std::optional<MetricsWriter> metrics_, timeline_;  // rank 0's; the others' write nothing
+  std::unique_ptr<TraceFile> trace_file_;             // rank 0's --timeline-file as a Chrome trace
+  std::unique_ptr<Trace> trace_;                      // every rank's, with a Chrome trace
   ModelIdentity model_id_;         // of the model the engine took over
   double train_flops_per_sample_ = 0;
   std::unique_ptr<Engine> engine_;
@@ -260,7 +265,7 @@ std::optional<int> TrainingRun::set_up() {
   std::function<void()> save;
   if (only_in_memory)
     save = [this] {
-      checkpoints_->save(p_.start);
+      checkpoint(p_.start);
       checkpoints_->wait_for_writes("stopped during set-up");
     };
   return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
@@ -392,8 +397,11 @@ void TrainingRun::plan() {
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
   write_config_event();
-  if (o_.timeline_file.empty() || !lead_) timeline_.emplace();
+  // The JSON Lines form (a name ending in .jsonl) is rank 0's buckets; a Chrome trace every rank's.
+  const bool chrome = !o_.timeline_file.empty() && is_chrome_trace(o_.timeline_file);
+  if (o_.timeline_file.empty() || !lead_ || chrome) timeline_.emplace();
   else timeline_.emplace(o_.timeline_file, "--timeline-file");
+  if (chrome && lead_) trace_file_ = std::make_unique<TraceFile>(o_.timeline_file);
 }
 
 // The engine takes the model and optimizer over, as initialised and broadcast, and restores a
@@ -406,6 +414,8 @@ void TrainingRun::start_engine() {
                    : make_cpu_engine(std::move(p_.model), std::move(p_.sgd), comm_, o_, p_.threads);
   if (p_.resume) dist::collectively(ctx_, [&] { engine_->restore(*p_.resume); });
   p_.resume.reset();
+  if (!o_.timeline_file.empty() && is_chrome_trace(o_.timeline_file))  // its clocks' zero: now, on every rank
+    trace_ = std::make_unique<Trace>(comm_, std::move(trace_file_), ctx_.host(), engine_->bucket_count());
   const data::Dataset& train = p_.ds.train;
   log::info("hpctrain ", HPCTRAIN_VERSION, ": ", summary);
   const std::string source =
@@ -442,6 +452,7 @@ double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTal
   const double seen = tally_.samples_seen;
   const double lr = plan_.schedule->lr(seen);
   const StepResult r = engine_->train_step(batch, share, lr, plan_.schedule->momentum(seen, o_.momentum));
+  const Clock::time_point done = Clock::now();
   tally_.comm_wait_seconds += r.comm_wait;
   if (!o_.timeline_file.empty() && lead_) write_timeline(*timeline_, tally_.step, engine_->timeline());
   e.sums[1] += static_cast<double>(r.correct);
@@ -451,6 +462,7 @@ double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTal
   e.sums[2] += static_cast<double>(batch.size());
   e.sums[0] += r.loss * static_cast<double>(batch.size());
   const int64_t step = ++tally_.step;
+  if (trace_) trace_->step(step, start.asked, start.data_wait, r, engine_->timeline(), done);
   watchdog_->progress(step);
   record_step(r, lr, global_len, epoch, start);
   show_progress(batch, epoch, e);
@@ -491,13 +503,28 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
     diverged(o_, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),
              step == 1 && !p_.resumed);
   const bool checkpoint = checkpoints_->due_at_step(step) || agreed.checkpoint_due;
-  if (checkpoint) checkpoints_->save(tally_.here);
+  if (checkpoint) this->checkpoint(tally_.here);
   // A snapshot with every checkpoint too: the hosts' newest state is never older than the
   // directory's.
-  if (checkpoint || agreed.snapshot_due) snapshots_->take(tally_.here);
+  if (checkpoint || agreed.snapshot_due) snapshot(tally_.here);
+  if (trace_) trace_->at_boundary(step);  // where the ranks meet anyway (the agreement above)
   if (hooks_.kills_at(step)) snapshots_->wait();
   hooks_.kill_after(step, checkpoints_->writer(), comm_);
   return agreed.stop;
+}
+
+void TrainingRun::checkpoint(const RunPosition& at) {
+  const int64_t before = checkpoints_->written();
+  const Clock::time_point t0 = Clock::now();
+  checkpoints_->save(at);
+  if (trace_ && checkpoints_->written() > before) trace_->span("checkpoint", t0, Clock::now(), at.step);
+}
+
+void TrainingRun::snapshot(const RunPosition& at) {
+  const int64_t before = snapshots_->taken();
+  const Clock::time_point t0 = Clock::now();
+  snapshots_->take(at);
+  if (trace_ && snapshots_->taken() > before) trace_->span("snapshot", t0, Clock::now(), at.step);
 }
 
 EvalResult TrainingRun::evaluate_now() {
@@ -525,9 +552,10 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
   if (step_metrics_) step_metrics_->after_epoch(eval_.accuracy);
   if (o_.checkpoint_each_epoch) {
     const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
-    checkpoints_->save(at);
-    snapshots_->take(at);
+    checkpoint(at);
+    snapshot(at);
   }
+  if (trace_) trace_->gather();
   metrics_->write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
                    {"step", tally_.step},
@@ -550,8 +578,8 @@ TrainResult TrainingRun::stop() {
     heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
     if (lead_) log::warn(cause, " for hpcrun to change the hosts; every host's memory holds its state");
   } else {
-    checkpoints_->save(tally_.here);
-    snapshots_->take(tally_.here);
+    checkpoint(tally_.here);
+    snapshot(tally_.here);
     checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
     // The checkpoint holds the state the snapshots hold: their memory goes back to the host.
     if (!o_.checkpoint_dir.empty()) snapshots_->remove_all();
@@ -560,6 +588,7 @@ TrainResult TrainingRun::stop() {
       log::warn(cause, o_.checkpoint_dir.empty() ? "; nothing saved: no --checkpoint-dir"
                                                  : "; checkpoint written, --resume auto continues from it");
   }
+  if (trace_) trace_->gather();
   if (step_metrics_) step_metrics_->ended(RunState::Stopped);
   TrainResult result;
   result.steps = tally_.step;
@@ -603,7 +632,8 @@ TrainResult TrainingRun::finish() {
   }
   // Checked by save(), or here without a checkpoint directory.
   if (o_.checkpoint_dir.empty()) require_finite_state(comm_, *engine_, o_, step, true);
-  checkpoints_->save(final_position());
+  checkpoint(final_position());
+  if (trace_) trace_->gather();
   checkpoints_->wait_for_writes(detail::concat("finished after step ", step));
   if (StopSignals::requested())  // on this rank: too late to stop before the end, which is as good
     log::warn("a stop was asked for (", signal_name(StopSignals::signal_number()),

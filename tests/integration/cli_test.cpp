@@ -439,7 +439,11 @@ TEST_F(Cli, UnwritableMetricsFile) {
 TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
   const std::string data_file = data_.file("t10k-labels-idx1-ubyte");
   expect_refused({"--metrics-file", data_file}, {"--metrics-file", data_file, "is not a JSON Lines file"});
-  expect_refused({"--timeline-file", data_file}, {"--timeline-file", data_file, "is not a JSON Lines file"});
+  // A name that does not end in .jsonl is a Chrome trace (issue 44): a JSON array or nothing.
+  expect_refused({"--timeline-file", data_file}, {"--timeline-file", data_file, "is not a Chrome trace"});
+  write_text(work_.file("lines.json"), "{\"step\":0}\n");
+  expect_refused({"--timeline-file", "@WORK/lines.json"},
+                 {"--timeline-file @WORK/lines.json exists and is not a Chrome trace", "ending in .jsonl"});
   // Opened, then the run refused (the checkpoint directory cannot be made): the files are gone.
   expect_refused({"--metrics-file", "@WORK/m.jsonl", "--timeline-file", "@WORK/t.jsonl", "--checkpoint-dir",
                   "/dev/null/ckpt", "--resume", "none"},
@@ -471,6 +475,23 @@ TEST_F(Cli, MetricsFileWithACutLastLine) {
   for (const std::string& line : lines) EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
   ASSERT_FALSE(lines.empty());
   EXPECT_EQ(FlatJsonParser(lines.back()).parse().at("event").str, "done");
+}
+
+// A Chrome trace whose last event was cut (a run killed while writing it) loses that event, with
+// one warning, and stays one JSON array with the new run's events after the last whole one.
+TEST_F(Cli, ChromeTraceWithACutLastEvent) {
+  const std::string t = work_.file("t.json");
+  const std::string kept = "[\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"}\"}}";
+  write_text(t, kept + ",\n{\"name\":\"step 3\",\"ph\":\"X\",\"args\":{\"step\":3}");
+  const RunResult r = run({"--timeline-file", t});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: warning: --timeline-file " + t + " ends in a cut "
+                                                      "event (a run killed while writing it?): that event is "
+                                                      "dropped and this run's events follow the one before it"});
+  const std::string text = read_text(t);
+  EXPECT_EQ(text.rfind(kept + ",\n{\"name\":\"process_name\"", 0), 0u) << text;
+  EXPECT_EQ(text.substr(text.size() - 3), "\n]\n");
+  EXPECT_EQ(count_of(text, "step 3"), 0) << text;
 }
 
 // Outputs that are streams (issue 41). A FIFO that nothing reads is refused at once, and stays

@@ -86,6 +86,19 @@ TEST(GradientBucketer, SharesWeightTheSumAndEveryElementIsReducedOnce) {
   EXPECT_EQ(covered, 1000);
 }
 
+// The timeline's zero is begin_step's moment (the trace, train/trace.hpp, places the buckets by it).
+TEST(GradientBucketer, TimelineStartsAtBeginStep) {
+  std::vector<float> g(1000, 1.0f);
+  FakeComm comm(2, g.data());
+  dist::GradientBucketer b(comm, g.data(), 1000, {0, 500}, 1600, true);
+  const auto before = std::chrono::steady_clock::now();
+  b.begin_step(0.5f);
+  const auto after = std::chrono::steady_clock::now();
+  b.finish();
+  EXPECT_LE(before, b.last_timeline().start);
+  EXPECT_LE(b.last_timeline().start, after);
+}
+
 // With overlap, a bucket is all-reduced while the caller is still "computing"; without, not
 // before finish().
 TEST(GradientBucketer, OverlapStartsBeforeFinishAndNoOverlapDoesNot) {

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Checks a Chrome trace that hpctrain --timeline-file wrote (mpi_test's ChromeTraceOfEveryRank).
+
+The file must load as strict JSON and match chrome_trace.schema.json (the Trace Event Format's
+array form, as hpctrain uses it; Perfetto's trace processor, which would load it too, is not
+available offline here). Then, for every rank and every step of --steps: the step, its data wait,
+forward, backward and optimizer on the main thread (tid 0), inside the step; every bucket queued
+and all-reduced on tid 1, with the same extent on every rank and step; the --expect names (e.g.
+checkpoint) on every rank; and the units: rank 0's step durations against the metrics file's
+step_seconds (a trace in milliseconds, or in seconds, is off by 1000).
+
+Exit 0 when it holds; otherwise 1, with one line per problem (the first 20)."""
+import argparse
+import collections
+import json
+import sys
+
+import jsonschema
+
+PHASES = ("data wait", "forward", "backward", "optimizer")
+SLACK_US = 2000  # the phases are timed on one thread's clock; only rounding separates them
+
+
+def steps_of(text):
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def check(trace, schema, ranks, steps, expect, metrics):
+    problems = []
+    try:
+        jsonschema.validate(trace, schema, cls=jsonschema.Draft202012Validator)
+    except jsonschema.ValidationError as e:
+        return [f"not the Trace Event Format: {e.message} at {list(e.absolute_path)}"]
+    complete = [e for e in trace if e["ph"] == "X"]
+    named = {e["pid"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"}
+    by = collections.defaultdict(list)  # (rank, tid, name, step) -> events
+    for e in complete:
+        by[(e["pid"], e["tid"], e["name"], e.get("args", {}).get("step"))].append(e)
+    buckets = {}  # bucket -> (begin, end)
+    for e in complete:
+        if e["name"].startswith(("queue bucket ", "allreduce bucket ")):
+            a = e["args"]
+            if e["name"].split()[-1] != str(a["bucket"]):
+                problems.append(f"{e['name']} has args.bucket {a['bucket']}")
+            if a["bytes"] != 4 * (a["end"] - a["begin"]) or a["end"] <= a["begin"]:
+                problems.append(f"{e['name']} of step {a['step']} on rank {e['pid']}: extent {a}")
+            if buckets.setdefault(a["bucket"], (a["begin"], a["end"])) != (a["begin"], a["end"]):
+                problems.append(f"bucket {a['bucket']} has two extents: {buckets[a['bucket']]}, {a}")
+    if sorted(buckets) != list(range(len(buckets))) or len(buckets) < 2:
+        problems.append(f"buckets {sorted(buckets)}: want 0..N-1 with N >= 2")
+    for rank in range(ranks):
+        if rank not in named:
+            problems.append(f"rank {rank} has no process_name")
+        for step in steps:
+            whole = by.get((rank, 0, f"step {step}", step))
+            if not whole:
+                problems.append(f"rank {rank} has no step {step}")
+                continue
+            begin, end = whole[-1]["ts"], whole[-1]["ts"] + whole[-1]["dur"]
+            for name in PHASES:
+                found = by.get((rank, 0, name, step))
+                if not found:
+                    problems.append(f"rank {rank}, step {step}: no {name}")
+                elif not begin - SLACK_US <= found[-1]["ts"] <= found[-1]["ts"] + found[-1]["dur"] <= end + SLACK_US:
+                    problems.append(f"rank {rank}, step {step}: {name} is outside the step")
+            for b in buckets:
+                for kind in ("queue", "allreduce"):
+                    if not by.get((rank, 1, f"{kind} bucket {b}", step)):
+                        problems.append(f"rank {rank}, step {step}: no {kind} bucket {b}")
+        for name in expect:
+            if not any(k[0] == rank and k[2] == name for k in by):
+                problems.append(f"rank {rank} has no {name}")
+    for line in metrics:
+        if line.get("event") == "step" and line["step"] in steps:
+            got = by.get((0, 0, f"step {line['step']}", line["step"]))
+            want = line["step_seconds"] * 1e6
+            if got and not 0.8 * want - SLACK_US <= got[-1]["dur"] <= 1.25 * want + SLACK_US:
+                problems.append(f"step {line['step']} lasts {got[-1]['dur']} in the trace, {want} us in the metrics "
+                                "file: not microseconds?")
+    return problems
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trace")
+    p.add_argument("--schema", required=True)
+    p.add_argument("--ranks", type=int, required=True)
+    p.add_argument("--steps", type=steps_of, required=True, help="FIRST-LAST, counted from 1")
+    p.add_argument("--expect", action="append", default=[], help="an event name every rank has (repeatable)")
+    p.add_argument("--metrics", help="the run's --metrics-file, with step events (--metrics-every-steps 1)")
+    a = p.parse_args()
+    try:
+        with open(a.trace) as f:
+            trace = json.load(f)
+    except ValueError as e:
+        print(f"{a.trace} is not JSON: {e}")
+        return 1
+    with open(a.schema) as f:
+        schema = json.load(f)
+    metrics = []
+    if a.metrics:
+        with open(a.metrics) as f:
+            metrics = [json.loads(line) for line in f if line.strip()]
+    problems = check(trace, schema, a.ranks, a.steps, a.expect, metrics)
+    for problem in problems[:20]:
+        print(problem)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
