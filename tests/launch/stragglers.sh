@@ -31,7 +31,7 @@ cg_remove() {
   [[ -d "$CG" ]] || return 0
   local pid i
   for ((i = 0; i < 50; ++i)); do
-    for pid in $(cat "$CG/cgroup.procs" 2> /dev/null); do echo "$pid" > "$CG_ROOT/cgroup.procs" 2> /dev/null || true; done
+    while read -r pid; do echo "$pid" > "$CG_ROOT/cgroup.procs" 2> /dev/null || true; done < "$CG/cgroup.procs" 2> /dev/null
     rmdir "$CG" 2> /dev/null && return 0
     sleep 0.1
   done
@@ -43,7 +43,7 @@ trap cg_remove EXIT
 
 netns_setup 18 4
 trap 'netns_cleanup; cg_remove' EXIT
-echo "$(cat "$NETNS_DIR/ssh/h2/sshd.pid")" > "$CG/cgroup.procs"
+cat "$NETNS_DIR/ssh/h2/sshd.pid" > "$CG/cgroup.procs"
 slow_name=hpt18h2  # host 2's own name (a UTS namespace), as the trainer sees it
 say "host 2 (${NETNS_HOSTS[2]}, $slow_name): its sshd in $CG"
 
