@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/error.hpp"
 #include "dist/agree.hpp"
@@ -28,7 +29,14 @@ TestHook TestHook::from_environment(const char* variable, int default_signal) {
 TestHooks::TestHooks(int rank)
     : rank_(rank),
       kill_(TestHook::from_environment("HPCTRAIN_TEST_KILL_AFTER_STEP", SIGKILL)),
-      signal_(TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM)) {}
+      signal_(TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM)) {
+  if (const char* v = std::getenv("HPCTRAIN_TEST_SLOW_RANK"); v && std::atoi(v) == rank_)
+    if (const char* ms = std::strchr(v, ':')) slow_ms_ = std::atoi(ms + 1);
+}
+
+void TestHooks::slow_down() const {
+  if (slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
+}
 
 void TestHooks::signal_after(int64_t step) const {
   if (signal_.fires(step, rank_)) StopSignals::raise_and_wait(signal_.signal);

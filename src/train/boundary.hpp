@@ -54,10 +54,14 @@ class TestHooks {
   void kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const;
   // Whether kill_after fires at this step (on any rank).
   bool kills_at(int64_t step) const { return kill_.step == step; }
+  // HPCTRAIN_TEST_SLOW_RANK=r:MS: rank r sleeps MS milliseconds after each of its steps, before
+  // the boundary's agreement (its own work, as a slow host's: stragglers.hpp's tests).
+  void slow_down() const;
 
  private:
   int rank_;
   TestHook kill_, signal_;
+  int slow_ms_ = 0;  // on this rank
 };
 
 // The part of each global batch this rank reads: its own, but for the rank r named by

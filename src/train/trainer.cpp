@@ -485,6 +485,7 @@ void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const E
 bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   const int64_t step = tally_.step;
   hooks_.signal_after(step);
+  hooks_.slow_down();
   heartbeat_->beat(step, epoch, [this] { return stragglers_->heartbeat_lines(); });
   const Clock::time_point reaching = Clock::now();
   const StepAgreement agreed = StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss,
