@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -219,6 +221,39 @@ void Supervisor::watch_heartbeat(Attempt& a, double t) {
   rec.last_step = heartbeat_.step();
   rec.last_step_at = t;
   a.phase.progress(t);
+  watch_stragglers(a, t);
+}
+
+// The heartbeat names the slowest rank (hpctrain's figures over its last seconds); hpcrun knows
+// that rank's host by its own name for it (the one it blacklists) from the placement.
+void Supervisor::watch_stragglers(Attempt& a, double t) {
+  const std::vector<std::string> hosts = rank_hosts(a.placement);
+  const std::string rank = heartbeat_.field("slowest_rank"), ratio = heartbeat_.field("straggler_ratio");
+  StragglerSighting seen;
+  if (const int r = std::atoi(rank.c_str()); !rank.empty() && !ratio.empty() && r >= 0 && r < static_cast<int>(hosts.size()))
+    seen = {hosts[static_cast<size_t>(r)], std::atof(ratio.c_str())};
+  const bool can_drain = a.stop.kind == StopKind::None && a.phase.running() && enough_slots_without(seen.host);
+  const StragglerDecision d = judge_straggler(a.straggler, seen, t, o_.stragglers, can_drain);
+  a.straggler = d.next;
+  if (d.action == StragglerAction::None) return;
+  // The trainer's name for the host too, where it is not hpcrun's (an address given to -H).
+  const std::string own_name = heartbeat_.field("slowest_host");
+  char times[96];
+  std::snprintf(times, sizeof times, "%.1fx the median for %s (--straggler-factor %g", seen.ratio,
+                show_duration(std::round(d.held_seconds)).c_str(), o_.stragglers.factor);
+  const std::string line = "host " + seen.host + (own_name.empty() || own_name == seen.host ? "" : " (" + own_name + ")") +
+                           " is a straggler: its steps take " + times + ", --straggler-time " +
+                           show_duration(o_.stragglers.seconds) + ")";
+  if (d.action == StragglerAction::Name) return say(line);
+  if (d.action == StragglerAction::NameNotDrained)
+    return say(line + "; not drained: " +
+               (a.stop.kind != StopKind::None || !a.phase.running()
+                    ? std::string("the job is stopping already")
+                    : "without it the hosts have fewer than --min-np " + std::to_string(o_.min_np) + " slots"));
+  say(line);
+  const double cooldown = blacklist_.fail(seen.host, t);
+  request_stop(a, StopKind::Membership,
+               "draining straggler host " + seen.host + ", kept out for " + show_duration(cooldown));
 }
 
 void Supervisor::escalate(Attempt& a, double t) {

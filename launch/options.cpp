@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -28,7 +29,7 @@ namespace {
 constexpr const char* kRelaunchLockWait = "1m";
 
 // hpcrun's switches: every other option takes one value.
-const std::set<std::string> kSwitches = {"help", "h", "version", "quiet"};
+const std::set<std::string> kSwitches = {"help", "h", "version", "quiet", "drain-stragglers"};
 // Single-dash spellings people bring from mpirun and horovodrun.
 std::string normalise(const std::string& arg) {
   if (arg == "-np" || arg == "-n") return "--np";
@@ -158,7 +159,7 @@ namespace {
 // into LaunchOptions.
 struct RawOptions {
   std::string hosts, hostfile, cooldown = "60:600", stall = "10m", start, probe = "10s", teardown = "10s", stop = "5m",
-              elastic = "10m", interval = "5s", mpi_args;
+              elastic = "10m", interval = "5s", straggler_time = "2m", mpi_args;
 };
 
 po::options_description where_options(LaunchOptions& o, RawOptions& raw) {
@@ -227,6 +228,19 @@ po::options_description recovery_options(LaunchOptions& o, RawOptions& raw) {
   return recovery;
 }
 
+po::options_description straggler_options(LaunchOptions& o, RawOptions& raw) {
+  po::options_description stragglers("Slow hosts (from the heartbeat of hpctrain with --checkpoint-dir)");
+  stragglers.add_options()
+      ("straggler-factor", po::value(&o.stragglers.factor)->default_value(o.stragglers.factor),
+       "a host whose rank's own work per step takes this many times the median rank's is slow")
+      ("straggler-time", po::value(&raw.straggler_time)->default_value(raw.straggler_time),
+       "a host slow for this long is named a straggler in hpcrun's log (once)")
+      ("drain-stragglers", po::bool_switch(&o.stragglers.drain),
+       "drain a straggler at the next step boundary, as a host that leaves, and keep it out for its "
+       "--blacklist-cooldown; the job goes on on the rest, if they have --min-np slots");
+  return stragglers;
+}
+
 // False when --help or --version was printed.
 bool parse_own(const std::vector<std::string>& own, const po::options_description& all, po::variables_map* vm) {
   try {
@@ -265,6 +279,10 @@ void read_timeouts(const RawOptions& raw, LaunchOptions& o) {
   o.stop_timeout = parse_duration(raw.stop, "stop-timeout");
   o.elastic_timeout = parse_duration(raw.elastic, "elastic-timeout");
   parse_cooldown(raw.cooldown, &o.cooldown_min, &o.cooldown_max);
+  o.stragglers.seconds = parse_duration(raw.straggler_time, "straggler-time");
+  HPC_REQUIRE(o.stragglers.seconds > 0, "--straggler-time must be more than 0");
+  HPC_REQUIRE(o.stragglers.factor > 1 && std::isfinite(o.stragglers.factor), "--straggler-factor must be more than 1 "
+              "(a host's busy time per step over the median host's), got ", o.stragglers.factor);
   HPC_REQUIRE(o.discovery_interval > 0, "--discovery-interval must be more than 0");
   HPC_REQUIRE(o.probe_timeout > 0, "--probe-timeout must be more than 0");
   HPC_REQUIRE(o.teardown_timeout > 0, "--teardown-timeout must be more than 0 (it is how long the ranks of a "
@@ -385,7 +403,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   po::options_description general("General");
   general.add_options()("help,h", "this help")("version", "print the version");
   po::options_description all;
-  all.add(where_options(o, raw)).add(size_options(o)).add(launch_options(o, raw)).add(recovery_options(o, raw)).add(general);
+  all.add(where_options(o, raw)).add(size_options(o)).add(launch_options(o, raw)).add(recovery_options(o, raw));
+  all.add(straggler_options(o, raw)).add(general);
   po::variables_map vm;
   if (!parse_own(own, all, &vm)) return std::nullopt;
 

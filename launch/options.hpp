@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hosts.hpp"
+#include "straggler_policy.hpp"
 
 namespace hpc::launch {
 
@@ -40,6 +41,7 @@ struct LaunchOptions {
   double elastic_timeout = 600;
   double cooldown_min = 60, cooldown_max = 600;
   int max_restarts = 3;
+  StragglerPolicy stragglers;  // --straggler-factor, --straggler-time, --drain-stragglers
   bool quiet = false;
   // The program and its arguments, as given (plus --resume auto for hpctrain)
   std::vector<std::string> program;

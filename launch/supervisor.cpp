@@ -305,6 +305,13 @@ void Supervisor::check_membership(Attempt& a) {
   if (!joining.empty()) request_stop(a, StopKind::Membership, "growing onto " + joining);
 }
 
+bool Supervisor::enough_slots_without(const std::string& host) {
+  int slots = 0;
+  for (const Host& h : known_hosts())
+    if (h.name != host && !blacklist_.blocked(h.name, now())) slots += h.slots;
+  return slots >= o_.min_np;
+}
+
 // The known hosts outside the placement that answer a probe, by name ("" when none).
 std::string Supervisor::joining_hosts(const HostList& placement, const HostList& known) {
   HostList candidates;

@@ -13,6 +13,7 @@
 #include "attempt_phase.hpp"
 #include "blacklist.hpp"
 #include "options.hpp"
+#include "straggler_policy.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -83,6 +84,7 @@ class Supervisor {
     AttemptPhase phase;
     Stop stop;
     AttemptEvidence evidence;
+    StragglerState straggler;
     double last_beat_poll = 0, last_membership = 0;
   };
 
@@ -121,6 +123,7 @@ class Supervisor {
   void check_exit(Attempt& a, double t, ExitStatus* status);
   void take_signals(Attempt& a, double t);
   void watch_heartbeat(Attempt& a, double t);
+  void watch_stragglers(Attempt& a, double t);  // the heartbeat's slowest rank, each time it changed
   void escalate(Attempt& a, double t);  // the attempt's phase past its deadline: what hpcrun does
   void watch_membership(Attempt& a, double t);
   // Output
@@ -128,6 +131,8 @@ class Supervisor {
   bool keep_off_terminal(const Attempt& a, const TaggedLine& t) const;
   void note_failure(Attempt& a);
   void check_membership(Attempt& a);
+  // Whether the known hosts, but `host` and the blacklisted, have --min-np slots.
+  bool enough_slots_without(const std::string& host);
   std::string joining_hosts(const HostList& placement, const HostList& known);
   void request_stop(Attempt& a, StopKind kind, const std::string& why);
   // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for.

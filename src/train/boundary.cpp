@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/error.hpp"
 #include "dist/agree.hpp"
@@ -28,7 +29,14 @@ TestHook TestHook::from_environment(const char* variable, int default_signal) {
 TestHooks::TestHooks(int rank)
     : rank_(rank),
       kill_(TestHook::from_environment("HPCTRAIN_TEST_KILL_AFTER_STEP", SIGKILL)),
-      signal_(TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM)) {}
+      signal_(TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM)) {
+  if (const char* v = std::getenv("HPCTRAIN_TEST_SLOW_RANK"); v && std::atoi(v) == rank_)
+    if (const char* ms = std::strchr(v, ':')) slow_ms_ = std::atoi(ms + 1);
+}
+
+void TestHooks::slow_down() const {
+  if (slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
+}
 
 void TestHooks::signal_after(int64_t step) const {
   if (signal_.fires(step, rank_)) StopSignals::raise_and_wait(signal_.signal);
@@ -109,10 +117,14 @@ void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainO
 }
 
 StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss,
-                                    bool lost_directory) {
-  double flags[5] = {checkpoint_due ? 1.0 : 0.0, snapshot_due ? 1.0 : 0.0, StopSignals::requested() ? 1.0 : 0.0,
-                     std::isfinite(loss) ? 0.0 : 1.0, lost_directory ? 1.0 : 0.0};
-  if (comm.size() > 1) comm.allreduce_sum(flags, 5);
+                                    bool lost_directory, std::span<double> summed) {
+  constexpr size_t kFlags = 5;
+  std::vector<double> flags = {checkpoint_due ? 1.0 : 0.0, snapshot_due ? 1.0 : 0.0,
+                               StopSignals::requested() ? 1.0 : 0.0, std::isfinite(loss) ? 0.0 : 1.0,
+                               lost_directory ? 1.0 : 0.0};
+  flags.insert(flags.end(), summed.begin(), summed.end());
+  if (comm.size() > 1) comm.allreduce_sum(flags.data(), static_cast<int64_t>(flags.size()));
+  std::copy(flags.begin() + kFlags, flags.end(), summed.begin());
   return {flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0, flags[4] > 0};
 }
 
@@ -123,9 +135,9 @@ void lost_directory(const TrainOptions& o) {
                                              "stopping without writing anything more there"));
 }
 
-void Heartbeat::beat(int64_t step, int64_t epochs_done) {
+void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra) {
   if (!store_ || seconds_since(last_) < 1.0 || !store_->owned()) return;  // owned() stats the lock: once a second
-  ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", resumed_);
+  ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", extra ? resumed_ + extra() : resumed_);
   last_ = Clock::now();
 }
 

@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "ckpt/dir_lock.hpp"
@@ -52,10 +54,14 @@ class TestHooks {
   void kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const;
   // Whether kill_after fires at this step (on any rank).
   bool kills_at(int64_t step) const { return kill_.step == step; }
+  // HPCTRAIN_TEST_SLOW_RANK=r:MS: rank r sleeps MS milliseconds after each of its steps, before
+  // the boundary's agreement (its own work, as a slow host's: stragglers.hpp's tests).
+  void slow_down() const;
 
  private:
   int rank_;
   TestHook kill_, signal_;
+  int slow_ms_ = 0;  // on this rank
 };
 
 // The part of each global batch this rank reads: its own, but for the rank r named by
@@ -97,7 +103,9 @@ std::unique_ptr<ckpt::DirectoryLock> lock_directory(dist::ProcessContext& ctx, c
 void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainOptions& o, int64_t after_step,
                           bool check);
 
-// What every rank agrees on at a step boundary, in one all-reduce.
+// What every rank agrees on at a step boundary, in one all-reduce. `summed`: more figures that
+// ride along in it, added up over the ranks in place (each rank fills its own slots, zeros
+// elsewhere: the step times of stragglers.hpp), so that they cost no collective of their own.
 struct StepAgreement {
   bool checkpoint_due = false;   // rank 0's clock says --checkpoint-interval has passed
   bool snapshot_due = false;     // rank 0's Snapshotter says a snapshot is due
@@ -105,7 +113,7 @@ struct StepAgreement {
   bool loss_not_finite = false;  // on some rank
   bool lost_directory = false;   // rank 0's lock on the checkpoint directory was taken over
   static StepAgreement reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss,
-                             bool lost_directory = false);
+                             bool lost_directory = false, std::span<double> summed = {});
 };
 
 // Another run took the checkpoint directory's lock over (ckpt/dir_lock.hpp): every rank ends
@@ -119,7 +127,9 @@ class Heartbeat {
   // resumed: "resumed_from=STEP\nresumed_source=SOURCE\n" (hpcrun's account of the work a
   // failure cost), added to every beat.
   Heartbeat(const ckpt::CheckpointStore* store, std::string resumed) : store_(store), resumed_(std::move(resumed)) {}
-  void beat(int64_t step, int64_t epochs_done);
+  // extra: more lines for this beat (the slowest rank's, stragglers.hpp), asked for only when
+  // it is written.
+  void beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra = {});
   // The last beat: state "done", "stopped" or "failed" (with extra lines such as "exit_code=2\n").
   void last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra = "");
 

@@ -41,12 +41,18 @@ void add_step_gauges(std::vector<Gauge>& g, const StepFigures& f) {
                f.comm_wait_seconds});
   g.push_back({"step_seconds", "Wall-clock time of the last step, from asking for its batch to its update.",
                f.step_seconds});
+  if (!f.slowest) return;
+  const std::vector<std::pair<std::string, std::string>> host = {{"host", f.slowest_host}};
+  g.push_back({"slowest_rank", "The rank whose own work per step (busy time) was longest over the last 10 s.",
+               static_cast<double>(f.slowest->rank), host});
+  g.push_back({"straggler_ratio", "The slowest rank's busy time per step over the median rank's (1: none slower).",
+               f.slowest->ratio, host});
 }
 
 }  // namespace
 
 JsonObject step_event(const StepFigures& f) {
-  return {{"event", std::string("step")},
+  JsonObject e{{"event", std::string("step")},
           {"step", f.step},
           {"epoch", f.epoch},
           {"loss", f.loss},
@@ -56,6 +62,15 @@ JsonObject step_event(const StepFigures& f) {
           {"comm_wait_seconds", f.comm_wait_seconds},
           {"step_seconds", f.step_seconds},
           {"elapsed_seconds", f.elapsed_seconds}};
+  if (f.slowest) {
+    e["slowest_rank"] = static_cast<int64_t>(f.slowest->rank);
+    e["slowest_host"] = f.slowest_host;
+    e["straggler_ratio"] = f.slowest->ratio;
+    e["slowest_busy_seconds"] = f.slowest->busy_seconds;
+    e["slowest_wait_seconds"] = f.slowest->wait_seconds;
+    e["median_busy_seconds"] = f.slowest->median_busy_seconds;
+  }
+  return e;
 }
 
 std::string prometheus_job(const TrainOptions& o) {

@@ -16,6 +16,7 @@
 #include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/prometheus.hpp"
+#include "train/stragglers.hpp"
 
 namespace hpc::train {
 
@@ -30,6 +31,10 @@ struct StepFigures {
   double step_seconds = 0;        // from asking for the batch to the end of the update
   double elapsed_seconds = 0;     // since the process started, as the epoch lines' (hpctrain-plot's time)
   int64_t samples = 0;            // the step's global batch (not in the step event)
+  // The slowest rank over the last seconds of steps, up to the one before this (stragglers.hpp;
+  // none on one rank), and its host.
+  std::optional<Straggler> slowest = std::nullopt;
+  std::string slowest_host = {};
 };
 
 // The metrics file's step event.

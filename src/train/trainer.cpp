@@ -36,6 +36,7 @@
 #include "train/signals.hpp"
 #include "train/snapshots.hpp"
 #include "train/step_metrics.hpp"
+#include "train/stragglers.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
 
@@ -172,6 +173,7 @@ class TrainingRun {
   const TestHooks hooks_;
   std::optional<Progress> progress_;
   std::optional<StepMetrics> step_metrics_;  // rank 0's
+  std::optional<StragglerTracker> stragglers_;
   std::unique_ptr<StepWatchdog> watchdog_;
   Tally tally_;
   EvalResult eval_;
@@ -272,26 +274,21 @@ std::optional<int> TrainingRun::set_up() {
 }
 
 namespace {
-// Each host's name, in the order of their first ranks, comma-separated (collective).
-std::string host_names(dist::ProcessContext& ctx) {
-  if (ctx.world_size() == 1) return ctx.host();
-  dist::Communicator& comm = ctx.world();
-  const std::vector<uint64_t> first = comm.allgather(ctx.local_rank() == 0 ? 1 : 0);
+// Each host's name once, in the order of their first ranks, comma-separated.
+std::string host_names(const std::vector<std::string>& by_rank) {
   std::string names;
-  for (int r = 0; r < static_cast<int>(first.size()); ++r)
-    if (first[r]) {
-      const std::string name = dist::broadcast_string(comm, ctx.host(), r);
-      if (!names.empty()) names += ',';
-      names += name;
-    }
+  for (size_t r = 0; r < by_rank.size(); ++r)
+    if (std::find(by_rank.begin(), by_rank.begin() + static_cast<ptrdiff_t>(r), by_rank[r]) ==
+        by_rank.begin() + static_cast<ptrdiff_t>(r))
+      names += (names.empty() ? "" : ",") + by_rank[r];
   return names;
 }
 }  // namespace
 
 // The metrics file's first line of the run: what it runs with (every option, where, on what).
 void TrainingRun::write_config_event() {
-  const std::string hosts = host_names(ctx_);
   if (!lead_) return;
+  const std::string hosts = host_names(stragglers_->hosts());
   JsonObject c{{"event", std::string("config")},
                {"hpctrain_version", std::string(HPCTRAIN_VERSION)},
                {"world_size", world_},
@@ -396,6 +393,7 @@ void TrainingRun::plan() {
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu);
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
+  stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
   write_config_event();
   // The JSON Lines form (a name ending in .jsonl) is rank 0's buckets; a Chrome trace every rank's.
   const bool chrome = !o_.timeline_file.empty() && is_chrome_trace(o_.timeline_file);
@@ -439,6 +437,7 @@ bool TrainingRun::run_epoch(int64_t epoch) {
     const data::Batch* batch = plan_.loader->next();
     if (!batch) break;
     start.data_wait = seconds_since(start.asked);
+    stragglers_->step_began(start.asked);
     const double loss = train_step(*batch, epoch, e, start);
     if (at_step_boundary(epoch, loss)) return false;
   }
@@ -454,6 +453,7 @@ double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTal
   const StepResult r = engine_->train_step(batch, share, lr, plan_.schedule->momentum(seen, o_.momentum));
   const Clock::time_point done = Clock::now();
   tally_.comm_wait_seconds += r.comm_wait;
+  stragglers_->waited(r.comm_wait);
   if (!o_.timeline_file.empty() && lead_) write_timeline(*timeline_, tally_.step, engine_->timeline());
   e.sums[1] += static_cast<double>(r.correct);
   tally_.samples_seen += static_cast<double>(global_len);
@@ -476,8 +476,10 @@ void TrainingRun::record_step(const StepResult& r, double lr, int64_t global_len
                               const StepStart& start) {
   if (!step_metrics_) return;
   const double seconds = seconds_since(start.asked);
+  const std::optional<Straggler> slowest = stragglers_->slowest();
   step_metrics_->after_step({tally_.step, epoch + 1, r.loss, lr, static_cast<double>(global_len) / std::max(seconds, 1e-9),
-                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_), global_len});
+                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_), global_len, slowest,
+                             slowest ? stragglers_->host(slowest->rank) : std::string()});
 }
 
 void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e) {
@@ -495,9 +497,12 @@ void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const E
 bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   const int64_t step = tally_.step;
   hooks_.signal_after(step);
-  heartbeat_->beat(step, epoch);
-  const StepAgreement agreed =
-      StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss, lock_ && lock_->lost());
+  hooks_.slow_down();
+  heartbeat_->beat(step, epoch, [this] { return stragglers_->heartbeat_lines(); });
+  const Clock::time_point reaching = Clock::now();
+  const StepAgreement agreed = StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss,
+                                                    lock_ && lock_->lost(), stragglers_->slots());
+  stragglers_->agreed(seconds_since(reaching), seconds_since(t_start_));
   if (agreed.lost_directory) lost_directory(o_);
   if (agreed.loss_not_finite)
     diverged(o_, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),

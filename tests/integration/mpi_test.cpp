@@ -230,6 +230,50 @@ TEST_F(ChromeTrace, OfAKilledRunHoldsTheStepsGathered) {
   check("6-12");
 }
 
+// A rank slower than the others (HPCTRAIN_TEST_SLOW_RANK: 100 ms of its own work more in each
+// step, the others waiting for it) is named by rank 0, with no collective of its own: in the step
+// events and the Prometheus file (the heartbeat, for hpcrun: tests/launch/stragglers.sh). The
+// control: the same run without the slow rank names no rank twice as busy as the other.
+TEST_F(MpiTraining, TheSlowestRankIsNamed) {
+  for (bool slow : {true, false}) {
+    SCOPED_TRACE(slow ? "rank 1 slowed" : "no rank slowed");
+    const std::string prom = dir_.file(slow ? "slow.prom" : "even.prom"), ck = dir_.file(slow ? "ck_slow" : "ck_even");
+    if (slow) setenv("HPCTRAIN_TEST_SLOW_RANK", "1:100", 1);
+    const auto lines = train(2, kSmall + std::vector<std::string>{"--max-steps", "20", "--metrics-every-steps", "5",
+                                                                  "--prometheus-file", prom, "--checkpoint-dir", ck});
+    unsetenv("HPCTRAIN_TEST_SLOW_RANK");
+    ASSERT_FALSE(lines.empty());
+    int events = 0;
+    std::string host;  // this machine's, as every rank names it
+    for (const JsonObject& e : lines) {
+      if (e.at("event").str != "step") continue;
+      ++events;
+      ASSERT_TRUE(e.count("straggler_ratio")) << "step " << number(e, "step");
+      if (host.empty()) host = e.at("slowest_host").str;
+      EXPECT_EQ(e.at("slowest_host").str, host);
+      EXPECT_LE(number(e, "median_busy_seconds"), number(e, "slowest_busy_seconds"));
+      if (slow) {
+        EXPECT_EQ(number(e, "slowest_rank"), 1) << "step " << number(e, "step");
+        EXPECT_GE(number(e, "slowest_busy_seconds") - number(e, "median_busy_seconds"), 0.08);
+        EXPECT_GT(number(e, "straggler_ratio"), 1.5);
+      } else {
+        EXPECT_LT(number(e, "straggler_ratio"), 2) << "step " << number(e, "step");
+      }
+    }
+    EXPECT_EQ(events, 4);
+    std::string rank_line, ratio_line;
+    for (const std::string& l : lines_of(read_text(prom))) {
+      if (l.rfind("hpctrain_slowest_rank{", 0) == 0) rank_line = l;
+      if (l.rfind("hpctrain_straggler_ratio{", 0) == 0) ratio_line = l;
+    }
+    EXPECT_FALSE(host.empty());
+    EXPECT_NE(ratio_line.find(",host=\"" + host + "\"}"), std::string::npos) << ratio_line;
+    if (slow) {
+      EXPECT_EQ(rank_line.substr(rank_line.rfind(' ') + 1), "1") << rank_line;
+    }
+  }
+}
+
 TEST_F(MpiTraining, RankZeroAloneSpeaksAndWrites) {
   const std::string metrics = dir_.file("speak.jsonl");
   const RunResult r = run_mpi(2, kSmall + std::vector<std::string>{"--max-steps", "10", "--data-dir",

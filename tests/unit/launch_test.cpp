@@ -16,6 +16,7 @@
 #include "mca.hpp"
 #include "options.hpp"
 #include "rank_report.hpp"
+#include "straggler_policy.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -435,6 +436,65 @@ TEST(Options, MpiArgsAreSplitAsAShellWould) {
   EXPECT_NE(usage_message([] { split_mpi_args("--bind-to none\\"); }).find("--mpi-args"), std::string::npos);
   for (const char* own : {"-np 4", "-H a,b", "--host=a", "--hostfile f", "-n 2"})
     EXPECT_NE(usage_message([&] { split_mpi_args(own); }).find("is hpcrun's to set"), std::string::npos) << own;
+}
+
+// --drain-stragglers is a switch: the program starts after it, not one word later.
+TEST(Options, DrainStragglersTakesNoValue) {
+  const char* a[] = {"hpcrun", "--drain-stragglers", "--straggler-time", "30s", "prog"};
+  EXPECT_EQ(program_start(5, a), 4);
+}
+
+// The straggler table (straggler_policy.hpp), a heartbeat at a time: named once, after the time,
+// only while the same host stays above the factor; drained when asked and the rest can go on.
+TEST(StragglerPolicy, NamesAHostSlowForTheTimeOnce) {
+  const StragglerPolicy p{1.5, 60, false};
+  StragglerState s;
+  const auto beat = [&](const std::string& host, double ratio, double t, bool rest = true) {
+    const StragglerDecision d = judge_straggler(s, {host, ratio}, t, p, rest);
+    s = d.next;
+    return d;
+  };
+  EXPECT_EQ(beat("b", 3, 0).action, StragglerAction::None);
+  EXPECT_EQ(beat("b", 3, 59).action, StragglerAction::None) << "not yet --straggler-time";
+  const StragglerDecision named = beat("b", 3.1, 61);
+  EXPECT_EQ(named.action, StragglerAction::Name);
+  EXPECT_DOUBLE_EQ(named.held_seconds, 61);
+  EXPECT_EQ(beat("b", 3, 200).action, StragglerAction::None) << "named once";
+  // Back to normal, then slow again: a new episode, named again after its own time.
+  EXPECT_EQ(beat("b", 1.2, 201).action, StragglerAction::None);
+  EXPECT_EQ(beat("b", 2, 210).action, StragglerAction::None);
+  EXPECT_EQ(beat("b", 2, 269).action, StragglerAction::None);
+  EXPECT_EQ(beat("b", 2, 270).action, StragglerAction::Name);
+}
+
+TEST(StragglerPolicy, TheClockRestartsWhenTheSlowestHostChangesOrDipsToTheFactor) {
+  const StragglerPolicy p{1.5, 60, false};
+  StragglerState s;
+  const auto beat = [&](const std::string& host, double ratio, double t) {
+    const StragglerDecision d = judge_straggler(s, {host, ratio}, t, p, true);
+    s = d.next;
+    return d.action;
+  };
+  beat("b", 3, 0);
+  EXPECT_EQ(beat("c", 3, 50), StragglerAction::None);
+  EXPECT_EQ(beat("b", 3, 70), StragglerAction::None) << "b's clock restarted at 70";
+  EXPECT_EQ(beat("b", 1.5, 100), StragglerAction::None) << "at the factor is not above it";
+  EXPECT_EQ(beat("b", 3, 110), StragglerAction::None);
+  EXPECT_EQ(beat("b", 3, 135), StragglerAction::None) << "b's clock restarted at 110, after its dip";
+  EXPECT_EQ(beat("", 1, 140), StragglerAction::None) << "a heartbeat without a verdict";
+  EXPECT_EQ(beat("b", 3, 150), StragglerAction::None);
+  EXPECT_EQ(beat("b", 3, 209), StragglerAction::None);
+  EXPECT_EQ(beat("b", 3, 210), StragglerAction::Name);
+}
+
+TEST(StragglerPolicy, DrainsOnlyWhenAskedAndTheRestHasMinNpSlots) {
+  const StragglerPolicy drain{1.5, 10, true};
+  const StragglerState watched{"b", 0, false};
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 10, drain, true).action, StragglerAction::NameAndDrain);
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 10, drain, false).action, StragglerAction::NameNotDrained);
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 10, {1.5, 10, false}, true).action, StragglerAction::Name);
+  EXPECT_TRUE(judge_straggler(watched, {"b", 4}, 10, drain, true).next.named);
+  EXPECT_EQ(judge_straggler({"b", 0, true}, {"b", 4}, 20, drain, true).action, StragglerAction::None);
 }
 
 TEST(Subprocess, FindProgramSaysWhy) {

@@ -1,0 +1,134 @@
+// The straggler window (train/stragglers.hpp): which rank is slowest over the last seconds of
+// steps, its busy time over the median rank's, and what leaves the window.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <vector>
+
+#include "train/stragglers.hpp"
+
+namespace hpc::train {
+namespace {
+
+// One step's slots from each rank's busy seconds (waiting: 1 - busy, as in a step of 1 s).
+std::vector<double> step_of(const std::vector<double>& busy) {
+  std::vector<double> slots;
+  for (double b : busy) slots.insert(slots.end(), {b, 1.0 - b});
+  return slots;
+}
+
+TEST(StragglerWindow, NamesTheRankBusiestOverTheWindowAndItsRatioToTheMedian) {
+  StragglerWindow w(4, 10, 100);
+  EXPECT_FALSE(w.slowest()) << "no verdict before a step";
+  // Rank 2 is busy 0.6 s a step, the others 0.2 s, 0.25 s and 0.3 s.
+  for (int i = 0; i < 5; ++i) w.add(i, step_of({0.2, 0.25, 0.6, 0.3}));
+  const auto s = w.slowest();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->rank, 2);
+  EXPECT_NEAR(s->busy_seconds, 0.6, 1e-12);
+  EXPECT_NEAR(s->wait_seconds, 0.4, 1e-12);
+  // Of 4 ranks, the lower median: the second fastest.
+  EXPECT_NEAR(s->median_busy_seconds, 0.25, 1e-12);
+  EXPECT_NEAR(s->ratio, 0.6 / 0.25, 1e-12);
+}
+
+TEST(StragglerWindow, TheMedianOfAnOddWorldIsItsMiddleRankAndOfTwoTheFasterOne) {
+  StragglerWindow three(3, 10, 100);
+  three.add(0, step_of({0.5, 0.1, 0.2}));
+  EXPECT_EQ(three.slowest()->rank, 0);
+  EXPECT_NEAR(three.slowest()->ratio, 2.5, 1e-12);
+  StragglerWindow two(2, 10, 100);
+  two.add(0, step_of({0.1, 0.3}));
+  EXPECT_EQ(two.slowest()->rank, 1);
+  EXPECT_NEAR(two.slowest()->ratio, 3.0, 1e-12);
+}
+
+TEST(StragglerWindow, EvenRanksAreNoStraggler) {
+  StragglerWindow w(4, 10, 100);
+  w.add(0, step_of({0.3, 0.3, 0.3, 0.3}));
+  EXPECT_EQ(w.slowest()->rank, 0);
+  EXPECT_DOUBLE_EQ(w.slowest()->ratio, 1.0);
+  StragglerWindow idle(2, 10, 100);  // steps too short for the clock: no ratio to divide by
+  idle.add(0, step_of({0, 0}));
+  EXPECT_DOUBLE_EQ(idle.slowest()->ratio, 1.0);
+}
+
+// Steps older than the window's seconds leave it: a rank that was slow and recovered is no
+// longer named, and one that turned slow is, once its steps fill the window.
+TEST(StragglerWindow, ForgetsStepsOlderThanItsSeconds) {
+  StragglerWindow w(3, 10, 1000);
+  for (int t = 0; t <= 20; ++t) w.add(t, step_of({0.1, 0.9, 0.1}));  // rank 1 slow for 20 s
+  EXPECT_EQ(w.slowest()->rank, 1);
+  for (int t = 21; t <= 31; ++t) w.add(t, step_of({0.1, 0.1, 0.5}));  // then rank 2, for 10 s
+  EXPECT_EQ(w.steps(), 11u) << "the steps of the last 10 s (21..31)";
+  const auto s = w.slowest();
+  EXPECT_EQ(s->rank, 2);
+  EXPECT_NEAR(s->ratio, 5.0, 1e-9) << "rank 1's slow steps are out of the window";
+}
+
+TEST(StragglerWindow, KeepsAtMostItsStepsAndAlwaysTheNewest) {
+  StragglerWindow w(2, 10, 3);
+  for (int i = 0; i < 10; ++i) w.add(0, step_of({0.9, 0.1}));
+  for (int i = 0; i < 3; ++i) w.add(0, step_of({0.1, 0.2}));
+  EXPECT_EQ(w.steps(), 3u);
+  EXPECT_EQ(w.slowest()->rank, 1);
+  EXPECT_NEAR(w.slowest()->ratio, 2.0, 1e-9);
+  StragglerWindow slow_step(2, 1, 100);
+  slow_step.add(0, step_of({0.1, 0.2}));
+  slow_step.add(100, step_of({0.4, 0.2}));  // a step longer than the window
+  EXPECT_EQ(slow_step.steps(), 1u);
+  EXPECT_EQ(slow_step.slowest()->rank, 0);
+}
+
+TEST(StragglerWindow, RefusesFiguresOfAnotherWorldSize) {
+  StragglerWindow w(3, 10, 100);
+  EXPECT_ANY_THROW(w.add(0, step_of({0.1, 0.2})));
+}
+
+// One rank: nothing to compare, nothing said; several: rank 0 alone keeps the window, and the
+// heartbeat names the slowest rank's host.
+TEST(StragglerTracker, OnlyRankZeroOfSeveralJudges) {
+  StragglerTracker alone(0, {"a"});
+  alone.slots();
+  alone.agreed(0, 0);
+  EXPECT_FALSE(alone.slowest());
+  EXPECT_EQ(alone.heartbeat_lines(), "");
+  StragglerTracker other(1, {"a", "b"});
+  other.slots();
+  other.agreed(0, 0);
+  EXPECT_FALSE(other.slowest());
+
+  StragglerTracker lead(0, {"node1", "node2", "node2"});
+  std::span<double> slots = lead.slots();
+  ASSERT_EQ(slots.size(), 6u);
+  EXPECT_EQ(slots[2], 0.0) << "only its own slots are filled";
+  // As the all-reduce would leave them: rank 2 busy 0.4 s, the others 0.1 s.
+  const std::vector<double> summed = {0.1, 0.3, 0.1, 0.3, 0.4, 0.0};
+  std::copy(summed.begin(), summed.end(), slots.begin());
+  lead.agreed(0.01, 1.0);
+  ASSERT_TRUE(lead.slowest());
+  EXPECT_EQ(lead.slowest()->rank, 2);
+  EXPECT_EQ(lead.heartbeat_lines(), "slowest_rank=2\nslowest_host=node2\nstraggler_ratio=4.000\n");
+}
+
+// A rank's busy time is its step less its wait for the gradient buckets; its waiting time that
+// wait and the last boundary's all-reduce (before the step began, so not inside it).
+TEST(StragglerTracker, BusyIsTheStepLessItsWaitsForThePeers) {
+  using namespace std::chrono_literals;
+  StragglerTracker t(1, {"a", "b"});
+  t.step_began(StragglerTracker::Clock::now() - 1s);
+  t.waited(0.25);
+  t.waited(0.05);
+  std::span<double> s = t.slots();
+  EXPECT_EQ(s[0], 0.0);
+  EXPECT_NEAR(s[2], 0.7, 0.05);
+  EXPECT_DOUBLE_EQ(s[3], 0.3);
+  t.agreed(0.2, 1);
+  t.step_began(StragglerTracker::Clock::now() - 1s);
+  s = t.slots();
+  EXPECT_NEAR(s[2], 1.0, 0.05);
+  EXPECT_DOUBLE_EQ(s[3], 0.2) << "the last agreement's wait, and no bucket wait carried over";
+}
+
+}  // namespace
+}  // namespace hpc::train
