@@ -165,7 +165,10 @@ TEST_F(MpiTraining, BucketsAreAllReducedDuringTheBackwardPass) {
     }
     for (const auto& [step, early] : step_overlapped) steps_overlapped += early;
     EXPECT_GE(buckets, 2 * 12) << "several buckets per step";
-    if (overlap) EXPECT_EQ(steps_overlapped, 12) << "every step starts an all-reduce before its backward pass ends";
+    // Most steps, not all: on a loaded machine the communication thread may not be scheduled
+    // before a step's short backward pass ends (seen: 6 to 11 of 12 at load 6 on two cores, on
+    // 2026-11-27). Broken overlap starts none early.
+    if (overlap) EXPECT_GE(steps_overlapped, 6) << "steps should start an all-reduce before their backward pass ends";
     else EXPECT_EQ(steps_overlapped, 0);
   }
 }
