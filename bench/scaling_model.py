@@ -451,7 +451,8 @@ def main(argv):
     for r, (mb, exposed) in zip(rows, best):
         r["best_bucket_mb"], r["best_bucket_exposed_seconds"] = mb, exposed
     if a.json:
-        print(json.dumps({"cluster": a.cluster, "overlap": overlap, "buckets": len(run["buckets"]),
+        print(json.dumps({"cluster": a.cluster, "overlap": overlap,
+                          "buckets": [{"bytes": b["bytes"], "ready_seconds": b["ready"]} for b in run["buckets"]],
                           "gradient_bytes": sum(b["bytes"] for b in run["buckets"]),
                           "one_gpu_step_seconds": run["step"], "backward_done_seconds": run["backward_done"],
                           "batch_per_gpu": run["batch"], "rows": rows}, indent=1))
