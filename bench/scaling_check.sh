@@ -65,6 +65,10 @@ job=(--threads 1 --data-dir "$data" --train-samples "$samples" --test-samples 10
      --metrics-every-steps 1 --quiet)
 echo "scaling_check: $cores core(s), ranks ${ranks[*]}, $steps steps, cpu: $(cpu_model)"
 echo "mpirun ${mpirun_args[*]}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Other jobs' threads take cores the model counts as this job's: say so where they do.
+load=$(cut -d' ' -f1 /proc/loadavg)
+awk "BEGIN { exit !($load > $cores / 2) }" &&
+  echo "warning: load average $load on $cores core(s): other jobs share the cores; steps run slower than predicted"
 
 echo
 echo "== 1/4 all-reduce sweep: $mpirun -np R $sweep --max-bytes 4194304"
@@ -129,7 +133,7 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
 echo "== horovod: 512 P100s (128 x 4, 25 Gb/s RoCE), batch 64 a GPU, 64 MB fusion buffer, flat ring"
-for spec in resnet101:130:90 vgg16:154:68; do
+for spec in resnet101:129:90 vgg16:154:68; do  # P100 img/s: bench/README.md says where from
   IFS=: read -r arch ips published <<< "$spec"
   eff=$("${model[@]}" --arch "$arch" --step-seconds "$(calc "64 / $ips" 6)" --batch 64 --cluster horovod-2017 \
     --gpus 512 --bucket-mb 64 --json | "$python" -c '

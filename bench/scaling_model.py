@@ -29,7 +29,7 @@ runs more busy threads than it has cores (cores_per_node, the local machine only
 stretched by ranks / cores (one math thread a rank; the communication thread waits in MPI
 with mpi_yield_when_idle, so it gives its core to them: bench/scaling_check.sh). Other bucket sizes: the
 timeline's buckets are regrouped into runs of whole buckets as hpctrain cuts its arena (from the
-end, each at least the size, the first at most 1 MB); a run is ready when its last part is.
+end, each at least the size, the first closed once it holds 1 MB); a run is ready when its last part is.
 """
 import argparse
 import json
