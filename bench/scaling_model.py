@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -156,7 +157,7 @@ def read_json_file(path, what):
 def read_timeline(path, skip):
     text = read_json_file(path, "timeline")
     require(text.strip(), f"timeline '{path}' is empty")
-    rows = chrome_rows(text, path) if text.lstrip().startswith(("[", "{\"traceEvents\"")) else jsonl_rows(text, path)
+    rows = chrome_rows(trace, path) if (trace := chrome_events(text)) is not None else jsonl_rows(text, path)
     require(rows, f"timeline '{path}' has no bucket lines")
     steps = sorted({r["step"] for r in rows})
     kept = steps[skip:] if len(steps) > skip else steps[-1:]
@@ -192,19 +193,25 @@ def jsonl_rows(text, path):
     return rows
 
 
-def chrome_rows(text, path):
-    """Rank 0's buckets from the Chrome trace: 'queue bucket N' starts when the bucket was queued."""
+def chrome_events(text):
+    """The Chrome trace's events (a JSON array, or an object with traceEvents); None for JSON Lines."""
     try:
         doc = json.loads(text)
     except ValueError:
-        raise UsageError(f"timeline '{path}' is neither JSON Lines nor a Chrome trace")
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        return None
+    if isinstance(doc, list):
+        return doc
+    return doc["traceEvents"] if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list) else None
+
+
+def chrome_rows(events, path):
+    """Rank 0's buckets from the Chrome trace: 'queue bucket N' starts when the bucket was queued."""
     mine = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid", 0) == 0]
     starts = {}
     for e in mine:
         name = str(e.get("name", ""))
-        if name.startswith("step "):
-            starts[int(name.split()[1])] = float(e["ts"])
+        if re.fullmatch(r"step \d+", name):
+            starts[int(name[5:])] = float(e["ts"])
     backward = {}
     for e in mine:  # the step a backward belongs to: the last step that began before it
         if e.get("name") == "backward":

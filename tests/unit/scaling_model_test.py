@@ -101,6 +101,8 @@ class ScalingModelTest(unittest.TestCase):
 
     def test_known_answer_from_chrome_trace(self):
         self.check_expected(self.write("t.json", chrome_timeline(BUCKETS)))
+        wrapped = '{ "traceEvents": ' + chrome_timeline(BUCKETS) + ', "displayTimeUnit": "ms"}'
+        self.check_expected(self.write("t2.json", wrapped))
 
     def test_median_over_steps_after_the_skipped(self):
         # Step 0 is a slow first step, left out by --skip-steps 1; steps 1-3 hold the known timeline.
