@@ -4,7 +4,7 @@ scaling efficiency from 1 to 512 GPUs, from one run's bucket timeline and a clus
 
   scaling_model.py --timeline T.jsonl (--metrics M.jsonl | --step-seconds S) --cluster NAME
                    [--clusters FILE] [--gpus 8,16,...] [--bucket-mb MB] [--no-overlap]
-                   [--scale-to SECONDS] [--batch B] [--skip-steps K] [--json]
+                   [--scale-to SECONDS] [--batch B] [--skip-steps K] [--no-jitter] [--json]
   scaling_model.py --arch vgg16|resnet101|resnet50 --step-seconds S --batch B --cluster NAME ...
   scaling_model.py --fit-sweep SWEEP.jsonl      (alpha and beta per rank count, as a "local" preset)
 
@@ -24,7 +24,10 @@ node's link, one ring edge leaving each node). Hierarchical: ring reduce-scatter
 ring all-reduce of S/g between the nodes (g parallel rings sharing the node's link: beta * g), ring
 all-gather inside the node. Buckets go in order on one channel: a bucket starts at max(its ready
 time, the previous one's end) (--no-overlap: not before the backward pass ends); exposed = max(0,
-last end - backward end); step = compute + exposed; efficiency = 1-GPU step / step. Where a node
+last end - backward end); step = compute + exposed; efficiency = 1-GPU step / step. Stragglers: the
+ranks' steps vary as the one rank's did (sigma: 1.4826 x the median absolute deviation of its step
+times, from --metrics; none with --scale-to, --step-seconds alone, --arch or --no-jitter), and every
+bucket waits for the slowest rank's, sigma x E[max of n standard normals] later. Where a node
 runs more busy threads than it has cores (cores_per_node, the local machine only), compute is
 stretched by ranks / cores (one math thread a rank; the communication thread waits in MPI
 with mpi_yield_when_idle, so it gives its core to them: bench/scaling_check.sh). Other bucket sizes: the
@@ -32,6 +35,7 @@ timeline's buckets are regrouped into runs of whole buckets as hpctrain cuts its
 end, each at least the size, the first closed once it holds 1 MB); a run is ready when its last part is.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -105,10 +109,13 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
     def at(t):  # a time of the 1-rank step, stretched
         return t * stretch
 
+    # The slowest of n ranks whose steps vary as the one rank's did: its buckets are ready this much
+    # later, and every rank waits for it.
+    late = run["jitter"] * expected_max_normal(n) * stretch
     backward_done = at(run["backward_done"])
     end = 0.0
     for b in buckets:
-        ready = at(b["ready"]) if overlap else backward_done
+        ready = (at(b["ready"]) if overlap else backward_done) + late
         end = max(ready, end) + allreduce_seconds(b["bytes"], n, cluster, scheme)
     exposed = max(0.0, end - backward_done) if n > 1 else 0.0
     compute = at(run["step"])
@@ -117,6 +124,19 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
             "step_seconds": step, "exposed_seconds": exposed, "compute_seconds": compute,
             "images_per_second": n * run["batch"] / step if run["batch"] else None,
             "efficiency": run["step"] / step}
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_normal(n):
+    """E[max of n independent standard normals] (0.564 for 2, 1.029 for 4), by the trapezoid rule."""
+    if n <= 1:
+        return 0.0
+    h, total = 0.001, 0.0
+    for i in range(-10000, 10001):
+        x = i * h
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        total += x * n * pdf * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) * h
+    return total
 
 
 def rebucket(groups, bucket_bytes):
@@ -246,7 +266,10 @@ def read_metrics(path, skip):
         elif e.get("event") == "config":
             batch = int(e["global_batch_size"]) // max(1, int(e.get("world_size", 1)))
     require(steps, f"metrics file '{path}' has no step events (run hpctrain with --metrics-every-steps 1)")
-    return statistics.median(steps[skip:] if len(steps) > skip else steps), batch
+    steps = steps[skip:] if len(steps) > skip else steps
+    median = statistics.median(steps)
+    spread = 1.4826 * statistics.median(abs(t - median) for t in steps)  # a normal's sigma, robust to outliers
+    return median, batch, spread
 
 
 def load_cluster(path, name):
@@ -407,6 +430,7 @@ def parse_args(argv):
     p.add_argument("--gpus", type=gpu_list, default=DEFAULT_GPUS)
     p.add_argument("--bucket-mb", type=positive(float))
     p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--no-jitter", action="store_true")
     p.add_argument("--skip-steps", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.add_argument("--fit-sweep")
@@ -423,17 +447,19 @@ def parse_args(argv):
 def build_run(a):
     if a.arch:
         groups, backward = arch_timeline(ARCHS[a.arch](), a.step_seconds)
-        step, batch = a.step_seconds, a.batch
+        step, batch, jitter = a.step_seconds, a.batch, 0.0
     else:
         groups, backward = read_timeline(a.timeline, a.skip_steps)
-        step, batch = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None)
+        step, batch, jitter = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None, 0.0)
         step = a.step_seconds or step
         batch = a.batch or batch
     require(step >= backward, f"the step ({step * 1e3:.3f} ms) ends before the backward pass "
             f"({backward * 1e3:.3f} ms): a metrics file or --step-seconds of another run?")
     scale = a.scale_to / step if a.scale_to else 1.0
     groups = [{"bytes": g["bytes"], "ready": g["ready"] * scale} for g in groups]
-    run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch}
+    # One device's step-to-step noise says nothing of another's: --scale-to drops it.
+    run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch,
+           "jitter": 0.0 if a.scale_to or a.no_jitter else jitter}
     run["buckets"] = rebucket(groups, int(a.bucket_mb * 1e6)) if a.bucket_mb else groups
     return run
 
@@ -462,7 +488,7 @@ def main(argv):
                           "buckets": [{"bytes": b["bytes"], "ready_seconds": b["ready"]} for b in run["buckets"]],
                           "gradient_bytes": sum(b["bytes"] for b in run["buckets"]),
                           "one_gpu_step_seconds": run["step"], "backward_done_seconds": run["backward_done"],
-                          "batch_per_gpu": run["batch"], "rows": rows}, indent=1))
+                          "batch_per_gpu": run["batch"], "step_sigma_seconds": run["jitter"], "rows": rows}, indent=1))
     else:
         print(f"cluster {a.cluster} ({cluster.get('gpu', '')}, {g} per node); {len(run['buckets'])} buckets, "
               f"{sum(b['bytes'] for b in run['buckets']) / 1e6:.3f} MB of gradients; 1-GPU step "
@@ -471,9 +497,14 @@ def main(argv):
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv):
+    """main() with a user's mistake as one line on stderr and exit code 2."""
     try:
-        sys.exit(main(sys.argv[1:]))
+        return main(argv)
     except UsageError as e:
         print(f"scaling_model: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

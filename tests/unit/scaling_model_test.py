@@ -7,6 +7,8 @@ The timeline: one step, two buckets (arena end first) of 1 MB ready at 10 ms and
 18 ms, the backward pass ending at 20 ms, a 25 ms step, batch 32. The cluster "t": 4 GPUs a node,
 intra 1 GB/s and 10 us (beta 1e-9 s/B), inter 0.5 GB/s and 50 us (beta 2e-9 s/B).
 """
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -16,6 +18,8 @@ import unittest
 
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "scaling_model.py")
 MS = 1e-3
+sys.path.insert(0, os.path.dirname(MODEL))
+import scaling_model  # noqa: E402  (bench/ is no package)
 
 CLUSTERS = {"t": {"gpus_per_node": 4,
                   "intra": {"bandwidth_GBps": 1, "latency_us": 10, "source": "test"},
@@ -72,7 +76,21 @@ class ScalingModelTest(unittest.TestCase):
         return path
 
     def run_model(self, *args):
-        return subprocess.run([sys.executable, MODEL, *args], capture_output=True, text=True, timeout=60)
+        """The model in this process (a process each would make the test slow): its code, stdout, stderr."""
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = scaling_model.cli(list(args))
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+    def test_as_a_program(self):
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        base = [sys.executable, MODEL, "--timeline", good, "--step-seconds", "0.025", "--clusters", self.clusters]
+        r = subprocess.run(base + ["--cluster", "t", "--gpus", "4"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("27.560", r.stdout)  # the 4-GPU step in ms, as the table prints it
+        r = subprocess.run(base + ["--cluster", "p9"], capture_output=True, text=True, timeout=60)
+        self.assertEqual((r.returncode, r.stdout), (2, ""))
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
 
     def predict(self, timeline, *extra):
         r = self.run_model("--timeline", timeline, "--step-seconds", "0.025", "--batch", "32", "--clusters",
@@ -110,6 +128,31 @@ class ScalingModelTest(unittest.TestCase):
         path = self.write("t.jsonl", slow + jsonl_timeline(BUCKETS, steps=(1, 2, 3)))
         r = self.predict(path, "--gpus", "4", "--skip-steps", "1")
         self.assertAlmostEqual(r["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
+
+    def test_the_slowest_rank_from_the_step_times_spread(self):
+        # Compute steps of 24, 25, 26, 25, 24, 26, 25 ms: median 25, median absolute deviation 1 ms, so
+        # sigma 1.4826 ms; the slowest of 4 ranks is late by sigma x 1.0293754 (E[max of 4 normals]) =
+        # 1.5261 ms: both buckets ready that much later, 11.5261 -> 13.0861 and 19.5261 -> 24.0861,
+        # exposed 2.56 + 1.5261 ms. The first step (500 ms) is skipped; wait is taken off the step.
+        steps = [(0.5, 0)] + [(t * MS + 0.002, 0.002) for t in (24, 25, 26, 25, 24, 26, 25)]
+        metrics = self.write("m.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
+                             + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
+                                              + "\n" for t, w in steps))
+        timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
+                           self.clusters, "--cluster", "t", "--gpus", "1,4", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout)
+        self.assertAlmostEqual(out["step_sigma_seconds"], 1.4826 * MS, delta=1e-12)
+        one, four = out["rows"]
+        self.assertEqual(one["exposed_seconds"], 0)
+        late = 1.4826 * 1.0293754 * MS
+        self.assertAlmostEqual(four["exposed_seconds"], 2.56 * MS + late, delta=1e-8)
+        self.assertAlmostEqual(four["step_seconds"], 25 * MS + 2.56 * MS + late, delta=1e-8)
+        self.assertEqual(four["images_per_second"], 4 * 32 / four["step_seconds"])
+        r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
+                           self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
+        self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
 
     def test_regrouping_into_larger_buckets(self):
         # Groups, arena end first: 0.5 MB at 5 ms, 0.7 MB at 8 ms, 2 MB at 12 ms, 1 MB at 19 ms. At 2 MB
