@@ -1,0 +1,85 @@
+// The MPI all-reduce this machine gives the gradient buckets, by message size, for the
+// scaling model's "local" cluster (bench/scaling_model.py --fit-sweep fits alpha and beta).
+//   mpirun -np R allreduce_sweep [--max-bytes B] [--seconds-per-size S]   (default 16 MiB, 0.2)
+// Sizes are 4 bytes, then x4 up to B; each is all-reduced in place as float sums, as
+// GradientBucketer does, repeatedly for about S seconds (at least 5 times, after 2 untimed
+// warm-up calls), and rank 0 prints one JSON line per size: ranks, bytes, the median seconds
+// of one all-reduce (each timed from a barrier, so the slowest rank sets it) and the repeats.
+#define OMPI_SKIP_MPICXX 1  // the C API only: the C++ bindings need a library not linked
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+struct Options {
+  long long max_bytes = 16LL << 20;
+  double seconds_per_size = 0.2;
+};
+
+// One line on rank 0 and exit code 2 for a bad option, every rank alike (all parse the same argv).
+[[noreturn]] void usage_error(int rank, const std::string& message) {
+  if (rank == 0) std::fprintf(stderr, "allreduce_sweep: error: %s\n", message.c_str());
+  MPI_Finalize();
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv, int rank) {
+  Options o;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string name = argv[i];
+    if (i + 1 >= argc) usage_error(rank, name + " needs a value");
+    char* end = nullptr;
+    const double value = std::strtod(argv[i + 1], &end);
+    if (*end != '\0' || !(value > 0)) usage_error(rank, name + " must be a positive number, got '" + argv[i + 1] + "'");
+    if (name == "--max-bytes") o.max_bytes = static_cast<long long>(value);
+    else if (name == "--seconds-per-size") o.seconds_per_size = value;
+    else usage_error(rank, "unknown option " + name);
+  }
+  if (o.max_bytes < 4) usage_error(rank, "--max-bytes must be at least 4");
+  return o;
+}
+
+// Median seconds of one in-place float all-reduce of `count` elements.
+std::pair<double, int> time_allreduce(std::vector<float>& data, int count, double budget) {
+  for (int w = 0; w < 2; ++w) MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  std::vector<double> times;
+  double spent = 0;
+  int go = 1;
+  while (go) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    double t = MPI_Wtime() - t0;
+    // The slowest rank's time is the all-reduce's; rank 0 decides for all when to stop.
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    times.push_back(t);
+    spent += t;
+    go = times.size() < 5 || spent < budget;
+    MPI_Bcast(&go, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
+  return {times[times.size() / 2], static_cast<int>(times.size())};
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const Options o = parse(argc, argv, rank);
+  std::vector<float> data(static_cast<size_t>(o.max_bytes / 4), 1.0f);
+  for (long long bytes = 4; bytes <= o.max_bytes; bytes *= 4) {
+    const auto [seconds, repeats] = time_allreduce(data, static_cast<int>(bytes / 4), o.seconds_per_size);
+    if (rank == 0)
+      std::printf("{\"ranks\":%d,\"bytes\":%lld,\"seconds\":%.9g,\"repeats\":%d}\n", size, bytes, seconds, repeats);
+    std::fflush(stdout);
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The scaling model (bench/scaling_model.py) against what this machine measures, in one invocation:
+#   1. bench/allreduce_sweep on R ranks for each R of --ranks (MPI over shared memory, 4 B to
+#      4 MiB), fitted to alpha and beta per rank count: the "local" cluster's links;
+#   2. one rank (mpirun -np 1) of the default job's cnn, one thread, --steps steps, with a
+#      timeline of every layer group (--bucket-mb 0.001) and its step times: the model's input;
+#   3. mpirun -np R of the same job (default --bucket-mb 25) with overlap and with --no-overlap:
+#      the median step_seconds and comm_wait_seconds of its steps after the first 5;
+#   4. the model's prediction for each, from 1 and 2 only (regrouped to 25 MB buckets as hpctrain
+#      cuts them), and whether it is within 20% of the measured step time and exposed communication.
+# The last, horovod, prints the model's efficiency on 512 GPUs of Horovod's 2017 cluster for
+# ResNet-101 and VGG-16 against the published 90% and 68%.
+# Every rank has one math thread; the machine may have fewer cores than ranks (oversubscribed: the
+# local cluster's cores_per_node is this machine's core count, and the model stretches compute by
+# ranks / cores). MPI runs with mpi_yield_when_idle, so that a communication thread waiting in MPI
+# gives its core to the math threads instead of spinning on it, and with --bind-to none.
+#
+# Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 60] [--keep DIR]
+# Environment: BUILD_DIR (default build), HPCTRAIN, ALLREDUCE_SWEEP, FASHION_MNIST (default
+#              /usr/share/datasets/fashion-mnist), MPIRUN (default mpirun), PYTHON (default python3).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ranks_list=2,3,4 steps=60 keep=""
+while (($#)); do
+  case "$1" in
+    --ranks) ranks_list=${2:-}; shift 2 || die "--ranks needs a value" ;;
+    --steps) steps=${2:-}; shift 2 || die "--steps needs a value" ;;
+    --keep) keep=${2:-}; shift 2 || die "--keep needs a value" ;;
+    -h | --help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) die "unknown option '$1' (try --help)" ;;
+  esac
+done
+[[ "$ranks_list" =~ ^[2-9](,[2-9])*$ ]] || die "--ranks must be rank counts 2 to 9, comma-separated, got '$ranks_list'"
+require_count --steps "$steps"
+((steps > 10)) || die "--steps must be more than 10 (the first 5 are left out), got $steps"
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-build}
+[[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
+hpctrain=${HPCTRAIN:-$build_dir/src/hpctrain}
+sweep=${ALLREDUCE_SWEEP:-$build_dir/bench/allreduce_sweep}
+data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+python=${PYTHON:-python3}
+model=("$python" "$root/bench/scaling_model.py")
+[[ -x "$hpctrain" ]] || die "no hpctrain binary at $hpctrain (build it, or set BUILD_DIR or HPCTRAIN)"
+[[ -x "$sweep" ]] || die "no allreduce_sweep binary at $sweep (build it, or set ALLREDUCE_SWEEP)"
+[[ -f "$data/train-images-idx3-ubyte.gz" ]] || die "no Fashion-MNIST in $data (set FASHION_MNIST)"
+mpirun=${MPIRUN:-mpirun}
+command -v "$mpirun" > /dev/null || die "no $mpirun (apt-get install openmpi-bin, or set MPIRUN)"
+mpirun_args=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
+[[ $(id -u) -ne 0 ]] || mpirun_args+=(--allow-run-as-root)
+
+if [[ -n "$keep" ]]; then
+  mkdir -p "$keep" || die "cannot create --keep directory $keep"
+  tmp=$keep
+else
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+fi
+IFS=, read -r -a ranks <<< "$ranks_list"
+cores=$(nproc)
+samples=$((64 * 9 * (steps + 1)))  # batch 64 a rank, up to 9 ranks: one epoch holds every step
+job=(--threads 1 --data-dir "$data" --train-samples "$samples" --test-samples 100 --epochs 1 --max-steps "$steps"
+     --metrics-every-steps 1 --quiet)
+echo "scaling_check: $cores core(s), ranks ${ranks[*]}, $steps steps, cpu: $(cpu_model)"
+echo "mpirun ${mpirun_args[*]}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Other jobs' threads take cores the model counts as this job's: say so where they do.
+load=$(cut -d' ' -f1 /proc/loadavg)
+awk "BEGIN { exit !($load > $cores / 2) }" &&
+  echo "warning: load average $load on $cores core(s): other jobs share the cores; steps run slower than predicted"
+
+echo
+echo "== 1/4 all-reduce sweep: $mpirun -np R $sweep --max-bytes 4194304"
+for r in "${ranks[@]}"; do
+  "$mpirun" "${mpirun_args[@]}" -np "$r" "$sweep" --max-bytes 4194304 >> "$tmp/sweep.jsonl"
+done
+"${model[@]}" --fit-sweep "$tmp/sweep.jsonl" > "$tmp/fits.json"
+# The local preset with this run's fits and this machine's core count.
+"$python" - "$root/bench/clusters.json" "$tmp/fits.json" "$cores" > "$tmp/clusters.json" << 'EOF'
+import json, sys
+clusters = json.load(open(sys.argv[1]))
+clusters["local"]["fits"] = json.load(open(sys.argv[2]))["fits"]
+clusters["local"]["cores_per_node"] = int(sys.argv[3])
+print(json.dumps(clusters, indent=1))
+EOF
+"$python" - "$tmp/fits.json" << 'EOF'
+import json, sys
+for n, f in json.load(open(sys.argv[1]))["fits"].items():
+    print(f"  {n} ranks: alpha {f['latency_us']:.2f} us, bandwidth {f['bandwidth_GBps']:.3f} GB/s "
+          f"(worst point off the fit by {100 * f['worst_relative_error']:.0f}%)")
+EOF
+
+# median_of FILE: the median step_seconds and comm_wait_seconds of the step events after the first 5.
+median_of() {
+  "$python" -c '
+import json, statistics, sys
+steps = [e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"][5:]
+print(statistics.median(e["step_seconds"] for e in steps), statistics.median(e["comm_wait_seconds"] for e in steps))' "$1"
+}
+
+echo
+echo "== 2/4 one rank: $mpirun -np 1 hpctrain ${job[*]} --bucket-mb 0.001 --timeline-file t1.jsonl"
+"$mpirun" "${mpirun_args[@]}" -np 1 "$hpctrain" "${job[@]}" --bucket-mb 0.001 --timeline-file "$tmp/t1.jsonl" \
+  --metrics-file "$tmp/m1.jsonl"
+read -r step1 wait1 <<< "$(median_of "$tmp/m1.jsonl")"
+echo "  step $(calc "$step1 * 1000" 3) ms (median), comm wait $(calc "$wait1 * 1000" 3) ms"
+
+echo
+echo "== 3/4 and 4/4: $mpirun -np R hpctrain ${job[*]} [--no-overlap], against the model"
+printf '  %-5s %-8s %12s %12s %7s %14s %14s %7s\n' ranks overlap "step ms" "predicted" within "exposed ms" predicted within
+failed=0
+for r in "${ranks[@]}"; do
+  for mode in on off; do
+    flag=() && [[ $mode == on ]] || flag=(--no-overlap)
+    "$mpirun" "${mpirun_args[@]}" -np "$r" "$hpctrain" "${job[@]}" "${flag[@]}" --metrics-file "$tmp/m${r}_$mode.jsonl" \
+      2> >(grep -v "share cores" >&2)
+    read -r step wait <<< "$(median_of "$tmp/m${r}_$mode.jsonl")"
+    "${model[@]}" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" --clusters "$tmp/clusters.json" --cluster local \
+      --gpus "$r" --bucket-mb 25 "${flag[@]}" --json > "$tmp/p${r}_$mode.json"
+    read -r pstep pwait <<< "$("$python" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["rows"][0]
+print(r["step_seconds"], r["exposed_seconds"])' "$tmp/p${r}_$mode.json")"
+    ok_step=$(awk "BEGIN { print (($pstep - $step)^2 <= (0.2 * $step)^2) ? \"yes\" : \"no\" }")
+    ok_wait=$(awk "BEGIN { print (($pwait - $wait)^2 <= (0.2 * $wait)^2) ? \"yes\" : \"no\" }")
+    [[ $ok_step == yes && $ok_wait == yes ]] || failed=$((failed + 1))
+    printf '  %-5s %-8s %12.3f %12.3f %7s %14.3f %14.3f %7s\n' "$r" "$mode" "$(calc "$step * 1000" 3)" \
+      "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" "$(calc "$pwait * 1000" 3)" "$ok_wait"
+  done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+echo
+echo "== horovod: 512 P100s (128 x 4, 25 Gb/s RoCE), batch 64 a GPU, 64 MB fusion buffer, flat ring"
+for spec in resnet101:129:90 vgg16:154:68; do  # P100 img/s: bench/README.md says where from
+  IFS=: read -r arch ips published <<< "$spec"
+  eff=$("${model[@]}" --arch "$arch" --step-seconds "$(calc "64 / $ips" 6)" --batch 64 --cluster horovod-2017 \
+    --gpus 512 --bucket-mb 64 --json | "$python" -c '
+import json, sys
+print(100 * next(r for r in json.load(sys.stdin)["rows"] if r["scheme"] == "flat")["efficiency"])')
+  off=$(awk "BEGIN { d = $eff - $published; print (d < 0 ? -d : d) <= 5 ? \"yes\" : \"no\" }")
+  [[ $off == yes ]] || failed=$((failed + 1))
+  echo "  $arch at $ips img/s on one P100: model $(calc "$eff" 1)%, published $published%, within 5 points: $off"
+done
+echo
+echo "checks_failed=$failed"

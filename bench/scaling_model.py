@@ -1,0 +1,510 @@
+#!/usr/bin/env python3
+"""What a data-parallel run would do on more GPUs: step time, exposed communication, images/s and
+scaling efficiency from 1 to 512 GPUs, from one run's bucket timeline and a cluster description.
+
+  scaling_model.py --timeline T.jsonl (--metrics M.jsonl | --step-seconds S) --cluster NAME
+                   [--clusters FILE] [--gpus 8,16,...] [--bucket-mb MB] [--no-overlap]
+                   [--scale-to SECONDS] [--batch B] [--skip-steps K] [--no-jitter] [--json]
+  scaling_model.py --arch vgg16|resnet101|resnet50 --step-seconds S --batch B --cluster NAME ...
+  scaling_model.py --fit-sweep SWEEP.jsonl      (alpha and beta per rank count, as a "local" preset)
+
+The timeline is hpctrain's --timeline-file: JSON Lines (per step and bucket: begin, end in arena
+elements of 4 bytes; queued, started, done, backward_done, finished in seconds since the step began)
+or the Chrome trace (rank 0's "queue bucket N" and "backward" events). Each bucket's ready time is the
+median over the steps after --skip-steps of when it was queued. The step's compute time is the
+one-rank step time (--metrics: the median step_seconds - comm_wait_seconds of its step events;
+or --step-seconds); --scale-to multiplies every time by SECONDS / that (another device's step).
+--arch builds the timeline from an ImageNet architecture instead: each conv or fc layer (with its
+batch norm) one group, the forward pass a third of the step and each layer's backward a share of
+the other two thirds in proportion to its FLOPs at 224x224, its gradient ready when it ends.
+
+Model. A ring all-reduce of S bytes on n ranks costs 2(n-1)*alpha + 2(n-1)/n*S*beta. Flat: one
+ring over all GPUs; across nodes each ring step is paced by the network (alpha and beta of the
+node's link, one ring edge leaving each node). Hierarchical: ring reduce-scatter inside the node,
+ring all-reduce of S/g between the nodes (g parallel rings sharing the node's link: beta * g), ring
+all-gather inside the node. Buckets go in order on one channel: a bucket starts at max(its ready
+time, the previous one's end) (--no-overlap: not before the backward pass ends); exposed = max(0,
+last end - backward end); step = compute + exposed; efficiency = 1-GPU step / step. Stragglers: the
+ranks' steps vary as the one rank's did (sigma: 1.4826 x the median absolute deviation of its step
+times, from --metrics; none with --scale-to, --step-seconds alone, --arch or --no-jitter), and every
+bucket waits for the slowest rank's, sigma x E[max of n standard normals] later. Where a node
+runs more busy threads than it has cores (cores_per_node, the local machine only), compute is
+stretched by ranks / cores (one math thread a rank; the communication thread waits in MPI
+with mpi_yield_when_idle, so it gives its core to them: bench/scaling_check.sh). Other bucket sizes: the
+timeline's buckets are regrouped into runs of whole buckets as hpctrain cuts its arena (from the
+end, each at least the size, the first closed once it holds 1 MB); a run is ready when its last part is.
+"""
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+FLOAT_BYTES = 4
+FIRST_BUCKET_BYTES = 1 << 20  # hpctrain's GradientBucketer::kFirstBucketBytes
+DEFAULT_GPUS = [2 ** k for k in range(10)]
+CANDIDATE_MB = [0.25, 0.5, 1, 2, 4, 8, 16, 25, 32, 64, 128, 256, 1024]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class UsageError(Exception):
+    """A mistake in the input: one line, exit code 2."""
+
+
+def require(ok, message):
+    if not ok:
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------- cost of one all-reduce
+
+def ring_allreduce(size, n, link):
+    """Seconds of a ring all-reduce of `size` bytes on n ranks over `link` (alpha s, beta s/byte)."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * link["alpha"] + 2 * (n - 1) / n * size * link["beta"]
+
+
+def ring_half(size, n, link):
+    """A ring reduce-scatter (or all-gather) of `size` bytes: half of an all-reduce."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link["alpha"] + (n - 1) / n * size * link["beta"]
+
+
+def allreduce_seconds(size, n, cluster, scheme):
+    g = min(cluster["gpus_per_node"], n)
+    nodes = n // g
+    if nodes == 1:
+        return ring_allreduce(size, n, intra_link(cluster, n))
+    inter = cluster["inter_link"]
+    if scheme == "flat":
+        return ring_allreduce(size, n, inter)
+    shared = {"alpha": inter["alpha"], "beta": inter["beta"] * g}  # g rings share the node's link
+    intra = intra_link(cluster, g)
+    return 2 * ring_half(size, g, intra) + ring_allreduce(size / g, nodes, shared)
+
+
+def intra_link(cluster, ranks):
+    """The link inside a node; a measured fit for this many ranks wins (the local machine)."""
+    return cluster["fits"].get(str(ranks), cluster["intra_link"])
+
+
+# ---------------------------------------------------------------- the simulation
+
+def busy_stretch(cluster, ranks_per_node):
+    """Compute stretched where a node's ranks have fewer cores than math threads (one a rank)."""
+    cores = cluster.get("cores_per_node")
+    return max(1.0, ranks_per_node / cores) if cores else 1.0
+
+
+def simulate(run, n, cluster, scheme, overlap, buckets=None):
+    """Predicted step, exposed communication and their parts for n GPUs."""
+    buckets = run["buckets"] if buckets is None else buckets
+    stretch = busy_stretch(cluster, min(n, cluster["gpus_per_node"]))
+
+    def at(t):  # a time of the 1-rank step, stretched
+        return t * stretch
+
+    # The slowest of n ranks whose steps vary as the one rank's did: its buckets are ready this much
+    # later, and every rank waits for it.
+    late = run["jitter"] * expected_max_normal(n) * stretch
+    backward_done = at(run["backward_done"])
+    end = 0.0
+    for b in buckets:
+        ready = (at(b["ready"]) if overlap else backward_done) + late
+        end = max(ready, end) + allreduce_seconds(b["bytes"], n, cluster, scheme)
+    exposed = max(0.0, end - backward_done) if n > 1 else 0.0
+    compute = at(run["step"])
+    step = compute + exposed
+    return {"gpus": n, "nodes": max(1, n // cluster["gpus_per_node"]), "scheme": scheme,
+            "step_seconds": step, "exposed_seconds": exposed, "compute_seconds": compute,
+            "images_per_second": n * run["batch"] / step if run["batch"] else None,
+            "efficiency": run["step"] / step}
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_normal(n):
+    """E[max of n independent standard normals] (0.564 for 2, 1.029 for 4), by the trapezoid rule."""
+    if n <= 1:
+        return 0.0
+    h, total = 0.001, 0.0
+    for i in range(-10000, 10001):
+        x = i * h
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        total += x * n * pdf * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) * h
+    return total
+
+
+def rebucket(groups, bucket_bytes):
+    """hpctrain's partition_buckets over the timeline's groups (arena end first)."""
+    first = min(bucket_bytes, FIRST_BUCKET_BYTES)
+    out, size, ready = [], 0, 0.0
+    for i, g in enumerate(groups):
+        size += g["bytes"]
+        ready = max(ready, g["ready"])
+        if size >= (first if not out else bucket_bytes) or i == len(groups) - 1:
+            out.append({"bytes": size, "ready": ready})
+            size, ready = 0, 0.0
+    return out
+
+
+def best_bucket(run, n, cluster, scheme, overlap):
+    """The candidate bucket size with the least exposed communication (the larger one on a tie)."""
+    best = None
+    total_mb = sum(g["bytes"] for g in run["buckets"]) / 1e6
+    for mb in [m for m in CANDIDATE_MB if m < 2 * total_mb] or [CANDIDATE_MB[0]]:
+        r = simulate(run, n, cluster, scheme, overlap, rebucket(run["buckets"], int(mb * 1e6)))
+        if best is None or r["exposed_seconds"] <= best[1] * (1 + 1e-9):
+            best = (mb, r["exposed_seconds"])
+    return best
+
+
+# ---------------------------------------------------------------- inputs
+
+def read_json_file(path, what):
+    require(os.path.isfile(path), f"{what} '{path}' not found")
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError(f"{what} '{path}': {e.strerror}")
+
+
+def read_timeline(path, skip):
+    text = read_json_file(path, "timeline")
+    require(text.strip(), f"timeline '{path}' is empty")
+    rows = chrome_rows(trace, path) if (trace := chrome_events(text)) is not None else jsonl_rows(text, path)
+    require(rows, f"timeline '{path}' has no bucket lines")
+    steps = sorted({r["step"] for r in rows})
+    kept = steps[skip:] if len(steps) > skip else steps[-1:]
+    by_bucket = {}
+    for r in rows:
+        if r["step"] in kept:
+            require(r["end"] > r["begin"] >= 0, f"timeline '{path}': bucket {r['bucket']} of step {r['step']} has "
+                    f"no elements (begin {r['begin']}, end {r['end']})")
+            by_bucket.setdefault(r["bucket"], []).append(r)
+    buckets = []
+    for b in sorted(by_bucket):
+        rs = by_bucket[b]
+        require(all((r["begin"], r["end"]) == (rs[0]["begin"], rs[0]["end"]) for r in rs),
+                f"timeline '{path}': bucket {b} changes its elements between steps")
+        buckets.append({"bytes": (rs[0]["end"] - rs[0]["begin"]) * FLOAT_BYTES,
+                        "ready": statistics.median(r["queued"] for r in rs)})
+    backward = statistics.median(r["backward_done"] for r in rows if r["step"] in kept)
+    require(backward > 0, f"timeline '{path}': the backward pass never ends (backward_done {backward})")
+    return buckets, backward
+
+
+def jsonl_rows(text, path):
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            rows.append({k: (int(r[k]) if k in ("step", "bucket", "begin", "end") else float(r[k]))
+                         for k in ("step", "bucket", "begin", "end", "queued", "backward_done")})
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"timeline '{path}' line {number} is not a bucket line of hpctrain's --timeline-file")
+    return rows
+
+
+def chrome_events(text):
+    """The Chrome trace's events (a JSON array, or an object with traceEvents); None for JSON Lines."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(doc, list):
+        return doc
+    return doc["traceEvents"] if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list) else None
+
+
+def chrome_rows(events, path):
+    """Rank 0's buckets from the Chrome trace: 'queue bucket N' starts when the bucket was queued."""
+    mine = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid", 0) == 0]
+    starts = {}
+    for e in mine:
+        name = str(e.get("name", ""))
+        if re.fullmatch(r"step \d+", name):
+            starts[int(name[5:])] = float(e["ts"])
+    backward = {}
+    for e in mine:  # the step a backward belongs to: the last step that began before it
+        if e.get("name") == "backward":
+            owner = max((s for s, t in starts.items() if t <= e["ts"]), default=None)
+            if owner is not None:
+                backward[owner] = (e["ts"] + e["dur"] - starts[owner]) * 1e-6
+    rows = []
+    for e in mine:
+        if str(e.get("name", "")).startswith("queue bucket "):
+            a = e.get("args", {})
+            try:
+                step = int(a["step"])
+                rows.append({"step": step, "bucket": int(a["bucket"]), "begin": int(a["begin"]), "end": int(a["end"]),
+                             "queued": (float(e["ts"]) - starts[step]) * 1e-6, "backward_done": backward[step]})
+            except (KeyError, ValueError, TypeError):
+                raise UsageError(f"timeline '{path}': a 'queue bucket' event without its step, bucket, begin and "
+                                 f"end, or a step without its 'step S' and 'backward' events")
+    return rows
+
+
+def read_metrics(path, skip):
+    """The one-rank step's compute time (median step - comm wait) and the batch per rank."""
+    text = read_json_file(path, "metrics file")
+    steps, batch = [], None
+    for line in text.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "step":
+            steps.append(float(e["step_seconds"]) - float(e.get("comm_wait_seconds", 0)))
+        elif e.get("event") == "config":
+            batch = int(e["global_batch_size"]) // max(1, int(e.get("world_size", 1)))
+    require(steps, f"metrics file '{path}' has no step events (run hpctrain with --metrics-every-steps 1)")
+    steps = steps[skip:] if len(steps) > skip else steps
+    median = statistics.median(steps)
+    spread = 1.4826 * statistics.median(abs(t - median) for t in steps)  # a normal's sigma, robust to outliers
+    return median, batch, spread
+
+
+def load_cluster(path, name):
+    text = read_json_file(path, "clusters file")
+    try:
+        presets = json.loads(text)
+    except ValueError:
+        raise UsageError(f"clusters file '{path}' is not JSON")
+    names = sorted(k for k in presets if not k.startswith("_"))
+    require(name in names, f"unknown cluster '{name}' (presets in {path}: {', '.join(names)})")
+    c = dict(presets[name])
+    try:
+        require(int(c["gpus_per_node"]) > 0, f"cluster '{name}': gpus_per_node must be positive")
+        c["intra_link"], c["inter_link"] = to_link(c["intra"]), to_link(c["inter"])
+        c["fits"] = {k: to_link(v) for k, v in c.get("fits", {}).items() if not k.startswith("_")}
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"cluster '{name}' in {path} lacks gpus_per_node or a bandwidth_GBps/latency_us")
+    return c
+
+
+def to_link(d):
+    bw, lat = float(d["bandwidth_GBps"]), float(d["latency_us"])
+    require(bw > 0 and lat >= 0, f"a link needs a positive bandwidth and a latency >= 0, got {bw} GB/s, {lat} us")
+    return {"alpha": lat * 1e-6, "beta": 1 / (bw * 1e9)}
+
+
+# ---------------------------------------------------------------- architectures (ImageNet, 224x224)
+
+def conv(cin, cout, k, hw_out, bias=False, bn=True):
+    params = cin * cout * k * k + (cout if bias else 0) + (2 * cout if bn else 0)
+    return {"params": params, "flops": 2 * cin * cout * k * k * hw_out * hw_out}
+
+
+def vgg16():
+    layers, cin, hw = [], 3, 224
+    for v in [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]:
+        if v == "M":
+            hw //= 2
+        else:
+            layers.append(conv(cin, v, 3, hw, bias=True, bn=False))
+            cin = v
+    for a, b in [(512 * 7 * 7, 4096), (4096, 4096), (4096, 1000)]:
+        layers.append({"params": a * b + b, "flops": 2 * a * b})
+    return layers
+
+
+def resnet(blocks):
+    """torchvision's ResNet v1.5 (stride in the 3x3 conv) with bottlenecks: 25,557,032 / 44,549,160 parameters."""
+    layers, cin = [conv(3, 64, 7, 112)], 64
+    for stage, (count, width) in enumerate(zip(blocks, [64, 128, 256, 512])):
+        hw = 56 >> stage
+        for i in range(count):
+            layers.append(conv(cin, width, 1, hw * 2 if (i == 0 and stage > 0) else hw))
+            layers.append(conv(width, width, 3, hw))
+            layers.append(conv(width, width * 4, 1, hw))
+            if i == 0:
+                layers.append(conv(cin, width * 4, 1, hw))
+            cin = width * 4
+    layers.append({"params": 2048 * 1000 + 1000, "flops": 2 * 2048 * 1000})
+    return layers
+
+
+ARCHS = {"vgg16": vgg16, "resnet50": lambda: resnet([3, 4, 6, 3]), "resnet101": lambda: resnet([3, 4, 23, 3])}
+
+
+def arch_timeline(layers, step):
+    """Groups arena end first (the last layer's gradient is ready first)."""
+    total = sum(l["flops"] for l in layers)
+    t, groups = step / 3, []
+    for l in reversed(layers):
+        t += 2 * step / 3 * l["flops"] / total
+        groups.append({"bytes": l["params"] * FLOAT_BYTES, "ready": t})
+    return groups, step
+
+
+# ---------------------------------------------------------------- fitting the sweep
+
+def fit_sweep(path):
+    """Least squares in relative error of t = 2(n-1)alpha + 2(n-1)/n S beta, per rank count."""
+    text = read_json_file(path, "sweep")
+    points = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                r = json.loads(line)
+                n, size, t = int(r["ranks"]), float(r["bytes"]), float(r["seconds"])
+            except (ValueError, KeyError, TypeError):
+                raise UsageError(f"sweep '{path}' line {number} is not a line of bench/allreduce_sweep")
+            require(n >= 2 and size > 0 and t > 0, f"sweep '{path}' line {number}: ranks, bytes and seconds must be positive")
+            points.setdefault(n, []).append((size, t))
+    require(points, f"sweep '{path}' is empty")
+    fits = {}
+    for n, pts in sorted(points.items()):
+        require(len(pts) >= 2, f"sweep '{path}': {n} ranks need at least two sizes")
+        rows = [(2 * (n - 1) / t, 2 * (n - 1) / n * s / t) for s, t in pts]  # each row / t: relative error
+        a11 = sum(x * x for x, _ in rows)
+        a12 = sum(x * y for x, y in rows)
+        a22 = sum(y * y for _, y in rows)
+        b1, b2 = sum(x for x, _ in rows), sum(y for _, y in rows)
+        det = a11 * a22 - a12 * a12
+        alpha, beta = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+        worst = max(abs(ring_allreduce(s, n, {"alpha": alpha, "beta": beta}) / t - 1) for s, t in pts)
+        fits[str(n)] = {"bandwidth_GBps": round(1 / beta / 1e9, 4), "latency_us": round(max(alpha, 0) * 1e6, 3),
+                        "worst_relative_error": round(worst, 3), "sizes": len(pts)}
+    return fits
+
+
+# ---------------------------------------------------------------- output
+
+def table(rows, best, overlap, out):
+    out.write(f"{'GPUs':>5} {'nodes':>5} {'scheme':>12} {'step ms':>10} {'exposed ms':>11} {'img/s':>12} "
+              f"{'efficiency':>10} {'best bucket':>12}\n")
+    for r, (mb, exposed) in zip(rows, best):
+        ips = f"{r['images_per_second']:.0f}" if r["images_per_second"] else "-"
+        out.write(f"{r['gpus']:>5} {r['nodes']:>5} {r['scheme']:>12} {r['step_seconds'] * 1e3:>10.3f} "
+                  f"{r['exposed_seconds'] * 1e3:>11.3f} {ips:>12} {r['efficiency'] * 100:>9.1f}% "
+                  f"{mb:>6g} MB ({exposed * 1e3:.3f} ms)\n")
+    out.write(f"overlap: {'on' if overlap else 'off (--no-overlap)'}\n")
+
+
+def positive(kind):
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: '{text}'")
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got '{text}'")
+        return v
+    return parse
+
+
+def gpu_list(text):
+    try:
+        gpus = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of GPU counts, got '{text}'")
+    if not gpus or min(gpus) < 1:
+        raise argparse.ArgumentTypeError(f"GPU counts must be positive, got '{text}'")
+    return gpus
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_args(argv):
+    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--timeline")
+    p.add_argument("--arch", choices=sorted(ARCHS))
+    p.add_argument("--metrics")
+    p.add_argument("--step-seconds", type=positive(float))
+    p.add_argument("--scale-to", type=positive(float))
+    p.add_argument("--batch", type=positive(int))
+    p.add_argument("--cluster")
+    p.add_argument("--clusters", default=os.path.join(HERE, "clusters.json"))
+    p.add_argument("--gpus", type=gpu_list, default=DEFAULT_GPUS)
+    p.add_argument("--bucket-mb", type=positive(float))
+    p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--no-jitter", action="store_true")
+    p.add_argument("--skip-steps", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--fit-sweep")
+    a = p.parse_args(argv)
+    if a.fit_sweep:
+        return a
+    require((a.timeline is None) != (a.arch is None), "give one of --timeline or --arch")
+    require(a.cluster, "--cluster is required (a preset of --clusters)")
+    require(a.metrics or a.step_seconds, "give the one-rank step time: --metrics FILE or --step-seconds S")
+    require(a.skip_steps >= 0, f"--skip-steps must be >= 0, got {a.skip_steps}")
+    return a
+
+
+def build_run(a):
+    if a.arch:
+        groups, backward = arch_timeline(ARCHS[a.arch](), a.step_seconds)
+        step, batch, jitter = a.step_seconds, a.batch, 0.0
+    else:
+        groups, backward = read_timeline(a.timeline, a.skip_steps)
+        step, batch, jitter = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None, 0.0)
+        step = a.step_seconds or step
+        batch = a.batch or batch
+    require(step >= backward, f"the step ({step * 1e3:.3f} ms) ends before the backward pass "
+            f"({backward * 1e3:.3f} ms): a metrics file or --step-seconds of another run?")
+    scale = a.scale_to / step if a.scale_to else 1.0
+    groups = [{"bytes": g["bytes"], "ready": g["ready"] * scale} for g in groups]
+    # One device's step-to-step noise says nothing of another's: --scale-to drops it.
+    run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch,
+           "jitter": 0.0 if a.scale_to or a.no_jitter else jitter}
+    run["buckets"] = rebucket(groups, int(a.bucket_mb * 1e6)) if a.bucket_mb else groups
+    return run
+
+
+def main(argv):
+    a = parse_args(argv)
+    if a.fit_sweep:
+        print(json.dumps({"fits": fit_sweep(a.fit_sweep)}, indent=1))
+        return 0
+    cluster = load_cluster(a.clusters, a.cluster)
+    g = cluster["gpus_per_node"]
+    for n in a.gpus:
+        require(n <= g or n % g == 0, f"{n} GPUs do not fill nodes of {g} ({a.cluster})")
+    run = build_run(a)
+    overlap = not a.no_overlap
+    rows, best = [], []
+    for n in a.gpus:
+        for scheme in (["flat", "hierarchical"] if n > g else ["ring"]):
+            rows.append(simulate(run, n, cluster, "flat" if scheme == "ring" else scheme, overlap))
+            rows[-1]["scheme"] = scheme
+            best.append(best_bucket(run, n, cluster, "flat" if scheme == "ring" else scheme, overlap))
+    for r, (mb, exposed) in zip(rows, best):
+        r["best_bucket_mb"], r["best_bucket_exposed_seconds"] = mb, exposed
+    if a.json:
+        print(json.dumps({"cluster": a.cluster, "overlap": overlap,
+                          "buckets": [{"bytes": b["bytes"], "ready_seconds": b["ready"]} for b in run["buckets"]],
+                          "gradient_bytes": sum(b["bytes"] for b in run["buckets"]),
+                          "one_gpu_step_seconds": run["step"], "backward_done_seconds": run["backward_done"],
+                          "batch_per_gpu": run["batch"], "step_sigma_seconds": run["jitter"], "rows": rows}, indent=1))
+    else:
+        print(f"cluster {a.cluster} ({cluster.get('gpu', '')}, {g} per node); {len(run['buckets'])} buckets, "
+              f"{sum(b['bytes'] for b in run['buckets']) / 1e6:.3f} MB of gradients; 1-GPU step "
+              f"{run['step'] * 1e3:.3f} ms, backward ends at {run['backward_done'] * 1e3:.3f} ms")
+        table(rows, best, overlap, sys.stdout)
+    return 0
+
+
+def cli(argv):
+    """main() with a user's mistake as one line on stderr and exit code 2."""
+    try:
+        return main(argv)
+    except UsageError as e:
+        print(f"scaling_model: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

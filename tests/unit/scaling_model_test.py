@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""bench/scaling_model.py on synthetic timelines whose answers are worked out by hand below, in both
+timeline forms (JSON Lines and the Chrome trace), with and without overlap, flat and hierarchical;
+hpctrain's regrouping into other bucket sizes; its sweep fit; and its bad input (one line, exit 2).
+
+The timeline: one step, two buckets (arena end first) of 1 MB ready at 10 ms and 3 MB ready at
+18 ms, the backward pass ending at 20 ms, a 25 ms step, batch 32. The cluster "t": 4 GPUs a node,
+intra 1 GB/s and 10 us (beta 1e-9 s/B), inter 0.5 GB/s and 50 us (beta 2e-9 s/B).
+"""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "scaling_model.py")
+MS = 1e-3
+sys.path.insert(0, os.path.dirname(MODEL))
+import scaling_model  # noqa: E402  (bench/ is no package)
+
+CLUSTERS = {"t": {"gpus_per_node": 4,
+                  "intra": {"bandwidth_GBps": 1, "latency_us": 10, "source": "test"},
+                  "inter": {"bandwidth_GBps": 0.5, "latency_us": 50, "source": "test"}}}
+BUCKETS = [(750000, 1000000, 0.010), (0, 750000, 0.018)]  # begin, end (elements of 4 bytes), queued
+
+# Worked by hand. One node, n = 4: a bucket of S bytes costs 2*3*10us + 2*3/4*S*1e-9 = 0.06 ms + 1.5 ns*S:
+# 1.56 ms (10 -> 11.56) and 4.56 ms (18 -> 22.56): exposed 2.56 ms, step 27.56 ms.
+# Without overlap both start at 20 ms: 20 -> 21.56 -> 26.12: exposed 6.12 ms.
+# Two nodes, n = 8, flat: 2*7*50us + 2*7/8*S*2e-9 = 0.7 ms + 3.5 ns*S: 4.2 ms (10 -> 14.2) and
+# 11.2 ms (18 -> 29.2): exposed 9.2 ms. Hierarchical: reduce-scatter and all-gather in the node,
+# 2 * (3*10us + 3/4*S*1e-9) = 0.06 ms + 1.5 ns*S, and between the 2 nodes an all-reduce of S/4 with
+# the node's link shared by its 4 GPUs (beta 8e-9): 2*1*50us + 2*1/2*S/4*8e-9 = 0.1 ms + 2 ns*S;
+# together 0.16 ms + 3.5 ns*S: 3.66 ms (10 -> 13.66) and 10.66 ms (18 -> 28.66): exposed 8.66 ms.
+EXPECTED = {  # (gpus, scheme, overlap): exposed ms
+    (4, "ring", True): 2.56, (4, "ring", False): 6.12,
+    (8, "flat", True): 9.2, (8, "hierarchical", True): 8.66,
+}
+
+
+def jsonl_timeline(buckets, backward=0.020, steps=(0,)):
+    return "".join(json.dumps({"step": s, "bucket": i, "begin": b, "end": e, "queued": q, "started": q, "done": q,
+                               "backward_done": backward, "finished": backward}) + "\n"
+                   for s in steps for i, (b, e, q) in enumerate(buckets))
+
+
+def chrome_timeline(buckets, backward=0.020):
+    """The agreed Chrome trace: rank 0, step 7 starting 1 s into the run (microseconds)."""
+    t0 = 1e6
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "rank 0 (host)"}},
+              {"name": "step 7", "ph": "X", "pid": 0, "tid": 0, "ts": t0, "dur": 25e3},
+              {"name": "backward", "ph": "X", "pid": 0, "tid": 0, "ts": t0 + 8e3, "dur": backward * 1e6 - 8e3}]
+    for i, (b, e, q) in enumerate(buckets):
+        args = {"bucket": i, "begin": b, "end": e, "bytes": 4 * (e - b), "step": 7}
+        events.append({"name": f"queue bucket {i}", "ph": "X", "pid": 0, "tid": 1, "ts": t0 + q * 1e6, "dur": 1,
+                       "args": args})
+        events.append({"name": f"queue bucket {i}", "ph": "X", "pid": 1, "tid": 1, "ts": t0, "dur": 1,
+                       "args": args})  # rank 1's: not read
+    return json.dumps(events)
+
+
+class ScalingModelTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.clusters = self.write("clusters.json", json.dumps(CLUSTERS))
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def write(self, name, text):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def run_model(self, *args):
+        """The model in this process (a process each would make the test slow): its code, stdout, stderr."""
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = scaling_model.cli(list(args))
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+    def test_as_a_program(self):
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        base = [sys.executable, MODEL, "--timeline", good, "--step-seconds", "0.025", "--clusters", self.clusters]
+        r = subprocess.run(base + ["--cluster", "t", "--gpus", "4"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("27.560", r.stdout)  # the 4-GPU step in ms, as the table prints it
+        r = subprocess.run(base + ["--cluster", "p9"], capture_output=True, text=True, timeout=60)
+        self.assertEqual((r.returncode, r.stdout), (2, ""))
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+
+    def predict(self, timeline, *extra):
+        r = self.run_model("--timeline", timeline, "--step-seconds", "0.025", "--batch", "32", "--clusters",
+                           self.clusters, "--cluster", "t", "--skip-steps", "0", "--json", *extra)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def check_expected(self, timeline):
+        for overlap in (True, False):
+            out = self.predict(timeline, "--gpus", "1,4,8", *([] if overlap else ["--no-overlap"]))
+            rows = {(r["gpus"], r["scheme"]): r for r in out["rows"]}
+            self.assertEqual(rows[(1, "ring")]["exposed_seconds"], 0)
+            self.assertAlmostEqual(rows[(1, "ring")]["step_seconds"], 25 * MS, delta=1e-12)
+            for (gpus, scheme, on), exposed in EXPECTED.items():
+                if on != overlap:
+                    continue
+                r = rows[(gpus, scheme)]
+                with self.subTest(gpus=gpus, scheme=scheme, overlap=overlap):
+                    self.assertAlmostEqual(r["exposed_seconds"], exposed * MS, delta=1e-9)
+                    self.assertAlmostEqual(r["step_seconds"], (25 + exposed) * MS, delta=1e-9)
+                    self.assertAlmostEqual(r["efficiency"], 25 / (25 + exposed), delta=1e-9)
+                    self.assertAlmostEqual(r["images_per_second"], gpus * 32 / ((25 + exposed) * MS), delta=1e-6)
+
+    def test_known_answer_from_json_lines(self):
+        self.check_expected(self.write("t.jsonl", jsonl_timeline(BUCKETS)))
+
+    def test_known_answer_from_chrome_trace(self):
+        self.check_expected(self.write("t.json", chrome_timeline(BUCKETS)))
+        wrapped = '{ "traceEvents": ' + chrome_timeline(BUCKETS) + ', "displayTimeUnit": "ms"}'
+        self.check_expected(self.write("t2.json", wrapped))
+
+    def test_median_over_steps_after_the_skipped(self):
+        # Step 0 is a slow first step, left out by --skip-steps 1; steps 1-3 hold the known timeline.
+        slow = "".join(jsonl_timeline([(b, e, q + 0.5) for b, e, q in BUCKETS], backward=0.6))
+        path = self.write("t.jsonl", slow + jsonl_timeline(BUCKETS, steps=(1, 2, 3)))
+        r = self.predict(path, "--gpus", "4", "--skip-steps", "1")
+        self.assertAlmostEqual(r["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
+
+    def test_the_slowest_rank_from_the_step_times_spread(self):
+        # Compute steps of 24, 25, 26, 25, 24, 26, 25 ms: median 25, median absolute deviation 1 ms, so
+        # sigma 1.4826 ms; the slowest of 4 ranks is late by sigma x 1.0293754 (E[max of 4 normals]) =
+        # 1.5261 ms: both buckets ready that much later, 11.5261 -> 13.0861 and 19.5261 -> 24.0861,
+        # exposed 2.56 + 1.5261 ms. The first step (500 ms) is skipped; wait is taken off the step.
+        steps = [(0.5, 0)] + [(t * MS + 0.002, 0.002) for t in (24, 25, 26, 25, 24, 26, 25)]
+        metrics = self.write("m.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
+                             + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
+                                              + "\n" for t, w in steps))
+        timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
+                           self.clusters, "--cluster", "t", "--gpus", "1,4", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout)
+        self.assertAlmostEqual(out["step_sigma_seconds"], 1.4826 * MS, delta=1e-12)
+        one, four = out["rows"]
+        self.assertEqual(one["exposed_seconds"], 0)
+        late = 1.4826 * 1.0293754 * MS
+        self.assertAlmostEqual(four["exposed_seconds"], 2.56 * MS + late, delta=1e-8)
+        self.assertAlmostEqual(four["step_seconds"], 25 * MS + 2.56 * MS + late, delta=1e-8)
+        self.assertEqual(four["images_per_second"], 4 * 32 / four["step_seconds"])
+        r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
+                           self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
+        self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
+
+    def test_regrouping_into_larger_buckets(self):
+        # Groups, arena end first: 0.5 MB at 5 ms, 0.7 MB at 8 ms, 2 MB at 12 ms, 1 MB at 19 ms. At 2 MB
+        # buckets hpctrain cuts the first at 1 MiB (0.5 + 0.7 MB, ready at 8 ms), then 2 MB (12 ms),
+        # then the rest (1 MB, 19 ms).
+        groups = [(3050000, 3175000, 0.005), (2875000, 3050000, 0.008), (2375000, 2875000, 0.012),
+                  (2125000, 2375000, 0.019)]
+        groups = [(b - 2125000, e - 2125000, q) for b, e, q in groups]
+        path = self.write("t.jsonl", jsonl_timeline(groups))
+        out = self.predict(path, "--gpus", "4", "--bucket-mb", "2")
+        self.assertEqual([(b["bytes"], b["ready_seconds"]) for b in out["buckets"]],
+                         [(1200000, 0.008), (2000000, 0.012), (1000000, 0.019)])
+        # 4 ranks: 1.86 ms (8 -> 9.86), 3.06 ms (12 -> 15.06), 1.56 ms (19 -> 20.56): exposed 0.56 ms.
+        self.assertAlmostEqual(out["rows"][0]["exposed_seconds"], 0.56 * MS, delta=1e-9)
+        best = out["rows"][0]
+        self.assertLessEqual(best["best_bucket_exposed_seconds"], best["exposed_seconds"] + 1e-12)
+
+    def test_arch_counts_the_published_parameters(self):
+        # torchvision's counts: VGG-16 138,357,544, ResNet-50 25,557,032, ResNet-101 44,549,160.
+        for arch, params in (("vgg16", 138357544), ("resnet50", 25557032), ("resnet101", 44549160)):
+            r = self.run_model("--arch", arch, "--step-seconds", "0.5", "--batch", "64", "--clusters", self.clusters,
+                               "--cluster", "t", "--gpus", "4", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(sum(b["bytes"] for b in json.loads(r.stdout)["buckets"]), 4 * params, arch)
+
+    def test_fit_sweep_recovers_alpha_and_beta(self):
+        # Points made from alpha 20 us and 2 GB/s on 3 ranks: 2*2*alpha + 2*2/3*S/2e9.
+        lines = "".join(json.dumps({"ranks": 3, "bytes": s, "seconds": 4 * 20e-6 + 4 / 3 * s / 2e9}) + "\n"
+                        for s in (4, 1024, 65536, 4194304))
+        r = self.run_model("--fit-sweep", self.write("sweep.jsonl", lines))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        fit = json.loads(r.stdout)["fits"]["3"]
+        self.assertAlmostEqual(fit["latency_us"], 20, places=2)
+        self.assertAlmostEqual(fit["bandwidth_GBps"], 2, places=3)
+
+    def expect_usage_error(self, args, needle):
+        r = self.run_model(*args)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn("scaling_model: error:", lines[0])
+        self.assertIn(needle, lines[0])
+
+    def test_bad_input_is_one_line_and_exit_2(self):
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        base = ["--step-seconds", "0.025", "--clusters", self.clusters, "--cluster", "t"]
+        self.expect_usage_error(["--timeline", os.path.join(self.dir.name, "missing.jsonl"), *base], "not found")
+        self.expect_usage_error(["--timeline", self.write("empty.jsonl", ""), *base], "is empty")
+        self.expect_usage_error(["--timeline", self.write("bad.jsonl", "{\"step\": 0}\n"), *base], "line 1")
+        self.expect_usage_error(["--timeline", good, "--step-seconds", "0.025", "--clusters", self.clusters,
+                                 "--cluster", "p9"], "unknown cluster 'p9'")
+        self.expect_usage_error(["--timeline", self.write("zero.jsonl", jsonl_timeline([(5, 5, 0.01)])), *base],
+                                "no elements")
+        self.expect_usage_error(["--timeline", good, *base, "--bucket-mb", "0"], "must be positive")
+        self.expect_usage_error(["--timeline", good, *base[2:], "--step-seconds", "-1"], "must be positive")
+        self.expect_usage_error(["--timeline", good, *base, "--gpus", "6"], "do not fill nodes")
+        self.expect_usage_error(["--timeline", good, *base, "--gpus", "0"], "positive")
+        self.expect_usage_error(["--timeline", good, *base[2:]], "one-rank step time")
+        self.expect_usage_error(["--fit-sweep", self.write("empty_sweep.jsonl", "")], "is empty")
+        self.expect_usage_error(["--timeline", good, *base[:4], "--cluster", "t", "--clusters",
+                                 self.write("c.json", "{")], "not JSON")
+
+
+if __name__ == "__main__":
+    unittest.main()
