@@ -12,7 +12,7 @@
 # ResNet-101 and VGG-16 against the published 90% and 68%.
 # Every rank has one math thread; the machine may have fewer cores than ranks (oversubscribed: the
 # local cluster's cores_per_node is this machine's core count, and the model stretches compute by
-# ranks / cores). MPI runs with mpi_yield_when_idle, so that a communication thread waiting in MPI
+# ceil(ranks / cores)). MPI runs with mpi_yield_when_idle, so that a communication thread waiting in MPI
 # gives its core to the math threads instead of spinning on it, and with --bind-to none.
 #
 # Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 60] [--keep DIR]

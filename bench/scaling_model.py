@@ -29,7 +29,7 @@ ranks' steps vary as the one rank's did (sigma: 1.4826 x the median absolute dev
 times, from --metrics; none with --scale-to, --step-seconds alone, --arch or --no-jitter), and every
 bucket waits for the slowest rank's, sigma x E[max of n standard normals] later. Where a node
 runs more busy threads than it has cores (cores_per_node, the local machine only), compute is
-stretched by ranks / cores (one math thread a rank; the communication thread waits in MPI
+stretched by ceil(ranks / cores) (the busiest core's share; one math thread a rank; the communication thread waits in MPI
 with mpi_yield_when_idle, so it gives its core to them: bench/scaling_check.sh). Other bucket sizes: the
 timeline's buckets are regrouped into runs of whole buckets as hpctrain cuts its arena (from the
 end, each at least the size, the first closed once it holds 1 MB); a run is ready when its last part is.
@@ -96,9 +96,12 @@ def intra_link(cluster, ranks):
 # ---------------------------------------------------------------- the simulation
 
 def busy_stretch(cluster, ranks_per_node):
-    """Compute stretched where a node's ranks have fewer cores than math threads (one a rank)."""
+    """Compute stretched where a node's ranks have fewer cores than math threads (one a rank): a
+    synchronous step ends when the busiest core has run its ranks' work, ceil(ranks / cores) of
+    them (3 ranks on 2 cores: 2, not 1.5; the scheduler does not split a rank's step evenly over
+    the cores within a step of milliseconds)."""
     cores = cluster.get("cores_per_node")
-    return max(1.0, ranks_per_node / cores) if cores else 1.0
+    return float(max(1, math.ceil(ranks_per_node / cores))) if cores else 1.0
 
 
 def simulate(run, n, cluster, scheme, overlap, buckets=None):

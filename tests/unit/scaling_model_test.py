@@ -154,6 +154,16 @@ class ScalingModelTest(unittest.TestCase):
                            self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
         self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
 
+    def test_ranks_beyond_the_cores_wait_for_the_busiest_core(self):
+        """3 ranks on 2 cores: the busiest core runs two ranks' steps (stretch 2, not 1.5); 4 on 2: 2;
+        2 on 2 and any rank count without cores_per_node: 1."""
+        stretch = scaling_model.busy_stretch
+        self.assertEqual(stretch({"cores_per_node": 2}, 3), 2.0)
+        self.assertEqual(stretch({"cores_per_node": 2}, 4), 2.0)
+        self.assertEqual(stretch({"cores_per_node": 2}, 5), 3.0)
+        self.assertEqual(stretch({"cores_per_node": 2}, 2), 1.0)
+        self.assertEqual(stretch({}, 8), 1.0)
+
     def test_regrouping_into_larger_buckets(self):
         # Groups, arena end first: 0.5 MB at 5 ms, 0.7 MB at 8 ms, 2 MB at 12 ms, 1 MB at 19 ms. At 2 MB
         # buckets hpctrain cuts the first at 1 MiB (0.5 + 0.7 MB, ready at 8 ms), then 2 MB (12 ms),
