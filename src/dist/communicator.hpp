@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +35,24 @@ class Communicator {
   // Ends the whole job (every rank on every host) with this exit code: for an error one rank
   // meets alone, where waiting for the others in a collective would hang.
   [[noreturn]] virtual void abort(int exit_code) = 0;
+};
+
+// A world of one: every collective of one rank is the identity. What a process no launcher started
+// uses (mpi.cpp: no MPI at all), and the tests' bootstrap of one rank.
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  std::vector<uint64_t> allgather(uint64_t value) override { return {value}; }
+  void barrier() override {}
+  std::unique_ptr<Communicator> duplicate() override { return std::make_unique<SelfCommunicator>(); }
+  [[noreturn]] void abort(int exit_code) override {
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }
 };
 
 // The root's string on every rank.

@@ -7,7 +7,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -118,25 +117,6 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-// A world of one without MPI: the process was started by no launcher. Open MPI's singleton
-// MPI_Init forks an orted and wires it up, a second or more on a busy machine, for nothing: every
-// collective of one rank is the identity.
-class SelfCommunicator final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void allreduce_sum(float*, int64_t) override {}
-  void allreduce_sum(double*, int64_t) override {}
-  void broadcast(void*, int64_t, int) override {}
-  std::vector<uint64_t> allgather(uint64_t value) override { return {value}; }
-  void barrier() override {}
-  std::unique_ptr<Communicator> duplicate() override { return std::make_unique<SelfCommunicator>(); }
-  [[noreturn]] void abort(int exit_code) override {
-    std::fflush(nullptr);
-    std::_Exit(exit_code);
-  }
-};
-
 // Whether a launcher started this process as a rank of a job: mpirun/orted (Open MPI), a PMIx or
 // PMI server (srun, MPICH's hydra), MVAPICH's mpirun_rsh, or any step of a Slurm job (where MPI
 // decides, as it always has). HPCTRAIN_USE_MPI=1 asks for MPI (a singleton) regardless.
@@ -178,6 +158,8 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
     g_where = where();
     thread_multiple_ = true;  // no MPI calls at all: the communication thread has none to make
     cpu_share_ = cpus::fair_share({cpus::affinity()}, 0);  // as local_cpu_share computes it for one rank
+    // Open MPI's singleton MPI_Init would fork an orted and wire it up, a second or more on a busy
+    // machine, for collectives of one rank, which are the identity.
     comm_ = std::make_unique<SelfCommunicator>();
     return;
   }

@@ -13,20 +13,6 @@
 namespace hpc::dist {
 namespace {
 
-// The bootstrap of a world of one: nothing to send anywhere.
-class SelfCommunicator final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void allreduce_sum(float*, int64_t) override {}
-  void allreduce_sum(double*, int64_t) override {}
-  void broadcast(void*, int64_t, int) override {}
-  std::vector<uint64_t> allgather(uint64_t v) override { return {v}; }
-  void barrier() override {}
-  std::unique_ptr<Communicator> duplicate() override { return std::make_unique<SelfCommunicator>(); }
-  [[noreturn]] void abort(int code) override { std::exit(code); }
-};
-
 TEST(Nccl, EveryCollectiveRunsOnOneGpu) {
   if (device::cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA GPU visible (" << device::describe() << "): NCCL test skipped";

@@ -289,25 +289,12 @@ TEST(InitFrom, TensorsOfTheSameNameAndShapeAreCopied) {
 // A snapshot begun at a step boundary (Engine::begin_snapshot) holds that boundary's state
 // exactly, though its parameters and momentum are copied later: the next step's update first
 // completes the copy. Without that, this snapshot would hold the next step's parameters.
-class SelfCommunicator final : public dist::Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void allreduce_sum(float*, int64_t) override {}
-  void allreduce_sum(double*, int64_t) override {}
-  void broadcast(void*, int64_t, int) override {}
-  std::vector<uint64_t> allgather(uint64_t v) override { return {v}; }
-  void barrier() override {}
-  std::unique_ptr<dist::Communicator> duplicate() override { return std::make_unique<SelfCommunicator>(); }
-  [[noreturn]] void abort(int code) override { std::exit(code); }
-};
-
 TEST(EngineSnapshot, ABegunSnapshotHoldsItsBoundarysStateAfterTheNextStep) {
   nn::ModelSpec spec;  // cnn with batch norm: parameters, momentum and statistics
   auto model = std::make_unique<nn::Model<float>>(spec);
   model->init(1);
   auto sgd = std::make_unique<optim::Sgd<float>>(model->params(), optim::SgdSpec{});
-  SelfCommunicator self;
+  dist::SelfCommunicator self;
   train::TrainOptions o;
   const auto engine = train::make_cpu_engine(std::move(model), std::move(sgd), self, o, 1);
   data::Batch batch;
