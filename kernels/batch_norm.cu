@@ -3,7 +3,22 @@
 // 88% of a ResNet-50 step on an H200 (bench/README.md); these read the channels-innermost
 // layout directly. Every per-channel sum is taken in double over fixed slabs of rows, and the
 // slabs are added in a fixed order: the same bits on every run, whatever the GPU.
+//
+// Bytes are what a step pays for (the kernels are memory-bound), so the passes fuse what the
+// layers around them would otherwise read and write again:
+// - the forward's ReLU, and a residual block's join (y = relu(bn(x) + shortcut)), in the apply
+//   pass: the separate add and ReLU passes each read and wrote the block's output again;
+// - the backward's ReLU mask, recomputed from x with the forward's own coefficients (kept in
+//   the work area), in both backward passes: no separate pass reads y and dy to write a masked
+//   copy of dy. The recomputed mask is the one the forward stored, bit for bit (same
+//   arithmetic, same rounding to T).
+// Each thread moves 16 bytes at a time (V neighbouring channels of one row) where the channel
+// count and the pointers allow it, and keeps its channels' coefficients in registers across
+// the rows it visits: no division per element, and wide loads.
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
@@ -13,69 +28,145 @@
 namespace hpc::kernels {
 namespace {
 
-constexpr int kLanes = 32;      // channels per block: a warp reads 32 neighbouring channels of a row
-constexpr int kRowLanes = 8;    // rows a block reads at once
-constexpr int64_t kMaxSlabs = 256;
-constexpr int kCoefficients = 4;  // per channel, for the elementwise pass (see the finalize kernels)
+constexpr int kCoefficients = 4;   // per channel, for the elementwise passes (see the finalize kernels)
+constexpr int kBlockThreads = 256;  // of the sums and apply kernels
+constexpr int kSumBlocks = 1024;    // about what the sums kernel launches: slabs x channel blocks
+constexpr int kApplyBlocks = 2048;  // likewise for the apply passes
+constexpr int kLanes = 32;          // finalize: channels per block ...
+constexpr int kSlabLanes = 32;      // ... and lanes over the slabs
 
-int64_t slabs_for(int64_t rows) { return std::clamp<int64_t>((rows + 63) / 64, 1, kMaxSlabs); }
+// V values of T that move as one aligned load or store.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// The forward's normalised value of x, before the ReLU and the rounding to T. Written once and
+// used by the forward and by the backward's recomputed mask: an explicit fused multiply-add,
+// so no compiler choice can make the two differ.
+__device__ __forceinline__ float affine(float x, const float* k) { return __fmaf_rn(x - k[0], k[1], k[2]); }
+
+// Whether the forward's ReLU passed v: its stored output to_f(from_f<T>(max(v, 0))) is > 0
+// exactly when the rounding of v itself is (a NaN gives 0 and is not passed, as the forward).
+template <class T>
+__device__ __forceinline__ bool relu_passes(float v) {
+  return to_f(from_f<T>(v)) > 0.f;
+}
+
+// Launch geometry: a thread takes V neighbouring channels (cv = channels / V vectors per row);
+// a block is bx vectors by `by` rows; grid.x covers the vectors, grid.y the rows (slabs for
+// the sums). A deterministic function of (T, rows, channels): the slabs, hence the bits, of
+// every run of a shape are the same.
+struct Geometry {
+  Geometry(int v, int64_t rows, int64_t channels, int target_blocks) : vec(v) {
+    const int64_t cv = channels / v;
+    bx = static_cast<int>(std::min<int64_t>(cv, 32));
+    by = kBlockThreads / bx;
+    gx = static_cast<unsigned>((cv + bx - 1) / bx);
+    const int64_t row_groups = std::max<int64_t>((rows + by - 1) / by, 1);
+    gy = static_cast<unsigned>(std::clamp<int64_t>(target_blocks / static_cast<int64_t>(gx), 1, row_groups));
+    per_slab = (rows + gy - 1) / gy;
+  }
+  dim3 grid() const { return dim3(gx, gy); }
+  dim3 block() const { return dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)); }
+  int vec, bx, by;
+  unsigned gx, gy;
+  int64_t per_slab;
+};
+
+// The widest V (16 bytes of T) that divides the channels and keeps every pointer aligned.
+template <class T>
+int vector_width(int64_t channels, std::initializer_list<const void*> pointers) {
+  constexpr int wide = 16 / static_cast<int>(sizeof(T));
+  if (channels % wide != 0) return 1;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return wide;
+}
 
 // partial[slab][0][c] and partial[slab][1][c]: over the slab's rows, the sums of x and x^2
-// (forward), or of dy and dy (x - mean[c]) (backward).
-template <class T, bool kBackward>
-__global__ void partial_sums_kernel(const T* x, const T* dy, const float* mean, int64_t rows, int channels,
-                                    int64_t rows_per_slab, double* partial) {
-  __shared__ double s0[kRowLanes][kLanes], s1[kRowLanes][kLanes];
-  const int c = blockIdx.x * kLanes + threadIdx.x;
-  const int64_t slab = blockIdx.y, begin = slab * rows_per_slab;
+// (forward), or of g and g (x - mean[c]) (backward), g = dy, or dy where the forward's ReLU
+// passed (kMask, with the forward's coefficients fcoef).
+template <class T, int V, bool kBackward, bool kMask>
+__global__ void __launch_bounds__(kBlockThreads)
+    partial_sums_kernel(const T* x, const T* dy, const float* fcoef, int64_t rows, int channels,
+                        int64_t rows_per_slab, double* partial) {
+  __shared__ double s0[kBlockThreads][V], s1[kBlockThreads][V];
+  const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
+  const int64_t begin = blockIdx.y * rows_per_slab;
   const int64_t end = begin + rows_per_slab < rows ? begin + rows_per_slab : rows;
-  double a = 0, b = 0;
-  if (c < channels) {
-    const double m = kBackward ? mean[c] : 0.0;
-#pragma unroll 4
-    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
-      const double v = to_f(x[r * channels + c]);
+  double a[V], b[V];
+  float k[V][kCoefficients];
+#pragma unroll
+  for (int j = 0; j < V; ++j) a[j] = 0, b[j] = 0;
+  if (c0 < channels) {
+    if (kBackward)
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+#pragma unroll
+        for (int q = 0; q < kCoefficients; ++q) k[j][q] = fcoef[kCoefficients * (c0 + j) + q];
+#pragma unroll 2
+    for (int64_t r = begin + threadIdx.y; r < end; r += blockDim.y) {
+      const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
       if (kBackward) {
-        const double g = to_f(dy[r * channels + c]);
-        a += g;
-        b += g * (v - m);
+        const Pack<T, V> gv = *reinterpret_cast<const Pack<T, V>*>(dy + r * channels + c0);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float xf = to_f(xv.v[j]);
+          double g = to_f(gv.v[j]);
+          if (kMask && !relu_passes<T>(affine(xf, k[j]))) g = 0;
+          a[j] += g;
+          b[j] += g * (static_cast<double>(xf) - static_cast<double>(k[j][0]));
+        }
       } else {
-        a += v;
-        b += v * v;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const double v = to_f(xv.v[j]);
+          a[j] += v;
+          b[j] += v * v;
+        }
       }
     }
   }
-  s0[threadIdx.y][threadIdx.x] = a;
-  s1[threadIdx.y][threadIdx.x] = b;
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < V; ++j) s0[t][j] = a[j], s1[t][j] = b[j];
   __syncthreads();
-  if (threadIdx.y == 0 && c < channels) {
-    for (int k = 1; k < kRowLanes; ++k) a += s0[k][threadIdx.x], b += s1[k][threadIdx.x];
-    partial[(slab * 2) * channels + c] = a;
-    partial[(slab * 2 + 1) * channels + c] = b;
+  if (threadIdx.y != 0 || c0 >= channels) return;
+  for (int y = 1; y < static_cast<int>(blockDim.y); ++y) {  // the rows' lanes, in order
+    const int u = y * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] += s0[u][j], b[j] += s1[u][j];
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    partial[(blockIdx.y * 2) * static_cast<int64_t>(channels) + c0 + j] = a[j];
+    partial[(blockIdx.y * 2 + 1) * static_cast<int64_t>(channels) + c0 + j] = b[j];
   }
 }
 
 // The slabs' sums of channel c, added in a fixed order: lane y of the block takes slabs y,
-// y + 8, ..., then lane 0 adds the lanes in order. Every thread of the block must call it.
+// y + kSlabLanes, ..., then lane 0 adds the lanes in order. Every thread of the block must call it.
 __device__ void total_of(const double* partial, int64_t slabs, int channels, int c, double& a, double& b) {
-  __shared__ double s0[kRowLanes][kLanes], s1[kRowLanes][kLanes];
+  __shared__ double s0[kSlabLanes][kLanes], s1[kSlabLanes][kLanes];
   a = 0, b = 0;
   if (c < channels)
-    for (int64_t s = threadIdx.y; s < slabs; s += kRowLanes)
+#pragma unroll 4
+    for (int64_t s = threadIdx.y; s < slabs; s += kSlabLanes)
       a += partial[(s * 2) * channels + c], b += partial[(s * 2 + 1) * channels + c];
   s0[threadIdx.y][threadIdx.x] = a;
   s1[threadIdx.y][threadIdx.x] = b;
   __syncthreads();
   if (threadIdx.y == 0)
-    for (int k = 1; k < kRowLanes; ++k) a += s0[k][threadIdx.x], b += s1[k][threadIdx.x];
+    for (int k = 1; k < kSlabLanes; ++k) a += s0[k][threadIdx.x], b += s1[k][threadIdx.x];
 }
 
 // Forward: the statistics, the running averages, and for the elementwise pass (mean, scale,
 // shift): y = (x - mean) * scale + shift with scale = gamma * invstd, shift = beta.
-__global__ void forward_finalize_kernel(const double* partial, int64_t slabs, int64_t rows, int channels,
-                                        const float* gamma, const float* beta, float* running_mean,
-                                        float* running_var, double momentum, double eps, float* save_mean,
-                                        float* save_invstd, float* coef) {
+__global__ void __launch_bounds__(kLanes * kSlabLanes)
+    forward_finalize_kernel(const double* partial, int64_t slabs, int64_t rows, int channels,
+                            const float* gamma, const float* beta, float* running_mean, float* running_var,
+                            double momentum, double eps, float* save_mean, float* save_invstd, float* coef) {
   const int c = blockIdx.x * kLanes + threadIdx.x;
   double sum, squares;
   total_of(partial, slabs, channels, c, sum, squares);
@@ -91,14 +182,16 @@ __global__ void forward_finalize_kernel(const double* partial, int64_t slabs, in
   k[0] = static_cast<float>(mean);
   k[1] = static_cast<float>(gamma[c] * invstd);
   k[2] = beta[c];
+  k[3] = 0;
 }
 
-// Backward: dgamma = factor sum dy xhat, dbeta = factor sum dy, and for the elementwise pass
-// (mean, a, k, b): dx = a dy + k (x - mean) + b, which is
-// gamma invstd (dy - mean(dy) - xhat mean(dy xhat)) with xhat = (x - mean) invstd.
-__global__ void backward_finalize_kernel(const double* partial, int64_t slabs, int64_t rows, int channels,
-                                         const float* gamma, const float* save_mean, const float* save_invstd,
-                                         float param_factor, float* dgamma, float* dbeta, float* coef) {
+// Backward: dgamma = factor sum g xhat, dbeta = factor sum g, and for the elementwise pass
+// (mean, a, k, b): dx = a g + k (x - mean) + b, which is
+// gamma invstd (g - mean(g) - xhat mean(g xhat)) with xhat = (x - mean) invstd.
+__global__ void __launch_bounds__(kLanes * kSlabLanes)
+    backward_finalize_kernel(const double* partial, int64_t slabs, int64_t rows, int channels,
+                             const float* gamma, const float* save_mean, const float* save_invstd,
+                             float param_factor, float* dgamma, float* dbeta, float* coef) {
   const int c = blockIdx.x * kLanes + threadIdx.x;
   double sum_dy, sum_dy_centred;
   total_of(partial, slabs, channels, c, sum_dy, sum_dy_centred);
@@ -114,90 +207,182 @@ __global__ void backward_finalize_kernel(const double* partial, int64_t slabs, i
   k[3] = static_cast<float>(-g * invstd * sum_dy / n);
 }
 
-template <class T>
-__global__ void forward_apply_kernel(const T* x, T* y, int64_t n, int channels, const float* coef, bool relu) {
-  HPC_GRID_STRIDE(i, n) {
-    const float* k = coef + kCoefficients * static_cast<int>(i % channels);
-    float v = (to_f(x[i]) - k[0]) * k[1] + k[2];
-    if (relu) v = v > 0.f ? v : 0.f;
-    y[i] = from_f<T>(v);
+// y = bn(x), then (kResidual) rounded and added to the shortcut's r, then max(., 0) when relu:
+// the same roundings as the separate passes it replaces (bn rounded to T, the sum rounded).
+template <class T, int V, bool kResidual>
+__global__ void __launch_bounds__(kBlockThreads)
+    forward_apply_kernel(const T* x, const T* residual, T* y, int64_t rows, int channels, const float* coef,
+                         bool relu) {
+  const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
+  if (c0 >= channels) return;
+  float k[V][kCoefficients];
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int q = 0; q < kCoefficients; ++q) k[j][q] = coef[kCoefficients * (c0 + j) + q];
+  for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r < rows;
+       r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
+    const int64_t at = r * channels + c0;
+    const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(x + at);
+    Pack<T, V> rv;
+    if (kResidual) rv = *reinterpret_cast<const Pack<T, V>*>(residual + at);
+    Pack<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float v = affine(to_f(xv.v[j]), k[j]);
+      if (kResidual) v = to_f(from_f<T>(v)) + to_f(rv.v[j]);
+      if (relu) v = v > 0.f ? v : 0.f;
+      out.v[j] = from_f<T>(v);
+    }
+    *reinterpret_cast<Pack<T, V>*>(y + at) = out;
   }
 }
 
-template <class T>
-__global__ void backward_apply_kernel(const T* x, const T* dy, T* dx, int64_t n, int channels, const float* coef) {
-  HPC_GRID_STRIDE(i, n) {
-    const float* k = coef + kCoefficients * static_cast<int>(i % channels);
-    dx[i] = from_f<T>(k[1] * to_f(dy[i]) + k[2] * (to_f(x[i]) - k[0]) + k[3]);
+// dx = a g + k (x - mean) + b with the backward's coefficients bcoef, g = dy or (kMask) dy
+// where the forward's ReLU passed (the forward's coefficients fcoef).
+template <class T, int V, bool kMask>
+__global__ void __launch_bounds__(kBlockThreads)
+    backward_apply_kernel(const T* x, const T* dy, T* dx, int64_t rows, int channels, const float* fcoef,
+                          const float* bcoef) {
+  const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
+  if (c0 >= channels) return;
+  float f[V][kCoefficients], k[V][kCoefficients];
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int q = 0; q < kCoefficients; ++q) {
+      k[j][q] = bcoef[kCoefficients * (c0 + j) + q];
+      f[j][q] = kMask ? fcoef[kCoefficients * (c0 + j) + q] : 0.f;
+    }
+  for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r < rows;
+       r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
+    const int64_t at = r * channels + c0;
+    const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(x + at);
+    const Pack<T, V> gv = *reinterpret_cast<const Pack<T, V>*>(dy + at);
+    Pack<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float xf = to_f(xv.v[j]);
+      float g = to_f(gv.v[j]);
+      if (kMask && !relu_passes<T>(affine(xf, f[j]))) g = 0.f;
+      out.v[j] = from_f<T>(k[j][1] * g + k[j][2] * (xf - k[j][0]) + k[j][3]);
+    }
+    *reinterpret_cast<Pack<T, V>*>(dx + at) = out;
   }
 }
 
-// One call's plan: its slabs of rows, its grids, and the parts of its work area (the slabs'
-// partial sums in double, then the per-channel coefficients in float).
+// One call's plan: the geometry of its sums and of its apply pass, and the parts of its work
+// area: the forward's per-channel coefficients (kept there for the backward's mask and
+// centre), the backward's, then the slabs' partial sums in double. The coefficients come
+// first, at offsets that do not depend on the call's vector width (the backward's pointers
+// may allow another width than the forward's).
 struct Plan {
-  Plan(void* work, int64_t rows, int64_t channels)
-      : slabs(slabs_for(rows)),
-        per_slab((rows + slabs - 1) / slabs),
+  Plan(void* work, int v, int64_t rows, int64_t channels)
+      : sums(v, rows, channels, kSumBlocks),
+        apply(v, rows, channels, kApplyBlocks),
         c(static_cast<int>(channels)),
-        partial(static_cast<double*>(work)),
-        coef(reinterpret_cast<float*>(partial + slabs * 2 * channels)) {
+        fcoef(static_cast<float*>(work)),
+        bcoef(fcoef + kCoefficients * channels),
+        partial(reinterpret_cast<double*>(static_cast<char*>(work) + coefficient_bytes(channels))) {
     HPC_CHECK(rows > 1 && channels > 0 && channels <= INT32_MAX / kCoefficients,
               "batch norm of ", rows, " rows x ", channels, " channels");
   }
-  unsigned channel_blocks() const { return static_cast<unsigned>((c + kLanes - 1) / kLanes); }
-  dim3 sums_grid() const { return dim3(channel_blocks(), static_cast<unsigned>(slabs)); }
-  dim3 finalize_grid() const { return dim3(channel_blocks()); }
-  static dim3 block() { return dim3(kLanes, kRowLanes); }
+  // Every width a call of this shape may take (1, or 16 bytes of the type): the work area
+  // holds the partial sums of the one with the most slabs.
+  static size_t bytes(int wide, int64_t rows, int64_t channels) {
+    size_t slabs = 0;
+    for (int v : {1, wide})
+      if (channels % v == 0) slabs = std::max<size_t>(slabs, Geometry(v, rows, channels, kSumBlocks).gy);
+    return coefficient_bytes(channels) + slabs * 2 * static_cast<size_t>(channels) * sizeof(double);
+  }
+  // Both sets, rounded up to 16 bytes (the partial sums that follow are doubles).
+  static size_t coefficient_bytes(int64_t channels) {
+    return (2 * kCoefficients * static_cast<size_t>(channels) * sizeof(float) + 15) / 16 * 16;
+  }
+  dim3 finalize_grid() const { return dim3(static_cast<unsigned>((c + kLanes - 1) / kLanes)); }
+  static dim3 finalize_block() { return dim3(kLanes, kSlabLanes); }
 
-  int64_t slabs, per_slab;
+  Geometry sums, apply;
   int c;
+  float *fcoef, *bcoef;
   double* partial;
-  float* coef;
 };
+
+// Calls f with the vector width as a compile-time constant: 16 bytes of T, or 1.
+template <class T, class F>
+void with_width(int v, F&& f) {
+  constexpr int wide = 16 / static_cast<int>(sizeof(T));
+  if (v == wide) f(std::integral_constant<int, wide>{});
+  else f(std::integral_constant<int, 1>{});
+}
 
 }  // namespace
 
-size_t batch_norm_work_bytes(int64_t rows, int64_t channels) {
-  return static_cast<size_t>(slabs_for(rows) * 2 * channels) * sizeof(double) +
-         static_cast<size_t>(kCoefficients * channels) * sizeof(float);
+size_t batch_norm_work_bytes(DType t, int64_t rows, int64_t channels) {
+  size_t bytes = 0;
+  with_type(t, [&](auto tag) { bytes = Plan::bytes(16 / static_cast<int>(sizeof(tag)), rows, channels); });
+  return bytes;
 }
 
 void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int64_t channels, const float* gamma,
                               const float* beta, float* running_mean, float* running_var, double momentum,
                               double eps, bool relu, float* save_mean, float* save_invstd, void* work,
-                              cudaStream_t stream) {
-  const Plan p(work, rows, channels);
+                              cudaStream_t stream, const void* residual) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    partial_sums_kernel<T, false><<<p.sums_grid(), Plan::block(), 0, stream>>>(
-        static_cast<const T*>(x), nullptr, nullptr, rows, p.c, p.per_slab, p.partial);
-    CUDA_CHECK_LAUNCH();
-    forward_finalize_kernel<<<p.finalize_grid(), Plan::block(), 0, stream>>>(
-        p.partial, p.slabs, rows, p.c, gamma, beta, running_mean, running_var, momentum, eps, save_mean, save_invstd,
-        p.coef);
-    CUDA_CHECK_LAUNCH();
-    const int64_t n = rows * channels;
-    forward_apply_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n,
-                                                                   p.c, p.coef, relu);
+    const Plan p(work, vector_width<T>(channels, {x, y, residual}), rows, channels);
+    with_width<T>(p.sums.vec, [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      partial_sums_kernel<T, V, false, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+          static_cast<const T*>(x), nullptr, nullptr, rows, p.c, p.sums.per_slab, p.partial);
+      CUDA_CHECK_LAUNCH();
+      forward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(
+          p.partial, p.sums.gy, rows, p.c, gamma, beta, running_mean, running_var, momentum, eps, save_mean,
+          save_invstd, p.fcoef);
+      CUDA_CHECK_LAUNCH();
+      const auto* xt = static_cast<const T*>(x);
+      const auto* rt = static_cast<const T*>(residual);
+      auto* yt = static_cast<T*>(y);
+      if (residual)
+        forward_apply_kernel<T, V, true><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, rt, yt, rows, p.c,
+                                                                                         p.fcoef, relu);
+      else
+        forward_apply_kernel<T, V, false><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, nullptr, yt, rows,
+                                                                                          p.c, p.fcoef, relu);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }
 
 void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64_t rows, int64_t channels,
                          const float* gamma, const float* save_mean, const float* save_invstd, float param_factor,
-                         float* dgamma, float* dbeta, void* work, cudaStream_t stream) {
-  const Plan p(work, rows, channels);
+                         float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    partial_sums_kernel<T, true><<<p.sums_grid(), Plan::block(), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), save_mean, rows, p.c, p.per_slab, p.partial);
-    CUDA_CHECK_LAUNCH();
-    backward_finalize_kernel<<<p.finalize_grid(), Plan::block(), 0, stream>>>(
-        p.partial, p.slabs, rows, p.c, gamma, save_mean, save_invstd, param_factor, dgamma, dbeta, p.coef);
-    CUDA_CHECK_LAUNCH();
-    const int64_t n = rows * channels;
-    backward_apply_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, p.c, p.coef);
+    const Plan p(work, vector_width<T>(channels, {x, dy, dx}), rows, channels);
+    with_width<T>(p.sums.vec, [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      const auto* xt = static_cast<const T*>(x);
+      const auto* gt = static_cast<const T*>(dy);
+      // The sums' centre is the forward's mean as it kept it (fcoef[0] = save_mean, one float).
+      if (relu)
+        partial_sums_kernel<T, V, true, true><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+            xt, gt, p.fcoef, rows, p.c, p.sums.per_slab, p.partial);
+      else
+        partial_sums_kernel<T, V, true, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+            xt, gt, p.fcoef, rows, p.c, p.sums.per_slab, p.partial);
+      CUDA_CHECK_LAUNCH();
+      backward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(
+          p.partial, p.sums.gy, rows, p.c, gamma, save_mean, save_invstd, param_factor, dgamma, dbeta, p.bcoef);
+      CUDA_CHECK_LAUNCH();
+      auto* dxt = static_cast<T*>(dx);
+      if (relu)
+        backward_apply_kernel<T, V, true><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, gt, dxt, rows, p.c,
+                                                                                          p.fcoef, p.bcoef);
+      else
+        backward_apply_kernel<T, V, false><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, gt, dxt, rows, p.c,
+                                                                                           p.fcoef, p.bcoef);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -86,24 +86,30 @@ void sgd_step(float* params, const float* grads, float* velocity, int64_t n, con
 // ---- batch norm in training (nn::BatchNorm; NHWC: `channels` innermost, rows = N*H*W) --------
 
 // Per-channel sums are taken in double over fixed slabs of rows and the slabs added in a fixed
-// order: deterministic, the same bits on every run. x, y, dy and dx are of type t (F32, BF16
-// or F16), computed in float; the per-channel vectors are fp32. `work` is device scratch of
-// batch_norm_work_bytes(rows, channels) bytes, used by one call at a time.
-size_t batch_norm_work_bytes(int64_t rows, int64_t channels);
+// order: deterministic, the same bits on every run. x, y, dy, dx and residual are of type t
+// (F32, BF16 or F16), computed in float; the per-channel vectors are fp32. `work` is device
+// scratch of batch_norm_work_bytes(t, rows, channels) bytes, used by one layer: the forward
+// keeps its coefficients there for the backward of the same step.
+size_t batch_norm_work_bytes(DType t, int64_t rows, int64_t channels);
 // The batch's mean and 1 / sqrt(biased variance + eps) into save_mean and save_invstd;
 // running = (1 - momentum) running + momentum batch, the variance unbiased (as cuDNN, PyTorch
-// and the CPU layer); y = (x - mean) invstd gamma + beta, then max(y, 0) when relu.
+// and the CPU layer); y = (x - mean) invstd gamma + beta; when residual is not null, y rounded
+// to t plus residual (a residual block's join, fused: nn::Residual adds after the branch's
+// last batch norm); then max(y, 0) when relu. Each step rounds as the separate passes would.
 void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int64_t channels, const float* gamma,
                               const float* beta, float* running_mean, float* running_var, double momentum,
                               double eps, bool relu, float* save_mean, float* save_invstd, void* work,
-                              cudaStream_t stream);
-// From dy, the gradient of the normalised output (a ReLU's mask already applied), and the
-// forward's save_mean and save_invstd: dgamma = param_factor sum dy xhat and dbeta =
-// param_factor sum dy (both overwritten), dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat))
-// with xhat = (x - mean) invstd.
+                              cudaStream_t stream, const void* residual = nullptr);
+// From dy, the gradient of the normalised output, and the forward's save_mean and save_invstd:
+// dgamma = param_factor sum g xhat and dbeta = param_factor sum g (both overwritten),
+// dx = gamma invstd (g - mean(g) - xhat mean(g xhat)) with xhat = (x - mean) invstd, where
+// g = dy, or, when relu, dy where the forward's fused ReLU (no residual) let its value through:
+// the mask is recomputed from x with the forward's coefficients in `work`, bit for bit the one
+// its stored output gives, so no pass reads y. Call after the forward of the same step, with
+// the same work area.
 void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64_t rows, int64_t channels,
                          const float* gamma, const float* save_mean, const float* save_invstd, float param_factor,
-                         float* dgamma, float* dbeta, void* work, cudaStream_t stream);
+                         float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu = false);
 
 // ---- mixed precision ----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/device.hpp"
@@ -286,7 +287,7 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
     int64_t rows, channels;
     bool relu;
   };
-  for (const Case k : {Case{1000, 40, false}, Case{1000, 40, true}, Case{3, 3, false}, Case{20000, 7, true}}) {
+  for (const Case k : {Case{1000, 40, false}, Case{1000, 40, true}, Case{3, 3, false}, Case{20000, 7, true}, Case{30000, 64, true}}) {
     SCOPED_TRACE(::testing::Message() << k.rows << " x " << k.channels << (k.relu ? " relu" : ""));
     const int64_t rows = k.rows, c = k.channels, n = rows * c;
     auto x = random_floats(static_cast<size_t>(n), 31);
@@ -328,7 +329,7 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
       DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), drm(running_mean), drv(running_var);
       DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
           si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
-      DeviceBuffer<double> work((kernels::batch_norm_work_bytes(rows, c) + 7) / 8);
+      DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
       kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), drm.get(),
                                         drv.get(), momentum, eps, k.relu, sm.get(), si.get(), work.get(), stream_);
       kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(), si.get(),
@@ -346,6 +347,74 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
       } else {
         EXPECT_EQ(std::memcmp(first_y.data(), gy.data(), gy.size() * 4), 0) << "y repeats bit for bit";
         EXPECT_EQ(std::memcmp(first_dx.data(), gdx.data(), gdx.size() * 4), 0) << "dx repeats bit for bit";
+      }
+    }
+  }
+}
+
+// The fusions of kernels/batch_norm.cu against the separate passes they replace, on the GPU,
+// bit for bit, in every stored type and at both vector widths (channels that 16 bytes of the
+// type divide, and channels that they do not): the forward with a residual join and its ReLU
+// equals bn, then add, then ReLU; the backward with the ReLU mask recomputed from x equals
+// relu_backward on the stored output, then the backward without a mask (dx, dgamma, dbeta).
+// A dropped mask, a wrong residual or a mask off by one rounding differs somewhere in these
+// batches (a third of the values are masked, some within rounding of zero).
+TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
+  struct Case {
+    int64_t rows, channels;
+  };
+  for (const Precision prec : kStored) {
+    const DType t = dtype_of(prec);
+    for (const Case k : {Case{1000, 64}, Case{777, 24}, Case{300, 12}, Case{50, 3}, Case{4096, 256}}) {
+      SCOPED_TRACE(::testing::Message() << testing::name_of(prec) << " " << k.rows << " x " << k.channels);
+      const int64_t rows = k.rows, c = k.channels;
+      const auto n = static_cast<size_t>(rows * c);
+      auto x = random_floats(n, 41);
+      for (size_t i = 0; i < n; ++i) x[i] += 0.5f * static_cast<float>(i % static_cast<size_t>(c) % 3);
+      for (size_t i = 0; i < n; i += 97) x[i] = 0.f;  // values the affine map sends near zero
+      const auto dy = random_floats(n, 42), res = random_floats(n, 43);
+      const auto gamma = random_floats(static_cast<size_t>(c), 44), beta = random_floats(static_cast<size_t>(c), 45);
+      TypedBuffer dx_in(prec, x), ddy(prec, dy), dres(prec, res);
+      DeviceBuffer<float> dg(gamma), db(beta);
+      const size_t work_doubles = (kernels::batch_norm_work_bytes(t, rows, c) + 7) / 8;
+      auto forward = [&](bool relu, const void* residual, void* y, DeviceBuffer<double>& work) {
+        DeviceBuffer<float> rm(std::vector<float>(static_cast<size_t>(c), 0.f));
+        DeviceBuffer<float> rv(std::vector<float>(static_cast<size_t>(c), 1.f));
+        DeviceBuffer<float> sm(static_cast<size_t>(c)), si(static_cast<size_t>(c));
+        kernels::batch_norm_forward_train(t, dx_in.get(), y, rows, c, dg.get(), db.get(), rm.get(), rv.get(), 0.1,
+                                          1e-5, relu, sm.get(), si.get(), work.get(), stream_, residual);
+        return std::make_pair(sm.host(), si.host());
+      };
+      // Forward: joined and fused, against bn, add, ReLU.
+      {
+        DeviceBuffer<double> w1(work_doubles), w2(work_doubles);
+        TypedBuffer fused(prec, std::vector<float>(n)), plain(prec, std::vector<float>(n));
+        forward(true, dres.get(), fused.get(), w1);
+        forward(false, nullptr, plain.get(), w2);
+        kernels::add(t, plain.get(), dres.get(), plain.get(), rows * c, stream_);
+        kernels::relu_forward(t, plain.get(), plain.get(), rows * c, stream_);
+        EXPECT_TRUE(same_values(fused.host(), plain.host())) << "relu(bn(x) + residual)";
+      }
+      // Backward: the mask recomputed from x, against relu_backward on the stored output.
+      {
+        DeviceBuffer<double> work(work_doubles);
+        TypedBuffer y(prec, std::vector<float>(n));
+        const auto [sm_host, si_host] = forward(true, nullptr, y.get(), work);
+        DeviceBuffer<float> sm(sm_host), si(si_host);
+        TypedBuffer dx1(prec, std::vector<float>(n)), dx2(prec, std::vector<float>(n)), masked(prec, std::vector<float>(n));
+        DeviceBuffer<float> dgamma1(static_cast<size_t>(c)), dbeta1(static_cast<size_t>(c));
+        DeviceBuffer<float> dgamma2(static_cast<size_t>(c)), dbeta2(static_cast<size_t>(c));
+        kernels::batch_norm_backward(t, dx_in.get(), ddy.get(), dx1.get(), rows, c, dg.get(), sm.get(), si.get(),
+                                     0.5f, dgamma1.get(), dbeta1.get(), work.get(), stream_, true);
+        kernels::relu_backward(t, y.get(), ddy.get(), masked.get(), rows * c, stream_);
+        kernels::batch_norm_backward(t, dx_in.get(), masked.get(), dx2.get(), rows, c, dg.get(), sm.get(), si.get(),
+                                     0.5f, dgamma2.get(), dbeta2.get(), work.get(), stream_, false);
+        const auto yh = y.host();
+        const auto zeros = std::count(yh.begin(), yh.end(), 0.f);
+        EXPECT_GT(zeros, static_cast<long>(n / 5)) << "the ReLU masks a good part of the batch";
+        EXPECT_TRUE(same_values(dx1.host(), dx2.host())) << "dx";
+        EXPECT_TRUE(same_values(dgamma1.host(), dgamma2.host())) << "dgamma";
+        EXPECT_TRUE(same_values(dbeta1.host(), dbeta2.host())) << "dbeta";
       }
     }
   }

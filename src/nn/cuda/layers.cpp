@@ -258,12 +258,26 @@ const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
   if (low) to_fp32_grad(ctx_, dweight_lp_, arenas_.grad(weight_));
   if (!need_dx) return dx_;
   if (!p.have_bwd_data) choose_backward_data(p);
-  ensure(dx_, x_.shape(), ctx_.act());
+  // dx into this layer's buffer, or into the target a residual block gave (set_dx_target),
+  // there added to what it holds: cuDNN's beta = 1 does the join's add as it writes.
+  Tensor& dx = dx_target_ ? *dx_target_ : dx_;
+  if (accumulate_dx_)
+    HPC_CHECK(dx.shape() == x_.shape() && dx.dtype() == ctx_.act(), "convolution gradient of ", x_.shape().str(),
+              " added to ", dx.shape().str());
+  else
+    ensure(dx, x_.shape(), ctx_.act());
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, p.bwd_data_math));
   CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_, weight_used_, y_desc_.get(),
                                            dy.raw(), conv_bwd_data_, p.bwd_data, ctx_.workspace(p.bwd_data_bytes),
-                                           p.bwd_data_bytes, &kZero, x_desc_.get(), dx_.raw()));
-  return dx_;
+                                           p.bwd_data_bytes, accumulate_dx_ ? &kOne : &kZero, x_desc_.get(),
+                                           dx.raw()));
+  return dx;
+}
+
+void ConvGpu::set_dx_target(Tensor* target, bool accumulate) {
+  HPC_CHECK(target || !accumulate, "a convolution can add its input gradient only to a given tensor");
+  dx_target_ = target;
+  accumulate_dx_ = accumulate;
 }
 
 // ---- batch norm [+ ReLU] [+ max pool] -----------------------------------------------------------
@@ -315,16 +329,20 @@ const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
   ensure(save_mean_, Shape{in_.c});
   ensure(save_invstd_, Shape{in_.c});
   const int64_t rows = n * in_.h * in_.w;
+  // A residual block's join (join()), fused into the apply pass when it comes in this layer's
+  // type; otherwise added after, as the block would.
+  const bool fuse_join = train && join_ && join_->dtype() == io_ && join_->shape() == x.shape();
   if (train) {
     // Our NHWC kernels, ReLU fused (cuDNN's legacy calls ran NCHW kernels on this layout:
     // kernels/batch_norm.cu). The running variance takes the unbiased batch variance, as
     // PyTorch's and the CPU layer's.
-    ensure(work_, Shape{static_cast<int64_t>((kernels::batch_norm_work_bytes(rows, in_.c) + 7) / 8)}, DType::F64);
+    ensure(work_, Shape{static_cast<int64_t>((kernels::batch_norm_work_bytes(io_, rows, in_.c) + 7) / 8)},
+           DType::F64);
     kernels::batch_norm_forward_train(io_, x.raw(), y_.raw(), rows, in_.c, arenas_.value(gamma_),
                                       arenas_.value(beta_), arenas_.buffer(running_mean_),
-                                      arenas_.buffer(running_var_), momentum_, eps_, relu_,
+                                      arenas_.buffer(running_var_), momentum_, eps_, relu_ || fuse_join,
                                       save_mean_.data<float>(), save_invstd_.data<float>(), work_.raw(),
-                                      ctx_.stream());
+                                      ctx_.stream(), fuse_join ? join_->raw() : nullptr);
   } else {
     CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
         ctx_.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x.raw(), x_desc_.get(), y_.raw(),
@@ -332,11 +350,25 @@ const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
         arenas_.buffer(running_var_), eps_));
     if (relu_) kernels::relu_forward(y_.dtype(), y_.raw(), y_.raw(), y_.numel(), ctx_.stream());
   }
+  if (join_ && !fuse_join) {  // the join the apply pass could not take: y = relu(y + residual)
+    Tensor& out = y_.dtype() == ctx_.act() ? y_ : y_low_;
+    as_type(ctx_, y_, ctx_.act(), y_low_);  // fills y_low_ when the types differ
+    HPC_CHECK(join_->dtype() == out.dtype() && join_->shape() == out.shape(), "residual join of ",
+              join_->shape().str(), " onto ", out.shape().str());
+    kernels::add(out.dtype(), out.raw(), join_->raw(), out.raw(), out.numel(), ctx_.stream());
+    kernels::relu_forward(out.dtype(), out.raw(), out.raw(), out.numel(), ctx_.stream());
+    return out;
+  }
   if (!pool_) return as_type(ctx_, y_, ctx_.act(), y_low_);
   ensure(pooled_y_, nhwc_shape(n, pooled_, true), io_);
   CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), y_.raw(), &kZero, pooled_desc_.get(),
                                   pooled_y_.raw()));
   return as_type(ctx_, pooled_y_, ctx_.act(), y_low_);
+}
+
+void BatchNormGpu::join(const Tensor* residual) {
+  HPC_CHECK(!residual || joinable(), "a batch norm with its own ReLU or pool cannot take a residual join");
+  join_ = residual;
 }
 
 const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
@@ -349,18 +381,14 @@ const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
                                      dnorm_.raw()));
     d = &dnorm_;
   }
-  if (relu_) {
-    ensure(dnorm_, x_.shape(), io_);  // elementwise: dnorm_ may be its own input
-    kernels::relu_backward(y_.dtype(), y_.raw(), d->raw(), dnorm_.raw(), dnorm_.numel(), ctx_.stream());
-    d = &dnorm_;
-  }
   ensure(dx_, x_.shape(), io_);
   // dx keeps the loss scale (the backward pass goes on with it); dgamma and dbeta, fp32 in
-  // every precision, have it divided out.
+  // every precision, have it divided out. The fused ReLU's mask is applied inside (recomputed
+  // from x): no pass of its own.
   const int64_t rows = x_.shape()[0] * in_.h * in_.w;
   kernels::batch_norm_backward(io_, x_.raw(), d->raw(), dx_.raw(), rows, in_.c, arenas_.value(gamma_),
                                save_mean_.data<float>(), save_invstd_.data<float>(), ctx_.grad_factor(),
-                               arenas_.grad(gamma_), arenas_.grad(beta_), work_.raw(), ctx_.stream());
+                               arenas_.grad(gamma_), arenas_.grad(beta_), work_.raw(), ctx_.stream(), relu_);
   return as_type(ctx_, dx_, ctx_.act(), dx_low_);
 }
 
@@ -503,26 +531,62 @@ const Tensor& LinearGpu::backward_low(const Tensor& dy, bool need_dx, int o, int
 // ---- residual ---------------------------------------------------------------------------------------
 
 ResidualGpu::ResidualGpu(GpuContext& ctx, std::unique_ptr<GpuSequential> main, std::unique_ptr<GpuSequential> shortcut)
-    : ctx_(ctx), main_(std::move(main)), shortcut_(std::move(shortcut)) {}
+    : ctx_(ctx), main_(std::move(main)), shortcut_(std::move(shortcut)) {
+  // The fusions a block's layers allow: the join and its ReLU in the branch's last batch norm
+  // (no ReLU or pool of its own); the input gradients' sum in the branches' first
+  // convolutions. The main branch's first layer must not be the one that reads the block's
+  // output gradient (dsum_): with the identity shortcut it writes its dx into dsum_.
+  if (auto* bn = dynamic_cast<BatchNormGpu*>(main_->last()); bn && bn->joinable()) join_ = bn;
+  if (main_->size() >= 2) main_conv_ = dynamic_cast<ConvGpu*>(main_->first());
+  if (!shortcut_->empty()) short_conv_ = dynamic_cast<ConvGpu*>(shortcut_->first());
+}
 
 const Tensor& ResidualGpu::forward(const Tensor& x, bool train) {
+  if (join_) {  // the shortcut first: the main branch's last batch norm adds it and applies the ReLU
+    const Tensor& b = shortcut_->empty() ? x : shortcut_->forward(x, train);
+    join_->join(&b);
+    const Tensor& y = main_->forward(x, train);
+    join_->join(nullptr);
+    out_ = &y;
+    return y;
+  }
   const Tensor& a = main_->forward(x, train);
   const Tensor& b = shortcut_->empty() ? x : shortcut_->forward(x, train);
   ensure(y_, a.shape(), a.dtype());
   kernels::add(a.dtype(), a.raw(), b.raw(), y_.raw(), a.numel(), ctx_.stream());
   kernels::relu_forward(y_.dtype(), y_.raw(), y_.raw(), y_.numel(), ctx_.stream());
+  out_ = &y_;
   return y_;
 }
 
 const Tensor& ResidualGpu::backward(const Tensor& dy, bool need_dx) {
   ensure(dsum_, dy.shape(), dy.dtype());
-  kernels::relu_backward(dy.dtype(), y_.raw(), dy.raw(), dsum_.raw(), dy.numel(), ctx_.stream());
+  kernels::relu_backward(dy.dtype(), out_->raw(), dy.raw(), dsum_.raw(), dy.numel(), ctx_.stream());
   // The add sends the same gradient into both branches; their input gradients sum.
-  const Tensor& dmain = main_->backward(dsum_, need_dx);
   if (!need_dx) {
+    main_->backward(dsum_, false);
     if (!shortcut_->empty()) shortcut_->backward(dsum_, false);
     return dx_;
   }
+  // Summed as the first convolutions write them: with the identity shortcut into dsum_ itself
+  // (only the main branch's last layer reads it, before its first writes), else into dx_,
+  // which the shortcut's convolution fills first.
+  if (main_conv_ && shortcut_->empty()) {
+    main_conv_->set_dx_target(&dsum_, true);
+    main_->backward(dsum_, true);
+    main_conv_->set_dx_target(nullptr, false);
+    return dsum_;
+  }
+  if (main_conv_ && short_conv_) {
+    short_conv_->set_dx_target(&dx_, false);
+    shortcut_->backward(dsum_, true);
+    short_conv_->set_dx_target(nullptr, false);
+    main_conv_->set_dx_target(&dx_, true);
+    main_->backward(dsum_, true);
+    main_conv_->set_dx_target(nullptr, false);
+    return dx_;
+  }
+  const Tensor& dmain = main_->backward(dsum_, need_dx);
   const Tensor& dshort = shortcut_->empty() ? dsum_ : shortcut_->backward(dsum_, true);
   ensure(dx_, dmain.shape(), dmain.dtype());
   kernels::add(dmain.dtype(), dmain.raw(), dshort.raw(), dx_.raw(), dmain.numel(), ctx_.stream());

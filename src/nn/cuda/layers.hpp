@@ -51,6 +51,9 @@ class GpuSequential final : public GpuLayer {
  public:
   void add(GpuLayerPtr l) { layers_.push_back(std::move(l)); }
   bool empty() const { return layers_.empty(); }
+  size_t size() const { return layers_.size(); }
+  GpuLayer* first() const { return layers_.empty() ? nullptr : layers_.front().get(); }
+  GpuLayer* last() const { return layers_.empty() ? nullptr : layers_.back().get(); }
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
   // backward, calling after_layer(i) once layer i's backward is enqueued.
@@ -75,6 +78,9 @@ class ConvGpu final : public GpuLayer {
   ~ConvGpu() override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  // Until reset (nullptr): the backward writes dx into *target instead of its own buffer, or,
+  // when accumulate, adds it to what *target holds (a residual block's sum of branches).
+  void set_dx_target(Tensor* target, bool accumulate);
 
  private:
   struct Plan {  // the algorithms for one batch size, chosen once
@@ -99,6 +105,8 @@ class ConvGpu final : public GpuLayer {
   std::map<int64_t, Plan> plans_;
   int64_t weight_count_ = 0;
   const void* weight_used_ = nullptr;  // the fp32 weight, or this step's 16-bit copy
+  Tensor* dx_target_ = nullptr;
+  bool accumulate_dx_ = false;
   Tensor x_, y_, dx_, weight_lp_, bias_lp_, dweight_lp_;
 };
 
@@ -111,6 +119,10 @@ class BatchNormGpu final : public GpuLayer {
   ~BatchNormGpu() override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
+  // A residual block's join, fused: while residual is set, the forward returns
+  // relu(bn(x) + *residual). Only for a batch norm without its own ReLU and pool.
+  bool joinable() const { return !relu_ && pool_kernel_ == 0; }
+  void join(const Tensor* residual);
 
  private:
   GpuContext& ctx_;
@@ -124,6 +136,7 @@ class BatchNormGpu final : public GpuLayer {
   TensorDesc x_desc_, pooled_desc_, stats_desc_;
   int64_t described_n_ = -1;
   DType io_;  // the type it computes in: GpuContext::norm_type()
+  const Tensor* join_ = nullptr;
   Tensor x_, y_, pooled_y_, save_mean_, save_invstd_, dnorm_, dx_;
   Tensor work_;  // the training kernels' scratch (kernels::batch_norm_work_bytes)
   Tensor x_wide_, dy_wide_, y_low_, dx_low_;  // when io_ is not the activations' type
@@ -188,7 +201,9 @@ class LinearGpu final : public GpuLayer {
   Tensor x_, y_, dx_, weight_lp_, bias_lp_;
 };
 
-// relu(main(x) + shortcut(x)); an empty shortcut is the identity.
+// relu(main(x) + shortcut(x)); an empty shortcut is the identity. Where the branches allow
+// it, the join and its ReLU run inside the main branch's last batch norm, and the branches'
+// input gradients are summed by their first convolutions: no pass of their own.
 class ResidualGpu final : public GpuLayer {
  public:
   ResidualGpu(GpuContext& ctx, std::unique_ptr<GpuSequential> main, std::unique_ptr<GpuSequential> shortcut);
@@ -198,6 +213,9 @@ class ResidualGpu final : public GpuLayer {
  private:
   GpuContext& ctx_;
   std::unique_ptr<GpuSequential> main_, shortcut_;
+  BatchNormGpu* join_ = nullptr;
+  ConvGpu *main_conv_ = nullptr, *short_conv_ = nullptr;
+  const Tensor* out_ = nullptr;  // the block's output: y_, or the joining batch norm's
   Tensor y_, dsum_, dx_;
 };
 
