@@ -34,12 +34,10 @@ constexpr int kSumBlocks = 1024;    // about what the sums kernel launches: slab
 constexpr int kApplyBlocks = 2048;  // likewise for the apply passes
 constexpr int kLanes = 32;          // finalize: channels per block ...
 constexpr int kSlabLanes = 32;      // ... and lanes over the slabs
-
-// V values of T that move as one aligned load or store.
+// Rows a thread of the sums and apply passes loads before it computes: 64 bytes of each input
+// in flight per thread (the registers of two blocks a multiprocessor hold the rest).
 template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
+constexpr int kRows = 64 / static_cast<int>(sizeof(T) * V) < 4 ? 64 / static_cast<int>(sizeof(T) * V) : 4;
 
 // The forward's normalised value of x, before the ReLU and the rounding to T. Written once and
 // used by the forward and by the backward's recomputed mask: an explicit fused multiply-add,
@@ -74,29 +72,21 @@ struct Geometry {
   int64_t per_slab;
 };
 
-// The widest V (16 bytes of T) that divides the channels and keeps every pointer aligned.
-template <class T>
-int vector_width(int64_t channels, std::initializer_list<const void*> pointers) {
-  constexpr int wide = 16 / static_cast<int>(sizeof(T));
-  if (channels % wide != 0) return 1;
-  for (const void* p : pointers)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
-  return wide;
-}
-
 // partial[slab][0][c] and partial[slab][1][c]: over the slab's rows, the sums of x and x^2
 // (forward), or of g and g (x - mean[c]) (backward), g = dy, or dy where the forward's ReLU
-// passed (kMask, with the forward's coefficients fcoef).
+// passed (kMask, with the forward's coefficients fcoef). A thread loads kRows rows before it
+// adds (enough bytes in flight to keep the memory busy), adds each group in float and the
+// groups in double.
 template <class T, int V, bool kBackward, bool kMask>
-__global__ void __launch_bounds__(kBlockThreads)
-    partial_sums_kernel(const T* x, const T* dy, const float* fcoef, int64_t rows, int channels,
-                        int64_t rows_per_slab, double* partial) {
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    partial_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ fcoef,
+                        int64_t rows, int channels, int64_t rows_per_slab, double* __restrict__ partial) {
   __shared__ double s0[kBlockThreads][V], s1[kBlockThreads][V];
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
   const int64_t begin = blockIdx.y * rows_per_slab;
   const int64_t end = begin + rows_per_slab < rows ? begin + rows_per_slab : rows;
   double a[V], b[V];
-  float k[V][kCoefficients];
+  float k[V][3];
 #pragma unroll
   for (int j = 0; j < V; ++j) a[j] = 0, b[j] = 0;
   if (c0 < channels) {
@@ -104,27 +94,37 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
       for (int j = 0; j < V; ++j)
 #pragma unroll
-        for (int q = 0; q < kCoefficients; ++q) k[j][q] = fcoef[kCoefficients * (c0 + j) + q];
-#pragma unroll 2
-    for (int64_t r = begin + threadIdx.y; r < end; r += blockDim.y) {
-      const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
-      if (kBackward) {
-        const Pack<T, V> gv = *reinterpret_cast<const Pack<T, V>*>(dy + r * channels + c0);
+        for (int q = 0; q < 3; ++q) k[j][q] = fcoef[kCoefficients * (c0 + j) + q];
+    const int64_t step = blockDim.y;
+    for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += kRows<T, V> * step) {
+      Pack<T, V> xv[kRows<T, V>], gv[kRows<T, V>];
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float xf = to_f(xv.v[j]);
-          double g = to_f(gv.v[j]);
-          if (kMask && !relu_passes<T>(affine(xf, k[j]))) g = 0;
-          a[j] += g;
-          b[j] += g * (static_cast<double>(xf) - static_cast<double>(k[j][0]));
+      for (int u = 0; u < kRows<T, V>; ++u) {
+        const int64_t r = r0 + u * step;
+        if (r < end) {
+          xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
+          if (kBackward) gv[u] = *reinterpret_cast<const Pack<T, V>*>(dy + r * channels + c0);
         }
-      } else {
+      }
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const double v = to_f(xv.v[j]);
-          a[j] += v;
-          b[j] += v * v;
+      for (int j = 0; j < V; ++j) {
+        float fa = 0.f, fb = 0.f;
+#pragma unroll
+        for (int u = 0; u < kRows<T, V>; ++u) {
+          if (r0 + u * step >= end) continue;
+          const float xf = to_f(xv[u].v[j]);
+          if (kBackward) {
+            float g = to_f(gv[u].v[j]);
+            if (kMask && !relu_passes<T>(affine(xf, k[j]))) g = 0.f;
+            fa += g;
+            fb += g * (xf - k[j][0]);
+          } else {
+            fa += xf;
+            fb += xf * xf;
+          }
         }
+        a[j] += fa;
+        b[j] += fb;
       }
     }
   }
@@ -210,64 +210,87 @@ __global__ void __launch_bounds__(kLanes * kSlabLanes)
 // y = bn(x), then (kResidual) rounded and added to the shortcut's r, then max(., 0) when relu:
 // the same roundings as the separate passes it replaces (bn rounded to T, the sum rounded).
 template <class T, int V, bool kResidual>
-__global__ void __launch_bounds__(kBlockThreads)
-    forward_apply_kernel(const T* x, const T* residual, T* y, int64_t rows, int channels, const float* coef,
-                         bool relu) {
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    forward_apply_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ y, int64_t rows,
+                         int channels, const float* __restrict__ coef, bool relu) {
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
   if (c0 >= channels) return;
-  float k[V][kCoefficients];
+  float k[V][3];
 #pragma unroll
   for (int j = 0; j < V; ++j)
 #pragma unroll
-    for (int q = 0; q < kCoefficients; ++q) k[j][q] = coef[kCoefficients * (c0 + j) + q];
-  for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r < rows;
-       r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
-    const int64_t at = r * channels + c0;
-    const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(x + at);
-    Pack<T, V> rv;
-    if (kResidual) rv = *reinterpret_cast<const Pack<T, V>*>(residual + at);
-    Pack<T, V> out;
+    for (int q = 0; q < 3; ++q) k[j][q] = coef[kCoefficients * (c0 + j) + q];
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += kRows<T, V> * step) {
+    Pack<T, V> xv[kRows<T, V>], rv[kRows<T, V>];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      float v = affine(to_f(xv.v[j]), k[j]);
-      if (kResidual) v = to_f(from_f<T>(v)) + to_f(rv.v[j]);
-      if (relu) v = v > 0.f ? v : 0.f;
-      out.v[j] = from_f<T>(v);
+    for (int u = 0; u < kRows<T, V>; ++u) {
+      const int64_t r = r0 + u * step;
+      if (r < rows) {
+        xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
+        if (kResidual) rv[u] = *reinterpret_cast<const Pack<T, V>*>(residual + r * channels + c0);
+      }
     }
-    *reinterpret_cast<Pack<T, V>*>(y + at) = out;
+#pragma unroll
+    for (int u = 0; u < kRows<T, V>; ++u) {
+      const int64_t r = r0 + u * step;
+      if (r >= rows) break;
+      Pack<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        float v = affine(to_f(xv[u].v[j]), k[j]);
+        if (kResidual) v = to_f(from_f<T>(v)) + to_f(rv[u].v[j]);
+        if (relu) v = v > 0.f ? v : 0.f;
+        out.v[j] = from_f<T>(v);
+      }
+      *reinterpret_cast<Pack<T, V>*>(y + r * channels + c0) = out;
+    }
   }
 }
 
 // dx = a g + k (x - mean) + b with the backward's coefficients bcoef, g = dy or (kMask) dy
 // where the forward's ReLU passed (the forward's coefficients fcoef).
 template <class T, int V, bool kMask>
-__global__ void __launch_bounds__(kBlockThreads)
-    backward_apply_kernel(const T* x, const T* dy, T* dx, int64_t rows, int channels, const float* fcoef,
-                          const float* bcoef) {
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    backward_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
+                          int channels, const float* __restrict__ fcoef, const float* __restrict__ bcoef) {
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
   if (c0 >= channels) return;
-  float f[V][kCoefficients], k[V][kCoefficients];
+  // k[j][0] is the forward's mean, as f[j][0] is (both save_mean): kept once.
+  float f[V][3], k[V][kCoefficients];
 #pragma unroll
-  for (int j = 0; j < V; ++j)
+  for (int j = 0; j < V; ++j) {
 #pragma unroll
-    for (int q = 0; q < kCoefficients; ++q) {
-      k[j][q] = bcoef[kCoefficients * (c0 + j) + q];
-      f[j][q] = kMask ? fcoef[kCoefficients * (c0 + j) + q] : 0.f;
+    for (int q = 0; q < kCoefficients; ++q) k[j][q] = bcoef[kCoefficients * (c0 + j) + q];
+    f[j][0] = k[j][0];
+#pragma unroll
+    for (int q = 1; q < 3; ++q) f[j][q] = kMask ? fcoef[kCoefficients * (c0 + j) + q] : 0.f;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += kRows<T, V> * step) {
+    Pack<T, V> xv[kRows<T, V>], gv[kRows<T, V>];
+#pragma unroll
+    for (int u = 0; u < kRows<T, V>; ++u) {
+      const int64_t r = r0 + u * step;
+      if (r < rows) {
+        xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
+        gv[u] = *reinterpret_cast<const Pack<T, V>*>(dy + r * channels + c0);
+      }
     }
-  for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r < rows;
-       r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
-    const int64_t at = r * channels + c0;
-    const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(x + at);
-    const Pack<T, V> gv = *reinterpret_cast<const Pack<T, V>*>(dy + at);
-    Pack<T, V> out;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float xf = to_f(xv.v[j]);
-      float g = to_f(gv.v[j]);
-      if (kMask && !relu_passes<T>(affine(xf, f[j]))) g = 0.f;
-      out.v[j] = from_f<T>(k[j][1] * g + k[j][2] * (xf - k[j][0]) + k[j][3]);
+    for (int u = 0; u < kRows<T, V>; ++u) {
+      const int64_t r = r0 + u * step;
+      if (r >= rows) break;
+      Pack<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xf = to_f(xv[u].v[j]);
+        float g = to_f(gv[u].v[j]);
+        if (kMask && !relu_passes<T>(affine(xf, f[j]))) g = 0.f;
+        out.v[j] = from_f<T>(k[j][1] * g + k[j][2] * (xf - k[j][0]) + k[j][3]);
+      }
+      *reinterpret_cast<Pack<T, V>*>(dx + r * channels + c0) = out;
     }
-    *reinterpret_cast<Pack<T, V>*>(dx + at) = out;
   }
 }
 
@@ -308,14 +331,6 @@ struct Plan {
   double* partial;
 };
 
-// Calls f with the vector width as a compile-time constant: 16 bytes of T, or 1.
-template <class T, class F>
-void with_width(int v, F&& f) {
-  constexpr int wide = 16 / static_cast<int>(sizeof(T));
-  if (v == wide) f(std::integral_constant<int, wide>{});
-  else f(std::integral_constant<int, 1>{});
-}
-
 }  // namespace
 
 size_t batch_norm_work_bytes(DType t, int64_t rows, int64_t channels) {
@@ -330,7 +345,7 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
                               cudaStream_t stream, const void* residual) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    const Plan p(work, vector_width<T>(channels, {x, y, residual}), rows, channels);
+    const Plan p(work, pack_width<T>(channels, {x, y, residual}), rows, channels);
     with_width<T>(p.sums.vec, [&](auto width) {
       constexpr int V = decltype(width)::value;
       partial_sums_kernel<T, V, false, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
@@ -359,7 +374,7 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
                          float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    const Plan p(work, vector_width<T>(channels, {x, dy, dx}), rows, channels);
+    const Plan p(work, pack_width<T>(channels, {x, dy, dx}), rows, channels);
     with_width<T>(p.sums.vec, [&](auto width) {
       constexpr int V = decltype(width)::value;
       const auto* xt = static_cast<const T*>(x);

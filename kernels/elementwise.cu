@@ -7,22 +7,44 @@
 namespace hpc::kernels {
 namespace {
 
-template <class T>
-__global__ void relu_forward_kernel(const T* x, T* y, int64_t n) {
-  HPC_GRID_STRIDE(i, n) {
-    const float v = to_f(x[i]);
-    y[i] = from_f<T>(v > 0.f ? v : 0.f);
+// The elementwise operations, on V neighbouring values at a time (16-byte loads and stores
+// where the count and the pointers allow: pack_width), each computed in float and rounded once.
+struct ReluForward {
+  __device__ float operator()(float x, float) const { return x > 0.f ? x : 0.f; }
+};
+struct ReluBackward {  // (y, dy): dy where the forward's output y > 0
+  __device__ float operator()(float y, float dy) const { return y > 0.f ? dy : 0.f; }
+};
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// out[i] = op(a[i], b[i]) (b may be null for a unary op); out may alias a or b.
+template <class T, int V, class Op>
+__global__ void map_kernel(const T* a, const T* b, T* out, int64_t packs, Op op) {
+  HPC_GRID_STRIDE(i, packs) {
+    const Pack<T, V> av = reinterpret_cast<const Pack<T, V>*>(a)[i];
+    Pack<T, V> bv = av;
+    if (b) bv = reinterpret_cast<const Pack<T, V>*>(b)[i];
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(op(to_f(av.v[j]), to_f(bv.v[j])));
+    reinterpret_cast<Pack<T, V>*>(out)[i] = o;
   }
 }
 
-template <class T>
-__global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, int64_t n) {
-  HPC_GRID_STRIDE(i, n) dx[i] = to_f(y[i]) > 0.f ? dy[i] : from_f<T>(0.f);
-}
-
-template <class T>
-__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
-  HPC_GRID_STRIDE(i, n) out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+template <class Op>
+void map(DType t, const void* a, const void* b, void* out, int64_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return;
+  with_type(t, [&](auto tag) {
+    using T = decltype(tag);
+    with_width<T>(pack_width<T>(n, {a, b, out}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      map_kernel<T, V, Op><<<blocks_for(n / V), kThreads, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n / V, op);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
 }
 
 template <class From, class To>
@@ -56,32 +78,15 @@ __global__ void crop_flip_normalize_u8_kernel(const uint8_t* in, const int32_t* 
 }  // namespace
 
 void relu_forward(DType t, const void* x, void* y, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  with_type(t, [&](auto tag) {
-    using T = decltype(tag);
-    relu_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
-  });
-  CUDA_CHECK_LAUNCH();
+  map(t, x, nullptr, y, n, ReluForward{}, stream);
 }
 
 void relu_backward(DType t, const void* y, const void* dy, void* dx, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  with_type(t, [&](auto tag) {
-    using T = decltype(tag);
-    relu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(y), static_cast<const T*>(dy),
-                                                                    static_cast<T*>(dx), n);
-  });
-  CUDA_CHECK_LAUNCH();
+  map(t, y, dy, dx, n, ReluBackward{}, stream);
 }
 
 void add(DType t, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  with_type(t, [&](auto tag) {
-    using T = decltype(tag);
-    add_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                          static_cast<T*>(out), n);
-  });
-  CUDA_CHECK_LAUNCH();
+  map(t, a, b, out, n, Add{}, stream);
 }
 
 void convert(DType from, const void* in, DType to, void* out, int64_t n, float factor, int* non_finite,

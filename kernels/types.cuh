@@ -6,6 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 
@@ -29,6 +33,31 @@ void with_type(DType t, F&& f) {
     default: break;
   }
   throw Error(ErrorKind::Internal, detail::concat("no GPU kernel for ", dtype_name(t), " tensors"));
+}
+
+// V values of T that move as one aligned load or store (16 bytes: one 128-bit access).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// The widest V (16 bytes of T) that divides `count` (elements, or channels of a row) and keeps
+// every pointer aligned; else 1.
+template <class T>
+int pack_width(int64_t count, std::initializer_list<const void*> pointers) {
+  constexpr int wide = 16 / static_cast<int>(sizeof(T));
+  if (count % wide != 0) return 1;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return wide;
+}
+
+// Calls f with pack_width's answer as a compile-time constant: 16 bytes of T, or 1.
+template <class T, class F>
+void with_width(int v, F&& f) {
+  constexpr int wide = 16 / static_cast<int>(sizeof(T));
+  if (v == wide) f(std::integral_constant<int, wide>{});
+  else f(std::integral_constant<int, 1>{});
 }
 
 }  // namespace hpc::kernels
