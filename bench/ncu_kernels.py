@@ -65,15 +65,16 @@ def number(value, unit, metric):
 def read_launches(lines):
     """The launches in ncu's order: their group, seconds, and DRAM bytes (None where either
     DRAM metric is missing)."""
-    metrics = collections.OrderedDict()  # ID -> (kernel name, {metric: value})
+    metrics = []  # per launch: (ID, kernel name, {metric: value})
     for row in csv.DictReader(line for line in lines if line.startswith('"')):
         metric = row.get("Metric Name")
         if metric not in (TIME, READ, WRITE):
             continue
-        name, values = metrics.setdefault(row.get("ID"), (row.get("Kernel Name") or "?", {}))
-        values[metric] = number(row["Metric Value"], row.get("Metric Unit", ""), metric)
+        if not metrics or metrics[-1][0] != row.get("ID"):  # a launch's rows are consecutive
+            metrics.append((row.get("ID"), row.get("Kernel Name") or "?", {}))
+        metrics[-1][2][metric] = number(row["Metric Value"], row.get("Metric Unit", ""), metric)
     launches = []
-    for launch_id, (name, values) in metrics.items():
+    for launch_id, name, values in metrics:
         if values.get(TIME) is None:
             raise InputError(f"launch {launch_id} ({group_of(name)}) has no {TIME}")
         read, write = values.get(READ), values.get(WRITE)
