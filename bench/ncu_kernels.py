@@ -70,7 +70,8 @@ def read_launches(lines):
         metric = row.get("Metric Name")
         if metric not in (TIME, READ, WRITE):
             continue
-        if not metrics or metrics[-1][0] != row.get("ID"):  # a launch's rows are consecutive
+        # A launch's rows are consecutive, one per metric: a new ID, or a metric seen again, starts the next.
+        if not metrics or metrics[-1][0] != row.get("ID") or metric in metrics[-1][2]:
             metrics.append((row.get("ID"), row.get("Kernel Name") or "?", {}))
         metrics[-1][2][metric] = number(row["Metric Value"], row.get("Metric Unit", ""), metric)
     launches = []

@@ -113,6 +113,15 @@ class Arithmetic(unittest.TestCase):
                                         COPY)
         self.assertAlmostEqual(summary["ours"].fraction(COPY), 8.5e9 / 3.5e-3 / COPY)
 
+    def test_launches_are_told_apart_without_ids(self):
+        """A launch's rows follow each other: an ID repeated (or absent) still starts a new launch
+        when a metric comes again."""
+        lines = [line if line.startswith("==") or line == HEADER + "\n" else '"1"' + line[line.index(","):]
+                 for line in ncu_csv()]
+        keys = keys_of(ncu_kernels.report(ncu_kernels.summarize(ncu_kernels.read_launches(lines), COPY), "cnn"))
+        self.assertEqual(keys["kernels_cnn_launches"], "4")
+        self.assertEqual(keys["kernels_cnn_ours_fraction_of_bandwidth"], "0.607")
+
     def test_a_launch_without_dram_bytes_is_counted_and_named(self):
         lines = [line for line in ncu_csv() if not ('"6","4242"' in line and "dram__bytes_write" in line)]
         summary = ncu_kernels.summarize(ncu_kernels.read_launches(lines), COPY)
