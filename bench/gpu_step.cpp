@@ -7,6 +7,10 @@
 // Prints one JSON line: images/s, ms per step, the model's training FLOPs per sample.
 //   gpu_step [--model cnn] [--batch 128] [--image-size 28] [--channels 1] [--classes 10]
 //            [--precision tf32] [--warmup 15] [--iters 50] [--no-deterministic]
+// --copy-bandwidth instead measures the GPU's copy bandwidth, the roofline the kernels step of
+// bench/gpu_vs_peer.sh holds every kernel against: a device-to-device copy of 2 GiB between two
+// CUDA events, read plus written bytes over the time, the best of 10 after one untimed copy
+// (JSON: copy_bytes_per_s).
 #include <cuda_runtime_api.h>
 
 #include <boost/program_options.hpp>
@@ -33,7 +37,7 @@ namespace {
 struct Args {
   std::string model = "cnn", precision = "tf32";
   int64_t batch = 128, image_size = 28, channels = 1, classes = 10, warmup = 15, iters = 50;
-  bool deterministic = true;
+  bool deterministic = true, copy_bandwidth = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -44,7 +48,8 @@ Args parse(int argc, char** argv) {
       "channels", po::value(&a.channels), "image channels")("classes", po::value(&a.classes), "classes")(
       "precision", po::value(&a.precision), "fp32, tf32 or bf16 (as the peer's autocast)")(
       "warmup", po::value(&a.warmup), "untimed steps first")("iters", po::value(&a.iters), "timed steps")(
-      "no-deterministic", po::bool_switch(), "let cuDNN choose non-deterministic algorithms");
+      "no-deterministic", po::bool_switch(), "let cuDNN choose non-deterministic algorithms")(
+      "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);
@@ -76,10 +81,49 @@ Tensor device_normal(Shape shape, unsigned seed) {
   return dev;
 }
 
+// The best of several timed device-to-device copies, counting the bytes read and the bytes
+// written (as a kernel's DRAM traffic is counted: ncu's dram__bytes_read + dram__bytes_write).
+int copy_bandwidth() {
+  constexpr size_t kBytes = size_t{2} << 30;
+  constexpr int kTimed = 10;
+  void *src = nullptr, *dst = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, kBytes));
+  CUDA_CHECK(cudaMalloc(&dst, kBytes));
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaMemsetAsync(src, 1, kBytes, stream));  // every page touched before the clock runs
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 0;
+  for (int i = 0; i < kTimed; ++i) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i == 0 || ms < best_ms) best_ms = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+  cudaFree(src);
+  cudaFree(dst);
+  HPC_CHECK(best_ms > 0, "a copy of ", kBytes, " bytes timed at ", best_ms, " ms");
+  const double moved = 2.0 * static_cast<double>(kBytes);
+  std::printf("{\"workload\": \"copy\", \"copy_bytes\": %zu, \"copies\": %d, \"best_ms\": %.4f, "
+              "\"copy_bytes_per_s\": %.0f}\n",
+              kBytes, kTimed, best_ms, moved / (best_ms * 1e-3));
+  return 0;
+}
+
 int run(const Args& a) {
   if (device::cuda_device_count() == 0)
     throw Error(ErrorKind::Usage, "no CUDA GPU visible (" + device::describe() + "): gpu_step times the GPU");
   device::select_gpu(0);
+  if (a.copy_bandwidth) return copy_bandwidth();
   nn::ModelSpec spec;
   spec.kind = parse_named(nn::kModelNames, a.model, "model");
   spec.input = Shape{a.image_size, a.image_size, a.channels};

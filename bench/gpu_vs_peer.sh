@@ -19,12 +19,17 @@
 #   bench/gpu_vs_peer.sh resnet50   2.5 min ResNet-50, 224x224, bf16: steady steps both sides
 #                                          (the peer eager and compiled), hpctrain end to end on
 #                                          --dataset synthetic; MFU of each
-#   bench/gpu_vs_peer.sh kernels    ~20 s   where one training step's GPU time goes: Nsight Compute
-#                                          (ncu) times every kernel launch of a gpu_step step,
-#                                          grouped by kernel name, largest first (--kernels-model
-#                                          resnet50, the default, or cnn); not part of `all`
+#   bench/gpu_vs_peer.sh kernels    ~30 s   the roofline of one training step: Nsight Compute (ncu)
+#                                          measures every kernel launch of a gpu_step step, its
+#                                          time and DRAM bytes (read + written), grouped by kernel
+#                                          name, largest first, each group's bandwidth as a fraction
+#                                          of the GPU's measured copy bandwidth (gpu_step
+#                                          --copy-bandwidth); the step's bytes, their time at that
+#                                          bandwidth, and our kernels' (hpc::kernels) fraction
+#                                          together (bench/ncu_kernels.py; --kernels-model
+#                                          resnet50, the default, or cnn)
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
-#   bench/gpu_vs_peer.sh all        the five steps in order as one command, each under the time
+#   bench/gpu_vs_peer.sh all        the six steps in order as one command, each under the time
 #                                          left of --within S seconds (default 540; a step with
 #                                          under 30 s left is not started), with up to 4 CTest
 #                                          tests at a time; stops after a failed build. All output
@@ -294,44 +299,30 @@ resnet50_ratio_target=1.0
 EOS
 }
 
-# kernels: ncu's duration of every kernel launch in two gpu_step steps (deterministic, so cuDNN
-# times no candidate algorithms: the two steps launch the same kernels), the second step's
-# launches grouped by kernel name. ncu replays each launch, so the step itself runs slowly.
+# kernels: ncu's duration and DRAM bytes of every kernel launch in two gpu_step steps
+# (deterministic, so cuDNN times no candidate algorithms: the two steps launch the same kernels),
+# the second step's launches grouped by kernel name (bench/ncu_kernels.py), against the copy
+# bandwidth gpu_step measures first. ncu replays each launch (caches flushed before each replay:
+# the bytes are those of a cold L2), so the step itself runs slowly.
 kernels_step() {
   need_build
-  local ncu
+  local ncu copy
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1) || true
   [[ -n $ncu ]] || die "no Nsight Compute here (ncu not on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute)"
+  echo "== kernels: the copy bandwidth, gpu_step --copy-bandwidth"
+  "$gpu_step" --copy-bandwidth | tee "$tmp/copy.json"
+  copy=$(json_number copy_bytes_per_s < "$tmp/copy.json")
+  [[ -n $copy ]] || die "gpu_step --copy-bandwidth printed no copy_bytes_per_s"
   local args=(--model cnn --batch "$batch" --precision "$peer_precision")
   [[ $kernels_model == resnet50 ]] &&
     args=(--model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch")
   echo "== kernels: $ncu on gpu_step ${args[*]} --warmup 1 --iters 1"
-  "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --log-file "$tmp/ncu.csv" \
-    "$gpu_step" "${args[@]}" --warmup 1 --iters 1 || die "ncu or gpu_step failed"
-  "$python" - "$tmp/ncu.csv" "$kernels_model" > "$tmp/kernels.txt" 2> "$tmp/kernels.err" << 'EOS' ||
-import collections, csv, re, sys
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
-        if r.get("Metric Name") == "gpu__time_duration.sum"]
-if not rows:
-    sys.exit("ncu recorded no kernel durations")
-step = rows[len(rows) // 2:]  # the second of the two steps
-total, count = collections.Counter(), collections.Counter()
-for r in step:
-    # ncu names ours "void hpc::<unnamed>::add_kernel<__nv_bfloat16>(const T1 *, ...)": drop the
-    # anonymous namespace before cutting the template and the arguments ("hpc::add_kernel").
-    name = re.sub(r"\(anonymous namespace\)::|<unnamed>::", "", r["Kernel Name"])
-    name = re.sub(r"[<(].*", "", name).replace("void ", "").strip()
-    total[name] += float(r["Metric Value"].replace(",", "")) / 1e6
-    count[name] += 1
-ms = sum(total.values())
-for name, t in total.most_common(15):
-    print(f"# {t:9.3f} ms {100 * t / ms:5.1f}%  x{count[name]:<4d} {name}")
-top, top_ms = total.most_common(1)[0]
-m = sys.argv[2]
-print(f"kernels_{m}_launches={len(step)}\nkernels_{m}_step_ms={ms:.3f}")
-print(f"kernels_{m}_top={top}\nkernels_{m}_top_share={top_ms / ms:.3f}")
-EOS
-    die "could not read ncu's kernel durations: $(tail -n 1 "$tmp/kernels.err")"
+  "$ncu" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    --csv --print-units base --log-file "$tmp/ncu.csv" "$gpu_step" "${args[@]}" --warmup 1 --iters 1 ||
+    die "ncu or gpu_step failed"
+  "$python" "$root/bench/ncu_kernels.py" "$tmp/ncu.csv" "$kernels_model" "$copy" > "$tmp/kernels.txt" \
+    2> "$tmp/kernels.err" ||
+    die "could not read ncu's measurements: $(tail -n 1 "$tmp/kernels.err" | sed 's/^ncu_kernels.py: error: //')"
   grep '^#' "$tmp/kernels.txt"
   grep -v '^#' "$tmp/kernels.txt" | report
 }
@@ -343,10 +334,10 @@ all_step() {
   local out=${out_dir:-$results} start=${EPOCHREALTIME/[.,]/} st left rc failed=()
   elapsed() { echo $(((${EPOCHREALTIME/[.,]/} - start) / 1000000)); }
   mkdir -p "$out"
-  rm -f "$results"/{build,tests,training,cnn,resnet50}.txt
+  rm -f "$results"/{build,tests,training,cnn,resnet50,kernels}.txt
   : > "$out/all.log"
   export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-4}
-  for st in build tests training cnn resnet50; do
+  for st in build tests training cnn resnet50 kernels; do
     left=$((within - $(elapsed)))
     if ((left < 30)); then
       echo "== all: $st not run (${left} s left of --within $within)" | tee -a "$out/all.log"

@@ -24,6 +24,8 @@
 #include "nn/cuda/layers.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"
+#include "optim/sgd.hpp"
+#include "optim/sgd_cuda.hpp"
 
 namespace hpc {
 namespace {
@@ -257,6 +259,89 @@ TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {
   Tensor zc = Tensor::zeros<float>(Shape{3, 10});
   std::memcpy(zc.data<float>(), z.data(), z.size() * sizeof(float));
   EXPECT_NEAR(gpu.sums().loss, 3 * cpu.loss(zc, labels.data()), 1e-5);
+}
+
+
+// Mixed precision's 16-bit copy of the weights (DeviceArenas::refresh_low: one conversion of the
+// whole value arena at the start of every forward pass, read by the convolutions and products
+// at their slots' offsets): after a forward it holds every fp32 value rounded to nearest even,
+// bit for bit, and after the values change it holds the new ones: an SGD update on the device
+// (then a training forward), an upload as a restore or broadcast does (then an eval forward).
+// A copy refreshed only once, only on upload, or over part of the arena fails here, naming the
+// first elements that differ, their slot, and the bits expected and got.
+std::string slot_at(const ParamStore<float>& params, int64_t i) {
+  for (const auto& s : params.slots())
+    if (i >= s.offset && i < s.offset + s.shape.numel()) return s.name;
+  return "alignment padding";
+}
+
+TEST(GpuNetworkLowCopy, HoldsTheValuesOfEveryForwardPassBitForBit) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
+  device::select_gpu(0);
+  for (auto math : {nn::cuda::Math::Bf16, nn::cuda::Math::Fp16}) {
+    const auto precision = static_cast<testing::Precision>(math);
+    SCOPED_TRACE(testing::name_of(precision));
+    nn::ModelSpec spec;  // the cnn: convolutions, batch norm and a linear layer with its bias
+    nn::Model<float> cpu(spec);
+    cpu.init(5);
+    optim::Sgd<float> sgd(cpu.params(), {0.9, true, 5e-4, false});
+    nn::cuda::GpuContext ctx({math, true});
+    nn::cuda::GpuNetwork gpu(ctx, cpu);
+    gpu.upload(cpu.params());
+    optim::SgdCuda sgd_gpu(sgd);
+    const int64_t n = 8;
+    std::mt19937 g(9);
+    std::normal_distribution<float> normal(0, 1);
+    std::vector<float> x(static_cast<size_t>(nn::batch_shape(n, spec.input).numel()));
+    for (float& e : x) e = normal(g);
+    std::vector<int32_t> labels(static_cast<size_t>(n));
+    for (auto& l : labels) l = static_cast<int32_t>(g() % 10);
+    Tensor xd(nn::batch_shape(n, spec.input), DType::F32, DeviceKind::CUDA), ld(Shape{n}, DType::I32, DeviceKind::CUDA);
+    device::copy(xd.raw(), x.data(), x.size() * sizeof(float), device::Copy::HostToDevice);
+    device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
+
+    auto expect_copy_of_values = [&](const char* when) {
+      const auto values = host_of(gpu.arenas().values());  // synchronous: the forward is done
+      const Tensor& low = gpu.arenas().values_low();
+      ASSERT_TRUE(low.defined()) << when << ": no 16-bit copy";
+      ASSERT_EQ(low.dtype(), math == nn::cuda::Math::Bf16 ? DType::BF16 : DType::F16) << when;
+      ASSERT_EQ(low.numel(), static_cast<int64_t>(values.size())) << when;
+      std::vector<uint16_t> got(values.size());
+      device::copy(got.data(), low.raw(), low.bytes(), device::Copy::DeviceToHost);
+      int64_t wrong = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        uint16_t want = 0;
+        if (precision == testing::Precision::Fp16) {
+          want = testing::fp16_bits(values[i]);
+        } else {
+          const float r = testing::round_to(precision, values[i]);
+          uint32_t bits;
+          std::memcpy(&bits, &r, sizeof bits);
+          want = static_cast<uint16_t>(bits >> 16);
+        }
+        if (got[i] != want && ++wrong <= 5)
+          ADD_FAILURE() << when << ": element " << i << " (" << slot_at(cpu.params(), static_cast<int64_t>(i))
+                        << ") of value " << values[i] << ": expected bits 0x" << std::hex << want << ", got 0x"
+                        << got[i] << std::dec;
+      }
+      EXPECT_EQ(wrong, 0) << when << ": elements of the 16-bit copy that are not their value rounded";
+    };
+
+    gpu.loss(gpu.forward(xd, true), ld.data<int32_t>());
+    expect_copy_of_values("after the first forward");
+    gpu.backward([](int64_t) {});
+    const auto before = host_of(gpu.arenas().values());
+    auto& a = gpu.arenas();
+    sgd_gpu.step(a.values().data<float>(), a.grads().data<float>(), 0.1, 0.9, ctx.stream());
+    ASSERT_TRUE(host_of(a.values()) != before) << "the SGD step changed no value: the test would prove nothing";
+    gpu.forward(xd, true);
+    expect_copy_of_values("after an SGD update and a training forward");
+    float* v = cpu.params().values().data<float>();
+    for (int64_t i = 0; i < cpu.params().values().numel(); ++i) v[i] = -0.5f * v[i] + 1e-3f;
+    gpu.upload(cpu.params());
+    gpu.forward(xd, false);
+    expect_copy_of_values("after an upload and an eval forward");
+  }
 }
 
 }  // namespace

@@ -189,13 +189,18 @@ refuse recipe_vs_peer.sh "unknown option '--seeds' (see --help)" --seeds 2
 HPCTRAIN=$tmp/none refuse recipe_vs_peer.sh "no hpctrain binary at $tmp/none (run ./setup.sh, or set BUILD_DIR or HPCTRAIN)"
 
 # bench/gpu_vs_peer.sh, which only ever runs on a lent GPU machine: its options, `all` out of
-# time, and the kernels step's grouping of ncu's per-launch durations, with stand-ins for
-# nvidia-smi, ncu, the GPU build and the cuDNN/NCCL packages.
+# time, and the kernels step's reading of ncu's per-launch durations and DRAM bytes against the
+# copy bandwidth (bench/ncu_kernels.py, whose arithmetic ncu_kernels_test checks), with stand-ins
+# for nvidia-smi, ncu, the GPU build and the cuDNN/NCCL packages.
 gpu=$tmp/gpu
 mkdir -p "$gpu/bin" "$gpu/build/src" "$gpu/build/bench" "$gpu/data" "$gpu/nv/include" "$gpu/nv/lib"
 touch "$gpu/data/train-images-idx3-ubyte.gz" "$gpu/nv/include/"{cudnn.h,nccl.h} "$gpu/nv/lib/"{libcudnn.so.9,libnccl.so.2}
 printf '#!/bin/sh\n[ "$1" = -L ] && echo "GPU 0: Stand-in" || echo Stand-in GPU\n' > "$gpu/bin/nvidia-smi"
-printf '#!/bin/sh\necho "gpu_step $*" >> "$STUB_CALLS"\necho "{\\"step_ms\\": 1}"\n' > "$gpu/build/bench/gpu_step"
+cat > "$gpu/build/bench/gpu_step" << 'STUB'
+#!/bin/sh
+echo "gpu_step $*" >> "$STUB_CALLS"
+[ "$1" = --copy-bandwidth ] && echo '{"workload": "copy", "copy_bytes_per_s": 4000000000000}' || echo '{"step_ms": 1}'
+STUB
 printf '#!/bin/sh\nexit 0\n' > "$gpu/build/src/hpctrain"
 # python: nvidia.cudnn and nvidia.nccl are $gpu/nv; torch is there; scripts run for real.
 cat > "$gpu/bin/python" << STUB
@@ -205,31 +210,48 @@ cat > "$gpu/bin/python" << STUB
 exec /usr/bin/python3 "\$@"
 STUB
 # ncu: runs the program, then writes two steps of four launches as ncu's CSV names them (ours
-# in an anonymous namespace, with templates and arguments), or none with NCU_EMPTY set.
+# in an anonymous namespace, with templates and arguments), each with its duration and the DRAM
+# bytes it read and wrote, or none with NCU_EMPTY set.
 cat > "$gpu/bin/ncu" << 'STUB'
 #!/usr/bin/env bash
 log=
-while [[ $1 != */gpu_step ]]; do [[ $1 == --log-file ]] && log=$2; shift; done
+while [[ $1 != */gpu_step ]]; do
+  [[ $1 == --log-file ]] && log=$2
+  [[ $1 == --metrics ]] && echo "ncu --metrics $2" >> "$STUB_CALLS"
+  shift
+done
 "$@" > /dev/null
 echo '==PROF== Disconnected' > "$log"
 [[ -n ${NCU_EMPTY:-} ]] && exit 0
 echo '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"' >> "$log"
+launch() {  # ID NAME NS READ WRITE
+  echo "\"$1\",\"$2\",\"gpu__time_duration.sum\",\"nsecond\",\"$3\""
+  echo "\"$1\",\"$2\",\"dram__bytes_read.sum\",\"byte\",\"$4\""
+  echo "\"$1\",\"$2\",\"dram__bytes_write.sum\",\"byte\",\"$5\""
+}
+ours="void hpc::kernels::(anonymous namespace)::add_kernel<__nv_bfloat16>(const T1 *, T1 *, long)"
 for step in 1 2; do
   for k in 1 2 3; do
-    echo "\"$k\",\"void hpc::<unnamed>::add_kernel<__nv_bfloat16>(const T1 *, T1 *, long)\",\"gpu__time_duration.sum\",\"ns\",\"$((step * 1000)),000\""
+    launch $((step * 4 + k)) "$ours" "$((step * 1000)),000" "$step,000,000,000" "1,000,000,000"
   done
-  echo "\"4\",\"sm90_xmma_fprop_implicit_gemm\",\"gpu__time_duration.sum\",\"ns\",\"500,000\""
+  launch $((step * 4 + 4)) sm90_xmma_fprop_implicit_gemm "500,000" "500,000,000" "500,000,000"
 done >> "$log"
 STUB
 chmod +x "$gpu/bin/"* "$gpu/build/src/hpctrain" "$gpu/build/bench/gpu_step"
 export PATH="$gpu/bin:$PATH" BUILD_DIR="$gpu/build" DATA_DIR="$gpu/data" PYTHON="$gpu/bin/python"
 
-# The second of the two steps, grouped by name: 3 x 2 ms of ours, 0.5 ms of cuDNN's.
+# The second of the two steps, grouped by name: 3 x 2 ms and 3 GB of ours, 0.5 ms and 1 GB of
+# cuDNN's; at the stand-in's copy bandwidth of 4 TB/s the 10 GB take 2.5 ms; ours, 9 GB in 6 ms
+# (1.5 TB/s), reach 0.375 of it.
 : > "$STUB_CALLS"
 out=$("$bench/gpu_vs_peer.sh" kernels 2>&1)
-expect "$out" "kernels_resnet50_launches=4" "kernels_resnet50_step_ms=6.500" "kernels_resnet50_top=hpc::add_kernel" \
-  "kernels_resnet50_top_share=0.923"
-expect "$(cat "$STUB_CALLS")" \
+expect "$out" "kernels_resnet50_launches=4" "kernels_resnet50_step_ms=6.500" \
+  "kernels_resnet50_top=hpc::kernels::add_kernel" "kernels_resnet50_top_share=0.923" \
+  "kernels_resnet50_dram_bytes=10000000000" "kernels_resnet50_copy_bandwidth_bytes_per_s=4000000000000" \
+  "kernels_resnet50_bytes_time_ms=2.500" "kernels_resnet50_ours_fraction_of_bandwidth=0.375" \
+  "resnet50_step_dram_bytes=10000000000" "resnet50_kernels_fraction_of_bandwidth=0.375"
+expect "$(cat "$STUB_CALLS")" "gpu_step --copy-bandwidth" \
+  "ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" \
   "gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch 128 --warmup 1 --iters 1"
 : > "$STUB_CALLS"
 out=$("$bench/gpu_vs_peer.sh" kernels --kernels-model cnn --precision fp16 --batch 64 2>&1)
@@ -241,9 +263,9 @@ code=$?
 checks=$((checks + 1))
 [[ $code == 1 ]] || fail "gpu_vs_peer.sh all --within 20 exited $code, wanted 1" "$out"
 expect "$out" "== all: build not run (20 s left of --within 20)" \
-  "== all: not passed: build (not run) tests (not run) training (not run) cnn (not run) resnet50 (not run) (log: $gpu/out/all.log)"
+  "== all: not passed: build (not run) tests (not run) training (not run) cnn (not run) resnet50 (not run) kernels (not run) (log: $gpu/out/all.log)"
 # Refusals: each one line and exit 2.
-NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's kernel durations: ncu recorded no kernel durations" kernels
+NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's measurements: ncu recorded no kernel durations (gpu__time_duration.sum)" kernels
 refuse gpu_vs_peer.sh "--kernels-model must be resnet50 or cnn, got 'vgg'" kernels --kernels-model vgg
 refuse gpu_vs_peer.sh "the first argument must be a step: build, tests, training, cnn, resnet50, kernels, summary or all (try --help)" profile
 refuse gpu_vs_peer.sh "--within must be a positive integer, got '0'" all --within 0

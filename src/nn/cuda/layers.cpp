@@ -66,13 +66,6 @@ cudaDataType_t cuda_type(DType t) {
   return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-// A low-precision copy of the fp32 parameter at p (n values) for this step's products.
-const void* low_precision(GpuContext& ctx, Tensor& copy, const float* p, int64_t n) {
-  ensure(copy, Shape{n}, ctx.act());
-  kernels::convert(DType::F32, p, ctx.act(), copy.raw(), n, 1.0f, nullptr, ctx.stream());
-  return copy.raw();
-}
-
 // x as type t: x itself, or its conversion into buf.
 const Tensor& as_type(GpuContext& ctx, const Tensor& x, DType t, Tensor& buf) {
   if (x.dtype() == t) return x;
@@ -116,6 +109,17 @@ DeviceArenas::DeviceArenas(const ParamStore<float>& layout)
       values_(layout.values().shape(), DType::F32, DeviceKind::CUDA),
       grads_(layout.grads().shape(), DType::F32, DeviceKind::CUDA),
       buffers_(layout.buffers().shape(), DType::F32, DeviceKind::CUDA) {}
+
+void DeviceArenas::refresh_low(DType t, cudaStream_t stream) {
+  ensure(values_low_, values_.shape(), t);  // allocates once: a captured step's refresh allocates nothing
+  kernels::convert(DType::F32, values_.raw(), t, values_low_.raw(), values_.numel(), 1.0f, nullptr, stream);
+}
+
+const void* DeviceArenas::value_low(int slot) const {
+  HPC_CHECK(values_low_.defined(), "the 16-bit copy of the parameters read before any refresh_low");
+  const auto offset = static_cast<size_t>(layout_->slots().at(slot).offset);
+  return static_cast<const char*>(values_low_.raw()) + offset * dtype_size(values_low_.dtype());
+}
 
 Geometry Geometry::of(const Shape& s) {
   if (s.rank() == 3) return {s[0], s[1], s[2]};
@@ -222,16 +226,15 @@ const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
   const Plan& p = plan(n);
   x_ = x;
   ensure(y_, Shape{n, out_.h, out_.w, out_.c}, ctx_.act());
-  // Mixed precision: this step's 16-bit copies of the fp32 weight and bias (as autocast makes).
+  // Mixed precision: the 16-bit copies of the fp32 weight and bias (as autocast makes).
   const bool low = ctx_.act() != DType::F32;
-  weight_used_ = low ? low_precision(ctx_, weight_lp_, arenas_.value(weight_), weight_count_) : arenas_.value(weight_);
+  weight_used_ = low ? arenas_.value_low(weight_) : arenas_.value(weight_);
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_, p.fwd_math));
   CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_, weight_used_, conv_fwd_,
                                       p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero, y_desc_.get(),
                                       y_.raw()));
   if (bias_ >= 0 && low)
-    add_bias_low(ctx_, low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_.c), y_.raw(), to_int(out_.c),
-                 to_int(n * out_.h * out_.w));
+    add_bias_low(ctx_, arenas_.value_low(bias_), y_.raw(), to_int(out_.c), to_int(n * out_.h * out_.w));
   else if (bias_ >= 0)
     CUDNN_CHECK(cudnnAddTensor(ctx_.cudnn(), &kOne, bias_desc_.get(), arenas_.value(bias_), &kOne, y_desc_.get(),
                                y_.raw()));
@@ -504,10 +507,10 @@ const Tensor& LinearGpu::backward(const Tensor& dy, bool need_dx) {
 // fp32 (CUBLAS_COMPUTE_32F); the bias enters as a rank-1 product with a vector of ones.
 const Tensor& LinearGpu::forward_low(const Tensor& x, int o, int i, int m) {
   const cudaDataType_t t = cuda_type(ctx_.act());
-  weight_used_ = low_precision(ctx_, weight_lp_, arenas_.value(weight_), out_ * in_);
+  weight_used_ = arenas_.value_low(weight_);
   CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, weight_used_, t, i, x.raw(), t, i,
                             &kZero, y_.raw(), t, o, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (bias_ >= 0) add_bias_low(ctx_, low_precision(ctx_, bias_lp_, arenas_.value(bias_), out_), y_.raw(), o, m);
+  if (bias_ >= 0) add_bias_low(ctx_, arenas_.value_low(bias_), y_.raw(), o, m);
   return y_;
 }
 

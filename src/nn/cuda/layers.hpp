@@ -23,10 +23,21 @@ namespace hpc::nn::cuda {
 
 // Device arenas laid out as a host ParamStore: values, gradients and buffers at the host
 // slots' offsets.
+//
+// Mixed precision: the products read 16-bit copies of the fp32 values (as autocast's weight
+// casts). One copy of the whole value arena, same offsets, made by ONE conversion launch
+// (refresh_low) instead of one per tensor: GpuNetwork::forward refreshes it before every
+// forward pass, so it holds the values that pass reads whatever changed them since (the SGD
+// update, an upload, a restore or broadcast), and a captured step contains the conversion.
+// value_low(slot) is valid until the next refresh_low. Slots are 64-byte aligned in fp32, so
+// 32-byte aligned in the copy: more than the 16 bytes cuDNN's and cuBLAS's tensor-core paths need.
 class DeviceArenas {
  public:
   explicit DeviceArenas(const ParamStore<float>& layout);
   float* value(int slot) const { return at(values_, layout_->slots().at(slot).offset); }
+  void refresh_low(DType t, cudaStream_t stream);
+  const void* value_low(int slot) const;
+  const Tensor& values_low() const { return values_low_; }
   float* grad(int slot) const { return at(grads_, layout_->slots().at(slot).offset); }
   float* buffer(int slot) const { return at(buffers_, layout_->buffer_slots().at(slot).offset); }
   Tensor& values() { return values_; }
@@ -37,6 +48,7 @@ class DeviceArenas {
   static float* at(const Tensor& t, int64_t offset) { return t.data<float>() + offset; }
   const ParamStore<float>* layout_;
   Tensor values_, grads_, buffers_;
+  Tensor values_low_;  // mixed precision: the 16-bit copy of values_ (refresh_low)
 };
 
 class GpuLayer {
@@ -104,10 +116,10 @@ class ConvGpu final : public GpuLayer {
   int64_t described_n_ = -1;
   std::map<int64_t, Plan> plans_;
   int64_t weight_count_ = 0;
-  const void* weight_used_ = nullptr;  // the fp32 weight, or this step's 16-bit copy
+  const void* weight_used_ = nullptr;  // the fp32 weight, or its 16-bit copy (DeviceArenas::value_low)
   Tensor* dx_target_ = nullptr;
   bool accumulate_dx_ = false;
-  Tensor x_, y_, dx_, weight_lp_, bias_lp_, dweight_lp_;
+  Tensor x_, y_, dx_, dweight_lp_;
 };
 
 // BatchNorm [+ ReLU] [+ max pool]: the fusions of the CPU layer, as three cuDNN/kernel passes.
@@ -197,8 +209,8 @@ class LinearGpu final : public GpuLayer {
   DeviceArenas& arenas_;
   int64_t in_, out_;
   int weight_, bias_;
-  const void* weight_used_ = nullptr;  // this step's 16-bit copy of the weight (mixed precision)
-  Tensor x_, y_, dx_, weight_lp_, bias_lp_;
+  const void* weight_used_ = nullptr;  // the weight's 16-bit copy (mixed precision: DeviceArenas::value_low)
+  Tensor x_, y_, dx_;
 };
 
 // relu(main(x) + shortcut(x)); an empty shortcut is the identity. Where the branches allow

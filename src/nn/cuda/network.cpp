@@ -73,6 +73,9 @@ void GpuNetwork::download(ParamStore<float>& host) {
 const Tensor& GpuNetwork::forward(const Tensor& x, bool train) {
   const DType act = ctx_.act();
   if (act == DType::F32) return net_->forward(x, train);
+  // The weights' 16-bit copies, all in one launch, from the values as they are now (see
+  // DeviceArenas): every forward pass, so nothing that changes the values has to remember it.
+  arenas_.refresh_low(act, ctx_.stream());
   ensure(x_low_, x.shape(), act);
   kernels::convert(DType::F32, x.raw(), act, x_low_.raw(), x.numel(), 1.0f, nullptr, ctx_.stream());
   const Tensor& y = net_->forward(x_low_, train);

@@ -23,7 +23,8 @@ class GpuNetwork {
   void download(ParamStore<float>& host);
 
   // x: a device batch of fp32, N x H x W x C. Returns the fp32 logits (N x classes). In mixed
-  // precision the batch is converted to the activations' type first and the logits back.
+  // precision the batch is converted to the activations' type first and the logits back, and
+  // the whole value arena to its 16-bit copy (one launch, DeviceArenas::refresh_low).
   const Tensor& forward(const Tensor& x, bool train);
   // Softmax cross-entropy of the last forward against device labels: enqueues the loss sum
   // and the count of correct predictions into device memory; sums() reads them.
