@@ -111,6 +111,19 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
                          const float* gamma, const float* save_mean, const float* save_invstd, float param_factor,
                          float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu = false);
 
+// ---- max pooling (nn::MaxPool2d and batch norm's fused pool; NHWC, no padding) -----------------
+
+// dx (n x h x w x channels) of a max pool of kernel x kernel windows at `stride`: window
+// (oh, ow) covers input rows oh*stride .. oh*stride + kernel - 1 and the same columns, and
+// there are (h - kernel) / stride + 1 windows down and (w - kernel) / stride + 1 across. x is
+// the forward's input, dy the gradient of its output (n x ho x wo x channels), both of type t
+// (F32, BF16 or F16). Each window's winner is found again from x by the CPU layer's rule (the
+// first maximum in row-major order, strict >); dx is dy at a window's winner, the sum in float
+// of those dy where windows overlap (kernel > stride), +0 where a cell won none: nn::MaxPool2d's
+// backward bit for bit, deterministic (no atomics).
+void max_pool_backward(DType t, const void* x, const void* dy, void* dx, int64_t n, int64_t h, int64_t w,
+                       int64_t channels, int kernel, int stride, cudaStream_t stream);
+
 // ---- mixed precision ----------------------------------------------------------------------------
 
 // x *= factor, and *non_finite = 1 if any result is not finite (a loss-scaled fp16 step that

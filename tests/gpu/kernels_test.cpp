@@ -566,5 +566,92 @@ TEST_F(GpuKernels, DeviceTensorsComeZeroedFromTheCachingAllocator) {
   EXPECT_GE(device::peak_memory_in_use(), before + 4000000);
 }
 
+// ---- max-pool backward (kernels/max_pool.cu) against nn::MaxPool2d's backward -------------------
+
+struct PoolCase {
+  int64_t n, h, w, c, kernel, stride;
+};
+
+// Activations full of ties, as after a ReLU: 3 in 8 exact zeros (some -0), a few repeated
+// levels, some negative, the rest distinct; and a NaN now and then (the first cell of a window
+// wins with it, a later one never does).
+std::vector<float> tied_activations(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    const uint32_t r = g() % 16;
+    x = r < 5 ? 0.f : r == 5 ? -0.f : r == 6 ? -1.f : r < 11 ? 0.5f * static_cast<float>(r - 6) : d(g);
+    if (g() % 509 == 0) x = NAN;
+  }
+  return v;
+}
+
+// dx of nn::MaxPool2d<float> for input x and output gradient dy (NHWC, case k).
+std::vector<float> cpu_max_pool_backward(const PoolCase& k, const std::vector<float>& x, const std::vector<float>& dy) {
+  ParamStore<float> store;
+  nn::MaxPool2d<float> pool(k.kernel, k.stride);
+  const Shape out = pool.setup(Shape{k.h, k.w, k.c}, store, "pool");
+  pool.forward(tensor_of(x, {k.n, k.h, k.w, k.c}), true);
+  return host_of(pool.backward(tensor_of(dy, {k.n, out[0], out[1], k.c}), true));
+}
+
+// Bit for bit (NaN equal to NaN, +0 told from -0); a failure names how many elements differ and
+// the first one's sample, row, column and channel.
+::testing::AssertionResult same_pool_gradient(const std::vector<float>& got, const std::vector<float>& want,
+                                              const PoolCase& k) {
+  int64_t wrong = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(std::isnan(got[i]) && std::isnan(want[i])) && !same_bits(got[i], want[i]))
+      first = wrong++ == 0 ? static_cast<int64_t>(i) : first;
+  if (wrong == 0) return ::testing::AssertionSuccess();
+  const int64_t i = first, c = i % k.c, col = i / k.c % k.w, row = i / k.c / k.w % k.h, b = i / k.c / k.w / k.h;
+  return ::testing::AssertionFailure() << wrong << " of " << want.size() << " dx elements differ; first dx[" << i
+                                       << "] (sample " << b << ", row " << row << ", column " << col << ", channel "
+                                       << c << "): got " << got[i] << ", want " << want[i];
+}
+
+// Non-overlapping windows (the fused pool's 2x2/2, a 3x3/3, a 1x1/2 with gaps between windows)
+// and overlapping ones (3x3/2, 5x5/1), odd sizes whose last rows and columns no window covers,
+// 1 to 64 channels (packs of 128 bits and single channels), ResNet-50's stem size; dx equals
+// the CPU layer's bit for bit in every precision, and a second run repeats it bit for bit.
+TEST_F(GpuKernels, MaxPoolBackwardEqualsTheCpuLayerBitForBit) {
+  const PoolCase cases[] = {{2, 7, 7, 3, 2, 2},    {2, 7, 7, 1, 3, 2},       {2, 7, 7, 64, 3, 2},
+                            {2, 7, 7, 64, 2, 2},   {3, 9, 11, 8, 1, 2},      {2, 10, 9, 16, 3, 3},
+                            {2, 9, 9, 4, 5, 1},    {1, 112, 112, 64, 2, 2},  {1, 112, 112, 64, 3, 2}};
+  for (const PoolCase& k : cases) {
+    const int64_t ho = (k.h - k.kernel) / k.stride + 1, wo = (k.w - k.kernel) / k.stride + 1;
+    const auto in_size = static_cast<size_t>(k.n * k.h * k.w * k.c);
+    const auto out_size = static_cast<size_t>(k.n * ho * wo * k.c);
+    const auto x = tied_activations(in_size, 41);
+    auto dy = random_floats(out_size, 42);
+    // Zeros of both signs: a winner's -0 stays -0 where windows do not overlap, and becomes +0
+    // where they do (the CPU adds it to +0).
+    for (size_t i = 0; i < out_size; i += 7) dy[i] = i % 2 ? 0.f : -0.f;
+    for (Precision p : kStored) {
+      SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", " << k.n << " x " << k.h << " x " << k.w << " x "
+                                        << k.c << ", kernel " << k.kernel << " stride " << k.stride);
+      std::vector<float> xp(in_size), dyp(out_size);
+      for (size_t i = 0; i < in_size; ++i) xp[i] = testing::round_to(p, x[i]);
+      for (size_t i = 0; i < out_size; ++i) dyp[i] = testing::round_to(p, dy[i]);
+      auto want = cpu_max_pool_backward(k, xp, dyp);
+      for (float& v : want) v = testing::round_to(p, v);  // the sum of overlapping windows' dy, rounded once
+      TypedBuffer dx_in(p, xp), ddy(p, dyp), dx(p, std::vector<float>(in_size, 7.f));  // 7: no cell left unwritten
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {
+        kernels::max_pool_backward(dtype_of(p), dx_in.get(), ddy.get(), dx.get(), k.n, k.h, k.w, k.c,
+                                   static_cast<int>(k.kernel), static_cast<int>(k.stride), stream_);
+        const auto got = dx.host();
+        if (run == 0) {
+          EXPECT_TRUE(same_pool_gradient(got, want, k));
+          first = got;
+        } else {
+          EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * sizeof(float)), 0) << "a second run differs";
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hpc

@@ -294,6 +294,7 @@ BatchNormGpu::BatchNormGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, b
       pooled_(in),
       relu_(relu),
       pool_kernel_(pool_kernel),
+      pool_stride_(pool_stride),
       momentum_(momentum),
       eps_(std::max(eps, CUDNN_BN_MIN_EPSILON)),
       gamma_(gamma),
@@ -379,9 +380,9 @@ const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   const Tensor* d = &as_type(ctx_, dy_in, io_, dy_wide_);
   if (pool_) {
     ensure(dnorm_, x_.shape(), io_);
-    CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, pooled_desc_.get(), pooled_y_.raw(),
-                                     pooled_desc_.get(), d->raw(), x_desc_.get(), y_.raw(), &kZero, x_desc_.get(),
-                                     dnorm_.raw()));
+    // Ours, not cuDNN's deterministic max-pool backward (2.4 ms at 206 GB/s for ResNet-50's stem).
+    kernels::max_pool_backward(io_, y_.raw(), d->raw(), dnorm_.raw(), x_.shape()[0], in_.h, in_.w, in_.c,
+                               to_int(pool_kernel_), to_int(pool_stride_), ctx_.stream());
     d = &dnorm_;
   }
   ensure(dx_, x_.shape(), io_);
@@ -410,7 +411,7 @@ const Tensor& ReluGpu::backward(const Tensor& dy, bool /*need_dx*/) {
 }
 
 PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride)
-    : ctx_(ctx), kind_(kind), in_(in), out_(in), io_(ctx.norm_type()) {
+    : ctx_(ctx), kind_(kind), in_(in), out_(in), kernel_(kernel), stride_(stride), io_(ctx.norm_type()) {
   // The global average is one unpadded window over the whole image.
   const bool global = kind == Kind::GlobalAverage;
   const int64_t kh = global ? in.h : kernel, kw = global ? in.w : kernel;
@@ -445,8 +446,12 @@ const Tensor& PoolGpu::forward(const Tensor& x_in, bool /*train*/) {
 const Tensor& PoolGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   const Tensor& dy = as_type(ctx_, dy_in, io_, dy_wide_);
   ensure(dx_, x_.shape(), io_);
-  CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
-                                   x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
+  if (kind_ == Kind::Max)  // ours: the CPU layer's winners, faster than cuDNN's deterministic backward
+    kernels::max_pool_backward(io_, x_.raw(), dy.raw(), dx_.raw(), x_.shape()[0], in_.h, in_.w, in_.c,
+                               to_int(kernel_), to_int(stride_), ctx_.stream());
+  else
+    CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
+                                     x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
   return as_type(ctx_, dx_, ctx_.act(), dx_low_);
 }
 

@@ -141,7 +141,7 @@ class BatchNormGpu final : public GpuLayer {
   DeviceArenas& arenas_;
   Geometry in_, pooled_;
   bool relu_;
-  int64_t pool_kernel_;
+  int64_t pool_kernel_, pool_stride_;
   double momentum_, eps_;
   int gamma_, beta_, running_mean_, running_var_;
   cudnnPoolingDescriptor_t pool_ = nullptr;
@@ -178,6 +178,7 @@ class PoolGpu final : public GpuLayer {
   GpuContext& ctx_;
   Kind kind_;
   Geometry in_, out_;
+  int64_t kernel_, stride_;  // of a max pool (Kind::Max)
   cudnnPoolingDescriptor_t pool_ = nullptr;
   TensorDesc x_desc_, y_desc_;
   int64_t described_n_ = -1;
