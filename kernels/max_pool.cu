@@ -18,12 +18,6 @@
 namespace hpc::kernels {
 namespace {
 
-// V neighbouring channels of one cell, moved as one load or store (128 bits when V fills it).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
 template <class T, int V>
 __device__ __forceinline__ Pack<T, V> load(const T* p) {
   return *reinterpret_cast<const Pack<T, V>*>(p);
