@@ -100,6 +100,7 @@ class ConvGpu final : public GpuLayer {
   int64_t weight_count_ = 0;
   const void* weight_used_ = nullptr;  // the fp32 weight, or this step's 16-bit copy
   Tensor x_, y_, dx_, weight_lp_, bias_lp_, dweight_lp_;
+  Tensor sums_work_;  // the bias gradient's scratch (kernels::channel_sums_work_bytes)
 };
 
 // BatchNorm [+ ReLU] [+ max pool]: the fusions of the CPU layer, as three cuDNN/kernel passes.
@@ -186,6 +187,7 @@ class LinearGpu final : public GpuLayer {
   int weight_, bias_;
   const void* weight_used_ = nullptr;  // this step's 16-bit copy of the weight (mixed precision)
   Tensor x_, y_, dx_, weight_lp_, bias_lp_;
+  Tensor sums_work_;  // the 16-bit bias gradient's scratch (kernels::channel_sums_work_bytes)
 };
 
 // relu(main(x) + shortcut(x)); an empty shortcut is the identity.
