@@ -124,6 +124,16 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
 void max_pool_backward(DType t, const void* x, const void* dy, void* dx, int64_t n, int64_t h, int64_t w,
                        int64_t channels, int kernel, int stride, cudaStream_t stream);
 
+// ---- bias gradients (nn::Conv2d, nn::Linear; channels last: `channels` innermost) -------------
+
+// out[c] = factor * the sum over rows of x[r][c] (x: rows x channels of type t, F32, BF16 or
+// F16; out: fp32, overwritten; factor: the loss scale divided out). Summed in double over
+// fixed slabs of rows, the slabs added in a fixed order: deterministic. `work` is device
+// scratch of channel_sums_work_bytes(rows, channels) bytes, used by one call at a time.
+size_t channel_sums_work_bytes(int64_t rows, int64_t channels);
+void channel_sums(DType t, const void* x, int64_t rows, int64_t channels, float factor, float* out, void* work,
+                  cudaStream_t stream);
+
 // ---- mixed precision ----------------------------------------------------------------------------
 
 // x *= factor, and *non_finite = 1 if any result is not finite (a loss-scaled fp16 step that

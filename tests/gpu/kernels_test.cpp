@@ -653,5 +653,114 @@ TEST_F(GpuKernels, MaxPoolBackwardEqualsTheCpuLayerBitForBit) {
   }
 }
 
+
+// ---- per-channel sums (kernels/channel_sums.cu): the bias gradient of convolutions and linear layers ----
+
+// rows x channels values k / 64 with |k| <= 255, a different mean in each channel: exact in
+// fp32, bf16 and fp16 alike, and every sum of them is exact in double whatever its order, so
+// the GPU's result must equal float(factor * the sum) bit for bit.
+std::vector<float> exact_sum_values(int64_t rows, int64_t channels) {
+  std::vector<float> v(static_cast<size_t>(rows * channels));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < channels; ++c) {
+      const auto hash = static_cast<uint32_t>(r) * 2654435761u + static_cast<uint32_t>(c) * 40503u;
+      const int k = static_cast<int>((hash >> 8) % 255) - 127 + 64 * static_cast<int>(c % 5 - 2);
+      v[static_cast<size_t>(r * channels + c)] = static_cast<float>(k) / 64.0f;
+    }
+  return v;
+}
+
+// factor * the sum over rows of each channel, in double, rounded once to float.
+std::vector<float> channel_sums_of(const std::vector<float>& x, int64_t rows, int64_t channels, float factor) {
+  std::vector<double> sum(static_cast<size_t>(channels), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < channels; ++c) sum[static_cast<size_t>(c)] += x[static_cast<size_t>(r * channels + c)];
+  std::vector<float> out(static_cast<size_t>(channels));
+  for (size_t c = 0; c < out.size(); ++c) out[c] = static_cast<float>(static_cast<double>(factor) * sum[c]);
+  return out;
+}
+
+// kernels::channel_sums of `values` (rows x channels, stored in precision p) read at an
+// element offset (0, or 1 for a tensor that starts off a 16-byte boundary); out starts NaN,
+// so a channel never written shows.
+std::vector<float> gpu_channel_sums(Precision p, const std::vector<float>& values, int64_t rows, int64_t channels,
+                                    float factor, int offset, cudaStream_t stream) {
+  std::vector<float> shifted;
+  if (offset > 0) {
+    shifted.assign(static_cast<size_t>(offset), 1000.f);  // never summed
+    shifted.insert(shifted.end(), values.begin(), values.end());
+  }
+  TypedBuffer x(p, offset > 0 ? shifted : values);
+  DeviceBuffer<float> out(std::vector<float>(static_cast<size_t>(channels), NAN));
+  DeviceBuffer<double> work((kernels::channel_sums_work_bytes(rows, channels) + 7) / 8);
+  const void* at = static_cast<const char*>(x.get()) + offset * (p == Precision::Fp32 ? 4 : 2);
+  kernels::channel_sums(dtype_of(p), at, rows, channels, factor, out.get(), work.get(), stream);
+  return out.host();
+}
+
+// Every channel bit for bit; else the first that differs, with both values.
+::testing::AssertionResult same_channel_sums(const std::vector<float>& got, const std::vector<float>& want) {
+  for (size_t c = 0; c < want.size(); ++c)
+    if (!same_bits(got[c], want[c]))
+      return ::testing::AssertionFailure() << "channel " << c << " of " << want.size() << ": got " << got[c]
+                                           << ", want " << want[c] << " (difference " << got[c] - want[c] << ")";
+  return ::testing::AssertionSuccess();
+}
+
+// Every activation type; channel counts that take each path (1 and 3: one element a thread;
+// 100: four; 32 and 64: several rows a warp; 2048: sixteen blocks of channels) and row counts
+// from one row to a batch of 128 images of 28 x 28 (hundreds of slabs); a loss scale's factor
+// (a power of two) and, in fp32, one that is not; and tensors that start off a 16-byte
+// boundary (one element at a time).
+TEST_F(GpuKernels, ChannelSumsEqualTheExactSums) {
+  for (const int64_t channels : {1, 3, 32, 64, 100, 2048})
+    for (const int64_t rows : {1, 7, 128 * 28 * 28}) {
+      const auto x = exact_sum_values(rows, channels);
+      for (const float factor : {1.0f / 1024, 0.3f}) {
+        const auto want = channel_sums_of(x, rows, channels, factor);
+        for (const Precision p : kStored) {
+          if (factor == 0.3f && p != Precision::Fp32) continue;
+          SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", " << rows << " rows x " << channels
+                                            << " channels, factor " << factor);
+          EXPECT_TRUE(same_channel_sums(gpu_channel_sums(p, x, rows, channels, factor, 0, stream_), want));
+        }
+      }
+    }
+  for (const int64_t channels : {32, 64, 2048}) {
+    const int64_t rows = 1000;
+    const auto x = exact_sum_values(rows, channels);
+    for (const Precision p : kStored) {
+      SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", " << rows << " rows x " << channels
+                                        << " channels, one element off alignment");
+      EXPECT_TRUE(same_channel_sums(gpu_channel_sums(p, x, rows, channels, 1.0f, 1, stream_),
+                                    channel_sums_of(x, rows, channels, 1.0f)));
+    }
+  }
+}
+
+// On values whose sums round (normal, rounded to each type), two runs give the same bits, and
+// each channel is within one rounding to float of the sum in double (the double sums differ
+// from the host's only in their order).
+TEST_F(GpuKernels, ChannelSumsRepeatBitForBit) {
+  struct Case {
+    int64_t rows, channels;
+  };
+  const float factor = 1.0f / 1024;
+  for (const Case k : {Case{128 * 28 * 28, 32}, Case{128 * 14 * 14, 64}, Case{128 * 7 * 7, 2048}, Case{7, 100}})
+    for (const Precision p : kStored) {
+      SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", " << k.rows << " rows x " << k.channels
+                                        << " channels");
+      auto x = random_floats(static_cast<size_t>(k.rows * k.channels), 41);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = testing::round_to(p, x[i] + static_cast<float>(i % 3));
+      const auto first = gpu_channel_sums(p, x, k.rows, k.channels, factor, 0, stream_);
+      const auto second = gpu_channel_sums(p, x, k.rows, k.channels, factor, 0, stream_);
+      EXPECT_TRUE(same_channel_sums(second, first)) << "a second run";
+      const auto want = channel_sums_of(x, k.rows, k.channels, factor);
+      for (size_t c = 0; c < want.size(); ++c)
+        ASSERT_LE(std::fabs(first[c] - want[c]), std::ldexp(std::fabs(want[c]), -23))
+            << "channel " << c << ": got " << first[c] << ", want " << want[c];
+    }
+}
+
 }  // namespace
 }  // namespace hpc

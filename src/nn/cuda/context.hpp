@@ -1,5 +1,5 @@
 // What every GPU layer of one rank shares: the compute stream they all enqueue on, the cuBLAS
-// and cuDNN handles bound to it, one workspace, a vector of ones (bias sums through cuBLAS),
+// and cuDNN handles bound to it, one workspace, a vector of ones (bias terms through cuBLAS),
 // and the math settings. One per process, created after device::select_gpu; RAII.
 //
 // Stream contract: the compute stream is non-blocking (it neither waits for the legacy default

@@ -120,6 +120,7 @@ class ConvGpu final : public GpuLayer {
   Tensor* dx_target_ = nullptr;
   bool accumulate_dx_ = false;
   Tensor x_, y_, dx_, dweight_lp_;
+  Tensor sums_work_;  // the bias gradient's scratch (kernels::channel_sums_work_bytes)
 };
 
 // BatchNorm [+ ReLU] [+ max pool]: the fusions of the CPU layer, as three cuDNN/kernel passes.
@@ -212,6 +213,7 @@ class LinearGpu final : public GpuLayer {
   int weight_, bias_;
   const void* weight_used_ = nullptr;  // the weight's 16-bit copy (mixed precision: DeviceArenas::value_low)
   Tensor x_, y_, dx_;
+  Tensor sums_work_;  // the 16-bit bias gradient's scratch (kernels::channel_sums_work_bytes)
 };
 
 // relu(main(x) + shortcut(x)); an empty shortcut is the identity. Where the branches allow
