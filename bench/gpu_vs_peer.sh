@@ -347,7 +347,8 @@ all_step() {
     echo "== all: $st at $(elapsed) s, under ${left} s" | tee -a "$out/all.log"
     rc=0
     timeout -k 5 "$left" "$0" "$st" "${step_args[@]}" >> "$out/all.log" 2>&1 || rc=$?
-    ((rc == 0)) || failed+=("$st (exit $rc$( ((rc == 124)) && echo ": out of time"))")
+    # (set -e: the substitution must not fail, or the failed step would end `all` here.)
+    ((rc == 0)) || failed+=("$st (exit $rc$( ((rc == 124)) && echo ": out of time" || true))")
     echo "== all: $st exit $rc at $(elapsed) s" | tee -a "$out/all.log"
     [[ -f $results/$st.txt ]] && grep -v '^#' "$results/$st.txt"
     [[ $st == build && $rc -ne 0 ]] && { tail -n 30 "$out/all.log"; break; }

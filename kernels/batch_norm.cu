@@ -74,9 +74,8 @@ struct Geometry {
 
 // partial[slab][0][c] and partial[slab][1][c]: over the slab's rows, the sums of x and x^2
 // (forward), or of g and g (x - mean[c]) (backward), g = dy, or dy where the forward's ReLU
-// passed (kMask, with the forward's coefficients fcoef). A thread loads kRows rows before it
-// adds (enough bytes in flight to keep the memory busy), adds each group in float and the
-// groups in double.
+// passed (kMask, with the forward's coefficients fcoef), each added in double. A thread loads
+// kRows rows before it adds: enough bytes in flight to keep the memory busy.
 template <class T, int V, bool kBackward, bool kMask>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     partial_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ fcoef,
@@ -107,24 +106,22 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         }
       }
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float fa = 0.f, fb = 0.f;
+      for (int u = 0; u < kRows<T, V>; ++u) {
+        if (r0 + u * step >= end) break;
 #pragma unroll
-        for (int u = 0; u < kRows<T, V>; ++u) {
-          if (r0 + u * step >= end) continue;
+        for (int j = 0; j < V; ++j) {
           const float xf = to_f(xv[u].v[j]);
           if (kBackward) {
-            float g = to_f(gv[u].v[j]);
-            if (kMask && !relu_passes<T>(affine(xf, k[j]))) g = 0.f;
-            fa += g;
-            fb += g * (xf - k[j][0]);
+            double g = to_f(gv[u].v[j]);
+            if (kMask && !relu_passes<T>(affine(xf, k[j]))) g = 0;
+            a[j] += g;
+            b[j] += g * (static_cast<double>(xf) - static_cast<double>(k[j][0]));
           } else {
-            fa += xf;
-            fb += xf * xf;
+            const double v = xf;
+            a[j] += v;
+            b[j] += v * v;
           }
         }
-        a[j] += fa;
-        b[j] += fb;
       }
     }
   }
