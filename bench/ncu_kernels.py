@@ -10,8 +10,9 @@ NCU.csv is what bench/gpu_vs_peer.sh's kernels step writes:
 one row per kernel launch per metric ("ID", "Kernel Name", ..., "Metric Name", "Metric Unit",
 "Metric Value"), among ncu's own ==PROF== lines. The two steps launch the same kernels, so the
 later half of the launches is the second step. They are grouped by kernel name (template
-arguments, parameters and anonymous namespaces cut off); "ours" are the groups in namespace
-hpc::kernels (kernels/*.cu), the rest is cuDNN's, cuBLAS's and NCCL's. A launch's DRAM bytes are
+arguments, parameters and anonymous namespaces cut off); "ours" are the groups in namespace hpc
+(kernels/*.cu; Nsight Compute 2025.3 names them "hpc::sgd_kernel"), the rest is cuDNN's,
+cuBLAS's and NCCL's. A launch's DRAM bytes are
 what it read plus what it wrote; its bandwidth is those bytes over its duration, printed as a
 fraction of COPY_BYTES_PER_S (`gpu_step --copy-bandwidth`: a device-to-device copy's read plus
 written bytes per second).
@@ -34,7 +35,7 @@ SECONDS = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 
            "second": 1.0, "s": 1.0}
 BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
          "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
-OURS = "hpc::kernels::"
+OURS = "hpc::"  # kernels/*.cu; Nsight Compute may leave out the nested "kernels::"
 
 
 class InputError(Exception):

@@ -9,7 +9,7 @@ are ten times larger, so reading the wrong half shows. Copy bandwidth 4e12 B/s. 
   4   hpc::kernels::convert_kernel (ours)      1.0 ms   2.0e9   1.0e9   3.0e9
   5   sm90_xmma_fprop_... (cuDNN)               4.0 ms   1.0e9   1.0e9   2.0e9  5e11    0.125
   6   hpc::kernels::convert_kernel (ours)      0.5 ms   1.0e9   0.5e9   1.5e9
-  7   hpc::kernels::sgd_kernel (ours)          2.0 ms   3.0e9   1.0e9   4.0e9  2e12    0.5
+  7   hpc::sgd_kernel (ours)                   2.0 ms   3.0e9   1.0e9   4.0e9  2e12    0.5
 convert_kernel together: 1.5 ms, 4.5e9 B: 3e12 B/s, 0.75 of the copy.
 Step: 7.5 ms, 10.5e9 B (at 4e12 B/s: 2.625 ms), 1.4e12 B/s: 0.35. Top: the cuDNN kernel, 4/7.5 = 0.533.
 Ours: 3.5 ms, 8.5e9 B: 2.428571e12 B/s: 0.607 of the copy (reading only the bytes read gives
@@ -29,7 +29,9 @@ HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context",
           '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
 CONVERT = ("void hpc::kernels::(anonymous namespace)::convert_kernel<float, __nv_bfloat16>"
            "(const T1 *, T2 *, long, float, int *)")
-SGD = ("void hpc::kernels::(anonymous namespace)::sgd_kernel(float *, const float *, float *, long, const long *, "
+# As Nsight Compute 2025.3 named our kernels on the H200 (2026-11-27): "hpc::sgd_kernel", the
+# nested namespaces left out, which a test of "hpc::kernels::" alone counted as not ours.
+SGD = ("void hpc::(anonymous namespace)::sgd_kernel(float *, const float *, float *, long, const long *, "
        "const float *, int, float, float, bool, bool, const int *, const float *)")
 CUDNN = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_cudnn"
 # (kernel, ns, bytes read, bytes written) of the second step; the first step is ten times these.
@@ -73,13 +75,13 @@ class Arithmetic(unittest.TestCase):
 
     def test_groups_by_name_without_namespace_template_or_arguments(self):
         groups = {g.name: g for g in self.summary["groups"]}
-        self.assertEqual(set(groups), {"hpc::kernels::convert_kernel", "hpc::kernels::sgd_kernel", CUDNN})
+        self.assertEqual(set(groups), {"hpc::kernels::convert_kernel", "hpc::sgd_kernel", CUDNN})
         convert = groups["hpc::kernels::convert_kernel"]
         self.assertEqual(convert.launches, 2)
         self.assertAlmostEqual(convert.seconds, 1.5e-3)
         self.assertAlmostEqual(convert.bytes, 4.5e9)
         self.assertAlmostEqual(convert.fraction(COPY), 0.75)
-        self.assertAlmostEqual(groups["hpc::kernels::sgd_kernel"].fraction(COPY), 0.5)
+        self.assertAlmostEqual(groups["hpc::sgd_kernel"].fraction(COPY), 0.5)
         self.assertAlmostEqual(groups[CUDNN].fraction(COPY), 0.125)
         self.assertEqual([g.name for g in self.summary["groups"]][0], CUDNN)  # largest time first
 
