@@ -6,7 +6,9 @@
 // leaves out on purpose (bench/gpu_vs_peer.sh times the whole trainer separately).
 // Prints one JSON line: images/s, ms per step, the model's training FLOPs per sample.
 //   gpu_step [--model cnn] [--batch 128] [--image-size 28] [--channels 1] [--classes 10]
-//            [--precision tf32] [--warmup 15] [--iters 50] [--no-deterministic]
+//            [--precision tf32] [--warmup 15] [--iters 50] [--no-deterministic] [--cuda-graphs]
+// --cuda-graphs captures one step after the warm-up as a CUDA graph and times its replays, as
+// the trainer's --cuda-graphs does: the GPU's time for the step without the host's launches.
 // --copy-bandwidth instead measures the GPU's copy bandwidth, the roofline the kernels step of
 // bench/gpu_vs_peer.sh holds every kernel against: a device-to-device copy of 2 GiB between two
 // CUDA events, read plus written bytes over the time, the best of 10 after one untimed copy
@@ -37,7 +39,7 @@ namespace {
 struct Args {
   std::string model = "cnn", precision = "tf32";
   int64_t batch = 128, image_size = 28, channels = 1, classes = 10, warmup = 15, iters = 50;
-  bool deterministic = true, copy_bandwidth = false;
+  bool deterministic = true, copy_bandwidth = false, graphs = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -49,7 +51,8 @@ Args parse(int argc, char** argv) {
       "precision", po::value(&a.precision), "fp32, tf32 or bf16 (as the peer's autocast)")(
       "warmup", po::value(&a.warmup), "untimed steps first")("iters", po::value(&a.iters), "timed steps")(
       "no-deterministic", po::bool_switch(), "let cuDNN choose non-deterministic algorithms")(
-      "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead");
+      "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead")(
+      "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);
@@ -150,23 +153,42 @@ int run(const Args& a) {
   };
   for (int64_t i = 0; i < a.warmup; ++i) step();
   ctx.synchronize();
+  // The warm-up settled every allocation and algorithm choice: the captured step's buffers stay.
+  cudaGraphExec_t graph = nullptr;
+  if (a.graphs) {
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal));
+    step();
+    CUDA_CHECK(cudaStreamEndCapture(ctx.stream(), &g));
+    CUDA_CHECK(cudaGraphInstantiate(&graph, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    CUDA_CHECK(cudaGraphLaunch(graph, ctx.stream()));  // its first launch uploads it: untimed
+    ctx.synchronize();
+  }
+  auto timed_step = [&] {
+    if (graph) CUDA_CHECK(cudaGraphLaunch(graph, ctx.stream()));
+    else step();
+  };
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
   CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
-  for (int64_t i = 0; i < a.iters; ++i) step();
+  for (int64_t i = 0; i < a.iters; ++i) timed_step();
   CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
   CUDA_CHECK(cudaEventSynchronize(stop));
   float ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  if (graph) cudaGraphExecDestroy(graph);
   const double loss = net.sums().loss / static_cast<double>(a.batch);
   const double step_ms = ms / static_cast<double>(a.iters);
   std::printf(
-      "{\"workload\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"warmup\": %lld, \"iters\": %lld, "
-      "\"step_ms\": %.4f, \"images_per_s\": %.1f, \"train_flops_per_sample\": %.0f, \"last_loss\": %.6g}\n",
-      a.model.c_str(), a.precision.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.warmup),
+      "{\"workload\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"cuda_graphs\": %s, \"warmup\": %lld, "
+      "\"iters\": %lld, \"step_ms\": %.4f, \"images_per_s\": %.1f, \"train_flops_per_sample\": %.0f, "
+      "\"last_loss\": %.6g}\n",
+      a.model.c_str(), a.precision.c_str(), static_cast<long long>(a.batch), a.graphs ? "true" : "false",
+      static_cast<long long>(a.warmup),
       static_cast<long long>(a.iters), step_ms, 1000.0 * static_cast<double>(a.batch) / step_ms,
       model.train_flops_per_sample(), loss);
   return 0;

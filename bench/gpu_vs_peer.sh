@@ -17,7 +17,8 @@
 #                                          trainer with its loader, copies and evaluation, and
 #                                          the peer's training loop over data held on the GPU)
 #   bench/gpu_vs_peer.sh resnet50   2.5 min ResNet-50, 224x224, bf16: steady steps both sides
-#                                          (the peer eager and compiled), hpctrain end to end on
+#                                          (the peer eager and compiled; ours also replayed as
+#                                          a CUDA graph), hpctrain end to end on
 #                                          --dataset synthetic; MFU of each
 #   bench/gpu_vs_peer.sh kernels    ~30 s   the roofline of one training step: Nsight Compute (ncu)
 #                                          measures every kernel launch of a gpu_step step, its
@@ -259,13 +260,21 @@ resnet50_step() {
   echo "== 1/3 steady steps: gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16"
   "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch" \
     --no-deterministic | tee "$tmp/ours.json"
-  local ours flops lines
+  local ours flops lines graphs
   ours=$(json_number images_per_s < "$tmp/ours.json")
   flops=$(json_number train_flops_per_sample < "$tmp/ours.json")
+  # The same step replayed as one CUDA graph (the trainer's --cuda-graphs): the GPU's time
+  # without the host's 600-odd launches a step.
+  echo "== 1b/3 the same steps as a CUDA graph: gpu_step ... --cuda-graphs"
+  "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch" \
+    --no-deterministic --cuda-graphs | tee "$tmp/graphs.json"
+  graphs=$(json_number images_per_s < "$tmp/graphs.json")
   lines="resnet50_batch=$r50_batch
 resnet50_train_flops_per_sample=$flops
 resnet50_steady_hpctrain_images_per_second=$ours
-resnet50_steady_hpctrain_mfu=$(mfu "$ours" "$flops" bf16)"
+resnet50_steady_hpctrain_mfu=$(mfu "$ours" "$flops" bf16)
+resnet50_steady_hpctrain_cuda_graphs_images_per_second=$graphs
+resnet50_steady_hpctrain_cuda_graphs_mfu=$(mfu "$graphs" "$flops" bf16)"
   local modes=(eager) mode flag theirs
   ((compile)) && modes+=(compile)
   for mode in "${modes[@]}"; do
@@ -278,7 +287,8 @@ resnet50_steady_hpctrain_mfu=$(mfu "$ours" "$flops" bf16)"
     lines+="
 resnet50_steady_peer_${mode}_images_per_second=$theirs
 resnet50_steady_peer_${mode}_mfu=$(mfu "$theirs" "$flops" bf16)
-resnet50_steady_ratio_over_peer_${mode}=$(calc "$ours / $theirs" 2)"
+resnet50_steady_ratio_over_peer_${mode}=$(calc "$ours / $theirs" 2)
+resnet50_steady_cuda_graphs_ratio_over_peer_${mode}=$(calc "$graphs / $theirs" 2)"
   done
   # End to end: 4 epochs of 2048 synthetic images through the trainer; the last epoch's rate
   # (cuDNN's algorithm choice and the allocator's first requests fall in the first).
