@@ -61,8 +61,12 @@ fi
 IFS=, read -r -a ranks <<< "$ranks_list"
 cores=$(nproc)
 samples=$((64 * 9 * (steps + 1)))  # batch 64 a rank, up to 9 ranks: one epoch holds every step
+# No snapshots or checkpoints: their copies run on background threads of some ranks, and on a
+# machine whose cores the ranks fill they slow those ranks (the model has no such term; with
+# snapshots on, 2 ranks' backward passes ended 0.8 ms apart, median, and rank 0's wait took it).
 job=(--threads 1 --data-dir "$data" --train-samples "$samples" --test-samples 100 --epochs 1 --max-steps "$steps"
-     --metrics-every-steps 1 --quiet)
+     --metrics-every-steps 1 --quiet --snapshot-every-steps 0 --checkpoint-every-steps 0
+     --checkpoint-dir "$tmp/ckpt")
 echo "scaling_check: $cores core(s), ranks ${ranks[*]}, $steps steps, cpu: $(cpu_model)"
 echo "mpirun ${mpirun_args[*]}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Other jobs' threads take cores the model counts as this job's: say so where they do.
