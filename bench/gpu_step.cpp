@@ -13,10 +13,16 @@
 // bench/gpu_vs_peer.sh holds every kernel against: a device-to-device copy of 2 GiB between two
 // CUDA events, read plus written bytes over the time, the best of 10 after one untimed copy
 // (JSON: copy_bytes_per_s).
+// --kernel-shapes instead times our batch-norm passes (kernels/batch_norm.cu: forward with its
+// ReLU, backward with the ReLU's mask; bf16) on the shapes of ResNet-50's batch norms at --batch,
+// and the ReLU backward (one 16-byte pack a thread, no set-up) beside them: per shape one JSON
+// line with the time (median of 20 launches), the bytes the passes must move and their rate,
+// to tune the geometry against (bench/README.md, "What the third visit gave").
 #include <cuda_runtime_api.h>
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -26,6 +32,7 @@
 #include "core/choice.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
+#include "kernels/kernels.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
@@ -39,7 +46,7 @@ namespace {
 struct Args {
   std::string model = "cnn", precision = "tf32";
   int64_t batch = 128, image_size = 28, channels = 1, classes = 10, warmup = 15, iters = 50;
-  bool deterministic = true, copy_bandwidth = false, graphs = false;
+  bool deterministic = true, copy_bandwidth = false, graphs = false, kernel_shapes = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -52,7 +59,8 @@ Args parse(int argc, char** argv) {
       "warmup", po::value(&a.warmup), "untimed steps first")("iters", po::value(&a.iters), "timed steps")(
       "no-deterministic", po::bool_switch(), "let cuDNN choose non-deterministic algorithms")(
       "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead")(
-      "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph");
+      "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph")(
+      "kernel-shapes", po::bool_switch(&a.kernel_shapes), "time the batch-norm passes on ResNet-50's shapes instead");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);
@@ -122,11 +130,83 @@ int copy_bandwidth() {
   return 0;
 }
 
+// The median time in ms of `launches` runs of f on `stream`, each between two events.
+template <class F>
+double median_ms(cudaStream_t stream, int launches, F&& f) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  f();  // untimed: first-launch costs
+  std::vector<float> ms(static_cast<size_t>(launches));
+  for (float& m : ms) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    f();
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    CUDA_CHECK(cudaEventElapsedTime(&m, start, stop));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int kernel_shapes(int64_t batch) {
+  struct Shape2 {
+    int64_t side, channels;  // a batch norm's input: batch x side x side x channels
+  };
+  // ResNet-50's batch norms by (side, channels), bottleneck widths 64 to 512 (x4 at the joins).
+  const Shape2 shapes[] = {{112, 64}, {56, 64}, {56, 256}, {56, 128}, {28, 128}, {28, 512}, {28, 256},
+                           {14, 256}, {14, 1024}, {14, 512}, {7, 512}, {7, 2048}};
+  const int64_t most = batch * 112 * 112 * 64;
+  const DType t = DType::BF16;
+  void *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr, *work = nullptr;
+  for (void** p : {&x, &y, &dy, &dx}) {
+    CUDA_CHECK(cudaMalloc(p, static_cast<size_t>(most) * 2));
+    CUDA_CHECK(cudaMemset(*p, 0x3c, static_cast<size_t>(most) * 2));  // bf16 0x3c3c: about 0.0115
+  }
+  size_t work_bytes = 0;
+  for (const Shape2& s : shapes)
+    work_bytes = std::max(work_bytes, kernels::batch_norm_work_bytes(t, batch * s.side * s.side, s.channels));
+  CUDA_CHECK(cudaMalloc(&work, work_bytes));
+  float* vec = nullptr;  // gamma, beta, running mean and variance, saved mean and 1/std, dgamma, dbeta
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&vec), 8 * 2048 * sizeof(float)));
+  CUDA_CHECK(cudaMemset(vec, 0, 8 * 2048 * sizeof(float)));
+  float* v[8];
+  for (int i = 0; i < 8; ++i) v[i] = vec + i * 2048;
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const Shape2& s : shapes) {
+    const int64_t rows = batch * s.side * s.side, n = rows * s.channels;
+    const double fwd = median_ms(stream, 20, [&] {
+      kernels::batch_norm_forward_train(t, x, y, rows, s.channels, v[0], v[1], v[2], v[3], 0.1, 1e-5, true, v[4],
+                                        v[5], work, stream);
+    });
+    const double bwd = median_ms(stream, 20, [&] {
+      kernels::batch_norm_backward(t, x, dy, dx, rows, s.channels, v[0], v[4], v[5], 1.0f, v[6], v[7], work, stream,
+                                   true);
+    });
+    const double relu = median_ms(stream, 20, [&] { kernels::relu_backward(t, y, dy, dx, n, stream); });
+    // The bytes each must move: forward reads x twice (sums, apply) and writes y; backward reads
+    // x and dy twice and writes dx; the ReLU backward reads y and dy and writes dx.
+    const double b = 2.0 * static_cast<double>(n);
+    std::printf("{\"workload\": \"batch_norm\", \"rows\": %lld, \"channels\": %lld, \"forward_ms\": %.4f, "
+                "\"forward_GBps\": %.0f, \"backward_ms\": %.4f, \"backward_GBps\": %.0f, \"relu_backward_ms\": %.4f, "
+                "\"relu_backward_GBps\": %.0f}\n",
+                static_cast<long long>(rows), static_cast<long long>(s.channels), fwd, 3 * b / fwd * 1e-6, bwd,
+                5 * b / bwd * 1e-6, relu, 3 * b / relu * 1e-6);
+  }
+  cudaStreamDestroy(stream);
+  for (void* p : {x, y, dy, dx, work, static_cast<void*>(vec)}) cudaFree(p);
+  return 0;
+}
+
 int run(const Args& a) {
   if (device::cuda_device_count() == 0)
     throw Error(ErrorKind::Usage, "no CUDA GPU visible (" + device::describe() + "): gpu_step times the GPU");
   device::select_gpu(0);
   if (a.copy_bandwidth) return copy_bandwidth();
+  if (a.kernel_shapes) return kernel_shapes(a.batch);
   nn::ModelSpec spec;
   spec.kind = parse_named(nn::kModelNames, a.model, "model");
   spec.input = Shape{a.image_size, a.image_size, a.channels};
