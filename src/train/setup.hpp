@@ -29,6 +29,7 @@ namespace hpc::train {
 // What set-up hands the step loop.
 struct Prepared {
   bool gpu = false;  // this rank trains on its GPU
+  bool gpu_decode = false;  // and decodes the packed shards' JPEGs there (--jpeg-decode)
   int threads = 0;   // math-library threads of this rank
   std::string data_dir;
   data::DatasetPair ds;
