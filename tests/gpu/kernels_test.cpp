@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -13,7 +14,10 @@
 #include "core/device.hpp"
 #include "core/tensor.hpp"
 #include "gpu/compare.hpp"
+#include "core/rng.hpp"
+#include "data/jpeg.hpp"
 #include "data/loader.hpp"
+#include "data/shard_images.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
@@ -760,6 +764,78 @@ TEST_F(GpuKernels, ChannelSumsRepeatBitForBit) {
         ASSERT_LE(std::fabs(first[c] - want[c]), std::ldexp(std::fabs(want[c]), -23))
             << "channel " << c << ": got " << first[c] << ", want " << want[c];
     }
+}
+
+
+// --jpeg-decode gpu: the random resized crop, flip and normalisation of decoded images on the GPU
+// against the CPU path's (data::draw_view and data::resample, then the assembler's table) on the
+// same pixels, images of several shapes with rows padded past their width (the decoder's pitch).
+// Tolerance: a byte before the table may differ by one where the bilinear value lies within
+// rounding of a half (the host compiler may fuse multiply-adds where nvcc does not, or the
+// reverse), in at most 1 of 1000 values; a wrong geometry (a swapped axis, a missed flip, a
+// half-pixel shift, the pitch ignored) moves most values of these random images by many levels.
+TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
+  const int64_t size = 24, pad = 16;  // pad: bytes past each row's end, 255s the kernel must skip
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{37, 53}, {64, 48}, {29, 29}, {20, 90}};
+  std::mt19937 g(7);
+  std::vector<float> table(3 * 256);
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v)
+      table[c * 256 + v] = (static_cast<float>(v) / 255.0f - kRgbNorm.mean[c]) / kRgbNorm.std[c];
+  std::vector<data::Image> images;
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> device_images;
+  std::vector<data::View> views;
+  std::vector<size_t> image_of;  // per sample
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    data::Image img;
+    img.height = shapes[k].first, img.width = shapes[k].second;
+    img.pixels.resize(static_cast<size_t>(img.height * img.width * 3));
+    for (uint8_t& b : img.pixels) b = static_cast<uint8_t>(g() & 255u);
+    std::vector<uint8_t> padded(static_cast<size_t>(img.height * (img.width * 3 + pad)), 255);
+    for (int64_t y = 0; y < img.height; ++y)
+      std::memcpy(&padded[static_cast<size_t>(y * (img.width * 3 + pad))], &img.pixels[static_cast<size_t>(y * img.width * 3)],
+                  static_cast<size_t>(img.width * 3));
+    device_images.push_back(std::make_unique<DeviceBuffer<uint8_t>>(padded));
+    Philox rng(11, RngStream::Augment, 0, k);
+    data::View v = data::draw_view(img.height, img.width, &rng, true);
+    for (bool flip : {false, true}) {
+      v.flip = flip;
+      views.push_back(v);
+      image_of.push_back(k);
+    }
+    views.push_back(data::draw_view(img.height, img.width, nullptr, false));  // evaluation's centre crop
+    image_of.push_back(k);
+    images.push_back(std::move(img));
+  }
+  const auto n = static_cast<int64_t>(views.size()), per = size * size * 3;
+  std::vector<float> cpu(static_cast<size_t>(n * per));
+  std::vector<kernels::ResizedCrop> crops;
+  std::vector<uint8_t> bytes(static_cast<size_t>(per));
+  for (int64_t i = 0; i < n; ++i) {
+    const data::Image& img = images[image_of[static_cast<size_t>(i)]];
+    const data::View& v = views[static_cast<size_t>(i)];
+    data::resample(img, v, size, bytes.data());
+    for (int64_t e = 0; e < per; ++e) cpu[static_cast<size_t>(i * per + e)] = table[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+    crops.push_back({device_images[image_of[static_cast<size_t>(i)]]->get(), img.width * 3 + pad,
+                     static_cast<int32_t>(img.height), static_cast<int32_t>(img.width), v.y0, v.x0, v.h, v.w,
+                     v.flip ? 1 : 0});
+  }
+  DeviceBuffer<kernels::ResizedCrop> dcrops(crops);
+  DeviceBuffer<float> dtable(table), out(cpu.size());
+  kernels::resized_crop_normalize(dcrops.get(), n, size, out.get(), dtable.get(), stream_);
+  const auto gpu = out.host();
+  size_t off = 0;
+  for (size_t e = 0; e < gpu.size(); ++e) {
+    if (gpu[e] == cpu[e]) continue;
+    const size_t c = e % 3, pixel = e / 3, sample = pixel / static_cast<size_t>(size * size);
+    const float level = table[c * 256 + 1] - table[c * 256];
+    ASSERT_LE(std::fabs(gpu[e] - cpu[e]), 1.001f * level)
+        << "sample " << sample << " (image " << image_of[sample] << ", flip " << views[sample].flip << ") pixel ("
+        << (pixel / static_cast<size_t>(size)) % static_cast<size_t>(size) << ", " << pixel % static_cast<size_t>(size)
+        << ") channel " << c << ": expected " << cpu[e] << ", got " << gpu[e] << " (one byte level is " << level << ")";
+    ++off;
+  }
+  EXPECT_LE(off, gpu.size() / 1000) << off << " of " << gpu.size() << " values one byte level off the CPU's";
 }
 
 }  // namespace
