@@ -17,10 +17,12 @@
 #include "core/rng.hpp"
 #include "data/jpeg.hpp"
 #include "data/loader.hpp"
+#include "data/nvjpeg.hpp"
 #include "data/shard_images.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
+#include "train/engine.hpp"
 
 namespace hpc {
 namespace {
@@ -836,6 +838,107 @@ TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
     ++off;
   }
   EXPECT_LE(off, gpu.size() / 1000) << off << " of " << gpu.size() << " values one byte level off the CPU's";
+}
+
+
+// --jpeg-decode gpu, whole: nvJPEG's decode of a batch and the crop kernel (train/gpu_decoder.cpp)
+// against libjpeg-turbo's decode of the same bytes and the CPU resample. Decoders differ in their
+// inverse DCT, chroma upsampling and colour conversion rounding, so the tolerance is stated in
+// byte levels of the CPU's pixels: at most 10 for any value, at most 1.5 on average. Smooth
+// pictures (JPEG's own kind) keep the decoders' differences small; a swapped channel order, a
+// wrong pitch or offset, a missed flip or a wrong table would move values by tens of levels.
+data::Image smooth_picture(int64_t h, int64_t w, int seed) {
+  data::Image img;
+  img.height = h, img.width = w;
+  img.pixels.resize(static_cast<size_t>(h * w * 3));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        img.pixels[static_cast<size_t>((y * w + x) * 3 + c)] = static_cast<uint8_t>(
+            128 + 70 * std::sin(0.045 * static_cast<double>(y) + 1.3 * c + seed) *
+                      std::cos(0.031 * static_cast<double>(x) * (c + 1) + 0.4 * seed) +
+            40 * static_cast<double>(x) / static_cast<double>(w) * (c == 0 ? 1 : -1));
+  return img;
+}
+
+void expect_gpu_decode_matches_the_cpu(const std::vector<data::Image>& images, const std::vector<data::View>& views,
+                                       int64_t side) {
+  std::string why;
+  if (!train::gpu_training_available(&why)) GTEST_SKIP() << why;
+  if (!data::NvjpegLibrary::load(data::kNvjpegLibrary, &why)) GTEST_SKIP() << why;
+  std::vector<float> table(3 * 256);
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v)
+      table[c * 256 + v] = (static_cast<float>(v) / 255.0f - kRgbNorm.mean[c]) / kRgbNorm.std[c];
+  const size_t n = images.size();
+  const int64_t per = side * side * 3;
+  data::Batch b;
+  b.labels.assign(n, 0);
+  b.table = &table;
+  b.jpeg_side = side;
+  std::vector<float> cpu(n * static_cast<size_t>(per));
+  std::vector<uint8_t> bytes(static_cast<size_t>(per));
+  for (size_t i = 0; i < n; ++i) {
+    b.jpeg.push_back(data::encode_jpeg(images[i], 92));  // 4:2:0, as `hpcdata pack` and most photographs
+    b.jpeg_samples.push_back({images[i].height, images[i].width, views[i]});
+    data::resample(data::decode_jpeg(b.jpeg.back(), "test image"), views[i], side, bytes.data());
+    for (int64_t e = 0; e < per; ++e)
+      cpu[i * static_cast<size_t>(per) + static_cast<size_t>(e)] = table[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+  }
+  const std::unique_ptr<data::BatchDecoder> decoder = train::make_gpu_decoder(0);
+  for (int round = 0; round < 2; ++round) {  // the second reuses every buffer
+    b.decoded = nullptr;
+    decoder->decode(b);
+    ASSERT_NE(b.decoded, nullptr);
+    std::vector<float> gpu(cpu.size());
+    device::copy(gpu.data(), b.decoded, gpu.size() * sizeof(float), device::Copy::DeviceToHost);
+    double total = 0, worst = -1;
+    size_t at = 0;
+    for (size_t e = 0; e < gpu.size(); ++e) {
+      const size_t c = e % 3;
+      const double levels = std::fabs(gpu[e] - cpu[e]) / (table[c * 256 + 1] - table[c * 256]);
+      total += levels;
+      if (levels > worst) worst = levels, at = e;
+    }
+    const size_t pixel = at / 3, sample = pixel / static_cast<size_t>(side * side);
+    EXPECT_LE(worst, 10.0) << "round " << round << ", sample " << sample << " pixel ("
+                           << (pixel / static_cast<size_t>(side)) % static_cast<size_t>(side) << ", "
+                           << pixel % static_cast<size_t>(side) << ") channel " << at % 3 << ": expected " << cpu[at]
+                           << ", got " << gpu[at] << " (" << worst << " byte levels apart)";
+    EXPECT_LE(total / static_cast<double>(gpu.size()), 1.5) << "round " << round << ": mean gap in byte levels";
+  }
+}
+
+// The decoders alone: each image's whole view at its own size (the resample is then the identity).
+TEST_F(GpuKernels, NvjpegDecodeMatchesLibjpegTurbo) {
+  std::vector<data::Image> images;
+  std::vector<data::View> views;
+  for (int k = 0; k < 3; ++k) {
+    images.push_back(smooth_picture(64, 64, k));
+    views.push_back({0, 0, 64, 64, false});
+  }
+  expect_gpu_decode_matches_the_cpu(images, views, 64);
+}
+
+// Training's views (random resized crops, flipped and not) and evaluation's centre crops, of images
+// of several shapes, as the loader draws them.
+TEST_F(GpuKernels, GpuJpegDecoderMatchesTheCpuPath) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{75, 100}, {120, 90}, {57, 57}, {200, 150}};
+  std::vector<data::Image> images;
+  std::vector<data::View> views;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const data::Image img = smooth_picture(shapes[k].first, shapes[k].second, static_cast<int>(k));
+    Philox rng(5, RngStream::Augment, 1, k);
+    data::View v = data::draw_view(img.height, img.width, &rng, true);
+    for (bool flip : {false, true}) {
+      v.flip = flip;
+      images.push_back(img);
+      views.push_back(v);
+    }
+    images.push_back(img);
+    views.push_back(data::draw_view(img.height, img.width, nullptr, false));
+  }
+  expect_gpu_decode_matches_the_cpu(images, views, 48);
 }
 
 }  // namespace
