@@ -60,6 +60,12 @@ std::unique_ptr<NvjpegLibrary> NvjpegLibrary::load(const std::string& name, std:
   return lib;
 }
 
+std::unique_ptr<NvjpegLibrary> NvjpegLibrary::load_installed(std::string* why) {
+  std::unique_ptr<NvjpegLibrary> lib = load(kNvjpegLibrary, why);
+  if (!lib) lib = load(std::string("/usr/local/cuda/lib64/") + kNvjpegLibrary, nullptr);
+  return lib;
+}
+
 NvjpegLibrary::~NvjpegLibrary() {
   if (dl_) dlclose(dl_);
 }

@@ -77,6 +77,9 @@ class NvjpegLibrary {
   // Loads `name` (as dlopen finds it: the loader's path, LD_LIBRARY_PATH) and resolves each
   // entry point; null, with *why saying which part failed (dlerror's words), when it cannot.
   static std::unique_ptr<NvjpegLibrary> load(const std::string& name, std::string* why);
+  // kNvjpegLibrary as dlopen finds it, else from the CUDA toolkit's own folder
+  // (/usr/local/cuda/lib64, which not every installation gives the loader); *why: the first reason.
+  static std::unique_ptr<NvjpegLibrary> load_installed(std::string* why);
   ~NvjpegLibrary();
   NvjpegLibrary(const NvjpegLibrary&) = delete;
   NvjpegLibrary& operator=(const NvjpegLibrary&) = delete;

@@ -99,7 +99,7 @@ class GpuBatchDecoder final : public data::BatchDecoder {
  public:
   explicit GpuBatchDecoder(int gpu) : gpu_(gpu) {
     std::string why;
-    lib_ = data::NvjpegLibrary::load(data::kNvjpegLibrary, &why);
+    lib_ = data::NvjpegLibrary::load_installed(&why);
     HPC_REQUIRE(lib_, "--jpeg-decode gpu: ", why);
     CUDA_CHECK(cudaSetDevice(gpu_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -73,7 +73,7 @@ bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
   if (!gpu) why = "this rank trains on the CPU";
   else if (o.dataset != data::DatasetKind::Shards)
     why = detail::concat("the dataset is ", data::dataset_name(o.dataset), ", not packed JPEG shards (--dataset shards)");
-  else if (!data::NvjpegLibrary::load(data::kNvjpegLibrary, &why))
+  else if (!data::NvjpegLibrary::load_installed(&why))
     why += "; install CUDA's nvJPEG (package libnvjpeg-13-0)";
   if (why.empty()) return true;
   HPC_REQUIRE(o.jpeg_decode != JpegDecode::Gpu, "--jpeg-decode gpu: ", why, "; or use --jpeg-decode cpu");

@@ -865,7 +865,7 @@ void expect_gpu_decode_matches_the_cpu(const std::vector<data::Image>& images, c
                                        int64_t side) {
   std::string why;
   if (!train::gpu_training_available(&why)) GTEST_SKIP() << why;
-  if (!data::NvjpegLibrary::load(data::kNvjpegLibrary, &why)) GTEST_SKIP() << why;
+  if (!data::NvjpegLibrary::load_installed(&why)) GTEST_SKIP() << why;
   std::vector<float> table(3 * 256);
   for (int c = 0; c < 3; ++c)
     for (int v = 0; v < 256; ++v)

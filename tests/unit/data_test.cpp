@@ -687,3 +687,12 @@ TEST(Nvjpeg, StatusNames) {
   EXPECT_EQ(hpc::data::nvjpeg::status_name(10), "NVJPEG_STATUS_INCOMPLETE_BITSTREAM (10)");
   EXPECT_EQ(hpc::data::nvjpeg::status_name(42), "NVJPEG_STATUS_UNKNOWN (42)");
 }
+
+// What --jpeg-decode loads: CUDA 13's library by its name, else from the toolkit's folder. This
+// machine has neither (its CUDA toolkit lacks nvJPEG): the reason names the library.
+TEST(Nvjpeg, TheInstalledLibraryIsNamedWhenAbsent) {
+  if (std::filesystem::exists("/usr/local/cuda/lib64/libnvjpeg.so.13")) GTEST_SKIP() << "nvJPEG is installed here";
+  std::string why;
+  EXPECT_EQ(hpc::data::NvjpegLibrary::load_installed(&why), nullptr);
+  EXPECT_NE(why.find("cannot load libnvjpeg.so.13"), std::string::npos) << why;
+}
