@@ -64,23 +64,6 @@ bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak
   return gpu;
 }
 
-// Whether this rank's GPU decodes the packed shards' JPEGs (--jpeg-decode). gpu where it cannot is
-// an error naming why, never a silent CPU decode (DESIGN.md principle 3); auto decodes on the CPU
-// then, and says why once per host when the data are JPEG shards.
-bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
-  if (o.jpeg_decode == JpegDecode::Cpu) return false;
-  std::string why;
-  if (!gpu) why = "this rank trains on the CPU";
-  else if (o.dataset != data::DatasetKind::Shards)
-    why = detail::concat("the dataset is ", data::dataset_name(o.dataset), ", not packed JPEG shards (--dataset shards)");
-  else if (!data::NvjpegLibrary::load_installed(&why))
-    why += "; install CUDA's nvJPEG (package libnvjpeg-13-0)";
-  if (why.empty()) return true;
-  HPC_REQUIRE(o.jpeg_decode != JpegDecode::Gpu, "--jpeg-decode gpu: ", why, "; or use --jpeg-decode cpu");
-  if (speak && o.dataset == data::DatasetKind::Shards) log::info("JPEG decode on the CPU threads: ", why);
-  return false;
-}
-
 // OMP_NUM_THREADS when it is set to a number of threads (the first of a list: OpenMP's nested
 // levels), which --threads overrides; a value that is none is a warning and is left aside.
 std::optional<int> omp_num_threads() {
@@ -248,6 +231,20 @@ void broadcast_state(dist::ProcessContext& ctx, nn::Model<float>& model) {
 }
 
 }  // namespace
+
+bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
+  if (o.jpeg_decode == JpegDecode::Cpu) return false;
+  std::string why;
+  if (!gpu) why = "this rank trains on the CPU";
+  else if (o.dataset != data::DatasetKind::Shards)
+    why = detail::concat("the dataset is ", data::dataset_name(o.dataset), ", not packed JPEG shards (--dataset shards)");
+  else if (!data::NvjpegLibrary::load_installed(&why))
+    why += "; install CUDA's nvJPEG (package libnvjpeg-13-0)";
+  if (why.empty()) return true;
+  HPC_REQUIRE(o.jpeg_decode != JpegDecode::Gpu, "--jpeg-decode gpu: ", why, "; or use --jpeg-decode cpu");
+  if (speak && o.dataset == data::DatasetKind::Shards) log::info("JPEG decode on the CPU threads: ", why);
+  return false;
+}
 
 void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
   const std::string mine = joined(values_every_rank_shares(o));
