@@ -292,13 +292,16 @@ resnet50_steady_ratio_over_peer_${mode}=$(calc "$ours / $theirs" 2)"
   [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run wrote no epoch line"
   local e2e
   e2e=$(json_number images_per_second <<< "$epoch_line")
-  local jpeg
-  jpeg=$(resnet50_jpeg_e2e)
   report << EOS
 $lines
 resnet50_e2e_hpctrain_images_per_second=$e2e
 resnet50_e2e_hpctrain_mfu=$(mfu "$e2e" "$flops" bf16)
 resnet50_ratio_target=1.0
+EOS
+  # Then on JPEG shards; its lines added to the step's (a failure there keeps those above).
+  local jpeg
+  jpeg=$(resnet50_jpeg_e2e)
+  cat << EOS | tee -a "$results/$step.txt"
 resnet50_jpeg_e2e_images_per_second=$jpeg
 resnet50_jpeg_e2e_ratio_over_synthetic=$(calc "$jpeg / $e2e" 2)
 resnet50_jpeg_e2e_ratio_target=0.9
@@ -310,20 +313,22 @@ EOS
 # pack`, decoded on the GPU (--jpeg-decode gpu: nvJPEG, then the crop kernel) while the steps run.
 # Prints the last of 3 epochs' images/s (the first pays for cuDNN's choices).
 resnet50_jpeg_e2e() {
-  local gen=$build_dir/bench/loader_throughput jpegs=$tmp/jpegs
-  [[ -x $gen && -x $build_dir/datasets/hpcdata-pack ]] || die "no loader_throughput or hpcdata-pack in $build_dir (run: bench/gpu_vs_peer.sh build)"
+  local gen=$build_dir/bench/loader_throughput pack=$build_dir/datasets/hpcdata-pack jpegs=$tmp/jpegs split
+  [[ -x $gen && -x $pack ]] ||
+    die "no loader_throughput or hpcdata-pack in $build_dir (run: bench/gpu_vs_peer.sh build)"
   echo "== 4/4 end to end on JPEG shards: loader_throughput --make-jpegs, hpcdata pack, hpctrain --jpeg-decode gpu" >&2
-  "$gen" --make-jpegs "$jpegs/src" --images 4096 --source 375x500 >&2
-  local split
+  "$gen" --make-jpegs "$jpegs/src" --images 4096 --source 375x500 >&2 || die "loader_throughput --make-jpegs failed"
   for split in train val; do
-    HPCDATA_PACK=$build_dir/datasets/hpcdata-pack "$root/datasets/hpcdata" pack "$jpegs/src" "$jpegs/packed" \
-      --split "$split" >&2
+    HPCDATA_PACK=$pack "$root/datasets/hpcdata" pack "$jpegs/src" "$jpegs/packed" --split "$split" >&2 ||
+      die "hpcdata pack --split $split failed"
   done
+  # (A command substitution does not inherit set -e: each failure is checked.)
   "$hpctrain" --device cuda --model resnet50 --dataset shards --data-dir "$jpegs/packed" --image-size 224 \
     --precision bf16 --no-deterministic --jpeg-decode gpu --batch-size "$r50_batch" --epochs 3 \
-    --test-samples "$r50_batch" --metrics-file "$tmp/r50_jpeg.jsonl" 2>&1 | sed -u 's/^/  /' >&2
+    --test-samples "$r50_batch" --metrics-file "$tmp/r50_jpeg.jsonl" 2>&1 | sed -u 's/^/  /' >&2 ||
+    die "hpctrain's resnet50 run on JPEG shards failed"
   local epoch_line
-  epoch_line=$(grep '"event":"epoch"' "$tmp/r50_jpeg.jsonl" | tail -n 1)
+  epoch_line=$(grep '"event":"epoch"' "$tmp/r50_jpeg.jsonl" | tail -n 1) || true
   [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run on JPEG shards wrote no epoch line"
   json_number images_per_second <<< "$epoch_line"
 }

@@ -14,7 +14,12 @@ namespace hpc::data {
 
 BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed,
                                int threads, bool bytes, bool jpeg)
-    : ds_(ds), aug_(aug), seed_(seed), threads_(std::max(1, threads)), bytes_(bytes), jpeg_(jpeg && bytes && ds.shards) {
+    : ds_(ds),
+      aug_(aug),
+      seed_(seed),
+      threads_(std::max(1, threads)),
+      bytes_(bytes),
+      jpeg_(jpeg && bytes && ds.shards) {
   HPC_CHECK(static_cast<int64_t>(norm.mean.size()) == ds.channels && norm.std.size() == norm.mean.size(),
             "normalisation has ", norm.mean.size(), " channels, dataset ", ds.channels);
   table_.resize(ds.channels * 256);

@@ -140,7 +140,8 @@ class GpuBatchDecoder final : public data::BatchDecoder {
   NvjpegHandle& cuda() {
     if (!cuda_) {
       cuda_ = std::make_unique<NvjpegHandle>(*lib_, nv::kBackendDefault);
-      HPC_REQUIRE(cuda_->ok(), "--jpeg-decode gpu: nvJPEG cannot start its decoder: ", nv::status_name(cuda_->status()));
+      HPC_REQUIRE(cuda_->ok(), "--jpeg-decode gpu: nvJPEG cannot start its decoder: ",
+                  nv::status_name(cuda_->status()));
     }
     return *cuda_;
   }

@@ -237,7 +237,8 @@ bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
   std::string why;
   if (!gpu) why = "this rank trains on the CPU";
   else if (o.dataset != data::DatasetKind::Shards)
-    why = detail::concat("the dataset is ", data::dataset_name(o.dataset), ", not packed JPEG shards (--dataset shards)");
+    why = detail::concat("the dataset is ", data::dataset_name(o.dataset),
+                         ", not packed JPEG shards (--dataset shards)");
   else if (!data::NvjpegLibrary::load_installed(&why))
     why += "; install CUDA's nvJPEG (package libnvjpeg-13-0)";
   if (why.empty()) return true;

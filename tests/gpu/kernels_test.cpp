@@ -795,8 +795,8 @@ TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
     for (uint8_t& b : img.pixels) b = static_cast<uint8_t>(g() & 255u);
     std::vector<uint8_t> padded(static_cast<size_t>(img.height * (img.width * 3 + pad)), 255);
     for (int64_t y = 0; y < img.height; ++y)
-      std::memcpy(&padded[static_cast<size_t>(y * (img.width * 3 + pad))], &img.pixels[static_cast<size_t>(y * img.width * 3)],
-                  static_cast<size_t>(img.width * 3));
+      std::memcpy(&padded[static_cast<size_t>(y * (img.width * 3 + pad))],
+                  &img.pixels[static_cast<size_t>(y * img.width * 3)], static_cast<size_t>(img.width * 3));
     device_images.push_back(std::make_unique<DeviceBuffer<uint8_t>>(padded));
     Philox rng(11, RngStream::Augment, 0, k);
     data::View v = data::draw_view(img.height, img.width, &rng, true);
@@ -817,7 +817,8 @@ TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
     const data::Image& img = images[image_of[static_cast<size_t>(i)]];
     const data::View& v = views[static_cast<size_t>(i)];
     data::resample(img, v, size, bytes.data());
-    for (int64_t e = 0; e < per; ++e) cpu[static_cast<size_t>(i * per + e)] = table[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+    for (int64_t e = 0; e < per; ++e)
+      cpu[static_cast<size_t>(i * per + e)] = table[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
     crops.push_back({device_images[image_of[static_cast<size_t>(i)]]->get(), img.width * 3 + pad,
                      static_cast<int32_t>(img.height), static_cast<int32_t>(img.width), v.y0, v.x0, v.h, v.w,
                      v.flip ? 1 : 0});

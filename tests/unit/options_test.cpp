@@ -318,7 +318,8 @@ TEST(JpegDecode, WithoutNvjpegGpuIsRefusedAndAutoDecodesOnTheCpu) {
     train::resolve_jpeg_decode(parse({"--dataset", "mnist", "--jpeg-decode", "gpu"}), true, false);
     ADD_FAILURE() << "--jpeg-decode gpu on MNIST was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the dataset is mnist, not packed JPEG shards"), std::string::npos) << e.what();
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the dataset is mnist, not packed JPEG shards"), std::string::npos) << m;
   }
   EXPECT_THROW(train::resolve_jpeg_decode(shards_gpu, false, false), Error);  // trains on the CPU
 }

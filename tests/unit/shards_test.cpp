@@ -435,8 +435,8 @@ class CpuViewDecoder final : public BatchDecoder {
       EXPECT_EQ(img.height, b.jpeg_samples[i].height);
       EXPECT_EQ(img.width, b.jpeg_samples[i].width);
       resample(img, b.jpeg_samples[i].view, side, bytes.data());
-      for (int64_t e = 0; e < per; ++e)
-        out[i * static_cast<size_t>(per) + static_cast<size_t>(e)] = (*b.table)[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+      float* o = out.data() + i * static_cast<size_t>(per);
+      for (int64_t e = 0; e < per; ++e) o[e] = (*b.table)[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
     }
     b.decoded = out.data();
     ++batches;
