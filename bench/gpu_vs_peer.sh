@@ -16,10 +16,11 @@
 #                                          torch_gpu_steps.py, same steps), then end to end (the
 #                                          trainer with its loader, copies and evaluation, and
 #                                          the peer's training loop over data held on the GPU)
-#   bench/gpu_vs_peer.sh resnet50   2.5 min ResNet-50, 224x224, bf16: steady steps both sides
+#   bench/gpu_vs_peer.sh resnet50   3.2 min ResNet-50, 224x224, bf16: steady steps both sides
 #                                          (the peer eager and compiled; ours also replayed as
 #                                          a CUDA graph), hpctrain end to end on
-#                                          --dataset synthetic; MFU of each
+#                                          --dataset synthetic, then on JPEG shards made here and
+#                                          decoded on the GPU (--jpeg-decode gpu); MFU of each
 #   bench/gpu_vs_peer.sh kernels    ~30 s   the roofline of one training step: Nsight Compute (ncu)
 #                                          measures every kernel launch of a gpu_step step, its
 #                                          time and DRAM bytes (read + written), grouped by kernel
@@ -173,7 +174,7 @@ build_step() {
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON \
     -DHPCTRAIN_NCCL=ON -DHPCTRAIN_TEST_FASHION_MNIST_DIR="$data" "${cmake_args[@]}" > "$results/cmake.log" 2>&1 ||
     { tail -n 30 "$results/cmake.log"; die "cmake failed (log: $results/cmake.log)"; }
-  local targets=(hpctrain gpu_step kernels_test nccl_test network_test train_gpu_test)
+  local targets=(hpctrain gpu_step kernels_test nccl_test network_test train_gpu_test loader_throughput hpcdata-pack)
   cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" > "$results/build.log" 2>&1 ||
     { tail -n 40 "$results/build.log"; die "the build failed (log: $results/build.log)"; }
   report << EOS
@@ -257,7 +258,7 @@ EOS
 resnet50_step() {
   need_build
   need_peer
-  echo "== 1/3 steady steps: gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16"
+  echo "== 1/4 steady steps: gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16"
   "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch" \
     --no-deterministic | tee "$tmp/ours.json"
   local ours flops lines graphs
@@ -265,7 +266,7 @@ resnet50_step() {
   flops=$(json_number train_flops_per_sample < "$tmp/ours.json")
   # The same step replayed as one CUDA graph (the trainer's --cuda-graphs): the GPU's time
   # without the host's 600-odd launches a step.
-  echo "== 1b/3 the same steps as a CUDA graph: gpu_step ... --cuda-graphs"
+  echo "== 1b/4 the same steps as a CUDA graph: gpu_step ... --cuda-graphs"
   "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch" \
     --no-deterministic --cuda-graphs | tee "$tmp/graphs.json"
   graphs=$(json_number images_per_s < "$tmp/graphs.json")
@@ -280,7 +281,7 @@ resnet50_steady_hpctrain_cuda_graphs_mfu=$(mfu "$graphs" "$flops" bf16)"
   for mode in "${modes[@]}"; do
     flag=()
     [[ $mode == compile ]] && flag=(--compile)
-    echo "== 2/3 the same steps in PyTorch ($mode): torch_gpu_steps.py resnet50 --channels-last ${flag[*]}"
+    echo "== 2/4 the same steps in PyTorch ($mode): torch_gpu_steps.py resnet50 --channels-last ${flag[*]}"
     "$python" "$root/bench/torch_gpu_steps.py" resnet50 --batch "$r50_batch" --precision bf16 --channels-last \
       "${flag[@]}" | tee "$tmp/peer.json"
     theirs=$(json_number images_per_s < "$tmp/peer.json")
@@ -292,7 +293,7 @@ resnet50_steady_cuda_graphs_ratio_over_peer_${mode}=$(calc "$graphs / $theirs" 2
   done
   # End to end: 4 epochs of 2048 synthetic images through the trainer; the last epoch's rate
   # (cuDNN's algorithm choice and the allocator's first requests fall in the first).
-  echo "== 3/3 end to end: hpctrain --model resnet50 --dataset synthetic --image-size 224 --precision bf16"
+  echo "== 3/4 end to end: hpctrain --model resnet50 --dataset synthetic --image-size 224 --precision bf16"
   "$hpctrain" --device cuda --model resnet50 --dataset synthetic --image-size 224 --precision bf16 \
     --no-deterministic --batch-size "$r50_batch" --epochs 4 --test-samples "$r50_batch" \
     --metrics-file "$tmp/r50.jsonl" 2>&1 | sed -u 's/^/  /'
@@ -307,6 +308,39 @@ resnet50_e2e_hpctrain_images_per_second=$e2e
 resnet50_e2e_hpctrain_mfu=$(mfu "$e2e" "$flops" bf16)
 resnet50_ratio_target=1.0
 EOS
+  # Then on JPEG shards; its lines added to the step's (a failure there keeps those above).
+  local jpeg
+  jpeg=$(resnet50_jpeg_e2e)
+  cat << EOS | tee -a "$results/$step.txt"
+resnet50_jpeg_e2e_images_per_second=$jpeg
+resnet50_jpeg_e2e_ratio_over_synthetic=$(calc "$jpeg / $e2e" 2)
+resnet50_jpeg_e2e_ratio_target=0.9
+EOS
+}
+
+# The same end to end on real JPEGs (about 40 s): 4096 photograph-sized ones (375x500, noise over
+# gradients, about 100 KB each) made here by loader_throughput's generator, packed by `hpcdata
+# pack`, decoded on the GPU (--jpeg-decode gpu: nvJPEG, then the crop kernel) while the steps run.
+# Prints the last of 3 epochs' images/s (the first pays for cuDNN's choices).
+resnet50_jpeg_e2e() {
+  local gen=$build_dir/bench/loader_throughput pack=$build_dir/datasets/hpcdata-pack jpegs=$tmp/jpegs split
+  [[ -x $gen && -x $pack ]] ||
+    die "no loader_throughput or hpcdata-pack in $build_dir (run: bench/gpu_vs_peer.sh build)"
+  echo "== 4/4 end to end on JPEG shards: loader_throughput --make-jpegs, hpcdata pack, hpctrain --jpeg-decode gpu" >&2
+  "$gen" --make-jpegs "$jpegs/src" --images 4096 --source 375x500 >&2 || die "loader_throughput --make-jpegs failed"
+  for split in train val; do
+    HPCDATA_PACK=$pack "$root/datasets/hpcdata" pack "$jpegs/src" "$jpegs/packed" --split "$split" >&2 ||
+      die "hpcdata pack --split $split failed"
+  done
+  # (A command substitution does not inherit set -e: each failure is checked.)
+  "$hpctrain" --device cuda --model resnet50 --dataset shards --data-dir "$jpegs/packed" --image-size 224 \
+    --precision bf16 --no-deterministic --jpeg-decode gpu --batch-size "$r50_batch" --epochs 3 \
+    --test-samples "$r50_batch" --metrics-file "$tmp/r50_jpeg.jsonl" 2>&1 | sed -u 's/^/  /' >&2 ||
+    die "hpctrain's resnet50 run on JPEG shards failed"
+  local epoch_line
+  epoch_line=$(grep '"event":"epoch"' "$tmp/r50_jpeg.jsonl" | tail -n 1) || true
+  [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run on JPEG shards wrote no epoch line"
+  json_number images_per_second <<< "$epoch_line"
 }
 
 # kernels: ncu's duration and DRAM bytes of every kernel launch in two gpu_step steps

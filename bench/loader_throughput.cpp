@@ -5,16 +5,22 @@
 //      (forward, backward, SGD), on T threads;
 // and their ratio: how many loader cores keep one trainer fed. Without --shards it makes its own
 // dataset: photograph-sized JPEGs (noise over gradients, so that they compress like photos),
-// packed with hpcdata's packer into a temporary directory.
+// packed with hpcdata's packer into a temporary directory. With --make-jpegs DIR it only writes
+// those JPEGs, as an image folder (DIR/class<k>/<i>.jpg) for `hpcdata pack`, and exits
+// (bench/gpu_vs_peer.sh's JPEG end-to-end run).
 //
 //   loader_throughput [--shards DIR] [--images 256] [--source 375x500] [--image-size 224]
 //                     [--model resnet18] [--batch 16] [--steps 3] [--threads T]
+//   loader_throughput --make-jpegs DIR [--images 256] [--source 375x500]
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <stdexcept>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -38,27 +44,50 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::string make_dataset(int64_t images, int64_t h, int64_t w, const fs::path& root) {
-  Philox rng(5, RngStream::Test);
+// Image i of the set: noise over gradients, so that it compresses like a photograph.
+data::Image picture(int64_t i, int64_t h, int64_t w) {
+  Philox rng(5, RngStream::Test, static_cast<uint64_t>(i));
+  const int cls = static_cast<int>(i % 10);
+  data::Image img;
+  img.height = h;
+  img.width = w;
+  img.pixels.resize(static_cast<size_t>(h * w * 3));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const double base = 128 + 60 * std::sin((x * (c + 1) + y * (cls + 1)) * 0.02);
+        img.pixels[static_cast<size_t>((y * w + x) * 3 + c)] =
+            static_cast<uint8_t>(std::clamp(base + 20 * rng.normal(), 0.0, 255.0));
+      }
+  return img;
+}
+
+// Photograph-sized JPEGs in root/class<k>/<i>.jpg (class i mod 10); each image from its own
+// stream, so that they are made in parallel and are the same on any number of threads.
+void write_jpegs(int64_t images, int64_t h, int64_t w, const fs::path& root) {
+  for (int cls = 0; cls < 10; ++cls) fs::create_directories(root / ("class" + std::to_string(cls)));
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < images; ++i) {
-    const int cls = static_cast<int>(i % 10);
-    data::Image img;
-    img.height = h;
-    img.width = w;
-    img.pixels.resize(static_cast<size_t>(h * w * 3));
-    for (int64_t y = 0; y < h; ++y)
-      for (int64_t x = 0; x < w; ++x)
-        for (int c = 0; c < 3; ++c) {
-          const double base = 128 + 60 * std::sin((x * (c + 1) + y * (cls + 1)) * 0.02);
-          img.pixels[static_cast<size_t>((y * w + x) * 3 + c)] =
-              static_cast<uint8_t>(std::clamp(base + 20 * rng.normal(), 0.0, 255.0));
-        }
-    const fs::path dir = root / "src" / ("class" + std::to_string(cls));
-    fs::create_directories(dir);
-    const std::vector<uint8_t> jpeg = data::encode_jpeg(img, 90);
-    std::ofstream((dir / (std::to_string(i) + ".jpg")).string(), std::ios::binary)
-        .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+    if (failed) continue;
+    try {
+      const fs::path file = root / ("class" + std::to_string(i % 10)) / (std::to_string(i) + ".jpg");
+      const std::vector<uint8_t> jpeg = data::encode_jpeg(picture(i, h, w), 90);
+      std::ofstream out(file.string(), std::ios::binary);
+      out.write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+      if (!out) throw std::runtime_error("cannot write " + file.string());
+    } catch (...) {
+#pragma omp critical
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
   }
+  if (error) std::rethrow_exception(error);
+}
+
+std::string make_dataset(int64_t images, int64_t h, int64_t w, const fs::path& root) {
+  write_jpegs(images, h, w, root / "src");
   for (const char* split : {"train", "val"}) {
     data::PackOptions o;
     o.src = (root / "src").string();
@@ -89,12 +118,13 @@ double loader_rate(const data::DatasetPair& ds, int threads, int64_t batch, int6
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shards, model_name = "resnet18";
+  std::string shards, model_name = "resnet18", jpegs;
   int64_t images = 256, src_h = 375, src_w = 500, size = 224, batch = 16, steps = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--shards") shards = argv[i + 1];
+    else if (a == "--make-jpegs") jpegs = argv[i + 1];
     else if (a == "--images") images = std::stoll(argv[i + 1]);
     else if (a == "--source") std::sscanf(argv[i + 1], "%ldx%ld", &src_h, &src_w);
     else if (a == "--image-size") size = std::stoll(argv[i + 1]);
@@ -108,6 +138,11 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    if (!jpegs.empty()) {
+      write_jpegs(images, src_h, src_w, jpegs);
+      std::printf("wrote %ld JPEGs of %ldx%ld in %s\n", images, src_h, src_w, jpegs.c_str());
+      return 0;
+    }
     std::string tmp;
     if (shards.empty()) {
       std::string pattern = (fs::temp_directory_path() / "loader-bench-XXXXXX").string();

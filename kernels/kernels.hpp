@@ -134,6 +134,26 @@ size_t channel_sums_work_bytes(int64_t rows, int64_t channels);
 void channel_sums(DType t, const void* x, int64_t rows, int64_t channels, float factor, float* out, void* work,
                   cudaStream_t stream);
 
+// ---- images decoded on the GPU (--jpeg-decode gpu) ----------------------------------------------
+
+// One decoded image of a batch and the view of it the model is given (data::View, in source
+// pixels: rows y0 .. y0 + h, columns x0 .. x0 + w, mirrored when flip). `image`: device memory,
+// height x width interleaved RGB bytes, rows `pitch` bytes apart.
+struct ResizedCrop {
+  const uint8_t* image;
+  int64_t pitch;
+  int32_t height, width;
+  double y0, x0, h, w;
+  int32_t flip;
+};
+// out (n x size x size x 3 floats, NHWC): each image's view bilinear-resampled to size x size with
+// the CPU's geometry (data::resample: pixel centres aligned, rounded to a byte), then normalised
+// through `table` (3 x 256 floats, the CPU assembler's). crops: n of them, in device memory. The
+// resampling is computed in double as on the CPU; the CPU may contract to fused multiply-adds
+// differently, so a byte may differ by one where a value lies on a rounding boundary.
+void resized_crop_normalize(const ResizedCrop* crops, int64_t n, int64_t size, float* out, const float* table,
+                            cudaStream_t stream);
+
 // ---- mixed precision ----------------------------------------------------------------------------
 
 // x *= factor, and *non_finite = 1 if any result is not finite (a loss-scaled fp16 step that

@@ -4,6 +4,7 @@
 #include <exception>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "core/rng.hpp"
@@ -12,8 +13,13 @@
 namespace hpc::data {
 
 BatchAssembler::BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed,
-                               int threads, bool bytes)
-    : ds_(ds), aug_(aug), seed_(seed), threads_(std::max(1, threads)), bytes_(bytes) {
+                               int threads, bool bytes, bool jpeg)
+    : ds_(ds),
+      aug_(aug),
+      seed_(seed),
+      threads_(std::max(1, threads)),
+      bytes_(bytes),
+      jpeg_(jpeg && bytes && ds.shards) {
   HPC_CHECK(static_cast<int64_t>(norm.mean.size()) == ds.channels && norm.std.size() == norm.mean.size(),
             "normalisation has ", norm.mean.size(), " channels, dataset ", ds.channels);
   table_.resize(ds.channels * 256);
@@ -52,6 +58,31 @@ void BatchAssembler::assemble_shards(const std::vector<uint32_t>& indices, int64
       }
       if constexpr (!std::is_same_v<T, uint8_t>)
         for (int64_t p = 0; p < per; ++p) o[p] = put(p % c, pixels[p]);
+    } catch (...) {
+#pragma omp critical
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void BatchAssembler::assemble_jpeg(const std::vector<uint32_t>& indices, int64_t epoch, bool augment,
+                                   Batch& out) const {
+  const auto n = static_cast<int64_t>(indices.size());
+  out.jpeg.resize(static_cast<size_t>(n));  // each keeps its capacity from batch to batch
+  out.jpeg_samples.assign(static_cast<size_t>(n), {});
+  out.jpeg_side = ds_.shards->size();
+  std::exception_ptr error;
+  // Reading and the header's dimensions only (the views are drawn as ShardImages::fill draws them).
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 4)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      const uint32_t idx = indices[static_cast<size_t>(i)];
+      JpegSample& s = out.jpeg_samples[static_cast<size_t>(i)];
+      std::optional<Philox> rng;
+      if (augment && aug_.resized_crop) rng.emplace(seed_, RngStream::Augment, static_cast<uint64_t>(epoch), idx);
+      ds_.shards->jpeg(idx, rng ? &*rng : nullptr, rng && aug_.flip, out.jpeg[static_cast<size_t>(i)], s.height,
+                       s.width, s.view);
     } catch (...) {
 #pragma omp critical
       if (!error) error = std::current_exception();
@@ -141,6 +172,16 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
   const Shape shape{n, ds_.height, ds_.width, ds_.channels};
   out.labels.resize(n);
   for (int64_t i = 0; i < n; ++i) out.labels[i] = ds_.labels[indices[i]];
+  out.decoded = nullptr;
+  if (jpeg_) {  // the decoder decodes them into out.decoded
+    out.images = Tensor();
+    out.table = &table_;
+    out.crops.clear();
+    assemble_jpeg(indices, epoch, augment, out);
+    return;
+  }
+  out.jpeg.clear();
+  out.jpeg_samples.clear();
   if (bytes_) {  // in page-locked memory where there is a GPU: it copies the batch from there
     if (out.images.defined()) out.images.resize<uint8_t>(shape);
     else out.images = Tensor::pinned(shape, DType::U8);
@@ -161,8 +202,12 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
 }
 
 Loader::Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler,
-               uint64_t seed, int depth, int threads, bool bytes)
-    : assembler_(ds, norm, aug, seed, threads, bytes), sampler_(std::move(sampler)), augment_(aug.any()), depth_(depth),
+               uint64_t seed, int depth, int threads, bool bytes, BatchDecoder* decoder)
+    : assembler_(ds, norm, aug, seed, threads, bytes, decoder != nullptr),
+      decoder_(decoder),
+      sampler_(std::move(sampler)),
+      augment_(aug.any()),
+      depth_(depth),
       pool_(depth) {}
 
 Loader::~Loader() { stop(); }
@@ -200,6 +245,7 @@ void Loader::produce(int64_t epoch, int64_t first_step) {
       }
       // The sampler is used by this thread only while an epoch is running.
       assembler_.assemble(sampler_.indices(epoch, s), epoch, augment_, pool_[slot]);
+      if (decoder_ && !pool_[slot].jpeg_samples.empty()) decoder_->decode(pool_[slot]);
       pool_[slot].epoch = epoch;
       pool_[slot].step = s;
       {

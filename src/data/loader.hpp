@@ -14,6 +14,7 @@
 #include "core/tensor.hpp"
 #include "data/dataset.hpp"
 #include "data/sampler.hpp"
+#include "data/shard_images.hpp"
 
 namespace hpc::data {
 
@@ -32,6 +33,14 @@ struct CropFlip {
 };
 static_assert(sizeof(CropFlip) == 3 * sizeof(int32_t));
 
+// A packed sample left for the GPU to decode (--jpeg-decode gpu): the image's dimensions (from its
+// JPEG header) and the view of it the model is given, drawn on the loader's thread from the
+// sample's own stream exactly as the CPU path draws it (ShardImages::fill).
+struct JpegSample {
+  int64_t height = 0, width = 0;
+  View view;
+};
+
 struct Batch {
   // n x H x W x C: normalised floats (F32), or, from an assembler asked for bytes, the samples'
   // bytes (U8) with `table` the normalisation that the consumer applies (the GPU does it).
@@ -42,7 +51,26 @@ struct Batch {
   // Bytes of an in-memory dataset, augmented: each sample's crop and flip, which the consumer
   // applies (images then hold the samples as stored). Empty: images are final.
   std::vector<CropFlip> crops;
+  // Packed shards for a BatchDecoder (the loader's `decoder`): each sample's JPEG file and its
+  // view (images is then empty), and the side of the square images they become.
+  std::vector<std::vector<uint8_t>> jpeg;
+  std::vector<JpegSample> jpeg_samples;
+  int64_t jpeg_side = 0;
+  // Once decoded: the images, size() x jpeg_side x jpeg_side x 3 normalised floats (NHWC) in the
+  // decoder's device memory, valid until it decodes into this batch again.
+  const float* decoded = nullptr;
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
+};
+
+// Decodes the JPEG samples of a batch (Batch::jpeg) into its images where the consumer wants them:
+// the GPU's nvJPEG decoder (train/gpu_decoder.cpp), which leaves the batch's normalised floats in
+// device memory. The loader's thread calls it for each batch before handing the batch over, so
+// decoding overlaps the consumer's steps on earlier batches, as DALI's pipeline does.
+class BatchDecoder {
+ public:
+  virtual ~BatchDecoder() = default;
+  // On return, batch.decoded holds the decoded images, ready to read (no work left in flight).
+  virtual void decode(Batch& batch) = 0;
 };
 
 // A batch of bytes with its crops applied on the host: what the GPU computes before its table
@@ -56,9 +84,11 @@ Tensor apply_crops(const Batch& batch);
 // same floats. Packed shards crop while they decode, so their bytes come cropped.
 class BatchAssembler {
  public:
-  // threads: how many decode packed images in parallel (in-memory datasets need none).
+  // threads: how many decode packed images in parallel (in-memory datasets need none). jpeg (with
+  // bytes, for packed shards): the samples' JPEG files and views instead (Batch::jpeg), for a
+  // BatchDecoder to decode.
   BatchAssembler(const Dataset& ds, const Normalization& norm, AugmentSpec aug, uint64_t seed, int threads = 1,
-                 bool bytes = false);
+                 bool bytes = false, bool jpeg = false);
   // Fills out with the given samples; augmentation (if any) is keyed by (seed, epoch, index).
   void assemble(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
   // byte value -> normalised float, channels x 256 (the GPU path normalises with the same
@@ -70,6 +100,7 @@ class BatchAssembler {
   template <class T, class Put>
   void assemble_shards(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put) const;
   // crops: where the consumer crops and flips (the samples are copied as stored), else null.
+  void assemble_jpeg(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, Batch& out) const;
   template <class T, class Put>
   void assemble_memory(const std::vector<uint32_t>& indices, int64_t epoch, bool augment, T* dst, Put put,
                        std::vector<CropFlip>* crops = nullptr) const;
@@ -77,15 +108,16 @@ class BatchAssembler {
   AugmentSpec aug_;
   uint64_t seed_;
   int threads_;
-  bool bytes_;
+  bool bytes_, jpeg_;
   std::vector<float> table_;  // channels x 256
 };
 
 class Loader {
  public:
-  // bytes: batches of bytes for a GPU to normalise (BatchAssembler).
+  // bytes: batches of bytes for a GPU to normalise (BatchAssembler). decoder (packed shards, with
+  // bytes): decodes each batch's JPEGs on this loader's thread (it must outlive the loader).
   Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler, uint64_t seed,
-         int depth = 3, int threads = 1, bool bytes = false);
+         int depth = 3, int threads = 1, bool bytes = false, BatchDecoder* decoder = nullptr);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -103,6 +135,7 @@ class Loader {
   void produce(int64_t epoch, int64_t first_step);
 
   BatchAssembler assembler_;
+  BatchDecoder* decoder_;
   ShardedSampler sampler_;
   bool augment_;
   int depth_;

@@ -9,13 +9,9 @@
 namespace hpc::data {
 namespace {
 
-struct Region {
-  double y0, x0, h, w;
-};
-
 // torchvision's RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)): ten tries at a random
 // area and aspect ratio, then the largest centred crop within the ratio range.
-Region random_resized_crop(int64_t height, int64_t width, Philox& rng) {
+View random_resized_crop(int64_t height, int64_t width, Philox& rng) {
   const double area = static_cast<double>(height * width);
   const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
   for (int attempt = 0; attempt < 10; ++attempt) {
@@ -26,23 +22,32 @@ Region random_resized_crop(int64_t height, int64_t width, Philox& rng) {
     if (w > 0 && h > 0 && w <= width && h <= height) {
       const auto y0 = static_cast<int64_t>(rng.below(static_cast<uint32_t>(height - h + 1)));
       const auto x0 = static_cast<int64_t>(rng.below(static_cast<uint32_t>(width - w + 1)));
-      return {static_cast<double>(y0), static_cast<double>(x0), static_cast<double>(h), static_cast<double>(w)};
+      return {static_cast<double>(y0), static_cast<double>(x0), static_cast<double>(h), static_cast<double>(w), false};
     }
   }
   const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
   double w = static_cast<double>(width), h = static_cast<double>(height);
   if (in_ratio < 3.0 / 4.0) h = std::round(w / (3.0 / 4.0));
   else if (in_ratio > 4.0 / 3.0) w = std::round(h * 4.0 / 3.0);
-  return {(static_cast<double>(height) - h) / 2, (static_cast<double>(width) - w) / 2, h, w};
+  return {(static_cast<double>(height) - h) / 2, (static_cast<double>(width) - w) / 2, h, w, false};
 }
 
-Region centre_crop(int64_t height, int64_t width, double fraction = kEvaluationCrop) {
+View centre_crop(int64_t height, int64_t width, double fraction = kEvaluationCrop) {
   const double side = static_cast<double>(std::min(height, width)) * fraction;
-  return {(static_cast<double>(height) - side) / 2, (static_cast<double>(width) - side) / 2, side, side};
+  return {(static_cast<double>(height) - side) / 2, (static_cast<double>(width) - side) / 2, side, side, false};
 }
 
-// Bilinear resampling of the region to size x size (pixel centres aligned), mirrored if flip.
-void resample(const Image& img, const Region& r, int64_t size, bool flip, uint8_t* out) {
+}  // namespace
+
+View draw_view(int64_t height, int64_t width, Philox* rng, bool flip) {
+  if (!rng) return centre_crop(height, width);
+  View v = random_resized_crop(height, width, *rng);
+  v.flip = flip && (rng->next_u32() & 1u);  // drawn after the crop, as it always was
+  return v;
+}
+
+void resample(const Image& img, const View& r, int64_t size, uint8_t* out) {
+  const bool flip = r.flip;
   const double sy = r.h / static_cast<double>(size), sx = r.w / static_cast<double>(size);
   for (int64_t oy = 0; oy < size; ++oy) {
     const double fy = std::clamp(r.y0 + (static_cast<double>(oy) + 0.5) * sy - 0.5, 0.0, static_cast<double>(img.height - 1));
@@ -68,11 +73,9 @@ void resample(const Image& img, const Region& r, int64_t size, bool flip, uint8_
   }
 }
 
-}  // namespace
-
 void centre_view(const Image& image, double fraction, int64_t size, uint8_t* out) {
   HPC_CHECK(fraction > 0 && fraction <= 1 && size > 0, "centre_view(", fraction, ", ", size, ")");
-  resample(image, centre_crop(image.height, image.width, fraction), size, false, out);
+  resample(image, centre_crop(image.height, image.width, fraction), size, out);
 }
 
 ShardImages::ShardImages(std::vector<ShardReader> shards, int64_t size) : shards_(std::move(shards)), size_(size) {
@@ -89,16 +92,26 @@ std::vector<int32_t> ShardImages::labels() const {
   return out;
 }
 
-void ShardImages::fill(int64_t i, Philox* rng, bool flip, uint8_t* out) const {
+std::pair<size_t, int64_t> ShardImages::locate(int64_t i) const {
   HPC_CHECK(i >= 0 && i < count(), "sample ", i, " of ", count());
   const auto s = static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1);
-  const int64_t r = i - first_[s];
+  return {s, i - first_[s]};
+}
+
+void ShardImages::fill(int64_t i, Philox* rng, bool flip, uint8_t* out) const {
+  const auto [s, r] = locate(i);
   thread_local std::vector<uint8_t> bytes;
   shards_[s].read(r, bytes);
   const Image img = decode_jpeg(bytes, shards_[s].path() + " record " + std::to_string(r));
-  const Region region = rng ? random_resized_crop(img.height, img.width, *rng) : centre_crop(img.height, img.width);
-  const bool mirrored = rng && flip && (rng->next_u32() & 1u);
-  resample(img, region, size_, mirrored, out);
+  resample(img, draw_view(img.height, img.width, rng, flip), size_, out);
+}
+
+void ShardImages::jpeg(int64_t i, Philox* rng, bool flip, std::vector<uint8_t>& bytes, int64_t& height,
+                       int64_t& width, View& view) const {
+  const auto [s, r] = locate(i);
+  shards_[s].read(r, bytes);
+  jpeg_size(bytes, shards_[s].path() + " record " + std::to_string(r), height, width);
+  view = draw_view(height, width, rng, flip);
 }
 
 }  // namespace hpc::data

@@ -94,5 +94,8 @@ bool gpu_training_available(std::string* why);
 // NCCL communicator is made from ctx's world.
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
                                         dist::ProcessContext& ctx, const TrainOptions& o);
+// The loader's JPEG decoder on GPU `gpu` (--jpeg-decode; train/gpu_decoder.cpp): nvJPEG, then the
+// crop, flip and normalisation as one kernel. A usage error where nvJPEG cannot be loaded.
+std::unique_ptr<data::BatchDecoder> make_gpu_decoder(int gpu);
 
 }  // namespace hpc::train

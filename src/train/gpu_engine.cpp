@@ -263,10 +263,10 @@ class GpuEngine final : public Engine {
   StepResult graph_step(const data::Batch& batch, float share, double lr, double momentum) {
     // A share other than 1 (never with one rank, but the bucketer would then scale on its own
     // stream) is not captured.
-    const bool same_shape = batch.images.shape() == graph_shape_ && share == 1.0f;
+    const bool same_shape = x_.shape() == graph_shape_ && share == 1.0f;
     if (!same_shape || !settled_) {  // eager, and the buffers settle for this shape
       graph_.reset();
-      graph_shape_ = batch.images.shape();
+      graph_shape_ = x_.shape();  // staged: the batch's (decoded batches have no images)
       settled_ = true;
       return eager_step(batch, share, lr, momentum);
     }
@@ -419,6 +419,7 @@ class GpuEngine final : public Engine {
   // pinned buffer, after the labels and crops. The step ends with a wait for the stream, so the
   // copies are done before the loader reuses them.
   void stage(const data::Batch& batch) {
+    if (batch.decoded) return stage_decoded(batch);
     const bool bytes = batch.images.dtype() == DType::U8, direct = batch.images.pinned();
     HPC_CHECK(!bytes || batch.table, "a batch of bytes without its normalisation table");
     HPC_CHECK(batch.crops.empty() || (bytes && static_cast<int64_t>(batch.crops.size()) == batch.size()),
@@ -456,6 +457,21 @@ class GpuEngine final : public Engine {
                                context_.stream()));
     kernels::crop_flip_normalize_u8(x_bytes_.data<uint8_t>(), crops_.data<int32_t>(), x_.data<float>(), s[0], s[1],
                                     s[2], static_cast<int>(s[3]), table_.data<float>(), context_.stream());
+  }
+
+  // A batch the loader's GPU decoder made (train/gpu_decoder.cpp): its images are complete in the
+  // decoder's device memory (the decoder waited for them), copied from there into x_, which a
+  // captured graph reads; the copy is done when the step ends (it waits for the stream), before
+  // the loader reuses the batch.
+  void stage_decoded(const data::Batch& batch) {
+    const int64_t side = batch.jpeg_side;
+    nn::cuda::ensure(x_, Shape{batch.size(), side, side, 3});
+    nn::cuda::ensure(labels_, Shape{batch.size()}, DType::I32);
+    const size_t label_bytes = batch.labels.size() * sizeof(int32_t);
+    auto* pinned = static_cast<char*>(pinned_.get(label_bytes));
+    std::memcpy(pinned, batch.labels.data(), label_bytes);
+    CUDA_CHECK(cudaMemcpyAsync(labels_.raw(), pinned, label_bytes, cudaMemcpyHostToDevice, context_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(x_.raw(), batch.decoded, x_.bytes(), cudaMemcpyDeviceToDevice, context_.stream()));
   }
 
   std::unique_ptr<nn::Model<float>> owned_model_;

@@ -22,4 +22,10 @@ std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>>, std::
   usage_error("--device cuda: ", why);
 }
 
+std::unique_ptr<data::BatchDecoder> make_gpu_decoder(int) {
+  std::string why;
+  gpu_training_available(&why);
+  usage_error("--jpeg-decode gpu: ", why);
+}
+
 }  // namespace hpc::train

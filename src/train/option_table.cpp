@@ -232,6 +232,10 @@ std::vector<Option> general() {
            "GPU, one rank per job: capture the training step once its shapes are steady and replay it as one CUDA "
            "graph (one launch instead of hundreds: small models on big GPUs are launch-bound); the same bits as "
            "without; not with --precision fp16, whose loss scale changes between steps"),
+      choice("jpeg-decode", &Members::jpeg_decode, kJpegDecodeNames, R::Agree,
+             "packed JPEG shards: where their images are decoded, cropped, flipped and normalised: auto (on the GPU "
+             "with nvJPEG, libnvjpeg.so.13, when training on a GPU and the library loads; else on the CPU, saying "
+             "why), cpu (the loader's threads, libjpeg-turbo) or gpu (an error where it cannot)"),
       negation("no-deterministic", &Members::deterministic, R::Agree,
                "GPU: let cuDNN choose non-deterministic algorithms too (faster for some shapes; runs then differ in "
                "their last bits and a resume is no longer bit-exact)"),

@@ -28,6 +28,11 @@ inline constexpr Named<Augment> kAugmentNames[] = {{"auto", Augment::Auto}, {"on
 enum class Device { Auto, Cpu, Cuda };  // auto: a GPU when one is visible
 inline constexpr Named<Device> kDeviceNames[] = {{"auto", Device::Auto}, {"cpu", Device::Cpu}, {"cuda", Device::Cuda}};
 
+// Where packed shards' JPEGs are decoded: auto (the GPU when training on it and nvJPEG loads)
+enum class JpegDecode { Auto, Cpu, Gpu };
+inline constexpr Named<JpegDecode> kJpegDecodeNames[] = {
+    {"auto", JpegDecode::Auto}, {"cpu", JpegDecode::Cpu}, {"gpu", JpegDecode::Gpu}};
+
 // GPU arithmetic: tf32 lets convolutions and matrix products use tensor cores with 10-bit
 // mantissas (PyTorch's cuDNN default); fp32 keeps IEEE float (the CPU always computes fp32);
 // bf16 and fp16 are mixed precision (fp16 with dynamic loss scaling).
@@ -109,6 +114,7 @@ struct TrainOptions {
   bool deterministic = true;  // GPU: only algorithms that give the same bits every run
   // GPU, one rank: replay each steady-state training step as one captured CUDA graph.
   bool cuda_graphs = false;
+  JpegDecode jpeg_decode = JpegDecode::Auto;
   std::string metrics_file;
   int64_t metrics_every_steps = 0;  // > 0: rank 0 adds a step event to metrics_file every N steps
   std::string prometheus_file;      // rank 0's node_exporter textfile (train/step_metrics.hpp)

@@ -9,6 +9,7 @@
 #include "core/device.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
+#include "data/nvjpeg.hpp"
 #include "data/sampler.hpp"
 #include "dist/agree.hpp"
 #include "nn/gemm.hpp"
@@ -86,6 +87,7 @@ std::optional<int> omp_num_threads() {
 // The device and math threads of this rank.
 void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::string& shared, Prepared& p) {
   p.gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
+  p.gpu_decode = resolve_jpeg_decode(o, p.gpu, ctx.local_rank() == 0);
   HPC_REQUIRE(!o.cuda_graphs || ctx.world_size() == 1, "--cuda-graphs takes one rank per job for now (this one has ",
               ctx.world_size(), "): the gradient all-reduce waits on the host, which a captured step cannot; leave it "
               "out");
@@ -229,6 +231,21 @@ void broadcast_state(dist::ProcessContext& ctx, nn::Model<float>& model) {
 }
 
 }  // namespace
+
+bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
+  if (o.jpeg_decode == JpegDecode::Cpu) return false;
+  std::string why;
+  if (!gpu) why = "this rank trains on the CPU";
+  else if (o.dataset != data::DatasetKind::Shards)
+    why = detail::concat("the dataset is ", data::dataset_name(o.dataset),
+                         ", not packed JPEG shards (--dataset shards)");
+  else if (!data::NvjpegLibrary::load_installed(&why))
+    why += "; install CUDA's nvJPEG (package libnvjpeg-13-0)";
+  if (why.empty()) return true;
+  HPC_REQUIRE(o.jpeg_decode != JpegDecode::Gpu, "--jpeg-decode gpu: ", why, "; or use --jpeg-decode cpu");
+  if (speak && o.dataset == data::DatasetKind::Shards) log::info("JPEG decode on the CPU threads: ", why);
+  return false;
+}
 
 void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
   const std::string mine = joined(values_every_rank_shares(o));

@@ -29,6 +29,7 @@ namespace hpc::train {
 // What set-up hands the step loop.
 struct Prepared {
   bool gpu = false;  // this rank trains on its GPU
+  bool gpu_decode = false;  // and decodes the packed shards' JPEGs there (--jpeg-decode)
   int threads = 0;   // math-library threads of this rank
   std::string data_dir;
   data::DatasetPair ds;
@@ -56,6 +57,12 @@ struct Prepared {
 void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o);
 
 Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o);
+
+// Whether this rank's GPU decodes the packed shards' JPEGs (--jpeg-decode), given whether it
+// trains on its GPU. gpu where it cannot (the CPU trains, the data are not JPEG shards, nvJPEG
+// does not load) is a usage error naming why, never a silent CPU decode (DESIGN.md principle 3);
+// auto decodes on the CPU then, and says why (when speak) if the data are JPEG shards.
+bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak);
 
 // The optimizer, and the state to start from: initialised by rank 0 (from --seed, then from
 // --init-from's checkpoint where it fits) and broadcast, or the checkpoint or host snapshot (in

@@ -90,6 +90,7 @@ struct Plan {
   std::unique_ptr<data::ShardedSampler> sampler;
   int64_t global_batch = 0, steps_per_epoch = 0, total_steps = 0;
   std::unique_ptr<optim::LrSchedule> schedule;
+  std::unique_ptr<data::BatchDecoder> decoder;  // --jpeg-decode gpu; outlives the loader
   std::unique_ptr<data::Loader> loader;
 };
 
@@ -388,9 +389,11 @@ void TrainingRun::plan() {
   plan_.steps_per_epoch = plan_.sampler->steps_per_epoch();
   plan_.total_steps = planned_steps(o_.epochs);
   plan_.schedule = schedule_for(o_.epochs);
-  // The GPU takes the batches as bytes and normalises them itself.
+  // The GPU takes the batches as bytes and normalises them itself; or decodes their JPEGs too.
+  if (p_.gpu_decode) plan_.decoder = make_gpu_decoder(device::select_gpu(ctx_.local_rank()));
   plan_.loader = std::make_unique<data::Loader>(p_.ds.train, p_.ds.norm, augment_spec(o_), *plan_.sampler,
-                                                static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu);
+                                                static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu,
+                                                plan_.decoder.get());
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
   stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -13,10 +14,15 @@
 #include "core/device.hpp"
 #include "core/tensor.hpp"
 #include "gpu/compare.hpp"
+#include "core/rng.hpp"
+#include "data/jpeg.hpp"
 #include "data/loader.hpp"
+#include "data/nvjpeg.hpp"
+#include "data/shard_images.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
+#include "train/engine.hpp"
 
 namespace hpc {
 namespace {
@@ -760,6 +766,180 @@ TEST_F(GpuKernels, ChannelSumsRepeatBitForBit) {
         ASSERT_LE(std::fabs(first[c] - want[c]), std::ldexp(std::fabs(want[c]), -23))
             << "channel " << c << ": got " << first[c] << ", want " << want[c];
     }
+}
+
+
+// --jpeg-decode gpu: the random resized crop, flip and normalisation of decoded images on the GPU
+// against the CPU path's (data::draw_view and data::resample, then the assembler's table) on the
+// same pixels, images of several shapes with rows padded past their width (the decoder's pitch).
+// Tolerance: a byte before the table may differ by one where the bilinear value lies within
+// rounding of a half (the host compiler may fuse multiply-adds where nvcc does not, or the
+// reverse), in at most 1 of 1000 values; a wrong geometry (a swapped axis, a missed flip, a
+// half-pixel shift, the pitch ignored) moves most values of these random images by many levels.
+TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
+  const int64_t size = 24, pad = 16;  // pad: bytes past each row's end, 255s the kernel must skip
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{37, 53}, {64, 48}, {29, 29}, {20, 90}};
+  std::mt19937 g(7);
+  std::vector<float> table(3 * 256);
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v)
+      table[c * 256 + v] = (static_cast<float>(v) / 255.0f - kRgbNorm.mean[c]) / kRgbNorm.std[c];
+  std::vector<data::Image> images;
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> device_images;
+  std::vector<data::View> views;
+  std::vector<size_t> image_of;  // per sample
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    data::Image img;
+    img.height = shapes[k].first, img.width = shapes[k].second;
+    img.pixels.resize(static_cast<size_t>(img.height * img.width * 3));
+    for (uint8_t& b : img.pixels) b = static_cast<uint8_t>(g() & 255u);
+    std::vector<uint8_t> padded(static_cast<size_t>(img.height * (img.width * 3 + pad)), 255);
+    for (int64_t y = 0; y < img.height; ++y)
+      std::memcpy(&padded[static_cast<size_t>(y * (img.width * 3 + pad))],
+                  &img.pixels[static_cast<size_t>(y * img.width * 3)], static_cast<size_t>(img.width * 3));
+    device_images.push_back(std::make_unique<DeviceBuffer<uint8_t>>(padded));
+    Philox rng(11, RngStream::Augment, 0, k);
+    data::View v = data::draw_view(img.height, img.width, &rng, true);
+    for (bool flip : {false, true}) {
+      v.flip = flip;
+      views.push_back(v);
+      image_of.push_back(k);
+    }
+    views.push_back(data::draw_view(img.height, img.width, nullptr, false));  // evaluation's centre crop
+    image_of.push_back(k);
+    images.push_back(std::move(img));
+  }
+  const auto n = static_cast<int64_t>(views.size()), per = size * size * 3;
+  std::vector<float> cpu(static_cast<size_t>(n * per));
+  std::vector<kernels::ResizedCrop> crops;
+  std::vector<uint8_t> bytes(static_cast<size_t>(per));
+  for (int64_t i = 0; i < n; ++i) {
+    const data::Image& img = images[image_of[static_cast<size_t>(i)]];
+    const data::View& v = views[static_cast<size_t>(i)];
+    data::resample(img, v, size, bytes.data());
+    for (int64_t e = 0; e < per; ++e)
+      cpu[static_cast<size_t>(i * per + e)] = table[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+    crops.push_back({device_images[image_of[static_cast<size_t>(i)]]->get(), img.width * 3 + pad,
+                     static_cast<int32_t>(img.height), static_cast<int32_t>(img.width), v.y0, v.x0, v.h, v.w,
+                     v.flip ? 1 : 0});
+  }
+  DeviceBuffer<kernels::ResizedCrop> dcrops(crops);
+  DeviceBuffer<float> dtable(table), out(cpu.size());
+  kernels::resized_crop_normalize(dcrops.get(), n, size, out.get(), dtable.get(), stream_);
+  const auto gpu = out.host();
+  size_t off = 0;
+  for (size_t e = 0; e < gpu.size(); ++e) {
+    if (gpu[e] == cpu[e]) continue;
+    const size_t c = e % 3, pixel = e / 3, sample = pixel / static_cast<size_t>(size * size);
+    const float level = table[c * 256 + 1] - table[c * 256];
+    ASSERT_LE(std::fabs(gpu[e] - cpu[e]), 1.001f * level)
+        << "sample " << sample << " (image " << image_of[sample] << ", flip " << views[sample].flip << ") pixel ("
+        << (pixel / static_cast<size_t>(size)) % static_cast<size_t>(size) << ", " << pixel % static_cast<size_t>(size)
+        << ") channel " << c << ": expected " << cpu[e] << ", got " << gpu[e] << " (one byte level is " << level << ")";
+    ++off;
+  }
+  EXPECT_LE(off, gpu.size() / 1000) << off << " of " << gpu.size() << " values one byte level off the CPU's";
+}
+
+
+// --jpeg-decode gpu, whole: nvJPEG's decode of a batch and the crop kernel (train/gpu_decoder.cpp)
+// against libjpeg-turbo's decode of the same bytes and the CPU resample. Decoders differ in their
+// inverse DCT, chroma upsampling and colour conversion rounding, so the tolerance is stated in
+// byte levels of the CPU's pixels: at most 10 for any value, at most 1.5 on average. Smooth
+// pictures (JPEG's own kind) keep the decoders' differences small; a swapped channel order, a
+// wrong pitch or offset, a missed flip or a wrong table would move values by tens of levels.
+data::Image smooth_picture(int64_t h, int64_t w, int seed) {
+  data::Image img;
+  img.height = h, img.width = w;
+  img.pixels.resize(static_cast<size_t>(h * w * 3));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        img.pixels[static_cast<size_t>((y * w + x) * 3 + c)] = static_cast<uint8_t>(
+            128 + 70 * std::sin(0.045 * static_cast<double>(y) + 1.3 * c + seed) *
+                      std::cos(0.031 * static_cast<double>(x) * (c + 1) + 0.4 * seed) +
+            40 * static_cast<double>(x) / static_cast<double>(w) * (c == 0 ? 1 : -1));
+  return img;
+}
+
+void expect_gpu_decode_matches_the_cpu(const std::vector<data::Image>& images, const std::vector<data::View>& views,
+                                       int64_t side) {
+  std::string why;
+  if (!train::gpu_training_available(&why)) GTEST_SKIP() << why;
+  if (!data::NvjpegLibrary::load_installed(&why)) GTEST_SKIP() << why;
+  std::vector<float> table(3 * 256);
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v)
+      table[c * 256 + v] = (static_cast<float>(v) / 255.0f - kRgbNorm.mean[c]) / kRgbNorm.std[c];
+  const size_t n = images.size();
+  const int64_t per = side * side * 3;
+  data::Batch b;
+  b.labels.assign(n, 0);
+  b.table = &table;
+  b.jpeg_side = side;
+  std::vector<float> cpu(n * static_cast<size_t>(per));
+  std::vector<uint8_t> bytes(static_cast<size_t>(per));
+  for (size_t i = 0; i < n; ++i) {
+    b.jpeg.push_back(data::encode_jpeg(images[i], 92));  // 4:2:0, as `hpcdata pack` and most photographs
+    b.jpeg_samples.push_back({images[i].height, images[i].width, views[i]});
+    data::resample(data::decode_jpeg(b.jpeg.back(), "test image"), views[i], side, bytes.data());
+    for (int64_t e = 0; e < per; ++e)
+      cpu[i * static_cast<size_t>(per) + static_cast<size_t>(e)] = table[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+  }
+  const std::unique_ptr<data::BatchDecoder> decoder = train::make_gpu_decoder(0);
+  for (int round = 0; round < 2; ++round) {  // the second reuses every buffer
+    b.decoded = nullptr;
+    decoder->decode(b);
+    ASSERT_NE(b.decoded, nullptr);
+    std::vector<float> gpu(cpu.size());
+    device::copy(gpu.data(), b.decoded, gpu.size() * sizeof(float), device::Copy::DeviceToHost);
+    double total = 0, worst = -1;
+    size_t at = 0;
+    for (size_t e = 0; e < gpu.size(); ++e) {
+      const size_t c = e % 3;
+      const double levels = std::fabs(gpu[e] - cpu[e]) / (table[c * 256 + 1] - table[c * 256]);
+      total += levels;
+      if (levels > worst) worst = levels, at = e;
+    }
+    const size_t pixel = at / 3, sample = pixel / static_cast<size_t>(side * side);
+    EXPECT_LE(worst, 10.0) << "round " << round << ", sample " << sample << " pixel ("
+                           << (pixel / static_cast<size_t>(side)) % static_cast<size_t>(side) << ", "
+                           << pixel % static_cast<size_t>(side) << ") channel " << at % 3 << ": expected " << cpu[at]
+                           << ", got " << gpu[at] << " (" << worst << " byte levels apart)";
+    EXPECT_LE(total / static_cast<double>(gpu.size()), 1.5) << "round " << round << ": mean gap in byte levels";
+  }
+}
+
+// The decoders alone: each image's whole view at its own size (the resample is then the identity).
+TEST_F(GpuKernels, NvjpegDecodeMatchesLibjpegTurbo) {
+  std::vector<data::Image> images;
+  std::vector<data::View> views;
+  for (int k = 0; k < 3; ++k) {
+    images.push_back(smooth_picture(64, 64, k));
+    views.push_back({0, 0, 64, 64, false});
+  }
+  expect_gpu_decode_matches_the_cpu(images, views, 64);
+}
+
+// Training's views (random resized crops, flipped and not) and evaluation's centre crops, of images
+// of several shapes, as the loader draws them.
+TEST_F(GpuKernels, GpuJpegDecoderMatchesTheCpuPath) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{75, 100}, {120, 90}, {57, 57}, {200, 150}};
+  std::vector<data::Image> images;
+  std::vector<data::View> views;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const data::Image img = smooth_picture(shapes[k].first, shapes[k].second, static_cast<int>(k));
+    Philox rng(5, RngStream::Augment, 1, k);
+    data::View v = data::draw_view(img.height, img.width, &rng, true);
+    for (bool flip : {false, true}) {
+      v.flip = flip;
+      images.push_back(img);
+      views.push_back(v);
+    }
+    images.push_back(img);
+    views.push_back(data::draw_view(img.height, img.width, nullptr, false));
+  }
+  expect_gpu_decode_matches_the_cpu(images, views, 48);
 }
 
 }  // namespace

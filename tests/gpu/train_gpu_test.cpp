@@ -15,6 +15,8 @@
 
 #include "core/device.hpp"
 #include "data/jpeg.hpp"
+#include "data/nvjpeg.hpp"
+#include "data/pack.hpp"
 #include "integration/harness.hpp"
 
 namespace hpc::itest {
@@ -326,6 +328,65 @@ TEST_F(GpuTraining, PredictOnTheGpuGivesTheCpuLogits) {
       EXPECT_LE(worst, 1e-4 * scale) << "image " << i;
     }
   }
+}
+
+
+// --jpeg-decode gpu through the binary: packed JPEG shards decoded by nvJPEG on the loader's
+// thread and cropped by the GPU's kernel. The run trains as the CPU-decoded one does (decoders
+// differ by a few byte levels: close losses, not the same bits), repeats its bits (the decode is
+// deterministic), and with CUDA graphs (the decoded batch copied into the captured input) ends
+// with the eager run's bits.
+TEST_F(GpuTraining, JpegShardsDecodedOnTheGpuTrainAsOnTheCpu) {
+  std::string why;
+  if (!data::NvjpegLibrary::load_installed(&why)) GTEST_SKIP() << why;
+  const fs::path src = fs::path(dir_.file("jpeg-src"));
+  for (int cls = 0; cls < 3; ++cls) {
+    fs::create_directories(src / ("class" + std::to_string(cls)));
+    for (int i = 0; i < 48; ++i) {
+      data::Image img;
+      img.height = 48 + (i % 5) * 8, img.width = 64 - (i % 3) * 8;
+      img.pixels.resize(static_cast<size_t>(img.height * img.width * 3));
+      for (int64_t y = 0; y < img.height; ++y)
+        for (int64_t x = 0; x < img.width; ++x)
+          for (int c = 0; c < 3; ++c)
+            img.pixels[static_cast<size_t>((y * img.width + x) * 3 + c)] = static_cast<uint8_t>(
+                (c == cls ? 150 : 60) + 50 * std::sin(0.1 * static_cast<double>(x + 2 * y) + i + c));
+      const std::vector<uint8_t> jpeg = data::encode_jpeg(img, 90);
+      std::ofstream((src / ("class" + std::to_string(cls)) / (std::to_string(i) + ".jpg")).string(), std::ios::binary)
+          .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+    }
+  }
+  const std::string packed = dir_.file("jpeg-packed");
+  for (const char* split : {"train", "val"}) {
+    data::PackOptions o;
+    o.src = src.string();
+    o.out = packed;
+    o.split = split;
+    data::pack_image_folder(o);
+  }
+  auto job = [&](const std::string& metrics, const std::string& decode) {
+    return std::vector<std::string>{"--device", "cuda", "--dataset", "shards", "--data-dir", packed, "--image-size",
+                                    "32", "--batch-size", "16", "--epochs", "2", "--test-samples", "48",
+                                    "--jpeg-decode", decode, "--metrics-file", metrics};
+  };
+  const std::string g1 = dir_.file("gpu1.jsonl"), g2 = dir_.file("gpu2.jsonl"), gg = dir_.file("graphs.jsonl"),
+                    c = dir_.file("cpu.jsonl");
+  const RunResult gpu = run_hpctrain(job(g1, "gpu"));
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_NE((gpu.out + gpu.err).find("JPEG decode on the GPU with nvJPEG"), std::string::npos) << gpu.out;
+  ASSERT_EQ(run_hpctrain(job(g2, "gpu")).exit_code, 0);
+  EXPECT_EQ(done_of(g2).at("param_checksum").str, done_of(g1).at("param_checksum").str) << "not deterministic";
+  auto graphs = job(gg, "gpu");
+  graphs.push_back("--cuda-graphs");
+  const RunResult replayed = run_hpctrain(graphs);
+  ASSERT_EQ(replayed.exit_code, 0) << replayed.err;
+  EXPECT_EQ(done_of(gg).at("param_checksum").str, done_of(g1).at("param_checksum").str) << "graphs differ";
+  const RunResult cpu = run_hpctrain(job(c, "cpu"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ((cpu.out + cpu.err).find("JPEG decode on the GPU"), std::string::npos) << cpu.out;
+  const double loss_gpu = done_of(g1).at("test_loss").number, loss_cpu = done_of(c).at("test_loss").number;
+  EXPECT_NEAR(loss_gpu, loss_cpu, 0.05 + 0.1 * loss_cpu) << "GPU-decoded test loss " << loss_gpu << ", CPU "
+                                                         << loss_cpu;
 }
 
 }  // namespace

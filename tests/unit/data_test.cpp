@@ -17,6 +17,7 @@
 #include "core/rng.hpp"
 #include "data/dataset.hpp"
 #include "data/loader.hpp"
+#include "data/nvjpeg.hpp"
 #include "data/sampler.hpp"
 #include "unit/data_test_util.hpp"
 
@@ -664,3 +665,34 @@ TEST(Loader, AugmentsWithTheSameKeysAsTheAssembler) {
 
 }  // namespace
 }  // namespace hpc::data
+
+// --jpeg-decode: nvJPEG is loaded at run time. Where the library is absent (this machine's CUDA
+// toolkit has none), or a file of that name is not nvJPEG, the loader says which and why, and
+// the caller decodes on the CPU (auto) or refuses (gpu): never a crash at the first call.
+TEST(Nvjpeg, AnAbsentLibraryIsNamedWithTheLoadersReason) {
+  std::string why;
+  EXPECT_EQ(hpc::data::NvjpegLibrary::load("libnvjpeg-not-here.so.13", &why), nullptr);
+  EXPECT_NE(why.find("cannot load libnvjpeg-not-here.so.13"), std::string::npos) << why;
+  EXPECT_NE(why.find("No such file"), std::string::npos) << why;  // dlerror's words
+}
+
+TEST(Nvjpeg, ALibraryWithoutItsEntryPointsIsRefused) {
+  std::string why;
+  EXPECT_EQ(hpc::data::NvjpegLibrary::load("libz.so.1", &why), nullptr);  // loads, but is not nvJPEG
+  EXPECT_NE(why.find("libz.so.1 has no nvjpegCreateEx"), std::string::npos) << why;
+}
+
+TEST(Nvjpeg, StatusNames) {
+  EXPECT_EQ(hpc::data::nvjpeg::status_name(3), "NVJPEG_STATUS_BAD_JPEG (3)");
+  EXPECT_EQ(hpc::data::nvjpeg::status_name(10), "NVJPEG_STATUS_INCOMPLETE_BITSTREAM (10)");
+  EXPECT_EQ(hpc::data::nvjpeg::status_name(42), "NVJPEG_STATUS_UNKNOWN (42)");
+}
+
+// What --jpeg-decode loads: CUDA 13's library by its name, else from the toolkit's folder. This
+// machine has neither (its CUDA toolkit lacks nvJPEG): the reason names the library.
+TEST(Nvjpeg, TheInstalledLibraryIsNamedWhenAbsent) {
+  if (std::filesystem::exists("/usr/local/cuda/lib64/libnvjpeg.so.13")) GTEST_SKIP() << "nvJPEG is installed here";
+  std::string why;
+  EXPECT_EQ(hpc::data::NvjpegLibrary::load_installed(&why), nullptr);
+  EXPECT_NE(why.find("cannot load libnvjpeg.so.13"), std::string::npos) << why;
+}

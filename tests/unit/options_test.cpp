@@ -7,6 +7,7 @@
 // compile).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "optim/sgd.hpp"
 #include "train/checkpointing.hpp"
 #include "train/options.hpp"
+#include "train/setup.hpp"
 
 namespace hpc::testing {
 namespace {
@@ -45,6 +47,7 @@ const std::vector<Listed>& every_option() {
       {"device", Rule::Agree, {"--device", "cpu"}},
       {"precision", Rule::Agree, {"--precision", "fp32"}},
       {"cuda-graphs", Rule::Agree, {"--cuda-graphs"}},
+      {"jpeg-decode", Rule::Agree, {"--jpeg-decode", "cpu"}},
       {"no-deterministic", Rule::Agree, {"--no-deterministic"}},
       {"model", Rule::Match, {"--model", "resnet20"}},
       {"no-batch-norm", Rule::Match, {"--no-batch-norm"}},
@@ -263,7 +266,8 @@ TEST(OptionTable, ValuesKeepTheirText) {
   EXPECT_EQ(d.at("precision"), "tf32");
   EXPECT_EQ(d.at("init-from"), "");
   EXPECT_EQ(d.at("extend-epochs"), "0");
-  EXPECT_EQ(d.size(), 41u);
+  EXPECT_EQ(d.at("jpeg-decode"), "auto");
+  EXPECT_EQ(d.size(), 42u);
   const auto o = agreed_values(parse({"--lr-schedule", "step", "--lr-step-epochs", "1,2.5", "--no-nesterov"}));
   EXPECT_EQ(o.at("lr-step-epochs"), "1,2.5,");
   EXPECT_EQ(o.at("no-nesterov"), "1");
@@ -288,6 +292,36 @@ TEST(OptionTable, UnknownChoicesAreRefusedWithTheChoices) {
       EXPECT_EQ(std::string(e.what()), message);
     }
   }
+}
+
+
+// --jpeg-decode where nvJPEG is absent (this machine's CUDA toolkit has none) on a rank that
+// trains on its GPU (gpu = true: the path a GPU machine without the library takes): gpu is one
+// usage error naming the library and how to get it, auto decodes on the CPU; and the reasons
+// before the library's, which need no GPU either.
+TEST(JpegDecode, WithoutNvjpegGpuIsRefusedAndAutoDecodesOnTheCpu) {
+  if (std::filesystem::exists("/usr/local/cuda/lib64/libnvjpeg.so.13")) GTEST_SKIP() << "nvJPEG is installed here";
+  const train::TrainOptions shards_gpu = parse({"--dataset", "shards", "--jpeg-decode", "gpu"});
+  try {
+    train::resolve_jpeg_decode(shards_gpu, true, false);
+    ADD_FAILURE() << "--jpeg-decode gpu without nvJPEG was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--jpeg-decode gpu: cannot load libnvjpeg.so.13"), std::string::npos) << m;
+    EXPECT_NE(m.find("install CUDA's nvJPEG (package libnvjpeg-13-0)"), std::string::npos) << m;
+    EXPECT_NE(m.find("--jpeg-decode cpu"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards"}), true, true));  // auto: the CPU, said once
+  EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards", "--jpeg-decode", "cpu"}), true, false));
+  try {
+    train::resolve_jpeg_decode(parse({"--dataset", "mnist", "--jpeg-decode", "gpu"}), true, false);
+    ADD_FAILURE() << "--jpeg-decode gpu on MNIST was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the dataset is mnist, not packed JPEG shards"), std::string::npos) << m;
+  }
+  EXPECT_THROW(train::resolve_jpeg_decode(shards_gpu, false, false), Error);  // trains on the CPU
 }
 
 }  // namespace

@@ -419,6 +419,73 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
   EXPECT_EQ(batch(1, 2, false), batch(3, 5, false));  // evaluation: centre crops, always the same
 }
 
+// --jpeg-decode gpu hands each sample's JPEG and view to a BatchDecoder on the loader's thread.
+// A decoder that does on the CPU what the GPU does (decode, then resample the view it is given)
+// must give the CPU path's batch bit for bit: the views are drawn from the same streams, for the
+// same dimensions, in the same order. (The GPU decoder itself: tests/gpu.)
+class CpuViewDecoder final : public BatchDecoder {
+ public:
+  void decode(Batch& b) override {
+    const int64_t side = b.jpeg_side, per = side * side * 3;
+    std::vector<float>& out = out_[&b];  // one per batch of the pool, as the GPU decoder keeps them
+    out.resize(static_cast<size_t>(b.size() * per));
+    std::vector<uint8_t> bytes(static_cast<size_t>(per));
+    for (size_t i = 0; i < b.jpeg_samples.size(); ++i) {
+      const Image img = decode_jpeg(b.jpeg[i], "sample");
+      EXPECT_EQ(img.height, b.jpeg_samples[i].height);
+      EXPECT_EQ(img.width, b.jpeg_samples[i].width);
+      resample(img, b.jpeg_samples[i].view, side, bytes.data());
+      float* o = out.data() + i * static_cast<size_t>(per);
+      for (int64_t e = 0; e < per; ++e) o[e] = (*b.table)[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
+    }
+    b.decoded = out.data();
+    ++batches;
+  }
+  int batches = 0;
+
+ private:
+  std::map<const Batch*, std::vector<float>> out_;
+};
+
+TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
+  TempDir dir;
+  make_folder(dir.path() / "src", 4);
+  for (const char* split : {"train", "val"}) {
+    PackOptions o;
+    o.src = (dir.path() / "src").string();
+    o.out = (dir.path() / "packed").string();
+    o.split = split;
+    pack_image_folder(o);
+  }
+  const DatasetPair p = load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
+  const int64_t per = 12 * 12 * 3;
+  for (bool augment : {true, false}) {
+    const AugmentSpec aug = augment ? AugmentSpec{0, true, true} : AugmentSpec{};
+    const ShardedSampler sampler(p.train.count, 4, 5, 0, 1, true);
+    Loader cpu(p.train, p.norm, aug, sampler, 9, 2, 2);
+    CpuViewDecoder decoder;
+    Loader gpu(p.train, p.norm, aug, sampler, 9, 2, 2, true, &decoder);
+    for (int64_t epoch : {0, 1}) {
+      cpu.start_epoch(epoch);
+      gpu.start_epoch(epoch);
+      for (int64_t step = 0;; ++step) {
+        const Batch* want = cpu.next();
+        const Batch* got = gpu.next();
+        ASSERT_EQ(want == nullptr, got == nullptr);
+        if (!want) break;
+        ASSERT_NE(got->decoded, nullptr);
+        EXPECT_FALSE(got->images.defined());
+        EXPECT_EQ(got->labels, want->labels);
+        const float* x = want->images.data<float>();
+        for (int64_t e = 0; e < want->size() * per; ++e)
+          ASSERT_EQ(got->decoded[e], x[e]) << "epoch " << epoch << " step " << step << " element " << e
+                                           << (augment ? " (augmented)" : "");
+      }
+    }
+    EXPECT_GT(decoder.batches, 0);
+  }
+}
+
 TEST(ShardDataset, SplitsPackedBeforeManifestsListedShardsStillLoad) {
   TempDir dir;
   const std::string packed = packed_flat_dataset(dir);
