@@ -312,7 +312,9 @@ TEST(JpegDecode, WithoutNvjpegGpuIsRefusedAndAutoDecodesOnTheCpu) {
     EXPECT_NE(m.find("install CUDA's nvJPEG (package libnvjpeg-13-0)"), std::string::npos) << m;
     EXPECT_NE(m.find("--jpeg-decode cpu"), std::string::npos) << m;
   }
-  EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards"}), true, true));  // auto: the CPU, said once
+  // auto: the CPU, said once; the default (cpu, until the GPU path has run on a GPU): the CPU
+  EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards", "--jpeg-decode", "auto"}), true, true));
+  EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards"}), true, false));
   EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards", "--jpeg-decode", "cpu"}), true, false));
   try {
     train::resolve_jpeg_decode(parse({"--dataset", "mnist", "--jpeg-decode", "gpu"}), true, false);
