@@ -243,9 +243,8 @@ for ((i = 0; i < 30; ++i)); do
   sleep 1
 done
 
-keep_logs
 python3 - "$NETNS_DIR" "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" "$seed" "$duration" "$mean" \
-  "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" "$min_kinds" << 'PY' || fail "the soak failed (above)"
+  "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" "$min_kinds" > "$NETNS_DIR/report.txt" << 'PY' || verdict=$?
 import collections, glob, json, os, statistics, sys
 d, ref_start, ref_end, start, end = sys.argv[1], *map(float, sys.argv[2:6])
 seed, duration, mean, hosts, min_kinds = sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].split(","), int(sys.argv[10])
@@ -316,4 +315,7 @@ print(f"  state_checksum: {done['state_checksum']} at step {done['steps']}, undi
 if len(by_kind) < min_kinds: print(f"  only {len(by_kind)} kind(s) of fault injected, --min-kinds {min_kinds}")
 sys.exit(0 if same and not left and len(by_kind) >= min_kinds else 1)
 PY
+cat "$NETNS_DIR/report.txt"
+keep_logs
+[[ ${verdict:-0} == 0 ]] || fail "the soak failed (above)"
 say "PASS"
