@@ -9,13 +9,18 @@ source "$here/netns.sh"
 FASHION_MNIST=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 SECONDS=0
 
-fail() {
-  echo "FAIL: $*" >&2
-  # HPCRUN_TEST_KEEP=DIR keeps every log of a failed run there (the private keys stay behind).
+# HPCRUN_TEST_KEEP=DIR keeps every log there (the private keys stay behind): of a failed run, or
+# wherever a script calls keep_logs.
+keep_logs() {
   if [[ -n "${HPCRUN_TEST_KEEP:-}" ]]; then
     mkdir -p "$HPCRUN_TEST_KEEP" && cp -r "$NETNS_DIR"/. "$HPCRUN_TEST_KEEP"/
     rm -f "$HPCRUN_TEST_KEEP"/ssh/id_ed25519 "$HPCRUN_TEST_KEEP"/ssh/h*/host_key
   fi
+}
+
+fail() {
+  echo "FAIL: $*" >&2
+  keep_logs
   for f in "${NETNS_DIR:-/nonexistent}"/*.err "${NETNS_DIR:-/nonexistent}"/ssh/h*/sshd.log; do
     [[ -f "$f" ]] && { echo "--- $f"; tail -40 "$f"; } >&2
   done

@@ -21,6 +21,7 @@
 #   netns_rekey_host K   give host K a new host key and reboot it (a reinstalled machine)
 #   netns_cut_host K     take host K's link down (its processes live on, cut off; packets to it
 #                        vanish, so ssh waits for its connect timeout, as on a routed network)
+#   netns_mend_host K    bring host K's link up again (after netns_cut_host)
 #   netns_sshd_logins K  how many logins with the test's key host K's sshd accepted
 #   NETNS_KILL_AT_EXIT   pids to SIGKILL at exit, before the hosts are removed
 #   netns_require        exit 77 (CTest: skipped) with a message where namespaces are unavailable
@@ -275,3 +276,4 @@ netns_kill_ns() {
 
 netns_kill_host() { netns_kill_ns "hpt${NETNS_ID}h$1"; }
 netns_cut_host() { ip link set "hpt${NETNS_ID}v$1" down; }
+netns_mend_host() { ip link set "hpt${NETNS_ID}v$1" up; }

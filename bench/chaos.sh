@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# Chaos soak: one training under hpcrun on three local hosts (network namespaces, each a real SSH
+# server, as in tests/launch/) while a seeded random schedule of faults hits it, then the final
+# state_checksum against an undisturbed run of the same options. The job is the default cnn
+# (tests/launch/common.sh's: one thread a rank, checkpoints on shared storage every 10 steps,
+# snapshots in host memory), with -np 3 --min-np 3: a host that fails is blacklisted for a short
+# cooldown and the job waits for it, so every attempt has the same 3 ranks and the comparison is
+# exact (README: resume is bit for bit on the same number of ranks). Faults, drawn in shuffled
+# rounds of every kind (so a short soak still sees each), after gaps exponential around
+# --mean-interval, each once the job has trained a step since the last:
+#   rank_kill  SIGKILL of one rank              host_kill  SIGKILL of every process of a host (sshd
+#   link_cut   its link down for 2..6 s                    too), rebooted 2..6 s later
+#   rank_stop  SIGSTOP of a rank, SIGCONT after 2..12 s (past --step-timeout 8 s: a failure)
+#   ckpt_kill  SIGKILL of rank 0 while it writes a checkpoint (its temporary file ckpt-*.hpck.tmp.PID)
+#   preempt    SIGTERM to hpcrun: the job checkpoints and stops (75), a second hpcrun resumes it
+# Printed: faults by kind, survived, steps redone (in all, per fault), time from each fault to the
+# next step (median, p95, max), time lost as a share of the run, and what was left behind
+# (processes, /dev/shm files, checkpoint-folder locks and temporary files, hosts left out, hpcrun's
+# open file descriptors). Exit 1 when the checksum differs or something is left behind.
+# The schedule is drawn for --duration; a fault waits for the job to train again after the last,
+# so the soak lasts longer. It fails too when fewer than --min-kinds (6) kinds were injected.
+# Usage: sudo bench/chaos.sh [--seed N] [--duration 10m] [--mean-interval 20s] [--min-kinds 6]
+# Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries), HPCRUN_TEST_KEEP (a
+# folder that keeps the soak's logs).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${BUILD_DIR:-build}
+[[ "$build" == /* ]] || build="$root/$build"
+export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
+
+# seconds DURATION NAME: 90, 90s, 10m, 1h as whole seconds.
+seconds_of() {
+  [[ "$1" =~ ^([1-9][0-9]*)(s|m|h)?$ ]] || die "$2 must be a duration such as 90s, 10m or 1h, got '$1'"
+  local n=${BASH_REMATCH[1]}
+  case "${BASH_REMATCH[2]}" in m) n=$((n * 60)) ;; h) n=$((n * 3600)) ;; esac
+  echo "$n"
+}
+seed=1 duration=600 mean=20 min_kinds=6
+while (($#)); do
+  case "$1" in
+    --seed) [[ $# -ge 2 ]] || die "--seed needs a value"; require_count --seed "$2"; seed=$2; shift 2 ;;
+    --duration) [[ $# -ge 2 ]] || die "--duration needs a value"; duration=$(seconds_of "$2" --duration); shift 2 ;;
+    --mean-interval) [[ $# -ge 2 ]] || die "--mean-interval needs a value"; mean=$(seconds_of "$2" --mean-interval); shift 2 ;;
+    --min-kinds) [[ $# -ge 2 ]] || die "--min-kinds needs a value"; require_count --min-kinds "$2"; min_kinds=$2; shift 2 ;;
+    -h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) die "unknown option '$1'" ;;
+  esac
+done
+[[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCRUN"
+source "$root/tests/launch/common.sh"
+netns_require
+netns_setup 22 3
+export TRAIN_SAMPLES=12000 STEP_TIMEOUT=8s
+kinds="rank_kill host_kill link_cut rank_stop ckpt_kill preempt"
+# The same for the reference and the soak. --elastic-timeout: a host kept out for good (a
+# blacklist entry never cleared) ends the soak within a minute instead of waiting 10.
+hpcrun_args=(-H "$(hpcrun_hosts "1 2 3")" -np 3 --min-np 3 --blacklist-cooldown 1s:4s --max-restarts 100000
+  --teardown-timeout 3s --stall-timeout 30s --start-timeout 2m --probe-timeout 5s --elastic-timeout 60s --quiet)
+now() { date +%s.%N; }
+
+# train NAME STEPS: hpcrun_start with the soak's job, STEPS steps long, metrics of every step.
+train() {
+  local epochs=$(((($2) + 61) / 62))  # 12000 samples at a global batch of 192: 62 steps an epoch
+  EPOCHS=$epochs TRAIN_EXTRA="--max-steps $2 --metrics-every-steps 1 --metrics-file $NETNS_DIR/$1.jsonl" \
+    hpcrun_start "$1" "${hpcrun_args[@]}"
+}
+
+# Steps a second, from a 40-step run: the soak's training is sized to last about --duration.
+train cal 40
+hpcrun_wait 180
+[[ $RC == 0 ]] || fail "the calibration run ended with $RC"
+rate=$(python3 -c '
+import json, sys
+t = {e["step"]: e["unix_time"] for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"}
+print(30 / (t[40] - t[10]))' "$NETNS_DIR/cal.jsonl")
+steps=$(calc "$duration * $rate" 0)
+((steps >= 60)) || steps=60
+say "calibration: $(calc "$rate" 1) steps/s; the soak's training: $steps steps"
+
+say "undisturbed reference run"
+ref_start=$(now)
+train ref "$steps"
+hpcrun_wait $((duration * 3 + 120))
+ref_end=$(now)
+[[ $RC == 0 ]] || fail "the undisturbed run ended with $RC"
+
+# The schedule: offsets from the start, kind, host (1..3), the fault's own seconds.
+schedule=$(awk -v seed="$seed" -v d="$duration" -v mean="$mean" -v kinds="$kinds" 'BEGIN {
+  srand(seed); n = split(kinds, k, " "); t = 0; left = 0
+  for (;;) {
+    t += -mean * log(1 - rand()); if (t > d) break
+    if (left == 0) { for (i = 1; i <= n; i++) bag[i] = k[i]; left = n }
+    j = 1 + int(rand() * left); kind = bag[j]; bag[j] = bag[left]; left--
+    host = 1 + int(rand() * 3); secs = (kind == "rank_stop") ? 2 + rand() * 10 : 2 + rand() * 4
+    printf "%.1f %s %d %.1f\n", t, kind, host, secs
+  }}')
+
+ck=$NETNS_DIR/chaos faults=$NETNS_DIR/faults.tsv fds=$NETNS_DIR/fds.tsv
+: > "$faults"
+: > "$fds"
+invocation=1
+
+# rank_pid K: the pid of the newest hpctrain process on host K (empty if none).
+rank_pid() {
+  local p best=""
+  for p in $(ip netns pids "hpt${NETNS_ID}h$1" 2> /dev/null); do
+    [[ "$(cat "/proc/$p/comm" 2> /dev/null)" == hpctrain ]] && ((p > ${best:-0})) && best=$p
+  done
+  echo "$best"
+}
+
+# hpcrun ended by itself (not after a preemption, which inject handles): 0 is the end.
+hpcrun_ended() {
+  RC=0
+  wait "$HPCRUN_PID" || RC=$?
+  cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json" 2> /dev/null || true
+  [[ $RC == 0 ]] || fail "hpcrun ended with $RC during the soak"
+}
+
+# The job has finished a step after unix time $1: 0; the training is over: 1.
+trained_since() {
+  local deadline=$((SECONDS + 180)) line
+  while :; do
+    line=$(tail -n 1 "$NETNS_DIR/chaos.jsonl" 2> /dev/null || true)
+    [[ "$line" == *'"event":"done"'* ]] && return 1
+    if [[ "$line" == *'"event":"step"'* ]] && awk -v a="$(json_number unix_time <<< "$line")" -v b="$1" 'BEGIN { exit !(a > b) }'; then
+      return 0
+    fi
+    kill -0 "$HPCRUN_PID" 2> /dev/null || { hpcrun_ended && return 1; }
+    ((SECONDS < deadline)) || fail "no training step for 180 s after the fault at $1"
+    sleep 0.2
+  done
+}
+
+# ckpt_write_pid: rank 0's pid once it writes a checkpoint (its temporary file), within 60 s.
+ckpt_write_pid() {
+  local deadline=$((SECONDS + 60)) f p
+  while ((SECONDS < deadline)); do
+    for f in "$ck"/ckpt-*.hpck.tmp.*; do
+      p=${f##*.}
+      [[ -e "$f" && "$(cat "/proc/$p/comm" 2> /dev/null)" == hpctrain ]] && { echo "$p"; return 0; }
+    done
+    sleep 0.01
+  done
+  return 1
+}
+
+# inject KIND HOST SECONDS: the fault, then one line in faults.tsv (start, end, kind, host, detail).
+inject() {
+  local kind=$1 k=$2 secs=$3 start pid detail=""
+  start=$(now)
+  case "$kind" in
+    rank_kill | rank_stop)
+      pid=$(rank_pid "$k")
+      [[ -n "$pid" ]] || { say "no rank on host $k: $kind skipped"; return 0; }
+      start=$(now)
+      if [[ $kind == rank_kill ]]; then
+        kill -KILL "$pid" 2> /dev/null || true
+      else
+        kill -STOP "$pid" 2> /dev/null || true
+        sleep "$secs"
+        kill -CONT "$pid" 2> /dev/null || true
+        detail="${secs} s"
+      fi ;;
+    host_kill) netns_kill_host "$k"; sleep "$secs"; netns_boot_host "$k"; detail="down ${secs} s" ;;
+    link_cut) netns_cut_host "$k"; sleep "$secs"; netns_mend_host "$k"; detail="down ${secs} s" ;;
+    ckpt_kill)
+      k=1
+      pid=$(ckpt_write_pid) || { say "no checkpoint write seen within 60 s: ckpt_kill skipped"; return 0; }
+      start=$(now)
+      kill -KILL "$pid" 2> /dev/null || true
+      detail="rank 0, pid $pid" ;;
+    preempt)
+      k=0
+      kill -TERM "$HPCRUN_PID"
+      hpcrun_wait 300
+      [[ $RC == 75 ]] || fail "hpcrun ended with $RC after SIGTERM, not 75"
+      cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json"
+      mv "$NETNS_DIR/chaos.err" "$NETNS_DIR/chaos.err.$invocation"
+      mv "$NETNS_DIR/chaos.out" "$NETNS_DIR/chaos.out.$invocation"
+      invocation=$((invocation + 1))
+      train chaos "$steps"
+      detail="stopped with 75, hpcrun started again" ;;
+  esac
+  printf '%s\t%s\t%s\t%s\t%s\n' "$start" "$(now)" "$kind" "$k" "$detail" >> "$faults"
+  say "fault: $kind${k:+ on host $k}${detail:+ ($detail)}"
+}
+
+say "the soak: seed $seed, faults for $duration s, every $mean s on average"
+chaos_start=$(now)
+train chaos "$steps"
+last_end=$chaos_start
+while read -r -u 3 at kind k secs; do
+  [[ -n "$at" ]] || continue
+  awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { exit !(n < a + o) }' &&
+    sleep "$(awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { printf "%.2f", a + o - n }')"
+  trained_since "$last_end" || break
+  n=$(ls "/proc/$HPCRUN_PID/fd" 2> /dev/null | wc -l)
+  printf '%s\t%s\t%s\n' "$(now)" "$invocation" "$n" >> "$fds"
+  inject "$kind" "$k" "$secs"
+  last_end=$(now)
+done 3<<< "$schedule"
+# The fds near the end: the last attempt's, while it trains.
+if kill -0 "$HPCRUN_PID" 2> /dev/null && trained_since "$(now)"; then
+  printf '%s\t%s\t%s\n' "$(now)" "$invocation" "$(ls "/proc/$HPCRUN_PID/fd" | wc -l)" >> "$fds"
+  ls -l "/proc/$HPCRUN_PID/fd" | awk 'NR > 1 { print $NF }' > "$NETNS_DIR/fds-end.txt"
+fi
+if kill -0 "$HPCRUN_PID" 2> /dev/null; then
+  hpcrun_wait $((duration * 3 + 300))
+  cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json"
+fi
+chaos_end=$(now)
+[[ $RC == 0 ]] || fail "the soak's hpcrun ended with $RC"
+say "the soak's training finished"
+
+# What is left behind, one "what<TAB>detail" line each, after up to 30 s for the processes of
+# a cut host to end (their step watchdog).
+leftovers() {
+  local k sshd p
+  for ((k = 1; k <= NETNS_COUNT; ++k)); do
+    sshd=$(cat "$NETNS_DIR/ssh/h$k/sshd.pid")
+    for p in $(ip netns pids "hpt${NETNS_ID}h$k" 2> /dev/null); do
+      ((p == sshd)) || printf 'process\thost %s: pid %s %s\n' "$k" "$p" "$(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null | cut -c1-120)"
+    done
+    nsenter -t "$sshd" -m find /dev/shm -mindepth 1 -type f 2> /dev/null | sed "s/^/shm\thost $k: /" || true
+  done
+  NETNS_DIR=$NETNS_DIR python3 -c '
+import os
+d, net = os.environ["NETNS_DIR"].encode(), os.readlink("/proc/self/ns/net")
+for p in filter(str.isdigit, os.listdir("/proc")):  # those in the hosts are listed above
+    try: c, n = open(f"/proc/{p}/cmdline", "rb").read(), os.readlink(f"/proc/{p}/ns/net")
+    except OSError: continue
+    if d in c and n == net and int(p) != os.getpid(): print("process\tpid", p, c.replace(b"\0", b" ").decode()[:120])'
+  for p in "$ck/lock" "$ck"/ckpt-*.tmp.* "$ck/heartbeat.tmp" "$ck/membership-change"; do
+    [[ -e "$p" ]] && printf 'checkpoint folder\t%s\n' "$p"
+  done
+  return 0
+}
+for ((i = 0; i < 30; ++i)); do
+  leftovers > "$NETNS_DIR/left.tsv"
+  [[ -s "$NETNS_DIR/left.tsv" ]] || break
+  sleep 1
+done
+
+python3 - "$NETNS_DIR" "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" "$seed" "$duration" "$mean" \
+  "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" "$min_kinds" > "$NETNS_DIR/report.txt" << 'PY' || verdict=$?
+import collections, glob, json, os, statistics, sys
+d, ref_start, ref_end, start, end = sys.argv[1], *map(float, sys.argv[2:6])
+seed, duration, mean, hosts, min_kinds = sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].split(","), int(sys.argv[10])
+
+def events(path):
+    out = []
+    for line in open(path):
+        try: out.append(json.loads(line))
+        except ValueError: pass  # a line cut by a killed rank 0
+    return out
+
+ref, run = events(f"{d}/ref.jsonl"), events(f"{d}/chaos.jsonl")
+done_ref = [e for e in ref if e.get("event") == "done"][-1]
+done = [e for e in run if e.get("event") == "done"][-1]
+steps = sorted((e["unix_time"], e["step"]) for e in run if e.get("event") == "step")
+starts = sorted((e["unix_time"], e["resumed_from_step"]) for e in run if e.get("event") == "config")
+faults = [l.rstrip("\n").split("\t") for l in open(f"{d}/faults.tsv")]
+by_kind = collections.Counter(f[2] for f in faults)
+recover, redone, survived = [], [], 0
+for i, f in enumerate(faults):
+    t0, t1 = float(f[0]), float(f[1])
+    t_next = float(faults[i + 1][0]) if i + 1 < len(faults) else float("inf")
+    # A fault the job was relaunched for (once or more): the steps from each resumed state to the
+    # last one done before that start are redone, and it recovered at the first step after the
+    # last start. Else (a short stop or cut it rode out): at the first step after the fault ended.
+    relaunch = [(t, r) for t, r in starts if t0 < t < t_next]
+    since = relaunch[-1][0] if relaunch else t1
+    after = [t for t, s in steps if t > since]
+    if not after: continue
+    survived += 1
+    recover.append(after[0] - t0)
+    redone.append(sum(max(0, max([s for t, s in steps if t < tr] or [0]) - r) for tr, r in relaunch))
+
+def pct(v, q): return sorted(v)[min(len(v) - 1, int(round(q * (len(v) - 1))))]
+ref_s, run_s = ref_end - ref_start, end - start
+summaries = [json.load(open(p)) for p in sorted(glob.glob(f"{d}/summary-*.json"))]
+attempts = sum(len(s["attempts"]) for s in summaries)
+failed = sum(s["failures"] for s in summaries)
+last_hosts = [h.split(":")[0] for h in summaries[-1]["attempts"][-1]["hosts"].split(",")] if summaries else []
+out_hosts = [h for h in hosts if h not in last_hosts]
+left = [l.rstrip("\n").split("\t", 1) for l in open(f"{d}/left.tsv")] + [["host left out", h] for h in out_hosts]
+fds = collections.defaultdict(list)
+for l in open(f"{d}/fds.tsv"):
+    t, inv, n = l.split()
+    fds[inv].append(int(n))
+fd_growth = max((v[-1] - v[0] for v in fds.values()), default=0)
+if fd_growth > 0: left.append(["hpcrun file descriptors", f"{fd_growth} more near the end than at the first fault"])
+
+print(f"\nchaos soak (seed {seed}, faults for {duration} s at a mean interval of {mean} s), cnn, 3 hosts x 1 rank, "
+      f"{done['steps']} steps:")
+print(f"  faults injected: {len(faults)} ({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}); "
+      f"survived: {survived}; hpcrun: {attempts} attempt(s) in {len(summaries)} invocation(s), {failed} failed")
+if recover:
+    print(f"  steps redone: {len(steps) - done['steps']} in all (step events beyond the {done['steps']}); per fault: "
+          f"median {statistics.median(redone):g}, max {max(redone)}, sum {sum(redone)}")
+    print(f"  fault to the next step: median {statistics.median(recover):.1f} s, p95 {pct(recover, 0.95):.1f} s, "
+          f"max {max(recover):.1f} s")
+print(f"  time: undisturbed {ref_s:.0f} s, soak {run_s:.0f} s: {run_s - ref_s:.0f} s lost, "
+      f"{100 * (run_s - ref_s) / run_s:.0f}% of the soak")
+fd_line = ", ".join(f"invocation {k}: {v[0]} at the first fault, {v[-1]} near the end" for k, v in fds.items())
+print(f"  hpcrun's open file descriptors: {fd_line or 'not sampled'}")
+if os.path.exists(f"{d}/fds-end.txt"):
+    print("    near the end: " + ", ".join(sorted(collections.Counter(open(f"{d}/fds-end.txt").read().split()).elements())))
+print(f"  left behind: {len(left)}" + "".join(f"\n    {w}: {x}" for w, x in left))
+same = done["state_checksum"] == done_ref["state_checksum"] and done["steps"] == done_ref["steps"]
+print(f"  state_checksum: {done['state_checksum']} at step {done['steps']}, undisturbed {done_ref['state_checksum']} at "
+      f"step {done_ref['steps']}: {'the same' if same else 'DIFFERENT'}")
+if len(by_kind) < min_kinds: print(f"  only {len(by_kind)} kind(s) of fault injected, --min-kinds {min_kinds}")
+sys.exit(0 if same and not left and len(by_kind) >= min_kinds else 1)
+PY
+cat "$NETNS_DIR/report.txt"
+keep_logs
+[[ ${verdict:-0} == 0 ]] || fail "the soak failed (above)"
+say "PASS"
