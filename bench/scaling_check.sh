@@ -64,9 +64,9 @@ samples=$((64 * 9 * (steps + 1)))  # batch 64 a rank, up to 9 ranks: one epoch h
 # No snapshots or checkpoints: their copies run on background threads of some ranks, and on a
 # machine whose cores the ranks fill they slow those ranks (the model has no such term; with
 # snapshots on, 2 ranks' backward passes ended 0.8 ms apart, median, and rank 0's wait took it).
+# Each run has a checkpoint folder of its own: one it shared would resume the last run's state.
 job=(--threads 1 --data-dir "$data" --train-samples "$samples" --test-samples 100 --epochs 1 --max-steps "$steps"
-     --metrics-every-steps 1 --quiet --snapshot-every-steps 0 --checkpoint-every-steps 0
-     --checkpoint-dir "$tmp/ckpt")
+     --metrics-every-steps 1 --quiet --snapshot-every-steps 0 --checkpoint-every-steps 0)
 echo "scaling_check: $cores core(s), ranks ${ranks[*]}, $steps steps, cpu: $(cpu_model)"
 echo "mpirun ${mpirun_args[*]}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Other jobs' threads take cores the model counts as this job's: say so where they do.
@@ -106,7 +106,7 @@ print(statistics.median(e["step_seconds"] for e in steps), statistics.median(e["
 echo
 echo "== 2/4 one rank: $mpirun -np 1 hpctrain ${job[*]} --bucket-mb 0.001 --timeline-file t1.jsonl"
 "$mpirun" "${mpirun_args[@]}" -np 1 "$hpctrain" "${job[@]}" --bucket-mb 0.001 --timeline-file "$tmp/t1.jsonl" \
-  --metrics-file "$tmp/m1.jsonl"
+  --metrics-file "$tmp/m1.jsonl" --checkpoint-dir "$tmp/ckpt1"
 read -r step1 wait1 <<< "$(median_of "$tmp/m1.jsonl")"
 echo "  step $(calc "$step1 * 1000" 3) ms (median), comm wait $(calc "$wait1 * 1000" 3) ms"
 
@@ -118,7 +118,7 @@ for r in "${ranks[@]}"; do
   for mode in on off; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
     "$mpirun" "${mpirun_args[@]}" -np "$r" "$hpctrain" "${job[@]}" "${flag[@]}" --metrics-file "$tmp/m${r}_$mode.jsonl" \
-      2> >(grep -v "share cores" >&2)
+      --checkpoint-dir "$tmp/ckpt${r}_$mode" 2> >(grep -v "share cores" >&2)
     read -r step wait <<< "$(median_of "$tmp/m${r}_$mode.jsonl")"
     "${model[@]}" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" --clusters "$tmp/clusters.json" --cluster local \
       --gpus "$r" --bucket-mb 25 "${flag[@]}" --json > "$tmp/p${r}_$mode.json"
