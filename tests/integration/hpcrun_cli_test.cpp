@@ -362,12 +362,15 @@ TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   std::vector<std::string> args{hpcrun_binary(), "-np", "1", "--max-restarts", "0"};
   args.insert(args.end(), train.begin(), train.end());
   Started job(args);
-  sleep(2);
+  // The lock is let go once the attempt says it waits for it (a fixed sleep raced a slow start
+  // under load: the lock was free before hpctrain looked, and nothing waited).
+  const std::string waiting = "waiting up to 60 s for the checkpoint directory's lock, held by host elsewhere";
+  const auto said = [&] { return (read_text(job.out_path()) + read_text(job.err_path())).find(waiting); };
+  while (said() == std::string::npos && job.running() && job.seconds() < 60) usleep(100 * 1000);
   ::close(fd);  // lets go
   const RunResult r = job.finish(120);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE((r.out + r.err).find("waiting up to 60 s for the checkpoint directory's lock, held by host elsewhere"),
-            std::string::npos) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find(waiting), std::string::npos) << r.out << r.err;
 }
 
 TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {

@@ -47,7 +47,7 @@ const std::vector<Listed>& every_option() {
       {"device", Rule::Agree, {"--device", "cpu"}},
       {"precision", Rule::Agree, {"--precision", "fp32"}},
       {"cuda-graphs", Rule::Agree, {"--cuda-graphs"}},
-      {"jpeg-decode", Rule::Agree, {"--jpeg-decode", "cpu"}},
+      {"jpeg-decode", Rule::Agree, {"--jpeg-decode", "auto"}},
       {"no-deterministic", Rule::Agree, {"--no-deterministic"}},
       {"model", Rule::Match, {"--model", "resnet20"}},
       {"no-batch-norm", Rule::Match, {"--no-batch-norm"}},
@@ -266,7 +266,7 @@ TEST(OptionTable, ValuesKeepTheirText) {
   EXPECT_EQ(d.at("precision"), "tf32");
   EXPECT_EQ(d.at("init-from"), "");
   EXPECT_EQ(d.at("extend-epochs"), "0");
-  EXPECT_EQ(d.at("jpeg-decode"), "auto");
+  EXPECT_EQ(d.at("jpeg-decode"), "cpu");
   EXPECT_EQ(d.size(), 42u);
   const auto o = agreed_values(parse({"--lr-schedule", "step", "--lr-step-epochs", "1,2.5", "--no-nesterov"}));
   EXPECT_EQ(o.at("lr-step-epochs"), "1,2.5,");
