@@ -469,11 +469,14 @@ void Snapshotter::wait() {
 }
 
 void Snapshotter::remove_all() {
-  if (!enabled_ || !writes()) return;
-  settle();
+  // The process that holds this host's folder (local rank 0, which checked it is the user's own)
+  // removes it, also where snapshots were switched off for this attempt: an earlier attempt's
+  // snapshots may be in it, which nothing would resume now.
+  if (in_use_fd_ < 0) return;
+  if (writes()) settle();
   writer_.reset();
   store_.reset();
-  if (in_use_fd_ >= 0) ::close(in_use_fd_), in_use_fd_ = -1;
+  ::close(in_use_fd_), in_use_fd_ = -1;
   std::error_code ec;
   fs::remove_all(run_dir_, ec);
   if (ec) log::warn("cannot remove the finished run's snapshots ", run_dir_, ": ", ec.message());

@@ -121,7 +121,7 @@ class Snapshotter {
   void begins_at(int64_t step) { last_ = step; }
   // Until this host's snapshot in flight is written (the tests' kill hook).
   void wait();
-  // The run has finished: its snapshots go.
+  // The run has finished: its snapshots go (on every host, also where they were off).
   void remove_all();
   double stall_seconds() const { return stall_; }
   int64_t taken() const { return taken_; }

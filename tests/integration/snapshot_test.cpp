@@ -309,6 +309,24 @@ TEST_F(Snapshots, SnapshotsThatCannotBeKeptAreAWarningNotAFailure) {
   }
 }
 
+// An attempt with snapshots off (here: a budget too small for them; in the chaos soak: a host
+// back with a full /dev/shm) still removes, at the run's end, the snapshots an earlier attempt
+// left on every host: nothing would resume them, and they would hold the hosts' memory.
+TEST_F(Snapshots, ARunThatEndsWithSnapshotsOffFreesAnEarlierAttemptsSnapshots) {
+  const std::string ck = dir_.file("off-ck"), snaps = dir_.file("off-snaps");
+  kill_after(2, ck, snaps, 8, 1);
+  const std::string where = run_dir(snaps);
+  ASSERT_FALSE(where.empty()) << "the killed attempt left no snapshots in " << snaps;
+  const std::string m = dir_.file("off.jsonl");
+  auto a = job(ck, m, snaps);
+  a.insert(a.end(), {"--snapshot-max-memory", "1M"});
+  const RunResult r = run_mpi(2, a);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("snapshots in host memory off on "), std::string::npos) << r.err;
+  EXPECT_EQ(done_of(m).at("steps").number, 40);
+  EXPECT_FALSE(fs::exists(where)) << "the finished run left the earlier attempt's snapshots in " << where;
+}
+
 // A snapshot directory this user may not write (as root, through setpriv without the override
 // of permission bits, as CI runs it): one warning naming it, and the run trains on.
 TEST_F(Snapshots, ASnapshotDirectoryThatIsNotWritableIsAWarning) {
