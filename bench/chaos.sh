@@ -12,7 +12,12 @@
 #   link_cut   its link down for 2..6 s                    too), rebooted 2..6 s later
 #   rank_stop  SIGSTOP of a rank, SIGCONT after 2..12 s (past --step-timeout 8 s: a failure)
 #   ckpt_kill  SIGKILL of rank 0 while it writes a checkpoint (its temporary file ckpt-*.hpck.tmp.PID)
-#   preempt    SIGTERM to hpcrun: the job checkpoints and stops (75), a second hpcrun resumes it
+#   preempt    SIGTERM or SIGUSR1 to hpcrun: the job checkpoints and stops (75), a second hpcrun
+#              resumes it
+#   host_leave a host leaves the discovery script's output for 3..10 s and returns (hpcrun drains
+#              the job off it, waits for --min-np, grows back)
+#   shm_full   rank 0's host killed and rebooted with its snapshot tmpfs (/dev/shm) full for
+#              10..20 s: the job comes back there and cannot write snapshots for a while
 # Printed: faults by kind, survived, steps redone (in all, per fault), time from each fault to the
 # next step (median, p95, max), time lost as a share of the run, and what was left behind
 # (processes, /dev/shm files, checkpoint-folder locks and temporary files, hosts left out, hpcrun's
@@ -20,6 +25,7 @@
 # The schedule is drawn for --duration; a fault waits for the job to train again after the last,
 # so the soak lasts longer. It fails too when fewer than --min-kinds (6) kinds were injected.
 # Usage: sudo bench/chaos.sh [--seed N] [--duration 10m] [--mean-interval 20s] [--min-kinds 6]
+#        [--kinds rank_kill,shm_full,...] (default: all of them)
 # Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries), HPCRUN_TEST_KEEP (a
 # folder that keeps the soak's logs).
 set -euo pipefail
@@ -36,14 +42,15 @@ seconds_of() {
   case "${BASH_REMATCH[2]}" in m) n=$((n * 60)) ;; h) n=$((n * 3600)) ;; esac
   echo "$n"
 }
-seed=1 duration=600 mean=20 min_kinds=6
+seed=1 duration=600 mean=20 min_kinds=6 only=""
 while (($#)); do
   case "$1" in
     --seed) [[ $# -ge 2 ]] || die "--seed needs a value"; require_count --seed "$2"; seed=$2; shift 2 ;;
     --duration) [[ $# -ge 2 ]] || die "--duration needs a value"; duration=$(seconds_of "$2" --duration); shift 2 ;;
     --mean-interval) [[ $# -ge 2 ]] || die "--mean-interval needs a value"; mean=$(seconds_of "$2" --mean-interval); shift 2 ;;
+    --kinds) [[ $# -ge 2 ]] || die "--kinds needs a value"; only=${2//,/ }; shift 2 ;;
     --min-kinds) [[ $# -ge 2 ]] || die "--min-kinds needs a value"; require_count --min-kinds "$2"; min_kinds=$2; shift 2 ;;
-    -h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1'" ;;
   esac
 done
@@ -52,11 +59,23 @@ source "$root/tests/launch/common.sh"
 netns_require
 netns_setup 22 3
 export TRAIN_SAMPLES=12000 STEP_TIMEOUT=8s
-kinds="rank_kill host_kill link_cut rank_stop ckpt_kill preempt"
+kinds="rank_kill host_kill link_cut rank_stop ckpt_kill preempt host_leave shm_full"
+if [[ -n "$only" ]]; then
+  for kind in $only; do [[ " $kinds " == *" $kind "* ]] || die "--kinds: unknown kind '$kind' (kinds: $kinds)"; done
+  kinds=$only
+  set -- $kinds
+  (($# >= min_kinds)) || min_kinds=$#  # --kinds with fewer: each of them
+fi
+# The hosts come from a discovery script (host_leave takes one out of its output for a while).
+discovered=$NETNS_DIR/discovered discover=$NETNS_DIR/discover.sh
+printf '%s:1\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[2]}" "${NETNS_HOSTS[3]}" > "$discovered"
+printf '#!/bin/sh\ncat %s\n' "$discovered" > "$discover"
+chmod +x "$discover"
 # The same for the reference and the soak. --elastic-timeout: a host kept out for good (a
 # blacklist entry never cleared) ends the soak within a minute instead of waiting 10.
-hpcrun_args=(-H "$(hpcrun_hosts "1 2 3")" -np 3 --min-np 3 --blacklist-cooldown 1s:4s --max-restarts 100000
-  --teardown-timeout 3s --stall-timeout 30s --start-timeout 2m --probe-timeout 5s --elastic-timeout 60s --quiet)
+hpcrun_args=(--host-discovery-script "$discover" --discovery-interval 1s -np 3 --min-np 3 --max-np 3
+  --blacklist-cooldown 1s:4s --max-restarts 100000 --teardown-timeout 3s --stall-timeout 30s --start-timeout 2m
+  --probe-timeout 5s --elastic-timeout 60s --quiet)
 now() { date +%s.%N; }
 
 # train NAME STEPS: hpcrun_start with the soak's job, STEPS steps long, metrics of every step.
@@ -93,6 +112,9 @@ schedule=$(awk -v seed="$seed" -v d="$duration" -v mean="$mean" -v kinds="$kinds
     if (left == 0) { for (i = 1; i <= n; i++) bag[i] = k[i]; left = n }
     j = 1 + int(rand() * left); kind = bag[j]; bag[j] = bag[left]; left--
     host = 1 + int(rand() * 3); secs = (kind == "rank_stop") ? 2 + rand() * 10 : 2 + rand() * 4
+    if (kind == "host_leave") secs = 3 + rand() * 7
+    if (kind == "shm_full") secs = 10 + rand() * 10
+    if (kind == "preempt") secs = (rand() < 0.5) ? 15 : 10  # the signal: SIGTERM (15) or SIGUSR1 (10)
     printf "%.1f %s %d %.1f\n", t, kind, host, secs
   }}')
 
@@ -108,6 +130,34 @@ rank_pid() {
     [[ "$(cat "/proc/$p/comm" 2> /dev/null)" == hpctrain ]] && ((p > ${best:-0})) && best=$p
   done
   echo "$best"
+}
+
+# rank0_host: the host (1..3) of the newest rank 0 (empty if none runs).
+rank0_host() {
+  local k p
+  for ((k = 1; k <= 3; ++k)); do
+    p=$(rank_pid "$k")
+    [[ -n "$p" ]] && tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && { echo "$k"; return 0; }
+  done
+  return 0
+}
+
+# shm_size K SIZE: remount host K's /dev/shm with tmpfs size SIZE ("full": no more than it holds
+# now, so the next new page fails with ENOSPC; a snapshot written meanwhile can make the remount
+# fail, so it is tried a few times). 0 on success.
+shm_size() {
+  local sshd i b f bs size=$2
+  sshd=$(cat "$NETNS_DIR/ssh/h$1/sshd.pid" 2> /dev/null) || return 1
+  for ((i = 0; i < 20; ++i)); do
+    if [[ $2 == full ]]; then
+      read -r b f bs < <(nsenter -t "$sshd" -m stat -f -c '%b %f %S' /dev/shm) || return 1
+      size=$(((b - f) * bs))
+      ((size > 0)) || size=$bs
+    fi
+    nsenter -t "$sshd" -m mount -o "remount,size=$size" /dev/shm 2> /dev/null && return 0
+    sleep 0.05
+  done
+  return 1
 }
 
 # hpcrun ended by itself (not after a preemption, which inject handles): 0 is the end.
@@ -171,17 +221,37 @@ inject() {
       start=$(now)
       kill -KILL "$pid" 2> /dev/null || true
       detail="rank 0, pid $pid" ;;
+    host_leave)
+      grep -v "^${NETNS_HOSTS[k]}:" "$discovered" > "$discovered.new" && mv "$discovered.new" "$discovered"
+      sleep "$secs"
+      printf '%s:1\n' "${NETNS_HOSTS[k]}" >> "$discovered"
+      detail="out of the discovery output ${secs} s" ;;
+    shm_full)
+      # A snapshot rewrites the pages of the one before (the store keeps them), so a tmpfs that
+      # fills up under a running job changes nothing; a host that comes back with a full one
+      # does: rank 0 cannot write its first snapshot there.
+      k=$(rank0_host)
+      [[ -n "$k" ]] || { say "no rank 0 running: shm_full skipped"; return 0; }
+      start=$(now)
+      netns_kill_host "$k"
+      netns_boot_host "$k"
+      shm_size "$k" full || fail "host $k's /dev/shm could not be made full"
+      sleep "$secs"
+      shm_size "$k" 50% || fail "host $k's /dev/shm could not be given its size back"
+      detail="rank 0's host rebooted with a full /dev/shm for ${secs} s" ;;
     preempt)
       k=0
-      kill -TERM "$HPCRUN_PID"
+      local sig=TERM
+      [[ $secs == 10 ]] && sig=USR1
+      kill -"$sig" "$HPCRUN_PID"
       hpcrun_wait 300
-      [[ $RC == 75 ]] || fail "hpcrun ended with $RC after SIGTERM, not 75"
+      [[ $RC == 75 ]] || fail "hpcrun ended with $RC after SIG$sig, not 75"
       cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json"
       mv "$NETNS_DIR/chaos.err" "$NETNS_DIR/chaos.err.$invocation"
       mv "$NETNS_DIR/chaos.out" "$NETNS_DIR/chaos.out.$invocation"
       invocation=$((invocation + 1))
       train chaos "$steps"
-      detail="stopped with 75, hpcrun started again" ;;
+      detail="SIG$sig, stopped with 75, hpcrun started again" ;;
   esac
   printf '%s\t%s\t%s\t%s\t%s\n' "$start" "$(now)" "$kind" "$k" "$detail" >> "$faults"
   say "fault: $kind${k:+ on host $k}${detail:+ ($detail)}"
