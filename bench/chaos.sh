@@ -63,8 +63,8 @@ kinds="rank_kill host_kill link_cut rank_stop ckpt_kill preempt host_leave shm_f
 if [[ -n "$only" ]]; then
   for kind in $only; do [[ " $kinds " == *" $kind "* ]] || die "--kinds: unknown kind '$kind' (kinds: $kinds)"; done
   kinds=$only
-  set -- $kinds
-  (($# >= min_kinds)) || min_kinds=$#  # --kinds with fewer: each of them
+  read -r -a picked <<< "$kinds"
+  ((${#picked[@]} >= min_kinds)) || min_kinds=${#picked[@]}  # --kinds with fewer: each of them
 fi
 # The hosts come from a discovery script (host_leave takes one out of its output for a while).
 discovered=$NETNS_DIR/discovered discover=$NETNS_DIR/discover.sh
