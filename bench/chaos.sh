@@ -243,78 +243,13 @@ for ((i = 0; i < 30; ++i)); do
   sleep 1
 done
 
-python3 - "$NETNS_DIR" "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" "$seed" "$duration" "$mean" \
-  "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" "$min_kinds" > "$NETNS_DIR/report.txt" << 'PY' || verdict=$?
-import collections, glob, json, os, statistics, sys
-d, ref_start, ref_end, start, end = sys.argv[1], *map(float, sys.argv[2:6])
-seed, duration, mean, hosts, min_kinds = sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].split(","), int(sys.argv[10])
-
-def events(path):
-    out = []
-    for line in open(path):
-        try: out.append(json.loads(line))
-        except ValueError: pass  # a line cut by a killed rank 0
-    return out
-
-ref, run = events(f"{d}/ref.jsonl"), events(f"{d}/chaos.jsonl")
-done_ref = [e for e in ref if e.get("event") == "done"][-1]
-done = [e for e in run if e.get("event") == "done"][-1]
-steps = sorted((e["unix_time"], e["step"]) for e in run if e.get("event") == "step")
-starts = sorted((e["unix_time"], e["resumed_from_step"]) for e in run if e.get("event") == "config")
-faults = [l.rstrip("\n").split("\t") for l in open(f"{d}/faults.tsv")]
-by_kind = collections.Counter(f[2] for f in faults)
-recover, redone, survived = [], [], 0
-for i, f in enumerate(faults):
-    t0, t1 = float(f[0]), float(f[1])
-    t_next = float(faults[i + 1][0]) if i + 1 < len(faults) else float("inf")
-    # A fault the job was relaunched for (once or more): the steps from each resumed state to the
-    # last one done before that start are redone, and it recovered at the first step after the
-    # last start. Else (a short stop or cut it rode out): at the first step after the fault ended.
-    relaunch = [(t, r) for t, r in starts if t0 < t < t_next]
-    since = relaunch[-1][0] if relaunch else t1
-    after = [t for t, s in steps if t > since]
-    if not after: continue
-    survived += 1
-    recover.append(after[0] - t0)
-    redone.append(sum(max(0, max([s for t, s in steps if t < tr] or [0]) - r) for tr, r in relaunch))
-
-def pct(v, q): return sorted(v)[min(len(v) - 1, int(round(q * (len(v) - 1))))]
-ref_s, run_s = ref_end - ref_start, end - start
-summaries = [json.load(open(p)) for p in sorted(glob.glob(f"{d}/summary-*.json"))]
-attempts = sum(len(s["attempts"]) for s in summaries)
-failed = sum(s["failures"] for s in summaries)
-last_hosts = [h.split(":")[0] for h in summaries[-1]["attempts"][-1]["hosts"].split(",")] if summaries else []
-out_hosts = [h for h in hosts if h not in last_hosts]
-left = [l.rstrip("\n").split("\t", 1) for l in open(f"{d}/left.tsv")] + [["host left out", h] for h in out_hosts]
-fds = collections.defaultdict(list)
-for l in open(f"{d}/fds.tsv"):
-    t, inv, n = l.split()
-    fds[inv].append(int(n))
-fd_growth = max((v[-1] - v[0] for v in fds.values()), default=0)
-if fd_growth > 0: left.append(["hpcrun file descriptors", f"{fd_growth} more near the end than at the first fault"])
-
-print(f"\nchaos soak (seed {seed}, faults for {duration} s at a mean interval of {mean} s), cnn, 3 hosts x 1 rank, "
-      f"{done['steps']} steps:")
-print(f"  faults injected: {len(faults)} ({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}); "
-      f"survived: {survived}; hpcrun: {attempts} attempt(s) in {len(summaries)} invocation(s), {failed} failed")
-if recover:
-    print(f"  steps redone: {len(steps) - done['steps']} in all (step events beyond the {done['steps']}); per fault: "
-          f"median {statistics.median(redone):g}, max {max(redone)}, sum {sum(redone)}")
-    print(f"  fault to the next step: median {statistics.median(recover):.1f} s, p95 {pct(recover, 0.95):.1f} s, "
-          f"max {max(recover):.1f} s")
-print(f"  time: undisturbed {ref_s:.0f} s, soak {run_s:.0f} s: {run_s - ref_s:.0f} s lost, "
-      f"{100 * (run_s - ref_s) / run_s:.0f}% of the soak")
-fd_line = ", ".join(f"invocation {k}: {v[0]} at the first fault, {v[-1]} near the end" for k, v in fds.items())
-print(f"  hpcrun's open file descriptors: {fd_line or 'not sampled'}")
-if os.path.exists(f"{d}/fds-end.txt"):
-    print("    near the end: " + ", ".join(sorted(collections.Counter(open(f"{d}/fds-end.txt").read().split()).elements())))
-print(f"  left behind: {len(left)}" + "".join(f"\n    {w}: {x}" for w, x in left))
-same = done["state_checksum"] == done_ref["state_checksum"] and done["steps"] == done_ref["steps"]
-print(f"  state_checksum: {done['state_checksum']} at step {done['steps']}, undisturbed {done_ref['state_checksum']} at "
-      f"step {done_ref['steps']}: {'the same' if same else 'DIFFERENT'}")
-if len(by_kind) < min_kinds: print(f"  only {len(by_kind)} kind(s) of fault injected, --min-kinds {min_kinds}")
-sys.exit(0 if same and not left and len(by_kind) >= min_kinds else 1)
-PY
+summaries=("$NETNS_DIR"/summary-*.json)
+[[ -e "${summaries[0]}" ]] || summaries=()
+python3 "$root/bench/chaos_report.py" --ref "$NETNS_DIR/ref.jsonl" --run "$NETNS_DIR/chaos.jsonl" \
+  --faults "$faults" --left "$NETNS_DIR/left.tsv" --times "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" \
+  --seed "$seed" --duration "$duration" --mean-interval "$mean" --min-kinds "$min_kinds" --job "cnn, 3 hosts x 1 rank" \
+  --hpcrun-summaries "${summaries[@]}" --hosts "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" \
+  --fds "$fds" --fds-end "$NETNS_DIR/fds-end.txt" > "$NETNS_DIR/report.txt" || verdict=$?
 cat "$NETNS_DIR/report.txt"
 keep_logs
 [[ ${verdict:-0} == 0 ]] || fail "the soak failed (above)"
