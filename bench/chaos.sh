@@ -29,35 +29,16 @@ build=${BUILD_DIR:-build}
 [[ "$build" == /* ]] || build="$root/$build"
 export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
 
-# seconds DURATION NAME: 90, 90s, 10m, 1h as whole seconds.
-seconds_of() {
-  [[ "$1" =~ ^([1-9][0-9]*)(s|m|h)?$ ]] || die "$2 must be a duration such as 90s, 10m or 1h, got '$1'"
-  local n=${BASH_REMATCH[1]}
-  case "${BASH_REMATCH[2]}" in m) n=$((n * 60)) ;; h) n=$((n * 3600)) ;; esac
-  echo "$n"
-}
-seed=1 duration=600 mean=20 min_kinds=6
-while (($#)); do
-  case "$1" in
-    --seed) [[ $# -ge 2 ]] || die "--seed needs a value"; require_count --seed "$2"; seed=$2; shift 2 ;;
-    --duration) [[ $# -ge 2 ]] || die "--duration needs a value"; duration=$(seconds_of "$2" --duration); shift 2 ;;
-    --mean-interval) [[ $# -ge 2 ]] || die "--mean-interval needs a value"; mean=$(seconds_of "$2" --mean-interval); shift 2 ;;
-    --min-kinds) [[ $# -ge 2 ]] || die "--min-kinds needs a value"; require_count --min-kinds "$2"; min_kinds=$2; shift 2 ;;
-    -h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) die "unknown option '$1'" ;;
-  esac
-done
+chaos_options "$@"
 [[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCRUN"
 source "$root/tests/launch/common.sh"
 netns_require
 netns_setup 22 3
 export TRAIN_SAMPLES=12000 STEP_TIMEOUT=8s
-kinds="rank_kill host_kill link_cut rank_stop ckpt_kill preempt"
 # The same for the reference and the soak. --elastic-timeout: a host kept out for good (a
 # blacklist entry never cleared) ends the soak within a minute instead of waiting 10.
 hpcrun_args=(-H "$(hpcrun_hosts "1 2 3")" -np 3 --min-np 3 --blacklist-cooldown 1s:4s --max-restarts 100000
   --teardown-timeout 3s --stall-timeout 30s --start-timeout 2m --probe-timeout 5s --elastic-timeout 60s --quiet)
-now() { date +%s.%N; }
 
 # train NAME STEPS: hpcrun_start with the soak's job, STEPS steps long, metrics of every step.
 train() {
@@ -86,15 +67,7 @@ ref_end=$(now)
 [[ $RC == 0 ]] || fail "the undisturbed run ended with $RC"
 
 # The schedule: offsets from the start, kind, host (1..3), the fault's own seconds.
-schedule=$(awk -v seed="$seed" -v d="$duration" -v mean="$mean" -v kinds="$kinds" 'BEGIN {
-  srand(seed); n = split(kinds, k, " "); t = 0; left = 0
-  for (;;) {
-    t += -mean * log(1 - rand()); if (t > d) break
-    if (left == 0) { for (i = 1; i <= n; i++) bag[i] = k[i]; left = n }
-    j = 1 + int(rand() * left); kind = bag[j]; bag[j] = bag[left]; left--
-    host = 1 + int(rand() * 3); secs = (kind == "rank_stop") ? 2 + rand() * 10 : 2 + rand() * 4
-    printf "%.1f %s %d %.1f\n", t, kind, host, secs
-  }}')
+schedule=$(chaos_schedule "$seed" "$duration" "$mean" 3 rank_kill host_kill link_cut rank_stop=10 ckpt_kill preempt)
 
 ck=$NETNS_DIR/chaos faults=$NETNS_DIR/faults.tsv fds=$NETNS_DIR/fds.tsv
 : > "$faults"
