@@ -58,6 +58,10 @@ def main():
     ref_start, ref_end, start, end = a.times
 
     ref, run = events(a.ref), events(a.run)
+    for path, ev in (a.ref, ref), (a.run, run):
+        if not any(e.get("event") == "done" for e in ev):
+            print(f"\nchaos soak (seed {a.seed}): no done event in {path}: that training did not finish")
+            return 1
     done_ref = [e for e in ref if e.get("event") == "done"][-1]
     done = [e for e in run if e.get("event") == "done"][-1]
     steps = sorted((e["unix_time"], e["step"]) for e in run if e.get("event") == "step")
