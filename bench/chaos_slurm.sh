@@ -127,9 +127,10 @@ node_resume() {
 }
 
 # inject KIND K SECONDS: the fault on the job's K-th node, then one line in faults.tsv (start,
-# end, kind, node, detail).
+# end, kind, node, detail); injected=0 where it found nothing to hit.
 inject() {
   local kind=$1 node start pid high detail="" restarts
+  injected=0
   node=$(job_node "$2")
   restarts=$(job_field "$JOB" Restarts)
   start=$(now)
@@ -165,6 +166,7 @@ inject() {
       kill -KILL "$pid" 2> /dev/null || true
       detail="rank $(($2 - 1)), pid $pid" ;;
   esac
+  injected=1
   printf '%s\t%s\t%s\t%s\t%s\n' "$start" "$(now)" "$kind" "$node" "$detail" >> "$faults"
   say "fault: $kind${node:+ on $node}${detail:+ ($detail)}"
   # Every kind ends the run and Slurm requeues the job: the next fault waits for a step of the
@@ -182,8 +184,9 @@ while read -r -u 3 at kind k secs; do
   awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { exit !(n < a + o) }' &&
     sleep "$(awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { printf "%.2f", a + o - n }')"
   trained_since "$last_fault" || break
-  last_fault=$(now)
+  t=$(now)
   inject "$kind" "$k" "$secs"
+  ((injected)) && last_fault=$t
 done 3<<< "$schedule"
 wait_state "$JOB" COMPLETED $((duration * 3 + 600))
 chaos_end=$(now)
