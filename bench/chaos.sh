@@ -35,37 +35,14 @@ build=${BUILD_DIR:-build}
 [[ "$build" == /* ]] || build="$root/$build"
 export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
 
-# seconds DURATION NAME: 90, 90s, 10m, 1h as whole seconds.
-seconds_of() {
-  [[ "$1" =~ ^([1-9][0-9]*)(s|m|h)?$ ]] || die "$2 must be a duration such as 90s, 10m or 1h, got '$1'"
-  local n=${BASH_REMATCH[1]}
-  case "${BASH_REMATCH[2]}" in m) n=$((n * 60)) ;; h) n=$((n * 3600)) ;; esac
-  echo "$n"
-}
-seed=1 duration=600 mean=20 min_kinds=6 only=""
-while (($#)); do
-  case "$1" in
-    --seed) [[ $# -ge 2 ]] || die "--seed needs a value"; require_count --seed "$2"; seed=$2; shift 2 ;;
-    --duration) [[ $# -ge 2 ]] || die "--duration needs a value"; duration=$(seconds_of "$2" --duration); shift 2 ;;
-    --mean-interval) [[ $# -ge 2 ]] || die "--mean-interval needs a value"; mean=$(seconds_of "$2" --mean-interval); shift 2 ;;
-    --kinds) [[ $# -ge 2 ]] || die "--kinds needs a value"; only=${2//,/ }; shift 2 ;;
-    --min-kinds) [[ $# -ge 2 ]] || die "--min-kinds needs a value"; require_count --min-kinds "$2"; min_kinds=$2; shift 2 ;;
-    -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) die "unknown option '$1'" ;;
-  esac
-done
+chaos_options "$@"
 [[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCRUN"
 source "$root/tests/launch/common.sh"
 netns_require
 netns_setup 22 3
 export TRAIN_SAMPLES=12000 STEP_TIMEOUT=8s
-kinds="rank_kill host_kill link_cut rank_stop ckpt_kill preempt host_leave shm_full"
-if [[ -n "$only" ]]; then
-  for kind in $only; do [[ " $kinds " == *" $kind "* ]] || die "--kinds: unknown kind '$kind' (kinds: $kinds)"; done
-  kinds=$only
-  read -r -a picked <<< "$kinds"
-  ((${#picked[@]} >= min_kinds)) || min_kinds=${#picked[@]}  # --kinds with fewer: each of them
-fi
+# The kinds and their seconds (preempt's: SIGTERM under 4, SIGUSR1 from 4).
+chaos_kinds rank_kill host_kill link_cut rank_stop=2:12 ckpt_kill preempt host_leave=3:10 shm_full=10:20
 # The hosts come from a discovery script (host_leave takes one out of its output for a while).
 discovered=$NETNS_DIR/discovered discover=$NETNS_DIR/discover.sh
 printf '%s:1\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[2]}" "${NETNS_HOSTS[3]}" > "$discovered"
@@ -105,18 +82,7 @@ ref_end=$(now)
 [[ $RC == 0 ]] || fail "the undisturbed run ended with $RC"
 
 # The schedule: offsets from the start, kind, host (1..3), the fault's own seconds.
-schedule=$(awk -v seed="$seed" -v d="$duration" -v mean="$mean" -v kinds="$kinds" 'BEGIN {
-  srand(seed); n = split(kinds, k, " "); t = 0; left = 0
-  for (;;) {
-    t += -mean * log(1 - rand()); if (t > d) break
-    if (left == 0) { for (i = 1; i <= n; i++) bag[i] = k[i]; left = n }
-    j = 1 + int(rand() * left); kind = bag[j]; bag[j] = bag[left]; left--
-    host = 1 + int(rand() * 3); secs = (kind == "rank_stop") ? 2 + rand() * 10 : 2 + rand() * 4
-    if (kind == "host_leave") secs = 3 + rand() * 7
-    if (kind == "shm_full") secs = 10 + rand() * 10
-    if (kind == "preempt") secs = (rand() < 0.5) ? 15 : 10  # the signal: SIGTERM (15) or SIGUSR1 (10)
-    printf "%.1f %s %d %.1f\n", t, kind, host, secs
-  }}')
+schedule=$(chaos_schedule "$seed" "$duration" "$mean" 3 "${kinds[@]}")
 
 ck=$NETNS_DIR/chaos faults=$NETNS_DIR/faults.tsv fds=$NETNS_DIR/fds.tsv
 : > "$faults"
@@ -164,6 +130,7 @@ shm_size() {
 hpcrun_ended() {
   RC=0
   wait "$HPCRUN_PID" || RC=$?
+  reaped=$HPCRUN_PID
   cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json" 2> /dev/null || true
   [[ $RC == 0 ]] || fail "hpcrun ended with $RC during the soak"
 }
@@ -242,7 +209,7 @@ inject() {
     preempt)
       k=0
       local sig=TERM
-      [[ $secs == 10 ]] && sig=USR1
+      awk -v s="$secs" 'BEGIN { exit !(s >= 4) }' && sig=USR1
       kill -"$sig" "$HPCRUN_PID"
       hpcrun_wait 300
       [[ $RC == 75 ]] || fail "hpcrun ended with $RC after SIG$sig, not 75"
@@ -276,7 +243,9 @@ if kill -0 "$HPCRUN_PID" 2> /dev/null && trained_since "$(now)"; then
   printf '%s\t%s\t%s\n' "$(now)" "$invocation" "$(ls "/proc/$HPCRUN_PID/fd" | wc -l)" >> "$fds"
   ls -l "/proc/$HPCRUN_PID/fd" | awk 'NR > 1 { print $NF }' > "$NETNS_DIR/fds-end.txt"
 fi
-if kill -0 "$HPCRUN_PID" 2> /dev/null; then
+# Its exit code, unless hpcrun_ended has it: RC may still hold an earlier hpcrun's (a preemption's
+# 75), and kill -0 fails once bash has reaped a hpcrun that ended by itself, so neither tells.
+if [[ "${reaped:-}" != "$HPCRUN_PID" ]]; then
   hpcrun_wait $((duration * 3 + 300))
   cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json"
 fi
@@ -313,78 +282,13 @@ for ((i = 0; i < 30; ++i)); do
   sleep 1
 done
 
-python3 - "$NETNS_DIR" "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" "$seed" "$duration" "$mean" \
-  "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" "$min_kinds" > "$NETNS_DIR/report.txt" << 'PY' || verdict=$?
-import collections, glob, json, os, statistics, sys
-d, ref_start, ref_end, start, end = sys.argv[1], *map(float, sys.argv[2:6])
-seed, duration, mean, hosts, min_kinds = sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].split(","), int(sys.argv[10])
-
-def events(path):
-    out = []
-    for line in open(path):
-        try: out.append(json.loads(line))
-        except ValueError: pass  # a line cut by a killed rank 0
-    return out
-
-ref, run = events(f"{d}/ref.jsonl"), events(f"{d}/chaos.jsonl")
-done_ref = [e for e in ref if e.get("event") == "done"][-1]
-done = [e for e in run if e.get("event") == "done"][-1]
-steps = sorted((e["unix_time"], e["step"]) for e in run if e.get("event") == "step")
-starts = sorted((e["unix_time"], e["resumed_from_step"]) for e in run if e.get("event") == "config")
-faults = [l.rstrip("\n").split("\t") for l in open(f"{d}/faults.tsv")]
-by_kind = collections.Counter(f[2] for f in faults)
-recover, redone, survived = [], [], 0
-for i, f in enumerate(faults):
-    t0, t1 = float(f[0]), float(f[1])
-    t_next = float(faults[i + 1][0]) if i + 1 < len(faults) else float("inf")
-    # A fault the job was relaunched for (once or more): the steps from each resumed state to the
-    # last one done before that start are redone, and it recovered at the first step after the
-    # last start. Else (a short stop or cut it rode out): at the first step after the fault ended.
-    relaunch = [(t, r) for t, r in starts if t0 < t < t_next]
-    since = relaunch[-1][0] if relaunch else t1
-    after = [t for t, s in steps if t > since]
-    if not after: continue
-    survived += 1
-    recover.append(after[0] - t0)
-    redone.append(sum(max(0, max([s for t, s in steps if t < tr] or [0]) - r) for tr, r in relaunch))
-
-def pct(v, q): return sorted(v)[min(len(v) - 1, int(round(q * (len(v) - 1))))]
-ref_s, run_s = ref_end - ref_start, end - start
-summaries = [json.load(open(p)) for p in sorted(glob.glob(f"{d}/summary-*.json"))]
-attempts = sum(len(s["attempts"]) for s in summaries)
-failed = sum(s["failures"] for s in summaries)
-last_hosts = [h.split(":")[0] for h in summaries[-1]["attempts"][-1]["hosts"].split(",")] if summaries else []
-out_hosts = [h for h in hosts if h not in last_hosts]
-left = [l.rstrip("\n").split("\t", 1) for l in open(f"{d}/left.tsv")] + [["host left out", h] for h in out_hosts]
-fds = collections.defaultdict(list)
-for l in open(f"{d}/fds.tsv"):
-    t, inv, n = l.split()
-    fds[inv].append(int(n))
-fd_growth = max((v[-1] - v[0] for v in fds.values()), default=0)
-if fd_growth > 0: left.append(["hpcrun file descriptors", f"{fd_growth} more near the end than at the first fault"])
-
-print(f"\nchaos soak (seed {seed}, faults for {duration} s at a mean interval of {mean} s), cnn, 3 hosts x 1 rank, "
-      f"{done['steps']} steps:")
-print(f"  faults injected: {len(faults)} ({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}); "
-      f"survived: {survived}; hpcrun: {attempts} attempt(s) in {len(summaries)} invocation(s), {failed} failed")
-if recover:
-    print(f"  steps redone: {len(steps) - done['steps']} in all (step events beyond the {done['steps']}); per fault: "
-          f"median {statistics.median(redone):g}, max {max(redone)}, sum {sum(redone)}")
-    print(f"  fault to the next step: median {statistics.median(recover):.1f} s, p95 {pct(recover, 0.95):.1f} s, "
-          f"max {max(recover):.1f} s")
-print(f"  time: undisturbed {ref_s:.0f} s, soak {run_s:.0f} s: {run_s - ref_s:.0f} s lost, "
-      f"{100 * (run_s - ref_s) / run_s:.0f}% of the soak")
-fd_line = ", ".join(f"invocation {k}: {v[0]} at the first fault, {v[-1]} near the end" for k, v in fds.items())
-print(f"  hpcrun's open file descriptors: {fd_line or 'not sampled'}")
-if os.path.exists(f"{d}/fds-end.txt"):
-    print("    near the end: " + ", ".join(sorted(collections.Counter(open(f"{d}/fds-end.txt").read().split()).elements())))
-print(f"  left behind: {len(left)}" + "".join(f"\n    {w}: {x}" for w, x in left))
-same = done["state_checksum"] == done_ref["state_checksum"] and done["steps"] == done_ref["steps"]
-print(f"  state_checksum: {done['state_checksum']} at step {done['steps']}, undisturbed {done_ref['state_checksum']} at "
-      f"step {done_ref['steps']}: {'the same' if same else 'DIFFERENT'}")
-if len(by_kind) < min_kinds: print(f"  only {len(by_kind)} kind(s) of fault injected, --min-kinds {min_kinds}")
-sys.exit(0 if same and not left and len(by_kind) >= min_kinds else 1)
-PY
+summaries=("$NETNS_DIR"/summary-*.json)
+[[ -e "${summaries[0]}" ]] || summaries=()
+python3 "$root/bench/chaos_report.py" --ref "$NETNS_DIR/ref.jsonl" --run "$NETNS_DIR/chaos.jsonl" \
+  --faults "$faults" --left "$NETNS_DIR/left.tsv" --times "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" \
+  --seed "$seed" --duration "$duration" --mean-interval "$mean" --min-kinds "$min_kinds" --job "cnn, 3 hosts x 1 rank" \
+  --hpcrun-summaries "${summaries[@]}" --hosts "${NETNS_HOSTS[1]},${NETNS_HOSTS[2]},${NETNS_HOSTS[3]}" \
+  --fds "$fds" --fds-end "$NETNS_DIR/fds-end.txt" > "$NETNS_DIR/report.txt" || verdict=$?
 cat "$NETNS_DIR/report.txt"
 keep_logs
 [[ ${verdict:-0} == 0 ]] || fail "the soak failed (above)"

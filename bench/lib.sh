@@ -181,3 +181,77 @@ per_seed_report() {
   echo "peer $what over $seeds seeds:     mean $peer_acc, sample sd $peer_sd"
   of=" (${3/N/$seeds})"
 }
+
+# The chaos soaks (chaos.sh under hpcrun, chaos_slurm.sh under Slurm) share the following.
+
+# seconds_of DURATION NAME: 90, 90s, 10m, 1h as whole seconds.
+seconds_of() {
+  [[ "$1" =~ ^([1-9][0-9]*)(s|m|h)?$ ]] || die "$2 must be a duration such as 90s, 10m or 1h, got '$1'"
+  local n=${BASH_REMATCH[1]}
+  case "${BASH_REMATCH[2]}" in m) n=$((n * 60)) ;; h) n=$((n * 3600)) ;; esac
+  echo "$n"
+}
+
+# now: the unix time with nanoseconds.
+now() { date +%s.%N; }
+
+# chaos_options ARGS...: a soak's options into seed, duration, mean (seconds), min_kinds and
+# only (--kinds: the kinds to draw from, space-separated; empty: all); --help prints the calling
+# script's header comment.
+chaos_options() {
+  seed=1 duration=600 mean=20 min_kinds=6 only=""
+  while (($#)); do
+    case "$1" in
+      --kinds) [[ $# -ge 2 && -n "$2" ]] || die "--kinds needs a value"; only=${2//,/ }; shift 2 ;;
+      --seed) [[ $# -ge 2 ]] || die "--seed needs a value"; require_count --seed "$2"; seed=$2; shift 2 ;;
+      --duration) [[ $# -ge 2 ]] || die "--duration needs a value"; duration=$(seconds_of "$2" --duration); shift 2 ;;
+      --mean-interval) [[ $# -ge 2 ]] || die "--mean-interval needs a value"; mean=$(seconds_of "$2" --mean-interval); shift 2 ;;
+      --min-kinds) [[ $# -ge 2 ]] || die "--min-kinds needs a value"; require_count --min-kinds "$2"; min_kinds=$2; shift 2 ;;
+      -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+      *) die "unknown option '$1'" ;;
+    esac
+  done
+}
+
+# chaos_kinds KIND[=SECONDS]...: the soak's kinds (as chaos_schedule takes them) into the array
+# kinds, only those --kinds named (each must be one of them); with fewer kinds than --min-kinds,
+# min_kinds becomes their number.
+chaos_kinds() {
+  local want k found
+  # shellcheck disable=SC2034  # kinds and min_kinds are the caller's
+  kinds=("$@")
+  [[ -n "${only:-}" ]] || return 0
+  kinds=()
+  for want in $only; do
+    found=""
+    for k in "$@"; do [[ "${k%%=*}" == "$want" ]] && found=$k; done
+    [[ -n "$found" ]] || die "--kinds: unknown kind '$want' (kinds: ${*%%=*})"
+    kinds+=("$found")
+  done
+  ((${#kinds[@]} >= min_kinds)) || min_kinds=${#kinds[@]}
+}
+
+# chaos_schedule SEED DURATION MEAN TARGETS KIND[=SPAN|=LOW:HIGH]...: a soak's faults, one a
+# line: the offset from its start, the kind, a target (1..TARGETS) and the fault's own seconds
+# (from 2 to 2 + SPAN, default 4, or from LOW to HIGH). Gaps are exponential around MEAN, until
+# DURATION; the kinds come in shuffled rounds of all of them, so that a short soak still sees each.
+chaos_schedule() {
+  local seed=$1 d=$2 mean=$3 targets=$4
+  shift 4
+  awk -v seed="$seed" -v d="$d" -v mean="$mean" -v targets="$targets" -v kinds="$*" 'BEGIN {
+    srand(seed); n = split(kinds, k, " "); t = 0; left = 0
+    for (i = 1; i <= n; i++) {
+      low[i] = 2; span[i] = 4
+      if (split(k[i], kv, "=") == 2) {
+        k[i] = kv[1]; span[i] = kv[2]
+        if (split(kv[2], lh, ":") == 2) { low[i] = lh[1]; span[i] = lh[2] - lh[1] }
+      }
+    }
+    for (;;) {
+      t += -mean * log(1 - rand()); if (t > d) break
+      if (left == 0) { for (i = 1; i <= n; i++) bag[i] = i; left = n }
+      j = 1 + int(rand() * left); kind = bag[j]; bag[j] = bag[left]; left--
+      target = 1 + int(rand() * targets); secs = low[kind] + rand() * span[kind]
+      printf "%.1f %s %d %.1f\n", t, k[kind], target, secs
+    }}'
+}

@@ -15,7 +15,8 @@
 #                                  SIGKILL one node's slurmd and its jobs' processes there (a node
 #                                  failure: the controller marks it down after SlurmdTimeout)
 #   slurm/local-cluster.sh start-node NAME
-#                                  start that node's slurmd again (it rejoins by itself)
+#                                  start that node's slurmd again (it rejoins by itself), after a
+#                                  kill-node as a rebooted node: without its dead steps' files
 #
 # Options: --dir DIR (default $HPCTRAIN_SLURM_DIR, else /run/hpctrain-slurm: root sources files
 # there, so it must be root's own and writable by no one else), for every command;
@@ -451,6 +452,16 @@ kill_node() {
 start_node() {
   known_node "$node_arg"
   alive "$(pid_in "$dir/run/slurmd-$node_arg.pid")" && die "node $node_arg's slurmd is already running"
+  # A node whose steps all died with it (kill-node) starts as a rebooted machine would: without
+  # what they left in its spool and tmp directories. The PMIx plugin's socket stepd.slurm.pmix.JOB.STEP
+  # matters: Slurm 22.05 does not remove a stale one, so the same step of the requeued job could
+  # never start on this node again (bind: Address already in use; the launch fails every time).
+  local steps
+  steps=$(stepd_pids "$dir/spool/$node_arg/" "$dir/log/slurmd-$node_arg.log")
+  if [[ -z "${steps// /}" ]]; then
+    rm -rf "$dir/spool/$node_arg"/stepd.slurm.pmix.* "$dir/spool/$node_arg"/pmix.*
+    find "$dir/tmp/$node_arg" -mindepth 1 -delete
+  fi
   start_slurmd "$node_arg"
   wait_idle 60 "$node_arg" || die "node $node_arg did not come back: $(node_states | tr '\n' ' ')"
   echo "$me: node $node_arg is back"

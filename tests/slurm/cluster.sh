@@ -100,6 +100,27 @@ lc start-node n2 > /dev/null
 lc status > /dev/null || fail "status after start-node n2 is not healthy"
 say "up, env, status, kill-node, start-node: as documented"
 
+# A requeued job's step starts again on a node that died under it and came back: start-node
+# leaves none of the killed step's files behind (its PMIx socket would refuse the same step).
+job=$(sbatch --parsable --requeue -o "$TEST_DIR/again.out" -w n3 --wrap 'srun --mpi=pmix sleep 318')
+wait_state "$job" RUNNING 30
+deadline=$((SECONDS + 20))
+until pgrep -f '^(/usr/bin/)?sleep 318$' > /dev/null; do ((SECONDS < deadline)) || fail "the pmix job's sleep did not start"; sleep 0.2; done
+[[ -S "$CLUSTER_DIR/spool/n3/stepd.slurm.pmix.$job.0" ]] || fail "no PMIx socket of step $job.0 in n3's spool"
+lc kill-node n3 > /dev/null
+deadline=$((SECONDS + 60))
+until [[ "$(sinfo -h -N -n n3 -o %T | head -n 1)" == down* ]]; do ((SECONDS < deadline)) || fail "n3 not marked down"; sleep 0.5; done
+lc start-node n3 > /dev/null
+wait_restarts "$job" 1 60
+wait_state "$job" RUNNING 60
+deadline=$((SECONDS + 30))
+until pgrep -f '^(/usr/bin/)?sleep 318$' > /dev/null; do
+  ((SECONDS < deadline)) || fail "the requeued job's step did not start again on n3: $(grep -h 'Cannot bind' "$CLUSTER_DIR/log/slurmd-n3.log" | tail -n 1)"
+  sleep 0.2
+done
+scancel "$job"
+say "after kill-node and start-node, the requeued job's step started again on the node"
+
 # The epilog (slurm/epilog.sh, which every node runs at a job's end): the user's snapshots last
 # written over an hour ago go, younger ones stay. (Each node has a /dev/shm of its own: the
 # jobs themselves make and read them there.)

@@ -21,11 +21,17 @@ SECONDS=0
 
 say() { echo "[$SECONDS s] $*"; }
 
+# SLURM_TEST_KEEP=DIR keeps the job outputs and the cluster's logs there: of a failed test, or
+# wherever a script calls keep_logs.
+keep_logs() {
+  # (cp fails on the cluster's sockets, which are of no use there.)
+  if [[ -n "${SLURM_TEST_KEEP:-}" ]]; then mkdir -p "$SLURM_TEST_KEEP" && cp -r "$TEST_DIR"/. "$SLURM_TEST_KEEP"/ 2> /dev/null || true; fi
+}
+
 fail() {
   echo "FAIL: $*" >&2
   local f
-  # SLURM_TEST_KEEP=DIR keeps the job outputs and the cluster's logs of a failed test there.
-  if [[ -n "${SLURM_TEST_KEEP:-}" ]]; then mkdir -p "$SLURM_TEST_KEEP" && cp -r "$TEST_DIR"/. "$SLURM_TEST_KEEP"/ 2> /dev/null; fi
+  keep_logs
   for f in "$WORK"/*.out; do [[ -f "$f" ]] && { echo "--- $f"; tail -n 30 "$f"; } >&2; done
   f="$CLUSTER_DIR/log/slurmctld.log"
   if [[ -f "$f" ]]; then { echo "--- $f"; tail -n 15 "$f"; } >&2; fi

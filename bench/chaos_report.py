@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The report of a chaos soak (bench/chaos.sh under hpcrun, bench/chaos_slurm.sh under Slurm): one
+training hit by faults against an undisturbed run of the same options. It prints faults by kind,
+faults survived, steps redone (in all and per fault), time from each fault to the next step
+(median, p95, max), time lost as a share of the soak, what was left behind and both final
+state_checksums; exit 0 when the checksums and steps agree, nothing is left and at least
+--min-kinds kinds of fault were injected, else 1.
+
+Inputs (files the soak wrote):
+  --ref FILE, --run FILE   the metrics (--metrics-every-steps 1) of the undisturbed run and of the
+                           soak: JSON lines, step, config (resumed_from_step) and done events; the
+                           soak's holds every run of it (hpctrain appends)
+  --faults FILE            one fault a line: start<TAB>end<TAB>kind<TAB>where<TAB>detail (unix times)
+  --left FILE              what was left behind, one what<TAB>detail line each (empty: nothing)
+  --times REF_START REF_END START END   unix times of both runs
+  --seed, --duration (s), --mean-interval (s), --min-kinds, --job (the header's words on the job)
+  --note TEXT              appended to the faults line ("; TEXT"), e.g. how often Slurm requeued
+Only the hpcrun soak has these (each optional):
+  --hpcrun-summaries FILE...  hpcrun's summary.json of each invocation: attempts and failures on
+                           the faults line, and --hosts missing from the last attempt left behind
+  --hosts A,B,C            the hosts every attempt should have
+  --fds FILE               hpcrun's open file descriptors: unix_time<TAB>invocation<TAB>count a line
+                           (growth within an invocation is left behind); --fds-end FILE: their
+                           targets near the end, one a line
+"""
+import argparse, collections, json, os, statistics, sys
+
+
+def events(path):
+    out = []
+    for line in open(path):
+        try: out.append(json.loads(line))
+        except ValueError: pass  # a line cut by a killed rank 0
+    return out
+
+
+def pct(v, q): return sorted(v)[min(len(v) - 1, int(round(q * (len(v) - 1))))]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ref", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--faults", required=True)
+    p.add_argument("--left", required=True)
+    p.add_argument("--times", nargs=4, type=float, required=True, metavar=("REF_START", "REF_END", "START", "END"))
+    p.add_argument("--seed", required=True)
+    p.add_argument("--duration", required=True)
+    p.add_argument("--mean-interval", required=True)
+    p.add_argument("--min-kinds", type=int, required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--note", default="")
+    p.add_argument("--hpcrun-summaries", nargs="*")
+    p.add_argument("--hosts", default="")
+    p.add_argument("--fds")
+    p.add_argument("--fds-end")
+    a = p.parse_args()
+    ref_start, ref_end, start, end = a.times
+
+    ref, run = events(a.ref), events(a.run)
+    for path, ev in (a.ref, ref), (a.run, run):
+        if not any(e.get("event") == "done" for e in ev):
+            print(f"\nchaos soak (seed {a.seed}): no done event in {path}: that training did not finish")
+            return 1
+    done_ref = [e for e in ref if e.get("event") == "done"][-1]
+    done = [e for e in run if e.get("event") == "done"][-1]
+    steps = sorted((e["unix_time"], e["step"]) for e in run if e.get("event") == "step")
+    starts = sorted((e["unix_time"], e["resumed_from_step"]) for e in run if e.get("event") == "config")
+    faults = [l.rstrip("\n").split("\t") for l in open(a.faults)]
+    by_kind = collections.Counter(f[2] for f in faults)
+    recover, redone, survived = [], [], 0
+    for i, f in enumerate(faults):
+        t0, t1 = float(f[0]), float(f[1])
+        t_next = float(faults[i + 1][0]) if i + 1 < len(faults) else float("inf")
+        # A fault the job was relaunched for (once or more): the steps from each resumed state to the
+        # last one done before that start are redone, and it recovered at the first step after the
+        # last start. Else (a short stop or cut it rode out): at the first step after the fault ended.
+        relaunch = [(t, r) for t, r in starts if t0 < t < t_next]
+        since = relaunch[-1][0] if relaunch else t1
+        after = [t for t, s in steps if t > since]
+        if not after: continue
+        survived += 1
+        recover.append(after[0] - t0)
+        redone.append(sum(max(0, max([s for t, s in steps if t < tr] or [0]) - r) for tr, r in relaunch))
+
+    ref_s, run_s = ref_end - ref_start, end - start
+    left = [l.rstrip("\n").split("\t", 1) for l in open(a.left)]
+    launcher = f"; {a.note}" if a.note else ""
+    if a.hpcrun_summaries is not None:
+        summaries = [json.load(open(f)) for f in sorted(a.hpcrun_summaries)]
+        attempts = sum(len(s["attempts"]) for s in summaries)
+        failed = sum(s["failures"] for s in summaries)
+        last_hosts = [h.split(":")[0] for h in summaries[-1]["attempts"][-1]["hosts"].split(",")] if summaries else []
+        left += [["host left out", h] for h in a.hosts.split(",") if h and h not in last_hosts]
+        launcher = f"; hpcrun: {attempts} attempt(s) in {len(summaries)} invocation(s), {failed} failed" + launcher
+    fds = collections.defaultdict(list)
+    if a.fds:
+        for l in open(a.fds):
+            t, inv, n = l.split()
+            fds[inv].append(int(n))
+        fd_growth = max((v[-1] - v[0] for v in fds.values()), default=0)
+        if fd_growth > 0: left.append(["hpcrun file descriptors", f"{fd_growth} more near the end than at the first fault"])
+
+    print(f"\nchaos soak (seed {a.seed}, faults for {a.duration} s at a mean interval of {a.mean_interval} s), {a.job}, "
+          f"{done['steps']} steps:")
+    print(f"  faults injected: {len(faults)} ({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}); "
+          f"survived: {survived}{launcher}")
+    if recover:
+        print(f"  steps redone: {len(steps) - done['steps']} in all (step events beyond the {done['steps']}); per fault: "
+              f"median {statistics.median(redone):g}, max {max(redone)}, sum {sum(redone)}")
+        print(f"  fault to the next step: median {statistics.median(recover):.1f} s, p95 {pct(recover, 0.95):.1f} s, "
+              f"max {max(recover):.1f} s")
+    print(f"  time: undisturbed {ref_s:.0f} s, soak {run_s:.0f} s: {run_s - ref_s:.0f} s lost, "
+          f"{100 * (run_s - ref_s) / run_s:.0f}% of the soak")
+    if a.fds:
+        fd_line = ", ".join(f"invocation {k}: {v[0]} at the first fault, {v[-1]} near the end" for k, v in fds.items())
+        print(f"  hpcrun's open file descriptors: {fd_line or 'not sampled'}")
+        if a.fds_end and os.path.exists(a.fds_end):
+            print("    near the end: " + ", ".join(sorted(collections.Counter(open(a.fds_end).read().split()).elements())))
+    print(f"  left behind: {len(left)}" + "".join(f"\n    {w}: {x}" for w, x in left))
+    same = done["state_checksum"] == done_ref["state_checksum"] and done["steps"] == done_ref["steps"]
+    print(f"  state_checksum: {done['state_checksum']} at step {done['steps']}, undisturbed {done_ref['state_checksum']} at "
+          f"step {done_ref['steps']}: {'the same' if same else 'DIFFERENT'}")
+    if len(by_kind) < a.min_kinds: print(f"  only {len(by_kind)} kind(s) of fault injected, --min-kinds {a.min_kinds}")
+    return 0 if same and not left and len(by_kind) >= a.min_kinds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
