@@ -27,7 +27,7 @@
 # Usage: sudo bench/chaos.sh [--seed N] [--duration 10m] [--mean-interval 20s] [--min-kinds 6]
 #        [--kinds rank_kill,shm_full,...] (default: all of them)
 # Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries), HPCRUN_TEST_KEEP (a
-# folder that keeps the soak's logs).
+# folder that keeps the soak's logs), CHAOS_NETNS_ID (the hosts' namespace id, default 22).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,7 +39,7 @@ chaos_options "$@"
 [[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCRUN"
 source "$root/tests/launch/common.sh"
 netns_require
-netns_setup 22 3
+netns_setup "${CHAOS_NETNS_ID:-22}" 3  # another id: two soaks (or the soak and CTest's) at once
 export TRAIN_SAMPLES=12000 STEP_TIMEOUT=8s
 # The kinds and their seconds (preempt's: SIGTERM under 4, SIGUSR1 from 4).
 chaos_kinds rank_kill host_kill link_cut rank_stop=2:12 ckpt_kill preempt host_leave=3:10 shm_full=10:20
