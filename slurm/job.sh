@@ -7,7 +7,8 @@
 #   job_run_trainer ARGS...         runs hpctrain through $LAUNCHER with ARGS (plus --threads,
 #                                   --checkpoint-dir and --metrics-file where ARGS lack them) and
 #                                   exits the script the way its exit code asks:
-#     0        the training finished                        exit 0
+#     0        the training finished                        exit 0 (with its metrics' done event;
+#                                                                  without: as a failure)
 #     2        a usage error (bad option, bad data)         exit 2, never requeued
 #     75       checkpointed and stopped (warning signal)    requeue the job, which resumes
 #     other    a node lost, a rank killed, a watchdog end   requeue the job, which resumes
@@ -157,6 +158,12 @@ job_metrics_stopped() {
   [[ "$last" == '{"event":"stopped",'* && "$last" == *'"exit_code":75,'* ]]
 }
 
+# job_metrics_done FILE: whether FILE's last line is hpctrain's "done" event (the training ended;
+# a run resumed after its last step writes one too).
+job_metrics_done() {
+  [[ -f "$1" && "$(tail -n 1 "$1")" == '{"event":"done",'* ]]
+}
+
 job_run_trainer() {
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   local args=("$@")
@@ -245,7 +252,14 @@ job_run_trainer() {
   fi
 
   case "$code" in
-    0) job_log "the training finished"; exit 0 ;;
+    0)
+      # srun has been seen to exit 0 after its step's launch timed out, the trainer never run
+      # (Slurm 22.05, a node back from a kill): the metrics say whether it finished.
+      if job_metrics_done "$(job_option_value metrics-file "${args[@]}")"; then
+        job_log "the training finished"
+        exit 0
+      fi
+      job_requeue_or_exit 1 "the launcher exited 0, but the metrics file does not end with the trainer's done event: it did not finish" ;;
     2) job_log "the trainer stopped with a usage error (exit 2): not requeued"; exit 2 ;;
     75) job_requeue_or_exit 75 "the trainer checkpointed and stopped (exit 75)" ;;
     *) job_requeue_or_exit "$code" "the trainer failed (exit $code: a node or rank lost?)" ;;

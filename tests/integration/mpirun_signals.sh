@@ -8,7 +8,7 @@
 #   exit 75.
 # - to slurm/job.sh's job_run_trainer with LAUNCHER=mpirun (what train.sbatch runs): exit 75; and
 #   SIGTERM to both that script and mpirun (as Slurm signals every process of a job): 75 too,
-#   read from the metrics file.
+#   read from the metrics file; a launch that exits 0 with no "done" event in the metrics: exit 1.
 set -euo pipefail
 : "${HPCTRAIN:?set HPCTRAIN to the hpctrain binary}"
 FASHION_MNIST=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
@@ -128,4 +128,15 @@ expect_stopped job-all TERM
 grep -q "mpirun exited 1 on SIGTERM (Open MPI's code for a signal sent to it), but the metrics file says every rank checkpointed and stopped: exit 75" \
   "$work/job-all/out" || fail "slurm/job.sh did not say why it took mpirun's 1 for 75"
 say "SIGTERM to every process of slurm/job.sh's job: mpirun exits 1, the script 75 (from the metrics file)"
+# A launch that exits 0 without running the trainer (srun after a step launch that timed out):
+# not "the training finished"; a failure (REQUEUE=0: exit 1), with the reason.
+printf '#!/bin/sh\nexit 0\n' > "$work/no-trainer"
+chmod +x "$work/no-trainer"
+start job-none env LAUNCHER=mpirun LAUNCHER_ARGS="-np 1" REQUEUE=0 HPCTRAIN="$work/no-trainer" CHECKPOINT_DIR=ck \
+  bash -c "source '$repo/slurm/job.sh' && job_run_trainer --metrics-file m.jsonl"
+finish job-none
+[[ $RC == 1 ]] || fail "slurm/job.sh after a launch that ran no trainer: exit $RC, not 1"
+grep -q "the launcher exited 0, but the metrics file does not end with the trainer's done event" "$work/job-none/out" ||
+  fail "slurm/job.sh did not say that the trainer did not finish"
+say "a launch that exits 0 without the trainer's done event: slurm/job.sh exits 1"
 say "PASS"
