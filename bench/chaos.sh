@@ -66,13 +66,7 @@ train() {
 train cal 40
 hpcrun_wait 180
 [[ $RC == 0 ]] || fail "the calibration run ended with $RC"
-rate=$(python3 -c '
-import json, sys
-t = {e["step"]: e["unix_time"] for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"}
-print(30 / (t[40] - t[10]))' "$NETNS_DIR/cal.jsonl")
-steps=$(calc "$duration * $rate" 0)
-((steps >= 60)) || steps=60
-say "calibration: $(calc "$rate" 1) steps/s; the soak's training: $steps steps"
+chaos_steps "$NETNS_DIR/cal.jsonl"
 
 say "undisturbed reference run"
 ref_start=$(now)
@@ -230,8 +224,7 @@ train chaos "$steps"
 last_end=$chaos_start
 while read -r -u 3 at kind k secs; do
   [[ -n "$at" ]] || continue
-  awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { exit !(n < a + o) }' &&
-    sleep "$(awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { printf "%.2f", a + o - n }')"
+  chaos_sleep_until "$chaos_start" "$at"
   trained_since "$last_end" || break
   n=$(ls "/proc/$HPCRUN_PID/fd" 2> /dev/null | wc -l)
   printf '%s\t%s\t%s\n' "$(now)" "$invocation" "$n" >> "$fds"

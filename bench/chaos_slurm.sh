@@ -57,13 +57,7 @@ train() {
 # Steps a second, from a 40-step job: the soak's training is sized to last about --duration.
 train cal 40
 wait_state "$JOB" COMPLETED 300
-rate=$(python3 -c '
-import json, sys
-t = {e["step"]: e["unix_time"] for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"}
-print(30 / (t[40] - t[10]))' "$WORK/cal/metrics.jsonl")
-steps=$(calc "$duration * $rate" 0)
-((steps >= 60)) || steps=60
-say "calibration: $(calc "$rate" 1) steps/s; the soak's training: $steps steps"
+chaos_steps "$WORK/cal/metrics.jsonl"
 
 say "undisturbed reference job"
 ref_start=$(now)
@@ -182,8 +176,7 @@ chaos_job=$JOB
 last_fault=$chaos_start
 while read -r -u 3 at kind k secs; do
   [[ -n "$at" ]] || continue
-  awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { exit !(n < a + o) }' &&
-    sleep "$(awk -v a="$chaos_start" -v o="$at" -v n="$(now)" 'BEGIN { printf "%.2f", a + o - n }')"
+  chaos_sleep_until "$chaos_start" "$at"
   trained_since "$last_fault" || break
   t=$(now)
   inject "$kind" "$k" "$secs"

@@ -255,3 +255,23 @@ chaos_schedule() {
       printf "%.1f %s %d %.1f\n", t, k[kind], target, secs
     }}'
 }
+
+# chaos_steps METRICS: the soak's training length into steps, from a 40-step calibration run's
+# metrics (its rate from step 10 to 40): about --duration of training, at least 60 steps.
+chaos_steps() {
+  local rate
+  rate=$(python3 -c '
+import json, sys
+t = {e["step"]: e["unix_time"] for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"}
+print(30 / (t[40] - t[10]))' "$1")
+  steps=$(calc "$duration * $rate" 0)
+  ((steps >= 60)) || steps=60
+  say "calibration: $(calc "$rate" 1) steps/s; the soak's training: $steps steps"
+}
+
+# chaos_sleep_until START OFFSET: sleeps until the unix time START + OFFSET (not at all if past).
+chaos_sleep_until() {
+  local left
+  left=$(awk -v a="$1" -v o="$2" -v n="$(now)" 'BEGIN { printf "%.2f", a + o - n }')
+  if awk -v l="$left" 'BEGIN { exit !(l > 0) }'; then sleep "$left"; fi
+}
