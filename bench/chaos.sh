@@ -53,7 +53,6 @@ chmod +x "$discover"
 hpcrun_args=(--host-discovery-script "$discover" --discovery-interval 1s -np 3 --min-np 3 --max-np 3
   --blacklist-cooldown 1s:4s --max-restarts 100000 --teardown-timeout 3s --stall-timeout 30s --start-timeout 2m
   --probe-timeout 5s --elastic-timeout 60s --quiet)
-now() { date +%s.%N; }
 
 # train NAME STEPS: hpcrun_start with the soak's job, STEPS steps long, metrics of every step.
 train() {
@@ -269,11 +268,7 @@ for p in filter(str.isdigit, os.listdir("/proc")):  # those in the hosts are lis
   done
   return 0
 }
-for ((i = 0; i < 30; ++i)); do
-  leftovers > "$NETNS_DIR/left.tsv"
-  [[ -s "$NETNS_DIR/left.tsv" ]] || break
-  sleep 1
-done
+chaos_leftovers "$NETNS_DIR/left.tsv"
 
 summaries=("$NETNS_DIR"/summary-*.json)
 [[ -e "${summaries[0]}" ]] || summaries=()

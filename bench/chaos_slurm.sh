@@ -219,11 +219,7 @@ for p in filter(str.isdigit, os.listdir("/proc")):
   return 0
 }
 NODES=$(source "$CLUSTER_DIR/cluster.env" && echo "$NODES")
-for ((i = 0; i < 30; ++i)); do
-  leftovers > "$WORK/left.tsv"
-  [[ -s "$WORK/left.tsv" ]] || break
-  sleep 1
-done
+chaos_leftovers "$WORK/left.tsv"
 
 python3 "$root/bench/chaos_report.py" --ref "$WORK/ref/metrics.jsonl" --run "$metrics" --faults "$faults" \
   --left "$WORK/left.tsv" --times "$ref_start" "$ref_end" "$chaos_start" "$chaos_end" --seed "$seed" \

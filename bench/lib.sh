@@ -231,10 +231,10 @@ chaos_kinds() {
   ((${#kinds[@]} >= min_kinds)) || min_kinds=${#kinds[@]}
 }
 
-# chaos_schedule SEED DURATION MEAN TARGETS KIND[=SPAN|=LOW:HIGH]...: a soak's faults, one a
-# line: the offset from its start, the kind, a target (1..TARGETS) and the fault's own seconds
-# (from 2 to 2 + SPAN, default 4, or from LOW to HIGH). Gaps are exponential around MEAN, until
-# DURATION; the kinds come in shuffled rounds of all of them, so that a short soak still sees each.
+# chaos_schedule SEED DURATION MEAN TARGETS KIND[=LOW:HIGH]...: a soak's faults, one a line: the
+# offset from its start, the kind, a target (1..TARGETS) and the fault's own seconds (from LOW to
+# HIGH, default 2:6). Gaps are exponential around MEAN, until DURATION; the kinds come in shuffled
+# rounds of all of them, so that a short soak still sees each.
 chaos_schedule() {
   local seed=$1 d=$2 mean=$3 targets=$4
   shift 4
@@ -243,8 +243,8 @@ chaos_schedule() {
     for (i = 1; i <= n; i++) {
       low[i] = 2; span[i] = 4
       if (split(k[i], kv, "=") == 2) {
-        k[i] = kv[1]; span[i] = kv[2]
-        if (split(kv[2], lh, ":") == 2) { low[i] = lh[1]; span[i] = lh[2] - lh[1] }
+        if (split(kv[2], lh, ":") != 2) { print "chaos_schedule: " k[i] ": not KIND=LOW:HIGH" > "/dev/stderr"; exit 2 }
+        k[i] = kv[1]; low[i] = lh[1]; span[i] = lh[2] - lh[1]
       }
     }
     for (;;) {
@@ -274,4 +274,15 @@ chaos_sleep_until() {
   local left
   left=$(awk -v a="$1" -v o="$2" -v n="$(now)" 'BEGIN { printf "%.2f", a + o - n }')
   if awk -v l="$left" 'BEGIN { exit !(l > 0) }'; then sleep "$left"; fi
+}
+
+# chaos_leftovers FILE: what the caller's leftovers function lists, into FILE, once it lists
+# nothing or after 30 s (processes of a cut host end by their step watchdog, nodes come back).
+chaos_leftovers() {
+  local i
+  for ((i = 0; i < 30; ++i)); do
+    leftovers > "$1"
+    [[ -s "$1" ]] || return 0
+    sleep 1
+  done
 }
