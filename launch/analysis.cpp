@@ -6,7 +6,7 @@
 #include <optional>
 #include <sstream>
 
-#include "train/exit_codes.hpp"
+#include "core/exit_codes.hpp"
 
 namespace hpc::launch {
 
@@ -21,11 +21,11 @@ bool failed_by_itself(const RankReport& r) {
   if (!r.status.exited) return true;  // a crash, or a kill from outside mpirun
   // 124: the trainer's watchdog gave up waiting for a peer: the peer is the culprit, not this rank.
   const int c = r.status.code;
-  return c != train::kExitSuccess && c != train::kExitCheckpointed && c != train::kExitStepTimeout;
+  return c != kExitSuccess && c != kExitCheckpointed && c != kExitStepTimeout;
 }
 
 bool is_usage_error(const RankReport& r) {
-  return r.status.exited && r.status.code == train::kExitUsage && !r.terminated && !r.stop_requested;
+  return r.status.exited && r.status.code == kExitUsage && !r.terminated && !r.stop_requested;
 }
 
 namespace {
@@ -143,9 +143,9 @@ std::optional<Analysis> usage_error_of(const AttemptEvidence& e) {
 std::optional<Analysis> stop_of(const AttemptEvidence& e) {
   if (e.stalled) return std::nullopt;
   const ExitStatus& st = e.mpirun_status;
-  bool all_checkpointed = st.exited && st.code == train::kExitCheckpointed;
+  bool all_checkpointed = st.exited && st.code == kExitCheckpointed;
   for (const RankReport& r : e.reports)
-    if (!(r.status.exited && r.status.code == train::kExitCheckpointed)) all_checkpointed = false;
+    if (!(r.status.exited && r.status.code == kExitCheckpointed)) all_checkpointed = false;
   Analysis a;
   if (all_checkpointed) {
     a.verdict = e.stop_requested ? Verdict::Stopped : Verdict::StoppedOutside;

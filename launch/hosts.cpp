@@ -236,6 +236,10 @@ std::string slurm_preempt_time(const std::string& scontrol_record) {
   return "";
 }
 
+bool has_host(const HostList& hosts, const std::string& name) {
+  return std::any_of(hosts.begin(), hosts.end(), [&](const Host& h) { return h.name == name; });
+}
+
 int total_slots(const HostList& hosts) {
   int n = 0;
   for (const Host& h : hosts) n += h.slots;

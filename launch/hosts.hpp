@@ -39,6 +39,7 @@ std::vector<std::pair<std::string, std::string>> slurm_allocation_env(const Host
 std::string slurm_preempt_time(const std::string& scontrol_record);
 
 int total_slots(const HostList& hosts);
+bool has_host(const HostList& hosts, const std::string& name);
 // "a:2,b:1", as -H takes it.
 std::string show_hosts(const HostList& hosts);
 // A name this machine itself answers to (localhost, 127.x, its host name): no launch agent

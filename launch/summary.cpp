@@ -96,7 +96,7 @@ bool write_atomically(const std::string& path, const std::string& text) {
 }  // namespace
 
 int Supervisor::finish(int code, const std::string& last_line) {
-  mark_membership_change(false);
+  mark_membership_change(o_.checkpoint_dir, false);
   open_logs();
   free_snapshots(code);
   print_summary();
@@ -139,7 +139,7 @@ void Supervisor::write_summary_json(int exit_code) {
   Json attempts = Json::array();
   for (size_t i = 0; i < attempts_.size(); ++i)
     attempts.push_back(attempt_json(attempts_[i], i + 1 < attempts_.size() ? &attempts_[i + 1] : nullptr));
-  const Json summary = {{"exit_code", exit_code}, {"started_unix", ms(started_unix_)}, {"seconds", ms(now())},
+  const Json summary = {{"exit_code", exit_code}, {"started_unix", ms(clock_.started_unix())}, {"seconds", ms(now())},
                         {"failures", failures_},   {"attempts", attempts}};
   // A program's line in an outcome may hold bytes that are not UTF-8: replaced, not refused.
   const std::string text = summary.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "dist/agree.hpp"
-#include "train/exit_codes.hpp"
 #include "train/signals.hpp"
 
 namespace hpc::train {

@@ -17,12 +17,12 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "core/log.hpp"
 #include "core/spelling.hpp"
 #include "dist/agree.hpp"
 #include "nn/gemm.hpp"
 #include "train/checkpointing.hpp"
-#include "train/exit_codes.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/serving.hpp"

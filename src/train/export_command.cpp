@@ -12,10 +12,10 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "dist/agree.hpp"
 #include "export/onnx_export.hpp"
 #include "train/checkpointing.hpp"
-#include "train/exit_codes.hpp"
 #include "train/options.hpp"
 #include "train/serving.hpp"
 

@@ -18,13 +18,13 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "core/log.hpp"
 #include "data/image_file.hpp"
 #include "data/loader.hpp"
 #include "dist/agree.hpp"
 #include "nn/gemm.hpp"
 #include "train/engine.hpp"
-#include "train/exit_codes.hpp"
 #include "train/inference.hpp"
 #include "train/options.hpp"
 #include "train/serving.hpp"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "train/exit_codes.hpp"  // kExitCheckpointed: the exit code after such a stop
+#include "core/exit_codes.hpp"  // kExitCheckpointed: the exit code after such a stop
 
 namespace hpc::train {
 

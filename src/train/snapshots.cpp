@@ -21,10 +21,10 @@
 #include "core/cpus.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/agree.hpp"
-#include "train/exit_codes.hpp"
 #include "train/serving.hpp"
 
 namespace hpc::train {

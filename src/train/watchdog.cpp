@@ -7,8 +7,8 @@
 #include <cstdlib>
 
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "core/log.hpp"
-#include "train/exit_codes.hpp"
 
 namespace hpc::train {
 namespace {

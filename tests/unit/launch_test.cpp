@@ -1,6 +1,6 @@
 // hpcrun's pure parts: host lists in every form, the blacklist's cooldowns, the ranks' status
-// lines, mpirun's tagged output and messages, an attempt's phases and deadlines, and what an
-// attempt's end means.
+// lines, mpirun's tagged output and messages, an attempt's phases and deadlines, what an
+// attempt's end means, and what hpcrun does after it (relaunch_policy.hpp's table).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -12,10 +12,12 @@
 #include "attempt_phase.hpp"
 #include "blacklist.hpp"
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 #include "hosts.hpp"
 #include "mca.hpp"
 #include "options.hpp"
 #include "rank_report.hpp"
+#include "relaunch_policy.hpp"
 #include "straggler_policy.hpp"
 #include "subprocess.hpp"
 
@@ -699,6 +701,103 @@ TEST(AttemptPhase, AfterMpirunEndsItsPipesGetTwoSeconds) {
   EXPECT_DOUBLE_EQ(p.deadline(), 152);
   expect_escalation(p, 152.5, Phase::Draining, Action::CloseOutput, Phase::Draining, AttemptPhase::kNever);
   EXPECT_TRUE(p.mpirun_gone());
+}
+
+// ------------------------------------------------------------------ after an attempt: the policy
+
+AttemptFacts ended(Verdict verdict, bool interrupted = false) {
+  AttemptFacts f;
+  f.verdict = verdict;
+  f.interrupted = interrupted;
+  f.outcome = "rank 1 on h2 exited with code 1";
+  return f;
+}
+
+void expect_finish(const Decision& d, int code, const std::string& last_line) {
+  EXPECT_EQ(d.next, Next::Finish);
+  EXPECT_EQ(d.exit_code, code);
+  EXPECT_EQ(d.last_line, last_line);
+}
+
+TEST(RelaunchPolicy, EndsThatNoRelaunchCanChange) {
+  expect_finish(decide_after_attempt(ended(Verdict::Success), 0, 3), 0, "");
+  AttemptFacts usage = ended(Verdict::UsageError);
+  expect_finish(decide_after_attempt(usage, 0, 3), kExitUsage, "gave up: rank 1 on h2 exited with code 1");
+  usage.program_error = "hpctrain: --lr: not a number: x";
+  expect_finish(decide_after_attempt(usage, 0, 3), kExitUsage,
+                "gave up: the program's usage error: hpctrain: --lr: not a number: x");
+  expect_finish(decide_after_attempt(ended(Verdict::StoppedOutside), 0, 3), kExitCheckpointed,
+                "the job stopped itself after a checkpoint; run hpcrun again to resume");
+  for (Verdict v : {Verdict::Success, Verdict::UsageError, Verdict::StoppedOutside}) {
+    const Decision d = decide_after_attempt(ended(v, true), 2, 3);
+    EXPECT_EQ(d.next, Next::Finish);
+    EXPECT_FALSE(d.failure);
+    EXPECT_TRUE(d.blacklist.empty());
+    EXPECT_FALSE(asks_slurm(v, false));
+  }
+}
+
+TEST(RelaunchPolicy, AStopToGrowOrDrainRelaunchesWithoutCountingAFailure) {
+  AttemptFacts grow = ended(Verdict::Stopped);
+  grow.membership = true;
+  const Decision d = decide_after_attempt(grow, 3, 3);  // even with no restart left
+  EXPECT_EQ(d.next, Next::Relaunch);
+  EXPECT_FALSE(d.failure);
+  EXPECT_TRUE(d.blacklist.empty());
+  EXPECT_EQ(d.relaunch_line, "");
+  grow.interrupted = true;  // a signal outranks the change of hosts
+  expect_finish(decide_after_attempt(grow, 0, 3), kExitCheckpointed, "stopped; run hpcrun again to resume");
+  expect_finish(decide_after_attempt(ended(Verdict::Stopped, true), 0, 3), kExitCheckpointed,
+                "stopped; run hpcrun again to resume");
+  expect_finish(decide_after_attempt(ended(Verdict::Stopped), 0, 3), kExitGaveUp, "stopped; run hpcrun again to resume");
+}
+
+TEST(RelaunchPolicy, AFailureBlacklistsItsHostsAndRelaunchesUntilMaxRestarts) {
+  AttemptFacts f = ended(Verdict::Failure);
+  f.failed_hosts = {"h2", "h3"};
+  EXPECT_TRUE(asks_slurm(Verdict::Failure, false));
+  const Decision first = decide_after_attempt(f, 0, 3);
+  EXPECT_EQ(first.next, Next::Relaunch);
+  EXPECT_TRUE(first.failure);
+  EXPECT_EQ(first.blacklist, f.failed_hosts);
+  EXPECT_EQ(first.relaunch_line,
+            "relaunching from the newest saved state, a host's snapshot or a checkpoint (restart 1 of 3)");
+  const Decision third = decide_after_attempt(f, 2, 3);
+  EXPECT_EQ(third.next, Next::Relaunch);
+  EXPECT_NE(third.relaunch_line.find("(restart 3 of 3)"), std::string::npos);
+  // The fourth failure with --max-restarts 3: the hosts are still blacklisted (the summary shows
+  // them), and hpcrun gives up.
+  const Decision fourth = decide_after_attempt(f, 3, 3);
+  EXPECT_TRUE(fourth.failure);
+  EXPECT_EQ(fourth.blacklist, f.failed_hosts);
+  expect_finish(fourth, kExitGaveUp,
+                "gave up: 4 failure(s), --max-restarts is 3; the last: rank 1 on h2 exited with code 1");
+  expect_finish(decide_after_attempt(f, 0, 0), kExitGaveUp,
+                "gave up: 1 failure(s), --max-restarts is 0; the last: rank 1 on h2 exited with code 1");
+}
+
+TEST(RelaunchPolicy, AFailureUnderASignalOrSlurmsPreemptionIsNotRelaunched) {
+  AttemptFacts f = ended(Verdict::Failure, true);
+  f.failed_hosts = {"h2"};
+  EXPECT_FALSE(asks_slurm(Verdict::Failure, true));
+  const Decision killed = decide_after_attempt(f, 0, 3);
+  expect_finish(killed, kExitKilled, "killed on request");
+  EXPECT_FALSE(killed.failure);
+  EXPECT_TRUE(killed.blacklist.empty());
+  f.interrupted = false;
+  f.preempted_at = "2026-11-27T10:00:00";
+  const Decision preempted = decide_after_attempt(f, 3, 3);  // not a failure: no restart is used up
+  expect_finish(preempted, kExitCheckpointed,
+                "Slurm chose this job for preemption at 2026-11-27T10:00:00 and ended its steps: not a host "
+                "failure, nothing relaunched; the batch script requeues it (exit 75), and it resumes from the "
+                "last checkpoint");
+  EXPECT_FALSE(preempted.failure);
+  EXPECT_TRUE(preempted.blacklist.empty());
+}
+
+TEST(RelaunchPolicy, NoHostsInTime) {
+  EXPECT_EQ(exit_without_hosts(false), kExitGaveUp);
+  EXPECT_EQ(exit_without_hosts(true), kExitCheckpointed);
 }
 
 }  // namespace

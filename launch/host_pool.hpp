@@ -1,0 +1,55 @@
+// The hosts hpcrun may use: the static list or the discovery script's latest answer, less those
+// blacklisted after a failure (until their cooldown ends) and those that fail a health probe (the
+// launch agent, or srun inside Slurm, running `true` there). Placement fills hosts in the order
+// given, so rank 0 stays on the first healthy one.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "blacklist.hpp"
+#include "job_context.hpp"
+#include "options.hpp"
+
+namespace hpc::launch {
+
+// --launch-agent's words, with ssh's options for a batch job: never a password or host-key prompt
+// (nobody would answer it), and no connection attempt longer than a probe may take.
+std::vector<std::string> agent_command(const LaunchOptions& o);
+
+// The first `np` slots of `usable`, in order.
+HostList place(const HostList& usable, int np);
+
+class HostPool {
+ public:
+  HostPool(const LaunchOptions& o, const Clock& clock, Voice& voice, SignalInbox& signals);
+
+  // Runs the discovery script; false when it failed (the previous answer stays). The first run's
+  // failure is a usage error.
+  bool discover(bool first);
+  HostList known_hosts();  // the static list, or the discovery script's latest answer
+  HostList healthy(const HostList& candidates);  // the ones not blacklisted that answer a probe
+  std::vector<std::string> probe_command(const std::string& host) const;
+  // The ranks to start on `usable`: its slots, at most --max-np (and -np on the first launch).
+  int target_np(const HostList& usable, bool first) const;
+  // Blocks until healthy hosts have --min-np slots; false after --elastic-timeout (or a signal).
+  bool wait_for_hosts(HostList* usable, bool first);
+  // Whether the known hosts, but `host` and the blacklisted, have --min-np slots.
+  bool enough_slots_without(const std::string& host);
+  // The known hosts outside the placement that answer a probe, by name ("" when none).
+  std::string joining_hosts(const HostList& placement, const HostList& known);
+  // The host failed at `t`: kept out for the cooldown returned.
+  double blacklist(const std::string& host, double t) { return blacklist_.fail(host, t); }
+  int failures(const std::string& host) const { return blacklist_.failures(host); }
+
+ private:
+  const LaunchOptions& o_;
+  const Clock& clock_;
+  Voice& voice_;
+  SignalInbox& signals_;
+  Blacklist blacklist_;
+  HostList discovered_;
+  double last_discovery_ = -1e9;
+};
+
+}  // namespace hpc::launch

@@ -1,0 +1,143 @@
+#include "job_context.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+#include "ckpt/store.hpp"
+#include "core/error.hpp"
+#include "subprocess.hpp"
+
+namespace hpc::launch {
+namespace fs = std::filesystem;
+
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+
+std::string timestamp() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+Clock::Clock()
+    : started_(monotonic_seconds()),
+      started_unix_(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()) {}
+
+double Clock::now() const { return monotonic_seconds() - started_; }
+
+void Voice::open(const std::string& log_dir) {
+  if (hpcrun_log_.is_open()) return;
+  std::error_code ec;
+  fs::create_directories(log_dir, ec);
+  HPC_REQUIRE(!ec, "--log-dir ", log_dir, ": cannot create it: ", ec.message());
+  hpcrun_log_.open((fs::path(log_dir) / "hpcrun.log").string(), std::ios::app);
+  HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", log_dir, ": cannot write in it");
+  for (const std::string& line : early_lines_) hpcrun_log_ << line << '\n';
+  hpcrun_log_ << std::flush;
+  early_lines_.clear();
+}
+
+void Voice::log_line(const std::string& line) {
+  if (attempt_log_.is_open()) attempt_log_ << line << '\n' << std::flush;
+}
+
+void Voice::say(const std::string& line) {
+  std::fprintf(stderr, "hpcrun: %s\n", line.c_str());
+  std::fflush(stderr);
+  if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
+  else early_lines_.push_back(timestamp() + " " + line);
+  log_line("hpcrun: " + line);
+}
+
+bool Voice::open_attempt_log(const std::string& path) {
+  attempt_log_.close();
+  attempt_log_.open(path, std::ios::trunc);
+  return attempt_log_.good();
+}
+
+SignalInbox::SignalInbox() {
+  HPC_CHECK(g_signal_pipe[0] < 0, "hpcrun's signal handlers are installed twice");
+  HPC_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "pipe: ", std::strerror(errno));
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : kHandled) ::sigaction(s, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+SignalInbox::~SignalInbox() {
+  for (int s : kHandled) ::signal(s, SIG_DFL);
+  for (int& fd : g_signal_pipe) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+}
+
+int SignalInbox::fd() const { return g_signal_pipe[0]; }
+
+bool SignalInbox::take(int* sig) {
+  unsigned char b = 0;
+  if (::read(g_signal_pipe[0], &b, 1) != 1) return false;
+  *sig = b;
+  ++taken_;
+  return true;
+}
+
+void HeartbeatWatch::begin(double now) {
+  if (!enabled()) return;
+  last_ = ckpt::read_heartbeat(dir_);
+  last_change_ = now;
+  step_ = -1;
+  seen_ = false;
+}
+
+bool HeartbeatWatch::poll(double now) {
+  if (!enabled()) return false;
+  std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir_);
+  if (beat.empty() || beat == last_ || !beat.count("step")) return false;
+  last_ = std::move(beat);
+  last_change_ = now;
+  step_ = std::atoll(last_["step"].c_str());
+  seen_ = true;
+  return true;
+}
+
+std::string HeartbeatWatch::field(const std::string& key) const {
+  const auto it = last_.find(key);
+  return it == last_.end() ? "" : it->second;
+}
+
+void mark_membership_change(const std::string& checkpoint_dir, bool on) {
+  if (checkpoint_dir.empty()) return;
+  const fs::path marker = fs::path(checkpoint_dir) / "membership-change";
+  std::error_code ec;
+  if (!on) {
+    fs::remove(marker, ec);
+    return;
+  }
+  std::ofstream(marker) << "hpcrun pid " << ::getpid() << " changes the job's hosts\n";
+}
+
+}  // namespace hpc::launch

@@ -1,0 +1,89 @@
+// What hpcrun's job loop (supervisor.hpp) and the attempt it watches (attempt.hpp) share: its
+// clock, its voice (the terminal, hpcrun.log, the attempt's log), the signals it was sent, and the
+// trainer's heartbeat. Each is owned by the Supervisor, which lends them to each attempt.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hpc::launch {
+
+// Seconds since hpcrun started (monotonic).
+class Clock {
+ public:
+  Clock();
+  double now() const;
+  double started_unix() const { return started_unix_; }  // the wall clock at the start
+
+ private:
+  double started_ = 0, started_unix_ = 0;
+};
+
+// What hpcrun says: every line on stderr and in hpcrun.log (timestamped) and in the running
+// attempt's log. Until --log-dir is created (not before the first launch: input refused at once
+// leaves no directory behind) hpcrun.log's lines are kept and written first when it opens.
+class Voice {
+ public:
+  void say(const std::string& line);
+  void log_line(const std::string& line);  // the attempt's log alone
+  // Creates the log directory and opens hpcrun.log (once; later calls do nothing).
+  void open(const std::string& log_dir);
+  bool opened() const { return hpcrun_log_.is_open(); }
+  // The attempt's log, truncated; false when it cannot be written.
+  bool open_attempt_log(const std::string& path);
+  std::ofstream& attempt_log() { return attempt_log_; }
+
+ private:
+  std::ofstream attempt_log_, hpcrun_log_;
+  std::vector<std::string> early_lines_;  // said before the log directory was created
+};
+
+// The signals hpcrun handles (SIGINT, SIGTERM, SIGHUP, SIGUSR1), from the handler through a pipe.
+// One per process: it installs the handlers and removes them when it goes.
+class SignalInbox {
+ public:
+  SignalInbox();
+  ~SignalInbox();
+  SignalInbox(const SignalInbox&) = delete;
+  SignalInbox& operator=(const SignalInbox&) = delete;
+  // The next signal waiting (false when none). Each one taken counts, and marks hpcrun interrupted.
+  bool take(int* sig);
+  int fd() const;  // readable when a signal is waiting
+  int taken() const { return taken_; }
+  bool interrupted() const { return taken_ > 0; }
+
+ private:
+  int taken_ = 0;
+};
+
+// The trainer's heartbeat file (CHECKPOINT_DIR/heartbeat), polled.
+class HeartbeatWatch {
+ public:
+  explicit HeartbeatWatch(std::string dir) : dir_(std::move(dir)) {}
+  bool enabled() const { return !dir_.empty(); }
+  // Forget what earlier attempts wrote: only changes from now on are this attempt's progress.
+  void begin(double now);
+  // True when the heartbeat changed since the last call (a step finished).
+  bool poll(double now);
+  double last_progress() const { return last_change_; }
+  int64_t step() const { return step_; }
+  // A heartbeat field ("" when it has none).
+  std::string field(const std::string& key) const;
+  bool seen() const { return seen_; }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> last_;
+  double last_change_ = 0;
+  int64_t step_ = -1;
+  bool seen_ = false;
+};
+
+// CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts
+// that go on then keep the state in memory: train/snapshots.hpp). Nothing without a checkpoint dir.
+void mark_membership_change(const std::string& checkpoint_dir, bool on);
+
+}  // namespace hpc::launch
