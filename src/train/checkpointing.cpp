@@ -292,8 +292,9 @@ std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::s
 nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) {
   nn::ModelSpec spec;
   spec.kind = parse_named(nn::kModelNames, c.text("model"), "model (in the checkpoint)");
-  spec.batch_norm = c.text("option.no-batch-norm") == "0";
-  spec.label_smoothing = c.number("option.label-smoothing");
+  const TrainOptions recorded = recorded_options(c.meta, {"no-batch-norm", "label-smoothing"});
+  spec.batch_norm = recorded.batch_norm;
+  spec.label_smoothing = recorded.label_smoothing;
   spec.input = Shape{ds.height, ds.width, ds.channels};
   spec.classes = ds.classes;
   return spec;
@@ -315,7 +316,7 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
     if (name == "batch-size" && o.global_batch_size != 0) continue;
     // --extend-epochs: a longer run than the checkpoint's, never a shorter one.
     if (name == "epochs" && o.extend_epochs) {
-      const int64_t before = c.integer("option.epochs");
+      const int64_t before = recorded_options(c.meta, {"epochs"}).epochs;
       HPC_REQUIRE(o.epochs >= before, "--extend-epochs only lengthens a run: the checkpoint's has --epochs ", before,
                   ", this one --epochs ", o.epochs);
       continue;

@@ -229,10 +229,10 @@ int inspect(const std::string& path, bool json) {
 // images or classes, else said once (an accuracy on other data is rarely what was meant).
 void check_evaluation_data(const ckpt::Checkpoint& c, const nn::Model<float>& model, data::DatasetKind dataset,
                            bool speak) {
-  const std::string trained_on = meta_or(c.meta, "option.dataset", "");
-  data::DatasetKind trained = dataset;
-  if (trained_on.empty() || (data::find_dataset(trained_on, &trained) && trained == dataset))
-    return check_model(c, model);
+  if (!records_option(c.meta, "dataset")) return check_model(c, model);
+  const data::DatasetKind trained = recorded_options(c.meta, {"dataset"}).dataset;
+  if (trained == dataset) return check_model(c, model);
+  const char* trained_on = data::dataset_name(trained);
   const char* name = data::dataset_name(dataset);
   try {
     check_model(c, model);
@@ -306,12 +306,12 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
     e.threads = a.threads > 0 ? a.threads : default_threads(ctx);
     nn::set_math_threads(e.threads);
-    e.dataset = data::parse_dataset(a.dataset.empty() ? c.text("option.dataset") : a.dataset);
+    e.dataset = a.dataset.empty() ? recorded_options(c.meta, {"dataset"}).dataset : data::parse_dataset(a.dataset);
     const std::string dir = a.data_dir.empty() ? data::default_data_dir(e.dataset) : a.data_dir;
     // Packed shards are cropped (synthetic images made) to the size the model was trained on.
     const bool sized = e.dataset == data::DatasetKind::Shards || e.dataset == data::DatasetKind::Synthetic;
-    const bool recorded = c.meta.count("option.image-size") > 0;
-    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? c.integer("option.image-size") : 0);
+    const bool recorded = records_option(c.meta, "image-size");
+    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0);
     e.ds.test.truncate(a.test_samples);
     e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
     check_evaluation_data(c, *e.model, e.dataset, lead);

@@ -26,6 +26,23 @@ std::string text(const V& v) {
   return os.str();
 }
 
+// What a checkpoint records of an option (value's text), read back: `what` reads it, or it is
+// not what value writes.
+template <class T>
+T recorded_number(const std::string& t, const char* name) {
+  std::istringstream is(t);
+  T v{};
+  is >> v;
+  HPC_REQUIRE(!t.empty() && is && is.peek() == std::char_traits<char>::eof(), "the checkpoint records --", name,
+              " as '", t, "': not a number");
+  return v;
+}
+
+bool recorded_bool(const std::string& t, const char* name) {
+  HPC_REQUIRE(t == "0" || t == "1", "the checkpoint records --", name, " as '", t, "': not 0 or 1");
+  return t == "1";
+}
+
 // A number, shown with its default.
 template <class T>
 Option number(const char* name, T Members::*m, Rule rule, std::string help) {
@@ -33,21 +50,23 @@ Option number(const char* name, T Members::*m, Rule rule, std::string help) {
           [=](po::options_description& d, TrainOptions& o) {
             d.add_options()(name, po::value(&(o.*m))->default_value(o.*m, text(o.*m)), help.c_str());
           },
-          {}, [m](const TrainOptions& o) { return text(o.*m); }};
+          {}, [m](const TrainOptions& o) { return text(o.*m); },
+          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_number<T>(t, name); }};
 }
 
 // A path or file name; none by default (an empty one given is refused: validate_paths).
 Option path(const char* name, std::string Members::*m, Rule rule, std::string help) {
   return {name, rule,
           [=](po::options_description& d, TrainOptions& o) { d.add_options()(name, po::value(&(o.*m)), help.c_str()); },
-          {}, [m](const TrainOptions& o) { return o.*m; }};
+          {}, [m](const TrainOptions& o) { return o.*m; }, [m](const std::string& t, TrainOptions& o) { o.*m = t; }};
 }
 
 // --name sets the member.
 Option flag(const char* name, bool Members::*m, Rule rule, std::string help) {
   return {name, rule,
           [=](po::options_description& d, TrainOptions& o) { d.add_options()(name, po::bool_switch(&(o.*m)), help.c_str()); },
-          {}, [m](const TrainOptions& o) { return text(o.*m); }};
+          {}, [m](const TrainOptions& o) { return text(o.*m); },
+          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_bool(t, name); }};
 }
 
 // --name clears the member (--no-nesterov: nesterov = false); its value is the switch's.
@@ -55,7 +74,8 @@ Option negation(const char* name, bool Members::*m, Rule rule, std::string help)
   return {name, rule,
           [=](po::options_description& d, TrainOptions&) { d.add_options()(name, po::bool_switch(), help.c_str()); },
           [=](const po::variables_map& vm, TrainOptions& o) { o.*m = !vm[name].as<bool>(); },
-          [m](const TrainOptions& o) { return text(!(o.*m)); }};
+          [m](const TrainOptions& o) { return text(!(o.*m)); },
+          [=](const std::string& t, TrainOptions& o) { o.*m = !recorded_bool(t, name); }};
 }
 
 // A setting on by default: --NAME, kept for the scripts written while it was off by default,
@@ -73,7 +93,8 @@ Option on_by_default(const char* name, bool Members::*m, Rule rule, std::string 
             HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
             o.*m = !off;
           },
-          [m](const TrainOptions& o) { return text(o.*m); }};
+          [m](const TrainOptions& o) { return text(o.*m); },
+          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_bool(t, name); }};
 }
 
 // One of `names`, shown with the default's name; an unknown word is "unknown WHAT 'x' (choose
@@ -89,7 +110,8 @@ Option choice(const char* name, E Members::*m, const Named<E> (&names)[N], Rule 
           [=, &names](const po::variables_map& vm, TrainOptions& o) {
             o.*m = parse_named(names, vm[name].as<std::string>(), what);
           },
-          [m, &names](const TrainOptions& o) { return std::string(name_of(names, o.*m)); }};
+          [m, &names](const TrainOptions& o) { return std::string(name_of(names, o.*m)); },
+          [=, &names](const std::string& t, TrainOptions& o) { o.*m = parse_named(names, t, what + " (in the checkpoint)"); }};
 }
 
 // A duration in seconds, given as 90s, 10m, 1.5h (parse_duration).
@@ -101,7 +123,8 @@ Option duration(const char* name, double Members::*m, const char* default_text, 
           [=](const po::variables_map& vm, TrainOptions& o) {
             o.*m = parse_duration(vm[name].as<std::string>(), name);
           },
-          [m](const TrainOptions& o) { return text(o.*m); }};
+          [m](const TrainOptions& o) { return text(o.*m); },  // seconds
+          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_number<double>(t, name); }};
 }
 
 std::vector<double> parse_epochs(const std::string& s, const char* option) {
@@ -135,7 +158,16 @@ Option epoch_list(const char* name, std::vector<double> Members::*m, Rule rule, 
             std::ostringstream os;
             for (double e : o.*m) os << e << ',';
             return os.str();
+          },
+          [=](const std::string& t, TrainOptions& o) {
+            (o.*m).clear();
+            if (!t.empty()) o.*m = parse_epochs(t.back() == ',' ? t.substr(0, t.size() - 1) : t, name);
           }};
+}
+
+void read_resume(const std::string& v, TrainOptions& o) {
+  o.resume = v == "auto" ? ResumeFrom::Auto : v == "none" ? ResumeFrom::None : ResumeFrom::File;
+  o.resume_file = o.resume == ResumeFrom::File ? v : "";
 }
 
 // --resume: auto, none or a file.
@@ -144,14 +176,25 @@ Option resume(Rule rule, std::string help) {
           [=](po::options_description& d, TrainOptions&) {
             d.add_options()("resume", po::value<std::string>()->default_value("auto"), help.c_str());
           },
-          [](const po::variables_map& vm, TrainOptions& o) {
-            const std::string& v = vm["resume"].as<std::string>();
-            o.resume = v == "auto" ? ResumeFrom::Auto : v == "none" ? ResumeFrom::None : ResumeFrom::File;
-            o.resume_file = o.resume == ResumeFrom::File ? v : "";
-          },
+          [](const po::variables_map& vm, TrainOptions& o) { read_resume(vm["resume"].as<std::string>(), o); },
           [](const TrainOptions& o) {
             return o.resume == ResumeFrom::Auto ? std::string("auto") : o.resume == ResumeFrom::None ? "none" : o.resume_file;
-          }};
+          },
+          read_resume};
+}
+
+int64_t steps_or_auto_of(const std::string& v, const char* name) {
+  if (v == "auto") return -1;
+  size_t used = 0;
+  long long n = -1;
+  try {
+    n = std::stoll(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  HPC_REQUIRE(used > 0 && used == v.size() && n >= 0, "--", name, " takes auto or a number of steps (0: off), got '",
+              v, "'");
+  return n;
 }
 
 // --snapshot-every-steps: auto (-1) or a count.
@@ -160,24 +203,9 @@ Option steps_or_auto(const char* name, int64_t Members::*m, Rule rule, std::stri
           [=](po::options_description& d, TrainOptions&) {
             d.add_options()(name, po::value<std::string>()->default_value("auto"), help.c_str());
           },
-          [=](const po::variables_map& vm, TrainOptions& o) {
-            const std::string& v = vm[name].as<std::string>();
-            if (v == "auto") {
-              o.*m = -1;
-              return;
-            }
-            size_t used = 0;
-            long long n = -1;
-            try {
-              n = std::stoll(v, &used);
-            } catch (...) {
-              used = 0;
-            }
-            HPC_REQUIRE(used > 0 && used == v.size() && n >= 0, "--", name, " takes auto or a number of steps (0: "
-                        "off), got '", v, "'");
-            o.*m = n;
-          },
-          [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); }};
+          [=](const po::variables_map& vm, TrainOptions& o) { o.*m = steps_or_auto_of(vm[name].as<std::string>(), name); },
+          [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); },
+          [=](const std::string& t, TrainOptions& o) { o.*m = steps_or_auto_of(t, name); }};
 }
 
 // --stop-signals: signal names, comma-separated (signals.hpp).
@@ -190,7 +218,8 @@ Option stop_signals(Rule rule, std::string help) {
           [](const po::variables_map& vm, TrainOptions& o) {
             o.stop_signals = parse_stop_signals(vm["stop-signals"].as<std::string>());
           },
-          [](const TrainOptions& o) { return stop_signals_text(o.stop_signals); }};
+          [](const TrainOptions& o) { return stop_signals_text(o.stop_signals); },
+          [](const std::string& t, TrainOptions& o) { o.stop_signals = parse_stop_signals(t); }};
 }
 
 std::vector<Option> general() {

@@ -26,6 +26,9 @@ struct Option {
   // The value as text: option_values, hence what every rank compares and a checkpoint records
   // (so an option's text must never change).
   std::function<std::string(const TrainOptions& o)> value;
+  // The inverse of value: the member from its text, as a checkpoint records it ("option.NAME").
+  // Text that value cannot have written is the checkpoint's usage error, naming the option.
+  std::function<void(const std::string& text, TrainOptions& o)> parse;
 };
 
 struct OptionGroup {

@@ -440,4 +440,21 @@ bool must_match_on_resume(const std::string& name) {
   return option && option->rule == Rule::Match;
 }
 
+bool records_option(const std::map<std::string, std::string>& meta, const std::string& name) {
+  return meta.count("option." + name) > 0;
+}
+
+TrainOptions recorded_options(const std::map<std::string, std::string>& meta,
+                              const std::vector<std::string>& names) {
+  TrainOptions o;
+  for (const std::string& name : names) {
+    const Option* option = find_option(name);
+    HPC_CHECK(option && option->rule != Rule::Local, "--", name, " is not an option checkpoints record");
+    const auto it = meta.find("option." + name);
+    HPC_REQUIRE(it != meta.end(), "the checkpoint does not record --", name);
+    option->parse(it->second, o);
+  }
+  return o;
+}
+
 }  // namespace hpc::train

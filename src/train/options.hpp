@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -158,6 +159,14 @@ std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOp
 std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o);
 // Whether a resumed run must match the checkpoint's value of this option (rule Match).
 bool must_match_on_resume(const std::string& name);
+// Whether a checkpoint's meta section records --NAME ("option.NAME", option_values' text; one
+// written before an option was added lacks it).
+bool records_option(const std::map<std::string, std::string>& meta, const std::string& name);
+// The options `names` as a checkpoint's meta section records them, read back through the table
+// (each option's inverse of its text), typed; the rest of the result keeps its defaults. One the
+// checkpoint does not record, or records as text no run writes, is a usage error naming it.
+TrainOptions recorded_options(const std::map<std::string, std::string>& meta,
+                              const std::vector<std::string>& names);
 
 // Checks shared with the other subcommands' options (train/commands.cpp): a usage error
 // naming the option and the value.

@@ -29,10 +29,12 @@ std::vector<std::string> shard_classes(const ckpt::Checkpoint& c, const std::str
 }
 
 data::DatasetFacts facts_of(const ckpt::Checkpoint& c, const std::string& data_dir, bool speak) {
-  const std::string& dataset = c.text("option.dataset");
-  const auto size = c.meta.find("option.image-size");
-  const int64_t image_size = size == c.meta.end() ? 0 : c.integer("option.image-size");
-  if (dataset != "shards") return data::dataset_facts(dataset, image_size);
+  // Checkpoints written before --image-size was recorded were of the datasets' own sizes (0).
+  const TrainOptions recorded = records_option(c.meta, "image-size") ? recorded_options(c.meta, {"dataset", "image-size"})
+                                                                      : recorded_options(c.meta, {"dataset"});
+  const std::string dataset = data::dataset_name(recorded.dataset);
+  const int64_t image_size = recorded.image_size;
+  if (recorded.dataset != data::DatasetKind::Shards) return data::dataset_facts(dataset, image_size);
   return data::dataset_facts(dataset, image_size, shard_classes(c, data_dir, speak));
 }
 

@@ -188,7 +188,10 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
     HPC_REQUIRE(!first_non_finite(c), path, " holds a state that is not finite (its run had diverged): resume from "
                 "an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
   });
-  if (o.extend_epochs && c.integer("option.epochs") != o.epochs) p.extended_from_epochs = c.integer("option.epochs");
+  if (o.extend_epochs) {
+    const int64_t before = recorded_options(c.meta, {"epochs"}).epochs;
+    if (before != o.epochs) p.extended_from_epochs = before;
+  }
   p.resume = std::move(c);
   p.resumed = true;
   log::info("resuming from ", path, " at step ", p.start.step, " (epoch ", p.start.epoch + 1, ", step ",

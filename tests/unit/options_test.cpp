@@ -2,7 +2,8 @@
 // and resume and another value than its default. The table must hold exactly these; --help must
 // show each; the cross-rank agreement check (option_values, which every rank compares and every
 // checkpoint records) must compare each option whose rule is not Local and no other; and the
-// resume check must refuse another value of each Match option and accept it of the others. An
+// resume check must refuse another value of each Match option and accept it of the others; and
+// what a checkpoint records of each must read back as the same value. An
 // option added to the table and not here fails the first check (and one without a rule does not
 // compile).
 #include <gtest/gtest.h>
@@ -190,6 +191,58 @@ TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
       EXPECT_NE(std::string(e.what()).find("the checkpoint was made with --" + std::string(l.name) + "="),
                 std::string::npos)
           << e.what();
+    }
+  }
+}
+
+// What a checkpoint records of an option (its value's text) reads back through the table as the
+// same value: the defaults, and the other value of every option a checkpoint records.
+TEST(OptionTable, RecordedOptionsReadBackAsTheValuesTheyWere) {
+  for (const Listed& l : every_option()) {
+    if (l.rule == Rule::Local) continue;
+    SCOPED_TRACE(l.name);
+    for (const std::vector<std::string>& args : {std::vector<std::string>{}, l.other}) {
+      const train::TrainOptions given = parse(args);
+      std::vector<std::string> names;
+      for (const auto& [name, value] : train::option_values(given)) names.push_back(name);
+      const MlpCheckpoint made(args);
+      EXPECT_EQ(agreed_values(train::recorded_options(made.c.meta, names)), agreed_values(given));
+    }
+  }
+  const MlpCheckpoint shards({"--dataset", "shards", "--image-size", "96", "--no-batch-norm", "--lr-step-epochs", "1.5,3"});
+  const train::TrainOptions back =
+      train::recorded_options(shards.c.meta, {"dataset", "image-size", "no-batch-norm", "lr-step-epochs"});
+  EXPECT_EQ(back.dataset, data::DatasetKind::Shards);
+  EXPECT_EQ(back.image_size, 96);
+  EXPECT_FALSE(back.batch_norm);
+  EXPECT_EQ(back.lr_step_epochs, (std::vector<double>{1.5, 3}));
+  EXPECT_EQ(back.epochs, train::TrainOptions{}.epochs);  // not asked for: the default
+  EXPECT_TRUE(train::records_option(shards.c.meta, "image-size"));
+  EXPECT_FALSE(train::records_option(shards.c.meta, "checkpoint-dir"));  // Local: never recorded
+}
+
+// Text no run writes, or an option the checkpoint does not record, is the checkpoint's usage
+// error, naming the option.
+TEST(OptionTable, RecordedOptionsNoRunWritesAreRefusedByName) {
+  const std::map<std::string, std::string> meta{{"option.epochs", "5x"},          {"option.dataset", "imagenet"},
+                                                {"option.no-batch-norm", "2"},     {"option.lr-step-epochs", "1,a,"},
+                                                {"option.label-smoothing", ""}};
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"epochs", "the checkpoint records --epochs as '5x': not a number"},
+      {"dataset", "unknown --dataset (in the checkpoint) 'imagenet'"},
+      {"no-batch-norm", "the checkpoint records --no-batch-norm as '2': not 0 or 1"},
+      {"lr-step-epochs", "--lr-step-epochs takes a comma-separated list of epochs"},
+      {"label-smoothing", "the checkpoint records --label-smoothing as '': not a number"},
+      {"seed", "the checkpoint does not record --seed"},
+  };
+  for (const auto& [name, message] : cases) {
+    SCOPED_TRACE(name);
+    try {
+      train::recorded_options(meta, {name});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
   }
 }
