@@ -412,4 +412,13 @@ void AsyncWriter::run() {
   }
 }
 
+std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path) {
+  std::vector<NamedPath> inputs{{option, path}};
+  std::error_code ec;
+  if (!path.empty() && std::filesystem::is_directory(path, ec))
+    for (const std::string& file : ckpt::list_checkpoints(path))
+      inputs.push_back({option + " " + path + "'s checkpoint", file});
+  return inputs;
+}
+
 }  // namespace hpc::ckpt

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "core/file_identity.hpp"
 
 namespace hpc::ckpt {
 
@@ -88,6 +89,9 @@ void remove_unfinished_checkpoint();
 
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
+// What `option` PATH may read, as inputs that no output may replace (core/file_identity.hpp):
+// the path and, for a directory, each of its checkpoint files (the newest valid one is read).
+std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path);
 
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason
 // when it cannot be read; a file named ckpt-<step>.hpck must hold that step); with `layout`,

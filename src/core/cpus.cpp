@@ -1,14 +1,18 @@
 #include "core/cpus.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
+
+#include "core/error.hpp"
 
 namespace hpc::cpus {
 namespace {
@@ -169,6 +173,37 @@ std::string model_name(const std::string& cpuinfo) {
     return from == std::string::npos ? "" : line.substr(from);
   }
   return "";
+}
+
+uint64_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
+  uint64_t bytes = pages > 0 && size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(size) : 0;
+  // A job's memory limit (Slurm's --mem, a container's) counts the snapshots' tmpfs pages too:
+  // a share of the host would let them push the job over it.
+  if (const std::optional<double> limit = cgroup_memory_limit())
+    bytes = std::min<uint64_t>(bytes, static_cast<uint64_t>(*limit));
+  return bytes;
+}
+
+uint64_t memory_size(const std::string& spec, uint64_t host_memory, const char* option) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(spec, &used);
+  } catch (...) {
+    used = 0;
+  }
+  const std::string unit = spec.substr(std::min(used, spec.size()));
+  static const std::pair<const char*, double> kUnits[] = {{"", 1.0},          {"K", 1024.0},
+                                                          {"M", 1048576.0},   {"G", 1073741824.0},
+                                                          {"T", 1099511627776.0}};
+  if (used > 0 && std::isfinite(v) && v >= 0) {
+    if (unit == "%" && v <= 100) return static_cast<uint64_t>(static_cast<double>(host_memory) * v / 100);
+    for (const auto& [name, factor] : kUnits)
+      if (unit == name && v * factor < 1.8e19) return static_cast<uint64_t>(v * factor);
+  }
+  usage_error(option, " takes a size (512M, 4G: bytes with K, M, G or T) or a share of the host's "
+              "memory (25%), got '", spec, "'");
 }
 
 }  // namespace hpc::cpus

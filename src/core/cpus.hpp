@@ -26,6 +26,12 @@ std::optional<double> cgroup_quota(const std::string& proc_cgroup = "/proc/self/
 std::optional<double> cgroup_memory_limit(const std::string& proc_cgroup = "/proc/self/cgroup",
                                           const std::string& cgroup_root = "/sys/fs/cgroup");
 
+// The host's memory, or the cgroup's memory limit (above) where that is smaller.
+uint64_t host_memory_bytes();
+// A memory size as an option gives it (--snapshot-max-memory): "25%" of host_memory, or bytes
+// ("512M", "4G", "1.5T", "65536"). A usage error naming the option otherwise.
+uint64_t memory_size(const std::string& spec, uint64_t host_memory, const char* option);
+
 // The CPU's model name, as /proc/cpuinfo gives it ("AMD EPYC 9R14 96-Core Processor"); "" when
 // it says none.
 std::string model_name(const std::string& cpuinfo = "/proc/cpuinfo");

@@ -9,7 +9,6 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
-#include "data/facts.hpp"
 #include "data/shard_images.hpp"
 #include "data/shards.hpp"
 
@@ -137,6 +136,19 @@ void Dataset::truncate(int64_t n) {
   count = n;
   if (!shards) images.resize(n * sample_bytes());
   labels.resize(n);
+}
+
+Normalization normalization_of(DatasetKind kind) {
+  switch (kind) {
+    case DatasetKind::FashionMnist: return {{0.2860f}, {0.3530f}};
+    case DatasetKind::Mnist: return {{0.1307f}, {0.3081f}};
+    case DatasetKind::Cifar10: return {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
+    case DatasetKind::Cifar100: return {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
+    case DatasetKind::Shards:
+    case DatasetKind::Synthetic: break;
+  }
+  // Packed shards and synthetic data: ImageNet's, as torchvision uses.
+  return {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
 }
 
 std::string default_data_dir(DatasetKind kind) {

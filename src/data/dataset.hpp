@@ -48,6 +48,9 @@ inline const char* dataset_name(DatasetKind kind) { return name_of(kDatasetNames
 // A name to its kind: a usage error "unknown --dataset 'x' (choose ...)" for any other.
 inline DatasetKind parse_dataset(const std::string& name) { return parse_named(kDatasetNames, name, "--dataset"); }
 inline bool find_dataset(const std::string& name, DatasetKind* kind) { return find_named(kDatasetNames, name, kind); }
+// The per-channel mean and standard deviation (of pixels scaled to [0, 1]) that training and
+// evaluation normalise a dataset's images with.
+Normalization normalization_of(DatasetKind kind);
 // Where the dataset is found when --data-dir is not given (Debian's package for Fashion-MNIST).
 std::string default_data_dir(DatasetKind kind);
 // Loads train and test sets; every problem with the files is a usage error naming the file.

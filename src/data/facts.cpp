@@ -58,19 +58,6 @@ DatasetFacts square(DatasetKind kind, int64_t side, int64_t channels, std::vecto
 
 }  // namespace
 
-Normalization normalization_of(DatasetKind kind) {
-  switch (kind) {
-    case DatasetKind::FashionMnist: return {{0.2860f}, {0.3530f}};
-    case DatasetKind::Mnist: return {{0.1307f}, {0.3081f}};
-    case DatasetKind::Cifar10: return {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
-    case DatasetKind::Cifar100: return {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
-    case DatasetKind::Shards:
-    case DatasetKind::Synthetic: break;
-  }
-  // Packed shards and synthetic data: ImageNet's, as torchvision uses.
-  return {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
-}
-
 DatasetFacts dataset_facts(const std::string& name, int64_t image_size, const std::vector<std::string>& shard_classes) {
   DatasetKind kind{};
   HPC_REQUIRE(find_dataset(name, &kind), "unknown dataset '", name,

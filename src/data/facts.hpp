@@ -24,10 +24,6 @@ struct DatasetFacts {
   double crop_fraction = 1.0;
 };
 
-// The per-channel mean and standard deviation (of pixels scaled to [0, 1]) that training and
-// evaluation normalise a dataset's images with.
-Normalization normalization_of(DatasetKind kind);
-
 // The facts of a dataset as a checkpoint names it. image_size: the side of packed shards and
 // synthetic images (0: 224). shard_classes: packed shards' class names (the checkpoint's record, or
 // an older checkpoint's data directory's classes.txt), which only they need; the other datasets'

@@ -43,4 +43,9 @@ class ProcessContext {
   std::unique_ptr<Communicator> comm_;
 };
 
+// Math-library threads per rank when --threads is 0: the rank's share of the CPUs its affinity
+// lets it run on (shared with the ranks on its host whose masks overlap), within the cgroup's CPU
+// quota, so that neither a bound rank nor a limited container is oversubscribed.
+int default_threads(const ProcessContext& ctx);
+
 }  // namespace hpc::dist

@@ -280,15 +280,6 @@ std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::st
   return std::move(*latest.found);
 }
 
-std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path) {
-  std::vector<NamedPath> inputs{{option, path}};
-  std::error_code ec;
-  if (!path.empty() && std::filesystem::is_directory(path, ec))
-    for (const std::string& file : ckpt::list_checkpoints(path))
-      inputs.push_back({option + " " + path + "'s checkpoint", file});
-  return inputs;
-}
-
 nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) {
   nn::ModelSpec spec;
   spec.kind = parse_named(nn::kModelNames, c.text("model"), "model (in the checkpoint)");

@@ -125,10 +125,6 @@ std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const C
 // there is none or it is damaged).
 std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::string& path);
 
-// What `option` PATH may read, as inputs that no output may replace (core/file_identity.hpp):
-// the path and, for a directory, each of its checkpoint files (the newest valid one is read).
-std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path);
-
 // The model a checkpoint holds, for a dataset of this sample shape and number of classes.
 nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
 

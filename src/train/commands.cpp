@@ -279,7 +279,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");
     require_thread_count(a.threads);
-    require_distinct_files({{"--metrics-file", a.metrics_file}}, checkpoint_inputs("--checkpoint", a.checkpoint));
+    require_distinct_files({{"--metrics-file", a.metrics_file}}, ckpt::checkpoint_inputs("--checkpoint", a.checkpoint));
   });
   if (!go) return std::nullopt;
   return a;
@@ -304,7 +304,7 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     // Again for the file actually read: a run may have written a newer checkpoint since parsing.
     require_distinct_files({{"--metrics-file", a.metrics_file}}, {{"the checkpoint", path}});
     if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
-    e.threads = a.threads > 0 ? a.threads : default_threads(ctx);
+    e.threads = a.threads > 0 ? a.threads : dist::default_threads(ctx);
     nn::set_math_threads(e.threads);
     e.dataset = a.dataset.empty() ? recorded_options(c.meta, {"dataset"}).dataset : data::parse_dataset(a.dataset);
     const std::string dir = a.data_dir.empty() ? data::default_data_dir(e.dataset) : a.data_dir;

@@ -34,7 +34,7 @@ struct ExportOptions {
 // only by the rename of a complete file).
 void check_output(const ExportOptions& o) {
   // Not even with --force: the ONNX file would take the place of the checkpoint it is made from.
-  require_distinct_files({{"--output", o.output}}, checkpoint_inputs("--checkpoint", o.checkpoint));
+  require_distinct_files({{"--output", o.output}}, ckpt::checkpoint_inputs("--checkpoint", o.checkpoint));
   struct stat st {};
   if (::stat(o.output.c_str(), &st) == 0) {
     HPC_REQUIRE(!S_ISDIR(st.st_mode), "--output ", o.output, " is a directory: name the file to write");

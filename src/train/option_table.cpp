@@ -8,6 +8,7 @@
 
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "train/option_checks.hpp"
 #include "train/signals.hpp"
 
 namespace hpc::train {

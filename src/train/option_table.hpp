@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "train/options.hpp"
+#include "train/train_options.hpp"
 
 namespace hpc::train {
 

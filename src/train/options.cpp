@@ -15,6 +15,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "ckpt/store.hpp"
+#include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
@@ -23,10 +25,8 @@
 #include "nn/gemm.hpp"
 #include "nn/model.hpp"
 #include "optim/schedule.hpp"
-#include "train/checkpointing.hpp"
 #include "train/option_table.hpp"
 #include "train/signals.hpp"
-#include "train/snapshots.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
@@ -38,10 +38,6 @@ void require_finite(double v, const char* option) {
   HPC_REQUIRE(std::isfinite(v), "--", option, " must be a finite number, got ", v);
 }
 
-// Sample indices are 32-bit inside (ShardedSampler), and no dataset hpctrain reads holds more
-// than 2^32 samples: a billion is far above any real batch and keeps the products hpctrain
-// forms (batch x ranks, epochs x steps per epoch) far from overflowing.
-constexpr int64_t kMaxBatch = 1'000'000'000;
 constexpr int64_t kMaxEpochs = 1'000'000;
 // The watchdog counts in int64 nanoseconds: beyond 1000 h a step timeout means "never" anyway,
 // and under a second it would end healthy runs whose steps take that long.
@@ -254,9 +250,9 @@ void validate_distinct_files(const TrainOptions& o, const po::variables_map& vm)
   if (vm.count("config")) inputs.push_back({"--config", vm["config"].as<std::string>()});
   if (o.resume == ResumeFrom::File) inputs.push_back({"--resume", o.resume_file});
   if (!o.checkpoint_dir.empty())
-    for (NamedPath& p : checkpoint_inputs("--checkpoint-dir", o.checkpoint_dir)) inputs.push_back(std::move(p));
+    for (NamedPath& p : ckpt::checkpoint_inputs("--checkpoint-dir", o.checkpoint_dir)) inputs.push_back(std::move(p));
   if (!o.init_from.empty())
-    for (NamedPath& p : checkpoint_inputs("--init-from", o.init_from)) inputs.push_back(std::move(p));
+    for (NamedPath& p : ckpt::checkpoint_inputs("--init-from", o.init_from)) inputs.push_back(std::move(p));
   require_distinct_files({{"--metrics-file", o.metrics_file},
                           {"--timeline-file", o.timeline_file},
                           {"--prometheus-file", o.prometheus_file}},
@@ -357,27 +353,6 @@ const Option* find_option(const std::string& name) {
 
 }  // namespace
 
-void require_positive(int64_t v, const char* option) {
-  HPC_REQUIRE(v > 0, "--", option, " must be a positive integer, got ", v);
-}
-
-void require_non_negative(int64_t v, const char* option) {
-  HPC_REQUIRE(v >= 0, "--", option, " must not be negative, got ", v);
-}
-
-void require_batch_size(int64_t v, const char* option) {
-  require_positive(v, option);
-  HPC_REQUIRE(v <= kMaxBatch, "--", option, " must be at most ", kMaxBatch, " samples, got ", v);
-}
-
-void require_not_empty(const std::string& value, const char* option) {
-  HPC_REQUIRE(!value.empty(), "--", option, " is empty (an unset variable?)");
-}
-
-void require_thread_count(int threads) {
-  HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ", threads);
-}
-
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak) {
   TrainOptions o;
   const std::optional<po::variables_map> vm = parse_into(argc, argv, o, speak);
@@ -394,7 +369,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   validate_schedule(o);
   validate_parallel(o);
   validate_checkpointing(o, *vm);
-  memory_budget(o.snapshot_max_memory, host_memory_bytes());  // a usage error now, not when the run starts
+  cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");  // a usage error now, not when the run starts
   return o;
 }
 

@@ -323,7 +323,7 @@ int run_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   std::vector<std::string> files;
   int64_t unusable = 0;  // inputs skipped while listing
   dist::collectively(ctx, [&] {
-    o.threads = o.threads > 0 ? o.threads : default_threads(ctx);
+    o.threads = o.threads > 0 ? o.threads : dist::default_threads(ctx);
     nn::set_math_threads(o.threads);
     inference = make_inference(o, m, ctx);
     if (ctx.rank() == 0) files = list_images(o, unusable);

@@ -17,7 +17,6 @@
 #include "train/engine.hpp"
 #include "train/serving.hpp"
 #include "train/signals.hpp"
-#include "train/trainer.hpp"
 
 namespace hpc::train {
 namespace {
@@ -93,7 +92,7 @@ void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::
               "out");
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
   p.threads = o.threads > 0 ? o.threads : omp_num_threads().value_or(0);
-  if (p.threads == 0) p.threads = default_threads(ctx);
+  if (p.threads == 0) p.threads = dist::default_threads(ctx);
   nn::set_math_threads(p.threads);
   // More math threads on a host than the CPUs its ranks may use: they take turns, every step
   // waits for the slowest, and the step time varies. Said once per host, by its first rank.

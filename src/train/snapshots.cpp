@@ -231,37 +231,6 @@ CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleani
   return c;
 }
 
-uint64_t host_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
-  uint64_t bytes = pages > 0 && size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(size) : 0;
-  // A job's memory limit (Slurm's --mem, a container's) counts the snapshots' tmpfs pages too:
-  // a share of the host would let them push the job over it.
-  if (const std::optional<double> limit = cpus::cgroup_memory_limit())
-    bytes = std::min<uint64_t>(bytes, static_cast<uint64_t>(*limit));
-  return bytes;
-}
-
-uint64_t memory_budget(const std::string& spec, uint64_t host_memory) {
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(spec, &used);
-  } catch (...) {
-    used = 0;
-  }
-  const std::string unit = spec.substr(std::min(used, spec.size()));
-  static const std::pair<const char*, double> kUnits[] = {{"", 1.0},          {"K", 1024.0},
-                                                          {"M", 1048576.0},   {"G", 1073741824.0},
-                                                          {"T", 1099511627776.0}};
-  if (used > 0 && std::isfinite(v) && v >= 0) {
-    if (unit == "%" && v <= 100) return static_cast<uint64_t>(static_cast<double>(host_memory) * v / 100);
-    for (const auto& [name, factor] : kUnits)
-      if (unit == name && v * factor < 1.8e19) return static_cast<uint64_t>(v * factor);
-  }
-  usage_error("--snapshot-max-memory takes a size (512M, 4G: bytes with K, M, G or T) or a share of the host's "
-              "memory (25%), got '", spec, "'");
-}
-
 const char* source_name(StateSource s) {
   switch (s) {
     case StateSource::None: return "none";
@@ -353,7 +322,7 @@ Snapshotter::~Snapshotter() {
 void Snapshotter::check_budget(size_t state_bytes) {
   // A snapshot being written beside the last one: twice the state.
   const uint64_t need = 2 * static_cast<uint64_t>(state_bytes);
-  const uint64_t budget = memory_budget(o_.snapshot_max_memory, host_memory_bytes());
+  const uint64_t budget = cpus::memory_size(o_.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
   HPC_REQUIRE(need <= budget, "they need ", format_bytes(static_cast<double>(need)), " (twice the state of ",
               format_bytes(static_cast<double>(state_bytes)), ") and --snapshot-max-memory allows ",
               format_bytes(static_cast<double>(budget)), " (", o_.snapshot_max_memory, ")");

@@ -74,11 +74,6 @@ std::string default_snapshot_parent();
 // on every host of the job (its local rank 0), the user's snapshots that no relaunch needs.
 int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx);
 
-// --snapshot-max-memory as bytes: "25%" of host_memory, or a size ("512M", "4G", "1.5T",
-// "65536"). Usage error naming the option.
-uint64_t memory_budget(const std::string& spec, uint64_t host_memory);
-// The host's memory, or the job's cgroup memory limit where that is smaller.
-uint64_t host_memory_bytes();
 
 // Where a resumed run's state came from.
 enum class StateSource { None, Checkpoint, Snapshot };

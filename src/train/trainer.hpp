@@ -41,11 +41,6 @@ EvalResult evaluate(const std::function<void(const data::Batch&, double*)>& run,
                     const data::Normalization& norm, int64_t batch_size, dist::Communicator* comm = nullptr,
                     const std::function<void()>& on_batch = {}, int decode_threads = 1, bool bytes = false);
 
-// Math-library threads per rank when --threads is 0: the rank's share of the CPUs its affinity
-// lets it run on (shared with the ranks on its host whose masks overlap), within the cgroup's CPU
-// quota, so that neither a bound rank nor a limited container is oversubscribed.
-int default_threads(const dist::ProcessContext& ctx);
-
 // Runs a whole training job as the options say, as one rank of ctx's world. Throws
 // hpc::Error on bad input (a dist::CollectiveError when every rank throws it).
 TrainResult run_training(const TrainOptions& options, dist::ProcessContext& ctx);
