@@ -16,6 +16,7 @@
 #include "blacklist.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "core/option_kit.hpp"
 #include "core/file_identity.hpp"
 #include "subprocess.hpp"
 
@@ -158,9 +159,47 @@ namespace {
 // The option values hpcrun reads itself (durations, host lists, mpirun's words) before they go
 // into LaunchOptions.
 struct RawOptions {
-  std::string hosts, hostfile, cooldown = "60:600", stall = "10m", start, probe = "10s", teardown = "10s", stop = "5m",
-              elastic = "10m", interval = "5s", straggler_time = "2m", mpi_args;
+  std::string hosts, hostfile, cooldown = "60:600", start, mpi_args;
 };
+
+// hpcrun's durations, through the kit every command line uses (core/option_kit.hpp): each one's
+// default is LaunchOptions' initialiser, shown in --help as it is written ("10m").
+using Entry = options::Entry<LaunchOptions>;
+const std::vector<Entry>& durations() {
+  static const std::vector<Entry> table{
+      options::duration("discovery-interval", &LaunchOptions::discovery_interval, "how often the discovery script runs"),
+      options::duration("stall-timeout", &LaunchOptions::stall_timeout,
+                        "a job whose heartbeat shows no finished step for this long (from its launch, unless "
+                        "--start-timeout is given) is killed and relaunched; at least " +
+                            show_duration(kMinStallTimeout) + " (0: off)"),
+      options::duration("probe-timeout", &LaunchOptions::probe_timeout,
+                        "a host that does not answer a probe in this time is unhealthy"),
+      options::duration("teardown-timeout", &LaunchOptions::teardown_timeout,
+                        "how long mpirun may take to end a failed job before hpcrun kills it"),
+      options::duration("stop-timeout", &LaunchOptions::stop_timeout,
+                        "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is killed"),
+      options::duration("elastic-timeout", &LaunchOptions::elastic_timeout,
+                        "how long to wait for enough healthy slots (--min-np) before giving up"),
+      {"straggler-time",
+       [](po::options_description& d, LaunchOptions& o) {
+         d.add_options()("straggler-time", po::value<std::string>()->default_value(options::duration_text(o.stragglers.seconds)),
+                         "a host slow for this long is named a straggler in hpcrun's log (once)");
+       },
+       [](const po::variables_map& vm, LaunchOptions& o) {
+         o.stragglers.seconds = parse_duration(vm["straggler-time"].as<std::string>(), "straggler-time");
+       },
+       [](const LaunchOptions& o) { return options::text(o.stragglers.seconds); },
+       [](const std::string& t, LaunchOptions& o) { o.stragglers.seconds = options::number_from_text<double>(t, "straggler-time"); }},
+  };
+  return table;
+}
+
+// Adds the duration NAME (above) to a group of --help.
+void add_duration(const char* name, po::options_description& group, LaunchOptions& o) {
+  for (const Entry& e : durations())
+    if (e.name == name) return e.add(group, o);
+  HPC_CHECK(false, "no hpcrun duration --", name);
+}
 
 po::options_description where_options(LaunchOptions& o, RawOptions& raw) {
   po::options_description where("Where: hosts and slots (one rank per slot)");
@@ -169,10 +208,10 @@ po::options_description where_options(LaunchOptions& o, RawOptions& raw) {
       ("hostfile", po::value(&raw.hostfile), "Open MPI hostfile: 'host slots=N' per line")
       ("host-discovery-script", po::value(&o.discovery_script),
        "program printing the usable hosts, one 'host:slots' per line; run every --discovery-interval, "
-       "the job grows onto new hosts and is drained off vanished ones")
-      ("discovery-interval", po::value(&raw.interval)->default_value(raw.interval), "how often the discovery script runs")
-      ("slots-per-host", po::value(&o.slots_per_host)->default_value(o.slots_per_host),
-       "slots of a host given without ':slots'");
+       "the job grows onto new hosts and is drained off vanished ones");
+  add_duration("discovery-interval", where, o);
+  where.add_options()("slots-per-host", po::value(&o.slots_per_host)->default_value(o.slots_per_host),
+                      "slots of a host given without ':slots'");
   return where;
 }
 
@@ -205,11 +244,8 @@ po::options_description launch_options(LaunchOptions& o, RawOptions& raw) {
 
 po::options_description recovery_options(LaunchOptions& o, RawOptions& raw) {
   po::options_description recovery("Failures");
+  add_duration("stall-timeout", recovery, o);
   recovery.add_options()
-      ("stall-timeout", po::value(&raw.stall)->default_value(raw.stall),
-       ("a job whose heartbeat shows no finished step for this long (from its launch, unless --start-timeout is given) "
-        "is killed and relaunched; "
-        "at least " + show_duration(kMinStallTimeout) + " (0: off)").c_str())
       ("start-timeout", po::value(&raw.start),
        ("how long an attempt may take from its launch to its first finished step (mpirun's start-up, the "
         "program's set-up: a slow file system, a large dataset) before it is killed and relaunched as a stall; "
@@ -217,24 +253,19 @@ po::options_description recovery_options(LaunchOptions& o, RawOptions& raw) {
       ("max-restarts", po::value(&o.max_restarts)->default_value(o.max_restarts),
        "failures to recover from before giving up (joins and drains do not count)")
       ("blacklist-cooldown", po::value(&raw.cooldown)->default_value(raw.cooldown),
-       "MIN:MAX a failed host stays out: MIN, doubling with each failure of that host, up to MAX")
-      ("elastic-timeout", po::value(&raw.elastic)->default_value(raw.elastic),
-       "how long to wait for enough healthy slots (--min-np) before giving up")
-      ("probe-timeout", po::value(&raw.probe)->default_value(raw.probe), "a host that does not answer a probe in this time is unhealthy")
-      ("teardown-timeout", po::value(&raw.teardown)->default_value(raw.teardown),
-       "how long mpirun may take to end a failed job before hpcrun kills it")
-      ("stop-timeout", po::value(&raw.stop)->default_value(raw.stop),
-       "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is killed");
+       "MIN:MAX a failed host stays out: MIN, doubling with each failure of that host, up to MAX");
+  for (const char* name : {"elastic-timeout", "probe-timeout", "teardown-timeout", "stop-timeout"})
+    add_duration(name, recovery, o);
   return recovery;
 }
 
-po::options_description straggler_options(LaunchOptions& o, RawOptions& raw) {
+po::options_description straggler_options(LaunchOptions& o) {
   po::options_description stragglers("Slow hosts (from the heartbeat of hpctrain with --checkpoint-dir)");
   stragglers.add_options()
       ("straggler-factor", po::value(&o.stragglers.factor)->default_value(o.stragglers.factor),
-       "a host whose rank's own work per step takes this many times the median rank's is slow")
-      ("straggler-time", po::value(&raw.straggler_time)->default_value(raw.straggler_time),
-       "a host slow for this long is named a straggler in hpcrun's log (once)")
+       "a host whose rank's own work per step takes this many times the median rank's is slow");
+  add_duration("straggler-time", stragglers, o);
+  stragglers.add_options()
       ("drain-stragglers", po::bool_switch(&o.stragglers.drain),
        "drain a straggler at the next step boundary, as a host that leaves, and keep it out for its "
        "--blacklist-cooldown; the job goes on on the rest, if they have --min-np slots");
@@ -269,17 +300,11 @@ bool parse_own(const std::vector<std::string>& own, const po::options_descriptio
   return true;
 }
 
-void read_timeouts(const RawOptions& raw, LaunchOptions& o) {
-  o.discovery_interval = parse_duration(raw.interval, "discovery-interval");
-  o.stall_timeout = parse_duration(raw.stall, "stall-timeout");
+void read_timeouts(const po::variables_map& vm, const RawOptions& raw, LaunchOptions& o) {
+  options::read(durations(), vm, o);
   o.start_timeout_given = !raw.start.empty();
   o.start_timeout = o.start_timeout_given ? parse_duration(raw.start, "start-timeout") : o.stall_timeout;
-  o.probe_timeout = parse_duration(raw.probe, "probe-timeout");
-  o.teardown_timeout = parse_duration(raw.teardown, "teardown-timeout");
-  o.stop_timeout = parse_duration(raw.stop, "stop-timeout");
-  o.elastic_timeout = parse_duration(raw.elastic, "elastic-timeout");
   parse_cooldown(raw.cooldown, &o.cooldown_min, &o.cooldown_max);
-  o.stragglers.seconds = parse_duration(raw.straggler_time, "straggler-time");
   HPC_REQUIRE(o.stragglers.seconds > 0, "--straggler-time must be more than 0");
   HPC_REQUIRE(o.stragglers.factor > 1 && std::isfinite(o.stragglers.factor), "--straggler-factor must be more than 1 "
               "(a host's busy time per step over the median host's), got ", o.stragglers.factor);
@@ -404,12 +429,12 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
   general.add_options()("help,h", "this help")("version", "print the version");
   po::options_description all;
   all.add(where_options(o, raw)).add(size_options(o)).add(launch_options(o, raw)).add(recovery_options(o, raw));
-  all.add(straggler_options(o, raw)).add(general);
+  all.add(straggler_options(o)).add(general);
   po::variables_map vm;
   if (!parse_own(own, all, &vm)) return std::nullopt;
 
   // In this order: the first bad value is the one reported.
-  read_timeouts(raw, o);
+  read_timeouts(vm, raw, o);
   read_counts(vm, o);
   read_launch(vm, raw, o);
   choose_hosts(vm, raw, o);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/duration.hpp"
+#include "core/option_kit.hpp"
 #include "core/error.hpp"
 #include "train/option_checks.hpp"
 #include "train/signals.hpp"
@@ -18,65 +19,39 @@ namespace {
 
 using Members = TrainOptions;
 
-// As people write them (0.1, not Boost's 0.10000000000000001), and as option_values has always
-// recorded them in checkpoints (six significant digits; booleans 0 and 1).
-template <class V>
-std::string text(const V& v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
+using options::bool_from_text;
+using options::text;
+using Entry = options::Entry<TrainOptions>;
 
-// What a checkpoint records of an option (value's text), read back: `what` reads it, or it is
-// not what value writes.
-template <class T>
-T recorded_number(const std::string& t, const char* name) {
-  std::istringstream is(t);
-  T v{};
-  is >> v;
-  HPC_REQUIRE(!t.empty() && is && is.peek() == std::char_traits<char>::eof(), "the checkpoint records --", name,
-              " as '", t, "': not a number");
-  return v;
-}
+Option with(Rule rule, Entry e) { return {std::move(e), rule}; }
 
-bool recorded_bool(const std::string& t, const char* name) {
-  HPC_REQUIRE(t == "0" || t == "1", "the checkpoint records --", name, " as '", t, "': not 0 or 1");
-  return t == "1";
-}
-
-// A number, shown with its default.
+// The kinds of option every command line has (core/option_kit.hpp), each with its rule here.
 template <class T>
 Option number(const char* name, T Members::*m, Rule rule, std::string help) {
-  return {name, rule,
-          [=](po::options_description& d, TrainOptions& o) {
-            d.add_options()(name, po::value(&(o.*m))->default_value(o.*m, text(o.*m)), help.c_str());
-          },
-          {}, [m](const TrainOptions& o) { return text(o.*m); },
-          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_number<T>(t, name); }};
+  return with(rule, options::number(name, m, std::move(help)));
 }
 
 // A path or file name; none by default (an empty one given is refused: validate_paths).
 Option path(const char* name, std::string Members::*m, Rule rule, std::string help) {
-  return {name, rule,
-          [=](po::options_description& d, TrainOptions& o) { d.add_options()(name, po::value(&(o.*m)), help.c_str()); },
-          {}, [m](const TrainOptions& o) { return o.*m; }, [m](const std::string& t, TrainOptions& o) { o.*m = t; }};
+  return with(rule, options::path(name, m, std::move(help)));
 }
 
-// --name sets the member.
 Option flag(const char* name, bool Members::*m, Rule rule, std::string help) {
-  return {name, rule,
-          [=](po::options_description& d, TrainOptions& o) { d.add_options()(name, po::bool_switch(&(o.*m)), help.c_str()); },
-          {}, [m](const TrainOptions& o) { return text(o.*m); },
-          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_bool(t, name); }};
+  return with(rule, options::flag(name, m, std::move(help)));
 }
 
-// --name clears the member (--no-nesterov: nesterov = false); its value is the switch's.
 Option negation(const char* name, bool Members::*m, Rule rule, std::string help) {
-  return {name, rule,
-          [=](po::options_description& d, TrainOptions&) { d.add_options()(name, po::bool_switch(), help.c_str()); },
-          [=](const po::variables_map& vm, TrainOptions& o) { o.*m = !vm[name].as<bool>(); },
-          [m](const TrainOptions& o) { return text(!(o.*m)); },
-          [=](const std::string& t, TrainOptions& o) { o.*m = !recorded_bool(t, name); }};
+  return with(rule, options::negation(name, m, std::move(help)));
+}
+
+template <class E, size_t N>
+Option choice(const char* name, E Members::*m, const Named<E> (&names)[N], Rule rule, std::string help,
+              std::string what = "") {
+  return with(rule, options::choice(name, m, names, std::move(help), std::move(what)));
+}
+
+Option duration(const char* name, double Members::*m, Rule rule, std::string help) {
+  return with(rule, options::duration(name, m, std::move(help)));
 }
 
 // A setting on by default: --NAME, kept for the scripts written while it was off by default,
@@ -84,48 +59,18 @@ Option negation(const char* name, bool Members::*m, Rule rule, std::string help)
 // NAME, as before.
 Option on_by_default(const char* name, bool Members::*m, Rule rule, std::string help, std::string no_help) {
   const std::string no = std::string("no-") + name;
-  return {name, rule,
-          [=](po::options_description& d, TrainOptions&) {
-            d.add_options()(name, po::bool_switch(), (help + " (the default)").c_str())(
-                no.c_str(), po::bool_switch(), no_help.c_str());
-          },
-          [=](const po::variables_map& vm, TrainOptions& o) {
-            const bool on = vm[name].as<bool>(), off = vm[no].as<bool>();
-            HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
-            o.*m = !off;
-          },
-          [m](const TrainOptions& o) { return text(o.*m); },
-          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_bool(t, name); }};
-}
-
-// One of `names`, shown with the default's name; an unknown word is "unknown WHAT 'x' (choose
-// ...)", WHAT being --name unless given.
-template <class E, size_t N>
-Option choice(const char* name, E Members::*m, const Named<E> (&names)[N], Rule rule, std::string help,
-              std::string what = "") {
-  if (what.empty()) what = std::string("--") + name;
-  return {name, rule,
-          [=, &names](po::options_description& d, TrainOptions& o) {
-            d.add_options()(name, po::value<std::string>()->default_value(name_of(names, o.*m)), help.c_str());
-          },
-          [=, &names](const po::variables_map& vm, TrainOptions& o) {
-            o.*m = parse_named(names, vm[name].as<std::string>(), what);
-          },
-          [m, &names](const TrainOptions& o) { return std::string(name_of(names, o.*m)); },
-          [=, &names](const std::string& t, TrainOptions& o) { o.*m = parse_named(names, t, what + " (in the checkpoint)"); }};
-}
-
-// A duration in seconds, given as 90s, 10m, 1.5h (parse_duration).
-Option duration(const char* name, double Members::*m, const char* default_text, Rule rule, std::string help) {
-  return {name, rule,
-          [=](po::options_description& d, TrainOptions&) {
-            d.add_options()(name, po::value<std::string>()->default_value(default_text), help.c_str());
-          },
-          [=](const po::variables_map& vm, TrainOptions& o) {
-            o.*m = parse_duration(vm[name].as<std::string>(), name);
-          },
-          [m](const TrainOptions& o) { return text(o.*m); },  // seconds
-          [=](const std::string& t, TrainOptions& o) { o.*m = recorded_number<double>(t, name); }};
+  return with(rule, {name,
+                     [=](po::options_description& d, TrainOptions&) {
+                       d.add_options()(name, po::bool_switch(), (help + " (the default)").c_str())(
+                           no.c_str(), po::bool_switch(), no_help.c_str());
+                     },
+                     [=](const po::variables_map& vm, TrainOptions& o) {
+                       const bool on = vm[name].as<bool>(), off = vm[no].as<bool>();
+                       HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
+                       o.*m = !off;
+                     },
+                     [m](const TrainOptions& o) { return text(o.*m); },
+                     [=](const std::string& t, TrainOptions& o) { o.*m = bool_from_text(t, name); }});
 }
 
 std::vector<double> parse_epochs(const std::string& s, const char* option) {
@@ -147,7 +92,7 @@ std::vector<double> parse_epochs(const std::string& s, const char* option) {
 
 // Comma-separated epochs ("30,60"); none by default.
 Option epoch_list(const char* name, std::vector<double> Members::*m, Rule rule, std::string help) {
-  return {name, rule,
+  return with(rule, {name,
           [=](po::options_description& d, TrainOptions&) { d.add_options()(name, po::value<std::string>(), help.c_str()); },
           [=](const po::variables_map& vm, TrainOptions& o) {
             if (!vm.count(name)) return;
@@ -163,7 +108,7 @@ Option epoch_list(const char* name, std::vector<double> Members::*m, Rule rule, 
           [=](const std::string& t, TrainOptions& o) {
             (o.*m).clear();
             if (!t.empty()) o.*m = parse_epochs(t.back() == ',' ? t.substr(0, t.size() - 1) : t, name);
-          }};
+          }});
 }
 
 void read_resume(const std::string& v, TrainOptions& o) {
@@ -173,7 +118,7 @@ void read_resume(const std::string& v, TrainOptions& o) {
 
 // --resume: auto, none or a file.
 Option resume(Rule rule, std::string help) {
-  return {"resume", rule,
+  return with(rule, {"resume",
           [=](po::options_description& d, TrainOptions&) {
             d.add_options()("resume", po::value<std::string>()->default_value("auto"), help.c_str());
           },
@@ -181,7 +126,7 @@ Option resume(Rule rule, std::string help) {
           [](const TrainOptions& o) {
             return o.resume == ResumeFrom::Auto ? std::string("auto") : o.resume == ResumeFrom::None ? "none" : o.resume_file;
           },
-          read_resume};
+          read_resume});
 }
 
 int64_t steps_or_auto_of(const std::string& v, const char* name) {
@@ -200,18 +145,18 @@ int64_t steps_or_auto_of(const std::string& v, const char* name) {
 
 // --snapshot-every-steps: auto (-1) or a count.
 Option steps_or_auto(const char* name, int64_t Members::*m, Rule rule, std::string help) {
-  return {name, rule,
+  return with(rule, {name,
           [=](po::options_description& d, TrainOptions&) {
             d.add_options()(name, po::value<std::string>()->default_value("auto"), help.c_str());
           },
           [=](const po::variables_map& vm, TrainOptions& o) { o.*m = steps_or_auto_of(vm[name].as<std::string>(), name); },
           [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); },
-          [=](const std::string& t, TrainOptions& o) { o.*m = steps_or_auto_of(t, name); }};
+          [=](const std::string& t, TrainOptions& o) { o.*m = steps_or_auto_of(t, name); }});
 }
 
 // --stop-signals: signal names, comma-separated (signals.hpp).
 Option stop_signals(Rule rule, std::string help) {
-  return {"stop-signals", rule,
+  return with(rule, {"stop-signals",
           [=](po::options_description& d, TrainOptions& o) {
             d.add_options()("stop-signals", po::value<std::string>()->default_value(stop_signals_text(o.stop_signals)),
                             help.c_str());
@@ -220,7 +165,7 @@ Option stop_signals(Rule rule, std::string help) {
             o.stop_signals = parse_stop_signals(vm["stop-signals"].as<std::string>());
           },
           [](const TrainOptions& o) { return stop_signals_text(o.stop_signals); },
-          [](const std::string& t, TrainOptions& o) { o.stop_signals = parse_stop_signals(t); }};
+          [](const std::string& t, TrainOptions& o) { o.stop_signals = parse_stop_signals(t); }});
 }
 
 std::vector<Option> general() {
@@ -240,7 +185,7 @@ std::vector<Option> general() {
              "a pseudo-terminal of mpirun, srun or hpcrun; else lines), bar, lines (plain log lines) or off"),
       number("log-every", &Members::log_every, R::Local,
              "progress lines: one every N steps (0: one every --progress-interval, and at each epoch's end)"),
-      duration("progress-interval", &Members::progress_interval_seconds, "30s", R::Local,
+      duration("progress-interval", &Members::progress_interval_seconds, R::Local,
                "progress lines: time between them when --log-every is 0: 30s, 5m"),
       choice("log-level", &Members::log_level, kLogLevelNames, R::Local,
              "error, warn, info or debug: the least important lines printed (--quiet: warn)"),
@@ -373,10 +318,10 @@ std::vector<Option> checkpoints() {
       number("keep-checkpoints", &Members::keep_checkpoints, R::Local, "keep the newest K checkpoints (1 to 1000000)"),
       number("checkpoint-every-steps", &Members::checkpoint_every_steps, R::Local,
              "also checkpoint every N steps (0: not by steps)"),
-      duration("checkpoint-interval", &Members::checkpoint_interval_seconds, "10m", R::Local,
+      duration("checkpoint-interval", &Members::checkpoint_interval_seconds, R::Local,
                "checkpoint when this much wall-clock time has passed since the last one: 90s, 10m, 1.5h (0: never)"),
       flag("checkpoint-each-epoch", &Members::checkpoint_each_epoch, R::Local, "also checkpoint after every epoch"),
-      duration("checkpoint-lock-wait", &Members::checkpoint_lock_wait_seconds, "0", R::Local,
+      duration("checkpoint-lock-wait", &Members::checkpoint_lock_wait_seconds, R::Local,
                "while another live run holds --checkpoint-dir's lock, wait this long for it before refusing to "
                "start: 30s, 2m (0: refuse at once; hpcrun's relaunches wait 1m for a lost attempt's processes)"),
       resume(R::Local,
@@ -391,7 +336,7 @@ std::vector<Option> checkpoints() {
            "on resume, let a larger --epochs than the checkpoint's lengthen the run (a finished one too): the "
            "learning-rate schedule is recomputed for the new length from the step the run stands at, said in the "
            "log and the metrics file (event extended)"),
-      duration("step-timeout", &Members::step_timeout_seconds, "10m", R::Local,
+      duration("step-timeout", &Members::step_timeout_seconds, R::Local,
                "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
                "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),
       stop_signals(R::Local,

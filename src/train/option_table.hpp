@@ -8,27 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "core/option_kit.hpp"
 #include "train/train_options.hpp"
 
 namespace hpc::train {
 
-// One option: its name, rule and help, and how it meets a TrainOptions. The factories in
-// option_table.cpp (number, path, flag, negation, choice, duration, ...) make them: each takes
-// the member the option sets and its Rule, and shows the member's default in --help.
-struct Option {
-  std::string name;  // the long option, without "--"
+// One option: an entry of the kit every command line uses (core/option_kit.hpp: its name, how it
+// meets a TrainOptions, its value as text, which every rank compares and a checkpoint records, and
+// the inverse of that text), and its rule for ranks and resume. The factories in option_table.cpp
+// (number, path, flag, negation, choice, duration, ...) make them: each takes the member the
+// option sets and its Rule, and shows the member's default in --help.
+struct Option : options::Entry<TrainOptions> {
   Rule rule;
-  // Adds it to a Boost description, bound to o's member where Boost can fill it itself.
-  std::function<void(boost::program_options::options_description& d, TrainOptions& o)> add;
-  // After parsing: the members Boost cannot fill (choices, --no-X switches, durations, lists),
-  // from what it stored in vm. May be empty.
-  std::function<void(const boost::program_options::variables_map& vm, TrainOptions& o)> read;
-  // The value as text: option_values, hence what every rank compares and a checkpoint records
-  // (so an option's text must never change).
-  std::function<std::string(const TrainOptions& o)> value;
-  // The inverse of value: the member from its text, as a checkpoint records it ("option.NAME").
-  // Text that value cannot have written is the checkpoint's usage error, naming the option.
-  std::function<void(const std::string& text, TrainOptions& o)> parse;
 };
 
 struct OptionGroup {

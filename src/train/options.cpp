@@ -427,7 +427,11 @@ TrainOptions recorded_options(const std::map<std::string, std::string>& meta,
     HPC_CHECK(option && option->rule != Rule::Local, "--", name, " is not an option checkpoints record");
     const auto it = meta.find("option." + name);
     HPC_REQUIRE(it != meta.end(), "the checkpoint does not record --", name);
-    option->parse(it->second, o);
+    try {
+      option->parse(it->second, o);
+    } catch (const Error& e) {
+      usage_error(e.what(), " (as the checkpoint records it)");
+    }
   }
   return o;
 }

@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
+#include "core/option_kit.hpp"
 #include "data/image_file.hpp"
 #include "data/loader.hpp"
 #include "dist/agree.hpp"
@@ -36,7 +37,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct PredictOptions {
-  std::string checkpoint, data_dir, device = "auto";
+  std::string checkpoint, data_dir;
+  Device device = Device::Auto;
   std::vector<std::string> inputs;
   int64_t top_k = 5, batch_size = 64;
   int threads = 0;
@@ -253,24 +255,30 @@ void speak(dist::ProcessContext& ctx, const Said& mine) {
 
 std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel& m, dist::ProcessContext& ctx) {
   std::string why;
-  const bool gpu = o.device != "cpu" && gpu_training_available(&why);
+  const bool gpu = o.device != Device::Cpu && gpu_training_available(&why);
   // As training: --device cuda without a usable GPU is an error, never a quiet fallback.
-  HPC_REQUIRE(gpu || o.device != "cuda", "--device cuda: ", why, "; or use --device cpu");
+  HPC_REQUIRE(gpu || o.device != Device::Cuda, "--device cuda: ", why, "; or use --device cpu");
   if (gpu) return make_gpu_inference(*m.model, ctx.local_rank());
   return make_cpu_inference(*m.model, o.threads);
 }
 
-void check_options(const PredictOptions& o, const po::variables_map& vm) {
+// --device as training takes it (the same choice, core/option_kit.hpp).
+const options::Entry<PredictOptions>& device_option() {
+  static const options::Entry<PredictOptions> device = options::choice(
+      "device", &PredictOptions::device, kDeviceNames, "auto (this rank's GPU when the build and the machine have one), cpu or cuda");
+  return device;
+}
+
+void check_options(PredictOptions& o, const po::variables_map& vm) {
   for (const char* name : {"checkpoint", "data-dir", "device"})
     if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+  device_option().read(vm, o);
   HPC_REQUIRE(!o.inputs.empty(), "hpctrain predict needs IMAGES: image files or directories of them");
   for (const std::string& input : o.inputs)
     HPC_REQUIRE(!input.empty(), "an IMAGE given to hpctrain predict is empty (an unset variable?)");
   require_positive(o.top_k, "top-k");
   require_batch_size(o.batch_size, "batch-size");
   require_thread_count(o.threads);
-  HPC_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda", "--device ", o.device,
-              " is not known (auto, cpu or cuda)");
   HPC_REQUIRE(!o.logits || o.json, "--logits adds the logits to --json's lines: give --json too");
 }
 
@@ -293,13 +301,12 @@ po::options_description predict_options(PredictOptions& o) {
       "batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "images per batch")(
       "threads", po::value(&o.threads)->default_value(o.threads),
       "decoding and math threads per rank (0: this rank's share of the CPUs it may use: its affinity and cgroup quota)")(
-      "device", po::value(&o.device)->default_value(o.device),
-      "auto (this rank's GPU when the build and the machine have one), cpu or cuda")(
       "skip-bad", po::bool_switch(&o.skip_bad),
       "warn about an image that cannot be read (or a path that cannot be used) and classify the rest")(
       "data-dir", po::value(&o.data_dir),
       "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed only for a "
       "checkpoint written before 2026-11-26, which records no class names)");
+  device_option().add(options, o);
   return options;
 }
 

@@ -267,6 +267,12 @@ class Serving(unittest.TestCase):
         os.mkdir(empty)
         self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, empty], f"no PNG or JPEG images")
 
+    def test_a_device_it_does_not_know_is_refused_with_the_choices(self):
+        good, _ = self.bad_files()
+        self.assert_refused(["predict", "--checkpoint", self.ck, "--device", "tpu", good],
+                            "unknown --device 'tpu' (choose auto, cpu or cuda)")
+        self.assert_refused(["predict", "--checkpoint", self.ck, "--device", "", good], "--device is empty")
+
     def test_an_unreadable_image_says_why(self):
         """Permission denied is not "does not exist". As root (CI), hpctrain runs without the
         capabilities that let root past permission bits, so that the test runs everywhere."""

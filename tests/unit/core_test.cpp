@@ -25,7 +25,9 @@
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
+#include "core/duration.hpp"
 #include "core/hash.hpp"
+#include "core/option_kit.hpp"
 #include "core/spelling.hpp"
 #include "core/tensor.hpp"
 #include "train/metrics.hpp"
@@ -556,3 +558,21 @@ TEST_F(FileIdentityTest, RootDirectoryBySpellingOrLinkIsRefused) {
 
 }  // namespace
 }  // namespace hpc
+
+namespace hpc::testing {
+namespace {
+
+// Every command line's durations show their default as duration_text writes it: what a person
+// writes ("10m", not "600 s"), read back by parse_duration as the same seconds.
+TEST(OptionKit, DurationTextIsWhatPeopleWriteAndReadsBackTheSame) {
+  const std::vector<std::pair<double, std::string>> shown{
+      {0, "0"}, {0.5, "0.5s"}, {5, "5s"}, {30, "30s"}, {90, "90s"}, {60, "1m"}, {120, "2m"}, {300, "5m"},
+      {600, "10m"}, {5400, "90m"}, {3600, "1h"}, {7200, "2h"}, {0.1, "0.1s"}, {1234567, "1234567s"}};
+  for (const auto& [seconds, text] : shown) {
+    EXPECT_EQ(options::duration_text(seconds), text) << seconds;
+    EXPECT_EQ(parse_duration(options::duration_text(seconds), "x"), seconds) << text;
+  }
+}
+
+}  // namespace
+}  // namespace hpc::testing

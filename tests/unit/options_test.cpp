@@ -228,11 +228,11 @@ TEST(OptionTable, RecordedOptionsNoRunWritesAreRefusedByName) {
                                                 {"option.no-batch-norm", "2"},     {"option.lr-step-epochs", "1,a,"},
                                                 {"option.label-smoothing", ""}};
   const std::vector<std::pair<std::string, std::string>> cases{
-      {"epochs", "the checkpoint records --epochs as '5x': not a number"},
-      {"dataset", "unknown --dataset (in the checkpoint) 'imagenet'"},
-      {"no-batch-norm", "the checkpoint records --no-batch-norm as '2': not 0 or 1"},
-      {"lr-step-epochs", "--lr-step-epochs takes a comma-separated list of epochs"},
-      {"label-smoothing", "the checkpoint records --label-smoothing as '': not a number"},
+      {"epochs", "--epochs '5x' is not a number (as the checkpoint records it)"},
+      {"dataset", "unknown --dataset 'imagenet' (choose "},
+      {"no-batch-norm", "--no-batch-norm '2' is not 0 or 1 (as the checkpoint records it)"},
+      {"lr-step-epochs", "--lr-step-epochs takes a comma-separated list of epochs, got '1,a' (as the checkpoint"},
+      {"label-smoothing", "--label-smoothing '' is not a number (as the checkpoint records it)"},
       {"seed", "the checkpoint does not record --seed"},
   };
   for (const auto& [name, message] : cases) {

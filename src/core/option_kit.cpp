@@ -1,0 +1,32 @@
+#include "core/option_kit.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+namespace hpc::options {
+
+bool bool_from_text(const std::string& t, const std::string& name) {
+  HPC_REQUIRE(t == "0" || t == "1", "--", name, " '", t, "' is not 0 or 1");
+  return t == "1";
+}
+
+namespace {
+
+std::string exact(double v) {  // 15 digits: what a person wrote (0.1, not 0.10000000000000001), read back the same
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string duration_text(double seconds) {
+  if (seconds == 0) return "0";
+  for (const auto& [unit, size] : {std::pair<const char*, double>{"h", 3600}, {"m", 60}}) {
+    const double n = seconds / size;
+    if (n >= 1 && n == std::floor(n)) return exact(n) + unit;
+  }
+  return exact(seconds) + "s";
+}
+
+}  // namespace hpc::options
