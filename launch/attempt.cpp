@@ -46,8 +46,9 @@ std::string line_prefix(int attempt, int rank) {
 
 }  // namespace
 
-std::vector<std::string> mpirun_command(const LaunchOptions& o_, const HostList& placement, const std::string& self_exe) {
-  std::vector<std::string> cmd = {o_.mpirun, "--tag-output", "-np", std::to_string(total_slots(placement)), "-H",
+std::vector<std::string> mpirun_command(const LaunchOptions& o, const HostList& placement,
+                                        const std::string& self_exe) {
+  std::vector<std::string> cmd = {o.mpirun, "--tag-output", "-np", std::to_string(total_slots(placement)), "-H",
                                   show_hosts(placement)};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
   // Open MPI's daemons send the signals mpirun forwards (SIGUSR1, SIGUSR2) to a rank's whole
@@ -56,9 +57,9 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o_, const HostList&
   // SIGTERM and SIGKILL still go to the group.)
   cmd.insert(cmd.end(), {"--mca", "odls_base_signal_direct_children_only", "1"});
   const bool remote = std::any_of(placement.begin(), placement.end(), [](const Host& h) { return !is_local_host(h.name); });
-  if (remote && (o_.host_source != HostSource::Slurm || o_.launch_agent_given)) {
-    cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", joined(agent_command(o_))});
-  } else if (o_.host_source == HostSource::Slurm) {
+  if (remote && (o.host_source != HostSource::Slurm || o.launch_agent_given)) {
+    cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", joined(agent_command(o))});
+  } else if (o.host_source == HostSource::Slurm) {
     // mpirun starts its daemons with srun, which without a node list takes the whole
     // allocation, a lost node included, and waits for that node forever; and a step of the
     // failed attempt that Slurm cannot end on the lost node keeps its CPUs on the others
@@ -73,10 +74,10 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o_, const HostList&
     const std::string name = kv.substr(0, kv.find('='));
     if (forwarded(name)) cmd.insert(cmd.end(), {"-x", name});
   }
-  for (const std::string& e : o_.env) cmd.insert(cmd.end(), {"-x", e});
-  cmd.insert(cmd.end(), o_.mpi_args.begin(), o_.mpi_args.end());
+  for (const std::string& e : o.env) cmd.insert(cmd.end(), {"-x", e});
+  cmd.insert(cmd.end(), o.mpi_args.begin(), o.mpi_args.end());
   cmd.insert(cmd.end(), {self_exe, "--rank-exec"});
-  cmd.insert(cmd.end(), o_.program.begin(), o_.program.end());
+  cmd.insert(cmd.end(), o.program.begin(), o.program.end());
   return cmd;
 }
 

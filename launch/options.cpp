@@ -16,8 +16,8 @@
 #include "blacklist.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
-#include "core/option_kit.hpp"
 #include "core/file_identity.hpp"
+#include "core/option_kit.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -167,7 +167,8 @@ struct RawOptions {
 using Entry = options::Entry<LaunchOptions>;
 const std::vector<Entry>& durations() {
   static const std::vector<Entry> table{
-      options::duration("discovery-interval", &LaunchOptions::discovery_interval, "how often the discovery script runs"),
+      options::duration("discovery-interval", &LaunchOptions::discovery_interval,
+                        "how often the discovery script runs"),
       options::duration("stall-timeout", &LaunchOptions::stall_timeout,
                         "a job whose heartbeat shows no finished step for this long (from its launch, unless "
                         "--start-timeout is given) is killed and relaunched; at least " +
@@ -180,16 +181,9 @@ const std::vector<Entry>& durations() {
                         "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is killed"),
       options::duration("elastic-timeout", &LaunchOptions::elastic_timeout,
                         "how long to wait for enough healthy slots (--min-np) before giving up"),
-      {"straggler-time",
-       [](po::options_description& d, LaunchOptions& o) {
-         d.add_options()("straggler-time", po::value<std::string>()->default_value(options::duration_text(o.stragglers.seconds)),
-                         "a host slow for this long is named a straggler in hpcrun's log (once)");
-       },
-       [](const po::variables_map& vm, LaunchOptions& o) {
-         o.stragglers.seconds = parse_duration(vm["straggler-time"].as<std::string>(), "straggler-time");
-       },
-       [](const LaunchOptions& o) { return options::text(o.stragglers.seconds); },
-       [](const std::string& t, LaunchOptions& o) { o.stragglers.seconds = options::number_from_text<double>(t, "straggler-time"); }},
+      options::duration_at<LaunchOptions>(
+          "straggler-time", [](auto& o) -> auto& { return o.stragglers.seconds; },
+          "a host slow for this long is named a straggler in hpcrun's log (once)"),
   };
   return table;
 }

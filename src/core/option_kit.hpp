@@ -114,23 +114,24 @@ Entry<S> choice(const char* name, E S::*m, const Named<E> (&names)[N], std::stri
           [=, &names](const std::string& t, S& s) { s.*m = parse_named(names, t, what); }};
 }
 
-// A duration in seconds, given as 90s, 10m, 1.5h (parse_duration); its default is the member's
-// initialiser, shown as duration_text writes it. Its value is the seconds.
-template <class S>
-Entry<S> duration(const char* name, double S::*m, std::string help) {
+// A duration in seconds, given as 90s, 10m, 1.5h (parse_duration); its default is the seconds'
+// initial value, shown as duration_text writes it. Its value is the seconds. `at` reaches them in
+// an S, const or not ([](auto& s) -> auto& { return s.inner.seconds; } for a nested member).
+template <class S, class At>
+Entry<S> duration_at(const char* name, At at, std::string help) {
   return {name,
           [=](po::options_description& d, S& s) {
-            d.add_options()(name, po::value<std::string>()->default_value(duration_text(s.*m)), help.c_str());
+            d.add_options()(name, po::value<std::string>()->default_value(duration_text(at(s))), help.c_str());
           },
-          [=](const po::variables_map& vm, S& s) { s.*m = parse_duration(vm[name].template as<std::string>(), name); },
-          [m](const S& s) { return text(s.*m); },
-          [=](const std::string& t, S& s) { s.*m = number_from_text<double>(t, name); }};
+          [=](const po::variables_map& vm, S& s) { at(s) = parse_duration(vm[name].template as<std::string>(), name); },
+          [at](const S& s) { return text(at(s)); },
+          [=](const std::string& t, S& s) { at(s) = number_from_text<double>(t, name); }};
 }
 
-// The table's options added to a description, bound to s, in the table's order.
+// The same for a member of S.
 template <class S>
-void describe(const std::vector<Entry<S>>& table, po::options_description& d, S& s) {
-  for (const Entry<S>& e : table) e.add(d, s);
+Entry<S> duration(const char* name, double S::*m, std::string help) {
+  return duration_at<S>(name, [m](auto& s) -> auto& { return s.*m; }, std::move(help));
 }
 
 // After Boost has parsed into vm: each entry's own reading.

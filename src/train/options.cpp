@@ -369,7 +369,8 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   validate_schedule(o);
   validate_parallel(o);
   validate_checkpointing(o, *vm);
-  cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");  // a usage error now, not when the run starts
+  // A usage error now, not when the run starts.
+  cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
   return o;
 }
 

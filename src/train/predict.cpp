@@ -264,8 +264,9 @@ std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel&
 
 // --device as training takes it (the same choice, core/option_kit.hpp).
 const options::Entry<PredictOptions>& device_option() {
-  static const options::Entry<PredictOptions> device = options::choice(
-      "device", &PredictOptions::device, kDeviceNames, "auto (this rank's GPU when the build and the machine have one), cpu or cuda");
+  static const options::Entry<PredictOptions> device =
+      options::choice("device", &PredictOptions::device, kDeviceNames,
+                      "auto (this rank's GPU when the build and the machine have one), cpu or cuda");
   return device;
 }
 
