@@ -18,6 +18,7 @@ LOCAL_CLUSTER="$repo/slurm/local-cluster.sh"
 : "${HPCTRAIN:?set HPCTRAIN to the hpctrain binary}"
 FASHION_MNIST=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 SECONDS=0
+FAIL_LOGS=()  # more files whose ends a failure shows (a test adds its own daemons' logs)
 
 say() { echo "[$SECONDS s] $*"; }
 
@@ -33,8 +34,9 @@ fail() {
   local f
   keep_logs
   for f in "$WORK"/*.out; do [[ -f "$f" ]] && { echo "--- $f"; tail -n 30 "$f"; } >&2; done
-  f="$CLUSTER_DIR/log/slurmctld.log"
-  if [[ -f "$f" ]]; then { echo "--- $f"; tail -n 15 "$f"; } >&2; fi
+  for f in "$CLUSTER_DIR/log/slurmctld.log" "${FAIL_LOGS[@]}"; do
+    if [[ -f "$f" ]]; then { echo "--- $f"; tail -n 15 "$f"; } >&2; fi
+  done
   exit 1
 }
 
@@ -168,4 +170,23 @@ done_field() {
 resumed_steps() { sed -n 's/.*resuming from .* at step \([0-9]*\) .*/\1/p' "$WORK/$1.out" | tr '\n' ' '; }
 stopped_steps() { sed -n 's/.*stopped on request .* after step \([0-9]*\);.*/\1/p' "$WORK/$1.out" | tr '\n' ' '; }
 
+# Two neighbouring free ports below the kernel's ephemeral range (32768 up), as slurmctld and
+# slurmd take: a port picked from that range can be any connection's source port a moment later
+# (a CI run's slurmd found its port, the ephemeral pick plus one, taken and never came up).
+free_port_pair() {
+  python3 -c '
+import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 32000)
+    try:
+        for q in (p, p + 1):
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", q))
+    except OSError:
+        continue
+    print(p)
+    break
+else:
+    raise SystemExit("no two free neighbouring ports")'
+}
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -89,6 +89,12 @@ def nodes(endpoint, slurm_conf):
                 tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
                 if "hpctrain:node" in tags:
                     live.add(tags["hpctrain:node"])
+        for node, proc in list(running.items()):
+            # A slurmd that could not start (its port taken for a moment) is the instance's boot
+            # failing: start it again rather than leave the node powering up for ever.
+            if node in live and proc.poll() is not None:
+                print(f"fake_cloud: {node}: slurmd exited ({proc.returncode}), starting it again", flush=True)
+                del running[node]
         for node in live - set(running):
             # resume.py gave Slurm the instance's address; this "instance" is this machine.
             if node_addr(node) not in ("", node):
@@ -103,7 +109,7 @@ def nodes(endpoint, slurm_conf):
                 running[node] = subprocess.Popen(
                     ["unshare", "--fork", "--kill-child", "--time", "--boottime", str(-uptime),
                      "slurmd", "-D", "-f", slurm_conf, "-N", node],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    stdout=subprocess.DEVNULL)  # its errors to the watcher's log
                 print(f"fake_cloud: {node}: instance running, slurmd started", flush=True)
         for node in set(running) - live:
             running.pop(node).kill()

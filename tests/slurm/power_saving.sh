@@ -15,7 +15,10 @@ slurm_setup 1 420
 aws="$TEST_DIR/aws"
 mkdir -p "$aws"/{state,spool,log,programs}
 moto_port=$(free_port)
-slurm_port=$(free_port)
+slurm_port=$(free_port_pair) || fail "no ports for slurmctld and slurmd"  # slurmd takes slurm_port + 1
+# On a failure, what the cloud side did too: the power programs' calls and output, the watcher's
+# slurmd starts, and this cluster's own daemons' logs.
+FAIL_LOGS=("$aws/log/calls" "$aws/log/power.log" "$aws/log/nodes.log" "$aws/log/slurmctld.log" "$aws/log/slurmd.log")
 endpoint="http://127.0.0.1:$moto_port"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
 marker="HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR"  # local-cluster.sh down stops what carries it
