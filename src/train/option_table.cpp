@@ -210,8 +210,7 @@ std::vector<Option> general() {
       choice("jpeg-decode", &Members::jpeg_decode, kJpegDecodeNames, R::Agree,
              "packed JPEG shards: where their images are decoded, cropped, flipped and normalised: auto (on the GPU "
              "with nvJPEG, libnvjpeg.so.13, when training on a GPU and the library loads; else on the CPU, saying "
-             "why), cpu (the loader's threads, libjpeg-turbo; the default: the GPU path has not yet run on a GPU) or gpu "
-             "(an error where it cannot)"),
+             "why on a GPU), cpu (the loader's threads, libjpeg-turbo) or gpu (an error where it cannot)"),
       negation("no-deterministic", &Members::deterministic, R::Agree,
                "GPU: let cuDNN choose non-deterministic algorithms too (faster for some shapes; runs then differ in "
                "their last bits and a resume is no longer bit-exact)"),

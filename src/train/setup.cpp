@@ -245,7 +245,8 @@ bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
     why += "; install CUDA's nvJPEG (package libnvjpeg-13-0)";
   if (why.empty()) return true;
   HPC_REQUIRE(o.jpeg_decode != JpegDecode::Gpu, "--jpeg-decode gpu: ", why, "; or use --jpeg-decode cpu");
-  if (speak && o.dataset == data::DatasetKind::Shards) log::info("JPEG decode on the CPU threads: ", why);
+  // (A CPU run decodes on the CPU as a matter of course: only a GPU run is told why not there.)
+  if (speak && gpu && o.dataset == data::DatasetKind::Shards) log::info("JPEG decode on the CPU threads: ", why);
   return false;
 }
 

@@ -110,7 +110,7 @@ struct TrainOptions {
   bool deterministic = true;  // GPU: only algorithms that give the same bits every run
   // GPU, one rank: replay each steady-state training step as one captured CUDA graph.
   bool cuda_graphs = false;
-  JpegDecode jpeg_decode = JpegDecode::Cpu;  // auto once the GPU path has run on a GPU (issue 40)
+  JpegDecode jpeg_decode = JpegDecode::Auto;  // the GPU's nvJPEG where it can (run on an H200, 2026-11-28)
   std::string metrics_file;
   int64_t metrics_every_steps = 0;  // > 0: rank 0 adds a step event to metrics_file every N steps
   std::string prometheus_file;      // rank 0's node_exporter textfile (train/step_metrics.hpp)

@@ -857,7 +857,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"precision", "tf32"},
     {"no-deterministic", ""},
     {"cuda-graphs", ""},
-    {"jpeg-decode", "cpu"},
+    {"jpeg-decode", "auto"},
     {"model", "cnn"},
     {"no-batch-norm", ""},
     {"init", "kaiming-uniform"},

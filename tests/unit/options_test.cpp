@@ -48,7 +48,7 @@ const std::vector<Listed>& every_option() {
       {"device", Rule::Agree, {"--device", "cpu"}},
       {"precision", Rule::Agree, {"--precision", "fp32"}},
       {"cuda-graphs", Rule::Agree, {"--cuda-graphs"}},
-      {"jpeg-decode", Rule::Agree, {"--jpeg-decode", "auto"}},
+      {"jpeg-decode", Rule::Agree, {"--jpeg-decode", "gpu"}},
       {"no-deterministic", Rule::Agree, {"--no-deterministic"}},
       {"model", Rule::Match, {"--model", "resnet20"}},
       {"no-batch-norm", Rule::Match, {"--no-batch-norm"}},
@@ -319,7 +319,7 @@ TEST(OptionTable, ValuesKeepTheirText) {
   EXPECT_EQ(d.at("precision"), "tf32");
   EXPECT_EQ(d.at("init-from"), "");
   EXPECT_EQ(d.at("extend-epochs"), "0");
-  EXPECT_EQ(d.at("jpeg-decode"), "cpu");
+  EXPECT_EQ(d.at("jpeg-decode"), "auto");
   EXPECT_EQ(d.size(), 42u);
   const auto o = agreed_values(parse({"--lr-schedule", "step", "--lr-step-epochs", "1,2.5", "--no-nesterov"}));
   EXPECT_EQ(o.at("lr-step-epochs"), "1,2.5,");
@@ -365,7 +365,7 @@ TEST(JpegDecode, WithoutNvjpegGpuIsRefusedAndAutoDecodesOnTheCpu) {
     EXPECT_NE(m.find("install CUDA's nvJPEG (package libnvjpeg-13-0)"), std::string::npos) << m;
     EXPECT_NE(m.find("--jpeg-decode cpu"), std::string::npos) << m;
   }
-  // auto: the CPU, said once; the default (cpu, until the GPU path has run on a GPU): the CPU
+  // auto, the default: the CPU, said once
   EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards", "--jpeg-decode", "auto"}), true, true));
   EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards"}), true, false));
   EXPECT_FALSE(train::resolve_jpeg_decode(parse({"--dataset", "shards", "--jpeg-decode", "cpu"}), true, false));
