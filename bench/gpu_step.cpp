@@ -7,6 +7,7 @@
 // Prints one JSON line: images/s, ms per step, the model's training FLOPs per sample.
 //   gpu_step [--model cnn] [--batch 128] [--image-size 28] [--channels 1] [--classes 10]
 //            [--precision tf32] [--warmup 15] [--iters 50] [--no-deterministic] [--cuda-graphs]
+//            [--bn-tuning 8,4,2,1]
 // --cuda-graphs captures one step after the warm-up as a CUDA graph and times its replays, as
 // the trainer's --cuda-graphs does: the GPU's time for the step without the host's launches.
 // --copy-bandwidth instead measures the GPU's copy bandwidth, the roofline the kernels step of
@@ -17,7 +18,9 @@
 // ReLU, backward with the ReLU's mask; bf16) on the shapes of ResNet-50's batch norms at --batch,
 // and the ReLU backward (one 16-byte pack a thread, no set-up) beside them: per shape one JSON
 // line with the time (median of 20 launches), the bytes the passes must move and their rate,
-// to tune the geometry against (bench/README.md, "What the third visit gave").
+// for each of the passes' launch choices (kernels::batch_norm_tunings), then per choice the
+// time of ResNet-50's 53 batch norms, fastest first: what the default is chosen by.
+// --bn-tuning P,B,R,W runs the step (or the shapes' others) with one of those choices.
 #include <cuda_runtime_api.h>
 
 #include <boost/program_options.hpp>
@@ -47,6 +50,7 @@ struct Args {
   std::string model = "cnn", precision = "tf32";
   int64_t batch = 128, image_size = 28, channels = 1, classes = 10, warmup = 15, iters = 50;
   bool deterministic = true, copy_bandwidth = false, graphs = false, kernel_shapes = false;
+  std::string bn_tuning;  // empty: the kernels' default
 };
 
 Args parse(int argc, char** argv) {
@@ -60,7 +64,8 @@ Args parse(int argc, char** argv) {
       "no-deterministic", po::bool_switch(), "let cuDNN choose non-deterministic algorithms")(
       "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead")(
       "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph")(
-      "kernel-shapes", po::bool_switch(&a.kernel_shapes), "time the batch-norm passes on ResNet-50's shapes instead");
+      "kernel-shapes", po::bool_switch(&a.kernel_shapes), "time the batch-norm passes on ResNet-50's shapes instead")(
+      "bn-tuning", po::value(&a.bn_tuning), "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);
@@ -69,6 +74,7 @@ Args parse(int argc, char** argv) {
     std::exit(0);
   }
   a.deterministic = !vm["no-deterministic"].as<bool>();
+  if (!a.bn_tuning.empty()) kernels::parse_batch_norm_tuning(a.bn_tuning);  // a bad one named before any GPU work
   if (a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.image_size < 1 || a.channels < 1 || a.classes < 2)
     throw Error(ErrorKind::Usage, "--batch, --iters, --image-size, --channels and --classes must be positive");
   return a;
@@ -153,11 +159,12 @@ double median_ms(cudaStream_t stream, int launches, F&& f) {
 
 int kernel_shapes(int64_t batch) {
   struct Shape2 {
-    int64_t side, channels;  // a batch norm's input: batch x side x side x channels
+    int64_t side, channels, count;  // a batch norm's input: batch x side x side x channels; how many ResNet-50 has
   };
-  // ResNet-50's batch norms by (side, channels), bottleneck widths 64 to 512 (x4 at the joins).
-  const Shape2 shapes[] = {{112, 64}, {56, 64}, {56, 256}, {56, 128}, {28, 128}, {28, 512}, {28, 256},
-                           {14, 256}, {14, 1024}, {14, 512}, {7, 512}, {7, 2048}};
+  // ResNet-50's batch norms by (side, channels), bottleneck widths 64 to 512 (x4 at the joins),
+  // and how many of each it has (53 in all: stages of 3, 4, 6 and 3 blocks, stride in the 3x3).
+  const Shape2 shapes[] = {{112, 64, 1}, {56, 64, 6},  {56, 256, 4}, {56, 128, 1}, {28, 128, 7}, {28, 512, 5},
+                           {28, 256, 1}, {14, 256, 11}, {14, 1024, 7}, {14, 512, 1}, {7, 512, 5}, {7, 2048, 4}};
   const int64_t most = batch * 112 * 112 * 64;
   const DType t = DType::BF16;
   void *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr, *work = nullptr;
@@ -176,26 +183,52 @@ int kernel_shapes(int64_t batch) {
   for (int i = 0; i < 8; ++i) v[i] = vec + i * 2048;
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (const Shape2& s : shapes) {
-    const int64_t rows = batch * s.side * s.side, n = rows * s.channels;
-    const double fwd = median_ms(stream, 20, [&] {
-      kernels::batch_norm_forward_train(t, x, y, rows, s.channels, v[0], v[1], v[2], v[3], 0.1, 1e-5, true, v[4],
-                                        v[5], work, stream);
-    });
-    const double bwd = median_ms(stream, 20, [&] {
-      kernels::batch_norm_backward(t, x, dy, dx, rows, s.channels, v[0], v[4], v[5], 1.0f, v[6], v[7], work, stream,
-                                   true);
-    });
-    const double relu = median_ms(stream, 20, [&] { kernels::relu_backward(t, y, dy, dx, n, stream); });
-    // The bytes each must move: forward reads x twice (sums, apply) and writes y; backward reads
-    // x and dy twice and writes dx; the ReLU backward reads y and dy and writes dx.
-    const double b = 2.0 * static_cast<double>(n);
-    std::printf("{\"workload\": \"batch_norm\", \"rows\": %lld, \"channels\": %lld, \"forward_ms\": %.4f, "
-                "\"forward_GBps\": %.0f, \"backward_ms\": %.4f, \"backward_GBps\": %.0f, \"relu_backward_ms\": %.4f, "
-                "\"relu_backward_GBps\": %.0f}\n",
-                static_cast<long long>(rows), static_cast<long long>(s.channels), fwd, 3 * b / fwd * 1e-6, bwd,
-                5 * b / bwd * 1e-6, relu, 3 * b / relu * 1e-6);
+  const kernels::BatchNormTuning chosen = kernels::batch_norm_tuning();
+  struct Total {
+    std::string tuning;
+    double ms;
+  };
+  std::vector<Total> totals;
+  double relu_total = 0;
+  for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
+    kernels::set_batch_norm_tuning(tuning);
+    const std::string name = kernels::batch_norm_tuning_text(tuning);
+    double total = 0;
+    relu_total = 0;
+    for (const Shape2& s : shapes) {
+      const int64_t rows = batch * s.side * s.side, n = rows * s.channels;
+      const double fwd = median_ms(stream, 20, [&] {
+        kernels::batch_norm_forward_train(t, x, y, rows, s.channels, v[0], v[1], v[2], v[3], 0.1, 1e-5, true, v[4],
+                                          v[5], work, stream);
+      });
+      const double bwd = median_ms(stream, 20, [&] {
+        kernels::batch_norm_backward(t, x, dy, dx, rows, s.channels, v[0], v[4], v[5], 1.0f, v[6], v[7], work, stream,
+                                     true);
+      });
+      const double relu = median_ms(stream, 20, [&] { kernels::relu_backward(t, y, dy, dx, n, stream); });
+      total += static_cast<double>(s.count) * (fwd + bwd);
+      relu_total += static_cast<double>(s.count) * relu;
+      // The bytes each must move: forward reads x twice (sums, apply) and writes y; backward reads
+      // x and dy twice and writes dx; the ReLU backward reads y and dy and writes dx.
+      const double b = 2.0 * static_cast<double>(n);
+      std::printf("{\"workload\": \"batch_norm\", \"tuning\": \"%s\", \"rows\": %lld, \"channels\": %lld, "
+                  "\"forward_ms\": %.4f, \"forward_GBps\": %.0f, \"backward_ms\": %.4f, \"backward_GBps\": %.0f, "
+                  "\"relu_backward_ms\": %.4f, \"relu_backward_GBps\": %.0f}\n",
+                  name.c_str(), static_cast<long long>(rows), static_cast<long long>(s.channels), fwd,
+                  3 * b / fwd * 1e-6, bwd, 5 * b / bwd * 1e-6, relu, 3 * b / relu * 1e-6);
+    }
+    totals.push_back({name, total});
   }
+  kernels::set_batch_norm_tuning(chosen);
+  // Per tuning, ResNet-50's 53 batch norms forward and backward, as counted above: the figure
+  // to choose the default by (the ReLU backward on the same shapes: what a pass with no set-up
+  // takes for 3/5 of the backward's bytes).
+  std::sort(totals.begin(), totals.end(), [](const Total& a, const Total& b) { return a.ms < b.ms; });
+  const std::string default_text = kernels::batch_norm_tuning_text({});
+  for (const Total& tot : totals)
+    std::printf("{\"workload\": \"batch_norm_resnet50\", \"tuning\": \"%s\", \"default\": %d, "
+                "\"batch_norms_ms\": %.3f, \"relu_backward_ms\": %.3f}\n",
+                tot.tuning.c_str(), tot.tuning == default_text ? 1 : 0, tot.ms, relu_total);
   cudaStreamDestroy(stream);
   for (void* p : {x, y, dy, dx, work, static_cast<void*>(vec)}) cudaFree(p);
   return 0;
@@ -205,6 +238,7 @@ int run(const Args& a) {
   if (device::cuda_device_count() == 0)
     throw Error(ErrorKind::Usage, "no CUDA GPU visible (" + device::describe() + "): gpu_step times the GPU");
   device::select_gpu(0);
+  if (!a.bn_tuning.empty()) kernels::set_batch_norm_tuning(kernels::parse_batch_norm_tuning(a.bn_tuning));
   if (a.copy_bandwidth) return copy_bandwidth();
   if (a.kernel_shapes) return kernel_shapes(a.batch);
   nn::ModelSpec spec;

@@ -21,6 +21,9 @@
 #                                          a CUDA graph), hpctrain end to end on
 #                                          --dataset synthetic, then on JPEG shards made here and
 #                                          decoded on the GPU (--jpeg-decode gpu); MFU of each
+#   bench/gpu_vs_peer.sh bn         ~10 s   the batch-norm passes' launch choices timed on
+#                                          ResNet-50's 53 batch-norm shapes (gpu_step --kernel-shapes):
+#                                          the default's time, the fastest choice and its time
 #   bench/gpu_vs_peer.sh kernels    ~30 s   the roofline of one training step: Nsight Compute (ncu)
 #                                          measures every kernel launch of a gpu_step step, its
 #                                          time and DRAM bytes (read + written), grouped by kernel
@@ -31,7 +34,8 @@
 #                                          together (bench/ncu_kernels.py; --kernels-model
 #                                          resnet50, the default, or cnn)
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
-#   bench/gpu_vs_peer.sh all        the six steps in order as one command, each under the time
+#   bench/gpu_vs_peer.sh all        the seven steps in order as one command (build, tests, bn,
+#                                          training, cnn, resnet50, kernels), each under the time
 #                                          left of --within S seconds (default 540; a step with
 #                                          under 30 s left is not started), with up to 4 CTest
 #                                          tests at a time; stops after a failed build. All output
@@ -43,7 +47,9 @@
 # Options: --precision fp32|tf32|bf16|fp16 (cnn; default tf32), --batch B (cnn, 128),
 #   --epochs E (cnn end to end, 4: the default job), --resnet50-batch B (128), --no-compile (resnet50),
 #   --within S and --out DIR (all), --kernels-model resnet50|cnn (kernels; the cnn at --batch and
-#   --precision, ResNet-50 at --resnet50-batch in bf16).
+#   --precision, ResNet-50 at --resnet50-batch in bf16), --bn-tuning best|P,B,R,W (all: the steps
+#   after bn run with HPCTRAIN_BN_TUNING set to bn's fastest choice, or to the one given; the
+#   resnet50 step then also times its steady step with the default launch, side by side).
 # Environment: BUILD_DIR (default build-gpu), DEPS (a folder from `bench/device_deps.sh pack`:
 #   build dependencies, the dataset and the peer script, for machines without them),
 #   DATA_DIR (Fashion-MNIST .gz files; default $DEPS/fashion-mnist, else Debian's location),
@@ -55,11 +61,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 step=${1:-}
-[[ $step =~ ^(build|tests|training|cnn|resnet50|kernels|summary|all|-h|--help)$ ]] ||
-  die "the first argument must be a step: build, tests, training, cnn, resnet50, kernels, summary or all (try --help)"
+[[ $step =~ ^(build|tests|bn|training|cnn|resnet50|kernels|summary|all|-h|--help)$ ]] ||
+  die "the first argument must be a step: build, tests, bn, training, cnn, resnet50, kernels, summary or all (try --help)"
 shift
 [[ $step == -h || $step == --help ]] && { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0; }
-epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir= kernels_model=resnet50
+epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir= kernels_model=resnet50 bn_tuning=
 step_args=("$@")  # a step of `all` gets the same options (a single step ignores --within and --out)
 while (($#)); do
   case "$1" in
@@ -71,6 +77,7 @@ while (($#)); do
     --resnet50-batch) [[ $# -ge 2 ]] || die "--resnet50-batch needs a value"; r50_batch=$2; shift 2 ;;
     --no-compile) compile=0; shift ;;
     --kernels-model) [[ $# -ge 2 ]] || die "--kernels-model needs a value"; kernels_model=$2; shift 2 ;;
+    --bn-tuning) [[ $# -ge 2 ]] || die "--bn-tuning needs a value"; bn_tuning=$2; shift 2 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -80,6 +87,8 @@ require_count --resnet50-batch "$r50_batch"
 require_count --within "$within"
 [[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
 [[ $kernels_model =~ ^(resnet50|cnn)$ ]] || die "--kernels-model must be resnet50 or cnn, got '$kernels_model'"
+[[ -z $bn_tuning || $bn_tuning == best || $bn_tuning =~ ^[0-9]+,[0-9]+,[0-9]+,[01]$ ]] ||
+  die "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE (as 8,4,2,1), got '$bn_tuning'"
 # gpu_step's and the peer's precision: their autocast knows fp32, tf32 and bf16; fp16 runs them
 # in bf16, the nearest they have (the trainer itself runs fp16).
 peer_precision=$precision
@@ -276,6 +285,16 @@ resnet50_steady_hpctrain_images_per_second=$ours
 resnet50_steady_hpctrain_mfu=$(mfu "$ours" "$flops" bf16)
 resnet50_steady_hpctrain_cuda_graphs_images_per_second=$graphs
 resnet50_steady_hpctrain_cuda_graphs_mfu=$(mfu "$graphs" "$flops" bf16)"
+  # With another batch-norm launch (HPCTRAIN_BN_TUNING, as `all --bn-tuning` sets it), the
+  # default's steady step beside it.
+  if [[ -n ${HPCTRAIN_BN_TUNING:-} ]]; then
+    echo "== 1c/4 the steady steps with the default batch-norm launch (this run: $HPCTRAIN_BN_TUNING)"
+    env -u HPCTRAIN_BN_TUNING "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 \
+      --precision bf16 --batch "$r50_batch" --no-deterministic | tee "$tmp/default_bn.json"
+    lines+="
+resnet50_bn_tuning=$HPCTRAIN_BN_TUNING
+resnet50_steady_hpctrain_default_bn_images_per_second=$(json_number images_per_s < "$tmp/default_bn.json")"
+  fi
   local modes=(eager) mode flag theirs
   ((compile)) && modes+=(compile)
   for mode in "${modes[@]}"; do
@@ -302,9 +321,16 @@ resnet50_steady_cuda_graphs_ratio_over_peer_${mode}=$(calc "$graphs / $theirs" 2
   [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run wrote no epoch line"
   local e2e
   e2e=$(json_number images_per_second <<< "$epoch_line")
+  echo "== 3b/4 the same with --cuda-graphs"
+  "$hpctrain" --device cuda --model resnet50 --dataset synthetic --image-size 224 --precision bf16 \
+    --no-deterministic --batch-size "$r50_batch" --epochs 4 --test-samples "$r50_batch" --cuda-graphs \
+    --metrics-file "$tmp/r50g.jsonl" 2>&1 | sed -u 's/^/  /'
+  epoch_line=$(grep '"event":"epoch"' "$tmp/r50g.jsonl" | tail -n 1) || true
+  [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run with --cuda-graphs wrote no epoch line"
   report << EOS
 $lines
 resnet50_e2e_hpctrain_images_per_second=$e2e
+resnet50_e2e_hpctrain_cuda_graphs_images_per_second=$(json_number images_per_second <<< "$epoch_line")
 resnet50_e2e_hpctrain_mfu=$(mfu "$e2e" "$flops" bf16)
 resnet50_ratio_target=1.0
 EOS
@@ -348,6 +374,30 @@ resnet50_jpeg_e2e() {
 # the second step's launches grouped by kernel name (bench/ncu_kernels.py), against the copy
 # bandwidth gpu_step measures first. ncu replays each launch (caches flushed before each replay:
 # the bytes are those of a cold L2), so the step itself runs slowly.
+# bn: gpu_step --kernel-shapes (every launch choice of the batch-norm passes on ResNet-50's
+# shapes, bf16), its per-choice totals over the 53 batch norms, fastest first.
+bn_step() {
+  need_build
+  echo "== bn: gpu_step --kernel-shapes --batch $r50_batch"
+  "$gpu_step" --kernel-shapes --batch "$r50_batch" > "$tmp/shapes.jsonl" || die "gpu_step --kernel-shapes failed"
+  cp "$tmp/shapes.jsonl" "$results/bn_shapes.jsonl"
+  grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl"
+  local best default default_ms best_ms relu_ms
+  best=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | sed 's/.*"tuning": "\([0-9,]*\)".*/\1/')
+  [[ $best =~ ^[0-9]+,[0-9]+,[0-9]+,[01]$ ]] || die "gpu_step --kernel-shapes named no fastest choice"
+  best_ms=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | json_number batch_norms_ms)
+  default=$(grep '"batch_norm_resnet50".*"default": 1' "$tmp/shapes.jsonl" | sed 's/.*"tuning": "\([0-9,]*\)".*/\1/')
+  default_ms=$(grep '"batch_norm_resnet50".*"default": 1' "$tmp/shapes.jsonl" | json_number batch_norms_ms)
+  relu_ms=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | json_number relu_backward_ms)
+  report << EOS
+bn_tuning_default=$default
+bn_tuning_default_resnet50_ms=$default_ms
+bn_tuning_best=$best
+bn_tuning_best_resnet50_ms=$best_ms
+bn_tuning_relu_backward_resnet50_ms=$relu_ms
+EOS
+}
+
 kernels_step() {
   need_build
   local ncu copy
@@ -378,10 +428,10 @@ all_step() {
   local out=${out_dir:-$results} start=${EPOCHREALTIME/[.,]/} st left rc failed=()
   elapsed() { echo $(((${EPOCHREALTIME/[.,]/} - start) / 1000000)); }
   mkdir -p "$out"
-  rm -f "$results"/{build,tests,training,cnn,resnet50,kernels}.txt
+  rm -f "$results"/{build,tests,bn,training,cnn,resnet50,kernels}.txt
   : > "$out/all.log"
   export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-4}
-  for st in build tests training cnn resnet50 kernels; do
+  for st in build tests bn training cnn resnet50 kernels; do
     left=$((within - $(elapsed)))
     if ((left < 30)); then
       echo "== all: $st not run (${left} s left of --within $within)" | tee -a "$out/all.log"
@@ -396,6 +446,15 @@ all_step() {
     echo "== all: $st exit $rc at $(elapsed) s" | tee -a "$out/all.log"
     [[ -f $results/$st.txt ]] && grep -v '^#' "$results/$st.txt"
     [[ $st == build && $rc -ne 0 ]] && { tail -n 30 "$out/all.log"; break; }
+    # The steps after bn with the batch-norm launch asked for (best: bn's fastest).
+    if [[ $st == bn && -n $bn_tuning ]]; then
+      local chosen=$bn_tuning
+      [[ $chosen == best ]] && chosen=$(sed -n 's/^bn_tuning_best=//p' "$results/bn.txt" 2> /dev/null || true)
+      if [[ -n $chosen ]]; then
+        export HPCTRAIN_BN_TUNING=$chosen
+        echo "== all: HPCTRAIN_BN_TUNING=$chosen for the steps after bn" | tee -a "$out/all.log"
+      fi
+    fi
   done
   cat "$results"/*.txt > "$out/summary.txt" 2> /dev/null || true
   if ((${#failed[@]})); then
@@ -409,6 +468,7 @@ case $step in
   all) all_step ;;
   build) build_step ;;
   tests) ctest_step gpu_tests -L gpu -E GpuTraining ;;
+  bn) bn_step ;;
   training) ctest_step gpu_training -R GpuTraining ;;
   cnn) cnn_step ;;
   resnet50) resnet50_step ;;

@@ -12,13 +12,21 @@
 //   the work area), in both backward passes: no separate pass reads y and dy to write a masked
 //   copy of dy. The recomputed mask is the one the forward stored, bit for bit (same
 //   arithmetic, same rounding to T).
-// Each thread moves 16 bytes at a time (V neighbouring channels of one row) where the channel
-// count and the pointers allow it, and keeps its channels' coefficients in registers across
-// the rows it visits: no division per element, and wide loads.
+// Each thread moves 8 bytes at a time (V neighbouring channels of one row; 16 with another
+// BatchNormTuning) where the channel count and the pointers allow it, and keeps its channels'
+// coefficients in registers across the rows it visits: no division per element, and wide
+// loads. The default launch (kernels.hpp) fits 64 registers a thread, four blocks a
+// multiprocessor, and loops the apply passes over the rows in one wave of blocks: on an H200
+// ResNet-50's batch norms took half the time of 16-byte loads at two blocks, whose masked
+// backward passes spilled registers.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
@@ -34,11 +42,6 @@ constexpr int kSumBlocks = 1024;    // about what the sums kernel launches: slab
 constexpr int kApplyBlocks = 2048;  // likewise for the apply passes
 constexpr int kLanes = 32;          // finalize: channels per block ...
 constexpr int kSlabLanes = 32;      // ... and lanes over the slabs
-// Rows a thread of the sums and apply passes loads before it computes: 64 bytes of each input
-// in flight per thread (the registers of two blocks a multiprocessor hold the rest).
-template <class T, int V>
-constexpr int kRows = 64 / static_cast<int>(sizeof(T) * V) < 4 ? 64 / static_cast<int>(sizeof(T) * V) : 4;
-
 // The forward's normalised value of x, before the ReLU and the rounding to T. Written once and
 // used by the forward and by the backward's recomputed mask: an explicit fused multiply-add,
 // so no compiler choice can make the two differ.
@@ -75,9 +78,9 @@ struct Geometry {
 // partial[slab][0][c] and partial[slab][1][c]: over the slab's rows, the sums of x and x^2
 // (forward), or of g and g (x - mean[c]) (backward), g = dy, or dy where the forward's ReLU
 // passed (kMask, with the forward's coefficients fcoef), each added in double. A thread loads
-// kRows rows before it adds: enough bytes in flight to keep the memory busy.
-template <class T, int V, bool kBackward, bool kMask>
-__global__ void __launch_bounds__(kBlockThreads, 2)
+// R rows before it adds: enough bytes in flight to keep the memory busy.
+template <class T, int V, int B, int R, bool kBackward, bool kMask>
+__global__ void __launch_bounds__(kBlockThreads, B)
     partial_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ fcoef,
                         int64_t rows, int channels, int64_t rows_per_slab, double* __restrict__ partial) {
   __shared__ double s0[kBlockThreads][V], s1[kBlockThreads][V];
@@ -95,10 +98,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 #pragma unroll
         for (int q = 0; q < 3; ++q) k[j][q] = fcoef[kCoefficients * (c0 + j) + q];
     const int64_t step = blockDim.y;
-    for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += kRows<T, V> * step) {
-      Pack<T, V> xv[kRows<T, V>], gv[kRows<T, V>];
+    for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += R * step) {
+      Pack<T, V> xv[R], gv[R];
 #pragma unroll
-      for (int u = 0; u < kRows<T, V>; ++u) {
+      for (int u = 0; u < R; ++u) {
         const int64_t r = r0 + u * step;
         if (r < end) {
           xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         }
       }
 #pragma unroll
-      for (int u = 0; u < kRows<T, V>; ++u) {
+      for (int u = 0; u < R; ++u) {
         if (r0 + u * step >= end) break;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -206,8 +209,8 @@ __global__ void __launch_bounds__(kLanes * kSlabLanes)
 
 // y = bn(x), then (kResidual) rounded and added to the shortcut's r, then max(., 0) when relu:
 // the same roundings as the separate passes it replaces (bn rounded to T, the sum rounded).
-template <class T, int V, bool kResidual>
-__global__ void __launch_bounds__(kBlockThreads, 2)
+template <class T, int V, int B, int R, bool kResidual>
+__global__ void __launch_bounds__(kBlockThreads, B)
     forward_apply_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ y, int64_t rows,
                          int channels, const float* __restrict__ coef, bool relu) {
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
@@ -218,10 +221,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 #pragma unroll
     for (int q = 0; q < 3; ++q) k[j][q] = coef[kCoefficients * (c0 + j) + q];
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += kRows<T, V> * step) {
-    Pack<T, V> xv[kRows<T, V>], rv[kRows<T, V>];
+  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += R * step) {
+    Pack<T, V> xv[R], rv[R];
 #pragma unroll
-    for (int u = 0; u < kRows<T, V>; ++u) {
+    for (int u = 0; u < R; ++u) {
       const int64_t r = r0 + u * step;
       if (r < rows) {
         xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       }
     }
 #pragma unroll
-    for (int u = 0; u < kRows<T, V>; ++u) {
+    for (int u = 0; u < R; ++u) {
       const int64_t r = r0 + u * step;
       if (r >= rows) break;
       Pack<T, V> out;
@@ -247,8 +250,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 
 // dx = a g + k (x - mean) + b with the backward's coefficients bcoef, g = dy or (kMask) dy
 // where the forward's ReLU passed (the forward's coefficients fcoef).
-template <class T, int V, bool kMask>
-__global__ void __launch_bounds__(kBlockThreads, 2)
+template <class T, int V, int B, int R, bool kMask>
+__global__ void __launch_bounds__(kBlockThreads, B)
     backward_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
                           int channels, const float* __restrict__ fcoef, const float* __restrict__ bcoef) {
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
@@ -264,10 +267,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
     for (int q = 1; q < 3; ++q) f[j][q] = kMask ? fcoef[kCoefficients * (c0 + j) + q] : 0.f;
   }
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += kRows<T, V> * step) {
-    Pack<T, V> xv[kRows<T, V>], gv[kRows<T, V>];
+  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += R * step) {
+    Pack<T, V> xv[R], gv[R];
 #pragma unroll
-    for (int u = 0; u < kRows<T, V>; ++u) {
+    for (int u = 0; u < R; ++u) {
       const int64_t r = r0 + u * step;
       if (r < rows) {
         xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       }
     }
 #pragma unroll
-    for (int u = 0; u < kRows<T, V>; ++u) {
+    for (int u = 0; u < R; ++u) {
       const int64_t r = r0 + u * step;
       if (r >= rows) break;
       Pack<T, V> out;
@@ -291,15 +294,67 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   }
 }
 
+BatchNormTuning tuning_from_environment();
+
+// The launch in use: HPCTRAIN_BN_TUNING's when set (read at the first call), else the defaults;
+// set_batch_norm_tuning replaces it (tests and benchmarks, between steps).
+BatchNormTuning& current_tuning() {
+  static BatchNormTuning t = tuning_from_environment();
+  return t;
+}
+
+// The multiprocessors of the current device (asked once per device): the apply passes' one wave.
+int multiprocessors() {
+  static int count[64] = {};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  int& n = count[device & 63];
+  if (n == 0) CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  return n;
+}
+
+// The widest V of T in `bytes` (16 or 8) that divides the channels and keeps every pointer
+// aligned to its access; else 1.
+template <class T>
+int width_for(int bytes, int64_t channels, std::initializer_list<const void*> pointers) {
+  const int v = bytes / static_cast<int>(sizeof(T));
+  if (channels % v != 0) return 1;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) return 1;
+  return v;
+}
+
+// Calls f with (V, B, R) as compile-time constants: V of 16 bytes of T, of 8, or 1; B blocks a
+// multiprocessor is compiled for and R rows a thread loads before it computes, as tuned (V = 1,
+// the fallback for odd channel counts, always with 2 and 4).
+template <class T, class F>
+void with_launch(int v, F&& f) {
+  constexpr int wide = 16 / static_cast<int>(sizeof(T)), half = wide / 2;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  auto at = [&](auto width) {
+    const bool b4 = current_tuning().blocks_per_sm == 4, r2 = current_tuning().rows == 2;
+    if (b4 && r2) f(width, I4{}, I2{});
+    else if (b4) f(width, I4{}, I4{});
+    else if (r2) f(width, I2{}, I2{});
+    else f(width, I2{}, I4{});
+  };
+  if (v == wide) at(std::integral_constant<int, wide>{});
+  else if (v == half) at(std::integral_constant<int, half>{});
+  else f(std::integral_constant<int, 1>{}, I2{}, I4{});
+}
+
 // One call's plan: the geometry of its sums and of its apply pass, and the parts of its work
 // area: the forward's per-channel coefficients (kept there for the backward's mask and
 // centre), the backward's, then the slabs' partial sums in double. The coefficients come
 // first, at offsets that do not depend on the call's vector width (the backward's pointers
-// may allow another width than the forward's).
+// may allow another width than the forward's). The sums' geometry is a function of the shape
+// and the tuning alone (their bits repeat on any GPU); the apply pass's may follow the GPU.
 struct Plan {
   Plan(void* work, int v, int64_t rows, int64_t channels)
       : sums(v, rows, channels, kSumBlocks),
-        apply(v, rows, channels, kApplyBlocks),
+        apply(v, rows, channels,
+              current_tuning().one_wave ? multiprocessors() * current_tuning().blocks_per_sm : kApplyBlocks),
         c(static_cast<int>(channels)),
         fcoef(static_cast<float*>(work)),
         bcoef(fcoef + kCoefficients * channels),
@@ -307,11 +362,11 @@ struct Plan {
     HPC_CHECK(rows > 1 && channels > 0 && channels <= INT32_MAX / kCoefficients,
               "batch norm of ", rows, " rows x ", channels, " channels");
   }
-  // Every width a call of this shape may take (1, or 16 bytes of the type): the work area
-  // holds the partial sums of the one with the most slabs.
+  // Every width a call of this shape may take (1, or 16 or 8 bytes of the type, whatever the
+  // tuning): the work area holds the partial sums of the one with the most slabs.
   static size_t bytes(int wide, int64_t rows, int64_t channels) {
     size_t slabs = 0;
-    for (int v : {1, wide})
+    for (int v : {1, wide / 2, wide})
       if (channels % v == 0) slabs = std::max<size_t>(slabs, Geometry(v, rows, channels, kSumBlocks).gy);
     return coefficient_bytes(channels) + slabs * 2 * static_cast<size_t>(channels) * sizeof(double);
   }
@@ -342,10 +397,10 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
                               cudaStream_t stream, const void* residual) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    const Plan p(work, pack_width<T>(channels, {x, y, residual}), rows, channels);
-    with_width<T>(p.sums.vec, [&](auto width) {
-      constexpr int V = decltype(width)::value;
-      partial_sums_kernel<T, V, false, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+    const Plan p(work, width_for<T>(current_tuning().pack_bytes, channels, {x, y, residual}), rows, channels);
+    with_launch<T>(p.sums.vec, [&](auto width, auto blocks, auto depth) {
+      constexpr int V = decltype(width)::value, B = decltype(blocks)::value, R = decltype(depth)::value;
+      partial_sums_kernel<T, V, B, R, false, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
           static_cast<const T*>(x), nullptr, nullptr, rows, p.c, p.sums.per_slab, p.partial);
       CUDA_CHECK_LAUNCH();
       forward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(
@@ -356,11 +411,11 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
       const auto* rt = static_cast<const T*>(residual);
       auto* yt = static_cast<T*>(y);
       if (residual)
-        forward_apply_kernel<T, V, true><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, rt, yt, rows, p.c,
-                                                                                         p.fcoef, relu);
+        forward_apply_kernel<T, V, B, R, true>
+            <<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, rt, yt, rows, p.c, p.fcoef, relu);
       else
-        forward_apply_kernel<T, V, false><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, nullptr, yt, rows,
-                                                                                          p.c, p.fcoef, relu);
+        forward_apply_kernel<T, V, B, R, false>
+            <<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, nullptr, yt, rows, p.c, p.fcoef, relu);
     });
   });
   CUDA_CHECK_LAUNCH();
@@ -371,17 +426,17 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
                          float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    const Plan p(work, pack_width<T>(channels, {x, dy, dx}), rows, channels);
-    with_width<T>(p.sums.vec, [&](auto width) {
-      constexpr int V = decltype(width)::value;
+    const Plan p(work, width_for<T>(current_tuning().pack_bytes, channels, {x, dy, dx}), rows, channels);
+    with_launch<T>(p.sums.vec, [&](auto width, auto blocks, auto depth) {
+      constexpr int V = decltype(width)::value, B = decltype(blocks)::value, R = decltype(depth)::value;
       const auto* xt = static_cast<const T*>(x);
       const auto* gt = static_cast<const T*>(dy);
       // The sums' centre is the forward's mean as it kept it (fcoef[0] = save_mean, one float).
       if (relu)
-        partial_sums_kernel<T, V, true, true><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+        partial_sums_kernel<T, V, B, R, true, true><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
             xt, gt, p.fcoef, rows, p.c, p.sums.per_slab, p.partial);
       else
-        partial_sums_kernel<T, V, true, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+        partial_sums_kernel<T, V, B, R, true, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
             xt, gt, p.fcoef, rows, p.c, p.sums.per_slab, p.partial);
       CUDA_CHECK_LAUNCH();
       backward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(
@@ -389,14 +444,71 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
       CUDA_CHECK_LAUNCH();
       auto* dxt = static_cast<T*>(dx);
       if (relu)
-        backward_apply_kernel<T, V, true><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, gt, dxt, rows, p.c,
-                                                                                          p.fcoef, p.bcoef);
+        backward_apply_kernel<T, V, B, R, true>
+            <<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, gt, dxt, rows, p.c, p.fcoef, p.bcoef);
       else
-        backward_apply_kernel<T, V, false><<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, gt, dxt, rows, p.c,
-                                                                                           p.fcoef, p.bcoef);
+        backward_apply_kernel<T, V, B, R, false>
+            <<<p.apply.grid(), p.apply.block(), 0, stream>>>(xt, gt, dxt, rows, p.c, p.fcoef, p.bcoef);
     });
   });
   CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+void check_tuning(const BatchNormTuning& t) {
+  if ((t.pack_bytes != 16 && t.pack_bytes != 8) || (t.blocks_per_sm != 2 && t.blocks_per_sm != 4) ||
+      (t.rows != 2 && t.rows != 4))
+    throw Error(ErrorKind::Usage, "batch-norm tuning '" + batch_norm_tuning_text(t) +
+                                      "': pack bytes 16 or 8, blocks per multiprocessor 2 or 4, rows 2 or 4, "
+                                      "one wave 0 or 1");
+}
+
+BatchNormTuning tuning_from_environment() {
+  const char* text = std::getenv("HPCTRAIN_BN_TUNING");
+  if (!text || !*text) return {};
+  try {
+    return parse_batch_norm_tuning(text);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::Usage, std::string("HPCTRAIN_BN_TUNING: ") + e.what());
+  }
+}
+}  // namespace
+
+void set_batch_norm_tuning(const BatchNormTuning& tuning) {
+  check_tuning(tuning);
+  current_tuning() = tuning;
+}
+
+BatchNormTuning batch_norm_tuning() { return current_tuning(); }
+
+std::string batch_norm_tuning_text(const BatchNormTuning& t) {
+  return std::to_string(t.pack_bytes) + "," + std::to_string(t.blocks_per_sm) + "," + std::to_string(t.rows) + "," +
+         (t.one_wave ? "1" : "0");
+}
+
+std::vector<BatchNormTuning> batch_norm_tunings() {
+  std::vector<BatchNormTuning> all{BatchNormTuning{}};
+  for (int pack : {16, 8})
+    for (int blocks : {2, 4})
+      for (int rows : {4, 2})
+        for (bool wave : {false, true}) {
+          const BatchNormTuning t{pack, blocks, rows, wave};
+          if (batch_norm_tuning_text(t) != batch_norm_tuning_text(all.front())) all.push_back(t);
+        }
+  return all;
+}
+
+BatchNormTuning parse_batch_norm_tuning(const std::string& text) {
+  BatchNormTuning t;
+  int wave = -1;
+  char end = 0;
+  if (std::sscanf(text.c_str(), "%d,%d,%d,%d%c", &t.pack_bytes, &t.blocks_per_sm, &t.rows, &wave, &end) != 4 ||
+      (wave != 0 && wave != 1))
+    throw Error(ErrorKind::Usage,
+                "batch-norm tuning '" + text + "': want PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE (as 8,4,2,1)");
+  t.one_wave = wave == 1;
+  check_tuning(t);
+  return t;
 }
 
 }  // namespace hpc::kernels

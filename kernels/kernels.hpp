@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -110,6 +112,27 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
 void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64_t rows, int64_t channels,
                          const float* gamma, const float* save_mean, const float* save_invstd, float param_factor,
                          float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu = false);
+
+// How the batch-norm passes are launched. gpu_step --kernel-shapes times every choice on
+// ResNet-50's shapes and kernels_test checks each; the defaults are the fastest on an H200
+// (2026-11-28: 8.97 ms for ResNet-50's 53 batch norms at batch 128, bf16, forward and
+// backward; 17.3 ms with the former 16,2,4,0). A process-wide setting: the trainer keeps the
+// defaults unless HPCTRAIN_BN_TUNING says otherwise. The sums' slabs follow pack_bytes, so a
+// choice has its own bits (the same on every run of it).
+struct BatchNormTuning {
+  int pack_bytes = 8;    // bytes of neighbouring channels one thread loads at once: 16 or 8
+  int blocks_per_sm = 4; // the occupancy the passes are compiled for: 2 (up to 128 registers a thread) or 4 (64)
+  int rows = 2;          // rows a thread of the sums and apply passes loads before it computes: 4 or 2
+  bool one_wave = true;  // apply passes: as many blocks as the GPU runs at once, each looping over its rows
+};
+// Throws a usage error for a value other than those.
+void set_batch_norm_tuning(const BatchNormTuning& tuning);
+BatchNormTuning batch_norm_tuning();
+// "8,4,2,1": pack_bytes,blocks_per_sm,rows,one_wave, as parse_batch_norm_tuning reads it back.
+std::string batch_norm_tuning_text(const BatchNormTuning& tuning);
+BatchNormTuning parse_batch_norm_tuning(const std::string& text);
+// Every choice (16), the default first.
+std::vector<BatchNormTuning> batch_norm_tunings();
 
 // ---- max pooling (nn::MaxPool2d and batch norm's fused pool; NHWC, no padding) -----------------
 

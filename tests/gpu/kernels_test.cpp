@@ -8,6 +8,8 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -80,6 +82,8 @@ class GpuKernels : public ::testing::Test {
       GTEST_SKIP() << "no CUDA GPU visible (" << device::describe() << "): GPU parity tests skipped";
     device::select_gpu(0);
   }
+  void TearDown() override { kernels::set_batch_norm_tuning(tuning_); }  // a test that tunes puts it back
+  kernels::BatchNormTuning tuning_ = kernels::batch_norm_tuning();  // the default, or HPCTRAIN_BN_TUNING's
   cudaStream_t stream_ = nullptr;  // the default stream; the copies back synchronise with it
 };
 
@@ -330,32 +334,63 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
       want_dx[i] = static_cast<float>(gamma[ch] * invstd(ch) *
                                       (dy[i] - sdy[ch] / rows - xhat * sdyx[ch] / static_cast<double>(rows)));
     }
-    std::vector<float> first_y, first_dx;
-    for (int run = 0; run < 2; ++run) {
-      DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), drm(running_mean), drv(running_var);
-      DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
-          si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
-      DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
-      kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), drm.get(),
-                                        drv.get(), momentum, eps, k.relu, sm.get(), si.get(), work.get(), stream_);
-      kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(), si.get(),
-                                   factor, dgamma.get(), dbeta.get(), work.get(), stream_);
-      const auto gy = y.host(), gdx = dxo.host();
-      EXPECT_TRUE(testing::matches(gy, want_y, testing::Precision::Fp32, 2)) << "y";
-      EXPECT_TRUE(testing::matches(si.host(), want_inv, testing::Precision::Fp32, 2)) << "1/std";
-      EXPECT_TRUE(testing::matches(drm.host(), want_rm, testing::Precision::Fp32, 2)) << "running mean";
-      EXPECT_TRUE(testing::matches(drv.host(), want_rv, testing::Precision::Fp32, 2)) << "running variance";
-      EXPECT_TRUE(testing::matches(dgamma.host(), want_dgamma, testing::Precision::Fp32, 4)) << "dgamma";
-      EXPECT_TRUE(testing::matches(dbeta.host(), want_dbeta, testing::Precision::Fp32, 4)) << "dbeta";
-      EXPECT_TRUE(testing::matches(gdx, want_dx, testing::Precision::Fp32, 4)) << "dx";
-      if (run == 0) {
-        first_y = gy, first_dx = gdx;
-      } else {
-        EXPECT_EQ(std::memcmp(first_y.data(), gy.data(), gy.size() * 4), 0) << "y repeats bit for bit";
-        EXPECT_EQ(std::memcmp(first_dx.data(), gdx.data(), gdx.size() * 4), 0) << "dx repeats bit for bit";
+    for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
+      SCOPED_TRACE("tuning " + kernels::batch_norm_tuning_text(tuning));
+      kernels::set_batch_norm_tuning(tuning);
+      std::vector<float> first_y, first_dx;
+      for (int run = 0; run < 2; ++run) {
+        DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), drm(running_mean), drv(running_var);
+        DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
+            si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
+        DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
+        kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), drm.get(),
+                                          drv.get(), momentum, eps, k.relu, sm.get(), si.get(), work.get(), stream_);
+        kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(),
+                                     si.get(), factor, dgamma.get(), dbeta.get(), work.get(), stream_);
+        const auto gy = y.host(), gdx = dxo.host();
+        EXPECT_TRUE(testing::matches(gy, want_y, testing::Precision::Fp32, 2)) << "y";
+        EXPECT_TRUE(testing::matches(si.host(), want_inv, testing::Precision::Fp32, 2)) << "1/std";
+        EXPECT_TRUE(testing::matches(drm.host(), want_rm, testing::Precision::Fp32, 2)) << "running mean";
+        EXPECT_TRUE(testing::matches(drv.host(), want_rv, testing::Precision::Fp32, 2)) << "running variance";
+        EXPECT_TRUE(testing::matches(dgamma.host(), want_dgamma, testing::Precision::Fp32, 4)) << "dgamma";
+        EXPECT_TRUE(testing::matches(dbeta.host(), want_dbeta, testing::Precision::Fp32, 4)) << "dbeta";
+        EXPECT_TRUE(testing::matches(gdx, want_dx, testing::Precision::Fp32, 4)) << "dx";
+        if (run == 0) {
+          first_y = gy, first_dx = gdx;
+        } else {
+          EXPECT_EQ(std::memcmp(first_y.data(), gy.data(), gy.size() * 4), 0) << "y repeats bit for bit";
+          EXPECT_EQ(std::memcmp(first_dx.data(), gdx.data(), gdx.size() * 4), 0) << "dx repeats bit for bit";
+        }
       }
     }
   }
+}
+
+// The batch-norm passes' launch choices as gpu_step --bn-tuning reads them: every choice's
+// text reads back as itself, the default first; a value the kernels have no launch for is a
+// usage error naming it. (No GPU needed.)
+TEST(BatchNormTuning, TextReadsBackAndOtherValuesAreRefused) {
+  const auto all = kernels::batch_norm_tunings();
+  ASSERT_EQ(all.size(), 16u);
+  EXPECT_EQ(kernels::batch_norm_tuning_text(all.front()), kernels::batch_norm_tuning_text({}));
+  std::set<std::string> seen;
+  for (const auto& t : all) {
+    const std::string text = kernels::batch_norm_tuning_text(t);
+    EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning(text)), text);
+    EXPECT_TRUE(seen.insert(text).second) << text << " twice";
+  }
+  for (const char* bad : {"12,2,4,0", "16,3,4,0", "16,2,3,0", "16,2,4,2", "16,2,4", "16,2,4,0x", "fast"}) {
+    try {
+      kernels::parse_batch_norm_tuning(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage) << bad;
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  const std::string before = kernels::batch_norm_tuning_text(kernels::batch_norm_tuning());
+  EXPECT_THROW(kernels::set_batch_norm_tuning({16, 2, 3, false}), Error);
+  EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::batch_norm_tuning()), before) << "a refused value is not kept";
 }
 
 // The fusions of kernels/batch_norm.cu against the separate passes they replace, on the GPU,
@@ -383,44 +418,49 @@ TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
       TypedBuffer dx_in(prec, x), ddy(prec, dy), dres(prec, res);
       DeviceBuffer<float> dg(gamma), db(beta);
       const size_t work_doubles = (kernels::batch_norm_work_bytes(t, rows, c) + 7) / 8;
-      auto forward = [&](bool relu, const void* residual, void* y, DeviceBuffer<double>& work) {
-        DeviceBuffer<float> rm(std::vector<float>(static_cast<size_t>(c), 0.f));
-        DeviceBuffer<float> rv(std::vector<float>(static_cast<size_t>(c), 1.f));
-        DeviceBuffer<float> sm(static_cast<size_t>(c)), si(static_cast<size_t>(c));
-        kernels::batch_norm_forward_train(t, dx_in.get(), y, rows, c, dg.get(), db.get(), rm.get(), rv.get(), 0.1,
-                                          1e-5, relu, sm.get(), si.get(), work.get(), stream_, residual);
-        return std::make_pair(sm.host(), si.host());
-      };
-      // Forward: joined and fused, against bn, add, ReLU.
-      {
-        DeviceBuffer<double> w1(work_doubles), w2(work_doubles);
-        TypedBuffer fused(prec, std::vector<float>(n)), plain(prec, std::vector<float>(n));
-        forward(true, dres.get(), fused.get(), w1);
-        forward(false, nullptr, plain.get(), w2);
-        kernels::add(t, plain.get(), dres.get(), plain.get(), rows * c, stream_);
-        kernels::relu_forward(t, plain.get(), plain.get(), rows * c, stream_);
-        EXPECT_TRUE(same_values(fused.host(), plain.host())) << "relu(bn(x) + residual)";
-      }
-      // Backward: the mask recomputed from x, against relu_backward on the stored output.
-      {
-        DeviceBuffer<double> work(work_doubles);
-        TypedBuffer y(prec, std::vector<float>(n));
-        const auto [sm_host, si_host] = forward(true, nullptr, y.get(), work);
-        DeviceBuffer<float> sm(sm_host), si(si_host);
-        TypedBuffer dx1(prec, std::vector<float>(n)), dx2(prec, std::vector<float>(n)), masked(prec, std::vector<float>(n));
-        DeviceBuffer<float> dgamma1(static_cast<size_t>(c)), dbeta1(static_cast<size_t>(c));
-        DeviceBuffer<float> dgamma2(static_cast<size_t>(c)), dbeta2(static_cast<size_t>(c));
-        kernels::batch_norm_backward(t, dx_in.get(), ddy.get(), dx1.get(), rows, c, dg.get(), sm.get(), si.get(),
-                                     0.5f, dgamma1.get(), dbeta1.get(), work.get(), stream_, true);
-        kernels::relu_backward(t, y.get(), ddy.get(), masked.get(), rows * c, stream_);
-        kernels::batch_norm_backward(t, dx_in.get(), masked.get(), dx2.get(), rows, c, dg.get(), sm.get(), si.get(),
-                                     0.5f, dgamma2.get(), dbeta2.get(), work.get(), stream_, false);
-        const auto yh = y.host();
-        const auto zeros = std::count(yh.begin(), yh.end(), 0.f);
-        EXPECT_GT(zeros, static_cast<long>(n / 5)) << "the ReLU masks a good part of the batch";
-        EXPECT_TRUE(same_values(dx1.host(), dx2.host())) << "dx";
-        EXPECT_TRUE(same_values(dgamma1.host(), dgamma2.host())) << "dgamma";
-        EXPECT_TRUE(same_values(dbeta1.host(), dbeta2.host())) << "dbeta";
+      for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
+        SCOPED_TRACE("tuning " + kernels::batch_norm_tuning_text(tuning));
+        kernels::set_batch_norm_tuning(tuning);
+        auto forward = [&](bool relu, const void* residual, void* y, DeviceBuffer<double>& work) {
+          DeviceBuffer<float> rm(std::vector<float>(static_cast<size_t>(c), 0.f));
+          DeviceBuffer<float> rv(std::vector<float>(static_cast<size_t>(c), 1.f));
+          DeviceBuffer<float> sm(static_cast<size_t>(c)), si(static_cast<size_t>(c));
+          kernels::batch_norm_forward_train(t, dx_in.get(), y, rows, c, dg.get(), db.get(), rm.get(), rv.get(), 0.1,
+                                            1e-5, relu, sm.get(), si.get(), work.get(), stream_, residual);
+          return std::make_pair(sm.host(), si.host());
+        };
+        // Forward: joined and fused, against bn, add, ReLU.
+        {
+          DeviceBuffer<double> w1(work_doubles), w2(work_doubles);
+          TypedBuffer fused(prec, std::vector<float>(n)), plain(prec, std::vector<float>(n));
+          forward(true, dres.get(), fused.get(), w1);
+          forward(false, nullptr, plain.get(), w2);
+          kernels::add(t, plain.get(), dres.get(), plain.get(), rows * c, stream_);
+          kernels::relu_forward(t, plain.get(), plain.get(), rows * c, stream_);
+          EXPECT_TRUE(same_values(fused.host(), plain.host())) << "relu(bn(x) + residual)";
+        }
+        // Backward: the mask recomputed from x, against relu_backward on the stored output.
+        {
+          DeviceBuffer<double> work(work_doubles);
+          TypedBuffer y(prec, std::vector<float>(n));
+          const auto [sm_host, si_host] = forward(true, nullptr, y.get(), work);
+          DeviceBuffer<float> sm(sm_host), si(si_host);
+          TypedBuffer dx1(prec, std::vector<float>(n)), dx2(prec, std::vector<float>(n));
+          TypedBuffer masked(prec, std::vector<float>(n));
+          DeviceBuffer<float> dgamma1(static_cast<size_t>(c)), dbeta1(static_cast<size_t>(c));
+          DeviceBuffer<float> dgamma2(static_cast<size_t>(c)), dbeta2(static_cast<size_t>(c));
+          kernels::batch_norm_backward(t, dx_in.get(), ddy.get(), dx1.get(), rows, c, dg.get(), sm.get(), si.get(),
+                                       0.5f, dgamma1.get(), dbeta1.get(), work.get(), stream_, true);
+          kernels::relu_backward(t, y.get(), ddy.get(), masked.get(), rows * c, stream_);
+          kernels::batch_norm_backward(t, dx_in.get(), masked.get(), dx2.get(), rows, c, dg.get(), sm.get(), si.get(),
+                                       0.5f, dgamma2.get(), dbeta2.get(), work.get(), stream_, false);
+          const auto yh = y.host();
+          const auto zeros = std::count(yh.begin(), yh.end(), 0.f);
+          EXPECT_GT(zeros, static_cast<long>(n / 5)) << "the ReLU masks a good part of the batch";
+          EXPECT_TRUE(same_values(dx1.host(), dx2.host())) << "dx";
+          EXPECT_TRUE(same_values(dgamma1.host(), dgamma2.host())) << "dgamma";
+          EXPECT_TRUE(same_values(dbeta1.host(), dbeta2.host())) << "dbeta";
+        }
       }
     }
   }
