@@ -47,48 +47,17 @@ threads=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-cpu=$(cpu_model) isa=$(cpu_isa)
-runs="1 process each"
-((seeds == 1)) || runs+=", seeds 1..$seeds"
-runs+=", label smoothing $smoothing"
-echo "cpu_vs_peer: $(nproc) core(s), $cpu; $epochs epoch(s), $threads thread(s), $runs"
-echo "cpu: $cpu, ISA $isa"
-print_conv_kernels "$threads"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-
-# seed_args S: the --seed flag for run S, none when there is one run (each side's default).
-seed_args() { seed=(); ((seeds == 1)) || seed=(--seed "$1"); }
-# run_label S: ", seed S of N" in the step headers when there are several runs.
-run_label() { ((seeds == 1)) || echo ", seed $1 of $seeds"; }
+peer_bench_header cpu_vs_peer "$(nproc) core(s), $(cpu_model); $epochs epoch(s), $threads thread(s), 1 process each" \
+  "$threads"
 
 ours_ips_runs=() ours_acc_runs=()
 for ((s = 1; s <= seeds; s++)); do
   seed_args "$s"
-  echo
-  cmd=("$hpctrain" --threads "$threads" --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
-  echo "== 1/3 hpctrain$(run_label "$s"): ${cmd[*]}"
-  "${cmd[@]}" --metrics-file "$tmp/metrics.jsonl" 2>&1 | tee "$tmp/hpctrain.log" | sed -u 's/^/  /'
-  done_line=$(grep '"event":"done"' "$tmp/metrics.jsonl" | tail -n 1)
-  [[ -n "$done_line" ]] || die "hpctrain wrote no done line to its metrics file"
-  ours_ips_runs+=("$(json_number images_per_second <<< "$done_line")")
-  ours_acc_runs+=("$(json_number test_accuracy <<< "$done_line")")
-  rm -f "$tmp/metrics.jsonl"
+  ours_run "$s" 1/3 "$hpctrain" --threads "$threads" --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}"
 done
-
 peer_ips_runs=() peer_acc_runs=()
-for ((s = 1; s <= seeds; s++)); do
-  seed_args "$s"
-  echo
-  cmd=("$python" "$peer" --ranks 1 --threads "$threads" --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
-  echo "== 2/3 peer$(run_label "$s"): ${cmd[*]}"
-  "${cmd[@]}" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
-  peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
-  [[ -n "$peer_line" ]] || die "the peer printed no result line"
-  peer_ips_runs+=("$(json_number images_per_s <<< "$peer_line")")
-  peer_acc_runs+=("$(json_number test_acc <<< "$peer_line")")
-done
-ours_ips=$(mean "${ours_ips_runs[@]}") ours_acc=$(mean "${ours_acc_runs[@]}") ours_sd=$(sample_sd "${ours_acc_runs[@]}")
-peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") peer_sd=$(sample_sd "${peer_acc_runs[@]}")
+for ((s = 1; s <= seeds; s++)); do peer_run "$s" 2/3 1; done
+peer_bench_means
 
 echo
 echo "== 3/3 sgemm peak: $gemm_shapes --peak-only --threads $threads"
@@ -107,10 +76,7 @@ echo "hpctrain: $(calc "$ours_ips" 1) images/s, test accuracy $ours_acc${of:-}"
 echo "peer:     $(calc "$peer_ips" 1) images/s, test accuracy $peer_acc${of:-}"
 echo "ratio hpctrain/peer: $ratio (target >= 2.0: $met)"
 echo "hpctrain achieved: $gflops GFLOP/s of $peak peak sgemm GFLOP/s ($(calc "$fraction * 100" 1)%)"
-echo "training FLOPs per image: $flops ($flops_source)"
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (another job on the machine makes all of this noisy)"
-echo
-echo "== summary"
+peer_bench_tail
 cat << EOF
 epochs=$epochs
 threads=$threads
@@ -125,14 +91,5 @@ train_flops_per_image=$flops
 hpctrain_gflops=$gflops
 peak_sgemm_gflops=$peak
 fraction_of_peak=$fraction
-seeds=$seeds
-label_smoothing=$smoothing
-hpctrain_test_accuracy_sd=$ours_sd
-peer_test_accuracy_sd=$peer_sd
-hpctrain_test_accuracies=$(IFS=,; echo "${ours_acc_runs[*]}")
-peer_test_accuracies=$(IFS=,; echo "${peer_acc_runs[*]}")
-cpu_model=$cpu
-cpu_isa=$isa
-onednn_isa=$onednn_isa
-onednn_conv_kernels=$conv_kernels
 EOF
+peer_bench_summary

@@ -182,6 +182,86 @@ per_seed_report() {
   of=" (${3/N/$seeds})"
 }
 
+# The two CPU peer benches (cpu_vs_peer.sh, mpi_vs_peer.sh) share the following; they set
+# `seeds`, `epochs`, `smoothing` (smoothing_flag), `tmp`, and locate_programs' names first.
+
+# peer_bench_header NAME SETUP THREADS: the first lines: what runs, the CPU and its ISA (cpu,
+# isa), the oneDNN convolution kernels on THREADS threads, the load average.
+peer_bench_header() {
+  cpu=$(cpu_model) isa=$(cpu_isa)
+  local runs=$2
+  ((seeds == 1)) || runs+=", seeds 1..$seeds"
+  echo "$1: $runs, label smoothing $smoothing"
+  echo "cpu: $cpu, ISA $isa"
+  print_conv_kernels "$3"
+  echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# seed_args S: the --seed flag for run S (array `seed`), none when there is one run (each
+# side's default). run_label S: ", seed S of N" in the step headers when there are several.
+seed_args() { seed=(); ((seeds == 1)) || seed=(--seed "$1"); }
+run_label() { ((seeds == 1)) || echo ", seed $1 of $seeds"; }
+
+# ours_run S STEP COMMAND...: one hpctrain run (seed S; COMMAND with its launcher) writing
+# $tmp/ours.jsonl and $tmp/hpctrain.log; sets done_line, adds to ours_ips_runs and ours_acc_runs.
+ours_run() {
+  local s=$1 step=$2
+  shift 2
+  echo
+  echo "== $step hpctrain$(run_label "$s"): $*"
+  rm -f "$tmp/ours.jsonl"
+  "$@" --metrics-file "$tmp/ours.jsonl" 2>&1 | tee "$tmp/hpctrain.log" | sed -u 's/^/  /'
+  done_line=$(grep '"event":"done"' "$tmp/ours.jsonl" | tail -n 1)
+  [[ -n "$done_line" ]] || die "hpctrain wrote no done line to its metrics file"
+  ours_ips_runs+=("$(json_number images_per_second <<< "$done_line")")
+  ours_acc_runs+=("$(json_number test_accuracy <<< "$done_line")")
+}
+
+# peer_run S STEP RANKS: one run of the peer (seed S, RANKS ranks of one thread); sets
+# peer_line, adds to peer_ips_runs and peer_acc_runs.
+peer_run() {
+  seed_args "$1"
+  local cmd=("$python" "$peer" --ranks "$3" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
+  echo
+  echo "== $2 peer$(run_label "$1"): ${cmd[*]}"
+  "${cmd[@]}" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
+  peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
+  [[ -n "$peer_line" ]] || die "the peer printed no result line"
+  peer_ips_runs+=("$(json_number images_per_s <<< "$peer_line")")
+  peer_acc_runs+=("$(json_number test_acc <<< "$peer_line")")
+}
+
+# peer_bench_means: both sides' mean images/s and accuracy and the accuracy's sample sd over
+# the runs (ours_ips, ours_acc, ours_sd, peer_ips, peer_acc, peer_sd).
+peer_bench_means() {
+  ours_ips=$(mean "${ours_ips_runs[@]}") ours_acc=$(mean "${ours_acc_runs[@]}") ours_sd=$(sample_sd "${ours_acc_runs[@]}")
+  peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") peer_sd=$(sample_sd "${peer_acc_runs[@]}")
+}
+
+# peer_bench_tail: the lines both end their report with, before the summary.
+peer_bench_tail() {
+  echo "training FLOPs per image: $flops ($flops_source)"
+  echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (another job on the machine makes all of this noisy)"
+  echo
+  echo "== summary"
+}
+
+# peer_bench_summary: the key=value lines both summaries hold.
+peer_bench_summary() {
+  cat << EOF
+seeds=$seeds
+label_smoothing=$smoothing
+hpctrain_test_accuracy_sd=$ours_sd
+peer_test_accuracy_sd=$peer_sd
+hpctrain_test_accuracies=$(IFS=,; echo "${ours_acc_runs[*]}")
+peer_test_accuracies=$(IFS=,; echo "${peer_acc_runs[*]}")
+cpu_model=$cpu
+cpu_isa=$isa
+onednn_isa=$onednn_isa
+onednn_conv_kernels=$conv_kernels
+EOF
+}
+
 # The chaos soaks (chaos.sh under hpcrun, chaos_slurm.sh under Slurm) share the following.
 
 # seconds_of DURATION NAME: 90, 90s, 10m, 1h as whole seconds.

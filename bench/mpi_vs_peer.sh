@@ -58,19 +58,8 @@ mpirun_args=(${MPIRUN_ARGS:-})
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-cpu=$(cpu_model) isa=$(cpu_isa)
-runs="target accuracy $target"
-((seeds == 1)) || runs+=", seeds 1..$seeds"
-runs+=", label smoothing $smoothing"
-echo "mpi_vs_peer: $(nproc) core(s), $ranks rank(s) x 1 thread, $epochs epoch(s), $runs"
-echo "cpu: $cpu, ISA $isa"
-print_conv_kernels 1
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-
-# seed_args S: the --seed flag for run S, none when there is one run (each side's default).
-seed_args() { seed=(); ((seeds == 1)) || seed=(--seed "$1"); }
-# run_label S: ", seed S of N" in the step headers when there are several runs.
-run_label() { ((seeds == 1)) || echo ", seed $1 of $seeds"; }
+peer_bench_header mpi_vs_peer \
+  "$(nproc) core(s), $ranks rank(s) x 1 thread, $epochs epoch(s), target accuracy $target" 1
 
 # time_to_target "TIMES" SUFFIX: the time to the target over the runs ("" for a run that
 # did not reach it): as it always read for one run; for several, the mean of those that did.
@@ -89,15 +78,8 @@ time_to_target() {
 ours_ips_runs=() ours_acc_runs=() wait_on_runs=() step_on_runs=() ours_reached=""
 for ((s = 1; s <= seeds; s++)); do
   seed_args "$s"
-  echo
-  cmd=("$hpctrain" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
-  echo "== 1/4 hpctrain$(run_label "$s"): $mpirun -np $ranks ${cmd[*]}"
-  "$mpirun" "${mpirun_args[@]}" -np "$ranks" "${cmd[@]}" --metrics-file "$tmp/on.jsonl" 2>&1 | tee "$tmp/hpctrain.log" |
-    sed -u 's/^/  /'
-  done_line=$(grep '"event":"done"' "$tmp/on.jsonl" | tail -n 1)
-  [[ -n "$done_line" ]] || die "hpctrain wrote no done line"
-  ours_ips_runs+=("$(json_number images_per_second <<< "$done_line")")
-  ours_acc_runs+=("$(json_number test_accuracy <<< "$done_line")")
+  ours_run "$s" 1/4 "$mpirun" "${mpirun_args[@]}" -np "$ranks" "$hpctrain" --threads 1 --epochs "$epochs" "${seed[@]}" \
+    "${smoothing_args[@]}"
   wait_on_runs+=("$(json_number comm_wait_seconds_per_step <<< "$done_line")")
   step_on_runs+=("$(json_number step_seconds <<< "$done_line")")
   while read -r line; do
@@ -106,11 +88,9 @@ for ((s = 1; s <= seeds; s++)); do
       ours_reached+=" $(json_number train_seconds <<< "$line")"
       break
     fi
-  done < <(grep '"event":"epoch"' "$tmp/on.jsonl")
-  rm -f "$tmp/on.jsonl"
+  done < <(grep '"event":"epoch"' "$tmp/ours.jsonl")
 done
 train_flops "$done_line" "$tmp/hpctrain.log"
-ours_ips=$(mean "${ours_ips_runs[@]}") ours_acc=$(mean "${ours_acc_runs[@]}") ours_sd=$(sample_sd "${ours_acc_runs[@]}")
 wait_on=$(mean "${wait_on_runs[@]}") step_on=$(mean "${step_on_runs[@]}")
 ours_t92=$(time_to_target "$ours_reached" "")
 
@@ -126,20 +106,12 @@ echo "  exposed communication $(calc "$wait_off * 1000" 3) ms per step of $(calc
 
 peer_ips_runs=() peer_acc_runs=() peer_reached=""
 for ((s = 1; s <= seeds; s++)); do
-  seed_args "$s"
-  echo
-  cmd=("$python" "$peer" --ranks "$ranks" --threads 1 --epochs "$epochs" "${seed[@]}" "${smoothing_args[@]}")
-  echo "== 3/4 peer$(run_label "$s"): ${cmd[*]}"
-  "${cmd[@]}" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
-  peer_line=$(grep '"images_per_s"' "$tmp/peer.log" | tail -n 1)
-  [[ -n "$peer_line" ]] || die "the peer printed no result line"
-  peer_ips_runs+=("$(json_number images_per_s <<< "$peer_line")")
-  peer_acc_runs+=("$(json_number test_acc <<< "$peer_line")")
+  peer_run "$s" 3/4 "$ranks"
   if awk "BEGIN { exit !(${peer_acc_runs[-1]} >= $target) }"; then
     peer_reached+=" $(json_number train_s <<< "$peer_line")"
   fi
 done
-peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") peer_sd=$(sample_sd "${peer_acc_runs[@]}")
+peer_bench_means
 peer_t92=$(time_to_target "$peer_reached" " (its whole run)")
 
 echo
@@ -162,10 +134,7 @@ echo "exposed communication per step: $(calc "$wait_on * 1000" 3) ms = $share_on
   "(target < 5%), $(calc "$wait_off * 1000" 3) ms = $share_off% without"
 echo "hpctrain achieved: $gflops GFLOP/s of $peak measured sgemm GFLOP/s with $ranks threads" \
   "($(calc "$fraction * 100" 1)%; target >= 60%: $fraction_met)"
-echo "training FLOPs per image: $flops ($flops_source)"
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (another job on the machine makes all of this noisy)"
-echo
-echo "== summary"
+peer_bench_tail
 cat << SUMMARY
 ranks=$ranks
 epochs=$epochs
@@ -181,16 +150,7 @@ exposed_comm_ms_per_step_overlap=$(calc "$wait_on * 1000" 3)
 exposed_comm_percent_overlap=$share_on
 exposed_comm_ms_per_step_no_overlap=$(calc "$wait_off * 1000" 3)
 exposed_comm_percent_no_overlap=$share_off
-seeds=$seeds
-label_smoothing=$smoothing
-hpctrain_test_accuracy_sd=$ours_sd
-peer_test_accuracy_sd=$peer_sd
-hpctrain_test_accuracies=$(IFS=,; echo "${ours_acc_runs[*]}")
-peer_test_accuracies=$(IFS=,; echo "${peer_acc_runs[*]}")
-cpu_model=$cpu
-cpu_isa=$isa
-onednn_isa=$onednn_isa
-onednn_conv_kernels=$conv_kernels
+$(peer_bench_summary)
 train_flops_per_image=$flops
 hpctrain_gflops=$gflops
 peak_sgemm_gflops=$peak
