@@ -11,45 +11,24 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_DIR = os.path.join(HERE, "..", "..", "cloudformation", "node")
-sys.path.insert(0, NODE_DIR)
+# First: boto3 and moto or the skip, and the node programs' folder on the path.
+from slurm_fakes import NODE_DIR, REGION, moto_and_fake_slurm, recorded_calls, scontrol_recorder
 
-try:
-    import boto3
-    import botocore.exceptions
-    from moto import mock_aws
-except ImportError as e:  # pragma: no cover - CTest reports the skip
-    print(f"SKIPPED: {e} (boto3 and moto are needed)")
-    sys.exit(77)
-
+import boto3  # noqa: E402
+import botocore.exceptions  # noqa: E402
 import clustermgtd  # noqa: E402
 import hpc_cloud  # noqa: E402
-
-REGION = "us-east-1"
 
 
 class ClusterManager(unittest.TestCase):
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(self.tmp.cleanup)
-        self.enterContext(mock.patch.dict(os.environ, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                                                       "AWS_DEFAULT_REGION": REGION}))
-        self.enterContext(mock_aws())
-        self.calls = os.path.join(self.tmp.name, "scontrol.calls")
-        self.sinfo_out = os.path.join(self.tmp.name, "sinfo.out")
-        bindir = os.path.join(self.tmp.name, "bin")
-        os.mkdir(bindir)
-        for name, body in (("scontrol", f'echo "$*" >> {self.calls}'), ("sinfo", f"cat {self.sinfo_out}")):
-            with open(os.path.join(bindir, name), "w", encoding="utf-8") as f:
-                f.write(f"#!/bin/sh\n{body}\n")
-            os.chmod(os.path.join(bindir, name), 0o755)
-        self.enterContext(mock.patch.dict(os.environ, {"PATH": bindir + os.pathsep + os.environ["PATH"]}))
+        moto_and_fake_slurm(self, lambda t: {"scontrol": scontrol_recorder(t),
+                                             "sinfo": f"cat {os.path.join(t.tmp.name, 'sinfo.out')}"})
+        self.sinfo_out = os.path.join(self.tmp.name, "sinfo.out")  # what the fake sinfo prints
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         self.config = os.path.join(self.tmp.name, "cloud.json")
@@ -85,10 +64,7 @@ class ClusterManager(unittest.TestCase):
         return calls
 
     def scontrol_calls(self):
-        if not os.path.exists(self.calls):
-            return []
-        with open(self.calls, encoding="utf-8") as f:
-            return f.read().splitlines()
+        return recorded_calls(self)
 
     def live(self):
         out = set()

@@ -21,46 +21,24 @@ import time
 import unittest
 from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_DIR = os.path.join(HERE, "..", "..", "cloudformation", "node")
-sys.path.insert(0, NODE_DIR)
+# First: boto3 and moto or the skip, and the node programs' folder on the path.
+from slurm_fakes import NODE_DIR, REGION, moto_and_fake_slurm, recorded_calls, scontrol_recorder
 
-try:
-    import boto3
-    from botocore.exceptions import ClientError
-    from moto import mock_aws
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.ec2.models import ec2_backends
-except ImportError as e:  # pragma: no cover - CTest reports the skip
-    print(f"SKIPPED: {e} (boto3 and moto are needed)")
-    sys.exit(77)
-
+import boto3  # noqa: E402
+from botocore.exceptions import ClientError  # noqa: E402
+from moto.core import DEFAULT_ACCOUNT_ID  # noqa: E402
+from moto.ec2.models import ec2_backends  # noqa: E402
 import hpc_cloud  # noqa: E402
 import resume  # noqa: E402
 import resume_fail  # noqa: E402
 import suspend  # noqa: E402
-
-REGION = "us-east-1"
 
 
 class MotoCluster(unittest.TestCase):
     """moto's EC2 with a launch template, the cluster's settings and a fake scontrol."""
 
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(self.tmp.cleanup)
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": REGION}.items():
-            self.enterContext(mock.patch.dict(os.environ, {k: v}))
-        self.enterContext(mock_aws())
-        # A fake scontrol that records its arguments, one call per line.
-        self.calls = os.path.join(self.tmp.name, "scontrol.calls")
-        bindir = os.path.join(self.tmp.name, "bin")
-        os.mkdir(bindir)
-        with open(os.path.join(bindir, "scontrol"), "w", encoding="utf-8") as f:
-            f.write(f'#!/bin/sh\necho "$*" >> {self.calls}\n')
-        os.chmod(os.path.join(bindir, "scontrol"), 0o755)
-        self.enterContext(mock.patch.dict(os.environ, {"PATH": bindir + os.pathsep + os.environ["PATH"]}))
+        moto_and_fake_slurm(self, lambda t: {"scontrol": scontrol_recorder(t)})
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.subnets = sorted(self.ec2.describe_subnets()["Subnets"], key=lambda s: s["AvailabilityZone"])
         subnet = self.subnets[0]["SubnetId"]
@@ -87,10 +65,7 @@ class MotoCluster(unittest.TestCase):
             return json.load(f)
 
     def scontrol_calls(self):
-        if not os.path.exists(self.calls):
-            return []
-        with open(self.calls, encoding="utf-8") as f:
-            return f.read().splitlines()
+        return recorded_calls(self)
 
     def live(self):
         """{node: instance} of running or pending instances, from EC2 itself."""
