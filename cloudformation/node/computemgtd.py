@@ -18,15 +18,13 @@ watchdog's start.
 """
 
 import logging
-import os
 import re
 import subprocess
 import sys
 import threading
 import time
 
-from hpc_cloud import OneLineParser
-from spot_watcher import Imds, node_name
+from spot_watcher import Imds, node_daemon_parser, node_name, run_node_daemon
 
 DEFAULT_HEARTBEAT = "/shared/.hpctrain/clustermgtd.heartbeat"
 SLURM_TRIES, SLURM_TIMEOUT, SLURM_PAUSE = 3, 10.0, 2.0  # scontrol: tries, seconds each, seconds between
@@ -124,24 +122,15 @@ def watch(args):
 
 
 def main():
-    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p = node_daemon_parser(__doc__, 30.0, "checks", ", for this instance's id")
     p.add_argument("--heartbeat", default=DEFAULT_HEARTBEAT,
                    help="the cluster manager's heartbeat file (default %(default)s)")
     p.add_argument("--stale-after", type=float, default=900.0,
                    help="seconds without a heartbeat before the head counts as gone, if Slurm agrees (default 900)")
-    p.add_argument("--node", help="this node's Slurm name (default: /etc/hpctrain/node-name, else the host name)")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between checks (default 30)")
-    p.add_argument("--imds", default=os.environ.get("HPCTRAIN_IMDS", "http://169.254.169.254"),
-                   help="the instance metadata service, for this instance's id (default %(default)s)")
-    p.add_argument("--once", action="store_true", help="check once and exit")
     args = p.parse_args()
     if not args.stale_after > 0 or not args.interval > 0:
         p.error("--stale-after and --interval must be positive")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s computemgtd: %(levelname)s: %(message)s")
-    try:
-        return watch(args)
-    except KeyboardInterrupt:
-        return 0
+    return run_node_daemon("computemgtd", watch, args)
 
 
 if __name__ == "__main__":

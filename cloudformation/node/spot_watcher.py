@@ -128,22 +128,35 @@ def watch(args):
         time.sleep(args.interval)
 
 
-def main():
-    p = OneLineParser(description=__doc__.split("\n\n")[0])
+def node_daemon_parser(doc, interval, every, imds_use=""):
+    """The options of the compute nodes' daemons (this one and computemgtd.py): --node, --imds
+    (the metadata service, IMDS_USE saying what for), --interval (seconds between EVERY, default
+    INTERVAL) and --once."""
+    p = OneLineParser(description=doc.split("\n\n")[0])
     p.add_argument("--node", help="this node's Slurm name (default: /etc/hpctrain/node-name, else the host name)")
     p.add_argument("--imds", default=os.environ.get("HPCTRAIN_IMDS", "http://169.254.169.254"),
-                   help="the instance metadata service (default %(default)s)")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between polls (default 5)")
-    p.add_argument("--on-rebalance", choices=["drain", "checkpoint"], default="drain")
-    p.add_argument("--once", action="store_true", help="poll once and exit")
-    args = p.parse_args()
-    if not args.interval > 0:
-        p.error("--interval must be positive")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s spot_watcher: %(levelname)s: %(message)s")
+                   help=f"the instance metadata service{imds_use} (default %(default)s)")
+    p.add_argument("--interval", type=float, default=interval, help=f"seconds between {every} (default {interval:g})")
+    p.add_argument("--once", action="store_true", help="look once and exit")
+    return p
+
+
+def run_node_daemon(program, watch, args):
+    """watch(args), logging as PROGRAM; an interrupt ends it quietly (exit 0)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {program}: %(levelname)s: %(message)s")
     try:
         return watch(args)
     except KeyboardInterrupt:
         return 0
+
+
+def main():
+    p = node_daemon_parser(__doc__, 5.0, "polls")
+    p.add_argument("--on-rebalance", choices=["drain", "checkpoint"], default="drain")
+    args = p.parse_args()
+    if not args.interval > 0:
+        p.error("--interval must be positive")
+    return run_node_daemon("spot_watcher", watch, args)
 
 
 if __name__ == "__main__":
