@@ -30,10 +30,7 @@
 # folder that keeps the soak's logs), CHAOS_NETNS_ID (the hosts' namespace id, default 22).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${BUILD_DIR:-build}
-[[ "$build" == /* ]] || build="$root/$build"
-export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
+build_paths
 
 chaos_options "$@"
 [[ -x "$HPCRUN" && -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCRUN"

@@ -30,10 +30,7 @@
 # SLURM_TEST_KEEP (a folder that keeps the soak's job outputs, metrics and the cluster's logs).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${BUILD_DIR:-build}
-[[ "$build" == /* ]] || build="$root/$build"
-export HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
+build_paths
 chaos_options "$@"
 [[ -x "$HPCTRAIN" ]] || die "build first (./setup.sh): $HPCTRAIN"
 source "$root/tests/slurm/common.sh"

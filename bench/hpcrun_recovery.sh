@@ -15,10 +15,7 @@
 # Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${BUILD_DIR:-build}
-[[ "$build" == /* ]] || build="$root/$build"
-export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
+build_paths
 runs=3
 while (($#)); do
   case "$1" in

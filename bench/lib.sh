@@ -18,6 +18,15 @@ require_torch() {
 # Positive integer check for an option's value: require_count NAME VALUE.
 require_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
 
+# build_paths: root (the repository) and build (BUILD_DIR, default build, under root unless
+# absolute); then exports HPCTRAIN (default build's hpctrain) and HPCRUN (build's hpcrun).
+build_paths() {
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  build=${BUILD_DIR:-build}
+  [[ "$build" == /* ]] || build="$root/$build"
+  export HPCRUN=${HPCRUN:-$build/launch/hpcrun} HPCTRAIN=${HPCTRAIN:-$build/src/hpctrain}
+}
+
 # Sets root, hpctrain, peer, python from the environment (see the scripts' headers).
 locate_programs() {
   root=$(cd "$(dirname "${BASH_SOURCE[1]}")/.." && pwd)

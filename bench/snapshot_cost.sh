@@ -11,10 +11,8 @@
 # Environment: BUILD_DIR (default build), HPCTRAIN, FASHION_MNIST, SNAPSHOT_DIR (default /dev/shm).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${BUILD_DIR:-build}
-[[ "$build" == /* ]] || build="$root/$build"
-hpctrain=${HPCTRAIN:-$build/src/hpctrain}
+build_paths
+hpctrain=$HPCTRAIN
 fashion=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 steps=300 threads=0 models=cnn,resnet18
 while (($#)); do
