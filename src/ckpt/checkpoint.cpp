@@ -103,6 +103,26 @@ void encode(const Checkpoint& c, std::vector<char>& out) {
   put_section(out, End, nullptr, 0);
 }
 
+namespace {
+// An intact section's n bytes at p into c: the meta's KEY=VALUE lines, or a section of floats.
+void read_section(uint32_t kind, const char* p, uint64_t n, const std::string& what, Checkpoint& c) {
+  if (kind == Meta) {
+    std::istringstream in(std::string(p, n));
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t eq = line.find('=');
+      HPC_REQUIRE(eq != std::string::npos, what, ": malformed meta line '", line, "'");
+      c.meta[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return;
+  }
+  HPC_REQUIRE(n % sizeof(float) == 0, what, ": the ", kind_name(kind), " section is not a whole number of floats");
+  std::vector<float>& dst = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
+  dst.resize(n / sizeof(float));
+  std::memcpy(dst.data(), p, n);
+}
+}  // namespace
+
 Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout) {
   Layout ignored;
   Layout& seen_layout = layout ? *layout : ignored;
@@ -145,21 +165,8 @@ Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layou
     seen_layout.sections.push_back({kind_name(kind), n, intact});
     HPC_REQUIRE(intact, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
     at += n;
-    if (kind == Meta) {
-      std::istringstream in(std::string(p, n));
-      std::string line;
-      while (std::getline(in, line)) {
-        const size_t eq = line.find('=');
-        HPC_REQUIRE(eq != std::string::npos, what, ": malformed meta line '", line, "'");
-        c.meta[line.substr(0, eq)] = line.substr(eq + 1);
-      }
-      seen_layout.meta = c.meta;
-      continue;
-    }
-    HPC_REQUIRE(n % sizeof(float) == 0, what, ": the ", kind_name(kind), " section is not a whole number of floats");
-    std::vector<float>& dst = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
-    dst.resize(n / sizeof(float));
-    std::memcpy(dst.data(), p, n);
+    read_section(kind, p, n, what, c);
+    if (kind == Meta) seen_layout.meta = c.meta;
   }
   for (uint32_t k = Meta; k <= Buffers; ++k)
     HPC_REQUIRE(seen[k], what, " has no ", kind_name(k), " section");

@@ -145,6 +145,10 @@ class BatchNorm final : public Layer<T> {
   // rows [b, e) into s1 and s2; the totals land in out1 and out2 (double).
   template <class RowSums>
   void row_sums(int64_t m, std::vector<double>& out1, std::vector<double>& out2, RowSums&& rows);
+  // Backward: sum g and sum g (x - mean) per channel, g the gradient reaching the normalised
+  // output (dyp through the fused ReLU and pool); then dx_ from those sums.
+  void gradient_sums(const T* dyp, std::vector<double>& sdy, std::vector<double>& sdyx);
+  void input_gradient(const T* dyp, const std::vector<double>& sdy, const std::vector<double>& sdyx);
 
   bool relu_;
   FusedPool pool_;

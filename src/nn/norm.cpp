@@ -311,23 +311,41 @@ void BatchNorm<T>::row_sums(int64_t m, std::vector<double>& out1, std::vector<do
 
 template <class T>
 const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
+  const int64_t c = c_;
+  // sum g and sum g * (x - mean), where g is the gradient reaching the normalised output
+  // (see sum_row).
+  std::vector<double> sdy, sdyx;
+  gradient_sums(dy.data<T>(), sdy, sdyx);
+  // Parameter gradients from this rank's samples (the gradient all-reduce combines ranks).
+  T* dgamma = store_->grad(gamma_);
+  T* dbeta = store_->grad(beta_);
+  for (int64_t j = 0; j < c; ++j) {
+    dgamma[j] = static_cast<T>(sdyx[j] * invstd_[j]);
+    dbeta[j] = static_cast<T>(sdy[j]);
+  }
+  if (!need_dx) return dx_;
+  if (sync_) {  // every rank's samples moved the statistics: dx needs the global sums
+    std::vector<double> both(sdy);
+    both.insert(both.end(), sdyx.begin(), sdyx.end());
+    sync_(both.data(), 2 * c);
+    std::copy(both.begin(), both.begin() + c, sdy.begin());
+    std::copy(both.begin() + c, both.end(), sdyx.begin());
+  }
+  input_gradient(dy.data<T>(), sdy, sdyx);
+  return dx_;
+}
+
+template <class T>
+void BatchNorm<T>::gradient_sums(const T* dyp, std::vector<double>& sdy, std::vector<double>& sdyx) {
   const int64_t m = x_.numel() / c_, c = c_;
   const T* xp = x_.data<T>();
-  const T* dyp = dy.data<T>();
   const uint8_t* am = pooled() ? argmax_.data<uint8_t>() : nullptr;
   const T* __restrict sc = scale_.data();
   const T* __restrict sh = shift_.data();
-  const T* gamma = store_->value(gamma_);
-  T* dgamma = store_->grad(gamma_);
-  T* dbeta = store_->grad(beta_);
   std::vector<T> mean_t(c);
   for (int64_t j = 0; j < c; ++j) mean_t[j] = static_cast<T>(mean_[j]);
   const T* __restrict mu = mean_t.data();
   const PoolWalk walk{h_, w_, pool_.kernel, pool_.stride, ho_, wo_};
-
-  // sum g and sum g * (x - mean), where g is the gradient reaching the normalised output
-  // (see sum_row).
-  std::vector<double> sdy, sdyx;
   with_relu(relu_, [&](auto relu_c) {
     constexpr bool kRelu = decltype(relu_c)::value;
     row_sums(m, sdy, sdyx, [&](int64_t r0, int64_t r1, T* s1, T* s2) {
@@ -343,20 +361,14 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
       });
     });
   });
-  // Parameter gradients from this rank's samples (the gradient all-reduce combines ranks).
-  for (int64_t j = 0; j < c; ++j) {
-    dgamma[j] = static_cast<T>(sdyx[j] * invstd_[j]);
-    dbeta[j] = static_cast<T>(sdy[j]);
-  }
-  if (!need_dx) return dx_;
-  if (sync_) {  // every rank's samples moved the statistics: dx needs the global sums
-    std::vector<double> both(sdy);
-    both.insert(both.end(), sdyx.begin(), sdyx.end());
-    sync_(both.data(), 2 * c);
-    std::copy(both.begin(), both.begin() + c, sdy.begin());
-    std::copy(both.begin() + c, both.end(), sdyx.begin());
-  }
+}
 
+template <class T>
+void BatchNorm<T>::input_gradient(const T* dyp, const std::vector<double>& sdy, const std::vector<double>& sdyx) {
+  const int64_t m = x_.numel() / c_, c = c_;
+  const T* xp = x_.data<T>();
+  const uint8_t* am = pooled() ? argmax_.data<uint8_t>() : nullptr;
+  const T* gamma = store_->value(gamma_);
   // dx = gamma*invstd * (g - mean(g) - xhat * mean(g*xhat)), written as g*a + x*b + k.
   std::vector<T> a(c), bcoef(c), k(c);
   for (int64_t j = 0; j < c; ++j) {
@@ -369,7 +381,8 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
   dx_.resize<T>(x_.shape());
   T* dxp = dx_.data<T>();
   const T *__restrict pa = a.data(), *__restrict pb = bcoef.data(), *__restrict pk = k.data();
-  const RowCoefficients<T> co{sc, sh, pa, pb, pk};
+  const RowCoefficients<T> co{scale_.data(), shift_.data(), pa, pb, pk};
+  const PoolWalk walk{h_, w_, pool_.kernel, pool_.stride, ho_, wo_};
   with_relu(relu_, [&](auto relu_c) {
     constexpr bool kRelu = decltype(relu_c)::value;
     parallel_rows(m, kMinRowsPerPart, kMaxParts, [&](int64_t b, int64_t e, int) {
@@ -384,7 +397,6 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
       });
     });
   });
-  return dx_;
 }
 
 template class BatchNorm<float>;

@@ -8,8 +8,12 @@ on it. The layers, from the bottom:
   launch beside train: it includes core and ckpt only (hpcrun launches hpctrain, it is not built on it)
 
 A folder may include from its own folder and from layers below it; folders of one layer not from
-each other. First on small made-up trees whose answers are known (a cycle, an upward include, a
-sideways one, launch on train), then on the real tree, which must have none.
+each other. And no function in src/ or launch/ longer than 60 lines, from its opening brace to
+its closing one (issue 45's acceptance), found by matching braces with comments, strings and
+preprocessor lines blanked out. First on small made-up trees and sources whose answers are known
+(a cycle, an upward include, a sideways one, launch on train; functions of 60 and 61 lines, in a
+namespace, a class and with lambdas and braces in strings inside), then on the real tree, which
+must have none.
 """
 import collections
 import os
@@ -24,6 +28,9 @@ LAYERS = {"core": 0, "kernels": 1, "ckpt": 2, "data": 2, "dist": 2, "nn": 2, "op
 LAUNCH_MAY_INCLUDE = {"core", "ckpt", "launch"}
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+MAX_FUNCTION_LINES = 60
+SCOPE = re.compile(r"\b(namespace|class|struct|union|enum)\b")
+PREPROCESSOR = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
 
 
 def units(root):
@@ -100,6 +107,82 @@ def layer_violations(deps):
     return out
 
 
+def blank(text):
+    """The source with comments, string and character literals and preprocessor lines replaced
+    by spaces (newlines kept): what is left holds only the code's own braces."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+        elif text.startswith('R"', i) and re.match(r'R"([^(\s]*)\(', text[i:]):
+            delim = re.match(r'R"([^(\s]*)\(', text[i:]).group(1)
+            j = text.find(")" + delim + '"', i)
+            j = n if j < 0 else j + len(delim) + 2
+        elif text[i] in "\"'":
+            j = i + 1
+            while j < n and text[j] != text[i] and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+        else:
+            out.append(text[i])
+            i += 1
+            continue
+        out.append(re.sub(r"[^\n]", " ", text[i:j]))
+        i = j
+    return PREPROCESSOR.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), "".join(out))
+
+
+def function_spans(text):
+    """(first line, last line) of each function body: a brace opened after a ')' (a signature,
+    with const, noexcept, an initializer list...) where no function is open yet; namespaces,
+    classes and brace initialisers are scopes, and braces inside a function (blocks, lambdas)
+    belong to it."""
+    code = blank(text)
+    stack, found, head_start, line = [], [], 0, 1
+    for i, c in enumerate(code):
+        if c == "\n":
+            line += 1
+        elif c == "{":
+            head = code[head_start:i]
+            if any(kind == "function" for kind, _ in stack):
+                kind = "block"
+            elif SCOPE.search(head) and "(" not in head:
+                kind = "scope"
+            elif ")" in head and not head.rstrip().endswith(("=", ",", "(", "return")):
+                kind = "function"
+            else:
+                kind = "block"
+            stack.append((kind, line))
+            head_start = i + 1
+        elif c in "};":
+            if c == "}" and stack:
+                kind, first = stack.pop()
+                if kind == "function":
+                    found.append((first, line))
+            head_start = i + 1
+    return found
+
+
+def long_functions(root, limit=MAX_FUNCTION_LINES):
+    """'path:first-last (N lines)' for each function over `limit` lines in src/ and launch/."""
+    out = []
+    for top in ("src", "launch"):
+        for folder, _, files in sorted(os.walk(os.path.join(root, top))):
+            for name in sorted(files):
+                if name.endswith(SOURCES):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        for first, last in function_spans(f.read()):
+                            if last - first + 1 > limit:
+                                out.append(f"{os.path.relpath(path, root)}:{first}-{last} ({last - first + 1} lines)")
+    return out
+
+
 def make_tree(files):
     root = tempfile.mkdtemp()
     for path, text in files.items():
@@ -143,6 +226,36 @@ class MadeUpTrees(unittest.TestCase):
         ])
 
 
+class MadeUpFunctions(unittest.TestCase):
+    @staticmethod
+    def body(lines):
+        return "".join(f"  x += {i};\n" for i in range(lines))
+
+    def test_a_function_over_the_limit_is_named_and_one_at_it_is_not(self):
+        # A function of 61 lines from brace to brace (59 inside), one of 60, in a namespace.
+        text = ("namespace a {\n"
+                "int long_one(int x) {\n" + self.body(59) + "}\n"
+                "int short_one(int x) const noexcept {\n" + self.body(58) + "}\n"
+                "}  // namespace a\n")
+        self.assertEqual(function_spans(text), [(2, 62), (63, 122)])
+        root = make_tree({"src/core/a.cpp": text})
+        self.assertEqual(long_functions(root), ["src/core/a.cpp:2-62 (61 lines)"])
+
+    def test_lambdas_blocks_and_braces_in_strings_belong_to_their_function(self):
+        text = ("struct S {\n"
+                "  int f() { return 1; }\n"                       # an inline method
+                "  std::vector<int> v{1, 2};\n"                   # a brace initialiser
+                "};\n"
+                "#define BAD(x) do { x; } while (0)\n"              # a macro's braces
+                "void g(int x) {\n"
+                "  auto h = [&](int y) { if (y) { return '{'; } return '}'; };\n"
+                "  const char* s = \"{{{\";  // } in a comment\n"
+                "  /* { */ for (;;) { break; }\n"
+                "}\n"
+                "const char* raw = R\"({)\";\n")
+        self.assertEqual(function_spans(text), [(2, 2), (6, 10)])
+
+
 class TheTree(unittest.TestCase):
     def test_no_unit_includes_itself_back(self):
         found = cycles(units(ROOT))
@@ -151,6 +264,10 @@ class TheTree(unittest.TestCase):
     def test_no_folder_includes_from_one_built_on_it(self):
         found = layer_violations(units(ROOT))
         self.assertEqual(found, [], "\n".join(found))
+
+    def test_no_function_is_longer_than_the_limit(self):
+        found = long_functions(ROOT)
+        self.assertEqual(found, [], f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found))
 
     def test_every_folder_has_its_layer(self):
         folders = {u.split("/")[0] for u in units(ROOT)}
