@@ -8,7 +8,8 @@ on it. The layers, from the bottom:
   launch beside train: it includes core and ckpt only (hpcrun launches hpctrain, it is not built on it)
 
 A folder may include from its own folder and from layers below it; folders of one layer not from
-each other. And no function in src/ or launch/ longer than 60 lines, from its opening brace to
+each other. Every src/ file has a test that includes or names it, or is listed with the test
+that covers it through another (COVERED_THROUGH, each test checked to exist). And no function in src/ or launch/ longer than 60 lines, from its opening brace to
 its closing one (issue 45's acceptance), found by matching braces with comments, strings and
 preprocessor lines blanked out. First on small made-up trees and sources whose answers are known
 (a cycle, an upward include, a sideways one, launch on train; functions of 60 and 61 lines, in a
@@ -183,6 +184,98 @@ def long_functions(root, limit=MAX_FUNCTION_LINES):
     return out
 
 
+# The src/ files no test includes or names, and the test that covers each through another
+# (issue 45: "every src/ file has a test that includes it or is named in a test's comment as
+# covered through another"): unit -> (test file under tests/, a test in it that runs the unit).
+# Files built in one configuration only (with or without CUDA, oneDNN or OpenBLAS) are covered
+# by the same test in whichever build has them.
+COVERED_THROUGH = {
+    "apps/hpctrain_main": ("integration/cli_test.cpp", "PrintsVersionAndExitsZero"),
+    "ckpt/dir_lock": ("integration/checkpoint_test.cpp", "ASecondRunOnABusyDirectoryIsRefusedAndTouchesNothing"),
+    "core/choice": ("unit/options_test.cpp", "UnknownChoicesAreRefusedWithTheChoices"),
+    "core/cuda_check": ("gpu/kernels_test.cpp", "BatchNormTrainingEqualsItsDefinition"),
+    "core/device_cuda": ("unit/core_test.cpp", "PinnedIsHostMemoryEverywhereAndPageLockedWithAGpu"),
+    "core/device_none": ("unit/core_test.cpp", "PinnedIsHostMemoryEverywhereAndPageLockedWithAGpu"),
+    "core/json": ("unit/core_test.cpp", "JsonLineTypesAndEscapes"),
+    "data/cifar": ("unit/data_test.cpp", "PlanarRgbBecomesInterleaved"),
+    "data/facts": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "data/idx": ("unit/data_test.cpp", "GzipFilesReadTheSameAsRaw"),
+    "data/image_file": ("serving/predict_test.py", "test_sizes_colours_and_formats_frame_as_evaluation"),
+    "dist/agree": ("integration/mpi_test.cpp", "AProblemOnOneRankIsNamedByRankAndHost"),
+    "dist/communicator": ("integration/mpi_test.cpp", "TwoAndFourRanksMatchOneRankWithoutBatchNorm"),
+    "dist/mpi": ("integration/mpi_test.cpp", "TwoAndFourRanksMatchOneRankWithoutBatchNorm"),
+    "dist/process": ("integration/mpi_test.cpp", "DefaultThreadsShareTheHostsCores"),
+    "export/onnx_export": ("serving/onnx_test.py", "test_resnet50"),
+    "nn/composite": ("unit/gradcheck_test.cpp", "ProjectionShortcut"),
+    "nn/cuda/context": ("gpu/network_test.cpp", "TrainingAndEvalPassesMatchTheCpuModel"),
+    "nn/gemm_common": ("unit/layers_test.cpp", "MatchesNaiveConvolution"),
+    "nn/gemm_dnnl": ("unit/layers_test.cpp", "MatchesNaiveConvolution"),
+    "nn/gemm_openblas": ("unit/layers_test.cpp", "MatchesNaiveConvolution"),
+    "nn/library_conv": ("unit/layers_test.cpp", "ConvChunkedPath"),
+    "nn/library_conv_dnnl": ("unit/layers_test.cpp", "ConvChunkedPath"),
+    "nn/library_conv_none": ("unit/layers_test.cpp", "ConvChunkedPath"),
+    "nn/model_zoo": ("unit/layers_test.cpp", "ParameterCounts"),
+    "nn/norm": ("unit/gradcheck_test.cpp", "NhwcActivations"),
+    "nn/parallel": ("integration/mpi_test.cpp", "DefaultThreadsShareTheHostsCores"),
+    "nn/pool_row": ("unit/layers_test.cpp", "BatchNormFusedPool"),
+    "nn/simple_layers": ("unit/layers_test.cpp", "GlobalAvgPoolReluFlattenLinear"),
+    "train/boundary": ("integration/checkpoint_test.cpp", "StopOnSignalCheckpointsAndResumesExactly"),
+    "train/commands": ("integration/checkpoint_test.cpp", "EvaluateAndInspectACheckpoint"),
+    "train/engine_cpu": ("integration/train_test.cpp", "SameSeedSameChecksumOtherSeedOtherChecksum"),
+    "train/export_command": ("serving/onnx_test.py", "test_cnn"),
+    "train/gpu_engine": ("gpu/train_gpu_test.cpp", "DefaultJobReaches92PercentOnOneGpu"),
+    "train/gpu_engine_none": ("integration/cli_test.cpp", "DeviceCudaWithoutAGpuIsAUsageError"),
+    "train/inference": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/inference_cpu": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/inference_gpu": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
+    "train/inference_gpu_none": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
+    "train/option_checks": ("integration/cli_test.cpp", "IsOneLineUsageError"),
+    "train/predict": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/progress": ("integration/output_test.cpp", "ATerminalShowsTheLiveLine"),
+    "train/prometheus": ("integration/train_test.cpp", "PrometheusFileParsesAndAgreesWithTheMetricsFile"),
+    "train/serving": ("serving/predict_test.py", "test_checkpoints_that_cannot_serve"),
+    "train/serving_model": ("serving/predict_test.py", "test_the_checkpoint_names_its_classes"),
+    "train/signals": ("integration/checkpoint_test.cpp", "AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode"),
+    "train/snapshots": ("integration/snapshot_test.cpp", "AKilledRankResumesFromTheSnapshotAndEndsInTheSameState"),
+    "train/step_metrics": ("integration/train_test.cpp", "StepEventsEveryNStepsCarryTheSchedulesLearningRate"),
+    "train/train_options": ("unit/options_test.cpp", "HoldsEveryListedOptionWithItsRule"),
+    "train/trainer": ("integration/train_test.cpp", "ShortRunReachesSaneAccuracy"),
+}
+
+
+def test_texts(root):
+    """{path under tests/: text} of every test file but this one (whose table names them all)."""
+    out = {}
+    for folder, _, files in os.walk(os.path.join(root, "tests")):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name == os.path.basename(__file__):
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                out[os.path.relpath(path, os.path.join(root, "tests"))] = f.read()
+    return out
+
+
+def uncovered(root, covered_through):
+    """The src/ units no test includes or names (as folder/name, or name.cpp, .hpp or .cu on its
+    own) and the covering-test table does not list; then each table entry whose test file or
+    test is not there, or whose unit is gone."""
+    texts = test_texts(root)
+    every = "\n".join(texts.values())
+    src_units = {u for u in units(root) if u.split("/")[0] not in ("kernels", "launch")}
+    out = []
+    for unit in sorted(src_units):
+        named = re.compile(r"(?<![\w/])" + re.escape(unit.split("/")[-1]) + r"\.(cpp|hpp|cu|cuh)\b")
+        if unit not in every and not named.search(every) and unit not in covered_through:
+            out.append(f"{unit}: no test includes or names it")
+    for unit, (test, name) in sorted(covered_through.items()):
+        if unit not in src_units:
+            out.append(f"{unit}: listed as covered, but there is no such file in src/")
+        elif name not in texts.get(test, ""):
+            out.append(f"{unit}: its covering test {test} has no {name}")
+    return out
+
+
 def make_tree(files):
     root = tempfile.mkdtemp()
     for path, text in files.items():
@@ -256,6 +349,26 @@ class MadeUpFunctions(unittest.TestCase):
         self.assertEqual(function_spans(text), [(2, 2), (6, 10)])
 
 
+class MadeUpCoverage(unittest.TestCase):
+    def test_a_file_no_test_names_is_found_and_a_listed_test_must_exist(self):
+        root = make_tree({
+            "src/core/a.hpp": "", "src/core/a.cpp": "",   # included by a test
+            "src/nn/b.cpp": "",                          # named in a test's comment as b.cpp
+            "src/nn/sub_b.cpp": "",                      # only b.cpp is named: not this one
+            "src/train/c.cpp": "", "src/train/d.cpp": "",
+            "tests/unit/x_test.cpp": '#include "core/a.hpp"\n// b.cpp through a\nTEST(X, RunsC) {}\n',
+        })
+        self.assertEqual(uncovered(root, {}), ["nn/sub_b: no test includes or names it",
+                                             "train/c: no test includes or names it",
+                                             "train/d: no test includes or names it"])
+        self.assertEqual(uncovered(root, {"nn/sub_b": ("unit/x_test.cpp", "RunsC"),
+                                          "train/c": ("unit/x_test.cpp", "RunsC"),
+                                          "train/d": ("unit/x_test.cpp", "RunsD"),
+                                          "train/e": ("unit/x_test.cpp", "RunsC")}),
+                         ["train/d: its covering test unit/x_test.cpp has no RunsD",
+                          "train/e: listed as covered, but there is no such file in src/"])
+
+
 class TheTree(unittest.TestCase):
     def test_no_unit_includes_itself_back(self):
         found = cycles(units(ROOT))
@@ -268,6 +381,10 @@ class TheTree(unittest.TestCase):
     def test_no_function_is_longer_than_the_limit(self):
         found = long_functions(ROOT)
         self.assertEqual(found, [], f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found))
+
+    def test_every_file_has_a_test(self):
+        found = uncovered(ROOT, COVERED_THROUGH)
+        self.assertEqual(found, [], "\n".join(found))
 
     def test_every_folder_has_its_layer(self):
         folders = {u.split("/")[0] for u in units(ROOT)}
