@@ -159,7 +159,10 @@ namespace {
 // The option values hpcrun reads itself (durations, host lists, mpirun's words) before they go
 // into LaunchOptions.
 struct RawOptions {
-  std::string hosts, hostfile, cooldown = "60:600", start, mpi_args;
+  std::string hosts, hostfile, start, mpi_args;
+  // LaunchOptions' cooldown, written as the option reads it ("1m:10m").
+  std::string cooldown = options::duration_text(LaunchOptions{}.cooldown_min) + ":" +
+                         options::duration_text(LaunchOptions{}.cooldown_max);
 };
 
 // hpcrun's durations, through the kit every command line uses (core/option_kit.hpp): each one's
