@@ -20,7 +20,7 @@
 #include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
 #include "train/checkpointing.hpp"
-#include "train/options.hpp"
+#include "train/train_options.hpp"
 
 namespace hpc::train {
 
@@ -84,16 +84,28 @@ int64_t count_correct(const Tensor& probabilities, const int32_t* labels);
 // Eval-mode forward of a host model: adds the batch's loss sum and correct count to sums[0..1].
 void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* sums);
 
+// What an engine takes of a run's settings (engine_spec; the rest is the trainer's).
+struct EngineSpec {
+  double bucket_mb{};         // gradient all-reduce buckets (--bucket-mb)
+  bool overlap{};             // buckets all-reduced during the backward pass
+  bool sync_batch_norm{};     // CPU: batch statistics over all ranks
+  int threads{};              // CPU: math-library threads
+  Precision precision{};      // GPU: the math of products and the activations' type
+  bool deterministic{};       // GPU: only algorithms that give the same bits every run
+  bool cuda_graphs{};         // GPU: steps replayed as one CUDA graph
+};
+EngineSpec engine_spec(const TrainOptions& o, int threads);
+
 // The engines take the model and optimizer over.
 std::unique_ptr<Engine> make_cpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
-                                        dist::Communicator& comm, const TrainOptions& o, int threads);
+                                        dist::Communicator& comm, const EngineSpec& spec);
 
 // Whether this build and machine can train on a GPU; when not, *why says what is missing.
 bool gpu_training_available(std::string* why);
 // Selects this rank's GPU (its local rank) and mirrors model and sgd on it. Collective: the
 // NCCL communicator is made from ctx's world.
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
-                                        dist::ProcessContext& ctx, const TrainOptions& o);
+                                        dist::ProcessContext& ctx, const EngineSpec& spec);
 // The loader's JPEG decoder on GPU `gpu` (--jpeg-decode; train/gpu_decoder.cpp): nvJPEG, then the
 // crop, flip and normalisation as one kernel. A usage error where nvJPEG cannot be loaded.
 std::unique_ptr<data::BatchDecoder> make_gpu_decoder(int gpu);

@@ -14,12 +14,12 @@ namespace {
 class CpuEngine final : public Engine {
  public:
   CpuEngine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
-            dist::Communicator& comm, const TrainOptions& o, int threads)
+            dist::Communicator& comm, const EngineSpec& o)
       : owned_model_(std::move(model)),
         owned_sgd_(std::move(sgd)),
         model_(*owned_model_),
         sgd_(*owned_sgd_),
-        threads_(threads),
+        threads_(o.threads),
         statistics_(model_.params().buffers()),
         average_statistics_(comm.size() > 1 && !o.sync_batch_norm && statistics_.numel() > 0),
         bucketer_(comm, model_.params().grads().data<float>(), model_.params().grads().numel(),
@@ -121,9 +121,21 @@ void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* s
   sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
 }
 
+EngineSpec engine_spec(const TrainOptions& o, int threads) {
+  EngineSpec s;
+  s.bucket_mb = o.bucket_mb;
+  s.overlap = o.overlap;
+  s.sync_batch_norm = o.sync_batch_norm;
+  s.threads = threads;
+  s.precision = o.precision;
+  s.deterministic = o.deterministic;
+  s.cuda_graphs = o.cuda_graphs;
+  return s;
+}
+
 std::unique_ptr<Engine> make_cpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
-                                        dist::Communicator& comm, const TrainOptions& o, int threads) {
-  return std::make_unique<CpuEngine>(std::move(model), std::move(sgd), comm, o, threads);
+                                        dist::Communicator& comm, const EngineSpec& spec) {
+  return std::make_unique<CpuEngine>(std::move(model), std::move(sgd), comm, spec);
 }
 
 }  // namespace hpc::train

@@ -150,7 +150,7 @@ bool nccl_forced() {
   return v && std::string(v) == "1";
 }
 
-nn::cuda::GpuSettings settings_of(const TrainOptions& o) {
+nn::cuda::GpuSettings settings_of(const EngineSpec& o) {
   nn::cuda::GpuSettings s;
   using nn::cuda::Math;
   s.math = o.precision == Precision::Fp32   ? Math::Fp32
@@ -166,7 +166,7 @@ int select(dist::ProcessContext& ctx) { return device::select_gpu(ctx.local_rank
 class GpuEngine final : public Engine {
  public:
   GpuEngine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
-            dist::ProcessContext& ctx, const TrainOptions& o)
+            dist::ProcessContext& ctx, const EngineSpec& o)
       : owned_model_(std::move(model)),
         owned_sgd_(std::move(sgd)),
         model_(*owned_model_),
@@ -529,8 +529,8 @@ bool gpu_training_available(std::string* why) {
 }
 
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
-                                        dist::ProcessContext& ctx, const TrainOptions& o) {
-  return std::make_unique<GpuEngine>(std::move(model), std::move(sgd), ctx, o);
+                                        dist::ProcessContext& ctx, const EngineSpec& spec) {
+  return std::make_unique<GpuEngine>(std::move(model), std::move(sgd), ctx, spec);
 }
 
 }  // namespace hpc::train

@@ -16,7 +16,7 @@ bool gpu_training_available(std::string* why) {
 }
 
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>>, std::unique_ptr<optim::Sgd<float>>,
-                                        dist::ProcessContext&, const TrainOptions&) {
+                                        dist::ProcessContext&, const EngineSpec&) {
   std::string why;
   gpu_training_available(&why);
   usage_error("--device cuda: ", why);

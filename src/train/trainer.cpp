@@ -411,8 +411,9 @@ void TrainingRun::start_engine() {
   model_id_ = ModelIdentity::of(*p_.model, p_.ds.train.class_names);
   train_flops_per_sample_ = p_.model->train_flops_per_sample();
   const std::string summary = p_.model->summary();
-  engine_ = p_.gpu ? make_gpu_engine(std::move(p_.model), std::move(p_.sgd), ctx_, o_)
-                   : make_cpu_engine(std::move(p_.model), std::move(p_.sgd), comm_, o_, p_.threads);
+  const EngineSpec spec = engine_spec(o_, p_.threads);
+  engine_ = p_.gpu ? make_gpu_engine(std::move(p_.model), std::move(p_.sgd), ctx_, spec)
+                   : make_cpu_engine(std::move(p_.model), std::move(p_.sgd), comm_, spec);
   if (p_.resume) dist::collectively(ctx_, [&] { engine_->restore(*p_.resume); });
   p_.resume.reset();
   if (!o_.timeline_file.empty() && is_chrome_trace(o_.timeline_file))  // its clocks' zero: now, on every rank

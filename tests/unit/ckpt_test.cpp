@@ -295,8 +295,8 @@ TEST(EngineSnapshot, ABegunSnapshotHoldsItsBoundarysStateAfterTheNextStep) {
   model->init(1);
   auto sgd = std::make_unique<optim::Sgd<float>>(model->params(), optim::SgdSpec{});
   dist::SelfCommunicator self;
-  train::TrainOptions o;
-  const auto engine = train::make_cpu_engine(std::move(model), std::move(sgd), self, o, 1);
+  const auto engine = train::make_cpu_engine(std::move(model), std::move(sgd), self,
+                                             train::engine_spec(train::TrainOptions{}, 1));
   data::Batch batch;
   batch.images = Tensor(Shape{8, 28, 28, 1}, DType::F32);
   for (int64_t i = 0; i < batch.images.numel(); ++i) batch.images.data<float>()[i] = static_cast<float>(i % 13) * 0.1f;
