@@ -12,8 +12,9 @@
 #                                          exact resume, CPU parity, the bucketed NCCL path
 #                                          (HPCTRAIN_TEST_FORCE_NCCL=1), mpirun, CUDA graphs, predict
 #   bench/gpu_vs_peer.sh cnn        ~45 s   cnn, Fashion-MNIST: hpctrain against the PyTorch peer,
-#                                          steady steps with the batch on the GPU (gpu_step and
-#                                          torch_gpu_steps.py, same steps), then end to end (the
+#                                          steady steps with the batch on the GPU (gpu_step, also
+#                                          replayed as a CUDA graph, and torch_gpu_steps.py, same
+#                                          steps), then end to end (the
 #                                          trainer with its loader, copies and evaluation, and
 #                                          the peer's training loop over data held on the GPU)
 #   bench/gpu_vs_peer.sh resnet50   3.2 min ResNet-50, 224x224, bf16: steady steps both sides
@@ -212,6 +213,8 @@ cnn_step() {
   need_peer
   echo "== 1/4 steady steps, batch on the GPU: gpu_step --model cnn --batch $batch --precision $peer_precision"
   "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" | tee "$tmp/ours.json"
+  echo "== 1b/4 the same steps as a CUDA graph: gpu_step ... --cuda-graphs"
+  "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" --cuda-graphs | tee "$tmp/ours_graphs.json"
   echo "== 2/4 the same steps in PyTorch: torch_gpu_steps.py cnn"
   "$python" "$root/bench/torch_gpu_steps.py" cnn --batch "$batch" --precision "$peer_precision" | tee "$tmp/peer.json"
   local ours_steady peer_steady flops
@@ -251,6 +254,8 @@ cnn_batch=$batch
 cnn_steady_hpctrain_images_per_second=$ours_steady
 cnn_steady_peer_images_per_second=$peer_steady
 cnn_steady_ratio_hpctrain_over_peer=$(calc "$ours_steady / $peer_steady" 2)
+cnn_steady_hpctrain_cuda_graphs_images_per_second=$(json_number images_per_s < "$tmp/ours_graphs.json")
+cnn_steady_cuda_graphs_ratio_over_peer=$(calc "$(json_number images_per_s < "$tmp/ours_graphs.json") / $peer_steady" 2)
 cnn_steady_hpctrain_mfu=$(mfu "$ours_steady" "$flops" "$peer_precision")
 cnn_steady_peer_mfu=$(mfu "$peer_steady" "$flops" "$peer_precision")
 cnn_e2e_epochs=$epochs
