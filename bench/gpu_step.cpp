@@ -7,7 +7,7 @@
 // Prints one JSON line: images/s, ms per step, the model's training FLOPs per sample.
 //   gpu_step [--model cnn] [--batch 128] [--image-size 28] [--channels 1] [--classes 10]
 //            [--precision tf32] [--warmup 15] [--iters 50] [--no-deterministic] [--cuda-graphs]
-//            [--bn-tuning 8,4,2,1]
+//            [--bn-tuning 8,4,2,1,1024]
 // --cuda-graphs captures one step after the warm-up as a CUDA graph and times its replays, as
 // the trainer's --cuda-graphs does: the GPU's time for the step without the host's launches.
 // --copy-bandwidth instead measures the GPU's copy bandwidth, the roofline the kernels step of
@@ -65,7 +65,7 @@ Args parse(int argc, char** argv) {
       "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead")(
       "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph")(
       "kernel-shapes", po::bool_switch(&a.kernel_shapes), "time the batch-norm passes on ResNet-50's shapes instead")(
-      "bn-tuning", po::value(&a.bn_tuning), "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE");
+      "bn-tuning", po::value(&a.bn_tuning), "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS]");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);

@@ -88,8 +88,8 @@ require_count --resnet50-batch "$r50_batch"
 require_count --within "$within"
 [[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
 [[ $kernels_model =~ ^(resnet50|cnn)$ ]] || die "--kernels-model must be resnet50 or cnn, got '$kernels_model'"
-[[ -z $bn_tuning || $bn_tuning == best || $bn_tuning =~ ^[0-9]+,[0-9]+,[0-9]+,[01]$ ]] ||
-  die "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE (as 8,4,2,1), got '$bn_tuning'"
+[[ -z $bn_tuning || $bn_tuning == best || $bn_tuning =~ ^[0-9]+,[0-9]+,[0-9]+,[01](,[0-9]+)?$ ]] ||
+  die "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS] (as 8,4,2,1,1024), got '$bn_tuning'"
 # gpu_step's and the peer's precision: their autocast knows fp32, tf32 and bf16; fp16 runs them
 # in bf16, the nearest they have (the trainer itself runs fp16).
 peer_precision=$precision
@@ -389,7 +389,7 @@ bn_step() {
   grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl"
   local best default default_ms best_ms relu_ms
   best=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | sed 's/.*"tuning": "\([0-9,]*\)".*/\1/')
-  [[ $best =~ ^[0-9]+,[0-9]+,[0-9]+,[01]$ ]] || die "gpu_step --kernel-shapes named no fastest choice"
+  [[ $best =~ ^[0-9]+,[0-9]+,[0-9]+,[01](,[0-9]+)?$ ]] || die "gpu_step --kernel-shapes named no fastest choice"
   best_ms=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | json_number batch_norms_ms)
   default=$(grep '"batch_norm_resnet50".*"default": 1' "$tmp/shapes.jsonl" | sed 's/.*"tuning": "\([0-9,]*\)".*/\1/')
   default_ms=$(grep '"batch_norm_resnet50".*"default": 1' "$tmp/shapes.jsonl" | json_number batch_norms_ms)

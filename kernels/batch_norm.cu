@@ -21,7 +21,6 @@
 // backward passes spilled registers.
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -38,7 +37,7 @@ namespace {
 
 constexpr int kCoefficients = 4;   // per channel, for the elementwise passes (see the finalize kernels)
 constexpr int kBlockThreads = 256;  // of the sums and apply kernels
-constexpr int kSumBlocks = 1024;    // about what the sums kernel launches: slabs x channel blocks
+constexpr int kSumBlocks = 1024;    // the most the sums kernel launches (slabs x channel blocks): the work area's
 constexpr int kApplyBlocks = 2048;  // likewise for the apply passes
 constexpr int kLanes = 32;          // finalize: channels per block ...
 constexpr int kSlabLanes = 32;      // ... and lanes over the slabs
@@ -352,7 +351,7 @@ void with_launch(int v, F&& f) {
 // and the tuning alone (their bits repeat on any GPU); the apply pass's may follow the GPU.
 struct Plan {
   Plan(void* work, int v, int64_t rows, int64_t channels)
-      : sums(v, rows, channels, kSumBlocks),
+      : sums(v, rows, channels, current_tuning().sum_blocks),
         apply(v, rows, channels,
               current_tuning().one_wave ? multiprocessors() * current_tuning().blocks_per_sm : kApplyBlocks),
         c(static_cast<int>(channels)),
@@ -363,7 +362,8 @@ struct Plan {
               "batch norm of ", rows, " rows x ", channels, " channels");
   }
   // Every width a call of this shape may take (1, or 16 or 8 bytes of the type, whatever the
-  // tuning): the work area holds the partial sums of the one with the most slabs.
+  // tuning, at the most sum blocks): the work area holds the partial sums of the one with the
+  // most slabs.
   static size_t bytes(int wide, int64_t rows, int64_t channels) {
     size_t slabs = 0;
     for (int v : {1, wide / 2, wide})
@@ -457,10 +457,10 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
 namespace {
 void check_tuning(const BatchNormTuning& t) {
   if ((t.pack_bytes != 16 && t.pack_bytes != 8) || (t.blocks_per_sm != 2 && t.blocks_per_sm != 4) ||
-      (t.rows != 2 && t.rows != 4))
+      (t.rows != 2 && t.rows != 4) || (t.sum_blocks != 1024 && t.sum_blocks != 512 && t.sum_blocks != 256))
     throw Error(ErrorKind::Usage, "batch-norm tuning '" + batch_norm_tuning_text(t) +
                                       "': pack bytes 16 or 8, blocks per multiprocessor 2 or 4, rows 2 or 4, "
-                                      "one wave 0 or 1");
+                                      "one wave 0 or 1, sum blocks 1024, 512 or 256");
 }
 
 BatchNormTuning tuning_from_environment() {
@@ -483,7 +483,7 @@ BatchNormTuning batch_norm_tuning() { return current_tuning(); }
 
 std::string batch_norm_tuning_text(const BatchNormTuning& t) {
   return std::to_string(t.pack_bytes) + "," + std::to_string(t.blocks_per_sm) + "," + std::to_string(t.rows) + "," +
-         (t.one_wave ? "1" : "0");
+         (t.one_wave ? "1" : "0") + "," + std::to_string(t.sum_blocks);
 }
 
 std::vector<BatchNormTuning> batch_norm_tunings() {
@@ -491,22 +491,33 @@ std::vector<BatchNormTuning> batch_norm_tunings() {
   for (int pack : {16, 8})
     for (int blocks : {2, 4})
       for (int rows : {4, 2})
-        for (bool wave : {false, true}) {
-          const BatchNormTuning t{pack, blocks, rows, wave};
-          if (batch_norm_tuning_text(t) != batch_norm_tuning_text(all.front())) all.push_back(t);
-        }
+        for (bool wave : {false, true})
+          for (int sums : {1024, 512, 256}) {
+            const BatchNormTuning t{pack, blocks, rows, wave, sums};
+            if (batch_norm_tuning_text(t) != batch_norm_tuning_text(all.front())) all.push_back(t);
+          }
   return all;
 }
 
 BatchNormTuning parse_batch_norm_tuning(const std::string& text) {
+  // Four or five whole numbers between commas (the sum blocks may be left out: the default's).
+  std::vector<int> v;
+  size_t at = 0;
+  bool ok = !text.empty();
+  while (ok) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string field = text.substr(at, comma - at);
+    ok = !field.empty() && field.size() < 9 && field.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) v.push_back(std::stoi(field));
+    if (comma == text.size()) break;
+    at = comma + 1;
+  }
+  if (!ok || (v.size() != 4 && v.size() != 5) || (v[3] != 0 && v[3] != 1))
+    throw Error(ErrorKind::Usage, "batch-norm tuning '" + text +
+                                      "': want PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS] (as 8,4,2,1,1024)");
   BatchNormTuning t;
-  int wave = -1;
-  char end = 0;
-  if (std::sscanf(text.c_str(), "%d,%d,%d,%d%c", &t.pack_bytes, &t.blocks_per_sm, &t.rows, &wave, &end) != 4 ||
-      (wave != 0 && wave != 1))
-    throw Error(ErrorKind::Usage,
-                "batch-norm tuning '" + text + "': want PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE (as 8,4,2,1)");
-  t.one_wave = wave == 1;
+  t.pack_bytes = v[0], t.blocks_per_sm = v[1], t.rows = v[2], t.one_wave = v[3] == 1;
+  if (v.size() == 5) t.sum_blocks = v[4];
   check_tuning(t);
   return t;
 }

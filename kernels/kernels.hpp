@@ -124,14 +124,17 @@ struct BatchNormTuning {
   int blocks_per_sm = 4; // the occupancy the passes are compiled for: 2 (up to 128 registers a thread) or 4 (64)
   int rows = 2;          // rows a thread of the sums and apply passes loads before it computes: 4 or 2
   bool one_wave = true;  // apply passes: as many blocks as the GPU runs at once, each looping over its rows
+  int sum_blocks = 1024; // blocks of the sums pass (slabs x channel blocks): 1024, 512 or 256; fewer slabs
+                         // leave the finalize fewer partial sums to add
 };
 // Throws a usage error for a value other than those.
 void set_batch_norm_tuning(const BatchNormTuning& tuning);
 BatchNormTuning batch_norm_tuning();
-// "8,4,2,1": pack_bytes,blocks_per_sm,rows,one_wave, as parse_batch_norm_tuning reads it back.
+// "8,4,2,1,1024": pack_bytes,blocks_per_sm,rows,one_wave,sum_blocks, as parse_batch_norm_tuning
+// reads it back (which also takes the first four alone, sum_blocks then the default).
 std::string batch_norm_tuning_text(const BatchNormTuning& tuning);
 BatchNormTuning parse_batch_norm_tuning(const std::string& text);
-// Every choice (16), the default first.
+// Every choice (48), the default first.
 std::vector<BatchNormTuning> batch_norm_tunings();
 
 // ---- max pooling (nn::MaxPool2d and batch norm's fused pool; NHWC, no padding) -----------------

@@ -371,7 +371,7 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
 // usage error naming it. (No GPU needed.)
 TEST(BatchNormTuning, TextReadsBackAndOtherValuesAreRefused) {
   const auto all = kernels::batch_norm_tunings();
-  ASSERT_EQ(all.size(), 16u);
+  ASSERT_EQ(all.size(), 48u);
   EXPECT_EQ(kernels::batch_norm_tuning_text(all.front()), kernels::batch_norm_tuning_text({}));
   std::set<std::string> seen;
   for (const auto& t : all) {
@@ -379,7 +379,10 @@ TEST(BatchNormTuning, TextReadsBackAndOtherValuesAreRefused) {
     EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning(text)), text);
     EXPECT_TRUE(seen.insert(text).second) << text << " twice";
   }
-  for (const char* bad : {"12,2,4,0", "16,3,4,0", "16,2,3,0", "16,2,4,2", "16,2,4", "16,2,4,0x", "fast"}) {
+  EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning("16,2,4,0")), "16,2,4,0,1024")
+      << "the sum blocks left out are the default's";
+  for (const char* bad : {"12,2,4,0", "16,3,4,0", "16,2,3,0", "16,2,4,2", "16,2,4", "16,2,4,0x", "fast",
+                          "16,2,4,0,300", "16,2,4,0,", ",16,2,4,0", "16,2,4,0,512,1", "16,,4,0", "16,2,-4,0"}) {
     try {
       kernels::parse_batch_norm_tuning(bad);
       ADD_FAILURE() << bad << " accepted";
