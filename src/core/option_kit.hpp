@@ -71,12 +71,39 @@ Entry<S> number(const char* name, T S::*m, std::string help) {
           [=](const std::string& t, S& s) { s.*m = number_from_text<T>(t, name); }};
 }
 
-// A path or file name; none by default.
+// A path or file name (or other text); none by default, or required (Boost then refuses a
+// command line without it).
+enum class Presence { Optional, Required };
 template <class S>
-Entry<S> path(const char* name, std::string S::*m, std::string help) {
+Entry<S> path(const char* name, std::string S::*m, std::string help, Presence presence = Presence::Optional) {
   return {name,
-          [=](po::options_description& d, S& s) { d.add_options()(name, po::value(&(s.*m)), help.c_str()); },
+          [=](po::options_description& d, S& s) {
+            auto* v = po::value(&(s.*m));
+            if (presence == Presence::Required) v->required();
+            d.add_options()(name, v, help.c_str());
+          },
           {}, [m](const S& s) { return s.*m; }, [m](const std::string& t, S& s) { s.*m = t; }};
+}
+
+// Words, as many as given (also as positional arguments where the program maps them); their
+// value is the words joined by newlines.
+template <class S>
+Entry<S> list(const char* name, std::vector<std::string> S::*m, std::string help) {
+  return {name,
+          [=](po::options_description& d, S& s) {
+            d.add_options()(name, po::value(&(s.*m))->multitoken(), help.c_str());
+          },
+          {},
+          [m](const S& s) {
+            std::string out;
+            for (const std::string& w : s.*m) out += (out.empty() ? "" : "\n") + w;
+            return out;
+          },
+          [m](const std::string& t, S& s) {
+            s.*m = {};
+            std::istringstream in(t);
+            for (std::string w; std::getline(in, w);) (s.*m).push_back(w);
+          }};
 }
 
 // --name sets the member.
@@ -132,6 +159,12 @@ Entry<S> duration_at(const char* name, At at, std::string help) {
 template <class S>
 Entry<S> duration(const char* name, double S::*m, std::string help) {
   return duration_at<S>(name, [m](auto& s) -> auto& { return s.*m; }, std::move(help));
+}
+
+// Each entry's Boost option, bound to s.
+template <class S>
+void add(const std::vector<Entry<S>>& table, po::options_description& d, S& s) {
+  for (const Entry<S>& e : table) e.add(d, s);
 }
 
 // After Boost has parsed into vm: each entry's own reading.

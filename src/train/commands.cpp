@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
+#include "core/option_kit.hpp"
 #include "core/spelling.hpp"
 #include "dist/agree.hpp"
 #include "nn/gemm.hpp"
@@ -251,6 +252,27 @@ struct EvaluateArgs {
   int threads = 0;
 };
 
+// evaluate's options, through the kit every command line uses (core/option_kit.hpp). --dataset is
+// text until the checkpoint is read (none: the checkpoint's), then read as training reads it.
+const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
+  using O = EvaluateArgs;
+  static const std::vector<options::Entry<O>> table{
+      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid checkpoint)",
+                    options::Presence::Required),
+      options::path("dataset", &O::dataset,
+                    "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)"),
+      options::path("data-dir", &O::data_dir, "directory of the dataset files (default: the dataset's usual place)"),
+      options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all)"),
+      options::number("eval-batch-size", &O::batch_size, "samples per batch"),
+      options::number("threads", &O::threads,
+                      "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and "
+                      "cgroup quota)"),
+      options::path("metrics-file", &O::metrics_file,
+                    "append the result as a JSON line (event \"evaluate\") to FILE"),
+  };
+  return table;
+}
+
 // evaluate's options, checked on every rank alike; nullopt when --help was handled.
 std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   EvaluateArgs a;
@@ -258,17 +280,8 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
       "Usage: hpctrain evaluate --checkpoint PATH [options]\n"
       "Prints the test accuracy and loss of a checkpoint's model (batch inference; under mpirun each rank\n"
       "evaluates a part of the test set)");
-  options.add_options()("help,h", "print this help and exit")(
-      "checkpoint", po::value(&a.checkpoint)->required(),
-      "a checkpoint file, or a directory (its newest valid checkpoint)")(
-      "dataset", po::value(&a.dataset), "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)")(
-      "data-dir", po::value(&a.data_dir), "directory of the dataset files (default: the dataset's usual place)")(
-      "test-samples", po::value(&a.test_samples)->default_value(a.test_samples),
-      "evaluate on the first N test samples only (0: all)")(
-      "eval-batch-size", po::value(&a.batch_size)->default_value(a.batch_size), "samples per batch")(
-      "threads", po::value(&a.threads)->default_value(a.threads),
-      "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and cgroup quota)")(
-      "metrics-file", po::value(&a.metrics_file), "append the result as a JSON line (event \"evaluate\") to FILE");
+  options.add_options()("help,h", "print this help and exit");
+  options::add(evaluate_table(), options, a);
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
@@ -276,6 +289,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
     if (!go) return;
     for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
       if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+    options::read(evaluate_table(), vm, a);
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");
     require_thread_count(a.threads);
@@ -347,17 +361,26 @@ void report_evaluation(const Evaluation& e, const EvalResult& r, const ckpt::Che
 
 }  // namespace
 
-int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+namespace {
+struct InspectArgs {
   std::string path;
   bool json = false;
+};
+}  // namespace
+
+int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  InspectArgs a;
+  static const std::vector<options::Entry<InspectArgs>> table{
+      options::flag("json", &InspectArgs::json, "one JSON object per checkpoint instead of text"),
+      options::path("path", &InspectArgs::path, "a checkpoint file or a checkpoint directory"),
+  };
   po::options_description options(
       "Usage: hpctrain inspect PATH [--json]\n"
       "Prints a checkpoint's header (step, epoch, model, time, size, sections, options) and whether it is valid;\n"
       "for a directory, one line per checkpoint, newest first, and the heartbeat. Exit code 0: valid (a directory:\n"
       "at least one valid checkpoint, so --resume auto can continue), 2: not");
-  options.add_options()("help,h", "print this help and exit")(
-      "json", po::bool_switch(&json), "one JSON object per checkpoint instead of text")(
-      "path", po::value(&path), "a checkpoint file or a checkpoint directory");
+  options.add_options()("help,h", "print this help and exit");
+  options::add(table, options, a);
   po::positional_options_description positional;
   positional.add("path", 1);
   int code = kExitSuccess;
@@ -366,12 +389,12 @@ int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   dist::collectively(ctx, [&] {
     go = parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
     HPC_REQUIRE(!go || vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
-    HPC_REQUIRE(!go || !path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
+    HPC_REQUIRE(!go || !a.path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
                 "checkpoint file or directory");
   });
   if (!go) return kExitSuccess;
   dist::collectively(ctx, [&] {  // rank 0 reads; its verdict is every rank's
-    if (ctx.rank() == 0) code = inspect(path, json);
+    if (ctx.rank() == 0) code = inspect(a.path, a.json);
   });
   return code;
 }

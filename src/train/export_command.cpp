@@ -9,10 +9,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "core/option_kit.hpp"
 #include "dist/agree.hpp"
 #include "export/onnx_export.hpp"
 #include "train/checkpointing.hpp"
@@ -24,10 +26,35 @@ namespace po = boost::program_options;
 namespace fs = std::filesystem;
 namespace {
 
+enum class ExportFormat { Onnx };
+inline constexpr Named<ExportFormat> kExportFormatNames[] = {{"onnx", ExportFormat::Onnx}};
+
 struct ExportOptions {
-  std::string checkpoint, format = "onnx", output, data_dir;
+  std::string checkpoint, output, data_dir;
+  ExportFormat format = ExportFormat::Onnx;
   bool fold_batch_norm = false, force = false;
 };
+
+// export's options, through the kit every command line uses (core/option_kit.hpp).
+const std::vector<options::Entry<ExportOptions>>& export_table() {
+  using O = ExportOptions;
+  static const std::vector<options::Entry<O>> table{
+      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid one)",
+                    options::Presence::Required),
+      options::path("output", &O::output,
+                    "the file to write (replaced only with --force, and then by the rename of a complete file)",
+                    options::Presence::Required),
+      options::choice("format", &O::format, kExportFormatNames, "onnx (the only format)"),
+      options::flag("fold-batch-norm", &O::fold_batch_norm,
+                    "fold each batch norm into the convolution (or linear layer) before it, instead of "
+                    "BatchNormalization nodes"),
+      options::flag("force", &O::force, "replace --output if it exists"),
+      options::path("data-dir", &O::data_dir,
+                    "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
+                    "only for a checkpoint written before 2026-11-26, which records no class names)"),
+  };
+  return table;
+}
 
 // Checked before any work: the file is not the checkpoint (nor, for a directory, any of its
 // checkpoints), can be written where asked, and replaces nothing unless --force says so (then
@@ -126,17 +153,8 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
       "TensorRT, OpenCV, Triton). The graph takes float32 N x C x H x W pixel values 0..255 (RGB, or grey for\n"
       "one channel) and normalises them itself; its output is the logits N x classes. The file's metadata\n"
       "holds the input size, mean and std, class names, the checkpoint's step, state and parameter checksums");
-  options.add_options()("help,h", "print this help and exit")(
-      "checkpoint", po::value(&o.checkpoint)->required(), "a checkpoint file, or a directory (its newest valid one)")(
-      "output", po::value(&o.output)->required(),
-      "the file to write (replaced only with --force, and then by the rename of a complete file)")(
-      "format", po::value(&o.format)->default_value(o.format), "onnx (the only format)")(
-      "fold-batch-norm", po::bool_switch(&o.fold_batch_norm),
-      "fold each batch norm into the convolution (or linear layer) before it, instead of BatchNormalization nodes")(
-      "force", po::bool_switch(&o.force), "replace --output if it exists")(
-      "data-dir", po::value(&o.data_dir),
-      "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed only for a "
-      "checkpoint written before 2026-11-26, which records no class names)");
+  options.add_options()("help,h", "print this help and exit");
+  options::add(export_table(), options, o);
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
@@ -144,7 +162,7 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
     if (!go) return;
     for (const char* name : {"checkpoint", "output", "data-dir"})
       if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
-    HPC_REQUIRE(o.format == "onnx", "--format ", o.format, " is not known (onnx is the only format)");
+    options::read(export_table(), vm, o);
     if (ctx.rank() == 0) check_output(o);
   });
   if (!go) return kExitSuccess;

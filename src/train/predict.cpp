@@ -262,18 +262,37 @@ std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel&
   return make_cpu_inference(*m.model, o.threads);
 }
 
-// --device as training takes it (the same choice, core/option_kit.hpp).
-const options::Entry<PredictOptions>& device_option() {
-  static const options::Entry<PredictOptions> device =
-      options::choice("device", &PredictOptions::device, kDeviceNames,
-                      "auto (this rank's GPU when the build and the machine have one), cpu or cuda");
-  return device;
+// predict's options, through the kit every command line uses (core/option_kit.hpp); --device is
+// the choice training takes.
+const std::vector<options::Entry<PredictOptions>>& predict_table() {
+  using O = PredictOptions;
+  static const std::vector<options::Entry<O>> table{
+      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid one)",
+                    options::Presence::Required),
+      options::list("images", &O::inputs, "image files or directories (also as positional arguments)"),
+      options::number("top-k", &O::top_k, "classes per image (at most the model's)"),
+      options::flag("json", &O::json,
+                    "JSON Lines instead of text: {\"path\", \"top\": [{\"class\", \"name\", \"probability\"}, ...]}"),
+      options::flag("logits", &O::logits, "with --json: add \"logits\", the model's raw outputs for every class"),
+      options::number("batch-size", &O::batch_size, "images per batch"),
+      options::number("threads", &O::threads,
+                      "decoding and math threads per rank (0: this rank's share of the CPUs it may use: its affinity "
+                      "and cgroup quota)"),
+      options::flag("skip-bad", &O::skip_bad,
+                    "warn about an image that cannot be read (or a path that cannot be used) and classify the rest"),
+      options::path("data-dir", &O::data_dir,
+                    "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
+                    "only for a checkpoint written before 2026-11-26, which records no class names)"),
+      options::choice("device", &O::device, kDeviceNames,
+                      "auto (this rank's GPU when the build and the machine have one), cpu or cuda"),
+  };
+  return table;
 }
 
 void check_options(PredictOptions& o, const po::variables_map& vm) {
   for (const char* name : {"checkpoint", "data-dir", "device"})
     if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
-  device_option().read(vm, o);
+  options::read(predict_table(), vm, o);
   HPC_REQUIRE(!o.inputs.empty(), "hpctrain predict needs IMAGES: image files or directories of them");
   for (const std::string& input : o.inputs)
     HPC_REQUIRE(!input.empty(), "an IMAGE given to hpctrain predict is empty (an unset variable?)");
@@ -292,22 +311,8 @@ po::options_description predict_options(PredictOptions& o) {
       "normalised as in training. One line per image, in the order given (directories sorted): its top classes and\n"
       "their probabilities. Under mpirun the batches are shared among the ranks. A file that is not a readable\n"
       "image is an error (exit 2) unless --skip-bad");
-  options.add_options()("help,h", "print this help and exit")(
-      "checkpoint", po::value(&o.checkpoint)->required(), "a checkpoint file, or a directory (its newest valid one)")(
-      "images", po::value(&o.inputs)->multitoken(), "image files or directories (also as positional arguments)")(
-      "top-k", po::value(&o.top_k)->default_value(o.top_k), "classes per image (at most the model's)")(
-      "json", po::bool_switch(&o.json),
-      "JSON Lines instead of text: {\"path\", \"top\": [{\"class\", \"name\", \"probability\"}, ...]}")(
-      "logits", po::bool_switch(&o.logits), "with --json: add \"logits\", the model's raw outputs for every class")(
-      "batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "images per batch")(
-      "threads", po::value(&o.threads)->default_value(o.threads),
-      "decoding and math threads per rank (0: this rank's share of the CPUs it may use: its affinity and cgroup quota)")(
-      "skip-bad", po::bool_switch(&o.skip_bad),
-      "warn about an image that cannot be read (or a path that cannot be used) and classify the rest")(
-      "data-dir", po::value(&o.data_dir),
-      "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed only for a "
-      "checkpoint written before 2026-11-26, which records no class names)");
-  device_option().add(options, o);
+  options.add_options()("help,h", "print this help and exit");
+  options::add(predict_table(), options, o);
   return options;
 }
 

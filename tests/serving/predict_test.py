@@ -340,7 +340,7 @@ class Serving(unittest.TestCase):
                             f"directory {os.path.join(self.dir, 'no')} does not exist")
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", self.dir], "is a directory")
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", out, "--format", "tflite"],
-                            "--format tflite is not known")
+                            "unknown --format 'tflite' (choose onnx)")
         with open(out, "wb") as f:
             f.write(b"an older model")
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", out], "exists (--force replaces it)")

@@ -574,5 +574,41 @@ TEST(OptionKit, DurationTextIsWhatPeopleWriteAndReadsBackTheSame) {
   }
 }
 
+// A required path and a list of words, as the subcommands use them: the list takes its words
+// as separate tokens or as positional arguments and its value text reads back as the same list;
+// a command line without the required one is refused.
+TEST(OptionKit, ARequiredPathAndAListOfWords) {
+  struct S {
+    std::string checkpoint;
+    std::vector<std::string> words;
+  };
+  const std::vector<options::Entry<S>> table{
+      options::path("checkpoint", &S::checkpoint, "c", options::Presence::Required),
+      options::list("words", &S::words, "w")};
+  auto parse = [&](std::vector<const char*> argv, S& s) {
+    namespace po = boost::program_options;
+    po::options_description d;
+    options::add(table, d, s);
+    po::positional_options_description positional;
+    positional.add("words", -1);
+    argv.insert(argv.begin(), "prog");
+    po::variables_map vm;
+    po::store(
+        po::command_line_parser(static_cast<int>(argv.size()), argv.data()).options(d).positional(positional).run(),
+        vm);
+    po::notify(vm);
+    options::read(table, vm, s);
+  };
+  S s;
+  parse({"--checkpoint", "ck", "a b", "c", "--words", "d"}, s);
+  EXPECT_EQ(s.checkpoint, "ck");
+  EXPECT_EQ(s.words, (std::vector<std::string>{"a b", "c", "d"}));
+  S back;
+  table[1].parse(table[1].value(s), back);
+  EXPECT_EQ(back.words, s.words);
+  S missing;
+  EXPECT_THROW(parse({"x"}, missing), boost::program_options::required_option);
+}
+
 }  // namespace
 }  // namespace hpc::testing
