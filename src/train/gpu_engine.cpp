@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/handle.hpp"
 #include "core/log.hpp"
 #include "dist/nccl.hpp"
 #include "kernels/kernels.hpp"
@@ -70,29 +71,14 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
-class CudaEvent {
- public:
-  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~CudaEvent() { cudaEventDestroy(e_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
+// An event for ordering only (no timing), made and destroyed with its owner (core/handle.hpp).
+struct CudaEvent : Handle<cudaEvent_t, cudaEventDestroy> {
+  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(out(), cudaEventDisableTiming)); }
 };
 
 // A stream of its own that does not synchronise with the legacy default stream.
-class CudaStream {
- public:
-  CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~CudaStream() { cudaStreamDestroy(s_); }
-  CudaStream(const CudaStream&) = delete;
-  CudaStream& operator=(const CudaStream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
+struct CudaStream : Handle<cudaStream_t, cudaStreamDestroy> {
+  CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(out(), cudaStreamNonBlocking)); }
 };
 
 // A captured CUDA graph and its executable instance.

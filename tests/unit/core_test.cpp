@@ -27,6 +27,7 @@
 #include "core/file_identity.hpp"
 #include "core/duration.hpp"
 #include "core/hash.hpp"
+#include "core/handle.hpp"
 #include "core/option_kit.hpp"
 #include "core/spelling.hpp"
 #include "core/tensor.hpp"
@@ -572,6 +573,38 @@ TEST(OptionKit, DurationTextIsWhatPeopleWriteAndReadsBackTheSame) {
     EXPECT_EQ(options::duration_text(seconds), text) << seconds;
     EXPECT_EQ(parse_duration(options::duration_text(seconds), "x"), seconds) << text;
   }
+}
+
+// core/handle.hpp, as the GPU code holds cuDNN descriptors, streams and events: each handle is
+// destroyed once, by its owner's end, a reset, or a new create through out(); a move hands it on.
+int destroyed[4] = {};
+void destroy_slot(int* h) { ++destroyed[*h]; }
+TEST(Handle, EachHandleIsDestroyedOnceByWhoeverHoldsItLast) {
+  static int slots[4] = {0, 1, 2, 3};
+  using H = Handle<int*, destroy_slot>;
+  {
+    H a;
+    EXPECT_FALSE(a);
+    *a.out() = &slots[1];
+    EXPECT_TRUE(a);
+    H b(std::move(a));
+    EXPECT_FALSE(a);
+    EXPECT_EQ(b.get(), &slots[1]);
+    EXPECT_EQ(destroyed[1], 0) << "a move destroys nothing";
+    *b.out() = &slots[2];  // a new create: the old one goes first
+    EXPECT_EQ(destroyed[1], 1);
+    H c;
+    *c.out() = &slots[3];
+    c = std::move(b);  // c's own goes, b's moves in
+    EXPECT_EQ(destroyed[3], 1);
+    EXPECT_EQ(destroyed[2], 0);
+    c.reset();
+    EXPECT_EQ(destroyed[2], 1);
+    c.reset();  // nothing held: nothing destroyed
+    *c.out() = &slots[0];
+  }
+  EXPECT_EQ(destroyed[0], 1) << "the owner's end destroys what it holds";
+  EXPECT_EQ(destroyed[1] + destroyed[2] + destroyed[3], 3) << "each destroyed once";
 }
 
 // A required path and a list of words, as the subcommands use them: the list takes its words

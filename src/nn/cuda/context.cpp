@@ -112,13 +112,12 @@ DType GpuContext::norm_type() {
                                                                 p + kC, p + 2 * kC, p + 3 * kC, CUDNN_BN_MIN_EPSILON));
     // Max pooling and the global average pool (a 2x2 window over the 2x2 image).
     for (cudnnPoolingMode_t mode : {CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING}) {
-      cudnnPoolingDescriptor_t pool = nullptr;
-      CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool));
-      ok = ok && succeeds(cudnnSetPooling2dDescriptor(pool, mode, CUDNN_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
-      ok = ok && succeeds(cudnnPoolingForward(cudnn_, pool, &one, x.get(), a.raw(), &zero, y.get(), b.raw()));
-      ok = ok && succeeds(cudnnPoolingBackward(cudnn_, pool, &one, y.get(), b.raw(), y.get(), c.raw(), x.get(),
+      PoolDesc pool;
+      CUDNN_CHECK(cudnnCreatePoolingDescriptor(pool.out()));
+      ok = ok && succeeds(cudnnSetPooling2dDescriptor(pool.get(), mode, CUDNN_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
+      ok = ok && succeeds(cudnnPoolingForward(cudnn_, pool.get(), &one, x.get(), a.raw(), &zero, y.get(), b.raw()));
+      ok = ok && succeeds(cudnnPoolingBackward(cudnn_, pool.get(), &one, y.get(), b.raw(), y.get(), c.raw(), x.get(),
                                                a.raw(), &zero, x.get(), d.raw()));
-      cudnnDestroyPoolingDescriptor(pool);
     }
     synchronize();  // the probe's buffers go back to the allocator only when it is done
     norm_native_ = ok ? 1 : 0;
@@ -136,11 +135,10 @@ void ensure(Tensor& t, const Shape& shape, DType dtype) {
   else t.resize(shape, dtype);
 }
 
-TensorDesc::TensorDesc() { CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
-TensorDesc::~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
+TensorDesc::TensorDesc() { CUDNN_CHECK(cudnnCreateTensorDescriptor(d_.out())); }
 
 void TensorDesc::set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c, DType t) {
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NHWC, cudnn_type(t), static_cast<int>(n),
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_.get(), CUDNN_TENSOR_NHWC, cudnn_type(t), static_cast<int>(n),
                                          static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "core/cuda_check.hpp"
+#include "core/handle.hpp"
 #include "core/tensor.hpp"
 
 #define CUDNN_CHECK(expr) HPC_GPU_CHECK("cuDNN", expr, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
@@ -95,19 +96,21 @@ class GpuContext {
 // Tensor::resize on the host).
 void ensure(Tensor& t, const Shape& shape, DType dtype = DType::F32);
 
-// RAII for cuDNN descriptors.
+// cuDNN's descriptors, each destroyed with its owner (core/handle.hpp).
+using FilterDesc = Handle<cudnnFilterDescriptor_t, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Handle<cudnnConvolutionDescriptor_t, cudnnDestroyConvolutionDescriptor>;
+using PoolDesc = Handle<cudnnPoolingDescriptor_t, cudnnDestroyPoolingDescriptor>;
+
+// A tensor descriptor, made with its owner.
 class TensorDesc {
  public:
   TensorDesc();
-  ~TensorDesc();
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
   // n images of h x w x c elements of type t, channels last.
   void set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c, DType t = DType::F32);
-  cudnnTensorDescriptor_t get() const { return d_; }
+  cudnnTensorDescriptor_t get() const { return d_.get(); }
 
  private:
-  cudnnTensorDescriptor_t d_ = nullptr;
+  Handle<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor> d_;
 };
 
 }  // namespace hpc::nn::cuda

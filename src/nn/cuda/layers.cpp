@@ -41,12 +41,12 @@ const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char
 
 // Compute type float in every precision: 16-bit convolutions accumulate in fp32 (cuDNN's
 // "pseudo" half and bfloat16 configurations).
-cudnnConvolutionDescriptor_t make_conv(int64_t stride, int64_t padding, cudnnMathType_t math) {
-  cudnnConvolutionDescriptor_t d = nullptr;
-  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
-  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, to_int(padding), to_int(padding), to_int(stride), to_int(stride),
+ConvDesc make_conv(int64_t stride, int64_t padding, cudnnMathType_t math) {
+  ConvDesc d;
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(d.out()));
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d.get(), to_int(padding), to_int(padding), to_int(stride), to_int(stride),
                                               1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.get(), math));
   return d;
 }
 
@@ -153,8 +153,8 @@ ConvGpu::ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry ou
                  int64_t padding, int weight_slot, int bias_slot)
     : ctx_(ctx), arenas_(arenas), in_(in), out_(out), weight_(weight_slot), bias_(bias_slot) {
   weight_count_ = out.c * kernel * kernel * in.c;
-  CUDNN_CHECK(cudnnCreateFilterDescriptor(&filter_));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(filter_, cudnn_type(ctx.act()), CUDNN_TENSOR_NHWC, to_int(out.c),
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(filter_.out()));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(filter_.get(), cudnn_type(ctx.act()), CUDNN_TENSOR_NHWC, to_int(out.c),
                                          to_int(in.c), to_int(kernel), to_int(kernel)));
   // One descriptor per direction: each carries the math type of the algorithm chosen for it.
   const cudnnMathType_t math = math_of(ctx.settings().math);
@@ -162,11 +162,6 @@ ConvGpu::ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry ou
   conv_bwd_data_ = make_conv(stride, padding, math);
   conv_bwd_filter_ = make_conv(stride, padding, math);
   bias_desc_.set_nhwc(1, 1, 1, out.c);  // fp32 only: mixed precision adds biases through cuBLAS
-}
-
-ConvGpu::~ConvGpu() {
-  for (auto d : {conv_fwd_, conv_bwd_data_, conv_bwd_filter_}) cudnnDestroyConvolutionDescriptor(d);
-  cudnnDestroyFilterDescriptor(filter_);
 }
 
 ConvGpu::Plan& ConvGpu::plan(int64_t n) {
@@ -184,20 +179,22 @@ ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   const bool measure = !s.deterministic;
   // The search starts from the precision's math type, not the one the last plan's algorithm
   // left on the descriptor (which could narrow it to FMA kernels).
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_, math_of(s.math)));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_, math_of(s.math)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_.get(), math_of(s.math)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_.get(), math_of(s.math)));
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
-  CUDNN_CHECK(measure ? cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_,
-                                                             y_desc_.get(), kMaxAlgos, &got, fwd)
-                      : cudnnGetConvolutionForwardAlgorithm_v7(ctx_.cudnn(), x_desc_.get(), filter_, conv_fwd_,
-                                                               y_desc_.get(), kMaxAlgos, &got, fwd));
+  CUDNN_CHECK(measure ? cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_.get(),
+                                                             conv_fwd_.get(), y_desc_.get(), kMaxAlgos, &got, fwd)
+                      : cudnnGetConvolutionForwardAlgorithm_v7(ctx_.cudnn(), x_desc_.get(), filter_.get(),
+                                                               conv_fwd_.get(), y_desc_.get(), kMaxAlgos, &got, fwd));
   const auto& f = choose(fwd, got, s, "forward");
   p.fwd = f.algo, p.fwd_bytes = f.memory, p.fwd_math = f.mathType;
   cudnnConvolutionBwdFilterAlgoPerf_t bf[kMaxAlgos];
-  CUDNN_CHECK(measure ? cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
-                                                                    conv_bwd_filter_, filter_, kMaxAlgos, &got, bf)
-                      : cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
-                                                                      conv_bwd_filter_, filter_, kMaxAlgos, &got, bf));
+  CUDNN_CHECK(
+      measure
+          ? cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
+                                                        conv_bwd_filter_.get(), filter_.get(), kMaxAlgos, &got, bf)
+          : cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx_.cudnn(), x_desc_.get(), y_desc_.get(),
+                                                          conv_bwd_filter_.get(), filter_.get(), kMaxAlgos, &got, bf));
   const auto& w = choose(bf, got, s, "backward-filter");
   p.bwd_filter = w.algo, p.bwd_filter_bytes = w.memory, p.bwd_filter_math = w.mathType;
   return plans_.emplace(n, p).first->second;
@@ -208,13 +205,14 @@ ConvGpu::Plan& ConvGpu::plan(int64_t n) {
 void ConvGpu::choose_backward_data(Plan& p) {
   int got = 0;
   const GpuSettings& s = ctx_.settings();
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, math_of(s.math)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_.get(), math_of(s.math)));
   cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
   CUDNN_CHECK(!s.deterministic
-                  ? cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
-                                                              x_desc_.get(), kMaxAlgos, &got, bd)
-                  : cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx_.cudnn(), filter_, y_desc_.get(), conv_bwd_data_,
-                                                                x_desc_.get(), kMaxAlgos, &got, bd));
+                  ? cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_.get(), y_desc_.get(),
+                                                              conv_bwd_data_.get(), x_desc_.get(), kMaxAlgos, &got, bd)
+                  : cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx_.cudnn(), filter_.get(), y_desc_.get(),
+                                                                conv_bwd_data_.get(), x_desc_.get(), kMaxAlgos, &got,
+                                                                bd));
   const auto& d = choose(bd, got, s, "backward-data");
   p.bwd_data = d.algo, p.bwd_data_bytes = d.memory, p.bwd_data_math = d.mathType;
   p.have_bwd_data = true;
@@ -229,10 +227,10 @@ const Tensor& ConvGpu::forward(const Tensor& x, bool /*train*/) {
   // Mixed precision: the 16-bit copies of the fp32 weight and bias (as autocast makes).
   const bool low = ctx_.act() != DType::F32;
   weight_used_ = low ? arenas_.value_low(weight_) : arenas_.value(weight_);
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_, p.fwd_math));
-  CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_, weight_used_, conv_fwd_,
-                                      p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero, y_desc_.get(),
-                                      y_.raw()));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_.get(), p.fwd_math));
+  CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &kOne, x_desc_.get(), x.raw(), filter_.get(), weight_used_,
+                                      conv_fwd_.get(), p.fwd, ctx_.workspace(p.fwd_bytes), p.fwd_bytes, &kZero,
+                                      y_desc_.get(), y_.raw()));
   if (bias_ >= 0 && low)
     add_bias_low(ctx_, arenas_.value_low(bias_), y_.raw(), to_int(out_.c), to_int(n * out_.h * out_.w));
   else if (bias_ >= 0)
@@ -249,10 +247,10 @@ const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
   const bool low = ctx_.act() != DType::F32;
   if (bias_ >= 0) bias_grad(ctx_, dy, out_.c, arenas_.grad(bias_), sums_work_);
   if (low) ensure(dweight_lp_, Shape{weight_count_}, ctx_.act());
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_, p.bwd_filter_math));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_.get(), p.bwd_filter_math));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &kOne, x_desc_.get(), x_.raw(), y_desc_.get(), dy.raw(),
-                                             conv_bwd_filter_, p.bwd_filter, ctx_.workspace(p.bwd_filter_bytes),
-                                             p.bwd_filter_bytes, &kZero, filter_,
+                                             conv_bwd_filter_.get(), p.bwd_filter, ctx_.workspace(p.bwd_filter_bytes),
+                                             p.bwd_filter_bytes, &kZero, filter_.get(),
                                              low ? dweight_lp_.raw() : arenas_.grad(weight_)));
   if (low) to_fp32_grad(ctx_, dweight_lp_, arenas_.grad(weight_));
   if (!need_dx) return dx_;
@@ -265,9 +263,9 @@ const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
               " added to ", dx.shape().str());
   else
     ensure(dx, x_.shape(), ctx_.act());
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_, p.bwd_data_math));
-  CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_, weight_used_, y_desc_.get(),
-                                           dy.raw(), conv_bwd_data_, p.bwd_data, ctx_.workspace(p.bwd_data_bytes),
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_.get(), p.bwd_data_math));
+  CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &kOne, filter_.get(), weight_used_, y_desc_.get(),
+                                           dy.raw(), conv_bwd_data_.get(), p.bwd_data, ctx_.workspace(p.bwd_data_bytes),
                                            p.bwd_data_bytes, accumulate_dx_ ? &kOne : &kZero, x_desc_.get(),
                                            dx.raw()));
   return dx;
@@ -301,15 +299,11 @@ BatchNormGpu::BatchNormGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, b
   if (pool_kernel_ > 0) {
     pooled_.h = (in.h - pool_kernel) / pool_stride + 1;
     pooled_.w = (in.w - pool_kernel) / pool_stride + 1;
-    CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool_));
-    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN,
+    CUDNN_CHECK(cudnnCreatePoolingDescriptor(pool_.out()));
+    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_.get(), CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN,
                                             to_int(pool_kernel), to_int(pool_kernel), 0, 0, to_int(pool_stride),
                                             to_int(pool_stride)));
   }
-}
-
-BatchNormGpu::~BatchNormGpu() {
-  if (pool_) cudnnDestroyPoolingDescriptor(pool_);
 }
 
 const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
@@ -359,9 +353,9 @@ const Tensor& BatchNormGpu::forward(const Tensor& x_in, bool train) {
     kernels::relu_forward(out.dtype(), out.raw(), out.raw(), out.numel(), ctx_.stream());
     return out;
   }
-  if (!pool_) return as_type(ctx_, y_, ctx_.act(), y_low_);
+  if (!pool_.get()) return as_type(ctx_, y_, ctx_.act(), y_low_);
   ensure(pooled_y_, nhwc_shape(n, pooled_, true), io_);
-  CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), y_.raw(), &kZero, pooled_desc_.get(),
+  CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_.get(), &kOne, x_desc_.get(), y_.raw(), &kZero, pooled_desc_.get(),
                                   pooled_y_.raw()));
   return as_type(ctx_, pooled_y_, ctx_.act(), y_low_);
 }
@@ -374,7 +368,7 @@ void BatchNormGpu::join(const Tensor* residual) {
 const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   // The backward always writes dx; the first layer's is simply not used.
   const Tensor* d = &as_type(ctx_, dy_in, io_, dy_wide_);
-  if (pool_) {
+  if (pool_.get()) {
     ensure(dnorm_, x_.shape(), io_);
     // Ours, not cuDNN's deterministic max-pool backward (2.4 ms at 206 GB/s for ResNet-50's stem).
     kernels::max_pool_backward(io_, y_.raw(), d->raw(), dnorm_.raw(), x_.shape()[0], in_.h, in_.w, in_.c,
@@ -414,13 +408,12 @@ PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_
   const int64_t sh = global ? in.h : stride, sw = global ? in.w : stride;
   out_.h = (in.h - kh) / sh + 1;
   out_.w = (in.w - kw) / sw + 1;
-  CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool_));
+  CUDNN_CHECK(cudnnCreatePoolingDescriptor(pool_.out()));
   CUDNN_CHECK(cudnnSetPooling2dDescriptor(
-      pool_, global ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_MAX_DETERMINISTIC,
+      pool_.get(), global ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_MAX_DETERMINISTIC,
       CUDNN_PROPAGATE_NAN, to_int(kh), to_int(kw), 0, 0, to_int(sh), to_int(sw)));
 }
 
-PoolGpu::~PoolGpu() { cudnnDestroyPoolingDescriptor(pool_); }
 
 const Tensor& PoolGpu::forward(const Tensor& x_in, bool /*train*/) {
   const Tensor& x = as_type(ctx_, x_in, io_, x_wide_);
@@ -434,7 +427,7 @@ const Tensor& PoolGpu::forward(const Tensor& x_in, bool /*train*/) {
   x_ = x;
   // The global average pool ends in features (N x C), as the CPU layer's output.
   ensure(y_, nhwc_shape(n, out_, kind_ == Kind::Max), io_);
-  CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_, &kOne, x_desc_.get(), x.raw(), &kZero, y_desc_.get(),
+  CUDNN_CHECK(cudnnPoolingForward(ctx_.cudnn(), pool_.get(), &kOne, x_desc_.get(), x.raw(), &kZero, y_desc_.get(),
                                   y_.raw()));
   return as_type(ctx_, y_, ctx_.act(), y_low_);
 }
@@ -446,7 +439,7 @@ const Tensor& PoolGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
     kernels::max_pool_backward(io_, x_.raw(), dy.raw(), dx_.raw(), x_.shape()[0], in_.h, in_.w, in_.c,
                                to_int(kernel_), to_int(stride_), ctx_.stream());
   else
-    CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_, &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
+    CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_.get(), &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
                                      x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
   return as_type(ctx_, dx_, ctx_.act(), dx_low_);
 }

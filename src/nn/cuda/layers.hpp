@@ -87,7 +87,6 @@ class ConvGpu final : public GpuLayer {
   // weight: Cout x k x k x Cin (KRSC, cuDNN's NHWC filter layout); bias may be -1.
   ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry out, int64_t kernel, int64_t stride,
           int64_t padding, int weight_slot, int bias_slot);
-  ~ConvGpu() override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
   // Until reset (nullptr): the backward writes dx into *target instead of its own buffer, or,
@@ -110,8 +109,8 @@ class ConvGpu final : public GpuLayer {
   DeviceArenas& arenas_;
   Geometry in_, out_;
   int weight_, bias_;
-  cudnnFilterDescriptor_t filter_ = nullptr;
-  cudnnConvolutionDescriptor_t conv_fwd_ = nullptr, conv_bwd_data_ = nullptr, conv_bwd_filter_ = nullptr;
+  FilterDesc filter_;
+  ConvDesc conv_fwd_, conv_bwd_data_, conv_bwd_filter_;
   TensorDesc x_desc_, y_desc_, bias_desc_;
   int64_t described_n_ = -1;
   std::map<int64_t, Plan> plans_;
@@ -129,7 +128,6 @@ class BatchNormGpu final : public GpuLayer {
   BatchNormGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, bool relu, int64_t pool_kernel,
                int64_t pool_stride, double momentum, double eps, int gamma, int beta, int running_mean,
                int running_var);
-  ~BatchNormGpu() override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
   // A residual block's join, fused: while residual is set, the forward returns
@@ -145,7 +143,7 @@ class BatchNormGpu final : public GpuLayer {
   int64_t pool_kernel_, pool_stride_;
   double momentum_, eps_;
   int gamma_, beta_, running_mean_, running_var_;
-  cudnnPoolingDescriptor_t pool_ = nullptr;
+  PoolDesc pool_;
   TensorDesc x_desc_, pooled_desc_, stats_desc_;
   int64_t described_n_ = -1;
   DType io_;  // the type it computes in: GpuContext::norm_type()
@@ -171,7 +169,6 @@ class PoolGpu final : public GpuLayer {
  public:
   enum class Kind { Max, GlobalAverage };
   PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride);
-  ~PoolGpu() override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
 
@@ -180,7 +177,7 @@ class PoolGpu final : public GpuLayer {
   Kind kind_;
   Geometry in_, out_;
   int64_t kernel_, stride_;  // of a max pool (Kind::Max)
-  cudnnPoolingDescriptor_t pool_ = nullptr;
+  PoolDesc pool_;
   TensorDesc x_desc_, y_desc_;
   int64_t described_n_ = -1;
   DType io_;  // as BatchNormGpu's
