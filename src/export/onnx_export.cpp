@@ -59,18 +59,34 @@ class GraphWriter {
     return dynamic_cast<const L*>(&l) != nullptr;
   }
 
+  // The nodes of one layer from x (its input, of per-sample shape in; folded: the batch norm
+  // after it, folded into its weights); returns its output's name. A visitor of every kind of
+  // layer (nn/layer.hpp): a kind without its ONNX form leaves it abstract, and the build fails.
   std::string layer(const nn::Layer<float>& l, const Shape& in, const nn::BatchNorm<float>* folded,
                     const std::string& x) {
-    if (auto* c = dynamic_cast<const nn::Conv2d<float>*>(&l)) return conv(*c, folded, x);
-    if (auto* f = dynamic_cast<const nn::Linear<float>*>(&l)) return linear(*f, folded, x);
-    if (auto* b = dynamic_cast<const nn::BatchNorm<float>*>(&l)) return after_norm(*b, batch_norm(*b, x));
-    if (is<nn::ReLU<float>>(l)) return node("Relu", {x});
-    if (auto* p = dynamic_cast<const nn::MaxPool2d<float>*>(&l)) return max_pool(p->kernel(), p->stride(), x);
-    if (is<nn::GlobalAvgPool<float>>(l)) return flatten(node("GlobalAveragePool", {x}));
-    if (is<nn::Flatten<float>>(l)) return flatten_from(in, x);
-    if (auto* r = dynamic_cast<const nn::Residual<float>*>(&l)) return residual(*r, x);
-    if (auto* s = dynamic_cast<const nn::Sequential<float>*>(&l)) return sequential(*s, x);
-    HPC_CHECK(false, "no ONNX export for layer ", l.kind());
+    class Nodes final : public nn::LayerVisitor<float> {
+     public:
+      Nodes(GraphWriter& w, const Shape& in, const nn::BatchNorm<float>* folded, const std::string& x)
+          : w_(w), in_(in), folded_(folded), x_(x) {}
+      void visit(const nn::Conv2d<float>& c) override { y = w_.conv(c, folded_, x_); }
+      void visit(const nn::Linear<float>& f) override { y = w_.linear(f, folded_, x_); }
+      void visit(const nn::BatchNorm<float>& b) override { y = w_.after_norm(b, w_.batch_norm(b, x_)); }
+      void visit(const nn::ReLU<float>&) override { y = w_.node("Relu", {x_}); }
+      void visit(const nn::MaxPool2d<float>& p) override { y = w_.max_pool(p.kernel(), p.stride(), x_); }
+      void visit(const nn::GlobalAvgPool<float>&) override { y = w_.flatten(w_.node("GlobalAveragePool", {x_})); }
+      void visit(const nn::Flatten<float>&) override { y = w_.flatten_from(in_, x_); }
+      void visit(const nn::Residual<float>& r) override { y = w_.residual(r, x_); }
+      void visit(const nn::Sequential<float>& s) override { y = w_.sequential(s, x_); }
+      std::string y;
+
+     private:
+      GraphWriter& w_;
+      const Shape& in_;
+      const nn::BatchNorm<float>* folded_;
+      const std::string& x_;
+    } nodes(*this, in, folded, x);
+    l.accept(nodes);
+    return nodes.y;
   }
 
   std::string residual(const nn::Residual<float>& r, const std::string& x) {

@@ -32,6 +32,35 @@ namespace hpc::nn {
 // this in.
 using StatsSum = std::function<void(double* data, int64_t n)>;
 
+template <class T> class Conv2d;
+template <class T> class BatchNorm;
+template <class T> class ReLU;
+template <class T> class MaxPool2d;
+template <class T> class GlobalAvgPool;
+template <class T> class Flatten;
+template <class T> class Linear;
+template <class T> class Sequential;
+template <class T> class Residual;
+
+// Every kind of layer, for the code that gives a model another form: the GPU mirror
+// (nn/cuda/network.cpp) and the ONNX graph (export/onnx_export.cpp). Each form implements every
+// visit, so a layer kind added here without its GPU or ONNX form does not compile (the form's
+// visitor stays abstract); a layer's accept() calls the visit of its own kind.
+template <class T>
+class LayerVisitor {
+ public:
+  virtual ~LayerVisitor() = default;
+  virtual void visit(const Conv2d<T>& l) = 0;
+  virtual void visit(const BatchNorm<T>& l) = 0;
+  virtual void visit(const ReLU<T>& l) = 0;
+  virtual void visit(const MaxPool2d<T>& l) = 0;
+  virtual void visit(const GlobalAvgPool<T>& l) = 0;
+  virtual void visit(const Flatten<T>& l) = 0;
+  virtual void visit(const Linear<T>& l) = 0;
+  virtual void visit(const Sequential<T>& l) = 0;
+  virtual void visit(const Residual<T>& l) = 0;
+};
+
 template <class T>
 class Layer {
  public:
@@ -46,6 +75,8 @@ class Layer {
   virtual double backward_flops(bool need_dx) const { return forward_flops() * (need_dx ? 2 : 1); }
   // Batch statistics over all ranks from now on (layers that have none ignore it).
   virtual void sync_statistics(const StatsSum& /*sum*/) {}
+  // v.visit(*this): the visit of this layer's kind.
+  virtual void accept(LayerVisitor<T>& v) const = 0;
 };
 
 template <class T>
@@ -73,6 +104,7 @@ class Conv2d final : public Layer<T> {
  public:
   explicit Conv2d(ConvSpec spec) : spec_(spec) {}
   std::string kind() const override { return "conv2d"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -119,6 +151,7 @@ class BatchNorm final : public Layer<T> {
   explicit BatchNorm(bool relu = false, FusedPool pool = {}, double momentum = 0.1, double eps = 1e-5)
       : relu_(relu), pool_(pool), momentum_(momentum), eps_(eps) {}
   std::string kind() const override;
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -167,6 +200,7 @@ template <class T>
 class ReLU final : public Layer<T> {
  public:
   std::string kind() const override { return "relu"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override { return in; }
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -180,6 +214,7 @@ class MaxPool2d final : public Layer<T> {
  public:
   MaxPool2d(int64_t kernel, int64_t stride) : kernel_(kernel), stride_(stride) {}
   std::string kind() const override { return "maxpool2d"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -195,6 +230,7 @@ template <class T>
 class GlobalAvgPool final : public Layer<T> {
  public:
   std::string kind() const override { return "global_avg_pool"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -208,6 +244,7 @@ template <class T>
 class Flatten final : public Layer<T> {
  public:
   std::string kind() const override { return "flatten"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -222,6 +259,7 @@ class Linear final : public Layer<T> {
  public:
   explicit Linear(int64_t out_features, bool bias = true) : out_(out_features), has_bias_(bias) {}
   std::string kind() const override { return "linear"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
@@ -242,6 +280,7 @@ template <class T>
 class Sequential final : public Layer<T> {
  public:
   std::string kind() const override { return "sequential"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   void add(LayerPtr<T> layer) { layers_.push_back(std::move(layer)); }
   bool empty() const { return layers_.empty(); }
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
@@ -283,6 +322,7 @@ class Residual final : public Layer<T> {
   Residual(Sequential<T> main, Sequential<T> shortcut)
       : main_(std::move(main)), shortcut_(std::move(shortcut)) {}
   std::string kind() const override { return "residual"; }
+  void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>& store, const std::string& prefix) override;
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;

@@ -462,6 +462,8 @@ class ScaleLayer final : public nn::Layer<double> {
  public:
   explicit ScaleLayer(Bug bug) : bug_(bug) {}
   std::string kind() const override { return "scale"; }
+  // A test's own kind: no GPU or ONNX form to visit.
+  void accept(nn::LayerVisitor<double>&) const override { throw Error(ErrorKind::Internal, "scale: no visitor"); }
   Shape setup(const Shape& in, ParamStore<double>& store, const std::string& prefix) override {
     store_ = &store;
     w_ = store.add_param(prefix + ".weight", in, ParamRole::Weight, 1);
