@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -312,17 +313,6 @@ int multiprocessors() {
   return n;
 }
 
-// The widest V of T in `bytes` (16 or 8) that divides the channels and keeps every pointer
-// aligned to its access; else 1.
-template <class T>
-int width_for(int bytes, int64_t channels, std::initializer_list<const void*> pointers) {
-  const int v = bytes / static_cast<int>(sizeof(T));
-  if (channels % v != 0) return 1;
-  for (const void* p : pointers)
-    if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) return 1;
-  return v;
-}
-
 // Calls f with (V, B, R) as compile-time constants: V of 16 bytes of T, of 8, or 1; B blocks a
 // multiprocessor is compiled for and R rows a thread loads before it computes, as tuned (V = 1,
 // the fallback for odd channel counts, always with 2 and 4).
@@ -397,7 +387,7 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
                               cudaStream_t stream, const void* residual) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    const Plan p(work, width_for<T>(current_tuning().pack_bytes, channels, {x, y, residual}), rows, channels);
+    const Plan p(work, pack_width<T>(channels, {x, y, residual}, current_tuning().pack_bytes), rows, channels);
     with_launch<T>(p.sums.vec, [&](auto width, auto blocks, auto depth) {
       constexpr int V = decltype(width)::value, B = decltype(blocks)::value, R = decltype(depth)::value;
       partial_sums_kernel<T, V, B, R, false, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
@@ -426,7 +416,7 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
                          float* dgamma, float* dbeta, void* work, cudaStream_t stream, bool relu) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    const Plan p(work, width_for<T>(current_tuning().pack_bytes, channels, {x, dy, dx}), rows, channels);
+    const Plan p(work, pack_width<T>(channels, {x, dy, dx}, current_tuning().pack_bytes), rows, channels);
     with_launch<T>(p.sums.vec, [&](auto width, auto blocks, auto depth) {
       constexpr int V = decltype(width)::value, B = decltype(blocks)::value, R = decltype(depth)::value;
       const auto* xt = static_cast<const T*>(x);
@@ -455,9 +445,19 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
 }
 
 namespace {
+// The values each field may take (with_launch instantiates the kernels for these, Plan::bytes
+// sizes the work area for the most sum blocks), listed once for the check and the enumeration.
+constexpr int kPackBytes[] = {16, 8}, kBlocksPerSm[] = {2, 4}, kRowsInFlight[] = {4, 2},
+              kSumBlockCounts[] = {kSumBlocks, kSumBlocks / 2, kSumBlocks / 4};
+
+template <size_t N>
+bool one_of(int v, const int (&values)[N]) {
+  return std::find(std::begin(values), std::end(values), v) != std::end(values);
+}
+
 void check_tuning(const BatchNormTuning& t) {
-  if ((t.pack_bytes != 16 && t.pack_bytes != 8) || (t.blocks_per_sm != 2 && t.blocks_per_sm != 4) ||
-      (t.rows != 2 && t.rows != 4) || (t.sum_blocks != 1024 && t.sum_blocks != 512 && t.sum_blocks != 256))
+  if (!one_of(t.pack_bytes, kPackBytes) || !one_of(t.blocks_per_sm, kBlocksPerSm) || !one_of(t.rows, kRowsInFlight) ||
+      !one_of(t.sum_blocks, kSumBlockCounts))
     throw Error(ErrorKind::Usage, "batch-norm tuning '" + batch_norm_tuning_text(t) +
                                       "': pack bytes 16 or 8, blocks per multiprocessor 2 or 4, rows 2 or 4, "
                                       "one wave 0 or 1, sum blocks 1024, 512 or 256");
@@ -488,11 +488,11 @@ std::string batch_norm_tuning_text(const BatchNormTuning& t) {
 
 std::vector<BatchNormTuning> batch_norm_tunings() {
   std::vector<BatchNormTuning> all{BatchNormTuning{}};
-  for (int pack : {16, 8})
-    for (int blocks : {2, 4})
-      for (int rows : {4, 2})
+  for (int pack : kPackBytes)
+    for (int blocks : kBlocksPerSm)
+      for (int rows : kRowsInFlight)
         for (bool wave : {false, true})
-          for (int sums : {1024, 512, 256}) {
+          for (int sums : kSumBlockCounts) {
             const BatchNormTuning t{pack, blocks, rows, wave, sums};
             if (batch_norm_tuning_text(t) != batch_norm_tuning_text(all.front())) all.push_back(t);
           }

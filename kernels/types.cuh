@@ -41,14 +41,14 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-// The widest V (16 bytes of T) that divides `count` (elements, or channels of a row) and keeps
-// every pointer aligned; else 1.
+// V values of T in `bytes` (16: one 128-bit access; batch norm may ask for 8) when V divides
+// `count` (elements, or channels of a row) and every pointer is aligned to the access; else 1.
 template <class T>
-int pack_width(int64_t count, std::initializer_list<const void*> pointers) {
-  constexpr int wide = 16 / static_cast<int>(sizeof(T));
+int pack_width(int64_t count, std::initializer_list<const void*> pointers, int bytes = 16) {
+  const int wide = bytes / static_cast<int>(sizeof(T));
   if (count % wide != 0) return 1;
   for (const void* p : pointers)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+    if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) return 1;
   return wide;
 }
 
