@@ -20,7 +20,7 @@
 // line with the time (median of 20 launches), the bytes the passes must move and their rate,
 // for each of the passes' launch choices (kernels::batch_norm_tunings), then per choice the
 // time of ResNet-50's 53 batch norms, fastest first: what the default is chosen by.
-// --bn-tuning P,B,R,W runs the step (or the shapes' others) with one of those choices.
+// --bn-tuning P,B,R,W[,S] runs the step with one of those choices.
 #include <cuda_runtime_api.h>
 
 #include <boost/program_options.hpp>
@@ -28,6 +28,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,7 +52,7 @@ struct Args {
   std::string model = "cnn", precision = "tf32";
   int64_t batch = 128, image_size = 28, channels = 1, classes = 10, warmup = 15, iters = 50;
   bool deterministic = true, copy_bandwidth = false, graphs = false, kernel_shapes = false;
-  std::string bn_tuning;  // empty: the kernels' default
+  std::optional<kernels::BatchNormTuning> bn_tuning;  // --bn-tuning; none: the kernels' default
 };
 
 Args parse(int argc, char** argv) {
@@ -65,7 +67,8 @@ Args parse(int argc, char** argv) {
       "copy-bandwidth", po::bool_switch(&a.copy_bandwidth), "measure the device-to-device copy bandwidth instead")(
       "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph")(
       "kernel-shapes", po::bool_switch(&a.kernel_shapes), "time the batch-norm passes on ResNet-50's shapes instead")(
-      "bn-tuning", po::value(&a.bn_tuning), "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS]");
+      "bn-tuning", po::value<std::string>(),
+      "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS]");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);
@@ -74,7 +77,8 @@ Args parse(int argc, char** argv) {
     std::exit(0);
   }
   a.deterministic = !vm["no-deterministic"].as<bool>();
-  if (!a.bn_tuning.empty()) kernels::parse_batch_norm_tuning(a.bn_tuning);  // a bad one named before any GPU work
+  // A bad one is named before any GPU work.
+  if (vm.count("bn-tuning")) a.bn_tuning = kernels::parse_batch_norm_tuning(vm["bn-tuning"].as<std::string>());
   if (a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.image_size < 1 || a.channels < 1 || a.classes < 2)
     throw Error(ErrorKind::Usage, "--batch, --iters, --image-size, --channels and --classes must be positive");
   return a;
@@ -183,19 +187,26 @@ int kernel_shapes(int64_t batch) {
   for (int i = 0; i < 8; ++i) v[i] = vec + i * 2048;
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The ReLU backward on each shape, once: it has no launch choices.
+  std::vector<double> relu;
+  double relu_total = 0;
+  for (const Shape2& s : shapes) {
+    const int64_t n = batch * s.side * s.side * s.channels;
+    relu.push_back(median_ms(stream, 20, [&] { kernels::relu_backward(t, y, dy, dx, n, stream); }));
+    relu_total += static_cast<double>(s.count) * relu.back();
+  }
   const kernels::BatchNormTuning chosen = kernels::batch_norm_tuning();
   struct Total {
     std::string tuning;
     double ms;
   };
   std::vector<Total> totals;
-  double relu_total = 0;
   for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
     kernels::set_batch_norm_tuning(tuning);
     const std::string name = kernels::batch_norm_tuning_text(tuning);
     double total = 0;
-    relu_total = 0;
-    for (const Shape2& s : shapes) {
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const Shape2& s = shapes[i];
       const int64_t rows = batch * s.side * s.side, n = rows * s.channels;
       const double fwd = median_ms(stream, 20, [&] {
         kernels::batch_norm_forward_train(t, x, y, rows, s.channels, v[0], v[1], v[2], v[3], 0.1, 1e-5, true, v[4],
@@ -205,9 +216,7 @@ int kernel_shapes(int64_t batch) {
         kernels::batch_norm_backward(t, x, dy, dx, rows, s.channels, v[0], v[4], v[5], 1.0f, v[6], v[7], work, stream,
                                      true);
       });
-      const double relu = median_ms(stream, 20, [&] { kernels::relu_backward(t, y, dy, dx, n, stream); });
       total += static_cast<double>(s.count) * (fwd + bwd);
-      relu_total += static_cast<double>(s.count) * relu;
       // The bytes each must move: forward reads x twice (sums, apply) and writes y; backward reads
       // x and dy twice and writes dx; the ReLU backward reads y and dy and writes dx.
       const double b = 2.0 * static_cast<double>(n);
@@ -215,7 +224,7 @@ int kernel_shapes(int64_t batch) {
                   "\"forward_ms\": %.4f, \"forward_GBps\": %.0f, \"backward_ms\": %.4f, \"backward_GBps\": %.0f, "
                   "\"relu_backward_ms\": %.4f, \"relu_backward_GBps\": %.0f}\n",
                   name.c_str(), static_cast<long long>(rows), static_cast<long long>(s.channels), fwd,
-                  3 * b / fwd * 1e-6, bwd, 5 * b / bwd * 1e-6, relu, 3 * b / relu * 1e-6);
+                  3 * b / fwd * 1e-6, bwd, 5 * b / bwd * 1e-6, relu[i], 3 * b / relu[i] * 1e-6);
     }
     totals.push_back({name, total});
   }
@@ -238,7 +247,7 @@ int run(const Args& a) {
   if (device::cuda_device_count() == 0)
     throw Error(ErrorKind::Usage, "no CUDA GPU visible (" + device::describe() + "): gpu_step times the GPU");
   device::select_gpu(0);
-  if (!a.bn_tuning.empty()) kernels::set_batch_norm_tuning(kernels::parse_batch_norm_tuning(a.bn_tuning));
+  if (a.bn_tuning) kernels::set_batch_norm_tuning(*a.bn_tuning);
   if (a.copy_bandwidth) return copy_bandwidth();
   if (a.kernel_shapes) return kernel_shapes(a.batch);
   nn::ModelSpec spec;
