@@ -34,9 +34,14 @@
 #                                          bandwidth, and our kernels' (hpc::kernels) fraction
 #                                          together (bench/ncu_kernels.py; --kernels-model
 #                                          resnet50, the default, or cnn)
+#   bench/gpu_vs_peer.sh scaling    ~1 min  the scaling model against this machine's CPU ranks
+#                                          (bench/scaling_check.sh: 2, 3 and 4 ranks of the
+#                                          cnn on the CPU, with a core for each rank and its
+#                                          communication thread, which the 2-core development
+#                                          machine lacks); its checks_failed and a line per check
 #   bench/gpu_vs_peer.sh summary            every step's key=value lines so far
-#   bench/gpu_vs_peer.sh all        the seven steps in order as one command (build, tests, bn,
-#                                          training, cnn, resnet50, kernels), each under the time
+#   bench/gpu_vs_peer.sh all        the eight steps in order as one command (build, tests, bn,
+#                                          training, cnn, resnet50, kernels, scaling), each under the time
 #                                          left of --within S seconds (default 540; a step with
 #                                          under 30 s left is not started), with up to 4 CTest
 #                                          tests at a time; stops after a failed build. All output
@@ -62,8 +67,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 step=${1:-}
-[[ $step =~ ^(build|tests|bn|training|cnn|resnet50|kernels|summary|all|-h|--help)$ ]] ||
-  die "the first argument must be a step: build, tests, bn, training, cnn, resnet50, kernels, summary or all (try --help)"
+[[ $step =~ ^(build|tests|bn|training|cnn|resnet50|kernels|scaling|summary|all|-h|--help)$ ]] ||
+  die "the first argument must be a step: build, tests, bn, training, cnn, resnet50, kernels, scaling, summary or all (try --help)"
 shift
 [[ $step == -h || $step == --help ]] && { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0; }
 epochs=4 batch=128 precision=tf32 r50_batch=128 compile=1 within=540 out_dir= kernels_model=resnet50 bn_tuning=
@@ -184,7 +189,8 @@ build_step() {
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON \
     -DHPCTRAIN_NCCL=ON -DHPCTRAIN_TEST_FASHION_MNIST_DIR="$data" "${cmake_args[@]}" > "$results/cmake.log" 2>&1 ||
     { tail -n 30 "$results/cmake.log"; die "cmake failed (log: $results/cmake.log)"; }
-  local targets=(hpctrain gpu_step kernels_test nccl_test network_test train_gpu_test loader_throughput hpcdata-pack)
+  local targets=(hpctrain gpu_step kernels_test nccl_test network_test train_gpu_test loader_throughput hpcdata-pack
+    allreduce_sweep)
   cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" > "$results/build.log" 2>&1 ||
     { tail -n 40 "$results/build.log"; die "the build failed (log: $results/build.log)"; }
   report << EOS
@@ -427,16 +433,33 @@ kernels_step() {
 }
 
 # all: the steps in order under one time limit (see the header).
+# The scaling model's local check (issue 44) on this machine's cores: CPU ranks, no GPU.
+scaling_step() {
+  need_build
+  local log=$results/scaling.log rc=0
+  echo "== scaling: bench/scaling_check.sh on $(nproc) cores (log: $log)"
+  BUILD_DIR=$build_dir FASHION_MNIST=$data PYTHON=$python "$root/bench/scaling_check.sh" --keep "$results/scaling" \
+    > "$log" 2>&1 || rc=$?
+  cat "$log"
+  ((rc == 0)) || die "bench/scaling_check.sh failed (exit $rc)"
+  report << EOS
+scaling_cores=$(nproc)
+scaling_checks_failed=$(sed -n 's/^checks_failed=//p' "$log")
+$(awk '$1 ~ /^[2-9]$/ && ($2 == "on" || $2 == "off") {
+  printf "scaling_%s_ranks_overlap_%s=step %s ms predicted %s (%s), exposed %s ms predicted %s (%s)\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$log")
+EOS
+}
+
 all_step() {
   # Whole seconds since the start, from the microsecond clock: bash's SECONDS ticks on whole
   # seconds of the wall clock, so it may read 1 a millisecond after the start.
   local out=${out_dir:-$results} start=${EPOCHREALTIME/[.,]/} st left rc failed=()
   elapsed() { echo $(((${EPOCHREALTIME/[.,]/} - start) / 1000000)); }
   mkdir -p "$out"
-  rm -f "$results"/{build,tests,bn,training,cnn,resnet50,kernels}.txt
+  rm -f "$results"/{build,tests,bn,training,cnn,resnet50,kernels,scaling}.txt
   : > "$out/all.log"
   export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-4}
-  for st in build tests bn training cnn resnet50 kernels; do
+  for st in build tests bn training cnn resnet50 kernels scaling; do
     left=$((within - $(elapsed)))
     if ((left < 30)); then
       echo "== all: $st not run (${left} s left of --within $within)" | tee -a "$out/all.log"
@@ -478,4 +501,5 @@ case $step in
   cnn) cnn_step ;;
   resnet50) resnet50_step ;;
   kernels) kernels_step ;;
+  scaling) scaling_step ;;
 esac

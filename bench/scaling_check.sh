@@ -10,7 +10,7 @@
 #      cuts them), and whether it is within 20% of the measured step time and exposed communication.
 # The last, horovod, prints the model's efficiency on 512 GPUs of Horovod's 2017 cluster for
 # ResNet-101 and VGG-16 against the published 90% and 68%.
-# Every rank has one math thread; the machine may have fewer cores than ranks (oversubscribed: the
+# Every rank has one math thread, on the CPU (--device cpu, also on a machine with a GPU); the machine may have fewer cores than ranks (oversubscribed: the
 # local cluster's cores_per_node is this machine's core count, and the model stretches compute by
 # ceil(ranks / cores)). MPI runs with mpi_yield_when_idle, so that a communication thread waiting in MPI
 # gives its core to the math threads instead of spinning on it, and with --bind-to none.
@@ -65,7 +65,7 @@ samples=$((64 * 9 * (steps + 1)))  # batch 64 a rank, up to 9 ranks: one epoch h
 # machine whose cores the ranks fill they slow those ranks (the model has no such term; with
 # snapshots on, 2 ranks' backward passes ended 0.8 ms apart, median, and rank 0's wait took it).
 # Each run has a checkpoint folder of its own: one it shared would resume the last run's state.
-job=(--threads 1 --data-dir "$data" --train-samples "$samples" --test-samples 100 --epochs 1 --max-steps "$steps"
+job=(--device cpu --threads 1 --data-dir "$data" --train-samples "$samples" --test-samples 100 --epochs 1 --max-steps "$steps"
      --metrics-every-steps 1 --quiet --snapshot-every-steps 0 --checkpoint-every-steps 0)
 echo "scaling_check: $cores core(s), ranks ${ranks[*]}, $steps steps, cpu: $(cpu_model)"
 echo "mpirun ${mpirun_args[*]}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -136,11 +136,11 @@ done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
-echo "== horovod: 512 P100s (128 x 4, 25 Gb/s RoCE), batch 64 a GPU, 64 MB fusion buffer, flat ring"
+echo "== horovod: 512 P100s (128 x 4, 25 Gb/s RoCE), batch 64 a GPU, 64 MB fusion buffer, 5 ms cycle, flat ring"
 for spec in resnet101:129:90 vgg16:154:68; do  # P100 img/s: bench/README.md says where from
   IFS=: read -r arch ips published <<< "$spec"
   eff=$("${model[@]}" --arch "$arch" --step-seconds "$(calc "64 / $ips" 6)" --batch 64 --cluster horovod-2017 \
-    --gpus 512 --bucket-mb 64 --json | "$python" -c '
+    --gpus 512 --bucket-mb 64 --cycle-ms 5 --json | "$python" -c '
 import json, sys
 print(100 * next(r for r in json.load(sys.stdin)["rows"] if r["scheme"] == "flat")["efficiency"])')
   off=$(awk "BEGIN { d = $eff - $published; print (d < 0 ? -d : d) <= 5 ? \"yes\" : \"no\" }")

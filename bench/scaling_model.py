@@ -18,13 +18,18 @@ or --step-seconds); --scale-to multiplies every time by SECONDS / that (another 
 batch norm) one group, the forward pass a third of the step and each layer's backward a share of
 the other two thirds in proportion to its FLOPs at 224x224, its gradient ready when it ends.
 
-Model. A ring all-reduce of S bytes on n ranks costs 2(n-1)*alpha + 2(n-1)/n*S*beta. Flat: one
-ring over all GPUs; across nodes each ring step is paced by the network (alpha and beta of the
-node's link, one ring edge leaving each node). Hierarchical: ring reduce-scatter inside the node,
-ring all-reduce of S/g between the nodes (g parallel rings sharing the node's link: beta * g), ring
-all-gather inside the node. Buckets go in order on one channel: a bucket starts at max(its ready
-time, the previous one's end) (--no-overlap: not before the backward pass ends); exposed = max(0,
-last end - backward end); step = compute + exposed; efficiency = 1-GPU step / step. Stragglers: the
+Model. A ring all-reduce of S bytes on n ranks costs its latency + 2(n-1)/n*S*beta, its latency as
+NCCL's tuning model charges a ring (src/graph/tuning.cc): the cluster's ring_base_latency_us once a
+call, each of a chunk's 2(n-1) hops at the alpha of the link it crosses (2(nodes-1) of them the
+network's), and across nodes times ring_plateau for all but tiny messages (each rank's share 64
+bytes or more); both default to 0 and 1, which leaves 2(n-1)*alpha (the local machine's MPI fits).
+Flat: one ring over all GPUs, its bytes paced by the network (one ring edge leaving each node).
+Hierarchical: three calls, ring reduce-scatter inside the node, ring all-reduce of S/g between the
+nodes (g parallel rings sharing the node's link: beta * g), ring all-gather inside the node.
+Buckets go in order on one channel: a bucket starts at max(its ready time, the previous one's end) (--no-overlap: not before the backward pass ends); exposed = max(0,
+last end - backward end); with --cycle-ms a bucket starts no earlier than the next tick of the
+framework's loop, every MS from the step's start (Horovod's background thread slept 5 ms between
+rounds in 2017); step = compute + exposed; efficiency = 1-GPU step / step. Stragglers: the
 ranks' steps vary as the one rank's did (sigma: 1.4826 x the median absolute deviation of its step
 times, from --metrics; none with --scale-to, --step-seconds alone, --arch or --no-jitter), and every
 bucket waits for the slowest rank's, sigma x E[max of n standard normals] later. Where a node
@@ -68,24 +73,39 @@ def ring_allreduce(size, n, link):
     return 2 * (n - 1) * link["alpha"] + 2 * (n - 1) / n * size * link["beta"]
 
 
-def ring_half(size, n, link):
-    """A ring reduce-scatter (or all-gather) of `size` bytes: half of an all-reduce."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) * link["alpha"] + (n - 1) / n * size * link["beta"]
+def plateau(size, n, cluster):
+    """NCCL's own correction of a ring all-reduce's latency across nodes for all but tiny messages
+    (src/graph/tuning.cc, "plateau effect of ring": x1.9 before compute capability 8.0, x1.4 from it,
+    once each rank's share is 64 bytes or more; NCCL divides by its channels too, not modelled)."""
+    return cluster["ring_plateau"] if size / n >= 64 else 1.0
+
+
+def flat_ring(size, n, nodes, cluster):
+    """One ring over n ranks on `nodes` nodes: a chunk crosses the network on 2(nodes-1) of its
+    2(n-1) hops and a node's link on the rest, and the network paces the bytes (NCCL's ring latency:
+    its base once, each hop's latency by what it crosses, the plateau factor across nodes)."""
+    intra, inter = intra_link(cluster, n if nodes == 1 else cluster["gpus_per_node"]), cluster["inter_link"]
+    hops, network_hops = 2 * (n - 1), 2 * (nodes - 1)
+    latency = cluster["ring_base"] + (hops - network_hops) * intra["alpha"] + network_hops * inter["alpha"]
+    if nodes > 1:
+        latency *= plateau(size, n, cluster)
+    beta = (inter if nodes > 1 else intra)["beta"]
+    return latency + 2 * (n - 1) / n * size * beta
 
 
 def allreduce_seconds(size, n, cluster, scheme):
+    if n <= 1:
+        return 0.0
     g = min(cluster["gpus_per_node"], n)
     nodes = n // g
-    if nodes == 1:
-        return ring_allreduce(size, n, intra_link(cluster, n))
-    inter = cluster["inter_link"]
-    if scheme == "flat":
-        return ring_allreduce(size, n, inter)
-    shared = {"alpha": inter["alpha"], "beta": inter["beta"] * g}  # g rings share the node's link
-    intra = intra_link(cluster, g)
-    return 2 * ring_half(size, g, intra) + ring_allreduce(size / g, nodes, shared)
+    if nodes == 1 or scheme == "flat":
+        return flat_ring(size, n, nodes, cluster)
+    # Hierarchical: three calls, each with its base latency: a ring reduce-scatter in the node, an
+    # all-reduce of size/g between the nodes (the node's link shared by its g rings), an all-gather.
+    intra, inter, base = intra_link(cluster, g), cluster["inter_link"], cluster["ring_base"]
+    half_inside = base + (g - 1) * intra["alpha"] + (g - 1) / g * size * intra["beta"]
+    latency_between = (base + 2 * (nodes - 1) * inter["alpha"]) * plateau(size / g, nodes, cluster)
+    return 2 * half_inside + latency_between + 2 * (nodes - 1) / nodes * size * inter["beta"]
 
 
 def intra_link(cluster, ranks):
@@ -119,6 +139,8 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
     end = 0.0
     for b in buckets:
         ready = (at(b["ready"]) if overlap else backward_done) + late
+        if run["cycle"]:  # the framework's loop takes it up at its next tick
+            ready = math.ceil(ready / run["cycle"] - 1e-9) * run["cycle"]
         end = max(ready, end) + allreduce_seconds(b["bytes"], n, cluster, scheme)
     exposed = max(0.0, end - backward_done) if n > 1 else 0.0
     compute = at(run["step"])
@@ -288,6 +310,10 @@ def load_cluster(path, name):
         require(int(c["gpus_per_node"]) > 0, f"cluster '{name}': gpus_per_node must be positive")
         c["intra_link"], c["inter_link"] = to_link(c["intra"]), to_link(c["inter"])
         c["fits"] = {k: to_link(v) for k, v in c.get("fits", {}).items() if not k.startswith("_")}
+        c["ring_base"] = float(c.get("ring_base_latency_us", 0)) * 1e-6
+        c["ring_plateau"] = float(c.get("ring_plateau", 1))
+        require(c["ring_base"] >= 0 and c["ring_plateau"] >= 1,
+                f"cluster '{name}': ring_base_latency_us must be >= 0 and ring_plateau >= 1")
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"cluster '{name}' in {path} lacks gpus_per_node or a bandwidth_GBps/latency_us")
     return c
@@ -434,6 +460,7 @@ def parse_args(argv):
     p.add_argument("--bucket-mb", type=positive(float))
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--no-jitter", action="store_true")
+    p.add_argument("--cycle-ms", type=positive(float))
     p.add_argument("--skip-steps", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.add_argument("--fit-sweep")
@@ -462,7 +489,7 @@ def build_run(a):
     groups = [{"bytes": g["bytes"], "ready": g["ready"] * scale} for g in groups]
     # One device's step-to-step noise says nothing of another's: --scale-to drops it.
     run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch,
-           "jitter": 0.0 if a.scale_to or a.no_jitter else jitter}
+           "jitter": 0.0 if a.scale_to or a.no_jitter else jitter, "cycle": (a.cycle_ms or 0) * 1e-3}
     run["buckets"] = rebucket(groups, int(a.bucket_mb * 1e6)) if a.bucket_mb else groups
     return run
 

@@ -29,14 +29,15 @@ BUCKETS = [(750000, 1000000, 0.010), (0, 750000, 0.018)]  # begin, end (elements
 # Worked by hand. One node, n = 4: a bucket of S bytes costs 2*3*10us + 2*3/4*S*1e-9 = 0.06 ms + 1.5 ns*S:
 # 1.56 ms (10 -> 11.56) and 4.56 ms (18 -> 22.56): exposed 2.56 ms, step 27.56 ms.
 # Without overlap both start at 20 ms: 20 -> 21.56 -> 26.12: exposed 6.12 ms.
-# Two nodes, n = 8, flat: 2*7*50us + 2*7/8*S*2e-9 = 0.7 ms + 3.5 ns*S: 4.2 ms (10 -> 14.2) and
-# 11.2 ms (18 -> 29.2): exposed 9.2 ms. Hierarchical: reduce-scatter and all-gather in the node,
+# Two nodes, n = 8, flat: a chunk makes 2*7 hops, 2*(2-1) of them across the network, so
+# 12*10us + 2*50us + 2*7/8*S*2e-9 = 0.22 ms + 3.5 ns*S: 3.72 ms (10 -> 13.72) and 10.72 ms (18 -> 28.72):
+# exposed 8.72 ms. Hierarchical: reduce-scatter and all-gather in the node,
 # 2 * (3*10us + 3/4*S*1e-9) = 0.06 ms + 1.5 ns*S, and between the 2 nodes an all-reduce of S/4 with
 # the node's link shared by its 4 GPUs (beta 8e-9): 2*1*50us + 2*1/2*S/4*8e-9 = 0.1 ms + 2 ns*S;
 # together 0.16 ms + 3.5 ns*S: 3.66 ms (10 -> 13.66) and 10.66 ms (18 -> 28.66): exposed 8.66 ms.
 EXPECTED = {  # (gpus, scheme, overlap): exposed ms
     (4, "ring", True): 2.56, (4, "ring", False): 6.12,
-    (8, "flat", True): 9.2, (8, "hierarchical", True): 8.66,
+    (8, "flat", True): 8.72, (8, "hierarchical", True): 8.66,
 }
 
 
@@ -153,6 +154,34 @@ class ScalingModelTest(unittest.TestCase):
         r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
                            self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
         self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
+
+    def test_base_latency_and_plateau_as_nccl_charges_them(self):
+        """NCCL's ring latency: its base once per call, and across nodes x the plateau factor for all
+        but tiny messages. Cluster t with a 20 us base and a plateau of 1.5, 1 MB on 8 GPUs (2 nodes):
+        flat (20 + 12*10 + 2*50 us) * 1.5 = 0.36 ms + 3.5 ms; hierarchical: 2 * (20 + 3*10 us + 0.75 ms)
+        in the nodes + (20 + 2*50 us) * 1.5 = 0.18 ms + 2 ms between them (250 kB, the link shared by 4). One node (4 GPUs): no
+        plateau, 20 + 6*10 us + 1.5 ms. 4 bytes on 8 GPUs (under 64 a rank): no plateau either."""
+        c = dict(CLUSTERS["t"], ring_base_latency_us=20, ring_plateau=1.5)
+        cluster = scaling_model.load_cluster(self.write("c.json", json.dumps({"c": c})), "c")
+        cost = scaling_model.allreduce_seconds
+        self.assertAlmostEqual(cost(1e6, 8, cluster, "flat"), 0.36 * MS + 3.5 * MS, delta=1e-12)
+        self.assertAlmostEqual(cost(1e6, 8, cluster, "hierarchical"), 1.6 * MS + 0.18 * MS + 2 * MS, delta=1e-12)
+        self.assertAlmostEqual(cost(1e6, 4, cluster, "flat"), 0.08 * MS + 1.5 * MS, delta=1e-12)
+        self.assertAlmostEqual(cost(4, 8, cluster, "flat"), 0.24 * MS + 2 * 7 / 8 * 4 * 2e-9, delta=1e-12)
+        bad = self.write("bad.json", json.dumps({"c": dict(c, ring_plateau=0.5)}))
+        r = self.run_model("--arch", "vgg16", "--step-seconds", "0.5", "--batch", "64", "--clusters", bad,
+                           "--cluster", "c")
+        self.assertEqual((r.returncode, r.stderr.count("\n")), (2, 1), r.stderr)
+        self.assertIn("ring_plateau", r.stderr)
+
+    def test_a_framework_cycle_delays_each_bucket_to_its_next_tick(self):
+        """--cycle-ms 4 on 4 GPUs: the buckets ready at 10 and 18 ms start at the ticks of 12 and 20 ms:
+        12 -> 13.56 and 20 -> 24.56, exposed 4.56 ms (2.56 without the cycle)."""
+        path = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        out = self.predict(path, "--gpus", "4", "--cycle-ms", "4")
+        self.assertAlmostEqual(out["rows"][0]["exposed_seconds"], 4.56 * MS, delta=1e-9)
+        out = self.predict(path, "--gpus", "4", "--cycle-ms", "2")  # ticks at 10 and 18: no delay
+        self.assertAlmostEqual(out["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
 
     def test_ranks_beyond_the_cores_wait_for_the_busiest_core(self):
         """3 ranks on 2 cores: the busiest core runs two ranks' steps (stretch 2, not 1.5); 4 on 2: 2;
