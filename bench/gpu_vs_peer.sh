@@ -60,7 +60,8 @@
 #   build dependencies, the dataset and the peer script, for machines without them),
 #   DATA_DIR (Fashion-MNIST .gz files; default $DEPS/fashion-mnist, else Debian's location),
 #   PEER_GPU (default $DEPS/torch_peer_gpu.py, else ../shared/bench/torch_peer_gpu.py),
-#   PYTHON (default python3: the one with PyTorch on the device machine).
+#   PYTHON (default python3: the one with PyTorch on the device machine), SCALING_CHECK (the
+#   scaling step's script, default bench/scaling_check.sh; a stand-in in tests).
 # Each step prints its key=value lines last and keeps them in BUILD_DIR/gpu_vs_peer/STEP.txt.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -438,7 +439,8 @@ scaling_step() {
   need_build
   local log=$results/scaling.log rc=0
   echo "== scaling: bench/scaling_check.sh on $(nproc) cores (log: $log)"
-  BUILD_DIR=$build_dir FASHION_MNIST=$data PYTHON=$python "$root/bench/scaling_check.sh" --keep "$results/scaling" \
+  BUILD_DIR=$build_dir FASHION_MNIST=$data PYTHON=$python "${SCALING_CHECK:-$root/bench/scaling_check.sh}" \
+    --keep "$results/scaling" \
     > "$log" 2>&1 || rc=$?
   cat "$log"
   ((rc == 0)) || die "bench/scaling_check.sh failed (exit $rc)"
