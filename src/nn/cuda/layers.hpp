@@ -19,6 +19,11 @@
 #include "core/arena.hpp"
 #include "nn/cuda/context.hpp"
 
+namespace hpc::nn {
+template <class T>
+class Sequential;
+}  // namespace hpc::nn
+
 namespace hpc::nn::cuda {
 
 // Device arenas laid out as a host ParamStore: values, gradients and buffers at the host
@@ -230,5 +235,9 @@ class ResidualGpu final : public GpuLayer {
   const Tensor* out_ = nullptr;  // the block's output: y_, or the joining batch norm's
   Tensor y_, dsum_, dx_;
 };
+
+// One GPU layer per layer of `host`, recursively (its layers' visits of the Mirror in layers.cpp,
+// beside the GPU layers themselves: a new kind of layer adds its GPU form and its visit in one file).
+std::unique_ptr<GpuSequential> mirror(GpuContext& ctx, DeviceArenas& arenas, const Sequential<float>& host);
 
 }  // namespace hpc::nn::cuda

@@ -6,62 +6,6 @@
 namespace hpc::nn::cuda {
 namespace {
 
-std::unique_ptr<GpuSequential> mirror(GpuContext& ctx, DeviceArenas& arenas, const Sequential<float>& host);
-
-// One GPU layer per CPU layer, as a visitor of every kind of layer (nn/layer.hpp): a kind without
-// a GPU form leaves this class abstract, and the build fails; never a silent CPU fallback
-// (DESIGN.md principle 3). Each visit adds the layer's mirror to seq, the layer's input and output
-// shapes in in and out.
-class Mirror final : public LayerVisitor<float> {
- public:
-  Mirror(GpuContext& ctx, DeviceArenas& arenas, GpuSequential& seq) : ctx_(ctx), arenas_(arenas), seq_(seq) {}
-  void at(const Shape& in, const Shape& out) { in_ = &in, out_ = &out; }
-
-  void visit(const Conv2d<float>& c) override {
-    const ConvSpec& s = c.spec();
-    seq_.add(std::make_unique<ConvGpu>(ctx_, arenas_, Geometry::of(*in_), Geometry::of(*out_), s.kernel, s.stride,
-                                       s.padding, c.weight_slot(), c.bias_slot()));
-  }
-  void visit(const BatchNorm<float>& b) override {
-    seq_.add(std::make_unique<BatchNormGpu>(ctx_, arenas_, Geometry::of(*in_), b.fused_relu(), b.fused_pool().kernel,
-                                            b.fused_pool().stride, b.momentum(), b.eps(), b.gamma_slot(),
-                                            b.beta_slot(), b.running_mean_slot(), b.running_var_slot()));
-  }
-  void visit(const ReLU<float>&) override { seq_.add(std::make_unique<ReluGpu>(ctx_)); }
-  void visit(const MaxPool2d<float>& p) override {
-    seq_.add(std::make_unique<PoolGpu>(ctx_, PoolGpu::Kind::Max, Geometry::of(*in_), p.kernel(), p.stride()));
-  }
-  void visit(const GlobalAvgPool<float>&) override {
-    seq_.add(std::make_unique<PoolGpu>(ctx_, PoolGpu::Kind::GlobalAverage, Geometry::of(*in_), 0, 0));
-  }
-  void visit(const Flatten<float>&) override { seq_.add(std::make_unique<FlattenGpu>()); }
-  void visit(const Linear<float>& f) override {
-    seq_.add(std::make_unique<LinearGpu>(ctx_, arenas_, in_->numel(), out_->numel(), f.weight_slot(), f.bias_slot()));
-  }
-  void visit(const Residual<float>& r) override {
-    seq_.add(std::make_unique<ResidualGpu>(ctx_, mirror(ctx_, arenas_, r.main()), mirror(ctx_, arenas_, r.shortcut())));
-  }
-  void visit(const Sequential<float>& s) override { seq_.add(mirror(ctx_, arenas_, s)); }
-
- private:
-  GpuContext& ctx_;
-  DeviceArenas& arenas_;
-  GpuSequential& seq_;
-  const Shape *in_ = nullptr, *out_ = nullptr;
-};
-
-// The GPU layers of `host`, recursively.
-std::unique_ptr<GpuSequential> mirror(GpuContext& ctx, DeviceArenas& arenas, const Sequential<float>& host) {
-  auto seq = std::make_unique<GpuSequential>();
-  Mirror m(ctx, arenas, *seq);
-  const auto& shapes = host.shapes();
-  for (size_t i = 0; i < host.layers().size(); ++i) {
-    m.at(shapes[i], shapes[i + 1]);
-    host.layers()[i]->accept(m);
-  }
-  return seq;
-}
-
 void copy_tensor(Tensor& dst, const Tensor& src, device::Copy direction) {
   HPC_CHECK(dst.bytes() == src.bytes(), "arena copy of ", src.bytes(), " bytes into ", dst.bytes());
   device::copy(dst.raw(), src.raw(), src.bytes(), direction);
