@@ -7,7 +7,7 @@
 // Prints one JSON line: images/s, ms per step, the model's training FLOPs per sample.
 //   gpu_step [--model cnn] [--batch 128] [--image-size 28] [--channels 1] [--classes 10]
 //            [--precision tf32] [--warmup 15] [--iters 50] [--no-deterministic] [--cuda-graphs]
-//            [--bn-tuning 8,4,2,1,1024]
+//            [--bn-tuning 8,4,2,1,1024[,FUSED]]
 // --cuda-graphs captures one step after the warm-up as a CUDA graph and times its replays, as
 // the trainer's --cuda-graphs does: the GPU's time for the step without the host's launches.
 // --copy-bandwidth instead measures the GPU's copy bandwidth, the roofline the kernels step of
@@ -20,7 +20,7 @@
 // line with the time (median of 20 launches), the bytes the passes must move and their rate,
 // for each of the passes' launch choices (kernels::batch_norm_tunings), then per choice the
 // time of ResNet-50's 53 batch norms, fastest first: what the default is chosen by.
-// --bn-tuning P,B,R,W[,S] runs the step with one of those choices.
+// --bn-tuning P,B,R,W[,S[,F]] runs the step with one of those choices (F = 1: the fused finalize).
 #include <cuda_runtime_api.h>
 
 #include <boost/program_options.hpp>
@@ -68,7 +68,7 @@ Args parse(int argc, char** argv) {
       "cuda-graphs", po::bool_switch(&a.graphs), "time replays of the step captured as a CUDA graph")(
       "kernel-shapes", po::bool_switch(&a.kernel_shapes), "time the batch-norm passes on ResNet-50's shapes instead")(
       "bn-tuning", po::value<std::string>(),
-      "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS]");
+      "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]]");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, d), vm);
   po::notify(vm);
@@ -208,6 +208,9 @@ int kernel_shapes(int64_t batch) {
     for (size_t i = 0; i < std::size(shapes); ++i) {
       const Shape2& s = shapes[i];
       const int64_t rows = batch * s.side * s.side, n = rows * s.channels;
+      // The work area is shared by shapes of other channel counts: zero, as the fused finalize's
+      // counters must be when a channel count first uses it (kernels.hpp).
+      CUDA_CHECK(cudaMemsetAsync(work, 0, work_bytes, stream));
       const double fwd = median_ms(stream, 20, [&] {
         kernels::batch_norm_forward_train(t, x, y, rows, s.channels, v[0], v[1], v[2], v[3], 0.1, 1e-5, true, v[4],
                                           v[5], work, stream);

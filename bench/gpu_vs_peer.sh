@@ -22,7 +22,7 @@
 #                                          a CUDA graph), hpctrain end to end on
 #                                          --dataset synthetic, then on JPEG shards made here and
 #                                          decoded on the GPU (--jpeg-decode gpu); MFU of each
-#   bench/gpu_vs_peer.sh bn         ~10 s   the batch-norm passes' launch choices timed on
+#   bench/gpu_vs_peer.sh bn         ~25 s   the batch-norm passes' launch choices timed on
 #                                          ResNet-50's 53 batch-norm shapes (gpu_step --kernel-shapes):
 #                                          the default's time, the fastest choice and its time
 #   bench/gpu_vs_peer.sh kernels    ~30 s   the roofline of one training step: Nsight Compute (ncu)
@@ -53,7 +53,7 @@
 # Options: --precision fp32|tf32|bf16|fp16 (cnn; default tf32), --batch B (cnn, 128),
 #   --epochs E (cnn end to end, 4: the default job), --resnet50-batch B (128), --no-compile (resnet50),
 #   --within S and --out DIR (all), --kernels-model resnet50|cnn (kernels; the cnn at --batch and
-#   --precision, ResNet-50 at --resnet50-batch in bf16), --bn-tuning best|P,B,R,W (all: the steps
+#   --precision, ResNet-50 at --resnet50-batch in bf16), --bn-tuning best|P,B,R,W[,S[,F]] (all: the steps
 #   after bn run with HPCTRAIN_BN_TUNING set to bn's fastest choice, or to the one given; the
 #   resnet50 step then also times its steady step with the default launch, side by side).
 # Environment: BUILD_DIR (default build-gpu), DEPS (a folder from `bench/device_deps.sh pack`:
@@ -94,8 +94,8 @@ require_count --resnet50-batch "$r50_batch"
 require_count --within "$within"
 [[ $precision =~ ^(fp32|tf32|bf16|fp16)$ ]] || die "--precision must be fp32, tf32, bf16 or fp16, got '$precision'"
 [[ $kernels_model =~ ^(resnet50|cnn)$ ]] || die "--kernels-model must be resnet50 or cnn, got '$kernels_model'"
-[[ -z $bn_tuning || $bn_tuning == best || $bn_tuning =~ ^[0-9]+,[0-9]+,[0-9]+,[01](,[0-9]+)?$ ]] ||
-  die "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS] (as 8,4,2,1,1024), got '$bn_tuning'"
+[[ -z $bn_tuning || $bn_tuning == best || $bn_tuning =~ ^[0-9]+,[0-9]+,[0-9]+,[01](,[0-9]+(,[01])?)?$ ]] ||
+  die "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]] (as 8,4,2,1,1024), got '$bn_tuning'"
 # gpu_step's and the peer's precision: their autocast knows fp32, tf32 and bf16; fp16 runs them
 # in bf16, the nearest they have (the trainer itself runs fp16).
 peer_precision=$precision
@@ -396,7 +396,7 @@ bn_step() {
   grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl"
   local best default default_ms best_ms relu_ms
   best=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | sed 's/.*"tuning": "\([0-9,]*\)".*/\1/')
-  [[ $best =~ ^[0-9]+,[0-9]+,[0-9]+,[01](,[0-9]+)?$ ]] || die "gpu_step --kernel-shapes named no fastest choice"
+  [[ $best =~ ^[0-9]+,[0-9]+,[0-9]+,[01](,[0-9]+(,[01])?)?$ ]] || die "gpu_step --kernel-shapes named no fastest choice"
   best_ms=$(grep '"batch_norm_resnet50"' "$tmp/shapes.jsonl" | head -n 1 | json_number batch_norms_ms)
   default=$(grep '"batch_norm_resnet50".*"default": 1' "$tmp/shapes.jsonl" | sed 's/.*"tuning": "\([0-9,]*\)".*/\1/')
   default_ms=$(grep '"batch_norm_resnet50".*"default": 1' "$tmp/shapes.jsonl" | json_number batch_norms_ms)

@@ -75,14 +75,95 @@ struct Geometry {
   int64_t per_slab;
 };
 
+// ---- the fused finalize (BatchNormTuning::fused_finalize) ------------------------------------
+// The sums pass finishes the channels itself, without the finalize kernel's launch (7.7 us a
+// launch on an H200, 53 forward and 53 backward in a ResNet-50 step). The CUDA programming
+// guide's last-block pattern (threadFenceReduction), twice, per column of channel blocks
+// (blockIdx.x): the last block to write a partial sum of lane r's slabs (r, r + 32, ..., as
+// total_of's lane r takes them) adds them in that order and writes the lane's total over slab
+// r's partial sums; the last of the column's lanes to do so adds the lanes in order and
+// finishes the column's channels. The same additions in the same order as total_of: the same
+// bits as the finalize kernel, and the work of the last blocks is spread over 32 lanes.
+// Its counters, kChainCounters per column at the start of the work area, start at zero (the
+// work area is zeroed once when allocated) and each last block sets its own back to zero, so
+// every launch, a graph's replays included, finds them at zero.
+constexpr int kChainCounters = kSlabLanes + 1;  // per column: one per lane, one for the lanes
+
+struct Unfused {};  // the sums pass leaves its partial sums to the finalize kernel
+
+// Whether this block is the last of `count` to arrive at *counter: the writes of every thread
+// of the blocks before it are then visible to all of its threads (threadfence, then the atomic
+// ticket; threadfence after it). A ticket past the count means the counter was not zero when
+// the launch began (a work area not zeroed, or shared by calls of another channel count): the
+// launch traps, an error at the next synchronisation instead of statistics silently wrong.
+__device__ bool arrive_last(unsigned* counter, unsigned count) {
+  __shared__ bool last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned ticket = atomicAdd(counter, 1u);
+    if (ticket >= count) __trap();
+    last_block = ticket + 1 == count;
+    if (last_block) *counter = 0;  // all `count` have arrived: ready for the next launch
+  }
+  __syncthreads();
+  const bool last = last_block;
+  if (last) __threadfence();
+  return last;
+}
+
+// Lane `lane`'s totals of the channels [first, first + count): its slabs' partial sums added to
+// zero in slab order, as total_of's lane adds them, written over slab `lane`'s (read by this
+// lane alone). Loads through L2 (__ldcg): other blocks wrote them in this launch.
+__device__ void lane_totals(double* partial, unsigned slabs, int channels, unsigned lane, int first, int count) {
+  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < 2 * count; i += blockDim.x * blockDim.y) {
+    const int64_t at = (i < count ? 0 : channels) + first + i % count;  // sum, or the second sum, of a channel
+    double s = 0;
+#pragma unroll 4
+    for (int64_t slab = lane; slab < slabs; slab += kSlabLanes) s += __ldcg(partial + slab * 2 * channels + at);
+    partial[lane * 2 * static_cast<int64_t>(channels) + at] = s;
+  }
+}
+
+// total_of's last step and the finish: lane 0's totals plus lanes 1 .. 31's in order (zero for
+// a lane without slabs, as total_of's), then the channel's statistics and coefficients.
+template <class Finish>
+__device__ void lanes_in_order(const double* partial, unsigned slabs, int channels, int first, int count,
+                               const Finish& finish) {
+  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < count; i += blockDim.x * blockDim.y) {
+    const int c = first + i;
+    double a = __ldcg(partial + c), b = __ldcg(partial + channels + c);
+    for (unsigned k = 1; k < kSlabLanes; ++k) {
+      a += k < slabs ? __ldcg(partial + k * 2 * static_cast<int64_t>(channels) + c) : 0.0;
+      b += k < slabs ? __ldcg(partial + (k * 2 + 1) * static_cast<int64_t>(channels) + c) : 0.0;
+    }
+    finish(c, a, b);
+  }
+}
+
+// After a block of the sums pass has written its partial sums: the lane's last block takes the
+// lane's totals, the column's last lane finishes the column (V channels a thread of blockDim.x).
+template <int V, class Finish>
+__device__ void finish_if_last(double* partial, int channels, unsigned* counters, const Finish& finish) {
+  const unsigned slabs = gridDim.y, lane = blockIdx.y % kSlabLanes;
+  unsigned* column = counters + blockIdx.x * kChainCounters;
+  if (!arrive_last(column + lane, (slabs - 1 - lane) / kSlabLanes + 1)) return;
+  const int first = blockIdx.x * blockDim.x * V, count = min(static_cast<int>(blockDim.x) * V, channels - first);
+  lane_totals(partial, slabs, channels, lane, first, count);
+  if (!arrive_last(column + kSlabLanes, min(slabs, static_cast<unsigned>(kSlabLanes)))) return;
+  lanes_in_order(partial, slabs, channels, first, count, finish);
+}
+
 // partial[slab][0][c] and partial[slab][1][c]: over the slab's rows, the sums of x and x^2
 // (forward), or of g and g (x - mean[c]) (backward), g = dy, or dy where the forward's ReLU
 // passed (kMask, with the forward's coefficients fcoef), each added in double. A thread loads
-// R rows before it adds: enough bytes in flight to keep the memory busy.
-template <class T, int V, int B, int R, bool kBackward, bool kMask>
+// R rows before it adds: enough bytes in flight to keep the memory busy. With a Finish other
+// than Unfused, the last blocks also finish the channels (finish_if_last, with `counters`).
+template <class T, int V, int B, int R, bool kBackward, bool kMask, class Finish>
 __global__ void __launch_bounds__(kBlockThreads, B)
     partial_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ fcoef,
-                        int64_t rows, int channels, int64_t rows_per_slab, double* __restrict__ partial) {
+                        int64_t rows, int channels, int64_t rows_per_slab, double* __restrict__ partial,
+                        Finish finish, unsigned* counters) {
   __shared__ double s0[kBlockThreads][V], s1[kBlockThreads][V];
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
   const int64_t begin = blockIdx.y * rows_per_slab;
@@ -132,17 +213,19 @@ __global__ void __launch_bounds__(kBlockThreads, B)
 #pragma unroll
   for (int j = 0; j < V; ++j) s0[t][j] = a[j], s1[t][j] = b[j];
   __syncthreads();
-  if (threadIdx.y != 0 || c0 >= channels) return;
-  for (int y = 1; y < static_cast<int>(blockDim.y); ++y) {  // the rows' lanes, in order
-    const int u = y * blockDim.x + threadIdx.x;
+  if (threadIdx.y == 0 && c0 < channels) {
+    for (int y = 1; y < static_cast<int>(blockDim.y); ++y) {  // the rows' lanes, in order
+      const int u = y * blockDim.x + threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < V; ++j) a[j] += s0[u][j], b[j] += s1[u][j];
-  }
+      for (int j = 0; j < V; ++j) a[j] += s0[u][j], b[j] += s1[u][j];
+    }
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    partial[(blockIdx.y * 2) * static_cast<int64_t>(channels) + c0 + j] = a[j];
-    partial[(blockIdx.y * 2 + 1) * static_cast<int64_t>(channels) + c0 + j] = b[j];
+    for (int j = 0; j < V; ++j) {
+      partial[(blockIdx.y * 2) * static_cast<int64_t>(channels) + c0 + j] = a[j];
+      partial[(blockIdx.y * 2 + 1) * static_cast<int64_t>(channels) + c0 + j] = b[j];
+    }
   }
+  if constexpr (!std::is_same_v<Finish, Unfused>) finish_if_last<V>(partial, channels, counters, finish);
 }
 
 // The slabs' sums of channel c, added in a fixed order: lane y of the block takes slabs y,
@@ -162,49 +245,68 @@ __device__ void total_of(const double* partial, int64_t slabs, int channels, int
 }
 
 // Forward: the statistics, the running averages, and for the elementwise pass (mean, scale,
-// shift): y = (x - mean) * scale + shift with scale = gamma * invstd, shift = beta.
-__global__ void __launch_bounds__(kLanes * kSlabLanes)
-    forward_finalize_kernel(const double* partial, int64_t slabs, int64_t rows, int channels,
-                            const float* gamma, const float* beta, float* running_mean, float* running_var,
-                            double momentum, double eps, float* save_mean, float* save_invstd, float* coef) {
-  const int c = blockIdx.x * kLanes + threadIdx.x;
-  double sum, squares;
-  total_of(partial, slabs, channels, c, sum, squares);
-  if (threadIdx.y != 0 || c >= channels) return;
-  const double n = static_cast<double>(rows), mean = sum / n;
-  const double var = fmax(squares / n - mean * mean, 0.0);  // biased: the one that normalises
-  const double invstd = 1.0 / sqrt(var + eps);
-  save_mean[c] = static_cast<float>(mean);
-  save_invstd[c] = static_cast<float>(invstd);
-  running_mean[c] = static_cast<float>((1 - momentum) * running_mean[c] + momentum * mean);
-  running_var[c] = static_cast<float>((1 - momentum) * running_var[c] + momentum * var * n / (n - 1));
-  float* k = coef + kCoefficients * c;
-  k[0] = static_cast<float>(mean);
-  k[1] = static_cast<float>(gamma[c] * invstd);
-  k[2] = beta[c];
-  k[3] = 0;
-}
+// shift): y = (x - mean) * scale + shift with scale = gamma * invstd, shift = beta. Called with
+// channel c's two totals by the finalize kernel or by the fused sums pass's last block: one
+// body, so both compute the same bits from the same totals.
+struct ForwardFinish {
+  const float *gamma, *beta;
+  float *running_mean, *running_var;
+  double momentum, eps;
+  float *save_mean, *save_invstd, *coef;
+  int64_t rows;
+  __device__ void operator()(int c, double sum, double squares) const {
+    const double n = static_cast<double>(rows), mean = sum / n;
+    const double var = fmax(squares / n - mean * mean, 0.0);  // biased: the one that normalises
+    const double invstd = 1.0 / sqrt(var + eps);
+    save_mean[c] = static_cast<float>(mean);
+    save_invstd[c] = static_cast<float>(invstd);
+    running_mean[c] = static_cast<float>((1 - momentum) * running_mean[c] + momentum * mean);
+    running_var[c] = static_cast<float>((1 - momentum) * running_var[c] + momentum * var * n / (n - 1));
+    float* k = coef + kCoefficients * c;
+    k[0] = static_cast<float>(mean);
+    k[1] = static_cast<float>(gamma[c] * invstd);
+    k[2] = beta[c];
+    k[3] = 0;
+  }
+};
 
 // Backward: dgamma = factor sum g xhat, dbeta = factor sum g, and for the elementwise pass
 // (mean, a, k, b): dx = a g + k (x - mean) + b, which is
 // gamma invstd (g - mean(g) - xhat mean(g xhat)) with xhat = (x - mean) invstd.
-__global__ void __launch_bounds__(kLanes * kSlabLanes)
-    backward_finalize_kernel(const double* partial, int64_t slabs, int64_t rows, int channels,
-                             const float* gamma, const float* save_mean, const float* save_invstd,
-                             float param_factor, float* dgamma, float* dbeta, float* coef) {
+struct BackwardFinish {
+  const float *gamma, *save_mean, *save_invstd;
+  float param_factor;
+  float *dgamma, *dbeta, *coef;
+  int64_t rows;
+  __device__ void operator()(int c, double sum_dy, double sum_dy_centred) const {
+    const double n = static_cast<double>(rows), invstd = save_invstd[c], g = gamma[c];
+    const double sum_dy_xhat = sum_dy_centred * invstd;
+    dbeta[c] = static_cast<float>(param_factor * sum_dy);
+    dgamma[c] = static_cast<float>(param_factor * sum_dy_xhat);
+    float* k = coef + kCoefficients * c;
+    k[0] = save_mean[c];
+    k[1] = static_cast<float>(g * invstd);
+    k[2] = static_cast<float>(-g * invstd * invstd * sum_dy_xhat / n);
+    k[3] = static_cast<float>(-g * invstd * sum_dy / n);
+  }
+};
+
+// The finalize kernels: each channel's totals over the slabs (total_of), then its finish.
+template <class Finish>
+__device__ void finalize(const double* partial, int64_t slabs, int channels, const Finish& finish) {
   const int c = blockIdx.x * kLanes + threadIdx.x;
-  double sum_dy, sum_dy_centred;
-  total_of(partial, slabs, channels, c, sum_dy, sum_dy_centred);
+  double a, b;
+  total_of(partial, slabs, channels, c, a, b);
   if (threadIdx.y != 0 || c >= channels) return;
-  const double n = static_cast<double>(rows), invstd = save_invstd[c], g = gamma[c];
-  const double sum_dy_xhat = sum_dy_centred * invstd;
-  dbeta[c] = static_cast<float>(param_factor * sum_dy);
-  dgamma[c] = static_cast<float>(param_factor * sum_dy_xhat);
-  float* k = coef + kCoefficients * c;
-  k[0] = save_mean[c];
-  k[1] = static_cast<float>(g * invstd);
-  k[2] = static_cast<float>(-g * invstd * invstd * sum_dy_xhat / n);
-  k[3] = static_cast<float>(-g * invstd * sum_dy / n);
+  finish(c, a, b);
+}
+__global__ void __launch_bounds__(kLanes * kSlabLanes)
+    forward_finalize_kernel(const double* partial, int64_t slabs, int channels, ForwardFinish finish) {
+  finalize(partial, slabs, channels, finish);
+}
+__global__ void __launch_bounds__(kLanes * kSlabLanes)
+    backward_finalize_kernel(const double* partial, int64_t slabs, int channels, BackwardFinish finish) {
+  finalize(partial, slabs, channels, finish);
 }
 
 // y = bn(x), then (kResidual) rounded and added to the shortcut's r, then max(., 0) when relu:
@@ -334,20 +436,23 @@ void with_launch(int v, F&& f) {
 }
 
 // One call's plan: the geometry of its sums and of its apply pass, and the parts of its work
-// area: the forward's per-channel coefficients (kept there for the backward's mask and
-// centre), the backward's, then the slabs' partial sums in double. The coefficients come
-// first, at offsets that do not depend on the call's vector width (the backward's pointers
-// may allow another width than the forward's). The sums' geometry is a function of the shape
-// and the tuning alone (their bits repeat on any GPU); the apply pass's may follow the GPU.
+// area: the fused finalize's counters (zero between calls), the forward's per-channel
+// coefficients (kept there for the backward's mask and centre), the backward's, then the slabs'
+// partial sums in double. The counters and coefficients come first, at offsets that do not
+// depend on the call's vector width (the backward's pointers may allow another width than the
+// forward's). The sums' geometry is a function of the shape and the tuning alone (their bits
+// repeat on any GPU); the apply pass's may follow the GPU.
 struct Plan {
   Plan(void* work, int v, int64_t rows, int64_t channels)
       : sums(v, rows, channels, current_tuning().sum_blocks),
         apply(v, rows, channels,
               current_tuning().one_wave ? multiprocessors() * current_tuning().blocks_per_sm : kApplyBlocks),
         c(static_cast<int>(channels)),
-        fcoef(static_cast<float*>(work)),
+        counters(static_cast<unsigned*>(work)),
+        fcoef(reinterpret_cast<float*>(static_cast<char*>(work) + counter_bytes(channels))),
         bcoef(fcoef + kCoefficients * channels),
-        partial(reinterpret_cast<double*>(static_cast<char*>(work) + coefficient_bytes(channels))) {
+        partial(reinterpret_cast<double*>(static_cast<char*>(work) + counter_bytes(channels) +
+                                          coefficient_bytes(channels))) {
     HPC_CHECK(rows > 1 && channels > 0 && channels <= INT32_MAX / kCoefficients,
               "batch norm of ", rows, " rows x ", channels, " channels");
   }
@@ -358,7 +463,14 @@ struct Plan {
     size_t slabs = 0;
     for (int v : {1, wide / 2, wide})
       if (channels % v == 0) slabs = std::max<size_t>(slabs, Geometry(v, rows, channels, kSumBlocks).gy);
-    return coefficient_bytes(channels) + slabs * 2 * static_cast<size_t>(channels) * sizeof(double);
+    return counter_bytes(channels) + coefficient_bytes(channels) +
+           slabs * 2 * static_cast<size_t>(channels) * sizeof(double);
+  }
+  // kChainCounters per column of channel blocks, for the most columns any width has (a block is
+  // at most 32 vectors of at least one channel wide), rounded up to 16 bytes.
+  static size_t counter_bytes(int64_t channels) {
+    const size_t columns = static_cast<size_t>((channels + 31) / 32);
+    return (kChainCounters * columns * sizeof(unsigned) + 15) / 16 * 16;
   }
   // Both sets, rounded up to 16 bytes (the partial sums that follow are doubles).
   static size_t coefficient_bytes(int64_t channels) {
@@ -369,9 +481,37 @@ struct Plan {
 
   Geometry sums, apply;
   int c;
+  unsigned* counters;
   float *fcoef, *bcoef;
   double* partial;
 };
+
+void finalize(const Plan& p, const ForwardFinish& finish, cudaStream_t stream) {
+  forward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(p.partial, p.sums.gy, p.c, finish);
+  CUDA_CHECK_LAUNCH();
+}
+void finalize(const Plan& p, const BackwardFinish& finish, cudaStream_t stream) {
+  backward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(p.partial, p.sums.gy, p.c, finish);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The statistics of a call: the sums pass, then the finalize kernel; or, with the tuning's
+// fused_finalize, the sums pass alone, its last blocks finishing the channels (the same bits).
+// The backward's sums read the forward's coefficients (fcoef); the forward's read none.
+template <class T, int V, int B, int R, bool kBackward, bool kMask, class Finish>
+void statistics(const Plan& p, const T* x, const T* dy, int64_t rows, const Finish& finish, cudaStream_t stream) {
+  const float* fcoef = kBackward ? p.fcoef : nullptr;
+  if (current_tuning().fused_finalize) {
+    partial_sums_kernel<T, V, B, R, kBackward, kMask, Finish><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+        x, dy, fcoef, rows, p.c, p.sums.per_slab, p.partial, finish, p.counters);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  partial_sums_kernel<T, V, B, R, kBackward, kMask, Unfused><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
+      x, dy, fcoef, rows, p.c, p.sums.per_slab, p.partial, Unfused{}, nullptr);
+  CUDA_CHECK_LAUNCH();
+  finalize(p, finish, stream);
+}
 
 }  // namespace
 
@@ -390,13 +530,9 @@ void batch_norm_forward_train(DType t, const void* x, void* y, int64_t rows, int
     const Plan p(work, pack_width<T>(channels, {x, y, residual}, current_tuning().pack_bytes), rows, channels);
     with_launch<T>(p.sums.vec, [&](auto width, auto blocks, auto depth) {
       constexpr int V = decltype(width)::value, B = decltype(blocks)::value, R = decltype(depth)::value;
-      partial_sums_kernel<T, V, B, R, false, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
-          static_cast<const T*>(x), nullptr, nullptr, rows, p.c, p.sums.per_slab, p.partial);
-      CUDA_CHECK_LAUNCH();
-      forward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(
-          p.partial, p.sums.gy, rows, p.c, gamma, beta, running_mean, running_var, momentum, eps, save_mean,
-          save_invstd, p.fcoef);
-      CUDA_CHECK_LAUNCH();
+      const ForwardFinish finish{gamma, beta, running_mean, running_var, momentum, eps, save_mean, save_invstd,
+                                 p.fcoef, rows};
+      statistics<T, V, B, R, false, false>(p, static_cast<const T*>(x), nullptr, rows, finish, stream);
       const auto* xt = static_cast<const T*>(x);
       const auto* rt = static_cast<const T*>(residual);
       auto* yt = static_cast<T*>(y);
@@ -422,16 +558,9 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
       const auto* xt = static_cast<const T*>(x);
       const auto* gt = static_cast<const T*>(dy);
       // The sums' centre is the forward's mean as it kept it (fcoef[0] = save_mean, one float).
-      if (relu)
-        partial_sums_kernel<T, V, B, R, true, true><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
-            xt, gt, p.fcoef, rows, p.c, p.sums.per_slab, p.partial);
-      else
-        partial_sums_kernel<T, V, B, R, true, false><<<p.sums.grid(), p.sums.block(), 0, stream>>>(
-            xt, gt, p.fcoef, rows, p.c, p.sums.per_slab, p.partial);
-      CUDA_CHECK_LAUNCH();
-      backward_finalize_kernel<<<p.finalize_grid(), Plan::finalize_block(), 0, stream>>>(
-          p.partial, p.sums.gy, rows, p.c, gamma, save_mean, save_invstd, param_factor, dgamma, dbeta, p.bcoef);
-      CUDA_CHECK_LAUNCH();
+      const BackwardFinish finish{gamma, save_mean, save_invstd, param_factor, dgamma, dbeta, p.bcoef, rows};
+      if (relu) statistics<T, V, B, R, true, true>(p, xt, gt, rows, finish, stream);
+      else statistics<T, V, B, R, true, false>(p, xt, gt, rows, finish, stream);
       auto* dxt = static_cast<T*>(dx);
       if (relu)
         backward_apply_kernel<T, V, B, R, true>
@@ -483,41 +612,54 @@ BatchNormTuning batch_norm_tuning() { return current_tuning(); }
 
 std::string batch_norm_tuning_text(const BatchNormTuning& t) {
   return std::to_string(t.pack_bytes) + "," + std::to_string(t.blocks_per_sm) + "," + std::to_string(t.rows) + "," +
-         (t.one_wave ? "1" : "0") + "," + std::to_string(t.sum_blocks);
+         (t.one_wave ? "1" : "0") + "," + std::to_string(t.sum_blocks) + (t.fused_finalize ? ",1" : "");
 }
 
+// Each unfused choice, then its fused twin (the default's twin after the default's place).
 std::vector<BatchNormTuning> batch_norm_tunings() {
   std::vector<BatchNormTuning> all{BatchNormTuning{}};
   for (int pack : kPackBytes)
     for (int blocks : kBlocksPerSm)
       for (int rows : kRowsInFlight)
         for (bool wave : {false, true})
-          for (int sums : kSumBlockCounts) {
-            const BatchNormTuning t{pack, blocks, rows, wave, sums};
-            if (batch_norm_tuning_text(t) != batch_norm_tuning_text(all.front())) all.push_back(t);
-          }
+          for (int sums : kSumBlockCounts)
+            for (bool fused : {false, true}) {
+              const BatchNormTuning t{pack, blocks, rows, wave, sums, fused};
+              if (batch_norm_tuning_text(t) != batch_norm_tuning_text(all.front())) all.push_back(t);
+            }
   return all;
 }
 
-BatchNormTuning parse_batch_norm_tuning(const std::string& text) {
-  // Four or five whole numbers between commas (the sum blocks may be left out: the default's).
+namespace {
+// Whole numbers between commas; empty when the text is not that.
+std::vector<int> comma_numbers(const std::string& text) {
   std::vector<int> v;
   size_t at = 0;
-  bool ok = !text.empty();
-  while (ok) {
+  while (!text.empty()) {
     const size_t comma = std::min(text.find(',', at), text.size());
     const std::string field = text.substr(at, comma - at);
-    ok = !field.empty() && field.size() < 9 && field.find_first_not_of("0123456789") == std::string::npos;
-    if (ok) v.push_back(std::stoi(field));
+    if (field.empty() || field.size() >= 9 || field.find_first_not_of("0123456789") != std::string::npos) return {};
+    v.push_back(std::stoi(field));
     if (comma == text.size()) break;
     at = comma + 1;
   }
-  if (!ok || (v.size() != 4 && v.size() != 5) || (v[3] != 0 && v[3] != 1))
+  return v;
+}
+}  // namespace
+
+BatchNormTuning parse_batch_norm_tuning(const std::string& text) {
+  // Four to six numbers: the sum blocks may be left out (the default's), and the fused finalize
+  // (0, the default, or 1) after them.
+  const std::vector<int> v = comma_numbers(text);
+  const bool flags = v.size() >= 4 && v[3] <= 1 && (v.size() < 6 || v[5] <= 1);
+  if (v.size() < 4 || v.size() > 6 || !flags)
     throw Error(ErrorKind::Usage, "batch-norm tuning '" + text +
-                                      "': want PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS] (as 8,4,2,1,1024)");
+                                      "': want PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]] "
+                                      "(as 8,4,2,1,1024)");
   BatchNormTuning t;
   t.pack_bytes = v[0], t.blocks_per_sm = v[1], t.rows = v[2], t.one_wave = v[3] == 1;
-  if (v.size() == 5) t.sum_blocks = v[4];
+  if (v.size() >= 5) t.sum_blocks = v[4];
+  if (v.size() == 6) t.fused_finalize = v[5] == 1;
   check_tuning(t);
   return t;
 }

@@ -91,7 +91,11 @@ void sgd_step(float* params, const float* grads, float* velocity, int64_t n, con
 // order: deterministic, the same bits on every run. x, y, dy, dx and residual are of type t
 // (F32, BF16 or F16), computed in float; the per-channel vectors are fp32. `work` is device
 // scratch of batch_norm_work_bytes(t, rows, channels) bytes, used by one layer: the forward
-// keeps its coefficients there for the backward of the same step.
+// keeps its coefficients there for the backward of the same step. It must be zero when first
+// used for a channel count (device Tensors are zeroed when allocated): the fused finalize's
+// counters at its start are, and every call leaves them at zero again, so a CUDA graph replays
+// the calls as they are. A work area shared by calls of other channel counts is zeroed in
+// between (a counter that is not zero traps the launch).
 size_t batch_norm_work_bytes(DType t, int64_t rows, int64_t channels);
 // The batch's mean and 1 / sqrt(biased variance + eps) into save_mean and save_invstd;
 // running = (1 - momentum) running + momentum batch, the variance unbiased (as cuDNN, PyTorch
@@ -118,7 +122,7 @@ void batch_norm_backward(DType t, const void* x, const void* dy, void* dx, int64
 // (2026-11-28: 8.97 ms for ResNet-50's 53 batch norms at batch 128, bf16, forward and
 // backward; 17.3 ms with the former 16,2,4,0). A process-wide setting: the trainer keeps the
 // defaults unless HPCTRAIN_BN_TUNING says otherwise. The sums' slabs follow pack_bytes, so a
-// choice has its own bits (the same on every run of it).
+// choice has its own bits (the same on every run of it); fused_finalize changes no bit.
 struct BatchNormTuning {
   int pack_bytes = 8;    // bytes of neighbouring channels one thread loads at once: 16 or 8
   int blocks_per_sm = 4; // the occupancy the passes are compiled for: 2 (up to 128 registers a thread) or 4 (64)
@@ -126,15 +130,19 @@ struct BatchNormTuning {
   bool one_wave = true;  // apply passes: as many blocks as the GPU runs at once, each looping over its rows
   int sum_blocks = 1024; // blocks of the sums pass (slabs x channel blocks): 1024, 512 or 256; fewer slabs
                          // leave the finalize fewer partial sums to add
+  bool fused_finalize = false;  // the sums pass's last blocks finish the channels (no finalize launch),
+                                // adding the same sums in the same order: the same bits. Untimed yet
 };
 // Throws a usage error for a value other than those.
 void set_batch_norm_tuning(const BatchNormTuning& tuning);
 BatchNormTuning batch_norm_tuning();
-// "8,4,2,1,1024": pack_bytes,blocks_per_sm,rows,one_wave,sum_blocks, as parse_batch_norm_tuning
-// reads it back (which also takes the first four alone, sum_blocks then the default).
+// "8,4,2,1,1024": pack_bytes,blocks_per_sm,rows,one_wave,sum_blocks, and ",1" after them when
+// fused_finalize (the unfused choices keep the names they had), as parse_batch_norm_tuning reads
+// it back; it also takes the first four alone (sum_blocks then the default) and a sixth field of
+// 0 or 1 (fused_finalize).
 std::string batch_norm_tuning_text(const BatchNormTuning& tuning);
 BatchNormTuning parse_batch_norm_tuning(const std::string& text);
-// Every choice (48), the default first.
+// Every choice (96), the default first, each fused one after its unfused twin.
 std::vector<BatchNormTuning> batch_norm_tunings();
 
 // ---- max pooling (nn::MaxPool2d and batch norm's fused pool; NHWC, no padding) -----------------

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -286,12 +287,34 @@ data::Dataset random_rgb_images(int64_t count, int64_t h, int64_t w, unsigned se
 }
 const data::Normalization kRgbNorm{{0.49f, 0.48f, 0.45f}, {0.25f, 0.24f, 0.26f}};
 
+// Every output of a batch norm's forward and backward in training, on the host.
+struct BnOutputs {
+  std::vector<float> y, dx, mean, invstd, running_mean, running_var, dgamma, dbeta;
+};
+
+// The same bits in every output (which differs first, if any).
+::testing::AssertionResult same_outputs(const BnOutputs& got, const BnOutputs& want) {
+  const std::pair<const char*, std::vector<float> BnOutputs::*> fields[] = {
+      {"y", &BnOutputs::y},          {"dx", &BnOutputs::dx},
+      {"mean", &BnOutputs::mean},    {"1/std", &BnOutputs::invstd},
+      {"running mean", &BnOutputs::running_mean}, {"running variance", &BnOutputs::running_var},
+      {"dgamma", &BnOutputs::dgamma}, {"dbeta", &BnOutputs::dbeta}};
+  for (const auto& [name, field] : fields) {
+    const std::vector<float>& a = got.*field;
+    const std::vector<float>& b = want.*field;
+    if (a.size() != b.size() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << name << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // The CPU assembler's batch and the GPU's normalisation of the same bytes with its table.
 // Batch norm in training (kernels/batch_norm.cu) against its definition in double: the
 // saved statistics, the running averages, y with and without the fused ReLU, dgamma and dbeta
 // (with a loss scale's factor), and dx. Shapes that leave partial slabs and a partial block of
 // channels, and a channel mean of 5 standard deviations (the sums are centred). Two runs give
-// the same bits.
+// the same bits, the second on the work area the first used; each fused-finalize choice gives
+// its unfused twin's bits, every output.
 TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
   struct Case {
     int64_t rows, channels;
@@ -334,55 +357,80 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
       want_dx[i] = static_cast<float>(gamma[ch] * invstd(ch) *
                                       (dy[i] - sdy[ch] / rows - xhat * sdyx[ch] / static_cast<double>(rows)));
     }
+    // One forward and backward on fresh vectors and the given work area; every output, on the host.
+    auto run = [&](DeviceBuffer<double>& work) {
+      DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), drm(running_mean), drv(running_var);
+      DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
+          si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
+      kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), drm.get(),
+                                        drv.get(), momentum, eps, k.relu, sm.get(), si.get(), work.get(), stream_);
+      kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(),
+                                   si.get(), factor, dgamma.get(), dbeta.get(), work.get(), stream_);
+      return BnOutputs{y.host(), dxo.host(), sm.host(), si.host(), drm.host(), drv.host(), dgamma.host(), dbeta.host()};
+    };
+    std::map<std::string, BnOutputs> unfused;  // each unfused choice's, for its fused twin
     for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
       SCOPED_TRACE("tuning " + kernels::batch_norm_tuning_text(tuning));
       kernels::set_batch_norm_tuning(tuning);
-      std::vector<float> first_y, first_dx;
-      for (int run = 0; run < 2; ++run) {
-        DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), drm(running_mean), drv(running_var);
-        DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
-            si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
-        DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
-        kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), drm.get(),
-                                          drv.get(), momentum, eps, k.relu, sm.get(), si.get(), work.get(), stream_);
-        kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(),
-                                     si.get(), factor, dgamma.get(), dbeta.get(), work.get(), stream_);
-        const auto gy = y.host(), gdx = dxo.host();
-        EXPECT_TRUE(testing::matches(gy, want_y, testing::Precision::Fp32, 2)) << "y";
-        EXPECT_TRUE(testing::matches(si.host(), want_inv, testing::Precision::Fp32, 2)) << "1/std";
-        EXPECT_TRUE(testing::matches(drm.host(), want_rm, testing::Precision::Fp32, 2)) << "running mean";
-        EXPECT_TRUE(testing::matches(drv.host(), want_rv, testing::Precision::Fp32, 2)) << "running variance";
-        EXPECT_TRUE(testing::matches(dgamma.host(), want_dgamma, testing::Precision::Fp32, 4)) << "dgamma";
-        EXPECT_TRUE(testing::matches(dbeta.host(), want_dbeta, testing::Precision::Fp32, 4)) << "dbeta";
-        EXPECT_TRUE(testing::matches(gdx, want_dx, testing::Precision::Fp32, 4)) << "dx";
-        if (run == 0) {
-          first_y = gy, first_dx = gdx;
-        } else {
-          EXPECT_EQ(std::memcmp(first_y.data(), gy.data(), gy.size() * 4), 0) << "y repeats bit for bit";
-          EXPECT_EQ(std::memcmp(first_dx.data(), gdx.data(), gdx.size() * 4), 0) << "dx repeats bit for bit";
-        }
+      // One work area for both runs: the second finds the fused finalize's counters as the first left them.
+      DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
+      BnOutputs first;
+      for (int run_index = 0; run_index < 2; ++run_index) {
+        const BnOutputs o = run(work);
+        EXPECT_TRUE(testing::matches(o.y, want_y, testing::Precision::Fp32, 2)) << "y";
+        EXPECT_TRUE(testing::matches(o.invstd, want_inv, testing::Precision::Fp32, 2)) << "1/std";
+        EXPECT_TRUE(testing::matches(o.running_mean, want_rm, testing::Precision::Fp32, 2)) << "running mean";
+        EXPECT_TRUE(testing::matches(o.running_var, want_rv, testing::Precision::Fp32, 2)) << "running variance";
+        EXPECT_TRUE(testing::matches(o.dgamma, want_dgamma, testing::Precision::Fp32, 4)) << "dgamma";
+        EXPECT_TRUE(testing::matches(o.dbeta, want_dbeta, testing::Precision::Fp32, 4)) << "dbeta";
+        EXPECT_TRUE(testing::matches(o.dx, want_dx, testing::Precision::Fp32, 4)) << "dx";
+        if (run_index == 0) first = o;
+        else EXPECT_TRUE(same_outputs(o, first)) << "a second run repeats every bit";
       }
+      kernels::BatchNormTuning twin = tuning;
+      twin.fused_finalize = false;
+      if (!tuning.fused_finalize) {
+        unfused[kernels::batch_norm_tuning_text(tuning)] = first;
+        continue;
+      }
+      const auto it = unfused.find(kernels::batch_norm_tuning_text(twin));
+      ASSERT_NE(it, unfused.end()) << "the unfused twin runs first";
+      EXPECT_TRUE(same_outputs(first, it->second)) << "the fused finalize gives the unfused one's bits";
     }
   }
 }
 
 // The batch-norm passes' launch choices as gpu_step --bn-tuning reads them: every choice's
-// text reads back as itself, the default first; a value the kernels have no launch for is a
-// usage error naming it. (No GPU needed.)
+// text reads back as itself, the default first, each fused-finalize choice after its unfused
+// twin; the texts of before the sixth field read as they did (unfused); a value the kernels
+// have no launch for is a usage error naming it. (No GPU needed.)
 TEST(BatchNormTuning, TextReadsBackAndOtherValuesAreRefused) {
   const auto all = kernels::batch_norm_tunings();
-  ASSERT_EQ(all.size(), 48u);
+  ASSERT_EQ(all.size(), 96u);
   EXPECT_EQ(kernels::batch_norm_tuning_text(all.front()), kernels::batch_norm_tuning_text({}));
   std::set<std::string> seen;
   for (const auto& t : all) {
     const std::string text = kernels::batch_norm_tuning_text(t);
-    EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning(text)), text);
+    const kernels::BatchNormTuning back = kernels::parse_batch_norm_tuning(text);
+    EXPECT_EQ(kernels::batch_norm_tuning_text(back), text);
+    EXPECT_EQ(back.fused_finalize, t.fused_finalize) << text;
+    kernels::BatchNormTuning twin = t;
+    twin.fused_finalize = false;
+    EXPECT_TRUE(!t.fused_finalize || seen.count(kernels::batch_norm_tuning_text(twin))) << text << " before its twin";
     EXPECT_TRUE(seen.insert(text).second) << text << " twice";
   }
+  EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const auto& t) { return t.fused_finalize; }), 48);
   EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning("16,2,4,0")), "16,2,4,0,1024")
       << "the sum blocks left out are the default's";
+  EXPECT_FALSE(kernels::parse_batch_norm_tuning("8,4,2,1,1024").fused_finalize) << "five fields: unfused";
+  EXPECT_FALSE(kernels::parse_batch_norm_tuning("8,4,2,1,1024,0").fused_finalize);
+  EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning("8,4,2,1,1024,0")), "8,4,2,1,1024")
+      << "unfused choices keep their five-field names";
+  EXPECT_TRUE(kernels::parse_batch_norm_tuning("16,2,4,0,256,1").fused_finalize);
+  EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::parse_batch_norm_tuning("16,2,4,0,256,1")), "16,2,4,0,256,1");
   for (const char* bad : {"12,2,4,0", "16,3,4,0", "16,2,3,0", "16,2,4,2", "16,2,4", "16,2,4,0x", "fast",
-                          "16,2,4,0,300", "16,2,4,0,", ",16,2,4,0", "16,2,4,0,512,1", "16,,4,0", "16,2,-4,0"}) {
+                          "16,2,4,0,300", "16,2,4,0,", ",16,2,4,0", "16,2,4,0,512,2", "16,2,4,0,512,1,0",
+                          "16,2,4,0,,1", "16,2,4,0,512,", "16,,4,0", "16,2,-4,0", "12,2,4,0,512,1"}) {
     try {
       kernels::parse_batch_norm_tuning(bad);
       ADD_FAILURE() << bad << " accepted";
@@ -394,6 +442,52 @@ TEST(BatchNormTuning, TextReadsBackAndOtherValuesAreRefused) {
   const std::string before = kernels::batch_norm_tuning_text(kernels::batch_norm_tuning());
   EXPECT_THROW(kernels::set_batch_norm_tuning({16, 2, 3, false}), Error);
   EXPECT_EQ(kernels::batch_norm_tuning_text(kernels::batch_norm_tuning()), before) << "a refused value is not kept";
+}
+
+// The fused finalize in a captured CUDA graph: its counters, set back to zero by the kernels
+// themselves, let every replay finish the channels, with the bits of the unfused launches
+// called directly (running averages aside: each replay moves them again).
+TEST_F(GpuKernels, BatchNormFusedFinalizeReplaysInAGraph) {
+  const int64_t rows = 5000, c = 96, n = rows * c;
+  const auto x = random_floats(static_cast<size_t>(n), 51), dy = random_floats(static_cast<size_t>(n), 52);
+  const auto gamma = random_floats(static_cast<size_t>(c), 53), beta = random_floats(static_cast<size_t>(c), 54);
+  DeviceBuffer<float> dxin(x), ddy(dy), dg(gamma), db(beta), rm(static_cast<size_t>(c)), rv(static_cast<size_t>(c));
+  DeviceBuffer<float> y(static_cast<size_t>(n)), dxo(static_cast<size_t>(n)), sm(static_cast<size_t>(c)),
+      si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
+  DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  auto step = [&] {
+    kernels::batch_norm_forward_train(DType::F32, dxin.get(), y.get(), rows, c, dg.get(), db.get(), rm.get(),
+                                      rv.get(), 0.1, 1e-5, true, sm.get(), si.get(), work.get(), stream);
+    kernels::batch_norm_backward(DType::F32, dxin.get(), ddy.get(), dxo.get(), rows, c, dg.get(), sm.get(), si.get(),
+                                 0.5f, dgamma.get(), dbeta.get(), work.get(), stream, true);
+  };
+  auto outputs = [&] {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return BnOutputs{y.host(), dxo.host(), sm.host(), si.host(), {}, {}, dgamma.host(), dbeta.host()};
+  };
+  kernels::BatchNormTuning tuning = kernels::batch_norm_tuning();
+  tuning.fused_finalize = false;
+  kernels::set_batch_norm_tuning(tuning);
+  step();
+  const BnOutputs want = outputs();
+  tuning.fused_finalize = true;
+  kernels::set_batch_norm_tuning(tuning);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  step();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE(::testing::Message() << "replay " << replay);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_TRUE(same_outputs(outputs(), want));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // The fusions of kernels/batch_norm.cu against the separate passes they replace, on the GPU,

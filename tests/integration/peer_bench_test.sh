@@ -203,7 +203,7 @@ case "$1" in
   --copy-bandwidth) echo '{"workload": "copy", "copy_bytes_per_s": 4000000000000}' ;;
   --kernel-shapes)  # two launch choices' totals, fastest first, as gpu_step sorts them
     echo '{"workload": "batch_norm", "tuning": "16,2,4,0", "rows": 6272, "channels": 2048, "forward_ms": 0.09}'
-    echo '{"workload": "batch_norm_resnet50", "tuning": "16,2,4,0,512", "default": 0, "batch_norms_ms": 7.5, "relu_backward_ms": 2.2}'
+    echo '{"workload": "batch_norm_resnet50", "tuning": "16,2,4,0,256,1", "default": 0, "batch_norms_ms": 7.5, "relu_backward_ms": 2.2}'
     echo '{"workload": "batch_norm_resnet50", "tuning": "8,4,2,1,1024", "default": 1, "batch_norms_ms": 9.0, "relu_backward_ms": 2.2}' ;;
   *) echo '{"step_ms": 1}' ;;
 esac
@@ -267,7 +267,7 @@ expect "$(cat "$STUB_CALLS")" "gpu_step --model cnn --batch 64 --precision bf16 
 # bn: the launch choices' totals, the default's and the fastest's.
 : > "$STUB_CALLS"
 out=$("$bench/gpu_vs_peer.sh" bn --resnet50-batch 64 2>&1)
-expect "$out" "bn_tuning_default=8,4,2,1,1024" "bn_tuning_default_resnet50_ms=9.0" "bn_tuning_best=16,2,4,0,512" \
+expect "$out" "bn_tuning_default=8,4,2,1,1024" "bn_tuning_default_resnet50_ms=9.0" "bn_tuning_best=16,2,4,0,256,1" \
   "bn_tuning_best_resnet50_ms=7.5" "bn_tuning_relu_backward_resnet50_ms=2.2"
 expect "$(cat "$STUB_CALLS")" "gpu_step --kernel-shapes --batch 64"
 # `all` with no time for any step: none starts, each is named, exit 1.
@@ -300,7 +300,8 @@ SCALING_CHECK=$gpu/scaling_check refuse gpu_vs_peer.sh "bench/scaling_check.sh f
 NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's measurements: ncu recorded no kernel durations (gpu__time_duration.sum)" kernels
 refuse gpu_vs_peer.sh "--kernels-model must be resnet50 or cnn, got 'vgg'" kernels --kernels-model vgg
 refuse gpu_vs_peer.sh "the first argument must be a step: build, tests, bn, training, cnn, resnet50, kernels, scaling, summary or all (try --help)" profile
-refuse gpu_vs_peer.sh "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS] (as 8,4,2,1,1024), got 'fast'" all --bn-tuning fast
+refuse gpu_vs_peer.sh "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]] (as 8,4,2,1,1024), got 'fast'" all --bn-tuning fast
+refuse gpu_vs_peer.sh "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]] (as 8,4,2,1,1024), got '8,4,2,1,1024,2'" all --bn-tuning 8,4,2,1,1024,2
 refuse gpu_vs_peer.sh "--within must be a positive integer, got '0'" all --within 0
 BUILD_DIR=$tmp/none refuse gpu_vs_peer.sh "no GPU build in $tmp/none (run: bench/gpu_vs_peer.sh build)" kernels
 printf '#!/bin/sh\nexit 9\n' > "$gpu/bin/nvidia-smi"
