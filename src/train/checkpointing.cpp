@@ -36,19 +36,6 @@ std::string str(const V& v) {
   return os.str();
 }
 
-void copy_into(std::vector<float>& v, const Tensor& t) {
-  const float* p = t.numel() ? t.data<float>() : nullptr;
-  v.assign(p, p + t.numel());  // keeps v's capacity
-}
-
-bool all_finite(const float* p, size_t n) {
-  return std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
-}
-
-bool all_finite(const Tensor& t) {
-  return all_finite(t.numel() ? t.data<float>() : nullptr, static_cast<size_t>(t.numel()));
-}
-
 // "cat,dog", or for a long list its first names and the count: one line either way.
 std::string listed(const std::vector<std::string>& names) {
   constexpr size_t kShown = 8;
@@ -56,12 +43,6 @@ std::string listed(const std::vector<std::string>& names) {
   for (size_t i = 0; i < std::min(names.size(), kShown); ++i) text += (i ? "," : "") + names[i];
   if (names.size() > kShown) text += ",... (" + std::to_string(names.size()) + " classes)";
   return text;
-}
-
-void load_into(Tensor& t, const std::vector<float>& v, const char* what) {
-  HPC_REQUIRE(static_cast<int64_t>(v.size()) == t.numel(), "the checkpoint's ", what, " hold ", v.size(),
-              " values; this model has ", t.numel());
-  if (!v.empty()) std::memcpy(t.data<float>(), v.data(), v.size() * sizeof(float));
 }
 
 }  // namespace
@@ -116,22 +97,6 @@ void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
   m["samples_seen"] = str(at.samples_seen);
 }
 
-void copy_state(ckpt::Checkpoint& c, const nn::Model<float>& model, const optim::Sgd<float>& sgd) {
-  copy_into(c.params, model.params().values());
-  copy_into(c.momentum, sgd.momentum_buffer());
-  copy_into(c.buffers, model.params().buffers());
-}
-
-void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd) {
-  apply_model_state(c, model);
-  load_into(sgd.momentum_buffer(), c.momentum, "optimizer state");
-}
-
-void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
-  load_into(model.params().values(), c.params, "parameters");
-  load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
-}
-
 namespace {
 // Each of `to_slots` whose name and shape `from_slots` holds, copied from `from` into `to`.
 template <class Slot>
@@ -157,21 +122,6 @@ FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& 
   copy_fitting(from.params().slots(), from.params().values(), to.params().slots(), to.params().values(), s);
   copy_fitting(from.params().buffer_slots(), from.params().buffers(), to.params().buffer_slots(), to.params().buffers(),
                s);
-  return s;
-}
-
-void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s) {
-  c.meta["loss_scale"] = str(s.scale);
-  c.meta["loss_scale_good_steps"] = str(s.good_steps);
-  c.meta["skipped_steps"] = str(s.skipped);
-}
-
-std::optional<optim::LossScalerState> loss_scaler_of(const ckpt::Checkpoint& c) {
-  if (!c.meta.count("loss_scale")) return std::nullopt;
-  const optim::LossScalerState s{c.number("loss_scale"), c.integer("loss_scale_good_steps"),
-                                 c.integer("skipped_steps")};
-  HPC_REQUIRE(s.scale >= 1 && s.good_steps >= 0 && s.skipped >= 0, "the checkpoint's loss scale is invalid (",
-              s.scale, ")");
   return s;
 }
 
@@ -201,29 +151,6 @@ std::string state_checksum(const ckpt::Checkpoint& c) {
     record += std::string(key) + '=' + (it == c.meta.end() ? "-" : it->second) + '\n';
   }
   return hex64(fnv1a(record.data(), record.size(), h));
-}
-
-const char* describe(StatePart part) {
-  switch (part) {
-    case StatePart::Parameters: return "the parameters";
-    case StatePart::Momentum: return "the optimizer's momentum";
-    case StatePart::NormStatistics: return "the batch-norm statistics";
-  }
-  return "the state";
-}
-
-std::optional<StatePart> first_non_finite(const ckpt::Checkpoint& c) {
-  if (!all_finite(c.params.data(), c.params.size())) return StatePart::Parameters;
-  if (!all_finite(c.momentum.data(), c.momentum.size())) return StatePart::Momentum;
-  if (!all_finite(c.buffers.data(), c.buffers.size())) return StatePart::NormStatistics;
-  return std::nullopt;
-}
-
-std::optional<StatePart> first_non_finite(const nn::Model<float>& model, const optim::Sgd<float>& sgd) {
-  if (!all_finite(model.params().values())) return StatePart::Parameters;
-  if (!all_finite(sgd.momentum_buffer())) return StatePart::Momentum;
-  if (!all_finite(model.params().buffers())) return StatePart::NormStatistics;
-  return std::nullopt;
 }
 
 std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,

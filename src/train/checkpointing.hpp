@@ -11,9 +11,9 @@
 #include "data/dataset.hpp"
 #include "dist/process.hpp"
 #include "nn/model.hpp"
-#include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
 #include "train/options.hpp"
+#include "train/training_state.hpp"  // the engine's part of a checkpoint, which the run's record completes
 
 namespace hpc::train {
 
@@ -62,14 +62,6 @@ void require_same_classes(const ckpt::Checkpoint& c, const std::vector<std::stri
 // meta record_run made earlier in the same run, as snapshots reuse theirs).
 void record_position(ckpt::Checkpoint& c, const RunPosition& at);
 
-// The state held by a host model and optimizer into c's arenas (keeping their capacity: see
-// ckpt::AsyncWriter::recycled), and back (a usage error when c's do not fit). The CPU engine's
-// snapshot and restore, and the GPU engine's through its host mirror.
-void copy_state(ckpt::Checkpoint& c, const nn::Model<float>& model, const optim::Sgd<float>& sgd);
-void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd);
-// Parameters and batch-norm statistics only (inference).
-void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model);
-
 // What copy_fitting_state took from a model: how many of the other model's parameter and buffer
 // tensors, and the names of those it left as they were (no tensor of that name and shape there).
 struct FittingState {
@@ -80,12 +72,6 @@ struct FittingState {
 // shapes match (--init-from: a checkpoint's model into this run's, whose output layer may be for
 // other classes).
 FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to);
-
-// fp16 runs' dynamic loss scale and its counters (keys loss_scale, loss_scale_good_steps,
-// skipped_steps), so a resumed run scales as the first would have; nullopt in a checkpoint of
-// another precision, a usage error when they are invalid.
-void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s);
-std::optional<optim::LossScalerState> loss_scaler_of(const ckpt::Checkpoint& c);
 
 // A whole checkpoint of a host model and optimizer (tests, benchmarks).
 ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
@@ -98,14 +84,6 @@ std::string param_checksum(const ckpt::Checkpoint& c);
 // global batch, samples seen); not the options (check_resumable compares those), the time or the
 // world size. A resumed run ends with the state_checksum of one never interrupted.
 std::string state_checksum(const ckpt::Checkpoint& c);
-
-// The parts of a training state, in the order a problem with them is reported.
-enum class StatePart { Parameters, Momentum, NormStatistics };
-const char* describe(StatePart part);  // "the parameters", "the optimizer's momentum", ...
-// The first part holding a value that is not finite, of a checkpoint or of a host model and
-// optimizer.
-std::optional<StatePart> first_non_finite(const ckpt::Checkpoint& c);
-std::optional<StatePart> first_non_finite(const nn::Model<float>& model, const optim::Sgd<float>& sgd);
 
 // The checkpoint --resume asks for, read and verified by rank 0 and handed to every rank, or
 // nullopt for a fresh start. Sets *path to where it came from.

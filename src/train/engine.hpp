@@ -19,8 +19,8 @@
 #include "nn/model.hpp"
 #include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
-#include "train/checkpointing.hpp"
 #include "train/train_options.hpp"
+#include "train/training_state.hpp"  // StatePart, and the state to and from a checkpoint
 
 namespace hpc::train {
 

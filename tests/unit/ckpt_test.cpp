@@ -165,6 +165,7 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 #include "data/shards.hpp"
 #include "train/checkpointing.hpp"
 #include "train/engine.hpp"
+#include "train/training_state.hpp"
 
 namespace hpc::testing {
 namespace {
