@@ -174,4 +174,10 @@ void read(const std::vector<Entry<S>>& table, const po::variables_map& vm, S& s)
     if (e.read) e.read(vm, s);
 }
 
+// Parses a subcommand's argv (argv[0]: its name; hpctrain's evaluate, inspect, export, predict,
+// clean-snapshots) into vm. Returns false when --help was asked for (printed when `speak`);
+// anything wrong is a usage error.
+bool parse_subcommand(int argc, const char* const* argv, const po::options_description& options,
+                      const po::positional_options_description& positional, po::variables_map& vm, bool speak);
+
 }  // namespace hpc::options

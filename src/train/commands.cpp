@@ -285,7 +285,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
-    go = parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
     for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
       if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
@@ -387,7 +387,7 @@ int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
-    go = parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
+    go = options::parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
     HPC_REQUIRE(!go || vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
     HPC_REQUIRE(!go || !a.path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
                 "checkpoint file or directory");

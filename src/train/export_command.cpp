@@ -158,7 +158,7 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
-    go = parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
     for (const char* name : {"checkpoint", "output", "data-dir"})
       if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);

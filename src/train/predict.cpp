@@ -29,7 +29,6 @@
 #include "train/inference.hpp"
 #include "train/options.hpp"
 #include "train/serving.hpp"
-#include "train/trainer.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
@@ -326,7 +325,7 @@ int run_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   po::variables_map vm;
   bool go = false;
   dist::collectively(ctx, [&] {
-    go = parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
+    go = options::parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
     if (go) check_options(o, vm);
   });
   if (!go) return kExitSuccess;

@@ -6,8 +6,6 @@
 // (argv[0] is the subcommand) and returns the exit code; bad input throws hpc::Error.
 #pragma once
 
-#include <boost/program_options.hpp>
-
 #include <memory>
 #include <string>
 
@@ -42,11 +40,5 @@ struct ServingModel {
 // data_dir/classes.txt (when given) names other classes than the checkpoint, or, in a checkpoint
 // that records none (one warning), without a readable data_dir/classes.txt.
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx);
-
-// Parses a subcommand's argv (argv[0]: its name) into vm. Returns false when --help was asked
-// for (printed when `speak`); anything wrong is a usage error.
-bool parse_subcommand(int argc, const char* const* argv, const boost::program_options::options_description& options,
-                      const boost::program_options::positional_options_description& positional,
-                      boost::program_options::variables_map& vm, bool speak);
 
 }  // namespace hpc::train

@@ -1,5 +1,4 @@
 #include <cmath>
-#include <iostream>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -45,23 +44,6 @@ void require_finite(const ckpt::Checkpoint& c, const std::string& path) {
 }
 
 }  // namespace
-
-bool parse_subcommand(int argc, const char* const* argv, const boost::program_options::options_description& options,
-                      const boost::program_options::positional_options_description& positional,
-                      boost::program_options::variables_map& vm, bool speak) {
-  namespace po = boost::program_options;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
-    if (vm.count("help")) {  // before notify, which would insist on the required options
-      if (speak) std::cout << options << "\n";
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    usage_error(e.what());
-  }
-  return true;
-}
 
 std::string ServingModel::param_checksum() const {
   return fnv1a_hex(checkpoint.params.data(), checkpoint.params.size() * sizeof(float));

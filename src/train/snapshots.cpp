@@ -24,8 +24,8 @@
 #include "core/exit_codes.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
+#include "core/option_kit.hpp"  // parse_subcommand
 #include "dist/agree.hpp"
-#include "train/serving.hpp"
 
 namespace hpc::train {
 namespace fs = std::filesystem;
@@ -470,7 +470,7 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
   bool go = false;
   SnapshotCleaning what;
   dist::collectively(ctx, [&] {
-    go = parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
     HPC_REQUIRE(vm.count("older-than") + vm.count("run-id") + (all ? 1 : 0) <= 1,
                 "hpctrain clean-snapshots takes one of --older-than, --all and --run-id");
