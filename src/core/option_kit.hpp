@@ -3,7 +3,7 @@
 // struct S it sets, and makes from that one member its Boost option (with the member's
 // initialiser shown as the default: one default per option), its reading after parsing, its value
 // as text, and the inverse of that text. The factories below are the kinds of option there are;
-// a program's table is a list of them (train/option_table.cpp, launch/options.cpp).
+// a program's table is a list of them (train/options/option_table.cpp, launch/options.cpp).
 #pragma once
 
 #include <boost/program_options.hpp>

@@ -36,7 +36,7 @@ PREPROCESSOR = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
 
 def units(root):
     """{unit: set of units it includes}, a unit being a path under src/ (or kernels/, launch/)
-    without its extension, e.g. train/setup or launch/attempt."""
+    without its extension, e.g. train/run/setup or launch/attempt."""
     deps = collections.defaultdict(set)
     for top in ("src", "kernels", "launch"):
         for folder, _, files in os.walk(os.path.join(root, top)):
@@ -219,27 +219,29 @@ COVERED_THROUGH = {
     "nn/parallel": ("integration/mpi_test.cpp", "DefaultThreadsShareTheHostsCores"),
     "nn/pool_row": ("unit/layers_test.cpp", "BatchNormFusedPool"),
     "nn/simple_layers": ("unit/layers_test.cpp", "GlobalAvgPoolReluFlattenLinear"),
-    "train/boundary": ("integration/checkpoint_test.cpp", "StopOnSignalCheckpointsAndResumesExactly"),
-    "train/commands": ("integration/checkpoint_test.cpp", "EvaluateAndInspectACheckpoint"),
-    "train/engine_cpu": ("integration/train_test.cpp", "SameSeedSameChecksumOtherSeedOtherChecksum"),
-    "train/export_command": ("serving/onnx_test.py", "test_cnn"),
-    "train/gpu_engine": ("gpu/train_gpu_test.cpp", "DefaultJobReaches92PercentOnOneGpu"),
-    "train/gpu_engine_none": ("integration/cli_test.cpp", "DeviceCudaWithoutAGpuIsAUsageError"),
-    "train/inference": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
-    "train/inference_cpu": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
-    "train/inference_gpu": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
-    "train/inference_gpu_none": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
-    "train/option_checks": ("integration/cli_test.cpp", "IsOneLineUsageError"),
-    "train/predict": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
-    "train/progress": ("integration/output_test.cpp", "ATerminalShowsTheLiveLine"),
-    "train/prometheus": ("integration/train_test.cpp", "PrometheusFileParsesAndAgreesWithTheMetricsFile"),
-    "train/serving": ("serving/predict_test.py", "test_checkpoints_that_cannot_serve"),
-    "train/serving_model": ("serving/predict_test.py", "test_the_checkpoint_names_its_classes"),
-    "train/signals": ("integration/checkpoint_test.cpp", "AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode"),
-    "train/snapshots": ("integration/snapshot_test.cpp", "AKilledRankResumesFromTheSnapshotAndEndsInTheSameState"),
-    "train/step_metrics": ("integration/train_test.cpp", "StepEventsEveryNStepsCarryTheSchedulesLearningRate"),
-    "train/train_options": ("unit/options_test.cpp", "HoldsEveryListedOptionWithItsRule"),
-    "train/trainer": ("integration/train_test.cpp", "ShortRunReachesSaneAccuracy"),
+    "train/engine/engine_cpu": ("integration/train_test.cpp", "SameSeedSameChecksumOtherSeedOtherChecksum"),
+    "train/engine/gpu_engine": ("gpu/train_gpu_test.cpp", "DefaultJobReaches92PercentOnOneGpu"),
+    "train/engine/gpu_engine_none": ("integration/cli_test.cpp", "DeviceCudaWithoutAGpuIsAUsageError"),
+    "train/engine/inference": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/engine/inference_cpu": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/engine/inference_gpu": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
+    "train/engine/inference_gpu_none": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
+    "train/observe/progress": ("integration/output_test.cpp", "ATerminalShowsTheLiveLine"),
+    "train/observe/prometheus": ("integration/train_test.cpp", "PrometheusFileParsesAndAgreesWithTheMetricsFile"),
+    "train/observe/step_metrics": ("integration/train_test.cpp",
+                                   "StepEventsEveryNStepsCarryTheSchedulesLearningRate"),
+    "train/options/option_checks": ("integration/cli_test.cpp", "IsOneLineUsageError"),
+    "train/options/train_options": ("unit/options_test.cpp", "HoldsEveryListedOptionWithItsRule"),
+    "train/run/boundary": ("integration/checkpoint_test.cpp", "StopOnSignalCheckpointsAndResumesExactly"),
+    "train/run/commands": ("integration/checkpoint_test.cpp", "EvaluateAndInspectACheckpoint"),
+    "train/run/trainer": ("integration/train_test.cpp", "ShortRunReachesSaneAccuracy"),
+    "train/serve/export_command": ("serving/onnx_test.py", "test_cnn"),
+    "train/serve/predict": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/serve/serving": ("serving/predict_test.py", "test_checkpoints_that_cannot_serve"),
+    "train/serve/serving_model": ("serving/predict_test.py", "test_the_checkpoint_names_its_classes"),
+    "train/state/snapshots": ("integration/snapshot_test.cpp",
+                              "AKilledRankResumesFromTheSnapshotAndEndsInTheSameState"),
+    "train/stop/signals": ("integration/checkpoint_test.cpp", "AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode"),
 }
 
 
@@ -288,33 +290,34 @@ def make_tree(files):
 class MadeUpTrees(unittest.TestCase):
     def test_a_cycle_through_a_cpp_is_found_and_a_chain_is_not(self):
         root = make_tree({
-            "src/train/setup.hpp": '#include "train/options.hpp"\n',
-            "src/train/setup.cpp": '#include "train/setup.hpp"\n#include "train/trainer.hpp"\n',
-            "src/train/trainer.hpp": "",
-            "src/train/trainer.cpp": '#include "train/trainer.hpp"\n#include "train/setup.hpp"\n',
-            "src/train/options.hpp": '#include "core/log.hpp"\n#include <vector>\n',
+            "src/train/run/setup.hpp": '#include "train/options/options.hpp"\n',
+            "src/train/run/setup.cpp": '#include "train/run/setup.hpp"\n#include "train/run/trainer.hpp"\n',
+            "src/train/run/trainer.hpp": "",
+            "src/train/run/trainer.cpp": '#include "train/run/trainer.hpp"\n#include "train/run/setup.hpp"\n',
+            "src/train/options/options.hpp": '#include "core/log.hpp"\n#include <vector>\n',
             "src/core/log.hpp": "",
         })
         deps = units(root)
-        self.assertEqual(deps["train/setup"], {"train/options", "train/trainer"})
-        self.assertEqual(cycles(deps), [["train/setup", "train/trainer", "train/setup"]])
-        os.remove(os.path.join(root, "src/train/trainer.cpp"))
+        self.assertEqual(deps["train/run/setup"], {"train/options/options", "train/run/trainer"})
+        self.assertEqual(cycles(deps), [["train/run/setup", "train/run/trainer", "train/run/setup"]])
+        os.remove(os.path.join(root, "src/train/run/trainer.cpp"))
         self.assertEqual(cycles(units(root)), [])
 
     def test_includes_up_sideways_and_from_launch_into_train_are_named(self):
         root = make_tree({
-            "src/core/log.hpp": '#include "train/options.hpp"\n',
+            "src/core/log.hpp": '#include "train/options/options.hpp"\n',
             "src/nn/model.hpp": '#include "data/dataset.hpp"\n#include "core/log.hpp"\n#include "kernels/bn.hpp"\n',
             "src/data/dataset.hpp": "",
-            "src/train/options.hpp": '#include "nn/model.hpp"\n',
+            "src/train/options/options.hpp": '#include "nn/model.hpp"\n',
             "kernels/bn.hpp": '#include "core/log.hpp"\n',
-            "launch/attempt.cpp": '#include "attempt.hpp"\n#include "train/options.hpp"\n#include "ckpt/store.hpp"\n',
+            "launch/attempt.cpp": ('#include "attempt.hpp"\n#include "train/options/options.hpp"\n'
+                                   '#include "ckpt/store.hpp"\n'),
             "launch/attempt.hpp": "",
             "src/ckpt/store.hpp": "",
         })
         self.assertEqual(layer_violations(units(root)), [
-            "core/log -> train/options (core/ includes from a folder built on it, train/)",
-            "launch/attempt -> train/options (launch/ includes core/ and ckpt/ only)",
+            "core/log -> train/options/options (core/ includes from a folder built on it, train/)",
+            "launch/attempt -> train/options/options (launch/ includes core/ and ckpt/ only)",
             "nn/model -> data/dataset (nn/ includes from a folder of the same layer, data/)",
         ])
 
