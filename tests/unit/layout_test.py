@@ -2,19 +2,23 @@
 """The layout's rules (issue 45; DESIGN.md: "a folder is a room"), checked on the tree's own
 #include lines: no cycle between units (a unit is a .hpp with its .cpp and .cu: setup.cpp and
 trainer.cpp once included each other's headers), and no folder that includes from a folder built
-on it. The layers, from the bottom:
+on it. The layers, from the bottom (FOLDER_ORDER):
 
   core < kernels < ckpt, data, dist, nn, optim < export < train < apps
   launch beside train: it includes core and ckpt only (hpcrun launches hpctrain, it is not built on it)
+
+and inside train/, whose files all stand in its folders (TRAIN_ORDER; docs/architecture.md):
+
+  stop < options < engine < state, observe < serve < run
 
 A folder may include from its own folder and from layers below it; folders of one layer not from
 each other. Every src/ file has a test that includes or names it, or is listed with the test
 that covers it through another (COVERED_THROUGH, each test checked to exist). And no function in src/ or launch/ longer than 60 lines, from its opening brace to
 its closing one (issue 45's acceptance), found by matching braces with comments, strings and
 preprocessor lines blanked out. First on small made-up trees and sources whose answers are known
-(a cycle, an upward include, a sideways one, launch on train; functions of 60 and 61 lines, in a
-namespace, a class and with lambdas and braces in strings inside), then on the real tree, which
-must have none.
+(a cycle, an upward include, a sideways one, launch on train, the same inside train/ and a file
+outside its folders; functions of 60 and 61 lines, in a namespace, a class and with lambdas and
+braces in strings inside), then on the real tree, which must have none.
 """
 import collections
 import os
@@ -24,9 +28,25 @@ import tempfile
 import unittest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-LAYERS = {"core": 0, "kernels": 1, "ckpt": 2, "data": 2, "dist": 2, "nn": 2, "optim": 2, "export": 3,
-          "train": 4, "apps": 5, "launch": 4}
+# The layers of src/'s folders (and kernels/, launch/), from the bottom: a tuple is one layer.
+FOLDER_ORDER = [("core",), ("kernels",), ("ckpt", "data", "dist", "nn", "optim"), ("export",), ("train", "launch"),
+                ("apps",)]
 LAUNCH_MAY_INCLUDE = {"core", "ckpt", "launch"}
+# The layers of train/'s folders, from the bottom: how a run is stopped (stop signals, the step
+# watchdog); what it is told (its options); the engines, which hold the training state; keeping
+# that state (checkpoints, snapshots) and observing the run (metrics, progress, the trace), side by
+# side; serving a checkpoint's model (export, predict); the run itself and the other subcommands.
+TRAIN_ORDER = [("stop",), ("options",), ("engine",), ("state", "observe"), ("serve",), ("run",)]
+
+
+def layer_numbers(order):
+    """{folder: its layer's index} of an order of layers."""
+    return {folder: i for i, layer in enumerate(order) for folder in layer}
+
+
+LAYERS = layer_numbers(FOLDER_ORDER)
+# The folders whose own folders have layers, and theirs.
+INNER_LAYERS = {"train": layer_numbers(TRAIN_ORDER)}
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 MAX_FUNCTION_LINES = 60
@@ -92,19 +112,54 @@ def cycles(deps):
 
 
 def layer_violations(deps):
-    """'a/x -> b/y (why)' for each include from a folder to one it may not include."""
+    """'a/x -> b/y (why)' for each include from a folder to one it may not include: between top
+    folders by LAYERS (launch/ by LAUNCH_MAY_INCLUDE), and inside a folder of INNER_LAYERS between
+    its own folders."""
     out = []
     for unit, targets in sorted(deps.items()):
         src = unit.split("/")[0]
         for target in sorted(targets):
             dst = target.split("/")[0]
-            if src == dst or src not in LAYERS or dst not in LAYERS:
+            if src == dst and src in INNER_LAYERS:
+                out += inner_violation(unit, target, INNER_LAYERS[src])
+            elif src == dst or src not in LAYERS or dst not in LAYERS:
                 continue
-            if src == "launch" and dst not in LAUNCH_MAY_INCLUDE:
+            elif src == "launch" and dst not in LAUNCH_MAY_INCLUDE:
                 out.append(f"{unit} -> {target} (launch/ includes core/ and ckpt/ only)")
-            elif src != "launch" and LAYERS[dst] >= LAYERS[src]:
-                kind = "a folder of the same layer" if LAYERS[dst] == LAYERS[src] else "a folder built on it"
-                out.append(f"{unit} -> {target} ({src}/ includes from {kind}, {dst}/)")
+            elif src != "launch":
+                out += violation(unit, target, src, dst, LAYERS)
+    return out
+
+
+def inner_violation(unit, target, layers):
+    """The same between two folders inside one (train/engine -> train/state). A unit directly in the
+    outer folder, or in a folder with no layer, is unplaced()'s to name."""
+    src, dst = unit.split("/"), target.split("/")
+    if len(src) < 3 or len(dst) < 3 or src[1] == dst[1] or src[1] not in layers or dst[1] not in layers:
+        return []
+    src_folder, dst_folder = f"{src[0]}/{src[1]}", f"{dst[0]}/{dst[1]}"
+    return violation(unit, target, src_folder, dst_folder, {src_folder: layers[src[1]], dst_folder: layers[dst[1]]})
+
+
+def violation(unit, target, src, dst, layers):
+    """[the line for unit -> target] when folder src may not include from folder dst, else []."""
+    if layers[dst] < layers[src]:
+        return []
+    kind = "a folder of the same layer" if layers[dst] == layers[src] else "a folder built on it"
+    return [f"{unit} -> {target} ({src}/ includes from {kind}, {dst}/)"]
+
+
+def unplaced(deps):
+    """The units of a folder of INNER_LAYERS that stand directly in it or in a folder with no layer."""
+    out = []
+    for unit in sorted(deps):
+        parts = unit.split("/")
+        if parts[0] not in INNER_LAYERS:
+            continue
+        if len(parts) < 3:
+            out.append(f"{unit}: directly in {parts[0]}/, not in one of its folders")
+        elif parts[1] not in INNER_LAYERS[parts[0]]:
+            out.append(f"{unit}: {parts[0]}/{parts[1]}/ has no layer")
     return out
 
 
@@ -321,6 +376,31 @@ class MadeUpTrees(unittest.TestCase):
             "nn/model -> data/dataset (nn/ includes from a folder of the same layer, data/)",
         ])
 
+    def test_inside_train_includes_up_and_sideways_and_files_outside_its_folders_are_named(self):
+        root = make_tree({
+            "src/train/engine/engine.hpp": ('#include "train/state/checkpointing.hpp"\n'
+                                            '#include "train/options/options.hpp"\n'),
+            "src/train/state/checkpointing.hpp": ('#include "train/engine/engine.hpp"\n'
+                                                  '#include "train/observe/trace.hpp"\n'),
+            "src/train/observe/trace.hpp": '#include "train/engine/engine.hpp"\n#include "core/log.hpp"\n',
+            "src/train/run/trainer.cpp": ('#include "train/run/trainer.hpp"\n#include "train/stop/signals.hpp"\n'
+                                          '#include "train/serve/serving.hpp"\n#include "train/loose.hpp"\n'),
+            "src/train/run/trainer.hpp": "", "src/train/stop/signals.hpp": "", "src/train/serve/serving.hpp": "",
+            "src/train/options/options.hpp": '#include "train/stop/signals.hpp"\n',
+            "src/train/loose.hpp": '#include "train/run/trainer.hpp"\n',
+            "src/train/misc/odd.hpp": '#include "train/run/trainer.hpp"\n',
+            "src/core/log.hpp": "",
+        })
+        deps = units(root)
+        self.assertEqual(layer_violations(deps), [
+            "train/engine/engine -> train/state/checkpointing (train/engine/ includes from a folder built on it, "
+            "train/state/)",
+            "train/state/checkpointing -> train/observe/trace (train/state/ includes from a folder of the same layer, "
+            "train/observe/)",
+        ])
+        self.assertEqual(unplaced(deps), ["train/loose: directly in train/, not in one of its folders",
+                                          "train/misc/odd: train/misc/ has no layer"])
+
 
 class MadeUpFunctions(unittest.TestCase):
     @staticmethod
@@ -390,8 +470,16 @@ class TheTree(unittest.TestCase):
         self.assertEqual(found, [], "\n".join(found))
 
     def test_every_folder_has_its_layer(self):
-        folders = {u.split("/")[0] for u in units(ROOT)}
-        self.assertEqual(folders - set(LAYERS), set(), "a folder with no layer in LAYERS above")
+        deps = units(ROOT)
+        folders = {u.split("/")[0] for u in deps}
+        self.assertEqual(folders - set(LAYERS), set(), "a folder with no layer in FOLDER_ORDER above")
+        found = unplaced(deps)
+        self.assertEqual(found, [], "files outside the layers of TRAIN_ORDER above:\n" + "\n".join(found))
+
+    def test_the_orders_name_each_folder_once(self):
+        for order in (FOLDER_ORDER, TRAIN_ORDER):
+            every = [folder for layer in order for folder in layer]
+            self.assertEqual(len(every), len(set(every)), order)
 
 
 if __name__ == "__main__":
