@@ -16,7 +16,7 @@
 #include "ckpt/store.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
-#include "train/checkpointing.hpp"
+#include "train/state/checkpointing.hpp"
 
 using namespace hpc;
 using Clock = std::chrono::steady_clock;

@@ -1,7 +1,7 @@
 // hpctrain's training step on one GPU with the batch already there, timed as the PyTorch peer
 // times its own (bench/torch_gpu_steps.py): --warmup steps (cuDNN's algorithm choice, the
 // allocator's first requests), then --iters steps between two CUDA events. One step is what
-// the GPU engine enqueues (train/gpu_engine.cpp): forward, loss, backward, the SGD update; the
+// the GPU engine enqueues (train/engine/gpu_engine.cpp): forward, loss, backward, the SGD update; the
 // trainer also reads each step's loss back and stages each batch from the host, which this
 // leaves out on purpose (bench/gpu_vs_peer.sh times the whole trainer separately).
 // Prints one JSON line: images/s, ms per step, the model's training FLOPs per sample.

@@ -361,7 +361,7 @@ void AttemptWatcher::request_stop(StopKind kind, const std::string& why) {
   stop_ = {kind, why};
   phase_.stop_requested(now());
   // For a change of hosts the hosts that go on keep the state in memory: hpctrain then writes
-  // snapshots instead of a checkpoint to shared storage (train/snapshots.hpp).
+  // snapshots instead of a checkpoint to shared storage (train/state/snapshots.hpp).
   if (kind == StopKind::Membership) mark_membership_change(o_.checkpoint_dir, true);
   say("asking the job to checkpoint and stop: " + why);
   ::kill(mpirun_.pid(), SIGUSR1);  // mpirun forwards it to every rank

@@ -83,7 +83,7 @@ class HeartbeatWatch {
 };
 
 // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts
-// that go on then keep the state in memory: train/snapshots.hpp). Nothing without a checkpoint dir.
+// that go on then keep the state in memory: train/state/snapshots.hpp). Nothing without a checkpoint dir.
 void mark_membership_change(const std::string& checkpoint_dir, bool on);
 
 }  // namespace hpc::launch

@@ -1,6 +1,6 @@
 // A persistent straggler: the trainer's heartbeat names the rank whose own work per step (busy
 // time) is longest over its last seconds, and by how much it exceeds the median rank's
-// (train/stragglers.hpp). hpcrun names the host of that rank once when the ratio stays above
+// (train/observe/stragglers.hpp). hpcrun names the host of that rank once when the ratio stays above
 // --straggler-factor for --straggler-time, and with --drain-stragglers drains it at the next step
 // boundary as it drains a host that left the discovery output, keeping it out for a cooldown (the
 // blacklist). A pure decision table, fed one heartbeat at a time.

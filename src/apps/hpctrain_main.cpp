@@ -12,12 +12,12 @@
 #include "core/log.hpp"
 #include "dist/agree.hpp"
 #include "dist/process.hpp"
-#include "train/commands.hpp"
-#include "train/options.hpp"
-#include "train/serving.hpp"
-#include "train/signals.hpp"
-#include "train/snapshots.hpp"
-#include "train/trainer.hpp"
+#include "train/options/options.hpp"
+#include "train/run/commands.hpp"
+#include "train/run/trainer.hpp"
+#include "train/serve/serving.hpp"
+#include "train/state/snapshots.hpp"
+#include "train/stop/signals.hpp"
 
 namespace {
 

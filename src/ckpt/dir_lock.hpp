@@ -81,7 +81,7 @@ class DirectoryLock {
   std::thread refresher_;
 };
 
-// For a process that ends at once (train/signals.cpp): removes the directory's lock file it holds,
+// For a process that ends at once (train/stop/signals.cpp): removes the directory's lock file it holds,
 // as a run that ends normally does (the kernel drops the lock itself). Async-signal-safe.
 void remove_lock_at_exit();
 

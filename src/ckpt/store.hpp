@@ -83,7 +83,7 @@ std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
 
 // Removes the temporary file of the checkpoint being written now, if any: for a process that
-// ends at once in the middle of a write (train/signals.cpp), which would otherwise leave a
+// ends at once in the middle of a write (train/stop/signals.cpp), which would otherwise leave a
 // half-written file behind. Async-signal-safe.
 void remove_unfinished_checkpoint();
 

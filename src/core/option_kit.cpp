@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 
 namespace hpc::options {
 
@@ -27,6 +28,21 @@ std::string duration_text(double seconds) {
     if (n >= 1 && n == std::floor(n)) return exact(n) + unit;
   }
   return exact(seconds) + "s";
+}
+
+bool parse_subcommand(int argc, const char* const* argv, const po::options_description& options,
+                      const po::positional_options_description& positional, po::variables_map& vm, bool speak) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
+    if (vm.count("help")) {  // before notify, which would insist on the required options
+      if (speak) std::cout << options << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage_error(e.what());
+  }
+  return true;
 }
 
 }  // namespace hpc::options

@@ -3,7 +3,7 @@
 // struct S it sets, and makes from that one member its Boost option (with the member's
 // initialiser shown as the default: one default per option), its reading after parsing, its value
 // as text, and the inverse of that text. The factories below are the kinds of option there are;
-// a program's table is a list of them (train/option_table.cpp, launch/options.cpp).
+// a program's table is a list of them (train/options/option_table.cpp, launch/options.cpp).
 #pragma once
 
 #include <boost/program_options.hpp>
@@ -173,5 +173,11 @@ void read(const std::vector<Entry<S>>& table, const po::variables_map& vm, S& s)
   for (const Entry<S>& e : table)
     if (e.read) e.read(vm, s);
 }
+
+// Parses a subcommand's argv (argv[0]: its name; hpctrain's evaluate, inspect, export, predict,
+// clean-snapshots) into vm. Returns false when --help was asked for (printed when `speak`);
+// anything wrong is a usage error.
+bool parse_subcommand(int argc, const char* const* argv, const po::options_description& options,
+                      const po::positional_options_description& positional, po::variables_map& vm, bool speak);
 
 }  // namespace hpc::options

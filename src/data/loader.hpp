@@ -63,7 +63,7 @@ struct Batch {
 };
 
 // Decodes the JPEG samples of a batch (Batch::jpeg) into its images where the consumer wants them:
-// the GPU's nvJPEG decoder (train/gpu_decoder.cpp), which leaves the batch's normalised floats in
+// the GPU's nvJPEG decoder (train/engine/gpu_decoder.cpp), which leaves the batch's normalised floats in
 // device memory. The loader's thread calls it for each batch before handing the batch over, so
 // decoding overlaps the consumer's steps on earlier batches, as DALI's pipeline does.
 class BatchDecoder {

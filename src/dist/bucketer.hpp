@@ -44,7 +44,7 @@ struct BucketTimeline {
 
 // Where the gradients live decides how a bucket is reduced. Host memory (CPU training, no
 // device): the communication thread scales each bucket and all-reduces it with MPI, and
-// finish() waits for the thread. Device memory (GPU training: train/gpu_engine.cpp): no thread;
+// finish() waits for the thread. Device memory (GPU training: train/engine/gpu_engine.cpp): no thread;
 // the main thread hands each bucket to the device as it is queued, and the device enqueues its
 // reduction behind the backward kernels that produced it (an event on the compute stream that
 // the communicator's stream waits for), as PyTorch DDP and llm.c do; finish() asks the device to

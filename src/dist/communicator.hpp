@@ -26,7 +26,7 @@ class Communicator {
   virtual std::vector<uint64_t> allgather(uint64_t value) = 0;
   virtual void barrier() = 0;
   // Every rank's bytes, in rank order, on the root (empty elsewhere). For rare, bounded
-  // payloads (the trace's buffered events, train/trace.hpp): this default moves them with one
+  // payloads (the trace's buffered events, train/observe/trace.hpp): this default moves them with one
   // broadcast per rank; mpi.cpp overrides it with one MPI_Gatherv.
   virtual std::vector<std::string> gather_bytes(const std::string& mine, int root);
   // A communicator over the same ranks whose collectives never match this one's: for a

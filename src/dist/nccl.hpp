@@ -5,8 +5,8 @@
 // communicator's own stream and return when done, as the MPI implementation does; while
 // waiting they poll NCCL's asynchronous error state. The gradients' reduction does not wait:
 // enqueue_weighted_sum puts a bucket's all-reduce on the stream and returns (the GPU engine
-// orders it with events, train/gpu_engine.cpp), and async_error, which the step watchdog polls
-// from its thread (train/watchdog.hpp), turns a peer that died into an error and an abort
+// orders it with events, train/engine/gpu_engine.cpp), and async_error, which the step watchdog polls
+// from its thread (train/stop/watchdog.hpp), turns a peer that died into an error and an abort
 // (which frees the stuck kernels) rather than a hang.
 //
 // Compiled only when CMake finds NCCL (HPCTRAIN_HAVE_NCCL).

@@ -25,7 +25,7 @@
 #include "kernels/kernels.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
-#include "train/engine.hpp"
+#include "train/engine/engine.hpp"
 
 namespace hpc {
 namespace {
@@ -979,7 +979,7 @@ TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
 }
 
 
-// --jpeg-decode gpu, whole: nvJPEG's decode of a batch and the crop kernel (train/gpu_decoder.cpp)
+// --jpeg-decode gpu, whole: nvJPEG's decode of a batch and the crop kernel (train/engine/gpu_decoder.cpp)
 // against libjpeg-turbo's decode of the same bytes and the CPU resample. Decoders differ in their
 // inverse DCT, chroma upsampling and colour conversion rounding, so the tolerance is stated in
 // byte levels of the CPU's pixels: at most 10 for any value, at most 1.5 on average. Smooth

@@ -163,8 +163,9 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
 #include "core/hash.hpp"
 #include "data/loader.hpp"
 #include "data/shards.hpp"
-#include "train/checkpointing.hpp"
-#include "train/engine.hpp"
+#include "train/engine/engine.hpp"
+#include "train/engine/training_state.hpp"
+#include "train/state/checkpointing.hpp"
 
 namespace hpc::testing {
 namespace {

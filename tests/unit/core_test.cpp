@@ -31,7 +31,7 @@
 #include "core/option_kit.hpp"
 #include "core/spelling.hpp"
 #include "core/tensor.hpp"
-#include "train/metrics.hpp"
+#include "train/observe/metrics.hpp"
 
 namespace hpc {
 namespace {

@@ -86,7 +86,7 @@ TEST(GradientBucketer, SharesWeightTheSumAndEveryElementIsReducedOnce) {
   EXPECT_EQ(covered, 1000);
 }
 
-// The timeline's zero is begin_step's moment (the trace, train/trace.hpp, places the buckets by it).
+// The timeline's zero is begin_step's moment (the trace, train/observe/trace.hpp, places the buckets by it).
 TEST(GradientBucketer, TimelineStartsAtBeginStep) {
   std::vector<float> g(1000, 1.0f);
   FakeComm comm(2, g.data());

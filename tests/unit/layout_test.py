@@ -2,19 +2,23 @@
 """The layout's rules (issue 45; DESIGN.md: "a folder is a room"), checked on the tree's own
 #include lines: no cycle between units (a unit is a .hpp with its .cpp and .cu: setup.cpp and
 trainer.cpp once included each other's headers), and no folder that includes from a folder built
-on it. The layers, from the bottom:
+on it. The layers, from the bottom (FOLDER_ORDER):
 
   core < kernels < ckpt, data, dist, nn, optim < export < train < apps
   launch beside train: it includes core and ckpt only (hpcrun launches hpctrain, it is not built on it)
+
+and inside train/, whose files all stand in its folders (TRAIN_ORDER; docs/architecture.md):
+
+  stop < options < engine < state, observe < serve < run
 
 A folder may include from its own folder and from layers below it; folders of one layer not from
 each other. Every src/ file has a test that includes or names it, or is listed with the test
 that covers it through another (COVERED_THROUGH, each test checked to exist). And no function in src/ or launch/ longer than 60 lines, from its opening brace to
 its closing one (issue 45's acceptance), found by matching braces with comments, strings and
 preprocessor lines blanked out. First on small made-up trees and sources whose answers are known
-(a cycle, an upward include, a sideways one, launch on train; functions of 60 and 61 lines, in a
-namespace, a class and with lambdas and braces in strings inside), then on the real tree, which
-must have none.
+(a cycle, an upward include, a sideways one, launch on train, the same inside train/ and a file
+outside its folders; functions of 60 and 61 lines, in a namespace, a class and with lambdas and
+braces in strings inside), then on the real tree, which must have none.
 """
 import collections
 import os
@@ -24,9 +28,25 @@ import tempfile
 import unittest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-LAYERS = {"core": 0, "kernels": 1, "ckpt": 2, "data": 2, "dist": 2, "nn": 2, "optim": 2, "export": 3,
-          "train": 4, "apps": 5, "launch": 4}
+# The layers of src/'s folders (and kernels/, launch/), from the bottom: a tuple is one layer.
+FOLDER_ORDER = [("core",), ("kernels",), ("ckpt", "data", "dist", "nn", "optim"), ("export",), ("train", "launch"),
+                ("apps",)]
 LAUNCH_MAY_INCLUDE = {"core", "ckpt", "launch"}
+# The layers of train/'s folders, from the bottom: how a run is stopped (stop signals, the step
+# watchdog); what it is told (its options); the engines, which hold the training state; keeping
+# that state (checkpoints, snapshots) and observing the run (metrics, progress, the trace), side by
+# side; serving a checkpoint's model (export, predict); the run itself and the other subcommands.
+TRAIN_ORDER = [("stop",), ("options",), ("engine",), ("state", "observe"), ("serve",), ("run",)]
+
+
+def layer_numbers(order):
+    """{folder: its layer's index} of an order of layers."""
+    return {folder: i for i, layer in enumerate(order) for folder in layer}
+
+
+LAYERS = layer_numbers(FOLDER_ORDER)
+# The folders whose own folders have layers, and theirs.
+INNER_LAYERS = {"train": layer_numbers(TRAIN_ORDER)}
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 MAX_FUNCTION_LINES = 60
@@ -36,7 +56,7 @@ PREPROCESSOR = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
 
 def units(root):
     """{unit: set of units it includes}, a unit being a path under src/ (or kernels/, launch/)
-    without its extension, e.g. train/setup or launch/attempt."""
+    without its extension, e.g. train/run/setup or launch/attempt."""
     deps = collections.defaultdict(set)
     for top in ("src", "kernels", "launch"):
         for folder, _, files in os.walk(os.path.join(root, top)):
@@ -92,19 +112,54 @@ def cycles(deps):
 
 
 def layer_violations(deps):
-    """'a/x -> b/y (why)' for each include from a folder to one it may not include."""
+    """'a/x -> b/y (why)' for each include from a folder to one it may not include: between top
+    folders by LAYERS (launch/ by LAUNCH_MAY_INCLUDE), and inside a folder of INNER_LAYERS between
+    its own folders."""
     out = []
     for unit, targets in sorted(deps.items()):
         src = unit.split("/")[0]
         for target in sorted(targets):
             dst = target.split("/")[0]
-            if src == dst or src not in LAYERS or dst not in LAYERS:
+            if src == dst and src in INNER_LAYERS:
+                out += inner_violation(unit, target, INNER_LAYERS[src])
+            elif src == dst or src not in LAYERS or dst not in LAYERS:
                 continue
-            if src == "launch" and dst not in LAUNCH_MAY_INCLUDE:
+            elif src == "launch" and dst not in LAUNCH_MAY_INCLUDE:
                 out.append(f"{unit} -> {target} (launch/ includes core/ and ckpt/ only)")
-            elif src != "launch" and LAYERS[dst] >= LAYERS[src]:
-                kind = "a folder of the same layer" if LAYERS[dst] == LAYERS[src] else "a folder built on it"
-                out.append(f"{unit} -> {target} ({src}/ includes from {kind}, {dst}/)")
+            elif src != "launch":
+                out += violation(unit, target, src, dst, LAYERS)
+    return out
+
+
+def inner_violation(unit, target, layers):
+    """The same between two folders inside one (train/engine -> train/state). A unit directly in the
+    outer folder, or in a folder with no layer, is unplaced()'s to name."""
+    src, dst = unit.split("/"), target.split("/")
+    if len(src) < 3 or len(dst) < 3 or src[1] == dst[1] or src[1] not in layers or dst[1] not in layers:
+        return []
+    src_folder, dst_folder = f"{src[0]}/{src[1]}", f"{dst[0]}/{dst[1]}"
+    return violation(unit, target, src_folder, dst_folder, {src_folder: layers[src[1]], dst_folder: layers[dst[1]]})
+
+
+def violation(unit, target, src, dst, layers):
+    """[the line for unit -> target] when folder src may not include from folder dst, else []."""
+    if layers[dst] < layers[src]:
+        return []
+    kind = "a folder of the same layer" if layers[dst] == layers[src] else "a folder built on it"
+    return [f"{unit} -> {target} ({src}/ includes from {kind}, {dst}/)"]
+
+
+def unplaced(deps):
+    """The units of a folder of INNER_LAYERS that stand directly in it or in a folder with no layer."""
+    out = []
+    for unit in sorted(deps):
+        parts = unit.split("/")
+        if parts[0] not in INNER_LAYERS:
+            continue
+        if len(parts) < 3:
+            out.append(f"{unit}: directly in {parts[0]}/, not in one of its folders")
+        elif parts[1] not in INNER_LAYERS[parts[0]]:
+            out.append(f"{unit}: {parts[0]}/{parts[1]}/ has no layer")
     return out
 
 
@@ -219,27 +274,29 @@ COVERED_THROUGH = {
     "nn/parallel": ("integration/mpi_test.cpp", "DefaultThreadsShareTheHostsCores"),
     "nn/pool_row": ("unit/layers_test.cpp", "BatchNormFusedPool"),
     "nn/simple_layers": ("unit/layers_test.cpp", "GlobalAvgPoolReluFlattenLinear"),
-    "train/boundary": ("integration/checkpoint_test.cpp", "StopOnSignalCheckpointsAndResumesExactly"),
-    "train/commands": ("integration/checkpoint_test.cpp", "EvaluateAndInspectACheckpoint"),
-    "train/engine_cpu": ("integration/train_test.cpp", "SameSeedSameChecksumOtherSeedOtherChecksum"),
-    "train/export_command": ("serving/onnx_test.py", "test_cnn"),
-    "train/gpu_engine": ("gpu/train_gpu_test.cpp", "DefaultJobReaches92PercentOnOneGpu"),
-    "train/gpu_engine_none": ("integration/cli_test.cpp", "DeviceCudaWithoutAGpuIsAUsageError"),
-    "train/inference": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
-    "train/inference_cpu": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
-    "train/inference_gpu": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
-    "train/inference_gpu_none": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
-    "train/option_checks": ("integration/cli_test.cpp", "IsOneLineUsageError"),
-    "train/predict": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
-    "train/progress": ("integration/output_test.cpp", "ATerminalShowsTheLiveLine"),
-    "train/prometheus": ("integration/train_test.cpp", "PrometheusFileParsesAndAgreesWithTheMetricsFile"),
-    "train/serving": ("serving/predict_test.py", "test_checkpoints_that_cannot_serve"),
-    "train/serving_model": ("serving/predict_test.py", "test_the_checkpoint_names_its_classes"),
-    "train/signals": ("integration/checkpoint_test.cpp", "AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode"),
-    "train/snapshots": ("integration/snapshot_test.cpp", "AKilledRankResumesFromTheSnapshotAndEndsInTheSameState"),
-    "train/step_metrics": ("integration/train_test.cpp", "StepEventsEveryNStepsCarryTheSchedulesLearningRate"),
-    "train/train_options": ("unit/options_test.cpp", "HoldsEveryListedOptionWithItsRule"),
-    "train/trainer": ("integration/train_test.cpp", "ShortRunReachesSaneAccuracy"),
+    "train/engine/engine_cpu": ("integration/train_test.cpp", "SameSeedSameChecksumOtherSeedOtherChecksum"),
+    "train/engine/gpu_engine": ("gpu/train_gpu_test.cpp", "DefaultJobReaches92PercentOnOneGpu"),
+    "train/engine/gpu_engine_none": ("integration/cli_test.cpp", "DeviceCudaWithoutAGpuIsAUsageError"),
+    "train/engine/inference": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/engine/inference_cpu": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/engine/inference_gpu": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
+    "train/engine/inference_gpu_none": ("gpu/train_gpu_test.cpp", "PredictOnTheGpuGivesTheCpuLogits"),
+    "train/observe/progress": ("integration/output_test.cpp", "ATerminalShowsTheLiveLine"),
+    "train/observe/prometheus": ("integration/train_test.cpp", "PrometheusFileParsesAndAgreesWithTheMetricsFile"),
+    "train/observe/step_metrics": ("integration/train_test.cpp",
+                                   "StepEventsEveryNStepsCarryTheSchedulesLearningRate"),
+    "train/options/option_checks": ("integration/cli_test.cpp", "IsOneLineUsageError"),
+    "train/options/train_options": ("unit/options_test.cpp", "HoldsEveryListedOptionWithItsRule"),
+    "train/run/boundary": ("integration/checkpoint_test.cpp", "StopOnSignalCheckpointsAndResumesExactly"),
+    "train/run/commands": ("integration/checkpoint_test.cpp", "EvaluateAndInspectACheckpoint"),
+    "train/run/trainer": ("integration/train_test.cpp", "ShortRunReachesSaneAccuracy"),
+    "train/serve/export_command": ("serving/onnx_test.py", "test_cnn"),
+    "train/serve/predict": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
+    "train/serve/serving": ("serving/predict_test.py", "test_checkpoints_that_cannot_serve"),
+    "train/serve/serving_model": ("serving/predict_test.py", "test_the_checkpoint_names_its_classes"),
+    "train/state/snapshots": ("integration/snapshot_test.cpp",
+                              "AKilledRankResumesFromTheSnapshotAndEndsInTheSameState"),
+    "train/stop/signals": ("integration/checkpoint_test.cpp", "AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode"),
 }
 
 
@@ -288,35 +345,61 @@ def make_tree(files):
 class MadeUpTrees(unittest.TestCase):
     def test_a_cycle_through_a_cpp_is_found_and_a_chain_is_not(self):
         root = make_tree({
-            "src/train/setup.hpp": '#include "train/options.hpp"\n',
-            "src/train/setup.cpp": '#include "train/setup.hpp"\n#include "train/trainer.hpp"\n',
-            "src/train/trainer.hpp": "",
-            "src/train/trainer.cpp": '#include "train/trainer.hpp"\n#include "train/setup.hpp"\n',
-            "src/train/options.hpp": '#include "core/log.hpp"\n#include <vector>\n',
+            "src/train/run/setup.hpp": '#include "train/options/options.hpp"\n',
+            "src/train/run/setup.cpp": '#include "train/run/setup.hpp"\n#include "train/run/trainer.hpp"\n',
+            "src/train/run/trainer.hpp": "",
+            "src/train/run/trainer.cpp": '#include "train/run/trainer.hpp"\n#include "train/run/setup.hpp"\n',
+            "src/train/options/options.hpp": '#include "core/log.hpp"\n#include <vector>\n',
             "src/core/log.hpp": "",
         })
         deps = units(root)
-        self.assertEqual(deps["train/setup"], {"train/options", "train/trainer"})
-        self.assertEqual(cycles(deps), [["train/setup", "train/trainer", "train/setup"]])
-        os.remove(os.path.join(root, "src/train/trainer.cpp"))
+        self.assertEqual(deps["train/run/setup"], {"train/options/options", "train/run/trainer"})
+        self.assertEqual(cycles(deps), [["train/run/setup", "train/run/trainer", "train/run/setup"]])
+        os.remove(os.path.join(root, "src/train/run/trainer.cpp"))
         self.assertEqual(cycles(units(root)), [])
 
     def test_includes_up_sideways_and_from_launch_into_train_are_named(self):
         root = make_tree({
-            "src/core/log.hpp": '#include "train/options.hpp"\n',
+            "src/core/log.hpp": '#include "train/options/options.hpp"\n',
             "src/nn/model.hpp": '#include "data/dataset.hpp"\n#include "core/log.hpp"\n#include "kernels/bn.hpp"\n',
             "src/data/dataset.hpp": "",
-            "src/train/options.hpp": '#include "nn/model.hpp"\n',
+            "src/train/options/options.hpp": '#include "nn/model.hpp"\n',
             "kernels/bn.hpp": '#include "core/log.hpp"\n',
-            "launch/attempt.cpp": '#include "attempt.hpp"\n#include "train/options.hpp"\n#include "ckpt/store.hpp"\n',
+            "launch/attempt.cpp": ('#include "attempt.hpp"\n#include "train/options/options.hpp"\n'
+                                   '#include "ckpt/store.hpp"\n'),
             "launch/attempt.hpp": "",
             "src/ckpt/store.hpp": "",
         })
         self.assertEqual(layer_violations(units(root)), [
-            "core/log -> train/options (core/ includes from a folder built on it, train/)",
-            "launch/attempt -> train/options (launch/ includes core/ and ckpt/ only)",
+            "core/log -> train/options/options (core/ includes from a folder built on it, train/)",
+            "launch/attempt -> train/options/options (launch/ includes core/ and ckpt/ only)",
             "nn/model -> data/dataset (nn/ includes from a folder of the same layer, data/)",
         ])
+
+    def test_inside_train_includes_up_and_sideways_and_files_outside_its_folders_are_named(self):
+        root = make_tree({
+            "src/train/engine/engine.hpp": ('#include "train/state/checkpointing.hpp"\n'
+                                            '#include "train/options/options.hpp"\n'),
+            "src/train/state/checkpointing.hpp": ('#include "train/engine/engine.hpp"\n'
+                                                  '#include "train/observe/trace.hpp"\n'),
+            "src/train/observe/trace.hpp": '#include "train/engine/engine.hpp"\n#include "core/log.hpp"\n',
+            "src/train/run/trainer.cpp": ('#include "train/run/trainer.hpp"\n#include "train/stop/signals.hpp"\n'
+                                          '#include "train/serve/serving.hpp"\n#include "train/loose.hpp"\n'),
+            "src/train/run/trainer.hpp": "", "src/train/stop/signals.hpp": "", "src/train/serve/serving.hpp": "",
+            "src/train/options/options.hpp": '#include "train/stop/signals.hpp"\n',
+            "src/train/loose.hpp": '#include "train/run/trainer.hpp"\n',
+            "src/train/misc/odd.hpp": '#include "train/run/trainer.hpp"\n',
+            "src/core/log.hpp": "",
+        })
+        deps = units(root)
+        self.assertEqual(layer_violations(deps), [
+            "train/engine/engine -> train/state/checkpointing (train/engine/ includes from a folder built on it, "
+            "train/state/)",
+            "train/state/checkpointing -> train/observe/trace (train/state/ includes from a folder of the same layer, "
+            "train/observe/)",
+        ])
+        self.assertEqual(unplaced(deps), ["train/loose: directly in train/, not in one of its folders",
+                                          "train/misc/odd: train/misc/ has no layer"])
 
 
 class MadeUpFunctions(unittest.TestCase):
@@ -387,8 +470,16 @@ class TheTree(unittest.TestCase):
         self.assertEqual(found, [], "\n".join(found))
 
     def test_every_folder_has_its_layer(self):
-        folders = {u.split("/")[0] for u in units(ROOT)}
-        self.assertEqual(folders - set(LAYERS), set(), "a folder with no layer in LAYERS above")
+        deps = units(ROOT)
+        folders = {u.split("/")[0] for u in deps}
+        self.assertEqual(folders - set(LAYERS), set(), "a folder with no layer in FOLDER_ORDER above")
+        found = unplaced(deps)
+        self.assertEqual(found, [], "files outside the layers of TRAIN_ORDER above:\n" + "\n".join(found))
+
+    def test_the_orders_name_each_folder_once(self):
+        for order in (FOLDER_ORDER, TRAIN_ORDER):
+            every = [folder for layer in order for folder in layer]
+            self.assertEqual(len(every), len(set(every)), order)
 
 
 if __name__ == "__main__":

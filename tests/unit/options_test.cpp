@@ -1,4 +1,4 @@
-// The option table (train/option_table.cpp): every option is listed here with its rule for ranks
+// The option table (train/options/option_table.cpp): every option is listed here with its rule for ranks
 // and resume and another value than its default. The table must hold exactly these; --help must
 // show each; the cross-rank agreement check (option_values, which every rank compares and every
 // checkpoint records) must compare each option whose rule is not Local and no other; and the
@@ -17,9 +17,9 @@
 #include "core/error.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
-#include "train/checkpointing.hpp"
-#include "train/options.hpp"
-#include "train/setup.hpp"
+#include "train/options/options.hpp"
+#include "train/run/setup.hpp"
+#include "train/state/checkpointing.hpp"
 
 namespace hpc::testing {
 namespace {

@@ -1,11 +1,11 @@
-// The straggler window (train/stragglers.hpp): which rank is slowest over the last seconds of
+// The straggler window (train/observe/stragglers.hpp): which rank is slowest over the last seconds of
 // steps, its busy time over the median rank's, and what leaves the window.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <vector>
 
-#include "train/stragglers.hpp"
+#include "train/observe/stragglers.hpp"
 
 namespace hpc::train {
 namespace {

@@ -6,7 +6,7 @@
 #include <future>
 #include <thread>
 
-#include "train/watchdog.hpp"
+#include "train/stop/watchdog.hpp"
 
 namespace hpc::train {
 namespace {

@@ -8,7 +8,7 @@
 // device::copy are enqueued on it. A buffer a layer frees and the allocator hands out again is
 // therefore zeroed and written behind the kernels still reading it, and a memset during a CUDA
 // graph's capture is captured. The NCCL communicator's stream is the only other one; it and
-// this one wait on each other's events (train/gpu_engine.cpp). One context per process.
+// this one wait on each other's events (train/engine/gpu_engine.cpp). One context per process.
 #pragma once
 
 #include <cublas_v2.h>

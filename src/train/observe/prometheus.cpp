@@ -1,0 +1,100 @@
+#include "train/observe/prometheus.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/log.hpp"
+
+namespace hpc::train {
+namespace {
+
+constexpr const char* kPrefix = "hpctrain_";
+
+// As Prometheus's text format writes numbers: the shortest text that reads back as the same
+// double, NaN and +Inf/-Inf spelled its way.
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, ec == std::errc() ? end : buf);
+}
+
+std::string labels_text(const std::vector<std::pair<std::string, std::string>>& labels) {
+  std::string text;
+  for (const auto& [name, value] : labels)
+    text += (text.empty() ? "" : ",") + name + "=\"" + label_value(value) + "\"";
+  return text;
+}
+
+// The temporary file beside `path`: hidden, and not named *.prom, so that node_exporter (which
+// reads only *.prom) never reads it half-written.
+std::string temporary_beside(const std::string& path) {
+  const std::filesystem::path p(path);
+  std::string name = ".";  // appended, not "." + name: GCC 12 warns falsely (-Wrestrict) on that
+  name += p.filename().string();
+  name += ".tmp";
+  return (p.parent_path() / name).string();
+}
+
+bool write_all(int fd, const std::string& text) {
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string label_value(const std::string& s) {
+  std::string out = s;
+  for (char& c : out)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && !std::strchr("._:-/", c)) c = '_';
+  return out;
+}
+
+PrometheusTextfile::PrometheusTextfile(std::string path, std::vector<std::pair<std::string, std::string>> labels)
+    : path_(std::move(path)), labels_(labels_text(labels)) {}
+
+std::string PrometheusTextfile::render(const std::vector<Gauge>& gauges) const {
+  std::string text;
+  for (size_t i = 0; i < gauges.size(); ++i) {
+    const Gauge& g = gauges[i];
+    const std::string name = kPrefix + g.name;
+    if (i == 0 || gauges[i - 1].name != g.name)
+      text += "# HELP " + name + " " + g.help + "\n# TYPE " + name + (g.counter ? " counter\n" : " gauge\n");
+    const std::string own = labels_text(g.labels);
+    const std::string all = labels_ + (!labels_.empty() && !own.empty() ? "," : "") + own;
+    text += name + (all.empty() ? "" : "{" + all + "}") + " " + number(g.value) + "\n";
+  }
+  return text;
+}
+
+bool PrometheusTextfile::write(const std::vector<Gauge>& gauges) {
+  const std::string tmp = temporary_beside(path_), text = render(gauges);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && write_all(fd, text);
+  int error = ok ? 0 : errno;
+  if (fd >= 0 && ::close(fd) != 0 && ok) ok = false, error = errno;
+  if (ok && ::rename(tmp.c_str(), path_.c_str()) != 0) ok = false, error = errno;
+  if (!ok && fd >= 0) ::unlink(tmp.c_str());
+  if (!ok && !warned_) {
+    warned_ = true;
+    log::warn("cannot write --prometheus-file ", path_, ": ", std::strerror(error),
+              " (said once; training goes on, and so do the tries)");
+  }
+  return ok;
+}
+
+}  // namespace hpc::train

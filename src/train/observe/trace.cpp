@@ -1,0 +1,253 @@
+#include "train/observe/trace.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace hpc::train {
+namespace {
+
+constexpr const char* kOption = "--timeline-file";
+constexpr off_t kTail = 1 << 16;  // far longer than any event hpctrain writes
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+// Whether text is exactly one JSON object (braces balanced outside strings, ending at the last
+// '}'): the test of a last event that a killed write may have cut.
+bool one_whole_object(const std::string& text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '}') {
+      depth += c == '{' ? 1 : -1;
+      if (depth == 0) return i + 1 == text.size();
+    }
+  }
+  return false;
+}
+
+std::string read_at(int fd, off_t at, off_t n) {
+  std::string s(static_cast<size_t>(n), '\0');
+  const ssize_t got = ::pread(fd, s.data(), s.size(), at);
+  s.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  return s;
+}
+
+}  // namespace
+
+bool is_chrome_trace(const std::string& path) {
+  const std::string jsonl = ".jsonl";
+  return path.size() < jsonl.size() || path.compare(path.size() - jsonl.size(), jsonl.size(), jsonl) != 0;
+}
+
+// ---- the file ----------------------------------------------------------------------------------
+
+TraceFile::TraceFile(const std::string& path) : path_(path) {
+  HPC_REQUIRE(!path.empty(), kOption, " is empty (an unset variable?)");
+  // As MetricsWriter: O_EXCL tells a file made here from one that was there; O_NONBLOCK refuses a
+  // FIFO that nothing reads at once instead of waiting for a reader.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  created_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  struct stat st {};
+  if (fd_ < 0) {
+    const int error = errno;
+    HPC_REQUIRE(error != ENXIO || ::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode), kOption, " ", path,
+                " is a FIFO that has no reader: start the program that reads it first");
+    usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(error));
+  }
+  if (::fstat(fd_, &st) != 0) {
+    const int error = errno;
+    ::close(std::exchange(fd_, -1));
+    usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(error));
+  }
+  // /dev/stdout may be a regular file (a job's redirected output) that the log shares: written
+  // as a stream too, appended to, never read nor rewritten.
+  stream_ = !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 || path.rfind("/proc/", 0) == 0;
+  if (stream_) {
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);  // waits for a slow reader, as stdout does
+    return;
+  }
+  if (!created_) {  // reopened to read its end, and to write anywhere in it (no O_APPEND)
+    ::close(fd_);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd_ < 0) usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(errno));
+  }
+  if (st.st_size > 0) find_end(st.st_size);
+}
+
+// The array's first '[' and its last whole event: the next events go after it (over the "]").
+void TraceFile::find_end(off_t size) {
+  const std::string head = read_at(fd_, 0, std::min(size, kTail));
+  const size_t first = head.find_first_not_of(" \n\r\t");
+  if (first == std::string::npos || head[first] != '[') {
+    ::close(std::exchange(fd_, -1));
+    usage_error(kOption, " ", path_, " exists and is not a Chrome trace (a JSON array of events): not appending to "
+                "it (another file named by mistake? a name ending in .jsonl is written as JSON Lines)");
+  }
+  const off_t from = std::max<off_t>(0, size - kTail);
+  std::string tail = read_at(fd_, from, size - from);
+  while (!tail.empty() && is_space(tail.back())) tail.pop_back();
+  if (!tail.empty() && tail.back() == ']') tail.pop_back();  // a clean end's: the new events replace it
+  while (!tail.empty() && is_space(tail.back())) tail.pop_back();
+  if (from == 0 && tail.size() == first + 1) {  // "[" alone: an empty array
+    end_ = static_cast<off_t>(tail.size());
+    return;
+  }
+  const size_t last = tail.rfind("\n{");  // every event starts a line
+  HPC_REQUIRE(last != std::string::npos, kOption, " ", path_, " exists and is not a Chrome trace written by "
+              "hpctrain (no event found at its end): not appending to it");
+  if (!one_whole_object(tail.substr(last + 1))) {
+    log::warn(kOption, " ", path_, " ends in a cut event (a run killed while writing it?): that event is dropped "
+              "and this run's events follow the one before it");
+    tail.resize(last);
+    while (!tail.empty() && (is_space(tail.back()) || tail.back() == ',')) tail.pop_back();
+  }
+  end_ = from + static_cast<off_t>(tail.size());
+  has_events_ = !tail.empty() && tail.back() == '}';
+}
+
+TraceFile::~TraceFile() {
+  if (fd_ < 0) return;
+  try {
+    close();
+  } catch (const std::exception& e) {
+    log::warn(e.what());
+  }
+  ::close(fd_);
+  if (created_ && !written_) ::unlink(path_.c_str());
+}
+
+void TraceFile::write_at(const std::string& text, off_t at) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = stream_ ? ::write(fd_, text.data() + done, text.size() - done)
+                              : ::pwrite(fd_, text.data() + done, text.size() - done, at + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    written_ = true;  // even a failed write may have left part of an event: the file stays
+    HPC_REQUIRE(n > 0, "cannot write ", kOption, " ", path_, ": ", std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void TraceFile::append(const std::string& events) {
+  if (events.empty() || closed_) return;
+  std::string text = (stream_ ? !written_ : end_ == 0) ? "[" : "";
+  text.append(events, has_events_ ? 0 : 1);  // the array's first event follows no comma
+  has_events_ = true;
+  if (stream_) return write_at(text, 0);
+  // Regular file: the events over the old "]", then a new one, then nothing after it.
+  const auto events_end = end_ + static_cast<off_t>(text.size());
+  text += "\n]\n";
+  write_at(text, end_);
+  end_ = events_end;
+  HPC_REQUIRE(::ftruncate(fd_, end_ + 3) == 0, "cannot write ", kOption, " ", path_, ": ", std::strerror(errno));
+}
+
+void TraceFile::close() {
+  if (std::exchange(closed_, true) || !stream_ || !written_) return;
+  write_at("\n]\n", 0);
+}
+
+// ---- the events --------------------------------------------------------------------------------
+
+Trace::Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const std::string& host, size_t buckets)
+    : comm_(comm), file_(std::move(file)) {
+  // Steps' events: step, data wait, forward, backward, optimizer and two per bucket, the same
+  // count on every rank, so every rank reaches the same period.
+  const int64_t per_step = 5 + 2 * static_cast<int64_t>(buckets);
+  period_ = std::clamp<int64_t>(kEventBudget / per_step, 1, 100);
+  if (const char* every = std::getenv("HPCTRAIN_TEST_TRACE_GATHER_STEPS")) period_ = std::max(1LL, std::atoll(every));
+  comm_.barrier();
+  zero_ = Clock::now();
+  const int rank = comm_.rank();
+  const auto meta = [&](const char* name, int tid, JsonObject args) {
+    JsonObject e{{"name", name}, {"ph", "M"}, {"pid", rank}, {"tid", tid}, {"args", std::move(args)}};
+    buffer_ += ",\n" + json_text(e);
+  };
+  meta("process_name", 0, {{"name", "rank " + std::to_string(rank) + " (" + host + ")"}});
+  meta("process_sort_index", 0, {{"sort_index", rank}});
+  meta("thread_name", 0, {{"name", "step"}});
+  meta("thread_name", 1, {{"name", "gradient all-reduce"}});
+}
+
+// Microseconds from `from` to t, to the nanosecond.
+double Trace::micros(Clock::time_point t, Clock::time_point from) {
+  return std::round(std::chrono::duration<double, std::micro>(t - from).count() * 1000) / 1000;
+}
+
+void Trace::add(const std::string& name, int tid, Clock::time_point begin, Clock::time_point end, JsonObject args) {
+  if (buffer_.size() > kMaxBufferBytes) {
+    if (dropped_++ == 0)
+      log::warn(kOption, ": rank ", comm_.rank(), "'s buffer of trace events is full; events are dropped until the "
+                "next gather");
+    return;
+  }
+  JsonObject e{{"name", name}, {"ph", "X"},          {"pid", comm_.rank()},
+               {"tid", tid},   {"ts", micros(begin, zero_)}, {"dur", std::max(0.0, micros(end, begin))}};
+  if (!args.empty()) e["args"] = std::move(args);
+  buffer_ += ",\n" + json_text(e);
+}
+
+void Trace::step(int64_t step, Clock::time_point asked, double data_wait, const StepResult& r,
+                 const dist::BucketTimeline& t, Clock::time_point end) {
+  const JsonObject at{{"step", step}};
+  add("step " + std::to_string(step), 0, asked, end, at);
+  const auto after = [](Clock::time_point from, double seconds) {
+    return from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
+  add("data wait", 0, asked, after(asked, data_wait), at);
+  if (const StepPhases& p = r.phases; p.known()) {
+    add("forward", 0, p.forward, p.backward, at);
+    add("backward", 0, p.backward, p.backward_end, at);
+    add("optimizer", 0, p.optimizer, p.end, at);
+  }
+  const auto since = [&](double seconds) { return after(t.start, seconds); };
+  for (size_t b = 0; b < t.buckets.size(); ++b) {
+    const dist::BucketTimeline::Bucket& k = t.buckets[b];
+    const JsonObject args{{"bucket", b},
+                          {"begin", k.begin},
+                          {"end", k.end},
+                          {"bytes", (k.end - k.begin) * static_cast<int64_t>(sizeof(float))},
+                          {"step", step}};
+    add("queue bucket " + std::to_string(b), 1, since(k.queued), since(k.started), args);
+    add("allreduce bucket " + std::to_string(b), 1, since(k.started), since(k.done), args);
+  }
+}
+
+void Trace::span(const char* name, Clock::time_point begin, Clock::time_point end, int64_t step) {
+  add(name, 0, begin, end, {{"step", step}});
+}
+
+void Trace::at_boundary(int64_t step) {
+  if (step % period_ == 0) gather();
+}
+
+void Trace::gather() {
+  const std::vector<std::string> parts = comm_.gather_bytes(buffer_, 0);
+  buffer_.clear();
+  buffer_.shrink_to_fit();  // the peak is a period's: give it back between gathers
+  dropped_ = 0;
+  if (!file_) return;
+  std::string all;
+  for (const std::string& p : parts) all += p;
+  file_->append(all);
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,440 @@
+#include "train/options/options.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "ckpt/store.hpp"
+#include "core/cpus.hpp"
+#include "core/device.hpp"
+#include "core/duration.hpp"
+#include "core/error.hpp"
+#include "core/file_identity.hpp"
+#include "data/dataset.hpp"
+#include "nn/gemm.hpp"
+#include "nn/model.hpp"
+#include "optim/schedule.hpp"
+#include "train/options/option_table.hpp"
+#include "train/stop/signals.hpp"
+
+namespace hpc::train {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+void require_finite(double v, const char* option) {
+  HPC_REQUIRE(std::isfinite(v), "--", option, " must be a finite number, got ", v);
+}
+
+constexpr int64_t kMaxEpochs = 1'000'000;
+// The watchdog counts in int64 nanoseconds: beyond 1000 h a step timeout means "never" anyway,
+// and under a second it would end healthy runs whose steps take that long.
+constexpr double kMinStepTimeout = 1, kMaxStepTimeout = 1000 * 3600.0;
+// A bucket must hold at least one float; 1 kB also keeps the number of buckets sane.
+constexpr double kMinBucketMb = 0.001, kMaxBucketMb = 4096;
+
+void validate_counts(const TrainOptions& o) {
+  require_positive(o.epochs, "epochs");
+  require_batch_size(o.batch_size, "batch-size");
+  require_batch_size(o.eval_batch_size, "eval-batch-size");
+  for (auto [v, name] : {std::pair{o.seed, "seed"}, {o.max_steps, "max-steps"}, {o.train_samples, "train-samples"},
+                         {o.test_samples, "test-samples"}, {o.global_batch_size, "global-batch-size"},
+                         {o.image_size, "image-size"},
+                         {o.checkpoint_every_steps, "checkpoint-every-steps"}, {o.log_every, "log-every"},
+                         {o.metrics_every_steps, "metrics-every-steps"}})
+    require_non_negative(v, name);
+  HPC_REQUIRE(o.epochs <= kMaxEpochs, "--epochs must be at most ", kMaxEpochs, ", got ", o.epochs);
+  if (o.global_batch_size > 0) require_batch_size(o.global_batch_size, "global-batch-size");
+  require_thread_count(o.threads);
+  HPC_REQUIRE(o.image_size <= 4096, "--image-size must be at most 4096 pixels, got ", o.image_size);
+  HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
+              "--keep-checkpoints must be from 1 to 1000000, got ", o.keep_checkpoints);
+}
+
+// The choices themselves were parsed with the table; here, the ones that contradict each other.
+void validate_choices(const TrainOptions& o) {
+  const int64_t least = nn::smallest_image_side(o.model);
+  HPC_REQUIRE(o.image_size == 0 || o.image_size >= least, "--image-size ", o.image_size, " is too small for --model ",
+              nn::model_name(o.model), " (at least ", least, " pixels)");
+  HPC_REQUIRE(!o.cuda_graphs || o.precision != Precision::Fp16, "--cuda-graphs does not take --precision fp16 (its "
+              "dynamic loss scale changes between steps, a graph replays fixed ones); use bf16, or leave out "
+              "--cuda-graphs");
+  HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || !o.lr_step_epochs.empty(),
+              "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
+}
+
+// As optim::Sgd would refuse them (it checks again for its own callers).
+void validate_optimizer(const TrainOptions& o) {
+  for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
+                         {o.label_smoothing, "label-smoothing"}})
+    require_finite(v, name);
+  HPC_REQUIRE(o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  HPC_REQUIRE(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
+  HPC_REQUIRE(!o.nesterov || o.momentum > 0, "Nesterov momentum needs --momentum > 0 (or --no-nesterov)");
+  HPC_REQUIRE(o.weight_decay >= 0, "--weight-decay must not be negative, got ", o.weight_decay);
+  HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+              o.label_smoothing);
+}
+
+// As optim::LrSchedule would refuse them, and the values that contradict --lr or --epochs.
+void validate_schedule(const TrainOptions& o) {
+  for (auto [v, name] : {std::pair{o.warmup_epochs, "warmup-epochs"}, {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"},
+                         {o.onecycle_pct_start, "onecycle-pct-start"}, {o.onecycle_div_factor, "onecycle-div-factor"},
+                         {o.onecycle_final_div_factor, "onecycle-final-div-factor"},
+                         {o.onecycle_base_momentum, "onecycle-base-momentum"},
+                         {o.onecycle_max_momentum, "onecycle-max-momentum"}})
+    require_finite(v, name);
+  HPC_REQUIRE(o.warmup_epochs >= 0, "--warmup-epochs must not be negative, got ", o.warmup_epochs);
+  HPC_REQUIRE(o.warmup_epochs <= static_cast<double>(o.epochs), "--warmup-epochs ", o.warmup_epochs,
+              " is longer than the run (--epochs ", o.epochs, ")");
+  HPC_REQUIRE(o.lr_gamma > 0, "--lr-gamma must be positive, got ", o.lr_gamma);
+  HPC_REQUIRE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr ", o.lr, "] (the cosine schedule "
+              "falls from --lr to it), got ", o.min_lr);
+  for (double e : o.lr_step_epochs)
+    HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || e < static_cast<double>(o.epochs), "--lr-step-epochs ", e,
+                " is not within the run (--epochs ", o.epochs, "): the learning rate would never change there");
+  HPC_REQUIRE(o.onecycle_pct_start > 0 && o.onecycle_pct_start < 1, "--onecycle-pct-start must be in (0, 1), got ",
+              o.onecycle_pct_start);
+  HPC_REQUIRE(o.onecycle_div_factor >= 1 && o.onecycle_final_div_factor >= 1,
+              "--onecycle-div-factor and --onecycle-final-div-factor must be at least 1, got ", o.onecycle_div_factor,
+              " and ", o.onecycle_final_div_factor);
+  HPC_REQUIRE(o.onecycle_base_momentum >= 0 && o.onecycle_base_momentum <= o.onecycle_max_momentum &&
+                  o.onecycle_max_momentum < 1,
+              "one-cycle momentum needs 0 <= --onecycle-base-momentum <= --onecycle-max-momentum < 1, got ",
+              o.onecycle_base_momentum, " and ", o.onecycle_max_momentum);
+}
+
+void validate_parallel(const TrainOptions& o) {
+  HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb >= kMinBucketMb && o.bucket_mb <= kMaxBucketMb,
+              "--bucket-mb must be a size in MB from ", kMinBucketMb, " (1 kB) to ", kMaxBucketMb, ", got ",
+              o.bucket_mb);
+  HPC_REQUIRE(o.step_timeout_seconds == 0 ||
+                  (o.step_timeout_seconds >= kMinStepTimeout && o.step_timeout_seconds <= kMaxStepTimeout),
+              "--step-timeout must be 0 (never) or from 1s to 1000h, got ", show_duration(o.step_timeout_seconds));
+  HPC_REQUIRE(o.checkpoint_lock_wait_seconds <= kMaxStepTimeout, "--checkpoint-lock-wait must be at most 1000h, got ",
+              show_duration(o.checkpoint_lock_wait_seconds));
+}
+
+// A config file is a few lines: reading stops past this, so that --config /dev/zero, or a
+// dataset named by mistake, ends in an error rather than taking all the memory.
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
+// How long a read of the config file waits at a time before it looks for a stop signal.
+constexpr int kConfigWaitSliceMs = 100;
+
+// Up to `limit` bytes of a config file, which may be a FIFO or a pipe (--config <(generate)):
+// opened without waiting for a writer and read as its bytes come, in short slices, so that a
+// stop signal ends a wait for a writer that never comes (before the options are read, the signal
+// thread only keeps it: signals.hpp). A blocking open or read would wait forever, SIGTERM or not.
+std::string read_config_bytes(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  HPC_REQUIRE(fd >= 0, "cannot read config file ", path, ": ", std::strerror(errno));
+  const struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  // A regular file never waits: a stop signal taken while it is read waits for the options, as ever.
+  struct stat st {};
+  const bool stream = ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode);
+  const std::string waiting = "--config " + path + " to be written (a FIFO or pipe whose writer has not finished)";
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() < limit) {
+    if (stream) end_wait_if_stopped(waiting);
+    pollfd ready{fd, POLLIN, 0};
+    // Regular files are always ready; a FIFO no writer has opened yet is not (nor is it at its
+    // end: a read would say 0 bytes), a pipe at its end is (POLLHUP: the read says 0 bytes).
+    const int polled = ::poll(&ready, 1, kConfigWaitSliceMs);
+    HPC_REQUIRE(polled >= 0 || errno == EINTR, "cannot read config file ", path, ": ", std::strerror(errno));
+    if (polled <= 0) continue;
+    const ssize_t n = ::read(fd, chunk, std::min(sizeof chunk, limit - text.size()));
+    if (n == 0) break;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    HPC_REQUIRE(n > 0, "cannot read config file ", path, ": ", std::strerror(errno));
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+// The text of a config file, without a UTF-8 byte-order mark (Windows editors write one).
+std::string read_config_text(const std::string& path) {
+  require_not_empty(path, "config");
+  std::error_code ec;
+  HPC_REQUIRE(!fs::is_directory(path, ec), "--config ", path, " is a directory, not a file of name = value lines");
+  std::string text = read_config_bytes(path, kMaxConfigBytes + 1);
+  HPC_REQUIRE(text.size() <= kMaxConfigBytes, "config file ", path, " is larger than ", kMaxConfigBytes >> 20,
+              " MB: not a config file of name = value lines?");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  // Control characters other than tabs and line ends mean a binary file, whose bytes would
+  // otherwise reach the error line raw.
+  const auto bad = std::find_if(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f;
+  });
+  HPC_REQUIRE(bad == text.end(), "config file ", path, " is not a text file (byte ", bad - text.begin(),
+              " is a control character): it should hold name = value lines");
+  return text;
+}
+
+// The table's own reads: the values Boost stores as text (choices, durations, lists, switches).
+void read_table(const po::variables_map& vm, TrainOptions& o) {
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options)
+      if (option.read) option.read(vm, o);
+}
+
+// Reads --config PATH into vm after the command line (whose values win). Boost's messages
+// are prefixed with the file; the options that only make sense on a command line are refused.
+void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
+  std::istringstream in(read_config_text(path));
+  try {
+    const po::parsed_options parsed = po::parse_config_file(in, all);
+    for (const po::option& opt : parsed.options) {
+      HPC_REQUIRE(opt.string_key != "config" && opt.string_key != "help" && opt.string_key != "version",
+                  "config file ", path, " sets '", opt.string_key, "', which only the command line can give");
+      // "checkpoint-dir =": a generated file whose variable was unset.
+      HPC_REQUIRE(opt.value.empty() || !opt.value.front().empty(), "config file ", path, ": '", opt.string_key,
+                  "' is empty (an unset variable?)");
+    }
+    // The file on its own first: po::store passes over a name that vm holds already, so where the
+    // command line sets it too, a name given twice or a value that cannot be read would go unseen.
+    po::variables_map own;
+    po::store(parsed, own);
+    TrainOptions unused;
+    try {
+      read_table(own, unused);
+    } catch (const Error& e) {
+      usage_error("config file ", path, ": ", e.what());
+    }
+    po::store(parsed, vm);
+    po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    const bool dotted = e.get_option_name().find('.') != std::string::npos;
+    usage_error("config file ", path, ": ", e.what(),
+                dotted ? " (sections such as [train] are not read: write name = value lines)" : "");
+  } catch (const po::error& e) {
+    usage_error("config file ", path, ": ", e.what());
+  }
+}
+
+bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
+
+// Paths: an empty one is an unset variable ("--checkpoint-dir $DIR"), never a request for the
+// default.
+void validate_paths(const po::variables_map& vm) {
+  for (const char* name : {"data-dir", "metrics-file", "prometheus-file", "timeline-file", "checkpoint-dir", "resume",
+                           "init-from", "snapshot-dir", "snapshot-max-memory", "snapshot-every-steps"})
+    if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+}
+
+// Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes
+// must be neither one another nor a file it reads (the config, the checkpoint it resumes, the
+// run's checkpoints): their bytes would be lost. By identity, so that another spelling or a link
+// is no way around it; streams (a pipe, /dev/stdout) may be shared.
+void validate_distinct_files(const TrainOptions& o, const po::variables_map& vm) {
+  require_not_root_dir(o.checkpoint_dir, "--checkpoint-dir");
+  require_not_root_dir(o.snapshot_dir, "--snapshot-dir");
+  std::vector<NamedPath> inputs;
+  if (vm.count("config")) inputs.push_back({"--config", vm["config"].as<std::string>()});
+  if (o.resume == ResumeFrom::File) inputs.push_back({"--resume", o.resume_file});
+  if (!o.checkpoint_dir.empty())
+    for (NamedPath& p : ckpt::checkpoint_inputs("--checkpoint-dir", o.checkpoint_dir)) inputs.push_back(std::move(p));
+  if (!o.init_from.empty())
+    for (NamedPath& p : ckpt::checkpoint_inputs("--init-from", o.init_from)) inputs.push_back(std::move(p));
+  require_distinct_files({{"--metrics-file", o.metrics_file},
+                          {"--timeline-file", o.timeline_file},
+                          {"--prometheus-file", o.prometheus_file}},
+                         inputs);
+}
+
+// What the step metrics need: a metrics file to add the step events to, and a name
+// node_exporter's textfile collector reads (it skips all but *.prom, so another would be
+// written for nobody).
+void validate_step_metrics(const TrainOptions& o) {
+  HPC_REQUIRE(o.metrics_every_steps == 0 || !o.metrics_file.empty(),
+              "--metrics-every-steps needs --metrics-file: the step events go there");
+  const std::string name = fs::path(o.prometheus_file).filename().string();
+  HPC_REQUIRE(o.prometheus_file.empty() || (name.size() > 5 && name.ends_with(".prom") && name[0] != '.'),
+              "--prometheus-file ", o.prometheus_file, " must name a file ending in .prom (and not starting with "
+              "a dot): node_exporter's textfile collector reads no other");
+  std::error_code ec;
+  const fs::file_status there = fs::status(o.prometheus_file, ec);
+  HPC_REQUIRE(o.prometheus_file.empty() || !fs::exists(there) || fs::is_regular_file(there), "--prometheus-file ",
+              o.prometheus_file, " is not a regular file (a FIFO, a device): each rewrite renames a new file over "
+              "it, which would replace it, and a stream cannot be rewritten; name a file of its own");
+}
+
+// Checkpoint settings without a directory to write to would silently save nothing.
+void validate_checkpointing(const TrainOptions& o, const po::variables_map& vm) {
+  HPC_REQUIRE(o.init_from.empty() || o.resume != ResumeFrom::File, "--init-from starts a new run from a checkpoint's "
+              "weights and --resume ", o.resume_file, " continues the run of that checkpoint: give one of them");
+  if (!o.checkpoint_dir.empty()) return;
+  const std::pair<bool, const char*> asks[] = {
+      {o.checkpoint_every_steps > 0, "--checkpoint-every-steps"},
+      {o.checkpoint_each_epoch, "--checkpoint-each-epoch"},
+      {given(vm, "keep-checkpoints"), "--keep-checkpoints"},
+      {given(vm, "checkpoint-interval") && o.checkpoint_interval_seconds > 0, "--checkpoint-interval"},
+      {o.snapshot_every_steps > 0, "--snapshot-every-steps"},
+      {given(vm, "snapshot-dir"), "--snapshot-dir"},
+      {given(vm, "checkpoint-lock-wait"), "--checkpoint-lock-wait"}};
+  for (const auto& [asked, option] : asks)
+    HPC_REQUIRE(!asked, option, " needs --checkpoint-dir: without it no checkpoint is written",
+                std::strncmp(option, "--snapshot", 10) == 0 ? " and no snapshot resumed" : "");
+}
+
+// The table's options in their groups, bound to o, under the usage line; with the command
+// line's own (help, version, config) first.
+po::options_description description(TrainOptions& o, std::string* config) {
+  po::options_description all("Usage: hpctrain [train] [options]\n"
+                              "  or:  hpctrain evaluate --checkpoint PATH [options]    (test accuracy of a checkpoint)\n"
+                              "  or:  hpctrain inspect PATH [--json]                   (what a checkpoint holds)\n"
+                              "  or:  hpctrain export --checkpoint PATH --output FILE  (the model as an ONNX file)\n"
+                              "  or:  hpctrain predict --checkpoint PATH IMAGES...     (classify PNG and JPEG images)\n"
+                              "  or:  hpctrain clean-snapshots [options]               (free old snapshots' host memory)\n"
+                              "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 4 epochs). "
+                              "Run under mpirun for data parallelism");
+  for (const OptionGroup& group : option_table()) {
+    po::options_description d(group.caption);
+    if (&group == &option_table().front())
+      d.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
+          "config", po::value(config), "read options from FILE (name = value lines with the long options' names, "
+                                       "# comments; a text file of at most 1 MB); the command line wins");
+    for (const Option& option : group.options) option.add(d, o);
+    all.add(d);
+  }
+  return all;
+}
+
+// The command line, then the config file (whose values the command line's win); nullopt when
+// --help or --version was handled.
+std::optional<po::variables_map> parse_into(int argc, const char* const* argv, TrainOptions& o, bool speak) {
+  std::string config;
+  const po::options_description all = description(o, &config);
+  po::variables_map vm;
+  try {
+    // No positional options: a stray word ("hpctrain resnet20") is an error, not ignored.
+    po::store(po::command_line_parser(argc, argv).options(all).positional({}).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage_error(e.what());
+  }
+  // Stored after the command line, so options given there win.
+  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
+  if (vm.count("help")) {
+    if (speak) std::cout << all << "\n";
+    return std::nullopt;
+  }
+  if (vm.count("version")) {
+    if (speak) std::cout << "hpctrain " << HPCTRAIN_VERSION << " (CPU GEMM: " << nn::gemm_backend() << "; "
+                         << device::describe() << ")\n";
+    return std::nullopt;
+  }
+  return vm;
+}
+
+const Option* find_option(const std::string& name) {
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options)
+      if (option.name == name) return &option;
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak) {
+  TrainOptions o;
+  const std::optional<po::variables_map> vm = parse_into(argc, argv, o, speak);
+  if (!vm) return std::nullopt;
+  validate_paths(*vm);
+  read_table(*vm, o);
+  validate_distinct_files(o, *vm);
+  validate_step_metrics(o);
+  HPC_REQUIRE(o.global_batch_size == 0 || (*vm)["batch-size"].defaulted(),
+              "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
+  validate_counts(o);
+  validate_choices(o);
+  validate_optimizer(o);
+  validate_schedule(o);
+  validate_parallel(o);
+  validate_checkpointing(o, *vm);
+  // A usage error now, not when the run starts.
+  cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
+  return o;
+}
+
+std::string help_text() {
+  TrainOptions o;
+  std::string config;
+  std::ostringstream os;
+  os << description(o, &config);
+  return os.str();
+}
+
+std::vector<OptionRule> option_rules() {
+  std::vector<OptionRule> rules;
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options) rules.push_back({option.name, option.rule});
+  return rules;
+}
+
+std::vector<std::pair<std::string, std::string>> option_values(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options)
+      if (option.rule != Rule::Local) v.emplace_back(option.name, option.value(o));
+  return v;
+}
+
+std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const OptionGroup& group : option_table())
+    for (const Option& option : group.options) v.emplace_back(option.name, option.value(o));
+  return v;
+}
+
+std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v = option_values(o);
+  for (const char* name : {"checkpoint-dir", "resume", "snapshot-every-steps"})
+    v.emplace_back(name, find_option(name)->value(o));
+  return v;
+}
+
+bool must_match_on_resume(const std::string& name) {
+  const Option* option = find_option(name);
+  return option && option->rule == Rule::Match;
+}
+
+bool records_option(const std::map<std::string, std::string>& meta, const std::string& name) {
+  return meta.count("option." + name) > 0;
+}
+
+TrainOptions recorded_options(const std::map<std::string, std::string>& meta,
+                              const std::vector<std::string>& names) {
+  TrainOptions o;
+  for (const std::string& name : names) {
+    const Option* option = find_option(name);
+    HPC_CHECK(option && option->rule != Rule::Local, "--", name, " is not an option checkpoints record");
+    const auto it = meta.find("option." + name);
+    HPC_REQUIRE(it != meta.end(), "the checkpoint does not record --", name);
+    try {
+      option->parse(it->second, o);
+    } catch (const Error& e) {
+      usage_error(e.what(), " (as the checkpoint records it)");
+    }
+  }
+  return o;
+}
+
+}  // namespace hpc::train

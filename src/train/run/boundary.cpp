@@ -1,0 +1,191 @@
+#include "train/run/boundary.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "dist/agree.hpp"
+#include "train/stop/signals.hpp"
+
+namespace hpc::train {
+
+TestHook TestHook::from_environment(const char* variable, int default_signal) {
+  TestHook k;
+  if (const char* v = std::getenv(variable)) {
+    k.step = std::atoll(v);
+    const char* name = std::strchr(v, ':');
+    k.signal = name ? signal_number_of(name + 1) : default_signal;
+    HPC_REQUIRE(k.signal != 0, variable, ": unknown signal in '", v, "'");
+    if (const char* at = std::strchr(v, '@')) k.rank = std::atoi(at + 1);
+  }
+  return k;
+}
+
+TestHooks::TestHooks(int rank)
+    : rank_(rank),
+      kill_(TestHook::from_environment("HPCTRAIN_TEST_KILL_AFTER_STEP", SIGKILL)),
+      signal_(TestHook::from_environment("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", SIGTERM)) {
+  if (const char* v = std::getenv("HPCTRAIN_TEST_SLOW_RANK"); v && std::atoi(v) == rank_)
+    if (const char* ms = std::strchr(v, ':')) slow_ms_ = std::atoi(ms + 1);
+}
+
+void TestHooks::slow_down() const {
+  if (slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
+}
+
+void TestHooks::signal_after(int64_t step) const {
+  if (signal_.fires(step, rank_)) StopSignals::raise_and_wait(signal_.signal);
+}
+
+void TestHooks::kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const {
+  if (kill_.step != step) return;
+  if (writer && !std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) writer->wait();
+  if (comm.size() > 1) comm.barrier();
+  if (kill_.rank == rank_) std::raise(kill_.signal);
+}
+
+int shard_of(int rank, int world) {
+  const char* v = std::getenv("HPCTRAIN_TEST_WRONG_SHARD");
+  return v && std::atoi(v) == rank ? (rank + 1) % world : rank;
+}
+
+StopAsked stop_asked(dist::Communicator& comm) {
+  const auto mine = static_cast<uint64_t>(StopSignals::signal_number());
+  const std::vector<uint64_t> all = comm.size() > 1 ? comm.allgather(mine) : std::vector<uint64_t>{mine};
+  StopAsked s;
+  for (size_t r = all.size(); r-- > 0;)
+    if (all[r] != 0) s = {static_cast<int>(all[r]), static_cast<int>(r), s.ranks + 1};
+  return s;
+}
+
+std::string cause_of(const StopAsked& s, int world) {
+  return s.ranks == world ? signal_name(s.signal) : detail::concat(signal_name(s.signal), " to rank ", s.rank);
+}
+
+int stop_exit_code(const TrainOptions& o, const StopAsked& s) {
+  return o.checkpoint_dir.empty() ? 128 + s.signal : kExitCheckpointed;
+}
+
+std::unique_ptr<ckpt::DirectoryLock> lock_directory(dist::ProcessContext& ctx, const TrainOptions& o, bool* locked) {
+  std::unique_ptr<ckpt::DirectoryLock> lock;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0 && !o.checkpoint_dir.empty())
+      lock = ckpt::DirectoryLock::acquire(o.checkpoint_dir, o.checkpoint_lock_wait_seconds,
+                                          [] { return StopSignals::requested(); });
+  });
+  uint64_t got = lock || o.checkpoint_dir.empty() ? 1 : 0;
+  if (ctx.world_size() > 1) ctx.world().broadcast(&got, sizeof got, 0);
+  *locked = got != 0;
+  return lock;
+}
+
+std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, const TrainOptions& o) {
+  std::unique_ptr<ckpt::CheckpointStore> store;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0 && !o.checkpoint_dir.empty())
+      store = std::make_unique<ckpt::CheckpointStore>(o.checkpoint_dir, o.keep_checkpoints);
+  });
+  return store;
+}
+
+void diverged(const TrainOptions& o, const std::string& what, bool before_any_update) {
+  if (before_any_update)
+    throw dist::CollectiveError(ErrorKind::Internal,
+                                detail::concat("internal error at ", __FILE__, ":", __LINE__, ": ", what,
+                                               " before any update of the initial parameters (not the options' doing)"));
+  throw dist::CollectiveError(ErrorKind::Usage,
+                              detail::concat("training diverged: ", what, "; lower --lr (now ", o.lr,
+                                             ") or warm up to it (--warmup-epochs); no checkpoint holds this state"));
+}
+
+void require_finite_state(dist::Communicator& comm, Engine& engine, const TrainOptions& o, int64_t after_step,
+                          bool check) {
+  constexpr StatePart kParts[] = {StatePart::Parameters, StatePart::Momentum, StatePart::NormStatistics};
+  double bad[3] = {0, 0, 0};  // by part: the first part any rank found
+  if (check)
+    if (const std::optional<StatePart> part = engine.first_non_finite()) bad[static_cast<int>(*part)] = 1;
+  if (comm.size() > 1) comm.allreduce_sum(bad, 3);
+  for (int i = 0; i < 3; ++i)
+    if (bad[i] > 0)
+      diverged(o, detail::concat(describe(kParts[i]), " are not finite after step ", after_step,
+                                 ", though its loss still was"), false);
+}
+
+StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due, bool snapshot_due, double loss,
+                                    bool lost_directory, std::span<double> summed) {
+  constexpr size_t kFlags = 5;
+  std::vector<double> flags = {checkpoint_due ? 1.0 : 0.0, snapshot_due ? 1.0 : 0.0,
+                               StopSignals::requested() ? 1.0 : 0.0, std::isfinite(loss) ? 0.0 : 1.0,
+                               lost_directory ? 1.0 : 0.0};
+  flags.insert(flags.end(), summed.begin(), summed.end());
+  if (comm.size() > 1) comm.allreduce_sum(flags.data(), static_cast<int64_t>(flags.size()));
+  std::copy(flags.begin() + kFlags, flags.end(), summed.begin());
+  return {flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0, flags[4] > 0};
+}
+
+void lost_directory(const TrainOptions& o) {
+  throw dist::CollectiveError(ErrorKind::Usage,
+                              detail::concat("another run took over the checkpoint directory ", o.checkpoint_dir,
+                                             " (rank 0's lock on it was lost while this job was stopped or cut off): "
+                                             "stopping without writing anything more there"));
+}
+
+void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra) {
+  if (!store_ || seconds_since(last_) < 1.0 || !store_->owned()) return;  // owned() stats the lock: once a second
+  ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", extra ? resumed_ + extra() : resumed_);
+  last_ = Clock::now();
+}
+
+void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra) {
+  if (store_ && store_->owned()) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_ + extra);
+}
+
+Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,
+                           std::unique_ptr<ckpt::CheckpointStore> store, Engine& engine, ModelIdentity model)
+    : ctx_(ctx), o_(o), store_(std::move(store)), engine_(engine), model_(std::move(model)) {
+  if (store_) writer_ = std::make_unique<ckpt::AsyncWriter>(*store_);
+}
+
+bool Checkpointer::due_by_clock() const {
+  return ctx_.rank() == 0 && o_.checkpoint_interval_seconds > 0 &&
+         seconds_since(last_time_) >= o_.checkpoint_interval_seconds;
+}
+
+bool Checkpointer::due_at_step(int64_t step) const {
+  return o_.checkpoint_every_steps > 0 && step % o_.checkpoint_every_steps == 0;
+}
+
+void Checkpointer::save(const RunPosition& at) {
+  if (o_.checkpoint_dir.empty() || at.step == last_saved_) return;
+  const auto t0 = Clock::now();
+  require_finite_state(ctx_.world(), engine_, o_, at.step, writer_ != nullptr);
+  last_saved_ = at.step;
+  dist::collectively(ctx_, [&] {
+    if (!writer_) return;
+    ckpt::Checkpoint snapshot = writer_->recycled();
+    record_run(snapshot, o_, model_, ctx_.world_size(), at);
+    engine_.snapshot(snapshot);
+    writer_->submit(std::move(snapshot), at.step);
+  });
+  stall_ += seconds_since(t0);
+  last_time_ = Clock::now();
+  ++written_;
+}
+
+void Checkpointer::wait_for_writes(const std::string& doing) {
+  dist::collectively(ctx_, [&] {
+    if (!writer_) return;
+    try {
+      writer_->wait();
+    } catch (const Error& e) {
+      throw Error(e.kind(), doing + ", but its checkpoint could not be written: " + e.what());
+    }
+  });
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,424 @@
+#include "train/run/commands.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/store.hpp"
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "core/log.hpp"
+#include "core/option_kit.hpp"
+#include "core/spelling.hpp"
+#include "dist/agree.hpp"
+#include "nn/gemm.hpp"
+#include "train/observe/metrics.hpp"
+#include "train/options/options.hpp"
+#include "train/run/trainer.hpp"
+#include "train/state/checkpointing.hpp"
+
+namespace hpc::train {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+namespace {
+
+std::string utc_time(int64_t unix_seconds) {
+  const std::time_t t = static_cast<std::time_t>(unix_seconds);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+std::string human_bytes(double n) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (n >= 1000 && u < 4) n /= 1000, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", n, units[u]);
+  return buf;
+}
+
+std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key,
+                    const std::string& otherwise = "?") {
+  auto it = meta.find(key);
+  return it == meta.end() ? otherwise : it->second;
+}
+
+}  // namespace
+
+void require_known_command(const char* word) {
+  const std::vector<std::string> known(std::begin(kCommandNames), std::end(kCommandNames));
+  if (std::find(known.begin(), known.end(), word) != known.end()) return;
+  std::string names;
+  for (const std::string& k : known) names += (names.empty() ? "" : ", ") + k;
+  usage_error("unknown command '", word, "'", did_you_mean(known, word), "; the commands are ", names,
+              " (hpctrain --help lists the training options)");
+}
+
+namespace {
+
+// ---- inspect -------------------------------------------------------------------------------
+
+struct Inspected {
+  std::string path;
+  uint64_t size = 0;
+  ckpt::Layout layout;
+  std::string problem;  // empty: valid
+  std::string param_checksum, state_checksum;  // of a valid one (as a done line gives them)
+};
+
+Inspected inspect_file(const std::string& path) {
+  Inspected r;
+  r.path = path;
+  std::error_code ec;
+  r.size = fs::file_size(path, ec);
+  try {
+    const ckpt::Checkpoint c = ckpt::load_checkpoint(path, &r.layout);
+    r.param_checksum = param_checksum(c);
+    r.state_checksum = state_checksum(c);
+  } catch (const Error& e) {
+    r.problem = e.what();
+  }
+  return r;
+}
+
+int64_t integer_or(const std::map<std::string, std::string>& meta, const std::string& key) {
+  try {
+    return std::stoll(meta_or(meta, key, "-1"));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Where in the run a checkpoint stands, as people count epochs: "after epoch 2" or
+// "in epoch 2, 15 steps into it".
+std::string position_text(const std::map<std::string, std::string>& meta) {
+  const int64_t epoch = integer_or(meta, "epoch"), into = integer_or(meta, "step_in_epoch");
+  if (epoch < 0 || into < 0) return "epoch ?";
+  if (into == 0) return epoch == 0 ? "at the start" : "after epoch " + std::to_string(epoch);
+  return "in epoch " + std::to_string(epoch + 1) + ", " + std::to_string(into) + " steps into it";
+}
+
+std::string json_key(std::string name) {
+  for (char& ch : name)
+    if (ch == ' ' || ch == '-') ch = '_';
+  return name;
+}
+
+// One flat JSON object per checkpoint: the header fields (numbers where they are numbers),
+// the options it was made with as "option.NAME" strings, validity and sizes.
+std::string inspected_json(const Inspected& r) {
+  static const std::set<std::string> integers{"step", "epoch", "step_in_epoch", "global_batch_size", "world_size",
+                                              "time"};
+  JsonObject f{{"path", r.path},
+               {"valid", r.problem.empty() ? "yes" : "no"},
+               {"size_bytes", static_cast<int64_t>(r.size)},
+               {"format_version", static_cast<int64_t>(r.layout.version)}};
+  if (!r.problem.empty()) f["error"] = r.problem;
+  for (const auto& [key, value] : r.layout.meta) {
+    if (integers.count(key)) f[key] = integer_or(r.layout.meta, key);
+    else if (key == "samples_seen") f[key] = std::atof(value.c_str());
+    else f[key] = value;
+  }
+  if (r.problem.empty()) {
+    f["param_checksum"] = r.param_checksum;
+    f["state_checksum"] = r.state_checksum;
+  }
+  for (const auto& s : r.layout.sections) f["bytes." + json_key(s.name)] = static_cast<int64_t>(s.bytes);
+  return json_text(f);
+}
+
+void print_inspected(const Inspected& r) {
+  const auto& m = r.layout.meta;
+  std::ostringstream out;
+  out << "checkpoint: " << r.path << "\n";
+  out << "valid: " << (r.problem.empty() ? "yes" : "no: " + r.problem) << "\n";
+  out << "size: " << human_bytes(static_cast<double>(r.size)) << " (" << r.size << " bytes)\n";
+  if (r.layout.version) out << "format: version " << r.layout.version << "\n";
+  if (!m.empty()) {
+    out << "written by: hpctrain " << meta_or(m, "hpctrain_version") << " on " << meta_or(m, "world_size")
+        << " rank(s), " << utc_time(integer_or(m, "time")) << "\n";
+    out << "model: " << meta_or(m, "model") << " (layout signature " << meta_or(m, "model_signature") << ")\n";
+    out << "position: step " << meta_or(m, "step") << ", " << position_text(m) << "; " << meta_or(m, "samples_seen")
+        << " samples seen\n";
+    out << "global batch: " << meta_or(m, "global_batch_size") << "\n";
+    if (r.problem.empty())
+      out << "checksums: state " << r.state_checksum << ", parameters " << r.param_checksum << "\n";
+    out << "seed: " << meta_or(m, "option.seed") << ", dataset: " << meta_or(m, "option.dataset") << "\n";
+    if (m.count("class_names"))  // packed shards' (the other datasets' names are fixed)
+      out << "class names: " << m.at("class_names") << " (digest " << meta_or(m, "classes_digest") << ")\n";
+  }
+  if (!r.layout.sections.empty()) {
+    out << "sections:";
+    for (const auto& s : r.layout.sections)
+      out << " " << s.name << " " << human_bytes(static_cast<double>(s.bytes)) << (s.checksum_ok ? "" : " (BAD CRC)")
+          << ";";
+    out << "\n";
+  }
+  if (!m.empty()) {
+    out << "options:";
+    for (const auto& [key, value] : m)
+      if (key.rfind("option.", 0) == 0) out << " --" << key.substr(7) << "=" << value;
+    out << "\n";
+  }
+  std::cout << out.str() << std::flush;
+}
+
+// One line per checkpoint of a directory, newest first, then the heartbeat.
+void print_directory_line(const Inspected& r) {
+  const auto& m = r.layout.meta;
+  std::ostringstream out;
+  out << fs::path(r.path).filename().string() << "  step " << meta_or(m, "step") << "  " << position_text(m) << "  "
+      << meta_or(m, "model") << "  "
+      << (m.count("time") ? utc_time(integer_or(m, "time")) : std::string("?")) << "  "
+      << human_bytes(static_cast<double>(r.size)) << "  " << (r.problem.empty() ? "valid" : "INVALID: " + r.problem)
+      << "\n";
+  std::cout << out.str() << std::flush;
+}
+
+void print_heartbeat(const std::string& dir) {
+  const std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir);
+  if (beat.empty()) return;
+  const int64_t t = integer_or(beat, "unix_time");
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::cout << "heartbeat: " << meta_or(beat, "state") << ", step " << meta_or(beat, "step") << ", "
+            << meta_or(beat, "epoch") << " epoch(s) done, pid " << meta_or(beat, "pid") << ", "
+            << (t >= 0 ? std::to_string(now - t) + " s ago" : "time unknown") << "\n";
+}
+
+int inspect(const std::string& path, bool json) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const std::vector<std::string> files = ckpt::list_checkpoints(path);
+    int valid = 0;
+    for (const std::string& file : files) {
+      const Inspected r = inspect_file(file);
+      valid += r.problem.empty();
+      if (json) std::cout << inspected_json(r) << "\n";
+      else print_directory_line(r);
+    }
+    if (!json) print_heartbeat(path);
+    HPC_REQUIRE(!files.empty(), "no checkpoints (ckpt-*.hpck) in ", path);
+    HPC_REQUIRE(valid > 0, "none of the ", files.size(), " checkpoint(s) in ", path, " is valid");
+    return kExitSuccess;
+  }
+  HPC_REQUIRE(fs::exists(path, ec), "cannot read checkpoint ", path, ": no such file or directory");
+  const Inspected r = inspect_file(path);
+  if (json) std::cout << inspected_json(r) << "\n";
+  else print_inspected(r);
+  std::cout.flush();
+  if (!r.problem.empty()) usage_error(r.problem);
+  return kExitSuccess;
+}
+
+// evaluate on another dataset than the checkpoint's: refused where the model cannot take its
+// images or classes, else said once (an accuracy on other data is rarely what was meant).
+void check_evaluation_data(const ckpt::Checkpoint& c, const nn::Model<float>& model, data::DatasetKind dataset,
+                           bool speak) {
+  if (!records_option(c.meta, "dataset")) return check_model(c, model);
+  const data::DatasetKind trained = recorded_options(c.meta, {"dataset"}).dataset;
+  if (trained == dataset) return check_model(c, model);
+  const char* trained_on = data::dataset_name(trained);
+  const char* name = data::dataset_name(dataset);
+  try {
+    check_model(c, model);
+  } catch (const Error&) {
+    usage_error("--dataset ", name, ": the checkpoint's ", c.text("model"), " was trained on ", trained_on,
+                " and cannot take ", name, "'s images or classes (evaluate it on ", trained_on, ")");
+  }
+  if (speak)
+    log::warn("--dataset ", name, " is not the dataset the checkpoint was trained on (", trained_on,
+              "): this is its accuracy on other data");
+}
+
+struct EvaluateArgs {
+  std::string checkpoint, dataset, data_dir, metrics_file;
+  int64_t test_samples = 0, batch_size = 1000;
+  int threads = 0;
+};
+
+// evaluate's options, through the kit every command line uses (core/option_kit.hpp). --dataset is
+// text until the checkpoint is read (none: the checkpoint's), then read as training reads it.
+const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
+  using O = EvaluateArgs;
+  static const std::vector<options::Entry<O>> table{
+      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid checkpoint)",
+                    options::Presence::Required),
+      options::path("dataset", &O::dataset,
+                    "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)"),
+      options::path("data-dir", &O::data_dir, "directory of the dataset files (default: the dataset's usual place)"),
+      options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all)"),
+      options::number("eval-batch-size", &O::batch_size, "samples per batch"),
+      options::number("threads", &O::threads,
+                      "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and "
+                      "cgroup quota)"),
+      options::path("metrics-file", &O::metrics_file,
+                    "append the result as a JSON line (event \"evaluate\") to FILE"),
+  };
+  return table;
+}
+
+// evaluate's options, checked on every rank alike; nullopt when --help was handled.
+std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  EvaluateArgs a;
+  po::options_description options(
+      "Usage: hpctrain evaluate --checkpoint PATH [options]\n"
+      "Prints the test accuracy and loss of a checkpoint's model (batch inference; under mpirun each rank\n"
+      "evaluates a part of the test set)");
+  options.add_options()("help,h", "print this help and exit");
+  options::add(evaluate_table(), options, a);
+  po::variables_map vm;
+  bool go = false;
+  dist::collectively(ctx, [&] {
+    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    if (!go) return;
+    for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
+      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+    options::read(evaluate_table(), vm, a);
+    require_non_negative(a.test_samples, "test-samples");
+    require_batch_size(a.batch_size, "eval-batch-size");
+    require_thread_count(a.threads);
+    require_distinct_files({{"--metrics-file", a.metrics_file}}, ckpt::checkpoint_inputs("--checkpoint", a.checkpoint));
+  });
+  if (!go) return std::nullopt;
+  return a;
+}
+
+// A checkpoint's model and the test set it is evaluated on.
+struct Evaluation {
+  data::DatasetKind dataset = data::DatasetKind::FashionMnist;
+  data::DatasetPair ds;
+  std::unique_ptr<nn::Model<float>> model;
+  std::unique_ptr<MetricsWriter> metrics;  // rank 0's, with --metrics-file
+  int threads = 0;
+};
+
+// Collective: any rank's problem (a missing file on one host) is every rank's. `path`: the
+// checkpoint file read.
+Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, const std::string& path,
+                              dist::ProcessContext& ctx) {
+  Evaluation e;
+  const bool lead = ctx.rank() == 0;
+  dist::collectively(ctx, [&] {
+    // Again for the file actually read: a run may have written a newer checkpoint since parsing.
+    require_distinct_files({{"--metrics-file", a.metrics_file}}, {{"the checkpoint", path}});
+    if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
+    e.threads = a.threads > 0 ? a.threads : dist::default_threads(ctx);
+    nn::set_math_threads(e.threads);
+    e.dataset = a.dataset.empty() ? recorded_options(c.meta, {"dataset"}).dataset : data::parse_dataset(a.dataset);
+    const std::string dir = a.data_dir.empty() ? data::default_data_dir(e.dataset) : a.data_dir;
+    // Packed shards are cropped (synthetic images made) to the size the model was trained on.
+    const bool sized = e.dataset == data::DatasetKind::Shards || e.dataset == data::DatasetKind::Synthetic;
+    const bool recorded = records_option(c.meta, "image-size");
+    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0);
+    e.ds.test.truncate(a.test_samples);
+    e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
+    check_evaluation_data(c, *e.model, e.dataset, lead);
+    require_same_classes(c, e.ds.test.class_names, "the packed dataset " + e.ds.test.source);
+    apply_model_state(c, *e.model);
+  });
+  return e;
+}
+
+// Rank 0's line, and the metrics file's.
+void report_evaluation(const Evaluation& e, const EvalResult& r, const ckpt::Checkpoint& c, const std::string& path,
+                       double eval_seconds, double elapsed_seconds, int world) {
+  const int64_t step = c.integer("step");
+  const char* dataset = data::dataset_name(e.dataset);
+  char line[400];
+  std::snprintf(line, sizeof line, "test accuracy %.2f%%, test loss %.4f on %lld %s test samples: %s (%s at step %lld, %s)",
+                100 * r.accuracy, r.loss, static_cast<long long>(r.samples), dataset, path.c_str(),
+                c.text("model").c_str(), static_cast<long long>(step), position_text(c.meta).c_str());
+  std::cout << line << std::endl;
+  if (e.metrics)
+    e.metrics->write({{"event", std::string("evaluate")},
+                      {"checkpoint", path},
+                      {"model", c.text("model")},
+                      {"step", step},
+                      {"dataset", std::string(dataset)},
+                      {"samples", r.samples},
+                      {"test_loss", r.loss},
+                      {"test_accuracy", r.accuracy},
+                      {"images_per_second", static_cast<double>(r.samples) / std::max(eval_seconds, 1e-9)},
+                      {"world_size", world},
+                      {"elapsed_seconds", elapsed_seconds}});
+}
+
+}  // namespace
+
+namespace {
+struct InspectArgs {
+  std::string path;
+  bool json = false;
+};
+}  // namespace
+
+int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  InspectArgs a;
+  static const std::vector<options::Entry<InspectArgs>> table{
+      options::flag("json", &InspectArgs::json, "one JSON object per checkpoint instead of text"),
+      options::path("path", &InspectArgs::path, "a checkpoint file or a checkpoint directory"),
+  };
+  po::options_description options(
+      "Usage: hpctrain inspect PATH [--json]\n"
+      "Prints a checkpoint's header (step, epoch, model, time, size, sections, options) and whether it is valid;\n"
+      "for a directory, one line per checkpoint, newest first, and the heartbeat. Exit code 0: valid (a directory:\n"
+      "at least one valid checkpoint, so --resume auto can continue), 2: not");
+  options.add_options()("help,h", "print this help and exit");
+  options::add(table, options, a);
+  po::positional_options_description positional;
+  positional.add("path", 1);
+  int code = kExitSuccess;
+  po::variables_map vm;
+  bool go = false;
+  dist::collectively(ctx, [&] {
+    go = options::parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
+    HPC_REQUIRE(!go || vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
+    HPC_REQUIRE(!go || !a.path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
+                "checkpoint file or directory");
+  });
+  if (!go) return kExitSuccess;
+  dist::collectively(ctx, [&] {  // rank 0 reads; its verdict is every rank's
+    if (ctx.rank() == 0) code = inspect(a.path, a.json);
+  });
+  return code;
+}
+
+int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  const std::optional<EvaluateArgs> args = parse_evaluate(argc, argv, ctx);
+  if (!args) return kExitSuccess;
+  const bool lead = ctx.rank() == 0;
+  if (!lead) log::set_level(log::Level::Warn);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string path;
+  const std::optional<ckpt::Checkpoint> c = read_on_rank0(
+      ctx,
+      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
+        return load_checkpoint_or_latest(args->checkpoint);
+      },
+      &path);
+  const Evaluation e = prepare_evaluation(*args, *c, path, ctx);
+  const auto t_eval = std::chrono::steady_clock::now();
+  const EvalResult r = evaluate(*e.model, e.ds.test, e.ds.norm, args->batch_size, &ctx.world(), {}, e.threads);
+  const auto t_end = std::chrono::steady_clock::now();
+  if (lead)
+    report_evaluation(e, r, *c, path, std::chrono::duration<double>(t_end - t_eval).count(),
+                      std::chrono::duration<double>(t_end - t0).count(), ctx.world_size());
+  return kExitSuccess;
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,176 @@
+// `hpctrain export`: a checkpoint's model as an ONNX file (export/onnx_export.hpp), with what a
+// server needs to feed it in the file's metadata.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "ckpt/store.hpp"
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "core/option_kit.hpp"
+#include "dist/agree.hpp"
+#include "export/onnx_export.hpp"
+#include "train/options/options.hpp"
+#include "train/serve/serving.hpp"
+#include "train/state/checkpointing.hpp"
+
+namespace hpc::train {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+namespace {
+
+enum class ExportFormat { Onnx };
+inline constexpr Named<ExportFormat> kExportFormatNames[] = {{"onnx", ExportFormat::Onnx}};
+
+struct ExportOptions {
+  std::string checkpoint, output, data_dir;
+  ExportFormat format = ExportFormat::Onnx;
+  bool fold_batch_norm = false, force = false;
+};
+
+// export's options, through the kit every command line uses (core/option_kit.hpp).
+const std::vector<options::Entry<ExportOptions>>& export_table() {
+  using O = ExportOptions;
+  static const std::vector<options::Entry<O>> table{
+      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid one)",
+                    options::Presence::Required),
+      options::path("output", &O::output,
+                    "the file to write (replaced only with --force, and then by the rename of a complete file)",
+                    options::Presence::Required),
+      options::choice("format", &O::format, kExportFormatNames, "onnx (the only format)"),
+      options::flag("fold-batch-norm", &O::fold_batch_norm,
+                    "fold each batch norm into the convolution (or linear layer) before it, instead of "
+                    "BatchNormalization nodes"),
+      options::flag("force", &O::force, "replace --output if it exists"),
+      options::path("data-dir", &O::data_dir,
+                    "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
+                    "only for a checkpoint written before 2026-11-26, which records no class names)"),
+  };
+  return table;
+}
+
+// Checked before any work: the file is not the checkpoint (nor, for a directory, any of its
+// checkpoints), can be written where asked, and replaces nothing unless --force says so (then
+// only by the rename of a complete file).
+void check_output(const ExportOptions& o) {
+  // Not even with --force: the ONNX file would take the place of the checkpoint it is made from.
+  require_distinct_files({{"--output", o.output}}, ckpt::checkpoint_inputs("--checkpoint", o.checkpoint));
+  struct stat st {};
+  if (::stat(o.output.c_str(), &st) == 0) {
+    HPC_REQUIRE(!S_ISDIR(st.st_mode), "--output ", o.output, " is a directory: name the file to write");
+    HPC_REQUIRE(S_ISREG(st.st_mode), "--output ", o.output, " exists and is not a regular file");
+    HPC_REQUIRE(o.force, "--output ", o.output, " exists (--force replaces it)");
+  } else {
+    HPC_REQUIRE(errno == ENOENT, "cannot use --output ", o.output, ": ", std::strerror(errno));
+  }
+  const fs::path parent = fs::path(o.output).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  if (::stat(dir.c_str(), &st) != 0)
+    usage_error("cannot write --output ", o.output, ": directory ", dir,
+                errno == ENOENT ? " does not exist" : std::string(": ") + std::strerror(errno));
+  HPC_REQUIRE(S_ISDIR(st.st_mode), "cannot write --output ", o.output, ": ", dir, " is not a directory");
+}
+
+std::string joined(const std::vector<float>& v) {
+  std::ostringstream s;
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+  return s.str();
+}
+
+// What a server needs to feed the model and to know which one it is (ONNX metadata_props).
+onnx_export::ExportSpec spec_of(const ServingModel& m, bool fold) {
+  const data::DatasetFacts& f = m.facts;
+  const ckpt::Checkpoint& c = m.checkpoint;
+  onnx_export::ExportSpec spec;
+  spec.fold_batch_norm = fold;
+  spec.norm = f.norm;
+  spec.model_version = c.integer("step");
+  spec.doc = detail::concat("hpctrain ", c.text("model"), " trained on ", f.name, ", checkpoint step ", c.text("step"),
+                            ". Input: float32 N x ", f.channels, " x ", f.height, " x ", f.width,
+                            ", pixel values 0..255 (", f.channels == 1 ? "grey" : "RGB",
+                            "); the graph normalises them. Output: logits N x ", f.classes, ".");
+  const std::string crop = f.crop_fraction < 1 ? "the centre crop of 7/8 of the shorter side, resized bilinearly to "
+                                               : "the centre square, resized to ";
+  spec.metadata = {
+      {"model", c.text("model")},
+      {"dataset", f.name},
+      {"step", c.text("step")},
+      {"epoch", c.text("epoch")},
+      // The checkpoint's checksums, as the run's done line and hpctrain inspect report them:
+      // of everything that decides the rest of the run, and of the parameters alone.
+      {"state_checksum", state_checksum(c)},
+      {"param_checksum", m.param_checksum()},
+      {"hpctrain_version", c.text("hpctrain_version")},
+      {"input_layout", "NCHW float32, pixel values 0..255"},
+      {"input_channels", std::to_string(f.channels)},
+      {"input_height", std::to_string(f.height)},
+      {"input_width", std::to_string(f.width)},
+      {"color", f.channels == 1 ? "grey (BT.601 luma)" : "RGB"},
+      {"mean", joined(f.norm.mean)},
+      {"std", joined(f.norm.std)},
+      {"normalization", "in the graph: (input / 255 - mean) / std per channel"},
+      {"preprocessing", crop + std::to_string(f.height) + "x" + std::to_string(f.width) + " (as hpctrain predict)"},
+      {"batch_norm", fold ? "folded into the convolutions" : "BatchNormalization with the running statistics"},
+      {"classes", std::to_string(f.classes)},
+  };
+  if (!f.class_names.empty()) spec.metadata.emplace_back("class_names", nlohmann::json(f.class_names).dump());
+  return spec;
+}
+
+std::string human_size(size_t bytes) {
+  char buf[32];
+  if (bytes < 1000000) std::snprintf(buf, sizeof buf, "%.1f kB", static_cast<double>(bytes) / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+void export_model(const ExportOptions& o, const ServingModel& m) {
+  // Again for the file actually read: a run may have written a newer checkpoint since check_output.
+  require_distinct_files({{"--output", o.output}}, {{"the checkpoint", m.path}});
+  const std::vector<char> bytes = onnx_export::export_onnx(*m.model, spec_of(m, o.fold_batch_norm));
+  ckpt::write_file_atomically(o.output, bytes);
+  const data::DatasetFacts& f = m.facts;
+  std::cout << "exported " << m.checkpoint.text("model") << " (" << m.path << ", step " << m.checkpoint.text("step")
+            << (o.fold_batch_norm ? ", batch norm folded" : "") << ") to " << o.output << ": ONNX opset "
+            << onnx_export::kOpset << ", " << human_size(bytes.size()) << ", input float32 N x " << f.channels << " x "
+            << f.height << " x " << f.width << " (pixel values 0..255), output logits N x " << f.classes << std::endl;
+}
+
+}  // namespace
+
+int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  ExportOptions o;
+  po::options_description options(
+      "Usage: hpctrain export --checkpoint PATH --output FILE [options]\n"
+      "Writes a checkpoint's model as an ONNX file (opset 13, dynamic batch) for other runtimes (ONNX Runtime,\n"
+      "TensorRT, OpenCV, Triton). The graph takes float32 N x C x H x W pixel values 0..255 (RGB, or grey for\n"
+      "one channel) and normalises them itself; its output is the logits N x classes. The file's metadata\n"
+      "holds the input size, mean and std, class names, the checkpoint's step, state and parameter checksums");
+  options.add_options()("help,h", "print this help and exit");
+  options::add(export_table(), options, o);
+  po::variables_map vm;
+  bool go = false;
+  dist::collectively(ctx, [&] {
+    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    if (!go) return;
+    for (const char* name : {"checkpoint", "output", "data-dir"})
+      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+    options::read(export_table(), vm, o);
+    if (ctx.rank() == 0) check_output(o);
+  });
+  if (!go) return kExitSuccess;
+  const ServingModel m = load_serving_model(o.checkpoint, o.data_dir, ctx);
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0) export_model(o, m);
+  });
+  return kExitSuccess;
+}
+
+}  // namespace hpc::train

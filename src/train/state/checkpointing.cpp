@@ -1,0 +1,263 @@
+#include "train/state/checkpointing.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "ckpt/store.hpp"
+#include "core/error.hpp"
+#include "core/hash.hpp"
+#include "core/json.hpp"
+#include "core/log.hpp"
+#include "data/shards.hpp"
+#include "dist/agree.hpp"
+
+namespace hpc::train {
+namespace {
+
+// Names and shapes of every parameter and buffer: two models with the same layout have the
+// same signature.
+std::string model_signature(const ParamStore<float>& p) {
+  std::ostringstream s;
+  for (const auto& slot : p.slots()) s << slot.name << slot.shape.str() << ';';
+  for (const auto& slot : p.buffer_slots()) s << slot.name << slot.shape.str() << ';';
+  const std::string text = s.str();
+  return fnv1a_hex(text.data(), text.size());
+}
+
+template <class V>
+std::string str(const V& v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+// "cat,dog", or for a long list its first names and the count: one line either way.
+std::string listed(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 8;
+  std::string text;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) text += (i ? "," : "") + names[i];
+  if (names.size() > kShown) text += ",... (" + std::to_string(names.size()) + " classes)";
+  return text;
+}
+
+}  // namespace
+
+ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names) {
+  return {nn::model_name(model.spec().kind), model_signature(model.params()), std::move(class_names)};
+}
+
+void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
+                const RunPosition& at) {
+  auto& m = c.meta;
+  m.clear();
+  m["hpctrain_version"] = HPCTRAIN_VERSION;
+  m["model"] = model.name;
+  m["model_signature"] = model.signature;
+  m["world_size"] = str(world);
+  if (!model.class_names.empty()) {  // so that predict and export name the classes without the dataset
+    m["class_names"] = json_text(JsonObject(model.class_names));  // bytes that are not UTF-8 replaced
+    m["classes_digest"] = data::class_names_digest(model.class_names);  // of the names as they were
+  }
+  for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
+  record_position(c, at);
+}
+
+std::optional<std::vector<std::string>> class_names_of(const ckpt::Checkpoint& c) {
+  if (!c.meta.count("class_names")) return std::nullopt;
+  std::vector<std::string> names;
+  try {
+    names = nlohmann::json::parse(c.text("class_names")).get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception&) {
+    names.clear();  // refused below
+  }
+  HPC_REQUIRE(!names.empty(), "the checkpoint's class_names is not a JSON array of names: ", c.text("class_names"));
+  return names;
+}
+
+void require_same_classes(const ckpt::Checkpoint& c, const std::vector<std::string>& names, const std::string& source,
+                          const std::string& hint) {
+  const std::optional<std::vector<std::string>> recorded = class_names_of(c);
+  HPC_REQUIRE(!recorded || names.empty() || names == *recorded, source, " names the classes ", listed(names),
+              " but the checkpoint's model was trained on ", listed(*recorded), " (another packed dataset?)", hint);
+}
+
+void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
+  auto& m = c.meta;
+  m["time"] = str(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count());
+  m["step"] = str(at.step);
+  m["epoch"] = str(at.epoch);
+  m["step_in_epoch"] = str(at.step_in_epoch);
+  m["global_batch_size"] = str(at.global_batch);
+  m["samples_seen"] = str(at.samples_seen);
+}
+
+namespace {
+// Each of `to_slots` whose name and shape `from_slots` holds, copied from `from` into `to`.
+template <class Slot>
+void copy_fitting(const std::vector<Slot>& from_slots, const Tensor& from, const std::vector<Slot>& to_slots, Tensor& to,
+                  FittingState& s) {
+  for (const Slot& slot : to_slots) {
+    ++s.total;
+    const auto it = std::find_if(from_slots.begin(), from_slots.end(), [&](const Slot& f) {
+      return f.name == slot.name && f.shape == slot.shape;
+    });
+    if (it == from_slots.end()) {
+      s.left.push_back(slot.name);
+      continue;
+    }
+    std::memcpy(to.data<float>() + slot.offset, from.data<float>() + it->offset, slot.shape.numel() * sizeof(float));
+    ++s.copied;
+  }
+}
+}  // namespace
+
+FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to) {
+  FittingState s;
+  copy_fitting(from.params().slots(), from.params().values(), to.params().slots(), to.params().values(), s);
+  copy_fitting(from.params().buffer_slots(), from.params().buffers(), to.params().buffer_slots(), to.params().buffers(),
+               s);
+  return s;
+}
+
+ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
+                                 int world, const RunPosition& at) {
+  ckpt::Checkpoint c;
+  record_run(c, o, ModelIdentity::of(model), world, at);
+  copy_state(c, model, sgd);
+  return c;
+}
+
+std::string param_checksum(const ckpt::Checkpoint& c) {
+  return fnv1a_hex(c.params.data(), c.params.size() * sizeof(float));
+}
+
+std::string state_checksum(const ckpt::Checkpoint& c) {
+  uint64_t h = kFnv1aBasis;
+  for (const std::vector<float>* v : {&c.params, &c.momentum, &c.buffers}) {
+    const uint64_t n = v->size();  // where one arena ends and the next begins
+    h = fnv1a(&n, sizeof n, h);
+    h = fnv1a(v->data(), v->size() * sizeof(float), h);
+  }
+  std::string record;  // the meta section's text: exact, and the same on every machine
+  for (const char* key : {"step", "epoch", "step_in_epoch", "global_batch_size", "samples_seen", "loss_scale",
+                          "loss_scale_good_steps", "skipped_steps"}) {
+    const auto it = c.meta.find(key);
+    record += std::string(key) + '=' + (it == c.meta.end() ? "-" : it->second) + '\n';
+  }
+  return hex64(fnv1a(record.data(), record.size(), h));
+}
+
+std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,
+                                              std::string* path) {
+  std::optional<ckpt::Checkpoint> found;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() != 0) return;
+    if (auto got = read()) {
+      *path = got->first;
+      found = std::move(got->second);
+    }
+  });
+  return share_checkpoint(ctx.world(), std::move(found), 0, path);
+}
+
+std::optional<ckpt::Checkpoint> share_checkpoint(dist::Communicator& comm, std::optional<ckpt::Checkpoint> c, int root,
+                                                 std::string* path) {
+  if (comm.size() == 1) return c;
+  std::vector<char> bytes = c && comm.rank() == root ? ckpt::encode(*c) : std::vector<char>{};
+  uint64_t n = bytes.size();
+  comm.broadcast(&n, sizeof n, root);
+  *path = dist::broadcast_string(comm, *path, root);
+  if (n == 0) return std::nullopt;
+  bytes.resize(n);
+  comm.broadcast(bytes.data(), static_cast<int64_t>(n), root);
+  if (comm.rank() == root) return c;
+  return ckpt::decode(bytes, detail::concat("the state received from rank ", root));
+}
+
+std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path) {
+  return read_on_rank0(
+      ctx,
+      [&]() -> std::optional<std::pair<std::string, ckpt::Checkpoint>> {
+        if (o.resume == ResumeFrom::None) return std::nullopt;
+        if (o.resume == ResumeFrom::Auto)
+          return o.checkpoint_dir.empty() ? std::nullopt : ckpt::load_latest(o.checkpoint_dir);
+        std::error_code ec;
+        HPC_REQUIRE(!std::filesystem::is_directory(o.resume_file, ec), "--resume ", o.resume_file, " is a directory: "
+                    "give a checkpoint file in it, or the directory as --checkpoint-dir (--resume auto takes its "
+                    "newest)");
+        return std::make_pair(o.resume_file, ckpt::load_checkpoint(o.resume_file));
+      },
+      path);
+}
+
+std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return {path, ckpt::load_checkpoint(path)};
+  ckpt::LatestCheckpoint latest = ckpt::find_latest(path);
+  HPC_REQUIRE(latest.listed > 0, "no checkpoints (ckpt-*.hpck) in ", path);
+  HPC_REQUIRE(latest.found, "none of the ", latest.listed, " checkpoint(s) in ", path, " is valid; the newest: ",
+              latest.skipped.front());
+  for (const std::string& problem : latest.skipped) log::warn(problem, "; using ", latest.found->first);
+  return std::move(*latest.found);
+}
+
+nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) {
+  nn::ModelSpec spec;
+  spec.kind = parse_named(nn::kModelNames, c.text("model"), "model (in the checkpoint)");
+  const TrainOptions recorded = recorded_options(c.meta, {"no-batch-norm", "label-smoothing"});
+  spec.batch_norm = recorded.batch_norm;
+  spec.label_smoothing = recorded.label_smoothing;
+  spec.input = Shape{ds.height, ds.width, ds.channels};
+  spec.classes = ds.classes;
+  return spec;
+}
+
+void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
+  const char* name = nn::model_name(model.spec().kind);
+  HPC_REQUIRE(c.text("model") == name, "the checkpoint is of model ", c.text("model"), ", not ", name, " (--model)");
+  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()), "the checkpoint's parameters do not fit "
+              "this ", name, " (another variant, dataset shape or number of classes)");
+}
+
+RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
+  check_model(c, model);
+  for (const auto& [name, value] : option_values(o)) {
+    if (!must_match_on_resume(name)) continue;
+    // Under --global-batch-size the per-rank batch is not this run's choice: the global batch is
+    // compared below.
+    if (name == "batch-size" && o.global_batch_size != 0) continue;
+    // --extend-epochs: a longer run than the checkpoint's, never a shorter one.
+    if (name == "epochs" && o.extend_epochs) {
+      const int64_t before = recorded_options(c.meta, {"epochs"}).epochs;
+      HPC_REQUIRE(o.epochs >= before, "--extend-epochs only lengthens a run: the checkpoint's has --epochs ", before,
+                  ", this one --epochs ", o.epochs);
+      continue;
+    }
+    auto it = c.meta.find("option." + name);
+    HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
+    HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",
+                name, "=", value, " (resume with the same value, ",
+                name == "epochs" ? "or lengthen the run with --extend-epochs, " : "", "or start afresh with --resume none)");
+  }
+  RunPosition at;
+  at.step = c.integer("step");
+  at.epoch = c.integer("epoch");
+  at.step_in_epoch = c.integer("step_in_epoch");
+  at.global_batch = c.integer("global_batch_size");
+  at.samples_seen = c.number("samples_seen");
+  loss_scaler_of(c);  // valid, for the engine to restore
+  HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0,
+              "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ")");
+  HPC_REQUIRE(o.global_batch_size == 0 || o.global_batch_size == at.global_batch, "the checkpoint was made with a ",
+              "global batch of ", at.global_batch, "; --global-batch-size ", o.global_batch_size,
+              " would change what every later step computes");
+  return at;
+}
+
+}  // namespace hpc::train

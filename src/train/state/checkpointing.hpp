@@ -1,0 +1,117 @@
+// The training loop's side of checkpoints: what goes into one (src/ckpt holds the format and
+// the store), finding the one to resume from, and checking that it fits this run.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "ckpt/checkpoint.hpp"
+#include "core/file_identity.hpp"
+#include "data/dataset.hpp"
+#include "dist/process.hpp"
+#include "nn/model.hpp"
+#include "optim/sgd.hpp"
+#include "train/engine/training_state.hpp"  // the engine's part of a checkpoint, which the run's record completes
+#include "train/options/options.hpp"
+
+namespace hpc::train {
+
+// Where a run stands: the next step to run, as a position every world size understands
+// (global steps of the global batch), and the samples consumed so far.
+struct RunPosition {
+  int64_t step = 0;           // global steps done
+  int64_t epoch = 0;          // epoch of the next step
+  int64_t step_in_epoch = 0;  // index of the next step within that epoch
+  int64_t global_batch = 0;
+  double samples_seen = 0;    // what the schedules are functions of
+
+  // Where a run stands after global step `step`, whose index in `epoch` was `index`: at the
+  // end of the epoch (steps_per_epoch steps) the next step opens the next epoch.
+  static RunPosition after_step(int64_t step, int64_t epoch, int64_t index, int64_t steps_per_epoch,
+                                int64_t global_batch, double samples_seen) {
+    if (index + 1 < steps_per_epoch) return {step, epoch, index + 1, global_batch, samples_seen};
+    return {step, epoch + 1, 0, global_batch, samples_seen};
+  }
+};
+
+// Which model a checkpoint's arenas belong to: its name and layout signature (the names and
+// shapes of every parameter and buffer), and the names of its outputs where the training data
+// gave them (packed shards' classes; the other datasets' are fixed: data/facts.hpp).
+struct ModelIdentity {
+  std::string name, signature;
+  std::vector<std::string> class_names;
+  static ModelIdentity of(const nn::Model<float>& model, std::vector<std::string> class_names = {});
+};
+
+// A checkpoint is the run's record (its meta section: versions, model, time, world size,
+// position and options, written here) and the training state (the arenas, and the loss scaler's
+// keys, which the Engine snapshots). record_run replaces c's meta.
+void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
+                const RunPosition& at);
+// The class names record_run wrote (key class_names, a JSON array; beside it classes_digest,
+// data::class_names_digest of the names, for people and tools); nullopt in a checkpoint without
+// them (of a dataset with fixed names, or written before 2026-11-26). A usage error when malformed.
+std::optional<std::vector<std::string>> class_names_of(const ckpt::Checkpoint& c);
+// Usage error when the checkpoint records class names and a dataset's `names` (from `source`, a
+// packed dataset's directory) are other ones: its labels would mean other classes. `hint` ends
+// the message.
+void require_same_classes(const ckpt::Checkpoint& c, const std::vector<std::string>& names, const std::string& source,
+                          const std::string& hint = "");
+// Only the parts of the record that change during a run: the time and the position (for a
+// meta record_run made earlier in the same run, as snapshots reuse theirs).
+void record_position(ckpt::Checkpoint& c, const RunPosition& at);
+
+// What copy_fitting_state took from a model: how many of the other model's parameter and buffer
+// tensors, and the names of those it left as they were (no tensor of that name and shape there).
+struct FittingState {
+  int64_t copied = 0, total = 0;
+  std::vector<std::string> left;  // in the model's order, parameters first
+};
+// `from`'s parameters and batch-norm statistics into `to`, tensor by tensor where the names and
+// shapes match (--init-from: a checkpoint's model into this run's, whose output layer may be for
+// other classes).
+FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to);
+
+// A whole checkpoint of a host model and optimizer (tests, benchmarks).
+ckpt::Checkpoint make_checkpoint(const TrainOptions& o, const nn::Model<float>& model, const optim::Sgd<float>& sgd,
+                                 int world, const RunPosition& at);
+
+// The hash of the parameters alone (the done line's param_checksum, as it has always been).
+std::string param_checksum(const ckpt::Checkpoint& c);
+// A hash of everything that decides the rest of a run: the parameters, the optimizer's momentum,
+// the batch-norm statistics, the loss scaler and the position (step, epoch, step in the epoch,
+// global batch, samples seen); not the options (check_resumable compares those), the time or the
+// world size. A resumed run ends with the state_checksum of one never interrupted.
+std::string state_checksum(const ckpt::Checkpoint& c);
+
+// The checkpoint --resume asks for, read and verified by rank 0 and handed to every rank, or
+// nullopt for a fresh start. Sets *path to where it came from.
+std::optional<ckpt::Checkpoint> find_resume(const TrainOptions& o, dist::ProcessContext& ctx, std::string* path);
+
+// What `read` finds on rank 0 (a checkpoint and its path, or nothing), on every rank: rank 0
+// reads and verifies, the others receive its verdict (an error in `read` is every rank's
+// error) and the bytes.
+using CheckpointReader = std::function<std::optional<std::pair<std::string, ckpt::Checkpoint>>()>;
+// Rank root's checkpoint (or its nullopt) and its *path, on every rank: the same bytes.
+std::optional<ckpt::Checkpoint> share_checkpoint(dist::Communicator& comm, std::optional<ckpt::Checkpoint> c, int root,
+                                                 std::string* path);
+std::optional<ckpt::Checkpoint> read_on_rank0(dist::ProcessContext& ctx, const CheckpointReader& read,
+                                              std::string* path);
+
+// The newest valid checkpoint when `path` is a directory, else that file (usage error when
+// there is none or it is damaged).
+std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::string& path);
+
+// The model a checkpoint holds, for a dataset of this sample shape and number of classes.
+nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
+
+// Usage error unless the checkpoint's parameters fit `model` (same name and layout).
+void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
+
+// The position a checkpoint resumes at. Throws a usage error naming the first difference when
+// it belongs to another model or to options that change what is computed, or when its position
+// or loss scale is invalid.
+RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model);
+
+}  // namespace hpc::train

@@ -1,0 +1,511 @@
+#include "train/state/snapshots.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/cpus.hpp"
+#include "core/duration.hpp"
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "core/hash.hpp"
+#include "core/log.hpp"
+#include "core/option_kit.hpp"  // parse_subcommand
+#include "dist/agree.hpp"
+
+namespace hpc::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kRunIdFile = "run-id";
+constexpr size_t kRunIdLength = 16;  // hex digits
+// In every run directory: locked (shared) by the run's snapshot writer while it lives; a
+// cleanup that cannot lock it exclusively leaves the directory alone.
+constexpr const char* kInUseFile = "in-use";
+
+bool is_run_id(const std::string& s) {
+  return s.size() == kRunIdLength && std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c); });
+}
+
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t v = (static_cast<uint64_t>(device()) << 32) ^ device() ^
+                     static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^ (uint64_t(::getpid()) << 16);
+  return hex64(v);
+}
+
+// CHECKPOINT_DIR/run-id's content, "" when there is none (or it is not an id).
+std::string read_run_id(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kRunIdFile);
+  std::string id;
+  if (!(in >> id) || !is_run_id(id)) return "";
+  return id;
+}
+
+std::string format_bytes(double bytes) {
+  char buf[32];
+  const char* unit[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) bytes /= 1000, ++u;
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+  return buf;
+}
+
+// The bytes of the regular files in `dir` (0 when it cannot be read).
+uint64_t bytes_in(const fs::path& dir) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+  return bytes;
+}
+
+// Free bytes of the file system holding `dir`, plus what the run's own snapshots there take
+// (they are replaced, not added to).
+uint64_t room_for_snapshots(const std::string& dir) {
+  struct statvfs s {};
+  if (::statvfs(dir.c_str(), &s) != 0) return 0;
+  return static_cast<uint64_t>(s.f_bavail) * s.f_frsize + bytes_in(dir);
+}
+
+// The parent of the run directories must be this user's own (in a shared /dev/shm another user
+// could have made it, and would then read or replace the state).
+void require_own_directory(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  struct stat st {};
+  HPC_REQUIRE(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "cannot create ", dir.string(),
+              ec ? ": " + ec.message() : std::string(": not a directory"));
+  HPC_REQUIRE(st.st_uid == ::geteuid(), dir.string(), " belongs to another user (uid ", st.st_uid, ")");
+  ::chmod(dir.c_str(), 0700);
+}
+
+// The other runs' directories in `parent` (named by a run id), oldest first.
+struct RunDir {
+  fs::path path;
+  std::string id;
+  double age_seconds = 0;  // since its last write
+  uint64_t bytes = 0;      // its files'
+};
+std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) {
+  std::vector<RunDir> runs;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    std::error_code ec2;
+    const std::string name = e.path().filename().string();
+    if (!is_run_id(name) || name == except || !e.is_directory(ec2) || e.is_symlink(ec2)) continue;
+    const auto written = fs::last_write_time(e.path(), ec2);
+    if (ec2) continue;
+    runs.push_back({e.path(), name, std::chrono::duration<double>(now - written).count(), bytes_in(e.path())});
+  }
+  std::sort(runs.begin(), runs.end(), [](const RunDir& a, const RunDir& b) { return a.age_seconds > b.age_seconds; });
+  return runs;
+}
+
+// Removes `run` unless a running hpctrain holds it (its in-use file locked); the lock is held
+// across the removal, so no run can take the directory up meanwhile. Whether it went.
+bool remove_unless_in_use(const RunDir& run, const char* why, CleanedSnapshots& c) {
+  const uint64_t bytes = run.bytes;
+  const int fd = ::open((run.path / kInUseFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    ++c.kept_in_use, c.kept_bytes += bytes;
+    log::info("kept the snapshots of run ", run.id, ": a running hpctrain uses them (", run.path.string(), ")");
+    return false;
+  }
+  std::error_code ec;
+  fs::remove_all(run.path, ec);
+  if (fd >= 0) ::close(fd);
+  if (ec) {
+    log::warn("cannot remove the snapshots ", run.path.string(), ": ", ec.message());
+    ++c.kept_young, c.kept_bytes += bytes;
+    return false;
+  }
+  ++c.removed, c.freed_bytes += bytes;
+  log::info("removed the snapshots of run ", run.id, " (", why, ", ", format_bytes(static_cast<double>(bytes)),
+            ", last written ", show_duration(run.age_seconds), " ago): ", run.path.string());
+  return true;
+}
+
+// This host's newest snapshot that the run can resume, above the newest checkpoint's step;
+// every other one on the way is named in a warning.
+std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const std::string& run_dir,
+                                                                       const std::string& run_id,
+                                                                       const TrainOptions& o,
+                                                                       const nn::Model<float>& model,
+                                                                       int64_t checkpoint_step) {
+  std::vector<std::string> files;
+  try {
+    files = ckpt::list_checkpoints(run_dir);
+  } catch (const Error& e) {
+    log::warn("snapshots not read: ", e.what());
+    return std::nullopt;
+  }
+  for (const std::string& file : files) {
+    try {
+      ckpt::Checkpoint c = ckpt::load_checkpoint(file);
+      const auto id = c.meta.find("run_id");
+      HPC_REQUIRE(id != c.meta.end() && id->second == run_id, "it is of another run (run id ",
+                  id == c.meta.end() ? std::string("none") : id->second, ", this run's ", run_id, ")");
+      const int64_t step = c.integer("step");
+      if (step == checkpoint_step) return std::nullopt;  // the checkpoint holds the same state
+      HPC_REQUIRE(step > checkpoint_step, "it is older (step ", step, ") than the newest checkpoint (step ",
+                  checkpoint_step, ")");
+      check_resumable(c, o, model);
+      HPC_REQUIRE(!first_non_finite(c), "it holds a state that is not finite");
+      return std::make_pair(file, std::move(c));
+    } catch (const Error& e) {
+      log::warn("snapshot ", file, " ignored: ", e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o) {
+  RunIdentity r;
+  if (o.checkpoint_dir.empty()) return r;
+  if (ctx.rank() == 0) {
+    r.previous = read_run_id(o.checkpoint_dir);
+    r.id = o.resume == ResumeFrom::Auto && !r.previous.empty() ? r.previous : new_run_id();
+  }
+  r.id = dist::broadcast_string(ctx.world(), r.id, 0);
+  r.previous = dist::broadcast_string(ctx.world(), r.previous, 0);
+  return r;
+}
+
+void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
+  if (o.checkpoint_dir.empty() || r.id == r.previous) return;
+  const fs::path path = fs::path(o.checkpoint_dir) / kRunIdFile;
+  if (o.snapshot_every_steps == 0) {
+    // No snapshots, but a new lineage all the same: the old id must not make a later run with
+    // snapshots take the old run's for its own.
+    std::error_code ec;
+    fs::remove(path, ec);
+    return;
+  }
+  const std::string text = r.id + "\n";
+  ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
+}
+
+std::string default_snapshot_parent() { return "/dev/shm/hpctrain-" + std::to_string(::geteuid()); }
+
+std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
+  if (o.snapshot_every_steps == 0 || o.checkpoint_dir.empty() || run_id.empty()) return "";
+  const std::string parent = o.snapshot_dir.empty() ? default_snapshot_parent() : o.snapshot_dir;
+  return (fs::path(parent) / run_id).string();
+}
+
+CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleaning& what) {
+  CleanedSnapshots c;
+  for (const RunDir& run : run_dirs(parent, what.except)) {
+    if (!what.run_id.empty() && run.id != what.run_id) continue;
+    const char* why = what.all                  ? "every run's not in use"
+                      : !what.run_id.empty()    ? "the run asked for"
+                      : run.age_seconds > what.older_than ? "older than the limit"
+                                                          : nullptr;
+    if (!why) {
+      ++c.kept_young, c.kept_bytes += run.bytes;
+      continue;
+    }
+    remove_unless_in_use(run, why, c);
+  }
+  return c;
+}
+
+const char* source_name(StateSource s) {
+  switch (s) {
+    case StateSource::None: return "none";
+    case StateSource::Checkpoint: return "checkpoint";
+    case StateSource::Snapshot: return "snapshot";
+  }
+  return "?";
+}
+
+FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, const nn::Model<float>& model,
+                             const std::string& run_dir, const std::string& run_id) {
+  FoundState f;
+  if (run_dir.empty() || o.resume != ResumeFrom::Auto) {
+    f.state = find_resume(o, ctx, &f.path);
+    f.source = f.state ? StateSource::Checkpoint : StateSource::None;
+    return f;
+  }
+  std::optional<std::pair<std::string, ckpt::Checkpoint>> shared, mine;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == 0) shared = ckpt::load_latest(o.checkpoint_dir);
+  });
+  dist::Communicator& comm = ctx.world();
+  int64_t shared_step = shared ? shared->second.integer("step") : -1;
+  if (comm.size() > 1) comm.broadcast(&shared_step, sizeof shared_step, 0);
+  if (ctx.local_rank() == 0) mine = newest_snapshot(run_dir, run_id, o, model, shared_step);
+  // The newest snapshot of any host, from the lowest rank that holds it; else the checkpoint.
+  const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
+  const std::vector<uint64_t> steps = comm.size() > 1 ? comm.allgather(my_step) : std::vector<uint64_t>{my_step};
+  int root = 0;
+  for (int r = 1; r < static_cast<int>(steps.size()); ++r)
+    if (steps[r] > steps[root]) root = r;
+  const bool snapshot = steps[root] > 0;
+  std::optional<ckpt::Checkpoint> state;
+  if (snapshot && ctx.rank() == root) f.path = mine->first, state = std::move(mine->second);
+  if (!snapshot && ctx.rank() == 0 && shared) f.path = shared->first, state = std::move(shared->second);
+  f.state = share_checkpoint(comm, std::move(state), root, &f.path);
+  f.source = snapshot ? StateSource::Snapshot : f.state ? StateSource::Checkpoint : StateSource::None;
+  if (snapshot && ctx.rank() == 0)
+    log::info("the newest state is a snapshot in host memory (", f.path, ", on rank ", root,
+              "'s host), newer than the newest checkpoint",
+              shared_step >= 0 ? detail::concat(" (step ", shared_step, ")") : std::string(" (none)"));
+  return f;
+}
+
+Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engine& engine, ModelIdentity model,
+                         std::string run_dir, std::string run_id, const std::string& previous_run_id)
+    : ctx_(ctx), o_(o), engine_(engine), model_(std::move(model)), run_dir_(std::move(run_dir)),
+      run_id_(std::move(run_id)), every_(o.snapshot_every_steps > 0 ? o.snapshot_every_steps : 1) {
+  if (run_dir_.empty()) return;
+  ckpt::Checkpoint probe;  // the sizes of the state
+  engine_.snapshot(probe);
+  const size_t state_bytes = ckpt::encode(probe).size();
+  bool ok = true;
+  if (ctx_.local_rank() == 0) {
+    try {
+      require_own_directory(fs::path(run_dir_).parent_path());
+      remove_leftovers(previous_run_id);
+      hold_in_use();
+      store_ = std::make_unique<ckpt::CheckpointStore>(run_dir_, 1, /*reuse_pages=*/true);
+      check_budget(state_bytes);
+    } catch (const Error& e) {
+      log::warn("snapshots in host memory off on ", ctx_.host(), ": ", e.what(),
+                "; training goes on with the checkpoints on shared storage alone");
+      store_.reset();
+      ok = false;
+    }
+  }
+  // Every host keeps snapshots or none does (one warning says which host cannot).
+  double failed = ok ? 0 : 1;
+  if (ctx_.world_size() > 1) ctx_.world().allreduce_sum(&failed, 1);
+  enabled_ = failed == 0;
+  if (!enabled_) {
+    if (ctx_.rank() == 0 && ok) log::warn("snapshots in host memory off: another host cannot keep them");
+    store_.reset();
+    return;
+  }
+  if (store_) writer_ = std::make_unique<ckpt::AsyncWriter>(*store_);
+  if (ctx_.rank() == 0)
+    log::info("snapshots of the training state in host memory: ", run_dir_, ", ",
+              o_.snapshot_every_steps > 0 ? detail::concat("every ", o_.snapshot_every_steps, " step(s)")
+                                          : std::string("as often as costs under 1% of the step time"),
+              " (", format_bytes(static_cast<double>(state_bytes)), " each)");
+}
+
+Snapshotter::~Snapshotter() {
+  if (in_use_fd_ >= 0) ::close(in_use_fd_);
+}
+
+void Snapshotter::check_budget(size_t state_bytes) {
+  // A snapshot being written beside the last one: twice the state.
+  const uint64_t need = 2 * static_cast<uint64_t>(state_bytes);
+  const uint64_t budget = cpus::memory_size(o_.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
+  HPC_REQUIRE(need <= budget, "they need ", format_bytes(static_cast<double>(need)), " (twice the state of ",
+              format_bytes(static_cast<double>(state_bytes)), ") and --snapshot-max-memory allows ",
+              format_bytes(static_cast<double>(budget)), " (", o_.snapshot_max_memory, ")");
+  // The budget is the user's on this host, across all runs: the other runs' snapshots that no
+  // running hpctrain uses go first, oldest first, to make room; those in use are never taken.
+  const fs::path parent = fs::path(run_dir_).parent_path();
+  std::vector<RunDir> others = run_dirs(parent, run_id_);
+  uint64_t held = 0;
+  for (const RunDir& r : others) held += r.bytes;
+  CleanedSnapshots c;
+  for (const RunDir& r : others) {
+    if (need + held <= budget) break;
+    if (remove_unless_in_use(r, "room for this run's under --snapshot-max-memory", c)) held -= r.bytes;
+  }
+  HPC_REQUIRE(need + held <= budget, "they need ", format_bytes(static_cast<double>(need)), " and the snapshots of ",
+              c.kept_in_use, " other running job(s) of this user in ", parent.string(), " hold ",
+              format_bytes(static_cast<double>(held)), " of the ", format_bytes(static_cast<double>(budget)),
+              " --snapshot-max-memory allows (", o_.snapshot_max_memory, ") across all of them");
+  const uint64_t room = room_for_snapshots(run_dir_);
+  HPC_REQUIRE(need <= room, "they need ", format_bytes(static_cast<double>(need)), " and ", run_dir_, " has ",
+              format_bytes(static_cast<double>(room)), " free");
+}
+
+void Snapshotter::remove_leftovers(const std::string& previous_run_id) {
+  const std::string parent = fs::path(run_dir_).parent_path().string();
+  if (!previous_run_id.empty() && previous_run_id != run_id_)  // the lineage a fresh start in this directory ended
+    clean_snapshots(parent, {.older_than = 0, .all = false, .run_id = previous_run_id, .except = run_id_});
+  clean_snapshots(parent, {.older_than = kSnapshotKeepSeconds, .all = false, .run_id = "", .except = run_id_});
+}
+
+void Snapshotter::hold_in_use() {
+  // A cleanup holds the lock exclusively while it removes a directory: taken after it, the lock
+  // may be on a file it removed; then the directory is made again and the lock taken anew.
+  const fs::path file = fs::path(run_dir_) / kInUseFile;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::error_code ec;
+    fs::create_directories(run_dir_, ec);
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    HPC_REQUIRE(fd >= 0, "cannot create ", file.string(), ": ", std::strerror(errno));
+    struct stat held {}, now {};
+    if (::flock(fd, LOCK_SH) == 0 && ::fstat(fd, &held) == 0 && ::stat(file.c_str(), &now) == 0 &&
+        held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
+      in_use_fd_ = fd;
+      return;
+    }
+    ::close(fd);
+  }
+  usage_error("cannot hold ", file.string(), ": a cleanup removes the directory again and again");
+}
+
+bool Snapshotter::due(int64_t step) const {
+  if (!enabled_ || ctx_.rank() != 0) return false;
+  return step % every_ == 0;
+}
+
+bool Snapshotter::settle() {
+  try {
+    writer_->wait();
+    return true;
+  } catch (const Error& e) {
+    log::warn("a snapshot could not be written (", e.what(), "); training goes on, the previous one stays");
+    return false;
+  }
+}
+
+void Snapshotter::take(const RunPosition& at) {
+  if (!enabled_ || at.step == last_) return;
+  const auto t0 = Clock::now();
+  const int64_t steps_since = at.step - std::max<int64_t>(last_, 0);
+  last_ = at.step;
+  // Under auto, a host whose last snapshot is still being written skips this one rather than
+  // stall the step loop; a spacing the user chose is kept, as checkpoints are, by waiting for
+  // the write.
+  const bool write = writes() && (o_.snapshot_every_steps > 0 || writer_->idle()) && settle();
+  ckpt::Checkpoint c;
+  if (write) {
+    c = writer_->recycled();
+    // The last snapshot's record, handed back with it, differs only in the position.
+    const auto id = c.meta.find("run_id");
+    if (id == c.meta.end() || id->second != run_id_) {
+      record_run(c, o_, model_, ctx_.world_size(), at);
+      c.meta["run_id"] = run_id_;
+    } else {
+      record_position(c, at);
+    }
+    engine_.begin_snapshot(c);  // the parameters and momentum: on the writer's thread
+  }
+  if (write) writer_->submit(std::move(c), at.step, [this] { engine_.complete_snapshot(); });
+  ++taken_;
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  stall_ += took;
+  // Under auto, rank 0 spaces them so that their copies cost under 1% of the steps between.
+  const double since = std::chrono::duration<double>(t0 - last_time_).count();
+  if (o_.snapshot_every_steps < 0 && steps_since > 0 && since > 0) {
+    const double step_seconds = since / static_cast<double>(steps_since);
+    every_ = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(took / (0.01 * step_seconds))), 1, 1000);
+  }
+  last_time_ = Clock::now();
+}
+
+bool Snapshotter::take_and_wait(const RunPosition& at) {
+  if (!enabled_) return false;
+  if (writes()) settle();  // nothing in flight: this one is written, not skipped
+  if (at.step == last_) last_ = -1;
+  take(at);
+  double failed = writes() && !settle() ? 1 : 0;
+  if (ctx_.world_size() > 1) ctx_.world().allreduce_sum(&failed, 1);
+  return failed == 0;
+}
+
+void Snapshotter::wait() {
+  if (writes()) settle();
+}
+
+void Snapshotter::remove_all() {
+  // The process that holds this host's folder (local rank 0, which checked it is the user's own)
+  // removes it, also where snapshots were switched off for this attempt: an earlier attempt's
+  // snapshots may be in it, which nothing would resume now.
+  if (in_use_fd_ < 0) return;
+  if (writes()) settle();
+  writer_.reset();
+  store_.reset();
+  ::close(in_use_fd_), in_use_fd_ = -1;
+  std::error_code ec;
+  fs::remove_all(run_dir_, ec);
+  if (ec) log::warn("cannot remove the finished run's snapshots ", run_dir_, ": ", ec.message());
+}
+
+int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  namespace po = boost::program_options;
+  std::string dir, older, run_id;
+  bool all = false;
+  po::options_description options(
+      "Usage: hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]\n"
+      "Frees the host memory held by this user's snapshots that no relaunch needs: by default those of runs\n"
+      "that failed or were killed, last written over an hour ago (as long as hpctrain keeps them). Snapshots a\n"
+      "running hpctrain uses are never removed. Under mpirun it cleans once on each host (the host's first\n"
+      "rank): mpirun --map-by ppr:1:node hpctrain clean-snapshots. Exit code 0, also when nothing was there");
+  options.add_options()("help,h", "print this help and exit")(
+      "snapshot-dir", po::value(&dir), "where the snapshots are (default /dev/shm/hpctrain-UID, hpctrain's)")(
+      "older-than", po::value(&older), "remove those last written longer ago than this (90s, 10m, 2h; default 1h)")(
+      "all", po::bool_switch(&all), "remove every run's that no running hpctrain uses, whatever its age")(
+      "run-id", po::value(&run_id), "remove this run's alone (the id in CHECKPOINT_DIR/run-id), whatever its age");
+  po::variables_map vm;
+  bool go = false;
+  SnapshotCleaning what;
+  dist::collectively(ctx, [&] {
+    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
+    if (!go) return;
+    HPC_REQUIRE(vm.count("older-than") + vm.count("run-id") + (all ? 1 : 0) <= 1,
+                "hpctrain clean-snapshots takes one of --older-than, --all and --run-id");
+    HPC_REQUIRE(!vm.count("run-id") || is_run_id(run_id), "--run-id takes a run id (16 hex digits, as ",
+                "CHECKPOINT_DIR/run-id holds), got '", run_id, "'");
+    HPC_REQUIRE(!vm.count("snapshot-dir") || !dir.empty(),
+                "--snapshot-dir is empty (an unset variable?): give the directory, or leave it out for the default");
+    what.all = all;
+    what.run_id = run_id;
+    if (!older.empty()) what.older_than = parse_duration(older, "--older-than");
+  });
+  if (!go) return kExitSuccess;
+  const std::string parent = dir.empty() ? default_snapshot_parent() : dir;
+  dist::collectively(ctx, [&] {
+    if (ctx.local_rank() != 0) return;
+    struct stat st {};
+    if (::lstat(parent.c_str(), &st) != 0) {
+      HPC_REQUIRE(errno == ENOENT, "cannot read ", parent, ": ", std::strerror(errno));
+      std::printf("hpctrain: %s: no snapshots (no %s)\n", ctx.host().c_str(), parent.c_str());
+      return;
+    }
+    HPC_REQUIRE(S_ISDIR(st.st_mode), parent, " is not a directory");
+    HPC_REQUIRE(st.st_uid == ::geteuid(), parent, " belongs to another user (uid ", st.st_uid,
+                "): each user cleans their own");
+    const CleanedSnapshots c = clean_snapshots(parent, what);
+    std::printf("hpctrain: %s: removed the snapshots of %d run(s), %s freed; kept %d in use and %d %s (%s) in %s\n",
+                ctx.host().c_str(), c.removed, format_bytes(static_cast<double>(c.freed_bytes)).c_str(),
+                c.kept_in_use, c.kept_young,
+                what.all || !what.run_id.empty()
+                    ? "not asked for"
+                    : detail::concat("last written within ", show_duration(what.older_than)).c_str(),
+                format_bytes(static_cast<double>(c.kept_bytes)).c_str(), parent.c_str());
+    std::fflush(stdout);
+  });
+  return kExitSuccess;
+}
+
+}  // namespace hpc::train

@@ -1,0 +1,93 @@
+#include "train/stop/watchdog.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "core/log.hpp"
+
+namespace hpc::train {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", s);
+  return buf;
+}
+
+}  // namespace
+
+void StepWatchdog::print_and_exit(const std::string& message) {
+  std::fprintf(stderr, "hpctrain: error: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // No destructors, no MPI_Finalize: the main thread is stuck inside a collective and would
+  // only hang again. mpirun sees a rank leave with this code and ends the others.
+  ::_exit(kExitStepTimeout);
+}
+
+StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll)
+    : timeout_(timeout_seconds),
+      where_(std::move(where)),
+      expire_(expire ? std::move(expire) : print_and_exit),
+      poll_(std::move(poll)) {
+  last_ns_ = now_ns();
+  if (timeout_ > 0) thread_ = std::thread([this] { run(); });
+}
+
+StepWatchdog::~StepWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StepWatchdog::progress(int64_t step) {
+  step_.store(step, std::memory_order_relaxed);
+  last_ns_.store(now_ns(), std::memory_order_release);
+}
+
+void StepWatchdog::run() {
+  const auto timeout_ns = static_cast<int64_t>(timeout_ * 1e9);
+  int64_t warned_for = -1;  // the progress mark already warned about
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (poll_)
+      if (const std::string error = poll_(); !error.empty()) {
+        expire_(detail::concat(where_, ": ", error, " Exiting with code ", kExitStepTimeout,
+                               " so that the job can be relaunched from its last checkpoint"));
+        return;
+      }
+    const int64_t last = last_ns_.load(std::memory_order_acquire);
+    const int64_t idle = now_ns() - last;
+    if (idle >= timeout_ns) {
+      expire_(detail::concat(where_, ": no step finished within --step-timeout ", seconds_text(timeout_),
+                             " (the last was step ", step_.load(), "): a peer rank stopped, died or lost its ",
+                             "network inside a collective? Exiting with code ", kExitStepTimeout,
+                             " so that the job can be relaunched from its last checkpoint"));
+      return;
+    }
+    if (idle >= timeout_ns / 2 && warned_for != last) {
+      warned_for = last;
+      log::warn(where_, ": no step finished for ", seconds_text(idle * 1e-9), " since step ", step_.load(),
+                "; waiting for a peer? (--step-timeout ", seconds_text(timeout_), ")");
+    }
+    // Wake at the next moment something can be due: the warning, the timeout or the poll.
+    int64_t next = idle < timeout_ns / 2 ? timeout_ns / 2 - idle : timeout_ns - idle;
+    if (poll_) next = std::min<int64_t>(next, static_cast<int64_t>(kPollSeconds * 1e9));
+    cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(next, 1000000)));
+  }
+}
+
+}  // namespace hpc::train
