@@ -12,15 +12,6 @@
 namespace hpc::train {
 namespace {
 
-// As checkpointing.cpp writes the run's record: every digit a double needs to read back the same.
-template <class V>
-std::string str(const V& v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
 void copy_into(std::vector<float>& v, const Tensor& t) {
   const float* p = t.numel() ? t.data<float>() : nullptr;
   v.assign(p, p + t.numel());  // keeps v's capacity
@@ -59,9 +50,9 @@ void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
 }
 
 void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s) {
-  c.meta["loss_scale"] = str(s.scale);
-  c.meta["loss_scale_good_steps"] = str(s.good_steps);
-  c.meta["skipped_steps"] = str(s.skipped);
+  c.meta["loss_scale"] = meta_text(s.scale);
+  c.meta["loss_scale_good_steps"] = meta_text(s.good_steps);
+  c.meta["skipped_steps"] = meta_text(s.skipped);
 }
 
 std::optional<optim::LossScalerState> loss_scaler_of(const ckpt::Checkpoint& c) {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <optional>
+#include <sstream>
+#include <string>
 
 #include "ckpt/checkpoint.hpp"
 #include "nn/model.hpp"
@@ -14,6 +16,16 @@
 #include "optim/sgd.hpp"
 
 namespace hpc::train {
+
+// A number as a checkpoint's meta section keeps it (the run's record, the loss scaler's keys):
+// every digit a double needs to read back the same.
+template <class V>
+std::string meta_text(const V& v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
 
 // The state held by a host model and optimizer into c's arenas (keeping their capacity: see
 // ckpt::AsyncWriter::recycled), and back (a usage error when c's do not fit). The CPU engine's

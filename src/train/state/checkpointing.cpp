@@ -28,14 +28,6 @@ std::string model_signature(const ParamStore<float>& p) {
   return fnv1a_hex(text.data(), text.size());
 }
 
-template <class V>
-std::string str(const V& v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
 // "cat,dog", or for a long list its first names and the count: one line either way.
 std::string listed(const std::vector<std::string>& names) {
   constexpr size_t kShown = 8;
@@ -58,7 +50,7 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
   m["hpctrain_version"] = HPCTRAIN_VERSION;
   m["model"] = model.name;
   m["model_signature"] = model.signature;
-  m["world_size"] = str(world);
+  m["world_size"] = meta_text(world);
   if (!model.class_names.empty()) {  // so that predict and export name the classes without the dataset
     m["class_names"] = json_text(JsonObject(model.class_names));  // bytes that are not UTF-8 replaced
     m["classes_digest"] = data::class_names_digest(model.class_names);  // of the names as they were
@@ -88,13 +80,13 @@ void require_same_classes(const ckpt::Checkpoint& c, const std::vector<std::stri
 
 void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
   auto& m = c.meta;
-  m["time"] = str(std::chrono::duration_cast<std::chrono::seconds>(
+  m["time"] = meta_text(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count());
-  m["step"] = str(at.step);
-  m["epoch"] = str(at.epoch);
-  m["step_in_epoch"] = str(at.step_in_epoch);
-  m["global_batch_size"] = str(at.global_batch);
-  m["samples_seen"] = str(at.samples_seen);
+  m["step"] = meta_text(at.step);
+  m["epoch"] = meta_text(at.epoch);
+  m["step_in_epoch"] = meta_text(at.step_in_epoch);
+  m["global_batch_size"] = meta_text(at.global_batch);
+  m["samples_seen"] = meta_text(at.samples_seen);
 }
 
 namespace {
