@@ -54,8 +54,8 @@ int parse_slots(const std::string& text, const std::string& where) {
   } catch (const std::exception&) {
     used = 0;
   }
-  HPC_REQUIRE(used > 0 && used == text.size() && v >= 1 && v <= 4096, where, ": slots must be a whole number from 1 to 4096, got '",
-              printable(text), "'");
+  HPC_REQUIRE(used > 0 && used == text.size() && v >= 1 && v <= kMaxSlots, where,
+              ": slots must be a whole number from 1 to ", kMaxSlots, ", got '", printable(text), "'");
   return v;
 }
 

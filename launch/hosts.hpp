@@ -16,6 +16,9 @@ struct Host {
 };
 using HostList = std::vector<Host>;
 
+// The most slots a host may have (host:slots, slots=N, --slots-per-host).
+constexpr int kMaxSlots = 4096;
+
 // "-H a:2,b,c:4": comma-separated host[:slots]; a host without slots gets `default_slots`.
 HostList parse_host_list(const std::string& spec, int default_slots);
 // Open MPI's hostfile: "host [slots=N] [max_slots=M]" per line, '#' comments.

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cerrno>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -28,15 +27,6 @@ namespace {
 
 // How long an hpctrain attempt waits for its checkpoint directory's lock (--checkpoint-lock-wait).
 constexpr const char* kRelaunchLockWait = "1m";
-
-// hpcrun's switches: every other option takes one value.
-const std::set<std::string> kSwitches = {"help", "h", "version", "quiet", "drain-stragglers"};
-// Single-dash spellings people bring from mpirun and horovodrun.
-std::string normalise(const std::string& arg) {
-  if (arg == "-np" || arg == "-n") return "--np";
-  if (arg.rfind("-np=", 0) == 0) return "--np=" + arg.substr(4);
-  return arg;
-}
 
 std::vector<std::string> split_words(const std::string& s) {
   std::stringstream ss(s);
@@ -92,10 +82,6 @@ void check_log_dir(const std::string& dir) {
               p.string(), ": ", std::strerror(errno));
 }
 
-void require_count(int v, const char* option, int lowest, int highest = 1000000) {
-  HPC_REQUIRE(v >= lowest && v <= highest, "--", option, " must be a whole number from ", lowest, " to ", highest, ", got ", v);
-}
-
 // hpcrun reads the heartbeat where the trainer writes it: a different directory would show no
 // progress, and every attempt would be killed as stalled.
 void check_checkpoint_dir(const LaunchOptions& o) {
@@ -110,16 +96,213 @@ void check_checkpoint_dir(const LaunchOptions& o) {
               "), where its heartbeat is: give it once, to the program");
 }
 
+// What hpcrun's command line gives: LaunchOptions, and the texts read further once every option is
+// known (the host lists need --slots-per-host).
+struct CommandLine : LaunchOptions {
+  std::string hosts, hostfile, mpi_args_text;
+  // The cooldown as the option writes it ("1m:10m").
+  std::string cooldown = options::duration_text(cooldown_min) + ":" + options::duration_text(cooldown_max);
+  bool help = false, version = false;
+};
+
+// LaunchOptions' member as CommandLine's, for the kit's factories.
+template <class T>
+T CommandLine::*own(T LaunchOptions::*m) {
+  return m;
+}
+
+// Ranks hpcrun starts at most (-np, --min-np, --max-np).
+constexpr int kMaxRanks = 1000000;
+
+// --stall-timeout and --start-timeout: 0, or long enough for a start-up (kMinStallTimeout).
+options::Check<double> start_up_or_zero(std::string counts, std::string zero) {
+  return [=](const double& seconds, const std::string& shown) {
+    HPC_REQUIRE(seconds == 0 || seconds >= kMinStallTimeout, shown, " ", show_duration(seconds),
+                " is shorter than a start-up needs", counts, ": give at least ", show_duration(kMinStallTimeout),
+                ", or 0 ", zero);
+  };
+}
+
+// -x: a variable to set on every rank, which mpirun would only warn about, and start the ranks without.
+void check_env_word(const std::string& e, const std::string& shown) {
+  const std::string name = e.substr(0, e.find('='));
+  HPC_REQUIRE(!name.empty() && name.find_first_of(" \t\n") == std::string::npos, shown, " '", e,
+              "' is not NAME or NAME=VALUE");
+  HPC_REQUIRE(e.find('=') != std::string::npos || std::getenv(name.c_str()), shown, " ", name,
+              ": not set in hpcrun's environment (export it, or give ", shown, " ", name, "=VALUE)");
+}
+
+// hpcrun's options, through the kit every command line uses (core/option_kit.hpp): each one's
+// names, range and help are here, and only here; its default is its member's initialiser
+// (LaunchOptions', or CommandLine's for a text read further).
+using Entry = options::Entry<CommandLine>;
+struct Group {
+  const char* caption;  // --help's heading
+  std::vector<Entry> entries;
+};
+using options::Presence;
+using O = CommandLine;
+using L = LaunchOptions;
+
+Group where_group() {
+  return {"Where: hosts and slots (one rank per slot)",
+          {options::path({"hosts", 'H'}, &O::hosts, "hosts as host[:slots],... (as mpirun -H)", Presence::NotBlank),
+           options::path("hostfile", &O::hostfile, "Open MPI hostfile: 'host slots=N' per line", Presence::NotBlank),
+           options::path("host-discovery-script", own(&L::discovery_script),
+                         "program printing the usable hosts, one 'host:slots' per line; run every "
+                         "--discovery-interval, the job grows onto new hosts and is drained off vanished ones",
+                         Presence::NotBlank),
+           options::duration("discovery-interval", own(&L::discovery_interval), "how often the discovery script runs",
+                             options::more_than(0.0)),
+           options::number("slots-per-host", own(&L::slots_per_host), "slots of a host given without ':slots'",
+                           options::from_to(1, kMaxSlots))}};
+}
+
+Group size_group() {
+  const options::Default none = options::Default::None;  // 0: not given
+  return {"How many ranks (inside a Slurm job without host options: the allocation)",
+          {options::number({"np", 'n', "-np"}, own(&L::np), "ranks to start (-np; default: every slot, up to --max-np)",
+                           options::from_to(1, kMaxRanks), none),
+           options::number("min-np", own(&L::min_np),
+                           "fewest ranks the job may run on (default: -np, else 1); below it hpcrun waits up to "
+                           "--elastic-timeout for hosts",
+                           options::from_to(1, kMaxRanks), none),
+           options::number("max-np", own(&L::max_np), "most ranks the job may grow to (default: -np, else unbounded)",
+                           options::from_to(1, kMaxRanks), none)}};
+}
+
+Group launch_group() {
+  return {"How: the mpirun command",
+          {options::noting_given(
+               options::text_with_default("launch-agent", own(&L::launch_agent),
+                                          "command that runs a command on a host (Open MPI's plm_rsh_agent), also "
+                                          "used for health probes; ssh gets -o BatchMode=yes -o "
+                                          "ConnectTimeout=<--probe-timeout>",
+                                          Presence::NotBlank),
+               &L::launch_agent_given),
+           options::text_with_default("mpirun", own(&L::mpirun), "the mpirun to use", Presence::NotBlank),
+           options::then(options::path("mpi-args", &O::mpi_args_text,
+                                       "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\""),
+                         [](O& o) { o.mpi_args = split_mpi_args(o.mpi_args_text); }),
+           options::repeated({"env", 'x'}, own(&L::env), "NAME or NAME=VALUE to set on every rank (repeatable)",
+                             check_env_word),
+           options::path("log-dir", own(&L::log_dir),
+                         "one log per attempt and summary.json (default: CHECKPOINT_DIR/hpcrun, else ./hpcrun-logs)",
+                         Presence::NotBlank),
+           options::path("checkpoint-dir", own(&L::checkpoint_dir),
+                         "the job's checkpoint directory, where its heartbeat is (default: the program's "
+                         "--checkpoint-dir)",
+                         Presence::NotBlank),
+           options::flag("quiet", own(&L::quiet),
+                         "only hpcrun's own lines on the terminal (the program's go to the logs)")}};
+}
+
+Entry start_timeout() {
+  const std::string help = "how long an attempt may take from its launch to its first finished step (mpirun's "
+                           "start-up, the program's set-up: a slow file system, a large dataset) before it is "
+                           "killed and relaunched as a stall; default: --stall-timeout; at least " +
+                           show_duration(kMinStallTimeout) + " (0: no limit)";
+  Entry e = options::duration("start-timeout", own(&L::start_timeout), help, start_up_or_zero("", "for no limit"),
+                              options::Default::None);
+  return options::then(options::noting_given(std::move(e), &L::start_timeout_given), [](O& o) {
+    if (!o.start_timeout_given) o.start_timeout = o.stall_timeout;  // read before it
+  });
+}
+
+Group recovery_group() {
+  return {"Failures",
+          {options::duration("stall-timeout", own(&L::stall_timeout),
+                             "a job whose heartbeat shows no finished step for this long (from its launch, unless "
+                             "--start-timeout is given) is killed and relaunched; at least " +
+                                 show_duration(kMinStallTimeout) + " (0: off)",
+                             start_up_or_zero(" (it counts from the launch)", "to turn it off")),
+           start_timeout(),
+           options::number("max-restarts", own(&L::max_restarts),
+                           "failures to recover from before giving up (joins and drains do not count)",
+                           options::at_least(0)),
+           options::then(options::text_with_default("blacklist-cooldown", &O::cooldown,
+                                                    "MIN:MAX a failed host stays out: MIN, doubling with each failure "
+                                                    "of that host, up to MAX"),
+                         [](O& o) { parse_cooldown(o.cooldown, &o.cooldown_min, &o.cooldown_max); }),
+           options::duration("elastic-timeout", own(&L::elastic_timeout),
+                             "how long to wait for enough healthy slots (--min-np) before giving up"),
+           options::duration("probe-timeout", own(&L::probe_timeout),
+                             "a host that does not answer a probe in this time is unhealthy", options::more_than(0.0)),
+           options::duration("teardown-timeout", own(&L::teardown_timeout),
+                             "how long mpirun may take to end a failed job before hpcrun kills it",
+                             options::more_than(0.0, "it is how long the ranks of a stalled job get to answer, and "
+                                                     "mpirun to end a failed job")),
+           options::duration("stop-timeout", own(&L::stop_timeout),
+                             "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is "
+                             "killed",
+                             options::more_than(0.0, "0 would kill every job asked to checkpoint before it can"))}};
+}
+
+Group straggler_group() {
+  return {"Slow hosts (from the heartbeat of hpctrain with --checkpoint-dir)",
+          {options::number_at<O>(
+               "straggler-factor", [](auto& o) -> auto& { return o.stragglers.factor; },
+               "a host whose rank's own work per step takes this many times the median rank's is slow",
+               options::more_than(1.0, "a host's busy time per step over the median host's")),
+           options::duration_at<O>(
+               "straggler-time", [](auto& o) -> auto& { return o.stragglers.seconds; },
+               "a host slow for this long is named a straggler in hpcrun's log (once)", options::more_than(0.0)),
+           options::flag_at<O>(
+               "drain-stragglers", [](auto& o) -> auto& { return o.stragglers.drain; },
+               "drain a straggler at the next step boundary, as a host that leaves, and keep it out for its "
+               "--blacklist-cooldown; the job goes on on the rest, if they have --min-np slots")}};
+}
+
+// Every option, in --help's groups and order; read in this order too (the first bad value is the one
+// reported).
+const std::vector<Group>& option_groups() {
+  static const std::vector<Group> groups{
+      where_group(), size_group(), launch_group(), recovery_group(), straggler_group(),
+      {"General",
+       {options::flag({"help", 'h'}, &O::help, "this help"), options::flag("version", &O::version, "print the version")}}};
+  return groups;
+}
+
+// The Boost description of every option, bound to o.
+po::options_description describe(CommandLine& o) {
+  po::options_description all;
+  for (const Group& g : option_groups()) {
+    po::options_description group(g.caption);
+    options::add(g.entries, group, o);
+    all.add(group);
+  }
+  return all;
+}
+
+// mpirun's single-dash spellings ("-np 4") as Boost reads them ("--np 4").
+std::string long_form(const std::string& arg) {
+  for (const Group& g : option_groups())
+    for (const Entry& e : g.entries)
+      if (std::string l = options::long_form(e, arg); l != arg) return l;
+  return arg;
+}
+
+// Whether the option `arg` names takes its value from the next argument: not a switch, not given
+// its value in `arg` itself (--np=4, -Hhost). An unknown option is taken to (Boost refuses it).
+bool value_follows(const po::options_description& all, const std::string& arg) {
+  const bool is_long = arg[1] == '-';
+  const size_t eq = arg.find('=');
+  if (is_long && eq != std::string::npos) return false;
+  const po::option_description* d = all.find_nothrow(is_long ? arg.substr(2) : arg.substr(0, 2), false);
+  if (!d) return true;
+  return d->semantic()->max_tokens() > 0 && (is_long || arg.size() == 2);
+}
+
 }  // namespace
 
 int program_start(int argc, const char* const* argv) {
+  CommandLine scratch;
+  const po::options_description all = describe(scratch);
   for (int i = 1; i < argc; ++i) {
-    const std::string arg = normalise(argv[i]);
+    const std::string arg = long_form(argv[i]);
     if (arg == "--") return i + 1;
     if (arg.size() < 2 || arg[0] != '-') return i;
-    const size_t eq = arg.find('=');
-    const std::string name = arg.substr(arg[1] == '-' ? 2 : 1, eq == std::string::npos ? std::string::npos : eq - (arg[1] == '-' ? 2 : 1));
-    if (eq == std::string::npos && !kSwitches.count(name)) ++i;  // its value
+    if (value_follows(all, arg)) ++i;
   }
   return argc;
 }
@@ -156,121 +339,9 @@ std::string program_option(const std::vector<std::string>& args, const std::stri
 
 namespace {
 
-// The option values hpcrun reads itself (durations, host lists, mpirun's words) before they go
-// into LaunchOptions.
-struct RawOptions {
-  std::string hosts, hostfile, start, mpi_args;
-  // LaunchOptions' cooldown, written as the option reads it ("1m:10m").
-  std::string cooldown = options::duration_text(LaunchOptions{}.cooldown_min) + ":" +
-                         options::duration_text(LaunchOptions{}.cooldown_max);
-};
-
-// hpcrun's durations, through the kit every command line uses (core/option_kit.hpp): each one's
-// default is LaunchOptions' initialiser, shown in --help as it is written ("10m").
-using Entry = options::Entry<LaunchOptions>;
-const std::vector<Entry>& durations() {
-  static const std::vector<Entry> table{
-      options::duration("discovery-interval", &LaunchOptions::discovery_interval,
-                        "how often the discovery script runs"),
-      options::duration("stall-timeout", &LaunchOptions::stall_timeout,
-                        "a job whose heartbeat shows no finished step for this long (from its launch, unless "
-                        "--start-timeout is given) is killed and relaunched; at least " +
-                            show_duration(kMinStallTimeout) + " (0: off)"),
-      options::duration("probe-timeout", &LaunchOptions::probe_timeout,
-                        "a host that does not answer a probe in this time is unhealthy"),
-      options::duration("teardown-timeout", &LaunchOptions::teardown_timeout,
-                        "how long mpirun may take to end a failed job before hpcrun kills it"),
-      options::duration("stop-timeout", &LaunchOptions::stop_timeout,
-                        "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is killed"),
-      options::duration("elastic-timeout", &LaunchOptions::elastic_timeout,
-                        "how long to wait for enough healthy slots (--min-np) before giving up"),
-      options::duration_at<LaunchOptions>(
-          "straggler-time", [](auto& o) -> auto& { return o.stragglers.seconds; },
-          "a host slow for this long is named a straggler in hpcrun's log (once)"),
-  };
-  return table;
-}
-
-// Adds the duration NAME (above) to a group of --help.
-void add_duration(const char* name, po::options_description& group, LaunchOptions& o) {
-  for (const Entry& e : durations())
-    if (e.name == name) return e.add(group, o);
-  HPC_CHECK(false, "no hpcrun duration --", name);
-}
-
-po::options_description where_options(LaunchOptions& o, RawOptions& raw) {
-  po::options_description where("Where: hosts and slots (one rank per slot)");
-  where.add_options()
-      ("hosts,H", po::value(&raw.hosts), "hosts as host[:slots],... (as mpirun -H)")
-      ("hostfile", po::value(&raw.hostfile), "Open MPI hostfile: 'host slots=N' per line")
-      ("host-discovery-script", po::value(&o.discovery_script),
-       "program printing the usable hosts, one 'host:slots' per line; run every --discovery-interval, "
-       "the job grows onto new hosts and is drained off vanished ones");
-  add_duration("discovery-interval", where, o);
-  where.add_options()("slots-per-host", po::value(&o.slots_per_host)->default_value(o.slots_per_host),
-                      "slots of a host given without ':slots'");
-  return where;
-}
-
-po::options_description size_options(LaunchOptions& o) {
-  po::options_description size("How many ranks (inside a Slurm job without host options: the allocation)");
-  size.add_options()
-      ("np", po::value(&o.np), "ranks to start (-np; default: every slot, up to --max-np)")
-      ("min-np", po::value(&o.min_np), "fewest ranks the job may run on (default: -np, else 1); "
-                                       "below it hpcrun waits up to --elastic-timeout for hosts")
-      ("max-np", po::value(&o.max_np), "most ranks the job may grow to (default: -np, else unbounded)");
-  return size;
-}
-
-po::options_description launch_options(LaunchOptions& o, RawOptions& raw) {
-  po::options_description launch("How: the mpirun command");
-  launch.add_options()
-      ("launch-agent", po::value(&o.launch_agent)->default_value(o.launch_agent),
-       "command that runs a command on a host (Open MPI's plm_rsh_agent), also used for health probes; "
-       "ssh gets -o BatchMode=yes -o ConnectTimeout=<--probe-timeout>")
-      ("mpirun", po::value(&o.mpirun)->default_value(o.mpirun), "the mpirun to use")
-      ("mpi-args", po::value(&raw.mpi_args), "extra mpirun arguments, e.g. \"--mca btl_tcp_if_include eth0\"")
-      ("env,x", po::value(&o.env)->composing(), "NAME or NAME=VALUE to set on every rank (repeatable)")
-      ("log-dir", po::value(&o.log_dir), "one log per attempt and summary.json (default: CHECKPOINT_DIR/hpcrun, "
-                                         "else ./hpcrun-logs)")
-      ("checkpoint-dir", po::value(&o.checkpoint_dir),
-       "the job's checkpoint directory, where its heartbeat is (default: the program's --checkpoint-dir)")
-      ("quiet", po::bool_switch(&o.quiet), "only hpcrun's own lines on the terminal (the program's go to the logs)");
-  return launch;
-}
-
-po::options_description recovery_options(LaunchOptions& o, RawOptions& raw) {
-  po::options_description recovery("Failures");
-  add_duration("stall-timeout", recovery, o);
-  recovery.add_options()
-      ("start-timeout", po::value(&raw.start),
-       ("how long an attempt may take from its launch to its first finished step (mpirun's start-up, the "
-        "program's set-up: a slow file system, a large dataset) before it is killed and relaunched as a stall; "
-        "default: --stall-timeout; at least " + show_duration(kMinStallTimeout) + " (0: no limit)").c_str())
-      ("max-restarts", po::value(&o.max_restarts)->default_value(o.max_restarts),
-       "failures to recover from before giving up (joins and drains do not count)")
-      ("blacklist-cooldown", po::value(&raw.cooldown)->default_value(raw.cooldown),
-       "MIN:MAX a failed host stays out: MIN, doubling with each failure of that host, up to MAX");
-  for (const char* name : {"elastic-timeout", "probe-timeout", "teardown-timeout", "stop-timeout"})
-    add_duration(name, recovery, o);
-  return recovery;
-}
-
-po::options_description straggler_options(LaunchOptions& o) {
-  po::options_description stragglers("Slow hosts (from the heartbeat of hpctrain with --checkpoint-dir)");
-  stragglers.add_options()
-      ("straggler-factor", po::value(&o.stragglers.factor)->default_value(o.stragglers.factor),
-       "a host whose rank's own work per step takes this many times the median rank's is slow");
-  add_duration("straggler-time", stragglers, o);
-  stragglers.add_options()
-      ("drain-stragglers", po::bool_switch(&o.stragglers.drain),
-       "drain a straggler at the next step boundary, as a host that leaves, and keep it out for its "
-       "--blacklist-cooldown; the job goes on on the rest, if they have --min-np slots");
-  return stragglers;
-}
-
 // False when --help or --version was printed.
-bool parse_own(const std::vector<std::string>& own, const po::options_description& all, po::variables_map* vm) {
+bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variables_map* vm) {
+  const po::options_description all = describe(o);
   try {
     po::store(po::command_line_parser(own).options(all).style(po::command_line_style::default_style &
                                                               ~po::command_line_style::allow_guessing).run(),
@@ -279,7 +350,7 @@ bool parse_own(const std::vector<std::string>& own, const po::options_descriptio
   } catch (const po::error& e) {
     usage_error(e.what(), " (hpcrun's options come before the program; try --help)");
   }
-  if (vm->count("help")) {
+  if (o.help) {
     std::cout << "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"
                  "Starts PROGRAM through mpirun on the given hosts and keeps it running to completion: after a\n"
                  "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
@@ -290,41 +361,15 @@ bool parse_own(const std::vector<std::string>& own, const po::options_descriptio
               << all;
     return false;
   }
-  if (vm->count("version")) {
+  if (o.version) {
     std::cout << "hpcrun " << HPCTRAIN_VERSION << "\n";
     return false;
   }
   return true;
 }
 
-void read_timeouts(const po::variables_map& vm, const RawOptions& raw, LaunchOptions& o) {
-  options::read(durations(), vm, o);
-  o.start_timeout_given = !raw.start.empty();
-  o.start_timeout = o.start_timeout_given ? parse_duration(raw.start, "start-timeout") : o.stall_timeout;
-  parse_cooldown(raw.cooldown, &o.cooldown_min, &o.cooldown_max);
-  HPC_REQUIRE(o.stragglers.seconds > 0, "--straggler-time must be more than 0");
-  HPC_REQUIRE(o.stragglers.factor > 1 && std::isfinite(o.stragglers.factor), "--straggler-factor must be more than 1 "
-              "(a host's busy time per step over the median host's), got ", o.stragglers.factor);
-  HPC_REQUIRE(o.discovery_interval > 0, "--discovery-interval must be more than 0");
-  HPC_REQUIRE(o.probe_timeout > 0, "--probe-timeout must be more than 0");
-  HPC_REQUIRE(o.teardown_timeout > 0, "--teardown-timeout must be more than 0 (it is how long the ranks of a "
-                                      "stalled job get to answer, and mpirun to end a failed job)");
-  HPC_REQUIRE(o.stop_timeout > 0, "--stop-timeout must be more than 0 (0 would kill every job asked to "
-                                  "checkpoint before it can)");
-  HPC_REQUIRE(o.stall_timeout == 0 || o.stall_timeout >= kMinStallTimeout, "--stall-timeout ", show_duration(o.stall_timeout),
-              " is shorter than a start-up needs (it counts from the launch): give at least ",
-              show_duration(kMinStallTimeout), ", or 0 to turn it off");
-  HPC_REQUIRE(o.start_timeout == 0 || o.start_timeout >= kMinStallTimeout, "--start-timeout ",
-              show_duration(o.start_timeout), " is shorter than a start-up needs: give at least ",
-              show_duration(kMinStallTimeout), ", or 0 for no limit");
-}
-
-void read_counts(const po::variables_map& vm, LaunchOptions& o) {
-  HPC_REQUIRE(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
-  require_count(o.slots_per_host, "slots-per-host", 1, 4096);  // as host:slots
-  if (vm.count("np")) require_count(o.np, "np", 1);
-  if (vm.count("min-np")) require_count(o.min_np, "min-np", 1);
-  if (vm.count("max-np")) require_count(o.max_np, "max-np", 1);
+// -np, --min-np and --max-np together (each is in its range, option_groups).
+void settle_counts(LaunchOptions& o) {
   if (!o.min_np) o.min_np = o.np ? o.np : 1;
   if (!o.max_np && o.np) o.max_np = std::max(o.np, o.min_np);
   HPC_REQUIRE(!o.max_np || o.max_np >= o.min_np, "--max-np ", o.max_np, " is below --min-np ", o.min_np);
@@ -332,36 +377,16 @@ void read_counts(const po::variables_map& vm, LaunchOptions& o) {
   HPC_REQUIRE(!o.np || !o.max_np || o.np <= o.max_np, "-np ", o.np, " is above --max-np ", o.max_np);
 }
 
-void read_launch(const po::variables_map& vm, const RawOptions& raw, LaunchOptions& o) {
-  o.mpi_args = split_mpi_args(raw.mpi_args);
-  o.launch_agent_given = !vm["launch-agent"].defaulted();
-  HPC_REQUIRE(!split_words(o.launch_agent).empty(), "--launch-agent is empty");
-  // An empty value is an unset variable in a script, never a wish for the default.
-  for (const char* name : {"log-dir", "checkpoint-dir", "mpirun", "host-discovery-script"})
-    HPC_REQUIRE(!vm.count(name) || !vm[name].as<std::string>().empty(), "--", name,
-                " is empty (an unset variable?): give a path or leave the option out");
-  for (const std::string& e : o.env) {
-    const std::string name = e.substr(0, e.find('='));
-    HPC_REQUIRE(!name.empty() && name.find_first_of(" \t\n") == std::string::npos, "-x '", e,
-                "' is not NAME or NAME=VALUE");
-    // mpirun only warns, and starts the ranks without it.
-    HPC_REQUIRE(e.find('=') != std::string::npos || std::getenv(name.c_str()), "-x ", name,
-                ": not set in hpcrun's environment (export it, or give -x ", name, "=VALUE)");
-  }
-}
-
 // One source of hosts: -H, --hostfile, the discovery script, Slurm's allocation, or this machine.
-void choose_hosts(const po::variables_map& vm, const RawOptions& raw, LaunchOptions& o) {
-  const int sources = !raw.hosts.empty() + !raw.hostfile.empty() + !o.discovery_script.empty();
+void choose_hosts(CommandLine& o) {
+  const int sources = !o.hosts.empty() + !o.hostfile.empty() + !o.discovery_script.empty();
   HPC_REQUIRE(sources <= 1, "give one of -H, --hostfile and --host-discovery-script, not several");
-  HPC_REQUIRE(!vm.count("hosts") || !raw.hosts.empty(), "-H is empty: name at least one host");
-  HPC_REQUIRE(!vm.count("hostfile") || !raw.hostfile.empty(), "--hostfile is empty");
-  if (!raw.hosts.empty()) {
+  if (!o.hosts.empty()) {
     o.host_source = HostSource::List;
-    o.static_hosts = parse_host_list(raw.hosts, o.slots_per_host);
-  } else if (!raw.hostfile.empty()) {
+    o.static_hosts = parse_host_list(o.hosts, o.slots_per_host);
+  } else if (!o.hostfile.empty()) {
     o.host_source = HostSource::Hostfile;
-    o.static_hosts = parse_hostfile(raw.hostfile, o.slots_per_host);
+    o.static_hosts = parse_hostfile(o.hostfile, o.slots_per_host);
   } else if (!o.discovery_script.empty()) {
     o.host_source = HostSource::Discovery;
     std::string why;
@@ -414,32 +439,24 @@ void read_program(LaunchOptions& o) {
 }  // namespace
 
 std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv) {
-  LaunchOptions o;
+  CommandLine o;
   const int start = program_start(argc, argv);
   std::vector<std::string> own;
   for (int i = 1; i < start; ++i)
-    if (std::string(argv[i]) != "--") own.push_back(normalise(argv[i]));
+    if (std::string(argv[i]) != "--") own.push_back(long_form(argv[i]));
   for (int i = start; i < argc; ++i) o.program.push_back(argv[i]);
-
-  RawOptions raw;
-  po::options_description general("General");
-  general.add_options()("help,h", "this help")("version", "print the version");
-  po::options_description all;
-  all.add(where_options(o, raw)).add(size_options(o)).add(launch_options(o, raw)).add(recovery_options(o, raw));
-  all.add(straggler_options(o)).add(general);
   po::variables_map vm;
-  if (!parse_own(own, all, &vm)) return std::nullopt;
+  if (!parse_own(own, o, &vm)) return std::nullopt;
 
   // In this order: the first bad value is the one reported.
-  read_timeouts(vm, raw, o);
-  read_counts(vm, o);
-  read_launch(vm, raw, o);
-  choose_hosts(vm, raw, o);
+  for (const Group& g : option_groups()) options::read(g.entries, vm, o);
+  settle_counts(o);
+  choose_hosts(o);
   check_slots(o);
   check_host_names(o);
   check_launch_agent(o);
   read_program(o);
-  return o;
+  return LaunchOptions(std::move(o));
 }
 
 }  // namespace hpc::launch

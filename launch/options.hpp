@@ -1,6 +1,8 @@
 // hpcrun's command line: `hpcrun [options] [--] PROGRAM [ARGS...]`. Option names follow
 // horovodrun and mpirun where they have one (-np, -H, --hostfile, --min-np, --max-np,
-// --host-discovery-script, --blacklist-cooldown, --elastic-timeout, -x).
+// --host-discovery-script, --blacklist-cooldown, --elastic-timeout, -x). Each option is one entry of
+// the option kit (core/option_kit.hpp) in options.cpp: its names, range and help there, its default
+// the member's initialiser here.
 #pragma once
 
 #include <optional>

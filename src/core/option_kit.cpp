@@ -11,6 +11,24 @@ bool bool_from_text(const std::string& t, const std::string& name) {
   return t == "1";
 }
 
+void refuse_blank(const std::string& value, const std::string& shown) {
+  HPC_REQUIRE(value.find_first_not_of(" \t\n\v\f\r") != std::string::npos, shown,
+              " is empty (an unset variable?): give a value or leave the option out");
+}
+
+std::string lines_text(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : "\n") + w;
+  return out;
+}
+
+std::vector<std::string> lines_from_text(const std::string& t) {
+  std::vector<std::string> out;
+  std::istringstream in(t);
+  for (std::string w; std::getline(in, w);) out.push_back(w);
+  return out;
+}
+
 namespace {
 
 std::string exact(double v) {  // 15 digits: what a person wrote (0.1, not 0.10000000000000001), read back the same

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -641,6 +642,168 @@ TEST(OptionKit, ARequiredPathAndAListOfWords) {
   EXPECT_EQ(back.words, s.words);
   S missing;
   EXPECT_THROW(parse({"x"}, missing), boost::program_options::required_option);
+}
+
+}  // namespace
+}  // namespace hpc::testing
+
+namespace hpc::testing {
+namespace {
+
+namespace po = boost::program_options;
+
+// The kit's parts for hpcrun's command line, on a struct of their own: each test parses a command
+// line through a table and reads it back.
+struct Launch {
+  struct Inner {
+    double factor = 1.5;
+    double seconds = 120;
+    bool drain = false;
+  };
+  int np = 0;  // 0: not given
+  int restarts = 3;
+  double start = 600;
+  bool start_given = false;
+  double start_minutes = 0;
+  std::string agent = "ssh";
+  bool agent_given = false;
+  std::string hosts;
+  std::vector<std::string> env;
+  std::string pair = "1:2";
+  int first = 0, second = 0;
+  Inner inner;
+};
+
+std::vector<options::Entry<Launch>> launch_table() {
+  using L = Launch;
+  return {options::number({"np", 'n', "-np"}, &L::np, "ranks", options::from_to(1, 100), options::Default::None),
+          options::number("restarts", &L::restarts, "restarts", options::at_least(0)),
+          options::then(options::noting_given(options::duration("start", &L::start, "start",
+                                                                options::more_than(0.0, "why"), options::Default::None),
+                                              &L::start_given),
+                        [](L& l) { l.start_minutes = l.start / 60; }),
+          options::noting_given(options::text_with_default("agent", &L::agent, "agent", options::Presence::NotBlank),
+                                &L::agent_given),
+          options::path({"hosts", 'H'}, &L::hosts, "hosts", options::Presence::NotBlank),
+          options::repeated({"env", 'x'}, &L::env, "env",
+                            [](const std::string& w, const std::string& shown) {
+                              HPC_REQUIRE(w != "bad", shown, " '", w, "' is bad");
+                            }),
+          options::then(options::text_with_default("pair", &L::pair, "a:b"),
+                        [](L& l) {
+                          l.first = std::stoi(l.pair.substr(0, l.pair.find(':')));
+                          l.second = std::stoi(l.pair.substr(l.pair.find(':') + 1));
+                        }),
+          options::number_at<L>("factor", [](auto& l) -> auto& { return l.inner.factor; }, "factor",
+                                options::more_than(1.0)),
+          options::duration_at<L>("seconds", [](auto& l) -> auto& { return l.inner.seconds; }, "seconds"),
+          options::flag_at<L>("drain", [](auto& l) -> auto& { return l.inner.drain; }, "drain")};
+}
+
+// Parses argv (after the program's name) into a fresh Launch; a usage error's message in *error.
+Launch parse_launch(std::vector<std::string> args, std::string* error = nullptr, std::string* help = nullptr) {
+  const auto table = launch_table();
+  Launch l;
+  po::options_description d;
+  options::add(table, d, l);
+  if (help) {
+    std::ostringstream shown;
+    shown << d;
+    *help = shown.str();
+  }
+  for (std::string& a : args)
+    for (const auto& e : table) a = options::long_form(e, a);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    po::notify(vm);
+    options::read(table, vm, l);
+  } catch (const Error& e) {
+    if (!error) throw;
+    *error = e.what();
+  }
+  return l;
+}
+
+std::string launch_error(std::vector<std::string> args) {
+  std::string error;
+  parse_launch(std::move(args), &error);
+  return error;
+}
+
+// Not given, each member keeps its initial value, --help shows the defaults that are shown and none
+// of the others, and nothing is checked or noted as given.
+TEST(OptionKit, DefaultsShownOrNotAndUnchecked) {
+  std::string help;
+  const Launch l = parse_launch({}, nullptr, &help);
+  EXPECT_EQ(l.np, 0);
+  EXPECT_EQ(l.restarts, 3);
+  EXPECT_EQ(l.start, 600);
+  EXPECT_FALSE(l.start_given);
+  EXPECT_EQ(l.agent, "ssh");
+  EXPECT_FALSE(l.agent_given) << "a default is not given";
+  EXPECT_TRUE(l.env.empty());
+  EXPECT_EQ(l.first, 1) << "then's step runs on the default too";
+  EXPECT_EQ(l.second, 2);
+  EXPECT_EQ(l.inner.factor, 1.5);
+  EXPECT_EQ(l.inner.seconds, 120);
+  EXPECT_FALSE(l.inner.drain);
+  for (const char* shown : {"--restarts arg (=3)", "--agent arg (=ssh)", "--pair arg (=1:2)", "--factor arg (=1.5)",
+                            "--seconds arg (=2m)", "-n [ --np ] arg ", "-H [ --hosts ] arg ", "-x [ --env ] arg "})
+    EXPECT_NE(help.find(shown), std::string::npos) << shown << "\n" << help;
+  for (const char* hidden : {"--np arg (=", "--start arg (=", "--hosts arg (="})
+    EXPECT_EQ(help.find(hidden), std::string::npos) << hidden << "\n" << help;
+}
+
+// Given, each reaches its member: by its short name, by its single-dash spelling (-np 4, -np=4),
+// repeated, nested, made into other members.
+TEST(OptionKit, ShortNamesSpellingsRepeatsAndNestedMembers) {
+  EXPECT_EQ(parse_launch({"-n", "4"}).np, 4);
+  EXPECT_EQ(parse_launch({"-np", "5"}).np, 5);
+  EXPECT_EQ(parse_launch({"-np=6"}).np, 6);
+  EXPECT_EQ(parse_launch({"--np", "7"}).np, 7);
+  EXPECT_EQ(parse_launch({"-H", "a,b"}).hosts, "a,b");
+  const Launch l = parse_launch({"-x", "A", "--env", "B=1", "-x", "C", "--start", "1m", "--agent", "rsh", "--pair",
+                                 "3:4", "--factor", "2", "--seconds", "30s", "--drain"});
+  EXPECT_EQ(l.env, (std::vector<std::string>{"A", "B=1", "C"}));
+  EXPECT_EQ(l.start, 60);
+  EXPECT_TRUE(l.start_given);
+  EXPECT_EQ(l.start_minutes, 1) << "then's step after the duration is read";
+  EXPECT_EQ(l.agent, "rsh");
+  EXPECT_TRUE(l.agent_given);
+  EXPECT_EQ(l.first, 3);
+  EXPECT_EQ(l.second, 4);
+  EXPECT_EQ(l.inner.factor, 2);
+  EXPECT_EQ(l.inner.seconds, 30);
+  EXPECT_TRUE(l.inner.drain);
+  EXPECT_TRUE(parse_launch({"--agent", "ssh"}).agent_given) << "given, even as the default";
+  const auto table = launch_table();
+  EXPECT_EQ(parse_launch({"-x", "A", "B"}).env, (std::vector<std::string>{"A"})) << "one word each time";
+  EXPECT_EQ(options::long_form(table[0], "-npx"), "-npx") << "only the spelling itself, or with =";
+  EXPECT_EQ(options::long_form(table[4], "-H"), "-H") << "a short name is Boost's own";
+  Launch back;
+  table[5].parse(table[5].value(l), back);
+  EXPECT_EQ(back.env, l.env) << "a repeated option's text reads back";
+}
+
+// A value outside its range, or blank where it must not be, is one usage error naming the option as
+// people write it (its spelling).
+TEST(OptionKit, RangesAndBlanksAreUsageErrorsNamingTheOption) {
+  EXPECT_EQ(launch_error({"-np", "0"}), "-np must be a whole number from 1 to 100, got 0");
+  EXPECT_EQ(launch_error({"--np", "101"}), "-np must be a whole number from 1 to 100, got 101");
+  EXPECT_EQ(launch_error({"--restarts", "-1"}), "--restarts must be 0 or more, got -1");
+  EXPECT_EQ(launch_error({"--start", "0"}), "--start must be more than 0 (why), got 0");
+  EXPECT_EQ(launch_error({"--factor", "1"}), "--factor must be more than 1, got 1");
+  for (const char* not_finite : {"nan", "inf"})
+    EXPECT_EQ(launch_error({"--factor", not_finite}).rfind("--factor must be more than 1, got ", 0), 0u) << not_finite;
+  for (const char* blank : {"", " ", "\t"}) {
+    EXPECT_EQ(launch_error({"-H", blank}), "-H is empty (an unset variable?): give a value or leave the option out");
+    EXPECT_EQ(launch_error({"--agent", blank}).rfind("--agent is empty", 0), 0u);
+  }
+  EXPECT_EQ(launch_error({"-x", "A", "-x", "bad"}), "-x 'bad' is bad");
+  for (const std::vector<std::string>& fine : {std::vector<std::string>{"-np", "1"}, {"-np", "100"}, {"--restarts", "0"},
+                                              {"--start", "0.1s"}, {"--factor", "1.01"}, {"-H", "a"}})
+    EXPECT_EQ(launch_error(fine), "") << fine[0] << " " << fine[1];
 }
 
 }  // namespace

@@ -424,6 +424,10 @@ TEST(Options, WhereTheProgramStarts) {
   EXPECT_EQ(program_start(4, b), 3);
   const char* c[] = {"hpcrun", "-x", "A=1", "--env", "B"};
   EXPECT_EQ(program_start(5, c), 5);
+  const char* d[] = {"hpcrun", "-Hlocalhost", "prog", "-x", "A"};
+  EXPECT_EQ(program_start(5, d), 2) << "-H's value is in the argument itself";
+  const char* e[] = {"hpcrun", "-np=2", "--help", "-h", "-n", "2", "prog"};
+  EXPECT_EQ(program_start(7, e), 6);
   EXPECT_EQ(program_option({"hpctrain", "--epochs", "3", "--checkpoint-dir=/ck"}, "checkpoint-dir"), "/ck");
   EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dir", "/x"}, "checkpoint-dir"), "/x");
   EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dirs", "/x"}, "checkpoint-dir"), "");
@@ -444,6 +448,121 @@ TEST(Options, MpiArgsAreSplitAsAShellWould) {
 TEST(Options, DrainStragglersTakesNoValue) {
   const char* a[] = {"hpcrun", "--drain-stragglers", "--straggler-time", "30s", "prog"};
   EXPECT_EQ(program_start(5, a), 4);
+}
+
+// hpcrun's options as parse_launch_options reads them, with the program `true` after them.
+LaunchOptions launch(std::vector<const char*> args) {
+  args.insert(args.begin(), "hpcrun");
+  args.push_back("true");
+  std::optional<LaunchOptions> o = parse_launch_options(static_cast<int>(args.size()), args.data());
+  EXPECT_TRUE(o.has_value());
+  return o.value_or(LaunchOptions{});
+}
+
+// The durations: --discovery-interval, --stall-timeout, --start-timeout, --probe-timeout,
+// --teardown-timeout, --stop-timeout, --elastic-timeout, --blacklist-cooldown's MIN and MAX,
+// --straggler-time.
+std::vector<double> seconds_of(const LaunchOptions& o) {
+  return {o.discovery_interval, o.stall_timeout,   o.start_timeout, o.probe_timeout, o.teardown_timeout,
+          o.stop_timeout,       o.elastic_timeout, o.cooldown_min,  o.cooldown_max,  o.stragglers.seconds};
+}
+
+// Every option's default, as LaunchOptions holds it after a command line that gives none of them.
+TEST(Options, EveryOptionsDefault) {
+  const LaunchOptions o = launch({"-np", "2"});
+  EXPECT_EQ(o.host_source, HostSource::Local);
+  EXPECT_EQ(o.static_hosts, (HostList{{"localhost", 2}}));
+  EXPECT_EQ(o.discovery_script, "");
+  EXPECT_EQ(o.slots_per_host, 1);
+  EXPECT_EQ(o.np, 2);
+  EXPECT_EQ(o.min_np, 2) << "-np's";
+  EXPECT_EQ(o.max_np, 2) << "-np's";
+  EXPECT_EQ(o.mpirun, "mpirun");
+  EXPECT_EQ(o.launch_agent, "ssh");
+  EXPECT_FALSE(o.launch_agent_given);
+  EXPECT_TRUE(o.mpi_args.empty());
+  EXPECT_TRUE(o.env.empty());
+  EXPECT_EQ(o.log_dir, "hpcrun-logs");
+  EXPECT_EQ(o.checkpoint_dir, "");
+  EXPECT_EQ(seconds_of(o), (std::vector<double>{5, 600, 600, 10, 10, 300, 600, 60, 600, 120}));
+  EXPECT_FALSE(o.start_timeout_given);
+  EXPECT_EQ(o.max_restarts, 3);
+  EXPECT_EQ(o.stragglers.factor, 1.5);
+  EXPECT_FALSE(o.stragglers.drain);
+  EXPECT_FALSE(o.quiet);
+  EXPECT_EQ(o.program, (std::vector<std::string>{"true"}));
+  const LaunchOptions alone = launch({"-H", "localhost:3"});
+  EXPECT_EQ(alone.np, 0) << "every slot";
+  EXPECT_EQ(alone.min_np, 1);
+  EXPECT_EQ(alone.max_np, 0) << "unbounded";
+  EXPECT_EQ(launch({"-np", "1", "--stall-timeout", "0"}).start_timeout, 0) << "--stall-timeout's";
+}
+
+// Every option given reaches its member, in each of its spellings.
+TEST(Options, EveryOptionReachesItsMember) {
+  const LaunchOptions o = launch(
+      {"-H", "localhost:3", "--slots-per-host", "2", "--discovery-interval", "7s", "-n", "2", "--min-np", "1",
+       "--max-np", "3", "--launch-agent", "true", "--mpirun", "mpirun", "--mpi-args", "--bind-to 'none'", "-x", "A=1",
+       "--env", "B=2", "--log-dir", "/tmp", "--checkpoint-dir", "/tmp/hpcrun-options-test-ck", "--quiet",
+       "--stall-timeout", "1m", "--start-timeout", "30s", "--max-restarts", "0", "--blacklist-cooldown", "30s:5m",
+       "--elastic-timeout", "2m", "--probe-timeout", "5s", "--teardown-timeout", "20s", "--stop-timeout", "1m",
+       "--straggler-factor", "2", "--straggler-time", "1m", "--drain-stragglers"});
+  EXPECT_EQ(o.host_source, HostSource::List);
+  EXPECT_EQ(o.static_hosts, (HostList{{"localhost", 3}}));
+  EXPECT_EQ(o.slots_per_host, 2);
+  EXPECT_EQ(o.np, 2);
+  EXPECT_EQ(o.min_np, 1);
+  EXPECT_EQ(o.max_np, 3);
+  EXPECT_EQ(o.launch_agent, "true");
+  EXPECT_TRUE(o.launch_agent_given);
+  EXPECT_EQ(o.mpi_args, (std::vector<std::string>{"--bind-to", "none"}));
+  EXPECT_EQ(o.env, (std::vector<std::string>{"A=1", "B=2"}));
+  EXPECT_EQ(o.log_dir, "/tmp");
+  EXPECT_EQ(o.checkpoint_dir, "/tmp/hpcrun-options-test-ck");
+  EXPECT_TRUE(o.quiet);
+  EXPECT_EQ(seconds_of(o), (std::vector<double>{7, 60, 30, 5, 20, 60, 120, 30, 300, 60}));
+  EXPECT_TRUE(o.start_timeout_given);
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_EQ(o.stragglers.factor, 2);
+  EXPECT_TRUE(o.stragglers.drain);
+  for (const std::vector<const char*>& np : {std::vector<const char*>{"-np", "4"}, {"-np=4"}, {"-n", "4"}, {"--np=4"}})
+    EXPECT_EQ(launch(np).np, 4) << np[0];
+  EXPECT_EQ(launch({"-H", "a.invalid,b.invalid", "--launch-agent", "true", "--slots-per-host", "3"}).static_hosts,
+            (HostList{{"a.invalid", 3}, {"b.invalid", 3}}));
+}
+
+// Each option's range, and its message, where hpcrun_cli_test does not try it.
+TEST(Options, ValuesOutsideTheirRangeNameTheOption) {
+  const auto error = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "hpcrun");
+    args.push_back("true");
+    return usage_message([&] { parse_launch_options(static_cast<int>(args.size()), args.data()); });
+  };
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases{
+      {{"-np", "0"}, "-np must be a whole number from 1 to 1000000, got 0"},
+      {{"-np", "1", "--min-np", "0"}, "--min-np must be a whole number from 1 to 1000000, got 0"},
+      {{"-np", "1", "--max-np", "1000001"}, "--max-np must be a whole number from 1 to 1000000, got 1000001"},
+      {{"-H", "localhost", "--slots-per-host", "0"}, "--slots-per-host must be a whole number from 1 to 4096, got 0"},
+      {{"-np", "1", "--max-restarts", "-1"}, "--max-restarts must be 0 or more, got -1"},
+      {{"-np", "1", "--probe-timeout", "0"}, "--probe-timeout must be more than 0, got 0"},
+      {{"-np", "1", "--straggler-factor", "inf"}, "--straggler-factor must be more than 1 (a host's busy time per "
+                                                  "step over the median host's), got inf"},
+      {{"-np", "1", "--elastic-timeout", "soon"}, "--elastic-timeout must be a duration"},
+      {{"-np", "1", "--discovery-interval", "soon"}, "--discovery-interval must be a duration"},
+      {{"-np", "1", "--stop-timeout", "0"}, "--stop-timeout must be more than 0 (0 would kill every job asked to "
+                                            "checkpoint before it can), got 0"},
+      {{"-np", "1", "--stall-timeout", "4s"}, "--stall-timeout 4 s is shorter than a start-up needs (it counts from "
+                                              "the launch): give at least 5 s, or 0 to turn it off"},
+      {{"-np", "1", "--start-timeout", "4s"}, "--start-timeout 4 s is shorter than a start-up needs: give at least "
+                                              "5 s, or 0 for no limit"},
+      {{"-np", "1", "--launch-agent", " "}, "--launch-agent is empty"},
+      {{"--hostfile", ""}, "--hostfile is empty"},
+      {{"-H", " "}, "-H is empty"},
+      {{"-np", "1", "-x", "A B"}, "-x 'A B' is not NAME or NAME=VALUE"},
+      {{"-np", "1", "--blacklist-cooldown", "1m"}, "--blacklist-cooldown must be MIN:MAX"},
+  };
+  for (const auto& [args, says] : cases)
+    EXPECT_EQ(error(args).rfind(says, 0), 0u) << args[0] << " " << args[1] << ": " << error(args);
 }
 
 // The straggler table (straggler_policy.hpp), a heartbeat at a time: named once, after the time,
