@@ -290,8 +290,11 @@ TEST_F(Train, TheDoneLineHoldsEveryKeyWithItsValue) {
   EXPECT_LE(train_seconds, d.at("elapsed_seconds").number);
   EXPECT_NEAR(d.at("step_seconds").number, train_seconds / 12, 1e-9 * train_seconds);
   EXPECT_NEAR(d.at("images_per_second").number, 12 * 32 / train_seconds, 1e-6 * d.at("images_per_second").number);
+  // The checkpoints' stall is the run's: the final checkpoint is taken after the last step, outside
+  // train_seconds (on a loaded machine it alone took longer than these 12 small steps: 46 ms
+  // against 45).
   EXPECT_GE(d.at("checkpoint_stall_seconds").number, 0);
-  EXPECT_LE(d.at("checkpoint_stall_seconds").number, train_seconds);
+  EXPECT_LE(d.at("checkpoint_stall_seconds").number, d.at("elapsed_seconds").number);
   EXPECT_GE(d.at("comm_wait_seconds_per_step").number, 0);
   EXPECT_LE(d.at("comm_wait_seconds_per_step").number, d.at("step_seconds").number);
   EXPECT_GT(d.at("param_norm").number, 1);
