@@ -447,8 +447,7 @@ scaling_step() {
   report << EOS
 scaling_cores=$(nproc)
 scaling_checks_failed=$(sed -n 's/^checks_failed=//p' "$log")
-$(awk '$1 ~ /^[2-9]$/ && ($2 == "on" || $2 == "off") {
-  printf "scaling_%s_ranks_overlap_%s=step %s ms predicted %s (%s), exposed %s ms predicted %s (%s)\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$log")
+$(grep '^scaling_[0-9]' "$log")
 EOS
 }
 

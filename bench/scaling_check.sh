@@ -8,12 +8,15 @@
 #      the median step_seconds and comm_wait_seconds of its steps after the first 5;
 #   4. the model's prediction for each, from 1 and 2 only (regrouped to 25 MB buckets as hpctrain
 #      cuts them), and whether it is within 20% of the measured step time and exposed communication.
+# It ends with a key=value line a check (scaling_R_ranks_overlap_on|off: the figures and their
+# verdicts, as the table has them; bench/gpu_vs_peer.sh scaling keeps them) and checks_failed=N.
 # The last, horovod, prints the model's efficiency on 512 GPUs of Horovod's 2017 cluster for
 # ResNet-101 and VGG-16 against the published 90% and 68%.
-# Every rank has one math thread, on the CPU (--device cpu, also on a machine with a GPU); the machine may have fewer cores than ranks (oversubscribed: the
-# local cluster's cores_per_node is this machine's core count, and the model stretches compute by
-# ceil(ranks / cores)). MPI runs with mpi_yield_when_idle, so that a communication thread waiting in MPI
-# gives its core to the math threads instead of spinning on it, and with --bind-to none.
+# Every rank has one math thread, on the CPU (--device cpu, also on a machine with a GPU); the
+# machine may have fewer cores than ranks (oversubscribed: the local cluster's cores_per_node is
+# this machine's core count, and the model stretches compute by ceil(ranks / cores)). MPI runs
+# with mpi_yield_when_idle, so that a communication thread waiting in MPI gives its core to the
+# math threads instead of spinning on it, and with --bind-to none.
 #
 # Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 60] [--keep DIR]
 # Environment: BUILD_DIR (default build), HPCTRAIN, ALLREDUCE_SWEEP, FASHION_MNIST (default
@@ -27,7 +30,7 @@ while (($#)); do
     --ranks) ranks_list=${2:-}; shift 2 || die "--ranks needs a value" ;;
     --steps) steps=${2:-}; shift 2 || die "--steps needs a value" ;;
     --keep) keep=${2:-}; shift 2 || die "--keep needs a value" ;;
-    -h | --help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -113,7 +116,7 @@ echo "  step $(calc "$step1 * 1000" 3) ms (median), comm wait $(calc "$wait1 * 1
 echo
 echo "== 3/4 and 4/4: $mpirun -np R hpctrain ${job[*]} [--no-overlap], against the model"
 printf '  %-5s %-8s %12s %12s %7s %14s %14s %7s\n' ranks overlap "step ms" "predicted" within "exposed ms" predicted within
-failed=0
+failed=0 keys=""
 for r in "${ranks[@]}"; do
   for mode in on off; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
@@ -131,6 +134,9 @@ print(r["step_seconds"], r["exposed_seconds"])' "$tmp/p${r}_$mode.json")"
     [[ $ok_step == yes && $ok_wait == yes ]] || failed=$((failed + 1))
     printf '  %-5s %-8s %12.3f %12.3f %7s %14.3f %14.3f %7s\n' "$r" "$mode" "$(calc "$step * 1000" 3)" \
       "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" "$(calc "$pwait * 1000" 3)" "$ok_wait"
+    keys+=$(printf 'scaling_%s_ranks_overlap_%s=step %.3f ms predicted %.3f (%s), exposed %.3f ms predicted %.3f (%s)' \
+      "$r" "$mode" "$(calc "$step * 1000" 3)" "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" \
+      "$(calc "$pwait * 1000" 3)" "$ok_wait")$'\n'
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -148,4 +154,5 @@ print(100 * next(r for r in json.load(sys.stdin)["rows"] if r["scheme"] == "flat
   echo "  $arch at $ips img/s on one P100: model $(calc "$eff" 1)%, published $published%, within 5 points: $off"
 done
 echo
+printf '%s' "$keys"
 echo "checks_failed=$failed"
