@@ -12,14 +12,15 @@
 #                                          exact resume, CPU parity, the bucketed NCCL path
 #                                          (HPCTRAIN_TEST_FORCE_NCCL=1), mpirun, CUDA graphs, predict
 #   bench/gpu_vs_peer.sh cnn        ~45 s   cnn, Fashion-MNIST: hpctrain against the PyTorch peer,
-#                                          steady steps with the batch on the GPU (gpu_step, also
-#                                          replayed as a CUDA graph, and torch_gpu_steps.py, same
-#                                          steps), then end to end (the
-#                                          trainer with its loader, copies and evaluation, and
-#                                          the peer's training loop over data held on the GPU)
+#                                          steady steps with the batch on the GPU (gpu_step
+#                                          replayed as a CUDA graph, as the trainer does by
+#                                          default, and launched one by one; torch_gpu_steps.py,
+#                                          same steps), then end to end (the trainer with its
+#                                          loader, copies and evaluation, also --no-cuda-graphs,
+#                                          and the peer's training loop over data held on the GPU)
 #   bench/gpu_vs_peer.sh resnet50   3.2 min ResNet-50, 224x224, bf16: steady steps both sides
-#                                          (the peer eager and compiled; ours also replayed as
-#                                          a CUDA graph), hpctrain end to end on
+#                                          (the peer eager and compiled; ours replayed as a CUDA
+#                                          graph, and eager), hpctrain end to end on
 #                                          --dataset synthetic, then on JPEG shards made here and
 #                                          decoded on the GPU (--jpeg-decode gpu); MFU of each
 #   bench/gpu_vs_peer.sh bn         ~25 s   the batch-norm passes' launch choices timed on
@@ -218,10 +219,12 @@ EOS
 cnn_step() {
   need_build
   need_peer
-  echo "== 1/4 steady steps, batch on the GPU: gpu_step --model cnn --batch $batch --precision $peer_precision"
-  "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" | tee "$tmp/ours.json"
-  echo "== 1b/4 the same steps as a CUDA graph: gpu_step ... --cuda-graphs"
-  "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" --cuda-graphs | tee "$tmp/ours_graphs.json"
+  # The trainer replays its steps as a CUDA graph by default (one rank on its GPU): so does the
+  # headline step; the eager steps (--no-cuda-graphs) beside it.
+  echo "== 1/4 steady steps, batch on the GPU, as a CUDA graph: gpu_step --model cnn --batch $batch --precision $peer_precision --cuda-graphs"
+  "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" --cuda-graphs | tee "$tmp/ours.json"
+  echo "== 1b/4 the same steps launched one by one (the trainer's --no-cuda-graphs): gpu_step ..."
+  "$gpu_step" --model cnn --batch "$batch" --precision "$peer_precision" | tee "$tmp/ours_eager.json"
   echo "== 2/4 the same steps in PyTorch: torch_gpu_steps.py cnn"
   "$python" "$root/bench/torch_gpu_steps.py" cnn --batch "$batch" --precision "$peer_precision" | tee "$tmp/peer.json"
   local ours_steady peer_steady flops
@@ -234,18 +237,14 @@ cnn_step() {
   local done_line
   done_line=$(grep '"event":"done"' "$tmp/m.jsonl" | tail -n 1)
   [[ -n "$done_line" ]] || die "hpctrain wrote no done line"
-  # The same run replaying each step as one CUDA graph (fp16 is not captured: its loss scale moves).
-  local graphs="cnn_e2e_hpctrain_cuda_graphs=skipped (--precision fp16)"
-  if [[ $precision != fp16 ]]; then
-    echo "== 3b/4 the same with --cuda-graphs"
-    "$hpctrain" --device cuda --batch-size "$batch" --epochs "$epochs" --precision "$precision" --data-dir "$data" \
-      --cuda-graphs --metrics-file "$tmp/g.jsonl" 2>&1 | sed -u 's/^/  /'
-    local g_line
-    g_line=$(grep '"event":"done"' "$tmp/g.jsonl" | tail -n 1)
-    [[ -n "$g_line" ]] || die "hpctrain --cuda-graphs wrote no done line"
-    graphs="cnn_e2e_hpctrain_cuda_graphs_images_per_second=$(json_number images_per_second <<< "$g_line")
-cnn_e2e_hpctrain_cuda_graphs_same_checksum=$([[ $(checksum <<< "$g_line") == $(checksum <<< "$done_line") ]] && echo yes || echo no)"
-  fi
+  # The default replays each step as one CUDA graph; the same run with every kernel launched
+  # from the host beside it, which must end with the same bits.
+  echo "== 3b/4 the same with --no-cuda-graphs"
+  "$hpctrain" --device cuda --batch-size "$batch" --epochs "$epochs" --precision "$precision" --data-dir "$data" \
+    --no-cuda-graphs --metrics-file "$tmp/e.jsonl" 2>&1 | sed -u 's/^/  /'
+  local e_line
+  e_line=$(grep '"event":"done"' "$tmp/e.jsonl" | tail -n 1)
+  [[ -n "$e_line" ]] || die "hpctrain --no-cuda-graphs wrote no done line"
   echo "== 4/4 end to end: the peer, $peer cnn --batch $batch --epochs $epochs --precision $peer_precision"
   PYTHONUNBUFFERED=1 "$python" "$peer" cnn --data-dir "$data" --batch "$batch" --epochs "$epochs" \
     --precision "$peer_precision" 2>&1 | tee "$tmp/peer.log" | sed -u 's/^/  /'
@@ -261,8 +260,10 @@ cnn_batch=$batch
 cnn_steady_hpctrain_images_per_second=$ours_steady
 cnn_steady_peer_images_per_second=$peer_steady
 cnn_steady_ratio_hpctrain_over_peer=$(calc "$ours_steady / $peer_steady" 2)
-cnn_steady_hpctrain_cuda_graphs_images_per_second=$(json_number images_per_s < "$tmp/ours_graphs.json")
-cnn_steady_cuda_graphs_ratio_over_peer=$(calc "$(json_number images_per_s < "$tmp/ours_graphs.json") / $peer_steady" 2)
+cnn_steady_hpctrain_cuda_graphs_images_per_second=$ours_steady
+cnn_steady_cuda_graphs_ratio_over_peer=$(calc "$ours_steady / $peer_steady" 2)
+cnn_steady_hpctrain_eager_images_per_second=$(json_number images_per_s < "$tmp/ours_eager.json")
+cnn_steady_eager_ratio_over_peer=$(calc "$(json_number images_per_s < "$tmp/ours_eager.json") / $peer_steady" 2)
 cnn_steady_hpctrain_mfu=$(mfu "$ours_steady" "$flops" "$peer_precision")
 cnn_steady_peer_mfu=$(mfu "$peer_steady" "$flops" "$peer_precision")
 cnn_e2e_epochs=$epochs
@@ -271,7 +272,10 @@ cnn_e2e_hpctrain_test_accuracy=$(json_number test_accuracy <<< "$done_line")
 cnn_e2e_peer_images_per_second=$peer_e2e
 cnn_e2e_peer_test_accuracy=$(json_number test_acc <<< "$peer_line")
 cnn_e2e_ratio_hpctrain_over_peer=$(calc "$ours_e2e / $peer_e2e" 2)
-$graphs
+cnn_e2e_hpctrain_cuda_graphs_images_per_second=$ours_e2e
+cnn_e2e_hpctrain_eager_images_per_second=$(json_number images_per_second <<< "$e_line")
+cnn_e2e_eager_ratio_over_peer=$(calc "$(json_number images_per_second <<< "$e_line") / $peer_e2e" 2)
+cnn_e2e_hpctrain_cuda_graphs_same_checksum=$([[ $(checksum <<< "$e_line") == $(checksum <<< "$done_line") ]] && echo yes || echo no)
 cnn_ratio_target=3.0
 EOS
 }
@@ -279,30 +283,32 @@ EOS
 resnet50_step() {
   need_build
   need_peer
-  echo "== 1/4 steady steps: gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16"
+  # The step replayed as one CUDA graph, as the trainer replays it by default: the GPU's time
+  # without the host's 600-odd launches a step; the eager steps (--no-cuda-graphs) beside it.
+  echo "== 1/4 steady steps as a CUDA graph: gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --cuda-graphs"
   "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch" \
-    --no-deterministic | tee "$tmp/ours.json"
-  local ours flops lines graphs
+    --no-deterministic --cuda-graphs | tee "$tmp/ours.json"
+  local ours flops lines eager
   ours=$(json_number images_per_s < "$tmp/ours.json")
   flops=$(json_number train_flops_per_sample < "$tmp/ours.json")
-  # The same step replayed as one CUDA graph (the trainer's --cuda-graphs): the GPU's time
-  # without the host's 600-odd launches a step.
-  echo "== 1b/4 the same steps as a CUDA graph: gpu_step ... --cuda-graphs"
+  echo "== 1b/4 the same steps launched one by one (the trainer's --no-cuda-graphs): gpu_step ..."
   "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch "$r50_batch" \
-    --no-deterministic --cuda-graphs | tee "$tmp/graphs.json"
-  graphs=$(json_number images_per_s < "$tmp/graphs.json")
+    --no-deterministic | tee "$tmp/eager.json"
+  eager=$(json_number images_per_s < "$tmp/eager.json")
   lines="resnet50_batch=$r50_batch
 resnet50_train_flops_per_sample=$flops
 resnet50_steady_hpctrain_images_per_second=$ours
 resnet50_steady_hpctrain_mfu=$(mfu "$ours" "$flops" bf16)
-resnet50_steady_hpctrain_cuda_graphs_images_per_second=$graphs
-resnet50_steady_hpctrain_cuda_graphs_mfu=$(mfu "$graphs" "$flops" bf16)"
+resnet50_steady_hpctrain_cuda_graphs_images_per_second=$ours
+resnet50_steady_hpctrain_cuda_graphs_mfu=$(mfu "$ours" "$flops" bf16)
+resnet50_steady_hpctrain_eager_images_per_second=$eager
+resnet50_steady_hpctrain_eager_mfu=$(mfu "$eager" "$flops" bf16)"
   # With another batch-norm launch (HPCTRAIN_BN_TUNING, as `all --bn-tuning` sets it), the
   # default's steady step beside it.
   if [[ -n ${HPCTRAIN_BN_TUNING:-} ]]; then
     echo "== 1c/4 the steady steps with the default batch-norm launch (this run: $HPCTRAIN_BN_TUNING)"
     env -u HPCTRAIN_BN_TUNING "$gpu_step" --model resnet50 --image-size 224 --channels 3 --classes 1000 \
-      --precision bf16 --batch "$r50_batch" --no-deterministic | tee "$tmp/default_bn.json"
+      --precision bf16 --batch "$r50_batch" --no-deterministic --cuda-graphs | tee "$tmp/default_bn.json"
     lines+="
 resnet50_bn_tuning=$HPCTRAIN_BN_TUNING
 resnet50_steady_hpctrain_default_bn_images_per_second=$(json_number images_per_s < "$tmp/default_bn.json")"
@@ -320,7 +326,8 @@ resnet50_steady_hpctrain_default_bn_images_per_second=$(json_number images_per_s
 resnet50_steady_peer_${mode}_images_per_second=$theirs
 resnet50_steady_peer_${mode}_mfu=$(mfu "$theirs" "$flops" bf16)
 resnet50_steady_ratio_over_peer_${mode}=$(calc "$ours / $theirs" 2)
-resnet50_steady_cuda_graphs_ratio_over_peer_${mode}=$(calc "$graphs / $theirs" 2)"
+resnet50_steady_cuda_graphs_ratio_over_peer_${mode}=$(calc "$ours / $theirs" 2)
+resnet50_steady_eager_ratio_over_peer_${mode}=$(calc "$eager / $theirs" 2)"
   done
   # End to end: 4 epochs of 2048 synthetic images through the trainer; the last epoch's rate
   # (cuDNN's algorithm choice and the allocator's first requests fall in the first).
@@ -333,16 +340,17 @@ resnet50_steady_cuda_graphs_ratio_over_peer_${mode}=$(calc "$graphs / $theirs" 2
   [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run wrote no epoch line"
   local e2e
   e2e=$(json_number images_per_second <<< "$epoch_line")
-  echo "== 3b/4 the same with --cuda-graphs"
+  echo "== 3b/4 the same with --no-cuda-graphs"
   "$hpctrain" --device cuda --model resnet50 --dataset synthetic --image-size 224 --precision bf16 \
-    --no-deterministic --batch-size "$r50_batch" --epochs 4 --test-samples "$r50_batch" --cuda-graphs \
-    --metrics-file "$tmp/r50g.jsonl" 2>&1 | sed -u 's/^/  /'
-  epoch_line=$(grep '"event":"epoch"' "$tmp/r50g.jsonl" | tail -n 1) || true
-  [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run with --cuda-graphs wrote no epoch line"
+    --no-deterministic --batch-size "$r50_batch" --epochs 4 --test-samples "$r50_batch" --no-cuda-graphs \
+    --metrics-file "$tmp/r50e.jsonl" 2>&1 | sed -u 's/^/  /'
+  epoch_line=$(grep '"event":"epoch"' "$tmp/r50e.jsonl" | tail -n 1) || true
+  [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run with --no-cuda-graphs wrote no epoch line"
   report << EOS
 $lines
 resnet50_e2e_hpctrain_images_per_second=$e2e
-resnet50_e2e_hpctrain_cuda_graphs_images_per_second=$(json_number images_per_second <<< "$epoch_line")
+resnet50_e2e_hpctrain_cuda_graphs_images_per_second=$e2e
+resnet50_e2e_hpctrain_eager_images_per_second=$(json_number images_per_second <<< "$epoch_line")
 resnet50_e2e_hpctrain_mfu=$(mfu "$e2e" "$flops" bf16)
 resnet50_ratio_target=1.0
 EOS

@@ -31,7 +31,10 @@ class GpuTraining : public ::testing::Test {
       GTEST_SKIP() << "Fashion-MNIST not found in " << fashion_mnist_dir();
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
   }
-  void TearDown() override { unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP"); }
+  void TearDown() override {
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_LOSS_SCALE");
+  }
 
   // 2 epochs of 20 steps of 64 samples.
   std::vector<std::string> short_job(const std::string& metrics, const std::string& device = "cuda") const {
@@ -183,23 +186,39 @@ TEST_F(GpuTraining, MixedPrecisionTrainsAndFp16ResumesExactly) {
   EXPECT_EQ(done_of(m).at("state_checksum").str, want.at("state_checksum").str);
 }
 
-// --cuda-graphs replays a captured step: the same bits as the eager steps (tf32 and bf16, over
-// epochs whose evaluations force a new capture each time), and it says it captured.
+// CUDA graphs replay a captured step: the same bits as the eager steps (--no-cuda-graphs) in
+// tf32, bf16 and fp16, over epochs whose evaluations force a new capture each time; the default
+// (one rank on its GPU) replays them, and says it captured; --no-cuda-graphs does not. fp16 starts
+// at a loss scale of 2^30 (HPCTRAIN_TEST_LOSS_SCALE), where the first steps overflow for sure:
+// each halving is a new capture (the graph holds its scale), and the steps it skips are the
+// eager run's, with its whole state.
 TEST_F(GpuTraining, CudaGraphsReplayTheEagerStepsBitExactly) {
-  for (const std::string precision : {"tf32", "bf16"}) {
+  for (const std::string precision : {"tf32", "bf16", "fp16"}) {
     SCOPED_TRACE(precision);
     const std::string e = dir_.file("eager-" + precision + ".jsonl"), g = dir_.file("graphs-" + precision + ".jsonl");
+    if (precision == "fp16") setenv("HPCTRAIN_TEST_LOSS_SCALE", "1073741824", 1);
     auto eager = short_job(e);
-    eager.insert(eager.end(), {"--precision", precision});
-    ASSERT_EQ(run_hpctrain(eager).exit_code, 0);
+    eager.erase(std::find(eager.begin(), eager.end(), "--quiet"));
+    eager.insert(eager.end(), {"--precision", precision, "--no-cuda-graphs"});
+    const RunResult plain = run_hpctrain(eager);
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_EQ((plain.out + plain.err).find("CUDA graph"), std::string::npos) << plain.err;
     auto graphs = short_job(g);
     graphs.erase(std::find(graphs.begin(), graphs.end(), "--quiet"));
-    graphs.insert(graphs.end(), {"--precision", precision, "--cuda-graphs"});
+    graphs.insert(graphs.end(), {"--precision", precision});  // the default: graphs on one GPU
     const RunResult r = run_hpctrain(graphs);
+    unsetenv("HPCTRAIN_TEST_LOSS_SCALE");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE((r.out + r.err).find("CUDA graph: the training step captured"), std::string::npos) << r.err;
+    EXPECT_NE((r.out + r.err).find(", CUDA graphs"), std::string::npos) << r.err;
     EXPECT_EQ(done_of(g).at("param_checksum").str, done_of(e).at("param_checksum").str);
+    EXPECT_EQ(done_of(g).at("state_checksum").str, done_of(e).at("state_checksum").str);
     EXPECT_EQ(done_of(g).at("test_accuracy").number, done_of(e).at("test_accuracy").number);
+    EXPECT_EQ(done_of(g).at("skipped_steps").number, done_of(e).at("skipped_steps").number);
+    if (precision == "fp16") {
+      EXPECT_GE(done_of(g).at("skipped_steps").number, 5) << "too few overflows: the scale's recapture went untested";
+      EXPECT_LT(done_of(g).at("skipped_steps").number, 30) << "the scale never came down";
+    }
   }
 }
 
@@ -214,7 +233,7 @@ TEST_F(GpuTraining, SnapshotsThroughTheSideStreamResumeBitExactly) {
     const std::string tag = graphs ? "graphs" : "eager";
     auto job = [&](const std::string& metrics, bool keep) {
       auto a = short_job(dir_.file(metrics));
-      if (graphs) a.push_back("--cuda-graphs");
+      a.push_back(graphs ? "--cuda-graphs" : "--no-cuda-graphs");
       if (keep)
         a.insert(a.end(), {"--checkpoint-dir", dir_.file("ck-" + tag), "--checkpoint-every-steps", "5",
                            "--snapshot-every-steps", "1", "--snapshot-dir", dir_.file("snaps-" + tag)});
@@ -334,8 +353,8 @@ TEST_F(GpuTraining, PredictOnTheGpuGivesTheCpuLogits) {
 // --jpeg-decode gpu through the binary: packed JPEG shards decoded by nvJPEG on the loader's
 // thread and cropped by the GPU's kernel. The run trains as the CPU-decoded one does (decoders
 // differ by a few byte levels: close losses, not the same bits), repeats its bits (the decode is
-// deterministic), and with CUDA graphs (the decoded batch copied into the captured input) ends
-// with the eager run's bits.
+// deterministic), and with CUDA graphs (the default: the decoded batch copied into the captured
+// input) ends with the eager run's (--no-cuda-graphs) bits.
 TEST_F(GpuTraining, JpegShardsDecodedOnTheGpuTrainAsOnTheCpu) {
   std::string why;
   if (!data::NvjpegLibrary::load_installed(&why)) GTEST_SKIP() << why;
@@ -369,17 +388,18 @@ TEST_F(GpuTraining, JpegShardsDecodedOnTheGpuTrainAsOnTheCpu) {
                                     "32", "--batch-size", "16", "--epochs", "4", "--lr", "0.01", "--test-samples",
                                     "48", "--jpeg-decode", decode, "--metrics-file", metrics};
   };
-  const std::string g1 = dir_.file("gpu1.jsonl"), g2 = dir_.file("gpu2.jsonl"), gg = dir_.file("graphs.jsonl"),
+  const std::string g1 = dir_.file("gpu1.jsonl"), g2 = dir_.file("gpu2.jsonl"), gg = dir_.file("eager.jsonl"),
                     c = dir_.file("cpu.jsonl");
   const RunResult gpu = run_hpctrain(job(g1, "gpu"));
   ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
   EXPECT_NE((gpu.out + gpu.err).find("JPEG decode on the GPU with nvJPEG"), std::string::npos) << gpu.out;
   ASSERT_EQ(run_hpctrain(job(g2, "gpu")).exit_code, 0);
   EXPECT_EQ(done_of(g2).at("param_checksum").str, done_of(g1).at("param_checksum").str) << "not deterministic";
-  auto graphs = job(gg, "gpu");
-  graphs.push_back("--cuda-graphs");
-  const RunResult replayed = run_hpctrain(graphs);
-  ASSERT_EQ(replayed.exit_code, 0) << replayed.err;
+  EXPECT_NE((gpu.out + gpu.err).find("CUDA graph: the training step captured"), std::string::npos) << gpu.err;
+  auto eager = job(gg, "gpu");
+  eager.push_back("--no-cuda-graphs");
+  const RunResult launched = run_hpctrain(eager);
+  ASSERT_EQ(launched.exit_code, 0) << launched.err;
   EXPECT_EQ(done_of(gg).at("param_checksum").str, done_of(g1).at("param_checksum").str) << "graphs differ";
   const RunResult cpu = run_hpctrain(job(c, "cpu"));
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;

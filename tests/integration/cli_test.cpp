@@ -168,8 +168,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"jpeg_decode_unknown", {"--jpeg-decode", "fpga"}, {"--jpeg-decode", "'fpga'", "gpu"}},
         BadArgs{"jpeg_decode_gpu_on_the_cpu", {"--device", "cpu", "--jpeg-decode", "gpu"},
                 {"--jpeg-decode gpu", "trains on the CPU", "--jpeg-decode cpu"}},
-        BadArgs{"cuda_graphs_with_fp16", {"--cuda-graphs", "--precision", "fp16"},
-                {"--cuda-graphs does not take --precision fp16", "bf16"}},
+        BadArgs{"cuda_graphs_on_and_off", {"--cuda-graphs", "--no-cuda-graphs"},
+                {"--cuda-graphs and --no-cuda-graphs contradict"}},
         BadArgs{"batch_larger_than_dataset", {"--train-samples", "64", "--batch-size", "100"}, {"64", "100"}},
         BadArgs{"repeated_option", {"--epochs", "1", "--epochs", "2"}, {"--epochs"}},
         // Extreme values: each was an internal error, a hang, a silent overflow or a silent no-op.
@@ -857,6 +857,7 @@ const std::vector<std::pair<std::string, std::string>> kOptions{
     {"precision", "tf32"},
     {"no-deterministic", ""},
     {"cuda-graphs", ""},
+    {"no-cuda-graphs", ""},
     {"jpeg-decode", "auto"},
     {"model", "cnn"},
     {"no-batch-norm", ""},

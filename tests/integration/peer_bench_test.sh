@@ -299,6 +299,60 @@ expect "$(cat "$gpu/build/gpu_vs_peer/scaling.txt")" "scaling_checks_failed=2" \
 expect "$(cat "$STUB_CALLS")" "scaling_check --keep $gpu/build/gpu_vs_peer/scaling"
 printf '#!/bin/sh\nexit 3\n' > "$gpu/scaling_check"
 SCALING_CHECK=$gpu/scaling_check refuse gpu_vs_peer.sh "bench/scaling_check.sh failed (exit 3)" scaling
+# cnn: the headline rows are the trainer's default, its steps replayed as CUDA graphs (gpu_step
+# --cuda-graphs; hpctrain without a graphs option), the eager ones (gpu_step without it;
+# hpctrain --no-cuda-graphs) beside them, and the two end-to-end runs' checksums compared. The
+# stand-ins: gpu_step 300,000 img/s as a graph and 150,000 eager; hpctrain 250,000 and 120,000
+# end to end (STUB_OTHER_BITS: the eager run ends with other bits); the peer 100,000 steady and
+# 50,000 end to end.
+cat > "$gpu/build/bench/gpu_step" << 'STUB'
+#!/bin/sh
+echo "gpu_step $*" >> "$STUB_CALLS"
+case " $* " in
+  *" --copy-bandwidth "*) echo '{"workload": "copy", "copy_bytes_per_s": 4000000000000}' ;;
+  *" --cuda-graphs "*) echo '{"workload": "cnn", "images_per_s": 300000, "train_flops_per_sample": 1000000}' ;;
+  *) echo '{"workload": "cnn", "images_per_s": 150000, "train_flops_per_sample": 1000000}' ;;
+esac
+STUB
+cat > "$gpu/build/src/hpctrain" << 'STUB'
+#!/usr/bin/env bash
+echo "hpctrain $*" >> "$STUB_CALLS"
+metrics= eager=0
+while (($#)); do
+  [[ $1 == --metrics-file ]] && metrics=$2
+  [[ $1 == --no-cuda-graphs ]] && eager=1
+  shift
+done
+rate=250000 bits=00ab
+((eager)) && rate=120000 && [[ -n ${STUB_OTHER_BITS:-} ]] && bits=00cd
+echo "{\"event\":\"done\",\"images_per_second\":$rate,\"test_accuracy\":0.92,\"param_checksum\":\"$bits\"}" > "$metrics"
+STUB
+cat > "$gpu/peer_gpu.py" << 'STUB'
+print('{"images_per_s": 50000, "test_acc": 0.921}')
+STUB
+cat > "$gpu/bin/python" << STUB
+#!/usr/bin/env bash
+[[ \$1 == -c && \$2 == *nvidia.* ]] && { echo "$gpu/nv"; exit 0; }
+[[ \$1 == -c ]] && exit 0
+[[ \$1 == */torch_gpu_steps.py ]] && { echo '{"images_per_s": 100000}'; exit 0; }
+exec /usr/bin/python3 "\$@"
+STUB
+chmod +x "$gpu/build/bench/gpu_step" "$gpu/build/src/hpctrain" "$gpu/bin/python"
+: > "$STUB_CALLS"
+out=$(PEER_GPU=$gpu/peer_gpu.py "$bench/gpu_vs_peer.sh" cnn 2>&1)
+expect "$(cat "$gpu/build/gpu_vs_peer/cnn.txt")" "cnn_steady_hpctrain_images_per_second=300000" \
+  "cnn_steady_ratio_hpctrain_over_peer=3.00" "cnn_steady_cuda_graphs_ratio_over_peer=3.00" \
+  "cnn_steady_hpctrain_eager_images_per_second=150000" "cnn_steady_eager_ratio_over_peer=1.50" \
+  "cnn_e2e_hpctrain_images_per_second=250000" "cnn_e2e_ratio_hpctrain_over_peer=5.00" \
+  "cnn_e2e_hpctrain_eager_images_per_second=120000" "cnn_e2e_eager_ratio_over_peer=2.40" \
+  "cnn_e2e_hpctrain_cuda_graphs_same_checksum=yes" "cnn_e2e_peer_test_accuracy=0.921"
+calls=$(sed 's/ --metrics-file .*//' "$STUB_CALLS")
+expect "$calls" "gpu_step --model cnn --batch 128 --precision tf32 --cuda-graphs" \
+  "gpu_step --model cnn --batch 128 --precision tf32" \
+  "hpctrain --device cuda --batch-size 128 --epochs 4 --precision tf32 --data-dir $gpu/data" \
+  "hpctrain --device cuda --batch-size 128 --epochs 4 --precision tf32 --data-dir $gpu/data --no-cuda-graphs"
+out=$(STUB_OTHER_BITS=1 PEER_GPU=$gpu/peer_gpu.py "$bench/gpu_vs_peer.sh" cnn 2>&1)
+expect "$(cat "$gpu/build/gpu_vs_peer/cnn.txt")" "cnn_e2e_hpctrain_cuda_graphs_same_checksum=no"
 # Refusals: each one line and exit 2.
 NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's measurements: ncu recorded no kernel durations (gpu__time_duration.sum)" kernels
 refuse gpu_vs_peer.sh "--kernels-model must be resnet50 or cnn, got 'vgg'" kernels --kernels-model vgg

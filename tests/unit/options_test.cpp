@@ -247,6 +247,26 @@ TEST(OptionTable, RecordedOptionsNoRunWritesAreRefusedByName) {
   }
 }
 
+// --cuda-graphs: auto unless asked for (on) or turned off; checkpoints made while it was a flag
+// recorded 1 or 0, which read back as on and auto; anything else is the checkpoint's error.
+TEST(OptionTable, CudaGraphsAreAutoUnlessAskedForOrTurnedOff) {
+  EXPECT_EQ(parse({}).cuda_graphs, train::CudaGraphs::Auto);
+  EXPECT_EQ(parse({"--cuda-graphs"}).cuda_graphs, train::CudaGraphs::On);
+  EXPECT_EQ(parse({"--no-cuda-graphs"}).cuda_graphs, train::CudaGraphs::Off);
+  EXPECT_EQ(agreed_values(parse({"--no-cuda-graphs"})).at("cuda-graphs"), "off");
+  for (const auto& [recorded, want] : std::vector<std::pair<std::string, train::CudaGraphs>>{
+           {"1", train::CudaGraphs::On}, {"0", train::CudaGraphs::Auto}, {"off", train::CudaGraphs::Off}}) {
+    SCOPED_TRACE(recorded);
+    EXPECT_EQ(train::recorded_options({{"option.cuda-graphs", recorded}}, {"cuda-graphs"}).cuda_graphs, want);
+  }
+  try {
+    train::recorded_options({{"option.cuda-graphs", "2"}}, {"cuda-graphs"});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cuda-graphs '2'"), std::string::npos) << e.what();
+  }
+}
+
 // --batch-size is compared only where it sets the global batch: a checkpoint made with
 // --batch-size 32 resumes under the checkpoint's --global-batch-size (the per-rank batch is then
 // the default, unused), and a run whose global batch differs is refused for that.

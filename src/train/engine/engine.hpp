@@ -92,7 +92,7 @@ struct EngineSpec {
   int threads{};              // CPU: math-library threads
   Precision precision{};      // GPU: the math of products and the activations' type
   bool deterministic{};       // GPU: only algorithms that give the same bits every run
-  bool cuda_graphs{};         // GPU: steps replayed as one CUDA graph
+  CudaGraphs cuda_graphs{};   // GPU: steps replayed as one CUDA graph (auto: with one rank, no NCCL)
 };
 EngineSpec engine_spec(const TrainOptions& o, int threads);
 

@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -136,6 +137,20 @@ bool nccl_forced() {
   return v && std::string(v) == "1";
 }
 
+// The test option of the GPU tests: fp16's first loss scale (a power of two), where the
+// default 2^16 may never overflow in a short run; a restored checkpoint's scale still wins.
+optim::LossScaler first_loss_scaler() {
+  const char* v = std::getenv("HPCTRAIN_TEST_LOSS_SCALE");
+  if (!v || !*v) return optim::LossScaler();
+  char* end = nullptr;
+  const double scale = std::strtod(v, &end);
+  HPC_CHECK(*end == '\0' && scale >= 1 && scale <= 1099511627776.0 && std::exp2(std::round(std::log2(scale))) == scale,
+            "HPCTRAIN_TEST_LOSS_SCALE='", v, "' is not a power of two from 1 to 2^40");
+  optim::LossScalerState s;
+  s.scale = scale;
+  return optim::LossScaler(s);
+}
+
 nn::cuda::GpuSettings settings_of(const EngineSpec& o) {
   nn::cuda::GpuSettings s;
   using nn::cuda::Math;
@@ -163,8 +178,7 @@ class GpuEngine final : public Engine {
         sgd_gpu_(sgd_),
         precision_(name_of(kPrecisionNames, o.precision)),
         deterministic_(o.deterministic),
-        scaled_(o.precision == Precision::Fp16),
-        graphs_(o.cuda_graphs) {
+        scaled_(o.precision == Precision::Fp16) {
     if (ctx.world_size() > 1 || nccl_forced()) {
       nccl_ = std::make_unique<dist::NcclCommunicator>(ctx.world());
       buckets_ = std::make_unique<NcclBuckets>(*nccl_, context_.stream());
@@ -172,8 +186,14 @@ class GpuEngine final : public Engine {
           *nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model_.gradient_groups(),
           static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, buckets_.get());
     }
-    HPC_CHECK(!graphs_ || (!scaled_ && !nccl_), "--cuda-graphs with fp16, several ranks or NCCL forced");
+    // Graphs wherever they apply (--cuda-graphs auto): one rank without NCCL; asked for (on),
+    // the options have refused several ranks, and the test hook forcing NCCL is refused here.
+    graphs_ = o.cuda_graphs == CudaGraphs::On || (o.cuda_graphs == CudaGraphs::Auto && !nccl_);
+    HPC_CHECK(!graphs_ || !nccl_, "--cuda-graphs with NCCL forced (HPCTRAIN_TEST_FORCE_NCCL=1)");
     if (graphs_) hyper_ = Tensor(Shape{2}, DType::F32, DeviceKind::CUDA);
+    if (scaled_) scaler_ = first_loss_scaler();
+    overflow_ = static_cast<int*>(overflow_pinned_.get(sizeof(int)));
+    *overflow_ = 0;
     upload();
   }
 
@@ -225,31 +245,37 @@ class GpuEngine final : public Engine {
                   scaled_ ? context_.non_finite() : nullptr, hyper);
     t.end = StepPhases::Clock::now();
     if (!hyper) r->phases = t;
-    if (scaled_)
-      CUDA_CHECK(cudaMemcpyAsync(&overflow_, context_.non_finite(), sizeof(int), cudaMemcpyDeviceToHost,
+    if (scaled_)  // into pinned memory: a captured copy may not touch pageable memory
+      CUDA_CHECK(cudaMemcpyAsync(overflow_, context_.non_finite(), sizeof(int), cudaMemcpyDeviceToHost,
                                  context_.stream()));
   }
 
   // Waits for the step and reads its loss, correct count and (fp16) overflow flag back.
   StepResult finish_step(const data::Batch& batch, StepResult r) {
     const auto sums = net_.sums();  // waits for the stream: overflow_ is in place
-    if (scaled_) r.skipped = !scaler_.update(overflow_ == 0);
+    if (scaled_) r.skipped = !scaler_.update(*overflow_ == 0);
     r.loss = sums.loss / static_cast<double>(std::max<int64_t>(batch.size(), 1));
     r.correct = sums.correct;
     return r;
   }
 
-  // --cuda-graphs (one rank, not fp16). A captured graph holds the addresses of every buffer
-  // the step touches; they stay put while the batch shape stays and nothing else resizes
-  // them. So: a step with a new shape, or the first after an evaluation (whose batches may
-  // have grown the buffers), runs eagerly and settles the allocations; the next one of that
-  // shape is captured (and then replayed, which runs it), and later ones replay. lr and
-  // momentum reach the update kernel through device memory uploaded before each launch;
-  // train_step has staged the batch, into the same device buffers.
+  // CUDA graphs (one rank). A captured graph holds the addresses of every buffer the step
+  // touches; they stay put while the batch shape stays and nothing else resizes them. So: a
+  // step with a new shape, or the first after an evaluation (whose batches may have grown the
+  // buffers), runs eagerly and settles the allocations; the next one of that shape is captured
+  // (and then replayed, which runs it), and later ones replay. lr and momentum reach the update
+  // kernel through device memory uploaded before each launch; train_step has staged the batch,
+  // into the same device buffers. fp16: the graph holds the loss scale it was captured with
+  // (the kernels and cuDNN take it as an argument) and the whole rest of the scaling: the
+  // check of the gradients, the update that changes nothing after an overflow, the flag's copy
+  // into pinned memory that finish_step reads; when the scaler changes the scale (an overflow
+  // halves it, 2000 good steps double it) the next step is captured again, which costs one
+  // capture a change, not an eager step.
   StepResult graph_step(const data::Batch& batch, float share, double lr, double momentum) {
     // A share other than 1 (never with one rank, but the bucketer would then scale on its own
     // stream) is not captured.
     const bool same_shape = x_.shape() == graph_shape_ && share == 1.0f;
+    if (graph_ && scaled_ && graph_scale_ != scaler_.scale()) graph_.reset();
     if (!same_shape || !settled_) {  // eager, and the buffers settle for this shape
       graph_.reset();
       graph_shape_ = x_.shape();  // staged: the batch's (decoded batches have no images)
@@ -277,6 +303,7 @@ class GpuEngine final : public Engine {
       }
       CUDA_CHECK(cudaStreamEndCapture(s, &g));
       graph_ = std::make_unique<Graph>(g);
+      graph_scale_ = scaler_.scale();
       if (++captures_ == 1) log::info("CUDA graph: the training step captured (batch ", graph_shape_.str(), ")");
     }
     wait_for_snapshot_copy();
@@ -477,15 +504,17 @@ class GpuEngine final : public Engine {
   std::string precision_;
   bool deterministic_;
   bool scaled_;  // fp16: dynamic loss scaling
-  bool graphs_;  // --cuda-graphs
+  bool graphs_ = false;  // CUDA graphs (--cuda-graphs, or auto with one rank)
   std::unique_ptr<Graph> graph_;
   Shape graph_shape_;
+  double graph_scale_ = 0;  // fp16: the loss scale graph_ was captured with
   bool settled_ = false;
   Tensor hyper_;  // device {lr, momentum} of a replayed step
   float hyper_host_[2] = {0, 0};
   int64_t captures_ = 0;
   optim::LossScaler scaler_;
-  int overflow_ = 0;
+  PinnedBuffer overflow_pinned_;
+  int* overflow_ = nullptr;  // fp16: the step's non-finite flag, copied back (pinned)
   PinnedBuffer pinned_;
   // In-memory snapshots: the side stream, the boundary and copy events, the pinned copy, and
   // where the snapshot begun last wants its parameters and momentum (until completed).

@@ -73,6 +73,30 @@ Option on_by_default(const char* name, bool Members::*m, Rule rule, std::string 
                      [=](const std::string& t, TrainOptions& o) { o.*m = bool_from_text(t, name); }});
 }
 
+// A setting chosen where it applies unless asked for: --NAME asks for it (an error where it cannot
+// apply), --no-NAME turns it off, neither leaves it to the run (auto); both at once is refused.
+// Recorded under NAME as auto, on or off (1 and 0, as checkpoints recorded --cuda-graphs while it
+// was a flag, read back as on and auto).
+Option on_where_it_applies(const char* name, CudaGraphs Members::*m, Rule rule, std::string help, std::string no_help) {
+  const std::string no = std::string("no-") + name;
+  return with(rule, {name,
+                     [=](po::options_description& d, TrainOptions&) {
+                       d.add_options()(name, po::bool_switch(), help.c_str())(no.c_str(), po::bool_switch(),
+                                                                              no_help.c_str());
+                     },
+                     [=](const po::variables_map& vm, TrainOptions& o) {
+                       const bool on = vm[name].as<bool>(), off = vm[no].as<bool>();
+                       HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
+                       o.*m = on ? CudaGraphs::On : off ? CudaGraphs::Off : CudaGraphs::Auto;
+                     },
+                     [m](const TrainOptions& o) { return std::string(name_of(kCudaGraphsNames, o.*m)); },
+                     [=](const std::string& t, TrainOptions& o) {
+                       o.*m = t == "1"   ? CudaGraphs::On
+                              : t == "0" ? CudaGraphs::Auto
+                                         : parse_named(kCudaGraphsNames, t, std::string("--") + name);
+                     }});
+}
+
 std::vector<double> parse_epochs(const std::string& s, const char* option) {
   std::vector<double> out;
   std::stringstream ss(s);
@@ -203,10 +227,13 @@ std::vector<Option> general() {
              "fp32 (IEEE float throughout), or mixed precision as PyTorch's autocast: bf16, or fp16 with dynamic "
              "loss scaling (activations in 16 bits; master weights, gradients and optimizer state in fp32); the CPU "
              "always computes in fp32 (and refuses bf16 and fp16)"),
-      flag("cuda-graphs", &Members::cuda_graphs, R::Agree,
-           "GPU, one rank per job: capture the training step once its shapes are steady and replay it as one CUDA "
-           "graph (one launch instead of hundreds: small models on big GPUs are launch-bound); the same bits as "
-           "without; not with --precision fp16, whose loss scale changes between steps"),
+      on_where_it_applies("cuda-graphs", &Members::cuda_graphs, R::Agree,
+                          "GPU, one rank per job: capture the training step once its shapes are steady and replay "
+                          "it as one CUDA graph (one launch instead of hundreds: small models on big GPUs are "
+                          "launch-bound); the same bits as without. The default wherever it applies (one rank "
+                          "training on its GPU); given, an error where it cannot",
+                          "GPU: launch every kernel of every step from the host (the eager steps), also where "
+                          "graphs would apply"),
       choice("jpeg-decode", &Members::jpeg_decode, kJpegDecodeNames, R::Agree,
              "packed JPEG shards: where their images are decoded, cropped, flipped and normalised: auto (on the GPU "
              "with nvJPEG, libnvjpeg.so.13, when training on a GPU and the library loads; else on the CPU, saying "

@@ -68,9 +68,6 @@ void validate_choices(const TrainOptions& o) {
   const int64_t least = nn::smallest_image_side(o.model);
   HPC_REQUIRE(o.image_size == 0 || o.image_size >= least, "--image-size ", o.image_size, " is too small for --model ",
               nn::model_name(o.model), " (at least ", least, " pixels)");
-  HPC_REQUIRE(!o.cuda_graphs || o.precision != Precision::Fp16, "--cuda-graphs does not take --precision fp16 (its "
-              "dynamic loss scale changes between steps, a graph replays fixed ones); use bf16, or leave out "
-              "--cuda-graphs");
   HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || !o.lr_step_epochs.empty(),
               "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
 }

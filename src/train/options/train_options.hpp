@@ -29,6 +29,13 @@ enum class JpegDecode { Auto, Cpu, Gpu };
 inline constexpr Named<JpegDecode> kJpegDecodeNames[] = {
     {"auto", JpegDecode::Auto}, {"cpu", JpegDecode::Cpu}, {"gpu", JpegDecode::Gpu}};
 
+// CUDA graphs: auto (each steady training step replayed as one captured graph wherever that
+// applies: one rank on its GPU; else the eager steps), on (--cuda-graphs: refused where it cannot
+// apply), off (--no-cuda-graphs).
+enum class CudaGraphs { Auto, On, Off };
+inline constexpr Named<CudaGraphs> kCudaGraphsNames[] = {
+    {"auto", CudaGraphs::Auto}, {"on", CudaGraphs::On}, {"off", CudaGraphs::Off}};
+
 // GPU arithmetic: tf32 lets convolutions and matrix products use tensor cores with 10-bit
 // mantissas (PyTorch's cuDNN default); fp32 keeps IEEE float (the CPU always computes fp32);
 // bf16 and fp16 are mixed precision (fp16 with dynamic loss scaling).
@@ -110,7 +117,7 @@ struct TrainOptions {
   Precision precision = Precision::Tf32;
   bool deterministic = true;  // GPU: only algorithms that give the same bits every run
   // GPU, one rank: replay each steady-state training step as one captured CUDA graph.
-  bool cuda_graphs = false;
+  CudaGraphs cuda_graphs = CudaGraphs::Auto;
   JpegDecode jpeg_decode = JpegDecode::Auto;  // the GPU's nvJPEG where it can (run on an H200, 2026-11-28)
   std::string metrics_file;
   int64_t metrics_every_steps = 0;  // > 0: rank 0 adds a step event to metrics_file every N steps

@@ -54,7 +54,7 @@ bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak
   HPC_REQUIRE(gpu || !mixed_precision(o.precision), "--precision ", name_of(kPrecisionNames, o.precision),
               " is mixed precision on the GPU, and this rank trains on the CPU", because,
               "; the CPU trains in fp32: use --precision fp32");
-  HPC_REQUIRE(gpu || !o.cuda_graphs, "--cuda-graphs replays training steps on the GPU, and this rank trains on the CPU",
+  HPC_REQUIRE(gpu || o.cuda_graphs != CudaGraphs::On, "--cuda-graphs replays training steps on the GPU, and this rank trains on the CPU",
               because, "; leave out --cuda-graphs");
   if (speak && !gpu && o.device == Device::Auto && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
@@ -87,7 +87,7 @@ std::optional<int> omp_num_threads() {
 void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::string& shared, Prepared& p) {
   p.gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
   p.gpu_decode = resolve_jpeg_decode(o, p.gpu, ctx.local_rank() == 0);
-  HPC_REQUIRE(!o.cuda_graphs || ctx.world_size() == 1, "--cuda-graphs takes one rank per job for now (this one has ",
+  HPC_REQUIRE(o.cuda_graphs != CudaGraphs::On || ctx.world_size() == 1, "--cuda-graphs takes one rank per job for now (this one has ",
               ctx.world_size(), "): the gradient all-reduce waits on the host, which a captured step cannot; leave it "
               "out");
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
