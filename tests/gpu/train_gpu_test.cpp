@@ -267,7 +267,10 @@ TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
 // the compute stream's wait for the done event before the optimizer), with 0.1 MB buckets so
 // that one overlaps the backward pass. An average over one rank is each gradient itself, so
 // the run ends with the bits of the run without NCCL; the log names the path, and the timeline
-// holds every bucket of every step.
+// holds every bucket of every step. With NCCL, graphs are taken only when asked for: the same
+// path with --cuda-graphs captures the step with its all-reduces inside the graph (the fork onto
+// the NCCL stream and the join back), as several ranks would, and ends with the same bits; its
+// replayed steps leave no bucket in the timeline.
 TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
   const std::string plain = dir_.file("plain.jsonl"), forced = dir_.file("forced.jsonl"),
                     timeline = dir_.file("timeline.jsonl");
@@ -294,6 +297,26 @@ TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
   // buckets each is a bucket, the first all-reduced while the backward pass goes on.
   EXPECT_GE(max_bucket, 1) << "0.1 MB buckets of the cnn: two per step";
   EXPECT_EQ(lines, 40 * (max_bucket + 1)) << "every bucket of every step";
+  EXPECT_EQ((f.out + f.err).find("CUDA graph"), std::string::npos) << "graphs with NCCL without --cuda-graphs";
+
+  const std::string captured = dir_.file("captured.jsonl"), captured_timeline = dir_.file("captured-timeline.jsonl");
+  auto graphs_job = short_job(captured);
+  graphs_job.erase(std::find(graphs_job.begin(), graphs_job.end(), "--quiet"));
+  graphs_job.insert(graphs_job.end(), {"--bucket-mb", "0.1", "--timeline-file", captured_timeline, "--cuda-graphs"});
+  setenv("HPCTRAIN_TEST_FORCE_NCCL", "1", 1);
+  const RunResult g = run_hpctrain(graphs_job);
+  unsetenv("HPCTRAIN_TEST_FORCE_NCCL");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE((g.out + g.err).find("forced at world size 1"), std::string::npos) << g.err;
+  EXPECT_NE((g.out + g.err).find("CUDA graph: the training step captured"), std::string::npos) << g.err;
+  EXPECT_EQ(done_of(captured).at("param_checksum").str, done_of(plain).at("param_checksum").str);
+  EXPECT_EQ(done_of(captured).at("state_checksum").str, done_of(plain).at("state_checksum").str);
+  std::ifstream in2(captured_timeline);
+  int64_t captured_lines = 0;
+  for (std::string line; std::getline(in2, line);) ++captured_lines;
+  // Each epoch's first step runs eagerly (the first, or the first after an evaluation), the
+  // second is captured and launched, the rest replay: one step of each epoch leaves its buckets.
+  EXPECT_EQ(captured_lines, 2 * (max_bucket + 1)) << "buckets of the eager steps only";
 }
 
 // The logits of hpctrain predict --json --logits's lines, in order.

@@ -186,10 +186,16 @@ class GpuEngine final : public Engine {
           *nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model_.gradient_groups(),
           static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, buckets_.get());
     }
-    // Graphs wherever they apply (--cuda-graphs auto): one rank without NCCL; asked for (on),
-    // the options have refused several ranks, and the test hook forcing NCCL is refused here.
+    // Graphs by default (--cuda-graphs auto) on one rank without NCCL; with NCCL (several ranks,
+    // or the test hook) only when asked for (on): its all-reduces are then captured inside the
+    // step's graph, which no run on several GPUs has yet shown to hold.
     graphs_ = o.cuda_graphs == CudaGraphs::On || (o.cuda_graphs == CudaGraphs::Auto && !nccl_);
-    HPC_CHECK(!graphs_ || !nccl_, "--cuda-graphs with NCCL forced (HPCTRAIN_TEST_FORCE_NCCL=1)");
+    if (graphs_ && nccl_) {
+      int version = 0;
+      ncclGetVersion(&version);
+      HPC_REQUIRE(version >= 20906, "--cuda-graphs with several ranks captures NCCL's all-reduces, which needs NCCL "
+                                    "2.9.6 or later (this is ", version, "); leave out --cuda-graphs");
+    }
     if (graphs_) hyper_ = Tensor(Shape{2}, DType::F32, DeviceKind::CUDA);
     if (scaled_) scaler_ = first_loss_scaler();
     overflow_ = static_cast<int*>(overflow_pinned_.get(sizeof(int)));
@@ -205,6 +211,7 @@ class GpuEngine final : public Engine {
 
   // One step of the staged batch, enqueued and waited for.
   StepResult eager_step(const data::Batch& batch, float share, double lr, double momentum) {
+    replayed_ = false;
     StepResult r;
     begin_reduction(share);
     enqueue_step(lr, momentum, &r);
@@ -271,10 +278,16 @@ class GpuEngine final : public Engine {
   // into pinned memory that finish_step reads; when the scaler changes the scale (an overflow
   // halves it, 2000 good steps double it) the next step is captured again, which costs one
   // capture a change, not an eager step.
+  //
+  // With NCCL (several ranks, --cuda-graphs): the bucketer hands each bucket to the NCCL stream
+  // from this thread as the backward pass is enqueued (a fence event of the compute stream, the
+  // all-reduce, the join), so the capture forks onto the NCCL stream and joins back, and the
+  // graph holds the all-reduces in their order; every rank captures and replays at the same
+  // steps (the same shapes), and eager and replayed steps issue the same collectives in the same
+  // order. A replayed step leaves the bucket timeline empty (no host enqueues a bucket).
   StepResult graph_step(const data::Batch& batch, float share, double lr, double momentum) {
-    // A share other than 1 (never with one rank, but the bucketer would then scale on its own
-    // stream) is not captured.
-    const bool same_shape = x_.shape() == graph_shape_ && share == 1.0f;
+    if (!graphable(share)) return eager_step(batch, share, lr, momentum);
+    const bool same_shape = x_.shape() == graph_shape_;
     if (graph_ && scaled_ && graph_scale_ != scaler_.scale()) graph_.reset();
     if (!same_shape || !settled_) {  // eager, and the buffers settle for this shape
       graph_.reset();
@@ -288,8 +301,8 @@ class GpuEngine final : public Engine {
     CUDA_CHECK(cudaMemcpyAsync(hyper_.raw(), hyper_host_, sizeof hyper_host_, cudaMemcpyHostToDevice,
                                context_.stream()));
     if (!graph_) {
-      // Thread-local capture: the bucketer's thread may make CUDA calls of its own meanwhile
-      // (with one rank it only hands the buckets back).
+      // Thread-local capture: other threads (NCCL's proxy, the loader's GPU decoder) may make
+      // CUDA calls of their own meanwhile.
       cudaStream_t s = context_.stream();
       CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       cudaGraph_t g = nullptr;
@@ -307,6 +320,7 @@ class GpuEngine final : public Engine {
       if (++captures_ == 1) log::info("CUDA graph: the training step captured (batch ", graph_shape_.str(), ")");
     }
     wait_for_snapshot_copy();
+    replayed_ = true;
     CUDA_CHECK(cudaGraphLaunch(graph_->exec(), context_.stream()));
     return finish_step(batch, r);
   }
@@ -377,8 +391,8 @@ class GpuEngine final : public Engine {
   }
 
   const dist::BucketTimeline& timeline() const override {
-    static const dist::BucketTimeline kNone;  // one GPU: nothing reduced
-    return bucketer_ ? bucketer_->last_timeline() : kNone;
+    static const dist::BucketTimeline kNone;  // one GPU: nothing reduced; a replayed graph: no host times
+    return bucketer_ && !replayed_ ? bucketer_->last_timeline() : kNone;
   }
   size_t bucket_count() const override { return bucketer_ ? bucketer_->bucket_count() : 0; }
   std::string async_error() override { return nccl_ ? nccl_->async_error() : std::string(); }
@@ -398,6 +412,14 @@ class GpuEngine final : public Engine {
   }
 
  private:
+  // Whether a step with this share may be captured: no reduction (one GPU, share 1), or NCCL's
+  // average (every rank's share 1/size). A pre-multiplied sum (unequal shares) names an operator
+  // made and destroyed around each call, which a replayed graph would outlive: those steps run
+  // eagerly.
+  bool graphable(float share) const {
+    return bucketer_ ? share * static_cast<float>(nccl_->size()) == 1.0f : share == 1.0f;
+  }
+
   // A new step's reduction: this rank's share of the global batch (1 on one GPU).
   void begin_reduction(float share) {
     if (bucketer_) bucketer_->begin_step(share);
@@ -508,6 +530,7 @@ class GpuEngine final : public Engine {
   std::unique_ptr<Graph> graph_;
   Shape graph_shape_;
   double graph_scale_ = 0;  // fp16: the loss scale graph_ was captured with
+  bool replayed_ = false;   // the last step was a graph's launch
   bool settled_ = false;
   Tensor hyper_;  // device {lr, momentum} of a replayed step
   float hyper_host_[2] = {0, 0};

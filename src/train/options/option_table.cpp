@@ -228,10 +228,10 @@ std::vector<Option> general() {
              "loss scaling (activations in 16 bits; master weights, gradients and optimizer state in fp32); the CPU "
              "always computes in fp32 (and refuses bf16 and fp16)"),
       on_where_it_applies("cuda-graphs", &Members::cuda_graphs, R::Agree,
-                          "GPU, one rank per job: capture the training step once its shapes are steady and replay "
-                          "it as one CUDA graph (one launch instead of hundreds: small models on big GPUs are "
-                          "launch-bound); the same bits as without. The default wherever it applies (one rank "
-                          "training on its GPU); given, an error where it cannot",
+                          "GPU: capture the training step once its shapes are steady and replay it as one CUDA "
+                          "graph (one launch instead of hundreds: small models on big GPUs are launch-bound); the "
+                          "same bits as without. The default for one rank training on its GPU; given, also with "
+                          "several ranks (their NCCL all-reduces captured in the graph), and an error on the CPU",
                           "GPU: launch every kernel of every step from the host (the eager steps), also where "
                           "graphs would apply"),
       choice("jpeg-decode", &Members::jpeg_decode, kJpegDecodeNames, R::Agree,

@@ -87,9 +87,6 @@ std::optional<int> omp_num_threads() {
 void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::string& shared, Prepared& p) {
   p.gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
   p.gpu_decode = resolve_jpeg_decode(o, p.gpu, ctx.local_rank() == 0);
-  HPC_REQUIRE(o.cuda_graphs != CudaGraphs::On || ctx.world_size() == 1, "--cuda-graphs takes one rank per job for now (this one has ",
-              ctx.world_size(), "): the gradient all-reduce waits on the host, which a captured step cannot; leave it "
-              "out");
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
   p.threads = o.threads > 0 ? o.threads : omp_num_threads().value_or(0);
   if (p.threads == 0) p.threads = dist::default_threads(ctx);
