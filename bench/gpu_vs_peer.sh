@@ -360,6 +360,7 @@ EOS
   cat << EOS | tee -a "$results/$step.txt"
 resnet50_jpeg_e2e_images_per_second=$jpeg
 resnet50_jpeg_e2e_ratio_over_synthetic=$(calc "$jpeg / $e2e" 2)
+resnet50_jpeg_e2e_data_wait_share=$(cat "$tmp/jpeg_wait")
 resnet50_jpeg_e2e_ratio_target=0.9
 EOS
 }
@@ -381,12 +382,26 @@ resnet50_jpeg_e2e() {
   # (A command substitution does not inherit set -e: each failure is checked.)
   "$hpctrain" --device cuda --model resnet50 --dataset shards --data-dir "$jpegs/packed" --image-size 224 \
     --precision bf16 --no-deterministic --jpeg-decode gpu --batch-size "$r50_batch" --epochs 3 \
-    --test-samples "$r50_batch" --metrics-file "$tmp/r50_jpeg.jsonl" 2>&1 | sed -u 's/^/  /' >&2 ||
-    die "hpctrain's resnet50 run on JPEG shards failed"
+    --test-samples "$r50_batch" --metrics-file "$tmp/r50_jpeg.jsonl" --metrics-every-steps 1 2>&1 |
+    sed -u 's/^/  /' >&2 || die "hpctrain's resnet50 run on JPEG shards failed"
   local epoch_line
   epoch_line=$(grep '"event":"epoch"' "$tmp/r50_jpeg.jsonl" | tail -n 1) || true
   [[ -n "$epoch_line" ]] || die "hpctrain's resnet50 run on JPEG shards wrote no epoch line"
+  # Whether the loader (its nvJPEG decode) or the step bounds the rate: the last epoch's steps'
+  # wait for their batch, as a share of their time (resnet50_jpeg_e2e_data_wait_share).
+  jpeg_wait_share "$tmp/r50_jpeg.jsonl" > "$tmp/jpeg_wait" || echo unknown > "$tmp/jpeg_wait"
   json_number images_per_second <<< "$epoch_line"
+}
+
+# jpeg_wait_share METRICS: the last whole epoch's step events' data_wait_seconds over their
+# step_seconds, 3 decimals (an epoch's step events come before its epoch event).
+jpeg_wait_share() {
+  awk '/"event":"epoch"/ { last_wait = wait; last_total = total; wait = 0; total = 0; next }
+       /"event":"step"/ {
+         w = $0; sub(/.*"data_wait_seconds": ?/, "", w); sub(/[,}].*/, "", w)
+         t = $0; sub(/.*"step_seconds": ?/, "", t); sub(/[,}].*/, "", t)
+         wait += w; total += t }
+       END { if (last_total > 0) printf "%.3f\n", last_wait / last_total; else exit 1 }' "$1"
 }
 
 # kernels: ncu's duration and DRAM bytes of every kernel launch in two gpu_step steps
