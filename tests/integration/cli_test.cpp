@@ -248,6 +248,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"snapshot_dir_root", {"--checkpoint-dir", "@WORK/ck", "--snapshot-dir", "//"},
                 {"--snapshot-dir // is the root directory /"}},
         BadArgs{"data_dir_empty", {"--data-dir", ""}, {"--data-dir is empty"}},
+        BadArgs{"data_dir_blank", {"--data-dir", " \t"}, {"--data-dir is empty", "give a value or leave the option out"}},
+        BadArgs{"config_blank", {"--config", "  "}, {"--config is empty"}},
         BadArgs{"metrics_file_empty", {"--metrics-file", ""}, {"--metrics-file is empty"}},
         BadArgs{"timeline_file_empty", {"--timeline-file", ""}, {"--timeline-file is empty"}},
         BadArgs{"config_empty", {"--config", ""}, {"--config is empty"}},

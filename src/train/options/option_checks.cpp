@@ -22,10 +22,6 @@ void require_batch_size(int64_t v, const char* option) {
   HPC_REQUIRE(v <= kMaxBatch, "--", option, " must be at most ", kMaxBatch, " samples, got ", v);
 }
 
-void require_not_empty(const std::string& value, const char* option) {
-  HPC_REQUIRE(!value.empty(), "--", option, " is empty (an unset variable?)");
-}
-
 void require_thread_count(int threads) {
   HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ", threads);
 }

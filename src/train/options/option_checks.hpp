@@ -12,8 +12,5 @@ void require_positive(int64_t v, const char* option);
 void require_non_negative(int64_t v, const char* option);
 void require_thread_count(int threads);  // --threads: 0 (all cores) to 4096
 void require_batch_size(int64_t v, const char* option);  // 1 to a billion
-// An option given an empty value is an unset variable ("--checkpoint-dir $DIR"), never a request
-// for its default: a usage error naming the option when `value` is empty.
-void require_not_empty(const std::string& value, const char* option);
 
 }  // namespace hpc::train

@@ -121,7 +121,7 @@ Option epoch_list(const char* name, std::vector<double> Members::*m, Rule rule, 
           [=](const po::variables_map& vm, TrainOptions& o) {
             if (!vm.count(name)) return;
             const std::string& given = vm[name].as<std::string>();
-            require_not_empty(given, name);
+            options::refuse_blank(given, std::string("--") + name);
             o.*m = parse_epochs(given, name);
           },
           [m](const TrainOptions& o) {

@@ -21,6 +21,7 @@
 #include "core/duration.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
+#include "core/option_kit.hpp"
 #include "data/dataset.hpp"
 #include "nn/gemm.hpp"
 #include "nn/model.hpp"
@@ -167,7 +168,7 @@ std::string read_config_bytes(const std::string& path, size_t limit) {
 
 // The text of a config file, without a UTF-8 byte-order mark (Windows editors write one).
 std::string read_config_text(const std::string& path) {
-  require_not_empty(path, "config");
+  options::refuse_blank(path, "--config");
   std::error_code ec;
   HPC_REQUIRE(!fs::is_directory(path, ec), "--config ", path, " is a directory, not a file of name = value lines");
   std::string text = read_config_bytes(path, kMaxConfigBytes + 1);
@@ -233,7 +234,7 @@ bool given(const po::variables_map& vm, const char* name) { return vm.count(name
 void validate_paths(const po::variables_map& vm) {
   for (const char* name : {"data-dir", "metrics-file", "prometheus-file", "timeline-file", "checkpoint-dir", "resume",
                            "init-from", "snapshot-dir", "snapshot-max-memory", "snapshot-every-steps"})
-    if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+    if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
 }
 
 // Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes

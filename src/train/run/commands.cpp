@@ -287,7 +287,7 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
     go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
     for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
-      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+      if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
     options::read(evaluate_table(), vm, a);
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");

@@ -161,7 +161,7 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
     go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
     for (const char* name : {"checkpoint", "output", "data-dir"})
-      if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+      if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
     options::read(export_table(), vm, o);
     if (ctx.rank() == 0) check_output(o);
   });

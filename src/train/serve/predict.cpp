@@ -290,7 +290,7 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
 
 void check_options(PredictOptions& o, const po::variables_map& vm) {
   for (const char* name : {"checkpoint", "data-dir", "device"})
-    if (vm.count(name)) require_not_empty(vm[name].as<std::string>(), name);
+    if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
   options::read(predict_table(), vm, o);
   HPC_REQUIRE(!o.inputs.empty(), "hpctrain predict needs IMAGES: image files or directories of them");
   for (const std::string& input : o.inputs)
