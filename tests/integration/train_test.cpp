@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -193,11 +194,21 @@ TEST_F(Train, TheMetricsFileStartsWithTheConfiguration) {
   EXPECT_EQ(c.at("total_steps").number, 12);
   EXPECT_EQ(c.at("resumed_from_step").number, -1);
   EXPECT_EQ(c.at("hpctrain_version").str, HPCTRAIN_TEST_VERSION);
-  // Every option of --help is there.
+  // Every option of --help is there: each name but --version and --config (no run's options;
+  // --help is shown as "-h [ --help ]"), and but the --no-NAME twin of a --NAME (one setting,
+  // recorded under NAME).
   const RunResult help = run_hpctrain({"--help"});
-  int options = 0;
-  for (const auto& [key, value] : c) options += key.rfind("option.", 0) == 0;
-  EXPECT_EQ(options, count_of(help.out, "\n  --") - 3) << "--help, --version and --config are no run's options";
+  std::set<std::string> shown;
+  for (size_t at = help.out.find("\n  --"); at != std::string::npos; at = help.out.find("\n  --", at + 1))
+    shown.insert(help.out.substr(at + 5, help.out.find_first_of(" \n", at + 5) - (at + 5)));
+  std::set<std::string> settings;
+  for (const std::string& name : shown)
+    if (name != "version" && name != "config" && !(name.rfind("no-", 0) == 0 && shown.count(name.substr(3))))
+      settings.insert(name);
+  std::set<std::string> recorded;
+  for (const auto& [key, value] : c)
+    if (key.rfind("option.", 0) == 0) recorded.insert(key.substr(7));
+  EXPECT_EQ(recorded, settings);
   double last = before;
   for (const JsonObject& o : lines) {
     ASSERT_TRUE(o.count("unix_time")) << o.at("event").str;
