@@ -178,8 +178,9 @@ Entry<S> number(Name name, T S::*m, std::string help, std::type_identity_t<Check
 void refuse_blank(const std::string& value, const std::string& shown);
 
 // Text: a path, a file name, a host list. Optional, Required (Boost then refuses a command line
-// without it), or NotBlank: optional, but given empty or blank it is "--x is empty", as an unset
-// variable in a script writes it, never a wish for the default.
+// without it; given blank, it is refused as NotBlank's), or NotBlank: optional, but given empty or
+// blank it is "--x is empty", as an unset variable in a script writes it, never a wish for the
+// default.
 enum class Presence { Optional, Required, NotBlank };
 
 namespace detail {
@@ -194,7 +195,7 @@ Entry<S> text_entry(Name name, std::string S::*m, std::string help, Presence pre
         if (shown == Default::Shown && !(s.*m).empty()) v->default_value(s.*m);
         d.add_options()(name.boost().c_str(), v, help.c_str());
       },
-      checked<S>(name, member(m), presence == Presence::NotBlank ? Check<std::string>(refuse_blank) : nullptr),
+      checked<S>(name, member(m), presence != Presence::Optional ? Check<std::string>(refuse_blank) : nullptr),
       [m](const S& s) { return s.*m; }, [m](const std::string& t, S& s) { s.*m = t; });
 }
 
@@ -281,8 +282,10 @@ Entry<S> choice(Name name, E S::*m, const Named<E> (&names)[N], std::string help
         d.add_options()(name.boost().c_str(), po::value<std::string>()->default_value(name_of(names, s.*m)),
                         help.c_str());
       },
-      [=, &names](const po::variables_map& vm, S& s) {
-        s.*m = parse_named(names, vm[n].template as<std::string>(), what);
+      [=, &names](const po::variables_map& vm, S& s) {  // blank: an unset variable, not a wrong word
+        const std::string& given = vm[n].template as<std::string>();
+        refuse_blank(given, name.shown());
+        s.*m = parse_named(names, given, what);
       },
       [m, &names](const S& s) { return std::string(name_of(names, s.*m)); },
       [=, &names](const std::string& t, S& s) { s.*m = parse_named(names, t, what); });

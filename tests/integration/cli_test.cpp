@@ -250,6 +250,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"data_dir_empty", {"--data-dir", ""}, {"--data-dir is empty"}},
         BadArgs{"data_dir_blank", {"--data-dir", " \t"}, {"--data-dir is empty", "give a value or leave the option out"}},
         BadArgs{"config_blank", {"--config", "  "}, {"--config is empty"}},
+        BadArgs{"device_blank", {"--device", " "}, {"--device is empty"}},
+        BadArgs{"snapshot_every_steps_empty", {"--snapshot-every-steps", ""}, {"--snapshot-every-steps is empty"}},
         BadArgs{"metrics_file_empty", {"--metrics-file", ""}, {"--metrics-file is empty"}},
         BadArgs{"timeline_file_empty", {"--timeline-file", ""}, {"--timeline-file is empty"}},
         BadArgs{"config_empty", {"--config", ""}, {"--config is empty"}},
@@ -757,6 +759,7 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
   const std::string data = data_.str();
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
       {{"evaluate", "--checkpoint", ""}, {"--checkpoint is empty"}},
+      {{"evaluate", "--checkpoint", " "}, {"--checkpoint is empty"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", ""}, {"--data-dir is empty"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--dataset", ""}, {"--dataset is empty"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--metrics-file", ""}, {"--metrics-file is empty"}},

@@ -31,9 +31,10 @@ Option number(const char* name, T Members::*m, Rule rule, std::string help) {
   return with(rule, options::number(name, m, std::move(help)));
 }
 
-// A path or file name; none by default (an empty one given is refused: validate_paths).
+// A path or file name (or a size); none by default, and given blank it is refused: an unset
+// variable ("--checkpoint-dir $DIR"), never a request for the default.
 Option path(const char* name, std::string Members::*m, Rule rule, std::string help) {
-  return with(rule, options::path(name, m, std::move(help)));
+  return with(rule, options::path(name, m, std::move(help), options::Presence::NotBlank));
 }
 
 Option flag(const char* name, bool Members::*m, Rule rule, std::string help) {
@@ -146,7 +147,10 @@ Option resume(Rule rule, std::string help) {
           [=](po::options_description& d, TrainOptions&) {
             d.add_options()("resume", po::value<std::string>()->default_value("auto"), help.c_str());
           },
-          [](const po::variables_map& vm, TrainOptions& o) { read_resume(vm["resume"].as<std::string>(), o); },
+          [](const po::variables_map& vm, TrainOptions& o) {
+            options::refuse_blank(vm["resume"].as<std::string>(), "--resume");
+            read_resume(vm["resume"].as<std::string>(), o);
+          },
           [](const TrainOptions& o) {
             return o.resume == ResumeFrom::Auto ? std::string("auto") : o.resume == ResumeFrom::None ? "none" : o.resume_file;
           },
@@ -173,7 +177,10 @@ Option steps_or_auto(const char* name, int64_t Members::*m, Rule rule, std::stri
           [=](po::options_description& d, TrainOptions&) {
             d.add_options()(name, po::value<std::string>()->default_value("auto"), help.c_str());
           },
-          [=](const po::variables_map& vm, TrainOptions& o) { o.*m = steps_or_auto_of(vm[name].as<std::string>(), name); },
+          [=](const po::variables_map& vm, TrainOptions& o) {
+            options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
+            o.*m = steps_or_auto_of(vm[name].as<std::string>(), name);
+          },
           [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); },
           [=](const std::string& t, TrainOptions& o) { o.*m = steps_or_auto_of(t, name); }});
 }

@@ -229,14 +229,6 @@ void store_config_file(const std::string& path, const po::options_description& a
 
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
-// Paths: an empty one is an unset variable ("--checkpoint-dir $DIR"), never a request for the
-// default.
-void validate_paths(const po::variables_map& vm) {
-  for (const char* name : {"data-dir", "metrics-file", "prometheus-file", "timeline-file", "checkpoint-dir", "resume",
-                           "init-from", "snapshot-dir", "snapshot-max-memory", "snapshot-every-steps"})
-    if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
-}
-
 // Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes
 // must be neither one another nor a file it reads (the config, the checkpoint it resumes, the
 // run's checkpoints): their bytes would be lost. By identity, so that another spelling or a link
@@ -355,7 +347,6 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   TrainOptions o;
   const std::optional<po::variables_map> vm = parse_into(argc, argv, o, speak);
   if (!vm) return std::nullopt;
-  validate_paths(*vm);
   read_table(*vm, o);
   validate_distinct_files(o, *vm);
   validate_step_metrics(o);

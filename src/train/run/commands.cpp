@@ -259,15 +259,17 @@ const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
       options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid checkpoint)",
                     options::Presence::Required),
       options::path("dataset", &O::dataset,
-                    "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)"),
-      options::path("data-dir", &O::data_dir, "directory of the dataset files (default: the dataset's usual place)"),
+                    "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)",
+                    options::Presence::NotBlank),
+      options::path("data-dir", &O::data_dir, "directory of the dataset files (default: the dataset's usual place)",
+                    options::Presence::NotBlank),
       options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all)"),
       options::number("eval-batch-size", &O::batch_size, "samples per batch"),
       options::number("threads", &O::threads,
                       "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and "
                       "cgroup quota)"),
       options::path("metrics-file", &O::metrics_file,
-                    "append the result as a JSON line (event \"evaluate\") to FILE"),
+                    "append the result as a JSON line (event \"evaluate\") to FILE", options::Presence::NotBlank),
   };
   return table;
 }
@@ -286,8 +288,6 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
   dist::collectively(ctx, [&] {
     go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
-    for (const char* name : {"checkpoint", "dataset", "data-dir", "metrics-file"})
-      if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
     options::read(evaluate_table(), vm, a);
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");

@@ -51,7 +51,8 @@ const std::vector<options::Entry<ExportOptions>>& export_table() {
       options::flag("force", &O::force, "replace --output if it exists"),
       options::path("data-dir", &O::data_dir,
                     "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
-                    "only for a checkpoint written before 2026-11-26, which records no class names)"),
+                    "only for a checkpoint written before 2026-11-26, which records no class names)",
+                    options::Presence::NotBlank),
   };
   return table;
 }
@@ -160,8 +161,6 @@ int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   dist::collectively(ctx, [&] {
     go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
     if (!go) return;
-    for (const char* name : {"checkpoint", "output", "data-dir"})
-      if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
     options::read(export_table(), vm, o);
     if (ctx.rank() == 0) check_output(o);
   });

@@ -281,7 +281,8 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
                     "warn about an image that cannot be read (or a path that cannot be used) and classify the rest"),
       options::path("data-dir", &O::data_dir,
                     "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
-                    "only for a checkpoint written before 2026-11-26, which records no class names)"),
+                    "only for a checkpoint written before 2026-11-26, which records no class names)",
+                    options::Presence::NotBlank),
       options::choice("device", &O::device, kDeviceNames,
                       "auto (this rank's GPU when the build and the machine have one), cpu or cuda"),
   };
@@ -289,8 +290,6 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
 }
 
 void check_options(PredictOptions& o, const po::variables_map& vm) {
-  for (const char* name : {"checkpoint", "data-dir", "device"})
-    if (vm.count(name)) options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
   options::read(predict_table(), vm, o);
   HPC_REQUIRE(!o.inputs.empty(), "hpctrain predict needs IMAGES: image files or directories of them");
   for (const std::string& input : o.inputs)
