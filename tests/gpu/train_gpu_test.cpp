@@ -34,6 +34,7 @@ class GpuTraining : public ::testing::Test {
   void TearDown() override {
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_LOSS_SCALE");
+    unsetenv("HPCTRAIN_TEST_FAIL_CAPTURE");
   }
 
   // 2 epochs of 20 steps of 64 samples.
@@ -220,6 +221,33 @@ TEST_F(GpuTraining, CudaGraphsReplayTheEagerStepsBitExactly) {
       EXPECT_LT(done_of(g).at("skipped_steps").number, 30) << "the scale never came down";
     }
   }
+}
+
+// Graphs by default must never cost a run: where the step cannot be captured (every capture
+// fails under HPCTRAIN_TEST_FAIL_CAPTURE=1, as a library call refused inside a capture would
+// make it), the run says so once and goes on without graphs, with the eager run's bits; asked
+// for with --cuda-graphs, the same failure is the run's error.
+TEST_F(GpuTraining, AStepThatCannotBeCapturedRunsEagerlyUnlessGraphsWereAskedFor) {
+  const std::string e = dir_.file("nocapture-eager.jsonl"), a = dir_.file("nocapture-auto.jsonl"),
+                    on = dir_.file("nocapture-on.jsonl");
+  auto eager = short_job(e);
+  eager.push_back("--no-cuda-graphs");
+  ASSERT_EQ(run_hpctrain(eager).exit_code, 0);
+  setenv("HPCTRAIN_TEST_FAIL_CAPTURE", "1", 1);
+  auto by_default = short_job(a);
+  by_default.erase(std::find(by_default.begin(), by_default.end(), "--quiet"));
+  const RunResult r = run_hpctrain(by_default);
+  auto asked = short_job(on);
+  asked.push_back("--cuda-graphs");
+  const RunResult refused = run_hpctrain(asked);
+  unsetenv("HPCTRAIN_TEST_FAIL_CAPTURE");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.out + r.err, "could not be captured"), 1) << r.err;
+  EXPECT_EQ((r.out + r.err).find("CUDA graph: the training step captured"), std::string::npos) << r.err;
+  EXPECT_EQ(done_of(a).at("param_checksum").str, done_of(e).at("param_checksum").str);
+  EXPECT_EQ(done_of(a).at("state_checksum").str, done_of(e).at("state_checksum").str);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("HPCTRAIN_TEST_FAIL_CAPTURE"), std::string::npos) << refused.err;
 }
 
 // In-memory snapshots every step on the GPU: the parameters and momentum go to pinned memory on

@@ -151,6 +151,13 @@ optim::LossScaler first_loss_scaler() {
   return optim::LossScaler(s);
 }
 
+// The test option of the GPU tests: every capture fails, as a library call refused inside a
+// capture would make it.
+bool capture_fails_for_test() {
+  const char* v = std::getenv("HPCTRAIN_TEST_FAIL_CAPTURE");
+  return v && std::string(v) == "1";
+}
+
 nn::cuda::GpuSettings settings_of(const EngineSpec& o) {
   nn::cuda::GpuSettings s;
   using nn::cuda::Math;
@@ -189,7 +196,8 @@ class GpuEngine final : public Engine {
     // Graphs by default (--cuda-graphs auto) on one rank without NCCL; with NCCL (several ranks,
     // or the test hook) only when asked for (on): its all-reduces are then captured inside the
     // step's graph, which no run on several GPUs has yet shown to hold.
-    graphs_ = o.cuda_graphs == CudaGraphs::On || (o.cuda_graphs == CudaGraphs::Auto && !nccl_);
+    graphs_by_default_ = o.cuda_graphs == CudaGraphs::Auto && !nccl_;
+    graphs_ = o.cuda_graphs == CudaGraphs::On || graphs_by_default_;
     if (graphs_ && nccl_) {
       int version = 0;
       ncclGetVersion(&version);
@@ -301,23 +309,19 @@ class GpuEngine final : public Engine {
     CUDA_CHECK(cudaMemcpyAsync(hyper_.raw(), hyper_host_, sizeof hyper_host_, cudaMemcpyHostToDevice,
                                context_.stream()));
     if (!graph_) {
-      // Thread-local capture: other threads (NCCL's proxy, the loader's GPU decoder) may make
-      // CUDA calls of their own meanwhile.
-      cudaStream_t s = context_.stream();
-      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      cudaGraph_t g = nullptr;
       try {
-        begin_reduction(share);
-        enqueue_step(lr, momentum, &r, hyper_.data<float>());
-      } catch (...) {
-        cudaStreamEndCapture(s, &g);
-        if (g) cudaGraphDestroy(g);
-        throw;
+        capture(share, lr, momentum, &r);
+      } catch (const std::exception& e) {
+        // By default (auto) a step that cannot be captured (a library call some driver or
+        // version refuses in a capture) is no reason to stop a run: nothing of it ran, so the
+        // steps go on eagerly from this one, with the same bits. Asked for, it is an error.
+        if (!graphs_by_default_) throw;
+        cudaGetLastError();  // the capture's error, not sticky: not the next launch's
+        log::warn("CUDA graphs: the training step could not be captured (", e.what(),
+                  "); the steps run without graphs from here on (--no-cuda-graphs chooses that up front)");
+        graphs_ = false;
+        return eager_step(batch, share, lr, momentum);
       }
-      CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      graph_ = std::make_unique<Graph>(g);
-      graph_scale_ = scaler_.scale();
-      if (++captures_ == 1) log::info("CUDA graph: the training step captured (batch ", graph_shape_.str(), ")");
     }
     wait_for_snapshot_copy();
     replayed_ = true;
@@ -412,6 +416,28 @@ class GpuEngine final : public Engine {
   }
 
  private:
+  // The step captured into graph_ (none on failure: the stream's capture is ended, whatever
+  // failed, and the error thrown). Thread-local capture: other threads (NCCL's proxy, the
+  // loader's GPU decoder) may make CUDA calls of their own meanwhile.
+  void capture(float share, double lr, double momentum, StepResult* r) {
+    cudaStream_t s = context_.stream();
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = nullptr;
+    try {
+      HPC_CHECK(!capture_fails_for_test(), "HPCTRAIN_TEST_FAIL_CAPTURE=1");
+      begin_reduction(share);
+      enqueue_step(lr, momentum, r, hyper_.data<float>());
+    } catch (...) {
+      cudaStreamEndCapture(s, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    graph_ = std::make_unique<Graph>(g);
+    graph_scale_ = scaler_.scale();
+    if (++captures_ == 1) log::info("CUDA graph: the training step captured (batch ", graph_shape_.str(), ")");
+  }
+
   // Whether a step with this share may be captured: no reduction (one GPU, share 1), or NCCL's
   // average (every rank's share 1/size). A pre-multiplied sum (unequal shares) names an operator
   // made and destroyed around each call, which a replayed graph would outlive: those steps run
@@ -527,6 +553,7 @@ class GpuEngine final : public Engine {
   bool deterministic_;
   bool scaled_;  // fp16: dynamic loss scaling
   bool graphs_ = false;  // CUDA graphs (--cuda-graphs, or auto with one rank)
+  bool graphs_by_default_ = false;  // auto took them: a failed capture falls back to eager steps
   std::unique_ptr<Graph> graph_;
   Shape graph_shape_;
   double graph_scale_ = 0;  // fp16: the loss scale graph_ was captured with
