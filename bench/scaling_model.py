@@ -29,7 +29,11 @@ nodes (g parallel rings sharing the node's link: beta * g), ring all-gather insi
 Buckets go in order on one channel: a bucket starts at max(its ready time, the previous one's end) (--no-overlap: not before the backward pass ends); exposed = max(0,
 last end - backward end); with --cycle-ms a bucket starts no earlier than the next tick of the
 framework's loop, every MS from the step's start (Horovod's background thread slept 5 ms between
-rounds in 2017); step = compute + exposed; efficiency = 1-GPU step / step. Stragglers: the
+rounds in 2017); step = compute + exposed; efficiency = 1-GPU step / step. The hand-off: where the
+input is a one-rank CPU run (--metrics of world size 1, not --scale-to), hpctrain's communication
+thread is woken for each bucket and wakes the waiting main thread when it is done, which that run's
+own wait for its buckets measures (with one rank nothing is all-reduced): its median comm wait h,
+half before each bucket starts and half after the last ends. Stragglers: the
 ranks' steps vary as the one rank's did (sigma: 1.4826 x the median absolute deviation of its step
 times, from --metrics; none with --scale-to, --step-seconds alone, --arch or --no-jitter), and every
 bucket waits for the slowest rank's, sigma x E[max of n standard normals] later. Where a node
@@ -135,14 +139,15 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
     # The slowest of n ranks whose steps vary as the one rank's did: its buckets are ready this much
     # later, and every rank waits for it.
     late = run["jitter"] * expected_max_normal(n) * stretch
+    wake = run["handoff"] / 2  # to the communication thread, and back to the main thread
     backward_done = at(run["backward_done"])
     end = 0.0
     for b in buckets:
         ready = (at(b["ready"]) if overlap else backward_done) + late
         if run["cycle"]:  # the framework's loop takes it up at its next tick
             ready = math.ceil(ready / run["cycle"] - 1e-9) * run["cycle"]
-        end = max(ready, end) + allreduce_seconds(b["bytes"], n, cluster, scheme)
-    exposed = max(0.0, end - backward_done) if n > 1 else 0.0
+        end = max(ready + wake, end) + allreduce_seconds(b["bytes"], n, cluster, scheme)
+    exposed = max(0.0, end + wake - backward_done) if n > 1 else 0.0
     compute = at(run["step"])
     step = compute + exposed
     return {"gpus": n, "nodes": max(1, n // cluster["gpus_per_node"]), "scheme": scheme,
@@ -278,9 +283,10 @@ def chrome_rows(events, path):
 
 
 def read_metrics(path, skip):
-    """The one-rank step's compute time (median step - comm wait) and the batch per rank."""
+    """The one-rank step's compute time (median step - comm wait), the batch per rank, the spread of
+    the compute times, and the hand-off: the median comm wait where the run had one rank (0 else)."""
     text = read_json_file(path, "metrics file")
-    steps, batch = [], None
+    steps, waits, batch, world = [], [], None, None
     for line in text.splitlines():
         try:
             e = json.loads(line)
@@ -288,13 +294,15 @@ def read_metrics(path, skip):
             continue
         if e.get("event") == "step":
             steps.append(float(e["step_seconds"]) - float(e.get("comm_wait_seconds", 0)))
+            waits.append(float(e.get("comm_wait_seconds", 0)))
         elif e.get("event") == "config":
-            batch = int(e["global_batch_size"]) // max(1, int(e.get("world_size", 1)))
+            world = max(1, int(e.get("world_size", 1)))
+            batch = int(e["global_batch_size"]) // world
     require(steps, f"metrics file '{path}' has no step events (run hpctrain with --metrics-every-steps 1)")
-    steps = steps[skip:] if len(steps) > skip else steps
+    steps, waits = (steps[skip:], waits[skip:]) if len(steps) > skip else (steps, waits)
     median = statistics.median(steps)
     spread = 1.4826 * statistics.median(abs(t - median) for t in steps)  # a normal's sigma, robust to outliers
-    return median, batch, spread
+    return median, batch, spread, statistics.median(waits) if world == 1 else 0.0
 
 
 def load_cluster(path, name):
@@ -477,10 +485,10 @@ def parse_args(argv):
 def build_run(a):
     if a.arch:
         groups, backward = arch_timeline(ARCHS[a.arch](), a.step_seconds)
-        step, batch, jitter = a.step_seconds, a.batch, 0.0
+        step, batch, jitter, handoff = a.step_seconds, a.batch, 0.0, 0.0
     else:
         groups, backward = read_timeline(a.timeline, a.skip_steps)
-        step, batch, jitter = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None, 0.0)
+        step, batch, jitter, handoff = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None, 0.0, 0.0)
         step = a.step_seconds or step
         batch = a.batch or batch
     require(step >= backward, f"the step ({step * 1e3:.3f} ms) ends before the backward pass "
@@ -489,7 +497,8 @@ def build_run(a):
     groups = [{"bytes": g["bytes"], "ready": g["ready"] * scale} for g in groups]
     # One device's step-to-step noise says nothing of another's: --scale-to drops it.
     run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch,
-           "jitter": 0.0 if a.scale_to or a.no_jitter else jitter, "cycle": (a.cycle_ms or 0) * 1e-3}
+           "jitter": 0.0 if a.scale_to or a.no_jitter else jitter, "cycle": (a.cycle_ms or 0) * 1e-3,
+           "handoff": 0.0 if a.scale_to else handoff}  # another device's step: no thread of ours
     run["buckets"] = rebucket(groups, int(a.bucket_mb * 1e6)) if a.bucket_mb else groups
     return run
 
@@ -518,11 +527,13 @@ def main(argv):
                           "buckets": [{"bytes": b["bytes"], "ready_seconds": b["ready"]} for b in run["buckets"]],
                           "gradient_bytes": sum(b["bytes"] for b in run["buckets"]),
                           "one_gpu_step_seconds": run["step"], "backward_done_seconds": run["backward_done"],
-                          "batch_per_gpu": run["batch"], "step_sigma_seconds": run["jitter"], "rows": rows}, indent=1))
+                          "batch_per_gpu": run["batch"], "step_sigma_seconds": run["jitter"], "handoff_seconds": run["handoff"],
+                          "rows": rows}, indent=1))
     else:
         print(f"cluster {a.cluster} ({cluster.get('gpu', '')}, {g} per node); {len(run['buckets'])} buckets, "
               f"{sum(b['bytes'] for b in run['buckets']) / 1e6:.3f} MB of gradients; 1-GPU step "
-              f"{run['step'] * 1e3:.3f} ms, backward ends at {run['backward_done'] * 1e3:.3f} ms")
+              f"{run['step'] * 1e3:.3f} ms, backward ends at {run['backward_done'] * 1e3:.3f} ms"
+              + (f", hand-off {run['handoff'] * 1e3:.3f} ms" if run["handoff"] else ""))
         table(rows, best, overlap, sys.stdout)
     return 0
 

@@ -147,13 +147,42 @@ class ScalingModelTest(unittest.TestCase):
         self.assertAlmostEqual(out["step_sigma_seconds"], 1.4826 * MS, delta=1e-12)
         one, four = out["rows"]
         self.assertEqual(one["exposed_seconds"], 0)
+        # The one-rank run waited 2 ms for its buckets each step: the hand-off (see
+        # test_the_hand_off_to_the_communication_thread), 2 ms more of exposure.
         late = 1.4826 * 1.0293754 * MS
-        self.assertAlmostEqual(four["exposed_seconds"], 2.56 * MS + late, delta=1e-8)
-        self.assertAlmostEqual(four["step_seconds"], 25 * MS + 2.56 * MS + late, delta=1e-8)
+        self.assertAlmostEqual(four["exposed_seconds"], 2.56 * MS + late + 2 * MS, delta=1e-8)
+        self.assertAlmostEqual(four["step_seconds"], 25 * MS + 2.56 * MS + late + 2 * MS, delta=1e-8)
         self.assertEqual(four["images_per_second"], 4 * 32 / four["step_seconds"])
         r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
                            self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
-        self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
+        self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 4.56 * MS, delta=1e-9)
+
+    def test_the_hand_off_to_the_communication_thread(self):
+        """A one-rank CPU run's wait for its buckets is the hand-off h alone (nothing to all-reduce):
+        here 0.4 ms a step (median), so each bucket starts h/2 after it is ready and the main thread
+        sees the last end h/2 later. 4 GPUs: 10.2 -> 11.76 and 18.2 -> 22.76, seen at 22.96: exposed
+        2.96 ms. Without overlap both are handed over at 20 ms: 20.2 -> 21.76 -> 26.32, seen at 26.52:
+        6.52 ms. No hand-off from a run of several ranks (its wait holds all-reduces), nor with
+        --scale-to (another device's step: no thread of ours)."""
+        def metrics(world):
+            return self.write(f"m{world}.jsonl", json.dumps({"event": "config", "global_batch_size": 32 * world,
+                                                             "world_size": world}) + "\n"
+                              + "".join(json.dumps({"event": "step", "step_seconds": 0.0254 + w,
+                                                    "comm_wait_seconds": 0.0004 + w}) + "\n"
+                                        for w in (0, 0.0001, -0.0001)))
+        timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        base = ["--timeline", timeline, "--skip-steps", "0", "--clusters", self.clusters, "--cluster", "t",
+                "--gpus", "1,4", "--json", "--no-jitter"]
+        for extra, want_on, want_off in ((["--metrics", metrics(1)], 2.96, 6.52),
+                                         (["--metrics", metrics(2)], 2.56, 6.12),
+                                         (["--metrics", metrics(1), "--scale-to", "0.025"], 2.56, 6.12)):
+            with self.subTest(extra=extra):
+                on = json.loads(self.run_model(*base, *extra).stdout)
+                off = json.loads(self.run_model(*base, *extra, "--no-overlap").stdout)
+                self.assertEqual(on["rows"][0]["exposed_seconds"], 0)  # one GPU: the step itself
+                self.assertAlmostEqual(on["rows"][0]["step_seconds"], 25 * MS, delta=1e-9)
+                self.assertAlmostEqual(on["rows"][1]["exposed_seconds"], want_on * MS, delta=1e-9)
+                self.assertAlmostEqual(off["rows"][1]["exposed_seconds"], want_off * MS, delta=1e-9)
 
     def test_base_latency_and_plateau_as_nccl_charges_them(self):
         """NCCL's ring latency: its base once per call, and across nodes x the plateau factor for all
