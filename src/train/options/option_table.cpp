@@ -4,6 +4,7 @@
 #include "train/options/option_table.hpp"
 
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 #include "core/duration.hpp"
@@ -55,30 +56,12 @@ Option duration(const char* name, double Members::*m, Rule rule, std::string hel
   return with(rule, options::duration(name, m, std::move(help)));
 }
 
-// A setting on by default: --NAME, kept for the scripts written while it was off by default,
-// changes nothing; --no-NAME (help: no_help) clears it; both at once is refused. Recorded under
-// NAME, as before.
-Option on_by_default(const char* name, bool Members::*m, Rule rule, std::string help, std::string no_help) {
-  const std::string no = std::string("no-") + name;
-  return with(rule, {name,
-                     [=](po::options_description& d, TrainOptions&) {
-                       d.add_options()(name, po::bool_switch(), (help + " (the default)").c_str())(
-                           no.c_str(), po::bool_switch(), no_help.c_str());
-                     },
-                     [=](const po::variables_map& vm, TrainOptions& o) {
-                       const bool on = vm[name].as<bool>(), off = vm[no].as<bool>();
-                       HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
-                       o.*m = !off;
-                     },
-                     [m](const TrainOptions& o) { return text(o.*m); },
-                     [=](const std::string& t, TrainOptions& o) { o.*m = bool_from_text(t, name); }});
-}
-
-// A setting chosen where it applies unless asked for: --NAME asks for it (an error where it cannot
-// apply), --no-NAME turns it off, neither leaves it to the run (auto); both at once is refused.
-// Recorded under NAME as auto, on or off (1 and 0, as checkpoints recorded --cuda-graphs while it
-// was a flag, read back as on and auto).
-Option on_where_it_applies(const char* name, CudaGraphs Members::*m, Rule rule, std::string help, std::string no_help) {
+// One setting given by two switches, --NAME and --no-NAME (help, no_help), added and read
+// together: `set` makes the member from which of them was given; both at once is refused.
+Option switch_pair(const char* name, Rule rule, std::string help, std::string no_help,
+                   std::function<void(bool on, bool off, TrainOptions& o)> set,
+                   std::function<std::string(const TrainOptions& o)> value,
+                   std::function<void(const std::string& text, TrainOptions& o)> parse) {
   const std::string no = std::string("no-") + name;
   return with(rule, {name,
                      [=](po::options_description& d, TrainOptions&) {
@@ -88,14 +71,34 @@ Option on_where_it_applies(const char* name, CudaGraphs Members::*m, Rule rule, 
                      [=](const po::variables_map& vm, TrainOptions& o) {
                        const bool on = vm[name].as<bool>(), off = vm[no].as<bool>();
                        HPC_REQUIRE(!(on && off), "--", name, " and --", no, " contradict each other: give one");
-                       o.*m = on ? CudaGraphs::On : off ? CudaGraphs::Off : CudaGraphs::Auto;
+                       set(on, off, o);
                      },
-                     [m](const TrainOptions& o) { return std::string(name_of(kCudaGraphsNames, o.*m)); },
-                     [=](const std::string& t, TrainOptions& o) {
-                       o.*m = t == "1"   ? CudaGraphs::On
-                              : t == "0" ? CudaGraphs::Auto
-                                         : parse_named(kCudaGraphsNames, t, std::string("--") + name);
-                     }});
+                     std::move(value), std::move(parse)});
+}
+
+// A setting on by default: --NAME, kept for the scripts written while it was off by default,
+// changes nothing; --no-NAME (help: no_help) clears it. Recorded under NAME, as before.
+Option on_by_default(const char* name, bool Members::*m, Rule rule, std::string help, std::string no_help) {
+  return switch_pair(
+      name, rule, help + " (the default)", std::move(no_help), [m](bool, bool off, TrainOptions& o) { o.*m = !off; },
+      [m](const TrainOptions& o) { return text(o.*m); },
+      [=](const std::string& t, TrainOptions& o) { o.*m = bool_from_text(t, name); });
+}
+
+// A setting chosen where it applies unless asked for: --NAME asks for it (an error where it cannot
+// apply), --no-NAME turns it off, neither leaves it to the run (auto). Recorded under NAME as
+// auto, on or off (1 and 0, as checkpoints recorded --cuda-graphs while it was a flag, read back
+// as on and auto).
+Option on_where_it_applies(const char* name, CudaGraphs Members::*m, Rule rule, std::string help, std::string no_help) {
+  return switch_pair(
+      name, rule, std::move(help), std::move(no_help),
+      [m](bool on, bool off, TrainOptions& o) { o.*m = on ? CudaGraphs::On : off ? CudaGraphs::Off : CudaGraphs::Auto; },
+      [m](const TrainOptions& o) { return std::string(name_of(kCudaGraphsNames, o.*m)); },
+      [=](const std::string& t, TrainOptions& o) {
+        o.*m = t == "1"   ? CudaGraphs::On
+               : t == "0" ? CudaGraphs::Auto
+                          : parse_named(kCudaGraphsNames, t, std::string("--") + name);
+      });
 }
 
 std::vector<double> parse_epochs(const std::string& s, const char* option) {
@@ -148,8 +151,9 @@ Option resume(Rule rule, std::string help) {
             d.add_options()("resume", po::value<std::string>()->default_value("auto"), help.c_str());
           },
           [](const po::variables_map& vm, TrainOptions& o) {
-            options::refuse_blank(vm["resume"].as<std::string>(), "--resume");
-            read_resume(vm["resume"].as<std::string>(), o);
+            const std::string& given = vm["resume"].as<std::string>();
+            options::refuse_blank(given, "--resume");
+            read_resume(given, o);
           },
           [](const TrainOptions& o) {
             return o.resume == ResumeFrom::Auto ? std::string("auto") : o.resume == ResumeFrom::None ? "none" : o.resume_file;
@@ -178,8 +182,9 @@ Option steps_or_auto(const char* name, int64_t Members::*m, Rule rule, std::stri
             d.add_options()(name, po::value<std::string>()->default_value("auto"), help.c_str());
           },
           [=](const po::variables_map& vm, TrainOptions& o) {
-            options::refuse_blank(vm[name].as<std::string>(), std::string("--") + name);
-            o.*m = steps_or_auto_of(vm[name].as<std::string>(), name);
+            const std::string& given = vm[name].as<std::string>();
+            options::refuse_blank(given, std::string("--") + name);
+            o.*m = steps_or_auto_of(given, name);
           },
           [m](const TrainOptions& o) { return o.*m < 0 ? std::string("auto") : text(o.*m); },
           [=](const std::string& t, TrainOptions& o) { o.*m = steps_or_auto_of(t, name); }});
