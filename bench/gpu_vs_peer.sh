@@ -254,6 +254,9 @@ cnn_step() {
   local ours_e2e peer_e2e
   ours_e2e=$(json_number images_per_second <<< "$done_line")
   peer_e2e=$(json_number images_per_s <<< "$peer_line")
+  local eager_steady eager_e2e
+  eager_steady=$(json_number images_per_s < "$tmp/ours_eager.json")
+  eager_e2e=$(json_number images_per_second <<< "$e_line")
   report << EOS
 cnn_precision=$precision
 cnn_batch=$batch
@@ -262,8 +265,8 @@ cnn_steady_peer_images_per_second=$peer_steady
 cnn_steady_ratio_hpctrain_over_peer=$(calc "$ours_steady / $peer_steady" 2)
 cnn_steady_hpctrain_cuda_graphs_images_per_second=$ours_steady
 cnn_steady_cuda_graphs_ratio_over_peer=$(calc "$ours_steady / $peer_steady" 2)
-cnn_steady_hpctrain_eager_images_per_second=$(json_number images_per_s < "$tmp/ours_eager.json")
-cnn_steady_eager_ratio_over_peer=$(calc "$(json_number images_per_s < "$tmp/ours_eager.json") / $peer_steady" 2)
+cnn_steady_hpctrain_eager_images_per_second=$eager_steady
+cnn_steady_eager_ratio_over_peer=$(calc "$eager_steady / $peer_steady" 2)
 cnn_steady_hpctrain_mfu=$(mfu "$ours_steady" "$flops" "$peer_precision")
 cnn_steady_peer_mfu=$(mfu "$peer_steady" "$flops" "$peer_precision")
 cnn_e2e_epochs=$epochs
@@ -273,8 +276,8 @@ cnn_e2e_peer_images_per_second=$peer_e2e
 cnn_e2e_peer_test_accuracy=$(json_number test_acc <<< "$peer_line")
 cnn_e2e_ratio_hpctrain_over_peer=$(calc "$ours_e2e / $peer_e2e" 2)
 cnn_e2e_hpctrain_cuda_graphs_images_per_second=$ours_e2e
-cnn_e2e_hpctrain_eager_images_per_second=$(json_number images_per_second <<< "$e_line")
-cnn_e2e_eager_ratio_over_peer=$(calc "$(json_number images_per_second <<< "$e_line") / $peer_e2e" 2)
+cnn_e2e_hpctrain_eager_images_per_second=$eager_e2e
+cnn_e2e_eager_ratio_over_peer=$(calc "$eager_e2e / $peer_e2e" 2)
 cnn_e2e_hpctrain_cuda_graphs_same_checksum=$([[ $(checksum <<< "$e_line") == $(checksum <<< "$done_line") ]] && echo yes || echo no)
 cnn_ratio_target=3.0
 EOS

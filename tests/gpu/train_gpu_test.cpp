@@ -42,6 +42,12 @@ class GpuTraining : public ::testing::Test {
     return {"--device", device, "--train-samples", "1280", "--test-samples", "500", "--epochs", "2",
             "--quiet", "--data-dir", fashion_mnist_dir(), "--metrics-file", metrics};
   }
+  // The same with the run's log lines (what it captured, which path it took).
+  std::vector<std::string> logged_job(const std::string& metrics) const {
+    auto job = short_job(metrics);
+    job.erase(std::find(job.begin(), job.end(), "--quiet"));
+    return job;
+  }
   TempDir dir_{"gpu-train"};
 };
 
@@ -198,14 +204,12 @@ TEST_F(GpuTraining, CudaGraphsReplayTheEagerStepsBitExactly) {
     SCOPED_TRACE(precision);
     const std::string e = dir_.file("eager-" + precision + ".jsonl"), g = dir_.file("graphs-" + precision + ".jsonl");
     if (precision == "fp16") setenv("HPCTRAIN_TEST_LOSS_SCALE", "1073741824", 1);
-    auto eager = short_job(e);
-    eager.erase(std::find(eager.begin(), eager.end(), "--quiet"));
+    auto eager = logged_job(e);
     eager.insert(eager.end(), {"--precision", precision, "--no-cuda-graphs"});
     const RunResult plain = run_hpctrain(eager);
     ASSERT_EQ(plain.exit_code, 0) << plain.err;
     EXPECT_EQ((plain.out + plain.err).find("CUDA graph"), std::string::npos) << plain.err;
-    auto graphs = short_job(g);
-    graphs.erase(std::find(graphs.begin(), graphs.end(), "--quiet"));
+    auto graphs = logged_job(g);
     graphs.insert(graphs.end(), {"--precision", precision});  // the default: graphs on one GPU
     const RunResult r = run_hpctrain(graphs);
     unsetenv("HPCTRAIN_TEST_LOSS_SCALE");
@@ -234,8 +238,7 @@ TEST_F(GpuTraining, AStepThatCannotBeCapturedRunsEagerlyUnlessGraphsWereAskedFor
   eager.push_back("--no-cuda-graphs");
   ASSERT_EQ(run_hpctrain(eager).exit_code, 0);
   setenv("HPCTRAIN_TEST_FAIL_CAPTURE", "1", 1);
-  auto by_default = short_job(a);
-  by_default.erase(std::find(by_default.begin(), by_default.end(), "--quiet"));
+  auto by_default = logged_job(a);
   const RunResult r = run_hpctrain(by_default);
   auto asked = short_job(on);
   asked.push_back("--cuda-graphs");
@@ -302,13 +305,11 @@ TEST_F(GpuTraining, RunsUnderMpirunWithNccl) {
 TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
   const std::string plain = dir_.file("plain.jsonl"), forced = dir_.file("forced.jsonl"),
                     timeline = dir_.file("timeline.jsonl");
-  auto job = short_job(plain);
-  job.erase(std::find(job.begin(), job.end(), "--quiet"));
+  auto job = logged_job(plain);
   const RunResult p = run_hpctrain(job);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE((p.out + p.err).find("no NCCL (one GPU)"), std::string::npos) << p.err;
-  auto forced_job = short_job(forced);
-  forced_job.erase(std::find(forced_job.begin(), forced_job.end(), "--quiet"));
+  auto forced_job = logged_job(forced);
   forced_job.insert(forced_job.end(), {"--bucket-mb", "0.1", "--timeline-file", timeline});
   setenv("HPCTRAIN_TEST_FORCE_NCCL", "1", 1);
   const RunResult f = run_hpctrain(forced_job);
@@ -328,8 +329,7 @@ TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
   EXPECT_EQ((f.out + f.err).find("CUDA graph"), std::string::npos) << "graphs with NCCL without --cuda-graphs";
 
   const std::string captured = dir_.file("captured.jsonl"), captured_timeline = dir_.file("captured-timeline.jsonl");
-  auto graphs_job = short_job(captured);
-  graphs_job.erase(std::find(graphs_job.begin(), graphs_job.end(), "--quiet"));
+  auto graphs_job = logged_job(captured);
   graphs_job.insert(graphs_job.end(), {"--bucket-mb", "0.1", "--timeline-file", captured_timeline, "--cuda-graphs"});
   setenv("HPCTRAIN_TEST_FORCE_NCCL", "1", 1);
   const RunResult g = run_hpctrain(graphs_job);

@@ -130,12 +130,14 @@ class NcclBuckets final : public dist::BucketDevice {
   CudaEvent fence_, done_;
 };
 
-// The test option of the GPU tests (README, "Test hooks"): an NCCL communicator and the
-// bucketed all-reduce even at world size 1.
-bool nccl_forced() {
-  const char* v = std::getenv("HPCTRAIN_TEST_FORCE_NCCL");
+// Whether a test option of the GPU tests (README) is set to 1.
+bool test_hook_on(const char* name) {
+  const char* v = std::getenv(name);
   return v && std::string(v) == "1";
 }
+
+// The test option: an NCCL communicator and the bucketed all-reduce even at world size 1.
+bool nccl_forced() { return test_hook_on("HPCTRAIN_TEST_FORCE_NCCL"); }
 
 // The test option of the GPU tests: fp16's first loss scale (a power of two), where the
 // default 2^16 may never overflow in a short run; a restored checkpoint's scale still wins.
@@ -153,10 +155,7 @@ optim::LossScaler first_loss_scaler() {
 
 // The test option of the GPU tests: every capture fails, as a library call refused inside a
 // capture would make it.
-bool capture_fails_for_test() {
-  const char* v = std::getenv("HPCTRAIN_TEST_FAIL_CAPTURE");
-  return v && std::string(v) == "1";
-}
+bool capture_fails_for_test() { return test_hook_on("HPCTRAIN_TEST_FAIL_CAPTURE"); }
 
 nn::cuda::GpuSettings settings_of(const EngineSpec& o) {
   nn::cuda::GpuSettings s;
