@@ -202,13 +202,14 @@ void BatchAssembler::assemble(const std::vector<uint32_t>& indices, int64_t epoc
 }
 
 Loader::Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler,
-               uint64_t seed, int depth, int threads, bool bytes, BatchDecoder* decoder)
+               uint64_t seed, int depth, int threads, bool bytes, BatchDecoder* decoder, int64_t epochs)
     : assembler_(ds, norm, aug, seed, threads, bytes, decoder != nullptr),
       decoder_(decoder),
       sampler_(std::move(sampler)),
       augment_(aug.any()),
-      depth_(depth),
-      pool_(depth) {}
+      epochs_(epochs),
+      // With a decoder, a slot more: one being read while another is decoded.
+      pool_(static_cast<size_t>(depth + (decoder ? 1 : 0))) {}
 
 Loader::~Loader() { stop(); }
 
@@ -218,50 +219,104 @@ void Loader::stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (producer_.joinable()) producer_.join();
+  if (decoding_.joinable()) decoding_.join();
 }
 
 void Loader::start_epoch(int64_t epoch, int64_t first_step) {
-  stop();
-  free_.clear();
-  ready_.clear();
-  for (int i = 0; i < depth_; ++i) free_.push_back(i);
-  in_use_ = -1;
-  done_ = stop_ = false;
-  error_ = nullptr;
-  thread_ = std::thread([this, epoch, first_step] { produce(epoch, first_step); });
-}
-
-void Loader::produce(int64_t epoch, int64_t first_step) {
-  try {
-    for (int64_t s = first_step; s < sampler_.steps_per_epoch(); ++s) {
-      int slot;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !free_.empty(); });
-        if (stop_) return;
-        slot = free_.front();
-        free_.pop_front();
-      }
-      // The sampler is used by this thread only while an epoch is running.
-      assembler_.assemble(sampler_.indices(epoch, s), epoch, augment_, pool_[slot]);
-      if (decoder_ && !pool_[slot].jpeg_samples.empty()) decoder_->decode(pool_[slot]);
-      pool_[slot].epoch = epoch;
-      pool_[slot].step = s;
-      {
-        std::lock_guard lock(mu_);
-        ready_.push_back(slot);
-      }
-      cv_.notify_all();
-    }
-  } catch (...) {
-    std::lock_guard lock(mu_);
-    error_ = std::current_exception();
-  }
   {
     std::lock_guard lock(mu_);
-    done_ = true;
+    if (first_step == 0 && epoch == continues_at_) {  // its batches are on their way already
+      at_end_ = false;
+      continues_at_ = -1;
+      return;
+    }
   }
+  stop();
+  free_.clear();
+  made_.clear();
+  ready_.clear();
+  for (int i = 0; i < static_cast<int>(pool_.size()); ++i) free_.push_back(i);
+  in_use_ = continues_at_ = -1;
+  at_end_ = made_all_ = done_ = stop_ = false;
+  error_ = nullptr;
+  producer_ = std::thread([this, epoch, first_step] { produce(epoch, first_step); });
+  if (decoder_) decoding_ = std::thread([this] { decode_all(); });
+}
+
+// The first thread: the epochs' batches, from epoch's first_step on, each one's samples read (and,
+// without a decoder, decoded) into a free slot.
+void Loader::produce(int64_t epoch, int64_t first_step) {
+  try {
+    for (int64_t e = epoch; make_epoch(e, e == epoch ? first_step : 0) && e + 1 < epochs_; ++e) {
+    }
+  } catch (...) {
+    failed();
+  }
+  std::lock_guard lock(mu_);
+  made_all_ = true;
+  if (!decoder_) done_ = true;
+  cv_.notify_all();
+}
+
+// Epoch e's batches from first_step on, then its end; false: stopped (or the decoder failed).
+bool Loader::make_epoch(int64_t e, int64_t first_step) {
+  std::deque<Item>& out = decoder_ ? made_ : ready_;
+  for (int64_t s = first_step; s < sampler_.steps_per_epoch(); ++s) {
+    int slot;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || error_ || !free_.empty(); });
+      if (stop_ || error_) return false;
+      slot = free_.front();
+      free_.pop_front();
+    }
+    // The sampler is used by this thread only while it runs.
+    assembler_.assemble(sampler_.indices(e, s), e, augment_, pool_[slot]);
+    pool_[slot].epoch = e;
+    pool_[slot].step = s;
+    pass_on(out, {slot, e});
+  }
+  pass_on(out, {-1, e});
+  return true;
+}
+
+// The second thread, with a decoder: the batches made, decoded in order.
+void Loader::decode_all() {
+  try {
+    for (Item item{}; take_made(item);) {
+      if (item.slot >= 0 && !pool_[item.slot].jpeg_samples.empty()) decoder_->decode(pool_[item.slot]);
+      pass_on(ready_, item);
+    }
+  } catch (...) {
+    failed();
+  }
+  std::lock_guard lock(mu_);
+  done_ = true;
+  cv_.notify_all();
+}
+
+// The decoder's next item; false: none will come (or the loader stops, or the producer failed).
+bool Loader::take_made(Item& item) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return stop_ || error_ || !made_.empty() || made_all_; });
+  if (stop_ || error_ || made_.empty()) return false;
+  item = made_.front();
+  made_.pop_front();
+  return true;
+}
+
+void Loader::pass_on(std::deque<Item>& to, Item item) {
+  {
+    std::lock_guard lock(mu_);
+    to.push_back(item);
+  }
+  cv_.notify_all();
+}
+
+void Loader::failed() {
+  std::lock_guard lock(mu_);
+  if (!error_) error_ = std::current_exception();
   cv_.notify_all();
 }
 
@@ -273,12 +328,22 @@ const Batch* Loader::next() {
     in_use_ = -1;
     cv_.notify_all();
   }
-  cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+  if (at_end_) return nullptr;
+  cv_.wait(lock, [&] { return !ready_.empty() || done_ || error_; });
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (error_) std::rethrow_exception(error_);
-  if (ready_.empty()) return nullptr;
-  in_use_ = ready_.front();
+  if (ready_.empty()) {  // (stopped: not reached while an epoch runs)
+    at_end_ = true;
+    return nullptr;
+  }
+  const Item item = ready_.front();
   ready_.pop_front();
+  if (item.slot < 0) {  // the epoch's end; the next epoch's batches follow where the producer goes on
+    at_end_ = true;
+    if (item.epoch + 1 < epochs_) continues_at_ = item.epoch + 1;
+    return nullptr;
+  }
+  in_use_ = item.slot;
   return &pool_[in_use_];
 }
 

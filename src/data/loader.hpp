@@ -1,6 +1,6 @@
 // Batches as the model wants them: float NHWC, normalised, augmented, with int32 labels.
-// The Loader builds the next batches on a prefetch thread while the model trains on the
-// current one; augmentation randomness is keyed by (seed, epoch, sample index), so the same
+// The Loader builds the next batches on a prefetch thread (and decodes packed JPEGs on a second,
+// with a BatchDecoder) while the model trains on the current one, on into the next epoch; augmentation randomness is keyed by (seed, epoch, sample index), so the same
 // sample is augmented identically whichever rank, thread or run reads it.
 #pragma once
 
@@ -64,8 +64,9 @@ struct Batch {
 
 // Decodes the JPEG samples of a batch (Batch::jpeg) into its images where the consumer wants them:
 // the GPU's nvJPEG decoder (train/engine/gpu_decoder.cpp), which leaves the batch's normalised floats in
-// device memory. The loader's thread calls it for each batch before handing the batch over, so
-// decoding overlaps the consumer's steps on earlier batches, as DALI's pipeline does.
+// device memory. The loader's decoding thread calls it for each batch, in order, before handing the
+// batch over, so decoding overlaps the consumer's steps on earlier batches and the reading of the
+// next batch, as DALI's pipeline stages do.
 class BatchDecoder {
  public:
   virtual ~BatchDecoder() = default;
@@ -115,38 +116,58 @@ class BatchAssembler {
 class Loader {
  public:
   // bytes: batches of bytes for a GPU to normalise (BatchAssembler). decoder (packed shards, with
-  // bytes): decodes each batch's JPEGs on this loader's thread (it must outlive the loader).
+  // bytes): decodes each batch's JPEGs on a thread of its own, the next batch being read meanwhile
+  // (it must outlive the loader). epochs: how many the run has; after an epoch's last batch the
+  // loader goes on with the next epoch's (up to the last), so that the first step of an epoch
+  // does not wait for its batch while the previous epoch ends (evaluation, checkpoint). 0: one
+  // epoch at a time.
   Loader(const Dataset& ds, const Normalization& norm, AugmentSpec aug, ShardedSampler sampler, uint64_t seed,
-         int depth = 3, int threads = 1, bool bytes = false, BatchDecoder* decoder = nullptr);
+         int depth = 3, int threads = 1, bool bytes = false, BatchDecoder* decoder = nullptr, int64_t epochs = 0);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
   // Starts producing the batches of `epoch` from step `first_step` on (resume starts mid-epoch).
+  // The epoch that follows the one just ended, from its first step, keeps what was made ahead.
   void start_epoch(int64_t epoch, int64_t first_step = 0);
-  // The next batch of the epoch, or nullptr after its last one. The batch stays valid until
-  // the next call. Time spent waiting here is the data-wait time.
+  // The next batch of the epoch, or nullptr after its last one (until start_epoch). The batch
+  // stays valid until the next call. Time spent waiting here is the data-wait time.
   const Batch* next();
   int64_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
   double wait_seconds() const { return wait_seconds_; }
 
  private:
+  // A batch of pool_, or (slot -1) the end of an epoch's batches.
+  struct Item {
+    int slot;
+    int64_t epoch;
+  };
   void stop();
   void produce(int64_t epoch, int64_t first_step);
+  bool make_epoch(int64_t epoch, int64_t first_step);
+  void decode_all();
+  bool take_made(Item& item);
+  void pass_on(std::deque<Item>& to, Item item);
+  void failed();
 
   BatchAssembler assembler_;
   BatchDecoder* decoder_;
   ShardedSampler sampler_;
   bool augment_;
-  int depth_;
+  int64_t epochs_;
   std::vector<Batch> pool_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<int> free_, ready_;  // indices into pool_
-  int in_use_ = -1;               // batch handed to the consumer
-  bool done_ = false, stop_ = false;
+  // Guarded by mu_: slots free for the producer; batches made, waiting for the decoder (with one);
+  // batches ready for the consumer, in order, each epoch's followed by its end.
+  std::deque<int> free_;
+  std::deque<Item> made_, ready_;
+  int in_use_ = -1;             // batch handed to the consumer
+  bool at_end_ = true;          // the consumer has had its epoch's end: next() gives nullptr
+  int64_t continues_at_ = -1;   // the epoch whose batches follow in ready_ (start_epoch keeps them)
+  bool made_all_ = false, done_ = false, stop_ = false;  // producer ended; last stage ended; asked to stop
   std::exception_ptr error_;
-  std::thread thread_;
+  std::thread producer_, decoding_;
   double wait_seconds_ = 0;
 };
 

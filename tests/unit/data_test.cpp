@@ -663,6 +663,52 @@ TEST(Loader, AugmentsWithTheSameKeysAsTheAssembler) {
   }
 }
 
+// Given the run's epochs, the loader goes on into the next epoch while the consumer ends the
+// current one: start_epoch of the epoch that follows, from its first step, keeps those batches
+// (what a fresh start would give, augmented with that epoch's keys); next() still ends each
+// epoch; any other start, and the last epoch's end, make nothing ahead.
+TEST(Loader, GoesOnIntoTheNextEpoch) {
+  const Dataset d = ramp_dataset(50, 3, 3, 1);
+  const Normalization norm{{0.5f}, {0.25f}};
+  const AugmentSpec aug{1, true};
+  ShardedSampler sampler(d.count, 8, 4);
+  ShardedSampler reference = sampler;
+  const BatchAssembler a(d, norm, aug, 4);
+  for (int depth : {1, 3}) {
+    Loader loader(d, norm, aug, sampler, 4, depth, 1, false, nullptr, 3);
+    const auto expect_epoch = [&](int64_t epoch, int64_t from) {
+      for (int64_t s = from; s < loader.steps_per_epoch(); ++s) {
+        const Batch* b = loader.next();
+        ASSERT_NE(b, nullptr) << "depth " << depth << " epoch " << epoch << " step " << s;
+        ASSERT_EQ(b->epoch, epoch);
+        ASSERT_EQ(b->step, s);
+        Batch want;
+        a.assemble(reference.indices(epoch, s), epoch, true, want);
+        ASSERT_EQ(std::memcmp(b->images.raw(), want.images.raw(), want.images.bytes()), 0)
+            << "depth " << depth << " epoch " << epoch << " step " << s;
+      }
+      EXPECT_EQ(loader.next(), nullptr);
+      EXPECT_EQ(loader.next(), nullptr);  // stays at the end until start_epoch
+    };
+    loader.start_epoch(0);
+    expect_epoch(0, 0);
+    loader.start_epoch(1);
+    expect_epoch(1, 0);
+    loader.start_epoch(2);
+    expect_epoch(2, 0);
+    loader.start_epoch(1, 2);  // mid-epoch: made afresh, and then on into epoch 2
+    expect_epoch(1, 2);
+    loader.start_epoch(0);  // not the epoch that follows: made afresh
+    expect_epoch(0, 0);
+    loader.start_epoch(1);
+    const Batch* b = loader.next();
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->epoch, 1);
+    loader.start_epoch(2);  // an epoch left early: what was made of it is dropped
+    expect_epoch(2, 0);
+  }
+}
+
 }  // namespace
 }  // namespace hpc::data
 

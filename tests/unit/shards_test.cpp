@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "data/dataset.hpp"
 #include "data/jpeg.hpp"
@@ -439,12 +443,30 @@ class CpuViewDecoder final : public BatchDecoder {
       for (int64_t e = 0; e < per; ++e) o[e] = (*b.table)[(e % 3) * 256 + bytes[static_cast<size_t>(e)]];
     }
     b.decoded = out.data();
+    {
+      std::lock_guard lock(mu_);
+      decoded_.emplace_back(b.epoch, b.step);
+    }
     ++batches;
   }
-  int batches = 0;
+  // Whether the batch of (epoch, step) was decoded within the given seconds.
+  bool decodes(int64_t epoch, int64_t step, double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    do {
+      {
+        std::lock_guard lock(mu_);
+        if (std::find(decoded_.begin(), decoded_.end(), std::pair(epoch, step)) != decoded_.end()) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (std::chrono::steady_clock::now() < until);
+    return false;
+  }
+  std::atomic<int> batches = 0;  // the loader's decoding thread counts, the test reads
 
  private:
   std::map<const Batch*, std::vector<float>> out_;
+  std::mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> decoded_;  // (epoch, step) in order
 };
 
 TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
@@ -462,10 +484,15 @@ TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
   for (bool augment : {true, false}) {
     const AugmentSpec aug = augment ? AugmentSpec{0, true, true} : AugmentSpec{};
     const ShardedSampler sampler(p.train.count, 4, 5, 0, 1, true);
-    Loader cpu(p.train, p.norm, aug, sampler, 9, 2, 2);
+    Loader cpu(p.train, p.norm, aug, sampler, 9, 2, 2, false, nullptr, 2);
     CpuViewDecoder decoder;
-    Loader gpu(p.train, p.norm, aug, sampler, 9, 2, 2, true, &decoder);
+    Loader gpu(p.train, p.norm, aug, sampler, 9, 2, 2, true, &decoder, 2);
     for (int64_t epoch : {0, 1}) {
+      // The second epoch's first batch is read and decoded while the first epoch ends, before
+      // it is asked for (a minute: the wait of a loader that does not go on is not a slow one).
+      if (epoch == 1) {
+        EXPECT_TRUE(decoder.decodes(1, 0, 60)) << (augment ? "augmented" : "");
+      }
       cpu.start_epoch(epoch);
       gpu.start_epoch(epoch);
       for (int64_t step = 0;; ++step) {
@@ -483,6 +510,49 @@ TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
       }
     }
     EXPECT_GT(decoder.batches, 0);
+  }
+}
+
+// A decoder's failure (nvJPEG refusing a batch) reaches the consumer as the error of its next()
+// (not a hang, nor a batch left undecoded), and leaving the loader then stops both of its threads.
+TEST(ShardDataset, ADecodersFailureIsTheConsumersError) {
+  TempDir dir;
+  make_folder(dir.path() / "src", 4);
+  for (const char* split : {"train", "val"}) {
+    PackOptions o;
+    o.src = (dir.path() / "src").string();
+    o.out = (dir.path() / "packed").string();
+    o.split = split;
+    pack_image_folder(o);
+  }
+  const DatasetPair p = load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
+  class Failing final : public BatchDecoder {
+   public:
+    void decode(Batch& b) override {
+      if (b.step == 1) throw std::runtime_error("no decoder for step 1");
+      b.decoded = &zero_;
+    }
+
+   private:
+    float zero_ = 0;
+  } decoder;
+  const ShardedSampler sampler(p.train.count, 2, 5, 0, 1, true);
+  ASSERT_GE(sampler.steps_per_epoch(), 3);
+  for (int depth : {1, 3}) {
+    Loader loader(p.train, p.norm, {}, sampler, 9, depth, 2, true, &decoder, 2);
+    loader.start_epoch(0);
+    std::string error;
+    int64_t steps = 0;
+    try {
+      while (const Batch* b = loader.next()) {
+        ASSERT_NE(b->decoded, nullptr);
+        ASSERT_EQ(b->step, steps++);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, "no decoder for step 1") << "depth " << depth;
+    EXPECT_LE(steps, 1);
   }
 }
 

@@ -393,7 +393,7 @@ void TrainingRun::plan() {
   if (p_.gpu_decode) plan_.decoder = make_gpu_decoder(device::select_gpu(ctx_.local_rank()));
   plan_.loader = std::make_unique<data::Loader>(p_.ds.train, p_.ds.norm, augment_spec(o_), *plan_.sampler,
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu,
-                                                plan_.decoder.get());
+                                                plan_.decoder.get(), o_.epochs);
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
   stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
