@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <isa-l/crc.h>
 #include <zlib.h>
 
 #include <nlohmann/json.hpp>
@@ -65,6 +66,9 @@ uint32_t crc32_of(const std::vector<uint8_t>& bytes) {
   return static_cast<uint32_t>(::crc32(0L, bytes.data(), static_cast<uInt>(bytes.size())));
 }
 
+// The same CRC-32 as zlib's (ISA-L's gzip CRC: several times faster), for every record read.
+uint32_t record_crc(const uint8_t* data, size_t n) { return crc32_gzip_refl(0, data, n); }
+
 }  // namespace
 
 std::string shard_name(const std::string& split, int64_t index, int64_t total, int64_t generation) {
@@ -94,7 +98,7 @@ void ShardWriter::add(std::span<const uint8_t> bytes, uint32_t label) {
   HPC_REQUIRE(!bytes.empty() && bytes.size() <= UINT32_MAX, "a record of ", bytes.size(), " bytes cannot go in a shard");
   HPC_REQUIRE(records_.size() < UINT32_MAX, "shard ", path_, " is full");
   write_all(fd_, bytes.data(), bytes.size(), part_);
-  records_.push_back({offset_, static_cast<uint32_t>(bytes.size()), label});
+  records_.push_back({offset_, static_cast<uint32_t>(bytes.size()), label, record_crc(bytes.data(), bytes.size())});
   offset_ += bytes.size();
 }
 
@@ -106,6 +110,7 @@ void ShardWriter::finish() {
     put_u64(e, records_[i].offset);
     put_u32(e + 8, records_[i].size);
     put_u32(e + 12, records_[i].label);
+    put_u32(e + 16, records_[i].crc);
   }
   uint8_t footer[kShardFooterBytes];
   put_u64(footer, offset_);
@@ -135,24 +140,27 @@ ShardReader::ShardReader(std::string path, uint32_t classes) : path_(std::move(p
   pread_all(fd_, head, sizeof head, 0, path_);
   HPC_REQUIRE(std::memcmp(head, kShardMagic, 8) == 0, path_, " is not an hpcdata shard (no HPCSHRD1 header)");
   pread_all(fd_, footer, sizeof footer, size - kShardFooterBytes, path_);
-  HPC_REQUIRE(std::memcmp(footer + 16, kShardIndexMagic, 8) == 0, "shard ", path_,
+  checks_records_ = std::memcmp(footer + 16, kShardIndexMagic, 8) == 0;
+  HPC_REQUIRE(checks_records_ || std::memcmp(footer + 16, kShardIndexMagicV1, 8) == 0, "shard ", path_,
               " has no index at its end: truncated, or still being written");
+  const uint64_t entry_bytes = checks_records_ ? kShardEntryBytes : kShardEntryBytesV1;
   const uint64_t index_offset = get_u64(footer);
   const uint64_t count = get_u32(footer + 8);
-  HPC_REQUIRE(index_offset >= kShardHeaderBytes && index_offset + count * kShardEntryBytes + kShardFooterBytes == size,
+  HPC_REQUIRE(index_offset >= kShardHeaderBytes && index_offset + count * entry_bytes + kShardFooterBytes == size,
               "shard ", path_, " has a bad index: ", count, " entries from byte ", index_offset, " do not fit its ", size,
               " bytes");
-  std::vector<uint8_t> index(count * kShardEntryBytes);
+  std::vector<uint8_t> index(count * entry_bytes);
   if (count) pread_all(fd_, index.data(), index.size(), index_offset, path_);
   index_crc_ = get_u32(footer + 12);
   HPC_REQUIRE(crc32_of(index) == index_crc_, "shard ", path_, " has a corrupt index (CRC mismatch)");
   records_.resize(count);
   for (uint64_t i = 0; i < count; ++i) {
-    const uint8_t* e = index.data() + i * kShardEntryBytes;
+    const uint8_t* e = index.data() + i * entry_bytes;
     ShardRecord& r = records_[i];
     r.offset = get_u64(e);
     r.size = get_u32(e + 8);
     r.label = get_u32(e + 12);
+    if (checks_records_) r.crc = get_u32(e + 16);
     HPC_REQUIRE(r.size > 0 && r.offset >= kShardHeaderBytes && r.offset + r.size <= index_offset, "shard ", path_,
                 ": record ", i, " (", r.size, " bytes at ", r.offset, ") lies outside the data area");
     HPC_REQUIRE(classes == 0 || r.label < classes, "shard ", path_, ": record ", i, " has label ", r.label,
@@ -169,12 +177,16 @@ ShardReader::ShardReader(ShardReader&& other) noexcept
       fd_(std::exchange(other.fd_, -1)),
       file_bytes_(other.file_bytes_),
       index_crc_(other.index_crc_),
+      checks_records_(other.checks_records_),
       records_(std::move(other.records_)) {}
 
 void ShardReader::read(int64_t i, std::vector<uint8_t>& out) const {
   const ShardRecord& r = record(i);
   out.resize(r.size);
   pread_all(fd_, out.data(), r.size, r.offset, path_);
+  HPC_REQUIRE(!checks_records_ || record_crc(out.data(), out.size()) == r.crc, "shard ", path_, " record ", i,
+              " is damaged (its CRC-32 is not the index's): the file changed since it was packed, or was copied or "
+              "stored with errors; stage or pack it again");
 }
 
 // ---- dataset directory -------------------------------------------------------------------------

@@ -3,12 +3,17 @@
 //
 //   offset 0            "HPCSHRD1"                                   8 bytes
 //   8                   record 0, record 1, ... (each a JPEG file's bytes)
-//   index_offset        count entries: u64 offset, u32 size, u32 label  16 bytes each
-//   file size - 24      u64 index_offset, u32 count, u32 CRC-32 of the index, "HPCSIDX1"
+//   index_offset        count entries: u64 offset, u32 size, u32 label, u32 CRC-32 of the record
+//                                                                    20 bytes each
+//   file size - 24      u64 index_offset, u32 count, u32 CRC-32 of the index, "HPCSIDX2"
 //
 // all integers little-endian. A shard is valid only if the footer's magic is there, the index
 // fills exactly the space between index_offset and the footer, its CRC matches, and every record
 // lies inside the data area: a truncated or overwritten shard fails to open, naming the file.
+// Each record is checked against its CRC when it is read: a flipped bit inside a JPEG's
+// entropy-coded data mostly decodes without a word, into another image. Shards written before
+// 2026-11-28 end in "HPCSIDX1" and have 16-byte entries without the record's CRC: they are read
+// as they are, their records unchecked.
 // A dataset directory holds, for each split (train, val), its shards and <split>.json, the
 // split's manifest, plus classes.txt (one class name per line; label = line number, for people
 // and tools). The manifest is the commit point of a packing: it lists the split's shard files
@@ -28,12 +33,15 @@
 namespace hpc::data {
 
 inline constexpr char kShardMagic[9] = "HPCSHRD1";
-inline constexpr char kShardIndexMagic[9] = "HPCSIDX1";
-inline constexpr int64_t kShardHeaderBytes = 8, kShardEntryBytes = 16, kShardFooterBytes = 24;
+inline constexpr char kShardIndexMagic[9] = "HPCSIDX2";    // entries with the record's CRC
+inline constexpr char kShardIndexMagicV1[9] = "HPCSIDX1";  // before 2026-11-28: without
+inline constexpr int64_t kShardHeaderBytes = 8, kShardEntryBytes = 20, kShardEntryBytesV1 = 16,
+                         kShardFooterBytes = 24;
 
 struct ShardRecord {
   uint64_t offset = 0;
   uint32_t size = 0, label = 0;
+  uint32_t crc = 0;  // CRC-32 (zlib's) of the record's bytes; a version 1 shard's: none
 };
 
 // Writes one shard to PATH.part and renames it to PATH when finish() has written the index and
@@ -68,8 +76,11 @@ class ShardReader {
   ShardReader& operator=(ShardReader&&) = delete;
   int64_t count() const { return static_cast<int64_t>(records_.size()); }
   const ShardRecord& record(int64_t i) const { return records_[static_cast<size_t>(i)]; }
-  // Reads record i's bytes into out (thread-safe: pread).
+  // Reads record i's bytes into out (thread-safe: pread), checked against the record's CRC (a
+  // usage error naming the shard and record where they differ).
   void read(int64_t i, std::vector<uint8_t>& out) const;
+  // Whether the index holds each record's CRC (version 2); version 1 shards' records go unchecked.
+  bool checks_records() const { return checks_records_; }
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const { return file_bytes_; }
   uint32_t index_crc() const { return index_crc_; }
@@ -79,6 +90,7 @@ class ShardReader {
   int fd_ = -1;
   uint64_t file_bytes_ = 0;
   uint32_t index_crc_ = 0;
+  bool checks_records_ = true;
   std::vector<ShardRecord> records_;
 };
 

@@ -307,6 +307,14 @@ class Pack(unittest.TestCase):
                 f.seek(-30, os.SEEK_END)
                 f.write(b"\xff\xff")
 
+        def flip_record_bit():  # one bit inside a val record: a JPEG that may well decode, into another image
+            path = os.path.join(self.out, "val-g1-00000-of-00003.hpcs")
+            with open(path, "r+b") as f:
+                f.seek(8 + 200)
+                b = f.read(1)
+                f.seek(8 + 200)
+                f.write(bytes([b[0] ^ 0x10]))
+
         def foreign_shard():  # another packing's shard under this one's name
             shutil.copyfile(os.path.join(other_out, "val-g1-00000-of-00003.hpcs"), first)
 
@@ -327,6 +335,7 @@ class Pack(unittest.TestCase):
 
         cases = [(truncate, "has no index at its end"),
                  (overwrite_index, "corrupt index"),
+                 (flip_record_bit, "val-g1-00000-of-00003.hpcs record 0 is damaged"),
                  (foreign_shard, "train-g1-00000-of-00003.hpcs is"),
                  (lambda: os.unlink(os.path.join(self.out, "train-g1-00001-of-00003.hpcs")),
                   "lists train-g1-00001-of-00003.hpcs, which is missing"),

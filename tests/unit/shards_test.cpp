@@ -2,6 +2,7 @@
 // decoding through libjpeg-turbo, resizing, and packing an image folder the test makes: labels
 // and pixels of every packed image verified against its source file.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -111,7 +112,7 @@ TEST(Shards, BrokenShardsAreUsageErrors) {
   header[0] = 'X';
   EXPECT_NE(broken("header.hpcs", header).find("not an hpcdata shard"), std::string::npos);
   Bytes index = bytes;
-  index[bytes.size() - kShardFooterBytes - 3] ^= 0x40;  // a label byte of the last entry
+  index[bytes.size() - kShardFooterBytes - 7] ^= 0x40;  // a label byte of the last entry
   EXPECT_NE(broken("index.hpcs", index).find("corrupt index (CRC mismatch)"), std::string::npos);
   Bytes count = bytes;
   count[bytes.size() - kShardFooterBytes + 8] = 9;  // the footer's record count
@@ -124,6 +125,74 @@ TEST(Shards, BrokenShardsAreUsageErrors) {
             std::string::npos);
   EXPECT_NE(usage_error_of([&] { ShardReader r(dir.file("absent.hpcs")); }).find("cannot open shard"),
             std::string::npos);
+}
+
+// Each record is checked against the CRC-32 its index entry holds (zlib's, so any tool can check
+// it too) when it is read: a flipped bit inside a JPEG's entropy-coded data mostly decodes into
+// another image without a word. The shard still opens; the damaged record alone is refused.
+TEST(Shards, EachRecordIsCheckedAgainstItsCrcWhenRead) {
+  TempDir dir;
+  const std::string path = dir.file("crc.hpcs");
+  const std::vector<Bytes> records{Bytes(100, 1), Bytes(300, 2), {9, 8, 7}};
+  {
+    ShardWriter w(path);
+    for (const Bytes& r : records) w.add(r, 0);
+    w.finish();
+  }
+  Bytes bytes = read_raw(path);
+  const size_t index = bytes.size() - kShardFooterBytes - records.size() * kShardEntryBytes;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const uint8_t* e = bytes.data() + index + i * kShardEntryBytes + 16;
+    const uint32_t stored = e[0] | e[1] << 8 | e[2] << 16 | static_cast<uint32_t>(e[3]) << 24;
+    EXPECT_EQ(stored, ::crc32(0L, records[i].data(), static_cast<uInt>(records[i].size()))) << "record " << i;
+  }
+  bytes[8 + 100 + 150] ^= 0x04;  // one bit in the middle of record 1
+  write_raw(path, bytes);
+  const ShardReader r(path);
+  EXPECT_TRUE(r.checks_records());
+  Bytes got;
+  r.read(0, got);
+  EXPECT_EQ(got, records[0]);
+  r.read(2, got);
+  EXPECT_EQ(got, records[2]);
+  const std::string error = usage_error_of([&] { r.read(1, got); });
+  EXPECT_NE(error.find("crc.hpcs record 1 is damaged (its CRC-32 is not the index's)"), std::string::npos) << error;
+}
+
+// Shards packed before 2026-11-28 (index magic HPCSIDX1, 16-byte entries without the record's
+// CRC) are still read, their records as they are.
+TEST(Shards, VersionOneShardsAreReadWithoutRecordChecks) {
+  TempDir dir;
+  const std::vector<Bytes> records{Bytes(10, 3), Bytes(20, 4)};
+  Bytes file(kShardMagic, kShardMagic + 8), index;
+  const auto put = [](Bytes& b, uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  for (size_t i = 0; i < records.size(); ++i) {
+    put(index, file.size(), 8);
+    put(index, records[i].size(), 4);
+    put(index, i + 1, 4);  // label
+    file.insert(file.end(), records[i].begin(), records[i].end());
+  }
+  const uint64_t index_offset = file.size();
+  file.insert(file.end(), index.begin(), index.end());
+  put(file, index_offset, 8);
+  put(file, records.size(), 4);
+  put(file, ::crc32(0L, index.data(), static_cast<uInt>(index.size())), 4);
+  file.insert(file.end(), kShardIndexMagicV1, kShardIndexMagicV1 + 8);
+  file[8 + 5] ^= 1;  // unchecked: read as it is
+  write_raw(dir.file("v1.hpcs"), file);
+  const ShardReader r(dir.file("v1.hpcs"), 3);
+  EXPECT_FALSE(r.checks_records());
+  ASSERT_EQ(r.count(), 2);
+  Bytes got;
+  r.read(0, got);
+  Bytes want = records[0];
+  want[5] ^= 1;
+  EXPECT_EQ(got, want);
+  r.read(1, got);
+  EXPECT_EQ(got, records[1]);
+  EXPECT_EQ(r.record(1).label, 2u);
 }
 
 TEST(Shards, ListingFindsMissingAndMixedShards) {
