@@ -179,9 +179,16 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   };
   auto [train, train_classes] = split("train");
   auto [test, test_classes] = split("val");
-  HPC_REQUIRE(train_classes == test_classes, "the train and val splits in ", dir, " have different classes (",
-              train_classes.size(), " and ", test_classes.size(),
-              "): pack both from folders with the same classes");
+  if (train_classes != test_classes) {
+    // Which class differs: the counts, or (the same count) the first name that differs.
+    std::string which = detail::concat(train_classes.size(), " and ", test_classes.size());
+    if (train_classes.size() == test_classes.size()) {
+      const auto [a, b] = std::mismatch(train_classes.begin(), train_classes.end(), test_classes.begin());
+      which = detail::concat("class ", a - train_classes.begin(), " is '", *a, "' and '", *b, "'");
+    }
+    HPC_REQUIRE(false, "the train and val splits in ", dir, " have different classes (", which,
+                "): pack both from folders with the same classes");
+  }
   DatasetPair p;
   p.train = std::move(train);
   p.test = std::move(test);

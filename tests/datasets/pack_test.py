@@ -349,7 +349,9 @@ class Pack(unittest.TestCase):
                  (lambda: rewrite("train", lambda t: t.replace('"name": "train-g1', '"name": "../train-g1')),
                   "which is no shard file name"),
                  (lambda: os.unlink(os.path.join(self.out, "val.json")), "no val shards"),
-                 (replace_val, "have different classes (3 and 2)")]
+                 (replace_val, "have different classes (3 and 2)"),
+                 (lambda: rewrite("val", lambda t: t.replace('"n01443537"', '"n01443538"')),
+                  "have different classes (class 1 is 'n01443537' and 'n01443538')")]
         pristine = os.path.join(self.tmp, "pristine")
         shutil.copytree(self.out, pristine)
         for damage, message in cases:
