@@ -456,9 +456,8 @@ TEST(ShardDataset, LoaderGivesEachSampleItsImageAndLabel) {
   }
 }
 
-TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
-  TempDir dir;
-  // Pictures with structure, so that different crops differ.
+// make_folder's pictures (4 a class) packed into DIR/packed, train and val, loaded at 12x12.
+DatasetPair packed_pictures(const TempDir& dir) {
   make_folder(dir.path() / "src", 4);
   for (const char* split : {"train", "val"}) {
     PackOptions o;
@@ -467,7 +466,13 @@ TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
     o.split = split;
     pack_image_folder(o);
   }
-  const DatasetPair p = load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
+  return load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
+}
+
+TEST(ShardDataset, AugmentationDependsOnSeedEpochAndSampleOnly) {
+  TempDir dir;
+  // Pictures with structure, so that different crops differ.
+  const DatasetPair p = packed_pictures(dir);
   const std::vector<uint32_t> idx{3, 0, 7, 5};
   auto batch = [&](int threads, int64_t epoch, bool augment) {
     const BatchAssembler a(p.train, p.norm, {0, true, true}, 11, threads);
@@ -540,15 +545,7 @@ class CpuViewDecoder final : public BatchDecoder {
 
 TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
   TempDir dir;
-  make_folder(dir.path() / "src", 4);
-  for (const char* split : {"train", "val"}) {
-    PackOptions o;
-    o.src = (dir.path() / "src").string();
-    o.out = (dir.path() / "packed").string();
-    o.split = split;
-    pack_image_folder(o);
-  }
-  const DatasetPair p = load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
+  const DatasetPair p = packed_pictures(dir);
   const int64_t per = 12 * 12 * 3;
   for (bool augment : {true, false}) {
     const AugmentSpec aug = augment ? AugmentSpec{0, true, true} : AugmentSpec{};
@@ -586,15 +583,7 @@ TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
 // (not a hang, nor a batch left undecoded), and leaving the loader then stops both of its threads.
 TEST(ShardDataset, ADecodersFailureIsTheConsumersError) {
   TempDir dir;
-  make_folder(dir.path() / "src", 4);
-  for (const char* split : {"train", "val"}) {
-    PackOptions o;
-    o.src = (dir.path() / "src").string();
-    o.out = (dir.path() / "packed").string();
-    o.split = split;
-    pack_image_folder(o);
-  }
-  const DatasetPair p = load_dataset(parse_dataset("shards"), (dir.path() / "packed").string(), 12);
+  const DatasetPair p = packed_pictures(dir);
   class Failing final : public BatchDecoder {
    public:
     void decode(Batch& b) override {
