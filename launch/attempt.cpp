@@ -34,6 +34,16 @@ std::string joined(const std::vector<std::string>& words) {
   return out;
 }
 
+// The command as the attempt's log records it: the values given with -x NAME=VALUE (here or in
+// --mpi-args: tokens, keys) left out, as NAME=(not logged). The log lies beside the checkpoints,
+// often on storage that others can read; the ranks still get the values.
+std::string logged_command(std::vector<std::string> cmd) {
+  for (size_t i = 1; i < cmd.size(); ++i)
+    if (const size_t eq = cmd[i].find('='); cmd[i - 1] == "-x" && eq != std::string::npos)
+      cmd[i] = cmd[i].substr(0, eq) + "=(not logged)";
+  return joined(cmd);
+}
+
 // "[a2:r3] " before rank 3's lines in attempt 2, "[a2:mpirun] " before mpirun's own.
 std::string line_prefix(int attempt, int rank) {
   std::ostringstream os;
@@ -127,7 +137,7 @@ void AttemptWatcher::start() {
   const std::vector<std::string> cmd = mpirun_command(o_, placement_, job_.self_exe);
   say("attempt " + std::to_string(rec_.number) + ": " + std::to_string(rec_.np) + " rank(s) on " +
       show_hosts(placement_) + " (log " + log_path + ")");
-  job_.voice.log_line("hpcrun: " + joined(cmd));
+  job_.voice.log_line("hpcrun: " + logged_command(cmd));
 
   job_.heartbeat.begin(now());
   mark_membership_change(o_.checkpoint_dir, false);

@@ -222,6 +222,27 @@ TEST(HpcrunCli, HelpAndVersion) {
   EXPECT_EQ(version.out.rfind("hpcrun ", 0), 0u);
 }
 
+// A value given with -x NAME=VALUE (a token, a key), here or in --mpi-args, reaches every rank
+// but not the attempt's log, which lies beside the checkpoints on shared storage: the logged
+// mpirun command says NAME=(not logged).
+TEST(HpcrunCli, ValuesGivenWithXReachTheRanksButNotTheLog) {
+  TempDir dir("hpcrun_env");
+  const RunResult r =
+      hpcrun({"--log-dir", dir.str(), "-np", "2", "-x", "HPCRUN_TEST_TOKEN=s3cr3t-v4lue", "--mpi-args",
+              "-x HPCRUN_TEST_OTHER=0th3r-v4lue", "sh", "-c",
+              // the values spelt out with a _ after each character: nothing here names them whole
+              "echo \"$HPCRUN_TEST_TOKEN $HPCRUN_TEST_OTHER\" | sed 's/./&_/g'"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* rank : {"[a1:r0] ", "[a1:r1] "})
+    EXPECT_NE(r.out.find(std::string(rank) + "s_3_c_r_3_t_-_v_4_l_u_e_ _0_t_h_3_r_-_v_4_l_u_e_"), std::string::npos)
+        << r.out;
+  const std::string log = read_text(dir.file("attempt-1.log"));
+  EXPECT_NE(log.find("-x HPCRUN_TEST_TOKEN=(not logged)"), std::string::npos) << log;
+  EXPECT_NE(log.find("-x HPCRUN_TEST_OTHER=(not logged)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("s3cr3t"), std::string::npos) << log;
+  EXPECT_EQ(log.find("0th3r"), std::string::npos) << log;
+}
+
 TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
   TempDir dir("hpcrun_ok");
   const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "sh", "-c", "echo hello from $OMPI_COMM_WORLD_RANK"});
