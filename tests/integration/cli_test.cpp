@@ -387,6 +387,7 @@ TEST_F(Cli, ConfigFileProblems) {
       {"help = 1\n", {"sets 'help'"}},       // was: help printed, exit 0, nothing trained
       {"version = 1\n", {"sets 'version'"}},
       {"checkpoint-dir =\n", {"'checkpoint-dir' is empty"}},  // an unset variable in a generated file
+      {"epochs = 1\n  = 3\n", {"line 2: '= 3' names no option before its '='"}},  // was: "unrecognised option"
       {"epochs = 1\n\x01\x02\x03\x7f\n", {"is not a text file (byte 11"}},  // binary
       {std::string(2 << 20, '#'), {"is larger than 1 MB"}}};  // huge
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -183,6 +183,15 @@ std::string read_config_text(const std::string& path) {
   });
   HPC_REQUIRE(bad == text.end(), "config file ", path, " is not a text file (byte ", bad - text.begin(),
               " is a control character): it should hold name = value lines");
+  // "= 3" (a name lost in editing): Boost's error would name no option and no line.
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const size_t first = line.find_first_not_of(" \t\r");
+    HPC_REQUIRE(first == std::string::npos || line[first] != '=', "config file ", path, " line ", number, ": '",
+                line.substr(first, line.find_last_not_of(" \t\r") + 1 - first), "' names no option before its '='");
+  }
   return text;
 }
 
