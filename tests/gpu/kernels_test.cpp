@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "kernels/kernels.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"
+#include "train/engine/cuda_memory.hpp"
 #include "train/engine/engine.hpp"
 
 namespace hpc {
@@ -87,6 +89,62 @@ class GpuKernels : public ::testing::Test {
   kernels::BatchNormTuning tuning_ = kernels::batch_norm_tuning();  // the default, or HPCTRAIN_BN_TUNING's
   cudaStream_t stream_ = nullptr;  // the default stream; the copies back synchronise with it
 };
+
+// ---- the engine's and the JPEG decoder's own memory (train/engine/cuda_memory.hpp) ----------
+
+namespace fake_memory {  // an allocator that can be told to fail, on the CPU
+int allocations = 0, frees = 0;
+bool fail_next = false;
+cudaError_t allocate(void** p, size_t bytes) {
+  if (std::exchange(fail_next, false)) return cudaErrorMemoryAllocation;
+  ++allocations;
+  *p = std::malloc(bytes);
+  return cudaSuccess;
+}
+cudaError_t release(void* p) {
+  ++frees;
+  std::free(p);
+  return cudaSuccess;
+}
+}  // namespace fake_memory
+
+// It only grows, keeping its block for smaller requests; a growth that fails leaves no block,
+// not the freed one counted at its old size (the next request, however small, allocates
+// again: a null pointer is never handed out). Runs without a GPU: the allocator is a stand-in.
+TEST(CudaMemory, GrowsOnlyAndAFailedGrowthLeavesNoBlock) {
+  {
+    train::GrowingMemory<fake_memory::allocate, fake_memory::release> m;
+    void* a = m.get(100);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(m.get(50), a);
+    EXPECT_EQ(m.get(100), a);
+    EXPECT_EQ(fake_memory::allocations, 1);
+    EXPECT_NE(m.get(200), nullptr);
+    EXPECT_EQ(fake_memory::allocations, 2);
+    EXPECT_EQ(fake_memory::frees, 1);
+    fake_memory::fail_next = true;
+    EXPECT_THROW(m.get(400), std::exception);
+    EXPECT_EQ(fake_memory::frees, 2);  // the old block went before the failed request
+    EXPECT_NE(m.get(10), nullptr);
+    EXPECT_EQ(fake_memory::allocations, 3);
+  }
+  EXPECT_EQ(fake_memory::frees, fake_memory::allocations);
+}
+
+// The real ones: pinned host memory and device memory, a round trip through both.
+TEST_F(GpuKernels, PinnedAndDeviceBuffersHoldWhatIsCopiedThrough) {
+  train::PinnedBuffer pinned;
+  train::DeviceBuffer device;
+  for (size_t n : {size_t{16}, size_t{1} << 20, size_t{64}}) {
+    auto* host = static_cast<unsigned char*>(pinned.get(n));
+    for (size_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>(i * 7 + n);
+    void* d = device.get(n);
+    ASSERT_EQ(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice), cudaSuccess);
+    std::vector<unsigned char> back(n);
+    ASSERT_EQ(cudaMemcpy(back.data(), d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), host, n), 0) << n << " bytes";
+  }
+}
 
 TEST_F(GpuKernels, ReluForwardAndBackwardEqualTheCpuLayer) {
   const int64_t n = 3 * 50000 + 7;

@@ -9,8 +9,7 @@
 // complete and the engine's copy of it (on its compute stream, gpu_engine.cpp's stage) needs no
 // event. The loader reuses a batch (and this decoder its output buffer) only after the consumer
 // asked for the next one, and the engine's step ends with a wait for its stream: its copy is done
-// by then. The decoder's memory is its own (cudaMalloc, grown, never shrunk), not the caching
-// allocator's, whose blocks are ordered on the compute stream alone.
+// by then. The decoder's memory is its own (cuda_memory.hpp), grown, never shrunk.
 #include <cuda_runtime_api.h>
 
 #include <map>
@@ -22,36 +21,13 @@
 #include "core/log.hpp"
 #include "data/nvjpeg.hpp"
 #include "kernels/kernels.hpp"
+#include "train/engine/cuda_memory.hpp"
 #include "train/engine/engine.hpp"
 
 namespace hpc::train {
 namespace {
 
 namespace nv = data::nvjpeg;
-
-// Device memory of its own that only grows.
-class DeviceBlock {
- public:
-  DeviceBlock() = default;
-  ~DeviceBlock() {
-    if (p_) cudaFree(p_);
-  }
-  DeviceBlock(const DeviceBlock&) = delete;
-  DeviceBlock& operator=(const DeviceBlock&) = delete;
-  void* get(size_t bytes) {
-    if (bytes > size_) {
-      if (p_) CUDA_CHECK(cudaFree(p_));
-      p_ = nullptr;
-      CUDA_CHECK(cudaMalloc(&p_, bytes));
-      size_ = bytes;
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t size_ = 0;
-};
 
 // One nvJPEG handle for one backend and its batched-decode state.
 class NvjpegHandle {
@@ -222,10 +198,10 @@ class GpuBatchDecoder final : public data::BatchDecoder {
   std::vector<const unsigned char*> data_;
   std::vector<size_t> lengths_, offsets_;
   std::vector<nv::Image> images_;
-  DeviceBlock decoded_, table_, crops_;
+  DeviceBuffer decoded_, table_, crops_;
   std::vector<float> table_host_;
   std::vector<kernels::ResizedCrop> crops_host_;  // read by the copy until the stream's wait
-  std::map<const data::Batch*, DeviceBlock> outputs_;  // one per batch of the loader's pool
+  std::map<const data::Batch*, DeviceBuffer> outputs_;  // one per batch of the loader's pool
 };
 
 }  // namespace

@@ -43,34 +43,11 @@
 #include "kernels/kernels.hpp"
 #include "nn/cuda/network.hpp"
 #include "optim/sgd_cuda.hpp"
+#include "train/engine/cuda_memory.hpp"
 #include "train/engine/engine.hpp"
 
 namespace hpc::train {
 namespace {
-
-// Page-locked host memory: copies from it to the GPU are asynchronous DMA.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() {
-    if (p_) cudaFreeHost(p_);
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  void* get(size_t bytes) {
-    if (bytes > size_) {
-      if (p_) CUDA_CHECK(cudaFreeHost(p_));
-      p_ = nullptr;
-      CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocDefault));
-      size_ = bytes;
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t size_ = 0;
-};
 
 // An event for ordering only (no timing), made and destroyed with its owner (core/handle.hpp).
 struct CudaEvent : Handle<cudaEvent_t, cudaEventDestroy> {
