@@ -186,7 +186,7 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
       const auto [a, b] = std::mismatch(train_classes.begin(), train_classes.end(), test_classes.begin());
       which = detail::concat("class ", a - train_classes.begin(), " is '", *a, "' and '", *b, "'");
     }
-    HPC_REQUIRE(false, "the train and val splits in ", dir, " have different classes (", which,
+    usage_error("the train and val splits in ", dir, " have different classes (", which,
                 "): pack both from folders with the same classes");
   }
   DatasetPair p;
