@@ -353,6 +353,55 @@ expect "$calls" "gpu_step --model cnn --batch 128 --precision tf32 --cuda-graphs
   "hpctrain --device cuda --batch-size 128 --epochs 4 --precision tf32 --data-dir $gpu/data --no-cuda-graphs"
 out=$(STUB_OTHER_BITS=1 PEER_GPU=$gpu/peer_gpu.py "$bench/gpu_vs_peer.sh" cnn 2>&1)
 expect "$(cat "$gpu/build/gpu_vs_peer/cnn.txt")" "cnn_e2e_hpctrain_cuda_graphs_same_checksum=no"
+# resnet50: the headline rows the default (gpu_step --cuda-graphs; hpctrain without a graphs
+# option), the eager ones beside them, then the JPEG run: its last epoch's rate over the
+# synthetic default's and its steps' wait for batches as a share of their time. The stand-ins:
+# gpu_step as above (300,000 and 150,000 img/s), the peer 100,000 (eager and compiled), hpctrain
+# end to end 6,000 img/s by default, 5,000 with --no-cuda-graphs and 5,500 on JPEG shards, whose
+# last epoch's three steps of 20 ms waited 2 ms each (the first epoch's 10 ms, which must not
+# count); loader_throughput and hpcdata-pack only say they were called.
+cat > "$gpu/build/src/hpctrain" << 'STUB'
+#!/usr/bin/env bash
+echo "hpctrain $*" >> "$STUB_CALLS"
+metrics= rate=6000 jpeg=0
+while (($#)); do
+  [[ $1 == --metrics-file ]] && metrics=$2
+  [[ $1 == --no-cuda-graphs ]] && rate=5000
+  [[ $1 == --jpeg-decode ]] && rate=5500 jpeg=1
+  shift
+done
+for epoch in 1 2; do
+  wait=0.010
+  ((epoch == 2)) && wait=0.002
+  ((jpeg)) && for step in 1 2 3; do
+    echo "{\"event\":\"step\",\"step\":$step,\"data_wait_seconds\":$wait,\"step_seconds\": 0.020}"
+  done
+  echo "{\"event\":\"epoch\",\"epoch\":$epoch,\"images_per_second\":$((rate - (2 - epoch) * 1000))}"
+done > "$metrics"
+STUB
+printf '#!/bin/sh\necho "loader_throughput $*" >> "$STUB_CALLS"\nmkdir -p "$2"\n' > "$gpu/build/bench/loader_throughput"
+mkdir -p "$gpu/build/datasets"
+printf '#!/bin/sh\necho "hpcdata-pack $*" >> "$STUB_CALLS"\n' > "$gpu/build/datasets/hpcdata-pack"
+chmod +x "$gpu/build/src/hpctrain" "$gpu/build/bench/loader_throughput" "$gpu/build/datasets/hpcdata-pack"
+: > "$STUB_CALLS"
+out=$(PEER_GPU=$gpu/peer_gpu.py "$bench/gpu_vs_peer.sh" resnet50 2>&1) || fail "gpu_vs_peer.sh resnet50 failed" "$out"
+expect "$(cat "$gpu/build/gpu_vs_peer/resnet50.txt")" "resnet50_steady_hpctrain_images_per_second=300000" \
+  "resnet50_steady_hpctrain_eager_images_per_second=150000" "resnet50_steady_peer_eager_images_per_second=100000" \
+  "resnet50_steady_ratio_over_peer_eager=3.00" "resnet50_steady_ratio_over_peer_compile=3.00" \
+  "resnet50_steady_eager_ratio_over_peer_compile=1.50" "resnet50_e2e_hpctrain_images_per_second=6000" \
+  "resnet50_e2e_hpctrain_eager_images_per_second=5000" "resnet50_jpeg_e2e_images_per_second=5500" \
+  "resnet50_jpeg_e2e_ratio_over_synthetic=0.92" "resnet50_jpeg_e2e_data_wait_share=0.100" \
+  "resnet50_jpeg_e2e_ratio_target=0.9"
+calls=$(sed 's/ --metrics-file .*//; s/ --data-dir [^ ]*/ --data-dir D/; s| [^ ]*/jpegs/| T/jpegs/|g' "$STUB_CALLS")
+r50="--image-size 224 --precision bf16 --no-deterministic"
+expect "$calls" "gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch 128 --no-deterministic --cuda-graphs" \
+  "gpu_step --model resnet50 --image-size 224 --channels 3 --classes 1000 --precision bf16 --batch 128 --no-deterministic" \
+  "hpctrain --device cuda --model resnet50 --dataset synthetic $r50 --batch-size 128 --epochs 4 --test-samples 128" \
+  "hpctrain --device cuda --model resnet50 --dataset synthetic $r50 --batch-size 128 --epochs 4 --test-samples 128 --no-cuda-graphs" \
+  "loader_throughput --make-jpegs T/jpegs/src --images 4096 --source 375x500" \
+  "hpcdata-pack T/jpegs/src T/jpegs/packed --split train" "hpcdata-pack T/jpegs/src T/jpegs/packed --split val" \
+  "hpctrain --device cuda --model resnet50 --dataset shards --data-dir D $r50 --jpeg-decode gpu --batch-size 128 --epochs 3 --test-samples 128"
+
 # Refusals: each one line and exit 2.
 NCU_EMPTY=1 refuse gpu_vs_peer.sh "could not read ncu's measurements: ncu recorded no kernel durations (gpu__time_duration.sum)" kernels
 refuse gpu_vs_peer.sh "--kernels-model must be resnet50 or cnn, got 'vgg'" kernels --kernels-model vgg
