@@ -93,6 +93,14 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   return "";
 }
 
+std::string executable_named_by_mpirun(const std::string& line) {
+  const std::string l = trimmed(line);
+  // Open MPI 4: "Executable: X" (not found), "Application name: X" (its execve failed).
+  for (const std::string key : {"Executable:", "Application name:"})
+    if (l.rfind(key, 0) == 0) return trimmed(l.substr(key.size()));
+  return "";
+}
+
 namespace {
 
 std::string listed(const std::vector<std::string>& names) {
@@ -250,6 +258,14 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
   const std::vector<std::string> hosts = rank_hosts(placement);
   if (e.mpirun_status.success()) return judge_clean_exit(static_cast<int>(hosts.size()), e);
   if (std::optional<Analysis> a = usage_error_of(e)) return *a;
+  if (!e.foreign_executable.empty()) {
+    Analysis a;
+    a.verdict = Verdict::UsageError;
+    a.reason = "mpirun took '" + e.foreign_executable +
+               "' for the program to run (it runs the first word it does not know as an option): a word of "
+               "--mpi-args that is no option's value?";
+    return a;
+  }
   if (std::optional<Analysis> a = stop_of(e)) return *a;
   return blame_failure(hosts, e);
 }

@@ -56,6 +56,9 @@ struct AttemptEvidence {
   bool stop_requested = false;  // hpcrun asked the job to checkpoint and stop
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
   bool stalled_starting = false;  // the stall came before the first step (--start-timeout)
+  // The program mpirun failed to start where it is not hpcrun's rank wrapper: it took another word for the
+  // program (a word of --mpi-args that is no option's value), which no relaunch can mend.
+  std::string foreign_executable;
 };
 
 // Blame, in order of trust: the hosts mpirun named; for a stalled job, the hosts none of whose
@@ -64,6 +67,10 @@ struct AttemptEvidence {
 // the network); else the host of the first rank that failed by itself (the ranks failing after
 // it are usually its victims: their peer vanished from a collective).
 Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
+
+// The program mpirun names in its account of a launch that failed ("  Executable: X", "  Application
+// name: X"), else "".
+std::string executable_named_by_mpirun(const std::string& line);
 
 // A report that shows this rank failed by itself rather than being torn down with the job.
 bool failed_by_itself(const RankReport& r);

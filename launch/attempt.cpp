@@ -345,6 +345,8 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
     return;
   }
   if (t.rank >= 0 && t.is_stderr) keep_error_line(ev.error_lines[t.rank], t.text);
+  if (const std::string x = t.rank < 0 ? executable_named_by_mpirun(t.text) : ""; !x.empty() && x != job_.self_exe)
+    ev.foreign_executable = x;
   const std::string blamed = t.rank < 0 ? host_blamed_by_mpirun(t.text) : "";
   if (!blamed.empty()) {
     ev.blamed_by_mpirun.push_back(blamed);

@@ -198,6 +198,23 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   }
 }
 
+// A word of --mpi-args that is no option's value becomes mpirun's program, which fails the same
+// way on every host: a usage error after the first attempt (exit 2, its last line naming the
+// word), not four attempts and a blamed host. (mpirun's --do-not-launch check cannot see it: it
+// does not look for the program.)
+TEST(HpcrunCli, AStrayWordInMpiArgsIsAUsageErrorNotRetried) {
+  TempDir dir("hpcrun_stray");
+  for (const std::string word : {"0", "/nonexistent/dir/x"}) {
+    const RunResult r =
+        hpcrun({"--log-dir", dir.file(word == "0" ? "a" : "b"), "-np", "1", "--quiet", "--mpi-args", word, "true"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err.find("attempt 2"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("blacklisted"), std::string::npos) << r.err;
+    const std::string last = r.err.substr(r.err.find_last_of('\n', r.err.size() - 2) + 1);
+    EXPECT_NE(last.find("gave up: mpirun took '" + word + "' for the program to run"), std::string::npos) << r.err;
+  }
+}
+
 // The MCA check's control: known parameters (a synonym too), components and exclusions run.
 TEST(HpcrunCli, KnownMcaSettingsRun) {
   TempDir dir("hpcrun_mca");

@@ -326,6 +326,25 @@ TEST(Analysis, UsageErrorsAreNotRetried) {
   EXPECT_EQ(a.program_error, "");
 }
 
+// A stray word in --mpi-args: mpirun runs it as the program ("Executable: 0", or "Application
+// name: X" where its execve failed) and fails on every host alike. The watcher records it when
+// it is not hpcrun's own wrapper; the attempt is then a usage error, not a lost host retried.
+TEST(Analysis, AProgramMpirunTookFromItsArgumentsIsAUsageError) {
+  EXPECT_EQ(executable_named_by_mpirun("Executable: 0"), "0");
+  EXPECT_EQ(executable_named_by_mpirun("  Application name:  /nonexistent/dir/x"), "/nonexistent/dir/x");
+  EXPECT_EQ(executable_named_by_mpirun("  Local host:        vm"), "");
+  EXPECT_EQ(executable_named_by_mpirun("hpctrain: Executable: x"), "");
+  AttemptEvidence e;
+  e.mpirun_status = exit_code(134);
+  e.blamed_by_mpirun = {"b"};
+  EXPECT_EQ(analyse_attempt(kThree, e).verdict, Verdict::Failure);  // without it: a host's failure
+  e.foreign_executable = "0";
+  const Analysis a = analyse_attempt(kThree, e);
+  EXPECT_EQ(a.verdict, Verdict::UsageError);
+  EXPECT_NE(a.reason.find("mpirun took '0' for the program to run"), std::string::npos) << a.reason;
+  EXPECT_TRUE(a.failed_hosts.empty());
+}
+
 // The program's own words for hpcrun's last line: an MPI program prints its error on rank 0 alone,
 // while another rank may be the first to exit with 2.
 TEST(Analysis, UsageErrorCarriesTheProgramsLine) {
