@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -64,6 +65,8 @@ void add(HostList& hosts, const std::string& name, int slots, const std::string&
   HPC_REQUIRE(valid_name(name), where, ": '", printable(name), "' is not a host name");
   for (Host& h : hosts)
     if (h.name == name) {
+      HPC_REQUIRE(h.slots + slots <= kMaxSlots, where, ": host ", name, " is named again, and its slots add up to ",
+                  h.slots + slots, ", more than ", kMaxSlots);
       h.slots += slots;
       return;
     }
@@ -107,11 +110,14 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
     std::string name, word;
     words >> name;
     int slots = default_slots;
+    std::set<std::string> keys;  // "slots=2 slots=3": which one was meant?
     while (words >> word) {
       const size_t eq = word.find('=');
       const std::string key = word.substr(0, eq);
       HPC_REQUIRE(eq != std::string::npos && (key == "slots" || key == "max_slots" || key == "max-slots"), where,
                   ": expected 'slots=N' or 'max_slots=N' after the host name, got '", printable(word), "'");
+      HPC_REQUIRE(keys.insert(key == "max-slots" ? "max_slots" : key).second, where, ": ", key,
+                  " is given twice; give it once");
       if (key == "slots") slots = parse_slots(word.substr(eq + 1), where);
       else parse_slots(word.substr(eq + 1), where);  // validated; hpcrun never oversubscribes
     }

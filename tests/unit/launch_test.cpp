@@ -50,6 +50,11 @@ TEST(Hosts, BadListsAreUsageErrors) {
   EXPECT_NE(usage_message([] { parse_host_list("a:x", 1); }).find("slots"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a b", 1); }).find("not a host name"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list(",", 1); }).find("empty"), std::string::npos);
+  // Repeats add up, but not past what one entry may give.
+  EXPECT_EQ(parse_host_list("a:4095,a:1", 1), (HostList{{"a", 4096}}));
+  EXPECT_NE(usage_message([] { parse_host_list("a:4096,a:4096", 1); }).find("host a is named again, and its slots "
+                                                                          "add up to 8192, more than 4096"),
+            std::string::npos);
 }
 
 TEST(Hosts, Hostfile) {
@@ -64,6 +69,11 @@ TEST(Hosts, Hostfile) {
     f << "node1 cpus=4\n";
   }
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("line 1"), std::string::npos);
+  {
+    std::ofstream f(path);
+    f << "node1 slots=1\nnode2 slots=2 slots=3\n";  // was: the last one, without a word
+  }
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("line 2: slots is given twice"), std::string::npos);
   {
     std::ofstream f(path);
     f << "# nothing\n";
