@@ -248,7 +248,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_step) {
 // without a decoder, decoded) into a free slot.
 void Loader::produce(int64_t epoch, int64_t first_step) {
   try {
-    for (int64_t e = epoch; make_epoch(e, e == epoch ? first_step : 0) && e + 1 < epochs_; ++e) {
+    for (int64_t e = epoch; make_epoch(e, e == epoch ? first_step : 0) && goes_on_after(e); ++e) {
     }
   } catch (...) {
     failed();
@@ -340,7 +340,7 @@ const Batch* Loader::next() {
   ready_.pop_front();
   if (item.slot < 0) {  // the epoch's end; the next epoch's batches follow where the producer goes on
     at_end_ = true;
-    if (item.epoch + 1 < epochs_) continues_at_ = item.epoch + 1;
+    if (goes_on_after(item.epoch)) continues_at_ = item.epoch + 1;
     return nullptr;
   }
   in_use_ = item.slot;

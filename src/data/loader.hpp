@@ -1,7 +1,8 @@
 // Batches as the model wants them: float NHWC, normalised, augmented, with int32 labels.
 // The Loader builds the next batches on a prefetch thread (and decodes packed JPEGs on a second,
-// with a BatchDecoder) while the model trains on the current one, on into the next epoch; augmentation randomness is keyed by (seed, epoch, sample index), so the same
-// sample is augmented identically whichever rank, thread or run reads it.
+// with a BatchDecoder) while the model trains on the current one, on into the next epoch;
+// augmentation randomness is keyed by (seed, epoch, sample index), so the same sample is
+// augmented identically whichever rank, thread or run reads it.
 #pragma once
 
 #include <condition_variable>
@@ -143,6 +144,8 @@ class Loader {
     int64_t epoch;
   };
   void stop();
+  // Whether the producer goes on past epoch e's end (and start_epoch(e + 1) keeps its batches).
+  bool goes_on_after(int64_t e) const { return e + 1 < epochs_; }
   void produce(int64_t epoch, int64_t first_step);
   bool make_epoch(int64_t epoch, int64_t first_step);
   void decode_all();

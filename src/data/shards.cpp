@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <isa-l/crc.h>
-#include <zlib.h>
 
 #include <nlohmann/json.hpp>
 
@@ -62,12 +61,10 @@ void pread_all(int fd, uint8_t* data, size_t n, uint64_t offset, const std::stri
   }
 }
 
-uint32_t crc32_of(const std::vector<uint8_t>& bytes) {
-  return static_cast<uint32_t>(::crc32(0L, bytes.data(), static_cast<uInt>(bytes.size())));
-}
-
-// The same CRC-32 as zlib's (ISA-L's gzip CRC: several times faster), for every record read.
-uint32_t record_crc(const uint8_t* data, size_t n) { return crc32_gzip_refl(0, data, n); }
+// The CRC-32 of the index and of each record: zlib's (ISA-L's gzip CRC, the same value several
+// times faster: every record read is checked).
+uint32_t crc32_of(const uint8_t* data, size_t n) { return crc32_gzip_refl(0, data, n); }
+uint32_t crc32_of(const std::vector<uint8_t>& bytes) { return crc32_of(bytes.data(), bytes.size()); }
 
 }  // namespace
 
@@ -98,7 +95,7 @@ void ShardWriter::add(std::span<const uint8_t> bytes, uint32_t label) {
   HPC_REQUIRE(!bytes.empty() && bytes.size() <= UINT32_MAX, "a record of ", bytes.size(), " bytes cannot go in a shard");
   HPC_REQUIRE(records_.size() < UINT32_MAX, "shard ", path_, " is full");
   write_all(fd_, bytes.data(), bytes.size(), part_);
-  records_.push_back({offset_, static_cast<uint32_t>(bytes.size()), label, record_crc(bytes.data(), bytes.size())});
+  records_.push_back({offset_, static_cast<uint32_t>(bytes.size()), label, crc32_of(bytes.data(), bytes.size())});
   offset_ += bytes.size();
 }
 
@@ -184,7 +181,7 @@ void ShardReader::read(int64_t i, std::vector<uint8_t>& out) const {
   const ShardRecord& r = record(i);
   out.resize(r.size);
   pread_all(fd_, out.data(), r.size, r.offset, path_);
-  HPC_REQUIRE(!checks_records_ || record_crc(out.data(), out.size()) == r.crc, "shard ", path_, " record ", i,
+  HPC_REQUIRE(!checks_records_ || crc32_of(out) == r.crc, "shard ", path_, " record ", i,
               " is damaged (its CRC-32 is not the index's): the file changed since it was packed, or was copied or "
               "stored with errors; stage or pack it again");
 }
