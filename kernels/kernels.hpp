@@ -50,6 +50,18 @@ void add(DType t, const void* a, const void* b, void* out, int64_t n, cudaStream
 void convert(DType from, const void* in, DType to, void* out, int64_t n, float factor, int* non_finite,
              cudaStream_t stream);
 
+// The same conversion, to fp32, of several spans of one arena into another of the same layout:
+// out[s.offset + i] = in[s.offset + i] * factor for every span s and 0 <= i < s.count, in one
+// launch for every kMaxConvertSpans spans (the same arithmetic as convert, so the same bits).
+// Mixed precision's convolution weight gradients reach the fp32 arena this way, all of a step's
+// (or of a bucket's) at once, not one launch a layer (nn::cuda::DeviceArenas::land_grads).
+struct Span {
+  int64_t offset = 0, count = 0;
+};
+constexpr int kMaxConvertSpans = 64;
+void convert_spans(DType from, const void* in, float* out, const std::vector<Span>& spans, float factor,
+                   cudaStream_t stream);
+
 // ---- loss (nn::SoftmaxCrossEntropy: forward and backward fused) -------------------------------
 
 // For logits of n rows x k classes and int32 labels: the softmax probabilities, the gradient

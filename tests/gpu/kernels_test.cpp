@@ -284,6 +284,37 @@ TEST_F(GpuKernels, ConvertBetweenEveryPairEqualsTheCpuRounding) {
       }
 }
 
+// convert_spans: spans of a 16-bit arena (bf16 and fp16; fp32 too) converted into an fp32 arena
+// of the same layout, the factor applied, equal the CPU's product rounded once, and nothing
+// outside the spans is written. 70 spans, so two launches (kernels::kMaxConvertSpans = 64):
+// empty ones, one of a single element, odd offsets, adjacent ones, in backward order (the
+// last slot first, as a backward pass defers its layers' gradients).
+TEST_F(GpuKernels, ConvertSpansEqualTheCpuRoundingAndWriteNothingElse) {
+  const auto values = random_floats(300007, 12, 300.f);  // 70 spans of under 4,050 elements with their gaps fit
+  std::vector<kernels::Span> spans;
+  std::mt19937 g(5);
+  for (int64_t at = 7; spans.size() < 70;) {
+    const int64_t count = spans.size() % 9 == 3 ? 0 : spans.size() % 9 == 5 ? 1 : static_cast<int64_t>(g() % 4000);
+    spans.push_back({at, count});
+    at += count + (spans.size() % 4 == 0 ? 0 : static_cast<int64_t>(g() % 50) + 1);
+  }
+  ASSERT_LT(spans.back().offset + spans.back().count, static_cast<int64_t>(values.size()));
+  std::reverse(spans.begin(), spans.end());
+  const float untouched = -7.25f, factor = 1.f / 1024.f;
+  for (Precision from : kStored) {
+    SCOPED_TRACE(testing::name_of(from));
+    TypedBuffer in(from, values), out(Precision::Fp32, std::vector<float>(values.size(), untouched));
+    kernels::convert_spans(dtype_of(from), in.get(), static_cast<float*>(out.get()), spans, factor, stream_);
+    std::vector<float> want(values.size(), untouched);
+    for (const auto& s : spans)
+      for (int64_t i = s.offset; i < s.offset + s.count; ++i) {
+        const auto k = static_cast<size_t>(i);
+        want[k] = testing::round_to(Precision::Fp32, testing::round_to(from, values[k]) * factor);
+      }
+    EXPECT_TRUE(same_values(out.host(), want));
+  }
+}
+
 // count_correct against the CPU's argmax count (the first largest entry, ties included),
 // added to what the counter held.
 TEST_F(GpuKernels, CountCorrectEqualsTheCpuArgmaxCount) {

@@ -345,6 +345,22 @@ TEST_F(GpuTraining, ForcedNcclBucketsOnOneGpuEndWithTheSameBits) {
   // Each epoch's first step runs eagerly (the first, or the first after an evaluation), the
   // second is captured and launched, the rest replay: one step of each epoch leaves its buckets.
   EXPECT_EQ(captured_lines, 2 * (max_bucket + 1)) << "buckets of the eager steps only";
+
+  // bf16: the convolutions' 16-bit weight gradients land in the fp32 arena one conversion a
+  // bucket (before its all-reduce), not one a layer; the bits are those of one GPU's single
+  // landing at the end of the backward pass.
+  const std::string plain16 = dir_.file("plain-bf16.jsonl"), forced16 = dir_.file("forced-bf16.jsonl");
+  auto plain16_job = logged_job(plain16);
+  plain16_job.insert(plain16_job.end(), {"--precision", "bf16"});
+  ASSERT_EQ(run_hpctrain(plain16_job).exit_code, 0);
+  auto forced16_job = logged_job(forced16);
+  forced16_job.insert(forced16_job.end(), {"--precision", "bf16", "--bucket-mb", "0.1"});
+  setenv("HPCTRAIN_TEST_FORCE_NCCL", "1", 1);
+  const RunResult f16 = run_hpctrain(forced16_job);
+  unsetenv("HPCTRAIN_TEST_FORCE_NCCL");
+  ASSERT_EQ(f16.exit_code, 0) << f16.err;
+  EXPECT_EQ(done_of(forced16).at("param_checksum").str, done_of(plain16).at("param_checksum").str);
+  EXPECT_EQ(done_of(forced16).at("state_checksum").str, done_of(plain16).at("state_checksum").str);
 }
 
 // The logits of hpctrain predict --json --logits's lines, in order.

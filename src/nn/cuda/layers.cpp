@@ -75,11 +75,6 @@ const Tensor& as_type(GpuContext& ctx, const Tensor& x, DType t, Tensor& buf) {
   return buf;
 }
 
-// A low-precision gradient into the fp32 arena, the loss scale divided out.
-void to_fp32_grad(GpuContext& ctx, const Tensor& g, float* out) {
-  kernels::convert(ctx.act(), g.raw(), DType::F32, out, g.numel(), ctx.grad_factor(), nullptr, ctx.stream());
-}
-
 // Mixed precision's bias term, for linear and convolution layers alike (channels last: the
 // output is rows x channels), as a cuBLAS product with a vector of ones accumulated in fp32:
 // cuDNN's bias calls do not take every 16-bit type.
@@ -114,6 +109,24 @@ DeviceArenas::DeviceArenas(const ParamStore<float>& layout)
 void DeviceArenas::refresh_low(DType t, cudaStream_t stream) {
   ensure(values_low_, values_.shape(), t);  // allocates once: a captured step's refresh allocates nothing
   kernels::convert(DType::F32, values_.raw(), t, values_low_.raw(), values_.numel(), 1.0f, nullptr, stream);
+}
+
+void* DeviceArenas::grad_low(int slot, DType t) {
+  ensure(grads_low_, grads_.shape(), t);  // allocates once (the first backward: before any capture)
+  const auto offset = static_cast<size_t>(layout_->slots().at(slot).offset);
+  return static_cast<char*>(grads_low_.raw()) + offset * dtype_size(t);
+}
+
+void DeviceArenas::defer_grad(int slot) {
+  HPC_CHECK(grads_low_.defined(), "a 16-bit gradient deferred before any grad_low");
+  const auto& s = layout_->slots().at(slot);
+  deferred_.push_back({s.offset, s.shape.numel()});
+}
+
+void DeviceArenas::land_grads(float factor, cudaStream_t stream) {
+  if (deferred_.empty()) return;
+  kernels::convert_spans(grads_low_.dtype(), grads_low_.raw(), grads_.data<float>(), deferred_, factor, stream);
+  deferred_.clear();
 }
 
 const void* DeviceArenas::value_low(int slot) const {
@@ -153,7 +166,6 @@ const Tensor& GpuSequential::backward_with(const Tensor& dy, bool need_dx,
 ConvGpu::ConvGpu(GpuContext& ctx, DeviceArenas& arenas, Geometry in, Geometry out, int64_t kernel, int64_t stride,
                  int64_t padding, int weight_slot, int bias_slot)
     : ctx_(ctx), arenas_(arenas), in_(in), out_(out), weight_(weight_slot), bias_(bias_slot) {
-  weight_count_ = out.c * kernel * kernel * in.c;
   CUDNN_CHECK(cudnnCreateFilterDescriptor(filter_.out()));
   CUDNN_CHECK(cudnnSetFilter4dDescriptor(filter_.get(), cudnn_type(ctx.act()), CUDNN_TENSOR_NHWC, to_int(out.c),
                                          to_int(in.c), to_int(kernel), to_int(kernel)));
@@ -244,16 +256,16 @@ const Tensor& ConvGpu::backward(const Tensor& dy, bool need_dx) {
   const int64_t n = x_.shape()[0];
   Plan& p = plan(n);
   // In mixed precision cuDNN writes the weight gradient in the activations' type (the
-  // filter's); it reaches the fp32 arena converted, the loss scale divided out.
+  // filter's), into the arenas' 16-bit gradients; it reaches the fp32 arena converted, the loss
+  // scale divided out, when the arenas land their deferred gradients (DeviceArenas).
   const bool low = ctx_.act() != DType::F32;
   if (bias_ >= 0) bias_grad(ctx_, dy, out_.c, arenas_.grad(bias_), sums_work_);
-  if (low) ensure(dweight_lp_, Shape{weight_count_}, ctx_.act());
+  void* dweight = low ? arenas_.grad_low(weight_, ctx_.act()) : arenas_.grad(weight_);
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_.get(), p.bwd_filter_math));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &kOne, x_desc_.get(), x_.raw(), y_desc_.get(), dy.raw(),
                                              conv_bwd_filter_.get(), p.bwd_filter, ctx_.workspace(p.bwd_filter_bytes),
-                                             p.bwd_filter_bytes, &kZero, filter_.get(),
-                                             low ? dweight_lp_.raw() : arenas_.grad(weight_)));
-  if (low) to_fp32_grad(ctx_, dweight_lp_, arenas_.grad(weight_));
+                                             p.bwd_filter_bytes, &kZero, filter_.get(), dweight));
+  if (low) arenas_.defer_grad(weight_);
   if (!need_dx) return dx_;
   if (!p.have_bwd_data) choose_backward_data(p);
   // dx into this layer's buffer, or into the target a residual block gave (set_dx_target),

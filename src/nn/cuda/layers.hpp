@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/arena.hpp"
+#include "kernels/kernels.hpp"
 #include "nn/cuda/context.hpp"
 
 namespace hpc::nn {
@@ -36,6 +37,13 @@ namespace hpc::nn::cuda {
 // update, an upload, a restore or broadcast), and a captured step contains the conversion.
 // value_low(slot) is valid until the next refresh_low. Slots are 64-byte aligned in fp32, so
 // 32-byte aligned in the copy: more than the 16 bytes cuDNN's and cuBLAS's tensor-core paths need.
+//
+// The other way, a 16-bit gradient arena of the same layout: cuDNN writes a convolution's weight
+// gradient in the filter's type, at grad_low(slot); the layer then defers it (defer_grad), and
+// land_grads converts every deferred slot into the fp32 arena, the loss scale divided out, in one
+// launch (kernels::convert_spans) instead of one a layer: GpuNetwork::backward lands them at its
+// end, and a bucket's all-reduce lands them before it starts (the engine's NcclBuckets). Until
+// then a deferred slot's fp32 gradient is not yet written.
 class DeviceArenas {
  public:
   explicit DeviceArenas(const ParamStore<float>& layout);
@@ -44,6 +52,10 @@ class DeviceArenas {
   const void* value_low(int slot) const;
   const Tensor& values_low() const { return values_low_; }
   float* grad(int slot) const { return at(grads_, layout_->slots().at(slot).offset); }
+  void* grad_low(int slot, DType t);
+  void defer_grad(int slot);
+  void land_grads(float factor, cudaStream_t stream);
+  bool grads_deferred() const { return !deferred_.empty(); }
   float* buffer(int slot) const { return at(buffers_, layout_->buffer_slots().at(slot).offset); }
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
@@ -54,6 +66,8 @@ class DeviceArenas {
   const ParamStore<float>* layout_;
   Tensor values_, grads_, buffers_;
   Tensor values_low_;  // mixed precision: the 16-bit copy of values_ (refresh_low)
+  Tensor grads_low_;   // mixed precision: 16-bit weight gradients (grad_low), same offsets as grads_
+  std::vector<kernels::Span> deferred_;  // written at grads_low_, not yet landed in grads_
 };
 
 class GpuLayer {
@@ -119,11 +133,10 @@ class ConvGpu final : public GpuLayer {
   TensorDesc x_desc_, y_desc_, bias_desc_;
   int64_t described_n_ = -1;
   std::map<int64_t, Plan> plans_;
-  int64_t weight_count_ = 0;
   const void* weight_used_ = nullptr;  // the fp32 weight, or its 16-bit copy (DeviceArenas::value_low)
   Tensor* dx_target_ = nullptr;
   bool accumulate_dx_ = false;
-  Tensor x_, y_, dx_, dweight_lp_;
+  Tensor x_, y_, dx_;
   Tensor sums_work_;  // the bias gradient's scratch (kernels::channel_sums_work_bytes)
 };
 

@@ -72,6 +72,7 @@ void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready) {
   net_->backward_with(*d, false, [&](size_t i) {
     if (group_offset_[i] >= 0) grads_ready(group_offset_[i]);
   });
+  land_grads();
 }
 
 GpuNetwork::LossSums GpuNetwork::sums() {

@@ -31,8 +31,13 @@ class GpuNetwork {
   void loss(const Tensor& logits, const int32_t* labels);
   // Backward from the last loss() (times the context's loss scale); grads_ready(offset) is
   // called (on this thread, after the work is enqueued, not done) whenever every gradient at
-  // arena offsets >= offset is final.
+  // arena offsets >= offset is final. In mixed precision the convolutions' weight gradients
+  // reach the fp32 arena only when land_grads() is enqueued (DeviceArenas): whatever reads them
+  // on the device before backward returns (a bucket's all-reduce) calls it first.
   void backward(const std::function<void(int64_t)>& grads_ready);
+  // The weight gradients deferred so far, converted into the fp32 arena (one launch; nothing
+  // when none is deferred). backward() calls it at its end.
+  void land_grads() { arenas_.land_grads(ctx_.grad_factor(), ctx_.stream()); }
   // The last loss()'s sums: one copy and one wait for the stream.
   struct LossSums {
     double loss = 0;  // summed over the batch's rows

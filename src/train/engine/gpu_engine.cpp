@@ -83,14 +83,18 @@ class Graph {
 };
 
 // The bucketer's device (dist/bucketer.hpp): each bucket's all-reduce enqueued on the NCCL
-// stream behind a fence on the compute stream; the join makes the compute stream wait.
+// stream behind a fence on the compute stream; the join makes the compute stream wait. The
+// network's deferred 16-bit weight gradients land in the fp32 arena before each fence
+// (GpuNetwork::land_grads): one conversion a bucket, not one a layer.
 class NcclBuckets final : public dist::BucketDevice {
  public:
-  NcclBuckets(dist::NcclCommunicator& nccl, cudaStream_t compute) : nccl_(nccl), compute_(compute) {}
+  NcclBuckets(dist::NcclCommunicator& nccl, nn::cuda::GpuNetwork& net)
+      : nccl_(nccl), net_(net), compute_(net.context().stream()) {}
 
   // One fence event serves every bucket: cudaStreamWaitEvent takes the event's state at the
   // call, so recording it again for the next bucket does not change what this one waits for.
   void enqueue(float* x, int64_t n, float share) override {
+    net_.land_grads();
     CUDA_CHECK(cudaEventRecord(fence_.get(), compute_));
     CUDA_CHECK(cudaStreamWaitEvent(nccl_.stream(), fence_.get(), 0));
     nccl_.enqueue_weighted_sum(x, n, share);
@@ -103,6 +107,7 @@ class NcclBuckets final : public dist::BucketDevice {
 
  private:
   dist::NcclCommunicator& nccl_;
+  nn::cuda::GpuNetwork& net_;
   cudaStream_t compute_;
   CudaEvent fence_, done_;
 };
@@ -164,7 +169,7 @@ class GpuEngine final : public Engine {
         scaled_(o.precision == Precision::Fp16) {
     if (ctx.world_size() > 1 || nccl_forced()) {
       nccl_ = std::make_unique<dist::NcclCommunicator>(ctx.world());
-      buckets_ = std::make_unique<NcclBuckets>(*nccl_, context_.stream());
+      buckets_ = std::make_unique<NcclBuckets>(*nccl_, net_);
       bucketer_ = std::make_unique<dist::GradientBucketer>(
           *nccl_, net_.arenas().grads().data<float>(), net_.arenas().grads().numel(), model_.gradient_groups(),
           static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap, buckets_.get());
