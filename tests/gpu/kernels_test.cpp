@@ -784,6 +784,44 @@ TEST_F(GpuKernels, SgdStepEqualsTheCpuOptimizerBitForBit) {
   }
 }
 
+// The update four elements a thread (128-bit loads: the arrays 16-byte aligned and n a multiple
+// of 4) equals it one element a thread (the same arrays one float off that alignment) bit for
+// bit, with ranges whose ends fall inside a pack of four (3, 10, 501: each element must take its
+// own range's decay, not the pack's first element's).
+TEST_F(GpuKernels, SgdStepFourAtATimeEqualsOneAtATime) {
+  const int64_t n = 1000;
+  const std::vector<int64_t> ends{3, 10, 501, 998, 1000};
+  const std::vector<float> decays{0.5f, 0.f, 0.25f, 0.f, 0.125f};  // large: a wrong one shows
+  DeviceBuffer<int64_t> dends(ends);
+  DeviceBuffer<float> ddecays(decays);
+  const auto p0 = random_floats(static_cast<size_t>(n), 21), g0 = random_floats(static_cast<size_t>(n), 22);
+  auto shifted = [](const std::vector<float>& x) {  // one float in front: 4 bytes past the alignment
+    std::vector<float> y(x.size() + 1, 0.f);
+    std::copy(x.begin(), x.end(), y.begin() + 1);
+    return y;
+  };
+  for (bool nesterov : {true, false}) {
+    SCOPED_TRACE(nesterov ? "nesterov" : "classical momentum");
+    DeviceBuffer<float> p(p0), g(g0), v(static_cast<size_t>(n)), p1(shifted(p0)), g1(shifted(g0)),
+        v1(static_cast<size_t>(n + 1));
+    for (const void* a : {static_cast<const void*>(p.get()), static_cast<const void*>(g.get()),
+                          static_cast<const void*>(v.get())})
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(a) % 16, 0u) << "the allocator's blocks are 16-byte aligned";
+    for (int step = 0; step < 3; ++step) {
+      kernels::sgd_step(p.get(), g.get(), v.get(), n, dends.get(), ddecays.get(), static_cast<int>(ends.size()),
+                        0.05f, 0.9f, nesterov, optim::sgd_fuses_multiply_add(), stream_);
+      kernels::sgd_step(p1.get() + 1, g1.get() + 1, v1.get() + 1, n, dends.get(), ddecays.get(),
+                        static_cast<int>(ends.size()), 0.05f, 0.9f, nesterov, optim::sgd_fuses_multiply_add(),
+                        stream_);
+    }
+    const auto pa = p.host(), va = v.host(), pb = p1.host(), vb = v1.host();
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+      ASSERT_TRUE(same_bits(pa[i], pb[i + 1])) << "parameter " << i;
+      ASSERT_TRUE(same_bits(va[i], vb[i + 1])) << "velocity " << i;
+    }
+  }
+}
+
 TEST_F(GpuKernels, DeviceTensorsComeZeroedFromTheCachingAllocator) {
   const size_t before = device::memory_in_use();
   {
