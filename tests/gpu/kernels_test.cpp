@@ -260,28 +260,30 @@ const Precision kStored[] = {Precision::Fp32, Precision::Bf16, Precision::Fp16};
 
 // convert: every pair of element types, with a factor (a loss scale divided out), equals the
 // CPU's float product rounded once to the target; the non-finite flag is raised by exactly
-// the conversions that overflow.
+// the conversions that overflow. 70,001 values go one a thread, 70,000 four a thread.
 TEST_F(GpuKernels, ConvertBetweenEveryPairEqualsTheCpuRounding) {
-  auto values = random_floats(70001, 11, 300.f);
-  values[0] = 0.f, values[1] = -0.f, values[2] = 65504.f, values[3] = 1e-6f;
-  for (Precision from : kStored)
-    for (Precision to : kStored)
-      for (float factor : {1.f, 1.f / 1024.f, 300.f}) {
-        SCOPED_TRACE(::testing::Message() << testing::name_of(from) << " -> " << testing::name_of(to) << " x "
-                                          << factor);
-        TypedBuffer in(from, values), out(to, std::vector<float>(values.size()));
-        DeviceBuffer<int> flag(std::vector<int>{0});
-        kernels::convert(dtype_of(from), in.get(), dtype_of(to), out.get(), static_cast<int64_t>(values.size()),
-                         factor, flag.get(), stream_);
-        std::vector<float> want(values.size());
-        bool overflow = false;
-        for (size_t i = 0; i < values.size(); ++i) {
-          want[i] = testing::round_to(to, testing::round_to(from, values[i]) * factor);
-          overflow |= !std::isfinite(want[i]);
+  for (size_t count : {70001u, 70000u}) {
+    for (Precision from : kStored)
+      for (Precision to : kStored)
+        for (float factor : {1.f, 1.f / 1024.f, 300.f}) {
+          auto values = random_floats(count, 11, 300.f);
+          values[0] = 0.f, values[1] = -0.f, values[2] = 65504.f, values[3] = 1e-6f;
+          SCOPED_TRACE(::testing::Message() << count << " values, " << testing::name_of(from) << " -> "
+                                            << testing::name_of(to) << " x " << factor);
+          TypedBuffer in(from, values), out(to, std::vector<float>(values.size()));
+          DeviceBuffer<int> flag(std::vector<int>{0});
+          kernels::convert(dtype_of(from), in.get(), dtype_of(to), out.get(), static_cast<int64_t>(values.size()),
+                           factor, flag.get(), stream_);
+          std::vector<float> want(values.size());
+          bool overflow = false;
+          for (size_t i = 0; i < values.size(); ++i) {
+            want[i] = testing::round_to(to, testing::round_to(from, values[i]) * factor);
+            overflow |= !std::isfinite(want[i]);
+          }
+          EXPECT_TRUE(same_values(out.host(), want));
+          EXPECT_EQ(flag.host()[0], overflow ? 1 : 0);
         }
-        EXPECT_TRUE(same_values(out.host(), want));
-        EXPECT_EQ(flag.host()[0], overflow ? 1 : 0);
-      }
+  }
 }
 
 // convert_spans: spans of a 16-bit arena (bf16 and fp16; fp32 too) converted into an fp32 arena
