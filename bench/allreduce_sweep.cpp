@@ -35,15 +35,22 @@ Options parse(int argc, char** argv, int rank) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string name = argv[i];
+    if (name == "--help" || name == "-h") {
+      if (rank == 0) std::printf("mpirun -np R allreduce_sweep [--max-bytes B] [--seconds-per-size S]   (default 16 MiB, 0.2)\n");
+      MPI_Finalize();
+      std::exit(0);
+    }
+    if (name.rfind("--", 0) != 0) usage_error(rank, "'" + name + "' is no option (try --help)");
     if (i + 1 >= argc) usage_error(rank, name + " needs a value");
     char* end = nullptr;
     const double value = std::strtod(argv[i + 1], &end);
     if (*end != '\0' || !(value > 0)) usage_error(rank, name + " must be a positive number, got '" + argv[i + 1] + "'");
-    if (name == "--max-bytes") o.max_bytes = static_cast<long long>(value);
+    if (name == "--max-bytes") o.max_bytes = value > 1e18 ? 1LL << 62 : static_cast<long long>(value);
     else if (name == "--seconds-per-size") o.seconds_per_size = value;
     else usage_error(rank, "unknown option " + name);
   }
-  if (o.max_bytes < 4) usage_error(rank, "--max-bytes must be at least 4");
+  if (o.max_bytes < 4 || o.max_bytes > (1LL << 30)) usage_error(rank, "--max-bytes must be 4 to 1073741824");
+  if (o.seconds_per_size > 600) usage_error(rank, "--seconds-per-size must be at most 600");
   return o;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/cli.hpp"
 #include "core/rng.hpp"
 #include "data/dataset.hpp"
 #include "data/jpeg.hpp"
@@ -121,22 +122,32 @@ int main(int argc, char** argv) {
   std::string shards, model_name = "resnet18", jpegs;
   int64_t images = 256, src_h = 375, src_w = 500, size = 224, batch = 16, steps = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--shards") shards = argv[i + 1];
-    else if (a == "--make-jpegs") jpegs = argv[i + 1];
-    else if (a == "--images") images = std::stoll(argv[i + 1]);
-    else if (a == "--source") std::sscanf(argv[i + 1], "%ldx%ld", &src_h, &src_w);
-    else if (a == "--image-size") size = std::stoll(argv[i + 1]);
-    else if (a == "--model") model_name = argv[i + 1];
-    else if (a == "--batch") batch = std::stoll(argv[i + 1]);
-    else if (a == "--steps") steps = std::stoll(argv[i + 1]);
-    else if (a == "--threads") threads = std::stoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "loader_throughput: error: unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
+  std::string source = "375x500";
+  bench::po::options_description desc(
+      "Usage: loader_throughput [options]\n"
+      "The shard loader's images/s against what hpctrain's CPU step consumes; with --make-jpegs DIR, only\n"
+      "writes photograph-sized JPEGs as an image folder (DIR/class<k>/<i>.jpg) for hpcdata pack");
+  desc.add_options()("shards", bench::po::value(&shards), "packed shards to read (default: made here)")(
+      "make-jpegs", bench::po::value(&jpegs), "write the JPEGs into DIR and exit")(
+      "images", bench::po::value(&images)->default_value(images), "JPEGs to make")(
+      "source", bench::po::value(&source)->default_value(source), "HEIGHTxWIDTH of the JPEGs made")(
+      "image-size", bench::po::value(&size)->default_value(size), "side of the crops the loader makes")(
+      "model", bench::po::value(&model_name)->default_value(model_name), "the trainer's model (hpctrain --model)")(
+      "batch", bench::po::value(&batch)->default_value(batch), "the trainer's batch")(
+      "steps", bench::po::value(&steps)->default_value(steps), "the trainer's timed steps")(
+      "threads", bench::po::value(&threads)->default_value(threads), "loader and trainer threads");
+  const auto done = bench::read_command_line("loader_throughput", argc, argv, desc, [&] {
+    char rest = 0;
+    bench::require(std::sscanf(source.c_str(), "%ldx%ld%c", &src_h, &src_w, &rest) == 2 && src_h > 0 && src_w > 0 &&
+                       src_h <= 65535 && src_w <= 65535,
+                   "--source must be HEIGHTxWIDTH (1 to 65535 each), got '" + source + "'");
+    bench::require(images > 0 && images <= 100000000, "--images must be 1 to 100000000");
+    bench::require(size > 0 && size <= 65535, "--image-size must be 1 to 65535");
+    bench::require(batch > 0 && batch <= 65536, "--batch must be 1 to 65536");
+    bench::require(steps > 0 && steps <= 1000000, "--steps must be 1 to 1000000");
+    bench::require(threads > 0 && threads <= 4096, "--threads must be 1 to 4096");
+  });
+  if (done) return *done;
   try {
     if (!jpegs.empty()) {
       write_jpegs(images, src_h, src_w, jpegs);
@@ -189,6 +200,9 @@ int main(int argc, char** argv) {
                 one, many, threads, many / threads, train, train / (many / threads));
     if (!tmp.empty()) fs::remove_all(tmp);
     return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "loader_throughput: error: %s\n", e.what());
+    return e.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loader_throughput: error: %s\n", e.what());
     return 1;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The bench programs written in C++ take their command lines as hpctrain does: --help prints
+# their options and exits 0; an unknown option, a word that is no option's value, a missing or
+# malformed value and a value out of range each give one line naming it and exit code 2 (no
+# crash, no benchmark run with the bad input ignored). Each program is given as NAME=PATH.
+set -uo pipefail
+failed=0
+check() {  # check PROGRAM WANT_RC ARGS...: the exit code, and one line on stderr when it is 2
+  local program=$1 want=$2
+  shift 2
+  local err rc
+  err=$(timeout 60 "$program" "$@" 2>&1 > /dev/null)
+  rc=$?
+  if [[ $rc -ne $want ]]; then
+    echo "FAIL: $(basename "$program") $*: exit $rc, want $want: $err"
+    failed=1
+  elif [[ $want -eq 2 && $(printf '%s\n' "$err" | grep -c .) -ne 1 ]]; then
+    echo "FAIL: $(basename "$program") $*: not one line: $err"
+    failed=1
+  else
+    echo "ok: $(basename "$program") $* -> $rc${err:+: $err}"
+  fi
+}
+for spec in "$@"; do
+  name=${spec%%=*} program=${spec#*=}
+  [[ -x "$program" ]] || { echo "FAIL: no $name at $program"; failed=1; continue; }
+  check "$program" 0 --help
+  check "$program" 2 --no-such-option 1
+  check "$program" 2 a-stray-word
+  case $name in
+    allreduce_sweep)
+      check "$program" 2 --max-bytes
+      check "$program" 2 --max-bytes x
+      check "$program" 2 --max-bytes 1e30
+      check "$program" 2 --seconds-per-size 0 ;;
+    checkpoint_stall)
+      check "$program" 2 --repeats
+      check "$program" 2 --repeats x
+      check "$program" 2 --repeats 0 ;;
+    layer_profile)
+      check "$program" 2 --steps x
+      check "$program" 2 --threads 0
+      check "$program" 2 --input 28,28
+      check "$program" 2 --model no-such-model ;;
+    loader_throughput)
+      check "$program" 2 --images x
+      check "$program" 2 --images -3
+      check "$program" 2 --source 375x
+      check "$program" 2 --threads 5000
+      check "$program" 2 --steps 99999999999999999999999 ;;
+    *) echo "FAIL: no cases for $name"; failed=1 ;;
+  esac
+done
+exit $failed
