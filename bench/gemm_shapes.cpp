@@ -8,7 +8,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -16,10 +15,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "bench/cli.hpp"
 
 namespace {
 
@@ -144,29 +146,22 @@ struct Options {
   bool peak_only = false;
 };
 
-// Returns false when --help was handled. Usage errors throw po::error.
-bool parse(int argc, char** argv, Options& o) {
-  namespace po = boost::program_options;
+// --help, or a usage error (one line, exit 2): the exit code to end with; else nothing.
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  namespace po = hpc::bench::po;
   po::options_description desc(
       "Usage: gemm_shapes [options]\n"
       "Times dnnl_sgemm and cblas_sgemm on the cnn model's layer GEMMs (batch 64) and a 2048^3 square");
-  desc.add_options()("help,h", "print this help and exit")(
-      "threads", po::value(&o.threads)->default_value(o.threads), "threads for both libraries")(
+  desc.add_options()("threads", po::value(&o.threads)->default_value(o.threads), "threads for both libraries")(
       "samples", po::value(&o.samples)->default_value(o.samples), "timed samples per shape; the median is kept")(
       "sample-seconds", po::value(&o.sample_seconds)->default_value(o.sample_seconds),
       "approximate length of one sample")("peak-only", po::bool_switch(&o.peak_only),
                                           "time only the square and print peak_sgemm_gflops=<GFLOP/s>");
-  po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return false;
-  }
-  if (o.threads < 1 || o.threads > 4096) throw po::error("--threads must be between 1 and 4096");
-  if (o.samples < 1 || o.samples > 1000) throw po::error("--samples must be between 1 and 1000");
-  if (!(o.sample_seconds > 0 && o.sample_seconds <= 10)) throw po::error("--sample-seconds must be in (0, 10]");
-  return true;
+  return hpc::bench::read_command_line("gemm_shapes", argc, argv, desc, [&] {
+    hpc::bench::require(o.threads >= 1 && o.threads <= 4096, "--threads must be between 1 and 4096");
+    hpc::bench::require(o.samples >= 1 && o.samples <= 1000, "--samples must be between 1 and 1000");
+    hpc::bench::require(o.sample_seconds > 0 && o.sample_seconds <= 10, "--sample-seconds must be in (0, 10]");
+  });
 }
 
 void print_row(const Shape& s, const Result& r) {
@@ -181,12 +176,7 @@ void print_row(const Shape& s, const Result& r) {
 
 int main(int argc, char** argv) {
   Options o;
-  try {
-    if (!parse(argc, argv, o)) return 0;
-  } catch (const boost::program_options::error& e) {
-    std::fprintf(stderr, "gemm_shapes: error: %s\n", e.what());
-    return 2;
-  }
+  if (const auto done = parse(argc, argv, o)) return *done;
   try {
     openblas_set_num_threads(o.threads);
     omp_set_num_threads(o.threads);  // oneDNN runs on OpenMP

@@ -37,6 +37,14 @@ for spec in "$@"; do
       check "$program" 2 --repeats
       check "$program" 2 --repeats x
       check "$program" 2 --repeats 0 ;;
+    gemm_shapes)
+      check "$program" 2 --threads 0
+      check "$program" 2 --samples x
+      check "$program" 2 --sample-seconds 11 ;;
+    gpu_step)
+      check "$program" 2 --batch 0
+      check "$program" 2 --iters x
+      check "$program" 2 --bn-tuning 3,3,3,3 ;;
     layer_profile)
       check "$program" 2 --steps x
       check "$program" 2 --threads 0
