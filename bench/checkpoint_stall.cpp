@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/cli.hpp"
+#include "cli.hpp"
 #include "ckpt/store.hpp"
 #include "nn/model.hpp"
 #include "optim/sgd.hpp"

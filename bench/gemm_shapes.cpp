@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/cli.hpp"
+#include "cli.hpp"
 
 namespace {
 

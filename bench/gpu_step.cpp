@@ -37,7 +37,7 @@
 #include "core/choice.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
-#include "bench/cli.hpp"
+#include "cli.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/cli.hpp"
+#include "cli.hpp"
 #include "core/rng.hpp"
 #include "nn/gemm.hpp"
 #include "nn/model.hpp"

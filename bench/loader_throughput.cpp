@@ -27,7 +27,7 @@
 #include <string>
 #include <thread>
 
-#include "bench/cli.hpp"
+#include "cli.hpp"
 #include "core/rng.hpp"
 #include "data/dataset.hpp"
 #include "data/jpeg.hpp"
