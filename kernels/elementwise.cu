@@ -73,19 +73,12 @@ int convert_width(int64_t n, const void* in, size_t in_size, const void* out, si
   return n % 4 == 0 && aligned(in, 4 * in_size) && aligned(out, 4 * out_size) ? 4 : 1;
 }
 
-// Up to kMaxConvertSpans spans by value (1 KiB of parameters), read as one run of elements:
-// element i of the run is span r's element i - end[r - 1], where end[r] counts the elements of
-// spans 0 to r. A thread's i only grows, so its span index only moves forward.
-struct SpanList {
-  int64_t offset[kMaxConvertSpans], end[kMaxConvertSpans];
-};
-
+// One list's run of elements (index_walk.hpp), a thread's elements in order.
 template <class From>
-__global__ void convert_spans_kernel(const From* in, float* out, SpanList spans, int64_t total, float factor) {
+__global__ void convert_spans_kernel(const From* in, float* out, SpanList spans, float factor) {
   int r = 0;
-  HPC_GRID_STRIDE(i, total) {
-    while (i >= spans.end[r]) ++r;
-    const int64_t k = spans.offset[r] + i - (r > 0 ? spans.end[r - 1] : 0);
+  HPC_GRID_STRIDE(i, spans.total) {
+    const int64_t k = span_element(spans, r, i);
     out[k] = from_f<float>(to_f(in[k]) * factor);
   }
 }
@@ -141,27 +134,15 @@ void convert(DType from, const void* in, DType to, void* out, int64_t n, float f
 
 void convert_spans(DType from, const void* in, float* out, const std::vector<Span>& spans, float factor,
                    cudaStream_t stream) {
-  size_t i = 0;
-  while (i < spans.size()) {
-    SpanList list{};
-    int rows = 0;
-    int64_t total = 0;
-    for (; i < spans.size() && rows < kMaxConvertSpans; ++i) {
-      HPC_CHECK(spans[i].offset >= 0 && spans[i].count >= 0, "span ", i, " of a conversion: offset ",
-                spans[i].offset, " count ", spans[i].count);
-      if (spans[i].count == 0) continue;
-      total += spans[i].count;
-      list.offset[rows] = spans[i].offset, list.end[rows] = total;
-      ++rows;
-    }
-    if (total == 0) continue;
+  std::vector<SpanList> lists;
+  HPC_CHECK(pack_spans(spans, &lists), "a conversion's span of negative offset or count");
+  for (const SpanList& list : lists)
     with_type(from, [&](auto tag) {
       using From = decltype(tag);
       convert_spans_kernel<From>
-          <<<blocks_for(total), kThreads, 0, stream>>>(static_cast<const From*>(in), out, list, total, factor);
+          <<<blocks_for(list.total), kThreads, 0, stream>>>(static_cast<const From*>(in), out, list, factor);
+      CUDA_CHECK_LAUNCH();
     });
-    CUDA_CHECK_LAUNCH();
-  }
 }
 
 void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/tensor.hpp"
+#include "kernels/index_walk.hpp"
 
 namespace hpc::kernels {
 
@@ -55,10 +56,6 @@ void convert(DType from, const void* in, DType to, void* out, int64_t n, float f
 // launch for every kMaxConvertSpans spans (the same arithmetic as convert, so the same bits).
 // Mixed precision's convolution weight gradients reach the fp32 arena this way, all of a step's
 // (or of a bucket's) at once, not one launch a layer (nn::cuda::DeviceArenas::land_grads).
-struct Span {
-  int64_t offset = 0, count = 0;
-};
-constexpr int kMaxConvertSpans = 64;
 void convert_spans(DType from, const void* in, float* out, const std::vector<Span>& spans, float factor,
                    cudaStream_t stream);
 

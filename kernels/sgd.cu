@@ -1,22 +1,11 @@
 #include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/index_walk.hpp"
 #include "kernels/launch.cuh"
 #include "kernels/types.cuh"
 
 namespace hpc::kernels {
 namespace {
-
-// Index of the range holding element i: the first whose end is past i (binary search over a
-// table of a few hundred entries at most, which stays in the L1 cache).
-__device__ int range_of(int64_t i, const int64_t* end, int ranges) {
-  int lo = 0, hi = ranges - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (end[mid] > i) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
 
 // a * b + c rounded as the CPU's optim::Sgd rounds it (`fused`: sgd_fuses_multiply_add()): once
 // (__fmaf_rn) or twice (__fmul_rn, __fadd_rn, which nvcc never contracts), so that a step equals
@@ -46,7 +35,7 @@ __global__ void sgd_kernel(float* p, const float* g, float* v, int64_t packs, co
     const P gk = reinterpret_cast<const P*>(g)[k];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      while (r + 1 < ranges && first + j >= end[r]) ++r;
+      r = range_after(r, first + j, end, ranges);
       const float gi = muladd(decay[r], pk.v[j], gk.v[j], fused);
       const float vi = muladd(mu, vk.v[j], gi, fused);
       vk.v[j] = vi;
