@@ -55,7 +55,6 @@ class DeviceArenas {
   void* grad_low(int slot, DType t);
   void defer_grad(int slot);
   void land_grads(float factor, cudaStream_t stream);
-  bool grads_deferred() const { return !deferred_.empty(); }
   float* buffer(int slot) const { return at(buffers_, layout_->buffer_slots().at(slot).offset); }
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
