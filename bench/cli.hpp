@@ -14,22 +14,11 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/option_kit.hpp"
 
 namespace hpc::bench {
 
 namespace po = boost::program_options;
-
-// The first word of argv that is neither an option nor the value an option before it takes.
-inline std::string stray_word(int argc, char** argv, const po::options_description& desc) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string word = argv[i];
-    if (word.rfind("--", 0) != 0) return word;
-    if (word.find('=') != std::string::npos) continue;
-    const po::option_description* o = desc.find_nothrow(word.substr(2), false);
-    if (o && o->semantic()->max_tokens() > 0) ++i;  // its value
-  }
-  return "";
-}
 
 // Reads argv into the values desc names (desc gets --help). check may throw po::error for a
 // value out of range. Returns the exit code to end with (0 after --help, 2 after a usage error),
@@ -37,9 +26,9 @@ inline std::string stray_word(int argc, char** argv, const po::options_descripti
 inline std::optional<int> read_command_line(const char* program, int argc, char** argv,
                                             po::options_description& desc, const std::function<void()>& check = {}) {
   desc.add_options()("help,h", "print this help and exit");
+  const po::positional_options_description none;  // a word that is no option's value is refused
   try {
     po::variables_map vm;
-    const po::positional_options_description none;  // a word that is no option's value is refused
     po::store(po::command_line_parser(argc, argv).options(desc).positional(none).run(), vm);
     po::notify(vm);
     if (vm.count("help")) {
@@ -47,12 +36,9 @@ inline std::optional<int> read_command_line(const char* program, int argc, char*
       return 0;
     }
     if (check) check();
-  } catch (const po::too_many_positional_options_error&) {
-    std::fprintf(stderr, "%s: error: '%s' is no option, nor the value of one (try --help)\n", program,
-                 stray_word(argc, argv, desc).c_str());
-    return 2;
   } catch (const po::error& e) {
-    std::fprintf(stderr, "%s: error: %s (try --help)\n", program, e.what());
+    std::fprintf(stderr, "%s: error: %s (try --help)\n", program,
+                 options::error_text(e, argc, argv, desc, none).c_str());
     return 2;
   }
   return std::nullopt;

@@ -37,7 +37,7 @@
 #include "core/choice.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
-#include "cli.hpp"
+#include "core/option_kit.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"
@@ -71,11 +71,11 @@ Args parse(int argc, char** argv) {
       "bn-tuning", po::value<std::string>(),
       "the batch-norm passes' launch: PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]]");
   po::variables_map vm;
+  const po::positional_options_description none;  // a word that is no option's value is refused
   try {
-    const po::positional_options_description none;  // a word that is no option's value is refused
     po::store(po::command_line_parser(argc, argv).options(d).positional(none).run(), vm);
-  } catch (const po::too_many_positional_options_error&) {
-    throw po::error("'" + bench::stray_word(argc, argv, d) + "' is no option, nor the value of one");
+  } catch (const po::error& e) {
+    throw po::error(options::error_text(e, argc, argv, d, none));
   }
   po::notify(vm);
   if (vm.count("help")) {

@@ -1,5 +1,6 @@
 #include "core/option_kit.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -48,6 +49,29 @@ std::string duration_text(double seconds) {
   return exact(seconds) + "s";
 }
 
+std::string error_text(const po::error& e, int argc, const char* const* argv, const po::options_description& options,
+                       const po::positional_options_description& positional) {
+  if (!dynamic_cast<const po::too_many_positional_options_error*>(&e)) return e.what();
+  unsigned words = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") break;  // the rest are positional: Boost named none of them as an option
+    if (word.size() > 2 && word.rfind("--", 0) == 0) {
+      if (word.find('=') != std::string::npos) continue;
+      const po::option_description* o = options.find_nothrow(word.substr(2), true);
+      if (o && o->semantic()->max_tokens() > 0) ++i;  // its value
+      continue;
+    }
+    if (word.size() > 1 && word[0] == '-' && !std::isdigit(static_cast<unsigned char>(word[1]))) continue;
+    if (++words > positional.max_total_count()) {
+      const unsigned taken = positional.max_total_count();
+      return "'" + word + "' is no option, nor the value of one" +
+             (taken == 0 ? std::string() : " (" + std::to_string(taken) + " argument(s) at most besides the options)");
+    }
+  }
+  return e.what();
+}
+
 bool parse_subcommand(int argc, const char* const* argv, const po::options_description& options,
                       const po::positional_options_description& positional, po::variables_map& vm, bool speak) {
   try {
@@ -58,7 +82,7 @@ bool parse_subcommand(int argc, const char* const* argv, const po::options_descr
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    usage_error(e.what());
+    usage_error(error_text(e, argc, argv, options, positional));
   }
   return true;
 }

@@ -366,6 +366,13 @@ void read(const std::vector<Entry<S>>& table, const po::variables_map& vm, S& s)
     if (e.read) e.read(vm, s);
 }
 
+// Boost's message for e, with the word named where Boost does not name it: a word on the
+// command line that is no option, nor an option's value, beyond the positional arguments
+// `positional` takes ("too many positional options have been specified" says neither which
+// word nor why).
+std::string error_text(const po::error& e, int argc, const char* const* argv, const po::options_description& options,
+                       const po::positional_options_description& positional);
+
 // Parses a subcommand's argv (argv[0]: its name; hpctrain's evaluate, inspect, export, predict,
 // clean-snapshots) into vm. Returns false when --help was asked for (printed when `speak`);
 // anything wrong is a usage error.

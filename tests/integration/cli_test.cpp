@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadArgs{"unknown_option", {"--bogus"}, {"unrecognised option", "--bogus"}},
         BadArgs{"unknown_option_with_value", {"--bogus=3"}, {"--bogus"}},
-        BadArgs{"stray_word", {"resnet20"}, {"positional"}},
+        BadArgs{"stray_word", {"resnet20"}, {"'resnet20' is no option"}},
         BadArgs{"epochs_not_a_number", {"--epochs", "abc"}, {"--epochs", "abc"}},
         BadArgs{"epochs_zero", {"--epochs", "0"}, {"--epochs", "positive", "0"}},
         BadArgs{"epochs_negative", {"--epochs", "-2"}, {"--epochs"}},

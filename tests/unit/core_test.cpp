@@ -644,6 +644,36 @@ TEST(OptionKit, ARequiredPathAndAListOfWords) {
   EXPECT_THROW(parse({"x"}, missing), boost::program_options::required_option);
 }
 
+// A word that is no option nor an option's value, beyond what the positional arguments take, is
+// named (Boost's "too many positional options" names none): values of options are skipped, in
+// either form, negative numbers among them; flags take no value; other errors keep Boost's text.
+TEST(OptionKit, AStrayWordIsNamed) {
+  namespace po = boost::program_options;
+  po::options_description d;
+  d.add_options()("lr", po::value<double>())("name", po::value<std::string>())("quiet", po::bool_switch());
+  const auto text = [&](std::vector<const char*> argv, const po::positional_options_description& positional) {
+    argv.insert(argv.begin(), "prog");
+    const int argc = static_cast<int>(argv.size());
+    try {
+      po::variables_map vm;
+      po::store(po::command_line_parser(argc, argv.data()).options(d).positional(positional).run(), vm);
+    } catch (const po::error& e) {
+      return options::error_text(e, argc, argv.data(), d, positional);
+    }
+    return std::string("(parsed)");
+  };
+  const po::positional_options_description none;
+  EXPECT_EQ(text({"--lr", "-1", "--quiet", "word"}, none), "'word' is no option, nor the value of one");
+  EXPECT_EQ(text({"--name=x", "--name", "y", "w2"}, none), "'w2' is no option, nor the value of one");
+  EXPECT_EQ(text({"--lr", "2"}, none), "(parsed)");
+  po::positional_options_description one;
+  one.add("name", 1);
+  EXPECT_EQ(text({"first", "--quiet", "second"}, one),
+            "'second' is no option, nor the value of one (1 argument(s) at most besides the options)");
+  const std::string unknown = text({"--bogus"}, none);
+  EXPECT_NE(unknown.find("--bogus"), std::string::npos) << unknown;
+}
+
 }  // namespace
 }  // namespace hpc::testing
 

@@ -327,7 +327,7 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
     po::store(po::command_line_parser(argc, argv).options(all).positional({}).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    usage_error(e.what());
+    usage_error(options::error_text(e, argc, argv, all, {}));
   }
   // Stored after the command line, so options given there win.
   if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
