@@ -13,6 +13,7 @@
 #include "core/cpus.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/option_kit.hpp"
 #include "data/pack.hpp"
 
 namespace po = boost::program_options;
@@ -95,7 +96,8 @@ int main(int argc, char** argv) {
       throw po::error("unknown --log-timestamps '" + stamps + "' (choose auto, on or off)");
     hpc::data::check_pack_paths(o);
   } catch (const po::error& e) {
-    std::fprintf(stderr, "hpcdata pack: error: %s (try --help)\n", e.what());
+    std::fprintf(stderr, "hpcdata pack: error: %s (try --help)\n",
+                 hpc::options::error_text(e, argc, argv, all, pos).c_str());
     return 2;
   } catch (const hpc::Error& e) {
     std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
