@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     bench::require(threads > 0 && threads <= 4096, "--threads must be 1 to 4096");
   });
   if (done) return *done;
-  try {
+  return bench::run_main("loader_throughput", [&] {
     if (!jpegs.empty()) {
       write_jpegs(images, src_h, src_w, jpegs);
       std::printf("wrote %ld JPEGs of %ldx%ld in %s\n", images, src_h, src_w, jpegs.c_str());
@@ -200,11 +200,5 @@ int main(int argc, char** argv) {
                 one, many, threads, many / threads, train, train / (many / threads));
     if (!tmp.empty()) fs::remove_all(tmp);
     return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "loader_throughput: error: %s\n", e.what());
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "loader_throughput: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }
