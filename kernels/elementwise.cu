@@ -48,7 +48,7 @@ void map(DType t, const void* a, const void* b, void* out, int64_t n, Op op, cud
 }
 
 // V neighbouring values a thread: V = 4 moves 16 bytes of fp32 (and 8 of a 16-bit type) in one
-// access each way where the count and the pointers allow (convert_width), else 1.
+// access each way where the count and the pointers allow (pack_width), else 1.
 template <class From, class To, int V>
 __global__ void convert_kernel(const From* in, To* out, int64_t packs, float factor, int* non_finite) {
   using In = Pack<From, V>;
@@ -65,12 +65,6 @@ __global__ void convert_kernel(const From* in, To* out, int64_t packs, float fac
     reinterpret_cast<Out*>(out)[k] = b;
   }
   if (non_finite && __syncthreads_or(bad) && threadIdx.x == 0) *non_finite = 1;  // every writer writes 1
-}
-
-// 4 when n is a multiple of 4 and each pointer is aligned to 4 of its elements, else 1.
-int convert_width(int64_t n, const void* in, size_t in_size, const void* out, size_t out_size) {
-  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  return n % 4 == 0 && aligned(in, 4 * in_size) && aligned(out, 4 * out_size) ? 4 : 1;
 }
 
 // One list's run of elements (index_walk.hpp), a thread's elements in order.
@@ -123,7 +117,9 @@ void convert(DType from, const void* in, DType to, void* out, int64_t n, float f
       using To = decltype(to_tag);
       const auto* a = static_cast<const From*>(in);
       auto* b = static_cast<To*>(out);
-      if (convert_width(n, in, sizeof(From), out, sizeof(To)) == 4)
+      // Four values a thread when n allows it and each pointer is aligned to four of its elements.
+      constexpr int in_bytes = 4 * sizeof(From), out_bytes = 4 * sizeof(To);
+      if (pack_width<From>(n, {in}, in_bytes) == 4 && pack_width<To>(n, {out}, out_bytes) == 4)
         convert_kernel<From, To, 4><<<blocks_for(n / 4), kThreads, 0, stream>>>(a, b, n / 4, factor, non_finite);
       else
         convert_kernel<From, To, 1><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, factor, non_finite);
