@@ -47,8 +47,9 @@
 #                                          under 30 s left is not started), with up to 4 CTest
 #                                          tests at a time; stops after a failed build. All output
 #                                          goes to DIR/all.log and the key=value lines to
-#                                          DIR/summary.txt (--out DIR, default BUILD_DIR/gpu_vs_peer):
-#                                          two files, for a device call's $OUT. Exit 1 if a step
+#                                          DIR/summary.txt (--out DIR, default BUILD_DIR/gpu_vs_peer),
+#                                          the scaling runs' traces and metrics to DIR/scaling.tar.gz:
+#                                          three files, for a device call's $OUT. Exit 1 if a step
 #                                          failed or was not run.
 #
 # Options: --precision fp32|tf32|bf16|fp16 (cnn; default tf32), --batch B (cnn, 128),
@@ -512,6 +513,12 @@ all_step() {
     fi
   done
   cat "$results"/*.txt > "$out/summary.txt" 2> /dev/null || true
+  # The scaling step's runs (each one's Chrome trace and metrics, the sweep): a third file, small
+  # enough to come back from a device call's $OUT, for taking a failed check apart afterwards.
+  if [[ -d $results/scaling ]]; then
+    tar -czf "$out/scaling.tar.gz" -C "$results" --exclude 'ckpt*' scaling 2> /dev/null ||
+      echo "== all: could not pack $results/scaling into $out/scaling.tar.gz" | tee -a "$out/all.log"
+  fi
   if ((${#failed[@]})); then
     echo "== all: not passed: ${failed[*]} (log: $out/all.log)"
     return 1

@@ -7,7 +7,9 @@
 #   3. mpirun -np R of the same job (default --bucket-mb 25) with overlap and with --no-overlap:
 #      the median step_seconds and comm_wait_seconds of its steps after the first 5;
 #   4. the model's prediction for each, from 1 and 2 only (regrouped to 25 MB buckets as hpctrain
-#      cuts them), and whether it is within 20% of the measured step time and exposed communication.
+#      cuts them), and whether it is within 20% of the measured step time and exposed communication;
+#      then each run taken apart from its Chrome trace (every rank's --timeline-file), part by part
+#      beside the model's (scaling_model.py --explain): what a failed check's model misses.
 # It ends with a key=value line a check (scaling_R_ranks_overlap_on|off: the figures and their
 # verdicts, as the table has them; bench/gpu_vs_peer.sh scaling keeps them) and checks_failed=N.
 # The last, horovod, prints the model's efficiency on 512 GPUs of Horovod's 2017 cluster for
@@ -121,7 +123,7 @@ for r in "${ranks[@]}"; do
   for mode in on off; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
     "$mpirun" "${mpirun_args[@]}" -np "$r" "$hpctrain" "${job[@]}" "${flag[@]}" --metrics-file "$tmp/m${r}_$mode.jsonl" \
-      --checkpoint-dir "$tmp/ckpt${r}_$mode" 2> >(grep -v "share cores" >&2)
+      --timeline-file "$tmp/trace${r}_$mode.json" --checkpoint-dir "$tmp/ckpt${r}_$mode" 2> >(grep -v "share cores" >&2)
     read -r step wait <<< "$(median_of "$tmp/m${r}_$mode.jsonl")"
     "${model[@]}" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" --clusters "$tmp/clusters.json" --cluster local \
       --gpus "$r" --bucket-mb 25 "${flag[@]}" --json > "$tmp/p${r}_$mode.json"
@@ -140,6 +142,17 @@ print(r["step_seconds"], r["exposed_seconds"])' "$tmp/p${r}_$mode.json")"
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# What each run's time went to, rank by rank, beside the model's parts: where a check fails, which
+# part the model misses (scaling_model.py --explain, from the run's Chrome trace).
+for r in "${ranks[@]}"; do
+  for mode in on off; do
+    flag=() && [[ $mode == on ]] || flag=(--no-overlap)
+    echo
+    "${model[@]}" --explain "$tmp/trace${r}_$mode.json" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" \
+      --clusters "$tmp/clusters.json" --cluster local --bucket-mb 25 "${flag[@]}" | sed 's/^/  /'
+  done
+done
 
 echo
 echo "== horovod: 512 P100s (128 x 4, 25 Gb/s RoCE), batch 64 a GPU, 64 MB fusion buffer, 5 ms cycle, flat ring"

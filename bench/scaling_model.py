@@ -7,6 +7,11 @@ scaling efficiency from 1 to 512 GPUs, from one run's bucket timeline and a clus
                    [--scale-to SECONDS] [--batch B] [--skip-steps K] [--no-jitter] [--json]
   scaling_model.py --arch vgg16|resnet101|resnet50 --step-seconds S --batch B --cluster NAME ...
   scaling_model.py --fit-sweep SWEEP.jsonl      (alpha and beta per rank count, as a "local" preset)
+  scaling_model.py --explain TRACE.json [--skip-steps K] [the model's inputs, as above, of one node]
+                   (a run of several ranks taken apart from its Chrome trace: per rank, when its
+                   backward pass ends, its wait for the slowest rank, each bucket's hand-over to the
+                   communication thread, its all-reduce and the wait inside it for the other ranks,
+                   the main thread's wait; with the model's inputs, the model's figure for each part)
 
 The timeline is hpctrain's --timeline-file: JSON Lines (per step and bucket: begin, end in arena
 elements of 4 bytes; queued, started, done, backward_done, finished in seconds since the step began)
@@ -141,19 +146,27 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
     late = run["jitter"] * expected_max_normal(n) * stretch
     wake = run["handoff"] / 2  # to the communication thread, and back to the main thread
     backward_done = at(run["backward_done"])
-    end = 0.0
+    end, parts = 0.0, []
     for b in buckets:
         ready = (at(b["ready"]) if overlap else backward_done) + late
         if run["cycle"]:  # the framework's loop takes it up at its next tick
             ready = math.ceil(ready / run["cycle"] - 1e-9) * run["cycle"]
-        end = max(ready + wake, end) + allreduce_seconds(b["bytes"], n, cluster, scheme)
+        start = max(ready + wake, end)
+        handoff = start - max(ready, end)  # the wake-up, or none behind the previous bucket
+        end = start + allreduce_seconds(b["bytes"], n, cluster, scheme)
+        parts.append({"bytes": b["bytes"], "ready_seconds": ready - late, "start_seconds": start,
+                      "handoff_seconds": handoff, "allreduce_seconds": end - start})
     exposed = max(0.0, end + wake - backward_done) if n > 1 else 0.0
     compute = at(run["step"])
     step = compute + exposed
     return {"gpus": n, "nodes": max(1, n // cluster["gpus_per_node"]), "scheme": scheme,
             "step_seconds": step, "exposed_seconds": exposed, "compute_seconds": compute,
             "images_per_second": n * run["batch"] / step if run["batch"] else None,
-            "efficiency": run["step"] / step}
+            "efficiency": run["step"] / step,
+            # The parts (explain): when the backward pass ends, how late the slowest rank is, each
+            # hand-over to the communication thread, each bucket's times (from the step's start).
+            "parts": {"backward_done_seconds": backward_done, "late_seconds": late, "handoff_seconds": wake,
+                      "buckets": parts}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,6 +293,113 @@ def chrome_rows(events, path):
                 raise UsageError(f"timeline '{path}': a 'queue bucket' event without its step, bucket, begin and "
                                  f"end, or a step without its 'step S' and 'backward' events")
     return rows
+
+
+def measured_parts(path, skip):
+    """The parts of a run of several ranks, from its Chrome trace (every rank's events; each rank's
+    clock starts at its own zero, so nothing is compared across ranks but durations, and the end of a
+    step's last all-reduce, which every rank leaves at about the same moment). Per rank, medians
+    over the steps after `skip` that every rank has: when its backward pass ends (from its step's
+    start); how long it waits for the slowest rank (its last end after its backward end, less the
+    least of that over the ranks: the slowest rank's backward end is the one with the least left to
+    wait); per bucket, when it was queued, its hand-over (the all-reduce's start less the later of
+    its queueing and the previous bucket's end: waking the communication thread), the all-reduce of
+    the rank that waited least inside it (the ring's own time: the others also waited there for
+    the last to arrive), and this rank's wait inside it beyond that; its last end after its
+    backward end; and what its main thread waited (backward end to the optimizer's start)."""
+    text = read_json_file(path, "trace")
+    events = chrome_events(text)
+    require(events is not None, f"trace '{path}' is not a Chrome trace (hpctrain --timeline-file NAME.json)")
+    steps = {}  # (rank, step) -> {name: event}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        try:
+            step, rank = int(e["args"]["step"]), int(e.get("pid", 0))
+            steps.setdefault((rank, step), {})[str(e["name"])] = (float(e["ts"]) * 1e-6, float(e["dur"]) * 1e-6)
+        except (KeyError, TypeError, ValueError):
+            continue  # an event of no step (a checkpoint's, an evaluation's)
+    ranks = sorted({r for r, _ in steps})
+    require(len(ranks) >= 2, f"trace '{path}' has the events of {len(ranks)} rank(s): explain needs a run of several")
+    buckets = 0
+    while any(f"allreduce bucket {buckets}" in d for d in steps.values()):
+        buckets += 1
+    need = ["backward", "optimizer", *(f"{k} bucket {b}" for b in range(buckets) for k in ("queue", "allreduce"))]
+    whole = sorted(s for s in {s for _, s in steps} if all(set(need) <= set(steps.get((r, s), {})) for r in ranks))
+    kept = whole[skip:] if len(whole) > skip else whole[-1:]
+    require(buckets and kept, f"trace '{path}' has no step with every rank's backward, optimizer and buckets")
+    rows = {r: [] for r in ranks}
+    fastest = [[] for _ in range(buckets)]
+    for s in kept:
+        per = {}
+        for r in ranks:
+            d = steps[(r, s)]
+            begin = d[f"step {s}"][0] if f"step {s}" in d else d["backward"][0]
+            back_end = d["backward"][0] + d["backward"][1]
+            bs, previous_end = [], -math.inf
+            for b in range(buckets):
+                queued = d[f"queue bucket {b}"][0]
+                start, dur = d[f"allreduce bucket {b}"]
+                bs.append({"queued": queued - begin, "handoff": start - max(queued, previous_end), "allreduce": dur})
+                previous_end = start + dur
+            # A last all-reduce done before the backward pass ends: nothing left to wait for.
+            per[r] = {"backward_end": back_end - begin, "last_end": max(0.0, previous_end - back_end),
+                      "main_wait": d["optimizer"][0] - back_end, "buckets": bs}
+        least_left = min(p["last_end"] for p in per.values())
+        for b in range(buckets):
+            fastest[b].append(min(p["buckets"][b]["allreduce"] for p in per.values()))
+        for r, p in per.items():
+            p["waits_for_slowest"] = p["last_end"] - least_left
+            for b, x in enumerate(p["buckets"]):
+                x["waiting_inside"] = x["allreduce"] - fastest[b][-1]
+            rows[r].append(p)
+    med = statistics.median
+    out = {"ranks": len(ranks), "steps": len(kept), "allreduce_fastest_seconds": [med(f) for f in fastest],
+           "per_rank": []}
+    for r in ranks:
+        ps = rows[r]
+        out["per_rank"].append({
+            "rank": r, "backward_done_seconds": med(p["backward_end"] for p in ps),
+            "waits_for_slowest_seconds": med(p["waits_for_slowest"] for p in ps),
+            "last_end_after_backward_seconds": med(p["last_end"] for p in ps),
+            "main_wait_seconds": med(p["main_wait"] for p in ps),
+            "buckets": [{k + "_seconds": med(p["buckets"][b][k] for p in ps) for k in ("queued", "handoff", "waiting_inside")}
+                        for b in range(buckets)]})
+    return out
+
+
+def explain(measured, predicted, out):
+    """The measured parts per rank beside the model's (None: no model inputs given)."""
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.3f}"  # noqa: E731
+    ranks = measured["per_rank"]
+    pp = predicted["parts"] if predicted else None
+    out.write(f"{'part (ms; medians over ' + str(measured['steps']) + ' steps)':<58} {'model':>8}"
+              + "".join(f" {'rank ' + str(r['rank']):>8}" for r in ranks) + "\n")
+
+    def row(name, model, values):
+        out.write(f"{name:<58} {ms(model):>8}" + "".join(f" {ms(v):>8}" for v in values) + "\n")
+
+    row("backward pass ends, from the step's start", pp and pp["backward_done_seconds"],
+        [r["backward_done_seconds"] for r in ranks])
+    row("waits for the slowest rank (model: the mean rank's)", pp and pp["late_seconds"],
+        [r["waits_for_slowest_seconds"] for r in ranks])
+    model_buckets = pp["buckets"] if pp else []
+    for b, fastest in enumerate(measured["allreduce_fastest_seconds"]):
+        mb = model_buckets[b] if b < len(model_buckets) else None
+        size = f" ({mb['bytes'] / 1e6:.3f} MB)" if mb else ""
+        row(f"bucket {b}{size}: queued, from the step's start", mb and mb["ready_seconds"],
+            [r["buckets"][b]["queued_seconds"] for r in ranks])
+        row(f"bucket {b}: handed to the communication thread", mb and mb["handoff_seconds"],
+            [r["buckets"][b]["handoff_seconds"] for r in ranks])
+        row(f"bucket {b}: all-reduce (measured: its fastest rank's)", mb and mb["allreduce_seconds"], [fastest] * len(ranks))
+        row(f"bucket {b}: inside it, waiting for the other ranks", None,
+            [r["buckets"][b]["waiting_inside_seconds"] for r in ranks])
+    if pp and len(model_buckets) != len(measured["allreduce_fastest_seconds"]):
+        out.write(f"(the model has {len(model_buckets)} bucket(s), the run {len(measured['allreduce_fastest_seconds'])})\n")
+    last = pp and pp["buckets"][-1]["start_seconds"] + pp["buckets"][-1]["allreduce_seconds"] - pp["backward_done_seconds"]
+    row("the last all-reduce ends, after the backward pass", last, [r["last_end_after_backward_seconds"] for r in ranks])
+    row("the main thread waits: backward end to the optimizer", predicted and predicted["exposed_seconds"],
+        [r["main_wait_seconds"] for r in ranks])
 
 
 def read_metrics(path, skip):
@@ -472,13 +592,14 @@ def parse_args(argv):
     p.add_argument("--skip-steps", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.add_argument("--fit-sweep")
+    p.add_argument("--explain")
     a = p.parse_args(argv)
-    if a.fit_sweep:
+    require(a.skip_steps >= 0, f"--skip-steps must be >= 0, got {a.skip_steps}")
+    if a.fit_sweep or (a.explain and not (a.timeline or a.arch)):
         return a
     require((a.timeline is None) != (a.arch is None), "give one of --timeline or --arch")
     require(a.cluster, "--cluster is required (a preset of --clusters)")
     require(a.metrics or a.step_seconds, "give the one-rank step time: --metrics FILE or --step-seconds S")
-    require(a.skip_steps >= 0, f"--skip-steps must be >= 0, got {a.skip_steps}")
     return a
 
 
@@ -507,6 +628,21 @@ def main(argv):
     a = parse_args(argv)
     if a.fit_sweep:
         print(json.dumps({"fits": fit_sweep(a.fit_sweep)}, indent=1))
+        return 0
+    if a.explain:
+        measured = measured_parts(a.explain, a.skip_steps)
+        predicted = None
+        if a.timeline or a.arch:  # the model's parts for as many GPUs as the run had ranks
+            cluster, n = load_cluster(a.clusters, a.cluster), measured["ranks"]
+            require(n <= cluster["gpus_per_node"], f"explain compares a run of one node: {n} ranks on "
+                    f"{a.cluster}'s nodes of {cluster['gpus_per_node']}")
+            predicted = simulate(build_run(a), n, cluster, "flat", not a.no_overlap)
+        if a.json:
+            print(json.dumps({"measured": measured, "predicted": predicted}, indent=1))
+        else:
+            print(f"{a.explain}: {measured['ranks']} ranks" + (f", against the model on {a.cluster}, overlap "
+                  f"{'off' if a.no_overlap else 'on'}" if predicted else ""))
+            explain(measured, predicted, sys.stdout)
         return 0
     cluster = load_cluster(a.clusters, a.cluster)
     g = cluster["gpus_per_node"]

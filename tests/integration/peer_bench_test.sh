@@ -270,13 +270,21 @@ out=$("$bench/gpu_vs_peer.sh" bn --resnet50-batch 64 2>&1)
 expect "$out" "bn_tuning_default=8,4,2,1,1024" "bn_tuning_default_resnet50_ms=9.0" "bn_tuning_best=16,2,4,0,256,1" \
   "bn_tuning_best_resnet50_ms=7.5" "bn_tuning_relu_backward_resnet50_ms=2.2"
 expect "$(cat "$STUB_CALLS")" "gpu_step --kernel-shapes --batch 64"
-# `all` with no time for any step: none starts, each is named, exit 1.
+# `all` with no time for any step: none starts, each is named, exit 1. The scaling runs kept by
+# an earlier scaling step come back packed in --out, without their checkpoint folders.
+mkdir -p "$gpu/build/gpu_vs_peer/scaling/ckpt2_on"
+echo '[]' > "$gpu/build/gpu_vs_peer/scaling/trace2_on.json"
+echo 'x' > "$gpu/build/gpu_vs_peer/scaling/ckpt2_on/state"
 out=$("$bench/gpu_vs_peer.sh" all --within 20 --out "$gpu/out" 2>&1)
 code=$?
 checks=$((checks + 1))
 [[ $code == 1 ]] || fail "gpu_vs_peer.sh all --within 20 exited $code, wanted 1" "$out"
 expect "$out" "== all: build not run (20 s left of --within 20)" \
   "== all: not passed: build (not run) tests (not run) bn (not run) training (not run) cnn (not run) resnet50 (not run) kernels (not run) scaling (not run) (log: $gpu/out/all.log)"
+expect "$(tar -tzf "$gpu/out/scaling.tar.gz" 2>&1 | sort)" "scaling/" "scaling/trace2_on.json"
+checks=$((checks + 1))
+tar -tzf "$gpu/out/scaling.tar.gz" | grep -q ckpt && fail "scaling.tar.gz holds the checkpoint folders" "$out"
+rm -rf "$gpu/build/gpu_vs_peer/scaling"
 # scaling: scaling_check.sh's key=value line per check and its count of failed checks in the
 # summary, its table not (a stand-in prints lines of both kinds, as the real one does), and a
 # failing check script fails the step.

@@ -183,6 +183,11 @@ class ScalingModelTest(unittest.TestCase):
                 self.assertAlmostEqual(on["rows"][0]["step_seconds"], 25 * MS, delta=1e-9)
                 self.assertAlmostEqual(on["rows"][1]["exposed_seconds"], want_on * MS, delta=1e-9)
                 self.assertAlmostEqual(off["rows"][1]["exposed_seconds"], want_off * MS, delta=1e-9)
+                # --explain's parts: each bucket's wake-up, none for one queued behind another.
+                h = (want_on - 2.56) / 2
+                for out, want in ((on, [h, h]), (off, [h, 0])):
+                    got = [b["handoff_seconds"] for b in out["rows"][1]["parts"]["buckets"]]
+                    self.assertEqual([round(x / MS, 9) for x in got], [round(x, 9) for x in want])
 
     def test_base_latency_and_plateau_as_nccl_charges_them(self):
         """NCCL's ring latency: its base once per call, and across nodes x the plateau factor for all
@@ -263,6 +268,74 @@ class ScalingModelTest(unittest.TestCase):
         self.assertEqual(len(lines), 1, r.stderr)
         self.assertIn("scaling_model: error:", lines[0])
         self.assertIn(needle, lines[0])
+
+    def test_explain_takes_a_run_of_several_ranks_apart(self):
+        """--explain on a 2-rank Chrome trace whose parts are known. Each rank's clock has its own zero
+        (rank 1's 123 ms later). Steps 1 to 3, in ms from each step's start (rank 0 | rank 1): the
+        backward pass ends at 8 | 9; bucket 0 queued at 4.0, its all-reduce from 4.1 | 4.2 for 0.6 |
+        0.5 (ends 4.7 on both: the fastest took 0.5, rank 0 waited 0.1 inside it); bucket 1 queued at
+        4.3, behind bucket 0, from 4.75 for 0.25 (its hand-over is from bucket 0's end: 0.05); bucket 2
+        queued at the backward end, from 9.05 for 0.3 (hand-over 1.05 | 0.05); the optimizer at 9.45.
+        So the last end comes 1.35 | 0.35 after the backward end, rank 0 waits 1.0 for rank 1, and
+        the main threads wait 1.45 | 0.45. Step 0, all twice as long, is left out (--skip-steps 1)."""
+        def events(rank, step, t0, k=1.0, last_bucket=True):
+            back = 8.0 if rank == 0 else 9.0
+            out = [("step %d" % step, 0, 0.0, 10.0), ("backward", 0, 2.0, back - 2.0), ("optimizer", 0, 9.45, 0.2)]
+            for b, queued, start, dur in ((0, 4.0, (4.1, 4.2)[rank], (0.6, 0.5)[rank]), (1, 4.3, 4.75, 0.25),
+                                          (2, back, 9.05, 0.3))[:3 if last_bucket else 2]:
+                out += [(f"queue bucket {b}", 1, queued, start - queued), (f"allreduce bucket {b}", 1, start, dur)]
+            return [{"name": n, "ph": "X", "pid": rank, "tid": tid, "ts": (t0 + k * t) * 1e3, "dur": k * d * 1e3,
+                     "args": {"step": step, **({"bucket": 0} if tid else {})}} for n, tid, t, d in out]
+        trace = [{"name": "process_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}} for r in (0, 1)]
+        for rank in (0, 1):
+            trace += events(rank, 0, 123.0 * rank, k=2.0)
+            for step in (1, 2, 3):
+                trace += events(rank, step, 123.0 * rank + 20.0 * step)
+        path = self.write("trace.json", json.dumps(trace))
+        r = self.run_model("--explain", path, "--skip-steps", "1", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        m = json.loads(r.stdout)["measured"]
+        self.assertEqual((m["ranks"], m["steps"]), (2, 3))
+        for got, want in zip(m["allreduce_fastest_seconds"], (0.5, 0.25, 0.3)):
+            self.assertAlmostEqual(got, want * MS, delta=1e-9)
+        want = {0: (8, 1.0, 1.35, 1.45, (0.1, 0.05, 1.05), (0.1, 0, 0)),
+                1: (9, 0.0, 0.35, 0.45, (0.2, 0.05, 0.05), (0, 0, 0))}
+        for rank in m["per_rank"]:
+            back, late, last, main, handoffs, inside = want[rank["rank"]]
+            with self.subTest(rank=rank["rank"]):
+                self.assertAlmostEqual(rank["backward_done_seconds"], back * MS, delta=1e-9)
+                self.assertAlmostEqual(rank["waits_for_slowest_seconds"], late * MS, delta=1e-9)
+                self.assertAlmostEqual(rank["last_end_after_backward_seconds"], last * MS, delta=1e-9)
+                self.assertAlmostEqual(rank["main_wait_seconds"], main * MS, delta=1e-9)
+                for b, (h, w) in enumerate(zip(handoffs, inside)):
+                    self.assertAlmostEqual(rank["buckets"][b]["handoff_seconds"], h * MS, delta=1e-9)
+                    self.assertAlmostEqual(rank["buckets"][b]["waiting_inside_seconds"], w * MS, delta=1e-9)
+        # Beside the model's parts (cluster t, as many GPUs as the trace has ranks): 2 ranks, a bucket of
+        # S bytes 0.02 ms + 1 ns x S: 1 MB ready at 10 ms -> 11.02, 3 MB at 18 -> 21.02, exposed 1.02 ms.
+        timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        r = self.run_model("--explain", path, "--timeline", timeline, "--step-seconds", "0.025", "--clusters",
+                           self.clusters, "--cluster", "t", "--skip-steps", "0", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        p = json.loads(r.stdout)["predicted"]
+        self.assertEqual(p["gpus"], 2)
+        self.assertAlmostEqual(p["exposed_seconds"], 1.02 * MS, delta=1e-9)
+        self.assertEqual([round(b["allreduce_seconds"] / MS, 9) for b in p["parts"]["buckets"]], [1.02, 3.02])
+        r = self.run_model("--explain", path, "--timeline", timeline, "--step-seconds", "0.025", "--clusters",
+                           self.clusters, "--cluster", "t", "--skip-steps", "0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("the main thread waits: backward end to the optimizer", r.stdout)
+        self.assertRegex(r.stdout, r"main thread waits.* 1\.020 +1\.450 +0\.450\n")
+        # Without bucket 2, every all-reduce ends (at 5.0) before either backward pass: neither rank
+        # waits for its buckets nor, so far as the buckets tell, for the other rank.
+        early = [e for rank in (0, 1) for step in (1, 2) for e in events(rank, step, 20.0 * step, last_bucket=False)]
+        r = self.run_model("--explain", self.write("early.json", json.dumps(early)), "--skip-steps", "0", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for rank in json.loads(r.stdout)["measured"]["per_rank"]:
+            self.assertEqual((rank["last_end_after_backward_seconds"], rank["waits_for_slowest_seconds"]), (0, 0))
+        # Not a trace of several ranks: one line, exit 2.
+        self.expect_usage_error(["--explain", self.write("one.json", json.dumps([e for e in trace if e["pid"] == 0]))],
+                                "explain needs a run of several")
+        self.expect_usage_error(["--explain", timeline], "is not a Chrome trace")
 
     def test_bad_input_is_one_line_and_exit_2(self):
         good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
