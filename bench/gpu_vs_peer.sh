@@ -474,6 +474,7 @@ scaling_step() {
   report << EOS
 scaling_cores=$(nproc)
 scaling_checks_failed=$(sed -n 's/^checks_failed=//p' "$log")
+scaling_checks_failed_cold_sweep=$(sed -n 's/^checks_failed_cold_sweep=//p' "$log")
 $(grep '^scaling_[0-9]' "$log")
 EOS
 }

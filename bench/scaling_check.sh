@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The scaling model (bench/scaling_model.py) against what this machine measures, in one invocation:
 #   1. bench/allreduce_sweep on R ranks for each R of --ranks (MPI over shared memory, 4 B to
-#      4 MiB), fitted to alpha and beta per rank count: the "local" cluster's links;
+#      4 MiB), fitted to alpha and beta per rank count: the "local" cluster's links; and again
+#      with the caches cold (--cold-bytes: each all-reduce after writing twice the last-level
+#      cache, as a step's compute leaves them), a second set of fits whose predictions are
+#      printed beside the checks' (keys ..._cold_sweep, checks_failed_cold_sweep), not counted;
 #   2. one rank (mpirun -np 1) of the default job's cnn, one thread, --steps steps, with a
 #      timeline of every layer group (--bucket-mb 0.001) and its step times: the model's input;
 #   3. mpirun -np R of the same job (default --bucket-mb 25) with overlap and with --no-overlap:
@@ -20,15 +23,16 @@
 # with mpi_yield_when_idle, so that a communication thread waiting in MPI gives its core to the
 # math threads instead of spinning on it, and with --bind-to none.
 #
-# Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 60] [--keep DIR]
+# Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 60] [--keep DIR] [--cold-bytes B (0: none)]
 # Environment: BUILD_DIR (default build), HPCTRAIN, ALLREDUCE_SWEEP, FASHION_MNIST (default
 #              /usr/share/datasets/fashion-mnist), MPIRUN (default mpirun), PYTHON (default python3).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ranks_list=2,3,4 steps=60 keep=""
+ranks_list=2,3,4 steps=60 keep="" cold_bytes=""
 while (($#)); do
   case "$1" in
+    --cold-bytes) cold_bytes=${2:-}; shift 2 || die "--cold-bytes needs a value" ;;
     --ranks) ranks_list=${2:-}; shift 2 || die "--ranks needs a value" ;;
     --steps) steps=${2:-}; shift 2 || die "--steps needs a value" ;;
     --keep) keep=${2:-}; shift 2 || die "--keep needs a value" ;;
@@ -38,6 +42,13 @@ while (($#)); do
 done
 [[ "$ranks_list" =~ ^[2-9](,[2-9])*$ ]] || die "--ranks must be rank counts 2 to 9, comma-separated, got '$ranks_list'"
 require_count --steps "$steps"
+# The sweep's caches as a step leaves them: each all-reduce after writing twice the last-level
+# cache (cpu0's, from sysfs; 64 MiB where it says nothing), 0 for the hot loop.
+if [[ -z $cold_bytes ]]; then
+  l3=$(sed -nE 's/^([0-9]+)K$/\1/p' /sys/devices/system/cpu/cpu0/cache/index3/size 2> /dev/null || true)
+  cold_bytes=$((2 * ${l3:-32768} * 1024))
+fi
+[[ $cold_bytes =~ ^[0-9]+$ ]] || die "--cold-bytes must be a byte count, got '$cold_bytes'"
 ((steps > 10)) || die "--steps must be more than 10 (the first 5 are left out), got $steps"
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,25 +91,37 @@ awk "BEGIN { exit !($load > $cores / 2) }" &&
   echo "warning: load average $load on $cores core(s): other jobs share the cores; steps run slower than predicted"
 
 echo
-echo "== 1/4 all-reduce sweep: $mpirun -np R $sweep --max-bytes 4194304"
-for r in "${ranks[@]}"; do
-  "$mpirun" "${mpirun_args[@]}" -np "$r" "$sweep" --max-bytes 4194304 >> "$tmp/sweep.jsonl"
-done
-"${model[@]}" --fit-sweep "$tmp/sweep.jsonl" > "$tmp/fits.json"
-# The local preset with this run's fits and this machine's core count.
-"$python" - "$root/bench/clusters.json" "$tmp/fits.json" "$cores" > "$tmp/clusters.json" << 'EOF'
+# fit_sweep NAME [SWEEP ARGS]: the sweep on each rank count into NAME.jsonl, its fits, and the local
+# preset with them and this machine's core count (NAME_clusters.json); the fits printed.
+fit_sweep() {
+  local name=$1 r
+  shift
+  for r in "${ranks[@]}"; do
+    "$mpirun" "${mpirun_args[@]}" -np "$r" "$sweep" --max-bytes 4194304 "$@" >> "$tmp/$name.jsonl"
+  done
+  "${model[@]}" --fit-sweep "$tmp/$name.jsonl" > "$tmp/${name}_fits.json"
+  "$python" - "$root/bench/clusters.json" "$tmp/${name}_fits.json" "$cores" > "$tmp/${name}_clusters.json" << 'EOF'
 import json, sys
 clusters = json.load(open(sys.argv[1]))
 clusters["local"]["fits"] = json.load(open(sys.argv[2]))["fits"]
 clusters["local"]["cores_per_node"] = int(sys.argv[3])
 print(json.dumps(clusters, indent=1))
 EOF
-"$python" - "$tmp/fits.json" << 'EOF'
+  "$python" - "$tmp/${name}_fits.json" << 'EOF'
 import json, sys
 for n, f in json.load(open(sys.argv[1]))["fits"].items():
     print(f"  {n} ranks: alpha {f['latency_us']:.2f} us, bandwidth {f['bandwidth_GBps']:.3f} GB/s "
           f"(worst point off the fit by {100 * f['worst_relative_error']:.0f}%)")
 EOF
+}
+echo "== 1/4 all-reduce sweep: $mpirun -np R $sweep --max-bytes 4194304"
+fit_sweep sweep
+# The same with the caches as a step leaves them (the trainer's all-reduces follow its compute; the
+# sweep's loop keeps its buffers hot): a second prediction beside the first, not a check.
+if ((cold_bytes > 0)); then
+  echo "   and with --cold-bytes $cold_bytes (each all-reduce after writing that much)"
+  fit_sweep sweep_cold --cold-bytes "$cold_bytes"
+fi
 
 # median_of FILE: the median step_seconds and comm_wait_seconds of the step events after the first 5.
 median_of() {
@@ -118,30 +141,52 @@ echo "  step $(calc "$step1 * 1000" 3) ms (median), comm wait $(calc "$wait1 * 1
 echo
 echo "== 3/4 and 4/4: $mpirun -np R hpctrain ${job[*]} [--no-overlap], against the model"
 printf '  %-5s %-8s %12s %12s %7s %14s %14s %7s\n' ranks overlap "step ms" "predicted" within "exposed ms" predicted within
-failed=0 keys=""
+# against NAME R MODE STEP WAIT: the model's prediction with NAME's fits, and whether it is within
+# 20% of the measured step time and exposed communication; sets row (the table's), key (a key=value
+# line's value) and ok (yes when both are).
+against() {
+  local name=$1 r=$2 mode=$3 step=$4 wait=$5 flag=() pstep pwait ok_step ok_wait
+  [[ $mode == on ]] || flag=(--no-overlap)
+  "${model[@]}" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" --clusters "$tmp/${name}_clusters.json" \
+    --cluster local --gpus "$r" --bucket-mb 25 "${flag[@]}" --json > "$tmp/${name}_p${r}_$mode.json"
+  read -r pstep pwait <<< "$("$python" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["rows"][0]
+print(r["step_seconds"], r["exposed_seconds"])' "$tmp/${name}_p${r}_$mode.json")"
+  ok_step=$(awk "BEGIN { print (($pstep - $step)^2 <= (0.2 * $step)^2) ? \"yes\" : \"no\" }")
+  ok_wait=$(awk "BEGIN { print (($pwait - $wait)^2 <= (0.2 * $wait)^2) ? \"yes\" : \"no\" }")
+  ok=no && [[ $ok_step == yes && $ok_wait == yes ]] && ok=yes
+  row=$(printf '  %-5s %-8s %12.3f %12.3f %7s %14.3f %14.3f %7s' "$r" "$mode" "$(calc "$step * 1000" 3)" \
+    "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" "$(calc "$pwait * 1000" 3)" "$ok_wait")
+  key=$(printf 'step %.3f ms predicted %.3f (%s), exposed %.3f ms predicted %.3f (%s)' "$(calc "$step * 1000" 3)" \
+    "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" "$(calc "$pwait * 1000" 3)" "$ok_wait")
+}
+
+failed=0 failed_cold=0 keys="" cold_rows="" cold_keys=""
 for r in "${ranks[@]}"; do
   for mode in on off; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
     "$mpirun" "${mpirun_args[@]}" -np "$r" "$hpctrain" "${job[@]}" "${flag[@]}" --metrics-file "$tmp/m${r}_$mode.jsonl" \
       --timeline-file "$tmp/trace${r}_$mode.json" --checkpoint-dir "$tmp/ckpt${r}_$mode" 2> >(grep -v "share cores" >&2)
     read -r step wait <<< "$(median_of "$tmp/m${r}_$mode.jsonl")"
-    "${model[@]}" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" --clusters "$tmp/clusters.json" --cluster local \
-      --gpus "$r" --bucket-mb 25 "${flag[@]}" --json > "$tmp/p${r}_$mode.json"
-    read -r pstep pwait <<< "$("$python" -c '
-import json, sys
-r = json.load(open(sys.argv[1]))["rows"][0]
-print(r["step_seconds"], r["exposed_seconds"])' "$tmp/p${r}_$mode.json")"
-    ok_step=$(awk "BEGIN { print (($pstep - $step)^2 <= (0.2 * $step)^2) ? \"yes\" : \"no\" }")
-    ok_wait=$(awk "BEGIN { print (($pwait - $wait)^2 <= (0.2 * $wait)^2) ? \"yes\" : \"no\" }")
-    [[ $ok_step == yes && $ok_wait == yes ]] || failed=$((failed + 1))
-    printf '  %-5s %-8s %12.3f %12.3f %7s %14.3f %14.3f %7s\n' "$r" "$mode" "$(calc "$step * 1000" 3)" \
-      "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" "$(calc "$pwait * 1000" 3)" "$ok_wait"
-    keys+=$(printf 'scaling_%s_ranks_overlap_%s=step %.3f ms predicted %.3f (%s), exposed %.3f ms predicted %.3f (%s)' \
-      "$r" "$mode" "$(calc "$step * 1000" 3)" "$(calc "$pstep * 1000" 3)" "$ok_step" "$(calc "$wait * 1000" 3)" \
-      "$(calc "$pwait * 1000" 3)" "$ok_wait")$'\n'
+    against sweep "$r" "$mode" "$step" "$wait"
+    [[ $ok == yes ]] || failed=$((failed + 1))
+    echo "$row"
+    keys+="scaling_${r}_ranks_overlap_$mode=$key"$'\n'
+    if ((cold_bytes > 0)); then
+      against sweep_cold "$r" "$mode" "$step" "$wait"
+      [[ $ok == yes ]] || failed_cold=$((failed_cold + 1))
+      cold_rows+="$row"$'\n'
+      cold_keys+="scaling_${r}_ranks_overlap_${mode}_cold_sweep=$key"$'\n'
+    fi
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+if ((cold_bytes > 0)); then
+  echo
+  echo "   the same runs against the model with the cold sweep's fits (not counted as checks):"
+  printf '%s' "$cold_rows"
+fi
 
 # What each run's time went to, rank by rank, beside the model's parts: where a check fails, which
 # part the model misses (scaling_model.py --explain, from the run's Chrome trace).
@@ -150,7 +195,7 @@ for r in "${ranks[@]}"; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
     echo
     "${model[@]}" --explain "$tmp/trace${r}_$mode.json" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" \
-      --clusters "$tmp/clusters.json" --cluster local --bucket-mb 25 "${flag[@]}" | sed 's/^/  /'
+      --clusters "$tmp/sweep_clusters.json" --cluster local --bucket-mb 25 "${flag[@]}" | sed 's/^/  /'
   done
 done
 
@@ -167,5 +212,6 @@ print(100 * next(r for r in json.load(sys.stdin)["rows"] if r["scheme"] == "flat
   echo "  $arch at $ips img/s on one P100: model $(calc "$eff" 1)%, published $published%, within 5 points: $off"
 done
 echo
-printf '%s' "$keys"
+printf '%s' "$keys$cold_keys"
+((cold_bytes == 0)) || echo "checks_failed_cold_sweep=$failed_cold"
 echo "checks_failed=$failed"

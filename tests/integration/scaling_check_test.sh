@@ -29,7 +29,9 @@ for pattern in '^  2 ranks: alpha [0-9.]+ us, bandwidth [0-9.]+ GB/s' \
                '^  bucket 1: handed to the communication thread +[0-9.]+ +[0-9.]+ +[0-9.]+$' \
                '^  the main thread waits: backward end to the optimizer +[0-9.]+ +[0-9.]+ +[0-9.]+$' \
                '^  vgg16 at 154 img/s on one P100: model [0-9.]+%, published 68%, within 5 points: (yes|no)$' \
-               '^checks_failed=[0-6]$'; do
+               '^scaling_2_ranks_overlap_off_cold_sweep=step [0-9.]+ ms predicted [0-9.]+ \((yes|no)\), exposed [0-9.]+ ms predicted [0-9.]+ \((yes|no)\)$' \
+               '^checks_failed_cold_sweep=[0-2]$' \
+               '^checks_failed=[0-2]$'; do
   grep -Eq -- "$pattern" <<< "$out" || fail "no line matching '$pattern'" "$out"
 done
 # Two tables taken apart, each with a row per part for both ranks: none left empty ("-").
@@ -37,7 +39,7 @@ rows=$(grep -Ec '^  (backward pass ends|waits for the slowest|bucket [01][ :]|th
 [[ $rows == 24 ]] || fail "$rows rows of the tables taken apart, wanted 2 x 12" "$out"
 grep -E '^  (backward pass ends|bucket [01]: (queued|handed|all-reduce)|the main thread waits).* -( |$)' <<< "$out" &&
   fail "a part without a figure" "$out"
-for f in t1.jsonl m1.jsonl m2_on.jsonl m2_off.jsonl trace2_on.json trace2_off.json fits.json; do
+for f in t1.jsonl m1.jsonl m2_on.jsonl m2_off.jsonl trace2_on.json trace2_off.json sweep_fits.json sweep_cold_fits.json; do
   [[ -s $tmp/keep/$f ]] || fail "--keep holds no $f" "$(ls "$tmp/keep")"
 done
 
@@ -52,6 +54,11 @@ refuse() {  # refuse MESSAGE ARGS...: one line naming the problem, exit 2
 refuse "--ranks must be rank counts 2 to 9" --ranks 1,2
 refuse "--steps must be more than 10" --steps 10
 refuse "unknown option '--rank'" --rank 2
+refuse "--cold-bytes must be a byte count" --cold-bytes 1e6
+# --cold-bytes 0: no cold sweep, no second set of predictions.
+out=$(bash "$script" --ranks 2 --steps 11 --cold-bytes 0 --keep "$tmp/hot" 2>&1)
+[[ $? == 0 && $out == *checks_failed=* && $out != *cold* && ! -e $tmp/hot/sweep_cold.jsonl ]] ||
+  fail "scaling_check.sh --cold-bytes 0 ran a cold sweep, or failed" "$out"
 
 echo "scaling_check_test: $failures failed"
 ((failures == 0))
