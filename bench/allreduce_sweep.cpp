@@ -1,6 +1,8 @@
 // The MPI all-reduce this machine gives the gradient buckets, by message size, for the
 // scaling model's "local" cluster (bench/scaling_model.py --fit-sweep fits alpha and beta).
-//   mpirun -np R allreduce_sweep [--max-bytes B] [--seconds-per-size S]   (default 16 MiB, 0.2)
+//   mpirun -np R allreduce_sweep [--max-bytes B] [--seconds-per-size S] [--cold-bytes C]
+//   (default 16 MiB, 0.2 s; C: write C bytes before each timed call, the caches cold, as a step
+//   leaves them for the trainer's buckets; by default none, the loop's buffers hot)
 // Sizes are 4 bytes, then x4 up to B; each is all-reduced in place as float sums, as
 // GradientBucketer does, repeatedly for about S seconds (at least 5 times, after 2 untimed
 // warm-up calls), and rank 0 prints one JSON line per size: ranks, bytes, the median seconds
@@ -37,7 +39,9 @@ Options parse(int argc, char** argv, int rank) {
   for (int i = 1; i < argc; i += 2) {
     const std::string name = argv[i];
     if (name == "--help" || name == "-h") {
-      if (rank == 0) std::printf("mpirun -np R allreduce_sweep [--max-bytes B] [--seconds-per-size S]   (default 16 MiB, 0.2)\n");
+      if (rank == 0)
+        std::printf("mpirun -np R allreduce_sweep [--max-bytes B] [--seconds-per-size S] [--cold-bytes C]\n"
+                    "  (default 16 MiB, 0.2 s; C: bytes written before each timed call, the caches cold; default none)\n");
       MPI_Finalize();
       std::exit(0);
     }
@@ -48,11 +52,12 @@ Options parse(int argc, char** argv, int rank) {
     if (*end != '\0' || !(value > 0)) usage_error(rank, name + " must be a positive number, got '" + argv[i + 1] + "'");
     if (name == "--max-bytes") o.max_bytes = value > 1e18 ? 1LL << 62 : static_cast<long long>(value);
     else if (name == "--seconds-per-size") o.seconds_per_size = value;
-    else if (name == "--cold-bytes") o.cold_bytes = static_cast<long long>(value);
+    else if (name == "--cold-bytes") o.cold_bytes = value > 1e18 ? 1LL << 62 : static_cast<long long>(value);
     else usage_error(rank, "unknown option " + name);
   }
   if (o.max_bytes < 4 || o.max_bytes > (1LL << 30)) usage_error(rank, "--max-bytes must be 4 to 1073741824");
   if (o.seconds_per_size > 600) usage_error(rank, "--seconds-per-size must be at most 600");
+  if (o.cold_bytes > (1LL << 34)) usage_error(rank, "--cold-bytes must be at most 17179869184 (16 GiB)");
   return o;
 }
 

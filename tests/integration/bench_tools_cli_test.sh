@@ -32,7 +32,9 @@ for spec in "$@"; do
       check "$program" 2 --max-bytes
       check "$program" 2 --max-bytes x
       check "$program" 2 --max-bytes 1e30
-      check "$program" 2 --seconds-per-size 0 ;;
+      check "$program" 2 --seconds-per-size 0
+      check "$program" 2 --cold-bytes 0
+      check "$program" 2 --cold-bytes 1e19 ;;
     checkpoint_stall)
       check "$program" 2 --repeats
       check "$program" 2 --repeats x
