@@ -23,13 +23,13 @@
 # with mpi_yield_when_idle, so that a communication thread waiting in MPI gives its core to the
 # math threads instead of spinning on it, and with --bind-to none.
 #
-# Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 60] [--keep DIR] [--cold-bytes B (0: none)]
+# Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 150] [--keep DIR] [--cold-bytes B (0: none)]
 # Environment: BUILD_DIR (default build), HPCTRAIN, ALLREDUCE_SWEEP, FASHION_MNIST (default
 #              /usr/share/datasets/fashion-mnist), MPIRUN (default mpirun), PYTHON (default python3).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ranks_list=2,3,4 steps=60 keep="" cold_bytes=""
+ranks_list=2,3,4 steps=150 keep="" cold_bytes=""
 while (($#)); do
   case "$1" in
     --cold-bytes) cold_bytes=${2:-}; shift 2 || die "--cold-bytes needs a value" ;;
@@ -76,7 +76,10 @@ else
 fi
 IFS=, read -r -a ranks <<< "$ranks_list"
 cores=$(nproc)
-samples=$((64 * 9 * (steps + 1)))  # batch 64 a rank, up to 9 ranks: one epoch holds every step
+most=$(tr , '\n' <<< "$ranks_list" | sort -n | tail -n 1)
+samples=$((64 * most * (steps + 1)))  # batch 64 a rank: one epoch holds every step of the most ranks
+((samples <= 60000)) ||
+  die "--steps $steps on $most ranks needs $samples training images, more than Fashion-MNIST's 60000 (at most $((60000 / (64 * most) - 1)) steps)"
 # No snapshots or checkpoints: their copies run on background threads of some ranks, and on a
 # machine whose cores the ranks fill they slow those ranks (the model has no such term; with
 # snapshots on, 2 ranks' backward passes ended 0.8 ms apart, median, and rank 0's wait took it).

@@ -54,6 +54,7 @@ refuse() {  # refuse MESSAGE ARGS...: one line naming the problem, exit 2
 refuse "--ranks must be rank counts 2 to 9" --ranks 1,2
 refuse "--steps must be more than 10" --steps 10
 refuse "unknown option '--rank'" --rank 2
+refuse "--steps 300 on 4 ranks needs 77056 training images, more than Fashion-MNIST's 60000 (at most 233 steps)" --ranks 2,4 --steps 300
 refuse "--cold-bytes must be a byte count" --cold-bytes 1e6
 # --cold-bytes 0: no cold sweep, no second set of predictions.
 out=$(bash "$script" --ranks 2 --steps 11 --cold-bytes 0 --keep "$tmp/hot" 2>&1)
