@@ -21,7 +21,7 @@ namespace hpc::bench {
 namespace po = boost::program_options;
 
 // Reads argv into the values desc names (desc gets --help). check may throw po::error for a
-// value out of range. Returns the exit code to end with (0 after --help, 2 after a usage error),
+// value out of range, or hpc::Error from the suite's own parse of a value (its exit code). Returns the exit code to end with (0 after --help, 2 after a usage error),
 // or nothing: go on.
 inline std::optional<int> read_command_line(const char* program, int argc, char** argv,
                                             po::options_description& desc, const std::function<void()>& check = {}) {
@@ -40,6 +40,9 @@ inline std::optional<int> read_command_line(const char* program, int argc, char*
     std::fprintf(stderr, "%s: error: %s (try --help)\n", program,
                  options::error_text(e, argc, argv, desc, none).c_str());
     return 2;
+  } catch (const Error& e) {  // check's parse of a value through the suite's own readers (a model's name)
+    std::fprintf(stderr, "%s: error: %s (try --help)\n", program, e.what());
+    return e.exit_code();
   }
   return std::nullopt;
 }

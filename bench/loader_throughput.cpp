@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <filesystem>
@@ -141,11 +143,13 @@ int main(int argc, char** argv) {
     bench::require(std::sscanf(source.c_str(), "%ldx%ld%c", &src_h, &src_w, &rest) == 2 && src_h > 0 && src_w > 0 &&
                        src_h <= 65535 && src_w <= 65535,
                    "--source must be HEIGHTxWIDTH (1 to 65535 each), got '" + source + "'");
-    bench::require(images > 0 && images <= 100000000, "--images must be 1 to 100000000");
+    bench::require(images >= 10 && images <= 100000000,
+                   "--images must be 10 to 100000000 (one or more in each of the 10 class folders)");
     bench::require(size > 0 && size <= 65535, "--image-size must be 1 to 65535");
     bench::require(batch > 0 && batch <= 65536, "--batch must be 1 to 65536");
     bench::require(steps > 0 && steps <= 1000000, "--steps must be 1 to 1000000");
     bench::require(threads > 0 && threads <= 4096, "--threads must be 1 to 4096");
+    parse_named(nn::kModelNames, model_name, "model");  // before the JPEGs are made, not after
   });
   if (done) return *done;
   return bench::run_main("loader_throughput", [&] {
@@ -154,12 +158,21 @@ int main(int argc, char** argv) {
       std::printf("wrote %ld JPEGs of %ldx%ld in %s\n", images, src_h, src_w, jpegs.c_str());
       return 0;
     }
-    std::string tmp;
+    // The JPEGs and shards made here, removed however the run ends (an error thrown included).
+    struct Scratch {
+      std::string dir;
+      ~Scratch() {
+        std::error_code ignored;
+        if (!dir.empty()) fs::remove_all(dir, ignored);
+      }
+    } scratch;
     if (shards.empty()) {
       std::string pattern = (fs::temp_directory_path() / "loader-bench-XXXXXX").string();
-      tmp = mkdtemp(pattern.data());
-      std::printf("making %ld JPEGs of %ldx%ld and packing them in %s\n", images, src_h, src_w, tmp.c_str());
-      shards = make_dataset(images, src_h, src_w, tmp);
+      bench::require(mkdtemp(pattern.data()) != nullptr,
+                     "cannot make a folder in " + fs::temp_directory_path().string() + ": " + std::strerror(errno));
+      scratch.dir = pattern;
+      std::printf("making %ld JPEGs of %ldx%ld and packing them in %s\n", images, src_h, src_w, pattern.c_str());
+      shards = make_dataset(images, src_h, src_w, pattern);
     }
     const data::DatasetPair ds = data::load_dataset(data::DatasetKind::Shards, shards, size);
     int64_t n1 = 0, nt = 0;
@@ -198,7 +211,6 @@ int main(int argc, char** argv) {
                 "loader_images_per_second_per_core=%.2f\ntrainer_images_per_second=%.2f\n"
                 "loader_cores_per_trainer=%.3f\n",
                 one, many, threads, many / threads, train, train / (many / threads));
-    if (!tmp.empty()) fs::remove_all(tmp);
     return 0;
   });
 }

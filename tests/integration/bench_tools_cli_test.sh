@@ -55,6 +55,8 @@ for spec in "$@"; do
     loader_throughput)
       check "$program" 2 --images x
       check "$program" 2 --images -3
+      check "$program" 2 --images 9
+      check "$program" 2 --model no-such-model
       check "$program" 2 --source 375x
       check "$program" 2 --threads 5000
       check "$program" 2 --steps 99999999999999999999999 ;;
