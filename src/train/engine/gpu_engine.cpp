@@ -95,6 +95,11 @@ class NcclBuckets final : public dist::BucketDevice {
   // call, so recording it again for the next bucket does not change what this one waits for.
   void enqueue(float* x, int64_t n, float share) override {
     net_.land_grads();
+    // At world size 1 a bucket that read a gradient not yet landed would still end with the right
+    // bits (the end of the backward pass lands it too, racing the all-reduce): refused here, so
+    // that the single-GPU tests of the bucketed path (HPCTRAIN_TEST_FORCE_NCCL) see it.
+    HPC_CHECK(!net_.arenas().deferred_within(x, n), "a bucket's all-reduce enqueued before its 16-bit weight "
+              "gradients landed in the fp32 arena");
     CUDA_CHECK(cudaEventRecord(fence_.get(), compute_));
     CUDA_CHECK(cudaStreamWaitEvent(nccl_.stream(), fence_.get(), 0));
     nccl_.enqueue_weighted_sum(x, n, share);
