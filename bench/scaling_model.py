@@ -303,7 +303,8 @@ def measured_parts(path, skip):
     start); how long it waits for the slowest rank (its last end after its backward end, less the
     least of that over the ranks: the slowest rank's backward end is the one with the least left to
     wait); per bucket, when it was queued, its hand-over (the all-reduce's start less the later of
-    its queueing and the previous bucket's end: waking the communication thread), the all-reduce of
+    its queueing and the previous call's end: waking the communication thread; the batch-norm
+    statistics' average, where the steps have one, is the thread's first call), the all-reduce of
     the rank that waited least inside it (the ring's own time: the others also waited there for
     the last to arrive), and this rank's wait inside it beyond that; its last end after its
     backward end; and what its main thread waited (backward end to the optimizer's start)."""
@@ -328,34 +329,41 @@ def measured_parts(path, skip):
     whole = sorted(s for s in {s for _, s in steps} if all(set(need) <= set(steps.get((r, s), {})) for r in ranks))
     kept = whole[skip:] if len(whole) > skip else whole[-1:]
     require(buckets and kept, f"trace '{path}' has no step with every rank's backward, optimizer and buckets")
+    # The batch-norm statistics' average, where every kept step has it: the thread's first call.
+    calls = ([("statistics", "statistics")] if all("allreduce statistics" in steps[(r, s)] and "queue statistics"
+                                                   in steps[(r, s)] for r in ranks for s in kept) else [])
+    calls += [(b, f"bucket {b}") for b in range(buckets)]
     rows = {r: [] for r in ranks}
-    fastest = [[] for _ in range(buckets)]
+    fastest = {c: [] for c, _ in calls}
     for s in kept:
         per = {}
         for r in ranks:
             d = steps[(r, s)]
             begin = d[f"step {s}"][0] if f"step {s}" in d else d["backward"][0]
             back_end = d["backward"][0] + d["backward"][1]
-            bs, previous_end = [], -math.inf
-            for b in range(buckets):
-                queued = d[f"queue bucket {b}"][0]
-                start, dur = d[f"allreduce bucket {b}"]
-                bs.append({"queued": queued - begin, "handoff": start - max(queued, previous_end), "allreduce": dur})
+            bs, previous_end = {}, -math.inf
+            for c, name in calls:  # in the order the communication thread takes them
+                queued = d[f"queue {name}"][0]
+                start, dur = d[f"allreduce {name}"]
+                bs[c] = {"queued": queued - begin, "handoff": start - max(queued, previous_end), "allreduce": dur}
                 previous_end = start + dur
             # A last all-reduce done before the backward pass ends: nothing left to wait for.
             per[r] = {"backward_end": back_end - begin, "last_end": max(0.0, previous_end - back_end),
                       "main_wait": d["optimizer"][0] - back_end, "buckets": bs}
         least_left = min(p["last_end"] for p in per.values())
-        for b in range(buckets):
-            fastest[b].append(min(p["buckets"][b]["allreduce"] for p in per.values()))
+        for c in fastest:
+            fastest[c].append(min(p["buckets"][c]["allreduce"] for p in per.values()))
         for r, p in per.items():
             p["waits_for_slowest"] = p["last_end"] - least_left
-            for b, x in enumerate(p["buckets"]):
-                x["waiting_inside"] = x["allreduce"] - fastest[b][-1]
+            for c, x in p["buckets"].items():
+                x["waiting_inside"] = x["allreduce"] - fastest[c][-1]
             rows[r].append(p)
     med = statistics.median
-    out = {"ranks": len(ranks), "steps": len(kept), "allreduce_fastest_seconds": [med(f) for f in fastest],
-           "per_rank": []}
+    parts = ("queued", "handoff", "waiting_inside")
+    out = {"ranks": len(ranks), "steps": len(kept),
+           "allreduce_fastest_seconds": [med(fastest[b]) for b in range(buckets)], "per_rank": []}
+    if "statistics" in fastest:
+        out["statistics_allreduce_fastest_seconds"] = med(fastest["statistics"])
     for r in ranks:
         ps = rows[r]
         out["per_rank"].append({
@@ -363,8 +371,10 @@ def measured_parts(path, skip):
             "waits_for_slowest_seconds": med(p["waits_for_slowest"] for p in ps),
             "last_end_after_backward_seconds": med(p["last_end"] for p in ps),
             "main_wait_seconds": med(p["main_wait"] for p in ps),
-            "buckets": [{k + "_seconds": med(p["buckets"][b][k] for p in ps) for k in ("queued", "handoff", "waiting_inside")}
-                        for b in range(buckets)]})
+            "buckets": [{k + "_seconds": med(p["buckets"][b][k] for p in ps) for k in parts} for b in range(buckets)]})
+        if "statistics" in fastest:
+            out["per_rank"][-1]["statistics"] = {k + "_seconds": med(p["buckets"]["statistics"][k] for p in ps)
+                                                 for k in parts}
     return out
 
 
@@ -384,6 +394,15 @@ def explain(measured, predicted, out):
     row("waits for the slowest rank (model: the mean rank's)", pp and pp["late_seconds"],
         [r["waits_for_slowest_seconds"] for r in ranks])
     model_buckets = pp["buckets"] if pp else []
+    if "statistics_allreduce_fastest_seconds" in measured:  # not in the model: a few hundred values
+        row("batch-norm statistics: queued, from the step's start", None,
+            [r["statistics"]["queued_seconds"] for r in ranks])
+        row("batch-norm statistics: handed to the communication thread", None,
+            [r["statistics"]["handoff_seconds"] for r in ranks])
+        row("batch-norm statistics: all-reduce (its fastest rank's)", None,
+            [measured["statistics_allreduce_fastest_seconds"]] * len(ranks))
+        row("batch-norm statistics: inside it, waiting for the others", None,
+            [r["statistics"]["waiting_inside_seconds"] for r in ranks])
     for b, fastest in enumerate(measured["allreduce_fastest_seconds"]):
         mb = model_buckets[b] if b < len(model_buckets) else None
         size = f" ({mb['bytes'] / 1e6:.3f} MB)" if mb else ""

@@ -95,8 +95,12 @@ void GradientBucketer::average(float* x, int64_t n) {
 void GradientBucketer::queue_average() {
   if (!std::exchange(average_pending_, false)) return;
   ++expected_;
+  timeline_.averaged = true;
+  timeline_.statistics.end = average_n_;
+  timeline_.statistics.queued = now();
   if (device_) {
     device_->enqueue(average_x_, average_n_, average_share());
+    timeline_.statistics.started = timeline_.statistics.queued;
     ++done_;
   } else {
     queue_.push_back(kAverage);
@@ -134,6 +138,7 @@ double GradientBucketer::finish() {
     device_->join();
     timeline_.finished = now();
     for (auto& b : timeline_.buckets) b.done = timeline_.finished;
+    if (timeline_.averaged) timeline_.statistics.done = timeline_.finished;
     return 0;
   }
   std::unique_lock lock(mu_);
@@ -154,7 +159,7 @@ void GradientBucketer::run() {
       b = queue_.front();
       queue_.pop_front();
       share = b == kAverage ? average_share() : share_;
-      if (b != kAverage) timeline_.buckets[b].started = now();
+      (b == kAverage ? timeline_.statistics : timeline_.buckets[b]).started = now();
     }
     try {
       float* p = b == kAverage ? average_x_ : grads_ + buckets_[b].first;
@@ -170,7 +175,7 @@ void GradientBucketer::run() {
     }
     {
       std::lock_guard lock(mu_);
-      if (b != kAverage) timeline_.buckets[b].done = now();
+      (b == kAverage ? timeline_.statistics : timeline_.buckets[b]).done = now();
       ++done_;
     }
     done_cv_.notify_all();

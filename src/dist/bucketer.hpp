@@ -38,6 +38,10 @@ struct BucketTimeline {
     double queued = 0, started = 0, done = 0;
   };
   std::vector<Bucket> buckets;  // in the order they were all-reduced (arena end first)
+  // The step's average() (the batch-norm running statistics), when it had one: [0, values) of
+  // what it was given; reduced on the same thread ahead of the buckets queued after it.
+  Bucket statistics;
+  bool averaged = false;
   std::chrono::steady_clock::time_point start;  // begin_step's: the zero of the times here
   double backward_done = 0, finished = 0;
 };

@@ -5,7 +5,9 @@ The file must load as strict JSON and match chrome_trace.schema.json (the Trace 
 array form, as hpctrain uses it; Perfetto's trace processor, which would load it too, is not
 available offline here). Then, for every rank and every step of --steps: the step, its data wait,
 forward, backward and optimizer on the main thread (tid 0), inside the step; every bucket queued
-and all-reduced on tid 1, with the same extent on every rank and step; the --expect names (e.g.
+and all-reduced on tid 1, with the same extent on every rank and step; with --statistics, the
+batch-norm statistics' average queued and all-reduced there too, one size throughout, ahead of
+bucket 0; the --expect names (e.g.
 checkpoint) on every rank; and the units: rank 0's step durations against the metrics file's
 step_seconds (a trace in milliseconds, or in seconds, is off by 1000).
 
@@ -26,7 +28,23 @@ def steps_of(text):
     return range(int(first), int(last or first) + 1)
 
 
-def check(trace, schema, ranks, steps, expect, metrics):
+def check_statistics(by, rank, step, problems):
+    """The batch-norm statistics' average: queued and all-reduced on tid 1, its size in its args,
+    done before the first bucket's all-reduce starts (the thread takes it first)."""
+    got = {k: by.get((rank, 1, f"{k} statistics", step)) for k in ("queue", "allreduce")}
+    if not all(got.values()):
+        problems.append(f"rank {rank}, step {step}: no {' or '.join(k for k, v in got.items() if not v)} statistics")
+        return None
+    a = got["allreduce"][-1]
+    if a["args"]["values"] <= 0 or a["args"]["bytes"] != 4 * a["args"]["values"]:
+        problems.append(f"allreduce statistics of step {step} on rank {rank}: size {a['args']}")
+    first = by.get((rank, 1, "allreduce bucket 0", step))
+    if first and a["ts"] + a["dur"] > first[-1]["ts"] + 1e-3:
+        problems.append(f"rank {rank}, step {step}: the statistics' all-reduce ends after bucket 0's starts")
+    return a["args"]["values"]
+
+
+def check(trace, schema, ranks, steps, expect, metrics, statistics=False):
     problems = []
     try:
         jsonschema.validate(trace, schema, cls=jsonschema.Draft202012Validator)
@@ -49,6 +67,7 @@ def check(trace, schema, ranks, steps, expect, metrics):
                 problems.append(f"bucket {a['bucket']} has two extents: {buckets[a['bucket']]}, {a}")
     if sorted(buckets) != list(range(len(buckets))) or len(buckets) < 2:
         problems.append(f"buckets {sorted(buckets)}: want 0..N-1 with N >= 2")
+    sizes = set()  # the statistics' values: one count on every rank and step
     for rank in range(ranks):
         if rank not in named:
             problems.append(f"rank {rank} has no process_name")
@@ -68,9 +87,13 @@ def check(trace, schema, ranks, steps, expect, metrics):
                 for kind in ("queue", "allreduce"):
                     if not by.get((rank, 1, f"{kind} bucket {b}", step)):
                         problems.append(f"rank {rank}, step {step}: no {kind} bucket {b}")
+            if statistics and (values := check_statistics(by, rank, step, problems)) is not None:
+                sizes.add(values)
         for name in expect:
             if not any(k[0] == rank and k[2] == name for k in by):
                 problems.append(f"rank {rank} has no {name}")
+    if len(sizes) > 1:
+        problems.append(f"the statistics' all-reduce has sizes {sorted(sizes)}: want one")
     for line in metrics:
         if line.get("event") == "step" and line["step"] in steps:
             got = by.get((0, 0, f"step {line['step']}", line["step"]))
@@ -89,6 +112,8 @@ def main():
     p.add_argument("--steps", type=steps_of, required=True, help="FIRST-LAST, counted from 1")
     p.add_argument("--expect", action="append", default=[], help="an event name every rank has (repeatable)")
     p.add_argument("--metrics", help="the run's --metrics-file, with step events (--metrics-every-steps 1)")
+    p.add_argument("--statistics", action="store_true",
+                   help="every step also averages the batch-norm statistics (several ranks, a model with batch norm)")
     a = p.parse_args()
     try:
         with open(a.trace) as f:
@@ -102,7 +127,7 @@ def main():
     if a.metrics:
         with open(a.metrics) as f:
             metrics = [json.loads(line) for line in f if line.strip()]
-    problems = check(trace, schema, a.ranks, a.steps, a.expect, metrics)
+    problems = check(trace, schema, a.ranks, a.steps, a.expect, metrics, a.statistics)
     for problem in problems[:20]:
         print(problem)
     return 1 if problems else 0

@@ -187,7 +187,7 @@ class ChromeTrace : public MpiTraining {
     const std::string tests = HPCTRAIN_TESTS_DIR;
     std::vector<std::string> argv{"/usr/bin/python3", tests + "/integration/check_trace.py", trace, "--schema",
                                   tests + "/integration/chrome_trace.schema.json", "--ranks", "2", "--steps", steps,
-                                  "--metrics", metrics};
+                                  "--metrics", metrics, "--statistics"};  // the cnn's batch norms, averaged
     if (checkpoint) argv.insert(argv.end(), {"--expect", "checkpoint"});
     const RunResult c = run_program(argv);
     EXPECT_EQ(c.exit_code, 0) << "steps " << steps << ":\n" << c.out << c.err;

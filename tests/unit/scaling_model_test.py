@@ -278,9 +278,11 @@ class ScalingModelTest(unittest.TestCase):
         queued at the backward end, from 9.05 for 0.3 (hand-over 1.05 | 0.05); the optimizer at 9.45.
         So the last end comes 1.35 | 0.35 after the backward end, rank 0 waits 1.0 for rank 1, and
         the main threads wait 1.45 | 0.45. Step 0, all twice as long, is left out (--skip-steps 1)."""
-        def events(rank, step, t0, k=1.0, last_bucket=True):
+        def events(rank, step, t0, k=1.0, last_bucket=True, statistics=False):
             back = 8.0 if rank == 0 else 9.0
             out = [("step %d" % step, 0, 0.0, 10.0), ("backward", 0, 2.0, back - 2.0), ("optimizer", 0, 9.45, 0.2)]
+            if statistics:  # queued at 3.9, from 3.95 for 0.1: bucket 0 waits for its end (4.05)
+                out += [("queue statistics", 1, 3.9, 0.05), ("allreduce statistics", 1, 3.95, 0.1)]
             for b, queued, start, dur in ((0, 4.0, (4.1, 4.2)[rank], (0.6, 0.5)[rank]), (1, 4.3, 4.75, 0.25),
                                           (2, back, 9.05, 0.3))[:3 if last_bucket else 2]:
                 out += [(f"queue bucket {b}", 1, queued, start - queued), (f"allreduce bucket {b}", 1, start, dur)]
@@ -332,6 +334,17 @@ class ScalingModelTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         for rank in json.loads(r.stdout)["measured"]["per_rank"]:
             self.assertEqual((rank["last_end_after_backward_seconds"], rank["waits_for_slowest_seconds"]), (0, 0))
+        # The batch-norm statistics' average, the thread's first call: its own parts, and bucket 0's
+        # hand-over counted from its end (4.05): 0.05 | 0.15.
+        stats = [e for rank in (0, 1) for step in (1, 2) for e in events(rank, step, 20.0 * step, statistics=True)]
+        r = self.run_model("--explain", self.write("stats.json", json.dumps(stats)), "--skip-steps", "0", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        m = json.loads(r.stdout)["measured"]
+        self.assertAlmostEqual(m["statistics_allreduce_fastest_seconds"], 0.1 * MS, delta=1e-9)
+        for rank, first in zip(m["per_rank"], (0.05, 0.15)):
+            self.assertAlmostEqual(rank["statistics"]["handoff_seconds"], 0.05 * MS, delta=1e-9)
+            self.assertAlmostEqual(rank["statistics"]["queued_seconds"], 3.9 * MS, delta=1e-9)
+            self.assertAlmostEqual(rank["buckets"][0]["handoff_seconds"], first * MS, delta=1e-9)
         # Not a trace of several ranks: one line, exit 2.
         self.expect_usage_error(["--explain", self.write("one.json", json.dumps([e for e in trace if e["pid"] == 0]))],
                                 "explain needs a run of several")

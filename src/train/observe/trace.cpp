@@ -169,9 +169,9 @@ void TraceFile::close() {
 
 Trace::Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const std::string& host, size_t buckets)
     : comm_(comm), file_(std::move(file)) {
-  // Steps' events: step, data wait, forward, backward, optimizer and two per bucket, the same
-  // count on every rank, so every rank reaches the same period.
-  const int64_t per_step = 5 + 2 * static_cast<int64_t>(buckets);
+  // Steps' events: step, data wait, forward, backward, optimizer, two for the statistics' average
+  // and two per bucket, at most: the same bound on every rank, so every rank reaches the same period.
+  const int64_t per_step = 7 + 2 * static_cast<int64_t>(buckets);
   period_ = std::clamp<int64_t>(kEventBudget / per_step, 1, 100);
   if (const char* every = std::getenv("HPCTRAIN_TEST_TRACE_GATHER_STEPS")) period_ = std::max(1LL, std::atoll(every));
   comm_.barrier();
@@ -219,6 +219,13 @@ void Trace::step(int64_t step, Clock::time_point asked, double data_wait, const 
     add("optimizer", 0, p.optimizer, p.end, at);
   }
   const auto since = [&](double seconds) { return after(t.start, seconds); };
+  if (t.averaged) {  // the batch-norm running statistics' mean over the ranks, ahead of the buckets after it
+    const JsonObject args{{"values", t.statistics.end},
+                          {"bytes", t.statistics.end * static_cast<int64_t>(sizeof(float))},
+                          {"step", step}};
+    add("queue statistics", 1, since(t.statistics.queued), since(t.statistics.started), args);
+    add("allreduce statistics", 1, since(t.statistics.started), since(t.statistics.done), args);
+  }
   for (size_t b = 0; b < t.buckets.size(); ++b) {
     const dist::BucketTimeline::Bucket& k = t.buckets[b];
     const JsonObject args{{"bucket", b},

@@ -8,7 +8,9 @@
 // start again near 0; each run's steps keep their own numbers, in the names and args). Names:
 // "step S" (from asking the loader for the batch to the update's end), "data wait", "forward",
 // "backward", "optimizer", "queue bucket N" and "allreduce bucket N" (args: bucket, begin and end
-// in arena elements, bytes, step), "checkpoint" and "snapshot" (how long the main thread spent
+// in arena elements, bytes, step), "queue statistics" and "allreduce statistics" (a step that
+// averages the batch-norm running statistics over the ranks: args values, bytes, step; the same
+// thread takes it ahead of the buckets queued after it), "checkpoint" and "snapshot" (how long the main thread spent
 // handing the state over; the writing itself is a background thread's). S counts steps from 1
 // (after S steps, as the metrics file and the checkpoints do); buckets are numbered in the order
 // they are all-reduced, arena end first.
