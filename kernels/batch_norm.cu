@@ -94,8 +94,11 @@ struct Unfused {};  // the sums pass leaves its partial sums to the finalize ker
 // Whether this block is the last of `count` to arrive at *counter: the writes of every thread
 // of the blocks before it are then visible to all of its threads (threadfence, then the atomic
 // ticket; threadfence after it). A ticket past the count means the counter was not zero when
-// the launch began (a work area not zeroed, or shared by calls of another channel count): the
-// launch traps, an error at the next synchronisation instead of statistics silently wrong.
+// the launch began (a work area not zeroed): the launch traps, an error at the next
+// synchronisation. Only then: a counter left at g with 0 < g < count makes a block that is not
+// the last take itself for it, and the statistics come out wrong without a word. Nothing leaves
+// one so: every completed launch leaves its counters at zero, whatever the channel count (a
+// trapped launch leaves the context unusable anyway), and each layer has a work area of its own.
 __device__ bool arrive_last(unsigned* counter, unsigned count) {
   __shared__ bool last_block;
   __threadfence();
@@ -255,13 +258,18 @@ struct ForwardFinish {
   float *save_mean, *save_invstd, *coef;
   int64_t rows;
   __device__ void operator()(int c, double sum, double squares) const {
+    // Every product and sum rounded on its own (the _rn intrinsics): the compiler may contract a
+    // plain a * b - c into one FMA, and could choose differently in the finalize kernel and in the
+    // fused sums pass; written so, both compute the same bits.
     const double n = static_cast<double>(rows), mean = sum / n;
-    const double var = fmax(squares / n - mean * mean, 0.0);  // biased: the one that normalises
+    const double var = fmax(__dsub_rn(squares / n, __dmul_rn(mean, mean)), 0.0);  // biased: the one that normalises
     const double invstd = 1.0 / sqrt(var + eps);
     save_mean[c] = static_cast<float>(mean);
     save_invstd[c] = static_cast<float>(invstd);
-    running_mean[c] = static_cast<float>((1 - momentum) * running_mean[c] + momentum * mean);
-    running_var[c] = static_cast<float>((1 - momentum) * running_var[c] + momentum * var * n / (n - 1));
+    const double keep = 1 - momentum;
+    running_mean[c] = static_cast<float>(__dadd_rn(__dmul_rn(keep, running_mean[c]), __dmul_rn(momentum, mean)));
+    running_var[c] = static_cast<float>(
+        __dadd_rn(__dmul_rn(keep, running_var[c]), __dmul_rn(__dmul_rn(momentum, var), n) / (n - 1)));
     float* k = coef + kCoefficients * c;
     k[0] = static_cast<float>(mean);
     k[1] = static_cast<float>(gamma[c] * invstd);

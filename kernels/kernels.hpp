@@ -103,8 +103,8 @@ void sgd_step(float* params, const float* grads, float* velocity, int64_t n, con
 // keeps its coefficients there for the backward of the same step. It must be zero when first
 // used for a channel count (device Tensors are zeroed when allocated): the fused finalize's
 // counters at its start are, and every call leaves them at zero again, so a CUDA graph replays
-// the calls as they are. A work area shared by calls of other channel counts is zeroed in
-// between (a counter that is not zero traps the launch).
+// the calls as they are, whatever channel counts they have. A counter at or past its count when
+// a launch starts traps it; one below it, which no completed launch leaves, would go unseen.
 size_t batch_norm_work_bytes(DType t, int64_t rows, int64_t channels);
 // The batch's mean and 1 / sqrt(biased variance + eps) into save_mean and save_invstd;
 // running = (1 - momentum) running + momentum batch, the variance unbiased (as cuDNN, PyTorch
