@@ -123,15 +123,6 @@ void DeviceArenas::defer_grad(int slot) {
   deferred_.push_back({s.offset, s.shape.numel()});
 }
 
-bool DeviceArenas::deferred_within(const float* x, int64_t n) const {
-  if (deferred_.empty() || !grads_.defined()) return false;
-  const auto* base = static_cast<const float*>(grads_.raw());
-  if (x + n <= base || x >= base + grads_.numel()) return false;
-  const int64_t lo = x - base, hi = lo + n;
-  return std::any_of(deferred_.begin(), deferred_.end(),
-                     [&](const kernels::Span& s) { return s.offset < hi && s.offset + s.count > lo; });
-}
-
 void DeviceArenas::land_grads(float factor, cudaStream_t stream) {
   if (deferred_.empty()) return;
   kernels::convert_spans(grads_low_.dtype(), grads_low_.raw(), grads_.data<float>(), deferred_, factor, stream);

@@ -55,9 +55,8 @@ class DeviceArenas {
   void* grad_low(int slot, DType t);
   void defer_grad(int slot);
   void land_grads(float factor, cudaStream_t stream);
-  // Whether a deferred slot lies in [x, x + n) of the fp32 gradients: what an all-reduce of
-  // those elements would read before it is written (false for memory outside that arena).
-  bool deferred_within(const float* x, int64_t n) const;
+  // The deferred slots forgotten, not landed: those of a captured step whose capture failed.
+  void forget_deferred() { deferred_.clear(); }
   float* buffer(int slot) const { return at(buffers_, layout_->buffer_slots().at(slot).offset); }
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }

@@ -50,6 +50,9 @@ class Engine {
   virtual StepResult train_step(const data::Batch& batch, float share, double lr, double momentum) = 0;
   // Eval-mode forward: adds the batch's loss sum and correct count to sums[0] and sums[1].
   virtual void eval_batch(const data::Batch& batch, double* sums) = 0;
+  // Called on every rank before an evaluation, also on a rank that gets no test batch (fewer
+  // batches than ranks): whatever the evaluation may change, every rank forgets alike.
+  virtual void begin_evaluation() {}
   // The training state into c: the parameters, optimizer state and batch-norm statistics into
   // its arenas (keeping their capacity), and in fp16 the loss scaler's keys into its meta (the
   // rest of which, the run's record, is record_run's).

@@ -95,11 +95,6 @@ class NcclBuckets final : public dist::BucketDevice {
   // call, so recording it again for the next bucket does not change what this one waits for.
   void enqueue(float* x, int64_t n, float share) override {
     net_.land_grads();
-    // At world size 1 a bucket that read a gradient not yet landed would still end with the right
-    // bits (the end of the backward pass lands it too, racing the all-reduce): refused here, so
-    // that the single-GPU tests of the bucketed path (HPCTRAIN_TEST_FORCE_NCCL) see it.
-    HPC_CHECK(!net_.arenas().deferred_within(x, n), "a bucket's all-reduce enqueued before its 16-bit weight "
-              "gradients landed in the fp32 arena");
     CUDA_CHECK(cudaEventRecord(fence_.get(), compute_));
     CUDA_CHECK(cudaStreamWaitEvent(nccl_.stream(), fence_.get(), 0));
     nccl_.enqueue_weighted_sum(x, n, share);
@@ -280,7 +275,12 @@ class GpuEngine final : public Engine {
   // steps (the same shapes), and eager and replayed steps issue the same collectives in the same
   // order. A replayed step leaves the bucket timeline empty (no host enqueues a bucket).
   StepResult graph_step(const data::Batch& batch, float share, double lr, double momentum) {
-    if (!graphable(share)) return eager_step(batch, share, lr, momentum);
+    if (!graphable(share)) {  // (every rank alike: the sampler gives all the same share)
+      // Its shape may differ (a last, smaller batch), and its plans may grow a buffer the graph
+      // points at (cuDNN's workspace): the graph is dropped and the next step settles again.
+      forget_graph();
+      return eager_step(batch, share, lr, momentum);
+    }
     const bool same_shape = x_.shape() == graph_shape_;
     if (graph_ && scaled_ && graph_scale_ != scaler_.scale()) graph_.reset();
     if (!same_shape || !settled_) {  // eager, and the buffers settle for this shape
@@ -315,9 +315,19 @@ class GpuEngine final : public Engine {
     return finish_step(batch, r);
   }
 
-  void eval_batch(const data::Batch& batch, double* sums) override {
-    settled_ = false;  // evaluation may resize the buffers a captured step points at
+  // Evaluation may resize the buffers a captured step points at: every rank drops its graph,
+  // and the next step runs eagerly and settles them. Here, not in eval_batch: a rank with no
+  // test batch (fewer batches than ranks) would keep its graph and replay while the others ran
+  // eagerly and captured, their NCCL calls out of step (a capture's buffer registration waits
+  // for the node's other ranks: a hang).
+  void begin_evaluation() override { forget_graph(); }
+
+  void forget_graph() {
+    settled_ = false;
     graph_.reset();
+  }
+
+  void eval_batch(const data::Batch& batch, double* sums) override {
     stage(batch);
     net_.loss(net_.forward(x_, false), labels_.data<int32_t>());
     const auto s = net_.sums();
@@ -416,6 +426,7 @@ class GpuEngine final : public Engine {
     } catch (...) {
       cudaStreamEndCapture(s, &g);
       if (g) cudaGraphDestroy(g);
+      net_.arenas().forget_deferred();  // the captured backward's, which never ran
       throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(s, &g));

@@ -537,6 +537,7 @@ void TrainingRun::snapshot(const RunPosition& at) {
 }
 
 EvalResult TrainingRun::evaluate_now() {
+  engine_->begin_evaluation();
   return evaluate([&](const data::Batch& b, double* s) { engine_->eval_batch(b, s); }, p_.ds.test, p_.ds.norm,
                   o_.eval_batch_size, &comm_, [&] { watchdog_->progress(tally_.step); }, p_.threads, p_.gpu);
 }
