@@ -288,19 +288,23 @@ TEST_F(GpuKernels, ConvertBetweenEveryPairEqualsTheCpuRounding) {
 
 // convert_spans: spans of a 16-bit arena (bf16 and fp16; fp32 too) converted into an fp32 arena
 // of the same layout, the factor applied, equal the CPU's product rounded once, and nothing
-// outside the spans is written. 70 spans, so two launches (kernels::kMaxConvertSpans = 64):
-// empty ones, one of a single element, odd offsets, adjacent ones, in backward order (the
-// last slot first, as a backward pass defers its layers' gradients).
+// outside the spans is written. 80 spans, 71 of them not empty (the empty ones are left out of
+// the launches' lists), so two launches (kernels::kMaxConvertSpans = 64): empty ones, one of a
+// single element, odd offsets, adjacent ones, in backward order (the last slot first, as a
+// backward pass defers its layers' gradients).
 TEST_F(GpuKernels, ConvertSpansEqualTheCpuRoundingAndWriteNothingElse) {
-  const auto values = random_floats(300007, 12, 300.f);  // 70 spans of under 4,050 elements with their gaps fit
+  const auto values = random_floats(300007, 12, 300.f);  // 80 spans of under 4,050 elements with their gaps fit
   std::vector<kernels::Span> spans;
   std::mt19937 g(5);
-  for (int64_t at = 7; spans.size() < 70;) {
+  for (int64_t at = 7; spans.size() < 80;) {
     const int64_t count = spans.size() % 9 == 3 ? 0 : spans.size() % 9 == 5 ? 1 : static_cast<int64_t>(g() % 4000);
     spans.push_back({at, count});
     at += count + (spans.size() % 4 == 0 ? 0 : static_cast<int64_t>(g() % 50) + 1);
   }
   ASSERT_LT(spans.back().offset + spans.back().count, static_cast<int64_t>(values.size()));
+  ASSERT_GT(std::count_if(spans.begin(), spans.end(), [](const kernels::Span& s) { return s.count > 0; }),
+            kernels::kMaxConvertSpans)
+      << "more spans that hold elements than one launch takes: the second launch is tested too";
   std::reverse(spans.begin(), spans.end());
   const float untouched = -7.25f, factor = 1.f / 1024.f;
   for (Precision from : kStored) {
@@ -573,6 +577,12 @@ TEST_F(GpuKernels, BatchNormFusedFinalizeReplaysInAGraph) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE(::testing::Message() << "replay " << replay);
+    // The outputs overwritten first (all bits set: NaNs), outside the graph: a replay that left
+    // any of them alone (a finish its last blocks never ran) cannot match by keeping the eager
+    // step's values.
+    for (auto [p, count] : {std::pair<float*, int64_t>{y.get(), n}, {dxo.get(), n}, {sm.get(), c}, {si.get(), c},
+                            {dgamma.get(), c}, {dbeta.get(), c}})
+      ASSERT_EQ(cudaMemsetAsync(p, 0xFF, static_cast<size_t>(count) * sizeof(float), stream), cudaSuccess);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     EXPECT_TRUE(same_outputs(outputs(), want));
   }

@@ -57,6 +57,7 @@ class DeviceArenas {
   void land_grads(float factor, cudaStream_t stream);
   // The deferred slots forgotten, not landed: those of a captured step whose capture failed.
   void forget_deferred() { deferred_.clear(); }
+  bool has_deferred() const { return !deferred_.empty(); }
   float* buffer(int slot) const { return at(buffers_, layout_->buffer_slots().at(slot).offset); }
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }

@@ -61,7 +61,7 @@ void GpuNetwork::loss(const Tensor& logits, const int32_t* labels) {
   kernels::count_correct(prob_.data<float>(), labels, n, k, correct, ctx_.stream());
 }
 
-void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready) {
+void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready, bool land) {
   const Tensor* d = &dlogits_;
   if (ctx_.act() != DType::F32) {  // the gradient of the loss times the loss scale, in 16 bits
     ensure(dlogits_low_, dlogits_.shape(), ctx_.act());
@@ -72,7 +72,7 @@ void GpuNetwork::backward(const std::function<void(int64_t)>& grads_ready) {
   net_->backward_with(*d, false, [&](size_t i) {
     if (group_offset_[i] >= 0) grads_ready(group_offset_[i]);
   });
-  land_grads();
+  if (land) land_grads();
 }
 
 GpuNetwork::LossSums GpuNetwork::sums() {

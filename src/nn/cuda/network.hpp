@@ -33,10 +33,13 @@ class GpuNetwork {
   // called (on this thread, after the work is enqueued, not done) whenever every gradient at
   // arena offsets >= offset is final. In mixed precision the convolutions' weight gradients
   // reach the fp32 arena only when land_grads() is enqueued (DeviceArenas): whatever reads them
-  // on the device before backward returns (a bucket's all-reduce) calls it first.
-  void backward(const std::function<void(int64_t)>& grads_ready);
+  // on the device before backward returns (a bucket's all-reduce) calls it first. With `land`
+  // false the backward pass leaves that to the caller: the engine's NCCL buckets, each of which
+  // lands what is deferred before its all-reduce (every gradient lies in a bucket queued after
+  // it was deferred), so that the landing a bucket needs is the only one.
+  void backward(const std::function<void(int64_t)>& grads_ready, bool land = true);
   // The weight gradients deferred so far, converted into the fp32 arena (one launch; nothing
-  // when none is deferred). backward() calls it at its end.
+  // when none is deferred). backward() calls it at its end unless told not to.
   void land_grads() { arenas_.land_grads(ctx_.grad_factor(), ctx_.stream()); }
   // The last loss()'s sums: one copy and one wait for the stream.
   struct LossSums {

@@ -224,11 +224,18 @@ class GpuEngine final : public Engine {
     // forward that updated them, on the NCCL stream ahead of the gradients' buckets.
     if (Tensor& stats = net_.arenas().buffers(); bucketer_ && stats.numel() > 0)
       bucketer_->average(stats.data<float>(), stats.numel());
-    net_.backward([&](int64_t offset) {
-      if (bucketer_) bucketer_->ready_from(offset);
-    });
+    // With NCCL the buckets land the 16-bit weight gradients, each what is deferred before its
+    // all-reduce: the only landing, so that one a bucket missed would show (a one-rank average
+    // changes nothing, and a landing at the backward's end would hide it from the one-GPU test).
+    net_.backward(
+        [&](int64_t offset) {
+          if (bucketer_) bucketer_->ready_from(offset);
+        },
+        /*land=*/!bucketer_);
     t.backward_end = StepPhases::Clock::now();
     r->comm_wait = bucketer_ ? bucketer_->finish() : 0.0;  // 0: the device waits, not the host
+    HPC_CHECK(!net_.arenas().has_deferred(), "16-bit weight gradients deferred after the step's last bucket was "
+              "enqueued: never landed in the fp32 arena");
     auto& a = net_.arenas();
     // fp16: the summed gradients (every rank holds the same, so every rank decides alike) are
     // checked in one pass; when one is not finite the update kernel changes nothing.
