@@ -296,11 +296,12 @@ void Loader::decode_all() {
   cv_.notify_all();
 }
 
-// The decoder's next item; false: none will come (or the loader stops, or the producer failed).
+// The decoder's next item; false: none will come (or the loader stops). After the producer
+// failed, the batches it read before are still decoded: they go to the consumer ahead of the error.
 bool Loader::take_made(Item& item) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return stop_ || error_ || !made_.empty() || made_all_; });
-  if (stop_ || error_ || made_.empty()) return false;
+  cv_.wait(lock, [&] { return stop_ || !made_.empty() || made_all_; });
+  if (stop_ || made_.empty()) return false;
   item = made_.front();
   made_.pop_front();
   return true;
@@ -329,11 +330,14 @@ const Batch* Loader::next() {
     cv_.notify_all();
   }
   if (at_end_) return nullptr;
-  cv_.wait(lock, [&] { return !ready_.empty() || done_ || error_; });
+  // Errors in their batch's place: a batch read ahead (the next epoch's, while this one ends)
+  // that cannot be read or decoded fails the step that would take it, not the steps, the
+  // evaluation and the checkpoint before it. Every thread that fails sets done_ as it ends.
+  cv_.wait(lock, [&] { return !ready_.empty() || done_; });
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (error_) std::rethrow_exception(error_);
-  if (ready_.empty()) {  // (stopped: not reached while an epoch runs)
-    at_end_ = true;
+  if (ready_.empty()) {
+    if (error_) std::rethrow_exception(error_);
+    at_end_ = true;  // (stopped: not reached while an epoch runs)
     return nullptr;
   }
   const Item item = ready_.front();

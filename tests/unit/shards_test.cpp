@@ -580,7 +580,8 @@ TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
 }
 
 // A decoder's failure (nvJPEG refusing a batch) reaches the consumer as the error of its next()
-// (not a hang, nor a batch left undecoded), and leaving the loader then stops both of its threads.
+// (not a hang, nor a batch left undecoded), in the failed batch's place: every batch before it
+// is served first. Leaving the loader then stops both of its threads.
 TEST(ShardDataset, ADecodersFailureIsTheConsumersError) {
   TempDir dir;
   const DatasetPair p = packed_pictures(dir);
@@ -610,7 +611,47 @@ TEST(ShardDataset, ADecodersFailureIsTheConsumersError) {
       error = e.what();
     }
     EXPECT_EQ(error, "no decoder for step 1") << "depth " << depth;
-    EXPECT_LE(steps, 1);
+    EXPECT_EQ(steps, 1) << "depth " << depth << ": step 0 is served before step 1's error";
+  }
+}
+
+// A batch read ahead into the next epoch (while this one ends: its evaluation, its checkpoint)
+// that cannot be decoded fails the next epoch's first step, not this epoch's last ones: the
+// error waits in its place behind the batches before it.
+TEST(ShardDataset, AReadAheadBatchsFailureWaitsForItsTurn) {
+  TempDir dir;
+  const DatasetPair p = packed_pictures(dir);
+  class Failing final : public BatchDecoder {
+   public:
+    void decode(Batch& b) override {
+      if (b.epoch == 1) throw std::runtime_error("no decoder for epoch 1");
+      b.decoded = &zero_;
+    }
+
+   private:
+    float zero_ = 0;
+  } decoder;
+  const ShardedSampler sampler(p.train.count, 2, 5, 0, 1, true);
+  ASSERT_GE(sampler.steps_per_epoch(), 3);
+  for (int depth : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
+    Loader loader(p.train, p.norm, {}, sampler, 9, depth, 2, true, &decoder, 2);
+    loader.start_epoch(0);
+    int64_t steps = 0;
+    // Slowly, so that the next epoch's first batch has failed before this epoch ends.
+    while (const Batch* b = loader.next()) {
+      ASSERT_EQ(b->step, steps++);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(steps, sampler.steps_per_epoch()) << "every step of epoch 0";
+    loader.start_epoch(1);
+    std::string error;
+    try {
+      loader.next();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, "no decoder for epoch 1");
   }
 }
 

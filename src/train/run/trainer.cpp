@@ -391,9 +391,13 @@ void TrainingRun::plan() {
   plan_.schedule = schedule_for(o_.epochs);
   // The GPU takes the batches as bytes and normalises them itself; or decodes their JPEGs too.
   if (p_.gpu_decode) plan_.decoder = make_gpu_decoder(device::select_gpu(ctx_.local_rank()));
+  // The epochs the steps reach (--max-steps may end the run early): the loader goes on into the
+  // next epoch while one ends, but not into one that no step will take.
+  const int64_t spe = std::max<int64_t>(plan_.steps_per_epoch, 1);
+  const int64_t epochs = std::min<int64_t>(std::max<int64_t>((plan_.total_steps + spe - 1) / spe, 1), o_.epochs);
   plan_.loader = std::make_unique<data::Loader>(p_.ds.train, p_.ds.norm, augment_spec(o_), *plan_.sampler,
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu,
-                                                plan_.decoder.get(), o_.epochs);
+                                                plan_.decoder.get(), epochs);
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
   stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
