@@ -94,10 +94,12 @@ class GpuKernels : public ::testing::Test {
 
 namespace fake_memory {  // an allocator that can be told to fail, on the CPU
 int allocations = 0, frees = 0;
+size_t last_bytes = 0;
 bool fail_next = false;
 cudaError_t allocate(void** p, size_t bytes) {
   if (std::exchange(fail_next, false)) return cudaErrorMemoryAllocation;
   ++allocations;
+  last_bytes = bytes;
   *p = std::malloc(bytes);
   return cudaSuccess;
 }
@@ -108,7 +110,8 @@ cudaError_t release(void* p) {
 }
 }  // namespace fake_memory
 
-// It only grows, keeping its block for smaller requests; a growth that fails leaves no block,
+// It only grows, keeping its block for smaller requests, and by half as much again at least (a
+// request of 110 after 100 takes 150, and then 140 fits); a growth that fails leaves no block,
 // not the freed one counted at its old size (the next request, however small, allocates
 // again: a null pointer is never handed out). Runs without a GPU: the allocator is a stand-in.
 TEST(CudaMemory, GrowsOnlyAndAFailedGrowthLeavesNoBlock) {
@@ -119,14 +122,21 @@ TEST(CudaMemory, GrowsOnlyAndAFailedGrowthLeavesNoBlock) {
     EXPECT_EQ(m.get(50), a);
     EXPECT_EQ(m.get(100), a);
     EXPECT_EQ(fake_memory::allocations, 1);
-    EXPECT_NE(m.get(200), nullptr);
+    EXPECT_NE(m.get(110), nullptr);
+    EXPECT_EQ(fake_memory::last_bytes, 150u);
+    void* b = m.get(140);
+    EXPECT_EQ(m.get(150), b);
     EXPECT_EQ(fake_memory::allocations, 2);
     EXPECT_EQ(fake_memory::frees, 1);
-    fake_memory::fail_next = true;
-    EXPECT_THROW(m.get(400), std::exception);
-    EXPECT_EQ(fake_memory::frees, 2);  // the old block went before the failed request
-    EXPECT_NE(m.get(10), nullptr);
+    EXPECT_NE(m.get(400), nullptr);  // more than half again: what is asked
+    EXPECT_EQ(fake_memory::last_bytes, 400u);
     EXPECT_EQ(fake_memory::allocations, 3);
+    fake_memory::fail_next = true;
+    EXPECT_THROW(m.get(800), std::exception);
+    EXPECT_EQ(fake_memory::frees, 3);  // the old block went before the failed request
+    EXPECT_NE(m.get(10), nullptr);
+    EXPECT_EQ(fake_memory::last_bytes, 10u);  // from no block: what is asked
+    EXPECT_EQ(fake_memory::allocations, 4);
   }
   EXPECT_EQ(fake_memory::frees, fake_memory::allocations);
 }

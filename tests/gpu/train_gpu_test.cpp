@@ -466,6 +466,10 @@ TEST_F(GpuTraining, JpegShardsDecodedOnTheGpuTrainAsOnTheCpu) {
   ASSERT_EQ(run_hpctrain(job(g2, "gpu")).exit_code, 0);
   EXPECT_EQ(done_of(g2).at("param_checksum").str, done_of(g1).at("param_checksum").str) << "not deterministic";
   EXPECT_NE((gpu.out + gpu.err).find("CUDA graph: the training step captured"), std::string::npos) << gpu.err;
+  // The decoder's thread frees and allocates device memory as its batches grow (each free waits
+  // for the device) while the step may be being captured on the main thread: the run must not
+  // have fallen back to eager steps, which would give the same bits.
+  EXPECT_EQ((gpu.out + gpu.err).find("could not be captured"), std::string::npos) << gpu.err;
   auto eager = job(gg, "gpu");
   eager.push_back("--no-cuda-graphs");
   const RunResult launched = run_hpctrain(eager);

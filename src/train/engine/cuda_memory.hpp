@@ -1,11 +1,16 @@
 // Memory of the GPU engine's and the JPEG decoder's own (not the caching allocator's, whose blocks
 // are ordered on the compute stream alone) that only grows: get(bytes) gives a block of at least
 // that many bytes, its contents lost when it grows; freed with its owner. Pinned (page-locked)
-// host memory, whose copies to and from the GPU are asynchronous DMA, or device memory.
+// host memory, whose copies to and from the GPU are asynchronous DMA, or device memory. A block
+// that grows takes at least half as much again: requests that creep up (the decoder's batches of
+// JPEGs of every size) free and allocate a few times, not at each new largest one. Each growth's
+// free waits for the whole device, on whichever thread (the loader's, while a step runs or is
+// being captured on another).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 
 #include "core/cuda_check.hpp"
@@ -24,11 +29,13 @@ class GrowingMemory {
   void* get(size_t bytes) {
     if (bytes > size_) {
       void* old = p_;
+      const size_t last = size_;
       p_ = nullptr;
       size_ = 0;  // a failed allocation leaves none, not a smaller block counted as larger
       if (old) CUDA_CHECK(Free(old));
-      CUDA_CHECK(Alloc(&p_, bytes));
-      size_ = bytes;
+      const size_t grown = old ? std::max(bytes, last + last / 2) : bytes;
+      CUDA_CHECK(Alloc(&p_, grown));
+      size_ = grown;
     }
     return p_;
   }

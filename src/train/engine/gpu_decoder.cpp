@@ -90,6 +90,8 @@ class GpuBatchDecoder final : public data::BatchDecoder {
     }
   }
   ~GpuBatchDecoder() override {
+    // A decode that failed partway may have left work on the stream: done before its state goes.
+    if (stream_) cudaStreamSynchronize(stream_);
     hardware_.reset();
     cuda_.reset();
     if (stream_) cudaStreamDestroy(stream_);
