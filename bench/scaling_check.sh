@@ -48,7 +48,8 @@ if [[ -z $cold_bytes ]]; then
   l3=$(sed -nE 's/^([0-9]+)K$/\1/p' /sys/devices/system/cpu/cpu0/cache/index3/size 2> /dev/null || true)
   cold_bytes=$((2 * ${l3:-32768} * 1024))
 fi
-[[ $cold_bytes =~ ^[0-9]+$ ]] || die "--cold-bytes must be a byte count, got '$cold_bytes'"
+[[ $cold_bytes =~ ^[0-9]{1,11}$ ]] && ((cold_bytes <= 17179869184)) ||
+  die "--cold-bytes must be a byte count of at most 17179869184 (16 GiB), got '$cold_bytes'"
 ((steps > 10)) || die "--steps must be more than 10 (the first 5 are left out), got $steps"
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -103,11 +104,13 @@ fit_sweep() {
     "$mpirun" "${mpirun_args[@]}" -np "$r" "$sweep" --max-bytes 4194304 "$@" >> "$tmp/$name.jsonl"
   done
   "${model[@]}" --fit-sweep "$tmp/$name.jsonl" > "$tmp/${name}_fits.json"
-  "$python" - "$root/bench/clusters.json" "$tmp/${name}_fits.json" "$cores" > "$tmp/${name}_clusters.json" << 'EOF'
+  # This machine is one node: as many "GPUs" a node as the most ranks asked for.
+  "$python" - "$root/bench/clusters.json" "$tmp/${name}_fits.json" "$cores" "$most" > "$tmp/${name}_clusters.json" << 'EOF'
 import json, sys
 clusters = json.load(open(sys.argv[1]))
 clusters["local"]["fits"] = json.load(open(sys.argv[2]))["fits"]
 clusters["local"]["cores_per_node"] = int(sys.argv[3])
+clusters["local"]["gpus_per_node"] = max(int(clusters["local"]["gpus_per_node"]), int(sys.argv[4]))
 print(json.dumps(clusters, indent=1))
 EOF
   "$python" - "$tmp/${name}_fits.json" << 'EOF'
@@ -138,7 +141,8 @@ echo
 echo "== 2/4 one rank: $mpirun -np 1 hpctrain ${job[*]} --bucket-mb 0.001 --timeline-file t1.jsonl"
 "$mpirun" "${mpirun_args[@]}" -np 1 "$hpctrain" "${job[@]}" --bucket-mb 0.001 --timeline-file "$tmp/t1.jsonl" \
   --metrics-file "$tmp/m1.jsonl" --checkpoint-dir "$tmp/ckpt1"
-read -r step1 wait1 <<< "$(median_of "$tmp/m1.jsonl")"
+measured=$(median_of "$tmp/m1.jsonl")
+read -r step1 wait1 <<< "$measured"
 echo "  step $(calc "$step1 * 1000" 3) ms (median), comm wait $(calc "$wait1 * 1000" 3) ms"
 
 echo
@@ -152,10 +156,12 @@ against() {
   [[ $mode == on ]] || flag=(--no-overlap)
   "${model[@]}" --timeline "$tmp/t1.jsonl" --metrics "$tmp/m1.jsonl" --clusters "$tmp/${name}_clusters.json" \
     --cluster local --gpus "$r" --bucket-mb 25 "${flag[@]}" --json > "$tmp/${name}_p${r}_$mode.json"
-  read -r pstep pwait <<< "$("$python" -c '
+  local predicted  # assigned first: a failure inside $(...) then stops the script (set -e)
+  predicted=$("$python" -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["rows"][0]
-print(r["step_seconds"], r["exposed_seconds"])' "$tmp/${name}_p${r}_$mode.json")"
+print(r["step_seconds"], r["exposed_seconds"])' "$tmp/${name}_p${r}_$mode.json")
+  read -r pstep pwait <<< "$predicted"
   ok_step=$(awk "BEGIN { print (($pstep - $step)^2 <= (0.2 * $step)^2) ? \"yes\" : \"no\" }")
   ok_wait=$(awk "BEGIN { print (($pwait - $wait)^2 <= (0.2 * $wait)^2) ? \"yes\" : \"no\" }")
   ok=no && [[ $ok_step == yes && $ok_wait == yes ]] && ok=yes
@@ -171,7 +177,8 @@ for r in "${ranks[@]}"; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
     "$mpirun" "${mpirun_args[@]}" -np "$r" "$hpctrain" "${job[@]}" "${flag[@]}" --metrics-file "$tmp/m${r}_$mode.jsonl" \
       --timeline-file "$tmp/trace${r}_$mode.json" --checkpoint-dir "$tmp/ckpt${r}_$mode" 2> >(grep -v "share cores" >&2)
-    read -r step wait <<< "$(median_of "$tmp/m${r}_$mode.jsonl")"
+    measured=$(median_of "$tmp/m${r}_$mode.jsonl")
+    read -r step wait <<< "$measured"
     against sweep "$r" "$mode" "$step" "$wait"
     [[ $ok == yes ]] || failed=$((failed + 1))
     echo "$row"

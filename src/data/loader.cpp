@@ -239,7 +239,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_step) {
   for (int i = 0; i < static_cast<int>(pool_.size()); ++i) free_.push_back(i);
   in_use_ = continues_at_ = -1;
   at_end_ = made_all_ = done_ = stop_ = false;
-  error_ = nullptr;
+  error_ = decode_error_ = nullptr;
   producer_ = std::thread([this, epoch, first_step] { produce(epoch, first_step); });
   if (decoder_) decoding_ = std::thread([this] { decode_all(); });
 }
@@ -289,7 +289,7 @@ void Loader::decode_all() {
       pass_on(ready_, item);
     }
   } catch (...) {
-    failed();
+    failed(true);
   }
   std::lock_guard lock(mu_);
   done_ = true;
@@ -315,9 +315,10 @@ void Loader::pass_on(std::deque<Item>& to, Item item) {
   cv_.notify_all();
 }
 
-void Loader::failed() {
+void Loader::failed(bool decoding) {
   std::lock_guard lock(mu_);
   if (!error_) error_ = std::current_exception();
+  if (decoding) decode_error_ = std::current_exception();
   cv_.notify_all();
 }
 
@@ -336,6 +337,8 @@ const Batch* Loader::next() {
   cv_.wait(lock, [&] { return !ready_.empty() || done_; });
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (ready_.empty()) {
+    // The decoder takes the batches in order behind the reader: its failure is of the earlier batch.
+    if (decode_error_) std::rethrow_exception(decode_error_);
     if (error_) std::rethrow_exception(error_);
     at_end_ = true;  // (stopped: not reached while an epoch runs)
     return nullptr;

@@ -151,7 +151,7 @@ class Loader {
   void decode_all();
   bool take_made(Item& item);
   void pass_on(std::deque<Item>& to, Item item);
-  void failed();
+  void failed(bool decoding = false);
 
   BatchAssembler assembler_;
   BatchDecoder* decoder_;
@@ -169,7 +169,8 @@ class Loader {
   bool at_end_ = true;          // the consumer has had its epoch's end: next() gives nullptr
   int64_t continues_at_ = -1;   // the epoch whose batches follow in ready_ (start_epoch keeps them)
   bool made_all_ = false, done_ = false, stop_ = false;  // producer ended; last stage ended; asked to stop
-  std::exception_ptr error_;
+  std::exception_ptr error_;         // the first failure of either thread: both stop
+  std::exception_ptr decode_error_;  // the decoder's: of an earlier batch than the reader's, if both failed
   std::thread producer_, decoding_;
   double wait_seconds_ = 0;
 };
