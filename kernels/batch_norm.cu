@@ -60,6 +60,8 @@ __device__ __forceinline__ bool relu_passes(float v) {
 // every run of a shape are the same.
 struct Geometry {
   Geometry(int v, int64_t rows, int64_t channels, int target_blocks) : vec(v) {
+    // (Before any division by the shape: the layers' own checks come after their members' geometry.)
+    HPC_CHECK(rows > 0 && channels >= v && v > 0, "a batch norm of ", rows, " rows of ", channels, " channels");
     const int64_t cv = channels / v;
     bx = static_cast<int>(std::min<int64_t>(cv, 32));
     by = kBlockThreads / bx;
@@ -592,10 +594,18 @@ bool one_of(int v, const int (&values)[N]) {
   return std::find(std::begin(values), std::end(values), v) != std::end(values);
 }
 
-void check_tuning(const BatchNormTuning& t) {
+constexpr bool sum_blocks_fit_the_work_area() {
+  for (int b : kSumBlockCounts)
+    if (b > kSumBlocks) return false;
+  return true;
+}
+static_assert(sum_blocks_fit_the_work_area(), "Plan::bytes sizes the partial sums for kSumBlocks slabs at most");
+
+// `as_written`: the text the tuning was read from, named in the error as the user wrote it.
+void check_tuning(const BatchNormTuning& t, const std::string& as_written = {}) {
   if (!one_of(t.pack_bytes, kPackBytes) || !one_of(t.blocks_per_sm, kBlocksPerSm) || !one_of(t.rows, kRowsInFlight) ||
       !one_of(t.sum_blocks, kSumBlockCounts))
-    throw Error(ErrorKind::Usage, "batch-norm tuning '" + batch_norm_tuning_text(t) +
+    throw Error(ErrorKind::Usage, "batch-norm tuning '" + (as_written.empty() ? batch_norm_tuning_text(t) : as_written) +
                                       "': pack bytes 16 or 8, blocks per multiprocessor 2 or 4, rows 2 or 4, "
                                       "one wave 0 or 1, sum blocks 1024, 512 or 256");
 }
@@ -668,7 +678,7 @@ BatchNormTuning parse_batch_norm_tuning(const std::string& text) {
   t.pack_bytes = v[0], t.blocks_per_sm = v[1], t.rows = v[2], t.one_wave = v[3] == 1;
   if (v.size() >= 5) t.sum_blocks = v[4];
   if (v.size() == 6) t.fused_finalize = v[5] == 1;
-  check_tuning(t);
+  check_tuning(t, text);
   return t;
 }
 

@@ -167,6 +167,7 @@ class GpuEngine final : public Engine {
         precision_(name_of(kPrecisionNames, o.precision)),
         deterministic_(o.deterministic),
         scaled_(o.precision == Precision::Fp16) {
+    kernels::batch_norm_tuning();  // HPCTRAIN_BN_TUNING read now: a malformed one stops the run before its set-up
     if (ctx.world_size() > 1 || nccl_forced()) {
       nccl_ = std::make_unique<dist::NcclCommunicator>(ctx.world());
       buckets_ = std::make_unique<NcclBuckets>(*nccl_, net_);
