@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -579,22 +580,29 @@ TEST(ShardDataset, JpegSamplesForADecoderGiveTheCpuPathsBatches) {
   }
 }
 
+// A decoder that refuses the batches `refuses` names (with `error`) and "decodes" the others.
+class FailingDecoder final : public BatchDecoder {
+ public:
+  FailingDecoder(std::function<bool(const Batch&)> refuses, std::string error)
+      : refuses_(std::move(refuses)), error_(std::move(error)) {}
+  void decode(Batch& b) override {
+    if (refuses_(b)) throw std::runtime_error(error_);
+    b.decoded = &zero_;
+  }
+
+ private:
+  std::function<bool(const Batch&)> refuses_;
+  std::string error_;
+  float zero_ = 0;
+};
+
 // A decoder's failure (nvJPEG refusing a batch) reaches the consumer as the error of its next()
 // (not a hang, nor a batch left undecoded), in the failed batch's place: every batch before it
 // is served first. Leaving the loader then stops both of its threads.
 TEST(ShardDataset, ADecodersFailureIsTheConsumersError) {
   TempDir dir;
   const DatasetPair p = packed_pictures(dir);
-  class Failing final : public BatchDecoder {
-   public:
-    void decode(Batch& b) override {
-      if (b.step == 1) throw std::runtime_error("no decoder for step 1");
-      b.decoded = &zero_;
-    }
-
-   private:
-    float zero_ = 0;
-  } decoder;
+  FailingDecoder decoder([](const Batch& b) { return b.step == 1; }, "no decoder for step 1");
   const ShardedSampler sampler(p.train.count, 2, 5, 0, 1, true);
   ASSERT_GE(sampler.steps_per_epoch(), 3);
   for (int depth : {1, 3}) {
@@ -621,16 +629,7 @@ TEST(ShardDataset, ADecodersFailureIsTheConsumersError) {
 TEST(ShardDataset, AReadAheadBatchsFailureWaitsForItsTurn) {
   TempDir dir;
   const DatasetPair p = packed_pictures(dir);
-  class Failing final : public BatchDecoder {
-   public:
-    void decode(Batch& b) override {
-      if (b.epoch == 1) throw std::runtime_error("no decoder for epoch 1");
-      b.decoded = &zero_;
-    }
-
-   private:
-    float zero_ = 0;
-  } decoder;
+  FailingDecoder decoder([](const Batch& b) { return b.epoch == 1; }, "no decoder for epoch 1");
   const ShardedSampler sampler(p.train.count, 2, 5, 0, 1, true);
   ASSERT_GE(sampler.steps_per_epoch(), 3);
   for (int depth : {1, 3}) {
