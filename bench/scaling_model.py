@@ -164,9 +164,8 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
             "images_per_second": n * run["batch"] / step if run["batch"] else None,
             "efficiency": run["step"] / step,
             # The parts (explain): when the backward pass ends, how late the slowest rank is, each
-            # hand-over to the communication thread, each bucket's times (from the step's start).
-            "parts": {"backward_done_seconds": backward_done, "late_seconds": late, "handoff_seconds": wake,
-                      "buckets": parts}}
+            # bucket's times (from the step's start) and its hand-over to the communication thread.
+            "parts": {"backward_done_seconds": backward_done, "late_seconds": late, "buckets": parts}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -366,15 +365,18 @@ def measured_parts(path, skip):
         out["statistics_allreduce_fastest_seconds"] = med(fastest["statistics"])
     for r in ranks:
         ps = rows[r]
+
+        def of_call(c):  # one all-reduce's parts on this rank
+            return {k + "_seconds": med(p["buckets"][c][k] for p in ps) for k in parts}
+
         out["per_rank"].append({
             "rank": r, "backward_done_seconds": med(p["backward_end"] for p in ps),
             "waits_for_slowest_seconds": med(p["waits_for_slowest"] for p in ps),
             "last_end_after_backward_seconds": med(p["last_end"] for p in ps),
             "main_wait_seconds": med(p["main_wait"] for p in ps),
-            "buckets": [{k + "_seconds": med(p["buckets"][b][k] for p in ps) for k in parts} for b in range(buckets)]})
+            "buckets": [of_call(b) for b in range(buckets)]})
         if "statistics" in fastest:
-            out["per_rank"][-1]["statistics"] = {k + "_seconds": med(p["buckets"]["statistics"][k] for p in ps)
-                                                 for k in parts}
+            out["per_rank"][-1]["statistics"] = of_call("statistics")
     return out
 
 
@@ -393,26 +395,23 @@ def explain(measured, predicted, out):
         [r["backward_done_seconds"] for r in ranks])
     row("waits for the slowest rank (model: the mean rank's)", pp and pp["late_seconds"],
         [r["waits_for_slowest_seconds"] for r in ranks])
+    def call(name, size, mb, per_rank, fastest):
+        """One all-reduce's four rows: mb, the model's bucket (None: not in the model)."""
+        row(f"{name}{size}: queued, from the step's start", mb and mb["ready_seconds"],
+            [p["queued_seconds"] for p in per_rank])
+        row(f"{name}: handed to the communication thread", mb and mb["handoff_seconds"],
+            [p["handoff_seconds"] for p in per_rank])
+        row(f"{name}: all-reduce (measured: its fastest rank's)", mb and mb["allreduce_seconds"],
+            [fastest] * len(per_rank))
+        row(f"{name}: inside it, waiting for the other ranks", None, [p["waiting_inside_seconds"] for p in per_rank])
+
     model_buckets = pp["buckets"] if pp else []
     if "statistics_allreduce_fastest_seconds" in measured:  # not in the model: a few hundred values
-        row("batch-norm statistics: queued, from the step's start", None,
-            [r["statistics"]["queued_seconds"] for r in ranks])
-        row("batch-norm statistics: handed to the communication thread", None,
-            [r["statistics"]["handoff_seconds"] for r in ranks])
-        row("batch-norm statistics: all-reduce (its fastest rank's)", None,
-            [measured["statistics_allreduce_fastest_seconds"]] * len(ranks))
-        row("batch-norm statistics: inside it, waiting for the others", None,
-            [r["statistics"]["waiting_inside_seconds"] for r in ranks])
+        call("batch-norm statistics", "", None, [r["statistics"] for r in ranks],
+             measured["statistics_allreduce_fastest_seconds"])
     for b, fastest in enumerate(measured["allreduce_fastest_seconds"]):
         mb = model_buckets[b] if b < len(model_buckets) else None
-        size = f" ({mb['bytes'] / 1e6:.3f} MB)" if mb else ""
-        row(f"bucket {b}{size}: queued, from the step's start", mb and mb["ready_seconds"],
-            [r["buckets"][b]["queued_seconds"] for r in ranks])
-        row(f"bucket {b}: handed to the communication thread", mb and mb["handoff_seconds"],
-            [r["buckets"][b]["handoff_seconds"] for r in ranks])
-        row(f"bucket {b}: all-reduce (measured: its fastest rank's)", mb and mb["allreduce_seconds"], [fastest] * len(ranks))
-        row(f"bucket {b}: inside it, waiting for the other ranks", None,
-            [r["buckets"][b]["waiting_inside_seconds"] for r in ranks])
+        call(f"bucket {b}", f" ({mb['bytes'] / 1e6:.3f} MB)" if mb else "", mb, [r["buckets"][b] for r in ranks], fastest)
     if pp and len(model_buckets) != len(measured["allreduce_fastest_seconds"]):
         out.write(f"(the model has {len(model_buckets)} bucket(s), the run {len(measured['allreduce_fastest_seconds'])})\n")
     last = pp and pp["buckets"][-1]["start_seconds"] + pp["buckets"][-1]["allreduce_seconds"] - pp["backward_done_seconds"]
