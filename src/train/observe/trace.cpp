@@ -219,22 +219,24 @@ void Trace::step(int64_t step, Clock::time_point asked, double data_wait, const 
     add("optimizer", 0, p.optimizer, p.end, at);
   }
   const auto since = [&](double seconds) { return after(t.start, seconds); };
-  if (t.averaged) {  // the batch-norm running statistics' mean over the ranks, ahead of the buckets after it
-    const JsonObject args{{"values", t.statistics.end},
-                          {"bytes", t.statistics.end * static_cast<int64_t>(sizeof(float))},
-                          {"step", step}};
-    add("queue statistics", 1, since(t.statistics.queued), since(t.statistics.started), args);
-    add("allreduce statistics", 1, since(t.statistics.started), since(t.statistics.done), args);
-  }
+  // One reduction of the communication thread: its wait in the queue, then its all-reduce.
+  const auto reduction = [&](const std::string& what, const dist::BucketTimeline::Bucket& k, const JsonObject& args) {
+    add("queue " + what, 1, since(k.queued), since(k.started), args);
+    add("allreduce " + what, 1, since(k.started), since(k.done), args);
+  };
+  if (t.averaged)  // the batch-norm running statistics' mean over the ranks, ahead of the buckets after it
+    reduction("statistics", t.statistics,
+              {{"values", t.statistics.end},
+               {"bytes", t.statistics.end * static_cast<int64_t>(sizeof(float))},
+               {"step", step}});
   for (size_t b = 0; b < t.buckets.size(); ++b) {
     const dist::BucketTimeline::Bucket& k = t.buckets[b];
-    const JsonObject args{{"bucket", b},
-                          {"begin", k.begin},
-                          {"end", k.end},
-                          {"bytes", (k.end - k.begin) * static_cast<int64_t>(sizeof(float))},
-                          {"step", step}};
-    add("queue bucket " + std::to_string(b), 1, since(k.queued), since(k.started), args);
-    add("allreduce bucket " + std::to_string(b), 1, since(k.started), since(k.done), args);
+    reduction("bucket " + std::to_string(b), k,
+              {{"bucket", b},
+               {"begin", k.begin},
+               {"end", k.end},
+               {"bytes", (k.end - k.begin) * static_cast<int64_t>(sizeof(float))},
+               {"step", step}});
   }
 }
 
