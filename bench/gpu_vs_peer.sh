@@ -516,9 +516,14 @@ all_step() {
   cat "$results"/*.txt > "$out/summary.txt" 2> /dev/null || true
   # The scaling step's runs (each one's Chrome trace and metrics, the sweep): a third file, small
   # enough to come back from a device call's $OUT, for taking a failed check apart afterwards.
+  # Written beside it and renamed: a call stopped midway leaves no half archive under that name.
   if [[ -d $results/scaling ]]; then
-    tar -czf "$out/scaling.tar.gz" -C "$results" --exclude 'ckpt*' scaling 2> /dev/null ||
+    if tar -czf "$out/scaling.tar.gz.part" -C "$results" --exclude 'ckpt*' scaling 2> /dev/null; then
+      mv -f "$out/scaling.tar.gz.part" "$out/scaling.tar.gz"
+    else
+      rm -f "$out/scaling.tar.gz.part"
       echo "== all: could not pack $results/scaling into $out/scaling.tar.gz" | tee -a "$out/all.log"
+    fi
   fi
   if ((${#failed[@]})); then
     echo "== all: not passed: ${failed[*]} (log: $out/all.log)"
