@@ -8,7 +8,8 @@
 #   2. one rank (mpirun -np 1) of the default job's cnn, one thread, --steps steps, with a
 #      timeline of every layer group (--bucket-mb 0.001) and its step times: the model's input;
 #   3. mpirun -np R of the same job (default --bucket-mb 25) with overlap and with --no-overlap:
-#      the median step_seconds and comm_wait_seconds of its steps after the first 5;
+#      the step_seconds and comm_wait_seconds of its steps after the first 5, each a mean less its
+#      longest 5% (one rank's, as the model predicts them: trimmed_step_seconds, ..._exposed_...);
 #   4. the model's prediction for each, from 1 and 2 only (regrouped to 25 MB buckets as hpctrain
 #      cuts them), and whether it is within 20% of the measured step time and exposed communication;
 #      then each run taken apart from its Chrome trace (every rank's --timeline-file), part by part
@@ -129,21 +130,25 @@ if ((cold_bytes > 0)); then
   fit_sweep sweep_cold --cold-bytes "$cold_bytes"
 fi
 
-# median_of FILE: the median step_seconds and comm_wait_seconds of the step events after the first 5.
-median_of() {
+# measure FILE: the step_seconds and comm_wait_seconds of the step events after the first 5, each
+# its mean less its longest 5% (scaling_model.trimmed_mean: the same statistic the model predicts;
+# a median would sit on an edge: of 2 ranks each is the slowest, and waits for nobody, every other step).
+measure() {
   "$python" -c '
-import json, statistics, sys
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from scaling_model import trimmed_mean
 steps = [e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"][5:]
-print(statistics.median(e["step_seconds"] for e in steps), statistics.median(e["comm_wait_seconds"] for e in steps))' "$1"
+print(trimmed_mean(e["step_seconds"] for e in steps), trimmed_mean(e["comm_wait_seconds"] for e in steps))' "$1" "$root/bench"
 }
 
 echo
 echo "== 2/4 one rank: $mpirun -np 1 hpctrain ${job[*]} --bucket-mb 0.001 --timeline-file t1.jsonl"
 "$mpirun" "${mpirun_args[@]}" -np 1 "$hpctrain" "${job[@]}" --bucket-mb 0.001 --timeline-file "$tmp/t1.jsonl" \
   --metrics-file "$tmp/m1.jsonl" --checkpoint-dir "$tmp/ckpt1"
-measured=$(median_of "$tmp/m1.jsonl")
+measured=$(measure "$tmp/m1.jsonl")
 read -r step1 wait1 <<< "$measured"
-echo "  step $(calc "$step1 * 1000" 3) ms (median), comm wait $(calc "$wait1 * 1000" 3) ms"
+echo "  step $(calc "$step1 * 1000" 3) ms (trimmed mean), comm wait $(calc "$wait1 * 1000" 3) ms"
 
 echo
 echo "== 3/4 and 4/4: $mpirun -np R hpctrain ${job[*]} [--no-overlap], against the model"
@@ -159,8 +164,8 @@ against() {
   local predicted  # assigned first: a failure inside $(...) then stops the script (set -e)
   predicted=$("$python" -c '
 import json, sys
-r = json.load(open(sys.argv[1]))["rows"][0]
-print(r["step_seconds"], r["exposed_seconds"])' "$tmp/${name}_p${r}_$mode.json")
+r = json.load(open(sys.argv[1]))["rows"][0]  # one rank'"'"'s trimmed means, as measured
+print(r["trimmed_step_seconds"], r["trimmed_exposed_seconds"])' "$tmp/${name}_p${r}_$mode.json")
   read -r pstep pwait <<< "$predicted"
   ok_step=$(awk "BEGIN { print (($pstep - $step)^2 <= (0.2 * $step)^2) ? \"yes\" : \"no\" }")
   ok_wait=$(awk "BEGIN { print (($pwait - $wait)^2 <= (0.2 * $wait)^2) ? \"yes\" : \"no\" }")
@@ -177,7 +182,7 @@ for r in "${ranks[@]}"; do
     flag=() && [[ $mode == on ]] || flag=(--no-overlap)
     "$mpirun" "${mpirun_args[@]}" -np "$r" "$hpctrain" "${job[@]}" "${flag[@]}" --metrics-file "$tmp/m${r}_$mode.jsonl" \
       --timeline-file "$tmp/trace${r}_$mode.json" --checkpoint-dir "$tmp/ckpt${r}_$mode" 2> >(grep -v "share cores" >&2)
-    measured=$(median_of "$tmp/m${r}_$mode.jsonl")
+    measured=$(measure "$tmp/m${r}_$mode.jsonl")
     read -r step wait <<< "$measured"
     against sweep "$r" "$mode" "$step" "$wait"
     [[ $ok == yes ]] || failed=$((failed + 1))

@@ -41,7 +41,12 @@ own wait for its buckets measures (with one rank nothing is all-reduced): its me
 half before each bucket starts and half after the last ends. Stragglers: the
 ranks' steps vary as the one rank's did (sigma: 1.4826 x the median absolute deviation of its step
 times, from --metrics; none with --scale-to, --step-seconds alone, --arch or --no-jitter), and every
-bucket waits for the slowest rank's, sigma x E[max of n standard normals] later. Where a node
+bucket waits for the slowest rank's, sigma x E[max of n standard normals] later (the mean rank's
+step_seconds and exposed_seconds). What bench/scaling_check.sh measures is one rank's mean over its
+steps, the longest 5% left out (trimmed_step_seconds, trimmed_exposed_seconds; --explain): that
+rank's compute sigma z, the slowest of the others sigma max(0, m - z) behind it, over a grid of both
+quantiles (each rank is sometimes the slowest, and waits for nobody then; of 2 ranks, every other
+step: their median wait sits on that edge, so no median is compared). Where a node
 runs more busy threads than it has cores (cores_per_node, the local machine only), compute is
 stretched by ceil(ranks / cores) (the busiest core's share; one math thread a rank; the communication thread waits in MPI
 with mpi_yield_when_idle, so it gives its core to them: bench/scaling_check.sh). Other bucket sizes: the
@@ -133,8 +138,9 @@ def busy_stretch(cluster, ranks_per_node):
     return float(max(1, math.ceil(ranks_per_node / cores))) if cores else 1.0
 
 
-def simulate(run, n, cluster, scheme, overlap, buckets=None):
-    """Predicted step, exposed communication and their parts for n GPUs."""
+def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
+    """Predicted step, exposed communication and their parts for n GPUs (medians=False: one rank's
+    medians left as the mean rank's figures, where only the exposed time is wanted)."""
     buckets = run["buckets"] if buckets is None else buckets
     stretch = busy_stretch(cluster, min(n, cluster["gpus_per_node"]))
 
@@ -143,29 +149,76 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None):
 
     # The slowest of n ranks whose steps vary as the one rank's did: its buckets are ready this much
     # later, and every rank waits for it.
-    late = run["jitter"] * expected_max_normal(n) * stretch
+    sigma = run["jitter"] * stretch
+    late = sigma * expected_max_normal(n)
     wake = run["handoff"] / 2  # to the communication thread, and back to the main thread
     backward_done = at(run["backward_done"])
-    end, parts = 0.0, []
-    for b in buckets:
-        ready = (at(b["ready"]) if overlap else backward_done) + late
-        if run["cycle"]:  # the framework's loop takes it up at its next tick
-            ready = math.ceil(ready / run["cycle"] - 1e-9) * run["cycle"]
-        start = max(ready + wake, end)
-        handoff = start - max(ready, end)  # the wake-up, or none behind the previous bucket
-        end = start + allreduce_seconds(b["bytes"], n, cluster, scheme)
-        parts.append({"bytes": b["bytes"], "ready_seconds": ready - late, "start_seconds": start,
-                      "handoff_seconds": handoff, "allreduce_seconds": end - start})
-    exposed = max(0.0, end + wake - backward_done) if n > 1 else 0.0
+
+    def buckets_after(late):
+        """The buckets' parts and the main thread's exposed wait, the slowest rank this late."""
+        end, parts = 0.0, []
+        for b in buckets:
+            ready = (at(b["ready"]) if overlap else backward_done) + late
+            if run["cycle"]:  # the framework's loop takes it up at its next tick
+                ready = math.ceil(ready / run["cycle"] - 1e-9) * run["cycle"]
+            start = max(ready + wake, end)
+            handoff = start - max(ready, end)  # the wake-up, or none behind the previous bucket
+            end = start + allreduce_seconds(b["bytes"], n, cluster, scheme)
+            parts.append({"bytes": b["bytes"], "ready_seconds": ready - late, "start_seconds": start,
+                          "handoff_seconds": handoff, "allreduce_seconds": end - start})
+        return (max(0.0, end + wake - backward_done) if n > 1 else 0.0), parts
+
+    exposed, parts = buckets_after(late)
     compute = at(run["step"])
     step = compute + exposed
+    # What a check measures: one rank's mean over its steps, the longest TRIM of them left out (a
+    # shared machine's hiccups). With the spread, that is not the mean rank's figure above: each
+    # rank is sometimes the slowest and waits for nobody then, and the trim drops the widest spreads.
+    trimmed_step, trimmed_exposed, trimmed_late = step, exposed, late
+    if medians and sigma > 0 and n > 1:
+        trimmed_late, trimmed_exposed, trimmed_step = one_rank_trimmed(lambda t: buckets_after(t)[0], sigma, n)
+        trimmed_step += compute
+        parts = buckets_after(trimmed_late)[1]  # explain sets them beside one rank's figures
     return {"gpus": n, "nodes": max(1, n // cluster["gpus_per_node"]), "scheme": scheme,
             "step_seconds": step, "exposed_seconds": exposed, "compute_seconds": compute,
             "images_per_second": n * run["batch"] / step if run["batch"] else None,
             "efficiency": run["step"] / step,
-            # The parts (explain): when the backward pass ends, how late the slowest rank is, each
-            # bucket's times (from the step's start) and its hand-over to the communication thread.
-            "parts": {"backward_done_seconds": backward_done, "late_seconds": late, "buckets": parts}}
+            "trimmed_step_seconds": trimmed_step, "trimmed_exposed_seconds": trimmed_exposed,
+            # The parts (explain, beside one rank's trimmed means): when the backward pass ends, how late
+            # the slowest rank is (for the mean rank, and one rank's trimmed mean), each bucket's times
+            # (from the step's start, the slowest rank that late) and its hand-over to the
+            # communication thread.
+            "parts": {"backward_done_seconds": backward_done, "late_seconds": late,
+                      "trimmed_late_seconds": trimmed_late, "buckets": parts}}
+
+
+TRIM = 0.05  # the share of a rank's steps, the longest, that its trimmed means leave out
+
+
+def trimmed_mean(values, trim=TRIM):
+    """The mean of the values less the largest trim of them (floor of trim x their count)."""
+    values = sorted(values)
+    return statistics.fmean(values[:len(values) - int(trim * len(values))])
+
+
+def one_rank_trimmed(exposed_after, sigma, n, k=128):
+    """One rank's trimmed means over the steps of: how late the slowest rank is behind it, its exposed
+    wait, and its step less the compute's centre, where each of the n ranks' compute is sigma x a
+    standard normal, independent. The rank's own z and the max m of the other n - 1 (its CDF
+    Phi^(n-1)) on a k x k grid of their quantiles; the slowest is max(0, m - z) x sigma late, the
+    rank waits exposed_after(that), and its step is its own sigma z plus that wait."""
+    normal = statistics.NormalDist()
+    own = [normal.inv_cdf((i + 0.5) / k) for i in range(k)]
+    others = [normal.inv_cdf(((j + 0.5) / k) ** (1 / (n - 1))) for j in range(k)]
+    lates, waits, steps = [], [], []
+    for z in own:
+        for m in others:
+            late = sigma * max(0.0, m - z)
+            wait = exposed_after(late)
+            lates.append(late)
+            waits.append(wait)
+            steps.append(sigma * z + wait)
+    return trimmed_mean(lates), trimmed_mean(waits), trimmed_mean(steps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,7 +252,7 @@ def best_bucket(run, n, cluster, scheme, overlap):
     best = None
     total_mb = sum(g["bytes"] for g in run["buckets"]) / 1e6
     for mb in [m for m in CANDIDATE_MB if m < 2 * total_mb] or [CANDIDATE_MB[0]]:
-        r = simulate(run, n, cluster, scheme, overlap, rebucket(run["buckets"], int(mb * 1e6)))
+        r = simulate(run, n, cluster, scheme, overlap, rebucket(run["buckets"], int(mb * 1e6)), medians=False)
         if best is None or r["exposed_seconds"] <= best[1] * (1 + 1e-9):
             best = (mb, r["exposed_seconds"])
     return best
@@ -297,8 +350,8 @@ def chrome_rows(events, path):
 def measured_parts(path, skip):
     """The parts of a run of several ranks, from its Chrome trace (every rank's events; each rank's
     clock starts at its own zero, so nothing is compared across ranks but durations, and the end of a
-    step's last all-reduce, which every rank leaves at about the same moment). Per rank, medians
-    over the steps after `skip` that every rank has: when its backward pass ends (from its step's
+    step's last all-reduce, which every rank leaves at about the same moment). Per rank, means over
+    the steps after `skip` that every rank has, the longest TRIM of them left out: when its backward pass ends (from its step's
     start); how long it waits for the slowest rank (its last end after its backward end, less the
     least of that over the ranks: the slowest rank's backward end is the one with the least left to
     wait); per bucket, when it was queued, its hand-over (the all-reduce's start less the later of
@@ -357,7 +410,7 @@ def measured_parts(path, skip):
             for c, x in p["buckets"].items():
                 x["waiting_inside"] = x["allreduce"] - fastest[c][-1]
             rows[r].append(p)
-    med = statistics.median
+    med = trimmed_mean  # each rank's steps, the longest TRIM of them left out
     parts = ("queued", "handoff", "waiting_inside")
     out = {"ranks": len(ranks), "steps": len(kept),
            "allreduce_fastest_seconds": [med(fastest[b]) for b in range(buckets)], "per_rank": []}
@@ -385,7 +438,7 @@ def explain(measured, predicted, out):
     ms = lambda v: "-" if v is None else f"{v * 1e3:.3f}"  # noqa: E731
     ranks = measured["per_rank"]
     pp = predicted["parts"] if predicted else None
-    out.write(f"{'part (ms; medians over ' + str(measured['steps']) + ' steps)':<58} {'model':>8}"
+    out.write(f"{'part (ms; trimmed means of ' + str(measured['steps']) + ' steps)':<58} {'model':>8}"
               + "".join(f" {'rank ' + str(r['rank']):>8}" for r in ranks) + "\n")
 
     def row(name, model, values):
@@ -393,7 +446,7 @@ def explain(measured, predicted, out):
 
     row("backward pass ends, from the step's start", pp and pp["backward_done_seconds"],
         [r["backward_done_seconds"] for r in ranks])
-    row("waits for the slowest rank (model: the mean rank's)", pp and pp["late_seconds"],
+    row("waits for the slowest rank", pp and pp["trimmed_late_seconds"],
         [r["waits_for_slowest_seconds"] for r in ranks])
     def call(name, size, mb, per_rank, fastest):
         """One all-reduce's four rows: mb, the model's bucket (None: not in the model)."""
@@ -416,7 +469,7 @@ def explain(measured, predicted, out):
         out.write(f"(the model has {len(model_buckets)} bucket(s), the run {len(measured['allreduce_fastest_seconds'])})\n")
     last = pp and pp["buckets"][-1]["start_seconds"] + pp["buckets"][-1]["allreduce_seconds"] - pp["backward_done_seconds"]
     row("the last all-reduce ends, after the backward pass", last, [r["last_end_after_backward_seconds"] for r in ranks])
-    row("the main thread waits: backward end to the optimizer", predicted and predicted["exposed_seconds"],
+    row("the main thread waits: backward end to the optimizer", predicted and predicted["trimmed_exposed_seconds"],
         [r["main_wait_seconds"] for r in ranks])
 
 

@@ -21,7 +21,7 @@ out=$(bash "$script" --ranks 2 --steps 12 --keep "$tmp/keep" 2>&1)
 code=$?
 [[ $code == 0 ]] || fail "scaling_check.sh exited $code" "$out"
 for pattern in '^  2 ranks: alpha [0-9.]+ us, bandwidth [0-9.]+ GB/s' \
-               '^  step [0-9.]+ ms \(median\), comm wait [0-9.]+ ms$' \
+               '^  step [0-9.]+ ms \(trimmed mean\), comm wait [0-9.]+ ms$' \
                '^scaling_2_ranks_overlap_on=step [0-9.]+ ms predicted [0-9.]+ \((yes|no)\), exposed [0-9.]+ ms predicted [0-9.]+ \((yes|no)\)$' \
                '^scaling_2_ranks_overlap_off=step [0-9.]+ ms predicted [0-9.]+ \((yes|no)\), exposed [0-9.]+ ms predicted [0-9.]+ \((yes|no)\)$' \
                "^  $tmp/keep/trace2_on.json: 2 ranks, against the model on local, overlap on$" \

@@ -10,6 +10,7 @@ intra 1 GB/s and 10 us (beta 1e-9 s/B), inter 0.5 GB/s and 50 us (beta 2e-9 s/B)
 import contextlib
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -156,6 +157,61 @@ class ScalingModelTest(unittest.TestCase):
         r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
                            self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
         self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 4.56 * MS, delta=1e-9)
+
+    def test_one_ranks_trimmed_means_with_the_spread(self):
+        """What scaling_check.sh measures: one rank's mean over its steps, the longest 5% left out. The
+        spread and hand-off of test_the_slowest_rank_from_the_step_times_spread (sigma 1.4826 ms,
+        h 2 ms), no overlap, so the exposed wait is e0 + the slowest rank's lateness behind this one.
+        2 GPUs (2*10us + S*1e-9): 20 + 1 -> 22.02, -> 25.04, seen at 26.04: e0 6.04 ms. The lateness,
+        sigma max(0, z1 - z0) with z1 - z0 ~ N(0, 2), less its top 5% (those of z1 - z0 over
+        sqrt(2) q, q = Phi^-1(0.95)): sigma sqrt(2) (phi(0) - phi(q)) / 0.95 = 0.44035 sigma (the mean
+        rank's, untrimmed: 0.5642 sigma). Its step, 25 + sigma z0 + 6.04 + sigma max(0, z1 - z0) =
+        31.04 + sigma max(z0, z1) (CDF Phi^2), less its top 5%: worked out here independently
+        (trapezoid rule), as is the lateness of 4 GPUs (0.06 ms + 1.5 ns*S: 21 -> 22.56, -> 27.12, seen
+        at 28.12: e0 8.12 ms), whose CDF is G(d) = the integral of phi(z) Phi(z + d)^3 dz."""
+        steps = [(t * MS + 0.002, 0.002) for t in (24, 25, 26, 25, 24, 26, 25)]
+        metrics = self.write("m.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
+                             + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
+                                              + "\n" for t, w in steps))
+        r = self.run_model("--timeline", self.write("t.jsonl", jsonl_timeline(BUCKETS)), "--metrics", metrics,
+                           "--skip-steps", "0", "--clusters", self.clusters, "--cluster", "t", "--gpus", "2,4",
+                           "--no-overlap", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        two, four = json.loads(r.stdout)["rows"]
+        sigma = 1.4826 * MS
+
+        def phi(x):
+            return math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+
+        def cdf(x):
+            return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+        def upper(f, p, lo=-8.0, hi=8.0):  # x with f(x) = p, f increasing
+            for _ in range(60):
+                lo, hi = ((lo + hi) / 2, hi) if f((lo + hi) / 2) < p else (lo, (lo + hi) / 2)
+            return lo
+
+        def integral(f, a, b, steps=20000):
+            h = (b - a) / steps
+            return h * (sum(f(a + i * h) for i in range(1, steps)) + (f(a) + f(b)) / 2)
+
+        self.assertAlmostEqual(two["exposed_seconds"], 6.04 * MS + 0.5641896 * sigma, delta=1e-8)
+        late2 = math.sqrt(2) * (phi(0) - phi(upper(cdf, 0.95))) / 0.95
+        self.assertAlmostEqual(late2, 0.44035, places=4)
+        # The grid of 128 x 128 quantiles: within 0.5% of sigma.
+        self.assertAlmostEqual(two["parts"]["trimmed_late_seconds"], late2 * sigma, delta=0.005 * sigma)
+        self.assertAlmostEqual(two["trimmed_exposed_seconds"], 6.04 * MS + late2 * sigma, delta=0.005 * sigma)
+        q2 = upper(lambda x: cdf(x) ** 2, 0.95)
+        step2 = integral(lambda x: x * 2 * phi(x) * cdf(x), -8, q2) / 0.95
+        self.assertAlmostEqual(two["trimmed_step_seconds"], 31.04 * MS + step2 * sigma, delta=0.005 * sigma)
+
+        def late_below(d):  # P(max of the 3 others - z <= d), d >= 0
+            return integral(lambda z: phi(z) * cdf(z + d) ** 3, -8, 8, 4000)
+        q4 = upper(late_below, 0.95, 0.0, 6.0)
+        late4 = (0.95 * q4 - integral(late_below, 0, q4, 400)) / 0.95  # E[D; D <= q] = q G(q) - int G
+        self.assertGreater(late4, late2)
+        self.assertAlmostEqual(four["parts"]["trimmed_late_seconds"], late4 * sigma, delta=0.005 * sigma)
+        self.assertAlmostEqual(four["trimmed_exposed_seconds"], 8.12 * MS + late4 * sigma, delta=0.005 * sigma)
 
     def test_the_hand_off_to_the_communication_thread(self):
         """A one-rank CPU run's wait for its buckets is the hand-off h alone (nothing to all-reduce):
@@ -326,7 +382,9 @@ class ScalingModelTest(unittest.TestCase):
                            self.clusters, "--cluster", "t", "--skip-steps", "0")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("the main thread waits: backward end to the optimizer", r.stdout)
-        self.assertRegex(r.stdout, r"main thread waits.* 1\.020 +1\.450 +0\.450\n")
+        # Step 0 (twice as long) is kept here: means of 4 steps, none of them trimmed (5% of 4 is none):
+        # (2.9 + 3 x 1.45) / 4 = 1.8125 | (0.9 + 3 x 0.45) / 4 = 0.5625.
+        self.assertRegex(r.stdout, r"main thread waits.* 1\.020 +1\.812 +0\.562\n")
         # Without bucket 2, every all-reduce ends (at 5.0) before either backward pass: neither rank
         # waits for its buckets nor, so far as the buckets tell, for the other rank.
         early = [e for rank in (0, 1) for step in (1, 2) for e in events(rank, step, 20.0 * step, last_bucket=False)]
