@@ -52,6 +52,11 @@ stretched by ceil(ranks / cores) (the busiest core's share; one math thread a ra
 with mpi_yield_when_idle, so it gives its core to them: bench/scaling_check.sh). Other bucket sizes: the
 timeline's buckets are regrouped into runs of whole buckets as hpctrain cuts its arena (from the
 end, each at least the size, the first closed once it holds 1 MB); a run is ready when its last part is.
+hpctrain's own calls a step beside the buckets: the batch-norm statistics' average (the timeline's
+statistics_* fields or "queue statistics" events; --arch: a mean and a variance a batch-norm channel,
+queued as the forward pass ends), reduced first on the buckets' channel; and the step boundary's
+agreement after the update (a blocking MPI all-reduce of 5 + 2n doubles: boundary_seconds, counted
+in images/s and the efficiency, not in step_seconds). --other-framework leaves both out.
 """
 import argparse
 import functools
@@ -127,6 +132,26 @@ def intra_link(cluster, ranks):
     return cluster["fits"].get(str(ranks), cluster["intra_link"])
 
 
+def boundary_seconds(n, cluster):
+    """hpctrain's step boundary: every rank, after its update, all-reduces 5 flags and its 2 slots of
+    the 2n straggler figures (doubles) on the hosts' MPI, blocking (src/train/run/boundary.cpp,
+    StepAgreement::reach), and the GPU waits for it. With the local machine's measured MPI fits,
+    their cost; elsewhere recursive doubling, as MPI's all-reduce takes small messages (Thakur,
+    Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH", 2005):
+    log2 of a node's ranks rounds inside it, then log2 of the nodes across the network, each round a
+    latency (the preset's host_mpi_latency_us) and the message over the link."""
+    if n <= 1:
+        return 0.0
+    size = 8 * (5 + 2 * n)
+    if cluster["fits"]:
+        return allreduce_seconds(size, n, cluster, "flat")
+    g = min(cluster["gpus_per_node"], n)
+    nodes = n // g
+    inside = math.ceil(math.log2(g)) * (cluster["host_alpha"]["intra"] + size * cluster["intra_link"]["beta"])
+    between = math.ceil(math.log2(nodes)) * (cluster["host_alpha"]["inter"] + size * cluster["inter_link"]["beta"])
+    return inside + between
+
+
 # ---------------------------------------------------------------- the simulation
 
 def busy_stretch(cluster, ranks_per_node):
@@ -155,22 +180,33 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
     backward_done = at(run["backward_done"])
 
     def buckets_after(late):
-        """The buckets' parts and the main thread's exposed wait, the slowest rank this late."""
-        end, parts = 0.0, []
-        for b in buckets:
+        """The calls' parts and the main thread's exposed wait, the slowest rank this late: the batch-
+        norm statistics' average first (queued as the forward pass ends; without overlap held, as
+        hpctrain holds it, until the backward pass's end, and then ahead of every bucket), then the
+        buckets, in order on one channel."""
+        end, parts = 0.0, {"statistics": None, "buckets": []}
+        calls = ([("statistics", run["statistics"])] if run.get("statistics") else []) + [("bucket", b) for b in buckets]
+        for kind, b in calls:
             ready = (at(b["ready"]) if overlap else backward_done) + late
             if run["cycle"]:  # the framework's loop takes it up at its next tick
                 ready = math.ceil(ready / run["cycle"] - 1e-9) * run["cycle"]
             start = max(ready + wake, end)
-            handoff = start - max(ready, end)  # the wake-up, or none behind the previous bucket
+            handoff = start - max(ready, end)  # the wake-up, or none behind the previous call
             end = start + allreduce_seconds(b["bytes"], n, cluster, scheme)
-            parts.append({"bytes": b["bytes"], "ready_seconds": ready - late, "start_seconds": start,
-                          "handoff_seconds": handoff, "allreduce_seconds": end - start})
+            part = {"bytes": b["bytes"], "ready_seconds": ready - late, "start_seconds": start,
+                    "handoff_seconds": handoff, "allreduce_seconds": end - start}
+            if kind == "statistics":
+                parts["statistics"] = part
+            else:
+                parts["buckets"].append(part)
         return (max(0.0, end + wake - backward_done) if n > 1 else 0.0), parts
 
     exposed, parts = buckets_after(late)
     compute = at(run["step"])
     step = compute + exposed
+    # The step loop's period: the step (hpctrain's step_seconds: its batch to its update) and the
+    # boundary's agreement after it, which images/s and the efficiency count.
+    boundary = boundary_seconds(n, cluster) if run.get("boundary", True) else 0.0
     # What a check measures: one rank's mean over its steps, the longest TRIM of them left out (a
     # shared machine's hiccups). With the spread, that is not the mean rank's figure above: each
     # rank is sometimes the slowest and waits for nobody then, and the trim drops the widest spreads.
@@ -181,15 +217,16 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
         parts = buckets_after(trimmed_late)[1]  # explain sets them beside one rank's figures
     return {"gpus": n, "nodes": max(1, n // cluster["gpus_per_node"]), "scheme": scheme,
             "step_seconds": step, "exposed_seconds": exposed, "compute_seconds": compute,
-            "images_per_second": n * run["batch"] / step if run["batch"] else None,
-            "efficiency": run["step"] / step,
+            "boundary_seconds": boundary,
+            "images_per_second": n * run["batch"] / (step + boundary) if run["batch"] else None,
+            "efficiency": run["step"] / (step + boundary),
             "trimmed_step_seconds": trimmed_step, "trimmed_exposed_seconds": trimmed_exposed,
             # The parts (explain, beside one rank's trimmed means): when the backward pass ends, how late
             # the slowest rank is (for the mean rank, and one rank's trimmed mean), each bucket's times
             # (from the step's start, the slowest rank that late) and its hand-over to the
             # communication thread.
             "parts": {"backward_done_seconds": backward_done, "late_seconds": late,
-                      "trimmed_late_seconds": trimmed_late, "buckets": parts}}
+                      "trimmed_late_seconds": trimmed_late, **parts}}
 
 
 TRIM = 0.05  # the share of a rank's steps, the longest, that its trimmed means leave out
@@ -291,7 +328,15 @@ def read_timeline(path, skip):
                         "ready": statistics.median(r["queued"] for r in rs)})
     backward = statistics.median(r["backward_done"] for r in rows if r["step"] in kept)
     require(backward > 0, f"timeline '{path}': the backward pass never ends (backward_done {backward})")
-    return buckets, backward
+    # The batch-norm statistics' average, where every kept step had one: its size, and when it was
+    # queued (the forward pass's end, with overlap). A timeline of before 2026-11-29, or of a run
+    # without batch norm or with --sync-batch-norm, has none.
+    averages = {r["step"]: r["statistics"] for r in rows if r["step"] in kept and "statistics" in r}
+    average = None
+    if averages and len(averages) == len(set(kept)):
+        average = {"bytes": max(v for v, _ in averages.values()) * FLOAT_BYTES,
+                   "ready": statistics.median(q for _, q in averages.values())}
+    return buckets, backward, average
 
 
 def jsonl_rows(text, path):
@@ -303,6 +348,8 @@ def jsonl_rows(text, path):
             r = json.loads(line)
             rows.append({k: (int(r[k]) if k in ("step", "bucket", "begin", "end") else float(r[k]))
                          for k in ("step", "bucket", "begin", "end", "queued", "backward_done")})
+            if "statistics_values" in r:  # the step's batch-norm statistics' average (since 2026-11-29)
+                rows[-1]["statistics"] = (int(r["statistics_values"]), float(r["statistics_queued"]))
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"timeline '{path}' line {number} is not a bucket line of hpctrain's --timeline-file")
     return rows
@@ -333,6 +380,14 @@ def chrome_rows(events, path):
             owner = max((s for s, t in starts.items() if t <= e["ts"]), default=None)
             if owner is not None:
                 backward[owner] = (e["ts"] + e["dur"] - starts[owner]) * 1e-6
+    averages = {}  # step -> (values, queued): the batch-norm statistics' average
+    for e in mine:
+        if e.get("name") == "queue statistics":
+            try:
+                step = int(e["args"]["step"])
+                averages[step] = (int(e["args"]["values"]), (float(e["ts"]) - starts[step]) * 1e-6)
+            except (KeyError, ValueError, TypeError):
+                raise UsageError(f"timeline '{path}': a 'queue statistics' event without its step and values")
     rows = []
     for e in mine:
         if str(e.get("name", "")).startswith("queue bucket "):
@@ -341,6 +396,8 @@ def chrome_rows(events, path):
                 step = int(a["step"])
                 rows.append({"step": step, "bucket": int(a["bucket"]), "begin": int(a["begin"]), "end": int(a["end"]),
                              "queued": (float(e["ts"]) - starts[step]) * 1e-6, "backward_done": backward[step]})
+                if step in averages:
+                    rows[-1]["statistics"] = averages[step]
             except (KeyError, ValueError, TypeError):
                 raise UsageError(f"timeline '{path}': a 'queue bucket' event without its step, bucket, begin and "
                                  f"end, or a step without its 'step S' and 'backward' events")
@@ -459,8 +516,8 @@ def explain(measured, predicted, out):
         row(f"{name}: inside it, waiting for the other ranks", None, [p["waiting_inside_seconds"] for p in per_rank])
 
     model_buckets = pp["buckets"] if pp else []
-    if "statistics_allreduce_fastest_seconds" in measured:  # not in the model: a few hundred values
-        call("batch-norm statistics", "", None, [r["statistics"] for r in ranks],
+    if "statistics_allreduce_fastest_seconds" in measured:
+        call("batch-norm statistics", "", pp and pp["statistics"], [r["statistics"] for r in ranks],
              measured["statistics_allreduce_fastest_seconds"])
     for b, fastest in enumerate(measured["allreduce_fastest_seconds"]):
         mb = model_buckets[b] if b < len(model_buckets) else None
@@ -511,6 +568,9 @@ def load_cluster(path, name):
         c["fits"] = {k: to_link(v) for k, v in c.get("fits", {}).items() if not k.startswith("_")}
         c["ring_base"] = float(c.get("ring_base_latency_us", 0)) * 1e-6
         c["ring_plateau"] = float(c.get("ring_plateau", 1))
+        host = c.get("host_mpi_latency_us", {})  # the hosts' MPI, for the step boundary's agreement
+        c["host_alpha"] = {"intra": float(host.get("intra", c["intra"]["latency_us"])) * 1e-6,
+                           "inter": float(host.get("inter", c["inter"]["latency_us"])) * 1e-6}
         require(c["ring_base"] >= 0 and c["ring_plateau"] >= 1,
                 f"cluster '{name}': ring_base_latency_us must be >= 0 and ring_plateau >= 1")
     except (KeyError, TypeError, ValueError):
@@ -528,7 +588,7 @@ def to_link(d):
 
 def conv(cin, cout, k, hw_out, bias=False, bn=True):
     params = cin * cout * k * k + (cout if bias else 0) + (2 * cout if bn else 0)
-    return {"params": params, "flops": 2 * cin * cout * k * k * hw_out * hw_out}
+    return {"params": params, "flops": 2 * cin * cout * k * k * hw_out * hw_out, "norm_channels": cout if bn else 0}
 
 
 def vgg16():
@@ -570,7 +630,10 @@ def arch_timeline(layers, step):
     for l in reversed(layers):
         t += 2 * step / 3 * l["flops"] / total
         groups.append({"bytes": l["params"] * FLOAT_BYTES, "ready": t})
-    return groups, step
+    # hpctrain's batch-norm statistics' average: a running mean and variance a channel, queued as
+    # the forward pass ends.
+    channels = sum(l.get("norm_channels", 0) for l in layers)
+    return groups, step, ({"bytes": 2 * channels * FLOAT_BYTES, "ready": step / 3} if channels else None)
 
 
 # ---------------------------------------------------------------- fitting the sweep
@@ -608,12 +671,13 @@ def fit_sweep(path):
 # ---------------------------------------------------------------- output
 
 def table(rows, best, overlap, out):
-    out.write(f"{'GPUs':>5} {'nodes':>5} {'scheme':>12} {'step ms':>10} {'exposed ms':>11} {'img/s':>12} "
-              f"{'efficiency':>10} {'best bucket':>12}\n")
+    out.write(f"{'GPUs':>5} {'nodes':>5} {'scheme':>12} {'step ms':>10} {'exposed ms':>11} {'boundary ms':>12} "
+              f"{'img/s':>12} {'efficiency':>10} {'best bucket':>12}\n")
     for r, (mb, exposed) in zip(rows, best):
         ips = f"{r['images_per_second']:.0f}" if r["images_per_second"] else "-"
         out.write(f"{r['gpus']:>5} {r['nodes']:>5} {r['scheme']:>12} {r['step_seconds'] * 1e3:>10.3f} "
-                  f"{r['exposed_seconds'] * 1e3:>11.3f} {ips:>12} {r['efficiency'] * 100:>9.1f}% "
+                  f"{r['exposed_seconds'] * 1e3:>11.3f} {r['boundary_seconds'] * 1e3:>12.3f} {ips:>12} "
+                  f"{r['efficiency'] * 100:>9.1f}% "
                   f"{mb:>6g} MB ({exposed * 1e3:.3f} ms)\n")
     out.write(f"overlap: {'on' if overlap else 'off (--no-overlap)'}\n")
 
@@ -659,6 +723,7 @@ def parse_args(argv):
     p.add_argument("--bucket-mb", type=positive(float))
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--no-jitter", action="store_true")
+    p.add_argument("--other-framework", action="store_true")
     p.add_argument("--cycle-ms", type=positive(float))
     p.add_argument("--skip-steps", type=int, default=5)
     p.add_argument("--json", action="store_true")
@@ -676,10 +741,10 @@ def parse_args(argv):
 
 def build_run(a):
     if a.arch:
-        groups, backward = arch_timeline(ARCHS[a.arch](), a.step_seconds)
+        groups, backward, average = arch_timeline(ARCHS[a.arch](), a.step_seconds)
         step, batch, jitter, handoff = a.step_seconds, a.batch, 0.0, 0.0
     else:
-        groups, backward = read_timeline(a.timeline, a.skip_steps)
+        groups, backward, average = read_timeline(a.timeline, a.skip_steps)
         step, batch, jitter, handoff = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None, 0.0, 0.0)
         step = a.step_seconds or step
         batch = a.batch or batch
@@ -690,7 +755,11 @@ def build_run(a):
     # One device's step-to-step noise says nothing of another's: --scale-to drops it.
     run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch,
            "jitter": 0.0 if a.scale_to or a.no_jitter else jitter, "cycle": (a.cycle_ms or 0) * 1e-3,
-           "handoff": 0.0 if a.scale_to else handoff}  # another device's step: no thread of ours
+           "handoff": 0.0 if a.scale_to else handoff,  # another device's step: no thread of ours
+           # hpctrain's own calls a step beside the buckets (not another framework's: --other-framework)
+           "statistics": None if a.other_framework or not average else
+           {"bytes": average["bytes"], "ready": average["ready"] * scale},
+           "boundary": not a.other_framework}
     run["buckets"] = rebucket(groups, int(a.bucket_mb * 1e6)) if a.bucket_mb else groups
     return run
 
@@ -733,6 +802,8 @@ def main(argv):
         print(json.dumps({"cluster": a.cluster, "overlap": overlap,
                           "buckets": [{"bytes": b["bytes"], "ready_seconds": b["ready"]} for b in run["buckets"]],
                           "gradient_bytes": sum(b["bytes"] for b in run["buckets"]),
+                          "statistics": run["statistics"] and {"bytes": run["statistics"]["bytes"],
+                                                               "ready_seconds": run["statistics"]["ready"]},
                           "one_gpu_step_seconds": run["step"], "backward_done_seconds": run["backward_done"],
                           "batch_per_gpu": run["batch"], "step_sigma_seconds": run["jitter"], "handoff_seconds": run["handoff"],
                           "rows": rows}, indent=1))

@@ -154,6 +154,18 @@ TEST_F(MpiTraining, BucketsAreAllReducedDuringTheBackwardPass) {
     for (const JsonObject& e : events) {
       ++buckets;
       const double backward_done = e.at("backward_done").number;
+      // The batch-norm statistics' average (the cnn's 96 channels: a mean and a variance each), on
+      // every line: with overlap queued as the forward pass ends, ahead of every bucket; without,
+      // held until the backward pass ends.
+      ASSERT_TRUE(e.count("statistics_values")) << "no batch-norm statistics' average on a timeline line";
+      EXPECT_EQ(e.at("statistics_values").number, 192);
+      EXPECT_LE(e.at("statistics_queued").number, e.at("statistics_started").number);
+      EXPECT_LE(e.at("statistics_started").number, e.at("statistics_done").number);
+      if (overlap) {
+        EXPECT_LT(e.at("statistics_queued").number, e.at("queued").number);
+      } else {
+        EXPECT_GE(e.at("statistics_queued").number, backward_done);
+      }
       EXPECT_LE(e.at("queued").number, e.at("started").number);
       EXPECT_LE(e.at("started").number, e.at("done").number);
       EXPECT_LE(e.at("done").number, e.at("finished").number + 1e-9);
@@ -170,6 +182,16 @@ TEST_F(MpiTraining, BucketsAreAllReducedDuringTheBackwardPass) {
     // 2026-11-27). Broken overlap starts none early.
     if (overlap) EXPECT_GE(steps_overlapped, 6) << "steps should start an all-reduce before their backward pass ends";
     else EXPECT_EQ(steps_overlapped, 0);
+  }
+  // One rank has nothing to average, but the call goes through the communication thread as on
+  // several ranks, so that a one-rank timeline (bench/scaling_model.py's input) holds it.
+  const std::string one = dir_.file("t_one.jsonl");
+  ASSERT_FALSE(train(1, kSmall + std::vector<std::string>{"--max-steps", "3", "--timeline-file", one}).empty());
+  const auto events = read_json_lines(one);
+  ASSERT_FALSE(events.empty());
+  for (const JsonObject& e : events) {
+    ASSERT_TRUE(e.count("statistics_values")) << "a one-rank timeline without the statistics' average";
+    EXPECT_EQ(e.at("statistics_values").number, 192);
   }
 }
 

@@ -36,6 +36,11 @@ BUCKETS = [(750000, 1000000, 0.010), (0, 750000, 0.018)]  # begin, end (elements
 # 2 * (3*10us + 3/4*S*1e-9) = 0.06 ms + 1.5 ns*S, and between the 2 nodes an all-reduce of S/4 with
 # the node's link shared by its 4 GPUs (beta 8e-9): 2*1*50us + 2*1/2*S/4*8e-9 = 0.1 ms + 2 ns*S;
 # together 0.16 ms + 3.5 ns*S: 3.66 ms (10 -> 13.66) and 10.66 ms (18 -> 28.66): exposed 8.66 ms.
+# The step boundary's agreement after each step, 5 + 2n doubles by recursive doubling (cluster t has no
+# host_mpi_latency_us: its links' latencies): 4 GPUs, 104 bytes, log2 4 = 2 rounds in the node,
+# 2 x (10 us + 104 x 1e-9 s) = 0.020208 ms; 8 GPUs (2 nodes), 168 bytes, 2 x (10 + 0.168) us + 1 x
+# (50 + 168 x 2e-3) us = 0.070672 ms. Images/s and the efficiency count it; the step does not.
+BOUNDARY = {1: 0.0, 4: 0.020208, 8: 0.070672}
 EXPECTED = {  # (gpus, scheme, overlap): exposed ms
     (4, "ring", True): 2.56, (4, "ring", False): 6.12,
     (8, "flat", True): 8.72, (8, "hierarchical", True): 8.66,
@@ -113,8 +118,10 @@ class ScalingModelTest(unittest.TestCase):
                 with self.subTest(gpus=gpus, scheme=scheme, overlap=overlap):
                     self.assertAlmostEqual(r["exposed_seconds"], exposed * MS, delta=1e-9)
                     self.assertAlmostEqual(r["step_seconds"], (25 + exposed) * MS, delta=1e-9)
-                    self.assertAlmostEqual(r["efficiency"], 25 / (25 + exposed), delta=1e-9)
-                    self.assertAlmostEqual(r["images_per_second"], gpus * 32 / ((25 + exposed) * MS), delta=1e-6)
+                    self.assertAlmostEqual(r["boundary_seconds"], BOUNDARY[gpus] * MS, delta=1e-12)
+                    period = 25 + exposed + BOUNDARY[gpus]
+                    self.assertAlmostEqual(r["efficiency"], 25 / period, delta=1e-9)
+                    self.assertAlmostEqual(r["images_per_second"], gpus * 32 / (period * MS), delta=1e-6)
 
     def test_known_answer_from_json_lines(self):
         self.check_expected(self.write("t.jsonl", jsonl_timeline(BUCKETS)))
@@ -153,7 +160,7 @@ class ScalingModelTest(unittest.TestCase):
         late = 1.4826 * 1.0293754 * MS
         self.assertAlmostEqual(four["exposed_seconds"], 2.56 * MS + late + 2 * MS, delta=1e-8)
         self.assertAlmostEqual(four["step_seconds"], 25 * MS + 2.56 * MS + late + 2 * MS, delta=1e-8)
-        self.assertEqual(four["images_per_second"], 4 * 32 / four["step_seconds"])
+        self.assertAlmostEqual(four["images_per_second"], 4 * 32 / (four["step_seconds"] + BOUNDARY[4] * MS), delta=1e-6)
         r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
                            self.clusters, "--cluster", "t", "--gpus", "4", "--json", "--no-jitter")
         self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["exposed_seconds"], 4.56 * MS, delta=1e-9)
@@ -212,6 +219,46 @@ class ScalingModelTest(unittest.TestCase):
         self.assertGreater(late4, late2)
         self.assertAlmostEqual(four["parts"]["trimmed_late_seconds"], late4 * sigma, delta=0.005 * sigma)
         self.assertAlmostEqual(four["trimmed_exposed_seconds"], 8.12 * MS + late4 * sigma, delta=0.005 * sigma)
+
+    def test_the_statistics_average_ahead_of_the_buckets(self):
+        """hpctrain's batch-norm statistics' average, one call a step: 1000 values (4000 bytes), queued
+        at 8 ms (the forward pass's end). 4 GPUs: 0.06 ms + 1.5 ns x 4000 = 0.066 ms. With overlap it
+        runs 8 -> 8.066, before bucket 0 is ready: exposed 2.56 ms as without it. Without overlap it
+        is held to the backward end and goes first: 20 -> 20.066, then the buckets 20.066 -> 21.626 ->
+        26.186: exposed 6.186 ms. Both timeline forms carry it; --other-framework leaves it (and the
+        step boundary) out: 6.12 ms. --arch resnet50: a mean and a variance for each of its 26,560
+        batch-norm channels (stem 64; stages 3 x 384 + 256, 4 x 768 + 512, 6 x 1536 + 1024,
+        3 x 3072 + 2048), 212,480 bytes, queued at a third of the step."""
+        lines = jsonl_timeline(BUCKETS).splitlines()
+        jsonl = "".join(json.dumps({**json.loads(l), "statistics_values": 1000, "statistics_queued": 0.008,
+                                    "statistics_started": 0.008, "statistics_done": 0.008}) + "\n" for l in lines)
+        trace = json.loads(chrome_timeline(BUCKETS))
+        t0 = next(e["ts"] for e in trace if e.get("name") == "step 7")
+        trace.append({"name": "queue statistics", "ph": "X", "pid": 0, "tid": 1, "ts": t0 + 8e3, "dur": 1,
+                      "args": {"values": 1000, "bytes": 4000, "step": 7}})
+        for name, path in (("jsonl", self.write("s.jsonl", jsonl)), ("chrome", self.write("s.json", json.dumps(trace)))):
+            with self.subTest(timeline=name):
+                on = self.predict(path, "--gpus", "4")
+                self.assertEqual(on["statistics"], {"bytes": 4000, "ready_seconds": 0.008})
+                self.assertAlmostEqual(on["rows"][0]["exposed_seconds"], 2.56 * MS, delta=1e-9)
+                st = on["rows"][0]["parts"]["statistics"]
+                self.assertAlmostEqual(st["start_seconds"], 8 * MS, delta=1e-9)
+                self.assertAlmostEqual(st["allreduce_seconds"], 0.066 * MS, delta=1e-9)
+                off = self.predict(path, "--gpus", "4", "--no-overlap")
+                self.assertAlmostEqual(off["rows"][0]["exposed_seconds"], 6.186 * MS, delta=1e-9)
+                self.assertAlmostEqual(off["rows"][0]["parts"]["buckets"][0]["start_seconds"], 20.066 * MS, delta=1e-9)
+                other = self.predict(path, "--gpus", "4", "--no-overlap", "--other-framework")
+                self.assertIsNone(other["statistics"])
+                self.assertAlmostEqual(other["rows"][0]["exposed_seconds"], 6.12 * MS, delta=1e-9)
+                self.assertEqual(other["rows"][0]["boundary_seconds"], 0)
+        plain = self.predict(self.write("t.jsonl", jsonl_timeline(BUCKETS)), "--gpus", "4")
+        self.assertIsNone(plain["statistics"])  # a timeline without the call (one of before 2026-11-29)
+        r = self.run_model("--arch", "resnet50", "--step-seconds", "0.3", "--batch", "64", "--clusters",
+                           self.clusters, "--cluster", "t", "--gpus", "4", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        st = json.loads(r.stdout)["statistics"]
+        self.assertEqual(st["bytes"], 212480)
+        self.assertAlmostEqual(st["ready_seconds"], 0.1, delta=1e-12)
 
     def test_the_hand_off_to_the_communication_thread(self):
         """A one-rank CPU run's wait for its buckets is the hand-off h alone (nothing to all-reduce):

@@ -21,7 +21,10 @@ class CpuEngine final : public Engine {
         sgd_(*owned_sgd_),
         threads_(o.threads),
         statistics_(model_.params().buffers()),
-        average_statistics_(comm.size() > 1 && !o.sync_batch_norm && statistics_.numel() > 0),
+        // At one rank too: there the average changes nothing (each rank's share is 1, nothing is
+        // all-reduced), but it goes through the communication thread as it does on several ranks,
+        // so that a one-rank run's timeline holds the call (bench/scaling_model.py's input).
+        average_statistics_(!o.sync_batch_norm && statistics_.numel() > 0),
         bucketer_(comm, model_.params().grads().data<float>(), model_.params().grads().numel(),
                   model_.gradient_groups(), static_cast<int64_t>(o.bucket_mb * 1024 * 1024), o.overlap) {}
 

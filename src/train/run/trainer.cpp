@@ -71,18 +71,28 @@ optim::ScheduleSpec schedule_spec(const TrainOptions& o, double samples_per_epoc
 }
 
 // One line per bucket: when it was queued, started and done, and when backward ended and the
-// optimizer could go on (seconds since the step began, before its forward pass).
+// optimizer could go on (seconds since the step began, before its forward pass); where the step
+// averaged the batch-norm statistics, each line also has that call's values and times
+// (statistics_values, _queued, _started, _done: one call a step, ahead of the buckets).
 void write_timeline(MetricsWriter& out, int64_t step, const dist::BucketTimeline& t) {
-  for (size_t b = 0; b < t.buckets.size(); ++b)
-    out.write({{"step", step},
-               {"bucket", static_cast<int64_t>(b)},
-               {"begin", t.buckets[b].begin},
-               {"end", t.buckets[b].end},
-               {"queued", t.buckets[b].queued},
-               {"started", t.buckets[b].started},
-               {"done", t.buckets[b].done},
-               {"backward_done", t.backward_done},
-               {"finished", t.finished}});
+  for (size_t b = 0; b < t.buckets.size(); ++b) {
+    JsonObject line = {{"step", step},
+                       {"bucket", static_cast<int64_t>(b)},
+                       {"begin", t.buckets[b].begin},
+                       {"end", t.buckets[b].end},
+                       {"queued", t.buckets[b].queued},
+                       {"started", t.buckets[b].started},
+                       {"done", t.buckets[b].done},
+                       {"backward_done", t.backward_done},
+                       {"finished", t.finished}};
+    if (t.averaged) {
+      line["statistics_values"] = t.statistics.end;
+      line["statistics_queued"] = t.statistics.queued;
+      line["statistics_started"] = t.statistics.started;
+      line["statistics_done"] = t.statistics.done;
+    }
+    out.write(line);
+  }
 }
 
 // How the run is laid out over its steps, fixed once set-up knows the data and global batch.
