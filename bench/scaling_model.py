@@ -28,7 +28,11 @@ NCCL's tuning model charges a ring (src/graph/tuning.cc): the cluster's ring_bas
 call, each of a chunk's 2(n-1) hops at the alpha of the link it crosses (2(nodes-1) of them the
 network's), and across nodes times ring_plateau for all but tiny messages (each rank's share 64
 bytes or more); both default to 0 and 1, which leaves 2(n-1)*alpha (the local machine's MPI fits).
-Flat: one ring over all GPUs, its bytes paced by the network (one ring edge leaving each node).
+Flat: one ring over all GPUs, its bytes paced by the network (one ring edge leaving each node);
+across nodes each of its hops inside a node costs at least NCCL's network overhead (net_overhead_us
+x 3). NCCL (where the preset has a tree): the faster of that ring and NCCL's tree (Simple protocol:
+tree base + 2 x ((ranks a node - 1) x its hop inside + floor(log2 nodes) x its network hop), the
+ring's bus bandwidth x 0.92 x 0.5 x NCCL's medium-size correction), as NCCL picks per call.
 Hierarchical: three calls, ring reduce-scatter inside the node, ring all-reduce of S/g between the
 nodes (g parallel rings sharing the node's link: beta * g), ring all-gather inside the node.
 Buckets go in order on one channel: a bucket starts at max(its ready time, the previous one's end) (--no-overlap: not before the backward pass ends); exposed = max(0,
@@ -102,14 +106,36 @@ def plateau(size, n, cluster):
 def flat_ring(size, n, nodes, cluster):
     """One ring over n ranks on `nodes` nodes: a chunk crosses the network on 2(nodes-1) of its
     2(n-1) hops and a node's link on the rest, and the network paces the bytes (NCCL's ring latency:
-    its base once, each hop's latency by what it crosses, the plateau factor across nodes)."""
+    its base once, each hop's latency by what it crosses, across nodes each hop inside a node at
+    least NCCL's network overhead (3 x the preset's net_overhead_us with the Simple protocol), the
+    plateau factor across nodes)."""
     intra, inter = intra_link(cluster, n if nodes == 1 else cluster["gpus_per_node"]), cluster["inter_link"]
     hops, network_hops = 2 * (n - 1), 2 * (nodes - 1)
-    latency = cluster["ring_base"] + (hops - network_hops) * intra["alpha"] + network_hops * inter["alpha"]
+    intra_hop = intra["alpha"] if nodes == 1 else max(intra["alpha"], 3 * cluster["net_overhead"])
+    latency = cluster["ring_base"] + (hops - network_hops) * intra_hop + network_hops * inter["alpha"]
     if nodes > 1:
         latency *= plateau(size, n, cluster)
     beta = (inter if nodes > 1 else intra)["beta"]
     return latency + 2 * (n - 1) / n * size * beta
+
+
+# NCCL's correction of its tree's bandwidth for medium sizes, Simple protocol, by log2(bytes / 64)
+# from 0 to 22 (src/graph/tuning.cc, treeCorrectionFactor).
+TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)
+
+
+def tree(size, n, nodes, cluster):
+    """NCCL's tree all-reduce (Simple protocol), as its tuning model costs it (src/graph/tuning.cc):
+    latency base + 2 x ((ranks a node - 1) x the tree's hop inside a node + floor(log2 nodes) x its
+    network hop); bandwidth the ring's bus bandwidth x 0.92, x 0.5 (a tree's bus to algorithm
+    bandwidth), x the medium-size correction. NCCL's per-channel caps are not modelled."""
+    t = cluster["tree"]
+    g = n // nodes
+    latency = t["base"] + 2 * ((g - 1) * t["intra"] + int(math.log2(nodes)) * t["inter"])
+    bus = 1 / (cluster["inter_link"] if nodes > 1 else intra_link(cluster, n))["beta"]
+    log_size = int(math.log2(size // 64)) if size >= 64 else -1
+    correction = TREE_CORRECTION[log_size] if 0 <= log_size < len(TREE_CORRECTION) else 1.0
+    return latency + size / (bus * 0.92 * 0.5 * correction)
 
 
 def allreduce_seconds(size, n, cluster, scheme):
@@ -117,6 +143,9 @@ def allreduce_seconds(size, n, cluster, scheme):
         return 0.0
     g = min(cluster["gpus_per_node"], n)
     nodes = n // g
+    if scheme == "nccl":  # the faster of NCCL's ring and tree, as NCCL picks per call
+        ring = flat_ring(size, n, nodes, cluster)
+        return min(ring, tree(size, n, nodes, cluster)) if cluster["tree"] else ring
     if nodes == 1 or scheme == "flat":
         return flat_ring(size, n, nodes, cluster)
     # Hierarchical: three calls, each with its base latency: a ring reduce-scatter in the node, an
@@ -568,6 +597,10 @@ def load_cluster(path, name):
         c["fits"] = {k: to_link(v) for k, v in c.get("fits", {}).items() if not k.startswith("_")}
         c["ring_base"] = float(c.get("ring_base_latency_us", 0)) * 1e-6
         c["ring_plateau"] = float(c.get("ring_plateau", 1))
+        c["net_overhead"] = float(c.get("net_overhead_us", 0)) * 1e-6
+        t = c.get("tree")  # NCCL's tree (since NCCL 2.4): its latencies, where the cluster's NCCL has one
+        c["tree"] = t and {"base": float(t["base_latency_us"]) * 1e-6, "intra": float(t["intra_latency_us"]) * 1e-6,
+                           "inter": float(t["inter_latency_us"]) * 1e-6}
         host = c.get("host_mpi_latency_us", {})  # the hosts' MPI, for the step boundary's agreement
         c["host_alpha"] = {"intra": float(host.get("intra", c["intra"]["latency_us"])) * 1e-6,
                            "inter": float(host.get("inter", c["inter"]["latency_us"])) * 1e-6}
@@ -792,7 +825,7 @@ def main(argv):
     overlap = not a.no_overlap
     rows, best = [], []
     for n in a.gpus:
-        for scheme in (["flat", "hierarchical"] if n > g else ["ring"]):
+        for scheme in ((["flat", "hierarchical"] + (["nccl"] if cluster["tree"] else [])) if n > g else ["ring"]):
             rows.append(simulate(run, n, cluster, "flat" if scheme == "ring" else scheme, overlap))
             rows[-1]["scheme"] = scheme
             best.append(best_bucket(run, n, cluster, "flat" if scheme == "ring" else scheme, overlap))

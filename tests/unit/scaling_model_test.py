@@ -292,6 +292,38 @@ class ScalingModelTest(unittest.TestCase):
                     got = [b["handoff_seconds"] for b in out["rows"][1]["parts"]["buckets"]]
                     self.assertEqual([round(x / MS, 9) for x in got], [round(x, 9) for x in want])
 
+    def test_nccl_picks_its_tree_or_its_ring(self):
+        """NCCL's tree beside its ring (the "nccl" scheme: the faster per call, as NCCL picks). Cluster t
+        with a tree (base 20 us, hops 10 us in a node and 50 across) and a network overhead of 5 us
+        (x3 = 15 us, over t's 10 us NVLink hop: each ring hop inside a node costs 15 us once the ring
+        spans nodes). 16 GPUs (4 nodes of 4):
+        - 64 bytes: tree 20 + 2 x (3 x 10 + log2(4) x 50) = 280 us, + 64 / (0.5e9 x 0.92 x 0.5 x 0.9
+          (the correction at log2(64/64) = 0)) = 0.309179 us; ring 2 x 15 hops, 6 across the network:
+          24 x 15 + 6 x 50 = 660 us + 2 x 15/16 x 64 x 2e-9 s: the tree, 280.309179 us.
+        - 64 MB: the tree's bandwidth x 0.7 (log2(1e6) = 19): 280 us + 64e6 / (0.5e9 x 0.92 x 0.5 x
+          0.7) s = 0.397515 s; the ring 660 us + 0.24 s = 0.24066 s: the ring.
+        The flat column stays a ring (660.24 us for 64 bytes); a cluster without a tree has no
+        "nccl" column; inside one node the ring's hops are t's own (no overhead): 4 GPUs, 60 us."""
+        c = dict(CLUSTERS["t"], net_overhead_us=5,
+                 tree={"base_latency_us": 20, "intra_latency_us": 10, "inter_latency_us": 50, "source": "test"})
+        path = self.write("tree.json", json.dumps({"c": c, "t": CLUSTERS["t"]}))
+        small = self.write("small.jsonl", jsonl_timeline([(0, 16, 0.019)]))  # one bucket of 64 bytes
+        big = self.write("big.jsonl", jsonl_timeline([(0, 16000000, 0.019)]))  # 64 MB
+        for timeline, want in ((small, {"nccl": 280.309179, "flat": 660.24}), (big, {"nccl": 240660, "flat": 240660})):
+            r = self.run_model("--timeline", timeline, "--step-seconds", "0.025", "--clusters", path, "--cluster", "c",
+                               "--gpus", "4,16", "--no-overlap", "--other-framework", "--skip-steps", "0", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            rows = {(x["gpus"], x["scheme"]): x for x in json.loads(r.stdout)["rows"]}
+            for scheme, us in want.items():
+                got = rows[(16, scheme)]["parts"]["buckets"][0]["allreduce_seconds"]
+                self.assertAlmostEqual(got, us * 1e-6, delta=1e-11 + 1e-9 * us * 1e-6, msg=(timeline, scheme))
+            self.assertNotIn((4, "nccl"), rows)
+            self.assertAlmostEqual(rows[(4, "ring")]["parts"]["buckets"][0]["allreduce_seconds"],
+                                   60e-6 + 1.5e-9 * (64 if timeline == small else 64e6), delta=1e-12)
+        r = self.run_model("--timeline", small, "--step-seconds", "0.025", "--clusters", path, "--cluster", "t",
+                           "--gpus", "16", "--json")
+        self.assertEqual(sorted(x["scheme"] for x in json.loads(r.stdout)["rows"]), ["flat", "hierarchical"])
+
     def test_base_latency_and_plateau_as_nccl_charges_them(self):
         """NCCL's ring latency: its base once per call, and across nodes x the plateau factor for all
         but tiny messages. Cluster t with a 20 us base and a plateau of 1.5, 1 MB on 8 GPUs (2 nodes):
