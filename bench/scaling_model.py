@@ -228,9 +228,13 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
                 parts["statistics"] = part
             else:
                 parts["buckets"].append(part)
-        return (max(0.0, end + wake - backward_done) if n > 1 else 0.0), parts
+        return end + wake - backward_done, parts  # the main thread's wait, less where it is negative
 
-    exposed, parts = buckets_after(late)
+    def exposed_of(wait):
+        return max(0.0, wait) if n > 1 else 0.0
+
+    wait, parts = buckets_after(late)
+    exposed = exposed_of(wait)
     compute = at(run["step"])
     step = compute + exposed
     # The step loop's period: the step (hpctrain's step_seconds: its batch to its update) and the
@@ -239,10 +243,18 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
     # What a check measures: one rank's mean over its steps, the longest TRIM of them left out (a
     # shared machine's hiccups). With the spread, that is not the mean rank's figure above: each
     # rank is sometimes the slowest and waits for nobody then, and the trim drops the widest spreads.
-    trimmed_step, trimmed_exposed, trimmed_late = step, exposed, late
+    # The one rank's own trimmed mean stands for the centre of its compute (a shared machine's steps
+    # lean right of their median): the trimmed step is it, plus the trimmed sigma z + wait, less
+    # the trimmed sigma z the rank's own noise already holds.
+    one_rank = at(run.get("step_trimmed", run["step"]))
+    trimmed_step, trimmed_exposed, trimmed_late = one_rank + exposed, exposed, late
     if medians and sigma > 0 and n > 1:
-        trimmed_late, trimmed_exposed, trimmed_step = one_rank_trimmed(lambda t: buckets_after(t)[0], sigma, n)
-        trimmed_step += compute
+        if run["cycle"]:  # the loop's ticks: not linear in the lateness
+            exposed_after = lambda t: exposed_of(buckets_after(t)[0])  # noqa: E731
+        else:  # every call's start shifts with the lateness, and so does the last end
+            exposed_after = lambda t: exposed_of(wait - late + t)  # noqa: E731
+        trimmed_late, trimmed_exposed, trimmed_step = one_rank_trimmed(exposed_after, sigma, n)
+        trimmed_step += one_rank - sigma * trimmed_standard_normal()
         parts = buckets_after(trimmed_late)[1]  # explain sets them beside one rank's figures
     return {"gpus": n, "nodes": max(1, n // cluster["gpus_per_node"]), "scheme": scheme,
             "step_seconds": step, "exposed_seconds": exposed, "compute_seconds": compute,
@@ -265,6 +277,13 @@ def trimmed_mean(values, trim=TRIM):
     """The mean of the values less the largest trim of them (floor of trim x their count)."""
     values = sorted(values)
     return statistics.fmean(values[:len(values) - int(trim * len(values))])
+
+
+@functools.lru_cache(maxsize=None)
+def trimmed_standard_normal(k=128):
+    """The trimmed mean of a standard normal on the grid one_rank_trimmed uses (about -0.108)."""
+    normal = statistics.NormalDist()
+    return trimmed_mean(normal.inv_cdf((i + 0.5) / k) for i in range(k) for _ in range(k))
 
 
 def one_rank_trimmed(exposed_after, sigma, n, k=128):
@@ -357,12 +376,14 @@ def read_timeline(path, skip):
                         "ready": statistics.median(r["queued"] for r in rs)})
     backward = statistics.median(r["backward_done"] for r in rows if r["step"] in kept)
     require(backward > 0, f"timeline '{path}': the backward pass never ends (backward_done {backward})")
-    # The batch-norm statistics' average, where every kept step had one: its size, and when it was
+    # The batch-norm statistics' average, where the kept steps had one: its size, and when it was
     # queued (the forward pass's end, with overlap). A timeline of before 2026-11-29, or of a run
     # without batch norm or with --sync-batch-norm, has none.
+    # Where only some steps have it (a JSON Lines file appended to by an older build, a trace that
+    # lost events), those steps say what it is.
     averages = {r["step"]: r["statistics"] for r in rows if r["step"] in kept and "statistics" in r}
     average = None
-    if averages and len(averages) == len(set(kept)):
+    if averages:
         average = {"bytes": max(v for v, _ in averages.values()) * FLOAT_BYTES,
                    "ready": statistics.median(q for _, q in averages.values())}
     return buckets, backward, average
@@ -579,7 +600,7 @@ def read_metrics(path, skip):
     steps, waits = (steps[skip:], waits[skip:]) if len(steps) > skip else (steps, waits)
     median = statistics.median(steps)
     spread = 1.4826 * statistics.median(abs(t - median) for t in steps)  # a normal's sigma, robust to outliers
-    return median, batch, spread, statistics.median(waits) if world == 1 else 0.0
+    return median, batch, spread, statistics.median(waits) if world == 1 else 0.0, trimmed_mean(steps)
 
 
 def load_cluster(path, name):
@@ -776,9 +797,12 @@ def build_run(a):
     if a.arch:
         groups, backward, average = arch_timeline(ARCHS[a.arch](), a.step_seconds)
         step, batch, jitter, handoff = a.step_seconds, a.batch, 0.0, 0.0
+        trimmed = step
     else:
         groups, backward, average = read_timeline(a.timeline, a.skip_steps)
-        step, batch, jitter, handoff = read_metrics(a.metrics, a.skip_steps) if a.metrics else (None, None, 0.0, 0.0)
+        step, batch, jitter, handoff, trimmed = (read_metrics(a.metrics, a.skip_steps) if a.metrics
+                                                 else (None, None, 0.0, 0.0, None))
+        trimmed = trimmed if trimmed and not a.step_seconds else (a.step_seconds or step)
         step = a.step_seconds or step
         batch = a.batch or batch
     require(step >= backward, f"the step ({step * 1e3:.3f} ms) ends before the backward pass "
@@ -787,6 +811,7 @@ def build_run(a):
     groups = [{"bytes": g["bytes"], "ready": g["ready"] * scale} for g in groups]
     # One device's step-to-step noise says nothing of another's: --scale-to drops it.
     run = {"groups": groups, "backward_done": backward * scale, "step": step * scale, "batch": batch,
+           "step_trimmed": trimmed * scale,  # the one rank's trimmed mean (its median: step)
            "jitter": 0.0 if a.scale_to or a.no_jitter else jitter, "cycle": (a.cycle_ms or 0) * 1e-3,
            "handoff": 0.0 if a.scale_to else handoff,  # another device's step: no thread of ours
            # hpctrain's own calls a step beside the buckets (not another framework's: --other-framework)

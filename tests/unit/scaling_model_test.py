@@ -173,8 +173,9 @@ class ScalingModelTest(unittest.TestCase):
         sigma max(0, z1 - z0) with z1 - z0 ~ N(0, 2), less its top 5% (those of z1 - z0 over
         sqrt(2) q, q = Phi^-1(0.95)): sigma sqrt(2) (phi(0) - phi(q)) / 0.95 = 0.44035 sigma (the mean
         rank's, untrimmed: 0.5642 sigma). Its step, 25 + sigma z0 + 6.04 + sigma max(0, z1 - z0) =
-        31.04 + sigma max(z0, z1) (CDF Phi^2), less its top 5%: worked out here independently
-        (trapezoid rule), as is the lateness of 4 GPUs (0.06 ms + 1.5 ns*S: 21 -> 22.56, -> 27.12, seen
+        31.04 + sigma max(z0, z1) (CDF Phi^2), less its top 5%, less the trimmed sigma z0 the one rank's
+        own trimmed mean already holds (-phi(q) / 0.95 sigma = -0.10857 sigma): worked out here
+        independently (trapezoid rule), as is the lateness of 4 GPUs (0.06 ms + 1.5 ns*S: 21 -> 22.56, -> 27.12, seen
         at 28.12: e0 8.12 ms), whose CDF is G(d) = the integral of phi(z) Phi(z + d)^3 dz."""
         steps = [(t * MS + 0.002, 0.002) for t in (24, 25, 26, 25, 24, 26, 25)]
         metrics = self.write("m.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
@@ -210,7 +211,21 @@ class ScalingModelTest(unittest.TestCase):
         self.assertAlmostEqual(two["trimmed_exposed_seconds"], 6.04 * MS + late2 * sigma, delta=0.005 * sigma)
         q2 = upper(lambda x: cdf(x) ** 2, 0.95)
         step2 = integral(lambda x: x * 2 * phi(x) * cdf(x), -8, q2) / 0.95
-        self.assertAlmostEqual(two["trimmed_step_seconds"], 31.04 * MS + step2 * sigma, delta=0.005 * sigma)
+        own = -phi(upper(cdf, 0.95)) / 0.95
+        self.assertAlmostEqual(own, -0.10857, places=4)
+        self.assertAlmostEqual(two["trimmed_step_seconds"], 31.04 * MS + (step2 - own) * sigma, delta=0.005 * sigma)
+        # The one rank's centre is its trimmed mean, not its median: the same steps and a 29 ms one
+        # (8 steps, none trimmed: mean 25.5 ms, median 25, the spread the same).
+        skewed = self.write("m8.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
+                            + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
+                                             + "\n" for t, w in steps + [(0.031, 0.002)]))
+        r = self.run_model("--timeline", self.write("t.jsonl", jsonl_timeline(BUCKETS)), "--metrics", skewed,
+                           "--skip-steps", "0", "--clusters", self.clusters, "--cluster", "t", "--gpus", "1,2",
+                           "--no-overlap", "--json")
+        one, skew = json.loads(r.stdout)["rows"]
+        self.assertAlmostEqual(one["step_seconds"], 25 * MS, delta=1e-12)
+        self.assertAlmostEqual(one["trimmed_step_seconds"], 25.5 * MS, delta=1e-12)
+        self.assertAlmostEqual(skew["trimmed_step_seconds"], two["trimmed_step_seconds"] + 0.5 * MS, delta=1e-12)
 
         def late_below(d):  # P(max of the 3 others - z <= d), d >= 0
             return integral(lambda z: phi(z) * cdf(z + d) ** 3, -8, 8, 4000)
@@ -253,6 +268,18 @@ class ScalingModelTest(unittest.TestCase):
                 self.assertEqual(other["rows"][0]["boundary_seconds"], 0)
         plain = self.predict(self.write("t.jsonl", jsonl_timeline(BUCKETS)), "--gpus", "4")
         self.assertIsNone(plain["statistics"])  # a timeline without the call (one of before 2026-11-29)
+        # Steps 0 and 1 written by an older build, step 2 with the call: step 2 says what it is.
+        mixed = jsonl_timeline(BUCKETS, steps=(0, 1)) + "".join(
+            json.dumps({**json.loads(l), "step": 2}) + "\n" for l in jsonl.splitlines())
+        self.assertEqual(self.predict(self.write("mixed.jsonl", mixed), "--gpus", "4")["statistics"],
+                         {"bytes": 4000, "ready_seconds": 0.008})
+        # The boundary with the local machine's MPI fits (4 ranks: 10 us, 1 GB/s): 2 x 3 x 10 us +
+        # 2 x 3/4 x 104 bytes x 1e-9 s = 60.156 us.
+        fitted = self.write("fits.json", json.dumps({"f": dict(CLUSTERS["t"], fits={
+            "4": {"bandwidth_GBps": 1, "latency_us": 10}})}))
+        r = self.run_model("--timeline", path, "--step-seconds", "0.025", "--clusters", fitted, "--cluster", "f",
+                           "--gpus", "4", "--skip-steps", "0", "--json")
+        self.assertAlmostEqual(json.loads(r.stdout)["rows"][0]["boundary_seconds"], 60.156e-6, delta=1e-12)
         r = self.run_model("--arch", "resnet50", "--step-seconds", "0.3", "--batch", "64", "--clusters",
                            self.clusters, "--cluster", "t", "--gpus", "4", "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
