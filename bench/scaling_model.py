@@ -192,9 +192,9 @@ def busy_stretch(cluster, ranks_per_node):
     return float(max(1, math.ceil(ranks_per_node / cores))) if cores else 1.0
 
 
-def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
-    """Predicted step, exposed communication and their parts for n GPUs (medians=False: one rank's
-    medians left as the mean rank's figures, where only the exposed time is wanted)."""
+def simulate(run, n, cluster, scheme, overlap, buckets=None, trimmed=True):
+    """Predicted step, exposed communication and their parts for n GPUs (trimmed=False: one rank's
+    trimmed means left as the mean rank's figures, where only the exposed time is wanted)."""
     buckets = run["buckets"] if buckets is None else buckets
     stretch = busy_stretch(cluster, min(n, cluster["gpus_per_node"]))
 
@@ -214,7 +214,7 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
         hpctrain holds it, until the backward pass's end, and then ahead of every bucket), then the
         buckets, in order on one channel."""
         end, parts = 0.0, {"statistics": None, "buckets": []}
-        calls = ([("statistics", run["statistics"])] if run.get("statistics") else []) + [("bucket", b) for b in buckets]
+        calls = ([("statistics", run["statistics"])] if run["statistics"] else []) + [("bucket", b) for b in buckets]
         for kind, b in calls:
             ready = (at(b["ready"]) if overlap else backward_done) + late
             if run["cycle"]:  # the framework's loop takes it up at its next tick
@@ -239,16 +239,16 @@ def simulate(run, n, cluster, scheme, overlap, buckets=None, medians=True):
     step = compute + exposed
     # The step loop's period: the step (hpctrain's step_seconds: its batch to its update) and the
     # boundary's agreement after it, which images/s and the efficiency count.
-    boundary = boundary_seconds(n, cluster) if run.get("boundary", True) else 0.0
+    boundary = boundary_seconds(n, cluster) if run["boundary"] else 0.0
     # What a check measures: one rank's mean over its steps, the longest TRIM of them left out (a
     # shared machine's hiccups). With the spread, that is not the mean rank's figure above: each
     # rank is sometimes the slowest and waits for nobody then, and the trim drops the widest spreads.
     # The one rank's own trimmed mean stands for the centre of its compute (a shared machine's steps
     # lean right of their median): the trimmed step is it, plus the trimmed sigma z + wait, less
     # the trimmed sigma z the rank's own noise already holds.
-    one_rank = at(run.get("step_trimmed", run["step"]))
+    one_rank = at(run["step_trimmed"])
     trimmed_step, trimmed_exposed, trimmed_late = one_rank + exposed, exposed, late
-    if medians and sigma > 0 and n > 1:
+    if trimmed and sigma > 0 and n > 1:
         if run["cycle"]:  # the loop's ticks: not linear in the lateness
             exposed_after = lambda t: exposed_of(buckets_after(t)[0])  # noqa: E731
         else:  # every call's start shifts with the lateness, and so does the last end
@@ -337,7 +337,7 @@ def best_bucket(run, n, cluster, scheme, overlap):
     best = None
     total_mb = sum(g["bytes"] for g in run["buckets"]) / 1e6
     for mb in [m for m in CANDIDATE_MB if m < 2 * total_mb] or [CANDIDATE_MB[0]]:
-        r = simulate(run, n, cluster, scheme, overlap, rebucket(run["buckets"], int(mb * 1e6)), medians=False)
+        r = simulate(run, n, cluster, scheme, overlap, rebucket(run["buckets"], int(mb * 1e6)), trimmed=False)
         if best is None or r["exposed_seconds"] <= best[1] * (1 + 1e-9):
             best = (mb, r["exposed_seconds"])
     return best
@@ -802,7 +802,7 @@ def build_run(a):
         groups, backward, average = read_timeline(a.timeline, a.skip_steps)
         step, batch, jitter, handoff, trimmed = (read_metrics(a.metrics, a.skip_steps) if a.metrics
                                                  else (None, None, 0.0, 0.0, None))
-        trimmed = trimmed if trimmed and not a.step_seconds else (a.step_seconds or step)
+        trimmed = a.step_seconds or trimmed
         step = a.step_seconds or step
         batch = a.batch or batch
     require(step >= backward, f"the step ({step * 1e3:.3f} ms) ends before the backward pass "

@@ -76,6 +76,13 @@ class ScalingModelTest(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
+    def metrics(self, name, steps, world=1):
+        """A metrics file of a run of `world` ranks (batch 32 a rank): its config event, then one step
+        event for each (step_seconds, comm_wait_seconds)."""
+        config = {"event": "config", "global_batch_size": 32 * world, "world_size": world}
+        return self.write(name, json.dumps(config) + "\n" + "".join(
+            json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w}) + "\n" for t, w in steps))
+
     def write(self, name, text):
         path = os.path.join(self.dir.name, name)
         with open(path, "w") as f:
@@ -144,9 +151,7 @@ class ScalingModelTest(unittest.TestCase):
         # 1.5261 ms: both buckets ready that much later, 11.5261 -> 13.0861 and 19.5261 -> 24.0861,
         # exposed 2.56 + 1.5261 ms. The first step (500 ms) is skipped; wait is taken off the step.
         steps = [(0.5, 0)] + [(t * MS + 0.002, 0.002) for t in (24, 25, 26, 25, 24, 26, 25)]
-        metrics = self.write("m.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
-                             + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
-                                              + "\n" for t, w in steps))
+        metrics = self.metrics("m.jsonl", steps)
         timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
         r = self.run_model("--timeline", timeline, "--metrics", metrics, "--skip-steps", "1", "--clusters",
                            self.clusters, "--cluster", "t", "--gpus", "1,4", "--json")
@@ -178,9 +183,7 @@ class ScalingModelTest(unittest.TestCase):
         independently (trapezoid rule), as is the lateness of 4 GPUs (0.06 ms + 1.5 ns*S: 21 -> 22.56, -> 27.12, seen
         at 28.12: e0 8.12 ms), whose CDF is G(d) = the integral of phi(z) Phi(z + d)^3 dz."""
         steps = [(t * MS + 0.002, 0.002) for t in (24, 25, 26, 25, 24, 26, 25)]
-        metrics = self.write("m.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
-                             + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
-                                              + "\n" for t, w in steps))
+        metrics = self.metrics("m.jsonl", steps)
         r = self.run_model("--timeline", self.write("t.jsonl", jsonl_timeline(BUCKETS)), "--metrics", metrics,
                            "--skip-steps", "0", "--clusters", self.clusters, "--cluster", "t", "--gpus", "2,4",
                            "--no-overlap", "--json")
@@ -216,9 +219,7 @@ class ScalingModelTest(unittest.TestCase):
         self.assertAlmostEqual(two["trimmed_step_seconds"], 31.04 * MS + (step2 - own) * sigma, delta=0.005 * sigma)
         # The one rank's centre is its trimmed mean, not its median: the same steps and a 29 ms one
         # (8 steps, none trimmed: mean 25.5 ms, median 25, the spread the same).
-        skewed = self.write("m8.jsonl", json.dumps({"event": "config", "global_batch_size": 32, "world_size": 1})
-                            + "\n" + "".join(json.dumps({"event": "step", "step_seconds": t, "comm_wait_seconds": w})
-                                             + "\n" for t, w in steps + [(0.031, 0.002)]))
+        skewed = self.metrics("m8.jsonl", steps + [(0.031, 0.002)])
         r = self.run_model("--timeline", self.write("t.jsonl", jsonl_timeline(BUCKETS)), "--metrics", skewed,
                            "--skip-steps", "0", "--clusters", self.clusters, "--cluster", "t", "--gpus", "1,2",
                            "--no-overlap", "--json")
@@ -295,11 +296,7 @@ class ScalingModelTest(unittest.TestCase):
         6.52 ms. No hand-off from a run of several ranks (its wait holds all-reduces), nor with
         --scale-to (another device's step: no thread of ours)."""
         def metrics(world):
-            return self.write(f"m{world}.jsonl", json.dumps({"event": "config", "global_batch_size": 32 * world,
-                                                             "world_size": world}) + "\n"
-                              + "".join(json.dumps({"event": "step", "step_seconds": 0.0254 + w,
-                                                    "comm_wait_seconds": 0.0004 + w}) + "\n"
-                                        for w in (0, 0.0001, -0.0001)))
+            return self.metrics(f"m{world}.jsonl", [(0.0254 + w, 0.0004 + w) for w in (0, 0.0001, -0.0001)], world)
         timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
         base = ["--timeline", timeline, "--skip-steps", "0", "--clusters", self.clusters, "--cluster", "t",
                 "--gpus", "1,4", "--json", "--no-jitter"]
