@@ -611,7 +611,9 @@ TEST_F(GpuKernels, BatchNormFusedFinalizeReplaysInAGraph) {
 // equals bn, then add, then ReLU; the backward with the ReLU mask recomputed from x equals
 // relu_backward on the stored output, then the backward without a mask (dx, dgamma, dbeta).
 // A dropped mask, a wrong residual or a mask off by one rounding differs somewhere in these
-// batches (a third of the values are masked, some within rounding of zero).
+// batches (a third of the values are masked, some within rounding of zero). And each
+// fused-finalize choice gives its unfused twin's bits in every output of both fusions, in every
+// stored type (BatchNormTrainingEqualsItsDefinition checks the twins in fp32 without the fusions).
 TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
   struct Case {
     int64_t rows, channels;
@@ -630,9 +632,13 @@ TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
       TypedBuffer dx_in(prec, x), ddy(prec, dy), dres(prec, res);
       DeviceBuffer<float> dg(gamma), db(beta);
       const size_t work_doubles = (kernels::batch_norm_work_bytes(t, rows, c) + 7) / 8;
+      // Each unfused choice's outputs, for its fused-finalize twin (listed after it).
+      const char* const output_names[] = {"joined y", "mean", "1/std", "masked dx", "masked dgamma", "masked dbeta"};
+      std::map<std::string, std::vector<std::vector<float>>> unfused;
       for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
         SCOPED_TRACE("tuning " + kernels::batch_norm_tuning_text(tuning));
         kernels::set_batch_norm_tuning(tuning);
+        std::vector<std::vector<float>> outputs;  // as output_names
         auto forward = [&](bool relu, const void* residual, void* y, DeviceBuffer<double>& work) {
           DeviceBuffer<float> rm(std::vector<float>(static_cast<size_t>(c), 0.f));
           DeviceBuffer<float> rv(std::vector<float>(static_cast<size_t>(c), 1.f));
@@ -645,11 +651,12 @@ TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
         {
           DeviceBuffer<double> w1(work_doubles), w2(work_doubles);
           TypedBuffer fused(prec, std::vector<float>(n)), plain(prec, std::vector<float>(n));
-          forward(true, dres.get(), fused.get(), w1);
+          auto [fused_mean, fused_invstd] = forward(true, dres.get(), fused.get(), w1);
           forward(false, nullptr, plain.get(), w2);
           kernels::add(t, plain.get(), dres.get(), plain.get(), rows * c, stream_);
           kernels::relu_forward(t, plain.get(), plain.get(), rows * c, stream_);
           EXPECT_TRUE(same_values(fused.host(), plain.host())) << "relu(bn(x) + residual)";
+          outputs = {fused.host(), std::move(fused_mean), std::move(fused_invstd)};
         }
         // Backward: the mask recomputed from x, against relu_backward on the stored output.
         {
@@ -672,7 +679,20 @@ TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
           EXPECT_TRUE(same_values(dx1.host(), dx2.host())) << "dx";
           EXPECT_TRUE(same_values(dgamma1.host(), dgamma2.host())) << "dgamma";
           EXPECT_TRUE(same_values(dbeta1.host(), dbeta2.host())) << "dbeta";
+          outputs.push_back(dx1.host());
+          outputs.push_back(dgamma1.host());
+          outputs.push_back(dbeta1.host());
         }
+        kernels::BatchNormTuning twin = tuning;
+        twin.fused_finalize = false;
+        if (!tuning.fused_finalize) {
+          unfused[kernels::batch_norm_tuning_text(tuning)] = std::move(outputs);
+          continue;
+        }
+        const auto it = unfused.find(kernels::batch_norm_tuning_text(twin));
+        ASSERT_NE(it, unfused.end()) << "the unfused twin runs first";
+        for (size_t i = 0; i < outputs.size(); ++i)
+          EXPECT_TRUE(same_values(outputs[i], it->second[i])) << output_names[i] << ": the fused finalize's bits";
       }
     }
   }
