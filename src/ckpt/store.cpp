@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -68,14 +69,16 @@ void read_into(int fd, std::vector<char>& bytes, size_t from, const std::string&
   bytes.resize(from);
 }
 
-// Step of a checkpoint file name, or -1 for other files.
+// Step of a checkpoint file name, or -1 for other files (a number past int64_t too: no step
+// hpctrain writes, and such a stray file must not stop every command that lists the directory).
 int64_t step_of(const std::string& name) {
   const size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
   if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 || name.compare(name.size() - s, s, kSuffix) != 0)
     return -1;
-  const std::string digits = name.substr(p, name.size() - p - s);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
+  const char *first = name.data() + p, *last = name.data() + name.size() - s;
+  int64_t step = -1;
+  const auto [end, ec] = std::from_chars(first, last, step);
+  return ec == std::errc() && end == last && *first != '-' ? step : -1;
 }
 
 // A checkpoint file's name must say the step it holds: --resume auto, evaluate DIR and retention

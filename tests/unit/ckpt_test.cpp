@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/store.hpp"
@@ -140,6 +141,26 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
   EXPECT_NE(latest.skipped[0].find(says), std::string::npos) << latest.skipped[0];
   std::filesystem::rename(misnamed, dir + "/best.hpck");
   EXPECT_EQ(ckpt::load_checkpoint(dir + "/best.hpck").integer("step"), 10);
+  std::filesystem::remove_all(dir);
+}
+
+// A file named like a checkpoint of a step past int64_t is no checkpoint hpctrain wrote: listing
+// the directory (--resume auto, evaluate DIR, inspect DIR, retention) passes it by, as any other
+// file, rather than failing on its number.
+TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-bignum-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ckpt::CheckpointStore store(dir, 5);
+  ckpt::Checkpoint c = sample();
+  c.meta["step"] = "4";
+  const std::string valid = store.write(ckpt::encode(c), 4);
+  for (const char* name : {"ckpt-99999999999999999999999.hpck", "ckpt-9223372036854775808.hpck", "ckpt--5.hpck"})
+    std::ofstream(dir + "/" + name) << "not a checkpoint";
+  const ckpt::LatestCheckpoint latest = ckpt::find_latest(dir);
+  EXPECT_EQ(latest.listed, 1u);
+  ASSERT_TRUE(latest.found.has_value());
+  EXPECT_EQ(latest.found->first, valid);
+  EXPECT_TRUE(latest.skipped.empty());
   std::filesystem::remove_all(dir);
 }
 
