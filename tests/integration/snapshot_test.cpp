@@ -479,6 +479,33 @@ TEST_F(Snapshots, AKilledRunsSnapshotsAreFreedAfterAnHourOrByTheCleanup) {
   EXPECT_FALSE(fs::exists(live_dir)) << "killed, its snapshots are no longer in use";
 }
 
+// clean-snapshots removes a run's directory only when it holds nothing but a Snapshotter's
+// files: a directory named like a run id (16 hex digits) that holds anything else is kept and
+// said so; and it refuses the root directory, as training does.
+TEST_F(Snapshots, TheCleanupRemovesNothingButSnapshots) {
+  const fs::path snaps = dir_.file("foreign");
+  fs::create_directories(snaps / "0123456789abcdef");
+  std::ofstream(snaps / "0123456789abcdef" / "thesis.txt") << "years of work";
+  std::ofstream(snaps / "0123456789abcdef" / "in-use");
+  fs::create_directories(snaps / "fedcba9876543210");
+  std::ofstream(snaps / "fedcba9876543210" / "in-use");
+  std::ofstream(snaps / "fedcba9876543210" / "ckpt-000000004.hpck") << "a snapshot";
+  std::ofstream(snaps / "fedcba9876543210" / ".spare") << "its spare pages";
+  fs::create_directories(snaps / "00000000ffffffff");  // a checkpoint directory of that name
+  for (const char* f : {"lock", "run-id", "ckpt-000000004.hpck"}) std::ofstream(snaps / "00000000ffffffff" / f) << f;
+  const RunResult all = run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps.string(), "--all"});
+  EXPECT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_NE(all.out.find("removed the snapshots of 1 run(s)"), std::string::npos) << all.out;
+  EXPECT_NE((all.out + all.err).find("kept " + (snaps / "0123456789abcdef").string() + ": it holds files that are not hpctrain's"),
+            std::string::npos) << all.out << all.err;
+  EXPECT_TRUE(fs::exists(snaps / "0123456789abcdef" / "thesis.txt"));
+  EXPECT_TRUE(fs::exists(snaps / "00000000ffffffff" / "ckpt-000000004.hpck"));
+  EXPECT_FALSE(fs::exists(snaps / "fedcba9876543210"));
+  const RunResult root = run_hpctrain({"clean-snapshots", "--snapshot-dir", "//", "--all"});
+  EXPECT_EQ(root.exit_code, 2) << root.out << root.err;
+  EXPECT_NE(root.err.find("--snapshot-dir // is the root directory"), std::string::npos) << root.err;
+}
+
 // --snapshot-max-memory holds across all of a user's runs on a host: the snapshots of another
 // run that no running hpctrain uses make room (oldest first); with them it would not fit.
 TEST_F(Snapshots, TheMemoryBudgetCoversEveryRunOfTheUser) {

@@ -22,6 +22,7 @@
 #include "core/duration.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "core/file_identity.hpp"  // require_not_root_dir
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"  // parse_subcommand
@@ -103,6 +104,24 @@ struct RunDir {
   double age_seconds = 0;  // since its last write
   uint64_t bytes = 0;      // its files'
 };
+// Whether `dir` is empty or holds a Snapshotter's in-use file and nothing but what it writes
+// (the store's checkpoints, their temporary files, its spare): a directory whose name merely
+// looks like a run id (16 hex digits) is not removed when it holds anything else, nor a
+// checkpoint directory of that name (its lock, run-id and heartbeat, no in-use file).
+bool holds_only_snapshots(const fs::path& dir) {
+  std::error_code ec;
+  bool in_use = false, empty = true;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code ec2;
+    const std::string name = e.path().filename().string();
+    empty = false;
+    if (!e.is_regular_file(ec2) || e.is_symlink(ec2)) return false;
+    if (name == kInUseFile) in_use = true;
+    else if (name != ".spare" && name.rfind("ckpt-", 0) != 0) return false;
+  }
+  return !ec && (in_use || empty);
+}
+
 std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) {
   std::vector<RunDir> runs;
   std::error_code ec;
@@ -111,6 +130,10 @@ std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) 
     std::error_code ec2;
     const std::string name = e.path().filename().string();
     if (!is_run_id(name) || name == except || !e.is_directory(ec2) || e.is_symlink(ec2)) continue;
+    if (!holds_only_snapshots(e.path())) {
+      log::info("kept ", e.path().string(), ": it holds files that are not hpctrain's snapshots");
+      continue;
+    }
     const auto written = fs::last_write_time(e.path(), ec2);
     if (ec2) continue;
     runs.push_back({e.path(), name, std::chrono::duration<double>(now - written).count(), bytes_in(e.path())});
@@ -478,6 +501,7 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
                 "CHECKPOINT_DIR/run-id holds), got '", run_id, "'");
     HPC_REQUIRE(!vm.count("snapshot-dir") || !dir.empty(),
                 "--snapshot-dir is empty (an unset variable?): give the directory, or leave it out for the default");
+    require_not_root_dir(dir, "--snapshot-dir");
     what.all = all;
     what.run_id = run_id;
     if (!older.empty()) what.older_than = parse_duration(older, "--older-than");
