@@ -18,5 +18,7 @@ using JsonObject = nlohmann::ordered_json;
 std::string json_text(const JsonObject& j, int indent = -1);
 // A JSON string literal of `s`, quotes included.
 std::string json_string(const std::string& s);
+// Whether `s` is UTF-8 text, which a JSON string holds as it is (no byte replaced).
+bool is_utf8(const std::string& s);
 
 }  // namespace hpc

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -160,6 +161,9 @@ const std::regex& shard_file_pattern() {
   return pattern;
 }
 
+// Generations are counted from 1, one a packing: far below this.
+constexpr int64_t kMostGenerations = 1'000'000'000'000'000;
+
 // One more than any generation of the split's shard files in OUT (those of a packing that was
 // killed included), so new shards never take the name of a file there.
 int64_t next_generation(const std::string& out, const std::string& split) {
@@ -168,8 +172,15 @@ int64_t next_generation(const std::string& out, const std::string& split) {
   for (const auto& e : fs::directory_iterator(out, ec)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, shard_file_pattern()) && m[1] == split && m[2].matched)
-      g = std::max<int64_t>(g, std::stoll(m[2]));
+    if (std::regex_match(name, m, shard_file_pattern()) && m[1] == split && m[2].matched) {
+      int64_t k = 0;
+      const std::string digits = m[2];
+      const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), k);
+      HPC_REQUIRE(parsed == std::errc() && end == digits.data() + digits.size() && k < kMostGenerations, "shard file ",
+                  e.path().string(), " has a generation past any hpcdata writes (", kMostGenerations,
+                  "): move it out of ", out);
+      g = std::max(g, k);
+    }
   }
   return g + 1;
 }
@@ -366,8 +377,12 @@ PackResult pack_image_folder(const PackOptions& o) {
   check_pack_paths(o);
   PackResult result;
   std::vector<Source> sources = scan(o.src, result);
-  for (const std::string& c : result.classes)
+  for (const std::string& c : result.classes) {
     HPC_REQUIRE(c.find_first_of("\r\n") == std::string::npos, "class folder name '", c, "' holds a line break");
+    // The manifest (JSON) would hold it with U+FFFD for those bytes, classes.txt as it is: the
+    // two would never agree again.
+    HPC_REQUIRE(is_utf8(c), "class folder name ", json_string(c), " is not UTF-8 text: rename the folder");
+  }
   // One fixed shuffle (Fisher-Yates on Philox: the same on every platform), so shards mix classes.
   Philox rng(o.seed, RngStream::Pack);
   for (size_t i = sources.size(); i > 1; --i) std::swap(sources[i - 1], sources[rng.below(static_cast<uint32_t>(i))]);

@@ -251,8 +251,21 @@ class Pack(unittest.TestCase):
         os.symlink(self.src, link)
         line_break = os.path.join(self.tmp, "line-break")
         self.folder(line_break, ["a", "b\nc"])
+        latin1 = os.path.join(self.tmp, "latin-1")  # a name from another system's encoding: bytes, not UTF-8
+        self.folder(latin1, ["a"])
+        os.makedirs(os.path.join(os.fsencode(latin1), b"caf\xe9"))
+        with open(os.path.join(os.fsencode(latin1), b"caf\xe9", b"cafe_0.JPEG"), "wb") as f:
+            f.write(JPEGS[0])
+        strays = []  # OUTs with a shard file of no packing's: past int64_t, and at its end (no next)
+        for g in ("99999999999999999999", "9223372036854775807"):
+            strays.append(os.path.join(self.tmp, "stray-g" + g))
+            os.makedirs(strays[-1])
+            open(os.path.join(strays[-1], f"train-g{g}-00000-of-00001.hpcs"), "w").close()
         cases = [((empty_jpeg, self.out), 1, "zero.jpg is empty, not a JPEG image"),
-                 ((line_break, self.out), 1, "holds a line break"),((empty_class, self.out), 1, "has no JPEG images"),
+                 ((line_break, self.out), 1, "holds a line break"),
+                 ((latin1, self.out), 1, 'class folder name "caf\ufffd" is not UTF-8 text'),
+                 ((self.src, strays[0]), 1, "has a generation past any hpcdata writes"),
+                 ((self.src, strays[1]), 1, "has a generation past any hpcdata writes"),((empty_class, self.out), 1, "has no JPEG images"),
                  ((texts, self.out), 1, "has no JPEG images"),
                  ((os.path.join(self.tmp, "empty"), self.out), 1, "has no class folders"),
                  ((os.path.join(self.tmp, "nowhere"), self.out), 2, "does not exist"),
