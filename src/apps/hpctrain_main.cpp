@@ -1,6 +1,7 @@
 // hpctrain: start MPI, pick the subcommand (train, the default; evaluate; inspect; export;
 // predict), run it, turn errors into one line and an exit code (2: the user's input, 1:
 // hpctrain's own failure).
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -52,6 +53,10 @@ const char* command_of(int argc, char** argv) { return argc > 1 && argv[1][0] !=
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed standard output (its reader gone: `| head`, a dead tee) fails the write, said once
+  // (core/log.cpp), instead of killing a training in the middle of a step or a checkpoint write
+  // and leaving its lock and a heartbeat that says "training".
+  std::signal(SIGPIPE, SIG_IGN);
   // Before MPI starts its threads: they must block the stop signals. Training takes a stop as a
   // request from here on; the other commands have nothing to save and end at once.
   const char* first = command_of(argc, argv);

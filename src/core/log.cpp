@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -71,7 +72,17 @@ void write(Level lvl, const std::string& line) {
   std::lock_guard lock(g_mutex);
   FILE* out = lvl >= Level::Warn ? stderr : stdout;
   std::fprintf(out, "%s%s: %s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(), line.c_str());
+  errno = 0;
   std::fflush(out);
+  // Standard output's reader gone (`hpctrain ... | head`; SIGPIPE is ignored): the run goes on,
+  // said once, rather than dying unannounced in the middle of a step or a checkpoint.
+  static bool said_closed = false;
+  if (out == stdout && std::ferror(stdout) && errno == EPIPE && !said_closed) {
+    said_closed = true;
+    std::fprintf(stderr, "%s%s: warning: standard output is closed (its reader exited): the run goes on without "
+                 "its progress lines\n", stamp(stderr, true).c_str(), prefix.substr(0, prefix.find(':')).c_str());
+    std::fflush(stderr);
+  }
 }
 
 }  // namespace hpc::log

@@ -5,6 +5,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -184,6 +187,31 @@ TEST_F(Output, MetricsToStdoutAsAStream) {
   ASSERT_FALSE(terminal.timed_out) << "it waited on the terminal";
   ASSERT_EQ(terminal.exit_code, 0) << terminal.out << terminal.err;
   EXPECT_NE(terminal.out.find("{\"event\":\"done\",\"steps\":3,"), std::string::npos) << terminal.out;
+}
+
+// Standard output's reader gone before the first line (`| head` that has ended; a pipe whose
+// read end is closed): the run goes on to its end, says so once on stderr, and ends as any run
+// does (its checkpoint directory's lock released, its heartbeat "done"), instead of dying of
+// SIGPIPE (exit 141) unannounced.
+TEST_F(Output, AClosedStandardOutputIsNotTheEndOfTheRun) {
+  const TempDir ck("closed-stdout");
+  std::vector<std::string> args{"/usr/bin/python3", "-c",
+                                "import os, subprocess, sys\n"
+                                "r, w = os.pipe()\n"
+                                "os.close(r)\n"
+                                "sys.exit(subprocess.call(sys.argv[1:], stdout=w))"};  // SIGPIPE as a shell leaves it
+  for (const std::string& a : hpctrain_argv(quick({"--threads", "1", "--checkpoint-dir", ck.str()}))) args.push_back(a);
+  const RunResult r = run_program(args, 60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string said = "warning: standard output is closed (its reader exited): the run goes on";
+  const size_t at = r.err.find(said);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(said, at + 1), std::string::npos) << "said more than once: " << r.err;
+  EXPECT_FALSE(fs::exists(ck.str() + "/lock"));
+  std::ifstream beat(ck.str() + "/heartbeat");
+  const std::string heartbeat((std::istreambuf_iterator<char>(beat)), std::istreambuf_iterator<char>());
+  EXPECT_NE(heartbeat.find("state=done"), std::string::npos) << heartbeat;
 }
 
 }  // namespace
