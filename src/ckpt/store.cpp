@@ -424,4 +424,11 @@ std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::s
   return inputs;
 }
 
+bool checkpoint_dir_uses(const std::string& name) {
+  if (name.rfind(kPrefix, 0) == 0 && name.find(kSuffix) != std::string::npos) return true;  // and PATH.tmp.PID
+  for (const char* own : {"lock", "run-id", "heartbeat", "heartbeat.tmp", "membership-change", "hpcrun"})
+    if (name == own) return true;
+  return name.rfind("superseded-", 0) == 0;
+}
+
 }  // namespace hpc::ckpt

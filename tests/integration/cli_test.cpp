@@ -306,6 +306,13 @@ TEST_F(Cli, AnOutputIsNeverAnInputOrAnotherOutput) {
        {"--timeline-file @WORK/./resume.hpck is the same file as --resume @WORK/resume.hpck"}},
       {{"--checkpoint-dir", "@WORK/ck", "--metrics-file", "@WORK/sub/../ck/ckpt-00000007.hpck"},
        {"is the same file as --checkpoint-dir @WORK/ck's checkpoint @WORK/ck/ckpt-00000007.hpck"}},
+      // Not there yet, but the checkpoints' own: replaced or moved away once they are written.
+      {{"--checkpoint-dir", "@WORK/fresh", "--metrics-file", "@WORK/fresh/heartbeat"},
+       {"--metrics-file @WORK/fresh/heartbeat is in --checkpoint-dir under a name its own files take (heartbeat)"}},
+      {{"--checkpoint-dir", "@WORK/ck", "--timeline-file", "@WORK/sub/../ck/run-id"},
+       {"--timeline-file @WORK/sub/../ck/run-id is in --checkpoint-dir", "(run-id)"}},
+      {{"--checkpoint-dir", "@WORK/fresh/", "--timeline-file", "@WORK/./fresh/ckpt-000000004.hpck"},
+       {"is in --checkpoint-dir under a name its own files take (ckpt-000000004.hpck)"}},
   };
   for (const auto& [args, expect] : cases) expect_refused(args, expect);
 }

@@ -238,6 +238,20 @@ void store_config_file(const std::string& path, const po::options_description& a
 
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
+// Whether `file` would be an entry of directory `dir`: by identity where both its folder and
+// dir exist, else by their spelling made canonical as far as it exists.
+bool in_directory(const std::string& file, const std::string& dir) {
+  const fs::path parent = fs::path(file).has_parent_path() ? fs::path(file).parent_path() : fs::path(".");
+  std::error_code e1, e2;
+  if (fs::is_directory(parent, e1) && fs::is_directory(dir, e2)) return fs::equivalent(parent, dir, e1) && !e1;
+  auto canonical = [](const fs::path& p, std::error_code& e) {
+    const fs::path c = fs::weakly_canonical(p, e);
+    return c.has_filename() ? c : c.parent_path();  // "dir/" is dir
+  };
+  const fs::path a = canonical(parent, e1), b = canonical(dir, e2);
+  return !e1 && !e2 && a == b;
+}
+
 // Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes
 // must be neither one another nor a file it reads (the config, the checkpoint it resumes, the
 // run's checkpoints): their bytes would be lost. By identity, so that another spelling or a link
@@ -252,10 +266,18 @@ void validate_distinct_files(const TrainOptions& o, const po::variables_map& vm)
     for (NamedPath& p : ckpt::checkpoint_inputs("--checkpoint-dir", o.checkpoint_dir)) inputs.push_back(std::move(p));
   if (!o.init_from.empty())
     for (NamedPath& p : ckpt::checkpoint_inputs("--init-from", o.init_from)) inputs.push_back(std::move(p));
-  require_distinct_files({{"--metrics-file", o.metrics_file},
-                          {"--timeline-file", o.timeline_file},
-                          {"--prometheus-file", o.prometheus_file}},
-                         inputs);
+  const std::vector<NamedPath> outputs{{"--metrics-file", o.metrics_file},
+                                       {"--timeline-file", o.timeline_file},
+                                       {"--prometheus-file", o.prometheus_file}};
+  require_distinct_files(outputs, inputs);
+  // A file the checkpoints will write (or move away) later, not yet there to compare with.
+  if (!o.checkpoint_dir.empty())
+    for (const NamedPath& out : outputs) {
+      const std::string name = fs::path(out.path).filename().string();
+      if (!out.path.empty() && ckpt::checkpoint_dir_uses(name) && in_directory(out.path, o.checkpoint_dir))
+        usage_error(out.what, " ", out.path, " is in --checkpoint-dir under a name its own files take (", name,
+                    "): it would be replaced or moved away; choose another name");
+    }
 }
 
 // What the step metrics need: a metrics file to add the step events to, and a name
