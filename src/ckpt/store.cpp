@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <utility>
 
@@ -291,7 +292,11 @@ Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
   std::vector<char> bytes(std::min<size_t>(static_cast<size_t>(st.st_size), kMagicBytes));
   read_into(file.fd, bytes, 0, path);
   if (is_checkpoint_magic(bytes)) {
-    bytes.resize(static_cast<size_t>(st.st_size));
+    try {
+      bytes.resize(static_cast<size_t>(st.st_size));
+    } catch (const std::bad_alloc&) {  // a usage error: --resume auto passes it by, as a damaged file
+      usage_error("cannot read checkpoint ", path, ": its ", st.st_size, " bytes do not fit in this process's memory");
+    }
     read_into(file.fd, bytes, kMagicBytes, path);
   }
   Checkpoint c = decode(bytes, "checkpoint " + path, layout);

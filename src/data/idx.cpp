@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
@@ -56,7 +57,13 @@ std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
       usage_error("dataset file ", path, " is corrupt: ", msg);
     }
     if (n == 0) break;
-    out.insert(out.end(), buf.begin(), buf.begin() + n);
+    try {
+      out.insert(out.end(), buf.begin(), buf.begin() + n);
+    } catch (const std::bad_alloc&) {
+      gzclose(f);
+      usage_error("dataset file ", path, " does not fit in this process's memory (", out.size(),
+                  " bytes read so far): is it the dataset's file?");
+    }
   }
   // A gzip stream cut short reads as a clean end of data with zlib; gzclose reports it.
   int rc = gzclose(f);

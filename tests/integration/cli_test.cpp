@@ -317,6 +317,47 @@ TEST_F(Cli, AnOutputIsNeverAnInputOrAnotherOutput) {
   for (const auto& [args, expect] : cases) expect_refused(args, expect);
 }
 
+// A file too large for the process's memory (here a sparse 64 GiB checkpoint, a 6 GiB IDX file,
+// under a 4 GB address-space limit) is named with its size in one line, exit 2, not "out of
+// memory (a smaller --batch-size ...)"; --resume auto passes such a newest checkpoint by.
+TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
+  const std::string w = work_.str();
+  auto limited = [&](const std::string& command) {
+    return run_program({"/bin/bash", "-c", "ulimit -v 4000000 && exec " + command}, kDeadline);
+  };
+  const std::string big = w + "/big.hpck";
+  std::ofstream(big, std::ios::binary) << "HPCTCKPT";
+  fs::resize_file(big, uint64_t{64} << 30);
+  const RunResult inspect = limited("'" + hpctrain_binary() + "' inspect '" + big + "'");
+  EXPECT_EQ(inspect.exit_code, 2) << inspect.out << inspect.err;
+  EXPECT_NE(inspect.err.find("cannot read checkpoint " + big + ": its 68719476736 bytes do not fit in this process's "
+                             "memory"), std::string::npos) << inspect.err;
+  // Beside an older valid checkpoint, under a newer step's name: passed by with a warning.
+  fs::create_directories(w + "/ck");
+  const RunResult first = run({"--checkpoint-dir", "@WORK/ck"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  fs::rename(big, w + "/ck/ckpt-000000099.hpck");
+  std::string resume = "'" + hpctrain_binary() + "'";
+  for (const std::string& a : with_quick_defaults(in_work({"--checkpoint-dir", "@WORK/ck"}),
+                                                  data_.str()))
+    resume += " '" + a + "'";
+  const RunResult resumed = limited(resume);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("ckpt-000000099.hpck: its 68719476736 bytes do not fit"), std::string::npos) << resumed.err;
+  // A dataset file: its header says 60000 images, its size is 6 GiB.
+  const std::string data = w + "/big-data";
+  fs::create_directories(data);
+  for (const char* f : {"train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+    fs::copy_file(data_.file(f), data + "/" + f);
+  fs::copy_file(data_.file("train-images-idx3-ubyte"), data + "/train-images-idx3-ubyte");
+  fs::resize_file(data + "/train-images-idx3-ubyte", uint64_t{6} << 30);
+  const RunResult read = limited("'" + hpctrain_binary() + "' --device cpu --quiet --threads 1 --data-dir '" + data + "'");
+  EXPECT_EQ(read.exit_code, 2) << read.err;
+  EXPECT_NE(read.err.find("dataset file " + data + "/train-images-idx3-ubyte does not fit in this process's memory"),
+            std::string::npos) << read.err;
+  EXPECT_EQ(lines_of(read.err).size(), 1u) << read.err;
+}
+
 // Streams are shared by intent: /dev/stdout for both files is no conflict, and identity is told
 // without opening anything.
 TEST_F(Cli, StreamsMayBeSharedByOutputs) {
