@@ -55,7 +55,9 @@ int parse_slots(const std::string& text, const std::string& where) {
   } catch (const std::exception&) {
     used = 0;
   }
-  HPC_REQUIRE(used > 0 && used == text.size() && v >= 1 && v <= kMaxSlots, where,
+  // Digits only: stoi also takes "+3" and " 3".
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); });
+  HPC_REQUIRE(digits && used == text.size() && v >= 1 && v <= kMaxSlots, where,
               ": slots must be a whole number from 1 to ", kMaxSlots, ", got '", printable(text), "'");
   return v;
 }
@@ -90,6 +92,9 @@ HostList parse_host_list(const std::string& spec, int default_slots) {
     HPC_REQUIRE(!item.empty(), "-H '", spec, "': empty host name (hosts are separated by single commas)");
     add_colon_form(hosts, item, default_slots, "-H");
   }
+  // getline drops an empty last item: "a," would pass as "a".
+  HPC_REQUIRE(trim(spec).empty() || trim(spec).back() != ',', "-H '", spec,
+              "': empty host name after the last comma (hosts are separated by single commas)");
   HPC_REQUIRE(!hosts.empty(), "-H names no host");
   return hosts;
 }
@@ -109,7 +114,7 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
     std::stringstream words(line);
     std::string name, word;
     words >> name;
-    int slots = default_slots;
+    int slots = default_slots, max_slots = kMaxSlots;
     std::set<std::string> keys;  // "slots=2 slots=3": which one was meant?
     while (words >> word) {
       const size_t eq = word.find('=');
@@ -119,8 +124,10 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
       HPC_REQUIRE(keys.insert(key == "max-slots" ? "max_slots" : key).second, where, ": ", key,
                   " is given twice; give it once");
       if (key == "slots") slots = parse_slots(word.substr(eq + 1), where);
-      else parse_slots(word.substr(eq + 1), where);  // validated; hpcrun never oversubscribes
+      else max_slots = parse_slots(word.substr(eq + 1), where);  // hpcrun never oversubscribes
     }
+    HPC_REQUIRE(slots <= max_slots, where, ": slots=", slots, " is more than max_slots=", max_slots,
+                " (Open MPI refuses such a line too)");
     add(hosts, name, slots, where);
   }
   HPC_REQUIRE(!hosts.empty(), "--hostfile ", path, " names no host");
@@ -171,7 +178,9 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
       const size_t close = item.find(']', open);
       const std::string prefix = item.substr(0, open), suffix = item.substr(close + 1);
       if (suffix.find('[') != std::string::npos) bad();  // one bracket group per item, as sbatch prints
-      std::stringstream ranges(item.substr(open + 1, close - open - 1));
+      const std::string inside = item.substr(open + 1, close - open - 1);
+      if (inside.empty() || inside.back() == ',') bad();  // "n[]" and "n[1,]" would name no host, or one less
+      std::stringstream ranges(inside);
       for (std::string r; std::getline(ranges, r, ',');) {
         const size_t dash = r.find('-');
         const std::string lo = r.substr(0, dash), hi = dash == std::string::npos ? lo : r.substr(dash + 1);
@@ -189,7 +198,7 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
     }
     i = end + 1;
   }
-  if (out.empty()) bad();
+  if (out.empty() || list.back() == ',') bad();
   return out;
 }
 

@@ -50,6 +50,10 @@ TEST(Hosts, BadListsAreUsageErrors) {
   EXPECT_NE(usage_message([] { parse_host_list("a:x", 1); }).find("slots"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a b", 1); }).find("not a host name"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list(",", 1); }).find("empty"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a,", 1); }).find("empty host name after the last comma"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a:+3", 1); }).find("slots must be a whole number"), std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a: 3", 1); }).find("slots must be a whole number"), std::string::npos);
   // Repeats add up, but not past what one entry may give.
   EXPECT_EQ(parse_host_list("a:4095,a:1", 1), (HostList{{"a", 4096}}));
   EXPECT_NE(usage_message([] { parse_host_list("a:4096,a:4096", 1); }).find("host a is named again, and its slots "
@@ -74,6 +78,12 @@ TEST(Hosts, Hostfile) {
     f << "node1 slots=1\nnode2 slots=2 slots=3\n";  // was: the last one, without a word
   }
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("line 2: slots is given twice"), std::string::npos);
+  {
+    std::ofstream f(path);
+    f << "node1 max_slots=1 slots=4\n";  // was: 4 ranks there
+  }
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("line 1: slots=4 is more than max_slots=1"),
+            std::string::npos);
   {
     std::ofstream f(path);
     f << "# nothing\n";
@@ -157,6 +167,10 @@ TEST(Hosts, SlurmForms) {
   EXPECT_EQ(slurm_hosts("a[1-2],b", "4(x2),1"), (HostList{{"a1", 4}, {"a2", 4}, {"b", 1}}));
   usage_message([] { expand_slurm_nodelist("a[1-"); });
   usage_message([] { expand_slurm_nodelist("a[3-1]"); });
+  // Brackets that name nothing, or a list cut after a comma: not dropped in silence.
+  for (const char* bad : {"n[],login1", "n[1,]", "a,", "n[1-2],"})
+    EXPECT_NE(usage_message([&] { expand_slurm_nodelist(bad); }).find("is not a Slurm host list"), std::string::npos)
+        << bad;
   usage_message([] { expand_slurm_tasks_per_node("2(x"); });
   EXPECT_NE(usage_message([] { slurm_hosts("a[1-3]", "1"); }).find("inconsistent"), std::string::npos);
 }
