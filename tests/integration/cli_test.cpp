@@ -366,6 +366,13 @@ TEST_F(Cli, StreamsMayBeSharedByOutputs) {
   EXPECT_NE(r.out.find("\"event\""), std::string::npos) << r.out;
 }
 
+// An output that fails while written (a full disk: /dev/full) ends the run with one line naming
+// it, the same for each: not the error and then a warning of the same write again.
+TEST_F(Cli, AnOutputThatCannotBeWrittenIsOneLine) {
+  for (const char* option : {"--metrics-file", "--timeline-file"})
+    expect_usage_error(run({option, "/dev/full"}), {std::string("cannot write ") + option + " /dev/full: No space left"});
+}
+
 // --device cuda where no GPU can train is an error naming why, never a silent CPU run. (On a
 // machine with a GPU the GPU tests, label gpu, cover --device cuda.)
 TEST_F(Cli, DeviceCudaWithoutAGpuIsAUsageError) {

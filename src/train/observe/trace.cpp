@@ -141,7 +141,11 @@ void TraceFile::write_at(const std::string& text, off_t at) {
                               : ::pwrite(fd_, text.data() + done, text.size() - done, at + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     written_ = true;  // even a failed write may have left part of an event: the file stays
-    HPC_REQUIRE(n > 0, "cannot write ", kOption, " ", path_, ": ", std::strerror(errno));
+    if (n <= 0) {
+      const int e = n < 0 ? errno : ENOSPC;
+      closed_ = true;  // not written to again: the error says it once, and the end's "]" would fail too
+      usage_error("cannot write ", kOption, " ", path_, ": ", std::strerror(e));
+    }
     done += static_cast<size_t>(n);
   }
 }
