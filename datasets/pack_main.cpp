@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <boost/program_options.hpp>
 #include <csignal>
 #include <cstdio>
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   o.threads = hpc::cpus::usable();  // the CPUs this process may use, not the host's
   bool quiet = false;
   std::string progress = "auto", stamps = "auto";
+  std::string seed = std::to_string(o.seed);  // read as text: a number type would take -1 as 2^64 - 1
   po::options_description desc(
       "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
       "OUT/<split>.json (the split's manifest, replaced last: a packing that fails or is stopped\n"
@@ -56,7 +58,7 @@ int main(int argc, char** argv) {
       "threads", po::value(&o.threads)->default_value(o.threads), "images decoded in parallel (one shard each)")(
       "skip-corrupt", po::bool_switch(&o.skip_corrupt),
       "skip images that do not decode, listing them in <split>.json (default: fail naming the first)")(
-      "seed", po::value(&o.seed)->default_value(o.seed), "seed of the order images take in the shards")(
+      "seed", po::value(&seed)->default_value(seed), "seed of the order images take in the shards")(
       "progress", po::value(&progress)->default_value(progress),
       "auto (a line redrawn in place when stderr is an interactive terminal, not a launcher's or a file; else "
       "lines), bar, lines (one every tenth of the images) or off")(
@@ -90,6 +92,9 @@ int main(int argc, char** argv) {
     if (o.resize < 0) throw po::error("--resize must be 0 or positive");
     if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
     if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
+    const auto [end, parsed] = std::from_chars(seed.data(), seed.data() + seed.size(), o.seed);
+    if (seed.empty() || parsed != std::errc() || end != seed.data() + seed.size())
+      throw po::error("--seed must be a whole number from 0 to 18446744073709551615, got '" + seed + "'");
     if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "off")
       throw po::error("unknown --progress '" + progress + "' (choose auto, bar, lines or off)");
     if (stamps != "auto" && stamps != "on" && stamps != "off")

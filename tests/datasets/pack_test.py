@@ -282,7 +282,9 @@ class Pack(unittest.TestCase):
                  ((self.src, self.out, "--threads", "100000"), 2, "1..1024"),
                  ((self.src, self.out, "--quality", "101"), 2, "1..100"),
                  ((self.src, self.out, "--resize", "-1"), 2, "0 or positive"),
-                 ((self.src, self.out, "--seed", "x"), 2, "invalid"),
+                 ((self.src, self.out, "--seed", "x"), 2, "--seed must be a whole number"),
+                 ((self.src, self.out, "--seed", "-1"), 2, "--seed must be a whole number from 0 to"),
+                 ((self.src, self.out, "--seed", "18446744073709551616"), 2, "got '18446744073709551616'"),
                  ((self.src, self.out, "--bogus"), 2, "unrecognised option"),
                  ((self.src, self.out, "--split", "a/b"), 2, "choose --split train or --split val"),
                  # hpctrain reads train and val only: a test split would be packed for nobody.
