@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -24,13 +25,19 @@ namespace fs = std::filesystem;
 namespace {
 
 // The next attempt number: logs of earlier runs in the same directory (a requeued job) are kept.
+// Names whose number no run reaches (a stray attempt-2147483647.log) are not logs of ours: their
+// number plus one would overflow.
 int next_attempt_number(const std::string& dir) {
+  constexpr int kMostAttempts = 1'000'000'000;
   int highest = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("attempt-", 0) == 0 && name.size() > 12 && name.substr(name.size() - 4) == ".log")
-      highest = std::max(highest, std::atoi(name.substr(8).c_str()));
+    if (name.rfind("attempt-", 0) != 0 || name.size() <= 12 || name.substr(name.size() - 4) != ".log") continue;
+    int n = 0;
+    const char *first = name.data() + 8, *last = name.data() + name.size() - 4;
+    const auto [end, parsed] = std::from_chars(first, last, n);
+    if (parsed == std::errc() && end == last && n > 0 && n < kMostAttempts) highest = std::max(highest, n);
   }
   return highest + 1;
 }

@@ -260,6 +260,19 @@ TEST(HpcrunCli, ValuesGivenWithXReachTheRanksButNotTheLog) {
   EXPECT_EQ(log.find("0th3r"), std::string::npos) << log;
 }
 
+// A log directory's earlier attempts are kept and numbered on from (a requeued job); a stray
+// file whose number no run reaches is no attempt of ours: attempt-2147483647.log made the next
+// one "attempt -2147483648".
+TEST(HpcrunCli, AttemptsAreNumberedOnFromTheLogDirectorys) {
+  TempDir dir("hpcrun_numbers");
+  for (const char* name : {"attempt-4.log", "attempt-2147483647.log", "attempt-99999999999.log", "attempt-x.log"})
+    std::ofstream(dir.file(name)) << "earlier\n";
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "1", "true"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("attempt-5.log"))) << r.err;
+  EXPECT_EQ(r.err.find("attempt -"), std::string::npos) << r.err;
+}
+
 TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
   TempDir dir("hpcrun_ok");
   const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "sh", "-c", "echo hello from $OMPI_COMM_WORLD_RANK"});
