@@ -1,7 +1,9 @@
 #include "core/duration.hpp"
 
 #include <cmath>
+#include <iomanip>
 #include <sstream>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -23,11 +25,14 @@ double parse_duration(const std::string& text, const char* option) {
 }
 
 std::string show_duration(double seconds) {
+  const auto [value, unit] = seconds < 120    ? std::pair{seconds, " s"}
+                             : seconds < 7200 ? std::pair{seconds / 60, " min"}
+                                              : std::pair{seconds / 3600, " h"};
   std::ostringstream os;
-  os.precision(3);
-  if (seconds < 120) os << seconds << " s";
-  else if (seconds < 7200) os << seconds / 60 << " min";
-  else os << seconds / 3600 << " h";
+  // Three significant digits, but whole numbers past 999: 1001 h, not 1e+03 h.
+  if (std::abs(value) < 999.5) os << std::setprecision(3) << value;
+  else os << std::fixed << std::setprecision(0) << value;
+  os << unit;
   return os.str();
 }
 

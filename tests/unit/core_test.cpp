@@ -576,6 +576,15 @@ TEST(OptionKit, DurationTextIsWhatPeopleWriteAndReadsBackTheSame) {
   }
 }
 
+// Durations in messages: three significant digits in the unit that suits, and whole numbers
+// past 999 (an error said "got 1e+03 h" of --step-timeout 1001h).
+TEST(Duration, ShownInTheUnitThatSuits) {
+  const std::vector<std::pair<double, std::string>> shown{
+      {0.25, "0.25 s"}, {90, "90 s"}, {119.4, "119 s"}, {600, "10 min"}, {5400, "90 min"}, {7200, "2 h"},
+      {3603600, "1001 h"}, {36000000, "10000 h"}, {3600 * 999.6, "1000 h"}};
+  for (const auto& [seconds, text] : shown) EXPECT_EQ(show_duration(seconds), text) << seconds;
+}
+
 // core/handle.hpp, as the GPU code holds cuDNN descriptors, streams and events: each handle is
 // destroyed once, by its owner's end, a reset, or a new create through out(); a move hands it on.
 int destroyed[4] = {};
