@@ -56,6 +56,18 @@ bool same_inode(int fd, const std::string& path) {
   return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+std::string describe(const std::map<std::string, std::string>& r);
+
+// Why a lock is no longer this process's: another run's record in it now, or none left.
+std::string how_lost(const std::string& path) {
+  std::error_code ec, ec2;
+  if (!fs::exists(fs::path(path).parent_path(), ec) && !ec) return "the directory was removed while this run trained";
+  if (!fs::exists(path, ec2) && !ec2)
+    return "its lock file is gone (another run took the directory over and has ended since, or the file was deleted)";
+  return "taken over by " + describe(read_key_values(path)) +
+         " (this process was stopped or cut off, and another run took the directory over)";
+}
+
 std::string describe(const std::map<std::string, std::string>& r) {
   auto get = [&](const char* k) {
     const auto it = r.find(k);
@@ -245,6 +257,12 @@ void DirectoryLock::release(bool remove_made_directory) {
   if (remove_made_directory && made_dir_) ::rmdir(dir_.c_str());  // only when empty
 }
 
+std::string DirectoryLock::how_lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lost_to_.empty()) lost_to_ = hpc::ckpt::how_lost(path_);
+  return lost_to_;
+}
+
 bool DirectoryLock::held() const {
   if (lost_.load()) return false;
   return same_inode(fd_, path_);
@@ -261,11 +279,9 @@ void DirectoryLock::set_run_id(const std::string& id) {
 void DirectoryLock::require_held() const {
   if (held()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (lost_to_.empty()) lost_to_ = describe(read_key_values(path_));
+  if (lost_to_.empty()) lost_to_ = hpc::ckpt::how_lost(path_);
   lost_.store(true);
-  usage_error("this run lost the checkpoint directory's lock ", path_, " to ", lost_to_,
-              " (this process was stopped or cut off, and another run took the directory over): writing nothing "
-              "more there");
+  usage_error("this run lost the checkpoint directory's lock ", path_, ": ", lost_to_, "; writing nothing more there");
 }
 
 void DirectoryLock::write_record(const char* state) {
@@ -290,12 +306,12 @@ void DirectoryLock::refresh_loop() {
   while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
     lock.unlock();
     if (!held()) {
-      const std::string by = describe(read_key_values(path_));
+      const std::string how = hpc::ckpt::how_lost(path_);
       lock.lock();
-      lost_to_ = by;
+      lost_to_ = how;
       lost_.store(true);
-      log::warn("the checkpoint directory's lock ", path_, " was taken over by ", by,
-                ": this run writes nothing more there");
+      log::warn("the checkpoint directory's lock ", path_, " is no longer this run's: ", how,
+                "; this run writes nothing more there");
       return;
     }
     write_record("held");

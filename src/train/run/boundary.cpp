@@ -128,11 +128,11 @@ StepAgreement StepAgreement::reach(dist::Communicator& comm, bool checkpoint_due
   return {flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0, flags[4] > 0};
 }
 
-void lost_directory(const TrainOptions& o) {
+void lost_directory(const TrainOptions& o, const std::string& how) {
   throw dist::CollectiveError(ErrorKind::Usage,
-                              detail::concat("another run took over the checkpoint directory ", o.checkpoint_dir,
-                                             " (rank 0's lock on it was lost while this job was stopped or cut off): "
-                                             "stopping without writing anything more there"));
+                              detail::concat("the checkpoint directory ", o.checkpoint_dir, " is no longer this run's: ",
+                                             how.empty() ? "rank 0 lost its lock on it" : how,
+                                             "; stopping without writing anything more there"));
 }
 
 void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra) {

@@ -118,7 +118,8 @@ struct StepAgreement {
 
 // Another run took the checkpoint directory's lock over (ckpt/dir_lock.hpp): every rank ends
 // with a usage error, before anything more is written there.
-[[noreturn]] void lost_directory(const TrainOptions& o);
+// how: rank 0's DirectoryLock::how_lost() (the others' is empty; rank 0 prints the error).
+[[noreturn]] void lost_directory(const TrainOptions& o, const std::string& how);
 
 // Rank 0's DIR/heartbeat (ckpt::write_heartbeat): about once a second while training, and once
 // more at the end. Does nothing without a store.

@@ -521,7 +521,7 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   const StepAgreement agreed = StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss,
                                                     lock_ && lock_->lost(), stragglers_->slots());
   stragglers_->agreed(seconds_since(reaching), seconds_since(t_start_));
-  if (agreed.lost_directory) lost_directory(o_);
+  if (agreed.lost_directory) lost_directory(o_, lock_ ? lock_->how_lost() : "");
   if (agreed.loss_not_finite)
     diverged(o_, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),
              step == 1 && !p_.resumed);
