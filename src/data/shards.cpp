@@ -216,6 +216,8 @@ std::vector<std::string> list_shards(const std::string& dir, const std::string& 
 
 std::vector<std::string> read_class_names(const std::string& dir) {
   const std::string path = (fs::path(dir) / "classes.txt").string();
+  std::error_code ec;
+  HPC_REQUIRE(!fs::is_directory(path, ec), path, " is a directory, not the list of the packed dataset's classes");
   std::ifstream in(path);
   HPC_REQUIRE(in, "cannot read ", path, " (a packed dataset lists its classes there)");
   std::vector<std::string> names;

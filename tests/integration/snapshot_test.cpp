@@ -345,6 +345,16 @@ TEST_F(Snapshots, ASnapshotDirectoryThatIsNotWritableIsAWarning) {
   EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
   EXPECT_EQ(done_of(m).at("snapshots_taken").number, 0);
   EXPECT_EQ(done_of(m).at("steps").number, 4);
+  // A file where the directory should be: one warning, naming it, and no "checkpoint directory".
+  const std::string file = dir_.file("a-file");
+  std::ofstream(file) << "not a directory";
+  auto b = job(dir_.file("file-ck"), dir_.file("file.jsonl"), file);
+  b.insert(b.end(), {"--max-steps", "2"});
+  const RunResult f = run_hpctrain(b);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(count_of(f.err, "warning: "), 1) << f.err;
+  EXPECT_NE(f.err.find("snapshots in host memory off on "), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find(file + ": Not a directory"), std::string::npos) << f.err;
 }
 
 // Appends to `path` until its file system is full (ENOSPC): the bytes written.

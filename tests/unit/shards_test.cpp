@@ -687,5 +687,13 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
             std::string::npos);
 }
 
+// classes.txt that is a directory is said to be one (it read as a list of no classes).
+TEST(ShardDataset, AClassListThatIsADirectoryIsNamed) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "classes.txt");
+  EXPECT_NE(usage_error_of([&] { read_class_names(dir.path().string()); }).find("classes.txt is a directory"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace hpc::data

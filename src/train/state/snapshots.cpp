@@ -175,6 +175,10 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
                                                                        const nn::Model<float>& model,
                                                                        int64_t checkpoint_step) {
   std::vector<std::string> files;
+  // A --snapshot-dir that is no directory holds no snapshot: the Snapshotter says it cannot use
+  // it (a warning of its own), not a "checkpoint directory" that cannot be listed here.
+  std::error_code ec;
+  if (!fs::is_directory(fs::path(run_dir).parent_path(), ec)) return std::nullopt;
   try {
     files = ckpt::list_checkpoints(run_dir);
   } catch (const Error& e) {
