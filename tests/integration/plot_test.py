@@ -82,8 +82,19 @@ class Plot(unittest.TestCase):
         bad = os.path.join(self.tmp.name, "bad.jsonl")
         with open(bad, "w") as f:
             f.write("{not json\n")
+        # Lines of another writer: a figure that is no number, or one no axis can hold (tracebacks before).
+        with open(self.straight) as f:
+            whole = f.read()
+        words = os.path.join(self.tmp.name, "words.jsonl")
+        with open(words, "w") as f:
+            f.write(whole.replace('"elapsed_seconds":', '"elapsed_seconds":"abc","was":', 1))
+        huge = os.path.join(self.tmp.name, "huge.jsonl")
+        with open(huge, "w") as f:
+            f.write(whole + '{"event":"step","step":99,"loss":-1e308}\n')
         for args, message in (([bad], "not a JSON line"), ([os.path.join(self.tmp.name, "none.jsonl")], "cannot read"),
-                              ([], "required"), ([self.straight, "--out", bad], "not a directory")):
+                              ([], "required"), ([self.straight, "--out", bad], "not a directory"),
+                              ([words, "--out", self.tmp.name], 'elapsed_seconds is not a number ("abc")'),
+                              ([huge, "--out", self.tmp.name], "loss is -1e+308, beyond what a chart can hold")):
             p = plot(*args)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertEqual(p.stdout, "")
