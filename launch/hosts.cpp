@@ -32,8 +32,11 @@ bool valid_name(const std::string& s) {
          std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '-' || c == '_'; });
 }
 
-// For messages: a binary file's bytes (a NUL, a UTF-16 mark) as \xNN, not as terminal garbage.
+// For messages: a binary file's bytes (a NUL, a UTF-16 mark) as \xNN, not as terminal garbage,
+// and no more than the first 200 of them (a whole file on one line would be the error line).
 std::string printable(const std::string& s) {
+  constexpr size_t kShown = 200;
+  if (s.size() > kShown) return printable(s.substr(0, kShown)) + "... (" + std::to_string(s.size()) + " bytes)";
   std::string out;
   for (unsigned char c : s) {
     if (std::isprint(c)) {

@@ -49,6 +49,9 @@ TEST(Hosts, BadListsAreUsageErrors) {
   EXPECT_NE(usage_message([] { parse_host_list("a:0", 1); }).find("slots"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a:x", 1); }).find("slots"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a b", 1); }).find("not a host name"), std::string::npos);
+  const std::string long_name = usage_message([] { parse_host_list(std::string(200000, 'x') + "!", 1); });
+  EXPECT_NE(long_name.find("xxx... (200001 bytes)' is not a host name"), std::string::npos) << long_name.size();
+  EXPECT_LT(long_name.size(), 400u);
   EXPECT_NE(usage_message([] { parse_host_list(",", 1); }).find("empty"), std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a,", 1); }).find("empty host name after the last comma"),
             std::string::npos);
