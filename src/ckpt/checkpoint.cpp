@@ -2,6 +2,7 @@
 
 #include <isa-l/crc.h>
 
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -76,6 +77,11 @@ const std::string& Checkpoint::text(const std::string& key) const {
 
 bool is_checkpoint_magic(const std::vector<char>& bytes) {
   return bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0;
+}
+
+void require_finite_state(const Checkpoint& c, const std::string& path) {
+  for (const std::vector<float>* v : {&c.params, &c.buffers})
+    for (float x : *v) HPC_REQUIRE(std::isfinite(x), "the checkpoint ", path, " holds parameters that are not finite");
 }
 
 std::vector<char> encode(const Checkpoint& c) {

@@ -28,6 +28,10 @@ struct Checkpoint {
   const std::string& text(const std::string& key) const;
 };
 
+// A usage error naming `path` unless every parameter and buffer is finite: hpctrain never saves
+// such a state, so the file was made or edited elsewhere, and its model would answer NaN.
+void require_finite_state(const Checkpoint& c, const std::string& path);
+
 // The whole file's bytes; the second form into `out`, keeping its capacity.
 std::vector<char> encode(const Checkpoint& c);
 void encode(const Checkpoint& c, std::vector<char>& out);

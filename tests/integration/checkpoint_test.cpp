@@ -989,6 +989,10 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   expect_usage_error(with({"--resume", dir_.file("diverged.hpck")}),
                      dir_.file("diverged.hpck") + " holds a state that is not finite (its run had diverged): resume "
                      "from an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
+  // evaluate refuses it as export and predict do (it printed "test loss nan", exit 0).
+  expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", dir_.file("diverged.hpck"), "--test-samples", "100",
+                                   "--data-dir", fashion_mnist_dir(), "--threads", "1"}),
+                     "the checkpoint " + dir_.file("diverged.hpck") + " holds parameters that are not finite");
   // --resume none starts afresh even with checkpoints in the directory.
   const std::string m = dir_.file("fresh.jsonl");
   auto fresh = job(ck, m);

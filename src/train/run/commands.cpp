@@ -329,6 +329,7 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
     check_evaluation_data(c, *e.model, e.dataset, lead);
     require_same_classes(c, e.ds.test.class_names, "the packed dataset " + e.ds.test.source);
+    ckpt::require_finite_state(c, path);  // as export and predict refuse it
     apply_model_state(c, *e.model);
   });
   return e;

@@ -37,12 +37,6 @@ data::DatasetFacts facts_of(const ckpt::Checkpoint& c, const std::string& data_d
   return data::dataset_facts(dataset, image_size, shard_classes(c, data_dir, speak));
 }
 
-// A model whose parameters are not finite would answer NaN for every image.
-void require_finite(const ckpt::Checkpoint& c, const std::string& path) {
-  for (const std::vector<float>* v : {&c.params, &c.buffers})
-    for (float x : *v) HPC_REQUIRE(std::isfinite(x), "the checkpoint ", path, " holds parameters that are not finite");
-}
-
 }  // namespace
 
 std::string ServingModel::param_checksum() const {
@@ -64,7 +58,7 @@ ServingModel load_serving_model(const std::string& checkpoint, const std::string
     shape.classes = s.facts.classes;
     s.model = std::make_unique<nn::Model<float>>(model_spec_of(s.checkpoint, shape));
     check_model(s.checkpoint, *s.model);
-    require_finite(s.checkpoint, s.path);
+    ckpt::require_finite_state(s.checkpoint, s.path);
     apply_model_state(s.checkpoint, *s.model);
   });
   return s;
