@@ -59,7 +59,8 @@ class DirectoryLock {
   bool held() const;
   // Whether the refresh thread has found it taken over (a flag: cheap enough for every step).
   bool lost() const { return lost_.load(); }
-  // How it was lost: "taken over by host ..." or "it was removed (...)".
+  // How it was lost: "taken over by host ...", "its lock file is gone (...)" or "the directory
+  // was removed ...".
   std::string how_lost() const;
   // Usage error naming the process that took the lock over, before a write into DIR.
   void require_held() const;

@@ -94,9 +94,9 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path);
 
 // Whether a checkpoint directory's own files may take this file name: its checkpoints
-// (ckpt-*.hpck, and their temporary files), their superseded-* folders, lock, run-id, heartbeat (and its .tmp), and hpcrun's
-// membership-change marker and hpcrun/ logs. Another file of that name there would be replaced
-// or moved away.
+// (ckpt-*.hpck and their temporary files), their superseded-* folders, lock, run-id, heartbeat
+// (and its .tmp), and hpcrun's membership-change marker and hpcrun/ logs. Another file of that
+// name there would be replaced or moved away.
 bool checkpoint_dir_uses(const std::string& file_name);
 
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason

@@ -116,8 +116,8 @@ struct StepAgreement {
                              bool lost_directory = false, std::span<double> summed = {});
 };
 
-// Another run took the checkpoint directory's lock over (ckpt/dir_lock.hpp): every rank ends
-// with a usage error, before anything more is written there.
+// Rank 0's lock on the checkpoint directory is no longer its own (ckpt/dir_lock.hpp: taken
+// over, or removed): every rank ends with a usage error, before anything more is written there.
 // how: rank 0's DirectoryLock::how_lost() (the others' is empty; rank 0 prints the error).
 [[noreturn]] void lost_directory(const TrainOptions& o, const std::string& how);
 

@@ -104,22 +104,19 @@ struct RunDir {
   double age_seconds = 0;  // since its last write
   uint64_t bytes = 0;      // its files'
 };
-// Whether `dir` is empty or holds a Snapshotter's in-use file and nothing but what it writes
-// (the store's checkpoints, their temporary files, its spare): a directory whose name merely
-// looks like a run id (16 hex digits) is not removed when it holds anything else, nor a
-// checkpoint directory of that name (its lock, run-id and heartbeat, no in-use file).
+// Whether `dir` holds nothing but what a Snapshotter writes (its in-use file, the store's
+// checkpoints and their temporary files, its spare), or nothing at all: a directory whose name
+// merely looks like a run id (16 hex digits) is not removed when it holds anything else, nor a
+// checkpoint directory of that name (its lock, run-id and heartbeat).
 bool holds_only_snapshots(const fs::path& dir) {
   std::error_code ec;
-  bool in_use = false, empty = true;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::error_code ec2;
     const std::string name = e.path().filename().string();
-    empty = false;
     if (!e.is_regular_file(ec2) || e.is_symlink(ec2)) return false;
-    if (name == kInUseFile) in_use = true;
-    else if (name != ".spare" && name.rfind("ckpt-", 0) != 0) return false;
+    if (name != kInUseFile && name != ".spare" && name.rfind("ckpt-", 0) != 0) return false;
   }
-  return !ec && (in_use || empty);
+  return !ec;
 }
 
 std::vector<RunDir> run_dirs(const fs::path& parent, const std::string& except) {
