@@ -36,7 +36,7 @@ class Cleanup(unittest.TestCase):
                                                        "AWS_DEFAULT_REGION": cfn.REGION}))
         self.enterContext(mock_aws())
         self.ec2 = boto3.client("ec2", region_name=cfn.REGION)
-        self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        self.ami = cfn.amazon_images(self.ec2)[0]
         self.sent = []
         self.handler = cfn.cleanup_module(cfn.load_template(), self.sent).handler
         self.pauses = self.enterContext(mock.patch("time.sleep"))  # its 10 s between rounds

@@ -20,6 +20,7 @@ from slurm_fakes import NODE_DIR, REGION, moto_and_fake_slurm, recorded_calls, s
 
 import boto3  # noqa: E402
 import botocore.exceptions  # noqa: E402
+from cfn import amazon_images  # noqa: E402
 import clustermgtd  # noqa: E402
 import hpc_cloud  # noqa: E402
 
@@ -30,7 +31,7 @@ class ClusterManager(unittest.TestCase):
                                              "sinfo": f"cat {os.path.join(t.tmp.name, 'sinfo.out')}"})
         self.sinfo_out = os.path.join(self.tmp.name, "sinfo.out")  # what the fake sinfo prints
         self.ec2 = boto3.client("ec2", region_name=REGION)
-        self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        self.ami = amazon_images(self.ec2)[0]
         self.config = os.path.join(self.tmp.name, "cloud.json")
         with open(self.config, "w", encoding="utf-8") as f:
             json.dump({"cluster": "testc", "region": REGION, "launch_template_id": "lt-0", "orphan_grace_seconds": 0,

@@ -26,6 +26,7 @@ from slurm_fakes import NODE_DIR, REGION, moto_and_fake_slurm, recorded_calls, s
 
 import boto3  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
+from cfn import amazon_images  # noqa: E402
 from moto.core import DEFAULT_ACCOUNT_ID  # noqa: E402
 from moto.ec2.models import ec2_backends  # noqa: E402
 import hpc_cloud  # noqa: E402
@@ -42,7 +43,7 @@ class MotoCluster(unittest.TestCase):
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.subnets = sorted(self.ec2.describe_subnets()["Subnets"], key=lambda s: s["AvailabilityZone"])
         subnet = self.subnets[0]["SubnetId"]
-        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ami = amazon_images(self.ec2)[0]
         lt = self.ec2.create_launch_template(
             LaunchTemplateName="compute",
             LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge",
@@ -145,7 +146,7 @@ class PowerSaving(MotoCluster):
     def test_spot_without_capacity_falls_back_to_on_demand(self):
         self.cfg["market"] = "spot"
         # The stack's on-demand template (here told apart by its instance type).
-        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ami = amazon_images(self.ec2)[0]
         fallback = self.ec2.create_launch_template(
             LaunchTemplateName="compute-on-demand", LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.2xlarge"})
         self.cfg["fallback_launch_template_id"] = fallback["LaunchTemplate"]["LaunchTemplateId"]

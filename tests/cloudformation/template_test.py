@@ -532,7 +532,7 @@ class Deploy(unittest.TestCase):
         self.custom_resources = self.enterContext(cfn.moto_runs_custom_resources(cfn.load_template()))
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.ec2.create_key_pair(KeyName="mykey")
-        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ami = cfn.amazon_images(self.ec2)[0]
         for name in (HEAD_AMI, COMPUTE_AMI):
             seed_public_parameter(name, ami)
         self.cfn = boto3.client("cloudformation", region_name=REGION)
@@ -653,7 +653,7 @@ class Deploy(unittest.TestCase):
             stack_policy = json.load(f)
         self.deploy(StackPolicyBody=json.dumps(stack_policy))
         created = self.images_created()[4]
-        amis = [i["ImageId"] for i in self.ec2.describe_images(Owners=["amazon"])["Images"][:2]]
+        amis = cfn.amazon_images(self.ec2, 2)
         ssm = boto3.client("ssm", region_name=REGION)
         at_create = {n: ssm.get_parameter(Name=n)["Parameter"]["Value"] for n in (HEAD_AMI, COMPUTE_AMI)}
         newer = next(a for a in amis if a != at_create[HEAD_AMI])
