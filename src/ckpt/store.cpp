@@ -28,6 +28,7 @@ namespace {
 
 constexpr const char* kPrefix = "ckpt-";
 constexpr const char* kSuffix = ".hpck";
+constexpr const char* kSpare = ".spare";
 
 [[noreturn]] void io_error(const std::string& what, const std::string& path) {
   usage_error("cannot ", what, " ", path, ": ", std::strerror(errno));
@@ -236,7 +237,7 @@ std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step)
   return path;
 }
 
-std::string CheckpointStore::spare() const { return (fs::path(dir_) / ".spare").string(); }
+std::string CheckpointStore::spare() const { return (fs::path(dir_) / kSpare).string(); }
 
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state,
                      const std::string& extra) {
@@ -429,8 +430,13 @@ std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::s
   return inputs;
 }
 
+bool is_store_file(const std::string& name) {
+  if (name == kSpare) return true;
+  return name.rfind(kPrefix, 0) == 0 && name.find(kSuffix) != std::string::npos;  // and PATH.tmp.PID
+}
+
 bool checkpoint_dir_uses(const std::string& name) {
-  if (name.rfind(kPrefix, 0) == 0 && name.find(kSuffix) != std::string::npos) return true;  // and PATH.tmp.PID
+  if (is_store_file(name)) return true;
   for (const char* own : {"lock", "run-id", "heartbeat", "heartbeat.tmp", "membership-change", "hpcrun"})
     if (name == own) return true;
   return name.rfind("superseded-", 0) == 0;

@@ -93,10 +93,15 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // the path and, for a directory, each of its checkpoint files (the newest valid one is read).
 std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path);
 
-// Whether a checkpoint directory's own files may take this file name: its checkpoints
-// (ckpt-*.hpck and their temporary files), their superseded-* folders, lock, run-id, heartbeat
-// (and its .tmp), and hpcrun's membership-change marker and hpcrun/ logs. Another file of that
-// name there would be replaced or moved away.
+// Whether a CheckpointStore writes files of this name: its checkpoints (ckpt-*.hpck and their
+// temporary files, ckpt-*.hpck.tmp.PID) and the spare whose pages the next write reuses (.spare).
+// What a snapshot directory may hold (train/state/snapshots.cpp) is these and its in-use file.
+bool is_store_file(const std::string& file_name);
+
+// Whether a checkpoint directory's own files may take this file name: the store's files
+// (is_store_file), their superseded-* folders, lock, run-id, heartbeat (and its .tmp), and
+// hpcrun's membership-change marker and hpcrun/ logs. Another file of that name there would be
+// replaced or moved away.
 bool checkpoint_dir_uses(const std::string& file_name);
 
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason

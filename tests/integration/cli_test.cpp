@@ -313,6 +313,8 @@ TEST_F(Cli, AnOutputIsNeverAnInputOrAnotherOutput) {
        {"--timeline-file @WORK/sub/../ck/run-id is in --checkpoint-dir", "(run-id)"}},
       {{"--checkpoint-dir", "@WORK/fresh/", "--timeline-file", "@WORK/./fresh/ckpt-000000004.hpck"},
        {"is in --checkpoint-dir under a name its own files take (ckpt-000000004.hpck)"}},
+      {{"--checkpoint-dir", "@WORK/fresh", "--metrics-file", "@WORK/fresh/.spare"},
+       {"is in --checkpoint-dir under a name its own files take (.spare)"}},
   };
   for (const auto& [args, expect] : cases) expect_refused(args, expect);
 }

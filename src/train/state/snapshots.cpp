@@ -114,7 +114,7 @@ bool holds_only_snapshots(const fs::path& dir) {
     std::error_code ec2;
     const std::string name = e.path().filename().string();
     if (!e.is_regular_file(ec2) || e.is_symlink(ec2)) return false;
-    if (name != kInUseFile && name != ".spare" && name.rfind("ckpt-", 0) != 0) return false;
+    if (name != kInUseFile && !ckpt::is_store_file(name)) return false;
   }
   return !ec;
 }
