@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "data_test_util.hpp"
 
 namespace hpc::testing {
 namespace {
@@ -84,8 +85,8 @@ TEST(CheckpointFormat, SectionChecksumsAreZlibsCrc32) {
 // as DIR/.spare, in place: the same inode, never listed or read, each new file exactly its
 // bytes (a larger spare is cut to size).
 TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-reuse-XXXXXX").string();
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const data::TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.path().string();
   ckpt::CheckpointStore store(dir, 1, /*reuse_pages=*/true);
   const std::string spare = dir + "/.spare";
   ino_t spare_inode = 0;
@@ -108,7 +109,6 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
     spare_inode = 0;
     if (::stat(spare.c_str(), &st) == 0) spare_inode = st.st_ino;
   }
-  std::filesystem::remove_all(dir);
 }
 
 // A file named for one step that holds another (ckpt-000000500.hpck holding step 10, copied or
@@ -116,8 +116,8 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
 // naming it, and find_latest skips it as it skips a damaged file. A name of another form says
 // nothing about the step.
 TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-misnamed-XXXXXX").string();
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const data::TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.path().string();
   ckpt::CheckpointStore store(dir, 5);
   ckpt::Checkpoint c = sample();
   c.meta["step"] = "20";
@@ -141,15 +141,14 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
   EXPECT_NE(latest.skipped[0].find(says), std::string::npos) << latest.skipped[0];
   std::filesystem::rename(misnamed, dir + "/best.hpck");
   EXPECT_EQ(ckpt::load_checkpoint(dir + "/best.hpck").integer("step"), 10);
-  std::filesystem::remove_all(dir);
 }
 
 // A file named like a checkpoint of a step past int64_t is no checkpoint hpctrain wrote: listing
 // the directory (--resume auto, evaluate DIR, inspect DIR, retention) passes it by, as any other
 // file, rather than failing on its number.
 TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-bignum-XXXXXX").string();
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const data::TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.path().string();
   ckpt::CheckpointStore store(dir, 5);
   ckpt::Checkpoint c = sample();
   c.meta["step"] = "4";
@@ -161,12 +160,11 @@ TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
   ASSERT_TRUE(latest.found.has_value());
   EXPECT_EQ(latest.found->first, valid);
   EXPECT_TRUE(latest.skipped.empty());
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hpctrain-beat-XXXXXX").string();
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const data::TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.path().string();
   EXPECT_TRUE(ckpt::read_heartbeat(dir).empty());
   ckpt::write_heartbeat(dir, 12, 1, "stopped");
   const auto beat = ckpt::read_heartbeat(dir);
@@ -175,7 +173,6 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
   EXPECT_EQ(beat.at("state"), "stopped");
   EXPECT_EQ(beat.at("pid"), std::to_string(::getpid()));
   EXPECT_GT(std::stoll(beat.at("unix_time")), 0);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
