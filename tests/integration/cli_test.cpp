@@ -523,6 +523,26 @@ TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
   EXPECT_EQ(lines.back().at("event").str, "done");
 }
 
+// Another schedule's options (here step's and onecycle's under cosine), given on the command line
+// or in --config, do nothing: one warning each, and the run goes on (a resume repeating the
+// command line of its run stays accepted). The run's own schedule's options and the defaults of
+// the others say nothing.
+TEST_F(Cli, AnotherSchedulesOptionsAreSaidToBeIgnored) {
+  write_text(work_.file("run.cfg"), "onecycle-pct-start = 0.4\n");
+  const RunResult r = run({"--lr-schedule", "cosine", "--min-lr", "0.01", "--lr-step-epochs", "1", "--lr-gamma", "0.5",
+                           "--config", "@WORK/run.cfg"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.err),
+            (std::vector<std::string>{
+                "hpctrain: warning: --lr-step-epochs is ignored: it is for --lr-schedule step, and this run's is cosine",
+                "hpctrain: warning: --lr-gamma is ignored: it is for --lr-schedule step, and this run's is cosine",
+                "hpctrain: warning: --onecycle-pct-start is ignored: it is for --lr-schedule onecycle, and this run's "
+                "is cosine"}));
+  const RunResult own = run({"--lr-schedule", "step", "--lr-step-epochs", "1", "--lr-gamma", "0.5"});
+  ASSERT_EQ(own.exit_code, 0) << own.err;
+  EXPECT_EQ(own.err, "");
+}
+
 // A metrics file whose last line was cut (a run killed while writing it) gets the new events on
 // lines of their own, with one warning; the cut line stays as it was. (They were glued onto it,
 // and hpctrain-plot refused the whole file.)

@@ -16,11 +16,13 @@
 #include <sstream>
 
 #include "ckpt/store.hpp"
+#include "core/choice.hpp"
 #include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
+#include "core/log.hpp"
 #include "core/option_kit.hpp"
 #include "data/dataset.hpp"
 #include "nn/gemm.hpp"
@@ -238,6 +240,22 @@ void store_config_file(const std::string& path, const po::options_description& a
 
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
+// The options of one schedule, given (on the command line or in --config) for a run of another:
+// they do nothing there. Said, not refused: every checkpoint records them all (rule Match), so a
+// resume that repeats a run's command line must go on being accepted.
+void warn_other_schedules_options(const TrainOptions& o, const po::variables_map& vm) {
+  using optim::Schedule;
+  static const std::pair<const char*, Schedule> owned[] = {
+      {"lr-step-epochs", Schedule::Step},           {"lr-gamma", Schedule::Step},
+      {"min-lr", Schedule::Cosine},                 {"onecycle-pct-start", Schedule::OneCycle},
+      {"onecycle-div-factor", Schedule::OneCycle},  {"onecycle-final-div-factor", Schedule::OneCycle},
+      {"onecycle-base-momentum", Schedule::OneCycle}, {"onecycle-max-momentum", Schedule::OneCycle}};
+  for (const auto& [name, kind] : owned)
+    if (kind != o.lr_schedule && given(vm, name))
+      log::warn("--", name, " is ignored: it is for --lr-schedule ", name_of(optim::kScheduleNames, kind),
+                ", and this run's is ", name_of(optim::kScheduleNames, o.lr_schedule));
+}
+
 // Whether `file` would be an entry of directory `dir`: by identity where both its folder and
 // dir exist, else by their spelling made canonical as far as it exists.
 bool in_directory(const std::string& file, const std::string& dir) {
@@ -387,6 +405,7 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   validate_choices(o);
   validate_optimizer(o);
   validate_schedule(o);
+  if (speak) warn_other_schedules_options(o, *vm);
   validate_parallel(o);
   validate_checkpointing(o, *vm);
   // A usage error now, not when the run starts.
