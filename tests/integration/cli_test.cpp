@@ -525,8 +525,9 @@ TEST_F(Cli, MetricsFilesAreNeverDamagedNorLeftBehind) {
 
 // Another schedule's options (here step's and onecycle's under cosine), given on the command line
 // or in --config, do nothing: one warning each, and the run goes on (a resume repeating the
-// command line of its run stays accepted). The run's own schedule's options and the defaults of
-// the others say nothing.
+// command line of its run stays accepted). So do --momentum under onecycle's cycled momentum
+// and the cycle's bounds without it. The run's own schedule's options and the defaults of the
+// others say nothing.
 TEST_F(Cli, AnotherSchedulesOptionsAreSaidToBeIgnored) {
   write_text(work_.file("run.cfg"), "onecycle-pct-start = 0.4\n");
   const RunResult r = run({"--lr-schedule", "cosine", "--min-lr", "0.01", "--lr-step-epochs", "1", "--lr-gamma", "0.5",
@@ -538,9 +539,20 @@ TEST_F(Cli, AnotherSchedulesOptionsAreSaidToBeIgnored) {
                 "hpctrain: warning: --lr-gamma is ignored: it is for --lr-schedule step, and this run's is cosine",
                 "hpctrain: warning: --onecycle-pct-start is ignored: it is for --lr-schedule onecycle, and this run's "
                 "is cosine"}));
-  const RunResult own = run({"--lr-schedule", "step", "--lr-step-epochs", "1", "--lr-gamma", "0.5"});
+  const RunResult own = run({"--lr-schedule", "step", "--lr-step-epochs", "1", "--lr-gamma", "0.5", "--momentum", "0.8"});
   ASSERT_EQ(own.exit_code, 0) << own.err;
   EXPECT_EQ(own.err, "");
+  // onecycle (the default) cycles the momentum unless told not to: then its bounds are unused.
+  const RunResult cycled = run({"--momentum", "0.8", "--onecycle-max-momentum", "0.9"});
+  ASSERT_EQ(cycled.exit_code, 0) << cycled.err;
+  EXPECT_EQ(lines_of(cycled.err), std::vector<std::string>{
+                                      "hpctrain: warning: --momentum is ignored: --lr-schedule onecycle cycles the "
+                                      "momentum between --onecycle-max-momentum and --onecycle-base-momentum "
+                                      "(--no-cycle-momentum keeps --momentum)"});
+  const RunResult fixed = run({"--no-cycle-momentum", "--momentum", "0.8", "--onecycle-base-momentum", "0.7"});
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  EXPECT_EQ(lines_of(fixed.err), std::vector<std::string>{"hpctrain: warning: --onecycle-base-momentum is ignored "
+                                                          "under --no-cycle-momentum (the momentum is --momentum's)"});
 }
 
 // A metrics file whose last line was cut (a run killed while writing it) gets the new events on

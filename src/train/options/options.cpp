@@ -240,8 +240,8 @@ void store_config_file(const std::string& path, const po::options_description& a
 
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
-// The options of one schedule, given (on the command line or in --config) for a run of another:
-// they do nothing there. Said, not refused: every checkpoint records them all (rule Match), so a
+// The options of one schedule, given (on the command line or in --config) for a run of another,
+// and the momentum options that onecycle's choice leaves out: they do nothing there. Said, not refused: every checkpoint records them all (rule Match), so a
 // resume that repeats a run's command line must go on being accepted.
 void warn_other_schedules_options(const TrainOptions& o, const po::variables_map& vm) {
   using optim::Schedule;
@@ -254,6 +254,14 @@ void warn_other_schedules_options(const TrainOptions& o, const po::variables_map
     if (kind != o.lr_schedule && given(vm, name))
       log::warn("--", name, " is ignored: it is for --lr-schedule ", name_of(optim::kScheduleNames, kind),
                 ", and this run's is ", name_of(optim::kScheduleNames, o.lr_schedule));
+  // Under onecycle the momentum is the schedule's (as PyTorch's OneCycleLR sets it), or --momentum.
+  if (o.lr_schedule != Schedule::OneCycle) return;
+  if (o.cycle_momentum && given(vm, "momentum"))
+    log::warn("--momentum is ignored: --lr-schedule onecycle cycles the momentum between "
+              "--onecycle-max-momentum and --onecycle-base-momentum (--no-cycle-momentum keeps --momentum)");
+  for (const char* name : {"onecycle-base-momentum", "onecycle-max-momentum"})
+    if (!o.cycle_momentum && given(vm, name))
+      log::warn("--", name, " is ignored under --no-cycle-momentum (the momentum is --momentum's)");
 }
 
 // Whether `file` would be an entry of directory `dir`: by identity where both its folder and
