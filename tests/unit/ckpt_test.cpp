@@ -111,6 +111,13 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
   }
 }
 
+// sample() as the checkpoint of step `holds`, written by `store` under step `named`'s file name.
+std::string write_sample(ckpt::CheckpointStore& store, int64_t holds, int64_t named) {
+  ckpt::Checkpoint c = sample();
+  c.meta["step"] = std::to_string(holds);
+  return store.write(ckpt::encode(c), named);
+}
+
 // A file named for one step that holds another (ckpt-000000500.hpck holding step 10, copied or
 // renamed by hand) would be preferred by --resume auto over newer states: reading it is an error
 // naming it, and find_latest skips it as it skips a damaged file. A name of another form says
@@ -119,11 +126,8 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
   const data::TempDir tmp;  // removed at the end, however the test ends
   const std::string dir = tmp.path().string();
   ckpt::CheckpointStore store(dir, 5);
-  ckpt::Checkpoint c = sample();
-  c.meta["step"] = "20";
-  const std::string valid = store.write(ckpt::encode(c), 20);
-  c.meta["step"] = "10";
-  const std::string misnamed = store.write(ckpt::encode(c), 500);
+  const std::string valid = write_sample(store, 20, 20);
+  const std::string misnamed = write_sample(store, 10, 500);
   const std::string says = "checkpoint " + misnamed + " holds step 10, not the step 500 its name says";
   try {
     ckpt::load_checkpoint(misnamed);
@@ -147,12 +151,10 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
 // the directory (--resume auto, evaluate DIR, inspect DIR, retention) passes it by, as any other
 // file, rather than failing on its number.
 TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
-  const data::TempDir tmp;  // removed at the end, however the test ends
+  const data::TempDir tmp;
   const std::string dir = tmp.path().string();
   ckpt::CheckpointStore store(dir, 5);
-  ckpt::Checkpoint c = sample();
-  c.meta["step"] = "4";
-  const std::string valid = store.write(ckpt::encode(c), 4);
+  const std::string valid = write_sample(store, 4, 4);
   for (const char* name : {"ckpt-99999999999999999999999.hpck", "ckpt-9223372036854775808.hpck", "ckpt--5.hpck"})
     std::ofstream(dir + "/" + name) << "not a checkpoint";
   const ckpt::LatestCheckpoint latest = ckpt::find_latest(dir);
