@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 extern char** environ;
 
 namespace hpc::itest {
@@ -35,25 +37,7 @@ namespace fs = std::filesystem;
 inline std::string hpctrain_binary() { return HPCTRAIN_BIN; }
 inline std::string fashion_mnist_dir() { return HPCTRAIN_TEST_FASHION_MNIST_DIR; }
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag = "itest") {
-    std::string pattern = (fs::temp_directory_path() / ("hpctrain-" + tag + "-XXXXXX")).string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using hpc::testing::TempDir;  // (temp_dir.hpp)
 
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

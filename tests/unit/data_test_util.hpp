@@ -12,30 +12,13 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "temp_dir.hpp"
 
 namespace hpc::data {
 
 using Bytes = std::vector<uint8_t>;
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "hpctrain-data-test-XXXXXX").string();
-    char* made = mkdtemp(pattern.data());
-    if (!made) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using hpc::testing::TempDir;  // (temp_dir.hpp)
 
 inline void write_raw(const std::string& path, const Bytes& b) {
   std::ofstream out(path, std::ios::binary);
