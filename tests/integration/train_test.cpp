@@ -25,15 +25,15 @@ class Train : public ::testing::Test {
         << " (apt-get install dataset-fashion-mnist, or configure with -DHPCTRAIN_TEST_FASHION_MNIST_DIR=...)";
   }
 
-  // Runs hpctrain quietly on two threads with `args` plus a fresh metrics file; expects success
-  // and returns the metrics lines.
-  std::vector<JsonObject> train(std::vector<std::string> args) {
+  // Runs hpctrain quietly on two threads with `args` plus a fresh metrics file; expects success,
+  // `err` on stderr (nothing, unless told), and returns the metrics lines.
+  std::vector<JsonObject> train(std::vector<std::string> args, const std::string& err = "") {
     const std::string metrics = dir_.file("m" + std::to_string(runs_++) + ".jsonl");
     args.insert(args.end(), {"--data-dir", fashion_mnist_dir(), "--metrics-file", metrics, "--quiet"});
     if (std::find(args.begin(), args.end(), "--threads") == args.end()) args.insert(args.end(), {"--threads", "2"});
     const RunResult r = run_hpctrain(args);
     EXPECT_EQ(r.exit_code, 0) << r.command << "\nstderr: " << r.err;
-    EXPECT_EQ(r.err, "") << r.command;
+    EXPECT_EQ(r.err, err) << r.command;
     EXPECT_EQ(r.out, "") << r.command << " (--quiet prints nothing)";
     if (r.exit_code != 0) return {};
     return read_json_lines(metrics);
@@ -79,11 +79,15 @@ TEST_F(Train, SameSeedSameChecksumOtherSeedOtherChecksum) {
 }
 
 // Under onecycle the momentum is cycled (--onecycle-*-momentum) and --momentum applies only
-// with --no-cycle-momentum.
+// with --no-cycle-momentum (without it, it is said to be ignored).
 TEST_F(Train, OneCycleMomentumOptions) {
   const std::vector<std::string> base = kShort + std::vector<std::string>{"--lr-schedule", "onecycle"};
   const std::string cycled = checksum(train(base));
-  EXPECT_EQ(checksum(train(base + std::vector<std::string>{"--momentum", "0.5"})), cycled);
+  EXPECT_EQ(checksum(train(base + std::vector<std::string>{"--momentum", "0.5"},
+                           "hpctrain: warning: --momentum is ignored: --lr-schedule onecycle cycles the momentum "
+                           "between --onecycle-max-momentum and --onecycle-base-momentum (--no-cycle-momentum keeps "
+                           "--momentum)\n")),
+            cycled);
   EXPECT_NE(checksum(train(base + std::vector<std::string>{"--onecycle-base-momentum", "0.5"})), cycled);
   const std::string fixed = checksum(train(base + std::vector<std::string>{"--no-cycle-momentum"}));
   EXPECT_NE(fixed, cycled);
