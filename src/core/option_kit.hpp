@@ -140,12 +140,14 @@ Entry<S> make(const Name& n, std::function<void(po::options_description&, S&)> a
   return {n.long_name, std::move(add), std::move(read), std::move(value), std::move(parse), n.spelling};
 }
 
-// The read of a member Boost fills itself: `check` on it, when given (or defaulted).
+// The read of a member Boost fills itself: `check` on the value the map holds, when given (or
+// defaulted). The map's, not the member's: a config file is checked on its own in a map of its
+// own (train/options/options.cpp), whose values never reach the member.
 template <class S, class At, class T>
-std::function<void(const po::variables_map&, S&)> checked(const Name& n, At at, Check<T> check) {
+std::function<void(const po::variables_map&, S&)> checked(const Name& n, At, Check<T> check) {
   if (!check) return {};
-  return [=](const po::variables_map& vm, S& s) {
-    if (vm.count(n.long_name)) check(at(s), n.shown());
+  return [=](const po::variables_map& vm, S&) {
+    if (vm.count(n.long_name)) check(vm[n.long_name].template as<T>(), n.shown());
   };
 }
 

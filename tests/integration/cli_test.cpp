@@ -491,6 +491,23 @@ TEST_F(Cli, ConfigFileAsEditorsWriteIt) {
   EXPECT_EQ(done_of(m).at("steps").number, 1);
 }
 
+// Every option a command line can give but --config, --help and --version, paths included, can
+// come from a config file alone. (A file's paths were refused as "empty": the file's own check
+// looked at options the file's values never reached.)
+TEST_F(Cli, ConfigFileGivesPaths) {
+  TempDir dir("cli-config");
+  const std::string m = dir.file("m.jsonl"), ck = dir.file("ck"), t = dir.file("t.jsonl");
+  write_text(dir.file("c.cfg"), "data-dir = " + data_.str() + "\nmetrics-file = " + m + "\ncheckpoint-dir = " + ck +
+                                    "\ntimeline-file = " + t + "\nthreads = 1\nmax-steps = 1\nbatch-size = 16\n"
+                                    "test-samples = 16\n");
+  const RunResult r = run_hpctrain({"--config", dir.file("c.cfg"), "--quiet"}, kDeadline);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(done_of(m).at("steps").number, 1);
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000001.hpck"));
+  EXPECT_GT(fs::file_size(t), 0u);
+}
+
 TEST_F(Cli, UnwritableMetricsFile) {
   expect_usage_error(run({"--metrics-file", "/nonexistent/dir/m.jsonl"}),
                      {"--metrics-file", "/nonexistent/dir/m.jsonl", "No such file"});
