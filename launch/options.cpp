@@ -398,6 +398,9 @@ void choose_hosts(CommandLine& o) {
   } else {
     HPC_REQUIRE(o.np > 0, "no hosts: give -H, --hostfile or --host-discovery-script, run inside a Slurm job, "
                           "or give -np to run on this machine alone");
+    // This machine alone is one host: as many ranks as -H localhost:N would allow.
+    HPC_REQUIRE(o.np <= kMaxSlots, "-np ", o.np, " ranks on this machine alone (no host list) is more than a host's ",
+                kMaxSlots, " slots: give -H, --hostfile or --host-discovery-script for more");
     o.host_source = HostSource::Local;
     o.static_hosts = {{"localhost", o.np}};
   }

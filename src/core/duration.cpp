@@ -20,7 +20,7 @@ double parse_duration(const std::string& text, const char* option) {
   const std::string unit = text.substr(used);
   const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
   HPC_REQUIRE(used > 0 && scale > 0 && std::isfinite(v) && v >= 0, "--", option,
-              " must be a duration such as 90s, 10m or 1.5h (0: off), got '", text, "'");
+              " must be a duration such as 90s, 10m or 1.5h, got '", text, "'");
   return v * scale;
 }
 

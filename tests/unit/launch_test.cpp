@@ -586,6 +586,8 @@ TEST(Options, ValuesOutsideTheirRangeNameTheOption) {
   };
   const std::vector<std::pair<std::vector<const char*>, std::string>> cases{
       {{"-np", "0"}, "-np must be a whole number from 1 to 1000000, got 0"},
+      {{"-np", "4097"}, "-np 4097 ranks on this machine alone (no host list) is more than a host's 4096 slots: give "
+                        "-H, --hostfile or --host-discovery-script for more"},
       {{"-np", "1", "--min-np", "0"}, "--min-np must be a whole number from 1 to 1000000, got 0"},
       {{"-np", "1", "--max-np", "1000001"}, "--max-np must be a whole number from 1 to 1000000, got 1000001"},
       {{"-H", "localhost", "--slots-per-host", "0"}, "--slots-per-host must be a whole number from 1 to 4096, got 0"},
