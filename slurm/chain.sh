@@ -21,12 +21,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0; }
 segments=${1:-}
-[[ "$segments" =~ ^[0-9]+$ ]] && ((segments >= 1 && segments <= 1000)) ||
+# Decimal, at most 4 digits (bash would read 010 as octal and wrap a 20-digit number).
+[[ "$segments" =~ ^[0-9]{1,4}$ ]] && ((10#$segments >= 1 && 10#$segments <= 1000)) ||
   die "the first argument must be the number of segments, 1 to 1000, not '${segments}' (try --help)" 2
+segments=$((10#$segments))
 shift
 sbatch_args=()
 while (($#)) && [[ "$1" != -- ]]; do
-  [[ "$1" == --requeue || "$1" == --dependency* || "$1" == -d ]] &&
+  # sbatch takes any unambiguous start of a long option (--depend, --req) and -d's value joined.
+  [[ "$1" == --req* || "$1" == --dep* || "$1" == -d* ]] &&
     die "'$1' is chain.sh's to set: segments never requeue and each depends on the one before" 2
   sbatch_args+=("$1")
   shift

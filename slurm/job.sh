@@ -101,8 +101,8 @@ job_requeue_or_exit() {
     job_log "$why; not requeued (REQUEUE=$REQUEUE): exit $code"
     exit "$code"
   fi
-  if ((${SLURM_RESTART_COUNT:-0} >= ${MAX_REQUEUES:-20})); then
-    job_log "$why; already requeued ${SLURM_RESTART_COUNT} times (MAX_REQUEUES): exit $code"
+  if ((${SLURM_RESTART_COUNT:-0} >= 10#${MAX_REQUEUES:-20})); then
+    job_log "$why; already requeued ${SLURM_RESTART_COUNT:-0} times (MAX_REQUEUES): exit $code"
     exit "$code"
   fi
   state=$(job_state)
@@ -164,8 +164,17 @@ job_metrics_done() {
   [[ -f "$1" && "$(tail -n 1 "$1")" == '{"event":"done",'* ]]
 }
 
+# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES a whole number (decimal), checked
+# before the training rather than when a stop asks for a requeue.
+job_check_requeue_settings() {
+  [[ "${REQUEUE:-1}" == [01] ]] || job_die "REQUEUE must be 1 (requeue after a stop or failure) or 0, not '$REQUEUE'"
+  [[ "${MAX_REQUEUES:-20}" =~ ^[0-9]{1,6}$ ]] ||
+    job_die "MAX_REQUEUES must be a whole number of requeues, 0 to 999999, not '$MAX_REQUEUES'"
+}
+
 job_run_trainer() {
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
+  job_check_requeue_settings
   local args=("$@")
   job_stage_data
   if [[ -n "${STAGE_FROM:-}" ]] && ! job_has_option data-dir "${args[@]}"; then
@@ -176,6 +185,7 @@ job_run_trainer() {
     args+=(--checkpoint-dir "$CHECKPOINT_DIR")
   else
     CHECKPOINT_DIR=$(job_option_value checkpoint-dir "${args[@]}")
+    [[ -n "$CHECKPOINT_DIR" ]] || job_die "--checkpoint-dir is given without a directory"
   fi
   mkdir -p "$CHECKPOINT_DIR" || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# slurm/chain.sh's and slurm/job.sh's own checks, which happen before Slurm is asked anything:
+# stand-ins for sbatch, scancel and scontrol on PATH record what would be submitted. The number
+# of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
+# number to 1); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
+# are refused; job.sh refuses a REQUEUE or MAX_REQUEUES it cannot use before the training runs,
+# and an empty --checkpoint-dir; a stop with MAX_REQUEUES=0 on a job's first run exits with the
+# trainer's code (it died on an unset SLURM_RESTART_COUNT). Each refusal: one line, exit 2.
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+work=$(mktemp -d /tmp/hpctrain-slurm-scripts-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/bin"
+cat > "$work/bin/sbatch" << 'EOF'
+#!/bin/sh
+echo "$*" >> "$SUBMITTED"
+echo "$(($(wc -l < "$SUBMITTED") + 100))"
+EOF
+printf '#!/bin/sh\nexit 0\n' > "$work/bin/scancel"
+# srun [OPTIONS] PROGRAM ARGS...: runs PROGRAM here (one task).
+cat > "$work/bin/srun" << 'EOF'
+#!/usr/bin/env bash
+while [[ "$1" == -* ]]; do shift; done
+exec "$@"
+EOF
+printf '#!/bin/sh\necho "JobId=1 JobState=RUNNING"\n' > "$work/bin/scontrol"
+chmod +x "$work/bin/"*
+export PATH="$work/bin:$PATH" SUBMITTED="$work/submitted" CHECKPOINT_DIR="$work/ck"
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+# refused WHAT COMMAND...: exit 2 and one line on stderr; nothing submitted.
+refused() {
+  local what=$1 err rc
+  shift
+  : > "$SUBMITTED"
+  err=$(timeout 30 "$@" 2>&1 > /dev/null)
+  rc=$?
+  if ((rc != 2)) || [[ $(printf '%s\n' "$err" | grep -c .) != 1 ]]; then
+    fail "$what: exit $rc, want 2 and one line: $err"
+  elif [[ -s "$SUBMITTED" ]]; then
+    fail "$what: refused, but submitted $(wc -l < "$SUBMITTED") job(s)"
+  else
+    echo "ok: $what -> $err"
+  fi
+}
+
+# segments ARG WANT: chain.sh ARG submits WANT jobs and says so.
+segments() {
+  local out
+  : > "$SUBMITTED"
+  out=$(timeout 30 "$repo/slurm/chain.sh" "$1" --time=10 -- --epochs 1 2>&1) || { fail "chain.sh $1: $out"; return; }
+  local n
+  n=$(wc -l < "$SUBMITTED")
+  if ((n != $2)) || [[ "$out" != *"chain.sh: $2 segment(s)"* ]]; then
+    fail "chain.sh $1 submitted $n job(s), want $2: $out"
+  else
+    echo "ok: chain.sh $1 -> $n segments"
+  fi
+}
+
+segments 3 3
+segments 010 10
+segments 08 8
+refused "chain.sh 0" "$repo/slurm/chain.sh" 0
+refused "chain.sh 1001" "$repo/slurm/chain.sh" 1001
+refused "chain.sh 18446744073709551617" "$repo/slurm/chain.sh" 18446744073709551617
+refused "chain.sh 1e3" "$repo/slurm/chain.sh" 1e3
+for option in --dependency=afterok:5 --depend=afterok:5 -d -dafterany:5 --requeue --reque; do
+  refused "chain.sh 2 $option" "$repo/slurm/chain.sh" 2 "$option"
+done
+
+# job.sh, sourced as train.sbatch sources it (set -euo pipefail); the trainer a stand-in that
+# stops with 75, started by the srun stand-in.
+cat > "$work/trainer" << 'EOF'
+#!/bin/sh
+exit 75
+EOF
+chmod +x "$work/trainer"
+# job ENV... -- ARGS...: job_run_trainer ARGS with ENV, as a program (timeout runs no function).
+cat > "$work/job" << 'EOF'
+#!/usr/bin/env bash
+env=()
+while [[ "$1" != -- ]]; do env+=("$1"); shift; done
+shift
+exec env "${env[@]}" bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_run_trainer "$@"' "$REPO" "$@"
+EOF
+chmod +x "$work/job"
+export REPO=$repo
+job="$work/job"
+for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x; do
+  refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" LAUNCHER=srun SLURM_JOB_ID=1 "$bad" --
+done
+refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
+refused "job.sh --checkpoint-dir=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir=
+
+# A stop (75) with MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): not requeued, exit 75.
+out=$(env -u SLURM_RESTART_COUNT MAX_REQUEUES=0 SLURM_JOB_ID=1 \
+  bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_requeue_or_exit 75 "the trainer stopped"' "$repo" 2>&1)
+rc=$?
+if ((rc != 75)) || [[ "$out" != *"already requeued 0 times (MAX_REQUEUES): exit 75"* ]]; then
+  fail "MAX_REQUEUES=0 on a first run: exit $rc, want 75: $out"
+else
+  echo "ok: MAX_REQUEUES=0 on a first run -> 75"
+fi
+# A leading zero is decimal there too: 08 requeues are allowed, not a bash error.
+out=$(MAX_REQUEUES=08 SLURM_RESTART_COUNT=8 SLURM_JOB_ID=1 \
+  bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_requeue_or_exit 75 "the trainer stopped"' "$repo" 2>&1)
+rc=$?
+if ((rc != 75)) || [[ "$out" != *"already requeued 8 times"* ]]; then
+  fail "MAX_REQUEUES=08 after 8 requeues: exit $rc, want 75: $out"
+else
+  echo "ok: MAX_REQUEUES=08 after 8 requeues -> 75"
+fi
+((failed == 0)) && echo PASS
+exit "$failed"
