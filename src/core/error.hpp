@@ -10,9 +10,13 @@ namespace hpc {
 
 enum class ErrorKind { Usage, Internal };
 
+// `text` with each NUL byte written as \x00: a message is printed from what(), a C string, which
+// a NUL from a file's bytes (a class name, a header field) would end early, hiding the problem.
+std::string without_nul(const std::string& text);
+
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(without_nul(what)), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
   int exit_code() const { return kind_ == ErrorKind::Usage ? 2 : 1; }
 

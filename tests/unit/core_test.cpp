@@ -49,6 +49,17 @@ ErrorKind kind_of(const std::function<void()>& f) {
 
 // ---- Tensor ----------------------------------------------------------------------------------
 
+// A NUL byte from a file (a class name in classes.txt) in a message is written as \x00: what() is
+// a C string, and the message ended at the NUL, before it said what was wrong.
+TEST(Error, ANulByteDoesNotEndTheMessage) {
+  try {
+    usage_error("classes.txt names the classes ", std::string("cat\0x", 5), ", not those of the checkpoint");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "classes.txt names the classes cat\\x00x, not those of the checkpoint");
+  }
+}
+
 TEST(Tensor, ZeroFilledAndAligned) {
   Tensor t(Shape{3, 5, 7}, DType::F32);
   EXPECT_EQ(t.numel(), 105);
