@@ -439,7 +439,8 @@ TEST_F(Cli, ConfigFileProblems) {
       {"lr = -3\n", {"--lr", "positive"}},              // validated like the command line
       {"model = nope\n", {"'nope'"}},
       {"epochs = 1\nepochs = 2\n", {"config file", "'epochs' cannot be specified more than once"}},  // duplicate
-      {"[train]\nepochs = 1\n", {"config file", "train.epochs", "sections such as [train] are not read"}},
+      {"[train]\nepochs = 1\n", {"config file", "line 1: '[train]'", "sections such as [train] are not read"}},
+      {"epochs = 1\n [train] \n", {"line 2: '[train]': sections such as [train] are not read"}},  // was: accepted
       {"config = other.cfg\n", {"sets 'config', which only the command line can give"}},  // not followed
       {"help = 1\n", {"sets 'help'"}},       // was: help printed, exit 0, nothing trained
       {"version = 1\n", {"sets 'version'"}},

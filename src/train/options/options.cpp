@@ -191,8 +191,13 @@ std::string read_config_text(const std::string& path) {
   for (std::string line; std::getline(lines, line);) {
     ++number;
     const size_t first = line.find_first_not_of(" \t\r");
-    HPC_REQUIRE(first == std::string::npos || line[first] != '=', "config file ", path, " line ", number, ": '",
-                line.substr(first, line.find_last_not_of(" \t\r") + 1 - first), "' names no option before its '='");
+    if (first == std::string::npos) continue;
+    const std::string shown = line.substr(first, line.find_last_not_of(" \t\r") + 1 - first);
+    HPC_REQUIRE(line[first] != '=', "config file ", path, " line ", number, ": '", shown,
+                "' names no option before its '='");
+    // Boost would read the names after it as SECTION.NAME, and a section with none, not at all.
+    HPC_REQUIRE(line[first] != '[', "config file ", path, " line ", number, ": '", shown,
+                "': sections such as [train] are not read (write name = value lines)");
   }
   return text;
 }
