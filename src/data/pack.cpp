@@ -228,7 +228,7 @@ std::string manifest_json(const PackOptions& o, const PackResult& r, const std::
   for (const SplitManifest::Shard& s : shards)
     files.push_back({{"name", s.name}, {"bytes", s.bytes}, {"records", s.records}, {"index_crc32", s.index_crc}});
   const JsonObject m{{"format", "hpcdata shards"},
-                     {"version", 2},
+                     {"version", kManifestVersion},
                      {"generation", generation},
                      {"split", o.split},
                      {"source", fs::absolute(o.src).string()},

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -214,6 +215,17 @@ std::vector<std::string> list_shards(const std::string& dir, const std::string& 
   return paths;
 }
 
+namespace {
+
+// Each class once: a name twice would give two labels one name (and predict one answer two ways).
+void require_distinct_classes(const std::vector<std::string>& names, const std::string& where) {
+  std::set<std::string> seen;
+  for (const std::string& name : names)
+    HPC_REQUIRE(seen.insert(name).second, where, " names the class '", one_line(name), "' twice");
+}
+
+}  // namespace
+
 std::vector<std::string> read_class_names(const std::string& dir) {
   const std::string path = (fs::path(dir) / "classes.txt").string();
   std::error_code ec;
@@ -227,6 +239,7 @@ std::vector<std::string> read_class_names(const std::string& dir) {
     names.push_back(line);
   }
   HPC_REQUIRE(!names.empty(), path, " lists no classes");
+  require_distinct_classes(names, path);
   return names;
 }
 
@@ -290,6 +303,8 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
   HPC_REQUIRE(ours, path, " is not the manifest of the packed split '", split, "' (written by hpcdata pack)");
   const nlohmann::json& version = tree.value("version", nlohmann::json(0));
   if (!version.is_number_integer() || version.get<int64_t>() < 2) return std::nullopt;
+  HPC_REQUIRE(version.get<int64_t>() == kManifestVersion, path, " is a manifest of version ", version.get<int64_t>(),
+              ", and this hpctrain reads versions 1 and ", kManifestVersion, ": a newer hpcdata pack wrote it?");
   try {
     SplitManifest m;
     for (const auto& c : field(tree, "class_names")) m.classes.push_back(c.get<std::string>());
@@ -297,10 +312,18 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
       m.shards.push_back({field(f, "name").get<std::string>(), field(f, "bytes").get<uint64_t>(),
                           field(f, "records").get<int64_t>(), field(f, "index_crc32").get<uint32_t>()});
     m.images = field(tree, "images").get<int64_t>();
-    for (const SplitManifest::Shard& s : m.shards)
+    std::set<std::string> listed;
+    for (const SplitManifest::Shard& s : m.shards) {
       HPC_REQUIRE(!s.name.empty() && s.name.find('/') == std::string::npos && s.name.ends_with(".hpcs"), path,
                   " lists '", s.name, "', which is no shard file name");
+      HPC_REQUIRE(listed.insert(s.name).second, path, " lists the shard ", s.name, " twice: its images would be "
+                  "read twice (edited by hand? pack the split again)");
+    }
     HPC_REQUIRE(!m.classes.empty(), path, " lists no classes");
+    require_distinct_classes(m.classes, path);
+    if (tree.contains("classes"))
+      HPC_REQUIRE(field(tree, "classes").get<int64_t>() == static_cast<int64_t>(m.classes.size()), path, " counts ",
+                  field(tree, "classes").get<int64_t>(), " classes but names ", m.classes.size());
     return m;
   } catch (const nlohmann::json::exception& e) {
     usage_error(path, " is not a complete packed split's manifest (", json_problem(e), "): pack the split again");

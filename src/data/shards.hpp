@@ -94,6 +94,10 @@ class ShardReader {
   std::vector<ShardRecord> records_;
 };
 
+// The version of DIR/<split>.json that hpcdata pack writes (1: before manifests listed their
+// shards; read through the shards' names and classes.txt).
+inline constexpr int kManifestVersion = 2;
+
 // DIR/<split>.json as a reader needs it.
 struct SplitManifest {
   struct Shard {

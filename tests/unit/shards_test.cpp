@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -684,6 +686,46 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
   EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("shards"), dir.path().string(), 32); }).find("no train shards"),
             std::string::npos);
   EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("mnist"), dir.path().string(), 32); }).find("packed shards and synthetic data only"),
+            std::string::npos);
+}
+
+// A manifest edited by hand, or written by a newer pack, is refused naming what is wrong: a
+// version this build does not read, a shard listed twice (its images read twice, another left
+// out), a class named twice, a class count that is not the names'. So is a class named twice in
+// an old packing's classes.txt. (Each was taken without a word.)
+TEST(ShardDataset, AManifestThatCannotBeRightIsRefused) {
+  TempDir dir;
+  const std::string packed = packed_flat_dataset(dir);
+  const std::string path = (fs::path(packed) / "train.json").string();
+  const Bytes bytes = read_raw(path);
+  const nlohmann::json good = nlohmann::json::parse(bytes.begin(), bytes.end());
+  const auto write = [&](const nlohmann::json& m) {
+    const std::string text = m.dump(2);
+    write_raw(path, Bytes(text.begin(), text.end()));
+  };
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json m = good;
+    edit(m);
+    write(m);
+    return usage_error_of([&] { open_split(packed, "train"); });
+  };
+  write(good);
+  ASSERT_NO_THROW(open_split(packed, "train")) << "the manifest as pack wrote it, rewritten";
+  EXPECT_NE(refused([](nlohmann::json& m) { m["version"] = 99; })
+                .find("train.json is a manifest of version 99, and this hpctrain reads versions 1 and 2"),
+            std::string::npos);
+  ASSERT_GE(good["shard_files"].size(), 1u);
+  EXPECT_NE(refused([](nlohmann::json& m) { m["shard_files"].push_back(m["shard_files"][0]); })
+                .find("train.json lists the shard " + good["shard_files"][0]["name"].get<std::string>() + " twice"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& m) { m["class_names"][1] = m["class_names"][0]; })
+                .find("train.json names the class 'class0' twice"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& m) { m["classes"] = 4; }).find("train.json counts 4 classes but names 3"),
+            std::string::npos);
+  TempDir old;
+  write_raw(old.file("classes.txt"), Bytes{'c', 'a', 't', '\n', 'c', 'a', 't', '\n'});
+  EXPECT_NE(usage_error_of([&] { read_class_names(old.str()); }).find("classes.txt names the class 'cat' twice"),
             std::string::npos);
 }
 
