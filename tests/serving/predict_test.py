@@ -267,6 +267,23 @@ class Serving(unittest.TestCase):
         os.mkdir(empty)
         self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, empty], f"no PNG or JPEG images")
 
+    def test_a_walked_directory_follows_links_and_names_a_dangling_one(self):
+        """A link to a directory is walked; an entry named as an image that cannot be read (a
+        dangling link) is refused as a path given alone is (both were passed by in silence)."""
+        walked = os.path.join(self.dir, "walked")
+        good = self.write("walked/good.png", self.images[0])
+        linked = self.write("elsewhere/x.png", self.images[1])
+        os.symlink(os.path.join(self.dir, "elsewhere"), os.path.join(walked, "linked"))
+        dangling = os.path.join(walked, "dangling.png")
+        os.symlink(os.path.join(self.dir, "nowhere"), dangling)
+        self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, walked],
+                            f"cannot read image {dangling}: No such file or directory")
+        os.remove(dangling)
+        out = ok("predict", "--checkpoint", self.ck, *CPU, "--json", walked)
+        self.assertEqual([json.loads(x)["path"] for x in out.splitlines()],
+                         [good, os.path.join(walked, "linked", "x.png")])
+        self.assertTrue(os.path.exists(linked))
+
     def test_a_device_it_does_not_know_is_refused_with_the_choices(self):
         good, _ = self.bad_files()
         self.assert_refused(["predict", "--checkpoint", self.ck, "--device", "tpu", good],

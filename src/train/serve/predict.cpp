@@ -52,14 +52,17 @@ bool has_image_extension(const fs::path& p) {
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
 }
 
-// The PNG and JPEG files (by name) under dir, sorted; a directory that cannot be walked is a problem.
+// The PNG and JPEG files (by name) under dir, sorted, through links to directories as well (a
+// loop of them ends the walk as a problem); a directory that cannot be walked is a problem. An
+// entry named as an image that is no directory is listed whatever it is (a dangling link, a
+// FIFO): reading it says what is wrong, as for a path given alone, rather than passing it by.
 std::vector<std::string> walk(const std::string& dir) {
   std::vector<std::string> found;
   std::error_code ec;
-  fs::recursive_directory_iterator it(dir, ec), end;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     std::error_code type;
-    if (it->is_regular_file(type) && has_image_extension(it->path())) found.push_back(it->path().string());
+    if (!it->is_directory(type) && has_image_extension(it->path())) found.push_back(it->path().string());
   }
   if (ec) usage_error("cannot read directory ", dir, ": ", ec.message());
   std::sort(found.begin(), found.end());
