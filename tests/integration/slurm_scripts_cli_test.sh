@@ -94,23 +94,24 @@ done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
 refused "job.sh --checkpoint-dir=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir=
 
-# A stop (75) with MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): not requeued, exit 75.
-out=$(env -u SLURM_RESTART_COUNT MAX_REQUEUES=0 SLURM_JOB_ID=1 \
-  bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_requeue_or_exit 75 "the trainer stopped"' "$repo" 2>&1)
-rc=$?
-if ((rc != 75)) || [[ "$out" != *"already requeued 0 times (MAX_REQUEUES): exit 75"* ]]; then
-  fail "MAX_REQUEUES=0 on a first run: exit $rc, want 75: $out"
-else
-  echo "ok: MAX_REQUEUES=0 on a first run -> 75"
-fi
+# stop_ends WHAT SAYS ENV...: a stop (75) under ENV is not requeued: job_requeue_or_exit exits 75
+# and its line holds SAYS.
+stop_ends() {
+  local what=$1 says=$2 out rc
+  shift 2
+  out=$(env "$@" SLURM_JOB_ID=1 \
+    bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_requeue_or_exit 75 "the trainer stopped"' "$repo" 2>&1)
+  rc=$?
+  if ((rc != 75)) || [[ "$out" != *"$says"* ]]; then
+    fail "$what: exit $rc, want 75: $out"
+  else
+    echo "ok: $what -> 75"
+  fi
+}
+# MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): it died on the unset variable.
+stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times (MAX_REQUEUES): exit 75" \
+  -u SLURM_RESTART_COUNT MAX_REQUEUES=0
 # A leading zero is decimal there too: 08 requeues are allowed, not a bash error.
-out=$(MAX_REQUEUES=08 SLURM_RESTART_COUNT=8 SLURM_JOB_ID=1 \
-  bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_requeue_or_exit 75 "the trainer stopped"' "$repo" 2>&1)
-rc=$?
-if ((rc != 75)) || [[ "$out" != *"already requeued 8 times"* ]]; then
-  fail "MAX_REQUEUES=08 after 8 requeues: exit $rc, want 75: $out"
-else
-  echo "ok: MAX_REQUEUES=08 after 8 requeues -> 75"
-fi
+stop_ends "MAX_REQUEUES=08 after 8 requeues" "already requeued 8 times" MAX_REQUEUES=08 SLURM_RESTART_COUNT=8
 ((failed == 0)) && echo PASS
 exit "$failed"
