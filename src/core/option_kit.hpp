@@ -143,8 +143,8 @@ Entry<S> make(const Name& n, std::function<void(po::options_description&, S&)> a
 // The read of a member Boost fills itself: `check` on the value the map holds, when given (or
 // defaulted). The map's, not the member's: a config file is checked on its own in a map of its
 // own (train/options/options.cpp), whose values never reach the member.
-template <class S, class At, class T>
-std::function<void(const po::variables_map&, S&)> checked(const Name& n, At, Check<T> check) {
+template <class S, class T>
+std::function<void(const po::variables_map&, S&)> checked(const Name& n, Check<T> check) {
   if (!check) return {};
   return [=](const po::variables_map& vm, S&) {
     if (vm.count(n.long_name)) check(vm[n.long_name].template as<T>(), n.shown());
@@ -165,7 +165,7 @@ Entry<S> number_at(Name name, At at, std::string help, Check<member_t<S, At>> ch
         if (shown == Default::Shown) v->default_value(at(s), text(at(s)));
         d.add_options()(name.boost().c_str(), v, help.c_str());
       },
-      detail::checked<S>(name, at, std::move(check)), [at](const S& s) { return text(at(s)); },
+      detail::checked<S>(name, std::move(check)), [at](const S& s) { return text(at(s)); },
       [=](const std::string& t, S& s) { at(s) = number_from_text<T>(t, name.long_name); });
 }
 
@@ -197,7 +197,7 @@ Entry<S> text_entry(Name name, std::string S::*m, std::string help, Presence pre
         if (shown == Default::Shown && !(s.*m).empty()) v->default_value(s.*m);
         d.add_options()(name.boost().c_str(), v, help.c_str());
       },
-      checked<S>(name, member(m), presence != Presence::Optional ? Check<std::string>(refuse_blank) : nullptr),
+      checked<S>(name, presence != Presence::Optional ? Check<std::string>(refuse_blank) : nullptr),
       [m](const S& s) { return s.*m; }, [m](const std::string& t, S& s) { s.*m = t; });
 }
 

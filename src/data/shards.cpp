@@ -321,9 +321,9 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
     }
     HPC_REQUIRE(!m.classes.empty(), path, " lists no classes");
     require_distinct_classes(m.classes, path);
-    if (tree.contains("classes"))
-      HPC_REQUIRE(field(tree, "classes").get<int64_t>() == static_cast<int64_t>(m.classes.size()), path, " counts ",
-                  field(tree, "classes").get<int64_t>(), " classes but names ", m.classes.size());
+    const int64_t counted = tree.value("classes", static_cast<int64_t>(m.classes.size()));
+    HPC_REQUIRE(counted == static_cast<int64_t>(m.classes.size()), path, " counts ", counted, " classes but names ",
+                m.classes.size());
     return m;
   } catch (const nlohmann::json::exception& e) {
     usage_error(path, " is not a complete packed split's manifest (", json_problem(e), "): pack the split again");

@@ -21,21 +21,14 @@ import time
 
 import boto3
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cloudformation"))
+from cfn import amazon_images  # noqa: E402  (a few images, not moto's whole catalog)
+
 REGION = "us-east-1"
 
 
 def ec2(endpoint):
     return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
-
-
-def amazon_image(client):
-    """An Amazon image's id: a filtered listing (moto serialises its whole catalog, 1,177
-    images, in seconds; tests/cloudformation/cfn.py's amazon_images does the same)."""
-    for filters in ([{"Name": "name", "Values": ["amzn2-ami-hvm-*"]}], []):
-        images = client.describe_images(Owners=["amazon"], Filters=filters)["Images"]
-        if images:
-            return images[0]["ImageId"]
-    raise SystemExit("moto knows no Amazon image")
 
 
 def refuse_instance_type(no_capacity):
@@ -65,7 +58,7 @@ def server(port, no_capacity=None):
 
 def setup(endpoint, config, state_dir, *instance_types):
     client = ec2(endpoint)
-    ami = amazon_image(client)
+    ami = amazon_images(client)[0]
     lt = client.create_launch_template(LaunchTemplateName="compute",
                                        LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge"})
     with open(config, "w", encoding="utf-8") as f:
@@ -77,7 +70,7 @@ def setup(endpoint, config, state_dir, *instance_types):
 
 def launch(endpoint, node):
     client = ec2(endpoint)
-    ami = amazon_image(client)
+    ami = amazon_images(client)[0]
     tags = [{"Key": "hpctrain:cluster", "Value": "local"}, {"Key": "hpctrain:node", "Value": node}]
     inst = client.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
                                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0]

@@ -12,7 +12,7 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
-#include "data_test_util.hpp"
+#include "temp_dir.hpp"
 
 namespace hpc::testing {
 namespace {
@@ -85,8 +85,8 @@ TEST(CheckpointFormat, SectionChecksumsAreZlibsCrc32) {
 // as DIR/.spare, in place: the same inode, never listed or read, each new file exactly its
 // bytes (a larger spare is cut to size).
 TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
-  const data::TempDir tmp;  // removed at the end, however the test ends
-  const std::string dir = tmp.path().string();
+  const TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.str();
   ckpt::CheckpointStore store(dir, 1, /*reuse_pages=*/true);
   const std::string spare = dir + "/.spare";
   ino_t spare_inode = 0;
@@ -123,8 +123,8 @@ std::string write_sample(ckpt::CheckpointStore& store, int64_t holds, int64_t na
 // naming it, and find_latest skips it as it skips a damaged file. A name of another form says
 // nothing about the step.
 TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
-  const data::TempDir tmp;  // removed at the end, however the test ends
-  const std::string dir = tmp.path().string();
+  const TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.str();
   ckpt::CheckpointStore store(dir, 5);
   const std::string valid = write_sample(store, 20, 20);
   const std::string misnamed = write_sample(store, 10, 500);
@@ -151,8 +151,8 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
 // the directory (--resume auto, evaluate DIR, inspect DIR, retention) passes it by, as any other
 // file, rather than failing on its number.
 TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
-  const data::TempDir tmp;
-  const std::string dir = tmp.path().string();
+  const TempDir tmp;
+  const std::string dir = tmp.str();
   ckpt::CheckpointStore store(dir, 5);
   const std::string valid = write_sample(store, 4, 4);
   for (const char* name : {"ckpt-99999999999999999999999.hpck", "ckpt-9223372036854775808.hpck", "ckpt--5.hpck"})
@@ -165,8 +165,8 @@ TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
 }
 
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
-  const data::TempDir tmp;  // removed at the end, however the test ends
-  const std::string dir = tmp.path().string();
+  const TempDir tmp;  // removed at the end, however the test ends
+  const std::string dir = tmp.str();
   EXPECT_TRUE(ckpt::read_heartbeat(dir).empty());
   ckpt::write_heartbeat(dir, 12, 1, "stopped");
   const auto beat = ckpt::read_heartbeat(dir);

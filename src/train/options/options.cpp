@@ -246,8 +246,9 @@ void store_config_file(const std::string& path, const po::options_description& a
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
 // The options of one schedule, given (on the command line or in --config) for a run of another,
-// and the momentum options that onecycle's choice leaves out: they do nothing there. Said, not refused: every checkpoint records them all (rule Match), so a
-// resume that repeats a run's command line must go on being accepted.
+// and the momentum options that onecycle's choice leaves out: they do nothing there. Said, not
+// refused: every checkpoint records them all (rule Match), so a resume that repeats a run's
+// command line must go on being accepted.
 void warn_other_schedules_options(const TrainOptions& o, const po::variables_map& vm) {
   using optim::Schedule;
   static const std::pair<const char*, Schedule> owned[] = {
