@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "integration/harness.hpp"
@@ -19,6 +20,42 @@ namespace {
 std::string upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return s;
+}
+
+// A checkpoint file's bytes with the payload of its section of `kind` (1 meta, 2 parameters)
+// changed by `edit`, its length and CRC-32 made to fit: a file made or edited elsewhere.
+Bytes with_section(const Bytes& file, uint32_t kind, const std::function<void(Bytes&)>& edit) {
+  Bytes out(file.begin(), file.begin() + 12);  // magic and format version
+  for (size_t at = 12; at + 16 <= file.size();) {  // sections: u32 kind, u64 bytes, u32 CRC-32, payload
+    uint32_t k = 0;
+    uint64_t bytes = 0;
+    std::memcpy(&k, &file[at], 4);
+    std::memcpy(&bytes, &file[at + 4], 8);
+    Bytes payload(file.begin() + static_cast<ptrdiff_t>(at + 16), file.begin() + static_cast<ptrdiff_t>(at + 16 + bytes));
+    if (k == kind) edit(payload);
+    const uint64_t n = payload.size();
+    const auto sum = static_cast<uint32_t>(crc32(0L, payload.data(), static_cast<uInt>(n)));
+    const size_t head = out.size();
+    out.resize(head + 16);
+    std::memcpy(&out[head], &k, 4);
+    std::memcpy(&out[head + 4], &n, 8);
+    std::memcpy(&out[head + 12], &sum, 4);
+    out.insert(out.end(), payload.begin(), payload.end());
+    at += 16 + bytes;
+  }
+  return out;
+}
+
+// The same with the meta section's line KEY=... reading KEY=VALUE.
+Bytes with_meta(const Bytes& file, const std::string& key, const std::string& value) {
+  return with_section(file, 1, [&](Bytes& meta) {
+    std::string text = "\n" + std::string(meta.begin(), meta.end());
+    const size_t at = text.find("\n" + key + "=");
+    ASSERT_NE(at, std::string::npos) << key;
+    const size_t from = at + key.size() + 2, to = text.find('\n', from);
+    text.replace(from, to - from, value);
+    meta.assign(text.begin() + 1, text.end());
+  });
 }
 
 class Checkpoints : public ::testing::Test {
@@ -971,21 +1008,11 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   expect_usage_error(with({"--checkpoint-interval", "soon"}), "--checkpoint-interval must be a duration");
   // A checkpoint whose parameters are not finite (written by a run that diverged, before
   // hpctrain refused to write such): refused by name, not resumed into NaN.
-  Bytes bad = read_bytes(ck + "/ckpt-000000040.hpck");
-  for (size_t at = 12; at + 16 <= bad.size();) {  // sections: u32 kind, u64 bytes, u32 CRC-32, payload
-    uint32_t kind = 0;
-    uint64_t bytes = 0;
-    std::memcpy(&kind, &bad[at], 4);
-    std::memcpy(&bytes, &bad[at + 4], 8);
-    if (kind == 2) {  // the parameters
-      const float nan = std::nanf("");
-      std::memcpy(&bad[at + 16], &nan, 4);
-      const auto sum = static_cast<uint32_t>(crc32(0L, &bad[at + 16], static_cast<uInt>(bytes)));
-      std::memcpy(&bad[at + 12], &sum, 4);
-    }
-    at += 16 + bytes;
-  }
-  write_bytes(dir_.file("diverged.hpck"), bad);
+  const Bytes last = read_bytes(ck + "/ckpt-000000040.hpck");
+  write_bytes(dir_.file("diverged.hpck"), with_section(last, 2, [](Bytes& params) {
+                const float nan = std::nanf("");
+                std::memcpy(params.data(), &nan, 4);
+              }));
   expect_usage_error(with({"--resume", dir_.file("diverged.hpck")}),
                      dir_.file("diverged.hpck") + " holds a state that is not finite (its run had diverged): resume "
                      "from an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
@@ -993,6 +1020,24 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", dir_.file("diverged.hpck"), "--test-samples", "100",
                                    "--data-dir", fashion_mnist_dir(), "--threads", "1"}),
                      "the checkpoint " + dir_.file("diverged.hpck") + " holds parameters that are not finite");
+  // A position that is not in the run (a file made or edited elsewhere, its checksums made
+  // anew) is refused: one past the run's epochs ended it at once, untrained, with exit 0. The
+  // file as written (step 40 at the end of epoch 2 of 20 steps each) still resumes.
+  using Edit = std::pair<std::string, std::string>;
+  for (const std::vector<Edit>& edits : std::vector<std::vector<Edit>>{{{"epoch", "1000000001"}},
+                                                                        {{"epoch", "1"}, {"step_in_epoch", "20"}},
+                                                                        {{"step_in_epoch", "3"}},
+                                                                        {{"step", "1000"}}}) {
+    Bytes edited = last;
+    for (const auto& [field, value] : edits) edited = with_meta(edited, field, value);
+    write_bytes(dir_.file("edited.hpck"), edited);
+    expect_usage_error(with({"--resume", dir_.file("edited.hpck")}), "the checkpoint's position (step ");
+  }
+  write_bytes(dir_.file("edited.hpck"), with_meta(last, "samples_seen", "nan"));
+  expect_usage_error(with({"--resume", dir_.file("edited.hpck")}), "the checkpoint's position is invalid");
+  write_bytes(dir_.file("edited.hpck"), with_meta(last, "time", "1"));
+  const RunResult same = with({"--resume", dir_.file("edited.hpck")});
+  EXPECT_EQ(same.exit_code, 0) << same.err;
   // --resume none starts afresh even with checkpoints in the directory.
   const std::string m = dir_.file("fresh.jsonl");
   auto fresh = job(ck, m);

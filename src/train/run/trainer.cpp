@@ -397,6 +397,7 @@ void TrainingRun::plan() {
                                                          static_cast<uint64_t>(o_.seed),
                                                          shard_of(ctx_.rank(), world_), world_, o_.drop_last);
   plan_.steps_per_epoch = plan_.sampler->steps_per_epoch();
+  if (p_.resumed) require_position_in_run(p_.start, plan_.steps_per_epoch, o_.epochs);
   plan_.total_steps = planned_steps(o_.epochs);
   plan_.schedule = schedule_for(o_.epochs);
   // The GPU takes the batches as bytes and normalises them itself; or decodes their JPEGs too.

@@ -244,12 +244,23 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
   at.global_batch = c.integer("global_batch_size");
   at.samples_seen = c.number("samples_seen");
   loss_scaler_of(c);  // valid, for the engine to restore
-  HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0,
-              "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ")");
+  HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0 &&
+                  std::isfinite(at.samples_seen) && at.samples_seen >= 0,
+              "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ", samples seen ",
+              at.samples_seen, ")");
   HPC_REQUIRE(o.global_batch_size == 0 || o.global_batch_size == at.global_batch, "the checkpoint was made with a ",
               "global batch of ", at.global_batch, "; --global-batch-size ", o.global_batch_size,
               " would change what every later step computes");
   return at;
+}
+
+void require_position_in_run(const RunPosition& at, int64_t steps_per_epoch, int64_t epochs) {
+  // A run's own checkpoints always pass: the last one stands at (epochs, 0), one ended by
+  // --max-steps with fewer steps than its epochs hold.
+  HPC_REQUIRE(at.epoch <= epochs && at.step_in_epoch < std::max<int64_t>(steps_per_epoch, 1) &&
+                  (at.epoch < epochs || at.step_in_epoch == 0) && at.step <= at.epoch * steps_per_epoch + at.step_in_epoch,
+              "the checkpoint's position (step ", at.step, ", epoch ", at.epoch, ", step ", at.step_in_epoch,
+              " of it) is not in this run of ", epochs, " epochs of ", steps_per_epoch, " steps");
 }
 
 }  // namespace hpc::train

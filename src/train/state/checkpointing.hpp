@@ -114,4 +114,8 @@ void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 // or loss scale is invalid.
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model);
 
+// Usage error unless a resumed position lies in a run of `epochs` epochs of `steps_per_epoch`
+// steps: a hand-made checkpoint's position past the run's end would end it at once, untrained.
+void require_position_in_run(const RunPosition& at, int64_t steps_per_epoch, int64_t epochs);
+
 }  // namespace hpc::train
