@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
       "images-per-shard", po::value(&o.images_per_shard)->default_value(o.images_per_shard), "images in each shard")(
       "resize", po::value(&o.resize)->default_value(0),
       "scale each image's shorter side down to this many pixels (0: keep the images as they are)")(
-      "quality", po::value(&o.quality)->default_value(o.quality), "JPEG quality of resized images (1..100)")(
+      "quality", po::value(&o.quality)->default_value(o.quality), "JPEG quality of resized images, and of CMYK ones packed as RGB (1..100)")(
       "threads", po::value(&o.threads)->default_value(o.threads), "images decoded in parallel (one shard each)")(
       "skip-corrupt", po::bool_switch(&o.skip_corrupt),
       "skip images that do not decode, listing them in <split>.json (default: fail naming the first)")(
@@ -134,6 +134,8 @@ int main(int argc, char** argv) {
                  static_cast<long long>(r.images), r.classes.size(), static_cast<long long>(r.shards),
                  static_cast<double>(r.bytes) / (1 << 20), o.out.c_str());
     if (!r.skipped.empty()) std::fprintf(stderr, "; %zu images skipped, listed in %s.json", r.skipped.size(), o.split.c_str());
+    if (r.cmyk_converted)
+      std::fprintf(stderr, "; %lld CMYK images converted to RGB", static_cast<long long>(r.cmyk_converted));
     if (r.ignored_files) std::fprintf(stderr, "; %lld files that are not JPEG ignored", static_cast<long long>(r.ignored_files));
     std::fputc('\n', stderr);
     for (const std::string& w : r.warnings)

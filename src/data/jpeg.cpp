@@ -33,8 +33,10 @@ tjhandle compressor() {
   return h.get();
 }
 
-void read_header(tjhandle h, std::span<const uint8_t> bytes, const std::string& what, int& width, int& height) {
-  int subsamp = 0, colorspace = 0;
+// The dimensions and colour space (TJCS_*) of a JPEG.
+void read_header(tjhandle h, std::span<const uint8_t> bytes, const std::string& what, int& width, int& height,
+                 int& colorspace) {
+  int subsamp = 0;
   HPC_REQUIRE(!bytes.empty(), what, " is empty, not a JPEG image");
   if (tjDecompressHeader3(h, bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height, &subsamp,
                           &colorspace) != 0) {
@@ -49,27 +51,37 @@ void read_header(tjhandle h, std::span<const uint8_t> bytes, const std::string& 
 }  // namespace
 
 void jpeg_size(std::span<const uint8_t> bytes, const std::string& what, int64_t& height, int64_t& width) {
-  int w = 0, h = 0;
-  read_header(decompressor(), bytes, what, w, h);
+  int w = 0, h = 0, colorspace = 0;
+  read_header(decompressor(), bytes, what, w, h, colorspace);
   height = h;
   width = w;
 }
 
-Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& what) {
+Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& what, bool* cmyk) {
   tjhandle h = decompressor();
-  int w = 0, ht = 0;
-  read_header(h, bytes, what, w, ht);
+  int w = 0, ht = 0, colorspace = 0;
+  read_header(h, bytes, what, w, ht, colorspace);
+  // libjpeg-turbo decodes CMYK and YCCK files to CMYK only: converted to RGB below.
+  const bool four = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  if (cmyk) *cmyk = four;
   Image img;
   img.height = ht;
   img.width = w;
-  img.pixels.resize(static_cast<size_t>(w) * ht * 3);
+  const size_t pixels = static_cast<size_t>(w) * ht;
+  img.pixels.resize(pixels * (four ? 4 : 3));
   // STOPONWARNING: a truncated or damaged file is an error, not an image padded with grey.
   const int rc = tjDecompress2(h, bytes.data(), static_cast<unsigned long>(bytes.size()), img.pixels.data(), w, 0, ht,
-                               TJPF_RGB, TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING);
+                               four ? TJPF_CMYK : TJPF_RGB, TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(h);
     fail_decompressor();
     usage_error(what, " is a damaged JPEG image: ", why);
+  }
+  if (four) {
+    uint8_t* p = img.pixels.data();
+    for (size_t i = 0; i < pixels; ++i)
+      for (int c = 0; c < 3; ++c) p[3 * i + c] = static_cast<uint8_t>((p[4 * i + c] * p[4 * i + 3] + 127) / 255);
+    img.pixels.resize(pixels * 3);
   }
   return img;
 }

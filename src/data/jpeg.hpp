@@ -17,7 +17,9 @@ struct Image {
 
 // Decodes a JPEG; `what` names it in the error (a file, or a shard and record). Anything the
 // decoder cannot read cleanly is a usage error naming it (as with every bad dataset file).
-Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& what);
+// A CMYK (or YCCK) file, as Photoshop writes them (ImageNet has a few), is converted as OpenCV
+// and Pillow do: its components stored inverted, R = C x K / 255; `cmyk` says it was one.
+Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& what, bool* cmyk = nullptr);
 // Only the dimensions, from the header.
 void jpeg_size(std::span<const uint8_t> bytes, const std::string& what, int64_t& height, int64_t& width);
 // Encodes RGB pixels (4:2:0 chroma, as most photographs are stored).

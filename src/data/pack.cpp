@@ -237,7 +237,8 @@ std::string manifest_json(const PackOptions& o, const PackResult& r, const std::
                      {"shards", r.shards},
                      {"bytes", r.bytes},
                      {"resize", o.resize},
-                     {"quality", o.resize ? o.quality : 0},
+                     {"quality", o.resize || r.cmyk_converted ? o.quality : 0},
+                     {"cmyk_converted", r.cmyk_converted},
                      {"seed", o.seed},
                      {"skipped", r.skipped},
                      {"class_names", r.classes},
@@ -254,7 +255,7 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
                   PackResult& result) {
   const auto total = static_cast<int64_t>(sources.size());
   const auto shards = static_cast<int64_t>(names.size());
-  std::atomic<int64_t> next_shard{0}, done{0}, bytes{0}, packed{0};
+  std::atomic<int64_t> next_shard{0}, done{0}, bytes{0}, packed{0}, converted{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex mu;
@@ -268,9 +269,12 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
           const Source& src = sources[static_cast<size_t>(i)];
           std::vector<uint8_t> bytes_in = read_whole(src.path);
           try {
-            Image img = decode_jpeg(bytes_in, src.path);  // every image is decoded: none is packed unreadable
-            if (o.resize && std::min(img.height, img.width) > o.resize)
-              bytes_in = encode_jpeg(resize_shorter_side(img, o.resize), o.quality);
+            bool cmyk = false;
+            Image img = decode_jpeg(bytes_in, src.path, &cmyk);  // every image is decoded: none is packed unreadable
+            const bool shrink = o.resize && std::min(img.height, img.width) > o.resize;
+            // A CMYK file is packed as RGB, which nvJPEG decodes as it does the others.
+            if (shrink || cmyk) bytes_in = encode_jpeg(shrink ? resize_shorter_side(img, o.resize) : img, o.quality);
+            if (cmyk) ++converted;
           } catch (const Error& e) {
             if (!o.skip_corrupt) throw;
             std::lock_guard lock(mu);
@@ -303,6 +307,7 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
   HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src,
               " decoded (all skipped by --skip-corrupt, the first: ", result.skipped.front(), ")");
   result.images = packed;
+  result.cmyk_converted = converted;
   result.shards = shards;
   result.bytes = bytes;
 }

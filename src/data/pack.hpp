@@ -17,7 +17,7 @@ struct PackOptions {
   std::string split = "train";
   int64_t images_per_shard = 1024;
   int64_t resize = 0;     // shorter side scaled down to this many pixels (0: images kept as they are)
-  int quality = 90;       // JPEG quality of resized images
+  int quality = 90;       // JPEG quality of resized images, and of CMYK ones converted to RGB
   int threads = 1;
   bool skip_corrupt = false;  // skip images that do not decode (and list them) instead of failing
   uint64_t seed = 0;
@@ -30,6 +30,7 @@ struct PackOptions {
 struct PackResult {
   std::vector<std::string> classes;
   int64_t images = 0, shards = 0, bytes = 0, ignored_files = 0;
+  int64_t cmyk_converted = 0;  // CMYK (or YCCK) JPEGs packed as RGB ones
   std::vector<std::string> skipped;  // images that did not decode (skip_corrupt)
   // Problems after the commit that leave the new split whole (a replaced shard not removed).
   std::vector<std::string> warnings;

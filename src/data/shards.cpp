@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -281,6 +282,18 @@ const nlohmann::json& field(const nlohmann::json& object, const char* name) {
   return object.at(name);
 }
 
+// A member that is a whole number from 0 to `most`, or the manifest is refused
+// ("images is not a whole number from 0 to ...") rather than read wrapped around, as get<int64_t>()
+// reads 2^64 - 1.
+uint64_t whole_field(const nlohmann::json& object, const char* name,
+                     uint64_t most = static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+  const nlohmann::json& v = field(object, name);
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > most)
+    throw nlohmann::json::type_error::create(302, std::string(name) + " is not a whole number from 0 to " + std::to_string(most),
+                                             &object);
+  return v.get<uint64_t>();
+}
+
 // The manifest's text, "" when there is none.
 std::string manifest_text(const std::string& dir, const std::string& split) {
   const std::string path = (fs::path(dir) / (split + ".json")).string();
@@ -309,9 +322,10 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
     SplitManifest m;
     for (const auto& c : field(tree, "class_names")) m.classes.push_back(c.get<std::string>());
     for (const auto& f : field(tree, "shard_files"))
-      m.shards.push_back({field(f, "name").get<std::string>(), field(f, "bytes").get<uint64_t>(),
-                          field(f, "records").get<int64_t>(), field(f, "index_crc32").get<uint32_t>()});
-    m.images = field(tree, "images").get<int64_t>();
+      m.shards.push_back({field(f, "name").get<std::string>(), whole_field(f, "bytes", UINT64_MAX),
+                          static_cast<int64_t>(whole_field(f, "records")),
+                          static_cast<uint32_t>(whole_field(f, "index_crc32", UINT32_MAX))});
+    m.images = static_cast<int64_t>(whole_field(tree, "images"));
     std::set<std::string> listed;
     for (const SplitManifest::Shard& s : m.shards) {
       HPC_REQUIRE(!s.name.empty() && s.name.find('/') == std::string::npos && s.name.ends_with(".hpcs"), path,

@@ -2,6 +2,7 @@
 // decoding through libjpeg-turbo, resizing, and packing an image folder the test makes: labels
 // and pixels of every packed image verified against its source file.
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 #include <zlib.h>
 
 #include <nlohmann/json.hpp>
@@ -244,6 +245,55 @@ TEST(Jpeg, EncodeDecodeAndDamage) {
   EXPECT_NE(usage_error_of([&] { decode_jpeg(Bytes{}, "empty.jpg"); }).find("empty.jpg is empty"), std::string::npos);
 }
 
+// A CMYK JPEG as Photoshop writes them (YCCK, Adobe marker, components stored inverted) of
+// `image`'s colours: stored C = R, M = G, Y = B, K = 255 (no black ink), which reads back as
+// `image` under R = C x K / 255.
+Bytes cmyk_jpeg(const Image& image) {
+  std::vector<uint8_t> cmyk;
+  for (size_t i = 0; i < image.pixels.size(); i += 3)
+    cmyk.insert(cmyk.end(), {image.pixels[i], image.pixels[i + 1], image.pixels[i + 2], 255});
+  tjhandle h = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(h, cmyk.data(), static_cast<int>(image.width), 0, static_cast<int>(image.height), TJPF_CMYK,
+                        &out, &size, TJSAMP_444, 98, TJFLAG_ACCURATEDCT),
+            0)
+      << tjGetErrorStr2(h);
+  Bytes jpeg(out, out + size);
+  tjFree(out);
+  tjDestroy(h);
+  return jpeg;
+}
+
+// CMYK files (ImageNet has a few) were refused as damaged ("Unsupported color conversion
+// request"): converted as OpenCV and Pillow convert them. K scales all three.
+TEST(Jpeg, CmykFilesAreReadAsRgb) {
+  const Image src = picture(32, 48, 2, 3);
+  bool cmyk = false;
+  const Image back = decode_jpeg(cmyk_jpeg(src), "cmyk.jpg", &cmyk);
+  EXPECT_TRUE(cmyk);
+  EXPECT_LT(mean_abs_diff(src, back), 3.0);
+  decode_jpeg(encode_jpeg(src, 95), "rgb.jpg", &cmyk);
+  EXPECT_FALSE(cmyk);
+  Image flat;
+  flat.height = flat.width = 16;
+  std::vector<uint8_t> stored;
+  for (int i = 0; i < 256; ++i) stored.insert(stored.end(), {200, 100, 0, 128});
+  tjhandle h = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  ASSERT_EQ(tjCompress2(h, stored.data(), 16, 0, 16, TJPF_CMYK, &out, &size, TJSAMP_444, 100, TJFLAG_ACCURATEDCT), 0);
+  const Bytes dark(out, out + size);
+  tjFree(out);
+  tjDestroy(h);
+  const Image grey = decode_jpeg(dark, "dark.jpg");
+  for (size_t i = 0; i < grey.pixels.size(); i += 3) {  // 200 x 128 / 255, 100 x 128 / 255, 0
+    EXPECT_NEAR(grey.pixels[i], 100, 2);
+    EXPECT_NEAR(grey.pixels[i + 1], 50, 2);
+    EXPECT_NEAR(grey.pixels[i + 2], 0, 2);
+  }
+}
+
 TEST(Jpeg, ResizeShorterSide) {
   Image flat;
   flat.height = 90;
@@ -373,6 +423,36 @@ TEST(Pack, CorruptImagesFailOrAreSkippedAndCounted) {
   int64_t total = 0;
   for (const std::string& s : packed_shards(o.out, "train")) total += ShardReader(s).count();
   EXPECT_EQ(total, 8);
+}
+
+// A CMYK file is packed as an RGB JPEG (nvJPEG decodes those on the GPU), counted in the
+// manifest; the other files are packed as they were.
+TEST(Pack, CmykImagesArePackedAsRgb) {
+  TempDir dir;
+  Folder folder = make_folder(dir.path() / "src", 2);
+  const std::string path = (dir.path() / "src" / "dog" / "img1.JPEG").string();
+  const Image colours = picture(32, 24, 1, 1);
+  write_raw(path, cmyk_jpeg(colours));
+  PackOptions o;
+  o.src = (dir.path() / "src").string();
+  o.out = (dir.path() / "out").string();
+  EXPECT_EQ(pack_image_folder(o).cmyk_converted, 1);
+  EXPECT_EQ(nlohmann::json::parse(read_raw(o.out + "/train.json")).at("cmyk_converted"), 1);
+  int64_t converted = 0, as_they_were = 0;
+  Bytes rec;
+  for (const std::string& s : packed_shards(o.out, "train")) {
+    const ShardReader reader(s);
+    for (int64_t i = 0; i < reader.count(); ++i) {
+      reader.read(i, rec);
+      bool cmyk = true;
+      const Image img = decode_jpeg(rec, "record", &cmyk);
+      EXPECT_FALSE(cmyk);
+      if (img.height == 32 && img.width == 24 && mean_abs_diff(img, colours) < 4) ++converted;
+      for (const auto& [file, entry] : folder.files) as_they_were += entry.second == rec;
+    }
+  }
+  EXPECT_EQ(converted, 1);
+  EXPECT_EQ(as_they_were, 5);
 }
 
 TEST(Pack, BadFoldersAreUsageErrors) {
@@ -722,6 +802,17 @@ TEST(ShardDataset, AManifestThatCannotBeRightIsRefused) {
                 .find("train.json names the class 'class0' twice"),
             std::string::npos);
   EXPECT_NE(refused([](nlohmann::json& m) { m["classes"] = 4; }).find("train.json counts 4 classes but names 3"),
+            std::string::npos);
+  // Counts past int64 (or below 0) were read wrapped around: "counts -1 images".
+  EXPECT_NE(refused([](nlohmann::json& m) { m["images"] = UINT64_MAX; })
+                .find("train.json is not a complete packed split's manifest (images is not a whole number from 0 to "
+                      "9223372036854775807)"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& m) { m["shard_files"][0]["records"] = -3; })
+                .find("(records is not a whole number from 0 to 9223372036854775807)"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& m) { m["shard_files"][0]["bytes"] = 1.5; })
+                .find("(bytes is not a whole number from 0 to 18446744073709551615)"),
             std::string::npos);
   TempDir old;
   write_raw(old.file("classes.txt"), Bytes{'c', 'a', 't', '\n', 'c', 'a', 't', '\n'});
