@@ -356,6 +356,13 @@ class Serving(unittest.TestCase):
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", os.path.join(self.dir, "no", "m.onnx")],
                             f"directory {os.path.join(self.dir, 'no')} does not exist")
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", self.dir], "is a directory")
+        # A link to a missing file exists as well: it was replaced without --force.
+        dangling = os.path.join(self.dir, "dangling.onnx")
+        os.symlink(os.path.join(self.dir, "no", "target.onnx"), dangling)
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", dangling],
+                            "exists, a link to a missing file (--force replaces the link)")
+        self.assertTrue(os.path.islink(dangling))
+        os.remove(dangling)
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", out, "--format", "tflite"],
                             "unknown --format 'tflite' (choose onnx)")
         with open(out, "wb") as f:

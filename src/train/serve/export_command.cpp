@@ -70,6 +70,9 @@ void check_output(const ExportOptions& o) {
     HPC_REQUIRE(o.force, "--output ", o.output, " exists (--force replaces it)");
   } else {
     HPC_REQUIRE(errno == ENOENT, "cannot use --output ", o.output, ": ", std::strerror(errno));
+    // A link to nothing is a file that exists too: the rename would replace it.
+    HPC_REQUIRE(::lstat(o.output.c_str(), &st) != 0 || o.force, "--output ", o.output,
+                " exists, a link to a missing file (--force replaces the link)");
   }
   const fs::path parent = fs::path(o.output).parent_path();
   const std::string dir = parent.empty() ? "." : parent.string();
