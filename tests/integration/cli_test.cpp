@@ -621,6 +621,21 @@ TEST_F(Cli, OutputFifoWithoutAReaderIsRefusedAtOnce) {
   expect_refused({"--prometheus-file", prom}, {"--prometheus-file " + prom + " is not a regular file"});
 }
 
+// A .prom file hpctrain did not write is not replaced (it was, silently, by the first rewrite);
+// one it wrote, or an empty one, is.
+TEST_F(Cli, APrometheusFileOfAnotherWriterIsKept) {
+  const std::string prom = work_.file("node.prom");
+  write_text(prom, "node_disk_ok 1\n");
+  expect_refused({"--prometheus-file", prom}, {"--prometheus-file " + prom + " holds a file hpctrain did not write"});
+  EXPECT_EQ(read_text(prom), "node_disk_ok 1\n");
+  write_text(prom, "");
+  const RunResult first = run({"--prometheus-file", prom});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(read_text(prom).rfind("# HELP hpctrain_", 0), 0u);
+  const RunResult again = run({"--prometheus-file", prom});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+}
+
 // --config from a pipe, as bash's process substitution gives it, is read as a file is.
 TEST_F(Cli, ConfigFromAPipe) {
   const std::string m = work_.file("m.jsonl");

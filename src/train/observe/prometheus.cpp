@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
+#include "core/error.hpp"
 #include "core/log.hpp"
 
 namespace hpc::train {
@@ -66,6 +68,15 @@ std::string label_value(const std::string& s) {
 
 PrometheusTextfile::PrometheusTextfile(std::string path, std::vector<std::pair<std::string, std::string>> labels)
     : path_(std::move(path)), labels_(labels_text(labels)) {}
+
+void require_ours_or_none(const std::string& path) {
+  const std::string ours = std::string("# HELP ") + kPrefix;
+  std::ifstream in(path, std::ios::binary);
+  std::string head(ours.size(), '\0');
+  if (in && in.read(head.data(), static_cast<std::streamsize>(head.size())).gcount() > 0)
+    HPC_REQUIRE(in && head == ours, "--prometheus-file ", path, " holds a file hpctrain did not write (it does not "
+                "begin '", ours, "'): each rewrite would replace it; name another file, or remove it");
+}
 
 std::string PrometheusTextfile::render(const std::vector<Gauge>& gauges) const {
   std::string text;

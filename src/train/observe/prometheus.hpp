@@ -37,6 +37,10 @@ class PrometheusTextfile {
   bool warned_ = false;
 };
 
+// A usage error when `path` holds a file that hpctrain did not write (one not empty and not
+// beginning "# HELP hpctrain_"): the rewrites would replace it.
+void require_ours_or_none(const std::string& path);
+
 // What a label value becomes (PrometheusTextfile's rule): "job 1" -> "job_1".
 std::string label_value(const std::string& s);
 
