@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Jobs' credentials for the cluster's data, and nothing else: a root service on every node
+"""Jobs' credentials for the cluster's data, and nothing else: a root service on every compute node
 (hpctrain-data-credentials.service). The nodes' metadata service, and so their own role, is for
 root only (imds_firewall.sh); this service assumes the stack's data role, which may only read
 DataBucket and write under ResultsPrefix, and keeps its short-lived credentials in --out (an AWS

@@ -33,4 +33,23 @@ config=$(scontrol show config)
 grep -q "ResumeProgram *= $repo/cloudformation/node/resume.py" <<< "$config" || fail "ResumeProgram not as rendered"
 grep -q "SuspendTime *= 600 sec" <<< "$config" || fail "SuspendTime not 10 minutes"
 [[ "$(scontrol show node gpu-1)" == *CLOUD* ]] || fail "gpu-1 is not a CLOUD node"
+# The stack's sample job (its LoginAndSubmit output, for these nodes' 48 CPUs and 4 GPUs) fits
+# them, where train.sbatch's own 8 tasks and GPUs a node do not; a CPU-only cluster's form
+# (--gpus-per-node=0) is taken too.
+for form in 1 2; do
+  line=$(grep -o "sbatch --ntasks-per-node=[^ ]* --gpus-per-node=[^ ]* --cpus-per-task=[^ ]*" \
+    "$repo/cloudformation/cluster.yaml" | sed -n "${form}p")
+  [[ -n "$line" ]] || fail "cluster.yaml's LoginAndSubmit has no sbatch line $form"
+  line=${line//'${ComputeGpus}'/4}
+  line=${line//'${ComputeCpus}'/48}
+  eval "line=\"$line\""  # $((48/4)), as the head node's shell works it out
+  read -r -a command <<< "$line"
+  "${command[@]}" --test-only "$repo/slurm/train.sbatch" > "$TEST_DIR/test-only.$form" 2>&1 ||
+    fail "the sample job ($line) does not fit the nodes: $(cat "$TEST_DIR/test-only.$form")"
+  grep -q "to start at" "$TEST_DIR/test-only.$form" || fail "sbatch --test-only said: $(cat "$TEST_DIR/test-only.$form")"
+  say "sample job fits: $line"
+done
+sbatch --test-only "$repo/slurm/train.sbatch" > "$TEST_DIR/test-only.plain" 2>&1 &&
+  fail "train.sbatch's own 8 tasks and GPUs a node fit nodes of 4 GPUs: $(cat "$TEST_DIR/test-only.plain")"
+say "train.sbatch alone is refused: $(tail -n 1 "$TEST_DIR/test-only.plain")"
 say "PASS"
