@@ -4,7 +4,8 @@
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
 # number to 1); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
 # are refused; job.sh refuses a REQUEUE or MAX_REQUEUES it cannot use before the training runs,
-# and an empty --checkpoint-dir; a stop with MAX_REQUEUES=0 on a job's first run exits with the
+# an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
+# run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT). Each refusal: one line, exit 2.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -93,6 +94,10 @@ for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQ
 done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
 refused "job.sh --checkpoint-dir=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir=
+# A metrics file that is a stream keeps no last line: every finished job was requeued.
+mkfifo "$work/fifo"
+refused "job.sh --metrics-file /dev/stdout" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --metrics-file /dev/stdout
+refused "job.sh --metrics-file=FIFO" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- "--metrics-file=$work/fifo"
 
 # stop_ends WHAT SAYS ENV...: a stop (75) under ENV is not requeued: job_requeue_or_exit exits 75
 # and its line holds SAYS.
