@@ -25,6 +25,9 @@
 # math threads instead of spinning on it, and with --bind-to none.
 #
 # Usage: bench/scaling_check.sh [--ranks 2,3,4] [--steps 150] [--keep DIR] [--cold-bytes B (0: none)]
+#   --steps: 11 to 999999 (and at most what Fashion-MNIST's 60000 images hold for the most ranks);
+#   --keep DIR: its files left in DIR (made where missing); a DIR of an earlier run (the same names)
+#   has that run's files removed first, so that nothing resumes or appends to them; others are left.
 # Environment: BUILD_DIR (default build), HPCTRAIN, ALLREDUCE_SWEEP, FASHION_MNIST (default
 #              /usr/share/datasets/fashion-mnist), MPIRUN (default mpirun), PYTHON (default python3).
 set -euo pipefail
@@ -43,13 +46,14 @@ while (($#)); do
 done
 [[ "$ranks_list" =~ ^[2-9](,[2-9])*$ ]] || die "--ranks must be rank counts 2 to 9, comma-separated, got '$ranks_list'"
 require_count --steps "$steps"
+((${#steps} <= 6)) || die "--steps must be at most 999999, got $steps"
 # The sweep's caches as a step leaves them: each all-reduce after writing twice the last-level
 # cache (cpu0's, from sysfs; 64 MiB where it says nothing), 0 for the hot loop.
 if [[ -z $cold_bytes ]]; then
   l3=$(sed -nE 's/^([0-9]+)K$/\1/p' /sys/devices/system/cpu/cpu0/cache/index3/size 2> /dev/null || true)
   cold_bytes=$((2 * ${l3:-32768} * 1024))
 fi
-[[ $cold_bytes =~ ^[0-9]{1,11}$ ]] && ((cold_bytes <= 17179869184)) ||
+[[ $cold_bytes =~ ^(0|[1-9][0-9]{0,10})$ ]] && ((cold_bytes <= 17179869184)) ||
   die "--cold-bytes must be a byte count of at most 17179869184 (16 GiB), got '$cold_bytes'"
 ((steps > 10)) || die "--steps must be more than 10 (the first 5 are left out), got $steps"
 
@@ -66,12 +70,19 @@ model=("$python" "$root/bench/scaling_model.py")
 [[ -f "$data/train-images-idx3-ubyte.gz" ]] || die "no Fashion-MNIST in $data (set FASHION_MNIST)"
 mpirun=${MPIRUN:-mpirun}
 command -v "$mpirun" > /dev/null || die "no $mpirun (apt-get install openmpi-bin, or set MPIRUN)"
+command -v "$python" > /dev/null || die "no $python (set PYTHON)"
 mpirun_args=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
 [[ $(id -u) -ne 0 ]] || mpirun_args+=(--allow-run-as-root)
 
 if [[ -n "$keep" ]]; then
-  mkdir -p "$keep" || die "cannot create --keep directory $keep"
+  [[ -d "$keep" || ! -e "$keep" ]] || die "--keep $keep is not a directory"
+  mkdir -p -- "$keep" 2> /dev/null && [[ -w "$keep" ]] || die "cannot create or write --keep directory $keep"
   tmp=$keep
+  # What an earlier run left here (the names below): its checkpoints would resume, its files grow.
+  (shopt -s nullglob
+   cd "$keep" && rm -rf -- t1.jsonl m1.jsonl ckpt1 m[2-9]_o{n,ff}.jsonl trace[2-9]_o{n,ff}.json ckpt[2-9]_o{n,ff} \
+     sweep{,_cold}.jsonl sweep{,_cold}_fits.json sweep{,_cold}_clusters.json sweep{,_cold}_p[2-9]_o{n,ff}.json) ||
+    die "cannot clear the last run's files from --keep directory $keep"
 else
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT

@@ -61,6 +61,14 @@ statistics_* fields or "queue statistics" events; --arch: a mean and a variance 
 queued as the forward pass ends), reduced first on the buckets' channel; and the step boundary's
 agreement after the update (a blocking MPI all-reduce of 5 + 2n doubles: boundary_seconds, counted
 in images/s and the efficiency, not in step_seconds). --other-framework leaves both out.
+
+Input is checked, a mistake one line on stderr and exit code 2: every figure of a timeline, metrics
+file, clusters file or sweep a JSON number (not a string or a bool), finite, in its range (times 0
+to a day, a bucket queued by about its step's backward end, no two buckets over the same elements,
+latencies 0 to 1 s, bandwidths 0.001 to 1e6 GB/s, counts positive integers, at most 1,000,000 GPUs),
+and so every number option; --arch takes --step-seconds, not --metrics. A JSON Lines timeline's
+line cut short (a killed run's last, which hpctrain appends after) is skipped with a warning; a
+Chrome trace cut short is refused. A reader that stops early (| head) ends it quietly (exit 141).
 """
 import argparse
 import functools
@@ -85,6 +93,64 @@ class UsageError(Exception):
 def require(ok, message):
     if not ok:
         raise UsageError(message)
+
+
+def warn(message):
+    print(f"scaling_model: warning: {message}", file=sys.stderr)
+
+
+# What the inputs may hold: beyond these a figure is a mistake (and its results hundreds of digits).
+MAX_GPUS = 1_000_000
+MAX_SECONDS = 86400.0  # a step, and any time within one
+MAX_TRACE_US = 1e15  # a Chrome trace's timestamps (microseconds since the run began)
+MAX_ELEMENTS = 1 << 40  # a timeline's arena offsets (elements of 4 bytes)
+MAX_BYTES = 1 << 40  # a sweep's message
+MAX_LATENCY_US = 1e6
+MIN_GBPS, MAX_GBPS = 1e-3, 1e6
+MAX_PLATEAU = 100.0
+MAX_BATCH = 10_000_000
+MISSING = object()
+
+
+def number(value, what, low=0, high=math.inf, integer=False, above=False, shown=None):
+    """value, where it is a finite number (JSON's: not a bool, not a string; integral where integer)
+    from low (above: beyond low) to high; else a UsageError naming what (shown: the value as given)."""
+    if integer and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    ok = (isinstance(value, int) if integer else isinstance(value, (int, float))) and not isinstance(value, bool)
+    if ok and (isinstance(value, int) or math.isfinite(value)) and (value > low if above else value >= low) \
+            and value <= high:
+        return value
+    limit = lambda x: str(int(x)) if float(x).is_integer() else f"{x:g}"  # noqa: E731
+    if not ok:
+        wrong = "an integer" if integer else "a number"
+    elif not isinstance(value, int) and not math.isfinite(value):
+        wrong = "finite"
+    elif value > high:
+        wrong = f"at most {limit(high)}"
+    elif above and low == 0 or integer and low == 1:
+        wrong = "positive"
+    else:
+        wrong = f"{'above' if above else 'at least'} {limit(low)}"
+    if shown is None:
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    raise UsageError(f"{what + ' ' if what else ''}must be {wrong}, got {shown}")
+
+
+def mapping(value, what):
+    """value, where it is a JSON object; else a UsageError naming what."""
+    require(isinstance(value, dict), f"{what} must be a JSON object, got {json.dumps(value)[:40]}")
+    return value
+
+
+def field(obj, key, where, default=MISSING, prefix="", **limits):
+    """obj[key] (obj a JSON object, where says whose: a file and its line or preset, prefix the path
+    to obj) as number() takes it; default where obj has no key (none given: a UsageError)."""
+    if key not in obj:
+        require(default is not MISSING, f"{where} lacks {prefix}{key}")
+        return default
+    return number(obj[key], f"{where}: {prefix}{key}", **limits)
 
 
 # ---------------------------------------------------------------- cost of one all-reduce
@@ -346,18 +412,25 @@ def best_bucket(run, n, cluster, scheme, overlap):
 # ---------------------------------------------------------------- inputs
 
 def read_json_file(path, what):
-    require(os.path.isfile(path), f"{what} '{path}' not found")
+    """The text of the file `what` names: UTF-8, not empty."""
+    require(os.path.exists(path), f"{what} '{path}' not found")
+    require(os.path.isfile(path), f"{what} '{path}' is not a regular file"
+            + (" (a directory)" if os.path.isdir(path) else ""))
     try:
-        with open(path) as f:
-            return f.read()
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except OSError as e:
         raise UsageError(f"{what} '{path}': {e.strerror}")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} '{path}' is not UTF-8 text (byte {e.start}: {e.object[e.start]:#04x})")
+    require(text.strip(), f"{what} '{path}' is empty")
+    return text
 
 
 def read_timeline(path, skip):
     text = read_json_file(path, "timeline")
-    require(text.strip(), f"timeline '{path}' is empty")
-    rows = chrome_rows(trace, path) if (trace := chrome_events(text)) is not None else jsonl_rows(text, path)
+    trace = chrome_events(text, path, "timeline")
+    rows = chrome_rows(trace, path) if trace is not None else jsonl_rows(text, path)
     require(rows, f"timeline '{path}' has no bucket lines")
     steps = sorted({r["step"] for r in rows})
     kept = steps[skip:] if len(steps) > skip else steps[-1:]
@@ -374,6 +447,10 @@ def read_timeline(path, skip):
                 f"timeline '{path}': bucket {b} changes its elements between steps")
         buckets.append({"bytes": (rs[0]["end"] - rs[0]["begin"]) * FLOAT_BYTES,
                         "ready": statistics.median(r["queued"] for r in rs)})
+    # Each element's gradient is in one bucket: overlapping buckets would all-reduce it twice.
+    spans = sorted((rs[0]["begin"], rs[0]["end"], b) for b, rs in by_bucket.items())
+    for (b0, e0, i), (b1, e1, j) in zip(spans, spans[1:]):
+        require(b1 >= e0, f"timeline '{path}': buckets {i} (elements {b0} to {e0}) and {j} ({b1} to {e1}) overlap")
     backward = statistics.median(r["backward_done"] for r in rows if r["step"] in kept)
     require(backward > 0, f"timeline '{path}': the backward pass never ends (backward_done {backward})")
     # The batch-norm statistics' average, where the kept steps had one: its size, and when it was
@@ -389,27 +466,55 @@ def read_timeline(path, skip):
     return buckets, backward, average
 
 
+BUCKET_KEYS = ("step", "bucket", "begin", "end", "queued", "backward_done")
+
+
+def bucket_row(r, where):
+    """One bucket line's figures (a JSON Lines line, or made of the Chrome trace's events), each checked:
+    counts integers, times in seconds from the step's start; a bucket (and the statistics' average)
+    queued by about the backward pass's end: no later than twice that and a second (hpctrain reads
+    the clock for backward_done before it queues the last one; on a GPU the host's clock runs ahead
+    of the kernels: a loose bound, for figures that cannot be a step's)."""
+    row = {k: field(r, k, where, integer=True, high=MAX_ELEMENTS) for k in ("step", "bucket", "begin", "end")}
+    row["backward_done"] = field(r, "backward_done", where, high=MAX_SECONDS)
+    by_then = row["backward_done"] * 2 + 1.0
+    row["queued"] = field(r, "queued", where, high=by_then)
+    if "statistics_values" in r:  # the step's batch-norm statistics' average (since 2026-11-29)
+        row["statistics"] = (field(r, "statistics_values", where, integer=True, low=1, high=MAX_ELEMENTS),
+                             field(r, "statistics_queued", where, high=by_then))
+    return row
+
+
 def jsonl_rows(text, path):
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    """The bucket lines of a JSON Lines timeline. A line cut short (not JSON, but begun as one: a
+    killed run's last, which hpctrain appends after) is skipped with a warning."""
+    rows, cut = [], []
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        not_ours = f"timeline '{path}' line {n} is not a bucket line of hpctrain's --timeline-file"
         try:
             r = json.loads(line)
-            rows.append({k: (int(r[k]) if k in ("step", "bucket", "begin", "end") else float(r[k]))
-                         for k in ("step", "bucket", "begin", "end", "queued", "backward_done")})
-            if "statistics_values" in r:  # the step's batch-norm statistics' average (since 2026-11-29)
-                rows[-1]["statistics"] = (int(r["statistics_values"]), float(r["statistics_queued"]))
-        except (ValueError, KeyError, TypeError):
-            raise UsageError(f"timeline '{path}' line {number} is not a bucket line of hpctrain's --timeline-file")
+        except ValueError:
+            require(line.lstrip().startswith("{"), not_ours)
+            cut.append(n)
+            continue
+        require(isinstance(r, dict) and all(k in r for k in BUCKET_KEYS), not_ours)
+        rows.append(bucket_row(r, f"timeline '{path}' line {n}"))
+    if rows and cut:
+        warn(f"timeline '{path}': line{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut))} cut short "
+             f"(a killed run's?), skipped")
     return rows
 
 
-def chrome_events(text):
-    """The Chrome trace's events (a JSON array, or an object with traceEvents); None for JSON Lines."""
+def chrome_events(text, path, what):
+    """The Chrome trace's events (a JSON array, or an object with traceEvents); None for JSON Lines.
+    A trace that is not JSON (cut short) is refused: JSON Lines begin with an object."""
     try:
         doc = json.loads(text)
-    except ValueError:
+    except ValueError as e:
+        require(not text.lstrip().startswith("[") and '"traceEvents"' not in text.lstrip().split("\n", 1)[0],
+                f"{what} '{path}' is a truncated or invalid Chrome trace ({e})")
         return None
     if isinstance(doc, list):
         return doc
@@ -419,38 +524,43 @@ def chrome_events(text):
 def chrome_rows(events, path):
     """Rank 0's buckets from the Chrome trace: 'queue bucket N' starts when the bucket was queued."""
     mine = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid", 0) == 0]
-    starts = {}
-    for e in mine:
-        name = str(e.get("name", ""))
-        if re.fullmatch(r"step \d+", name):
-            starts[int(name[5:])] = float(e["ts"])
+
+    def at(e, key="ts"):  # an event's time or duration, in microseconds
+        return field(e, key, f"timeline '{path}': event '{e.get('name')}'", high=MAX_TRACE_US)
+
+    def of_step(e, what):  # the step an event's args name
+        a = e.get("args")
+        require(isinstance(a, dict) and all(k in a for k in what), f"timeline '{path}': a '{e['name']}' event "
+                f"without its {' and '.join(what)}")
+        return field(a, "step", f"timeline '{path}': event '{e['name']}'", prefix="args.", integer=True,
+                     high=MAX_ELEMENTS)
+
+    starts = {int(str(e.get("name"))[5:]): at(e) for e in mine if re.fullmatch(r"step \d+", str(e.get("name", "")))}
     backward = {}
     for e in mine:  # the step a backward belongs to: the last step that began before it
         if e.get("name") == "backward":
-            owner = max((s for s, t in starts.items() if t <= e["ts"]), default=None)
+            begin = at(e)
+            owner = max((s for s, t in starts.items() if t <= begin), default=None)
             if owner is not None:
-                backward[owner] = (e["ts"] + e["dur"] - starts[owner]) * 1e-6
+                backward[owner] = (begin + at(e, "dur") - starts[owner]) * 1e-6
     averages = {}  # step -> (values, queued): the batch-norm statistics' average
     for e in mine:
         if e.get("name") == "queue statistics":
-            try:
-                step = int(e["args"]["step"])
-                averages[step] = (int(e["args"]["values"]), (float(e["ts"]) - starts[step]) * 1e-6)
-            except (KeyError, ValueError, TypeError):
-                raise UsageError(f"timeline '{path}': a 'queue statistics' event without its step and values")
+            step = of_step(e, ("step", "values"))
+            require(step in starts, f"timeline '{path}': a 'queue statistics' event of step {step}, which has no "
+                    f"'step {step}' event")
+            averages[step] = (e["args"]["values"], (at(e) - starts[step]) * 1e-6)
     rows = []
     for e in mine:
         if str(e.get("name", "")).startswith("queue bucket "):
-            a = e.get("args", {})
-            try:
-                step = int(a["step"])
-                rows.append({"step": step, "bucket": int(a["bucket"]), "begin": int(a["begin"]), "end": int(a["end"]),
-                             "queued": (float(e["ts"]) - starts[step]) * 1e-6, "backward_done": backward[step]})
-                if step in averages:
-                    rows[-1]["statistics"] = averages[step]
-            except (KeyError, ValueError, TypeError):
-                raise UsageError(f"timeline '{path}': a 'queue bucket' event without its step, bucket, begin and "
-                                 f"end, or a step without its 'step S' and 'backward' events")
+            step = of_step(e, ("step", "bucket", "begin", "end"))
+            require(step in starts and step in backward, f"timeline '{path}': step {step} of a 'queue bucket' event "
+                    f"has no 'step {step}' and 'backward' events")
+            r = {k: e["args"][k] for k in ("step", "bucket", "begin", "end")}
+            r.update(queued=(at(e) - starts[step]) * 1e-6, backward_done=backward[step])
+            if step in averages:
+                r["statistics_values"], r["statistics_queued"] = averages[step]
+            rows.append(bucket_row(r, f"timeline '{path}': event '{e['name']}' of step {step}"))
     return rows
 
 
@@ -468,17 +578,18 @@ def measured_parts(path, skip):
     the last to arrive), and this rank's wait inside it beyond that; its last end after its
     backward end; and what its main thread waited (backward end to the optimizer's start)."""
     text = read_json_file(path, "trace")
-    events = chrome_events(text)
+    events = chrome_events(text, path, "trace")
     require(events is not None, f"trace '{path}' is not a Chrome trace (hpctrain --timeline-file NAME.json)")
     steps = {}  # (rank, step) -> {name: event}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        try:
-            step, rank = int(e["args"]["step"]), int(e.get("pid", 0))
-            steps.setdefault((rank, step), {})[str(e["name"])] = (float(e["ts"]) * 1e-6, float(e["dur"]) * 1e-6)
-        except (KeyError, TypeError, ValueError):
+        if not isinstance(e, dict) or e.get("ph") != "X" or not isinstance(e.get("args"), dict) \
+                or "step" not in e["args"]:
             continue  # an event of no step (a checkpoint's, an evaluation's)
+        where = f"trace '{path}': event '{e.get('name')}'"
+        step = field(e["args"], "step", where, prefix="args.", integer=True, high=MAX_ELEMENTS)
+        rank = field(e, "pid", where, 0, integer=True, high=MAX_GPUS)
+        steps.setdefault((rank, step), {})[str(e.get("name"))] = (field(e, "ts", where, high=MAX_TRACE_US) * 1e-6,
+                                                                   field(e, "dur", where, high=MAX_TRACE_US) * 1e-6)
     ranks = sorted({r for r, _ in steps})
     require(len(ranks) >= 2, f"trace '{path}' has the events of {len(ranks)} rank(s): explain needs a run of several")
     buckets = 0
@@ -585,17 +696,21 @@ def read_metrics(path, skip):
     the compute times, and the hand-off: the median comm wait where the run had one rank (0 else)."""
     text = read_json_file(path, "metrics file")
     steps, waits, batch, world = [], [], None, None
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         try:
             e = json.loads(line)
         except ValueError:
             continue
+        where = f"metrics file '{path}' line {n}"
+        require(isinstance(e, dict), f"{where} is not a JSON object (an event of hpctrain's --metrics-file)")
         if e.get("event") == "step":
-            steps.append(float(e["step_seconds"]) - float(e.get("comm_wait_seconds", 0)))
-            waits.append(float(e.get("comm_wait_seconds", 0)))
+            step = field(e, "step_seconds", where, above=True, high=MAX_SECONDS)
+            wait = field(e, "comm_wait_seconds", where, 0, high=step)  # a part of the step
+            steps.append(step - wait)
+            waits.append(wait)
         elif e.get("event") == "config":
-            world = max(1, int(e.get("world_size", 1)))
-            batch = int(e["global_batch_size"]) // world
+            world = field(e, "world_size", where, 1, integer=True, low=1, high=MAX_GPUS)
+            batch = field(e, "global_batch_size", where, integer=True, low=1, high=MAX_BATCH * MAX_GPUS) // world
     require(steps, f"metrics file '{path}' has no step events (run hpctrain with --metrics-every-steps 1)")
     steps, waits = (steps[skip:], waits[skip:]) if len(steps) > skip else (steps, waits)
     median = statistics.median(steps)
@@ -609,32 +724,40 @@ def load_cluster(path, name):
         presets = json.loads(text)
     except ValueError:
         raise UsageError(f"clusters file '{path}' is not JSON")
+    require(isinstance(presets, dict), f"clusters file '{path}' is not a JSON object of presets by name")
     names = sorted(k for k in presets if not k.startswith("_"))
     require(name in names, f"unknown cluster '{name}' (presets in {path}: {', '.join(names)})")
-    c = dict(presets[name])
-    try:
-        require(int(c["gpus_per_node"]) > 0, f"cluster '{name}': gpus_per_node must be positive")
-        c["intra_link"], c["inter_link"] = to_link(c["intra"]), to_link(c["inter"])
-        c["fits"] = {k: to_link(v) for k, v in c.get("fits", {}).items() if not k.startswith("_")}
-        c["ring_base"] = float(c.get("ring_base_latency_us", 0)) * 1e-6
-        c["ring_plateau"] = float(c.get("ring_plateau", 1))
-        c["net_overhead"] = float(c.get("net_overhead_us", 0)) * 1e-6
-        t = c.get("tree")  # NCCL's tree (since NCCL 2.4): its latencies, where the cluster's NCCL has one
-        c["tree"] = t and {"base": float(t["base_latency_us"]) * 1e-6, "intra": float(t["intra_latency_us"]) * 1e-6,
-                           "inter": float(t["inter_latency_us"]) * 1e-6}
-        host = c.get("host_mpi_latency_us", {})  # the hosts' MPI, for the step boundary's agreement
-        c["host_alpha"] = {"intra": float(host.get("intra", c["intra"]["latency_us"])) * 1e-6,
-                           "inter": float(host.get("inter", c["inter"]["latency_us"])) * 1e-6}
-        require(c["ring_base"] >= 0 and c["ring_plateau"] >= 1,
-                f"cluster '{name}': ring_base_latency_us must be >= 0 and ring_plateau >= 1")
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"cluster '{name}' in {path} lacks gpus_per_node or a bandwidth_GBps/latency_us")
+    where = f"cluster '{name}' in {path}"
+    c = dict(mapping(presets[name], where))
+    latency = {"high": MAX_LATENCY_US}
+    c["gpus_per_node"] = field(c, "gpus_per_node", where, integer=True, low=1, high=MAX_GPUS)
+    if "cores_per_node" in c:
+        c["cores_per_node"] = field(c, "cores_per_node", where, integer=True, low=1, high=MAX_GPUS)
+    c["intra_link"], c["inter_link"] = to_link(c, "intra", where), to_link(c, "inter", where)
+    fits = mapping(c.get("fits", {}), f"{where}: fits")
+    for k in fits:
+        require(k.startswith("_") or re.fullmatch(r"[1-9][0-9]*", k), f"{where}: fits key '{k}' is not a rank count")
+    c["fits"] = {k: to_link(fits, k, where, "fits.") for k in fits if not k.startswith("_")}
+    c["ring_base"] = field(c, "ring_base_latency_us", where, 0, **latency) * 1e-6
+    c["ring_plateau"] = field(c, "ring_plateau", where, 1, low=1, high=MAX_PLATEAU)
+    c["net_overhead"] = field(c, "net_overhead_us", where, 0, **latency) * 1e-6
+    t = c.get("tree")  # NCCL's tree (since NCCL 2.4): its latencies, where the cluster's NCCL has one
+    if t is not None:
+        t = mapping(t, f"{where}: tree")
+        t = {k: field(t, f"{k}_latency_us", where, prefix="tree.", **latency) * 1e-6 for k in ("base", "intra", "inter")}
+    c["tree"] = t
+    host = mapping(c.get("host_mpi_latency_us", {}), f"{where}: host_mpi_latency_us")  # the step boundary's MPI
+    c["host_alpha"] = {k: field(host, k, where, c[k]["latency_us"], "host_mpi_latency_us.", **latency) * 1e-6
+                       for k in ("intra", "inter")}
     return c
 
 
-def to_link(d):
-    bw, lat = float(d["bandwidth_GBps"]), float(d["latency_us"])
-    require(bw > 0 and lat >= 0, f"a link needs a positive bandwidth and a latency >= 0, got {bw} GB/s, {lat} us")
+def to_link(obj, key, where, prefix=""):
+    """obj[key], a link of the preset `where` names: its alpha (s) and beta (s/byte)."""
+    require(key in obj, f"{where} lacks {prefix}{key}")
+    d = mapping(obj[key], f"{where}: {prefix}{key}")
+    bw = field(d, "bandwidth_GBps", where, prefix=f"{prefix}{key}.", low=MIN_GBPS, high=MAX_GBPS)
+    lat = field(d, "latency_us", where, prefix=f"{prefix}{key}.", high=MAX_LATENCY_US)
     return {"alpha": lat * 1e-6, "beta": 1 / (bw * 1e9)}
 
 
@@ -696,19 +819,20 @@ def fit_sweep(path):
     """Least squares in relative error of t = 2(n-1)alpha + 2(n-1)/n S beta, per rank count."""
     text = read_json_file(path, "sweep")
     points = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
+            where = f"sweep '{path}' line {n}"
             try:
                 r = json.loads(line)
-                n, size, t = int(r["ranks"]), float(r["bytes"]), float(r["seconds"])
-            except (ValueError, KeyError, TypeError):
-                raise UsageError(f"sweep '{path}' line {number} is not a line of bench/allreduce_sweep")
-            require(n >= 2 and size > 0 and t > 0, f"sweep '{path}' line {number}: ranks, bytes and seconds must be positive")
-            points.setdefault(n, []).append((size, t))
-    require(points, f"sweep '{path}' is empty")
+            except ValueError:
+                r = None
+            require(isinstance(r, dict), f"{where} is not a line of bench/allreduce_sweep")
+            ranks = field(r, "ranks", where, integer=True, low=2, high=MAX_GPUS)
+            points.setdefault(ranks, []).append((field(r, "bytes", where, integer=True, low=1, high=MAX_BYTES),
+                                                 field(r, "seconds", where, above=True, high=MAX_SECONDS)))
     fits = {}
     for n, pts in sorted(points.items()):
-        require(len(pts) >= 2, f"sweep '{path}': {n} ranks need at least two sizes")
+        require(len({s for s, _ in pts}) >= 2, f"sweep '{path}': {n} ranks need at least two different sizes")
         rows = [(2 * (n - 1) / t, 2 * (n - 1) / n * s / t) for s, t in pts]  # each row / t: relative error
         a11 = sum(x * x for x, _ in rows)
         a12 = sum(x * y for x, y in rows)
@@ -716,9 +840,11 @@ def fit_sweep(path):
         b1, b2 = sum(x for x, _ in rows), sum(y for _, y in rows)
         det = a11 * a22 - a12 * a12
         alpha, beta = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+        require(beta > 0, f"sweep '{path}': {n} ranks' times do not grow with the size: no bandwidth fits them")
         worst = max(abs(ring_allreduce(s, n, {"alpha": alpha, "beta": beta}) / t - 1) for s, t in pts)
         fits[str(n)] = {"bandwidth_GBps": round(1 / beta / 1e9, 4), "latency_us": round(max(alpha, 0) * 1e6, 3),
                         "worst_relative_error": round(worst, 3), "sizes": len(pts)}
+        to_link(fits, str(n), f"sweep '{path}' (its fit)", "fits.")  # one a preset can hold
     return fits
 
 
@@ -736,15 +862,17 @@ def table(rows, best, overlap, out):
     out.write(f"overlap: {'on' if overlap else 'off (--no-overlap)'}\n")
 
 
-def positive(kind):
+def positive(kind, high):
+    """An option's value: a positive number (kind int: integer) of at most high, as number() takes it."""
     def parse(text):
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: '{text}'")
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got '{text}'")
-        return v
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: '{text}'")
+        try:
+            return number(v, "", integer=kind is int, above=True, high=high, shown=f"'{text}'")
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e))
     return parse
 
 
@@ -753,9 +881,10 @@ def gpu_list(text):
         gpus = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"a comma-separated list of GPU counts, got '{text}'")
-    if not gpus or min(gpus) < 1:
-        raise argparse.ArgumentTypeError(f"GPU counts must be positive, got '{text}'")
-    return gpus
+    try:
+        return [number(n, "GPU counts", integer=True, low=1, high=MAX_GPUS, shown=f"'{text}'") for n in gpus]
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e))
 
 
 class Parser(argparse.ArgumentParser):
@@ -768,17 +897,17 @@ def parse_args(argv):
     p.add_argument("--timeline")
     p.add_argument("--arch", choices=sorted(ARCHS))
     p.add_argument("--metrics")
-    p.add_argument("--step-seconds", type=positive(float))
-    p.add_argument("--scale-to", type=positive(float))
-    p.add_argument("--batch", type=positive(int))
+    p.add_argument("--step-seconds", type=positive(float, MAX_SECONDS))
+    p.add_argument("--scale-to", type=positive(float, MAX_SECONDS))
+    p.add_argument("--batch", type=positive(int, MAX_BATCH))
     p.add_argument("--cluster")
     p.add_argument("--clusters", default=os.path.join(HERE, "clusters.json"))
     p.add_argument("--gpus", type=gpu_list, default=DEFAULT_GPUS)
-    p.add_argument("--bucket-mb", type=positive(float))
+    p.add_argument("--bucket-mb", type=positive(float, 1e6))
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--no-jitter", action="store_true")
     p.add_argument("--other-framework", action="store_true")
-    p.add_argument("--cycle-ms", type=positive(float))
+    p.add_argument("--cycle-ms", type=positive(float, MAX_SECONDS * 1e3))
     p.add_argument("--skip-steps", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.add_argument("--fit-sweep")
@@ -789,6 +918,8 @@ def parse_args(argv):
         return a
     require((a.timeline is None) != (a.arch is None), "give one of --timeline or --arch")
     require(a.cluster, "--cluster is required (a preset of --clusters)")
+    require(not (a.arch and a.metrics), "--arch takes the step time from --step-seconds and the batch from --batch, "
+            "not --metrics")
     require(a.metrics or a.step_seconds, "give the one-rank step time: --metrics FILE or --step-seconds S")
     return a
 
@@ -825,7 +956,7 @@ def build_run(a):
 def main(argv):
     a = parse_args(argv)
     if a.fit_sweep:
-        print(json.dumps({"fits": fit_sweep(a.fit_sweep)}, indent=1))
+        print(as_json({"fits": fit_sweep(a.fit_sweep)}))
         return 0
     if a.explain:
         measured = measured_parts(a.explain, a.skip_steps)
@@ -836,7 +967,7 @@ def main(argv):
                     f"{a.cluster}'s nodes of {cluster['gpus_per_node']}")
             predicted = simulate(build_run(a), n, cluster, "flat", not a.no_overlap)
         if a.json:
-            print(json.dumps({"measured": measured, "predicted": predicted}, indent=1))
+            print(as_json({"measured": measured, "predicted": predicted}))
         else:
             print(f"{a.explain}: {measured['ranks']} ranks" + (f", against the model on {a.cluster}, overlap "
                   f"{'off' if a.no_overlap else 'on'}" if predicted else ""))
@@ -857,15 +988,16 @@ def main(argv):
     for r, (mb, exposed) in zip(rows, best):
         r["best_bucket_mb"], r["best_bucket_exposed_seconds"] = mb, exposed
     if a.json:
-        print(json.dumps({"cluster": a.cluster, "overlap": overlap,
+        print(as_json({"cluster": a.cluster, "overlap": overlap,
                           "buckets": [{"bytes": b["bytes"], "ready_seconds": b["ready"]} for b in run["buckets"]],
                           "gradient_bytes": sum(b["bytes"] for b in run["buckets"]),
                           "statistics": run["statistics"] and {"bytes": run["statistics"]["bytes"],
                                                                "ready_seconds": run["statistics"]["ready"]},
                           "one_gpu_step_seconds": run["step"], "backward_done_seconds": run["backward_done"],
                           "batch_per_gpu": run["batch"], "step_sigma_seconds": run["jitter"], "handoff_seconds": run["handoff"],
-                          "rows": rows}, indent=1))
+                          "rows": rows}))
     else:
+        as_json(rows)  # none of them NaN or infinite
         print(f"cluster {a.cluster} ({cluster.get('gpu', '')}, {g} per node); {len(run['buckets'])} buckets, "
               f"{sum(b['bytes'] for b in run['buckets']) / 1e6:.3f} MB of gradients; 1-GPU step "
               f"{run['step'] * 1e3:.3f} ms, backward ends at {run['backward_done'] * 1e3:.3f} ms"
@@ -874,13 +1006,28 @@ def main(argv):
     return 0
 
 
-def cli(argv):
-    """main() with a user's mistake as one line on stderr and exit code 2."""
+def as_json(doc):
+    """doc as JSON, the last guard of the checks on the inputs: a figure NaN or infinite is refused."""
     try:
-        return main(argv)
+        return json.dumps(doc, indent=1, allow_nan=False)
+    except ValueError:
+        raise UsageError("the model's figures for these inputs are not finite (NaN or infinity): "
+                         "an input out of its range")
+
+
+def cli(argv):
+    """main() with a user's mistake as one line on stderr and exit code 2; a reader that stops early
+    (| head) ends it quietly, as it would a program SIGPIPE ends (exit 141)."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+        return code
     except UsageError as e:
         print(f"scaling_model: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 128 + 13
 
 
 if __name__ == "__main__":

@@ -56,10 +56,25 @@ refuse "--steps must be more than 10" --steps 10
 refuse "unknown option '--rank'" --rank 2
 refuse "--steps 300 on 4 ranks needs 77056 training images, more than Fashion-MNIST's 60000 (at most 233 steps)" --ranks 2,4 --steps 300
 refuse "--cold-bytes must be a byte count" --cold-bytes 1e6
-# --cold-bytes 0: no cold sweep, no second set of predictions.
-out=$(bash "$script" --ranks 2 --steps 11 --cold-bytes 0 --keep "$tmp/hot" 2>&1)
-[[ $? == 0 && $out == *checks_failed=* && $out != *cold* && ! -e $tmp/hot/sweep_cold.jsonl ]] ||
-  fail "scaling_check.sh --cold-bytes 0 ran a cold sweep, or failed" "$out"
+# Numbers bash would read wrongly (past 2^63, octal), before any arithmetic; a tool or --keep
+# directory that cannot be had, before any run.
+refuse "--steps must be at most 999999, got 144115188075855872" --steps 144115188075855872
+refuse "--cold-bytes must be a byte count" --cold-bytes 09
+PYTHON=$tmp/no-python refuse "no $tmp/no-python (set PYTHON)" --ranks 2 --steps 11
+touch "$tmp/file"
+refuse "--keep $tmp/file is not a directory" --keep "$tmp/file"
+# --cold-bytes 0: no cold sweep, no second set of predictions. Into the first run's --keep
+# directory: its files are cleared first (its checkpoints would resume, training no step, and its
+# metrics grow), a file of the user's is left.
+echo mine > "$tmp/keep/notes.txt"
+out=$(bash "$script" --ranks 2 --steps 11 --cold-bytes 0 --keep "$tmp/keep" 2>&1)
+[[ $? == 0 && $out == *checks_failed=* && $out != *cold* && ! -e $tmp/keep/sweep_cold.jsonl ]] ||
+  fail "scaling_check.sh --cold-bytes 0 ran a cold sweep, or failed, or left the last run's" "$out"
+for f in m1.jsonl m2_on.jsonl m2_off.jsonl; do
+  steps=$(grep -c '"event":"step"' "$tmp/keep/$f")
+  [[ $steps == 11 ]] || fail "--keep's $f holds $steps step events after a run of 11 steps" "$(ls "$tmp/keep")"
+done
+[[ $(cat "$tmp/keep/notes.txt" 2>&1) == mine ]] || fail "--keep lost a file not the script's" "$(ls "$tmp/keep")"
 
 echo "scaling_check_test: $failures failed"
 ((failures == 0))

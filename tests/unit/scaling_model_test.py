@@ -85,7 +85,7 @@ class ScalingModelTest(unittest.TestCase):
 
     def write(self, name, text):
         path = os.path.join(self.dir.name, name)
-        with open(path, "w") as f:
+        with open(path, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         return path
 
@@ -529,6 +529,251 @@ class ScalingModelTest(unittest.TestCase):
         self.expect_usage_error(["--fit-sweep", self.write("empty_sweep.jsonl", "")], "is empty")
         self.expect_usage_error(["--timeline", good, *base[:4], "--cluster", "t", "--clusters",
                                  self.write("c.json", "{")], "not JSON")
+
+    def refuse_each(self, cases):
+        """cases: (args, needle): each one line naming the problem, exit 2, nothing on stdout."""
+        for args, needle in cases:
+            with self.subTest(args=args[:2], needle=needle):
+                self.expect_usage_error(args, needle)
+                self.assertEqual(self.run_model(*args).stdout, "")
+
+    def test_bad_option_values(self):
+        """Every number option finite and in its range (inf/nan became "no communication" or a
+        traceback); --arch takes --step-seconds, not --metrics (which it ignored)."""
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        base = ["--timeline", good, "--step-seconds", "0.025", "--clusters", self.clusters, "--cluster", "t"]
+        metrics = self.metrics("m.jsonl", [(0.025, 0)] * 3)
+        self.refuse_each([
+            ([*base, "--cycle-ms", "inf"], "argument --cycle-ms: must be finite, got 'inf'"),
+            ([*base, "--cycle-ms", "nan"], "argument --cycle-ms: must be finite, got 'nan'"),
+            ([*base, "--cycle-ms", "1e300"], "argument --cycle-ms: must be at most 86400000"),
+            ([*base, "--bucket-mb", "inf"], "argument --bucket-mb: must be finite"),
+            ([*base, "--bucket-mb", "1e300"], "argument --bucket-mb: must be at most"),
+            ([*base, "--step-seconds", "inf"], "argument --step-seconds: must be finite"),
+            ([*base, "--step-seconds", "1e9"], "argument --step-seconds: must be at most 86400"),
+            ([*base, "--scale-to", "inf"], "argument --scale-to: must be finite"),
+            ([*base, "--scale-to", "1e999"], "argument --scale-to: must be finite, got '1e999'"),
+            ([*base, "--batch", "100000000000"], "argument --batch: must be at most"),
+            ([*base, "--batch", "1.5"], "argument --batch: not an integer: '1.5'"),
+            ([*base, "--gpus", "4,100000000000000"], "GPU counts must be at most 1000000"),
+            (["--arch", "vgg16", "--metrics", metrics, "--clusters", self.clusters, "--cluster", "t"],
+             "--arch takes the step time from --step-seconds"),
+            (["--arch", "vgg16", "--metrics", metrics, "--step-seconds", "0.5", "--clusters", self.clusters,
+              "--cluster", "t"], "not --metrics"),
+        ])
+        # The largest GPU count computes (the slowest of a million ranks: no StatisticsError).
+        r = self.run_model("--timeline", good, "--metrics", metrics, "--clusters", self.clusters, "--cluster", "t",
+                           "--skip-steps", "0", "--gpus", "1000000", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_bad_clusters(self):
+        """Every figure of a preset a JSON number (not a string, not a bool), finite, in its range,
+        integral where it counts; every part an object; the file an object of presets, UTF-8."""
+        full = dict(CLUSTERS["t"], cores_per_node=2, ring_base_latency_us=1, ring_plateau=1.4, net_overhead_us=1,
+                    host_mpi_latency_us={"intra": 1, "inter": 10},
+                    tree={"base_latency_us": 20, "intra_latency_us": 10, "inter_latency_us": 50},
+                    fits={"_source": "test", "2": {"bandwidth_GBps": 1, "latency_us": 10}})
+        timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+
+        def changed(path, value):  # full with path (keys) set to value, or left out (value None)
+            c = json.loads(json.dumps(full))
+            d = c
+            for k in path[:-1]:
+                d = d[k]
+            if value is None:
+                del d[path[-1]]
+            else:
+                d[path[-1]] = value
+            return {"c": c}
+
+        cases = [  # (path, value, needle)
+            (["gpus_per_node"], "8", 'gpus_per_node must be an integer, got "8"'),
+            (["gpus_per_node"], True, "gpus_per_node must be an integer, got true"),
+            (["gpus_per_node"], 0, "gpus_per_node must be positive"),
+            (["gpus_per_node"], None, "lacks gpus_per_node"),
+            (["cores_per_node"], 0.5, "cores_per_node must be an integer, got 0.5"),
+            (["cores_per_node"], 0, "cores_per_node must be positive"),
+            (["cores_per_node"], -2, "cores_per_node must be positive"),
+            (["cores_per_node"], "2", "cores_per_node must be an integer"),
+            (["fits"], [], "fits must be a JSON object, got []"),
+            (["fits"], "x", 'fits must be a JSON object, got "x"'),
+            (["fits", "two"], {"bandwidth_GBps": 1, "latency_us": 1}, "fits key 'two' is not a rank count"),
+            (["fits", "2", "latency_us"], math.nan, "fits.2.latency_us must be finite, got NaN"),
+            (["intra"], [1, 2], "intra must be a JSON object"),
+            (["inter"], None, "lacks inter"),
+            (["inter", "bandwidth_GBps"], "inf", 'inter.bandwidth_GBps must be a number, got "inf"'),
+            (["inter", "bandwidth_GBps"], math.inf, "inter.bandwidth_GBps must be finite, got Infinity"),
+            (["inter", "bandwidth_GBps"], 1e308, "inter.bandwidth_GBps must be at most 1000000"),
+            (["inter", "bandwidth_GBps"], 1e-300, "inter.bandwidth_GBps must be at least 0.001"),
+            (["inter", "latency_us"], "inf", "inter.latency_us must be a number"),
+            (["inter", "latency_us"], 1e308, "inter.latency_us must be at most 1000000"),
+            (["intra", "latency_us"], -1, "intra.latency_us must be at least 0"),
+            (["host_mpi_latency_us"], [1, 2], "host_mpi_latency_us must be a JSON object"),
+            (["host_mpi_latency_us", "inter"], -1e6, "host_mpi_latency_us.inter must be at least 0"),
+            (["host_mpi_latency_us", "inter"], math.nan, "host_mpi_latency_us.inter must be finite"),
+            (["tree", "inter_latency_us"], -1000, "tree.inter_latency_us must be at least 0"),
+            (["tree", "intra_latency_us"], math.nan, "tree.intra_latency_us must be finite"),
+            (["tree"], 5, "tree must be a JSON object"),
+            (["net_overhead_us"], -1, "net_overhead_us must be at least 0"),
+            (["net_overhead_us"], math.nan, "net_overhead_us must be finite"),
+            (["ring_plateau"], math.inf, "ring_plateau must be finite"),
+            (["ring_base_latency_us"], "8.4", "ring_base_latency_us must be a number"),
+        ]
+        args = ["--timeline", timeline, "--step-seconds", "0.025", "--cluster", "c", "--gpus", "1,2,4,8"]
+        self.assertEqual(self.run_model(*args, "--clusters", self.write("c.json", json.dumps({"c": full}))).returncode,
+                         0)
+        self.refuse_each([([*args, "--clusters", self.write(f"c{i}.json", json.dumps(changed(path, value)))],
+                           f"cluster 'c' in {self.dir.name}/c{i}.json{' ' if 'lacks' in needle else ': '}{needle}")
+                          for i, (path, value, needle) in enumerate(cases)])
+        files = [("[1, 2, 3]", "is not a JSON object of presets"), ('"abc"', "is not a JSON object of presets"),
+                 ("5", "is not a JSON object of presets"), ('{"c": 5}', "cluster 'c' in"),
+                 (b'{"c\xff": 1}', "is not UTF-8 text")]
+        self.refuse_each([([*args, "--clusters", self.write(f"f{i}.json", text)], needle)
+                          for i, (text, needle) in enumerate(files)])
+
+    def test_bad_timelines(self):
+        """Every figure of a timeline finite and in range (a bucket queued no later than about the
+        backward pass's end), no two buckets over the same elements; a Chrome trace's events with
+        their numbers; a file that is not one (empty, not a regular file, not UTF-8, a trace cut
+        short) named as such."""
+        def lines(**change):  # the known timeline with one bucket line's fields changed
+            rows = [json.loads(l) for l in jsonl_timeline(BUCKETS).splitlines()]
+            rows[1].update(change)
+            return "".join(json.dumps(r) + "\n" for r in rows)
+
+        trace = json.loads(chrome_timeline(BUCKETS))
+
+        def chrome(name, **change):  # the known trace with the event `name` changed (a value None: left out)
+            events = json.loads(json.dumps(trace))
+            e = next(e for e in events if e.get("name") == name)
+            e.update(change)
+            for k in [k for k, v in change.items() if v is None]:
+                del e[k]
+            return json.dumps(events)
+
+        base = ["--step-seconds", "0.025", "--clusters", self.clusters, "--cluster", "t", "--skip-steps", "0"]
+        cases = [
+            (lines(queued=math.nan), "line 2: queued must be finite, got NaN"),
+            (lines(queued=math.inf), "line 2: queued must be finite"),
+            (lines(queued=-0.001), "line 2: queued must be at least 0"),
+            (lines(queued=5.0), "line 2: queued must be at most 1.04"),
+            (lines(queued="0.01"), 'line 2: queued must be a number, got "0.01"'),
+            (lines(backward_done=1e30), "line 2: backward_done must be at most 86400"),
+            (lines(end=1e30), "line 2: end must be at most 1099511627776"),
+            (lines(begin=1.5), "line 2: begin must be an integer, got 1.5"),
+            (lines(step=True), "line 2: step must be an integer, got true"),
+            (lines(statistics_values=-10000000, statistics_queued=0.008), "line 2: statistics_values must be positive"),
+            (lines(statistics_values=10, statistics_queued=math.nan), "line 2: statistics_queued must be finite"),
+            (lines(begin=0, end=1000000), "buckets 1 (elements 0 to 1000000) and 0 (750000 to 1000000) overlap"),
+            (lines(end=750001), "buckets 1 (elements 0 to 750001) and 0 (750000 to 1000000) overlap"),
+            (jsonl_timeline(BUCKETS) + "[1, 2]\n", "line 3 is not a bucket line"),
+            ('{"step": 0, "bu\n' + jsonl_timeline(BUCKETS) + '{"event": "x"}\n', "line 4 is not a bucket line"),
+            (chrome("backward", dur=None), "event 'backward' lacks dur"),
+            (chrome("step 7", ts=None), "event 'step 7' lacks ts"),
+            (chrome("backward", ts="1008000"), "event 'backward': ts must be a number, got \"1008000\""),
+            (chrome("backward", dur=math.nan), "event 'backward': dur must be finite"),
+            (chrome("queue bucket 1", ts=1e6 - 1000), "event 'queue bucket 1' of step 7: queued must be at least 0"),
+            (chrome("queue bucket 1", args={"step": 7, "bucket": 1, "begin": 0, "end": "x"}),
+             "event 'queue bucket 1' of step 7: end must be an integer"),
+            (chrome_timeline(BUCKETS)[:300], "is a truncated or invalid Chrome trace (Expecting"),
+            ('{"traceEvents": [\n' + chrome_timeline(BUCKETS)[1:200], "is a truncated or invalid Chrome trace"),
+            (b'{"step": 0, "\xff": 1}\n', "is not UTF-8 text (byte 13: 0xff)"),
+            ("\n  \n", "is empty"),
+        ]
+        self.refuse_each([(["--timeline", self.write(f"bad{i}.jsonl", text), *base], needle)
+                          for i, (text, needle) in enumerate(cases)]
+                         + [(["--timeline", os.devnull, *base], "timeline '/dev/null' is not a regular file"),
+                            (["--timeline", self.dir.name, *base], "is not a regular file (a directory)")])
+        self.expect_usage_error(["--explain", self.write("cut.json", chrome_timeline(BUCKETS)[:300])],
+                                "trace '%s' is a truncated or invalid Chrome trace" % os.path.join(self.dir.name, "cut.json"))
+
+    def test_a_line_cut_short_is_skipped_with_a_warning(self):
+        """A killed run's cut last line, which hpctrain keeps and appends after (a warning of its
+        own): skipped, with one warning, wherever it stands; the rest as without it."""
+        whole = jsonl_timeline(BUCKETS, steps=(0, 1))
+        rows = whole.splitlines(keepends=True)
+        want = self.predict(self.write("t.jsonl", whole), "--gpus", "4")
+        for where, text in (("last", whole + rows[0][:30] + "\n"), ("inside", "".join(rows[:2]) + rows[2][:30] + "\n"
+                                                                    + "".join(rows[2:])), ("unended", whole + rows[0][:30])):
+            with self.subTest(where=where):
+                r = self.run_model("--timeline", self.write("cut.jsonl", text), "--step-seconds", "0.025", "--batch",
+                                   "32", "--clusters", self.clusters, "--cluster", "t", "--skip-steps", "0", "--json",
+                                   "--gpus", "4")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(json.loads(r.stdout), want)
+                self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                self.assertRegex(r.stderr, r"^scaling_model: warning: timeline '.*cut.jsonl': line \d+ cut short")
+
+    def test_bad_metrics(self):
+        """A metrics file's events objects, their figures numbers in range; its step events there."""
+        config = {"event": "config", "global_batch_size": 32, "world_size": 1}
+        step = {"event": "step", "step_seconds": 0.025, "comm_wait_seconds": 0.001}
+
+        def metrics(config=config, **change):
+            return json.dumps(config) + "\n" + (json.dumps(dict(step, **change)) + "\n") * 3
+
+        cases = [
+            ('{"event": "config", "global_batch_size": 32}\n{"event": "step"}\n', "line 2 lacks step_seconds"),
+            (json.dumps(config) + "\n", "has no step events"),
+            (metrics() + "[1]\n", "line 5 is not a JSON object"),
+            (metrics() + "7\n", "line 5 is not a JSON object"),
+            (metrics(step_seconds="abc"), 'line 2: step_seconds must be a number, got "abc"'),
+            (metrics(step_seconds=math.nan), "line 2: step_seconds must be finite"),
+            (metrics(step_seconds=-1), "line 2: step_seconds must be positive"),
+            (metrics(comm_wait_seconds=-1), "line 2: comm_wait_seconds must be at least 0"),
+            (metrics(comm_wait_seconds=1), "line 2: comm_wait_seconds must be at most 0.025"),
+            (metrics(config={"event": "config", "world_size": 1}), "line 1 lacks global_batch_size"),
+            (metrics(config=dict(config, world_size="x")), 'line 1: world_size must be an integer, got "x"'),
+            (metrics(config=dict(config, world_size=0)), "line 1: world_size must be positive"),
+            (metrics().encode() + b"\xff\n", "is not UTF-8 text"),
+        ]
+        timeline = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        self.refuse_each([(["--timeline", timeline, "--metrics", self.write(f"m{i}.jsonl", text), "--clusters",
+                            self.clusters, "--cluster", "t"], needle) for i, (text, needle) in enumerate(cases)])
+
+    def test_a_sweep_that_cannot_be_fitted(self):
+        """--fit-sweep writes a preset: refused where no line of positive bandwidth fits the points, or
+        the points are not a sweep's (bytes integers in range, seconds finite and positive)."""
+        def sweep(*points, ranks=2):
+            return "".join(json.dumps({"ranks": ranks, "bytes": s, "seconds": t}) + "\n" for s, t in points)
+
+        cases = [
+            (sweep((4, 2e-6), (4000000, 1e-6)), "2 ranks' times do not grow with the size"),
+            (sweep((4, 1e-6), (4000000, 1e-6)), "2 ranks' times do not grow with the size"),
+            (sweep((4, 1e-6), (4, 2e-6)), "2 ranks need at least two different sizes"),
+            (sweep((4, 1e-6)), "2 ranks need at least two different sizes"),
+            (sweep((4, 1e-6), (1e300, 1)), "line 2: bytes must be at most 1099511627776"),
+            (sweep((4, 1e-6), ("inf", 1)), 'line 2: bytes must be an integer, got "inf"'),
+            (sweep((4, 1e-6), (8, math.nan)), "line 2: seconds must be finite"),
+            (sweep((4, 1e-6), (8, 0)), "line 2: seconds must be positive"),
+            (sweep((4, 1e-6), (8, 2e-6), ranks=1), "line 1: ranks must be at least 2"),
+            (sweep((4, 1e-3), (4000000, 1e-3 + 1e-15)), "(its fit): fits.2.bandwidth_GBps must be at most 1000000"),
+            (sweep((4, 1e-6)) + "[1]\n", "line 2 is not a line of bench/allreduce_sweep"),
+            (b'{"ranks": 2, "\xff": 1}\n', "is not UTF-8 text"),
+        ]
+        self.refuse_each([(["--fit-sweep", self.write(f"s{i}.jsonl", text)], needle)
+                          for i, (text, needle) in enumerate(cases)])
+
+    def test_no_figure_that_is_not_finite_is_printed(self):
+        """The last guard behind the checks: a NaN or infinity is an error, never NaN in the JSON."""
+        for bad in (math.nan, math.inf):
+            with self.assertRaisesRegex(scaling_model.UsageError, "not finite"):
+                scaling_model.as_json({"rows": [{"step_seconds": bad}]})
+
+    def test_a_reader_that_stops_early_ends_it_quietly(self):
+        """| head: no BrokenPipeError traceback, the exit code of a program SIGPIPE ends (141)."""
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        sweep = self.write("s.jsonl", "".join(json.dumps({"ranks": 2, "bytes": s, "seconds": 1e-6 + s * 1e-9}) + "\n"
+                                              for s in (4, 4096)))
+        for args in (["--timeline", good, "--step-seconds", "0.025", "--clusters", self.clusters, "--cluster", "t"],
+                     ["--fit-sweep", sweep]):
+            with self.subTest(args=args[0]):
+                read, write = os.pipe()
+                os.close(read)  # the reader gone before the first line
+                r = subprocess.run([sys.executable, MODEL, *args], stdout=write, stderr=subprocess.PIPE, text=True,
+                                   timeout=60)
+                os.close(write)
+                self.assertEqual((r.returncode, r.stderr), (141, ""))
 
 
 if __name__ == "__main__":
