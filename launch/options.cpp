@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -126,8 +127,13 @@ options::Check<double> start_up_or_zero(std::string counts, std::string zero) {
 // -x: a variable to set on every rank, which mpirun would only warn about, and start the ranks without.
 void check_env_word(const std::string& e, const std::string& shown) {
   const std::string name = e.substr(0, e.find('='));
-  HPC_REQUIRE(!name.empty() && name.find_first_of(" \t\n") == std::string::npos, shown, " '", e,
-              "' is not NAME or NAME=VALUE");
+  // A name the shell and mpirun's -x take: letters, digits and _, not beginning with a digit.
+  const bool word = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                    std::all_of(name.begin(), name.end(), [](char c) {
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                    });
+  HPC_REQUIRE(word, shown, " '", e, "' is not NAME or NAME=VALUE (a NAME of letters, digits and _, not beginning "
+              "with a digit)");
   HPC_REQUIRE(e.find('=') != std::string::npos || std::getenv(name.c_str()), shown, " ", name,
               ": not set in hpcrun's environment (export it, or give ", shown, " ", name, "=VALUE)");
 }
@@ -152,7 +158,9 @@ Group where_group() {
                          "program printing the usable hosts, one 'host:slots' per line; run every "
                          "--discovery-interval, the job grows onto new hosts and is drained off vanished ones",
                          Presence::NotBlank),
-           options::duration("discovery-interval", own(&L::discovery_interval), "how often the discovery script runs",
+           options::duration("discovery-interval", own(&L::discovery_interval),
+                             "how often the discovery script runs, and the job looks for hosts to grow onto (with "
+                             "any host list: a failed host back after its --blacklist-cooldown)",
                              options::more_than(0.0)),
            options::number("slots-per-host", own(&L::slots_per_host), "slots of a host given without ':slots'",
                            options::from_to(1, kMaxSlots))}};
@@ -356,8 +364,8 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
                  "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
                  "the job onto hosts that appear and drains it off hosts that leave.\n"
                  "Exit codes: 0 success; 1 gave up (the reason on one line); 2 bad input (hpcrun's or the program's);\n"
-                 "75 stopped on request after a checkpoint (SIGTERM, SIGINT or SIGUSR1 to hpcrun), resume by running\n"
-                 "it again.\n"
+                 "75 stopped on request after a checkpoint (SIGTERM, SIGINT, SIGHUP or SIGUSR1 to hpcrun), resume by\n"
+                 "running it again; 130 killed by a second such signal.\n"
               << all;
     return false;
   }

@@ -607,6 +607,8 @@ TEST(Options, ValuesOutsideTheirRangeNameTheOption) {
       {{"--hostfile", ""}, "--hostfile is empty"},
       {{"-H", " "}, "-H is empty"},
       {{"-np", "1", "-x", "A B"}, "-x 'A B' is not NAME or NAME=VALUE"},
+      {{"-np", "1", "-x", "1A=x"}, "-x '1A=x' is not NAME or NAME=VALUE (a NAME of letters, digits and _"},
+      {{"-np", "1", "-x", "A-B=1"}, "-x 'A-B=1' is not NAME or NAME=VALUE"},
       {{"-np", "1", "--blacklist-cooldown", "1m"}, "--blacklist-cooldown must be MIN:MAX"},
   };
   for (const auto& [args, says] : cases)
