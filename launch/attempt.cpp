@@ -236,7 +236,8 @@ void AttemptWatcher::watch_stragglers(double t) {
   const std::vector<std::string> hosts = rank_hosts(placement_);
   const std::string rank = job_.heartbeat.field("slowest_rank"), ratio = job_.heartbeat.field("straggler_ratio");
   StragglerSighting seen;
-  if (const int r = std::atoi(rank.c_str()); !rank.empty() && !ratio.empty() && r >= 0 && r < static_cast<int>(hosts.size()))
+  const int r = std::atoi(rank.c_str());
+  if (!rank.empty() && !ratio.empty() && r >= 0 && r < static_cast<int>(hosts.size()))
     seen = {hosts[static_cast<size_t>(r)], std::atof(ratio.c_str())};
   const bool can_drain = stop_.kind == StopKind::None && phase_.running() && job_.hosts.enough_slots_without(seen.host);
   const StragglerDecision d = judge_straggler(straggler_, seen, t, o_.stragglers, can_drain);
@@ -248,7 +249,8 @@ void AttemptWatcher::watch_stragglers(double t) {
   std::snprintf(times, sizeof times, "%.1fx the median for %s (--straggler-factor %g", seen.ratio,
                 show_duration(std::round(d.held_seconds)).c_str(), o_.stragglers.factor);
   const std::string line = "host " + seen.host + (own_name.empty() || own_name == seen.host ? "" : " (" + own_name + ")") +
-                           " is a straggler: its steps take " + times + ", --straggler-time " +
+                           " is a straggler: its rank " + std::to_string(r) + "'s steps take " + times +
+                           ", --straggler-time " +
                            show_duration(o_.stragglers.seconds) + ")";
   if (d.action == StragglerAction::Name) return say(line);
   if (d.action == StragglerAction::NameNotDrained)

@@ -69,7 +69,7 @@ cg_quota max  # recovered: the end's clean-up reaches it at once
 hpcrun_wait 120
 [[ $RC == 0 ]] || fail "the job ended with $RC"
 expect_in slow "attempt 1: 4 rank(s)"
-expect_in slow "host ${NETNS_HOSTS[2]} ($slow_name) is a straggler: its steps take "
+expect_in slow "host ${NETNS_HOSTS[2]} ($slow_name) is a straggler: its rank 1's steps take "
 expect_in slow "draining straggler host ${NETNS_HOSTS[2]}, kept out for 10 min"
 expect_in slow "attempt 2: 3 rank(s) on ${NETNS_HOSTS[1]}:1,${NETNS_HOSTS[3]}:1,${NETNS_HOSTS[4]}:1"
 expect_in slow "summary: 2 attempt(s), 0 failure(s), 1 host change(s)"
