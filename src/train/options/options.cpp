@@ -28,7 +28,6 @@
 #include "nn/gemm.hpp"
 #include "nn/model.hpp"
 #include "optim/schedule.hpp"
-#include "train/observe/prometheus.hpp"
 #include "train/options/option_table.hpp"
 #include "train/stop/signals.hpp"
 
@@ -328,7 +327,6 @@ void validate_step_metrics(const TrainOptions& o) {
   HPC_REQUIRE(o.prometheus_file.empty() || !fs::exists(there) || fs::is_regular_file(there), "--prometheus-file ",
               o.prometheus_file, " is not a regular file (a FIFO, a device): each rewrite renames a new file over "
               "it, which would replace it, and a stream cannot be rewritten; name a file of its own");
-  if (!o.prometheus_file.empty()) require_ours_or_none(o.prometheus_file);
 }
 
 // Checkpoint settings without a directory to write to would silently save nothing.

@@ -31,6 +31,7 @@
 #include "train/engine/engine.hpp"
 #include "train/observe/metrics.hpp"
 #include "train/observe/progress.hpp"
+#include "train/observe/prometheus.hpp"
 #include "train/observe/step_metrics.hpp"
 #include "train/observe/stragglers.hpp"
 #include "train/observe/trace.hpp"
@@ -411,6 +412,7 @@ void TrainingRun::plan() {
                                                 plan_.decoder.get(), epochs);
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
+  if (lead_ && !o_.prometheus_file.empty()) require_ours_or_none(o_.prometheus_file);  // before a step rewrites it
   stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
   write_config_event();
   // The JSON Lines form (a name ending in .jsonl) is rank 0's buckets; a Chrome trace every rank's.
