@@ -1038,6 +1038,13 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   write_bytes(dir_.file("edited.hpck"), with_meta(last, "time", "1"));
   const RunResult same = with({"--resume", dir_.file("edited.hpck")});
   EXPECT_EQ(same.exit_code, 0) << same.err;
+  // Parameters one value short (checksums made anew): inspect said "valid: yes", where resume,
+  // evaluate and export refuse the file.
+  write_bytes(dir_.file("short.hpck"), with_section(last, 2, [](Bytes& params) { params.resize(params.size() - 4); }));
+  const RunResult seen = run_hpctrain({"inspect", dir_.file("short.hpck")});
+  EXPECT_EQ(seen.exit_code, 2) << seen.out;
+  EXPECT_NE(seen.out.find("valid: no: the checkpoint's parameters hold "), std::string::npos) << seen.out;
+  EXPECT_EQ(run_hpctrain({"inspect", ck + "/ckpt-000000040.hpck"}).exit_code, 0);
   // --resume none starts afresh even with checkpoints in the directory.
   const std::string m = dir_.file("fresh.jsonl");
   auto fresh = job(ck, m);

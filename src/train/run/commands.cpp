@@ -26,6 +26,7 @@
 #include "train/observe/metrics.hpp"
 #include "train/options/options.hpp"
 #include "train/run/trainer.hpp"
+#include "train/serve/serving.hpp"
 #include "train/state/checkpointing.hpp"
 
 namespace hpc::train {
@@ -89,6 +90,8 @@ Inspected inspect_file(const std::string& path) {
     const ckpt::Checkpoint c = ckpt::load_checkpoint(path, &r.layout);
     r.param_checksum = param_checksum(c);
     r.state_checksum = state_checksum(c);
+    // Its arenas as its model has them: a file made or edited elsewhere may hold other counts.
+    if (const std::optional<std::string> misfit = model_misfit(c)) r.problem = *misfit;
   } catch (const Error& e) {
     r.problem = e.what();
   }

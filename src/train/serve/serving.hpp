@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ckpt/checkpoint.hpp"
@@ -40,5 +41,11 @@ struct ServingModel {
 // data_dir/classes.txt (when given) names other classes than the checkpoint, or, in a checkpoint
 // that records none (one warning), without a readable data_dir/classes.txt.
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx);
+
+// Why a verified checkpoint's arenas do not fit the model its options describe (another layout, a
+// parameter or statistics count that is not the model's), as load_serving_model would refuse it;
+// nothing where they fit, or where the model cannot be known without the dataset (packed shards'
+// checkpoints that record no class names). For hpctrain inspect.
+std::optional<std::string> model_misfit(const ckpt::Checkpoint& c);
 
 }  // namespace hpc::train

@@ -43,6 +43,32 @@ std::string ServingModel::param_checksum() const {
   return fnv1a_hex(checkpoint.params.data(), checkpoint.params.size() * sizeof(float));
 }
 
+namespace {
+// The checkpoint's model, for a dataset of these facts, holding the checkpoint's parameters.
+std::unique_ptr<nn::Model<float>> fitted_model(const ckpt::Checkpoint& c, const data::DatasetFacts& facts) {
+  data::Dataset shape;  // the model's view of its dataset: only the sample shape and classes
+  shape.height = facts.height;
+  shape.width = facts.width;
+  shape.channels = facts.channels;
+  shape.classes = facts.classes;
+  auto model = std::make_unique<nn::Model<float>>(model_spec_of(c, shape));
+  check_model(c, *model);
+  apply_model_state(c, *model);
+  return model;
+}
+}  // namespace
+
+std::optional<std::string> model_misfit(const ckpt::Checkpoint& c) {
+  try {
+    const bool shards = recorded_options(c.meta, {"dataset"}).dataset == data::DatasetKind::Shards;
+    if (shards && !class_names_of(c)) return std::nullopt;
+    fitted_model(c, facts_of(c, "", false));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return std::nullopt;
+}
+
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx) {
   ServingModel s;
   using Found = std::optional<std::pair<std::string, ckpt::Checkpoint>>;
@@ -51,15 +77,8 @@ ServingModel load_serving_model(const std::string& checkpoint, const std::string
   s.checkpoint = std::move(*c);
   dist::collectively(ctx, [&] {
     s.facts = facts_of(s.checkpoint, data_dir, ctx.rank() == 0);
-    data::Dataset shape;  // the model's view of its dataset: only the sample shape and classes
-    shape.height = s.facts.height;
-    shape.width = s.facts.width;
-    shape.channels = s.facts.channels;
-    shape.classes = s.facts.classes;
-    s.model = std::make_unique<nn::Model<float>>(model_spec_of(s.checkpoint, shape));
-    check_model(s.checkpoint, *s.model);
+    s.model = fitted_model(s.checkpoint, s.facts);
     ckpt::require_finite_state(s.checkpoint, s.path);
-    apply_model_state(s.checkpoint, *s.model);
   });
   return s;
 }
