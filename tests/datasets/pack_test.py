@@ -9,6 +9,7 @@ nothing."""
 import fcntl
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -230,6 +231,42 @@ class Pack(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertEqual(len(p.stderr.splitlines()), 1, p.stderr)
         self.assertIn("hpcdata: error: /bin/false --version failed", p.stderr)
+
+    def test_hpcdata_pack_must_be_a_packer(self):
+        """An HPCDATA_PACK that is set names the packer: one that is missing, a directory or not
+        executable is a usage error naming it (no quiet fall back to another packer)."""
+        self.packed()
+        a_file = os.path.join(self.tmp, "not-executable")
+        with open(a_file, "w") as f:
+            f.write("#!/bin/sh\n")
+        for packer, problem in ((os.path.join(self.tmp, "nowhere"), "does not exist"), (self.tmp, "is a directory"),
+                                (a_file, "is not an executable file")):
+            env = dict(os.environ, HPCDATA_PACK=packer)
+            with self.subTest(packer=packer):
+                self.assert_refused((self.src, self.out), 2, f"HPCDATA_PACK={packer} {problem}", env=env)
+                p = subprocess.run([sys.executable, HPCDATA, "--version"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, timeout=60, env=env)
+                self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+                self.assertEqual(p.stderr.splitlines(), [f"hpcdata: error: HPCDATA_PACK={packer} {problem}: set it "
+                                                         "to the built hpcdata-pack (build/datasets/hpcdata-pack), "
+                                                         "or unset it"])
+
+    def test_help_names_every_command_with_the_output_options(self):
+        """hpcdata --help (and the man page made from it) names the commands that take --progress
+        and --log-timestamps: exactly those whose own --help lists both."""
+        help_text = subprocess.run([sys.executable, HPCDATA, "--help"], stdout=subprocess.PIPE, text=True,
+                                   timeout=60).stdout
+        named = re.search(r"^ *(.*) also take --progress", help_text, re.M)
+        self.assertIsNotNone(named, help_text)
+        named = set(re.findall(r"[a-z]+", named[1])) - {"and"}
+        taking = set()
+        for command in ("prepare", "pack", "stage"):
+            own = subprocess.run([sys.executable, HPCDATA, command, "--help"], stdout=subprocess.PIPE, text=True,
+                                 timeout=60).stdout
+            if "--progress" in own and "--log-timestamps" in own:
+                taking.add(command)
+        self.assertEqual(named, taking)
+        self.assertEqual(taking, {"prepare", "pack", "stage"})
 
     def test_bad_input_is_one_line_and_changes_nothing(self):
         self.packed()
