@@ -102,6 +102,31 @@ class Plot(unittest.TestCase):
             self.assertEqual(len(lines), 1, p.stderr)
             self.assertTrue(lines[0].startswith("hpctrain-plot: error: ") and message in lines[0], lines[0])
 
+    def test_missing_out_is_made(self):
+        """--out charts/ that does not exist yet is made, parents too (as mkdir -p); bad input makes
+        none, and one that cannot be made is one line."""
+        out = os.path.join(self.tmp.name, "new", "charts") + "/"
+        p = plot(self.straight, "--out", out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.splitlines()[:3], [os.path.join(out, f"metrics-{name}.png")
+                                                     for name in ("loss", "accuracy", "throughput")])
+        for name in ("loss", "accuracy", "throughput"):
+            self.assertEqual(png_size(os.path.join(out, f"metrics-{name}.png")), (1200, 450))
+        none = os.path.join(self.tmp.name, "not-made")
+        p = plot(os.path.join(self.tmp.name, "none.jsonl"), "--out", none)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertFalse(os.path.exists(none), "a refused plot made its --out")
+        a_file = os.path.join(self.tmp.name, "a-file")
+        with open(a_file, "w") as f:
+            f.write("x")
+        p = plot(self.straight, "--out", os.path.join(a_file, "charts"))
+        self.assertEqual((p.returncode, p.stdout), (1, ""), p.stderr)
+        self.assertEqual(p.stderr.splitlines(), [f"hpctrain-plot: error: --out {a_file}/charts cannot be made: "
+                                                 "Not a directory"])
+        p = plot(self.straight, "--out", "")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr.splitlines(), ["hpctrain-plot: error: --out is an empty path (an unset variable?)"])
+
     def test_cut_lines_are_skipped_bad_lines_refused(self):
         """A run killed while writing a line leaves it cut: the last line, or one that the next run's
         lines follow (hpctrain starts them on a new line). Those are skipped with a warning; a bad
