@@ -14,8 +14,18 @@
 # (sparse files of the published sizes whose first records hold patterns), and so are packed
 # shards (with the built hpcdata-pack, HPCDATA_PACK; skipped without it).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-[[ $# -ge 1 && $# -le 2 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+for arg in "$@"; do
+  case "$arg" in
+    -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -*) die "unknown option '$arg' (try --help)" ;;
+  esac
+done
+[[ $# -ge 1 && $# -le 2 ]] || die "give one hpctrain binary, or two to compare (try --help)"
+for bin in "$@"; do
+  [[ -f $bin && -x $bin ]] || die "no hpctrain binary at '$bin' (not an executable file)"
+done
 BINS=("$(realpath "$1")")
 [[ $# -eq 2 ]] && BINS+=("$(realpath "$2")")
 FASHION=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}

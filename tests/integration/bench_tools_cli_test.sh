@@ -3,6 +3,7 @@
 # their options and exits 0; an unknown option, a word that is no option's value, a missing or
 # malformed value and a value out of range each give one line naming it and exit code 2 (no
 # crash, no benchmark run with the bad input ignored). Each program is given as NAME=PATH.
+# The bench scripts checked here (found beside this file) do the same before any run.
 set -uo pipefail
 failed=0
 check() {  # check PROGRAM WANT_RC ARGS...: the exit code, and one line on stderr when it is 2
@@ -62,5 +63,33 @@ for spec in "$@"; do
       check "$program" 2 --steps 99999999999999999999999 ;;
     *) echo "FAIL: no cases for $name"; failed=1 ;;
   esac
+done
+
+# bench/same_bits.sh: --help prints its header's usage; bad arguments are refused before its
+# trainings start (timeout 10: a refusal is immediate, a training run would be cut).
+same_bits=$(cd "$(dirname "$0")/../.." && pwd)/bench/same_bits.sh
+for help in --help -h; do
+  out=$(timeout 10 "$same_bits" "$help" 2> /dev/null)
+  rc=$?
+  if [[ $rc -ne 0 || $out != *"bench/same_bits.sh HPCTRAIN_OLD HPCTRAIN_NEW"* ]]; then
+    echo "FAIL: same_bits.sh $help: exit $rc, not the usage: ${out:0:200}"
+    failed=1
+  else
+    echo "ok: same_bits.sh $help -> usage"
+  fi
+done
+hpctrain_stand_in=$(mktemp)
+chmod +x "$hpctrain_stand_in"
+trap 'rm -f "$hpctrain_stand_in"' EXIT
+for args in "--no-such-option" "$hpctrain_stand_in --no-such-option" "-x $hpctrain_stand_in" "" \
+  "$hpctrain_stand_in $hpctrain_stand_in $hpctrain_stand_in" "/no/such/hpctrain" "$(dirname "$hpctrain_stand_in")"; do
+  err=$(timeout 10 "$same_bits" $args 2>&1 > /dev/null)
+  rc=$?
+  if [[ $rc -ne 2 || $(printf '%s\n' "$err" | grep -c .) -ne 1 || $err != "same_bits.sh: error: "* ]]; then
+    echo "FAIL: same_bits.sh $args: exit $rc, want 2 and one error line: ${err:0:300}"
+    failed=1
+  else
+    echo "ok: same_bits.sh $args -> 2: $err"
+  fi
 done
 exit $failed
