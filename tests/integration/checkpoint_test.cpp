@@ -1033,6 +1033,11 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
     write_bytes(dir_.file("edited.hpck"), edited);
     expect_usage_error(with({"--resume", dir_.file("edited.hpck")}), "the checkpoint's position (step ");
   }
+  // On several ranks too: one line, from rank 0 (each rank printed its own, then MPI_ABORT's).
+  auto on_two = job(ck, dir_.file("f4.jsonl"));
+  on_two.insert(on_two.end(), {"--resume", dir_.file("edited.hpck")});
+  expect_usage_error(run_mpi(2, on_two), "the checkpoint's position (step 1000, epoch 3, step 0 of it) is not in "
+                                         "this run of 2 epochs of 20 steps");
   write_bytes(dir_.file("edited.hpck"), with_meta(last, "samples_seen", "nan"));
   expect_usage_error(with({"--resume", dir_.file("edited.hpck")}), "the checkpoint's position is invalid");
   write_bytes(dir_.file("edited.hpck"), with_meta(last, "time", "1"));

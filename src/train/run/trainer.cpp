@@ -257,6 +257,10 @@ std::optional<int> TrainingRun::set_up() {
   log::set_stamps(o_.log_timestamps);
   use_stop_signals(o_.stop_signals);  // a stop signal taken while MPI started is decided now
   require_same_options(ctx_, o_);
+  // Rank 0's file, refused before anything is loaded when another program's (a rewrite replaces it).
+  dist::collectively(ctx_, [&] {
+    if (lead_ && !o_.prometheus_file.empty()) require_ours_or_none(o_.prometheus_file);
+  });
   // First of all, before anything in the directory is read or moved: one run writes it at a time.
   bool locked = false;
   lock_ = lock_directory(ctx_, o_, &locked);
@@ -398,7 +402,8 @@ void TrainingRun::plan() {
                                                          static_cast<uint64_t>(o_.seed),
                                                          shard_of(ctx_.rank(), world_), world_, o_.drop_last);
   plan_.steps_per_epoch = plan_.sampler->steps_per_epoch();
-  if (p_.resumed) require_position_in_run(p_.start, plan_.steps_per_epoch, o_.epochs);
+  if (p_.resumed)
+    dist::collectively(ctx_, [&] { require_position_in_run(p_.start, plan_.steps_per_epoch, o_.epochs); });
   plan_.total_steps = planned_steps(o_.epochs);
   plan_.schedule = schedule_for(o_.epochs);
   // The GPU takes the batches as bytes and normalises them itself; or decodes their JPEGs too.
@@ -412,7 +417,6 @@ void TrainingRun::plan() {
                                                 plan_.decoder.get(), epochs);
   if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
   else metrics_.emplace(o_.metrics_file);
-  if (lead_ && !o_.prometheus_file.empty()) require_ours_or_none(o_.prometheus_file);  // before a step rewrites it
   stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
   write_config_event();
   // The JSON Lines form (a name ending in .jsonl) is rank 0's buckets; a Chrome trace every rank's.

@@ -259,8 +259,9 @@ void require_position_in_run(const RunPosition& at, int64_t steps_per_epoch, int
   // --max-steps with fewer steps than its epochs hold.
   HPC_REQUIRE(at.epoch <= epochs && at.step_in_epoch < std::max<int64_t>(steps_per_epoch, 1) &&
                   (at.epoch < epochs || at.step_in_epoch == 0) && at.step <= at.epoch * steps_per_epoch + at.step_in_epoch,
-              "the checkpoint's position (step ", at.step, ", epoch ", at.epoch, ", step ", at.step_in_epoch,
-              " of it) is not in this run of ", epochs, " epochs of ", steps_per_epoch, " steps");
+              "the checkpoint's position (step ", at.step, ", epoch ", at.epoch + 1, ", step ", at.step_in_epoch,
+              " of it) is not in this run of ", epochs, " epochs of ", steps_per_epoch, " steps: a training set "
+              "with fewer images than the checkpoint's run had (another --data-dir, a dataset packed again)?");
 }
 
 }  // namespace hpc::train
