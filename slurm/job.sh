@@ -189,12 +189,14 @@ job_run_trainer() {
   fi
   mkdir -p "$CHECKPOINT_DIR" || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")
-  # How the run ended is read from the metrics file's last line: a stream (/dev/stdout, a pipe)
-  # keeps none, and every finished job would be requeued, up to MAX_REQUEUES times.
+  # How the run ended is read from the metrics file's last line: a stream (a pipe, a FIFO) keeps
+  # none, and every finished job would be requeued, up to MAX_REQUEUES times; /dev/stdout (a
+  # regular file under sbatch, slurm-JOB.out) read inside $(...) is the reader's own pipe, and
+  # the read would never end.
   local metrics
   metrics=$(job_option_value metrics-file "${args[@]}")
-  [[ ! -e "$metrics" || -f "$metrics" ]] ||
-    job_die "--metrics-file $metrics is not a regular file: this script reads its last line to know whether the training finished (give a file, or leave the option out for $CHECKPOINT_DIR/metrics.jsonl)"
+  [[ "$metrics" != /dev/* && "$metrics" != /proc/* && (! -e "$metrics" || -f "$metrics") ]] ||
+    job_die "--metrics-file $metrics is not a regular file of its own: this script reads its last line to know whether the training finished (give a file, or leave the option out for $CHECKPOINT_DIR/metrics.jsonl)"
   # Each rank's math threads: the CPUs Slurm gave its task (hpctrain would otherwise count the
   # host's cores, which a shared node does not all give to this job).
   if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && ! job_has_option threads "${args[@]}"; then

@@ -98,6 +98,12 @@ refused "job.sh --checkpoint-dir=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=
 mkfifo "$work/fifo"
 refused "job.sh --metrics-file /dev/stdout" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --metrics-file /dev/stdout
 refused "job.sh --metrics-file=FIFO" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- "--metrics-file=$work/fifo"
+# Under sbatch the script's stdout is a regular file (slurm-JOB.out): /dev/stdout is one then, and
+# reading its last line inside $(...) read the reader's own pipe, for ever.
+err=$(timeout 30 "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --metrics-file /dev/stdout 2>&1 > "$work/slurm-1.out")
+rc=$?
+[[ $rc == 2 && "$err" == *"--metrics-file /dev/stdout is not a regular file of its own"* ]] ||
+  fail "job.sh --metrics-file /dev/stdout with stdout a file: exit $rc, want 2: $err"
 
 # stop_ends WHAT SAYS ENV...: a stop (75) under ENV is not requeued: job_requeue_or_exit exits 75
 # and its line holds SAYS.
