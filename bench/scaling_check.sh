@@ -74,6 +74,14 @@ command -v "$python" > /dev/null || die "no $python (set PYTHON)"
 mpirun_args=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
 [[ $(id -u) -ne 0 ]] || mpirun_args+=(--allow-run-as-root)
 
+IFS=, read -r -a ranks <<< "$ranks_list"
+cores=$(nproc)
+most=$(tr , '\n' <<< "$ranks_list" | sort -n | tail -n 1)
+samples=$((64 * most * (steps + 1)))  # batch 64 a rank: one epoch holds every step of the most ranks
+((samples <= 60000)) ||
+  die "--steps $steps on $most ranks needs $samples training images, more than Fashion-MNIST's 60000 (at most $((60000 / (64 * most) - 1)) steps)"
+
+# Every check done: only now is an earlier run's --keep cleared.
 if [[ -n "$keep" ]]; then
   [[ -d "$keep" || ! -e "$keep" ]] || die "--keep $keep is not a directory"
   mkdir -p -- "$keep" 2> /dev/null && [[ -w "$keep" ]] || die "cannot create or write --keep directory $keep"
@@ -87,12 +95,6 @@ else
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
 fi
-IFS=, read -r -a ranks <<< "$ranks_list"
-cores=$(nproc)
-most=$(tr , '\n' <<< "$ranks_list" | sort -n | tail -n 1)
-samples=$((64 * most * (steps + 1)))  # batch 64 a rank: one epoch holds every step of the most ranks
-((samples <= 60000)) ||
-  die "--steps $steps on $most ranks needs $samples training images, more than Fashion-MNIST's 60000 (at most $((60000 / (64 * most) - 1)) steps)"
 # No snapshots or checkpoints: their copies run on background threads of some ranks, and on a
 # machine whose cores the ranks fill they slow those ranks (the model has no such term; with
 # snapshots on, 2 ranks' backward passes ended 0.8 ms apart, median, and rank 0's wait took it).

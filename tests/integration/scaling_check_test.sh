@@ -55,6 +55,9 @@ refuse "--ranks must be rank counts 2 to 9" --ranks 1,2
 refuse "--steps must be more than 10" --steps 10
 refuse "unknown option '--rank'" --rank 2
 refuse "--steps 300 on 4 ranks needs 77056 training images, more than Fashion-MNIST's 60000 (at most 233 steps)" --ranks 2,4 --steps 300
+# A refused run clears nothing of an earlier run's --keep directory (the clearing comes after the checks).
+refuse "--steps 300 on 4 ranks needs" --ranks 2,4 --steps 300 --keep "$tmp/keep"
+[[ -s $tmp/keep/m1.jsonl && -s $tmp/keep/sweep.jsonl ]] || fail "a refused run cleared --keep" "$(ls "$tmp/keep")"
 refuse "--cold-bytes must be a byte count" --cold-bytes 1e6
 # Numbers bash would read wrongly (past 2^63, octal), before any arithmetic; a tool or --keep
 # directory that cannot be had, before any run.
