@@ -140,6 +140,34 @@ TEST_F(Snapshots, AKilledRankResumesFromTheSnapshotAndEndsInTheSameState) {
   }
 }
 
+// A rank dies after step 4, before the first checkpoint (step 5): a snapshot (step 3) is the run's
+// only saved state. Rerun with another --lr, it is refused as a checkpoint would be (one line,
+// exit 2) and kept: it was passed by with a warning, the run started afresh and removed it. With
+// the run's own options it resumes from it, to the same end.
+TEST_F(Snapshots, TheOnlySavedStateIsRefusedNotReplacedWhenTheOptionsDiffer) {
+  const std::string ck = dir_.file("ck"), snaps = dir_.file("snaps");
+  kill_after(2, ck, snaps, 4, 1);
+  ASSERT_FALSE(fs::exists(ck + "/ckpt-000000005.hpck"));
+  const std::string snapshot = the_snapshot(snaps);
+  ASSERT_NE(snapshot, "");
+  std::vector<std::string> other = job(ck, dir_.file("other.jsonl"), snaps);
+  other.insert(other.end(), {"--lr", "0.2"});
+  const RunResult refused = run_mpi(2, other);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_EQ(count_of(refused.err, "hpctrain: error: "), 1) << refused.err;
+  EXPECT_NE(refused.err.find("the snapshot " + snapshot + ", this run's only saved state (in host memory, no "
+                             "checkpoint yet), does not fit this run: the checkpoint was made with --lr=0.1, this run "
+                             "has --lr=0.2"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_TRUE(fs::exists(snapshot));
+  std::string err;
+  const JsonObject d = resume(2, ck, snaps, &err);
+  EXPECT_EQ(d.at("resumed_from").str, "snapshot") << err;
+  EXPECT_EQ(d.at("resumed_from_step").number, 3) << err;
+  expect_same_end(d, uninterrupted(2));
+}
+
 // Each kind of bad snapshot is skipped with one warning naming it and why, and the run goes on
 // from the next valid state (the checkpoint of step 5) to the same end.
 TEST_F(Snapshots, ABadSnapshotIsSkippedForTheNextValidState) {

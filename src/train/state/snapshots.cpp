@@ -165,7 +165,9 @@ bool remove_unless_in_use(const RunDir& run, const char* why, CleanedSnapshots& 
 }
 
 // This host's newest snapshot that the run can resume, above the newest checkpoint's step;
-// every other one on the way is named in a warning.
+// every other one on the way is named in a warning. With no checkpoint to fall back to
+// (checkpoint_step -1), one that this run's options do not fit is refused as a checkpoint would
+// be (a usage error): the fresh start would replace the run's only saved state.
 std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const std::string& run_dir,
                                                                        const std::string& run_id,
                                                                        const TrainOptions& o,
@@ -183,6 +185,7 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
     return std::nullopt;
   }
   for (const std::string& file : files) {
+    std::string misfit;  // why this run's options do not fit the snapshot
     try {
       ckpt::Checkpoint c = ckpt::load_checkpoint(file);
       const auto id = c.meta.find("run_id");
@@ -192,10 +195,18 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
       if (step == checkpoint_step) return std::nullopt;  // the checkpoint holds the same state
       HPC_REQUIRE(step > checkpoint_step, "it is older (step ", step, ") than the newest checkpoint (step ",
                   checkpoint_step, ")");
-      check_resumable(c, o, model);
+      try {
+        check_resumable(c, o, model);
+      } catch (const Error& e) {
+        misfit = e.what();
+        throw;
+      }
       HPC_REQUIRE(!first_non_finite(c), "it holds a state that is not finite");
       return std::make_pair(file, std::move(c));
     } catch (const Error& e) {
+      if (!misfit.empty() && checkpoint_step < 0)
+        usage_error("the snapshot ", file, ", this run's only saved state (in host memory, no checkpoint yet), does "
+                    "not fit this run: ", misfit);
       log::warn("snapshot ", file, " ignored: ", e.what());
     }
   }
@@ -279,7 +290,9 @@ FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, c
   dist::Communicator& comm = ctx.world();
   int64_t shared_step = shared ? shared->second.integer("step") : -1;
   if (comm.size() > 1) comm.broadcast(&shared_step, sizeof shared_step, 0);
-  if (ctx.local_rank() == 0) mine = newest_snapshot(run_dir, run_id, o, model, shared_step);
+  dist::collectively(ctx, [&] {
+    if (ctx.local_rank() == 0) mine = newest_snapshot(run_dir, run_id, o, model, shared_step);
+  });
   // The newest snapshot of any host, from the lowest rank that holds it; else the checkpoint.
   const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
   const std::vector<uint64_t> steps = comm.size() > 1 ? comm.allgather(my_step) : std::vector<uint64_t>{my_step};
