@@ -362,6 +362,16 @@ TEST_F(MpiTraining, RanksWithOtherCheckpointSettingsAreNamed) {
                    "--resume=auto there, --resume=none on rank 0");
   expect_one_error(run_mpi({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--snapshot-every-steps", "0"}}}),
                    "--snapshot-every-steps=0 there, --snapshot-every-steps=auto on rank 0");
+  // Options that decide a collective: a rank without them waited in another (a checkpoint on one
+  // rank only died in MPI_ERR_TRUNCATE, an epoch's checkpoint hung to the step watchdog, a trace on
+  // one rank only hung before the first step, with no watchdog yet).
+  expect_one_error(run_mpi({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--checkpoint-every-steps", "3"}}}),
+                   "--checkpoint-every-steps=3 there, --checkpoint-every-steps=0 on rank 0");
+  expect_one_error(run_mpi({{1, in(a) + std::vector<std::string>{"--checkpoint-each-epoch"}}, {1, in(a)}}),
+                   "--checkpoint-each-epoch=0 there, --checkpoint-each-epoch=1 on rank 0");
+  const std::string trace = dir_.file("t.json");
+  expect_one_error(run_mpi({{1, base + std::vector<std::string>{"--timeline-file", trace}}, {1, base}}),
+                   "--timeline-file= there, --timeline-file=" + trace + " on rank 0");
   const RunResult apart = run_mpi({{1, in(a) + std::vector<std::string>{"--snapshot-dir", dir_.file("s0")}},
                                    {1, in(a) + std::vector<std::string>{"--snapshot-dir", dir_.file("s1")}}});
   EXPECT_EQ(apart.exit_code, 0) << apart.err;

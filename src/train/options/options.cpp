@@ -459,7 +459,8 @@ std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOp
 
 std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o) {
   std::vector<std::pair<std::string, std::string>> v = option_values(o);
-  for (const char* name : {"checkpoint-dir", "resume", "snapshot-every-steps"})
+  for (const char* name : {"checkpoint-dir", "resume", "snapshot-every-steps", "checkpoint-every-steps",
+                           "checkpoint-each-epoch", "timeline-file"})
     v.emplace_back(name, find_option(name)->value(o));
   return v;
 }

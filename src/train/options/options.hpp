@@ -32,9 +32,11 @@ std::vector<std::pair<std::string, std::string>> option_values(const TrainOption
 std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOptions& o);
 // What every rank compares (setup.cpp): option_values, and the Local options whose text must still
 // be the same on every rank, as hpcrun, mpirun and the Slurm scripts give it: --checkpoint-dir,
-// --resume and --snapshot-every-steps, which every rank's stop and resume follow (rank 0 alone
-// writes the checkpoints, but a rank without them would wait in another collective). Not
-// --snapshot-dir: where each host keeps its memory copies, read by that host's first rank alone.
+// --resume, --snapshot-every-steps, --checkpoint-every-steps and --checkpoint-each-epoch, which
+// every rank's stop, resume and checkpoints follow (rank 0 alone writes the checkpoints, but a
+// rank without them would wait in another collective), and --timeline-file, whose Chrome trace
+// every rank records (a rank without it waited for ever before the first step). Not --snapshot-dir:
+// where each host keeps its memory copies, read by that host's first rank alone.
 std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o);
 // Whether a resumed run must match the checkpoint's value of this option (rule Match).
 bool must_match_on_resume(const std::string& name);
