@@ -377,6 +377,28 @@ TEST_F(MpiTraining, RanksWithOtherCheckpointSettingsAreNamed) {
   EXPECT_EQ(apart.exit_code, 0) << apart.err;
 }
 
+// evaluate: each rank evaluates its part of one test set, in batches of one size. A rank given
+// another --test-samples mixed its figures into rank 0's line (79% for a 36% model), another
+// --eval-batch-size died in MPI_ERR_TRUNCATE; a rank given another command waited for ever.
+TEST_F(MpiTraining, RanksGivenAnotherCommandOrTestSetAreNamed) {
+  const std::string ck = dir_.file("ck");
+  ASSERT_FALSE(train(1, {"--train-samples", "640", "--test-samples", "100", "--epochs", "1", "--threads", "1",
+                         "--checkpoint-dir", ck})
+                   .empty());
+  const std::vector<std::string> base{"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads",
+                                      "1"};
+  const std::vector<std::string> eval = base + std::vector<std::string>{"--test-samples", "100"};
+  const RunResult agreed = run_mpi(2, eval);
+  EXPECT_EQ(agreed.exit_code, 0) << agreed.err;
+  expect_one_error(run_mpi({{1, eval}, {1, base + std::vector<std::string>{"--test-samples", "200"}}}),
+                   "rank 1 evaluates another test set than rank 0 (fashion-mnist, 200 test samples, batches of 1000 "
+                   "there; fashion-mnist, 100 test samples, batches of 1000 on rank 0, or other labels)");
+  expect_one_error(run_mpi({{1, eval}, {1, eval + std::vector<std::string>{"--eval-batch-size", "7"}}}),
+                   "batches of 7 there");
+  expect_one_error(run_mpi({{1, eval}, {1, {"inspect", ck}}}),
+                   "rank 1 was started with the command inspect, rank 0 with evaluate");
+}
+
 TEST_F(MpiTraining, WorldLargerThanTheData) {
   expect_one_error(run_mpi(4, {"--data-dir", fashion_mnist_dir(), "--train-samples", "3", "--batch-size", "1"}),
                    "the training set holds 3 samples, fewer than one global batch of 4 (4 ranks)");
