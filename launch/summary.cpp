@@ -115,7 +115,9 @@ void Supervisor::print_summary() {
     const AttemptRecord& a = attempts_[i];
     std::string line = "  attempt " + std::to_string(a.number) + ": " + std::to_string(a.np) + " rank(s) on " +
                        show_hosts(a.hosts) + ", " + show_duration(a.end - a.start);
-    if (a.first_step >= 0) line += ", steps " + std::to_string(a.first_step) + "-" + std::to_string(a.last_step);
+    if (a.first_step >= 0)
+      line += a.first_step == a.last_step ? ", step " + std::to_string(a.first_step)
+                                          : ", steps " + std::to_string(a.first_step) + "-" + std::to_string(a.last_step);
     say(line + ": " + a.outcome);
     if (a.verdict != Verdict::Failure || i + 1 == attempts_.size()) continue;
     const AttemptRecord& next = attempts_[i + 1];
@@ -127,7 +129,9 @@ void Supervisor::print_summary() {
       lost += fixed(r.seconds) + " s from failure to the first step of attempt " + std::to_string(next.number);
       if (r.steps_redone >= 0) lost += ", " + std::to_string(r.steps_redone) + " step(s) redone";
       if (r.seconds_lost >= 0) lost += " (" + fixed(r.seconds_lost) + " s of work)";
-      if (!next.resumed_source.empty())
+      if (next.resumed_source == "none" || (!next.resumed_source.empty() && next.resumed_from < 0))
+        lost += "; started afresh (no saved state to resume from)";
+      else if (!next.resumed_source.empty())
         lost += "; resumed from the " + next.resumed_source + " of step " + std::to_string(next.resumed_from);
     }
     say(lost);

@@ -371,6 +371,22 @@ TEST(HpcrunCli, StallQueryLeavesHealthyRanksAlive) {
 // --start-timeout gives the start-up its own limit: a program whose first step comes after 7 s
 // is no stall under --stall-timeout 5s --start-timeout 20s, but one that then finishes no further
 // step for 5 s is. Without a first step within --start-timeout, the stall says so.
+// A relaunch whose program started afresh (hpctrain's heartbeat: resumed_source=none,
+// resumed_from=-1) is said to have, not "resumed from the none of step -1"; an attempt of one
+// step is "step 1", not "steps 1-1".
+TEST(HpcrunCli, TheSummarySaysAnAttemptStartedAfresh) {
+  TempDir dir("hpcrun_afresh");
+  const std::string beat = "printf 'step=%s\\nstate=training\\nresumed_source=none\\nresumed_from=-1\\n' "
+                           "\"$HPCRUN_ATTEMPT\" > " + dir.file("heartbeat");
+  const RunResult r = hpcrun({"--checkpoint-dir", dir.str(), "--max-restarts", "1", "--elastic-timeout", "1s",
+                              "--blacklist-cooldown", "1s:1s", "-np", "1", "sh", "-c",
+                              beat + "; sleep 1; [ \"$HPCRUN_ATTEMPT\" != 1 ]"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("; started afresh (no saved state to resume from)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("the none of step"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", step 1: "), std::string::npos) << r.err;
+}
+
 TEST(HpcrunCli, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
   TempDir dir("hpcrun_start");
   const std::string beat = "printf 'step=1\\nstate=training\\n' > " + dir.file("heartbeat");
@@ -379,7 +395,7 @@ TEST(HpcrunCli, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
                               "if [ \"$HPCRUN_ATTEMPT\" = 1 ]; then sleep 7; " + beat + "; exec sleep 60; fi; echo relaunched"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("no step finished for 5 s (--stall-timeout"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("steps 1-1: the job stalled (no finished step within --stall-timeout)"), std::string::npos)
+  EXPECT_NE(r.err.find(", step 1: the job stalled (no finished step within --stall-timeout)"), std::string::npos)
       << r.err;
   EXPECT_NE(r.out.find("[a2:r0] relaunched"), std::string::npos) << r.out;
 
