@@ -220,11 +220,10 @@ void AttemptWatcher::watch_heartbeat(double t) {
     const std::string from = job_.heartbeat.field("resumed_from");
     rec_.resumed_source = job_.heartbeat.field("resumed_source");
     if (!from.empty()) rec_.resumed_from = std::atoll(from.c_str());
-    const bool afresh = rec_.resumed_source == "none" || (!rec_.resumed_source.empty() && rec_.resumed_from < 0);
     job_.voice.log_line("hpcrun: first step of attempt " + std::to_string(rec_.number) + ": global step " +
              std::to_string(rec_.first_step) +
              (rec_.resumed_source.empty() ? ""
-              : afresh                    ? " (started afresh)"
+              : rec_.started_afresh()     ? " (started afresh)"
                                           : " (resumed from: " + rec_.resumed_source + ", step " + from + ")"));
   }
   rec_.last_step = job_.heartbeat.step();

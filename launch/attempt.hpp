@@ -37,6 +37,9 @@ struct AttemptRecord {
   int64_t resumed_from = -1;
   std::string resumed_source;
   double failed_at = -1;                     // when hpcrun learned of the failure
+
+  // Whether the program said it started afresh (hpctrain: resumed_source=none, resumed_from=-1).
+  bool started_afresh() const { return resumed_source == "none" || (!resumed_source.empty() && resumed_from < 0); }
 };
 
 // mpirun's words for the job on `placement`: each rank is hpcrun's wrapper (`self_exe

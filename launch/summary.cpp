@@ -129,7 +129,7 @@ void Supervisor::print_summary() {
       lost += fixed(r.seconds) + " s from failure to the first step of attempt " + std::to_string(next.number);
       if (r.steps_redone >= 0) lost += ", " + std::to_string(r.steps_redone) + " step(s) redone";
       if (r.seconds_lost >= 0) lost += " (" + fixed(r.seconds_lost) + " s of work)";
-      if (next.resumed_source == "none" || (!next.resumed_source.empty() && next.resumed_from < 0))
+      if (next.started_afresh())
         lost += "; started afresh (no saved state to resume from)";
       else if (!next.resumed_source.empty())
         lost += "; resumed from the " + next.resumed_source + " of step " + std::to_string(next.resumed_from);
