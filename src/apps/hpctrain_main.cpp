@@ -10,10 +10,8 @@
 
 #include "core/crash.hpp"
 #include "core/error.hpp"
-#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/agree.hpp"
-#include "dist/communicator.hpp"
 #include "dist/process.hpp"
 #include "train/options/options.hpp"
 #include "train/run/commands.hpp"
@@ -73,9 +71,8 @@ int main(int argc, char** argv) {
   try {
     const char* command = command_of(argc, argv);
     // A rank given another command would wait in that command's collectives for ever.
-    hpc::dist::require_agreement(ctx, hpc::fnv1a(command, std::strlen(command)), hpc::ErrorKind::Usage, [&](int r) {
-      return hpc::detail::concat("rank ", r, " was started with the command ",
-                                 hpc::dist::broadcast_string(ctx.world(), command, r), ", rank 0 with ", command);
+    hpc::dist::require_same_text(ctx, command, hpc::ErrorKind::Usage, [&](int r, const std::string& theirs) {
+      return hpc::detail::concat("rank ", r, " was started with the command ", theirs, ", rank 0 with ", command);
     });
     if (std::strcmp(command, "evaluate") == 0) return hpc::train::run_evaluate(argc - 1, argv + 1, ctx);
     if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);

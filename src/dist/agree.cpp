@@ -4,6 +4,9 @@
 #include <exception>
 #include <new>
 
+#include "core/hash.hpp"
+#include "dist/communicator.hpp"
+
 namespace hpc::dist {
 
 void collectively(ProcessContext& ctx, const std::function<void()>& fn) {
@@ -44,6 +47,12 @@ void require_agreement(ProcessContext& ctx, uint64_t value, ErrorKind kind,
   const std::vector<uint64_t> all = comm.allgather(value);
   for (int r = 1; r < comm.size(); ++r)
     if (all[static_cast<size_t>(r)] != all[0]) throw CollectiveError(kind, describe(r));
+}
+
+void require_same_text(ProcessContext& ctx, const std::string& text, ErrorKind kind,
+                       const std::function<std::string(int rank, const std::string& theirs)>& describe, uint64_t also) {
+  require_agreement(ctx, fnv1a(text.data(), text.size()) ^ also, kind,
+                    [&](int r) { return describe(r, broadcast_string(ctx.world(), text, r)); });
 }
 
 }  // namespace hpc::dist

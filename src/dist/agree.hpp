@@ -30,4 +30,10 @@ void collectively(ProcessContext& ctx, const std::function<void()>& fn);
 void require_agreement(ProcessContext& ctx, uint64_t value, ErrorKind kind,
                        const std::function<std::string(int rank)>& describe);
 
+// The same for a text every rank passes (`also`: a digest of more that the text does not show,
+// folded in): describe is given the first differing rank's text, to name it beside rank 0's.
+void require_same_text(ProcessContext& ctx, const std::string& text, ErrorKind kind,
+                       const std::function<std::string(int rank, const std::string& theirs)>& describe,
+                       uint64_t also = 0);
+
 }  // namespace hpc::dist

@@ -17,13 +17,12 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
-#include "core/hash.hpp"
 #include "core/exit_codes.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
 #include "core/spelling.hpp"
 #include "dist/agree.hpp"
-#include "dist/communicator.hpp"
 #include "nn/gemm.hpp"
 #include "train/observe/metrics.hpp"
 #include "train/options/options.hpp"
@@ -342,13 +341,14 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
   // figures into rank 0's, or died in a collective of another size.
   const std::string mine = detail::concat(data::dataset_name(e.dataset), ", ", e.ds.test.count, " test samples, ",
                                           "batches of ", a.batch_size);
-  const uint64_t h = fnv1a(mine.data(), mine.size()) ^
-                     fnv1a(e.ds.test.labels.data(), e.ds.test.labels.size() * sizeof e.ds.test.labels[0]);
-  dist::require_agreement(ctx, h, ErrorKind::Usage, [&](int r) {
-    return detail::concat("rank ", r, " evaluates another test set than rank 0 (", dist::broadcast_string(ctx.world(), mine, r),
-                          " there; ", mine, " on rank 0, or other labels): every rank needs the same options and "
-                          "--data-dir contents");
-  });
+  const uint64_t labels = fnv1a(e.ds.test.labels.data(), e.ds.test.labels.size() * sizeof e.ds.test.labels[0]);
+  dist::require_same_text(
+      ctx, mine, ErrorKind::Usage,
+      [&](int r, const std::string& theirs) {
+        return detail::concat("rank ", r, " evaluates another test set than rank 0 (", theirs, " there; ", mine,
+                              " on rank 0, or other labels): every rank needs the same options and --data-dir contents");
+      },
+      labels);
   return e;
 }
 

@@ -249,8 +249,7 @@ bool resolve_jpeg_decode(const TrainOptions& o, bool gpu, bool speak) {
 
 void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
   const std::string mine = joined(values_every_rank_shares(o));
-  dist::require_agreement(ctx, fnv1a(mine.data(), mine.size()), ErrorKind::Usage, [&](int r) {
-    const std::string theirs = dist::broadcast_string(ctx.world(), mine, r);
+  dist::require_same_text(ctx, mine, ErrorKind::Usage, [&](int r, const std::string& theirs) {
     std::istringstream a(mine), b(theirs);
     std::string la, lb;
     while (std::getline(a, la) && std::getline(b, lb))
