@@ -12,8 +12,9 @@ constexpr int kExitUsage = 2;    // the user's input: flags, files, a checkpoint
 // Stopped on request (a stop signal: --stop-signals) after writing a checkpoint: "requeue me".
 // (EX_TEMPFAIL of sysexits.h.)
 constexpr int kExitCheckpointed = 75;
-// The step watchdog fired: no step finished within --step-timeout, a peer hangs or died inside
-// a collective. Relaunching from the last checkpoint (on the healthy hosts) is the cure.
+// A watchdog fired: no step finished within --step-timeout (or set-up did not end within
+// --start-timeout), a peer hangs or died inside a collective. Relaunching from the last
+// checkpoint (on the healthy hosts) is the cure.
 // (124 is what timeout(1) exits with when its command ran out of time.)
 constexpr int kExitStepTimeout = 124;
 

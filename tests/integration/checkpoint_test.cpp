@@ -481,6 +481,25 @@ TEST_F(Checkpoints, TheWatchdogEndsAJobWithAStoppedRank) {
   }
 }
 
+// One rank stopped by SIGSTOP during set-up, once the data are loaded: the other waits in
+// set-up's agreement until its set-up watchdog ends the job with 124 within --start-timeout.
+TEST_F(Checkpoints, TheStartTimeoutEndsAJobWithARankStoppedInSetUp) {
+  setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", "2@1:stop", 1);
+  auto args = job(dir_.file("setup-hang"), dir_.file("setup-hang.jsonl"));
+  args.insert(args.end(), {"--start-timeout", "3s"});
+  const RunResult r = run_mpi(2, args, 120);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
+  ASSERT_FALSE(r.timed_out) << "the job hung\n" << r.err;
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_NE(r.err.find("hpctrain: error: rank 0 on "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(": set-up did not end within --start-timeout 3 s: a peer rank stopped, died or lost its "
+                       "network while starting? Exiting with code 124"),
+            std::string::npos) << r.err;
+  EXPECT_GE(r.seconds, 3.0);
+  EXPECT_LT(r.seconds, 3.0 + 10.0) << "start-up and the timeout took this long";
+  EXPECT_FALSE(fs::exists(dir_.file("setup-hang") + "/lock")) << "the watchdog left the directory's lock";
+}
+
 void expect_usage_error(const RunResult& r, const std::string& needle) {
   EXPECT_EQ(r.exit_code, 2) << r.command << "\n" << r.err;
   EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;
@@ -1093,7 +1112,10 @@ TEST_F(Checkpoints, ASecondRunOnABusyDirectoryIsRefusedAndTouchesNothing) {
   ASSERT_GT(before[1].size(), 1u) << "no snapshot was taken";
   for (const std::vector<std::string>& extra : {std::vector<std::string>{"--resume", "none"},
                                                 std::vector<std::string>{},
-                                                std::vector<std::string>{"--checkpoint-lock-wait", "1s"}}) {
+                                                std::vector<std::string>{"--checkpoint-lock-wait", "1s"},
+                                                // the wait is not set-up's time: refused for the lock, not 124
+                                                std::vector<std::string>{"--checkpoint-lock-wait", "3s",
+                                                                         "--start-timeout", "1s"}}) {
     SCOPED_TRACE(extra.empty() ? "--resume auto" : extra[0]);
     auto args = job(ck, dir_.file("second.jsonl"));
     args.insert(args.end(), extra.begin(), extra.end());
@@ -1101,7 +1123,7 @@ TEST_F(Checkpoints, ASecondRunOnABusyDirectoryIsRefusedAndTouchesNothing) {
     expect_usage_error(second, "hpctrain: error: checkpoint directory " + ck + " is in use by another run (host ");
     EXPECT_NE(second.err.find(" pid " + std::to_string(first->pid()) + ", run "), std::string::npos) << second.err;
     if (!extra.empty() && extra[0] == "--checkpoint-lock-wait") {
-      EXPECT_GE(second.seconds, 1.0);
+      EXPECT_GE(second.seconds, extra[1] == "3s" ? 3.0 : 1.0);
     }
     EXPECT_EQ(snapshots({ck, shm}), before);
   }

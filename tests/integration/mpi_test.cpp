@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 
 #include "integration/harness.hpp"
 
@@ -397,6 +398,34 @@ TEST_F(MpiTraining, RanksGivenAnotherCommandOrTestSetAreNamed) {
                    "batches of 7 there");
   expect_one_error(run_mpi({{1, eval}, {1, {"inspect", ck}}}),
                    "rank 1 was started with the command inspect, rank 0 with evaluate");
+}
+
+// evaluate waits for its peers too: a rank stopped (SIGSTOP) while the test set is read, or after
+// a batch, ends it with 124 within --start-timeout or --step-timeout, never a hang.
+TEST_F(MpiTraining, AStoppedRankEndsAnEvaluationWithinItsTimeouts) {
+  const std::string ck = dir_.file("ck");
+  ASSERT_FALSE(train(1, {"--train-samples", "640", "--test-samples", "100", "--epochs", "1", "--threads", "1",
+                         "--checkpoint-dir", ck})
+                   .empty());
+  const std::vector<std::string> eval{"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads",
+                                      "1", "--test-samples", "100", "--eval-batch-size", "20",
+                                      "--start-timeout", "3s", "--step-timeout", "3s"};
+  for (const auto& [hook, wanted] :
+       {std::pair<const char*, const char*>{"HPCTRAIN_TEST_SIGNAL_IN_SETUP=1@1",
+                                            ": set-up did not end within --start-timeout 3 s: a peer rank stopped"},
+        {"HPCTRAIN_TEST_SIGNAL_AFTER_STEP=1@0",
+         ": no evaluation batch finished within --step-timeout 3 s (the last was batch "}}) {
+    SCOPED_TRACE(hook);
+    const std::string variable(hook, std::strchr(hook, '=') - hook);
+    setenv(variable.c_str(), std::strchr(hook, '=') + 1, 1);
+    const RunResult r = run_mpi(2, eval, 120);
+    unsetenv(variable.c_str());
+    ASSERT_FALSE(r.timed_out) << "the evaluation hung\n" << r.err;
+    EXPECT_EQ(r.exit_code, 124) << r.err;
+    EXPECT_NE(r.err.find(wanted), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("relaunched"), std::string::npos) << r.err;
+    EXPECT_LT(r.seconds, 3.0 + 15.0) << "start-up and the timeout took this long";
+  }
 }
 
 TEST_F(MpiTraining, WorldLargerThanTheData) {

@@ -96,6 +96,7 @@ const std::vector<Listed>& every_option() {
       {"init-from", Rule::Agree, {"--init-from", "base.hpck"}},
       {"extend-epochs", Rule::Agree, {"--extend-epochs"}},
       {"step-timeout", Rule::Local, {"--step-timeout", "5m"}},
+      {"start-timeout", Rule::Local, {"--start-timeout", "5m"}},
       {"stop-signals", Rule::Local, {"--stop-signals", "usr2,SIGHUP"}},
       {"snapshot-every-steps", Rule::Local, {"--checkpoint-dir", "ck", "--snapshot-every-steps", "5"}},
       {"snapshot-dir", Rule::Local, {"--checkpoint-dir", "ck", "--snapshot-dir", "/tmp/s"}},

@@ -1,5 +1,6 @@
 #include "train/options/option_checks.hpp"
 
+#include "core/duration.hpp"
 #include "core/error.hpp"
 
 namespace hpc::train {
@@ -24,6 +25,11 @@ void require_batch_size(int64_t v, const char* option) {
 
 void require_thread_count(int threads) {
   HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ", threads);
+}
+
+void require_watchdog_timeout(double seconds, const char* option) {
+  HPC_REQUIRE(seconds == 0 || (seconds >= 1 && seconds <= kMaxWatchdogTimeout), "--", option,
+              " must be 0 (never) or from 1s to 1000h, got ", show_duration(seconds));
 }
 
 }  // namespace hpc::train

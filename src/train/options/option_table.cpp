@@ -377,6 +377,10 @@ std::vector<Option> checkpoints() {
       duration("step-timeout", &Members::step_timeout_seconds, R::Local,
                "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
                "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),
+      duration("start-timeout", &Members::start_timeout_seconds, R::Local,
+               "end the job (exit code 124) when set-up, from the options read to the first step, takes this long, as "
+               "when a peer stopped or died while starting (a wait for --checkpoint-lock-wait does not count): 30m, "
+               "2h (0: never; else 1s to 1000h)"),
       stop_signals(R::Local,
                    "the signals that make the run checkpoint at the next step boundary and exit 75 (\"requeue me\"), "
                    "from TERM, USR1, USR2 and HUP (submitit sends USR2, Lightning's default is USR1); one left out "

@@ -106,6 +106,7 @@ struct TrainOptions {
   std::string init_from;
   bool extend_epochs = false;  // on resume, a larger --epochs than the checkpoint's lengthens the run
   double step_timeout_seconds = 600;  // the watchdog (train/stop/watchdog.hpp); 0: off
+  double start_timeout_seconds = 1800;  // set-up's watchdog (the same), to the first step; 0: off
   double checkpoint_lock_wait_seconds = 0;  // for the directory's lock (ckpt/dir_lock.hpp); 0: refuse at once
   // Each asks for a checkpoint and exit 75 (signals.hpp).
   std::vector<int> stop_signals = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};

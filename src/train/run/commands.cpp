@@ -1,6 +1,8 @@
 #include "train/run/commands.hpp"
 
 #include <boost/program_options.hpp>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,9 +28,11 @@
 #include "nn/gemm.hpp"
 #include "train/observe/metrics.hpp"
 #include "train/options/options.hpp"
+#include "train/run/boundary.hpp"
 #include "train/run/trainer.hpp"
 #include "train/serve/serving.hpp"
 #include "train/state/checkpointing.hpp"
+#include "train/stop/watchdog.hpp"
 
 namespace hpc::train {
 namespace po = boost::program_options;
@@ -253,6 +257,7 @@ struct EvaluateArgs {
   std::string checkpoint, dataset, data_dir, metrics_file;
   int64_t test_samples = 0, batch_size = 1000;
   int threads = 0;
+  double start_timeout = 1800, step_timeout = 600;  // the watchdogs', as training's (0: off)
 };
 
 // evaluate's options, through the kit every command line uses (core/option_kit.hpp). --dataset is
@@ -274,6 +279,12 @@ const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
                       "cgroup quota)"),
       options::path("metrics-file", &O::metrics_file,
                     "append the result as a JSON line (event \"evaluate\") to FILE", options::Presence::NotBlank),
+      options::duration("start-timeout", &O::start_timeout,
+                        "end (exit code 124) when reading the checkpoint and the test set takes this long, as when a "
+                        "peer rank stopped or died (0: never; else 1s to 1000h)"),
+      options::duration("step-timeout", &O::step_timeout,
+                        "end (exit code 124) when no batch finishes for this long, as when a peer rank stopped or "
+                        "died (0: never; else 1s to 1000h)"),
   };
   return table;
 }
@@ -296,6 +307,8 @@ std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, di
     require_non_negative(a.test_samples, "test-samples");
     require_batch_size(a.batch_size, "eval-batch-size");
     require_thread_count(a.threads);
+    require_watchdog_timeout(a.start_timeout, "start-timeout");
+    require_watchdog_timeout(a.step_timeout, "step-timeout");
     require_distinct_files({{"--metrics-file", a.metrics_file}}, ckpt::checkpoint_inputs("--checkpoint", a.checkpoint));
   });
   if (!go) return std::nullopt;
@@ -422,6 +435,10 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   const bool lead = ctx.rank() == 0;
   if (!lead) log::set_level(log::Level::Warn);
   const auto t0 = std::chrono::steady_clock::now();
+  // Under mpirun every part waits for the peers: a rank that stopped or died would hold the rest.
+  auto watchdog =
+      std::make_unique<StepWatchdog>(args->start_timeout, ctx.where(), StepWatchdog::Expire{}, StepWatchdog::Poll{},
+                                     Watched::EvaluationSetUp);
   std::string path;
   const std::optional<ckpt::Checkpoint> c = read_on_rank0(
       ctx,
@@ -429,9 +446,25 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
         return load_checkpoint_or_latest(args->checkpoint);
       },
       &path);
+  // The watchdogs' test hooks: HPCTRAIN_TEST_SIGNAL_IN_SETUP=1@r:stop stops rank r once the
+  // checkpoint is read, HPCTRAIN_TEST_SIGNAL_AFTER_STEP=k@r:stop after its batch k.
+  const auto stop_if = [&](const char* hook, int64_t at) {
+    if (const TestHook h = TestHook::from_environment(hook, SIGSTOP); h.fires(at, ctx.rank())) ::kill(::getpid(), h.signal);
+  };
+  stop_if("HPCTRAIN_TEST_SIGNAL_IN_SETUP", 1);
   const Evaluation e = prepare_evaluation(*args, *c, path, ctx);
   const auto t_eval = std::chrono::steady_clock::now();
-  const EvalResult r = evaluate(*e.model, e.ds.test, e.ds.norm, args->batch_size, &ctx.world(), {}, e.threads);
+  watchdog.reset();
+  watchdog = std::make_unique<StepWatchdog>(args->step_timeout, ctx.where(), StepWatchdog::Expire{},
+                                            StepWatchdog::Poll{}, Watched::EvaluationBatches);
+  int64_t batches = 0;
+  const EvalResult r = evaluate(*e.model, e.ds.test, e.ds.norm, args->batch_size, &ctx.world(),
+                                [&] {
+                                  watchdog->progress(++batches);
+                                  stop_if("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", batches);
+                                },
+                                e.threads);
+  watchdog.reset();
   const auto t_end = std::chrono::steady_clock::now();
   if (lead)
     report_evaluation(e, r, *c, path, std::chrono::duration<double>(t_end - t_eval).count(),

@@ -8,8 +8,8 @@
 // broadcast), and takes the model and optimizer over: from then on the run's state is the
 // engine's alone (a resumed run's checkpoint is restored into it; checkpoints and the final
 // checksums are its snapshots). The checkpoint store is opened after the engine and before the
-// first step, so that a stop during set-up can check the directory; the watchdog starts with the
-// first step's wait for the peers.
+// first step, so that a stop during set-up can check the directory. A watchdog covers set-up
+// (--start-timeout, from the options read), another the steps from the first on (--step-timeout).
 #include "train/run/trainer.hpp"
 
 #include <algorithm>
@@ -224,6 +224,14 @@ void TrainingRun::release_directory() {
 }
 
 TrainResult TrainingRun::run_steps() {
+  // A rank that stops or dies in set-up would hold its peers in set-up's agreements for ever.
+  const auto expire = [this](const std::string& message) {
+    mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
+    ckpt::remove_lock_at_exit();
+    StepWatchdog::print_and_exit(message);
+  };
+  watchdog_ = std::make_unique<StepWatchdog>(o_.start_timeout_seconds, ctx_.where(), expire, StepWatchdog::Poll{},
+                                             Watched::SetUp);
   if (const std::optional<int> code = set_up()) {
     TrainResult stopped;
     stopped.exit_code = *code;
@@ -236,11 +244,7 @@ TrainResult TrainingRun::run_steps() {
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
   // From here on every wait is for the peers: a step that never ends is a hung job.
-  const auto expire = [this](const std::string& message) {
-    mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
-    ckpt::remove_lock_at_exit();
-    StepWatchdog::print_and_exit(message);
-  };
+  watchdog_.reset();  // set-up's
   watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where(), expire,
                                              p_.gpu ? StepWatchdog::Poll([this] { return engine_->async_error(); })
                                                     : StepWatchdog::Poll{});
@@ -263,7 +267,9 @@ std::optional<int> TrainingRun::set_up() {
   });
   // First of all, before anything in the directory is read or moved: one run writes it at a time.
   bool locked = false;
+  watchdog_->hold_for(o_.checkpoint_lock_wait_seconds);  // a wait with its own limit
   lock_ = lock_directory(ctx_, o_, &locked);
+  watchdog_->progress(0);
   // Stopped while waiting for another run's lock: its directory is left as it is.
   if (auto code = stopped_in_setup(ctx_, o_, 1, "while starting", !locked)) return code;
   p_ = load_data_and_model(ctx_, o_);

@@ -35,9 +35,10 @@ void StepWatchdog::print_and_exit(const std::string& message) {
   ::_exit(kExitStepTimeout);
 }
 
-StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll)
+StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll, Watched watched)
     : timeout_(timeout_seconds),
       where_(std::move(where)),
+      watched_(watched),
       expire_(expire ? std::move(expire) : print_and_exit),
       poll_(std::move(poll)) {
   last_ns_ = now_ns();
@@ -58,6 +59,11 @@ void StepWatchdog::progress(int64_t step) {
   last_ns_.store(now_ns(), std::memory_order_release);
 }
 
+void StepWatchdog::hold_for(double seconds) {
+  last_ns_.store(now_ns() + static_cast<int64_t>(std::max(0.0, seconds) * 1e9), std::memory_order_release);
+  cv_.notify_all();  // its next wake-up moves
+}
+
 void StepWatchdog::run() {
   const auto timeout_ns = static_cast<int64_t>(timeout_ * 1e9);
   int64_t warned_for = -1;  // the progress mark already warned about
@@ -72,22 +78,59 @@ void StepWatchdog::run() {
     const int64_t last = last_ns_.load(std::memory_order_acquire);
     const int64_t idle = now_ns() - last;
     if (idle >= timeout_ns) {
-      expire_(detail::concat(where_, ": no step finished within --step-timeout ", seconds_text(timeout_),
-                             " (the last was step ", step_.load(), "): a peer rank stopped, died or lost its ",
-                             "network inside a collective? Exiting with code ", kExitStepTimeout,
-                             " so that the job can be relaunched from its last checkpoint"));
+      expire_(expired_message());
       return;
     }
     if (idle >= timeout_ns / 2 && warned_for != last) {
       warned_for = last;
-      log::warn(where_, ": no step finished for ", seconds_text(idle * 1e-9), " since step ", step_.load(),
-                "; waiting for a peer? (--step-timeout ", seconds_text(timeout_), ")");
+      log::warn(late_message(idle * 1e-9));
     }
     // Wake at the next moment something can be due: the warning, the timeout or the poll.
+    // (While held, idle is negative: the wait is longer.)
     int64_t next = idle < timeout_ns / 2 ? timeout_ns / 2 - idle : timeout_ns - idle;
     if (poll_) next = std::min<int64_t>(next, static_cast<int64_t>(kPollSeconds * 1e9));
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(next, 1000000)));
   }
+}
+
+std::string StepWatchdog::expired_message() const {
+  const std::string timeout = seconds_text(timeout_);
+  std::string what;
+  switch (watched_) {
+    case Watched::SetUp:
+    case Watched::EvaluationSetUp:
+      what = detail::concat("set-up did not end within --start-timeout ", timeout,
+                            ": a peer rank stopped, died or lost its network while starting?");
+      break;
+    case Watched::EvaluationBatches:
+      what = detail::concat("no evaluation batch finished within --step-timeout ", timeout, " (the last was batch ",
+                            step_.load(), "): a peer rank stopped, died or lost its network inside a collective?");
+      break;
+    case Watched::Steps:
+      what = detail::concat("no step finished within --step-timeout ", timeout, " (the last was step ", step_.load(),
+                            "): a peer rank stopped, died or lost its network inside a collective?");
+      break;
+  }
+  const bool training = watched_ == Watched::Steps || watched_ == Watched::SetUp;
+  return detail::concat(where_, ": ", what, " Exiting with code ", kExitStepTimeout,
+                        training ? " so that the job can be relaunched from its last checkpoint" : "");
+}
+
+std::string StepWatchdog::late_message(double idle_seconds) const {
+  const std::string idle = seconds_text(idle_seconds), timeout = seconds_text(timeout_);
+  switch (watched_) {
+    case Watched::SetUp:
+    case Watched::EvaluationSetUp:
+      return detail::concat(where_, ": set-up has taken ", idle, "; waiting for a peer? (--start-timeout ", timeout,
+                            ")");
+    case Watched::EvaluationBatches:
+      return detail::concat(where_, ": no evaluation batch finished for ", idle, " since batch ", step_.load(),
+                            "; waiting for a peer? (--step-timeout ", timeout, ")");
+    case Watched::Steps:
+      break;
+  }
+  return detail::concat(where_, ": no step finished for ", idle, " since step ", step_.load(),
+                        "; waiting for a peer? (--step-timeout ", timeout, ")");
 }
 
 }  // namespace hpc::train

@@ -8,6 +8,10 @@
 // kPollSeconds, an error source the caller gives (NCCL's asynchronous errors: on the GPU no
 // host thread waits inside the all-reduce to see them), and fires at once on an error; only
 // while it runs (--step-timeout 0 turns the poll off too).
+//
+// Set-up waits for the peers as well (the options' and the data's agreements, the broadcast of
+// the initial state): a watchdog of Watched::SetUp covers it, from the options read to the first
+// step, for --start-timeout; it is given no progress but the end of a wait with its own limit.
 #pragma once
 
 #include <atomic>
@@ -20,6 +24,10 @@
 #include <thread>
 
 namespace hpc::train {
+
+// What a watchdog waits for, named in its messages: a training step, the end of training's set-up
+// (a relaunch continues from the last checkpoint), or evaluate's set-up and batches.
+enum class Watched { Steps, SetUp, EvaluationSetUp, EvaluationBatches };
 
 class StepWatchdog {
  public:
@@ -34,7 +42,8 @@ class StepWatchdog {
 
   // timeout_seconds <= 0: off (no thread). `where` names this process in messages
   // ("rank 1 on node7").
-  StepWatchdog(double timeout_seconds, std::string where, Expire expire = {}, Poll poll = {});
+  StepWatchdog(double timeout_seconds, std::string where, Expire expire = {}, Poll poll = {},
+               Watched watched = Watched::Steps);
   ~StepWatchdog();
   StepWatchdog(const StepWatchdog&) = delete;
   StepWatchdog& operator=(const StepWatchdog&) = delete;
@@ -42,13 +51,19 @@ class StepWatchdog {
   // The loop made progress; `step` is the number of global steps done. Lock-free, so it is
   // cheap enough for every step and every evaluation batch.
   void progress(int64_t step);
+  // The clock stops for up to `seconds`, for a wait that has its own limit (the checkpoint
+  // directory's lock: --checkpoint-lock-wait); progress() after the wait starts it again.
+  void hold_for(double seconds);
 
  private:
   void run();
+  std::string expired_message() const;
+  std::string late_message(double idle_seconds) const;
 
   using Clock = std::chrono::steady_clock;
   const double timeout_;
   const std::string where_;
+  const Watched watched_;
   Expire expire_;
   Poll poll_;
   std::atomic<int64_t> last_ns_{0}, step_{0};
