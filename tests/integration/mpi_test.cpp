@@ -428,6 +428,20 @@ TEST_F(MpiTraining, AStoppedRankEndsAnEvaluationWithinItsTimeouts) {
   }
 }
 
+// Rank 0 alone writes the metrics file and the timeline: one it cannot open ends every rank with
+// one line and exit code 2, not MPI_Abort's banner after it.
+TEST_F(MpiTraining, AnOutputRankZeroCannotOpenEndsEveryRankWithOneLine) {
+  const std::vector<std::string> base{"--max-steps", "1", "--data-dir", fashion_mnist_dir(), "--test-samples", "100"};
+  for (const auto& [option, name] : {std::pair<const char*, const char*>{"--metrics-file", "m.jsonl"},
+                                     {"--timeline-file", "t.json"}}) {
+    SCOPED_TRACE(std::string(option) + " " + name);
+    const std::string path = dir_.file("missing/") + name;
+    const RunResult r = run_mpi(2, base + std::vector<std::string>{option, path});
+    expect_one_error(r, std::string("cannot open ") + option + " " + path + ": No such file or directory");
+    EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(MpiTraining, WorldLargerThanTheData) {
   expect_one_error(run_mpi(4, {"--data-dir", fashion_mnist_dir(), "--train-samples", "3", "--batch-size", "1"}),
                    "the training set holds 3 samples, fewer than one global batch of 4 (4 ranks)");

@@ -421,15 +421,18 @@ void TrainingRun::plan() {
   plan_.loader = std::make_unique<data::Loader>(p_.ds.train, p_.ds.norm, augment_spec(o_), *plan_.sampler,
                                                 static_cast<uint64_t>(o_.seed), 3, p_.threads, p_.gpu,
                                                 plan_.decoder.get(), epochs);
-  if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
-  else metrics_.emplace(o_.metrics_file);
-  stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
-  write_config_event();
+  // Rank 0's files, opened collectively: one it cannot open ends every rank with its one line.
   // The JSON Lines form (a name ending in .jsonl) is rank 0's buckets; a Chrome trace every rank's.
   const bool chrome = !o_.timeline_file.empty() && is_chrome_trace(o_.timeline_file);
-  if (o_.timeline_file.empty() || !lead_ || chrome) timeline_.emplace();
-  else timeline_.emplace(o_.timeline_file, "--timeline-file");
-  if (chrome && lead_) trace_file_ = std::make_unique<TraceFile>(o_.timeline_file);
+  dist::collectively(ctx_, [&] {
+    if (o_.metrics_file.empty() || !lead_) metrics_.emplace();
+    else metrics_.emplace(o_.metrics_file);
+    if (o_.timeline_file.empty() || !lead_ || chrome) timeline_.emplace();
+    else timeline_.emplace(o_.timeline_file, "--timeline-file");
+    if (chrome && lead_) trace_file_ = std::make_unique<TraceFile>(o_.timeline_file);
+  });
+  stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
+  write_config_event();
 }
 
 // The engine takes the model and optimizer over, as initialised and broadcast, and restores a
