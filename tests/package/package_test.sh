@@ -336,6 +336,16 @@ page=$(MANWIDTH=100 man -P cat -l "$usr/share/man/man1/hpcrun.1.gz" 2> "$tmp/man
 for section in 'EXIT STATUS' SIGNALS ENVIRONMENT FILES EXAMPLES; do
   grep -q "^$section\$" <<< "$page" || fail "hpcrun's man page has no $section section"
 done
+# hpcdata's forms in its SYNOPSIS, each on a line of its own (help2man reads them from --help's
+# "Usage: ..." and "  or:  ..." lines; argparse's "usage:" block ran them into one paragraph).
+page=$(MANWIDTH=200 man -P cat -l "$usr/share/man/man1/hpcdata.1.gz" 2> "$tmp/man.err") ||
+  fail "man cannot render hpcdata.1: $(cat "$tmp/man.err")"
+synopsis=$(sed -n '/^SYNOPSIS$/,/^DESCRIPTION$/p' <<< "$page")
+forms=$(grep -cE '^ +hpcdata ' <<< "$synopsis" || true)
+[[ "$forms" == 4 ]] || fail "hpcdata's man page has $forms lines beginning 'hpcdata' in its SYNOPSIS, not 4: $synopsis"
+for form in 'prepare fashion-mnist' 'pack SRC OUT' 'stage s3://' '--version$'; do
+  grep -qE -- "^ +hpcdata $form" <<< "$synopsis" || fail "hpcdata's SYNOPSIS has no line 'hpcdata $form': $synopsis"
+done
 
 mkdir -p "$tmp/app"
 cat > "$tmp/app/CMakeLists.txt" << 'CMAKE'
