@@ -3,13 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/lexical_cast.hpp>
 #include <boost/program_options.hpp>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -150,6 +153,61 @@ using options::Presence;
 using O = CommandLine;
 using L = LaunchOptions;
 
+using Default = options::Default;
+
+// hpcrun's numbers, given to Boost as text and converted here as Boost would (lexical_cast: the values
+// taken are the same). Boost converting them itself refused a value the type cannot hold
+// (--max-restarts 99999999999, --straggler-factor 1e999) or no number of its kind (1e3 or ten for a
+// count) with "the argument ('...') for option '...' is invalid", which names no range: such a text
+// is refused here in the words of the option's range, `range`, and a number by `check` of the same
+// range (the kit's). The kit's entry otherwise.
+template <class At>
+Entry number_read_here(options::Name name, At at, std::string help, options::Check<options::member_t<O, At>> check,
+                       std::string range, Default shown = Default::Shown) {
+  using T = options::member_t<O, At>;
+  Entry e = options::number_at<O>(name, at, help, {}, shown);
+  e.add = [=](po::options_description& d, O& o) {
+    auto* v = po::value<std::string>();
+    if (shown == Default::Shown) v->default_value(options::text(at(o)));
+    d.add_options()(name.boost().c_str(), v, help.c_str());
+  };
+  e.read = [=](const po::variables_map& vm, O& o) {
+    if (!vm.count(name.long_name)) return;
+    const std::string& given = vm[name.long_name].as<std::string>();
+    T v{};
+    try {
+      v = boost::lexical_cast<T>(given);
+    } catch (const boost::bad_lexical_cast&) {
+      usage_error(name.shown(), " must be ", range, ", got '", given, "'");
+    }
+    check(v, name.shown());
+    at(o) = v;
+  };
+  return e;
+}
+
+// A count: a whole number from `lowest` to `highest`.
+Entry whole_number(options::Name name, int L::*m, std::string help, int lowest, int highest,
+                   Default shown = Default::Shown) {
+  return number_read_here(std::move(name), options::member(own(m)), std::move(help), options::from_to(lowest, highest),
+                          "a whole number from " + std::to_string(lowest) + " to " + std::to_string(highest), shown);
+}
+
+// Every wait an option gives (a duration): at most kMaxWait, and `also` (its lower bound, where it has
+// one; parse_duration refuses a negative one). Past it hpcrun's timers would not get the seconds given:
+// 1e300h is infinite, and --probe-timeout, ssh's ConnectTimeout in whole seconds, overflowed an int.
+options::Check<double> wait_at_most(options::Check<double> also = {}) {
+  return [=](const double& seconds, const std::string& shown) {
+    if (seconds > kMaxWait) {  // as given where it can be (2000h), not 2.77777777777778e+296h for 1e300 seconds
+      const std::string got = !std::isfinite(seconds) ? "an endless one"
+                              : seconds < 1e15        ? options::duration_text(seconds)
+                                                      : options::text(seconds) + "s";
+      usage_error(shown, " must be at most ", options::duration_text(kMaxWait), ", got ", got);
+    }
+    if (also) also(seconds, shown);
+  };
+}
+
 Group where_group() {
   return {"Where: hosts and slots (one rank per slot)",
           {options::path({"hosts", 'H'}, &O::hosts, "hosts as host[:slots],... (as mpirun -H)", Presence::NotBlank),
@@ -161,22 +219,21 @@ Group where_group() {
            options::duration("discovery-interval", own(&L::discovery_interval),
                              "how often the discovery script runs, and the job looks for hosts to grow onto (with "
                              "any host list: a failed host back after its --blacklist-cooldown)",
-                             options::more_than(0.0)),
-           options::number("slots-per-host", own(&L::slots_per_host), "slots of a host given without ':slots'",
-                           options::from_to(1, kMaxSlots))}};
+                             wait_at_most(options::more_than(0.0))),
+           whole_number("slots-per-host", &L::slots_per_host, "slots of a host given without ':slots'", 1, kMaxSlots)}};
 }
 
 Group size_group() {
-  const options::Default none = options::Default::None;  // 0: not given
+  const Default none = Default::None;  // 0: not given
   return {"How many ranks (inside a Slurm job without host options: the allocation)",
-          {options::number({"np", 'n', "-np"}, own(&L::np), "ranks to start (-np; default: every slot, up to --max-np)",
-                           options::from_to(1, kMaxRanks), none),
-           options::number("min-np", own(&L::min_np),
-                           "fewest ranks the job may run on (default: -np, else 1); below it hpcrun waits up to "
-                           "--elastic-timeout for hosts",
-                           options::from_to(1, kMaxRanks), none),
-           options::number("max-np", own(&L::max_np), "most ranks the job may grow to (default: -np, else unbounded)",
-                           options::from_to(1, kMaxRanks), none)}};
+          {whole_number({"np", 'n', "-np"}, &L::np, "ranks to start (-np; default: every slot, up to --max-np)", 1,
+                        kMaxRanks, none),
+           whole_number("min-np", &L::min_np,
+                        "fewest ranks the job may run on (default: -np, else 1); below it hpcrun waits up to "
+                        "--elastic-timeout for hosts",
+                        1, kMaxRanks, none),
+           whole_number("max-np", &L::max_np, "most ranks the job may grow to (default: -np, else unbounded)", 1,
+                        kMaxRanks, none)}};
 }
 
 Group launch_group() {
@@ -210,8 +267,8 @@ Entry start_timeout() {
                            "start-up, the program's set-up: a slow file system, a large dataset) before it is "
                            "killed and relaunched as a stall; default: --stall-timeout; at least " +
                            show_duration(kMinStallTimeout) + " (0: no limit)";
-  Entry e = options::duration("start-timeout", own(&L::start_timeout), help, start_up_or_zero("", "for no limit"),
-                              options::Default::None);
+  Entry e = options::duration("start-timeout", own(&L::start_timeout), help,
+                              wait_at_most(start_up_or_zero("", "for no limit")), Default::None);
   return options::then(options::noting_given(std::move(e), &L::start_timeout_given), [](O& o) {
     if (!o.start_timeout_given) o.start_timeout = o.stall_timeout;  // read before it
   });
@@ -223,38 +280,47 @@ Group recovery_group() {
                              "a job whose heartbeat shows no finished step for this long (from its launch, unless "
                              "--start-timeout is given) is killed and relaunched; at least " +
                                  show_duration(kMinStallTimeout) + " (0: off)",
-                             start_up_or_zero(" (it counts from the launch)", "to turn it off")),
+                             wait_at_most(start_up_or_zero(" (it counts from the launch)", "to turn it off"))),
            start_timeout(),
-           options::number("max-restarts", own(&L::max_restarts),
-                           "failures to recover from before giving up (joins and drains do not count)",
-                           options::at_least(0)),
+           // No bound of its own: any count an int holds.
+           number_read_here("max-restarts", options::member(own(&L::max_restarts)),
+                            "failures to recover from before giving up (joins and drains do not count)",
+                            options::at_least(0),
+                            "a whole number from 0 to " + std::to_string(std::numeric_limits<int>::max())),
            options::then(options::text_with_default("blacklist-cooldown", &O::cooldown,
                                                     "MIN:MAX a failed host stays out: MIN, doubling with each failure "
                                                     "of that host, up to MAX"),
-                         [](O& o) { parse_cooldown(o.cooldown, &o.cooldown_min, &o.cooldown_max); }),
+                         [](O& o) {
+                           parse_cooldown(o.cooldown, &o.cooldown_min, &o.cooldown_max);
+                           wait_at_most()(o.cooldown_max, "--blacklist-cooldown's MAX");
+                         }),
            options::duration("elastic-timeout", own(&L::elastic_timeout),
-                             "how long to wait for enough healthy slots (--min-np) before giving up"),
+                             "how long to wait for enough healthy slots (--min-np) before giving up", wait_at_most()),
            options::duration("probe-timeout", own(&L::probe_timeout),
-                             "a host that does not answer a probe in this time is unhealthy", options::more_than(0.0)),
+                             "a host that does not answer a probe in this time is unhealthy",
+                             wait_at_most(options::more_than(0.0))),
            options::duration("teardown-timeout", own(&L::teardown_timeout),
                              "how long mpirun may take to end a failed job before hpcrun kills it",
-                             options::more_than(0.0, "it is how long the ranks of a stalled job get to answer, and "
-                                                     "mpirun to end a failed job")),
+                             wait_at_most(options::more_than(0.0, "it is how long the ranks of a stalled job get to "
+                                                                  "answer, and mpirun to end a failed job"))),
            options::duration("stop-timeout", own(&L::stop_timeout),
                              "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is "
                              "killed",
-                             options::more_than(0.0, "0 would kill every job asked to checkpoint before it can"))}};
+                             wait_at_most(options::more_than(0.0, "0 would kill every job asked to checkpoint before "
+                                                                  "it can")))}};
 }
 
 Group straggler_group() {
+  static const char* const kFactorIs = "a host's busy time per step over the median host's";
   return {"Slow hosts (from the heartbeat of hpctrain with --checkpoint-dir)",
-          {options::number_at<O>(
+          {number_read_here(
                "straggler-factor", [](auto& o) -> auto& { return o.stragglers.factor; },
                "a host whose rank's own work per step takes this many times the median rank's is slow",
-               options::more_than(1.0, "a host's busy time per step over the median host's")),
+               options::more_than(1.0, kFactorIs), std::string("more than 1 (") + kFactorIs + ")"),
            options::duration_at<O>(
                "straggler-time", [](auto& o) -> auto& { return o.stragglers.seconds; },
-               "a host slow for this long is named a straggler in hpcrun's log (once)", options::more_than(0.0)),
+               "a host slow for this long is named a straggler in hpcrun's log (once)",
+               wait_at_most(options::more_than(0.0))),
            options::flag_at<O>(
                "drain-stragglers", [](auto& o) -> auto& { return o.stragglers.drain; },
                "drain a straggler at the next step boundary, as a host that leaves, and keep it out for its "
@@ -461,6 +527,8 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
 
   // In this order: the first bad value is the one reported.
   for (const Group& g : option_groups()) options::read(g.entries, vm, o);
+  for (const Entry& e : straggler_group().entries)
+    if (o.straggler_option.empty() && vm.count(e.name) && !vm[e.name].defaulted()) o.straggler_option = "--" + e.name;
   settle_counts(o);
   choose_hosts(o);
   check_slots(o);

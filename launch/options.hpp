@@ -44,6 +44,9 @@ struct LaunchOptions {
   double cooldown_min = 60, cooldown_max = 600;
   int max_restarts = 3;
   StragglerPolicy stragglers;  // --straggler-factor, --straggler-time, --drain-stragglers
+  // The first of those the command line gave ("" when none): hpcrun warns when the job gives them
+  // no heartbeat to act on.
+  std::string straggler_option;
   bool quiet = false;
   // The program and its arguments, as given (plus --resume auto for hpctrain)
   std::vector<std::string> program;
@@ -55,6 +58,11 @@ struct LaunchOptions {
 // second or more (several across hosts) before the program has even begun, whose heartbeat then
 // changes at most once a second.
 constexpr double kMinStallTimeout = 5;
+
+// The longest wait an option gives (every duration: --stall-timeout, --elastic-timeout, the
+// --blacklist-cooldown, ...; seconds): 1000 h, as hpctrain's --step-timeout. Longer is no wait
+// anyone means, and 1e300h is infinite.
+constexpr double kMaxWait = 1000 * 3600.0;
 
 // nullopt when --help or --version was printed. Bad input throws a usage error.
 std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv);

@@ -105,6 +105,24 @@ std::string Supervisor::slurm_preemption() const {
   return r.ok() ? slurm_preempt_time(r.output) : "";
 }
 
+// hpctrain with a checkpoint directory writes a heartbeat from its first step on (an attempt that
+// ended before one, a crash at start-up, says nothing of the next), and is never warned about; a
+// program that wrote none in a whole attempt will write none in the next either.
+void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
+  if (stragglers_warned_ || o_.straggler_option.empty()) return;
+  std::string why;
+  if (o_.checkpoint_dir.empty())
+    why = "there is no checkpoint directory to read one from (give --checkpoint-dir, where the program writes it)";
+  else if (ended && ended->first_step < 0 && !o_.program_is_hpctrain)
+    why = "attempt " + std::to_string(ended->number) + " ended without one in " +
+          (fs::path(o_.checkpoint_dir) / "heartbeat").string() + " (hpctrain writes it; this program did not)";
+  else
+    return;
+  stragglers_warned_ = true;
+  say("warning: " + o_.straggler_option + " does nothing here: stragglers are judged from hpctrain's heartbeat, and " +
+      why);
+}
+
 void Supervisor::free_snapshots(int code) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
   if (code == kExitCheckpointed || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
@@ -155,6 +173,7 @@ int Supervisor::run() {
   if (o_.program_is_hpctrain && o_.checkpoint_dir.empty())
     say("warning: hpctrain runs without --checkpoint-dir: a relaunch starts it over from step 0, and there is no "
         "heartbeat to detect a stall");
+  warn_stragglers_unjudged(nullptr);
 
   HostList usable;
   if (!hosts_.wait_for_hosts(&usable, true)) return finish(exit_without_hosts(signals_.interrupted()), "");
@@ -171,6 +190,7 @@ int Supervisor::run() {
     say("attempt " + std::to_string(rec.number) + " " +
         (rec.verdict == Verdict::Success ? "succeeded" : rec.verdict == Verdict::Failure ? "failed" : "ended") + " after " +
         show_duration(rec.end - rec.start) + ": " + rec.outcome);
+    warn_stragglers_unjudged(&rec);
     AttemptFacts facts{rec.verdict, rec.membership, signals_.interrupted(), rec.outcome, rec.program_error, rec.failed_hosts, ""};
     if (asks_slurm(rec.verdict, signals_.interrupted())) facts.preempted_at = slurm_preemption();
     const Decision d = decide_after_attempt(facts, failures_, o_.max_restarts);

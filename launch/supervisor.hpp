@@ -29,6 +29,10 @@ class Supervisor {
   void check_mca_settings();
   // Inside a Slurm job: when Slurm chose it for preemption ("" when not, or not in Slurm).
   std::string slurm_preemption() const;
+  // A --straggler-* option given to a job that gives it no heartbeat to judge by: one warning, at
+  // the first moment hpcrun knows (before the first attempt without a checkpoint directory, else
+  // after the first attempt of a program other than hpctrain that wrote none).
+  void warn_stragglers_unjudged(const AttemptRecord* ended);
 
   // The summary (summary.cpp)
   int finish(int code, const std::string& last_line);
@@ -47,6 +51,7 @@ class Supervisor {
   HostPool hosts_;
   HeartbeatWatch heartbeat_;
   int failures_ = 0, first_attempt_ = 1;
+  bool stragglers_warned_ = false;
   std::vector<AttemptRecord> attempts_;
   std::string self_exe_;
 };

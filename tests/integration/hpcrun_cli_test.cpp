@@ -108,8 +108,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-np", "1", "--bogus", "true"}, "unrecognised option '--bogus'"},
       {{"-np", "1", "--blacklist-cooldown", "60", "true"}, "MIN:MAX"},
       {{"-np", "1", "--stall-timeout", "soon", "true"}, "--stall-timeout must be a duration"},
-      {{"-np", "x", "true"}, "np"},
-      {{"-np", "1", "--max-restarts", "-1", "true"}, "--max-restarts"},
+      {{"-np", "x", "true"}, "-np must be a whole number from 1 to 1000000, got 'x'"},
+      {{"-np", "1", "--max-restarts", "-1", "true"}, "--max-restarts must be 0 or more, got -1"},
       {{"-np", "1", "--mpirun", "/no/mpirun", "true"}, "--mpirun /no/mpirun"},
       {{"-H", "a", "--host-discovery-script", "/no/script", "true"}, "not several"},
       {{"--host-discovery-script", "/no/script", "true"}, "--host-discovery-script /no/script"},
@@ -142,7 +142,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-np", "1", "--straggler-time", "later", "true"}, "--straggler-time must be a duration"},
       {{"-np", "1", "--straggler-factor", "1", "true"}, "--straggler-factor must be more than 1"},
       {{"-np", "1", "--straggler-factor", "nan", "true"}, "--straggler-factor must be more than 1"},
-      {{"-np", "1", "--straggler-factor", "fast", "true"}, "straggler-factor"},
+      {{"-np", "1", "--straggler-factor", "fast", "true"}, "--straggler-factor must be more than 1 (a host's busy time "
+                                                            "per step over the median host's), got 'fast'"},
       {{"-np", "1", "-x", "=1", "true"}, "-x '=1' is not NAME or NAME=VALUE"},
       {{"--log-dir", "", "-np", "1", "true"}, "--log-dir is empty"},
       {{"--log-dir", dir.file("a_file") + "/logs", "-np", "1", "true"}, "a_file is not a directory"},
@@ -158,6 +159,33 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
        "is not the program's"},
       {{"-np", "1", "-x", "HPCRUN_TEST_SURELY_UNSET", "true"}, "-x HPCRUN_TEST_SURELY_UNSET: not set in hpcrun's environment"},
       {{"-H", "localhost", "--slots-per-host", "5000", "true"}, "--slots-per-host must be a whole number from 1 to 4096"},
+      // Numbers past what an int or a double holds, or no number of the kind: the option's range, not Boost's
+      // "the argument ('...') for option '...' is invalid"
+      {{"-np", "1", "--max-restarts", "99999999999", "true"},
+       "--max-restarts must be a whole number from 0 to 2147483647, got '99999999999'"},
+      {{"-np", "1", "--max-restarts", "1e3", "true"},
+       "--max-restarts must be a whole number from 0 to 2147483647, got '1e3'"},
+      {{"-np", "99999999999999999999", "true"},
+       "-np must be a whole number from 1 to 1000000, got '99999999999999999999'"},
+      {{"-np", "1", "--min-np", "4294967297", "true"},
+       "--min-np must be a whole number from 1 to 1000000, got '4294967297'"},
+      {{"-np", "1", "--max-np", "-99999999999", "true"},
+       "--max-np must be a whole number from 1 to 1000000, got '-99999999999'"},
+      {{"-H", "localhost", "--slots-per-host", "99999999999", "true"},
+       "--slots-per-host must be a whole number from 1 to 4096, got '99999999999'"},
+      {{"-np", "1", "--straggler-factor", "1e999", "true"},
+       "--straggler-factor must be more than 1 (a host's busy time per step over the median host's), got '1e999'"},
+      // Durations: at most 1000h (1e300h was an endless wait; --probe-timeout 1e300 a 1 s ssh ConnectTimeout)
+      {{"-np", "1", "--probe-timeout", "1e300", "true"}, "--probe-timeout must be at most 1000h, got 1e+300s"},
+      {{"-np", "1", "--elastic-timeout", "1e300h", "true"}, "--elastic-timeout must be at most 1000h, got 3.6e+303s"},
+      {{"-np", "1", "--stall-timeout", "1e308h", "true"}, "--stall-timeout must be at most 1000h, got an endless one"},
+      {{"-np", "1", "--start-timeout", "1001h", "true"}, "--start-timeout must be at most 1000h, got 1001h"},
+      {{"-np", "1", "--teardown-timeout", "1e300h", "true"}, "--teardown-timeout must be at most 1000h"},
+      {{"-np", "1", "--stop-timeout", "1e300h", "true"}, "--stop-timeout must be at most 1000h"},
+      {{"-np", "1", "--discovery-interval", "1e300h", "true"}, "--discovery-interval must be at most 1000h"},
+      {{"-np", "1", "--straggler-time", "1e300h", "true"}, "--straggler-time must be at most 1000h"},
+      {{"-np", "1", "--blacklist-cooldown", "1m:2000h", "true"},
+       "--blacklist-cooldown's MAX must be at most 1000h, got 2000h"},
       {{"-np", "1", "--mpirun", "", "true"}, "--mpirun is empty"},
       {{"-np", "1", "--mpi-args", "-np 4", "true"}, "--mpi-args: -np is hpcrun's to set"},
       {{"-np", "1", "--mpi-args", "--mca btl 'self", "true"}, "quote is not closed"},
@@ -225,6 +253,71 @@ TEST(HpcrunCli, KnownMcaSettingsRun) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
   EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+}
+
+// The ends of the ranges are taken as before: the most restarts an int holds, the longest waits.
+TEST(HpcrunCli, TheEndsOfTheRangesRun) {
+  TempDir dir("hpcrun_ranges");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-H", "localhost", "--slots-per-host", "4096", "-np", "1",
+                              "--max-np", "1000000", "--max-restarts", "2147483647", "--stall-timeout", "1000h",
+                              "--elastic-timeout", "1000h", "--blacklist-cooldown", "1000h:1000h", "--straggler-factor",
+                              "1.01", "sh", "-c", "echo ran"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
+}
+
+// hpcrun learns of stragglers from hpctrain's heartbeat alone. A --straggler-* option given to a job
+// that has none is said, once, to do nothing, at the first moment hpcrun knows: before the first
+// attempt where there is no checkpoint directory to read it from; after the first attempt of another
+// program that wrote none. Nothing is said where a heartbeat came, where no such option was given, or
+// for hpctrain, whose attempt may end before its first heartbeat (a crash at start-up; here a stand-in
+// of that name) and which writes one in every attempt that runs.
+TEST(HpcrunCli, StragglerOptionsAreSaidToDoNothingWithoutAHeartbeat) {
+  TempDir dir("hpcrun_straggler_options");
+  const auto warnings = [](const RunResult& r) {
+    int n = 0;
+    for (const std::string& l : lines_of(r.err)) n += l.find("does nothing here") != std::string::npos;
+    return n;
+  };
+  const auto before = [](const RunResult& r, const std::string& a, const std::string& b) {
+    return r.err.find(a) != std::string::npos && r.err.find(a) < r.err.find(b);
+  };
+
+  // Known before the first attempt; said once, not again after it.
+  const RunResult none = hpcrun({"--log-dir", dir.file("a"), "--drain-stragglers", "-np", "1", "true"});
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(warnings(none), 1) << none.err;
+  EXPECT_TRUE(before(none, "hpcrun: warning: --drain-stragglers does nothing here: stragglers are judged from "
+                           "hpctrain's heartbeat, and there is no checkpoint directory to read one from (give "
+                           "--checkpoint-dir",
+                     "attempt 1:"))
+      << none.err;
+
+  // Known once the attempt has ended.
+  const RunResult silent = hpcrun({"--checkpoint-dir", dir.file("b"), "--straggler-time", "3s", "-np", "1", "true"});
+  EXPECT_EQ(silent.exit_code, 0) << silent.err;
+  EXPECT_EQ(warnings(silent), 1) << silent.err;
+  EXPECT_TRUE(before(silent, "attempt 1 succeeded", "warning: --straggler-time does nothing here")) << silent.err;
+  EXPECT_TRUE(before(silent, "and attempt 1 ended without one in " + dir.file("b") + "/heartbeat (hpctrain writes "
+                             "it; this program did not)", "summary:"))
+      << silent.err;
+
+  const std::string beat = "printf 'step=1\\nstate=training\\n' > " + dir.file("c") + "/heartbeat; sleep 1";
+  const RunResult beating =
+      hpcrun({"--checkpoint-dir", dir.file("c"), "--straggler-factor", "2", "-np", "1", "sh", "-c", beat});
+  EXPECT_EQ(beating.exit_code, 0) << beating.err;
+  EXPECT_EQ(warnings(beating), 0) << beating.err;
+
+  const RunResult not_given = hpcrun({"--checkpoint-dir", dir.file("d"), "-np", "1", "true"});
+  EXPECT_EQ(not_given.exit_code, 0) << not_given.err;
+  EXPECT_EQ(warnings(not_given), 0) << not_given.err;
+
+  fs::create_directory(dir.file("bin"));
+  const std::string hpctrain = script(dir, "bin/hpctrain", "exit 0");
+  const RunResult trainer =
+      hpcrun({"--straggler-factor", "2", "-np", "1", hpctrain, "--checkpoint-dir", dir.file("e")});
+  EXPECT_EQ(trainer.exit_code, 0) << trainer.err;
+  EXPECT_EQ(warnings(trainer), 0) << trainer.err;
 }
 
 TEST(HpcrunCli, HelpAndVersion) {
