@@ -1069,6 +1069,18 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   EXPECT_EQ(seen.exit_code, 2) << seen.out;
   EXPECT_NE(seen.out.find("valid: no: the checkpoint's parameters hold "), std::string::npos) << seen.out;
   EXPECT_EQ(run_hpctrain({"inspect", ck + "/ckpt-000000040.hpck"}).exit_code, 0);
+  // As a directory's newest, where --resume auto refuses it (it reads, so it is not passed by):
+  // inspect DIR said exit 0, for the valid older one, as if the run could go on.
+  const std::string misfit = dir_.file("misfit");
+  fs::create_directory(misfit);
+  fs::copy_file(ck + "/ckpt-000000035.hpck", misfit + "/ckpt-000000035.hpck");
+  fs::copy_file(dir_.file("short.hpck"), misfit + "/ckpt-000000040.hpck");
+  const RunResult listed = run_hpctrain({"inspect", misfit});
+  expect_usage_error(listed, "hpctrain: error: the newest checkpoint that reads, " + misfit +
+                                 "/ckpt-000000040.hpck, does not fit its model (the checkpoint's parameters hold ");
+  EXPECT_NE(listed.err.find("--resume auto refuses it"), std::string::npos) << listed.err;
+  auto resumed = job(misfit, dir_.file("f5.jsonl"));
+  expect_usage_error(run_hpctrain(resumed), "the checkpoint's parameters hold ");
   // --resume none starts afresh even with checkpoints in the directory.
   const std::string m = dir_.file("fresh.jsonl");
   auto fresh = job(ck, m);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -83,6 +84,7 @@ struct Inspected {
   uint64_t size = 0;
   ckpt::Layout layout;
   std::string problem;  // empty: valid
+  bool misfit = false;  // it reads, but does not fit its model: --resume auto refuses it, not passes it by
   std::string param_checksum, state_checksum;  // of a valid one (as a done line gives them)
 };
 
@@ -96,7 +98,10 @@ Inspected inspect_file(const std::string& path) {
     r.param_checksum = param_checksum(c);
     r.state_checksum = state_checksum(c);
     // Its arenas as its model has them: a file made or edited elsewhere may hold other counts.
-    if (const std::optional<std::string> misfit = model_misfit(c)) r.problem = *misfit;
+    if (const std::optional<std::string> misfit = model_misfit(c)) {
+      r.problem = *misfit;
+      r.misfit = true;
+    }
   } catch (const Error& e) {
     r.problem = e.what();
   }
@@ -213,15 +218,21 @@ int inspect(const std::string& path, bool json) {
   if (fs::is_directory(path, ec)) {
     const std::vector<std::string> files = ckpt::list_checkpoints(path);
     int valid = 0;
+    std::optional<Inspected> newest;  // that reads: the one --resume auto takes, or refuses
     for (const std::string& file : files) {
       const Inspected r = inspect_file(file);
       valid += r.problem.empty();
+      if (!newest && (r.problem.empty() || r.misfit)) newest = r;
       if (json) std::cout << inspected_json(r) << "\n";
       else print_directory_line(r);
     }
     if (!json) print_heartbeat(path);
+    std::cout.flush();
     HPC_REQUIRE(!files.empty(), "no checkpoints (ckpt-*.hpck) in ", path);
     HPC_REQUIRE(valid > 0, "none of the ", files.size(), " checkpoint(s) in ", path, " is valid");
+    HPC_REQUIRE(!newest->misfit, "the newest checkpoint that reads, ", newest->path, ", does not fit its model (",
+                newest->problem, "): --resume auto refuses it rather than pass it by for an older one; move it "
+                "aside to continue from the one before");
     return kExitSuccess;
   }
   HPC_REQUIRE(fs::exists(path, ec), "cannot read checkpoint ", path, ": no such file or directory");
@@ -408,7 +419,7 @@ int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
       "Usage: hpctrain inspect PATH [--json]\n"
       "Prints a checkpoint's header (step, epoch, model, time, size, sections, options) and whether it is valid;\n"
       "for a directory, one line per checkpoint, newest first, and the heartbeat. Exit code 0: valid (a directory:\n"
-      "at least one valid checkpoint, so --resume auto can continue), 2: not");
+      "the newest checkpoint that reads is valid, so --resume auto can continue from it), 2: not");
   options.add_options()("help,h", "print this help and exit");
   options::add(table, options, a);
   po::positional_options_description positional;
