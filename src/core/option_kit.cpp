@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 namespace hpc::options {
 
@@ -49,9 +50,59 @@ std::string duration_text(double seconds) {
   return exact(seconds) + "s";
 }
 
+namespace {
+
+template <class T>
+bool takes(const po::value_semantic* s) {
+  return dynamic_cast<const po::typed_value<T>*>(s) != nullptr;
+}
+
+template <class T>
+std::string whole_numbers() {
+  return "a whole number from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+         std::to_string(std::numeric_limits<T>::max());
+}
+
+// What a number option's type holds, for Boost's "the argument ('99999999999') for option
+// '--threads' is invalid", which says neither: "" for an option of another kind.
+std::string number_kind(const po::value_semantic* s) {
+  if (takes<int>(s)) return whole_numbers<int>();
+  if (takes<long>(s)) return whole_numbers<long>();
+  if (takes<long long>(s)) return whole_numbers<long long>();
+  if (takes<unsigned>(s)) return whole_numbers<unsigned>();
+  if (takes<unsigned long>(s)) return whole_numbers<unsigned long>();
+  if (takes<unsigned long long>(s)) return whole_numbers<unsigned long long>();
+  if (takes<double>(s) || takes<float>(s)) {
+    char most[32];
+    std::snprintf(most, sizeof most, "%g", takes<float>(s) ? std::numeric_limits<float>::max()
+                                                             : std::numeric_limits<double>::max());
+    return std::string("a number from -") + most + " to " + most;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string value_error_text(const po::error& e, const po::options_description& options) {
+  const auto* invalid = dynamic_cast<const po::invalid_option_value*>(&e);
+  if (!invalid) return e.what();
+  std::string name = invalid->get_option_name();  // "--threads"
+  while (!name.empty() && name[0] == '-') name.erase(0, 1);
+  const po::option_description* o = options.find_nothrow(name, false);
+  const std::string kind = o ? number_kind(o->semantic().get()) : "";
+  if (kind.empty()) return e.what();
+  // Boost's own words hold the value given: "the argument ('V') for option ...".
+  const std::string what = e.what();
+  const size_t from = what.find("('"), to = what.find("')");
+  const std::string given = from != std::string::npos && to != std::string::npos && to > from
+                                ? what.substr(from + 2, to - from - 2)
+                                : "";
+  return "--" + name + " must be " + kind + ", got '" + given + "'";
+}
+
 std::string error_text(const po::error& e, int argc, const char* const* argv, const po::options_description& options,
                        const po::positional_options_description& positional) {
-  if (!dynamic_cast<const po::too_many_positional_options_error*>(&e)) return e.what();
+  if (!dynamic_cast<const po::too_many_positional_options_error*>(&e)) return value_error_text(e, options);
   unsigned words = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];

@@ -235,7 +235,7 @@ void store_config_file(const std::string& path, const po::options_description& a
     usage_error("config file ", path, ": ", e.what(),
                 dotted ? " (sections such as [train] are not read: write name = value lines)" : "");
   } catch (const po::error& e) {
-    usage_error("config file ", path, ": ", e.what());
+    usage_error("config file ", path, ": ", options::value_error_text(e, all));
   }
 }
 
