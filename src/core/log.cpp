@@ -14,6 +14,7 @@ namespace hpc::log {
 namespace {
 int g_rank = 0;
 int g_world = 1;
+std::string g_where;  // "rank 1 on node7"
 Level g_level = Level::Info;
 Stamps g_stamps = Stamps::Auto;
 std::mutex g_mutex;  // lines from the loader thread and the main thread must not interleave
@@ -24,7 +25,11 @@ constexpr const char* kLauncherVariables[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK
                                               "MV2_COMM_WORLD_RANK",  "SLURM_PROCID", "HPCRUN_ATTEMPT"};
 }  // namespace
 
-void set_rank(int rank, int world_size) { g_rank = rank; g_world = world_size; }
+void set_process(int rank, int world_size, const std::string& where) {
+  g_rank = rank;
+  g_world = world_size;
+  g_where = where;
+}
 void set_level(Level level) { g_level = level; }
 void set_stamps(Stamps stamps) { g_stamps = stamps; }
 Level level() { return g_level; }
@@ -66,12 +71,14 @@ void write(Level lvl, const std::string& line) {
   // Informational output comes from rank 0 only; warnings and errors from every rank.
   if (lvl < Level::Warn && g_rank != 0) return;
   std::string prefix = "hpctrain";
-  if (g_world > 1) prefix.append("[").append(std::to_string(g_rank)).append("]");  // not "[" + s: GCC 12 -Wrestrict
   if (lvl == Level::Warn) prefix += ": warning";
   if (lvl == Level::Error) prefix += ": error";
+  // Another rank's line says whose it is (as its errors do), unless it begins by saying so.
+  const bool named = g_world > 1 && g_rank != 0 && line.rfind(g_where, 0) != 0;
   std::lock_guard lock(g_mutex);
   FILE* out = lvl >= Level::Warn ? stderr : stdout;
-  std::fprintf(out, "%s%s: %s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(), line.c_str());
+  std::fprintf(out, "%s%s: %s%s%s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(),
+               named ? g_where.c_str() : "", named ? ": " : "", line.c_str());
   errno = 0;
   std::fflush(out);
   // Standard output's reader gone (`hpctrain ... | head`; SIGPIPE is ignored): the run goes on,

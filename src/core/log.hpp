@@ -1,6 +1,6 @@
-// Rank-aware logging. Only rank 0 prints informational lines unless asked otherwise; every
-// line printed by a rank other than 0, and every error, carries the rank so a multi-rank log
-// can be read. The process context (src/dist) sets the rank once at start-up.
+// Rank-aware logging. Only rank 0 prints informational lines; a warning or error of another
+// rank names it and its host ("hpctrain: warning: rank 1 on node7: ..."), so a multi-rank log
+// can be read. The process context (src/dist) sets them once at start-up.
 //
 // Lines may start with the time (ISO 8601, UTC, milliseconds): a log file read the next morning
 // needs it, a terminal does not. Stamps::Auto stamps stdout's lines when stdout is not an
@@ -18,7 +18,8 @@ namespace hpc::log {
 enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3, Quiet = 4 };
 enum class Stamps { Auto, On, Off };
 
-void set_rank(int rank, int world_size);
+// `where`: "rank 1 on node7", as ProcessContext::where says it.
+void set_process(int rank, int world_size, const std::string& where);
 void set_level(Level level);
 void set_stamps(Stamps stamps);
 Level level();

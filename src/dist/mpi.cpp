@@ -14,6 +14,7 @@
 
 #include "core/cpus.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "dist/process.hpp"
 
 namespace hpc::dist {
@@ -182,6 +183,7 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
   MPI_CHECK(MPI_Get_processor_name(name, &len));
   host_.assign(name, static_cast<size_t>(len));
   g_where = where();
+  log::set_process(rank_, world_, g_where);
   HPC_CHECK(provided >= MPI_THREAD_SERIALIZED, where(),
             ": the MPI library offers no thread support beyond level ", provided,
             " (hpctrain needs MPI_THREAD_SERIALIZED for its communication thread)");

@@ -28,6 +28,7 @@
 #include "core/file_identity.hpp"
 #include "core/duration.hpp"
 #include "core/hash.hpp"
+#include "core/log.hpp"
 #include "core/handle.hpp"
 #include "core/option_kit.hpp"
 #include "core/spelling.hpp"
@@ -854,6 +855,33 @@ TEST(OptionKit, RangesAndBlanksAreUsageErrorsNamingTheOption) {
   for (const std::vector<std::string>& fine : {std::vector<std::string>{"-np", "1"}, {"-np", "100"}, {"--restarts", "0"},
                                               {"--start", "0.1s"}, {"--factor", "1.01"}, {"-H", "a"}})
     EXPECT_EQ(launch_error(fine), "") << fine[0] << " " << fine[1];
+}
+
+// Another rank's warning names it and its host, as its errors do (it named neither: a warning
+// in a 64-rank log could be anyone's), once even where the line begins by saying so; rank 0's
+// lines are as they were, and informational lines come from rank 0 alone.
+TEST(Log, AnotherRanksWarningNamesItsRankAndHost) {
+  const log::Level level = log::level();
+  log::set_stamps(log::Stamps::Off);
+  const auto lines_of = [](int rank, const std::function<void()>& say) {
+    log::set_process(rank, 2, "rank " + std::to_string(rank) + " on node7");
+    ::testing::internal::CaptureStderr();
+    ::testing::internal::CaptureStdout();
+    say();
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    return ::testing::internal::GetCapturedStderr() + out;
+  };
+  log::set_level(log::Level::Info);
+  EXPECT_EQ(lines_of(1, [] { log::warn("the disk is slow"); }),
+            "hpctrain: warning: rank 1 on node7: the disk is slow\n");
+  EXPECT_EQ(lines_of(1, [] { log::warn("rank 1 on node7: no step finished for 5 s"); }),
+            "hpctrain: warning: rank 1 on node7: no step finished for 5 s\n");
+  EXPECT_EQ(lines_of(0, [] { log::warn("the disk is slow"); }), "hpctrain: warning: the disk is slow\n");
+  EXPECT_EQ(lines_of(1, [] { log::info("epoch 1"); }), "");
+  EXPECT_EQ(lines_of(0, [] { log::info("epoch 1"); }), "hpctrain: epoch 1\n");
+  log::set_process(0, 1, "rank 0 on node7");
+  log::set_level(level);
+  log::set_stamps(log::Stamps::Auto);
 }
 
 }  // namespace
