@@ -31,6 +31,15 @@ class MpiTraining : public ::testing::Test {
     return read_json_lines(metrics);
   }
 
+  // The checkpoint directory of a short run on one rank (640 samples, one epoch), to evaluate.
+  std::string small_checkpoint() {
+    const std::string ck = dir_.file("ck");
+    EXPECT_FALSE(train(1, {"--train-samples", "640", "--test-samples", "100", "--epochs", "1", "--threads", "1",
+                           "--checkpoint-dir", ck})
+                     .empty());
+    return ck;
+  }
+
   static double number(const JsonObject& o, const std::string& key) {
     auto it = o.find(key);
     if (it == o.end()) {
@@ -382,10 +391,8 @@ TEST_F(MpiTraining, RanksWithOtherCheckpointSettingsAreNamed) {
 // another --test-samples mixed its figures into rank 0's line (79% for a 36% model), another
 // --eval-batch-size died in MPI_ERR_TRUNCATE; a rank given another command waited for ever.
 TEST_F(MpiTraining, RanksGivenAnotherCommandOrTestSetAreNamed) {
-  const std::string ck = dir_.file("ck");
-  ASSERT_FALSE(train(1, {"--train-samples", "640", "--test-samples", "100", "--epochs", "1", "--threads", "1",
-                         "--checkpoint-dir", ck})
-                   .empty());
+  const std::string ck = small_checkpoint();
+  ASSERT_FALSE(HasFailure());
   const std::vector<std::string> base{"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads",
                                       "1"};
   const std::vector<std::string> eval = base + std::vector<std::string>{"--test-samples", "100"};
@@ -403,10 +410,8 @@ TEST_F(MpiTraining, RanksGivenAnotherCommandOrTestSetAreNamed) {
 // evaluate waits for its peers too: a rank stopped (SIGSTOP) while the test set is read, or after
 // a batch, ends it with 124 within --start-timeout or --step-timeout, never a hang.
 TEST_F(MpiTraining, AStoppedRankEndsAnEvaluationWithinItsTimeouts) {
-  const std::string ck = dir_.file("ck");
-  ASSERT_FALSE(train(1, {"--train-samples", "640", "--test-samples", "100", "--epochs", "1", "--threads", "1",
-                         "--checkpoint-dir", ck})
-                   .empty());
+  const std::string ck = small_checkpoint();
+  ASSERT_FALSE(HasFailure());
   const std::vector<std::string> eval{"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads",
                                       "1", "--test-samples", "100", "--eval-batch-size", "20",
                                       "--start-timeout", "3s", "--step-timeout", "3s"};
@@ -440,6 +445,21 @@ TEST_F(MpiTraining, AnOutputRankZeroCannotOpenEndsEveryRankWithOneLine) {
     expect_one_error(r, std::string("cannot open ") + option + " " + path + ": No such file or directory");
     EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
   }
+}
+
+// --data-dir may differ between hosts, its contents may not: a rank that read other samples is
+// named with its host and what differs (it named neither host nor difference).
+TEST_F(MpiTraining, ARankThatReadOtherDataIsNamed) {
+  const std::string other = dir_.file("other-data");
+  fs::create_directories(other);
+  write_small_fashion_mnist(other);  // the published counts, other labels
+  const std::vector<std::string> base{"--max-steps", "1", "--train-samples", "640", "--test-samples", "100"};
+  const RunResult r = run_mpi({{1, base + std::vector<std::string>{"--data-dir", fashion_mnist_dir()}},
+                               {1, base + std::vector<std::string>{"--data-dir", other}}});
+  expect_one_error(r, "hpctrain: error: rank 1 on ");
+  EXPECT_NE(r.err.find(" read a different dataset than rank 0 (other labels of 640 train and 100 test samples of "
+                       "28x28x1): every host needs the same --data-dir contents"),
+            std::string::npos) << r.err;
 }
 
 TEST_F(MpiTraining, WorldLargerThanTheData) {

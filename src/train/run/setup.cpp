@@ -147,14 +147,17 @@ std::string joined(const std::vector<std::pair<std::string, std::string>>& v) {
 
 // Every rank must read the same samples: the same counts, shapes and labels.
 void require_same_data(dist::ProcessContext& ctx, const data::DatasetPair& ds) {
-  const int64_t shape[] = {ds.train.count, ds.test.count, ds.train.height, ds.train.width, ds.train.channels};
-  const uint64_t h = fnv1a(shape, sizeof shape) ^
-                     fnv1a(ds.train.labels.data(), ds.train.labels.size() * sizeof ds.train.labels[0]) ^
-                     (fnv1a(ds.test.labels.data(), ds.test.labels.size() * sizeof ds.test.labels[0]) << 1);
-  dist::require_agreement(ctx, h, ErrorKind::Usage, [&](int r) {
-    return detail::concat("rank ", r, " read a different dataset than rank 0 (", ds.train.count, " train and ",
-                          ds.test.count, " test samples on rank 0): every host needs the same --data-dir contents");
-  });
+  const std::string seen = detail::concat(ds.train.count, " train and ", ds.test.count, " test samples of ",
+                                          ds.train.height, "x", ds.train.width, "x", ds.train.channels);
+  const uint64_t labels = fnv1a(ds.train.labels.data(), ds.train.labels.size() * sizeof ds.train.labels[0]) ^
+                          (fnv1a(ds.test.labels.data(), ds.test.labels.size() * sizeof ds.test.labels[0]) << 1);
+  dist::require_same_text(ctx, seen, ErrorKind::Usage, [&](int r, const std::string& theirs) {
+    const std::string host = dist::broadcast_string(ctx.world(), ctx.host(), r);
+    const std::string what = theirs == seen ? detail::concat("other labels of ", seen)
+                                            : detail::concat(theirs, " there; ", seen, " on rank 0");
+    return detail::concat("rank ", r, " on ", host, " read a different dataset than rank 0 (", what,
+                          "): every host needs the same --data-dir contents");
+  }, labels);
 }
 
 // Batch norm's collectives run on the main thread while the bucket thread all-reduces
