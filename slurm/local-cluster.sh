@@ -29,7 +29,9 @@
 # namespace of its own, with its own address on a bridge (10.232.ID.10+k; slurmctld at .1), so
 # that traffic between nodes (srun, PMIx wire-up, MPI) crosses a network path, not loopback.
 # Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
-# job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters.
+# job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters
+# (HPCTRAIN_SLURM_KILL_WAIT=S in the environment of 'up' sets another, whole seconds from 1 to
+# 300: the tests whose jobs Slurm kills after a node failure use a shorter one).
 # Every node runs slurm/epilog.sh at a job's end (Epilog=), as a site running hpctrain would.
 set -euo pipefail
 
@@ -240,7 +242,7 @@ ReturnToService=2
 SlurmdTimeout=10
 SlurmctldTimeout=10
 MessageTimeout=10
-KillWait=30
+KillWait=$kill_wait
 Epilog=$epilog
 MinJobAge=600
 InactiveLimit=0
@@ -358,6 +360,9 @@ up() {
   [[ "$cpus" =~ ^[0-9]+$ ]] || die "--cpus-per-node must be a number, not '$cpus'" 2
   [[ -z "$grace" || ("$grace" =~ ^[0-9]+$ && ${#grace} -le 5) ]] ||
     die "--preemption must be a grace time in whole seconds, not '$grace'" 2
+  kill_wait=${HPCTRAIN_SLURM_KILL_WAIT:-30}
+  [[ "$kill_wait" =~ ^[1-9][0-9]{0,2}$ ]] && ((kill_wait >= 1 && kill_wait <= 300)) ||
+    die "HPCTRAIN_SLURM_KILL_WAIT must be a whole number of seconds from 1 to 300, not '$kill_wait'" 2
   ((cpus > 0)) || cpus=$(($(nproc) / nodes))
   ((cpus > 0)) || cpus=1
   if is_up; then die "a local cluster is already up in $dir ('$me down' first)"; fi

@@ -27,6 +27,8 @@ expect_error 2 "--cpus-per-node must be a number" up --cpus-per-node -1x --dir "
 expect_error 2 "--dir needs a directory" up --dir
 expect_error 2 "--preemption must be a grace time in whole seconds, not '30s'" up --preemption 30s --dir "$CLUSTER_DIR"
 expect_error 2 "--preemption needs a grace time in seconds" up --preemption
+HPCTRAIN_SLURM_KILL_WAIT=30s expect_error 2 "HPCTRAIN_SLURM_KILL_WAIT must be a whole number of seconds from 1 to 300, not '30s'" \
+  up --dir "$CLUSTER_DIR"
 expect_error 2 "--nodes, --cpus-per-node, --preemption and --netns belong to 'up'" down --preemption 10 --dir "$CLUSTER_DIR"
 expect_error 2 "--nodes, --cpus-per-node, --preemption and --netns belong to 'up'" kill-node n1 --netns --dir "$CLUSTER_DIR"
 expect_error 2 "unknown option '--node'" up --node 3
