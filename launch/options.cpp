@@ -508,6 +508,13 @@ void read_program(LaunchOptions& o) {
     o.program.push_back("--checkpoint-lock-wait");
     o.program.push_back(kRelaunchLockWait);
   }
+  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_option(o.program, "start-timeout").empty()) {
+    // hpcrun watches the start-up itself (the heartbeat's first step, within --start-timeout):
+    // hpctrain's own set-up limit is the same, not its 30m default, which would end a start-up
+    // hpcrun was told to wait longer for (0: none either).
+    o.program.push_back("--start-timeout");
+    o.program.push_back(options::duration_text(o.start_timeout));
+  }
   if (o.log_dir.empty())
     o.log_dir = o.checkpoint_dir.empty() ? "hpcrun-logs" : (std::filesystem::path(o.checkpoint_dir) / "hpcrun").string();
   check_log_dir(o.log_dir);

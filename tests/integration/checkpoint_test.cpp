@@ -1156,10 +1156,13 @@ TEST_F(Checkpoints, ASecondRunOnABusyDirectoryIsRefusedAndTouchesNothing) {
 TEST_F(Checkpoints, AStaleLockIsTakenOverAndItsHolderWritesNothingMore) {
   const JsonObject want = uninterrupted(1);
   const std::string ck = dir_.file("stale"), shm = dir_.file("stale-shm");
-  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "1", 1);
+  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "2", 1);
   const auto first = start_and_stop_at_step_12(job(ck, dir_.file("first.jsonl")), shm);
+  usleep(2200000);  // its record stale by its own time: a second run watches it for 2 s, then takes it
   auto args = job(ck, dir_.file("second.jsonl"));
-  args.insert(args.end(), {"--checkpoint-lock-wait", "20s"});
+  // That watch, past --checkpoint-lock-wait, is not set-up's time either (it was: 124 from a
+  // --start-timeout shorter than the two).
+  args.insert(args.end(), {"--checkpoint-lock-wait", "0", "--start-timeout", "1s"});
   const RunResult second = run_hpctrain(args, 120);
   unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
   ASSERT_EQ(second.exit_code, 0) << second.err;

@@ -320,6 +320,24 @@ TEST(HpcrunCli, StragglerOptionsAreSaidToDoNothingWithoutAHeartbeat) {
   EXPECT_EQ(warnings(trainer), 0) << trainer.err;
 }
 
+// hpctrain under hpcrun with a checkpoint directory is given hpcrun's start-up limit as its own
+// set-up limit (--start-timeout), unless its command line gives one: its 30m default ended, exit
+// 124 at every relaunch, a start-up hpcrun was told to wait longer for.
+TEST(HpcrunCli, HpctrainIsGivenHpcrunsStartUpLimit) {
+  TempDir dir("hpcrun_start_limit");
+  fs::create_directory(dir.file("bin"));
+  const std::string hpctrain = script(dir, "bin/hpctrain", "echo \"args: $*\"");
+  const RunResult longer = hpcrun({"--start-timeout", "2h", "-np", "1", hpctrain, "--checkpoint-dir", dir.file("a")});
+  EXPECT_EQ(longer.exit_code, 0) << longer.err;
+  EXPECT_NE(longer.out.find(" --start-timeout 2h"), std::string::npos) << longer.out;
+  const RunResult by_default = hpcrun({"-np", "1", hpctrain, "--checkpoint-dir", dir.file("b")});
+  EXPECT_NE(by_default.out.find(" --start-timeout 10m"), std::string::npos) << by_default.out;  // --stall-timeout's
+  const RunResult own = hpcrun({"--start-timeout", "2h", "-np", "1", hpctrain, "--checkpoint-dir", dir.file("c"),
+                                "--start-timeout", "5m"});
+  EXPECT_NE(own.out.find("--start-timeout 5m"), std::string::npos) << own.out;
+  EXPECT_EQ(own.out.find("--start-timeout 2h"), std::string::npos) << own.out;
+}
+
 TEST(HpcrunCli, HelpAndVersion) {
   const RunResult help = hpcrun({"--help"});
   EXPECT_EQ(help.exit_code, 0);

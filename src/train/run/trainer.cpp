@@ -267,7 +267,10 @@ std::optional<int> TrainingRun::set_up() {
   });
   // First of all, before anything in the directory is read or moved: one run writes it at a time.
   bool locked = false;
-  watchdog_->hold_for(o_.checkpoint_lock_wait_seconds);  // a wait with its own limit
+  // A wait with its own limits: --checkpoint-lock-wait, and past it, for a holder that stopped
+  // refreshing its lock, until the lock is stale.
+  if (!o_.checkpoint_dir.empty())
+    watchdog_->hold_for(o_.checkpoint_lock_wait_seconds + ckpt::DirectoryLock::stale_seconds() + 1);
   lock_ = lock_directory(ctx_, o_, &locked);
   watchdog_->progress(0);
   // Stopped while waiting for another run's lock: its directory is left as it is.
