@@ -68,12 +68,12 @@ std::string stamp(FILE* out, bool warning) {
 
 void write(Level lvl, const std::string& line) {
   if (lvl < g_level) return;
-  // Informational output comes from rank 0 only; warnings and errors from every rank.
-  if (lvl < Level::Warn && g_rank != 0) return;
   std::string prefix = "hpctrain";
   if (lvl == Level::Warn) prefix += ": warning";
   if (lvl == Level::Error) prefix += ": error";
-  // Another rank's line says whose it is (as its errors do), unless it begins by saying so.
+  // Another rank's line says whose it is (as its errors do), unless it begins by saying so. (Which
+  // ranks speak below warnings is each command's choice: training's other ranks are set to Warn,
+  // clean-snapshots speaks on each host's first rank.)
   const bool named = g_world > 1 && g_rank != 0 && line.rfind(g_where, 0) != 0;
   std::lock_guard lock(g_mutex);
   FILE* out = lvl >= Level::Warn ? stderr : stdout;

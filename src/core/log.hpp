@@ -1,6 +1,7 @@
-// Rank-aware logging. Only rank 0 prints informational lines; a warning or error of another
-// rank names it and its host ("hpctrain: warning: rank 1 on node7: ..."), so a multi-rank log
-// can be read. The process context (src/dist) sets them once at start-up.
+// Rank-aware logging. A line of a rank other than 0 names it and its host ("hpctrain: warning:
+// rank 1 on node7: ..."), so a multi-rank log can be read; the commands choose which ranks print
+// informational lines (training and evaluate: rank 0 alone, by the level they give the others).
+// The process context (src/dist) sets the rank and host once at start-up.
 //
 // Lines may start with the time (ISO 8601, UTC, milliseconds): a log file read the next morning
 // needs it, a terminal does not. Stamps::Auto stamps stdout's lines when stdout is not an
