@@ -178,7 +178,7 @@ Entry number_read_here(options::Name name, At at, std::string help, options::Che
     try {
       v = boost::lexical_cast<T>(given);
     } catch (const boost::bad_lexical_cast&) {
-      usage_error(name.shown(), " must be ", range, ", got '", given, "'");
+      usage_error(name.shown(), " must be ", range, ", got '", given, "'", options::out_of_range(given));
     }
     check(v, name.shown());
     at(o) = v;

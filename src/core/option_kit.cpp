@@ -1,10 +1,11 @@
 #include "core/option_kit.hpp"
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
-#include <limits>
 
 namespace hpc::options {
 
@@ -57,31 +58,27 @@ bool takes(const po::value_semantic* s) {
   return dynamic_cast<const po::typed_value<T>*>(s) != nullptr;
 }
 
-template <class T>
-std::string whole_numbers() {
-  return "a whole number from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
-         std::to_string(std::numeric_limits<T>::max());
-}
-
-// What a number option's type holds, for Boost's "the argument ('99999999999') for option
-// '--threads' is invalid", which says neither: "" for an option of another kind.
+// What an option of a number type takes, for Boost's "the argument ('99999999999') for option
+// '--threads' is invalid", which says neither: "" for an option of another kind. (The option's
+// own range, checked once the value is read, is narrower: the type's bounds are not named.)
 std::string number_kind(const po::value_semantic* s) {
-  if (takes<int>(s)) return whole_numbers<int>();
-  if (takes<long>(s)) return whole_numbers<long>();
-  if (takes<long long>(s)) return whole_numbers<long long>();
-  if (takes<unsigned>(s)) return whole_numbers<unsigned>();
-  if (takes<unsigned long>(s)) return whole_numbers<unsigned long>();
-  if (takes<unsigned long long>(s)) return whole_numbers<unsigned long long>();
-  if (takes<double>(s) || takes<float>(s)) {
-    char most[32];
-    std::snprintf(most, sizeof most, "%g", takes<float>(s) ? std::numeric_limits<float>::max()
-                                                             : std::numeric_limits<double>::max());
-    return std::string("a number from -") + most + " to " + most;
-  }
+  if (takes<int>(s) || takes<long>(s) || takes<long long>(s) || takes<unsigned>(s) || takes<unsigned long>(s) ||
+      takes<unsigned long long>(s))
+    return "a whole number";
+  if (takes<double>(s) || takes<float>(s)) return "a number";
   return "";
 }
 
 }  // namespace
+
+std::string out_of_range(const std::string& given) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(given.c_str(), &end);
+  if (end == given.c_str() || *end != '\0') return "";
+  const bool whole_past_an_int = std::floor(v) == v && std::abs(v) >= 2147483648.0;
+  return errno == ERANGE || whole_past_an_int ? " (out of range)" : "";
+}
 
 std::string value_error_text(const po::error& e, const po::options_description& options) {
   const auto* invalid = dynamic_cast<const po::invalid_option_value*>(&e);
@@ -97,7 +94,7 @@ std::string value_error_text(const po::error& e, const po::options_description& 
   const std::string given = from != std::string::npos && to != std::string::npos && to > from
                                 ? what.substr(from + 2, to - from - 2)
                                 : "";
-  return "--" + name + " must be " + kind + ", got '" + given + "'";
+  return "--" + name + " must be " + kind + ", got '" + given + "'" + out_of_range(given);
 }
 
 std::string error_text(const po::error& e, int argc, const char* const* argv, const po::options_description& options,

@@ -375,9 +375,12 @@ void read(const std::vector<Entry<S>>& table, const po::variables_map& vm, S& s)
 std::string error_text(const po::error& e, int argc, const char* const* argv, const po::options_description& options,
                        const po::positional_options_description& positional);
 // Boost's message for a value it could not read, with the kind of number the option takes
-// where it is a number ("--threads must be a whole number from -2147483648 to 2147483647, got
-// '99999999999'", where Boost says "the argument ... is invalid"); e.what() otherwise.
+// where it is a number ("--threads must be a whole number, got '99999999999' (out of range)",
+// where Boost says "the argument ... is invalid"); e.what() otherwise.
 std::string value_error_text(const po::error& e, const po::options_description& options);
+// " (out of range)" where `given` is a number's text that a number type cannot hold (1e999, or
+// a whole number such as 99999999999 past an int), else "" (then it is no number of its kind).
+std::string out_of_range(const std::string& given);
 
 // Parses a subcommand's argv (argv[0]: its name; hpctrain's evaluate, inspect, export, predict,
 // clean-snapshots) into vm. Returns false when --help was asked for (printed when `speak`);

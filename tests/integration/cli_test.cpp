@@ -177,9 +177,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"bucket_mb_huge", {"--bucket-mb", "1e300"}, {"--bucket-mb", "4096"}},
         // Past what the option's type holds: Boost said "the argument ('...') ... is invalid", naming no range.
         BadArgs{"threads_past_an_int", {"--threads", "99999999999"},
-                {"--threads must be a whole number from -2147483648 to 2147483647, got '99999999999'"}},
-        BadArgs{"epochs_not_whole", {"--epochs", "1e3"}, {"--epochs must be a whole number from ", "got '1e3'"}},
-        BadArgs{"lr_past_a_double", {"--lr", "1e999"}, {"--lr must be a number from ", "got '1e999'"}},
+                {"--threads must be a whole number, got '99999999999' (out of range)"}},
+        BadArgs{"epochs_not_whole", {"--epochs", "1e3"}, {"--epochs must be a whole number, got '1e3'"}},
+        BadArgs{"lr_past_a_double", {"--lr", "1e999"}, {"--lr must be a number, got '1e999' (out of range)"}},
         BadArgs{"step_timeout_huge", {"--step-timeout", "1e300"}, {"--step-timeout", "1000h"}},
         BadArgs{"step_timeout_subsecond", {"--step-timeout", "0.5s"}, {"--step-timeout", "from 1s", "0.5 s"}},
         BadArgs{"start_timeout_subsecond", {"--start-timeout", "0.5s"}, {"--start-timeout", "from 1s", "0.5 s"}},
@@ -440,8 +440,8 @@ TEST_F(Cli, ConfigFileProblems) {
   TempDir dir("cli-config");
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
       {"bogus = 1\n", {"bogus"}},                       // unknown key
-      {"epochs = abc\n", {"config file", "--epochs must be a whole number from ", "got 'abc'"}},  // bad value
-      {"lr = 1e999\n", {"config file", "--lr must be a number from -1.79769e+308 to 1.79769e+308, got '1e999'"}},
+      {"epochs = abc\n", {"config file", "--epochs must be a whole number, got 'abc'"}},  // bad value
+      {"lr = 1e999\n", {"config file", "--lr must be a number, got '1e999' (out of range)"}},
       {"epochs\n", {"epochs"}},                         // not key = value
       {"lr = -3\n", {"--lr", "positive"}},              // validated like the command line
       {"model = nope\n", {"'nope'"}},
@@ -905,7 +905,7 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--eval-batch-size", "9223372036854775807"},
        {"--eval-batch-size must be at most 1000000000"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--threads", "99999999999"},
-       {"--threads must be a whole number from -2147483648 to 2147483647, got '99999999999'"}},
+       {"--threads must be a whole number, got '99999999999' (out of range)"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--step-timeout", "0.5s"},
        {"--step-timeout must be 0 (never) or from 1s to 1000h, got 0.5 s"}},
       {{"evaluate", "--checkpoint", dir_, "--data-dir", data, "--start-timeout", "1001h"},

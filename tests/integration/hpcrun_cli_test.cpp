@@ -162,7 +162,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       // Numbers past what an int or a double holds, or no number of the kind: the option's range, not Boost's
       // "the argument ('...') for option '...' is invalid"
       {{"-np", "1", "--max-restarts", "99999999999", "true"},
-       "--max-restarts must be a whole number from 0 to 2147483647, got '99999999999'"},
+       "--max-restarts must be a whole number from 0 to 2147483647, got '99999999999' (out of range)"},
       {{"-np", "1", "--max-restarts", "1e3", "true"},
        "--max-restarts must be a whole number from 0 to 2147483647, got '1e3'"},
       {{"-np", "99999999999999999999", "true"},
@@ -174,7 +174,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-H", "localhost", "--slots-per-host", "99999999999", "true"},
        "--slots-per-host must be a whole number from 1 to 4096, got '99999999999'"},
       {{"-np", "1", "--straggler-factor", "1e999", "true"},
-       "--straggler-factor must be more than 1 (a host's busy time per step over the median host's), got '1e999'"},
+       "--straggler-factor must be more than 1 (a host's busy time per step over the median host's), got '1e999' "
+       "(out of range)"},
       // Durations: at most 1000h (1e300h was an endless wait; --probe-timeout 1e300 a 1 s ssh ConnectTimeout)
       {{"-np", "1", "--probe-timeout", "1e300", "true"}, "--probe-timeout must be at most 1000h, got 1e+300s"},
       {{"-np", "1", "--elastic-timeout", "1e300h", "true"}, "--elastic-timeout must be at most 1000h, got 3.6e+303s"},
