@@ -103,5 +103,34 @@ TEST(StepWatchdog, EvaluationsWatchdogNamesTheBatch) {
   EXPECT_EQ(m.find("relaunched"), std::string::npos) << m;
 }
 
+// A process without peers (one rank) blames no peer: a file system or device that does not answer.
+TEST(StepWatchdog, AProcessWithoutPeersBlamesNoPeer) {
+  for (const Watched watched : {Watched::Steps, Watched::SetUp}) {
+    std::promise<std::string> fired;
+    StepWatchdog dog(1.0, "rank 0 on node1", [&](const std::string& m) { fired.set_value(m); }, {}, watched, false);
+    auto f = fired.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the watchdog never fired";
+    const std::string m = f.get();
+    EXPECT_NE(m.find(": a file system or device that does not answer? Exiting with code 124"), std::string::npos) << m;
+    EXPECT_EQ(m.find("peer"), std::string::npos) << m;
+  }
+}
+
+// A hold ended early by progress (the lock taken at once) starts the clock again: the watchdog
+// fires a timeout after the progress, not after the hold (it slept through it: 34 s instead of 3).
+TEST(StepWatchdog, ProgressEndsAHold) {
+  std::promise<std::string> fired;
+  StepWatchdog dog(1.0, "rank 0 on node1", [&](const std::string& m) { fired.set_value(m); }, {}, Watched::SetUp);
+  dog.hold_for(30.0);
+  std::this_thread::sleep_for(100ms);  // the watchdog's thread sees the hold
+  const auto t0 = std::chrono::steady_clock::now();
+  dog.progress(0);
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the watchdog slept through the end of the hold";
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 1.0);
+  EXPECT_LT(waited, 1.0 + StepWatchdog::kPollSeconds + 1.0);
+}
+
 }  // namespace
 }  // namespace hpc::train

@@ -449,7 +449,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   // Under mpirun every part waits for the peers: a rank that stopped or died would hold the rest.
   auto watchdog =
       std::make_unique<StepWatchdog>(args->start_timeout, ctx.where(), StepWatchdog::Expire{}, StepWatchdog::Poll{},
-                                     Watched::EvaluationSetUp);
+                                     Watched::EvaluationSetUp, ctx.world_size() > 1);
   std::string path;
   const std::optional<ckpt::Checkpoint> c = read_on_rank0(
       ctx,
@@ -467,7 +467,7 @@ int run_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   const auto t_eval = std::chrono::steady_clock::now();
   watchdog.reset();
   watchdog = std::make_unique<StepWatchdog>(args->step_timeout, ctx.where(), StepWatchdog::Expire{},
-                                            StepWatchdog::Poll{}, Watched::EvaluationBatches);
+                                            StepWatchdog::Poll{}, Watched::EvaluationBatches, ctx.world_size() > 1);
   int64_t batches = 0;
   const EvalResult r = evaluate(*e.model, e.ds.test, e.ds.norm, args->batch_size, &ctx.world(),
                                 [&] {

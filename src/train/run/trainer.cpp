@@ -13,6 +13,7 @@
 #include "train/run/trainer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -182,6 +183,9 @@ class TrainingRun {
   RunIdentity run_;
   std::unique_ptr<Snapshotter> snapshots_;
   std::optional<Heartbeat> heartbeat_;
+  // heartbeat_ holds one: the watchdogs' thread, which marks it failed, reads this first (the
+  // set-up watchdog may fire while the main thread makes it).
+  std::atomic<bool> heartbeat_ready_{false};
   const TestHooks hooks_;
   std::optional<Progress> progress_;
   std::optional<StepMetrics> step_metrics_;  // rank 0's
@@ -209,7 +213,7 @@ TrainResult TrainingRun::run() {
 }
 
 void TrainingRun::mark_failed(int exit_code) {
-  if (heartbeat_)
+  if (heartbeat_ready_.load(std::memory_order_acquire))
     heartbeat_->last(tally_.step, plan_.steps_per_epoch ? tally_.step / plan_.steps_per_epoch : 0, "failed",
                      detail::concat("exit_code=", exit_code, "\n"));
 }
@@ -218,6 +222,7 @@ void TrainingRun::mark_failed(int exit_code) {
 // and left empty (refused during set-up) removed.
 void TrainingRun::release_directory() {
   if (!lock_) return;
+  heartbeat_ready_.store(false, std::memory_order_release);
   heartbeat_.reset();  // it points into the store
   checkpoints_.reset();
   lock_->release(true);
@@ -231,7 +236,7 @@ TrainResult TrainingRun::run_steps() {
     StepWatchdog::print_and_exit(message);
   };
   watchdog_ = std::make_unique<StepWatchdog>(o_.start_timeout_seconds, ctx_.where(), expire, StepWatchdog::Poll{},
-                                             Watched::SetUp);
+                                             Watched::SetUp, world_ > 1);
   if (const std::optional<int> code = set_up()) {
     TrainResult stopped;
     stopped.exit_code = *code;
@@ -247,7 +252,8 @@ TrainResult TrainingRun::run_steps() {
   watchdog_.reset();  // set-up's
   watchdog_ = std::make_unique<StepWatchdog>(o_.step_timeout_seconds, ctx_.where(), expire,
                                              p_.gpu ? StepWatchdog::Poll([this] { return engine_->async_error(); })
-                                                    : StepWatchdog::Poll{});
+                                                    : StepWatchdog::Poll{},
+                                             Watched::Steps, world_ > 1);
   watchdog_->progress(tally_.step);
   say_how_it_starts();
   for (int64_t epoch = p_.start.epoch; epoch < o_.epochs && tally_.step < plan_.total_steps; ++epoch)
@@ -350,6 +356,7 @@ void TrainingRun::start_state_keeping() {
   const std::string resumed = detail::concat("resumed_from=", p_.resumed ? p_.start.step : int64_t{-1},
                                              "\nresumed_source=", source_name(p_.source), "\n");
   heartbeat_.emplace(checkpoints_->store(), resumed);
+  heartbeat_ready_.store(true, std::memory_order_release);
 }
 
 // A run that starts from --init-from's weights is evaluated before its first step (the

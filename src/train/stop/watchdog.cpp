@@ -35,10 +35,12 @@ void StepWatchdog::print_and_exit(const std::string& message) {
   ::_exit(kExitStepTimeout);
 }
 
-StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll, Watched watched)
+StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll, Watched watched,
+                           bool peers)
     : timeout_(timeout_seconds),
       where_(std::move(where)),
       watched_(watched),
+      peers_(peers),
       expire_(expire ? std::move(expire) : print_and_exit),
       poll_(std::move(poll)) {
   last_ns_ = now_ns();
@@ -86,29 +88,33 @@ void StepWatchdog::run() {
       log::warn(late_message(idle * 1e-9));
     }
     // Wake at the next moment something can be due: the warning, the timeout or the poll.
-    // (While held, idle is negative: the wait is longer.)
+    // While held (idle negative) it looks every poll period: progress() ends a hold early and
+    // wakes no one.
     int64_t next = idle < timeout_ns / 2 ? timeout_ns / 2 - idle : timeout_ns - idle;
-    if (poll_) next = std::min<int64_t>(next, static_cast<int64_t>(kPollSeconds * 1e9));
+    if (poll_ || idle < 0) next = std::min<int64_t>(next, static_cast<int64_t>(kPollSeconds * 1e9));
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(next, 1000000)));
   }
 }
 
 std::string StepWatchdog::expired_message() const {
   const std::string timeout = seconds_text(timeout_);
+  const char* while_starting = peers_ ? "a peer rank stopped, died or lost its network while starting?"
+                                      : "a file system or device that does not answer?";
+  const char* inside = peers_ ? "a peer rank stopped, died or lost its network inside a collective?"
+                              : "a file system or device that does not answer?";
   std::string what;
   switch (watched_) {
     case Watched::SetUp:
     case Watched::EvaluationSetUp:
-      what = detail::concat("set-up did not end within --start-timeout ", timeout,
-                            ": a peer rank stopped, died or lost its network while starting?");
+      what = detail::concat("set-up did not end within --start-timeout ", timeout, ": ", while_starting);
       break;
     case Watched::EvaluationBatches:
       what = detail::concat("no evaluation batch finished within --step-timeout ", timeout, " (the last was batch ",
-                            step_.load(), "): a peer rank stopped, died or lost its network inside a collective?");
+                            step_.load(), "): ", inside);
       break;
     case Watched::Steps:
       what = detail::concat("no step finished within --step-timeout ", timeout, " (the last was step ", step_.load(),
-                            "): a peer rank stopped, died or lost its network inside a collective?");
+                            "): ", inside);
       break;
   }
   const bool training = watched_ == Watched::Steps || watched_ == Watched::SetUp;
@@ -118,19 +124,19 @@ std::string StepWatchdog::expired_message() const {
 
 std::string StepWatchdog::late_message(double idle_seconds) const {
   const std::string idle = seconds_text(idle_seconds), timeout = seconds_text(timeout_);
+  const char* waiting = peers_ ? "waiting for a peer?" : "waiting for a file system or device?";
   switch (watched_) {
     case Watched::SetUp:
     case Watched::EvaluationSetUp:
-      return detail::concat(where_, ": set-up has taken ", idle, "; waiting for a peer? (--start-timeout ", timeout,
-                            ")");
+      return detail::concat(where_, ": set-up has taken ", idle, "; ", waiting, " (--start-timeout ", timeout, ")");
     case Watched::EvaluationBatches:
-      return detail::concat(where_, ": no evaluation batch finished for ", idle, " since batch ", step_.load(),
-                            "; waiting for a peer? (--step-timeout ", timeout, ")");
+      return detail::concat(where_, ": no evaluation batch finished for ", idle, " since batch ", step_.load(), "; ",
+                            waiting, " (--step-timeout ", timeout, ")");
     case Watched::Steps:
       break;
   }
-  return detail::concat(where_, ": no step finished for ", idle, " since step ", step_.load(),
-                        "; waiting for a peer? (--step-timeout ", timeout, ")");
+  return detail::concat(where_, ": no step finished for ", idle, " since step ", step_.load(), "; ", waiting,
+                        " (--step-timeout ", timeout, ")");
 }
 
 }  // namespace hpc::train

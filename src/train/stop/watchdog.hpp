@@ -41,9 +41,10 @@ class StepWatchdog {
   [[noreturn]] static void print_and_exit(const std::string& message);
 
   // timeout_seconds <= 0: off (no thread). `where` names this process in messages
-  // ("rank 1 on node7").
+  // ("rank 1 on node7"); `peers`: whether it has any, the likely cause of a wait (else a file
+  // system or device that does not answer).
   StepWatchdog(double timeout_seconds, std::string where, Expire expire = {}, Poll poll = {},
-               Watched watched = Watched::Steps);
+               Watched watched = Watched::Steps, bool peers = true);
   ~StepWatchdog();
   StepWatchdog(const StepWatchdog&) = delete;
   StepWatchdog& operator=(const StepWatchdog&) = delete;
@@ -52,7 +53,8 @@ class StepWatchdog {
   // cheap enough for every step and every evaluation batch.
   void progress(int64_t step);
   // The clock stops for up to `seconds`, for a wait that has its own limit (the checkpoint
-  // directory's lock: --checkpoint-lock-wait); progress() after the wait starts it again.
+  // directory's lock: --checkpoint-lock-wait); progress() after the wait starts it again (seen
+  // within kPollSeconds).
   void hold_for(double seconds);
 
  private:
@@ -64,6 +66,7 @@ class StepWatchdog {
   const double timeout_;
   const std::string where_;
   const Watched watched_;
+  const bool peers_;
   Expire expire_;
   Poll poll_;
   std::atomic<int64_t> last_ns_{0}, step_{0};
