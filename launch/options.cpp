@@ -193,16 +193,17 @@ Entry whole_number(options::Name name, int L::*m, std::string help, int lowest, 
                           "a whole number from " + std::to_string(lowest) + " to " + std::to_string(highest), shown);
 }
 
-// Every wait an option gives (a duration): at most kMaxWait, and `also` (its lower bound, where it has
-// one; parse_duration refuses a negative one). Past it hpcrun's timers would not get the seconds given:
-// 1e300h is infinite, and --probe-timeout, ssh's ConnectTimeout in whole seconds, overflowed an int.
+// Every wait an option gives (a duration): at most kLongestWait (core/duration.hpp), and `also`
+// (its lower bound, where it has one; parse_duration refuses a negative one). Past it hpcrun's
+// timers would not get the seconds given: 1e300h is infinite, and --probe-timeout, ssh's
+// ConnectTimeout in whole seconds, overflowed an int.
 options::Check<double> wait_at_most(options::Check<double> also = {}) {
   return [=](const double& seconds, const std::string& shown) {
-    if (seconds > kMaxWait) {  // as given where it can be (2000h), not 2.77777777777778e+296h for 1e300 seconds
+    if (seconds > kLongestWait) {  // as given where it can be (2000h), not 2.77777777777778e+296h for 1e300 seconds
       const std::string got = !std::isfinite(seconds) ? "an endless one"
                               : seconds < 1e15        ? options::duration_text(seconds)
                                                       : options::text(seconds) + "s";
-      usage_error(shown, " must be at most ", options::duration_text(kMaxWait), ", got ", got);
+      usage_error(shown, " must be at most ", options::duration_text(kLongestWait), ", got ", got);
     }
     if (also) also(seconds, shown);
   };

@@ -59,11 +59,6 @@ struct LaunchOptions {
 // changes at most once a second.
 constexpr double kMinStallTimeout = 5;
 
-// The longest wait an option gives (every duration: --stall-timeout, --elastic-timeout, the
-// --blacklist-cooldown, ...; seconds): 1000 h, as hpctrain's --step-timeout. Longer is no wait
-// anyone means, and 1e300h is infinite.
-constexpr double kMaxWait = 1000 * 3600.0;
-
 // nullopt when --help or --version was printed. Bad input throws a usage error.
 std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* argv);
 

@@ -28,7 +28,7 @@ void require_thread_count(int threads) {
 }
 
 void require_watchdog_timeout(double seconds, const char* option) {
-  HPC_REQUIRE(seconds == 0 || (seconds >= 1 && seconds <= kMaxWatchdogTimeout), "--", option,
+  HPC_REQUIRE(seconds == 0 || (seconds >= 1 && seconds <= kLongestWait), "--", option,
               " must be 0 (never) or from 1s to 1000h, got ", show_duration(seconds));
 }
 

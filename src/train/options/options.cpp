@@ -119,7 +119,7 @@ void validate_parallel(const TrainOptions& o) {
               o.bucket_mb);
   require_watchdog_timeout(o.step_timeout_seconds, "step-timeout");
   require_watchdog_timeout(o.start_timeout_seconds, "start-timeout");
-  HPC_REQUIRE(o.checkpoint_lock_wait_seconds <= kMaxWatchdogTimeout, "--checkpoint-lock-wait must be at most 1000h, got ",
+  HPC_REQUIRE(o.checkpoint_lock_wait_seconds <= kLongestWait, "--checkpoint-lock-wait must be at most 1000h, got ",
               show_duration(o.checkpoint_lock_wait_seconds));
 }
 
