@@ -14,6 +14,7 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -52,6 +53,7 @@ void Voice::open(const std::string& log_dir) {
   std::error_code ec;
   fs::create_directories(log_dir, ec);
   HPC_REQUIRE(!ec, "--log-dir ", log_dir, ": cannot create it: ", ec.message());
+  require_safe_directory(log_dir, "--log-dir");
   hpcrun_log_.open((fs::path(log_dir) / "hpcrun.log").string(), std::ios::app);
   HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", log_dir, ": cannot write in it");
   for (const std::string& line : early_lines_) hpcrun_log_ << line << '\n';

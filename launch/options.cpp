@@ -93,6 +93,7 @@ void check_checkpoint_dir(const LaunchOptions& o) {
   std::error_code ec;
   HPC_REQUIRE(!fs::exists(o.checkpoint_dir, ec) || fs::is_directory(o.checkpoint_dir, ec), "--checkpoint-dir ",
               o.checkpoint_dir, ": not a directory");
+  require_safe_directory(o.checkpoint_dir, "--checkpoint-dir");  // hpcrun writes membership-change there
   const std::string programs = program_option(o.program, "checkpoint-dir");
   if (!o.program_is_hpctrain || programs.empty()) return;
   HPC_REQUIRE(fs::weakly_canonical(fs::absolute(programs), ec) == fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec),

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/log.hpp"
 
 namespace hpc::ckpt {
@@ -187,6 +188,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
   fs::create_directories(dir, ec);
   HPC_REQUIRE(!ec && fs::is_directory(dir), "cannot create checkpoint directory ", dir,
               ec ? ": " + ec.message() : std::string(": not a directory"));
+  require_safe_directory(dir, "--checkpoint-dir");  // before anything in it is read or written
   const std::string path = (fs::path(dir) / "lock").string();
   const auto deadline = Clock::now() + std::chrono::duration<double>(wait_seconds);
   HolderWatch holder(path);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.hpp"
@@ -87,6 +88,33 @@ void require_not_root_dir(const std::string& dir, const std::string& what) {
   const bool is_root = !dir.empty() && ::stat(dir.c_str(), &st) == 0 && ::stat("/", &root) == 0 &&
                        st.st_dev == root.st_dev && st.st_ino == root.st_ino;
   HPC_REQUIRE(!is_root, what, " ", dir, " is the root directory / (an unset variable?): give a directory of its own");
+}
+
+std::string mode_text(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid) {
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir, ec);
+  if (ec) return;
+  const std::string shown = real.string() == dir ? dir : detail::concat(dir, " (", real.string(), ")");
+  const std::string why =
+      ": another user could replace what is read back there, or plant a link that a write would follow; ";
+  for (fs::path p = real;; p = p.parent_path()) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return;
+    const bool itself = p == real;
+    const std::string part = itself ? std::string("it") : p.string();
+    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0, what, " ", shown, ": ", part,
+                " belongs to uid ", st.st_uid, ", another user", why, "use a directory of your own");
+    HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (!itself && (st.st_mode & S_ISVTX)), what, " ", shown, ": ", part,
+                " is writable by others (mode ", mode_text(st.st_mode), ")", why, itself ? "chmod o-w it, or " : "",
+                "use a directory of your own");
+    if (p == p.root_path()) return;
+  }
 }
 
 }  // namespace hpc

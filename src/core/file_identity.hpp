@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -46,5 +47,18 @@ void require_distinct_files(const std::vector<NamedPath>& outputs, const std::ve
 // A directory a tool writes into must not be the root directory, by any spelling ("/", "//",
 // "/tmp/..") or link: it is what an unset variable makes of "$DIR/". A usage error naming `what`.
 void require_not_root_dir(const std::string& dir, const std::string& what);
+
+// A directory whose files a tool reads back or replaces (the checkpoints --resume takes, the
+// heartbeat, hpcrun's logs) must be out of other users' reach, or one of them could plant a
+// checkpoint there, or a link that a write would follow into the user's own files (shared storage
+// such as /shared or /fsx is often world-writable and sticky). So, resolved, the directory must
+// not be writable by every user, and neither may any directory above it be, unless sticky (as
+// /tmp); with `uid` not root, each of them must belong to `uid` or to root. Group write is
+// allowed (a team's shared directory). A usage error naming `what`, the directory and the part
+// at fault. Nothing is checked for a directory that is not there (its creator reports that).
+void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid = ::geteuid());
+
+// A file's permission bits as chmod takes them, in octal: "755", "1777".
+std::string mode_text(mode_t mode);
 
 }  // namespace hpc

@@ -251,6 +251,10 @@ INSTANTIATE_TEST_SUITE_P(
                 {"--checkpoint-dir / is the root directory / (an unset variable?)"}},
         BadArgs{"checkpoint_dir_root_spelled_otherwise", {"--checkpoint-dir", "/tmp/.."},
                 {"--checkpoint-dir /tmp/.. is the root directory /"}},
+        // Where every user may write, another could plant a checkpoint for --resume, or a link to follow.
+        BadArgs{"checkpoint_dir_writable_by_others", {"--checkpoint-dir", "/tmp"},
+                {"--checkpoint-dir /tmp: it is writable by others (mode 1777): another user could replace what is "
+                 "read back there"}},
         BadArgs{"snapshot_dir_root", {"--checkpoint-dir", "@WORK/ck", "--snapshot-dir", "//"},
                 {"--snapshot-dir // is the root directory /"}},
         BadArgs{"data_dir_empty", {"--data-dir", ""}, {"--data-dir is empty"}},

@@ -154,6 +154,9 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--log-dir", "/tmp/..", "-np", "1", "true"}, "--log-dir /tmp/.. is the root directory /"},
       {{"-np", "1", "--checkpoint-dir", "//", "true"}, "--checkpoint-dir // is the root directory /"},
       {{"-np", "1", hpctrain_binary(), "--checkpoint-dir", "/"}, "--checkpoint-dir / is the root directory /"},
+      // Where every user may write, another could plant a link that hpcrun's writes would follow.
+      {{"--log-dir", "/tmp", "-np", "1", "true"}, "--log-dir /tmp: it is writable by others (mode 1777)"},
+      {{"-np", "1", "--checkpoint-dir", "/tmp", "true"}, "--checkpoint-dir /tmp: it is writable by others (mode 1777)"},
       // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
        "is not the program's"},

@@ -316,10 +316,14 @@ TEST_F(Snapshots, AStopDuringSetUpCheckpointsTheStateResumedFromMemory) {
 // over --snapshot-max-memory, and a --snapshot-dir that cannot be made.
 TEST_F(Snapshots, SnapshotsThatCannotBeKeptAreAWarningNotAFailure) {
   write_text(dir_.file("a-file"), "not a directory\n");
+  fs::create_directory(dir_.file("open"));
+  fs::permissions(dir_.file("open"), fs::perms::all);  // 777: others could move the run directories
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
       {{"--snapshot-max-memory", "1M", "--snapshot-dir", dir_.file("budget")},
        "and --snapshot-max-memory allows 1.0 MB (1M)"},
       {{"--snapshot-dir", dir_.file("a-file") + "/snaps"}, "cannot create " + dir_.file("a-file") + "/snaps"},
+      {{"--snapshot-dir", dir_.file("open")}, "--snapshot-dir " + dir_.file("open") +
+                                                  " is writable by others and not sticky (mode 777)"},
   };
   for (const auto& [extra, message] : cases) {
     SCOPED_TRACE(message);
@@ -335,6 +339,20 @@ TEST_F(Snapshots, SnapshotsThatCannotBeKeptAreAWarningNotAFailure) {
     EXPECT_EQ(done_of(m).at("snapshots_taken").number, 0);
     EXPECT_EQ(done_of(m).at("steps").number, 6);
   }
+}
+
+// A --snapshot-dir that was there keeps its mode (as root, --snapshot-dir /dev/shm must not lock
+// the machine's other users out of it); the run's own directory in it is private.
+TEST_F(Snapshots, AnExistingSnapshotDirectoryKeepsItsMode) {
+  const std::string shared = dir_.file("shared");
+  fs::create_directory(shared);
+  fs::permissions(shared, fs::perms::all | fs::perms::sticky_bit);  // 1777, as /dev/shm
+  kill_after(1, dir_.file("shared-ck"), shared, 8);                  // its snapshots are left
+  EXPECT_EQ(fs::status(shared).permissions(), fs::perms::all | fs::perms::sticky_bit);
+  const std::string run = run_dir(shared);
+  ASSERT_FALSE(run.empty());
+  EXPECT_EQ(fs::status(run).permissions(), fs::perms::owner_all) << run;
+  EXPECT_FALSE(the_snapshot(shared).empty());
 }
 
 // An attempt with snapshots off (here: a budget too small for them; in the chaos soak: a host

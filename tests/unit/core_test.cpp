@@ -570,6 +570,62 @@ TEST_F(FileIdentityTest, RootDirectoryBySpellingOrLinkIsRefused) {
     EXPECT_NO_THROW(require_not_root_dir(fine, "--out")) << fine;
 }
 
+// What error a check throws: its text, or "" when it passes.
+template <class F>
+std::string refusal(F&& check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    return e.what();
+  }
+  return "";
+}
+
+// A directory whose files are read back must be out of other users' reach: refused where another
+// user owns it or a directory above it, or where every user may write to it (or above it, unless
+// sticky); root is trusted, and so is a group. Needs root, to give directories to other users.
+TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown to other users); CI runs as root";
+  const uid_t me = 4242, other = 4343;
+  auto make = [&](const std::string& rel, mode_t mode, uid_t owner) {
+    fs::create_directories(at(rel));
+    EXPECT_EQ(::chmod(at(rel).c_str(), mode), 0);
+    EXPECT_EQ(::chown(at(rel).c_str(), owner, static_cast<gid_t>(-1)), 0);
+  };
+  auto check = [&](const std::string& rel, uid_t uid) {
+    return refusal([&] { require_safe_directory(at(rel), "--checkpoint-dir", uid); });
+  };
+  make("mine", 0755, me);
+  make("team", 0775, me);             // group write: a team's directory
+  make("roots", 0755, 0);             // root's
+  make("theirs", 0755, other);
+  make("theirs/mine", 0755, me);      // mine, inside another user's
+  make("open", 0777, me);
+  make("open/mine", 0755, me);        // mine, inside one every user may write to
+  make("sticky", 01777, 0);
+  make("sticky/mine", 0700, me);      // mine, inside a sticky one (as /tmp or /shared)
+  fs::create_directory_symlink(at("theirs"), at("link"));
+  for (const char* fine : {"mine", "team", "roots", "sticky/mine", "missing"}) EXPECT_EQ(check(fine, me), "") << fine;
+  EXPECT_EQ(check("theirs", other), "");  // its owner's
+  EXPECT_EQ(check("theirs", 0), "");      // root trusts every owner
+
+  EXPECT_EQ(check("theirs", me), "--checkpoint-dir " + at("theirs") +
+                                     ": it belongs to uid 4343, another user: another user could replace what is "
+                                     "read back there, or plant a link that a write would follow; use a directory "
+                                     "of your own");
+  EXPECT_NE(check("theirs/mine", me).find(": " + at("theirs") + " belongs to uid 4343"), std::string::npos);
+  EXPECT_NE(check("link", me).find("--checkpoint-dir " + at("link") + " (" + at("theirs") + "): it belongs"),
+            std::string::npos) << check("link", me);
+  for (uid_t uid : {me, uid_t{0}}) {
+    EXPECT_NE(check("open", uid).find(": it is writable by others (mode 777): "), std::string::npos) << uid;
+    EXPECT_NE(check("open", uid).find("; chmod o-w it, or use a directory of your own"), std::string::npos) << uid;
+    EXPECT_NE(check("open/mine", uid).find(": " + at("open") + " is writable by others (mode 777)"),
+              std::string::npos);
+    EXPECT_NE(check("sticky", uid).find(": it is writable by others (mode 1777)"), std::string::npos) << uid;
+  }
+}
+
 }  // namespace
 }  // namespace hpc
 

@@ -86,15 +86,21 @@ uint64_t room_for_snapshots(const std::string& dir) {
 }
 
 // The parent of the run directories must be this user's own (in a shared /dev/shm another user
-// could have made it, and would then read or replace the state).
+// could have made it, and would then read or replace the state), made private when made here. One
+// that was there is left as it is (--snapshot-dir /dev/shm as root must not lock the machine's
+// other users out), and refused where others could move the run directories in it (writable by
+// them and not sticky); each run directory is private itself.
 void require_own_directory(const fs::path& dir) {
   std::error_code ec;
+  const bool existed = fs::exists(fs::symlink_status(dir, ec));
   fs::create_directories(dir, ec);
   struct stat st {};
   HPC_REQUIRE(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "cannot create ", dir.string(),
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(st.st_uid == ::geteuid(), dir.string(), " belongs to another user (uid ", st.st_uid, ")");
-  ::chmod(dir.c_str(), 0700);
+  if (!existed) ::chmod(dir.c_str(), 0700);
+  HPC_REQUIRE(!(st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_mode & S_ISVTX), "--snapshot-dir ", dir.string(),
+              " is writable by others and not sticky (mode ", mode_text(st.st_mode), "): they could move or replace the kept state; chmod go-w it, or give a directory of its own");
 }
 
 // The other runs' directories in `parent` (named by a run id), oldest first.
@@ -397,6 +403,7 @@ void Snapshotter::hold_in_use() {
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::error_code ec;
     fs::create_directories(run_dir_, ec);
+    ::chmod(run_dir_.c_str(), 0700);  // the state is this user's alone, whatever its parent's mode
     const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     HPC_REQUIRE(fd >= 0, "cannot create ", file.string(), ": ", std::strerror(errno));
     struct stat held {}, now {};
