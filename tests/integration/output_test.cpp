@@ -3,8 +3,11 @@
 // plain timestamped lines in files and under mpirun; metrics to stdout (issue 41).
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mount.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -212,6 +215,127 @@ TEST_F(Output, AClosedStandardOutputIsNotTheEndOfTheRun) {
   std::ifstream beat(ck.str() + "/heartbeat");
   const std::string heartbeat((std::istreambuf_iterator<char>(beat)), std::istreambuf_iterator<char>());
   EXPECT_NE(heartbeat.find("state=done"), std::string::npos) << heartbeat;
+}
+
+
+// A file system that fills up during the run (a tmpfs of 1 MiB, mounted here, filled but for two
+// pages): a write to an output file that fails is not the end of the run.
+class FullOutputFileSystem : public Output {
+ protected:
+  void SetUp() override {
+    Output::SetUp();
+    if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root (CI runs as root)";
+    fs::create_directories(full_);
+    ASSERT_EQ(mount("tmpfs", full_.c_str(), "tmpfs", 0, "size=1m"), 0) << std::strerror(errno);
+    mounted_ = true;
+    const auto room = static_cast<size_t>(2 * sysconf(_SC_PAGESIZE));
+    write_bytes(full_ + "/pad", Bytes((1 << 20) - room, 0));
+  }
+  void TearDown() override {
+    if (mounted_) umount2(full_.c_str(), MNT_DETACH);
+  }
+  // A run of 40 steps with a checkpoint directory, and `more`; the checkpoint of its last step.
+  RunResult run(std::vector<std::string> more) {
+    std::vector<std::string> a{"--data-dir", data_.str(), "--max-steps", "40", "--batch-size", "16",
+                               "--test-samples", "16", "--epochs", "1", "--threads", "1", "--quiet",
+                               "--checkpoint-dir", ck_, "--checkpoint-every-steps", "15"};
+    a.insert(a.end(), more.begin(), more.end());
+    return run_hpctrain(a, 120);
+  }
+  std::string last_checkpoint() const { return ck_ + "/ckpt-000000040.hpck"; }
+
+  // One warning, naming the option, the file and the cause; nothing else on stderr.
+  static void expect_one_warning(const RunResult& r, const std::string& option, const std::string& file) {
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind("hpctrain: warning: cannot write " + option + " " + file + ": No space left on device "
+                          "(said once; training goes on", 0), 0u) << r.err;
+  }
+
+  TempDir dir_{"full-output"};
+  const std::string full_ = dir_.file("small"), ck_ = dir_.file("ck");
+  bool mounted_ = false;
+};
+
+// --metrics-file: one warning, and the file keeps the whole lines written before (the part of
+// the line that did not fit is cut off again); the run trains to its end and saves its state.
+// (The run ended with exit 2 and the steps since its last checkpoint were lost.)
+TEST_F(FullOutputFileSystem, AMetricsFileThatFillsUpIsAWarning) {
+  const std::string m = full_ + "/m.jsonl";
+  const RunResult r = run({"--metrics-file", m, "--metrics-every-steps", "1"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  expect_one_warning(r, "--metrics-file", m);
+  EXPECT_TRUE(fs::exists(last_checkpoint())) << r.err;
+  const std::string text = read_text(m);
+  ASSERT_FALSE(text.empty()) << "the first lines fit";
+  EXPECT_EQ(text.back(), '\n') << "a line cut short: " << text.substr(text.size() - std::min<size_t>(text.size(), 80));
+  std::vector<JsonObject> lines;
+  ASSERT_NO_THROW(lines = read_all_json_lines(m));
+  EXPECT_EQ(lines.front().at("event").str, "config");
+  EXPECT_LT(lines.size(), 40u) << "the file system was not full";
+  // No room at all: the file made for the run stays empty and is removed; the run goes on as well.
+  fs::remove(m);
+  fs::remove_all(ck_);
+  std::ofstream(full_ + "/more", std::ios::binary) << std::string(static_cast<size_t>(2 * sysconf(_SC_PAGESIZE)), 'x');
+  const RunResult none = run({"--metrics-file", m, "--metrics-every-steps", "1"});
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  expect_one_warning(none, "--metrics-file", m);
+  EXPECT_FALSE(fs::exists(m)) << "an empty file left behind";
+  EXPECT_TRUE(fs::exists(last_checkpoint())) << none.err;
+}
+
+// --timeline-file, a Chrome trace (gathered at every step) and the JSON Lines form: the same. The
+// trace stays one loadable JSON array: the failed write's part is cut off, and its "]" put back.
+TEST_F(FullOutputFileSystem, ATimelineFileThatFillsUpIsAWarning) {
+  for (const std::string name : {"t.json", "t.jsonl"}) {
+    SCOPED_TRACE(name);
+    const std::string t = full_ + "/" + name;
+    fs::remove_all(ck_);
+    setenv("HPCTRAIN_TEST_TRACE_GATHER_STEPS", "1", 1);
+    const RunResult r = run({"--timeline-file", t});
+    unsetenv("HPCTRAIN_TEST_TRACE_GATHER_STEPS");
+    ASSERT_FALSE(r.timed_out);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    expect_one_warning(r, "--timeline-file", t);
+    EXPECT_TRUE(fs::exists(last_checkpoint())) << r.err;
+    const std::string text = read_text(t);
+    ASSERT_FALSE(text.empty()) << "the first steps fit";
+    if (name == "t.jsonl") {
+      EXPECT_EQ(text.back(), '\n');
+      std::vector<JsonObject> lines;
+      ASSERT_NO_THROW(lines = read_all_json_lines(t));
+      EXPECT_LT(lines.back().at("step").number, 39) << "the file system was not full";
+    } else {
+      EXPECT_EQ(count_of(text, "step 40"), 0) << "the file system was not full";
+      EXPECT_EQ(text.substr(text.size() - 3), "\n]\n");
+      const RunResult loads = run_program({"/usr/bin/python3", "-c",
+                                           "import json, sys; print(len(json.load(open(sys.argv[1]))))", t});
+      EXPECT_EQ(loads.exit_code, 0) << "not a JSON array: " << loads.err;
+    }
+    fs::remove(t);
+  }
+}
+
+// A JSON document that is not JSON Lines (hpcrun's summary.json, a pretty-printed object that
+// begins with '{' and ends with '}') named as --metrics-file: one error line, and it stays as it
+// was. (hpctrain looked at its first and last byte only, and appended to it.) So does a file
+// whose first line is a JSON object and whose last line is not.
+TEST_F(Output, AJsonDocumentIsNotTakenForAMetricsFile) {
+  const TempDir dir("json-document");
+  for (const std::string& text : {std::string("{\n  \"exit_code\": 0,\n  \"attempts\": [\n    {\"code\": 0}\n  ]\n}"),
+                                  std::string("{\n  \"exit_code\": 0\n}\n"),
+                                  std::string("{\"event\":\"config\"}\nnot a JSON object\n")}) {
+    const std::string m = dir.file("summary.json");
+    write_text(m, text);
+    const std::string before = describe_path(m);
+    const RunResult r = run_hpctrain(quick({"--quiet", "--metrics-file", m}), 120);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: error: --metrics-file " + m + " exists and is "
+                                                        "not a JSON Lines file: not appending to it (another file "
+                                                        "named by mistake?)"});
+    EXPECT_EQ(describe_path(m), before);
+    EXPECT_EQ(read_text(m), text);
+  }
 }
 
 }  // namespace

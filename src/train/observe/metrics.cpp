@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -18,16 +20,77 @@ namespace hpc::train {
 
 namespace {
 
-// The first and the last byte of a regular file that is not empty (none: it is empty, or cannot
-// be read: a write-only file is appended to unseen). Read through a descriptor of its own: the
-// writer's is write-only, so that a FIFO that nothing reads is refused (below).
-std::optional<std::pair<char, char>> ends_of(const std::string& path, off_t size) {
+constexpr off_t kLongestLine = 1 << 20;  // far longer than any line hpctrain writes
+
+// Whether `line` (without its line end) is one complete JSON object, as every line of a JSON
+// Lines file that hpctrain appends to must be.
+bool one_object(const std::string& line) {
+  return nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false).is_object();
+}
+
+std::string read_at(int fd, off_t at, off_t n) {
+  std::string s(static_cast<size_t>(n), '\0');
+  size_t got = 0;
+  while (got < s.size()) {
+    const ssize_t r = ::pread(fd, s.data() + got, s.size() - got, at + static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  s.resize(got);
+  return s;
+}
+
+// What a regular file that is not empty holds, as far as appending to it goes. Read through a
+// descriptor of its own: the writer's is write-only, so that a FIFO that nothing reads is refused
+// (below); a file that cannot be read (write-only to this user) is appended to unseen.
+enum class Holds { Unread, JsonLines, CutJsonLines, Other };
+
+Holds what_it_holds(const std::string& path, off_t size) {
   const int fd = size > 0 ? ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
-  if (fd < 0) return std::nullopt;
-  std::pair<char, char> ends{0, 0};
-  const bool read = ::pread(fd, &ends.first, 1, 0) == 1 && ::pread(fd, &ends.second, 1, size - 1) == 1;
+  if (fd < 0) return Holds::Unread;
+  // The first line must be whole, and one JSON object: a JSON document's "{" line, a dataset's
+  // bytes, a log's text are not. (First and last byte alone took any pretty-printed object.)
+  const std::string head = read_at(fd, 0, std::min(size, kLongestLine));
+  const size_t first_end = head.find('\n');
+  // The last whole line too (blank lines after it aside); what follows the last line end is a
+  // line cut by a run killed while writing it (or a crashed machine's unwritten block), kept.
+  const off_t from = std::max<off_t>(0, size - kLongestLine);
+  const std::string tail = read_at(fd, from, size - from);
   ::close(fd);
-  return read ? std::optional(ends) : std::nullopt;
+  if (static_cast<off_t>(head.size()) != std::min(size, kLongestLine) ||
+      static_cast<off_t>(tail.size()) != size - from)
+    return Holds::Unread;  // a read that failed: nothing known
+  if (first_end == std::string::npos || !one_object(head.substr(0, first_end))) return Holds::Other;
+  const bool cut = tail.back() != '\n';
+  // From the last line end back: each line that ends there, until one that is not blank.
+  for (size_t end = tail.rfind('\n'); end != std::string::npos;) {
+    const size_t before = end == 0 ? std::string::npos : tail.rfind('\n', end - 1);
+    if (before == std::string::npos && from > 0) return Holds::Other;  // longer than any line of hpctrain's
+    const size_t start = before == std::string::npos ? 0 : before + 1;
+    if (from == 0 && start == 0) break;  // the first line: checked above
+    const std::string line = tail.substr(start, end - start);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) {
+      if (!one_object(line)) return Holds::Other;
+      break;
+    }
+    end = before;
+  }
+  if (from > 0 && tail.find('\n') == std::string::npos) return Holds::Other;  // a cut line longer than any
+  return cut ? Holds::CutJsonLines : Holds::JsonLines;
+}
+
+bool write_all(int fd, const std::string& text, size_t& done) {
+  for (done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 }  // namespace
@@ -36,47 +99,50 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
     : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0) {
   HPC_REQUIRE(!path.empty(), option, " is empty (an unset variable?)");
   // O_EXCL tells a file made here from one that was there (which stays, whatever happens).
-  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  created_ = fd >= 0;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  created_ = fd_ >= 0;
   // One that was there may be a stream (a pipe: /dev/stdout | cat, a FIFO, a device): O_NONBLOCK
   // makes a FIFO that nothing reads fail at once (ENXIO) where the open would wait for a reader.
-  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
-  if (fd < 0) {
+  if (fd_ < 0) {
     const int error = errno;
     HPC_REQUIRE(error != ENXIO || ::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode), option, " ", path,
                 " is a FIFO that has no reader: start the program that reads it first");
     usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
   }
-  if (::fstat(fd, &st) != 0 || !(file_ = ::fdopen(fd, "a"))) {
+  if (::fstat(fd_, &st) != 0) {
     const int error = errno;
-    ::close(fd);
+    ::close(std::exchange(fd_, -1));
     if (created_) ::unlink(path.c_str());
     usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
   }
   if (!S_ISREG(st.st_mode)) {
     // A stream is written as it is, never read, checked or removed; its writes wait for a slow
     // reader as the progress lines on stdout do, rather than fail.
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
     return;
   }
-  const auto ends = ends_of(path, st.st_size);
-  if (ends && ends->first != '{') {
-    std::fclose(std::exchange(file_, nullptr));
+  // /dev/stdout may be a regular file (a job's output) that the log appends to as well: a failed
+  // write's part of a line is cut off only in a file of the writer's own.
+  truncatable_ = path.rfind("/dev/", 0) != 0 && path.rfind("/proc/", 0) != 0;
+  const Holds holds = what_it_holds(path, st.st_size);
+  if (holds == Holds::Other) {
+    ::close(std::exchange(fd_, -1));
     usage_error(option, " ", path, " exists and is not a JSON Lines file: not appending to it (another file "
                 "named by mistake?)");
   }
-  cut_ = ends && ends->second != '\n';  // a run killed while it wrote a line
+  cut_ = holds == Holds::CutJsonLines;  // a run killed while it wrote a line
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (!file_) return;
-  std::fclose(file_);
+  if (fd_ < 0) return;
+  ::close(fd_);
   if (created_ && !written_) ::unlink(path_.c_str());
 }
 
 void MetricsWriter::write(const JsonObject& fields) {
-  if (!file_) return;
+  if (fd_ < 0) return;
   if (cut_)
     log::warn(option_, " ", path_, " ends in a cut line (a run killed while writing it?): it stays as it is, and "
               "this run's events start on a new line after it");
@@ -89,9 +155,28 @@ void MetricsWriter::write(const JsonObject& fields) {
     line += json_text(fields);
   }
   line += '\n';
-  const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-  written_ = true;  // even a failed write may have left part of a line: the file stays
-  HPC_REQUIRE(ok, "cannot write ", option_, " ", path_, ": ", std::strerror(errno));
+  // Where the line starts (O_APPEND writes at the end): to cut off the part a failed write left.
+  struct stat st {};
+  const off_t before = truncatable_ && ::fstat(fd_, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  if (write_all(fd_, line, done)) {
+    written_ = true;
+    return;
+  }
+  const int error = errno;
+  // One write of the whole line, so the part is at the file's end: cut off, the file ends in its
+  // last whole line again (a reader never sees half a line); where that fails, or in a stream,
+  // the part stays: a cut last line, which readers (hpctrain-plot, the next run) know.
+  give_up(error, done > 0 && !(before >= 0 && ::ftruncate(fd_, before) == 0));
+}
+
+void MetricsWriter::give_up(int error, bool part_left) {
+  ::close(std::exchange(fd_, -1));
+  written_ = written_ || part_left;
+  const bool removed = created_ && !written_ && ::unlink(path_.c_str()) == 0;  // made for this run, and empty
+  log::warn("cannot write ", option_, " ", path_, ": ", std::strerror(error), " (said once; training goes on, and ",
+            removed ? "the file, empty, is removed" : "no more lines are written to it",
+            part_left ? ": its last line is cut short" : "", ")");
 }
 
 }  // namespace hpc::train

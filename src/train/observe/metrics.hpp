@@ -2,7 +2,6 @@
 // killed run keeps every line it finished. Keys are a contract (issue "hpctrain core").
 #pragma once
 
-#include <cstdio>
 #include <string>
 
 #include "core/json.hpp"
@@ -14,12 +13,14 @@ using hpc::json_text;
 using hpc::JsonObject;
 
 // Appends JSON lines to the file of an option (--metrics-file, --timeline-file), which every
-// error names. A file that exists must be JSON Lines already: appending to anything else (a
-// dataset file named by mistake) would damage it; one whose last line was cut (a killed run) gets
-// the new lines after a line end, with a warning. A file this writer created and never wrote
-// to is removed again, so a refused run leaves nothing behind. A stream (a pipe, a FIFO, a
-// device: --metrics-file /dev/stdout | cat) is written as it is; a FIFO that nothing reads is
-// refused at once instead of waited on.
+// error names. A file that exists must be JSON Lines already (its first line, and its last whole
+// one, a JSON object): appending to anything else (a dataset file, a pretty-printed JSON document
+// named by mistake) would damage it; one whose last line was cut (a killed run) gets the new
+// lines after a line end, with a warning. A file this writer created and never wrote to is
+// removed again, so a refused run leaves nothing behind. A stream (a pipe, a FIFO, a device:
+// --metrics-file /dev/stdout | cat) is written as it is; a FIFO that nothing reads is refused at
+// once instead of waited on. Only opening is an error: a write that fails later (a full file
+// system) is one warning, and the file gets no more lines, while the run goes on.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
@@ -28,15 +29,19 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   // One line; in the --metrics-file, with "unix_time" (seconds since 1970, UTC, to the
-  // millisecond) added last where `fields` has none. A failed write (a full disk) is a usage
-  // error naming the option and the cause.
+  // millisecond) added last where `fields` has none. A failed write (a full disk) is one warning
+  // naming the option, the file and the cause; the part of the line that reached a regular file
+  // is cut off again (the file keeps whole lines only), and the file is written no more.
   void write(const JsonObject& fields);
 
  private:
+  void give_up(int error, bool part_left);  // after a failed write: the warning, and no more writes
+
   std::string path_;
   const char* option_ = "";
-  FILE* file_ = nullptr;
-  bool created_ = false, written_ = false;
+  int fd_ = -1;
+  bool created_ = false, written_ = false;  // written_: a whole line of this run is in the file
+  bool truncatable_ = false;  // a regular file of its own (not /dev/stdout's, which the log shares)
   bool cut_ = false;  // the file's last line has no line end yet
   bool stamp_ = false;  // every event gets "unix_time" (the metrics file's, not the timeline's)
 };

@@ -130,43 +130,72 @@ TraceFile::~TraceFile() {
   } catch (const std::exception& e) {
     log::warn(e.what());
   }
+  if (fd_ < 0) return;  // closed by a failed write
   ::close(fd_);
   if (created_ && !written_) ::unlink(path_.c_str());
 }
 
-void TraceFile::write_at(const std::string& text, off_t at) {
+bool TraceFile::write_at(const std::string& text, off_t at, int& error) {
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = stream_ ? ::write(fd_, text.data() + done, text.size() - done)
                               : ::pwrite(fd_, text.data() + done, text.size() - done, at + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    written_ = true;  // even a failed write may have left part of an event: the file stays
     if (n <= 0) {
-      const int e = n < 0 ? errno : ENOSPC;
-      closed_ = true;  // not written to again: the error says it once, and the end's "]" would fail too
-      usage_error("cannot write ", kOption, " ", path_, ": ", std::strerror(e));
+      error = n < 0 ? errno : ENOSPC;
+      if (stream_ && done > 0) written_ = true;  // part of an event went out
+      return false;
     }
     done += static_cast<size_t>(n);
   }
+  return true;
+}
+
+// A failed write (a full file system), said once: the file is written no more, and the run goes
+// on. A regular file gets back the end it had before: its last whole event, then "]" (a new one
+// that was never written to, nothing, and is removed), so that it stays a loadable JSON array.
+void TraceFile::give_up(int error) {
+  closed_ = true;
+  bool kept_whole = stream_;  // a stream's part of an event cannot be taken back: a trace without its "]"
+  if (!stream_) {
+    if (end_ == 0)  // nothing of the array was there: back to empty
+      kept_whole = ::ftruncate(fd_, 0) == 0;
+    else  // shortened first (which frees the room), then the "]" over what the write left
+      kept_whole = ::ftruncate(fd_, end_ + 3) == 0 && ::pwrite(fd_, "\n]\n", 3, end_) == 3;
+    if (!kept_whole) written_ = true;  // what is left stays, to be seen
+  }
+  ::close(std::exchange(fd_, -1));
+  const bool removed = created_ && !written_ && ::unlink(path_.c_str()) == 0;
+  log::warn("cannot write ", kOption, " ", path_, ": ", std::strerror(error), " (said once; training goes on, and ",
+            removed ? "the file, empty, is removed" : "no more events are written to it",
+            stream_ || !kept_whole || removed ? "" : ": it is left as it was before that write",
+            kept_whole ? "" : "; its end may be cut (a run that appends to it drops a cut last event)", ")");
 }
 
 void TraceFile::append(const std::string& events) {
   if (events.empty() || closed_) return;
   std::string text = (stream_ ? !written_ : end_ == 0) ? "[" : "";
   text.append(events, has_events_ ? 0 : 1);  // the array's first event follows no comma
-  has_events_ = true;
-  if (stream_) return write_at(text, 0);
+  int error = 0;
+  if (stream_) {
+    if (!write_at(text, 0, error)) return give_up(error);
+    written_ = has_events_ = true;
+    return;
+  }
   // Regular file: the events over the old "]", then a new one, then nothing after it.
   const auto events_end = end_ + static_cast<off_t>(text.size());
   text += "\n]\n";
-  write_at(text, end_);
+  if (!write_at(text, end_, error)) return give_up(error);
+  written_ = has_events_ = true;
   end_ = events_end;
-  HPC_REQUIRE(::ftruncate(fd_, end_ + 3) == 0, "cannot write ", kOption, " ", path_, ": ", std::strerror(errno));
+  // Only ever shorter (a file that held more after its last event); failing, so would the tries
+  if (::ftruncate(fd_, end_ + 3) != 0) give_up(errno);
 }
 
 void TraceFile::close() {
   if (std::exchange(closed_, true) || !stream_ || !written_) return;
-  write_at("\n]\n", 0);
+  int error = 0;
+  if (!write_at("\n]\n", 0, error)) give_up(error);
 }
 
 // ---- the events --------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ bool is_chrome_trace(const std::string& path);
 // event was cut (a process killed in a write) loses that event, with a warning. A file this writer
 // created and never wrote to is removed again. A stream (a pipe, /dev/stdout) is written as it
 // comes: "[" first and "]" at close() (the format allows a trace without it: a killed run's).
+// Only opening is an error: a write that fails later (a full file system) is one warning, and
+// the file gets no more events (a regular file is put back as it was before that write: a
+// loadable array still), while the run goes on.
 class TraceFile {
  public:
   explicit TraceFile(const std::string& path);  // usage error if it cannot be opened or holds something else
@@ -59,11 +62,13 @@ class TraceFile {
 
  private:
   void find_end(off_t size);  // where the next events go in an existing file
-  void write_at(const std::string& text, off_t at);
+  bool write_at(const std::string& text, off_t at, int& error);  // false: failed, with errno in error
+  void give_up(int error);  // after a failed write: the warning, the file's end put back, no more writes
 
   std::string path_;
   int fd_ = -1;
-  bool stream_ = false, created_ = false, written_ = false, closed_ = false;
+  bool stream_ = false, created_ = false, closed_ = false;
+  bool written_ = false;  // the file holds something of this run's (a regular file: a whole write)
   bool has_events_ = false;  // the array holds an event: the next one follows a comma
   off_t end_ = 0;            // regular file: the end of its last event (or of its "[")
 };
