@@ -250,8 +250,11 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
         << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
         << "\npid=" << ::getpid() << "\nstate=" << state << "\n"
         << extra;
+    out.close();  // a full file system fails here, at the flush: checked before the rename, which
+                  // would otherwise put an empty file over the last good heartbeat
     if (!out) {
       if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
+      ::unlink(tmp.c_str());
       return;
     }
   }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -175,6 +176,31 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
   EXPECT_EQ(beat.at("state"), "stopped");
   EXPECT_EQ(beat.at("pid"), std::to_string(::getpid()));
   EXPECT_GT(std::stoll(beat.at("unix_time")), 0);
+}
+
+// On a full file system the new heartbeat fails at its flush: the last good one stays (an empty
+// file renamed over it would tell hpcrun nothing), and no temporary file is left. Needs root to
+// mount a small tmpfs.
+TEST(Heartbeat, AFullFileSystemKeepsTheLastOne) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (mounts a tmpfs); CI runs as root";
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  ASSERT_EQ(std::system(("mount -t tmpfs -o size=64k tmpfs " + dir).c_str()), 0);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { EXPECT_EQ(std::system(("umount " + dir).c_str()), 0); }
+  } unmount{dir};  // however the test ends, before the TempDir goes
+  ckpt::write_heartbeat(dir, 12, 1, "training");
+  {
+    std::ofstream fill(dir + "/fill");
+    const std::string block(4096, 'x');
+    while (fill << block && fill.flush()) {
+    }
+  }
+  ckpt::write_heartbeat(dir, 13, 1, "training");
+  const auto beat = ckpt::read_heartbeat(dir);
+  EXPECT_EQ(beat.count("step") ? beat.at("step") : "(none)", "12");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
 }
 
 }  // namespace
