@@ -218,7 +218,7 @@ void CheckpointStore::move_superseded() {
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);
   log::warn("moved ", newer.size(), " checkpoint(s) this run does not continue (up to ",
             fs::path(newer.front()).filename().string(), ") to ", aside.string(),
-            ": left beside its own, they would outrank them");
+            ": left beside its own, they would outrank them, or retention would delete them");
 }
 
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {

@@ -446,6 +446,34 @@ TEST_F(Checkpoints, AFileNamedForAnotherStepIsSkipped) {
   EXPECT_FALSE(fs::exists(misnamed)) << "moved aside with the other superseded files";
 }
 
+// --resume FILE of another directory continues none of this directory's checkpoints: all of them
+// are moved aside, untouched, the older ones too (retention deleted those below the resumed step:
+// another run's, with no word).
+TEST_F(Checkpoints, ResumingAnotherDirectorysFileMovesAllOfThisOnesAside) {
+  const std::string a = dir_.file("lineage-a"), b = dir_.file("lineage-b");
+  auto stopped = [&](const std::string& ck, const char* at, std::vector<std::string> extra) {
+    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", at, 1);
+    std::vector<std::string> args = job(ck, dir_.file("l.jsonl"));
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_hpctrain(args);
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+  };
+  stopped(a, "15@0", {});               // a: 5, 10, 15
+  stopped(b, "10@0", {"--seed", "7"});  // b: 5, 10, another run's
+  std::vector<std::string> args = job(b, dir_.file("l2.jsonl"));
+  args.insert(args.end(), {"--resume", a + "/ckpt-000000015.hpck"});
+  const RunResult r = run_hpctrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "moved 2 checkpoint(s) this run does not continue"), 1) << r.err;
+  std::vector<std::string> aside;
+  for (const auto& e : fs::recursive_directory_iterator(b))
+    if (e.path().parent_path() != fs::path(b) && e.path().extension() == ".hpck")
+      aside.push_back(e.path().filename().string());
+  std::sort(aside.begin(), aside.end());
+  EXPECT_EQ(aside, (std::vector<std::string>{"ckpt-000000005.hpck", "ckpt-000000010.hpck"}));
+}
+
 TEST_F(Checkpoints, KeepsTheNewestK) {
   const std::string ck = dir_.file("keep");
   auto args = job(ck, dir_.file("k.jsonl"));

@@ -339,13 +339,27 @@ void TrainingRun::write_config_event() {
   metrics_->write(c);
 }
 
+// Whether the run resumed a checkpoint file of another directory than its --checkpoint-dir: it then
+// continues none of the directory's own, whose older ones retention would otherwise delete (not
+// only the newer ones, which would outrank its own), and all of them are moved aside. Without
+// that, only those newer than the resumed step: the ones before it are its own lineage's.
+namespace {
+bool resumed_from_elsewhere(const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.resume != ResumeFrom::File) return false;
+  std::error_code ec;
+  const fs::path from = fs::path(o.resume_file).parent_path();
+  return !fs::equivalent(from.empty() ? fs::path(".") : from, o.checkpoint_dir, ec);
+}
+}  // namespace
+
 // Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the
 // engine and before the first step, so that a stop during set-up can check the directory), the
 // run's identity beside them, and the snapshots in every host's memory.
 void TrainingRun::start_state_keeping() {
   std::unique_ptr<ckpt::CheckpointStore> store = open_store(ctx_, o_);
   if (store) store->guard_with(lock_.get());
-  if (store) store->supersede_after(p_.resumed ? p_.start.step : -1);  // none newer when it continues the newest
+  if (store) store->supersede_after(p_.resumed && !resumed_from_elsewhere(o_) ? p_.start.step : -1);
   dist::collectively(ctx_, [&] {
     if (lead_) record_run_identity(o_, run_);
   });
