@@ -4,7 +4,8 @@ resumes and completes, fetching again only what it had not finished; what is sta
 verified; no lock file stays, however a staging ends; files hpcdata did not stage are kept (and
 named) unless --delete. Bad input is one error line with the documented exit code, and changes
 nothing: a malformed bucket or DEST (the root directory included) is refused before DEST is
-touched, and the copy never starts in a directory holding someone's files."""
+touched, and the copy never starts in a directory holding someone's files. A DEST another user
+owns or could write into is refused, and the lock file is never opened through a link."""
 
 import datetime
 import hashlib
@@ -93,6 +94,91 @@ class BucketNames(unittest.TestCase):
                 with open(self.calls) as f:
                     self.assertIn(f"--bucket {bucket} ", f.read())
                 os.unlink(self.calls)
+
+
+class DestOfAnotherUser(unittest.TestCase):
+    """A DEST another user could write into is refused before anything in it is read or written
+    (a completion marker planted there named the same source and made stage take planted files
+    for the staging), and the lock file is never opened through a link (it made the staging
+    overwrite the link's target). Runs without the AWS CLI and moto: a stand-in `aws` fails."""
+
+    SOURCE = "s3://data/sets/one"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="hpcdata-dest-")
+        os.chmod(self.tmp, 0o755)  # (a uid 1001 must reach DEST for the refusal to be about DEST)
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        bin_dir = os.path.join(self.tmp, "bin")
+        os.makedirs(bin_dir)
+        with open(os.path.join(bin_dir, "aws"), "w") as f:
+            f.write('#!/bin/sh\necho "aws: no service here" >&2\nexit 255\n')
+        os.chmod(os.path.join(bin_dir, "aws"), 0o755)
+        self.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+
+    def stage(self, dest, umask=None):
+        p = subprocess.run([sys.executable, HPCDATA, "stage", self.SOURCE, dest], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=self.env, timeout=60,
+                           preexec_fn=None if umask is None else lambda: os.umask(umask))
+        return p.returncode, p.stderr
+
+    def planted(self, owner=None, mode=0o755):
+        """A DEST holding a completion marker of SOURCE and a planted file, as its owner left it."""
+        dest = os.path.join(self.tmp, "shared-dest")
+        os.makedirs(dest)
+        with open(os.path.join(dest, "index.bin"), "w") as f:
+            f.write("planted")
+        with open(os.path.join(dest, ".hpcdata-staged.json"), "w") as f:
+            json.dump({"source": self.SOURCE + "/", "objects": 1, "bytes": 7, "files": ["index.bin"]}, f)
+        if owner is not None:
+            for d, _, names in os.walk(dest):
+                for n in [d] + [os.path.join(d, n) for n in names]:
+                    os.chown(n, owner, owner)
+        os.chmod(dest, mode)
+        return dest
+
+    def assert_refused(self, dest, says):
+        before = snapshot(dest)
+        code, err = self.stage(dest)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertTrue(err.startswith(f"hpcdata: error: DEST {dest} "), err)
+        self.assertIn(says, err)
+        self.assertNotIn("already staged", err)
+        self.assertEqual(snapshot(dest), before, "a refused DEST was changed")
+
+    def test_dest_of_another_uid_is_refused(self):
+        if os.geteuid() != 0:
+            self.skipTest("chown to another uid needs root")
+        self.assert_refused(self.planted(owner=1001), "belongs to uid 1001, not you (uid 0) or root")
+
+    def test_dest_writable_by_others_is_refused(self):
+        self.assert_refused(self.planted(mode=0o1777), "is writable by others (mode 1777)")
+        shutil.rmtree(os.path.join(self.tmp, "shared-dest"))
+        self.assert_refused(self.planted(mode=0o757), "is writable by others (mode 757)")
+
+    def test_new_dest_is_private_whatever_the_umask(self):
+        """Under umask 002 (Debian's for users with a group of their own) the DEST stage makes is
+        still not the group's: it gets as far as listing (the stand-in's failure, exit 1)."""
+        dest = os.path.join(self.tmp, "new", "dest")
+        code, err = self.stage(dest, umask=0o002)
+        self.assertEqual(code, 1, err)
+        self.assertIn("listing s3://data/sets/one/ failed: aws: no service here", err)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "new")), "a failed staging left its new DEST")
+
+    def test_lock_file_link_is_not_followed(self):
+        dest = os.path.join(self.tmp, "dest")
+        os.makedirs(dest)
+        target = os.path.join(self.tmp, "precious")
+        with open(target, "w") as f:
+            f.write("years of work\n")
+        os.symlink(target, os.path.join(dest, ".hpcdata-stage.lock"))
+        code, err = self.stage(dest)
+        with open(target) as f:
+            self.assertEqual(f.read(), "years of work\n", "the lock file's link target was written")
+        self.assertEqual(code, 2, err)
+        self.assertEqual(err.splitlines(), [f"hpcdata: error: {dest}/.hpcdata-stage.lock is a symbolic link: not "
+                                            "following it (remove it, or stage into another DEST)"])
+        self.assertTrue(os.path.islink(os.path.join(dest, ".hpcdata-stage.lock")))
 
 
 class Stage(unittest.TestCase):
