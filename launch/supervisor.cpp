@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ckpt/store.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
@@ -123,9 +124,30 @@ void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
       why);
 }
 
+// Whether the run trained past the directory's newest checkpoint (whose step, or -1 for none, is
+// put in *newest), by its heartbeat: then the run's snapshots in host memory are the only copy of
+// those steps (a checkpoint that could not be written: a full file system; a kill between two).
+namespace {
+bool trained_past_checkpoints(const std::string& dir, int64_t* newest) {
+  const auto beat = ckpt::read_heartbeat(dir);
+  int64_t step = -1;
+  const std::string text = beat.count("step") ? beat.at("step") : "";
+  if (std::from_chars(text.data(), text.data() + text.size(), step).ec != std::errc()) return false;
+  const std::vector<std::string> all = ckpt::list_checkpoints(dir);
+  *newest = all.empty() ? -1 : ckpt::step_of(fs::path(all.front()).filename().string());
+  return step > *newest;
+}
+}  // namespace
+
 void Supervisor::free_snapshots(int code) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
   if (code == kExitCheckpointed || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
+  if (int64_t newest = -1; trained_past_checkpoints(o_.checkpoint_dir, &newest)) {
+    say("keeping the run's snapshots in host memory: they hold steps past the newest checkpoint in " +
+        o_.checkpoint_dir + " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) +
+        "); the same command run again within an hour resumes them");
+    return;
+  }
   std::ifstream in(fs::path(o_.checkpoint_dir) / "run-id");
   std::string run_id;
   if (!(in >> run_id) || run_id.size() != 16) return;

@@ -71,8 +71,8 @@ void read_into(int fd, std::vector<char>& bytes, size_t from, const std::string&
   bytes.resize(from);
 }
 
-// Step of a checkpoint file name, or -1 for other files (a number past int64_t too: no step
-// hpctrain writes, and such a stray file must not stop every command that lists the directory).
+}  // namespace
+
 int64_t step_of(const std::string& name) {
   const size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
   if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 || name.compare(name.size() - s, s, kSuffix) != 0)
@@ -82,6 +82,8 @@ int64_t step_of(const std::string& name) {
   const auto [end, ec] = std::from_chars(first, last, step);
   return ec == std::errc() && end == last && *first != '-' ? step : -1;
 }
+
+namespace {
 
 // A checkpoint file's name must say the step it holds: --resume auto, evaluate DIR and retention
 // go by the name, so a copy or rename under another step's name (ckpt-000000500.hpck holding step

@@ -89,6 +89,10 @@ void remove_unfinished_checkpoint();
 
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
+// The step a checkpoint file's name says (ckpt-000000020.hpck: 20), or -1 for other names (a
+// number past int64_t too: no step hpctrain writes, and such a stray file must not stop every
+// command that lists the directory).
+int64_t step_of(const std::string& name);
 // What `option` PATH may read, as inputs that no output may replace (core/file_identity.hpp):
 // the path and, for a directory, each of its checkpoint files (the newest valid one is read).
 std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path);
