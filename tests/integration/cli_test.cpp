@@ -654,6 +654,22 @@ TEST_F(Cli, APrometheusFileOfAnotherWriterIsKept) {
   EXPECT_EQ(again.exit_code, 0) << again.err;
 }
 
+// The new file that replaces --prometheus-file is made under a name no one can guess: in a
+// collector directory other users write to, a link planted at a fixed name (.NAME.prom.tmp, as it
+// was) made the run overwrite the link's target, another of its user's files.
+TEST_F(Cli, APrometheusFilesTemporaryFollowsNoPlantedLink) {
+  const std::string prom = work_.file("job.prom"), victim = work_.file("victim.txt");
+  write_text(victim, "years of work\n");
+  fs::create_symlink(victim, work_.file(".job.prom.tmp"));
+  const RunResult r = run({"--prometheus-file", prom});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_text(victim), "years of work\n");
+  EXPECT_EQ(read_text(prom).rfind("# HELP hpctrain_", 0), 0u);
+  EXPECT_EQ(fs::status(prom).permissions(), fs::perms(0644));  // node_exporter reads it as another user
+  for (const auto& e : fs::directory_iterator(work_.str()))  // no temporary left
+    EXPECT_EQ(e.path().filename().string().find(".job.prom.tmp."), std::string::npos) << e.path();
+}
+
 // --config from a pipe, as bash's process substitution gives it, is read as a file is.
 TEST_F(Cli, ConfigFromAPipe) {
   const std::string m = work_.file("m.jsonl");

@@ -1,6 +1,7 @@
 #include "train/observe/prometheus.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -37,14 +38,20 @@ std::string labels_text(const std::vector<std::pair<std::string, std::string>>& 
   return text;
 }
 
-// The temporary file beside `path`: hidden, and not named *.prom, so that node_exporter (which
-// reads only *.prom) never reads it half-written.
-std::string temporary_beside(const std::string& path) {
+// A new temporary file beside `path`, open in *fd: hidden, and not named *.prom, so that
+// node_exporter (which reads only *.prom) never reads it half-written; of a name no one can guess
+// (mkstemp: created, never opened through a link another user planted in a shared collector
+// directory). Empty, with errno set, when it cannot be made.
+std::string temporary_beside(const std::string& path, int* fd) {
   const std::filesystem::path p(path);
   std::string name = ".";  // appended, not "." + name: GCC 12 warns falsely (-Wrestrict) on that
   name += p.filename().string();
-  name += ".tmp";
-  return (p.parent_path() / name).string();
+  name += ".tmp.XXXXXX";
+  std::string tmp = (p.parent_path() / name).string();
+  *fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (*fd < 0) return "";
+  ::fchmod(*fd, 0644);  // node_exporter reads it as another user
+  return tmp;
 }
 
 bool write_all(int fd, const std::string& text) {
@@ -93,8 +100,8 @@ std::string PrometheusTextfile::render(const std::vector<Gauge>& gauges) const {
 }
 
 bool PrometheusTextfile::write(const std::vector<Gauge>& gauges) {
-  const std::string tmp = temporary_beside(path_), text = render(gauges);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = -1;
+  const std::string tmp = temporary_beside(path_, &fd), text = render(gauges);
   bool ok = fd >= 0 && write_all(fd, text);
   int error = ok ? 0 : errno;
   if (fd >= 0 && ::close(fd) != 0 && ok) ok = false, error = errno;
