@@ -1039,6 +1039,9 @@ TEST_F(Checkpoints, EvaluateStopsAtOnceOnASignal) {
 TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   const std::string ck = dir_.file("fit");
   ASSERT_EQ(run_hpctrain(job(ck, dir_.file("f.jsonl"))).exit_code, 0);
+  // A valid older one, for the end: a run below resumes a file of another directory into ck, and
+  // moves ck's own aside.
+  fs::copy_file(ck + "/ckpt-000000035.hpck", dir_.file("older.hpck"));
   auto with = [&](std::vector<std::string> extra) {
     auto a = job(ck, dir_.file("f2.jsonl"));
     a.insert(a.end(), extra.begin(), extra.end());
@@ -1101,7 +1104,7 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   // inspect DIR said exit 0, for the valid older one, as if the run could go on.
   const std::string misfit = dir_.file("misfit");
   fs::create_directory(misfit);
-  fs::copy_file(ck + "/ckpt-000000035.hpck", misfit + "/ckpt-000000035.hpck");
+  fs::copy_file(dir_.file("older.hpck"), misfit + "/ckpt-000000035.hpck");
   fs::copy_file(dir_.file("short.hpck"), misfit + "/ckpt-000000040.hpck");
   const RunResult listed = run_hpctrain({"inspect", misfit});
   expect_usage_error(listed, "hpctrain: error: the newest checkpoint that reads, " + misfit +
