@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -96,6 +98,17 @@ std::string mode_text(mode_t mode) {
   return text;
 }
 
+namespace {
+// Whether this process is a member of group `gid` (its own group or a supplementary one).
+bool in_own_groups(gid_t gid) {
+  if (gid == ::getegid()) return true;
+  const int n = ::getgroups(0, nullptr);
+  std::vector<gid_t> groups(static_cast<size_t>(std::max(n, 0)));
+  const int got = n > 0 ? ::getgroups(n, groups.data()) : 0;
+  return std::find(groups.begin(), groups.begin() + std::max(got, 0), gid) != groups.begin() + std::max(got, 0);
+}
+}  // namespace
+
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid) {
   std::error_code ec;
   const fs::path real = fs::canonical(dir, ec);
@@ -108,8 +121,11 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
     if (::stat(p.c_str(), &st) != 0) return;
     const bool itself = p == real;
     const std::string part = itself ? std::string("it") : p.string();
-    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0, what, " ", shown, ": ", part,
-                " belongs to uid ", st.st_uid, ", another user", why, "use a directory of your own");
+    // Another user's, in a group of this user's: a project's directory (its PI's, the group's to
+    // write), trusted as a group is; a stranger's is not.
+    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown, ": ",
+                part, " belongs to uid ", st.st_uid, ", another user, not of your groups", why,
+                "use a directory of your own");
     HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (!itself && (st.st_mode & S_ISVTX)), what, " ", shown, ": ", part,
                 " is writable by others (mode ", mode_text(st.st_mode), ")", why, itself ? "chmod o-w it, or " : "",
                 "use a directory of your own");

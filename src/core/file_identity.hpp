@@ -53,8 +53,8 @@ void require_not_root_dir(const std::string& dir, const std::string& what);
 // checkpoint there, or a link that a write would follow into the user's own files (shared storage
 // such as /shared or /fsx is often world-writable and sticky). So, resolved, the directory must
 // not be writable by every user, and neither may any directory above it be, unless sticky (as
-// /tmp); with `uid` not root, each of them must belong to `uid` or to root. Group write is
-// allowed (a team's shared directory). A usage error naming `what`, the directory and the part
+// /tmp); with `uid` not root, each of them must belong to `uid`, to root, or to a group of this
+// process's (a project directory of its PI's). Group write is allowed: a group is trusted. A usage error naming `what`, the directory and the part
 // at fault. Nothing is checked for a directory that is not there (its creator reports that).
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid = ::geteuid());
 

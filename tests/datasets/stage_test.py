@@ -149,7 +149,7 @@ class DestOfAnotherUser(unittest.TestCase):
     def test_dest_of_another_uid_is_refused(self):
         if os.geteuid() != 0:
             self.skipTest("chown to another uid needs root")
-        self.assert_refused(self.planted(owner=1001), "belongs to uid 1001, not you (uid 0) or root")
+        self.assert_refused(self.planted(owner=1001), "belongs to uid 1001, not you (uid 0), root or one of your groups")
 
     def test_dest_writable_by_others_is_refused(self):
         self.assert_refused(self.planted(mode=0o1777), "is writable by others (mode 1777)")

@@ -93,7 +93,7 @@ planted team "$team/slurm/job.sh"
 if ((EUID == 0)); then
   chown 1001:1001 "$team/slurm/job.sh"
   refused "slurm/job.sh of uid 1001" "$team/alice/train.sbatch" \
-    "$team/slurm/job.sh belongs to uid 1001, not you (uid 0) or root: not using it"
+    "$team/slurm/job.sh belongs to uid 1001, not you (uid 0), root or one of your groups: not using it"
   chown 0:0 "$team/slurm/job.sh"
 else
   echo "left out: another uid's job.sh (chown needs root)"
@@ -119,12 +119,17 @@ trains "a link to a checkout" "$work/link/slurm/train.sbatch"
 
 # The checkout's programs: another user's hpctrain, a build/ others may write to.
 if ((EUID == 0)); then
-  planted binary "$home/build/src/hpctrain" && chown 1001 "$home/build/src/hpctrain"
+  planted binary "$home/build/src/hpctrain" && chown 1001:1001 "$home/build/src/hpctrain"
   refused "build/src/hpctrain of uid 1001" "$home/slurm/train.sbatch" \
-    "$home/build/src/hpctrain belongs to uid 1001, not you (uid 0) or root: not using it"
+    "$home/build/src/hpctrain belongs to uid 1001, not you (uid 0), root or one of your groups: not using it"
   refused "sweep.sbatch, build/src/hpctrain of uid 1001" "$home/slurm/sweep.sbatch" \
     "$home/build/src/hpctrain belongs to uid 1001"
-  checkout "$home" && chown 0 "$home/build/src/hpctrain"
+  checkout "$home" && chown 0:0 "$home/build/src/hpctrain"
+  # Another user's directory of one of your groups (a PI's project directory) is trusted as the
+  # group is: a checkout in it trains.
+  mkdir -p "$work/project" && chown 1001:"$(id -g)" "$work/project" && chmod 2775 "$work/project"
+  cp -a "$home" "$work/project/"
+  trains "a checkout in a project directory of one's group" "$work/project/hpctrain/slurm/train.sbatch"
 fi
 chmod 757 "$home/build"
 refused "build/ writable by others" "$home/slurm/train.sbatch" "$home/build is writable by others (mode 757)"

@@ -588,10 +588,11 @@ std::string refusal(F&& check) {
 TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown to other users); CI runs as root";
   const uid_t me = 4242, other = 4343;
-  auto make = [&](const std::string& rel, mode_t mode, uid_t owner) {
+  // Owned by `owner` and its group of the same number (no group of this process's, but root's).
+  auto make = [&](const std::string& rel, mode_t mode, uid_t owner, gid_t group = gid_t(-1)) {
     fs::create_directories(at(rel));
     EXPECT_EQ(::chmod(at(rel).c_str(), mode), 0);
-    EXPECT_EQ(::chown(at(rel).c_str(), owner, static_cast<gid_t>(-1)), 0);
+    EXPECT_EQ(::chown(at(rel).c_str(), owner, group == gid_t(-1) ? static_cast<gid_t>(owner) : group), 0);
   };
   auto check = [&](const std::string& rel, uid_t uid) {
     return refusal([&] { require_safe_directory(at(rel), "--checkpoint-dir", uid); });
@@ -605,13 +606,17 @@ TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
   make("open/mine", 0755, me);        // mine, inside one every user may write to
   make("sticky", 01777, 0);
   make("sticky/mine", 0700, me);      // mine, inside a sticky one (as /tmp or /shared)
+  make("project", 02775, other, ::getegid());  // a PI's project directory, of a group of this process's
+  make("project/mine", 0755, me);
   fs::create_directory_symlink(at("theirs"), at("link"));
-  for (const char* fine : {"mine", "team", "roots", "sticky/mine", "missing"}) EXPECT_EQ(check(fine, me), "") << fine;
+  for (const char* fine : {"mine", "team", "roots", "sticky/mine", "project/mine", "missing"})
+    EXPECT_EQ(check(fine, me), "") << fine;
   EXPECT_EQ(check("theirs", other), "");  // its owner's
   EXPECT_EQ(check("theirs", 0), "");      // root trusts every owner
 
   EXPECT_EQ(check("theirs", me), "--checkpoint-dir " + at("theirs") +
-                                     ": it belongs to uid 4343, another user: another user could replace what is "
+                                     ": it belongs to uid 4343, another user, not of your groups: another user "
+                                     "could replace what is "
                                      "read back there, or plant a link that a write would follow; use a directory "
                                      "of your own");
   EXPECT_NE(check("theirs/mine", me).find(": " + at("theirs") + " belongs to uid 4343"), std::string::npos);
