@@ -100,7 +100,8 @@ void require_own_directory(const fs::path& dir) {
   HPC_REQUIRE(st.st_uid == ::geteuid(), dir.string(), " belongs to another user (uid ", st.st_uid, ")");
   if (!existed) ::chmod(dir.c_str(), 0700);
   HPC_REQUIRE(!(st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_mode & S_ISVTX), "--snapshot-dir ", dir.string(),
-              " is writable by others and not sticky (mode ", mode_text(st.st_mode), "): they could move or replace the kept state; chmod go-w it, or give a directory of its own");
+              " is writable by others and not sticky (mode ", mode_text(st.st_mode),
+              "): they could move or replace the kept state; chmod go-w it, or give a directory of its own");
 }
 
 // The other runs' directories in `parent` (named by a run id), oldest first.
