@@ -131,8 +131,9 @@ void AttemptWatcher::set_env() {
 }
 
 void AttemptWatcher::start() {
-  const std::string log_path = (fs::path(o_.log_dir) / ("attempt-" + std::to_string(rec_.number) + ".log")).string();
-  if (!job_.voice.open_attempt_log(log_path)) say("warning: cannot write " + log_path);
+  std::string log_path;
+  rec_.number = job_.voice.open_attempt_log(o_.log_dir, rec_.number, &log_path);
+  if (!job_.voice.attempt_log_open()) say("warning: cannot write " + log_path);
   set_env();
   const std::vector<std::string> cmd = mpirun_command(o_, placement_, job_.self_exe);
   say("attempt " + std::to_string(rec_.number) + ": " + std::to_string(rec_.np) + " rank(s) on " +

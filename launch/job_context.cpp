@@ -73,10 +73,24 @@ void Voice::say(const std::string& line) {
   log_line("hpcrun: " + line);
 }
 
-bool Voice::open_attempt_log(const std::string& path) {
+// Made with O_EXCL: two hpcruns on one log directory (two jobs started from one working
+// directory, which share the default hpcrun-logs) each count their attempts from what they saw at
+// start, and the later one's attempt-N.log truncated the earlier one's. Now a number another
+// hpcrun has taken is passed over.
+int Voice::open_attempt_log(const std::string& log_dir, int from, std::string* path) {
+  constexpr int kMostAttempts = 1'000'000'000;
   attempt_log_.close();
-  attempt_log_.open(path, std::ios::trunc);
-  return attempt_log_.good();
+  for (int n = from; n < kMostAttempts; ++n) {
+    *path = (fs::path(log_dir) / ("attempt-" + std::to_string(n) + ".log")).string();
+    const int fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EEXIST) continue;
+    if (fd < 0) break;
+    ::close(fd);
+    attempt_log_.open(*path, std::ios::app);
+    return n;
+  }
+  *path = (fs::path(log_dir) / ("attempt-" + std::to_string(from) + ".log")).string();
+  return from;
 }
 
 SignalInbox::SignalInbox() {

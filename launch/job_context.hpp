@@ -32,8 +32,11 @@ class Voice {
   // Creates the log directory and opens hpcrun.log (once; later calls do nothing).
   void open(const std::string& log_dir);
   bool opened() const { return hpcrun_log_.is_open(); }
-  // The attempt's log, truncated; false when it cannot be written.
-  bool open_attempt_log(const std::string& path);
+  // The attempt's log: LOG_DIR/attempt-N.log, made here, N the first number from `from` on that
+  // no file has. Returns N and sets `path`; `from`, with no log open (attempt_log_open() false),
+  // when none can be made.
+  int open_attempt_log(const std::string& log_dir, int from, std::string* path);
+  bool attempt_log_open() const { return attempt_log_.is_open() && attempt_log_.good(); }
   std::ofstream& attempt_log() { return attempt_log_; }
 
  private:

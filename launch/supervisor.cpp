@@ -207,7 +207,9 @@ int Supervisor::run() {
     const HostList placement = place(usable, hosts_.target_np(usable, first));
     first = false;
     const JobContext job{o_, clock_, voice_, signals_, hosts_, heartbeat_, self_exe_};
-    attempts_.push_back(AttemptWatcher(job, first_attempt_ + static_cast<int>(attempts_.size()), failures_, placement).run());
+    // From the last attempt's number on: it may have passed over numbers another hpcrun took.
+    const int number = attempts_.empty() ? first_attempt_ : attempts_.back().number + 1;
+    attempts_.push_back(AttemptWatcher(job, number, failures_, placement).run());
     const AttemptRecord& rec = attempts_.back();
     say("attempt " + std::to_string(rec.number) + " " +
         (rec.verdict == Verdict::Success ? "succeeded" : rec.verdict == Verdict::Failure ? "failed" : "ended") + " after " +

@@ -388,6 +388,22 @@ TEST(HpcrunCli, AttemptsAreNumberedOnFromTheLogDirectorys) {
   EXPECT_EQ(r.err.find("attempt -"), std::string::npos) << r.err;
 }
 
+// Two hpcruns on one log directory (two jobs started from one working directory share the
+// default hpcrun-logs): a number the other took while this one ran is passed over, not truncated.
+// The program plays the other hpcrun, taking attempt 2 during attempt 1.
+TEST(HpcrunCli, AnAttemptNumberAnotherHpcrunTookIsPassedOver) {
+  TempDir dir("hpcrun_shared_logs");
+  const std::string other = dir.file("attempt-2.log");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "1", "--max-restarts", "1", "--blacklist-cooldown",
+                              "0.1s:0.2s", "sh", "-c",
+                              "if [ \"$HPCRUN_ATTEMPT\" = 1 ]; then echo the other job > " + other +
+                                  "; exit 3; fi; echo attempt $HPCRUN_ATTEMPT"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_text(other), "the other job\n");
+  EXPECT_NE(r.out.find("[a3:r0] attempt 3"), std::string::npos) << r.out;
+  EXPECT_NE(read_text(dir.file("attempt-3.log")).find("attempt 3"), std::string::npos);
+}
+
 TEST(HpcrunCli, RunsAProgramToCompletionOnThisMachine) {
   TempDir dir("hpcrun_ok");
   const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "sh", "-c", "echo hello from $OMPI_COMM_WORLD_RANK"});
