@@ -125,6 +125,7 @@ AttemptRecord AttemptWatcher::run() {
 void AttemptWatcher::set_env() {
   ::setenv("HPCRUN_ATTEMPT", std::to_string(rec_.number).c_str(), 1);
   ::setenv("HPCRUN_RESTART_COUNT", std::to_string(restarts_).c_str(), 1);
+  ::setenv("HPCRUN_MEMBERSHIP_TOKEN", membership_token().c_str(), 1);
   if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given) {
     for (const auto& [name, value] : slurm_allocation_env(placement_)) ::setenv(name.c_str(), value.c_str(), 1);
   }

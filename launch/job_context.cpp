@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <random>
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
@@ -132,10 +133,11 @@ void HeartbeatWatch::begin(double now) {
 bool HeartbeatWatch::poll(double now) {
   if (!enabled()) return false;
   std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir_);
-  if (beat.empty() || beat == last_ || !beat.count("step")) return false;
+  const int64_t step = ckpt::heartbeat_step(beat);
+  if (beat == last_ || step < 0) return false;
   last_ = std::move(beat);
   last_change_ = now;
-  step_ = std::atoll(last_["step"].c_str());
+  step_ = step;
   seen_ = true;
   return true;
 }
@@ -153,7 +155,17 @@ void mark_membership_change(const std::string& checkpoint_dir, bool on) {
     fs::remove(marker, ec);
     return;
   }
-  std::ofstream(marker) << "hpcrun pid " << ::getpid() << " changes the job's hosts\n";
+  std::ofstream(marker) << "token=" << membership_token() << "\npid=" << ::getpid() << "\n";
+}
+
+const std::string& membership_token() {
+  static const std::string token = [] {
+    std::random_device random;
+    char text[17];
+    std::snprintf(text, sizeof text, "%08x%08x", static_cast<unsigned>(random()), static_cast<unsigned>(random()));
+    return std::string(text);
+  }();
+  return token;
 }
 
 }  // namespace hpc::launch

@@ -88,5 +88,9 @@ class HeartbeatWatch {
 // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts
 // that go on then keep the state in memory: train/state/snapshots.hpp). Nothing without a checkpoint dir.
 void mark_membership_change(const std::string& checkpoint_dir, bool on);
+// This hpcrun's token in that marker ("token=T"), random, the same for all its attempts: its
+// ranks get it as HPCRUN_MEMBERSHIP_TOKEN, and hpctrain obeys a marker of its own hpcrun only
+// (ckpt::membership_marker), not one an hpcrun that was killed left behind.
+const std::string& membership_token();
 
 }  // namespace hpc::launch

@@ -129,10 +129,8 @@ void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
 // those steps (a checkpoint that could not be written: a full file system; a kill between two).
 namespace {
 bool trained_past_checkpoints(const std::string& dir, int64_t* newest) {
-  const auto beat = ckpt::read_heartbeat(dir);
-  int64_t step = -1;
-  const std::string text = beat.count("step") ? beat.at("step") : "";
-  if (std::from_chars(text.data(), text.data() + text.size(), step).ec != std::errc()) return false;
+  const int64_t step = ckpt::heartbeat_step(ckpt::read_heartbeat(dir));
+  if (step < 0) return false;
   const std::vector<std::string> all = ckpt::list_checkpoints(dir);
   *newest = all.empty() ? -1 : ckpt::step_of(fs::path(all.front()).filename().string());
   return step > *newest;

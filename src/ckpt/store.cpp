@@ -268,6 +268,25 @@ std::map<std::string, std::string> read_heartbeat(const std::string& dir) {
   return read_key_values((fs::path(dir) / "heartbeat").string());
 }
 
+int64_t heartbeat_step(const std::map<std::string, std::string>& beat) {
+  const auto it = beat.find("step");
+  if (it == beat.end()) return -1;
+  const std::string& text = it->second;
+  int64_t step = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
+  return ec == std::errc() && end == text.data() + text.size() && step >= 0 ? step : -1;
+}
+
+MembershipMarker membership_marker(const std::string& dir, const std::string& token) {
+  const fs::path marker = fs::path(dir) / "membership-change";
+  std::error_code ec;
+  if (!fs::exists(marker, ec)) return MembershipMarker::None;
+  const std::map<std::string, std::string> fields = read_key_values(marker.string());
+  const auto it = fields.find("token");
+  return !token.empty() && it != fields.end() && it->second == token ? MembershipMarker::Ours
+                                                                      : MembershipMarker::Stale;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;

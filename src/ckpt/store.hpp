@@ -73,6 +73,15 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
                      const std::string& extra = "");
 // The heartbeat's fields by name (empty when DIR has none).
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
+// Its step: the global steps done, -1 when it has none or not a whole number of 0 or more.
+int64_t heartbeat_step(const std::map<std::string, std::string>& beat);
+
+// hpcrun's ask for a stop to change the job's hosts: DIR/membership-change, holding
+// "token=T", T the asking hpcrun's own, which its ranks have as HPCRUN_MEMBERSHIP_TOKEN. A marker
+// of another token (left by an hpcrun that was killed; a plain hpctrain has none) is Stale: such a
+// stop must write its checkpoint, as the hosts that hold the snapshots may be gone next.
+enum class MembershipMarker { None, Ours, Stale };
+MembershipMarker membership_marker(const std::string& dir, const std::string& token);
 
 // Replaces (or creates) the file at `path` with `bytes` the checkpoint way: a temporary file
 // beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any

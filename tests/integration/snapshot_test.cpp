@@ -267,9 +267,11 @@ TEST_F(Snapshots, AStaleOrReplacedRunsSnapshotIsNotResumed) {
 TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   const std::string ck = dir_.file("member"), snaps = dir_.file("member-snaps");
   fs::create_directories(ck);
-  write_text(ck + "/membership-change", "attempt=1\n");
+  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
   setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8@1:usr1", 1);
+  setenv("HPCRUN_MEMBERSHIP_TOKEN", "0123456789abcdef", 1);  // what hpcrun gives its ranks
   const RunResult stopped = run_mpi(2, job(ck, dir_.file("m1.jsonl"), snaps));
+  unsetenv("HPCRUN_MEMBERSHIP_TOKEN");
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   EXPECT_NE(stopped.err.find("for hpcrun to change the hosts"), std::string::npos) << stopped.err;
@@ -290,6 +292,26 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   // ... and, the checkpoint holding the same state, gives the snapshots' memory back.
   EXPECT_FALSE(fs::exists(snaps + "/" + read_text(ck2 + "/run-id").substr(0, 16)))
       << "a stop that wrote its checkpoint left its snapshots";
+}
+
+// A marker that is not this job's hpcrun's (left by an hpcrun that was killed, found by a plain
+// hpctrain or by another hpcrun's job) is not obeyed: the stop writes its checkpoint, as the
+// hosts that would hold the snapshots may be gone next (a preemption, a requeue elsewhere).
+TEST_F(Snapshots, AMembershipMarkerOfAnotherHpcrunIsNotObeyed) {
+  for (const char* token : {"", "fedcba9876543210"}) {
+    SCOPED_TRACE(std::string("HPCRUN_MEMBERSHIP_TOKEN=") + token);
+    const std::string ck = dir_.file(std::string("stale") + token), snaps = dir_.file("stale-snaps");
+    fs::create_directories(ck);
+    write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
+    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8", 1);
+    if (*token) setenv("HPCRUN_MEMBERSHIP_TOKEN", token, 1);
+    const RunResult stopped = run_mpi(1, job(ck, dir_.file("stale.jsonl"), snaps));
+    unsetenv("HPCRUN_MEMBERSHIP_TOKEN");
+    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+    EXPECT_NE(stopped.err.find("membership-change is not this job's hpcrun's"), std::string::npos) << stopped.err;
+    EXPECT_TRUE(fs::exists(ck + "/ckpt-000000008.hpck")) << "the stop kept its state in memory only";
+  }
 }
 
 // A run that resumed from a host's memory and is stopped before its first step checkpoints that

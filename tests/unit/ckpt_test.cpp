@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/store.hpp"
@@ -176,6 +177,31 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
   EXPECT_EQ(beat.at("state"), "stopped");
   EXPECT_EQ(beat.at("pid"), std::to_string(::getpid()));
   EXPECT_GT(std::stoll(beat.at("unix_time")), 0);
+  EXPECT_EQ(ckpt::heartbeat_step(beat), 12);
+}
+
+// The step a launcher reads: a whole number of 0 or more, else -1 (nothing it can compare with a
+// checkpoint's step; atoll read "12abc" as 12 and "x" as 0).
+TEST(Heartbeat, ItsStepIsAWholeNumberOrNone) {
+  using Beat = std::map<std::string, std::string>;
+  EXPECT_EQ(ckpt::heartbeat_step(Beat{{"step", "0"}}), 0);
+  EXPECT_EQ(ckpt::heartbeat_step(Beat{{"step", "4420"}, {"epoch", "4"}}), 4420);
+  for (const char* bad : {"", "x", "12abc", "-1", " 12", "99999999999999999999"})
+    EXPECT_EQ(ckpt::heartbeat_step(Beat{{"step", bad}}), -1) << bad;
+  EXPECT_EQ(ckpt::heartbeat_step(Beat{{"epoch", "4"}}), -1);
+}
+
+// hpcrun's marker is obeyed only with its own token (HPCRUN_MEMBERSHIP_TOKEN in the ranks').
+TEST(MembershipMarker, OnlyTheAskingHpcrunsTokenMakesItOurs) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  EXPECT_EQ(ckpt::membership_marker(dir, "0123456789abcdef"), ckpt::MembershipMarker::None);
+  std::ofstream(dir + "/membership-change") << "token=0123456789abcdef\npid=7\n";
+  EXPECT_EQ(ckpt::membership_marker(dir, "0123456789abcdef"), ckpt::MembershipMarker::Ours);
+  EXPECT_EQ(ckpt::membership_marker(dir, "0123456789abcdee"), ckpt::MembershipMarker::Stale);
+  EXPECT_EQ(ckpt::membership_marker(dir, ""), ckpt::MembershipMarker::Stale);  // a plain hpctrain
+  std::ofstream(dir + "/membership-change") << "hpcrun pid 7 changes the job's hosts\n";  // an older hpcrun's
+  EXPECT_EQ(ckpt::membership_marker(dir, ""), ckpt::MembershipMarker::Stale);
 }
 
 // On a full file system the new heartbeat fails at its flush: the last good one stays (an empty

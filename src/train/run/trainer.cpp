@@ -16,12 +16,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <thread>
 
+#include "ckpt/store.hpp"
 #include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
@@ -638,7 +640,8 @@ TrainResult TrainingRun::stop() {
   const StopAsked asked = stop_asked(comm_);
   const std::string cause =
       detail::concat("stopped on request (", cause_of(asked, world_), ") after step ", tally_.step);
-  if (stop_for_membership()) {
+  const bool in_memory = stop_for_membership();  // asked once: it takes the snapshots
+  if (in_memory) {
     heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
     if (lead_) log::warn(cause, " for hpcrun to change the hosts; every host's memory holds its state");
   } else {
@@ -662,7 +665,7 @@ TrainResult TrainingRun::stop() {
   metrics_->write({{"event", std::string("stopped")},
                    {"step", tally_.step},
                    {"signal", signal_name(asked.signal)},
-                   {"checkpointed", !stop_for_membership() && !o_.checkpoint_dir.empty()},
+                   {"checkpointed", !in_memory && !o_.checkpoint_dir.empty()},
                    {"exit_code", static_cast<int64_t>(result.exit_code)},
                    {"elapsed_seconds", seconds_since(t_start_)}});
   return result;
@@ -676,8 +679,13 @@ bool TrainingRun::stop_for_membership() {
   if (!snapshots_->enabled()) return false;
   uint64_t marked = 0;
   if (lead_) {
-    std::error_code ec;
-    marked = std::filesystem::exists(std::filesystem::path(o_.checkpoint_dir) / "membership-change", ec) ? 1 : 0;
+    const char* token = std::getenv("HPCRUN_MEMBERSHIP_TOKEN");
+    const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, token ? token : "");
+    marked = marker == ckpt::MembershipMarker::Ours ? 1 : 0;
+    if (marker == ckpt::MembershipMarker::Stale)
+      log::warn((std::filesystem::path(o_.checkpoint_dir) / "membership-change").string(),
+                " is not this job's hpcrun's (left by one that was killed?): the stop writes a checkpoint, not "
+                "snapshots alone");
   }
   if (world_ > 1) comm_.broadcast(&marked, sizeof marked, 0);
   return marked && snapshots_->take_and_wait(tally_.here);
