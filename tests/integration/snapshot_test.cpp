@@ -261,6 +261,18 @@ TEST_F(Snapshots, AStaleOrReplacedRunsSnapshotIsNotResumed) {
   EXPECT_FALSE(fs::exists(replaced_dir)) << r.err;
 }
 
+// A run of `ranks` signalled after step 8 (HPCTRAIN_TEST_SIGNAL_AFTER_STEP=`signal`), its ranks
+// given HPCRUN_MEMBERSHIP_TOKEN=`token` as hpcrun gives it (none when empty).
+RunResult stopped_after_8(int ranks, const std::vector<std::string>& args, const char* signal,
+                          const std::string& token) {
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", signal, 1);
+  if (!token.empty()) setenv("HPCRUN_MEMBERSHIP_TOKEN", token.c_str(), 1);
+  RunResult r = run_mpi(ranks, args);
+  unsetenv("HPCRUN_MEMBERSHIP_TOKEN");
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  return r;
+}
+
 // hpcrun asks for a stop to change the hosts (CHECKPOINT_DIR/membership-change): every host
 // writes its snapshot and no checkpoint goes to shared storage; the next run continues from the
 // very step it stopped at.
@@ -268,11 +280,7 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   const std::string ck = dir_.file("member"), snaps = dir_.file("member-snaps");
   fs::create_directories(ck);
   write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
-  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8@1:usr1", 1);
-  setenv("HPCRUN_MEMBERSHIP_TOKEN", "0123456789abcdef", 1);  // what hpcrun gives its ranks
-  const RunResult stopped = run_mpi(2, job(ck, dir_.file("m1.jsonl"), snaps));
-  unsetenv("HPCRUN_MEMBERSHIP_TOKEN");
-  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  const RunResult stopped = stopped_after_8(2, job(ck, dir_.file("m1.jsonl"), snaps), "8@1:usr1", "0123456789abcdef");
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   EXPECT_NE(stopped.err.find("for hpcrun to change the hosts"), std::string::npos) << stopped.err;
   EXPECT_FALSE(fs::exists(ck + "/ckpt-000000008.hpck")) << "the stop wrote a checkpoint to shared storage";
@@ -284,10 +292,8 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   EXPECT_EQ(d.at("resumed_from_step").number, 8) << "a step redone";
   expect_same_end(d, uninterrupted(2));
   // Without the marker a stop writes its checkpoint as before.
-  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8@1:usr1", 1);
   const std::string ck2 = dir_.file("member2");
-  EXPECT_EQ(run_mpi(2, job(ck2, dir_.file("m2.jsonl"), snaps)).exit_code, 75);
-  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  EXPECT_EQ(stopped_after_8(2, job(ck2, dir_.file("m2.jsonl"), snaps), "8@1:usr1", "").exit_code, 75);
   EXPECT_TRUE(fs::exists(ck2 + "/ckpt-000000008.hpck"));
   // ... and, the checkpoint holding the same state, gives the snapshots' memory back.
   EXPECT_FALSE(fs::exists(snaps + "/" + read_text(ck2 + "/run-id").substr(0, 16)))
@@ -303,11 +309,7 @@ TEST_F(Snapshots, AMembershipMarkerOfAnotherHpcrunIsNotObeyed) {
     const std::string ck = dir_.file(std::string("stale") + token), snaps = dir_.file("stale-snaps");
     fs::create_directories(ck);
     write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
-    setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "8", 1);
-    if (*token) setenv("HPCRUN_MEMBERSHIP_TOKEN", token, 1);
-    const RunResult stopped = run_mpi(1, job(ck, dir_.file("stale.jsonl"), snaps));
-    unsetenv("HPCRUN_MEMBERSHIP_TOKEN");
-    unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    const RunResult stopped = stopped_after_8(1, job(ck, dir_.file("stale.jsonl"), snaps), "8", token);
     ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
     EXPECT_NE(stopped.err.find("membership-change is not this job's hpcrun's"), std::string::npos) << stopped.err;
     EXPECT_TRUE(fs::exists(ck + "/ckpt-000000008.hpck")) << "the stop kept its state in memory only";
