@@ -193,17 +193,14 @@ std::string CheckpointStore::file_name(int64_t step) {
   return buf;
 }
 
-void CheckpointStore::supersede_after(int64_t step) { supersede_after_ = step; }
-
 void CheckpointStore::require_owned() const {
   if (lock_) lock_->require_held();
 }
 
 bool CheckpointStore::owned() const { return !lock_ || lock_->held(); }
 
-void CheckpointStore::move_superseded() {
-  if (!supersede_after_) return;
-  const int64_t after = *std::exchange(supersede_after_, std::nullopt);
+void CheckpointStore::supersede_after(int64_t after) {
+  require_owned();
   std::vector<std::string> newer;
   for (const std::string& path : list_checkpoints(dir_))
     if (step_of(fs::path(path).filename().string()) > after) newer.push_back(path);
@@ -225,7 +222,6 @@ void CheckpointStore::move_superseded() {
 
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
   require_owned();
-  move_superseded();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
   write_file_atomically(path, bytes, reuse_pages_ ? spare() : "");
   // Retention: only after the new one is durable.

@@ -37,10 +37,12 @@ class CheckpointStore {
   const std::string& dir() const { return dir_; }
 
   // For a run that does not continue the directory's newest checkpoint (a fresh start, step
-  // -1; --resume FILE; newer files skipped as damaged): before its first write, the checkpoints
-  // above `step` are moved into DIR/superseded-<unix time>/. Left in place they would outrank
-  // this run's own (retention keeps the highest steps, --resume auto takes the highest): its
-  // checkpoints deleted as soon as written, another run's resumed in their place.
+  // -1; --resume FILE; newer files skipped as damaged): the checkpoints above `step` are moved
+  // into DIR/superseded-<unix time>/ now, as the run's identity is replaced. Left in place they
+  // would outrank this run's own (retention keeps the highest steps, --resume auto takes the
+  // highest): its checkpoints deleted as soon as written, another run's resumed in their place.
+  // Not at the first write: a fresh start killed before it has snapshots of its own, and the
+  // next --resume auto took the abandoned run's checkpoints over them.
   void supersede_after(int64_t step);
 
   static std::string file_name(int64_t step);
@@ -52,14 +54,11 @@ class CheckpointStore {
   bool owned() const;
 
  private:
-  void move_superseded();
-
   std::string spare() const;
 
   std::string dir_;
   int keep_;
   bool reuse_pages_;
-  std::optional<int64_t> supersede_after_;  // set until the first write has moved them
   const DirectoryLock* lock_ = nullptr;
 };
 

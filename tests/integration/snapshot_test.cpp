@@ -273,6 +273,35 @@ RunResult stopped_after_8(int ranks, const std::vector<std::string>& args, const
   return r;
 }
 
+// A run that does not continue the directory's newest checkpoint (a fresh start, a rollback to an
+// older file) and is killed before its first checkpoint: the next --resume auto continues it
+// from its snapshot. The checkpoints it replaced were moved aside as it began; before, they
+// stayed until its first write, and outranked its snapshots (the abandoned run resumed, at step 40).
+TEST_F(Snapshots, ARunKilledBeforeItsFirstCheckpointIsTheOneResumedNotTheRunItReplaced) {
+  const std::string ck = dir_.file("replaced-run"), snaps = dir_.file("replaced-snaps");
+  ASSERT_EQ(run_mpi(1, job(ck, dir_.file("first.jsonl"), snaps)).exit_code, 0);  // checkpoints up to 40
+  const std::vector<std::pair<std::string, std::string>> starts{{"none", "a fresh start"},
+                                                                {ck + "/ckpt-000000035.hpck", "a rollback"}};
+  for (const auto& [from, what] : starts) {
+    SCOPED_TRACE(what);
+    auto again = job(ck, dir_.file("again.jsonl"), snaps);
+    again.insert(again.end(), {"--resume", from});
+    setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", from == "none" ? "4" : "39", 1);
+    const RunResult killed = run_mpi(1, again);
+    unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+    ASSERT_NE(killed.exit_code, 0) << killed.err;
+    EXPECT_FALSE(fs::exists(ck + "/ckpt-000000040.hpck")) << "the replaced run's checkpoint is still in place";
+    const JsonObject d = resume(1, ck, snaps);
+    EXPECT_EQ(d.at("resumed_from").str, "snapshot");
+    EXPECT_EQ(d.at("resumed_from_step").number, from == "none" ? 3 : 39);
+    expect_same_end(d, uninterrupted(1));
+    bool aside = false;
+    for (const auto& e : fs::directory_iterator(ck))
+      aside |= e.path().filename().string().rfind("superseded-", 0) == 0 && fs::exists(e.path() / "ckpt-000000040.hpck");
+    EXPECT_TRUE(aside) << "the replaced run's checkpoints were not kept aside";
+  }
+}
+
 // hpcrun asks for a stop to change the hosts (CHECKPOINT_DIR/membership-change): every host
 // writes its snapshot and no checkpoint goes to shared storage; the next run continues from the
 // very step it stopped at.
