@@ -413,6 +413,21 @@ std::string program_option(const std::vector<std::string>& args, const std::stri
   return "";
 }
 
+bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value) {
+  const std::string flag = "--" + name;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == flag && i + 1 < args.size()) {
+      args[i + 1] = value;
+      return true;
+    }
+    if (args[i].rfind(flag + "=", 0) == 0) {
+      args[i] = flag + "=" + value;
+      return true;
+    }
+  }
+  return false;
+}
+
 namespace {
 
 // False when --help or --version was printed.

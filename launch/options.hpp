@@ -67,6 +67,9 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
 int program_start(int argc, const char* const* argv);
 // The value of --NAME in a program's arguments ("--NAME V" or "--NAME=V"), or "".
 std::string program_option(const std::vector<std::string>& args, const std::string& name);
+// Gives --NAME the value V where the program's arguments set it (either form); false when they
+// do not.
+bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value);
 // --mpi-args as the words mpirun gets: split as a shell would (quotes, backslashes); an unclosed
 // quote, or an option hpcrun sets itself for each attempt (-np, -H, --hostfile, ...), is a usage error.
 std::vector<std::string> split_mpi_args(const std::string& text);

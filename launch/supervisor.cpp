@@ -45,6 +45,20 @@ int next_attempt_number(const std::string& dir) {
 
 }  // namespace
 
+// hpctrain given --resume none or --resume FILE begins the run that way in the first attempt; once
+// that attempt has trained a step (the new run is under way, its identity and state in the
+// directory), a relaunch continues it: --resume auto. Each relaunch had started over, or from
+// FILE again, while hpcrun said it continued from the newest saved state. Before a step, the
+// next attempt begins as the first was told to.
+void Supervisor::resume_auto_after(const AttemptRecord& ended) {
+  if (!o_.program_is_hpctrain || ended.first_step < 0) return;
+  const std::string given = program_option(o_.program, "resume");
+  if (given.empty() || given == "auto") return;
+  set_program_option(o_.program, "resume", "auto");
+  say("the run began with --resume " + given + " in attempt " + std::to_string(ended.number) +
+      "; later attempts continue it (--resume auto)");
+}
+
 Supervisor::Supervisor(LaunchOptions options)
     : o_(std::move(options)), hosts_(o_, clock_, voice_, signals_), heartbeat_(o_.checkpoint_dir) {
   char exe[PATH_MAX] = {};
@@ -213,6 +227,7 @@ int Supervisor::run() {
         (rec.verdict == Verdict::Success ? "succeeded" : rec.verdict == Verdict::Failure ? "failed" : "ended") + " after " +
         show_duration(rec.end - rec.start) + ": " + rec.outcome);
     warn_stragglers_unjudged(&rec);
+    resume_auto_after(rec);
     AttemptFacts facts{rec.verdict, rec.membership, signals_.interrupted(), rec.outcome, rec.program_error, rec.failed_hosts, ""};
     if (asks_slurm(rec.verdict, signals_.interrupted())) facts.preempted_at = slurm_preemption();
     const Decision d = decide_after_attempt(facts, failures_, o_.max_restarts);

@@ -33,6 +33,8 @@ class Supervisor {
   // the first moment hpcrun knows (before the first attempt without a checkpoint directory, else
   // after the first attempt of a program other than hpctrain that wrote none).
   void warn_stragglers_unjudged(const AttemptRecord* ended);
+  // After an attempt that trained a step: a given --resume none or FILE becomes auto.
+  void resume_auto_after(const AttemptRecord& ended);
 
   // The summary (summary.cpp)
   int finish(int code, const std::string& last_line);

@@ -598,6 +598,28 @@ TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {
 // At the end of a job no relaunch continues, hpcrun frees the run's snapshots in host memory
 // on the job's hosts, unless they hold steps no checkpoint does. (A stop, exit 75, leaves none
 // either: the trainer removes them once its checkpoint, which holds the same state, is written.)
+// hpctrain given --resume none begins the run afresh in the first attempt; a relaunch after it
+// trained continues that run (--resume auto), from its snapshot of step 8. Each attempt had
+// started over and died at step 8 again, until hpcrun gave up.
+TEST(HpcrunCli, ARelaunchContinuesARunBegunWithResumeNone) {
+  TempDir dir("hpcrun_resume_none");
+  const std::string ck = dir.file("ck"), m = dir.file("m.jsonl");
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "8", 1);
+  const RunResult r = hpcrun({"-np", "1", "--max-restarts", "1", "--blacklist-cooldown", "0.1s:0.2s",
+                              hpctrain_binary(), "--checkpoint-dir", ck, "--resume=none", "--snapshot-dir",
+                              dir.file("snaps"), "--snapshot-every-steps", "1", "--max-steps", "12",
+                              "--train-samples", "1280", "--test-samples", "100", "--threads", "1", "--device", "cpu",
+                              "--metrics-file", m, "--data-dir", fashion_mnist_dir()},
+                             120);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the run began with --resume none in attempt 1; later attempts continue it (--resume auto)"),
+            std::string::npos) << r.err;
+  const JsonObject d = done_of(m);
+  EXPECT_EQ(d.at("resumed_from").str, "snapshot");
+  EXPECT_EQ(d.at("resumed_from_step").number, 8);
+}
+
 TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   TempDir dir("hpcrun_snaps");
   const std::string snaps = dir.file("snaps");

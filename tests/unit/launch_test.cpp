@@ -477,6 +477,15 @@ TEST(Options, WhereTheProgramStarts) {
   EXPECT_EQ(program_option({"hpctrain", "--epochs", "3", "--checkpoint-dir=/ck"}, "checkpoint-dir"), "/ck");
   EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dir", "/x"}, "checkpoint-dir"), "/x");
   EXPECT_EQ(program_option({"hpctrain", "--checkpoint-dirs", "/x"}, "checkpoint-dir"), "");
+  using Args = std::vector<std::string>;
+  for (Args args : {Args{"hpctrain", "--resume", "none", "--epochs", "3"}, Args{"hpctrain", "--resume=/ck/a.hpck"}}) {
+    EXPECT_TRUE(set_program_option(args, "resume", "auto"));
+    EXPECT_EQ(program_option(args, "resume"), "auto");
+    EXPECT_EQ(args.size(), args[1] == "--resume" ? 5u : 2u) << "a value added, not replaced";
+  }
+  Args none{"hpctrain", "--resumes", "x", "--epochs", "3"};
+  EXPECT_FALSE(set_program_option(none, "resume", "auto"));
+  EXPECT_EQ(none, (Args{"hpctrain", "--resumes", "x", "--epochs", "3"}));
 }
 
 TEST(Options, MpiArgsAreSplitAsAShellWould) {
