@@ -151,8 +151,9 @@ void mark_membership_change(const std::string& checkpoint_dir, bool on) {
   if (checkpoint_dir.empty()) return;
   const fs::path marker = fs::path(checkpoint_dir) / "membership-change";
   std::error_code ec;
-  if (!on) {
-    fs::remove(marker, ec);
+  if (!on) {  // ours only: another hpcrun's is its own to remove (one left by a killed one is not obeyed)
+    if (ckpt::membership_marker(checkpoint_dir, membership_token()) == ckpt::MembershipMarker::Ours)
+      fs::remove(marker, ec);
     return;
   }
   std::ofstream(marker) << "token=" << membership_token() << "\npid=" << ::getpid() << "\n";

@@ -1,4 +1,6 @@
 // The end of hpcrun's run: the summary on the terminal and in hpcrun.log, and summary.json.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -84,13 +86,16 @@ Json attempt_json(const AttemptRecord& a, const AttemptRecord* next) {
   return j;
 }
 
-// Written whole under a temporary name, then renamed: a reader never sees half a file.
+// Written whole under a temporary name of this process's, then renamed: a reader never sees half
+// a file, and two hpcruns ending at once on one log directory do not rename each other's.
 bool write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::ofstream out(tmp, std::ios::trunc);
   out << text;
   out.close();
-  return out && ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (out && ::rename(tmp.c_str(), path.c_str()) == 0) return true;
+  ::unlink(tmp.c_str());
+  return false;
 }
 
 }  // namespace

@@ -620,6 +620,19 @@ TEST(HpcrunCli, ARelaunchContinuesARunBegunWithResumeNone) {
   EXPECT_EQ(d.at("resumed_from_step").number, 8);
 }
 
+// hpcrun removes its own membership-change marker only: another hpcrun's (of the same checkpoint
+// directory, its drain under way) was removed at each attempt's start and at the end, and that
+// stop then wrote a checkpoint instead of keeping the state in memory.
+TEST(HpcrunCli, AnotherHpcrunsMembershipMarkerIsLeftAlone) {
+  TempDir dir("hpcrun_marker");
+  const std::string marker = dir.file("membership-change");
+  std::ofstream(marker) << "token=0123456789abcdef\npid=1\n";
+  const RunResult r = hpcrun({"--checkpoint-dir", dir.str(), "-np", "1", "--max-restarts", "0", "sh", "-c",
+                              "test -e " + marker});
+  EXPECT_EQ(r.exit_code, 0) << "the marker was gone when the attempt ran: " << r.err;
+  EXPECT_EQ(read_text(marker), "token=0123456789abcdef\npid=1\n");
+}
+
 TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   TempDir dir("hpcrun_snaps");
   const std::string snaps = dir.file("snaps");
