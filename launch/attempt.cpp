@@ -125,7 +125,7 @@ AttemptRecord AttemptWatcher::run() {
 void AttemptWatcher::set_env() {
   ::setenv("HPCRUN_ATTEMPT", std::to_string(rec_.number).c_str(), 1);
   ::setenv("HPCRUN_RESTART_COUNT", std::to_string(restarts_).c_str(), 1);
-  ::setenv("HPCRUN_MEMBERSHIP_TOKEN", membership_token().c_str(), 1);
+  ::setenv("HPCRUN_TOKEN", hpcrun_token().c_str(), 1);
   if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given) {
     for (const auto& [name, value] : slurm_allocation_env(placement_)) ::setenv(name.c_str(), value.c_str(), 1);
   }
@@ -141,7 +141,7 @@ void AttemptWatcher::start() {
       show_hosts(placement_) + " (log " + log_path + ")");
   job_.voice.log_line("hpcrun: " + logged_command(cmd));
 
-  job_.heartbeat.begin(now());
+  job_.heartbeat.begin(now(), rec_.number);
   mark_membership_change(o_.checkpoint_dir, false);
   mpirun_ = Child::spawn(cmd, SpawnOptions{});
   last_membership_ = now();

@@ -122,7 +122,8 @@ bool SignalInbox::take(int* sig) {
   return true;
 }
 
-void HeartbeatWatch::begin(double now) {
+void HeartbeatWatch::begin(double now, int attempt) {
+  attempt_ = std::to_string(attempt);
   if (!enabled()) return;
   last_ = ckpt::read_heartbeat(dir_);
   last_change_ = now;
@@ -135,6 +136,9 @@ bool HeartbeatWatch::poll(double now) {
   std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir_);
   const int64_t step = ckpt::heartbeat_step(beat);
   if (beat == last_ || step < 0) return false;
+  const auto token = beat.find("hpcrun_token"), attempt = beat.find("hpcrun_attempt");
+  if (token != beat.end() && (token->second != hpcrun_token() || attempt == beat.end() || attempt->second != attempt_))
+    return false;  // another writer's
   last_ = std::move(beat);
   last_change_ = now;
   step_ = step;
@@ -152,14 +156,14 @@ void mark_membership_change(const std::string& checkpoint_dir, bool on) {
   const fs::path marker = fs::path(checkpoint_dir) / "membership-change";
   std::error_code ec;
   if (!on) {  // ours only: another hpcrun's is its own to remove (one left by a killed one is not obeyed)
-    if (ckpt::membership_marker(checkpoint_dir, membership_token()) == ckpt::MembershipMarker::Ours)
+    if (ckpt::membership_marker(checkpoint_dir, hpcrun_token()) == ckpt::MembershipMarker::Ours)
       fs::remove(marker, ec);
     return;
   }
-  std::ofstream(marker) << "token=" << membership_token() << "\npid=" << ::getpid() << "\n";
+  std::ofstream(marker) << "token=" << hpcrun_token() << "\npid=" << ::getpid() << "\n";
 }
 
-const std::string& membership_token() {
+const std::string& hpcrun_token() {
   static const std::string token = [] {
     std::random_device random;
     char text[17];

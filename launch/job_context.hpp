@@ -67,8 +67,11 @@ class HeartbeatWatch {
  public:
   explicit HeartbeatWatch(std::string dir) : dir_(std::move(dir)) {}
   bool enabled() const { return !dir_.empty(); }
-  // Forget what earlier attempts wrote: only changes from now on are this attempt's progress.
-  void begin(double now);
+  // Forget what earlier attempts wrote: only changes from now on are this attempt's progress, and
+  // only beats of this hpcrun's attempt `attempt` where a beat names them (hpcrun_token=,
+  // hpcrun_attempt=): not another hpcrun's job on the directory, nor a rank 0 of an earlier
+  // attempt still alive on a lost host. A beat that names none (a program other than hpctrain) counts.
+  void begin(double now, int attempt);
   // True when the heartbeat changed since the last call (a step finished).
   bool poll(double now);
   double last_progress() const { return last_change_; }
@@ -80,6 +83,7 @@ class HeartbeatWatch {
  private:
   std::string dir_;
   std::map<std::string, std::string> last_;
+  std::string attempt_;
   double last_change_ = 0;
   int64_t step_ = -1;
   bool seen_ = false;
@@ -88,9 +92,10 @@ class HeartbeatWatch {
 // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts
 // that go on then keep the state in memory: train/state/snapshots.hpp). Nothing without a checkpoint dir.
 void mark_membership_change(const std::string& checkpoint_dir, bool on);
-// This hpcrun's token in that marker ("token=T"), random, the same for all its attempts: its
-// ranks get it as HPCRUN_MEMBERSHIP_TOKEN, and hpctrain obeys a marker of its own hpcrun only
-// (ckpt::membership_marker), not one an hpcrun that was killed left behind.
-const std::string& membership_token();
+// This hpcrun's token, random, the same for all its attempts: its ranks get it as HPCRUN_TOKEN.
+// It is in that marker ("token=T"), and hpctrain obeys a marker of its own hpcrun only
+// (ckpt::membership_marker), not one an hpcrun that was killed left behind; hpctrain puts it in
+// its heartbeat, with the attempt (HeartbeatWatch).
+const std::string& hpcrun_token();
 
 }  // namespace hpc::launch

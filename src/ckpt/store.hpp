@@ -76,7 +76,7 @@ std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 int64_t heartbeat_step(const std::map<std::string, std::string>& beat);
 
 // hpcrun's ask for a stop to change the job's hosts: DIR/membership-change, holding
-// "token=T", T the asking hpcrun's own, which its ranks have as HPCRUN_MEMBERSHIP_TOKEN. A marker
+// "token=T", T the asking hpcrun's own, which its ranks have as HPCRUN_TOKEN. A marker
 // of another token (left by an hpcrun that was killed; a plain hpctrain has none) is Stale: such a
 // stop must write its checkpoint, as the hosts that hold the snapshots may be gone next.
 enum class MembershipMarker { None, Ours, Stale };

@@ -541,6 +541,32 @@ TEST(HpcrunCli, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
   EXPECT_GE(took, 8.0) << s.err;
 }
 
+// hpctrain's beats name its hpcrun and attempt (hpcrun_token=, hpcrun_attempt=); a heartbeat that
+// another writer keeps beating (another hpcrun's job on the directory) is not this attempt's
+// progress: its start clock runs out as for a job that trains nothing. Before, such beats were
+// its steps, in its log and summary.json. The same beats with this hpcrun's token count.
+TEST(HpcrunCli, AnotherWritersHeartbeatIsNotThisAttemptsProgress) {
+  TempDir dir("hpcrun_foreign_beat");
+  const auto beats = [&](const std::string& token, int count) {
+    return "i=0; while [ $i -lt " + std::to_string(count) + " ]; do i=$((i+1)); printf 'step=%s\\nstate=training\\n"
+           "hpcrun_token=%s\\nhpcrun_attempt=%s\\n' $i " + token + " \"$HPCRUN_ATTEMPT\" > " + dir.file("heartbeat") +
+           "; sleep 0.2; done";
+  };
+  const std::vector<std::string> hpcrun_args{"--checkpoint-dir", dir.str(), "--start-timeout", "5s",
+                                             "--max-restarts", "0", "-np", "1", "sh", "-c"};
+  auto args = hpcrun_args;
+  args.push_back(beats("0000000000000000", 100));
+  const RunResult foreign = hpcrun(args);
+  EXPECT_EQ(foreign.exit_code, 1) << foreign.err;
+  EXPECT_NE(foreign.err.find("no first step within 5 s of the launch (--start-timeout"), std::string::npos)
+      << foreign.err;
+  args = hpcrun_args;
+  args.push_back(beats("\"$HPCRUN_TOKEN\"", 10));
+  const RunResult own = hpcrun(args);
+  EXPECT_EQ(own.exit_code, 0) << own.err;
+  EXPECT_NE(own.err.find("steps 1-10"), std::string::npos) << own.err;
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");

@@ -262,13 +262,13 @@ TEST_F(Snapshots, AStaleOrReplacedRunsSnapshotIsNotResumed) {
 }
 
 // A run of `ranks` signalled after step 8 (HPCTRAIN_TEST_SIGNAL_AFTER_STEP=`signal`), its ranks
-// given HPCRUN_MEMBERSHIP_TOKEN=`token` as hpcrun gives it (none when empty).
+// given HPCRUN_TOKEN=`token` as hpcrun gives it (none when empty).
 RunResult stopped_after_8(int ranks, const std::vector<std::string>& args, const char* signal,
                           const std::string& token) {
   setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", signal, 1);
-  if (!token.empty()) setenv("HPCRUN_MEMBERSHIP_TOKEN", token.c_str(), 1);
+  if (!token.empty()) setenv("HPCRUN_TOKEN", token.c_str(), 1);
   RunResult r = run_mpi(ranks, args);
-  unsetenv("HPCRUN_MEMBERSHIP_TOKEN");
+  unsetenv("HPCRUN_TOKEN");
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   return r;
 }
@@ -334,7 +334,7 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
 // hosts that would hold the snapshots may be gone next (a preemption, a requeue elsewhere).
 TEST_F(Snapshots, AMembershipMarkerOfAnotherHpcrunIsNotObeyed) {
   for (const char* token : {"", "fedcba9876543210"}) {
-    SCOPED_TRACE(std::string("HPCRUN_MEMBERSHIP_TOKEN=") + token);
+    SCOPED_TRACE(std::string("HPCRUN_TOKEN=") + token);
     const std::string ck = dir_.file(std::string("stale") + token), snaps = dir_.file("stale-snaps");
     fs::create_directories(ck);
     write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");

@@ -191,7 +191,7 @@ TEST(Heartbeat, ItsStepIsAWholeNumberOrNone) {
   EXPECT_EQ(ckpt::heartbeat_step(Beat{{"epoch", "4"}}), -1);
 }
 
-// hpcrun's marker is obeyed only with its own token (HPCRUN_MEMBERSHIP_TOKEN in the ranks').
+// hpcrun's marker is obeyed only with its own token (HPCRUN_TOKEN in the ranks').
 TEST(MembershipMarker, OnlyTheAskingHpcrunsTokenMakesItOurs) {
   const TempDir tmp;
   const std::string dir = tmp.str();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "hosts.hpp"
+#include "job_context.hpp"
 #include "mca.hpp"
 #include "options.hpp"
 #include "rank_report.hpp"
@@ -486,6 +488,32 @@ TEST(Options, WhereTheProgramStarts) {
   Args none{"hpctrain", "--resumes", "x", "--epochs", "3"};
   EXPECT_FALSE(set_program_option(none, "resume", "auto"));
   EXPECT_EQ(none, (Args{"hpctrain", "--resumes", "x", "--epochs", "3"}));
+}
+
+// hpcrun counts the beats of its running attempt: one that names another hpcrun's token or
+// another attempt (a rank 0 of an earlier attempt alive on a lost host) is not progress; one
+// that names none (a program other than hpctrain) is.
+TEST(HeartbeatWatch, CountsOnlyItsOwnAttemptsBeats) {
+  const std::string dir = ::testing::TempDir() + "/hpcrun_beats";
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& text) { std::ofstream(dir + "/heartbeat") << text; };
+  const std::string ours = "hpcrun_token=" + hpcrun_token() + "\n";
+  write("step=7\n");  // an earlier run's, there before the attempt
+  HeartbeatWatch watch(dir);
+  watch.begin(0, 3);
+  EXPECT_FALSE(watch.poll(0.5));
+  write("step=1\n");
+  EXPECT_TRUE(watch.poll(1));
+  write("step=2\n" + ours + "hpcrun_attempt=3\n");
+  EXPECT_TRUE(watch.poll(2));
+  for (const std::string& other : {"step=9\n" + ours + "hpcrun_attempt=2\n", "step=9\n" + ours,
+                                   std::string("step=9\nhpcrun_token=0000000000000000\nhpcrun_attempt=3\n")}) {
+    write(other);
+    EXPECT_FALSE(watch.poll(3)) << other;
+  }
+  EXPECT_EQ(watch.step(), 2);
+  EXPECT_EQ(watch.last_progress(), 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Options, MpiArgsAreSplitAsAShellWould) {

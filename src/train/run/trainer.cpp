@@ -355,6 +355,21 @@ bool resumed_from_elsewhere(const TrainOptions& o) {
 }
 }  // namespace
 
+namespace {
+// Under hpcrun, whose attempt writes the heartbeat ("hpcrun_token=T\nhpcrun_attempt=N\n", from
+// HPCRUN_TOKEN and HPCRUN_ATTEMPT): hpcrun counts the beats of its running attempt only. Values
+// that are not what hpcrun sets (hex digits, a number) are left out, not written into the file.
+std::string hpcrun_attempt_lines() {
+  const auto value = [](const char* name, const char* allowed) -> std::string {
+    const char* v = std::getenv(name);
+    if (!v || !*v || std::string(v).find_first_not_of(allowed) != std::string::npos) return "";
+    return v;
+  };
+  const std::string token = value("HPCRUN_TOKEN", "0123456789abcdef"), attempt = value("HPCRUN_ATTEMPT", "0123456789");
+  return token.empty() || attempt.empty() ? "" : "hpcrun_token=" + token + "\nhpcrun_attempt=" + attempt + "\n";
+}
+}  // namespace
+
 // Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the
 // engine and before the first step, so that a stop during set-up can check the directory), the
 // run's identity beside them, and the snapshots in every host's memory.
@@ -371,7 +386,7 @@ void TrainingRun::start_state_keeping() {
   snapshots_->begins_at(p_.start.step);
   const std::string resumed = detail::concat("resumed_from=", p_.resumed ? p_.start.step : int64_t{-1},
                                              "\nresumed_source=", source_name(p_.source), "\n");
-  heartbeat_.emplace(checkpoints_->store(), resumed);
+  heartbeat_.emplace(checkpoints_->store(), resumed + hpcrun_attempt_lines());
   heartbeat_ready_.store(true, std::memory_order_release);
 }
 
@@ -679,7 +694,7 @@ bool TrainingRun::stop_for_membership() {
   if (!snapshots_->enabled()) return false;
   uint64_t marked = 0;
   if (lead_) {
-    const char* token = std::getenv("HPCRUN_MEMBERSHIP_TOKEN");
+    const char* token = std::getenv("HPCRUN_TOKEN");
     const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, token ? token : "");
     marked = marker == ckpt::MembershipMarker::Ours ? 1 : 0;
     if (marker == ckpt::MembershipMarker::Stale)
