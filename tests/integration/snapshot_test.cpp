@@ -213,6 +213,9 @@ TEST_F(Snapshots, ABadSnapshotIsSkippedForTheNextValidState) {
     const std::string ck = dir_.file("bad" + std::to_string(++n)), snaps = dir_.file("bad-snaps" + std::to_string(n));
     fs::copy(killed_ck, ck, fs::copy_options::recursive);
     fs::copy(killed_snaps, snaps, fs::copy_options::recursive);
+    // The copy's run-id as hpctrain wrote it before it named the directory (the id alone), which
+    // is taken for the directory's own: a copy is otherwise another run (ACopyOf... below).
+    write_text(ck + "/run-id", read_text(ck + "/run-id").substr(0, 16) + "\n");
     const std::string file = the_snapshot(snaps);
     ASSERT_EQ(fs::path(file).filename(), "ckpt-000000006.hpck");
     how.first(file);
@@ -271,6 +274,30 @@ RunResult stopped_after_8(int ranks, const std::vector<std::string>& args, const
   unsetenv("HPCRUN_TOKEN");
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   return r;
+}
+
+// A copy of a checkpoint directory (cp -r, to branch an experiment) is another run: run-id names
+// the directory it was written in, so the copy takes a new id and resumes its own checkpoint, not
+// the original's snapshot, which it leaves in place; the original then resumes that snapshot.
+// A run-id written before the directory line (an id alone) is still the directory's own.
+TEST_F(Snapshots, ACopyOfACheckpointDirectoryIsAnotherRun) {
+  const std::string ck = dir_.file("original"), copy = dir_.file("copy"), snaps = dir_.file("copy-snaps");
+  kill_after(1, ck, snaps, 8);  // checkpoint 5, snapshot 6
+  const std::string id = read_text(ck + "/run-id").substr(0, 16);
+  fs::copy(ck, copy, fs::copy_options::recursive);
+  std::string err;
+  const JsonObject c = resume(1, copy, snaps, &err);
+  EXPECT_NE(err.find("/run-id was written in another directory (this is a copy of it?)"), std::string::npos) << err;
+  EXPECT_EQ(c.at("resumed_from").str, "checkpoint");
+  EXPECT_EQ(c.at("resumed_from_step").number, 5);
+  EXPECT_NE(read_text(copy + "/run-id").substr(0, 16), id);
+  ASSERT_TRUE(fs::exists(snaps + "/" + id)) << "the copy removed the original's snapshots";
+  write_text(ck + "/run-id", id + "\n");  // as hpctrain wrote it before
+  const JsonObject o = resume(1, ck, snaps);
+  EXPECT_EQ(o.at("resumed_from").str, "snapshot");
+  EXPECT_EQ(o.at("resumed_from_step").number, 6);
+  expect_same_end(o, uninterrupted(1));
+  EXPECT_EQ(read_text(ck + "/run-id").rfind(id + "\ndirectory_inode=", 0), 0u) << read_text(ck + "/run-id");
 }
 
 // A run that does not continue the directory's newest checkpoint (a fresh start, a rollback to an

@@ -51,12 +51,28 @@ std::string new_run_id() {
   return hex64(v);
 }
 
-// CHECKPOINT_DIR/run-id's content, "" when there is none (or it is not an id).
-std::string read_run_id(const std::string& dir) {
+// CHECKPOINT_DIR/run-id: the id, then "directory_inode=N", the inode of the directory it was
+// written in. A copy of the directory (cp -r, to branch an experiment) has another inode: its
+// run-id is not its own, or both jobs would share one snapshot directory, each resuming and
+// removing the other's. The inode, not the device or the path: an NFS or EFS directory has the
+// same inode on every host (its device number and mount point may differ), and a move keeps it.
+struct RunIdFile {
+  std::string id;     // "" when there is none (or it is not an id)
+  std::string inode;  // "" when the file does not say (written before the line was)
+};
+
+RunIdFile read_run_id(const std::string& dir) {
   std::ifstream in(fs::path(dir) / kRunIdFile);
-  std::string id;
-  if (!(in >> id) || !is_run_id(id)) return "";
-  return id;
+  RunIdFile f;
+  if (!(in >> f.id) || !is_run_id(f.id)) return {};
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("directory_inode=", 0) == 0) f.inode = line.substr(16);
+  return f;
+}
+
+std::string directory_inode(const std::string& dir) {
+  struct stat st {};
+  return ::stat(dir.c_str(), &st) == 0 ? std::to_string(st.st_ino) : "";
 }
 
 std::string format_bytes(double bytes) {
@@ -226,8 +242,15 @@ RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o) {
   RunIdentity r;
   if (o.checkpoint_dir.empty()) return r;
   if (ctx.rank() == 0) {
-    r.previous = read_run_id(o.checkpoint_dir);
+    const RunIdFile file = read_run_id(o.checkpoint_dir);
+    const std::string here = directory_inode(o.checkpoint_dir);
+    if (!file.inode.empty() && file.inode != here)
+      log::warn(o.checkpoint_dir, "/run-id was written in another directory (this is a copy of it?): this run "
+                "takes a new run id, and the other directory's snapshots are not its own");
+    else
+      r.previous = file.id;
     r.id = o.resume == ResumeFrom::Auto && !r.previous.empty() ? r.previous : new_run_id();
+    r.unbound = file.inode.empty();
   }
   r.id = dist::broadcast_string(ctx.world(), r.id, 0);
   r.previous = dist::broadcast_string(ctx.world(), r.previous, 0);
@@ -235,7 +258,7 @@ RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o) {
 }
 
 void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
-  if (o.checkpoint_dir.empty() || r.id == r.previous) return;
+  if (o.checkpoint_dir.empty() || (r.id == r.previous && (!r.unbound || o.snapshot_every_steps == 0))) return;
   const fs::path path = fs::path(o.checkpoint_dir) / kRunIdFile;
   if (o.snapshot_every_steps == 0) {
     // No snapshots, but a new lineage all the same: the old id must not make a later run with
@@ -244,7 +267,7 @@ void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
     fs::remove(path, ec);
     return;
   }
-  const std::string text = r.id + "\n";
+  const std::string text = r.id + "\ndirectory_inode=" + directory_inode(o.checkpoint_dir) + "\n";
   ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
 }
 

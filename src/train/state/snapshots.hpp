@@ -38,7 +38,8 @@ namespace hpc::train {
 // new one (a fresh start, --resume none or FILE), and the one the directory held before. Rank
 // 0 reads it; every rank learns it. Empty without --checkpoint-dir (no snapshots then).
 struct RunIdentity {
-  std::string id, previous;
+  std::string id, previous;  // previous: CHECKPOINT_DIR/run-id's, "" in a copy of the directory
+  bool unbound = false;      // rank 0's: its run-id does not name its directory yet (rewritten)
 };
 RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o);
 // Rank 0 writes it into CHECKPOINT_DIR/run-id (atomically) when it is new.
