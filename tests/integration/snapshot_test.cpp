@@ -324,7 +324,8 @@ TEST_F(Snapshots, ARunKilledBeforeItsFirstCheckpointIsTheOneResumedNotTheRunItRe
     expect_same_end(d, uninterrupted(1));
     bool aside = false;
     for (const auto& e : fs::directory_iterator(ck))
-      aside |= e.path().filename().string().rfind("superseded-", 0) == 0 && fs::exists(e.path() / "ckpt-000000040.hpck");
+      aside |= e.path().filename().string().rfind("superseded-", 0) == 0 &&
+               fs::exists(e.path() / "ckpt-000000040.hpck");
     EXPECT_TRUE(aside) << "the replaced run's checkpoints were not kept aside";
   }
 }
