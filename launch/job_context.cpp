@@ -79,10 +79,10 @@ void Voice::say(const std::string& line) {
 // start, and the later one's attempt-N.log truncated the earlier one's. Now a number another
 // hpcrun has taken is passed over.
 int Voice::open_attempt_log(const std::string& log_dir, int from, std::string* path) {
-  constexpr int kMostAttempts = 1'000'000'000;
+  const auto log_of = [&](int n) { return (fs::path(log_dir) / ("attempt-" + std::to_string(n) + ".log")).string(); };
   attempt_log_.close();
   for (int n = from; n < kMostAttempts; ++n) {
-    *path = (fs::path(log_dir) / ("attempt-" + std::to_string(n) + ".log")).string();
+    *path = log_of(n);
     const int fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno == EEXIST) continue;
     if (fd < 0) break;
@@ -90,7 +90,7 @@ int Voice::open_attempt_log(const std::string& log_dir, int from, std::string* p
     attempt_log_.open(*path, std::ios::app);
     return n;
   }
-  *path = (fs::path(log_dir) / ("attempt-" + std::to_string(from) + ".log")).string();
+  *path = log_of(from);
   return from;
 }
 

@@ -25,6 +25,10 @@ class Clock {
 // What hpcrun says: every line on stderr and in hpcrun.log (timestamped) and in the running
 // attempt's log. Until --log-dir is created (not before the first launch: input refused at once
 // leaves no directory behind) hpcrun.log's lines are kept and written first when it opens.
+// The attempt numbers hpcrun uses and reads in a log directory's names: 1 to this, less one (a
+// stray attempt-2147483647.log is no attempt of ours: its number plus one would overflow).
+constexpr int kMostAttempts = 1'000'000'000;
+
 class Voice {
  public:
   void say(const std::string& line);

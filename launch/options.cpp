@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -404,28 +405,34 @@ std::vector<std::string> split_mpi_args(const std::string& text) {
   return words;
 }
 
+namespace {
+// Where --NAME's value stands in a program's arguments: the word after "--NAME", or the word
+// "--NAME=V" itself (`joined`); nullopt when they do not give it.
+struct ValueAt {
+  size_t index;
+  bool joined;
+};
+std::optional<ValueAt> find_program_option(const std::vector<std::string>& args, const std::string& flag) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == flag && i + 1 < args.size()) return ValueAt{i + 1, false};
+    if (args[i].rfind(flag + "=", 0) == 0) return ValueAt{i, true};
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 std::string program_option(const std::vector<std::string>& args, const std::string& name) {
   const std::string flag = "--" + name;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == flag && i + 1 < args.size()) return args[i + 1];
-    if (args[i].rfind(flag + "=", 0) == 0) return args[i].substr(flag.size() + 1);
-  }
-  return "";
+  const std::optional<ValueAt> at = find_program_option(args, flag);
+  if (!at) return "";
+  return at->joined ? args[at->index].substr(flag.size() + 1) : args[at->index];
 }
 
 bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value) {
   const std::string flag = "--" + name;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == flag && i + 1 < args.size()) {
-      args[i + 1] = value;
-      return true;
-    }
-    if (args[i].rfind(flag + "=", 0) == 0) {
-      args[i] = flag + "=" + value;
-      return true;
-    }
-  }
-  return false;
+  const std::optional<ValueAt> at = find_program_option(args, flag);
+  if (at) args[at->index] = at->joined ? flag + "=" + value : value;
+  return at.has_value();
 }
 
 namespace {

@@ -26,10 +26,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // The next attempt number: logs of earlier runs in the same directory (a requeued job) are kept.
-// Names whose number no run reaches (a stray attempt-2147483647.log) are not logs of ours: their
-// number plus one would overflow.
+// Names whose number no run reaches (kMostAttempts) are not logs of ours.
 int next_attempt_number(const std::string& dir) {
-  constexpr int kMostAttempts = 1'000'000'000;
   int highest = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {

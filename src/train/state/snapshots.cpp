@@ -258,15 +258,16 @@ RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o) {
 }
 
 void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
-  if (o.checkpoint_dir.empty() || (r.id == r.previous && (!r.unbound || o.snapshot_every_steps == 0))) return;
+  if (o.checkpoint_dir.empty()) return;
   const fs::path path = fs::path(o.checkpoint_dir) / kRunIdFile;
   if (o.snapshot_every_steps == 0) {
     // No snapshots, but a new lineage all the same: the old id must not make a later run with
     // snapshots take the old run's for its own.
     std::error_code ec;
-    fs::remove(path, ec);
+    if (r.id != r.previous) fs::remove(path, ec);
     return;
   }
+  if (r.id == r.previous && !r.unbound) return;  // the directory's, and it says so
   const std::string text = r.id + "\ndirectory_inode=" + directory_inode(o.checkpoint_dir) + "\n";
   ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
 }
