@@ -136,9 +136,7 @@ bool HeartbeatWatch::poll(double now) {
   std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir_);
   const int64_t step = ckpt::heartbeat_step(beat);
   if (beat == last_ || step < 0) return false;
-  const auto token = beat.find("hpcrun_token"), attempt = beat.find("hpcrun_attempt");
-  if (token != beat.end() && (token->second != hpcrun_token() || attempt == beat.end() || attempt->second != attempt_))
-    return false;  // another writer's
+  if (!ckpt::heartbeat_is_of(beat, hpcrun_token(), attempt_)) return false;  // another writer's
   last_ = std::move(beat);
   last_change_ = now;
   step_ = step;
@@ -153,14 +151,9 @@ std::string HeartbeatWatch::field(const std::string& key) const {
 
 void mark_membership_change(const std::string& checkpoint_dir, bool on) {
   if (checkpoint_dir.empty()) return;
-  const fs::path marker = fs::path(checkpoint_dir) / "membership-change";
-  std::error_code ec;
-  if (!on) {  // ours only: another hpcrun's is its own to remove (one left by a killed one is not obeyed)
-    if (ckpt::membership_marker(checkpoint_dir, hpcrun_token()) == ckpt::MembershipMarker::Ours)
-      fs::remove(marker, ec);
-    return;
-  }
-  std::ofstream(marker) << "token=" << hpcrun_token() << "\npid=" << ::getpid() << "\n";
+  // Off: ours only (one left by a killed hpcrun is not obeyed, and another's is its own).
+  on ? ckpt::write_membership_marker(checkpoint_dir, hpcrun_token())
+     : ckpt::remove_membership_marker(checkpoint_dir, hpcrun_token());
 }
 
 const std::string& hpcrun_token() {

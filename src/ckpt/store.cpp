@@ -273,14 +273,34 @@ int64_t heartbeat_step(const std::map<std::string, std::string>& beat) {
   return ec == std::errc() && end == text.data() + text.size() && step >= 0 ? step : -1;
 }
 
+std::string heartbeat_owner_lines(const std::string& token, const std::string& attempt) {
+  return token.empty() || attempt.empty() ? "" : "hpcrun_token=" + token + "\nhpcrun_attempt=" + attempt + "\n";
+}
+
+bool heartbeat_is_of(const std::map<std::string, std::string>& beat, const std::string& token,
+                     const std::string& attempt) {
+  const auto named_token = beat.find("hpcrun_token"), named_attempt = beat.find("hpcrun_attempt");
+  if (named_token == beat.end()) return true;
+  return named_token->second == token && named_attempt != beat.end() && named_attempt->second == attempt;
+}
+
 MembershipMarker membership_marker(const std::string& dir, const std::string& token) {
-  const fs::path marker = fs::path(dir) / "membership-change";
+  const fs::path marker = fs::path(dir) / kMembershipMarkerFile;
   std::error_code ec;
   if (!fs::exists(marker, ec)) return MembershipMarker::None;
   const std::map<std::string, std::string> fields = read_key_values(marker.string());
   const auto it = fields.find("token");
   return !token.empty() && it != fields.end() && it->second == token ? MembershipMarker::Ours
                                                                       : MembershipMarker::Stale;
+}
+
+void write_membership_marker(const std::string& dir, const std::string& token) {
+  std::ofstream(fs::path(dir) / kMembershipMarkerFile) << "token=" << token << "\npid=" << ::getpid() << "\n";
+}
+
+void remove_membership_marker(const std::string& dir, const std::string& token) {
+  std::error_code ec;
+  if (membership_marker(dir, token) == MembershipMarker::Ours) fs::remove(fs::path(dir) / kMembershipMarkerFile, ec);
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
@@ -457,7 +477,7 @@ bool is_store_file(const std::string& name) {
 
 bool checkpoint_dir_uses(const std::string& name) {
   if (is_store_file(name)) return true;
-  for (const char* own : {"lock", "run-id", "heartbeat", "heartbeat.tmp", "membership-change", "hpcrun"})
+  for (const char* own : {"lock", "run-id", "heartbeat", "heartbeat.tmp", kMembershipMarkerFile, "hpcrun"})
     if (name == own) return true;
   return name.rfind("superseded-", 0) == 0;
 }

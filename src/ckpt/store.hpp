@@ -74,13 +74,27 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 // Its step: the global steps done, -1 when it has none or not a whole number of 0 or more.
 int64_t heartbeat_step(const std::map<std::string, std::string>& beat);
+// Under hpcrun, whose attempt writes the heartbeat: "hpcrun_token=T\nhpcrun_attempt=N\n" for
+// write_heartbeat's `extra` (T the hpcrun's token, its ranks' HPCRUN_TOKEN; N its attempt); ""
+// when either is empty.
+std::string heartbeat_owner_lines(const std::string& token, const std::string& attempt);
+// Whether a beat is progress of hpcrun `token`'s attempt `attempt`: one that names an hpcrun is
+// only if it names these two; one that names none (a program other than hpctrain) is.
+bool heartbeat_is_of(const std::map<std::string, std::string>& beat, const std::string& token,
+                     const std::string& attempt);
 
 // hpcrun's ask for a stop to change the job's hosts: DIR/membership-change, holding
-// "token=T", T the asking hpcrun's own, which its ranks have as HPCRUN_TOKEN. A marker
-// of another token (left by an hpcrun that was killed; a plain hpctrain has none) is Stale: such a
-// stop must write its checkpoint, as the hosts that hold the snapshots may be gone next.
+// "token=T" (and "pid=P", the writer's), T the asking hpcrun's own, which its ranks have as
+// HPCRUN_TOKEN. A marker of another token (left by an hpcrun that was killed; a plain hpctrain
+// has none) is Stale: such a stop must write its checkpoint, as the hosts that hold the
+// snapshots may be gone next.
+inline constexpr char kMembershipMarkerFile[] = "membership-change";
 enum class MembershipMarker { None, Ours, Stale };
 MembershipMarker membership_marker(const std::string& dir, const std::string& token);
+// Leaves hpcrun `token`'s marker in DIR.
+void write_membership_marker(const std::string& dir, const std::string& token);
+// Removes DIR's marker if it is `token`'s: another hpcrun's is its own to remove.
+void remove_membership_marker(const std::string& dir, const std::string& token);
 
 // Replaces (or creates) the file at `path` with `bytes` the checkpoint way: a temporary file
 // beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any

@@ -356,18 +356,15 @@ bool resumed_from_elsewhere(const TrainOptions& o) {
 }  // namespace
 
 namespace {
-// Under hpcrun, whose attempt writes the heartbeat ("hpcrun_token=T\nhpcrun_attempt=N\n", from
-// HPCRUN_TOKEN and HPCRUN_ATTEMPT): hpcrun counts the beats of its running attempt only. Values
-// that are not what hpcrun sets (hex digits, a number) are left out, not written into the file.
-std::string hpcrun_attempt_lines() {
-  const auto value = [](const char* name, const char* allowed) -> std::string {
-    const char* v = std::getenv(name);
-    if (!v || !*v || std::string(v).find_first_not_of(allowed) != std::string::npos) return "";
-    return v;
-  };
-  const std::string token = value("HPCRUN_TOKEN", "0123456789abcdef"), attempt = value("HPCRUN_ATTEMPT", "0123456789");
-  return token.empty() || attempt.empty() ? "" : "hpcrun_token=" + token + "\nhpcrun_attempt=" + attempt + "\n";
+// What hpcrun tells its ranks (launch/attempt.cpp): its token (HPCRUN_TOKEN, hex digits) and the
+// attempt's number (HPCRUN_ATTEMPT). A value that is not of that form is taken as none, not
+// written into the heartbeat nor matched against a marker.
+std::string hpcrun_value(const char* name, const char* allowed) {
+  const char* v = std::getenv(name);
+  if (!v || !*v || std::string(v).find_first_not_of(allowed) != std::string::npos) return "";
+  return v;
 }
+std::string hpcrun_token() { return hpcrun_value("HPCRUN_TOKEN", "0123456789abcdef"); }
 }  // namespace
 
 // Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the
@@ -386,7 +383,9 @@ void TrainingRun::start_state_keeping() {
   snapshots_->begins_at(p_.start.step);
   const std::string resumed = detail::concat("resumed_from=", p_.resumed ? p_.start.step : int64_t{-1},
                                              "\nresumed_source=", source_name(p_.source), "\n");
-  heartbeat_.emplace(checkpoints_->store(), resumed + hpcrun_attempt_lines());
+  // Under hpcrun, whose attempt writes it: hpcrun counts the beats of its running attempt only.
+  heartbeat_.emplace(checkpoints_->store(),
+                     resumed + ckpt::heartbeat_owner_lines(hpcrun_token(), hpcrun_value("HPCRUN_ATTEMPT", "0123456789")));
   heartbeat_ready_.store(true, std::memory_order_release);
 }
 
@@ -694,11 +693,10 @@ bool TrainingRun::stop_for_membership() {
   if (!snapshots_->enabled()) return false;
   uint64_t marked = 0;
   if (lead_) {
-    const char* token = std::getenv("HPCRUN_TOKEN");
-    const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, token ? token : "");
+    const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, hpcrun_token());
     marked = marker == ckpt::MembershipMarker::Ours ? 1 : 0;
     if (marker == ckpt::MembershipMarker::Stale)
-      log::warn((std::filesystem::path(o_.checkpoint_dir) / "membership-change").string(),
+      log::warn((std::filesystem::path(o_.checkpoint_dir) / ckpt::kMembershipMarkerFile).string(),
                 " is not this job's hpcrun's (left by one that was killed?): the stop writes a checkpoint, not "
                 "snapshots alone");
   }
