@@ -492,7 +492,7 @@ case "$cmd" in
   up) up ;;
   env)
     is_up || die "no local cluster is up in $dir ('$me up' first)" 3
-    echo "export SLURM_CONF=$conf"
+    printf "export SLURM_CONF=%q\n" "$conf"  # quoted: a --dir with spaces or $ stays one word under eval
     ;;
   status) status ;;
   down) down ;;
