@@ -480,21 +480,28 @@ TEST_F(Cli, ConfigFileProblems) {
 }
 
 // What is wrong in a config file is refused also where the command line sets the same option
-// (whose value wins): Boost passes over such a name, and a name given twice or a bad value went
-// unseen.
+// (whose value wins): Boost passes over such a name, and a name given twice, a bad value or one
+// out of its range went unseen.
 TEST_F(Cli, ConfigFileProblemsWhereTheCommandLineSetsTheOptionToo) {
   TempDir dir("cli-config");
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
       {"epochs = 1\nepochs = 2\n", {"'epochs' cannot be specified more than once"}},
       {"epochs = abc\n", {"epochs", "abc"}},
-      {"model = nope\n", {"'nope'"}}};
+      {"model = nope\n", {"'nope'"}},
+      // Out of its range (read, but refused only by the checks after the table's).
+      {"epochs = 2000000\n", {"--epochs must be at most 1000000, got 2000000"}},
+      {"seed = -1\n", {"--seed", "-1"}},
+      {"lr = -0.5\n", {"--lr must be a positive number, got -0.5"}},
+      {"bucket-mb = 0\n", {"--bucket-mb must be a size in MB"}}};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = dir.file(std::to_string(i).append(".cfg"));
     write_text(path, cases[i].first);
     SCOPED_TRACE(cases[i].first);
     auto expect = cases[i].second;
     expect.push_back("config file " + path);
-    expect_refused({"--config", path, "--epochs", "1", "--model", "cnn"}, expect);
+    expect_refused({"--config", path, "--epochs", "1", "--model", "cnn", "--seed", "3", "--lr", "0.1", "--bucket-mb",
+                    "25"},
+                   expect);
   }
 }
 

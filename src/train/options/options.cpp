@@ -45,7 +45,9 @@ constexpr int64_t kMaxEpochs = 1'000'000;
 // A bucket must hold at least one float; 1 kB also keeps the number of buckets sane.
 constexpr double kMinBucketMb = 0.001, kMaxBucketMb = 4096;
 
-void validate_counts(const TrainOptions& o) {
+// Each value on its own (a count, a range, a finite number). A config file's values must meet
+// these even where the command line overrides them: the line is used once the override goes.
+void validate_each_value(const TrainOptions& o) {
   require_positive(o.epochs, "epochs");
   require_batch_size(o.batch_size, "batch-size");
   require_batch_size(o.eval_batch_size, "eval-batch-size");
@@ -61,59 +63,29 @@ void validate_counts(const TrainOptions& o) {
   HPC_REQUIRE(o.image_size <= 4096, "--image-size must be at most 4096 pixels, got ", o.image_size);
   HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
               "--keep-checkpoints must be from 1 to 1000000, got ", o.keep_checkpoints);
-}
 
-// The choices themselves were parsed with the table; here, the ones that contradict each other.
-void validate_choices(const TrainOptions& o) {
-  const int64_t least = nn::smallest_image_side(o.model);
-  HPC_REQUIRE(o.image_size == 0 || o.image_size >= least, "--image-size ", o.image_size, " is too small for --model ",
-              nn::model_name(o.model), " (at least ", least, " pixels)");
-  HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || !o.lr_step_epochs.empty(),
-              "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
-}
-
-// As optim::Sgd would refuse them (it checks again for its own callers).
-void validate_optimizer(const TrainOptions& o) {
+  // As optim::Sgd and optim::LrSchedule would refuse them (they check again for their own callers).
   for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
-                         {o.label_smoothing, "label-smoothing"}})
-    require_finite(v, name);
-  HPC_REQUIRE(o.lr > 0, "--lr must be a positive number, got ", o.lr);
-  HPC_REQUIRE(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
-  HPC_REQUIRE(!o.nesterov || o.momentum > 0, "Nesterov momentum needs --momentum > 0 (or --no-nesterov)");
-  HPC_REQUIRE(o.weight_decay >= 0, "--weight-decay must not be negative, got ", o.weight_decay);
-  HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
-              o.label_smoothing);
-}
-
-// As optim::LrSchedule would refuse them, and the values that contradict --lr or --epochs.
-void validate_schedule(const TrainOptions& o) {
-  for (auto [v, name] : {std::pair{o.warmup_epochs, "warmup-epochs"}, {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"},
-                         {o.onecycle_pct_start, "onecycle-pct-start"}, {o.onecycle_div_factor, "onecycle-div-factor"},
+                         {o.label_smoothing, "label-smoothing"}, {o.warmup_epochs, "warmup-epochs"},
+                         {o.lr_gamma, "lr-gamma"}, {o.min_lr, "min-lr"}, {o.onecycle_pct_start, "onecycle-pct-start"},
+                         {o.onecycle_div_factor, "onecycle-div-factor"},
                          {o.onecycle_final_div_factor, "onecycle-final-div-factor"},
                          {o.onecycle_base_momentum, "onecycle-base-momentum"},
                          {o.onecycle_max_momentum, "onecycle-max-momentum"}})
     require_finite(v, name);
+  HPC_REQUIRE(o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  HPC_REQUIRE(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
+  HPC_REQUIRE(o.weight_decay >= 0, "--weight-decay must not be negative, got ", o.weight_decay);
+  HPC_REQUIRE(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+              o.label_smoothing);
   HPC_REQUIRE(o.warmup_epochs >= 0, "--warmup-epochs must not be negative, got ", o.warmup_epochs);
-  HPC_REQUIRE(o.warmup_epochs <= static_cast<double>(o.epochs), "--warmup-epochs ", o.warmup_epochs,
-              " is longer than the run (--epochs ", o.epochs, ")");
   HPC_REQUIRE(o.lr_gamma > 0, "--lr-gamma must be positive, got ", o.lr_gamma);
-  HPC_REQUIRE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr ", o.lr, "] (the cosine schedule "
-              "falls from --lr to it), got ", o.min_lr);
-  for (double e : o.lr_step_epochs)
-    HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || e < static_cast<double>(o.epochs), "--lr-step-epochs ", e,
-                " is not within the run (--epochs ", o.epochs, "): the learning rate would never change there");
   HPC_REQUIRE(o.onecycle_pct_start > 0 && o.onecycle_pct_start < 1, "--onecycle-pct-start must be in (0, 1), got ",
               o.onecycle_pct_start);
   HPC_REQUIRE(o.onecycle_div_factor >= 1 && o.onecycle_final_div_factor >= 1,
               "--onecycle-div-factor and --onecycle-final-div-factor must be at least 1, got ", o.onecycle_div_factor,
               " and ", o.onecycle_final_div_factor);
-  HPC_REQUIRE(o.onecycle_base_momentum >= 0 && o.onecycle_base_momentum <= o.onecycle_max_momentum &&
-                  o.onecycle_max_momentum < 1,
-              "one-cycle momentum needs 0 <= --onecycle-base-momentum <= --onecycle-max-momentum < 1, got ",
-              o.onecycle_base_momentum, " and ", o.onecycle_max_momentum);
-}
 
-void validate_parallel(const TrainOptions& o) {
   HPC_REQUIRE(std::isfinite(o.bucket_mb) && o.bucket_mb >= kMinBucketMb && o.bucket_mb <= kMaxBucketMb,
               "--bucket-mb must be a size in MB from ", kMinBucketMb, " (1 kB) to ", kMaxBucketMb, ", got ",
               o.bucket_mb);
@@ -121,6 +93,28 @@ void validate_parallel(const TrainOptions& o) {
   require_watchdog_timeout(o.start_timeout_seconds, "start-timeout");
   HPC_REQUIRE(o.checkpoint_lock_wait_seconds <= kLongestWait, "--checkpoint-lock-wait must be at most 1000h, got ",
               show_duration(o.checkpoint_lock_wait_seconds));
+}
+
+// The values that contradict each other (the choices themselves were parsed with the table),
+// and those that contradict --lr or --epochs.
+void validate_together(const TrainOptions& o) {
+  const int64_t least = nn::smallest_image_side(o.model);
+  HPC_REQUIRE(o.image_size == 0 || o.image_size >= least, "--image-size ", o.image_size, " is too small for --model ",
+              nn::model_name(o.model), " (at least ", least, " pixels)");
+  HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || !o.lr_step_epochs.empty(),
+              "--lr-schedule step needs --lr-step-epochs (e.g. 30,60)");
+  HPC_REQUIRE(!o.nesterov || o.momentum > 0, "Nesterov momentum needs --momentum > 0 (or --no-nesterov)");
+  HPC_REQUIRE(o.warmup_epochs <= static_cast<double>(o.epochs), "--warmup-epochs ", o.warmup_epochs,
+              " is longer than the run (--epochs ", o.epochs, ")");
+  HPC_REQUIRE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr ", o.lr, "] (the cosine schedule "
+              "falls from --lr to it), got ", o.min_lr);
+  for (double e : o.lr_step_epochs)
+    HPC_REQUIRE(o.lr_schedule != optim::Schedule::Step || e < static_cast<double>(o.epochs), "--lr-step-epochs ", e,
+                " is not within the run (--epochs ", o.epochs, "): the learning rate would never change there");
+  HPC_REQUIRE(o.onecycle_base_momentum >= 0 && o.onecycle_base_momentum <= o.onecycle_max_momentum &&
+                  o.onecycle_max_momentum < 1,
+              "one-cycle momentum needs 0 <= --onecycle-base-momentum <= --onecycle-max-momentum < 1, got ",
+              o.onecycle_base_momentum, " and ", o.onecycle_max_momentum);
 }
 
 // A config file is a few lines: reading stops past this, so that --config /dev/zero, or a
@@ -205,10 +199,13 @@ void read_table(const po::variables_map& vm, TrainOptions& o) {
       if (option.read) option.read(vm, o);
 }
 
+po::options_description description(TrainOptions& o, std::string* config);
+
 // Reads --config PATH into vm after the command line (whose values win). Boost's messages
 // are prefixed with the file; the options that only make sense on a command line are refused.
 void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
-  std::istringstream in(read_config_text(path));
+  const std::string text = read_config_text(path);
+  std::istringstream in(text);
   try {
     const po::parsed_options parsed = po::parse_config_file(in, all);
     for (const po::option& opt : parsed.options) {
@@ -219,12 +216,19 @@ void store_config_file(const std::string& path, const po::options_description& a
                   "' is empty (an unset variable?)");
     }
     // The file on its own first: po::store passes over a name that vm holds already, so where the
-    // command line sets it too, a name given twice or a value that cannot be read would go unseen.
+    // command line sets it too, a name given twice, a value that cannot be read or one out of its
+    // range would go unseen. Read into options of its own (Boost writes the numbers into the
+    // options its description names).
+    TrainOptions alone;
+    std::string alone_config;
+    std::istringstream again(text);
     po::variables_map own;
-    po::store(parsed, own);
-    TrainOptions unused;
+    const po::options_description alone_all = description(alone, &alone_config);
+    po::store(po::parse_config_file(again, alone_all), own);
+    po::notify(own);
     try {
-      read_table(own, unused);
+      read_table(own, alone);
+      validate_each_value(alone);
     } catch (const Error& e) {
       usage_error("config file ", path, ": ", e.what());
     }
@@ -411,12 +415,9 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
   validate_step_metrics(o);
   HPC_REQUIRE(o.global_batch_size == 0 || (*vm)["batch-size"].defaulted(),
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
-  validate_counts(o);
-  validate_choices(o);
-  validate_optimizer(o);
-  validate_schedule(o);
+  validate_each_value(o);
+  validate_together(o);
   if (speak) warn_other_schedules_options(o, *vm);
-  validate_parallel(o);
   validate_checkpointing(o, *vm);
   // A usage error now, not when the run starts.
   cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
