@@ -63,6 +63,7 @@ packages=(
   bsdutils                                     # script: the test of the live progress line in a terminal
   prometheus                                   # promtool: the test of --prometheus-file's format
   systemd nftables                             # the AWS nodes' metadata firewall: systemd-analyze verify, nft
+  gpg                                          # the AWS nodes check the CloudWatch agent package's signature: its test signs one
 )
 if ((bench)); then
   packages+=(python3-torch)  # the PyTorch peer of bench/cpu_vs_peer.sh

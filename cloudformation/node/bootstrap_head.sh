@@ -22,7 +22,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl nfs-common nfs-kernel-server nftables
+apt-get install -y -q slurmctld slurm-client munge python3-boto3 curl gpg nfs-common nfs-kernel-server nftables
 
 # 1. The metadata service hands out this node's credentials (which may launch and terminate
 # instances) to whoever asks: root and Slurm's user (the power-saving programs and the cluster
@@ -72,8 +72,7 @@ systemctl enable --now hpctrain-clustermgtd.timer
 /opt/hpctrain/src/setup.sh
 
 # 7. Logs to CloudWatch.
-curl -fsSL -o /tmp/cwagent.deb "https://s3.amazonaws.com/amazoncloudwatch-agent/debian/amd64/latest/amazon-cloudwatch-agent.deb"
-dpkg -i /tmp/cwagent.deb
+"$node_dir/install_cloudwatch_agent.sh" debian  # its signature checked against AWS's key
 cat > /opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json << JSON
 {"logs": {"logs_collected": {"files": {"collect_list": [
   {"file_path": "/var/log/slurm/slurmctld.log", "log_group_name": "$LOG_GROUP", "log_stream_name": "{instance_id}/slurmctld"},

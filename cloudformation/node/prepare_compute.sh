@@ -47,19 +47,13 @@ export APT_CONFIG
 trap 'rm -f "$APT_CONFIG"' EXIT
 echo 'DPkg::Lock::Timeout "600";' > "$APT_CONFIG"
 apt-get update -q
-apt-get install -y -q git nfs-common slurmd munge libpmix2 python3-boto3 nftables
+apt-get install -y -q git gpg nfs-common slurmd munge libpmix2 python3-boto3 nftables
 
 # efs-utils, which mounts /shared (mount_shared.sh) with TLS and IAM authorisation.
 "$(dirname "${BASH_SOURCE[0]}")/install_efs_utils.sh"
 
 # The CloudWatch agent (the boot's user data installs it first when the image lacks it).
-if [[ ! -x /opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl ]]; then
-  agent=$(mktemp --suffix=.deb)
-  curl -fsSL --retry 5 -o "$agent" \
-    https://s3.amazonaws.com/amazoncloudwatch-agent/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
-  dpkg -i "$agent"
-  rm -f "$agent"
-fi
+"$(dirname "${BASH_SOURCE[0]}")/install_cloudwatch_agent.sh" ubuntu  # its signature checked against AWS's key
 
 # hpctrain with CUDA. GPU support is required (a build that quietly went CPU-only would train on
 # the CPU), and no -march=native (any of the instance types may run it). The CUDA architectures

@@ -74,7 +74,7 @@ class Stack(unittest.TestCase):
 
     def test_the_build_fetches_the_pinned_revision_as_the_cluster_does(self):
         """The component's fetch is cluster.yaml's boot fetch, word for word, given the revision."""
-        self.assertEqual(self.template["Mappings"]["Boot"], self.cluster["Mappings"]["Boot"])
+        self.assertEqual(self.template["Mappings"]["Boot"]["Install"], self.cluster["Mappings"]["Boot"]["Install"])
         fetch = self.step("build", "Fetch")["inputs"]["commands"][0]
         self.assertIn("REVISION='v1.2.3'\n", fetch)
         self.assertIn(self.cluster["Mappings"]["Boot"]["Install"]["Script"], fetch)
@@ -246,6 +246,8 @@ class BootDecision(unittest.TestCase):
         os.makedirs(node)
         shutil.copy(PREPARE, node)
         shutil.copy(os.path.join(os.path.dirname(PREPARE), "install_efs_utils.sh"), node)
+        # (the agent's signature check is template_test.py's CloudWatchAgent)
+        executable(os.path.join(node, "install_cloudwatch_agent.sh"), 'echo "install_cloudwatch_agent.sh $*" >> "$LOG"')
         self.script = os.path.join(node, "prepare_compute.sh")
         executable(os.path.join(self.home, "src", "setup.sh"), SETUP)
         bin_dir = os.path.join(self.tmp, "bin")
@@ -276,7 +278,8 @@ class BootDecision(unittest.TestCase):
 
     def assertInstalled(self, r, log, revision):
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn('apt-get install -y -q git nfs-common slurmd munge libpmix2 python3-boto3 nftables', log)
+        self.assertIn('apt-get install -y -q git gpg nfs-common slurmd munge libpmix2 python3-boto3 nftables', log)
+        self.assertIn("install_cloudwatch_agent.sh ubuntu", log)
         # every apt-get waits for dpkg's lock (setup.sh's too: APT_CONFIG is inherited)
         for line in log.splitlines():
             if line.startswith("apt-get"):
@@ -360,7 +363,13 @@ class BootPath(unittest.TestCase):
                         depth -= 1
                     elif re.match(r"^(apt-get|dpkg|curl)\b", line):
                         guarded.append((line.split()[0], depth > 0))
-                self.assertEqual(sorted(set(guarded)), [("apt-get", True), ("curl", True), ("dpkg", True)])
+                self.assertEqual(sorted(set(guarded)), [("apt-get", True)])
+                # the CloudWatch agent (Boot/CloudWatchAgent, one folded line): only where the image lacks it
+                agent = cfn.load_template()["Mappings"]["Boot"]["CloudWatchAgent"]["Script"]
+                self.assertIn(agent, user_data)
+                self.assertTrue(agent.startswith("if [ ! -x /opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl ]; "
+                                                 "then "), agent)
+                self.assertTrue(agent.endswith(" fi"), agent)
 
 
 if __name__ == "__main__":

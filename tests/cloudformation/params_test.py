@@ -223,6 +223,17 @@ class BootInstall(unittest.TestCase):
     def test_a_commit_the_repository_lacks(self):
         self.assertNotEqual(self.install("0123456789abcdef0123456789abcdef01234567").returncode, 0)
 
+    def test_a_revision_that_is_not_what_was_fetched_fails_the_boot(self):
+        """A branch name ("main") fetches, but is not the commit that was asked for. The compute
+        user data's ERR trap, which shuts the instance down, must see it: an `exit` would end
+        the script without it, and the instance would bill until Slurm's ResumeTimeout."""
+        script = self.script.replace("/opt/hpctrain/src", self.dest)
+        r = subprocess.run(["bash", "-c", f"set -eu; trap 'echo boot failed' ERR; REPOSITORY='{self.repo}'; "
+                                          f"REVISION='main'; {script}"], capture_output=True, text=True, check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("fetched " + self.later + ", not main", r.stderr)
+        self.assertEqual(r.stdout, "boot failed\n")
+
 
 if __name__ == "__main__":
     unittest.main()

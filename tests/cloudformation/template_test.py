@@ -32,6 +32,9 @@ REGION = "us-east-1"
 STACK_POLICY = os.path.join(HERE, "..", "..", "cloudformation", "stack-policy.json")
 HEAD_AMI = "/aws/service/debian/release/12/latest/amd64"
 COMPUTE_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+# The CloudWatch agent key's fingerprint as AWS publishes it: CloudWatch user guide, "Verifying the
+# signature of the CloudWatch agent package" (key 3B789C72, "Amazon CloudWatch Agent").
+AWS_CLOUDWATCH_AGENT_KEY = "937616F3450B7D806CBD9725D58167303B789C72"
 
 
 # What an update does to an AWS::EC2::Instance, from "Update requires" of each property in
@@ -238,7 +241,7 @@ class Resolved(unittest.TestCase):
             for image, failing in ((False, "apt-get"), (True, "git")):
                 with self.subTest(template=logical, image=image), tempfile.TemporaryDirectory() as root:
                     text = script
-                    for path in ("/etc/hpctrain", "/opt/", "/var/log/hpctrain-bootstrap.log", "/tmp/cwagent.deb"):
+                    for path in ("/etc/hpctrain", "/opt/", "/var/log/hpctrain-bootstrap.log"):
                         text = text.replace(path, root + path)
                     fakes, log = os.path.join(root, "bin"), os.path.join(root, "calls")
                     agent = os.path.join(root, "opt/aws/amazon-cloudwatch-agent")
@@ -249,11 +252,20 @@ class Resolved(unittest.TestCase):
                     if image:
                         os.makedirs(os.path.join(root, "opt/hpctrain"), exist_ok=True)
                         open(os.path.join(root, "opt/hpctrain/image.json"), "w", encoding="utf-8").close()
-                    for name in ("curl", "dpkg", "apt-get", "git", "sleep", "shutdown", "amazon-cloudwatch-agent-ctl"):
+                    ctl = os.path.join(agent, "bin", "amazon-cloudwatch-agent-ctl")
+                    bodies = {
+                        # the image has the agent; without it, the package (its signature taken as
+                        # good here: CloudWatchAgent checks that) brings it
+                        "dpkg": f'mkdir -p {os.path.dirname(ctl)}; printf "#!/bin/sh\\necho \\"amazon-cloudwatch-agent-ctl '
+                                f'\\$*\\" >> {log}\\n" > {ctl}; chmod +x {ctl}',
+                        "gpg": f'case "$*" in *--verify*) echo "[GNUPG:] VALIDSIG 00 {AWS_CLOUDWATCH_AGENT_KEY}";; esac',
+                    }
+                    names = ("curl", "dpkg", "gpg", "apt-get", "git", "sleep", "shutdown") + (("amazon-cloudwatch-agent-ctl",) if image else ())
+                    for name in names:
                         where = os.path.join(agent, "bin") if name.endswith("-ctl") else fakes
                         code = 1 if name == failing else 0
                         with open(os.path.join(where, name), "w", encoding="utf-8") as f:
-                            f.write(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit {code}\n')
+                            f.write(f'#!/bin/sh\necho "{name} $*" >> {log}\n{bodies.get(name, "")}\nexit {code}\n')
                         os.chmod(os.path.join(where, name), 0o755)
                     run = subprocess.run(["bash", "-c", text], capture_output=True, text=True, check=False, timeout=60,
                                          env={**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}"})
@@ -266,7 +278,7 @@ class Resolved(unittest.TestCase):
                     self.assertIn(failing, calls)
                     self.assertLess(calls.index("amazon-cloudwatch-agent-ctl"), calls.index(failing))
                     installs = ["curl", "dpkg", "apt-get"]
-                    self.assertEqual([c for c in calls if c in installs], [] if image else ["curl", "dpkg", "apt-get"])
+                    self.assertEqual([c for c in calls if c in installs], [] if image else ["curl"] * 3 + ["dpkg", "apt-get"])
                     with open(os.path.join(agent, "etc", "amazon-cloudwatch-agent.json"), encoding="utf-8") as f:
                         streams = [c["log_stream_name"] for c in json.load(f)["logs"]["logs_collected"]["files"]["collect_list"]]
                     self.assertEqual(streams, ["{instance_id}/bootstrap", "{instance_id}/slurmd", "{instance_id}/syslog"])
@@ -429,6 +441,134 @@ class SharedMount(unittest.TestCase):
         clones = [line for line in log if line.startswith("git clone")]
         self.assertTrue(clones and all("--branch v1.36.0 https://github.com/aws/efs-utils " in c for c in clones), log)
         self.assertTrue(any(line.startswith("apt-get") and "amazon-efs-utils-1.36.0-1_all.deb" in line for line in log), log)
+
+
+class CloudWatchAgent(unittest.TestCase):
+    """The CloudWatch agent is installed only from a package that AWS's key signed: both
+    node/install_cloudwatch_agent.sh (head node, compute image) and the compute user data's copy
+    (Boot/CloudWatchAgent, run before the repository is fetched), each run with real gpg against
+    a fake curl that serves a package signed by a key made here (its fingerprint put in place of
+    AWS's), and a fake dpkg."""
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+
+        import cfn
+
+        cls.tmp = tempfile.mkdtemp(prefix="cwagent-")
+        cls.keys = {}
+        for who in ("aws", "other"):
+            home = os.path.join(cls.tmp, f"gnupg-{who}")
+            os.mkdir(home, 0o700)
+            subprocess.run(["gpg", "--batch", "--homedir", home, "--passphrase", "", "--pinentry-mode", "loopback",
+                            "--quick-gen-key", f"{who} <{who}@example.com>", "ed25519", "sign", "never"],
+                           check=True, capture_output=True, timeout=60)
+            listing = subprocess.run(["gpg", "--batch", "--homedir", home, "--with-colons", "--list-keys"],
+                                     check=True, capture_output=True, text=True).stdout
+            fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+            cls.keys[who] = (home, fingerprint)
+        script = os.path.join(cfn.NODE_DIR, "install_cloudwatch_agent.sh")
+        with open(script, encoding="utf-8") as f:
+            cls.script_text = f.read()
+        cls.user_data_text = cfn.load_template()["Mappings"]["Boot"]["CloudWatchAgent"]["Script"]
+
+    @classmethod
+    def tearDownClass(cls):
+        import shutil
+
+        for home, _ in cls.keys.values():
+            subprocess.run(["gpgconf", "--homedir", home, "--kill", "all"], check=False, capture_output=True)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def serve(self, signer="aws", key_of="aws", tamper=False):
+        """A directory of what the fake curl serves: the package, its detached signature by
+        `signer`, and `key_of`'s public key as AWS's key file."""
+        import tempfile
+
+        served = tempfile.mkdtemp(dir=self.tmp)
+        deb = os.path.join(served, "amazon-cloudwatch-agent.deb")
+        with open(deb, "wb") as f:
+            f.write(b"!<arch>\nthe agent's package\n")
+        home, _ = self.keys[signer]
+        subprocess.run(["gpg", "--batch", "--homedir", home, "--detach-sign", "-o", deb + ".sig", deb],
+                       check=True, capture_output=True, timeout=60)
+        if tamper:
+            with open(deb, "ab") as f:
+                f.write(b"changed on its way\n")
+        with open(os.path.join(served, "amazon-cloudwatch-agent.gpg"), "wb") as f:
+            f.write(subprocess.run(["gpg", "--batch", "--homedir", self.keys[key_of][0], "--armor", "--export"],
+                                   check=True, capture_output=True).stdout)
+        return served
+
+    def install(self, text, served, *args):
+        """Runs `text` (a script or the user data's lines) with AWS's fingerprint replaced by the
+        test key's; returns (exit code, the fake curl's and dpkg's log, stderr)."""
+        self.assertEqual(text.count(AWS_CLOUDWATCH_AGENT_KEY), 1, "AWS's published fingerprint, pinned once")
+        run_dir = os.path.join(served, "run")
+        bin_dir = os.path.join(run_dir, "bin")
+        os.makedirs(bin_dir)
+        log = os.path.join(run_dir, "log")
+        fakes = {
+            # curl ... -o OUT URL: the served file of the URL's last part
+            "curl": f'out=; while (($#)); do [[ $1 == -o ]] && {{ out=$2; shift; }}; url=$1; shift; done; '
+                    f'echo "curl $url" >> {log}; cp "{served}/${{url##*/}}" "$out"',
+            "dpkg": f'echo "dpkg $*" >> {log}; cmp -s "${{@: -1}}" "{served}/amazon-cloudwatch-agent.deb" || echo "dpkg: another file" >> {log}',
+        }
+        for name, body in fakes.items():
+            with open(os.path.join(bin_dir, name), "w", encoding="utf-8") as f:
+                f.write(f"#!/bin/bash\n{body}\n")
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        path = os.path.join(run_dir, "install.sh")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("set -euo pipefail\n" + text.replace(AWS_CLOUDWATCH_AGENT_KEY, self.keys["aws"][1]) + "\n")
+        r = subprocess.run(["bash", path, *args], env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"),
+                           capture_output=True, text=True, timeout=120)
+        if not os.path.exists(log):
+            return r.returncode, [], r.stderr
+        with open(log, encoding="utf-8") as f:
+            return r.returncode, f.read().splitlines(), r.stderr
+
+    def each_installer(self):
+        return (("install_cloudwatch_agent.sh", self.script_text, ("ubuntu",)),
+                ("the compute user data", self.user_data_text, ()))
+
+    def test_a_package_aws_signed_is_installed(self):
+        for where, text, args in self.each_installer():
+            with self.subTest(where=where):
+                rc, log, err = self.install(text, self.serve(), *args)
+                self.assertEqual(rc, 0, err)
+                self.assertEqual([line.split()[0] for line in log], ["curl"] * 3 + ["dpkg"], log)
+                self.assertTrue(log[0].endswith("/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb"), log)
+                self.assertTrue(log[1].endswith("amazon-cloudwatch-agent.deb.sig"), log)
+                self.assertTrue(log[2].endswith("/assets/amazon-cloudwatch-agent.gpg"), log)
+                self.assertTrue(log[3].startswith("dpkg -i "), log)
+
+    def test_a_changed_package_or_another_key_is_refused(self):
+        for where, text, args in self.each_installer():
+            for case in ({"tamper": True}, {"signer": "other", "key_of": "other"}, {"signer": "other"}):
+                with self.subTest(where=where, case=case):
+                    rc, log, err = self.install(text, self.serve(**case), *args)
+                    self.assertNotEqual(rc, 0)
+                    self.assertFalse([line for line in log if line.startswith("dpkg")], log)
+                    self.assertIn("is not signed by AWS's CloudWatch agent key", err)
+
+    def test_every_download_of_the_agent_is_checked(self):
+        import cfn
+
+        for name in sorted(os.listdir(cfn.NODE_DIR)) + ["../cluster.yaml", "../image.yaml"]:
+            path = os.path.join(cfn.NODE_DIR, name)
+            if not os.path.isfile(path):
+                continue
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            with self.subTest(name=name):
+                if name == "install_cloudwatch_agent.sh":
+                    continue
+                if name == "../cluster.yaml":
+                    text = text.replace(self.user_data_text, "")  # (its folded lines, as loaded)
+                    text = re.sub(r"(?ms)^    CloudWatchAgent:\n      Script: >-\n(        .*\n)+", "", text)
+                self.assertNotIn("amazon-cloudwatch-agent.deb", text, "the agent fetched without its signature checked")
 
 
 class MungeKey(unittest.TestCase):
