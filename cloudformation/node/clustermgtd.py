@@ -21,7 +21,7 @@ second pass started while one runs exits at once):
      any other reason (an administrator's) are left alone;
   6. protected mode (as ParallelCluster's): counts failed boots in a row per partition (a node
      down with "ResumeTimeout reached", resume_fail.py's reason, resume.py's "resume failed" for
-     any cause but lack of capacity, or powering up while its instance has gone, which it sets
+     any cause but lack of capacity, EC2's throttling or failure, or powering up while its instance has gone, which it sets
      down at once rather than let Slurm wait ResumeTimeout); a node of the partition that comes up
      after its launch counts it from 0 again. At protected_failure_count (cloud.json, default 10;
      0: never) the partition's nodes are no longer returned to service: each powered-down one is
@@ -42,8 +42,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from hpc_cloud import (CAPACITY_ERRORS, ConfigError, OWN_REASON_PREFIX, State, ec2_client, is_own_reason,
-                       live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
+from hpc_cloud import (CAPACITY_ERRORS, NO_ANSWER, TRANSIENT_ERRORS, ConfigError, OWN_REASON_PREFIX, State, ec2_client,
+                       is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -150,12 +150,14 @@ def orphans(instances, nodes, grace, now):
 
 def failed_boot(node):
     """Whether `node` is down because its boot failed: not for lack of capacity (that has its
-    cooldown), not for an administrator's reason, not for a launch token to retry (nothing ran)."""
+    cooldown), not for an administrator's reason, not for a launch token to retry (nothing ran),
+    not for EC2's throttling or its own failure (nothing of the node's)."""
     if not node.has("DOWN"):
         return False
     if node.reason.startswith(RESUME_FAILED):
         why = node.reason[len(RESUME_FAILED):].lstrip(": ")
-        return not why.startswith(("no capacity", "launch token")) and why.split(":")[0] not in CAPACITY_ERRORS
+        return (not why.startswith(("no capacity", "launch token", NO_ANSWER))
+                and why.split(":")[0] not in CAPACITY_ERRORS | TRANSIENT_ERRORS)
     return node.reason.startswith(FAILED_BOOT_REASONS)
 
 

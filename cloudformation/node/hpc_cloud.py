@@ -59,7 +59,16 @@ CAPACITY_ERRORS = {
     "InstanceLimitExceeded",
     "VcpuLimitExceeded",
     "Unsupported",
+    # The subnet has no address left: another zone's subnet may (the next choice).
+    "InsufficientFreeAddressesInSubnet",
 }
+# EC2 errors that say nothing of the node or its boot: EC2 throttled the account's calls, or
+# failed itself, after botocore's own retries (ec2_client). A node set down for one is returned to
+# service by the cluster manager like any other, but is not a failed boot toward protected mode:
+# a burst of power-ups (hundreds of nodes at once) must not stop a partition whose boots are fine.
+TRANSIENT_ERRORS = {"RequestLimitExceeded", "Throttling", "ServiceUnavailable", "Unavailable", "InternalError"}
+# resume.py's reason when EC2 did not answer at all.
+NO_ANSWER = "no answer from EC2"
 # EC2 errors that refuse spot itself, in every zone and for every instance type: spot falls back to
 # on-demand on these, and the whole spot market cools down (market_cooldown_key), not one choice.
 # AuthFailure.ServiceLinkedRoleCreationNotPermitted: the account has no AWSServiceRoleForEC2Spot
@@ -183,7 +192,12 @@ def is_own_reason(reason):
 def ec2_client(cfg):
     import boto3  # imported here so that --help and the host list work without boto3
 
-    return boto3.client("ec2", region_name=cfg["region"])
+    from botocore.config import Config
+
+    # The "standard" retry mode, 10 tries in all rather than its default 3: throttling (RequestLimitExceeded)
+    # and EC2's own failures are retried with backoff, and a power-up of many nodes at once (each
+    # a RunInstances) rides out a burst instead of failing it.
+    return boto3.client("ec2", region_name=cfg["region"], config=Config(retries={"mode": "standard", "total_max_attempts": 10}))
 
 
 def live_instances(ec2, cfg, nodes=None):

@@ -8,7 +8,8 @@ know it (its API is eventually consistent). A node whose instance has no address
 minutes, or is already shutting down, is set down and the instance terminated.
 
 It tries the configured choices in order: market (spot first with market "spot", then on-demand
-if spot_fallback), then instance type (instance_types), then subnet (subnet_ids). A capacity
+if spot_fallback), then instance type (instance_types), then subnet (subnet_ids; with EFA only the
+first, the zone of the cluster placement group). A capacity
 error disables that (instance type, market, zone) for capacity_cooldown_seconds, for this node
 and the next ones, and the next choice is tried; an error that refuses spot in the whole account
 (the spot service-linked role missing) disables spot in every type and zone, and on-demand is
@@ -27,7 +28,7 @@ import sys
 import time
 import uuid
 
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NODE_TAG, SPOT_REFUSED_ERRORS, State,
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, State,
                        cooldown_key, ec2_client, live_instances, main_wrapper, market_cooldown_key, scontrol, set_down)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
@@ -73,10 +74,13 @@ def request_for(cfg, node, choice, token):
 
 
 def choices(cfg):
-    """(spot, instance type or None, subnet or None), in the order they are tried."""
+    """(spot, instance type or None, subnet or None), in the order they are tried. With EFA the
+    first subnet only: the nodes share a cluster placement group, which lies in one zone (EC2
+    refuses a launch into it from another zone's subnet)."""
     markets = [True, False] if cfg["market"] == "spot" and cfg["spot_fallback"] else [cfg["market"] == "spot"]
+    subnets = cfg["subnet_ids"][:1] if cfg["efa"] else cfg["subnet_ids"]
     return [(spot, itype, subnet) for spot in markets for itype in cfg["instance_types"] or [None]
-            for subnet in cfg["subnet_ids"] or [None]]
+            for subnet in subnets or [None]]
 
 
 def choice_token(base, choice):
@@ -131,7 +135,7 @@ def launch_node(ec2, cfg, state, node, zones):
         except BotoCoreError as e:
             # No answer (botocore has retried with the same token): the launch may have happened,
             # so the token is kept for the next try of this power-up.
-            return None, f"no answer from EC2: {e}"
+            return None, f"{NO_ANSWER}: {e}"
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             reason = f"{code}: {e.response.get('Error', {}).get('Message', '')}"

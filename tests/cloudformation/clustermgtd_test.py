@@ -251,10 +251,13 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual(self.state()["boot_failures"], {"gpu": 9})
         self.assertEqual(self.state()["protected"], {})
 
-    def test_capacity_errors_and_an_administrators_down_are_not_failed_boots(self):
+    def test_capacity_errors_throttling_and_an_administrators_down_are_not_failed_boots(self):
         self.nodes([("down+cloud+powered_down", "hpctrain: resume failed: InsufficientInstanceCapacity: none left"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: SpotMaxPriceTooLow: x"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: VcpuLimitExceeded: x"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: InsufficientFreeAddressesInSubnet: x"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: RequestLimitExceeded: Request limit exceeded."),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: no answer from EC2: Connect timeout"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: no capacity: every instance type, ..."),
                     ("down+cloud+powered_down", "hpctrain: resume failed: launch token of a terminated instance i-1:"
                                                 " retry"),

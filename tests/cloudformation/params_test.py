@@ -107,7 +107,7 @@ class Patterns(unittest.TestCase):
             elif "AllowedValues" in p:
                 self.assertIn(p["Default"], p["AllowedValues"], name)
 
-    def test_rules_refuse_subnets_without_their_vpc_and_the_reverse(self):
+    def test_rules_refuse_subnets_without_their_vpc_and_the_reverse_and_efa_over_zones(self):
         rules = self.template["Rules"]
 
         def refused(**params):
@@ -121,6 +121,12 @@ class Patterns(unittest.TestCase):
         self.assertEqual(refused(PrivateSubnetId="subnet-0b"), ["NewVpcTakesNoSubnets"])
         self.assertEqual(refused(VpcId="vpc-0a", PublicSubnetId="subnet-0a", PrivateSubnetId="subnet-0b,subnet-0c,subnet-0d"), [])
         self.assertEqual(refused(PrivateSubnetId="subnet-0b,subnet-0c"), ["NewVpcTakesNoSubnets"])
+        # EFA: one cluster placement group, one zone
+        self.assertEqual(refused(UseEfa="true"), ["EfaNodesShareOneZone"])
+        self.assertEqual(refused(UseEfa="true", ComputeZones="3"), ["EfaNodesShareOneZone"])
+        self.assertEqual(refused(UseEfa="true", ComputeZones="1"), [])
+        self.assertEqual(refused(UseEfa="true", VpcId="vpc-0a", PublicSubnetId="subnet-0a",
+                                 PrivateSubnetId="subnet-0b,subnet-0c"), [])  # (the first subnet is used)
 
 
 def shell_scripts(template):

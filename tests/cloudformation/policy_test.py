@@ -185,7 +185,7 @@ def power_ups(r):
 
 
 # ------------------------------------------------------------------------- the cases
-FULL = {"Market": "spot", "ComputeInstanceTypes": "g5.12xlarge,g6.12xlarge", "UseEfa": "true",
+FULL = {"Market": "spot", "ComputeInstanceTypes": "g5.12xlarge,g6.12xlarge", "UseEfa": "true", "ComputeZones": "1",
         "DataBucket": "my-datasets", "ResultsPrefix": "results/"}
 ROLES = ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole", "DataRole")
 
@@ -413,20 +413,25 @@ class Policies(unittest.TestCase):
         is in cloud.json, in order, and a power-up into each is allowed; one into another subnet,
         even a subnet of the same VPC (the head node's), is refused (cases(): another subnet)."""
         existing = {"VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a"}
+        no_efa = {**FULL, "UseEfa": "false"}
         for name, params, subnets in (
                 ("a new VPC, 1 zone", {"ComputeZones": "1"}, ["PrivateSubnet"]),
                 ("a new VPC, the default", {}, ["PrivateSubnet", "PrivateSubnet2"]),
-                ("a new VPC, 3 zones", {**FULL, "ComputeZones": "3"}, ["PrivateSubnet", "PrivateSubnet2", "PrivateSubnet3"]),
+                ("a new VPC, 3 zones", {**no_efa, "ComputeZones": "3"}, ["PrivateSubnet", "PrivateSubnet2", "PrivateSubnet3"]),
                 ("an existing VPC, 1 subnet", {**existing, "PrivateSubnetId": "subnet-0b"}, ["subnet-0b"]),
                 ("an existing VPC, 2 subnets", {**existing, "PrivateSubnetId": "subnet-0b,subnet-0c"}, ["subnet-0b", "subnet-0c"]),
-                ("an existing VPC, 3 subnets", {**existing, **FULL, "PrivateSubnetId": "subnet-0b,subnet-0c,subnet-0d"},
+                ("an existing VPC, 3 subnets", {**existing, **no_efa, "PrivateSubnetId": "subnet-0b,subnet-0c,subnet-0d"},
+                 ["subnet-0b", "subnet-0c", "subnet-0d"]),
+                # EFA: the power-ups go into the first, the placement group's zone (resume.py)
+                ("an existing VPC, 3 subnets, EFA", {**existing, **FULL, "PrivateSubnetId": "subnet-0b,subnet-0c,subnet-0d"},
                  ["subnet-0b", "subnet-0c", "subnet-0d"])):
             with self.subTest(name):
                 r = cfn.Resolved(self.template, **params)
                 want = [s if s.startswith("subnet-0") else r.physical(s) for s in subnets]
                 self.assertEqual(head_node_config(r)["subnet_ids"], want)
                 ups = power_ups(r)
-                self.assertEqual(sorted({u["NetworkInterfaces"][0]["SubnetId"] for u in ups}), sorted(want))
+                used = want[:1] if params.get("UseEfa") == "true" else want
+                self.assertEqual(sorted({u["NetworkInterfaces"][0]["SubnetId"] for u in ups}), sorted(used))
                 self.assertEqual(failures(r, r.role_policies()), [])
                 policies = r.role_policies()["HeadNodeRole"]
                 for subnet in want + ["subnet-0other", r.physical("PublicSubnet") if r.conditions["CreateVpc"] else "subnet-0a"]:

@@ -111,11 +111,12 @@ class PowerSaving(MotoCluster):
         self.assertEqual(sorted(left), [("gpu-1", "other"), ("gpu-3", "testc")])
         self.assertIn("update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1", self.scontrol_calls())
 
-    def ec2_faults(self, refuse=lambda req: False, lose_reply=lambda req: False, idempotent=False):
+    def ec2_faults(self, refuse=lambda req: False, lose_reply=lambda req: False, idempotent=False,
+                   code="InsufficientInstanceCapacity"):
         """boto3 clients whose run_instances records each request, refuses those `refuse` picks
-        with InsufficientInstanceCapacity, and launches but loses the reply of those `lose_reply`
-        picks. With idempotent, a ClientToken seen before returns its first instance, as EC2 does
-        (moto launches another)."""
+        with `code`, and launches but loses the reply of those `lose_reply` picks. With
+        idempotent, a ClientToken seen before returns its first instance, as EC2 does (moto
+        launches another)."""
         real = boto3.client
         by_token = {}
 
@@ -126,7 +127,7 @@ class PowerSaving(MotoCluster):
             def run_instances(**req):
                 self.requests.append(req)
                 if refuse(req):
-                    raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
+                    raise ClientError({"Error": {"Code": code,
                                                  "Message": f"no {req.get('InstanceType', 'g5.xlarge')} capacity"}},
                                       "RunInstances")
                 if idempotent and req["ClientToken"] in by_token:
@@ -214,6 +215,29 @@ class PowerSaving(MotoCluster):
         self.assertEqual(self.live()["gpu-1"]["SubnetId"], second["SubnetId"])
         self.assertIn(f"template|on-demand|{first['AvailabilityZone']}", self.state()["cooldowns"])
         self.assertEqual(self.requests[-1]["NetworkInterfaces"][0]["Groups"], self.cfg["security_group_ids"])
+
+    def test_a_subnet_without_free_addresses_falls_back_to_the_next(self):
+        first, second = self.subnets[0], self.subnets[1]
+        self.cfg["subnet_ids"] = [first["SubnetId"], second["SubnetId"]]
+        with self.ec2_faults(refuse=lambda req: req["NetworkInterfaces"][0]["SubnetId"] == first["SubnetId"],
+                             code="InsufficientFreeAddressesInSubnet"):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(self.live()["gpu-1"]["SubnetId"], second["SubnetId"])
+
+    def test_with_efa_only_the_placement_groups_zone_is_tried(self):
+        """A cluster placement group lies in one zone: with EFA a capacity error in the first
+        subnet's zone sets the node down rather than launch into another zone's subnet, which
+        EC2 refuses."""
+        first, second = self.subnets[0], self.subnets[1]
+        self.cfg.update(subnet_ids=[first["SubnetId"], second["SubnetId"]], efa=True)
+        with self.ec2_faults(refuse=lambda req: True):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
+        self.assertEqual({r["NetworkInterfaces"][0]["SubnetId"] for r in self.requests}, {first["SubnetId"]})
+        self.assertEqual({r["NetworkInterfaces"][0]["InterfaceType"] for r in self.requests}, {"efa"})
+
+    def test_the_ec2_client_retries_throttling_with_backoff(self):
+        retries = hpc_cloud.ec2_client(self.cfg).meta.config.retries
+        self.assertEqual((retries["mode"], retries["total_max_attempts"]), ("standard", 10))
 
     def test_every_choice_cooling_down_sets_the_node_down_without_a_request(self):
         with self.capacity_error(fail_spot_only=False):

@@ -399,6 +399,30 @@ class Resolved(unittest.TestCase):
             self.assertEqual(r.resource("PrivateRoute")["Properties"]["NatGatewayId"], r.physical("NatGateway"))
 
 
+class HeadNodeAptWaits(unittest.TestCase):
+    """Every apt-get of the head node's boot waits for dpkg's lock (unattended-upgrades may hold
+    it at first boot: a failure there fails the stack, or before cfn-signal is installed leaves it
+    waiting 45 minutes): the user data's with the option, cfn-init's command's (and through
+    APT_CONFIG, bootstrap_head.sh's and setup.sh's) with the configuration exported first."""
+
+    def test_every_apt_get_waits_for_the_lock(self):
+        import cfn
+
+        head = cfn.load_template()["Resources"]["HeadNode"]
+        user_data = head["Properties"]["UserData"]["Fn::Base64"]["Fn::Sub"]
+        calls = re.findall(r"apt-get [^\n&]*", user_data)
+        self.assertGreaterEqual(len(calls), 2)
+        for call in calls:
+            self.assertIn("-o DPkg::Lock::Timeout=600", call)
+        command = head["Metadata"]["AWS::CloudFormation::Init"]["bootstrap"]["commands"]["01-bootstrap"]["command"]["Fn::Sub"][0]
+        lines = command.splitlines()
+        exported = lines.index("export APT_CONFIG")
+        self.assertIn("echo 'DPkg::Lock::Timeout \"600\";' > \"$APT_CONFIG\"", lines[:exported])
+        first_apt = next(i for i, line in enumerate(lines) if line.startswith("apt-get"))
+        self.assertLess(exported, first_apt)
+        self.assertLess(exported, lines.index("/opt/hpctrain/src/cloudformation/node/bootstrap_head.sh"))
+
+
 class SharedMount(unittest.TestCase):
     """mount_shared.sh, run with stand-ins for mount, mountpoint, apt-get and git: /shared in
     fstab once, as efs-utils mounts it (tls,iam: the file-system policy refuses anything else),
@@ -435,6 +459,32 @@ class SharedMount(unittest.TestCase):
         fstab, log, shared = self.run_it(have_efs_utils=True)
         self.assertEqual(fstab[1:], [f"fs-0123456789abcdef0:/ {shared} efs _netdev,tls,iam 0 0"])
         self.assertEqual(log, [f"mount {shared}"] * 2)
+
+    def test_a_file_system_that_never_mounts_is_an_error_not_an_endless_wait(self):
+        import tempfile
+
+        import cfn
+
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        bin_dir = os.path.join(tmp, "bin")
+        os.mkdir(bin_dir)
+        for name, body in {"mountpoint": "exit 1", "mount": "exit 32", "mount.efs": "exit 0",
+                           "sleep": f'echo "sleep $*" >> {tmp}/sleeps'}.items():
+            with open(os.path.join(bin_dir, name), "w", encoding="utf-8") as f:
+                f.write(f"#!/bin/bash\n{body}\n")
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        fstab = os.path.join(tmp, "fstab")
+        open(fstab, "w", encoding="utf-8").close()
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EFS_ID": "fs-0123456789abcdef0", "FSTAB": fstab,
+               "SHARED": os.path.join(tmp, "shared"), "MOUNT_TRIES": "4"}
+        r = subprocess.run(["bash", os.path.join(cfn.NODE_DIR, "mount_shared.sh")], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertIn("cannot mount fs-0123456789abcdef0", r.stderr)
+        self.assertIn("enableDnsSupport", r.stderr)
+        with open(os.path.join(tmp, "sleeps"), encoding="utf-8") as f:
+            self.assertEqual(f.read().splitlines(), ["sleep 5"] * 3)
 
     def test_efs_utils_built_at_the_pinned_tag(self):
         _, log, _ = self.run_it(have_efs_utils=False)
