@@ -42,11 +42,18 @@ install -m 0400 -o munge -g munge "$keys/munge.key" /etc/munge/munge.key
 umount "$keys" && rmdir "$keys"
 systemctl enable munge && systemctl restart munge
 
+# Both services run scontrol. This node has no slurm.conf (configless): slurmd keeps the one it
+# fetches in SlurmdSpoolDir/conf-cache (render_slurm_conf.py: /var/spool/slurmd). Slurm 22.05's
+# commands find it through /run/slurm/conf, but the Deep Learning AMI's 21.08 looks only at
+# SLURM_CONF and /etc/slurm: without this, every scontrol of the spot watcher (the drain before a
+# reclaim) and of the watchdog would fail there.
+slurm_conf=/var/spool/slurmd/conf-cache/slurm.conf
 cat > /etc/systemd/system/hpctrain-spot-watcher.service << UNIT
 [Unit]
 Description=hpctrain spot interruption watcher (drains the node, jobs checkpoint)
 After=slurmd.service
 [Service]
+Environment=SLURM_CONF=$slurm_conf
 ExecStart=/usr/bin/python3 $node_dir/spot_watcher.py --node $node
 Restart=always
 [Install]
@@ -57,6 +64,7 @@ cat > /etc/systemd/system/hpctrain-computemgtd.service << UNIT
 Description=hpctrain watchdog: this instance terminates itself when the head node is gone (no heartbeat, and Slurm has it down or is unreachable)
 After=network-online.target remote-fs.target
 [Service]
+Environment=SLURM_CONF=$slurm_conf
 ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --node $node --stale-after $((HEARTBEAT_MINUTES * 60))
 Restart=always
 [Install]
