@@ -454,6 +454,28 @@ TEST_F(Snapshots, ARunThatEndsWithSnapshotsOffFreesAnEarlierAttemptsSnapshots) {
   EXPECT_FALSE(fs::exists(where)) << "the finished run left the earlier attempt's snapshots in " << where;
 }
 
+// A run that ends removes its snapshots only when no other running hpctrain of the run holds the
+// folder (its in-use lock, shared by each holder): here the test holds it, as a second job of the
+// run on this host would, and the finished run keeps the folder and says so.
+TEST_F(Snapshots, AFinishedRunLeavesSnapshotsAnotherRunningJobHolds) {
+  const std::string ck = dir_.file("held-ck"), snaps = dir_.file("held-snaps");
+  kill_after(1, ck, snaps, 8);
+  const std::string where = run_dir(snaps);
+  ASSERT_FALSE(where.empty()) << "the killed attempt left no snapshots in " << snaps;
+  const int held = ::open((fs::path(where) / "in-use").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_SH), 0);
+  std::string err;
+  resume(1, ck, snaps, &err);
+  EXPECT_TRUE(fs::exists(where)) << "the finished run removed snapshots another job holds: " << err;
+  EXPECT_NE(err.find("kept the snapshots " + where + ": another running hpctrain of this run uses them"),
+            std::string::npos) << err;
+  ::close(held);
+  const RunResult cleaned = run_hpctrain({"clean-snapshots", "--snapshot-dir", snaps, "--all"});
+  EXPECT_EQ(cleaned.exit_code, 0) << cleaned.err;
+  EXPECT_FALSE(fs::exists(where)) << "released, the folder is no longer in use";
+}
+
 // A snapshot directory this user may not write (as root, through setpriv without the override
 // of permission bits, as CI runs it): one warning naming it, and the run trains on.
 TEST_F(Snapshots, ASnapshotDirectoryThatIsNotWritableIsAWarning) {

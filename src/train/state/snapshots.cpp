@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <utility>
 
 #include "core/cpus.hpp"
 #include "core/duration.hpp"
@@ -514,9 +515,19 @@ void Snapshotter::remove_all() {
   if (writes()) settle();
   writer_.reset();
   store_.reset();
-  ::close(in_use_fd_), in_use_fd_ = -1;
+  // Only when no other running hpctrain holds the folder too (a second job of this run on this
+  // host, an earlier attempt still alive): the lock taken exclusively, and held across the
+  // removal, as the cleanup does, so that none takes it up meanwhile.
+  const int fd = std::exchange(in_use_fd_, -1);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    log::warn("kept the snapshots ", run_dir_, ": another running hpctrain of this run uses them (its end, or "
+              "hpctrain clean-snapshots after it, frees them)");
+    return;
+  }
   std::error_code ec;
   fs::remove_all(run_dir_, ec);
+  ::close(fd);
   if (ec) log::warn("cannot remove the finished run's snapshots ", run_dir_, ": ", ec.message());
 }
 
