@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
@@ -173,10 +176,25 @@ double DirectoryLock::stale_seconds() {
 
 std::map<std::string, std::string> read_key_values(const std::string& path) {
   std::map<std::string, std::string> fields;
-  std::ifstream in(path);
+  // Not blocking at the open: a FIFO of that name would wait for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return fields;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    text.resize(kMostKeyValueBytes);
+    size_t got = 0;
+    for (ssize_t n; got < text.size() && (n = ::read(fd, text.data() + got, text.size() - got)) != 0;)
+      if (n > 0) got += static_cast<size_t>(n);
+      else if (errno != EINTR) break;
+    text.resize(got);
+  }
+  ::close(fd);
+  std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     const size_t eq = line.find('=');
-    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
+    const bool printable = std::none_of(line.begin(), line.end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); });
+    if (eq != std::string::npos && printable) fields[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return fields;
 }
@@ -194,8 +212,14 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
   HolderWatch holder(path);
   bool said = false;
   for (;;) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) io_error("open", path);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      usage_error("the checkpoint directory's lock ", path, " is not a regular file (a FIFO or device of that name?): ",
+                  "remove it");
+    }
     if (try_lock(fd, path)) {
       if (same_inode(fd, path)) {  // else taken over between the open and the lock: look again
         const auto left = read_key_values(path);

@@ -88,7 +88,11 @@ class DirectoryLock {
 // as a run that ends normally does (the kernel drops the lock itself). Async-signal-safe.
 void remove_lock_at_exit();
 
-// The fields of a "key=value" lines file (empty when it cannot be read).
+// The fields of a "key=value" lines file (empty when it cannot be read): a regular file only (a
+// FIFO of that name would block the read), its first kMostKeyValueBytes (a lock's record or a
+// heartbeat is a few lines; a huge file must not take the memory), lines holding control
+// characters left out (they would reach a terminal as they are).
+inline constexpr size_t kMostKeyValueBytes = 64 * 1024;
 std::map<std::string, std::string> read_key_values(const std::string& path);
 
 }  // namespace hpc::ckpt

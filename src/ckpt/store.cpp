@@ -179,6 +179,11 @@ CheckpointStore::CheckpointStore(std::string dir, int keep, bool reuse_pages)
   // This store is the directory's only writer now, so such leftovers are garbage.
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
+    // A directory named as a checkpoint would refuse that step's rename: found at the start, not
+    // at the end of a run that then cannot save what it trained.
+    std::error_code type;
+    HPC_REQUIRE(step_of(name) < 0 || !fs::is_directory(e.symlink_status(type)), e.path().string(),
+                " is a directory, not a checkpoint: a checkpoint of that step could not be written there (move it away)");
     if (name.rfind(kPrefix, 0) != 0 || name.find(std::string(kSuffix) + ".tmp.") == std::string::npos) continue;
     std::error_code rm;
     fs::remove(e.path(), rm);
@@ -243,6 +248,7 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
   static std::atomic<bool> warned{false};
   const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
   {
+    ::unlink(tmp.c_str());  // a FIFO of that name would block the open; any other file is replaced anyway
     std::ofstream out(tmp, std::ios::trunc);
     out << "step=" << step << "\nepoch=" << epochs_done << "\nunix_time="
         << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()

@@ -1,11 +1,13 @@
 #include "core/file_identity.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -65,6 +67,23 @@ std::optional<FileIdentity> file_identity(const std::string& path) {
   const std::string parent = resolved.parent_path().empty() ? "." : resolved.parent_path().string();
   if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
   return FileIdentity{st.st_dev, st.st_ino, name, false};
+}
+
+int open_data_file(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
+  if (fd < 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    usage_error("cannot read ", what, " ", path, ": ", std::strerror(error));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    usage_error(what, " ", path, " is not a regular file", S_ISDIR(st.st_mode) ? " (a directory)" : " (a FIFO or device?)");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 bool same_file(const std::string& a, const std::string& b) {

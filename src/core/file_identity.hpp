@@ -34,6 +34,12 @@ std::optional<FileIdentity> file_identity(const std::string& path);
 // name in the same directory for a file not there yet. A stream is never "the same file".
 bool same_file(const std::string& a, const std::string& b);
 
+// Opens `path` to read it as a data file (an image, a shard, a manifest, a class list): a regular
+// file only, as a FIFO would block the open or its reads for ever, and a directory or device
+// holds no such data. The descriptor (blocking reads); a usage error naming `what` and the path
+// otherwise, with the system's reason where it cannot be opened.
+int open_data_file(const std::string& path, const std::string& what);
+
 // A path with the option (or role) that gave it, as the errors name it: {"--metrics-file", "m.jsonl"}.
 struct NamedPath {
   std::string what, path;

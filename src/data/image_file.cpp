@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "data/shard_images.hpp"
 
 namespace hpc::data {
@@ -33,16 +34,13 @@ struct PngImage {
 };
 
 std::vector<uint8_t> read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
-  if (fd < 0) usage_error("cannot read image ", path, ": ", std::strerror(errno));
+  const int fd = open_data_file(path, "image");
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) usage_error("cannot read image ", path, ": ", std::strerror(errno));
-  HPC_REQUIRE(!S_ISDIR(st.st_mode), "image ", path, " is a directory");
-  HPC_REQUIRE(S_ISREG(st.st_mode), "image ", path, " is not a regular file");
   HPC_REQUIRE(st.st_size <= kMaxImageFileBytes, "image ", path, " is too large (", st.st_size, " bytes; at most ",
               kMaxImageFileBytes, ")");
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/hash.hpp"
 
 namespace hpc::data {
@@ -128,8 +129,7 @@ void ShardWriter::finish() {
 // ---- reader ------------------------------------------------------------------------------------
 
 ShardReader::ShardReader(std::string path, uint32_t classes) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  HPC_REQUIRE(fd_ >= 0, "cannot open shard ", path_, ": ", std::strerror(errno));
+  fd_ = open_data_file(path_, "shard");
   const off_t end = ::lseek(fd_, 0, SEEK_END);
   HPC_REQUIRE(end >= kShardHeaderBytes + kShardFooterBytes, "shard ", path_, " is too short (", end,
               " bytes) to be a shard: truncated?");
@@ -225,14 +225,37 @@ void require_distinct_classes(const std::vector<std::string>& names, const std::
     HPC_REQUIRE(seen.insert(name).second, where, " names the class '", one_line(name), "' twice");
 }
 
+// A dataset's small text file (a manifest, the class list), whole: a regular file only, at most
+// kMostTextBytes (a manifest of a million shards is far less).
+constexpr size_t kMostTextBytes = size_t{256} << 20;
+std::string read_text(const std::string& path, const char* what) {
+  const int fd = open_data_file(path, what);
+  std::string text;
+  char buffer[1 << 16];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      usage_error("cannot read ", path, ": ", std::strerror(error));
+    }
+    text.append(buffer, static_cast<size_t>(n));
+    if (text.size() > kMostTextBytes) {
+      ::close(fd);
+      usage_error(path, " is larger than ", kMostTextBytes >> 20, " MB: not ", what, "?");
+    }
+  }
+  ::close(fd);
+  return text;
+}
+
 }  // namespace
 
 std::vector<std::string> read_class_names(const std::string& dir) {
   const std::string path = (fs::path(dir) / "classes.txt").string();
   std::error_code ec;
-  HPC_REQUIRE(!fs::is_directory(path, ec), path, " is a directory, not the list of the packed dataset's classes");
-  std::ifstream in(path);
-  HPC_REQUIRE(in, "cannot read ", path, " (a packed dataset lists its classes there)");
+  HPC_REQUIRE(fs::exists(path, ec), "cannot read ", path, " (a packed dataset lists its classes there)");
+  std::istringstream in(read_text(path, "the list of the packed dataset's classes"));
   std::vector<std::string> names;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -254,13 +277,6 @@ std::string class_names_digest(const std::vector<std::string>& names) {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HPC_REQUIRE(in, "cannot read ", path, ": ", std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  HPC_REQUIRE(!in.bad(), "cannot read ", path);
-  return text;
-}
 
 // What a JSON error says, without the library's "[json.exception.type_error.302] " prefix.
 std::string json_problem(const nlohmann::json::exception& e) {
@@ -299,7 +315,7 @@ std::string manifest_text(const std::string& dir, const std::string& split) {
   const std::string path = (fs::path(dir) / (split + ".json")).string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return "";
-  return read_text(path);
+  return read_text(path, "a manifest of packed shards");
 }
 
 std::optional<SplitManifest> parse_manifest(const std::string& text, const std::string& path,

@@ -460,6 +460,8 @@ TEST_F(Cli, ConfigFileProblems) {
       {"[train]\nepochs = 1\n", {"config file", "line 1: '[train]'", "sections such as [train] are not read"}},
       {"epochs = 1\n [train] \n", {"line 2: '[train]': sections such as [train] are not read"}},  // was: accepted
       {"config = other.cfg\n", {"sets 'config', which only the command line can give"}},  // not followed
+      // Boost cuts a value at '#': was ./run written silently
+      {"checkpoint-dir = run#1\n", {"line 1: 'checkpoint-dir = run#1': a '#' ends the value there"}},
       {"help = 1\n", {"sets 'help'"}},       // was: help printed, exit 0, nothing trained
       {"version = 1\n", {"sets 'version'"}},
       {"checkpoint-dir =\n", {"'checkpoint-dir' is empty"}},  // an unset variable in a generated file
@@ -886,6 +888,35 @@ TEST_F(CliCheckpoint, BadResumeFilesAreRefused) {
       {work_.file("fifo"), {"fifo: not a regular file"}},  // was: waiting forever for a writer
       {dir_, {"--resume", dir_, "is a directory"}}};        // was: exit 1, "basic_filebuf::underflow"
   for (const auto& [file, expect] : cases) expect_refused({"--resume", file, "--checkpoint-dir", dir_}, expect);
+}
+
+// What else may stand in a checkpoint directory: a FIFO named lock (the run waited for a writer
+// for ever), a directory named as the checkpoint the run will write (the whole run trained, then
+// its final checkpoint could not be written), a FIFO heartbeat or one of escape sequences (inspect
+// waited for ever, or sent them to the terminal as they were).
+TEST_F(CliCheckpoint, FifosAndDirectoriesInACheckpointDirectory) {
+  const std::string fifo_lock = work_.file("fifo-lock");
+  fs::create_directory(fifo_lock);
+  ASSERT_EQ(mkfifo((fifo_lock + "/lock").c_str(), 0600), 0);
+  expect_refused({"--checkpoint-dir", fifo_lock}, {fifo_lock + "/lock is not a regular file"});
+
+  const std::string blocked = work_.file("blocked");
+  fs::create_directories(blocked + "/ckpt-000000001.hpck");
+  expect_usage_error(run({"--checkpoint-dir", blocked}),
+                     {blocked + "/ckpt-000000001.hpck is a directory, not a checkpoint"});
+
+  fs::remove(dir_ + "/heartbeat");
+  ASSERT_EQ(mkfifo((dir_ + "/heartbeat").c_str(), 0600), 0);
+  const RunResult fifo = run_hpctrain({"inspect", dir_}, kDeadline);
+  ASSERT_FALSE(fifo.timed_out) << "inspect waited for the FIFO heartbeat";
+  EXPECT_EQ(fifo.exit_code, 0) << fifo.err;
+  EXPECT_EQ(fifo.out.find("heartbeat:"), std::string::npos) << fifo.out;
+  fs::remove(dir_ + "/heartbeat");
+  write_text(dir_ + "/heartbeat", "step=1\nstate=\x1b]0;owned\x07training\nunix_time=1\n");
+  const RunResult escaped = run_hpctrain({"inspect", dir_}, kDeadline);
+  EXPECT_EQ(escaped.exit_code, 0) << escaped.err;
+  EXPECT_NE(escaped.out.find("heartbeat: ?, step 1"), std::string::npos) << escaped.out;
+  EXPECT_EQ(escaped.out.find('\x1b'), std::string::npos) << "an escape sequence reached the terminal";
 }
 
 // A checkpoint directory whose heartbeat path is taken by a directory: refused at the start,

@@ -2,6 +2,7 @@
 // decoding through libjpeg-turbo, resizing, and packing an image folder the test makes: labels
 // and pixels of every packed image verified against its source file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 #include <zlib.h>
 
@@ -127,7 +128,7 @@ TEST(Shards, BrokenShardsAreUsageErrors) {
   EXPECT_NE(broken("grown.hpcs", grown).find("bad index"), std::string::npos);
   EXPECT_NE(usage_error_of([&] { ShardReader r(good, 3); }).find("label 3 but the dataset has 3 classes"),
             std::string::npos);
-  EXPECT_NE(usage_error_of([&] { ShardReader r(dir.file("absent.hpcs")); }).find("cannot open shard"),
+  EXPECT_NE(usage_error_of([&] { ShardReader r(dir.file("absent.hpcs")); }).find("cannot read shard"),
             std::string::npos);
 }
 
@@ -820,11 +821,41 @@ TEST(ShardDataset, AManifestThatCannotBeRightIsRefused) {
             std::string::npos);
 }
 
+// A FIFO (or device) where a shard, a manifest or the class list should be is refused naming it:
+// each open waited for a writer for ever (only --start-timeout, 30 minutes, ended the run), and a
+// manifest that is a directory was exit 1 with a stream error naming no file.
+TEST(ShardDataset, AFifoOrDirectoryInPlaceOfADatasetFileIsRefusedNotWaitedFor) {
+  TempDir dir;
+  const std::string packed = packed_flat_dataset(dir);
+  const std::string shard = packed_shards(packed, "train").at(0);
+  const fs::path manifest = fs::path(packed) / "train.json", classes = fs::path(packed) / "classes.txt";
+  for (const fs::path& file : {fs::path(shard), manifest, classes}) {
+    SCOPED_TRACE(file.string());
+    const fs::path kept = file.string() + ".kept";
+    fs::rename(file, kept);
+    ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+    const std::string error = usage_error_of([&] {
+      if (file == classes) read_class_names(packed);
+      else open_split(packed, "train");
+    });
+    EXPECT_NE(error.find(file.string() + " is not a regular file (a FIFO or device?)"), std::string::npos) << error;
+    fs::remove(file);
+    if (file == manifest) {
+      fs::create_directory(file);
+      const std::string as_dir = usage_error_of([&] { open_split(packed, "train"); });
+      EXPECT_NE(as_dir.find(file.string() + " is not a regular file (a directory)"), std::string::npos) << as_dir;
+      fs::remove(file);
+    }
+    fs::rename(kept, file);
+  }
+  ASSERT_NO_THROW(open_split(packed, "train"));
+}
+
 // classes.txt that is a directory is said to be one (it read as a list of no classes).
 TEST(ShardDataset, AClassListThatIsADirectoryIsNamed) {
   TempDir dir;
   fs::create_directories(dir.path() / "classes.txt");
-  EXPECT_NE(usage_error_of([&] { read_class_names(dir.path().string()); }).find("classes.txt is a directory"),
+  EXPECT_NE(usage_error_of([&] { read_class_names(dir.path().string()); }).find("classes.txt is not a regular file (a directory)"),
             std::string::npos);
 }
 

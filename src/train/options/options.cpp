@@ -188,6 +188,12 @@ std::string read_config_text(const std::string& path) {
     // Boost would read the names after it as SECTION.NAME, and a section with none, not at all.
     HPC_REQUIRE(line[first] != '[', "config file ", path, " line ", number, ": '", shown,
                 "': sections such as [train] are not read (write name = value lines)");
+    // Boost ends a value at any '#': "checkpoint-dir = run#1" would write into ./run. A comment
+    // after a value is taken where a shell takes one, after a space ("lr = 0.1  # the peak").
+    const size_t hash = line.find('#', first);
+    HPC_REQUIRE(hash == std::string::npos || hash == first || line[hash - 1] == ' ' || line[hash - 1] == '\t',
+                "config file ", path, " line ", number, ": '", shown, "': a '#' ends the value there (what follows "
+                "is a comment), so a value cannot hold one; a comment after a value needs a space before its '#'");
   }
   return text;
 }
