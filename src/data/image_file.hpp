@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "data/facts.hpp"
 #include "data/jpeg.hpp"
@@ -15,6 +16,10 @@ namespace hpc::data {
 // Files larger than this are refused before they are read (no image a model of this size
 // classifies is one).
 constexpr int64_t kMaxImageFileBytes = int64_t{1} << 28;
+
+// The bytes of an image file: a regular file (a FIFO would block the read, a dangling link has
+// none) of at most kMaxImageFileBytes; one usage error naming it and the reason otherwise.
+std::vector<uint8_t> read_whole_file(const std::string& path);
 
 // Whether bytes begin as a PNG or a JPEG file does.
 bool looks_like_image(std::span<const uint8_t> bytes);

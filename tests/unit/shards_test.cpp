@@ -478,6 +478,19 @@ TEST(Pack, BadFoldersAreUsageErrors) {
   write_raw((dir.path() / "flat" / "a.jpg").string(), Bytes{1});
   o.src = (dir.path() / "flat").string();
   EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("has no class folders"), std::string::npos);
+  // A JPEG's name on a dangling link or a FIFO: named in the error (both were left out without a
+  // word, in no count; the FIFO would have blocked the read).
+  o.src = (dir.path() / "src").string();
+  o.split = "train";
+  o.out = (dir.path() / "out-odd").string();
+  const fs::path dangling = dir.path() / "src" / "emu" / "gone.jpg", fifo = dir.path() / "src" / "emu" / "pipe.jpg";
+  fs::create_symlink(dir.path() / "nowhere.jpg", dangling);
+  EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find("cannot read image " + dangling.string()),
+            std::string::npos);
+  fs::remove(dangling);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(usage_error_of([&] { pack_image_folder(o); }).find(fifo.string() + " is not a regular file"),
+            std::string::npos);
 }
 
 // ---- training on shards -------------------------------------------------------------------------
