@@ -980,12 +980,26 @@ TEST_F(Checkpoints, AStopDuringTheEvaluationEndsTheRunRightAfterIt) {
 // A stop whose checkpoint cannot be written (something in the way of its file) is an error on
 // every rank, not a 75 that promises a checkpoint; the ones before stay. A stop during set-up
 // with a directory that cannot be used is that directory's error.
+// (The directory in the way is made once the run has written its first checkpoint, at step 5:
+// made before, the run refuses it at the start. Each write pauses a second before its rename, so
+// the directory is there before the blocked step's rename.)
+RunResult stopped_at_13_with_a_checkpoint_blocked(const std::vector<std::string>& job, const std::string& ck,
+                                                  int64_t blocked_step) {
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+  const auto p = start_mpi(2, job);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  EXPECT_TRUE(wait_until([&] { return fs::exists(ck + "/ckpt-000000005.hpck") || !p->running(); }, 60));
+  char name[64];
+  std::snprintf(name, sizeof name, "/ckpt-%09lld.hpck", static_cast<long long>(blocked_step));
+  fs::create_directories(ck + name);
+  return p->finish(120);
+}
+
 TEST_F(Checkpoints, AStopThatCannotCheckpointIsAnError) {
   const std::string ck = dir_.file("blocked");
-  fs::create_directories(ck + "/ckpt-000000013.hpck");
-  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
-  const RunResult r = run_mpi(2, job(ck, dir_.file("b.jsonl")), 120);
-  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  const RunResult r = stopped_at_13_with_a_checkpoint_blocked(job(ck, dir_.file("b.jsonl")), ck, 13);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_EQ(count_of(r.err, "hpctrain: error: "), 1) << r.err;
   EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << "every rank knows, none is killed\n" << r.err;
@@ -1001,10 +1015,7 @@ TEST_F(Checkpoints, AStopThatCannotCheckpointIsAnError) {
   // The periodic checkpoint before the stop (step 10) failed in the background: the stop, the
   // next to hand a checkpoint over, reports it on every rank alike.
   const std::string ck10 = dir_.file("blocked10");
-  fs::create_directories(ck10 + "/ckpt-000000010.hpck");
-  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
-  const RunResult r10 = run_mpi(2, job(ck10, dir_.file("b10.jsonl")), 120);
-  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  const RunResult r10 = stopped_at_13_with_a_checkpoint_blocked(job(ck10, dir_.file("b10.jsonl")), ck10, 10);
   EXPECT_EQ(r10.exit_code, 2) << r10.err;
   EXPECT_EQ(count_of(r10.err, "hpctrain: error: "), 1) << r10.err;
   EXPECT_EQ(r10.err.find("MPI_ABORT"), std::string::npos) << "every rank knows, none is killed\n" << r10.err;

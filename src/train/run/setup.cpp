@@ -179,7 +179,12 @@ void enable_sync_batch_norm(dist::ProcessContext& ctx, Prepared& p) {
 void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpoint c, const std::string& path,
                  Prepared& p) {
   dist::collectively(ctx, [&] {
-    p.start = check_resumable(c, o, *p.model);
+    try {
+      p.start = check_resumable(c, o, *p.model);
+    } catch (const Error& e) {  // its messages say "the checkpoint": which one
+      if (e.kind() != ErrorKind::Usage) throw;
+      usage_error(path, ": ", e.what());
+    }
     require_same_classes(c, p.ds.train.class_names, "the packed dataset " + p.ds.train.source);
     HPC_REQUIRE(p.start.global_batch >= ctx.world_size(), "the checkpoint's global batch of ", p.start.global_batch,
                 " cannot give each of the ", ctx.world_size(), " ranks a sample");
