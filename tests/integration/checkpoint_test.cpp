@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "integration/harness.hpp"
@@ -1111,6 +1112,22 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   EXPECT_EQ(seen.exit_code, 2) << seen.out;
   EXPECT_NE(seen.out.find("valid: no: the checkpoint's parameters hold "), std::string::npos) << seen.out;
   EXPECT_EQ(run_hpctrain({"inspect", ck + "/ckpt-000000040.hpck"}).exit_code, 0);
+  // What any resume refuses before it looks at the run (all "valid: yes" before): a position that
+  // is not one, a state that is not finite, an optimizer state of another size than the parameters.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& [bytes, problem] : std::vector<std::pair<Bytes, std::string>>{
+           {with_meta(last, "samples_seen", "nan"), "the checkpoint's position is invalid"},
+           {with_meta(last, "step", "-3"), "the checkpoint's position is invalid"},
+           {with_section(last, 2, [&](Bytes& params) { std::memcpy(params.data(), &nan, 4); }),
+            "it holds a state that is not finite (the parameters; its run had diverged)"},
+           {with_section(last, 3, [](Bytes& momentum) { momentum.resize(momentum.size() - 4); }),
+            "the checkpoint's optimizer state holds "}}) {
+    write_bytes(dir_.file("refused.hpck"), bytes);
+    const RunResult shown = run_hpctrain({"inspect", dir_.file("refused.hpck")});
+    EXPECT_EQ(shown.exit_code, 2) << shown.out;
+    EXPECT_NE(shown.out.find("valid: no: " + problem), std::string::npos) << shown.out;
+    EXPECT_EQ(with({"--resume", dir_.file("refused.hpck")}).exit_code, 2) << "resume takes what inspect refuses";
+  }
   // As a directory's newest, where --resume auto refuses it (it reads, so it is not passed by):
   // inspect DIR said exit 0, for the valid older one, as if the run could go on.
   const std::string misfit = dir_.file("misfit");

@@ -42,10 +42,12 @@ struct ServingModel {
 // that records none (one warning), without a readable data_dir/classes.txt.
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx);
 
-// Why a verified checkpoint's arenas do not fit the model its options describe (another layout, a
-// parameter or statistics count that is not the model's), as load_serving_model would refuse it;
-// nothing where they fit, or where the model cannot be known without the dataset (packed shards'
-// checkpoints that record no class names). For hpctrain inspect.
+// Why a verified checkpoint cannot be resumed or served: its position invalid, its state not
+// finite, an optimizer state of another size than its parameters, or arenas that do not fit the
+// model its options describe (another layout, a parameter or statistics count that is not the
+// model's), as a resume or load_serving_model would refuse it; nothing where it fits, or where the
+// model cannot be known without the dataset (packed shards' checkpoints that record no class
+// names). For hpctrain inspect.
 std::optional<std::string> model_misfit(const ckpt::Checkpoint& c);
 
 }  // namespace hpc::train

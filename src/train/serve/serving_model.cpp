@@ -60,9 +60,14 @@ std::unique_ptr<nn::Model<float>> fitted_model(const ckpt::Checkpoint& c, const 
 
 std::optional<std::string> model_misfit(const ckpt::Checkpoint& c) {
   try {
+    // What every resume of it checks first, whatever the run: its position, its state's values.
+    recorded_position(c);
+    if (const std::optional<StatePart> part = first_non_finite(c))
+      usage_error("it holds a state that is not finite (", describe(*part), "; its run had diverged)");
     const bool shards = recorded_options(c.meta, {"dataset"}).dataset == data::DatasetKind::Shards;
-    if (shards && !class_names_of(c)) return std::nullopt;
-    fitted_model(c, facts_of(c, "", false));
+    if (!shards || class_names_of(c)) fitted_model(c, facts_of(c, "", false));
+    HPC_REQUIRE(c.momentum.size() == c.params.size(), "the checkpoint's optimizer state holds ", c.momentum.size(),
+                " values for its ", c.params.size(), " parameters");
   } catch (const Error& e) {
     return e.what();
   }

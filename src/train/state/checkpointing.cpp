@@ -217,6 +217,21 @@ void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
               "this ", name, " (another variant, dataset shape or number of classes)");
 }
 
+RunPosition recorded_position(const ckpt::Checkpoint& c) {
+  RunPosition at;
+  at.step = c.integer("step");
+  at.epoch = c.integer("epoch");
+  at.step_in_epoch = c.integer("step_in_epoch");
+  at.global_batch = c.integer("global_batch_size");
+  at.samples_seen = c.number("samples_seen");
+  loss_scaler_of(c);  // valid, for the engine to restore
+  HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0 &&
+                  std::isfinite(at.samples_seen) && at.samples_seen >= 0,
+              "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ", samples seen ",
+              at.samples_seen, ")");
+  return at;
+}
+
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
   check_model(c, model);
   for (const auto& [name, value] : option_values(o)) {
@@ -237,17 +252,7 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
                 name, "=", value, " (resume with the same value, ",
                 name == "epochs" ? "or lengthen the run with --extend-epochs, " : "", "or start afresh with --resume none)");
   }
-  RunPosition at;
-  at.step = c.integer("step");
-  at.epoch = c.integer("epoch");
-  at.step_in_epoch = c.integer("step_in_epoch");
-  at.global_batch = c.integer("global_batch_size");
-  at.samples_seen = c.number("samples_seen");
-  loss_scaler_of(c);  // valid, for the engine to restore
-  HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0 &&
-                  std::isfinite(at.samples_seen) && at.samples_seen >= 0,
-              "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ", samples seen ",
-              at.samples_seen, ")");
+  const RunPosition at = recorded_position(c);
   HPC_REQUIRE(o.global_batch_size == 0 || o.global_batch_size == at.global_batch, "the checkpoint was made with a ",
               "global batch of ", at.global_batch, "; --global-batch-size ", o.global_batch_size,
               " would change what every later step computes");

@@ -109,6 +109,10 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
 // Usage error unless the checkpoint's parameters fit `model` (same name and layout).
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 
+// The position a checkpoint records, and its loss scale, checked (a usage error when either is
+// missing or invalid): what any resume of it needs, whatever the run.
+RunPosition recorded_position(const ckpt::Checkpoint& c);
+
 // The position a checkpoint resumes at. Throws a usage error naming the first difference when
 // it belongs to another model or to options that change what is computed, or when its position
 // or loss scale is invalid.
