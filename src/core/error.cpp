@@ -4,16 +4,6 @@
 
 namespace hpc {
 
-std::string without_nul(const std::string& text) {
-  if (text.find('\0') == std::string::npos) return text;
-  std::string out;
-  for (const char c : text) {
-    if (c == '\0') out += "\\x00";
-    else out += c;
-  }
-  return out;
-}
-
 std::string one_line(const std::string& text) {
   std::string out;
   out.reserve(text.size());

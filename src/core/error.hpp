@@ -10,13 +10,16 @@ namespace hpc {
 
 enum class ErrorKind { Usage, Internal };
 
-// `text` with each NUL byte written as \x00: a message is printed from what(), a C string, which
-// a NUL from a file's bytes (a class name, a header field) would end early, hiding the problem.
-std::string without_nul(const std::string& text);
+// `text` as one printable line: control characters (a newline inside a path or value a user
+// gave) written as escapes, so that an error stays the one line its contract promises.
+std::string one_line(const std::string& text);
 
+// An error's message is one printable line (one_line): a NUL from a file's bytes (a class name, a
+// header field) would end the C string what() early, hiding the problem, and a line break in a
+// name a user gave (a folder, a value) would split it.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(without_nul(what)), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(one_line(what)), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
   int exit_code() const { return kind_ == ErrorKind::Usage ? 2 : 1; }
 
@@ -38,10 +41,6 @@ std::string concat(const Args&... args) {
 // a failure, but no bug to report), and which settings decide how much.
 inline constexpr const char* kOutOfMemory =
     "out of memory (a smaller --batch-size, --eval-batch-size, --image-size or model needs less)";
-
-// `text` as one printable line: control characters (a newline inside a path or value a user
-// gave) written as escapes, so that an error stays the one line its contract promises.
-std::string one_line(const std::string& text);
 
 // A problem the user can fix: bad flag, bad file, bad value. Message names the problem.
 template <class... Args>

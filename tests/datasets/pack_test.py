@@ -299,7 +299,7 @@ class Pack(unittest.TestCase):
             os.makedirs(strays[-1])
             open(os.path.join(strays[-1], f"train-g{g}-00000-of-00001.hpcs"), "w").close()
         cases = [((empty_jpeg, self.out), 1, "zero.jpg is empty, not a JPEG image"),
-                 ((line_break, self.out), 1, "holds a line break"),
+                 ((line_break, self.out), 1, "class folder name 'b\\nc' holds a line break"),  # one line, as all
                  ((latin1, self.out), 1, 'class folder name "caf\ufffd" is not UTF-8 text'),
                  ((self.src, strays[0]), 1, "has a generation past any hpcdata writes"),
                  ((self.src, strays[1]), 1, "has a generation past any hpcdata writes"),((empty_class, self.out), 1, "has no JPEG images"),
