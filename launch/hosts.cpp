@@ -82,6 +82,8 @@ void add(HostList& hosts, const std::string& name, int slots, const std::string&
 void add_colon_form(HostList& hosts, const std::string& item, int default_slots, const std::string& where) {
   const size_t colon = item.rfind(':');
   if (colon == std::string::npos) return add(hosts, item, default_slots, where);
+  HPC_REQUIRE(item.find(':') == colon, where, ": '", printable(item), "' has more than one ':' (an IPv6 address?): ",
+              "hosts are names or IPv4 addresses, each NAME or NAME:SLOTS (give an IPv6 host by its name)");
   add(hosts, item.substr(0, colon), parse_slots(item.substr(colon + 1), where + ": '" + printable(item) + "'"), where);
 }
 

@@ -58,6 +58,11 @@ TEST(Hosts, BadListsAreUsageErrors) {
   EXPECT_NE(usage_message([] { parse_host_list("a,", 1); }).find("empty host name after the last comma"),
             std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a:+3", 1); }).find("slots must be a whole number"), std::string::npos);
+  // An IPv6 address read as NAME:SLOTS gave "':' is not a host name".
+  EXPECT_NE(usage_message([] { parse_host_list("::1", 1); }).find("'::1' has more than one ':' (an IPv6 address?)"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { parse_host_list("a,fe80::1:2", 1); }).find("'fe80::1:2' has more than one ':'"),
+            std::string::npos);
   EXPECT_NE(usage_message([] { parse_host_list("a: 3", 1); }).find("slots must be a whole number"), std::string::npos);
   // Repeats add up, but not past what one entry may give.
   EXPECT_EQ(parse_host_list("a:4095,a:1", 1), (HostList{{"a", 4096}}));
