@@ -1126,7 +1126,9 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
     const RunResult shown = run_hpctrain({"inspect", dir_.file("refused.hpck")});
     EXPECT_EQ(shown.exit_code, 2) << shown.out;
     EXPECT_NE(shown.out.find("valid: no: " + problem), std::string::npos) << shown.out;
-    EXPECT_EQ(with({"--resume", dir_.file("refused.hpck")}).exit_code, 2) << "resume takes what inspect refuses";
+    const RunResult resumed = with({"--resume", dir_.file("refused.hpck")});
+    EXPECT_EQ(resumed.exit_code, 2) << "resume takes what inspect refuses";
+    EXPECT_NE(resumed.err.find(dir_.file("refused.hpck")), std::string::npos) << "names the file: " << resumed.err;
   }
   // As a directory's newest, where --resume auto refuses it (it reads, so it is not passed by):
   // inspect DIR said exit 0, for the valid older one, as if the run could go on.

@@ -66,8 +66,7 @@ std::optional<std::string> model_misfit(const ckpt::Checkpoint& c) {
       usage_error("it holds a state that is not finite (", describe(*part), "; its run had diverged)");
     const bool shards = recorded_options(c.meta, {"dataset"}).dataset == data::DatasetKind::Shards;
     if (!shards || class_names_of(c)) fitted_model(c, facts_of(c, "", false));
-    HPC_REQUIRE(c.momentum.size() == c.params.size(), "the checkpoint's optimizer state holds ", c.momentum.size(),
-                " values for its ", c.params.size(), " parameters");
+    check_optimizer_state(c);
   } catch (const Error& e) {
     return e.what();
   }

@@ -232,8 +232,15 @@ RunPosition recorded_position(const ckpt::Checkpoint& c) {
   return at;
 }
 
+void check_optimizer_state(const ckpt::Checkpoint& c) {
+  HPC_REQUIRE(c.momentum.size() == c.params.size(), "the checkpoint's optimizer state holds ", c.momentum.size(),
+              " values for its ", c.params.size(), " parameters");
+}
+
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
   check_model(c, model);
+  // (Parameters of another count are the restore's error, which names them.)
+  if (c.params.size() == static_cast<size_t>(model.params().values().numel())) check_optimizer_state(c);
   for (const auto& [name, value] : option_values(o)) {
     if (!must_match_on_resume(name)) continue;
     // Under --global-batch-size the per-rank batch is not this run's choice: the global batch is

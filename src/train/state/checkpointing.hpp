@@ -112,6 +112,8 @@ void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 // The position a checkpoint records, and its loss scale, checked (a usage error when either is
 // missing or invalid): what any resume of it needs, whatever the run.
 RunPosition recorded_position(const ckpt::Checkpoint& c);
+// Usage error unless the checkpoint's optimizer state (the momentum) has a value per parameter.
+void check_optimizer_state(const ckpt::Checkpoint& c);
 
 // The position a checkpoint resumes at. Throws a usage error naming the first difference when
 // it belongs to another model or to options that change what is computed, or when its position
