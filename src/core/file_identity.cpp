@@ -86,6 +86,29 @@ int open_data_file(const std::string& path, const std::string& what) {
   return fd;
 }
 
+std::vector<uint8_t> read_data_file(const std::string& path, const std::string& what, int64_t max_bytes) {
+  const int fd = open_data_file(path, what);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
+  HPC_REQUIRE(st.st_size <= max_bytes, what, " ", path, " is too large (", st.st_size, " bytes; at most ", max_bytes,
+              ")");
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   const std::optional<FileIdentity> x = file_identity(a), y = file_identity(b);
   return x && y && !x->stream && !y->stream && x->dev == y->dev && x->ino == y->ino && x->name == y->name;

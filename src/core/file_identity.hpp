@@ -8,6 +8,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,11 @@ bool same_file(const std::string& a, const std::string& b);
 // holds no such data. The descriptor (blocking reads); a usage error naming `what` and the path
 // otherwise, with the system's reason where it cannot be opened.
 int open_data_file(const std::string& path, const std::string& what);
+
+// The whole of a data file, opened as open_data_file does: at most `max_bytes` (a usage error
+// naming `what` past it, before anything is read); a file that shrinks while it is read is judged
+// by what it held.
+std::vector<uint8_t> read_data_file(const std::string& path, const std::string& what, int64_t max_bytes);
 
 // A path with the option (or role) that gave it, as the errors name it: {"--metrics-file", "m.jsonl"}.
 struct NamedPath {

@@ -62,26 +62,7 @@ void to_channels(const uint8_t* rgb, int64_t pixels, int64_t channels, uint8_t* 
 }  // namespace
 
 std::vector<uint8_t> read_whole_file(const std::string& path) {
-  const int fd = open_data_file(path, "image");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) usage_error("cannot read image ", path, ": ", std::strerror(errno));
-  HPC_REQUIRE(st.st_size <= kMaxImageFileBytes, "image ", path, " is too large (", st.st_size, " bytes; at most ",
-              kMaxImageFileBytes, ")");
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) usage_error("cannot read image ", path, ": ", std::strerror(errno));
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  bytes.resize(got);  // a file that shrank while read is judged by what it held
-  return bytes;
+  return read_data_file(path, "image", kMaxImageFileBytes);
 }
 
 bool looks_like_image(std::span<const uint8_t> bytes) {

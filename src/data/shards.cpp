@@ -227,26 +227,10 @@ void require_distinct_classes(const std::vector<std::string>& names, const std::
 
 // A dataset's small text file (a manifest, the class list), whole: a regular file only, at most
 // kMostTextBytes (a manifest of a million shards is far less).
-constexpr size_t kMostTextBytes = size_t{256} << 20;
+constexpr int64_t kMostTextBytes = int64_t{256} << 20;
 std::string read_text(const std::string& path, const char* what) {
-  const int fd = open_data_file(path, what);
-  std::string text;
-  char buffer[1 << 16];
-  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      usage_error("cannot read ", path, ": ", std::strerror(error));
-    }
-    text.append(buffer, static_cast<size_t>(n));
-    if (text.size() > kMostTextBytes) {
-      ::close(fd);
-      usage_error(path, " is larger than ", kMostTextBytes >> 20, " MB: not ", what, "?");
-    }
-  }
-  ::close(fd);
-  return text;
+  const std::vector<uint8_t> bytes = read_data_file(path, what, kMostTextBytes);
+  return std::string(bytes.begin(), bytes.end());
 }
 
 }  // namespace
