@@ -7,14 +7,17 @@ the cloud.json the head node gets) for every choice it may try, authorized as EC
 RunInstances: once per resource the launch uses or creates (the launch template, the image,
 key pair, placement group, subnet, security group, and the instance, volume, network interface
 and spot request it creates), each with its condition keys (ec2:LaunchTemplate,
-ec2:IsLaunchTemplateResource, ec2:InstanceType, and the tags requested for that resource type
+ec2:IsLaunchTemplateResource, ec2:InstanceType, the instance's metadata options
+(ec2:MetadataHttpTokens, ec2:MetadataHttpPutResponseHopLimit), each volume's ec2:Encrypted, all
+as the launch overrides the template, and the tags requested for that resource type
 as aws:RequestTag/... and aws:TagKeys: tag-on-create), plus ec2:CreateTags for each resource
 type tagged (ec2:CreateAction) and iam:PassRole for the launch template's role. Then:
 
   - everything the cluster does is allowed (power-up, suspend, cleanup, logs, munge key, data,
     the cluster manager's metrics);
   - a long list of what it must not do is denied (a power-up lacking a tag on any resource, or
-    with another cluster's tag, another template, image, key, type, subnet or group; tagging
+    with another cluster's tag, another template, image, key, type, subnet or group, IMDSv1, a
+    hop limit over 1 or an unencrypted volume; tagging
     outside a launch; terminating another cluster's instance or the head node; passing another
     role; reading another secret, bucket or prefix; a metric in another namespace; ...);
   - for every statement of every role, each planted mutation (one condition removed, the
@@ -62,6 +65,13 @@ def compare(op, wanted, have):
         return glob(wanted, have)
     if op == "Bool":
         return str(have).lower() == str(wanted).lower()
+    numeric = {"NumericEquals": float.__eq__, "NumericLessThan": float.__lt__, "NumericLessThanEquals": float.__le__,
+               "NumericGreaterThan": float.__gt__, "NumericGreaterThanEquals": float.__ge__}
+    if op in numeric:
+        try:
+            return numeric[op](float(have), float(wanted))
+        except ValueError:
+            return False  # (a value that is not a number matches no numeric operator)
     raise ValueError(f"condition operator {op} is not modelled")
 
 
@@ -145,11 +155,19 @@ def run_instances_checks(r, req):
         checks += [("ec2:RunInstances", f"{ARN}:security-group/{g}", net) for g in ni.get("Groups", [])]
         checks.append(("ec2:RunInstances", f"{ARN}:network-interface/*",
                        {**lt, "ec2:Subnet": f"{ARN}:subnet/{ni['SubnetId']}", **request_tags(req, "network-interface")}))
-    checks.append(("ec2:RunInstances", f"{ARN}:instance/*",
-                   {**lt, "ec2:InstanceType": req.get("InstanceType", data.get("InstanceType")),
-                    **request_tags(req, "instance")}))
-    checks += [("ec2:RunInstances", f"{ARN}:volume/*", {**lt, **request_tags(req, "volume")})
-               for _ in data.get("BlockDeviceMappings", [])]
+    # (the launch's own values where it gives them, else the template's: what the instance gets)
+    metadata = {**data.get("MetadataOptions", {}), **req.get("MetadataOptions", {})}
+    instance = {**lt, "ec2:InstanceType": req.get("InstanceType", data.get("InstanceType")), **request_tags(req, "instance")}
+    if "HttpTokens" in metadata:
+        instance["ec2:MetadataHttpTokens"] = metadata["HttpTokens"]
+    if "HttpPutResponseHopLimit" in metadata:
+        instance["ec2:MetadataHttpPutResponseHopLimit"] = str(metadata["HttpPutResponseHopLimit"])
+    checks.append(("ec2:RunInstances", f"{ARN}:instance/*", instance))
+    for mapping in req.get("BlockDeviceMappings") or data.get("BlockDeviceMappings") or []:
+        volume = {**lt, **request_tags(req, "volume")}
+        if "Encrypted" in mapping.get("Ebs", {}):
+            volume["ec2:Encrypted"] = str(mapping["Ebs"]["Encrypted"]).lower()
+        checks.append(("ec2:RunInstances", f"{ARN}:volume/*", volume))
     market = req.get("InstanceMarketOptions") or data.get("InstanceMarketOptions")
     if market and market["MarketType"] == "spot":
         checks.append(("ec2:RunInstances", f"{ARN}:spot-instances-request/*", {**lt, **request_tags(req, "spot-instances-request")}))
@@ -238,7 +256,12 @@ def cases(r):
                       ("another key pair", changed(req, KeyName="other-key")),
                       ("an instance type not allowed", changed(req, InstanceType="p5.48xlarge")),
                       ("another subnet", changed(req, NetworkInterfaces=[{**ni, "SubnetId": "subnet-0other"}])),
-                      ("another security group", changed(req, NetworkInterfaces=[{**ni, "Groups": ["sg-0other"]}]))):
+                      ("another security group", changed(req, NetworkInterfaces=[{**ni, "Groups": ["sg-0other"]}])),
+                      ("IMDSv1 allowed", changed(req, MetadataOptions={"HttpTokens": "optional"})),
+                      ("the metadata token reachable from containers", changed(req, MetadataOptions={"HttpPutResponseHopLimit": 2})),
+                      ("an unencrypted root volume",
+                       changed(req, BlockDeviceMappings=[{"DeviceName": "/dev/sda1",
+                                                          "Ebs": {"VolumeSize": 200, "VolumeType": "gp3", "Encrypted": False}}]))):
         out.append((f"power-up with {what}", "HeadNodeRole", run_instances_checks(r, bad), False))
     # Each resource of a launch through another template, alone (the whole launch fails anyway on
     # the template itself): every statement must require the cluster's templates.
@@ -257,6 +280,9 @@ def cases(r):
         ("an instance in another region", "HeadNodeRole",
          [("ec2:RunInstances", f"{west}:instance/*", c) for a, res, c in run_instances_checks(r, req)
           if a == "ec2:RunInstances" and res.endswith(":instance/*")], False),
+        ("a volume in another region", "HeadNodeRole",
+         [("ec2:RunInstances", f"{west}:volume/*", c) for a, res, c in run_instances_checks(r, req)
+          if a == "ec2:RunInstances" and res.endswith(":volume/*")], False),
         ("tag at launch for another cluster", "HeadNodeRole",
          [("ec2:CreateTags", f"{ARN}:instance/*", {"ec2:CreateAction": "RunInstances", "aws:RequestTag/hpctrain:cluster": "other"})], False),
         ("tag at launch a security group", "HeadNodeRole",
