@@ -130,7 +130,14 @@ def request_tags(req, resource_type):
     return ctx
 
 
-def run_instances_checks(r, req):
+# Which values EC2 puts in a RunInstances' condition keys where the launch template gives them
+# and the request does not: the template's (the launch's effective values, as the ec2:IsLaunchTemplateResource
+# key suggests) or none (the request's own parameters alone). AWS's documentation does not say
+# outright; the policies must allow the cluster's launches and refuse the rest under both.
+KEY_SOURCES = ("effective", "request")
+
+
+def run_instances_checks(r, req, keys="effective"):
     """[(action, resource ARN, condition context)] that EC2 authorizes for this RunInstances."""
     lt_id = req["LaunchTemplate"]["LaunchTemplateId"]
     lt_logical = next((k for k, v in r.template["Resources"].items()
@@ -155,8 +162,10 @@ def run_instances_checks(r, req):
         checks += [("ec2:RunInstances", f"{ARN}:security-group/{g}", net) for g in ni.get("Groups", [])]
         checks.append(("ec2:RunInstances", f"{ARN}:network-interface/*",
                        {**lt, "ec2:Subnet": f"{ARN}:subnet/{ni['SubnetId']}", **request_tags(req, "network-interface")}))
-    # (the launch's own values where it gives them, else the template's: what the instance gets)
-    metadata = {**data.get("MetadataOptions", {}), **req.get("MetadataOptions", {})}
+    # (the launch's own values where it gives them, else the template's: what the instance gets;
+    # or, keys="request", only what the launch gives)
+    effective = keys == "effective"
+    metadata = {**(data.get("MetadataOptions", {}) if effective else {}), **req.get("MetadataOptions", {})}
     instance = {**lt, "ec2:InstanceType": req.get("InstanceType", data.get("InstanceType")), **request_tags(req, "instance")}
     if "HttpTokens" in metadata:
         instance["ec2:MetadataHttpTokens"] = metadata["HttpTokens"]
@@ -165,7 +174,7 @@ def run_instances_checks(r, req):
     checks.append(("ec2:RunInstances", f"{ARN}:instance/*", instance))
     for mapping in req.get("BlockDeviceMappings") or data.get("BlockDeviceMappings") or []:
         volume = {**lt, **request_tags(req, "volume")}
-        if "Encrypted" in mapping.get("Ebs", {}):
+        if "Encrypted" in mapping.get("Ebs", {}) and (effective or "BlockDeviceMappings" in req):
             volume["ec2:Encrypted"] = str(mapping["Ebs"]["Encrypted"]).lower()
         checks.append(("ec2:RunInstances", f"{ARN}:volume/*", volume))
     market = req.get("InstanceMarketOptions") or data.get("InstanceMarketOptions")
@@ -228,8 +237,14 @@ def changed(req, **fields):
     return req
 
 
-def cases(r):
-    """(what, role, [checks], whether allowed): the cluster's needs and what it must not do."""
+run_instances_checks_from = run_instances_checks
+
+
+def cases(r, keys="effective"):
+    """(what, role, [checks], whether allowed): the cluster's needs and what it must not do, with
+    RunInstances' condition keys from `keys` (KEY_SOURCES)."""
+    def run_instances_checks(r, req):
+        return run_instances_checks_from(r, req, keys)
     instance = f"{ARN}:instance/i-0123456789abcdef0"
     compute_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:ResourceTag/hpctrain:node": "gpu-1"}
     head_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK}
@@ -391,7 +406,8 @@ def cases(r):
 def failures(r, policies):
     """The cases whose outcome under `policies` is not the expected one."""
     bad = []
-    for what, role, checks, expected in cases(r):
+    for keys, (what, role, checks, expected) in ((k, c) for k in KEY_SOURCES for c in cases(r, k)):
+        what = f"{what} (condition keys: {keys})"
         statements = policies.get(role, [])
         got = all(allowed(statements, *check) for check in checks)
         if expected and not got:
