@@ -15,7 +15,9 @@
 #   5. the cluster manager (clustermgtd.py) on a one-minute systemd timer, as Slurm's user;
 #   6. hpctrain built (CPU) in /opt/hpctrain/src/build; each compute node builds its CUDA one at
 #      the same path, so that slurm/train.sbatch finds it there on every node;
-#   7. the CloudWatch agent ships Slurm's and these programs' logs to the stack's log group.
+#   7. the CloudWatch agent ships Slurm's and these programs' logs to the stack's log group;
+#   8. EC2 asked (dry runs) whether this node may launch every instance choice resume.py would
+#      try: a refused permission fails the stack here, not each job's power-up later.
 set -euo pipefail
 # shellcheck source=/dev/null
 . /etc/hpctrain/cluster.env
@@ -82,4 +84,7 @@ cat > /opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json << JSON
 JSON
 /opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s \
   -c file:/opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json
+# 8. The launches, dry: after the logs, so that a refusal's lines reach the log group.
+python3 "$node_dir/launch_check.py"
+
 echo "hpctrain head node ready: $(sinfo -h -o '%D nodes %P')"

@@ -12,6 +12,7 @@ account (the service-linked role missing: on-demand, and spot cooled down), a fi
 than 200 values refused (FilterLimitExceeded), an instance still shutting down, TerminateInstances
 refused (suspend.py powers the nodes down all the same)."""
 
+import io
 import json
 import os
 import subprocess
@@ -30,6 +31,7 @@ from cfn import amazon_images  # noqa: E402
 from moto.core import DEFAULT_ACCOUNT_ID  # noqa: E402
 from moto.ec2.models import ec2_backends  # noqa: E402
 import hpc_cloud  # noqa: E402
+import launch_check  # noqa: E402
 import resume  # noqa: E402
 import resume_fail  # noqa: E402
 import suspend  # noqa: E402
@@ -280,8 +282,8 @@ def refuse_long_filters(operation, params):
                             "The maximum number of filter values specified on a single call is 200", operation)
 
 
-class AwsBehaviour(MotoCluster):
-    """What AWS does and moto does not, played by hooks on every EC2 client the programs make."""
+class AwsHooks(MotoCluster):
+    """Hooks on every EC2 client the programs make, to play what AWS does and moto does not."""
 
     def setUp(self):
         super().setUp()
@@ -333,6 +335,16 @@ class AwsBehaviour(MotoCluster):
     def assert_registered(self, node, inst):
         self.assertIn(f"update nodename={node} nodeaddr={inst['PrivateIpAddress']} "
                       f"nodehostname={inst['PrivateDnsName'].split('.')[0]}", self.scontrol_calls())
+
+    @staticmethod
+    def spot_refused(op, params):
+        if op == "RunInstances" and "InstanceMarketOptions" in params:
+            raise aws_error("AuthFailure.ServiceLinkedRoleCreationNotPermitted", "The provided credentials do not "
+                            "have permission to create the service-linked role for EC2 Spot Instances.", op)
+
+
+class AwsBehaviour(AwsHooks):
+    """What AWS does and moto does not, played by the hooks."""
 
     def test_the_address_comes_from_the_run_instances_answer(self):
         with self.hooked(), self.fake_clock():
@@ -390,12 +402,6 @@ class AwsBehaviour(MotoCluster):
         self.assertEqual(self.pauses, [])
         self.assertRegex(self.scontrol_calls()[-1], r"^update nodename=gpu-1 state=down reason=hpctrain: resume "
                                                     r"failed: instance i-\w+ is terminated: Client.InternalError")
-
-    @staticmethod
-    def spot_refused(op, params):
-        if op == "RunInstances" and "InstanceMarketOptions" in params:
-            raise aws_error("AuthFailure.ServiceLinkedRoleCreationNotPermitted", "The provided credentials do not "
-                            "have permission to create the service-linked role for EC2 Spot Instances.", op)
 
     def markets_requested(self):
         return ["spot" if "InstanceMarketOptions" in p else "on-demand"
@@ -463,6 +469,102 @@ class AwsBehaviour(MotoCluster):
         self.assertEqual(hpc_cloud.instances_of(self.ec2, self.cfg, ["gpu-1"]), {"gpu-1": [new["InstanceId"]]})
 
 
+class LaunchCheck(AwsHooks):
+    """launch_check.py, the head node's bootstrap asking EC2 whether it may launch each choice
+    resume.py would try: dry runs (moto answers DryRunOperation, as EC2 does when it would allow
+    one), and EC2's refusals played by the hooks."""
+
+    def setUp(self):
+        super().setUp()
+        self.cfg.update(market="spot", instance_types=["g5.12xlarge", "g6.12xlarge"],
+                        subnet_ids=[s["SubnetId"] for s in self.subnets[:2]])
+        self.clock = mock.patch.object(launch_check, "time", mock.Mock(monotonic=lambda: self.now[0], sleep=self.sleep))
+        self.now = [0.0]
+
+    def sleep(self, seconds):
+        self.pauses.append(seconds)
+        self.now[0] += seconds
+
+    def dry_runs(self):
+        return [p for op, p in self.ec2_calls if op == "RunInstances"]
+
+    @staticmethod
+    def refuse(when):
+        def before(op, params):
+            if op == "RunInstances" and when(params):
+                raise aws_error("UnauthorizedOperation", "You are not authorized to perform this operation. "
+                                "Encoded authorization failure message: AbC", op)
+        return before
+
+    def test_every_choice_is_dry_run_and_nothing_is_launched(self):
+        with self.hooked(), self.clock, self.assertLogs(level="INFO") as logs:
+            self.assertEqual(launch_check.check(self.cfg, wait=60), 0)
+        runs = self.dry_runs()
+        # spot and on-demand, two types, two subnets: resume.py's own requests, each a dry run
+        self.assertEqual(len(runs), len(resume.choices(self.cfg)))
+        self.assertEqual(len(runs), 8)
+        for params, choice in zip(runs, resume.choices(self.cfg)):
+            expected = resume.request_for(self.cfg, launch_check.CHECK_NODE, choice, "")
+            del expected["ClientToken"]
+            self.assertEqual(params, {"DryRun": True, **expected})
+        self.assertEqual(self.live(), {})
+        self.assertEqual(sum("may be launched" in line for line in logs.output), 8, logs.output)
+        self.assertEqual(self.pauses, [])
+
+    def test_a_refused_permission_counts_once_asked_again_until_the_wait_is_over(self):
+        with self.hooked(before=self.refuse(lambda p: p.get("InstanceType") == "g6.12xlarge")), self.clock, \
+                self.assertLogs(level="INFO") as logs:
+            self.assertEqual(launch_check.check(self.cfg, wait=60), 4)  # g6 in each market and subnet
+        errors = [line for line in logs.output if line.startswith("ERROR")]
+        self.assertEqual(len(errors), 4, logs.output)
+        self.assertIn("g6.12xlarge", errors[0])
+        self.assertIn("UnauthorizedOperation", errors[0])
+        self.assertIn("decode-authorization-message", errors[0])
+        # Growing pauses within the wait, shared by the choices: not 60 s for each.
+        # (the first g6 choice: 5, 10, 20 s, and a 30 s pause would pass the wait; the second:
+        # 5, 10 s, and 20 s more would; ...)
+        self.assertEqual(self.pauses, [5, 10, 20, 5, 10, 5, 5])  # (on-demand's two: what is left of the 60)
+
+    def test_a_refusal_that_passes_while_asked_again_is_not_counted(self):
+        refusals = [3]
+
+        def for_a_while(params):
+            refusals[0] -= 1
+            return refusals[0] >= 0
+        with self.hooked(before=self.refuse(for_a_while)), self.clock:
+            self.assertEqual(launch_check.check(self.cfg, wait=300), 0)
+        self.assertEqual(self.pauses, [5, 10, 20])
+
+    def test_without_time_to_wait_a_refusal_counts_at_once(self):
+        with self.hooked(before=self.refuse(lambda p: True)), self.clock:
+            self.assertEqual(launch_check.check(self.cfg, wait=0), 8)
+        self.assertEqual(self.pauses, [])
+
+    def test_other_refusals_are_warnings(self):
+        def before(op, params):
+            if op == "RunInstances" and params["NetworkInterfaces"][0]["SubnetId"] == self.subnets[1]["SubnetId"]:
+                raise aws_error("Unsupported", "Your requested instance type is not supported in your requested "
+                                "Availability Zone.", op)
+            self.spot_refused(op, params)
+        with self.hooked(before=before), self.clock, self.assertLogs(level="INFO") as logs:
+            self.assertEqual(launch_check.check(self.cfg, wait=60), 0)
+        warnings = [line for line in logs.output if line.startswith("WARNING")]
+        self.assertEqual(len(warnings), 6, logs.output)  # spot anywhere (4), on-demand in the second zone (2)
+        self.assertTrue(any("Unsupported" in w for w in warnings) and any("ServiceLinkedRole" in w for w in warnings))
+        self.assertEqual(self.pauses, [])
+
+    def test_the_program_fails_with_one_summary_line(self):
+        env = {"HPCTRAIN_CLOUD_CONFIG": self.write_config({**self.cfg, "log_file": ""})}
+        with self.hooked(before=self.refuse(lambda p: "InstanceMarketOptions" in p)), \
+                mock.patch.dict(os.environ, env), mock.patch.object(sys, "stderr", new_callable=io.StringIO) as err:
+            self.assertEqual(launch_check.main(["--wait", "0"]), 1)
+        last = err.getvalue().strip().splitlines()[-1]
+        self.assertEqual(last, "launch_check.py: error: the head node may not launch 4 of the 8 instance choices "
+                               "resume.py would try (see the lines above): the cluster's nodes would never come up")
+        with self.hooked(), mock.patch.dict(os.environ, env):
+            self.assertEqual(launch_check.main(["--wait", "0"]), 0)
+
+
 class BadInput(unittest.TestCase):
     def run_program(self, program, arg, config_text):
         with tempfile.TemporaryDirectory() as d:
@@ -480,6 +582,11 @@ class BadInput(unittest.TestCase):
             ("resume.py", "gpu-[1-", good, "not a Slurm host list"),
             ("suspend.py", "gpu-[3-1]", good, "not a Slurm host list"),
             ("resume.py", "gpu-1", None, "cannot read"),
+            ("launch_check.py", "--wait=0", None, "cannot read"),
+            ("launch_check.py", "--wait=-1", good, "--wait must be 0 to 3600 seconds, got -1"),
+            ("launch_check.py", "--wait=nan", good, "--wait must be"),
+            ("launch_check.py", "--wait=soon", good, "invalid float value"),
+            ("launch_check.py", "gpu-1", good, "unrecognized arguments"),
             ("resume.py", "gpu-1", "{not json", "is not JSON"),
             ("resume.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION}), "'launch_template_id'"),
             ("resume_fail.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt",
