@@ -23,6 +23,7 @@
 #include "core/file_identity.hpp"
 #include "core/option_kit.hpp"
 #include "subprocess.hpp"
+#include "train/options/options.hpp"
 
 namespace hpc::launch {
 namespace po = boost::program_options;
@@ -95,7 +96,7 @@ void check_checkpoint_dir(const LaunchOptions& o) {
   HPC_REQUIRE(!fs::exists(o.checkpoint_dir, ec) || fs::is_directory(o.checkpoint_dir, ec), "--checkpoint-dir ",
               o.checkpoint_dir, ": not a directory");
   require_safe_directory(o.checkpoint_dir, "--checkpoint-dir");  // hpcrun writes membership-change there
-  const std::string programs = program_option(o.program, "checkpoint-dir");
+  const std::string programs = program_value(o, "checkpoint-dir");
   if (!o.program_is_hpctrain || programs.empty()) return;
   HPC_REQUIRE(fs::weakly_canonical(fs::absolute(programs), ec) == fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec),
               "hpcrun's --checkpoint-dir ", o.checkpoint_dir, " is not the program's (", programs,
@@ -428,6 +429,13 @@ std::string program_option(const std::vector<std::string>& args, const std::stri
   return at->joined ? args[at->index].substr(flag.size() + 1) : args[at->index];
 }
 
+std::string program_value(const LaunchOptions& o, const std::string& name) {
+  const std::string given = program_option(o.program, name);
+  if (!given.empty()) return given;
+  const auto found = o.program_config.find(name);
+  return found == o.program_config.end() ? "" : found->second;
+}
+
 bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value) {
   const std::string flag = "--" + name;
   const std::optional<ValueAt> at = find_program_option(args, flag);
@@ -519,20 +527,26 @@ void read_program(LaunchOptions& o) {
   HPC_REQUIRE(!find_program(o.program[0], &why).empty(), "program ", o.program[0], ": ", why);
   HPC_REQUIRE(!find_program(o.mpirun, &why).empty(), "--mpirun ", o.mpirun, ": ", why);
   o.program_is_hpctrain = std::filesystem::path(o.program[0]).filename() == "hpctrain";
-  if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_option(o.program, "checkpoint-dir");
+  // A config file's checkpoint-dir or resume = none would otherwise go unseen: no heartbeat
+  // watched, and the --resume auto below would override the file's fresh start.
+  const std::string config = o.program_is_hpctrain ? program_option(o.program, "config") : "";
+  if (!config.empty())
+    for (const char* name : kProgramConfigOptions)
+      if (std::string value = train::config_file_value(config, name); !value.empty()) o.program_config[name] = value;
+  if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_value(o, "checkpoint-dir");
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o);
-  if (o.program_is_hpctrain && program_option(o.program, "resume").empty()) {
+  if (o.program_is_hpctrain && program_value(o, "resume").empty()) {
     // Every attempt after the first must continue from the last checkpoint.
     o.program.push_back("--resume");
     o.program.push_back("auto");
   }
-  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_option(o.program, "checkpoint-lock-wait").empty()) {
+  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_value(o, "checkpoint-lock-wait").empty()) {
     // A relaunch after a lost host may find the last attempt's rank 0 still alive there, holding
     // the directory's lock until its own step watchdog ends it (about when the other ranks' did).
     o.program.push_back("--checkpoint-lock-wait");
     o.program.push_back(kRelaunchLockWait);
   }
-  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_option(o.program, "start-timeout").empty()) {
+  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_value(o, "start-timeout").empty()) {
     // hpcrun watches the start-up itself (the heartbeat's first step, within --start-timeout):
     // hpctrain's own set-up limit is the same, not its 30m default, which would end a start-up
     // hpcrun was told to wait longer for (0: none either).

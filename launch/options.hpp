@@ -5,6 +5,7 @@
 // the member's initialiser here.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,7 +52,15 @@ struct LaunchOptions {
   // The program and its arguments, as given (plus --resume auto for hpctrain)
   std::vector<std::string> program;
   bool program_is_hpctrain = false;
+  // What hpctrain's config file (its --config) gives the options hpcrun acts on (kProgramConfigOptions),
+  // read once before the first attempt; its command line's values win over these, as in hpctrain.
+  std::map<std::string, std::string> program_config;
 };
+
+// hpctrain's options that hpcrun reads (where its heartbeat is, how it starts) or sets when the
+// program does not give them.
+inline const char* const kProgramConfigOptions[] = {"checkpoint-dir", "resume", "checkpoint-lock-wait",
+                                                     "start-timeout"};
 
 // The shortest --stall-timeout and --start-timeout (seconds; 0 turns each off): the stall clock
 // counts from the launch unless --start-timeout is given, and mpirun's start-up alone takes a
@@ -67,6 +76,9 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
 int program_start(int argc, const char* const* argv);
 // The value of --NAME in a program's arguments ("--NAME V" or "--NAME=V"), or "".
 std::string program_option(const std::vector<std::string>& args, const std::string& name);
+// The program's value of --NAME: its arguments', else its config file's (hpctrain's --config,
+// LaunchOptions::program_config), else "".
+std::string program_value(const LaunchOptions& o, const std::string& name);
 // Gives --NAME the value V where the program's arguments set it (either form); false when they
 // do not.
 bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value);

@@ -50,9 +50,12 @@ int next_attempt_number(const std::string& dir) {
 // next attempt begins as the first was told to.
 void Supervisor::resume_auto_after(const AttemptRecord& ended) {
   if (!o_.program_is_hpctrain || ended.first_step < 0) return;
-  const std::string given = program_option(o_.program, "resume");
+  const std::string given = program_value(o_, "resume");  // (its config file's too)
   if (given.empty() || given == "auto") return;
-  set_program_option(o_.program, "resume", "auto");
+  if (!set_program_option(o_.program, "resume", "auto")) {  // given by the config file: overridden
+    o_.program.push_back("--resume");
+    o_.program.push_back("auto");
+  }
   say("the run began with --resume " + given + " in attempt " + std::to_string(ended.number) +
       "; later attempts continue it (--resume auto)");
 }

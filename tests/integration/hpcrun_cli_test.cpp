@@ -76,6 +76,9 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   write_text(dir.file("nul_hostfile"), std::string("localhost slots=1\0\n", 19));
   write_text(dir.file("a_file"), "not a directory\n");
   fs::create_directory(dir.file("a_dir"));
+  write_text(dir.file("ck_b.conf"), "checkpoint-dir = " + dir.file("ck_b") + "\n");
+  write_text(dir.file("unknown.conf"), "checkpoint-dri = " + dir.file("ck_b") + "\n");
+  write_text(dir.file("slash.conf"), "lr = 0.1\ncheckpoint-dir = /\n");
   const std::string garbage = script(dir, "garbage", "echo '!!! garbage'");
   const std::string hangs = script(dir, "hangs", "exec sleep 30");
   const std::string fails = script(dir, "fails", "echo 'no cloud credentials' >&2; exit 3");
@@ -160,6 +163,14 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
        "is not the program's"},
+      // ... given in hpctrain's config file too; and that file as hpctrain would refuse it, before any launch
+      {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--config", dir.file("ck_b.conf")},
+       "is not the program's (" + dir.file("ck_b") + ")"},
+      {{"-np", "1", hpctrain_binary(), "--config", dir.file("unknown.conf")},
+       "config file " + dir.file("unknown.conf") + ": unrecognised option 'checkpoint-dri'"},
+      {{"-np", "1", hpctrain_binary(), "--config", dir.file("no_such.conf")},
+       "cannot read config file " + dir.file("no_such.conf")},
+      {{"-np", "1", hpctrain_binary(), "--config", dir.file("slash.conf")}, "--checkpoint-dir / is the root directory /"},
       {{"-np", "1", "-x", "HPCRUN_TEST_SURELY_UNSET", "true"}, "-x HPCRUN_TEST_SURELY_UNSET: not set in hpcrun's environment"},
       {{"-H", "localhost", "--slots-per-host", "5000", "true"}, "--slots-per-host must be a whole number from 1 to 4096"},
       // Numbers past what an int or a double holds, or no number of the kind: the option's range, not Boost's
@@ -641,6 +652,39 @@ TEST(HpcrunCli, ARelaunchContinuesARunBegunWithResumeNone) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("the run began with --resume none in attempt 1; later attempts continue it (--resume auto)"),
             std::string::npos) << r.err;
+  const JsonObject d = done_of(m);
+  EXPECT_EQ(d.at("resumed_from").str, "snapshot");
+  EXPECT_EQ(d.at("resumed_from_step").number, 8);
+}
+
+// The same, with the checkpoint directory and resume = none in hpctrain's config file (--config),
+// where hpcrun saw neither: it watched no heartbeat, and its own --resume auto overrode the file's
+// fresh start in the first attempt, which continued the directory's earlier run (step 4) instead.
+TEST(HpcrunCli, AConfigFilesCheckpointDirAndResumeAreSeen) {
+  TempDir dir("hpcrun_config");
+  const std::string ck = dir.file("ck"), m = dir.file("m.jsonl"), config = dir.file("train.conf");
+  const std::vector<std::string> common{"--train-samples", "1280", "--test-samples", "100", "--threads", "1",
+                                        "--device", "cpu", "--data-dir", fashion_mnist_dir()};
+  std::vector<std::string> earlier{hpctrain_binary(), "--checkpoint-dir", ck, "--max-steps", "4"};
+  earlier.insert(earlier.end(), common.begin(), common.end());
+  ASSERT_EQ(run_program(earlier, 60).exit_code, 0);
+  write_text(config, "checkpoint-dir = " + ck + "\nresume = none\nsnapshot-dir = " + dir.file("snaps") +
+                         "\nsnapshot-every-steps = 1\n");
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "8", 1);
+  std::vector<std::string> args{"-np", "1", "--max-restarts", "1", "--blacklist-cooldown", "0.1s:0.2s",
+                                hpctrain_binary(), "--config", config, "--max-steps", "12", "--metrics-file", m};
+  args.insert(args.end(), common.begin(), common.end());
+  const RunResult r = hpcrun(args, 120);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the run began with --resume none in attempt 1; later attempts continue it (--resume auto)"),
+            std::string::npos) << r.err;
+  // hpcrun's logs in the checkpoint directory, the first attempt a fresh start (the earlier run's
+  // checkpoints set aside), and the heartbeat's steps read.
+  const std::string first = read_text(ck + "/hpcrun/attempt-1.log");
+  EXPECT_EQ(first.find("resuming from"), std::string::npos) << first;
+  EXPECT_NE(r.err.find("attempt 2: 1 rank(s) on localhost:1, "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" s, steps 9-12: every rank finished"), std::string::npos) << r.err;
   const JsonObject d = done_of(m);
   EXPECT_EQ(d.at("resumed_from").str, "snapshot");
   EXPECT_EQ(d.at("resumed_from_step").number, 8);
