@@ -153,6 +153,21 @@ stepd_pids() {
   return 0
 }
 
+# Every process in the mount namespace of pid $1, a node's slurmd: each node's slurmd runs in a
+# namespace of its own (its own /dev/shm, start_slurmd), and everything it starts stays there,
+# slurmstepd and the job's tasks included, whatever they do to their environment or sockets.
+# Nothing when that namespace is this script's own (it would be every process here). Quick: no
+# command per process (-ef compares the namespaces' inodes), so that a kill-node lands while the
+# job still runs.
+in_mount_namespace_of() {
+  local p ns=/proc/${1:-none}/ns/mnt
+  [[ -e "$ns" && ! "$ns" -ef /proc/$$/ns/mnt ]] || return 0
+  for p in /proc/[0-9]*; do
+    [[ "$p/ns/mnt" -ef "$ns" ]] && echo "${p#/proc/}"
+  done
+  return 0
+}
+
 # The given pids and all their descendants (a step's tasks, a batch script and its srun).
 with_descendants() {
   local all=" $* " added=1 pid ppid
@@ -445,13 +460,19 @@ known_node() {
 
 kill_node() {
   known_node "$node_arg"
-  local pids
+  local first rest
+  # At once, all of the node that lives in its slurmd's namespace; then what the slower searches
+  # find besides (a node whose slurmd had died already). The searches below take seconds (a few
+  # commands per process): a job that trains fast had ended before them.
+  first=$(in_mount_namespace_of "$(pid_in "$dir/run/slurmd-$node_arg.pid")")
+  # shellcheck disable=SC2086
+  [[ -n "${first//[[:space:]]/}" ]] && kill -9 $first 2> /dev/null || true
   # shellcheck disable=SC2046  # lists of pids, split on purpose
-  pids=$(with_descendants $(pids_with_env "$marker" "HPCTRAIN_SLURM_NODE=$node_arg") \
+  rest=$(with_descendants $(pids_with_env "$marker" "HPCTRAIN_SLURM_NODE=$node_arg") \
     $(stepd_pids "$dir/spool/$node_arg/" "$dir/log/slurmd-$node_arg.log"))
   # shellcheck disable=SC2086
-  [[ -n "${pids// /}" ]] && kill -9 $pids 2> /dev/null || true
-  echo "$me: killed node $node_arg ($(wc -w <<< "$pids") process(es): its slurmd, slurmstepd and job tasks)"
+  [[ -n "${rest// /}" ]] && kill -9 $rest 2> /dev/null || true
+  echo "$me: killed node $node_arg ($(printf '%s\n' $first $rest | sort -u | grep -c .) process(es): its slurmd, slurmstepd and job tasks)"
 }
 
 start_node() {
