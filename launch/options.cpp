@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -23,7 +24,6 @@
 #include "core/file_identity.hpp"
 #include "core/option_kit.hpp"
 #include "subprocess.hpp"
-#include "train/options/options.hpp"
 
 namespace hpc::launch {
 namespace po = boost::program_options;
@@ -429,6 +429,24 @@ std::string program_option(const std::vector<std::string>& args, const std::stri
   return at->joined ? args[at->index].substr(flag.size() + 1) : args[at->index];
 }
 
+std::map<std::string, std::string> program_config_values(const std::string& path) {
+  std::error_code ec;
+  // hpctrain's limit on a config file's size too; a larger file is hpctrain's to refuse
+  constexpr uintmax_t kMaxBytes = 1 << 20;
+  if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) > kMaxBytes || ec) return {};
+  std::ifstream in(path);
+  po::options_description wanted;
+  for (const char* name : kProgramConfigOptions) wanted.add_options()(name, po::value<std::string>());
+  std::map<std::string, std::string> out;
+  try {
+    for (const po::option& opt : po::parse_config_file(in, wanted, /*allow_unregistered=*/true).options)
+      if (!opt.unregistered && !opt.value.empty() && !opt.value.front().empty()) out[opt.string_key] = opt.value.front();
+  } catch (const po::error&) {
+    return {};  // hpctrain's to report, in the first attempt
+  }
+  return out;
+}
+
 std::string program_value(const LaunchOptions& o, const std::string& name) {
   const std::string given = program_option(o.program, name);
   if (!given.empty()) return given;
@@ -529,10 +547,7 @@ void read_program(LaunchOptions& o) {
   o.program_is_hpctrain = std::filesystem::path(o.program[0]).filename() == "hpctrain";
   // A config file's checkpoint-dir or resume = none would otherwise go unseen: no heartbeat
   // watched, and the --resume auto below would override the file's fresh start.
-  const std::string config = o.program_is_hpctrain ? program_option(o.program, "config") : "";
-  if (!config.empty())
-    for (const char* name : kProgramConfigOptions)
-      if (std::string value = train::config_file_value(config, name); !value.empty()) o.program_config[name] = value;
+  if (o.program_is_hpctrain) o.program_config = program_config_values(program_option(o.program, "config"));
   if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_value(o, "checkpoint-dir");
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o);
   if (o.program_is_hpctrain && program_value(o, "resume").empty()) {

@@ -76,6 +76,11 @@ std::optional<LaunchOptions> parse_launch_options(int argc, const char* const* a
 int program_start(int argc, const char* const* argv);
 // The value of --NAME in a program's arguments ("--NAME V" or "--NAME=V"), or "".
 std::string program_option(const std::vector<std::string>& args, const std::string& name);
+// What hpctrain's config file at PATH gives the options in kProgramConfigOptions, read as hpctrain
+// reads it (name = value lines, '#' comments; other names passed over). Only a regular file of at
+// most 1 MiB: a pipe (--config <(generate)) read here would be empty for hpctrain. A file that
+// cannot be read or parsed gives nothing: hpctrain refuses it in the first attempt (exit 2).
+std::map<std::string, std::string> program_config_values(const std::string& path);
 // The program's value of --NAME: its arguments', else its config file's (hpctrain's --config,
 // LaunchOptions::program_config), else "".
 std::string program_value(const LaunchOptions& o, const std::string& name);

@@ -76,8 +76,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   write_text(dir.file("nul_hostfile"), std::string("localhost slots=1\0\n", 19));
   write_text(dir.file("a_file"), "not a directory\n");
   fs::create_directory(dir.file("a_dir"));
-  write_text(dir.file("ck_b.conf"), "checkpoint-dir = " + dir.file("ck_b") + "\n");
-  write_text(dir.file("unknown.conf"), "checkpoint-dri = " + dir.file("ck_b") + "\n");
+  write_text(dir.file("ck_b.conf"), "# where\nepochs = 2\ncheckpoint-dir = " + dir.file("ck_b") + "  # ours\n");
   write_text(dir.file("slash.conf"), "lr = 0.1\ncheckpoint-dir = /\n");
   const std::string garbage = script(dir, "garbage", "echo '!!! garbage'");
   const std::string hangs = script(dir, "hangs", "exec sleep 30");
@@ -163,13 +162,9 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
        "is not the program's"},
-      // ... given in hpctrain's config file too; and that file as hpctrain would refuse it, before any launch
+      // ... given in hpctrain's config file too (among other options and comments)
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--config", dir.file("ck_b.conf")},
        "is not the program's (" + dir.file("ck_b") + ")"},
-      {{"-np", "1", hpctrain_binary(), "--config", dir.file("unknown.conf")},
-       "config file " + dir.file("unknown.conf") + ": unrecognised option 'checkpoint-dri'"},
-      {{"-np", "1", hpctrain_binary(), "--config", dir.file("no_such.conf")},
-       "cannot read config file " + dir.file("no_such.conf")},
       {{"-np", "1", hpctrain_binary(), "--config", dir.file("slash.conf")}, "--checkpoint-dir / is the root directory /"},
       {{"-np", "1", "-x", "HPCRUN_TEST_SURELY_UNSET", "true"}, "-x HPCRUN_TEST_SURELY_UNSET: not set in hpcrun's environment"},
       {{"-H", "localhost", "--slots-per-host", "5000", "true"}, "--slots-per-host must be a whole number from 1 to 4096"},

@@ -2,6 +2,7 @@
 // lines, mpirun's tagged output and messages, an attempt's phases and deadlines, what an
 // attempt's end means, and what hpcrun does after it (relaunch_policy.hpp's table).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -519,6 +520,27 @@ TEST(HeartbeatWatch, CountsOnlyItsOwnAttemptsBeats) {
   EXPECT_EQ(watch.step(), 2);
   EXPECT_EQ(watch.last_progress(), 2);
   std::filesystem::remove_all(dir);
+}
+
+// hpctrain's config file, for the options hpcrun acts on: read as hpctrain reads it; never a
+// pipe or FIFO (--config <(generate)), which hpcrun would empty before hpctrain reads it.
+TEST(Options, TheProgramsConfigFileGivesWhatHpcrunActsOn) {
+  const std::string path = ::testing::TempDir() + "/hpcrun_program.conf";
+  std::ofstream(path) << "# a comment\nlr = 0.1\ncheckpoint-dir = /data/ck  # where\nresume = none\n"
+                         "start-timeout = 5m\nepochs = 3\n";
+  EXPECT_EQ(program_config_values(path), (std::map<std::string, std::string>{
+                                             {"checkpoint-dir", "/data/ck"}, {"resume", "none"}, {"start-timeout", "5m"}}));
+  EXPECT_TRUE(program_config_values(path + ".missing").empty());
+  EXPECT_TRUE(program_config_values(::testing::TempDir()).empty()) << "a directory";
+  EXPECT_TRUE(program_config_values("").empty());
+  const std::string fifo = ::testing::TempDir() + "/hpcrun_program.fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(program_config_values(fifo).empty()) << "read (and blocked on) a FIFO";
+  std::remove(fifo.c_str());
+  std::ofstream(path) << "[train]\ncheckpoint-dir = /x\n";  // hpctrain refuses sections: nothing taken here
+  EXPECT_TRUE(program_config_values(path).empty() || program_config_values(path).count("checkpoint-dir") == 0);
+  std::remove(path.c_str());
 }
 
 TEST(Options, MpiArgsAreSplitAsAShellWould) {

@@ -207,33 +207,13 @@ void read_table(const po::variables_map& vm, TrainOptions& o) {
 
 po::options_description description(TrainOptions& o, std::string* config);
 
-// Boost's error with a config file, prefixed with the file.
-[[noreturn]] void config_error(const std::string& path, const po::error& e, const po::options_description& all) {
-  if (const auto* unknown = dynamic_cast<const po::unknown_option*>(&e)) {
-    const bool dotted = unknown->get_option_name().find('.') != std::string::npos;
-    usage_error("config file ", path, ": ", e.what(),
-                dotted ? " (sections such as [train] are not read: write name = value lines)" : "");
-  }
-  usage_error("config file ", path, ": ", options::value_error_text(e, all));
-}
-
-// The config file's options as Boost reads them (read_config_text's TEXT).
-po::parsed_options parse_config_text(const std::string& path, const std::string& text,
-                                     const po::options_description& all) {
-  std::istringstream in(text);
-  try {
-    return po::parse_config_file(in, all);
-  } catch (const po::error& e) {
-    config_error(path, e, all);
-  }
-}
-
 // Reads --config PATH into vm after the command line (whose values win). Boost's messages
 // are prefixed with the file; the options that only make sense on a command line are refused.
 void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
   const std::string text = read_config_text(path);
+  std::istringstream in(text);
   try {
-    const po::parsed_options parsed = parse_config_text(path, text, all);
+    const po::parsed_options parsed = po::parse_config_file(in, all);
     for (const po::option& opt : parsed.options) {
       HPC_REQUIRE(opt.string_key != "config" && opt.string_key != "help" && opt.string_key != "version",
                   "config file ", path, " sets '", opt.string_key, "', which only the command line can give");
@@ -260,8 +240,12 @@ void store_config_file(const std::string& path, const po::options_description& a
     }
     po::store(parsed, vm);
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    const bool dotted = e.get_option_name().find('.') != std::string::npos;
+    usage_error("config file ", path, ": ", e.what(),
+                dotted ? " (sections such as [train] are not read: write name = value lines)" : "");
   } catch (const po::error& e) {
-    config_error(path, e, all);
+    usage_error("config file ", path, ": ", options::value_error_text(e, all));
   }
 }
 
@@ -427,16 +411,6 @@ const Option* find_option(const std::string& name) {
 }
 
 }  // namespace
-
-std::string config_file_value(const std::string& path, const std::string& name) {
-  TrainOptions unused;
-  std::string config;
-  const po::options_description all = description(unused, &config);
-  std::string value;
-  for (const po::option& opt : parse_config_text(path, read_config_text(path), all).options)
-    if (opt.string_key == name && !opt.value.empty()) value = opt.value.front();
-  return value;
-}
 
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak) {
   TrainOptions o;

@@ -57,10 +57,4 @@ std::string help_text();
 // --help and --version (rank 0 of a multi-rank job).
 std::optional<TrainOptions> parse_options(int argc, const char* const* argv, bool speak = true);
 
-// The value a config file (--config PATH) gives option NAME, as hpctrain would read it ("" where
-// it gives none): for hpcrun, which acts on a few of hpctrain's options wherever they are given. A
-// file hpctrain would refuse (unreadable, not name = value lines, an unknown option) is the same
-// usage error.
-std::string config_file_value(const std::string& path, const std::string& name);
-
 }  // namespace hpc::train
