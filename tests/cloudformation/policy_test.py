@@ -237,14 +237,11 @@ def changed(req, **fields):
     return req
 
 
-run_instances_checks_from = run_instances_checks
-
-
 def cases(r, keys="effective"):
     """(what, role, [checks], whether allowed): the cluster's needs and what it must not do, with
     RunInstances' condition keys from `keys` (KEY_SOURCES)."""
-    def run_instances_checks(r, req):
-        return run_instances_checks_from(r, req, keys)
+    def launch(req):
+        return run_instances_checks(r, req, keys)
     instance = f"{ARN}:instance/i-0123456789abcdef0"
     compute_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:ResourceTag/hpctrain:node": "gpu-1"}
     head_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK}
@@ -255,16 +252,16 @@ def cases(r, keys="effective"):
     out = []
     ups = power_ups(r)
     for i, req in enumerate(ups):
-        out.append((f"power-up choice {i}", "HeadNodeRole", run_instances_checks(r, req), True))
+        out.append((f"power-up choice {i}", "HeadNodeRole", launch(req), True))
     # A spot power-up where there is one (it creates every kind of resource), else the first.
     req = next((u for u in ups if "InstanceMarketOptions" in u), ups[0])
     for rt in [s["ResourceType"] for s in req["TagSpecifications"]]:
         out.append((f"power-up without tags on the {rt}", "HeadNodeRole",
-                    run_instances_checks(r, without_tags(req, rt)), False))
+                    launch(without_tags(req, rt)), False))
         out.append((f"power-up tagging the {rt} for another cluster", "HeadNodeRole",
-                    run_instances_checks(r, with_tag(req, rt, "hpctrain:cluster", "other")), False))
+                    launch(with_tag(req, rt, "hpctrain:cluster", "other")), False))
         out.append((f"power-up with another tag key on the {rt}", "HeadNodeRole",
-                    run_instances_checks(r, with_tag(req, rt, "Owner", "x")), False))
+                    launch(with_tag(req, rt, "Owner", "x")), False))
     ni = req["NetworkInterfaces"][0]
     for what, bad in (("another launch template", changed(req, LaunchTemplate={"LaunchTemplateId": "lt-0other", "Version": "1"})),
                       ("another image", changed(req, ImageId="ami-0other")),
@@ -277,27 +274,22 @@ def cases(r, keys="effective"):
                       ("an unencrypted root volume",
                        changed(req, BlockDeviceMappings=[{"DeviceName": "/dev/sda1",
                                                           "Ebs": {"VolumeSize": 200, "VolumeType": "gp3", "Encrypted": False}}]))):
-        out.append((f"power-up with {what}", "HeadNodeRole", run_instances_checks(r, bad), False))
+        out.append((f"power-up with {what}", "HeadNodeRole", launch(bad), False))
     # Each resource of a launch through another template, alone (the whole launch fails anyway on
     # the template itself): every statement must require the cluster's templates.
     other_lt = f"{ARN}:launch-template/lt-0other"
-    for action, resource, ctx in run_instances_checks(r, req):
+    checks = launch(req)
+    for action, resource, ctx in checks:
         if action == "ec2:RunInstances" and "launch-template/" not in resource:
             out.append((f"{resource} through another template", "HeadNodeRole",
                         [(action, resource, {**ctx, "ec2:LaunchTemplate": other_lt})], False))
         # The same resources for a fleet (which launches through templates too): RunInstances only.
         out.append((f"CreateFleet: {resource}", "HeadNodeRole", [("ec2:CreateFleet", resource, ctx)], False))
-    lt = {"ec2:LaunchTemplate": run_instances_checks(r, req)[0][2]["ec2:LaunchTemplate"]}
+    lt = {"ec2:LaunchTemplate": checks[0][2]["ec2:LaunchTemplate"]}
     west = ARN.replace(cfn.REGION, "us-west-2")
     out += [
         ("another subnet, even one the template named", "HeadNodeRole",
          [("ec2:RunInstances", f"{ARN}:subnet/subnet-0other", {**lt, "ec2:IsLaunchTemplateResource": "true"})], False),
-        ("an instance in another region", "HeadNodeRole",
-         [("ec2:RunInstances", f"{west}:instance/*", c) for a, res, c in run_instances_checks(r, req)
-          if a == "ec2:RunInstances" and res.endswith(":instance/*")], False),
-        ("a volume in another region", "HeadNodeRole",
-         [("ec2:RunInstances", f"{west}:volume/*", c) for a, res, c in run_instances_checks(r, req)
-          if a == "ec2:RunInstances" and res.endswith(":volume/*")], False),
         ("tag at launch for another cluster", "HeadNodeRole",
          [("ec2:CreateTags", f"{ARN}:instance/*", {"ec2:CreateAction": "RunInstances", "aws:RequestTag/hpctrain:cluster": "other"})], False),
         ("tag at launch a security group", "HeadNodeRole",
@@ -307,6 +299,10 @@ def cases(r, keys="effective"):
          [("ec2:CreateLaunchTemplateVersion", f"{ARN}:launch-template/{r.physical('ComputeLaunchTemplate')}", {})], False),
         ("delete this stack", "HeadNodeRole", [("cloudformation:DeleteStack", r.ref("AWS::StackId"), {})], False),
     ]
+    out += [(f"{what} in another region", "HeadNodeRole",
+             [("ec2:RunInstances", f"{west}:{kind}/*", c) for a, res, c in checks
+              if a == "ec2:RunInstances" and res.endswith(f":{kind}/*")], False)
+            for what, kind in (("an instance", "instance"), ("a volume", "volume"))]
     # Only the checks that differ: a check the request has anyway says nothing.
     out += [
         ("tag an instance outside a launch", "HeadNodeRole",
@@ -345,7 +341,7 @@ def cases(r, keys="effective"):
         ("cleanup: terminate an untagged instance", "CleanupRole", [("ec2:TerminateInstances", instance, {})], False),
         ("cleanup: read the munge key", "CleanupRole", [("secretsmanager:GetSecretValue", secret, {})], False),
         ("cleanup: stop an instance", "CleanupRole", [("ec2:StopInstances", instance, compute_tags)], False),
-        ("compute: launch", "ComputeRole", run_instances_checks(r, ups[0]), False),
+        ("compute: launch", "ComputeRole", launch(ups[0]), False),
         ("compute: terminate an instance of the cluster", "ComputeRole", [("ec2:TerminateInstances", instance, compute_tags)], False),
     ]
     ssm = f"arn:aws:ssm:{cfn.REGION}"
@@ -360,7 +356,7 @@ def cases(r, keys="effective"):
         ("images: change an image's parameter", "ImagesRole",
          [("ssm:PutParameter", f"{own}{r.params['HeadNodeAmi']}", {}), ("ssm:PutParameter", f"{ssm}::parameter{r.params['HeadNodeAmi']}", {})], False),
         ("images: read the munge key", "ImagesRole", [("secretsmanager:GetSecretValue", secret, {})], False),
-        ("images: launch", "ImagesRole", run_instances_checks(r, ups[0]), False),
+        ("images: launch", "ImagesRole", launch(ups[0]), False),
     ]
     for p in ("HeadNodeAmi", "ComputeAmi"):
         if not r.params[p].startswith(("/aws/service/", "ami-")):
@@ -388,7 +384,7 @@ def cases(r, keys="effective"):
                 ("compute: take another role", "ComputeRole", [("sts:AssumeRole", r.attribute("HeadNodeRole", "Arn"), {})], False),
                 ("head node: take the data role", "HeadNodeRole", [("sts:AssumeRole", data_role, {})], False),
                 ("data: read the munge key", "DataRole", [("secretsmanager:GetSecretValue", secret, {})], False),
-                ("data: launch", "DataRole", run_instances_checks(r, ups[0]), False),
+                ("data: launch", "DataRole", launch(ups[0]), False),
                 ("data: ship logs", "DataRole", [("logs:PutLogEvents", log_stream, {})], False),
                 ("data: take a role", "DataRole", [("sts:AssumeRole", data_role, {})], False)]
         role = "DataRole"
