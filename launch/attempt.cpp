@@ -194,6 +194,9 @@ void AttemptWatcher::read_stream(int fd) {
 void AttemptWatcher::check_exit(double t, ExitStatus* status) {
   if (phase_.mpirun_gone() || !mpirun_.poll(status)) return;
   if (rec_.failed_at < 0 && !status->success()) rec_.failed_at = t;
+  // The beats written since the last poll (at most 0.1 s ago, far more on a loaded machine): the
+  // last step of a job that ended, which its summary reports and a relaunch counts from.
+  record_beat(t);
   // Launch agents mpirun started may hold its pipes open after it is gone.
   phase_.exited(t);
 }
@@ -215,7 +218,13 @@ void AttemptWatcher::take_signals(double t) {
 void AttemptWatcher::watch_heartbeat(double t) {
   if (t - last_beat_poll_ < 0.1) return;
   last_beat_poll_ = t;
-  if (!job_.heartbeat.poll(t)) return;
+  if (!record_beat(t)) return;
+  phase_.progress(t);
+  watch_stragglers(t);
+}
+
+bool AttemptWatcher::record_beat(double t) {
+  if (!job_.heartbeat.poll(t)) return false;
   if (rec_.first_step < 0) {
     rec_.first_step = job_.heartbeat.step();
     rec_.first_step_at = t;
@@ -230,8 +239,7 @@ void AttemptWatcher::watch_heartbeat(double t) {
   }
   rec_.last_step = job_.heartbeat.step();
   rec_.last_step_at = t;
-  phase_.progress(t);
-  watch_stragglers(t);
+  return true;
 }
 
 // The heartbeat names the slowest rank (hpctrain's figures over its last seconds); hpcrun knows

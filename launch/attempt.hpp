@@ -82,6 +82,7 @@ class AttemptWatcher {
   void check_exit(double t, ExitStatus* status);
   void take_signals(double t);
   void watch_heartbeat(double t);
+  bool record_beat(double t);  // the heartbeat's step, where it changed and is this attempt's
   void watch_stragglers(double t);  // the heartbeat's slowest rank, each time it changed
   void escalate(double t);          // the attempt's phase past its deadline: what hpcrun does
   void watch_membership(double t);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -554,23 +555,29 @@ TEST(HpcrunCli, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
 TEST(HpcrunCli, AnotherWritersHeartbeatIsNotThisAttemptsProgress) {
   TempDir dir("hpcrun_foreign_beat");
   const auto beats = [&](const std::string& token, int count) {
-    return "i=0; while [ $i -lt " + std::to_string(count) + " ]; do i=$((i+1)); printf 'step=%s\\nstate=training\\n"
-           "hpcrun_token=%s\\nhpcrun_attempt=%s\\n' $i " + token + " \"$HPCRUN_ATTEMPT\" > " + dir.file("heartbeat") +
-           "; sleep 0.2; done";
+    // The last beat just before the end, as hpctrain's last step is.
+    return "i=0; while [ $i -lt " + std::to_string(count) + " ]; do i=$((i+1)); sleep 0.2; printf 'step=%s\\n"
+           "state=training\\nhpcrun_token=%s\\nhpcrun_attempt=%s\\n' $i " + token + " \"$HPCRUN_ATTEMPT\" > " +
+           dir.file("heartbeat") + "; done";
   };
-  const std::vector<std::string> hpcrun_args{"--checkpoint-dir", dir.str(), "--start-timeout", "5s",
-                                             "--max-restarts", "0", "-np", "1", "sh", "-c"};
-  auto args = hpcrun_args;
+  // Another's beats never end the start-up; the attempt's own do (given time: a start-up under load is slow).
+  const auto hpcrun_args = [&](const char* start_timeout) {
+    return std::vector<std::string>{"--checkpoint-dir", dir.str(), "--start-timeout", start_timeout,
+                                    "--max-restarts",   "0",       "-np",             "1", "sh", "-c"};
+  };
+  auto args = hpcrun_args("5s");
   args.push_back(beats("0000000000000000", 100));
   const RunResult foreign = hpcrun(args);
   EXPECT_EQ(foreign.exit_code, 1) << foreign.err;
   EXPECT_NE(foreign.err.find("no first step within 5 s of the launch (--start-timeout"), std::string::npos)
       << foreign.err;
-  args = hpcrun_args;
+  args = hpcrun_args("60s");
   args.push_back(beats("\"$HPCRUN_TOKEN\"", 10));
   const RunResult own = hpcrun(args);
   EXPECT_EQ(own.exit_code, 0) << own.err;
-  EXPECT_NE(own.err.find("steps 1-10"), std::string::npos) << own.err;
+  // Its last beat is read once the job has ended; its first, by a poll each 0.1 s, which a loaded
+  // machine can leave unscheduled for some of the beats 0.2 s apart.
+  EXPECT_TRUE(std::regex_search(own.err, std::regex("(steps [1-9]-| step )10: every rank finished"))) << own.err;
 }
 
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
