@@ -432,8 +432,7 @@ std::string program_option(const std::vector<std::string>& args, const std::stri
 std::map<std::string, std::string> program_config_values(const std::string& path) {
   std::error_code ec;
   // hpctrain's limit on a config file's size too; a larger file is hpctrain's to refuse
-  constexpr uintmax_t kMaxBytes = 1 << 20;
-  if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) > kMaxBytes || ec) return {};
+  if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) > options::kMaxConfigFileBytes || ec) return {};
   std::ifstream in(path);
   po::options_description wanted;
   for (const char* name : kProgramConfigOptions) wanted.add_options()(name, po::value<std::string>());
@@ -454,11 +453,12 @@ std::string program_value(const LaunchOptions& o, const std::string& name) {
   return found == o.program_config.end() ? "" : found->second;
 }
 
-bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value) {
+void set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value) {
   const std::string flag = "--" + name;
-  const std::optional<ValueAt> at = find_program_option(args, flag);
-  if (at) args[at->index] = at->joined ? flag + "=" + value : value;
-  return at.has_value();
+  if (const std::optional<ValueAt> at = find_program_option(args, flag))
+    args[at->index] = at->joined ? flag + "=" + value : value;
+  else
+    args.insert(args.end(), {flag, value});
 }
 
 namespace {
@@ -550,23 +550,20 @@ void read_program(LaunchOptions& o) {
   if (o.program_is_hpctrain) o.program_config = program_config_values(program_option(o.program, "config"));
   if (o.checkpoint_dir.empty()) o.checkpoint_dir = program_value(o, "checkpoint-dir");
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o);
-  if (o.program_is_hpctrain && program_value(o, "resume").empty()) {
-    // Every attempt after the first must continue from the last checkpoint.
-    o.program.push_back("--resume");
-    o.program.push_back("auto");
-  }
-  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_value(o, "checkpoint-lock-wait").empty()) {
+  // hpctrain's options hpcrun needs, where neither its command line nor its config file gave them.
+  const auto by_default = [&o](const std::string& name, const std::string& value) {
+    if (program_value(o, name).empty()) set_program_option(o.program, name, value);
+  };
+  // Every attempt after the first must continue from the last checkpoint.
+  if (o.program_is_hpctrain) by_default("resume", "auto");
+  if (o.program_is_hpctrain && !o.checkpoint_dir.empty()) {
     // A relaunch after a lost host may find the last attempt's rank 0 still alive there, holding
     // the directory's lock until its own step watchdog ends it (about when the other ranks' did).
-    o.program.push_back("--checkpoint-lock-wait");
-    o.program.push_back(kRelaunchLockWait);
-  }
-  if (o.program_is_hpctrain && !o.checkpoint_dir.empty() && program_value(o, "start-timeout").empty()) {
+    by_default("checkpoint-lock-wait", kRelaunchLockWait);
     // hpcrun watches the start-up itself (the heartbeat's first step, within --start-timeout):
     // hpctrain's own set-up limit is the same, not its 30m default, which would end a start-up
     // hpcrun was told to wait longer for (0: none either).
-    o.program.push_back("--start-timeout");
-    o.program.push_back(options::duration_text(o.start_timeout));
+    by_default("start-timeout", options::duration_text(o.start_timeout));
   }
   if (o.log_dir.empty())
     o.log_dir = o.checkpoint_dir.empty() ? "hpcrun-logs" : (std::filesystem::path(o.checkpoint_dir) / "hpcrun").string();

@@ -84,9 +84,9 @@ std::map<std::string, std::string> program_config_values(const std::string& path
 // The program's value of --NAME: its arguments', else its config file's (hpctrain's --config,
 // LaunchOptions::program_config), else "".
 std::string program_value(const LaunchOptions& o, const std::string& name);
-// Gives --NAME the value V where the program's arguments set it (either form); false when they
-// do not.
-bool set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value);
+// Gives --NAME the value V: in place where the program's arguments set it (either form), else
+// as --NAME V at their end (which overrides a config file's NAME: hpctrain's command line wins).
+void set_program_option(std::vector<std::string>& args, const std::string& name, const std::string& value);
 // --mpi-args as the words mpirun gets: split as a shell would (quotes, backslashes); an unclosed
 // quote, or an option hpcrun sets itself for each attempt (-np, -H, --hostfile, ...), is a usage error.
 std::vector<std::string> split_mpi_args(const std::string& text);

@@ -52,10 +52,7 @@ void Supervisor::resume_auto_after(const AttemptRecord& ended) {
   if (!o_.program_is_hpctrain || ended.first_step < 0) return;
   const std::string given = program_value(o_, "resume");  // (its config file's too)
   if (given.empty() || given == "auto") return;
-  if (!set_program_option(o_.program, "resume", "auto")) {  // given by the config file: overridden
-    o_.program.push_back("--resume");
-    o_.program.push_back("auto");
-  }
+  set_program_option(o_.program, "resume", "auto");  // (added, where the config file gave it)
   say("the run began with --resume " + given + " in attempt " + std::to_string(ended.number) +
       "; later attempts continue it (--resume auto)");
 }

@@ -9,6 +9,7 @@
 #include <boost/program_options.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -21,6 +22,11 @@
 
 namespace hpc::options {
 namespace po = boost::program_options;
+
+// A config file (hpctrain's --config) is a few lines: hpctrain's reading stops past this, so that
+// --config /dev/zero, or a dataset named by mistake, ends in an error rather than taking all the
+// memory; hpcrun reads no larger file (hpctrain's to refuse).
+constexpr std::size_t kMaxConfigFileBytes = 1 << 20;
 
 // An option's names: --long_name and, where it has one, -short_name (Boost's short option: -H, -x),
 // and how people and messages write it: --long_name, else -short_name, else `spelling` where that

@@ -117,9 +117,6 @@ void validate_together(const TrainOptions& o) {
               o.onecycle_base_momentum, " and ", o.onecycle_max_momentum);
 }
 
-// A config file is a few lines: reading stops past this, so that --config /dev/zero, or a
-// dataset named by mistake, ends in an error rather than taking all the memory.
-constexpr size_t kMaxConfigBytes = 1 << 20;
 
 // How long a read of the config file waits at a time before it looks for a stop signal.
 constexpr int kConfigWaitSliceMs = 100;
@@ -163,8 +160,9 @@ std::string read_config_text(const std::string& path) {
   options::refuse_blank(path, "--config");
   std::error_code ec;
   HPC_REQUIRE(!fs::is_directory(path, ec), "--config ", path, " is a directory, not a file of name = value lines");
-  std::string text = read_config_bytes(path, kMaxConfigBytes + 1);
-  HPC_REQUIRE(text.size() <= kMaxConfigBytes, "config file ", path, " is larger than ", kMaxConfigBytes >> 20,
+  constexpr size_t kMax = options::kMaxConfigFileBytes;
+  std::string text = read_config_bytes(path, kMax + 1);
+  HPC_REQUIRE(text.size() <= kMax, "config file ", path, " is larger than ", kMax >> 20,
               " MB: not a config file of name = value lines?");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
   // Control characters other than tabs and line ends mean a binary file, whose bytes would
