@@ -1,11 +1,16 @@
 // IDX format (LeCun's MNIST distribution): big-endian magic 0x00000803 for images
 // (count, rows, cols follow) and 0x00000801 for labels (count follows), then raw uint8 data.
+#include <fcntl.h>
+#include <isa-l/igzip_lib.h>
 #include <sys/stat.h>
-#include <zlib.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
@@ -42,33 +47,123 @@ bool dataset_file_exists(const std::string& path) {
   return true;
 }
 
-std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
-  HPC_REQUIRE(dataset_file_exists(path), "dataset file ", path, " does not exist");
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently
-  HPC_REQUIRE(f != nullptr, "cannot open dataset file ", path, ": ", std::strerror(errno));
-  std::vector<uint8_t> out;
-  std::vector<uint8_t> buf(1 << 20);
+namespace {
+
+// The whole file, as it is on disk.
+std::vector<uint8_t> read_whole(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HPC_REQUIRE(fd >= 0, "cannot open dataset file ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  std::vector<uint8_t> bytes;
+  try {
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    usage_error("dataset file ", path, " does not fit in this process's memory (", st.st_size,
+                " bytes): is it the dataset's file?");
+  }
+  uint8_t buf[1 << 16];
   for (;;) {
-    int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      int err = 0;
-      std::string msg = gzerror(f, &err);
-      gzclose(f);
-      usage_error("dataset file ", path, " is corrupt: ", msg);
+      const int error = errno;
+      ::close(fd);
+      usage_error("cannot read dataset file ", path, ": ", std::strerror(error));
     }
     if (n == 0) break;
     try {
-      out.insert(out.end(), buf.begin(), buf.begin() + n);
+      bytes.insert(bytes.end(), buf, buf + n);
     } catch (const std::bad_alloc&) {
-      gzclose(f);
-      usage_error("dataset file ", path, " does not fit in this process's memory (", out.size(),
+      ::close(fd);
+      usage_error("dataset file ", path, " does not fit in this process's memory (", bytes.size(),
                   " bytes read so far): is it the dataset's file?");
     }
   }
-  // A gzip stream cut short reads as a clean end of data with zlib; gzclose reports it.
-  int rc = gzclose(f);
-  HPC_REQUIRE(rc == Z_OK, "dataset file ", path, " is corrupt: compressed stream ends early or fails its CRC");
+  ::close(fd);
+  return bytes;
+}
+
+bool gzip_magic(const uint8_t* p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+
+// Why ISA-L's inflate stopped, as a reader of the file would say it.
+std::string inflate_problem(int rc) {
+  switch (rc) {
+    case ISAL_INCORRECT_CHECKSUM: return "its data does not match its CRC-32";
+    case ISAL_INVALID_WRAPPER: return "its gzip header is invalid";
+    case ISAL_UNSUPPORTED_METHOD: return "it is compressed by a method other than DEFLATE";
+    case ISAL_INVALID_BLOCK: return "its compressed data holds an invalid DEFLATE block";
+    case ISAL_INVALID_SYMBOL: return "its compressed data holds an invalid DEFLATE symbol";
+    case ISAL_INVALID_LOOKBACK: return "its compressed data refers back past its start";
+    default: return "its gzip stream cannot be read (ISA-L inflate code " + std::to_string(rc) + ")";
+  }
+}
+
+// Gunzips `in` (one gzip member or several, as gzip -d reads them) with ISA-L's inflate: 2.5x
+// zlib's on Fashion-MNIST's 26 MB of training images (0.4 s a process with zlib, and every rank
+// of every run reads them). Each member's CRC-32 is checked. A stream cut short is an error, and
+// so are bytes after the last member that are not another (gzip -d: "trailing garbage ignored").
+std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>& in) {
+  const auto corrupt = [&](const std::string& what) { usage_error("dataset file ", path, " is corrupt: ", what); };
+  std::vector<uint8_t> out;
+  const auto grow = [&](size_t size) {
+    try {
+      out.resize(size);
+    } catch (const std::bad_alloc&) {
+      usage_error("dataset file ", path, " does not fit in this process's memory (", out.size(),
+                  " bytes gunzipped so far): is it the dataset's file?");
+    }
+  };
+  // The first guess of the size: the last member's length (mod 2^32, in its trailer) where DEFLATE
+  // could expand the file to it (at most about 1032:1), else 4x; the output grows past a wrong one.
+  size_t guess = in.size() * 4;
+  if (in.size() >= 18) {
+    const uint8_t* t = in.data() + in.size() - 4;
+    const size_t isize = uint32_t{t[0]} | (uint32_t{t[1]} << 8) | (uint32_t{t[2]} << 16) | (uint32_t{t[3]} << 24);
+    if (isize > guess && isize / 1100 <= in.size()) guess = isize;
+  }
+  grow(std::max<size_t>(guess, 1 << 16));
+  size_t used = 0;  // bytes of `out` written
+  const auto consumed = [&](const inflate_state& st) { return static_cast<size_t>(st.next_in - in.data()); };
+  // isal_inflate counts in 32 bits: at most 4 GiB of input or of output space at a time.
+  const auto clamp = [](size_t n) { return static_cast<uint32_t>(std::min<size_t>(n, UINT32_MAX)); };
+  inflate_state st;
+  for (size_t at = 0; at < in.size();) {
+    if (!gzip_magic(in.data() + at, in.size() - at))
+      corrupt(std::to_string(in.size() - at) + " bytes that are not gzip data follow its compressed stream");
+    isal_inflate_init(&st);
+    st.crc_flag = ISAL_GZIP;
+    st.next_in = const_cast<uint8_t*>(in.data() + at);
+    st.avail_in = clamp(in.size() - at);
+    for (;;) {
+      if (used == out.size()) grow(out.size() * 2);
+      st.next_out = out.data() + used;
+      st.avail_out = clamp(out.size() - used);
+      const size_t in_before = consumed(st), space = st.avail_out;
+      const int rc = isal_inflate(&st);
+      used += space - st.avail_out;
+      if (rc < 0 || rc > ISAL_OUT_OVERFLOW) corrupt(inflate_problem(rc));
+      if (st.block_state == ISAL_BLOCK_FINISH) break;
+      if (st.avail_in == 0) {
+        if (consumed(st) == in.size()) corrupt("its compressed stream ends early (the file was cut short?)");
+        st.avail_in = clamp(in.size() - consumed(st));
+      } else if (consumed(st) == in_before && st.avail_out == space) {
+        corrupt("its gzip stream cannot be read (ISA-L inflate made no progress)");  // never loop forever
+      }
+    }
+    at = consumed(st);
+  }
+  out.resize(used);
   return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
+  HPC_REQUIRE(dataset_file_exists(path), "dataset file ", path, " does not exist");
+  std::vector<uint8_t> bytes = read_whole(path);
+  if (!gzip_magic(bytes.data(), bytes.size())) return bytes;
+  return gunzip(path, bytes);
 }
 
 Dataset read_idx(const std::string& images_path, const std::string& labels_path, int64_t height, int64_t width,

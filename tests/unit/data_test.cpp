@@ -98,13 +98,31 @@ TEST(IdxReader, GzipFilesReadTheSameAsRaw) {
   EXPECT_EQ(gz.count, 70);
 }
 
-TEST(IdxReader, LargerThanOneReadBuffer) {  // the reader loops over 1 MiB reads
+TEST(IdxReader, LargerThanOneReadBuffer) {  // the file is read 64 KiB at a time
   TempDir dir;
   const Bytes img = idx_images(1500, 28, 28), lab = idx_labels(1500);
   write_gzip(dir.file("img.gz"), img);
   write_raw(dir.file("lab"), lab);
   const Dataset d = read_idx(dir.file("img.gz"), dir.file("lab"), 28, 28, 10);
   EXPECT_EQ(d.images, Bytes(img.begin() + 16, img.end()));
+}
+
+// Several gzip members read as one file, as gzip -d reads them (`cat a.gz b.gz`). A large first
+// member and a small last one: the size first guessed from the last member's trailer is far too
+// small, and the output grows.
+TEST(IdxReader, ConcatenatedGzipMembersReadAsOneFile) {
+  TempDir dir;
+  const Bytes img = idx_images(1500, 28, 28);
+  const size_t cut = img.size() - 100;
+  write_gzip(dir.file("a.gz"), Bytes(img.begin(), img.begin() + static_cast<long>(cut)));
+  write_gzip(dir.file("b.gz"), Bytes(img.begin() + static_cast<long>(cut), img.end()));
+  Bytes both = read_raw(dir.file("a.gz"));
+  const Bytes b = read_raw(dir.file("b.gz"));
+  both.insert(both.end(), b.begin(), b.end());
+  write_raw(dir.file("both.gz"), both);
+  EXPECT_EQ(read_file_maybe_gzip(dir.file("both.gz")), img);
+  write_gzip(dir.file("empty.gz"), Bytes{});
+  EXPECT_EQ(read_file_maybe_gzip(dir.file("empty.gz")), Bytes{});
 }
 
 // Every malformed file is a usage error whose message names the file and the problem.
@@ -145,7 +163,7 @@ TEST(IdxReader, CorruptGzipIsAUsageError) {
   const Bytes img = idx_images(200, 28, 28);
   write_gzip(dir.file("full.gz"), img);
   const Bytes gz = read_raw(dir.file("full.gz"));
-  // Cut short: zlib reports a clean end of data; the reader must still notice.
+  // Cut short: the input ends before the stream does.
   write_raw(dir.file("cut.gz"), Bytes(gz.begin(), gz.begin() + static_cast<long>(gz.size() / 2)));
   std::string msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("cut.gz")); });
   EXPECT_NE(msg.find("cut.gz"), std::string::npos) << msg;
@@ -160,6 +178,33 @@ TEST(IdxReader, CorruptGzipIsAUsageError) {
   write_raw(dir.file("flipped.gz"), flipped);
   msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("flipped.gz")); });
   EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+  // The data whole and its CRC-32 (the trailer's first 4 bytes) wrong.
+  Bytes crc = gz;
+  crc[gz.size() - 8] ^= 0x01;
+  write_raw(dir.file("crc.gz"), crc);
+  msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("crc.gz")); });
+  EXPECT_NE(msg.find("crc.gz is corrupt: its data does not match its CRC-32"), std::string::npos) << msg;
+  // Bytes after the stream that are not another gzip member: an error, not ignored.
+  for (const Bytes& tail : {Bytes{0}, Bytes{'x', 'y', 'z'}, Bytes{0x1f}}) {
+    Bytes trailing = gz;
+    trailing.insert(trailing.end(), tail.begin(), tail.end());
+    write_raw(dir.file("trailing.gz"), trailing);
+    msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("trailing.gz")); });
+    EXPECT_NE(msg.find("trailing.gz is corrupt: " + std::to_string(tail.size()) +
+                       " bytes that are not gzip data follow its compressed stream"),
+              std::string::npos)
+        << msg;
+  }
+  // A gzip header naming another method than DEFLATE (8).
+  Bytes method = gz;
+  method[2] = 7;
+  write_raw(dir.file("method.gz"), method);
+  msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("method.gz")); });
+  EXPECT_NE(msg.find("method.gz is corrupt: "), std::string::npos) << msg;
+  // Only the magic.
+  write_raw(dir.file("magic.gz"), Bytes{0x1f, 0x8b});
+  msg = usage_error_of([&] { read_file_maybe_gzip(dir.file("magic.gz")); });
+  EXPECT_NE(msg.find("magic.gz is corrupt: its compressed stream ends early"), std::string::npos) << msg;
 }
 
 // load_dataset finds NAME.gz, NAME, and the dotted variant (train-images.idx3-ubyte).
