@@ -2,6 +2,7 @@
 // (count, rows, cols follow) and 0x00000801 for labels (count follows), then raw uint8 data.
 #include <fcntl.h>
 #include <isa-l/igzip_lib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
@@ -49,38 +51,49 @@ bool dataset_file_exists(const std::string& path) {
 
 namespace {
 
-// The whole file, as it is on disk.
+// Room for n bytes in v, in transparent huge pages where the kernel gives them on request (THP
+// "madvise", Debian's default). The first touch of Fashion-MNIST's 47 MB of training images took
+// 11,500 page faults in 4 KiB pages, three times over (the file read, the gunzip, a copy): on
+// this VM 0.35 s of each process's start, 0.1 s in 2 MiB pages. A hint: refused, nothing changes.
+void reserve_in_huge_pages(std::vector<uint8_t>& v, size_t n) {
+  v.reserve(n);
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(kHuge - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
+// The whole file, as it is on disk, read straight into its buffer (sized by fstat, grown should
+// the file grow meanwhile).
 std::vector<uint8_t> read_whole(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   HPC_REQUIRE(fd >= 0, "cannot open dataset file ", path, ": ", std::strerror(errno));
-  struct stat st {};
   std::vector<uint8_t> bytes;
-  try {
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
-  } catch (const std::bad_alloc&) {
+  const auto fail = [&](const auto&... what) {
     ::close(fd);
-    usage_error("dataset file ", path, " does not fit in this process's memory (", st.st_size,
-                " bytes): is it the dataset's file?");
-  }
-  uint8_t buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      usage_error("cannot read dataset file ", path, ": ", std::strerror(error));
-    }
-    if (n == 0) break;
+    usage_error(what...);
+  };
+  const auto room = [&](size_t size) {
     try {
-      bytes.insert(bytes.end(), buf, buf + n);
+      reserve_in_huge_pages(bytes, size);
+      bytes.resize(size);
     } catch (const std::bad_alloc&) {
-      ::close(fd);
-      usage_error("dataset file ", path, " does not fit in this process's memory (", bytes.size(),
-                  " bytes read so far): is it the dataset's file?");
+      fail("dataset file ", path, " does not fit in this process's memory (", size, " bytes): is it the dataset's file?");
     }
+  };
+  struct stat st {};
+  room(::fstat(fd, &st) == 0 && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : 1 << 16);
+  size_t got = 0;
+  for (;;) {
+    if (got == bytes.size()) room(bytes.size() * 2);
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("cannot read dataset file ", path, ": ", std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
   }
   ::close(fd);
+  bytes.resize(got);
   return bytes;
 }
 
@@ -108,6 +121,7 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
   std::vector<uint8_t> out;
   const auto grow = [&](size_t size) {
     try {
+      reserve_in_huge_pages(out, size);
       out.resize(size);
     } catch (const std::bad_alloc&) {
       usage_error("dataset file ", path, " does not fit in this process's memory (", out.size(),
@@ -194,7 +208,8 @@ Dataset read_idx(const std::string& images_path, const std::string& labels_path,
   d.width = cols;
   d.channels = 1;
   d.classes = classes;
-  d.images.assign(img.begin() + 16, img.end());
+  img.erase(img.begin(), img.begin() + 16);  // in place: a copy would touch 47 MB of new pages
+  d.images = std::move(img);
   d.labels.assign(lab.begin() + 8, lab.end());
   for (uint32_t i = 0; i < n; ++i)
     HPC_REQUIRE(d.labels[i] < classes, "dataset file ", labels_path, ": label ", int{d.labels[i]}, " of sample ",
