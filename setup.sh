@@ -46,8 +46,8 @@ packages=(
   libboost-program-options-dev                 # command line and config files
   nlohmann-json3-dev                           # JSON, written and read (hpcrun's summary.json, ...)
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
-  zlib1g-dev                                   # gzip-compressed dataset files
-  libisal-dev                                  # CRC-32 of checkpoints and snapshots (ISA-L)
+  zlib1g-dev                                   # the tests' gzip-compressed dataset files
+  libisal-dev                                  # ISA-L: CRC-32 of checkpoints and snapshots, gunzip of datasets
   libturbojpeg0-dev                            # JPEG images in packed shards (hpcdata pack)
   libpng-dev                                   # PNG images for hpctrain predict
   libonnx-dev libprotobuf-dev                  # hpctrain export: ONNX (libonnx-dev omits protobuf's headers)
