@@ -117,7 +117,6 @@ void validate_together(const TrainOptions& o) {
               o.onecycle_base_momentum, " and ", o.onecycle_max_momentum);
 }
 
-
 // How long a read of the config file waits at a time before it looks for a stop signal.
 constexpr int kConfigWaitSliceMs = 100;
 
