@@ -21,8 +21,6 @@ void throw_gpu_error(const char* library, const char* call, const char* file, in
                      oom ? "; try a smaller --batch-size" : ""));
 }
 
-const char* cublas_error_string(cublasStatus_t s) { return cublasGetStatusString(s); }
-
 }  // namespace detail
 
 namespace device {

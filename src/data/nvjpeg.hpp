@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "core/shared_library.hpp"
+
 struct CUstream_st;  // cudaStream_t is `struct CUstream_st*` (driver_types.h)
 
 namespace hpc::data {
@@ -94,7 +96,7 @@ class NvjpegLibrary {
 
  private:
   NvjpegLibrary() = default;
-  void* dl_ = nullptr;
+  std::unique_ptr<SharedLibrary> dl_;
 };
 
 }  // namespace hpc::data

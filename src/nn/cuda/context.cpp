@@ -23,22 +23,23 @@ cudnnDataType_t cudnn_type(DType t) {
   throw Error(ErrorKind::Internal, detail::concat("cuDNN takes no ", dtype_name(t), " activations here"));
 }
 
-GpuContext::GpuContext(GpuSettings settings) : settings_(settings), act_(activation_type(settings.math)) {
+GpuContext::GpuContext(GpuSettings settings)
+    : settings_(settings), act_(activation_type(settings.math)), blas_(cublas::api()) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));  // see the header
   device::set_stream(stream_);
-  CUBLAS_CHECK(cublasCreate(&cublas_));
-  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  CUBLAS_CHECK(blas_.Create(&cublas_));
+  CUBLAS_CHECK(blas_.SetStream(cublas_, stream_));
   // A workspace of our own (set after the stream, which resets it), as PyTorch gives cuBLAS:
   // products captured in a CUDA graph then use it instead of allocating inside the graph.
   constexpr int64_t kCublasWorkspaceBytes = 32 << 20;
   cublas_workspace_ = Tensor(Shape{kCublasWorkspaceBytes / 4}, DType::F32, DeviceKind::CUDA);
-  CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
+  CUBLAS_CHECK(blas_.SetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   // Pointer mode host: alpha and beta are host scalars. Tensor cores only when asked; the
   // default math never uses TF32 in cuBLAS.
   // (bf16 and fp16 products use tensor cores whatever the mode and accumulate in fp32; cuBLAS
   // may add split-K partial sums in 16 bits, as PyTorch's default allows too.)
-  CUBLAS_CHECK(cublasSetMathMode(cublas_, settings_.math == Math::Tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                        : CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(blas_.SetMathMode(cublas_, settings_.math == Math::Tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                      : CUBLAS_DEFAULT_MATH));
   CUDNN_CHECK(cudnnCreate(&cudnn_));
   CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
   flag_ = Tensor(Shape{1}, DType::I32, DeviceKind::CUDA);
@@ -52,7 +53,7 @@ GpuContext::~GpuContext() {
   ones_lp_ = Tensor();
   flag_ = Tensor();
   if (cudnn_) cudnnDestroy(cudnn_);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) blas_.Destroy(cublas_);
   device::set_stream(nullptr);
   if (stream_) cudaStreamDestroy(stream_);
 }

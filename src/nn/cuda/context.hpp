@@ -11,12 +11,12 @@
 // this one wait on each other's events (train/engine/gpu_engine.cpp). One context per process.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 #include <cstdint>
 
+#include "core/cublas.hpp"
 #include "core/cuda_check.hpp"
 #include "core/handle.hpp"
 #include "core/tensor.hpp"
@@ -55,6 +55,8 @@ class GpuContext {
 
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  // cuBLAS's entry points (loaded by the first context: core/cublas.hpp).
+  const cublas::Api& blas() const { return blas_; }
   cudnnHandle_t cudnn() const { return cudnn_; }
   const GpuSettings& settings() const { return settings_; }
   // At least `bytes` of scratch, valid for work enqueued before the next call (one stream).
@@ -88,6 +90,7 @@ class GpuContext {
   Tensor workspace_, ones_, ones_lp_, flag_;
   Tensor cublas_workspace_;  // cuBLAS's own, fixed: a captured CUDA graph then allocates nothing
   DType act_;
+  const cublas::Api& blas_;
   int norm_native_ = -1;  // norm_type(): -1 not probed yet, 0 fp32, 1 act()
   float loss_scale_ = 1.0f;
 };

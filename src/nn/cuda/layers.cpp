@@ -80,10 +80,11 @@ const Tensor& as_type(GpuContext& ctx, const Tensor& x, DType t, Tensor& buf) {
 // cuDNN's bias calls do not take every 16-bit type.
 // y^T[channels x rows] += b[channels x 1] . ones[1 x rows], b the bias's 16-bit copy.
 void add_bias_low(GpuContext& ctx, const void* b, void* y, int channels, int rows) {
+  const cublas::Api& blas = ctx.blas();
   const cudaDataType_t t = cuda_type(ctx.act());
-  CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, channels, rows, 1, &kOne, b, t, channels,
-                            ctx.ones(rows, ctx.act()), t, 1, &kOne, y, t, channels, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(blas.GemmEx(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, channels, rows, 1, &kOne, b, t, channels,
+                           ctx.ones(rows, ctx.act()), t, 1, &kOne, y, t, channels, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
 }
 
 // db[c] = the sum over rows of dy[r][c] (channels last, any precision), into the fp32 arena
@@ -484,11 +485,12 @@ const Tensor& LinearGpu::forward(const Tensor& x, bool /*train*/) {
   ensure(y_, Shape{n, out_}, ctx_.act());
   const int o = to_int(out_), i = to_int(in_), m = to_int(n);
   if (ctx_.act() != DType::F32) return forward_low(x, o, i, m);
+  const cublas::Api& blas = ctx_.blas();
   // y^T[out x n] = W[out x in] . x^T[in x n]
-  CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, arenas_.value(weight_), i,
-                           x.data<float>(), i, &kZero, y_.data<float>(), o));
+  CUBLAS_CHECK(blas.Sgemm(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, arenas_.value(weight_), i,
+                          x.data<float>(), i, &kZero, y_.data<float>(), o));
   if (bias_ >= 0)  // y^T += b . ones^T
-    CUBLAS_CHECK(cublasSger(ctx_.cublas(), o, m, &kOne, arenas_.value(bias_), 1, ctx_.ones(n), 1, y_.data<float>(), o));
+    CUBLAS_CHECK(blas.Sger(ctx_.cublas(), o, m, &kOne, arenas_.value(bias_), 1, ctx_.ones(n), 1, y_.data<float>(), o));
   return y_;
 }
 
@@ -496,27 +498,29 @@ const Tensor& LinearGpu::backward(const Tensor& dy, bool need_dx) {
   const int64_t n = x_.shape()[0];
   const int o = to_int(out_), i = to_int(in_), m = to_int(n);
   if (ctx_.act() != DType::F32) return backward_low(dy, need_dx, o, i, m);
+  const cublas::Api& blas = ctx_.blas();
   // dW^T[in x out] = x^T[in x n] . dy[n x out]
-  CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &kOne, x_.data<float>(), i,
-                           dy.data<float>(), o, &kZero, arenas_.grad(weight_), i));
+  CUBLAS_CHECK(blas.Sgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &kOne, x_.data<float>(), i,
+                          dy.data<float>(), o, &kZero, arenas_.grad(weight_), i));
   if (bias_ >= 0)  // db = dy^T[out x n] . ones
-    CUBLAS_CHECK(cublasSgemv(ctx_.cublas(), CUBLAS_OP_N, o, m, &kOne, dy.data<float>(), o, ctx_.ones(n), 1, &kZero,
-                             arenas_.grad(bias_), 1));
+    CUBLAS_CHECK(blas.Sgemv(ctx_.cublas(), CUBLAS_OP_N, o, m, &kOne, dy.data<float>(), o, ctx_.ones(n), 1, &kZero,
+                            arenas_.grad(bias_), 1));
   if (!need_dx) return dx_;
   ensure(dx_, Shape{n, in_});
   // dx^T[in x n] = W^T[in x out] . dy^T[out x n]
-  CUBLAS_CHECK(cublasSgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, m, o, &kOne, arenas_.value(weight_), i,
-                           dy.data<float>(), o, &kZero, dx_.data<float>(), i));
+  CUBLAS_CHECK(blas.Sgemm(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, m, o, &kOne, arenas_.value(weight_), i,
+                          dy.data<float>(), o, &kZero, dx_.data<float>(), i));
   return dx_;
 }
 
 // Mixed precision: the same products through cublasGemmEx on 16-bit operands, accumulated in
 // fp32 (CUBLAS_COMPUTE_32F); the bias enters as a rank-1 product with a vector of ones.
 const Tensor& LinearGpu::forward_low(const Tensor& x, int o, int i, int m) {
+  const cublas::Api& blas = ctx_.blas();
   const cudaDataType_t t = cuda_type(ctx_.act());
   weight_used_ = arenas_.value_low(weight_);
-  CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, weight_used_, t, i, x.raw(), t, i,
-                            &kZero, y_.raw(), t, o, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(blas.GemmEx(ctx_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o, m, i, &kOne, weight_used_, t, i, x.raw(), t, i,
+                           &kZero, y_.raw(), t, o, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (bias_ >= 0) add_bias_low(ctx_, arenas_.value_low(bias_), y_.raw(), o, m);
   return y_;
 }
@@ -524,17 +528,18 @@ const Tensor& LinearGpu::forward_low(const Tensor& x, int o, int i, int m) {
 // The parameter gradients go straight into the fp32 arena (16-bit operands, fp32 output), the
 // loss scale divided out through alpha.
 const Tensor& LinearGpu::backward_low(const Tensor& dy, bool need_dx, int o, int i, int m) {
+  const cublas::Api& blas = ctx_.blas();
   const cudaDataType_t t = cuda_type(ctx_.act());
   const float unscale = ctx_.grad_factor();
   // dW^T[in x out] = x^T[in x n] . dy[n x out]
-  CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &unscale, x_.raw(), t, i, dy.raw(), t,
-                            o, &kZero, arenas_.grad(weight_), CUDA_R_32F, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(blas.GemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i, o, m, &unscale, x_.raw(), t, i, dy.raw(), t,
+                           o, &kZero, arenas_.grad(weight_), CUDA_R_32F, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (bias_ >= 0) bias_grad(ctx_, dy, out_, arenas_.grad(bias_), sums_work_);
   if (!need_dx) return dx_;
   ensure(dx_, Shape{m, in_}, ctx_.act());
   // dx^T[in x n] = W^T[in x out] . dy^T[out x n]
-  CUBLAS_CHECK(cublasGemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, m, o, &kOne, weight_used_, t, i, dy.raw(), t,
-                            o, &kZero, dx_.raw(), t, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(blas.GemmEx(ctx_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, m, o, &kOne, weight_used_, t, i, dy.raw(), t,
+                           o, &kZero, dx_.raw(), t, i, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return dx_;
 }
 
