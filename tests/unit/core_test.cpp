@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -31,6 +32,7 @@
 #include "core/log.hpp"
 #include "core/handle.hpp"
 #include "core/option_kit.hpp"
+#include "core/shared_library.hpp"
 #include "core/spelling.hpp"
 #include "core/tensor.hpp"
 #include "train/observe/metrics.hpp"
@@ -945,6 +947,27 @@ TEST(Log, AnotherRanksWarningNamesItsRankAndHost) {
   log::set_process(0, 1, "rank 0 on node7");
   log::set_level(level);
   log::set_stamps(log::Stamps::Auto);
+}
+
+// Libraries loaded at run time (nvJPEG, cuBLAS): a missing file and a missing symbol are each
+// named with the loader's reason; a present symbol is the one the loader sees.
+TEST(SharedLibrary, OpensResolvesAndNamesWhatIsMissing) {
+  std::string why;
+  EXPECT_EQ(SharedLibrary::open("libnot-here.so.7", &why), nullptr);
+  EXPECT_NE(why.find("cannot load libnot-here.so.7 ("), std::string::npos) << why;
+  EXPECT_NE(why.find("No such file"), std::string::npos) << why;
+
+  std::unique_ptr<SharedLibrary> z = SharedLibrary::open("libz.so.1", &why);
+  ASSERT_NE(z, nullptr) << why;
+  EXPECT_EQ(z->name(), "libz.so.1");
+  const char* (*version)() = nullptr;
+  ASSERT_TRUE(z->resolve("zlibVersion", "zlib", &version, &why)) << why;
+  EXPECT_EQ(std::string(version()).substr(0, 2), "1.");
+  int (*absent)() = nullptr;
+  EXPECT_FALSE(z->resolve("zlibNoSuchCall", "zlib", &absent, &why));
+  EXPECT_EQ(absent, nullptr);
+  EXPECT_NE(why.find("libz.so.1 has no zlibNoSuchCall ("), std::string::npos) << why;
+  EXPECT_NE(why.find("): not zlib, or too old a one"), std::string::npos) << why;
 }
 
 }  // namespace
