@@ -1,6 +1,7 @@
 #include "core/file_identity.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,7 +9,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdint>
 #include <filesystem>
+#include <new>
 #include <vector>
 
 #include "core/error.hpp"
@@ -86,6 +89,14 @@ int open_data_file(const std::string& path, const std::string& what) {
   return fd;
 }
 
+void reserve_in_huge_pages(std::vector<uint8_t>& v, size_t n) {
+  v.reserve(n);
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(kHuge - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
 std::vector<uint8_t> read_data_file(const std::string& path, const std::string& what, int64_t max_bytes) {
   const int fd = open_data_file(path, what);
   struct Closer {
@@ -96,7 +107,13 @@ std::vector<uint8_t> read_data_file(const std::string& path, const std::string& 
   if (::fstat(fd, &st) != 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
   HPC_REQUIRE(st.st_size <= max_bytes, what, " ", path, " is too large (", st.st_size, " bytes; at most ", max_bytes,
               ")");
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  std::vector<uint8_t> bytes;
+  try {
+    reserve_in_huge_pages(bytes, static_cast<size_t>(st.st_size));
+    bytes.resize(static_cast<size_t>(st.st_size));
+  } catch (const std::bad_alloc&) {
+    usage_error(what, " ", path, " does not fit in this process's memory (", st.st_size, " bytes)");
+  }
   size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);

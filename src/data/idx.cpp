@@ -1,8 +1,6 @@
 // IDX format (LeCun's MNIST distribution): big-endian magic 0x00000803 for images
 // (count, rows, cols follow) and 0x00000801 for labels (count follows), then raw uint8 data.
-#include <fcntl.h>
 #include <isa-l/igzip_lib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,11 +8,13 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "data/dataset.hpp"
 
 namespace hpc::data {
@@ -50,52 +50,6 @@ bool dataset_file_exists(const std::string& path) {
 }
 
 namespace {
-
-// Room for n bytes in v, in transparent huge pages where the kernel gives them on request (THP
-// "madvise", Debian's default). The first touch of Fashion-MNIST's 47 MB of training images took
-// 11,500 page faults in 4 KiB pages, three times over (the file read, the gunzip, a copy): on
-// this VM 0.35 s of each process's start, 0.1 s in 2 MiB pages. A hint: refused, nothing changes.
-void reserve_in_huge_pages(std::vector<uint8_t>& v, size_t n) {
-  v.reserve(n);
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(kHuge - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
-
-// The whole file, as it is on disk, read straight into its buffer (sized by fstat, grown should
-// the file grow meanwhile).
-std::vector<uint8_t> read_whole(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  HPC_REQUIRE(fd >= 0, "cannot open dataset file ", path, ": ", std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  const auto fail = [&](const auto&... what) {
-    ::close(fd);
-    usage_error(what...);
-  };
-  const auto room = [&](size_t size) {
-    try {
-      reserve_in_huge_pages(bytes, size);
-      bytes.resize(size);
-    } catch (const std::bad_alloc&) {
-      fail("dataset file ", path, " does not fit in this process's memory (", size, " bytes): is it the dataset's file?");
-    }
-  };
-  struct stat st {};
-  room(::fstat(fd, &st) == 0 && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : 1 << 16);
-  size_t got = 0;
-  for (;;) {
-    if (got == bytes.size()) room(bytes.size() * 2);
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("cannot read dataset file ", path, ": ", std::strerror(errno));
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  bytes.resize(got);
-  return bytes;
-}
 
 bool gzip_magic(const uint8_t* p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
@@ -175,7 +129,8 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
 
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
   HPC_REQUIRE(dataset_file_exists(path), "dataset file ", path, " does not exist");
-  std::vector<uint8_t> bytes = read_whole(path);
+  // As it is on disk; no size limit but the process's memory.
+  std::vector<uint8_t> bytes = read_data_file(path, "dataset file", std::numeric_limits<int64_t>::max());
   if (!gzip_magic(bytes.data(), bytes.size())) return bytes;
   return gunzip(path, bytes);
 }
