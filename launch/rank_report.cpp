@@ -174,6 +174,19 @@ int rank_exec_main(int argc, char** argv) {
   sigset_t block;
   sigemptyset(&block);
   for (int s : kForwarded) sigaddset(&block, s);
+  // A rank outlives no launcher. Open MPI puts each rank in a process group of its own, so
+  // hpcrun's signals to mpirun's group never reach it, and mpirun can end without ending its
+  // ranks: beside a booting Slurm test cluster it exited (code 1) on hpcrun's SIGTERM and left
+  // the rank running, an orphan that went on writing the heartbeat the next attempt read. When
+  // the launcher (mpirun here, Open MPI's daemon on another host) dies, the wrapper gets the
+  // SIGTERM a teardown would have sent and passes it on, as it does mpirun's (one before the
+  // program starts ends the wrapper alone). Checked after it is set, for a launcher already gone.
+  const pid_t launcher = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != launcher) {
+    std::fprintf(stderr, "hpcrun: error: rank %d: its launcher ended before the program started\n", report.rank);
+    return 1;
+  }
   const pid_t child = start_program(argv, block);
   if (child < 0) {
     std::fprintf(stderr, "hpcrun: error: rank %d: fork: %s\n", report.rank, std::strerror(errno));
