@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -523,9 +524,13 @@ size_t fill_up(const std::string& path) {
   return total;
 }
 
-// The snapshots' file system fills up during the run (an 8 MB tmpfs, filled once the first
-// snapshot of 3.4 MB is there): a warning, the run goes on, and the last snapshot that was written
-// stays whole until then. Needs root (mount).
+// The snapshots' file system fills up during the run (an 8 MB tmpfs, filled while the first
+// snapshot of 3.4 MB waits, written whole, for its rename): a warning for the next, the run goes
+// on, and the last snapshot that was written stays whole. The fill must come before a second
+// snapshot is whole: from then on the store keeps a spare file, whose pages each new snapshot
+// reuses, and a full file system fails no write (filled once the first snapshot was there, the
+// test raced the run and lost under load: no failed write, two files). hpctrain refuses a file
+// system too small for two snapshots at the start, so it cannot be full before. Needs root (mount).
 TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root (CI runs as root)";
   const std::string snaps = dir_.file("small");
@@ -536,17 +541,35 @@ TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
     ~Unmount() { umount2(at.c_str(), MNT_DETACH); }
   } unmount{snaps};
   const std::string ck = dir_.file("full-ck");
-  // Filled once the first snapshot is there, and again a moment later: the writer may have been
-  // part way through the next one (its temporary file freed when the write fails), or have just
-  // finished it (the older one then removed). Either way no room is left for a whole snapshot.
-  auto args = job(ck, dir_.file("full.jsonl"), snaps);
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "30", 1);
-  auto started = start_mpi(1, args);
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "0.5", 1);  // every whole file: 1 snapshot, 6 checkpoints
+  auto started = start_mpi(1, job(ck, dir_.file("full.jsonl"), snaps));
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
-  ASSERT_TRUE(wait_until([&] { return fs::exists(snaps) && !run_dir(snaps).empty() && !the_snapshot(snaps).empty(); },
-                         60));
-  fill_up(snaps + "/filler");
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  // The first snapshot's temporary file once its writer (hpctrain, whose pid ends the name) has
+  // closed it: written whole, waiting for its rename. (A size that held still was not enough:
+  // under load a write stalled half-way, the fill came then, and no snapshot was left.)
+  std::string tmp, writer_fds;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        if (tmp.empty()) {
+          if (!fs::exists(snaps) || run_dir(snaps).empty()) return false;
+          for (const auto& e : fs::directory_iterator(run_dir(snaps))) {
+            const std::string name = e.path().filename().string();
+            const size_t at = name.find(".hpck.tmp.");
+            if (at == std::string::npos) continue;
+            tmp = fs::canonical(e.path()).string();
+            writer_fds = "/proc/" + name.substr(at + 10) + "/fd";
+          }
+          return false;
+        }
+        if (!fs::exists(tmp)) throw std::runtime_error("the first snapshot was renamed before the test filled the file system");
+        std::error_code ec;
+        for (const auto& fd : fs::directory_iterator(writer_fds, ec))
+          if (fs::read_symlink(fd.path(), ec).string() == tmp) return false;  // still open: being written
+        return true;
+      },
+      60));
   fill_up(snaps + "/filler");
   const RunResult r = started->finish(120);
   EXPECT_NE(r.exit_code, 0) << "the kill hook did not fire: " << r.err;
@@ -558,7 +581,6 @@ TEST_F(Snapshots, AFullFileSystemDuringAWriteIsAWarning) {
     if (e.path().filename() != "in-use") left.push_back(e.path().filename().string());  // the run's lock
   ASSERT_EQ(left.size(), 1u) << left.size();
   EXPECT_EQ(run_hpctrain({"inspect", run_dir(snaps) + "/" + left[0]}).exit_code, 0);
-  fs::remove(snaps + "/filler");
   const JsonObject d = resume(1, ck, snaps);
   EXPECT_EQ(d.at("resumed_from").str, "checkpoint") << "the newest state, step 30, is the checkpoint's";
   expect_same_end(d, uninterrupted(1));
