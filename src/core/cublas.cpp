@@ -14,17 +14,17 @@ namespace hpc::cublas {
 const char* const kSoname = HPCTRAIN_CUBLAS_SONAME;
 const char* const kToolkitLibraryDir = HPCTRAIN_CUDA_LIBRARY_DIR;
 
-namespace {
-
 // "cublasCreate_v2" for cublasCreate: the argument is macro-expanded before # applies.
 #define HPC_CUBLAS_SYMBOL_(name) #name
 #define HPC_CUBLAS_SYMBOL(name) HPC_CUBLAS_SYMBOL_(name)
 #define HPC_CUBLAS_RESOLVE(member) \
   dl.resolve(HPC_CUBLAS_SYMBOL(cublas##member), "cuBLAS", &lib->api.member, why)
 
-}  // namespace
+namespace {
 
 std::atomic<const Api*> loaded{nullptr};  // api()'s entry points, once loaded: for cublas_error_string
+
+}  // namespace
 
 std::unique_ptr<Library> load(const std::string& name, std::string* why) {
   auto lib = std::make_unique<Library>();
@@ -39,13 +39,18 @@ std::unique_ptr<Library> load(const std::string& name, std::string* why) {
   return lib;
 }
 
+std::unique_ptr<Library> load_installed(std::string* why) {
+  std::unique_ptr<Library> lib = load(kSoname, why);
+  if (!lib) lib = load(detail::concat(kToolkitLibraryDir, "/", kSoname), nullptr);
+  return lib;
+}
+
 const Api& api() {
   // Loaded once (a failure throws, and the next call tries again); never unloaded: handles
   // destroyed at exit still call into it.
   static const Library* const library = [] {
     std::string why;
-    std::unique_ptr<Library> lib = load(kSoname, &why);
-    if (!lib) lib = load(detail::concat(kToolkitLibraryDir, "/", kSoname), nullptr);
+    std::unique_ptr<Library> lib = load_installed(&why);
     if (!lib)
       throw Error(ErrorKind::Usage, detail::concat("the GPU path needs cuBLAS: ", why,
                                                    "; install NVIDIA's cuBLAS of this CUDA (", kSoname,

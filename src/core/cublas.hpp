@@ -53,8 +53,10 @@ extern const char* const kToolkitLibraryDir;
 // cannot.
 std::unique_ptr<Library> load(const std::string& name, std::string* why);
 
-// The process's cuBLAS, loaded on the first call (kSoname as the loader finds it, else from
-// kToolkitLibraryDir) and kept to the end of the process (cuBLAS handles may outlive any scope
+// kSoname as the loader finds it, else from kToolkitLibraryDir; *why: the first reason.
+std::unique_ptr<Library> load_installed(std::string* why);
+
+// The process's cuBLAS, loaded on the first call (load_installed) and kept to the end of the process (cuBLAS handles may outlive any scope
 // here). Throws a usage error naming the library and the reason when it cannot be loaded.
 const Api& api();
 

@@ -15,7 +15,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -585,23 +584,6 @@ TEST(HpcrunCli, AnotherWritersHeartbeatIsNotThisAttemptsProgress) {
   EXPECT_TRUE(std::regex_search(own.err, std::regex("steps [1-9]-10: every rank finished"))) << own.err;
 }
 
-// The pid of `parent`'s child named `comm`, or 0.
-pid_t child_named(pid_t parent, const std::string& comm) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_text(e.path().string() + "/stat");  // "pid (comm) state ppid ..."
-    const size_t open = stat.find(" ("), close = stat.rfind(") ");
-    if (open == std::string::npos || close == std::string::npos || close < open) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    if (rest >> state >> ppid && ppid == parent && stat.substr(open + 2, close - open - 2) == comm)
-      return static_cast<pid_t>(std::stol(stat));
-  }
-  return 0;
-}
-
 // A rank outlives no launcher. Open MPI gives each rank a process group of its own, out of reach
 // of hpcrun's signals to mpirun's group; mpirun once ended (beside a booting Slurm test cluster)
 // without ending its rank, which went on writing the heartbeat the next attempt read. The rank
@@ -609,12 +591,14 @@ pid_t child_named(pid_t parent, const std::string& comm) {
 TEST(HpcrunCli, ARankEndsWhenItsLauncherDies) {
   TempDir dir("hpcrun_orphan");
   const std::string pid_file = dir.file("rank.pid");
-  Started job({hpcrun_binary(), "--max-restarts", "0", "-np", "1", "sh", "-c",
+  Started job({hpcrun_binary(), "--log-dir", dir.file("logs"), "--max-restarts", "0", "-np", "1", "sh", "-c",
                "echo $$ > " + pid_file + ".new && mv " + pid_file + ".new " + pid_file + "; while :; do sleep 0.1; done"});
   while (!fs::exists(pid_file) && job.running() && job.seconds() < 60) usleep(100 * 1000);
   ASSERT_TRUE(fs::exists(pid_file)) << read_text(job.err_path());
   const pid_t rank = static_cast<pid_t>(std::stol(read_text(pid_file)));
-  const pid_t mpirun = child_named(job.pid(), "mpirun");
+  pid_t mpirun = 0;
+  for (pid_t c : child_pids(job.pid()))
+    if (read_text("/proc/" + std::to_string(c) + "/comm") == "mpirun\n") mpirun = c;
   ASSERT_GT(mpirun, 0) << "no mpirun under hpcrun " << job.pid();
   ASSERT_EQ(::kill(mpirun, SIGKILL), 0);
   const double killed = job.seconds();

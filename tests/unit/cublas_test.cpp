@@ -13,12 +13,6 @@
 namespace hpc::cublas {
 namespace {
 
-std::unique_ptr<Library> load_installed(std::string* why) {
-  std::unique_ptr<Library> lib = load(kSoname, why);
-  if (!lib) lib = load(std::string(kToolkitLibraryDir) + "/" + kSoname, why);
-  return lib;
-}
-
 // Every entry point is the symbol cublas_v2.h's macros name: cublasSgemm is cublasSgemm_v2
 // there, and libcublas also exports the legacy cublasSgemm of cublas.h, with another signature.
 // A call through the wrong one would pass the compiler and crash on the GPU.
