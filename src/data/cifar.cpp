@@ -34,6 +34,12 @@ Dataset read_cifar(const std::vector<std::string>& paths, const CifarFormat& f, 
   d.height = d.width = kSide;
   d.channels = 3;
   d.classes = f.classes;
+  // Every file holds its published count (checked below): room for all of them at once, so each
+  // file's records are not copied again as the next one's are appended (300 MB moved for CIFAR-10).
+  if (records_per_file > 0) {
+    d.images.reserve(static_cast<size_t>(paths.size() * records_per_file * 3 * kPlane));
+    d.labels.reserve(static_cast<size_t>(paths.size() * records_per_file));
+  }
   for (const std::string& path : paths) {
     std::vector<uint8_t> raw = read_file_maybe_gzip(path);
     const auto size = static_cast<int64_t>(raw.size());
