@@ -257,13 +257,15 @@ inline std::string mpiexec() { return HPCTRAIN_MPIEXEC; }
 
 // One mpirun of several groups of ranks (MPMD: "-np 1 A : -np 1 B"); each group is (ranks,
 // hpctrain's arguments).
-inline std::vector<std::string> mpi_argv(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
+inline std::vector<std::string> mpi_argv(const std::vector<std::pair<int, std::vector<std::string>>>& groups,
+                                         bool no_kill_delay = false) {
   // CI runs as root; Open MPI refuses that unless told. --oversubscribe: 4 ranks on 2 cores.
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   // Containers often have a tiny /dev/shm; the shared-memory transport can use /tmp.
   setenv("OMPI_MCA_btl_vader_backing_directory", "/tmp", 0);
   std::vector<std::string> argv{mpiexec(), "--oversubscribe", "--bind-to", "none"};
+  if (no_kill_delay) argv.insert(argv.end(), {"--mca", "odls_base_sigkill_timeout", "0"});
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g > 0) argv.push_back(":");
     argv.insert(argv.end(), {"-np", std::to_string(groups[g].first), hpctrain_binary()});
@@ -273,9 +275,19 @@ inline std::vector<std::string> mpi_argv(const std::vector<std::pair<int, std::v
   return argv;
 }
 
+// When a rank exits with another code than 0 (a stop's 75, an error's 2), or mpirun is sent
+// SIGTERM, Open MPI's daemon sends the job's processes SIGCONT, sleeps odls_base_sigkill_timeout
+// (1 s), sends SIGTERM, sleeps again and sends SIGKILL, even when no process is left: 2 s of
+// nothing in each such run. A job of one rank that ends by itself has no other process to give
+// that time to, so run_mpi skips the sleeps for it. Every other job keeps the default: it gives a
+// rank that ends a little after another the time to write its last lines (with 0, SIGTERM and
+// SIGKILL reached rank 0 still ending a stop), and a rank sent SIGTERM through mpirun the time to
+// checkpoint (start_mpi: the test may signal mpirun).
 inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups,
                          double deadline_seconds = 0) {
-  return run_program(mpi_argv(groups), deadline_seconds);
+  int ranks = 0;
+  for (const auto& g : groups) ranks += g.first;
+  return run_program(mpi_argv(groups, ranks == 1), deadline_seconds);
 }
 
 inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double deadline_seconds = 0) {
