@@ -294,6 +294,19 @@ inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double
   return run_mpi({{ranks, args}}, deadline_seconds);
 }
 
+// A job that every rank must refuse before it trains (a bad option, ranks that disagree, data that
+// cannot be read): no checkpoint, snapshot or signal is in flight, and each rank has said what it
+// had to before the collective end of MPI (MPI_Finalize waits for every rank), so the kill delays
+// above are skipped for these too. Planted: every rank printing the error line still failed the
+// one-line checks (3 of 3 runs).
+inline RunResult run_mpi_refused(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
+  return run_program(mpi_argv(groups, true), 120);
+}
+
+inline RunResult run_mpi_refused(int ranks, const std::vector<std::string>& args) {
+  return run_mpi_refused({{ranks, args}});
+}
+
 // Starts mpirun with `ranks` ranks of hpctrain `args` in the background.
 inline std::unique_ptr<Started> start_mpi(int ranks, const std::vector<std::string>& args) {
   return std::make_unique<Started>(mpi_argv({{ranks, args}}));

@@ -344,16 +344,16 @@ void expect_one_error(const RunResult& r, const std::string& needle) {
 }
 
 TEST_F(MpiTraining, BadFlagIsReportedOnce) {
-  expect_one_error(run_mpi(2, {"--bogus"}), "hpctrain: error: unrecognised option '--bogus'");
+  expect_one_error(run_mpi_refused(2, {"--bogus"}), "hpctrain: error: unrecognised option '--bogus'");
 }
 
 TEST_F(MpiTraining, RanksWithOtherOptionsAreNamed) {
   const std::vector<std::string> base{"--max-steps", "1", "--data-dir", fashion_mnist_dir()};
-  expect_one_error(run_mpi({{1, base + std::vector<std::string>{"--seed", "1"}},
-                            {1, base + std::vector<std::string>{"--seed", "2"}}}),
+  expect_one_error(run_mpi_refused({{1, base + std::vector<std::string>{"--seed", "1"}},
+                                    {1, base + std::vector<std::string>{"--seed", "2"}}}),
                    "rank 1 was started with other options than rank 0 (a per-rank --config or command line?): "
                    "--seed=2 there, --seed=1 on rank 0");
-  expect_one_error(run_mpi({{1, base}, {1, base + std::vector<std::string>{"--model", "mlp"}}}),
+  expect_one_error(run_mpi_refused({{1, base}, {1, base + std::vector<std::string>{"--model", "mlp"}}}),
                    "--model=mlp there, --model=cnn on rank 0");
 }
 
@@ -365,23 +365,25 @@ TEST_F(MpiTraining, RanksWithOtherCheckpointSettingsAreNamed) {
   const std::vector<std::string> base{"--max-steps", "1", "--data-dir", fashion_mnist_dir(), "--train-samples", "640",
                                       "--test-samples", "100"};
   const auto in = [&](const std::string& ck) { return base + std::vector<std::string>{"--checkpoint-dir", ck}; };
-  expect_one_error(run_mpi({{1, in(a)}, {1, in(b)}}),
+  expect_one_error(run_mpi_refused({{1, in(a)}, {1, in(b)}}),
                    "rank 1 was started with other options than rank 0 (a per-rank --config or command line?): "
                    "--checkpoint-dir=" + b + " there, --checkpoint-dir=" + a + " on rank 0");
-  expect_one_error(run_mpi({{1, in(a)}, {1, base}}), "--checkpoint-dir= there, --checkpoint-dir=" + a + " on rank 0");
-  expect_one_error(run_mpi({{1, in(a) + std::vector<std::string>{"--resume", "none"}}, {1, in(a)}}),
+  expect_one_error(run_mpi_refused({{1, in(a)}, {1, base}}),
+                   "--checkpoint-dir= there, --checkpoint-dir=" + a + " on rank 0");
+  expect_one_error(run_mpi_refused({{1, in(a) + std::vector<std::string>{"--resume", "none"}}, {1, in(a)}}),
                    "--resume=auto there, --resume=none on rank 0");
-  expect_one_error(run_mpi({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--snapshot-every-steps", "0"}}}),
+  expect_one_error(run_mpi_refused({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--snapshot-every-steps", "0"}}}),
                    "--snapshot-every-steps=0 there, --snapshot-every-steps=auto on rank 0");
   // Options that decide a collective: a rank without them waited in another (a checkpoint on one
   // rank only died in MPI_ERR_TRUNCATE, an epoch's checkpoint hung to the step watchdog, a trace on
   // one rank only hung before the first step, with no watchdog yet).
-  expect_one_error(run_mpi({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--checkpoint-every-steps", "3"}}}),
+  expect_one_error(run_mpi_refused({{1, in(a)},
+                                    {1, in(a) + std::vector<std::string>{"--checkpoint-every-steps", "3"}}}),
                    "--checkpoint-every-steps=3 there, --checkpoint-every-steps=0 on rank 0");
-  expect_one_error(run_mpi({{1, in(a) + std::vector<std::string>{"--checkpoint-each-epoch"}}, {1, in(a)}}),
+  expect_one_error(run_mpi_refused({{1, in(a) + std::vector<std::string>{"--checkpoint-each-epoch"}}, {1, in(a)}}),
                    "--checkpoint-each-epoch=0 there, --checkpoint-each-epoch=1 on rank 0");
   const std::string trace = dir_.file("t.json");
-  expect_one_error(run_mpi({{1, base + std::vector<std::string>{"--timeline-file", trace}}, {1, base}}),
+  expect_one_error(run_mpi_refused({{1, base + std::vector<std::string>{"--timeline-file", trace}}, {1, base}}),
                    "--timeline-file= there, --timeline-file=" + trace + " on rank 0");
   const RunResult apart = run_mpi({{1, in(a) + std::vector<std::string>{"--snapshot-dir", dir_.file("s0")}},
                                    {1, in(a) + std::vector<std::string>{"--snapshot-dir", dir_.file("s1")}}});
@@ -399,12 +401,12 @@ TEST_F(MpiTraining, RanksGivenAnotherCommandOrTestSetAreNamed) {
   const std::vector<std::string> eval = base + std::vector<std::string>{"--test-samples", "100"};
   const RunResult agreed = run_mpi(2, eval);
   EXPECT_EQ(agreed.exit_code, 0) << agreed.err;
-  expect_one_error(run_mpi({{1, eval}, {1, base + std::vector<std::string>{"--test-samples", "200"}}}),
+  expect_one_error(run_mpi_refused({{1, eval}, {1, base + std::vector<std::string>{"--test-samples", "200"}}}),
                    "rank 1 evaluates another test set than rank 0 (fashion-mnist, 200 test samples, batches of 1000 "
                    "there; fashion-mnist, 100 test samples, batches of 1000 on rank 0, or other labels)");
-  expect_one_error(run_mpi({{1, eval}, {1, eval + std::vector<std::string>{"--eval-batch-size", "7"}}}),
+  expect_one_error(run_mpi_refused({{1, eval}, {1, eval + std::vector<std::string>{"--eval-batch-size", "7"}}}),
                    "batches of 7 there");
-  expect_one_error(run_mpi({{1, eval}, {1, {"inspect", ck}}}),
+  expect_one_error(run_mpi_refused({{1, eval}, {1, {"inspect", ck}}}),
                    "rank 1 was started with the command inspect, rank 0 with evaluate");
 }
 
@@ -443,7 +445,7 @@ TEST_F(MpiTraining, AnOutputRankZeroCannotOpenEndsEveryRankWithOneLine) {
                                      {"--timeline-file", "t.json"}}) {
     SCOPED_TRACE(std::string(option) + " " + name);
     const std::string path = dir_.file("missing/") + name;
-    const RunResult r = run_mpi(2, base + std::vector<std::string>{option, path});
+    const RunResult r = run_mpi_refused(2, base + std::vector<std::string>{option, path});
     expect_one_error(r, std::string("cannot open ") + option + " " + path + ": No such file or directory");
     EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
   }
@@ -456,8 +458,8 @@ TEST_F(MpiTraining, ARankThatReadOtherDataIsNamed) {
   fs::create_directories(other);
   write_small_fashion_mnist(other);  // the published counts, other labels
   const std::vector<std::string> base{"--max-steps", "1", "--train-samples", "640", "--test-samples", "100"};
-  const RunResult r = run_mpi({{1, base + std::vector<std::string>{"--data-dir", fashion_mnist_dir()}},
-                               {1, base + std::vector<std::string>{"--data-dir", other}}});
+  const RunResult r = run_mpi_refused({{1, base + std::vector<std::string>{"--data-dir", fashion_mnist_dir()}},
+                                       {1, base + std::vector<std::string>{"--data-dir", other}}});
   expect_one_error(r, "hpctrain: error: rank 1 on ");
   EXPECT_NE(r.err.find(" read a different dataset than rank 0 (other labels of 640 train and 100 test samples of "
                        "28x28x1): every host needs the same --data-dir contents"),
@@ -465,9 +467,9 @@ TEST_F(MpiTraining, ARankThatReadOtherDataIsNamed) {
 }
 
 TEST_F(MpiTraining, WorldLargerThanTheData) {
-  expect_one_error(run_mpi(4, {"--data-dir", fashion_mnist_dir(), "--train-samples", "3", "--batch-size", "1"}),
+  expect_one_error(run_mpi_refused(4, {"--data-dir", fashion_mnist_dir(), "--train-samples", "3", "--batch-size", "1"}),
                    "the training set holds 3 samples, fewer than one global batch of 4 (4 ranks)");
-  expect_one_error(run_mpi(4, {"--data-dir", fashion_mnist_dir(), "--global-batch-size", "3"}),
+  expect_one_error(run_mpi_refused(4, {"--data-dir", fashion_mnist_dir(), "--global-batch-size", "3"}),
                    "--global-batch-size 3 gives some of the 4 ranks no sample per step");
 }
 
@@ -476,7 +478,7 @@ TEST_F(MpiTraining, WorldLargerThanTheData) {
 TEST_F(MpiTraining, AShortLastBatchIsCheckedBeforeTraining) {
   const std::vector<std::string> base{"--data-dir", fashion_mnist_dir(), "--test-samples", "100", "--epochs", "1",
                                       "--model", "mlp", "--global-batch-size", "64", "--keep-last-batch"};
-  expect_one_error(run_mpi(4, base + std::vector<std::string>{"--train-samples", "70"}),
+  expect_one_error(run_mpi_refused(4, base + std::vector<std::string>{"--train-samples", "70"}),
                    "--keep-last-batch: the last global batch holds 6 of the 70 training samples, which leaves some "
                    "of the 4 ranks 1 (a step needs 2, for batch norm)");
   const RunResult ok = run_mpi(4, base + std::vector<std::string>{"--train-samples", "72", "--quiet"});
@@ -487,8 +489,8 @@ TEST_F(MpiTraining, AShortLastBatchIsCheckedBeforeTraining) {
 }
 
 TEST_F(MpiTraining, AProblemOnOneRankIsNamedByRankAndHost) {
-  expect_one_error(run_mpi({{1, {"--max-steps", "1", "--data-dir", fashion_mnist_dir()}},
-                            {1, {"--max-steps", "1", "--data-dir", "/nonexistent-hpctrain-data"}}}),
+  expect_one_error(run_mpi_refused({{1, {"--max-steps", "1", "--data-dir", fashion_mnist_dir()}},
+                                    {1, {"--max-steps", "1", "--data-dir", "/nonexistent-hpctrain-data"}}}),
                    "hpctrain: error: rank 1 on ");
 }
 
@@ -525,7 +527,7 @@ TEST_F(MpiTraining, AStopSignalWhileTheRanksStartStopsThemAll) {
 }
 
 TEST_F(MpiTraining, BatchSizeAndGlobalBatchSizeExcludeEachOther) {
-  expect_one_error(run_mpi(2, {"--batch-size", "32", "--global-batch-size", "64"}),
+  expect_one_error(run_mpi_refused(2, {"--batch-size", "32", "--global-batch-size", "64"}),
                    "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
 }
 
