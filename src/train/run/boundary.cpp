@@ -38,13 +38,21 @@ void TestHooks::slow_down() const {
   if (slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
 }
 
-void TestHooks::signal_after(int64_t step) const {
-  if (signal_.fires(step, rank_)) StopSignals::raise_and_wait(signal_.signal);
+// What the hooks below wait for before they fire: this rank's checkpoint writes, unless a test
+// holds them before their rename (HPCTRAIN_TEST_PAUSE_BEFORE_RENAME) to fire in the middle of one.
+static void finish_writes(ckpt::AsyncWriter* writer) {
+  if (writer && !std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) writer->wait();
+}
+
+void TestHooks::signal_after(int64_t step, ckpt::AsyncWriter* writer) const {
+  if (!signal_.fires(step, rank_)) return;
+  finish_writes(writer);
+  StopSignals::raise_and_wait(signal_.signal);
 }
 
 void TestHooks::kill_after(int64_t step, ckpt::AsyncWriter* writer, dist::Communicator& comm) const {
   if (kill_.step != step) return;
-  if (writer && !std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) writer->wait();
+  finish_writes(writer);
   if (comm.size() > 1) comm.barrier();
   if (kill_.rank == rank_) std::raise(kill_.signal);
 }

@@ -45,8 +45,11 @@ class TestHooks {
  public:
   explicit TestHooks(int rank);
   // HPCTRAIN_TEST_SIGNAL_AFTER_STEP: right after the step, before the boundary's agreement, so
-  // that the stop is taken at this very step.
-  void signal_after(int64_t step) const;
+  // that the stop is taken at this very step. The signalled rank's checkpoint writes finish
+  // first, as for kill_after: a signal whose default action ends the process would otherwise
+  // take a periodic checkpoint still in flight with it on a loaded machine (a test that runs
+  // beside another one saw step 5's missing after a kill at step 9).
+  void signal_after(int64_t step, ckpt::AsyncWriter* writer) const;
   // HPCTRAIN_TEST_KILL_AFTER_STEP, at the end of the boundary (collective at that step): what
   // was submitted is durable before the victim dies, so the tests know which checkpoint the
   // resumed run starts from (on a loaded machine the write could otherwise still be in flight;

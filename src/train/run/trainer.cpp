@@ -570,7 +570,7 @@ void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const E
 // tests' kill. Whether to stop.
 bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   const int64_t step = tally_.step;
-  hooks_.signal_after(step);
+  hooks_.signal_after(step, checkpoints_->writer());
   hooks_.slow_down();
   heartbeat_->beat(step, epoch, [this] { return stragglers_->heartbeat_lines(); });
   const Clock::time_point reaching = Clock::now();
