@@ -103,6 +103,9 @@ double pause_before_rename() {
   return v ? std::atof(v) : 0.0;
 }
 
+// How many writes sit in that pause now, their temporary file written whole (paused_before_rename()).
+std::atomic<int> g_paused_before_rename{0};
+
 // The temporary file being written now, for remove_unfinished_checkpoint(): a fixed buffer
 // and a flag, since a signal handler may read them. (One writer thread fills them.)
 char g_unfinished[4096];
@@ -145,8 +148,11 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
     ::unlink(tmp.c_str());
     io_error("close", tmp);
   }
-  if (const double s = pause_before_rename(); s > 0)
+  if (const double s = pause_before_rename(); s > 0) {
+    g_paused_before_rename.fetch_add(1);
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
+    g_paused_before_rename.fetch_sub(1);
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(tmp.c_str());
@@ -157,6 +163,8 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
   const std::string dir = fs::path(path).parent_path().string();
   fsync_path(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
 }
+
+bool paused_before_rename() { return g_paused_before_rename.load() > 0; }
 
 void remove_unfinished_checkpoint() {
   if (g_unfinished_set.load()) ::unlink(g_unfinished);

@@ -109,6 +109,10 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 // half-written file behind. Async-signal-safe.
 void remove_unfinished_checkpoint();
 
+// Test hook: whether a write sits in HPCTRAIN_TEST_PAUSE_BEFORE_RENAME's pause now, its
+// temporary file written and closed, waiting for its rename.
+bool paused_before_rename();
+
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // The step a checkpoint file's name says (ckpt-000000020.hpck: 20), or -1 for other names (a

@@ -38,10 +38,15 @@ void TestHooks::slow_down() const {
   if (slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
 }
 
-// What the hooks below wait for before they fire: this rank's checkpoint writes, unless a test
-// holds them before their rename (HPCTRAIN_TEST_PAUSE_BEFORE_RENAME) to fire in the middle of one.
+// What the hooks below wait for before they fire: this rank's checkpoint writes. A test that
+// holds them before their rename (HPCTRAIN_TEST_PAUSE_BEFORE_RENAME) fires in the middle of one:
+// then the write in flight, if any, is awaited until it sits in that pause, its temporary file
+// whole (on a loaded machine a kill one step later came before the writer had created it).
 static void finish_writes(ckpt::AsyncWriter* writer) {
-  if (writer && !std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) writer->wait();
+  if (!writer) return;
+  if (!std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) return writer->wait();
+  while (!writer->idle() && !ckpt::paused_before_rename())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void TestHooks::signal_after(int64_t step, ckpt::AsyncWriter* writer) const {
