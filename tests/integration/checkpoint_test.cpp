@@ -1217,13 +1217,14 @@ TEST_F(Checkpoints, ASecondRunOnABusyDirectoryIsRefusedAndTouchesNothing) {
 TEST_F(Checkpoints, AStaleLockIsTakenOverAndItsHolderWritesNothingMore) {
   const JsonObject want = uninterrupted(1);
   const std::string ck = dir_.file("stale"), shm = dir_.file("stale-shm");
-  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "2", 1);
+  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "3", 1);
   const auto first = start_and_stop_at_step_12(job(ck, dir_.file("first.jsonl")), shm);
-  usleep(2200000);  // its record stale by its own time: a second run watches it for 2 s, then takes it
+  usleep(3200000);  // its record stale by its own time: a second run watches it for 3 s, then takes it
   auto args = job(ck, dir_.file("second.jsonl"));
   // That watch, past --checkpoint-lock-wait, is not set-up's time either (it was: 124 from a
-  // --start-timeout shorter than the two).
-  args.insert(args.end(), {"--checkpoint-lock-wait", "0", "--start-timeout", "1s"});
+  // --start-timeout shorter than the watch). The 2 s left are for the rest of set-up: 1 s was
+  // not always enough beside another test and a disk kept busy.
+  args.insert(args.end(), {"--checkpoint-lock-wait", "0", "--start-timeout", "2s"});
   const RunResult second = run_hpctrain(args, 120);
   unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
   ASSERT_EQ(second.exit_code, 0) << second.err;
