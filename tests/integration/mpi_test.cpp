@@ -290,7 +290,9 @@ TEST_F(MpiTraining, TheSlowestRankIsNamed) {
       EXPECT_LE(number(e, "median_busy_seconds"), number(e, "slowest_busy_seconds"));
       if (slow) {
         EXPECT_EQ(number(e, "slowest_rank"), 1) << "step " << number(e, "step");
-        EXPECT_GE(number(e, "slowest_busy_seconds") - number(e, "median_busy_seconds"), 0.08);
+        // Half the 100 ms: the ranks' own work differs by tens of ms on a loaded machine (0.0797
+        // was seen beside a busy loop and a disk kept busy); a slow-down not measured gives ~0.
+        EXPECT_GE(number(e, "slowest_busy_seconds") - number(e, "median_busy_seconds"), 0.05);
         EXPECT_GT(number(e, "straggler_ratio"), 1.5);
       } else {
         EXPECT_LT(number(e, "straggler_ratio"), 2) << "step " << number(e, "step");
