@@ -41,7 +41,9 @@ void TestHooks::slow_down() const {
 // What the hooks below wait for before they fire: this rank's checkpoint writes. A test that
 // holds them before their rename (HPCTRAIN_TEST_PAUSE_BEFORE_RENAME) fires in the middle of one:
 // then the write in flight, if any, is awaited until it sits in that pause, its temporary file
-// whole (on a loaded machine a kill one step later came before the writer had created it).
+// whole (on a loaded machine a kill one step later came before the writer had created it). Any
+// write's pause ends the wait (ckpt::paused_before_rename() does not say whose): in a run that
+// also takes snapshots, a snapshot's pause may end it while the checkpoint is still encoded.
 static void finish_writes(ckpt::AsyncWriter* writer) {
   if (!writer) return;
   if (!std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) return writer->wait();
