@@ -10,6 +10,8 @@ a JSON file that the head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, defaul
 
   {"cluster": "STACK", "region": "us-east-1",
    "launch_template_id": "lt-...", "fallback_launch_template_id": "lt-..." (on-demand, spot's fallback),
+   "instance_profile_arn": "arn:aws:iam::ACCOUNT:instance-profile/..."  the templates' instance profile:
+                                             only instances with it are the cluster's (see live_instances),
    "instance_types": ["g5.12xlarge", ...]   in order of preference (empty: the template's),
    "subnet_ids": ["subnet-...", ...]         in order of preference (empty: the template's network),
    "security_group_ids": ["sg-..."], "efa": false,
@@ -111,6 +113,10 @@ def load_config(path=None):
         values = cfg.setdefault(key, [])
         if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
             raise ConfigError(f"{path}: '{key}' must be a list of {what}")
+    profile = cfg.setdefault("instance_profile_arn", None)
+    is_arn = isinstance(profile, str) and re.fullmatch(r"arn:[\w-]+:iam::\d{12}:instance-profile/\S+", profile)
+    if profile is not None and not is_arn:
+        raise ConfigError(f"{path}: 'instance_profile_arn' must be an instance profile's ARN, not {profile!r}")
     if cfg.setdefault("market", "on-demand") not in ("spot", "on-demand"):
         raise ConfigError(f"{path}: 'market' must be 'spot' or 'on-demand', not {cfg['market']!r}")
     for key, default in (("capacity_cooldown_seconds", 600), ("orphan_grace_seconds", 300)):
@@ -205,8 +211,18 @@ def live_instances(ec2, cfg, nodes=None):
     `nodes` only, if given). Asked by the cluster's tag only, the nodes picked here: AWS refuses a
     filter of more than 200 values (FilterLimitExceeded; moto takes any number), Slurm may pass
     more nodes than that, and the cluster has no more instances than its nodes, so one paged
-    request reads them all."""
+    request reads them all.
+
+    With instance_profile_arn set (the head node's cloud.json sets it), an instance counts only if
+    it has that profile, the one the launch templates give: tags can be put on any instance by
+    whoever may call ec2:CreateTags, a profile only by whoever may pass the compute role. The head
+    node's role may terminate only instances with that profile, and EC2 refuses a TerminateInstances
+    call whole when it may not terminate one of its instances: an instance tagged for the cluster
+    by someone else would otherwise stop suspend.py and the cluster manager from terminating the
+    cluster's own (left running, billed). Such an instance is logged and left alone. (Filtered
+    here, not by the describe filter iam-instance-profile.arn, which moto does not have.)"""
     wanted = set(nodes) if nodes else None
+    profile = cfg.get("instance_profile_arn")
     filters = [
         {"Name": f"tag:{CLUSTER_TAG}", "Values": [cfg["cluster"]]},
         {"Name": "instance-state-name", "Values": LIVE_STATES},
@@ -216,8 +232,15 @@ def live_instances(ec2, cfg, nodes=None):
         for reservation in page["Reservations"]:
             for inst in reservation["Instances"]:
                 node = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}.get(NODE_TAG)
-                if node is not None and (wanted is None or node in wanted):
-                    found.setdefault(node, []).append(inst)
+                if node is None or (wanted is not None and node not in wanted):
+                    continue
+                has = inst.get("IamInstanceProfile", {}).get("Arn")
+                if profile and has != profile:
+                    logging.warning("%s is tagged as node %s of this cluster but has %s, not the cluster's %s: "
+                                    "not the cluster's, left alone", inst["InstanceId"], node,
+                                    f"the instance profile {has}" if has else "no instance profile", profile)
+                    continue
+                found.setdefault(node, []).append(inst)
     return found
 
 

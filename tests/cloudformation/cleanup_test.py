@@ -1,8 +1,9 @@
 """The cleanup custom resource's handler (cluster.yaml: CleanupFunction's inline code), run
 directly against moto's EC2 (moto's CloudFormation runs Lambda code only in a container; the
 whole-stack deployment in template_test.py runs it in-process on creation): on the stack's
-deletion it terminates every instance tagged for this cluster, and only those (another
-cluster's in the same account survives, so does an untagged one), and answers SUCCESS; on
+deletion it terminates every instance tagged for this cluster with the compute instance profile,
+and only those (another cluster's in the same account survives, so do an untagged one and one
+tagged for the cluster by someone else, without the profile), and answers SUCCESS; on
 creation it does nothing; when it cannot finish, it answers FAILED with the reason, so that the
 stack's deletion stops instead of leaving instances running. An instance shutting down is not
 gone: until it is terminated its network interface holds the subnet and security group that the
@@ -40,12 +41,22 @@ class Cleanup(unittest.TestCase):
         self.sent = []
         self.handler = cfn.cleanup_module(cfn.load_template(), self.sent).handler
         self.pauses = self.enterContext(mock.patch("time.sleep"))  # its 10 s between rounds
+        # The resource's properties as the template gives them, and its compute profile in moto.
+        self.properties = cfn.Resolved(cfn.load_template()).resource("InstanceCleanup")["Properties"]
+        iam = boto3.client("iam", region_name=cfn.REGION)
+        self.profile, self.head_profile = (iam.create_instance_profile(InstanceProfileName=n)["InstanceProfile"]["Arn"]
+                                           for n in (self.properties["InstanceProfile"].split("/")[-1], "hpc-head"))
+        self.assertEqual(self.profile, self.properties["InstanceProfile"])
 
-    def launch(self, count, **tags):
+    def launch(self, count, profile="compute", **tags):
+        """`count` instances with these tags (hpctrain_node: hpctrain:node) and the compute instance
+        profile (or another, or None). (moto gives a launch's profile to its first instance only.)"""
         spec = [{"ResourceType": "instance", "Tags": [{"Key": k.replace("_", ":"), "Value": v} for k, v in tags.items()]}]
-        reply = self.ec2.run_instances(ImageId=self.ami, MinCount=count, MaxCount=count,
-                                       **({"TagSpecifications": spec} if tags else {}))
-        return {i["InstanceId"] for i in reply["Instances"]}
+        profile = {"compute": self.profile, "head": self.head_profile}.get(profile, profile)
+        return {self.ec2.run_instances(ImageId=self.ami, MinCount=1, MaxCount=1,
+                                       **({"TagSpecifications": spec} if tags else {}),
+                                       **({"IamInstanceProfile": {"Arn": profile}} if profile else {}))["Instances"][0]["InstanceId"]
+                for _ in range(count)}
 
     def live(self):
         found = set()
@@ -54,7 +65,7 @@ class Cleanup(unittest.TestCase):
         return found
 
     def event(self, kind):
-        return {"RequestType": kind, "ResourceProperties": {"ServiceToken": "arn", "ClusterTag": cfn.STACK},
+        return {"RequestType": kind, "ResourceProperties": {"ServiceToken": "arn", **self.properties},
                 "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/hpc/1", "LogicalResourceId": "InstanceCleanup",
                 "RequestId": "r1", "ResponseURL": "https://example.invalid"}
 
@@ -64,8 +75,12 @@ class Cleanup(unittest.TestCase):
         self.ec2.stop_instances(InstanceIds=list(stopped))  # a stopped one bills its volumes
         theirs = self.launch(2, hpctrain_cluster="other", hpctrain_node="gpu-1")
         untagged = self.launch(1)
+        # Tagged for the cluster by someone else: no profile, or not the compute instances'. The
+        # role may not terminate them, and EC2 would refuse the whole call (moto evaluates no IAM).
+        foreign = self.launch(1, profile=None, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-2") | \
+            self.launch(1, profile="head", hpctrain_cluster=cfn.STACK)
         self.handler(self.event("Delete"), cfn.LambdaContext())
-        self.assertEqual(self.live(), theirs | untagged)
+        self.assertEqual(self.live(), theirs | untagged | foreign)
         self.assertEqual([(s[0], s[1]) for s in self.sent], [("SUCCESS", f"instances-of-{cfn.STACK}")])
         self.assertEqual(self.pauses.call_count, 1)  # it looked again: none left
         del ours

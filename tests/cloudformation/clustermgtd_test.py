@@ -42,10 +42,11 @@ class ClusterManager(unittest.TestCase):
         self.enterContext(mock.patch.dict(os.environ, {"HPCTRAIN_CLOUD_CONFIG": self.config}))
         self.cfg = hpc_cloud.load_config()
 
-    def launch(self, node, cluster="testc"):
+    def launch(self, node, cluster="testc", profile=None):
         tags = [{"Key": "hpctrain:cluster", "Value": cluster}] + ([{"Key": "hpctrain:node", "Value": node}] if node else [])
         inst = self.ec2.run_instances(ImageId=self.ami, MinCount=1, MaxCount=1, InstanceType="g5.12xlarge",
-                                      TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0]
+                                      TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+                                      **({"IamInstanceProfile": {"Arn": profile}} if profile else {}))["Instances"][0]
         return inst["InstanceId"], inst["PrivateIpAddress"]
 
     def slurm(self, *nodes):
@@ -89,6 +90,38 @@ class ClusterManager(unittest.TestCase):
         with open(self.cfg["heartbeat_file"], encoding="utf-8") as f:
             self.assertAlmostEqual(float(f.read()), time.time(), delta=30)
         del second, powered_down, unknown
+
+    def test_an_instance_tagged_for_the_cluster_by_someone_else_is_not_an_orphan(self):
+        """With the compute profile in the settings (as the stack writes them), an instance tagged
+        for the cluster without that profile is not the cluster's: not terminated, and not in the
+        TerminateInstances call, which EC2 would refuse whole (the head node's role may terminate
+        only instances with the profile; played here, moto evaluates no IAM), failing every pass."""
+        iam = boto3.client("iam", region_name=REGION)
+        profile = iam.create_instance_profile(InstanceProfileName="testc-compute")["InstanceProfile"]["Arn"]
+        with open(self.config, encoding="utf-8") as f:
+            cfg = json.load(f)
+        with open(self.config, "w", encoding="utf-8") as f:
+            json.dump(dict(cfg, instance_profile_arn=profile), f)
+        ours, _ = self.launch("gpu-2", profile=profile)  # an orphan: its node is powered down
+        foreign, _ = self.launch("gpu-2")
+        self.slurm(("gpu-2", "idle+cloud+powered_down", "", ""))
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+
+            def authorize(params, model, **_):
+                if model.name == "TerminateInstances":
+                    for r in self.ec2.describe_instances(InstanceIds=params["InstanceIds"])["Reservations"]:
+                        if any(i.get("IamInstanceProfile", {}).get("Arn") != profile for i in r["Instances"]):
+                            raise botocore.exceptions.ClientError(
+                                {"Error": {"Code": "UnauthorizedOperation", "Message": "not authorized"}}, model.name)
+            c.meta.events.register("provide-client-params.ec2", authorize)
+            return c
+        with mock.patch.object(boto3, "client", client):
+            self.run_pass()
+        self.assertEqual(self.live(), {foreign})
+        del ours
 
     def test_a_young_instance_is_not_an_orphan_yet(self):
         with open(self.config, encoding="utf-8") as f:

@@ -243,9 +243,15 @@ def cases(r, keys="effective"):
     def launch(req):
         return run_instances_checks(r, req, keys)
     instance = f"{ARN}:instance/i-0123456789abcdef0"
-    compute_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:ResourceTag/hpctrain:node": "gpu-1"}
-    head_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK}
-    other_tags = {"ec2:ResourceTag/hpctrain:cluster": "other", "ec2:ResourceTag/hpctrain:node": "gpu-1"}
+    # A compute instance: its tags and the profile its launch template gives it (ec2:InstanceProfile).
+    profile = r.resource("ComputeLaunchTemplate")["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"]
+    compute_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:ResourceTag/hpctrain:node": "gpu-1",
+                    "ec2:InstanceProfile": profile}
+    head_tags = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:InstanceProfile": r.attribute("HeadNodeInstanceProfile", "Arn")}
+    other_tags = {**compute_tags, "ec2:ResourceTag/hpctrain:cluster": "other"}
+    # Tagged as the cluster's compute node by someone else (ec2:CreateTags): no profile, or another.
+    spoofed = {"ec2:ResourceTag/hpctrain:cluster": cfn.STACK, "ec2:ResourceTag/hpctrain:node": "gpu-1"}
+    spoofed_other = {**spoofed, "ec2:InstanceProfile": f"arn:aws:iam::{cfn.ACCOUNT}:instance-profile/other"}
     secret = r.physical("MungeKey")
     log_stream = f"arn:aws:logs:{cfn.REGION}:{cfn.ACCOUNT}:log-group:{r.physical('LogGroup')}:log-stream:i-1/power"
     other_stream = f"arn:aws:logs:{cfn.REGION}:{cfn.ACCOUNT}:log-group:/other:log-stream:x"
@@ -312,7 +318,13 @@ def cases(r, keys="effective"):
         ("terminate a namesake's instance in another region", "HeadNodeRole",
          [("ec2:TerminateInstances", instance.replace(cfn.REGION, "us-west-2"), compute_tags)], False),
         ("terminate an untagged instance", "HeadNodeRole", [("ec2:TerminateInstances", instance, {})], False),
+        ("terminate an instance tagged as a compute node, without a profile", "HeadNodeRole",
+         [("ec2:TerminateInstances", instance, spoofed)], False),
+        ("terminate an instance tagged as a compute node, with another profile", "HeadNodeRole",
+         [("ec2:TerminateInstances", instance, spoofed_other)], False),
         ("terminate the head node itself", "HeadNodeRole", [("ec2:TerminateInstances", instance, head_tags)], False),
+        ("terminate the head node itself, given the compute profile (its association replaced)", "HeadNodeRole",
+         [("ec2:TerminateInstances", instance, {**head_tags, "ec2:InstanceProfile": profile})], False),
         ("stop a compute instance", "HeadNodeRole", [("ec2:StopInstances", instance, compute_tags)], False),
         ("delete a volume", "HeadNodeRole", [("ec2:DeleteVolume", f"{ARN}:volume/vol-1", {})], False),
         ("list instances and subnets", "HeadNodeRole",
@@ -333,8 +345,13 @@ def cases(r, keys="effective"):
         ("signal another stack", "HeadNodeRole",
          [("cloudformation:SignalResource", f"arn:aws:cloudformation:{cfn.REGION}:{cfn.ACCOUNT}:stack/other/1", {})], False),
         ("cleanup: terminate the cluster's instances", "CleanupRole",
-         [("ec2:DescribeInstances", "*", {}), ("ec2:TerminateInstances", instance, compute_tags),
-          ("ec2:TerminateInstances", instance, head_tags)], True),
+         [("ec2:DescribeInstances", "*", {}), ("ec2:TerminateInstances", instance, compute_tags)], True),
+        ("cleanup: terminate the head node (CloudFormation's to delete)", "CleanupRole",
+         [("ec2:TerminateInstances", instance, head_tags)], False),
+        ("cleanup: terminate an instance tagged for the cluster, without a profile", "CleanupRole",
+         [("ec2:TerminateInstances", instance, spoofed)], False),
+        ("cleanup: terminate an instance tagged for the cluster, with another profile", "CleanupRole",
+         [("ec2:TerminateInstances", instance, spoofed_other)], False),
         ("cleanup: terminate another cluster's instance", "CleanupRole", [("ec2:TerminateInstances", instance, other_tags)], False),
         ("cleanup: terminate a namesake's instance in another region", "CleanupRole",
          [("ec2:TerminateInstances", instance.replace(cfn.REGION, "us-west-2"), compute_tags)], False),

@@ -23,7 +23,8 @@ import unittest
 from unittest import mock
 
 # First: boto3 and moto or the skip, and the node programs' folder on the path.
-from slurm_fakes import NODE_DIR, REGION, moto_and_fake_slurm, recorded_calls, scontrol_recorder
+from slurm_fakes import (NODE_DIR, REGION, moto_and_fake_slurm, moto_gives_instances_the_templates_profile,
+                         recorded_calls, scontrol_recorder)
 
 import boto3  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
@@ -42,16 +43,21 @@ class MotoCluster(unittest.TestCase):
 
     def setUp(self):
         moto_and_fake_slurm(self, lambda t: {"scontrol": scontrol_recorder(t)})
+        moto_gives_instances_the_templates_profile(self)
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.subnets = sorted(self.ec2.describe_subnets()["Subnets"], key=lambda s: s["AvailabilityZone"])
         subnet = self.subnets[0]["SubnetId"]
-        ami = amazon_images(self.ec2)[0]
+        self.ami = ami = amazon_images(self.ec2)[0]
+        iam = boto3.client("iam", region_name=REGION)
+        self.profile, self.other_profile = (iam.create_instance_profile(InstanceProfileName=n)["InstanceProfile"]["Arn"]
+                                            for n in ("testc-compute", "someone-elses"))
         lt = self.ec2.create_launch_template(
             LaunchTemplateName="compute",
-            LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge",
+            LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge", "IamInstanceProfile": {"Arn": self.profile},
                                 "MetadataOptions": {"HttpTokens": "required"}})
         self.cfg = hpc_cloud.load_config(self.write_config({
             "cluster": "testc", "region": REGION, "subnet_ids": [subnet], "market": "on-demand",
+            "instance_profile_arn": self.profile,
             "security_group_ids": [self.ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]],
             "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"], "controller": "head.internal",
             "state_file": os.path.join(self.tmp.name, "state", "cloud-state.json")}))
@@ -455,6 +461,38 @@ class AwsBehaviour(AwsHooks):
         self.assertEqual(self.state()["launches"], {})
         self.assertEqual(self.scontrol_calls()[-1], "update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1")
 
+    def test_an_instance_tagged_for_the_cluster_by_someone_else_is_left_alone(self):
+        """Tagged as the cluster's nodes, without the compute profile (none, or another): not the
+        nodes' instances. A power-up launches the nodes their own, and a power-down terminates
+        those and leaves the others, which the head node's role may not terminate: EC2 refuses
+        the whole call (played here: moto evaluates no IAM), which would leave the cluster's own
+        running. (A planted flaw, the profile not checked, fails this: 'already has'.)"""
+        tags = [{"Key": hpc_cloud.CLUSTER_TAG, "Value": "testc"}, {"Key": hpc_cloud.NODE_TAG, "Value": "gpu-1"}]
+        spec = [{"ResourceType": "instance", "Tags": tags}]
+        foreign = {self.ec2.run_instances(ImageId=self.ami, MinCount=1, MaxCount=1, TagSpecifications=spec,
+                                          **extra)["Instances"][0]["InstanceId"]
+                   for extra in ({}, {"IamInstanceProfile": {"Arn": self.other_profile}})}
+
+        def iam(op, params):  # TerminateOnlyTheClusterComputeInstances' ec2:InstanceProfile
+            if op == "TerminateInstances":
+                for r in self.ec2.describe_instances(InstanceIds=params["InstanceIds"])["Reservations"]:
+                    for inst in r["Instances"]:
+                        if inst.get("IamInstanceProfile", {}).get("Arn") != self.profile:
+                            raise aws_error("UnauthorizedOperation", "You are not authorized to perform this operation.", op)
+        with self.hooked(before=iam), self.assertLogs(level="WARNING") as logs:
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 0)
+            own = {n: i["InstanceId"] for n, i in self.live().items()}
+            self.assertEqual(sorted(own), ["gpu-1", "gpu-2"])
+            self.assertNotIn(own["gpu-1"], foreign)
+            self.assert_registered("gpu-1", self.live()["gpu-1"])
+            self.assertEqual(suspend.suspend(self.cfg, ["gpu-1", "gpu-2"]), 0)
+        left = set()
+        for r in self.ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])["Reservations"]:
+            left |= {i["InstanceId"] for i in r["Instances"]}
+        self.assertEqual(left, foreign)
+        self.assertTrue(any("has no instance profile, not the cluster's" in m and "left alone" in m for m in logs.output), logs.output)
+        self.assertTrue(any(f"has the instance profile {self.other_profile}" in m for m in logs.output), logs.output)
+
     def test_a_node_whose_instance_is_shutting_down_gets_a_new_one(self):
         # Suspended, and powered up again while EC2 still shuts its instance down.
         self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
@@ -591,6 +629,8 @@ class BadInput(unittest.TestCase):
             ("resume.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION}), "'launch_template_id'"),
             ("resume_fail.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt",
                                                     "market": "cheap"}), "'market' must be"),
+            ("suspend.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt",
+                                                "instance_profile_arn": "compute"}), "'instance_profile_arn' must be an instance profile's ARN"),
         ]
         for program, arg, config, text in cases:
             with self.subTest(program=program, arg=arg, text=text):

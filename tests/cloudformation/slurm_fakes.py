@@ -42,6 +42,32 @@ def moto_and_fake_slurm(test, commands):
     test.enterContext(mock.patch.dict(os.environ, {"PATH": bindir + os.pathsep + os.environ["PATH"]}))
 
 
+def run_instances_giving_the_templates_profile(real):
+    """moto's InstanceBackend.run_instances (`real`) made to give an instance launched through a
+    launch template the template's instance profile (unless the request names one), as EC2 gives
+    it. moto 5.2 takes only a request's own IamInstanceProfile, and then for the first instance of a
+    launch only."""
+    def run_instances(backend, *args, **kwargs):
+        reservation = real(backend, *args, **kwargs)
+        named = kwargs.get("iam_instance_profile_arn") or kwargs.get("iam_instance_profile_name")
+        if kwargs.get("launch_template") and not named:
+            profile = backend._get_template_from_args(kwargs["launch_template"]).data.get("IamInstanceProfile") or {}
+            if profile:
+                for inst in reservation.instances:
+                    backend.associate_iam_instance_profile(inst.id, iam_instance_profile_name=profile.get("Name"),
+                                                           iam_instance_profile_arn=profile.get("Arn"))
+        return reservation
+    return run_instances
+
+
+def moto_gives_instances_the_templates_profile(test):
+    """For a TestCase's setUp: run_instances_giving_the_templates_profile, for the test."""
+    from moto.ec2.models.instances import InstanceBackend
+
+    test.enterContext(mock.patch.object(InstanceBackend, "run_instances",
+                                        run_instances_giving_the_templates_profile(InstanceBackend.run_instances)))
+
+
 def scontrol_recorder(test):
     """A fake scontrol's body: its arguments appended to test.calls, one call a line."""
     return f'echo "$*" >> {test.calls}'

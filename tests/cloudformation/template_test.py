@@ -121,6 +121,11 @@ class HeadNodeSettings(unittest.TestCase):
         self.assertEqual(cfg["instance_types"], ["p5.48xlarge", "p4d.24xlarge"])
         self.assertEqual(cfg["subnet_ids"], [r.physical("PrivateSubnet"), r.physical("PrivateSubnet2")])
         self.assertEqual(cfg["security_group_ids"], [r.physical("ComputeSecurityGroup")])
+        # The profile the programs count as the cluster's is the one both templates launch with.
+        for template in ("ComputeLaunchTemplate", "ComputeOnDemandLaunchTemplate"):
+            data = r.resource(template)["Properties"]["LaunchTemplateData"]
+            self.assertEqual(cfg["instance_profile_arn"], data["IamInstanceProfile"]["Arn"])
+        self.assertEqual(cfg["instance_profile_arn"], r.attribute("ComputeInstanceProfile", "Arn"))
 
 
     def settings_files(self, **params):

@@ -23,12 +23,19 @@ import boto3
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cloudformation"))
 from cfn import amazon_images  # noqa: E402  (a few images, not moto's whole catalog)
+from slurm_fakes import run_instances_giving_the_templates_profile  # noqa: E402
+
+PROFILE = "local-compute"  # the compute instances' instance profile
 
 REGION = "us-east-1"
 
 
 def ec2(endpoint):
     return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
+
+
+def iam(endpoint):
+    return boto3.client("iam", region_name=REGION, endpoint_url=endpoint)
 
 
 def refuse_instance_type(no_capacity):
@@ -48,8 +55,11 @@ def refuse_instance_type(no_capacity):
 def server(port, no_capacity=None):
     from moto.server import ThreadedMotoServer
 
+    from moto.ec2.models.instances import InstanceBackend
+
     if no_capacity:
         refuse_instance_type(no_capacity)
+    InstanceBackend.run_instances = run_instances_giving_the_templates_profile(InstanceBackend.run_instances)
     s = ThreadedMotoServer(ip_address="127.0.0.1", port=int(port))
     s.start()
     while True:
@@ -59,10 +69,13 @@ def server(port, no_capacity=None):
 def setup(endpoint, config, state_dir, *instance_types):
     client = ec2(endpoint)
     ami = amazon_images(client)[0]
+    profile = iam(endpoint).create_instance_profile(InstanceProfileName=PROFILE)["InstanceProfile"]["Arn"]
     lt = client.create_launch_template(LaunchTemplateName="compute",
-                                       LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge"})
+                                       LaunchTemplateData={"ImageId": ami, "InstanceType": "g5.xlarge",
+                                                           "IamInstanceProfile": {"Arn": profile}})
     with open(config, "w", encoding="utf-8") as f:
         json.dump({"cluster": "local", "region": REGION, "market": "on-demand", "controller": "localhost",
+                   "instance_profile_arn": profile,
                    "launch_template_id": lt["LaunchTemplate"]["LaunchTemplateId"],
                    "instance_types": list(instance_types), "orphan_grace_seconds": 0,
                    "state_file": f"{state_dir}/cloud-state.json", "heartbeat_file": f"{state_dir}/heartbeat"}, f)
@@ -72,7 +85,9 @@ def launch(endpoint, node):
     client = ec2(endpoint)
     ami = amazon_images(client)[0]
     tags = [{"Key": "hpctrain:cluster", "Value": "local"}, {"Key": "hpctrain:node", "Value": node}]
+    profile = iam(endpoint).get_instance_profile(InstanceProfileName=PROFILE)["InstanceProfile"]["Arn"]
     inst = client.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
+                                IamInstanceProfile={"Arn": profile},
                                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0]
     print(inst["InstanceId"])
 
