@@ -85,6 +85,16 @@ class Cleanup(unittest.TestCase):
         self.assertEqual(self.pauses.call_count, 1)  # it looked again: none left
         del ours
 
+    def test_a_deletion_without_the_profile_fails_and_says_so(self):
+        """(A rollback that paired the new code with the old properties, say): FAILED with the reason,
+        never no answer, which would keep CloudFormation waiting for an hour."""
+        ours = self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-1")
+        event = self.event("Delete")
+        del event["ResourceProperties"]["InstanceProfile"]
+        self.handler(event, cfn.LambdaContext())
+        self.assertEqual(self.sent[0][:3:2], ("FAILED", "KeyError: 'InstanceProfile'"))
+        self.assertEqual(self.live(), ours)
+
     def test_creation_terminates_nothing(self):
         ours = self.launch(1, hpctrain_cluster=cfn.STACK, hpctrain_node="gpu-1")
         self.handler(self.event("Create"), cfn.LambdaContext())
