@@ -8,7 +8,10 @@ instead of a cluster whose nodes never come up and whose jobs wait for ever. IAM
 while to reach EC2 (the role's policies were made minutes before), so a refusal is asked again,
 with growing pauses, for up to --wait seconds before it counts. EC2's other answers to a dry run
 (an instance type a zone does not offer, spot refused in the account, no answer) are warnings:
-resume.py passes on to the next choice for those, as it does when it launches.
+resume.py passes on to the next choice for those, as it does when it launches. cfn-hup runs it
+again after each stack update that changes the head node's settings (cluster.yaml's "update"
+config set): the update is done by then, so a refusal is reported (in the power log, which
+reaches the stack's log group) rather than failing anything.
 
     launch_check.py [--wait SECONDS]   (settings: HPCTRAIN_CLOUD_CONFIG, default /etc/hpctrain/cloud.json)
 

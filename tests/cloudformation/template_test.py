@@ -150,7 +150,8 @@ class HeadNodeSettings(unittest.TestCase):
     def test_an_update_applies_the_settings_without_the_bootstrap(self):
         """cfn-hup runs the "update" config set on a change of the head node's metadata: the
         settings rewritten and applied (apply_head_settings.sh: slurm.conf rendered again with the
-        new values, slurmctld restarted), never the bootstrap (which reinstalls /opt/hpctrain/src)."""
+        new values, slurmctld restarted) and the launches dry-run again (launch_check.py), never
+        the bootstrap (which reinstalls /opt/hpctrain/src)."""
         import tempfile
 
         import cfn
@@ -162,8 +163,14 @@ class HeadNodeSettings(unittest.TestCase):
         self.assertIn("--resource HeadNode --configsets update ", hook)
         user_data = cfn.Resolved(cfn.load_template()).resource("HeadNode")["Properties"]["UserData"]
         self.assertIn("--configsets install ", user_data)
-        self.assertEqual([c["command"] for c in init["apply"]["commands"].values()],
-                         ["/opt/hpctrain/src/cloudformation/node/apply_head_settings.sh"])
+        # cfn-init runs a config's commands in the order of their names: the settings applied,
+        # then the launches asked again, dry (as bootstrap_head.sh's last step does at creation).
+        commands = [init["apply"]["commands"][name]["command"] for name in sorted(init["apply"]["commands"])]
+        self.assertEqual(commands, ["/opt/hpctrain/src/cloudformation/node/apply_head_settings.sh",
+                                    "python3 /opt/hpctrain/src/cloudformation/node/launch_check.py"])
+        for command in commands:  # each names a program of this repository (/opt/hpctrain/src)
+            program = command.split()[-1].replace("/opt/hpctrain/src/cloudformation/node", cfn.NODE_DIR)
+            self.assertTrue(os.path.isfile(program), program)
 
         env = self.settings_files(MaxComputeNodes="7", ComputeGpus="8")["settings"]["files"]["/etc/hpctrain/cluster.env"]
         with tempfile.TemporaryDirectory() as d:
