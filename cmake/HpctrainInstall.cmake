@@ -223,7 +223,7 @@ endif()
 # targets name by path, and a runtime package of the same version.
 set(CPACK_DEBIAN_HPCTRAIN-DEV_PACKAGE_NAME hpctrain-dev)
 set(CPACK_DEBIAN_HPCTRAIN-DEV_PACKAGE_SECTION libdevel)
-set(dev_depends "hpctrain (= ${HPCTRAIN_DEB_VERSION}) | hpctrain-cuda (= ${HPCTRAIN_DEB_VERSION}), libboost-program-options-dev, zlib1g-dev, libopenmpi-dev, libopenblas-dev, libturbojpeg0-dev, libpng-dev, nlohmann-json3-dev, libprotobuf-dev, libonnx-dev, libisal-dev, libdnnl-dev")
+set(dev_depends "hpctrain (= ${HPCTRAIN_DEB_VERSION}) | hpctrain-cuda (= ${HPCTRAIN_DEB_VERSION}), libboost-program-options-dev, libopenmpi-dev, libopenblas-dev, libturbojpeg0-dev, libpng-dev, nlohmann-json3-dev, libprotobuf-dev, libonnx-dev, libisal-dev, libdnnl-dev")
 if(HPCTRAIN_HAVE_CUDA)
   string(APPEND dev_depends ", ${nvidia_dev_depends}")
 endif()
