@@ -16,7 +16,8 @@ import unittest
 from unittest import mock
 
 # First: boto3 and moto or the skip, and the node programs' folder on the path.
-from slurm_fakes import NODE_DIR, REGION, moto_and_fake_slurm, recorded_calls, scontrol_recorder
+from slurm_fakes import (NODE_DIR, REGION, iam_refuses_terminating_without, moto_and_fake_slurm, recorded_calls,
+                         scontrol_recorder)
 
 import boto3  # noqa: E402
 import botocore.exceptions  # noqa: E402
@@ -105,18 +106,11 @@ class ClusterManager(unittest.TestCase):
         ours, _ = self.launch("gpu-2", profile=profile)  # an orphan: its node is powered down
         foreign, _ = self.launch("gpu-2")
         self.slurm(("gpu-2", "idle+cloud+powered_down", "", ""))
-        real = boto3.client
+        real, authorize = boto3.client, iam_refuses_terminating_without(self.ec2, profile)
 
         def client(*a, **kw):
             c = real(*a, **kw)
-
-            def authorize(params, model, **_):
-                if model.name == "TerminateInstances":
-                    for r in self.ec2.describe_instances(InstanceIds=params["InstanceIds"])["Reservations"]:
-                        if any(i.get("IamInstanceProfile", {}).get("Arn") != profile for i in r["Instances"]):
-                            raise botocore.exceptions.ClientError(
-                                {"Error": {"Code": "UnauthorizedOperation", "Message": "not authorized"}}, model.name)
-            c.meta.events.register("provide-client-params.ec2", authorize)
+            c.meta.events.register("provide-client-params.ec2", lambda params, model, **_: authorize(model.name, params))
             return c
         with mock.patch.object(boto3, "client", client):
             self.run_pass()

@@ -23,8 +23,8 @@ import unittest
 from unittest import mock
 
 # First: boto3 and moto or the skip, and the node programs' folder on the path.
-from slurm_fakes import (NODE_DIR, REGION, moto_and_fake_slurm, moto_gives_instances_the_templates_profile,
-                         recorded_calls, scontrol_recorder)
+from slurm_fakes import (NODE_DIR, REGION, iam_refuses_terminating_without, moto_and_fake_slurm,
+                         moto_gives_instances_the_templates_profile, recorded_calls, scontrol_recorder)
 
 import boto3  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
@@ -472,14 +472,8 @@ class AwsBehaviour(AwsHooks):
         foreign = {self.ec2.run_instances(ImageId=self.ami, MinCount=1, MaxCount=1, TagSpecifications=spec,
                                           **extra)["Instances"][0]["InstanceId"]
                    for extra in ({}, {"IamInstanceProfile": {"Arn": self.other_profile}})}
-
-        def iam(op, params):  # TerminateOnlyTheClusterComputeInstances' ec2:InstanceProfile
-            if op == "TerminateInstances":
-                for r in self.ec2.describe_instances(InstanceIds=params["InstanceIds"])["Reservations"]:
-                    for inst in r["Instances"]:
-                        if inst.get("IamInstanceProfile", {}).get("Arn") != self.profile:
-                            raise aws_error("UnauthorizedOperation", "You are not authorized to perform this operation.", op)
-        with self.hooked(before=iam), self.assertLogs(level="WARNING") as logs:
+        with self.hooked(before=iam_refuses_terminating_without(self.ec2, self.profile)), \
+                self.assertLogs(level="WARNING") as logs:
             self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 0)
             own = {n: i["InstanceId"] for n, i in self.live().items()}
             self.assertEqual(sorted(own), ["gpu-1", "gpu-2"])

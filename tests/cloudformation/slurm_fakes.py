@@ -68,6 +68,23 @@ def moto_gives_instances_the_templates_profile(test):
                                         run_instances_giving_the_templates_profile(InstanceBackend.run_instances)))
 
 
+def iam_refuses_terminating_without(ec2, profile):
+    """A hook before(operation, params) on EC2 calls that plays what IAM does with the head node's
+    TerminateOnlyTheClusterComputeInstances (its ec2:InstanceProfile condition), which moto does
+    not evaluate: TerminateInstances refused whole (UnauthorizedOperation) when one of its
+    instances, as `ec2` (a client without the hook) describes them, lacks `profile`."""
+    from botocore.exceptions import ClientError
+
+    def before(operation, params):
+        if operation != "TerminateInstances":
+            return
+        for r in ec2.describe_instances(InstanceIds=params["InstanceIds"])["Reservations"]:
+            if any(i.get("IamInstanceProfile", {}).get("Arn") != profile for i in r["Instances"]):
+                raise ClientError({"Error": {"Code": "UnauthorizedOperation",
+                                             "Message": "You are not authorized to perform this operation."}}, operation)
+    return before
+
+
 def scontrol_recorder(test):
     """A fake scontrol's body: its arguments appended to test.calls, one call a line."""
     return f'echo "$*" >> {test.calls}'
