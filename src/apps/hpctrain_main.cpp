@@ -1,12 +1,15 @@
 // hpctrain: start MPI, pick the subcommand (train, the default; evaluate; inspect; export;
 // predict), run it, turn errors into one line and an exit code (2: the user's input, 1:
 // hpctrain's own failure).
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "core/crash.hpp"
 #include "core/error.hpp"
@@ -50,24 +53,8 @@ void block_early(int, char**, char**) { hpc::train::block_stop_signals(); }
 // `hpctrain evaluate|inspect|export|predict|clean-snapshots ...`; `hpctrain train ...` or options alone train.
 const char* command_of(int argc, char** argv) { return argc > 1 && argv[1][0] != '-' ? argv[1] : "train"; }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // A closed standard output (its reader gone: `| head`, a dead tee) fails the write, said once
-  // (core/log.cpp), instead of killing a training in the middle of a step or a checkpoint write
-  // and leaving its lock and a heartbeat that says "training".
-  std::signal(SIGPIPE, SIG_IGN);
-  // Before MPI starts its threads: they must block the stop signals. Training takes a stop as a
-  // request from here on; the other commands have nothing to save and end at once.
-  const char* first = command_of(argc, argv);
-  bool trains = true;
-  for (const char* other : {"evaluate", "inspect", "export", "predict", "clean-snapshots"}) trains = trains && std::strcmp(first, other) != 0;
-  hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
-  hpc::dist::ProcessContext ctx(&argc, &argv);
-  // After MPI_Init: Open MPI installs its handler (a backtrace) only where none is installed,
-  // and this one hands on to it.
-  hpc::crash::install_reporter();
-  hpc::crash::crash_if_asked();
+// The command's exit code; errors become their one line and code here.
+int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
   try {
     const char* command = command_of(argc, argv);
     // A rank given another command would wait in that command's collectives for ever.
@@ -95,4 +82,42 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(ctx, false, 1, e.what());
   }
+}
+
+// The test hook HPCTRAIN_TEST_LINGER_AFTER_MPI=seconds@rank: that rank stays this long after
+// MPI's end, as one whose process takes a moment longer to end than its peers' (tests/integration/
+// mpi_test.cpp: mpirun's SIGTERM then must end it quietly, with its code).
+void linger_if_asked(int rank) {
+  const char* v = std::getenv("HPCTRAIN_TEST_LINGER_AFTER_MPI");
+  double seconds = 0;
+  int who = -1;
+  if (v && std::sscanf(v, "%lf@%d", &seconds, &who) == 2 && who == rank && seconds > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A closed standard output (its reader gone: `| head`, a dead tee) fails the write, said once
+  // (core/log.cpp), instead of killing a training in the middle of a step or a checkpoint write
+  // and leaving its lock and a heartbeat that says "training".
+  std::signal(SIGPIPE, SIG_IGN);
+  // Before MPI starts its threads: they must block the stop signals. Training takes a stop as a
+  // request from here on; the other commands have nothing to save and end at once.
+  const char* first = command_of(argc, argv);
+  bool trains = true;
+  for (const char* other : {"evaluate", "inspect", "export", "predict", "clean-snapshots"}) trains = trains && std::strcmp(first, other) != 0;
+  hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
+  hpc::dist::ProcessContext ctx(&argc, &argv);
+  // After MPI_Init: Open MPI installs its handler (a backtrace) only where none is installed,
+  // and this one hands on to it.
+  hpc::crash::install_reporter();
+  hpc::crash::crash_if_asked();
+  const int code = run_command(ctx, argc, argv);
+  // Every file is closed and every line written: a signal from here on (mpirun's SIGTERM once a
+  // peer has exited with a code other than 0) ends this rank quietly with `code`.
+  hpc::train::outcome_is_final(code);
+  ctx.finalize();
+  linger_if_asked(ctx.rank());
+  return code;
 }

@@ -197,7 +197,9 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
   comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
 }
 
-ProcessContext::~ProcessContext() {
+ProcessContext::~ProcessContext() { finalize(); }
+
+void ProcessContext::finalize() {
   comm_.reset();
   if (!mpi_) return;
   int finalized = 0;

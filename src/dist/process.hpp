@@ -16,7 +16,7 @@ class ProcessContext {
   // Initialises MPI where a launcher (mpirun, srun, ...) started the process; a process started
   // without one is a world of one that never initialises MPI.
   ProcessContext(int* argc, char*** argv);
-  ~ProcessContext();
+  ~ProcessContext();  // finalize()
   ProcessContext(const ProcessContext&) = delete;
   ProcessContext& operator=(const ProcessContext&) = delete;
 
@@ -33,6 +33,9 @@ class ProcessContext {
   // This rank's share of the CPUs the ranks on its host may run on (their affinity masks, which
   // the ranks exchange at start-up: cpus::fair_share): what its math threads may use.
   double cpu_share() const { return cpu_share_; }
+  // Ends MPI here rather than at the end of scope (MPI_Finalize: it waits for every rank); the
+  // context is not used after it. Once is enough; the destructor does it when this has not.
+  void finalize();
 
  private:
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;

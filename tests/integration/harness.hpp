@@ -278,16 +278,15 @@ inline std::vector<std::string> mpi_argv(const std::vector<std::pair<int, std::v
 // When a rank exits with another code than 0 (a stop's 75, an error's 2), or mpirun is sent
 // SIGTERM, Open MPI's daemon sends the job's processes SIGCONT, sleeps odls_base_sigkill_timeout
 // (1 s), sends SIGTERM, sleeps again and sends SIGKILL, even when no process is left: 2 s of
-// nothing in each such run. A job of one rank that ends by itself has no other process to give
-// that time to, so run_mpi skips the sleeps for it. Every other job keeps the default: it gives a
-// rank that ends a little after another the time to write its last lines (with 0, SIGTERM and
-// SIGKILL reached rank 0 still ending a stop), and a rank sent SIGTERM through mpirun the time to
-// checkpoint (start_mpi: the test may signal mpirun).
+// nothing in each such run. run_mpi skips the sleeps. A rank that ends as its peers do can only be
+// behind their exit after MPI_Finalize, which waits for every rank, and its outcome is final then:
+// the SIGTERM ends it at once with its code, quietly
+// (MpiTraining.ARankEndingAfterItsPeerIsEndedQuietly); one that fails alone ends the job anyway. A job
+// whose mpirun the test signals (start_mpi) keeps the default, which gives the ranks the time to
+// checkpoint, as in production.
 inline RunResult run_mpi(const std::vector<std::pair<int, std::vector<std::string>>>& groups,
                          double deadline_seconds = 0) {
-  int ranks = 0;
-  for (const auto& g : groups) ranks += g.first;
-  return run_program(mpi_argv(groups, ranks == 1), deadline_seconds);
+  return run_program(mpi_argv(groups, true), deadline_seconds);
 }
 
 inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double deadline_seconds = 0) {
@@ -295,10 +294,8 @@ inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double
 }
 
 // A job that every rank must refuse before it trains (a bad option, ranks that disagree, data that
-// cannot be read): no checkpoint, snapshot or signal is in flight, and each rank has said what it
-// had to before the collective end of MPI (MPI_Finalize waits for every rank), so the kill delays
-// above are skipped for these too. Planted: every rank printing the error line still failed the
-// one-line checks (3 of 3 runs).
+// cannot be read), with a deadline of its own. Planted: every rank printing the error line still
+// failed the one-line checks (3 of 3 runs).
 inline RunResult run_mpi_refused(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
   return run_program(mpi_argv(groups, true), 120);
 }

@@ -28,6 +28,7 @@ std::atomic<bool> g_started{false};
 // candidates taken wait in g_pending.
 std::atomic<unsigned> g_stop_mask{0}, g_pending{0};
 std::atomic<bool> g_chosen{false};
+std::atomic<int> g_final_code{-1};  // outcome_is_final(): the exit code decided, or -1
 
 constexpr int kChoices[] = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};
 constexpr int kSignals[] = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGINT};
@@ -110,6 +111,7 @@ void decide_pending() {
 
 // Async-signal-safe (atomics, write, unlink, _exit): also run as a handler.
 void take(int sig) {
+  if (const int code = g_final_code.load(); code >= 0) ::_exit(code);  // nothing left to save or say
   if (!g_requests.load()) exit_at_once(sig, " (nothing to save)");
   if (sig == SIGINT)
     exit_at_once(sig, ", without a checkpoint: the ones already written are kept (SIGTERM or SIGUSR1 would have "
@@ -199,6 +201,11 @@ void end_wait_if_stopped(const std::string& what) {
                log::stamp(stderr).c_str(), name_of(sig), one_line(what).c_str());
   std::fflush(stderr);
   ::_exit(128 + sig);
+}
+
+void outcome_is_final(int exit_code) {
+  std::fflush(nullptr);  // _exit() would drop what the streams still buffer
+  g_final_code = std::clamp(exit_code, 0, 255);
 }
 
 bool StopSignals::requested() { return g_signal.load() != 0; }

@@ -5,7 +5,7 @@
 // (trainer.cpp), on every rank alike. A second SIGTERM, or SIGINT, ends the process at once; so
 // does any of them in a command that has nothing to save (evaluate, inspect). One of the four
 // left out of --stop-signals takes its default action (the process ends by it). Every one of
-// these ends says so in one line on stderr.
+// these ends says so in one line on stderr, until the outcome is final (outcome_is_final).
 //
 // No thread is ever interrupted by these signals: they are blocked before any library starts a
 // thread (block_stop_signals), and start_signal_thread(), called first in main(), takes them on
@@ -52,6 +52,14 @@ void end_wait_if_stopped(const std::string& what);
 // process. hpctrain's main file runs it before the shared libraries' initialisers (which start
 // thread pools), from .preinit_array; async-signal-safe.
 void block_stop_signals();
+
+// The process's outcome is final: its exit code is decided, its files are closed and its lines
+// written (the standard streams are flushed here); MPI's end and the process's own are all that
+// is left. From now on any of these signals ends the process at once, with that code and without
+// a line: there is nothing left to save or to say. (mpirun sends SIGTERM to the ranks still there
+// once one has exited with a code other than 0; a rank a moment behind, ending its process after
+// MPI_Finalize, would otherwise print "already stopping" and be killed a second later.)
+void outcome_is_final(int exit_code);
 
 class StopSignals {
  public:
