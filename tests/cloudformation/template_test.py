@@ -345,6 +345,22 @@ class Resolved(unittest.TestCase):
         self.assertEqual(missing, set())
         self.assertIn("InstanceCleanup", resources["HeadNode"]["DependsOn"])
 
+    def test_the_compute_instance_profile_is_never_replaced(self):
+        """The cluster terminates only instances with the compute instance profile's ARN (the
+        policies' ec2:InstanceProfile condition, hpc_cloud's and the cleanup's filters): a new
+        profile would leave the running compute instances, which carry the old ARN, foreign to the
+        cluster and billed. The template gives it no property whose change replaces it
+        (InstanceProfileName, Path: CloudFormation's rules) and the stack policy refuses its
+        replacement and deletion; a change of its role is an update in place, which it allows."""
+        import cfn
+
+        self.assertEqual(set(cfn.load_template()["Resources"]["ComputeInstanceProfile"]["Properties"]), {"Roles"})
+        with open(STACK_POLICY, encoding="utf-8") as f:
+            policy = json.load(f)
+        for action in ("Update:Replace", "Update:Delete"):
+            self.assertFalse(stack_policy_allows(policy, action, "ComputeInstanceProfile"), action)
+        self.assertTrue(stack_policy_allows(policy, "Update:Modify", "ComputeInstanceProfile"))
+
 
     def test_the_head_node_gets_a_public_address(self):
         """Without one it never reaches cfn-signal's endpoint (the stack waits 45 minutes): a new
