@@ -4,7 +4,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -17,6 +16,7 @@
 #include "dist/agree.hpp"
 #include "dist/process.hpp"
 #include "train/options/options.hpp"
+#include "train/run/boundary.hpp"
 #include "train/run/commands.hpp"
 #include "train/run/trainer.hpp"
 #include "train/serve/serving.hpp"
@@ -84,15 +84,13 @@ int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
   }
 }
 
-// The test hook HPCTRAIN_TEST_LINGER_AFTER_MPI=seconds@rank: that rank stays this long after
-// MPI's end, as one whose process takes a moment longer to end than its peers' (tests/integration/
-// mpi_test.cpp: mpirun's SIGTERM then must end it quietly, with its code).
+// The test hook HPCTRAIN_TEST_LINGER_AFTER_MPI=seconds@rank (whole seconds, the other hooks'
+// form): that rank stays this long after MPI's end, as one whose process takes a moment longer to
+// end than its peers' (tests/integration/mpi_test.cpp: mpirun's SIGTERM then must end it quietly,
+// with its code).
 void linger_if_asked(int rank) {
-  const char* v = std::getenv("HPCTRAIN_TEST_LINGER_AFTER_MPI");
-  double seconds = 0;
-  int who = -1;
-  if (v && std::sscanf(v, "%lf@%d", &seconds, &who) == 2 && who == rank && seconds > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const hpc::train::TestHook h = hpc::train::TestHook::from_environment("HPCTRAIN_TEST_LINGER_AFTER_MPI", SIGTERM);
+  if (h.step > 0 && h.rank == rank) std::this_thread::sleep_for(std::chrono::seconds(h.step));
 }
 
 }  // namespace

@@ -297,7 +297,7 @@ inline RunResult run_mpi(int ranks, const std::vector<std::string>& args, double
 // cannot be read), with a deadline of its own. Planted: every rank printing the error line still
 // failed the one-line checks (3 of 3 runs).
 inline RunResult run_mpi_refused(const std::vector<std::pair<int, std::vector<std::string>>>& groups) {
-  return run_program(mpi_argv(groups, true), 120);
+  return run_mpi(groups, 120);
 }
 
 inline RunResult run_mpi_refused(int ranks, const std::vector<std::string>& args) {
