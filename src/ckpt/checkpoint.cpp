@@ -125,7 +125,7 @@ void read_section(uint32_t kind, const char* p, uint64_t n, const std::string& w
   HPC_REQUIRE(n % sizeof(float) == 0, what, ": the ", kind_name(kind), " section is not a whole number of floats");
   std::vector<float>& dst = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
   dst.resize(n / sizeof(float));
-  std::memcpy(dst.data(), p, n);
+  if (n) std::memcpy(dst.data(), p, n);  // an empty section's data() may be null
 }
 }  // namespace
 
