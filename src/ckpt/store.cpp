@@ -103,8 +103,24 @@ double pause_before_rename() {
   return v ? std::atof(v) : 0.0;
 }
 
-// How many writes sit in that pause now, their temporary file written whole (paused_before_rename()).
-std::atomic<int> g_paused_before_rename{0};
+// The threads whose write sits in that pause now, its temporary file written whole
+// (paused_before_rename()): a snapshot writer's pause must not pass for a checkpoint writer's.
+std::mutex g_paused_mu;
+std::vector<std::thread::id> g_paused;
+
+class PausedMark {
+ public:
+  PausedMark() {
+    std::lock_guard lock(g_paused_mu);
+    g_paused.push_back(std::this_thread::get_id());
+  }
+  ~PausedMark() {
+    std::lock_guard lock(g_paused_mu);
+    g_paused.erase(std::find(g_paused.begin(), g_paused.end(), std::this_thread::get_id()));
+  }
+  PausedMark(const PausedMark&) = delete;
+  PausedMark& operator=(const PausedMark&) = delete;
+};
 
 // The temporary file being written now, for remove_unfinished_checkpoint(): a fixed buffer
 // and a flag, since a signal handler may read them. (One writer thread fills them.)
@@ -149,9 +165,8 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
     io_error("close", tmp);
   }
   if (const double s = pause_before_rename(); s > 0) {
-    g_paused_before_rename.fetch_add(1);
+    const PausedMark paused;
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
-    g_paused_before_rename.fetch_sub(1);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
@@ -164,7 +179,10 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
   fsync_path(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
 }
 
-bool paused_before_rename() { return g_paused_before_rename.load() > 0; }
+bool paused_before_rename(std::thread::id writer) {
+  std::lock_guard lock(g_paused_mu);
+  return std::find(g_paused.begin(), g_paused.end(), writer) != g_paused.end();
+}
 
 void remove_unfinished_checkpoint() {
   if (g_unfinished_set.load()) ::unlink(g_unfinished);
@@ -422,6 +440,8 @@ Checkpoint AsyncWriter::recycled() {
   std::lock_guard lock(mu_);
   return std::move(spare_);
 }
+
+bool AsyncWriter::paused_before_rename() const { return ckpt::paused_before_rename(thread_.get_id()); }
 
 bool AsyncWriter::idle() {
   std::lock_guard lock(mu_);

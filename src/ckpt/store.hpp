@@ -109,9 +109,9 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 // half-written file behind. Async-signal-safe.
 void remove_unfinished_checkpoint();
 
-// Test hook: whether a write sits in HPCTRAIN_TEST_PAUSE_BEFORE_RENAME's pause now, its
-// temporary file written and closed, waiting for its rename.
-bool paused_before_rename();
+// Test hook: whether the write of thread `writer` sits in HPCTRAIN_TEST_PAUSE_BEFORE_RENAME's
+// pause now, its temporary file written and closed, waiting for its rename.
+bool paused_before_rename(std::thread::id writer);
 
 // The checkpoint files of a directory (ckpt-*.hpck), newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
@@ -173,6 +173,8 @@ class AsyncWriter {
   Checkpoint recycled();
   // Whether nothing is in flight (a submit would not wait).
   bool idle();
+  // Test hook: whether this writer's write sits in HPCTRAIN_TEST_PAUSE_BEFORE_RENAME's pause.
+  bool paused_before_rename() const;
   // Path of the last checkpoint written completely ("" before the first).
   std::string last_written();
   // How many were written completely, and the Unix time the last one was (0 before the first).

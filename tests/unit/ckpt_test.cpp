@@ -5,11 +5,13 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/store.hpp"
@@ -164,6 +166,29 @@ TEST(CheckpointStore, ANameWithAStepPastInt64IsNotACheckpoint) {
   ASSERT_TRUE(latest.found.has_value());
   EXPECT_EQ(latest.found->first, valid);
   EXPECT_TRUE(latest.skipped.empty());
+}
+
+// The test hook that lets a kill land between a checkpoint's write and its rename waits for that
+// writer's pause: a run that also takes snapshots has a second writer, whose pause said nothing
+// about the checkpoint (the kill then came before the checkpoint's file existed).
+TEST(AsyncWriter, APauseBeforeRenameIsTheWritersOwn) {
+  const TempDir tmp;
+  ckpt::CheckpointStore checkpoints(tmp.str() + "/ckpt", 5), snapshots(tmp.str() + "/snap", 5);
+  ::setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME"); }
+  } unset;
+  ckpt::AsyncWriter checkpoint_writer(checkpoints), snapshot_writer(snapshots);
+  snapshot_writer.submit(sample(), 7);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!snapshot_writer.paused_before_rename() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(snapshot_writer.paused_before_rename()) << "the snapshot's write never reached its pause";
+  EXPECT_TRUE(checkpoint_writer.idle());
+  EXPECT_FALSE(checkpoint_writer.paused_before_rename()) << "the snapshot writer's pause passed for the checkpoint writer's";
+  snapshot_writer.wait();
+  EXPECT_FALSE(snapshot_writer.paused_before_rename());
+  EXPECT_EQ(ckpt::list_checkpoints(snapshots.dir()).size(), 1u);
 }
 
 TEST(Heartbeat, ReadsBackWhatWasWritten) {

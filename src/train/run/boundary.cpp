@@ -41,13 +41,12 @@ void TestHooks::slow_down() const {
 // What the hooks below wait for before they fire: this rank's checkpoint writes. A test that
 // holds them before their rename (HPCTRAIN_TEST_PAUSE_BEFORE_RENAME) fires in the middle of one:
 // then the write in flight, if any, is awaited until it sits in that pause, its temporary file
-// whole (on a loaded machine a kill one step later came before the writer had created it). Any
-// write's pause ends the wait (ckpt::paused_before_rename() does not say whose): in a run that
-// also takes snapshots, a snapshot's pause may end it while the checkpoint is still encoded.
+// whole (on a loaded machine a kill one step later came before the writer had created it). Only
+// this writer's pause ends the wait: in a run that also takes snapshots, their writer pauses too.
 static void finish_writes(ckpt::AsyncWriter* writer) {
   if (!writer) return;
   if (!std::getenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME")) return writer->wait();
-  while (!writer->idle() && !ckpt::paused_before_rename())
+  while (!writer->idle() && !writer->paused_before_rename())
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
