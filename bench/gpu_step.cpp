@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const po::error& e) {
-    std::fprintf(stderr, "gpu_step: error: %s (try --help)\n", e.what());
+    std::fprintf(stderr, "gpu_step: error: %s (try --help)\n", options::what_of(e).c_str());
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "gpu_step: error: %s\n", e.what());

@@ -472,7 +472,7 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
               *vm);
     po::notify(*vm);
   } catch (const po::error& e) {
-    usage_error(e.what(), " (hpcrun's options come before the program; try --help)");
+    usage_error(options::what_of(e), " (hpcrun's options come before the program; try --help)");
   }
   if (o.help) {
     std::cout << "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"

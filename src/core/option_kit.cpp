@@ -1,11 +1,13 @@
 #include "core/option_kit.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 
 namespace hpc::options {
 
@@ -80,16 +82,42 @@ std::string out_of_range(const std::string& given) {
   return errno == ERANGE || whole_past_an_int ? " (out of range)" : "";
 }
 
+namespace {
+
+// The words an error_with_option_name fills its message with (protected in Boost; a pointer to
+// a member reached through a derived class is the language's one way to them).
+struct Substitutions : po::error_with_option_name {
+  static std::map<std::string, std::string>& of(po::error_with_option_name& e) {
+    return e.*(&Substitutions::m_substitutions);
+  }
+};
+
+constexpr char kPercentStandIn = '\x01';  // no placeholder can be made of it
+
+}  // namespace
+
+std::string what_of(const po::error& e) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (!named) return e.what();
+  // On a copy: each '%' of the words a stand-in while Boost fills the placeholders, so no word
+  // brings a placeholder back; then the '%' again.
+  po::error_with_option_name copy(*named);
+  for (auto& [key, word] : Substitutions::of(copy)) std::replace(word.begin(), word.end(), '%', kPercentStandIn);
+  std::string text = copy.what();
+  std::replace(text.begin(), text.end(), kPercentStandIn, '%');
+  return text;
+}
+
 std::string value_error_text(const po::error& e, const po::options_description& options) {
   const auto* invalid = dynamic_cast<const po::invalid_option_value*>(&e);
-  if (!invalid) return e.what();
+  if (!invalid) return what_of(e);
   std::string name = invalid->get_option_name();  // "--threads"
   while (!name.empty() && name[0] == '-') name.erase(0, 1);
   const po::option_description* o = options.find_nothrow(name, false);
   const std::string kind = o ? number_kind(o->semantic().get()) : "";
-  if (kind.empty()) return e.what();
+  if (kind.empty()) return what_of(e);
   // Boost's own words hold the value given: "the argument ('V') for option ...".
-  const std::string what = e.what();
+  const std::string what = what_of(e);
   const size_t from = what.find("('"), to = what.find("')");
   const std::string given = from != std::string::npos && to != std::string::npos && to > from
                                 ? what.substr(from + 2, to - from - 2)
@@ -117,7 +145,7 @@ std::string error_text(const po::error& e, int argc, const char* const* argv, co
              (taken == 0 ? std::string() : " (" + std::to_string(taken) + " argument(s) at most besides the options)");
     }
   }
-  return e.what();
+  return what_of(e);
 }
 
 bool parse_subcommand(int argc, const char* const* argv, const po::options_description& options,

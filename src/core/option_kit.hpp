@@ -374,6 +374,12 @@ void read(const std::vector<Entry<S>>& table, const po::variables_map& vm, S& s)
     if (e.read) e.read(vm, s);
 }
 
+// Boost's message for e (e.what()), without Boost's hang: Boost fills its message's placeholders
+// (%canonical_option%, %value%, ...) in a loop that ends only when none is left, so a word that
+// holds its own placeholder (`--x%canonical_option%`, `epochs = %value%` in a config file) made
+// what() loop forever. Every message of a po::error in the suite goes through this.
+std::string what_of(const po::error& e);
+
 // Boost's message for e, with the word named where Boost does not name it: a word on the
 // command line that is no option, nor an option's value, beyond the positional arguments
 // `positional` takes ("too many positional options have been specified" says neither which
@@ -382,7 +388,7 @@ std::string error_text(const po::error& e, int argc, const char* const* argv, co
                        const po::positional_options_description& positional);
 // Boost's message for a value it could not read, with the kind of number the option takes
 // where it is a number ("--threads must be a whole number, got '99999999999' (out of range)",
-// where Boost says "the argument ... is invalid"); e.what() otherwise.
+// where Boost says "the argument ... is invalid"); what_of(e) otherwise.
 std::string value_error_text(const po::error& e, const po::options_description& options);
 // " (out of range)" where `given` is a number's text that a number type cannot hold (1e999, or
 // a whole number such as 99999999999 past an int), else "" (then it is no number of its kind).

@@ -239,7 +239,7 @@ void store_config_file(const std::string& path, const po::options_description& a
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     const bool dotted = e.get_option_name().find('.') != std::string::npos;
-    usage_error("config file ", path, ": ", e.what(),
+    usage_error("config file ", path, ": ", options::what_of(e),
                 dotted ? " (sections such as [train] are not read: write name = value lines)" : "");
   } catch (const po::error& e) {
     usage_error("config file ", path, ": ", options::value_error_text(e, all));
