@@ -82,7 +82,13 @@ std::string shard_name(const std::string& split, int64_t index, int64_t total, i
 ShardWriter::ShardWriter(std::string path) : path_(std::move(path)), part_(path_ + ".part") {
   fd_ = ::open(part_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   HPC_REQUIRE(fd_ >= 0, "cannot create ", part_, ": ", std::strerror(errno));
-  write_all(fd_, reinterpret_cast<const uint8_t*>(kShardMagic), kShardHeaderBytes, part_);
+  try {
+    write_all(fd_, reinterpret_cast<const uint8_t*>(kShardMagic), kShardHeaderBytes, part_);
+  } catch (...) {  // (a constructor that throws runs no destructor: its clean-up, here)
+    ::close(std::exchange(fd_, -1));
+    ::unlink(part_.c_str());
+    throw;
+  }
   offset_ = kShardHeaderBytes;
 }
 
@@ -130,6 +136,17 @@ void ShardWriter::finish() {
 
 ShardReader::ShardReader(std::string path, uint32_t classes) : path_(std::move(path)) {
   fd_ = open_data_file(path_, "shard");
+  try {
+    read_index(classes);
+  } catch (...) {
+    // A constructor that throws runs no destructor: each damaged shard refused kept its file
+    // open (a process that goes on, as a test or a fuzz run does, ran out of descriptors).
+    ::close(std::exchange(fd_, -1));
+    throw;
+  }
+}
+
+void ShardReader::read_index(uint32_t classes) {
   const off_t end = ::lseek(fd_, 0, SEEK_END);
   HPC_REQUIRE(end >= kShardHeaderBytes + kShardFooterBytes, "shard ", path_, " is too short (", end,
               " bytes) to be a shard: truncated?");

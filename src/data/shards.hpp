@@ -86,6 +86,9 @@ class ShardReader {
   uint32_t index_crc() const { return index_crc_; }
 
  private:
+  // The footer and the index, checked (the constructor's work once the file is open).
+  void read_index(uint32_t classes);
+
   std::string path_;
   int fd_ = -1;
   uint64_t file_bytes_ = 0;
