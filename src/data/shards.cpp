@@ -162,7 +162,10 @@ void ShardReader::read_index(uint32_t classes) {
   const uint64_t entry_bytes = checks_records_ ? kShardEntryBytes : kShardEntryBytesV1;
   const uint64_t index_offset = get_u64(footer);
   const uint64_t count = get_u32(footer + 8);
-  HPC_REQUIRE(index_offset >= kShardHeaderBytes && index_offset + count * entry_bytes + kShardFooterBytes == size,
+  // (Without a sum that can wrap: an index_offset near 2^64 made it fit, and the index read
+  // below asked for up to 86 GB.)
+  HPC_REQUIRE(index_offset >= kShardHeaderBytes && index_offset <= size - kShardFooterBytes &&
+                  size - kShardFooterBytes - index_offset == count * entry_bytes,
               "shard ", path_, " has a bad index: ", count, " entries from byte ", index_offset, " do not fit its ", size,
               " bytes");
   std::vector<uint8_t> index(count * entry_bytes);
@@ -177,7 +180,9 @@ void ShardReader::read_index(uint32_t classes) {
     r.size = get_u32(e + 8);
     r.label = get_u32(e + 12);
     if (checks_records_) r.crc = get_u32(e + 16);
-    HPC_REQUIRE(r.size > 0 && r.offset >= kShardHeaderBytes && r.offset + r.size <= index_offset, "shard ", path_,
+    HPC_REQUIRE(r.size > 0 && r.offset >= kShardHeaderBytes && r.offset <= index_offset &&
+                    r.size <= index_offset - r.offset,
+                "shard ", path_,
                 ": record ", i, " (", r.size, " bytes at ", r.offset, ") lies outside the data area");
     HPC_REQUIRE(classes == 0 || r.label < classes, "shard ", path_, ": record ", i, " has label ", r.label,
                 " but the dataset has ", classes, " classes");

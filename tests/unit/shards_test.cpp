@@ -126,6 +126,21 @@ TEST(Shards, BrokenShardsAreUsageErrors) {
   Bytes grown = bytes;
   grown.insert(grown.begin() + 158, 16, 0);
   EXPECT_NE(broken("grown.hpcs", grown).find("bad index"), std::string::npos);
+  // Offsets whose sums wrap past 2^64: an index "fitting" a 32-byte file asked for 86 GB (a
+  // std::bad_alloc, not a usage error), and a record's offset near 2^64 passed as inside the file.
+  Bytes wrapped(bytes.begin(), bytes.begin() + kShardHeaderBytes);
+  const uint64_t entries = 0xFFFFFFFF, wrapped_offset = 8 - entries * kShardEntryBytes;  // mod 2^64
+  for (int i = 0; i < 8; ++i) wrapped.push_back(static_cast<uint8_t>(wrapped_offset >> (8 * i)));
+  for (int i = 0; i < 4; ++i) wrapped.push_back(static_cast<uint8_t>(entries >> (8 * i)));
+  wrapped.insert(wrapped.end(), 4, 0);
+  wrapped.insert(wrapped.end(), kShardIndexMagic, kShardIndexMagic + 8);
+  EXPECT_NE(broken("wrapped.hpcs", wrapped).find("bad index"), std::string::npos);
+  Bytes far = bytes;
+  const size_t entry0 = bytes.size() - kShardFooterBytes - 2 * kShardEntryBytes;
+  for (int i = 0; i < 8; ++i) far[entry0 + i] = 0xFF;  // record 0 at offset 2^64 - 1
+  uint32_t index_crc = static_cast<uint32_t>(crc32(0, far.data() + entry0, 2 * kShardEntryBytes));
+  for (int i = 0; i < 4; ++i) far[bytes.size() - kShardFooterBytes + 12 + i] = static_cast<uint8_t>(index_crc >> (8 * i));
+  EXPECT_NE(broken("far.hpcs", far).find("lies outside the data area"), std::string::npos);
   EXPECT_NE(usage_error_of([&] { ShardReader r(good, 3); }).find("label 3 but the dataset has 3 classes"),
             std::string::npos);
   EXPECT_NE(usage_error_of([&] { ShardReader r(dir.file("absent.hpcs")); }).find("cannot read shard"),
