@@ -357,9 +357,11 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
     }
     HPC_REQUIRE(!m.classes.empty(), path, " lists no classes");
     require_distinct_classes(m.classes, path);
-    const int64_t counted = tree.value("classes", static_cast<int64_t>(m.classes.size()));
-    HPC_REQUIRE(counted == static_cast<int64_t>(m.classes.size()), path, " counts ", counted, " classes but names ",
-                m.classes.size());
+    // (A count that is not a whole number, 1e300, is a wrong count: read as one, it was a float
+    // converted to an integer it does not fit, which is undefined.)
+    const nlohmann::json counted = tree.value("classes", nlohmann::json(m.classes.size()));
+    HPC_REQUIRE(counted.is_number_unsigned() && counted.get<uint64_t>() == m.classes.size(), path, " counts ",
+                counted.dump(), " classes but names ", m.classes.size());
     return m;
   } catch (const nlohmann::json::exception& e) {
     usage_error(path, " is not a complete packed split's manifest (", json_problem(e), "): pack the split again");

@@ -857,6 +857,12 @@ TEST(ShardDataset, AManifestThatCannotBeRightIsRefused) {
             std::string::npos);
   EXPECT_NE(refused([](nlohmann::json& m) { m["classes"] = 4; }).find("train.json counts 4 classes but names 3"),
             std::string::npos);
+  // A count that is no whole number: 1e300 converted to an integer it does not fit, undefined (seen
+  // while writing tests/fuzz/text_fuzz, whose build's UBSan reports it); 3.5 read as 3 passed.
+  EXPECT_NE(refused([](nlohmann::json& m) { m["classes"] = 1e300; }).find("train.json counts 1e+300 classes but names 3"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& m) { m["classes"] = 3.5; }).find("train.json counts 3.5 classes but names 3"),
+            std::string::npos);
   // Counts past int64 (or below 0) were read wrapped around: "counts -1 images".
   EXPECT_NE(refused([](nlohmann::json& m) { m["images"] = UINT64_MAX; })
                 .find("train.json is not a complete packed split's manifest (images is not a whole number from 0 to "
