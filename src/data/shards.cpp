@@ -332,6 +332,8 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
   } catch (const nlohmann::json::parse_error& e) {
     usage_error(path, " is not a packed split's manifest (byte ", e.byte, ": ", parse_problem(e),
                 "): overwritten? pack the split again");
+  } catch (const nlohmann::json::exception& e) {  // a number past a double's range (out_of_range 406)
+    usage_error(path, " is not a packed split's manifest (", json_problem(e), "): overwritten? pack the split again");
   }
   const bool ours = tree.is_object() && tree.value("format", nlohmann::json()) == "hpcdata shards" &&
                     tree.value("split", nlohmann::json()) == split;
