@@ -11,19 +11,17 @@
 // test in every build; and, with -DHPCTRAIN_FUZZ=ON under Clang, with libFuzzer, to search.
 #pragma once
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
 #include <typeinfo>
 
 #include "core/error.hpp"
+#include "temp_dir.hpp"
 
 namespace hpc::fuzz {
 
@@ -51,34 +49,25 @@ bool usage_error_or_success(F&& f) {
 }
 
 // A directory for the files a target hands to readers that take paths, made once per process
-// (in TMPDIR) and removed at its end.
+// (the tests' TempDir: TMPDIR/hpctrain-fuzz-XXXXXX) and removed at its end.
 class Scratch {
  public:
-  static Scratch& get() {
-    static Scratch s;
+  static const Scratch& get() {
+    static const Scratch s;
     return s;
   }
-  const std::string& dir() const { return dir_; }
+  std::string dir() const { return dir_.str(); }
   // Writes bytes to DIR/name (replacing it); returns the path.
   std::string write(const std::string& name, std::span<const uint8_t> bytes) const {
-    const std::string path = dir_ + "/" + name;
+    const std::string path = dir_.file(name);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     if (!out.flush()) finding("the fuzz target's own scratch file", path);
     return path;
   }
-  ~Scratch() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
 
  private:
-  Scratch() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "hpctrain-fuzz-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) finding("mkdtemp", pattern);
-    dir_ = pattern;
-  }
-  std::string dir_;
+  testing::TempDir dir_{"fuzz"};
 };
 
 }  // namespace hpc::fuzz

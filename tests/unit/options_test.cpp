@@ -21,6 +21,7 @@
 #include "train/options/options.hpp"
 #include "train/run/setup.hpp"
 #include "train/state/checkpointing.hpp"
+#include "temp_dir.hpp"
 
 namespace hpc::testing {
 namespace {
@@ -389,11 +390,11 @@ TEST(OptionErrors, WordsHoldingBoostsPlaceholdersAreShownAsGiven) {
       EXPECT_EQ(std::string(e.what()), message);
     }
   }
-  const std::string dir = ::testing::TempDir();
+  const TempDir dir;
+  const std::string path = dir.file("placeholders.conf");
   for (const auto& [line, message] : std::map<std::string, std::string>{
            {"a%canonical_option%b = 1", "unrecognised option 'a%canonical_option%b'"},
            {"epochs = %value%", "--epochs must be a whole number, got '%value%'"}}) {
-    const std::string path = dir + "/placeholders.conf";
     std::ofstream(path) << line << "\n";
     try {
       parse({"--config", path});
@@ -401,7 +402,6 @@ TEST(OptionErrors, WordsHoldingBoostsPlaceholdersAreShownAsGiven) {
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()), "config file " + path + ": " + message);
     }
-    std::filesystem::remove(path);
   }
 }
 
