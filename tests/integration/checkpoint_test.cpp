@@ -744,7 +744,9 @@ std::vector<std::string> names_in(const std::string& dir) {
 TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
   const std::pair<double, int> moments[] = {{0.0, SIGUSR2}, {0.0, SIGHUP}, {0.1, SIGTERM},
                                             {0.3, SIGUSR2}, {0.7, SIGHUP},  {1.5, SIGTERM}};
-  for (const auto& [delay, sig] : moments) {
+  for (const auto& moment : moments) {
+    const double delay = moment.first;
+    const int sig = moment.second;  // not a structured binding: Clang before 16 cannot capture one
     const std::string name = std::string("SIG") + sigabbrev_np(sig);
     SCOPED_TRACE(::testing::Message() << name << " " << delay << " s after its start");
     const std::string ck = dir_.file("any" + std::to_string(static_cast<int>(delay * 10)) + "_" + std::to_string(sig));

@@ -423,7 +423,9 @@ TEST(GradCheckSensitivity, OneElementOffByOneInTenThousand) {
   layers.emplace_back("conv1", [] { return Harness(make<nn::Conv2d<double>>(nn::ConvSpec{3, 3, 2, 1, true}), Shape{5, 5, 1}, 2); });
   layers.emplace_back("batchnorm", [] { return Harness(make<nn::BatchNorm<double>>(), Shape{3, 3, 2}, 2); });
   layers.emplace_back("linear", [] { return Harness(make<nn::Linear<double>>(3, true), Shape{4}, 3); });
-  for (auto& [kind, factory] : layers) {
+  for (auto& layer : layers) {
+    const std::string& kind = layer.first;
+    const auto& factory = layer.second;  // not a structured binding: Clang before 16 cannot capture one
     const std::vector<std::string> names = [&] {
       Harness h = factory();
       std::vector<std::string> n{"dx"};

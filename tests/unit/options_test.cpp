@@ -290,7 +290,8 @@ TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
 // fewer; without it another --epochs is refused, and the refusal names the way to lengthen.
 TEST(OptionTable, ExtendEpochsOnlyLengthensARun) {
   const MlpCheckpoint made({});
-  const auto& [model, c] = made;
+  const auto& model = made.model;  // references, not a structured binding: Clang before 16
+  const auto& c = made.c;          // cannot capture one in the lambda below
   EXPECT_NO_THROW(train::check_resumable(c, parse({"--epochs", "6", "--extend-epochs"}), model));
   EXPECT_NO_THROW(train::check_resumable(c, parse({"--extend-epochs"}), model));
   auto refused = [&](const std::vector<std::string>& args, const std::string& why) {
