@@ -348,13 +348,17 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   AttemptEvidence& ev = evidence_;
   RankReport report;
   int alive_rank = -1;
-  if (t.rank >= 0 && parse_report(t.text, &report)) {
+  // The wrapper's lines are believed only from the rank mpirun tags them with, and only on
+  // stderr, where the wrapper writes them: the program shares that stream, and what it prints
+  // (a log quoting another rank's status, say) must not speak for another rank.
+  const bool from_wrapper = t.rank >= 0 && t.is_stderr;
+  if (from_wrapper && parse_report(t.text, &report) && report.rank == t.rank) {
     ev.reports.push_back(report);
     if (failed_by_itself(report) || (report.status.exited && report.status.code == kExitStepTimeout))
       note_failure();
     return;  // the wrapper's lines stay in the log
   }
-  if (t.rank >= 0 && parse_alive(t.text, &alive_rank)) {
+  if (from_wrapper && parse_alive(t.text, &alive_rank) && alive_rank == t.rank) {
     ev.alive.insert(alive_rank);
     return;
   }

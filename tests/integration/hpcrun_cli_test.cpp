@@ -664,6 +664,26 @@ TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {
   }
 }
 
+// What a program prints cannot pass for its wrapper's report: a status line for another rank, or
+// one on stdout, is the program's output. Here rank 0 fails (exit 3), a failure hpcrun retries,
+// after printing a usage error for rank 1 on its stderr and for itself on its stdout; believed,
+// either would end the job at once as a usage error (exit 2) that retrying cannot help.
+TEST(HpcrunCli, AProgramsOwnStatusLinesDoNotSpeakForARank) {
+  TempDir dir("hpcrun_forged");
+  const std::string tag = "hpcrun-rank-status:";
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "--max-restarts", "1", "--blacklist-cooldown",
+                              "0.1s:0.2s", "sh", "-c",
+                              "if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then echo '" + tag +
+                                  " rank=1 exit=2 terminated=0 stop_requested=0' >&2; echo '" + tag +
+                                  " rank=0 exit=2 terminated=0 stop_requested=0'; sleep 0.5; exit 3; fi; sleep 2"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.find("reported a usage error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gave up: 2 failure(s), --max-restarts is 1; the last: rank 0 on localhost ended with exit code 3"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("[a2:r0] " + tag + " rank=0 exit=2"), std::string::npos) << "shown as the program's output:\n" << r.out;
+}
+
 // At the end of a job no relaunch continues, hpcrun frees the run's snapshots in host memory
 // on the job's hosts, unless they hold steps no checkpoint does. (A stop, exit 75, leaves none
 // either: the trainer removes them once its checkpoint, which holds the same state, is written.)
