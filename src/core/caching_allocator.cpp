@@ -15,7 +15,7 @@ size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
 
 }  // namespace
 
-CachingAllocator::CachingAllocator(Backend backend) : backend_(std::move(backend)) {
+CachingAllocator::CachingAllocator(Backend backend, bool caching) : backend_(std::move(backend)), caching_(caching) {
   HPC_CHECK(backend_.allocate && backend_.release, "a caching allocator needs both backend functions");
 }
 
@@ -47,9 +47,9 @@ void* CachingAllocator::take_cached(size_t size) {
 }
 
 void* CachingAllocator::allocate(size_t bytes) {
-  const size_t size = rounded(bytes);
+  const size_t size = caching_ ? rounded(bytes) : std::max<size_t>(bytes, 1);
   std::lock_guard lock(mu_);
-  void* p = take_cached(size);
+  void* p = caching_ ? take_cached(size) : nullptr;
   if (!p) {
     p = backend_.allocate(size);
     if (!p && !free_.empty()) {  // out of memory: what the cache holds may be enough
@@ -72,9 +72,13 @@ void CachingAllocator::release(void* p) {
   std::lock_guard lock(mu_);
   auto it = used_.find(p);
   HPC_CHECK(it != used_.end(), "released a block this allocator did not hand out");
-  free_.emplace(it->second, p);
   stats_.in_use -= it->second;
-  stats_.cached += it->second;
+  if (caching_) {
+    free_.emplace(it->second, p);
+    stats_.cached += it->second;
+  } else {
+    backend_.release(p);
+  }
   used_.erase(it);
 }
 

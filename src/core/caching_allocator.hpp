@@ -37,7 +37,11 @@ class CachingAllocator {
     int64_t cache_hits = 0;
   };
 
-  explicit CachingAllocator(Backend backend);
+  // caching = false: every request goes to the backend at its own size (not rounded) and every
+  // release straight back (HPCTRAIN_NO_MEMORY_CACHING=1, as PyTorch's
+  // PYTORCH_NO_CUDA_MEMORY_CACHING): slow, but each buffer ends where it was asked to, so an
+  // access past it is seen by compute-sanitizer, or by the emulated kernels' guard pages.
+  explicit CachingAllocator(Backend backend, bool caching = true);
   ~CachingAllocator();  // gives everything back to the backend
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -61,6 +65,7 @@ class CachingAllocator {
   void empty_cache_locked();
 
   Backend backend_;
+  bool caching_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;        // by size, for best fit
   std::unordered_map<void*, size_t> used_;   // block -> its rounded size

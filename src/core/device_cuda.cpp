@@ -1,6 +1,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 
@@ -30,6 +31,13 @@ std::atomic<int> selected_gpu{-1};  // select_gpu's choice, for threads that all
 
 // One allocator for the process, as the CUDA context it sits on is one per process and
 // device. Created on first use, after select_gpu.
+// HPCTRAIN_NO_MEMORY_CACHING=1: each tensor its own cudaMalloc, of its own size (for
+// compute-sanitizer, and the emulated kernels' test; caching_allocator.hpp).
+bool no_memory_caching() {
+  const char* v = std::getenv("HPCTRAIN_NO_MEMORY_CACHING");
+  return v && std::string(v) == "1";
+}
+
 CachingAllocator& allocator() {
   static CachingAllocator a({[](size_t n) -> void* {
                                void* p = nullptr;
@@ -41,7 +49,8 @@ CachingAllocator& allocator() {
                                CUDA_CHECK(e);  // anything else (a fault of an earlier kernel) is no shortage
                                return p;
                              },
-                             [](void* p) { cudaFree(p); }});
+                             [](void* p) { cudaFree(p); }},
+                            !no_memory_caching());
   return a;
 }
 

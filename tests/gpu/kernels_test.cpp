@@ -1,6 +1,12 @@
 // GPU-vs-CPU parity of hpctrain's own CUDA kernels (kernels/kernels.hpp), each against the CPU
 // code it replaces, plus the device caching allocator on cudaMalloc. Every test skips, with
 // the reason, where no GPU is visible (CTest reports it as skipped).
+//
+// Built twice: kernels_test, the kernels compiled by nvcc on a GPU (label gpu), and
+// kernels_emu_test (HPCTRAIN_KERNELS_EMULATED, label unit), the same kernels emulated on the CPU
+// (tests/emu/cuda_emu.hpp), which every build runs. There the tests of nvJPEG and of real
+// device memory are left out, and the largest cases are thinned (too_big_to_emulate, tunings_for):
+// a launch that takes microseconds on a GPU takes milliseconds there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -78,6 +84,35 @@ Tensor tensor_of(const std::vector<float>& v, Shape shape) {
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+#ifdef HPCTRAIN_KERNELS_EMULATED
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
+
+// A case of more elements than this is a GPU's alone: emulated, it would take seconds (other
+// cases of the same test take each path of the kernel).
+bool too_big_to_emulate(int64_t elements) { return kEmulated && elements > (int64_t{1} << 23); }
+
+// The batch-norm launch choices case `index` of `cases` runs: on a GPU all of them; emulated, the
+// default and the unfused choices index, index + cases, ... of the list (each with its fused
+// twin), so that across the cases every choice runs once at least.
+std::vector<kernels::BatchNormTuning> tunings_for(size_t index, size_t cases) {
+  const std::vector<kernels::BatchNormTuning> all = kernels::batch_norm_tunings();
+  if (!kEmulated) return all;
+  std::set<std::string> chosen{kernels::batch_norm_tuning_text(all.front())};
+  size_t unfused = 0;
+  for (const kernels::BatchNormTuning& t : all)
+    if (!t.fused_finalize && unfused++ % cases == index) chosen.insert(kernels::batch_norm_tuning_text(t));
+  std::vector<kernels::BatchNormTuning> out;
+  for (const kernels::BatchNormTuning& t : all) {
+    kernels::BatchNormTuning twin = t;
+    twin.fused_finalize = false;
+    if (chosen.count(kernels::batch_norm_tuning_text(twin))) out.push_back(t);
+  }
+  return out;
+}
+
 class GpuKernels : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -141,6 +176,7 @@ TEST(CudaMemory, GrowsOnlyAndAFailedGrowthLeavesNoBlock) {
   EXPECT_EQ(fake_memory::frees, fake_memory::allocations);
 }
 
+#ifndef HPCTRAIN_KERNELS_EMULATED  // a GPU's alone
 // The real ones: pinned host memory and device memory, a round trip through both.
 TEST_F(GpuKernels, PinnedAndDeviceBuffersHoldWhatIsCopiedThrough) {
   train::PinnedBuffer pinned;
@@ -155,6 +191,7 @@ TEST_F(GpuKernels, PinnedAndDeviceBuffersHoldWhatIsCopiedThrough) {
     EXPECT_EQ(std::memcmp(back.data(), host, n), 0) << n << " bytes";
   }
 }
+#endif
 
 TEST_F(GpuKernels, ReluForwardAndBackwardEqualTheCpuLayer) {
   const int64_t n = 3 * 50000 + 7;
@@ -427,8 +464,10 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
   };
   // (200 and 99 channels: several columns of channel blocks, each with the fused finalize's own
   // counters and first channel; 99 at one channel a thread.)
-  for (const Case k : {Case{1000, 40, false}, Case{1000, 40, true}, Case{3, 3, false}, Case{20000, 7, true},
-                       Case{30000, 64, true}, Case{5000, 200, true}, Case{5000, 99, false}}) {
+  const Case cases[] = {Case{1000, 40, false}, Case{1000, 40, true},   Case{3, 3, false},      Case{20000, 7, true},
+                        Case{30000, 64, true},  Case{5000, 200, true}, Case{5000, 99, false}};
+  for (size_t case_index = 0; case_index < std::size(cases); ++case_index) {
+    const Case k = cases[case_index];
     SCOPED_TRACE(::testing::Message() << k.rows << " x " << k.channels << (k.relu ? " relu" : ""));
     const int64_t rows = k.rows, c = k.channels, n = rows * c;
     auto x = random_floats(static_cast<size_t>(n), 31);
@@ -477,7 +516,7 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
       return BnOutputs{y.host(), dxo.host(), sm.host(), si.host(), drm.host(), drv.host(), dgamma.host(), dbeta.host()};
     };
     std::map<std::string, BnOutputs> unfused;  // each unfused choice's, for its fused twin
-    for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
+    for (const kernels::BatchNormTuning& tuning : tunings_for(case_index, std::size(cases))) {
       SCOPED_TRACE("tuning " + kernels::batch_norm_tuning_text(tuning));
       kernels::set_batch_norm_tuning(tuning);
       // One work area for both runs: the second finds the fused finalize's counters as the first left them.
@@ -618,9 +657,12 @@ TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
   struct Case {
     int64_t rows, channels;
   };
+  const Case cases[] = {Case{1000, 64}, Case{777, 24}, Case{300, 12}, Case{50, 3}, Case{4096, 256}};
+  size_t case_index = 0;  // of the precision and shape: which launch choices run emulated
   for (const Precision prec : kStored) {
     const DType t = dtype_of(prec);
-    for (const Case k : {Case{1000, 64}, Case{777, 24}, Case{300, 12}, Case{50, 3}, Case{4096, 256}}) {
+    for (const Case k : cases) {
+      const std::vector<kernels::BatchNormTuning> tunings = tunings_for(case_index++, std::size(kStored) * std::size(cases));
       SCOPED_TRACE(::testing::Message() << testing::name_of(prec) << " " << k.rows << " x " << k.channels);
       const int64_t rows = k.rows, c = k.channels;
       const auto n = static_cast<size_t>(rows * c);
@@ -635,7 +677,7 @@ TEST_F(GpuKernels, BatchNormFusionsEqualTheSeparatePasses) {
       // Each unfused choice's outputs, for its fused-finalize twin (listed after it).
       const char* const output_names[] = {"joined y", "mean", "1/std", "masked dx", "masked dgamma", "masked dbeta"};
       std::map<std::string, std::vector<std::vector<float>>> unfused;
-      for (const kernels::BatchNormTuning& tuning : kernels::batch_norm_tunings()) {
+      for (const kernels::BatchNormTuning& tuning : tunings) {
         SCOPED_TRACE("tuning " + kernels::batch_norm_tuning_text(tuning));
         kernels::set_batch_norm_tuning(tuning);
         std::vector<std::vector<float>> outputs;  // as output_names
@@ -1031,6 +1073,7 @@ std::vector<float> gpu_channel_sums(Precision p, const std::vector<float>& value
 TEST_F(GpuKernels, ChannelSumsEqualTheExactSums) {
   for (const int64_t channels : {1, 3, 32, 64, 100, 2048})
     for (const int64_t rows : {1, 7, 128 * 28 * 28}) {
+      if (too_big_to_emulate(rows * channels)) continue;
       const auto x = exact_sum_values(rows, channels);
       for (const float factor : {1.0f / 1024, 0.3f}) {
         const auto want = channel_sums_of(x, rows, channels, factor);
@@ -1064,6 +1107,7 @@ TEST_F(GpuKernels, ChannelSumsRepeatBitForBit) {
   const float factor = 1.0f / 1024;
   for (const Case k : {Case{128 * 28 * 28, 32}, Case{128 * 14 * 14, 64}, Case{128 * 7 * 7, 2048}, Case{7, 100}})
     for (const Precision p : kStored) {
+      if (too_big_to_emulate(k.rows * k.channels)) continue;
       SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", " << k.rows << " rows x " << k.channels
                                         << " channels");
       auto x = random_floats(static_cast<size_t>(k.rows * k.channels), 41);
@@ -1152,6 +1196,7 @@ TEST_F(GpuKernels, ResizedCropNormalisationMatchesTheCpuResample) {
 }
 
 
+#ifndef HPCTRAIN_KERNELS_EMULATED  // nvJPEG and the decoder's device memory: a GPU's alone
 // --jpeg-decode gpu, whole: nvJPEG's decode of a batch and the crop kernel (train/engine/gpu_decoder.cpp)
 // against libjpeg-turbo's decode of the same bytes and the CPU resample. Decoders differ in their
 // inverse DCT, chroma upsampling and colour conversion rounding, so the tolerance is stated in
@@ -1251,6 +1296,7 @@ TEST_F(GpuKernels, GpuJpegDecoderMatchesTheCpuPath) {
   }
   expect_gpu_decode_matches_the_cpu(images, views, 48);
 }
+#endif
 
 }  // namespace
 }  // namespace hpc

@@ -311,6 +311,31 @@ TEST(CachingAllocator, ASecondStepAllocatesNothingFromTheBackend) {
   EXPECT_EQ(b.live, 0) << "the destructor gives every block back";
 }
 
+// Without caching (HPCTRAIN_NO_MEMORY_CACHING=1) each request reaches the backend at its own
+// size and each release goes straight back: a buffer ends where it was asked to end.
+TEST(CachingAllocator, WithoutCachingEachBlockIsTheBackendsOwnAtItsSize) {
+  CountingBackend b;
+  {
+    CachingAllocator a(b.backend(), /*caching=*/false);
+    for (int round = 0; round < 2; ++round) {
+      void* p = a.allocate(100);
+      void* q = a.allocate(3 << 20);
+      EXPECT_EQ(b.blocks.at(p), 100u);
+      EXPECT_EQ(b.blocks.at(q), size_t{3} << 20);
+      EXPECT_EQ(a.stats().in_use, 100u + (3u << 20));
+      a.release(p);
+      EXPECT_EQ(b.live, 1) << "given back at once";
+      a.release(q);
+    }
+    void* z = a.allocate(0);
+    EXPECT_EQ(b.blocks.at(z), 1u) << "a request of 0 takes one byte";
+    a.release(z);
+    EXPECT_EQ(a.stats().cached, 0u);
+  }
+  EXPECT_EQ(b.live, 0);
+  EXPECT_EQ(b.calls, 5);
+}
+
 TEST(CachingAllocator, DoesNotHandOutABlockMoreThanTwiceTheRequest) {
   CountingBackend b;
   CachingAllocator a(b.backend());

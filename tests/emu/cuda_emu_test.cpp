@@ -1,0 +1,149 @@
+// The emulation behind kernels_emu_test (tests/emu/cuda_emu.hpp) on kernels of its own: what a
+// GPU guarantees holds (a barrier orders a block's shared memory, a shuffle reads the partner's
+// value, __syncthreads_or sees every thread's flag), and what a GPU would fail on fails here too
+// (a trap, a barrier some live thread never reaches, a shuffle from a lane that left, an access
+// past a buffer's end), each with one clear line.
+#include "emu/cuda_emu.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 64;
+
+// Block b reverses its 64 values through shared memory: right only if the barrier holds every
+// thread until all have written.
+void reverse_kernel(const int* in, int* out) {
+  __shared__ int s[kThreads];
+  const int base = blockIdx.x * kThreads;
+  s[threadIdx.x] = in[base + threadIdx.x];
+  __syncthreads();
+  out[base + threadIdx.x] = s[kThreads - 1 - threadIdx.x];
+}
+
+// Each warp's butterfly sum of its lanes' numbers; lane 0 writes it.
+void warp_sum_kernel(int* out) {
+  int v = static_cast<int>(threadIdx.x);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) out[threadIdx.x / 32] = v;
+}
+
+void any_kernel(int flagged, int* out) {
+  const int any = __syncthreads_or(static_cast<int>(threadIdx.x) == flagged);
+  if (threadIdx.x == 0) out[blockIdx.x] = any;
+}
+
+void trap_kernel(int at) {
+  if (static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) == at) __trap();
+}
+
+// Lane 0 of the warp waits for the block while the other lanes wait for it in a shuffle.
+void deadlock_kernel() {
+  if (threadIdx.x == 0) __syncthreads();
+  else (void)__shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+// Lane 5 leaves before the warp's shuffle.
+void shuffle_after_exit_kernel(int* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x), 1);
+}
+
+void write_past_kernel(int* p, int n) { p[n + static_cast<int>(threadIdx.x)] = 1; }
+
+template <class T>
+T* device_copy(const std::vector<T>& host) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+template <class T>
+std::vector<T> host_copy(const T* p, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+TEST(CudaEmulation, ABarrierOrdersSharedMemoryAndBlocksRunWithTheirOwnIndex) {
+  std::vector<int> in(3 * kThreads);
+  std::iota(in.begin(), in.end(), 0);
+  int* d_in = device_copy(in);
+  int* d_out = device_copy(std::vector<int>(in.size()));
+  ::hpc::emu::launch(reverse_kernel, 3, kThreads)(d_in, d_out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<int> out = host_copy(d_out, in.size());
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < kThreads; ++t) ASSERT_EQ(out[b * kThreads + t], b * kThreads + kThreads - 1 - t) << b << " " << t;
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+TEST(CudaEmulation, AShuffleReadsThePartnersValueAndSyncthreadsOrSeesEveryFlag) {
+  int* sums = device_copy(std::vector<int>(2));
+  ::hpc::emu::launch(warp_sum_kernel, 1, 64)(sums);
+  EXPECT_EQ(host_copy(sums, 2), (std::vector<int>{31 * 32 / 2, (32 + 63) * 32 / 2}));
+  int* any = device_copy(std::vector<int>(2, 7));
+  ::hpc::emu::launch(any_kernel, 2, 96)(95, any);
+  EXPECT_EQ(host_copy(any, 2), (std::vector<int>{1, 1}));
+  ::hpc::emu::launch(any_kernel, 2, 96)(96, any);
+  EXPECT_EQ(host_copy(any, 2), (std::vector<int>{0, 0}));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaFree(sums);
+  cudaFree(any);
+}
+
+TEST(CudaEmulation, ALaunchCudaRefusesIsAnErrorOnce) {
+  ::hpc::emu::launch(trap_kernel, 1, 2048)(-1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not sticky";
+}
+
+// Each death test runs in a child process: the errors of a failed launch are sticky.
+TEST(CudaEmulationDeathTest, ATrapFailsTheLaunchAndEveryCallAfterIt) {
+  EXPECT_EXIT(
+      {
+        ::hpc::emu::launch(trap_kernel, 4, 32)(77);
+        const bool failed = cudaGetLastError() == cudaErrorLaunchFailure && cudaDeviceSynchronize() == cudaErrorLaunchFailure;
+        std::exit(failed ? 3 : 0);
+      },
+      ::testing::ExitedWithCode(3), "block \\(2,0,0\\).*a thread trapped");
+}
+
+TEST(CudaEmulationDeathTest, ABarrierALiveThreadNeverReachesIsReportedNotHungOn) {
+  EXPECT_EXIT(
+      {
+        ::hpc::emu::launch(deadlock_kernel, 1, 32)();
+        std::exit(cudaGetLastError() == cudaErrorLaunchFailure ? 3 : 0);
+      },
+      ::testing::ExitedWithCode(3), "a barrier that not every live thread");
+}
+
+TEST(CudaEmulationDeathTest, AShuffleFromALaneThatLeftFails) {
+  EXPECT_EXIT(
+      {
+        int* out = device_copy(std::vector<int>(32));
+        ::hpc::emu::launch(shuffle_after_exit_kernel, 1, 32)(out);
+        std::exit(cudaGetLastError() == cudaErrorLaunchFailure ? 3 : 0);
+      },
+      ::testing::ExitedWithCode(3), "a shuffle from a lane that did not take part");
+}
+
+TEST(CudaEmulationDeathTest, AnAccessPastABuffersEndFaultsWhereItHappens) {
+  EXPECT_DEATH(
+      {
+        int* p = device_copy(std::vector<int>(100));
+        ::hpc::emu::launch(write_past_kernel, 1, 8)(p, 100);
+      },
+      "block \\(0,0,0\\) thread \\(0,0,0\\): an access outside device memory");
+  int* p = device_copy(std::vector<int>(100));
+  ::hpc::emu::launch(write_past_kernel, 1, 4)(p, 96);  // the last four: inside
+  EXPECT_EQ(host_copy(p, 100)[99], 1);
+  cudaFree(p);
+}
+
+}  // namespace

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Turns a CUDA source file into C++ that runs its kernels on the CPU (tests/emu/cuda_emu.hpp).
+
+usage: emulate_cu.py IN.cu OUT.cpp
+
+Each launch `name<targs><<<config>>>(args)` becomes `::hpc::emu::launch(name<targs>, config)(args)`;
+everything else is left as it is, lines included, so that the compiler's messages name the .cu
+file's own lines (#line). A launch this cannot take apart is an error naming its line.
+"""
+import os
+import sys
+
+OPEN, CLOSE = "<<<", ">>>"
+
+
+def fail(path, text, at, why):
+    line = text.count("\n", 0, at) + 1
+    sys.exit(f"emulate_cu.py: {path}:{line}: {why}")
+
+
+def kernel_start(path, text, end):
+    """Where the kernel's name (with its template arguments) that ends at `end` begins."""
+    i = end
+    while i > 0 and text[i - 1].isspace():
+        i -= 1
+    if i > 0 and text[i - 1] == ">":  # template arguments: back to their '<'
+        depth = 0
+        while i > 0:
+            i -= 1
+            if text[i] == ">":
+                depth += 1
+            elif text[i] == "<":
+                depth -= 1
+                if depth == 0:
+                    break
+        else:
+            fail(path, text, end, "unbalanced template arguments before <<<")
+    j = i
+    while j > 0 and (text[j - 1].isalnum() or text[j - 1] in "_:"):
+        j -= 1
+    if j == i:
+        fail(path, text, end, "no kernel name before <<<")
+    return j
+
+
+def closing_paren(path, text, open_at):
+    depth = 0
+    for k in range(open_at, len(text)):
+        if text[k] == "(":
+            depth += 1
+        elif text[k] == ")":
+            depth -= 1
+            if depth == 0:
+                return k
+    fail(path, text, open_at, "a launch's arguments never close")
+
+
+def emulate(path, text):
+    out, done = [], 0
+    while True:
+        at = text.find(OPEN, done)
+        if at < 0:
+            break
+        start = kernel_start(path, text, at)
+        close = text.find(CLOSE, at)
+        if close < 0:
+            fail(path, text, at, "<<< without >>>")
+        paren = close + len(CLOSE)
+        while paren < len(text) and text[paren].isspace():
+            paren += 1
+        if paren >= len(text) or text[paren] != "(":
+            fail(path, text, at, "no arguments after >>>")
+        end = closing_paren(path, text, paren)
+        out.append(text[done:start])
+        # The newlines inside the launch stay where they were: the lines after it keep their numbers.
+        name = text[start:at]
+        config = text[at + len(OPEN):close]
+        spacing = text[close + len(CLOSE):paren]
+        out.append(f"::hpc::emu::launch({name}, {config}){spacing}{text[paren:end + 1]}")
+        done = end + 1
+    out.append(text[done:])
+    return "".join(out)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: emulate_cu.py IN.cu OUT.cpp")
+    source, target = sys.argv[1], sys.argv[2]
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
+    body = emulate(source, text)
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    tmp = target + ".part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write('#include "emu/cuda_emu.hpp"  // first: the device built-ins\n')
+        f.write(f'#line 1 "{os.path.abspath(source)}"\n')
+        f.write(body)
+    os.replace(tmp, target)
+
+
+if __name__ == "__main__":
+    main()
