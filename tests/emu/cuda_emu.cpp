@@ -13,6 +13,18 @@
 #include <string>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define HPC_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HPC_EMU_ASAN 1
+#endif
+#endif
+#ifdef HPC_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace hpc::emu {
 
 uint3 g_thread_idx{}, g_block_idx{};
@@ -74,8 +86,37 @@ hpc_emu_switch:
   .size hpc_emu_switch, .-hpc_emu_switch
 )");
 
+// AddressSanitizer follows the switches (the checked builds run the emulation too): each side
+// says where it goes, and where it arrived from once there.
+#ifdef HPC_EMU_ASAN
+const void* g_scheduler_bottom = nullptr;  // the scheduler's stack, as the first arrival in a fiber learns it
+size_t g_scheduler_size = 0;
+#endif
+
+// Leaving for a fiber's stack (or the scheduler's: stack null), keeping this side's state in
+// *keep (null: this side never runs again); then, back here, arrived.
+void leaving(void** keep, const void* stack, size_t size) {
+#ifdef HPC_EMU_ASAN
+  if (!stack) stack = g_scheduler_bottom, size = g_scheduler_size;
+  __sanitizer_start_switch_fiber(keep, stack, size);
+#else
+  (void)keep, (void)stack, (void)size;
+#endif
+}
+void arrived(void* kept) {
+#ifdef HPC_EMU_ASAN
+  const void* from = nullptr;
+  size_t size = 0;
+  __sanitizer_finish_switch_fiber(kept, &from, &size);
+  if (!g_scheduler_bottom) g_scheduler_bottom = from, g_scheduler_size = size;
+#else
+  (void)kept;
+#endif
+}
+
 struct Fiber {
   void* sp = nullptr;  // where its registers were saved when it last switched away
+  void* asan = nullptr;  // AddressSanitizer's state of it while it is switched away
   std::unique_ptr<char[]> stack;
   bool done = false;
 };
@@ -108,7 +149,10 @@ cudaError_t error(cudaError_t e) {
 
 void yield() {
   Block& b = state();
-  hpc_emu_switch(&b.fibers[b.current].sp, b.scheduler);
+  Fiber& f = b.fibers[b.current];
+  leaving(&f.asan, nullptr, 0);
+  hpc_emu_switch(&f.sp, b.scheduler);
+  arrived(b.fibers[b.current].asan);
 }
 
 void release(Barrier& r) {
@@ -148,6 +192,7 @@ unsigned linear_thread() {
 // Where every fiber starts (entered by hpc_emu_switch's return); it never returns: its last
 // switch goes back to the scheduler, which never resumes it again.
 [[noreturn]] void fiber_main() {
+  arrived(nullptr);
   Block& b = state();
   try {
     (*b.body)();
@@ -165,6 +210,7 @@ unsigned linear_thread() {
   leave(b.block);
   leave(b.warps[linear_thread() / kWarp]);
   void* unused = nullptr;
+  leaving(nullptr, nullptr, 0);  // never to return
   hpc_emu_switch(&unused, b.scheduler);
   __builtin_unreachable();
 }
@@ -173,6 +219,9 @@ unsigned linear_thread() {
 // fiber_main as the address to return to, above it a null return address for fiber_main
 // (where an unwinder stops), 16-byte aligned as at a call.
 void* fresh_stack(char* stack, size_t bytes) {
+#ifdef HPC_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(stack, bytes);  // the redzones of frames a finished fiber never popped
+#endif
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
   auto* words = reinterpret_cast<uint64_t*>(top);
   words[-1] = 0;                                            // fiber_main's return address: none
@@ -214,7 +263,10 @@ void run_block(Block& b, unsigned threads) {
       if (b.fibers[t].done) continue;
       b.current = t;
       g_thread_idx = coordinates(t, g_block_dim);
+      void* keep = nullptr;
+      leaving(&keep, b.fibers[t].stack.get(), kStackBytes);
       hpc_emu_switch(&b.scheduler, b.fibers[t].sp);
+      arrived(keep);
     }
     if (b.live > 0 && b.progress == before)
       b.failure = "block " + shown(g_block_idx) +
