@@ -20,7 +20,10 @@ namespace {
 // a * b + c in the update: one rounding (a fused multiply-add) where the CPU has FMA, two where
 // it has not. GCC contracts these expressions on its own on FMA machines; written out, the
 // rounding no longer depends on the compiler's choice, and the GPU update is told which it is.
-#if defined(__FP_FAST_FMAF)
+// GCC says FMA with __FP_FAST_FMAF; Clang does not define it, only the instruction set's macro
+// (__FMA__ on x86, __ARM_FEATURE_FMA on Arm), and contracts `a * b + c` by default: read as no
+// FMA, a Clang build's steps were partly fused while the GPU's were told they were not.
+#if defined(__FP_FAST_FMAF) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 constexpr bool kFused = true;
 #else
 constexpr bool kFused = false;
