@@ -1,8 +1,8 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 
 #include "core/caching_allocator.hpp"
@@ -29,8 +29,6 @@ namespace {
 
 std::atomic<int> selected_gpu{-1};  // select_gpu's choice, for threads that allocate pinned memory
 
-// One allocator for the process, as the CUDA context it sits on is one per process and
-// device. Created on first use, after select_gpu.
 // HPCTRAIN_NO_MEMORY_CACHING=1: each tensor its own cudaMalloc, of its own size (for
 // compute-sanitizer, and the emulated kernels' test; caching_allocator.hpp).
 bool no_memory_caching() {
@@ -38,6 +36,8 @@ bool no_memory_caching() {
   return v && std::string(v) == "1";
 }
 
+// One allocator for the process, as the CUDA context it sits on is one per process and
+// device. Created on first use, after select_gpu.
 CachingAllocator& allocator() {
   static CachingAllocator a({[](size_t n) -> void* {
                                void* p = nullptr;

@@ -4,9 +4,10 @@
 //
 // Built twice: kernels_test, the kernels compiled by nvcc on a GPU (label gpu), and
 // kernels_emu_test (HPCTRAIN_KERNELS_EMULATED, label unit), the same kernels emulated on the CPU
-// (tests/emu/cuda_emu.hpp), which every build with the CUDA toolkit's headers runs. There the tests of nvJPEG and of real
-// device memory are left out, and the largest cases are thinned (too_big_to_emulate, tunings_for):
-// a launch that takes microseconds on a GPU takes milliseconds there.
+// (tests/emu/cuda_emu.hpp), which every build with the CUDA toolkit's headers runs. There the
+// tests of nvJPEG and of real device memory are left out, and the largest cases are thinned
+// (too_big_to_emulate, tunings_for): a launch that takes microseconds on a GPU takes
+// milliseconds there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
