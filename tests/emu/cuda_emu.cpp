@@ -28,6 +28,7 @@
 namespace hpc::emu {
 
 uint3 g_thread_idx{}, g_block_idx{};
+uint64_t g_block_serial = 0;
 dim3 g_block_dim, g_grid_dim;
 
 namespace {
@@ -241,8 +242,25 @@ uint3 coordinates(unsigned linear, dim3 d) {
   return {linear % d.x, linear / d.x % d.y, linear / (d.x * d.y)};
 }
 
-// One block: its threads as fibers, round and round until every one has ended.
-void run_block(Block& b, unsigned threads) {
+// The order blocks and threads take their turns in. A race-free kernel gives the same bits in
+// any order, as a GPU runs them in any; one with a race (a thread reading what another writes
+// before the barrier that should order them, a block reading another's output of the same
+// launch) gives the right answer only in some. So the order changes: a launch's blocks run in
+// grid order or its reverse, one launch in two; a block's threads take their turns in index order
+// or its reverse, one block in two, the other way round in the next launch. A race a forward turn
+// hides (a writer with a lower index than its reader), a reverse one shows, in the same run.
+// HPCTRAIN_EMU_ORDER=forward keeps every turn in index order, for telling a race from other
+// faults.
+const bool g_forward_only = [] {
+  const char* order = std::getenv("HPCTRAIN_EMU_ORDER");
+  return order && std::strcmp(order, "forward") == 0;
+}();
+uint64_t g_launches = 0;  // launches run so far: whose parity picks the orders
+
+// One block: its threads as fibers, round and round until every one has ended; each round in
+// index order, or its reverse when `reversed`.
+void run_block(Block& b, unsigned threads, bool reversed) {
+  ++g_block_serial;  // its __shared__ variables garbage again
   if (b.fibers.size() < threads) b.fibers.resize(threads);
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = b.fibers[t];
@@ -259,7 +277,8 @@ void run_block(Block& b, unsigned threads) {
   }
   while (b.live > 0 && b.failure.empty()) {
     const uint64_t before = b.progress;
-    for (unsigned t = 0; t < threads && b.failure.empty(); ++t) {
+    for (unsigned turn = 0; turn < threads && b.failure.empty(); ++turn) {
+      const unsigned t = reversed ? threads - 1 - turn : turn;
       if (b.fibers[t].done) continue;
       b.current = t;
       g_thread_idx = coordinates(t, g_block_dim);
@@ -282,12 +301,15 @@ void run_now(dim3 grid, dim3 block, const std::function<void()>& body) {
   b.failure.clear();
   g_grid_dim = grid;
   g_block_dim = block;
-  for (unsigned z = 0; z < grid.z && b.failure.empty(); ++z)
-    for (unsigned y = 0; y < grid.y && b.failure.empty(); ++y)
-      for (unsigned x = 0; x < grid.x && b.failure.empty(); ++x) {
-        g_block_idx = {x, y, z};
-        run_block(b, threads);
-      }
+  const uint64_t launch = g_launches++;
+  const bool backwards = !g_forward_only && launch % 2 == 1;
+  const uint64_t blocks = 1ull * grid.x * grid.y * grid.z;
+  for (uint64_t turn = 0; turn < blocks && b.failure.empty(); ++turn) {
+    const uint64_t linear = backwards ? blocks - 1 - turn : turn;
+    g_block_idx = {static_cast<unsigned>(linear % grid.x), static_cast<unsigned>(linear / grid.x % grid.y),
+                   static_cast<unsigned>(linear / (1ull * grid.x * grid.y))};
+    run_block(b, threads, !g_forward_only && (linear + launch) % 2 == 1);
+  }
   g_in_launch = false;
   if (!b.failure.empty()) {
     std::fprintf(stderr, "cuda_emu: a launch of grid %s, block %s failed: %s\n", shown(grid).c_str(),
@@ -456,7 +478,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   char* guard = static_cast<char*>(base) + length - page;
   mprotect(guard, page, PROT_NONE);
   char* user = guard - rounded;
-  std::memset(user, 0xA5, rounded);  // not zeros: what a kernel reads before anybody wrote it
+  std::memset(user, 0xFF, rounded);  // NaN, -1: what a kernel reads before anybody wrote it
   hpc::emu::mappings()[user] = {base, length};
   *p = user;
   return error(cudaSuccess);

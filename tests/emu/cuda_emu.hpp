@@ -4,21 +4,28 @@
 // `::hpc::emu::launch(k, grid, block, shared, stream)(args)`, and this header gives the device
 // built-ins a host meaning.
 //
-// How a launch runs (cuda_emu.cpp): its blocks one after another, in grid order; each block's
-// threads as fibers on this thread, each with its own stack, switched at every barrier
-// (__syncthreads, __syncthreads_or, and a warp's shuffles, which wait for the warp). So
-//   - a __shared__ variable is a static one: blocks never overlap, and one block's threads share it;
+// How a launch runs (cuda_emu.cpp): its blocks one after another; each block's threads as
+// fibers on this thread, each with its own stack, switched at every barrier (__syncthreads,
+// __syncthreads_or, and a warp's shuffles, which wait for the warp). So
+//   - a __shared__ variable is a static one: blocks never overlap, and one block's threads share
+//     it. Each block finds it full of garbage (fresh_shared), not what the block before left;
+//   - the order changes: blocks in grid order in one launch, in reverse in the next, and a
+//     block's threads take their turns in index order or in reverse, every other block. A race
+//     between threads (a read of what another thread writes before the barrier that should
+//     order them) or between blocks of one launch then gives a wrong answer in some of them,
+//     whichever side of it has the lower index;
 //   - a barrier that some live thread of the block never reaches is reported, not hung on
 //     (a deadlock, undefined on a GPU), and so is a __trap: both fail the launch as CUDA would,
 //     with an error every later call returns;
 //   - cudaMalloc's memory ends at a page the process may not touch (within 16 bytes of what was
 //     asked; the test runs with HPCTRAIN_NO_MEMORY_CACHING=1, so each tensor is its own) and
 //     starts with garbage: a read or write past a buffer's end faults at once, and a kernel
-//     that reads what nobody wrote sees noise, not zeros;
+//     that reads what nobody wrote sees all-ones bytes (NaN, -1), not zeros;
 //   - a launch runs when it is made (the stream has finished it at once); a stream being
 //     captured records it instead, and the graph replays what it recorded.
-// One launch at a time, from one host thread (the tests'). What it cannot show: races between
-// threads (fibers run one at a time, and only switch at a barrier) and the GPU's contraction of
+// One launch at a time, from one host thread (the tests'). What it cannot show: a race that
+// gives the same answer in both orders (fibers run one at a time, and only switch at a barrier,
+// so two threads' accesses never interleave between barriers) and the GPU's contraction of
 // a * b + c into one rounding where the source does not ask for it (emulated code is compiled
 // with -ffp-contract=off; the explicit __fmaf_rn fuses).
 #pragma once
@@ -43,6 +50,19 @@ namespace hpc::emu {
 // The running thread's coordinates (set by the scheduler before it resumes a fiber).
 extern uint3 g_thread_idx, g_block_idx;
 extern dim3 g_block_dim, g_grid_dim;
+
+// Which block runs: a new number for each block run, launches together.
+extern uint64_t g_block_serial;
+
+// A __shared__ variable, on the first arrival of each block's threads at its declaration (the
+// call emulate_cu.py puts after it), filled with all-ones bytes: NaN in every floating-point
+// type, -1 in every signed integer. A GPU's shared memory holds what the last block there left;
+// a read before any write of the block then shows, not a zero or the previous block's value.
+inline void fresh_shared(unsigned long long& mark, void* variable, size_t bytes) {
+  if (mark == g_block_serial) return;
+  mark = g_block_serial;
+  std::memset(variable, 0xFF, bytes);
+}
 
 void sync_block();            // __syncthreads
 int sync_block_or(int flag);  // __syncthreads_or

@@ -3,11 +3,14 @@
 
 usage: emulate_cu.py IN.cu OUT.cpp
 
-Each launch `name<targs><<<config>>>(args)` becomes `::hpc::emu::launch(name<targs>, config)(args)`;
-everything else is left as it is, lines included, so that the compiler's messages name the .cu
-file's own lines (#line). A launch this cannot take apart is an error naming its line.
+Each launch `name<targs><<<config>>>(args)` becomes `::hpc::emu::launch(name<targs>, config)(args)`,
+and each `__shared__` declaration is followed (on its line) by the call that fills its
+variables with garbage once per block; everything else is left as it is, lines included, so
+that the compiler's messages name the .cu file's own lines (#line). A launch or declaration
+this cannot take apart is an error naming its line.
 """
 import os
+import re
 import sys
 
 OPEN, CLOSE = "<<<", ">>>"
@@ -55,6 +58,53 @@ def closing_paren(path, text, open_at):
     fail(path, text, open_at, "a launch's arguments never close")
 
 
+SHARED = "__shared__"
+
+
+def declared_names(path, text, at, end):
+    """The names a declaration `__shared__ T a[..][..], b;` (text[at:end]) declares."""
+    names, depth, part = [], 0, []
+    for ch in text[at + len(SHARED):end] + ",":
+        if ch in "[(<{":
+            depth += 1
+        elif ch in "])>}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            words = re.findall(r"[A-Za-z_]\w*", "".join(part).split("[")[0].split("=")[0])
+            if not words:
+                fail(path, text, at, "a __shared__ declaration without a name")
+            names.append(words[-1])
+            part = []
+        else:
+            part.append(ch)
+    return names
+
+
+def garble_shared(path, text):
+    """After each `__shared__` declaration (in a function), on the same line: its variables filled
+    with garbage by the first of each block's threads to reach it, as a GPU's shared memory holds
+    whatever was there before (cuda_emu.hpp's fresh_shared)."""
+    out, done, count = [], 0, 0
+    for m in re.finditer(r"\b" + SHARED + r"\b", text):
+        if m.start() < done:
+            continue
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if "//" in text[line_start:m.start()] or "#define" in text[line_start:m.start()]:
+            continue  # a comment, or the macro that defines it
+        end = text.find(";", m.start())
+        if end < 0:
+            fail(path, text, m.start(), "a __shared__ declaration without its ';'")
+        marks = []
+        for name in declared_names(path, text, m.start(), end):
+            count += 1
+            mark = f"hpc_emu_shared_mark_{count}"
+            marks.append(f" static unsigned long long {mark} = 0; ::hpc::emu::fresh_shared({mark}, &{name}, sizeof {name});")
+        out.append(text[done:end + 1] + "".join(marks))
+        done = end + 1
+    out.append(text[done:])
+    return "".join(out)
+
+
 def emulate(path, text):
     out, done = [], 0
     while True:
@@ -88,7 +138,7 @@ def main():
     source, target = sys.argv[1], sys.argv[2]
     with open(source, encoding="utf-8") as f:
         text = f.read()
-    body = emulate(source, text)
+    body = emulate(source, garble_shared(source, text))
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     tmp = target + ".part"
     with open(tmp, "w", encoding="utf-8") as f:
