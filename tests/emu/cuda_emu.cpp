@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ dim3 g_block_dim, g_grid_dim;
 namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;  // a fiber's stack (a kernel's frames are small)
+constexpr size_t kGuardBytes = 64 * 1024;   // below it, none to touch: an overflow faults there
 constexpr unsigned kMaxThreads = 1024;      // a block's threads, as on every GPU since Fermi
 constexpr unsigned kWarp = 32;
 
@@ -115,10 +117,35 @@ void arrived(void* kept) {
 #endif
 }
 
+// A fiber's stack: kStackBytes above kGuardBytes that the process may not touch, so that a
+// thread that overflows it faults (named by on_fault) instead of writing over another's.
+// Mapped, so only the pages a thread uses are ever touched.
+class FiberStack {
+ public:
+  FiberStack() {
+    void* m = mmap(nullptr, kGuardBytes + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    mapping_ = static_cast<char*>(m);
+    mprotect(mapping_, kGuardBytes, PROT_NONE);
+  }
+  ~FiberStack() { munmap(mapping_, kGuardBytes + kStackBytes); }
+  FiberStack(const FiberStack&) = delete;
+  FiberStack& operator=(const FiberStack&) = delete;
+  char* bottom() const { return mapping_ + kGuardBytes; }
+  bool in_guard(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p), g = reinterpret_cast<uintptr_t>(mapping_);
+    return a >= g && a < g + kGuardBytes;
+  }
+
+ private:
+  char* mapping_ = nullptr;
+};
+
 struct Fiber {
   void* sp = nullptr;  // where its registers were saved when it last switched away
   void* asan = nullptr;  // AddressSanitizer's state of it while it is switched away
-  std::unique_ptr<char[]> stack;
+  std::unique_ptr<FiberStack> stack;
   bool done = false;
 };
 
@@ -264,9 +291,9 @@ void run_block(Block& b, unsigned threads, bool reversed) {
   if (b.fibers.size() < threads) b.fibers.resize(threads);
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = b.fibers[t];
-    if (!f.stack) f.stack.reset(new char[kStackBytes]);  // not zeroed: only the pages used are touched
+    if (!f.stack) f.stack = std::make_unique<FiberStack>();
     f.done = false;
-    f.sp = fresh_stack(f.stack.get(), kStackBytes);
+    f.sp = fresh_stack(f.stack->bottom(), kStackBytes);
   }
   b.live = threads;
   b.block = Barrier{};
@@ -283,7 +310,7 @@ void run_block(Block& b, unsigned threads, bool reversed) {
       b.current = t;
       g_thread_idx = coordinates(t, g_block_dim);
       void* keep = nullptr;
-      leaving(&keep, b.fibers[t].stack.get(), kStackBytes);
+      leaving(&keep, b.fibers[t].stack->bottom(), kStackBytes);
       hpc_emu_switch(&b.scheduler, b.fibers[t].sp);
       arrived(keep);
     }
@@ -351,22 +378,36 @@ std::map<void*, Mapping>& mappings() {
   return *m;
 }
 
-// A fault inside a launch (an access past a buffer's end, most likely): say where, then die of it.
-void on_fault(int sig) {
+// A fault inside a launch (an access past a buffer's end, most likely, or a thread's stack
+// overflowed): say which and where, then die of it. It runs on a stack of its own, as the
+// thread's own may be the one used up.
+void on_fault(int sig, siginfo_t* info, void*) {
   if (g_in_launch) {
+    const Block& b = state();
+    const bool overflow = b.current < b.fibers.size() && b.fibers[b.current].stack &&
+                          b.fibers[b.current].stack->in_guard(info->si_addr);
     char line[256];
-    const int n = std::snprintf(line, sizeof line,
-                                "cuda_emu: signal %d in a kernel, block (%u,%u,%u) thread (%u,%u,%u): an access outside "
-                                "device memory (past a buffer's end?)\n",
+    const int n = std::snprintf(line, sizeof line, "cuda_emu: signal %d in a kernel, block (%u,%u,%u) thread (%u,%u,%u): %s\n",
                                 sig, g_block_idx.x, g_block_idx.y, g_block_idx.z, g_thread_idx.x, g_thread_idx.y,
-                                g_thread_idx.z);
+                                g_thread_idx.z,
+                                overflow ? "the thread's stack overflowed (the emulation gives each 256 KiB)"
+                                         : "an access outside device memory (past a buffer's end?)");
     if (n > 0) [[maybe_unused]] ssize_t w = write(STDERR_FILENO, line, static_cast<size_t>(n));
   }
   signal(sig, SIG_DFL);  // the access runs again, and ends the process as it would have
 }
 const bool g_fault_handler = [] {
-  signal(SIGSEGV, on_fault);
-  signal(SIGBUS, on_fault);
+  static char alternate[64 * 1024];  // for the thread that runs the launches (the only one)
+  stack_t s{};
+  s.ss_sp = alternate;
+  s.ss_size = sizeof alternate;
+  sigaltstack(&s, nullptr);
+  struct sigaction a {};
+  a.sa_sigaction = on_fault;
+  a.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&a.sa_mask);
+  sigaction(SIGSEGV, &a, nullptr);
+  sigaction(SIGBUS, &a, nullptr);
   return true;
 }();
 

@@ -21,6 +21,8 @@
 //     asked; the test runs with HPCTRAIN_NO_MEMORY_CACHING=1, so each tensor is its own) and
 //     starts with garbage: a read or write past a buffer's end faults at once, and a kernel
 //     that reads what nobody wrote sees all-ones bytes (NaN, -1), not zeros;
+//   - each thread's stack (256 KiB) lies above pages it may not touch: a thread that overflows
+//     it faults, and is named, instead of writing over another thread's;
 //   - a launch runs when it is made (the stream has finished it at once); a stream being
 //     captured records it instead, and the graph replays what it recorded.
 // One launch at a time, from one host thread (the tests'). What it cannot show: a race that

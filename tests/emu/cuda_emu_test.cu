@@ -3,9 +3,9 @@
 // value, __syncthreads_or sees every thread's flag), what a GPU leaves undefined comes out wrong
 // (a race between threads or blocks, shared memory read before the block wrote it), and what a
 // GPU would fail on fails here too (a trap, a barrier some live thread never reaches, a shuffle
-// from a lane that left, an access past a buffer's end), each with one clear line. This file is
-// CUDA: it is built as the kernels are, through emulate_cu.py, its launches and __shared__
-// declarations rewritten.
+// from a lane that left, an access past a buffer's end, a thread's stack overflowed), each with
+// one clear line. This file is CUDA: it is built as the kernels are, through emulate_cu.py, its
+// launches and __shared__ declarations rewritten.
 #include "emu/cuda_emu.hpp"
 
 #include <gtest/gtest.h>
@@ -56,6 +56,14 @@ void shuffle_after_exit_kernel(int* out) {
 }
 
 void write_past_kernel(int* p, int n) { p[n + static_cast<int>(threadIdx.x)] = 1; }
+
+// About 1 KiB of stack for each of `depth` calls.
+int deep(int depth) {
+  volatile char frame[1024];
+  frame[depth % 1024] = static_cast<char>(depth);
+  return depth == 0 ? 0 : deep(depth - 1) + frame[depth % 1024];
+}
+void deep_kernel(int depth, int* out) { out[threadIdx.x] = deep(depth); }
 
 // Each thread writes its value to shared memory and reads its neighbour's, `step` away: with
 // the barrier, or racing (a read before the neighbour's write is ordered before it).
@@ -232,6 +240,19 @@ TEST(CudaEmulationDeathTest, AnAccessPastABuffersEndFaultsWhereItHappens) {
   write_past_kernel<<<1, 4>>>(p, 96);  // the last four: inside
   EXPECT_EQ(host_copy(p, 100)[99], 1);
   cudaFree(p);
+}
+
+TEST(CudaEmulationDeathTest, AThreadThatOverflowsItsStackFaultsWhereItHappens) {
+  EXPECT_DEATH(
+      {
+        int* out = device_copy(std::vector<int>(4));
+        deep_kernel<<<1, 4>>>(1000, out);
+      },
+      "thread \\(.,0,0\\): the thread's stack overflowed");
+  int* out = device_copy(std::vector<int>(4));
+  deep_kernel<<<1, 4>>>(100, out);  // 100 KiB: room enough
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaFree(out);
 }
 
 }  // namespace
