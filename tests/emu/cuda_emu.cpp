@@ -417,6 +417,21 @@ const bool g_uncached = [] { return setenv("HPCTRAIN_NO_MEMORY_CACHING", "1", 0)
 
 }  // namespace
 
+int multiprocessors() {
+  static const int n = [] {
+    const char* v = std::getenv("HPCTRAIN_EMU_MULTIPROCESSORS");
+    if (!v) return 4;  // small grids: quick on a CPU
+    char* end = nullptr;
+    const long count = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || count < 1 || count > 1024) {
+      std::fprintf(stderr, "cuda_emu: HPCTRAIN_EMU_MULTIPROCESSORS='%s' is not a count from 1 to 1024\n", v);
+      std::exit(2);
+    }
+    return static_cast<int>(count);
+  }();
+  return n;
+}
+
 void sync_block() { wait(state().block, 0); }
 
 int sync_block_or(int flag) { return wait(state().block, flag); }
@@ -473,7 +488,7 @@ cudaError_t cudaSetDevice(int device) { return error(device == 0 ? cudaSuccess :
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
   if (device != 0) return cudaErrorInvalidDevice;
   switch (attribute) {
-    case cudaDevAttrMultiProcessorCount: *value = 4; return error(cudaSuccess);  // small grids: quick on a CPU
+    case cudaDevAttrMultiProcessorCount: *value = hpc::emu::multiprocessors(); return error(cudaSuccess);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -487,7 +502,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "%s", "CUDA kernels emulated on the CPU (tests/emu)");
   std::memcpy(p->uuid.bytes, "hpctrain-emu-gpu", sizeof p->uuid.bytes);
-  p->multiProcessorCount = 4;
+  p->multiProcessorCount = hpc::emu::multiprocessors();
   return error(cudaSuccess);
 }
 

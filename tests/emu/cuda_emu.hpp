@@ -72,6 +72,9 @@ int sync_block_or(int flag);  // __syncthreads_or
 // live lane of the warp has offered its own.
 void exchange_in_warp(const void* mine, void* theirs, size_t bytes, unsigned from);
 unsigned lane_of_thread();
+// The emulated device's multiprocessors: 4 (small grids, quick on a CPU), or
+// HPCTRAIN_EMU_MULTIPROCESSORS (132 is an H100's or H200's: the grids the GPU would get).
+int multiprocessors();
 [[noreturn]] void trap();
 
 // Runs (or, on a stream being captured, records) `grid` blocks of `block` threads of `body`.
