@@ -1,15 +1,19 @@
 #!/bin/bash
 # The checked build's built-in checker options (src/core/sanitizer_defaults.cpp) take effect: two
-# small programs are built with the sanitizers as a checked build links its programs (the file,
-# and -Wl,--undefined for its two functions), each run once without it and once with it, and
-# without ASAN_OPTIONS or UBSAN_OPTIONS (as a rank that hpcrun starts over ssh has them):
+# small programs are built with the sanitizers as a checked build links its programs (the file
+# an object of the link), each run once without it and once with it, and without ASAN_OPTIONS
+# or UBSAN_OPTIONS (as a rank that hpcrun starts over ssh has them):
 #   a leak:               LeakSanitizer's report fails the program without it; with it, exit 0
 #                         (detect_leaks=0: Open MPI's allocations kept to the end of every rank);
 #   a signed overflow:    UBSan's report lets it go on (exit 0) without it; with it, it stops
 #                         there (halt_on_error=1), the stack printed.
-# Usage: sanitizer_defaults_test.sh CXX SOURCE_DIR
+# In a checked build, the PROGRAMs given (the build's own) must define both functions
+# themselves, not keep the sanitizer runtime's weak defaults (as Clang's runtimes, linked before
+# a library, made them when each link asked for the two functions by name).
+# Usage: sanitizer_defaults_test.sh CXX SOURCE_DIR [PROGRAM...]
 set -euo pipefail
 cxx=$1 src=$2
+shift 2
 work=$(mktemp -d "${TMPDIR:-/tmp}/hpctrain-sanitizer-defaults-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
@@ -26,11 +30,10 @@ cat > "$work/overflow.cpp" << 'CPP'
 #include <cstdio>
 int main(int argc, char**) { int x = INT_MAX; x += argc; std::printf("ran %d\n", x); return 0; }
 CPP
-defaults=(-Wl,--undefined=__asan_default_options -Wl,--undefined=__ubsan_default_options)
 "$cxx" -fsanitize=address -o "$work/leak_plain" "$work/leak.cpp"
-"$cxx" -fsanitize=address -o "$work/leak_checked" "$work/leak.cpp" "$src/src/core/sanitizer_defaults.cpp" "${defaults[@]}"
+"$cxx" -fsanitize=address -o "$work/leak_checked" "$work/leak.cpp" "$src/src/core/sanitizer_defaults.cpp"
 "$cxx" -fsanitize=undefined -o "$work/overflow_plain" "$work/overflow.cpp"
-"$cxx" -fsanitize=undefined -o "$work/overflow_checked" "$work/overflow.cpp" "$src/src/core/sanitizer_defaults.cpp" "${defaults[@]}"
+"$cxx" -fsanitize=undefined -o "$work/overflow_checked" "$work/overflow.cpp" "$src/src/core/sanitizer_defaults.cpp"
 
 run() { set +e; "$work/$1" > "$work/$1.out" 2>&1; echo $?; set -e; }
 rc=$(run leak_plain)
@@ -43,3 +46,11 @@ rc=$(run overflow_checked)
 [[ $rc != 0 ]] && ! grep -q "^ran" "$work/overflow_checked.out" || fail "with the defaults UBSan did not stop at the overflow (rc $rc): $(cat "$work/overflow_checked.out")"
 grep -q "#0 " "$work/overflow_checked.out" || fail "with the defaults UBSan printed no stack: $(cat "$work/overflow_checked.out")"
 echo "the built-in options held: the leak passed, the overflow stopped the program with its stack"
+for program in "$@"; do
+  nm "$program" > "$work/symbols" || fail "nm could not read $program"
+  for f in __asan_default_options __ubsan_default_options; do
+    grep -qE "^[0-9a-f]+ T $f$" "$work/symbols" ||
+      fail "$program does not define $f itself ($(grep " $f$" "$work/symbols" || echo "not at all")): it runs without the built-in options"
+  done
+  echo "$program carries them"
+done
