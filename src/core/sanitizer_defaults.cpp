@@ -10,9 +10,6 @@
 //   halt_on_error=1, print_stacktrace=1: undefined behaviour ends the process where it happens,
 //                   with the stack, instead of one line that a test passing anyway would hide.
 extern "C" {
-// What every link of a checked build asks for (-Wl,--undefined, CMakeLists.txt), so that it
-// takes this file, and with it the two functions below in place of the runtimes' weak ones.
-void hpctrain_sanitizer_defaults_anchor() {}
 const char* __asan_default_options() { return "detect_leaks=0:handle_segv=0"; }
 const char* __ubsan_default_options() { return "halt_on_error=1:print_stacktrace=1"; }
 }

@@ -8,8 +8,9 @@
 #   a signed overflow:    UBSan's report lets it go on (exit 0) without it; with it, it stops
 #                         there (halt_on_error=1), the stack printed.
 # In a checked build, the PROGRAMs given (the build's own) must define both functions
-# themselves, not keep the sanitizer runtime's weak defaults (as Clang's runtimes, linked before
-# a library, made them when each link asked for the two functions by name).
+# themselves: not lack them (as the programs that link none of hpctrain's libraries did when the
+# file came from the library), nor keep the sanitizer runtime's weak defaults (as Clang's
+# runtimes, linked first, made every program do then).
 # Usage: sanitizer_defaults_test.sh CXX SOURCE_DIR [PROGRAM...]
 set -euo pipefail
 cxx=$1 src=$2
