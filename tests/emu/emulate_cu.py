@@ -62,14 +62,20 @@ SHARED = "__shared__"
 
 
 def declared_names(path, text, at, end):
-    """The names a declaration `__shared__ T a[..][..], b;` (text[at:end]) declares."""
-    names, depth, part = [], 0, []
+    """The names a declaration `__shared__ T a[..][..], b;` (text[at:end]) declares. A comma
+    separates two only outside brackets and outside the type's template arguments (angle
+    brackets count only outside the others: `[a < b ? 1 : 2]` is a bound, not an argument list)."""
+    names, depth, angles, part = [], 0, 0, []
     for ch in text[at + len(SHARED):end] + ",":
-        if ch in "[(<{":
+        if ch in "[({":
             depth += 1
-        elif ch in "])>}":
+        elif ch in "])}":
             depth -= 1
-        if ch == "," and depth == 0:
+        elif depth == 0 and ch == "<":
+            angles += 1
+        elif depth == 0 and ch == ">":
+            angles -= 1
+        if ch == "," and depth == 0 and angles == 0:
             words = re.findall(r"[A-Za-z_]\w*", "".join(part).split("[")[0].split("=")[0])
             if not words:
                 fail(path, text, at, "a __shared__ declaration without a name")
