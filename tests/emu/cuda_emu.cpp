@@ -265,8 +265,10 @@ void* fresh_stack(char* stack, size_t bytes) {
   return &words[-9];
 }
 
-uint3 coordinates(unsigned linear, dim3 d) {
-  return {linear % d.x, linear / d.x % d.y, linear / (d.x * d.y)};
+// The (x, y, z) of the `linear`th thread of a block, or block of a grid, of dimensions d.
+uint3 coordinates(uint64_t linear, dim3 d) {
+  return {static_cast<unsigned>(linear % d.x), static_cast<unsigned>(linear / d.x % d.y),
+          static_cast<unsigned>(linear / (1ull * d.x * d.y))};
 }
 
 // The order blocks and threads take their turns in. A race-free kernel gives the same bits in
@@ -333,8 +335,7 @@ void run_now(dim3 grid, dim3 block, const std::function<void()>& body) {
   const uint64_t blocks = 1ull * grid.x * grid.y * grid.z;
   for (uint64_t turn = 0; turn < blocks && b.failure.empty(); ++turn) {
     const uint64_t linear = backwards ? blocks - 1 - turn : turn;
-    g_block_idx = {static_cast<unsigned>(linear % grid.x), static_cast<unsigned>(linear / grid.x % grid.y),
-                   static_cast<unsigned>(linear / (1ull * grid.x * grid.y))};
+    g_block_idx = coordinates(linear, grid);
     run_block(b, threads, !g_forward_only && (linear + launch) % 2 == 1);
   }
   g_in_launch = false;
@@ -387,11 +388,12 @@ void on_fault(int sig, siginfo_t* info, void*) {
     const bool overflow = b.current < b.fibers.size() && b.fibers[b.current].stack &&
                           b.fibers[b.current].stack->in_guard(info->si_addr);
     char line[256];
+    char why[96];
+    if (overflow) std::snprintf(why, sizeof why, "the thread's stack overflowed (the emulation gives each %zu KiB)", kStackBytes / 1024);
+    else std::snprintf(why, sizeof why, "an access outside device memory (past a buffer's end?)");
     const int n = std::snprintf(line, sizeof line, "cuda_emu: signal %d in a kernel, block (%u,%u,%u) thread (%u,%u,%u): %s\n",
                                 sig, g_block_idx.x, g_block_idx.y, g_block_idx.z, g_thread_idx.x, g_thread_idx.y,
-                                g_thread_idx.z,
-                                overflow ? "the thread's stack overflowed (the emulation gives each 256 KiB)"
-                                         : "an access outside device memory (past a buffer's end?)");
+                                g_thread_idx.z, why);
     if (n > 0) [[maybe_unused]] ssize_t w = write(STDERR_FILENO, line, static_cast<size_t>(n));
   }
   signal(sig, SIG_DFL);  // the access runs again, and ends the process as it would have
