@@ -15,9 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
+#include <system_error>
 #include <typeinfo>
 
 #include "core/error.hpp"
@@ -25,9 +27,18 @@
 
 namespace hpc::fuzz {
 
+// The scratch directory once made (Scratch below): abort() runs no destructor, so a finding
+// removes it itself. (A sanitizer's report still ends the process without it: libFuzzer's own
+// death callback, which saves the input, is the only one there may be.)
+inline std::filesystem::path g_scratch_dir;
+
 [[noreturn]] inline void finding(const char* what, const std::string& detail) {
   std::fprintf(stderr, "fuzz contract broken: %s: %s\n", what, detail.c_str());
   std::fflush(stderr);
+  if (!g_scratch_dir.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(g_scratch_dir, ignored);
+  }
   std::abort();
 }
 
@@ -67,6 +78,7 @@ class Scratch {
   }
 
  private:
+  Scratch() { g_scratch_dir = dir_.path(); }
   testing::TempDir dir_{"fuzz"};
 };
 
