@@ -42,8 +42,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from hpc_cloud import (CAPACITY_ERRORS, NO_ANSWER, TRANSIENT_ERRORS, ConfigError, OWN_REASON_PREFIX, State, ec2_client,
-                       is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
+from hpc_cloud import (CAPACITY_ERRORS, JOB_CANNOT_START, NO_ANSWER, TRANSIENT_ERRORS, ConfigError, OWN_REASON_PREFIX,
+                       State, ec2_client, is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging,
+                       write_atomically)
 from resume import available_choices, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -150,13 +151,14 @@ def orphans(instances, nodes, grace, now):
 
 def failed_boot(node):
     """Whether `node` is down because its boot failed: not for lack of capacity (that has its
-    cooldown), not for an administrator's reason, not for a launch token to retry (nothing ran),
+    cooldown), not because its job lost another node's launch (all or nothing), not for an
+    administrator's reason, not for a launch token to retry (nothing ran),
     not for EC2's throttling or its own failure (nothing of the node's)."""
     if not node.has("DOWN"):
         return False
     if node.reason.startswith(RESUME_FAILED):
         why = node.reason[len(RESUME_FAILED):].lstrip(": ")
-        return (not why.startswith(("no capacity", "launch token", NO_ANSWER))
+        return (not why.startswith(("no capacity", "launch token", NO_ANSWER, JOB_CANNOT_START))
                 and why.split(":")[0] not in CAPACITY_ERRORS | TRANSIENT_ERRORS)
     return node.reason.startswith(FAILED_BOOT_REASONS)
 

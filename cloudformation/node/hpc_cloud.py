@@ -71,6 +71,9 @@ CAPACITY_ERRORS = {
 TRANSIENT_ERRORS = {"RequestLimitExceeded", "Throttling", "ServiceUnavailable", "Unavailable", "InternalError"}
 # resume.py's reason when EC2 did not answer at all.
 NO_ANSWER = "no answer from EC2"
+# The reason of a node whose job lost another node's launch: all or nothing (resume.py); what it
+# says is of the job, not of the node or its boot.
+JOB_CANNOT_START = "its job cannot start"
 # EC2 errors that refuse spot itself, in every zone and for every instance type: spot falls back to
 # on-demand on these, and the whole spot market cools down (market_cooldown_key), not one choice.
 # AuthFailure.ServiceLinkedRoleCreationNotPermitted: the account has no AWSServiceRoleForEC2Spot

@@ -14,7 +14,17 @@ error disables that (instance type, market, zone) for capacity_cooldown_seconds,
 and the next ones, and the next choice is tried; an error that refuses spot in the whole account
 (the spot service-linked role missing) disables spot in every type and zone, and on-demand is
 tried (with spot_fallback). A node that gets no instance is set down with EC2's reason, so that
-Slurm requeues the job that asked for it; the cluster manager returns it to service. Each launch
+Slurm requeues the job that asked for it; the cluster manager returns it to service.
+
+All or nothing per job: a job whose nodes cannot all get an instance would not start, and the
+instances its other nodes got would run idle, billed, until Slurm suspends them (and the next
+try after the cooldown would do it again, for ever on an account whose quota holds fewer nodes
+than the job). So, where Slurm says which jobs the nodes are for (SLURM_RESUME_FILE, Slurm 22.05
+on), once a node gets no instance its job's nodes not yet launched are not tried, and those
+launched in this call are terminated, all set down with the reason "its job cannot start" (the
+cluster manager does not count it toward protected mode). A node that another job, which may
+still start, also needs is kept; so is every node of a call that Slurm gives no jobs for
+(`scontrol power_up`, or an older Slurm). Each launch
 carries a ClientToken kept in the state file until the node is suspended: run again for the same
 power-up (a retry, a lost reply), EC2 returns the instance it already launched instead of a
 second one.
@@ -23,13 +33,16 @@ second one.
 """
 
 import hashlib
+import json
 import logging
+import os
 import sys
 import time
 import uuid
 
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, State,
-                       cooldown_key, ec2_client, live_instances, main_wrapper, market_cooldown_key, scontrol, set_down)
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, JOB_CANNOT_START, NO_ANSWER, NODE_TAG,
+                       SPOT_REFUSED_ERRORS, State, cooldown_key, ec2_client, expand_hostlist, live_instances,
+                       main_wrapper, market_cooldown_key, scontrol, set_down)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
@@ -162,16 +175,55 @@ def launch_node(ec2, cfg, state, node, zones):
     return None, reason
 
 
-def resume(cfg, nodes):
+def jobs_of_nodes(path=None):
+    """{node: {job id, ...}} from Slurm's job-to-node map (the JSON file SLURM_RESUME_FILE names:
+    {"jobs": [{"job_id": 7, "nodes": "gpu-[1-2]"}, ...]} in Slurm 22.05, "nodes_alloc" from 23.02),
+    or {} without one. A file that cannot be read or understood is said once and taken as none:
+    the nodes are still launched, only not all or nothing."""
+    path = path if path is not None else os.environ.get("SLURM_RESUME_FILE", "")
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            jobs = json.load(f)["jobs"]
+        found = {}
+        for job in jobs:
+            nodes = job.get("nodes_alloc", job.get("nodes"))
+            if not isinstance(nodes, str) or not isinstance(job["job_id"], int):
+                raise ValueError(f"a job without a job_id or a node list: {job!r}"[:200])
+            for node in expand_hostlist(nodes):
+                found.setdefault(node, set()).add(job["job_id"])
+        return found
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        logging.warning("SLURM_RESUME_FILE %s not understood (%s): every node is launched on its own", path, e)
+        return {}
+
+
+def resume(cfg, nodes, jobs=None):
+    """Powers `nodes` up; `jobs`: {node: job ids} (jobs_of_nodes(), read here when None)."""
     ec2 = ec2_client(cfg)
+    jobs = jobs_of_nodes() if jobs is None else jobs
     existing = live_instances(ec2, cfg, nodes)
     zones = subnet_zones(ec2, cfg)
     launched, failed = {}, 0
+    doomed = {}  # job id -> why it cannot start: a node of it got no instance
+
+    def cannot_start(node):
+        """Why `node` is not worth an instance: every job that needs it lost a node (or None)."""
+        mine = jobs.get(node, ())
+        return doomed[min(mine)] if mine and all(j in doomed for j in mine) else None
+
     with State(cfg["state_file"]) as state:
         for node in nodes:
             if node in existing:  # asked twice (a retry): keep the instance it has
                 launched[node] = existing[node][0]
                 logging.info("%s: already has %s", node, launched[node]["InstanceId"])
+                continue
+            why = cannot_start(node)
+            if why:
+                failed += 1
+                logging.warning("%s: not launched: %s", node, why)
+                set_down(node, f"resume failed: {why}")
                 continue
             instance, reason = launch_node(ec2, cfg, state, node, zones)
             if instance:
@@ -179,7 +231,16 @@ def resume(cfg, nodes):
             else:
                 failed += 1
                 set_down(node, f"resume failed: {reason}" if reason else "resume failed")
-    lost = register_addresses(ec2, launched)
+                for job in jobs.get(node, ()):
+                    doomed.setdefault(job, f"{JOB_CANNOT_START} (job {job}: {node} got no instance)")
+    given_up = []
+    for node, instance in list(launched.items()):
+        why = cannot_start(node)
+        if why:
+            give_up(ec2, node, instance["InstanceId"], why)
+            given_up.append(node)
+            del launched[node]
+    lost = register_addresses(ec2, launched) + given_up
     if lost:
         with State(cfg["state_file"]) as state:
             for node in lost:

@@ -288,6 +288,8 @@ class ClusterManager(unittest.TestCase):
                     ("down+cloud+powered_down", "hpctrain: resume failed: no capacity: every instance type, ..."),
                     ("down+cloud+powered_down", "hpctrain: resume failed: launch token of a terminated instance i-1:"
                                                 " retry"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: its job cannot start (job 7: gpu-2 got no "
+                                                "instance)"),
                     ("down+cloud+powered_down", "broken GPU (admin)"),
                     ("down+cloud", "slurmd upgrade (admin)"),
                     ("down+cloud", "Not responding"),            # it came up, then stopped answering

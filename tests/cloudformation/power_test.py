@@ -176,6 +176,69 @@ class PowerSaving(MotoCluster):
         self.assertEqual(calls[-1], "update nodename=gpu-2 state=down reason=hpctrain: resume failed: no capacity: "
                                     "every instance type, market and zone is disabled for a while after a capacity error")
 
+    @staticmethod
+    def node_of(req):
+        return {t["Key"]: t["Value"] for t in req["TagSpecifications"][0]["Tags"]}[hpc_cloud.NODE_TAG]
+
+    def test_a_job_whose_node_gets_no_instance_keeps_none(self):
+        """An account whose vCPU quota holds one node of a two-node job: the node that got its
+        instance does not stay up, billed, for a job that cannot start."""
+        with self.ec2_faults(refuse=lambda req: self.node_of(req) == "gpu-2", code="VcpuLimitExceeded"):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"], jobs={"gpu-1": {7}, "gpu-2": {7}}), 1)
+        self.assertEqual([self.node_of(r) for r in self.requests], ["gpu-1", "gpu-2"])
+        self.assertEqual(self.live(), {})  # gpu-1's instance was launched, then terminated
+        calls = self.scontrol_calls()
+        self.assertIn("update nodename=gpu-2 state=down reason=hpctrain: resume failed: VcpuLimitExceeded: "
+                      "no g5.xlarge capacity", calls)
+        self.assertIn("update nodename=gpu-1 state=down reason=hpctrain: resume failed: its job cannot start "
+                      "(job 7: gpu-2 got no instance)", calls)
+        self.assertFalse(any("nodeaddr" in c for c in calls))  # gpu-1 was never given to Slurm
+        self.assertEqual(self.state()["launches"], {})  # the next power-up is a new launch
+
+    def test_all_or_nothing_is_per_job(self):
+        """Job 7 (gpu-1..3) loses gpu-2: gpu-1's instance goes; gpu-3 is kept for job 8, which may
+        start. Job 9 (gpu-5) starts. Job 10 (gpu-6, gpu-7) loses gpu-6: gpu-7 is not tried."""
+        jobs = {"gpu-1": {7}, "gpu-2": {7}, "gpu-3": {7, 8}, "gpu-4": {8}, "gpu-5": {9}, "gpu-6": {10}, "gpu-7": {10}}
+        refused = ("gpu-2", "gpu-6")
+        with self.ec2_faults(refuse=lambda req: self.node_of(req) in refused, code="InvalidParameterValue"):
+            self.assertEqual(resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-7]"), jobs=jobs), 1)
+        self.assertEqual([self.node_of(r) for r in self.requests], [f"gpu-{i}" for i in range(1, 7)])
+        self.assertEqual(sorted(self.live()), ["gpu-3", "gpu-4", "gpu-5"])
+        calls = self.scontrol_calls()
+        self.assertIn("update nodename=gpu-7 state=down reason=hpctrain: resume failed: its job cannot start "
+                      "(job 10: gpu-6 got no instance)", calls)
+        self.assertEqual(sorted(c.split()[1] for c in calls if "state=down" in c),
+                         ["nodename=gpu-1", "nodename=gpu-2", "nodename=gpu-6", "nodename=gpu-7"])
+        self.assertEqual(sorted(self.state()["launches"]), ["gpu-3", "gpu-4", "gpu-5"])
+
+    def test_without_jobs_every_node_is_launched_on_its_own(self):
+        """`scontrol power_up`, or a Slurm without SLURM_RESUME_FILE: gpu-1 keeps its instance."""
+        with self.ec2_faults(refuse=lambda req: self.node_of(req) == "gpu-2", code="VcpuLimitExceeded"):
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"], jobs={}), 1)
+        self.assertEqual(sorted(self.live()), ["gpu-1"])
+
+    def test_the_resume_file_of_each_slurm(self):
+        def read(text):
+            path = os.path.join(self.tmp.name, "resume.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return resume.jobs_of_nodes(path)
+        # Slurm 22.05 (as its slurmctld writes it: tests/slurm/power_saving.sh reads a real one)
+        self.assertEqual(read('{"jobs":[{"job_id":1,"nodes":"gpu-[1-2]"},{"job_id":2,"nodes":"gpu-2"}],'
+                              '"all_nodes":"gpu-[1-2]"}'), {"gpu-1": {1}, "gpu-2": {1, 2}})
+        # Slurm 23.02 on: the job's allocation and the part of it to resume
+        self.assertEqual(read('{"all_nodes_resume":"gpu-3","jobs":[{"job_id":5,"nodes_alloc":"gpu-[3-4]",'
+                              '"nodes_resume":"gpu-3","partition":"gpu"}]}'), {"gpu-3": {5}, "gpu-4": {5}})
+        self.assertEqual(resume.jobs_of_nodes(""), {})
+        for bad in ("", "not json", "[]", '{"all_nodes":"gpu-1"}', '{"jobs":[{"nodes":"gpu-1"}]}',
+                    '{"jobs":[{"job_id":"1","nodes":"gpu-1"}]}', '{"jobs":[{"job_id":1,"nodes":"gpu-[1"}]}',
+                    '{"jobs":[7]}'):
+            with self.subTest(bad=bad), self.assertLogs(level="WARNING") as logs:
+                self.assertEqual(read(bad), {})
+            self.assertIn("every node is launched on its own", logs.output[0])
+        with self.assertLogs(level="WARNING"):
+            self.assertEqual(resume.jobs_of_nodes(os.path.join(self.tmp.name, "missing.json")), {})
+
     def test_resume_fail_terminates_and_sets_down(self):
         resume.resume(self.cfg, ["gpu-1", "gpu-2"])
         resume_fail.resume_failed(self.cfg, ["gpu-2"])

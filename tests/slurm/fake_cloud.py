@@ -3,9 +3,12 @@ watcher that makes each instance tagged hpctrain:node a Slurm node here, the way
 boot (join_compute.sh) does on AWS: it starts `slurmd -N NODE` when the instance is running and
 stops it when the instance is terminated.
 
-    fake_cloud.py server PORT [NO_CAPACITY_TYPE]
+    fake_cloud.py server PORT [NO_CAPACITY_TYPE [QUOTA_FILE]]
                                               moto's server on 127.0.0.1:PORT (foreground); it
-                                              refuses NO_CAPACITY_TYPE with InsufficientInstanceCapacity
+                                              refuses NO_CAPACITY_TYPE with InsufficientInstanceCapacity,
+                                              and the launch of an instance tagged for a node named
+                                              in QUOTA_FILE (when it exists, read at each launch)
+                                              with VcpuLimitExceeded, as an account's quota would
     fake_cloud.py setup ENDPOINT CONFIG DIR [INSTANCE_TYPE...]
                                               a launch template; writes the programs' cloud.json
                                               (their state and heartbeat files in DIR)
@@ -52,13 +55,37 @@ def refuse_instance_type(no_capacity):
     InstanceBackend.run_instances = run_instances
 
 
-def server(port, no_capacity=None):
+def refuse_nodes_over_quota(quota_file):
+    """EC2 refusing the nodes QUOTA_FILE names (a line each): the account's vCPU quota is used up
+    by the time their launches come."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    real = InstanceBackend.run_instances
+
+    def run_instances(self, *args, **kwargs):
+        node = kwargs.get("tags", {}).get("instance", {}).get("hpctrain:node")
+        try:
+            with open(quota_file, encoding="utf-8") as f:
+                refused = f.read().split()
+        except FileNotFoundError:
+            refused = []
+        if node in refused:
+            raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU "
+                                                      "limit allows")
+        return real(self, *args, **kwargs)
+    InstanceBackend.run_instances = run_instances
+
+
+def server(port, no_capacity="", quota_file=""):
     from moto.server import ThreadedMotoServer
 
     from moto.ec2.models.instances import InstanceBackend
 
     if no_capacity:
         refuse_instance_type(no_capacity)
+    if quota_file:
+        refuse_nodes_over_quota(quota_file)
     InstanceBackend.run_instances = run_instances_giving_the_templates_profile(InstanceBackend.run_instances)
     s = ThreadedMotoServer(ip_address="127.0.0.1", port=int(port))
     s.start()

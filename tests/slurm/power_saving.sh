@@ -8,7 +8,9 @@
 # launches the next; and the cluster manager (clustermgtd.py), run by hand as its timer would,
 # terminates an orphan instance, returns a node the cluster set down to service and leaves an
 # administrator's drained node alone while the job keeps running, changes nothing the second
-# time, and once a drained node's job has ended powers it down and returns it to service.
+# time, and once a drained node's job has ended powers it down and returns it to service. Last, a
+# two-node job whose second node the account's quota refuses: the first node's instance is
+# terminated too (slurmctld's SLURM_RESUME_FILE says they are one job's).
 source "$(dirname "$0")/common.sh"
 python3 -c 'import boto3, moto' 2> /dev/null || { echo "SKIPPED: python3 has no boto3 and moto"; exit 77; }
 slurm_setup 1 420
@@ -23,7 +25,7 @@ endpoint="http://127.0.0.1:$moto_port"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
 marker="HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR"  # local-cluster.sh down stops what carries it
 
-env "$marker" python3 "$here/fake_cloud.py" server "$moto_port" p5.48xlarge > "$aws/log/moto.log" 2>&1 &
+env "$marker" python3 "$here/fake_cloud.py" server "$moto_port" p5.48xlarge "$aws/quota-refuses" > "$aws/log/moto.log" 2>&1 &
 deadline=$((SECONDS + 30))
 until python3 "$here/fake_cloud.py" setup "$endpoint" "$aws/cloud.json" "$aws/state" p5.48xlarge g5.xlarge 2> /dev/null; do
   ((SECONDS < deadline)) || fail "moto's server did not start"
@@ -162,5 +164,28 @@ say "suspend.py terminated gpu-1's instance $((SECONDS - idle_from)) s after the
 # (idle~); either way no instance is left.
 state=$(node_state gpu-1)
 [[ "$state" == "idle%" || "$state" == "idle~" ]] || fail "gpu-1 is $state after suspend, not powering or powered down"
+
+# All or nothing: a two-node job on an account whose vCPU quota is spent by the time gpu-4's
+# launch comes. slurmctld's job-to-node map (SLURM_RESUME_FILE) tells resume.py that gpu-2 is for
+# the same job, so gpu-2's instance does not stay up, billed, for a job that cannot start.
+echo gpu-4 > "$aws/quota-refuses"
+lines=$(wc -l < "$aws/log/power.log")
+job=$(sbatch --parsable -o "$WORK/job3.out" -N 2 -w gpu-2,gpu-4 --wrap 'echo "ran on $SLURM_JOB_NODELIST"')
+deadline=$((SECONDS + 60))
+until [[ "$(node_state gpu-2)" == down* && "$(node_state gpu-4)" == down* ]]; do
+  ((SECONDS < deadline)) || fail "gpu-2 is $(node_state gpu-2) ($(node_reason gpu-2)), gpu-4 $(node_state gpu-4) ($(node_reason gpu-4)) 60 s after the two-node job's submission"
+  sleep 0.5
+done
+tail -n +"$((lines + 1))" "$aws/log/power.log" | sed 's/^/    resume: /'
+! tail -n +"$((lines + 1))" "$aws/log/power.log" | grep -q "SLURM_RESUME_FILE" ||
+  fail "resume.py did not understand slurmctld's SLURM_RESUME_FILE"
+[[ "$(node_reason gpu-4)" == "hpctrain: resume failed: VcpuLimitExceeded: "* ]] ||
+  fail "gpu-4's reason is '$(node_reason gpu-4)', not the quota's"
+[[ "$(node_reason gpu-2)" == "hpctrain: resume failed: its job cannot start (job $job: gpu-4 got no instance)" ]] ||
+  fail "gpu-2's reason is '$(node_reason gpu-2)', not its job's"
+[[ -z "$(instances)" ]] || fail "instances left running for a job that cannot start: '$(instances)'"
+say "the two-node job without quota for gpu-4 left no instance: job $job is $(job_field "$job" JobState) ($(job_field "$job" Reason))"
+[[ ! -s "$WORK/job3.out" ]] || fail "the two-node job ran: $(cat "$WORK/job3.out")"
+scancel "$job"
 cat "$aws/log/calls" | sed 's/^/    calls: /'
-say "PASS: scaled from zero and back twice; the cluster manager cleaned up and changed nothing the second time"
+say "PASS: scaled from zero and back twice; the cluster manager cleaned up and changed nothing the second time; a job that could not get all its nodes kept none"
