@@ -467,10 +467,10 @@ namespace {
 bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variables_map* vm) {
   const po::options_description all = describe(o);
   try {
-    po::store(po::command_line_parser(own).options(all).style(po::command_line_style::default_style &
-                                                              ~po::command_line_style::allow_guessing).run(),
-              *vm);
+    po::store(po::command_line_parser(own).options(all).style(options::kCommandLineStyle).run(), *vm);
     po::notify(*vm);
+  } catch (const po::unknown_option& e) {
+    usage_error(options::unknown_option_text(e, all), " (hpcrun's options come before the program; try --help)");
   } catch (const po::error& e) {
     usage_error(options::what_of(e), " (hpcrun's options come before the program; try --help)");
   }

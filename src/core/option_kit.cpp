@@ -9,6 +9,8 @@
 #include <iostream>
 #include <map>
 
+#include "core/spelling.hpp"
+
 namespace hpc::options {
 
 bool bool_from_text(const std::string& t, const std::string& name) {
@@ -108,7 +110,30 @@ std::string what_of(const po::error& e) {
   return text;
 }
 
+std::string unknown_option_text(const po::unknown_option& e, const po::options_description& options) {
+  std::string given = e.get_option_name();  // "--res", or "--res=none"'s "--res"
+  while (!given.empty() && given[0] == '-') given.erase(0, 1);
+  given = given.substr(0, given.find('='));
+  std::vector<std::string> names, begun;
+  for (const auto& o : options.options()) {
+    const std::string& name = o->long_name();
+    if (name.empty()) continue;
+    names.push_back(name);
+    if (!given.empty() && name.rfind(given, 0) == 0) begun.push_back("--" + name);
+  }
+  const std::string what = what_of(e);
+  if (begun.size() == 1) return what + " (options are named whole: " + begun.front() + "?)";
+  if (begun.size() > 1) {
+    std::string list;
+    for (const std::string& b : begun) list += (list.empty() ? "" : ", ") + b;
+    return what + " (options are named whole; it begins " + list + ")";
+  }
+  const std::string near = nearest_name(names, given);
+  return near.empty() ? what : what + " (did you mean --" + near + "?)";
+}
+
 std::string value_error_text(const po::error& e, const po::options_description& options) {
+  if (const auto* unknown = dynamic_cast<const po::unknown_option*>(&e)) return unknown_option_text(*unknown, options);
   const auto* invalid = dynamic_cast<const po::invalid_option_value*>(&e);
   if (!invalid) return what_of(e);
   std::string name = invalid->get_option_name();  // "--threads"
@@ -151,7 +176,8 @@ std::string error_text(const po::error& e, int argc, const char* const* argv, co
 bool parse_subcommand(int argc, const char* const* argv, const po::options_description& options,
                       const po::positional_options_description& positional, po::variables_map& vm, bool speak) {
   try {
-    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(), vm);
+    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).style(kCommandLineStyle).run(),
+              vm);
     if (vm.count("help")) {  // before notify, which would insist on the required options
       if (speak) std::cout << options << "\n";
       return false;

@@ -386,6 +386,16 @@ std::string what_of(const po::error& e);
 // word nor why).
 std::string error_text(const po::error& e, int argc, const char* const* argv, const po::options_description& options,
                        const po::positional_options_description& positional);
+// How hpctrain and hpcrun read a command line: Boost's default, but an option is named whole.
+// Boost would take any unambiguous prefix (--res for --resume), which the wrappers that read
+// hpctrain's arguments (hpcrun, slurm/job.sh, users' scripts) do not see: hpcrun would add
+// --resume auto beside --res none, and a run told to start afresh would continue an old one. A
+// prefix is refused with the name it stands for (unknown_option_text).
+constexpr int kCommandLineStyle = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+// For an option `options` does not know: Boost's words, and the names it begins (" (options are
+// named whole: --resume?)", or "; it begins --a, --b") or the one it misspells (" (did you mean
+// --resume?)"), where there are.
+std::string unknown_option_text(const po::unknown_option& e, const po::options_description& options);
 // Boost's message for a value it could not read, with the kind of number the option takes
 // where it is a number ("--threads must be a whole number, got '99999999999' (out of range)",
 // where Boost says "the argument ... is invalid"); what_of(e) otherwise.

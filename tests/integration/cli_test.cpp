@@ -94,6 +94,12 @@ TEST_F(Cli, MisspeltCommandIsNamed) {
   expect_usage_error(typed({"bogus"}), {"unknown command 'bogus'; the commands are train,"});
 }
 
+// A subcommand's options are named whole too (OptionErrors.AnOptionIsNamedWhole: training's).
+TEST_F(Cli, ASubcommandsOptionIsNamedWhole) {
+  expect_usage_error(run_program({hpctrain_binary(), "evaluate", "--checkp", work_.str()}, kDeadline),
+                     {"unrecognised option '--checkp' (options are named whole: --checkpoint?)"});
+}
+
 // The control for every case below: the quick defaults on good files run to the end.
 TEST_F(Cli, GoodSmallDatasetTrains) {
   const RunResult r = run({});
@@ -119,6 +125,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadArgs{"unknown_option", {"--bogus"}, {"unrecognised option", "--bogus"}},
         BadArgs{"unknown_option_with_value", {"--bogus=3"}, {"--bogus"}},
+        BadArgs{"prefix_of_an_option", {"--res", "none"}, {"unrecognised option '--res'", "--resume?"}},
         BadArgs{"stray_word", {"resnet20"}, {"'resnet20' is no option"}},
         BadArgs{"epochs_not_a_number", {"--epochs", "abc"}, {"--epochs", "abc"}},
         BadArgs{"epochs_zero", {"--epochs", "0"}, {"--epochs", "positive", "0"}},

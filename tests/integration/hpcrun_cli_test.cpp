@@ -110,6 +110,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-H", "a", "--hostfile", dir.file("bad_hostfile"), "true"}, "not several"},
       {{"true"}, "no hosts"},
       {{"-np", "1", "--bogus", "true"}, "unrecognised option '--bogus'"},
+      {{"-np", "1", "--max-rest", "2", "true"}, "unrecognised option '--max-rest' (options are named whole: --max-restarts?)"},
       {{"-np", "1", "--blacklist-cooldown", "60", "true"}, "MIN:MAX"},
       {{"-np", "1", "--stall-timeout", "soon", "true"}, "--stall-timeout must be a duration"},
       {{"-np", "x", "true"}, "-np must be a whole number from 1 to 1000000, got 'x'"},

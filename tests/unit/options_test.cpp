@@ -371,6 +371,29 @@ TEST(OptionTable, UnknownChoicesAreRefusedWithTheChoices) {
   }
 }
 
+// An option is named whole: Boost would take --res for --resume, which hpcrun (and slurm/job.sh)
+// do not see, so hpcrun added --resume auto beside --res none and a run told to start afresh
+// continued an old one, exit 0. A prefix is refused, naming what it begins.
+TEST(OptionErrors, AnOptionIsNamedWhole) {
+  const std::map<std::vector<std::string>, std::string> wanted{
+      {{"--res", "none"}, "unrecognised option '--res' (options are named whole: --resume?)"},
+      {{"--resum=none"}, "unrecognised option '--resum=none' (options are named whole: --resume?)"},
+      {{"--checkpoint-e", "1"},
+       "unrecognised option '--checkpoint-e' (options are named whole; it begins --checkpoint-every-steps, "
+       "--checkpoint-each-epoch)"},
+      {{"--reseme", "none"}, "unrecognised option '--reseme' (did you mean --resume?)"},
+      {{"--bogus"}, "unrecognised option '--bogus'"}};
+  for (const auto& [args, message] : wanted) {
+    try {
+      parse(args);
+      ADD_FAILURE() << args[0] << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
 // Boost fills its messages' placeholders (%canonical_option%, %value%, %option%, ...) in a loop
 // that ends when none is left: a word holding its own placeholder made what() loop forever, and
 // hpctrain hung on `--x%canonical_option%` or a config file's `epochs = %value%` instead of

@@ -381,7 +381,8 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
   po::variables_map vm;
   try {
     // No positional options: a stray word ("hpctrain resnet20") is an error, not ignored.
-    po::store(po::command_line_parser(argc, argv).options(all).positional({}).run(), vm);
+    po::store(po::command_line_parser(argc, argv).options(all).positional({}).style(options::kCommandLineStyle).run(),
+              vm);
     po::notify(vm);
   } catch (const po::error& e) {
     usage_error(options::error_text(e, argc, argv, all, {}));
