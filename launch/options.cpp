@@ -403,6 +403,20 @@ std::vector<std::string> split_mpi_args(const std::string& text) {
   for (const std::string& w : words)
     HPC_REQUIRE(!kOwnMpirunOptions.count(w.substr(0, w.find('='))), "--mpi-args: ", w,
                 " is hpcrun's to set for each attempt; give hpcrun -np, -H or --hostfile instead");
+  // An option whose words are missing at the end would take hpcrun's own words that follow them
+  // on mpirun's command line (its rank wrapper's path and options): --mca as a parameter's name
+  // and value, which mpirun accepts, and the ranks would start without the wrapper, each attempt
+  // a host failure. mpirun's --do-not-launch check cannot see it.
+  static const std::map<std::string, std::string> kWordsAfter = {
+      {"--mca", "NAME VALUE"}, {"-mca", "NAME VALUE"}, {"--gmca", "NAME VALUE"}, {"-gmca", "NAME VALUE"}, {"-x", "NAME[=VALUE]"}};
+  for (size_t i = 0; i < words.size(); ++i) {
+    const auto wants = kWordsAfter.find(words[i]);
+    if (wants == kWordsAfter.end()) continue;
+    const size_t count = std::count(wants->second.begin(), wants->second.end(), ' ') + 1;
+    HPC_REQUIRE(i + count < words.size(), "--mpi-args '", text, "': ", words[i], " needs ", count == 1 ? "a word" : "two words",
+                " after it (", words[i], " ", wants->second, ")");
+    i += count;
+  }
   return words;
 }
 
@@ -545,6 +559,12 @@ void read_program(LaunchOptions& o) {
   HPC_REQUIRE(!find_program(o.program[0], &why).empty(), "program ", o.program[0], ": ", why);
   HPC_REQUIRE(!find_program(o.mpirun, &why).empty(), "--mpirun ", o.mpirun, ": ", why);
   o.program_is_hpctrain = std::filesystem::path(o.program[0]).filename() == "hpctrain";
+  // hpcrun keeps a training going (relaunches resume it: --resume auto, which the other commands
+  // do not take). `hpctrain evaluate ...` and the rest end in one go: mpirun runs them.
+  const std::string command = o.program_is_hpctrain && o.program.size() > 1 ? o.program[1] : "train";
+  HPC_REQUIRE(command == "train" || command.rfind('-', 0) == 0, "hpcrun runs trainings (hpctrain [train] ...), not '",
+              o.program[0], " ", command, "': run it without hpcrun (mpirun -np N ", o.program[0], " ", command,
+              " ..., or alone)");
   // A config file's checkpoint-dir or resume = none would otherwise go unseen: no heartbeat
   // watched, and the --resume auto below would override the file's fresh start.
   if (o.program_is_hpctrain) o.program_config = program_config_values(program_option(o.program, "config"));

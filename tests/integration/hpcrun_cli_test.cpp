@@ -158,6 +158,10 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--log-dir", "/", "-np", "1", "true"}, "--log-dir / is the root directory / (an unset variable?)"},
       {{"--log-dir", "/tmp/..", "-np", "1", "true"}, "--log-dir /tmp/.. is the root directory /"},
       {{"-np", "1", "--checkpoint-dir", "//", "true"}, "--checkpoint-dir // is the root directory /"},
+      // hpcrun's --resume auto would make any other command refuse itself, in every attempt
+      {{"-np", "1", hpctrain_binary(), "evaluate", "--checkpoint", dir.str()},
+       "hpcrun runs trainings (hpctrain [train] ...), not '" + hpctrain_binary() + " evaluate'"},
+      {{"-np", "1", hpctrain_binary(), "predict", "x.png"}, "not '" + hpctrain_binary() + " predict': run it without"},
       {{"-np", "1", hpctrain_binary(), "--checkpoint-dir", "/"}, "--checkpoint-dir / is the root directory /"},
       // Where every user may write, another could plant a link that hpcrun's writes would follow.
       {{"--log-dir", "/tmp", "-np", "1", "true"}, "--log-dir /tmp: it is writable by others (mode 1777)"},
@@ -202,6 +206,10 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-np", "1", "--mpirun", "", "true"}, "--mpirun is empty"},
       {{"-np", "1", "--mpi-args", "-np 4", "true"}, "--mpi-args: -np is hpcrun's to set"},
       {{"-np", "1", "--mpi-args", "--mca btl 'self", "true"}, "quote is not closed"},
+      // (mpirun would have taken hpcrun's rank wrapper as the parameter: every attempt a failure)
+      {{"-np", "1", "--mpi-args", "--mca", "true"}, "--mpi-args '--mca': --mca needs two words after it (--mca NAME VALUE)"},
+      {{"-np", "1", "--mpi-args", "-x A --gmca btl", "true"}, "--gmca needs two words after it"},
+      {{"-np", "1", "--mpi-args", "--bind-to none -x", "true"}, "-x needs a word after it (-x NAME[=VALUE])"},
       // mpirun's own usage error: quoted, not retried as if a host had failed
       {{"-np", "1", "--mpi-args", "--bind-to bogus", "true"},
        "mpirun refused its arguments (exit code 1; check --mpi-args and -x): The specified binding policy is not "
