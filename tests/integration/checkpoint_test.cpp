@@ -1120,6 +1120,8 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   for (const auto& [bytes, problem] : std::vector<std::pair<Bytes, std::string>>{
            {with_meta(last, "samples_seen", "nan"), "the checkpoint's position is invalid"},
            {with_meta(last, "step", "-3"), "the checkpoint's position is invalid"},
+           // (an epoch this large overflowed where the epoch is shown from 1: UBSan's report)
+           {with_meta(last, "epoch", "9223372036854775807"), "the checkpoint's position is invalid"},
            {with_section(last, 2, [&](Bytes& params) { std::memcpy(params.data(), &nan, 4); }),
             "it holds a state that is not finite (the parameters; its run had diverged)"},
            {with_section(last, 3, [](Bytes& momentum) { momentum.resize(momentum.size() - 4); }),

@@ -94,6 +94,18 @@ TEST_F(Cli, MisspeltCommandIsNamed) {
   expect_usage_error(typed({"bogus"}), {"unknown command 'bogus'; the commands are train,"});
 }
 
+// clean-snapshots' duration is named as every other option's ("----older-than" before); inspect
+// of a device says its size is 0, not 16 EB (the error of file_size shown as a size).
+TEST_F(Cli, SmallCommandsSayTheirProblemsPlainly) {
+  expect_usage_error(run_program({hpctrain_binary(), "clean-snapshots", "--older-than", "-1"}, kDeadline),
+                     {"error: --older-than must be a duration such as 90s, 10m or 1.5h, got '-1'"});
+  const RunResult r = run_program({hpctrain_binary(), "inspect", "/dev/zero"}, kDeadline);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.out.find("valid: no: cannot read checkpoint /dev/zero: not a regular file\nsize: 0 B (0 bytes)\n"),
+            std::string::npos)
+      << r.out;
+}
+
 // A subcommand's options are named whole too (OptionErrors.AnOptionIsNamedWhole: training's).
 TEST_F(Cli, ASubcommandsOptionIsNamedWhole) {
   expect_usage_error(run_program({hpctrain_binary(), "evaluate", "--checkp", work_.str()}, kDeadline),

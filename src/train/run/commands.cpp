@@ -11,6 +11,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -93,6 +94,7 @@ Inspected inspect_file(const std::string& path) {
   r.path = path;
   std::error_code ec;
   r.size = fs::file_size(path, ec);
+  if (ec) r.size = 0;  // not a regular file (a FIFO, a device): its problem says so below
   try {
     const ckpt::Checkpoint c = ckpt::load_checkpoint(path, &r.layout);
     r.param_checksum = param_checksum(c);
@@ -120,7 +122,7 @@ int64_t integer_or(const std::map<std::string, std::string>& meta, const std::st
 // "in epoch 2, 15 steps into it".
 std::string position_text(const std::map<std::string, std::string>& meta) {
   const int64_t epoch = integer_or(meta, "epoch"), into = integer_or(meta, "step_in_epoch");
-  if (epoch < 0 || into < 0) return "epoch ?";
+  if (epoch < 0 || into < 0 || epoch == std::numeric_limits<int64_t>::max()) return "epoch ?";  // (a crafted file)
   if (into == 0) return epoch == 0 ? "at the start" : "after epoch " + std::to_string(epoch);
   return "in epoch " + std::to_string(epoch + 1) + ", " + std::to_string(into) + " steps into it";
 }

@@ -225,8 +225,12 @@ RunPosition recorded_position(const ckpt::Checkpoint& c) {
   at.global_batch = c.integer("global_batch_size");
   at.samples_seen = c.number("samples_seen");
   loss_scaler_of(c);  // valid, for the engine to restore
+  // Bounded far beyond any run (2^31 epochs, 2^53 steps), so that the arithmetic on them (the
+  // epoch shown from 1, epoch * steps per epoch) cannot overflow on a crafted file.
+  constexpr int64_t kMostEpochs = int64_t{1} << 31, kMostSteps = int64_t{1} << 53;
   HPC_REQUIRE(at.step >= 0 && at.epoch >= 0 && at.step_in_epoch >= 0 && at.global_batch > 0 &&
-                  std::isfinite(at.samples_seen) && at.samples_seen >= 0,
+                  at.step <= kMostSteps && at.epoch <= kMostEpochs && at.step_in_epoch <= kMostEpochs &&
+                  at.global_batch <= kMostEpochs && std::isfinite(at.samples_seen) && at.samples_seen >= 0,
               "the checkpoint's position is invalid (step ", at.step, ", epoch ", at.epoch, ", samples seen ",
               at.samples_seen, ")");
   return at;

@@ -561,7 +561,7 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
     require_not_root_dir(dir, "--snapshot-dir");
     what.all = all;
     what.run_id = run_id;
-    if (!older.empty()) what.older_than = parse_duration(older, "--older-than");
+    if (!older.empty()) what.older_than = parse_duration(older, "older-than");
   });
   if (!go) return kExitSuccess;
   const std::string parent = dir.empty() ? default_snapshot_parent() : dir;
