@@ -611,6 +611,23 @@ TEST_F(Checkpoints, InitFromStartsANewRunFromACheckpointsWeights) {
   // The first convolution's weights (3 input channels, not 1) and the first linear layer's (the
   // 32x32 images pool to 8x8, not 7x7): the rest keeps its shape and is taken.
   EXPECT_EQ(partial.at("from_seed").str, "0.weight,5.weight");
+
+  // Weights that are finite but huge (a crafted file, its checksums made anew): an mlp's first
+  // loss is not finite before any update, the file's doing, not an internal error (exit 1) as it
+  // was.
+  const std::string mlp = dir_.file("mlp");
+  auto small = job(mlp, dir_.file("mlp.jsonl"), 1);
+  small.insert(small.end(), {"--model", "mlp", "--max-steps", "1"});
+  ASSERT_EQ(run_hpctrain(small).exit_code, 0);
+  write_bytes(dir_.file("huge.hpck"), with_section(read_bytes(mlp + "/ckpt-000000001.hpck"), 2, [](Bytes& params) {
+                for (size_t at = 0; at + 4 <= params.size(); at += 4) {
+                  const float huge = 3e38f;
+                  std::memcpy(params.data() + at, &huge, 4);
+                }
+              }));
+  expect_usage_error(run_hpctrain(into({"--model", "mlp"}, dir_.file("huge.hpck"))),
+                     "the loss of step 1 (epoch 1) is not finite with the parameters of --init-from " +
+                         dir_.file("huge.hpck") + ", before any update");
 }
 
 // --extend-epochs: a finished 2-epoch run goes on to 3 epochs, its schedule recomputed (onecycle:

@@ -108,6 +108,12 @@ std::unique_ptr<ckpt::CheckpointStore> open_store(dist::ProcessContext& ctx, con
 }
 
 void diverged(const TrainOptions& o, const std::string& what, bool before_any_update) {
+  // Parameters read from a file (finite, or they would have been refused, but of any size): the
+  // file's doing, not hpctrain's.
+  if (before_any_update && !o.init_from.empty())
+    throw dist::CollectiveError(ErrorKind::Usage,
+                                detail::concat(what, " with the parameters of --init-from ", o.init_from,
+                                               ", before any update: its weights do not suit this model and data"));
   if (before_any_update)
     throw dist::CollectiveError(ErrorKind::Internal,
                                 detail::concat("internal error at ", __FILE__, ":", __LINE__, ": ", what,
