@@ -204,6 +204,24 @@ class Pack(unittest.TestCase):
         self.assertIn("stopped by SIGTERM", err.strip().splitlines()[-1])
         self.assertEqual(snapshot(self.out), before)
 
+    def test_interrupt_before_the_packer_runs_is_one_line(self):
+        """Ctrl-C while hpcdata loads its modules, before the packer takes its place (a
+        KeyboardInterrupt traceback before): status 130 and one line, OUT never made. The signal
+        goes as the script's own imports begin, seen in -X importtime's lines."""
+        job = subprocess.Popen([sys.executable, "-X", "importtime", HPCDATA, "pack", self.src, self.out, "--quiet"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in job.stderr:
+            seen.append(line)
+            if line.rstrip().endswith("| argparse"):  # hpcdata's first import after its own hook
+                job.send_signal(signal.SIGINT)
+                break
+        _, err = job.communicate(timeout=60)
+        err = "".join(line for line in seen + err.splitlines(True) if not line.startswith("import time:"))
+        self.assertEqual(job.returncode, 128 + signal.SIGINT, err)
+        self.assertEqual(err.splitlines(), ["hpcdata: stopped by SIGINT before finishing"])
+        self.assertFalse(os.path.exists(self.out), "an interrupted pack made OUT")
+
     def test_full_disk_leaves_out_as_it_was(self):
         before = self.packed()
         big = os.path.join(self.src, "n01440764", "big.jpg")

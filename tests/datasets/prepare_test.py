@@ -321,6 +321,21 @@ class Prepare(unittest.TestCase):
                 (("prepare", "mnist", "--out", new, "--from", "/no/such/dir"), 2, "does not exist"),
                 (("prepare", "mnist", "--out", "", "--from", self.mnist), 2, "--out is an empty path"),
                 (("prepare", "mnist", "--out", new, "--from", ""), 2, "--from is an empty path"),
+                # A --from that gives none of the archives, once passed over for a download or
+                # Debian's copy (exit 0, the user's file never read).
+                (("prepare", "mnist", "--out", new, "--from", a_file), 2,
+                 f"--from {a_file} is not one of mnist's archives (train-images-idx3-ubyte.gz, "
+                 "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz): they are found "
+                 "by their published names"),
+                (("prepare", "fashion-mnist", "--out", new, "--from", a_file, "--offline"), 2,
+                 f"--from {a_file} is not one of fashion-mnist's archives"),
+                (("prepare", "cifar10", "--out", new, "--from", self.mnist), 2,
+                 f"--from {self.mnist} holds none of cifar10's archives (cifar-10-binary.tar.gz)"),
+                (("prepare", "cifar10", "--out", new, "--from", self.archives, "--from", self.mnist), 2,
+                 "holds none of cifar10's archives"),
+                (("prepare", "cifar10", "--out", new, "--from", "/dev/null"), 2,
+                 "--from /dev/null is neither one of cifar10's archives (cifar-10-binary.tar.gz) nor a directory "
+                 "holding one"),
                 (("prepare", "mnist", "--out", a_file, "--from", self.mnist), 2, "exists and is not a directory"),
                 # "$UNSET/": the root directory, by any spelling or link, is never an output directory.
                 (("prepare", "mnist", "--out", "/", "--from", self.mnist), 2,
@@ -341,6 +356,42 @@ class Prepare(unittest.TestCase):
             with self.subTest(args=args):
                 self.assert_refused(args, code, message, [prepared, new, a_file, self.mnist])
 
+    def test_manifest_nested_past_the_decoder_is_stale(self):
+        """An hpcdata.json nested thousands deep (json's RecursionError, a traceback before) is
+        malformed like any other: DIR is prepared again."""
+        out = self.out("nested")
+        os.makedirs(out)
+        with open(os.path.join(out, "hpcdata.json"), "w") as f:
+            f.write('{"dataset": "mnist", "files": ' + "[" * 5000 + "]" * 5000 + "}\n")
+        code, stdout, err = hpcdata("prepare", "mnist", "--out", out, "--from", self.mnist, "--no-verify")
+        self.assertEqual((code, stdout), (0, out + "\n"), err)
+        self.assertNotIn("Traceback", err)
+        with open(os.path.join(out, "hpcdata.json")) as f:
+            self.assertEqual(sorted(json.load(f)["files"]), sorted(os.listdir(self.mnist)))
+
+    def test_interrupt_while_starting_is_one_line_and_leaves_nothing(self):
+        """Ctrl-C while hpcdata loads its modules (a good part of a second on a busy node; a
+        KeyboardInterrupt traceback there before) or right after: status 130 and main()'s one
+        line, never a traceback, never a DIR left behind. The signal goes as the script's own
+        imports begin, seen in -X importtime's lines; earlier, while the interpreter starts and
+        compiles the script, no code of the script runs to catch it."""
+        for i in range(5):
+            out = self.out(f"interrupted-{i}")
+            job = subprocess.Popen([sys.executable, "-X", "importtime", HPCDATA, "prepare", "mnist", "--out", out,
+                                    "--from", self.mnist, "--no-verify"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            seen = []
+            for line in job.stderr:
+                seen.append(line)
+                if line.rstrip().endswith("| argparse"):  # hpcdata's first import after its own hook
+                    job.send_signal(signal.SIGINT)
+                    break
+            _, err = job.communicate(timeout=60)
+            err = "".join(line for line in seen + err.splitlines(True) if not line.startswith("import time:"))
+            with self.subTest(run=i):
+                self.assertEqual(job.returncode, 128 + signal.SIGINT, err)
+                self.assertEqual(err.splitlines(), ["hpcdata: stopped by SIGINT before finishing"])
+                self.assertFalse(os.path.exists(out), "an interrupted prepare left its DIR")
 
 if __name__ == "__main__":
     unittest.main()

@@ -181,6 +181,60 @@ class DestOfAnotherUser(unittest.TestCase):
         self.assertTrue(os.path.islink(os.path.join(dest, ".hpcdata-stage.lock")))
 
 
+class MalformedJson(unittest.TestCase):
+    """hpcdata's markers in DEST and the CLI's listing, malformed: nested past what json decodes
+    (its RecursionError was a traceback) or not an object (the marker's, an AttributeError) are
+    read as the other malformed ones are. Runs without the AWS CLI and moto: a stand-in `aws`
+    lists what the test gives it and fails the copy."""
+
+    SOURCE = "s3://data/sets/one"
+    NESTED = "[" * 5000 + "]" * 5000
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="hpcdata-json-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        bin_dir = os.path.join(self.tmp, "bin")
+        os.makedirs(bin_dir)
+        self.listing = os.path.join(self.tmp, "listing.json")
+        with open(os.path.join(bin_dir, "aws"), "w") as f:
+            f.write(f'#!/bin/sh\ncase "$*" in *list-objects-v2*) cat {self.listing}; exit 0;; esac\n'
+                    'echo "aws: no service here" >&2\nexit 255\n')
+        os.chmod(os.path.join(bin_dir, "aws"), 0o755)
+        self.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        self.dest = os.path.join(self.tmp, "dest")
+        os.makedirs(self.dest, 0o755)
+        self.list_as('{"Contents": [{"Key": "sets/one/a.bin", "Size": 3, "ETag": "\\"x\\""}]}')
+
+    def list_as(self, text):
+        with open(self.listing, "w") as f:
+            f.write(text)
+
+    def assert_fails(self, says):
+        p = subprocess.run([sys.executable, HPCDATA, "stage", self.SOURCE, self.dest], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=self.env, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertEqual([line for line in p.stderr.splitlines() if "error:" in line],
+                         [f"hpcdata: error: {says}"], p.stderr)
+
+    def test_markers_nested_too_deeply_or_not_objects_are_malformed(self):
+        for marker in (".hpcdata-staged.json", ".hpcdata-staging.json"):
+            for text in (self.NESTED, '{"source": "s3://data/sets/one/", "files": ' + self.NESTED + "}", "[1]"):
+                with self.subTest(marker=marker, text=text[:20]):
+                    with open(os.path.join(self.dest, marker), "w") as f:
+                        f.write(text)
+                    # Read as no staging: on to the copy, which the stand-in fails.
+                    self.assert_fails(f"copying {self.SOURCE}/ failed: aws: no service here")
+                    for name in os.listdir(self.dest):
+                        os.unlink(os.path.join(self.dest, name))
+
+    def test_listing_nested_too_deeply_is_not_json(self):
+        self.list_as('{"Contents": ' + self.NESTED + "}")
+        self.assert_fails(f"listing {self.SOURCE}/ returned something that is not JSON")
+        self.list_as("[1]")
+        self.assert_fails(f"listing {self.SOURCE}/ returned something that is not JSON")
+
+
 class Stage(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -4,9 +4,12 @@ restart marked where the run resumed (the tool reports the marks it drew)."""
 
 import json
 import os
+import resource
+import signal
 import struct
 import subprocess
 import tempfile
+import time
 import unittest
 
 HPCTRAIN = os.environ["HPCTRAIN"]
@@ -91,10 +94,15 @@ class Plot(unittest.TestCase):
         huge = os.path.join(self.tmp.name, "huge.jsonl")
         with open(huge, "w") as f:
             f.write(whole + '{"event":"step","step":99,"loss":-1e308}\n')
+        # Nested past what json decodes: its RecursionError was a traceback, exit 1.
+        nested = os.path.join(self.tmp.name, "nested.jsonl")
+        with open(nested, "w") as f:
+            f.write('{"event":"step","step":1,"loss":1,"x":' + "[" * 1000 + "]" * 1000 + "}\n")
         for args, message in (([bad], "not a JSON line"), ([os.path.join(self.tmp.name, "none.jsonl")], "cannot read"),
                               ([], "required"), ([self.straight, "--out", bad], "not a directory"),
                               ([words, "--out", self.tmp.name], 'elapsed_seconds is not a number ("abc")'),
-                              ([huge, "--out", self.tmp.name], "loss is -1e+308, beyond what a chart can hold")):
+                              ([huge, "--out", self.tmp.name], "loss is -1e+308, beyond what a chart can hold"),
+                              ([nested, "--out", self.tmp.name], f"{nested}:1: not a JSON line (nested too deeply)")):
             p = plot(*args)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertEqual(p.stdout, "")
@@ -126,6 +134,83 @@ class Plot(unittest.TestCase):
         p = plot(self.straight, "--out", "")
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertEqual(p.stderr.splitlines(), ["hpctrain-plot: error: --out is an empty path (an unset variable?)"])
+
+    def test_chart_names_that_are_taken_are_refused_before_writing(self):
+        """A chart's name that is a directory (the chart was written to NAME.tmp, then the rename
+        failed: exit 1, the .tmp left behind and named) or the input file itself (overwritten) is
+        refused, exit 2, before anything is written."""
+        out = os.path.join(self.tmp.name, "taken")
+        os.makedirs(os.path.join(out, "metrics-loss.png"))
+        p = plot(self.straight, "--out", out)
+        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+        self.assertEqual(p.stderr.splitlines(), [f"hpctrain-plot: error: {out}/metrics-loss.png is a directory: the "
+                                                 "chart cannot take its name (another --out or --prefix?)"])
+        self.assertEqual(os.listdir(out), ["metrics-loss.png"])
+        with open(self.straight) as f:
+            whole = f.read()
+        own = os.path.join(out, "own")
+        os.makedirs(own)
+        for name in ("metrics-accuracy.png", "link.jsonl"):
+            with self.subTest(input=name):
+                given = os.path.join(own, name)
+                with open(os.path.join(own, "metrics-accuracy.png"), "w") as f:
+                    f.write(whole)
+                if name == "link.jsonl":  # the same file by another name
+                    os.symlink("metrics-accuracy.png", given)
+                p = plot(given, "--out", os.path.join(own, "..", "own"))
+                self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+                self.assertEqual(p.stderr.splitlines(), [f"hpctrain-plot: error: {own}/../own/metrics-accuracy.png is "
+                                                         f"the input file {given}: the chart would overwrite it "
+                                                         "(another --out or --prefix?)"])
+                with open(os.path.join(own, "metrics-accuracy.png")) as f:
+                    self.assertEqual(f.read(), whole)
+                self.assertEqual(sorted(os.listdir(own)), sorted({"metrics-accuracy.png", name}))
+
+    def test_failed_write_names_the_chart_and_leaves_no_temporary(self):
+        """A chart that cannot be written (here a full disk, as the tool sees it: no file may grow
+        past 10 kB) is exit 1, names the chart, not its temporary, and leaves neither behind."""
+        out = os.path.join(self.tmp.name, "full")
+        os.makedirs(out)
+
+        def small_files():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (10000, 10000))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        p = subprocess.run(["/usr/bin/python3", PLOT, self.straight, "--out", out], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=small_files)
+        self.assertEqual((p.returncode, p.stdout), (1, ""), p.stderr)
+        self.assertEqual(p.stderr.splitlines(), [f"hpctrain-plot: error: {out}/metrics-loss.png: File too large"])
+        self.assertEqual(os.listdir(out), [])
+
+    def test_interrupt_is_one_line_and_leaves_no_temporary(self):
+        """Ctrl-C (a KeyboardInterrupt traceback before) while the modules load, and while a
+        chart is written (its temporary left behind before): status 130, one line, no temporary.
+        The signal goes as the script's own imports begin (seen in -X importtime's lines: earlier,
+        while the interpreter starts, no code of the script runs), and once a temporary exists."""
+        for when in ("importing", "writing"):
+            with self.subTest(when=when):
+                out = os.path.join(self.tmp.name, f"interrupted-{when}")
+                job = subprocess.Popen(["/usr/bin/python3", *(["-X", "importtime"] if when == "importing" else []),
+                                        PLOT, self.straight, "--out", out],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                seen = []
+                if when == "importing":
+                    for line in job.stderr:
+                        seen.append(line)
+                        if line.rstrip().endswith("| argparse"):  # its first import after its own hook
+                            break
+                else:
+                    deadline = time.monotonic() + 60
+                    while not (os.path.isdir(out) and any(n.endswith(".tmp") for n in os.listdir(out))):
+                        self.assertIsNone(job.poll(), "the charts were written before a temporary was seen")
+                        self.assertLess(time.monotonic(), deadline, "no temporary appeared")
+                        time.sleep(0.001)
+                job.send_signal(signal.SIGINT)
+                _, err = job.communicate(timeout=60)
+                err = "".join(line for line in seen + err.splitlines(True) if not line.startswith("import time:"))
+                self.assertEqual(job.returncode, 130, err)
+                self.assertEqual(err.splitlines(), ["hpctrain-plot: interrupted"])
+                self.assertEqual([n for n in os.listdir(out) if not n.endswith("-loss.png")] if os.path.isdir(out)
+                                 else [], [], "an interrupted plot left a temporary or a chart it was writing")
 
     def test_cut_lines_are_skipped_bad_lines_refused(self):
         """A run killed while writing a line leaves it cut: the last line, or one that the next run's
