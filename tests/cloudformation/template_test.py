@@ -97,6 +97,32 @@ class Lint(unittest.TestCase):
         self.assertEqual(cfn.lint(TEMPLATE), (0, ""))
 
 
+class Arns(unittest.TestCase):
+    def test_nothing_is_appended_to_an_arn_that_ends_in_a_wildcard(self):
+        """A log group's Arn attribute already ends in ':*': '${LogGroup.Arn}:log-stream:*' made
+        'log-group:NAME:*:log-stream:*', an ARN of nothing (access held only through the group's
+        own entry beside it). Every such attribute is used whole."""
+        import cfn
+
+        template = cfn.load_template()
+        groups = [name for name, r in template["Resources"].items() if r["Type"] == "AWS::Logs::LogGroup"]
+        self.assertTrue(groups)
+        found = []
+
+        def walk(node):
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    if key == "Fn::Sub":
+                        text = value if isinstance(value, str) else value[0]
+                        found.extend(text for g in groups if "${" + g + ".Arn}" in text)
+                    walk(value)
+            elif isinstance(node, list):
+                for item in node:
+                    walk(item)
+        walk(template["Resources"])
+        self.assertEqual(found, [])
+
+
 class HeadNodeSettings(unittest.TestCase):
     """The settings file cfn-init writes for the power-saving programs is one they accept."""
 
