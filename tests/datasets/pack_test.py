@@ -20,7 +20,7 @@ import tempfile
 import time
 import unittest
 
-from tree_snapshot import snapshot
+from tree_snapshot import interrupted_as_imports_begin, snapshot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
@@ -208,17 +208,8 @@ class Pack(unittest.TestCase):
         """Ctrl-C while hpcdata loads its modules, before the packer takes its place (a
         KeyboardInterrupt traceback before): status 130 and one line, OUT never made. The signal
         goes as the script's own imports begin, seen in -X importtime's lines."""
-        job = subprocess.Popen([sys.executable, "-X", "importtime", HPCDATA, "pack", self.src, self.out, "--quiet"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        seen = []
-        for line in job.stderr:
-            seen.append(line)
-            if line.rstrip().endswith("| argparse"):  # hpcdata's first import after its own hook
-                job.send_signal(signal.SIGINT)
-                break
-        _, err = job.communicate(timeout=60)
-        err = "".join(line for line in seen + err.splitlines(True) if not line.startswith("import time:"))
-        self.assertEqual(job.returncode, 128 + signal.SIGINT, err)
+        status, err = interrupted_as_imports_begin([HPCDATA, "pack", self.src, self.out, "--quiet"])
+        self.assertEqual(status, 128 + signal.SIGINT, err)
         self.assertEqual(err.splitlines(), ["hpcdata: stopped by SIGINT before finishing"])
         self.assertFalse(os.path.exists(self.out), "an interrupted pack made OUT")
 

@@ -24,7 +24,7 @@ import threading
 import time
 import unittest
 
-from tree_snapshot import snapshot
+from tree_snapshot import interrupted_as_imports_begin, snapshot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
@@ -377,19 +377,10 @@ class Prepare(unittest.TestCase):
         compiles the script, no code of the script runs to catch it."""
         for i in range(5):
             out = self.out(f"interrupted-{i}")
-            job = subprocess.Popen([sys.executable, "-X", "importtime", HPCDATA, "prepare", "mnist", "--out", out,
-                                    "--from", self.mnist, "--no-verify"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            seen = []
-            for line in job.stderr:
-                seen.append(line)
-                if line.rstrip().endswith("| argparse"):  # hpcdata's first import after its own hook
-                    job.send_signal(signal.SIGINT)
-                    break
-            _, err = job.communicate(timeout=60)
-            err = "".join(line for line in seen + err.splitlines(True) if not line.startswith("import time:"))
+            status, err = interrupted_as_imports_begin([HPCDATA, "prepare", "mnist", "--out", out, "--from", self.mnist,
+                                                        "--no-verify"])
             with self.subTest(run=i):
-                self.assertEqual(job.returncode, 128 + signal.SIGINT, err)
+                self.assertEqual(status, 128 + signal.SIGINT, err)
                 self.assertEqual(err.splitlines(), ["hpcdata: stopped by SIGINT before finishing"])
                 self.assertFalse(os.path.exists(out), "an interrupted prepare left its DIR")
 

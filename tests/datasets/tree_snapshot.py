@@ -1,6 +1,10 @@
-"""What the dataset tests compare before and after a refused command: nothing changed."""
+"""What the dataset tests share: what they compare before and after a refused command (nothing
+changed), and a Ctrl-C sent to hpcdata as its own imports begin."""
 import hashlib
 import os
+import signal
+import subprocess
+import sys
 
 
 def snapshot(*roots):
@@ -17,3 +21,20 @@ def snapshot(*roots):
                 with open(os.path.join(d, n), "rb") as f:
                     seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
     return seen
+
+
+def interrupted_as_imports_begin(args):
+    """Runs `python3 -X importtime ARGS` (hpcdata and its arguments) and sends SIGINT as the
+    script's first import after its own hook (argparse) loads: earlier, while the interpreter starts
+    and compiles the script, no code of it runs to catch one. Returns (status, stderr without the
+    import-time lines)."""
+    job = subprocess.Popen([sys.executable, "-X", "importtime", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in job.stderr:
+        seen.append(line)
+        if line.rstrip().endswith("| argparse"):
+            job.send_signal(signal.SIGINT)
+            break
+    _, err = job.communicate(timeout=60)
+    return job.returncode, "".join(line for line in seen + err.splitlines(True) if not line.startswith("import time:"))

@@ -371,6 +371,19 @@ TEST(OptionTable, UnknownChoicesAreRefusedWithTheChoices) {
   }
 }
 
+// Each command line refused as a usage error with exactly its message.
+void expect_usage_errors(const std::map<std::vector<std::string>, std::string>& wanted) {
+  for (const auto& [args, message] : wanted) {
+    try {
+      parse(args);
+      ADD_FAILURE() << args[0] << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
 // An option is named whole: Boost would take --res for --resume, which hpcrun (and slurm/job.sh)
 // do not see, so hpcrun added --resume auto beside --res none and a run told to start afresh
 // continued an old one, exit 0. A prefix is refused, naming what it begins.
@@ -383,15 +396,7 @@ TEST(OptionErrors, AnOptionIsNamedWhole) {
        "--checkpoint-each-epoch)"},
       {{"--reseme", "none"}, "unrecognised option '--reseme' (did you mean --resume?)"},
       {{"--bogus"}, "unrecognised option '--bogus'"}};
-  for (const auto& [args, message] : wanted) {
-    try {
-      parse(args);
-      ADD_FAILURE() << args[0] << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::Usage);
-      EXPECT_EQ(std::string(e.what()), message);
-    }
-  }
+  expect_usage_errors(wanted);
 }
 
 // Boost fills its messages' placeholders (%canonical_option%, %value%, %option%, ...) in a loop
@@ -405,15 +410,7 @@ TEST(OptionErrors, WordsHoldingBoostsPlaceholdersAreShownAsGiven) {
       {{"--epochs", "%value%"}, "--epochs must be a whole number, got '%value%'"},
       {{"--no-overlap=%canonical_option%"}, "option '--no-overlap' does not take any arguments"},
       {{"--epochs=a%option%%original_token%%prefix%"}, "--epochs must be a whole number, got 'a%option%%original_token%%prefix%'"}};
-  for (const auto& [args, message] : wanted) {
-    try {
-      parse(args);
-      ADD_FAILURE() << args[0] << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::Usage);
-      EXPECT_EQ(std::string(e.what()), message);
-    }
-  }
+  expect_usage_errors(wanted);
   const TempDir dir;
   const std::string path = dir.file("placeholders.conf");
   for (const auto& [line, message] : std::map<std::string, std::string>{
