@@ -41,7 +41,15 @@ Dataset read_cifar(const std::vector<std::string>& paths, const CifarFormat& f, 
     d.labels.reserve(static_cast<size_t>(paths.size() * records_per_file));
   }
   for (const std::string& path : paths) {
-    std::vector<uint8_t> raw = read_file_maybe_gzip(path);
+    // Gunzipped no further than twice the published count: a file past it is refused below all
+    // the same, saying by how many records where it is near.
+    DecodedSize limit;
+    if (records_per_file > 0)
+      limit.declared = [&](const uint8_t*) -> DecodedSize::Declared {
+        return {static_cast<uint64_t>(2 * records_per_file * record),
+                "twice the " + std::to_string(records_per_file) + " records of a published " + f.name + " file"};
+      };
+    std::vector<uint8_t> raw = read_file_maybe_gzip(path, limit);
     const auto size = static_cast<int64_t>(raw.size());
     HPC_REQUIRE(size > 0 && size % record == 0, "dataset file ", path, " is malformed: ", size,
                 " bytes is not a whole number of ", record, "-byte ", f.name, " records",

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,8 +85,22 @@ Dataset read_cifar100(const std::vector<std::string>& paths, int64_t records_per
 constexpr int64_t kIdxTrainRecords = 60000, kIdxTestRecords = 10000;
 constexpr int64_t kCifar10RecordsPerFile = 10000, kCifar100TrainRecords = 50000, kCifar100TestRecords = 10000;
 
-// Reads a whole file, gunzipping when it starts with the gzip magic.
-std::vector<uint8_t> read_file_maybe_gzip(const std::string& path);
+// How much of a gzipped dataset file is worth decoding: what its first `header` bytes (none for a
+// format without a header) declare the whole decoded file to hold. A file whose stream holds more
+// is refused there, never inflated whole (a small file can inflate to gigabytes); a header that
+// declares nothing (bytes 0: not this format's) stops the decoding after it, for the reader to
+// say what is wrong. No `declared`: decoded whole.
+struct DecodedSize {
+  struct Declared {
+    uint64_t bytes = 0;
+    std::string what;  // "the 60000 labels its header declares", for the error
+  };
+  size_t header = 0;
+  std::function<Declared(const uint8_t* header)> declared;
+};
+
+// Reads a whole file, gunzipping when it starts with the gzip magic (no further than `limit`).
+std::vector<uint8_t> read_file_maybe_gzip(const std::string& path, const DecodedSize& limit = {});
 // Whether a dataset file is at `path` (false: nothing there). Anything else that stops it being
 // read is a usage error with the system's reason: a permission denied is not "does not exist".
 bool dataset_file_exists(const std::string& path);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -70,7 +71,7 @@ std::string inflate_problem(int rc) {
 // zlib's on Fashion-MNIST's 26 MB of training images (0.4 s a process with zlib, and every rank
 // of every run reads them). Each member's CRC-32 is checked. A stream cut short is an error, and
 // so are bytes after the last member that are not another (gzip -d: "trailing garbage ignored").
-std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>& in) {
+std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>& in, const DecodedSize& limit) {
   const auto corrupt = [&](const std::string& what) { usage_error("dataset file ", path, " is corrupt: ", what); };
   std::vector<uint8_t> out;
   const auto grow = [&](size_t size) {
@@ -90,7 +91,15 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
     const size_t isize = uint32_t{t[0]} | (uint32_t{t[1]} << 8) | (uint32_t{t[2]} << 16) | (uint32_t{t[3]} << 24);
     if (isize > guess && isize / 1100 <= in.size()) guess = isize;
   }
-  grow(std::max<size_t>(guess, 1 << 16));
+  // The most worth decoding (limit): unknown until the header is (then the guess waits for it).
+  std::optional<DecodedSize::Declared> most;
+  const auto learn = [&](const uint8_t* header) {
+    most = limit.declared(header);
+    if (most->bytes == 0) most->bytes = limit.header;  // a wrong header: decoded that far, the reader says why
+  };
+  if (limit.declared && limit.header == 0) learn(nullptr);
+  const auto capped = [&](size_t n) { return most ? std::min<size_t>(n, most->bytes + 1) : n; };
+  grow(std::max<size_t>(capped(limit.declared && !most ? limit.header : guess), 1 << 16));
   size_t used = 0;  // bytes of `out` written
   const auto consumed = [&](const inflate_state& st) { return static_cast<size_t>(st.next_in - in.data()); };
   // isal_inflate counts in 32 bits: at most 4 GiB of input or of output space at a time.
@@ -104,13 +113,27 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
     st.next_in = const_cast<uint8_t*>(in.data() + at);
     st.avail_in = clamp(in.size() - at);
     for (;;) {
-      if (used == out.size()) grow(out.size() * 2);
+      if (used == out.size()) grow(capped(out.size() * 2));
       st.next_out = out.data() + used;
       st.avail_out = clamp(out.size() - used);
       const size_t in_before = consumed(st), space = st.avail_out;
       const int rc = isal_inflate(&st);
       used += space - st.avail_out;
       if (rc < 0 || rc > ISAL_OUT_OVERFLOW) corrupt(inflate_problem(rc));
+      if (!most && limit.declared && used >= limit.header) {
+        learn(out.data());
+        if (guess > out.size()) grow(capped(guess));
+      }
+      if (most && used > most->bytes) {
+        // Never decoded whole: a small file can inflate to gigabytes (a gzip bomb, or another
+        // file altogether), refused at what it declares instead of filling the memory.
+        if (most->what.empty()) {
+          out.resize(used);
+          return out;  // its header is wrong: the reader says how
+        }
+        usage_error("dataset file ", path, " is malformed: bytes follow ", most->what, " (", most->bytes,
+                    " bytes; its gzip stream holds more, not decoded further)");
+      }
       if (st.block_state == ISAL_BLOCK_FINISH) break;
       if (st.avail_in == 0) {
         if (consumed(st) == in.size()) corrupt("its compressed stream ends early (the file was cut short?)");
@@ -127,18 +150,27 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
 
 }  // namespace
 
-std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
+std::vector<uint8_t> read_file_maybe_gzip(const std::string& path, const DecodedSize& limit) {
   HPC_REQUIRE(dataset_file_exists(path), "dataset file ", path, " does not exist");
   // As it is on disk; no size limit but the process's memory.
   std::vector<uint8_t> bytes = read_data_file(path, "dataset file", std::numeric_limits<int64_t>::max());
   if (!gzip_magic(bytes.data(), bytes.size())) return bytes;
-  return gunzip(path, bytes);
+  return gunzip(path, bytes, limit);
 }
 
 Dataset read_idx(const std::string& images_path, const std::string& labels_path, int64_t height, int64_t width,
                  int classes) {
-  std::vector<uint8_t> img = read_file_maybe_gzip(images_path);
-  std::vector<uint8_t> lab = read_file_maybe_gzip(labels_path);
+  // Each decoded no further than its header declares (a header of another kind: no further than it).
+  const auto declared = [&](uint32_t magic, uint64_t header, const char* what, bool images) {
+    return DecodedSize{header, [=](const uint8_t* h) -> DecodedSize::Declared {
+                         const uint64_t count = be32(h + 4);
+                         if (be32(h) != magic || (images && (be32(h + 8) != height || be32(h + 12) != width))) return {};
+                         const uint64_t item = images ? uint64_t{be32(h + 8)} * be32(h + 12) : 1;
+                         return {header + count * item, "the " + std::to_string(count) + " " + what + " its header declares"};
+                       }};
+  };
+  std::vector<uint8_t> img = read_file_maybe_gzip(images_path, declared(kImagesMagic, 16, "images", true));
+  std::vector<uint8_t> lab = read_file_maybe_gzip(labels_path, declared(kLabelsMagic, 8, "labels", false));
   HPC_REQUIRE(img.size() >= 16, "dataset file ", images_path, " is truncated: ", img.size(),
               " bytes, shorter than the 16-byte IDX image header");
   HPC_REQUIRE(be32(img.data()) == kImagesMagic, "dataset file ", images_path,

@@ -158,6 +158,32 @@ TEST(IdxReader, MalformedFilesAreUsageErrors) {
   EXPECT_NE(usage_error_of([&] { read_idx(img, lab, 4, 3, 10); }).find("does not exist"), std::string::npos);
 }
 
+// A small gzip file that inflates far past what its header declares (a gzip bomb, or another
+// file): refused at the declared size, never decoded whole. An 18 MB label file of 4 GiB took 4.8
+// GB of memory and 25 s before its size was checked; one a little larger would have been killed
+// by the OOM killer instead of refused. Here 64 MiB of zeros after five labels, and again after
+// an image header of another kind (decoded no further than it: its magic is the error).
+TEST(IdxReader, AGzipFileIsNeverDecodedPastWhatItsHeaderDeclares) {
+  TempDir dir;
+  const Bytes img = idx_images(5, 4, 3);
+  Bytes lab = idx_labels(5), wrong = idx_images(5, 4, 3, 0x802);
+  lab.resize(lab.size() + (64 << 20));
+  wrong.resize(wrong.size() + (64 << 20));
+  write_raw(dir.file("img"), img);
+  write_gzip(dir.file("lab.gz"), lab);
+  write_gzip(dir.file("wrong.gz"), wrong);
+  EXPECT_EQ(usage_error_of([&] { read_idx(dir.file("img"), dir.file("lab.gz"), 4, 3, 10); }),
+            "dataset file " + dir.file("lab.gz") + " is malformed: bytes follow the 5 labels its header declares (13 "
+            "bytes; its gzip stream holds more, not decoded further)");
+  write_raw(dir.file("lab"), idx_labels(5));
+  EXPECT_NE(usage_error_of([&] { read_idx(dir.file("wrong.gz"), dir.file("lab"), 4, 3, 10); })
+                .find("is not an IDX image file (magic 0x802"),
+            std::string::npos);
+  // What a header declares is read whole.
+  write_gzip(dir.file("good.gz"), img);
+  EXPECT_EQ(read_idx(dir.file("good.gz"), dir.file("lab"), 4, 3, 10).images, Bytes(img.begin() + 16, img.end()));
+}
+
 TEST(IdxReader, CorruptGzipIsAUsageError) {
   TempDir dir;
   const Bytes img = idx_images(200, 28, 28);
@@ -395,6 +421,13 @@ TEST(CifarReader, RecordsPerFileAreExact) {
   msg = usage_error_of([&] { read_cifar10({dir.file("batch.bin")}, 5); });
   EXPECT_NE(msg.find("1 missing (truncated?)"), std::string::npos) << msg;
   EXPECT_EQ(read_cifar10({dir.file("batch.bin")}).count, 4);  // 0: any count
+  // Gzipped: read as it is up to twice the count (the count's message above), never decoded past.
+  write_gzip(dir.file("batch.gz"), cifar_records(4));
+  msg = usage_error_of([&] { read_cifar10({dir.file("batch.gz")}, 3); });
+  EXPECT_NE(msg.find("1 too many"), std::string::npos) << msg;
+  EXPECT_EQ(usage_error_of([&] { read_cifar10({dir.file("batch.gz")}, 1); }),
+            "dataset file " + dir.file("batch.gz") + " is malformed: bytes follow twice the 1 records of a published "
+            "CIFAR-10 file (6146 bytes; its gzip stream holds more, not decoded further)");
 }
 
 // CIFAR-100 record i: coarse label i % 20, fine label (7 i) % 100, pixels as in cifar_records.
