@@ -1142,7 +1142,17 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
            {with_section(last, 2, [&](Bytes& params) { std::memcpy(params.data(), &nan, 4); }),
             "it holds a state that is not finite (the parameters; its run had diverged)"},
            {with_section(last, 3, [](Bytes& momentum) { momentum.resize(momentum.size() - 4); }),
-            "the checkpoint's optimizer state holds "}}) {
+            "the checkpoint's optimizer state holds "},
+           // Statistics no run leaves (every value normalised by them NaN: evaluate and export
+           // went on and said nothing)
+           {with_section(last, 4,
+                         [](Bytes& buffers) {
+                           for (size_t at = 0; at + 4 <= buffers.size(); at += 4) {
+                             const float below = -1;
+                             std::memcpy(buffers.data() + at, &below, 4);
+                           }
+                         }),
+            "the checkpoint's batch-norm statistics are invalid: "}}) {
     write_bytes(dir_.file("refused.hpck"), bytes);
     const RunResult shown = run_hpctrain({"inspect", dir_.file("refused.hpck")});
     EXPECT_EQ(shown.exit_code, 2) << shown.out;

@@ -47,6 +47,20 @@ void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<f
 void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model) {
   load_into(model.params().values(), c.params, "parameters");
   load_into(model.params().buffers(), c.buffers, "batch-norm statistics");
+  require_valid_norm_statistics(c, model);
+}
+
+void require_valid_norm_statistics(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
+  for (const BufferSlot& slot : model.params().buffer_slots()) {
+    if (!slot.name.ends_with(".running_var")) continue;
+    for (int64_t k = 0; k < slot.shape.numel(); ++k) {
+      const size_t at = static_cast<size_t>(slot.offset + k);
+      HPC_REQUIRE(at < c.buffers.size(), "the checkpoint's batch-norm statistics hold ", c.buffers.size(),
+                  " values, fewer than its model's");
+      HPC_REQUIRE(c.buffers[at] >= 0, "the checkpoint's batch-norm statistics are invalid: ", slot.name, " holds ",
+                  c.buffers[at], " (a variance below zero)");
+    }
+  }
 }
 
 void record_loss_scaler(ckpt::Checkpoint& c, const optim::LossScalerState& s) {

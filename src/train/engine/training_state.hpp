@@ -34,6 +34,11 @@ void copy_state(ckpt::Checkpoint& c, const nn::Model<float>& model, const optim:
 void load_state(const ckpt::Checkpoint& c, nn::Model<float>& model, optim::Sgd<float>& sgd);
 // Parameters and batch-norm statistics only (inference).
 void apply_model_state(const ckpt::Checkpoint& c, nn::Model<float>& model);
+// A usage error where c's batch-norm statistics (in model's layout) hold a variance below zero:
+// no run leaves one (the batch's is clamped at zero); one in an edited file, its checksums made
+// anew, made every value it normalises NaN, and evaluate, predict, export and --init-from went on
+// and said nothing. apply_model_state checks it, and a resume before it looks at the run.
+void require_valid_norm_statistics(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 
 // fp16 runs' dynamic loss scale and its counters (keys loss_scale, loss_scale_good_steps,
 // skipped_steps), so a resumed run scales as the first would have; nullopt in a checkpoint of

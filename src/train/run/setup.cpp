@@ -181,6 +181,7 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
   dist::collectively(ctx, [&] {
     try {
       p.start = check_resumable(c, o, *p.model);
+      require_valid_norm_statistics(c, *p.model);
     } catch (const Error& e) {  // its messages say "the checkpoint": which one
       if (e.kind() != ErrorKind::Usage) throw;
       usage_error(path, ": ", e.what());
