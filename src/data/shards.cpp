@@ -321,7 +321,11 @@ std::string manifest_text(const std::string& dir, const std::string& split) {
   const std::string path = (fs::path(dir) / (split + ".json")).string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return "";
-  return read_text(path, "a manifest of packed shards");
+  std::string text = read_text(path, "a manifest of packed shards");
+  // hpcdata pack renames a whole manifest into place: an empty one was cut short or emptied,
+  // not "no shards" (which sent the reader to pack a split it had packed).
+  HPC_REQUIRE(!text.empty(), path, " is empty (cut short, or emptied?): pack the split again");
+  return text;
 }
 
 std::optional<SplitManifest> parse_manifest(const std::string& text, const std::string& path,
@@ -339,7 +343,9 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
                     tree.value("split", nlohmann::json()) == split;
   HPC_REQUIRE(ours, path, " is not the manifest of the packed split '", split, "' (written by hpcdata pack)");
   const nlohmann::json& version = tree.value("version", nlohmann::json(0));
-  if (!version.is_number_integer() || version.get<int64_t>() < 2) return std::nullopt;
+  HPC_REQUIRE(version.is_number_integer(), path, " has a version that is not a whole number (", version.dump(),
+              "): overwritten? pack the split again");
+  if (version.get<int64_t>() < 2) return std::nullopt;
   HPC_REQUIRE(version.get<int64_t>() == kManifestVersion, path, " is a manifest of version ", version.get<int64_t>(),
               ", and this hpctrain reads versions 1 and ", kManifestVersion, ": a newer hpcdata pack wrote it?");
   try {

@@ -863,6 +863,15 @@ TEST(ShardDataset, AManifestThatCannotBeRightIsRefused) {
             std::string::npos);
   EXPECT_NE(refused([](nlohmann::json& m) { m["classes"] = 3.5; }).find("train.json counts 3.5 classes but names 3"),
             std::string::npos);
+  // An empty manifest, or a version that is no number, was read as none: "no train shards in DIR
+  // (train.json lists them): pack them", for a split that was packed.
+  EXPECT_NE(refused([](nlohmann::json& m) { m["version"] = "2"; })
+                .find("train.json has a version that is not a whole number (\"2\"): overwritten? pack the split again"),
+            std::string::npos);
+  write_raw(path, Bytes{});
+  EXPECT_NE(usage_error_of([&] { open_split(packed, "train"); })
+                .find("train.json is empty (cut short, or emptied?): pack the split again"),
+            std::string::npos);
   // A number past a double's range: nlohmann throws out_of_range, not parse_error, while it parses
   // (it escaped as an unknown exception; found by tests/fuzz/text_fuzz).
   const std::string huge = "{\"format\": \"hpcdata shards\", \"split\": \"train\", \"version\": 1e3000}";
