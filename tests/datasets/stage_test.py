@@ -39,6 +39,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stand_in_aws(tmp, body):
+    """An environment whose PATH finds an `aws` in TMP/bin that runs the shell `body` (for the
+    tests that need no AWS CLI and no moto)."""
+    bin_dir = os.path.join(tmp, "bin")
+    os.makedirs(bin_dir)
+    with open(os.path.join(bin_dir, "aws"), "w") as f:
+        f.write("#!/bin/sh\n" + body)
+    os.chmod(os.path.join(bin_dir, "aws"), 0o755)
+    return dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+
+
 class BucketNames(unittest.TestCase):
     """A malformed bucket is a usage error refused before anything is touched: no AWS CLI call,
     no DEST made (runs without the AWS CLI and moto: a stand-in `aws` notes any call)."""
@@ -46,13 +57,8 @@ class BucketNames(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="hpcdata-buckets-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
-        bin_dir = os.path.join(self.tmp, "bin")
-        os.makedirs(bin_dir)
         self.calls = os.path.join(self.tmp, "aws-calls")
-        with open(os.path.join(bin_dir, "aws"), "w") as f:
-            f.write(f'#!/bin/sh\necho "$*" >> {self.calls}\necho "aws: no service here" >&2\nexit 255\n')
-        os.chmod(os.path.join(bin_dir, "aws"), 0o755)
-        self.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        self.env = stand_in_aws(self.tmp, f'echo "$*" >> {self.calls}\necho "aws: no service here" >&2\nexit 255\n')
         self.dest = os.path.join(self.tmp, "dest")
 
     def stage(self, url):
@@ -193,14 +199,9 @@ class MalformedJson(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="hpcdata-json-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
-        bin_dir = os.path.join(self.tmp, "bin")
-        os.makedirs(bin_dir)
         self.listing = os.path.join(self.tmp, "listing.json")
-        with open(os.path.join(bin_dir, "aws"), "w") as f:
-            f.write(f'#!/bin/sh\ncase "$*" in *list-objects-v2*) cat {self.listing}; exit 0;; esac\n'
-                    'echo "aws: no service here" >&2\nexit 255\n')
-        os.chmod(os.path.join(bin_dir, "aws"), 0o755)
-        self.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        self.env = stand_in_aws(self.tmp, f'case "$*" in *list-objects-v2*) cat {self.listing}; exit 0;; esac\n'
+                                          'echo "aws: no service here" >&2\nexit 255\n')
         self.dest = os.path.join(self.tmp, "dest")
         os.makedirs(self.dest, 0o755)
         self.list_as('{"Contents": [{"Key": "sets/one/a.bin", "Size": 3, "ETag": "\\"x\\""}]}')
