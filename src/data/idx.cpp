@@ -67,10 +67,58 @@ std::string inflate_problem(int rc) {
   }
 }
 
+// The first guess of the size: the last member's length (mod 2^32, in its trailer) where DEFLATE
+// could expand the file to it (at most about 1032:1), else 4x; the output grows past a wrong one.
+size_t first_size_guess(const std::vector<uint8_t>& in) {
+  size_t guess = in.size() * 4;
+  if (in.size() >= 18) {
+    const uint8_t* t = in.data() + in.size() - 4;
+    const size_t isize = uint32_t{t[0]} | (uint32_t{t[1]} << 8) | (uint32_t{t[2]} << 16) | (uint32_t{t[3]} << 24);
+    if (isize > guess && isize / 1100 <= in.size()) guess = isize;
+  }
+  return guess;
+}
+
+// How far a file is decoded (DecodedSize): unknown until its header is, where it has one.
+class DecodeLimit {
+ public:
+  explicit DecodeLimit(const DecodedSize& limit) : limit_(limit) {
+    if (limit_.declared && limit_.header == 0) learn(nullptr);
+  }
+  // The size of the first buffer, and of each growth: no more than one byte past the limit.
+  size_t first_size(size_t guess) const { return capped(limit_.declared && !most_ ? limit_.header : guess); }
+  size_t capped(size_t n) const { return most_ ? std::min<size_t>(n, most_->bytes + 1) : n; }
+  // After `used` bytes of `out` are decoded: learns the limit once the header is there (true:
+  // just learnt).
+  bool learnt(const std::vector<uint8_t>& out, size_t used) {
+    if (most_ || !limit_.declared || used < limit_.header) return false;
+    learn(out.data());
+    return true;
+  }
+  // Whether decoding stops with what it has: a wrong header's (the reader says how). A usage
+  // error past a declared size: a small file can inflate to gigabytes (a gzip bomb, or another
+  // file), refused at what it declares instead of filling the memory.
+  bool stop(const std::string& path, size_t used) const {
+    if (!most_ || used <= most_->bytes) return false;
+    if (most_->what.empty()) return true;
+    usage_error("dataset file ", path, " is malformed: bytes follow ", most_->what, " (", most_->bytes,
+                " bytes; its gzip stream holds more, not decoded further)");
+  }
+
+ private:
+  void learn(const uint8_t* header) {
+    most_ = limit_.declared(header);
+    if (most_->bytes == 0) most_->bytes = limit_.header;  // a wrong header: decoded that far
+  }
+  const DecodedSize& limit_;
+  std::optional<DecodedSize::Declared> most_;
+};
+
 // Gunzips `in` (one gzip member or several, as gzip -d reads them) with ISA-L's inflate: 2.5x
 // zlib's on Fashion-MNIST's 26 MB of training images (0.4 s a process with zlib, and every rank
 // of every run reads them). Each member's CRC-32 is checked. A stream cut short is an error, and
 // so are bytes after the last member that are not another (gzip -d: "trailing garbage ignored").
+// Never decoded past `limit`.
 std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>& in, const DecodedSize& limit) {
   const auto corrupt = [&](const std::string& what) { usage_error("dataset file ", path, " is corrupt: ", what); };
   std::vector<uint8_t> out;
@@ -83,23 +131,9 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
                   " bytes gunzipped so far): is it the dataset's file?");
     }
   };
-  // The first guess of the size: the last member's length (mod 2^32, in its trailer) where DEFLATE
-  // could expand the file to it (at most about 1032:1), else 4x; the output grows past a wrong one.
-  size_t guess = in.size() * 4;
-  if (in.size() >= 18) {
-    const uint8_t* t = in.data() + in.size() - 4;
-    const size_t isize = uint32_t{t[0]} | (uint32_t{t[1]} << 8) | (uint32_t{t[2]} << 16) | (uint32_t{t[3]} << 24);
-    if (isize > guess && isize / 1100 <= in.size()) guess = isize;
-  }
-  // The most worth decoding (limit): unknown until the header is (then the guess waits for it).
-  std::optional<DecodedSize::Declared> most;
-  const auto learn = [&](const uint8_t* header) {
-    most = limit.declared(header);
-    if (most->bytes == 0) most->bytes = limit.header;  // a wrong header: decoded that far, the reader says why
-  };
-  if (limit.declared && limit.header == 0) learn(nullptr);
-  const auto capped = [&](size_t n) { return most ? std::min<size_t>(n, most->bytes + 1) : n; };
-  grow(std::max<size_t>(capped(limit.declared && !most ? limit.header : guess), 1 << 16));
+  const size_t guess = first_size_guess(in);
+  DecodeLimit most(limit);
+  grow(std::max<size_t>(most.first_size(guess), 1 << 16));
   size_t used = 0;  // bytes of `out` written
   const auto consumed = [&](const inflate_state& st) { return static_cast<size_t>(st.next_in - in.data()); };
   // isal_inflate counts in 32 bits: at most 4 GiB of input or of output space at a time.
@@ -113,26 +147,17 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
     st.next_in = const_cast<uint8_t*>(in.data() + at);
     st.avail_in = clamp(in.size() - at);
     for (;;) {
-      if (used == out.size()) grow(capped(out.size() * 2));
+      if (used == out.size()) grow(most.capped(out.size() * 2));
       st.next_out = out.data() + used;
       st.avail_out = clamp(out.size() - used);
       const size_t in_before = consumed(st), space = st.avail_out;
       const int rc = isal_inflate(&st);
       used += space - st.avail_out;
       if (rc < 0 || rc > ISAL_OUT_OVERFLOW) corrupt(inflate_problem(rc));
-      if (!most && limit.declared && used >= limit.header) {
-        learn(out.data());
-        if (guess > out.size()) grow(capped(guess));
-      }
-      if (most && used > most->bytes) {
-        // Never decoded whole: a small file can inflate to gigabytes (a gzip bomb, or another
-        // file altogether), refused at what it declares instead of filling the memory.
-        if (most->what.empty()) {
-          out.resize(used);
-          return out;  // its header is wrong: the reader says how
-        }
-        usage_error("dataset file ", path, " is malformed: bytes follow ", most->what, " (", most->bytes,
-                    " bytes; its gzip stream holds more, not decoded further)");
+      if (most.learnt(out, used) && guess > out.size()) grow(most.capped(guess));
+      if (most.stop(path, used)) {
+        out.resize(used);
+        return out;
       }
       if (st.block_state == ISAL_BLOCK_FINISH) break;
       if (st.avail_in == 0) {
