@@ -407,14 +407,19 @@ std::vector<std::string> split_mpi_args(const std::string& text) {
   // on mpirun's command line (its rank wrapper's path and options): --mca as a parameter's name
   // and value, which mpirun accepts, and the ranks would start without the wrapper, each attempt
   // a host failure. mpirun's --do-not-launch check cannot see it.
-  static const std::map<std::string, std::string> kWordsAfter = {
-      {"--mca", "NAME VALUE"}, {"-mca", "NAME VALUE"}, {"--gmca", "NAME VALUE"}, {"-gmca", "NAME VALUE"}, {"-x", "NAME[=VALUE]"}};
+  struct WordsAfter {
+    size_t count;
+    const char* usage;
+  };
+  static const std::map<std::string, WordsAfter> kWordsAfter = {
+      {"--mca", {2, "NAME VALUE"}}, {"-mca", {2, "NAME VALUE"}}, {"--gmca", {2, "NAME VALUE"}},
+      {"-gmca", {2, "NAME VALUE"}}, {"-x", {1, "NAME[=VALUE]"}}};
   for (size_t i = 0; i < words.size(); ++i) {
     const auto wants = kWordsAfter.find(words[i]);
     if (wants == kWordsAfter.end()) continue;
-    const size_t count = std::count(wants->second.begin(), wants->second.end(), ' ') + 1;
+    const size_t count = wants->second.count;
     HPC_REQUIRE(i + count < words.size(), "--mpi-args '", text, "': ", words[i], " needs ", count == 1 ? "a word" : "two words",
-                " after it (", words[i], " ", wants->second, ")");
+                " after it (", words[i], " ", wants->second.usage, ")");
     i += count;
   }
   return words;
