@@ -814,8 +814,9 @@ class Deploy(unittest.TestCase):
         with open(TEMPLATE, encoding="utf-8") as f:
             self.assertIn("  HeadNodeAddress:\n    Description: Public address of the head node\n", f.read())
         # The nodes' shape (g5.12xlarge: 48 vCPUs, 4 GPUs), not train.sbatch's 8 GPUs a node, which
-        # Slurm would refuse (tests/slurm/rendered_conf.sh submits this line to a real slurmctld).
-        self.assertIn("sbatch --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=$((48/4)) "
+        # Slurm would refuse (tests/slurm/rendered_conf.sh submits this line to a real slurmctld);
+        # train.sbatch's 2 nodes, which MaxComputeNodes (4) allows.
+        self.assertIn("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=$((48/4)) "
                       "/opt/hpctrain/src/slurm/train.sbatch", outputs["LoginAndSubmit"])
 
         # Storage: encrypted EFS with a mount target in each subnet.
@@ -946,12 +947,13 @@ class Deploy(unittest.TestCase):
         self.assertEqual(sorted(g["logGroupName"] for g in groups), ["/hpctrain/hpc", "/hpctrain/hpc2"])
 
     def test_storage_deletion_policy(self):
-        # (and CPU-only compute nodes, in the same deployment: the sample job asks for no GPU)
-        stack = self.deploy(SharedStorageDeletionPolicy="Delete", ComputeGpus="0", ComputeCpus="16")
+        # (and CPU-only compute nodes, at most one, in the same deployment: the sample job asks for
+        # no GPU, and for the one node; asked for two, sbatch refuses it on such a cluster)
+        stack = self.deploy(SharedStorageDeletionPolicy="Delete", ComputeGpus="0", ComputeCpus="16", MaxComputeNodes="1")
         outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
         self.assertEqual(outputs["SharedFileSystemId"], self.ids["DisposableSharedFileSystem"])
         self.assertNotIn("SharedFileSystem", self.ids)
-        self.assertIn("sbatch --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=16 "
+        self.assertIn("sbatch --nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=16 "
                       "/opt/hpctrain/src/slurm/train.sbatch", outputs["LoginAndSubmit"])
 
     def mount_targets(self):

@@ -5,26 +5,47 @@
 # their GPUs and power-saving programs as rendered.
 source "$(dirname "$0")/common.sh"
 slurm_setup 1 120
+
+# start_rendered DIR MAX_NODES: a slurmctld on the bootstrap's slurm.conf for MAX_NODES compute
+# nodes (48 CPUs and 4 GPUs each), rendered into DIR; SLURM_CONF then names it.
+start_rendered() {
+  local rendered=$1 port deadline
+  port=$(free_port)
+  mkdir -p "$rendered"/{state,spool,log}
+  chown slurm: "$rendered"/{state,log}
+  python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws --controller localhost \
+    --max-nodes "$2" --cpus 48 --gpus 4 --memory-mib 180000 --suspend-minutes 10 \
+    --programs "$repo/cloudformation/node" --state-dir "$rendered/state" --spool-dir "$rendered/spool" \
+    --log-dir "$rendered/log" --port "$port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --epilog "$repo/slurm/epilog.sh" \
+    --out "$rendered/etc" || fail "render_slurm_conf.py failed"
+  # The bootstrap's config has no address for localhost: pin it to loopback for this machine.
+  sed -i 's/^SlurmctldHost=localhost$/SlurmctldHost=localhost(127.0.0.1)/' "$rendered/etc/slurm.conf"
+  export SLURM_CONF="$rendered/etc/slurm.conf"
+  env "HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR" slurmctld -f "$SLURM_CONF" -i || fail "slurmctld refused the rendered slurm.conf"
+  deadline=$((SECONDS + 30))
+  until scontrol ping 2> /dev/null | grep -q 'is UP'; do
+    ((SECONDS < deadline)) || { tail -n 20 "$rendered/log/slurmctld.log" >&2; fail "slurmctld with the rendered config is not up"; }
+    sleep 0.3
+  done
+}
+
+# sample_job FORM NODES: the sbatch command of the stack's LoginAndSubmit output (FORM 1: GPU
+# nodes, 2: CPU-only), with the values of these nodes (48 CPUs, 4 GPUs) and its --nodes as the
+# template's OneComputeNode condition gives it; into the array `command`.
+sample_job() {
+  local line
+  line=$(grep -o "sbatch --nodes=[^ ]* --ntasks-per-node=[^ ]* --gpus-per-node=[^ ]* --cpus-per-task=[^ ]*" \
+    "$repo/cloudformation/cluster.yaml" | sed -n "${1}p")
+  [[ -n "$line" ]] || fail "cluster.yaml's LoginAndSubmit has no sbatch line $1"
+  line=${line//'${Nodes}'/$2}
+  line=${line//'${ComputeGpus}'/4}
+  line=${line//'${ComputeCpus}'/48}
+  eval "line=\"$line\""  # $((48/4)), as the head node's shell works it out
+  read -r -a command <<< "$line"
+}
+
+start_rendered "$TEST_DIR/aws" 4
 rendered="$TEST_DIR/aws"
-port=$(free_port)
-mkdir -p "$rendered"/{state,spool,log}
-chown slurm: "$rendered"/{state,log}
-python3 "$repo/cloudformation/node/render_slurm_conf.py" --cluster hpctrain-aws --controller localhost \
-  --max-nodes 4 --cpus 48 --gpus 4 --memory-mib 180000 --suspend-minutes 10 \
-  --programs "$repo/cloudformation/node" --state-dir "$rendered/state" --spool-dir "$rendered/spool" \
-  --log-dir "$rendered/log" --port "$port" --munge-socket "$CLUSTER_DIR/munge/munge.socket" --epilog "$repo/slurm/epilog.sh" \
-  --out "$rendered/etc" || fail "render_slurm_conf.py failed"
-# The bootstrap's config has no address for localhost: pin it to loopback for this machine.
-sed -i 's/^SlurmctldHost=localhost$/SlurmctldHost=localhost(127.0.0.1)/' "$rendered/etc/slurm.conf"
-export SLURM_CONF="$rendered/etc/slurm.conf"
-env "HPCTRAIN_SLURM_CLUSTER=$CLUSTER_DIR" slurmctld -f "$SLURM_CONF" -i || fail "slurmctld refused the rendered slurm.conf"
-deadline=$((SECONDS + 30))
-until scontrol ping 2> /dev/null | grep -q 'is UP'; do
-  ((SECONDS < deadline)) || { tail -n 20 "$rendered/log/slurmctld.log" >&2; fail "slurmctld with the rendered config is not up"; }
-  sleep 0.3
-done
-grep -E 'error|fatal' "$rendered/log/slurmctld.log" | grep -v -E 'state file|Trying backup|No such file' &&
-  fail "slurmctld logged errors with the rendered config"
 nodes=$(sinfo -h -N -o '%N %T %G' | sort -u | tr '\n' ';')
 say "nodes: $nodes"
 [[ "$nodes" == "gpu-1 idle~ gpu:4;gpu-2 idle~ gpu:4;gpu-3 idle~ gpu:4;gpu-4 idle~ gpu:4;" ]] ||
@@ -37,19 +58,27 @@ grep -q "SuspendTime *= 600 sec" <<< "$config" || fail "SuspendTime not 10 minut
 # them, where train.sbatch's own 8 tasks and GPUs a node do not; a CPU-only cluster's form
 # (--gpus-per-node=0) is taken too.
 for form in 1 2; do
-  line=$(grep -o "sbatch --ntasks-per-node=[^ ]* --gpus-per-node=[^ ]* --cpus-per-task=[^ ]*" \
-    "$repo/cloudformation/cluster.yaml" | sed -n "${form}p")
-  [[ -n "$line" ]] || fail "cluster.yaml's LoginAndSubmit has no sbatch line $form"
-  line=${line//'${ComputeGpus}'/4}
-  line=${line//'${ComputeCpus}'/48}
-  eval "line=\"$line\""  # $((48/4)), as the head node's shell works it out
-  read -r -a command <<< "$line"
+  sample_job "$form" 2
   "${command[@]}" --test-only "$repo/slurm/train.sbatch" > "$TEST_DIR/test-only.$form" 2>&1 ||
-    fail "the sample job ($line) does not fit the nodes: $(cat "$TEST_DIR/test-only.$form")"
+    fail "the sample job (${command[*]}) does not fit the nodes: $(cat "$TEST_DIR/test-only.$form")"
   grep -q "to start at" "$TEST_DIR/test-only.$form" || fail "sbatch --test-only said: $(cat "$TEST_DIR/test-only.$form")"
-  say "sample job fits: $line"
+  say "sample job fits: ${command[*]}"
 done
 sbatch --test-only "$repo/slurm/train.sbatch" > "$TEST_DIR/test-only.plain" 2>&1 &&
   fail "train.sbatch's own 8 tasks and GPUs a node fit nodes of 4 GPUs: $(cat "$TEST_DIR/test-only.plain")"
 say "train.sbatch alone is refused: $(tail -n 1 "$TEST_DIR/test-only.plain")"
+
+# A cluster of MaxComputeNodes 1: the sample job asks for its one node, and fits; train.sbatch's
+# two nodes do not.
+start_rendered "$TEST_DIR/aws-one" 1
+for form in 1 2; do
+  sample_job "$form" 1
+  "${command[@]}" --test-only "$repo/slurm/train.sbatch" > "$TEST_DIR/test-only-one.$form" 2>&1 ||
+    fail "on one node, the sample job (${command[*]}) does not fit: $(cat "$TEST_DIR/test-only-one.$form")"
+  say "on one node, the sample job fits: ${command[*]}"
+done
+sample_job 1 2
+"${command[@]}" --test-only "$repo/slurm/train.sbatch" > "$TEST_DIR/test-only-one.two" 2>&1 &&
+  fail "two nodes fit a cluster of one: $(cat "$TEST_DIR/test-only-one.two")"
+say "on one node, two are refused: $(tail -n 1 "$TEST_DIR/test-only-one.two")"
 say "PASS"
