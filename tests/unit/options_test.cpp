@@ -286,6 +286,25 @@ TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
   }
 }
 
+// A checkpoint made under --global-batch-size recorded the default --batch-size, which that run
+// never used: a --batch-size here is named against the global batch, with the way to resume.
+TEST(OptionTable, ABatchSizeAgainstAGlobalBatchCheckpointNamesTheGlobalBatch) {
+  const MlpCheckpoint made({"--global-batch-size", "128"});
+  const auto& [model, c] = made;
+  EXPECT_NO_THROW(train::check_resumable(c, parse({}), model));
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model));
+  try {
+    train::check_resumable(c, parse({"--batch-size", "128"}), model);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find("made with --global-batch-size 128 (its --batch-size was not used), this run "
+                                         "has --batch-size 128: resume with --global-batch-size 128"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // --extend-epochs lets a resumed run have more --epochs than its checkpoint (4 by default), never
 // fewer; without it another --epochs is refused, and the refusal names the way to lengthen.
 TEST(OptionTable, ExtendEpochsOnlyLengthensARun) {

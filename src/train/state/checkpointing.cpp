@@ -241,6 +241,18 @@ void check_optimizer_state(const ckpt::Checkpoint& c) {
               " values for its ", c.params.size(), " parameters");
 }
 
+namespace {
+// A checkpoint made under --global-batch-size recorded a --batch-size that run never used: another
+// one here is named against the global batch it had, not against that unused value.
+void require_batch_size_as_made(const ckpt::Checkpoint& c, const std::string& recorded, const std::string& value) {
+  const auto global = c.meta.find("option.global-batch-size");
+  if (recorded == value || global == c.meta.end() || global->second == "0") return;
+  usage_error("the checkpoint was made with --global-batch-size ", global->second, " (its --batch-size was not used), "
+              "this run has --batch-size ", value, ": resume with --global-batch-size ", global->second,
+              " (or without either: a resumed run keeps the checkpoint's global batch)");
+}
+}  // namespace
+
 RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
   check_model(c, model);
   // (Parameters of another count are the restore's error, which names them.)
@@ -259,6 +271,7 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
     }
     auto it = c.meta.find("option." + name);
     HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
+    if (name == "batch-size") require_batch_size_as_made(c, it->second, value);
     HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",
                 name, "=", value, " (resume with the same value, ",
                 name == "epochs" ? "or lengthen the run with --extend-epochs, " : "", "or start afresh with --resume none)");
