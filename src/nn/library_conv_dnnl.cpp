@@ -1,8 +1,13 @@
 #include <dnnl.hpp>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <map>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "core/log.hpp"
 #include "nn/library_conv.hpp"
@@ -34,6 +39,7 @@ class DnnlConv final : public LibraryConv {
     const dnnl::memory::desc any_w{{g.cout, g.cin, g.kernel, g.kernel}, dt::f32, tag::any};
     bias_md_ = g.bias ? dnnl::memory::desc({g.cout}, dt::f32, tag::a) : dnnl::memory::desc();
     has_bias_ = g.bias;
+    batch_ = g.n, sample_in_ = g.h * g.w * g.cin, sample_out_ = ho * wo * g.cout;
     const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.padding, g.padding};
     const auto algo = dnnl::algorithm::convolution_direct;
 
@@ -53,14 +59,13 @@ class DnnlConv final : public LibraryConv {
       bd_w_ = dnnl::memory(bd_pd.weights_desc(), eng);
       to_bd_w_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, user_w_md_, eng, bd_pd.weights_desc()));
     }
-    auto bw_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(algo, src_md_, any_w, bias_md_, dst_md_, strides, pad, pad), eng,
-        fwd_pd_);
-    if (is_fast(bw_pd.impl_info_str())) {
-      bwd_weights_ = dnnl::convolution_backward_weights(bw_pd);
-      bw_dw_ = dnnl::memory(bw_pd.diff_weights_desc(), eng);
-      from_bw_dw_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, bw_pd.diff_weights_desc(), eng, user_w_md_));
+    groups_ = std::min<int64_t>(g.n, kWeightGroups);
+    for (int64_t i = 0; i < groups_; ++i) {
+      const int64_t samples = group_end(i) - group_begin(i);
+      if (!group_passes_.count(samples)) group_passes_.emplace(samples, WeightPass(g, samples, ho, wo));
+      if (!group_passes_.at(samples).fast) return;  // (a slow one: Conv2d's im2col instead)
     }
+    weights_fast_ = true;
   }
 
   bool forward(const float* x, const float* w, const float* b, float* y) override {
@@ -87,16 +92,41 @@ class DnnlConv final : public LibraryConv {
     return true;
   }
 
+  // The weight gradient is a sum over the samples, which oneDNN splits among its threads by
+  // their number: it is summed here over a fixed split of the batch into groups (one
+  // single-threaded oneDNN pass each, inside the parallel region), added in group order, so it
+  // has the same bits on any number of threads.
   bool backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    if (!bwd_weights_) return false;
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(src_md_, x)},
-                                               {DNNL_ARG_DIFF_DST, mem(dst_md_, dy)},
-                                               {DNNL_ARG_DIFF_WEIGHTS, bw_dw_}};
-    if (has_bias_) args[DNNL_ARG_DIFF_BIAS] = mem(bias_md_, db);
-    bwd_weights_->execute(stream_, args);
-    dnnl::memory user = user_w(dw);
-    from_bw_dw_->execute(stream_, bw_dw_, user);
-    stream_.wait();
+    if (!weights_fast_) return false;
+    const int64_t wsize = user_w_md_.get_size() / sizeof(float), bsize = has_bias_ ? bias_md_.get_size() / sizeof(float) : 0;
+    std::vector<float> sums(static_cast<size_t>((groups_ - 1) * (wsize + bsize)));
+    std::exception_ptr failed;  // (none may leave the parallel region)
+    auto group = [&](int64_t i) {
+      float* gw = i == 0 ? dw : sums.data() + (i - 1) * (wsize + bsize);
+      float* gb = !has_bias_ ? nullptr : i == 0 ? db : gw + wsize;
+      try {
+        group_passes_.at(group_end(i) - group_begin(i))
+            .run(x + group_begin(i) * sample_in_, dy + group_begin(i) * sample_out_, gw, gb);
+      } catch (...) {
+#pragma omp critical(hpctrain_conv_weights)
+        failed = std::current_exception();
+      }
+    };
+    const int threads = omp_get_max_threads();
+    if (groups_ == 1 || threads == 1 || omp_in_parallel()) {
+      if (groups_ == 1) omp_set_num_threads(1);
+      for (int64_t i = 0; i < groups_; ++i) group(i);
+      omp_set_num_threads(threads);
+    } else {
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(std::min<int64_t>(groups_, threads)))
+      for (int64_t i = 0; i < groups_; ++i) group(i);
+    }
+    if (failed) std::rethrow_exception(failed);
+    for (int64_t i = 1; i < groups_; ++i) {
+      const float* gw = sums.data() + (i - 1) * (wsize + bsize);
+      for (int64_t j = 0; j < wsize; ++j) dw[j] += gw[j];
+      for (int64_t j = 0; j < bsize; ++j) db[j] += gw[wsize + j];
+    }
     return true;
   }
 
@@ -107,15 +137,77 @@ class DnnlConv final : public LibraryConv {
   }
   dnnl::memory user_w(const float* p) { return mem(user_w_md_, p); }
 
+  // One group's weight gradient: oneDNN's pass for `samples` samples into the user's layout,
+  // with its own stream and scratchpad, so that groups run side by side.
+  struct WeightPass {
+    WeightPass(const ConvGeometry& g, int64_t samples, int64_t ho, int64_t wo) {
+      auto& eng = cpu_engine();
+      src = {{samples, g.cin, g.h, g.w}, dt::f32, tag::nhwc};
+      dst = {{samples, g.cout, ho, wo}, dt::f32, tag::nhwc};
+      user_w = {{g.cout, g.cin, g.kernel, g.kernel}, dt::f32, tag::ohwi};
+      bias = g.bias ? dnnl::memory::desc({g.cout}, dt::f32, tag::a) : dnnl::memory::desc();
+      const dnnl::memory::desc any_w{{g.cout, g.cin, g.kernel, g.kernel}, dt::f32, tag::any};
+      const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.padding, g.padding};
+      const auto algo = dnnl::algorithm::convolution_direct;
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      // Planned for one thread: a pass runs on one (a kernel planned for more waits at its
+      // barriers for threads that never come).
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      struct Restore {
+        int threads;
+        ~Restore() { omp_set_num_threads(threads); }
+      } restore{threads};
+      const dnnl::convolution_forward::primitive_desc hint(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, any_w, bias, dst, strides, pad, pad),
+          eng);
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          dnnl::convolution_backward_weights::desc(algo, src, any_w, bias, dst, strides, pad, pad), attr, eng, hint);
+      fast = is_fast(pd.impl_info_str());
+      if (!fast) return;
+      pass = dnnl::convolution_backward_weights(pd);
+      lib_w = pd.diff_weights_desc();
+      scratch = pd.scratchpad_desc();
+      to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, lib_w, eng, user_w));
+    }
+    void run(const float* x, const float* dy, float* dw, float* db) const {
+      auto& eng = cpu_engine();
+      dnnl::stream stream(eng);
+      dnnl::memory lib(lib_w, eng), pad(scratch, eng);
+      auto over = [&](const dnnl::memory::desc& md, const float* p) { return dnnl::memory(md, eng, const_cast<float*>(p)); };
+      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, over(src, x)},
+                                                 {DNNL_ARG_DIFF_DST, over(dst, dy)},
+                                                 {DNNL_ARG_DIFF_WEIGHTS, lib},
+                                                 {DNNL_ARG_SCRATCHPAD, pad}};
+      if (db) args[DNNL_ARG_DIFF_BIAS] = over(bias, db);
+      pass.execute(stream, args);
+      dnnl::memory user = over(user_w, dw);
+      to_user.execute(stream, lib, user);
+      stream.wait();
+    }
+    bool fast = false;
+    dnnl::memory::desc src, dst, user_w, bias, lib_w, scratch;
+    dnnl::convolution_backward_weights pass;
+    dnnl::reorder to_user;
+  };
+  // Groups of the batch for the weight gradient: at most 8, so that their sums (8 copies of the
+  // weights, made for the call) stay small beside the step's own memory.
+  static constexpr int64_t kWeightGroups = 8;
+  int64_t group_begin(int64_t i) const { return batch_ * i / groups_; }
+  int64_t group_end(int64_t i) const { return batch_ * (i + 1) / groups_; }
+
   dnnl::stream stream_;
   dnnl::memory::desc src_md_, dst_md_, user_w_md_, bias_md_;
   bool has_bias_ = false;
+  int64_t batch_ = 0, groups_ = 1, sample_in_ = 0, sample_out_ = 0;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
   std::optional<dnnl::convolution_forward> fwd_;
   std::optional<dnnl::convolution_backward_data> bwd_data_;
-  std::optional<dnnl::convolution_backward_weights> bwd_weights_;
-  dnnl::memory fwd_w_, bd_w_, bw_dw_;
-  std::optional<dnnl::reorder> to_fwd_w_, to_bd_w_, from_bw_dw_;
+  std::map<int64_t, WeightPass> group_passes_;  // by samples in a group (at most two sizes)
+  bool weights_fast_ = false;
+  dnnl::memory fwd_w_, bd_w_;
+  std::optional<dnnl::reorder> to_fwd_w_, to_bd_w_;
 };
 
 }  // namespace

@@ -297,7 +297,7 @@ template <class RowSums>
 void BatchNorm<T>::row_sums(int64_t m, std::vector<double>& out1, std::vector<double>& out2, RowSums&& rows) {
   const int64_t c = c_;
   std::vector<double> part1(kMaxParts * c, 0.0), part2(kMaxParts * c, 0.0);
-  const int parts = parallel_rows(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
+  const int parts = fixed_parts(m, kMinRowsPerPart, kMaxParts, [&, c](int64_t b, int64_t e, int p) {
     blocked_sums<T>(b, e, c, &part1[p * c], &part2[p * c], rows);
   });
   out1.assign(c, 0.0);

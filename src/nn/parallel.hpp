@@ -1,6 +1,6 @@
 // Splitting a loop over rows among the OpenMP threads the math libraries also use
 // (set_math_threads). The split is static, so results are reproducible for a given
-// thread count.
+// thread count; sums whose bits must not depend on it use fixed_parts or grouped_sum.
 #pragma once
 
 #include <omp.h>
@@ -28,6 +28,22 @@ int parallel_rows(int64_t n, int64_t min_rows_per_part, int max_parts, F&& fn) {
     const int p = omp_get_thread_num();
     fn(n * p / parts, n * (p + 1) / parts, p);
   }
+  return parts;
+}
+
+// Calls fn(begin, end, part) for the `parts` contiguous slices of [0, n) that its size alone gives
+// (at most max_parts, at least min_rows_per_part rows each), shared out among the threads: for
+// sums per part that are then added in part order, with the same bits on any thread count.
+template <class F>
+int fixed_parts(int64_t n, int64_t min_rows_per_part, int max_parts, F&& fn) {
+  const int parts = static_cast<int>(std::clamp<int64_t>(n / std::max<int64_t>(min_rows_per_part, 1), 1, max_parts));
+  const int threads = std::min(parts, math_threads());
+  if (threads == 1) {
+    for (int p = 0; p < parts; ++p) fn(n * p / parts, n * (p + 1) / parts, p);
+    return parts;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int p = 0; p < parts; ++p) fn(n * p / parts, n * (p + 1) / parts, p);
   return parts;
 }
 

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -325,6 +327,92 @@ TEST(Conv2dWinograd, AnyThreadCountGivesTheSameBits) {
 // pixels (cnn's conv1 at batch 4 is 28 chunks): the same bits on one, two and three threads.
 TEST(Conv2dNarrow, AnyThreadCountGivesTheSameBits) {
   expect_same_bits_on_any_thread_count(nn::ConvSpec{32, 3, 1, 1, true}, Shape{28, 28, 1}, 4);
+}
+
+// The float matrix product has the same bits on any thread count (oneDNN's own threading
+// splits K among threads for some shapes: the first two from 2 threads, the cnn's first dense
+// layer's from 8), and its tiles add up to the product: against double, with every
+// transposition, for alpha and beta and leading dimensions wider than the matrices.
+TEST(Gemm, AnyThreadCountGivesTheSameBits) {
+  struct Case {
+    bool ta, tb;
+    int64_t m, n, k;
+  };
+  for (const Case& g : {Case{false, true, 64, 256, 784}, Case{true, false, 256, 784, 64}, Case{false, true, 32, 128, 3136},
+                        Case{true, false, 64, 576, 4096}, Case{false, false, 200, 100, 300}, Case{true, true, 7, 300, 900}}) {
+    SCOPED_TRACE(::testing::Message() << g.ta << g.tb << " " << g.m << "x" << g.n << "x" << g.k);
+    const int64_t lda = (g.ta ? g.m : g.k) + 3, ldb = (g.tb ? g.k : g.n) + 5, ldc = g.n + 2;
+    const int64_t a_rows = g.ta ? g.k : g.m, b_rows = g.tb ? g.n : g.k;
+    Philox rng(7, RngStream::Test);
+    std::vector<float> a(a_rows * lda), b(b_rows * ldb), c0(g.m * ldc);
+    for (std::vector<float>* v : {&a, &b, &c0})
+      for (float& x : *v) x = static_cast<float>(rng.uniform() - 0.5);
+    std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end()), cd(c0.begin(), c0.end());
+    nn::gemm(g.ta, g.tb, g.m, g.n, g.k, 0.5, ad.data(), lda, bd.data(), ldb, 0.25, cd.data(), ldc);
+    std::vector<float> one;
+    for (int threads : {1, 2, 3, 8, 16}) {
+      nn::set_math_threads(threads);
+      std::vector<float> c = c0;
+      nn::gemm(g.ta, g.tb, g.m, g.n, g.k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f, c.data(), ldc);
+      nn::set_math_threads(1);
+      if (one.empty()) {
+        one = c;
+        double worst = 0;
+        for (int64_t i = 0; i < g.m; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const int64_t at = i * ldc + j;
+            if (j >= g.n) ASSERT_EQ(c[at], c0[at]) << "past the row's end, at " << i << "," << j;
+            else worst = std::max(worst, std::abs(c[at] - cd[at]) / (std::abs(cd[at]) + 1));
+          }
+        EXPECT_LT(worst, 1e-5);
+      }
+      EXPECT_EQ(std::memcmp(c.data(), one.data(), c.size() * sizeof(float)), 0) << threads << " threads";
+    }
+  }
+}
+
+// Batch norm's sums over rows (its statistics, and the gradient's two sums) are taken over a
+// split of the rows that their count alone gives, so all it computes has the same bits on one,
+// three and eight threads; the values span 2^-20 to 2^20, so that the order of the double sums
+// shows in the float results.
+TEST(BatchNorm, AnyThreadCountGivesTheSameBits) {
+  const Shape sample{16, 16, 8};
+  const int64_t batch = 64;  // 16384 rows: 32 parts of 512
+  std::vector<std::vector<uint8_t>> one;
+  for (int threads : {1, 3, 8}) {
+    nn::set_math_threads(threads);
+    ParamStore<float> store;
+    nn::BatchNorm<float> bn;
+    bn.setup(sample, store, "bn");
+    store.allocate();
+    Philox rng(11, RngStream::Test);
+    for (int64_t i = 0; i < store.values().numel(); ++i) store.values().data<float>()[i] = static_cast<float>(1 + 0.5 * rng.normal());
+    Tensor x = Tensor::zeros<float>(nn::batch_shape(batch, sample)), dy = Tensor::zeros<float>(x.shape());
+    for (Tensor* t : {&x, &dy})
+      for (int64_t i = 0; i < t->numel(); ++i)
+        t->data<float>()[i] = static_cast<float>(std::ldexp(rng.normal(), static_cast<int>(rng.uniform() * 40) - 20));
+    std::vector<std::vector<uint8_t>> got;
+    auto keep = [&](const void* p, size_t bytes) { got.emplace_back(static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + bytes); };
+    const Tensor& y = bn.forward(x, true);
+    keep(y.raw(), y.bytes());
+    const Tensor& dx = bn.backward(dy, true);
+    keep(dx.raw(), dx.bytes());
+    keep(store.grads().raw(), store.grads().bytes());
+    keep(store.buffers().raw(), store.buffers().bytes());
+    nn::set_math_threads(1);
+    if (one.empty()) one = got;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == one[i]) << "result " << i << " on " << threads << " threads";
+  }
+}
+
+// oneDNN's weight gradient (its threads split the sum over the samples by their number) is
+// summed over a fixed split of the batch into groups, each a single-threaded oneDNN pass: the
+// same bits on one, two and three threads, for a strided 3x3 and a 1x1 convolution (resnet20's
+// downsampling layers, which neither Winograd nor the narrow kernel serves). 10 samples: groups
+// of one and of two.
+TEST(Conv2dLibrary, AnyThreadCountGivesTheSameBits) {
+  expect_same_bits_on_any_thread_count(nn::ConvSpec{32, 3, 2, 1, true}, Shape{16, 16, 16}, 10);
+  expect_same_bits_on_any_thread_count(nn::ConvSpec{32, 1, 1, 0, false}, Shape{8, 8, 24}, 10);
 }
 
 // One float layer called with changing batch sizes (the last, short batch of an epoch; the
