@@ -208,8 +208,8 @@ TEST_F(Checkpoints, ResumingAtTheLastStepOnlyEvaluates) {
 }
 
 // Resumed on another number of ranks, the run continues at the checkpoint's sample with the
-// checkpoint's global batch and finishes the planned steps. A --batch-size other than the
-// checkpoint's (which would be another global batch) is refused, as another --lr is, not ignored.
+// checkpoint's global batch and finishes the planned steps. A --batch-size (which would be another
+// global batch) is refused, naming the checkpoint's --global-batch-size, as another --lr is, not ignored.
 TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
   for (const auto& [before, after] : {std::pair{4, 2}, std::pair{2, 1}}) {
     SCOPED_TRACE(::testing::Message() << before << " -> " << after << " ranks");
@@ -223,7 +223,10 @@ TEST_F(Checkpoints, ResumeOnAnotherWorldSize) {
     other.insert(other.end(), {"--batch-size", "16"});
     const RunResult refused = run_mpi(after, other);
     EXPECT_EQ(refused.exit_code, 2) << refused.err;
-    EXPECT_NE(refused.err.find("the checkpoint was made with --batch-size="), std::string::npos) << refused.err;
+    EXPECT_NE(refused.err.find("the checkpoint was made with --global-batch-size 64 (its --batch-size was not used), "
+                               "this run has --batch-size 16: resume with --global-batch-size 64"),
+              std::string::npos)
+        << refused.err;
     const std::string m = dir_.file("w_resumed.jsonl");
     const RunResult r = run_mpi(after, job(ck, m));  // --global-batch-size 64 as before, split over fewer ranks
     ASSERT_EQ(r.exit_code, 0) << r.err;
