@@ -1,10 +1,10 @@
 #include <dnnl.h>
-#include <omp.h>
 
 #include <algorithm>
 
 #include "core/error.hpp"
 #include "nn/gemm.hpp"
+#include "nn/parallel.hpp"
 
 namespace hpc::nn {
 
@@ -36,8 +36,7 @@ int64_t tile_start(int64_t i, int64_t count, int64_t size, int64_t align) {
   return size * i / count / align * align;
 }
 
-// One tile, on this thread alone: dnnl_sgemm takes one thread inside an active parallel region,
-// and outside one (a single tile) it is given one.
+// One tile, on one thread (each_on_one_thread).
 dnnl_status_t one_tile(bool trans_a, bool trans_b, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t k,
                        float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                        int64_t ldc) {
@@ -51,30 +50,14 @@ dnnl_status_t one_tile(bool trans_a, bool trans_b, int64_t i0, int64_t i1, int64
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const Tiling t = tiling(m, n, k);
-  const int64_t tiles = t.rows * t.cols;
-  const int threads = omp_get_max_threads();
-  int failed = dnnl_success;  // (no exception may leave a parallel region)
-  auto tile = [&](int64_t i) {
+  each_on_one_thread(t.rows * t.cols, [&](int64_t i) {
     const int64_t r = i / t.cols, q = i % t.cols;
     const dnnl_status_t st = one_tile(trans_a, trans_b, tile_start(r, t.rows, m, 1), tile_start(r + 1, t.rows, m, 1),
                                       tile_start(q, t.cols, n, kColumnAlign), tile_start(q + 1, t.cols, n, kColumnAlign),
                                       k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (st != dnnl_success) {
-#pragma omp atomic write
-      failed = st;
-    }
-  };
-  if (omp_in_parallel() || threads == 1) {  // dnnl_sgemm takes one thread here
-    for (int64_t i = 0; i < tiles; ++i) tile(i);
-  } else if (tiles == 1) {
-    omp_set_num_threads(1);
-    tile(0);
-    omp_set_num_threads(threads);
-  } else {
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(std::min<int64_t>(tiles, threads)))
-    for (int64_t i = 0; i < tiles; ++i) tile(i);
-  }
-  HPC_CHECK(failed == dnnl_success, "dnnl_sgemm failed with status ", failed, " (m=", m, " n=", n, " k=", k, ")");
+    HPC_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(st), " (m=", m, " n=", n, " k=", k,
+              ")");
+  });
 }
 
 const char* gemm_backend() { return "onednn"; }

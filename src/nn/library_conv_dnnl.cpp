@@ -1,16 +1,15 @@
 #include <dnnl.hpp>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <map>
+#include <memory>
 #include <optional>
 #include <unordered_map>
-#include <vector>
 
 #include "core/log.hpp"
 #include "nn/library_conv.hpp"
+#include "nn/parallel.hpp"
 
 namespace hpc::nn {
 namespace {
@@ -99,31 +98,16 @@ class DnnlConv final : public LibraryConv {
   bool backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     if (!weights_fast_) return false;
     const int64_t wsize = user_w_md_.get_size() / sizeof(float), bsize = has_bias_ ? bias_md_.get_size() / sizeof(float) : 0;
-    std::vector<float> sums(static_cast<size_t>((groups_ - 1) * (wsize + bsize)));
-    std::exception_ptr failed;  // (none may leave the parallel region)
-    auto group = [&](int64_t i) {
-      float* gw = i == 0 ? dw : sums.data() + (i - 1) * (wsize + bsize);
+    // (each group's pass writes all of its part: none is cleared first)
+    const auto sums = std::make_unique_for_overwrite<float[]>(static_cast<size_t>((groups_ - 1) * (wsize + bsize)));
+    each_on_one_thread(groups_, [&](int64_t i) {
+      float* gw = i == 0 ? dw : sums.get() + (i - 1) * (wsize + bsize);
       float* gb = !has_bias_ ? nullptr : i == 0 ? db : gw + wsize;
-      try {
-        group_passes_.at(group_end(i) - group_begin(i))
-            .run(x + group_begin(i) * sample_in_, dy + group_begin(i) * sample_out_, gw, gb);
-      } catch (...) {
-#pragma omp critical(hpctrain_conv_weights)
-        failed = std::current_exception();
-      }
-    };
-    const int threads = omp_get_max_threads();
-    if (groups_ == 1 || threads == 1 || omp_in_parallel()) {
-      if (groups_ == 1) omp_set_num_threads(1);
-      for (int64_t i = 0; i < groups_; ++i) group(i);
-      omp_set_num_threads(threads);
-    } else {
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(std::min<int64_t>(groups_, threads)))
-      for (int64_t i = 0; i < groups_; ++i) group(i);
-    }
-    if (failed) std::rethrow_exception(failed);
+      group_passes_.at(group_end(i) - group_begin(i))
+          .run(x + group_begin(i) * sample_in_, dy + group_begin(i) * sample_out_, gw, gb);
+    });
     for (int64_t i = 1; i < groups_; ++i) {
-      const float* gw = sums.data() + (i - 1) * (wsize + bsize);
+      const float* gw = sums.get() + (i - 1) * (wsize + bsize);
       for (int64_t j = 0; j < wsize; ++j) dw[j] += gw[j];
       for (int64_t j = 0; j < bsize; ++j) db[j] += gw[wsize + j];
     }
@@ -153,12 +137,7 @@ class DnnlConv final : public LibraryConv {
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       // Planned for one thread: a pass runs on one (a kernel planned for more waits at its
       // barriers for threads that never come).
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);
-      struct Restore {
-        int threads;
-        ~Restore() { omp_set_num_threads(threads); }
-      } restore{threads};
+      const OneMathThread one;
       const dnnl::convolution_forward::primitive_desc hint(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, any_w, bias, dst, strides, pad, pad),
           eng);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 namespace hpc::nn {
@@ -31,19 +32,53 @@ int parallel_rows(int64_t n, int64_t min_rows_per_part, int max_parts, F&& fn) {
   return parts;
 }
 
+// Sets this thread's math threads to one while it lives, so that a library call made meanwhile
+// plans and runs on one thread.
+class OneMathThread {
+ public:
+  OneMathThread() : threads_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneMathThread() { omp_set_num_threads(threads_); }
+  OneMathThread(const OneMathThread&) = delete;
+  OneMathThread& operator=(const OneMathThread&) = delete;
+
+ private:
+  int threads_;
+};
+
+// Calls fn(i) for i in [0, count), shared out among the math threads, each call on one thread
+// alone: a library call inside it takes one thread (it does inside an active parallel region,
+// and is given one where the calls run here, under OneMathThread). So work cut into items by
+// its size alone gives the same bits on any thread count. An exception from fn is rethrown
+// here once every item has run (none may leave a parallel region).
+template <class F>
+void each_on_one_thread(int64_t count, F&& fn) {
+  const int threads = static_cast<int>(std::min<int64_t>(count, math_threads()));
+  std::exception_ptr failed;
+  auto call = [&](int64_t i) {
+    try {
+      fn(i);
+    } catch (...) {
+#pragma omp critical(hpctrain_each_on_one_thread)
+      if (!failed) failed = std::current_exception();
+    }
+  };
+  if (threads <= 1 || omp_in_parallel()) {
+    const OneMathThread one;
+    for (int64_t i = 0; i < count; ++i) call(i);
+  } else {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < count; ++i) call(i);
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
 // Calls fn(begin, end, part) for the `parts` contiguous slices of [0, n) that its size alone gives
 // (at most max_parts, at least min_rows_per_part rows each), shared out among the threads: for
 // sums per part that are then added in part order, with the same bits on any thread count.
 template <class F>
 int fixed_parts(int64_t n, int64_t min_rows_per_part, int max_parts, F&& fn) {
   const int parts = static_cast<int>(std::clamp<int64_t>(n / std::max<int64_t>(min_rows_per_part, 1), 1, max_parts));
-  const int threads = std::min(parts, math_threads());
-  if (threads == 1) {
-    for (int p = 0; p < parts; ++p) fn(n * p / parts, n * (p + 1) / parts, p);
-    return parts;
-  }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int p = 0; p < parts; ++p) fn(n * p / parts, n * (p + 1) / parts, p);
+  each_on_one_thread(parts, [&](int64_t p) { fn(n * p / parts, n * (p + 1) / parts, static_cast<int>(p)); });
   return parts;
 }
 
