@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,10 +123,25 @@ class PausedMark {
   PausedMark& operator=(const PausedMark&) = delete;
 };
 
-// The temporary file being written now, for remove_unfinished_checkpoint(): a fixed buffer
+// The temporary file being written now, for remove_unfinished_files(): a fixed buffer
 // and a flag, since a signal handler may read them. (One writer thread fills them.)
 char g_unfinished[4096];
 std::atomic<bool> g_unfinished_set{false};
+
+// The heartbeat writes under way, and whether the process ends at once (remove_unfinished_files):
+// a write counts itself in before it looks at the flag, so either it sees the flag and writes
+// nothing or the process's end sees it and waits for its rename.
+std::atomic<int> g_heartbeats_writing{0};
+std::atomic<bool> g_heartbeats_closed{false};
+
+class HeartbeatWrite {
+ public:
+  HeartbeatWrite() { g_heartbeats_writing.fetch_add(1); }
+  ~HeartbeatWrite() { g_heartbeats_writing.fetch_sub(1); }
+  HeartbeatWrite(const HeartbeatWrite&) = delete;
+  HeartbeatWrite& operator=(const HeartbeatWrite&) = delete;
+  static bool closed() { return g_heartbeats_closed.load(); }
+};
 
 // Marks `tmp` as the unfinished checkpoint while it lives.
 class UnfinishedMark {
@@ -184,8 +200,16 @@ bool paused_before_rename(std::thread::id writer) {
   return std::find(g_paused.begin(), g_paused.end(), writer) != g_paused.end();
 }
 
-void remove_unfinished_checkpoint() {
+void remove_unfinished_files() {
   if (g_unfinished_set.load()) ::unlink(g_unfinished);
+  // A heartbeat is a few lines: one being replaced now is let finish (its rename takes its
+  // temporary file away), and none starts after. A write that hangs (a stalled network file
+  // system) is not waited for past a second: write_heartbeat's next call replaces what it left.
+  g_heartbeats_closed.store(true);
+  for (int ms = 0; ms < 1000 && g_heartbeats_writing.load() > 0; ++ms) {
+    const timespec one_ms{0, 1000000};
+    ::nanosleep(&one_ms, nullptr);
+  }
 }
 
 CheckpointStore::CheckpointStore(std::string dir, int keep, bool reuse_pages)
@@ -273,6 +297,8 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
   // Written about once a second: a failure that lasts (a full disk) is said once, not each time.
   static std::atomic<bool> warned{false};
   const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
+  const HeartbeatWrite writing;
+  if (HeartbeatWrite::closed()) return;  // the process ends at once: it would leave heartbeat.tmp
   {
     ::unlink(tmp.c_str());  // a FIFO of that name would block the open; any other file is replaced anyway
     std::ofstream out(tmp, std::ios::trunc);

@@ -99,15 +99,16 @@ void remove_membership_marker(const std::string& dir, const std::string& token);
 // Replaces (or creates) the file at `path` with `bytes` the checkpoint way: a temporary file
 // beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any
 // moment leaves what was at `path` byte for byte (a kill before the rename may leave the
-// temporary file, PATH.tmp.PID, which remove_unfinished_checkpoint() removes from a signal
+// temporary file, PATH.tmp.PID, which remove_unfinished_files() removes from a signal
 // handler). Usage error naming the file and the system's reason. reuse: a file that becomes the
 // temporary one, rewritten in place (its pages kept) rather than created; ignored when absent.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
 
-// Removes the temporary file of the checkpoint being written now, if any: for a process that
-// ends at once in the middle of a write (train/stop/signals.cpp), which would otherwise leave a
-// half-written file behind. Async-signal-safe.
-void remove_unfinished_checkpoint();
+// Removes the temporary file of the checkpoint being written now, if any, lets a heartbeat
+// being replaced finish (for up to a second) and starts no other: for a process that ends at
+// once in the middle of a write (train/stop/signals.cpp), which would otherwise leave a
+// half-written file behind. Async-signal-safe. Once called, write_heartbeat writes nothing.
+void remove_unfinished_files();
 
 // Test hook: whether the write of thread `writer` sits in HPCTRAIN_TEST_PAUSE_BEFORE_RENAME's
 // pause now, its temporary file written and closed, waiting for its rename.

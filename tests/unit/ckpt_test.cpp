@@ -5,13 +5,16 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/store.hpp"
@@ -252,6 +255,37 @@ TEST(Heartbeat, AFullFileSystemKeepsTheLastOne) {
   const auto beat = ckpt::read_heartbeat(dir);
   EXPECT_EQ(beat.count("step") ? beat.at("step") : "(none)", "12");
   EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
+}
+
+// A process that ends at once (SIGINT, a second SIGTERM) while its main thread replaces the
+// heartbeat leaves no heartbeat.tmp: the write under way finishes, and none starts after. Run in
+// a child process, since the end it asks for holds for the rest of the process.
+TEST(Heartbeat, AnEndAtOnceLeavesNoTemporaryFile) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  const auto end_while_writing = [&dir] {
+    std::atomic<bool> stop{false};
+    std::atomic<int64_t> written{0};
+    std::thread writer([&] {
+      while (!stop.load()) ckpt::write_heartbeat(dir, written.fetch_add(1) + 1, 0, "training");
+    });
+    while (written.load() < 200) std::this_thread::yield();
+    ckpt::remove_unfinished_files();
+    bool clean = true;
+    for (int i = 0; i < 200 && clean; ++i, std::this_thread::sleep_for(std::chrono::microseconds(250)))
+      clean = !std::filesystem::exists(dir + "/heartbeat.tmp");
+    stop = true;
+    writer.join();
+    const int64_t step = ckpt::heartbeat_step(ckpt::read_heartbeat(dir));
+    ckpt::write_heartbeat(dir, step + 1, 0, "done");  // after the end: nothing more
+    const bool unchanged = ckpt::heartbeat_step(ckpt::read_heartbeat(dir)) == step && step > 0;
+    std::fprintf(stderr, "clean=%d unchanged=%d\n", clean, unchanged);
+    std::_Exit(clean && unchanged ? 0 : 1);
+  };
+  EXPECT_EXIT(end_while_writing(), ::testing::ExitedWithCode(0), "clean=1 unchanged=1");
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"heartbeat"});
 }
 
 }  // namespace

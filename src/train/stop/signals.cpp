@@ -66,8 +66,9 @@ void say(std::initializer_list<const char*> pieces) {
 
 [[noreturn]] void exit_at_once(int sig, const char* why) {
   // A checkpoint being written stays unfinished: its temporary file goes, the checkpoints
-  // written before stay (the write replaces nothing until its rename).
-  ckpt::remove_unfinished_checkpoint();
+  // written before stay (the write replaces nothing until its rename). A heartbeat being
+  // replaced is let finish, so that it leaves no heartbeat.tmp.
+  ckpt::remove_unfinished_files();
   ckpt::remove_lock_at_exit();
   say({"hpctrain: stopped at once by ", name_of(sig), why});
   ::_exit(128 + sig);
@@ -76,7 +77,7 @@ void say(std::initializer_list<const char*> pieces) {
 // A stop signal left out of --stop-signals: what it would have done unblocked, the process
 // ended by it (a checkpoint being written is dropped, as by exit_at_once).
 [[noreturn]] void default_action(int sig) {
-  ckpt::remove_unfinished_checkpoint();
+  ckpt::remove_unfinished_files();
   ckpt::remove_lock_at_exit();
   say({"hpctrain: ended by ", name_of(sig), " (not in --stop-signals)"});
   struct sigaction dfl {};
