@@ -264,7 +264,9 @@ inline std::vector<std::string> mpi_argv(const std::vector<std::pair<int, std::v
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   // Containers often have a tiny /dev/shm; the shared-memory transport can use /tmp.
   setenv("OMPI_MCA_btl_vader_backing_directory", "/tmp", 0);
-  std::vector<std::string> argv{mpiexec(), "--oversubscribe", "--bind-to", "none"};
+  // A rank waiting in MPI yields its core: ctest -j2 runs another test beside, and ranks spinning
+  // in an all-reduce took the cores from the ranks they waited for.
+  std::vector<std::string> argv{mpiexec(), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"};
   if (no_kill_delay) argv.insert(argv.end(), {"--mca", "odls_base_sigkill_timeout", "0"});
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g > 0) argv.push_back(":");
