@@ -2,8 +2,9 @@
 # Slurm epilog for nodes that run hpctrain: frees the host memory held by the job's user's
 # snapshots (hpctrain --snapshot-dir, default /dev/shm/hpctrain-UID) that no relaunch needs any
 # more: those last written over an hour ago (hpctrain keeps a failed or killed run's that long
-# for a relaunch to resume from) and not held by a running hpctrain. A finished run has removed
-# its own already.
+# for a relaunch to resume from) and not held by a running hpctrain, and, at any age, those of a
+# run that has ended since (a job requeued off this node that finished on others: its checkpoint
+# directory says so). A run that finishes on this node has removed its own already.
 #
 # Install: in slurm.conf, on every compute node (ParallelCluster: a custom slurm.conf setting),
 #   Epilog=/usr/share/hpctrain/slurm/epilog.sh      (or this checkout's slurm/epilog.sh)

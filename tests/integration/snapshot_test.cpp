@@ -660,6 +660,50 @@ TEST_F(Snapshots, AKilledRunsSnapshotsAreFreedAfterAnHourOrByTheCleanup) {
   EXPECT_FALSE(fs::exists(live_dir)) << "killed, its snapshots are no longer in use";
 }
 
+// A host a run left (killed there; requeued elsewhere) keeps its snapshots for the hour a
+// relaunch there may need them; once the run has ended for good on other hosts (--snapshot-dir
+// b), the cleanup there (the next job's Slurm epilog) frees them at once, as its checkpoint
+// directory tells: its heartbeat says done, or its run-id names a fresh start. A copy of the
+// directory where it was (another inode) tells nothing: kept.
+TEST_F(Snapshots, AnEndedRunsSnapshotsOnAHostItLeftAreFreedByTheCleanup) {
+  const std::string a = dir_.file("left-a"), b = dir_.file("left-b"), ck = dir_.file("left-ck");
+  const auto clean_a = [&] {
+    const RunResult r = run_hpctrain({"clean-snapshots", "--snapshot-dir", a});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out + r.err;
+  };
+  kill_after(1, ck, a, 8);
+  const std::string left = run_dir(a), id = fs::path(left).filename().string();
+  ASSERT_TRUE(fs::exists(left + "/checkpoint-dir")) << left;
+  std::string said = clean_a();
+  EXPECT_NE(said.find("removed the snapshots of 0 run(s)"), std::string::npos) << said;  // it may come back here
+  resume(1, ck, b);  // finishes "on another host"
+  fs::rename(ck, ck + "-moved");  // and a copy in its place: another directory
+  fs::copy(ck + "-moved", ck, fs::copy_options::recursive);
+  said = clean_a();
+  EXPECT_NE(said.find("removed the snapshots of 0 run(s)"), std::string::npos) << said;
+  EXPECT_TRUE(fs::exists(left));
+  fs::remove_all(ck);
+  fs::rename(ck + "-moved", ck);
+  said = clean_a();
+  EXPECT_NE(said.find("removed the snapshots of run " + id + " (its run has finished"), std::string::npos) << said;
+  EXPECT_FALSE(fs::exists(left));
+
+  // Killed here again, then a fresh start in its checkpoint directory elsewhere.
+  const std::string ck2 = dir_.file("left-ck2");
+  kill_after(1, ck2, a, 8);
+  const std::string left2 = run_dir(a), id2 = fs::path(left2).filename().string();
+  auto fresh = job(ck2, dir_.file("left-fresh.jsonl"), b);
+  fresh.insert(fresh.end(), {"--resume", "none", "--max-steps", "2"});
+  const RunResult r = run_mpi(1, fresh);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_NE(read_text(ck2 + "/run-id").substr(0, 16), id2);
+  said = clean_a();
+  EXPECT_NE(said.find("removed the snapshots of run " + id2 + " (its checkpoint directory went on to another run"),
+            std::string::npos) << said;
+  EXPECT_FALSE(fs::exists(left2));
+}
+
 // clean-snapshots removes a run's directory only when it holds nothing but a Snapshotter's
 // files: a directory named like a run id (16 hex digits) that holds anything else is kept and
 // said so; and it refuses the root directory, as training does.

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <random>
 #include <utility>
 
@@ -40,6 +42,10 @@ constexpr size_t kRunIdLength = 16;  // hex digits
 // In every run directory: locked (shared) by the run's snapshot writer while it lives; a
 // cleanup that cannot lock it exclusively leaves the directory alone.
 constexpr const char* kInUseFile = "in-use";
+// In every run directory: the run's checkpoint directory (absolute) and, on a line
+// "directory_inode=N", its inode, for a cleanup on a host the run has left to see that the run
+// has ended for good (ended_run).
+constexpr const char* kOwnerFile = "checkpoint-dir";
 
 bool is_run_id(const std::string& s) {
   return s.size() == kRunIdLength && std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c); });
@@ -138,7 +144,8 @@ bool holds_only_snapshots(const fs::path& dir) {
     std::error_code ec2;
     const std::string name = e.path().filename().string();
     if (!e.is_regular_file(ec2) || e.is_symlink(ec2)) return false;
-    if (name != kInUseFile && !ckpt::is_store_file(name)) return false;
+    const bool owner = name == kOwnerFile || name.rfind(std::string(kOwnerFile) + ".tmp.", 0) == 0;
+    if (name != kInUseFile && !owner && !ckpt::is_store_file(name)) return false;
   }
   return !ec;
 }
@@ -281,6 +288,26 @@ std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
   return (fs::path(parent) / run_id).string();
 }
 
+// Why nothing will resume `run`'s snapshots any more, as its checkpoint directory (kOwnerFile)
+// tells: its heartbeat says "done" under the run's id (a run that is extended later resumes
+// from its final checkpoint, which is newer), or its run-id names another run (a fresh start
+// there). nullptr when it cannot tell: no record (an older hpctrain's), the directory gone,
+// moved, replaced (another inode) or unreadable, or the run not finished.
+const char* ended_run(const RunDir& run) {
+  std::ifstream in(run.path / kOwnerFile);
+  std::string dir, line, inode;
+  if (!std::getline(in, dir) || dir.empty()) return nullptr;
+  while (std::getline(in, line))
+    if (line.rfind("directory_inode=", 0) == 0) inode = line.substr(16);
+  if (inode.empty() || directory_inode(dir) != inode) return nullptr;
+  const RunIdFile owner = read_run_id(dir);
+  if (owner.id.empty() || (!owner.inode.empty() && owner.inode != inode)) return nullptr;
+  if (owner.id != run.id) return "its checkpoint directory went on to another run";
+  const std::map<std::string, std::string> beat = ckpt::read_heartbeat(dir);
+  const auto state = beat.find("state");
+  return state != beat.end() && state->second == "done" ? "its run has finished" : nullptr;
+}
+
 CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleaning& what) {
   CleanedSnapshots c;
   for (const RunDir& run : run_dirs(parent, what.except)) {
@@ -288,6 +315,7 @@ CleanedSnapshots clean_snapshots(const std::string& parent, const SnapshotCleani
     const char* why = what.all                  ? "every run's not in use"
                       : !what.run_id.empty()    ? "the run asked for"
                       : run.age_seconds > what.older_than ? "older than the limit"
+                      : what.ended_runs                   ? ended_run(run)
                                                           : nullptr;
     if (!why) {
       ++c.kept_young, c.kept_bytes += run.bytes;
@@ -358,6 +386,7 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
       require_own_directory(fs::path(run_dir_).parent_path());
       remove_leftovers(previous_run_id);
       hold_in_use();
+      record_checkpoint_dir();
       store_ = std::make_unique<ckpt::CheckpointStore>(run_dir_, 1, /*reuse_pages=*/true);
       check_budget(state_bytes);
     } catch (const Error& e) {
@@ -441,6 +470,15 @@ void Snapshotter::hold_in_use() {
     ::close(fd);
   }
   usage_error("cannot hold ", file.string(), ": a cleanup removes the directory again and again");
+}
+
+void Snapshotter::record_checkpoint_dir() {
+  const std::string dir = fs::absolute(o_.checkpoint_dir).lexically_normal().string();
+  const std::string text = dir + "\ndirectory_inode=" + directory_inode(o_.checkpoint_dir) + "\n";
+  const fs::path file = fs::path(run_dir_) / kOwnerFile;
+  std::ifstream in(file);
+  const std::string was{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (was != text) ckpt::write_file_atomically(file.string(), {text.begin(), text.end()});
 }
 
 bool Snapshotter::due(int64_t step) const {
@@ -538,7 +576,8 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
   po::options_description options(
       "Usage: hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]\n"
       "Frees the host memory held by this user's snapshots that no relaunch needs: by default those of runs\n"
-      "that failed or were killed, last written over an hour ago (as long as hpctrain keeps them). Snapshots a\n"
+      "that failed or were killed, last written over an hour ago (as long as hpctrain keeps them), and those of\n"
+      "runs that have ended since on other hosts (their checkpoint directory says so). Snapshots a\n"
       "running hpctrain uses are never removed. Under mpirun it cleans once on each host (the host's first\n"
       "rank): mpirun --map-by ppr:1:node hpctrain clean-snapshots. Exit code 0, also when nothing was there");
   options.add_options()("help,h", "print this help and exit")(
@@ -561,6 +600,7 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
     require_not_root_dir(dir, "--snapshot-dir");
     what.all = all;
     what.run_id = run_id;
+    what.ended_runs = !all && run_id.empty();
     if (!older.empty()) what.older_than = parse_duration(older, "older-than");
   });
   if (!go) return kExitSuccess;

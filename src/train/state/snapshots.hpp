@@ -61,6 +61,10 @@ struct SnapshotCleaning {
   bool all = false;                          // every one not in use, whatever its age
   std::string run_id;                        // only this run's (not in use), whatever its age
   std::string except;                        // never this run's (the caller's own)
+  // Also, whatever their age, those of runs that have ended for good, as their checkpoint
+  // directory tells (finished, or gone on to another run): on a host a requeued job left, the
+  // next job's epilog frees them, not one an hour on.
+  bool ended_runs = false;
 };
 struct CleanedSnapshots {
   int removed = 0, kept_in_use = 0, kept_young = 0;
@@ -127,6 +131,8 @@ class Snapshotter {
   void check_budget(size_t state_bytes);
   void remove_leftovers(const std::string& previous_run_id);
   void hold_in_use();
+  // Writes the run directory's record of the checkpoint directory (for ended_runs).
+  void record_checkpoint_dir();
   // Whether the write in flight (if any) succeeded; a failure is a warning.
   bool settle();
 
