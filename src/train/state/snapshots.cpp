@@ -63,6 +63,23 @@ std::string new_run_id() {
 // run-id is not its own, or both jobs would share one snapshot directory, each resuming and
 // removing the other's. The inode, not the device or the path: an NFS or EFS directory has the
 // same inode on every host (its device number and mount point may differ), and a move keeps it.
+std::string directory_inode(const std::string& dir) {
+  struct stat st {};
+  return ::stat(dir.c_str(), &st) == 0 ? std::to_string(st.st_ino) : "";
+}
+
+// A record naming a directory (run-id, a run directory's checkpoint-dir): its first line, then
+// "directory_inode=N" with `dir`'s inode.
+std::string directory_record(const std::string& first, const std::string& dir) {
+  return first + "\ndirectory_inode=" + directory_inode(dir) + "\n";
+}
+// The inode in the rest of a record read past its first line ("" when it has none).
+std::string recorded_inode(std::istream& in) {
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("directory_inode=", 0) == 0) return line.substr(16);
+  return "";
+}
+
 struct RunIdFile {
   std::string id;     // "" when there is none (or it is not an id)
   std::string inode;  // "" when the file does not say (written before the line was)
@@ -72,14 +89,8 @@ RunIdFile read_run_id(const std::string& dir) {
   std::ifstream in(fs::path(dir) / kRunIdFile);
   RunIdFile f;
   if (!(in >> f.id) || !is_run_id(f.id)) return {};
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("directory_inode=", 0) == 0) f.inode = line.substr(16);
+  f.inode = recorded_inode(in);
   return f;
-}
-
-std::string directory_inode(const std::string& dir) {
-  struct stat st {};
-  return ::stat(dir.c_str(), &st) == 0 ? std::to_string(st.st_ino) : "";
 }
 
 std::string format_bytes(double bytes) {
@@ -276,7 +287,7 @@ void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
     return;
   }
   if (r.id == r.previous && !r.unbound) return;  // the directory's, and it says so
-  const std::string text = r.id + "\ndirectory_inode=" + directory_inode(o.checkpoint_dir) + "\n";
+  const std::string text = directory_record(r.id, o.checkpoint_dir);
   ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
 }
 
@@ -295,10 +306,9 @@ std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
 // moved, replaced (another inode) or unreadable, or the run not finished.
 const char* ended_run(const RunDir& run) {
   std::ifstream in(run.path / kOwnerFile);
-  std::string dir, line, inode;
+  std::string dir;
   if (!std::getline(in, dir) || dir.empty()) return nullptr;
-  while (std::getline(in, line))
-    if (line.rfind("directory_inode=", 0) == 0) inode = line.substr(16);
+  const std::string inode = recorded_inode(in);
   if (inode.empty() || directory_inode(dir) != inode) return nullptr;
   const RunIdFile owner = read_run_id(dir);
   if (owner.id.empty() || (!owner.inode.empty() && owner.inode != inode)) return nullptr;
@@ -473,8 +483,8 @@ void Snapshotter::hold_in_use() {
 }
 
 void Snapshotter::record_checkpoint_dir() {
-  const std::string dir = fs::absolute(o_.checkpoint_dir).lexically_normal().string();
-  const std::string text = dir + "\ndirectory_inode=" + directory_inode(o_.checkpoint_dir) + "\n";
+  const std::string text =
+      directory_record(fs::absolute(o_.checkpoint_dir).lexically_normal().string(), o_.checkpoint_dir);
   const fs::path file = fs::path(run_dir_) / kOwnerFile;
   std::ifstream in(file);
   const std::string was{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
