@@ -119,9 +119,11 @@ int64_t count_correct(const Tensor& prob, const int32_t* labels) {
 }
 
 void eval_batch_cpu(nn::Model<float>& model, const data::Batch& batch, double* sums) {
-  const Tensor& logits = model.forward(batch.images, false);
-  sums[0] += model.loss(logits, batch.labels.data()) * static_cast<double>(batch.size());
-  sums[1] += static_cast<double>(count_correct(model.probabilities(), batch.labels.data()));
+  for_each_forward_chunk(batch.images, [&](const Tensor& images, int64_t first, int64_t count) {
+    const int32_t* labels = batch.labels.data() + first;
+    sums[0] += model.loss(model.forward(images, false), labels) * static_cast<double>(count);
+    sums[1] += static_cast<double>(count_correct(model.probabilities(), labels));
+  });
 }
 
 EngineSpec engine_spec(const TrainOptions& o, int threads) {

@@ -1,6 +1,5 @@
-#include <cstring>
-
 #include "core/error.hpp"
+#include "train/engine/engine.hpp"  // for_each_forward_chunk
 #include "train/engine/inference.hpp"
 
 namespace hpc::train {
@@ -11,9 +10,11 @@ class CpuInference final : public Inference {
   CpuInference(nn::Model<float>& model, int threads) : model_(model), threads_(threads) {}
 
   void logits(const Tensor& images, std::vector<float>& out) override {
-    const Tensor& y = model_.forward(images, false);
-    out.resize(static_cast<size_t>(y.numel()));
-    std::memcpy(out.data(), y.data<float>(), out.size() * sizeof(float));
+    out.clear();
+    for_each_forward_chunk(images, [&](const Tensor& chunk, int64_t, int64_t) {
+      const Tensor& y = model_.forward(chunk, false);
+      out.insert(out.end(), y.data<float>(), y.data<float>() + y.numel());
+    });
   }
 
   std::string describe() const override { return detail::concat("the CPU, ", threads_, " thread(s)"); }
