@@ -24,8 +24,11 @@
 # open file descriptors). Exit 1 when the checksum differs or something is left behind.
 # The schedule is drawn for --duration; a fault waits for the job to train again after the last,
 # so the soak lasts longer. It fails too when fewer than --min-kinds (6) kinds were injected.
+# The training lasts --train-for of undisturbed training (default: --duration): faults that come
+# close together (a short --mean-interval) follow each other's recoveries, so the last ones need
+# the training to go on past the schedule.
 # Usage: sudo bench/chaos.sh [--seed N] [--duration 10m] [--mean-interval 20s] [--min-kinds 6]
-#        [--kinds rank_kill,shm_full,...] (default: all of them)
+#        [--train-for 10m] [--kinds rank_kill,shm_full,...] (default: all of them)
 # Environment: BUILD_DIR (default build), HPCRUN and HPCTRAIN (binaries), HPCRUN_TEST_KEEP (a
 # folder that keeps the soak's logs), CHAOS_NETNS_ID (the hosts' namespace id, default 22).
 set -euo pipefail
@@ -67,7 +70,7 @@ chaos_steps "$NETNS_DIR/cal.jsonl"
 say "undisturbed reference run"
 ref_start=$(now)
 train ref "$steps"
-hpcrun_wait $((duration * 3 + 120))
+hpcrun_wait $((train_for * 3 + 120))
 ref_end=$(now)
 [[ $RC == 0 ]] || fail "the undisturbed run ended with $RC"
 
@@ -249,7 +252,7 @@ fi
 # Its exit code, unless hpcrun_ended has it: RC may still hold an earlier hpcrun's (a preemption's
 # 75), and kill -0 fails once bash has reaped a hpcrun that ended by itself, so neither tells.
 if [[ "${reaped:-}" != "$HPCRUN_PID" ]]; then
-  hpcrun_wait $((duration * 3 + 300))
+  hpcrun_wait $((train_for * 3 + 300))
   cp "$ck/hpcrun/summary.json" "$NETNS_DIR/summary-$invocation.json"
 fi
 chaos_end=$(now)

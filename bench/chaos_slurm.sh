@@ -24,8 +24,9 @@
 # idle (DOWN, DRAINED), jobs left in the queue. Exit 1 when the checksum differs or something is
 # left behind, or when fewer than --min-kinds (6) kinds were injected. The schedule is drawn for
 # --duration; a fault waits for the job to train again after the last, so the soak lasts longer.
+# The training lasts --train-for of undisturbed training (default: --duration).
 # Usage: sudo bench/chaos_slurm.sh [--seed N] [--duration 10m] [--mean-interval 20s] [--min-kinds 6]
-#        [--kinds requeue,node_kill,...] (default: all of them)
+#        [--train-for 10m] [--kinds requeue,node_kill,...] (default: all of them)
 # Environment: BUILD_DIR (default build), HPCTRAIN (the binary), FASHION_MNIST (the dataset),
 # SLURM_TEST_KEEP (a folder that keeps the soak's job outputs, metrics and the cluster's logs).
 set -euo pipefail
@@ -36,7 +37,7 @@ chaos_options "$@"
 source "$root/tests/slurm/common.sh"
 chaos_kinds requeue preempt node_down node_kill usr1 rank_kill
 # Its own limit: the reference, the soak (faults wait for training) and recoveries, with room.
-CLUSTER_ARGS="--preemption 20" slurm_setup 3 $((duration * 6 + 1200))
+CLUSTER_ARGS="--preemption 20" slurm_setup 3 $(((duration + train_for) * 3 + 1200))
 export TRAIN_SAMPLES=8000 STEP_TIMEOUT=10s
 # The batch script requeues the job itself after a warning signal or a failed run, at most
 # MAX_REQUEUES times (sbatch passes this environment on).
@@ -59,7 +60,7 @@ chaos_steps "$WORK/cal/metrics.jsonl"
 say "undisturbed reference job"
 ref_start=$(now)
 train ref "$steps"
-wait_state "$JOB" COMPLETED $((duration * 3 + 300))
+wait_state "$JOB" COMPLETED $((train_for * 3 + 300))
 ref_end=$(now)
 
 # The schedule: offsets from the start, kind, which of the job's 2 nodes, the fault's own seconds.
@@ -179,7 +180,7 @@ while read -r -u 3 at kind k secs; do
   inject "$kind" "$k" "$secs"
   ((injected)) && last_fault=$t
 done 3<<< "$schedule"
-wait_state "$JOB" COMPLETED $((duration * 3 + 600))
+wait_state "$JOB" COMPLETED $((train_for * 3 + 600))
 chaos_end=$(now)
 restarts=$(job_field "$JOB" Restarts)
 say "the soak's training finished: job $JOB, requeued $restarts time(s)"

@@ -284,11 +284,11 @@ seconds_of() {
 # now: the unix time with nanoseconds.
 now() { date +%s.%N; }
 
-# chaos_options ARGS...: a soak's options into seed, duration, mean (seconds), min_kinds and
+# chaos_options ARGS...: a soak's options into seed, duration, mean, train_for (seconds), min_kinds and
 # only (--kinds: the kinds to draw from, space-separated; empty: all); --help prints the calling
 # script's header comment.
 chaos_options() {
-  seed=1 duration=600 mean=20 min_kinds=6 only=""
+  seed=1 duration=600 mean=20 min_kinds=6 only="" train_for=""
   while (($#)); do
     case "$1" in
       --kinds) [[ $# -ge 2 && -n "$2" ]] || die "--kinds needs a value"; only=${2//,/ }; shift 2 ;;
@@ -296,10 +296,12 @@ chaos_options() {
       --duration) [[ $# -ge 2 ]] || die "--duration needs a value"; duration=$(seconds_of "$2" --duration); shift 2 ;;
       --mean-interval) [[ $# -ge 2 ]] || die "--mean-interval needs a value"; mean=$(seconds_of "$2" --mean-interval); shift 2 ;;
       --min-kinds) [[ $# -ge 2 ]] || die "--min-kinds needs a value"; require_count --min-kinds "$2"; min_kinds=$2; shift 2 ;;
+      --train-for) [[ $# -ge 2 ]] || die "--train-for needs a value"; train_for=$(seconds_of "$2" --train-for); shift 2 ;;
       -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
       *) die "unknown option '$1'" ;;
     esac
   done
+  train_for=${train_for:-$duration}
 }
 
 # chaos_kinds KIND[=SECONDS]...: the soak's kinds (as chaos_schedule takes them) into the array
@@ -346,14 +348,15 @@ chaos_schedule() {
 }
 
 # chaos_steps METRICS: the soak's training length into steps, from a 40-step calibration run's
-# metrics (its rate from step 10 to 40): about --duration of training, at least 60 steps.
+# metrics (its rate from step 10 to 40): about --train-for (default --duration) of training, at
+# least 60 steps.
 chaos_steps() {
   local rate
   rate=$(python3 -c '
 import json, sys
 t = {e["step"]: e["unix_time"] for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"}
 print(30 / (t[40] - t[10]))' "$1")
-  steps=$(calc "$duration * $rate" 0)
+  steps=$(calc "$train_for * $rate" 0)
   ((steps >= 60)) || steps=60
   say "calibration: $(calc "$rate" 1) steps/s; the soak's training: $steps steps"
 }
