@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -22,17 +23,6 @@ template <class V>
 void put(std::vector<char>& out, V v) {
   const char* p = reinterpret_cast<const char*>(&v);
   out.insert(out.end(), p, p + sizeof v);
-}
-
-void put_section(std::vector<char>& out, uint32_t kind, const char* data, size_t n) {
-  put(out, kind);
-  put(out, static_cast<uint64_t>(n));
-  put(out, crc(data, n));
-  out.insert(out.end(), data, data + n);
-}
-
-void put_floats(std::vector<char>& out, uint32_t kind, const std::vector<float>& v) {
-  put_section(out, kind, reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
 const char* kind_name(uint32_t kind) {
@@ -75,13 +65,56 @@ const std::string& Checkpoint::text(const std::string& key) const {
   return it->second;
 }
 
-bool is_checkpoint_magic(const std::vector<char>& bytes) {
-  return bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0;
-}
-
 void require_finite_state(const Checkpoint& c, const std::string& path) {
   for (const std::vector<float>* v : {&c.params, &c.buffers})
     for (float x : *v) HPC_REQUIRE(std::isfinite(x), "the checkpoint ", path, " holds parameters that are not finite");
+}
+
+namespace {
+// The meta section's text: one key=value line each.
+std::string meta_text(const Checkpoint& c) {
+  std::ostringstream m;
+  for (const auto& [k, v] : c.meta) {
+    HPC_CHECK(k.find_first_of("=\n") == std::string::npos && v.find('\n') == std::string::npos,
+              "checkpoint meta field '", k, "' cannot be written as a line");
+    m << k << '=' << v << '\n';
+  }
+  return m.str();
+}
+
+constexpr size_t kFileHeadBytes = kMagicBytes + sizeof(uint32_t);                     // magic, version
+constexpr size_t kSectionHeadBytes = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(uint32_t);  // kind, n, CRC
+constexpr size_t kSections = 5;                                                      // 4 and the end
+}  // namespace
+
+Encoded::Encoded(const Checkpoint& c) : meta_(meta_text(c)) {
+  const ByteSpan payloads[kSections] = {
+      {meta_.data(), meta_.size()},
+      {reinterpret_cast<const char*>(c.params.data()), c.params.size() * sizeof(float)},
+      {reinterpret_cast<const char*>(c.momentum.data()), c.momentum.size() * sizeof(float)},
+      {reinterpret_cast<const char*>(c.buffers.data()), c.buffers.size() * sizeof(float)},
+      {nullptr, 0}};
+  const uint32_t kinds[kSections] = {Meta, Params, Momentum, Buffers, End};
+  heads_.reserve(kFileHeadBytes + kSections * kSectionHeadBytes);
+  heads_.insert(heads_.end(), kMagic, kMagic + sizeof kMagic);
+  put(heads_, kFormatVersion);
+  for (size_t i = 0; i < kSections; ++i) {
+    put(heads_, kinds[i]);
+    put(heads_, static_cast<uint64_t>(payloads[i].size));
+    put(heads_, crc(payloads[i].data, payloads[i].size));
+  }
+  // heads_ is complete: its pieces' pointers stay valid.
+  pieces_.push_back({heads_.data(), kFileHeadBytes});
+  for (size_t i = 0; i < kSections; ++i) {
+    pieces_.push_back({heads_.data() + kFileHeadBytes + i * kSectionHeadBytes, kSectionHeadBytes});
+    if (payloads[i].size > 0) pieces_.push_back(payloads[i]);
+  }
+  for (const ByteSpan& p : pieces_) size_ += p.size;
+}
+
+size_t encoded_size(const Checkpoint& c) {
+  return kFileHeadBytes + kSections * kSectionHeadBytes + meta_text(c).size() +
+         (c.params.size() + c.momentum.size() + c.buffers.size()) * sizeof(float);
 }
 
 std::vector<char> encode(const Checkpoint& c) {
@@ -91,58 +124,79 @@ std::vector<char> encode(const Checkpoint& c) {
 }
 
 void encode(const Checkpoint& c, std::vector<char>& out) {
-  std::ostringstream m;
-  for (const auto& [k, v] : c.meta) {
-    HPC_CHECK(k.find_first_of("=\n") == std::string::npos && v.find('\n') == std::string::npos,
-              "checkpoint meta field '", k, "' cannot be written as a line");
-    m << k << '=' << v << '\n';
-  }
-  const std::string meta = m.str();
+  const Encoded e(c);
   out.clear();
-  out.reserve(64 + meta.size() + (c.params.size() + c.momentum.size() + c.buffers.size()) * sizeof(float));
-  out.insert(out.end(), kMagic, kMagic + sizeof kMagic);
-  put(out, kFormatVersion);
-  put_section(out, Meta, meta.data(), meta.size());
-  put_floats(out, Params, c.params);
-  put_floats(out, Momentum, c.momentum);
-  put_floats(out, Buffers, c.buffers);
-  put_section(out, End, nullptr, 0);
+  out.reserve(e.size());
+  for (const ByteSpan& p : e.pieces()) out.insert(out.end(), p.data, p.data + p.size);
 }
 
 namespace {
-// An intact section's n bytes at p into c: the meta's KEY=VALUE lines, or a section of floats.
-void read_section(uint32_t kind, const char* p, uint64_t n, const std::string& what, Checkpoint& c) {
-  if (kind == Meta) {
-    std::istringstream in(std::string(p, n));
-    std::string line;
-    while (std::getline(in, line)) {
-      const size_t eq = line.find('=');
-      HPC_REQUIRE(eq != std::string::npos, what, ": malformed meta line '", line, "'");
-      c.meta[line.substr(0, eq)] = line.substr(eq + 1);
-    }
-    return;
+// An intact meta section's KEY=VALUE lines into c.
+void read_meta(const std::string& text, const std::string& what, Checkpoint& c) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    HPC_REQUIRE(eq != std::string::npos, what, ": malformed meta line '", line, "'");
+    c.meta[line.substr(0, eq)] = line.substr(eq + 1);
   }
-  HPC_REQUIRE(n % sizeof(float) == 0, what, ": the ", kind_name(kind), " section is not a whole number of floats");
-  std::vector<float>& dst = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
-  dst.resize(n / sizeof(float));
-  if (n) std::memcpy(dst.data(), p, n);  // an empty section's data() may be null
+}
+
+struct SectionHead {
+  uint32_t kind;
+  uint64_t n;
+  uint32_t sum;  // the CRC of its n bytes
+};
+
+// A section's bytes from read, straight into their place in c, then checked (`what` is the
+// file, of `size` bytes).
+void read_section(const SectionHead& head, const std::function<void(char*, size_t)>& read, const std::string& what,
+                  uint64_t size, Checkpoint& c, Layout& layout) {
+  const auto [kind, n, sum] = head;
+  HPC_REQUIRE(kind == Meta || n % sizeof(float) == 0, what, ": the ", kind_name(kind),
+              " section is not a whole number of floats");
+  std::string text;
+  char* dst = nullptr;
+  try {
+    if (kind == Meta) {
+      text.resize(n);
+      dst = text.data();
+    } else {
+      std::vector<float>& v = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
+      v.resize(n / sizeof(float));
+      dst = reinterpret_cast<char*>(v.data());
+    }
+  } catch (const std::bad_alloc&) {  // a usage error: --resume auto passes it by, as a damaged file
+    usage_error("cannot read ", what, ": its ", size, " bytes do not fit in this process's memory");
+  }
+  read(dst, n);
+  const bool intact = crc(dst, n) == sum;
+  layout.sections.push_back({kind_name(kind), n, intact});
+  HPC_REQUIRE(intact, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
+  if (kind == Meta) {
+    read_meta(text, what, c);
+    layout.meta = c.meta;
+  }
 }
 }  // namespace
 
-Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout) {
+Checkpoint decode(uint64_t size, const std::function<void(char*, size_t)>& read, const std::string& what,
+                  Layout* layout) {
   Layout ignored;
   Layout& seen_layout = layout ? *layout : ignored;
   size_t at = 0;
   auto need = [&](size_t n, const char* part) {
-    HPC_REQUIRE(bytes.size() - at >= n, what, " is truncated (", bytes.size(), " bytes; it ends inside the ", part, ")");
+    HPC_REQUIRE(size - at >= n, what, " is truncated (", size, " bytes; it ends inside the ", part, ")");
   };
   auto get = [&](auto& v, const char* part) {
     need(sizeof v, part);
-    std::memcpy(&v, bytes.data() + at, sizeof v);
+    read(reinterpret_cast<char*>(&v), sizeof v);
     at += sizeof v;
   };
+  char magic[sizeof kMagic];
   need(sizeof kMagic, "header");
-  HPC_REQUIRE(std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0, what, " is not an hpctrain checkpoint (wrong magic)");
+  read(magic, sizeof magic);
+  HPC_REQUIRE(std::memcmp(magic, kMagic, sizeof kMagic) == 0, what, " is not an hpctrain checkpoint (wrong magic)");
   at += sizeof kMagic;
   uint32_t version = 0;
   get(version, "header");
@@ -164,20 +218,24 @@ Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layou
     HPC_REQUIRE(kind >= Meta && kind <= Buffers, what, " has a section of unknown kind ", kind, " at byte ", at);
     HPC_REQUIRE(!seen[kind], what, " has its ", kind_name(kind), " section twice");
     seen[kind] = true;
-    HPC_REQUIRE(n <= bytes.size() - at, what, " is truncated (its ", kind_name(kind), " section should hold ", n,
-                " bytes, ", bytes.size() - at, " are left)");
-    const char* p = bytes.data() + at;
-    const bool intact = crc(p, n) == sum;
-    seen_layout.sections.push_back({kind_name(kind), n, intact});
-    HPC_REQUIRE(intact, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
+    HPC_REQUIRE(n <= size - at, what, " is truncated (its ", kind_name(kind), " section should hold ", n, " bytes, ",
+                size - at, " are left)");
+    read_section({kind, n, sum}, read, what, size, c, seen_layout);
     at += n;
-    read_section(kind, p, n, what, c);
-    if (kind == Meta) seen_layout.meta = c.meta;
   }
   for (uint32_t k = Meta; k <= Buffers; ++k)
     HPC_REQUIRE(seen[k], what, " has no ", kind_name(k), " section");
-  HPC_REQUIRE(at == bytes.size(), what, " has ", bytes.size() - at, " stray bytes after its end");
+  HPC_REQUIRE(at == size, what, " has ", size - at, " stray bytes after its end");
   return c;
+}
+
+Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout) {
+  size_t at = 0;
+  auto read = [&](char* dst, size_t n) {
+    if (n) std::memcpy(dst, bytes.data() + at, n);  // an empty section's dst may be null
+    at += n;
+  };
+  return decode(bytes.size(), read, what, layout);
 }
 
 }  // namespace hpc::ckpt

@@ -60,18 +60,6 @@ struct FileCloser {
   }
 };
 
-// Reads into bytes[from, size()) up to the end of the file; bytes keeps what was read.
-void read_into(int fd, std::vector<char>& bytes, size_t from, const std::string& path) {
-  while (from < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + from, bytes.size() - from);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) io_error("read checkpoint", path);
-    if (n == 0) break;
-    from += static_cast<size_t>(n);
-  }
-  bytes.resize(from);
-}
-
 }  // namespace
 
 int64_t step_of(const std::string& name) {
@@ -159,6 +147,10 @@ class UnfinishedMark {
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse) {
+  write_file_atomically(path, std::vector<ByteSpan>{{bytes.data(), bytes.size()}}, reuse);
+}
+
+void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
@@ -168,8 +160,12 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
     io_error("create", tmp);
   }
   try {
-    write_all(fd, bytes.data(), bytes.size(), tmp);
-    if (reused && ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) io_error("truncate", tmp);
+    size_t size = 0;
+    for (const ByteSpan& p : pieces) {
+      write_all(fd, p.data, p.size, tmp);
+      size += p.size;
+    }
+    if (reused && ::ftruncate(fd, static_cast<off_t>(size)) != 0) io_error("truncate", tmp);
     if (::fsync(fd) != 0) io_error("fsync", tmp);
   } catch (...) {
     ::close(fd);
@@ -276,9 +272,17 @@ void CheckpointStore::supersede_after(int64_t after) {
 }
 
 std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
+  return write_pieces({{bytes.data(), bytes.size()}}, step);
+}
+
+std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step) {
+  return write_pieces(checkpoint.pieces(), step);
+}
+
+std::string CheckpointStore::write_pieces(const std::vector<ByteSpan>& pieces, int64_t step) {
   require_owned();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
-  write_file_atomically(path, bytes, reuse_pages_ ? spare() : "");
+  write_file_atomically(path, pieces, reuse_pages_ ? spare() : "");
   // Retention: only after the new one is durable.
   const std::vector<std::string> all = list_checkpoints(dir_);
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {
@@ -386,19 +390,20 @@ Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
   if (::fstat(file.fd, &st) != 0) io_error("read checkpoint", path);
   HPC_REQUIRE(S_ISREG(st.st_mode), "cannot read checkpoint ", path, ": ",
               S_ISDIR(st.st_mode) ? "it is a directory (give a checkpoint file in it)" : "not a regular file");
-  // The magic first: a large file given by mistake (a dataset, an archive) is refused without
-  // reading all of it.
-  std::vector<char> bytes(std::min<size_t>(static_cast<size_t>(st.st_size), kMagicBytes));
-  read_into(file.fd, bytes, 0, path);
-  if (is_checkpoint_magic(bytes)) {
-    try {
-      bytes.resize(static_cast<size_t>(st.st_size));
-    } catch (const std::bad_alloc&) {  // a usage error: --resume auto passes it by, as a damaged file
-      usage_error("cannot read checkpoint ", path, ": its ", st.st_size, " bytes do not fit in this process's memory");
+  // Read as decode goes, each section straight into its place: a large file given by mistake (a
+  // dataset, an archive) is refused at its magic, and a checkpoint needs no copy of the whole file.
+  auto read = [&](char* dst, size_t n) {
+    while (n > 0) {
+      const ssize_t got = ::read(file.fd, dst, n);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) io_error("read checkpoint", path);
+      HPC_REQUIRE(got > 0, "checkpoint ", path, " is truncated (it became shorter than its ", st.st_size,
+                  " bytes while it was read)");
+      dst += got;
+      n -= static_cast<size_t>(got);
     }
-    read_into(file.fd, bytes, kMagicBytes, path);
-  }
-  Checkpoint c = decode(bytes, "checkpoint " + path, layout);
+  };
+  Checkpoint c = decode(static_cast<uint64_t>(st.st_size), read, "checkpoint " + path, layout);
   require_step_of_name(c, path);
   return c;
 }
@@ -500,8 +505,8 @@ void AsyncWriter::run() {
     std::exception_ptr failure;
     try {
       if (job.fill) job.fill();
-      encode(job.snapshot, bytes_);  // (and the CRCs) here, off the step loop
-      path = store_.write(bytes_, job.step);
+      const Encoded encoded(job.snapshot);  // (the CRCs) here, off the step loop
+      path = store_.write(encoded, job.step);
     } catch (...) {
       failure = std::current_exception();
     }

@@ -34,6 +34,7 @@ class CheckpointStore {
   CheckpointStore(std::string dir, int keep, bool reuse_pages = false);
   // Writes the checkpoint of `step`; returns its path. Then deletes all but the newest keep.
   std::string write(const std::vector<char>& bytes, int64_t step);
+  std::string write(const Encoded& checkpoint, int64_t step);
   const std::string& dir() const { return dir_; }
 
   // For a run that does not continue the directory's newest checkpoint (a fresh start, step
@@ -55,6 +56,7 @@ class CheckpointStore {
 
  private:
   std::string spare() const;
+  std::string write_pieces(const std::vector<ByteSpan>& pieces, int64_t step);
 
   std::string dir_;
   int keep_;
@@ -103,6 +105,8 @@ void remove_membership_marker(const std::string& dir, const std::string& token);
 // handler). Usage error naming the file and the system's reason. reuse: a file that becomes the
 // temporary one, rewritten in place (its pages kept) rather than created; ignored when absent.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
+// The same with the file's bytes in pieces, written in order (an Encoded checkpoint's).
+void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "");
 
 // Removes the temporary file of the checkpoint being written now, if any, lets a heartbeat
 // being replaced finish (for up to a second) and starts no other: for a process that ends at
@@ -199,7 +203,6 @@ class AsyncWriter {
   std::string last_;
   int64_t completed_ = 0;
   double completed_unix_ = 0;
-  std::vector<char> bytes_;  // the writer thread's encoding, its capacity kept between writes
   std::thread thread_;
 };
 

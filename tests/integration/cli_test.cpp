@@ -348,16 +348,27 @@ TEST_F(Cli, AnOutputIsNeverAnInputOrAnotherOutput) {
   for (const auto& [args, expect] : cases) expect_refused(args, expect);
 }
 
-// A file too large for the process's memory (here a sparse 64 GiB checkpoint, a 6 GiB IDX file,
-// under a 4 GB address-space limit) is named with its size in one line, exit 2, not "out of
-// memory (a smaller --batch-size ...)"; --resume auto passes such a newest checkpoint by.
+// A file too large for the process's memory (here a sparse 64 GiB checkpoint whose parameters
+// section fills it, a 6 GiB IDX file, under a 4 GB address-space limit) is named with its size in
+// one line, exit 2, not "out of memory (a smaller --batch-size ...)"; --resume auto passes such a
+// newest checkpoint by.
 TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
   const std::string w = work_.str();
   auto limited = [&](const std::string& command) {
     return run_program({"/bin/bash", "-c", "ulimit -v 4000000 && exec " + command}, kDeadline);
   };
   const std::string big = w + "/big.hpck";
-  std::ofstream(big, std::ios::binary) << "HPCTCKPT";
+  {
+    // The header, then a section header: kind 2 (parameters), its length (the rest of the
+    // file), a CRC that the read never gets to.
+    const uint64_t size = uint64_t{64} << 30, params = size - 8 - 4 - 16;
+    const uint32_t version = 1, kind = 2, crc = 0;
+    std::ofstream out(big, std::ios::binary);
+    out << "HPCTCKPT";
+    for (const auto& [p, n] : std::initializer_list<std::pair<const void*, size_t>>{
+             {&version, 4}, {&kind, 4}, {&params, 8}, {&crc, 4}})
+      out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  }
   fs::resize_file(big, uint64_t{64} << 30);
   const RunResult inspect = limited("'" + hpctrain_binary() + "' inspect '" + big + "'");
   EXPECT_EQ(inspect.exit_code, 2) << inspect.out << inspect.err;

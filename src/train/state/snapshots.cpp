@@ -288,7 +288,7 @@ void record_run_identity(const TrainOptions& o, const RunIdentity& r) {
   }
   if (r.id == r.previous && !r.unbound) return;  // the directory's, and it says so
   const std::string text = directory_record(r.id, o.checkpoint_dir);
-  ckpt::write_file_atomically(path.string(), {text.begin(), text.end()});
+  ckpt::write_file_atomically(path.string(), std::vector<char>(text.begin(), text.end()));
 }
 
 std::string default_snapshot_parent() { return "/dev/shm/hpctrain-" + std::to_string(::geteuid()); }
@@ -389,7 +389,7 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
   if (run_dir_.empty()) return;
   ckpt::Checkpoint probe;  // the sizes of the state
   engine_.snapshot(probe);
-  const size_t state_bytes = ckpt::encode(probe).size();
+  const size_t state_bytes = ckpt::encoded_size(probe);
   bool ok = true;
   if (ctx_.local_rank() == 0) {
     try {
@@ -488,7 +488,7 @@ void Snapshotter::record_checkpoint_dir() {
   const fs::path file = fs::path(run_dir_) / kOwnerFile;
   std::ifstream in(file);
   const std::string was{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (was != text) ckpt::write_file_atomically(file.string(), {text.begin(), text.end()});
+  if (was != text) ckpt::write_file_atomically(file.string(), std::vector<char>(text.begin(), text.end()));
 }
 
 bool Snapshotter::due(int64_t step) const {
