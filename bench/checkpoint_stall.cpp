@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeats; ++r) {
         const train::RunPosition at{100 + r, 0, r, 64, 64.0 * r};
         const auto t0 = Clock::now();
-        const std::vector<char> encoded = ckpt::encode(train::make_checkpoint(o, model, sgd, 1, at));
+        const ckpt::Checkpoint c = train::make_checkpoint(o, model, sgd, 1, at);
+        const ckpt::Encoded encoded(c);
         store.write(encoded, at.step);
         sync.push_back(seconds_since(t0));
         bytes = encoded.size();

@@ -271,18 +271,10 @@ void CheckpointStore::supersede_after(int64_t after) {
             ": left beside its own, they would outrank them, or retention would delete them");
 }
 
-std::string CheckpointStore::write(const std::vector<char>& bytes, int64_t step) {
-  return write_pieces({{bytes.data(), bytes.size()}}, step);
-}
-
 std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step) {
-  return write_pieces(checkpoint.pieces(), step);
-}
-
-std::string CheckpointStore::write_pieces(const std::vector<ByteSpan>& pieces, int64_t step) {
   require_owned();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
-  write_file_atomically(path, pieces, reuse_pages_ ? spare() : "");
+  write_file_atomically(path, checkpoint.pieces(), reuse_pages_ ? spare() : "");
   // Retention: only after the new one is durable.
   const std::vector<std::string> all = list_checkpoints(dir_);
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {

@@ -33,7 +33,6 @@ class CheckpointStore {
   // is never read; the directory then holds keep checkpoints and one spare.
   CheckpointStore(std::string dir, int keep, bool reuse_pages = false);
   // Writes the checkpoint of `step`; returns its path. Then deletes all but the newest keep.
-  std::string write(const std::vector<char>& bytes, int64_t step);
   std::string write(const Encoded& checkpoint, int64_t step);
   const std::string& dir() const { return dir_; }
 
@@ -56,7 +55,6 @@ class CheckpointStore {
 
  private:
   std::string spare() const;
-  std::string write_pieces(const std::vector<ByteSpan>& pieces, int64_t step);
 
   std::string dir_;
   int keep_;

@@ -102,7 +102,7 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
     ckpt::Checkpoint c = sample();
     c.params.assign(sizes[step - 1], static_cast<float>(step));
     c.meta["step"] = std::to_string(step);
-    const std::string path = store.write(ckpt::encode(c), step);
+    const std::string path = store.write(ckpt::Encoded(c), step);
     const std::vector<std::string> listed = ckpt::list_checkpoints(dir);
     ASSERT_EQ(listed, std::vector<std::string>{path});
     const ckpt::Checkpoint back = ckpt::load_checkpoint(path);
@@ -122,7 +122,7 @@ TEST(CheckpointStore, ReusedPagesHoldExactlyTheNewCheckpoint) {
 std::string write_sample(ckpt::CheckpointStore& store, int64_t holds, int64_t named) {
   ckpt::Checkpoint c = sample();
   c.meta["step"] = std::to_string(holds);
-  return store.write(ckpt::encode(c), named);
+  return store.write(ckpt::Encoded(c), named);
 }
 
 // A file named for one step that holds another (ckpt-000000500.hpck holding step 10, copied or
