@@ -40,10 +40,6 @@ std::string host_name() {
   return buf;
 }
 
-[[noreturn]] void io_error(const std::string& what, const std::string& path) {
-  usage_error("cannot ", what, " ", path, ": ", std::strerror(errno));
-}
-
 // A write lock on the whole file, owned by the open file description (see the header): true when
 // taken, false when another holds it.
 bool try_lock(int fd, const std::string& path) {

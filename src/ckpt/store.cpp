@@ -31,10 +31,6 @@ constexpr const char* kPrefix = "ckpt-";
 constexpr const char* kSuffix = ".hpck";
 constexpr const char* kSpare = ".spare";
 
-[[noreturn]] void io_error(const std::string& what, const std::string& path) {
-  usage_error("cannot ", what, " ", path, ": ", std::strerror(errno));
-}
-
 void write_all(int fd, const char* p, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);

@@ -1,6 +1,8 @@
 #include "core/error.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 namespace hpc {
 
@@ -20,6 +22,11 @@ std::string one_line(const std::string& text) {
     }
   }
   return out;
+}
+
+void io_error(const std::string& what, const std::string& path) {
+  const int err = errno;  // before anything below could change it
+  usage_error("cannot ", what, " ", path, ": ", std::strerror(err));
 }
 
 }  // namespace hpc

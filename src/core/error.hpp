@@ -48,6 +48,11 @@ template <class... Args>
   throw Error(ErrorKind::Usage, detail::concat(args...));
 }
 
+// A system call on `path` failed: "cannot <what> <path>: <errno's text>" as a usage error (a full
+// disk, a read-only or missing directory, permissions: the user's to fix). Call it before anything
+// else can change errno.
+[[noreturn]] void io_error(const std::string& what, const std::string& path);
+
 }  // namespace hpc
 
 // Internal invariant: carries file and line, because only a developer can act on it.
