@@ -10,12 +10,16 @@
 #   Epilog=/usr/share/hpctrain/slurm/epilog.sh      (or this checkout's slurm/epilog.sh)
 # slurmd runs it as root on every node of a job when the job ends; it runs
 # `hpctrain clean-snapshots` as the job's user. It never fails (a failing epilog drains the node)
-# and gives up after 60 s. slurm/local-cluster.sh sets it up for its clusters.
+# and gives up after CLEAN_TIMEOUT (SIGTERM, then SIGKILL CLEAN_KILL_AFTER later: a stat of a hung
+# hard-mounted NFS or EFS waits in a sleep only a fatal signal ends, and slurmd would keep the node
+# COMPLETING while it waits). slurm/local-cluster.sh sets it up for its clusters.
 #
 # Settings (edit here; slurmd gives an epilog no variables of the job's):
 HPCTRAIN=${HPCTRAIN:-}            # the hpctrain binary; empty: this checkout's build/, else PATH
 SNAPSHOT_DIR=${SNAPSHOT_DIR:-}    # where the jobs keep snapshots, if not the default
 CLEAN_ARGS=${CLEAN_ARGS:-}        # more clean-snapshots options (--older-than 30m)
+CLEAN_TIMEOUT=${CLEAN_TIMEOUT:-60}        # seconds the cleanup may take before its SIGTERM
+CLEAN_KILL_AFTER=${CLEAN_KILL_AFTER:-10}  # and then before its SIGKILL
 
 uid=${SLURM_JOB_UID:-}
 [[ "$uid" =~ ^[0-9]+$ ]] || exit 0
@@ -32,6 +36,6 @@ if [[ "$uid" != "$(id -u)" ]]; then
 fi
 # A clean environment: none of Slurm's job variables, which would make MPI look for a job step.
 # shellcheck disable=SC2086  # CLEAN_ARGS: words, as on a command line
-env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ timeout 60 "${as_user[@]}" "$HPCTRAIN" clean-snapshots \
+env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ timeout -k "$CLEAN_KILL_AFTER" "$CLEAN_TIMEOUT" "${as_user[@]}" "$HPCTRAIN" clean-snapshots \
   --snapshot-dir "$dir" $CLEAN_ARGS 2>&1 | logger -t hpctrain-epilog 2> /dev/null
 exit 0

@@ -7,6 +7,7 @@
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT). Each refusal: one line, exit 2.
+# slurm/epilog.sh ends a cleanup that ignores SIGTERM.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d /tmp/hpctrain-slurm-scripts-XXXXXX)
@@ -124,5 +125,25 @@ stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times (MAX_REQUEUE
   -u SLURM_RESTART_COUNT MAX_REQUEUES=0
 # A leading zero is decimal there too: 08 requeues are allowed, not a bash error.
 stop_ends "MAX_REQUEUES=08 after 8 requeues" "already requeued 8 times" MAX_REQUEUES=08 SLURM_RESTART_COUNT=8
+
+# The epilog ends a cleanup that does not end on SIGTERM (a stat of a hung hard-mounted file
+# system) with SIGKILL, and exits 0 (a failing epilog drains the node): `timeout` alone waited for
+# it, and slurmd with it. The stand-in ignores SIGTERM and sleeps 60 s.
+mkdir -p "$work/shm"
+cat > "$work/hung" << 'EOF'
+#!/bin/sh
+exec python3 -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'
+EOF
+chmod +x "$work/hung"
+start=$SECONDS
+HPCTRAIN="$work/hung" SNAPSHOT_DIR="$work/shm" SLURM_JOB_UID=$(id -u) CLEAN_TIMEOUT=1 CLEAN_KILL_AFTER=1 \
+  timeout 30 bash "$repo/slurm/epilog.sh"
+rc=$?
+took=$((SECONDS - start))
+if ((rc != 0 || took > 10)); then
+  fail "epilog.sh with a cleanup that ignores SIGTERM: exit $rc after $took s, want 0 within 10 s"
+else
+  echo "ok: epilog.sh ends a hung cleanup ($took s)"
+fi
 ((failed == 0)) && echo PASS
 exit "$failed"
