@@ -7,7 +7,7 @@
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT). Each refusal: one line, exit 2.
-# slurm/epilog.sh ends a cleanup that ignores SIGTERM.
+# slurm/epilog.sh ends a cleanup that ignores SIGTERM, and cleans every user's snapshots as that user.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d /tmp/hpctrain-slurm-scripts-XXXXXX)
@@ -145,5 +145,26 @@ if ((rc != 0 || took > 10)); then
 else
   echo "ok: epilog.sh ends a hung cleanup ($took s)"
 fi
+
+# Every user's default folder is cleaned, each as its user, the job's user's first; a folder whose
+# name and owner disagree, a link and another name are passed over. (The stand-in, run as nobody
+# too, records who ran it on what.)
+chmod 755 "$work"
+root=$work/shm-root
+mkdir -p "$root"/{hpctrain-65534,hpctrain-0,hpctrain-1,hpctrain-x}
+chown 65534 "$root/hpctrain-65534"
+ln -s "$root/hpctrain-0" "$root/hpctrain-2"
+: > "$work/ran" && chmod 666 "$work/ran"
+printf '#!/bin/sh\necho "$(id -u) $3" >> %s\n' "$work/ran" > "$work/recorder"
+chmod 755 "$work/recorder"
+HPCTRAIN="$work/recorder" SNAPSHOT_ROOT="$root" SLURM_JOB_UID=65534 timeout 30 bash "$repo/slurm/epilog.sh"
+want="65534 $root/hpctrain-65534|0 $root/hpctrain-0|"
+got=$(tr '\n' '|' < "$work/ran")
+[[ "$got" == "$want" ]] || fail "epilog.sh of a job of uid 65534 cleaned '$got', want '$want'"
+: > "$work/ran"
+HPCTRAIN="$work/recorder" SNAPSHOT_DIR="$root/hpctrain-0" SLURM_JOB_UID=0 timeout 30 bash "$repo/slurm/epilog.sh"
+got=$(tr '\n' '|' < "$work/ran")
+[[ "$got" == "0 $root/hpctrain-0|" ]] || fail "epilog.sh with SNAPSHOT_DIR cleaned '$got', want that folder alone"
+echo "ok: epilog.sh cleans each user's folder as its user"
 ((failed == 0)) && echo PASS
 exit "$failed"
