@@ -51,12 +51,15 @@ if [[ -n "$SNAPSHOT_DIR" ]]; then
 fi
 # The default folders: the job's user's first, then the others'. Each only where its name and its
 # owner agree (never a link): the cleanup never runs as a user whose number another put on a folder.
+# An empty one (hpctrain leaves the folder when it removes a run's) is passed over: nothing to free,
+# and a node where many users have trained would otherwise start a cleanup for each, every job.
 own_folder() { [[ "$2" =~ ^[0-9]+$ && -d "$1" && ! -L "$1" && "$(stat -c %u "$1")" == "$2" ]]; }
+has_entries() { [[ -n "$(find "$1" -mindepth 1 -maxdepth 1 -print -quit 2> /dev/null)" ]]; }
 first=1
 for dir in "$SNAPSHOT_ROOT/hpctrain-$uid" "$SNAPSHOT_ROOT"/hpctrain-*; do
   owner=${dir##*/hpctrain-}
   if ((first)); then first=0; elif [[ "$owner" == "$uid" ]]; then continue; fi  # (the first, again)
-  own_folder "$dir" "$owner" || continue
+  own_folder "$dir" "$owner" && has_entries "$dir" || continue
   clean "$owner" "$dir"
   case $? in 124 | 137) break ;; esac  # a hung file system: each of the others would wait as long
 done

@@ -147,12 +147,13 @@ else
 fi
 
 # Every user's default folder is cleaned, each as its user, the job's user's first; a folder whose
-# name and owner disagree, a link and another name are passed over. (The stand-in, run as nobody
-# too, records who ran it on what.)
+# name and owner disagree, a link, another name and an empty folder are passed over. (The
+# stand-in, run as nobody too, records who ran it on what.)
 chmod 755 "$work"
 root=$work/shm-root
 mkdir -p "$root"/{hpctrain-65534,hpctrain-0,hpctrain-1,hpctrain-x}
-chown 65534 "$root/hpctrain-65534"
+mkdir "$root"/{hpctrain-65534,hpctrain-0,hpctrain-1,hpctrain-x}/0123456789abcdef
+chown -R 65534 "$root/hpctrain-65534"
 ln -s "$root/hpctrain-0" "$root/hpctrain-2"
 : > "$work/ran" && chmod 666 "$work/ran"
 printf '#!/bin/sh\necho "$(id -u) $3" >> %s\n' "$work/ran" > "$work/recorder"
@@ -161,6 +162,12 @@ HPCTRAIN="$work/recorder" SNAPSHOT_ROOT="$root" SLURM_JOB_UID=65534 timeout 30 b
 want="65534 $root/hpctrain-65534|0 $root/hpctrain-0|"
 got=$(tr '\n' '|' < "$work/ran")
 [[ "$got" == "$want" ]] || fail "epilog.sh of a job of uid 65534 cleaned '$got', want '$want'"
+# An empty folder (its runs' snapshots removed) starts no cleanup.
+rmdir "$root/hpctrain-0/0123456789abcdef"
+: > "$work/ran"
+HPCTRAIN="$work/recorder" SNAPSHOT_ROOT="$root" SLURM_JOB_UID=65534 timeout 30 bash "$repo/slurm/epilog.sh"
+got=$(tr '\n' '|' < "$work/ran")
+[[ "$got" == "65534 $root/hpctrain-65534|" ]] || fail "epilog.sh with root's folder empty cleaned '$got'"
 : > "$work/ran"
 HPCTRAIN="$work/recorder" SNAPSHOT_DIR="$root/hpctrain-0" SLURM_JOB_UID=0 timeout 30 bash "$repo/slurm/epilog.sh"
 got=$(tr '\n' '|' < "$work/ran")
