@@ -74,7 +74,7 @@ std::optional<FileIdentity> file_identity(const std::string& path) {
 
 int open_data_file(const std::string& path, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
-  if (fd < 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
+  if (fd < 0) io_error("read " + what, path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int error = errno;
@@ -104,7 +104,7 @@ std::vector<uint8_t> read_data_file(const std::string& path, const std::string& 
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
+  if (::fstat(fd, &st) != 0) io_error("read " + what, path);
   HPC_REQUIRE(st.st_size <= max_bytes, what, " ", path, " is too large (", st.st_size, " bytes; at most ", max_bytes,
               ")");
   std::vector<uint8_t> bytes;
@@ -118,7 +118,7 @@ std::vector<uint8_t> read_data_file(const std::string& path, const std::string& 
   while (got < bytes.size()) {
     const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) usage_error("cannot read ", what, " ", path, ": ", std::strerror(errno));
+    if (n < 0) io_error("read " + what, path);
     if (n == 0) break;
     got += static_cast<size_t>(n);
   }
