@@ -55,10 +55,10 @@ fi
 # and a node where many users have trained would otherwise start a cleanup for each, every job.
 own_folder() { [[ "$2" =~ ^[0-9]+$ && -d "$1" && ! -L "$1" && "$(stat -c %u "$1")" == "$2" ]]; }
 has_entries() { [[ -n "$(find "$1" -mindepth 1 -maxdepth 1 -print -quit 2> /dev/null)" ]]; }
-first=1
-for dir in "$SNAPSHOT_ROOT/hpctrain-$uid" "$SNAPSHOT_ROOT"/hpctrain-*; do
+folders=("$SNAPSHOT_ROOT/hpctrain-$uid")
+for dir in "$SNAPSHOT_ROOT"/hpctrain-*; do [[ "$dir" == "${folders[0]}" ]] || folders+=("$dir"); done
+for dir in "${folders[@]}"; do
   owner=${dir##*/hpctrain-}
-  if ((first)); then first=0; elif [[ "$owner" == "$uid" ]]; then continue; fi  # (the first, again)
   own_folder "$dir" "$owner" && has_entries "$dir" || continue
   clean "$owner" "$dir"
   case $? in 124 | 137) break ;; esac  # a hung file system: each of the others would wait as long
