@@ -59,7 +59,7 @@ folders=("$SNAPSHOT_ROOT/hpctrain-$uid")
 for dir in "$SNAPSHOT_ROOT"/hpctrain-*; do [[ "$dir" == "${folders[0]}" ]] || folders+=("$dir"); done
 for dir in "${folders[@]}"; do
   owner=${dir##*/hpctrain-}
-  own_folder "$dir" "$owner" && has_entries "$dir" || continue
+  if ! own_folder "$dir" "$owner" || ! has_entries "$dir"; then continue; fi
   clean "$owner" "$dir"
   case $? in 124 | 137) break ;; esac  # a hung file system: each of the others would wait as long
 done

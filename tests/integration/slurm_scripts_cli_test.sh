@@ -156,6 +156,7 @@ mkdir "$root"/{hpctrain-65534,hpctrain-0,hpctrain-1,hpctrain-x}/0123456789abcdef
 chown -R 65534 "$root/hpctrain-65534"
 ln -s "$root/hpctrain-0" "$root/hpctrain-2"
 : > "$work/ran" && chmod 666 "$work/ran"
+# shellcheck disable=SC2016  # the recorder's own $(id -u) and $3, expanded when it runs
 printf '#!/bin/sh\necho "$(id -u) $3" >> %s\n' "$work/ran" > "$work/recorder"
 chmod 755 "$work/recorder"
 HPCTRAIN="$work/recorder" SNAPSHOT_ROOT="$root" SLURM_JOB_UID=65534 timeout 30 bash "$repo/slurm/epilog.sh"
