@@ -510,15 +510,22 @@ TEST_F(Train, PrometheusFileShowsStopsAndFailuresAndNeverEndsARun) {
   EXPECT_EQ(f.samples.at("hpctrain_state" + labels + ",state=\"stopped\"}"), 1);
   EXPECT_EQ(f.samples.at("hpctrain_state" + labels + ",state=\"training\"}"), 0);
 
-  const std::string failed_prom = dir_.file("failed.prom");
+  // With a checkpoint directory: the failure lets the directory go (its writer ended) before the
+  // file says "failed", which counts that writer's checkpoints (once read from the freed writer).
+  const std::string failed_prom = dir_.file("failed.prom"), failed_ck = dir_.file("failed_ck");
   const RunResult failed = run_hpctrain(kShort + std::vector<std::string>{
       "--lr-schedule", "constant", "--lr", "1e6", "--data-dir", fashion_mnist_dir(), "--threads", "2", "--quiet",
-      "--prometheus-file", failed_prom});
+      "--prometheus-file", failed_prom, "--checkpoint-dir", failed_ck, "--checkpoint-every-steps", "1",
+      "--snapshot-dir", dir_.file("failed-snapshots")}, 60);  // (kept for a relaunch: not in /dev/shm)
   EXPECT_EQ(failed.exit_code, 2) << failed.err;
   EXPECT_EQ(promtool_check(failed_prom), "");
   f = read_prom(failed_prom);
-  EXPECT_EQ(f.samples.at("hpctrain_state{hpctrain_job=\"hpctrain\",world_size=\"1\",state=\"failed\"}"), 1);
-  EXPECT_EQ(f.samples.at("hpctrain_state{hpctrain_job=\"hpctrain\",world_size=\"1\",state=\"training\"}"), 0);
+  const std::string failed_labels = "{hpctrain_job=\"failed_ck\",world_size=\"1\"";
+  EXPECT_EQ(f.samples.at("hpctrain_state" + failed_labels + ",state=\"failed\"}"), 1);
+  EXPECT_EQ(f.samples.at("hpctrain_state" + failed_labels + ",state=\"training\"}"), 0);
+  int written = 0;
+  for (const auto& e : fs::directory_iterator(failed_ck)) written += e.path().extension() == ".hpck";
+  EXPECT_EQ(f.samples.at("hpctrain_checkpoints_total" + failed_labels + "}"), written);
 
   const RunResult unwritable = run_hpctrain(kShort + std::vector<std::string>{
       "--data-dir", fashion_mnist_dir(), "--threads", "2", "--quiet", "--prometheus-file", dir_.file("none/x.prom")});

@@ -226,6 +226,16 @@ void TrainingRun::release_directory() {
   if (!lock_) return;
   heartbeat_ready_.store(false, std::memory_order_release);
   heartbeat_.reset();  // it points into the store
+  // The metrics count the writer's checkpoints: "failed" is published after the write in flight
+  // ends (the writer's own error, if that failed too, is not the one this run ends with), and
+  // before the writer goes.
+  if (ckpt::AsyncWriter* writer = checkpoints_ ? checkpoints_->writer() : nullptr) {
+    try {
+      writer->wait();
+    } catch (const std::exception&) {
+    }
+  }
+  step_metrics_.reset();
   checkpoints_.reset();
   lock_->release(true);
 }
