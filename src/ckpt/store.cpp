@@ -107,10 +107,15 @@ class PausedMark {
   PausedMark& operator=(const PausedMark&) = delete;
 };
 
-// The temporary file being written now, for remove_unfinished_files(): a fixed buffer
-// and a flag, since a signal handler may read them. (One writer thread fills them.)
-char g_unfinished[4096];
-std::atomic<bool> g_unfinished_set{false};
+// The temporary files being written now, for remove_unfinished_files(): fixed buffers and
+// flags, since a signal handler may read them. A slot per writer at once: rank 0 writes a
+// checkpoint and a snapshot on two threads (a stop writes both), and the snapshot, done first,
+// must not unmark the checkpoint still being written. 0: free, 1: being filled, 2: marked.
+struct UnfinishedSlot {
+  char path[4096];
+  std::atomic<int> state{0};
+};
+UnfinishedSlot g_unfinished[4];
 
 // The heartbeat writes under way, and whether the process ends at once (remove_unfinished_files):
 // a write counts itself in before it looks at the flag, so either it sees the flag and writes
@@ -127,17 +132,29 @@ class HeartbeatWrite {
   static bool closed() { return g_heartbeats_closed.load(); }
 };
 
-// Marks `tmp` as the unfinished checkpoint while it lives.
+// Marks `tmp` as an unfinished file while it lives. A path longer than PATH_MAX, or more writers
+// at once than slots, is left unmarked: to the next run's clean-up.
 class UnfinishedMark {
  public:
   explicit UnfinishedMark(const std::string& tmp) {
-    if (tmp.size() >= sizeof g_unfinished) return;  // longer than PATH_MAX: left to the next run's clean-up
-    std::memcpy(g_unfinished, tmp.c_str(), tmp.size() + 1);
-    g_unfinished_set.store(true);
+    if (tmp.size() >= sizeof(UnfinishedSlot::path)) return;
+    for (UnfinishedSlot& s : g_unfinished) {
+      int free = 0;
+      if (!s.state.compare_exchange_strong(free, 1)) continue;
+      std::memcpy(s.path, tmp.c_str(), tmp.size() + 1);
+      s.state.store(2);
+      slot_ = &s;
+      return;
+    }
   }
-  ~UnfinishedMark() { g_unfinished_set.store(false); }
+  ~UnfinishedMark() {
+    if (slot_) slot_->state.store(0);
+  }
   UnfinishedMark(const UnfinishedMark&) = delete;
   UnfinishedMark& operator=(const UnfinishedMark&) = delete;
+
+ private:
+  UnfinishedSlot* slot_ = nullptr;
 };
 
 }  // namespace
@@ -193,7 +210,8 @@ bool paused_before_rename(std::thread::id writer) {
 }
 
 void remove_unfinished_files() {
-  if (g_unfinished_set.load()) ::unlink(g_unfinished);
+  for (const UnfinishedSlot& s : g_unfinished)
+    if (s.state.load() == 2) ::unlink(s.path);
   // A heartbeat is a few lines: one being replaced now is let finish (its rename takes its
   // temporary file away), and none starts after. A write that hangs (a stalled network file
   // system) is not waited for past a second: write_heartbeat's next call replaces what it left.

@@ -288,6 +288,38 @@ TEST(Heartbeat, AnEndAtOnceLeavesNoTemporaryFile) {
   EXPECT_EQ(names, std::vector<std::string>{"heartbeat"});
 }
 
+// Rank 0 writes a checkpoint and a snapshot at once, on two threads (a stop writes both): an end
+// at once removes the temporary file of each write still under way, also after the other ended.
+// (One shared mark was cleared by whichever ended first.) In a child process, as above.
+TEST(WriteFileAtomically, AnEndAtOnceRemovesEveryWritersTemporaryFile) {
+  const TempDir tmp;
+  const std::string first = tmp.file("first"), second = tmp.file("second");
+  const auto end_while_two_write = [&] {
+    const std::string suffix = ".tmp." + std::to_string(::getpid());
+    const auto wait_for = [](const std::string& path) {
+      for (int i = 0; i < 10000 && !std::filesystem::exists(path); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1.5", 1);  // each write waits 1.5 s before its rename
+    std::thread a([&] { ckpt::write_file_atomically(first, std::vector<char>(16, 'a')); });
+    wait_for(first + suffix);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::thread b([&] {
+      try {
+        ckpt::write_file_atomically(second, std::vector<char>(16, 'b'));
+      } catch (const Error&) {  // its temporary file removed: the rename fails
+      }
+    });
+    a.join();  // the first write ended; the second waits 0.5 s more
+    const bool under_way = std::filesystem::exists(second + suffix);
+    ckpt::remove_unfinished_files();
+    const bool removed = !std::filesystem::exists(second + suffix);
+    std::fprintf(stderr, "under_way=%d removed=%d\n", under_way, removed);
+    std::_Exit(under_way && removed ? 0 : 1);
+  };
+  EXPECT_EXIT(end_while_two_write(), ::testing::ExitedWithCode(0), "under_way=1 removed=1");
+}
+
 }  // namespace
 }  // namespace hpc::testing
 
