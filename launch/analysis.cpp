@@ -162,6 +162,11 @@ std::optional<Analysis> stop_of(const AttemptEvidence& e) {
     return a;
   }
   if (!e.stop_requested) return std::nullopt;
+  if (e.killed_on_request) {  // no checkpoint of this stop: not "stopped", whatever the ranks' ends
+    a.verdict = Verdict::Failure;
+    a.reason = "killed on request by a second signal before the job's checkpoint (" + st.show() + ")";
+    return a;
+  }
   a.verdict = Verdict::Stopped;
   a.reason = "stopped as asked (" + st.show() + ", not a checkpoint's exit code 75)";
   return a;

@@ -54,6 +54,7 @@ struct AttemptEvidence {
   std::map<int, std::string> error_lines;     // keep_error_line() of each rank's stderr
   ExitStatus mpirun_status;
   bool stop_requested = false;  // hpcrun asked the job to checkpoint and stop
+  bool killed_on_request = false;  // then a second signal: hpcrun killed the job (SIGTERM to mpirun)
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
   bool stalled_starting = false;  // the stall came before the first step (--start-timeout)
   // The program mpirun failed to start where it is not hpcrun's rank wrapper: it took another word for the

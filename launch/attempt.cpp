@@ -210,6 +210,7 @@ void AttemptWatcher::take_signals(double t) {
       request_stop(StopKind::User, std::string("hpcrun got ") + ::strsignal(sig) + " (a second one kills the job)");
     } else if (phase_.kill_requested(t) == Action::Terminate) {
       say(std::string("got ") + ::strsignal(sig) + " again: killing the job without a checkpoint");
+      evidence_.killed_on_request = true;
       mpirun_.signal(SIGTERM);
     }
   }

@@ -619,6 +619,28 @@ TEST(HpcrunCli, ARankEndsWhenItsLauncherDies) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
 }
 
+// A second signal kills the job without a checkpoint: exit 130 (README), not 75's "stopped after
+// a checkpoint, requeue me". Here the program ignores the first's stop request (SIGUSR1).
+TEST(HpcrunCli, ASecondSignalKillsTheJobWith130) {
+  TempDir dir("hpcrun_second_signal");
+  const std::string pid_file = dir.file("rank.pid");
+  Started job({hpcrun_binary(), "--log-dir", dir.file("logs"), "--max-restarts", "0", "-np", "1", "sh", "-c",
+               "trap '' USR1; echo $$ > " + pid_file + ".new && mv " + pid_file + ".new " + pid_file +
+                   "; while :; do sleep 0.1; done"});
+  while (!fs::exists(pid_file) && job.running() && job.seconds() < 60) usleep(100 * 1000);
+  ASSERT_TRUE(fs::exists(pid_file)) << read_text(job.err_path());
+  ASSERT_EQ(::kill(job.pid(), SIGINT), 0);
+  const double first = job.seconds();
+  while (read_text(job.err_path()).find("asking the job to checkpoint and stop") == std::string::npos &&
+         job.seconds() - first < 30)
+    usleep(100 * 1000);
+  ASSERT_EQ(::kill(job.pid(), SIGINT), 0);
+  const RunResult r = job.finish(60);
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  EXPECT_NE(r.err.find("again: killing the job without a checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("killed on request"), std::string::npos) << r.err;
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");

@@ -354,6 +354,25 @@ TEST(Analysis, SuccessAndStops) {
   EXPECT_EQ(analyse(kThree, all75, {}, exit_code(75), false, false).verdict, Verdict::StoppedOutside);
 }
 
+// A second signal kills the job (SIGTERM to mpirun): without every rank's checkpoint that is no
+// stop but a failure, which the policy ends with 130; a kill that came after the checkpoints is
+// still a stop (75).
+TEST(Analysis, ASecondSignalsKillIsNoStop) {
+  AttemptEvidence e;
+  e.stop_requested = true;
+  e.killed_on_request = true;
+  e.mpirun_status = exit_code(1);
+  e.reports = {report(0, -15, true, true), report(1, 75, false, true)};
+  const Analysis a = analyse_attempt(kThree, e);
+  EXPECT_EQ(a.verdict, Verdict::Failure);
+  EXPECT_NE(a.reason.find("killed on request by a second signal"), std::string::npos) << a.reason;
+  EXPECT_TRUE(a.failed_hosts.empty());
+  e.reports.clear();
+  for (int r = 0; r < 6; ++r) e.reports.push_back(report(r, 75, false, true));
+  e.mpirun_status = exit_code(75);
+  EXPECT_EQ(analyse_attempt(kThree, e).verdict, Verdict::Stopped);
+}
+
 TEST(Analysis, UsageErrorsAreNotRetried) {
   const Analysis a = analyse(kThree, {report(0, 2), report(1, 2, true)}, {}, exit_code(2), false, false);
   EXPECT_EQ(a.verdict, Verdict::UsageError);
