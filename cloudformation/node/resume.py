@@ -201,10 +201,22 @@ def jobs_of_nodes(path=None):
 
 def resume(cfg, nodes, jobs=None):
     """Powers `nodes` up; `jobs`: {node: job ids} (jobs_of_nodes(), read here when None)."""
+    from botocore.exceptions import BotoCoreError, ClientError
     ec2 = ec2_client(cfg)
     jobs = jobs_of_nodes() if jobs is None else jobs
-    existing = live_instances(ec2, cfg, nodes)
-    zones = subnet_zones(ec2, cfg)
+    try:
+        existing = live_instances(ec2, cfg, nodes)
+        zones = subnet_zones(ec2, cfg)
+    except (BotoCoreError, ClientError) as e:
+        # Before any launch (EC2 throttled past the client's tries, no credentials): every node
+        # set down at once with EC2's reason, which the cluster manager returns to service and
+        # counts as no failed boot, not left powering up until ResumeTimeout and counted.
+        error = e.response.get("Error", {}) if isinstance(e, ClientError) else {}
+        reason = f"{error.get('Code', '')}: {error.get('Message', '')}" if error else f"{NO_ANSWER}: {e}"
+        logging.error("%s: not launched: EC2's instances or subnets not read: %s", ",".join(nodes), reason)
+        for node in nodes:
+            set_down(node, f"resume failed: {reason}")
+        return 1
     launched, failed = {}, 0
     doomed = {}  # job id -> why it cannot start: a node of it got no instance
 
@@ -249,12 +261,14 @@ def resume(cfg, nodes, jobs=None):
 
 
 def register_address(node, inst):
-    """Gives Slurm the instance's private address, if `inst` (EC2's description of it) has one."""
+    """Gives Slurm the instance's private address, if `inst` (EC2's description of it) has one;
+    whether Slurm took it."""
     ip = inst.get("PrivateIpAddress")
     if not ip:
         return False
     host = inst.get("PrivateDnsName") or ip
-    scontrol("update", f"nodename={node}", f"nodeaddr={ip}", f"nodehostname={host.split('.')[0]}")
+    if not scontrol("update", f"nodename={node}", f"nodeaddr={ip}", f"nodehostname={host.split('.')[0]}"):
+        return False  # (slurmctld restarting, busy): asked again with the others still waiting
     logging.info("%s: %s at %s", node, inst["InstanceId"], ip)
     return True
 

@@ -472,6 +472,30 @@ class AwsBehaviour(AwsHooks):
         self.assertRegex(self.scontrol_calls()[-1], r"^update nodename=gpu-1 state=down reason=hpctrain: resume "
                                                     r"failed: instance i-\w+ is terminated: Client.InternalError")
 
+    def test_ec2_unread_before_any_launch_sets_every_node_down_at_once(self):
+        """Not left powering up until ResumeTimeout, and with EC2's reason, which no failed-boot
+        count takes (clustermgtd_test)."""
+        def throttled(op, params):
+            if op == "DescribeInstances":
+                raise aws_error("RequestLimitExceeded", "Request limit exceeded.", op)
+        with self.hooked(before=throttled), self.fake_clock():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 1)
+        self.assertEqual(self.live(), {})
+        self.assertEqual([c for c in self.scontrol_calls() if "state=down" in c],
+                         [f"update nodename={n} state=down reason=hpctrain: resume failed: RequestLimitExceeded: "
+                          "Request limit exceeded." for n in ("gpu-1", "gpu-2")])
+
+    def test_an_address_slurm_did_not_take_is_given_again(self):
+        """scontrol failed (slurmctld restarting): asked again, not taken for registered."""
+        refused = os.path.join(self.tmp.name, "refused-once")
+        with open(os.path.join(self.tmp.name, "bin", "scontrol"), "w", encoding="utf-8") as f:
+            f.write(f'#!/bin/sh\ncase "$*" in *nodeaddr=*) [ -e {refused} ] || {{ touch {refused}; exit 1; }};; esac\n'
+                    f'{scontrol_recorder(self)}\n')
+        with self.hooked(), self.fake_clock():
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertTrue(os.path.exists(refused))
+        self.assert_registered("gpu-1", self.live()["gpu-1"])  # the second time
+
     def markets_requested(self):
         return ["spot" if "InstanceMarketOptions" in p else "on-demand"
                 for op, p in self.ec2_calls if op == "RunInstances"]
