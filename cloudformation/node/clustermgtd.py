@@ -299,7 +299,12 @@ def apply(state, node, action):
 
 def manage(cfg):
     actions = []
-    write_heartbeat(cfg["heartbeat_file"])
+    try:
+        write_heartbeat(cfg["heartbeat_file"])
+        beating = True
+    except OSError as e:  # (the shared file system not mounted, EIO): the pass's work is done all the same
+        logging.error("cannot write the heartbeat %s: %s; the pass goes on", cfg["heartbeat_file"], e)
+        beating = False
     ec2 = ec2_client(cfg)
     with State(cfg["state_file"]) as state:
         now = time.time()
@@ -339,7 +344,7 @@ def manage(cfg):
         logging.error("%s", a)
     if not actions:
         logging.info("nothing to do: %d nodes, %d instances", len(nodes), len(instances))
-    return 0
+    return 0 if beating else 1
 
 
 def main():

@@ -92,6 +92,21 @@ class ClusterManager(unittest.TestCase):
             self.assertAlmostEqual(float(f.read()), time.time(), delta=30)
         del second, powered_down, unknown
 
+    def test_a_heartbeat_that_cannot_be_written_stops_no_cleanup(self):
+        """The shared file system missing (its folder a file here): the orphan is terminated all
+        the same, the error said, and the pass ends with 1 for its timer's unit to show."""
+        powered_down, _ = self.launch("gpu-2")
+        with open(os.path.dirname(self.cfg["heartbeat_file"]), "w", encoding="utf-8"):
+            pass
+        self.slurm(("gpu-2", "idle+cloud+powered_down", "", ""))
+        with mock.patch.object(sys, "argv", ["clustermgtd.py"]):
+            self.assertEqual(clustermgtd.main(), 1)
+        self.assertEqual(self.live(), set())
+        with open(self.cfg["log_file"], encoding="utf-8") as f:
+            log = f.read()
+        self.assertIn("cannot write the heartbeat", log)
+        self.assertIn(f"gpu-2: terminated orphan {powered_down}", log)
+
     def test_an_instance_tagged_for_the_cluster_by_someone_else_is_not_an_orphan(self):
         """With the compute profile in the settings (as the stack writes them), an instance tagged
         for the cluster without that profile is not the cluster's: not terminated, and not in the
