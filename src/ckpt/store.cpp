@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <new>
 #include <optional>
 #include <utility>
@@ -163,7 +164,8 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
   write_file_atomically(path, std::vector<ByteSpan>{{bytes.data(), bytes.size()}}, reuse);
 }
 
-void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse) {
+void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse,
+                           const std::function<void()>& before_rename) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
@@ -192,6 +194,14 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
   if (const double s = pause_before_rename(); s > 0) {
     const PausedMark paused;
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  }
+  if (before_rename) {
+    try {
+      before_rename();
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
@@ -288,8 +298,11 @@ void CheckpointStore::supersede_after(int64_t after) {
 std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step) {
   require_owned();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
-  write_file_atomically(path, checkpoint.pieces(), reuse_pages_ ? spare() : "");
-  // Retention: only after the new one is durable.
+  // The lock asked again before the rename: a run taken over during the write (its host stopped
+  // for longer than the stale time) puts no file into the directory its successor now writes.
+  write_file_atomically(path, checkpoint.pieces(), reuse_pages_ ? spare() : "", [this] { require_owned(); });
+  // Retention: only after the new one is durable, and only by the lock's holder.
+  require_owned();
   const std::vector<std::string> all = list_checkpoints(dir_);
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {
     std::error_code ec;

@@ -104,7 +104,10 @@ void remove_membership_marker(const std::string& dir, const std::string& token);
 // temporary one, rewritten in place (its pages kept) rather than created; ignored when absent.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
 // The same with the file's bytes in pieces, written in order (an Encoded checkpoint's).
-void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "");
+// before_rename: called with the temporary file written whole, just before the rename; what it
+// throws removes that file and is thrown on (a checkpoint store's check that its lock is still held).
+void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "",
+                           const std::function<void()>& before_rename = {});
 
 // Removes the temporary files of the writes under way (a checkpoint's and a snapshot's, on
 // their threads), lets a heartbeat being replaced finish (for up to a second) and starts no

@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/dir_lock.hpp"
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "temp_dir.hpp"
@@ -123,6 +125,42 @@ std::string write_sample(ckpt::CheckpointStore& store, int64_t holds, int64_t na
   ckpt::Checkpoint c = sample();
   c.meta["step"] = std::to_string(holds);
   return store.write(ckpt::Encoded(c), named);
+}
+
+// A run whose lock was taken over while it wrote a checkpoint (its host stopped for longer than
+// the stale time, then went on) puts nothing into the directory: the lock is asked again before
+// the rename, and the temporary file goes.
+TEST(CheckpointStore, ALockLostDuringAWriteRenamesNothingIn) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  const std::unique_ptr<ckpt::DirectoryLock> lock = ckpt::DirectoryLock::acquire(dir, 0, [] { return false; });
+  ASSERT_TRUE(lock);
+  ckpt::CheckpointStore store(dir, 2);
+  store.guard_with(lock.get());
+  const std::string named = dir + "/" + ckpt::CheckpointStore::file_name(5);
+  const std::string unfinished = named + ".tmp." + std::to_string(::getpid());
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+  std::string error = "(none)";
+  std::thread writer([&] {
+    try {
+      write_sample(store, 5, 5);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  for (int i = 0; i < 10000 && !std::filesystem::exists(unfinished); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    std::ofstream taken(dir + "/lock.new");
+    taken << "host=elsewhere\npid=1\nstate=held\n";
+  }
+  const bool taken_over = ::rename((dir + "/lock.new").c_str(), (dir + "/lock").c_str()) == 0;
+  writer.join();
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  ASSERT_TRUE(taken_over);
+  EXPECT_NE(error.find("lost the checkpoint directory's lock"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(named));
+  EXPECT_FALSE(std::filesystem::exists(unfinished));
 }
 
 // A file named for one step that holds another (ckpt-000000500.hpck holding step 10, copied or
