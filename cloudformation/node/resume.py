@@ -131,6 +131,17 @@ def cool_down(cfg, state, key):
     logging.warning("%s disabled for %d s", key, cfg["capacity_cooldown_seconds"])
 
 
+def ec2_reason(e):
+    """Why an EC2 call failed, as a node's down reason says it (clustermgtd's failed_boot reads
+    it): "CODE: message" for EC2's refusal, NO_ANSWER's words where EC2 did not answer."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(e, ClientError):
+        error = e.response.get("Error", {})
+        return f"{error.get('Code', '')}: {error.get('Message', '')}"
+    return f"{NO_ANSWER}: {e}"
+
+
 def launch_node(ec2, cfg, state, node, zones):
     """Launches `node`'s instance with the first choice that works; returns (RunInstances' answer
     for the instance or None, the reason none was launched)."""
@@ -148,10 +159,10 @@ def launch_node(ec2, cfg, state, node, zones):
         except BotoCoreError as e:
             # No answer (botocore has retried with the same token): the launch may have happened,
             # so the token is kept for the next try of this power-up.
-            return None, f"{NO_ANSWER}: {e}"
+            return None, ec2_reason(e)
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
-            reason = f"{code}: {e.response.get('Error', {}).get('Message', '')}"
+            reason = ec2_reason(e)
             logging.warning("%s: %s launch failed: %s", node, key, reason)
             if choice[0] and code in SPOT_REFUSED_ERRORS:
                 logging.warning("spot is refused in this account (an administrator creates its role once: "
@@ -211,8 +222,7 @@ def resume(cfg, nodes, jobs=None):
         # Before any launch (EC2 throttled past the client's tries, no credentials): every node
         # set down at once with EC2's reason, which the cluster manager returns to service and
         # counts as no failed boot, not left powering up until ResumeTimeout and counted.
-        error = e.response.get("Error", {}) if isinstance(e, ClientError) else {}
-        reason = f"{error.get('Code', '')}: {error.get('Message', '')}" if error else f"{NO_ANSWER}: {e}"
+        reason = ec2_reason(e)
         logging.error("%s: not launched: EC2's instances or subnets not read: %s", ",".join(nodes), reason)
         for node in nodes:
             set_down(node, f"resume failed: {reason}")

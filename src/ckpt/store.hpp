@@ -112,7 +112,8 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
 // Removes the temporary files of the writes under way (a checkpoint's and a snapshot's, on
 // their threads), lets a heartbeat being replaced finish (for up to a second) and starts no
 // other: for a process that ends at once in the middle of a write (train/stop/signals.cpp),
-// which would otherwise leave a half-written file behind. Async-signal-safe. Once called, write_heartbeat writes nothing.
+// which would otherwise leave a half-written file behind. Async-signal-safe. Once called,
+// write_heartbeat writes nothing.
 void remove_unfinished_files();
 
 // Test hook: whether the write of thread `writer` sits in HPCTRAIN_TEST_PAUSE_BEFORE_RENAME's
