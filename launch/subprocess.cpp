@@ -25,19 +25,34 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// In the forked child: only async-signal-safe calls until exec.
+// The signals a child takes back to their defaults: those hpcrun handles or ignores, and any other
+// with a handler.
+bool reset_in_child(int sig) {
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGCHLD})
+    if (s == sig) return true;
+  struct sigaction sa{};
+  return ::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+}
+
+// In the forked child: only async-signal-safe calls until exec. Every signal is blocked when it
+// starts (spawn blocks them across the fork), so no handler of hpcrun runs here: one would write
+// into hpcrun's own signal pipe. A signal sent to hpcrun's process group before the child leaves
+// it was hpcrun's, which acts on its own copy: the child drops it (ignored while pending).
 [[noreturn]] void exec_child(const std::vector<std::string>& argv, const SpawnOptions& o, int out_w, int err_w,
                              int report_w, pid_t parent) {
+  bool reset[NSIG] = {};
+  for (int s = 1; s < NSIG; ++s)
+    if ((reset[s] = reset_in_child(s))) ::signal(s, SIG_IGN);
   if (o.own_process_group) ::setpgid(0, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  for (int s = 1; s < NSIG; ++s)
+    if (reset[s]) ::signal(s, SIG_DFL);
   if (o.die_with_parent) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
   }
-  // Signals hpcrun handles or ignores are back to their defaults in the program it starts.
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGCHLD}) ::signal(s, SIG_DFL);
   const int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);
@@ -50,6 +65,31 @@ void close_fd(int& fd) {
   const int err = errno;
   [[maybe_unused]] ssize_t n = ::write(report_w, &err, sizeof err);
   ::_exit(127);
+}
+
+// The pipes of one spawn: every end still here is closed when it goes, so a spawn that fails
+// (a pipe or the fork refused) leaks none.
+struct SpawnPipes {
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2] = {-1, -1};
+  SpawnPipes() = default;
+  ~SpawnPipes() {
+    for (int* p : {out, err, report}) close_fd(p[0]), close_fd(p[1]);
+  }
+  SpawnPipes(const SpawnPipes&) = delete;
+  SpawnPipes& operator=(const SpawnPipes&) = delete;
+  static void make(int* p) { HPC_CHECK(::pipe2(p, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno)); }
+};
+
+// fork() with every signal blocked across it (the child unblocks them once its handlers are gone).
+pid_t fork_masked() {
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  const pid_t pid = ::fork();
+  const int fork_errno = errno;
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = fork_errno;
+  return pid;
 }
 
 }  // namespace
@@ -72,26 +112,26 @@ std::string ExitStatus::show() const {
 
 Child Child::spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
   HPC_CHECK(!argv.empty());
-  int out[2], err[2] = {-1, -1}, report[2];
-  HPC_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(report, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
-  if (!options.merge_stderr) HPC_CHECK(::pipe2(err, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
+  SpawnPipes p;
+  SpawnPipes::make(p.out);
+  SpawnPipes::make(p.report);
+  if (!options.merge_stderr) SpawnPipes::make(p.err);
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
+  const pid_t pid = fork_masked();
   HPC_CHECK(pid >= 0, "fork: ", std::strerror(errno));
-  if (pid == 0) exec_child(argv, options, out[1], err[1], report[1], parent);
-  ::close(out[1]);
-  if (err[1] >= 0) ::close(err[1]);
-  ::close(report[1]);
+  if (pid == 0) exec_child(argv, options, p.out[1], p.err[1], p.report[1], parent);
+  close_fd(p.out[1]);
+  close_fd(p.err[1]);
+  close_fd(p.report[1]);
   if (options.own_process_group) ::setpgid(pid, pid);  // also here: no race with an early signal()
   int exec_errno = 0;
   ssize_t n;
-  do n = ::read(report[0], &exec_errno, sizeof exec_errno);
+  do n = ::read(p.report[0], &exec_errno, sizeof exec_errno);
   while (n < 0 && errno == EINTR);
-  ::close(report[0]);
   Child c;
   c.pid_ = pid;
-  c.out_fd_ = out[0];
-  c.err_fd_ = err[0];
+  c.out_fd_ = std::exchange(p.out[0], -1);
+  c.err_fd_ = std::exchange(p.err[0], -1);
   c.group_ = options.own_process_group;
   if (n == static_cast<ssize_t>(sizeof exec_errno)) {
     c.wait();

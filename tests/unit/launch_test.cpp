@@ -2,7 +2,12 @@
 // lines, mpirun's tagged output and messages, an attempt's phases and deadlines, what an
 // attempt's end means, and what hpcrun does after it (relaunch_policy.hpp's table).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -794,6 +799,75 @@ TEST(Subprocess, LinesAcrossReads) {
   ::close(fds[0]);
   EXPECT_EQ(lines, (std::vector<std::string>{"one", "two"}));
   EXPECT_EQ(rest, "three");
+}
+
+volatile sig_atomic_t g_handler_owner = 0;
+int g_foreign_handler_pipe = -1;
+void note_a_foreign_handler(int) {
+  const char b = 1;
+  if (::getpid() != g_handler_owner) [[maybe_unused]] ssize_t n = ::write(g_foreign_handler_pipe, &b, 1);
+}
+
+// A spawned child runs none of its parent's signal handlers, not even between the fork and the
+// exec. hpcrun's handler writes into its own signal pipe, which a forked child shares: a Ctrl-C
+// to the terminal's process group as mpirun is forked would count twice, and a second signal
+// kills the job without its checkpoint. Here a flood of SIGUSR1 to the process group while it
+// spawns, with a handler that notes where it ran.
+TEST(Subprocess, AChildRunsNoneOfItsParentsSignalHandlers) {
+  const auto spawn_under_a_flood = [] {
+    ::setpgid(0, 0);
+    int notes[2];
+    if (::pipe2(notes, O_NONBLOCK) != 0) std::_Exit(2);
+    g_handler_owner = ::getpid();
+    g_foreign_handler_pipe = notes[1];
+    struct sigaction sa{};
+    sa.sa_handler = note_a_foreign_handler;
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &sa, nullptr);
+    const pid_t flood = ::fork();
+    if (flood == 0) {
+      ::signal(SIGUSR1, SIG_IGN);
+      for (;;) ::kill(0, SIGUSR1);
+    }
+    int spawned = 0;
+    for (const double end = monotonic_seconds() + 0.3; monotonic_seconds() < end; ++spawned) {
+      Child c = Child::spawn({"true"}, SpawnOptions{});
+      c.wait();
+    }
+    ::kill(flood, SIGKILL);
+    ::waitpid(flood, nullptr, 0);
+    int foreign = 0;
+    char b;
+    while (::read(notes[0], &b, 1) == 1) ++foreign;
+    std::fprintf(stderr, "spawned=%d foreign=%d\n", spawned, foreign);
+    std::_Exit(foreign == 0 && spawned > 0 ? 0 : 1);
+  };
+  EXPECT_EXIT(spawn_under_a_flood(), ::testing::ExitedWithCode(0), "foreign=0");
+}
+
+// A spawn that fails (no file descriptors left, here; fork's EAGAIN alike) leaves no pipe open:
+// hpcrun retries its probes for hours, and each leaked pair would bring the next failure nearer.
+TEST(Subprocess, ASpawnThatFailsLeavesNoPipeOpen) {
+  const auto fail_with_free_descriptors = [](int free_fds) {
+    const rlimit limit{64, 64};
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    std::vector<int> filler;
+    for (int fd; (fd = ::dup(STDIN_FILENO)) >= 0;) filler.push_back(fd);
+    for (int k = 0; k < free_fds; ++k) ::close(filler[k]);
+    bool refused = false;
+    try {
+      Child::spawn({"true"}, SpawnOptions{});
+    } catch (const Error&) {
+      refused = true;
+    }
+    int left = 0;
+    for (int fd; (fd = ::dup(STDIN_FILENO)) >= 0;) ++left;
+    std::fprintf(stderr, "refused=%d free=%d\n", refused, left);
+    std::_Exit(refused && left == free_fds ? 0 : 1);
+  };
+  // Its pipes are made in turn: the second, then the third cannot be.
+  EXPECT_EXIT(fail_with_free_descriptors(2), ::testing::ExitedWithCode(0), "refused=1 free=2");
+  EXPECT_EXIT(fail_with_free_descriptors(4), ::testing::ExitedWithCode(0), "refused=1 free=4");
 }
 
 // An attempt launched at t = 100 with a heartbeat, --stall-timeout 60, --stop-timeout 300 and
