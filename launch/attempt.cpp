@@ -206,7 +206,10 @@ void AttemptWatcher::take_signals(double t) {
   int sig;
   while (job_.signals.take(&sig)) {
     if (job_.signals.taken() == 1 && stop_.kind != StopKind::User) {
-      stop_ = {};  // a user's stop outranks one to grow or drain
+      // A user's stop outranks one to grow or drain, and is for good (a requeue may run on other
+      // nodes): ranks that have not yet looked at the marker write a checkpoint, not snapshots alone.
+      if (stop_.kind == StopKind::Membership) mark_membership_change(o_.checkpoint_dir, false);
+      stop_ = {};
       request_stop(StopKind::User, std::string("hpcrun got ") + ::strsignal(sig) + " (a second one kills the job)");
     } else if (phase_.kill_requested(t) == Action::Terminate) {
       say(std::string("got ") + ::strsignal(sig) + " again: killing the job without a checkpoint");

@@ -786,6 +786,36 @@ TEST(HpcrunCli, AnotherHpcrunsMembershipMarkerIsLeftAlone) {
   EXPECT_EQ(read_text(marker), "token=0123456789abcdef\npid=1\n");
 }
 
+// A user's stop that comes while a stop to grow is under way outranks it, and takes back the
+// membership-change marker: the job stops for good (75, a requeue perhaps on other nodes), so the
+// ranks that have not yet looked must write a checkpoint, not snapshots alone in the memory of
+// hosts the job may not see again. Here the program waits for the stop request, then up to 5 s for
+// the marker to go; the discovery output grows from localhost to 127.0.0.1 (both local).
+TEST(HpcrunCli, AUsersStopDuringAGrowTakesBackTheMembershipMarker) {
+  TempDir dir("hpcrun_grow_then_stop");
+  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh"), asked = dir.file("asked");
+  std::ofstream(hosts) << "localhost:1\n";
+  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
+  fs::permissions(discover, fs::perms::owner_all);
+  const std::string marker = dir.file("membership-change");
+  const std::string program = "trap 'touch " + asked + "' USR1; echo step=1 > " + dir.file("heartbeat") +
+                              "; while [ ! -e " + asked + " ]; do sleep 0.05; done; i=0; while [ -e " + marker +
+                              " ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; "
+                              "if [ -e " + marker + " ]; then echo marker kept; else echo marker gone; fi; exit 75";
+  Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--host-discovery-script", discover,
+               "--discovery-interval", "0.2s", "--max-np", "2", "--max-restarts", "0", "sh", "-c", program});
+  const auto said = [&](const std::string& what) { return read_text(job.err_path()).find(what) != std::string::npos; };
+  while (!said("attempt 1:") && job.running() && job.seconds() < 60) usleep(50 * 1000);
+  std::ofstream(hosts, std::ios::app) << "127.0.0.1:1\n";
+  while (!fs::exists(asked) && job.running() && job.seconds() < 60) usleep(20 * 1000);
+  ASSERT_TRUE(said("asking the job to checkpoint and stop: growing onto 127.0.0.1")) << read_text(job.err_path());
+  ASSERT_EQ(::kill(job.pid(), SIGINT), 0);
+  const RunResult r = job.finish(60);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_NE(r.out.find("marker gone"), std::string::npos) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(marker));
+}
+
 TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   TempDir dir("hpcrun_snaps");
   const std::string snaps = dir.file("snaps");

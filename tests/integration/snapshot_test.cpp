@@ -358,6 +358,36 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
       << "a stop that wrote its checkpoint left its snapshots";
 }
 
+// hpcrun takes its marker back when a user's stop replaces its stop to change the hosts. A run
+// that had already read the marker looks again once its snapshots are written: a stop for good
+// (a requeue may land on other nodes) writes its checkpoint too. Here the marker goes while the
+// stop's snapshot sits in the pause before its rename.
+TEST_F(Snapshots, AMembershipMarkerTakenBackDuringTheStopMeansACheckpoint) {
+  const std::string ck = dir_.file("taken-back"), snaps = dir_.file("taken-back-snaps");
+  fs::create_directories(ck);
+  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
+  std::atomic<bool> done{false};
+  std::thread hpcrun([&] {  // as hpcrun does on a user's signal
+    for (; !done; usleep(10 * 1000)) {
+      std::error_code ec;
+      for (const auto& e : fs::recursive_directory_iterator(snaps, ec))
+        if (e.path().filename().string().rfind("ckpt-000000008.hpck.tmp.", 0) == 0) {
+          fs::remove(ck + "/membership-change");
+          return;
+        }
+    }
+  });
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "0.5", 1);
+  const RunResult stopped = stopped_after_8(1, job(ck, dir_.file("tb.jsonl"), snaps), "8", "0123456789abcdef");
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
+  done = true;
+  hpcrun.join();
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_FALSE(fs::exists(ck + "/membership-change")) << "the stop's snapshot was never seen being written";
+  EXPECT_NE(stopped.err.find("became a stop for good: writing a checkpoint too"), std::string::npos) << stopped.err;
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000008.hpck")) << "the stop kept its state in memory only";
+}
+
 // A marker that is not this job's hpcrun's (left by an hpcrun that was killed, found by a plain
 // hpctrain or by another hpcrun's job) is not obeyed: the stop writes its checkpoint, as the
 // hosts that would hold the snapshots may be gone next (a preemption, a requeue elsewhere).

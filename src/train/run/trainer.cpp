@@ -151,6 +151,7 @@ class TrainingRun {
   void start_engine();
   void start_state_keeping();
   bool stop_for_membership();
+  bool membership_marked(bool warn_if_stale);
   bool run_epoch(int64_t epoch);
   double train_step(const data::Batch& batch, int64_t epoch, EpochTally& e, const StepStart& start);
   void record_step(const StepResult& r, double lr, int64_t global_len, int64_t epoch, const StepStart& start);
@@ -698,20 +699,31 @@ TrainResult TrainingRun::stop() {
 // hpcrun stops the job to add or drain hosts (it leaves CHECKPOINT_DIR/membership-change): the
 // hosts that go on hold the state in memory, so the stop writes a snapshot on every host
 // instead of a checkpoint to shared storage. False (a checkpoint then) when it is not such a
-// stop, snapshots are off, or some host could not write its snapshot.
+// stop, snapshots are off, or some host could not write its snapshot. hpcrun takes the marker
+// back when a user's stop (Ctrl-C, Slurm's preemption) replaces its own: that stop is for good,
+// perhaps followed by a requeue onto other nodes, so a marker gone once the snapshots are written
+// means a checkpoint too.
 bool TrainingRun::stop_for_membership() {
-  if (!snapshots_->enabled()) return false;
+  if (!snapshots_->enabled() || !membership_marked(true)) return false;
+  if (!snapshots_->take_and_wait(tally_.here)) return false;
+  if (membership_marked(false)) return true;
+  if (lead_) log::warn("hpcrun's stop to change the hosts became a stop for good: writing a checkpoint too");
+  return false;
+}
+
+// Whether this job's hpcrun's membership-change marker is there (collective: rank 0 looks).
+bool TrainingRun::membership_marked(bool warn_if_stale) {
   uint64_t marked = 0;
   if (lead_) {
     const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, hpcrun_token());
     marked = marker == ckpt::MembershipMarker::Ours ? 1 : 0;
-    if (marker == ckpt::MembershipMarker::Stale)
+    if (marker == ckpt::MembershipMarker::Stale && warn_if_stale)
       log::warn((std::filesystem::path(o_.checkpoint_dir) / ckpt::kMembershipMarkerFile).string(),
                 " is not this job's hpcrun's (left by one that was killed?): the stop writes a checkpoint, not "
                 "snapshots alone");
   }
   if (world_ > 1) comm_.broadcast(&marked, sizeof marked, 0);
-  return marked && snapshots_->take_and_wait(tally_.here);
+  return marked != 0;
 }
 
 // Every planned step done: the final state checked and saved, every write finished, then the
