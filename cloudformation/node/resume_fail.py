@@ -13,10 +13,10 @@ from suspend import suspend
 
 
 def resume_failed(cfg, nodes):
-    suspend(cfg, nodes)
+    rc = suspend(cfg, nodes)  # an instance it cannot terminate is an orphan: set down all the same
     for node in nodes:
         set_down(node, "did not come up within ResumeTimeout")
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

@@ -548,6 +548,26 @@ class AwsBehaviour(AwsHooks):
         self.assertEqual(self.state()["launches"], {})
         self.assertEqual(self.scontrol_calls()[-1], "update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1")
 
+    def test_ec2_unread_still_powers_down_and_sets_a_failed_resume_down(self):
+        """DescribeInstances refused (throttled, no credentials): the nodes are powered down and
+        a node that did not come up is set down all the same; its instance is left to the
+        cluster manager, as an orphan."""
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 0)
+
+        def throttled(op, params):
+            if op == "DescribeInstances":
+                raise aws_error("RequestLimitExceeded", "Request limit exceeded.", op)
+        with self.hooked(before=throttled), self.assertLogs(level="ERROR") as logs:
+            self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 1)
+            self.assertEqual(resume_fail.resume_failed(self.cfg, ["gpu-2"]), 1)
+        self.assertIn("cannot terminate the instances of gpu-1: An error occurred (RequestLimitExceeded)", logs.output[0])
+        self.assertEqual(sorted(self.live()), ["gpu-1", "gpu-2"])
+        self.assertEqual(self.state()["launches"], {})
+        self.assertEqual(self.scontrol_calls()[-3:], [
+            "update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1",
+            "update nodename=gpu-2 nodeaddr=gpu-2 nodehostname=gpu-2",
+            "update nodename=gpu-2 state=down reason=hpctrain: did not come up within ResumeTimeout"])
+
     def test_an_instance_tagged_for_the_cluster_by_someone_else_is_left_alone(self):
         """Tagged as the cluster's nodes, without the compute profile (none, or another): not the
         nodes' instances. A power-up launches the nodes their own, and a power-down terminates
