@@ -46,7 +46,9 @@ void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
   if (fd < 0) io_error("open", path);
   const int rc = ::fsync(fd);
+  const int fsync_errno = errno;
   ::close(fd);
+  errno = fsync_errno;  // fsync's error, not close's, is the one reported
   if (rc != 0 && errno != EINVAL) io_error("fsync", path);  // some filesystems cannot sync directories
 }
 
