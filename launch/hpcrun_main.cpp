@@ -9,6 +9,17 @@
 #include "rank_report.hpp"
 #include "supervisor.hpp"
 
+namespace {
+
+// The rank wrapper's signals wait from the start (rank_report.hpp). (.preinit_array: run before
+// every shared library's initialisers.)
+void block_early(int argc, char** argv, char**) {
+  if (argc > 1 && std::strcmp(argv[1], "--rank-exec") == 0) hpc::launch::block_forwarded_signals();
+}
+[[gnu::section(".preinit_array"), gnu::used]] void (*const g_block_early)(int, char**, char**) = block_early;
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--rank-exec") == 0) return hpc::launch::rank_exec_main(argc - 2, argv + 2);
   try {

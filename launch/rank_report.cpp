@@ -122,11 +122,26 @@ void prepare_alive_line(int rank) {
   g_alive_length = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_alive_line - 1) : 0;
 }
 
+// The program's signal mask: the wrapper's without the forwarded signals (which
+// block_forwarded_signals() blocked since the wrapper started). hpctrain blocks its stop signals
+// before anything else runs (its .preinit_array), and is started with them blocked already: one
+// passed on as soon as it starts then waits for its signal thread instead of ending it first.
+sigset_t program_mask(const char* program, sigset_t mask) {
+  for (int s : kForwarded) sigdelset(&mask, s);
+  const char* slash = std::strrchr(program, '/');
+  if (std::strcmp(slash ? slash + 1 : program, "hpctrain") == 0)
+    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&mask, s);
+  return mask;
+}
+
 // Forks the program with the signals in `block` blocked across the fork, so that none is lost
-// between the fork and g_child being set. -1 when fork failed.
+// between the fork and g_child being set; one that came before is passed on once it is. -1 when
+// fork failed.
 pid_t start_program(char** argv, const sigset_t& block) {
   sigset_t old;
   ::sigprocmask(SIG_BLOCK, &block, &old);
+  const sigset_t program = program_mask(argv[0], old);
+  for (int s : kForwarded) sigdelset(&old, s);
   struct sigaction sa{};
   sa.sa_handler = forward;
   sigemptyset(&sa.sa_mask);
@@ -135,7 +150,7 @@ pid_t start_program(char** argv, const sigset_t& block) {
   const pid_t child = ::fork();
   if (child == 0) {
     for (int s : kForwarded) ::signal(s, SIG_DFL);
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::sigprocmask(SIG_SETMASK, &program, nullptr);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned rank if the wrapper itself is killed
     if (::getppid() != parent) ::_exit(127);
     ::execvp(argv[0], argv);
@@ -159,6 +174,13 @@ int end_as(const RankReport& report, const sigset_t& block) {
 }
 
 }  // namespace
+
+void block_forwarded_signals() {
+  sigset_t block;
+  sigemptyset(&block);
+  for (int s : kForwarded) sigaddset(&block, s);
+  ::sigprocmask(SIG_BLOCK, &block, nullptr);
+}
 
 int rank_exec_main(int argc, char** argv) {
   if (argc < 1) {

@@ -40,5 +40,9 @@ TaggedLine parse_tagged(const std::string& line, bool from_stderr);
 
 // The wrapper's main: runs argv[0] with its arguments, reports, exits as it did.
 int rank_exec_main(int argc, char** argv);
+// Blocks the signals the wrapper passes on to its program, from its first moment (hpcrun_main's
+// .preinit_array): one that comes before the program is started waits, and is then passed on,
+// instead of killing the rank unannounced.
+void block_forwarded_signals();
 
 }  // namespace hpc::launch
