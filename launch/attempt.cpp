@@ -115,6 +115,7 @@ AttemptRecord AttemptWatcher::run() {
     if (!phase_.mpirun_gone()) {
       take_signals(t);
       watch_heartbeat(t);
+      deliver_stop(t);
     }
     escalate(t);
     watch_membership(t);
@@ -217,6 +218,28 @@ void AttemptWatcher::take_signals(double t) {
       mpirun_.signal(SIGTERM);
     }
   }
+}
+
+// A stop reaches the ranks through mpirun, which passes SIGUSR1 on. While mpirun has no handler
+// for it yet (its first moments), the signal would end it instead: it waits. And mpirun drops
+// one that comes while it starts the ranks (measured: a Ctrl-C 20 ms after the launch, and the
+// job ran to its end), so a stop asked for before the first step is asked again once the job
+// runs: at its first step, or without a heartbeat once it counts as running. (hpctrain takes a
+// second SIGUSR1 for the same stop.)
+void AttemptWatcher::deliver_stop(double t) {
+  if (!mpirun_.running()) return;
+  if (stop_unsent_) {
+    if (!catches_signal(mpirun_.pid(), SIGUSR1)) return;
+    stop_unsent_ = false;
+    ::kill(mpirun_.pid(), SIGUSR1);
+  }
+  if (!stop_before_running_) return;
+  const bool runs = rec_.first_step >= 0 ||
+                    (!job_.heartbeat.enabled() && t - rec_.start >= AttemptPhase::kStartupGrace);
+  if (!runs) return;
+  stop_before_running_ = false;
+  job_.voice.log_line("hpcrun: asking again (the job had not started when first asked): " + stop_.why);
+  ::kill(mpirun_.pid(), SIGUSR1);
 }
 
 void AttemptWatcher::watch_heartbeat(double t) {
@@ -393,12 +416,14 @@ bool AttemptWatcher::keep_off_terminal(const TaggedLine& t) const {
 void AttemptWatcher::request_stop(StopKind kind, const std::string& why) {
   if (stop_.kind != StopKind::None) return;
   stop_ = {kind, why};
+  stop_before_running_ = rec_.first_step < 0;
   phase_.stop_requested(now());
   // For a change of hosts the hosts that go on keep the state in memory: hpctrain then writes
   // snapshots instead of a checkpoint to shared storage (train/state/snapshots.hpp).
   if (kind == StopKind::Membership) mark_membership_change(o_.checkpoint_dir, true);
   say("asking the job to checkpoint and stop: " + why);
-  ::kill(mpirun_.pid(), SIGUSR1);  // mpirun forwards it to every rank
+  stop_unsent_ = true;
+  deliver_stop(now());
 }
 
 }  // namespace hpc::launch

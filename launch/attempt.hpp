@@ -82,6 +82,7 @@ class AttemptWatcher {
   void check_exit(double t, ExitStatus* status);
   void take_signals(double t);
   void watch_heartbeat(double t);
+  void deliver_stop(double t);  // SIGUSR1 to mpirun once it takes it, again at the first step
   bool record_beat(double t);  // the heartbeat's step, where it changed and is this attempt's
   void watch_stragglers(double t);  // the heartbeat's slowest rank, each time it changed
   void escalate(double t);          // the attempt's phase past its deadline: what hpcrun does
@@ -105,6 +106,8 @@ class AttemptWatcher {
   AttemptEvidence evidence_;
   StragglerState straggler_;
   double last_beat_poll_ = 0, last_membership_ = 0;
+  bool stop_unsent_ = false;          // asked for, held back until mpirun has its handler
+  bool stop_before_running_ = false;  // asked for before the first step: asked again at it
 };
 
 }  // namespace hpc::launch

@@ -97,4 +97,9 @@ CommandResult run_command(const std::vector<std::string>& command, double timeou
 // The path of PROGRAM as execvp would find it, or "" (then `why` says why).
 std::string find_program(const std::string& program, std::string* why);
 
+// Whether process `pid` has a handler for `sig` (Linux's /proc/PID/status, SigCgt); true where
+// that cannot be read. A program starting up may not have one yet: the signal's default
+// action (for most, the end of the process) would take its place.
+bool catches_signal(pid_t pid, int sig);
+
 }  // namespace hpc::launch

@@ -641,6 +641,27 @@ TEST(HpcrunCli, ASecondSignalKillsTheJobWith130) {
   EXPECT_NE(r.err.find("killed on request"), std::string::npos) << r.err;
 }
 
+// mpirun drops a signal that comes while it starts the ranks (a Ctrl-C 20 ms after the launch
+// and hpctrain trained to its end): a stop asked for before the first step is asked again at it.
+// Here the program takes no stop before its first step, as if the first request never came (it
+// may indeed not come), then writes its first step a second later and stops on the next request.
+TEST(HpcrunCli, AStopAskedBeforeTheFirstStepIsAskedAgainAtIt) {
+  TempDir dir("hpcrun_early_stop");
+  const std::string program = "trap 'echo a request before the first step' USR1; i=0; while [ $i -lt 20 ]; do sleep 0.05; "
+                              "i=$((i+1)); done; trap 'echo stopped on the second request; exit 75' USR1; "
+                              "echo step=1 > " + dir.file("heartbeat") + "; while :; do sleep 0.05; done";
+  Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--stop-timeout", "10s", "-np", "1",
+               "--max-restarts", "0", "sh", "-c", program});
+  while (read_text(job.err_path()).find("attempt 1:") == std::string::npos && job.running() && job.seconds() < 60)
+    usleep(20 * 1000);
+  ASSERT_EQ(::kill(job.pid(), SIGINT), 0);
+  const RunResult r = job.finish(60);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_NE(r.out.find("stopped on the second request"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(read_text(dir.file("hpcrun/attempt-1.log")).find("hpcrun: asking again (the job had not started"),
+            std::string::npos);
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");
