@@ -15,6 +15,10 @@ ShardedSampler::ShardedSampler(int64_t count, int64_t global_batch, uint64_t see
   HPC_REQUIRE(count >= global_batch || !drop_last, "the dataset holds ", count,
               " training samples, fewer than one global batch of ", global_batch);
   HPC_CHECK(rank >= 0 && rank < world, "rank ", rank, " of ", world);
+  // An epoch's order is a permutation of 32-bit indices (core/rng.hpp): a larger split would be
+  // shuffled in part and read past its end.
+  HPC_REQUIRE(count <= int64_t{UINT32_MAX}, "the dataset holds ", count, " training samples, more than the ",
+              UINT32_MAX, " one epoch can shuffle");
 }
 
 int64_t ShardedSampler::steps_per_epoch() const {

@@ -128,8 +128,11 @@ void ShardWriter::finish() {
   HPC_REQUIRE(::fsync(fd_) == 0, "cannot flush ", part_, ": ", std::strerror(errno));
   ::close(fd_);
   fd_ = -1;
-  HPC_REQUIRE(::rename(part_.c_str(), path_.c_str()) == 0, "cannot rename ", part_, " to ", path_, ": ",
-              std::strerror(errno));
+  if (::rename(part_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(part_.c_str());  // (the destructor no longer does: the file is closed)
+    usage_error("cannot rename ", part_, " to ", path_, ": ", std::strerror(err));
+  }
 }
 
 // ---- reader ------------------------------------------------------------------------------------

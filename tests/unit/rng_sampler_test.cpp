@@ -316,6 +316,8 @@ TEST(ShardedSampler, RejectsImpossibleConfigurations) {
   EXPECT_EQ(kind([] { ShardedSampler(100, 3, 1, 0, 4); }), static_cast<int>(ErrorKind::Usage));
   // Not one full batch with drop_last.
   EXPECT_EQ(kind([] { ShardedSampler(5, 10, 1, 0, 1, true); }), static_cast<int>(ErrorKind::Usage));
+  // More samples than an epoch's 32-bit permutation can order (packed shards can hold that many).
+  EXPECT_EQ(kind([] { ShardedSampler((int64_t{1} << 32) + 16, 16, 1, 0, 1); }), static_cast<int>(ErrorKind::Usage));
   // Asking for a step past the end is a bug in the caller.
   EXPECT_EQ(kind([] { ShardedSampler(100, 10, 1).indices(0, 10); }), static_cast<int>(ErrorKind::Internal));
 }

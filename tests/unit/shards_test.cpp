@@ -97,6 +97,18 @@ TEST(Shards, UnfinishedWriterLeavesNothing) {
   EXPECT_TRUE(fs::is_empty(dir.path()));
 }
 
+TEST(Shards, AWriterWhoseRenameFailsLeavesNoPartFile) {
+  TempDir dir;
+  const std::string path = dir.file("train-00000-of-00001.hpcs");
+  fs::create_directories(fs::path(path) / "in-the-way");  // a non-empty directory: rename(2) refuses
+  {
+    ShardWriter w(path);
+    w.add(Bytes{1, 2}, 0);
+    EXPECT_NE(usage_error_of([&] { w.finish(); }).find("cannot rename"), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(path + ".part"));
+}
+
 TEST(Shards, BrokenShardsAreUsageErrors) {
   TempDir dir;
   const std::string good = dir.file("good.hpcs");
