@@ -90,8 +90,30 @@ job_sweep_point() {
   printf '%s\n' "${out[@]}"
 }
 
+# This job as scontrol names it: an array task as ARRAYID_TASK. (One task's job id is the array's
+# own, and that id names every task: `scontrol show job` lists them all, and `scontrol requeue`
+# would requeue them all.)
+job_spec() {
+  if [[ -n "${SLURM_ARRAY_TASK_ID:-}" && -n "${SLURM_ARRAY_JOB_ID:-}" ]]; then
+    echo "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  else
+    echo "$SLURM_JOB_ID"
+  fi
+}
+
+# This job's state in Slurm; "" when slurmctld did not answer three times (busy at the very
+# moment a time limit warns every job: "Socket timed out"). Never fails: under set -e a failed
+# scontrol ended the script, exit 1 and no requeue.
 job_state() {
-  scontrol show job -o "$SLURM_JOB_ID" 2> /dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p'
+  local out try
+  for try in 1 2 3; do
+    if out=$(scontrol show job -o "$(job_spec)" 2> /dev/null); then
+      sed -n '1s/.* JobState=\([A-Z_]*\).*/\1/p' <<< "$out"
+      return 0
+    fi
+    ((try < 3)) && sleep "${JOB_STATE_RETRY_SECONDS:-2}"
+  done
+  return 0
 }
 
 # job_requeue_or_exit CODE WHY: requeue this job if it may be, else exit with CODE.
@@ -106,14 +128,17 @@ job_requeue_or_exit() {
     exit "$code"
   fi
   state=$(job_state)
-  if [[ "$state" != RUNNING ]]; then
+  if [[ -z "$state" ]]; then
+    # Unknown: asked to requeue all the same (Slurm refuses to requeue a cancelled job).
+    job_log "$why; Slurm did not say the job's state (slurmctld busy or down?): asking to requeue it all the same"
+  elif [[ "$state" != RUNNING ]]; then
     # Cancelled (scancel), or Slurm is requeueing or preempting the job itself.
-    job_log "$why; the job is ${state:-gone} in Slurm, so this script does not requeue it: exit $code"
+    job_log "$why; the job is $state in Slurm, so this script does not requeue it: exit $code"
     exit "$code"
   fi
   # Said first: a requeue ends this script (SIGTERM, then SIGKILL) as soon as Slurm acts on it.
   job_log "$why; requeueing: the next run resumes from the checkpoint"
-  if scontrol requeue "$SLURM_JOB_ID"; then
+  if scontrol requeue "$(job_spec)"; then
     exit 0
   fi
   job_log "'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"

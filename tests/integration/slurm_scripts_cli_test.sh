@@ -16,6 +16,7 @@ mkdir "$work/bin"
 cat > "$work/bin/sbatch" << 'EOF'
 #!/bin/sh
 echo "$*" >> "$SUBMITTED"
+[ -z "${DIRS:-}" ] || echo "$CHECKPOINT_DIR" >> "$DIRS"
 echo "$(($(wc -l < "$SUBMITTED") + 100))"
 EOF
 printf '#!/bin/sh\nexit 0\n' > "$work/bin/scancel"
@@ -25,7 +26,26 @@ cat > "$work/bin/srun" << 'EOF'
 while [[ "$1" == -* ]]; do shift; done
 exec "$@"
 EOF
-printf '#!/bin/sh\necho "JobId=1 JobState=RUNNING"\n' > "$work/bin/scontrol"
+# scontrol: `show job -o ID` as Slurm answers it (ID 100, an array's id, lists each of its tasks;
+# SCONTROL_DOWN: slurmctld does not answer); every call recorded in SCONTROL_LOG.
+cat > "$work/bin/scontrol" << 'EOF'
+#!/bin/sh
+echo "$*" >> "${SCONTROL_LOG:-/dev/null}"
+case "$1" in
+show)
+  if [ -n "${SCONTROL_DOWN:-}" ]; then
+    echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2
+    exit 1
+  fi
+  if [ "$4" = 100 ]; then
+    echo "JobId=101 ArrayJobId=100 ArrayTaskId=0 JobState=RUNNING"
+    echo "JobId=100 ArrayJobId=100 ArrayTaskId=1 JobState=RUNNING"
+  else
+    echo "JobId=$4 JobState=RUNNING"
+  fi
+  ;;
+esac
+EOF
 chmod +x "$work/bin/"*
 export PATH="$work/bin:$PATH" SUBMITTED="$work/submitted" CHECKPOINT_DIR="$work/ck"
 failed=0
@@ -68,9 +88,24 @@ refused "chain.sh 0" "$repo/slurm/chain.sh" 0
 refused "chain.sh 1001" "$repo/slurm/chain.sh" 1001
 refused "chain.sh 18446744073709551617" "$repo/slurm/chain.sh" 18446744073709551617
 refused "chain.sh 1e3" "$repo/slurm/chain.sh" 1e3
-for option in --dependency=afterok:5 --depend=afterok:5 -d -dafterany:5 --requeue --reque; do
+for option in --dependency=afterok:5 --depend=afterok:5 -d -dafterany:5 --requeue --reque --export=NONE --export; do
   refused "chain.sh 2 $option" "$repo/slurm/chain.sh" 2 "$option"
 done
+# Two chains submitted at once (a loop over learning rates) shared the default directory, named
+# to the second, and resumed each other's checkpoints; a site's SBATCH_EXPORT=NONE kept the
+# segments from learning theirs.
+: > "$SUBMITTED"
+: > "$work/dirs"
+for lr in 0.1 0.2; do
+  (cd "$work" && DIRS="$work/dirs" SBATCH_EXPORT=NONE timeout 30 env -u CHECKPOINT_DIR "$repo/slurm/chain.sh" 1 -- --lr $lr > /dev/null)
+done
+if [[ $(sort -u "$work/dirs" | wc -l) != 2 ]]; then
+  fail "two chains at once share a checkpoint directory: $(tr '\n' ' ' < "$work/dirs")"
+elif [[ $(grep -c -- "--export=ALL " "$SUBMITTED") != 2 ]]; then
+  fail "chain.sh passes no --export=ALL (a site's SBATCH_EXPORT=NONE): $(cat "$SUBMITTED")"
+else
+  echo "ok: two chains at once: $(tr '\n' ' ' < "$work/dirs")"
+fi
 
 # job.sh, sourced as train.sbatch sources it (set -euo pipefail); the trainer a stand-in that
 # stops with 75, started by the srun stand-in.
@@ -120,6 +155,30 @@ stop_ends() {
     echo "ok: $what -> 75"
   fi
 }
+# requeues WHAT ASKS SAYS ENV...: a stop (75) under ENV is requeued: job_requeue_or_exit runs
+# `scontrol requeue ASKS`, exits 0, and its lines hold SAYS.
+requeues() {
+  local what=$1 asks=$2 says=$3 out rc
+  shift 3
+  : > "$work/scontrol.log"
+  out=$(env "$@" SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 \
+    bash -c 'set -euo pipefail; source "$0/slurm/job.sh"; job_requeue_or_exit 75 "the trainer stopped"' "$repo" 2>&1)
+  rc=$?
+  if ((rc != 0)) || ! grep -qx "requeue $asks" "$work/scontrol.log" || [[ "$out" != *"$says"* ]]; then
+    fail "$what: exit $rc, want 0 and 'scontrol requeue $asks': $out; scontrol ran: $(tr '\n' ';' < "$work/scontrol.log")"
+  else
+    echo "ok: $what -> scontrol requeue $asks"
+  fi
+}
+# The sweep task whose job id is the array's own: that id lists every task (it read "RUNNING
+# RUNNING" and ended 75), and `scontrol requeue` of it requeues them all.
+requeues "an array task whose job id is the array's" 100_1 "requeueing" \
+  SLURM_JOB_ID=100 SLURM_ARRAY_JOB_ID=100 SLURM_ARRAY_TASK_ID=1
+requeues "a job" 7 "requeueing" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLURM_JOB_ID=7
+# slurmctld not answering at the time limit's warning: set -e ended the script, exit 1, no requeue.
+requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID \
+  SLURM_JOB_ID=7 SCONTROL_DOWN=1
+
 # MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): it died on the unset variable.
 stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times (MAX_REQUEUES): exit 75" \
   -u SLURM_RESTART_COUNT MAX_REQUEUES=0
