@@ -9,7 +9,7 @@
 #   slurm/chain.sh SEGMENTS [sbatch options] [-- hpctrain options]
 #   e.g. slurm/chain.sh 6 --time=04:00:00 -- --epochs 90
 #
-# Environment: CHECKPOINT_DIR (default runs/hpctrain-chain-<date>-<time> here; printed), and
+# Environment: CHECKPOINT_DIR (default runs/hpctrain-chain-<date>-<time>-<pid> here; printed), and
 # CHAIN_SCRIPT (default slurm/train.sbatch beside this script). Prints one line per segment,
 # "segment K: job ID", and exits 2 on bad input; if a submission fails midway, the segments
 # already submitted are cancelled (no half chain is left queued) and it exits 1.
@@ -31,6 +31,10 @@ while (($#)) && [[ "$1" != -- ]]; do
   # sbatch takes any unambiguous start of a long option (--depend, --req) and -d's value joined.
   [[ "$1" == --req* || "$1" == --dep* || "$1" == -d* ]] &&
     die "'$1' is chain.sh's to set: segments never requeue and each depends on the one before" 2
+  # The segments learn their checkpoint directory from the environment (CHECKPOINT_DIR,
+  # REQUEUE=0): --export=NONE or a list would leave each its own directory, training from scratch.
+  [[ "$1" == --export || "$1" == --export=* ]] &&
+    die "'$1' is chain.sh's to set: every segment needs CHECKPOINT_DIR and REQUEUE from its environment (--export=ALL)" 2
   sbatch_args+=("$1")
   shift
 done
@@ -38,7 +42,9 @@ done
 script=${CHAIN_SCRIPT:-$here/train.sbatch}
 [[ -f "$script" ]] || die "no job script '$script' (CHAIN_SCRIPT)" 2
 command -v sbatch > /dev/null || die "sbatch not found: run this where Slurm's commands are" 2
-checkpoint_dir=${CHECKPOINT_DIR:-$PWD/runs/hpctrain-chain-$(date +%Y%m%d-%H%M%S)}
+# (The pid: chains submitted in one second, by a loop, must not share a directory and resume
+# each other's checkpoints.)
+checkpoint_dir=${CHECKPOINT_DIR:-$PWD/runs/hpctrain-chain-$(date +%Y%m%d-%H%M%S)-$$}
 [[ "$checkpoint_dir" == /* ]] || checkpoint_dir="$PWD/$checkpoint_dir"
 
 jobs=()
@@ -50,7 +56,8 @@ echo "$me: $segments segment(s) of $script, checkpoints in $checkpoint_dir"
 for ((k = 1; k <= segments; ++k)); do
   dep=()
   ((${#jobs[@]})) && dep=(--dependency="afterany:${jobs[-1]}")
-  id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 sbatch --parsable --no-requeue "${dep[@]}" \
+  # --export=ALL over a site's SBATCH_EXPORT=NONE, for the same reason.
+  id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 sbatch --parsable --no-requeue --export=ALL "${dep[@]}" \
     "${sbatch_args[@]}" "$script" "$@") || cancel_submitted "$k"
   id=${id%%;*}  # --parsable: "id" or "id;cluster"
   jobs+=("$id")
