@@ -13,9 +13,10 @@ work=$(mktemp -d /tmp/hpctrain-home-check-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 chmod 755 "$work"
 mkdir "$work/bin"
-# scontrol show job -o ID: the job's record, whose Command= names the script as submitted.
+# scontrol show job -o ID: the job's record, whose Command= names the script as submitted and
+# the arguments it was given, unquoted.
 # shellcheck disable=SC2016  # $COMMAND: the stand-in's, when it runs
-printf '#!/bin/sh\necho "JobId=1 JobName=hpctrain UserId=u Command=$COMMAND WorkDir=/x JobState=RUNNING"\n' > "$work/bin/scontrol"
+printf '#!/bin/sh\necho "JobId=1 JobName=hpctrain UserId=u JobState=RUNNING Command=$COMMAND --epochs 1 WorkDir=/x StdOut=/x/o"\n' > "$work/bin/scontrol"
 cat > "$work/bin/srun" << 'EOF'
 #!/usr/bin/env bash
 while [[ "$1" == -* ]]; do shift; done
@@ -116,6 +117,12 @@ HPCTRAIN=$work/trainer trains "this repository's slurm/train.sbatch" "$repo/slur
 # A link to a checkout is followed: its target is what is checked.
 ln -s "$home" "$work/link"
 trains "a link to a checkout" "$work/link/slurm/train.sbatch"
+
+# A checkout under a name with a space: scontrol -o prints Command= unquoted, and reading it to
+# the first space named a home that is not there (exit 2, "no slurm/job.sh").
+checkout "$work/my work/hpctrain"
+trains "a checkout under a name with a space" "$work/my work/hpctrain/slurm/train.sbatch"
+trains "sweep.sbatch under a name with a space" "$work/my work/hpctrain/slurm/sweep.sbatch"
 
 # The checkout's programs: another user's hpctrain, a build/ others may write to.
 if ((EUID == 0)); then
