@@ -4,11 +4,14 @@
 # the job, and the training finishes over several segments, none of them killed by the limit.
 source "$(dirname "$0")/common.sh"
 slurm_setup 2 400
-# About 50 s of training on a 2-core VM (22 steps a second): more than one segment can hold. A
-# segment runs at most 45 s: slurmctld checks the limits every 30 s and sends the signal at the
-# first check that finds under 15 + 30 s left (Slurm's manual: up to a minute early). Each requeue
-# costs about 12 s more (the 10 s a requeued job waits, local-cluster.sh).
-export TRAIN_SAMPLES=20000 EPOCHS=7  # 1092 steps
+# More training than one segment can hold, on any machine: a segment runs at most 45 s (slurmctld
+# checks the limits every 30 s and sends the signal at the first check that finds under 15 + 30 s
+# left; Slurm's manual: up to a minute early). 546 steps, each at least 80 ms (rank 0 sleeps that
+# long in each, HPCTRAIN_TEST_SLOW_RANK, and rank 1 waits for it): 44 s of sleep, plus 12-25 s
+# of work on a 2-core VM. (The work alone, 1092 steps, once took 50 s; on a faster day 28 s,
+# and the job finished before the warning came.) Each requeue costs about 12 s more (the 10 s a
+# requeued job waits, local-cluster.sh).
+export TRAIN_SAMPLES=10000 EPOCHS=7 HPCTRAIN_TEST_SLOW_RANK=0:80  # 546 steps
 
 submit segments --nodes=2 --time=1 --signal=B:USR1@15 -- --checkpoint-interval 0
 wait_state "$JOB" COMPLETED 330
@@ -26,6 +29,6 @@ for ((r = 0; r < restarts; r++)); do
   grep -q "job $JOB (restart $r): SIGUSR1: asking the trainer" "$WORK/segments.out" ||
     fail "segment $r (restart $r) did not end on the warning signal"
 done
-[[ "$(done_field segments steps)" == 1092 ]] || fail "$(done_field segments steps) steps, not 1092"
+[[ "$(done_field segments steps)" == 546 ]] || fail "$(done_field segments steps) steps, not 546"
 expect_out segments "job $JOB (restart $restarts)"
 say "PASS"
