@@ -384,6 +384,10 @@ TEST_F(MpiTraining, RanksWithOtherCheckpointSettingsAreNamed) {
                    "--checkpoint-every-steps=3 there, --checkpoint-every-steps=0 on rank 0");
   expect_one_error(run_mpi_refused({{1, in(a) + std::vector<std::string>{"--checkpoint-each-epoch"}}, {1, in(a)}}),
                    "--checkpoint-each-epoch=0 there, --checkpoint-each-epoch=1 on rank 0");
+  // One signal to the job must stop every rank alike: a rank without it in --stop-signals died of
+  // it, and the others waited for it until the step watchdog.
+  expect_one_error(run_mpi_refused({{1, in(a)}, {1, in(a) + std::vector<std::string>{"--stop-signals", "TERM"}}}),
+                   "--stop-signals=TERM there, --stop-signals=");
   const std::string trace = dir_.file("t.json");
   expect_one_error(run_mpi_refused({{1, base + std::vector<std::string>{"--timeline-file", trace}}, {1, base}}),
                    "--timeline-file= there, --timeline-file=" + trace + " on rank 0");

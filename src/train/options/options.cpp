@@ -461,7 +461,7 @@ std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOp
 std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o) {
   std::vector<std::pair<std::string, std::string>> v = option_values(o);
   for (const char* name : {"checkpoint-dir", "resume", "snapshot-every-steps", "checkpoint-every-steps",
-                           "checkpoint-each-epoch", "timeline-file"})
+                           "checkpoint-each-epoch", "timeline-file", "stop-signals"})
     v.emplace_back(name, find_option(name)->value(o));
   return v;
 }

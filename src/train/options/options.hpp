@@ -35,7 +35,8 @@ std::vector<std::pair<std::string, std::string>> all_option_values(const TrainOp
 // --resume, --snapshot-every-steps, --checkpoint-every-steps and --checkpoint-each-epoch, which
 // every rank's stop, resume and checkpoints follow (rank 0 alone writes the checkpoints, but a
 // rank without them would wait in another collective), and --timeline-file, whose Chrome trace
-// every rank records (a rank without it waited for ever before the first step). Not --snapshot-dir:
+// every rank records (a rank without it waited for ever before the first step), and --stop-signals
+// (one signal to the job stops every rank, or none: a rank without it died of it). Not --snapshot-dir:
 // where each host keeps its memory copies, read by that host's first rank alone.
 std::vector<std::pair<std::string, std::string>> values_every_rank_shares(const TrainOptions& o);
 // Whether a resumed run must match the checkpoint's value of this option (rule Match).
