@@ -494,6 +494,28 @@ TEST_F(MpiTraining, AShortLastBatchIsCheckedBeforeTraining) {
   EXPECT_EQ(no_bn.exit_code, 0) << no_bn.err;  // 1 per rank is enough without batch norm
 }
 
+// A resumed run trains with its checkpoint's global batch: the batches are checked with that one,
+// not with --batch-size times this run's ranks (a resume from 2 ranks on 4 went on to give a rank
+// a last batch of one sample, and a resume that would fit was refused).
+TEST_F(MpiTraining, AResumeOnMoreRanksChecksTheCheckpointsGlobalBatch) {
+  const std::vector<std::string> base{"--data-dir", fashion_mnist_dir(), "--test-samples", "100", "--model", "mlp",
+                                      "--batch-size", "32", "--quiet"};
+  // (--epochs 2 --extend-epochs: a second epoch after the first run's one.)
+  const auto in = [&](const std::string& name, std::vector<std::string> more) {
+    return base + std::vector<std::string>{"--checkpoint-dir", dir_.file(name)} + more;
+  };
+  // 70 samples in global batches of 64: the last one holds 6, on 4 ranks 1 each.
+  ASSERT_EQ(run_mpi(2, in("short", {"--train-samples", "70", "--keep-last-batch", "--epochs", "1"})).exit_code, 0);
+  expect_one_error(run_mpi_refused(4, in("short", {"--train-samples", "70", "--keep-last-batch", "--epochs", "2",
+                                                   "--extend-epochs"})),
+                   "--keep-last-batch: the last global batch holds 6 of the 70 training samples, which leaves some "
+                   "of the 4 ranks 1 (a step needs 2, for batch norm)");
+  // 100 samples: one global batch of 64, fewer than 32 x 4 = 128.
+  ASSERT_EQ(run_mpi(2, in("fits", {"--train-samples", "100", "--epochs", "1"})).exit_code, 0);
+  const RunResult resumed = run_mpi(4, in("fits", {"--train-samples", "100", "--epochs", "2", "--extend-epochs"}));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+}
+
 TEST_F(MpiTraining, AProblemOnOneRankIsNamedByRankAndHost) {
   expect_one_error(run_mpi_refused({{1, {"--max-steps", "1", "--data-dir", fashion_mnist_dir()}},
                                     {1, {"--max-steps", "1", "--data-dir", "/nonexistent-hpctrain-data"}}}),

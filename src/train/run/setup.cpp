@@ -113,6 +113,15 @@ void check_last_batch(const TrainOptions& o, const data::Dataset& train, int64_t
               "); leave out --keep-last-batch, or change --train-samples or the batch size");
 }
 
+// Whether the training set's batches of `global_batch` can be trained on `world` ranks. Checked
+// with the global batch the run trains with: the checkpoint's when it resumes (checked against
+// this run's, a resume on more ranks was refused or left a rank an empty last batch).
+void check_batches(const TrainOptions& o, const data::Dataset& train, int64_t global_batch, int world) {
+  HPC_REQUIRE(train.count >= global_batch || !o.drop_last, "the training set holds ", train.count,
+              " samples, fewer than one global batch of ", global_batch, " (", world, " ranks)");
+  if (!o.drop_last) check_last_batch(o, train, global_batch, world);
+}
+
 // The dataset (cut to --train-samples and --test-samples) and this run's global batch.
 void load_data(const TrainOptions& o, int world, Prepared& p) {
   p.data_dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
@@ -122,9 +131,6 @@ void load_data(const TrainOptions& o, int world, Prepared& p) {
   const int64_t global_batch = o.global_batch_size > 0 ? o.global_batch_size : o.batch_size * world;
   HPC_REQUIRE(global_batch >= world, "--global-batch-size ", global_batch, " gives some of the ", world,
               " ranks no sample per step; use at least one sample per rank");
-  HPC_REQUIRE(p.ds.train.count >= global_batch || !o.drop_last, "the training set holds ", p.ds.train.count,
-              " samples, fewer than one global batch of ", global_batch, " (", world, " ranks)");
-  if (!o.drop_last) check_last_batch(o, p.ds.train, global_batch, world);
   p.start.global_batch = global_batch;
 }
 
@@ -189,6 +195,7 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
     require_same_classes(c, p.ds.train.class_names, "the packed dataset " + p.ds.train.source);
     HPC_REQUIRE(p.start.global_batch >= ctx.world_size(), "the checkpoint's global batch of ", p.start.global_batch,
                 " cannot give each of the ", ctx.world_size(), " ranks a sample");
+    check_batches(o, p.ds.train, p.start.global_batch, ctx.world_size());
     // Written by a run that diverged (hpctrain writes none such now): it would only diverge on.
     HPC_REQUIRE(!first_non_finite(c), path, " holds a state that is not finite (its run had diverged): resume from "
                 "an earlier checkpoint (--resume FILE) or start afresh (--resume none)");
@@ -294,6 +301,7 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
       log::info("--init-from ", o.init_from, " is for the run's first start: it resumes from its own state");
     return resume_from(ctx, o, std::move(*found.state), found.path, p);
   }
+  dist::collectively(ctx, [&] { check_batches(o, p.ds.train, p.start.global_batch, ctx.world_size()); });
   if (ctx.rank() == 0) p.model->init(static_cast<uint64_t>(o.seed));  // rank 0 creates the initial variables
   if (!o.init_from.empty()) p.init_from = initial_weights(ctx, o, p);
   broadcast_state(ctx, *p.model);
