@@ -644,19 +644,24 @@ TEST(HpcrunCli, ASecondSignalKillsTheJobWith130) {
 // mpirun drops a signal that comes while it starts the ranks (a Ctrl-C 20 ms after the launch
 // and hpctrain trained to its end): a stop asked for before the first step is asked again at it.
 // Here the program takes no stop before its first step, as if the first request never came (it
-// may indeed not come), then writes its first step a second later and stops on the next request.
+// may indeed not come): it traps the request (a shell cannot trap before it starts, so the test
+// asks only once the trap is set), writes its first step once the request came, and stops on the
+// next request.
 TEST(HpcrunCli, AStopAskedBeforeTheFirstStepIsAskedAgainAtIt) {
   TempDir dir("hpcrun_early_stop");
-  const std::string program = "trap 'echo a request before the first step' USR1; i=0; while [ $i -lt 20 ]; do sleep 0.05; "
-                              "i=$((i+1)); done; trap 'echo stopped on the second request; exit 75' USR1; "
+  const std::string ready = dir.file("trap-set");
+  const std::string program = "trap 'echo a request before the first step; asked=1' USR1; touch " + ready +
+                              "; i=0; while [ -z \"$asked\" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+                              "trap 'echo stopped on the second request; exit 75' USR1; "
                               "echo step=1 > " + dir.file("heartbeat") + "; while :; do sleep 0.05; done";
   Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--stop-timeout", "10s", "-np", "1",
                "--max-restarts", "0", "sh", "-c", program});
-  while (read_text(job.err_path()).find("attempt 1:") == std::string::npos && job.running() && job.seconds() < 60)
-    usleep(20 * 1000);
+  while (!fs::exists(ready) && job.running() && job.seconds() < 60) usleep(20 * 1000);
+  ASSERT_TRUE(fs::exists(ready)) << read_text(job.err_path());
   ASSERT_EQ(::kill(job.pid(), SIGINT), 0);
   const RunResult r = job.finish(60);
   EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_NE(r.out.find("a request before the first step"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("stopped on the second request"), std::string::npos) << r.out << r.err;
   EXPECT_NE(read_text(dir.file("hpcrun/attempt-1.log")).find("hpcrun: asking again (the job had not started"),
             std::string::npos);
