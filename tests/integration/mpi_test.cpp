@@ -359,6 +359,20 @@ TEST_F(MpiTraining, RanksWithOtherOptionsAreNamed) {
                    "--model=mlp there, --model=cnn on rank 0");
 }
 
+// --device auto: each rank looks for a GPU of its own. A rank that found none took the CPU path
+// while the others entered NCCL's set-up, and the job hung until --start-timeout. Here rank 1
+// claims a GPU (HPCTRAIN_TEST_CLAIM_GPU, as this machine has none) and rank 0 finds none.
+TEST_F(MpiTraining, RanksThatWouldTrainOnOtherDevicesAreNamed) {
+  setenv("HPCTRAIN_TEST_CLAIM_GPU", "1", 1);
+  const RunResult r = run_mpi_refused(2, {"--device", "auto", "--max-steps", "1", "--data-dir", fashion_mnist_dir(),
+                                          "--train-samples", "640", "--test-samples", "100"});
+  unsetenv("HPCTRAIN_TEST_CLAIM_GPU");
+  expect_one_error(r, "--device auto: rank 1 on ");
+  EXPECT_NE(r.err.find(" would train on its GPU, rank 0 on "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" would train on the CPU ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("every rank trains on the same device"), std::string::npos) << r.err;
+}
+
 // Options a checkpoint does not record (rule Local), but every rank's stop and resume follow:
 // the same text on every rank (options.hpp, values_every_rank_shares). Not --snapshot-dir, where
 // each host keeps its own copies.

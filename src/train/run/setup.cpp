@@ -39,9 +39,8 @@ std::string shared_gpu(dist::ProcessContext& ctx, const TrainOptions& o) {
 
 // Whether this rank trains on its GPU. --device cuda without a usable GPU is an error, never a
 // silent CPU run (DESIGN.md principle 3); auto takes the GPUs when every rank can have one of
-// its own (shared: shared_gpu's answer), and says so when it cannot.
-bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak) {
-  std::string why;
+// its own (shared: shared_gpu's answer), and says so when it cannot (why: why not the GPU).
+bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak, std::string& why) {
   bool gpu = o.device != Device::Cpu && gpu_training_available(&why);
   const int gpus = o.device == Device::Cpu ? 0 : device::cuda_device_count();
   if (gpu && !shared.empty()) {
@@ -83,9 +82,34 @@ std::optional<int> omp_num_threads() {
   return std::nullopt;
 }
 
-// The device and math threads of this rank.
-void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, const std::string& shared, Prepared& p) {
-  p.gpu = resolve_device(o, shared, ctx.local_rank() == 0);  // one warning per host
+// Every rank trains where rank 0 does. Under --device auto each rank looks for its GPU on its
+// own: a rank that sees none (CUDA_VISIBLE_DEVICES= on one host, a driver missing there) would
+// take the CPU path while the others entered NCCL's set-up, and the job hung until
+// --start-timeout. HPCTRAIN_TEST_CLAIM_GPU=r makes rank r of a machine without a GPU claim one
+// (the planted disagreement of this check's test).
+void require_same_device(dist::ProcessContext& ctx, const TrainOptions& o, bool gpu, const std::string& why) {
+  if (o.device != Device::Auto || ctx.world_size() == 1) return;  // o.device is every rank's (require_same_options)
+  const std::string mine = ctx.where() + (gpu ? " would train on its GPU" : " would train on the CPU (" + why + ")");
+  dist::require_agreement(ctx, gpu ? 1 : 0, ErrorKind::Usage, [&](int r) {
+    return detail::concat("--device auto: ", dist::broadcast_string(ctx.world(), mine, r), ", ",
+                          dist::broadcast_string(ctx.world(), mine, 0), ": every rank trains on the same device; give "
+                          "each rank a GPU of its own, or use --device cpu");
+  });
+}
+
+// Where this rank trains (p.gpu), the same on every rank.
+void resolve_devices(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p) {
+  const std::string shared = shared_gpu(ctx, o);
+  std::string why;
+  dist::collectively(ctx, [&] {
+    p.gpu = resolve_device(o, shared, ctx.local_rank() == 0, why);  // one warning per host
+    if (const char* claim = std::getenv("HPCTRAIN_TEST_CLAIM_GPU"); claim && std::atoi(claim) == ctx.rank()) p.gpu = true;
+  });
+  require_same_device(ctx, o, p.gpu, why);
+}
+
+// The device and math threads of this rank (p.gpu: resolve_devices).
+void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p) {
   p.gpu_decode = resolve_jpeg_decode(o, p.gpu, ctx.local_rank() == 0);
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
   p.threads = o.threads > 0 ? o.threads : omp_num_threads().value_or(0);
@@ -278,9 +302,9 @@ void require_same_options(dist::ProcessContext& ctx, const TrainOptions& o) {
 
 Prepared load_data_and_model(dist::ProcessContext& ctx, const TrainOptions& o) {
   Prepared p;
-  const std::string shared = shared_gpu(ctx, o);
+  resolve_devices(ctx, o, p);
   dist::collectively(ctx, [&] {
-    choose_device(ctx, o, shared, p);
+    choose_device(ctx, o, p);
     load_data(o, ctx.world_size(), p);
     p.model = build_model(o, p.ds.train);
   });
