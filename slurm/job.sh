@@ -156,17 +156,26 @@ job_stage_data() {
     stage=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${stage[@]}")
   fi
   job_log "staging $STAGE_FROM into $STAGE_TO: ${stage[*]}"
-  # The warning signal (time limit near) during the copy: stop it and requeue; the next run's
-  # staging resumes where this one stopped.
-  local pid warned=0
-  trap 'warned=1; job_log "SIGUSR1 while staging: stopping the copy"; kill -TERM "$pid" 2> /dev/null' USR1
-  trap 'warned=1; job_log "SIGUSR2 while staging: stopping the copy"; kill -TERM "$pid" 2> /dev/null' USR2
+  # The warning signal (time limit near) or Slurm's SIGTERM (a preemption) during the copy: stop
+  # it and requeue as after the trainer's stop (not when the job is cancelled: job_requeue_or_exit);
+  # the next run's staging resumes where this one stopped. (An untrapped SIGTERM ended this shell
+  # with 143 and no requeue.)
+  local pid stopped_by=""
+  # shellcheck disable=SC2317  # called by the traps below
+  job_stop_staging() {
+    stopped_by=$1
+    job_log "$1 while staging: stopping the copy"
+    kill -TERM "$pid" 2> /dev/null
+  }
+  trap 'job_stop_staging SIGUSR1' USR1
+  trap 'job_stop_staging SIGUSR2' USR2
+  trap 'job_stop_staging SIGTERM' TERM
   "${stage[@]}" &
   pid=$!
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done
   wait "$pid" || code=$?
-  trap - USR1 USR2
-  ((warned)) && job_requeue_or_exit 75 "the staging was stopped by the warning signal"
+  trap - USR1 USR2 TERM
+  [[ -z "$stopped_by" ]] || job_requeue_or_exit 75 "the staging was stopped by $stopped_by"
   case "$code" in
     0) job_log "the dataset is in $STAGE_TO" ;;
     2) job_die "the staging's settings are wrong (hpcdata exit 2): not requeued" ;;

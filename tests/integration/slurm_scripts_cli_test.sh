@@ -185,6 +185,31 @@ stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times (MAX_REQUEUE
 # A leading zero is decimal there too: 08 requeues are allowed, not a bash error.
 stop_ends "MAX_REQUEUES=08 after 8 requeues" "already requeued 8 times" MAX_REQUEUES=08 SLURM_RESTART_COUNT=8
 
+# A signal while the dataset is staged: the copy stops and the job is requeued (its next run
+# stages the rest). SIGTERM (a preemption) ended the shell with 143, unrequeued. The stand-in
+# hpcdata says it started, then sleeps.
+mkdir -p "$work/home/datasets"
+printf '#!/bin/sh\necho started > "%s"\nexec sleep 30\n' "$work/staging" > "$work/home/datasets/hpcdata"
+chmod +x "$work/home/datasets/hpcdata"
+for signal in USR1 TERM; do
+  rm -f "$work/staging"
+  : > "$work/scontrol.log"
+  "$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/trainer" HPCTRAIN_HOME="$work/home" \
+    STAGE_FROM=s3://data/x STAGE_TO="$work/data" SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 \
+    SLURM_JOB_ID=7 -- > "$work/staged.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [[ -e "$work/staging" ]] && break; sleep 0.1; done
+  kill -"$signal" "$pid"
+  wait "$pid"
+  rc=$?
+  if ((rc != 0)) || ! grep -qx "requeue 7" "$work/scontrol.log" ||
+    ! grep -q "SIG$signal while staging: stopping the copy" "$work/staged.out"; then
+    fail "SIG$signal while staging: exit $rc, want 0 and a requeue: $(cat "$work/staged.out")"
+  else
+    echo "ok: SIG$signal while staging -> scontrol requeue 7"
+  fi
+done
+
 # The epilog ends a cleanup that does not end on SIGTERM (a stat of a hung hard-mounted file
 # system) with SIGKILL, and exits 0 (a failing epilog drains the node): `timeout` alone waited for
 # it, and slurmd with it. The stand-in ignores SIGTERM and sleeps 60 s.
