@@ -141,6 +141,15 @@ rc=$?
 [[ $rc == 2 && "$err" == *"--metrics-file /dev/stdout is not a regular file of its own"* ]] ||
   fail "job.sh --metrics-file /dev/stdout with stdout a file: exit $rc, want 2: $err"
 
+# sweep.sbatch: an option naming a run's own files, given to every task, was shared by them all
+# (they resumed each other's checkpoints).
+for option in "--checkpoint-dir=$work/x" "--metrics-file $work/x" "--timeline-file $work/x" "--prometheus-file=$work/x"; do
+  # shellcheck disable=SC2086  # the option and its value as two words
+  refused "sweep.sbatch $option" env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 \
+    SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" \
+    bash "$repo/slurm/sweep.sbatch" --epochs 1 $option
+done
+
 # stop_ends WHAT SAYS ENV...: a stop (75) under ENV is not requeued: job_requeue_or_exit exits 75
 # and its line holds SAYS.
 stop_ends() {
