@@ -15,7 +15,19 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace hpc::ckpt {
+
+// A checkpoint that could not be read, as opposed to one that is damaged: the system refused it
+// (EACCES, EIO, a stale NFS handle). --resume auto does not pass it by for an older one
+// (find_latest), whose resume would move it aside and go on from the older step; when every file
+// failed alike, the run started afresh. (One too large for memory is still passed by: a file of
+// another size than its predecessors, as Cli.AFileTooLargeForMemoryIsNamed's.)
+class UnreadableCheckpoint : public Error {
+ public:
+  explicit UnreadableCheckpoint(const std::string& what) : Error(ErrorKind::Usage, what) {}
+};
 
 constexpr uint32_t kFormatVersion = 1;
 

@@ -403,12 +403,24 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+// The system's refusal to read a checkpoint (errno): UnreadableCheckpoint, but for a file gone
+// since it was listed (or a link to nothing), which is no checkpoint any more.
+[[noreturn]] void refused_reading(const std::string& path) {
+  const int err = errno;
+  if (err == ENOENT) io_error("read checkpoint", path);
+  throw UnreadableCheckpoint(detail::concat("cannot read checkpoint ", path, ": ", std::strerror(err)));
+}
+
+}  // namespace
+
 Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
   // O_NONBLOCK: a FIFO given by mistake is refused below instead of waiting for a writer.
   const FileCloser file{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-  if (file.fd < 0) io_error("read checkpoint", path);
+  if (file.fd < 0) refused_reading(path);
   struct stat st {};
-  if (::fstat(file.fd, &st) != 0) io_error("read checkpoint", path);
+  if (::fstat(file.fd, &st) != 0) refused_reading(path);
   HPC_REQUIRE(S_ISREG(st.st_mode), "cannot read checkpoint ", path, ": ",
               S_ISDIR(st.st_mode) ? "it is a directory (give a checkpoint file in it)" : "not a regular file");
   // Read as decode goes, each section straight into its place: a large file given by mistake (a
@@ -417,7 +429,7 @@ Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
     while (n > 0) {
       const ssize_t got = ::read(file.fd, dst, n);
       if (got < 0 && errno == EINTR) continue;
-      if (got < 0) io_error("read checkpoint", path);
+      if (got < 0) refused_reading(path);
       HPC_REQUIRE(got > 0, "checkpoint ", path, " is truncated (it became shorter than its ", st.st_size,
                   " bytes while it was read)");
       dst += got;
@@ -438,6 +450,9 @@ LatestCheckpoint find_latest(const std::string& dir) {
       Checkpoint c = load_checkpoint(path);
       latest.found = std::make_pair(path, std::move(c));
       return latest;
+    } catch (const UnreadableCheckpoint& e) {
+      throw UnreadableCheckpoint(detail::concat(e.what(), "; an unreadable checkpoint is not passed by for an older "
+                                                "one: make it readable, or move it out of ", dir));
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::Usage) throw;
       latest.skipped.push_back(e.what());

@@ -146,7 +146,8 @@ bool checkpoint_dir_uses(const std::string& file_name);
 // records what could be read (see decode).
 Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr);
 
-// The newest valid checkpoint of a directory, and what was wrong with the newer ones.
+// The newest valid checkpoint of a directory, and what was wrong with the newer ones (damaged
+// or misnamed: one that cannot be read is thrown, UnreadableCheckpoint, not passed by).
 struct LatestCheckpoint {
   std::optional<std::pair<std::string, Checkpoint>> found;  // its path and contents
   std::vector<std::string> skipped;  // the problem of each newer file, newest first

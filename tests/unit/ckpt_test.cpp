@@ -2,6 +2,7 @@
 // heartbeat's fields read back as written.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -190,6 +191,49 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
   EXPECT_NE(latest.skipped[0].find(says), std::string::npos) << latest.skipped[0];
   std::filesystem::rename(misnamed, dir + "/best.hpck");
   EXPECT_EQ(ckpt::load_checkpoint(dir + "/best.hpck").integer("step"), 10);
+}
+
+// A checkpoint the system refuses to read (EACCES here; EIO, a stale NFS handle) is not damaged:
+// --resume auto passed it by for an older one, whose resume moved it aside, and when every file
+// failed alike (a permission, a memory limit) it started afresh. Read by an unprivileged user
+// (root reads a file of mode 000), in a child process.
+TEST(CheckpointStore, AnUnreadableCheckpointIsNotPassedBy) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  ckpt::CheckpointStore store(dir, 5);
+  write_sample(store, 10, 10);
+  const std::string newest = write_sample(store, 20, 20);
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(newest.c_str(), 0), 0);
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::geteuid() == 0 && ::setuid(65534) != 0) ::_exit(3);
+    std::string what;
+    try {
+      const ckpt::LatestCheckpoint latest = ckpt::find_latest(dir);
+      what = latest.found ? "found " + latest.found->first : "found none";
+    } catch (const ckpt::UnreadableCheckpoint& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = std::string("another error: ") + e.what();
+    }
+    ::_exit(::write(report[1], what.data(), what.size()) == static_cast<ssize_t>(what.size()) ? 0 : 4);
+  }
+  ::close(report[1]);
+  std::string what;
+  char buf[512];
+  for (ssize_t n; (n = ::read(report[0], buf, sizeof buf)) > 0;) what.append(buf, static_cast<size_t>(n));
+  ::close(report[0]);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not run as uid 65534, status " << status;
+  EXPECT_NE(what.find("cannot read checkpoint " + newest + ": Permission denied; an unreadable checkpoint is not "
+                      "passed by for an older one: make it readable, or move it out of " + dir),
+            std::string::npos)
+      << what;
 }
 
 // A file named like a checkpoint of a step past int64_t is no checkpoint hpctrain wrote: listing
