@@ -100,12 +100,21 @@ SignalInbox::SignalInbox() {
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int s : kHandled) ::sigaction(s, &sa, nullptr);
+  // `nohup hpcrun ... &`: the user asked that the job outlive the terminal, whose hangup stopped
+  // it (the children have process groups of their own, so the hangup reaches hpcrun alone).
+  struct sigaction inherited{};
+  hangup_ignored_ = ::sigaction(SIGHUP, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN;
+  for (int s : kHandled)
+    if (s != SIGHUP || !hangup_ignored_) ::sigaction(s, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+  // An ignored SIGCHLD is inherited across exec (a launcher that ignores it to leave no zombies):
+  // the kernel then reaped mpirun itself, waitpid never reported its end, and the attempt never
+  // ended; every probe and the discovery script timed out.
+  ::signal(SIGCHLD, SIG_DFL);
 }
 
 SignalInbox::~SignalInbox() {
-  for (int s : kHandled) ::signal(s, SIG_DFL);
+  for (int s : kHandled) ::signal(s, s == SIGHUP && hangup_ignored_ ? SIG_IGN : SIG_DFL);
   for (int& fd : g_signal_pipe) {
     if (fd >= 0) ::close(fd);
     fd = -1;

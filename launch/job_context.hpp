@@ -49,7 +49,8 @@ class Voice {
 };
 
 // The signals hpcrun handles (SIGINT, SIGTERM, SIGHUP, SIGUSR1), from the handler through a pipe.
-// One per process: it installs the handlers and removes them when it goes.
+// One per process: it installs the handlers and removes them when it goes. A SIGHUP ignored when
+// hpcrun starts (nohup) stays ignored; SIGCHLD takes its default action (waitpid needs it).
 class SignalInbox {
  public:
   SignalInbox();
@@ -64,6 +65,7 @@ class SignalInbox {
 
  private:
   int taken_ = 0;
+  bool hangup_ignored_ = false;  // by whoever started hpcrun
 };
 
 // The trainer's heartbeat file (CHECKPOINT_DIR/heartbeat), polled.

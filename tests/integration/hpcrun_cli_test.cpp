@@ -667,6 +667,27 @@ TEST(HpcrunCli, AStopAskedBeforeTheFirstStepIsAskedAgainAtIt) {
             std::string::npos);
 }
 
+// Dispositions hpcrun inherits. An ignored SIGCHLD (a launcher that ignores it to leave no
+// zombies) made the kernel reap mpirun itself: waitpid never saw it end, and the attempt never
+// ended. An ignored SIGHUP (nohup) is the user's wish that the job outlive the terminal: the
+// hangup asked the job to checkpoint and stop.
+TEST(HpcrunCli, InheritedSignalDispositionsAreKeptOrMended) {
+  TempDir dir("hpcrun_dispositions");
+  const RunResult quick = run_program({"/usr/bin/env", "--ignore-signal=CHLD", hpcrun_binary(), "--log-dir",
+                                       dir.file("logs-chld"), "--max-restarts", "0", "-np", "1", "true"},
+                                      60);
+  EXPECT_FALSE(quick.timed_out) << "hpcrun started with SIGCHLD ignored did not end\n" << quick.err;
+  EXPECT_EQ(quick.exit_code, 0) << quick.err;
+  Started job({"/usr/bin/env", "--ignore-signal=HUP", hpcrun_binary(), "--log-dir", dir.file("logs-hup"),
+               "--max-restarts", "0", "-np", "1", "sh", "-c", "sleep 3"});
+  while (read_text(job.err_path()).find("attempt 1:") == std::string::npos && job.running() && job.seconds() < 60)
+    usleep(20 * 1000);
+  ASSERT_EQ(::kill(job.pid(), SIGHUP), 0);
+  const RunResult r = job.finish(60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("asking the job to checkpoint and stop"), std::string::npos) << r.err;
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");
