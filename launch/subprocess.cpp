@@ -59,6 +59,10 @@ bool reset_in_child(int sig) {
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(o.merge_stderr ? out_w : err_w, STDERR_FILENO);
+  // Nothing else of hpcrun's reaches the program (its log files, the descriptors it inherited):
+  // all above the three are closed at exec. report_w, needed until then, is closed at exec too.
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)  // a kernel before 5.11
+    for (int fd = 3; fd < 4096; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));

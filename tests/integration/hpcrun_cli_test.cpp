@@ -688,6 +688,24 @@ TEST(HpcrunCli, InheritedSignalDispositionsAreKeptOrMended) {
   EXPECT_EQ(r.err.find("asking the job to checkpoint and stop"), std::string::npos) << r.err;
 }
 
+// hpcrun's own descriptors (its log files, opened by std::ofstream without O_CLOEXEC) stayed
+// open in mpirun, its ssh agents, the probes and the discovery script. The mpirun here lists
+// what it was given, then runs the real one.
+TEST(HpcrunCli, ItsChildrenInheritNoneOfItsFiles) {
+  TempDir dir("hpcrun_descriptors");
+  const std::string list = dir.file("fds"), wrapper = dir.file("mpirun");
+  std::ofstream(wrapper) << "#!/bin/sh\nfor f in /proc/$$/fd/*; do readlink \"$f\"; done >> " << list
+                         << "\nexec " << mpiexec() << " \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const RunResult r = run_program({hpcrun_binary(), "--mpirun", wrapper, "--log-dir", dir.file("logs"),
+                                   "--max-restarts", "0", "-np", "1", "true"},
+                                  60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string fds = read_text(list);
+  EXPECT_NE(fds.find("pipe:"), std::string::npos) << fds;  // its stdout, hpcrun's pipe
+  EXPECT_EQ(fds.find(dir.file("logs")), std::string::npos) << fds;
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");
