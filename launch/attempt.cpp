@@ -162,6 +162,7 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
   rec_.membership = stop_.kind == StopKind::Membership && an.verdict == Verdict::Stopped;
   rec_.failed_hosts.assign(an.failed_hosts.begin(), an.failed_hosts.end());
   rec_.program_error = an.program_error;
+  rec_.killed_on_request = evidence_.killed_on_request;
   rec_.outcome = an.verdict == Verdict::Stopped && rec_.membership ? "stopped to change hosts: " + stop_.why : an.reason;
   if (an.verdict != Verdict::Failure) rec_.failed_at = -1;
   else if (rec_.failed_at < 0) rec_.failed_at = rec_.end;
@@ -171,11 +172,15 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
 // ----------------------------------------------------------------------- the watch loop's steps
 
 void AttemptWatcher::read_output() {
-  std::vector<pollfd> fds = {{job_.signals.fd(), POLLIN, 0}};
+  // Signals wake the loop while mpirun runs; once it is gone they wait for the supervisor (a
+  // waiting one woke the poll at once, and the loop spun until the pipes closed).
+  std::vector<pollfd> fds;
   if (mpirun_.out_fd() >= 0) fds.push_back({mpirun_.out_fd(), POLLIN, 0});
   if (mpirun_.err_fd() >= 0) fds.push_back({mpirun_.err_fd(), POLLIN, 0});
+  const size_t streams = fds.size();
+  if (!phase_.mpirun_gone()) fds.push_back({job_.signals.fd(), POLLIN, 0});
   ::poll(fds.data(), fds.size(), 100);
-  for (size_t k = 1; k < fds.size(); ++k)
+  for (size_t k = 0; k < streams; ++k)
     if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(fds[k].fd);
 }
 

@@ -37,6 +37,7 @@ struct AttemptRecord {
   int64_t resumed_from = -1;
   std::string resumed_source;
   double failed_at = -1;                     // when hpcrun learned of the failure
+  bool killed_on_request = false;            // by a second signal to hpcrun
 
   // Whether the program said it started afresh (hpctrain: resumed_source=none, resumed_from=-1).
   bool started_afresh() const { return resumed_source == "none" || (!resumed_source.empty() && resumed_from < 0); }

@@ -52,7 +52,12 @@ Decision decide_after_attempt(const AttemptFacts& f, int failures, int max_resta
       }
       return finish(f.interrupted ? kExitCheckpointed : kExitGaveUp, "stopped; run hpcrun again to resume");
     case Verdict::Failure:
-      if (f.interrupted) return finish(kExitKilled, "killed on request");
+      if (f.killed) return finish(kExitKilled, "killed on request");
+      // One signal, and the attempt failed by itself meanwhile (or the signal came as it ended):
+      // a stop all the same, from the newest saved state; 130 is a second signal's.
+      if (f.interrupted)
+        return finish(kExitCheckpointed, "the attempt failed while hpcrun was asked to stop: nothing relaunched; run "
+                                         "hpcrun again to resume from the newest saved state");
       // Preemption signals every step of the job, mpirun's daemons too, which end the ranks: it
       // looks like lost hosts, but relaunching inside an allocation Slurm is taking back only races
       // its grace time. 75: the batch script requeues the job, which resumes.

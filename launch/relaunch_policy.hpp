@@ -25,6 +25,7 @@ struct AttemptFacts {
   Verdict verdict = Verdict::Failure;
   bool membership = false;   // hpcrun stopped it to grow or drain the job
   bool interrupted = false;  // hpcrun was asked to stop (a signal)
+  bool killed = false;       // a second signal: hpcrun killed the job without a checkpoint
   std::string outcome;       // the attempt's outcome line
   std::string program_error; // a usage error's own line, if the program printed one
   std::vector<std::string> failed_hosts;

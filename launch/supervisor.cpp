@@ -226,7 +226,12 @@ int Supervisor::run() {
         show_duration(rec.end - rec.start) + ": " + rec.outcome);
     warn_stragglers_unjudged(&rec);
     resume_auto_after(rec);
-    AttemptFacts facts{rec.verdict, rec.membership, signals_.interrupted(), rec.outcome, rec.program_error, rec.failed_hosts, ""};
+    // A signal that came after mpirun ended (its launch agents' last output, the probes): the job
+    // stops here. It waited in the pipe, and a failed attempt was relaunched.
+    for (int sig; signals_.take(&sig);)
+      say(std::string("got ") + ::strsignal(sig) + " as the attempt ended: nothing more is launched");
+    AttemptFacts facts{rec.verdict, rec.membership, signals_.interrupted(), rec.killed_on_request, rec.outcome,
+                       rec.program_error, rec.failed_hosts, ""};
     if (asks_slurm(rec.verdict, signals_.interrupted())) facts.preempted_at = slurm_preemption();
     const Decision d = decide_after_attempt(facts, failures_, o_.max_restarts);
     if (d.failure) ++failures_;

@@ -706,6 +706,29 @@ TEST(HpcrunCli, ItsChildrenInheritNoneOfItsFiles) {
   EXPECT_EQ(fds.find(dir.file("logs")), std::string::npos) << fds;
 }
 
+// A signal that comes after mpirun ended, while its launch agents still hold its output: it
+// waited in hpcrun's pipe, and the failed attempt was relaunched (the stop came only after the
+// next attempt's start-up, Slurm's KillWait perhaps gone). The mpirun here fails at once,
+// leaving a child that holds its output for 4 s.
+TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
+  TempDir dir("hpcrun_late_signal");
+  const std::string ended = dir.file("ended"), wrapper = dir.file("mpirun");
+  std::ofstream(wrapper) << "#!/bin/sh\ncase \" $* \" in *' --do-not-launch '*) exec " << mpiexec()
+                         << " \"$@\";; esac\nsleep 4 &\ntouch " << ended << "\nexit 1\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  Started job({hpcrun_binary(), "--mpirun", wrapper, "--log-dir", dir.file("logs"), "--max-restarts", "2", "-np", "1",
+               "true"});
+  while (!fs::exists(ended) && job.running() && job.seconds() < 60) usleep(20 * 1000);
+  ASSERT_TRUE(fs::exists(ended)) << read_text(job.err_path());
+  usleep(1000 * 1000);  // hpcrun has seen mpirun end: it polls every 0.1 s
+  ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
+  const RunResult r = job.finish(60);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_EQ(r.err.find("relaunching"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("as the attempt ended: nothing more is launched"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the attempt failed while hpcrun was asked to stop"), std::string::npos) << r.err;
+}
+
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");

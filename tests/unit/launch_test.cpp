@@ -1106,11 +1106,19 @@ TEST(RelaunchPolicy, AFailureUnderASignalOrSlurmsPreemptionIsNotRelaunched) {
   AttemptFacts f = ended(Verdict::Failure, true);
   f.failed_hosts = {"h2"};
   EXPECT_FALSE(asks_slurm(Verdict::Failure, true));
+  // One signal while the attempt failed by itself: a stop, from the newest saved state; 130 only
+  // after a second signal killed the job.
+  const Decision stopped = decide_after_attempt(f, 3, 3);
+  expect_finish(stopped, kExitCheckpointed, "the attempt failed while hpcrun was asked to stop: nothing relaunched; "
+                                            "run hpcrun again to resume from the newest saved state");
+  EXPECT_FALSE(stopped.failure);
+  EXPECT_TRUE(stopped.blacklist.empty());
+  f.killed = true;
   const Decision killed = decide_after_attempt(f, 0, 3);
   expect_finish(killed, kExitKilled, "killed on request");
   EXPECT_FALSE(killed.failure);
   EXPECT_TRUE(killed.blacklist.empty());
-  f.interrupted = false;
+  f.interrupted = f.killed = false;
   f.preempted_at = "2026-11-27T10:00:00";
   const Decision preempted = decide_after_attempt(f, 3, 3);  // not a failure: no restart is used up
   expect_finish(preempted, kExitCheckpointed,
