@@ -36,6 +36,7 @@ void write_all(int fd, const char* p, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
+    if (w == 0) errno = ENOSPC;  // a write of nothing sets no errno: a full device, as the kernel means it
     if (w <= 0) io_error("write", path);
     p += w;
     n -= static_cast<size_t>(w);
@@ -173,7 +174,9 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | (reused ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
   if (fd < 0) {
+    const int err = errno;  // the open's, which the unlink could replace
     if (reused) ::unlink(tmp.c_str());
+    errno = err;
     io_error("create", tmp);
   }
   try {
@@ -190,7 +193,9 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
     throw;
   }
   if (::close(fd) != 0) {
+    const int err = errno;  // the close's (EIO, EDQUOT on NFS), which the unlink could replace
     ::unlink(tmp.c_str());
+    errno = err;
     io_error("close", tmp);
   }
   if (const double s = pause_before_rename(); s > 0) {
