@@ -235,7 +235,11 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
                 " s (its host lost, or the process stopped); it writes nothing more there if it comes back");
       return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, take_over(path), false));
     }
-    const bool waiting = Clock::now() < deadline || holder.looks_stale();
+    // A record that looks stale by its own time is watched for stale_seconds past the wait, no
+    // longer: a live holder whose clock runs behind rewrites it (never stale()), and the waiter,
+    // refusing at once by default, waited for ever (or for --start-timeout).
+    const auto grace = std::chrono::duration<double>(stale_seconds() + kPollSeconds);
+    const bool waiting = Clock::now() < deadline || (holder.looks_stale() && Clock::now() < deadline + grace);
     HPC_REQUIRE(waiting, "checkpoint directory ", dir, " is in use by another run (", describe(record),
                 "): one run writes a directory at a time; wait for it to end, or give this run another "
                 "--checkpoint-dir (--checkpoint-lock-wait waits for it)");

@@ -1,6 +1,7 @@
 // The checkpoint format: round trip, and every truncation or flipped bit is caught; the
 // heartbeat's fields read back as written.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -234,6 +235,46 @@ TEST(CheckpointStore, AnUnreadableCheckpointIsNotPassedBy) {
                       "passed by for an older one: make it readable, or move it out of " + dir),
             std::string::npos)
       << what;
+}
+
+// A live holder whose clock runs behind: its record looks stale by its own time, but it changes.
+// The waiter watches it for the stale time past its wait, then refuses; it waited for ever. The
+// holder here is another open file description of this process, rewriting its record.
+TEST(DirectoryLock, AHolderWhoseClockRunsBehindIsWaitedForOnlySoLong) {
+  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "1", 1);
+  const TempDir tmp;
+  const std::string dir = tmp.str(), path = dir + "/lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &l), 0);
+  const auto beat = [&](int i) {
+    const std::string text = "host=behind\npid=1\nunix_time=" + std::to_string(::time(nullptr) - 10) +
+                             "\nstate=held\nbeat=" + std::to_string(i) + "\n";
+    return ::pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()) &&
+           ::ftruncate(fd, static_cast<off_t>(text.size())) == 0;
+  };
+  ASSERT_TRUE(beat(0));  // before the waiter's first look
+  std::atomic<bool> done{false};
+  std::thread holder([&] {
+    for (int i = 1; !done && beat(i); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::string what;
+  try {
+    const auto lock = ckpt::DirectoryLock::acquire(dir, 0, [&] { return waited() > 20; });
+    what = lock ? "took the lock of a live holder" : "still waiting after 20 s";
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  done = true;
+  holder.join();
+  ::close(fd);
+  unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
+  EXPECT_NE(what.find("is in use by another run (host behind pid 1"), std::string::npos) << what;
 }
 
 // A file named like a checkpoint of a step past int64_t is no checkpoint hpctrain wrote: listing
