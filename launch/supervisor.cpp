@@ -181,6 +181,11 @@ void Supervisor::free_snapshots(int code) {
     if (at == remote.end() || answers[static_cast<size_t>(at - remote.begin())].ok()) reachable.push_back(h);
   }
   if (reachable.empty()) return;
+  // Inside a Slurm job, Open MPI takes the allocation from SLURM_*, which each attempt narrowed to
+  // its own hosts: the last one's would leave out the hosts asked of it here, and mpirun refused
+  // them. Narrowed to these.
+  if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given)
+    for (const auto& [name, value] : slurm_allocation_env(reachable)) ::setenv(name.c_str(), value.c_str(), 1);
   std::vector<std::string> cmd = mpirun_command(o_, reachable, self_exe_);
   cmd.erase(std::find(cmd.begin(), cmd.end(), self_exe_), cmd.end());  // the rank wrapper and the program
   cmd.erase(std::remove(cmd.begin(), cmd.end(), std::string("--tag-output")), cmd.end());
