@@ -51,15 +51,26 @@ bool try_lock(int fd, const std::string& path) {
   io_error("lock", path);
 }
 
-bool same_inode(int fd, const std::string& path) {
+// Whether fd is the file `path` names: Unknown when a stat failed for another reason than the
+// name's absence (EIO, ESTALE, ELOOP).
+enum class Named { Yes, No, Unknown };
+Named names(int fd, const std::string& path) {
   struct stat a {}, b {};
-  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  if (::fstat(fd, &a) != 0) return Named::Unknown;
+  if (::stat(path.c_str(), &b) != 0) return errno == ENOENT || errno == ENOTDIR ? Named::No : Named::Unknown;
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino ? Named::Yes : Named::No;
 }
+
+bool same_inode(int fd, const std::string& path) { return names(fd, path) == Named::Yes; }
 
 std::string describe(const std::map<std::string, std::string>& r);
 
 // Why a lock is no longer this process's: another run's record in it now, or none left.
 std::string how_lost(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno != ENOENT && errno != ENOTDIR)
+    return std::string("its lock file could not be looked at for a third of the stale time (") + std::strerror(errno) +
+           "), and another run may take the directory over";
   std::error_code ec, ec2;
   if (!fs::exists(fs::path(path).parent_path(), ec) && !ec) return "the directory was removed while this run trained";
   if (!fs::exists(path, ec2) && !ec2)
@@ -291,7 +302,17 @@ std::string DirectoryLock::how_lost() const {
 
 bool DirectoryLock::held() const {
   if (lost_.load()) return false;
-  return same_inode(fd_, path_);
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  switch (names(fd_, path_)) {
+    case Named::Yes: unknown_since_ns_.store(0); return true;
+    case Named::No: return false;
+    case Named::Unknown: break;
+  }
+  // One failed stat marked the lock lost for good, and the run ended without its checkpoint. No
+  // other run can take it over meanwhile: the record, rewritten through fd_, is not stale.
+  int64_t since = 0;
+  if (unknown_since_ns_.compare_exchange_strong(since, now)) since = now;
+  return static_cast<double>(now - since) * 1e-9 < stale_seconds() / 3;
 }
 
 void DirectoryLock::set_run_id(const std::string& id) {

@@ -55,7 +55,9 @@ class DirectoryLock {
 
   // Adds the run's id to the record, once set-up knows it.
   void set_run_id(const std::string& id);
-  // Whether DIR/lock is still this process's (another process has not taken it over).
+  // Whether DIR/lock is still this process's (another process has not taken it over). A stat of
+  // it that fails for another reason than its absence (EIO, ESTALE: a file system's hiccup) says
+  // nothing: held still, for up to a third of the stale time, then lost.
   bool held() const;
   // Whether the refresh thread has found it taken over (a flag: cheap enough for every step).
   bool lost() const { return lost_.load(); }
@@ -80,6 +82,7 @@ class DirectoryLock {
   std::condition_variable cv_;
   bool stop_ = false;
   mutable std::atomic<bool> lost_{false};
+  mutable std::atomic<int64_t> unknown_since_ns_{0};  // steady clock; 0: the last stat answered
   mutable std::string lost_to_;
   std::thread refresher_;
 };

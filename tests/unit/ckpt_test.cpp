@@ -277,6 +277,37 @@ TEST(DirectoryLock, AHolderWhoseClockRunsBehindIsWaitedForOnlySoLong) {
   EXPECT_NE(what.find("is in use by another run (host behind pid 1"), std::string::npos) << what;
 }
 
+// A stat of the lock file that fails for a moment (EIO, ESTALE on NFS; ELOOP here: the directory's
+// path is a link, turned into a loop for a while) marked the lock lost for good, and the run ended
+// without its checkpoint. A failure that lasts a third of the stale time still loses it.
+TEST(DirectoryLock, AMomentsFailedStatDoesNotLoseTheLock) {
+  namespace fs = std::filesystem;
+  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "9", 1);  // looked at every 0.6 s; lost after 3 s unanswered
+  const TempDir tmp;
+  const std::string link = tmp.str() + "/dir", loop = tmp.str() + "/loop", back = tmp.str() + "/back";
+  fs::create_directory(tmp.str() + "/real");
+  fs::create_directory_symlink("real", link);
+  const auto point = [&](bool looped) {  // the link renamed over: to itself, or back to the directory
+    if (looped) fs::create_symlink("dir", loop), fs::rename(loop, link);
+    else fs::create_directory_symlink("real", back), fs::rename(back, link);
+  };
+  const std::unique_ptr<ckpt::DirectoryLock> lock = ckpt::DirectoryLock::acquire(link, 0, [] { return false; });
+  ASSERT_TRUE(lock);
+  point(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const bool during = lock->held();
+  point(false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_TRUE(during);
+  EXPECT_TRUE(lock->held());
+  EXPECT_FALSE(lock->lost());
+  point(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  EXPECT_FALSE(lock->held());
+  point(false);
+  unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
+}
+
 // A file named like a checkpoint of a step past int64_t is no checkpoint hpctrain wrote: listing
 // the directory (--resume auto, evaluate DIR, inspect DIR, retention) passes it by, as any other
 // file, rather than failing on its number.
