@@ -286,6 +286,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"config_empty", {"--config", ""}, {"--config is empty"}},
         BadArgs{"resume_empty", {"--resume", ""}, {"--resume is empty"}},
         BadArgs{"init_from_empty", {"--init-from", ""}, {"--init-from is empty"}},
+        // Recorded in the checkpoint's one-line fields: it trained, then failed at the first checkpoint.
+        BadArgs{"init_from_with_a_line_break", {"--init-from", "@WORK/a\nb"},
+                {"--init-from holds a line break ('@WORK/a\\nb'): give it without one"}},
         BadArgs{"lr_step_epochs_empty", {"--lr-schedule", "step", "--lr-step-epochs", ""},
                 {"--lr-step-epochs is empty"}},
         // Paths that are not what the option takes.

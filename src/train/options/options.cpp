@@ -48,6 +48,12 @@ constexpr double kMinBucketMb = 0.001, kMaxBucketMb = 4096;
 // Each value on its own (a count, a range, a finite number). A config file's values must meet
 // these even where the command line overrides them: the line is used once the override goes.
 void validate_each_value(const TrainOptions& o) {
+  // Values are records of one line each (a checkpoint's meta section, the ranks' comparison): a
+  // path with a line break passed every check, trained, and ended in an internal error at the
+  // first checkpoint.
+  for (const auto& [name, value] : all_option_values(o))
+    HPC_REQUIRE(value.find_first_of("\n\r") == std::string::npos, "--", name, " holds a line break ('",
+                one_line(value), "'): give it without one");
   require_positive(o.epochs, "epochs");
   require_batch_size(o.batch_size, "batch-size");
   require_batch_size(o.eval_batch_size, "eval-batch-size");
