@@ -185,12 +185,24 @@ class Plot(unittest.TestCase):
         """Ctrl-C (a KeyboardInterrupt traceback before) while the modules load, and while a
         chart is written (its temporary left behind before): status 130, one line, no temporary.
         The signal goes as the script's own imports begin (seen in -X importtime's lines: earlier,
-        while the interpreter starts, no code of the script runs), and once a temporary exists."""
-        for when in ("importing", "writing"):
+        while the interpreter starts, no code of the script runs), once a temporary exists, and
+        while tempfile.mkstemp has made the temporary but not yet returned its name (held there
+        by a slowed os.open; a CI run once caught that moment by chance, and left the temporary)."""
+        slowed_open = ("import os, runpy, sys, time\n"
+                       "real_open = os.open\n"
+                       "def slowed_open(path, *args, **kwargs):\n"
+                       "    fd = real_open(path, *args, **kwargs)\n"
+                       "    if str(path).endswith('.tmp'):\n"
+                       "        time.sleep(3)\n"
+                       "    return fd\n"
+                       "os.open = slowed_open\n"
+                       "sys.argv = sys.argv[1:]\n"
+                       "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        for when in ("importing", "creating", "writing"):
             with self.subTest(when=when):
                 out = os.path.join(self.tmp.name, f"interrupted-{when}")
-                job = subprocess.Popen(["/usr/bin/python3", *(["-X", "importtime"] if when == "importing" else []),
-                                        PLOT, self.straight, "--out", out],
+                python = {"importing": ["-X", "importtime"], "creating": ["-c", slowed_open], "writing": []}[when]
+                job = subprocess.Popen(["/usr/bin/python3", *python, PLOT, self.straight, "--out", out],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 seen = []
                 if when == "importing":
