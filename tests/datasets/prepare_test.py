@@ -384,5 +384,38 @@ class Prepare(unittest.TestCase):
                 self.assertEqual(err.splitlines(), ["hpcdata: stopped by SIGINT before finishing"])
                 self.assertFalse(os.path.exists(out), "an interrupted prepare left its DIR")
 
+    def test_stop_while_the_manifests_temporary_is_made_leaves_none(self):
+        """A stop signal while tempfile.mkstemp has made the manifest's temporary but not yet
+        returned its name (held there by a slowed os.open): the temporary was left beside the
+        prepared files, since the exception came before its name was known. Now the stop waits
+        for the name, and the temporary goes as on any stop."""
+        slowed_open = ("import os, runpy, sys, time\n"
+                       "real_open = os.open\n"
+                       "def slowed_open(path, *args, **kwargs):\n"
+                       "    fd = real_open(path, *args, **kwargs)\n"
+                       "    if os.path.basename(str(path)).startswith('hpcdata.json.'):\n"
+                       "        time.sleep(3)\n"
+                       "    return fd\n"
+                       "os.open = slowed_open\n"
+                       "sys.argv = sys.argv[1:]\n"
+                       "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with self.subTest(signal=signum.name):
+                out = self.out(f"stopped-creating-{signum.name}")
+                job = subprocess.Popen([sys.executable, "-c", slowed_open, HPCDATA, "prepare", "mnist", "--out", out,
+                                        "--from", self.mnist, "--no-verify"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                deadline = time.monotonic() + 60
+                while not (os.path.isdir(out) and any(n.endswith(".tmp") for n in os.listdir(out))):
+                    self.assertIsNone(job.poll(), "prepared before the manifest's temporary was seen")
+                    self.assertLess(time.monotonic(), deadline, "no temporary appeared")
+                    time.sleep(0.001)
+                job.send_signal(signum)
+                _, err = job.communicate(timeout=60)
+                self.assertEqual(job.returncode, 128 + signum, err)
+                self.assertEqual(err.strip().splitlines()[-1], f"hpcdata: stopped by {signum.name} before finishing")
+                self.assertEqual([n for n in os.listdir(out) if n.endswith(".tmp")], [],
+                                 "a stop left the manifest's temporary")
+
 if __name__ == "__main__":
     unittest.main()
