@@ -378,7 +378,9 @@ def cases(r, keys="effective"):
     for p in ("HeadNodeAmi", "ComputeAmi"):
         if not r.params[p].startswith(("/aws/service/", "ami-")):
             out.append((f"images: resolve the account's own {p}", "ImagesRole", [("ssm:GetParameter", f"{own}{r.params[p]}", {})], True))
-    for role in ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole"):
+    if r.exists("MountTargetRole"):
+        out += mount_target_cases(r, secret, launch(ups[0]))
+    for role in ("HeadNodeRole", "ComputeRole", "CleanupRole", "ImagesRole") + (("MountTargetRole",) if r.exists("MountTargetRole") else ()):
         out.append((f"{role}: ship logs", role, [("logs:CreateLogStream", log_stream, {}), ("logs:PutLogEvents", log_stream, {})], True))
         out.append((f"{role}: logs elsewhere", role, [("logs:PutLogEvents", other_stream, {})], False))
         out.append((f"{role}: delete the log group", role, [("logs:DeleteLogGroup", r.attribute("LogGroup", "Arn"), {})], False))
@@ -414,6 +416,43 @@ def cases(r, keys="effective"):
                 (f"{role}: read another bucket", role, [("s3:GetObject", "arn:aws:s3:::other/a", {})], False),
                 (f"{role}: list another bucket", role, [("s3:ListBucket", "arn:aws:s3:::other", {})], False)]
     return out
+
+
+def mount_target_cases(r, secret, launch):
+    """HeadNodeZoneMountTarget's function, in an existing VPC: a mount target of the cluster's file
+    system in the head node's subnet made, watched and deleted, with its network interface (EFS
+    makes and deletes that with the caller's permissions); nothing else."""
+    role = "MountTargetRole"
+    fs = r.physical("SharedFileSystem" if r.exists("SharedFileSystem") else "DisposableSharedFileSystem")
+    efs = f"arn:aws:elasticfilesystem:{cfn.REGION}:{cfn.ACCOUNT}"
+    subnet, other_subnet = f"{ARN}:subnet/{r.params['PublicSubnetId']}", f"{ARN}:subnet/subnet-0ffffffffffffffff"
+    group, eni = f"{ARN}:security-group/{r.physical('StorageSecurityGroup')}", f"{ARN}:network-interface/eni-0123456789abcdef0"
+    made = [("ec2:DescribeSubnets", "*", {}), ("elasticfilesystem:CreateMountTarget", f"{efs}:file-system/{fs}", {}),
+            ("ec2:DescribeNetworkInterfaces", "*", {}),
+            ("ec2:CreateNetworkInterface", subnet, {}), ("ec2:CreateNetworkInterface", group, {}),
+            ("ec2:CreateNetworkInterface", eni, {"ec2:Subnet": subnet}),
+            ("elasticfilesystem:DescribeMountTargets", f"{efs}:file-system/{fs}", {})]
+    deleted = [("elasticfilesystem:DeleteMountTarget", f"{efs}:file-system/{fs}", {}),
+               ("ec2:DeleteNetworkInterface", eni, {"ec2:Subnet": subnet})]
+    return [
+        ("mount target: make one in the head node's subnet", role, made, True),
+        ("mount target: delete it", role, deleted, True),
+        ("mount target: make one for another file system", role,
+         [("elasticfilesystem:CreateMountTarget", f"{efs}:file-system/fs-0ffffffffffffffff", {})], False),
+        ("mount target: delete another file system's", role,
+         [("elasticfilesystem:DeleteMountTarget", f"{efs}:file-system/fs-0ffffffffffffffff", {})], False),
+        ("mount target: delete the file system", role, [("elasticfilesystem:DeleteFileSystem", f"{efs}:file-system/{fs}", {})], False),
+        ("mount target: change the file system's policy", role,
+         [("elasticfilesystem:PutFileSystemPolicy", f"{efs}:file-system/{fs}", {})], False),
+        ("mount target: a network interface in another subnet", role, [("ec2:CreateNetworkInterface", other_subnet, {})], False),
+        ("mount target: a network interface in another security group", role,
+         [("ec2:CreateNetworkInterface", f"{ARN}:security-group/sg-0ffffffffffffffff", {})], False),
+        ("mount target: delete the head node's subnet", role, [("ec2:DeleteSubnet", subnet, {})], False),
+        ("mount target: delete a network interface in another subnet", role,
+         [("ec2:DeleteNetworkInterface", eni, {"ec2:Subnet": other_subnet})], False),
+        ("mount target: read the munge key", role, [("secretsmanager:GetSecretValue", secret, {})], False),
+        ("mount target: launch", role, launch, False),
+    ]
 
 
 def failures(r, policies):
@@ -502,12 +541,18 @@ class Policies(unittest.TestCase):
             self.assertEqual(kinds, {"instance", "volume", "network-interface"} | ({"spot-instances-request"} if spot else set()))
 
     def test_every_statement_is_checked(self):
-        """Each planted mutation of each statement makes a case fail."""
-        r = cfn.Resolved(self.template, **FULL)
+        """Each planted mutation of each statement makes a case fail (an existing VPC's mount
+        target role, there alone, in a second pass)."""
+        self.every_statement_is_checked(FULL, ROLES, 40)
+        self.every_statement_is_checked({**FULL, "VpcId": "vpc-0a", "PublicSubnetId": "subnet-0a", "PrivateSubnetId": "subnet-0b"},
+                                        ROLES + ("MountTargetRole",), 6, only=("MountTargetRole",))
+
+    def every_statement_is_checked(self, params, roles, at_least, only=None):
+        r = cfn.Resolved(self.template, **params)
         policies = r.role_policies()
-        self.assertEqual(sorted(policies), sorted(ROLES))
+        self.assertEqual(sorted(policies), sorted(roles))
         uncaught, tried = [], 0
-        for role in ROLES:
+        for role in only or roles:
             for i, statement in enumerate(policies[role]):
                 for what, mutated in mutations(statement):
                     planted = copy.deepcopy(policies)
@@ -516,7 +561,7 @@ class Policies(unittest.TestCase):
                     if not failures(r, planted):
                         uncaught.append(f"{role} {statement.get('Sid', i)} {what}")
         self.assertEqual(uncaught, [], "\n".join(uncaught))
-        self.assertGreater(tried, 40)
+        self.assertGreater(tried, at_least)
 
     def test_only_the_compute_role_may_take_the_data_role(self):
         """The data role's trust: the compute role (whose root service hands its credentials to

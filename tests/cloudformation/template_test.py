@@ -238,6 +238,9 @@ class Resolved(unittest.TestCase):
             self.assertEqual((res["DeletionPolicy"], res["UpdateReplacePolicy"]), (policy, policy))
             for target in ("PublicMountTarget", "PrivateMountTarget"):
                 self.assertEqual(r.resource(target)["Properties"]["FileSystemId"], r.physical(kept))
+            existing = cfn.Resolved(template, VpcId="vpc-0a", PublicSubnetId="subnet-0a", PrivateSubnetId="subnet-0b",
+                                    **({"SharedStorageDeletionPolicy": policy} if policy == "Delete" else {}))
+            self.assertEqual(existing.resource("HeadNodeZoneMountTarget")["Properties"]["FileSystemId"], r.physical(kept))
 
     def test_every_instance_requires_imdsv2_one_hop_and_encrypted_disposable_volumes(self):
         """IMDSv2 only, one hop (no container on the node reaches it), on every launch template and
@@ -366,7 +369,7 @@ class Resolved(unittest.TestCase):
         launch_templates = [k for k, v in resources.items() if v["Type"] == "AWS::EC2::LaunchTemplate"]
         used = closure(launch_templates) | {"PrivateSubnet", "PrivateSubnet2", "PrivateSubnet3", "ComputeSecurityGroup",
                                             "PrivateRoute", "NatGateway", "PrivateMountTarget", "PrivateMountTarget2",
-                                            "PrivateMountTarget3", "PublicMountTarget"}
+                                            "PrivateMountTarget3", "PublicMountTarget", "HeadNodeZoneMountTarget"}
         missing = used - closure(["InstanceCleanup"])
         self.assertEqual(missing, set())
         self.assertIn("InstanceCleanup", resources["HeadNode"]["DependsOn"])
@@ -409,7 +412,9 @@ class Resolved(unittest.TestCase):
     def test_a_mount_target_in_every_zone_of_a_node(self):
         """EFS takes one mount target per zone: every compute subnet's zone and the head node's
         has exactly one (in a new VPC the second compute subnet shares the head node's zone and
-        its mount target; an existing VPC's subnets each get their own)."""
+        its mount target; an existing VPC's compute subnets each get their own, and the head
+        node's, here in a zone of its own, gets one from HeadNodeZoneMountTarget, whose choice
+        by zone Deploy's existing-VPC tests run against moto)."""
         import cfn
 
         template = cfn.load_template()
@@ -423,7 +428,8 @@ class Resolved(unittest.TestCase):
                 def zone(subnet):  # a new VPC's subnet's zone; an existing VPC's subnets are each in their own
                     logical = next((k for k in template["Resources"] if r.exists(k) and r.physical(k) == subnet), None)
                     return r.resource(logical)["Properties"]["AvailabilityZone"] if logical else subnet
-                mount_targets = [k for k, v in template["Resources"].items() if v["Type"] == "AWS::EFS::MountTarget" and r.exists(k)]
+                mount_targets = [k for k, v in template["Resources"].items()
+                                 if v["Type"] in ("AWS::EFS::MountTarget", "Custom::HeadNodeZoneMountTarget") and r.exists(k)]
                 targets = [r.resource(k)["Properties"]["SubnetId"] for k in mount_targets]
                 target_zones = [zone(t) for t in targets]
                 self.assertEqual(len(set(target_zones)), len(target_zones), "two mount targets in one zone")
@@ -974,15 +980,70 @@ class Deploy(unittest.TestCase):
         table = self.ec2.describe_route_tables(RouteTableIds=[self.ids["PrivateRouteTable"]])["RouteTables"][0]
         # (moto records no subnet's route table association: Resolved checks them on the template)
 
-    def test_an_existing_vpc(self):
-        """Into an existing VPC (subnets in three zones): each subnet gets its mount target."""
+    def existing_vpc(self, *zone_numbers):
+        """Subnets of a new VPC made outside the stack, one in each zone numbered."""
         vpc = self.ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
-        zones = [z["ZoneName"] for z in self.ec2.describe_availability_zones()["AvailabilityZones"]][:3]
-        public, *private = [self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
-                            for i, z in enumerate(zones)]
+        zones = [z["ZoneName"] for z in self.ec2.describe_availability_zones()["AvailabilityZones"]]
+        return vpc, [self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=zones[z])["Subnet"]["SubnetId"]
+                     for i, z in enumerate(zone_numbers)]
+
+    def head_zone_target_created(self):
+        """The HeadNodeZoneMountTarget function's answer at creation: (status, physical id, reason, event, data)."""
+        return next(a for a in self.custom_resources.answers if a[3]["LogicalResourceId"] == "HeadNodeZoneMountTarget")
+
+    def head_zone_target(self, request, physical, before, after):
+        """The HeadNodeZoneMountTarget function's answer (status, physical id, reason) to a request
+        CloudFormation sends it (moto sends custom resources no updates, and cannot delete this stack)."""
+        import cfn
+
+        event = {**self.head_zone_target_created()[3], "RequestType": request, "PhysicalResourceId": physical,
+                 "ResourceProperties": after, "OldResourceProperties": before}
+        sent = []
+        cfn.function_module(cfn.load_template(), "MountTargetFunction", sent).handler(event, cfn.LambdaContext())
+        return sent[0][:3]
+
+    def test_an_existing_vpc(self):
+        """Into an existing VPC (subnets in three zones): each subnet gets its mount target, the
+        head node's from HeadNodeZoneMountTarget, which deletes it again with the stack."""
+        vpc, (public, *private) = self.existing_vpc(0, 1, 2)
         self.deploy(VpcId=vpc, PublicSubnetId=public, PrivateSubnetId=",".join(private))
-        self.assertEqual(sorted(self.mount_targets()), sorted([public, *private]))
+        targets = self.mount_targets()
+        self.assertEqual(sorted(targets), sorted([public, *private]))
         self.assertNotIn("Vpc", self.ids)
+        efs = boto3.client("efs", region_name=REGION)
+        made = efs.describe_mount_targets(FileSystemId=self.ids["SharedFileSystem"])["MountTargets"]
+        status, target, _, event, _ = self.head_zone_target_created()
+        self.assertEqual((status, target), ("SUCCESS", next(t["MountTargetId"] for t in made if t["SubnetId"] == public)))
+        props = event["ResourceProperties"]
+        # An update that changes nothing of it keeps it; one that puts a compute subnet in its zone
+        # deletes it (that subnet's own is made after it); the stack's deletion deletes it.
+        self.assertEqual(self.head_zone_target("Update", target, props, props), ("SUCCESS", target, ""))
+        moved = {**props, "ComputeSubnetIds": [private[0], self.ec2.create_subnet(
+            VpcId=vpc, CidrBlock="10.9.9.0/24", AvailabilityZone=targets[public])["Subnet"]["SubnetId"]]}
+        status, physical, reason = self.head_zone_target("Update", target, props, moved)
+        self.assertEqual((status, reason), ("SUCCESS", ""))
+        self.assertFalse(physical.startswith("fsmt-"), physical)
+        self.assertEqual(sorted(self.mount_targets()), sorted(private))
+        status, physical, _ = self.head_zone_target("Update", physical, moved, props)
+        self.assertEqual(status, "SUCCESS")
+        self.assertEqual(sorted(self.mount_targets()), sorted([public, *private]))
+        self.assertEqual(self.head_zone_target("Delete", physical, {}, props), ("SUCCESS", physical, ""))
+        self.assertEqual(sorted(self.mount_targets()), sorted(private))
+        self.assertEqual(self.head_zone_target("Delete", physical, {}, props)[0], "SUCCESS")  # (again: CloudFormation retries)
+
+    def test_an_existing_vpc_whose_public_subnet_shares_a_zone(self):
+        """The usual VPC: a public and a private subnet in each zone. The head node's zone has a
+        compute subnet, whose mount target the head node uses (before, a second mount target in
+        that zone failed the stack with EFS's MountTargetConflict)."""
+        vpc, (public, *private) = self.existing_vpc(0, 0, 1)
+        self.deploy(VpcId=vpc, PublicSubnetId=public, PrivateSubnetId=",".join(private))
+        targets = self.mount_targets()
+        self.assertEqual(sorted(targets), sorted(private))
+        zone = {s["SubnetId"]: s["AvailabilityZone"] for s in self.ec2.describe_subnets(SubnetIds=[public])["Subnets"]}
+        self.assertIn(zone[public], targets.values())
+        status, physical, _, _, _ = self.head_zone_target_created()
+        self.assertEqual(status, "SUCCESS")
+        self.assertFalse(physical.startswith("fsmt-"), physical)
         # (moto's head node ignores its NetworkInterfaces: its public address is checked on the
         # template, Resolved.test_the_head_node_gets_a_public_address)
 
