@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <regex>
 
 #include "integration/harness.hpp"
 
@@ -135,6 +136,39 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
     EXPECT_EQ(d.at("steps").number, 40);
     expect_same_end(d, want);
   }
+}
+
+// The progress line's ETA after a resume: the time per step is this process's over its own
+// steps. Divided among every step since the run's start, it read a third of the time left after
+// a kill at step 20 of 200 (2s of 7 here; 0s long before the end of a run resumed late).
+TEST_F(Checkpoints, TheEtaAfterAResumeCountsOnlyThisProcesssSteps) {
+  const std::string ck = dir_.file("eta");
+  const std::vector<std::string> args{"--train-samples", "6400", "--test-samples", "100", "--epochs", "1",
+                                      "--global-batch-size", "32", "--threads", "1", "--model", "mlp",
+                                      "--data-dir", fashion_mnist_dir(), "--progress", "lines", "--log-every", "10",
+                                      "--checkpoint-dir", ck, "--checkpoint-every-steps", "20", "--snapshot-every-steps", "0"};
+  // {step: ETA in seconds} of the progress lines ("step 30/200 ... ETA 1m05s").
+  const auto etas = [](const std::string& text) {
+    std::map<int, double> found;
+    const std::regex line(R"(step (\d+)/200 .*ETA (?:(\d+)m)?(\d+)s)");
+    for (std::sregex_iterator it(text.begin(), text.end(), line), end; it != end; ++it)
+      found[std::stoi((*it)[1])] = 60.0 * ((*it)[2].matched ? std::stoi((*it)[2]) : 0) + std::stoi((*it)[3]);
+    return found;
+  };
+  setenv("HPCTRAIN_TEST_SLOW_RANK", "0:40", 1);  // 40 ms a step: an ETA of seconds, its pace the sleep's
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "20", 1);
+  const RunResult killed = run_hpctrain(args, 120);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  EXPECT_NE(killed.exit_code, 0);
+  const RunResult resumed = run_hpctrain(args, 120);
+  unsetenv("HPCTRAIN_TEST_SLOW_RANK");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto before = etas(killed.out + killed.err), after = etas(resumed.out + resumed.err);
+  ASSERT_TRUE(before.count(20) && after.count(30)) << killed.out << killed.err << resumed.out << resumed.err;
+  // 180 steps left at step 20, 170 at step 30, at the same pace: within a factor of 2 either way.
+  const double expected = before.at(20) * 170 / 180;
+  EXPECT_GE(after.at(30), expected / 2) << resumed.out << resumed.err;
+  EXPECT_LE(after.at(30), expected * 2 + 1) << resumed.out << resumed.err;
 }
 
 // SIGTERM (or SIGUSR1, SIGUSR2 as submitit sends, SIGHUP) on one rank: every rank stops at the

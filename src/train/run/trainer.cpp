@@ -571,7 +571,10 @@ void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const E
   const int64_t step = tally_.step;
   const double el = seconds_since(e.t0);
   const double ips = static_cast<double>(e.global_samples) / std::max(el, 1e-9);
-  const double eta = (tally_.train_seconds + el) / static_cast<double>(step) *
+  // Time per step from this process's steps alone: after a resume the steps before it took
+  // none of this process's time (divided by the global step, the ETA read 0s long before the end).
+  const int64_t steps_here = std::max<int64_t>(step - p_.start.step, 1);
+  const double eta = (tally_.train_seconds + el) / static_cast<double>(steps_here) *
                      static_cast<double>(plan_.total_steps - step);
   progress_->step(epoch, batch.step, step - 1, e.sums[0] / e.sums[2], e.sums[1] / e.sums[2], ips, eta);
 }
