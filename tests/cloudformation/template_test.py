@@ -962,6 +962,11 @@ class Deploy(unittest.TestCase):
         self.assertIn("sbatch --nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=16 "
                       "/opt/hpctrain/src/slurm/train.sbatch", outputs["LoginAndSubmit"])
 
+    def mount_targets_by_id(self):
+        efs = boto3.client("efs", region_name=REGION)
+        fs = self.ids.get("SharedFileSystem") or self.ids["DisposableSharedFileSystem"]
+        return [t["MountTargetId"] for t in efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]]
+
     def mount_targets(self):
         efs = boto3.client("efs", region_name=REGION)
         fs = self.ids.get("SharedFileSystem") or self.ids["DisposableSharedFileSystem"]
@@ -1027,6 +1032,20 @@ class Deploy(unittest.TestCase):
         status, physical, _ = self.head_zone_target("Update", physical, moved, props)
         self.assertEqual(status, "SUCCESS")
         self.assertEqual(sorted(self.mount_targets()), sorted([public, *private]))
+        # A mount target that never becomes available fails the update, and is not left behind.
+        self.assertEqual(self.head_zone_target("Update", physical, props, moved)[0], "SUCCESS")
+        import cfn
+
+        sent, event = [], {**self.head_zone_target_created()[3], "RequestType": "Update", "PhysicalResourceId": "none-x",
+                           "ResourceProperties": props, "OldResourceProperties": moved}
+        function = cfn.function_module(cfn.load_template(), "MountTargetFunction", sent)
+        function.state = lambda efs, target: "error" if target in self.mount_targets_by_id() else "deleted"
+        function.handler(event, cfn.LambdaContext())
+        self.assertEqual(sent[0][0], "FAILED")
+        self.assertIn("is error", sent[0][2])
+        self.assertEqual(sorted(self.mount_targets()), sorted(private))
+        status, physical, _ = self.head_zone_target("Update", "none-x", moved, props)
+        self.assertEqual(status, "SUCCESS")
         self.assertEqual(self.head_zone_target("Delete", physical, {}, props), ("SUCCESS", physical, ""))
         self.assertEqual(sorted(self.mount_targets()), sorted(private))
         self.assertEqual(self.head_zone_target("Delete", physical, {}, props)[0], "SUCCESS")  # (again: CloudFormation retries)
