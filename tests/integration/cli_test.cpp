@@ -635,21 +635,27 @@ TEST_F(Cli, AnotherSchedulesOptionsAreSaidToBeIgnored) {
 
 // A metrics file whose last line was cut (a run killed while writing it) gets the new events on
 // lines of their own, with one warning; the cut line stays as it was. (They were glued onto it,
-// and hpctrain-plot refused the whole file.)
+// and hpctrain-plot refused the whole file.) The cut line may be the file's only one, a run killed
+// while writing its config event (that file was refused as not JSON Lines, and every later run).
 TEST_F(Cli, MetricsFileWithACutLastLine) {
-  const std::string m = work_.file("m.jsonl"), before = "{\"event\":\"earlier\"}\n{\"event\":\"epoch\",\"ep";
-  write_text(m, before);
-  const RunResult r = run({"--metrics-file", m});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: warning: --metrics-file " + m + " ends in a cut "
-                                                      "line (a run killed while writing it?): it stays as it is, "
-                                                      "and this run's events start on a new line after it"});
-  const std::string text = read_text(m);
-  ASSERT_EQ(text.rfind(before + "\n{", 0), 0u) << text;
-  const auto lines = lines_of(text.substr(before.size() + 1));
-  for (const std::string& line : lines) EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
-  ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(FlatJsonParser(lines.back()).parse().at("event").str, "done");
+  for (const std::string before :
+       {"{\"event\":\"earlier\"}\n{\"event\":\"epoch\",\"ep", "{\"event\":\"config\",\"hpctrain_ver"}) {
+    SCOPED_TRACE(before);
+    const std::string m = work_.file("m.jsonl");
+    std::filesystem::remove(m);
+    write_text(m, before);
+    const RunResult r = run({"--metrics-file", m});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(lines_of(r.err), std::vector<std::string>{"hpctrain: warning: --metrics-file " + m + " ends in a cut "
+                                                        "line (a run killed while writing it?): it stays as it is, "
+                                                        "and this run's events start on a new line after it"});
+    const std::string text = read_text(m);
+    ASSERT_EQ(text.rfind(before + "\n{", 0), 0u) << text;
+    const auto lines = lines_of(text.substr(before.size() + 1));
+    for (const std::string& line : lines) EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(FlatJsonParser(lines.back()).parse().at("event").str, "done");
+  }
 }
 
 // A Chrome trace whose last event was cut (a run killed while writing it) loses that event, with

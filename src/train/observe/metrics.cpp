@@ -61,6 +61,10 @@ Holds what_it_holds(const std::string& path, off_t size) {
   if (static_cast<off_t>(head.size()) != std::min(size, kLongestLine) ||
       static_cast<off_t>(tail.size()) != size - from)
     return Holds::Unread;  // a read that failed: nothing known
+  // No line end at all: hpctrain's own first event cut (a run killed while writing its config
+  // line), which starts as each of its events does; any other text is someone else's.
+  if (first_end == std::string::npos && size < kLongestLine && head.rfind("{\"event\":\"", 0) == 0)
+    return Holds::CutJsonLines;
   if (first_end == std::string::npos || !one_object(head.substr(0, first_end))) return Holds::Other;
   const bool cut = tail.back() != '\n';
   // From the last line end back: each line that ends there, until one that is not blank.
