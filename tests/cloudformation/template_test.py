@@ -875,16 +875,16 @@ class Deploy(unittest.TestCase):
                          "ec2:DescribeInstances"} <= actions["HeadNodeRole"])
         self.assertNotIn("ec2:RunInstances", actions["ComputeRole"])
 
-    def images_created(self):
-        """The Images custom resource's answer at creation: (status, physical id, reason, event, data)."""
-        return next(a for a in self.custom_resources.answers if a[3]["LogicalResourceId"] == "Images")
+    def created(self, logical):
+        """A custom resource's answer at creation: (status, physical id, reason, event, data)."""
+        return next(a for a in self.custom_resources.answers if a[3]["LogicalResourceId"] == logical)
 
     def images_update(self, template, before, after):
         """The Images custom resource's answer to the Update event CloudFormation sends it when
         its properties go from `before`'s to `after`'s (moto sends custom resources no updates)."""
         import cfn
 
-        created = self.images_created()
+        created = self.created("Images")
         event = {**created[3], "RequestType": "Update", "PhysicalResourceId": created[1],
                  "ResourceProperties": after.resource("Images")["Properties"],
                  "OldResourceProperties": before.resource("Images")["Properties"]}
@@ -906,7 +906,7 @@ class Deploy(unittest.TestCase):
         with open(STACK_POLICY, encoding="utf-8") as f:
             stack_policy = json.load(f)
         self.deploy(StackPolicyBody=json.dumps(stack_policy))
-        created = self.images_created()[4]
+        created = self.created("Images")[4]
         amis = cfn.amazon_images(self.ec2, 2)
         ssm = boto3.client("ssm", region_name=REGION)
         at_create = {n: ssm.get_parameter(Name=n)["Parameter"]["Value"] for n in (HEAD_AMI, COMPUTE_AMI)}
@@ -962,15 +962,13 @@ class Deploy(unittest.TestCase):
         self.assertIn("sbatch --nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=16 "
                       "/opt/hpctrain/src/slurm/train.sbatch", outputs["LoginAndSubmit"])
 
-    def mount_targets_by_id(self):
+    def described_mount_targets(self):
         efs = boto3.client("efs", region_name=REGION)
         fs = self.ids.get("SharedFileSystem") or self.ids["DisposableSharedFileSystem"]
-        return [t["MountTargetId"] for t in efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]]
+        return efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]
 
     def mount_targets(self):
-        efs = boto3.client("efs", region_name=REGION)
-        fs = self.ids.get("SharedFileSystem") or self.ids["DisposableSharedFileSystem"]
-        return {t["SubnetId"]: t["AvailabilityZoneName"] for t in efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]}
+        return {t["SubnetId"]: t["AvailabilityZoneName"] for t in self.described_mount_targets()}
 
     def test_three_zones(self):
         """A new VPC's compute subnets in three zones, each zone with one mount target (moto
@@ -992,19 +990,18 @@ class Deploy(unittest.TestCase):
         return vpc, [self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=zones[z])["Subnet"]["SubnetId"]
                      for i, z in enumerate(zone_numbers)]
 
-    def head_zone_target_created(self):
-        """The HeadNodeZoneMountTarget function's answer at creation: (status, physical id, reason, event, data)."""
-        return next(a for a in self.custom_resources.answers if a[3]["LogicalResourceId"] == "HeadNodeZoneMountTarget")
-
-    def head_zone_target(self, request, physical, before, after):
+    def head_zone_target(self, request, physical, before, after, **planted):
         """The HeadNodeZoneMountTarget function's answer (status, physical id, reason) to a request
-        CloudFormation sends it (moto sends custom resources no updates, and cannot delete this stack)."""
+        CloudFormation sends it (moto sends custom resources no updates, and cannot delete this stack),
+        with the function's own functions named in `planted` replaced."""
         import cfn
 
-        event = {**self.head_zone_target_created()[3], "RequestType": request, "PhysicalResourceId": physical,
+        event = {**self.created("HeadNodeZoneMountTarget")[3], "RequestType": request, "PhysicalResourceId": physical,
                  "ResourceProperties": after, "OldResourceProperties": before}
         sent = []
-        cfn.function_module(cfn.load_template(), "MountTargetFunction", sent).handler(event, cfn.LambdaContext())
+        function = cfn.function_module(cfn.load_template(), "MountTargetFunction", sent)
+        function.__dict__.update(planted)
+        function.handler(event, cfn.LambdaContext())
         return sent[0][:3]
 
     def test_an_existing_vpc(self):
@@ -1015,10 +1012,9 @@ class Deploy(unittest.TestCase):
         targets = self.mount_targets()
         self.assertEqual(sorted(targets), sorted([public, *private]))
         self.assertNotIn("Vpc", self.ids)
-        efs = boto3.client("efs", region_name=REGION)
-        made = efs.describe_mount_targets(FileSystemId=self.ids["SharedFileSystem"])["MountTargets"]
-        status, target, _, event, _ = self.head_zone_target_created()
-        self.assertEqual((status, target), ("SUCCESS", next(t["MountTargetId"] for t in made if t["SubnetId"] == public)))
+        status, target, _, event, _ = self.created("HeadNodeZoneMountTarget")
+        self.assertEqual((status, target), ("SUCCESS", next(t["MountTargetId"] for t in self.described_mount_targets()
+                                                            if t["SubnetId"] == public)))
         props = event["ResourceProperties"]
         # An update that changes nothing of it keeps it; one that puts a compute subnet in its zone
         # deletes it (that subnet's own is made after it); the stack's deletion deletes it.
@@ -1034,15 +1030,11 @@ class Deploy(unittest.TestCase):
         self.assertEqual(sorted(self.mount_targets()), sorted([public, *private]))
         # A mount target that never becomes available fails the update, and is not left behind.
         self.assertEqual(self.head_zone_target("Update", physical, props, moved)[0], "SUCCESS")
-        import cfn
-
-        sent, event = [], {**self.head_zone_target_created()[3], "RequestType": "Update", "PhysicalResourceId": "none-x",
-                           "ResourceProperties": props, "OldResourceProperties": moved}
-        function = cfn.function_module(cfn.load_template(), "MountTargetFunction", sent)
-        function.state = lambda efs, target: "error" if target in self.mount_targets_by_id() else "deleted"
-        function.handler(event, cfn.LambdaContext())
-        self.assertEqual(sent[0][0], "FAILED")
-        self.assertIn("is error", sent[0][2])
+        def error_state(efs, target):
+            return "error" if target in [t["MountTargetId"] for t in self.described_mount_targets()] else "deleted"
+        status, _, reason = self.head_zone_target("Update", "none-x", moved, props, state=error_state)
+        self.assertEqual(status, "FAILED")
+        self.assertIn("is error", reason)
         self.assertEqual(sorted(self.mount_targets()), sorted(private))
         status, physical, _ = self.head_zone_target("Update", "none-x", moved, props)
         self.assertEqual(status, "SUCCESS")
@@ -1060,7 +1052,7 @@ class Deploy(unittest.TestCase):
         self.assertEqual(sorted(targets), sorted(private))
         zone = {s["SubnetId"]: s["AvailabilityZone"] for s in self.ec2.describe_subnets(SubnetIds=[public])["Subnets"]}
         self.assertIn(zone[public], targets.values())
-        status, physical, _, _, _ = self.head_zone_target_created()
+        status, physical, _, _, _ = self.created("HeadNodeZoneMountTarget")
         self.assertEqual(status, "SUCCESS")
         self.assertFalse(physical.startswith("fsmt-"), physical)
         # (moto's head node ignores its NetworkInterfaces: its public address is checked on the
