@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <sstream>
 
 #include "core/exit_codes.hpp"
+#include "hosts.hpp"
 
 namespace hpc::launch {
 
@@ -14,6 +16,87 @@ std::vector<std::string> rank_hosts(const HostList& placement) {
   std::vector<std::string> hosts;
   for (const Host& h : placement) hosts.insert(hosts.end(), static_cast<size_t>(h.slots), h.name);
   return hosts;
+}
+
+ProcessMap::Line ProcessMap::take(const std::string& line) {
+  const size_t start = line.find_first_not_of(" \t");
+  const std::string l = start == std::string::npos ? "" : line.substr(start);
+  if (!inside_) {
+    if (l.rfind("Data for JOB", 0) != 0 && l.find(" JOB MAP ") == std::string::npos) return Line::Other;
+    inside_ = true;
+    node_.clear();
+    return Line::Inside;
+  }
+  if (!l.empty() && l.find_first_not_of('=') == std::string::npos) {
+    inside_ = false;
+    return Line::Ended;
+  }
+  const auto word_after = [&](const std::string& key) -> std::string {
+    const size_t at = l.find(key);
+    if (at == std::string::npos) return "";
+    std::istringstream rest(l.substr(at + key.size()));
+    std::string word;
+    rest >> word;
+    return word;
+  };
+  if (l.rfind("Data for node:", 0) == 0) {
+    node_ = word_after("Data for node:");
+  } else if (const std::string r = word_after("Process rank:"); !r.empty() && !node_.empty()) {
+    char* end = nullptr;
+    const long rank = std::strtol(r.c_str(), &end, 10);
+    if (*end == '\0' && rank >= 0 && rank < (1L << 30)) node_of_rank_[static_cast<int>(rank)] = node_;
+  }
+  return Line::Inside;
+}
+
+namespace {
+// node7 and node7.cluster.internal; not two addresses of one /8.
+bool one_is_short_for_other(const std::string& a, const std::string& b) {
+  return a.substr(0, a.find('.')) == b || b.substr(0, b.find('.')) == a;
+}
+}  // namespace
+
+RankPlacement place_ranks(const HostList& placement, const std::map<int, std::string>& node_of_rank) {
+  RankPlacement p;
+  p.hosts = rank_hosts(placement);
+  std::vector<std::string> nodes;
+  for (const auto& [rank, node] : node_of_rank)
+    if (std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
+  std::vector<bool> used(placement.size(), false);
+  const auto match = [&](const std::string& node, auto&& same) {
+    for (size_t i = 0; i < placement.size(); ++i)
+      if (!used[i] && same(node, placement[i].name)) {
+        used[i] = true;
+        p.host_of_node[node] = placement[i].name;
+        return;
+      }
+  };
+  const auto exact = [](const std::string& n, const std::string& h) { return n == h; };
+  const auto local = [](const std::string& n, const std::string& h) { return is_local_host(n) && is_local_host(h); };
+  for (const auto& same : {+exact, +one_is_short_for_other, +local})
+    for (const std::string& node : nodes)
+      if (!p.host_of_node.count(node)) match(node, same);
+  std::vector<std::string> unmatched;
+  for (const std::string& node : nodes)
+    if (!p.host_of_node.count(node)) unmatched.push_back(node);
+  if (unmatched.size() == 1 && std::count(used.begin(), used.end(), false) == 1)
+    match(unmatched.front(), [](const std::string&, const std::string&) { return true; });
+  else if (!unmatched.empty()) {
+    p.problem = "mpirun's process map names node " + unmatched.front() + ", which is none of -H's hosts";
+    return p;
+  }
+  std::vector<std::string> hosts(p.hosts.size());
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    const auto node = node_of_rank.find(static_cast<int>(r));
+    if (node == node_of_rank.end()) {
+      p.problem = node_of_rank.empty() ? "mpirun printed no process map"
+                                       : "mpirun's process map does not place rank " + std::to_string(r);
+      return p;
+    }
+    hosts[r] = p.host_of_node.at(node->second);
+  }
+  p.hosts = std::move(hosts);
+  return p;
 }
 
 bool failed_by_itself(const RankReport& r) {
@@ -194,12 +277,16 @@ Heard read_reports(const std::vector<std::string>& hosts, const std::vector<Rank
   return h;
 }
 
-// The placement's hosts mpirun named (by full or short name), each once.
-std::vector<std::string> named_by_mpirun(const std::vector<std::string>& hosts, const std::vector<std::string>& blamed) {
+// The placement's hosts mpirun named (by its name for the host in the process map, or by full or
+// short name), each once.
+std::vector<std::string> named_by_mpirun(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
   std::vector<std::string> named;
-  for (const std::string& b : blamed)
+  for (const std::string& b : e.blamed_by_mpirun)
     for (const std::string& h : hosts) {
-      const bool same = h == b || h.substr(0, h.find('.')) == b || b.substr(0, b.find('.')) == h;
+      const auto mapped = e.host_of_node.find(b);
+      const bool same = mapped != e.host_of_node.end()
+                            ? mapped->second == h
+                            : h == b || one_is_short_for_other(h, b);
       if (same && std::find(named.begin(), named.end(), h) == named.end()) named.push_back(h);
     }
   return named;
@@ -233,7 +320,7 @@ Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvide
   // was too quick for their reports to come through. A stalled job's liveness query outranks
   // silence: a host whose ranks answered it was alive, and its reports were only lost in the
   // teardown (those that did not answer are blamed).
-  const std::vector<std::string> named = named_by_mpirun(hosts, e.blamed_by_mpirun);
+  const std::vector<std::string> named = named_by_mpirun(hosts, e);
   const bool query_answered = e.stalled && !e.alive.empty();
   std::vector<std::string> unresponsive, silent;
   if (named.empty() && query_answered) unresponsive = not_answering(hosts, e.alive);
@@ -260,7 +347,7 @@ Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvide
 }  // namespace
 
 Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
-  const std::vector<std::string> hosts = rank_hosts(placement);
+  const std::vector<std::string> hosts = e.rank_hosts.empty() ? rank_hosts(placement) : e.rank_hosts;
   if (e.mpirun_status.success()) return judge_clean_exit(static_cast<int>(hosts.size()), e);
   if (std::optional<Analysis> a = usage_error_of(e)) return *a;
   if (!e.foreign_executable.empty()) {

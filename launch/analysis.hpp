@@ -27,8 +27,41 @@ struct Analysis {
   std::string program_error;           // UsageError: the failing rank's own error line, if it printed one
 };
 
-// Which host each rank runs on: mpirun -H h1:s1,h2:s2 fills h1's slots first, then h2's.
+// Which host each rank runs on where mpirun's process map does not say: mpirun -H h1:s1,h2:s2
+// fills h1's slots first, then h2's.
 std::vector<std::string> rank_hosts(const HostList& placement);
+
+// The process map mpirun prints on its stdout before it starts the ranks (--display-map; Open MPI
+// 4: " Data for node: NAME\tNum slots: ..." and under it "Process OMPI jobid: [..] App: 0 Process
+// rank: R Bound: ..."): the node of each rank, by mpirun's name for it. The slot order above is not
+// where Open MPI puts them: its own host comes first wherever -H lists it (-H b:1,localhost:1: rank
+// 0 on this machine), and --map-by node, --rank-by node or a rankfile interleave the hosts.
+class ProcessMap {
+ public:
+  enum class Line { Other, Inside, Ended };
+  // One of mpirun's own stdout lines: whether it is one of the map's (from its "Data for JOB" or
+  // "JOB MAP" header to its closing rule), and which ends it.
+  Line take(const std::string& line);
+  const std::map<int, std::string>& node_of_rank() const { return node_of_rank_; }
+
+ private:
+  bool inside_ = false;
+  std::string node_;
+  std::map<int, std::string> node_of_rank_;
+};
+
+// The placement's host of each rank (`hosts`, by rank) and of each node the map names
+// (`host_of_node`), matching mpirun's node names to the placement's: the same name, or the same
+// short name, or this machine (which Open MPI names by its host name, given as localhost or an
+// address), or, where one node and one host are left unmatched, each other. Where the map does not
+// place every one of the placement's ranks on a node matched so, `hosts` is the slot order and
+// `problem` says why.
+struct RankPlacement {
+  std::vector<std::string> hosts;
+  std::map<std::string, std::string> host_of_node;
+  std::string problem;
+};
+RankPlacement place_ranks(const HostList& placement, const std::map<int, std::string>& node_of_rank);
 
 // The host an mpirun message blames, or "": Open MPI 4 names a lost daemon ("Remote daemon: ...
 // on node H"), a vanished peer ("Peer host: H") and a rank that died ("noticed that process rank
@@ -57,6 +90,10 @@ struct AttemptEvidence {
   bool killed_on_request = false;  // then a second signal: hpcrun killed the job (SIGTERM to mpirun)
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
   bool stalled_starting = false;  // the stall came before the first step (--start-timeout)
+  // Where each rank ran and mpirun's names for those hosts, from its process map (place_ranks);
+  // empty: no map was seen, and the ranks are taken to be in slot order (rank_hosts).
+  std::vector<std::string> rank_hosts;
+  std::map<std::string, std::string> host_of_node;
   // The program mpirun failed to start where it is not hpcrun's rank wrapper: it took another word for the
   // program (a word of --mpi-args that is no option's value), which no relaunch can mend.
   std::string foreign_executable;

@@ -58,7 +58,9 @@ std::string line_prefix(int attempt, int rank) {
 
 std::vector<std::string> mpirun_command(const LaunchOptions& o, const HostList& placement,
                                         const std::string& self_exe) {
-  std::vector<std::string> cmd = {o.mpirun, "--tag-output", "-np", std::to_string(total_slots(placement)), "-H",
+  // --display-map: where mpirun put each rank (analysis.hpp's ProcessMap), not where hpcrun
+  // expects it to.
+  std::vector<std::string> cmd = {o.mpirun, "--tag-output", "--display-map", "-np", std::to_string(total_slots(placement)), "-H",
                                   show_hosts(placement)};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
   // Open MPI's daemons send the signals mpirun forwards (SIGUSR1, SIGUSR2) to a rank's whole
@@ -275,9 +277,9 @@ bool AttemptWatcher::record_beat(double t) {
 }
 
 // The heartbeat names the slowest rank (hpctrain's figures over its last seconds); hpcrun knows
-// that rank's host by its own name for it (the one it blacklists) from the placement.
+// that rank's host by its own name for it (the one it blacklists) from mpirun's process map.
 void AttemptWatcher::watch_stragglers(double t) {
-  const std::vector<std::string> hosts = rank_hosts(placement_);
+  const std::vector<std::string> hosts = evidence_.rank_hosts.empty() ? rank_hosts(placement_) : evidence_.rank_hosts;
   const std::string rank = job_.heartbeat.field("slowest_rank"), ratio = job_.heartbeat.field("straggler_ratio");
   StragglerSighting seen;
   const int r = std::atoi(rank.c_str());
@@ -377,6 +379,7 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   const TaggedLine t = parse_tagged(line, from_stderr);
   const std::string prefix = line_prefix(rec_.number, t.rank);
   job_.voice.log_line(prefix + t.text);
+  if (t.rank < 0 && !t.is_stderr && take_map_line(t.text)) return;
   AttemptEvidence& ev = evidence_;
   RankReport report;
   int alive_rank = -1;
@@ -406,6 +409,25 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   std::FILE* out = t.is_stderr ? stderr : stdout;
   std::fprintf(out, "%s%s\n", prefix.c_str(), t.text.c_str());
   std::fflush(out);
+}
+
+// The process map stays in the attempt's log (and on the terminal where --mpi-args asked for one).
+bool AttemptWatcher::take_map_line(const std::string& text) {
+  const ProcessMap::Line l = process_map_.take(text);
+  if (l == ProcessMap::Line::Other) return false;
+  if (l == ProcessMap::Line::Ended) {
+    RankPlacement p = place_ranks(placement_, process_map_.node_of_rank());
+    if (!p.problem.empty())
+      say("warning: " + p.problem + "; its ranks are taken to be on the hosts in -H's order (failures and stragglers "
+          "blamed on those)");
+    else
+      evidence_.rank_hosts = std::move(p.hosts);
+    evidence_.host_of_node = std::move(p.host_of_node);
+  }
+  const bool asked = std::any_of(o_.mpi_args.begin(), o_.mpi_args.end(),
+                                 [](const std::string& w) { return w.find("-display-") != std::string::npos; });
+  if (asked && !o_.quiet) std::printf("%s%s\n", line_prefix(rec_.number, -1).c_str(), text.c_str());
+  return true;
 }
 
 bool AttemptWatcher::keep_off_terminal(const TaggedLine& t) const {

@@ -342,6 +342,92 @@ TEST(Analysis, RanksMapToHostsBySlot) {
   EXPECT_EQ(rank_hosts({{"a", 2}, {"b", 1}}), (std::vector<std::string>{"a", "a", "b"}));
 }
 
+// Open MPI 4.1's words (mpirun --display-map), with the ranks of -H 10.0.0.7:2,localhost:1 as it
+// places them: rank 0 on its own host, which it names by its host name.
+std::vector<std::string> map_lines(const std::string& here) {
+  return {" Data for JOB [1192,1] offset 0 Total slots allocated 3",
+          "",
+          " ========================   JOB MAP   ========================",
+          "",
+          " Data for node: " + here + "\tNum slots: 1\tMax slots: 0\tNum procs: 1",
+          " \tProcess OMPI jobid: [1192,1] App: 0 Process rank: 0 Bound: UNBOUND",
+          "",
+          " Data for node: 10.0.0.7\tNum slots: 2\tMax slots: 0\tNum procs: 2",
+          " \tProcess OMPI jobid: [1192,1] App: 0 Process rank: 1 Bound: N/A",
+          " \tProcess OMPI jobid: [1192,1] App: 0 Process rank: 2 Bound: N/A",
+          "",
+          " ============================================================="};
+}
+
+std::string this_host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+ProcessMap read_map(const std::vector<std::string>& lines) {
+  ProcessMap map;
+  for (size_t i = 0; i < lines.size(); ++i)
+    EXPECT_EQ(map.take(lines[i]), i + 1 == lines.size() ? ProcessMap::Line::Ended : ProcessMap::Line::Inside) << lines[i];
+  return map;
+}
+
+TEST(Analysis, TheProcessMapSaysWhereEachRankIs) {
+  ProcessMap map;
+  EXPECT_EQ(map.take("[1,0]<stdout>:Data for node: x"), ProcessMap::Line::Other);
+  EXPECT_EQ(map.take("Warning: Permanently added 'b' to the list of known hosts."), ProcessMap::Line::Other);
+  map = read_map(map_lines("vm"));
+  EXPECT_EQ(map.node_of_rank(), (std::map<int, std::string>{{0, "vm"}, {1, "10.0.0.7"}, {2, "10.0.0.7"}}));
+  EXPECT_EQ(map.take("mpirun noticed that process rank 0 with PID 7 on node vm exited on signal 9 (Killed)."),
+            ProcessMap::Line::Other);
+
+  // This machine, given as localhost, is where mpirun puts rank 0: not slot order.
+  const HostList placement = {{"10.0.0.7", 2}, {"localhost", 1}};
+  const RankPlacement p = place_ranks(placement, read_map(map_lines(this_host())).node_of_rank());
+  EXPECT_EQ(p.problem, "");
+  EXPECT_EQ(p.hosts, (std::vector<std::string>{"localhost", "10.0.0.7", "10.0.0.7"}));
+  EXPECT_EQ(p.host_of_node, (std::map<std::string, std::string>{{this_host(), "localhost"}, {"10.0.0.7", "10.0.0.7"}}));
+
+  // --map-by node: the hosts take turns; a node by its short name; a node no name matches, when it
+  // is the one host left (this machine by an address of it).
+  const std::map<int, std::string> by_node = {{0, "a"}, {1, "b.cluster"}, {2, "a"}, {3, "b.cluster"}, {4, "c-addr"}};
+  const RankPlacement q = place_ranks({{"a", 2}, {"b", 2}, {"10.1.2.3", 1}}, by_node);
+  EXPECT_EQ(q.problem, "");
+  EXPECT_EQ(q.hosts, (std::vector<std::string>{"a", "b", "a", "b", "10.1.2.3"}));
+
+  // Two addresses of one network are not each other's short names ("10").
+  EXPECT_EQ(place_ranks({{"10.0.0.7", 1}, {"10.0.0.8", 1}}, {{0, "10.5.5.5"}, {1, "10.6.6.6"}}).problem,
+            "mpirun's process map names node 10.5.5.5, which is none of -H's hosts");
+
+  // What cannot be matched leaves the slot order, and says why.
+  const RankPlacement none = place_ranks({{"a", 1}, {"b", 1}}, {});
+  EXPECT_EQ(none.hosts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(none.problem, "mpirun printed no process map");
+  const RankPlacement foreign = place_ranks({{"a", 1}, {"b", 1}}, {{0, "x"}, {1, "y"}});
+  EXPECT_EQ(foreign.hosts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(foreign.problem, "mpirun's process map names node x, which is none of -H's hosts");
+  EXPECT_EQ(place_ranks({{"a", 1}, {"b", 1}}, {{1, "a"}}).problem, "mpirun's process map does not place rank 0");
+}
+
+TEST(Analysis, BlameFollowsTheProcessMap) {
+  // -H 10.0.0.7:2,localhost:1: rank 0, on this machine, crashed; mpirun names the node by this
+  // machine's name.
+  const HostList placement = {{"10.0.0.7", 2}, {"localhost", 1}};
+  const RankPlacement p = place_ranks(placement, read_map(map_lines(this_host())).node_of_rank());
+  AttemptEvidence e;
+  e.reports = {report(0, -9), report(1, -15, true), report(2, -15, true)};
+  e.mpirun_status = exit_code(137);
+  e.rank_hosts = p.hosts;
+  e.host_of_node = p.host_of_node;
+  Analysis a = analyse_attempt(placement, e);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
+  EXPECT_NE(a.reason.find("rank 0 on localhost"), std::string::npos) << a.reason;
+  e.blamed_by_mpirun = {this_host()};
+  a = analyse_attempt(placement, e);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
+  EXPECT_EQ(a.reason, "lost localhost (named by mpirun)");
+}
+
 TEST(Analysis, SuccessAndStops) {
   std::vector<RankReport> all0;
   for (int r = 0; r < 6; ++r) all0.push_back(report(r, 0));
