@@ -527,13 +527,15 @@ TEST_F(Checkpoints, KeepsTheNewestK) {
 }
 
 // One rank stopped by SIGSTOP (a hung node) after step 3: the others wait inside an
-// all-reduce until their watchdog ends the job with 124 within --step-timeout plus start-up.
+// all-reduce until their watchdog ends the job with 124 within --step-timeout plus start-up. Rank
+// 0's watchdog says so in the Prometheus file too, where rank 0 is the one alive.
 TEST_F(Checkpoints, TheWatchdogEndsAJobWithAStoppedRank) {
   for (const char* stopped : {"3@1:stop", "3@0:stop"}) {
     SCOPED_TRACE(stopped);
     setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", stopped, 1);
     auto args = job("", dir_.file("hang.jsonl"));
-    args.insert(args.end(), {"--step-timeout", "4s"});
+    const std::string prom = dir_.file(std::string("hang-") + stopped[2] + ".prom");
+    args.insert(args.end(), {"--step-timeout", "4s", "--prometheus-file", prom});
     const RunResult r = run_mpi(2, args, 120);
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     ASSERT_FALSE(r.timed_out) << "the job hung\n" << r.err;
@@ -544,6 +546,12 @@ TEST_F(Checkpoints, TheWatchdogEndsAJobWithAStoppedRank) {
         << r.err;
     EXPECT_GE(r.seconds, 4.0);
     EXPECT_LT(r.seconds, 4.0 + 10.0) << "start-up, 3 steps and the timeout took this long";
+    // (A stopped rank 0 may or may not get to say it: its own watchdog fires if mpirun's end of the
+    // job lets it run on.)
+    if (stopped[2] == '1')
+      EXPECT_NE(read_text(prom).find("hpctrain_state{hpctrain_job=\"hpctrain\",world_size=\"2\",state=\"failed\"} 1"),
+                std::string::npos)
+          << read_text(prom);
   }
 }
 

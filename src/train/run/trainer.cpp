@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -191,7 +192,16 @@ class TrainingRun {
   std::atomic<bool> heartbeat_ready_{false};
   const TestHooks hooks_;
   std::optional<Progress> progress_;
-  std::optional<StepMetrics> step_metrics_;  // rank 0's
+  // Rank 0's metrics. The main thread makes, publishes and drops them under metrics_lock_; the
+  // watchdogs' thread publishes "failed" under it as it ends the run, waiting for the lock only
+  // briefly (the main thread may be the one stuck, writing the file).
+  std::timed_mutex metrics_lock_;
+  std::optional<StepMetrics> step_metrics_;
+  template <class F>
+  void with_metrics(F f) {
+    const std::lock_guard hold(metrics_lock_);
+    if (step_metrics_) f(*step_metrics_);
+  }
   std::optional<StragglerTracker> stragglers_;
   std::unique_ptr<StepWatchdog> watchdog_;
   Tally tally_;
@@ -236,7 +246,10 @@ void TrainingRun::release_directory() {
     } catch (const std::exception&) {
     }
   }
-  step_metrics_.reset();
+  {
+    const std::lock_guard hold(metrics_lock_);
+    step_metrics_.reset();
+  }
   checkpoints_.reset();
   lock_->release(true);
 }
@@ -245,6 +258,8 @@ TrainResult TrainingRun::run_steps() {
   // A rank that stops or dies in set-up would hold its peers in set-up's agreements for ever.
   const auto expire = [this](const std::string& message) {
     mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
+    if (const std::unique_lock hold(metrics_lock_, std::chrono::milliseconds(500)); hold && step_metrics_)
+      step_metrics_->ended(RunState::Failed);
     ckpt::remove_lock_at_exit();
     StepWatchdog::print_and_exit(message);
   };
@@ -257,7 +272,10 @@ TrainResult TrainingRun::run_steps() {
   }
   progress_.emplace(ProgressSpec{o_.progress, o_.quiet || !lead_, o_.log_every, o_.progress_interval_seconds},
                     o_.epochs, plan_.steps_per_epoch, plan_.total_steps);
-  if (lead_) step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
+  if (lead_) {
+    const std::lock_guard hold(metrics_lock_);
+    step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
+  }
   tally_.step = p_.start.step;
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
@@ -562,9 +580,10 @@ void TrainingRun::record_step(const StepResult& r, double lr, int64_t global_len
   if (!step_metrics_) return;
   const double seconds = seconds_since(start.asked);
   const std::optional<Straggler> slowest = stragglers_->slowest();
-  step_metrics_->after_step({tally_.step, epoch + 1, r.loss, lr, static_cast<double>(global_len) / std::max(seconds, 1e-9),
-                             start.data_wait, r.comm_wait, seconds, seconds_since(t_start_), global_len, slowest,
-                             slowest ? stragglers_->host(slowest->rank) : std::string()});
+  const StepFigures f{tally_.step, epoch + 1, r.loss, lr, static_cast<double>(global_len) / std::max(seconds, 1e-9),
+                      start.data_wait, r.comm_wait, seconds, seconds_since(t_start_), global_len, slowest,
+                      slowest ? stragglers_->host(slowest->rank) : std::string()};
+  with_metrics([&](StepMetrics& m) { m.after_step(f); });
 }
 
 void TrainingRun::show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e) {
@@ -643,7 +662,7 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
                 static_cast<long long>(epoch + 1), static_cast<long long>(o_.epochs), train_loss, eval_.loss,
                 100 * eval_.accuracy, ips, format_duration(epoch_seconds).c_str());
   progress_->line(buf);
-  if (step_metrics_) step_metrics_->after_epoch(eval_.accuracy);
+  with_metrics([&](StepMetrics& m) { m.after_epoch(eval_.accuracy); });
   if (o_.checkpoint_each_epoch) {
     const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
     checkpoint(at);
@@ -684,7 +703,7 @@ TrainResult TrainingRun::stop() {
                                                  : "; checkpoint written, --resume auto continues from it");
   }
   if (trace_) trace_->gather();
-  if (step_metrics_) step_metrics_->ended(RunState::Stopped);
+  with_metrics([](StepMetrics& m) { m.ended(RunState::Stopped); });
   TrainResult result;
   result.steps = tally_.step;
   result.exit_code = stop_exit_code(o_, asked);
@@ -753,7 +772,7 @@ TrainResult TrainingRun::finish() {
     heartbeat_->last(step, step / plan_.steps_per_epoch, "done");
   }
   snapshots_->remove_all();  // the final checkpoint holds the state now
-  if (step_metrics_) step_metrics_->ended(RunState::Done);
+  with_metrics([](StepMetrics& m) { m.ended(RunState::Done); });
   return report();
 }
 
