@@ -263,6 +263,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"prometheus_file_the_metrics_file", {"--metrics-file", "@WORK/m.prom", "--prometheus-file", "@WORK/m.prom"},
                 {"--metrics-file @WORK/m.prom and --prometheus-file @WORK/m.prom are the same file"}},
         BadArgs{"prometheus_file_empty", {"--prometheus-file", ""}, {"--prometheus-file is empty"}},
+        BadArgs{"prometheus_file_in_no_directory", {"--prometheus-file", "@WORK/nodir/m.prom"},
+                {"cannot write --prometheus-file @WORK/nodir/m.prom: its directory @WORK/nodir does not exist"}},
         // An empty value is an unset variable, never the option's default.
         BadArgs{"checkpoint_dir_empty", {"--checkpoint-dir", ""}, {"--checkpoint-dir is empty"}},
         // "$UNSET/" is the root directory, never a place to write checkpoints or snapshots.
@@ -700,6 +702,10 @@ TEST_F(Cli, APrometheusFileOfAnotherWriterIsKept) {
   EXPECT_EQ(read_text(prom).rfind("# HELP hpctrain_", 0), 0u);
   const RunResult again = run({"--prometheus-file", prom});
   EXPECT_EQ(again.exit_code, 0) << again.err;
+  // A path through a file: refused at start, as a missing directory is (Cli.BadArgs), not only
+  // warned of at each write.
+  expect_refused({"--prometheus-file", prom + "/x.prom"},
+                 {"cannot write --prometheus-file " + prom + "/x.prom: " + prom + " is not a directory"});
 }
 
 // The new file that replaces --prometheus-file is made under a name no one can guess: in a

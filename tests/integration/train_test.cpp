@@ -527,11 +527,14 @@ TEST_F(Train, PrometheusFileShowsStopsAndFailuresAndNeverEndsARun) {
   for (const auto& e : fs::directory_iterator(failed_ck)) written += e.path().extension() == ".hpck";
   EXPECT_EQ(f.samples.at("hpctrain_checkpoints_total" + failed_labels + "}"), written);
 
+  // A directory that is missing at the start is a wrong path, refused before anything trains; one
+  // that fails later is a warning and training goes on (PrometheusTextfile.AFailedWriteIsOneWarning...).
   const RunResult unwritable = run_hpctrain(kShort + std::vector<std::string>{
       "--data-dir", fashion_mnist_dir(), "--threads", "2", "--quiet", "--prometheus-file", dir_.file("none/x.prom")});
-  EXPECT_EQ(unwritable.exit_code, 0) << unwritable.err;
-  EXPECT_EQ(unwritable.err, "hpctrain: warning: cannot write --prometheus-file " + dir_.file("none/x.prom") +
-                                ": No such file or directory (said once; training goes on, and so do the tries)\n");
+  EXPECT_EQ(unwritable.exit_code, 2) << unwritable.err;
+  EXPECT_EQ(unwritable.err, "hpctrain: error: cannot write --prometheus-file " + dir_.file("none/x.prom") +
+                                ": its directory " + dir_.file("none") +
+                                " does not exist (create it, or give node_exporter's --collector.textfile.directory)\n");
 }
 
 // ---- (c) it learns ---------------------------------------------------------------------------

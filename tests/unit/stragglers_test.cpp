@@ -1,10 +1,16 @@
 // The straggler window (train/observe/stragglers.hpp): which rank is slowest over the last seconds of
-// steps, its busy time over the median rank's, and what leaves the window.
+// steps, its busy time over the median rank's, and what leaves the window. And the Prometheus
+// file's writes once a run trains (train/observe/prometheus.hpp).
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
+#include "train/observe/prometheus.hpp"
 #include "train/observe/stragglers.hpp"
 
 namespace hpc::train {
@@ -128,6 +134,37 @@ TEST(StragglerTracker, BusyIsTheStepLessItsWaitsForThePeers) {
   s = t.slots();
   EXPECT_NEAR(s[2], 1.0, 0.05);
   EXPECT_DOUBLE_EQ(s[3], 0.2) << "the last agreement's wait, and no bucket wait carried over";
+}
+
+// A write that fails once the run trains (its directory gone, a full disk) is one warning and
+// ends nothing: each later write tries again, and the first that can, writes the file. (A wrong
+// path at the start is refused before training: Cli.BadArgs.)
+TEST(PrometheusTextfile, AFailedWriteIsOneWarningAndTheNextOnesTryAgain) {
+  char made[] = "/tmp/hpctrain-prom-XXXXXX";
+  ASSERT_NE(::mkdtemp(made), nullptr);
+  const std::filesystem::path dir = std::filesystem::path(made) / "textfiles";
+  std::filesystem::create_directory(dir);
+  const std::string path = (dir / "x.prom").string();
+  PrometheusTextfile file(path, {{"hpctrain_job", "t"}});
+  const std::vector<Gauge> step = {{"step", "Global training steps done.", 3}};
+  ASSERT_TRUE(file.write(step));
+  std::filesystem::remove_all(dir);
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(file.write(step));
+  EXPECT_FALSE(file.write(step));
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("warning: cannot write --prometheus-file " + path + ": No such file or directory (said once; "
+                      "training goes on, and so do the tries)\n"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find('\n'), said.size() - 1) << "one line, however many writes fail: " << said;
+  std::filesystem::create_directory(dir);
+  EXPECT_TRUE(file.write(step));
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  EXPECT_EQ(text.str(), "# HELP hpctrain_step Global training steps done.\n# TYPE hpctrain_step gauge\n"
+                        "hpctrain_step{hpctrain_job=\"t\"} 3\n");
+  std::filesystem::remove_all(made);
 }
 
 }  // namespace

@@ -77,6 +77,14 @@ PrometheusTextfile::PrometheusTextfile(std::string path, std::vector<std::pair<s
     : path_(std::move(path)), labels_(labels_text(labels)) {}
 
 void require_ours_or_none(const std::string& path) {
+  std::error_code ec;
+  const std::string dir = std::filesystem::absolute(path, ec).parent_path().string();
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  HPC_REQUIRE(std::filesystem::is_directory(st), "cannot write --prometheus-file ", path, ": ",
+              std::filesystem::exists(st) ? dir + " is not a directory" : "its directory " + dir + " does not exist",
+              " (create it, or give node_exporter's --collector.textfile.directory)");
+  HPC_REQUIRE(::access(dir.c_str(), W_OK | X_OK) == 0, "cannot write --prometheus-file ", path, ": its directory ", dir,
+              ": ", std::strerror(errno));
   const std::string ours = std::string("# HELP ") + kPrefix;
   std::ifstream in(path, std::ios::binary);
   std::string head(ours.size(), '\0');

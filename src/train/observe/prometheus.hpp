@@ -38,7 +38,8 @@ class PrometheusTextfile {
 };
 
 // A usage error when `path` holds a file that hpctrain did not write (one not empty and not
-// beginning "# HELP hpctrain_"): the rewrites would replace it.
+// beginning "# HELP hpctrain_"): the rewrites would replace it; and when its directory is missing
+// or cannot be written to, which is a wrong path (a full or failing disk later is only warned of).
 void require_ours_or_none(const std::string& path);
 
 // What a label value becomes (PrometheusTextfile's rule): "job 1" -> "job_1".
