@@ -18,6 +18,18 @@ std::vector<std::string> rank_hosts(const HostList& placement) {
   return hosts;
 }
 
+namespace {
+// The first word after `key` in `line`, or "" where `key` is not in it.
+std::string word_after(const std::string& line, const std::string& key) {
+  const size_t at = line.find(key);
+  if (at == std::string::npos) return "";
+  std::istringstream rest(line.substr(at + key.size()));
+  std::string word;
+  rest >> word;
+  return word;
+}
+}  // namespace
+
 ProcessMap::Line ProcessMap::take(const std::string& line) {
   const size_t start = line.find_first_not_of(" \t");
   const std::string l = start == std::string::npos ? "" : line.substr(start);
@@ -31,17 +43,9 @@ ProcessMap::Line ProcessMap::take(const std::string& line) {
     inside_ = false;
     return Line::Ended;
   }
-  const auto word_after = [&](const std::string& key) -> std::string {
-    const size_t at = l.find(key);
-    if (at == std::string::npos) return "";
-    std::istringstream rest(l.substr(at + key.size()));
-    std::string word;
-    rest >> word;
-    return word;
-  };
   if (l.rfind("Data for node:", 0) == 0) {
-    node_ = word_after("Data for node:");
-  } else if (const std::string r = word_after("Process rank:"); !r.empty() && !node_.empty()) {
+    node_ = word_after(l, "Data for node:");
+  } else if (const std::string r = word_after(l, "Process rank:"); !r.empty() && !node_.empty()) {
     char* end = nullptr;
     const long rank = std::strtol(r.c_str(), &end, 10);
     if (*end == '\0' && rank >= 0 && rank < (1L << 30)) node_of_rank_[static_cast<int>(rank)] = node_;
@@ -151,14 +155,7 @@ std::string mpirun_complaint(const std::string& output) {
 }
 
 std::string host_blamed_by_mpirun(const std::string& line) {
-  const auto word_after = [&](const std::string& key) -> std::string {
-    const size_t at = line.find(key);
-    if (at == std::string::npos) return "";
-    std::stringstream rest(line.substr(at + key.size()));
-    std::string word;
-    rest >> word;
-    return word;
-  };
+  const auto word_after = [&](const std::string& key) { return launch::word_after(line, key); };
   if (line.find("Remote daemon:") != std::string::npos) return word_after(" on node ");
   if (line.find("Peer host:") != std::string::npos) return word_after("Peer host:");
   if (line.find("noticed that process rank") != std::string::npos) return word_after(" on node ");
