@@ -166,8 +166,9 @@ void read_section(const SectionHead& head, const std::function<void(char*, size_
       v.resize(n / sizeof(float));
       dst = reinterpret_cast<char*>(v.data());
     }
-  } catch (const std::bad_alloc&) {  // a usage error: --resume auto passes it by, as a damaged file
-    usage_error("cannot read ", what, ": its ", size, " bytes do not fit in this process's memory");
+  } catch (const std::bad_alloc&) {
+    throw CheckpointTooLarge(detail::concat("cannot read ", what, ": its ", size, " bytes do not fit in this process's memory"),
+                             size);
   }
   read(dst, n);
   const bool intact = crc(dst, n) == sum;

@@ -22,11 +22,21 @@ namespace hpc::ckpt {
 // A checkpoint that could not be read, as opposed to one that is damaged: the system refused it
 // (EACCES, EIO, a stale NFS handle). --resume auto does not pass it by for an older one
 // (find_latest), whose resume would move it aside and go on from the older step; when every file
-// failed alike, the run started afresh. (One too large for memory is still passed by: a file of
-// another size than its predecessors, as Cli.AFileTooLargeForMemoryIsNamed's.)
+// failed alike, the run started afresh. (One too large for memory is passed by only where it is
+// larger than the older one that fits: CheckpointTooLarge.)
 class UnreadableCheckpoint : public Error {
  public:
   explicit UnreadableCheckpoint(const std::string& what) : Error(ErrorKind::Usage, what) {}
+};
+
+// A checkpoint whose sections do not fit in this process's memory. A file larger than its
+// predecessors (damaged, or another's, as Cli.AFileTooLargeForMemoryIsNamed's) is passed by for
+// an older one; memory that is short (a tight `ulimit -v`, strict overcommit) fails every file
+// alike, and find_latest then stops rather than start afresh or go back to a smaller older file.
+class CheckpointTooLarge : public Error {
+ public:
+  CheckpointTooLarge(const std::string& what, uint64_t size) : Error(ErrorKind::Usage, what), bytes(size) {}
+  uint64_t bytes;  // the file's size
 };
 
 constexpr uint32_t kFormatVersion = 1;

@@ -450,19 +450,35 @@ LatestCheckpoint find_latest(const std::string& dir) {
   LatestCheckpoint latest;
   const std::vector<std::string> files = list_checkpoints(dir);
   latest.listed = files.size();
+  std::optional<CheckpointTooLarge> too_large;  // the smallest newer file that did not fit
+  const auto memory_is_short = [&](const std::string& why) {
+    return UnreadableCheckpoint(detail::concat(too_large->what(), "; not passed by: ", why,
+                                               ", so this process's memory is short, not the file wrong (give the run "
+                                               "more memory: --mem, ulimit -v)"));
+  };
   for (const std::string& path : files) {
+    std::optional<Checkpoint> c;
     try {
-      Checkpoint c = load_checkpoint(path);
-      latest.found = std::make_pair(path, std::move(c));
-      return latest;
+      c = load_checkpoint(path);
     } catch (const UnreadableCheckpoint& e) {
       throw UnreadableCheckpoint(detail::concat(e.what(), "; an unreadable checkpoint is not passed by for an older "
                                                 "one: make it readable, or move it out of ", dir));
+    } catch (const CheckpointTooLarge& e) {
+      if (!too_large || e.bytes < too_large->bytes) too_large.emplace(e);
+      latest.skipped.push_back(e.what());
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::Usage) throw;
       latest.skipped.push_back(e.what());
     }
+    if (!c) continue;
+    std::error_code ec;
+    const uint64_t bytes = std::filesystem::file_size(path, ec);
+    if (too_large && !ec && bytes >= too_large->bytes)
+      throw memory_is_short(detail::concat("the older ", path, " is as large (", bytes, " bytes) and fits"));
+    latest.found = std::make_pair(path, std::move(*c));
+    return latest;
   }
+  if (too_large) throw memory_is_short("no older checkpoint fits either");
   return latest;
 }
 

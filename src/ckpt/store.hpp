@@ -147,7 +147,8 @@ bool checkpoint_dir_uses(const std::string& file_name);
 Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr);
 
 // The newest valid checkpoint of a directory, and what was wrong with the newer ones (damaged
-// or misnamed: one that cannot be read is thrown, UnreadableCheckpoint, not passed by).
+// or misnamed: one that cannot be read is thrown, UnreadableCheckpoint, not passed by; so is one
+// too large for memory, unless it is larger than the older one found: CheckpointTooLarge).
 struct LatestCheckpoint {
   std::optional<std::pair<std::string, Checkpoint>> found;  // its path and contents
   std::vector<std::string> skipped;  // the problem of each newer file, newest first

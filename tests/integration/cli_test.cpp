@@ -363,18 +363,21 @@ TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
     return run_program({"/bin/bash", "-c", "ulimit -v 4000000 && exec " + command}, kDeadline);
   };
   const std::string big = w + "/big.hpck";
-  {
-    // The header, then a section header: kind 2 (parameters), its length (the rest of the
-    // file), a CRC that the read never gets to.
-    const uint64_t size = uint64_t{64} << 30, params = size - 8 - 4 - 16;
-    const uint32_t version = 1, kind = 2, crc = 0;
-    std::ofstream out(big, std::ios::binary);
-    out << "HPCTCKPT";
-    for (const auto& [p, n] : std::initializer_list<std::pair<const void*, size_t>>{
-             {&version, 4}, {&kind, 4}, {&params, 8}, {&crc, 4}})
-      out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
-  }
-  fs::resize_file(big, uint64_t{64} << 30);
+  const auto make_big = [](const std::string& path) {
+    {
+      // The header, then a section header: kind 2 (parameters), its length (the rest of the
+      // file), a CRC that the read never gets to.
+      const uint64_t size = uint64_t{64} << 30, params = size - 8 - 4 - 16;
+      const uint32_t version = 1, kind = 2, crc = 0;
+      std::ofstream out(path, std::ios::binary);
+      out << "HPCTCKPT";
+      for (const auto& [p, n] : std::initializer_list<std::pair<const void*, size_t>>{
+               {&version, 4}, {&kind, 4}, {&params, 8}, {&crc, 4}})
+        out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+    }
+    fs::resize_file(path, uint64_t{64} << 30);
+  };
+  make_big(big);
   const RunResult inspect = limited("'" + hpctrain_binary() + "' inspect '" + big + "'");
   EXPECT_EQ(inspect.exit_code, 2) << inspect.out << inspect.err;
   EXPECT_NE(inspect.err.find("cannot read checkpoint " + big + ": its 68719476736 bytes do not fit in this process's "
@@ -391,6 +394,25 @@ TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
   const RunResult resumed = limited(resume);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("ckpt-000000099.hpck: its 68719476736 bytes do not fit"), std::string::npos) << resumed.err;
+  // Every checkpoint alike too large: memory is short (a tight ulimit -v, strict overcommit),
+  // not the files wrong. Exit 2 and every file kept where it is; the run had started afresh and
+  // moved them all aside, and the requeue after it, with memory to spare, began at step 0.
+  fs::create_directories(w + "/short");
+  make_big(w + "/short/ckpt-000000020.hpck");
+  make_big(w + "/short/ckpt-000000010.hpck");
+  std::string short_run = "'" + hpctrain_binary() + "'";
+  for (const std::string& a : with_quick_defaults(in_work({"--checkpoint-dir", "@WORK/short"}), data_.str()))
+    short_run += " '" + a + "'";
+  const RunResult afresh = limited(short_run);
+  EXPECT_EQ(afresh.exit_code, 2) << afresh.err;
+  EXPECT_NE(afresh.err.find("ckpt-000000020.hpck: its 68719476736 bytes do not fit in this process's memory; not "
+                            "passed by: no older checkpoint fits either, so this process's memory is short"),
+            std::string::npos)
+      << afresh.err;
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(w + "/short")) kept.push_back(e.path().filename().string());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"ckpt-000000010.hpck", "ckpt-000000020.hpck"}));
   // A dataset file: its header says 60000 images, its size is 6 GiB.
   const std::string data = w + "/big-data";
   fs::create_directories(data);
