@@ -32,7 +32,9 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+// SIGUSR2 as well: submitit and `sbatch --signal=B:USR2@...` send it to the batch script, which
+// may be hpcrun itself; it ended hpcrun (exit 140) with no checkpoint and no summary.
+constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 
 std::string timestamp() {
   const std::time_t t = std::time(nullptr);

@@ -499,7 +499,7 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
                  "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
                  "the job onto hosts that appear and drains it off hosts that leave.\n"
                  "Exit codes: 0 success; 1 gave up (the reason on one line); 2 bad input (hpcrun's or the program's);\n"
-                 "75 stopped on request after a checkpoint (SIGTERM, SIGINT, SIGHUP or SIGUSR1 to hpcrun), resume by\n"
+                 "75 stopped on request after a checkpoint (SIGTERM, SIGINT, SIGHUP, SIGUSR1 or SIGUSR2 to hpcrun), resume by\n"
                  "running it again; 130 killed by a second such signal.\n"
               << all;
     return false;
