@@ -30,27 +30,31 @@ std::string word_after(const std::string& line, const std::string& key) {
 }
 }  // namespace
 
-ProcessMap::Line ProcessMap::take(const std::string& line) {
+bool ProcessMap::take(const std::string& line) {
   const size_t start = line.find_first_not_of(" \t");
   const std::string l = start == std::string::npos ? "" : line.substr(start);
   if (!inside_) {
-    if (l.rfind("Data for JOB", 0) != 0 && l.find(" JOB MAP ") == std::string::npos) return Line::Other;
+    if (l.rfind("Data for JOB", 0) != 0 && l.find(" JOB MAP ") == std::string::npos) return false;
     inside_ = true;
     node_.clear();
-    return Line::Inside;
+    return true;
   }
-  if (!l.empty() && l.find_first_not_of('=') == std::string::npos) {
+  const bool rule = !l.empty() && l.find_first_not_of('=') == std::string::npos;
+  if (rule || (start == 0 && l.find(" JOB MAP ") == std::string::npos)) {
     inside_ = false;
-    return Line::Ended;
+    complete_ = true;
+    return rule;
   }
-  if (l.rfind("Data for node:", 0) == 0) {
-    node_ = word_after(l, "Data for node:");
-  } else if (const std::string r = word_after(l, "Process rank:"); !r.empty() && !node_.empty()) {
-    char* end = nullptr;
-    const long rank = std::strtol(r.c_str(), &end, 10);
-    if (*end == '\0' && rank >= 0 && rank < (1L << 30)) node_of_rank_[static_cast<int>(rank)] = node_;
-  }
-  return Line::Inside;
+  if (complete_) return true;
+  std::string rank;
+  if (l.rfind("Data for node:", 0) == 0) node_ = word_after(l, "Data for node:");
+  else if (const std::string r = word_after(l, "Process rank:"); !r.empty()) rank = r;
+  else if (const std::string p = word_after(l, "Data for proc:"); !p.empty() && p.back() == ']')  // [[J,1],R]
+    rank = p.substr(p.rfind(',') + 1, p.size() - p.rfind(',') - 2);
+  char* end = nullptr;
+  const long r = rank.empty() ? -1 : std::strtol(rank.c_str(), &end, 10);
+  if (!node_.empty() && r >= 0 && *end == '\0' && r < (1L << 30)) node_of_rank_[static_cast<int>(r)] = node_;
+  return true;
 }
 
 namespace {
@@ -252,17 +256,20 @@ std::optional<Analysis> stop_of(const AttemptEvidence& e) {
   return a;
 }
 
-// What the ranks' reports say: which hosts were heard from, and the first rank that failed by itself.
+// What the ranks' reports say: which hosts were heard from (a report, or the wrapper's word that
+// mpirun's teardown reached it), and the first rank that failed by itself.
 struct Heard {
   std::map<std::string, bool> reported;  // host -> any of its ranks reported
   std::string first_failure, first_host;
 };
 
-Heard read_reports(const std::vector<std::string>& hosts, const std::vector<RankReport>& reports) {
+Heard read_reports(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
   Heard h;
   const int np = static_cast<int>(hosts.size());
   for (const std::string& host : hosts) h.reported.emplace(host, false);
-  for (const RankReport& r : reports) {
+  for (int r : e.signalled)
+    if (r >= 0 && r < np) h.reported[hosts[static_cast<size_t>(r)]] = true;
+  for (const RankReport& r : e.reports) {
     if (r.rank < 0 || r.rank >= np) continue;
     const std::string& host = hosts[static_cast<size_t>(r.rank)];
     h.reported[host] = true;
@@ -312,7 +319,7 @@ std::vector<std::string> silent_hosts(const std::map<std::string, bool>& reporte
 }
 
 Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
-  const Heard heard = read_reports(hosts, e.reports);
+  const Heard heard = read_reports(hosts, e);
   // mpirun's own words first: when it names hosts, the others' silence only means the teardown
   // was too quick for their reports to come through. A stalled job's liveness query outranks
   // silence: a host whose ranks answered it was alive, and its reports were only lost in the

@@ -33,19 +33,22 @@ std::vector<std::string> rank_hosts(const HostList& placement);
 
 // The process map mpirun prints on its stdout before it starts the ranks (--display-map; Open MPI
 // 4: " Data for node: NAME\tNum slots: ..." and under it "Process OMPI jobid: [..] App: 0 Process
-// rank: R Bound: ..."): the node of each rank, by mpirun's name for it. The slot order above is not
-// where Open MPI puts them: its own host comes first wherever -H lists it (-H b:1,localhost:1: rank
-// 0 on this machine), and --map-by node, --rank-by node or a rankfile interleave the hosts.
+// rank: R Bound: ..."; --display-devel-map's "Data for proc: [[J,1],R]" too): the node of each rank,
+// by mpirun's name for it. The slot order above is not where Open MPI puts them: its own host comes
+// first wherever -H lists it (-H b:1,localhost:1: rank 0 on this machine), and --map-by node,
+// --rank-by node or a rankfile interleave the hosts.
 class ProcessMap {
  public:
-  enum class Line { Other, Inside, Ended };
-  // One of mpirun's own stdout lines: whether it is one of the map's (from its "Data for JOB" or
-  // "JOB MAP" header to its closing rule), and which ends it.
-  Line take(const std::string& line);
+  // One of mpirun's own stdout lines: whether it is one of a map's. A map runs from its "Data for
+  // JOB" or "JOB MAP" header to its closing rule ("=====") or, where it has none (the devel map),
+  // to the first line that is not indented, which is not the map's. Only the first map counts:
+  // with an rsh launch agent the daemons print theirs too, after it, and maybe interleaved.
+  bool take(const std::string& line);
+  bool complete() const { return complete_; }  // the first map has ended
   const std::map<int, std::string>& node_of_rank() const { return node_of_rank_; }
 
  private:
-  bool inside_ = false;
+  bool inside_ = false, complete_ = false;
   std::string node_;
   std::map<int, std::string> node_of_rank_;
 };
@@ -84,6 +87,7 @@ struct AttemptEvidence {
   std::vector<RankReport> reports;            // in the order they arrived
   std::vector<std::string> blamed_by_mpirun;  // host_blamed_by_mpirun() of mpirun's lines
   std::set<int> alive;                        // ranks that answered the liveness query of a stalled job
+  std::set<int> signalled;                    // ranks whose wrapper said mpirun's teardown reached it
   std::map<int, std::string> error_lines;     // keep_error_line() of each rank's stderr
   ExitStatus mpirun_status;
   bool stop_requested = false;  // hpcrun asked the job to checkpoint and stop

@@ -159,6 +159,7 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
   evidence_.stop_requested = stop_.kind != StopKind::None;
   evidence_.stalled = phase_.stalled();
   evidence_.stalled_starting = phase_.stalled_starting() && o_.start_timeout_given;
+  if (!evidence_.reports.empty() || !process_map_.node_of_rank().empty()) place_ranks_once();
   const Analysis an = analyse_attempt(placement_, evidence_);
   rec_.verdict = an.verdict;
   rec_.membership = stop_.kind == StopKind::Membership && an.verdict == Verdict::Stopped;
@@ -191,10 +192,12 @@ void AttemptWatcher::read_stream(int fd) {
   LineSplitter& splitter = is_err ? err_lines_ : out_lines_;
   std::vector<std::string> lines;
   const bool open = splitter.read_from(fd, &lines);
-  for (const std::string& l : lines) handle_output(l, is_err);
+  for (const std::string& l : lines)
+    for (const std::string& piece : split_at_repeated_tag(l)) handle_output(piece, is_err);
   if (open) return;
   std::string rest;
-  if (splitter.take_rest(&rest)) handle_output(rest, is_err);
+  if (splitter.take_rest(&rest))
+    for (const std::string& piece : split_at_repeated_tag(rest)) handle_output(piece, is_err);
   if (is_err) mpirun_.close_err();
   else mpirun_.close_out();
 }
@@ -279,6 +282,7 @@ bool AttemptWatcher::record_beat(double t) {
 // The heartbeat names the slowest rank (hpctrain's figures over its last seconds); hpcrun knows
 // that rank's host by its own name for it (the one it blacklists) from mpirun's process map.
 void AttemptWatcher::watch_stragglers(double t) {
+  place_ranks_once();  // the ranks have stepped: the map, if mpirun printed one, is whole
   const std::vector<std::string> hosts = evidence_.rank_hosts.empty() ? rank_hosts(placement_) : evidence_.rank_hosts;
   const std::string rank = job_.heartbeat.field("slowest_rank"), ratio = job_.heartbeat.field("straggler_ratio");
   StragglerSighting seen;
@@ -397,6 +401,10 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
     ev.alive.insert(alive_rank);
     return;
   }
+  if (from_wrapper && parse_signalled(t.text, &alive_rank) && alive_rank == t.rank) {
+    ev.signalled.insert(alive_rank);
+    return;
+  }
   if (t.rank >= 0 && t.is_stderr) keep_error_line(ev.error_lines[t.rank], t.text);
   if (const std::string x = t.rank < 0 ? executable_named_by_mpirun(t.text) : ""; !x.empty() && x != job_.self_exe)
     ev.foreign_executable = x;
@@ -413,21 +421,27 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
 
 // The process map stays in the attempt's log (and on the terminal where --mpi-args asked for one).
 bool AttemptWatcher::take_map_line(const std::string& text) {
-  const ProcessMap::Line l = process_map_.take(text);
-  if (l == ProcessMap::Line::Other) return false;
-  if (l == ProcessMap::Line::Ended) {
-    RankPlacement p = place_ranks(placement_, process_map_.node_of_rank());
-    if (!p.problem.empty())
-      say("warning: " + p.problem + "; its ranks are taken to be on the hosts in -H's order (failures and stragglers "
-          "blamed on those)");
-    else
-      evidence_.rank_hosts = std::move(p.hosts);
-    evidence_.host_of_node = std::move(p.host_of_node);
-  }
+  const bool ours = process_map_.take(text);
+  if (process_map_.complete()) place_ranks_once();
+  if (!ours) return false;
   const bool asked = std::any_of(o_.mpi_args.begin(), o_.mpi_args.end(),
                                  [](const std::string& w) { return w.find("-display-") != std::string::npos; });
   if (asked && !o_.quiet) std::printf("%s%s\n", line_prefix(rec_.number, -1).c_str(), text.c_str());
   return true;
+}
+
+// Once the first map has ended, or once the ranks have run without one that ended (a devel map
+// has no closing rule; a format hpcrun does not know, none it can read).
+void AttemptWatcher::place_ranks_once() {
+  if (ranks_placed_) return;
+  ranks_placed_ = true;
+  RankPlacement p = place_ranks(placement_, process_map_.node_of_rank());
+  if (!p.problem.empty())
+    say("warning: " + p.problem + "; its ranks are taken to be on the hosts in -H's order (failures and stragglers "
+        "blamed on those)");
+  else
+    evidence_.rank_hosts = std::move(p.hosts);
+  evidence_.host_of_node = std::move(p.host_of_node);
 }
 
 bool AttemptWatcher::keep_off_terminal(const TaggedLine& t) const {

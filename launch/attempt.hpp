@@ -92,6 +92,7 @@ class AttemptWatcher {
   void handle_output(const std::string& line, bool from_stderr);
   bool keep_off_terminal(const TaggedLine& t) const;
   bool take_map_line(const std::string& text);  // whether it is a line of mpirun's process map
+  void place_ranks_once();                      // evidence_.rank_hosts from the map, or a warning
   void note_failure();
   void check_membership();
   void request_stop(StopKind kind, const std::string& why);
@@ -107,6 +108,7 @@ class AttemptWatcher {
   Stop stop_;
   AttemptEvidence evidence_;
   ProcessMap process_map_;
+  bool ranks_placed_ = false;
   StragglerState straggler_;
   double last_beat_poll_ = 0, last_membership_ = 0;
   bool stop_unsent_ = false;          // asked for, held back until mpirun has its handler

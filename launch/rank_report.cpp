@@ -18,9 +18,10 @@ namespace {
 
 constexpr const char* kTag = "hpcrun-rank-status:";
 constexpr const char* kAliveTag = "hpcrun-rank-alive:";
+constexpr const char* kSignalledTag = "hpcrun-rank-signalled:";
 
-char g_alive_line[64];
-size_t g_alive_length = 0;
+char g_alive_line[64], g_signalled_line[64];
+size_t g_alive_length = 0, g_signalled_length = 0;
 
 volatile sig_atomic_t g_child = 0, g_terminated = 0, g_stop = 0;
 
@@ -35,16 +36,17 @@ void forward(int sig) {
   } else if (sig == SIGUSR1) {
     if (!g_terminated) g_stop = 1;
   } else if (!g_stop) {
+    if (!g_terminated) {  // the teardown reached this host (rank_report.hpp)
+      [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, g_signalled_line, g_signalled_length);
+    }
     g_terminated = 1;
   }
   if (g_child > 0) ::kill(g_child, sig);
 }
 
-}  // namespace
-
-bool parse_alive(const std::string& text, int* rank) {
-  if (text.rfind(kAliveTag, 0) != 0) return false;
-  const std::string rest = text.substr(std::strlen(kAliveTag));
+bool parse_rank_line(const std::string& text, const char* tag, int* rank) {
+  if (text.rfind(tag, 0) != 0) return false;
+  const std::string rest = text.substr(std::strlen(tag));
   const size_t eq = rest.find("rank=");
   if (eq == std::string::npos) return false;
   try {
@@ -54,6 +56,10 @@ bool parse_alive(const std::string& text, int* rank) {
   }
   return true;
 }
+}  // namespace
+
+bool parse_alive(const std::string& text, int* rank) { return parse_rank_line(text, kAliveTag, rank); }
+bool parse_signalled(const std::string& text, int* rank) { return parse_rank_line(text, kSignalledTag, rank); }
 
 std::string format_report(const RankReport& r) {
   std::ostringstream os;
@@ -112,6 +118,20 @@ TaggedLine parse_tagged(const std::string& line, bool from_stderr) {
   return t;
 }
 
+std::vector<std::string> split_at_repeated_tag(const std::string& line) {
+  const TaggedLine t = parse_tagged(line, false);
+  if (t.rank < 0) return {line};
+  const std::string tag = line.substr(0, line.size() - t.text.size());
+  std::vector<std::string> pieces;
+  size_t from = 0;
+  for (size_t next = line.find(tag, tag.size()); next != std::string::npos; next = line.find(tag, from + tag.size())) {
+    pieces.push_back(line.substr(from, next - from));
+    from = next;
+  }
+  pieces.push_back(line.substr(from));
+  return pieces;
+}
+
 namespace {
 
 const int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};
@@ -120,6 +140,8 @@ const int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT};
 void prepare_alive_line(int rank) {
   const int n = std::snprintf(g_alive_line, sizeof g_alive_line, "%s rank=%d\n", kAliveTag, rank);
   g_alive_length = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_alive_line - 1) : 0;
+  const int m = std::snprintf(g_signalled_line, sizeof g_signalled_line, "%s rank=%d\n", kSignalledTag, rank);
+  g_signalled_length = m > 0 ? std::min(static_cast<size_t>(m), sizeof g_signalled_line - 1) : 0;
 }
 
 // The program's signal mask: the wrapper's without the forwarded signals (which

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "subprocess.hpp"
 
@@ -24,6 +25,11 @@ struct RankReport {
 // program never sees SIGUSR2: hpcrun tells mpirun to signal the wrappers alone, not their process
 // groups). Ranks on a host that is stopped or cut off do not answer.
 bool parse_alive(const std::string& text, int* rank);
+// A wrapper that mpirun's teardown reaches (its first SIGTERM, SIGINT or SIGHUP) says so at once,
+// in a "signalled" line: its host is alive, whether or not the wrapper lives to report how its
+// program ended (mpirun's SIGKILL may come first while the program, hpctrain, takes the SIGTERM
+// as a stop for the next step and waits in a collective for a peer that aborted).
+bool parse_signalled(const std::string& text, int* rank);
 
 std::string format_report(const RankReport& r);
 // True when `text` is a status line (then `r` holds it).
@@ -37,6 +43,11 @@ struct TaggedLine {
   std::string text;
 };
 TaggedLine parse_tagged(const std::string& line, bool from_stderr);
+// mpirun tags each piece of a rank's output it reads, not each line: after a piece without a line
+// end ("done 100%\r", a prompt) the next piece follows on the same line with the same tag
+// ("[1,0]<stderr>:done 100%\r[1,0]<stderr>:hpcrun-rank-status: ..."). The line cut where its own
+// tag comes again, each piece with the tag (one piece for an untagged line).
+std::vector<std::string> split_at_repeated_tag(const std::string& line);
 
 // The wrapper's main: runs argv[0] with its arguments, reports, exits as it did.
 int rank_exec_main(int argc, char** argv);

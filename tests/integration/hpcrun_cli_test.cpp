@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -709,24 +710,28 @@ TEST(HpcrunCli, ItsChildrenInheritNoneOfItsFiles) {
 // A signal that comes after mpirun ended, while its launch agents still hold its output: it
 // waited in hpcrun's pipe, and the failed attempt was relaunched (the stop came only after the
 // next attempt's start-up, Slurm's KillWait perhaps gone). The mpirun here fails at once,
-// leaving a child that holds its output for 4 s.
+// leaving a child that holds its output for 4 s. SIGUSR2 (submitit's, `sbatch --signal=B:USR2`)
+// is a stop as SIGTERM is: it ended hpcrun with 140, no summary and no checkpoint.
 TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
-  TempDir dir("hpcrun_late_signal");
-  const std::string ended = dir.file("ended"), wrapper = dir.file("mpirun");
-  std::ofstream(wrapper) << "#!/bin/sh\ncase \" $* \" in *' --do-not-launch '*) exec " << mpiexec()
-                         << " \"$@\";; esac\nsleep 4 &\ntouch " << ended << "\nexit 1\n";
-  fs::permissions(wrapper, fs::perms::owner_all);
-  Started job({hpcrun_binary(), "--mpirun", wrapper, "--log-dir", dir.file("logs"), "--max-restarts", "2", "-np", "1",
-               "true"});
-  while (!fs::exists(ended) && job.running() && job.seconds() < 60) usleep(20 * 1000);
-  ASSERT_TRUE(fs::exists(ended)) << read_text(job.err_path());
-  usleep(1000 * 1000);  // hpcrun has seen mpirun end: it polls every 0.1 s
-  ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
-  const RunResult r = job.finish(60);
-  EXPECT_EQ(r.exit_code, 75) << r.err;
-  EXPECT_EQ(r.err.find("relaunching"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("as the attempt ended: nothing more is launched"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("the attempt failed while hpcrun was asked to stop"), std::string::npos) << r.err;
+  for (const int sig : {SIGTERM, SIGUSR2}) {
+    SCOPED_TRACE(::strsignal(sig));
+    TempDir dir("hpcrun_late_signal");
+    const std::string ended = dir.file("ended"), wrapper = dir.file("mpirun");
+    std::ofstream(wrapper) << "#!/bin/sh\ncase \" $* \" in *' --do-not-launch '*) exec " << mpiexec()
+                           << " \"$@\";; esac\nsleep 4 &\ntouch " << ended << "\nexit 1\n";
+    fs::permissions(wrapper, fs::perms::owner_all);
+    Started job({hpcrun_binary(), "--mpirun", wrapper, "--log-dir", dir.file("logs"), "--max-restarts", "2", "-np",
+                 "1", "true"});
+    while (!fs::exists(ended) && job.running() && job.seconds() < 60) usleep(20 * 1000);
+    ASSERT_TRUE(fs::exists(ended)) << read_text(job.err_path());
+    usleep(1000 * 1000);  // hpcrun has seen mpirun end: it polls every 0.1 s
+    ASSERT_EQ(::kill(job.pid(), sig), 0);
+    const RunResult r = job.finish(60);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_EQ(r.err.find("relaunching"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("as the attempt ended: nothing more is launched"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the attempt failed while hpcrun was asked to stop"), std::string::npos) << r.err;
+  }
 }
 
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
@@ -801,6 +806,17 @@ TEST(HpcrunCli, AProgramsOwnStatusLinesDoNotSpeakForARank) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.out.find("[a2:r0] " + tag + " rank=0 exit=2"), std::string::npos) << "shown as the program's output:\n" << r.out;
+}
+
+// A program whose last output has no line end (a progress bar's "\r"): mpirun puts the wrapper's
+// status on that same line, and hpcrun took the rank for one that never reported finishing,
+// relaunched a job that had succeeded and gave up with exit 1.
+TEST(HpcrunCli, ALastLineWithoutALineEndKeepsTheRanksStatus) {
+  TempDir dir("hpcrun_no_line_end");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "--max-restarts", "1", "sh", "-c",
+                              "printf 'step 10/10\\r' >&2; printf 'done'"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("summary: 1 attempt(s), 0 failure(s)"), std::string::npos) << r.err;
 }
 
 // At the end of a job no relaunch continues, hpcrun frees the run's snapshots in host memory

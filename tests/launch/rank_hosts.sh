@@ -4,10 +4,12 @@
 # would name the other host for everything rank 0 does. hpcrun reads where each rank went from
 # mpirun's process map: rank 0, slowed down, is named a straggler on localhost (this machine's
 # own name beside it), and when it is killed the failure is blamed on localhost, which is left out
-# of the next attempt: the job finishes on host 1 alone.
+# of the next attempt: the job finishes on host 1 alone. The same blame from the other form of map
+# mpirun prints (--display-devel-map). And a rank that aborts on another host is blamed there, not
+# on the host whose ranks were killed waiting for it.
 source "$(dirname "$0")/common.sh"
 netns_require
-netns_setup 19 1
+netns_setup 19 2
 me=$(hostname)
 # This machine's rank keeps its snapshots in host memory here, not in /dev/shm/hpctrain-$UID,
 # which a failed run would leave to the tests that follow (host 1 has a /dev/shm of its own).
@@ -39,4 +41,26 @@ hpcrun_wait 120
 grep -E "attempt 1 (failed|ended)|blacklist|lost" "$NETNS_DIR/mixed.err" | head -5
 expect_in mixed "attempt 2: 1 rank(s) on ${NETNS_HOSTS[1]}:1"
 [[ -n "$(accuracy_of mixed)" ]] || fail "the job printed no final accuracy"
+
+# The same from --display-devel-map's map, which has no closing line and names ranks otherwise:
+# rank 0 dies after step 3, and localhost is blamed.
+export TRAIN_SAMPLES=1920
+NETNS_MPI_ARGS+=" --display-devel-map"
+hpcrun_start devel -H "${NETNS_HOSTS[1]}:1,localhost:1" -np 2 --min-np 1 -x HPCTRAIN_TEST_KILL_AFTER_STEP=3@0 \
+  --max-restarts 0
+hpcrun_wait 120
+expect_in devel "attempt 1 failed after .*: lost localhost (named by mpirun)"
+say "$(grep -o "attempt 1 failed.*" "$NETNS_DIR/devel.err" | head -1)"
+
+# A rank that fails by itself on host 2 (MPI_Abort, exit code 3) while host 1's two ranks wait for
+# it and are killed by mpirun's teardown before they can report: host 2 is blamed, not host 1 for
+# its silence (their wrappers said the teardown reached them).
+: "${ABORT_RANK:?set ABORT_RANK to the abort_rank test program}"
+cp "$ABORT_RANK" "$NETNS_DIR/abort_rank"
+timeout 120 "$HPCRUN" --launch-agent "$NETNS_AGENT" --mpi-args "$NETNS_MPI_ARGS" --log-dir "$NETNS_DIR/abort-logs" \
+  -H "${NETNS_HOSTS[1]}:2,${NETNS_HOSTS[2]}:1" -np 3 --max-restarts 0 "$NETNS_DIR/abort_rank" \
+  > "$NETNS_DIR/abort.out" 2> "$NETNS_DIR/abort.err" || true
+say "$(grep -o "attempt 1 failed.*" "$NETNS_DIR/abort.err" | head -1)"
+expect_in abort "attempt 1 failed after .*: rank 2 on ${NETNS_HOSTS[2]} ended with exit code 3"
+expect_in abort "host ${NETNS_HOSTS[2]} blacklisted"
 say "PASS"

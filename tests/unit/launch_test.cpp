@@ -276,6 +276,9 @@ TEST(RankReport, RoundTrip) {
   EXPECT_TRUE(parse_alive("hpcrun-rank-alive: rank=7", &rank));
   EXPECT_EQ(rank, 7);
   EXPECT_FALSE(parse_alive("hpcrun-rank-alive: nobody", &rank));
+  EXPECT_TRUE(parse_signalled("hpcrun-rank-signalled: rank=3", &rank));
+  EXPECT_EQ(rank, 3);
+  EXPECT_FALSE(parse_signalled("hpcrun-rank-alive: rank=3", &rank));
 }
 
 TEST(RankReport, TaggedLines) {
@@ -290,6 +293,20 @@ TEST(RankReport, TaggedLines) {
   t = parse_tagged("[vm:1234] mpirun: something", true);
   EXPECT_EQ(t.rank, -1);
   EXPECT_EQ(t.text, "[vm:1234] mpirun: something");
+}
+
+// A piece of a rank's output without a line end, then the wrapper's status: one line from mpirun,
+// two for hpcrun (a successful job was relaunched for a rank "that never reported finishing").
+TEST(RankReport, APieceWithoutALineEndIsCutFromTheNext) {
+  EXPECT_EQ(split_at_repeated_tag("[1,1]<stderr>:done 100%\r[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"),
+            (std::vector<std::string>{"[1,1]<stderr>:done 100%\r", "[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"}));
+  EXPECT_EQ(split_at_repeated_tag("[1,0]<stdout>:a[1,0]<stdout>:b[1,0]<stdout>:"),
+            (std::vector<std::string>{"[1,0]<stdout>:a", "[1,0]<stdout>:b", "[1,0]<stdout>:"}));
+  // Another rank's or stream's tag inside the text is text: a rank speaks only for itself.
+  EXPECT_EQ(split_at_repeated_tag("[1,0]<stderr>:x [1,2]<stderr>:hpcrun-rank-status: rank=2 exit=1"),
+            (std::vector<std::string>{"[1,0]<stderr>:x [1,2]<stderr>:hpcrun-rank-status: rank=2 exit=1"}));
+  EXPECT_EQ(split_at_repeated_tag("mpirun: [1,0]<stderr>:x"), (std::vector<std::string>{"mpirun: [1,0]<stderr>:x"}));
+  EXPECT_EQ(split_at_repeated_tag("[1,0]<stderr>:"), (std::vector<std::string>{"[1,0]<stderr>:"}));
 }
 
 TEST(Analysis, MpirunMessagesNameHosts) {
@@ -367,19 +384,43 @@ std::string this_host() {
 
 ProcessMap read_map(const std::vector<std::string>& lines) {
   ProcessMap map;
-  for (size_t i = 0; i < lines.size(); ++i)
-    EXPECT_EQ(map.take(lines[i]), i + 1 == lines.size() ? ProcessMap::Line::Ended : ProcessMap::Line::Inside) << lines[i];
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_TRUE(map.take(lines[i])) << lines[i];
+    EXPECT_EQ(map.complete(), i + 1 == lines.size()) << lines[i];
+  }
   return map;
 }
 
 TEST(Analysis, TheProcessMapSaysWhereEachRankIs) {
   ProcessMap map;
-  EXPECT_EQ(map.take("[1,0]<stdout>:Data for node: x"), ProcessMap::Line::Other);
-  EXPECT_EQ(map.take("Warning: Permanently added 'b' to the list of known hosts."), ProcessMap::Line::Other);
+  EXPECT_FALSE(map.take("[1,0]<stdout>:Data for node: x"));
+  EXPECT_FALSE(map.take("Warning: Permanently added 'b' to the list of known hosts."));
   map = read_map(map_lines("vm"));
   EXPECT_EQ(map.node_of_rank(), (std::map<int, std::string>{{0, "vm"}, {1, "10.0.0.7"}, {2, "10.0.0.7"}}));
-  EXPECT_EQ(map.take("mpirun noticed that process rank 0 with PID 7 on node vm exited on signal 9 (Killed)."),
-            ProcessMap::Line::Other);
+  EXPECT_FALSE(map.take("mpirun noticed that process rank 0 with PID 7 on node vm exited on signal 9 (Killed)."));
+  // The daemons' copies after it (an rsh launch agent), whole or interleaved, change nothing.
+  for (const std::string& line : {std::string(" Data for JOB [1192,1] offset 0 Total slots allocated 3"),
+                                  std::string(" Data for node: 10.0.0.7\tNum slots: 2"),
+                                  std::string(" \tProcess OMPI jobid: [1192,1] App: 0 Process rank: 0 Bound: N/A"),
+                                  std::string(" =====")})
+    EXPECT_TRUE(map.take(line));
+  EXPECT_EQ(map.node_of_rank().at(0), "vm");
+
+  // --display-devel-map's (Open MPI 4.1): no closing rule; the first line that is not indented
+  // ends it and is not its own.
+  ProcessMap devel;
+  for (const std::string& line :
+       {std::string(" Data for JOB [6320,1] offset 0 Total slots allocated 2"), std::string(""),
+        std::string(" Mapper requested: NULL  Last mapper: round_robin  Mapping policy: BYCORE:NOOVERSUBSCRIBE"),
+        std::string(" \tNum nodes: 2"), std::string(" Data for node: nodea\tState: 3\tFlags: 18"),
+        std::string(" \tNum procs: 1\tNext node_rank: 1"), std::string(" \tData for proc: [[6320,1],1]"),
+        std::string(" \t\tPid: 0\tLocal rank: 0\tNode rank: 0\tApp rank: 1"),
+        std::string(" Data for node: nodeb\tState: 3\tFlags: 18"), std::string(" \tData for proc: [[6320,1],0]")})
+    EXPECT_TRUE(devel.take(line)) << line;
+  EXPECT_FALSE(devel.complete());
+  EXPECT_EQ(devel.node_of_rank(), (std::map<int, std::string>{{0, "nodeb"}, {1, "nodea"}}));
+  EXPECT_FALSE(devel.take("--------------------------------------------------------------------------"));
+  EXPECT_TRUE(devel.complete());
 
   // This machine, given as localhost, is where mpirun puts rank 0: not slot order.
   const HostList placement = {{"10.0.0.7", 2}, {"localhost", 1}};
@@ -544,6 +585,27 @@ TEST(Analysis, FirstRankToFailByItselfIsBlamed) {
                                      {}, exit_code(1), false, false);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
   EXPECT_NE(a.reason.find("rank 3 on b"), std::string::npos);
+}
+
+// A rank fails by itself (MPI_Abort, exit code 1); its peers, waiting for it in a collective, take
+// mpirun's SIGTERM as a stop for the next step and are killed before they report. Their wrappers
+// said the teardown reached them: their host is alive, not silent, and the failing rank's is
+// blamed (nodeb was, and the job shrank onto the failing host).
+TEST(Analysis, AHostTheTeardownReachedIsNotSilent) {
+  const HostList placement = {{"nodeb", 2}, {"nodec", 1}};
+  AttemptEvidence e;
+  e.reports = {report(2, 1)};
+  e.signalled = {0, 1};
+  e.mpirun_status = exit_code(1);
+  const Analysis a = analyse_attempt(placement, e);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"nodec"}));
+  EXPECT_EQ(a.reason, "rank 2 on nodec ended with exit code 1");
+  // One signalled rank of a host is enough; a host none of whose ranks said anything is still lost.
+  e.signalled = {1};
+  EXPECT_EQ(analyse_attempt(placement, e).failed_hosts, (std::set<std::string>{"nodec"}));
+  e.reports.clear();
+  EXPECT_EQ(analyse_attempt(placement, e).failed_hosts, (std::set<std::string>{"nodec"}));
+  EXPECT_EQ(analyse_attempt(placement, e).reason, "lost nodec (no word from its ranks)");
 }
 
 TEST(Analysis, HostsNamedByMpirun) {
