@@ -193,11 +193,11 @@ void AttemptWatcher::read_stream(int fd) {
   std::vector<std::string> lines;
   const bool open = splitter.read_from(fd, &lines);
   for (const std::string& l : lines)
-    for (const std::string& piece : split_at_repeated_tag(l)) handle_output(piece, is_err);
+    for (const std::string& piece : split_rank_line(l)) handle_output(piece, is_err);
   if (open) return;
   std::string rest;
   if (splitter.take_rest(&rest))
-    for (const std::string& piece : split_at_repeated_tag(rest)) handle_output(piece, is_err);
+    for (const std::string& piece : split_rank_line(rest)) handle_output(piece, is_err);
   if (is_err) mpirun_.close_err();
   else mpirun_.close_out();
 }

@@ -1,6 +1,9 @@
 #include "hosts.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -272,12 +275,37 @@ std::string show_hosts(const HostList& hosts) {
   return s;
 }
 
+namespace {
+// Whether `name` is a numeric address of one of this machine's interfaces (-H 10.0.0.5 on
+// 10.0.0.5 itself): mpirun starts such a host's ranks here, without its launch agent, and hpcrun
+// probed it through ssh, blacklisted it when that failed, and could not start.
+bool is_own_address(const std::string& name) {
+  unsigned char want[sizeof(in6_addr)];
+  const int family = ::inet_pton(AF_INET, name.c_str(), want) == 1    ? AF_INET
+                     : ::inet_pton(AF_INET6, name.c_str(), want) == 1 ? AF_INET6
+                                                                      : 0;
+  if (!family) return false;
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return false;
+  bool found = false;
+  for (const ifaddrs* a = all; a && !found; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != family) continue;
+    const void* have = family == AF_INET ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr)
+                                         : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr);
+    found = std::memcmp(have, want, family == AF_INET ? sizeof(in_addr) : sizeof(in6_addr)) == 0;
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+}  // namespace
+
 bool is_local_host(const std::string& name) {
   if (name == "localhost" || name.rfind("127.", 0) == 0 || name == "::1") return true;
   char self[256] = {};
   if (::gethostname(self, sizeof self - 1) != 0) return false;
   const std::string me = self;
-  return name == me || (me.find('.') != std::string::npos && name == me.substr(0, me.find('.')));
+  return name == me || (me.find('.') != std::string::npos && name == me.substr(0, me.find('.'))) ||
+         is_own_address(name);
 }
 
 bool resolves(const std::string& name, std::string* why) {

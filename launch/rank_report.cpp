@@ -19,6 +19,7 @@ namespace {
 constexpr const char* kTag = "hpcrun-rank-status:";
 constexpr const char* kAliveTag = "hpcrun-rank-alive:";
 constexpr const char* kSignalledTag = "hpcrun-rank-signalled:";
+constexpr const char* kWrapperPrefix = "hpcrun-rank-";  // of each of the wrapper's lines
 
 char g_alive_line[64], g_signalled_line[64];
 size_t g_alive_length = 0, g_signalled_length = 0;
@@ -118,17 +119,21 @@ TaggedLine parse_tagged(const std::string& line, bool from_stderr) {
   return t;
 }
 
-std::vector<std::string> split_at_repeated_tag(const std::string& line) {
+std::vector<std::string> split_rank_line(const std::string& line) {
   const TaggedLine t = parse_tagged(line, false);
   if (t.rank < 0) return {line};
   const std::string tag = line.substr(0, line.size() - t.text.size());
   std::vector<std::string> pieces;
-  size_t from = 0;
-  for (size_t next = line.find(tag, tag.size()); next != std::string::npos; next = line.find(tag, from + tag.size())) {
-    pieces.push_back(line.substr(from, next - from));
-    from = next;
+  std::string rest = t.text;
+  for (;;) {
+    // The next piece begins where the tag comes again, or (on stderr) where a wrapper's line does.
+    size_t cut = rest.find(tag), skip = tag.size();
+    if (const size_t w = t.is_stderr ? rest.find(kWrapperPrefix, 1) : std::string::npos; w < cut) cut = w, skip = 0;
+    if (cut == std::string::npos) break;
+    pieces.push_back(tag + rest.substr(0, cut));
+    rest.erase(0, cut + skip);
   }
-  pieces.push_back(line.substr(from));
+  pieces.push_back(tag + rest);
   return pieces;
 }
 

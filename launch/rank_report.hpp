@@ -44,10 +44,12 @@ struct TaggedLine {
 };
 TaggedLine parse_tagged(const std::string& line, bool from_stderr);
 // mpirun tags each piece of a rank's output it reads, not each line: after a piece without a line
-// end ("done 100%\r", a prompt) the next piece follows on the same line with the same tag
-// ("[1,0]<stderr>:done 100%\r[1,0]<stderr>:hpcrun-rank-status: ..."). The line cut where its own
-// tag comes again, each piece with the tag (one piece for an untagged line).
-std::vector<std::string> split_at_repeated_tag(const std::string& line);
+// end ("done 100%\r", a prompt) the wrapper's status follows on the same line, with the same tag
+// again ("[1,0]<stderr>:done 100%\r[1,0]<stderr>:hpcrun-rank-status: ...") or, read in one piece
+// with it, without. The line cut where its own tag comes again and, on stderr, before a wrapper's
+// line ("hpcrun-rank-..."), each piece with the tag (an untagged line: itself alone). Only the
+// line's own tag: a wrapper's line is believed only from its own rank.
+std::vector<std::string> split_rank_line(const std::string& line);
 
 // The wrapper's main: runs argv[0] with its arguments, reports, exits as it did.
 int rank_exec_main(int argc, char** argv);

@@ -2,7 +2,10 @@
 // lines, mpirun's tagged output and messages, an attempt's phases and deadlines, what an
 // attempt's end means, and what hpcrun does after it (relaunch_policy.hpp's table).
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -219,6 +222,20 @@ TEST(Hosts, Local) {
   EXPECT_TRUE(is_local_host("localhost"));
   EXPECT_TRUE(is_local_host("127.0.0.1"));
   EXPECT_FALSE(is_local_host("10.1.2.3"));
+  // An address of this machine's own (not a loopback one) is this machine too, as mpirun takes it.
+  ifaddrs* all = nullptr;
+  ASSERT_EQ(::getifaddrs(&all), 0);
+  int own = 0;
+  for (const ifaddrs* a = all; a; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) == 0) continue;
+    EXPECT_TRUE(is_local_host(text)) << text;
+    ++own;
+  }
+  ::freeifaddrs(all);
+  if (own == 0) std::printf("(no address but loopback here: the own-address case is not checked)\n");
   std::string why;
   EXPECT_TRUE(resolves("localhost", &why));
   EXPECT_FALSE(resolves("no-such-host.invalid", &why));
@@ -298,15 +315,21 @@ TEST(RankReport, TaggedLines) {
 // A piece of a rank's output without a line end, then the wrapper's status: one line from mpirun,
 // two for hpcrun (a successful job was relaunched for a rank "that never reported finishing").
 TEST(RankReport, APieceWithoutALineEndIsCutFromTheNext) {
-  EXPECT_EQ(split_at_repeated_tag("[1,1]<stderr>:done 100%\r[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"),
+  EXPECT_EQ(split_rank_line("[1,1]<stderr>:done 100%\r[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"),
             (std::vector<std::string>{"[1,1]<stderr>:done 100%\r", "[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"}));
-  EXPECT_EQ(split_at_repeated_tag("[1,0]<stdout>:a[1,0]<stdout>:b[1,0]<stdout>:"),
+  EXPECT_EQ(split_rank_line("[1,0]<stdout>:a[1,0]<stdout>:b[1,0]<stdout>:"),
             (std::vector<std::string>{"[1,0]<stdout>:a", "[1,0]<stdout>:b", "[1,0]<stdout>:"}));
-  // Another rank's or stream's tag inside the text is text: a rank speaks only for itself.
-  EXPECT_EQ(split_at_repeated_tag("[1,0]<stderr>:x [1,2]<stderr>:hpcrun-rank-status: rank=2 exit=1"),
-            (std::vector<std::string>{"[1,0]<stderr>:x [1,2]<stderr>:hpcrun-rank-status: rank=2 exit=1"}));
-  EXPECT_EQ(split_at_repeated_tag("mpirun: [1,0]<stderr>:x"), (std::vector<std::string>{"mpirun: [1,0]<stderr>:x"}));
-  EXPECT_EQ(split_at_repeated_tag("[1,0]<stderr>:"), (std::vector<std::string>{"[1,0]<stderr>:"}));
+  // Read by mpirun in one piece with the text before it: one tag.
+  EXPECT_EQ(split_rank_line("[1,1]<stderr>:step 10/10\rhpcrun-rank-status: rank=1 exit=0"),
+            (std::vector<std::string>{"[1,1]<stderr>:step 10/10\r", "[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"}));
+  EXPECT_EQ(split_rank_line("[1,1]<stdout>:step 10/10\rhpcrun-rank-status: rank=1 exit=0"),
+            (std::vector<std::string>{"[1,1]<stdout>:step 10/10\rhpcrun-rank-status: rank=1 exit=0"}));
+  // Another rank's tag inside the text stays text: the piece after it is rank 0's, whose report
+  // for rank 2 is not believed.
+  EXPECT_EQ(split_rank_line("[1,0]<stderr>:x [1,2]<stderr>:hpcrun-rank-status: rank=2 exit=1"),
+            (std::vector<std::string>{"[1,0]<stderr>:x [1,2]<stderr>:", "[1,0]<stderr>:hpcrun-rank-status: rank=2 exit=1"}));
+  EXPECT_EQ(split_rank_line("mpirun: [1,0]<stderr>:x"), (std::vector<std::string>{"mpirun: [1,0]<stderr>:x"}));
+  EXPECT_EQ(split_rank_line("[1,0]<stderr>:"), (std::vector<std::string>{"[1,0]<stderr>:"}));
 }
 
 TEST(Analysis, MpirunMessagesNameHosts) {
