@@ -426,7 +426,10 @@ bool AttemptWatcher::take_map_line(const std::string& text) {
   if (!ours) return false;
   const bool asked = std::any_of(o_.mpi_args.begin(), o_.mpi_args.end(),
                                  [](const std::string& w) { return w.find("-display-") != std::string::npos; });
-  if (asked && !o_.quiet) std::printf("%s%s\n", line_prefix(rec_.number, -1).c_str(), text.c_str());
+  if (asked && !o_.quiet) {
+    std::printf("%s%s\n", line_prefix(rec_.number, -1).c_str(), text.c_str());
+    std::fflush(stdout);
+  }
   return true;
 }
 
@@ -437,8 +440,8 @@ void AttemptWatcher::place_ranks_once() {
   ranks_placed_ = true;
   RankPlacement p = place_ranks(placement_, process_map_.node_of_rank());
   if (!p.problem.empty())
-    say("warning: " + p.problem + "; its ranks are taken to be on the hosts in -H's order (failures and stragglers "
-        "blamed on those)");
+    say("warning: " + p.problem + "; the ranks are taken to be on the hosts in -H's slot order (failures and "
+        "stragglers blamed on those)");
   else
     evidence_.rank_hosts = std::move(p.hosts);
   evidence_.host_of_node = std::move(p.host_of_node);

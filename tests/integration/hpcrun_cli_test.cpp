@@ -819,6 +819,19 @@ TEST(HpcrunCli, ALastLineWithoutALineEndKeepsTheRanksStatus) {
   EXPECT_NE(r.err.find("summary: 1 attempt(s), 0 failure(s)"), std::string::npos) << r.err;
 }
 
+// A process map hpcrun cannot read (--display-diffable-map's has no node names) is one warning: the
+// ranks are taken to be in -H's slot order, and the job runs. The map asked for is shown.
+TEST(HpcrunCli, AnUnreadableProcessMapIsOneWarning) {
+  TempDir dir("hpcrun_map");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "--mpi-args", "--display-diffable-map", "true"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hpcrun: warning: mpirun printed no process map; the ranks are taken to be on the hosts in "
+                       "-H's slot order"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("<map>"), std::string::npos) << r.out;
+}
+
 // At the end of a job no relaunch continues, hpcrun frees the run's snapshots in host memory
 // on the job's hosts, unless they hold steps no checkpoint does. (A stop, exit 75, leaves none
 // either: the trainer removes them once its checkpoint, which holds the same state, is written.)
