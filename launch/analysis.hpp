@@ -95,7 +95,8 @@ struct AttemptEvidence {
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
   bool stalled_starting = false;  // the stall came before the first step (--start-timeout)
   // Where each rank ran and mpirun's names for those hosts, from its process map (place_ranks);
-  // empty: no map was seen, and the ranks are taken to be in slot order (rank_hosts).
+  // the slot order where the map could not be read; empty: not placed (no map, no rank heard
+  // from), and the ranks are taken to be in slot order (rank_hosts).
   std::vector<std::string> rank_hosts;
   std::map<std::string, std::string> host_of_node;
   // The program mpirun failed to start where it is not hpcrun's rank wrapper: it took another word for the

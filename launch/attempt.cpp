@@ -283,7 +283,7 @@ bool AttemptWatcher::record_beat(double t) {
 // that rank's host by its own name for it (the one it blacklists) from mpirun's process map.
 void AttemptWatcher::watch_stragglers(double t) {
   place_ranks_once();  // the ranks have stepped: the map, if mpirun printed one, is whole
-  const std::vector<std::string> hosts = evidence_.rank_hosts.empty() ? rank_hosts(placement_) : evidence_.rank_hosts;
+  const std::vector<std::string>& hosts = evidence_.rank_hosts;
   const std::string rank = job_.heartbeat.field("slowest_rank"), ratio = job_.heartbeat.field("straggler_ratio");
   StragglerSighting seen;
   const int r = std::atoi(rank.c_str());
@@ -442,8 +442,7 @@ void AttemptWatcher::place_ranks_once() {
   if (!p.problem.empty())
     say("warning: " + p.problem + "; the ranks are taken to be on the hosts in -H's slot order (failures and "
         "stragglers blamed on those)");
-  else
-    evidence_.rank_hosts = std::move(p.hosts);
+  evidence_.rank_hosts = std::move(p.hosts);  // the slot order, where there is a problem
   evidence_.host_of_node = std::move(p.host_of_node);
 }
 
