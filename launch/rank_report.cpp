@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -119,18 +120,48 @@ TaggedLine parse_tagged(const std::string& line, bool from_stderr) {
   return t;
 }
 
+namespace {
+
+// The length of the tag "[job,rank]<stream>:" of job `job` ("[1,") that begins `s` at `at`, 0 where
+// none does.
+size_t tag_at(const std::string& s, size_t at, const std::string& job) {
+  if (s.compare(at, job.size(), job) != 0) return 0;
+  size_t i = at + job.size();
+  const size_t digits = i;
+  while (i < s.size() && i - digits < 10 && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == digits || i >= s.size() || s[i] != ']') return 0;
+  ++i;
+  for (const char* stream : {"<stdout>:", "<stderr>:", "<stddiag>:"})
+    if (s.compare(i, std::strlen(stream), stream) == 0) return i + std::strlen(stream) - at;
+  return 0;
+}
+
+}  // namespace
+
 std::vector<std::string> split_rank_line(const std::string& line) {
-  const TaggedLine t = parse_tagged(line, false);
+  TaggedLine t = parse_tagged(line, false);
   if (t.rank < 0) return {line};
-  const std::string tag = line.substr(0, line.size() - t.text.size());
+  const std::string job = line.substr(0, line.find(',') + 1);
+  std::string tag = line.substr(0, line.size() - t.text.size());
   std::vector<std::string> pieces;
   std::string rest = t.text;
   for (;;) {
-    // The next piece begins where the tag comes again, or (on stderr) where a wrapper's line does.
-    size_t cut = rest.find(tag), skip = tag.size();
+    // The next piece begins where a tag of this job comes (this rank's or another's: mpirun writes
+    // each piece it reads after the last, line end or not), or on stderr where a wrapper's line
+    // does, read by mpirun with the text before it.
+    size_t cut = std::string::npos, skip = 0;
+    for (size_t b = rest.find(job); b != std::string::npos; b = rest.find(job, b + 1))
+      if ((skip = tag_at(rest, b, job)) > 0) {
+        cut = b;
+        break;
+      }
     if (const size_t w = t.is_stderr ? rest.find(kWrapperPrefix, 1) : std::string::npos; w < cut) cut = w, skip = 0;
     if (cut == std::string::npos) break;
     pieces.push_back(tag + rest.substr(0, cut));
+    if (skip > 0) {
+      tag = rest.substr(cut, skip);
+      t = parse_tagged(tag, false);
+    }
     rest.erase(0, cut + skip);
   }
   pieces.push_back(tag + rest);

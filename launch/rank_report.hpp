@@ -43,12 +43,12 @@ struct TaggedLine {
   std::string text;
 };
 TaggedLine parse_tagged(const std::string& line, bool from_stderr);
-// mpirun tags each piece of a rank's output it reads, not each line: after a piece without a line
-// end ("done 100%\r", a prompt) the wrapper's status follows on the same line, with the same tag
-// again ("[1,0]<stderr>:done 100%\r[1,0]<stderr>:hpcrun-rank-status: ...") or, read in one piece
-// with it, without. The line cut where its own tag comes again and, on stderr, before a wrapper's
-// line ("hpcrun-rank-..."), each piece with the tag (an untagged line: itself alone). Only the
-// line's own tag: a wrapper's line is believed only from its own rank.
+// mpirun tags each piece of a rank's output it reads, not each line, and writes it after the last
+// piece of any rank: after a piece without a line end ("done 100%\r", a prompt) the next piece, of
+// this rank or another, follows on the same line with its tag ("[1,1]<stderr>:done 100%\r[1,0]<stderr>:
+// hpcrun-rank-status: rank=0 ...") or, read in one piece with it, without. The line cut before each
+// tag of its job and, on stderr, before a wrapper's line ("hpcrun-rank-"), each piece with its tag
+// (an untagged line: itself alone). A wrapper's line is believed only under its own rank's tag.
 std::vector<std::string> split_rank_line(const std::string& line);
 
 // The wrapper's main: runs argv[0] with its arguments, reports, exits as it did.

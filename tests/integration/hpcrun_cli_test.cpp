@@ -819,6 +819,19 @@ TEST(HpcrunCli, ALastLineWithoutALineEndKeepsTheRanksStatus) {
   EXPECT_NE(r.err.find("summary: 1 attempt(s), 0 failure(s)"), std::string::npos) << r.err;
 }
 
+// The same with another rank's output and status after the piece without a line end: mpirun
+// writes them on its line. Rank 1's progress comes first, rank 0's after it and then rank 0's
+// status, before rank 1 ends.
+TEST(HpcrunCli, AnotherRanksOutputAfterALineWithoutALineEndIsItsOwn) {
+  TempDir dir("hpcrun_no_line_end_2");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "--max-restarts", "1", "sh", "-c",
+                              "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then printf 'one 50%%\\r' >&2; sleep 1; "
+                              "else sleep 0.4; printf 'zero 10/10\\r' >&2; fi"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("summary: 1 attempt(s), 0 failure(s)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[a1:r0] zero 10/10"), std::string::npos) << r.err;
+}
+
 // A process map hpcrun cannot read (--display-diffable-map's has no node names) is one warning: the
 // ranks are taken to be in -H's slot order, and the job runs. The map asked for is shown.
 TEST(HpcrunCli, AnUnreadableProcessMapIsOneWarning) {

@@ -324,10 +324,20 @@ TEST(RankReport, APieceWithoutALineEndIsCutFromTheNext) {
             (std::vector<std::string>{"[1,1]<stderr>:step 10/10\r", "[1,1]<stderr>:hpcrun-rank-status: rank=1 exit=0"}));
   EXPECT_EQ(split_rank_line("[1,1]<stdout>:step 10/10\rhpcrun-rank-status: rank=1 exit=0"),
             (std::vector<std::string>{"[1,1]<stdout>:step 10/10\rhpcrun-rank-status: rank=1 exit=0"}));
-  // Another rank's tag inside the text stays text: the piece after it is rank 0's, whose report
-  // for rank 2 is not believed.
-  EXPECT_EQ(split_rank_line("[1,0]<stderr>:x [1,2]<stderr>:hpcrun-rank-status: rank=2 exit=1"),
-            (std::vector<std::string>{"[1,0]<stderr>:x [1,2]<stderr>:", "[1,0]<stderr>:hpcrun-rank-status: rank=2 exit=1"}));
+  // Another rank's piece after one without a line end: the rest of the line is that rank's (CI saw
+  // rank 0's status taken for rank 1's output, and a finished job relaunched).
+  EXPECT_EQ(split_rank_line("[1,1]<stderr>:step 10/10\r[1,0]<stderr>:step 10/10\r[1,0]<stderr>:hpcrun-rank-status: "
+                            "rank=0 exit=0"),
+            (std::vector<std::string>{"[1,1]<stderr>:step 10/10\r", "[1,0]<stderr>:step 10/10\r",
+                                      "[1,0]<stderr>:hpcrun-rank-status: rank=0 exit=0"}));
+  EXPECT_EQ(split_rank_line("[1,1]<stdout>:50%\r[1,0]<stderr>:x\rhpcrun-rank-status: rank=0 exit=0"),
+            (std::vector<std::string>{"[1,1]<stdout>:50%\r", "[1,0]<stderr>:x\r",
+                                      "[1,0]<stderr>:hpcrun-rank-status: rank=0 exit=0"}));
+  EXPECT_EQ(split_rank_line("[1,0]<stderr>:x [1,12]<stderr>:y"),
+            (std::vector<std::string>{"[1,0]<stderr>:x ", "[1,12]<stderr>:y"}));
+  // Only a whole tag of this job cuts.
+  EXPECT_EQ(split_rank_line("[1,0]<stderr>:[1,] [1,2]<err>: [2,1]<stderr>: [1,x]<stderr>:"),
+            (std::vector<std::string>{"[1,0]<stderr>:[1,] [1,2]<err>: [2,1]<stderr>: [1,x]<stderr>:"}));
   EXPECT_EQ(split_rank_line("mpirun: [1,0]<stderr>:x"), (std::vector<std::string>{"mpirun: [1,0]<stderr>:x"}));
   EXPECT_EQ(split_rank_line("[1,0]<stderr>:"), (std::vector<std::string>{"[1,0]<stderr>:"}));
 }
