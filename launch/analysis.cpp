@@ -177,6 +177,19 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   return "";
 }
 
+bool says_daemons_not_started(const std::string& line) {
+  return line.find("was unable to reliably start one or more daemons") != std::string::npos;
+}
+
+std::string first_said(const std::string& output) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const std::string l = trimmed(line);
+    if (l.find_first_not_of('-') != std::string::npos) return l.size() > 300 ? l.substr(0, 297) + "..." : l;
+  }
+  return "(it said nothing)";
+}
+
 std::string executable_named_by_mpirun(const std::string& line) {
   const std::string l = trimmed(line);
   // Open MPI 4: "Executable: X" (not found), "Application name: X" (its execve failed).

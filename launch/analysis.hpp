@@ -99,6 +99,8 @@ struct AttemptEvidence {
   // from), and the ranks are taken to be in slot order (rank_hosts).
   std::vector<std::string> rank_hosts;
   std::map<std::string, std::string> host_of_node;
+  // mpirun said it could not start its daemon on some host (says_daemons_not_started).
+  bool daemons_not_started = false;
   // The program mpirun failed to start where it is not hpcrun's rank wrapper: it took another word for the
   // program (a word of --mpi-args that is no option's value), which no relaunch can mend.
   std::string foreign_executable;
@@ -110,6 +112,14 @@ struct AttemptEvidence {
 // the network); else the host of the first rank that failed by itself (the ranks failing after
 // it are usually its victims: their peer vanished from a collective).
 Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
+
+// mpirun's account that it could not start its daemon on some host, which names none (Open MPI 4:
+// "ORTE was unable to reliably start one or more daemons.").
+bool says_daemons_not_started(const std::string& line);
+// The first line a failed mpirun wrote that is not a rule: its launch agent's or daemon's own words
+// where they came first ("bash: orted: command not found", "orted: error while loading shared
+// libraries: ..."), else the first line of its message; "(it said nothing)" where it wrote none.
+std::string first_said(const std::string& output);
 
 // The program mpirun names in its account of a launch that failed ("  Executable: X", "  Application
 // name: X"), else "".

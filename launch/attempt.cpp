@@ -56,12 +56,9 @@ std::string line_prefix(int attempt, int rank) {
 
 }  // namespace
 
-std::vector<std::string> mpirun_command(const LaunchOptions& o, const HostList& placement,
-                                        const std::string& self_exe) {
-  // --display-map: where mpirun put each rank (analysis.hpp's ProcessMap), not where hpcrun
-  // expects it to.
-  std::vector<std::string> cmd = {o.mpirun, "--tag-output", "--display-map", "-np", std::to_string(total_slots(placement)), "-H",
-                                  show_hosts(placement)};
+std::vector<std::string> mpirun_running(const LaunchOptions& o, const HostList& placement,
+                                        const std::vector<std::string>& program) {
+  std::vector<std::string> cmd = {o.mpirun, "-np", std::to_string(total_slots(placement)), "-H", show_hosts(placement)};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
   // Open MPI's daemons send the signals mpirun forwards (SIGUSR1, SIGUSR2) to a rank's whole
   // process group: the program as well as the wrapper, so hpcrun's liveness query (SIGUSR2) killed
@@ -88,8 +85,18 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, const HostList& 
   }
   for (const std::string& e : o.env) cmd.insert(cmd.end(), {"-x", e});
   cmd.insert(cmd.end(), o.mpi_args.begin(), o.mpi_args.end());
-  cmd.insert(cmd.end(), {self_exe, "--rank-exec"});
-  cmd.insert(cmd.end(), o.program.begin(), o.program.end());
+  cmd.insert(cmd.end(), program.begin(), program.end());
+  return cmd;
+}
+
+std::vector<std::string> mpirun_command(const LaunchOptions& o, const HostList& placement,
+                                        const std::string& self_exe) {
+  std::vector<std::string> program = {self_exe, "--rank-exec"};
+  program.insert(program.end(), o.program.begin(), o.program.end());
+  std::vector<std::string> cmd = mpirun_running(o, placement, program);
+  // --display-map: where mpirun put each rank (analysis.hpp's ProcessMap), not where hpcrun
+  // expects it to.
+  cmd.insert(cmd.begin() + 1, {"--tag-output", "--display-map"});
   return cmd;
 }
 
@@ -160,7 +167,8 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
   evidence_.stalled = phase_.stalled();
   evidence_.stalled_starting = phase_.stalled_starting() && o_.start_timeout_given;
   if (!evidence_.reports.empty() || !process_map_.node_of_rank().empty()) place_ranks_once();
-  const Analysis an = analyse_attempt(placement_, evidence_);
+  Analysis an = analyse_attempt(placement_, evidence_);
+  if (an.verdict == Verdict::Failure && an.failed_hosts.empty() && evidence_.daemons_not_started) find_daemonless(&an);
   rec_.verdict = an.verdict;
   rec_.membership = stop_.kind == StopKind::Membership && an.verdict == Verdict::Stopped;
   rec_.failed_hosts.assign(an.failed_hosts.begin(), an.failed_hosts.end());
@@ -170,6 +178,41 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
   if (an.verdict != Verdict::Failure) rec_.failed_at = -1;
   else if (rec_.failed_at < 0) rec_.failed_at = rec_.end;
   return rec_;
+}
+
+// mpirun could not start its daemon on some host, and named none: ssh reached it (its health probe
+// passed) but Open MPI's orted did not run there (not installed, a library missing, /tmp full) or
+// could not call back. Every attempt on the same hosts would fail the same way. Each remote host
+// is asked to start one alone, by the same mpirun command with `true` for the program, at once,
+// within --probe-timeout; those that cannot are blamed. (This machine needs no daemon: mpirun is
+// its own.)
+void AttemptWatcher::find_daemonless(Analysis* an) {
+  HostList remote;
+  for (const Host& h : placement_)
+    if (!is_local_host(h.name)) remote.push_back({h.name, 1});
+  if (remote.empty()) return;
+  std::string names;
+  for (const Host& h : remote) names += (names.empty() ? "" : ", ") + h.name;
+  say("mpirun could not start its daemon on a host it did not name: each of " + names + " is asked to start one alone");
+  std::vector<std::vector<std::string>> commands;
+  for (const Host& h : remote) commands.push_back(mpirun_running(o_, {h}, {"true"}));
+  const std::vector<CommandResult> results = run_commands(commands, o_.probe_timeout);
+  std::vector<std::string> failed;
+  for (size_t i = 0; i < remote.size(); ++i) {
+    const CommandResult& r = results[i];
+    job_.voice.log_line("hpcrun: " + logged_command(commands[i]) + ": " + (r.ok() ? "ok" : r.why()));
+    if (r.ok()) continue;
+    failed.push_back(remote[i].name);
+    say("host " + remote[i].name + " cannot start mpirun's daemon (" +
+        (!r.started || r.timed_out ? r.why() : r.status.show() + ": " + first_said(r.output)) + ")");
+  }
+  if (failed.empty()) {
+    an->reason += " (mpirun could not start a daemon; each host started one alone after it)";
+    return;
+  }
+  an->failed_hosts.insert(failed.begin(), failed.end());
+  an->reason = "mpirun could not start its daemon on";
+  for (size_t i = 0; i < failed.size(); ++i) an->reason += (i ? ", " : " ") + failed[i];
 }
 
 // ----------------------------------------------------------------------- the watch loop's steps
@@ -408,6 +451,7 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   if (t.rank >= 0 && t.is_stderr) keep_error_line(ev.error_lines[t.rank], t.text);
   if (const std::string x = t.rank < 0 ? executable_named_by_mpirun(t.text) : ""; !x.empty() && x != job_.self_exe)
     ev.foreign_executable = x;
+  if (t.rank < 0 && says_daemons_not_started(t.text)) ev.daemons_not_started = true;
   const std::string blamed = t.rank < 0 ? host_blamed_by_mpirun(t.text) : "";
   if (!blamed.empty()) {
     ev.blamed_by_mpirun.push_back(blamed);

@@ -46,6 +46,10 @@ struct AttemptRecord {
 // mpirun's words for the job on `placement`: each rank is hpcrun's wrapper (`self_exe
 // --rank-exec`) around the program.
 std::vector<std::string> mpirun_command(const LaunchOptions& o, const HostList& placement, const std::string& self_exe);
+// The same mpirun (launch agent or srun, -x, --mpi-args) running `program` on `placement` as
+// itself: no wrapper, no tags, no map.
+std::vector<std::string> mpirun_running(const LaunchOptions& o, const HostList& placement,
+                                        const std::vector<std::string>& program);
 
 // What the job loop lends each attempt.
 struct JobContext {
@@ -94,6 +98,8 @@ class AttemptWatcher {
   bool take_map_line(const std::string& text);  // whether it is a line of mpirun's process map
   void place_ranks_once();                      // evidence_.rank_hosts from the map, or a warning
   void note_failure();
+  // After a failed start that blamed no host: the hosts where mpirun cannot start its daemon.
+  void find_daemonless(Analysis* an);
   void check_membership();
   void request_stop(StopKind kind, const std::string& why);
 

@@ -186,11 +186,7 @@ void Supervisor::free_snapshots(int code) {
   // them. Narrowed to these.
   if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given)
     for (const auto& [name, value] : slurm_allocation_env(reachable)) ::setenv(name.c_str(), value.c_str(), 1);
-  std::vector<std::string> cmd = mpirun_command(o_, reachable, self_exe_);
-  cmd.erase(std::find(cmd.begin(), cmd.end(), self_exe_), cmd.end());  // the rank wrapper and the program
-  for (const char* word : {"--tag-output", "--display-map"})
-    cmd.erase(std::remove(cmd.begin(), cmd.end(), std::string(word)), cmd.end());
-  cmd.insert(cmd.end(), {o_.program.front(), "clean-snapshots", "--run-id", run_id});
+  std::vector<std::string> cmd = mpirun_running(o_, reachable, {o_.program.front(), "clean-snapshots", "--run-id", run_id});
   if (const std::string dir = program_option(o_.program, "snapshot-dir"); !dir.empty())
     cmd.insert(cmd.end(), {"--snapshot-dir", dir});
   say("freeing the run's snapshots in host memory on " + show_hosts(reachable) + " (run " + run_id + ")");

@@ -5,6 +5,9 @@
 # --probe-timeout, and the job runs on the healthy hosts; with too few of those, exit code 2 at once.
 # mpirun's own start-up, through the launch agent hpcrun gives it, gives up on a host that does not
 # answer in bounded time too (ssh's connect timeout), rather than ssh's default two minutes.
+# A host that ssh reaches but where Open MPI's daemon cannot start (a library of it broken there):
+# mpirun names no host, hpcrun finds it by asking each host to start a daemon alone, blames it, and
+# the job runs on the others instead of failing the same way on every restart.
 source "$(dirname "$0")/common.sh"
 netns_require
 netns_setup 17 5
@@ -70,4 +73,21 @@ hpcrun_wait $((probe + 8)) mpirun
 grep -q "ssh: connect to host ${H[4]} port 22: Connection timed out" "$NETNS_DIR/startup.err" ||
   fail "mpirun's ssh did not time out on ${H[4]}: $(head -3 "$NETNS_DIR/startup.err")"
 say "mpirun gave up after $((SECONDS - started)) s with exit code $RC: $(head -1 "$NETNS_DIR/startup.err")"
+say "host 2 passes its health probe but cannot start Open MPI's daemon: a library of it broken there"
+lib=$(readlink -f "$(ldd "$(readlink -f "$(command -v orted)")" | awk '/libopen-rte/ {print $3}')")
+[[ -f "$lib" ]] || fail "cannot find orted's libopen-rte"
+# In host 2's mount namespace alone (its sshd's): an empty file over the library.
+ssh -F "$NETNS_SSH_CONFIG" "${H[2]}" ": > /tmp/empty-lib && mount --bind /tmp/empty-lib $lib" ||
+  fail "cannot break Open MPI on host 2"
+ssh -F "$NETNS_SSH_CONFIG" "${H[2]}" orted --version > "$NETNS_DIR/orted.out" 2>&1 &&
+  fail "orted still runs on host 2: $(cat "$NETNS_DIR/orted.out")"
+hpcrun_start daemon -H "$(hpcrun_hosts "1 2")" -np 2 --min-np 1 --max-restarts 1
+hpcrun_wait 120
+[[ $RC == 0 ]] || fail "the job ended with $RC"
+grep -E "daemon|blacklisted" "$NETNS_DIR/daemon.err" | head -5
+expect_in daemon "host ${H[2]} cannot start mpirun's daemon (exit code 127: orted: error while loading shared libraries: .*libopen-rte"
+expect_in daemon "attempt 1 failed after .*: mpirun could not start its daemon on ${H[2]}$"
+expect_in daemon "host ${H[2]} blacklisted"
+expect_in daemon "attempt 2: 1 rank(s) on ${H[1]}:1"
+[[ -n "$(accuracy_of daemon)" ]] || fail "the job printed no final accuracy"
 say "PASS"

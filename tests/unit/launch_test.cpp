@@ -342,6 +342,21 @@ TEST(RankReport, APieceWithoutALineEndIsCutFromTheNext) {
   EXPECT_EQ(split_rank_line("[1,0]<stderr>:"), (std::vector<std::string>{"[1,0]<stderr>:"}));
 }
 
+// Open MPI 4's words when a host's daemon did not start, which name no host; and the line that
+// says why in a probe's output (the agent's words come before mpirun's message).
+TEST(Analysis, ADaemonThatDidNotStartIsSeenAndItsReasonRead) {
+  EXPECT_TRUE(says_daemons_not_started("ORTE was unable to reliably start one or more daemons."));
+  EXPECT_FALSE(says_daemons_not_started("ORTE does not know how to route a message to the specified daemon"));
+  EXPECT_EQ(host_blamed_by_mpirun("  target node:  node1"), "");  // the healthy host that message names
+  EXPECT_EQ(first_said("bash: orted: command not found\n------\nORTE was unable to reliably start one or more "
+                       "daemons.\n"),
+            "bash: orted: command not found");
+  EXPECT_EQ(first_said("\n-----------\n  ORTE was unable to reliably start one or more daemons.\nThis usually\n"),
+            "ORTE was unable to reliably start one or more daemons.");
+  EXPECT_EQ(first_said(""), "(it said nothing)");
+  EXPECT_EQ(first_said(std::string(400, 'x')).size(), 300u);
+}
+
 TEST(Analysis, MpirunMessagesNameHosts) {
   EXPECT_EQ(host_blamed_by_mpirun("  Remote daemon: [[19890,0],2] on node 10.77.0.12"), "10.77.0.12");
   EXPECT_EQ(host_blamed_by_mpirun("  Peer host:  node7"), "node7");
