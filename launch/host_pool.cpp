@@ -117,6 +117,12 @@ bool HostPool::wait_for_hosts(HostList* usable, bool first) {
   bool announced = false;
   for (;;) {
     *usable = healthy(known_hosts());
+    // A signal that came during the probes (which run to their end, --probe-timeout at most):
+    // nothing is launched. It had waited for the next attempt's start-up, and stopped that.
+    if (int sig; signals_.take(&sig)) {
+      voice_.say(std::string("stopping on ") + ::strsignal(sig) + " while probing hosts");
+      return false;
+    }
     const int slots = total_slots(*usable);
     if (slots >= o_.min_np) return true;
     const std::string have = std::to_string(slots) + " healthy slot(s)" +

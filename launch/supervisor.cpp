@@ -213,6 +213,10 @@ int Supervisor::run() {
   if (!hosts_.wait_for_hosts(&usable, true)) return finish(exit_without_hosts(signals_.interrupted()), "");
   check_mpirun_accepts(place(usable, hosts_.target_np(usable, true)));
   check_mca_settings();
+  if (int sig; signals_.take(&sig)) {  // during those checks: nothing is launched
+    say(std::string("stopping on ") + ::strsignal(sig) + " before the first launch");
+    return finish(exit_without_hosts(true), "");
+  }
   open_logs();
   bool first = true;
   for (;;) {

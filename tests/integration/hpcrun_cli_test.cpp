@@ -668,6 +668,30 @@ TEST(HpcrunCli, AStopAskedBeforeTheFirstStepIsAskedAgainAtIt) {
             std::string::npos);
 }
 
+// A signal while hpcrun probes its hosts (here a probe that takes 3 s, through a launch agent that
+// runs everything on this machine): hpcrun waited for the probes, then launched the job and asked it
+// to stop. Now nothing is launched, and it exits 75 as when stopped while waiting for hosts.
+TEST(HpcrunCli, ASignalDuringTheProbesLaunchesNothing) {
+  TempDir dir("hpcrun_signal_probing");
+  const std::string agent = dir.file("agent"), ran = dir.file("ran");
+  std::ofstream(agent) << "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nshift\n"
+                          "if [ \"$*\" = true ]; then sleep 3; fi\nexec sh -c \"$*\"\n";
+  fs::permissions(agent, fs::perms::owner_all);
+  for (int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    Started job({hpcrun_binary(), "--log-dir", dir.file("logs"), "--launch-agent", agent, "-H", "198.51.100.7:1",
+                 "--probe-timeout", "20s", "touch", ran});
+    usleep(1000 * 1000);
+    ASSERT_EQ(::kill(job.pid(), sig), 0);
+    const RunResult r = job.finish(60);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_NE(r.err.find(std::string("stopping on ") + strsignal(sig) + " while probing hosts"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("attempt 1"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(ran));
+  }
+}
+
 // Dispositions hpcrun inherits. An ignored SIGCHLD (a launcher that ignores it to leave no
 // zombies) made the kernel reap mpirun itself: waitpid never saw it end, and the attempt never
 // ended. An ignored SIGHUP (nohup) is the user's wish that the job outlive the terminal: the
