@@ -1247,6 +1247,54 @@ std::unique_ptr<Started> start_and_stop_at_step_12(const std::vector<std::string
   return p;
 }
 
+// A run resumed on other training data: a copy of its Fashion-MNIST with two training samples of
+// other labels swapped (as a dataset packed again with another seed, or files replaced, would order
+// them) resumed silently, and its samples no longer continued where it had stopped. Refused by
+// name; the same files in another directory (data moved) resume.
+TEST_F(Checkpoints, AResumeOnOtherTrainingDataIsRefused) {
+  const std::string ck = dir_.file("data");
+  ASSERT_EQ(run_hpctrain(job(ck, dir_.file("d.jsonl"))).exit_code, 0);
+  const auto gunzipped = [](const std::string& path) {
+    Bytes b;
+    gzFile f = gzopen(path.c_str(), "rb");
+    char buf[1 << 16];
+    for (int n; f && (n = gzread(f, buf, sizeof buf)) > 0;) b.insert(b.end(), buf, buf + n);
+    if (f) gzclose(f);
+    return b;
+  };
+  const std::string moved = dir_.file("moved"), swapped = dir_.file("swapped");
+  for (const std::string& d : {moved, swapped}) {
+    fs::create_directories(d);
+    for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                             "t10k-labels-idx1-ubyte"})
+      write_bytes(d + "/" + name, gunzipped(fashion_mnist_dir() + "/" + name + ".gz"));
+  }
+  Bytes images = read_bytes(swapped + "/train-images-idx3-ubyte"), labels = read_bytes(swapped + "/train-labels-idx1-ubyte");
+  size_t other = 1;  // the first sample whose label is not sample 0's
+  while (labels[8 + other] == labels[8]) ++other;
+  ASSERT_LT(other, 1280u);
+  std::swap(labels[8], labels[8 + other]);
+  std::swap_ranges(images.begin() + 16, images.begin() + 16 + 784, images.begin() + 16 + 784 * static_cast<ptrdiff_t>(other));
+  write_bytes(swapped + "/train-images-idx3-ubyte", images);
+  write_bytes(swapped + "/train-labels-idx1-ubyte", labels);
+  const auto resumed_on = [&](const std::string& data) {
+    std::vector<std::string> a = job(ck, dir_.file("d2.jsonl"));
+    *(std::find(a.begin(), a.end(), "--data-dir") + 1) = data;
+    a.insert(a.end(), {"--resume", ck + "/ckpt-000000030.hpck"});
+    return run_hpctrain(a);
+  };
+  const RunResult refused = resumed_on(swapped);
+  expect_usage_error(refused, ck + "/ckpt-000000030.hpck: the checkpoint's run trained on another training set than " +
+                                  swapped + "/train-images-idx3-ubyte, or on its samples in another order (digest ");
+  // inspect shows the digest the file records.
+  std::smatch digest;
+  ASSERT_TRUE(std::regex_search(refused.err, digest, std::regex("\\(digest ([0-9a-f]{16}), here [0-9a-f]{16}:")));
+  const RunResult shown = run_hpctrain({"inspect", ck + "/ckpt-000000030.hpck"});
+  EXPECT_NE(shown.out.find("training set: digest " + digest[1].str()), std::string::npos) << shown.out;
+  const RunResult r = resumed_on(moved);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 // One writer per checkpoint directory: while a run holds it (stopped here, so that nothing moves),
 // a second one on the same directory, fresh or resuming, is refused with one line naming the
 // holder, and leaves every file of the first, its checkpoints and its snapshots, as it was; the

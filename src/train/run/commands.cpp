@@ -175,6 +175,8 @@ void print_inspected(const Inspected& r) {
     out << "seed: " << meta_or(m, "option.seed") << ", dataset: " << meta_or(m, "option.dataset") << "\n";
     if (m.count("class_names"))  // packed shards' (the other datasets' names are fixed)
       out << "class names: " << m.at("class_names") << " (digest " << meta_or(m, "classes_digest") << ")\n";
+    if (m.count("training_set_digest"))  // a resume refuses other data
+      out << "training set: digest " << m.at("training_set_digest") << " (its count, image shape and labels in order)\n";
   }
   if (!r.layout.sections.empty()) {
     out << "sections:";

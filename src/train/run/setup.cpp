@@ -217,6 +217,11 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
       usage_error(path, ": ", e.what());
     }
     require_same_classes(c, p.ds.train.class_names, "the packed dataset " + p.ds.train.source);
+    try {
+      require_same_training_set(c, training_set_digest(p.ds.train), p.ds.train.source);
+    } catch (const Error& e) {
+      usage_error(path, ": ", e.what());
+    }
     HPC_REQUIRE(p.start.global_batch >= ctx.world_size(), "the checkpoint's global batch of ", p.start.global_batch,
                 " cannot give each of the ", ctx.world_size(), " ranks a sample");
     check_batches(o, p.ds.train, p.start.global_batch, ctx.world_size());

@@ -507,7 +507,7 @@ void TrainingRun::plan() {
 // The engine takes the model and optimizer over, as initialised and broadcast, and restores a
 // resumed run's checkpoint (the same bytes on every rank).
 void TrainingRun::start_engine() {
-  model_id_ = ModelIdentity::of(*p_.model, p_.ds.train.class_names);
+  model_id_ = ModelIdentity::of(*p_.model, p_.ds.train.class_names, training_set_digest(p_.ds.train));
   train_flops_per_sample_ = p_.model->train_flops_per_sample();
   const std::string summary = p_.model->summary();
   const EngineSpec spec = engine_spec(o_, p_.threads);

@@ -39,8 +39,25 @@ std::string listed(const std::vector<std::string>& names) {
 
 }  // namespace
 
-ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names) {
-  return {nn::model_name(model.spec().kind), model_signature(model.params()), std::move(class_names)};
+ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names,
+                                std::string training_set) {
+  return {nn::model_name(model.spec().kind), model_signature(model.params()), std::move(class_names),
+          std::move(training_set)};
+}
+
+std::string training_set_digest(const data::Dataset& train) {
+  const int64_t shape[4] = {train.count, train.height, train.width, train.channels};
+  const uint64_t h = fnv1a(shape, sizeof shape);
+  return hex64(fnv1a(train.labels.data(), train.labels.size() * sizeof train.labels[0], h));
+}
+
+void require_same_training_set(const ckpt::Checkpoint& c, const std::string& digest, const std::string& source) {
+  const auto recorded = c.meta.find("training_set_digest");
+  if (recorded == c.meta.end() || recorded->second == digest) return;
+  usage_error("the checkpoint's run trained on another training set than ", source, ", or on its samples in another "
+              "order (digest ", recorded->second, ", here ", digest, ": another dataset, one packed again, files "
+              "replaced?), where it would not continue at the sample it stopped at: resume with the data it was made "
+              "with, or begin a new run from its weights with --init-from");
 }
 
 void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
@@ -55,6 +72,7 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
     m["class_names"] = json_text(JsonObject(model.class_names));  // bytes that are not UTF-8 replaced
     m["classes_digest"] = data::class_names_digest(model.class_names);  // of the names as they were
   }
+  if (!model.training_set.empty()) m["training_set_digest"] = model.training_set;
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
   record_position(c, at);
 }

@@ -41,11 +41,22 @@ struct RunPosition {
 struct ModelIdentity {
   std::string name, signature;
   std::vector<std::string> class_names;
-  static ModelIdentity of(const nn::Model<float>& model, std::vector<std::string> class_names = {});
+  std::string training_set;  // training_set_digest of the data it trains on ("": none recorded)
+  static ModelIdentity of(const nn::Model<float>& model, std::vector<std::string> class_names = {},
+                          std::string training_set = "");
 };
 
+// The training set as a resumed run depends on it: its count, sample shape and labels in their
+// order (16 hex digits). Another dataset, the same images shuffled otherwise (packed again with
+// another seed, or more images) or replaced files give another digest: a run resumed on them would
+// not continue at the sample where it stopped.
+std::string training_set_digest(const data::Dataset& train);
+// Usage error when the checkpoint records a training set's digest (checkpoints since 2026-12-04) and
+// `digest`, of the data from `source`, is another.
+void require_same_training_set(const ckpt::Checkpoint& c, const std::string& digest, const std::string& source);
+
 // A checkpoint is the run's record (its meta section: versions, model, time, world size,
-// position and options, written here) and the training state (the arenas, and the loss scaler's
+// position, options and training set, written here) and the training state (the arenas, and the loss scaler's
 // keys, which the Engine snapshots). record_run replaces c's meta.
 void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
                 const RunPosition& at);
