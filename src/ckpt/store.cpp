@@ -296,6 +296,8 @@ void CheckpointStore::supersede_after(int64_t after) {
   HPC_REQUIRE(fs::create_directory(aside, ec) && !ec, "cannot create ", aside.string(), ": ", ec.message());
   for (const std::string& path : newer)
     if (::rename(path.c_str(), (aside / fs::path(path).filename()).c_str()) != 0) io_error("move", path);
+  // Both directories' entries durable (POSIX promises each only for the directory synced).
+  fsync_path(aside.string(), O_RDONLY | O_DIRECTORY);
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);
   log::warn("moved ", newer.size(), " checkpoint(s) this run does not continue (up to ",
             fs::path(newer.front()).filename().string(), ") to ", aside.string(),
