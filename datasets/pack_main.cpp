@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
       throw po::error("an image folder SRC and an output directory OUT are needed");
     if (o.src.empty() || o.out.empty())
       throw po::error(std::string(o.src.empty() ? "SRC" : "OUT") + " is an empty path (an unset variable?)");
-    if (o.images_per_shard <= 0) throw po::error("--images-per-shard must be positive");
+    // A shard's index counts its records in 32 bits.
+    if (o.images_per_shard <= 0 || o.images_per_shard > 4294967295)
+      throw po::error("--images-per-shard must be positive, and at most 4294967295");
     if (o.resize < 0) throw po::error("--resize must be 0 or positive");
     if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
     if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");

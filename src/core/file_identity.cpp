@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,6 +75,13 @@ std::optional<FileIdentity> file_identity(const std::string& path) {
 
 int open_data_file(const std::string& path, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
+  if (fd < 0 && errno == EMFILE) {  // a split of many shards, each held open
+    struct rlimit limit {};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    usage_error("cannot read ", what, " ", path, ": ", std::strerror(EMFILE), " (this process may hold ",
+                limit.rlim_cur, " open at once, as raised to its hard limit: raise that, ulimit -Hn, or pack "
+                "fewer, larger shards)");
+  }
   if (fd < 0) io_error("read " + what, path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

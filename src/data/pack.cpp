@@ -150,9 +150,11 @@ struct NewShards {
 };
 
 // A split's shard files: <split>-NNNNN-of-MMMMM.hpcs (before manifests listed them) and
-// <split>-gG-NNNNN-of-MMMMM.hpcs, finished or .part.
+// <split>-gG-NNNNN-of-MMMMM.hpcs, finished or .part; five digits at least (shard_name writes more
+// for 100000 shards or more: unseen, a packing took the name of a committed split's shard, and a
+// failed one removed them all).
 const std::regex& shard_file_pattern() {
-  static const std::regex pattern(R"(([^-./ ]+)-(?:g(\d+)-)?\d{5}-of-\d{5}\.hpcs(\.part)?)");
+  static const std::regex pattern(R"(([^-./ ]+)-(?:g(\d+)-)?\d{5,}-of-\d{5,}\.hpcs(\.part)?)");
   return pattern;
 }
 
@@ -299,8 +301,8 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
   if (error) std::rethrow_exception(error);
   if (o.progress) o.progress(total, total);
   std::sort(result.skipped.begin(), result.skipped.end());
-  HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src,
-              " decoded (all skipped by --skip-corrupt, the first: ", result.skipped.front(), ")");
+  HPC_REQUIRE(packed > 0, "none of the ", total, " images in ", o.src, " decoded (all skipped by --skip-corrupt",
+              result.skipped.empty() ? std::string() : ", the first: " + result.skipped.front(), ")");
   result.images = packed;
   result.cmyk_converted = converted;
   result.shards = shards;
@@ -397,8 +399,13 @@ PackResult pack_image_folder(const PackOptions& o) {
   const int64_t generation = next_generation(o.out, o.split);
   const int64_t shards = (static_cast<int64_t>(sources.size()) + o.images_per_shard - 1) / o.images_per_shard;
   NewShards fresh;
-  for (int64_t s = 0; s < shards; ++s)
+  for (int64_t s = 0; s < shards; ++s) {
     fresh.paths.push_back((fs::path(o.out) / shard_name(o.split, s, shards, generation)).string());
+    // Never over a file there (a committed shard would go with a failed packing's).
+    std::error_code ec;
+    HPC_CHECK(!fs::exists(fs::symlink_status(fresh.paths.back(), ec)), "the new shard ", fresh.paths.back(),
+              " would replace a file there");
+  }
   write_shards(o, sources, fresh.paths, result);
   const std::vector<SplitManifest::Shard> entries = verify_shards(fresh.paths, result);
   check_stop(o);

@@ -216,7 +216,7 @@ void ShardReader::read(int64_t i, std::vector<uint8_t>& out) const {
 // ---- dataset directory -------------------------------------------------------------------------
 
 std::vector<std::string> list_shards(const std::string& dir, const std::string& split) {
-  const std::regex pattern(split + R"(-(\d{5})-of-(\d{5})\.hpcs)");
+  const std::regex pattern(split + R"(-(\d{5,18})-of-(\d{5,18})\.hpcs)");
   std::vector<std::pair<int64_t, std::string>> found;
   int64_t total = -1;
   std::error_code ec;

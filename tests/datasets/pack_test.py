@@ -183,6 +183,43 @@ class Pack(unittest.TestCase):
         self.assertEqual(run(other, self.out, "--split", "val", "--quiet")[0], 0)
         self.assert_refused((self.src, self.out, "--quiet"), 1, "differ from the 3 class folders")
 
+    def test_a_split_of_100000_shards_or_more_is_seen(self):
+        """Shard names have six digits from 100000 shards on (ImageNet at 12 images a shard or
+        fewer). The packing that followed did not see them: it took their generation, wrote its
+        shards under their names, and when it failed removed them all, the committed split's."""
+        self.packed()
+        stray = os.path.join(self.out, "train-g7-000000-of-100000.hpcs")
+        open(stray, "w").close()
+        code, err = run(self.src, self.out, "--quiet")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.manifest()["generation"], 8)
+        self.assertFalse(os.path.exists(stray), "a replaced generation's shard is left")
+
+    @unittest.skipUnless(HPCTRAIN, "HPCTRAIN (the hpctrain binary) is not set")
+    def test_a_split_of_more_shards_than_the_soft_open_file_limit_trains(self):
+        """hpctrain holds every shard open: ImageNet's 1301 at the default 1024 images a shard
+        passed the soft limit of 1024 many logins have ("Too many open files"). The soft limit is
+        raised to the hard one; where that is too low too, the error says what to raise."""
+        code, err = run(self.src, self.out, "--images-per-shard", "1", "--quiet")
+        self.assertEqual(code, 0, err)
+        code, err = run(self.src, self.out, "--split", "val", "--images-per-shard", "1", "--quiet")
+        self.assertEqual(code, 0, err)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        for soft, limit, ok in ((16, hard, True), (16, 16, False)):
+            with self.subTest(soft=soft, hard=limit):
+                def limited(soft=soft, limit=limit):
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, limit))
+                p = subprocess.run([HPCTRAIN, "--dataset", "shards", "--data-dir", self.out, "--image-size", "16",
+                                    "--model", "cnn", "--max-steps", "2", "--batch-size", "4", "--threads", "1"],
+                                   cwd=self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120,
+                                   preexec_fn=limited)
+                if ok:
+                    self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                else:
+                    self.assertEqual(p.returncode, 2, p.stderr)
+                    self.assertIn("Too many open files (this process may hold 16 open at once, as raised to its hard "
+                                  "limit: raise that, ulimit -Hn, or pack fewer, larger shards)", p.stderr)
+
     def test_signal_part_way_leaves_out_as_it_was(self):
         before = self.packed()
         slow = os.path.join(self.tmp, "slow")
@@ -324,6 +361,8 @@ class Pack(unittest.TestCase):
                  ((self.src, ""), 2, "OUT is an empty path"),
                  ((self.src,), 2, "are needed"),
                  ((self.src, self.out, "--images-per-shard", "0"), 2, "must be positive"),
+                 # The shard count overflowed, and it crashed (SIGSEGV) leaving a new, empty OUT.
+                 ((self.src, self.out, "--images-per-shard", "9223372036854775807"), 2, "at most 4294967295"),
                  ((self.src, self.out, "--threads", "0"), 2, "1..1024"),
                  ((self.src, self.out, "--threads", "100000"), 2, "1..1024"),
                  ((self.src, self.out, "--quality", "101"), 2, "1..100"),
