@@ -6,6 +6,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -226,9 +229,27 @@ DatasetPair load_synthetic(int64_t image_size) {
   return p;
 }
 
+namespace {
+// A directory hpcdata prepare made records its dataset in hpcdata.json ({"dataset": "mnist", ...}):
+// Fashion-MNIST read as --dataset mnist (the same file names and sizes) trained without a word, with
+// MNIST's normalisation and name. A file that does not read as one constrains nothing.
+void require_prepared_as(DatasetKind kind, const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "hpcdata.json");
+  if (!in) return;
+  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() || !manifest.contains("dataset") || !manifest["dataset"].is_string()) return;
+  const std::string prepared = manifest["dataset"].get<std::string>();
+  DatasetKind theirs;
+  HPC_REQUIRE(!find_dataset(prepared, &theirs) || theirs == kind, "--data-dir ", dir, " holds ", prepared,
+              " (its hpcdata.json, from hpcdata prepare, says so), not ", dataset_name(kind), ": give --dataset ",
+              prepared);
+}
+}  // namespace
+
 DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size) {
   if (kind == DatasetKind::Synthetic) return load_synthetic(image_size);
   require_data_directory(kind, dir);
+  require_prepared_as(kind, dir);
   if (kind == DatasetKind::Shards) return load_shards(dir, image_size);
   HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", dataset_name(kind),
               " has its own image size");

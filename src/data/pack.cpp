@@ -49,9 +49,15 @@ std::vector<Source> scan(const std::string& src, PackResult& result) {
   std::error_code ec;
   HPC_REQUIRE(fs::is_directory(src, ec), "image folder ", src, " does not exist or is not a directory");
   std::vector<fs::path> class_dirs;
-  for (const auto& e : fs::directory_iterator(src, ec))
+  for (const auto& e : fs::directory_iterator(src, ec)) {
+    // A class folder behind a link that leads nowhere (a file system not mounted): left out, it
+    // shifted every later class's label without a word.
+    std::error_code link;
+    HPC_REQUIRE(!e.is_symlink(link) || fs::exists(e.path(), link), e.path().string(), " is a link to ",
+                fs::read_symlink(e.path(), link).string(), ", which does not exist: mount or mend it, or remove it");
     if (e.is_directory()) class_dirs.push_back(e.path());
     else ++result.ignored_files;
+  }
   HPC_REQUIRE(!ec, "cannot list ", src, ": ", ec.message());
   HPC_REQUIRE(!class_dirs.empty(), "image folder ", src, " has no class folders (expected SRC/<class>/<image>.jpg)");
   std::sort(class_dirs.begin(), class_dirs.end());
@@ -62,7 +68,9 @@ std::vector<Source> scan(const std::string& src, PackResult& result) {
     std::vector<std::string> files;
     // A JPEG's name on what is no regular file (a dangling link, a FIFO) is taken as an image and
     // refused when it is read, naming it (it was left out without a word, counted nowhere).
-    for (const auto& e : fs::recursive_directory_iterator(dir, ec))
+    // Folders inside a class count, linked ones too (as torchvision's ImageFolder follows them):
+    // they were passed over, counted nowhere. (A loop of links ends in an error naming it.)
+    for (const auto& e : fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec))
       if (is_jpeg_name(e.path()) && !e.is_directory()) files.push_back(e.path().string());
       else if (e.is_regular_file()) ++result.ignored_files;
     HPC_REQUIRE(!ec, "cannot list ", dir.string(), ": ", ec.message());

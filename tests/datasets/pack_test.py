@@ -183,6 +183,24 @@ class Pack(unittest.TestCase):
         self.assertEqual(run(other, self.out, "--split", "val", "--quiet")[0], 0)
         self.assert_refused((self.src, self.out, "--quiet"), 1, "differ from the 3 class folders")
 
+    def test_linked_folders(self):
+        """A class folder behind a link that leads nowhere was left out, and every later class's
+        label shifted; a linked folder inside a class was passed over, counted nowhere."""
+        extra = os.path.join(self.tmp, "extra")
+        self.folder(extra, ["more"], per_class=5)
+        os.symlink(os.path.join(extra, "more"), os.path.join(self.src, self.CLASSES[0], "more"))
+        code, err = run(self.src, self.out, "--quiet")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.manifest()["images"], 9 + 5)
+        gone = os.path.join(self.src, "a-gone")
+        os.symlink(os.path.join(self.tmp, "not-mounted"), gone)
+        before = snapshot(self.out)
+        code, err = run(self.src, self.out, "--quiet")
+        self.assertEqual(code, 1, err)
+        self.assertEqual(error_lines(err), [f"hpcdata pack: error: {gone} is a link to {self.tmp}/not-mounted, which "
+                                            "does not exist: mount or mend it, or remove it"])
+        self.assertEqual(snapshot(self.out), before)
+
     def test_a_split_of_100000_shards_or_more_is_seen(self):
         """Shard names have six digits from 100000 shards on (ImageNet at 12 images a shard or
         fewer). The packing that followed did not see them: it took their generation, wrote its

@@ -123,6 +123,12 @@ class Prepare(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("already prepared", err)
         self.train("fashion-mnist", out)
+        # Read as MNIST (the same file names and sizes) it trained without a word.
+        p = subprocess.run([HPCTRAIN, "--dataset", "mnist", "--data-dir", out, "--max-steps", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertEqual(p.stderr.strip(), f"hpctrain: error: --data-dir {out} holds fashion-mnist (its hpcdata.json, "
+                                           "from hpcdata prepare, says so), not mnist: give --dataset fashion-mnist")
 
     def test_cifar100_archive_unpacks_and_trains(self):
         out = self.out("cifar100")
