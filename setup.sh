@@ -42,6 +42,7 @@ packages=(
   libopenmpi-dev openmpi-bin                   # data-parallel runs over MPI
   iproute2                                     # hpcrun's tests: hosts as network namespaces
   openssh-client openssh-server                # hpcrun's launch agent; an sshd per test host
+  e2fsprogs util-linux mount                   # a file system on a loop device, frozen (tests/integration/hung_storage.sh)
   slurm-wlm munge procps                       # slurm/local-cluster.sh and the Slurm tests
   libboost-program-options-dev                 # command line and config files
   nlohmann-json3-dev                           # JSON, written and read (hpcrun's summary.json, ...)

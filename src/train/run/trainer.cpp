@@ -257,11 +257,23 @@ void TrainingRun::release_directory() {
 TrainResult TrainingRun::run_steps() {
   // A rank that stops or dies in set-up would hold its peers in set-up's agreements for ever.
   const auto expire = [this](const std::string& message) {
-    mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
-    if (const std::unique_lock hold(metrics_lock_, std::chrono::milliseconds(500)); hold && step_metrics_)
-      step_metrics_->ended(RunState::Failed);
-    ckpt::remove_lock_at_exit();
-    StepWatchdog::print_and_exit(message);
+    StepWatchdog::print_expired(message);
+    // The last words (the heartbeat's "failed", the metrics, the lock's removal) go to storage that
+    // may be what does not answer (a hung NFS or EFS mount, a frozen file system): the watchdog
+    // that waited on them hung there too, and the job with it, instead of ending for a relaunch.
+    // Written by a thread of their own, waited for kLastWordsSeconds at most.
+    const auto said = std::make_shared<std::atomic<bool>>(false);
+    std::thread([this, said] {
+      mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
+      if (const std::unique_lock hold(metrics_lock_, std::chrono::milliseconds(500)); hold && step_metrics_)
+        step_metrics_->ended(RunState::Failed);
+      ckpt::remove_lock_at_exit();
+      said->store(true);
+    }).detach();
+    constexpr int kLastWordsSeconds = 5;
+    for (int i = 0; i < kLastWordsSeconds * 20 && !said->load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    StepWatchdog::exit_expired();
   };
   watchdog_ = std::make_unique<StepWatchdog>(o_.start_timeout_seconds, ctx_.where(), expire, StepWatchdog::Poll{},
                                              Watched::SetUp, world_ > 1);

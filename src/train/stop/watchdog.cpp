@@ -27,8 +27,16 @@ std::string seconds_text(double s) {
 }  // namespace
 
 void StepWatchdog::print_and_exit(const std::string& message) {
+  print_expired(message);
+  exit_expired();
+}
+
+void StepWatchdog::print_expired(const std::string& message) {
   std::fprintf(stderr, "hpctrain: error: %s\n", message.c_str());
   std::fflush(stderr);
+}
+
+void StepWatchdog::exit_expired() {
   std::fflush(stdout);
   // No destructors, no MPI_Finalize: the main thread is stuck inside a collective and would
   // only hang again. mpirun sees a rank leave with this code and ends the others.

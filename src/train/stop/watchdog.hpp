@@ -39,6 +39,9 @@ class StepWatchdog {
   static constexpr double kPollSeconds = 1.0;
   // The default Expire: the message on stderr, then _exit(kExitStepTimeout).
   [[noreturn]] static void print_and_exit(const std::string& message);
+  // Its two halves, for an Expire with last words between them.
+  static void print_expired(const std::string& message);
+  [[noreturn]] static void exit_expired();
 
   // timeout_seconds <= 0: off (no thread). `where` names this process in messages
   // ("rank 1 on node7"); `peers`: whether it has any, the likely cause of a wait (else a file
