@@ -36,6 +36,9 @@ void catch_stop_signals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // Its reader gone (`| head`, a closed terminal): the progress lines fail, the packing goes on.
+  // (Killed by SIGPIPE, it left its finished shards, a .part file and a new OUT behind.)
+  std::signal(SIGPIPE, SIG_IGN);
 }
 
 }  // namespace

@@ -259,6 +259,23 @@ class Pack(unittest.TestCase):
         self.assertIn("stopped by SIGTERM", err.strip().splitlines()[-1])
         self.assertEqual(snapshot(self.out), before)
 
+    def test_a_reader_gone_does_not_stop_the_packing(self):
+        """The installed packer run by itself, its progress read by `| head -1`: killed by SIGPIPE
+        when the reader went, it left finished shards, a .part file and a new OUT behind."""
+        slow = os.path.join(self.tmp, "slow")
+        for cls in self.CLASSES:
+            os.makedirs(os.path.join(slow, cls))
+            for i in range(2):
+                with open(os.path.join(slow, cls, f"{i}.jpg"), "wb") as f:
+                    f.write(big_jpeg(4096))
+        job = subprocess.Popen([os.environ["HPCDATA_PACK"], slow, self.out, "--threads", "1", "--images-per-shard", "1",
+                                "--progress", "lines"], stderr=subprocess.PIPE)  # SIGPIPE as a shell leaves it
+        job.stderr.readline()
+        job.stderr.close()  # the reader goes
+        self.assertEqual(job.wait(timeout=120), 0)
+        self.assertEqual(self.manifest()["images"], 6)
+        self.assertFalse([n for n in os.listdir(self.out) if n.endswith(".part")])
+
     def test_interrupt_before_the_packer_runs_is_one_line(self):
         """Ctrl-C while hpcdata loads its modules, before the packer takes its place (a
         KeyboardInterrupt traceback before): status 130 and one line, OUT never made. The signal
