@@ -43,6 +43,7 @@ packages=(
   iproute2                                     # hpcrun's tests: hosts as network namespaces
   openssh-client openssh-server                # hpcrun's launch agent; an sshd per test host
   e2fsprogs util-linux mount                   # a file system on a loop device, frozen (tests/integration/hung_storage.sh)
+  strace                                       # the dataset tests hold a syscall to stop a command in its middle
   slurm-wlm munge procps                       # slurm/local-cluster.sh and the Slurm tests
   libboost-program-options-dev                 # command line and config files
   nlohmann-json3-dev                           # JSON, written and read (hpcrun's summary.json, ...)

@@ -7,6 +7,7 @@ DIR) works the checkpoint way: a failure or a signal leaves the prepared DIR byt
 it was. Bad arguments are usage errors that change nothing."""
 
 import gzip
+import hashlib
 import http.server
 import io
 import json
@@ -274,6 +275,43 @@ class Prepare(unittest.TestCase):
             ("prepare", "fashion-mnist", "--out", good, "--force", "--from", FASHION, "--offline"), 1,
             "File too large", [good], preexec_fn=small_files))
         self.train("fashion-mnist", good)
+
+    @unittest.skipUnless(os.path.isdir(FASHION), "Debian's dataset-fashion-mnist is not installed")
+    def test_a_stop_during_the_switch_waits_for_it(self):
+        """A SIGTERM while prepare --force renamed the new files into DIR left DIR without its
+        manifest and with some files replaced: the verified dataset it had was lost. strace holds
+        each rename half a second, so that the stop comes in the middle of the switch."""
+        strace = shutil.which("strace")
+        self.assertIsNotNone(strace, "no strace (run ./setup.sh)")
+        out = self.out("switch")
+        code, _, err = hpcdata("prepare", "fashion-mnist", "--out", out, "--offline", "--from", FASHION)
+        self.assertEqual(code, 0, err)
+        log = os.path.join(self.tmp, "switch.strace")
+        renames = "rename,renameat,renameat2"
+        job = subprocess.Popen([strace, "-f", "-o", log, "-e", "trace=" + renames, "-e",
+                                f"inject={renames}:delay_exit=500000", sys.executable, HPCDATA, "prepare",
+                                "fashion-mnist", "--out", out, "--force", "--offline", "--from", FASHION],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(log) and re.search(r"rename.*\.hpcdata-prepare\..*train-", open(log).read())):
+            self.assertIsNone(job.poll(), "prepare ended before its switch")
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.01)
+        child = subprocess.run(["pgrep", "-P", str(job.pid)], stdout=subprocess.PIPE, text=True).stdout.split()
+        self.assertEqual(len(child), 1, child)
+        os.kill(int(child[0]), signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+        self.assertIn("stopped by SIGTERM", err)
+        # DIR holds the dataset whole, its manifest naming every file as it is.
+        code, _, err = hpcdata("prepare", "fashion-mnist", "--out", out, "--offline")
+        self.assertEqual(code, 0, err)
+        self.assertIn("already prepared", err)
+        with open(os.path.join(out, "hpcdata.json")) as f:
+            manifest = json.load(f)
+        self.assertEqual(len(manifest["files"]), 4)
+        for name, entry in manifest["files"].items():
+            with open(os.path.join(out, name), "rb") as f:
+                self.assertEqual(hashlib.sha256(f.read()).hexdigest(), entry["sha256"], name)
 
     def test_signal_part_way_leaves_dir_as_it_was(self):
         out = self.out("stopped")
