@@ -163,6 +163,14 @@ class Prepare(unittest.TestCase):
         self.assertEqual(len(error_lines(err)), 1, err)
         self.assertIn(os.path.join(broken, "cifar-10-binary.tar.gz"), err)  # the user's file, not a temporary
         self.assertFalse(os.path.exists(self.out("cut")))  # neither the archive nor half its members
+        # Whole but for its CRC (the stream's last bytes): unpacked as it was under --no-verify,
+        # which skips only the published checksums.
+        with open(os.path.join(broken, "cifar-10-binary.tar.gz"), "wb") as f:
+            f.write(data[:-8] + bytes([data[-8] ^ 1]) + data[-7:])
+        code, _, err = hpcdata("prepare", "cifar10", "--out", self.out("crc"), "--from", broken, "--no-verify")
+        self.assertEqual(code, 1, err)
+        self.assertIn("cannot be unpacked: CRC check failed", err)
+        self.assertFalse(os.path.exists(self.out("crc")))
         # The other CIFAR's archive under this one's name: members missing.
         shutil.copyfile(self.cifar100, os.path.join(broken, "cifar-10-binary.tar.gz"))
         code, _, err = hpcdata("prepare", "cifar10", "--out", self.out("wrong"), "--from", broken, "--no-verify")
