@@ -196,6 +196,20 @@ class Prepare(unittest.TestCase):
         code, _, err = hpcdata("prepare", "mnist", "--out", self.out("bad-mnist"), "--from", bad, "--no-verify")
         self.assertEqual(code, 1)
         self.assertIn("not a readable gzip file", err)
+        # Zeros after the stream (a copy padded to a block): gzip passes over them, hpctrain refuses
+        # them: prepared, the directory did not train. Two members, as gzip -d reads them, pass.
+        labels = gzip.compress(idx_labels(100))
+        for tail, ok in ((bytes(512), False), (gzip.compress(b""), True)):
+            with open(os.path.join(bad, "t10k-labels-idx1-ubyte.gz"), "wb") as f:
+                f.write(labels + tail)
+            code, _, err = hpcdata("prepare", "mnist", "--out", self.out("padded"), "--from", bad, "--no-verify",
+                                   "--force")
+            if ok:
+                self.assertEqual(code, 0, err)
+            else:
+                self.assertEqual(code, 1, err)
+                self.assertIn("is corrupt: 512 bytes that are not gzip data follow its compressed stream", err)
+                self.assertFalse(os.path.exists(self.out("padded")))
 
     def test_download_from_a_mirror(self):
         directory = self.mnist
