@@ -91,6 +91,16 @@ class Pack(unittest.TestCase):
         with open(os.path.join(self.out, f"{split}.json")) as f:
             return json.load(f)
 
+    def slow_folder(self, per_class):
+        """An image folder of the classes whose images take a while to decode (big_jpeg)."""
+        slow = os.path.join(self.tmp, "slow")
+        for cls in self.CLASSES:
+            os.makedirs(os.path.join(slow, cls))
+            for i in range(per_class):
+                with open(os.path.join(slow, cls, f"{i}.jpg"), "wb") as f:
+                    f.write(big_jpeg(4096))
+        return slow
+
     def packed(self):
         """OUT with good train and val splits."""
         for split in ("train", "val"):
@@ -240,12 +250,7 @@ class Pack(unittest.TestCase):
 
     def test_signal_part_way_leaves_out_as_it_was(self):
         before = self.packed()
-        slow = os.path.join(self.tmp, "slow")
-        for cls in self.CLASSES:
-            os.makedirs(os.path.join(slow, cls))
-            for i in range(4):
-                with open(os.path.join(slow, cls, f"{i}.jpg"), "wb") as f:
-                    f.write(big_jpeg(4096))
+        slow = self.slow_folder(4)
         job = subprocess.Popen([sys.executable, HPCDATA, "pack", slow, self.out, "--threads", "1", "--quiet"],
                                stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
@@ -262,12 +267,7 @@ class Pack(unittest.TestCase):
     def test_a_reader_gone_does_not_stop_the_packing(self):
         """The installed packer run by itself, its progress read by `| head -1`: killed by SIGPIPE
         when the reader went, it left finished shards, a .part file and a new OUT behind."""
-        slow = os.path.join(self.tmp, "slow")
-        for cls in self.CLASSES:
-            os.makedirs(os.path.join(slow, cls))
-            for i in range(2):
-                with open(os.path.join(slow, cls, f"{i}.jpg"), "wb") as f:
-                    f.write(big_jpeg(4096))
+        slow = self.slow_folder(2)
         job = subprocess.Popen([os.environ["HPCDATA_PACK"], slow, self.out, "--threads", "1", "--images-per-shard", "1",
                                 "--progress", "lines"], stderr=subprocess.PIPE)  # SIGPIPE as a shell leaves it
         job.stderr.readline()
