@@ -171,6 +171,7 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
     d.source = dir;
     d.classes = static_cast<int>(open.classes.size());
     d.class_names = open.classes;
+    d.packed_from = open.source;
     auto images = std::make_shared<const ShardImages>(std::move(open.shards), size);
     d.count = images->count();
     HPC_REQUIRE(d.count > 0, "the ", which, " shards in ", dir, " hold no images");

@@ -25,6 +25,7 @@ struct Dataset {
   std::vector<int32_t> labels;  // count
   // Packed image shards, decoded per batch (shard_images.hpp); null for the in-memory datasets.
   std::shared_ptr<const ShardImages> shards;
+  std::string packed_from;  // packed shards: the image folder hpcdata pack read ("": not known)
   int64_t sample_bytes() const { return height * width * channels; }
   // Keeps the first n samples (short test runs); n <= 0 keeps all.
   void truncate(int64_t n);

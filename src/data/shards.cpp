@@ -359,6 +359,7 @@ std::optional<SplitManifest> parse_manifest(const std::string& text, const std::
                           static_cast<int64_t>(whole_field(f, "records")),
                           static_cast<uint32_t>(whole_field(f, "index_crc32", UINT32_MAX))});
     m.images = static_cast<int64_t>(whole_field(tree, "images"));
+    if (const auto s = tree.find("source"); s != tree.end() && s->is_string()) m.source = s->get<std::string>();
     std::set<std::string> listed;
     for (const SplitManifest::Shard& s : m.shards) {
       HPC_REQUIRE(!s.name.empty() && s.name.find('/') == std::string::npos && s.name.ends_with(".hpcs"), path,
@@ -425,7 +426,7 @@ OpenSplit open_split(const std::string& dir, const std::string& split) {
     try {
       const std::optional<SplitManifest> m = text.empty() ? std::nullopt : parse_manifest(text, path, split);
       if (!m) return open_legacy(dir, split);
-      return {m->classes, open_listed(dir, *m, path)};
+      return {m->classes, m->source, open_listed(dir, *m, path)};
     } catch (const Error&) {
       if (attempt < 3 && manifest_text(dir, split) != text) continue;
       throw;

@@ -112,6 +112,7 @@ struct SplitManifest {
   std::vector<std::string> classes;
   std::vector<Shard> shards;
   int64_t images = 0;
+  std::string source;  // the image folder it was packed from, as hpcdata pack recorded it ("": none)
 };
 
 // The manifest of a split; nullopt when DIR has no <split>.json or one written before manifests
@@ -124,6 +125,7 @@ std::optional<SplitManifest> read_split_manifest(const std::string& dir, const s
 // this opens it makes it start again from the new manifest. Empty shards: the split has none.
 struct OpenSplit {
   std::vector<std::string> classes;
+  std::string source;  // SplitManifest::source ("" for a split packed before manifests)
   std::vector<ShardReader> shards;
 };
 OpenSplit open_split(const std::string& dir, const std::string& split);

@@ -145,6 +145,16 @@ class Pack(unittest.TestCase):
             self.assertEqual(code, 0, out + err)
             self.assertIn("data: shards from", out)
             self.assertIn("(9 train, 9 test)", out)
+            # Both splits from one folder: the accuracy is on training images, said once.
+            warning = (f"hpctrain: warning: the val split in {self.out} was packed from the same image folder as "
+                       f"train ({os.path.abspath(self.src)}): the test accuracy is measured on training images")
+            self.assertEqual((out + err).count(warning), 1, out + err)
+            other = os.path.join(self.tmp, "other-val")
+            shutil.copytree(self.src, other)
+            self.assertEqual(run(other, self.out, "--split", "val", "--quiet")[0], 0)
+            code, out, err = hpctrain(self.out, self.tmp)
+            self.assertEqual(code, 0, out + err)
+            self.assertNotIn("packed from the same image folder", out + err)
 
     def test_corrupt_image_fails_or_is_skipped(self):
         bad = os.path.join(self.src, "n01443537", "n01443537_1.JPEG")

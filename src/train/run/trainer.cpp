@@ -538,6 +538,11 @@ void TrainingRun::start_engine() {
   log::info("data: ", source, " (", train.count, " train, ", p_.ds.test.count, " test); ", world_,
             " rank(s), global batch ", plan_.global_batch, ", ", plan_.steps_per_epoch, " steps per epoch, ",
             plan_.total_steps, " steps; ", engine_->describe());
+  // The loaders of the other datasets refuse a test set that holds the training set's records; a
+  // val split packed from train's folder is the user's choice (a smoke test, a benchmark), said.
+  if (lead_ && !train.packed_from.empty() && train.packed_from == p_.ds.test.packed_from)
+    log::warn("the val split in ", p_.data_dir, " was packed from the same image folder as train (",
+              train.packed_from, "): the test accuracy is measured on training images");
   if (world_ > 1)
     log::info("gradients all-reduced in ", engine_->bucket_count(), " bucket(s) of up to ", o_.bucket_mb, " MB",
               o_.overlap ? ", overlapping the backward pass" : ", after the backward pass (--no-overlap)");
