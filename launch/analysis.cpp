@@ -198,13 +198,13 @@ std::string executable_named_by_mpirun(const std::string& line) {
   return "";
 }
 
-namespace {
-
 std::string listed(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
+
+namespace {
 
 // mpirun's 0 alone is not enough: signalled while it was still starting the job, Open MPI 4 was
 // seen to end with 0 before any rank ran. Success is every rank's own report of 0.

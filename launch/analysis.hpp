@@ -113,6 +113,9 @@ struct AttemptEvidence {
 // it are usually its victims: their peer vanished from a collective).
 Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
 
+// "a, b, c": host names in a line.
+std::string listed(const std::vector<std::string>& names);
+
 // mpirun's account that it could not start its daemon on some host, which names none (Open MPI 4:
 // "ORTE was unable to reliably start one or more daemons.").
 bool says_daemons_not_started(const std::string& line);

@@ -187,23 +187,22 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
 // within --probe-timeout; those that cannot are blamed. (This machine needs no daemon: mpirun is
 // its own.)
 void AttemptWatcher::find_daemonless(Analysis* an) {
-  HostList remote;
+  std::vector<std::string> remote;
   for (const Host& h : placement_)
-    if (!is_local_host(h.name)) remote.push_back({h.name, 1});
+    if (!is_local_host(h.name)) remote.push_back(h.name);
   if (remote.empty()) return;
-  std::string names;
-  for (const Host& h : remote) names += (names.empty() ? "" : ", ") + h.name;
-  say("mpirun could not start its daemon on a host it did not name: each of " + names + " is asked to start one alone");
+  say("mpirun could not start its daemon on a host it did not name: each of " + listed(remote) +
+      " is asked to start one alone");
   std::vector<std::vector<std::string>> commands;
-  for (const Host& h : remote) commands.push_back(mpirun_running(o_, {h}, {"true"}));
+  for (const std::string& h : remote) commands.push_back(mpirun_running(o_, {{h, 1}}, {"true"}));
   const std::vector<CommandResult> results = run_commands(commands, o_.probe_timeout);
   std::vector<std::string> failed;
   for (size_t i = 0; i < remote.size(); ++i) {
     const CommandResult& r = results[i];
     job_.voice.log_line("hpcrun: " + logged_command(commands[i]) + ": " + (r.ok() ? "ok" : r.why()));
     if (r.ok()) continue;
-    failed.push_back(remote[i].name);
-    say("host " + remote[i].name + " cannot start mpirun's daemon (" +
+    failed.push_back(remote[i]);
+    say("host " + remote[i] + " cannot start mpirun's daemon (" +
         (!r.started || r.timed_out ? r.why() : r.status.show() + ": " + first_said(r.output)) + ")");
   }
   if (failed.empty()) {
@@ -211,8 +210,7 @@ void AttemptWatcher::find_daemonless(Analysis* an) {
     return;
   }
   an->failed_hosts.insert(failed.begin(), failed.end());
-  an->reason = "mpirun could not start its daemon on";
-  for (size_t i = 0; i < failed.size(); ++i) an->reason += (i ? ", " : " ") + failed[i];
+  an->reason = "mpirun could not start its daemon on " + listed(failed);
 }
 
 // ----------------------------------------------------------------------- the watch loop's steps

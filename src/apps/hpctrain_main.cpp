@@ -95,18 +95,16 @@ void linger_if_asked(int rank) {
   if (h.step > 0 && h.rank == rank) std::this_thread::sleep_for(std::chrono::seconds(h.step));
 }
 
-}  // namespace
-
 // A split of packed shards is read through one descriptor a shard, held for the whole run:
 // ImageNet's 1252 + 49 at the default 1024 images each pass the soft limit of 1024 that many
 // logins get. The hard limit is the administrator's word; the soft one is raised to it.
-namespace {
 void raise_open_file_limit() {
   struct rlimit limit {};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
   limit.rlim_cur = limit.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &limit);
 }
+
 }  // namespace
 
 int main(int argc, char** argv) {
