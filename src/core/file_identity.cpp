@@ -200,4 +200,41 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
   }
 }
 
+void walk_files(const std::string& dir, const std::function<void(const fs::directory_entry&)>& visit) {
+  struct Folder {
+    dev_t dev;
+    ino_t ino;
+    std::string path;
+  };
+  // The directories from / down to the one being listed: a directory entry that is one of them
+  // is a way back, and a loop. (Those above `dir` too: a link in a class folder to the folder of
+  // all classes would list the other classes' files before it came back to its own.)
+  std::vector<Folder> above;
+  struct stat st {};
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir, ec);
+  for (fs::path p = real; !ec && !p.empty(); p = p.parent_path()) {
+    if (::stat(p.c_str(), &st) == 0) above.insert(above.begin(), {st.st_dev, st.st_ino, p == real ? dir : p.string()});
+    if (p == p.root_path()) break;
+  }
+  const size_t base = above.empty() ? 0 : above.size() - 1;  // where `dir` is
+  ec.clear();
+  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code type;
+    if (!it->is_directory(type)) {
+      visit(*it);
+      continue;
+    }
+    above.resize(base + static_cast<size_t>(it.depth()) + 1);
+    const std::string path = it->path().string();
+    if (::stat(path.c_str(), &st) != 0) continue;  // gone since it was listed: its listing says so
+    for (const Folder& f : above)
+      if (f.dev == st.st_dev && f.ino == st.st_ino)
+        usage_error(path, " leads back to ", f.path, ", a folder it lies in: a loop of links (remove the link)");
+    above.push_back({st.st_dev, st.st_ino, path});
+  }
+  if (ec) usage_error("cannot read directory ", dir, ": ", ec.message());
+}
+
 }  // namespace hpc

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +79,14 @@ void require_not_root_dir(const std::string& dir, const std::string& what);
 // process's (a project directory of its PI's). Group write is allowed: a group is trusted. A usage error naming `what`, the directory and the part
 // at fault. Nothing is checked for a directory that is not there (its creator reports that).
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid = ::geteuid());
+
+// Every entry under `dir` that is no directory, through links to directories too (as find -L and
+// torchvision's ImageFolder follow them), in the order the directories list them. A link that
+// leads back to a directory it lies in (a loop, over one link or several) is a usage error naming
+// the link and that directory, found when the walk reaches it: followed, it listed the same files
+// again at every turn until the kernel's 40 links ended it with one path 40 folders deep. A
+// directory that cannot be read is a usage error naming it.
+void walk_files(const std::string& dir, const std::function<void(const std::filesystem::directory_entry&)>& visit);
 
 // A file's permission bits as chmod takes them, in octal: "755", "1777".
 std::string mode_text(mode_t mode);

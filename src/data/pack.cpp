@@ -69,11 +69,12 @@ std::vector<Source> scan(const std::string& src, PackResult& result) {
     // A JPEG's name on what is no regular file (a dangling link, a FIFO) is taken as an image and
     // refused when it is read, naming it (it was left out without a word, counted nowhere).
     // Folders inside a class count, linked ones too (as torchvision's ImageFolder follows them):
-    // they were passed over, counted nowhere. (A loop of links ends in an error naming it.)
-    for (const auto& e : fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec))
-      if (is_jpeg_name(e.path()) && !e.is_directory()) files.push_back(e.path().string());
-      else if (e.is_regular_file()) ++result.ignored_files;
-    HPC_REQUIRE(!ec, "cannot list ", dir.string(), ": ", ec.message());
+    // they were passed over, counted nowhere. (A loop of links is refused, naming it.)
+    walk_files(dir.string(), [&](const fs::directory_entry& e) {
+      std::error_code type;
+      if (is_jpeg_name(e.path())) files.push_back(e.path().string());
+      else if (e.is_regular_file(type)) ++result.ignored_files;
+    });
     HPC_REQUIRE(!files.empty(), "class folder ", dir.string(), " has no JPEG images (*.jpg, *.jpeg)");
     std::sort(files.begin(), files.end());
     for (std::string& f : files) sources.push_back({std::move(f), label});

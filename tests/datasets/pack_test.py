@@ -220,6 +220,21 @@ class Pack(unittest.TestCase):
         self.assertEqual(error_lines(err), [f"hpcdata pack: error: {gone} is a link to {self.tmp}/not-mounted, which "
                                             "does not exist: mount or mend it, or remove it"])
         self.assertEqual(snapshot(self.out), before)
+        os.remove(gone)
+        # A link back to the folder of all classes packed the other classes' images under this
+        # one's label, again at every turn, until the kernel's 40 links ended it with a path
+        # 40 folders deep; one over two links came back the same way.
+        up = os.path.join(self.src, self.CLASSES[1], "up")
+        os.symlink(self.src, up)
+        self.assert_refused((self.src, self.out, "--quiet"), 1,
+                            f"{up} leads back to {os.path.realpath(self.src)}, a folder it lies in: a loop of links")
+        os.remove(up)
+        there = os.path.join(extra, "more", "back")
+        os.symlink(os.path.join(self.src, self.CLASSES[0]), there)
+        self.assert_refused((self.src, self.out, "--quiet"), 1,
+                            f"{os.path.join(self.src, self.CLASSES[0], 'more', 'back')} leads back to "
+                            f"{os.path.join(self.src, self.CLASSES[0])}, a folder it lies in")
+        self.assertEqual(snapshot(self.out), before)
 
     def test_a_split_of_100000_shards_or_more_is_seen(self):
         """Shard names have six digits from 100000 shards on (ImageNet at 12 images a shard or

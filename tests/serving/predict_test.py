@@ -283,6 +283,11 @@ class Serving(unittest.TestCase):
         self.assertEqual([json.loads(x)["path"] for x in out.splitlines()],
                          [good, os.path.join(walked, "linked", "x.png")])
         self.assertTrue(os.path.exists(linked))
+        # A link back up listed every image again at each turn, 40 times over.
+        back = os.path.join(self.dir, "elsewhere", "back")
+        os.symlink(walked, back)
+        self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, walked],
+                            f"{os.path.join(walked, 'linked', 'back')} leads back to {walked}, a folder it lies in")
 
     def test_a_device_it_does_not_know_is_refused_with_the_choices(self):
         good, _ = self.bad_files()

@@ -19,6 +19,7 @@
 
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "core/file_identity.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
 #include "data/image_file.hpp"
@@ -53,18 +54,14 @@ bool has_image_extension(const fs::path& p) {
 }
 
 // The PNG and JPEG files (by name) under dir, sorted, through links to directories as well (a
-// loop of them ends the walk as a problem); a directory that cannot be walked is a problem. An
+// loop of them is refused, naming it); a directory that cannot be walked is a problem. An
 // entry named as an image that is no directory is listed whatever it is (a dangling link, a
 // FIFO): reading it says what is wrong, as for a path given alone, rather than passing it by.
 std::vector<std::string> walk(const std::string& dir) {
   std::vector<std::string> found;
-  std::error_code ec;
-  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec), end;
-  for (; !ec && it != end; it.increment(ec)) {
-    std::error_code type;
-    if (!it->is_directory(type) && has_image_extension(it->path())) found.push_back(it->path().string());
-  }
-  if (ec) usage_error("cannot read directory ", dir, ": ", ec.message());
+  walk_files(dir, [&](const fs::directory_entry& e) {
+    if (has_image_extension(e.path())) found.push_back(e.path().string());
+  });
   std::sort(found.begin(), found.end());
   HPC_REQUIRE(!found.empty(), "no PNG or JPEG images (*.png, *.jpg, *.jpeg) in directory ", dir);
   return found;
