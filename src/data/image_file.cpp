@@ -76,6 +76,9 @@ Image decode_png(std::span<const uint8_t> bytes, const std::string& what) {
   const int64_t w = png.image.width, h = png.image.height;
   HPC_REQUIRE(w > 0 && h > 0 && w * h <= (int64_t{1} << 28), what, " has implausible dimensions ", w, "x", h);
   png.image.format = PNG_FORMAT_RGB;
+  // 16-bit samples are sRGB like 8-bit ones, scaled down as OpenCV and PIL do; without the flag
+  // libpng took them for linear light, and a grey of 128 read as 186.
+  png.image.flags |= PNG_IMAGE_FLAG_16BIT_sRGB;
   Image img;
   img.height = h;
   img.width = w;

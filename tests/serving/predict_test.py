@@ -154,6 +154,10 @@ class Serving(unittest.TestCase):
         rgb = np.repeat(image[..., None], 3, axis=2)
         same = [self.write("colour.png", rgb),
                 self.write("alpha.png", np.dstack([rgb, np.full_like(image, 255)])),
+                # 16-bit samples are sRGB as 8-bit ones are (libpng took them for linear light:
+                # a grey of 128 read as 186)
+                self.write("sixteen-bit.png", image.astype(np.uint16) * 257),
+                self.write("sixteen-bit-colour.png", rgb.astype(np.uint16) * 257),
                 self.write("twice.png", np.kron(image, np.ones((2, 2), np.uint8))),
                 self.write("thrice-colour.png", np.kron(rgb, np.ones((3, 3, 1), np.uint8))),
                 self.write("tall.png", np.pad(image, ((6, 6), (0, 0)))),
@@ -266,6 +270,51 @@ class Serving(unittest.TestCase):
         empty = os.path.join(self.dir, "empty-dir")
         os.mkdir(empty)
         self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, empty], f"no PNG or JPEG images")
+
+    def test_results_that_cannot_be_written_are_an_error(self):
+        """A full disk under stdout: predict went on to its summary and exit 0 as if every line
+        had been written."""
+        good = self.write("good.png", self.images[0])
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([HPCTRAIN, "predict", "--checkpoint", self.ck, *CPU, good], stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         ["hpctrain: error: cannot write the results to standard output: No space left on device"])
+
+    def test_an_image_too_big_for_the_memory_left_is_its_own_problem(self):
+        """A 260 KB PNG of 16384 x 16384 grey zeros takes 1.6 GB to decode and frame: out of
+        memory was "internal error: ... std::bad_alloc", exit 1, which --skip-bad could not pass
+        by. Under a 1 GB address-space limit (hpctrain needs about 0.4 GB for a small image)."""
+        side = 16384
+        bomb = os.path.join(self.dir, "bomb.png")
+        squeeze, row = zlib.compressobj(9), bytes(side + 1)  # filter byte 0 and a row of zeros
+
+        def chunk(kind, data):
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+        idat = b"".join(squeeze.compress(row * 1024) for _ in range(side // 1024)) + squeeze.flush()
+        with open(bomb, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+                    + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+        good = self.write("good.png", self.images[0])
+
+        def limited():
+            import resource
+            resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+        def predict(*args):
+            return subprocess.run([HPCTRAIN, "predict", "--checkpoint", self.ck, *CPU, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=limited)
+
+        p = predict(good, bomb)
+        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         [f"hpctrain: error: image {bomb} does not fit in the memory left to decode it "
+                          "(fewer --threads decode fewer at once)"])
+        p = predict("--skip-bad", good, bomb)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(len(p.stdout.splitlines()), 1, p.stdout)
 
     def test_a_walked_directory_follows_links_and_names_a_dangling_one(self):
         """A link to a directory is walked; an entry named as an image that cannot be read (a

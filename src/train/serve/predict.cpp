@@ -154,6 +154,12 @@ class Predictor {
                               frames.images.data() + i * bytes);
       } catch (const Error& e) {
         p = {e.what(), e.kind() != ErrorKind::Usage};
+      } catch (const std::bad_alloc&) {
+        // An image too big for the memory left (a small PNG can hold 16384 x 16384 pixels of
+        // nothing): that image's problem, which --skip-bad passes by, not hpctrain's.
+        p = {"image " + files[static_cast<size_t>(begin + i)] +
+                 " does not fit in the memory left to decode it (fewer --threads decode fewer at once)",
+             false};
       } catch (const std::exception& e) {
         p = {e.what(), true};
       }
@@ -241,15 +247,22 @@ class Predictor {
   std::vector<float> logits_;
 };
 
-// Rank 0 prints every rank's lines in rank order (= the list's order within a round).
+// Rank 0 prints every rank's lines in rank order (= the list's order within a round). Lines that
+// cannot be written (a full disk, a pipe closed early) are an error on every rank: the run went on
+// to its summary and exit 0 as if every result were there.
 void speak(dist::ProcessContext& ctx, const Said& mine) {
+  int failed = 0;  // errno of the first write that failed
   for (int r = 0; r < ctx.world_size(); ++r) {
     const std::string out = ctx.world_size() == 1 ? mine.out : dist::broadcast_string(ctx.world(), mine.out, r);
     const std::string err = ctx.world_size() == 1 ? mine.err : dist::broadcast_string(ctx.world(), mine.err, r);
     if (ctx.rank() != 0) continue;
-    std::cout << out << std::flush;
+    errno = 0;
+    if (!failed && !(std::cout << out << std::flush)) failed = errno ? errno : EIO;
     std::cerr << err << std::flush;
   }
+  dist::collectively(ctx, [&] {
+    HPC_REQUIRE(!failed, "cannot write the results to standard output: ", std::strerror(failed));
+  });
 }
 
 std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel& m, dist::ProcessContext& ctx) {
