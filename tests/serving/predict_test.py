@@ -410,6 +410,10 @@ class Serving(unittest.TestCase):
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", os.path.join(self.dir, "no", "m.onnx")],
                             f"directory {os.path.join(self.dir, 'no')} does not exist")
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", self.dir], "is a directory")
+        # Under a checkpoint's name, every later command took it for the newest checkpoint, damaged.
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", os.path.join(self.ck, "ckpt-000000099.hpck"),
+                             "--force"], "is named as hpctrain names its checkpoints (ckpt-N.hpck)")
+        self.assertEqual(len([n for n in os.listdir(self.ck) if n.endswith(".hpck")]), 1, os.listdir(self.ck))
         # A link to a missing file exists as well: it was replaced without --force.
         dangling = os.path.join(self.dir, "dangling.onnx")
         os.symlink(os.path.join(self.dir, "no", "target.onnx"), dangling)

@@ -63,6 +63,10 @@ const std::vector<options::Entry<ExportOptions>>& export_table() {
 void check_output(const ExportOptions& o) {
   // Not even with --force: the ONNX file would take the place of the checkpoint it is made from.
   require_distinct_files({{"--output", o.output}}, ckpt::checkpoint_inputs("--checkpoint", o.checkpoint));
+  // An ONNX file under a checkpoint's name is one that --resume auto, evaluate, predict and inspect
+  // take for the directory's newest checkpoint and find damaged.
+  HPC_REQUIRE(ckpt::step_of(fs::path(o.output).filename().string()) < 0, "--output ", o.output,
+              " is named as hpctrain names its checkpoints (ckpt-N.hpck): give the ONNX file another name");
   struct stat st {};
   if (::stat(o.output.c_str(), &st) == 0) {
     HPC_REQUIRE(!S_ISDIR(st.st_mode), "--output ", o.output, " is a directory: name the file to write");
