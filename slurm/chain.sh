@@ -3,8 +3,10 @@
 # starting when the one before it has ended, whatever its end (--dependency=afterany). Every
 # segment runs slurm/train.sbatch with REQUEUE=0 and --no-requeue on the same checkpoint
 # directory: a segment stopped by its time limit's warning signal checkpoints (exit 75) and the
-# next one resumes from there. Segments that start after the training is done only evaluate the
-# final checkpoint and end at once.
+# next one resumes from there. Each segment gets CHAIN_SEGMENT=K (1 for the first): from the
+# second on, the job script continues the newest checkpoint even where the hpctrain options say
+# --resume FILE or --resume none (the first segment's start). Segments that start after the
+# training is done only evaluate the final checkpoint and end at once.
 #
 #   slurm/chain.sh SEGMENTS [sbatch options] [-- hpctrain options]
 #   e.g. slurm/chain.sh 6 --time=04:00:00 -- --epochs 90
@@ -57,7 +59,7 @@ for ((k = 1; k <= segments; ++k)); do
   dep=()
   ((${#jobs[@]})) && dep=(--dependency="afterany:${jobs[-1]}")
   # --export=ALL over a site's SBATCH_EXPORT=NONE, for the same reason.
-  id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 sbatch --parsable --no-requeue --export=ALL "${dep[@]}" \
+  id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 CHAIN_SEGMENT=$k sbatch --parsable --no-requeue --export=ALL "${dep[@]}" \
     "${sbatch_args[@]}" "$script" "$@") || cancel_submitted "$k"
   id=${id%%;*}  # --parsable: "id" or "id;cluster"
   jobs+=("$id")

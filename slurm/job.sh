@@ -5,7 +5,9 @@
 #
 #   job_log TEXT...                 a line in the job's output, with the job id and restart count
 #   job_run_trainer ARGS...         runs hpctrain through $LAUNCHER with ARGS (plus --threads,
-#                                   --checkpoint-dir and --metrics-file where ARGS lack them) and
+#                                   --checkpoint-dir and --metrics-file where ARGS lack them; a
+#                                   --resume in ARGS made auto on a run after the first, requeued
+#                                   or CHAIN_SEGMENT 2 on, once a checkpoint is there) and
 #                                   exits the script the way its exit code asks:
 #     0        the training finished                        exit 0 (with its metrics' done event;
 #                                                                  without: as a failure)
@@ -26,7 +28,7 @@
 #
 # Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
 # hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
-# HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS.
+# HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS; CHAIN_SEGMENT (slurm/chain.sh's).
 
 job_log() {
   echo "hpctrain-slurm: $(date '+%F %T') job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $*"
@@ -198,6 +200,41 @@ job_metrics_done() {
   [[ -f "$1" && "$(tail -n 1 "$1")" == '{"event":"done",'* ]]
 }
 
+# job_restarted: whether this run carries on an earlier run of the same training: a job Slurm has
+# requeued (SLURM_RESTART_COUNT), or a slurm/chain.sh segment after the first (CHAIN_SEGMENT).
+job_restarted() {
+  [[ "${SLURM_RESTART_COUNT:-0}" =~ ^[0-9]+$ && "${CHAIN_SEGMENT:-1}" =~ ^[0-9]+$ ]] || return 1
+  ((10#${SLURM_RESTART_COUNT:-0} > 0 || 10#${CHAIN_SEGMENT:-1} > 1))
+}
+
+# job_newest_checkpoint DIR: the name of DIR's checkpoint of the highest step (ckpt-STEP.hpck, as
+# hpctrain names them; not its unfinished ckpt-STEP.hpck.tmp.PID), else nothing.
+job_newest_checkpoint() {
+  local path name step newest="" newest_step=-1
+  for path in "$1"/ckpt-*.hpck; do
+    name=${path##*/} step=${name#ckpt-} step=${step%.hpck}
+    [[ -f "$path" && "$step" =~ ^[0-9]{1,18}$ ]] && ((10#$step > newest_step)) || continue
+    newest=$name newest_step=$((10#$step))
+  done
+  echo "$newest"
+}
+
+# job_resume_newest ARGS...: ARGS, one per line, with the value of every --resume (--resume X,
+# --resume=X) made auto.
+job_resume_newest() {
+  local a prev=""
+  for a in "$@"; do
+    if [[ "$prev" == --resume ]]; then
+      echo auto
+    elif [[ "$a" == --resume=* ]]; then
+      echo --resume=auto
+    else
+      printf '%s\n' "$a"
+    fi
+    prev=$a
+  done
+}
+
 # job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES a whole number (decimal), checked
 # before the training rather than when a stop asks for a requeue.
 job_check_requeue_settings() {
@@ -223,6 +260,16 @@ job_run_trainer() {
   fi
   mkdir -p "$CHECKPOINT_DIR" || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")
+  # The options are the job's, the same on every run of it: a --resume FILE (a fine-tune's start)
+  # or --resume none made every requeued run (and every chain segment) start over from FILE, and
+  # hpctrain moved the checkpoints written since aside (superseded-*). A run that carries on an
+  # earlier one continues the newest checkpoint instead, once there is one.
+  local newest
+  newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
+  if [[ -n "$newest" ]] && job_restarted && job_has_option resume "${args[@]}"; then
+    job_log "--resume $(job_option_value resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
+    mapfile -t args < <(job_resume_newest "${args[@]}")
+  fi
   # How the run ended is read from the metrics file's last line: a stream (a pipe, a FIFO) keeps
   # none, and every finished job would be requeued, up to MAX_REQUEUES times; /dev/stdout (a
   # regular file under sbatch, slurm-JOB.out) read inside $(...) is the reader's own pipe, and

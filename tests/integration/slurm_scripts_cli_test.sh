@@ -17,6 +17,7 @@ cat > "$work/bin/sbatch" << 'EOF'
 #!/bin/sh
 echo "$*" >> "$SUBMITTED"
 [ -z "${DIRS:-}" ] || echo "$CHECKPOINT_DIR" >> "$DIRS"
+[ -z "${SEGMENTS:-}" ] || echo "${CHAIN_SEGMENT:-}" >> "$SEGMENTS"
 echo "$(($(wc -l < "$SUBMITTED") + 100))"
 EOF
 printf '#!/bin/sh\nexit 0\n' > "$work/bin/scancel"
@@ -140,6 +141,42 @@ err=$(timeout 30 "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --metrics-fil
 rc=$?
 [[ $rc == 2 && "$err" == *"--metrics-file /dev/stdout is not a regular file of its own"* ]] ||
   fail "job.sh --metrics-file /dev/stdout with stdout a file: exit $rc, want 2: $err"
+
+# A --resume FILE or --resume none given to the job was given again to every requeued run (and
+# chain segment): each started over from FILE, and hpctrain moved the newer checkpoints aside.
+# A run that carries on an earlier one continues the newest checkpoint; a first run, or one with
+# no checkpoint yet, keeps the option. The stand-in trainer records its arguments.
+printf '#!/bin/sh\nprintf "%%s\\n" "$@" > "%s"\nexit 75\n' "$work/args" > "$work/recorder-trainer"
+chmod +x "$work/recorder-trainer"
+# resumes WHAT WANT ENV... -- ARGS...: the trainer gets WANT (the words of its --resume) from
+# job_run_trainer ARGS under ENV, with one checkpoint in the directory unless ENV says EMPTY=1.
+resumes() {
+  local what=$1 want=$2 got out
+  shift 2
+  rm -rf "$work/resume-ck" "$work/args"
+  mkdir -p "$work/resume-ck"
+  [[ " $* " == *" EMPTY=1 "* ]] || : > "$work/resume-ck/ckpt-000000040.hpck"
+  : > "$work/resume-ck/ckpt-000000900.hpck.tmp.77"  # unfinished: never the one continued
+  out=$("$job" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/resume-ck" REQUEUE=0 SLURM_JOB_ID=1 "$@" 2>&1)
+  got=$(awk 'value { print; value = 0 } $0 == "--resume" { printf "%s ", $0; value = 1 } /^--resume=/' "$work/args")
+  if [[ "$got" != "$want" ]]; then
+    fail "$what: the trainer got '$got', want '$want': $out"
+  elif [[ "$want" == *auto* && "$out" != *"this one continues $work/resume-ck/ckpt-000000040.hpck (--resume auto)"* ]]; then
+    fail "$what: no line says the run continues the newest checkpoint: $out"
+  else
+    echo "ok: $what -> $want"
+  fi
+}
+resumes "--resume FILE on a requeued run" "--resume auto" SLURM_RESTART_COUNT=1 -- --resume /x/start.hpck --epochs 1
+resumes "--resume=none on a requeued run" "--resume=auto" SLURM_RESTART_COUNT=3 -- --epochs 1 --resume=none
+resumes "--resume FILE on chain segment 2" "--resume auto" SLURM_RESTART_COUNT=0 CHAIN_SEGMENT=2 -- --resume /x/start.hpck
+resumes "--resume FILE on a first run" "--resume /x/start.hpck" SLURM_RESTART_COUNT=0 CHAIN_SEGMENT=1 -- --resume /x/start.hpck
+resumes "--resume FILE on a requeued run with no checkpoint yet" "--resume /x/start.hpck" \
+  SLURM_RESTART_COUNT=2 EMPTY=1 -- --resume /x/start.hpck
+: > "$work/segments"
+(cd "$work" && SEGMENTS="$work/segments" timeout 30 "$repo/slurm/chain.sh" 3 -- --resume none > /dev/null)
+[[ $(tr '\n' ' ' < "$work/segments") == "1 2 3 " ]] ||
+  fail "chain.sh's segments are told CHAIN_SEGMENT '$(tr '\n' ' ' < "$work/segments")', want '1 2 3 '"
 
 # sweep.sbatch: an option naming a run's own files, given to every task, was shared by them all
 # (they resumed each other's checkpoints).
