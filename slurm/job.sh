@@ -15,8 +15,10 @@
 #     75       checkpointed and stopped (warning signal)    requeue the job, which resumes
 #     other    a node lost, a rank killed, a watchdog end   requeue the job, which resumes
 #   A job is requeued only while Slurm still has it RUNNING (not after scancel, nor when Slurm
-#   itself is requeueing or preempting it), only with REQUEUE=1, and at most MAX_REQUEUES times;
-#   otherwise the script ends with the trainer's exit code.
+#   itself is requeueing or preempting it), only with REQUEUE=1, not after MAX_FAILURES_IN_A_ROW
+#   runs in a row (default 3) that failed without a new checkpoint, and at most MAX_REQUEUES times
+#   after runs without a new checkpoint (runs that wrote one are requeued however many there are,
+#   counted in CHECKPOINT_DIR/slurm-requeues); otherwise the script ends with the trainer's exit code.
 #   With STAGE_FROM set it first stages the dataset (job_stage_data).
 #   job_stage_data                  STAGE_FROM=s3://BUCKET/PREFIX: copies it to STAGE_TO with
 #                                   datasets/hpcdata stage (jobs staging one STAGE_TO download it
@@ -28,7 +30,7 @@
 #
 # Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
 # hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
-# HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS; CHAIN_SEGMENT (slurm/chain.sh's).
+# MAX_FAILURES_IN_A_ROW, HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS; CHAIN_SEGMENT (slurm/chain.sh's).
 
 job_log() {
   echo "hpctrain-slurm: $(date '+%F %T') job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $*"
@@ -118,17 +120,57 @@ job_state() {
   return 0
 }
 
+# The runs of this job that ended without a new checkpoint, kept in CHECKPOINT_DIR/slurm-requeues
+# as "JOB FAILED_IN_A_ROW STALLED": the job (job_spec; another job's counts start again from 0),
+# its runs in a row that failed (any end but 0, 2 and 75) without a new checkpoint, and its requeues
+# of runs without a new checkpoint in all. (Slurm's SLURM_RESTART_COUNT counts every requeue, those
+# of runs that checkpointed and stopped at a time limit too, which carry the training on.)
+job_failed_in_a_row=0 job_stalled=0
+job_read_requeues() {
+  local spec failed stalled
+  job_failed_in_a_row=0 job_stalled=0
+  [[ -n "${CHECKPOINT_DIR:-}" && -f "$CHECKPOINT_DIR/slurm-requeues" ]] || return 0
+  read -r spec failed stalled < "$CHECKPOINT_DIR/slurm-requeues" || true
+  [[ "$spec" == "$(job_spec)" && "$failed" =~ ^[0-9]{1,6}$ && "$stalled" =~ ^[0-9]{1,6}$ ]] || return 0
+  job_failed_in_a_row=$((10#$failed)) job_stalled=$((10#$stalled))
+}
+job_write_requeues() {  # written whole, then renamed: a run killed meanwhile leaves the old counts
+  [[ -n "${CHECKPOINT_DIR:-}" && -d "$CHECKPOINT_DIR" ]] || return 0
+  local file=$CHECKPOINT_DIR/slurm-requeues
+  { echo "$(job_spec) $job_failed_in_a_row $job_stalled" > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"; } 2> /dev/null ||
+    job_log "cannot write $file: the runs without a new checkpoint are not counted"
+}
+
 # job_requeue_or_exit CODE WHY: requeue this job if it may be, else exit with CODE.
 job_requeue_or_exit() {
-  local code=$1 why=$2 state
+  local code=$1 why=$2 state newest_now=""
   if [[ "${REQUEUE:-1}" != 1 ]]; then
     job_log "$why; not requeued (REQUEUE=$REQUEUE): exit $code"
     exit "$code"
   fi
-  if ((${SLURM_RESTART_COUNT:-0} >= 10#${MAX_REQUEUES:-20})); then
-    job_log "$why; already requeued ${SLURM_RESTART_COUNT:-0} times (MAX_REQUEUES): exit $code"
-    exit "$code"
+  # Did this run carry the training on (a checkpoint newer than the newest at its start)? A run
+  # that did is requeued whatever its end; one that failed without (a launcher's bad options, a
+  # staging without credentials: they fail the same way every time) only MAX_FAILURES_IN_A_ROW
+  # times in a row, and MAX_REQUEUES bounds the requeues of runs without progress in all.
+  [[ -z "${CHECKPOINT_DIR:-}" ]] || newest_now=$(job_newest_checkpoint "$CHECKPOINT_DIR")
+  job_read_requeues
+  if [[ -n "${job_newest_before+set}" && "$newest_now" != "$job_newest_before" ]]; then
+    job_failed_in_a_row=0
+  else
+    [[ "$code" == 75 ]] || job_failed_in_a_row=$((job_failed_in_a_row + 1))
+    if [[ "$code" != 75 ]] && ((job_failed_in_a_row >= 10#${MAX_FAILURES_IN_A_ROW:-3})); then
+      job_write_requeues
+      job_log "$why; $job_failed_in_a_row runs in a row have failed without a new checkpoint (MAX_FAILURES_IN_A_ROW): not requeued, exit $code"
+      exit "$code"
+    fi
+    if ((job_stalled >= 10#${MAX_REQUEUES:-20})); then
+      job_write_requeues
+      job_log "$why; already requeued $job_stalled times without a new checkpoint (MAX_REQUEUES): exit $code"
+      exit "$code"
+    fi
+    job_stalled=$((job_stalled + 1))
   fi
+  job_write_requeues
   state=$(job_state)
   if [[ -z "$state" ]]; then
     # Unknown: asked to requeue all the same (Slurm refuses to requeue a cancelled job).
@@ -235,22 +277,20 @@ job_resume_newest() {
   done
 }
 
-# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES a whole number (decimal), checked
+# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES and MAX_FAILURES_IN_A_ROW whole numbers (decimal), checked
 # before the training rather than when a stop asks for a requeue.
 job_check_requeue_settings() {
   [[ "${REQUEUE:-1}" == [01] ]] || job_die "REQUEUE must be 1 (requeue after a stop or failure) or 0, not '$REQUEUE'"
   [[ "${MAX_REQUEUES:-20}" =~ ^[0-9]{1,6}$ ]] ||
     job_die "MAX_REQUEUES must be a whole number of requeues, 0 to 999999, not '$MAX_REQUEUES'"
+  [[ "${MAX_FAILURES_IN_A_ROW:-3}" =~ ^[0-9]{1,6}$ ]] && ((10#${MAX_FAILURES_IN_A_ROW:-3} >= 1)) ||
+    job_die "MAX_FAILURES_IN_A_ROW must be a whole number of failed runs, 1 to 999999, not '$MAX_FAILURES_IN_A_ROW'"
 }
 
 job_run_trainer() {
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   job_check_requeue_settings
   local args=("$@")
-  job_stage_data
-  if [[ -n "${STAGE_FROM:-}" ]] && ! job_has_option data-dir "${args[@]}"; then
-    args+=(--data-dir "$STAGE_TO")
-  fi
   if ! job_has_option checkpoint-dir "${args[@]}"; then
     [[ -n "${CHECKPOINT_DIR:-}" ]] || job_die "no checkpoint directory: set CHECKPOINT_DIR or pass --checkpoint-dir"
     args+=(--checkpoint-dir "$CHECKPOINT_DIR")
@@ -270,6 +310,8 @@ job_run_trainer() {
     job_log "--resume $(job_option_value resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
     mapfile -t args < <(job_resume_newest "${args[@]}")
   fi
+  # What job_requeue_or_exit compares with to know whether this run carried the training on.
+  job_newest_before=$newest
   # How the run ended is read from the metrics file's last line: a stream (a pipe, a FIFO) keeps
   # none, and every finished job would be requeued, up to MAX_REQUEUES times; /dev/stdout (a
   # regular file under sbatch, slurm-JOB.out) read inside $(...) is the reader's own pipe, and
@@ -282,6 +324,13 @@ job_run_trainer() {
   # host's cores, which a shared node does not all give to this job).
   if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && ! job_has_option threads "${args[@]}"; then
     args+=(--threads "$SLURM_CPUS_PER_TASK")
+  fi
+
+  # (After the checkpoint directory is known: a staging that fails counts as a run without
+  # progress, job_requeue_or_exit.)
+  job_stage_data
+  if [[ -n "${STAGE_FROM:-}" ]] && ! job_has_option data-dir "${args[@]}"; then
+    args+=(--data-dir "$STAGE_TO")
   fi
 
   local launch

@@ -3,7 +3,7 @@
 # stand-ins for sbatch, scancel and scontrol on PATH record what would be submitted. The number
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
 # number to 1); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
-# are refused; job.sh refuses a REQUEUE or MAX_REQUEUES it cannot use before the training runs,
+# are refused; job.sh refuses a REQUEUE, MAX_REQUEUES or MAX_FAILURES_IN_A_ROW it cannot use before the training runs,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT). Each refusal: one line, exit 2.
@@ -126,7 +126,7 @@ EOF
 chmod +x "$work/job"
 export REPO=$repo
 job="$work/job"
-for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x; do
+for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x MAX_FAILURES_IN_A_ROW=0 MAX_FAILURES_IN_A_ROW=x; do
   refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" LAUNCHER=srun SLURM_JOB_ID=1 "$bad" --
 done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
@@ -226,10 +226,62 @@ requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRA
   SLURM_JOB_ID=7 SCONTROL_DOWN=1
 
 # MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): it died on the unset variable.
-stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times (MAX_REQUEUES): exit 75" \
-  -u SLURM_RESTART_COUNT MAX_REQUEUES=0
+stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times without a new checkpoint (MAX_REQUEUES): exit 75" \
+  -u SLURM_RESTART_COUNT MAX_REQUEUES=0 CHECKPOINT_DIR="$work/none"
 # A leading zero is decimal there too: 08 requeues are allowed, not a bash error.
-stop_ends "MAX_REQUEUES=08 after 8 requeues" "already requeued 8 times" MAX_REQUEUES=08 SLURM_RESTART_COUNT=8
+mkdir -p "$work/stalled"
+echo "1 0 8" > "$work/stalled/slurm-requeues"
+stop_ends "MAX_REQUEUES=08 after 8 requeues" "already requeued 8 times" MAX_REQUEUES=08 SLURM_RESTART_COUNT=8 \
+  CHECKPOINT_DIR="$work/stalled"
+
+# A run that fails without a new checkpoint (the launcher's bad options, a staging without
+# credentials) fails the same way every time: every exit but 0, 2 and 75 was requeued, up to
+# MAX_REQUEUES (20) times. MAX_FAILURES_IN_A_ROW (3) such runs in a row end the job with the
+# code; a run that wrote a checkpoint starts the count again, and is requeued however many runs
+# came before it (MAX_REQUEUES counted the time limit's stops too). The stand-in trainer exits
+# TRAINER_EXIT, writing NEW_CHECKPOINT first where it is set.
+cat > "$work/failing-trainer" << 'EOF'
+#!/bin/sh
+[ -z "${NEW_CHECKPOINT:-}" ] || : > "$NEW_CHECKPOINT"
+exit "${TRAINER_EXIT:-1}"
+EOF
+chmod +x "$work/failing-trainer"
+# run_ends WHAT RC SAYS ENV...: one run of job 9 under ENV exits RC (0: after `scontrol requeue
+# 9`), its output holding SAYS.
+run_ends() {
+  local what=$1 want=$2 says=$3 out rc
+  shift 3
+  : > "$work/scontrol.log"
+  out=$("$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/failing-trainer" \
+    CHECKPOINT_DIR="$work/failing" SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=9 "$@" -- 2>&1)
+  rc=$?
+  if ((rc != want)) || [[ "$out" != *"$says"* ]] || { ((want == 0)) && ! grep -qx "requeue 9" "$work/scontrol.log"; }; then
+    fail "$what: exit $rc, want $want and '$says': $out"
+  else
+    echo "ok: $what -> exit $rc"
+  fi
+}
+mkdir -p "$work/failing" "$work/home-failing/datasets"
+: > "$work/failing/ckpt-000000100.hpck"
+run_ends "a failed run without a new checkpoint" 0 requeueing SLURM_RESTART_COUNT=0
+run_ends "a second one in a row" 0 requeueing SLURM_RESTART_COUNT=1
+run_ends "a third one in a row" 1 "3 runs in a row have failed without a new checkpoint (MAX_FAILURES_IN_A_ROW): not requeued, exit 1" \
+  SLURM_RESTART_COUNT=2
+rm "$work/failing/slurm-requeues"
+run_ends "a failed run" 0 requeueing SLURM_RESTART_COUNT=0 TRAINER_EXIT=134
+run_ends "a second one" 0 requeueing SLURM_RESTART_COUNT=1 TRAINER_EXIT=134
+run_ends "a failed run that wrote a checkpoint" 0 requeueing SLURM_RESTART_COUNT=2 TRAINER_EXIT=134 \
+  NEW_CHECKPOINT="$work/failing/ckpt-000000200.hpck"
+run_ends "a failed run after it" 0 requeueing SLURM_RESTART_COUNT=3 TRAINER_EXIT=134
+run_ends "a stop that wrote a checkpoint after MAX_REQUEUES restarts" 0 requeueing SLURM_RESTART_COUNT=30 \
+  MAX_REQUEUES=2 TRAINER_EXIT=75 NEW_CHECKPOINT="$work/failing/ckpt-000000300.hpck"
+# A staging that fails (no credentials) counts as such a run; MAX_FAILURES_IN_A_ROW=2 here.
+printf '#!/bin/sh\necho "no credentials" >&2\nexit 1\n' > "$work/home-failing/datasets/hpcdata"
+chmod +x "$work/home-failing/datasets/hpcdata"
+run_ends "a failed staging" 0 requeueing SLURM_RESTART_COUNT=4 MAX_FAILURES_IN_A_ROW=2 \
+  HPCTRAIN_HOME="$work/home-failing" STAGE_FROM=s3://data/x STAGE_TO="$work/data"
+run_ends "a second failed staging" 1 "2 runs in a row have failed without a new checkpoint" SLURM_RESTART_COUNT=5 \
+  MAX_FAILURES_IN_A_ROW=2 HPCTRAIN_HOME="$work/home-failing" STAGE_FROM=s3://data/x STAGE_TO="$work/data"
 
 # A signal while the dataset is staged: the copy stops and the job is requeued (its next run
 # stages the rest). SIGTERM (a preemption) ended the shell with 143, unrequeued. The stand-in
