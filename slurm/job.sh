@@ -189,9 +189,24 @@ job_requeue_or_exit() {
   exit "$code"
 }
 
+# job_record_signals: traps that only note the first warning signal or SIGTERM in JOB_SIGNAL, for
+# the times when there is nothing to pass it on to (the sbatch scripts install the same ones at
+# their start: an untrapped SIGUSR1 during their slow `scontrol show job` ended the batch shell
+# with 138, no requeue and no line). job_act_on_signal WHEN: requeue the job (exit 75's way) if
+# one came.
+job_record_signals() {
+  trap 'JOB_SIGNAL=${JOB_SIGNAL:-USR1}' USR1
+  trap 'JOB_SIGNAL=${JOB_SIGNAL:-USR2}' USR2
+  trap 'JOB_SIGNAL=${JOB_SIGNAL:-TERM}' TERM
+}
+job_act_on_signal() {
+  [[ -z "${JOB_SIGNAL:-}" ]] || job_requeue_or_exit 75 "SIG$JOB_SIGNAL came $1"
+}
+
 job_stage_data() {
   [[ -n "${STAGE_FROM:-}" ]] || return 0
   [[ -n "${STAGE_TO:-}" ]] || job_die "STAGE_FROM is set but STAGE_TO is not: set where the dataset goes"
+  job_act_on_signal "before the staging"
   local stage=("${HPCTRAIN_HOME:?}/datasets/hpcdata" stage "$STAGE_FROM" "$STAGE_TO") code=0
   # shellcheck disable=SC2206  # STAGE_ARGS: words, as on a command line
   stage+=(${STAGE_ARGS:-})
@@ -218,7 +233,7 @@ job_stage_data() {
   pid=$!
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done
   wait "$pid" || code=$?
-  trap - USR1 USR2 TERM
+  job_record_signals  # no moment without a trap until the trainer's
   [[ -z "$stopped_by" ]] || job_requeue_or_exit 75 "the staging was stopped by $stopped_by"
   case "$code" in
     0) job_log "the dataset is in $STAGE_TO" ;;
@@ -288,6 +303,7 @@ job_check_requeue_settings() {
 }
 
 job_run_trainer() {
+  job_record_signals
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   job_check_requeue_settings
   local args=("$@")
@@ -369,9 +385,21 @@ job_run_trainer() {
   # exit with, but passes SIGUSR1 on to them and keeps their 75. (Where Slurm signalled mpirun
   # as well, it still exits 1: the metrics file's last line, a "stopped" event with exit code
   # 75, then says that every rank checkpointed and stopped, and this script goes on as for 75.)
-  local pid stop_signal=""
+  #
+  # A signal that came before (while this script set up, or staged) requeues the job before the
+  # launch; one between that and the launcher's start is noted (no pid yet) and passed on as
+  # SIGUSR1 once it runs: Slurm's own SIGTERM went to the steps there were, not to this one.
+  job_act_on_signal "before the trainer was launched"
+  local pid="" stop_signal=""
+  # shellcheck disable=SC2317  # called by the traps below
+  job_warning_signal() {
+    if [[ -z "$pid" ]]; then JOB_SIGNAL=${JOB_SIGNAL:-$1}; return; fi
+    job_log "SIG$1: asking the trainer to checkpoint and stop"
+    kill -USR1 "$pid" 2> /dev/null
+  }
   # shellcheck disable=SC2317  # called by the traps below
   job_stop_signal() {
+    if [[ -z "$pid" ]]; then JOB_SIGNAL=${JOB_SIGNAL:-$1}; return; fi
     stop_signal=$1
     if [[ "${LAUNCHER:-srun}" == mpirun ]]; then
       job_log "SIG$1: asking the trainer to checkpoint and stop (SIGUSR1 to mpirun)"
@@ -380,8 +408,8 @@ job_run_trainer() {
       job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"
     fi
   }
-  trap 'job_log "SIGUSR1: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR1
-  trap 'job_log "SIGUSR2: asking the trainer to checkpoint and stop"; kill -USR1 "$pid" 2> /dev/null' USR2
+  trap 'job_warning_signal USR1' USR1
+  trap 'job_warning_signal USR2' USR2
   trap 'job_stop_signal TERM' TERM
   if [[ "${LAUNCHER:-srun}" == mpirun ]]; then
     trap 'job_stop_signal INT' INT
@@ -389,10 +417,16 @@ job_run_trainer() {
   fi
   "${launch[@]}" "$HPCTRAIN" "${args[@]}" &
   pid=$!
+  if [[ -n "${JOB_SIGNAL:-}" ]]; then
+    stop_signal=$JOB_SIGNAL
+    job_log "SIG$JOB_SIGNAL came as the trainer was launched: asking it to checkpoint and stop"
+    kill -USR1 "$pid" 2> /dev/null
+  fi
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done  # a trapped signal ends a wait
   local code=0
   wait "$pid" || code=$?
-  trap - USR1 USR2 TERM INT HUP
+  trap - INT HUP
+  job_record_signals
   if [[ "${LAUNCHER:-srun}" == mpirun && -n "$stop_signal" && "$code" != 0 && "$code" != 75 ]] &&
     job_metrics_stopped "$(job_option_value metrics-file "${args[@]}")"; then
     job_log "mpirun exited $code on SIG$stop_signal (Open MPI's code for a signal sent to it), but the metrics file says every rank checkpointed and stopped: exit 75"

@@ -28,12 +28,14 @@ while [[ "$1" == -* ]]; do shift; done
 exec "$@"
 EOF
 # scontrol: `show job -o ID` as Slurm answers it (ID 100, an array's id, lists each of its tasks;
-# SCONTROL_DOWN: slurmctld does not answer); every call recorded in SCONTROL_LOG.
+# SCONTROL_DOWN: slurmctld does not answer; SCONTROL_SLEEP: it answers that many seconds late;
+# SCONTROL_COMMAND: the job's script); every call recorded in SCONTROL_LOG.
 cat > "$work/bin/scontrol" << 'EOF'
 #!/bin/sh
 echo "$*" >> "${SCONTROL_LOG:-/dev/null}"
 case "$1" in
 show)
+  [ -z "${SCONTROL_SLEEP:-}" ] || sleep "$SCONTROL_SLEEP"
   if [ -n "${SCONTROL_DOWN:-}" ]; then
     echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2
     exit 1
@@ -42,7 +44,7 @@ show)
     echo "JobId=101 ArrayJobId=100 ArrayTaskId=0 JobState=RUNNING"
     echo "JobId=100 ArrayJobId=100 ArrayTaskId=1 JobState=RUNNING"
   else
-    echo "JobId=$4 JobState=RUNNING"
+    echo "JobId=$4 JobState=RUNNING${SCONTROL_COMMAND:+ Command=$SCONTROL_COMMAND WorkDir=/tmp}"
   fi
   ;;
 esac
@@ -305,6 +307,29 @@ for signal in USR1 TERM; do
     fail "SIG$signal while staging: exit $rc, want 0 and a requeue: $(cat "$work/staged.out")"
   else
     echo "ok: SIG$signal while staging -> scontrol requeue 7"
+  fi
+done
+
+# A warning signal or SIGTERM that came before job.sh's traps, during train.sbatch's or
+# sweep.sbatch's own `scontrol show job` (slurmctld slow to answer), ended the batch shell with
+# 138 or 143: no requeue, no line. Now the job is requeued before the trainer is launched.
+for case in "train USR1" "sweep TERM"; do
+  read -r script signal <<< "$case"
+  : > "$work/scontrol.log"
+  env -u HPCTRAIN_HOME SCONTROL_SLEEP=2 SCONTROL_COMMAND="$repo/slurm/$script.sbatch" HPCTRAIN="$work/trainer" \
+    SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=7 SLURM_JOB_NAME=early \
+    SLURM_SUBMIT_DIR="$work" SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_JOB_ID=7 SWEEP=lr=0.1 \
+    bash "$repo/slurm/$script.sbatch" --epochs 1 > "$work/early.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do grep -q '^show job' "$work/scontrol.log" && break; sleep 0.1; done
+  kill -"$signal" "$pid"
+  wait "$pid"
+  rc=$?
+  if ((rc != 0)) || ! grep -q "^requeue 7" "$work/scontrol.log" ||
+    ! grep -q "SIG$signal came before the trainer was launched; requeueing" "$work/early.out"; then
+    fail "$script.sbatch, SIG$signal during its scontrol show job: exit $rc, want 0 and a requeue: $(cat "$work/early.out")"
+  else
+    echo "ok: $script.sbatch, SIG$signal during its scontrol show job -> scontrol requeue"
   fi
 done
 
