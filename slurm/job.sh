@@ -203,6 +203,14 @@ job_act_on_signal() {
   [[ -z "${JOB_SIGNAL:-}" ]] || job_requeue_or_exit 75 "SIG$JOB_SIGNAL came $1"
 }
 
+# job_srun_cpus: the options that give an srun inside the job the job's CPUs per task, one per
+# line: srun no longer takes them from SLURM_CPUS_PER_TASK (Slurm 22.05 on), and each task got one
+# CPU, where hpctrain ran --threads SLURM_CPUS_PER_TASK. (Not exported as SRUN_CPUS_PER_TASK:
+# mpirun's own srun of its daemons, one per node, would then bind a node's ranks to one task's.)
+job_srun_cpus() {
+  [[ -z "${SLURM_CPUS_PER_TASK:-}" ]] || echo "--cpus-per-task=$SLURM_CPUS_PER_TASK"
+}
+
 job_stage_data() {
   [[ -n "${STAGE_FROM:-}" ]] || return 0
   [[ -n "${STAGE_TO:-}" ]] || job_die "STAGE_FROM is set but STAGE_TO is not: set where the dataset goes"
@@ -212,7 +220,9 @@ job_stage_data() {
   stage+=(${STAGE_ARGS:-})
   if [[ "${STAGE_PER_NODE:-0}" == 1 ]]; then
     local nodes=${SLURM_JOB_NUM_NODES:-1}
-    stage=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${stage[@]}")
+    local cpus
+    mapfile -t cpus < <(job_srun_cpus)
+    stage=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${cpus[@]}" "${stage[@]}")
   fi
   job_log "staging $STAGE_FROM into $STAGE_TO: ${stage[*]}"
   # The warning signal (time limit near) or Slurm's SIGTERM (a preemption) during the copy: stop
@@ -351,7 +361,11 @@ job_run_trainer() {
 
   local launch
   case "${LAUNCHER:-srun}" in
-    srun) launch=(srun --mpi=pmix) ;;
+    srun)
+      local cpus
+      mapfile -t cpus < <(job_srun_cpus)
+      launch=(srun --mpi=pmix "${cpus[@]}")
+      ;;
     mpirun)
       # Open MPI's mpirun, sent SIGTERM (Slurm ends a job by signalling every process of it),
       # passes SIGTERM to the ranks and kills them 1 s later (odls_base_sigkill_timeout): too

@@ -21,9 +21,12 @@ echo "$*" >> "$SUBMITTED"
 echo "$(($(wc -l < "$SUBMITTED") + 100))"
 EOF
 printf '#!/bin/sh\nexit 0\n' > "$work/bin/scancel"
-# srun [OPTIONS] PROGRAM ARGS...: runs PROGRAM here (one task).
+# srun [OPTIONS] PROGRAM ARGS...: runs PROGRAM here (one task); its options recorded in SRUN_LOG.
 cat > "$work/bin/srun" << 'EOF'
 #!/usr/bin/env bash
+options=()
+for a in "$@"; do [[ "$a" == -* ]] || break; options+=("$a"); done
+echo "${options[*]}" >> "${SRUN_LOG:-/dev/null}"
 while [[ "$1" == -* ]]; do shift; done
 exec "$@"
 EOF
@@ -309,6 +312,21 @@ for signal in USR1 TERM; do
     echo "ok: SIG$signal while staging -> scontrol requeue 7"
   fi
 done
+
+# srun no longer takes --cpus-per-task from the job (Slurm 22.05 on): each rank had one CPU while
+# hpctrain ran --threads SLURM_CPUS_PER_TASK, and so did each node's staging.
+mkdir -p "$work/home-ok/datasets"
+printf '#!/bin/sh\nexit 0\n' > "$work/home-ok/datasets/hpcdata"
+chmod +x "$work/home-ok/datasets/hpcdata"
+: > "$work/srun.log"
+"$job" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/cpus-ck" REQUEUE=0 SLURM_JOB_ID=1 SLURM_CPUS_PER_TASK=6 \
+  SRUN_LOG="$work/srun.log" HPCTRAIN_HOME="$work/home-ok" STAGE_FROM=s3://data/x STAGE_TO="$work/data" STAGE_PER_NODE=1 \
+  -- > "$work/cpus.out" 2>&1
+if [[ $(grep -c -- '--cpus-per-task=6' "$work/srun.log") != 2 ]] || ! grep -qx -- --threads "$work/args"; then
+  fail "srun (staging, training) not given --cpus-per-task=6: $(tr '\n' ';' < "$work/srun.log") $(cat "$work/cpus.out")"
+else
+  echo "ok: the staging's and the training's srun get --cpus-per-task=6"
+fi
 
 # A warning signal or SIGTERM that came before job.sh's traps, during train.sbatch's or
 # sweep.sbatch's own `scontrol show job` (slurmctld slow to answer), ended the batch shell with
