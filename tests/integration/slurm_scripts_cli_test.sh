@@ -191,6 +191,19 @@ for option in "--checkpoint-dir=$work/x" "--metrics-file $work/x" "--timeline-fi
     SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" \
     bash "$repo/slurm/sweep.sbatch" --epochs 1 $option
 done
+# chain.sh with CHAIN_SCRIPT=slurm/sweep.sbatch gives every segment one CHECKPOINT_DIR, but each
+# segment (an array of its own) put its tasks under a new runs/<name>-<array id>: every segment
+# started from scratch. The tasks' directories are under CHECKPOINT_DIR where it is set.
+rm -f "$work/args"
+env -u SWEEP_DIR HPCTRAIN_HOME="$repo" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/chained" REQUEUE=0 \
+  SLURM_JOB_ID=12 SLURM_ARRAY_JOB_ID=12 SLURM_ARRAY_TASK_ID=1 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" \
+  SWEEP="lr=0.1,0.2" bash "$repo/slurm/sweep.sbatch" --epochs 1 > "$work/chained.out" 2>&1
+got=$(grep -x -A1 -- --checkpoint-dir "$work/args" 2> /dev/null | tail -1)
+if [[ "$got" == "$work/chained/task-1_lr=0.2" ]]; then
+  echo "ok: sweep.sbatch with CHECKPOINT_DIR (chain.sh's): task 1 in $got"
+else
+  fail "sweep.sbatch with CHECKPOINT_DIR (chain.sh's) and no SWEEP_DIR: task 1 in '$got': $(cat "$work/chained.out")"
+fi
 
 # stop_ends WHAT SAYS ENV...: a stop (75) under ENV is not requeued: job_requeue_or_exit exits 75
 # and its line holds SAYS.
