@@ -252,19 +252,27 @@ job_stage_data() {
   esac
 }
 
+# job_last_line FILE: FILE's last line. A relative name is read as ./NAME: tail takes "-" for its
+# stdin (after -- too), and a finished job whose --metrics-file was "-" was requeued.
+job_last_line() {
+  local file=$1
+  [[ "$file" == /* ]] || file=./$file
+  tail -n 1 -- "$file"
+}
+
 # job_metrics_stopped FILE: whether FILE's last line is hpctrain's "stopped" event with exit code 75
 # (the run checkpointed and stopped on a signal).
 job_metrics_stopped() {
   local last
   [[ -f "$1" ]] || return 1
-  last=$(tail -n 1 "$1")
+  last=$(job_last_line "$1")
   [[ "$last" == '{"event":"stopped",'* && "$last" == *'"exit_code":75,'* ]]
 }
 
 # job_metrics_done FILE: whether FILE's last line is hpctrain's "done" event (the training ended;
 # a run resumed after its last step writes one too).
 job_metrics_done() {
-  [[ -f "$1" && "$(tail -n 1 "$1")" == '{"event":"done",'* ]]
+  [[ -f "$1" && "$(job_last_line "$1")" == '{"event":"done",'* ]]
 }
 
 # job_restarted: whether this run carries on an earlier run of the same training: a job Slurm has

@@ -205,6 +205,29 @@ else
   fail "sweep.sbatch with CHECKPOINT_DIR (chain.sh's) and no SWEEP_DIR: task 1 in '$got': $(cat "$work/chained.out")"
 fi
 
+# Outside a Slurm job (or with SLURM_SUBMIT_DIR unset) the scripts said two lines, or "unbound
+# variable".
+for script in train sweep; do
+  refused "$script.sbatch outside Slurm" env -u SLURM_JOB_ID -u SLURM_SUBMIT_DIR HPCTRAIN_HOME= bash "$repo/slurm/$script.sbatch"
+  refused "$script.sbatch without SLURM_SUBMIT_DIR" env -u SLURM_SUBMIT_DIR SLURM_JOB_ID=5 SLURM_JOB_NAME=x \
+    SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_JOB_ID=5 HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" bash "$repo/slurm/$script.sbatch"
+done
+# --metrics-file - names a file "-": tail read its stdin instead, and a finished job was requeued.
+mkdir -p "$work/dash"
+cat > "$work/done-trainer" << 'EOF'
+#!/bin/sh
+echo '{"event":"done","step":1}' > ./-
+EOF
+chmod +x "$work/done-trainer"
+out=$(cd "$work/dash" && timeout 30 "$job" HPCTRAIN="$work/done-trainer" CHECKPOINT_DIR="$work/dash-ck" SLURM_JOB_ID=1 \
+  JOB_STATE_RETRY_SECONDS=0 -- --metrics-file - 2>&1 < /dev/null)
+rc=$?
+if ((rc != 0)) || [[ "$out" != *"the training finished"* ]]; then
+  fail "job.sh --metrics-file - after the training finished: exit $rc, want 0: $out"
+else
+  echo "ok: job.sh --metrics-file - -> the training finished"
+fi
+
 # stop_ends WHAT SAYS ENV...: a stop (75) under ENV is not requeued: job_requeue_or_exit exits 75
 # and its line holds SAYS.
 stop_ends() {
