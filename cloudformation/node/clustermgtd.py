@@ -5,8 +5,9 @@ Slurm agree, and does nothing when they already do, so it is safe to run twice o
 second pass started while one runs exits at once):
 
   1. writes the heartbeat file (heartbeat_file, on /shared) that each compute node's watchdog
-     (computemgtd.py) reads: a head node that stops writing it has its compute nodes terminate
-     themselves;
+     (computemgtd.py) reads, once it has read both Slurm's nodes (sinfo) and EC2's instances: a
+     head node that stops writing it, or whose slurmctld or EC2 cannot be read, has its compute
+     nodes terminate themselves once Slurm has them down or cannot be reached;
   2. forgets capacity cooldowns that have expired (resume.py tries that choice again);
   3. terminates orphans: instances tagged for this cluster that no powered-up Slurm node owns
      (a node that is powered down, a node Slurm does not have, a second instance for a node
@@ -297,14 +298,19 @@ def apply(state, node, action):
         scontrol("update", f"nodename={node.name}", f"state={what}")
 
 
-def manage(cfg):
-    actions = []
+def beat(cfg):
+    """Writes the heartbeat; False (said in the log) when it cannot: the pass's work is done all
+    the same."""
     try:
         write_heartbeat(cfg["heartbeat_file"])
-        beating = True
-    except OSError as e:  # (the shared file system not mounted, EIO): the pass's work is done all the same
+        return True
+    except OSError as e:  # (the shared file system not mounted, EIO)
         logging.error("cannot write the heartbeat %s: %s; the pass goes on", cfg["heartbeat_file"], e)
-        beating = False
+        return False
+
+
+def manage(cfg):
+    actions = []
     ec2 = ec2_client(cfg)
     with State(cfg["state_file"]) as state:
         now = time.time()
@@ -313,6 +319,10 @@ def manage(cfg):
             actions.append(f"{key}: cooldown over, enabled again")
         nodes = slurm_nodes()
         instances = cluster_instances(ec2, cfg)
+        # Only now, with Slurm and EC2 both read (as ParallelCluster's clustermgtd): a pass that
+        # cannot read them (slurmctld down, EC2 refusing) cleans up nothing, and a heartbeat it
+        # wrote would keep every compute node's watchdog from terminating its idle instance.
+        beating = beat(cfg)
         lost = orphans(instances, nodes, cfg["orphan_grace_seconds"], now)
         if lost:
             ec2.terminate_instances(InstanceIds=[inst["id"] for inst, _ in lost])

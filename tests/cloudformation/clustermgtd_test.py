@@ -107,6 +107,53 @@ class ClusterManager(unittest.TestCase):
         self.assertIn("cannot write the heartbeat", log)
         self.assertIn(f"gpu-2: terminated orphan {powered_down}", log)
 
+    def fake(self, name, body):
+        """Replaces the fake `name` on PATH with a shell `body`."""
+        with open(os.path.join(self.tmp.name, "bin", name), "w", encoding="utf-8") as f:
+            f.write(f"#!/bin/sh\n{body}\n")
+
+    def heartbeat(self):
+        with open(self.cfg["heartbeat_file"], encoding="utf-8") as f:
+            return float(f.read())
+
+    def test_no_heartbeat_from_a_pass_that_cannot_read_slurm_or_ec2(self):
+        """slurmctld down (sinfo fails) or EC2 refusing: the pass fails, said in one line, and the
+        heartbeat is not written, so that each compute node's watchdog terminates its instance
+        instead of leaving it idle, billed, for as long as the head cannot manage it."""
+        os.makedirs(os.path.dirname(self.cfg["heartbeat_file"]))
+        with open(self.cfg["heartbeat_file"], "w", encoding="utf-8") as f:
+            f.write("1000\n")
+        orphan, _ = self.launch("gpu-2")
+        self.slurm(("gpu-2", "idle+cloud+powered_down", "", ""))
+        self.fake("sinfo", 'echo "slurm_load_partitions: Unable to contact slurm controller (connect failure)" >&2;'
+                           " exit 1")
+        with mock.patch.object(sys, "argv", ["clustermgtd.py"]):
+            self.assertEqual(clustermgtd.main(), 1)
+        self.assertEqual(self.heartbeat(), 1000)
+        self.assertIn("clustermgtd: ERROR: pass failed: RuntimeError: sinfo failed (1): slurm_load_partitions: Unable"
+                      " to contact slurm controller", self.log())
+        # slurmctld back, EC2 refusing DescribeInstances.
+        self.fake("sinfo", f"cat {self.sinfo_out}")
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+
+            def refuse(model, **_):
+                if model.name == "DescribeInstances":
+                    raise botocore.exceptions.ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "no"}},
+                                                          model.name)
+            c.meta.events.register("provide-client-params.ec2", refuse)
+            return c
+        with mock.patch.object(boto3, "client", client), mock.patch.object(sys, "argv", ["clustermgtd.py"]):
+            self.assertEqual(clustermgtd.main(), 1)
+        self.assertEqual(self.heartbeat(), 1000)
+        self.assertEqual(self.live(), {orphan})
+        # Both read: the heartbeat is written, the orphan terminated.
+        self.run_pass()
+        self.assertAlmostEqual(self.heartbeat(), time.time(), delta=30)
+        self.assertEqual(self.live(), set())
+
     def test_an_instance_tagged_for_the_cluster_by_someone_else_is_not_an_orphan(self):
         """With the compute profile in the settings (as the stack writes them), an instance tagged
         for the cluster without that profile is not the cluster's: not terminated, and not in the
