@@ -5,11 +5,15 @@ and a rebalance recommendation. On an interruption notice it drains the node in 
 jobs) and sends SIGUSR1 to the batch shell of every job on the node, which slurm/train.sbatch
 passes on to hpctrain: it checkpoints and exits 75 inside the two-minute window, and the job is
 requeued. A rebalance recommendation drains the node (or, with --on-rebalance checkpoint, is
-treated as an interruption). Each notice is acted on once.
+treated as an interruption). A notice is acted on until that has worked: the drain is tried at
+each poll until it succeeds, and while the notice stands the node's running jobs are listed at
+each poll and each job not yet signalled is signalled (a slurmctld too busy to answer once must
+not cost a job its checkpoint).
 
     spot_watcher.py [--node NAME] [--imds URL] [--interval SECONDS] [--on-rebalance drain|checkpoint]
 """
 
+import http.client
 import json
 import logging
 import os
@@ -60,8 +64,18 @@ class Imds:
         return None
 
 
+# Seconds a Slurm command may take: the two-minute notice leaves no time to wait on a hung one,
+# and the next poll tries again.
+COMMAND_TIMEOUT = 20
+
+
 def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    """cmd's result; a failure (an exit status, a command that hangs or is missing) is logged and
+    has a non-zero returncode."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        r = subprocess.CompletedProcess(cmd, -1, "", str(e))
     if r.returncode != 0:
         logging.error("%s failed (%d): %s", " ".join(cmd), r.returncode, r.stderr.strip())
     return r
@@ -69,17 +83,45 @@ def run(cmd):
 
 def drain(node, reason):
     """Drains with a reason marked as the cluster's own: once the node's jobs have left, the
-    cluster manager powers it down (its instance is terminated) and returns it to service."""
-    run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={OWN_REASON_PREFIX}{reason}"[:200]])
+    cluster manager powers it down (its instance is terminated) and returns it to service.
+    Whether scontrol succeeded."""
+    return run(["scontrol", "update", f"nodename={node}", "state=drain",
+                f"reason={OWN_REASON_PREFIX}{reason}"[:200]]).returncode == 0
 
 
-def checkpoint_jobs(node):
-    """SIGUSR1 to the batch shell of each job running on the node (train.sbatch forwards it)."""
-    out = run(["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A"]).stdout.split()
-    jobs = sorted(set(out), key=lambda j: (len(j), j))
-    for job in jobs:
-        run(["scancel", "--signal=USR1", "--batch", job])
-    return jobs
+def checkpoint_jobs(node, signalled):
+    """SIGUSR1 to the batch shell of each job running on the node (train.sbatch forwards it) that
+    is not in `signalled`, each added to it once scancel succeeded. Returns the jobs signalled
+    now, or None when squeue failed: a failed listing is not "no jobs", and the next poll lists
+    them again."""
+    r = run(["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A"])
+    if r.returncode != 0:
+        return None
+    done = []
+    for job in sorted(set(r.stdout.split()) - signalled, key=lambda j: (len(j), j)):
+        if run(["scancel", "--signal=USR1", "--batch", job]).returncode == 0:
+            signalled.add(job)
+            done.append(job)
+    return done
+
+
+def respond(node, kind, what, checkpoint, drained, signalled):
+    """One poll's work while a notice of `kind` stands: drains the node for `what` unless that
+    worked before (`drained`: the kinds it worked for), and with `checkpoint` signals the node's
+    jobs not yet in `signalled`. Called at every poll while the notice stands, so that what
+    failed is done at a later poll, and a job listed late is signalled too."""
+    said = []
+    if kind not in drained and drain(node, what):
+        drained.add(kind)
+        said.append(f"drained {node}")
+    if checkpoint:
+        jobs = checkpoint_jobs(node, signalled)
+        if jobs is None:
+            logging.warning("%s: the jobs on %s not listed; again at the next poll", what, node)
+        elif jobs or said:
+            said.append(f"asked job(s) {', '.join(jobs) or '(none)'} to checkpoint")
+    if said:
+        logging.warning("%s: %s", what, ", ".join(said))
 
 
 def node_name(given):
@@ -98,31 +140,29 @@ def node_name(given):
 def watch(args):
     imds = Imds(args.imds)
     node = node_name(args.node)
-    acted = set()
+    drained, signalled = set(), set()
+    seen = set()  # the kinds of notice seen: after an interruption, a rebalance recommendation is moot
     logging.info("watching %s for spot interruptions on node %s every %g s", args.imds, node, args.interval)
     while True:
         try:
             action = imds.get("spot/instance-action")
             rebalance = imds.get("events/recommendations/rebalance")
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            logging.warning("metadata service: %s", e)
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+            # (HTTPException: a reply cut short, IncompleteRead, or garbled): the next poll asks again
+            logging.warning("metadata service: %s: %s", type(e).__name__, e)
             action = rebalance = None
-        if action and "interruption" not in acted:
-            acted.add("interruption")
+        if action:
+            seen.add("interruption")
             try:
                 notice = json.loads(action)
                 what = f"spot interruption: {notice.get('action', '?')} at {notice.get('time', '?')}"
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, AttributeError):
                 what = "spot interruption"
-            drain(node, what)
-            jobs = checkpoint_jobs(node)
-            logging.warning("%s: drained %s, asked job(s) %s to checkpoint", what, node, ", ".join(jobs) or "(none)")
-        if rebalance and "rebalance" not in acted and "interruption" not in acted:
-            acted.add("rebalance")
-            drain(node, "spot rebalance recommendation")
-            jobs = checkpoint_jobs(node) if args.on_rebalance == "checkpoint" else []
-            logging.warning("spot rebalance recommendation: drained %s%s", node,
-                            f", asked job(s) {', '.join(jobs)} to checkpoint" if jobs else "")
+            respond(node, "interruption", what, True, drained, signalled)
+        elif rebalance and "interruption" not in seen:
+            seen.add("rebalance")
+            respond(node, "rebalance", "spot rebalance recommendation", args.on_rebalance == "checkpoint",
+                    drained, signalled)
         if args.once:
             return 0
         time.sleep(args.interval)

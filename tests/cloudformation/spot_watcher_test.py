@@ -1,7 +1,10 @@
 """The spot watcher against a fake instance metadata service on loopback that, like IMDSv2,
 answers reads only with a session token: no notice, nothing happens; an interruption notice
-drains the node and signals its jobs' batch shells within one poll period, once; a rebalance
-recommendation drains only. Slurm's commands are fakes on PATH that record their calls."""
+drains the node and signals its jobs' batch shells within one poll period, once each; what failed
+(the drain, the job listing, a job's signal) is done again at the next polls, and a job listed
+later is signalled too; a reply cut short does not stop the watcher; a rebalance recommendation
+drains only. Slurm's commands are fakes on PATH that record their calls, and fail as often as a
+test says."""
 
 import http.server
 import os
@@ -23,6 +26,7 @@ class FakeImds(http.server.ThreadingHTTPServer):
         self.documents = {}  # meta-data path -> body
         self.tokenless_reads = 0
         self.token_requests = 0
+        self.truncated = 0  # how many of the next reads of a document end before their Content-Length
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -50,6 +54,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.reply(401)
         path = self.path.removeprefix("/latest/meta-data/")
         if path in self.server.documents:
+            if self.server.truncated:
+                self.server.truncated -= 1
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"action": ')
+                self.close_connection = True
+                return None
             return self.reply(200, self.server.documents[path])
         return self.reply(404)
 
@@ -61,11 +73,18 @@ class SpotWatcher(unittest.TestCase):
         self.log = os.path.join(self.tmp.name, "calls")
         bindir = os.path.join(self.tmp.name, "bin")
         os.mkdir(bindir)
-        fakes = {"scontrol": "", "scancel": "", "squeue": 'printf "101\\n102\\n101\\n"\n'}
+        # squeue prints squeue.out, 101 102 101 unless a test writes it.
+        fakes = {"scontrol": "", "scancel": "",
+                 "squeue": f'cat {self.path("squeue.out")} 2> /dev/null || printf "101\\n102\\n101\\n"\n'}
         for name, body in fakes.items():
             path = os.path.join(bindir, name)
             with open(path, "w", encoding="utf-8") as f:
-                f.write(f'#!/bin/sh\necho "$(date +%s.%N) {name} $*" >> {self.log}\n{body}')
+                # NAME.failures (a count, written by a test): that many calls fail before the rest succeed.
+                failures = self.path(f"{name}.failures")
+                f.write(f'#!/bin/sh\necho "$(date +%s.%N) {name} $*" >> {self.log}\n'
+                        f'n=$(cat {failures} 2> /dev/null || echo 0)\n'
+                        f'if [ "$n" -gt 0 ]; then echo $((n - 1)) > {failures};'
+                        f' echo "{name}: error: Socket timed out on send/recv operation" >&2; exit 1; fi\n{body}')
             os.chmod(path, 0o755)
         self.imds = FakeImds()
         threading.Thread(target=self.imds.serve_forever, daemon=True).start()
@@ -77,6 +96,13 @@ class SpotWatcher(unittest.TestCase):
              "--imds", f"http://127.0.0.1:{self.imds.server_address[1]}"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.addCleanup(self.stop)
+
+    def path(self, name):
+        return os.path.join(self.tmp.name, name)
+
+    def write(self, name, text):
+        with open(self.path(name), "w", encoding="utf-8") as f:
+            f.write(text)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -121,6 +147,42 @@ class SpotWatcher(unittest.TestCase):
         time.sleep(3 * INTERVAL)
         self.assertEqual(len([c for _, c in self.calls() if c.startswith("scancel")]), 2, "acted more than once")
         self.assertEqual(self.imds.tokenless_reads, 0)
+
+    def test_a_failed_drain_or_job_listing_is_done_again_at_the_next_polls(self):
+        """slurmctld too busy to answer: the first drain and the first two listings fail. The
+        notice is acted on again until both worked (a failed squeue is not "no jobs"), and each job
+        is signalled once; one whose scancel failed is signalled at the next poll."""
+        self.write("scontrol.failures", "1")
+        self.write("squeue.failures", "2")
+        self.write("scancel.failures", "1")
+        self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
+        self.wait_for("scontrol update nodename=gpu-1 state=drain", 3, count=2)
+        self.wait_for("scancel", 6, count=3)  # 101 failed once, then 101 and 102
+        time.sleep(3 * INTERVAL)
+        calls = [c for _, c in self.calls()]
+        self.assertEqual(len([c for c in calls if c.startswith("scontrol")]), 2, calls)  # drained once it worked
+        self.assertEqual(sorted(c for c in calls if c.startswith("scancel")),
+                         ["scancel --signal=USR1 --batch 101", "scancel --signal=USR1 --batch 101",
+                          "scancel --signal=USR1 --batch 102"])
+        self.assertIsNone(self.proc.poll(), "the watcher exited")
+
+    def test_a_job_listed_later_is_signalled_while_the_notice_stands(self):
+        self.write("squeue.out", "101\n")
+        self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
+        self.wait_for("scancel --signal=USR1 --batch 101", 3)
+        self.write("squeue.out", "101\n103\n")  # (a job slurmctld had not yet shown running on the node)
+        self.wait_for("scancel --signal=USR1 --batch 103", 3)
+        time.sleep(2 * INTERVAL)
+        self.assertEqual(len([c for _, c in self.calls() if c.startswith("scancel")]), 2, self.calls())
+
+    def test_a_reply_cut_short_does_not_stop_the_watcher(self):
+        """The metadata service's reply ends before its Content-Length (http.client's
+        IncompleteRead): a warning, and the next poll asks again."""
+        self.imds.truncated = 3
+        self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
+        self.wait_for("scontrol update nodename=gpu-1 state=drain", 3 + 4 * INTERVAL)
+        self.assertIsNone(self.proc.poll(), "the watcher exited")
+        self.assertEqual(self.imds.truncated, 0)
 
     def test_a_rebalance_recommendation_drains_only(self):
         self.imds.documents["events/recommendations/rebalance"] = '{"noticeTime": "2026-11-22T12:58:00Z"}'
