@@ -47,15 +47,20 @@ systemctl enable munge && systemctl restart munge
 # commands find it through /run/slurm/conf, but the Deep Learning AMI's 21.08 looks only at
 # SLURM_CONF and /etc/slurm: without this, every scontrol of the spot watcher (the drain before a
 # reclaim) and of the watchdog would fail there.
+# Both restarted after any failure, for the instance's life: 5 s apart and with no start limit
+# (systemd's default gives up for good after 5 starts in 10 s, and a node without its watchdog
+# or its spot watcher is never terminated when the head is gone, or loses its jobs' checkpoints).
 slurm_conf=/var/spool/slurmd/conf-cache/slurm.conf
 cat > /etc/systemd/system/hpctrain-spot-watcher.service << UNIT
 [Unit]
 Description=hpctrain spot interruption watcher (drains the node, jobs checkpoint)
 After=slurmd.service
+StartLimitIntervalSec=0
 [Service]
 Environment=SLURM_CONF=$slurm_conf
 ExecStart=/usr/bin/python3 $node_dir/spot_watcher.py --node $node
 Restart=always
+RestartSec=5
 [Install]
 WantedBy=multi-user.target
 UNIT
@@ -63,10 +68,12 @@ cat > /etc/systemd/system/hpctrain-computemgtd.service << UNIT
 [Unit]
 Description=hpctrain watchdog: this instance terminates itself when the head node is gone (no heartbeat, and Slurm has it down or is unreachable)
 After=network-online.target remote-fs.target
+StartLimitIntervalSec=0
 [Service]
 Environment=SLURM_CONF=$slurm_conf
 ExecStart=/usr/bin/python3 $node_dir/computemgtd.py --node $node --stale-after $((HEARTBEAT_MINUTES * 60))
 Restart=always
+RestartSec=5
 [Install]
 WantedBy=multi-user.target
 UNIT
