@@ -252,6 +252,25 @@ def instances_of(ec2, cfg, nodes=None):
     return {node: [i["InstanceId"] for i in insts] for node, insts in live_instances(ec2, cfg, nodes).items()}
 
 
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Each section of the state file and what each of its entries must be. The file is this cluster's
+# own, but a hand edit, a downgrade or a bug can leave an entry of another shape, and one such
+# entry would fail every run that reads it: the cluster manager would terminate no orphan again,
+# resume.py would leave its nodes powering up until ResumeTimeout.
+STATE_SHAPES = {
+    "cooldowns": _number,  # until
+    "launches": lambda v: (isinstance(v, dict) and isinstance(v.get("token"), str) and bool(v["token"])
+                           and _number(v.get("at"))),
+    "boot_failures": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "counted_failures": lambda v: isinstance(v, str),
+    "protected": lambda v: (isinstance(v, dict) and _number(v.get("since")) and isinstance(v.get("nodes"), list)
+                            and all(isinstance(n, str) for n in v["nodes"])),
+}
+
+
 class State:
     """What the programs remember between runs, in one JSON file (state_file) on the head node's
     own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until} ("*|spot|*": the whole spot market),
@@ -259,6 +278,7 @@ class State:
     came up}}, and the cluster manager's protected mode: failed boots in a row per partition
     {"PARTITION": count}, the nodes whose failed boot is counted {"NODE": reason}, and the
     partitions in protected mode {"PARTITION": {"since": time, "nodes": [the nodes it set down]}}.
+A section or an entry of another shape (STATE_SHAPES) is dropped on reading, with one warning.
     Used as `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the
     cluster manager may run at once) and writes the file back atomically when the block ends
     without an exception."""
@@ -281,9 +301,20 @@ class State:
             logging.warning("state file %s unreadable (%s): starting afresh", self.path, e)
             self.data = {}
         if not isinstance(self.data, dict):
+            logging.warning("state file %s holds no JSON object: starting afresh", self.path)
             self.data = {}
-        for key in ("cooldowns", "launches", "boot_failures", "counted_failures", "protected"):
-            self.data.setdefault(key, {})
+        dropped = []
+        for key, valid in STATE_SHAPES.items():
+            section = self.data.get(key, {})
+            if not isinstance(section, dict):
+                dropped.append(key)
+                section = {}
+            for name in [n for n, value in section.items() if not valid(value)]:
+                del section[name]
+                dropped.append(f"{key}[{name!r}]")
+            self.data[key] = section
+        if dropped:
+            logging.warning("state file %s: dropped what has the wrong shape: %s", self.path, ", ".join(dropped))
         return self
 
     def __exit__(self, kind, value, tb):
@@ -360,9 +391,11 @@ def setup_logging(cfg, program):
     logging.getLogger("botocore").setLevel(logging.WARNING)  # not its "Found credentials" on every run
 
 
-def main_wrapper(program, body):
+def main_wrapper(program, body, on_failure=None):
     """Runs body(cfg, nodes) for `program NODELIST`, turning bad input into one error line and
-    exit code 2."""
+    exit code 2, and any other error (a bug, an answer of a shape not foreseen) into one line in
+    the log and exit code 1, after on_failure(nodes, why) if given (resume.py sets its nodes down,
+    rather than leave them powering up until ResumeTimeout)."""
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print(f"usage: {program} NODELIST   (a Slurm host list, as slurmctld passes it)", file=sys.stderr)
         return 0 if len(sys.argv) == 2 else 2
@@ -373,4 +406,14 @@ def main_wrapper(program, body):
         print(f"{program}: error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg, program)
-    return body(cfg, nodes)
+    try:
+        return body(cfg, nodes)
+    except Exception as e:  # noqa: BLE001 - one line in the log file: slurmctld keeps none of these programs' output
+        why = f"{type(e).__name__}: {e}"
+        logging.error("%s failed: %s", sys.argv[1], why)
+        if on_failure is not None:
+            try:
+                on_failure(nodes, why)
+            except Exception as e2:  # noqa: BLE001 - the line above is said; this one too, and the exit
+                logging.error("and then: %s: %s", type(e2).__name__, e2)
+        return 1

@@ -346,5 +346,13 @@ def give_up(ec2, node, instance, reason):
     set_down(node, f"resume failed: {reason}")
 
 
+def set_down_all(nodes, why):
+    """main_wrapper's on_failure: an error not foreseen sets every node asked for down at once,
+    so that their jobs are requeued now, not after ResumeTimeout (the cluster manager powers them
+    down, which terminates any instance launched before the error, and returns them to service)."""
+    for node in nodes:
+        set_down(node, f"resume failed: {why}")
+
+
 if __name__ == "__main__":
-    sys.exit(main_wrapper("resume.py", resume))
+    sys.exit(main_wrapper("resume.py", resume, set_down_all))

@@ -179,6 +179,21 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual(self.live(), {foreign})
         del ours
 
+    def test_a_state_file_of_the_wrong_shape_stops_no_pass(self):
+        """Sections and entries of the wrong shape are dropped with one warning: the orphan is
+        terminated, the failed boot counted, not every pass failed on them."""
+        with open(self.cfg["state_file"], "w", encoding="utf-8") as f:
+            json.dump({"cooldowns": {"g5.12xlarge|on-demand|template": None}, "launches": {"gpu-1": "x"},
+                       "boot_failures": [], "counted_failures": None, "protected": {"gpu": []}}, f)
+        orphan, _ = self.launch("gpu-2")
+        self.slurm(("gpu-1", "down+cloud+powered_down", "ResumeTimeout reached", ""),
+                   ("gpu-2", "idle+cloud+powered_down", "", ""))
+        self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])
+        self.assertEqual(self.live(), set())
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
+        self.assertEqual(len(re.findall("WARNING: state file .* dropped what has the wrong shape", self.log())), 1)
+        del orphan
+
     def test_a_young_instance_is_not_an_orphan_yet(self):
         with open(self.config, encoding="utf-8") as f:
             cfg = json.load(f)

@@ -15,6 +15,7 @@ refused (suspend.py powers the nodes down all the same)."""
 import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,46 @@ class PowerSaving(MotoCluster):
         self.cfg["market"] = "spot"
         self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertEqual(self.live()["gpu-1"].get("InstanceLifecycle"), "spot")
+
+    # A state file with every section, or an entry in it, of the wrong shape.
+    BAD_STATE = {"cooldowns": [], "launches": {"gpu-1": "x", "gpu-2": {"token": "t2", "at": 1.0}, "gpu-3": None},
+                 "boot_failures": None, "counted_failures": {"gpu-4": 3}, "protected": {"gpu": {"since": "x"}}}
+
+    def test_a_state_file_of_the_wrong_shape_loses_only_what_is_wrong(self):
+        os.makedirs(os.path.dirname(self.cfg["state_file"]))
+        with open(self.cfg["state_file"], "w", encoding="utf-8") as f:
+            json.dump(self.BAD_STATE, f)
+        with self.assertLogs(level="WARNING") as said:
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(list(self.live()), ["gpu-1"])
+        state = self.state()
+        self.assertEqual(state["launches"]["gpu-2"], {"token": "t2", "at": 1.0})  # kept: its shape is right
+        self.assertEqual(sorted(state["launches"]), ["gpu-1", "gpu-2"])
+        self.assertEqual([state[k] for k in ("cooldowns", "boot_failures", "counted_failures", "protected")],
+                         [{}, {}, {}, {}])
+        dropped = [line for line in said.output if "wrong shape" in line]
+        self.assertEqual(len(dropped), 1, said.output)
+        self.assertIn("cooldowns, launches['gpu-1'], launches['gpu-3'], boot_failures, counted_failures['gpu-4'], "
+                      "protected['gpu']", dropped[0])
+
+    def test_an_unforeseen_error_in_resume_sets_its_nodes_down_with_one_line(self):
+        """A bug (here: a TypeError) is one error line in the log file and exit 1, and the nodes
+        asked for are set down at once (Slurm requeues their jobs now, not after ResumeTimeout)."""
+        log = os.path.join(self.tmp.name, "power.log")
+        config = self.write_config(dict(self.cfg, log_file=log))
+        # resume.py as Slurm runs it (its __main__), with hpc_cloud's live_instances failing.
+        with mock.patch.dict(os.environ, {"HPCTRAIN_CLOUD_CONFIG": config}), \
+                mock.patch.object(sys, "argv", ["resume.py", "gpu-[1-2]"]), \
+                mock.patch.object(hpc_cloud, "live_instances", side_effect=TypeError("'NoneType' is not subscriptable")), \
+                mock.patch("sys.stderr", io.StringIO()), self.assertRaises(SystemExit) as exited:
+            runpy.run_path(os.path.join(NODE_DIR, "resume.py"), run_name="__main__")
+        self.assertEqual(exited.exception.code, 1)
+        reason = "reason=hpctrain: resume failed: TypeError: 'NoneType' is not subscriptable"
+        self.assertEqual(self.scontrol_calls(), [f"update nodename=gpu-{i} state=down {reason}" for i in (1, 2)])
+        with open(log, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("resume.py: ERROR: gpu-[1-2] failed: TypeError: 'NoneType' is not subscriptable", lines[0])
 
     def test_suspend_terminates_exactly_those_nodes(self):
         resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-3]"))
