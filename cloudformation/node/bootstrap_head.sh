@@ -48,13 +48,16 @@ python3 "$node_dir/export_munge_key.py"
 install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm /var/log/hpctrain /var/lib/hpctrain
 "$node_dir/apply_head_settings.sh"  # again by cfn-hup after each update of the settings
 
-# 5. The cluster manager.
+# 5. The cluster manager. A pass holds the state file's lock that resume.py and suspend.py wait
+# for: one that hangs (on EC2, say; each Slurm command has its own bound) is killed after 5 minutes
+# rather than stop every power-up, and the timer starts the next.
 cat > /etc/systemd/system/hpctrain-clustermgtd.service << UNIT
 [Unit]
 Description=hpctrain cluster manager: one pass (orphans, nodes back to service, heartbeat)
 After=slurmctld.service
 [Service]
 Type=oneshot
+TimeoutStartSec=5min
 User=slurm
 ExecStart=/usr/bin/python3 $node_dir/clustermgtd.py
 UNIT

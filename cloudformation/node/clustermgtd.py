@@ -43,6 +43,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import hpc_cloud
 from hpc_cloud import (CAPACITY_ERRORS, JOB_CANNOT_START, NO_ANSWER, TRANSIENT_ERRORS, ConfigError, OWN_REASON_PREFIX,
                        State, ec2_client, is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging,
                        write_atomically)
@@ -111,8 +112,11 @@ def parse_sinfo(text):
 
 
 def slurm_nodes():
-    r = subprocess.run(["sinfo", "--noheader", "--Node", "--Format", SINFO_FORMAT],
-                       capture_output=True, text=True, check=False)
+    try:
+        r = subprocess.run(["sinfo", "--noheader", "--Node", "--Format", SINFO_FORMAT],
+                           capture_output=True, text=True, timeout=hpc_cloud.SLURM_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"sinfo failed: no answer within {hpc_cloud.SLURM_TIMEOUT:g} s (slurmctld hung?)") from None
     if r.returncode != 0:
         raise RuntimeError(f"sinfo failed ({r.returncode}): {r.stderr.strip()}")
     return parse_sinfo(r.stdout)

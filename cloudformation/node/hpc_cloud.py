@@ -84,6 +84,10 @@ JOB_CANNOT_START = "its job cannot start"
 SPOT_REFUSED_ERRORS = {
     "AuthFailure.ServiceLinkedRoleCreationNotPermitted",
 }
+# Seconds a Slurm command (sinfo, scontrol) may take before it is killed: the cluster manager and
+# resume.py run them holding the state file's lock, and a hung slurmctld must not hold every other
+# program behind it for ever.
+SLURM_TIMEOUT = 60
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -181,7 +185,11 @@ def scontrol(*args):
     """Runs scontrol (the one on PATH); an error is logged, not raised: one node's failure must
     not stop the others from being handled."""
     cmd = ["scontrol", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=SLURM_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        logging.error("%s failed: no answer within %g s (slurmctld hung?)", " ".join(cmd), SLURM_TIMEOUT)
+        return False
     if r.returncode != 0:
         logging.error("%s failed (%d): %s", " ".join(cmd), r.returncode, r.stderr.strip())
     return r.returncode == 0

@@ -154,6 +154,26 @@ class ClusterManager(unittest.TestCase):
         self.assertAlmostEqual(self.heartbeat(), time.time(), delta=30)
         self.assertEqual(self.live(), set())
 
+    def test_a_hung_slurm_command_is_killed_and_the_state_file_let_go(self):
+        """A hung sinfo (slurmctld stuck) ends the pass after SLURM_TIMEOUT with one line, and
+        frees the state file's lock that resume.py waits for; a hung scontrol is one error line."""
+        self.enterContext(mock.patch.object(hpc_cloud, "SLURM_TIMEOUT", 1, create=True))
+        self.fake("sinfo", "exec sleep 60")
+        started = time.monotonic()
+        with mock.patch.object(sys, "argv", ["clustermgtd.py"]):
+            self.assertEqual(clustermgtd.main(), 1)
+        self.assertLess(time.monotonic() - started, 20)
+        self.assertIn("clustermgtd: ERROR: pass failed: RuntimeError: sinfo failed: no answer within 1 s", self.log())
+        import fcntl
+        with open(self.cfg["state_file"] + ".lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while held
+        self.fake("scontrol", "exec sleep 60")
+        with self.assertLogs(level="ERROR") as said:
+            self.assertFalse(hpc_cloud.scontrol("update", "nodename=gpu-1", "state=resume"))
+        self.assertEqual(said.output, ["ERROR:root:scontrol update nodename=gpu-1 state=resume failed: no answer within"
+                                       " 1 s (slurmctld hung?)"])
+        self.assertLess(time.monotonic() - started, 40)
+
     def test_an_instance_tagged_for_the_cluster_by_someone_else_is_not_an_orphan(self):
         """With the compute profile in the settings (as the stack writes them), an instance tagged
         for the cluster without that profile is not the cluster's: not terminated, and not in the

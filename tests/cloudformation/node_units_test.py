@@ -59,6 +59,17 @@ class ComputeUnits(unittest.TestCase):
                 self.assertEqual(unit.get(("Unit", "StartLimitIntervalSec")), "0")
 
 
+class HeadUnits(unittest.TestCase):
+    def test_a_pass_of_the_cluster_manager_is_bounded(self):
+        """A pass holds the state file's lock that resume.py waits for: a hung one is killed."""
+        unit = settings(units("bootstrap_head.sh")["hpctrain-clustermgtd.service"])
+        limit = unit.get(("Service", "TimeoutStartSec"), "infinity")
+        m = re.fullmatch(r"(\d+)(min|s)?", limit)
+        self.assertTrue(m, f"TimeoutStartSec={limit}")
+        self.assertLessEqual(int(m[1]) * (60 if m[2] == "min" else 1), 600)
+        self.assertGreater(int(m[1]), 0)
+
+
 class Verify(unittest.TestCase):
     """systemd-analyze verify on each rendered unit."""
 
