@@ -91,10 +91,11 @@ fi
 bash "$node_dir/prepare_compute.sh" --if-needed "$REVISION"
 
 # slurmd with its configuration from slurmctld (no slurm.conf here: the packaged unit's
-# condition on one is lifted).
+# condition on one is lifted), on every boot only once /shared is mounted.
 install -d -o slurm -g slurm /var/spool/slurmd /var/log/slurm
 install -d /etc/systemd/system/slurmd.service.d
 printf '[Unit]\nConditionPathExists=\n' > /etc/systemd/system/slurmd.service.d/configless.conf
+install -m 0644 "$node_dir/systemd/slurmd-shared.conf" /etc/systemd/system/slurmd.service.d/shared.conf
 echo "SLURMD_OPTIONS=\"-N $node --conf-server $controller\"" > /etc/default/slurmd
 systemctl daemon-reload
 systemctl enable slurmd && systemctl restart slurmd

@@ -1,7 +1,9 @@
 """The systemd units the bootstraps write (join_compute.sh, bootstrap_head.sh), offline: each unit
 is taken from its script's here-document and rendered by bash with a node's values, then read
 for the settings that keep the cluster's daemons alive and bounded, and given to
-`systemd-analyze verify` where it is installed (skipped without; CI has it)."""
+`systemd-analyze verify` where it is installed (skipped without; CI has it). And the compute
+node's slurmd waits for /shared on every boot: its drop-in is installed, and in systemd's boot
+transaction slurmd starts only after /shared's mount."""
 
 import os
 import re
@@ -57,6 +59,45 @@ class ComputeUnits(unittest.TestCase):
                 self.assertEqual(unit.get(("Service", "Restart")), "always")
                 self.assertGreaterEqual(float(unit.get(("Service", "RestartSec"), 0)), 1)
                 self.assertEqual(unit.get(("Unit", "StartLimitIntervalSec")), "0")
+
+
+class SlurmdWaitsForShared(unittest.TestCase):
+    DROP_IN = os.path.join(NODE_DIR, "systemd", "slurmd-shared.conf")
+
+    def test_join_compute_installs_the_drop_in(self):
+        with open(os.path.join(NODE_DIR, "join_compute.sh"), encoding="utf-8") as f:
+            script = f.read()
+        installs = re.search(r'(?m)^install -m 0644 "\$node_dir/systemd/slurmd-shared.conf" '
+                             r"/etc/systemd/system/slurmd\.service\.d/\S+\.conf$", script)
+        self.assertTrue(installs, "join_compute.sh does not install systemd/slurmd-shared.conf as slurmd's drop-in")
+        with open(self.DROP_IN, encoding="utf-8") as f:
+            self.assertEqual(settings(f.read()).get(("Unit", "RequiresMountsFor")), "/shared")
+
+    def test_slurmd_starts_after_the_mount(self):
+        """A probe ordered after slurmd and before shared.mount (a stand-in for the one fstab's
+        line makes) closes an ordering cycle exactly when slurmd requires and follows the mount."""
+        if shutil.which("systemd-analyze") is None:
+            self.skipTest("systemd-analyze not found (the systemd package)")
+        vendor = next((d for d in ("/lib/systemd/system", "/usr/lib/systemd/system")
+                       if os.path.exists(os.path.join(d, "sysinit.target"))), None)
+        if vendor is None:
+            self.skipTest("no systemd unit directory with sysinit.target")
+        standins = {"slurmd.service": "[Unit]\nDescription=stand-in for Slurm's slurmd\n[Service]\nExecStart=/bin/true\n",
+                    "shared.mount": "[Mount]\nWhat=fs-0:/\nWhere=/shared\nType=nfs4\nOptions=_netdev\n",
+                    "probe.service": "[Unit]\nDefaultDependencies=no\nWants=slurmd.service\nAfter=slurmd.service\n"
+                                     "Before=shared.mount\n[Service]\nType=oneshot\nExecStart=/bin/true\n"}
+        for drop_in in (True, False):
+            with self.subTest(drop_in=drop_in), tempfile.TemporaryDirectory() as d:
+                for name, text in standins.items():
+                    with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+                        f.write(text)
+                if drop_in:
+                    os.mkdir(os.path.join(d, "slurmd.service.d"))
+                    shutil.copy(self.DROP_IN, os.path.join(d, "slurmd.service.d", "shared.conf"))
+                r = subprocess.run(["systemd-analyze", "verify", "--man=no", "probe.service"], capture_output=True,
+                                   text=True, env=dict(os.environ, SYSTEMD_UNIT_PATH=f"{d}:{vendor}"), check=False)
+                out = r.stdout + r.stderr
+                self.assertEqual("ordering cycle" in out and "shared.mount" in out, drop_in, out)
 
 
 class HeadUnits(unittest.TestCase):
