@@ -286,7 +286,7 @@ class State:
     came up}}, and the cluster manager's protected mode: failed boots in a row per partition
     {"PARTITION": count}, the nodes whose failed boot is counted {"NODE": reason}, and the
     partitions in protected mode {"PARTITION": {"since": time, "nodes": [the nodes it set down]}}.
-A section or an entry of another shape (STATE_SHAPES) is dropped on reading, with one warning.
+    A section or an entry of another shape (STATE_SHAPES) is dropped on reading, with one warning.
     Used as `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the
     cluster manager may run at once) and writes the file back atomically when the block ends
     without an exception."""
