@@ -241,6 +241,24 @@ TEST_F(Checkpoints, ResumingAtTheLastStepOnlyEvaluates) {
   }
 }
 
+// --max-steps ending the run mid-epoch on a step a periodic checkpoint had just taken: the final
+// checkpoint stands after the last epoch, as the done event's state_checksum says (it stayed the
+// periodic one, 10 steps into the epoch, whose checksum no line of the run gave).
+TEST_F(Checkpoints, TheFinalCheckpointIsTheDoneEventsStateAlsoOnAPeriodicCheckpointsStep) {
+  const std::string ck = dir_.file("ended"), m = dir_.file("ended.jsonl");
+  std::vector<std::string> args = job(ck, m, 1);
+  args.insert(args.end(), {"--max-steps", "10"});
+  const RunResult r = run_hpctrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonObject d = done_of(m);
+  const RunResult inspected = run_hpctrain({"inspect", "--json", ck + "/ckpt-000000010.hpck"});
+  ASSERT_EQ(inspected.exit_code, 0) << inspected.err;
+  const JsonObject h = FlatJsonParser(lines_of(inspected.out).at(0)).parse();
+  EXPECT_EQ(h.at("state_checksum").str, d.at("state_checksum").str);
+  EXPECT_EQ(h.at("epoch").number, 1);
+  EXPECT_EQ(h.at("step_in_epoch").number, 0);
+}
+
 // Resumed on another number of ranks, the run continues at the checkpoint's sample with the
 // checkpoint's global batch and finishes the planned steps. A --batch-size (which would be another
 // global batch) is refused, naming the checkpoint's --global-batch-size, as another --lr is, not ignored.
