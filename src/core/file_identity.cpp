@@ -200,6 +200,21 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
   }
 }
 
+std::optional<int> dup_own_descriptor(const std::string& path) {
+  const std::string p = fs::path(path).lexically_normal().string();
+  std::string number;
+  if (p == "/dev/stdout") number = "1";
+  else if (p == "/dev/stderr") number = "2";
+  else if (p.starts_with("/dev/fd/")) number = p.substr(8);
+  else
+    for (const std::string& self : std::vector<std::string>{"/proc/self/fd/", "/proc/thread-self/fd/",
+                                                            "/proc/" + std::to_string(::getpid()) + "/fd/"})
+      if (p.starts_with(self)) number = p.substr(self.size());
+  if (number.empty() || number.size() > 9 || number.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return ::fcntl(std::stoi(number), F_DUPFD_CLOEXEC, 3);
+}
+
 void walk_files(const std::string& dir, const std::function<void(const fs::directory_entry&)>& visit) {
   struct Folder {
     dev_t dev;

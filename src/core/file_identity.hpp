@@ -37,6 +37,13 @@ std::optional<FileIdentity> file_identity(const std::string& path);
 // name in the same directory for a file not there yet. A stream is never "the same file".
 bool same_file(const std::string& a, const std::string& b);
 
+// For a path that names one of this process's own descriptors (/dev/stdout, /dev/stderr,
+// /dev/fd/N, /proc/self/fd/N), that descriptor dup()ed (close-on-exec; -1 with errno where it is
+// not open); nullopt for any other path. An output given so must be written through it: opened
+// again by name it got a file position of its own, and under `> file` (Slurm's output too) the
+// log's writes through fd 1 landed over what it had written.
+std::optional<int> dup_own_descriptor(const std::string& path);
+
 // Opens `path` to read it as a data file (an image, a shard, a manifest, a class list): a regular
 // file only, as a FIFO would block the open or its reads for ever, and a directory or device
 // holds no such data. The descriptor (blocking reads); a usage error naming `what` and the path

@@ -192,6 +192,31 @@ TEST_F(Output, MetricsToStdoutAsAStream) {
   EXPECT_NE(terminal.out.find("{\"event\":\"done\",\"steps\":3,"), std::string::npos) << terminal.out;
 }
 
+// Metrics and the log both to stdout redirected to a file with `>` (no O_APPEND: Slurm's output
+// too). Opened again by name, the metrics file had a position of its own, and the log's lines
+// written through fd 1 landed over its events: the config event lost its beginning.
+TEST_F(Output, MetricsToStdoutRedirectedToAFileKeepEveryEvent) {
+  const TempDir out("stdout-file");
+  std::string command;
+  for (const std::string& a : hpctrain_argv(quick({"--threads", "1", "--progress", "lines", "--metrics-file",
+                                                   "/dev/stdout"})))
+    command += "'" + a + "' ";
+  const RunResult r = run_program({"/bin/bash", "-c", command + "> " + out.str() + "/out.txt"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = read_text(out.str() + "/out.txt");
+  int events = 0;
+  for (const std::string& line : lines_of(text)) {
+    if (line.find("\"event\"") == std::string::npos) continue;
+    ++events;
+    EXPECT_EQ(line.rfind("{\"event\":", 0), 0u) << "an event cut or written over: " << line;
+    EXPECT_NO_THROW(FlatJsonParser(line).parse()) << line;
+  }
+  EXPECT_EQ(count_of(text, "{\"event\":\"config\","), 1) << text;
+  EXPECT_EQ(count_of(text, "{\"event\":\"done\","), 1) << text;
+  EXPECT_EQ(events, 3) << text;  // config, epoch, done
+  EXPECT_NE(text.find("step 3/"), std::string::npos) << "the log's lines are there too: " << text;
+}
+
 // Standard output's reader gone before the first line (`| head` that has ended; a pipe whose
 // read end is closed): the run goes on to its end, says so once on stderr, and ends as any run
 // does (its checkpoint directory's lock released, its heartbeat "done"), instead of dying of

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/log.hpp"
 
 namespace hpc::train {
@@ -103,11 +104,14 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
     : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0) {
   HPC_REQUIRE(!path.empty(), option, " is empty (an unset variable?)");
   // O_EXCL tells a file made here from one that was there (which stays, whatever happens).
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  created_ = fd_ >= 0;
+  // /dev/stdout and its kin: the descriptor itself, sharing its file position with the log's
+  // writes (core/file_identity.hpp).
+  const std::optional<int> own = dup_own_descriptor(path);
+  fd_ = own ? *own : ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  created_ = !own && fd_ >= 0;
   // One that was there may be a stream (a pipe: /dev/stdout | cat, a FIFO, a device): O_NONBLOCK
   // makes a FIFO that nothing reads fail at once (ENXIO) where the open would wait for a reader.
-  if (fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
   if (fd_ < 0) {
     const int error = errno;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/log.hpp"
 
 namespace hpc::train {
@@ -62,9 +63,12 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
   HPC_REQUIRE(!path.empty(), kOption, " is empty (an unset variable?)");
   // As MetricsWriter: O_EXCL tells a file made here from one that was there; O_NONBLOCK refuses a
   // FIFO that nothing reads at once instead of waiting for a reader.
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  created_ = fd_ >= 0;
-  if (fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  // /dev/stdout and its kin: the descriptor itself, sharing its file position with the log's
+  // writes (core/file_identity.hpp).
+  const std::optional<int> own = dup_own_descriptor(path);
+  fd_ = own ? *own : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  created_ = !own && fd_ >= 0;
+  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
   if (fd_ < 0) {
     const int error = errno;
