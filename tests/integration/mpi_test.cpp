@@ -266,6 +266,22 @@ TEST_F(ChromeTrace, OfAKilledRunHoldsTheStepsGathered) {
   check("6-12");
 }
 
+// Killed before its first gather (every 100 steps by default, here none by step 2): the new file
+// holds an empty array, which a trace viewer loads (it held 0 bytes, which none loads); the next
+// run's events (from the start: no checkpoint was written) follow in it.
+TEST_F(ChromeTrace, OfARunKilledBeforeItsFirstGatherIsAnEmptyArray) {
+  std::vector<std::string> from_scratch = args;  // no snapshot in host memory to resume either
+  from_scratch.insert(from_scratch.end(), {"--snapshot-every-steps", "0"});
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "2", 1);
+  const RunResult killed = run_mpi(2, from_scratch);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(killed.exit_code, 0);
+  EXPECT_EQ(read_text(trace), "[\n]\n");
+  const RunResult again = run_mpi(2, from_scratch);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  check("1-12");
+}
+
 // A rank slower than the others (HPCTRAIN_TEST_SLOW_RANK: 100 ms of its own work more in each
 // step, the others waiting for it) is named by rank 0, with no collective of its own: in the step
 // events and the Prometheus file (the heartbeat, for hpcrun: tests/launch/stragglers.sh). The

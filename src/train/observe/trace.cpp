@@ -94,6 +94,10 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
     if (fd_ < 0) usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(errno));
   }
   if (st.st_size > 0) find_end(st.st_size);
+  // A new file holds an empty array from the start: a run that a signal or a crash ends before its
+  // first events (written every 100 steps) left 0 bytes, which no trace viewer or JSON reader
+  // loads. (Removed again at a normal end if nothing was written to it.)
+  if (created_ && ::pwrite(fd_, "[\n]\n", 4, 0) == 4) end_ = 1;
 }
 
 // The array's first '[' and its last whole event: the next events go after it (over the "]").
