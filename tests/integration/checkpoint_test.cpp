@@ -929,6 +929,15 @@ TEST_F(Checkpoints, AStopDuringSetUpOnOneRankEndsEveryRankAndLosesNothing) {
     EXPECT_EQ(hpctrain_lines(r.err), 1) << r.err;
     EXPECT_EQ(names_in(ck), before);
     EXPECT_EQ(read_bytes(ck + "/ckpt-000000007.hpck"), newest);
+    if (phase == 4) {  // after the config event: the metrics file ends as a stopped run's (it ended in that event)
+      const auto lines = read_json_lines(dir_.file("s1.jsonl"));
+      ASSERT_FALSE(lines.empty());
+      EXPECT_EQ(lines.back().at("event").str, "stopped");
+      EXPECT_EQ(lines.back().at("step").number, 7);
+      EXPECT_EQ(lines.back().at("signal").str, "SIGHUP");
+      EXPECT_EQ(lines.back().at("exit_code").number, 75);
+      EXPECT_NE(read_text(ck + "/heartbeat").find("state=stopped\n"), std::string::npos) << read_text(ck + "/heartbeat");
+    }
   }
   expect_exact_resume(2, ck, 7);
 }

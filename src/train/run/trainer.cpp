@@ -141,6 +141,7 @@ class TrainingRun {
   void mark_failed(int exit_code);
   void release_directory();
   std::optional<int> set_up();
+  void say_stopped_in_setup(int exit_code, bool checkpointed);
   void plan();
   void write_config_event();  // the metrics file's first line of the run (collective)
   void say_how_it_starts();   // --init-from's weights, evaluated; --extend-epochs' new schedule
@@ -344,7 +345,31 @@ std::optional<int> TrainingRun::set_up() {
       checkpoint(p_.start);
       checkpoints_->wait_for_writes("stopped during set-up");
     };
-  return stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
+  const std::optional<int> code = stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
+  if (code) say_stopped_in_setup(*code, only_in_memory);
+  return code;
+}
+
+// A stop in set-up's last part, after the config event: the run's files end as a stopped run's
+// do (the metrics file's "stopped" event, which a job script whose launcher exits 1 on a signal
+// reads for "requeue me"; the heartbeat; the Prometheus state). They said nothing: the metrics
+// file ended in its config event, the job script took the stop for a failure.
+void TrainingRun::say_stopped_in_setup(int exit_code, bool checkpointed) {
+  const StopAsked asked = stop_asked(comm_);
+  if (heartbeat_ready_.load(std::memory_order_acquire))
+    heartbeat_->last(p_.start.step, p_.start.epoch, "stopped");
+  if (!lead_) return;
+  {
+    const std::lock_guard hold(metrics_lock_);
+    StepMetrics published(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
+    published.ended(RunState::Stopped);
+  }
+  metrics_->write({{"event", std::string("stopped")},
+                   {"step", p_.start.step},
+                   {"signal", signal_name(asked.signal)},
+                   {"checkpointed", checkpointed && !o_.checkpoint_dir.empty()},
+                   {"exit_code", static_cast<int64_t>(exit_code)},
+                   {"elapsed_seconds", seconds_since(t_start_)}});
 }
 
 namespace {
