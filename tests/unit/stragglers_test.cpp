@@ -167,5 +167,27 @@ TEST(PrometheusTextfile, AFailedWriteIsOneWarningAndTheNextOnesTryAgain) {
   std::filesystem::remove_all(made);
 }
 
+// A link (into node_exporter's textfile directory) is written through: its target is rewritten
+// and the link stays. (The rename replaced the link with a file; the target was never updated.)
+TEST(PrometheusTextfile, ALinkIsWrittenThrough) {
+  char made[] = "/tmp/hpctrain-prom-XXXXXX";
+  ASSERT_NE(::mkdtemp(made), nullptr);
+  const std::filesystem::path dir(made);
+  std::filesystem::create_directory(dir / "data");
+  std::filesystem::create_directory_symlink("data", dir / "to-data");
+  std::filesystem::create_symlink("to-data/target.prom", dir / "link.prom");  // dangling: written as the file
+  PrometheusTextfile file((dir / "link.prom").string(), {});
+  for (double step : {3.0, 4.0}) {
+    ASSERT_TRUE(file.write({{"step", "Global training steps done.", step}}));
+    EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.prom"));
+    std::stringstream text;
+    text << std::ifstream(dir / "data" / "target.prom").rdbuf();
+    EXPECT_NE(text.str().find("hpctrain_step " + std::to_string(static_cast<int>(step)) + "\n"), std::string::npos)
+        << text.str();
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir / "data"), {}), 1) << "no temporary file left";
+  std::filesystem::remove_all(made);
+}
+
 }  // namespace
 }  // namespace hpc::train

@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 
 namespace hpc::train {
+namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPrefix = "hpctrain_";
@@ -74,7 +75,17 @@ std::string label_value(const std::string& s) {
 }
 
 PrometheusTextfile::PrometheusTextfile(std::string path, std::vector<std::pair<std::string, std::string>> labels)
-    : path_(std::move(path)), labels_(labels_text(labels)) {}
+    : path_(std::move(path)), labels_(labels_text(labels)), written_(path_) {
+  // A link (into node_exporter's textfile directory, say) is written through: each rewrite is
+  // renamed over its target. Renamed over the link, it replaced the link with a file of its own,
+  // and the target the collector read was never updated.
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(written_, ec); ++hops) {
+    const fs::path target = fs::read_symlink(written_, ec);
+    if (ec) break;
+    written_ = (target.is_absolute() ? target : fs::path(written_).parent_path() / target).lexically_normal().string();
+  }
+}
 
 void require_ours_or_none(const std::string& path) {
   std::error_code ec;
@@ -109,11 +120,11 @@ std::string PrometheusTextfile::render(const std::vector<Gauge>& gauges) const {
 
 bool PrometheusTextfile::write(const std::vector<Gauge>& gauges) {
   int fd = -1;
-  const std::string tmp = temporary_beside(path_, &fd), text = render(gauges);
+  const std::string tmp = temporary_beside(written_, &fd), text = render(gauges);
   bool ok = fd >= 0 && write_all(fd, text);
   int error = ok ? 0 : errno;
   if (fd >= 0 && ::close(fd) != 0 && ok) ok = false, error = errno;
-  if (ok && ::rename(tmp.c_str(), path_.c_str()) != 0) ok = false, error = errno;
+  if (ok && ::rename(tmp.c_str(), written_.c_str()) != 0) ok = false, error = errno;
   if (!ok && fd >= 0) ::unlink(tmp.c_str());
   if (!ok && !warned_) {
     warned_ = true;

@@ -34,6 +34,7 @@ class PrometheusTextfile {
 
  private:
   std::string path_, labels_;  // labels_: `name="value",...` as rendered
+  std::string written_;        // path_, or where the link path_ is leads: what each rewrite replaces
   bool warned_ = false;
 };
 
