@@ -62,6 +62,31 @@ struct FileCloser {
 
 }  // namespace
 
+namespace {
+
+// Whether `file` would be an entry of directory `dir`: by identity where both its folder and
+// dir exist, else by their spelling made canonical as far as it exists.
+bool in_directory(const std::string& file, const std::string& dir) {
+  const fs::path parent = fs::path(file).has_parent_path() ? fs::path(file).parent_path() : fs::path(".");
+  std::error_code e1, e2;
+  if (fs::is_directory(parent, e1) && fs::is_directory(dir, e2)) return fs::equivalent(parent, dir, e1) && !e1;
+  auto canonical = [](const fs::path& p, std::error_code& e) {
+    const fs::path c = fs::weakly_canonical(p, e);
+    return c.has_filename() ? c : c.parent_path();  // "dir/" is dir
+  };
+  const fs::path a = canonical(parent, e1), b = canonical(dir, e2);
+  return !e1 && !e2 && a == b;
+}
+
+}  // namespace
+
+void require_not_its_own_name(const NamedPath& output, const std::string& dir, const std::string& dir_what) {
+  const std::string name = fs::path(output.path).filename().string();
+  if (!output.path.empty() && checkpoint_dir_uses(name) && in_directory(output.path, dir))
+    usage_error(output.what, " ", output.path, " is in ", dir_what, " under a name its own files take (", name,
+                "): it would be replaced or moved away; choose another name");
+}
+
 int64_t step_of(const std::string& name) {
   const size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
   if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 || name.compare(name.size() - s, s, kSuffix) != 0)

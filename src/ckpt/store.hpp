@@ -140,6 +140,10 @@ bool is_store_file(const std::string& file_name);
 // hpcrun's membership-change marker and hpcrun/ logs. Another file of that name there would be
 // replaced or moved away.
 bool checkpoint_dir_uses(const std::string& file_name);
+// An output that would be an entry of checkpoint directory `dir` (named as `dir_what`) under a
+// name its own files take: a usage error naming it (it would be replaced or moved away, and its
+// bytes lost without a word). Empty paths are passed by.
+void require_not_its_own_name(const NamedPath& output, const std::string& dir, const std::string& dir_what);
 
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason
 // when it cannot be read; a file named ckpt-<step>.hpck must hold that step); with `layout`,

@@ -793,6 +793,13 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", ck, "--eval-batch-size", "0"}),
                      "--eval-batch-size must be a positive integer");
   expect_usage_error(run_hpctrain({"evaluate"}), "'--checkpoint' is required");
+  // Results under a name the directory's own files take: the next run there deleted them (lock).
+  for (const std::string& checkpoint : {ck, ck + "/ckpt-000000040.hpck"}) {
+    expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", checkpoint, "--metrics-file", ck + "/lock"}),
+                       "--metrics-file " + ck + "/lock is in the checkpoint's directory under a name its own files "
+                       "take (lock)");
+    EXPECT_FALSE(fs::exists(ck + "/lock"));
+  }
   const RunResult help = run_hpctrain({"evaluate", "--help"});
   EXPECT_EQ(help.exit_code, 0) << help.err;
   EXPECT_NE(help.out.find("Usage: hpctrain evaluate --checkpoint PATH"), std::string::npos) << help.out;

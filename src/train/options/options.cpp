@@ -279,20 +279,6 @@ void warn_other_schedules_options(const TrainOptions& o, const po::variables_map
       log::warn("--", name, " is ignored under --no-cycle-momentum (the momentum is --momentum's)");
 }
 
-// Whether `file` would be an entry of directory `dir`: by identity where both its folder and
-// dir exist, else by their spelling made canonical as far as it exists.
-bool in_directory(const std::string& file, const std::string& dir) {
-  const fs::path parent = fs::path(file).has_parent_path() ? fs::path(file).parent_path() : fs::path(".");
-  std::error_code e1, e2;
-  if (fs::is_directory(parent, e1) && fs::is_directory(dir, e2)) return fs::equivalent(parent, dir, e1) && !e1;
-  auto canonical = [](const fs::path& p, std::error_code& e) {
-    const fs::path c = fs::weakly_canonical(p, e);
-    return c.has_filename() ? c : c.parent_path();  // "dir/" is dir
-  };
-  const fs::path a = canonical(parent, e1), b = canonical(dir, e2);
-  return !e1 && !e2 && a == b;
-}
-
 // Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes
 // must be neither one another nor a file it reads (the config, the checkpoint it resumes, the
 // run's checkpoints): their bytes would be lost. By identity, so that another spelling or a link
@@ -313,12 +299,7 @@ void validate_distinct_files(const TrainOptions& o, const po::variables_map& vm)
   require_distinct_files(outputs, inputs);
   // A file the checkpoints will write (or move away) later, not yet there to compare with.
   if (!o.checkpoint_dir.empty())
-    for (const NamedPath& out : outputs) {
-      const std::string name = fs::path(out.path).filename().string();
-      if (!out.path.empty() && ckpt::checkpoint_dir_uses(name) && in_directory(out.path, o.checkpoint_dir))
-        usage_error(out.what, " ", out.path, " is in --checkpoint-dir under a name its own files take (", name,
-                    "): it would be replaced or moved away; choose another name");
-    }
+    for (const NamedPath& out : outputs) ckpt::require_not_its_own_name(out, o.checkpoint_dir, "--checkpoint-dir");
 }
 
 // What the step metrics need: a metrics file to add the step events to, and a name

@@ -348,6 +348,10 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
   dist::collectively(ctx, [&] {
     // Again for the file actually read: a run may have written a newer checkpoint since parsing.
     require_distinct_files({{"--metrics-file", a.metrics_file}}, {{"the checkpoint", path}});
+    // Not under a name the checkpoint's directory's own files take (its lock, its heartbeat): the
+    // next run there replaced the results, or moved them away.
+    const fs::path folder = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+    ckpt::require_not_its_own_name({"--metrics-file", a.metrics_file}, folder.string(), "the checkpoint's directory");
     if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
     e.threads = a.threads > 0 ? a.threads : dist::default_threads(ctx);
     nn::set_math_threads(e.threads);
