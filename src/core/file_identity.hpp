@@ -37,6 +37,12 @@ std::optional<FileIdentity> file_identity(const std::string& path);
 // name in the same directory for a file not there yet. A stream is never "the same file".
 bool same_file(const std::string& a, const std::string& b);
 
+// Where `path` leads when it is a link (or a chain of them) to nothing: the file that a write
+// through it would create, which open(O_CREAT | O_EXCL) refuses to create through the link
+// (EEXIST), and the retry without O_CREAT found missing (ENOENT): "cannot open m.jsonl: No such
+// file or directory" for a file that was to be made. `path` itself otherwise.
+std::string where_a_dangling_link_leads(const std::string& path);
+
 // For a path that names one of this process's own descriptors (/dev/stdout, /dev/stderr,
 // /dev/fd/N, /proc/self/fd/N), that descriptor dup()ed (close-on-exec; -1 with errno where it is
 // not open); nullopt for any other path. An output given so must be written through it: opened

@@ -217,6 +217,22 @@ TEST_F(Output, MetricsToStdoutRedirectedToAFileKeepEveryEvent) {
   EXPECT_NE(text.find("step 3/"), std::string::npos) << "the log's lines are there too: " << text;
 }
 
+// A --metrics-file or --timeline-file that is a link to a file not there yet: the file is made
+// where the link leads (as a shell's `>` would), not "cannot open m.jsonl: No such file or
+// directory" (open's O_EXCL refuses to create through a link; the retry without O_CREAT found it
+// missing).
+TEST_F(Output, MetricsAndTraceThroughALinkToNothingAreMade) {
+  const TempDir out("links");
+  fs::create_symlink("real.jsonl", out.str() + "/m.jsonl");
+  fs::create_symlink(out.str() + "/real.json", out.str() + "/t.json");
+  const RunResult r = run_hpctrain(quick({"--quiet", "--threads", "1", "--metrics-file", out.str() + "/m.jsonl",
+                                          "--timeline-file", out.str() + "/t.json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(out.str() + "/m.jsonl"));
+  EXPECT_EQ(FlatJsonParser(lines_of(read_text(out.str() + "/real.jsonl")).back()).parse().at("event").str, "done");
+  EXPECT_EQ(read_text(out.str() + "/real.json").rfind("[\n{", 0), 0u) << read_text(out.str() + "/real.json");
+}
+
 // Standard output's reader gone before the first line (`| head` that has ended; a pipe whose
 // read end is closed): the run goes on to its end, says so once on stderr, and ends as any run
 // does (its checkpoint directory's lock released, its heartbeat "done"), instead of dying of

@@ -107,11 +107,12 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
   // /dev/stdout and its kin: the descriptor itself, sharing its file position with the log's
   // writes (core/file_identity.hpp).
   const std::optional<int> own = dup_own_descriptor(path);
-  fd_ = own ? *own : ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  file_ = own ? path : where_a_dangling_link_leads(path);  // what is opened, checked and removed
+  fd_ = own ? *own : ::open(file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   created_ = !own && fd_ >= 0;
   // One that was there may be a stream (a pipe: /dev/stdout | cat, a FIFO, a device): O_NONBLOCK
   // makes a FIFO that nothing reads fail at once (ENXIO) where the open would wait for a reader.
-  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(file_.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
   if (fd_ < 0) {
     const int error = errno;
@@ -122,7 +123,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
   if (::fstat(fd_, &st) != 0) {
     const int error = errno;
     ::close(std::exchange(fd_, -1));
-    if (created_) ::unlink(path.c_str());
+    if (created_) ::unlink(file_.c_str());
     usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
   }
   if (!S_ISREG(st.st_mode)) {
@@ -134,7 +135,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
   // /dev/stdout may be a regular file (a job's output) that the log appends to as well: a failed
   // write's part of a line is cut off only in a file of the writer's own.
   truncatable_ = path.rfind("/dev/", 0) != 0 && path.rfind("/proc/", 0) != 0;
-  const Holds holds = what_it_holds(path, st.st_size);
+  const Holds holds = what_it_holds(file_, st.st_size);
   if (holds == Holds::Other) {
     ::close(std::exchange(fd_, -1));
     usage_error(option, " ", path, " exists and is not a JSON Lines file: not appending to it (another file "
@@ -146,7 +147,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
 MetricsWriter::~MetricsWriter() {
   if (fd_ < 0) return;
   ::close(fd_);
-  if (created_ && !written_) ::unlink(path_.c_str());
+  if (created_ && !written_) ::unlink(file_.c_str());
 }
 
 void MetricsWriter::write(const JsonObject& fields) {
@@ -181,7 +182,7 @@ void MetricsWriter::write(const JsonObject& fields) {
 void MetricsWriter::give_up(int error, bool part_left) {
   ::close(std::exchange(fd_, -1));
   written_ = written_ || part_left;
-  const bool removed = created_ && !written_ && ::unlink(path_.c_str()) == 0;  // made for this run, and empty
+  const bool removed = created_ && !written_ && ::unlink(file_.c_str()) == 0;  // made for this run, and empty
   log::warn("cannot write ", option_, " ", path_, ": ", std::strerror(error), " (said once; training goes on, and ",
             removed ? "the file, empty, is removed" : "no more lines are written to it",
             part_left ? ": its last line is cut short" : "", ")");

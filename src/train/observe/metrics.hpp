@@ -38,6 +38,7 @@ class MetricsWriter {
   void give_up(int error, bool part_left);  // after a failed write: the warning, and no more writes
 
   std::string path_;
+  std::string file_;  // path_, or the file a link to nothing leads to (where_a_dangling_link_leads)
   const char* option_ = "";
   int fd_ = -1;
   bool created_ = false, written_ = false;  // written_: a whole line of this run is in the file

@@ -66,9 +66,10 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
   // /dev/stdout and its kin: the descriptor itself, sharing its file position with the log's
   // writes (core/file_identity.hpp).
   const std::optional<int> own = dup_own_descriptor(path);
-  fd_ = own ? *own : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  file_ = own ? path : where_a_dangling_link_leads(path);  // what is opened and removed
+  fd_ = own ? *own : ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   created_ = !own && fd_ >= 0;
-  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(file_.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
   if (fd_ < 0) {
     const int error = errno;
@@ -90,7 +91,7 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
   }
   if (!created_) {  // reopened to read its end, and to write anywhere in it (no O_APPEND)
     ::close(fd_);
-    fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    fd_ = ::open(file_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd_ < 0) usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(errno));
   }
   if (st.st_size > 0) find_end(st.st_size);
@@ -140,7 +141,7 @@ TraceFile::~TraceFile() {
   }
   if (fd_ < 0) return;  // closed by a failed write
   ::close(fd_);
-  if (created_ && !written_) ::unlink(path_.c_str());
+  if (created_ && !written_) ::unlink(file_.c_str());
 }
 
 bool TraceFile::write_at(const std::string& text, off_t at, int& error) {
@@ -173,7 +174,7 @@ void TraceFile::give_up(int error) {
     if (!kept_whole) written_ = true;  // what is left stays, to be seen
   }
   ::close(std::exchange(fd_, -1));
-  const bool removed = created_ && !written_ && ::unlink(path_.c_str()) == 0;
+  const bool removed = created_ && !written_ && ::unlink(file_.c_str()) == 0;
   log::warn("cannot write ", kOption, " ", path_, ": ", std::strerror(error), " (said once; training goes on, and ",
             removed ? "the file, empty, is removed" : "no more events are written to it",
             stream_ || !kept_whole || removed ? "" : ": it is left as it was before that write",

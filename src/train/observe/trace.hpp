@@ -66,6 +66,7 @@ class TraceFile {
   void give_up(int error);  // after a failed write: the warning, the file's end put back, no more writes
 
   std::string path_;
+  std::string file_;  // path_, or the file a link to nothing leads to (where_a_dangling_link_leads)
   int fd_ = -1;
   bool stream_ = false, created_ = false, closed_ = false;
   bool written_ = false;  // the file holds something of this run's (a regular file: a whole write)
