@@ -5,10 +5,11 @@
 #
 #   job_log TEXT...                 a line in the job's output, with the job id and restart count
 #   job_run_trainer ARGS...         runs hpctrain through $LAUNCHER with ARGS (plus --threads,
-#                                   --checkpoint-dir and --metrics-file where ARGS lack them; a
-#                                   --resume in ARGS made auto on a run after the first, requeued
-#                                   or CHAIN_SEGMENT 2 on, once a checkpoint is there) and
-#                                   exits the script the way its exit code asks:
+#                                   --checkpoint-dir and --metrics-file where neither ARGS nor
+#                                   the --config file they name set them; a --resume there made
+#                                   auto on a run after the first, requeued or CHAIN_SEGMENT 2 on,
+#                                   once a checkpoint is there) and exits the script the way its
+#                                   exit code asks (a --config file it cannot read: exit 2):
 #     0        the training finished                        exit 0 (with its metrics' done event;
 #                                                                  without: as a failure)
 #     2        a usage error (bad option, bad data)         exit 2, never requeued
@@ -25,8 +26,9 @@
 #                                   once; an interrupted copy resumes), once for the job, or once
 #                                   on every node with STAGE_PER_NODE=1 (node-local disks);
 #                                   STAGE_ARGS: more hpcdata stage options. The trainer then gets
-#                                   --data-dir STAGE_TO unless its options name one. A staging
-#                                   that fails is requeued like a failed run; bad settings are not.
+#                                   --data-dir STAGE_TO unless its options (or --config) name
+#                                   one. A staging that fails is requeued like a failed run; bad
+#                                   settings are not.
 #
 # Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
 # hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
@@ -41,16 +43,16 @@ job_die() {  # one line and exit 2: the job cannot run as set up (nothing to req
   exit 2
 }
 
-# job_has_option NAME ARGS...: whether ARGS hold --NAME or --NAME=...
-job_has_option() {
+# job_arg_given NAME ARGS...: whether ARGS (a command line) hold --NAME or --NAME=...
+job_arg_given() {
   local name=$1 a
   shift
   for a in "$@"; do [[ "$a" == "--$name" || "$a" == "--$name="* ]] && return 0; done
   return 1
 }
 
-# job_option_value NAME ARGS...: the value of --NAME in ARGS (the last one), else nothing.
-job_option_value() {
+# job_arg_value NAME ARGS...: the value of --NAME in ARGS (the last one), else nothing.
+job_arg_value() {
   local name=$1 value="" prev=""
   shift
   for a in "$@"; do
@@ -59,6 +61,80 @@ job_option_value() {
     prev=$a
   done
   echo "$value"
+}
+
+# The file hpctrain's --config names, as job_read_config read it: its NAME = VALUE lines in
+# job_config. hpctrain takes every option there that its command line leaves out: looking at the
+# command line alone, the script added its own --checkpoint-dir (which won) to a job whose file
+# set one, and the run in the file's directory was never resumed; it read another metrics file
+# than the trainer's to know how a run ended, and gave --threads over the file's.
+declare -gA job_config=()
+job_config_file=""
+
+# job_read_config ARGS...: reads the --config FILE (--config=FILE) of ARGS into job_config, the
+# way hpctrain (Boost's config file parser) reads it: '#' starts a comment, the name and the
+# value are trimmed of blanks (a CR too), the name is everything before the first '=', and after
+# a [SECTION] line names are SECTION.NAME (hpctrain refuses those, and this script sees no option
+# of its own there). No --config: an empty job_config. A file that cannot be read: one line and
+# exit 2 (a pipe or FIFO too: the script reads it before hpctrain, and every run of the job
+# again). The rest of what hpctrain refuses (a name given twice, an unknown one) it refuses itself.
+job_read_config() {
+  local file size lines=() line name prefix=""
+  job_config=() job_config_file=""
+  job_arg_given config "$@" || return 0
+  file=$(job_arg_value config "$@")
+  [[ -n "$file" ]] || job_die "--config is given without a file"
+  [[ -e "$file" ]] || job_die "cannot read --config $file: no such file"
+  [[ ! -d "$file" ]] || job_die "--config $file is a directory, not a file of name = value lines"
+  [[ -f "$file" ]] ||
+    job_die "--config $file is not a regular file (a pipe or FIFO?): this script reads it before hpctrain does, and every run of the job reads it again; give a file"
+  [[ -r "$file" ]] || job_die "cannot read --config $file: permission denied"
+  # hpctrain's own limit (a dataset named by mistake is not read into this shell).
+  size=$(stat -L -c %s -- "$file" 2> /dev/null) || size=0
+  ((size <= 1048576)) || job_die "config file $file is larger than 1 MB: not a config file of name = value lines?"
+  { mapfile -t lines < "$file"; } 2> /dev/null || job_die "cannot read --config $file"
+  job_config_file=$file
+  ((${#lines[@]} == 0)) || lines[0]=${lines[0]#$'\xEF\xBB\xBF'}  # a byte-order mark (Windows editors)
+  for line in "${lines[@]}"; do
+    line=${line%%#*}
+    if [[ "$line" =~ ^[[:space:]]*\[(.*)\][[:space:]]*$ ]]; then
+      prefix=${BASH_REMATCH[1]} prefix=${prefix%.}.
+    elif [[ "$line" =~ ^[[:space:]]*([^=]*[^=[:space:]])[[:space:]]*=[[:space:]]*(.*[^[:space:]])?[[:space:]]*$ ]]; then
+      name=$prefix${BASH_REMATCH[1]}
+      job_config[$name]=${BASH_REMATCH[2]}
+    fi
+  done
+}
+
+# job_option NAME ARGS...: hpctrain's --NAME as it will take it: the last --NAME in ARGS (the
+# command line), else NAME in the --config file job_read_config read from them (the command line
+# wins over the file, as in hpctrain); its value on stdout, and a failure where neither sets it.
+# Every question this script asks about hpctrain's options goes through here.
+job_option() {
+  local name=$1
+  shift
+  if job_arg_given "$name" "$@"; then
+    job_arg_value "$name" "$@"
+  elif [[ -n "${job_config[$name]+set}" ]]; then
+    printf '%s\n' "${job_config[$name]}"
+  else
+    return 1
+  fi
+}
+# job_has_option NAME ARGS...: whether hpctrain gets --NAME (job_option).
+job_has_option() { job_option "$@" > /dev/null; }
+# job_option_value NAME ARGS...: the value hpctrain takes for --NAME (job_option), else nothing.
+job_option_value() { job_option "$@" || true; }
+# job_option_where NAME ARGS...: where job_option finds --NAME, for messages: "--NAME", or "NAME in
+# --config FILE". job_option_shown NAME ARGS...: the same with the value, "--NAME VALUE" or "NAME =
+# VALUE in --config FILE".
+job_option_where() {
+  if job_arg_given "$@"; then echo "--$1"; else echo "$1 in --config $job_config_file"; fi
+}
+job_option_shown() {
+  local value
+  value=$(job_option_value "$@")
+  if job_arg_given "$@"; then echo "--$1 $value"; else echo "$1 = $value in --config $job_config_file"; fi
 }
 
 # job_sweep_point GRID INDEX: the hpctrain options of point INDEX (0-based) of GRID, which is words
@@ -325,12 +401,13 @@ job_run_trainer() {
   [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   job_check_requeue_settings
   local args=("$@")
+  job_read_config "${args[@]}"
   if ! job_has_option checkpoint-dir "${args[@]}"; then
     [[ -n "${CHECKPOINT_DIR:-}" ]] || job_die "no checkpoint directory: set CHECKPOINT_DIR or pass --checkpoint-dir"
     args+=(--checkpoint-dir "$CHECKPOINT_DIR")
   else
     CHECKPOINT_DIR=$(job_option_value checkpoint-dir "${args[@]}")
-    [[ -n "$CHECKPOINT_DIR" ]] || job_die "--checkpoint-dir is given without a directory"
+    [[ -n "$CHECKPOINT_DIR" ]] || job_die "$(job_option_where checkpoint-dir "${args[@]}") is given without a directory"
   fi
   mkdir -p "$CHECKPOINT_DIR" || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")
@@ -341,8 +418,12 @@ job_run_trainer() {
   local newest
   newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
   if [[ -n "$newest" ]] && job_restarted && job_has_option resume "${args[@]}"; then
-    job_log "--resume $(job_option_value resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
-    mapfile -t args < <(job_resume_newest "${args[@]}")
+    job_log "$(job_option_shown resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
+    if job_arg_given resume "${args[@]}"; then
+      mapfile -t args < <(job_resume_newest "${args[@]}")
+    else
+      args+=(--resume auto)  # over the config file's (a second --resume would be a usage error)
+    fi
   fi
   # What job_requeue_or_exit compares with to know whether this run carried the training on.
   job_newest_before=$newest
@@ -353,7 +434,7 @@ job_run_trainer() {
   local metrics
   metrics=$(job_option_value metrics-file "${args[@]}")
   [[ "$metrics" != /dev/* && "$metrics" != /proc/* && (! -e "$metrics" || -f "$metrics") ]] ||
-    job_die "--metrics-file $metrics is not a regular file of its own: this script reads its last line to know whether the training finished (give a file, or leave the option out for $CHECKPOINT_DIR/metrics.jsonl)"
+    job_die "$(job_option_shown metrics-file "${args[@]}") is not a regular file of its own: this script reads its last line to know whether the training finished (give a file, or leave the option out for $CHECKPOINT_DIR/metrics.jsonl)"
   # Each rank's math threads: the CPUs Slurm gave its task (hpctrain would otherwise count the
   # host's cores, which a shared node does not all give to this job).
   if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && ! job_has_option threads "${args[@]}"; then

@@ -6,7 +6,9 @@
 # are refused; job.sh refuses a REQUEUE, MAX_REQUEUES or MAX_FAILURES_IN_A_ROW it cannot use before the training runs,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
-# trainer's code (it died on an unset SLURM_RESTART_COUNT). Each refusal: one line, exit 2.
+# trainer's code (it died on an unset SLURM_RESTART_COUNT); the options of a --config file count
+# as given (the script added its own --checkpoint-dir over the file's), and one it cannot read is
+# refused. Each refusal: one line, exit 2.
 # slurm/epilog.sh ends a cleanup that ignores SIGTERM, and cleans every user's snapshots as that user.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -363,6 +365,66 @@ if [[ $(grep -c -- '--cpus-per-task=6' "$work/srun.log") != 2 ]] || ! grep -qx -
 else
   echo "ok: the staging's and the training's srun get --cpus-per-task=6"
 fi
+
+# A --config FILE's options are hpctrain's too (the command line wins over them): the script looked
+# at the command line alone and added its own --checkpoint-dir (which won) to a job whose file set
+# one, so the run in the file's directory was never resumed; it read another metrics file than the
+# trainer's to know how the run ended (a finished job: "did not finish"), and added --threads and
+# --data-dir over the file's. The file as hpctrain reads it: a byte-order mark, CRLF, comments,
+# blanks around '=' or none. The stand-in trainer records its arguments and writes the done event
+# where the file says.
+cfg=$work/cfg
+mkdir -p "$cfg"
+printf '\xef\xbb\xbf# the job\r\n  # checkpoint-dir = %s\r\n\tcheckpoint-dir\t=  %s  # its own\r\nmetrics-file=%s\r\nthreads = 2\r\ndata-dir = %s\r\n' \
+  "$cfg/wrong" "$cfg/ck dir" "$cfg/m.jsonl" "$cfg/data" > "$cfg/run.conf"
+printf 'resume = /x/start.hpck   # a fine-tune\n' > "$cfg/resume.conf"
+cat > "$work/config-trainer" << EOF
+#!/bin/sh
+printf '%s\n' "\$@" > "$work/args"
+echo '{"event":"done","step":4}' > "$cfg/m.jsonl"
+EOF
+chmod +x "$work/config-trainer"
+# config_run WHAT CHECKPOINT_DIR ADDED ARGS...: job_run_trainer ARGS (in $cfg) finishes, its
+# checkpoints in CHECKPOINT_DIR, and of --checkpoint-dir, --metrics-file, --threads and --data-dir
+# the trainer gets ADDED (words, in that order) more than ARGS give it.
+config_run() {
+  local what=$1 dir=$2 added=$3 out rc got="" option
+  shift 3
+  rm -f "$cfg/m.jsonl" "$work/args"
+  out=$(cd "$cfg" && timeout 30 "$job" HPCTRAIN="$work/config-trainer" CHECKPOINT_DIR="$work/default-ck" REQUEUE=0 \
+    SLURM_JOB_ID=1 SLURM_CPUS_PER_TASK=6 HPCTRAIN_HOME="$work/home-ok" STAGE_FROM=s3://data/x STAGE_TO="$work/data" \
+    -- "$@" 2>&1)
+  rc=$?
+  for option in --checkpoint-dir --metrics-file --threads --data-dir; do
+    (($(grep -cx -- "$option" "$work/args" 2> /dev/null) > $(printf '%s\n' "$@" | grep -cx -- "$option"))) && got+="$option "
+  done
+  if ((rc != 0)) || [[ "$out" != *"checkpoints in $dir"* || "$out" != *"the training finished"* ]]; then
+    fail "$what: exit $rc, want 0, checkpoints in $dir and the training finished: $out"
+  elif [[ "$got" != "$added" ]] || [[ ! -d "$dir" ]]; then
+    fail "$what: the script added '$got', want '$added' (or made no $dir): $out"
+  else
+    echo "ok: $what -> checkpoints in $dir, added '$got'"
+  fi
+}
+config_run "job.sh --config FILE setting checkpoint-dir, metrics-file, threads, data-dir" "$cfg/ck dir" "" \
+  --config run.conf --epochs 1
+config_run "job.sh --config=FILE with --checkpoint-dir and --threads on the command line" "$cfg/cl" "" \
+  --config="$cfg/run.conf" --checkpoint-dir "$cfg/cl" --threads 3
+resumes "resume FILE in --config on a requeued run" "--resume auto" SLURM_RESTART_COUNT=1 -- --config "$cfg/resume.conf"
+resumes "resume FILE in --config on a first run" "" SLURM_RESTART_COUNT=0 -- --config "$cfg/resume.conf"
+# A --config file the script cannot read is refused, as hpctrain would (a FIFO too: read here, it
+# would be empty for hpctrain, and for every requeued run).
+refused "job.sh --config MISSING" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --config "$cfg/missing.conf"
+refused "job.sh --config=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --config=
+refused "job.sh --config DIRECTORY" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --config "$cfg"
+refused "job.sh --config FIFO" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --config "$work/fifo"
+# sweep.sbatch: a checkpoint-dir in the --config file every task gets is shared as the option is.
+for args in "--config $cfg/run.conf" "--config=$cfg/missing.conf"; do
+  # shellcheck disable=SC2086  # the option and its value as two words
+  refused "sweep.sbatch $args" env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 \
+    SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" \
+    bash "$repo/slurm/sweep.sbatch" --epochs 1 $args
+done
 
 # A warning signal or SIGTERM that came before job.sh's traps, during train.sbatch's or
 # sweep.sbatch's own `scontrol show job` (slurmctld slow to answer), ended the batch shell with
