@@ -19,15 +19,15 @@
 #                                  kill-node as a rebooted node: without its dead steps' files
 #
 # Options: --dir DIR (default $HPCTRAIN_SLURM_DIR, else /run/hpctrain-slurm: root sources files
-# there, so it must be root's own and writable by no one else), for every command;
-# --nodes N (default 2) nodes named n1..nN; --cpus-per-node C (default: this machine's cores / N,
-# at least 1); --preemption GRACE (seconds): Slurm's own preemption, as sites configure it
-# (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE): two partitions over all nodes, 'low'
-# (the default, GraceTime=GRACE) and 'high', whose jobs preempt low ones: Slurm sends the low
-# job's tasks SIGTERM, gives them GRACE seconds, then kills and requeues the job; without it, one
-# partition 'local'; --netns: each node's slurmd (and so every job process there) in a network
-# namespace of its own, with its own address on a bridge (10.232.ID.10+k; slurmctld at .1), so
-# that traffic between nodes (srun, PMIx wire-up, MPI) crosses a network path, not loopback.
+# there, so it must be root's own and writable by no one else), for every command; --nodes N
+# (default 2, at most 64) nodes named n1..nN; --cpus-per-node C (at most 4096; default: this
+# machine's cores / N, at least 1); --preemption GRACE (seconds): Slurm's own preemption, as sites
+# configure it (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE): two partitions over all
+# nodes, 'low' (the default, GraceTime=GRACE) and 'high', whose jobs preempt low ones: Slurm sends
+# the low job's tasks SIGTERM, gives them GRACE seconds, then kills and requeues the job; without
+# it, one partition 'local'; --netns: each node's slurmd (and so every job process there) in a
+# network namespace of its own, with its own address on a bridge (10.232.ID.10+k; slurmctld at .1),
+# so that traffic between nodes (srun, PMIx wire-up, MPI) crosses a network path, not loopback.
 # Short timeouts suit a machine where nothing is slow: SlurmdTimeout 10 s, a requeued
 # job waits 10 s (AuthInfo cred_expire) instead of 2 minutes, KillWait 30 s as on real clusters
 # (HPCTRAIN_SLURM_KILL_WAIT=S in the environment of 'up' sets another, whole seconds from 1 to
@@ -364,20 +364,28 @@ wait_idle() {  # wait_idle SECONDS NAME...: until every named node is idle (or a
 }
 
 up() {
+  # The arguments first, also where there is no root or Slurm to go further. Read in decimal (bash
+  # took 08 for octal, and said "value too great for base" besides the error line) from a few
+  # digits (20 of them wrapped, and passed into slurm.conf), and written back so: slurm.conf and
+  # the loops below get 8. CPUs: Slurm keeps a node's in 16 bits, and no machine has 4096 cores
+  # to share out.
+  [[ "$nodes" =~ ^[0-9]{1,4}$ ]] && ((10#$nodes >= 1 && 10#$nodes <= 64)) ||
+    die "--nodes must be a number from 1 to 64, not '$nodes'" 2
+  [[ "$cpus" =~ ^[0-9]{1,5}$ ]] && ((10#$cpus <= 4096)) ||
+    die "--cpus-per-node must be a number from 1 to 4096 (0: this machine's cores / N), not '$cpus'" 2
+  [[ -z "$grace" || ("$grace" =~ ^[0-9]+$ && ${#grace} -le 5) ]] ||
+    die "--preemption must be a grace time in whole seconds, not '$grace'" 2
+  kill_wait=${HPCTRAIN_SLURM_KILL_WAIT:-30}
+  [[ "$kill_wait" =~ ^[1-9][0-9]{0,2}$ ]] && ((kill_wait >= 1 && kill_wait <= 300)) ||
+    die "HPCTRAIN_SLURM_KILL_WAIT must be a whole number of seconds from 1 to 300, not '$kill_wait'" 2
+  nodes=$((10#$nodes)) cpus=$((10#$cpus))
+  [[ -z "$grace" ]] || grace=$((10#$grace))
   ((EUID == 0)) || die "needs root: slurmd runs jobs as the users who submit them (try sudo)" 2
   local c
   for c in munged munge slurmctld slurmd sinfo scontrol sbatch ss ip; do
     command -v "$c" > /dev/null ||
       die "'$c' not found: install Debian's slurm-wlm, munge and iproute2 (./setup.sh does)" 2
   done
-  [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) ||
-    die "--nodes must be a number from 1 to 64, not '$nodes'" 2
-  [[ "$cpus" =~ ^[0-9]+$ ]] || die "--cpus-per-node must be a number, not '$cpus'" 2
-  [[ -z "$grace" || ("$grace" =~ ^[0-9]+$ && ${#grace} -le 5) ]] ||
-    die "--preemption must be a grace time in whole seconds, not '$grace'" 2
-  kill_wait=${HPCTRAIN_SLURM_KILL_WAIT:-30}
-  [[ "$kill_wait" =~ ^[1-9][0-9]{0,2}$ ]] && ((kill_wait >= 1 && kill_wait <= 300)) ||
-    die "HPCTRAIN_SLURM_KILL_WAIT must be a whole number of seconds from 1 to 300, not '$kill_wait'" 2
   ((cpus > 0)) || cpus=$(($(nproc) / nodes))
   ((cpus > 0)) || cpus=1
   if is_up; then die "a local cluster is already up in $dir ('$me down' first)"; fi

@@ -2,7 +2,8 @@
 # slurm/chain.sh's and slurm/job.sh's own checks, which happen before Slurm is asked anything:
 # stand-ins for sbatch, scancel and scontrol on PATH record what would be submitted. The number
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
-# number to 1); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
+# number to 1), and so are slurm/local-cluster.sh up's --nodes and --cpus-per-node (no cluster is
+# started); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
 # are refused; job.sh refuses a REQUEUE, MAX_REQUEUES or MAX_FAILURES_IN_A_ROW it cannot use before the training runs,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
@@ -99,6 +100,30 @@ refused "chain.sh 1e3" "$repo/slurm/chain.sh" 1e3
 for option in --dependency=afterok:5 --depend=afterok:5 -d -dafterany:5 --requeue --reque --export=NONE --export; do
   refused "chain.sh 2 $option" "$repo/slurm/chain.sh" 2 "$option"
 done
+# slurm/local-cluster.sh up's arguments, checked before it needs root or Slurm: --nodes 08 (or 080)
+# printed bash's "value too great for base" besides the error line, and a 20-digit
+# --cpus-per-node went into slurm.conf. HPCTRAIN_SLURM_KILL_WAIT=x, checked last, keeps arguments
+# that pass from booting a cluster (a machine with root and Slurm would start one).
+# cluster_refused WANT ARGS...: `local-cluster.sh up ARGS` exits 2 with one line holding WANT.
+cluster_refused() {
+  local want=$1 err rc
+  shift
+  err=$(HPCTRAIN_SLURM_KILL_WAIT=x timeout 30 "$repo/slurm/local-cluster.sh" up --dir "$work/cluster" "$@" 2>&1 > /dev/null)
+  rc=$?
+  if ((rc != 2)) || [[ $(printf '%s\n' "$err" | grep -c .) != 1 || "$err" != "local-cluster.sh: error: $want"* ]]; then
+    fail "local-cluster.sh up $*: exit $rc, want 2 and one line '$want...': $err"
+  else
+    echo "ok: local-cluster.sh up $* -> $err"
+  fi
+}
+cluster_refused "--nodes must be a number from 1 to 64, not '080'" --nodes 080
+cluster_refused "--nodes must be a number from 1 to 64, not '00000000000000000000008'" --nodes 00000000000000000000008
+cluster_refused "--cpus-per-node must be a number from 1 to 4096" --nodes 09 --cpus-per-node x
+cluster_refused "--cpus-per-node must be a number from 1 to 4096" --cpus-per-node 99999999999999999999
+cluster_refused "--cpus-per-node must be a number from 1 to 4096" --cpus-per-node 4097
+cluster_refused "HPCTRAIN_SLURM_KILL_WAIT must be" --nodes 08 --cpus-per-node 08 --preemption 09
+[[ ! -e "$work/cluster" ]] || fail "local-cluster.sh up with bad arguments made $work/cluster"
+
 # Two chains submitted at once (a loop over learning rates) shared the default directory, named
 # to the second, and resumed each other's checkpoints; a site's SBATCH_EXPORT=NONE kept the
 # segments from learning theirs.
