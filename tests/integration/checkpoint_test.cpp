@@ -1240,6 +1240,13 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
     EXPECT_EQ(resumed.exit_code, 2) << "resume takes what inspect refuses";
     EXPECT_NE(resumed.err.find(dir_.file("refused.hpck")), std::string::npos) << "names the file: " << resumed.err;
   }
+  // evaluate too: it reported step -3 as the step evaluated, and wrote it to its metrics file.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{{"step", "-3"}, {"epoch", "-1"}}) {
+    write_bytes(dir_.file("refused.hpck"), with_meta(last, key, value));
+    const RunResult evaluated = run_hpctrain({"evaluate", "--checkpoint", dir_.file("refused.hpck"), "--test-samples",
+                                              "100", "--data-dir", fashion_mnist_dir(), "--threads", "1"});
+    expect_usage_error(evaluated, "the checkpoint's position is invalid");
+  }
   // As a directory's newest, where --resume auto refuses it (it reads, so it is not passed by):
   // inspect DIR said exit 0, for the valid older one, as if the run could go on.
   const std::string misfit = dir_.file("misfit");

@@ -348,6 +348,9 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
   dist::collectively(ctx, [&] {
     // Again for the file actually read: a run may have written a newer checkpoint since parsing.
     require_distinct_files({{"--metrics-file", a.metrics_file}}, {{"the checkpoint", path}});
+    // A position no run writes (step -5): refused as inspect and a resume refuse it, where it was
+    // reported, and written to the metrics file, as the step evaluated.
+    recorded_position(c);
     // Not under a name the checkpoint's directory's own files take (its lock, its heartbeat): the
     // next run there replaced the results, or moved them away.
     const fs::path folder = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
