@@ -359,6 +359,28 @@ class State:
         return until if until > (now or time.time()) else 0
 
 
+@contextlib.contextmanager
+def suspending(state_file):
+    """Held (a shared lock on a file beside the state file) for as long as suspend.py runs, from
+    before it waits for the state file's lock: resume.py asks suspend_running() whether the
+    launch records it reads may be an earlier power-up's that suspend.py has yet to forget."""
+    os.makedirs(os.path.dirname(state_file) or ".", mode=0o755, exist_ok=True)
+    with open(state_file + ".suspend.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield
+
+
+def suspend_running(state_file):
+    """Whether a suspend.py holds suspending() now."""
+    os.makedirs(os.path.dirname(state_file) or ".", mode=0o755, exist_ok=True)
+    with open(state_file + ".suspend.lock", "a", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
 def write_atomically(path, data, mode, owner=None):
     """`data` (text or bytes) into `path` at once, with `mode` (and `owner`, a (uid, gid), if
     given) before it is in place: a reader, or a kill midway, sees the old file or the whole new

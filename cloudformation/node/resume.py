@@ -27,7 +27,9 @@ still start, also needs is kept; so is every node of a call that Slurm gives no 
 (`scontrol power_up`, or an older Slurm). Each launch
 carries a ClientToken kept in the state file until the node is suspended: run again for the same
 power-up (a retry, a lost reply), EC2 returns the instance it already launched instead of a
-second one.
+second one. A node that has a live instance keeps it only as such a retry (its launch recorded,
+no suspend.py running); else the instance is an earlier power-up's, which suspend.py is
+terminating or failed to, and it is terminated and the node launched anew.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
@@ -42,7 +44,7 @@ import uuid
 
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, JOB_CANNOT_START, NO_ANSWER, NODE_TAG,
                        SPOT_REFUSED_ERRORS, State, cooldown_key, ec2_client, expand_hostlist, live_instances,
-                       main_wrapper, market_cooldown_key, scontrol, set_down)
+                       main_wrapper, market_cooldown_key, scontrol, set_down, suspend_running)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
@@ -236,6 +238,17 @@ def resume(cfg, nodes, jobs=None):
         return doomed[min(mine)] if mine and all(j in doomed for j in mine) else None
 
     with State(cfg["state_file"]) as state:
+        # A live instance is this power-up's only when resume.py runs again for it (a retry: its
+        # launch recorded, and no suspend.py running, which may not yet have forgotten an earlier
+        # power-up's launch). Otherwise it is an earlier power-up's that suspend.py is terminating
+        # (Slurm resumes a node SuspendTimeout after asking for its power-down, and suspend.py may
+        # still be waiting for EC2) or failed to: taken, it would be terminated under the node.
+        retry = not suspend_running(cfg["state_file"])
+        leftovers = {node: existing.pop(node) for node in list(existing)
+                     if node in nodes and not (retry and node in state.launches)}
+        for node in leftovers:
+            state.launches.pop(node, None)  # its token would answer with the old instance
+        terminate_leftovers(ec2, leftovers)
         for node in nodes:
             if node in existing:  # asked twice (a retry): keep the instance it has
                 launched[node] = existing[node][0]
@@ -268,6 +281,23 @@ def resume(cfg, nodes, jobs=None):
             for node in lost:
                 state.launches.pop(node, None)  # its instance is terminated: the next power-up is a new launch
     return 1 if failed or lost else 0
+
+
+def terminate_leftovers(ec2, leftovers):
+    """Terminates the instances of earlier power-ups ({node: [EC2's descriptions]}); one left
+    running is the cluster manager's to terminate, as a second instance of its node."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    ids = [i["InstanceId"] for found in leftovers.values() for i in found]
+    if not ids:
+        return
+    for node, found in leftovers.items():
+        logging.info("%s: a new launch; terminating %s of an earlier power-up", node,
+                     ", ".join(i["InstanceId"] for i in found))
+    try:
+        ec2.terminate_instances(InstanceIds=ids)
+    except (BotoCoreError, ClientError) as e:
+        logging.error("cannot terminate %s: %s (the cluster manager terminates them as orphans)", ", ".join(ids), e)
 
 
 def register_address(node, inst):

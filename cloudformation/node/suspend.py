@@ -4,21 +4,40 @@ their hpctrain:node tag, in this cluster only), forgets their launch tokens (the
 is a new launch) and resets the nodes' addresses to their names, so that powered-down nodes cost
 nothing. An instance it fails to terminate is the cluster manager's to find as an orphan.
 
+All of it holding the state file's lock, which resume.py takes to launch: Slurm powers a node up
+again SuspendTimeout after it asked for the power-down, and this program may still be waiting
+for EC2 (throttled, retried) or for the lock then. A resume.py that comes first launches the node
+a new instance (suspending() tells it not to take the old one for its own) and records the
+launch; a node launched after this program was asked is left alone, its new instance and address
+kept. One that comes after finds the node's launch forgotten and its old instance going.
+
     suspend.py NODELIST       (slurm.conf: SuspendProgram=...)
 """
 
 import logging
 import sys
+import time
 
-from hpc_cloud import State, ec2_client, instances_of, main_wrapper, scontrol
+from hpc_cloud import State, ec2_client, instances_of, main_wrapper, scontrol, suspending
 
 
 def suspend(cfg, nodes):
     """0, or 1 when EC2 could not be read or refused the termination: the nodes are powered down
     all the same (their launches forgotten, their addresses reset), and the instances left are
     the cluster manager's to terminate as orphans."""
+    asked = time.time()
+    with suspending(cfg["state_file"]), State(cfg["state_file"]) as state:
+        resumed = [n for n in nodes if state.launches.get(n, {}).get("at", 0) > asked]
+        for node in resumed:
+            logging.info("%s: powered up again since the power-down was asked: its new instance is kept", node)
+        return power_down(cfg, state, [n for n in nodes if n not in resumed])
+
+
+def power_down(cfg, state, nodes):
     from botocore.exceptions import BotoCoreError, ClientError
 
+    if not nodes:
+        return 0
     found, ids, described, terminated = {}, [], False, True
     try:
         ec2 = ec2_client(cfg)
@@ -31,9 +50,8 @@ def suspend(cfg, nodes):
         what = ", ".join(ids) if described else "the instances of " + ", ".join(nodes)
         logging.error("cannot terminate %s: %s (the cluster manager terminates them as orphans)", what, e)
         terminated = False
-    with State(cfg["state_file"]) as state:
-        for node in nodes:
-            state.launches.pop(node, None)
+    for node in nodes:
+        state.launches.pop(node, None)
     for node in nodes:
         if node in found:
             done = "terminated" if terminated else "failed to terminate"
@@ -42,6 +60,7 @@ def suspend(cfg, nodes):
             logging.info("%s: %s", node, "no instance" if described else "its instances unknown (EC2 not read)")
         scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}")
     return 0 if terminated else 1
+
 
 if __name__ == "__main__":
     sys.exit(main_wrapper("suspend.py", suspend))

@@ -19,6 +19,7 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
@@ -647,6 +648,84 @@ class AwsBehaviour(AwsHooks):
         self.assert_registered("gpu-1", new)
         # Nothing of the old one is the node's any more (not to terminate again, not its address).
         self.assertEqual(hpc_cloud.instances_of(self.ec2, self.cfg, ["gpu-1"]), {"gpu-1": [new["InstanceId"]]})
+
+    def addresses_given(self, node):
+        return [c.split()[2] for c in self.scontrol_calls() if c.startswith(f"update nodename={node} nodeaddr=")]
+
+    def assert_powered_up_anew(self, old):
+        """gpu-1 has a new instance, not `old` (terminated), and Slurm has its address last."""
+        new = self.live()["gpu-1"]
+        self.assertNotEqual(new["InstanceId"], old)
+        self.assertNotIn(old, {i["InstanceId"] for i in self.live().values()})
+        self.assertEqual(self.addresses_given("gpu-1")[-1], f"nodeaddr={new['PrivateIpAddress']}")
+        self.assertEqual(hpc_cloud.instances_of(self.ec2, self.cfg, ["gpu-1"]), {"gpu-1": [new["InstanceId"]]})
+        self.assertIn("gpu-1", self.state()["launches"])  # the new launch, for the cluster manager's boot checks
+
+    def test_a_power_up_while_suspend_still_terminates_gets_a_new_instance(self):
+        """Slurm resumes a node SuspendTimeout after asking for its power-down, and suspend.py may
+        still be waiting for EC2 then (TerminateInstances throttled and retried). resume.py waits
+        for it, and gives the node a new instance: not the one being terminated, whose address
+        suspend.py would then reset, leaving the node powering up with no instance until
+        ResumeTimeout. (The old code took the old instance for the node's.)"""
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        old = self.live()["gpu-1"]["InstanceId"]
+        resumed, at_lock = [], threading.Event()
+
+        class State(hpc_cloud.State):
+            def __enter__(self):
+                at_lock.set()
+                return super().__enter__()
+        resumer = threading.Thread(target=lambda: resumed.append(resume.resume(self.cfg, ["gpu-1"])))
+
+        def slow_terminate(op, params):
+            if op == "TerminateInstances" and not resumer.is_alive() and not resumed:
+                resumer.start()  # Slurm resumes the node while suspend.py's call is under way
+                self.assertTrue(at_lock.wait(30))
+        with self.hooked(before=slow_terminate), mock.patch.object(resume, "State", State):
+            self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 0)
+            resumer.join(60)
+        self.assertEqual(resumed, [0])
+        self.assert_powered_up_anew(old)
+
+    def test_a_power_up_while_suspend_waits_for_the_state_file_gets_a_new_instance(self):
+        """suspend.py still waiting for the state file's lock (a long pass of the cluster manager,
+        a large power-up) when Slurm resumes the node: resume.py comes first, sees a launch record
+        suspend.py has not yet forgotten, and must not take it for a retry; suspend.py then leaves
+        the node, launched after it was asked, alone."""
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        old = self.live()["gpu-1"]["InstanceId"]
+        suspended, waiting, go = [], threading.Event(), threading.Event()
+
+        class State(hpc_cloud.State):
+            def __enter__(self):
+                waiting.set()
+                go.wait(60)
+                return super().__enter__()
+        suspender = threading.Thread(target=lambda: suspended.append(suspend.suspend(self.cfg, ["gpu-1"])))
+        with mock.patch.object(suspend, "State", State):
+            suspender.start()
+            self.assertTrue(waiting.wait(30))
+            try:
+                self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+            finally:
+                go.set()
+                suspender.join(60)
+        self.assertEqual(suspended, [0])
+        self.assert_powered_up_anew(old)
+
+    def test_a_retry_keeps_its_instance_unless_a_suspend_runs(self):
+        """Asked again for a node with a launch recorded and an instance (a retry of the same
+        power-up), resume.py keeps the instance; while a suspend.py runs, the record may be an
+        earlier power-up's, and the node gets a new one."""
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        first = self.live()["gpu-1"]["InstanceId"]
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(self.live()["gpu-1"]["InstanceId"], first)
+        with hpc_cloud.suspending(self.cfg["state_file"]):
+            self.assertTrue(hpc_cloud.suspend_running(self.cfg["state_file"]))
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertFalse(hpc_cloud.suspend_running(self.cfg["state_file"]))
+        self.assert_powered_up_anew(first)
 
 
 class LaunchCheck(AwsHooks):
