@@ -23,7 +23,8 @@ second pass started while one runs exits at once):
   6. protected mode (as ParallelCluster's): counts failed boots in a row per partition (a node
      down with "ResumeTimeout reached", resume_fail.py's reason, resume.py's "resume failed" for
      any cause but lack of capacity, EC2's throttling or failure, or powering up while its instance has gone, which it sets
-     down at once rather than let Slurm wait ResumeTimeout); a node of the partition that comes up
+     down at once rather than let Slurm wait ResumeTimeout, unless EC2 took the instance back (a spot reclaim,
+     capacity it could not keep: RECLAIM_CODES), which cools that choice down instead); a node of the partition that comes up
      after its launch counts it from 0 again. At protected_failure_count (cloud.json, default 10;
      0: never) the partition's nodes are no longer returned to service: each powered-down one is
      set DOWN with a reason starting "hpctrain: protected mode: " (sinfo -R), and the log and the
@@ -44,10 +45,10 @@ import time
 from dataclasses import dataclass, field
 
 import hpc_cloud
-from hpc_cloud import (CAPACITY_ERRORS, JOB_CANNOT_START, NO_ANSWER, TRANSIENT_ERRORS, ConfigError, OWN_REASON_PREFIX,
-                       State, ec2_client, is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging,
-                       write_atomically)
-from resume import available_choices, subnet_zones
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, JOB_CANNOT_START, NODE_TAG, NO_ANSWER, TRANSIENT_ERRORS,
+                       ConfigError, OWN_REASON_PREFIX, State, cooldown_key, ec2_client, is_own_reason, live_instances,
+                       load_config, scontrol, set_down, setup_logging, write_atomically)
+from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
 # --Node, a node in several partitions has a line for each.
@@ -60,6 +61,12 @@ PROTECTED_PREFIX = f"{OWN_REASON_PREFIX}protected mode: "
 FAILED_BOOT_REASONS = ("ResumeTimeout reached", f"{OWN_REASON_PREFIX}did not come up within ResumeTimeout",
                        f"{OWN_REASON_PREFIX}boot failed")
 LOST_BOOT = "boot failed: its instance is gone during power-up"
+# EC2's reasons (an instance's StateReason code) for taking back an instance it had launched: a spot
+# reclaim, or on-demand capacity it could not keep. The node's boot did not fail: a partition whose
+# spot market is tight must not be stopped by them. Such a lost boot is set down with RECLAIMED
+# (which failed_boot does not take) and its choice cooled down, as resume.py does on a capacity error.
+RECLAIM_CODES = {"Server.SpotInstanceTermination", "Server.InsufficientInstanceCapacity"}
+RECLAIMED = "instance taken back by EC2 during power-up"
 METRIC_NAMESPACE = "hpctrain"  # cluster.yaml's head-node policy allows PutMetricData in this one only
 
 
@@ -176,11 +183,46 @@ def boot_lost(node, owned, launch, grace, now):
             and now - (launch or {}).get("at", 0) >= grace)
 
 
-def repair(node, owned, capacity_left, protected=None, lost=False):
+def reclaimed_boots(ec2, cfg, lost, launches):
+    """{node: (why, cooldown key)} of the nodes in `lost` (boot_lost) whose instance EC2 took back
+    (RECLAIM_CODES): the newest of the node's instances gone, launched since its launch record (a
+    minute's leeway for the clocks). Where EC2 cannot be read (said in the log), none: the boots
+    count as failed, as before this was asked."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    # By the cluster's tag only, as live_instances (more than 200 nodes would be refused as a filter).
+    filters = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [cfg["cluster"]]},
+               {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}]
+    newest = {}
+    try:
+        for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            for inst in (i for r in page["Reservations"] for i in r["Instances"]):
+                node = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}.get(NODE_TAG)
+                since = (launches.get(node) or {}).get("at", 0) - 60
+                if node in lost and inst["LaunchTime"].timestamp() >= since and (
+                        node not in newest or inst["LaunchTime"] > newest[node]["LaunchTime"]):
+                    newest[node] = inst
+    except (BotoCoreError, ClientError) as e:
+        logging.warning("cannot read why the instances of %s are gone (counted as failed boots): %s",
+                        ",".join(sorted(lost)), e)
+        return {}
+    found = {}
+    for node, inst in newest.items():
+        code = inst.get("StateReason", {}).get("Code", "")
+        if code in RECLAIM_CODES:
+            # The key resume.py gives this choice: "template" where it names no type or subnet.
+            market = "spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"
+            key = cooldown_key(inst.get("InstanceType") if cfg["instance_types"] else None, market,
+                               inst.get("Placement", {}).get("AvailabilityZone") if cfg["subnet_ids"] else None)
+            found[node] = (f"{RECLAIMED}: {inst['InstanceId']} {code}", key)
+    return found
+
+
+def repair(node, owned, capacity_left, protected=None, lost=None):
     """The one action that brings `node` closer to service (or, in a `protected` partition, to
-    DOWN for protected mode), or None."""
+    DOWN for protected mode), or None. `lost`: why its boot is lost (boot_lost), if it is."""
     if lost:
-        return ("boot_failed", LOST_BOOT)
+        return ("boot_failed", lost)
     if node.in_transition:
         return None
     if not node.powered_down and not node.failed and node.addr not in ("", node.name) and not owned:
@@ -193,7 +235,7 @@ def repair(node, owned, capacity_left, protected=None, lost=False):
         return ("power_down_force", None)  # its instance is terminated, protected or not
     if protected:
         return None if node.reason.startswith(PROTECTED_PREFIX) else ("protect", protected)
-    if node.reason.startswith(RESUME_FAILED) and not capacity_left:
+    if node.reason.startswith((RESUME_FAILED, OWN_REASON_PREFIX + RECLAIMED)) and not capacity_left:
         return None  # every launch choice is cooling down: resumed now, it would fail again
     return ("resume", None)
 
@@ -333,8 +375,15 @@ def manage(cfg):
             actions += [f"{inst['node']}: terminated orphan {inst['id']} ({why})" for inst, why in lost]
         orphaned = {inst["id"] for inst, _ in lost}
         owned = {name: [i for i in instances if i["node"] == name and i["id"] not in orphaned] for name in nodes}
-        lost_boots = {n.name: OWN_REASON_PREFIX + LOST_BOOT for n in nodes.values()
-                      if boot_lost(n, owned[n.name], state.launches.get(n.name), cfg["orphan_grace_seconds"], now)}
+        gone = {n.name: LOST_BOOT for n in nodes.values()
+                if boot_lost(n, owned[n.name], state.launches.get(n.name), cfg["orphan_grace_seconds"], now)}
+        reclaimed = reclaimed_boots(ec2, cfg, gone, state.launches) if gone else {}
+        for name, (why, key) in sorted(reclaimed.items()):
+            gone[name] = why
+            if not state.cooling(key):
+                cool_down(cfg, state, key)
+            actions.append(f"{name}: not a failed boot: {why}; {key} cooling down")
+        lost_boots = {name: OWN_REASON_PREFIX + why for name, why in gone.items() if name not in reclaimed}
         left, lines = leave_protected_mode(state, nodes)
         changed, counted = count_boots(state, nodes, lost_boots)
         actions += lines + counted
@@ -344,7 +393,7 @@ def manage(cfg):
             if node.powered_down:
                 state.launches.pop(node.name, None)  # its next power-up is a new launch
             action = repair(node, owned[node.name], capacity_left, protected_partition(state, node),
-                            node.name in lost_boots)
+                            gone.get(node.name))
             if action is None:
                 continue
             apply(state, node, action)

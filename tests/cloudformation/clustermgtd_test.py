@@ -424,6 +424,53 @@ class ClusterManager(unittest.TestCase):
         self.trip(1)
         self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
 
+    def test_an_instance_ec2_takes_back_during_power_up_is_no_failed_boot(self):
+        """A spot instance reclaimed (or on-demand capacity EC2 could not keep) while its node
+        boots: the node is set down and powered down as for any lost boot, but not counted (a
+        tight spot market must not stop the partition), and that instance type, market and zone
+        cool down as after a capacity error at launch. An instance that shut itself down (a
+        bootstrap error) still counts."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.instances import StateReason
+
+        self.set("protected_failure_count", 2)
+        booting = []
+        for node, code in (("gpu-1", "Server.SpotInstanceTermination"), ("gpu-2", "Server.InsufficientInstanceCapacity"),
+                           ("gpu-3", "Server.SpotInstanceTermination"), ("gpu-4", None)):
+            with hpc_cloud.State(self.cfg["state_file"]) as st:  # as resume.py records a launch, before it
+                st.launches[node] = {"token": "t", "at": time.time() - 400}
+            inst = self.ec2.run_instances(
+                ImageId=self.ami, MinCount=1, MaxCount=1, InstanceType="g5.12xlarge",
+                InstanceMarketOptions={"MarketType": "spot"},
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "hpctrain:cluster", "Value": "testc"},
+                                                                         {"Key": "hpctrain:node", "Value": node}]}]
+            )["Instances"][0]
+            self.ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])  # moto's reason: the user's
+            if code:  # EC2's, where it took the instance back
+                ec2_backends[DEFAULT_ACCOUNT_ID][REGION].get_instance(inst["InstanceId"]).state_reason = \
+                    StateReason(f"{code}: taken back", code)
+            booting.append((node, "allocated+cloud+powering_up", "", inst["PrivateIpAddress"]))
+        self.slurm(*booting)
+        calls = self.run_pass()
+        for node in ("gpu-1", "gpu-2", "gpu-3"):
+            self.assertIn(f"update nodename={node} state=power_down_force", calls)
+            down = next(c for c in calls if c.startswith(f"update nodename={node} state=down"))
+            self.assertIn("reason=hpctrain: instance taken back by EC2 during power-up: i-", down)
+        self.assertIn("update nodename=gpu-4 state=down reason=hpctrain: boot failed: its instance is gone during "
+                      "power-up", calls)
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 1})  # gpu-4's only
+        self.assertEqual(sorted(self.state()["cooldowns"]), ["g5.12xlarge|spot|template"])
+        self.assertAlmostEqual(self.state()["cooldowns"]["g5.12xlarge|spot|template"], time.time() + 600, delta=30)
+        # Then Slurm shows them down: still not counted, and nothing in protected mode.
+        self.slurm(*[(node, "down+cloud+powered_down", down.split("reason=", 1)[1], "")
+                     for node, down in ((n, next(c for c in calls if c.startswith(f"update nodename={n} state=down")))
+                                        for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"))])
+        calls = self.run_pass()
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
+        self.assertEqual(self.state()["protected"], {})
+        self.assertEqual(sorted(calls), [f"update nodename=gpu-{i} state=resume" for i in range(1, 5)])
+
     def test_partitions_count_apart_and_the_count_is_a_setting(self):
         cpu = [(f"cpu-{i}", "down+cloud+powered_down", "ResumeTimeout reached", "", "cpu") for i in range(1, 5)]
         self.trip(3, cpu[:2])
