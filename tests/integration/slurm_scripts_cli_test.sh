@@ -357,23 +357,28 @@ run_ends "a second failed staging" 1 "2 runs in a row have failed without a new 
 mkdir -p "$work/home/datasets"
 printf '#!/bin/sh\necho started > "%s"\nexec sleep 30\n' "$work/staging" > "$work/home/datasets/hpcdata"
 chmod +x "$work/home/datasets/hpcdata"
+# expect_requeue_on SIGNAL PID OUT SAYS WHAT: SIGNAL sent to the script PID ends it with exit 0,
+# a requeue of job 7 (or of its array task 7_0: scontrol.log) and SAYS in its output OUT.
+expect_requeue_on() {
+  local signal=$1 pid=$2 out=$3 says=$4 what=$5 rc=0
+  kill -"$signal" "$pid"
+  wait "$pid" || rc=$?
+  if ((rc != 0)) || ! grep -Eq "^requeue 7(_0)?$" "$work/scontrol.log" || ! grep -q "$says" "$out"; then
+    fail "$what: exit $rc, want 0 and a requeue: $(cat "$out")"
+  else
+    echo "ok: $what -> scontrol requeue 7"
+  fi
+}
+
 for signal in USR1 TERM; do
   rm -f "$work/staging"
   : > "$work/scontrol.log"
   "$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/trainer" HPCTRAIN_HOME="$work/home" \
     STAGE_FROM=s3://data/x STAGE_TO="$work/data" SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 \
     SLURM_JOB_ID=7 -- > "$work/staged.out" 2>&1 &
-  pid=$!
   for _ in $(seq 100); do [[ -e "$work/staging" ]] && break; sleep 0.1; done
-  kill -"$signal" "$pid"
-  wait "$pid"
-  rc=$?
-  if ((rc != 0)) || ! grep -qx "requeue 7" "$work/scontrol.log" ||
-    ! grep -q "SIG$signal while staging: stopping the copy" "$work/staged.out"; then
-    fail "SIG$signal while staging: exit $rc, want 0 and a requeue: $(cat "$work/staged.out")"
-  else
-    echo "ok: SIG$signal while staging -> scontrol requeue 7"
-  fi
+  expect_requeue_on "$signal" $! "$work/staged.out" "SIG$signal while staging: stopping the copy" \
+    "SIG$signal while staging"
 done
 
 # srun no longer takes --cpus-per-task from the job (Slurm 22.05 on): each rank had one CPU while
@@ -461,17 +466,9 @@ for case in "train USR1" "sweep TERM"; do
     SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=7 SLURM_JOB_NAME=early \
     SLURM_SUBMIT_DIR="$work" SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_JOB_ID=7 SWEEP=lr=0.1 \
     bash "$repo/slurm/$script.sbatch" --epochs 1 > "$work/early.out" 2>&1 &
-  pid=$!
   for _ in $(seq 100); do grep -q '^show job' "$work/scontrol.log" && break; sleep 0.1; done
-  kill -"$signal" "$pid"
-  wait "$pid"
-  rc=$?
-  if ((rc != 0)) || ! grep -q "^requeue 7" "$work/scontrol.log" ||
-    ! grep -q "SIG$signal came before the trainer was launched; requeueing" "$work/early.out"; then
-    fail "$script.sbatch, SIG$signal during its scontrol show job: exit $rc, want 0 and a requeue: $(cat "$work/early.out")"
-  else
-    echo "ok: $script.sbatch, SIG$signal during its scontrol show job -> scontrol requeue"
-  fi
+  expect_requeue_on "$signal" $! "$work/early.out" "SIG$signal came before the trainer was launched; requeueing" \
+    "$script.sbatch, SIG$signal during its scontrol show job"
 done
 
 # The epilog ends a cleanup that does not end on SIGTERM (a stat of a hung hard-mounted file
