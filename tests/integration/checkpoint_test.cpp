@@ -1247,6 +1247,11 @@ TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
                                               "100", "--data-dir", fashion_mnist_dir(), "--threads", "1"});
     expect_usage_error(evaluated, "the checkpoint's position is invalid");
   }
+  // A time no clock gives (year -1126091476 was printed): "?".
+  write_bytes(dir_.file("when.hpck"), with_meta(last, "time", "99999999999999999"));
+  const RunResult when = run_hpctrain({"inspect", dir_.file("when.hpck")});
+  EXPECT_EQ(when.exit_code, 0) << when.err;
+  EXPECT_NE(when.out.find(" rank(s), ?\n"), std::string::npos) << when.out;
   // As a directory's newest, where --resume auto refuses it (it reads, so it is not passed by):
   // inspect DIR said exit 0, for the valid older one, as if the run could go on.
   const std::string misfit = dir_.file("misfit");

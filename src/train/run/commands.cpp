@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +43,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string utc_time(int64_t unix_seconds) {
+  // Years 1970 to 9999 (a crafted file's time printed as year -1126091476); "?" otherwise.
+  if (unix_seconds < 0 || unix_seconds > 253402300799) return "?";
   const std::time_t t = static_cast<std::time_t>(unix_seconds);
   std::tm tm{};
   gmtime_r(&t, &tm);
@@ -110,12 +113,12 @@ Inspected inspect_file(const std::string& path) {
   return r;
 }
 
+// The whole value as a number, else -1 (stoll took "12abc" for 12: a heartbeat "1796380319 s ago").
 int64_t integer_or(const std::map<std::string, std::string>& meta, const std::string& key) {
-  try {
-    return std::stoll(meta_or(meta, key, "-1"));
-  } catch (const std::exception&) {
-    return -1;
-  }
+  const std::string text = meta_or(meta, key, "-1");
+  int64_t v = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  return ec == std::errc() && end == text.data() + text.size() ? v : -1;
 }
 
 // Where in the run a checkpoint stands, as people count epochs: "after epoch 2" or
