@@ -257,6 +257,7 @@ TEST_F(Checkpoints, TheFinalCheckpointIsTheDoneEventsStateAlsoOnAPeriodicCheckpo
   EXPECT_EQ(h.at("state_checksum").str, d.at("state_checksum").str);
   EXPECT_EQ(h.at("epoch").number, 1);
   EXPECT_EQ(h.at("step_in_epoch").number, 0);
+  EXPECT_NE(read_text(ck + "/heartbeat").find("\nepoch=1\n"), std::string::npos) << "the heartbeat says the same";
 }
 
 // Resumed on another number of ranks, the run continues at the checkpoint's sample with the

@@ -811,7 +811,9 @@ TrainResult TrainingRun::finish() {
               ") as the run was finishing; it finished instead");
   if (ckpt::AsyncWriter* writer = checkpoints_->writer()) {
     log::info("checkpoint: ", writer->last_written());
-    heartbeat_->last(step, step / plan_.steps_per_epoch, "done");
+    // The epochs the final checkpoint stands after (all of them, --max-steps or not): "0 epoch(s)
+    // done" beside a checkpoint "after epoch 1" was said of a run that --max-steps ended mid-epoch.
+    heartbeat_->last(step, final_position().epoch, "done");
   }
   snapshots_->remove_all();  // the final checkpoint holds the state now
   with_metrics([](StepMetrics& m) { m.ended(RunState::Done); });
