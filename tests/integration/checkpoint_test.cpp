@@ -769,6 +769,19 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   EXPECT_EQ(count_of(listing.out, "  valid\n"), 3) << listing.out;
   EXPECT_NE(listing.out.find("ckpt-000000040.hpck  step 40  after epoch 2  cnn"), std::string::npos) << listing.out;
   EXPECT_NE(listing.out.find("heartbeat: done, step 40"), std::string::npos) << listing.out;
+  // A heartbeat's time with text after the number is no time (std::stoll took 12abc for 12:
+  // "1796380319 s ago").
+  const std::string beat = dir_.file("beat");
+  fs::create_directory(beat);
+  fs::copy_file(ck + "/ckpt-000000040.hpck", beat + "/ckpt-000000040.hpck");
+  {
+    std::ofstream(beat + "/heartbeat") << std::regex_replace(read_text(ck + "/heartbeat"),
+                                                             std::regex("unix_time=[0-9]+"), "unix_time=12abc");
+  }
+  const RunResult beat_listing = run_hpctrain({"inspect", beat});
+  EXPECT_NE(beat_listing.out.find("heartbeat: done, step 40, 2 epoch(s) done, pid "), std::string::npos)
+      << beat_listing.out;
+  EXPECT_NE(beat_listing.out.find(", time unknown\n"), std::string::npos) << beat_listing.out;
   const RunResult json = run_hpctrain({"inspect", "--json", ck + "/ckpt-000000035.hpck"});
   ASSERT_EQ(json.exit_code, 0) << json.err;
   const JsonObject h = FlatJsonParser(lines_of(json.out).at(0)).parse();
