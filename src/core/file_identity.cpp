@@ -200,9 +200,8 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
   }
 }
 
-std::string where_a_dangling_link_leads(const std::string& path) {
+std::string through_links(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_symlink(path, ec) || fs::exists(path, ec) || ec) return path;
   fs::path at = path;
   for (int hops = 0; hops < 40 && fs::is_symlink(at, ec); ++hops) {
     const fs::path target = fs::read_symlink(at, ec);
@@ -210,6 +209,12 @@ std::string where_a_dangling_link_leads(const std::string& path) {
     at = (target.is_absolute() ? target : at.parent_path() / target).lexically_normal();
   }
   return fs::is_symlink(at, ec) ? path : at.string();
+}
+
+std::string where_a_dangling_link_leads(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_symlink(path, ec) || fs::exists(path, ec) || ec) return path;
+  return through_links(path);
 }
 
 std::optional<int> dup_own_descriptor(const std::string& path) {

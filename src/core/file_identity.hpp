@@ -37,6 +37,11 @@ std::optional<FileIdentity> file_identity(const std::string& path);
 // name in the same directory for a file not there yet. A stream is never "the same file".
 bool same_file(const std::string& a, const std::string& b);
 
+// Where a link (or a chain of them) at `path` leads, by reading the links (the target need not
+// exist); `path` itself when it is no link, or when the chain cannot be read or does not end
+// within the kernel's 40 links.
+std::string through_links(const std::string& path);
+
 // Where `path` leads when it is a link (or a chain of them) to nothing: the file that a write
 // through it would create, which open(O_CREAT | O_EXCL) refuses to create through the link
 // (EEXIST), and the retry without O_CREAT found missing (ENOENT): "cannot open m.jsonl: No such

@@ -14,10 +14,10 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/log.hpp"
 
 namespace hpc::train {
-namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPrefix = "hpctrain_";
@@ -74,18 +74,11 @@ std::string label_value(const std::string& s) {
   return out;
 }
 
+// A link (into node_exporter's textfile directory, say) is written through: each rewrite is
+// renamed over its target. Renamed over the link, it replaced the link with a file of its own, and
+// the target the collector read was never updated.
 PrometheusTextfile::PrometheusTextfile(std::string path, std::vector<std::pair<std::string, std::string>> labels)
-    : path_(std::move(path)), labels_(labels_text(labels)), written_(path_) {
-  // A link (into node_exporter's textfile directory, say) is written through: each rewrite is
-  // renamed over its target. Renamed over the link, it replaced the link with a file of its own,
-  // and the target the collector read was never updated.
-  std::error_code ec;
-  for (int hops = 0; hops < 40 && fs::is_symlink(written_, ec); ++hops) {
-    const fs::path target = fs::read_symlink(written_, ec);
-    if (ec) break;
-    written_ = (target.is_absolute() ? target : fs::path(written_).parent_path() / target).lexically_normal().string();
-  }
-}
+    : path_(std::move(path)), labels_(labels_text(labels)), written_(through_links(path_)) {}
 
 void require_ours_or_none(const std::string& path) {
   std::error_code ec;
