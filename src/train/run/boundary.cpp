@@ -184,14 +184,12 @@ void Checkpointer::save(const RunPosition& at) {
   // The same step saved again only where it stands elsewhere: the final checkpoint of a run that
   // --max-steps ended mid-epoch, on a step a periodic checkpoint had just taken, stands after the
   // last epoch (as the done event's state_checksum says); it stayed the mid-epoch one.
-  if (o_.checkpoint_dir.empty() ||
-      (at.step == last_saved_ && at.epoch == last_saved_epoch_ && at.step_in_epoch == last_saved_step_in_epoch_))
+  if (o_.checkpoint_dir.empty() || (last_saved_ && at.step == last_saved_->step && at.epoch == last_saved_->epoch &&
+                                     at.step_in_epoch == last_saved_->step_in_epoch))
     return;
   const auto t0 = Clock::now();
   require_finite_state(ctx_.world(), engine_, o_, at.step, writer_ != nullptr);
-  last_saved_ = at.step;
-  last_saved_epoch_ = at.epoch;
-  last_saved_step_in_epoch_ = at.step_in_epoch;
+  last_saved_ = at;
   dist::collectively(ctx_, [&] {
     if (!writer_) return;
     ckpt::Checkpoint snapshot = writer_->recycled();

@@ -174,8 +174,8 @@ class Checkpointer {
   std::unique_ptr<ckpt::AsyncWriter> writer_;
   Engine& engine_;
   const ModelIdentity model_;
-  int64_t written_ = 0, last_saved_ = -1;
-  int64_t last_saved_epoch_ = -1, last_saved_step_in_epoch_ = -1;  // where last_saved_ stood
+  int64_t written_ = 0;
+  std::optional<RunPosition> last_saved_;
   double stall_ = 0;
   Clock::time_point last_time_ = Clock::now();
 };
