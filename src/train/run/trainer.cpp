@@ -142,6 +142,7 @@ class TrainingRun {
   void release_directory();
   std::optional<int> set_up();
   void say_stopped_in_setup(int exit_code, bool checkpointed);
+  void write_stopped_event(int64_t step, int signal, bool checkpointed, int exit_code);
   void plan();
   void write_config_event();  // the metrics file's first line of the run (collective)
   void say_how_it_starts();   // --init-from's weights, evaluated; --extend-epochs' new schedule
@@ -364,10 +365,16 @@ void TrainingRun::say_stopped_in_setup(int exit_code, bool checkpointed) {
     StepMetrics published(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
     published.ended(RunState::Stopped);
   }
+  write_stopped_event(p_.start.step, asked.signal, checkpointed && !o_.checkpoint_dir.empty(), exit_code);
+}
+
+// The last line of a stopped run: a job script that sees another launcher's code (mpirun exits 1
+// on any signal it is sent) reads here that every rank stopped with this one.
+void TrainingRun::write_stopped_event(int64_t step, int signal, bool checkpointed, int exit_code) {
   metrics_->write({{"event", std::string("stopped")},
-                   {"step", p_.start.step},
-                   {"signal", signal_name(asked.signal)},
-                   {"checkpointed", checkpointed && !o_.checkpoint_dir.empty()},
+                   {"step", step},
+                   {"signal", signal_name(signal)},
+                   {"checkpointed", checkpointed},
                    {"exit_code", static_cast<int64_t>(exit_code)},
                    {"elapsed_seconds", seconds_since(t_start_)}});
 }
@@ -749,14 +756,7 @@ TrainResult TrainingRun::stop() {
   TrainResult result;
   result.steps = tally_.step;
   result.exit_code = stop_exit_code(o_, asked);
-  // The last line of a stopped run: a job script that sees another launcher's code (mpirun
-  // exits 1 on any signal it is sent) reads here that every rank stopped with this one.
-  metrics_->write({{"event", std::string("stopped")},
-                   {"step", tally_.step},
-                   {"signal", signal_name(asked.signal)},
-                   {"checkpointed", !in_memory && !o_.checkpoint_dir.empty()},
-                   {"exit_code", static_cast<int64_t>(result.exit_code)},
-                   {"elapsed_seconds", seconds_since(t_start_)}});
+  write_stopped_event(tally_.step, asked.signal, !in_memory && !o_.checkpoint_dir.empty(), result.exit_code);
   return result;
 }
 
