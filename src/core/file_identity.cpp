@@ -97,6 +97,32 @@ int open_data_file(const std::string& path, const std::string& what) {
   return fd;
 }
 
+OutputFile open_output(const std::string& path, const std::string& option, int create_flags) {
+  HPC_REQUIRE(!path.empty(), option, " is empty (an unset variable?)");
+  OutputFile out;
+  const std::optional<int> own = dup_own_descriptor(path);
+  out.file = own ? path : where_a_dangling_link_leads(path);
+  out.fd = own ? *own : ::open(out.file.c_str(), create_flags | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  out.created = !own && out.fd >= 0;
+  if (!own && out.fd < 0 && errno == EEXIST)
+    out.fd = ::open(out.file.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (out.fd < 0) {
+    const int error = errno;
+    struct stat st {};
+    HPC_REQUIRE(error != ENXIO || ::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode), option, " ", path,
+                " is a FIFO that has no reader: start the program that reads it first");
+    usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
+  }
+  if (::fstat(out.fd, &out.st) != 0) {
+    const int error = errno;
+    ::close(out.fd);
+    if (out.created) ::unlink(out.file.c_str());
+    usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
+  }
+  ::fcntl(out.fd, F_SETFL, ::fcntl(out.fd, F_GETFL) & ~O_NONBLOCK);
+  return out;
+}
+
 void reserve_in_huge_pages(std::vector<uint8_t>& v, size_t n) {
   v.reserve(n);
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;

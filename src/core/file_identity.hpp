@@ -5,6 +5,7 @@
 // (datasets/hpcdata holds its Python twin).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -54,6 +55,22 @@ std::string where_a_dangling_link_leads(const std::string& path);
 // again by name it got a file position of its own, and under `> file` (Slurm's output too) the
 // log's writes through fd 1 landed over what it had written.
 std::optional<int> dup_own_descriptor(const std::string& path);
+
+// An output a run appends its events to (--metrics-file, --trace-file), opened for writing:
+// /dev/stdout and its kin through the descriptor itself (dup_own_descriptor); a link to nothing
+// at the file it leads to; else created with open(O_CREAT | O_EXCL | create_flags), which tells a
+// file made here from one that was there (whatever happens, that one stays), or, where one was
+// there, opened again for O_WRONLY | O_APPEND. O_NONBLOCK on that open refuses a FIFO that
+// nothing reads at once (a usage error saying to start its reader) instead of waiting for one;
+// the descriptor returned blocks (a stream's writes wait for a slow reader, as stdout's do).
+// Any failure is a usage error naming `option` and the path; a file created is removed again.
+struct OutputFile {
+  int fd = -1;
+  std::string file;  // what was opened: `path`, or where the dangling link at it leads
+  bool created = false;
+  struct stat st {};  // of the open file
+};
+OutputFile open_output(const std::string& path, const std::string& option, int create_flags);
 
 // Opens `path` to read it as a data file (an image, a shard, a manifest, a class list): a regular
 // file only, as a FIFO would block the open or its reads for ever, and a directory or device

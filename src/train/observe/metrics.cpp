@@ -102,40 +102,19 @@ bool write_all(int fd, const std::string& text, size_t& done) {
 
 MetricsWriter::MetricsWriter(const std::string& path, const char* option)
     : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0) {
-  HPC_REQUIRE(!path.empty(), option, " is empty (an unset variable?)");
-  // O_EXCL tells a file made here from one that was there (which stays, whatever happens).
-  // /dev/stdout and its kin: the descriptor itself, sharing its file position with the log's
-  // writes (core/file_identity.hpp).
-  const std::optional<int> own = dup_own_descriptor(path);
-  file_ = own ? path : where_a_dangling_link_leads(path);  // what is opened, checked and removed
-  fd_ = own ? *own : ::open(file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  created_ = !own && fd_ >= 0;
-  // One that was there may be a stream (a pipe: /dev/stdout | cat, a FIFO, a device): O_NONBLOCK
-  // makes a FIFO that nothing reads fail at once (ENXIO) where the open would wait for a reader.
-  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(file_.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
-  struct stat st {};
-  if (fd_ < 0) {
-    const int error = errno;
-    HPC_REQUIRE(error != ENXIO || ::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode), option, " ", path,
-                " is a FIFO that has no reader: start the program that reads it first");
-    usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
-  }
-  if (::fstat(fd_, &st) != 0) {
-    const int error = errno;
-    ::close(std::exchange(fd_, -1));
-    if (created_) ::unlink(file_.c_str());
-    usage_error("cannot open ", option, " ", path, ": ", std::strerror(error));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    // A stream is written as it is, never read, checked or removed; its writes wait for a slow
-    // reader as the progress lines on stdout do, rather than fail.
-    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
-    return;
-  }
+  // A file made here (O_EXCL) is removed again if nothing was written to it; one that was there
+  // stays, whatever happens.
+  OutputFile out = open_output(path, option, O_WRONLY | O_APPEND);
+  fd_ = out.fd;
+  file_ = std::move(out.file);  // what is checked and removed
+  created_ = out.created;
+  // A stream (a pipe: /dev/stdout | cat, a FIFO, a device) is written as it is, never read,
+  // checked or removed; its writes wait for a slow reader as the progress lines on stdout do.
+  if (!S_ISREG(out.st.st_mode)) return;
   // /dev/stdout may be a regular file (a job's output) that the log appends to as well: a failed
   // write's part of a line is cut off only in a file of the writer's own.
   truncatable_ = path.rfind("/dev/", 0) != 0 && path.rfind("/proc/", 0) != 0;
-  const Holds holds = what_it_holds(file_, st.st_size);
+  const Holds holds = what_it_holds(file_, out.st.st_size);
   if (holds == Holds::Other) {
     ::close(std::exchange(fd_, -1));
     usage_error(option, " ", path, " exists and is not a JSON Lines file: not appending to it (another file "

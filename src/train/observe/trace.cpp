@@ -60,41 +60,20 @@ bool is_chrome_trace(const std::string& path) {
 // ---- the file ----------------------------------------------------------------------------------
 
 TraceFile::TraceFile(const std::string& path) : path_(path) {
-  HPC_REQUIRE(!path.empty(), kOption, " is empty (an unset variable?)");
-  // As MetricsWriter: O_EXCL tells a file made here from one that was there; O_NONBLOCK refuses a
-  // FIFO that nothing reads at once instead of waiting for a reader.
-  // /dev/stdout and its kin: the descriptor itself, sharing its file position with the log's
-  // writes (core/file_identity.hpp).
-  const std::optional<int> own = dup_own_descriptor(path);
-  file_ = own ? path : where_a_dangling_link_leads(path);  // what is opened and removed
-  fd_ = own ? *own : ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  created_ = !own && fd_ >= 0;
-  if (!own && fd_ < 0 && errno == EEXIST) fd_ = ::open(file_.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
-  struct stat st {};
-  if (fd_ < 0) {
-    const int error = errno;
-    HPC_REQUIRE(error != ENXIO || ::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode), kOption, " ", path,
-                " is a FIFO that has no reader: start the program that reads it first");
-    usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(error));
-  }
-  if (::fstat(fd_, &st) != 0) {
-    const int error = errno;
-    ::close(std::exchange(fd_, -1));
-    usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(error));
-  }
+  OutputFile out = open_output(path, kOption, O_RDWR);
+  fd_ = out.fd;
+  file_ = std::move(out.file);  // what is removed
+  created_ = out.created;
   // /dev/stdout may be a regular file (a job's redirected output) that the log shares: written
   // as a stream too, appended to, never read nor rewritten.
-  stream_ = !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 || path.rfind("/proc/", 0) == 0;
-  if (stream_) {
-    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);  // waits for a slow reader, as stdout does
-    return;
-  }
+  stream_ = !S_ISREG(out.st.st_mode) || path.rfind("/dev/", 0) == 0 || path.rfind("/proc/", 0) == 0;
+  if (stream_) return;
   if (!created_) {  // reopened to read its end, and to write anywhere in it (no O_APPEND)
     ::close(fd_);
     fd_ = ::open(file_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd_ < 0) usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(errno));
   }
-  if (st.st_size > 0) find_end(st.st_size);
+  if (out.st.st_size > 0) find_end(out.st.st_size);
   // A new file holds an empty array from the start: a run that a signal or a crash ends before its
   // first events (written every 100 steps) left 0 bytes, which no trace viewer or JSON reader
   // loads. (Removed again at a normal end if nothing was written to it.)
