@@ -16,8 +16,9 @@
 #       names is packed. Exit 1 naming what is missing.
 #   bench/device_deps.sh files        the files the pack holds, one a line (what `check` reads).
 #   bench/device_deps.sh env DIR      there: unpacks DIR/deps.tar.xz into /tmp/hpctrain-deps
-#       (once) and prints the export lines that make CMake, the compiler, the loader and
-#       Open MPI use it:  eval "$(bench/device_deps.sh env .device)"
+#       (HPCTRAIN_DEPS, once) and prints the export lines that make CMake, the compiler, the
+#       loader, Open MPI and the bench scripts' MPIRUN use it:
+#       eval "$(bench/device_deps.sh env .device)"
 #
 # The GPU procedure in bench/README.md ("On a GPU machine") calls `env` itself (DEPS=.device).
 set -euo pipefail
@@ -200,7 +201,7 @@ pack() {
 env_lines() {
   local dir=${1:?env needs the folder pack made}
   [[ -f "$dir/deps.tar.xz" ]] || die "no $dir/deps.tar.xz (run bench/device_deps.sh pack first, and carry it)"
-  local to=/tmp/hpctrain-deps
+  local to=${HPCTRAIN_DEPS:-/tmp/hpctrain-deps}
   if [[ ! -f $to/.unpacked ]]; then
     mkdir -p "$to"
     tar -C "$to" -xJf "$dir/deps.tar.xz"
@@ -215,9 +216,13 @@ env_lines() {
   local lib=$to/usr/lib/x86_64-linux-gnu ld_path d
   for d in "${lib_dirs[@]}"; do ld_path+=${ld_path:+:}$to/$d; done
   # Debian points mpicc, mpirun and libblas through update-alternatives links that unpacking
-  # does not make; the programs are named directly instead. OPAL_PREFIX relocates Open MPI,
-  # PMIX_PREFIX and the component path PMIx (else it loads the machine's own PMIx plugins).
-  # One machine: Open MPI's shared-memory and self transports only, the fabrics' left behind.
+  # does not make; the programs are named directly instead: CMake's MPI and MPIEXEC, and
+  # MPIRUN for the bench scripts that launch ranks themselves (scaling_check.sh, which
+  # gpu_vs_peer.sh's scaling step runs, and mpi_vs_peer.sh), which would otherwise find no
+  # `mpirun` or the machine's own, of another Open MPI than the one hpctrain is linked with.
+  # OPAL_PREFIX relocates Open MPI, PMIX_PREFIX and the component path PMIx (else it loads the
+  # machine's own PMIx plugins). One machine: Open MPI's shared-memory and self transports
+  # only, the fabrics' left behind.
   cat << EOS
 export HPCTRAIN_DEPS=$to
 export OPAL_PREFIX=$to/usr
@@ -226,6 +231,7 @@ export PATH=$to/usr/bin:\$PATH
 export LD_LIBRARY_PATH=$ld_path\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export CMAKE_PREFIX_PATH=$to/usr\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+export MPIRUN=$to/usr/bin/mpirun.openmpi
 export HPCTRAIN_DEPS_CMAKE_ARGS="-DMPI_C_COMPILER=$to/usr/bin/mpicc.openmpi -DMPIEXEC_EXECUTABLE=$to/usr/bin/mpirun.openmpi -DCBLAS_INCLUDE_DIR=$to/usr/include/x86_64-linux-gnu/openblas-pthread -DBLAS_LIBRARIES=$lib/openblas-pthread/libopenblas.so -DHPCTRAIN_TEST_FASHION_MNIST_DIR=$(cd "$dir" && pwd)/fashion-mnist"
 EOS
 }
@@ -235,6 +241,6 @@ case "${1:-}" in
   check) shift; check "$@" ;;
   files) pack_files ;;
   env) shift; env_lines "$@" ;;
-  -h | --help | "") sed -n '2,21s/^# \{0,1\}//p' "$0"; [[ -n "${1:-}" ]] ;;
+  -h | --help | "") sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; [[ -n "${1:-}" ]] ;;
   *) die "unknown command '$1' (pack, check, files or env; try --help)" ;;
 esac

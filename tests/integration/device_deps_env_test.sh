@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bench/device_deps.sh env, as the GPU machine runs it (gpu_vs_peer.sh with DEPS), on a stand-in
+# pack: it unpacks into HPCTRAIN_DEPS, and after its lines are evaluated the launcher the bench
+# scripts take (${MPIRUN:-mpirun}: scaling_check.sh, which gpu_vs_peer.sh's scaling step runs,
+# and mpi_vs_peer.sh) is the pack's Open MPI, which hpctrain is linked with there, not an
+# `mpirun` of the machine's own (a stand-in here, first on PATH after the pack's folder). The
+# pack has no `mpirun`: Debian makes that name an update-alternatives link, which is not packed.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bench=$(cd "$here/../../bench" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# fail MESSAGE OUTPUT: one failed check, with what was seen.
+fail() {
+  local line
+  echo "FAILED: $1"
+  while IFS= read -r line; do echo "  | $line"; done <<< "$2"
+  failures=$((failures + 1))
+}
+
+# The stand-in pack: Debian's Open MPI launcher names (orterun, and mpirun.openmpi linked to it),
+# and a machine's own mpirun on PATH.
+mkdir -p "$tmp/root/usr/bin" "$tmp/pack" "$tmp/machine"
+printf '#!/bin/sh\necho "the pack'"'"'s launcher $*"\n' > "$tmp/root/usr/bin/orterun"
+ln -s orterun "$tmp/root/usr/bin/mpirun.openmpi"
+printf '#!/bin/sh\necho "the machine'"'"'s own mpirun $*"\n' > "$tmp/machine/mpirun"
+chmod +x "$tmp/root/usr/bin/orterun" "$tmp/machine/mpirun"
+tar -C "$tmp/root" -cJf "$tmp/pack/deps.tar.xz" usr || { echo "FAILED: cannot make the stand-in pack"; exit 1; }
+
+lines=$(HPCTRAIN_DEPS=$tmp/unpacked "$bench/device_deps.sh" env "$tmp/pack" 2>&1) ||
+  fail "device_deps.sh env failed" "$lines"
+[[ -x $tmp/unpacked/usr/bin/orterun && -f $tmp/unpacked/.unpacked ]] ||
+  fail "env did not unpack into HPCTRAIN_DEPS ($tmp/unpacked)" "$(ls -la "$tmp/unpacked" 2>&1)"
+# As a bench script there: its lines evaluated, then ${MPIRUN:-mpirun} -np 2 (scaling_check.sh).
+out=$(PATH=$tmp/machine:$PATH bash -c 'eval "$1" && "${MPIRUN:-mpirun}" -np 2 allreduce_sweep' _ "$lines" 2>&1)
+[[ $out == "the pack's launcher -np 2 allreduce_sweep" ]] ||
+  fail "after env's lines, \${MPIRUN:-mpirun} is not the pack's Open MPI launcher" "$out"
+
+((failures == 0)) || exit 1
+echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher"
