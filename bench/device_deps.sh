@@ -204,7 +204,9 @@ env_lines() {
   local to=${HPCTRAIN_DEPS:-/tmp/hpctrain-deps}
   if [[ ! -f $to/.unpacked ]]; then
     mkdir -p "$to"
-    tar -C "$to" -xJf "$dir/deps.tar.xz"
+    local err
+    err=$(tar -C "$to" -xJf "$dir/deps.tar.xz" 2>&1) ||
+      die "cannot unpack $dir/deps.tar.xz into $to ($(head -n 1 <<< "$err")): make it again with bench/device_deps.sh pack"
     # Some -dev links are absolute (libz.so -> /lib/.../libz.so.1.2.13): point them into the copy.
     local link target
     while IFS= read -r link; do

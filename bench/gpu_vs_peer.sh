@@ -119,7 +119,10 @@ fi
 cmake_args=()
 if [[ -n "${DEPS:-}" ]]; then
   [[ "$DEPS" == /* ]] || DEPS="$root/$DEPS"
-  eval "$("$root/bench/device_deps.sh" env "$DEPS")"
+  [[ -f $DEPS/deps.tar.xz ]] || die "no $DEPS/deps.tar.xz (DEPS: the folder bench/device_deps.sh pack made, carried here)"
+  # (eval "$(...)" would go on after a failed env: its status is lost in the substitution.)
+  env_lines=$("$root/bench/device_deps.sh" env "$DEPS") || exit 2  # its error said why
+  eval "$env_lines"
   read -r -a cmake_args <<< "$HPCTRAIN_DEPS_CMAKE_ARGS"
 fi
 # cuDNN and NCCL: the CUDA toolkit's own, else the ones PyTorch's wheels bring (nvidia.cudnn,

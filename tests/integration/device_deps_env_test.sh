@@ -5,6 +5,7 @@
 # and mpi_vs_peer.sh) is the pack's Open MPI, which hpctrain is linked with there, not an
 # `mpirun` of the machine's own (a stand-in here, first on PATH after the pack's folder). The
 # pack has no `mpirun`: Debian makes that name an update-alternatives link, which is not packed.
+# A damaged pack is one error line naming it, exit 2.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$(cd "$here/../../bench" && pwd)
@@ -38,5 +39,15 @@ out=$(PATH=$tmp/machine:$PATH bash -c 'eval "$1" && "${MPIRUN:-mpirun}" -np 2 al
 [[ $out == "the pack's launcher -np 2 allreduce_sweep" ]] ||
   fail "after env's lines, \${MPIRUN:-mpirun} is not the pack's Open MPI launcher" "$out"
 
+# A damaged pack: one error line naming it, exit 2, and nothing marked unpacked.
+echo "not xz" > "$tmp/pack/deps.tar.xz"
+out=$(HPCTRAIN_DEPS=$tmp/damaged "$bench/device_deps.sh" env "$tmp/pack" 2>&1 > /dev/null)
+code=$?
+head="device_deps.sh: error: cannot unpack $tmp/pack/deps.tar.xz into $tmp/damaged (xz: "
+tail="): make it again with bench/device_deps.sh pack"
+[[ $code == 2 && $out == "$head"*"$tail" && $out != *$'\n'* ]] ||
+  fail "env on a damaged pack exited $code, wanted 2 and '${head}...$tail'" "$out"
+[[ ! -e $tmp/damaged/.unpacked ]] || fail "a damaged pack marked unpacked" ""
+
 ((failures == 0)) || exit 1
-echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher"
+echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher, a damaged pack refused"

@@ -418,6 +418,16 @@ refuse gpu_vs_peer.sh "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS
 refuse gpu_vs_peer.sh "--bn-tuning must be best or PACK_BYTES,BLOCKS_PER_SM,ROWS,ONE_WAVE[,SUM_BLOCKS[,FUSED]] (as 8,4,2,1,1024), got '8,4,2,1,1024,2'" all --bn-tuning 8,4,2,1,1024,2
 refuse gpu_vs_peer.sh "--within must be a positive integer, got '0'" all --within 0
 BUILD_DIR=$tmp/none refuse gpu_vs_peer.sh "no GPU build in $tmp/none (run: bench/gpu_vs_peer.sh build)" kernels
+DEPS=$tmp/none refuse gpu_vs_peer.sh \
+  "no $tmp/none/deps.tar.xz (DEPS: the folder bench/device_deps.sh pack made, carried here)" build
+# A pack env cannot unpack: its one error line, exit 2, and no step goes on without the pack.
+mkdir -p "$tmp/damaged"
+echo "not xz" > "$tmp/damaged/deps.tar.xz"
+out=$(DEPS=$tmp/damaged HPCTRAIN_DEPS=$tmp/damaged/unpacked "$bench/gpu_vs_peer.sh" build 2>&1 > /dev/null)
+code=$?
+checks=$((checks + 1))
+[[ $code == 2 && $out == "device_deps.sh: error: cannot unpack $tmp/damaged/deps.tar.xz "* && $out != *$'\n'* ]] ||
+  fail "gpu_vs_peer.sh build with a damaged DEPS pack exited $code, wanted 2 and env's one error line" "$out"
 printf '#!/bin/sh\nexit 9\n' > "$gpu/bin/nvidia-smi"
 refuse gpu_vs_peer.sh "no NVIDIA GPU here (nvidia-smi -L failed)" kernels
 
