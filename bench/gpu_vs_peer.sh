@@ -491,7 +491,11 @@ all_step() {
   rm -f "$results"/{build,tests,bn,training,cnn,resnet50,kernels,scaling}.txt
   : > "$out/all.log"
   export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-4}
+  # summary.txt anew after every step: a device call cut off by its own time limit still brings
+  # back the figures of the steps that ended.
+  summarise() { cat "$results"/*.txt > "$out/summary.txt" 2> /dev/null || true; }
   for st in build tests bn training cnn resnet50 kernels scaling; do
+    summarise
     left=$((within - $(elapsed)))
     if ((left < 30)); then
       echo "== all: $st not run (${left} s left of --within $within)" | tee -a "$out/all.log"
@@ -516,7 +520,7 @@ all_step() {
       fi
     fi
   done
-  cat "$results"/*.txt > "$out/summary.txt" 2> /dev/null || true
+  summarise
   # The scaling step's runs (each one's Chrome trace and metrics, the sweep): a third file, small
   # enough to come back from a device call's $OUT, for taking a failed check apart afterwards.
   # Written beside it and renamed: a call stopped midway leaves no half archive under that name.
@@ -528,11 +532,13 @@ all_step() {
       echo "== all: could not pack $results/scaling into $out/scaling.tar.gz" | tee -a "$out/all.log"
     fi
   fi
+  # The verdict in all three places a reader may have: stdout, all.log and summary.txt.
+  echo "all_steps_not_passed=${#failed[@]}" >> "$out/summary.txt"
   if ((${#failed[@]})); then
-    echo "== all: not passed: ${failed[*]} (log: $out/all.log)"
+    echo "== all: not passed: ${failed[*]} (log: $out/all.log)" | tee -a "$out/all.log"
     return 1
   fi
-  echo "== all: every step passed (log: $out/all.log)"
+  echo "== all: every step passed (log: $out/all.log)" | tee -a "$out/all.log"
 }
 
 case $step in

@@ -281,6 +281,9 @@ checks=$((checks + 1))
 [[ $code == 1 ]] || fail "gpu_vs_peer.sh all --within 20 exited $code, wanted 1" "$out"
 expect "$out" "== all: build not run (20 s left of --within 20)" \
   "== all: not passed: build (not run) tests (not run) bn (not run) training (not run) cnn (not run) resnet50 (not run) kernels (not run) scaling (not run) (log: $gpu/out/all.log)"
+expect "$(cat "$gpu/out/all.log")" "== all: scaling not run (20 s left of --within 20)" \
+  "== all: not passed: build (not run) tests (not run) bn (not run) training (not run) cnn (not run) resnet50 (not run) kernels (not run) scaling (not run) (log: $gpu/out/all.log)"
+expect "$(cat "$gpu/out/summary.txt")" "all_steps_not_passed=8"
 expect "$(tar -tzf "$gpu/out/scaling.tar.gz" 2>&1 | sort)" "scaling/" "scaling/trace2_on.json"
 checks=$((checks + 1))
 tar -tzf "$gpu/out/scaling.tar.gz" | grep -q ckpt && fail "scaling.tar.gz holds the checkpoint folders" "$out"
