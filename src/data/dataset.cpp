@@ -6,11 +6,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/rng.hpp"
 #include "data/shard_images.hpp"
 #include "data/shards.hpp"
@@ -233,11 +233,16 @@ DatasetPair load_synthetic(int64_t image_size) {
 namespace {
 // A directory hpcdata prepare made records its dataset in hpcdata.json ({"dataset": "mnist", ...}):
 // Fashion-MNIST read as --dataset mnist (the same file names and sizes) trained without a word, with
-// MNIST's normalisation and name. A file that does not read as one constrains nothing.
+// MNIST's normalisation and name. A file whose text does not read as one constrains nothing; one
+// that is not a regular file (a FIFO blocked the run in open(), deaf to TERM; a directory failed
+// with the C++ library's "basic_filebuf::underflow") or cannot be read is refused, as a dataset
+// file is.
+constexpr int64_t kMostPreparedManifestBytes = int64_t{16} << 20;  // prepare's is a few kB
 void require_prepared_as(DatasetKind kind, const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "hpcdata.json");
-  if (!in) return;
-  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const std::string path = (fs::path(dir) / "hpcdata.json").string();
+  if (!dataset_file_exists(path)) return;
+  const std::vector<uint8_t> text = read_data_file(path, "dataset manifest", kMostPreparedManifestBytes);
+  const nlohmann::json manifest = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (!manifest.is_object() || !manifest.contains("dataset") || !manifest["dataset"].is_string()) return;
   const std::string prepared = manifest["dataset"].get<std::string>();
   DatasetKind theirs;

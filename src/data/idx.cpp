@@ -46,7 +46,7 @@ bool dataset_file_exists(const std::string& path) {
     return false;
   }
   HPC_REQUIRE(S_ISREG(st.st_mode), "dataset file ", path, " is not a regular file",
-              S_ISDIR(st.st_mode) ? " (a directory)" : "");
+              S_ISDIR(st.st_mode) ? " (a directory)" : " (a FIFO or device?)");
   return true;
 }
 

@@ -1,7 +1,14 @@
 // Dataset readers (IDX, CIFAR-10), batch assembly, augmentation and the prefetching loader,
 // on small files the tests write themselves.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +18,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -294,6 +302,33 @@ TEST(LoadDataset, UnknownNameAndMissingDirectory) {
   const std::string msg = usage_error_of([] { load_dataset(parse_dataset("fashion-mnist"), "/nonexistent/hpctrain/data"); });
   EXPECT_NE(msg.find("/nonexistent/hpctrain/data"), std::string::npos) << msg;
   EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+}
+
+// hpcdata.json (hpcdata prepare's record of the dataset) is read as a dataset file: one that is not
+// a regular file is refused naming it. A FIFO blocked the run in open() (deaf to TERM, its stop
+// signal), a directory failed with the C++ library's "basic_filebuf::underflow error".
+TEST(LoadDataset, APreparedManifestThatIsNoRegularFileIsRefused) {
+  TempDir dir;
+  const std::string manifest = dir.file("hpcdata.json");
+  fs::create_directory(manifest);
+  std::string msg = usage_error_of([&] { load_dataset(parse_dataset("mnist"), dir.path().string()); });
+  EXPECT_NE(msg.find(manifest + " is not a regular file (a directory)"), std::string::npos) << msg;
+  fs::remove(manifest);
+  ASSERT_EQ(::mkfifo(manifest.c_str(), 0600), 0) << std::strerror(errno);
+  // Were the FIFO opened for reading, a writer opened and closed after a while unblocks it (EOF):
+  // the test then fails instead of hanging.
+  std::atomic<bool> done{false};
+  std::thread unblock([&] {
+    for (int i = 0; !done; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (i < 100) continue;
+      if (const int fd = ::open(manifest.c_str(), O_WRONLY | O_NONBLOCK); fd >= 0) ::close(fd);
+    }
+  });
+  msg = usage_error_of([&] { load_dataset(parse_dataset("mnist"), dir.path().string()); });
+  done = true;
+  unblock.join();
+  EXPECT_NE(msg.find(manifest + " is not a regular file (a FIFO or device?)"), std::string::npos) << msg;
 }
 
 // Synthetic data needs no directory, takes its size from --image-size, and is the same bytes
