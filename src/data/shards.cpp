@@ -400,10 +400,34 @@ std::vector<ShardReader> open_listed(const std::string& dir, const SplitManifest
   return shards;
 }
 
+// The split's shards of a packing's generation (<split>-gG-NNNNN-of-MMMMM.hpcs), sorted: only a
+// manifest lists which of them are the split.
+std::vector<std::string> generation_shards(const std::string& dir, const std::string& split) {
+  static const std::regex pattern(R"(-g\d+-\d{5,}-of-\d{5,}\.hpcs)");
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(split + "-g") && std::regex_match(name.substr(split.size()), pattern))
+      names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 OpenSplit open_legacy(const std::string& dir, const std::string& split) {
   OpenSplit open;
   const std::vector<std::string> paths = list_shards(dir, split);
-  if (paths.empty()) return open;
+  if (paths.empty()) {
+    // Shards of a packing without its manifest (deleted, not copied, not staged): "no shards, pack
+    // them" sent the reader to pack a split whose shards are there.
+    const std::vector<std::string> orphans = generation_shards(dir, split);
+    HPC_REQUIRE(orphans.empty(), "the manifest ", (fs::path(dir) / (split + ".json")).string(), " is missing, but ",
+                orphans.size(), " ", split, " shard(s) are in ", dir, " (", orphans.front(),
+                orphans.size() > 1 ? ", ..." : "", "): the split's shards are read from the list in its manifest; "
+                "restore it (copy it with the shards), or pack the split again");
+    return open;
+  }
   open.classes = read_class_names(dir);
   for (const std::string& p : paths) open.shards.emplace_back(p, static_cast<uint32_t>(open.classes.size()));
   return open;

@@ -508,7 +508,7 @@ class Pack(unittest.TestCase):
                  (lambda: rewrite("train", lambda t: t.replace("shard_files", "files")), "(no shard_files)"),
                  (lambda: rewrite("train", lambda t: t.replace('"name": "train-g1', '"name": "../train-g1')),
                   "which is no shard file name"),
-                 (lambda: os.unlink(os.path.join(self.out, "val.json")), "no val shards"),
+                 (lambda: os.unlink(os.path.join(self.out, "val.json")), "val.json is missing, but 3 val shard(s) are in"),
                  (replace_val, "have different classes (3 and 2)"),
                  (lambda: rewrite("val", lambda t: t.replace('"n01443537"', '"n01443538"')),
                   "have different classes (class 1 is 'n01443537' and 'n01443538')")]

@@ -833,6 +833,13 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
             std::string::npos);
   EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("mnist"), dir.path().string(), 32); }).find("packed shards and synthetic data only"),
             std::string::npos);
+  // The split's shards without their manifest: not "no train shards, pack them" (they are there).
+  fs::remove(fs::path(o.out) / "train.json");
+  const std::string msg = usage_error_of([&] { load_dataset(parse_dataset("shards"), o.out, 32); });
+  EXPECT_NE(msg.find("the manifest " + (fs::path(o.out) / "train.json").string() + " is missing, but 1 train shard(s) are in " +
+                     o.out + " (train-g1-00000-of-00001.hpcs)"),
+            std::string::npos)
+      << msg;
 }
 
 // A manifest edited by hand, or written by a newer pack, is refused naming what is wrong: a
