@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -161,12 +162,49 @@ std::string default_data_dir(DatasetKind kind) {
   return std::string("data/") + dataset_name(kind);
 }
 
+namespace {
+
+// A shard file of a split: its path, and the file it is (device, inode).
+struct ShardFile {
+  std::string path;
+  dev_t dev;
+  ino_t ino;
+};
+
+ShardFile shard_file(const ShardReader& r) {
+  struct stat st {};
+  HPC_REQUIRE(::stat(r.path().c_str(), &st) == 0, "cannot read shard ", r.path(), ": ", std::strerror(errno));
+  return {r.path(), st.st_dev, st.st_ino};
+}
+
+// The val split's images must not be trained on: a shard file listed in train.json and val.json
+// both (a manifest edited by hand, or merged), or linked under a train shard's name, is refused as
+// the other datasets refuse a test file copied over a training file. (It trained without a word.)
+// (Shards of equal bytes in both splits are not refused: two packings of one image folder, or of
+// folders with the same images, make them, and the trainer warns of the first.)
+void require_distinct_splits(const std::vector<ShardFile>& train, const std::vector<ShardFile>& val) {
+  std::map<std::pair<dev_t, ino_t>, const ShardFile*> trained;
+  for (const ShardFile& t : train) trained.emplace(std::pair{t.dev, t.ino}, &t);
+  for (const ShardFile& v : val) {
+    const auto it = trained.find({v.dev, v.ino});
+    if (it == trained.end()) continue;
+    if (it->second->path == v.path) usage_error("the train and val splits both list the shard ", v.path, kTrainedOnTest);
+    usage_error("the train split's shard ", it->second->path, " and the val split's ", v.path,
+                " are one file (a link?)", kTrainedOnTest);
+  }
+}
+
+}  // namespace
+
 DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   const int64_t size = image_size > 0 ? image_size : 224;
+  std::vector<ShardFile> listed[2];  // train's, val's
   auto split = [&](const std::string& which) {
     OpenSplit open = open_split(dir, which);
     HPC_REQUIRE(!open.shards.empty(), "no ", which, " shards in ", dir, " (", which,
                 ".json lists them): pack them with hpcdata pack --split ", which);
+    for (const ShardReader& r : open.shards)
+      listed[which == "train" ? 0 : 1].push_back(shard_file(r));
     Dataset d;
     d.source = dir;
     d.classes = static_cast<int>(open.classes.size());
@@ -183,6 +221,7 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
   };
   auto [train, train_classes] = split("train");
   auto [test, test_classes] = split("val");
+  require_distinct_splits(listed[0], listed[1]);
   if (train_classes != test_classes) {
     // Which class differs: the counts, or (the same count) the first name that differs.
     std::string which = detail::concat(train_classes.size(), " and ", test_classes.size());

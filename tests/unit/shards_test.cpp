@@ -842,6 +842,51 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
       << msg;
 }
 
+// The val split's images are never trained on: a val shard listed in train.json too (a manifest
+// edited by hand or merged), or linked under a train shard's name, is refused as the test set
+// trained on, naming the shard. (It trained on the test set without a word.)
+TEST(ShardDataset, AValShardInTheTrainSplitIsRefused) {
+  TempDir dir;
+  const std::string packed = packed_flat_dataset(dir);
+  ASSERT_NO_THROW(load_dataset(parse_dataset("shards"), packed, 16));
+  const std::string path = (fs::path(packed) / "train.json").string();
+  const Bytes bytes = read_raw(path);
+  const nlohmann::json good = nlohmann::json::parse(bytes.begin(), bytes.end());
+  const nlohmann::json val = [&] {
+    const Bytes v = read_raw((fs::path(packed) / "val.json").string());
+    return nlohmann::json::parse(v.begin(), v.end());
+  }();
+  const auto write = [&](const nlohmann::json& m) {
+    const std::string text = m.dump(2);
+    write_raw(path, Bytes(text.begin(), text.end()));
+  };
+  // Listed by both manifests.
+  nlohmann::json both = good;
+  const nlohmann::json& shard = val["shard_files"].back();
+  both["shard_files"].push_back(shard);
+  both["images"] = good["images"].get<int64_t>() + shard["records"].get<int64_t>();
+  write(both);
+  const std::string listed = (fs::path(packed) / shard["name"].get<std::string>()).string();
+  std::string msg = usage_error_of([&] { load_dataset(parse_dataset("shards"), packed, 16); });
+  EXPECT_NE(msg.find("the train and val splits both list the shard " + listed + ": the test set would be trained on"),
+            std::string::npos)
+      << msg;
+  // A train shard's name linked to a val shard (the manifest saying so).
+  nlohmann::json linked = good;
+  nlohmann::json& last = linked["shard_files"].back();
+  const std::string train_shard = (fs::path(packed) / last["name"].get<std::string>()).string();
+  linked["images"] = good["images"].get<int64_t>() - last["records"].get<int64_t>() + shard["records"].get<int64_t>();
+  for (const char* key : {"bytes", "records", "index_crc32"}) last[key] = shard[key];
+  write(linked);
+  fs::remove(train_shard);
+  fs::create_hard_link(listed, train_shard);
+  msg = usage_error_of([&] { load_dataset(parse_dataset("shards"), packed, 16); });
+  EXPECT_NE(msg.find("the train split's shard " + train_shard + " and the val split's " + listed +
+                     " are one file (a link?): the test set would be trained on"),
+            std::string::npos)
+      << msg;
+}
+
 // A manifest edited by hand, or written by a newer pack, is refused naming what is wrong: a
 // version this build does not read, a shard listed twice (its images read twice, another left
 // out), a class named twice, a class count that is not the names'. So is a class named twice in
