@@ -415,14 +415,16 @@ std::vector<std::string> generation_shards(const std::string& dir, const std::st
   return names;
 }
 
-OpenSplit open_legacy(const std::string& dir, const std::string& split) {
+// manifest_there: a manifest of version 1 (which lists no shards), else none.
+OpenSplit open_legacy(const std::string& dir, const std::string& split, bool manifest_there) {
   OpenSplit open;
   const std::vector<std::string> paths = list_shards(dir, split);
   if (paths.empty()) {
     // Shards of a packing without its manifest (deleted, not copied, not staged): "no shards, pack
     // them" sent the reader to pack a split whose shards are there.
     const std::vector<std::string> orphans = generation_shards(dir, split);
-    HPC_REQUIRE(orphans.empty(), "the manifest ", (fs::path(dir) / (split + ".json")).string(), " is missing, but ",
+    HPC_REQUIRE(orphans.empty(), "the manifest ", (fs::path(dir) / (split + ".json")).string(),
+                manifest_there ? " is of version 1 (it lists no shards)" : " is missing", ", but ",
                 orphans.size(), " ", split, " shard(s) are in ", dir, " (", orphans.front(),
                 orphans.size() > 1 ? ", ..." : "", "): the split's shards are read from the list in its manifest; "
                 "restore it (copy it with the shards), or pack the split again");
@@ -449,7 +451,7 @@ OpenSplit open_split(const std::string& dir, const std::string& split) {
     const std::string text = manifest_text(dir, split);
     try {
       const std::optional<SplitManifest> m = text.empty() ? std::nullopt : parse_manifest(text, path, split);
-      if (!m) return open_legacy(dir, split);
+      if (!m) return open_legacy(dir, split, !text.empty());
       return {m->classes, m->source, open_listed(dir, *m, path)};
     } catch (const Error&) {
       if (attempt < 3 && manifest_text(dir, split) != text) continue;

@@ -840,6 +840,11 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
                      o.out + " (train-g1-00000-of-00001.hpcs)"),
             std::string::npos)
       << msg;
+  const std::string v1 = "{\"format\": \"hpcdata shards\", \"version\": 1, \"split\": \"train\"}\n";
+  write_raw((fs::path(o.out) / "train.json").string(), Bytes(v1.begin(), v1.end()));
+  const std::string old = usage_error_of([&] { load_dataset(parse_dataset("shards"), o.out, 32); });
+  EXPECT_NE(old.find("train.json is of version 1 (it lists no shards), but 1 train shard(s) are in"), std::string::npos)
+      << old;
 }
 
 // The val split's images are never trained on: a val shard listed in train.json too (a manifest
