@@ -73,8 +73,14 @@ void require_published_count(DatasetKind kind, const Dataset& d, int64_t publish
               " (a file of the other set copied over it, or one cut short or extended?)");
 }
 
-DatasetPair load_idx_pair(DatasetKind kind, const std::string& dir) {
+DatasetPair load_idx_pair(DatasetKind kind, const std::string& dir, bool test_only) {
   DatasetPair p;
+  p.norm = normalization_of(kind);
+  if (test_only) {
+    p.test = read_idx(find_idx(dir, "t10k-images-idx3-ubyte"), find_idx(dir, "t10k-labels-idx1-ubyte"), 28, 28, 10);
+    require_published_count(kind, p.test, kIdxTestRecords, "test");
+    return p;
+  }
   p.train = read_idx(find_idx(dir, "train-images-idx3-ubyte"), find_idx(dir, "train-labels-idx1-ubyte"), 28, 28, 10);
   p.test = read_idx(find_idx(dir, "t10k-images-idx3-ubyte"), find_idx(dir, "t10k-labels-idx1-ubyte"), 28, 28, 10);
   // The same records in both first: that says what happened better than either count.
@@ -85,7 +91,6 @@ DatasetPair load_idx_pair(DatasetKind kind, const std::string& dir) {
               "the other?)", kTrainedOnTest);
   require_published_count(kind, p.train, kIdxTrainRecords, "training");
   require_published_count(kind, p.test, kIdxTestRecords, "test");
-  p.norm = normalization_of(kind);
   return p;
 }
 
@@ -105,29 +110,35 @@ void require_distinct_files(const Dataset& train, const std::vector<std::string>
                   b + 1 == files.size() ? kTrainedOnTest : "");
 }
 
-DatasetPair load_cifar10(const std::string& dir) {
+DatasetPair load_cifar10(const std::string& dir, bool test_only) {
   fs::path root(dir);
   std::error_code ec;
   // Accept the directory the tarball unpacks to, or its parent.
-  if (!fs::exists(root / "data_batch_1.bin", ec) && fs::exists(root / "cifar-10-batches-bin", ec))
+  if (!fs::exists(root / (test_only ? "test_batch.bin" : "data_batch_1.bin"), ec) &&
+      fs::exists(root / "cifar-10-batches-bin", ec))
     root /= "cifar-10-batches-bin";
+  DatasetPair p;
+  p.norm = normalization_of(DatasetKind::Cifar10);
+  const std::string test = (root / "test_batch.bin").string();
+  if (test_only) {
+    p.test = read_cifar10({test}, kCifar10RecordsPerFile);
+    return p;
+  }
   std::vector<std::string> train;
   for (int i = 1; i <= 5; ++i) train.push_back((root / ("data_batch_" + std::to_string(i) + ".bin")).string());
-  DatasetPair p;
   p.train = read_cifar10(train, kCifar10RecordsPerFile);
-  const std::string test = (root / "test_batch.bin").string();
   p.test = read_cifar10({test}, kCifar10RecordsPerFile);
   require_distinct_files(p.train, train, p.test, test);
-  p.norm = normalization_of(DatasetKind::Cifar10);
   return p;
 }
 
-DatasetPair load_cifar100(const std::string& dir) {
+DatasetPair load_cifar100(const std::string& dir, bool test_only) {
   fs::path root(dir);
   std::error_code ec;
-  if (!fs::exists(root / "train.bin", ec) && fs::exists(root / "cifar-100-binary", ec)) root /= "cifar-100-binary";
+  if (!fs::exists(root / (test_only ? "test.bin" : "train.bin"), ec) && fs::exists(root / "cifar-100-binary", ec))
+    root /= "cifar-100-binary";
   DatasetPair p;
-  p.train = read_cifar100({(root / "train.bin").string()}, kCifar100TrainRecords);
+  if (!test_only) p.train = read_cifar100({(root / "train.bin").string()}, kCifar100TrainRecords);
   p.test = read_cifar100({(root / "test.bin").string()}, kCifar100TestRecords);
   p.norm = normalization_of(DatasetKind::Cifar100);
   return p;
@@ -196,7 +207,7 @@ void require_distinct_splits(const std::vector<ShardFile>& train, const std::vec
 
 }  // namespace
 
-DatasetPair load_shards(const std::string& dir, int64_t image_size) {
+DatasetPair load_shards(const std::string& dir, int64_t image_size, bool test_only) {
   const int64_t size = image_size > 0 ? image_size : 224;
   std::vector<ShardFile> listed[2];  // train's, val's
   auto split = [&](const std::string& which) {
@@ -219,6 +230,12 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
     d.shards = std::move(images);
     return std::make_pair(std::move(d), std::move(open.classes));
   };
+  DatasetPair p;
+  p.norm = normalization_of(DatasetKind::Shards);
+  if (test_only) {
+    p.test = split("val").first;
+    return p;
+  }
   auto [train, train_classes] = split("train");
   auto [test, test_classes] = split("val");
   require_distinct_splits(listed[0], listed[1]);
@@ -232,10 +249,8 @@ DatasetPair load_shards(const std::string& dir, int64_t image_size) {
     usage_error("the train and val splits in ", dir, " have different classes (", which,
                 "): pack both from folders with the same classes");
   }
-  DatasetPair p;
   p.train = std::move(train);
   p.test = std::move(test);
-  p.norm = normalization_of(DatasetKind::Shards);
   return p;
 }
 
@@ -291,16 +306,16 @@ void require_prepared_as(DatasetKind kind, const std::string& dir) {
 }
 }  // namespace
 
-DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size) {
+DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size, bool test_only) {
   if (kind == DatasetKind::Synthetic) return load_synthetic(image_size);
   require_data_directory(kind, dir);
   require_prepared_as(kind, dir);
-  if (kind == DatasetKind::Shards) return load_shards(dir, image_size);
+  if (kind == DatasetKind::Shards) return load_shards(dir, image_size, test_only);
   HPC_REQUIRE(image_size <= 0, "--image-size applies to packed shards and synthetic data only; ", dataset_name(kind),
               " has its own image size");
-  if (kind == DatasetKind::FashionMnist || kind == DatasetKind::Mnist) return load_idx_pair(kind, dir);
-  if (kind == DatasetKind::Cifar10) return load_cifar10(dir);
-  return load_cifar100(dir);
+  if (kind == DatasetKind::FashionMnist || kind == DatasetKind::Mnist) return load_idx_pair(kind, dir, test_only);
+  if (kind == DatasetKind::Cifar10) return load_cifar10(dir, test_only);
+  return load_cifar100(dir, test_only);
 }
 
 }  // namespace hpc::data

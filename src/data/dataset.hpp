@@ -58,8 +58,10 @@ std::string default_data_dir(DatasetKind kind);
 // Loads train and test sets; every problem with the files is a usage error naming the file.
 // image_size: the side of the square images of packed shards (cropped to it) and of synthetic
 // data (0: 224);
-// the other datasets have their own size and take 0 only.
-DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size = 0);
+// the other datasets have their own size and take 0 only. test_only (evaluate): the test set alone
+// (train left empty), its files checked as ever; the training files need not be there, and are
+// not read (evaluate asked for them: "no train shards ...: pack them", or 60000 images read for nothing).
+DatasetPair load_dataset(DatasetKind kind, const std::string& dir, int64_t image_size = 0, bool test_only = false);
 // Random images and labels from a fixed seed, ImageNet-shaped (3 channels, 1000 classes;
 // image_size 0: 224): for benchmarks that measure the training step without a dataset's files,
 // as the peer's synthetic workload. --train-samples / --test-samples cut them shorter.
@@ -68,7 +70,7 @@ constexpr int kSyntheticClasses = 1000;
 DatasetPair load_synthetic(int64_t image_size);
 // Packed shards (hpcdata pack): the train and val splits their manifests DIR/train.json and
 // DIR/val.json list (shards.hpp).
-DatasetPair load_shards(const std::string& dir, int64_t image_size);
+DatasetPair load_shards(const std::string& dir, int64_t image_size, bool test_only = false);
 
 // IDX files (MNIST, Fashion-MNIST), gzip-compressed or raw. Expected image size is checked.
 // load_dataset also asks for the published counts (kIdxTrainRecords, kIdxTestRecords) and refuses

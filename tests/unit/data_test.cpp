@@ -296,6 +296,32 @@ TEST(LoadDataset, IdxFilesHoldThePublishedRecords) {
   }
 }
 
+// evaluate reads the test set alone (test_only): a directory without the training files (staged
+// for evaluation only) serves it, and the test files are checked as ever. It asked for the training
+// files too, and read 60000 images for nothing.
+TEST(LoadDataset, TheTestSetAloneForEvaluation) {
+  TempDir dir;
+  write_idx_images(dir.file("t10k-images-idx3-ubyte"), kIdxTestRecords, 3);
+  write_raw(dir.file("t10k-labels-idx1-ubyte"), idx_labels(kIdxTestRecords));
+  const DatasetPair p = load_dataset(parse_dataset("fashion-mnist"), dir.path().string(), 0, /*test_only=*/true);
+  EXPECT_EQ(p.test.count, kIdxTestRecords);
+  EXPECT_EQ(p.train.count, 0);
+  EXPECT_FLOAT_EQ(p.norm.mean.at(0), 0.2860f);
+  EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("fashion-mnist"), dir.path().string()); }).find("train-"),
+            std::string::npos);
+  write_raw(dir.file("t10k-labels-idx1-ubyte"), idx_labels(kIdxTestRecords - 1));  // still checked
+  EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("mnist"), dir.path().string(), 0, true); }).find("disagree"),
+            std::string::npos);
+  // CIFAR-10's test batch alone, in the directory the tarball unpacks to.
+  const fs::path batches = dir.path() / "cifar" / "cifar-10-batches-bin";
+  fs::create_directories(batches);
+  write_raw((batches / "test_batch.bin").string(), Bytes{});
+  fs::resize_file(batches / "test_batch.bin", kCifar10RecordsPerFile * 3073);  // zeros: label 0, black
+  const DatasetPair c = load_dataset(parse_dataset("cifar10"), (dir.path() / "cifar").string(), 0, true);
+  EXPECT_EQ(c.test.count, kCifar10RecordsPerFile);
+  EXPECT_EQ(c.train.count, 0);
+}
+
 TEST(LoadDataset, UnknownNameAndMissingDirectory) {
   EXPECT_NE(usage_error_of([] { load_dataset(parse_dataset("imagenet"), "/tmp"); }).find("unknown --dataset 'imagenet'"),
             std::string::npos);

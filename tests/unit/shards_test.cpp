@@ -847,6 +847,21 @@ TEST(ShardDataset, MissingSplitsAndSizesAreUsageErrors) {
       << old;
 }
 
+// evaluate reads the val split alone: a packed dataset staged without its train split serves it
+// (it said "no train shards ...: pack them with hpcdata pack --split train").
+TEST(ShardDataset, TheValSplitAloneForEvaluation) {
+  TempDir dir;
+  const std::string packed = packed_flat_dataset(dir);
+  for (const std::string& shard : packed_shards(packed, "train")) fs::remove(shard);
+  fs::remove(fs::path(packed) / "train.json");
+  const DatasetPair p = load_dataset(parse_dataset("shards"), packed, 16, /*test_only=*/true);
+  EXPECT_EQ(p.test.count, 12);
+  EXPECT_EQ(p.test.class_names, (std::vector<std::string>{"class0", "class1", "class2"}));
+  EXPECT_EQ(p.train.count, 0);
+  EXPECT_NE(usage_error_of([&] { load_dataset(parse_dataset("shards"), packed, 16); }).find("no train shards"),
+            std::string::npos);
+}
+
 // The val split's images are never trained on: a val shard listed in train.json too (a manifest
 // edited by hand or merged), or linked under a train shard's name, is refused as the test set
 // trained on, naming the shard. (It trained on the test set without a word.)

@@ -366,7 +366,8 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     // Packed shards are cropped (synthetic images made) to the size the model was trained on.
     const bool sized = e.dataset == data::DatasetKind::Shards || e.dataset == data::DatasetKind::Synthetic;
     const bool recorded = records_option(c.meta, "image-size");
-    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0);
+    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0,
+                              /*test_only=*/true);
     e.ds.test.truncate(a.test_samples);
     e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
     check_evaluation_data(c, *e.model, e.dataset, lead);
