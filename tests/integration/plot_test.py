@@ -135,6 +135,20 @@ class Plot(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertEqual(p.stderr.splitlines(), ["hpctrain-plot: error: --out is an empty path (an unset variable?)"])
 
+    def test_without_matplotlib_is_one_line_and_makes_nothing(self):
+        """matplotlib is only Recommended by the packages (apt --no-install-recommends leaves it out),
+        and the first python3 on PATH may lack it: one line naming the package, exit 1, no --out
+        made (a traceback from inside the first chart before). python3 -S: no dist-packages."""
+        out = os.path.join(self.tmp.name, "no-matplotlib")
+        p = subprocess.run(["/usr/bin/python3", "-S", PLOT, self.straight, "--out", out], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (1, ""), p.stderr)
+        lines = p.stderr.splitlines()
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertTrue(lines[0].startswith("hpctrain-plot: error: cannot draw charts without matplotlib")
+                        and lines[0].endswith("apt-get install python3-matplotlib"), lines[0])
+        self.assertFalse(os.path.exists(out), "a plot without matplotlib made its --out")
+
     def test_chart_names_that_are_taken_are_refused_before_writing(self):
         """A chart's name that is a directory (the chart was written to NAME.tmp, then the rename
         failed: exit 1, the .tmp left behind and named) or the input file itself (overwritten) is
