@@ -86,13 +86,21 @@ if(HELP2MAN)
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
     COMMAND bash ${PROJECT_SOURCE_DIR}/docs/man/commands.sh $<TARGET_FILE:${HPCTRAIN_CPU_PROGRAM}> ${commands_h2m}
     DEPENDS ${HPCTRAIN_CPU_PROGRAM} ${PROJECT_SOURCE_DIR}/docs/man/commands.sh VERBATIM)
+  # hpcdata's commands likewise (pack's options are hpcdata-pack's: this build's, not another
+  # build/ in the checkout).
+  set(hpcdata_commands_h2m ${CMAKE_BINARY_DIR}/man/hpcdata-commands.h2m)
+  add_custom_command(OUTPUT ${hpcdata_commands_h2m}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
+    COMMAND ${CMAKE_COMMAND} -E env HPCDATA_PACK=$<TARGET_FILE:hpcdata-pack>
+            bash ${PROJECT_SOURCE_DIR}/docs/man/commands.sh ${PROJECT_SOURCE_DIR}/datasets/hpcdata ${hpcdata_commands_h2m}
+    DEPENDS hpcdata-pack ${PROJECT_SOURCE_DIR}/datasets/hpcdata ${PROJECT_SOURCE_DIR}/docs/man/commands.sh VERBATIM)
   set(man_dir ${PROJECT_SOURCE_DIR}/docs/man)
   # name, command, one-line description, more help2man arguments (^-separated): the version is
   # the project's (not --version's text, which names the build machine's GPUs), and the pages of
   # hpctrain and hpcrun include EXIT STATUS, SIGNALS, ENVIRONMENT, FILES, EXAMPLES (docs/man).
   foreach(entry "hpctrain|$<TARGET_FILE:${HPCTRAIN_CPU_PROGRAM}>|data-parallel training of image classifiers on CPUs and GPUs|--include=${man_dir}/hpctrain.h2m^--include=${commands_h2m}"
                 "hpcrun|$<TARGET_FILE:hpcrun>|launch and supervise an MPI training job across hosts|--include=${man_dir}/hpcrun.h2m"
-                "hpcdata|${PROJECT_SOURCE_DIR}/datasets/hpcdata|prepare, pack and stage datasets for hpctrain|"
+                "hpcdata|${PROJECT_SOURCE_DIR}/datasets/hpcdata|prepare, pack and stage datasets for hpctrain|--include=${hpcdata_commands_h2m}"
                 "hpcdata-pack|$<TARGET_FILE:hpcdata-pack>|pack an image folder into shards for hpctrain|"
                 "hpctrain-plot|${PROJECT_SOURCE_DIR}/launch/hpctrain-plot|charts of hpctrain metrics files|")
     string(REPLACE "|" ";" fields "${entry}")

@@ -49,8 +49,10 @@ int main(int argc, char** argv) {
   bool quiet = false;
   std::string progress = "auto", stamps = "auto";
   std::string seed = std::to_string(o.seed);  // read as text: a number type would take -1 as 2^64 - 1
+  // "Usage: ": help2man makes the man page's SYNOPSIS of it.
   po::options_description desc(
-      "hpcdata pack SRC OUT: packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
+      "Usage: hpcdata-pack SRC OUT [options]   (run by hpcdata pack SRC OUT [options])\n"
+      "Packs SRC/<class>/<image>.jpg into OUT/<split>-gG-NNNNN-of-MMMMM.hpcs shards,\n"
       "OUT/<split>.json (the split's manifest, replaced last: a packing that fails or is stopped\n"
       "leaves OUT as it was) and OUT/classes.txt. Options");
   desc.add_options()("help,h", "this help")("version", "print the version (hpctrain's, which it is built with)")("split", po::value(&o.split)->default_value(o.split), "train or val")(
@@ -58,7 +60,11 @@ int main(int argc, char** argv) {
       "resize", po::value(&o.resize)->default_value(0),
       "scale each image's shorter side down to this many pixels (0: keep the images as they are)")(
       "quality", po::value(&o.quality)->default_value(o.quality), "JPEG quality of resized images, and of CMYK ones packed as RGB (1..100)")(
-      "threads", po::value(&o.threads)->default_value(o.threads), "images decoded in parallel (one shard each)")(
+      // No default shown as a number: it is the CPUs of the machine that runs it, not of the one
+      // that made the man page.
+      "threads", po::value(&o.threads),
+      "images decoded in parallel (one shard each; default: the CPUs this process may use, its affinity and "
+      "cgroup quota)")(
       "skip-corrupt", po::bool_switch(&o.skip_corrupt),
       "skip images that do not decode, listing them in <split>.json (default: fail naming the first)")(
       "seed", po::value(&seed)->default_value(seed), "seed of the order images take in the shards")(

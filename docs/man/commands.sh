@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# The COMMANDS section of hpctrain's man page, for help2man --include: each subcommand's --help
-# (its usage and every option), as the program prints it, in no-fill blocks.
-#   docs/man/commands.sh HPCTRAIN OUT
+# The COMMANDS section of a man page, for help2man --include: each subcommand's --help (its usage
+# and every option), as the program prints it, in no-fill blocks. hpctrain's (evaluate, inspect,
+# export, predict, clean-snapshots) and hpcdata's (prepare, pack, stage: pack's are hpcdata-pack's,
+# found through HPCDATA_PACK).
+#   docs/man/commands.sh PROGRAM OUT
 set -euo pipefail
-hpctrain=${1:?the hpctrain binary}
+program=${1:?the program: hpctrain or hpcdata}
 out=${2:?the file to write}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # --help starts MPI (a world of one)
+case $(basename "$program") in
+  hpctrain)
+    name=hpctrain commands=(evaluate inspect export predict clean-snapshots)
+    intro="Besides training (the default, or \\fBhpctrain train\\fR), hpctrain runs these; each takes its own options:" ;;
+  hpcdata)
+    name=hpcdata commands=(prepare pack stage)
+    intro="Each command takes its own options, and \\fBhpcdata COMMAND \\-\\-help\\fR prints them:" ;;
+  *) echo "commands.sh: $program is neither hpctrain nor hpcdata" >&2; exit 2 ;;
+esac
 {
   echo "[COMMANDS]"
-  echo "Besides training (the default, or \\fBhpctrain train\\fR), hpctrain runs these; each takes its own options:"
-  for command in evaluate inspect export predict clean-snapshots; do
-    echo ".SS \"hpctrain $command\""
+  echo "$intro"
+  for command in "${commands[@]}"; do
+    echo ".SS \"$name $command\""
     echo ".nf"
     # roff: a backslash is \e, and a line may not start with . or ' (a request).
-    "$hpctrain" "$command" --help | sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/"
+    "$program" "$command" --help | sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/"
     echo ".fi"
   done
 } > "$out.tmp"
