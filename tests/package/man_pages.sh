@@ -2,9 +2,9 @@
 # The man pages of this build (help2man's, from each program's --help: BUILD_DIR/man), as man shows
 # them: each renders, has a NAME, a SYNOPSIS and a DESCRIPTION, and names every option its program
 # and its program's commands take (hpctrain's evaluate ... and hpcdata's prepare, pack, stage);
-# and no --help holds a figure of the machine that runs it (a default shown as this machine's CPU
-# count is the build machine's in the page of every user). Seconds; package_test.sh checks the
-# installed pages' own sections.
+# its hand-written EXIT STATUS and SIGNALS (docs/man/*.h2m) agree with --help; and no --help holds
+# a figure of the machine that runs it (a default shown as this machine's CPU count is the build
+# machine's in the page of every user). Seconds; package_test.sh checks the installed pages.
 # Environment: BUILD_DIR, HPCTRAIN, HPCRUN, HPCDATA_PACK (the built programs).
 set -euo pipefail
 : "${BUILD_DIR:?}" "${HPCTRAIN:?}" "${HPCRUN:?}" "${HPCDATA_PACK:?}"
@@ -31,6 +31,23 @@ page() {
   for option in $(grep -oE -- '--[a-z][a-z0-9-]+' <<< "$help" | sort -u); do
     grep -qE -- "$option([^a-z0-9-]|\$)" <<< "$text" || fail "$name.1 does not name $option, which $name${*:+ or its commands} take"
   done
+  # The hand-written sections (docs/man/*.h2m) against --help: an option's "(exit code N)" is in
+  # EXIT STATUS's N, and each signal --help names is in SIGNALS.
+  local sect code line
+  section() { sed -n "/^$1\$/,/^[A-Z][A-Z ]*\$/p" <<< "$text" | sed '1d;$d'; }
+  while read -r option code; do
+    line=$(section 'EXIT STATUS' | grep -E "^ +$code " || true)
+    [[ -n "$line" ]] || fail "$name.1's EXIT STATUS has no $code, which $option gives"
+    grep -q -- "$option" <<< "$line" || fail "$name.1's EXIT STATUS $code does not name $option, which gives it: $line"
+  done < <(section DESCRIPTION | awk '/^       --[a-z]/ { option = $1; next }
+                                      option && match($0, /\(exit code [0-9]+\)/) { print option, substr($0, RSTART + 11, RLENGTH - 12) }
+                                      { option = "" }')
+  sect=$(section SIGNALS)
+  if [[ -n "$sect" ]]; then
+    for sig in $(grep -oE 'SIG[A-Z0-9]+' <<< "$help" | sort -u); do
+      grep -q "$sig" <<< "$sect" || fail "$name.1's SIGNALS does not name $sig, which $name --help names"
+    done
+  fi
   # The same --help on one CPU as on all of them (a single CPU here: nothing to compare).
   if (($(nproc) > 1)); then
     for command in "" "$@"; do
