@@ -154,21 +154,35 @@ std::string error_text(const po::error& e, int argc, const char* const* argv, co
                        const po::positional_options_description& positional) {
   if (!dynamic_cast<const po::too_many_positional_options_error*>(&e)) return value_error_text(e, options);
   unsigned words = 0;
+  // An option whose value was left out takes the next word, an option too (`--resume
+  // --checkpoint-dir ck`: --resume's value is "--checkpoint-dir", and ck is left over): said, as
+  // the stray word alone would not tell what went wrong.
+  std::string swallowed;
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
     if (word == "--") break;  // the rest are positional: Boost named none of them as an option
     if (word.size() > 2 && word.rfind("--", 0) == 0) {
+      swallowed.clear();
       if (word.find('=') != std::string::npos) continue;
       const po::option_description* o = options.find_nothrow(word.substr(2), true);
-      if (o && o->semantic()->max_tokens() > 0) ++i;  // its value
+      if (o && o->semantic()->max_tokens() > 0 && i + 1 < argc) {
+        const std::string value = argv[++i];  // its value
+        if (value.size() > 2 && value.rfind("--", 0) == 0 && value != "--")
+          swallowed = "--" + o->long_name() + " took '" + value + "' as its value: give --" + o->long_name() + " one";
+      }
       continue;
     }
-    if (word.size() > 1 && word[0] == '-' && !std::isdigit(static_cast<unsigned char>(word[1]))) continue;
+    if (word.size() > 1 && word[0] == '-' && !std::isdigit(static_cast<unsigned char>(word[1]))) {
+      swallowed.clear();
+      continue;
+    }
     if (++words > positional.max_total_count()) {
       const unsigned taken = positional.max_total_count();
-      return "'" + word + "' is no option, nor the value of one" +
-             (taken == 0 ? std::string() : " (" + std::to_string(taken) + " argument(s) at most besides the options)");
+      std::string notes = swallowed;
+      if (taken > 0) notes += (notes.empty() ? "" : "; ") + std::to_string(taken) + " argument(s) at most besides the options";
+      return "'" + word + "' is no option, nor the value of one" + (notes.empty() ? std::string() : " (" + notes + ")");
     }
+    swallowed.clear();
   }
   return what_of(e);
 }

@@ -781,6 +781,14 @@ TEST(OptionKit, AStrayWordIsNamed) {
             "'second' is no option, nor the value of one (1 argument(s) at most besides the options)");
   const std::string unknown = text({"--bogus"}, none);
   EXPECT_NE(unknown.find("--bogus"), std::string::npos) << unknown;
+  // An option given no value takes the next option as it (`--name --lr 2`: "2" is left over):
+  // the error says so, not only that the word after it is stray.
+  EXPECT_EQ(text({"--name", "--lr", "2"}, none),
+            "'2' is no option, nor the value of one (--name took '--lr' as its value: give --name one)");
+  EXPECT_EQ(text({"first", "--name", "--quiet", "second"}, one),
+            "'second' is no option, nor the value of one (--name took '--quiet' as its value: give --name one; "
+            "1 argument(s) at most besides the options)");
+  EXPECT_EQ(text({"--name", "--lr", "--quiet", "2"}, none), "'2' is no option, nor the value of one");
 }
 
 }  // namespace
