@@ -42,10 +42,14 @@ void require_data_directory(DatasetKind kind, const std::string& dir) {
     const bool missing = errno == ENOENT;
     HPC_REQUIRE(missing, "cannot read data directory ", dir, ": ", std::strerror(errno));
     const bool default_place = dir == default_data_dir(kind);
+    // Where the default place was looked in (no --data-dir): how to get the dataset, too.
+    const std::string name = dataset_name(kind);
     usage_error("data directory ", dir, " does not exist",
-                !default_place                        ? ""
+                !default_place                      ? ""
                 : kind == DatasetKind::FashionMnist ? " (apt-get install dataset-fashion-mnist, or pass --data-dir)"
-                                                    : " (pass --data-dir)");
+                : kind == DatasetKind::Shards
+                    ? " (pack an image folder with hpcdata pack SRC DIR, then pass --data-dir DIR)"
+                    : " (hpcdata prepare " + name + " --out DIR fetches it; then pass --data-dir DIR)");
   }
   HPC_REQUIRE(S_ISDIR(st.st_mode), "data directory ", dir, " is not a directory");
 }

@@ -461,6 +461,20 @@ TEST_F(Cli, MissingDataDirectory) {
                      {"data directory", "/nonexistent/hpctrain-data", "does not exist"});
 }
 
+// No --data-dir, and nothing at the dataset's usual place (relative: data/NAME here): the line
+// says how to get the dataset, not only "pass --data-dir" (which left the user to find out how
+// to fill that directory).
+TEST_F(Cli, AMissingDatasetSaysHowToGetIt) {
+  for (const std::string name : {"cifar100", "shards"})
+    if (fs::exists("data/" + name)) GTEST_SKIP() << "data/" << name << " exists where the test runs";
+  expect_usage_error(run_hpctrain({"--dataset", "cifar100", "--threads", "1", "--max-steps", "1"}, kDeadline),
+                     {"data directory data/cifar100 does not exist (hpcdata prepare cifar100 --out DIR fetches it; "
+                      "then pass --data-dir DIR)"});
+  expect_usage_error(run_hpctrain({"--dataset", "shards", "--threads", "1", "--max-steps", "1"}, kDeadline),
+                     {"data directory data/shards does not exist (pack an image folder with hpcdata pack SRC DIR, "
+                      "then pass --data-dir DIR)"});
+}
+
 // Unreadable data is reported with its real cause, never as "does not exist" (run without
 // root's override, so that the test means the same as root, as CI runs it).
 TEST_F(Cli, UnreadableDataNamesTheRealCause) {
