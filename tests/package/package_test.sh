@@ -5,7 +5,8 @@
 #  - hpctrain installed by dpkg into a fresh root holding only Debian packages (this host's, copied:
 #    the Depends and Pre-Depends of hpctrain and of dataset-fashion-mnist, and the Essential set,
 #    as on any Debian host; no CUDA), and run there: --version, 20 steps of the default job,
-#    hpcrun --help, hpcdata by its full path; every library of /usr/bin/hpctrain resolved there;
+#    hpcrun --help, hpcdata by its full path, hpctrain-plot without its Recommended matplotlib;
+#    every library of /usr/bin/hpctrain resolved there;
 #  - hpctrain-cuda (builds that train on GPUs) refused by dpkg in that root, naming the NVIDIA
 #    package it lacks (the first package installed anywhere and died with exit 127 without CUDA);
 #  - a CMake project outside the tree that finds hpctrain-dev's package and links the library.
@@ -111,7 +112,8 @@ for p in $expected; do
   else
     files="bin/hpctrain bin/hpcrun bin/hpcdata bin/hpcdata-pack bin/hpctrain-plot share/hpctrain/slurm/train.sbatch
            share/hpctrain/slurm/job.sh share/hpctrain/datasets/hpcdata share/doc/hpctrain/README.md share/doc/hpctrain/slurm.md
-           share/man/man1/hpctrain.1.gz share/man/man1/hpcrun.1.gz share/man/man1/hpcdata.1.gz"
+           share/man/man1/hpctrain.1.gz share/man/man1/hpcrun.1.gz share/man/man1/hpcdata.1.gz
+           share/man/man1/hpcdata-pack.1.gz share/man/man1/hpctrain-plot.1.gz"
     [[ -z "$(find "$usr" -name '*.a' -o -name '*.hpp' -o -name '*.cmake')" ]] || fail "$p holds development files"
     [[ -x "$usr/bin/hpctrain" && -x "$usr/share/hpctrain/slurm/train.sbatch" ]] || fail "$p's programs are not executable"
   fi
@@ -305,6 +307,13 @@ for script in /usr/bin/hpcdata /usr/share/hpctrain/datasets/hpcdata; do
   in_root env PATH=/nonexistent "$script" pack --help 2>&1 | grep -q -- '--images-per-shard' ||
     fail "$script does not find its hpcdata-pack without PATH"
 done
+# hpctrain-plot where python3-matplotlib, only Recommended, is not installed (apt-get install
+# --no-install-recommends, as this root): one line naming the package, exit 1, nothing made.
+! compgen -G "$root/usr/lib/python3/dist-packages/matplotlib" > /dev/null || fail "the fresh root holds matplotlib"
+said=$(in_root hpctrain-plot /work/m.jsonl --out /work/charts 2>&1) && code=0 || code=$?
+[[ "$code" == 1 && "$said" == "hpctrain-plot: error: cannot draw charts without matplotlib ("*"): apt-get install python3-matplotlib" ]] ||
+  fail "hpctrain-plot without matplotlib exited $code and said: $said"
+[[ ! -e "$root/work/charts" ]] || fail "hpctrain-plot without matplotlib made its --out"
 echo "package_test: hpctrain installed and run in the root (${SECONDS}s)"
 
 # hpctrain-cuda there: dpkg refuses to configure it for want of NVIDIA's packages (apt would not
