@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpus.hpp"
@@ -104,18 +105,56 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // The sum of every element is taken in rank order on one rank, ((x0 + x1) + x2) + ..., and
+  // sent to the others: its bits depend on the world size alone. MPI_Allreduce's algorithm (ring,
+  // recursive doubling, Rabenseifner: chosen by the message's size) sums each element in an order
+  // that depends on the message's length and the element's place in it, so on 3 ranks another
+  // --bucket-mb (other buckets), or a relaunch under another MPI tuning, changed the bits of
+  // training. A reduce-scatter of W contiguous parts (rank r sums part r), then an allgather:
+  // what a ring moves. On 2 ranks the one addition is the one MPI_SUM makes, in either order.
   template <class T>
   void allreduce(T* data, int64_t n, MPI_Datatype type) {
+    if (size_ == 1) return;
+    const auto w = static_cast<int64_t>(size_);
+    // MPI counts and displacements are ints: pieces whose W parts received (each at most
+    // len / W + 1 long) fit in one.
+    const int64_t piece = INT_MAX - w;
     for (int64_t done = 0; done < n;) {
-      const int chunk = static_cast<int>(std::min<int64_t>(n - done, INT_MAX));
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, chunk, type, MPI_SUM, comm_));
-      done += chunk;
+      const int64_t len = std::min(n - done, piece);
+      T* x = data + done;
+      std::vector<int> counts(static_cast<size_t>(size_)), starts(counts.size());
+      for (int64_t r = 0; r < w; ++r) {
+        starts[static_cast<size_t>(r)] = static_cast<int>(len * r / w);
+        counts[static_cast<size_t>(r)] = static_cast<int>(len * (r + 1) / w - len * r / w);
+      }
+      const int mine = counts[static_cast<size_t>(rank_)];
+      std::vector<int> recv_counts(counts.size(), mine), recv_starts(counts.size());
+      for (size_t r = 0; r < recv_starts.size(); ++r) recv_starts[r] = static_cast<int>(r) * mine;
+      std::vector<T>& parts = scratch<T>();
+      parts.resize(static_cast<size_t>(mine) * counts.size());
+      MPI_CHECK(MPI_Alltoallv(x, counts.data(), starts.data(), type, parts.data(), recv_counts.data(),
+                              recv_starts.data(), type, comm_));
+      T* sum = x + starts[static_cast<size_t>(rank_)];
+      for (int i = 0; i < mine; ++i) {
+        T acc = parts[static_cast<size_t>(i)];
+        for (size_t r = 1; r < counts.size(); ++r) acc += parts[r * static_cast<size_t>(mine) + static_cast<size_t>(i)];
+        sum[i] = acc;
+      }
+      MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, type, x, counts.data(), starts.data(), type, comm_));
+      done += len;
     }
+  }
+  template <class T>
+  std::vector<T>& scratch() {
+    if constexpr (std::is_same_v<T, float>) return float_parts_;
+    else return double_parts_;
   }
 
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
+  std::vector<float> float_parts_;  // allreduce's parts received, kept between calls
+  std::vector<double> double_parts_;
 };
 
 // Whether a launcher started this process as a rank of a job: mpirun/orted (Open MPI), a PMIx or

@@ -146,6 +146,23 @@ TEST_F(MpiTraining, SameSeedSameResultOnTwoRanks) {
   EXPECT_EQ(done_line(a).at("param_checksum").str, done_line(b).at("param_checksum").str);
 }
 
+// --bucket-mb and --no-overlap change when the gradients are summed, never their bits: on 3 ranks
+// MPI_Allreduce's own algorithm summed each value in an order that followed the message's length
+// (one bucket of everything vs. one per layer: other state_checksums after 6 steps).
+TEST_F(MpiTraining, TheBucketsChangeNoBitOnThreeRanks) {
+  const auto args = kSmall + std::vector<std::string>{"--model", "mlp", "--global-batch-size", "120", "--max-steps",
+                                                      "6"};
+  const auto whole = train(3, args + std::vector<std::string>{"--bucket-mb", "4096"});
+  ASSERT_FALSE(whole.empty());
+  for (const std::vector<std::string>& other : {std::vector<std::string>{"--bucket-mb", "0.001"},
+                                                std::vector<std::string>{"--bucket-mb", "0.001", "--no-overlap"}}) {
+    SCOPED_TRACE(other.back());
+    const auto lines = train(3, args + other);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(done_line(lines).at("state_checksum").str, done_line(whole).at("state_checksum").str);
+  }
+}
+
 // The timeline shows each bucket queued as soon as backward has finished its gradients: with
 // small buckets the first ones are all-reduced while the backward pass still runs. With
 // --no-overlap nothing is queued before the backward pass ends.
