@@ -1090,6 +1090,28 @@ TEST_F(Checkpoints, AStopDuringTheEvaluationEndsTheRunRightAfterIt) {
   expect_exact_resume(1, ck, 20);
 }
 
+// A stop at an epoch's last step (20 of 2 epochs of 20): the epoch ends first, its evaluation and
+// event written, then the stop's checkpoint. The resumed run starts at the next epoch and never
+// evaluates this one: the metrics file held no test loss for epoch 1 at all.
+TEST_F(Checkpoints, AStopAtAnEpochsLastStepEvaluatesThatEpochFirst) {
+  const std::string ck = dir_.file("edge"), m = dir_.file("edge.jsonl");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "20@1", 1);
+  const RunResult stopped = run_mpi(2, job(ck, m));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000020.hpck")) << stopped.err;
+  const RunResult resumed = run_mpi(2, job(ck, m));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  std::vector<double> epochs;
+  for (const JsonObject& line : read_all_json_lines(m))
+    if (line.at("event").str == "epoch") {
+      epochs.push_back(line.at("epoch").number);
+      EXPECT_GT(line.at("test_accuracy").number, 0.3);
+    }
+  EXPECT_EQ(epochs, (std::vector<double>{1, 2})) << read_text(m);
+  expect_same_end(done_of(m), uninterrupted(2));
+}
+
 // A stop whose checkpoint cannot be written (something in the way of its file) is an error on
 // every rank, not a 75 that promises a checkpoint; the ones before stay. A stop during set-up
 // with a directory that cannot be used is that directory's error.

@@ -591,7 +591,13 @@ bool TrainingRun::run_epoch(int64_t epoch) {
     start.data_wait = seconds_since(start.asked);
     stragglers_->step_began(start.asked);
     const double loss = train_step(*batch, epoch, e, start);
-    if (at_step_boundary(epoch, loss)) return false;
+    if (at_step_boundary(epoch, loss)) {
+      // A stop at the epoch's last step ends the epoch first (its evaluation, line and event, and
+      // --checkpoint-each-epoch's checkpoint): the resumed run starts at the next epoch, and the
+      // metrics file and log never had this one's test loss and accuracy.
+      if (tally_.here.epoch > epoch) end_epoch(epoch, e);
+      return false;
+    }
   }
   return end_epoch(epoch, e);
 }
