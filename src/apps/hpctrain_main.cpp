@@ -95,6 +95,14 @@ void linger_if_asked(int rank) {
   if (h.step > 0 && h.rank == rank) std::this_thread::sleep_for(std::chrono::seconds(h.step));
 }
 
+// The test hook HPCTRAIN_TEST_STOP_BEFORE_MPI_END=1@rank: that rank stops (SIGSTOP) right before
+// MPI's end, as a peer whose host hangs after its last collective (mpi_test.cpp: the others end
+// within their --step-timeout instead of waiting in MPI_Finalize for ever).
+void stop_before_mpi_end_if_asked(int rank) {
+  const hpc::train::TestHook h = hpc::train::TestHook::from_environment("HPCTRAIN_TEST_STOP_BEFORE_MPI_END", SIGSTOP);
+  if (h.step > 0 && h.rank == rank) ::kill(::getpid(), SIGSTOP);
+}
+
 // A split of packed shards is read through one descriptor a shard, held for the whole run:
 // ImageNet's 1252 + 49 at the default 1024 images each pass the soft limit of 1024 that many
 // logins get. The hard limit is the administrator's word; the soft one is raised to it.
@@ -128,6 +136,7 @@ int main(int argc, char** argv) {
   // Every file is closed and every line written: a signal from here on (mpirun's SIGTERM once a
   // peer has exited with a code other than 0) ends this rank quietly with `code`.
   hpc::train::outcome_is_final(code);
+  stop_before_mpi_end_if_asked(ctx.rank());
   ctx.finalize();
   linger_if_asked(ctx.rank());
   return code;

@@ -163,6 +163,26 @@ TEST_F(MpiTraining, TheBucketsChangeNoBitOnThreeRanks) {
   }
 }
 
+// Rank 1 stops (SIGSTOP, as a host that hangs) after its last collective, right before MPI's end:
+// rank 0, done, with its final checkpoint written, waited in MPI_Finalize for ever (no watchdog
+// runs past the last step). It now ends within --step-timeout, saying so, with its own code, and
+// mpirun ends the job.
+TEST_F(MpiTraining, APeerThatHangsBeforeMpisEndHoldsTheOthersOnlyForTheStepTimeout) {
+  const std::string ck = dir_.file("end");
+  setenv("HPCTRAIN_TEST_STOP_BEFORE_MPI_END", "1@1", 1);
+  const RunResult r = run_mpi(2, {"--train-samples", "640", "--test-samples", "100", "--epochs", "1", "--threads",
+                                  "1", "--model", "mlp", "--step-timeout", "2s", "--checkpoint-dir", ck,
+                                  "--data-dir", fashion_mnist_dir(), "--quiet"},
+                              30);
+  unsetenv("HPCTRAIN_TEST_STOP_BEFORE_MPI_END");
+  EXPECT_FALSE(r.timed_out) << "rank 0 still waited for the stopped rank after 30 s";
+  EXPECT_EQ(count_of(r.err, "hpctrain: error: rank 0 on "), 1) << r.err;
+  EXPECT_EQ(count_of(r.err, ": the run ended (exit code 0) but its end did not finish within --step-timeout 2 s"), 1)
+      << r.err;
+  EXPECT_TRUE(std::filesystem::exists(ck + "/ckpt-000000005.hpck")) << r.err;  // 640 samples, 128 a step
+  EXPECT_NE(read_text(ck + "/heartbeat").find("state=done"), std::string::npos);
+}
+
 // The timeline shows each bucket queued as soon as backward has finished its gradients: with
 // small buckets the first ones are all-reduced while the backward pass still runs. With
 // --no-overlap nothing is queued before the backward pass ends.

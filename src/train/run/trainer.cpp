@@ -213,16 +213,25 @@ class TrainingRun {
 
 // The heartbeat ends with the run's real state: "failed" and the exit code when an error ends
 // it (a diverged loss, a checkpoint that cannot be written, the watchdog), not "training".
+// From there on no watchdog of the run's runs, and the end (its objects ended, MPI's end) waits
+// for the peers and the checkpoint directory: it is given --step-timeout (bound_the_end).
 TrainResult TrainingRun::run() {
+  const auto end_by = [this](int exit_code) {
+    bound_the_end(o_.step_timeout_seconds, ctx_.where(), exit_code, world_ > 1);
+  };
   try {
-    return run_steps();
+    TrainResult r = run_steps();
+    end_by(r.exit_code);
+    return r;
   } catch (const Error& e) {
     mark_failed(e.exit_code());
     release_directory();
+    end_by(e.exit_code());
     throw;
   } catch (...) {
     mark_failed(kExitFailure);
     release_directory();
+    end_by(kExitFailure);
     throw;
   }
 }

@@ -43,6 +43,22 @@ void StepWatchdog::exit_expired() {
   ::_exit(kExitStepTimeout);
 }
 
+void bound_the_end(double timeout_seconds, const std::string& where, int exit_code, bool peers) {
+  if (timeout_seconds <= 0) return;
+  std::thread([timeout_seconds, where, exit_code, peers] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_seconds));
+    const std::string message = detail::concat(
+        where, ": the run ended (exit code ", exit_code, ") but its end did not finish within --step-timeout ",
+        seconds_text(timeout_seconds), ": ",
+        peers ? "a peer rank stopped, died or lost its network before MPI's end, or a file system that does not answer?"
+              : "a file system that does not answer?",
+        " Exiting with code ", exit_code, " now");
+    std::fprintf(stderr, "hpctrain: error: %s\n", message.c_str());
+    std::fflush(nullptr);
+    ::_exit(exit_code);
+  }).detach();
+}
+
 StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll, Watched watched,
                            bool peers)
     : timeout_(timeout_seconds),

@@ -29,6 +29,15 @@ namespace hpc::train {
 // (a relaunch continues from the last checkpoint), or evaluate's set-up and batches.
 enum class Watched { Steps, SetUp, EvaluationSetUp, EvaluationBatches };
 
+// The end of a run whose outcome is known (its exit code): what is left (the run's objects
+// ended, the checkpoint directory's lock removed, the loader's threads joined, MPI_Finalize,
+// which waits for every rank) is given `timeout_seconds` (the run's --step-timeout; <= 0: no
+// limit), after which one line names what did not end and the process exits with `exit_code`
+// at once. A peer stopped or cut off after its last collective, or a file system that stopped
+// answering there, held this rank for ever: no watchdog runs past the last step's. A detached
+// thread: the process ending on its own ends it too.
+void bound_the_end(double timeout_seconds, const std::string& where, int exit_code, bool peers);
+
 class StepWatchdog {
  public:
   // Called from the watchdog's thread with the message when the timeout passes; must not
