@@ -2,6 +2,7 @@
 // resume on another world size, crash consistency of the store, retention, and the errors
 // of a checkpoint that does not fit.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cctype>
 #include <cmath>
@@ -1090,16 +1091,32 @@ TEST_F(Checkpoints, AStopDuringTheEvaluationEndsTheRunRightAfterIt) {
   expect_exact_resume(1, ck, 20);
 }
 
-// A stop at an epoch's last step (20 of 2 epochs of 20): the epoch ends first, its evaluation and
-// event written, then the stop's checkpoint. The resumed run starts at the next epoch and never
-// evaluates this one: the metrics file held no test loss for epoch 1 at all.
-TEST_F(Checkpoints, AStopAtAnEpochsLastStepEvaluatesThatEpochFirst) {
+// A stop at an epoch's last step (20 of 2 epochs of 20): the resumed run starts at the next epoch
+// and never evaluates this one, so the metrics file held no test loss for epoch 1 at all. The stop
+// ends the epoch (its evaluation and event) once its checkpoint is written, not before: a second
+// signal or the scheduler's SIGKILL during a long evaluation must not take the checkpoint with it.
+TEST_F(Checkpoints, AStopAtAnEpochsLastStepCheckpointsThenEvaluatesThatEpoch) {
   const std::string ck = dir_.file("edge"), m = dir_.file("edge.jsonl");
+  auto stop_only = job(ck, m);  // no periodic checkpoint at step 20: the stop's alone
+  std::replace(stop_only.begin(), stop_only.end(), std::string("--checkpoint-every-steps"),
+               std::string("--keep-checkpoints"));
+  // The checkpoint's write pauses a second before its rename: an epoch event written after the
+  // rename comes a second or more after the file's last write (its mtime, to the kernel's tick),
+  // one written before the checkpoint a moment before it.
   setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "20@1", 1);
-  const RunResult stopped = run_mpi(2, job(ck, m));
+  setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+  const RunResult stopped = run_mpi(2, stop_only);
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
-  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000020.hpck")) << stopped.err;
+  struct stat written {};
+  ASSERT_EQ(::stat((ck + "/ckpt-000000020.hpck").c_str(), &written), 0) << stopped.err;
+  const std::vector<JsonObject> first = read_json_lines(m);
+  ASSERT_GE(first.size(), 2u) << read_text(m);
+  ASSERT_EQ(first[first.size() - 2].at("event").str, "epoch") << read_text(m);
+  EXPECT_LT(static_cast<double>(written.st_mtim.tv_sec) + 1e-9 * static_cast<double>(written.st_mtim.tv_nsec) + 0.5,
+            first[first.size() - 2].at("unix_time").number)
+      << "the stop's checkpoint was written after the epoch's evaluation";
   const RunResult resumed = run_mpi(2, job(ck, m));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   std::vector<double> epochs;

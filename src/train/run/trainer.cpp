@@ -162,7 +162,8 @@ class TrainingRun {
   bool at_step_boundary(int64_t epoch, double loss);
   void checkpoint(const RunPosition& at);  // checkpoints_->save and snapshots_->take, traced
   void snapshot(const RunPosition& at);
-  bool end_epoch(int64_t epoch, EpochTally& e);
+  // save: --checkpoint-each-epoch's checkpoint too (not in a stop that keeps the state in memory only).
+  bool end_epoch(int64_t epoch, EpochTally& e, bool save = true);
   EvalResult evaluate_now();
   TrainResult stop();
   TrainResult finish();
@@ -208,6 +209,12 @@ class TrainingRun {
   std::unique_ptr<StepWatchdog> watchdog_;
   Tally tally_;
   EvalResult eval_;
+  // A stop at an epoch's last step: that epoch, whose end stop() makes once the state is saved.
+  struct UnendedEpoch {
+    int64_t epoch;
+    EpochTally tally;
+  };
+  std::optional<UnendedEpoch> unended_;
   bool evaluated_ = false;
 };
 
@@ -601,10 +608,9 @@ bool TrainingRun::run_epoch(int64_t epoch) {
     stragglers_->step_began(start.asked);
     const double loss = train_step(*batch, epoch, e, start);
     if (at_step_boundary(epoch, loss)) {
-      // A stop at the epoch's last step ends the epoch first (its evaluation, line and event, and
-      // --checkpoint-each-epoch's checkpoint): the resumed run starts at the next epoch, and the
-      // metrics file and log never had this one's test loss and accuracy.
-      if (tally_.here.epoch > epoch) end_epoch(epoch, e);
+      // A stop at the epoch's last step: the resumed run starts at the next epoch and never ends
+      // this one (its evaluation, line and event); stop() ends it once the state is saved.
+      if (tally_.here.epoch > epoch) unended_ = UnendedEpoch{epoch, e};
       return false;
     }
   }
@@ -711,7 +717,7 @@ EvalResult TrainingRun::evaluate_now() {
 
 // The epoch's figures over all ranks, its evaluation, line and checkpoint; false: a stop asked
 // for during the evaluation ends the run here, not after one more step.
-bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
+bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e, bool save) {
   const double epoch_seconds = seconds_since(e.t0);
   tally_.train_seconds += epoch_seconds;
   if (world_ > 1) comm_.allreduce_sum(e.sums, 3);
@@ -727,7 +733,7 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e) {
                 100 * eval_.accuracy, ips, format_duration(epoch_seconds).c_str());
   progress_->line(buf);
   with_metrics([&](StepMetrics& m) { m.after_epoch(eval_.accuracy); });
-  if (o_.checkpoint_each_epoch) {
+  if (o_.checkpoint_each_epoch && save) {
     const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
     checkpoint(at);
     snapshot(at);
@@ -751,14 +757,24 @@ TrainResult TrainingRun::stop() {
   const StopAsked asked = stop_asked(comm_);
   const std::string cause =
       detail::concat("stopped on request (", cause_of(asked, world_), ") after step ", tally_.step);
+  const Clock::time_point saving = Clock::now();
   const bool in_memory = stop_for_membership();  // asked once: it takes the snapshots
+  if (!in_memory) {
+    checkpoint(tally_.here);
+    snapshot(tally_.here);
+    checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
+  }
+  // At an epoch's last step, its state saved, the stop ends the epoch (its evaluation, line and
+  // event) before it goes: a signal that ends the process meanwhile (a second SIGTERM, the
+  // scheduler's SIGKILL) takes only the evaluation with it.
+  if (unended_) {
+    unended_->tally.t0 += Clock::now() - saving;  // the epoch's time is its steps'
+    end_epoch(unended_->epoch, unended_->tally, !in_memory);
+  }
   if (in_memory) {
     heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
     if (lead_) log::warn(cause, " for hpcrun to change the hosts; every host's memory holds its state");
   } else {
-    checkpoint(tally_.here);
-    snapshot(tally_.here);
-    checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
     // The checkpoint holds the state the snapshots hold: their memory goes back to the host.
     if (!o_.checkpoint_dir.empty()) snapshots_->remove_all();
     heartbeat_->last(tally_.step, tally_.step / plan_.steps_per_epoch, "stopped");
