@@ -7,8 +7,11 @@
 // GradientBucketer does, repeatedly for about S seconds (at least 5 times, after 2 untimed
 // warm-up calls), and rank 0 prints one JSON line per size: ranks, bytes, the median seconds
 // of one all-reduce (each timed from a barrier, so the slowest rank sets it) and the repeats.
-// MPI runs as in hpctrain: initialised for MPI_THREAD_MULTIPLE, every call made by a thread
-// other than the main one, which waits for it (the bucketer's communication thread).
+// MPI runs as in hpctrain: initialised by its ProcessContext, every call made by a thread other
+// than the main one, which waits for it (the bucketer's communication thread), and the sum is
+// the trainer's own (dist::Communicator::allreduce_sum on a duplicate of the world: its rank-order
+// reduce-scatter and allgather, src/dist/mpi.cpp), not MPI_Allreduce, whose algorithm and time
+// differ from it.
 #define OMPI_SKIP_MPICXX 1  // the C API only: the C++ bindings need a library not linked
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -16,9 +19,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "dist/communicator.hpp"
+#include "dist/process.hpp"
 
 namespace {
 struct Options {
@@ -62,8 +69,9 @@ Options parse(int argc, char** argv, int rank) {
 }
 
 // Median seconds of one in-place float all-reduce of `count` elements.
-std::pair<double, int> time_allreduce(std::vector<float>& data, int count, double budget, std::vector<float>& cold) {
-  for (int w = 0; w < 2; ++w) MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+std::pair<double, int> time_allreduce(hpc::dist::Communicator& comm, std::vector<float>& data, int count,
+                                      double budget, std::vector<float>& cold) {
+  for (int w = 0; w < 2; ++w) comm.allreduce_sum(data.data(), count);
   std::vector<double> times;
   double spent = 0;
   int go = 1;
@@ -72,7 +80,7 @@ std::pair<double, int> time_allreduce(std::vector<float>& data, int count, doubl
     for (size_t i = 0; i < cold.size(); i += 16) cold[i] += 1.0f;  // a line at a time: the caches evicted
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
-    MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    comm.allreduce_sum(data.data(), count);
     double t = MPI_Wtime() - t0;
     // The slowest rank's time is the all-reduce's; rank 0 decides for all when to stop.
     MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -87,24 +95,28 @@ std::pair<double, int> time_allreduce(std::vector<float>& data, int count, doubl
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  hpc::dist::ProcessContext ctx(&argc, &argv);
+  int initialized = 0, provided = 0;
+  MPI_Initialized(&initialized);
+  // Started without a launcher: a world of one, which the context leaves without MPI; the timing
+  // calls (MPI_Wtime, the barrier) still want it.
+  if (!initialized) MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Query_thread(&provided);
+  const int rank = ctx.rank(), size = ctx.world_size();
   const Options o = parse(argc, argv, rank);
   if (provided < MPI_THREAD_SERIALIZED) usage_error(rank, "this MPI gives no thread support (hpctrain needs it too)");
+  const std::unique_ptr<hpc::dist::Communicator> comm = ctx.world().duplicate();
   std::vector<float> data(static_cast<size_t>(o.max_bytes / 4), 1.0f);
   std::vector<float> cold(static_cast<size_t>(o.cold_bytes / 4), 0.0f);
   std::thread communication([&] {
     for (long long bytes = 4; bytes <= o.max_bytes; bytes *= 4) {
-      const auto [seconds, repeats] = time_allreduce(data, static_cast<int>(bytes / 4), o.seconds_per_size, cold);
+      const auto [seconds, repeats] = time_allreduce(*comm, data, static_cast<int>(bytes / 4), o.seconds_per_size, cold);
       if (rank == 0)
         std::printf("{\"ranks\":%d,\"bytes\":%lld,\"seconds\":%.9g,\"repeats\":%d}\n", size, bytes, seconds, repeats);
       std::fflush(stdout);
     }
   });
   communication.join();
-  MPI_Finalize();
+  if (!initialized) MPI_Finalize();  // else the context's end does
   return 0;
 }
