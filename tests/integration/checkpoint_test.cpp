@@ -568,10 +568,11 @@ TEST_F(Checkpoints, TheWatchdogEndsAJobWithAStoppedRank) {
     EXPECT_LT(r.seconds, 4.0 + 10.0) << "start-up, 3 steps and the timeout took this long";
     // (A stopped rank 0 may or may not get to say it: its own watchdog fires if mpirun's end of the
     // job lets it run on.)
-    if (stopped[2] == '1')
+    if (stopped[2] == '1') {
       EXPECT_NE(read_text(prom).find("hpctrain_state{hpctrain_job=\"hpctrain\",world_size=\"2\",state=\"failed\"} 1"),
                 std::string::npos)
           << read_text(prom);
+    }
   }
 }
 
