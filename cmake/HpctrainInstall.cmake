@@ -26,6 +26,8 @@ set(HPCTRAIN_INSTALLED_SCRIPTS ${CMAKE_BINARY_DIR}/installed-scripts)
 foreach(script datasets/hpcdata launch/hpctrain-plot)
   file(READ ${PROJECT_SOURCE_DIR}/${script} text)
   string(REGEX REPLACE "^#!/usr/bin/env python3\n" "#!/usr/bin/python3\n" text "${text}")
+  # hpctrain-plot's --version: the project's, written in (no CMakeLists.txt beside it there).
+  string(REPLACE "\nINSTALLED_VERSION = None\n" "\nINSTALLED_VERSION = \"${PROJECT_VERSION}\"\n" text "${text}")
   get_filename_component(name ${script} NAME)
   file(WRITE ${HPCTRAIN_INSTALLED_SCRIPTS}/${name} "${text}")
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${script})

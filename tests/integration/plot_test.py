@@ -3,6 +3,7 @@ resumed, and one that ran straight through. The charts must be PNGs of the size 
 restart marked where the run resumed (the tool reports the marks it drew)."""
 
 import json
+import re
 import os
 import resource
 import signal
@@ -134,6 +135,14 @@ class Plot(unittest.TestCase):
         p = plot(self.straight, "--out", "")
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertEqual(p.stderr.splitlines(), ["hpctrain-plot: error: --out is an empty path (an unset variable?)"])
+
+    def test_version_is_the_projects(self):
+        """--version as the suite's other programs say it, the project's version, before the required
+        METRICS.jsonl is asked for (it said "the following arguments are required", exit 2)."""
+        with open(os.path.join(os.path.dirname(PLOT), os.pardir, "CMakeLists.txt"), encoding="utf-8") as f:
+            project = re.search(r"^project\(hpctrain VERSION (\S+)", f.read(), re.MULTILINE).group(1)
+        said = plot("--version")
+        self.assertEqual((said.returncode, said.stdout, said.stderr), (0, f"hpctrain-plot {project}\n", ""))
 
     def test_without_matplotlib_is_one_line_and_makes_nothing(self):
         """matplotlib is only Recommended by the packages (apt --no-install-recommends leaves it out),

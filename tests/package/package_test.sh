@@ -307,6 +307,8 @@ for script in /usr/bin/hpcdata /usr/share/hpctrain/datasets/hpcdata; do
   in_root env PATH=/nonexistent "$script" pack --help 2>&1 | grep -q -- '--images-per-shard' ||
     fail "$script does not find its hpcdata-pack without PATH"
 done
+said=$(in_root hpctrain-plot --version 2>&1) || fail "hpctrain-plot --version failed in the root: $said"
+[[ "$said" == "hpctrain-plot $upstream" ]] || fail "hpctrain-plot --version said '$said'"
 # hpctrain-plot where python3-matplotlib, only Recommended, is not installed (apt-get install
 # --no-install-recommends, as this root): one line naming the package, exit 1, nothing made.
 ! compgen -G "$root/usr/lib/python3/dist-packages/matplotlib" > /dev/null || fail "the fresh root holds matplotlib"
