@@ -33,6 +33,23 @@ foreach(script datasets/hpcdata launch/hpctrain-plot)
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${script})
 endforeach()
 
+# The README as installed: its links lead to the files beside it in the documentation directory
+# (docs/aws.md is aws.md there, slurm/README.md slurm.md, as installed below); bench/README.md is
+# not installed, and is named as the source tree's.
+set(HPCTRAIN_INSTALLED_DOCS ${CMAKE_BINARY_DIR}/installed-docs)
+file(READ ${PROJECT_SOURCE_DIR}/README.md text)
+foreach(pair slurm/README.md=slurm.md launch/README.md=launch.md datasets/README.md=datasets.md
+             docs/aws.md=aws.md docs/performance.md=performance.md)
+  string(REPLACE "=" ";" pair "${pair}")
+  list(GET pair 0 from)
+  list(GET pair 1 to)
+  string(REPLACE "[${from}](${from})" "[${to}](${to})" text "${text}")
+  string(REPLACE "](${from})" "](${to})" text "${text}")
+endforeach()
+string(REGEX REPLACE "\\[([^]\n]*)\\]\\(bench/README\\.md(#[^)]*)?\\)" "\\1 (in the source tree; not installed)" text "${text}")
+file(WRITE ${HPCTRAIN_INSTALLED_DOCS}/README.md "${text}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/README.md)
+
 # Debian's files of each package: its copyright (DEP-5) and changelog, gzip -9n (no name or
 # time in the header: the same bytes on every build), and lintian's overrides, each with why.
 # In the packages only (EXCLUDE_FROM_ALL: not in a plain `cmake --install`).
@@ -67,7 +84,7 @@ function(hpctrain_install_runtime package hpctrain_target)
           DESTINATION ${CMAKE_INSTALL_DATADIR}/hpctrain/slurm ${common})
   install(FILES slurm/job.sh DESTINATION ${CMAKE_INSTALL_DATADIR}/hpctrain/slurm ${common})  # sourced, not run
   install(PROGRAMS ${HPCTRAIN_INSTALLED_SCRIPTS}/hpcdata DESTINATION ${CMAKE_INSTALL_DATADIR}/hpctrain/datasets ${common})
-  install(FILES README.md docs/aws.md docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR} ${common})
+  install(FILES ${HPCTRAIN_INSTALLED_DOCS}/README.md docs/aws.md docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR} ${common})
   foreach(room slurm launch datasets)  # each room's README.md, by the room's name
     install(FILES ${room}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} RENAME ${room}.md ${common})
   endforeach()

@@ -120,6 +120,14 @@ for p in $expected; do
   for f in $files share/doc/$p/copyright share/doc/$p/changelog.Debian.gz; do
     [[ -e "$usr/$f" ]] || fail "$p has no /usr/$f"
   done
+  # The installed docs' own links lead to files installed beside them (the source tree's
+  # slurm/README.md is slurm.md there; bench/ is not installed).
+  for md in "$usr"/share/doc/*/*.md; do
+    while IFS= read -r target; do
+      [[ -z "$target" || "$target" == *://* || -e "$(dirname "$md")/$target" ]] ||
+        fail "$p's ${md#"$usr"} links to $target, which is not installed beside it"
+    done < <(grep -o '\]([^)]*)' "$md" | sed 's/^](//; s/)$//; s/#.*//')
+  done
   grep -q '^Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/$' "$usr/share/doc/$p/copyright" ||
     fail "$p's copyright is not machine-readable (DEP-5)"
   # gzip -9n: no name, no time stamp (bytes 4-7 zero), so the same bytes on every build.
