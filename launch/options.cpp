@@ -482,6 +482,21 @@ void set_program_option(std::vector<std::string>& args, const std::string& name,
 
 namespace {
 
+// An option of hpcrun's whose value was left out takes the program as its value (`hpcrun -H a:2
+// --np ./hpctrain --epochs 2`): the program's options are then read as hpcrun's, and the error
+// named one of them ("unrecognised option '--epochs'"), not what went wrong. That said, or "".
+std::string program_taken_as_a_value(const std::vector<std::string>& own, const po::options_description& all) {
+  for (size_t i = 0; i + 1 < own.size(); ++i) {
+    const std::string& arg = own[i];
+    if (arg.size() < 2 || arg[0] != '-' || !value_follows(all, arg)) continue;
+    const std::string& value = own[++i];
+    std::string why;
+    if (!value.empty() && value[0] != '-' && !find_program(value, &why).empty())
+      return arg + " took the program " + value + " as its value: give " + arg + " one";
+  }
+  return "";
+}
+
 // False when --help or --version was printed.
 bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variables_map* vm) {
   const po::options_description all = describe(o);
@@ -489,6 +504,8 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
     po::store(po::command_line_parser(own).options(all).style(options::kCommandLineStyle).run(), *vm);
     po::notify(*vm);
   } catch (const po::unknown_option& e) {
+    const std::string taken = program_taken_as_a_value(own, all);
+    if (!taken.empty()) usage_error(options::what_of(e), " (", taken, ")");
     usage_error(options::unknown_option_text(e, all), " (hpcrun's options come before the program; try --help)");
   } catch (const po::error& e) {
     usage_error(options::what_of(e), " (hpcrun's options come before the program; try --help)");

@@ -112,6 +112,9 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"true"}, "no hosts"},
       {{"-np", "1", "--bogus", "true"}, "unrecognised option '--bogus'"},
       {{"-np", "1", "--max-rest", "2", "true"}, "unrecognised option '--max-rest' (options are named whole: --max-restarts?)"},
+      // -np's value left out: it took the program, whose options then read as hpcrun's.
+      {{"-H", "localhost:1", "--np", "true", "--max-steps", "1"},
+       "unrecognised option '--max-steps' (--np took the program true as its value: give --np one)"},
       {{"-np", "1", "--blacklist-cooldown", "60", "true"}, "MIN:MAX"},
       {{"-np", "1", "--stall-timeout", "soon", "true"}, "--stall-timeout must be a duration"},
       {{"-np", "x", "true"}, "-np must be a whole number from 1 to 1000000, got 'x'"},
