@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
   pos.add("src", 1).add("out", 1);
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    // Options named whole, as hpctrain's and hpcrun's: Boost's guessing took --res for --resize.
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).style(hpc::options::kCommandLineStyle).run(),
+              vm);
     po::notify(vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";

@@ -431,6 +431,8 @@ class Pack(unittest.TestCase):
                  ((self.src, self.out, "--seed", "-1"), 2, "--seed must be a whole number from 0 to"),
                  ((self.src, self.out, "--seed", "18446744073709551616"), 2, "got '18446744073709551616'"),
                  ((self.src, self.out, "--bogus"), 2, "unrecognised option"),
+                 # Options are named whole (Boost's guessing took --res for --resize).
+                 ((self.src, self.out, "--res", "32"), 2, "unrecognised option '--res' (options are named whole: --resize?)"),
                  ((self.src, self.out, "--split", "a/b"), 2, "choose --split train or --split val"),
                  # hpctrain reads train and val only: a test split would be packed for nobody.
                  ((self.src, self.out, "--split", "test"), 2, "--split test is not a split hpctrain reads"),

@@ -418,7 +418,10 @@ class Prepare(unittest.TestCase):
                 (("frobnicate",), 2, "invalid choice"),
                 (("prepair", "mnist"), 2, "invalid choice: 'prepair' (choose from 'prepare', 'pack', 'stage'); "
                  "did you mean prepare? (try --help)"),
-                (("prepare", "mnsit", "--out", new), 2, "; did you mean mnist?")]:
+                (("prepare", "mnsit", "--out", new), 2, "; did you mean mnist?"),
+                # Options are named whole (argparse took --forc for --force).
+                (("prepare", "mnist", "--out", new, "--from", self.mnist, "--forc"), 2,
+                 "unrecognized arguments: --forc (options are named whole: --force?) (try --help)")]:
             with self.subTest(args=args):
                 self.assert_refused(args, code, message, [prepared, new, a_file, self.mnist])
 
