@@ -51,4 +51,10 @@ class ProcessContext {
 // quota, so that neither a bound rank nor a limited container is oversubscribed.
 int default_threads(const ProcessContext& ctx);
 
+// Math-library threads per rank for a --threads of `given` (training, evaluate, predict alike):
+// `given` when positive; else OMP_NUM_THREADS where it is set to a number of threads (the first of
+// a list: OpenMP's nested levels; a value that is none is one warning, and left aside); else
+// default_threads.
+int math_threads(const ProcessContext& ctx, int given);
+
 }  // namespace hpc::dist

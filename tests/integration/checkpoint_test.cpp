@@ -766,6 +766,15 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   }
 
   const std::string ck = dir_.file("eval1");  // trained on one rank
+  // --threads 0 (the default): OMP_NUM_THREADS where it is set, as training takes it (evaluate and
+  // predict took the CPUs' share alone). 3: no machine's share of CPUs here, which it would be too.
+  setenv("OMP_NUM_THREADS", "3", 1);
+  const std::string om = dir_.file("omp.jsonl");
+  const RunResult omp = run_hpctrain({"evaluate", "--checkpoint", ck, "--test-samples", "100", "--data-dir",
+                                      fashion_mnist_dir(), "--metrics-file", om});
+  unsetenv("OMP_NUM_THREADS");
+  ASSERT_EQ(omp.exit_code, 0) << omp.err;
+  EXPECT_EQ(read_json_lines(om).at(0).at("threads").number, 3);
   const RunResult listing = run_hpctrain({"inspect", ck});
   EXPECT_EQ(listing.exit_code, 0) << listing.err;
   EXPECT_EQ(count_of(listing.out, "  valid\n"), 3) << listing.out;

@@ -293,8 +293,8 @@ const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
       options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all)"),
       options::number("eval-batch-size", &O::batch_size, "samples per batch"),
       options::number("threads", &O::threads,
-                      "math-library threads per rank (0: this rank's share of the CPUs it may use: its affinity and "
-                      "cgroup quota)"),
+                      "math-library threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the CPUs it may "
+                      "use: its affinity and cgroup quota)"),
       options::path("metrics-file", &O::metrics_file,
                     "append the result as a JSON line (event \"evaluate\") to FILE", options::Presence::NotBlank),
       options::duration("start-timeout", &O::start_timeout,
@@ -359,7 +359,7 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     const fs::path folder = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
     ckpt::require_not_its_own_name({"--metrics-file", a.metrics_file}, folder.string(), "the checkpoint's directory");
     if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
-    e.threads = a.threads > 0 ? a.threads : dist::default_threads(ctx);
+    e.threads = dist::math_threads(ctx, a.threads);
     nn::set_math_threads(e.threads);
     e.dataset = a.dataset.empty() ? recorded_options(c.meta, {"dataset"}).dataset : data::parse_dataset(a.dataset);
     const std::string dir = a.data_dir.empty() ? data::default_data_dir(e.dataset) : a.data_dir;
@@ -412,6 +412,7 @@ void report_evaluation(const Evaluation& e, const EvalResult& r, const ckpt::Che
                       {"test_accuracy", r.accuracy},
                       {"images_per_second", static_cast<double>(r.samples) / std::max(eval_seconds, 1e-9)},
                       {"world_size", world},
+                      {"threads", e.threads},
                       {"elapsed_seconds", elapsed_seconds}});
 }
 

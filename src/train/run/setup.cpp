@@ -62,26 +62,6 @@ bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak
   return gpu;
 }
 
-// OMP_NUM_THREADS when it is set to a number of threads (the first of a list: OpenMP's nested
-// levels), which --threads overrides; a value that is none is a warning and is left aside.
-std::optional<int> omp_num_threads() {
-  const char* v = std::getenv("OMP_NUM_THREADS");
-  if (!v || !*v) return std::nullopt;
-  const std::string text(v);
-  const std::string first = text.substr(0, text.find(','));
-  size_t used = 0;
-  int n = 0;
-  try {
-    n = std::stoi(first, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used == first.size() && used > 0 && n >= 1 && n <= 4096) return n;
-  log::warn("OMP_NUM_THREADS='", text, "' is not a number of threads (1 to 4096): left aside, the threads are chosen "
-            "as without it");
-  return std::nullopt;
-}
-
 // Every rank trains where rank 0 does. Under --device auto each rank looks for its GPU on its
 // own: a rank that sees none (CUDA_VISIBLE_DEVICES= on one host, a driver missing there) would
 // take the CPU path while the others entered NCCL's set-up, and the job hung until
@@ -112,8 +92,7 @@ void resolve_devices(dist::ProcessContext& ctx, const TrainOptions& o, Prepared&
 void choose_device(dist::ProcessContext& ctx, const TrainOptions& o, Prepared& p) {
   p.gpu_decode = resolve_jpeg_decode(o, p.gpu, ctx.local_rank() == 0);
   if (p.gpu) device::select_gpu(ctx.local_rank());  // fails here, on every rank, rather than inside NCCL's set-up
-  p.threads = o.threads > 0 ? o.threads : omp_num_threads().value_or(0);
-  if (p.threads == 0) p.threads = dist::default_threads(ctx);
+  p.threads = dist::math_threads(ctx, o.threads);
   nn::set_math_threads(p.threads);
   // More math threads on a host than the CPUs its ranks may use: they take turns, every step
   // waits for the slowest, and the step time varies. Said once per host, by its first rank.

@@ -288,8 +288,8 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
       options::flag("logits", &O::logits, "with --json: add \"logits\", the model's raw outputs for every class"),
       options::number("batch-size", &O::batch_size, "images per batch"),
       options::number("threads", &O::threads,
-                      "decoding and math threads per rank (0: this rank's share of the CPUs it may use: its affinity "
-                      "and cgroup quota)"),
+                      "decoding and math threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the "
+                      "CPUs it may use: its affinity and cgroup quota)"),
       options::flag("skip-bad", &O::skip_bad,
                     "warn about an image that cannot be read (or a path that cannot be used) and classify the rest"),
       options::path("data-dir", &O::data_dir,
@@ -347,7 +347,7 @@ int run_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   std::vector<std::string> files;
   int64_t unusable = 0;  // inputs skipped while listing
   dist::collectively(ctx, [&] {
-    o.threads = o.threads > 0 ? o.threads : dist::default_threads(ctx);
+    o.threads = dist::math_threads(ctx, o.threads);
     nn::set_math_threads(o.threads);
     inference = make_inference(o, m, ctx);
     if (ctx.rank() == 0) files = list_images(o, unusable);
