@@ -157,6 +157,12 @@ void Dataset::truncate(int64_t n) {
   labels.resize(n);
 }
 
+void Dataset::truncate_to_option(int64_t n, const char* option, const char* which) {
+  HPC_REQUIRE(n <= count, option, " ", n, " is more than the ", count, " ", which, " samples of ", source,
+              " (0: all of them)");
+  truncate(n);
+}
+
 Normalization normalization_of(DatasetKind kind) {
   switch (kind) {
     case DatasetKind::FashionMnist: return {{0.2860f}, {0.3530f}};

@@ -29,6 +29,9 @@ struct Dataset {
   int64_t sample_bytes() const { return height * width * channels; }
   // Keeps the first n samples (short test runs); n <= 0 keeps all.
   void truncate(int64_t n);
+  // truncate(n) for the option `option` (--train-samples, --test-samples): n above the set's count
+  // is a usage error naming both (it was taken as the whole set, and recorded as given).
+  void truncate_to_option(int64_t n, const char* option, const char* which);
 };
 
 struct Normalization {

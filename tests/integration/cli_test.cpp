@@ -168,6 +168,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"image_size_not_for_mnist", {"--image-size", "32"}, {"--image-size", "packed shards and synthetic data only"}},
         BadArgs{"max_steps_negative", {"--max-steps", "-1"}, {"--max-steps"}},
         BadArgs{"train_samples_negative", {"--train-samples", "-5"}, {"--train-samples"}},
+        // More than the set holds was taken as all of it, and recorded as given (a resume had to repeat it).
+        BadArgs{"train_samples_above_the_set", {"--train-samples", "60001"},
+                {"--train-samples 60001 is more than the 60000 training samples of ", "(0: all of them)"}},
+        BadArgs{"test_samples_above_the_set", {"--test-samples", "10001"},
+                {"--test-samples 10001 is more than the 10000 test samples of "}},
         BadArgs{"momentum_one", {"--momentum", "1"}, {"--momentum"}},
         BadArgs{"weight_decay_negative", {"--weight-decay", "-0.1"}, {"--weight-decay"}},
         BadArgs{"decay_bias_both_ways", {"--decay-bias-and-norm", "--no-decay-bias-and-norm"},

@@ -273,8 +273,8 @@ std::vector<Option> model_and_data() {
       number("image-size", &Members::image_size, R::Match,
              "shards: side of the square images the model sees (random resized crops in training, centre crops in "
              "evaluation; 0: 224); synthetic: the images' side (0: 224)"),
-      number("train-samples", &Members::train_samples, R::Match, "use only the first N training samples (0: all)"),
-      number("test-samples", &Members::test_samples, R::Agree, "evaluate on the first N test samples only (0: all)"),
+      number("train-samples", &Members::train_samples, R::Match, "use only the first N training samples (0: all; at most as many as the set holds)"),
+      number("test-samples", &Members::test_samples, R::Agree, "evaluate on the first N test samples only (0: all; at most as many as the set holds)"),
       choice("augment", &Members::augment, kAugmentNames, R::Match,
              "auto (random crop + flip for cifar10 and cifar100, random resized crop + flip for shards), on or off"),
   };

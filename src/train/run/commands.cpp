@@ -290,7 +290,7 @@ const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
                     options::Presence::NotBlank),
       options::path("data-dir", &O::data_dir, "directory of the dataset files (default: the dataset's usual place)",
                     options::Presence::NotBlank),
-      options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all)"),
+      options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all; at most as many as the set holds)"),
       options::number("eval-batch-size", &O::batch_size, "samples per batch"),
       options::number("threads", &O::threads,
                       "math-library threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the CPUs it may "
@@ -368,7 +368,7 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     const bool recorded = records_option(c.meta, "image-size");
     e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0,
                               /*test_only=*/true);
-    e.ds.test.truncate(a.test_samples);
+    e.ds.test.truncate_to_option(a.test_samples, "--test-samples", "test");
     e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
     check_evaluation_data(c, *e.model, e.dataset, lead);
     require_same_classes(c, e.ds.test.class_names, "the packed dataset " + e.ds.test.source);

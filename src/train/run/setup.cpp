@@ -129,8 +129,8 @@ void check_batches(const TrainOptions& o, const data::Dataset& train, int64_t gl
 void load_data(const TrainOptions& o, int world, Prepared& p) {
   p.data_dir = o.data_dir.empty() ? data::default_data_dir(o.dataset) : o.data_dir;
   p.ds = data::load_dataset(o.dataset, p.data_dir, o.image_size);
-  p.ds.train.truncate(o.train_samples);
-  p.ds.test.truncate(o.test_samples);
+  p.ds.train.truncate_to_option(o.train_samples, "--train-samples", "training");
+  p.ds.test.truncate_to_option(o.test_samples, "--test-samples", "test");
   const int64_t global_batch = o.global_batch_size > 0 ? o.global_batch_size : o.batch_size * world;
   HPC_REQUIRE(global_batch >= world, "--global-batch-size ", global_batch, " gives some of the ", world,
               " ranks no sample per step; use at least one sample per rank");
