@@ -480,6 +480,17 @@ kill_node() {
     $(stepd_pids "$dir/spool/$node_arg/" "$dir/log/slurmd-$node_arg.log"))
   # shellcheck disable=SC2086
   [[ -n "${rest// /}" ]] && kill -9 $rest 2> /dev/null || true
+  # Gone when this returns: a process SIGKILLed in the middle of a system call lives on until the
+  # call ends (a busy machine, I/O), and a start-node right after found "node n2's slurmd is
+  # already running" (seen once in CI). Up to 10 s, then said.
+  local p left deadline=$((SECONDS + 10))
+  while :; do
+    left=""
+    for p in $first $rest; do alive "$p" && left+=" $p"; done
+    [[ -z "$left" ]] && break
+    ((SECONDS < deadline)) || { echo "$me: warning: node $node_arg: process(es)$left still alive 10 s after SIGKILL" >&2; break; }
+    sleep 0.1
+  done
   echo "$me: killed node $node_arg ($(printf '%s\n' $first $rest | sort -u | grep -c .) process(es): its slurmd, slurmstepd and job tasks)"
 }
 
