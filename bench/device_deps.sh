@@ -174,6 +174,11 @@ pack() {
   debian12 || die "the pack is made from Debian 12's packages (names and sonames): run it on Debian 12"
   local dir=${1:-.device}
   [[ "$dir" == /* ]] || dir="$root/$dir"
+  # The device call's carry takes paths inside the repository only: refuse another place before
+  # the pack's long compression, not after it.
+  dir=$(realpath -m "$dir")
+  root=$(realpath "$root")
+  [[ "$dir" == "$root"/?* ]] || die "pack folder $dir is not a folder inside the repository $root: the device call's carry takes only paths inside it"
   local fm=/usr/share/datasets/fashion-mnist
   [[ -f $fm/train-images-idx3-ubyte.gz ]] || die "no Fashion-MNIST in $fm (apt-get install dataset-fashion-mnist)"
   local peer=${PEER_GPU:-$root/../shared/bench/torch_peer_gpu.py}

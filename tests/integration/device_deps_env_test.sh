@@ -49,5 +49,17 @@ tail="): make it again with bench/device_deps.sh pack"
   fail "env on a damaged pack exited $code, wanted 2 and '${head}...$tail'" "$out"
 [[ ! -e $tmp/damaged/.unpacked ]] || fail "a damaged pack marked unpacked" ""
 
+# pack into a folder outside the repository: refused at once (the device call's carry takes only
+# paths inside the tree), before the long compression, and nothing made there.
+if grep -qx 'VERSION_ID="12"' /etc/os-release 2> /dev/null; then
+  out=$("$bench/device_deps.sh" pack "$tmp/outside" 2>&1 > /dev/null)
+  code=$?
+  [[ $code == 2 && $out == "device_deps.sh: error: pack folder $tmp/outside is not a folder inside the repository "* &&
+     $out != *$'\n'* && ! -e $tmp/outside ]] ||
+    fail "pack into a folder outside the repository exited $code, wanted 2 and one line saying so" "$out"
+else
+  echo "not checked: pack outside the repository (pack runs on Debian 12 only, this is $(. /etc/os-release; echo "$PRETTY_NAME"))"
+fi
+
 ((failures == 0)) || exit 1
-echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher, a damaged pack refused"
+echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher, a damaged pack refused; pack outside the tree refused"
