@@ -218,6 +218,19 @@ class Serving(unittest.TestCase):
         self.assertAlmostEqual(sum(np.exp(np.array(record["logits"]) - max(record["logits"]))
                                    / np.exp(np.array(record["logits"]) - max(record["logits"])).sum()), 1.0)
 
+    def test_text_escapes_tell_a_newline_from_a_backslash_n(self):
+        # The text form writes control characters as escapes (\n, \t, \xNN) and doubles a
+        # backslash, so a file named with a newline and one named with a backslash and an n print
+        # as two different lines that each give back their own name; JSON carries the names as they are.
+        paths = [self.write(name, self.images[0]) for name in ["a\nb.png", "a\\nb.png", "tab\there.png"]]
+        lines = ok("predict", "--checkpoint", self.ckpt, *CPU, "--top-k", "1", *paths).splitlines()
+        self.assertEqual(len(lines), 3, lines)
+        shown = [line.split(": ")[0] for line in lines]
+        self.assertEqual(shown, [p.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") for p in paths])
+        self.assertEqual(len(set(shown)), 3, shown)
+        records = [json.loads(line) for line in self.predict(*paths).splitlines()]
+        self.assertEqual([r["path"] for r in records], paths)
+
     def test_ranks_share_the_batches_and_print_in_order(self):
         paths = [self.write(f"{i:02d}.png", self.images[i]) for i in range(10)]
         one = self.predict("--batch-size", "3", self.dir)

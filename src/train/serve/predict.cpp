@@ -214,14 +214,24 @@ class Predictor {
     return names.empty() ? std::to_string(k) : names[static_cast<size_t>(k)];
   }
 
+  // A path or class name in the text form: control characters escaped as in error lines
+  // (one_line) and, so that such an escape is told apart from the same characters in a name,
+  // a backslash doubled. "a\nb.png" (newline) and "a\\nb.png" (backslash, n) print apart.
+  static std::string text_field(const std::string& text) {
+    std::string doubled;
+    doubled.reserve(text.size());
+    for (const char c : text) doubled.append(c == '\\' ? 2 : 1, c);
+    return one_line(doubled);
+  }
+
   std::string text_line(const std::string& path, const std::vector<int64_t>& order,
                         const std::vector<double>& p) const {
     std::ostringstream s;
-    s << one_line(path) << ":";
+    s << text_field(path) << ":";
     for (size_t i = 0; i < order.size(); ++i) {
       char prob[32];
       std::snprintf(prob, sizeof prob, "%.4f", p[static_cast<size_t>(order[i])]);
-      s << (i ? ", " : " ") << one_line(name_of(order[i])) << " " << prob;
+      s << (i ? ", " : " ") << text_field(name_of(order[i])) << " " << prob;
     }
     return s.str() + "\n";
   }
