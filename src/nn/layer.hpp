@@ -193,6 +193,7 @@ class BatchNorm final : public Layer<T> {
   std::vector<double> mean_, invstd_;
   std::vector<T> scale_, shift_;  // forward's normalisation: x * scale + shift, per channel
   double count_ = 0;                // values per channel the statistics came from (all ranks')
+  double rows_weight_ = 1;          // synchronised: this rank's rows over the mean rows of a rank
   StatsSum sync_;
 };
 

@@ -203,11 +203,13 @@ void BatchNorm<T>::statistics(const T* xp, int64_t m, bool train) {
     shifted_sums(xp, m, shift.data(), s1, s2);
     count_ = static_cast<double>(m);
     if (sync_) {
-      std::vector<double> total(c + 1);
+      std::vector<double> total(c + 2);
       for (int64_t j = 0; j < c; ++j) total[j] = s1[j] + count_ * static_cast<double>(shift[j]);
       total[c] = count_;
-      sync_(total.data(), c + 1);
+      total[c + 1] = 1;  // the number of ranks
+      sync_(total.data(), c + 2);
       count_ = total[c];
+      rows_weight_ = total[c + 1] * static_cast<double>(m) / count_;
       for (int64_t j = 0; j < c; ++j) shift[j] = static_cast<T>(total[j] / count_);
       shifted_sums(xp, m, shift.data(), s1, s2);
       std::vector<double> both(s1);
@@ -325,9 +327,17 @@ const Tensor& BatchNorm<T>::backward(const Tensor& dy, bool need_dx) {
   }
   if (!need_dx) return dx_;
   if (sync_) {  // every rank's samples moved the statistics: dx needs the global sums
+    // Each rank's dy is the gradient of the mean loss over its own rows, and the all-reduce of
+    // the gradients weighs each rank by its share of the global batch (dist/bucketer.hpp). So the
+    // sums are added at a common scale, each rank's weighed by its rows, and brought back to this
+    // rank's scale after; where the shards are even the weight is exactly 1 and changes no bit.
+    // Unweighed, dx was 5% off on shards of 3 and 5 rows, and 50 steps of 64 samples on 3 ranks
+    // (21, 21 and 22) ended 1.4e-3 off one rank's test loss.
     std::vector<double> both(sdy);
     both.insert(both.end(), sdyx.begin(), sdyx.end());
+    for (double& v : both) v *= rows_weight_;
     sync_(both.data(), 2 * c);
+    for (double& v : both) v /= rows_weight_;
     std::copy(both.begin(), both.begin() + c, sdy.begin());
     std::copy(both.begin() + c, both.end(), sdyx.begin());
   }

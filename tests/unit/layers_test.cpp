@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <algorithm>
+#include <barrier>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -559,6 +561,110 @@ TEST(BatchNormForward, SingleValuePerChannelInTrainingIsAUsageError) {
     EXPECT_NE(std::string(e.what()).find("batch"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(bn.forward(x, false));  // evaluation of one sample is fine
+}
+
+// ---- Batch norm with statistics over every rank (--sync-batch-norm) --------------------------
+
+// Ranks as threads: the StatsSum each gets adds their vectors in rank order, as an all-reduce.
+class ThreadRanks {
+ public:
+  explicit ThreadRanks(int n) : barrier_(n), parts_(n) {}
+  nn::StatsSum sum_for(int rank) {
+    return [this, rank](double* data, int64_t n) {
+      parts_[rank].assign(data, data + n);
+      barrier_.arrive_and_wait();
+      std::vector<double> total(n, 0.0);
+      for (const auto& p : parts_)
+        for (int64_t i = 0; i < n; ++i) total[i] += p[i];
+      barrier_.arrive_and_wait();  // every rank has read the parts before one writes again
+      std::copy(total.begin(), total.end(), data);
+    };
+  }
+
+ private:
+  std::barrier<> barrier_;
+  std::vector<std::vector<double>> parts_;
+};
+
+// Ranks holding `rows` samples each (of the global batch, in order) with synchronised statistics
+// compute what one batch norm over the whole batch does, as the trainer uses them: each rank's dy
+// is the gradient of the mean loss over its own samples, and the gradient all-reduce weighs each
+// rank's gradients by its share of the global batch (dist/bucketer.hpp). So a rank's outputs and
+// running statistics are the whole batch's, and share times its dx (what reaches the earlier
+// layers' gradients, which are weighed alike) and the weighed sum of its gamma and beta
+// gradients are the whole batch's. Shards are uneven where the global batch is no multiple of the
+// world size, and on the short last batch of --keep-last-batch.
+void expect_sync_batch_norm_is_one_batch(const std::vector<int64_t>& rows) {
+  const Shape sample{2, 3, 4};  // NHWC rows: the statistics are over samples and cells
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  const Tensor x = random_tensor(nn::batch_shape(total, sample), 31, 1, 2.0);
+  const Tensor dl = random_tensor(x.shape(), 31, 2);  // gradient of the summed per-sample losses
+  const int64_t per_sample = sample.numel();
+  auto make = [&](ParamStore<double>& store, nn::BatchNorm<double>& bn) {
+    bn.setup(sample, store, "bn");
+    store.allocate();
+    fill_normal(store.values().data<double>(), store.values().numel(), 31, 3, 0.3, 1.0);
+    fill_normal(store.buffers().data<double>(), store.buffers().numel(), 31, 4, 0.1, 1.0);
+  };
+  auto scaled = [&](int64_t first, int64_t n, double by) {
+    Tensor t = Tensor::zeros<double>(nn::batch_shape(n, sample));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = dl.data<double>()[first * per_sample + i] * by;
+    return t;
+  };
+  ParamStore<double> one_store;
+  nn::BatchNorm<double> one;
+  make(one_store, one);
+  const Tensor y1 = one.forward(x, true);
+  const Tensor dx1 = one.backward(scaled(0, total, 1.0 / static_cast<double>(total)), true);
+
+  const int world = static_cast<int>(rows.size());
+  ThreadRanks ranks(world);
+  std::vector<ParamStore<double>> stores(world);
+  std::vector<std::unique_ptr<nn::BatchNorm<double>>> bns;
+  std::vector<Tensor> ys(world), dxs(world);
+  for (int r = 0; r < world; ++r) {
+    bns.push_back(std::make_unique<nn::BatchNorm<double>>());
+    make(stores[r], *bns[r]);
+    bns[r]->sync_statistics(ranks.sum_for(r));
+  }
+  std::vector<std::thread> threads;
+  int64_t first = 0;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r, first] {
+      Tensor xr = Tensor::zeros<double>(nn::batch_shape(rows[r], sample));
+      std::copy(x.data<double>() + first * per_sample, x.data<double>() + (first + rows[r]) * per_sample,
+                xr.data<double>());
+      ys[r] = bns[r]->forward(xr, true);
+      dxs[r] = bns[r]->backward(scaled(first, rows[r], 1.0 / static_cast<double>(rows[r])), true);
+    });
+    first += rows[r];
+  }
+  for (auto& t : threads) t.join();
+
+  std::vector<double> grads(one_store.grads().numel(), 0.0);
+  first = 0;
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    const double share = static_cast<double>(rows[r]) / static_cast<double>(total);
+    for (int64_t i = 0; i < rows[r] * per_sample; ++i) {
+      ASSERT_NEAR(ys[r].data<double>()[i], y1.data<double>()[first * per_sample + i], 1e-12) << "y " << i;
+      ASSERT_NEAR(share * dxs[r].data<double>()[i], dx1.data<double>()[first * per_sample + i], 1e-12) << "dx " << i;
+    }
+    for (int64_t i = 0; i < one_store.buffers().numel(); ++i)
+      EXPECT_NEAR(stores[r].buffers().data<double>()[i], one_store.buffers().data<double>()[i], 1e-12) << "buffer " << i;
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] += share * stores[r].grads().data<double>()[i];
+    first += rows[r];
+  }
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_NEAR(grads[i], one_store.grads().data<double>()[i], 1e-12) << i;
+}
+
+TEST(SyncBatchNorm, EvenShardsComputeTheWholeBatch) { expect_sync_batch_norm_is_one_batch({4, 4}); }
+
+// 64 samples on 3 ranks are 21, 21 and 22.
+TEST(SyncBatchNorm, UnevenShardsComputeTheWholeBatch) {
+  expect_sync_batch_norm_is_one_batch({3, 5});
+  expect_sync_batch_norm_is_one_batch({2, 2, 3});
 }
 
 // ---- Batch norm with a fused max pool -------------------------------------------------------
