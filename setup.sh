@@ -4,7 +4,8 @@
 # into build/.
 #
 #   ./setup.sh            packages for building and testing, then the build
-#   ./setup.sh --bench    also python3-torch, which only bench/cpu_vs_peer.sh needs
+#   ./setup.sh --bench    also python3-torch where it is not installed by default (Debian 12 has
+#                         it for torch_parity_test), for bench/cpu_vs_peer.sh
 #
 # Environment: BUILD_DIR (default build, relative to the repository root unless absolute),
 # JOBS (parallel build jobs, default: every core), CMAKE_ARGS (more configure options, split on
@@ -67,8 +68,11 @@ packages=(
   systemd nftables                             # the AWS nodes' metadata firewall: systemd-analyze verify, nft
   gpg                                          # the AWS nodes check the CloudWatch agent package's signature: its test signs one
 )
-if ((bench)); then
-  packages+=(python3-torch)  # the PyTorch peer of bench/cpu_vs_peer.sh
+
+# torch_parity_test checks the CPU maths against PyTorch: Debian 12's python3-torch (1.13) is the
+# one it needs (Ubuntu 22.04's 1.8 has no label smoothing), and bench/cpu_vs_peer.sh's peer.
+if [[ "${os:-}" == "debian 12" ]] || ((bench)); then
+  packages+=(python3-torch)
 fi
 
 # Root runs apt directly; anyone else goes through sudo when there is one.

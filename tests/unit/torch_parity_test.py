@@ -6,8 +6,8 @@ schedules on small inputs and writes them out with what they computed; here PyTo
 same from the same inputs and settings (torch.nn.functional, torch.optim.SGD, torch's LR
 schedulers, CrossEntropyLoss(label_smoothing)), and the two must agree to float32 rounding.
 Needs Debian's python3-torch (run by /usr/bin/python3); skipped (77, through run_unittest.py)
-without it. CI does not install torch: the checks that matter have torch-free forms in
-optim_test.cpp and layers_test.cpp.
+without it (setup.sh installs it on Debian 12, where CI runs it through must_run.sh); the checks
+that matter have torch-free forms in optim_test.cpp and layers_test.cpp as well.
 """
 import json
 import os
@@ -22,6 +22,9 @@ try:
     import torch.nn.functional as F
 except ImportError as e:  # the whole file needs torch
     print(f"SKIPPED: PyTorch and numpy are not both importable by {sys.executable} ({e}); install python3-torch")
+    sys.exit(77)
+if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (1, 10):  # label_smoothing came in 1.10
+    print(f"SKIPPED: PyTorch {torch.__version__} is older than 1.10, which has CrossEntropyLoss's label smoothing")
     sys.exit(77)
 
 torch.set_default_dtype(torch.float32)
