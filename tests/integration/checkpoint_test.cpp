@@ -86,16 +86,21 @@ class Checkpoints : public ::testing::Test {
       a.insert(a.end(), {"--checkpoint-dir", ckpt_dir, "--checkpoint-every-steps", "5", "--snapshot-every-steps", "0"});
     return a;
   }
-  // The done line of job() never interrupted (the same in every test: worked out once per
-  // binary).
-  JsonObject uninterrupted(int ranks) {
-    static std::map<int, JsonObject> known;
+  // The done line and epoch events of job() never interrupted (the same in every test: worked out
+  // once per binary).
+  struct Ended {
+    JsonObject done;
+    std::map<int64_t, JsonObject> epochs;
+  };
+  const Ended& uninterrupted_run(int ranks) {
+    static std::map<int, Ended> known;
     if (known.count(ranks)) return known[ranks];
     const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
     const RunResult r = run_mpi(ranks, job("", m));
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    return known[ranks] = done_of(m);
+    return known[ranks] = {done_of(m), epochs_of(m)};
   }
+  JsonObject uninterrupted(int ranks) { return uninterrupted_run(ranks).done; }
 
   // job() continued from the checkpoints in `ck`: it must resume at step `from` and end exactly
   // where an uninterrupted run does.
@@ -136,6 +141,7 @@ TEST_F(Checkpoints, ResumeAfterAKilledRankIsBitExact) {
     EXPECT_EQ(d.at("resumed_from_step").number, 5);
     EXPECT_EQ(d.at("steps").number, 40);
     expect_same_end(d, want);
+    expect_same_epochs(epochs_of(m), uninterrupted_run(ranks).epochs);  // epoch 1 resumed 5 steps into it
   }
 }
 
@@ -212,6 +218,65 @@ TEST_F(Checkpoints, StopOnSignalCheckpointsAndResumesExactly) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, static_cast<double>(resumed_from));
   expect_same_end(done_of(m), want);
+  // Epoch 1 was stopped and resumed 4 times, each run adding to the sums the one before resumed.
+  expect_same_epochs(epochs_of(m), uninterrupted_run(2).epochs);
+}
+
+// A checkpoint written before checkpoints recorded the epoch's sums so far (epoch_train_sums) resumes
+// as it did: to the same state, the resumed epoch's training figures covering its resumed steps
+// only. One resumed on another number of ranks reports the whole epoch's, within rounding.
+TEST_F(Checkpoints, AResumeInsideAnEpochWithoutItsSumsOrOnOtherRanksStillAddsUp) {
+  const Ended& want = uninterrupted_run(2);
+  const std::string ck = dir_.file("sums");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "13@1", 1);
+  const RunResult stopped = run_mpi(2, job(ck, dir_.file("sums0.jsonl")));
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  const std::string file = ck + "/ckpt-000000013.hpck";
+  const std::string older = dir_.file("sums-older");
+  fs::create_directories(older);
+  write_bytes(older + "/ckpt-000000013.hpck", with_section(read_bytes(file), 1, [](Bytes& meta) {
+                std::string text(meta.begin(), meta.end());
+                const size_t at = text.find("epoch_train_sums=");
+                ASSERT_NE(at, std::string::npos) << text;
+                text.erase(at, text.find('\n', at) + 1 - at);
+                meta.assign(text.begin(), text.end());
+              }));
+  const std::string m = dir_.file("sums-older.jsonl");
+  const RunResult resumed = run_mpi(2, job(older, m));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 13);
+  expect_same_end(done_of(m), want.done);
+  const std::map<int64_t, JsonObject> epochs = epochs_of(m);
+  ASSERT_TRUE(epochs.count(1) && epochs.count(2)) << m;
+  EXPECT_NE(epochs.at(1).at("train_loss").number, want.epochs.at(1).at("train_loss").number);
+  EXPECT_EQ(epochs.at(2).at("train_loss").raw, want.epochs.at(2).at("train_loss").raw);
+  // On 1 rank, rank 0 takes both ranks' sums and adds its steps' losses (its step events' whole
+  // global batch's) to them. (Batch norm over 64 samples instead of 32 makes those steps' losses
+  // another run's: no figure of the 2-rank run to compare with.)
+  const std::string m1 = dir_.file("sums-1.jsonl");
+  auto args = job(dir_.file("sums-1"), m1);
+  args.insert(args.end(), {"--resume", file, "--metrics-every-steps", "1"});
+  const RunResult one = run_mpi(1, args);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  std::string meta;
+  with_section(read_bytes(file), 1, [&](Bytes& b) { meta.assign(b.begin(), b.end()); });
+  const std::smatch sums = [&] {
+    std::smatch found;
+    std::regex_search(meta, found, std::regex(R"(\nepoch_train_sums=\[([^,]+),[^,]+,([^,]+),([^,]+),[^,]+,([^,]+)\]\n)"));
+    return found;
+  }();
+  ASSERT_EQ(sums.size(), 5u) << meta;
+  double loss = std::stod(sums[1]) + std::stod(sums[3]), samples = std::stod(sums[2]) + std::stod(sums[4]);
+  EXPECT_EQ(samples, 13 * 64);
+  for (const JsonObject& o : read_json_lines(m1))
+    if (o.at("event").str == "step" && o.at("epoch").number == 1) {
+      loss += o.at("loss").number * 64;
+      samples += 64;
+    }
+  EXPECT_EQ(samples, 1280);
+  const double train_loss = epochs_of(m1).at(1).at("train_loss").number;
+  EXPECT_NEAR(train_loss, loss / samples, 1e-12 * train_loss);
 }
 
 // Stopped right after its last step, and then started again once finished (as a job chain's

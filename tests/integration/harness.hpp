@@ -641,4 +641,24 @@ inline void expect_same_end(const JsonObject& got, const JsonObject& want) {
   EXPECT_EQ(got.at("test_accuracy").number, want.at("test_accuracy").number);
 }
 
+// The epoch events of a metrics file by epoch (1, 2, ...): those the runs that wrote it ended.
+inline std::map<int64_t, JsonObject> epochs_of(const std::string& metrics) {
+  std::map<int64_t, JsonObject> epochs;
+  for (JsonObject& o : read_json_lines(metrics))
+    if (o.count("event") && o.at("event").str == "epoch") epochs[std::llround(o.at("epoch").number)] = std::move(o);
+  return epochs;
+}
+
+// A resumed run's epochs report what an uninterrupted run's do: the training figures over all of
+// the epoch's steps (those before the resume too), bit for bit, and the evaluation.
+inline void expect_same_epochs(const std::map<int64_t, JsonObject>& got, const std::map<int64_t, JsonObject>& want) {
+  ASSERT_FALSE(want.empty());
+  for (const auto& [epoch, w] : want) {
+    SCOPED_TRACE(::testing::Message() << "epoch " << epoch);
+    ASSERT_TRUE(got.count(epoch));
+    for (const char* key : {"step", "train_loss", "train_accuracy", "test_loss", "test_accuracy"})
+      EXPECT_EQ(got.at(epoch).at(key).raw, w.at(key).raw) << key;
+  }
+}
+
 }  // namespace hpc::itest

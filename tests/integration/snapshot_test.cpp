@@ -51,13 +51,23 @@ class Snapshots : public ::testing::Test {
     if (!snaps.empty()) a.insert(a.end(), {"--snapshot-dir", snaps});
     return a;
   }
-  JsonObject uninterrupted(int ranks) {
-    static std::map<int, JsonObject> known;
+  // job() never interrupted: its done line and epoch events (worked out once per binary).
+  struct Ended {
+    JsonObject done;
+    std::map<int64_t, JsonObject> epochs;
+  };
+  const Ended& uninterrupted_run(int ranks) {
+    static std::map<int, Ended> known;
     if (known.count(ranks)) return known[ranks];
     const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
     const RunResult r = run_mpi(ranks, job("", m, ""));
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    return known[ranks] = done_of(m);
+    return known[ranks] = {done_of(m), epochs_of(m)};
+  }
+  JsonObject uninterrupted(int ranks) { return uninterrupted_run(ranks).done; }
+  // The epochs of the last resume() against job() never interrupted.
+  void expect_resumed_epochs(int ranks) {
+    expect_same_epochs(epochs_of(dir_.file("resumed.jsonl")), uninterrupted_run(ranks).epochs);
   }
   // Kills rank `victim` after `step` of job(ck) on `ranks` ranks.
   void kill_after(int ranks, const std::string& ck, const std::string& snaps, int step, int victim = 0) {
@@ -137,6 +147,7 @@ TEST_F(Snapshots, AKilledRankResumesFromTheSnapshotAndEndsInTheSameState) {
     EXPECT_GE(d.at("resumed_from_step").number, 8 - kEvery + 1);
     EXPECT_GT(d.at("snapshots_taken").number, 0);
     expect_same_end(d, uninterrupted(ranks));
+    expect_resumed_epochs(ranks);  // from the snapshot's sums of epoch 1 so far
     EXPECT_FALSE(fs::exists(where)) << "a finished run's snapshots stay in " << where;
   }
 }
@@ -349,6 +360,7 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   EXPECT_EQ(d.at("resumed_from").str, "snapshot");
   EXPECT_EQ(d.at("resumed_from_step").number, 8) << "a step redone";
   expect_same_end(d, uninterrupted(2));
+  expect_resumed_epochs(2);
   // Without the marker a stop writes its checkpoint as before.
   const std::string ck2 = dir_.file("member2");
   EXPECT_EQ(stopped_after_8(2, job(ck2, dir_.file("m2.jsonl"), snaps), "8@1:usr1", "").exit_code, 75);
@@ -422,6 +434,7 @@ TEST_F(Snapshots, AStopDuringSetUpCheckpointsTheStateResumedFromMemory) {
   EXPECT_EQ(d.at("resumed_from").str, "checkpoint");
   EXPECT_EQ(d.at("resumed_from_step").number, 6);
   expect_same_end(d, uninterrupted(1));
+  expect_resumed_epochs(1);  // the snapshot's sums, checkpointed with its state
 }
 
 // Snapshots that cannot be kept are a warning at start-up and the run trains on without them:

@@ -522,6 +522,41 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
   }
 }
 
+// Each rank's training sums of the epoch so far go into a checkpoint taken inside it, exactly, and
+// come back with its position (a resumed epoch's line then covers all of its steps); a record
+// reused at an epoch's start (as snapshots reuse theirs) drops them; a checkpoint without them (one
+// written before they were recorded) has none; a malformed record is an error, not state.
+TEST(CheckpointPosition, TheEpochsSumsTravelInCheckpoints) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::Mlp;
+  spec.input = Shape{28, 28, 1};
+  nn::Model<float> model(spec);
+  train::TrainOptions o;
+  train::RunPosition at{10, 1, 2, 64, 640};
+  at.epoch_sums = {0.1 + 0.2, 17, 32, 1.0 / 3, 15, 32};  // 2 ranks: digits a short print would lose
+  ckpt::Checkpoint c;
+  train::record_run(c, o, train::ModelIdentity::of(model), 2, at);
+  c = ckpt::decode(ckpt::encode(c), "test");
+  EXPECT_EQ(train::recorded_position(c).epoch_sums, at.epoch_sums);
+  const std::string with = train::state_checksum(c);
+  train::record_position(c, train::RunPosition{20, 2, 0, 64, 1280});
+  EXPECT_EQ(c.meta.count("epoch_train_sums"), 0u);
+  EXPECT_TRUE(train::recorded_position(c).epoch_sums.empty());
+  train::record_position(c, at);
+  c.meta.erase("epoch_train_sums");
+  EXPECT_TRUE(train::recorded_position(c).epoch_sums.empty());
+  EXPECT_EQ(train::state_checksum(c), with) << "the sums are no part of the state";
+  for (const char* bad : {"[]", "[1,2]", "[1,2,-3]", "[1,2,null]", "1,2,3", "[\"1\",2,3]"}) {
+    c.meta["epoch_train_sums"] = bad;
+    try {
+      train::recorded_position(c);
+      ADD_FAILURE() << "epoch_train_sums " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("epoch_train_sums is not a JSON array"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Packed shards' class names go into the checkpoint with a digest of classes.txt, and come back;
 // a checkpoint without them (other datasets, or written before they were recorded) has none, and
 // a malformed record is an error.

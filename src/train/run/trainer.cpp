@@ -126,8 +126,8 @@ struct StepStart {
 // One epoch's sums on this rank.
 struct EpochTally {
   Clock::time_point t0 = Clock::now();
-  double sums[3] = {0, 0, 0};  // loss * samples, correct, samples
-  int64_t global_samples = 0;  // over all ranks
+  double sums[3] = {0, 0, 0};  // loss * samples, correct, samples; of the steps before a resume too
+  int64_t global_samples = 0;  // over all ranks, of this process's steps (its images per second)
 };
 
 class TrainingRun {
@@ -153,13 +153,15 @@ class TrainingRun {
   std::unique_ptr<optim::LrSchedule> schedule_for(int64_t epochs) const;
   void start_engine();
   void start_state_keeping();
-  bool stop_for_membership();
+  bool stop_for_membership(const RunPosition& at);
   bool membership_marked(bool warn_if_stale);
   bool run_epoch(int64_t epoch);
   double train_step(const data::Batch& batch, int64_t epoch, EpochTally& e, const StepStart& start);
   void record_step(const StepResult& r, double lr, int64_t global_len, int64_t epoch, const StepStart& start);
   void show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e);
   bool at_step_boundary(int64_t epoch, double loss);
+  void seed_epoch(EpochTally& e) const;
+  RunPosition saved_position(RunPosition at);  // with the epoch's sums (collective inside an epoch)
   void checkpoint(const RunPosition& at);  // checkpoints_->save and snapshots_->take, traced
   void snapshot(const RunPosition& at);
   // save: --checkpoint-each-epoch's checkpoint too (not in a stop that keeps the state in memory only).
@@ -208,6 +210,7 @@ class TrainingRun {
   std::optional<StragglerTracker> stragglers_;
   std::unique_ptr<StepWatchdog> watchdog_;
   Tally tally_;
+  EpochTally epoch_;  // the epoch in progress (run_epoch's), whose sums a save inside it records
   EvalResult eval_;
   // A stop at an epoch's last step: that epoch, whose end stop() makes once the state is saved.
   struct UnendedEpoch {
@@ -598,7 +601,8 @@ void TrainingRun::start_engine() {
 
 // The epoch's steps (from where a resumed run stands in it) and its end; false: stop.
 bool TrainingRun::run_epoch(int64_t epoch) {
-  EpochTally e;
+  EpochTally& e = epoch_ = EpochTally{};
+  if (epoch == p_.start.epoch) seed_epoch(e);
   plan_.loader->start_epoch(epoch, epoch == p_.start.epoch ? p_.start.step_in_epoch : 0);
   while (tally_.step < plan_.total_steps) {
     StepStart start{Clock::now()};
@@ -685,14 +689,40 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
     diverged(o_, detail::concat("the loss of step ", step, " (epoch ", epoch + 1, ") is not finite"),
              step == 1 && !p_.resumed);
   const bool checkpoint = checkpoints_->due_at_step(step) || agreed.checkpoint_due;
-  if (checkpoint) this->checkpoint(tally_.here);
   // A snapshot with every checkpoint too: the hosts' newest state is never older than the
   // directory's.
-  if (checkpoint || agreed.snapshot_due) snapshot(tally_.here);
+  if (checkpoint || agreed.snapshot_due) {
+    const RunPosition at = saved_position(tally_.here);
+    if (checkpoint) this->checkpoint(at);
+    snapshot(at);
+  }
   if (trace_) trace_->at_boundary(step);  // where the ranks meet anyway (the agreement above)
   if (hooks_.kills_at(step)) snapshots_->wait();
   hooks_.kill_after(step, checkpoints_->writer(), comm_);
   return agreed.stop;
+}
+
+// A run resumed inside an epoch starts its tally where the saved one stood: on the same number of
+// ranks each rank from its own sums, which then add up to the bits of an uninterrupted run's; on
+// another, rank 0 from all of them (end_epoch adds the ranks' sums up: the same figures, but for
+// the rounding).
+void TrainingRun::seed_epoch(EpochTally& e) const {
+  const std::vector<double>& saved = p_.start.epoch_sums;
+  if (p_.start.step_in_epoch == 0 || saved.empty()) return;  // an older checkpoint: this run's steps only
+  const size_t ranks = saved.size() / 3;
+  for (size_t r = 0; r < ranks; ++r)
+    if (ranks == static_cast<size_t>(world_) ? r == static_cast<size_t>(ctx_.rank()) : lead_)
+      for (size_t k = 0; k < 3; ++k) e.sums[k] += saved[3 * r + k];
+}
+
+// `at` with every rank's sums of the epoch so far, where it lies inside one (collective there: each
+// rank's slot is non-zero on that rank only, so the all-reduce adds zeros to it, which is exact).
+RunPosition TrainingRun::saved_position(RunPosition at) {
+  if (at.step_in_epoch == 0) return at;
+  at.epoch_sums.assign(3 * static_cast<size_t>(world_), 0.0);
+  std::copy(epoch_.sums, epoch_.sums + 3, at.epoch_sums.begin() + 3 * ctx_.rank());
+  if (world_ > 1) comm_.allreduce_sum(at.epoch_sums.data(), static_cast<int64_t>(at.epoch_sums.size()));
+  return at;
 }
 
 void TrainingRun::checkpoint(const RunPosition& at) {
@@ -758,10 +788,11 @@ TrainResult TrainingRun::stop() {
   const std::string cause =
       detail::concat("stopped on request (", cause_of(asked, world_), ") after step ", tally_.step);
   const Clock::time_point saving = Clock::now();
-  const bool in_memory = stop_for_membership();  // asked once: it takes the snapshots
+  const RunPosition here = saved_position(tally_.here);
+  const bool in_memory = stop_for_membership(here);  // asked once: it takes the snapshots
   if (!in_memory) {
-    checkpoint(tally_.here);
-    snapshot(tally_.here);
+    checkpoint(here);
+    snapshot(here);
     checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
   }
   // At an epoch's last step, its state saved, the stop ends the epoch (its evaluation, line and
@@ -798,9 +829,9 @@ TrainResult TrainingRun::stop() {
 // back when a user's stop (Ctrl-C, Slurm's preemption) replaces its own: that stop is for good,
 // perhaps followed by a requeue onto other nodes, so a marker gone once the snapshots are written
 // means a checkpoint too.
-bool TrainingRun::stop_for_membership() {
+bool TrainingRun::stop_for_membership(const RunPosition& at) {
   if (!snapshots_->enabled() || !membership_marked(true)) return false;
-  if (!snapshots_->take_and_wait(tally_.here)) return false;
+  if (!snapshots_->take_and_wait(at)) return false;
   if (membership_marked(false)) return true;
   if (lead_) log::warn("hpcrun's stop to change the hosts became a stop for good: writing a checkpoint too");
   return false;

@@ -37,6 +37,27 @@ std::string listed(const std::vector<std::string>& names) {
   return text;
 }
 
+constexpr const char* kEpochSumsKey = "epoch_train_sums";
+
+// RunPosition::epoch_sums as recorded: empty when the key is not there (an older checkpoint's, or
+// one at an epoch's start); a usage error unless 3 finite, non-negative numbers a rank.
+std::vector<double> recorded_epoch_sums(const ckpt::Checkpoint& c) {
+  const auto it = c.meta.find(kEpochSumsKey);
+  if (it == c.meta.end()) return {};
+  std::vector<double> sums;
+  try {
+    sums = nlohmann::json::parse(it->second).get<std::vector<double>>();
+  } catch (const nlohmann::json::exception&) {
+    sums.clear();  // refused below
+  }
+  constexpr size_t kMostRanks = size_t{1} << 24;  // far beyond any job; bounds a crafted file's
+  HPC_REQUIRE(!sums.empty() && sums.size() % 3 == 0 && sums.size() <= 3 * kMostRanks &&
+                  std::all_of(sums.begin(), sums.end(), [](double v) { return std::isfinite(v) && v >= 0; }),
+              "the checkpoint's ", kEpochSumsKey, " is not a JSON array of 3 non-negative numbers per rank: ",
+              it->second.substr(0, 80));
+  return sums;
+}
+
 }  // namespace
 
 ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names,
@@ -105,6 +126,9 @@ void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
   m["step_in_epoch"] = meta_text(at.step_in_epoch);
   m["global_batch_size"] = meta_text(at.global_batch);
   m["samples_seen"] = meta_text(at.samples_seen);
+  // A snapshot's record is reused from one position to the next: sums of an earlier one go.
+  if (at.epoch_sums.empty()) m.erase(kEpochSumsKey);
+  else m[kEpochSumsKey] = json_text(JsonObject(at.epoch_sums));
 }
 
 namespace {
@@ -242,6 +266,7 @@ RunPosition recorded_position(const ckpt::Checkpoint& c) {
   at.step_in_epoch = c.integer("step_in_epoch");
   at.global_batch = c.integer("global_batch_size");
   at.samples_seen = c.number("samples_seen");
+  at.epoch_sums = recorded_epoch_sums(c);
   loss_scaler_of(c);  // valid, for the engine to restore
   // Bounded far beyond any run (2^31 epochs, 2^53 steps), so that the arithmetic on them (the
   // epoch shown from 1, epoch * steps per epoch) cannot overflow on a crafted file.

@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/checkpoint.hpp"
 #include "core/file_identity.hpp"
@@ -25,6 +26,12 @@ struct RunPosition {
   int64_t step_in_epoch = 0;  // index of the next step within that epoch
   int64_t global_batch = 0;
   double samples_seen = 0;    // what the schedules are functions of
+  // Inside an epoch (step_in_epoch > 0): the epoch's training sums so far on each rank, 3 a rank
+  // (loss x samples, correct, samples), so that a run resumed here reports the epoch's loss and
+  // accuracy over all of its steps, as an uninterrupted run does. Key epoch_train_sums, a JSON
+  // array; empty at an epoch's start and in checkpoints written before 2026-12-04 (whose resumed
+  // epoch reports its resumed steps only). Not part of the state: state_checksum leaves it out.
+  std::vector<double> epoch_sums{};  // ({}: positions made from their first five fields need not name it)
 
   // Where a run stands after global step `step`, whose index in `epoch` was `index`: at the
   // end of the epoch (steps_per_epoch steps) the next step opens the next epoch.
