@@ -161,6 +161,35 @@ class HeartbeatWrite {
   static bool closed() { return g_heartbeats_closed.load(); }
 };
 
+// The heartbeat a process that ends at once writes (write_final_heartbeat), prepared beforehand
+// because it is written from where only async-signal-safe calls may be made. Two records, one of
+// them published (g_final_at): a new run's is filled in the other, which no reader holds.
+struct FinalHeartbeat {
+  char path[4096], tmp[4096], extra[8192];
+};
+FinalHeartbeat g_final[2];
+std::atomic<int> g_final_at{-1};  // the record published, -1: none
+std::atomic<bool> g_final_armed{false};
+std::atomic<int64_t> g_final_step{0}, g_final_epochs{0};
+
+// Appends `text` to buf[*n..] (kept within `size`, NUL-terminated): async-signal-safe.
+void append(char* buf, size_t size, size_t* n, const char* text) {
+  for (; *text && *n + 1 < size; ++text) buf[(*n)++] = *text;
+  buf[*n] = '\0';
+}
+void append(char* buf, size_t size, size_t* n, int64_t v) {
+  char digits[24];
+  size_t k = 0;
+  uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  do digits[k++] = static_cast<char>('0' + u % 10);
+  while ((u /= 10) != 0);
+  if (v < 0) digits[k++] = '-';
+  char text[24];
+  for (size_t i = 0; i < k; ++i) text[i] = digits[k - 1 - i];
+  text[k] = '\0';
+  append(buf, size, n, text);
+}
+
 // Marks `tmp` as an unfinished file while it lives. A path longer than PATH_MAX, or more writers
 // at once than slots, is left unmarked: to the next run's clean-up.
 class UnfinishedMark {
@@ -373,6 +402,65 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0 && !warned.exchange(true))
     log::warn("cannot rename heartbeat ", tmp, ": ", std::strerror(errno), " (said once)");
+}
+
+void prepare_final_heartbeat(const std::string& dir, const std::string& extra) {
+  g_final_armed.store(false);
+  const int at = g_final_at.load() == 0 ? 1 : 0;
+  FinalHeartbeat& f = g_final[at];
+  const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
+  if (tmp.size() >= sizeof f.tmp || extra.size() >= sizeof f.extra) {  // none then: the run's beats go on as before
+    g_final_at.store(-1);
+    return;
+  }
+  std::memcpy(f.path, path.c_str(), path.size() + 1);
+  std::memcpy(f.tmp, tmp.c_str(), tmp.size() + 1);
+  std::memcpy(f.extra, extra.c_str(), extra.size() + 1);
+  g_final_at.store(at);
+}
+
+void arm_final_heartbeat(int64_t step, int64_t epochs_done) {
+  g_final_step.store(step);
+  g_final_epochs.store(epochs_done);
+  g_final_armed.store(true);
+}
+
+void disarm_final_heartbeat() { g_final_armed.store(false); }
+
+void write_final_heartbeat(int exit_code) {
+  const int at = g_final_at.load();
+  // A heartbeat write that still hangs (remove_unfinished_files waited a second for it): the
+  // storage does not answer, and its temporary file is that write's.
+  if (!g_final_armed.load() || at < 0 || g_heartbeats_writing.load() > 0) return;
+  const FinalHeartbeat& f = g_final[at];
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  char text[sizeof f.extra + 256];
+  size_t n = 0;
+  append(text, sizeof text, &n, "step=");
+  append(text, sizeof text, &n, g_final_step.load());
+  append(text, sizeof text, &n, "\nepoch=");
+  append(text, sizeof text, &n, g_final_epochs.load());
+  append(text, sizeof text, &n, "\nunix_time=");
+  append(text, sizeof text, &n, static_cast<int64_t>(now.tv_sec));
+  append(text, sizeof text, &n, "\npid=");
+  append(text, sizeof text, &n, static_cast<int64_t>(::getpid()));
+  append(text, sizeof text, &n, "\nstate=stopped\n");
+  append(text, sizeof text, &n, f.extra);
+  append(text, sizeof text, &n, "exit_code=");
+  append(text, sizeof text, &n, static_cast<int64_t>(exit_code));
+  append(text, sizeof text, &n, "\n");
+  ::unlink(f.tmp);  // as write_heartbeat: a FIFO of that name would block the open
+  const int fd = ::open(f.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  bool whole = true;
+  for (size_t done = 0; done < n && whole;) {
+    const ssize_t w = ::write(fd, text + done, n - done);
+    if (w > 0) done += static_cast<size_t>(w);
+    else whole = w < 0 && errno == EINTR;
+  }
+  // Never an empty or cut file over the last good heartbeat (a full file system).
+  if (::close(fd) != 0 || !whole || ::rename(f.tmp, f.path) != 0) ::unlink(f.tmp);
 }
 
 std::map<std::string, std::string> read_heartbeat(const std::string& dir) {

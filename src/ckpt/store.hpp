@@ -70,6 +70,18 @@ class CheckpointStore {
 // `extra`: more "key=value" lines, as they are.
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state = "training",
                      const std::string& extra = "");
+// The heartbeat of a process that ends at once (train/stop/signals.cpp: SIGINT, a second SIGTERM, a
+// signal left out of --stop-signals), which otherwise said "training" for ever after: state
+// "stopped" as after a stop signal's checkpoint, with an exit_code= line (128 + the signal) that
+// says none was written. prepare_final_heartbeat: DIR and the `extra` lines of the run's beats,
+// once it writes them; arm_final_heartbeat: where the run stands, at each step boundary;
+// disarm_final_heartbeat: the run wrote its own last heartbeat (done, stopped, failed), or ended.
+// write_final_heartbeat writes it when armed, after remove_unfinished_files(), where no
+// heartbeat write still hangs; async-signal-safe, as disarm and arm are.
+void prepare_final_heartbeat(const std::string& dir, const std::string& extra);
+void arm_final_heartbeat(int64_t step, int64_t epochs_done);
+void disarm_final_heartbeat();
+void write_final_heartbeat(int exit_code);
 // The heartbeat's fields by name (empty when DIR has none).
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 // Its step: the global steps done, -1 when it has none or not a whole number of 0 or more.

@@ -19,6 +19,18 @@
 namespace hpc::itest {
 namespace {
 
+// Whether DIR/heartbeat ends the run as stopped (not "training", which a watcher takes for a hang once
+// its time stops advancing), with an exit_code= line where it was a stop at once (exit_code > 0).
+void expect_stopped_heartbeat(const std::string& dir, int exit_code = 0) {
+  const std::string beat = read_text(dir + "/heartbeat");
+  EXPECT_NE(beat.find("\nstate=stopped\n"), std::string::npos) << beat;
+  if (exit_code > 0) {
+    EXPECT_NE(beat.find("\nexit_code=" + std::to_string(exit_code) + "\n"), std::string::npos) << beat;
+  } else {
+    EXPECT_EQ(beat.find("\nexit_code="), std::string::npos) << beat;
+  }
+}
+
 // "usr2" -> "USR2" (the tests' hooks name signals in lower case).
 std::string upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -985,6 +997,7 @@ TEST_F(Checkpoints, ASignalLeftOutOfStopSignalsKeepsItsDefaultAction) {
   EXPECT_EQ(r.exit_code, -1) << "killed by the signal\n" << r.err;
   EXPECT_EQ(r.err, "hpctrain: ended by SIGUSR2 (not in --stop-signals)\n");
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
+  expect_stopped_heartbeat(ck, 128 + SIGUSR2);
   expect_exact_resume(1, ck, 5);
 
   const std::string early = dir_.file("left_out_early");
@@ -1054,6 +1067,7 @@ TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOn
   EXPECT_EQ(r.err, "hpctrain: stopped at once by SIGINT, without a checkpoint: the ones already written are kept "
                    "(SIGTERM or SIGUSR1 would have written one first)\n");
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
+  expect_stopped_heartbeat(ck, 128 + SIGINT);
   expect_exact_resume(1, ck, 5);
 }
 
@@ -1102,6 +1116,7 @@ TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {
     EXPECT_EQ(r.err, want);
     for (const std::string& name : names_in(ck)) EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
     EXPECT_TRUE(fs::exists(ck + "/" + ckpt_name(c.resumes_from)));
+    expect_stopped_heartbeat(ck, c.exit_code == 75 ? 0 : c.exit_code);
     expect_exact_resume(1, ck, c.resumes_from);
   }
 }
@@ -1135,6 +1150,7 @@ TEST_F(Checkpoints, SignalsDuringTheFinalCheckpoint) {
       EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
       EXPECT_EQ(count_of(r.err, "hpctrain: stopped at once by SIGTERM (the second one)"), 1) << r.err;
       EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000020.hpck", "heartbeat"}));
+      expect_stopped_heartbeat(ck, 128 + SIGTERM);
       args = job(ck, dir_.file("final_resumed.jsonl"));
       *(std::find(args.begin(), args.end(), "--checkpoint-every-steps") + 1) = "20";
       const RunResult resumed = run_hpctrain(args);

@@ -362,6 +362,33 @@ TEST(Heartbeat, ReadsBackWhatWasWritten) {
   EXPECT_EQ(ckpt::heartbeat_step(beat), 12);
 }
 
+// The heartbeat a process that ends at once leaves (a stop at once, from the signal thread): the
+// last beat's position with state "stopped" and the exit code, the run's own lines kept; nothing
+// before the run's first beat or after its own last one.
+TEST(Heartbeat, AStopAtOnceLeavesStoppedNotTraining) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  ckpt::prepare_final_heartbeat(dir, "resumed_from=3\nresumed_source=checkpoint\n");
+  ckpt::write_final_heartbeat(130);
+  EXPECT_TRUE(ckpt::read_heartbeat(dir).empty()) << "written before the run's first beat";
+  ckpt::write_heartbeat(dir, 7, 1, "training");
+  ckpt::arm_final_heartbeat(9, 1);
+  ckpt::write_final_heartbeat(130);
+  const auto beat = ckpt::read_heartbeat(dir);
+  EXPECT_EQ(beat.at("step"), "9");
+  EXPECT_EQ(beat.at("epoch"), "1");
+  EXPECT_EQ(beat.at("state"), "stopped");
+  EXPECT_EQ(beat.at("exit_code"), "130");
+  EXPECT_EQ(beat.at("resumed_from"), "3");
+  EXPECT_EQ(beat.at("pid"), std::to_string(::getpid()));
+  EXPECT_GT(std::stoll(beat.at("unix_time")), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
+  ckpt::write_heartbeat(dir, 12, 2, "done");
+  ckpt::disarm_final_heartbeat();
+  ckpt::write_final_heartbeat(143);
+  EXPECT_EQ(ckpt::read_heartbeat(dir).at("state"), "done");
+}
+
 // The step a launcher reads: a whole number of 0 or more, else -1 (nothing it can compare with a
 // checkpoint's step; atoll read "12abc" as 12 and "x" as 0).
 TEST(Heartbeat, ItsStepIsAWholeNumberOrNone) {

@@ -155,14 +155,30 @@ void lost_directory(const TrainOptions& o, const std::string& how) {
                                              "; stopping without writing anything more there"));
 }
 
+Heartbeat::Heartbeat(const ckpt::CheckpointStore* store, std::string resumed)
+    : store_(store), resumed_(std::move(resumed)) {
+  if (store_) ckpt::prepare_final_heartbeat(store_->dir(), resumed_);
+}
+
+Heartbeat::~Heartbeat() {
+  if (store_) ckpt::disarm_final_heartbeat();
+}
+
 void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra) {
-  if (!store_ || seconds_since(last_) < 1.0 || !store_->owned()) return;  // owned() stats the lock: once a second
+  if (!store_) return;
+  if (beaten_) ckpt::arm_final_heartbeat(step, epochs_done);  // where a stop at once finds the run
+  if (seconds_since(last_) < 1.0 || !store_->owned()) return;  // owned() stats the lock: once a second
   ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", extra ? resumed_ + extra() : resumed_);
+  ckpt::arm_final_heartbeat(step, epochs_done);
+  beaten_ = true;
   last_ = Clock::now();
 }
 
 void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra) {
   if (store_ && store_->owned()) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_ + extra);
+  // After the write: a stop at once meanwhile leaves "stopped", never "training".
+  if (store_) ckpt::disarm_final_heartbeat();
+  beaten_ = false;
 }
 
 Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,

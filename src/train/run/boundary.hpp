@@ -5,6 +5,7 @@
 // The set-up phase (setup.hpp) uses the stop and store helpers too.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -130,7 +131,12 @@ class Heartbeat {
  public:
   // resumed: "resumed_from=STEP\nresumed_source=SOURCE\n" (hpcrun's account of the work a
   // failure cost), added to every beat.
-  Heartbeat(const ckpt::CheckpointStore* store, std::string resumed) : store_(store), resumed_(std::move(resumed)) {}
+  // From its first beat until its last, a process that ends at once leaves a heartbeat that says so
+  // (ckpt::write_final_heartbeat), not "training".
+  Heartbeat(const ckpt::CheckpointStore* store, std::string resumed);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
   // extra: more lines for this beat (the slowest rank's, stragglers.hpp), asked for only when
   // it is written.
   void beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra = {});
@@ -141,6 +147,7 @@ class Heartbeat {
   const ckpt::CheckpointStore* store_;
   const std::string resumed_;
   Clock::time_point last_ = Clock::now() - std::chrono::hours(1);
+  std::atomic<bool> beaten_{false};  // a beat was written, its last not yet (last() may be the watchdog thread's)
 };
 
 // The step loop's checkpoints. Rank 0's engine snapshots its state (all ranks hold the same

@@ -69,6 +69,7 @@ void say(std::initializer_list<const char*> pieces) {
   // written before stay (the write replaces nothing until its rename). A heartbeat being
   // replaced is let finish, so that it leaves no heartbeat.tmp.
   ckpt::remove_unfinished_files();
+  ckpt::write_final_heartbeat(128 + sig);  // "stopped", not "training"; while the lock is still held
   ckpt::remove_lock_at_exit();
   say({"hpctrain: stopped at once by ", name_of(sig), why});
   ::_exit(128 + sig);
@@ -78,6 +79,7 @@ void say(std::initializer_list<const char*> pieces) {
 // ended by it (a checkpoint being written is dropped, as by exit_at_once).
 [[noreturn]] void default_action(int sig) {
   ckpt::remove_unfinished_files();
+  ckpt::write_final_heartbeat(128 + sig);
   ckpt::remove_lock_at_exit();
   say({"hpctrain: ended by ", name_of(sig), " (not in --stop-signals)"});
   struct sigaction dfl {};
