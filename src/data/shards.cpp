@@ -443,6 +443,12 @@ std::optional<SplitManifest> read_split_manifest(const std::string& dir, const s
   return parse_manifest(text, (fs::path(dir) / (split + ".json")).string(), split);
 }
 
+std::vector<std::string> packed_class_names(const std::string& dir) {
+  for (const char* split : {"train", "val"})
+    if (const std::optional<SplitManifest> m = read_split_manifest(dir, split)) return m->classes;
+  return read_class_names(dir);
+}
+
 OpenSplit open_split(const std::string& dir, const std::string& split) {
   const std::string path = (fs::path(dir) / (split + ".json")).string();
   // A packing may replace the manifest (and delete the shards it listed) while this reads them:

@@ -135,6 +135,11 @@ OpenSplit open_split(const std::string& dir, const std::string& split);
 std::vector<std::string> list_shards(const std::string& dir, const std::string& split);
 // classes.txt: one name per line.
 std::vector<std::string> read_class_names(const std::string& dir);
+// The classes of the packed dataset in DIR as training reads them (what its labels mean): its train
+// split's manifest's, else its val split's, else (splits packed before manifests listed their
+// shards) classes.txt's. A classes.txt that says otherwise (edited, or left stale by a packing that
+// could not rewrite it) is for people only, and changes nothing.
+std::vector<std::string> packed_class_names(const std::string& dir);
 // A digest of a class list: the 64-bit FNV-1a (core/hash.hpp) of classes.txt as hpcdata pack writes
 // it (each name and a newline), in hex. Checkpoints record it beside the names.
 std::string class_names_digest(const std::vector<std::string>& names);

@@ -405,7 +405,7 @@ class Serving(unittest.TestCase):
         rewrite_meta(self.ckpt, shards, lambda meta: meta.replace("option.dataset=fashion-mnist\n",
                                                                    "option.dataset=shards\n"))
         out = os.path.join(self.dir, "m.onnx")
-        cases = [(shards, "pass --data-dir DIR (the directory with its classes.txt)"),
+        cases = [(shards, "pass --data-dir DIR (the packed dataset it was trained on)"),
                  (other, "the checkpoint's parameters do not fit this resnet20"),
                  (corrupt, "is corrupt (checksum mismatch"),
                  (unknown, "unknown model (in the checkpoint) 'vgg'"),
@@ -517,8 +517,8 @@ class Serving(unittest.TestCase):
 
 class ShardClasses(unittest.TestCase):
     """A model trained on packed shards (classes cat and dog) takes its class names from its
-    checkpoint: predict and export need no --data-dir, and one whose classes.txt names other classes
-    (a and b) is refused, naming both. A checkpoint written before the names were recorded takes
+    checkpoint: predict and export need no --data-dir, and one of other classes (a and b) is
+    refused, naming both. A checkpoint written before the names were recorded takes
     them from --data-dir, with one warning saying so."""
 
     @classmethod
@@ -580,7 +580,7 @@ class ShardClasses(unittest.TestCase):
         for args in (["predict", "--checkpoint", self.ckpt, *CPU, self.image, "--data-dir", self.other],
                      ["export", "--checkpoint", self.ckpt, "--output", output, "--data-dir", self.other]):
             with self.subTest(args[0]):
-                self.assert_refused(args, f"--data-dir {self.other}/classes.txt names the classes a,b",
+                self.assert_refused(args, f"--data-dir {self.other} names the classes a,b",
                                     "trained on cat,dog")
         self.assertFalse(os.path.exists(output))
 
@@ -595,11 +595,26 @@ class ShardClasses(unittest.TestCase):
 
     def test_an_older_checkpoint_takes_the_names_of_data_dir_and_says_so(self):
         warning = (f"hpctrain: warning: the checkpoint records no class names (written before 2026-11-26); "
-                   f"using {self.other}/classes.txt")
+                   f"using those of the packed dataset {self.other}")
         self.assertEqual(self.names(self.old, "--data-dir", self.other), (["a", "b"], [warning]))
         self.assertEqual(self.exported_names(self.old, "--data-dir", self.other), (["a", "b"], [warning]))
         self.assert_refused(["predict", "--checkpoint", self.old, *CPU, self.image],
                             "records no class names (written before 2026-11-26): pass --data-dir DIR")
+
+    def test_a_stale_classes_txt_names_nothing(self):
+        """classes.txt is for people: training reads a dataset's classes from its manifests, and so do
+        predict and export. One that says otherwise refused the very dataset a model was trained on,
+        and gave an older checkpoint's classes the wrong names."""
+        stale = os.path.join(self.tmp, "stale")
+        shutil.copytree(self.cats_dogs, stale)
+        with open(os.path.join(stale, "classes.txt"), "w") as f:
+            f.write("tench\ngoldfish\n")
+        self.assertEqual(self.names(self.ckpt, "--data-dir", stale), (["cat", "dog"], []))
+        self.assertEqual(self.exported_names(self.ckpt, "--data-dir", stale), (["cat", "dog"], []))
+        warning = (f"hpctrain: warning: the checkpoint records no class names (written before 2026-11-26); "
+                   f"using those of the packed dataset {stale}")
+        self.assertEqual(self.names(self.old, "--data-dir", stale), (["cat", "dog"], [warning]))
+        self.assertEqual(self.exported_names(self.old, "--data-dir", stale), (["cat", "dog"], [warning]))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ const std::vector<options::Entry<ExportOptions>>& export_table() {
                     "BatchNormalization nodes"),
       options::flag("force", &O::force, "replace --output if it exists"),
       options::path("data-dir", &O::data_dir,
-                    "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
-                    "only for a checkpoint written before 2026-11-26, which records no class names)",
+                    "packed shards: a packed dataset, whose classes (its manifests', as training reads them) must be the "
+                    "checkpoint's (needed only for a checkpoint written before 2026-11-26, which records no class "
+                    "names)",
                     options::Presence::NotBlank),
   };
   return table;

@@ -303,8 +303,9 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
       options::flag("skip-bad", &O::skip_bad,
                     "warn about an image that cannot be read (or a path that cannot be used) and classify the rest"),
       options::path("data-dir", &O::data_dir,
-                    "packed shards: a packed dataset, whose classes.txt must name the checkpoint's classes (needed "
-                    "only for a checkpoint written before 2026-11-26, which records no class names)",
+                    "packed shards: a packed dataset, whose classes (its manifests', as training reads them) must be the "
+                    "checkpoint's (needed only for a checkpoint written before 2026-11-26, which records no class "
+                    "names)",
                     options::Presence::NotBlank),
       options::choice("device", &O::device, kDeviceNames,
                       "auto (this rank's GPU when the build and the machine have one), cpu or cuda"),

@@ -38,8 +38,8 @@ struct ServingModel {
 // Reads and verifies `checkpoint` (a file or a directory's newest valid one) on rank 0 and builds
 // its model on every rank. Usage errors: a damaged checkpoint, one of a model this hpctrain does
 // not know or whose parameters do not fit it, parameters that are not finite; packed shards whose
-// data_dir/classes.txt (when given) names other classes than the checkpoint, or, in a checkpoint
-// that records none (one warning), without a readable data_dir/classes.txt.
+// data_dir (when given) has other classes than the checkpoint, or, in a checkpoint that records
+// none (one warning), without a data_dir whose classes can be read (data::packed_class_names).
 ServingModel load_serving_model(const std::string& checkpoint, const std::string& data_dir, dist::ProcessContext& ctx);
 
 // Why a verified checkpoint cannot be resumed or served: its position invalid, its state not

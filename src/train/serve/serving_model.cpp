@@ -12,18 +12,22 @@ namespace hpc::train {
 namespace {
 
 // Packed shards' class names: the checkpoint's own (a --data-dir must agree with them), or, in a
-// checkpoint written before they were recorded, the packed dataset's classes.txt.
+// checkpoint written before they were recorded, the packed dataset's. A dataset's are read as
+// training read them, from its manifests (data::packed_class_names): a classes.txt edited or left
+// stale there refused the very dataset a model was trained on, or named an older checkpoint's
+// classes otherwise than its training had.
 std::vector<std::string> shard_classes(const ckpt::Checkpoint& c, const std::string& data_dir, bool speak) {
   const std::optional<std::vector<std::string>> recorded = class_names_of(c);
   if (recorded && !data_dir.empty())
-    require_same_classes(c, data::read_class_names(data_dir), "--data-dir " + data_dir + "/classes.txt",
+    require_same_classes(c, data::packed_class_names(data_dir), "--data-dir " + data_dir,
                          ": leave --data-dir out, the checkpoint names its classes");
   if (recorded) return *recorded;
   HPC_REQUIRE(!data_dir.empty(), "the checkpoint's ", c.text("model"), " was trained on packed shards and records "
-              "no class names (written before 2026-11-26): pass --data-dir DIR (the directory with its classes.txt)");
-  std::vector<std::string> names = data::read_class_names(data_dir);
+              "no class names (written before 2026-11-26): pass --data-dir DIR (the packed dataset it was trained on)");
+  std::vector<std::string> names = data::packed_class_names(data_dir);
   if (speak)
-    log::warn("the checkpoint records no class names (written before 2026-11-26); using ", data_dir, "/classes.txt");
+    log::warn("the checkpoint records no class names (written before 2026-11-26); using those of the packed dataset ",
+              data_dir);
   return names;
 }
 
