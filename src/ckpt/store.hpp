@@ -112,7 +112,9 @@ void remove_membership_marker(const std::string& dir, const std::string& token);
 // beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any
 // moment leaves what was at `path` byte for byte (a kill before the rename may leave the
 // temporary file, PATH.tmp.PID, which remove_unfinished_files() removes from a signal
-// handler). Usage error naming the file and the system's reason. reuse: a file that becomes the
+// handler). The temporary file is made anew (O_EXCL, never through a link: its name is easy to
+// guess); a file that replaces another takes its permission bits, a new one the umask's. Usage
+// error naming the file and the system's reason. reuse: a file that becomes the
 // temporary one, rewritten in place (its pages kept) rather than created; ignored when absent.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
 // The same with the file's bytes in pieces, written in order (an Encoded checkpoint's).

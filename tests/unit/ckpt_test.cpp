@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <thread>
@@ -499,6 +500,55 @@ TEST(WriteFileAtomically, AnEndAtOnceRemovesEveryWritersTemporaryFile) {
     std::_Exit(under_way && removed ? 0 : 1);
   };
   EXPECT_EXIT(end_while_two_write(), ::testing::ExitedWithCode(0), "under_way=1 removed=1");
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The temporary file's name (PATH.tmp.PID) is easy to guess: a link or a file another user put
+// there first (in /tmp, beside an export's --output) is never written through nor renamed into
+// place. Before, the open followed the link and truncated its target (a file of the user's own),
+// and wrote the bytes into a planted file, still the planter's to read (here: a hard link to it).
+TEST(WriteFileAtomically, APlantedTemporaryFileIsNeitherWrittenThroughNorKept) {
+  const TempDir tmp;
+  const std::string out = tmp.file("model.onnx"), tmp_name = out + ".tmp." + std::to_string(::getpid());
+  const std::string precious = tmp.file("precious"), planted_view = tmp.file("planted-view");
+  std::ofstream(precious) << "the user's own notes\n";
+  ASSERT_EQ(::symlink(precious.c_str(), tmp_name.c_str()), 0);
+  ckpt::write_file_atomically(out, std::vector<char>{'o', 'n', 'e'});
+  EXPECT_EQ(text_of(precious), "the user's own notes\n");
+  EXPECT_EQ(text_of(out), "one");
+  EXPECT_FALSE(std::filesystem::is_symlink(out));
+
+  std::ofstream(tmp_name) << "planted\n";
+  ASSERT_EQ(::link(tmp_name.c_str(), planted_view.c_str()), 0);
+  ckpt::write_file_atomically(out, std::vector<char>{'t', 'w', 'o'});
+  EXPECT_EQ(text_of(planted_view), "planted\n");
+  EXPECT_EQ(text_of(out), "two");
+  EXPECT_FALSE(std::filesystem::exists(tmp_name));
+}
+
+// A file replaced keeps its permission bits, as torch.save and cp over an existing file keep
+// them: a model its owner made private stays private (it became 644 under umask 022). A new
+// file takes the umask's.
+TEST(WriteFileAtomically, AReplacedFileKeepsItsModeANewOneTakesTheUmasks) {
+  const TempDir tmp;
+  const std::string out = tmp.file("model.onnx"), fresh = tmp.file("fresh.onnx");
+  const mode_t old_umask = ::umask(022);
+  ckpt::write_file_atomically(out, std::vector<char>{'a'});
+  ASSERT_EQ(::chmod(out.c_str(), 0600), 0);
+  ckpt::write_file_atomically(out, std::vector<char>{'b'});
+  ::umask(027);
+  ckpt::write_file_atomically(fresh, std::vector<char>{'c'});
+  ::umask(old_umask);
+  struct stat st {};
+  ASSERT_EQ(::stat(out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(::stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(text_of(out), "b");
 }
 
 }  // namespace
