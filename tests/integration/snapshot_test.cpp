@@ -480,6 +480,50 @@ TEST_F(Snapshots, AnExistingSnapshotDirectoryKeepsItsMode) {
   EXPECT_FALSE(the_snapshot(shared).empty());
 }
 
+// A snapshot directory that another user made (in a shared /dev/shm, before the run came to the
+// host), or a run directory they made in a sticky one (root's --snapshot-dir /dev/shm), is not
+// read: the snapshot in it could be theirs, planted under the run's id (which CHECKPOINT_DIR/run-id
+// tells anyone who can read it). The run resumes from its checkpoint, and keeps no snapshots
+// there. Before, --resume auto took the snapshot, and only then were snapshots switched off.
+TEST_F(Snapshots, ASnapshotInAnotherUsersDirectoryIsNotResumed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (gives directories to another user); CI runs as root";
+  for (const bool whole_dir : {true, false}) {
+    SCOPED_TRACE(whole_dir ? "--snapshot-dir another user's" : "the run directory another user's");
+    const std::string tag = whole_dir ? "theirs" : "sticky";
+    const std::string ck = dir_.file(tag + "-ck"), snaps = dir_.file(tag + "-snaps");
+    kill_after(1, ck, snaps, 8);  // checkpoint 5, snapshot 6
+    const std::string run = run_dir(snaps);
+    ASSERT_FALSE(run.empty());
+    const std::string theirs = whole_dir ? snaps : run;
+    if (!whole_dir) fs::permissions(snaps, fs::perms::all | fs::perms::sticky_bit);  // 1777, as /dev/shm
+    ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+    std::string err;
+    const JsonObject d = resume(1, ck, snaps, &err);
+    EXPECT_NE(err.find("snapshots not read: " + theirs + " belongs to another user (uid 65534)"), std::string::npos)
+        << err;
+    EXPECT_EQ(d.at("resumed_from").str, "checkpoint");
+    EXPECT_EQ(d.at("resumed_from_step").number, 5);
+    EXPECT_EQ(d.at("snapshots_taken").number, 0) << err;
+  }
+}
+
+// A snapshot directory made under a umask that lets the group write (002, the default of many
+// distributions for users with a group of their own) is made private, and used from the first
+// run: its mode was judged as made, before the chmod, and snapshots were off on every host new to
+// the user.
+TEST_F(Snapshots, ADirectoryMadeUnderAGroupWritableUmaskIsUsed) {
+  const std::string m = dir_.file("umask.jsonl"), snaps = dir_.file("umask-snaps");
+  auto a = job(dir_.file("umask-ck"), m, snaps);
+  a.insert(a.end(), {"--max-steps", "6"});
+  const mode_t old = ::umask(002);
+  const RunResult r = run_mpi(1, a);
+  ::umask(old);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("snapshots in host memory off"), std::string::npos) << r.err;
+  EXPECT_GT(done_of(m).at("snapshots_taken").number, 0);
+  EXPECT_EQ(fs::status(snaps).permissions(), fs::perms::owner_all);
+}
+
 // An attempt with snapshots off (here: a budget too small for them; in the chaos soak: a host
 // back with a full /dev/shm) still removes, at the run's end, the snapshots an earlier attempt
 // left on every host: nothing would resume them, and they would hold the hosts' memory.

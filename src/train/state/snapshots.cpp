@@ -119,12 +119,28 @@ uint64_t room_for_snapshots(const std::string& dir) {
   return static_cast<uint64_t>(s.f_bavail) * s.f_frsize + bytes_in(dir);
 }
 
-// The parent of the run directories must be this user's own (in a shared /dev/shm another user
-// could have made it, and would then read or replace the state), made private when made here. One
-// that was there is left as it is (--snapshot-dir /dev/shm as root must not lock the machine's
-// other users out), and refused where others could move the run directories in it (writable by
-// them and not sticky); each run directory is private itself.
-void require_own_directory(const fs::path& dir) {
+// That `dir` is a directory of this user's (not a link) that others cannot write in: in a shared
+// /dev/shm another user could have made it, or a run directory in it (under root's --snapshot-dir
+// /dev/shm), and would then read or replace the state, or plant a snapshot for --resume auto to
+// take. The parent of the run directories may be writable by others if sticky (others can then
+// move no run directory of this user's out, nor one of theirs in: its owner is checked); a run
+// directory may not, as others could put files in it. Usage error naming it otherwise.
+void require_private(const fs::path& dir, bool sticky_will_do) {
+  struct stat st {};
+  HPC_REQUIRE(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir.string(), " is not a directory",
+              S_ISLNK(st.st_mode) ? " (a link)" : "");
+  HPC_REQUIRE(st.st_uid == ::geteuid(), dir.string(), " belongs to another user (uid ", st.st_uid, ")");
+  const bool open = (st.st_mode & (S_IWGRP | S_IWOTH)) && !(sticky_will_do && (st.st_mode & S_ISVTX));
+  HPC_REQUIRE(!open, sticky_will_do ? "--snapshot-dir " : "", dir.string(), " is writable by others",
+              sticky_will_do ? " and not sticky" : "", " (mode ", mode_text(st.st_mode),
+              "): they could move or replace the kept state; chmod go-w it, or give a directory of its own");
+}
+
+// The parent of the run directories (run_dir false), made private when made here: one that was
+// there is left as it is (--snapshot-dir /dev/shm as root must not lock the machine's other users
+// out). A run directory (run_dir true) is made private whatever its parent's mode. Then
+// require_private.
+void require_own_directory(const fs::path& dir, bool run_dir) {
   std::error_code ec;
   const bool existed = fs::exists(fs::symlink_status(dir, ec));
   fs::create_directories(dir, ec);
@@ -132,10 +148,8 @@ void require_own_directory(const fs::path& dir) {
   HPC_REQUIRE(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "cannot create ", dir.string(),
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(st.st_uid == ::geteuid(), dir.string(), " belongs to another user (uid ", st.st_uid, ")");
-  if (!existed) ::chmod(dir.c_str(), 0700);
-  HPC_REQUIRE(!(st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_mode & S_ISVTX), "--snapshot-dir ", dir.string(),
-              " is writable by others and not sticky (mode ", mode_text(st.st_mode),
-              "): they could move or replace the kept state; chmod go-w it, or give a directory of its own");
+  if (!existed || run_dir) ::chmod(dir.c_str(), 0700);
+  require_private(dir, !run_dir);
 }
 
 // The other runs' directories in `parent` (named by a run id), oldest first.
@@ -221,6 +235,9 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
   std::error_code ec;
   if (!fs::is_directory(fs::path(run_dir).parent_path(), ec)) return std::nullopt;
   try {
+    // Before anything in them is read: a snapshot planted by another user is no state of this run.
+    require_private(fs::path(run_dir).parent_path(), true);
+    if (fs::exists(fs::symlink_status(run_dir, ec))) require_private(run_dir, false);
     files = ckpt::list_checkpoints(run_dir);
   } catch (const Error& e) {
     log::warn("snapshots not read: ", e.what());
@@ -393,7 +410,7 @@ Snapshotter::Snapshotter(dist::ProcessContext& ctx, const TrainOptions& o, Engin
   bool ok = true;
   if (ctx_.local_rank() == 0) {
     try {
-      require_own_directory(fs::path(run_dir_).parent_path());
+      require_own_directory(fs::path(run_dir_).parent_path(), false);
       remove_leftovers(previous_run_id);
       hold_in_use();
       record_checkpoint_dir();
@@ -466,9 +483,7 @@ void Snapshotter::hold_in_use() {
   // may be on a file it removed; then the directory is made again and the lock taken anew.
   const fs::path file = fs::path(run_dir_) / kInUseFile;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::error_code ec;
-    fs::create_directories(run_dir_, ec);
-    ::chmod(run_dir_.c_str(), 0700);  // the state is this user's alone, whatever its parent's mode
+    require_own_directory(run_dir_, true);  // the state is this user's alone, whatever its parent's mode
     const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     HPC_REQUIRE(fd >= 0, "cannot create ", file.string(), ": ", std::strerror(errno));
     struct stat held {}, now {};
