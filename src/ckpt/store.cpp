@@ -215,22 +215,6 @@ class UnfinishedMark {
   UnfinishedSlot* slot_ = nullptr;
 };
 
-// The temporary file PATH.tmp.PID, made by this process: O_EXCL | O_NOFOLLOW, as its name is
-// easy to guess, and a link or a file that another user planted under it (in /tmp, beside an
-// export's --output) was written through (the link's target truncated, a file of theirs replaced)
-// or renamed into place as the new PATH, theirs to read and change. One of that name that a
-// killed process of the same pid left is removed and made anew; one that cannot be removed
-// (another user's, in a sticky directory) fails the open with EEXIST, the error named.
-int create_temporary(const std::string& tmp) {
-  const auto create = [&] { return ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644); };
-  int fd = create();
-  if (fd < 0 && errno == EEXIST) {
-    if (::unlink(tmp.c_str()) == 0) fd = create();
-    else errno = EEXIST;
-  }
-  return fd;
-}
-
 // A file that replaces one at `path` takes its permission bits, as torch.save or cp over an
 // existing file leaves them: a model that its owner made private (chmod 600) stays so, not
 // readable by all under the umask's 644. A new file keeps the umask's.
@@ -250,7 +234,9 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
-  const int fd = reused ? ::open(tmp.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC) : create_temporary(tmp);
+  // Made anew (create_new_file): its name is easy to guess, and a link or a file that another
+  // user planted under it (in /tmp, beside an export's --output) was written through or renamed in.
+  const int fd = reused ? ::open(tmp.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC) : create_new_file(tmp);
   if (fd < 0) {
     const int err = errno;  // the open's, which the unlink could replace
     if (reused) ::unlink(tmp.c_str());

@@ -123,6 +123,16 @@ OutputFile open_output(const std::string& path, const std::string& option, int c
   return out;
 }
 
+int create_new_file(const std::string& path) {
+  const auto create = [&] { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644); };
+  int fd = create();
+  if (fd < 0 && errno == EEXIST) {
+    if (::unlink(path.c_str()) == 0) fd = create();
+    else errno = EEXIST;  // the file's being there is the reason, not the refusal to remove it
+  }
+  return fd;
+}
+
 void reserve_in_huge_pages(std::vector<uint8_t>& v, size_t n) {
   v.reserve(n);
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;

@@ -72,6 +72,15 @@ struct OutputFile {
 };
 OutputFile open_output(const std::string& path, const std::string& option, int create_flags);
 
+// Creates `path`, a file of a guessable name that only this process writes (PATH.tmp.PID,
+// SHARD.part), for writing (O_WRONLY | O_CLOEXEC, mode 0644 less the umask): made anew with
+// O_CREAT | O_EXCL | O_NOFOLLOW, so that a link or a file that another user put there first (in
+// /tmp, or another directory all may write to) is never written through nor renamed into place as
+// this process's own. One there already (a killed writer's leftover) is removed first; one that
+// cannot be removed (another user's, in a sticky directory) fails with EEXIST. The descriptor, or
+// -1 with errno.
+int create_new_file(const std::string& path);
+
 // Opens `path` to read it as a data file (an image, a shard, a manifest, a class list): a regular
 // file only, as a FIFO would block the open or its reads for ever, and a directory or device
 // holds no such data. The descriptor (blocking reads); a usage error naming `what` and the path

@@ -94,7 +94,7 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
 // commit point) and classes.txt.
 void write_file_synced(const std::string& path, const std::string& text) {
   const std::string part = path + ".part";
-  const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = create_new_file(part);  // never through a link or into a file planted under the name
   HPC_REQUIRE(fd >= 0, "cannot create ", part, ": ", std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {

@@ -80,7 +80,7 @@ std::string shard_name(const std::string& split, int64_t index, int64_t total, i
 // ---- writer ------------------------------------------------------------------------------------
 
 ShardWriter::ShardWriter(std::string path) : path_(std::move(path)), part_(path_ + ".part") {
-  fd_ = ::open(part_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = create_new_file(part_);  // never through a link or into a file planted under the name
   HPC_REQUIRE(fd_ >= 0, "cannot create ", part_, ": ", std::strerror(errno));
   try {
     write_all(fd_, reinterpret_cast<const uint8_t*>(kShardMagic), kShardHeaderBytes, part_);

@@ -109,6 +109,25 @@ TEST(Shards, AWriterWhoseRenameFailsLeavesNoPartFile) {
   EXPECT_FALSE(fs::exists(path + ".part"));
 }
 
+// A shard's .part name is easy to guess (hpcdata pack into /tmp, or a project directory all may
+// write to): a link planted there is not written through (its target, a file of the user's, was
+// truncated and filled with the shard), and the shard is written whole all the same (the link of a
+// killed packing's leftover removed, as here; one of another user's refuses, naming it).
+TEST(Shards, APartFileIsNeverWrittenThroughALinkPlantedThere) {
+  TempDir dir;
+  const std::string path = dir.file("train-00000-of-00001.hpcs"), precious = dir.file("precious");
+  write_raw(precious, Bytes{7, 7, 7});
+  fs::create_symlink(precious, path + ".part");
+  {
+    ShardWriter w(path);
+    w.add(Bytes{1, 2}, 0);
+    w.finish();
+  }
+  EXPECT_EQ(read_raw(precious), (Bytes{7, 7, 7}));
+  EXPECT_FALSE(fs::is_symlink(path));
+  EXPECT_EQ(ShardReader(path).count(), 1);
+}
+
 TEST(Shards, BrokenShardsAreUsageErrors) {
   TempDir dir;
   const std::string good = dir.file("good.hpcs");
