@@ -50,9 +50,14 @@ printf '#!/bin/sh\ncat %s\n' "$discovered" > "$discover"
 chmod +x "$discover"
 # The same for the reference and the soak. --elastic-timeout: a host kept out for good (a
 # blacklist entry never cleared) ends the soak within a minute instead of waiting 10.
+# --probe-timeout: hpcrun's default, 10 s. A probe is a whole ssh login, and a login here runs the
+# machine's own shell start-up (root's .bashrc: pyenv init, 4 s of it under a load of 12 on 2 cores);
+# three at once took over 5 s for a minute, every host was blacklisted by turns, and hpcrun gave up
+# after --elastic-timeout with every host alive (seed 3, 2026-12-04). A cut host's probe fails after
+# it all the same.
 hpcrun_args=(--host-discovery-script "$discover" --discovery-interval 1s -np 3 --min-np 3 --max-np 3
   --blacklist-cooldown 1s:4s --max-restarts 100000 --teardown-timeout 3s --stall-timeout 30s --start-timeout 2m
-  --probe-timeout 5s --elastic-timeout 60s --quiet)
+  --probe-timeout 10s --elastic-timeout 60s --quiet)
 
 # train NAME STEPS: hpcrun_start with the soak's job, STEPS steps long, metrics of every step.
 train() {
