@@ -911,11 +911,15 @@ TEST(HpcrunCli, AConfigFilesCheckpointDirAndResumeAreSeen) {
   write_text(config, "checkpoint-dir = " + ck + "\nresume = none\nsnapshot-dir = " + dir.file("snaps") +
                          "\nsnapshot-every-steps = 1\n");
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "8", 1);
+  // 100 ms a step: the heartbeat of attempt 2's first step (9) stands 300 ms, for hpcrun's 0.1 s
+  // polls to see it, where steps 10-12 and the end took some 50 ms and the check below was luck.
+  setenv("HPCTRAIN_TEST_SLOW_RANK", "0:100", 1);
   std::vector<std::string> args{"-np", "1", "--max-restarts", "1", "--blacklist-cooldown", "0.1s:0.2s",
                                 hpctrain_binary(), "--config", config, "--max-steps", "12", "--metrics-file", m};
   args.insert(args.end(), common.begin(), common.end());
   const RunResult r = hpcrun(args, 120);
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  unsetenv("HPCTRAIN_TEST_SLOW_RANK");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("the run began with --resume none in attempt 1; later attempts continue it (--resume auto)"),
             std::string::npos) << r.err;
