@@ -210,10 +210,12 @@ class ReLU final : public Layer<T> {
   Tensor y_, dx_;
 };
 
+// kernel x kernel windows at `stride`, `padding` cells on every side that never win (-inf, as
+// PyTorch's MaxPool2d: torchvision's ResNet stem is 3x3, stride 2, padding 1).
 template <class T>
 class MaxPool2d final : public Layer<T> {
  public:
-  MaxPool2d(int64_t kernel, int64_t stride) : kernel_(kernel), stride_(stride) {}
+  MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0) : kernel_(kernel), stride_(stride), pad_(padding) {}
   std::string kind() const override { return "maxpool2d"; }
   void accept(LayerVisitor<T>& v) const override { v.visit(*this); }
   Shape setup(const Shape& in, ParamStore<T>&, const std::string&) override;
@@ -221,9 +223,14 @@ class MaxPool2d final : public Layer<T> {
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
   int64_t kernel() const { return kernel_; }
   int64_t stride() const { return stride_; }
+  int64_t padding() const { return pad_; }
 
  private:
-  int64_t kernel_, stride_, h_ = 0, w_ = 0, c_ = 0, ho_ = 0, wo_ = 0;
+  // The padded pool: each window clipped to the image, one window at a time.
+  void padded_forward(const T* xp, T* yp, uint8_t* am, int64_t n) const;
+  void padded_backward(const T* g, const uint8_t* am, T* dxp, int64_t n) const;
+
+  int64_t kernel_, stride_, pad_, h_ = 0, w_ = 0, c_ = 0, ho_ = 0, wo_ = 0;
   Tensor y_, dx_, argmax_;
 };
 

@@ -32,17 +32,19 @@ const Tensor& ReLU<T>::backward(const Tensor& dy, bool need_dx) {
   return dx_;
 }
 
-// ---- Max pool (no padding; windows that do not fit are dropped, as PyTorch's floor mode) ----
+// ---- Max pool (windows that do not fit are dropped, as PyTorch's floor mode) ----------------
 template <class T>
 Shape MaxPool2d<T>::setup(const Shape& in, ParamStore<T>&, const std::string&) {
   HPC_CHECK(in.rank() == 3, "maxpool2d expects H x W x C input, got ", in.str());
   HPC_CHECK(kernel_ >= 1 && kernel_ <= 15 && stride_ >= 1, "maxpool2d kernel must be 1..15 and stride >= 1, got ",
             kernel_, " and ", stride_);
+  // PyTorch's bound: every window then holds at least one cell of the image.
+  HPC_CHECK(pad_ >= 0 && 2 * pad_ <= kernel_, "maxpool2d padding must be 0..kernel/2, got ", pad_);
   h_ = in[0];
   w_ = in[1];
   c_ = in[2];
-  ho_ = (h_ - kernel_) / stride_ + 1;
-  wo_ = (w_ - kernel_) / stride_ + 1;
+  ho_ = (h_ + 2 * pad_ - kernel_) / stride_ + 1;
+  wo_ = (w_ + 2 * pad_ - kernel_) / stride_ + 1;
   HPC_CHECK(ho_ > 0 && wo_ > 0, "maxpool2d output would be empty for input ", in.str());
   return Shape{ho_, wo_, c_};
 }
@@ -58,12 +60,75 @@ const Tensor& MaxPool2d<T>::forward(const Tensor& x, bool /*train*/) {
   const T* xp = x.data<T>();
   T* yp = y_.data<T>();
   uint8_t* am = argmax_.data<uint8_t>();
+  dx_.resize<T>(x.shape());
+  if (pad_ > 0) {
+    padded_forward(xp, yp, am, n);
+    return y_;
+  }
   const PoolWindows win{c, kernel_, stride_, w_, wo_};
   for (int64_t q = 0; q < n * ho_; ++q)  // q = sample * ho + oh: one row of windows
     pool_row<Seen::Input, T>(win, xp + (q / ho_ * h_ + q % ho_ * stride_) * w_ * c, nullptr, nullptr,
                              yp + q * wo_ * c, am + q * wo_ * c);
-  dx_.resize<T>(x.shape());
   return y_;
+}
+
+namespace {
+struct PaddedPool {
+  int64_t h, w, c, k, s, pad, ho, wo;  // input size and channels, window, stride, padding, output size
+};
+
+// Calls cell(o, i, pos, first) for every cell inside the image of every window of n images, in
+// row-major window order: o the window's output offset, i the cell's input offset (channel 0 of
+// each), pos its place kh * k + kw in the whole k x k window, first whether it is the window's
+// first cell inside the image. Window (oh, ow) has its corner `pad` cells up and left of the
+// unpadded one's.
+template <class F>
+void each_padded_cell(const PaddedPool& p, int64_t n, F&& cell) {
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t oh = 0; oh < p.ho; ++oh) {
+      for (int64_t ow = 0; ow < p.wo; ++ow) {
+        const int64_t r0 = oh * p.s - p.pad, c0 = ow * p.s - p.pad;
+        const int64_t kh0 = std::max<int64_t>(0, -r0), kh1 = std::min(p.k, p.h - r0);
+        const int64_t kw0 = std::max<int64_t>(0, -c0), kw1 = std::min(p.k, p.w - c0);
+        const int64_t o = ((b * p.ho + oh) * p.wo + ow) * p.c;
+        for (int64_t kh = kh0; kh < kh1; ++kh)
+          for (int64_t kw = kw0; kw < kw1; ++kw)
+            cell(o, ((b * p.h + r0 + kh) * p.w + c0 + kw) * p.c, static_cast<uint8_t>(kh * p.k + kw),
+                 kh == kh0 && kw == kw0);
+      }
+    }
+  }
+}
+}  // namespace
+
+// Padding cells are never compared: the window's first cell inside the image starts as the
+// maximum and a later one replaces it only when strictly greater (row-major), as PyTorch's
+// max_pool2d; the winner is recorded by its place in the whole k x k window.
+template <class T>
+void MaxPool2d<T>::padded_forward(const T* xp, T* yp, uint8_t* am, int64_t n) const {
+  const int64_t c = c_;
+  each_padded_cell(PaddedPool{h_, w_, c, kernel_, stride_, pad_, ho_, wo_}, n,
+                   [&](int64_t o, int64_t i, uint8_t pos, bool first) {
+                     T* __restrict out = yp + o;
+                     uint8_t* __restrict idx = am + o;
+                     const T* __restrict in = xp + i;
+                     for (int64_t j = 0; j < c; ++j) {
+                       const bool more = first || in[j] > out[j];
+                       out[j] = more ? in[j] : out[j];
+                       idx[j] = more ? pos : idx[j];
+                     }
+                   });
+}
+
+// Each window's dy to its winner, added in row-major window order where windows overlap.
+template <class T>
+void MaxPool2d<T>::padded_backward(const T* g, const uint8_t* am, T* dxp, int64_t n) const {
+  const int64_t c = c_;
+  each_padded_cell(PaddedPool{h_, w_, c, kernel_, stride_, pad_, ho_, wo_}, n,
+                   [&](int64_t o, int64_t i, uint8_t pos, bool) {
+                     T* __restrict d = dxp + i;
+                     for (int64_t j = 0; j < c; ++j) d[j] += am[o + j] == pos ? g[o + j] : T(0);
+                   });
 }
 
 template <class T>
@@ -73,6 +138,11 @@ const Tensor& MaxPool2d<T>::backward(const Tensor& dy, bool need_dx) {
   T* __restrict dxp = dx_.data<T>();
   const T* __restrict g = dy.data<T>();
   const uint8_t* __restrict am = argmax_.data<uint8_t>();
+  if (pad_ > 0) {
+    dx_.fill_zero();
+    padded_backward(g, am, dxp, n);
+    return dx_;
+  }
   const bool dense = k <= s;
   if (dense) {
     // Rows and columns no window covers (floor mode's remainder, or gaps when kernel < stride)

@@ -172,7 +172,7 @@ TEST(ReluGradient, RandomInputs) {
 
 struct PoolCase {
   const char* name;
-  int64_t h, w, c, kernel, stride, batch;
+  int64_t h, w, c, kernel, stride, batch, padding = 0;
 };
 void PrintTo(const PoolCase& c, std::ostream* os) { *os << c.name; }
 
@@ -180,7 +180,7 @@ class MaxPoolGradient : public ::testing::TestWithParam<PoolCase> {};
 
 TEST_P(MaxPoolGradient, MatchesCentralDifferences) {
   const PoolCase& p = GetParam();
-  Harness h(make<nn::MaxPool2d<double>>(p.kernel, p.stride), Shape{p.h, p.w, p.c}, p.batch);
+  Harness h(make<nn::MaxPool2d<double>>(p.kernel, p.stride, p.padding), Shape{p.h, p.w, p.c}, p.batch);
   h.x = separated_tensor(h.x.shape(), 99);  // no ties within a window
   const GradCheckReport rep = h.check();
   EXPECT_TRUE(rep.ok()) << rep.str();
@@ -193,7 +193,11 @@ INSTANTIATE_TEST_SUITE_P(Configs, MaxPoolGradient,
                                            PoolCase{"k3s2_odd", 7, 7, 2, 3, 2, 2},  // overlapping windows
                                            PoolCase{"k3s2_even", 8, 6, 1, 3, 2, 2},
                                            PoolCase{"k3s1", 5, 5, 2, 3, 1, 1},
-                                           PoolCase{"k2s3_gaps", 8, 7, 2, 2, 3, 2}),  // cells no window sees
+                                           PoolCase{"k2s3_gaps", 8, 7, 2, 2, 3, 2},  // cells no window sees
+                                           // padded: torchvision's ResNet stem pool, odd and even sizes
+                                           PoolCase{"k3s2p1_odd", 7, 7, 2, 3, 2, 2, 1},
+                                           PoolCase{"k3s2p1_even", 8, 6, 1, 3, 2, 2, 1},
+                                           PoolCase{"k5s1p2", 5, 4, 1, 5, 1, 1, 2}),
                          [](const ::testing::TestParamInfo<PoolCase>& i) { return std::string(i.param.name); });
 
 TEST(GlobalAvgPoolGradient, RandomInputs) {

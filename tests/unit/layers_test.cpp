@@ -735,6 +735,75 @@ TEST(SimpleLayersForward, MaxPoolPicksWindowMaxima) {
   for (int i = 0; i < 15; ++i) EXPECT_EQ(dx.data<double>()[i], i == 1 ? 1.5 : i == 7 ? -2 : 0) << i;
 }
 
+// A padded max pool, straight from the definition (PyTorch's MaxPool2d): window (oh, ow) covers
+// rows oh*s - p .. oh*s - p + k - 1 of the image and the same columns; padding cells never win;
+// the first maximum in row-major order does; dx adds each window's dy at its winner.
+struct PaddedPoolCase {
+  int64_t n, h, w, c, k, s, p;
+};
+
+void direct_padded_pool(const PaddedPoolCase& g, const std::vector<double>& x, const std::vector<double>& dy,
+                        std::vector<double>& y, std::vector<double>& dx) {
+  const int64_t ho = (g.h + 2 * g.p - g.k) / g.s + 1, wo = (g.w + 2 * g.p - g.k) / g.s + 1;
+  y.assign(static_cast<size_t>(g.n * ho * wo * g.c), 0);
+  dx.assign(x.size(), 0);
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t oh = 0; oh < ho; ++oh)
+      for (int64_t ow = 0; ow < wo; ++ow)
+        for (int64_t ch = 0; ch < g.c; ++ch) {
+          int64_t best = -1;
+          for (int64_t r = oh * g.s - g.p; r < oh * g.s - g.p + g.k; ++r)
+            for (int64_t col = ow * g.s - g.p; col < ow * g.s - g.p + g.k; ++col) {
+              if (r < 0 || r >= g.h || col < 0 || col >= g.w) continue;
+              const int64_t i = ((b * g.h + r) * g.w + col) * g.c + ch;
+              if (best < 0 || x[static_cast<size_t>(i)] > x[static_cast<size_t>(best)]) best = i;
+            }
+          const auto o = static_cast<size_t>(((b * ho + oh) * wo + ow) * g.c + ch);
+          y[o] = x[static_cast<size_t>(best)];
+          dx[static_cast<size_t>(best)] += dy[o];
+        }
+}
+
+// Against the direct form: torchvision's 3x3/2 padded by 1 on odd and even sizes (border windows
+// of 4 and 6 cells), a padded 2x2/2 whose corner windows hold one cell, a 5x5/1 padded by 2;
+// inputs of few levels (ties everywhere) and all negative (a padding cell that took part as 0
+// would win there).
+TEST(SimpleLayersForward, PaddedMaxPoolMatchesTheDirectForm) {
+  const PaddedPoolCase cases[] = {{2, 7, 7, 3, 3, 2, 1}, {2, 8, 6, 2, 3, 2, 1}, {1, 5, 6, 2, 2, 2, 1},
+                                  {1, 6, 5, 2, 5, 1, 2}, {1, 9, 8, 1, 3, 3, 1}};
+  for (const PaddedPoolCase& g : cases) {
+    for (bool negative : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << g.h << " x " << g.w << " x " << g.c << ", " << g.k << "x" << g.k << "/"
+                                        << g.s << " pad " << g.p << (negative ? ", all negative" : ", ties"));
+      ParamStore<double> store;
+      nn::MaxPool2d<double> pool(g.k, g.s, g.p);
+      const Shape out = pool.setup(Shape{g.h, g.w, g.c}, store, "p");
+      Tensor x = Tensor::zeros<double>(Shape{g.n, g.h, g.w, g.c});
+      Philox rng(5, RngStream::Test, static_cast<uint64_t>(g.h * 100 + g.k * 10 + g.p));
+      std::vector<double> xv(static_cast<size_t>(x.numel()));
+      for (double& v : xv) v = negative ? -1.0 - rng.below(3) : static_cast<double>(rng.below(3)) - 1.0;
+      std::copy(xv.begin(), xv.end(), x.data<double>());
+      Tensor dy = Tensor::zeros<double>(nn::batch_shape(g.n, out));
+      std::vector<double> dyv(static_cast<size_t>(dy.numel()));
+      for (double& v : dyv) v = static_cast<double>(rng.below(64)) - 31.5;
+      std::copy(dyv.begin(), dyv.end(), dy.data<double>());
+      std::vector<double> want_y, want_dx;
+      direct_padded_pool(g, xv, dyv, want_y, want_dx);
+      const Tensor& y = pool.forward(x, true);
+      ASSERT_EQ(static_cast<size_t>(y.numel()), want_y.size());
+      for (size_t i = 0; i < want_y.size(); ++i) ASSERT_EQ(y.data<double>()[i], want_y[i]) << "y[" << i << "]";
+      const Tensor& dx = pool.backward(dy, true);
+      for (size_t i = 0; i < want_dx.size(); ++i) ASSERT_EQ(dx.data<double>()[i], want_dx[i]) << "dx[" << i << "]";
+    }
+  }
+}
+
+TEST(SimpleLayersForward, MaxPoolPaddingIsBoundByHalfTheKernel) {
+  ParamStore<float> store;
+  nn::MaxPool2d<float> pool(3, 2, 2);  // a window of padding alone
+  EXPECT_THROW(pool.setup(Shape{8, 8, 1}, store, "p"), Error);
+}
+
 TEST(SimpleLayersForward, GlobalAvgPoolReluFlattenLinear) {
   ParamStore<double> store;
   nn::GlobalAvgPool<double> gap;
