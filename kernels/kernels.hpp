@@ -154,18 +154,20 @@ BatchNormTuning parse_batch_norm_tuning(const std::string& text);
 // Every choice (96), the default first, each fused one after its unfused twin.
 std::vector<BatchNormTuning> batch_norm_tunings();
 
-// ---- max pooling (nn::MaxPool2d and batch norm's fused pool; NHWC, no padding) -----------------
+// ---- max pooling (nn::MaxPool2d and batch norm's fused pool; NHWC) ----------------------------
 
-// dx (n x h x w x channels) of a max pool of kernel x kernel windows at `stride`: window
-// (oh, ow) covers input rows oh*stride .. oh*stride + kernel - 1 and the same columns, and
-// there are (h - kernel) / stride + 1 windows down and (w - kernel) / stride + 1 across. x is
+// dx (n x h x w x channels) of a max pool of kernel x kernel windows at `stride`, padded by
+// `padding` cells a side (0 <= padding <= kernel / 2) that never win: window (oh, ow) covers
+// input rows oh*stride - padding .. oh*stride - padding + kernel - 1 and the same columns, and
+// there are (h + 2 padding - kernel) / stride + 1 windows down and as many across from w. x is
 // the forward's input, dy the gradient of its output (n x ho x wo x channels), both of type t
 // (F32, BF16 or F16). Each window's winner is found again from x by the CPU layer's rule (the
-// first maximum in row-major order, strict >); dx is dy at a window's winner, the sum in float
-// of those dy where windows overlap (kernel > stride), +0 where a cell won none: nn::MaxPool2d's
-// backward bit for bit, deterministic (no atomics).
+// first maximum of the window's cells inside the image in row-major order, strict >); dx is dy
+// at a window's winner, the sum in float of those dy where windows overlap (kernel > stride) or
+// are padded, +0 where a cell won none: nn::MaxPool2d's backward bit for bit, deterministic (no
+// atomics).
 void max_pool_backward(DType t, const void* x, const void* dy, void* dx, int64_t n, int64_t h, int64_t w,
-                       int64_t channels, int kernel, int stride, cudaStream_t stream);
+                       int64_t channels, int kernel, int stride, int padding, cudaStream_t stream);
 
 // ---- bias gradients (nn::Conv2d, nn::Linear; channels last: `channels` innermost) -------------
 

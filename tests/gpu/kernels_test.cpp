@@ -928,7 +928,7 @@ TEST_F(GpuKernels, DeviceTensorsComeZeroedFromTheCachingAllocator) {
 // ---- max-pool backward (kernels/max_pool.cu) against nn::MaxPool2d's backward -------------------
 
 struct PoolCase {
-  int64_t n, h, w, c, kernel, stride;
+  int64_t n, h, w, c, kernel, stride, padding = 0;
 };
 
 // Activations full of ties, as after a ReLU: 3 in 8 exact zeros (some -0), a few repeated
@@ -949,7 +949,7 @@ std::vector<float> tied_activations(size_t n, uint32_t seed) {
 // dx of nn::MaxPool2d<float> for input x and output gradient dy (NHWC, case k).
 std::vector<float> cpu_max_pool_backward(const PoolCase& k, const std::vector<float>& x, const std::vector<float>& dy) {
   ParamStore<float> store;
-  nn::MaxPool2d<float> pool(k.kernel, k.stride);
+  nn::MaxPool2d<float> pool(k.kernel, k.stride, k.padding);
   const Shape out = pool.setup(Shape{k.h, k.w, k.c}, store, "pool");
   pool.forward(tensor_of(x, {k.n, k.h, k.w, k.c}), true);
   return host_of(pool.backward(tensor_of(dy, {k.n, out[0], out[1], k.c}), true));
@@ -972,14 +972,19 @@ std::vector<float> cpu_max_pool_backward(const PoolCase& k, const std::vector<fl
 
 // Non-overlapping windows (the fused pool's 2x2/2, a 3x3/3, a 1x1/2 with gaps between windows)
 // and overlapping ones (3x3/2, 5x5/1), odd sizes whose last rows and columns no window covers,
-// 1 to 64 channels (packs of 128 bits and single channels), ResNet-50's stem size; dx equals
+// 1 to 64 channels (packs of 128 bits and single channels), ResNet-50's stem size; padded
+// windows (torchvision's 3x3/2 padded by 1, on odd and even sizes, whose border windows hold
+// 4 or 6 cells of the image; a 2x2/2 and a 5x5/1 padded to the most a kernel allows); dx equals
 // the CPU layer's bit for bit in every precision, and a second run repeats it bit for bit.
 TEST_F(GpuKernels, MaxPoolBackwardEqualsTheCpuLayerBitForBit) {
-  const PoolCase cases[] = {{2, 7, 7, 3, 2, 2},    {2, 7, 7, 1, 3, 2},       {2, 7, 7, 64, 3, 2},
-                            {2, 7, 7, 64, 2, 2},   {3, 9, 11, 8, 1, 2},      {2, 10, 9, 16, 3, 3},
-                            {2, 9, 9, 4, 5, 1},    {1, 112, 112, 64, 2, 2},  {1, 112, 112, 64, 3, 2}};
+  const PoolCase cases[] = {{2, 7, 7, 3, 2, 2},       {2, 7, 7, 1, 3, 2},       {2, 7, 7, 64, 3, 2},
+                            {2, 7, 7, 64, 2, 2},      {3, 9, 11, 8, 1, 2},      {2, 10, 9, 16, 3, 3},
+                            {2, 9, 9, 4, 5, 1},       {1, 112, 112, 64, 2, 2},  {1, 112, 112, 64, 3, 2},
+                            {2, 7, 7, 3, 3, 2, 1},    {2, 8, 6, 64, 3, 2, 1},   {2, 7, 8, 8, 2, 2, 1},
+                            {2, 6, 7, 4, 5, 1, 2},    {1, 112, 112, 64, 3, 2, 1}};
   for (const PoolCase& k : cases) {
-    const int64_t ho = (k.h - k.kernel) / k.stride + 1, wo = (k.w - k.kernel) / k.stride + 1;
+    const int64_t ho = (k.h + 2 * k.padding - k.kernel) / k.stride + 1;
+    const int64_t wo = (k.w + 2 * k.padding - k.kernel) / k.stride + 1;
     const auto in_size = static_cast<size_t>(k.n * k.h * k.w * k.c);
     const auto out_size = static_cast<size_t>(k.n * ho * wo * k.c);
     const auto x = tied_activations(in_size, 41);
@@ -989,7 +994,8 @@ TEST_F(GpuKernels, MaxPoolBackwardEqualsTheCpuLayerBitForBit) {
     for (size_t i = 0; i < out_size; i += 7) dy[i] = i % 2 ? 0.f : -0.f;
     for (Precision p : kStored) {
       SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", " << k.n << " x " << k.h << " x " << k.w << " x "
-                                        << k.c << ", kernel " << k.kernel << " stride " << k.stride);
+                                        << k.c << ", kernel " << k.kernel << " stride " << k.stride << " padding "
+                                        << k.padding);
       std::vector<float> xp(in_size), dyp(out_size);
       for (size_t i = 0; i < in_size; ++i) xp[i] = testing::round_to(p, x[i]);
       for (size_t i = 0; i < out_size; ++i) dyp[i] = testing::round_to(p, dy[i]);
@@ -999,7 +1005,8 @@ TEST_F(GpuKernels, MaxPoolBackwardEqualsTheCpuLayerBitForBit) {
       std::vector<float> first;
       for (int run = 0; run < 2; ++run) {
         kernels::max_pool_backward(dtype_of(p), dx_in.get(), ddy.get(), dx.get(), k.n, k.h, k.w, k.c,
-                                   static_cast<int>(k.kernel), static_cast<int>(k.stride), stream_);
+                                   static_cast<int>(k.kernel), static_cast<int>(k.stride),
+                                   static_cast<int>(k.padding), stream_);
         const auto got = dx.host();
         if (run == 0) {
           EXPECT_TRUE(same_pool_gradient(got, want, k));

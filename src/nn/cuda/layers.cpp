@@ -386,7 +386,7 @@ const Tensor& BatchNormGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
     ensure(dnorm_, x_.shape(), io_);
     // Ours, not cuDNN's deterministic max-pool backward (2.4 ms at 206 GB/s for ResNet-50's stem).
     kernels::max_pool_backward(io_, y_.raw(), d->raw(), dnorm_.raw(), x_.shape()[0], in_.h, in_.w, in_.c,
-                               to_int(pool_kernel_), to_int(pool_stride_), ctx_.stream());
+                               to_int(pool_kernel_), to_int(pool_stride_), 0, ctx_.stream());  // FusedPool: unpadded
     d = &dnorm_;
   }
   ensure(dx_, x_.shape(), io_);
@@ -414,18 +414,27 @@ const Tensor& ReluGpu::backward(const Tensor& dy, bool /*need_dx*/) {
   return dx_;
 }
 
-PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride)
-    : ctx_(ctx), kind_(kind), in_(in), out_(in), kernel_(kernel), stride_(stride), io_(ctx.norm_type()) {
-  // The global average is one unpadded window over the whole image.
+PoolGpu::PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride, int64_t padding)
+    : ctx_(ctx),
+      kind_(kind),
+      in_(in),
+      out_(in),
+      kernel_(kernel),
+      stride_(stride),
+      padding_(padding),
+      io_(ctx.norm_type()) {
+  // The global average is one unpadded window over the whole image. cuDNN's max pooling never
+  // picks a padding cell, as nn::MaxPool2d.
   const bool global = kind == Kind::GlobalAverage;
   const int64_t kh = global ? in.h : kernel, kw = global ? in.w : kernel;
   const int64_t sh = global ? in.h : stride, sw = global ? in.w : stride;
-  out_.h = (in.h - kh) / sh + 1;
-  out_.w = (in.w - kw) / sw + 1;
+  const int64_t pad = global ? 0 : padding;
+  out_.h = (in.h + 2 * pad - kh) / sh + 1;
+  out_.w = (in.w + 2 * pad - kw) / sw + 1;
   CUDNN_CHECK(cudnnCreatePoolingDescriptor(pool_.out()));
   CUDNN_CHECK(cudnnSetPooling2dDescriptor(
       pool_.get(), global ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_MAX_DETERMINISTIC,
-      CUDNN_PROPAGATE_NAN, to_int(kh), to_int(kw), 0, 0, to_int(sh), to_int(sw)));
+      CUDNN_PROPAGATE_NAN, to_int(kh), to_int(kw), to_int(pad), to_int(pad), to_int(sh), to_int(sw)));
 }
 
 
@@ -451,7 +460,7 @@ const Tensor& PoolGpu::backward(const Tensor& dy_in, bool /*need_dx*/) {
   ensure(dx_, x_.shape(), io_);
   if (kind_ == Kind::Max)  // ours: the CPU layer's winners, faster than cuDNN's deterministic backward
     kernels::max_pool_backward(io_, x_.raw(), dy.raw(), dx_.raw(), x_.shape()[0], in_.h, in_.w, in_.c,
-                               to_int(kernel_), to_int(stride_), ctx_.stream());
+                               to_int(kernel_), to_int(stride_), to_int(padding_), ctx_.stream());
   else
     CUDNN_CHECK(cudnnPoolingBackward(ctx_.cudnn(), pool_.get(), &kOne, y_desc_.get(), y_.raw(), y_desc_.get(), dy.raw(),
                                      x_desc_.get(), x_.raw(), &kZero, x_desc_.get(), dx_.raw()));
@@ -633,10 +642,11 @@ class Mirror final : public LayerVisitor<float> {
   }
   void visit(const ReLU<float>&) override { seq_.add(std::make_unique<ReluGpu>(ctx_)); }
   void visit(const MaxPool2d<float>& p) override {
-    seq_.add(std::make_unique<PoolGpu>(ctx_, PoolGpu::Kind::Max, Geometry::of(*in_), p.kernel(), p.stride()));
+    seq_.add(std::make_unique<PoolGpu>(ctx_, PoolGpu::Kind::Max, Geometry::of(*in_), p.kernel(), p.stride(),
+                                       p.padding()));
   }
   void visit(const GlobalAvgPool<float>&) override {
-    seq_.add(std::make_unique<PoolGpu>(ctx_, PoolGpu::Kind::GlobalAverage, Geometry::of(*in_), 0, 0));
+    seq_.add(std::make_unique<PoolGpu>(ctx_, PoolGpu::Kind::GlobalAverage, Geometry::of(*in_), 0, 0, 0));
   }
   void visit(const Flatten<float>&) override { seq_.add(std::make_unique<FlattenGpu>()); }
   void visit(const Linear<float>& f) override {

@@ -184,11 +184,12 @@ class ReluGpu final : public GpuLayer {
   Tensor y_, dx_;
 };
 
-// Max pooling (kernel x kernel, stride) or global average pooling (the whole image).
+// Max pooling (kernel x kernel, stride, padding cells that never win) or global average
+// pooling (the whole image).
 class PoolGpu final : public GpuLayer {
  public:
   enum class Kind { Max, GlobalAverage };
-  PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride);
+  PoolGpu(GpuContext& ctx, Kind kind, Geometry in, int64_t kernel, int64_t stride, int64_t padding);
   const Tensor& forward(const Tensor& x, bool train) override;
   const Tensor& backward(const Tensor& dy, bool need_dx) override;
 
@@ -196,7 +197,7 @@ class PoolGpu final : public GpuLayer {
   GpuContext& ctx_;
   Kind kind_;
   Geometry in_, out_;
-  int64_t kernel_, stride_;  // of a max pool (Kind::Max)
+  int64_t kernel_, stride_, padding_;  // of a max pool (Kind::Max)
   PoolDesc pool_;
   TensorDesc x_desc_, y_desc_;
   int64_t described_n_ = -1;
