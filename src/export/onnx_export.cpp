@@ -72,7 +72,9 @@ class GraphWriter {
       void visit(const nn::Linear<float>& f) override { y = w_.linear(f, folded_, x_); }
       void visit(const nn::BatchNorm<float>& b) override { y = w_.after_norm(b, w_.batch_norm(b, x_)); }
       void visit(const nn::ReLU<float>&) override { y = w_.node("Relu", {x_}); }
-      void visit(const nn::MaxPool2d<float>& p) override { y = w_.max_pool(p.kernel(), p.stride(), x_); }
+      void visit(const nn::MaxPool2d<float>& p) override {
+        y = w_.max_pool(p.kernel(), p.stride(), p.padding(), x_);
+      }
       void visit(const nn::GlobalAvgPool<float>&) override { y = w_.flatten(w_.node("GlobalAveragePool", {x_})); }
       void visit(const nn::Flatten<float>&) override { y = w_.flatten_from(in_, x_); }
       void visit(const nn::Residual<float>& r) override { y = w_.residual(r, x_); }
@@ -202,15 +204,16 @@ class GraphWriter {
   // What hpctrain fuses into a batch norm: its ReLU, then its max pool.
   std::string after_norm(const nn::BatchNorm<float>& bn, std::string x) {
     if (bn.fused_relu()) x = node("Relu", {x});
-    if (bn.fused_pool().kernel > 0) x = max_pool(bn.fused_pool().kernel, bn.fused_pool().stride, x);
+    if (bn.fused_pool().kernel > 0) x = max_pool(bn.fused_pool().kernel, bn.fused_pool().stride, 0, x);
     return x;
   }
 
-  std::string max_pool(int64_t kernel, int64_t stride, const std::string& x) {
+  // ONNX's MaxPool, like hpctrain's, never picks a padding cell.
+  std::string max_pool(int64_t kernel, int64_t stride, int64_t pad, const std::string& x) {
     const std::string y = node("MaxPool", {x});
     attr_ints("kernel_shape", {kernel, kernel});
     attr_ints("strides", {stride, stride});
-    attr_ints("pads", {0, 0, 0, 0});
+    attr_ints("pads", {pad, pad, pad, pad});
     attr_int("ceil_mode", 0);  // floor, as hpctrain (and PyTorch) drop windows that do not fit
     return y;
   }
