@@ -43,6 +43,17 @@ struct ModelSpec {
 // ResNets end in a global average pool and take any size).
 int64_t smallest_image_side(ModelKind model);
 
+// A max pool's geometry, fused into a batch norm or not: kernel x kernel windows at a stride,
+// `padding` cells a side that never win.
+struct PoolGeometry {
+  int64_t kernel, stride, padding;
+};
+// The network's max pools in order. Checkpoints record them (max_pools_text): the same parameters
+// behind another pool are another function, which the parameters' layout alone does not show.
+std::vector<PoolGeometry> max_pools(const Sequential<float>& net);
+// "3x3/2 pad 1,2x2/2": each pool as kernel, stride and its padding where it has one; "" for none.
+std::string max_pools_text(const std::vector<PoolGeometry>& pools);
+
 template <class T>
 class Model {
  public:

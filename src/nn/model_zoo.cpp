@@ -23,27 +23,34 @@ void conv_bn(Sequential<T>& s, bool bn, int64_t out, int64_t kernel, int64_t str
   else if (relu) push<T, ReLU<T>>(s);
 }
 
-// conv + BN + ReLU + max pool (k x k, stride k), the pool fused into the batch norm where
-// the spec allows.
+// A max pool's geometry: k x k windows at a stride, padded by `padding` (-inf) cells a side.
+struct PoolSpec {
+  int64_t kernel, stride, padding;
+};
+constexpr PoolSpec kHalving{2, 2, 0};       // the cnn's pools
+constexpr PoolSpec kImageNetStem{3, 2, 1};  // torchvision's resnet (He et al. 2016)
+
+// conv + BN + ReLU + max pool, the pool fused into the batch norm where the spec allows and
+// its windows neither overlap nor are padded (what FusedPool takes).
 template <class T>
 void conv_bn_pool(Sequential<T>& s, const ModelSpec& m, int64_t out, int64_t kernel, int64_t stride, int64_t pad,
-                  bool bias_with_bn, int64_t pool) {
-  if (m.batch_norm && m.fuse) {
+                  bool bias_with_bn, PoolSpec pool) {
+  if (m.batch_norm && m.fuse && pool.padding == 0 && pool.kernel <= pool.stride) {
     ConvSpec spec{out, kernel, stride, pad, bias_with_bn};
     push<T, Conv2d<T>>(s, spec);
-    push<T, BatchNorm<T>>(s, true, FusedPool{pool, pool});
+    push<T, BatchNorm<T>>(s, true, FusedPool{pool.kernel, pool.stride});
     return;
   }
   conv_bn(s, m.batch_norm, out, kernel, stride, pad, true, bias_with_bn);
-  push<T, MaxPool2d<T>>(s, pool, pool);
+  push<T, MaxPool2d<T>>(s, pool.kernel, pool.stride, pool.padding);
 }
 
 // The model of shared/bench/torch_peer.py. Its convolutions keep their bias even before batch
 // norm, as PyTorch's nn.Conv2d default does there.
 template <class T>
 void build_cnn(Sequential<T>& s, const ModelSpec& m) {
-  conv_bn_pool(s, m, 32, 3, 1, 1, true, 2);
-  conv_bn_pool(s, m, 64, 3, 1, 1, true, 2);
+  conv_bn_pool(s, m, 32, 3, 1, 1, true, kHalving);
+  conv_bn_pool(s, m, 64, 3, 1, 1, true, kHalving);
   push<T, Flatten<T>>(s);
   push<T, Linear<T>>(s, 128);
   push<T, ReLU<T>>(s);
@@ -90,13 +97,14 @@ void build_resnet20(Sequential<T>& s, const ModelSpec& m) {
 }
 
 // ResNet-18. Small images (<= 64 pixels a side: MNIST, CIFAR) get the usual CIFAR stem,
-// a 3x3 convolution without max pool; larger ones the ImageNet stem (7x7/2 + max pool).
+// a 3x3 convolution without max pool; larger ones the ImageNet stem (7x7/2 conv, then a 3x3/2
+// max pool padded by 1, torchvision's: its 3x3 windows overlap, so the pool stays unfused).
 template <class T>
 void build_resnet18(Sequential<T>& s, const ModelSpec& m) {
   if (m.input[0] <= 64) {
     conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
   } else {
-    conv_bn_pool(s, m, 64, 7, 2, 3, false, 2);
+    conv_bn_pool(s, m, 64, 7, 2, 3, false, kImageNetStem);
   }
   int64_t in = 64;
   for (int64_t width : {64, 128, 256, 512}) {
@@ -129,7 +137,7 @@ void build_resnet50(Sequential<T>& s, const ModelSpec& m) {
   if (m.input[0] <= 64) {
     conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
   } else {
-    conv_bn_pool(s, m, 64, 7, 2, 3, false, 2);
+    conv_bn_pool(s, m, 64, 7, 2, 3, false, kImageNetStem);
   }
   int64_t in = 64;
   const std::pair<int64_t, int> stages[] = {{64, 3}, {128, 4}, {256, 6}, {512, 3}};
@@ -143,7 +151,45 @@ void build_resnet50(Sequential<T>& s, const ModelSpec& m) {
   push<T, Linear<T>>(s, m.classes);
 }
 
+// Every max pool of a network, in order: the separate ones and those fused into a batch norm.
+class PoolLister final : public LayerVisitor<float> {
+ public:
+  std::vector<PoolGeometry> pools;
+  void visit(const Conv2d<float>&) override {}
+  void visit(const BatchNorm<float>& l) override {
+    if (l.fused_pool().kernel > 0) pools.push_back({l.fused_pool().kernel, l.fused_pool().stride, 0});
+  }
+  void visit(const ReLU<float>&) override {}
+  void visit(const MaxPool2d<float>& l) override { pools.push_back({l.kernel(), l.stride(), l.padding()}); }
+  void visit(const GlobalAvgPool<float>&) override {}
+  void visit(const Flatten<float>&) override {}
+  void visit(const Linear<float>&) override {}
+  void visit(const Sequential<float>& l) override {
+    for (const auto& layer : l.layers()) layer->accept(*this);
+  }
+  void visit(const Residual<float>& l) override {
+    visit(l.main());
+    visit(l.shortcut());
+  }
+};
+
 }  // namespace
+
+std::vector<PoolGeometry> max_pools(const Sequential<float>& net) {
+  PoolLister lister;
+  lister.visit(net);
+  return lister.pools;
+}
+
+std::string max_pools_text(const std::vector<PoolGeometry>& pools) {
+  std::ostringstream os;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const PoolGeometry& p = pools[i];
+    os << (i ? "," : "") << p.kernel << 'x' << p.kernel << '/' << p.stride;
+    if (p.padding > 0) os << " pad " << p.padding;
+  }
+  return os.str();
+}
 
 int64_t smallest_image_side(ModelKind model) { return model == ModelKind::Cnn ? 4 : 1; }
 

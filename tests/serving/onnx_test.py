@@ -8,7 +8,7 @@ so the test accuracy `hpctrain evaluate` reports, to the last sample.
 What "the whole test set" is, per model, to keep the test within seconds on two cores: mlp and cnn
 run on the first 2000 of Fashion-MNIST's test images (Debian's dataset-fashion-mnist; evaluate is given
 --test-samples 2000, so its accuracy is over the same images; all 10000 took a minute more of CI); resnet20 (32 pixels),
-resnet18 (72 pixels: the ImageNet stem, with its max pool fused into the batch norm) and resnet50
+resnet18 (72 pixels: the ImageNet stem, torchvision's, its 3x3/2 max pool padded by 1) and resnet50
 (16 pixels) on a small RGB dataset this test writes as JPEG files and packs into shards (hpcdata
 pack), whose whole val split (the test set evaluate reads) is 24 images. That also covers three
 channels, class names (recorded in the checkpoint: predict and export are given no --data-dir) and
@@ -255,6 +255,11 @@ class Export(unittest.TestCase):
 
     def test_resnet18_imagenet_stem(self):
         self.shards_model("resnet18", 72)
+        # The exported stem is torchvision's: one max pool, 3x3 at stride 2, padded by 1.
+        for name in ("resnet18.onnx", "resnet18-folded.onnx"):
+            graph = onnx.load(os.path.join(self.tmp, name)).graph
+            pools = [{a.name: list(a.ints) for a in n.attribute if a.ints} for n in graph.node if n.op_type == "MaxPool"]
+            self.assertEqual(pools, [{"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}], name)
 
     def test_resnet50(self):
         self.shards_model("resnet50", 16)

@@ -670,6 +670,59 @@ TEST(CheckpointRecord, ClassNamesTravelInCheckpoints) {
   }
 }
 
+// The model's max pools go into the checkpoint. resnet18's ImageNet stem (above 64 pixels a side)
+// became torchvision's 3x3/2 pool padded by 1 with the same parameters: a checkpoint from before
+// the record (its 2x2/2 stem) is refused there with one line saying why, while the cnn's and the
+// CIFAR stem's (no padded pool) load as before; a recorded pool unlike the model's is refused.
+TEST(CheckpointRecord, MaxPoolsTellAnOldImageNetStemApart) {
+  auto model_of = [](nn::ModelKind kind, Shape input) {
+    nn::ModelSpec spec;
+    spec.kind = kind;
+    spec.input = input;
+    return std::make_unique<nn::Model<float>>(spec);
+  };
+  const auto stem = model_of(nn::ModelKind::ResNet18, Shape{72, 72, 3});
+  const auto cifar = model_of(nn::ModelKind::ResNet18, Shape{32, 32, 3});
+  const auto cnn = model_of(nn::ModelKind::Cnn, Shape{28, 28, 1});
+  train::TrainOptions o;
+  const train::RunPosition at{10, 1, 2, 64, 640};
+  auto record = [&](const nn::Model<float>& m) {
+    ckpt::Checkpoint c;
+    train::record_run(c, o, train::ModelIdentity::of(m), 1, at);
+    return ckpt::decode(ckpt::encode(c), "test");
+  };
+  auto refusal = [](const ckpt::Checkpoint& c, const nn::Model<float>& m) -> std::string {
+    try {
+      train::check_model(c, m);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  ckpt::Checkpoint now = record(*stem);
+  EXPECT_EQ(now.text("max_pools"), "3x3/2 pad 1");
+  EXPECT_EQ(refusal(now, *stem), "");
+  EXPECT_EQ(record(*cnn).text("max_pools"), "2x2/2,2x2/2");
+  EXPECT_EQ(record(*cifar).text("max_pools"), "");
+
+  ckpt::Checkpoint old = now;  // as hpctrain wrote it before the record
+  old.meta.erase("max_pools");
+  const std::string why = refusal(old, *stem);
+  EXPECT_NE(why.find("old 2x2/2 max pool"), std::string::npos) << why;
+  EXPECT_NE(why.find("train it again"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << "one line: " << why;
+  for (const auto* m : {cnn.get(), cifar.get()}) {
+    ckpt::Checkpoint before = record(*m);
+    before.meta.erase("max_pools");
+    EXPECT_EQ(refusal(before, *m), "") << m->summary();
+  }
+
+  ckpt::Checkpoint other = now;
+  other.meta["max_pools"] = "2x2/2";
+  EXPECT_NE(refusal(other, *stem).find("has the max pools \"2x2/2\", this one \"3x3/2 pad 1\""), std::string::npos)
+      << refusal(other, *stem);
+}
+
 // --init-from's copy: a cnn for 10 classes into one for 5 keeps every tensor but the output
 // layer's, value for value; those stay as the new model's seed made them. Into the same model
 // everything is copied; a model sharing no tensor copies nothing.

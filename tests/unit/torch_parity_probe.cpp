@@ -85,7 +85,8 @@ class Structure final : public nn::LayerVisitor<float> {
   }
   void visit(const nn::ReLU<float>&) override { os_ << "{\"kind\": \"relu\"}"; }
   void visit(const nn::MaxPool2d<float>& l) override {
-    os_ << "{\"kind\": \"maxpool\", \"kernel\": " << l.kernel() << ", \"stride\": " << l.stride() << "}";
+    os_ << "{\"kind\": \"maxpool\", \"kernel\": " << l.kernel() << ", \"stride\": " << l.stride()
+        << ", \"padding\": " << l.padding() << "}";
   }
   void visit(const nn::GlobalAvgPool<float>&) override { os_ << "{\"kind\": \"global_avg_pool\"}"; }
   void visit(const nn::Flatten<float>&) override { os_ << "{\"kind\": \"flatten\"}"; }
@@ -337,6 +338,8 @@ int run(const std::string& dir) {
       {"mlp", nn::ModelKind::Mlp, true, true, Shape{6, 6, 1}, 5},
       {"resnet20", nn::ModelKind::ResNet20, true, true, Shape{8, 8, 3}, 3},
       {"resnet20_no_bn", nn::ModelKind::ResNet20, false, true, Shape{6, 6, 3}, 2},
+      // Above 64 pixels a side: the ImageNet stem (7x7/2 conv, 3x3/2 max pool padded by 1).
+      {"resnet18_imagenet_stem", nn::ModelKind::ResNet18, true, true, Shape{72, 72, 3}, 2},
   };
   int which = 0;
   for (const ModelCase& c : models) cases.push_back(model_case(d, c, ++which));

@@ -170,6 +170,8 @@ void print_inspected(const Inspected& r) {
     out << "written by: hpctrain " << meta_or(m, "hpctrain_version") << " on " << meta_or(m, "world_size")
         << " rank(s), " << utc_time(integer_or(m, "time")) << "\n";
     out << "model: " << meta_or(m, "model") << " (layout signature " << meta_or(m, "model_signature") << ")\n";
+    if (m.count("max_pools"))  // not recorded before resnet18/50's ImageNet stem became torchvision's
+      out << "max pools: " << (m.at("max_pools").empty() ? "none" : m.at("max_pools")) << "\n";
     out << "position: step " << meta_or(m, "step") << ", " << position_text(m) << "; " << meta_or(m, "samples_seen")
         << " samples seen\n";
     out << "global batch: " << meta_or(m, "global_batch_size") << "\n";

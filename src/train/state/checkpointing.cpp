@@ -38,6 +38,26 @@ std::string listed(const std::vector<std::string>& names) {
 }
 
 constexpr const char* kEpochSumsKey = "epoch_train_sums";
+constexpr const char* kMaxPoolsKey = "max_pools";
+
+// The model's function beyond its parameters' layout: its max pools, recorded since resnet18's
+// and resnet50's ImageNet stem became torchvision's 3x3/2 pool padded by 1. It was a 2x2/2 one
+// before, with the same parameters: a checkpoint without the record had no padded pool, and its
+// weights in a model with one would load and predict otherwise.
+void check_max_pools(const ckpt::Checkpoint& c, const nn::Model<float>& model, const char* name) {
+  const std::vector<nn::PoolGeometry> pools = nn::max_pools(model.net());
+  const auto recorded = c.meta.find(kMaxPoolsKey);
+  if (recorded == c.meta.end()) {
+    const bool padded = std::any_of(pools.begin(), pools.end(), [](const nn::PoolGeometry& p) { return p.padding > 0; });
+    HPC_REQUIRE(!padded, "the checkpoint's ", name, " was trained with the ImageNet stem's old 2x2/2 max pool, "
+                "this hpctrain's is torchvision's 3x3/2 padded by 1, and its weights would predict otherwise here: "
+                "train it again (or use the hpctrain that made it)");
+    return;
+  }
+  const std::string here = nn::max_pools_text(pools);
+  HPC_REQUIRE(recorded->second == here, "the checkpoint's ", name, " has the max pools \"", recorded->second,
+              "\", this one \"", here, "\" (made by another hpctrain?): its weights would predict otherwise here");
+}
 
 // RunPosition::epoch_sums as recorded: empty when the key is not there (an older checkpoint's, or
 // one at an epoch's start); a usage error unless 3 finite, non-negative numbers a rank.
@@ -62,8 +82,8 @@ std::vector<double> recorded_epoch_sums(const ckpt::Checkpoint& c) {
 
 ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names,
                                 std::string training_set) {
-  return {nn::model_name(model.spec().kind), model_signature(model.params()), std::move(class_names),
-          std::move(training_set)};
+  return {nn::model_name(model.spec().kind), model_signature(model.params()),
+          nn::max_pools_text(nn::max_pools(model.net())), std::move(class_names), std::move(training_set)};
 }
 
 std::string training_set_digest(const data::Dataset& train) {
@@ -88,6 +108,7 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
   m["hpctrain_version"] = HPCTRAIN_VERSION;
   m["model"] = model.name;
   m["model_signature"] = model.signature;
+  m[kMaxPoolsKey] = model.max_pools;
   m["world_size"] = meta_text(world);
   if (!model.class_names.empty()) {  // so that predict and export name the classes without the dataset
     m["class_names"] = json_text(JsonObject(model.class_names));  // bytes that are not UTF-8 replaced
@@ -257,6 +278,7 @@ void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
   HPC_REQUIRE(c.text("model") == name, "the checkpoint is of model ", c.text("model"), ", not ", name, " (--model)");
   HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()), "the checkpoint's parameters do not fit "
               "this ", name, " (another variant, dataset shape or number of classes)");
+  check_max_pools(c, model, name);
 }
 
 RunPosition recorded_position(const ckpt::Checkpoint& c) {

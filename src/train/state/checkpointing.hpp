@@ -47,6 +47,7 @@ struct RunPosition {
 // gave them (packed shards' classes; the other datasets' are fixed: data/facts.hpp).
 struct ModelIdentity {
   std::string name, signature;
+  std::string max_pools;  // nn::max_pools_text of the model: what the signature does not show
   std::vector<std::string> class_names;
   std::string training_set;  // training_set_digest of the data it trains on ("": none recorded)
   static ModelIdentity of(const nn::Model<float>& model, std::vector<std::string> class_names = {},
@@ -124,7 +125,9 @@ std::pair<std::string, ckpt::Checkpoint> load_checkpoint_or_latest(const std::st
 // The model a checkpoint holds, for a dataset of this sample shape and number of classes.
 nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
 
-// Usage error unless the checkpoint's parameters fit `model` (same name and layout).
+// Usage error unless the checkpoint's parameters fit `model` (same name and layout) and mean the
+// same function there (the same max pools; a checkpoint from before they were recorded: no
+// padded one, as resnet18/50's ImageNet stem has since it became torchvision's).
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 
 // The position a checkpoint records, and its loss scale, checked (a usage error when either is
