@@ -359,12 +359,18 @@ TEST_F(MpiTraining, TheSlowestRankIsNamed) {
       if (host.empty()) host = e.at("slowest_host").str;
       EXPECT_EQ(e.at("slowest_host").str, host);
       EXPECT_LE(number(e, "median_busy_seconds"), number(e, "slowest_busy_seconds"));
+      // The ratio is of the two busy times (the unit tests check the window's arithmetic).
+      EXPECT_NEAR(number(e, "straggler_ratio"), number(e, "slowest_busy_seconds") / number(e, "median_busy_seconds"),
+                  1e-3 * number(e, "straggler_ratio"))
+          << "step " << number(e, "step");
       if (slow) {
         EXPECT_EQ(number(e, "slowest_rank"), 1) << "step " << number(e, "step");
         // Half the 100 ms: the ranks' own work differs by tens of ms on a loaded machine (0.0797
         // was seen beside a busy loop and a disk kept busy); a slow-down not measured gives ~0.
+        // Not a bound on the ratio: it was > 1.5, which held only while the ranks' own work took
+        // under 200 ms a step (beside six busy loops it took more: 1.24 to 1.48, 3 runs of 3).
         EXPECT_GE(number(e, "slowest_busy_seconds") - number(e, "median_busy_seconds"), 0.05);
-        EXPECT_GT(number(e, "straggler_ratio"), 1.5);
+        EXPECT_GT(number(e, "straggler_ratio"), 1);
       } else {
         EXPECT_LT(number(e, "straggler_ratio"), 2) << "step " << number(e, "step");
       }
