@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -26,8 +27,11 @@ class FakeComm final : public dist::Communicator {
   void allreduce_sum(float* data, int64_t n) override {
     std::this_thread::sleep_for(delay);
     for (int64_t i = 0; i < n; ++i) data[i] *= static_cast<float>(size_);
-    std::lock_guard lock(mu);
-    calls.emplace_back(data - base_, data - base_ + n);
+    {
+      std::lock_guard lock(mu);
+      calls.emplace_back(data - base_, data - base_ + n);
+    }
+    called.notify_all();
   }
   void allreduce_sum(double* data, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) data[i] *= size_;
@@ -38,8 +42,19 @@ class FakeComm final : public dist::Communicator {
   std::unique_ptr<dist::Communicator> duplicate() override { return std::make_unique<FakeComm>(size_, base_); }
   [[noreturn]] void abort(int) override { std::abort(); }
 
+  // Whether `n` float all-reduces have returned within `limit` (the bucketer's thread makes them).
+  bool wait_for_calls(size_t n, std::chrono::seconds limit) {
+    std::unique_lock lock(mu);
+    return called.wait_for(lock, limit, [&] { return calls.size() >= n; });
+  }
+  size_t call_count() {
+    std::lock_guard lock(mu);
+    return calls.size();
+  }
+
   std::chrono::milliseconds delay{0};
   std::mutex mu;
+  std::condition_variable called;
   std::vector<std::pair<int64_t, int64_t>> calls;
 
  private:
@@ -100,7 +115,9 @@ TEST(GradientBucketer, TimelineStartsAtBeginStep) {
 }
 
 // With overlap, a bucket is all-reduced while the caller is still "computing"; without, not
-// before finish().
+// before finish(). The caller's "computing" lasts until the communication thread has reduced the
+// first bucket (a fixed 50 ms was not always enough for that thread to be scheduled on a loaded
+// machine); without overlap, 50 ms in which nothing may start.
 TEST(GradientBucketer, OverlapStartsBeforeFinishAndNoOverlapDoesNot) {
   for (bool overlap : {true, false}) {
     SCOPED_TRACE(overlap ? "overlap" : "no overlap");
@@ -111,11 +128,14 @@ TEST(GradientBucketer, OverlapStartsBeforeFinishAndNoOverlapDoesNot) {
     ASSERT_EQ(b.bucket_count(), 2u);
     b.begin_step(0.5f);
     b.ready_from(static_cast<int64_t>(g.size()) / 2);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the rest of the backward pass
+    // The rest of the backward pass.
+    if (overlap) EXPECT_TRUE(comm.wait_for_calls(1, std::chrono::seconds(30))) << "no bucket reduced before finish()";
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(comm.call_count(), overlap ? 1u : 0u) << "buckets reduced before finish()";
     b.ready_from(0);
     b.finish();
     const auto& t = b.last_timeline();
-    if (overlap) EXPECT_LT(t.buckets[0].done, t.backward_done);
+    if (overlap) EXPECT_LT(t.buckets[0].started, t.backward_done);
     else EXPECT_GE(t.buckets[0].queued, t.backward_done);
     for (float v : g) ASSERT_EQ(v, 1.0f);
   }
