@@ -302,8 +302,13 @@ TEST(DirectoryLock, AMomentsFailedStatDoesNotLoseTheLock) {
   EXPECT_TRUE(during);
   EXPECT_TRUE(lock->held());
   EXPECT_FALSE(lock->lost());
+  // Lost once a third of the stale time has passed unanswered: looked for until then, not after a
+  // fixed 4 s (which left the lock's own thread, looking every 0.6 s, 0.4 s to make its first look
+  // on a loaded machine: a first look by this held() would have started the 3 s only then).
   point(true);
-  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (lock->held() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(lock->held());
   point(false);
   unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
