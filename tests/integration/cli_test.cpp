@@ -780,14 +780,26 @@ TEST_F(Cli, ConfigFromAPipe) {
   EXPECT_EQ(done_of(m).at("steps").number, 2);
 }
 
+// Whether process `pid` has `path` open (/proc/PID/fd).
+bool has_open(pid_t pid, const std::string& path) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec))
+    if (fs::read_symlink(e.path(), ec) == path) return true;
+  return false;
+}
+
 // A FIFO as --config that nothing writes to: hpctrain waits for its lines, but a stop signal ends
 // the wait at once, in one line (it was kept for the options, which never came: SIGTERM did
-// nothing, and only SIGKILL ended the run).
+// nothing, and only SIGKILL ended the run). The signal comes once hpctrain waits on the FIFO
+// (it came after a fixed 1.5 s, which a start-up on a loaded machine may outlast: the default
+// action then ends it with 143 and no line), and after half a second more of waiting.
 TEST_F(Cli, ConfigFifoWithoutAWriterEndsOnSigterm) {
   const std::string fifo = work_.file("c.cfg");
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   Started run(hpctrain_argv(with_quick_defaults({"--config", fifo}, data_.str())));
-  usleep(1500 * 1000);
+  ASSERT_TRUE(wait_until([&] { return (blocks_signal(run.pid(), SIGTERM) && has_open(run.pid(), fifo)) || !run.running(); },
+                         kDeadline));
+  usleep(500 * 1000);
   ASSERT_TRUE(run.running()) << "it did not wait for the FIFO's writer";
   ASSERT_EQ(kill(run.pid(), SIGTERM), 0);
   const double signalled = run.seconds();
