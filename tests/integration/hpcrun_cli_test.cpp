@@ -673,18 +673,22 @@ TEST(HpcrunCli, AStopAskedBeforeTheFirstStepIsAskedAgainAtIt) {
 
 // A signal while hpcrun probes its hosts (here a probe that takes 3 s, through a launch agent that
 // runs everything on this machine): hpcrun waited for the probes, then launched the job and asked it
-// to stop. Now nothing is launched, and it exits 75 as when stopped while waiting for hosts.
+// to stop. Now nothing is launched, and it exits 75 as when stopped while waiting for hosts. The
+// signal comes once the probe has begun (it came a fixed second after hpcrun's start, which a
+// start-up on a loaded machine may outlast).
 TEST(HpcrunCli, ASignalDuringTheProbesLaunchesNothing) {
   TempDir dir("hpcrun_signal_probing");
-  const std::string agent = dir.file("agent"), ran = dir.file("ran");
+  const std::string agent = dir.file("agent"), ran = dir.file("ran"), probing = dir.file("probing");
   std::ofstream(agent) << "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nshift\n"
-                          "if [ \"$*\" = true ]; then sleep 3; fi\nexec sh -c \"$*\"\n";
+                          "if [ \"$*\" = true ]; then touch " << probing << "; sleep 3; fi\nexec sh -c \"$*\"\n";
   fs::permissions(agent, fs::perms::owner_all);
   for (int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(strsignal(sig));
+    fs::remove(probing);
     Started job({hpcrun_binary(), "--log-dir", dir.file("logs"), "--launch-agent", agent, "-H", "198.51.100.7:1",
                  "--probe-timeout", "20s", "touch", ran});
-    usleep(1000 * 1000);
+    while (!fs::exists(probing) && job.running() && job.seconds() < 60) usleep(20 * 1000);
+    ASSERT_TRUE(fs::exists(probing)) << read_text(job.err_path());
     ASSERT_EQ(::kill(job.pid(), sig), 0);
     const RunResult r = job.finish(60);
     EXPECT_EQ(r.exit_code, 75) << r.err;
@@ -738,20 +742,26 @@ TEST(HpcrunCli, ItsChildrenInheritNoneOfItsFiles) {
 // waited in hpcrun's pipe, and the failed attempt was relaunched (the stop came only after the
 // next attempt's start-up, Slurm's KillWait perhaps gone). The mpirun here fails at once,
 // leaving a child that holds its output for 4 s. SIGUSR2 (submitit's, `sbatch --signal=B:USR2`)
-// is a stop as SIGTERM is: it ended hpcrun with 140, no summary and no checkpoint.
+// is a stop as SIGTERM is: it ended hpcrun with 140, no summary and no checkpoint. The signal
+// comes once hpcrun has reaped this mpirun (a fixed second after its last command, which a loaded
+// machine may outlast: the signal then came during the attempt), well within the 4 s.
 TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
   for (const int sig : {SIGTERM, SIGUSR2}) {
     SCOPED_TRACE(::strsignal(sig));
     TempDir dir("hpcrun_late_signal");
     const std::string ended = dir.file("ended"), wrapper = dir.file("mpirun");
     std::ofstream(wrapper) << "#!/bin/sh\ncase \" $* \" in *' --do-not-launch '*) exec " << mpiexec()
-                           << " \"$@\";; esac\nsleep 4 &\ntouch " << ended << "\nexit 1\n";
+                           << " \"$@\";; esac\nsleep 4 &\necho $$ > " << ended << ".new\nmv " << ended << ".new "
+                           << ended << "\nexit 1\n";
     fs::permissions(wrapper, fs::perms::owner_all);
     Started job({hpcrun_binary(), "--mpirun", wrapper, "--log-dir", dir.file("logs"), "--max-restarts", "2", "-np",
                  "1", "true"});
     while (!fs::exists(ended) && job.running() && job.seconds() < 60) usleep(20 * 1000);
     ASSERT_TRUE(fs::exists(ended)) << read_text(job.err_path());
-    usleep(1000 * 1000);  // hpcrun has seen mpirun end: it polls every 0.1 s
+    const pid_t mpirun = static_cast<pid_t>(std::stol(read_text(ended)));
+    // Gone, not a zombie: hpcrun's wait took it, and hpcrun knows it ended.
+    while (::kill(mpirun, 0) == 0 && job.running() && job.seconds() < 60) usleep(20 * 1000);
+    ASSERT_NE(::kill(mpirun, 0), 0) << "hpcrun never reaped its mpirun";
     ASSERT_EQ(::kill(job.pid(), sig), 0);
     const RunResult r = job.finish(60);
     EXPECT_EQ(r.exit_code, 75) << r.err;
