@@ -27,6 +27,7 @@ class FakeImds(http.server.ThreadingHTTPServer):
         self.tokenless_reads = 0
         self.token_requests = 0
         self.truncated = 0  # how many of the next reads of a document end before their Content-Length
+        self.polls = []  # (time.time(), served the notice) of each read of spot/instance-action
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -53,6 +54,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.server.tokenless_reads += 1
             return self.reply(401)
         path = self.path.removeprefix("/latest/meta-data/")
+        if path == "spot/instance-action":
+            self.server.polls.append((time.time(), path in self.server.documents))
         if path in self.server.documents:
             if self.server.truncated:
                 self.server.truncated -= 1
@@ -96,6 +99,9 @@ class SpotWatcher(unittest.TestCase):
              "--imds", f"http://127.0.0.1:{self.imds.server_address[1]}"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.addCleanup(self.stop)
+        # Each test starts once the watcher polls: its start-up beside busy loops took over 2 s, and
+        # the tests' bounds were then spent before its first poll.
+        self.wait_for_polls(1)
 
     def path(self, name):
         return os.path.join(self.tmp.name, name)
@@ -126,25 +132,38 @@ class SpotWatcher(unittest.TestCase):
             time.sleep(0.05)
         self.fail(f"no '{what}' within {seconds} s; calls: {self.calls()}")
 
+    def wait_for_polls(self, count, seconds=60):
+        """Until the watcher has read spot/instance-action `count` times in all (polls, not time:
+        on a loaded machine a poll period may hold no poll)."""
+        deadline = time.monotonic() + seconds
+        while len(self.imds.polls) < count:
+            self.assertIsNone(self.proc.poll(), "the watcher exited")
+            self.assertLess(time.monotonic(), deadline, f"fewer than {count} polls in {seconds} s")
+            time.sleep(0.02)
+
     def test_nothing_happens_without_a_notice(self):
-        time.sleep(4 * INTERVAL)
+        self.wait_for_polls(4)
         self.assertIsNone(self.proc.poll(), "the watcher exited")
         self.assertEqual(self.calls(), [])
         self.assertGreaterEqual(self.imds.token_requests, 1)
         self.assertEqual(self.imds.tokenless_reads, 0, "a read without the IMDSv2 token")
 
     def test_an_interruption_drains_and_signals_within_one_poll(self):
-        time.sleep(2 * INTERVAL)
-        noticed = time.time()
+        self.wait_for_polls(2)
         self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
-        drained = self.wait_for("scontrol update nodename=gpu-1 state=drain", 3)
-        signalled = self.wait_for("scancel", 3, count=2)  # one per job: the second may lag the first
+        drained = self.wait_for("scontrol update nodename=gpu-1 state=drain", 30)
+        signalled = self.wait_for("scancel", 30, count=2)  # one per job: the second may lag the first
         self.assertIn("reason=hpctrain: spot interruption: terminate at 2026-11-22T13:00:00Z", drained[0][1])
         self.assertEqual(sorted(c for _, c in signalled),
                          ["scancel --signal=USR1 --batch 101", "scancel --signal=USR1 --batch 102"])
-        # Within one poll period of the notice (plus the time the fakes take to start).
-        self.assertLess(max(t for t, _ in signalled) - noticed, INTERVAL + 0.5)
-        time.sleep(3 * INTERVAL)
+        # Within the poll that first read the notice: after that read, before the next. (It was
+        # within INTERVAL + 0.5 s of the notice by the clock, which beside busy loops took 2-3.5 s.)
+        first = next(i for i, (_, notice) in enumerate(self.imds.polls) if notice)
+        polls = len(self.imds.polls)
+        self.wait_for_polls(polls + 2)
+        read, after = self.imds.polls[first][0], self.imds.polls[first + 1][0]
+        for t, c in drained[:1] + signalled:
+            self.assertTrue(read <= t < after, f"{c} at {t}, not in the poll of {read} (next poll {after})")
         self.assertEqual(len([c for _, c in self.calls() if c.startswith("scancel")]), 2, "acted more than once")
         self.assertEqual(self.imds.tokenless_reads, 0)
 
@@ -156,9 +175,9 @@ class SpotWatcher(unittest.TestCase):
         self.write("squeue.failures", "2")
         self.write("scancel.failures", "1")
         self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
-        self.wait_for("scontrol update nodename=gpu-1 state=drain", 3, count=2)
-        self.wait_for("scancel", 6, count=3)  # 101 failed once, then 101 and 102
-        time.sleep(3 * INTERVAL)
+        self.wait_for("scontrol update nodename=gpu-1 state=drain", 30, count=2)
+        self.wait_for("scancel", 30, count=3)  # 101 failed once, then 101 and 102
+        self.wait_for_polls(len(self.imds.polls) + 3)
         calls = [c for _, c in self.calls()]
         self.assertEqual(len([c for c in calls if c.startswith("scontrol")]), 2, calls)  # drained once it worked
         self.assertEqual(sorted(c for c in calls if c.startswith("scancel")),
@@ -169,10 +188,10 @@ class SpotWatcher(unittest.TestCase):
     def test_a_job_listed_later_is_signalled_while_the_notice_stands(self):
         self.write("squeue.out", "101\n")
         self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
-        self.wait_for("scancel --signal=USR1 --batch 101", 3)
+        self.wait_for("scancel --signal=USR1 --batch 101", 30)
         self.write("squeue.out", "101\n103\n")  # (a job slurmctld had not yet shown running on the node)
-        self.wait_for("scancel --signal=USR1 --batch 103", 3)
-        time.sleep(2 * INTERVAL)
+        self.wait_for("scancel --signal=USR1 --batch 103", 30)
+        self.wait_for_polls(len(self.imds.polls) + 2)
         self.assertEqual(len([c for _, c in self.calls() if c.startswith("scancel")]), 2, self.calls())
 
     def test_a_reply_cut_short_does_not_stop_the_watcher(self):
@@ -180,14 +199,14 @@ class SpotWatcher(unittest.TestCase):
         IncompleteRead): a warning, and the next poll asks again."""
         self.imds.truncated = 3
         self.imds.documents["spot/instance-action"] = '{"action": "terminate", "time": "2026-11-22T13:00:00Z"}'
-        self.wait_for("scontrol update nodename=gpu-1 state=drain", 3 + 4 * INTERVAL)
+        self.wait_for("scontrol update nodename=gpu-1 state=drain", 30)
         self.assertIsNone(self.proc.poll(), "the watcher exited")
         self.assertEqual(self.imds.truncated, 0)
 
     def test_a_rebalance_recommendation_drains_only(self):
         self.imds.documents["events/recommendations/rebalance"] = '{"noticeTime": "2026-11-22T12:58:00Z"}'
-        self.wait_for("reason=hpctrain: spot rebalance recommendation", 3)
-        time.sleep(2 * INTERVAL)
+        self.wait_for("reason=hpctrain: spot rebalance recommendation", 30)
+        self.wait_for_polls(len(self.imds.polls) + 2)
         self.assertEqual([c for _, c in self.calls() if c.startswith("scancel")], [])
 
 
