@@ -31,6 +31,31 @@ void expect_stopped_heartbeat(const std::string& dir, int exit_code = 0) {
   }
 }
 
+// Whether the metrics file ends in a stop at once's "stopped" event (its signal and exit code,
+// no checkpoint) and the Prometheus file says state "stopped" with that exit code: a scrape of
+// the file a killed run left said "training" for ever.
+// `job`: the Prometheus file's hpctrain_job label (the checkpoint directory's name).
+void expect_stopped_at_once(const std::string& metrics, const std::string& prom, const std::string& job,
+                            const std::string& signal, int exit_code) {
+  const std::string text = read_text(prom);
+  const std::string labels = "{hpctrain_job=\"" + job + "\",world_size=\"1\"";
+  EXPECT_NE(text.find("hpctrain_state" + labels + ",state=\"stopped\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("hpctrain_state" + labels + ",state=\"training\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("hpctrain_exit_code" + labels + "} " + std::to_string(exit_code) + "\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\nhpctrain_last_update_timestamp_seconds" + labels + "} "), std::string::npos) << text;
+  // With the config event: a run stopped before its first epoch line has that one.
+  const auto lines = read_all_json_lines(metrics);
+  ASSERT_FALSE(lines.empty());
+  ASSERT_EQ(lines.back().at("event").str, "stopped") << read_text(metrics);
+  EXPECT_EQ(lines.back().at("signal").str, signal);
+  EXPECT_EQ(lines.back().at("exit_code").number, exit_code);
+  EXPECT_FALSE(lines.back().at("checkpointed").boolean);
+  EXPECT_GT(lines.back().at("step").number, 0);
+  EXPECT_GT(lines.back().at("elapsed_seconds").number, 0);
+  EXPECT_GT(lines.back().at("unix_time").number, 1e9);
+}
+
 // "usr2" -> "USR2" (the tests' hooks name signals in lower case).
 std::string upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -1006,13 +1031,15 @@ TEST_F(Checkpoints, AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode) {
 TEST_F(Checkpoints, ASignalLeftOutOfStopSignalsKeepsItsDefaultAction) {
   const std::string ck = dir_.file("left_out");
   setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "9:usr2", 1);
-  const auto p = start(ck, {"--stop-signals", "TERM,USR1"});
+  const std::string prom = dir_.file("left_out.prom");
+  const auto p = start(ck, {"--stop-signals", "TERM,USR1", "--prometheus-file", prom});
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   const RunResult r = p->finish(120);
   EXPECT_EQ(r.exit_code, -1) << "killed by the signal\n" << r.err;
   EXPECT_EQ(r.err, "hpctrain: ended by SIGUSR2 (not in --stop-signals)\n");
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
   expect_stopped_heartbeat(ck, 128 + SIGUSR2);
+  expect_stopped_at_once(dir_.file("bg.jsonl"), prom, "left_out", "SIGUSR2", 128 + SIGUSR2);
   expect_exact_resume(1, ck, 5);
 
   const std::string early = dir_.file("left_out_early");
@@ -1072,7 +1099,8 @@ TEST_F(Checkpoints, AStopDuringSetUpOnOneRankEndsEveryRankAndLosesNothing) {
 TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOne) {
   const std::string ck = dir_.file("sigint");
   setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "2", 1);
-  const auto p = start(ck);
+  const std::string prom = dir_.file("sigint.prom");
+  const auto p = start(ck, {"--prometheus-file", prom});
   unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
   const std::string unfinished = "ckpt-000000010.hpck.tmp." + std::to_string(p->pid());
   ASSERT_TRUE(wait_until([&] { return fs::exists(ck + "/" + unfinished) || !p->running(); }, 60));
@@ -1083,6 +1111,7 @@ TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOn
                    "(SIGTERM or SIGUSR1 would have written one first)\n");
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
   expect_stopped_heartbeat(ck, 128 + SIGINT);
+  expect_stopped_at_once(dir_.file("bg.jsonl"), prom, "sigint", "SIGINT", 128 + SIGINT);
   expect_exact_resume(1, ck, 5);
 }
 

@@ -509,6 +509,7 @@ TEST_F(Train, PrometheusFileShowsStopsAndFailuresAndNeverEndsARun) {
   EXPECT_EQ(f.samples.at("hpctrain_step" + labels + "}"), 5);
   EXPECT_EQ(f.samples.at("hpctrain_state" + labels + ",state=\"stopped\"}"), 1);
   EXPECT_EQ(f.samples.at("hpctrain_state" + labels + ",state=\"training\"}"), 0);
+  EXPECT_EQ(f.samples.at("hpctrain_exit_code" + labels + "}"), 75);  // as the "stopped" event's
 
   // With a checkpoint directory: the failure lets the directory go (its writer ended) before the
   // file says "failed", which counts that writer's checkpoints (once read from the freed writer).

@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
 #include "core/log.hpp"
+#include "train/stop/final_records.hpp"
 
 namespace hpc::train {
 
@@ -125,12 +126,18 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
 
 MetricsWriter::~MetricsWriter() {
   if (fd_ < 0) return;
+  if (stamp_) {
+    const final_records::Writing changing;
+    final_records::metrics_file(-1);  // the descriptor's number may be another file's next
+  }
   ::close(fd_);
   if (created_ && !written_) ::unlink(file_.c_str());
 }
 
 void MetricsWriter::write(const JsonObject& fields) {
-  if (fd_ < 0) return;
+  const final_records::Writing writing;
+  // The process ends at once: its "stopped" event is the last line (final_records.hpp).
+  if (fd_ < 0 || final_records::Writing::closed()) return;
   if (cut_)
     log::warn(option_, " ", path_, " ends in a cut line (a run killed while writing it?): it stays as it is, and "
               "this run's events start on a new line after it");
@@ -149,6 +156,7 @@ void MetricsWriter::write(const JsonObject& fields) {
   size_t done = 0;
   if (write_all(fd_, line, done)) {
     written_ = true;
+    if (stamp_) final_records::metrics_file(fd_);  // its last line whole: a stop at once appends there
     return;
   }
   const int error = errno;
@@ -159,6 +167,7 @@ void MetricsWriter::write(const JsonObject& fields) {
 }
 
 void MetricsWriter::give_up(int error, bool part_left) {
+  if (stamp_) final_records::metrics_file(-1);  // under write()'s Writing
   ::close(std::exchange(fd_, -1));
   written_ = written_ || part_left;
   const bool removed = created_ && !written_ && ::unlink(file_.c_str()) == 0;  // made for this run, and empty

@@ -31,6 +31,7 @@ class PrometheusTextfile {
   // watching a run, not part of it. Whether it was written.
   bool write(const std::vector<Gauge>& gauges);
   const std::string& path() const { return path_; }
+  const std::string& written_path() const { return written_; }  // what each rewrite is renamed over
 
  private:
   std::string path_, labels_;  // labels_: `name="value",...` as rendered

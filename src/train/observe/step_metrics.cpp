@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "train/stop/final_records.hpp"
+
 namespace hpc::train {
 namespace {
 
@@ -49,6 +51,11 @@ void add_step_gauges(std::vector<Gauge>& g, const StepFigures& f) {
                f.slowest->ratio, host});
 }
 
+Gauge exit_code_gauge(int code) {
+  return {"exit_code", "The process's exit code, once the run stopped (as its heartbeat's and its \"stopped\" event's).",
+          static_cast<double>(code)};
+}
+
 }  // namespace
 
 JsonObject step_event(const StepFigures& f) {
@@ -90,6 +97,8 @@ StepMetrics::StepMetrics(const TrainOptions& o, int world_size, int64_t planned_
     : every_(o.metrics_every_steps), planned_(planned_steps), start_step_(start_step), metrics_(metrics),
       checkpoints_(checkpoints) {
   last_.step = start_step;
+  final_records::steps_done(start_step);
+  final_records::arm();  // a stop at once from here on says so in the metrics and Prometheus files
   if (o.prometheus_file.empty()) return;
   prometheus_.emplace(o.prometheus_file, std::vector<std::pair<std::string, std::string>>{
                                              {"hpctrain_job", prometheus_job(o)},
@@ -105,6 +114,7 @@ void StepMetrics::after_step(const StepFigures& f) {
   last_ = f;
   stepped_ = true;
   samples_ += f.samples;
+  final_records::steps_done(f.step);
   window_.emplace_back(f.elapsed_seconds, samples_);
   // The oldest step kept is the one just before the window: the samples after it fell inside.
   while (window_.size() > 2 && window_[1].first <= f.elapsed_seconds - kThroughputWindow) window_.pop_front();
@@ -117,8 +127,10 @@ void StepMetrics::after_epoch(double test_accuracy) {
   publish(true);
 }
 
-void StepMetrics::ended(RunState state) {
+void StepMetrics::ended(RunState state, std::optional<int> exit_code) {
+  final_records::disarm();  // this is the run's own last word
   state_ = state;
+  exit_code_ = exit_code;
   publish(true);
 }
 
@@ -126,6 +138,29 @@ void StepMetrics::publish(bool now) {
   if (!prometheus_ || (!now && std::chrono::duration<double>(SteadyClock::now() - written_).count() <
                                    kPrometheusInterval))
     return;
+  const final_records::Writing writing;
+  if (final_records::Writing::closed()) return;  // the process ends at once: "stopped" is written instead
+  std::vector<Gauge> g = gauges();
+  if (state_ == RunState::Training) prepare_stopped_file(g);
+  g.push_back({"last_update_timestamp_seconds", "Unix time of this file's last update.", unix_time()});
+  prometheus_->write(g);
+  written_ = SteadyClock::now();
+}
+
+// The file as a stop at once leaves it (final_records.hpp): these figures, state "stopped", and
+// the exit code and the time filled in then.
+void StepMetrics::prepare_stopped_file(std::vector<Gauge> g) const {
+  for (Gauge& gauge : g)
+    if (gauge.name == "state") gauge.value = gauge.labels.at(0).second == state_name(RunState::Stopped) ? 1.0 : 0.0;
+  const auto up_to_value = [this](Gauge gauge) {
+    const std::string text = prometheus_->render({gauge});
+    return text.substr(0, text.size() - 2);  // "... 0\n" without "0\n"
+  };
+  final_records::prometheus_file(prometheus_->written_path(), prometheus_->render(g), up_to_value(exit_code_gauge(0)),
+                                 up_to_value({"last_update_timestamp_seconds", "Unix time of this file's last update.", 0}));
+}
+
+std::vector<Gauge> StepMetrics::gauges() const {
   std::vector<Gauge> g;
   g.push_back({"step", "Global training steps done.", static_cast<double>(last_.step)});
   g.push_back({"planned_steps", "Global steps the run is planned to have in all.", static_cast<double>(planned_)});
@@ -151,9 +186,8 @@ void StepMetrics::publish(bool now) {
                    "Samples per second of all ranks over the last minute of steps (since the first, when shorter).",
                    static_cast<double>(window_.back().second - window_.front().second) / seconds});
   }
-  g.push_back({"last_update_timestamp_seconds", "Unix time of this file's last update.", unix_time()});
-  prometheus_->write(g);
-  written_ = SteadyClock::now();
+  if (exit_code_) g.push_back(exit_code_gauge(*exit_code_));
+  return g;
 }
 
 }  // namespace hpc::train

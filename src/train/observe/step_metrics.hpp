@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/store.hpp"
 #include "train/observe/metrics.hpp"
@@ -59,10 +60,13 @@ class StepMetrics {
   StepMetrics& operator=(const StepMetrics&) = delete;
   void after_step(const StepFigures& f);
   void after_epoch(double test_accuracy);
-  void ended(RunState state);
+  // exit_code: the process's, where it is known (a stop's): the hpctrain_exit_code gauge.
+  void ended(RunState state, std::optional<int> exit_code = std::nullopt);
 
  private:
   void publish(bool now);
+  std::vector<Gauge> gauges() const;
+  void prepare_stopped_file(std::vector<Gauge> g) const;
 
   const int64_t every_, planned_, start_step_;
   MetricsWriter& metrics_;
@@ -75,6 +79,7 @@ class StepMetrics {
   bool stepped_ = false;  // whether last_ holds a step's figures
   std::optional<double> test_accuracy_;
   RunState state_ = RunState::Training;
+  std::optional<int> exit_code_;
   std::chrono::steady_clock::time_point written_;  // of the Prometheus file, last
 };
 

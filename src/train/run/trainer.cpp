@@ -43,6 +43,7 @@
 #include "train/run/setup.hpp"
 #include "train/state/snapshots.hpp"
 #include "train/stop/signals.hpp"
+#include "train/stop/final_records.hpp"
 #include "train/stop/watchdog.hpp"
 
 namespace hpc::train {
@@ -307,6 +308,7 @@ TrainResult TrainingRun::run_steps() {
                     o_.epochs, plan_.steps_per_epoch, plan_.total_steps);
   if (lead_) {
     const std::lock_guard hold(metrics_lock_);
+    final_records::run_started(t_start_);  // the elapsed_seconds of a stop at once's event
     step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
   }
   tally_.step = p_.start.step;
@@ -382,7 +384,7 @@ void TrainingRun::say_stopped_in_setup(int exit_code, bool checkpointed) {
   {
     const std::lock_guard hold(metrics_lock_);
     StepMetrics published(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
-    published.ended(RunState::Stopped);
+    published.ended(RunState::Stopped, exit_code);
   }
   write_stopped_event(p_.start.step, asked.signal, checkpointed && !o_.checkpoint_dir.empty(), exit_code);
 }
@@ -814,10 +816,10 @@ TrainResult TrainingRun::stop() {
                                                  : "; checkpoint written, --resume auto continues from it");
   }
   if (trace_) trace_->gather();
-  with_metrics([](StepMetrics& m) { m.ended(RunState::Stopped); });
   TrainResult result;
   result.steps = tally_.step;
   result.exit_code = stop_exit_code(o_, asked);
+  with_metrics([&result](StepMetrics& m) { m.ended(RunState::Stopped, result.exit_code); });
   write_stopped_event(tally_.step, asked.signal, !in_memory && !o_.checkpoint_dir.empty(), result.exit_code);
   return result;
 }

@@ -16,6 +16,7 @@
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "train/stop/final_records.hpp"
 
 namespace hpc::train {
 namespace {
@@ -70,6 +71,7 @@ void say(std::initializer_list<const char*> pieces) {
   // replaced is let finish, so that it leaves no heartbeat.tmp.
   ckpt::remove_unfinished_files();
   ckpt::write_final_heartbeat(128 + sig);  // "stopped", not "training"; while the lock is still held
+  final_records::write_at_once(name_of(sig), 128 + sig);  // the metrics and Prometheus files say so too
   ckpt::remove_lock_at_exit();
   say({"hpctrain: stopped at once by ", name_of(sig), why});
   ::_exit(128 + sig);
@@ -80,6 +82,7 @@ void say(std::initializer_list<const char*> pieces) {
 [[noreturn]] void default_action(int sig) {
   ckpt::remove_unfinished_files();
   ckpt::write_final_heartbeat(128 + sig);
+  final_records::write_at_once(name_of(sig), 128 + sig);
   ckpt::remove_lock_at_exit();
   say({"hpctrain: ended by ", name_of(sig), " (not in --stop-signals)"});
   struct sigaction dfl {};

@@ -1,0 +1,170 @@
+#include "train/stop/final_records.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace hpc::train::final_records {
+namespace {
+
+// Filled only under a Writing, read only once the writes are closed and those in flight ended
+// (write_at_once): one record each, never read while it changes.
+std::atomic<int> g_writing{0};
+std::atomic<bool> g_closed{false}, g_armed{false};
+int g_metrics_fd = -1;
+int64_t g_step = 0, g_started_ns = 0;
+bool g_started = false;
+char g_prom_target[4096], g_prom_tmp[4096];
+char g_prom_body[32768], g_prom_exit[1024], g_prom_time[1024];
+bool g_prom_ready = false;
+
+// Appends text to buf (NUL-terminated, kept within its size): async-signal-safe.
+struct Text {
+  char buf[36864];
+  size_t n = 0;
+  void add(const char* s) {
+    for (; *s && n + 1 < sizeof buf; ++s) buf[n++] = *s;
+    buf[n] = '\0';
+  }
+  void add(int64_t v) {
+    char d[24];
+    size_t k = 0;
+    uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+    do d[k++] = static_cast<char>('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0) d[k++] = '-';
+    char s[24];
+    for (size_t i = 0; i < k; ++i) s[i] = d[k - 1 - i];
+    s[k] = '\0';
+    add(s);
+  }
+  void add_seconds(int64_t ns) {  // to the millisecond, as the metrics file's unix_time
+    const int64_t ms = ns / 1000000;
+    add(ms / 1000);
+    add(".");
+    const int64_t frac = ms % 1000;
+    if (frac < 100) add("0");
+    if (frac < 10) add("0");
+    add(frac);
+  }
+};
+
+int64_t now_ns(clockid_t clock) {
+  timespec t{};
+  ::clock_gettime(clock, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+bool write_whole(int fd, const char* text, size_t n) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t w = ::write(fd, text + done, n - done);
+    if (w > 0) done += static_cast<size_t>(w);
+    else if (!(w < 0 && errno == EINTR)) return false;
+  }
+  return true;
+}
+
+bool copy(char* to, size_t size, const std::string& from) {
+  if (from.size() >= size) return false;
+  std::memcpy(to, from.c_str(), from.size() + 1);
+  return true;
+}
+
+// As the run's own "stopped" event (trainer.cpp's write_stopped_event), in its keys' order.
+void write_stopped_event(const char* signal_name, int exit_code) {
+  if (g_metrics_fd < 0) return;
+  static Text t;
+  t.n = 0;
+  t.add("{\"event\":\"stopped\",\"step\":");
+  t.add(g_step);
+  t.add(",\"signal\":\"");
+  t.add(signal_name);
+  t.add("\",\"checkpointed\":false,\"exit_code\":");
+  t.add(static_cast<int64_t>(exit_code));
+  if (g_started) {
+    t.add(",\"elapsed_seconds\":");
+    t.add_seconds(now_ns(CLOCK_MONOTONIC) - g_started_ns);
+  }
+  t.add(",\"unix_time\":");
+  t.add_seconds(now_ns(CLOCK_REALTIME));
+  t.add("}\n");
+  write_whole(g_metrics_fd, t.buf, t.n);  // O_APPEND: after every whole line written before
+}
+
+// As PrometheusTextfile::write: a temporary file beside the target, then a rename over it. Its
+// name is this process's own (mkstemp is not async-signal-safe); O_EXCL never follows a link.
+void write_prometheus(int exit_code) {
+  if (!g_prom_ready) return;
+  static Text t;
+  t.n = 0;
+  t.add(g_prom_body);
+  t.add(g_prom_exit);
+  t.add(static_cast<int64_t>(exit_code));
+  t.add("\n");
+  t.add(g_prom_time);
+  t.add_seconds(now_ns(CLOCK_REALTIME));
+  t.add("\n");
+  ::unlink(g_prom_tmp);
+  const int fd = ::open(g_prom_tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  ::fchmod(fd, 0644);  // node_exporter reads it as another user
+  const bool whole = write_whole(fd, t.buf, t.n);
+  if (::close(fd) != 0 || !whole || ::rename(g_prom_tmp, g_prom_target) != 0) ::unlink(g_prom_tmp);
+}
+
+}  // namespace
+
+Writing::Writing() { g_writing.fetch_add(1); }
+Writing::~Writing() { g_writing.fetch_sub(1); }
+bool Writing::closed() { return g_closed.load(); }
+
+void metrics_file(int fd) {
+  g_metrics_fd = fd;
+}
+
+void run_started(std::chrono::steady_clock::time_point at) {
+  const Writing w;
+  // steady_clock is CLOCK_MONOTONIC (libstdc++), which the signal's side reads.
+  g_started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
+  g_started = true;
+}
+
+void steps_done(int64_t step) {
+  const Writing w;
+  g_step = step;
+}
+
+void prometheus_file(const std::string& target, const std::string& body, const std::string& exit_code_prefix,
+                     const std::string& time_prefix) {
+  const std::filesystem::path p(target);
+  std::string tmp = ".";
+  tmp += p.filename().string();
+  tmp += ".tmp.stopped." + std::to_string(::getpid());
+  g_prom_ready = copy(g_prom_target, sizeof g_prom_target, target) &&
+                 copy(g_prom_tmp, sizeof g_prom_tmp, (p.parent_path() / tmp).string()) &&
+                 copy(g_prom_body, sizeof g_prom_body, body) && copy(g_prom_exit, sizeof g_prom_exit, exit_code_prefix) &&
+                 copy(g_prom_time, sizeof g_prom_time, time_prefix);
+}
+
+void arm() { g_armed.store(true); }
+void disarm() { g_armed.store(false); }
+
+void write_at_once(const char* signal_name, int exit_code) {
+  if (!g_armed.load()) return;
+  g_closed.store(true);
+  // A write that still hangs after a second (storage that does not answer) is let be: what is
+  // read then may be half-changed text of a gauge, never memory out of bounds.
+  const timespec one_ms{0, 1000000};
+  for (int ms = 0; ms < 1000 && g_writing.load() > 0; ++ms) ::nanosleep(&one_ms, nullptr);
+  if (!g_armed.load()) return;  // the run's own last words came meanwhile
+  write_stopped_event(signal_name, exit_code);
+  write_prometheus(exit_code);
+}
+
+}  // namespace hpc::train::final_records
