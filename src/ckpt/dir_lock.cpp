@@ -176,6 +176,11 @@ void remove_lock_at_exit() {
   if (fd >= 0 && same_inode(fd, g_lock_path)) ::unlink(g_lock_path);
 }
 
+bool lock_lost_at_exit() {
+  const int fd = g_lock_fd.load();
+  return fd >= 0 && !same_inode(fd, g_lock_path);
+}
+
 double DirectoryLock::stale_seconds() {
   const char* v = std::getenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
   return v && std::atof(v) > 0 ? std::atof(v) : kDefaultStaleSeconds;

@@ -90,6 +90,10 @@ class DirectoryLock {
 // For a process that ends at once (train/stop/signals.cpp): removes the directory's lock file it holds,
 // as a run that ends normally does (the kernel drops the lock itself). Async-signal-safe.
 void remove_lock_at_exit();
+// Whether this process holds a directory's lock that is no longer its own (another run took the
+// directory over, or its lock file went): what it would write there then is another run's to
+// write. False while it holds none. Async-signal-safe.
+bool lock_lost_at_exit();
 
 // The fields of a "key=value" lines file (empty when it cannot be read): a regular file only (a
 // FIFO of that name would block the read), its first kMostKeyValueBytes (a lock's record or a

@@ -443,6 +443,9 @@ void write_final_heartbeat(int exit_code) {
   // A heartbeat write that still hangs (remove_unfinished_files waited a second for it): the
   // storage does not answer, and its temporary file is that write's.
   if (!g_final_armed.load() || at < 0 || g_heartbeats_writing.load() > 0) return;
+  // Another run took the directory over (this one was stopped or cut off for the stale time):
+  // the heartbeat is that run's now, as its beats are (Heartbeat::beat asks owned() too).
+  if (lock_lost_at_exit()) return;
   const FinalHeartbeat& f = g_final[at];
   timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);

@@ -395,6 +395,30 @@ TEST(Heartbeat, AStopAtOnceLeavesStoppedNotTraining) {
   EXPECT_EQ(ckpt::read_heartbeat(dir).at("state"), "done");
 }
 
+// A process that ends at once after another run took its directory over (it was stopped, or cut
+// off, for the lock's stale time) leaves the new owner's heartbeat as it is.
+TEST(Heartbeat, AStopAtOnceLeavesAnotherRunsHeartbeatAlone) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  const auto lock = ckpt::DirectoryLock::acquire(dir, 0, {});
+  ckpt::prepare_final_heartbeat(dir, "");
+  ckpt::write_heartbeat(dir, 7, 1, "training");
+  ckpt::arm_final_heartbeat(7, 1);
+  ckpt::write_final_heartbeat(130);
+  EXPECT_EQ(ckpt::read_heartbeat(dir).at("state"), "stopped") << "while the lock is this process's";
+  // As acquire() takes a stale lock over: a file of its own renamed over DIR/lock.
+  std::ofstream(dir + "/lock.new") << "host=other\npid=1\n";
+  std::filesystem::rename(dir + "/lock.new", dir + "/lock");
+  ckpt::write_heartbeat(dir, 20, 2, "training", "hpcrun_token=theirs\nhpcrun_attempt=2\n");
+  ckpt::arm_final_heartbeat(9, 1);
+  ckpt::write_final_heartbeat(130);
+  const auto beat = ckpt::read_heartbeat(dir);
+  EXPECT_EQ(beat.at("state"), "training");
+  EXPECT_EQ(beat.at("step"), "20");
+  EXPECT_EQ(beat.at("hpcrun_token"), "theirs");
+  ckpt::disarm_final_heartbeat();
+}
+
 // The step a launcher reads: a whole number of 0 or more, else -1 (nothing it can compare with a
 // checkpoint's step; atoll read "12abc" as 12 and "x" as 0).
 TEST(Heartbeat, ItsStepIsAWholeNumberOrNone) {
