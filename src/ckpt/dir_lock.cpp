@@ -64,9 +64,17 @@ Named names(int fd, const std::string& path) {
 bool same_inode(int fd, const std::string& path) { return names(fd, path) == Named::Yes; }
 
 std::string describe(const std::map<std::string, std::string>& r);
+// The lock this process holds, for remove_lock_at_exit(): a fixed buffer and the descriptor,
+// since a process ending at once may read them (set and cleared by the lock's owner).
+char g_lock_path[4096];
+std::atomic<int> g_lock_fd{-1};
+// remove_lock_at_exit() removed it: its absence is this process's doing, not another run's.
+std::atomic<bool> g_removed_at_exit{false};
 
 // Why a lock is no longer this process's: another run's record in it now, or none left.
 std::string how_lost(const std::string& path) {
+  if (g_removed_at_exit.load() && path == g_lock_path)
+    return "this process removed its lock file as it ends (its watchdog, or a stop at once)";
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 && errno != ENOENT && errno != ENOTDIR)
     return std::string("its lock file could not be looked at for a third of the stale time (") + std::strerror(errno) +
@@ -164,16 +172,13 @@ int take_over(const std::string& path) {
   return fd;
 }
 
-// The lock this process holds, for remove_lock_at_exit(): a fixed buffer and the descriptor,
-// since a process ending at once may read them (set and cleared by the lock's owner).
-char g_lock_path[4096];
-std::atomic<int> g_lock_fd{-1};
-
 }  // namespace
 
 void remove_lock_at_exit() {
   const int fd = g_lock_fd.load();
-  if (fd >= 0 && same_inode(fd, g_lock_path)) ::unlink(g_lock_path);
+  if (fd < 0 || !same_inode(fd, g_lock_path)) return;
+  g_removed_at_exit.store(true);  // before the unlink: the refresher may look at once
+  ::unlink(g_lock_path);
 }
 
 bool lock_lost_at_exit() {
@@ -276,6 +281,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, int fd, bool made_dir)
   refresher_ = std::thread([this] { refresh_loop(); });
   if (path_.size() < sizeof g_lock_path) {
     std::memcpy(g_lock_path, path_.c_str(), path_.size() + 1);
+    g_removed_at_exit.store(false);  // (a process's earlier lock's, in tests)
     g_lock_fd.store(fd_);
   }
 }
@@ -362,6 +368,7 @@ void DirectoryLock::refresh_loop() {
       lock.lock();
       lost_to_ = how;
       lost_.store(true);
+      if (g_removed_at_exit.load()) return;  // the process ends: nothing to warn of
       log::warn("the checkpoint directory's lock ", path_, " is no longer this run's: ", how,
                 "; this run writes nothing more there");
       return;

@@ -419,6 +419,19 @@ TEST(Heartbeat, AStopAtOnceLeavesAnotherRunsHeartbeatAlone) {
   ckpt::disarm_final_heartbeat();
 }
 
+// The lock file that the process removes itself as it ends (its watchdog's last words, a stop at
+// once) is not said to be another run's doing: the refresher, looking meanwhile, blamed one.
+TEST(DirectoryLock, ItsRemovalAtExitIsNotBlamedOnAnotherRun) {
+  const TempDir tmp;
+  const auto lock = ckpt::DirectoryLock::acquire(tmp.str(), 0, {});
+  ckpt::remove_lock_at_exit();
+  EXPECT_FALSE(std::filesystem::exists(tmp.str() + "/lock"));
+  EXPECT_FALSE(lock->held());
+  const std::string how = lock->how_lost();
+  EXPECT_EQ(how, "this process removed its lock file as it ends (its watchdog, or a stop at once)");
+  EXPECT_EQ(how.find("another run"), std::string::npos) << how;
+}
+
 // The step a launcher reads: a whole number of 0 or more, else -1 (nothing it can compare with a
 // checkpoint's step; atoll read "12abc" as 12 and "x" as 0).
 TEST(Heartbeat, ItsStepIsAWholeNumberOrNone) {
