@@ -23,6 +23,7 @@
 #include "ckpt/dir_lock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/signal_safe_text.hpp"
 
 namespace hpc::ckpt {
 namespace fs = std::filesystem;
@@ -172,23 +173,7 @@ std::atomic<int> g_final_at{-1};  // the record published, -1: none
 std::atomic<bool> g_final_armed{false};
 std::atomic<int64_t> g_final_step{0}, g_final_epochs{0};
 
-// Appends `text` to buf[*n..] (kept within `size`, NUL-terminated): async-signal-safe.
-void append(char* buf, size_t size, size_t* n, const char* text) {
-  for (; *text && *n + 1 < size; ++text) buf[(*n)++] = *text;
-  buf[*n] = '\0';
-}
-void append(char* buf, size_t size, size_t* n, int64_t v) {
-  char digits[24];
-  size_t k = 0;
-  uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-  do digits[k++] = static_cast<char>('0' + u % 10);
-  while ((u /= 10) != 0);
-  if (v < 0) digits[k++] = '-';
-  char text[24];
-  for (size_t i = 0; i < k; ++i) text[i] = digits[k - 1 - i];
-  text[k] = '\0';
-  append(buf, size, n, text);
-}
+using signal_safe::append;
 
 // Marks `tmp` as an unfinished file while it lives. A path longer than PATH_MAX, or more writers
 // at once than slots, is left unmarked: to the next run's clean-up.

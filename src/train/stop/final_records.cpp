@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/signal_safe_text.hpp"
+
 namespace hpc::train::final_records {
 namespace {
 
@@ -24,26 +26,12 @@ char g_prom_target[4096], g_prom_tmp[4096];
 char g_prom_body[32768], g_prom_exit[1024], g_prom_time[1024];
 bool g_prom_ready = false;
 
-// Appends text to buf (NUL-terminated, kept within its size): async-signal-safe.
+// The text of a last word, built async-signal-safely.
 struct Text {
   char buf[36864];
   size_t n = 0;
-  void add(const char* s) {
-    for (; *s && n + 1 < sizeof buf; ++s) buf[n++] = *s;
-    buf[n] = '\0';
-  }
-  void add(int64_t v) {
-    char d[24];
-    size_t k = 0;
-    uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-    do d[k++] = static_cast<char>('0' + u % 10);
-    while ((u /= 10) != 0);
-    if (v < 0) d[k++] = '-';
-    char s[24];
-    for (size_t i = 0; i < k; ++i) s[i] = d[k - 1 - i];
-    s[k] = '\0';
-    add(s);
-  }
+  void add(const char* s) { signal_safe::append(buf, sizeof buf, &n, s); }
+  void add(int64_t v) { signal_safe::append(buf, sizeof buf, &n, v); }
   void add_seconds(int64_t ns) {  // to the millisecond, as the metrics file's unix_time
     const int64_t ms = ns / 1000000;
     add(ms / 1000);

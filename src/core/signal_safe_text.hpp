@@ -1,0 +1,31 @@
+// Text built where only async-signal-safe calls may be made (a signal handler, a process that
+// ends at once): no allocation, no locale, no stdio. Shared by the heartbeat's and the metrics
+// and Prometheus files' last words (ckpt/store.cpp, train/stop/final_records.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hpc::signal_safe {
+
+// Appends `text` to buf[*n..] (kept within `size`, NUL-terminated).
+inline void append(char* buf, size_t size, size_t* n, const char* text) {
+  for (; *text && *n + 1 < size; ++text) buf[(*n)++] = *text;
+  buf[*n] = '\0';
+}
+
+// Appends v in decimal.
+inline void append(char* buf, size_t size, size_t* n, int64_t v) {
+  char digits[24];
+  size_t k = 0;
+  uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  do digits[k++] = static_cast<char>('0' + u % 10);
+  while ((u /= 10) != 0);
+  if (v < 0) digits[k++] = '-';
+  char text[24];
+  for (size_t i = 0; i < k; ++i) text[i] = digits[k - 1 - i];
+  text[k] = '\0';
+  append(buf, size, n, text);
+}
+
+}  // namespace hpc::signal_safe
