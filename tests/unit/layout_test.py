@@ -252,6 +252,7 @@ COVERED_THROUGH = {
     "core/device_cuda": ("unit/core_test.cpp", "PinnedIsHostMemoryEverywhereAndPageLockedWithAGpu"),
     "core/device_none": ("unit/core_test.cpp", "PinnedIsHostMemoryEverywhereAndPageLockedWithAGpu"),
     "core/json": ("unit/core_test.cpp", "JsonLineTypesAndEscapes"),
+    "core/signal_safe_text": ("unit/ckpt_test.cpp", "AStopAtOnceLeavesAnotherRunsHeartbeatAlone"),
     "data/cifar": ("unit/data_test.cpp", "PlanarRgbBecomesInterleaved"),
     "data/facts": ("serving/predict_test.py", "test_agrees_with_evaluate_on_the_same_samples"),
     "data/idx": ("unit/data_test.cpp", "GzipFilesReadTheSameAsRaw"),
@@ -296,6 +297,8 @@ COVERED_THROUGH = {
     "train/serve/serving_model": ("serving/predict_test.py", "test_the_checkpoint_names_its_classes"),
     "train/state/snapshots": ("integration/snapshot_test.cpp",
                               "AKilledRankResumesFromTheSnapshotAndEndsInTheSameState"),
+    "train/stop/final_records": ("integration/checkpoint_test.cpp",
+                                 "SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOne"),
     "train/stop/signals": ("integration/checkpoint_test.cpp", "AStopSignalAtAnyMomentAfterStartEndsWithItsExitCode"),
 }
 
