@@ -23,18 +23,14 @@ void conv_bn(Sequential<T>& s, bool bn, int64_t out, int64_t kernel, int64_t str
   else if (relu) push<T, ReLU<T>>(s);
 }
 
-// A max pool's geometry: k x k windows at a stride, padded by `padding` (-inf) cells a side.
-struct PoolSpec {
-  int64_t kernel, stride, padding;
-};
-constexpr PoolSpec kHalving{2, 2, 0};       // the cnn's pools
-constexpr PoolSpec kImageNetStem{3, 2, 1};  // torchvision's resnet (He et al. 2016)
+constexpr PoolGeometry kHalving{2, 2, 0};       // the cnn's pools
+constexpr PoolGeometry kImageNetStem{3, 2, 1};  // torchvision's resnet (He et al. 2016)
 
 // conv + BN + ReLU + max pool, the pool fused into the batch norm where the spec allows and
 // its windows neither overlap nor are padded (what FusedPool takes).
 template <class T>
 void conv_bn_pool(Sequential<T>& s, const ModelSpec& m, int64_t out, int64_t kernel, int64_t stride, int64_t pad,
-                  bool bias_with_bn, PoolSpec pool) {
+                  bool bias_with_bn, PoolGeometry pool) {
   if (m.batch_norm && m.fuse && pool.padding == 0 && pool.kernel <= pool.stride) {
     ConvSpec spec{out, kernel, stride, pad, bias_with_bn};
     push<T, Conv2d<T>>(s, spec);
