@@ -1264,6 +1264,38 @@ TEST_F(Checkpoints, AStopAtAnEpochsLastStepCheckpointsThenEvaluatesThatEpoch) {
   expect_same_end(done_of(m), uninterrupted(2));
 }
 
+// A rank killed after an epoch's last step (20 of 2 epochs of 20), once the checkpoint at that step
+// is written and before the epoch is evaluated (a kill during its evaluation): the resumed run
+// started at epoch 2, and epoch 1's evaluation, line and event were lost for good. The checkpoint
+// now records the epoch as not ended, with its sums: the resumed run ends it first, with the
+// figures of a run never stopped, once. A run resumed from there again finds its event in the
+// metrics file and does not end it twice.
+TEST_F(Checkpoints, AKillBeforeAnEpochIsEvaluatedLosesNoEpochLine) {
+  const std::string ck = dir_.file("unended"), m = dir_.file("unended.jsonl");
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "20@1", 1);
+  const RunResult killed = run_mpi(2, job(ck, m));
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(killed.exit_code, 0);
+  ASSERT_TRUE(epochs_of(m).empty()) << read_text(m);
+  // Resumed, it ends epoch 1 and is killed again after step 23, before the next checkpoint: the
+  // last run resumes from the same checkpoint at step 20.
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "23@1", 1);
+  const RunResult again = run_mpi(2, job(ck, m));
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(again.exit_code, 0);
+  ASSERT_EQ(epochs_of(m).size(), 1u) << read_text(m);
+  const RunResult resumed = run_mpi(2, job(ck, m));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  std::vector<double> epochs;
+  for (const JsonObject& line : read_all_json_lines(m))
+    if (line.at("event").str == "epoch") epochs.push_back(line.at("epoch").number);
+  EXPECT_EQ(epochs, (std::vector<double>{1, 2})) << read_text(m);
+  expect_same_epochs(epochs_of(m), uninterrupted_run(2).epochs);
+  EXPECT_GT(epochs_of(m).at(1).at("images_per_second").number, 0);
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 20);
+  expect_same_end(done_of(m), uninterrupted(2));
+}
+
 // A stop whose checkpoint cannot be written (something in the way of its file) is an error on
 // every rank, not a 75 that promises a checkpoint; the ones before stay. A stop during set-up
 // with a directory that cannot be used is that directory's error.

@@ -665,6 +665,30 @@ TEST(CheckpointPosition, TheEpochsSumsTravelInCheckpoints) {
   c.meta.erase("epoch_train_sums");
   EXPECT_TRUE(train::recorded_position(c).epoch_sums.empty());
   EXPECT_EQ(train::state_checksum(c), with) << "the sums are no part of the state";
+  // At an epoch's end, saved before that epoch was ended: its sums, images and seconds come back,
+  // and the epoch counts as unended; a record reused at the next position drops all three.
+  train::RunPosition closing{20, 2, 0, 64, 1280};
+  closing.epoch_sums = at.epoch_sums;
+  closing.epoch_images = 640;
+  closing.epoch_seconds = 1.25;
+  train::record_position(c, closing);
+  const train::RunPosition back = train::recorded_position(ckpt::decode(ckpt::encode(c), "test"));
+  EXPECT_TRUE(back.epoch_unended());
+  EXPECT_EQ(back.epoch_sums, closing.epoch_sums);
+  EXPECT_EQ(back.epoch_images, 640);
+  EXPECT_EQ(back.epoch_seconds, 1.25);
+  EXPECT_EQ(train::state_checksum(c), train::state_checksum([&] {
+              ckpt::Checkpoint ended = c;
+              train::record_position(ended, train::RunPosition{20, 2, 0, 64, 1280});
+              return ended;
+            }()))
+      << "whether the epoch was ended is no part of the state";
+  c.meta["epoch_train_seconds"] = "-1";
+  EXPECT_THROW(train::recorded_position(c), Error);
+  train::record_position(c, train::RunPosition{25, 2, 5, 64, 1600});
+  EXPECT_FALSE(train::recorded_position(c).epoch_unended());
+  EXPECT_EQ(c.meta.count("epoch_train_images") + c.meta.count("epoch_train_seconds"), 0u);
+  train::record_position(c, at);
   for (const char* bad : {"[]", "[1,2]", "[1,2,-3]", "[1,2,null]", "1,2,3", "[\"1\",2,3]"}) {
     c.meta["epoch_train_sums"] = bad;
     try {

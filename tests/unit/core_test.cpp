@@ -248,6 +248,41 @@ TEST(Metrics, WriterAppendsWholeLines) {
   EXPECT_EQ(kind_of([] { train::MetricsWriter w("/nonexistent-dir/hpctrain/m.jsonl"); }), ErrorKind::Usage);
 }
 
+// Whether the file holds an event (as a resumed run asks of an epoch's): whole lines only, within
+// the tail asked for; a line cut by a kill, one that is not JSON, or one with other values is not it.
+TEST(Metrics, WriterFindsAWholeLineInItsFilesTail) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("hpctrain-holds-" + std::to_string(getpid()) + ".jsonl")).string();
+  std::filesystem::remove(path);
+  const train::JsonObject epoch2{{"event", "epoch"}, {"epoch", 2}, {"step", 40}};
+  {
+    std::ofstream out(path);
+    out << R"({"event":"config"})" "\n" "not json\n" R"({"event":"epoch","epoch":1,"step":20,"train_loss":0.5})" "\n"
+        << R"({"event":"epoch","epoch":2,"step":40)";  // cut by a kill
+  }
+  {
+    train::MetricsWriter w(path, "--metrics-file");  // appends after a line end
+    EXPECT_TRUE(w.holds({{"event", "epoch"}, {"epoch", 1}, {"step", 20}}, 1 << 20));
+    EXPECT_FALSE(w.holds({{"event", "epoch"}, {"epoch", 1}, {"step", 21}}, 1 << 20));
+    EXPECT_FALSE(w.holds(epoch2, 1 << 20)) << "the cut line is no event";
+    w.write({{"event", "epoch"}, {"epoch", 2}, {"step", 40}});
+    EXPECT_TRUE(w.holds(epoch2, 1 << 20));
+    // A tail that starts inside a line leaves that line out; one that holds it whole finds it.
+    std::ifstream in(path);
+    const std::string all((std::istreambuf_iterator<char>(in)), {});
+    const auto last = static_cast<int64_t>(all.size() - all.rfind('\n', all.size() - 2) - 1);
+    EXPECT_TRUE(w.holds(epoch2, last));
+    EXPECT_FALSE(w.holds(epoch2, last - 1));
+    EXPECT_FALSE(w.holds({{"event", "config"}}, last)) << "the first line lies before the tail";
+    EXPECT_TRUE(w.holds({{"event", "config"}}, 1 << 20));
+  }
+  std::filesystem::remove(path);
+  train::MetricsWriter none;
+  EXPECT_FALSE(none.holds(epoch2, 1 << 20));
+  train::MetricsWriter stream("/dev/null", "--metrics-file");  // a device: never read back
+  EXPECT_FALSE(stream.holds({}, 1 << 20));
+}
+
 }  // namespace
 }  // namespace hpc
 

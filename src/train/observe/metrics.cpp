@@ -124,6 +124,39 @@ MetricsWriter::MetricsWriter(const std::string& path, const char* option)
   cut_ = holds == Holds::CutJsonLines;  // a run killed while it wrote a line
 }
 
+bool MetricsWriter::holds(const JsonObject& fields, int64_t tail_bytes) const {
+  if (fd_ < 0 || file_.empty()) return false;
+  const int fd = ::open(file_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0) return false;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // a stream: what it held is gone
+    ::close(fd);
+    return false;
+  }
+  // From the byte before the tail: whether the tail starts a line. Whole lines only: the first one
+  // of a tail that starts inside a line is left out.
+  const off_t from = std::max<off_t>(0, st.st_size - static_cast<off_t>(tail_bytes) - 1);
+  const std::string tail = read_at(fd, from, st.st_size - from);
+  ::close(fd);
+  const size_t first_end = from == 0 ? std::string::npos : tail.find('\n');
+  size_t start = from == 0 ? 0 : first_end == std::string::npos ? tail.size() : first_end + 1;
+  while (start < tail.size()) {
+    const size_t end = tail.find('\n', start);
+    if (end == std::string::npos) break;  // a line cut by a kill: not written
+    const JsonObject line = JsonObject::parse(tail.begin() + static_cast<ptrdiff_t>(start),
+                                                      tail.begin() + static_cast<ptrdiff_t>(end), nullptr, false);
+    start = end + 1;
+    if (!line.is_object()) continue;
+    const auto items = fields.items();
+    if (std::all_of(items.begin(), items.end(), [&](const auto& f) {
+          const auto it = line.find(f.key());
+          return it != line.end() && *it == f.value();
+        }))
+      return true;
+  }
+  return false;
+}
+
 MetricsWriter::~MetricsWriter() {
   if (fd_ < 0) return;
   if (stamp_) {

@@ -2,6 +2,7 @@
 // killed run keeps every line it finished. Keys are a contract (issue "hpctrain core").
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/json.hpp"
@@ -33,6 +34,10 @@ class MetricsWriter {
   // naming the option, the file and the cause; the part of the line that reached a regular file
   // is cut off again (the file keeps whole lines only), and the file is written no more.
   void write(const JsonObject& fields);
+  // Whether the file's last `tail_bytes` hold a line with each of `fields` (a whole JSON line of
+  // an event that a run killed since may or may not have written). False for a stream (never read
+  // back) and for a file that cannot be read.
+  bool holds(const JsonObject& fields, int64_t tail_bytes) const;
 
  private:
   void give_up(int error, bool part_left);  // after a failed write: the warning, and no more writes

@@ -129,6 +129,8 @@ struct EpochTally {
   Clock::time_point t0 = Clock::now();
   double sums[3] = {0, 0, 0};  // loss * samples, correct, samples; of the steps before a resume too
   int64_t global_samples = 0;  // over all ranks, of this process's steps (its images per second)
+  double carried_seconds = 0;  // of an epoch ended on resume: its steps' time in the run that saved it
+  bool ended = false;          // end_epoch has taken it (its sums are then all ranks')
 };
 
 class TrainingRun {
@@ -162,6 +164,8 @@ class TrainingRun {
   void show_progress(const data::Batch& batch, int64_t epoch, const EpochTally& e);
   bool at_step_boundary(int64_t epoch, double loss);
   void seed_epoch(EpochTally& e) const;
+  void add_saved_sums(const std::vector<double>& saved, EpochTally& e) const;
+  bool end_recorded_epoch();
   RunPosition saved_position(RunPosition at);  // with the epoch's sums (collective inside an epoch)
   void checkpoint(const RunPosition& at);  // checkpoints_->save and snapshots_->take, traced
   void snapshot(const RunPosition& at);
@@ -322,6 +326,7 @@ TrainResult TrainingRun::run_steps() {
                                              Watched::Steps, world_ > 1);
   watchdog_->progress(tally_.step);
   say_how_it_starts();
+  if (!end_recorded_epoch()) return stop();
   for (int64_t epoch = p_.start.epoch; epoch < o_.epochs && tally_.step < plan_.total_steps; ++epoch)
     if (!run_epoch(epoch)) return stop();
   return finish();
@@ -709,22 +714,53 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
 // another, rank 0 from all of them (end_epoch adds the ranks' sums up: the same figures, but for
 // the rounding).
 void TrainingRun::seed_epoch(EpochTally& e) const {
-  const std::vector<double>& saved = p_.start.epoch_sums;
-  if (p_.start.step_in_epoch == 0 || saved.empty()) return;  // an older checkpoint: this run's steps only
+  if (p_.start.step_in_epoch == 0) return;  // the saved sums there are of an unended epoch's
+  add_saved_sums(p_.start.epoch_sums, e);  // none from an older checkpoint: this run's steps only
+}
+
+void TrainingRun::add_saved_sums(const std::vector<double>& saved, EpochTally& e) const {
   const size_t ranks = saved.size() / 3;
   for (size_t r = 0; r < ranks; ++r)
     if (ranks == static_cast<size_t>(world_) ? r == static_cast<size_t>(ctx_.rank()) : lead_)
       for (size_t k = 0; k < 3; ++k) e.sums[k] += saved[3 * r + k];
 }
 
-// `at` with every rank's sums of the epoch so far, where it lies inside one (collective there: each
-// rank's slot is non-zero on that rank only, so the all-reduce adds zeros to it, which is exact).
+// `at` with every rank's sums of the epoch so far, where it lies inside one, or of the epoch its
+// last step closed while that one is not ended yet (collective there: each rank's slot is non-zero
+// on that rank only, so the all-reduce adds zeros to it, which is exact).
 RunPosition TrainingRun::saved_position(RunPosition at) {
-  if (at.step_in_epoch == 0) return at;
+  // global_samples: the same on every rank, as the choice to all-reduce must be.
+  const bool unended = at.step_in_epoch == 0 && epoch_.global_samples > 0 && !epoch_.ended;
+  if (at.step_in_epoch == 0 && !unended) return at;
   at.epoch_sums.assign(3 * static_cast<size_t>(world_), 0.0);
   std::copy(epoch_.sums, epoch_.sums + 3, at.epoch_sums.begin() + 3 * ctx_.rank());
   if (world_ > 1) comm_.allreduce_sum(at.epoch_sums.data(), static_cast<int64_t>(at.epoch_sums.size()));
+  if (unended) {
+    at.epoch_images = epoch_.global_samples;
+    at.epoch_seconds = seconds_since(epoch_.t0) + epoch_.carried_seconds;
+  }
   return at;
+}
+
+// A run resumed where its checkpoint or snapshot was saved after an epoch's last step but before
+// that epoch was ended (a kill during its evaluation; a stop at that step, which ends the epoch
+// after saving): the epoch is ended now, from its recorded sums, unless rank 0's metrics file
+// already holds its event (the saving run ended it before it went). Without a metrics file nothing
+// tells, and the line is shown again. False: a stop asked for during the evaluation.
+bool TrainingRun::end_recorded_epoch() {
+  const RunPosition& at = p_.start;
+  if (!p_.resumed || !at.epoch_unended() || at.epoch == 0) return true;
+  // Since the save: at most the lines of one run's start, its stop, and the steps it redid.
+  constexpr int64_t kTailBytes = int64_t{16} << 20;
+  uint64_t held = lead_ && metrics_->holds({{"event", "epoch"}, {"epoch", at.epoch}, {"step", at.step}}, kTailBytes);
+  if (world_ > 1) comm_.broadcast(&held, sizeof held, 0);
+  if (held) return true;
+  if (lead_) log::info("the checkpoint was saved before epoch ", at.epoch, " was ended: evaluating it now");
+  EpochTally e;
+  add_saved_sums(at.epoch_sums, e);
+  e.global_samples = at.epoch_images;
+  e.carried_seconds = at.epoch_seconds;
+  return end_epoch(at.epoch - 1, e);
 }
 
 void TrainingRun::checkpoint(const RunPosition& at) {
@@ -750,27 +786,24 @@ EvalResult TrainingRun::evaluate_now() {
 // The epoch's figures over all ranks, its evaluation, line and checkpoint; false: a stop asked
 // for during the evaluation ends the run here, not after one more step.
 bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e, bool save) {
-  const double epoch_seconds = seconds_since(e.t0);
+  const double epoch_seconds = seconds_since(e.t0);  // this process's part
   tally_.train_seconds += epoch_seconds;
   if (world_ > 1) comm_.allreduce_sum(e.sums, 3);
+  e.ended = true;
   eval_ = evaluate_now();
   evaluated_ = true;
   const double seen = std::max(e.sums[2], 1.0);
   const double train_loss = e.sums[0] / seen;
-  const double ips = static_cast<double>(e.global_samples) / std::max(epoch_seconds, 1e-9);
+  const double ips = static_cast<double>(e.global_samples) / std::max(epoch_seconds + e.carried_seconds, 1e-9);
   char buf[200];
   std::snprintf(buf, sizeof buf,
                 "epoch %lld/%lld: train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.0f img/s  %s",
                 static_cast<long long>(epoch + 1), static_cast<long long>(o_.epochs), train_loss, eval_.loss,
-                100 * eval_.accuracy, ips, format_duration(epoch_seconds).c_str());
+                100 * eval_.accuracy, ips, format_duration(epoch_seconds + e.carried_seconds).c_str());
   progress_->line(buf);
   with_metrics([&](StepMetrics& m) { m.after_epoch(eval_.accuracy); });
-  if (o_.checkpoint_each_epoch && save) {
-    const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
-    checkpoint(at);
-    snapshot(at);
-  }
-  if (trace_) trace_->gather();
+  // The event before the epoch's checkpoint, which records the epoch as ended: a kill between the
+  // two leaves a record that ends the epoch again on resume, and finds this event there.
   metrics_->write({{"event", std::string("epoch")},
                    {"epoch", epoch + 1},
                    {"step", tally_.step},
@@ -781,6 +814,12 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e, bool save) {
                    {"images_per_second", ips},
                    {"train_seconds", tally_.train_seconds},
                    {"elapsed_seconds", seconds_since(t_start_)}});
+  if (o_.checkpoint_each_epoch && save) {
+    const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
+    checkpoint(at);
+    snapshot(at);
+  }
+  if (trace_) trace_->gather();
   return !(tally_.step < plan_.total_steps && stop_asked(comm_).signal);
 }
 

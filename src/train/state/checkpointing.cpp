@@ -38,6 +38,8 @@ std::string listed(const std::vector<std::string>& names) {
 }
 
 constexpr const char* kEpochSumsKey = "epoch_train_sums";
+constexpr const char* kEpochImagesKey = "epoch_train_images";
+constexpr const char* kEpochSecondsKey = "epoch_train_seconds";
 constexpr const char* kMaxPoolsKey = "max_pools";
 
 // The model's function beyond its parameters' layout: its max pools, recorded since resnet18's
@@ -150,6 +152,13 @@ void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
   // A snapshot's record is reused from one position to the next: sums of an earlier one go.
   if (at.epoch_sums.empty()) m.erase(kEpochSumsKey);
   else m[kEpochSumsKey] = json_text(JsonObject(at.epoch_sums));
+  if (at.epoch_unended()) {
+    m[kEpochImagesKey] = meta_text(at.epoch_images);
+    m[kEpochSecondsKey] = meta_text(at.epoch_seconds);
+  } else {
+    m.erase(kEpochImagesKey);
+    m.erase(kEpochSecondsKey);
+  }
 }
 
 namespace {
@@ -289,6 +298,14 @@ RunPosition recorded_position(const ckpt::Checkpoint& c) {
   at.global_batch = c.integer("global_batch_size");
   at.samples_seen = c.number("samples_seen");
   at.epoch_sums = recorded_epoch_sums(c);
+  if (at.epoch_unended()) {  // what the epoch's line shows (its images per second); absent: none
+    at.epoch_images = c.meta.count(kEpochImagesKey) ? c.integer(kEpochImagesKey) : 0;
+    at.epoch_seconds = c.meta.count(kEpochSecondsKey) ? c.number(kEpochSecondsKey) : 0;
+    HPC_REQUIRE(at.epoch_images >= 0 && at.epoch_images <= (int64_t{1} << 53) && std::isfinite(at.epoch_seconds) &&
+                    at.epoch_seconds >= 0,
+                "the checkpoint's ", kEpochImagesKey, " (", at.epoch_images, ") or ", kEpochSecondsKey, " (",
+                at.epoch_seconds, ") is invalid");
+  }
   loss_scaler_of(c);  // valid, for the engine to restore
   // Bounded far beyond any run (2^31 epochs, 2^53 steps), so that the arithmetic on them (the
   // epoch shown from 1, epoch * steps per epoch) cannot overflow on a crafted file.

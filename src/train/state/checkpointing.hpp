@@ -32,6 +32,16 @@ struct RunPosition {
   // array; empty at an epoch's start and in checkpoints written before 2026-12-04 (whose resumed
   // epoch reports its resumed steps only). Not part of the state: state_checksum leaves it out.
   std::vector<double> epoch_sums{};  // ({}: positions made from their first five fields need not name it)
+  // Saved at an epoch's end (step_in_epoch 0) before that epoch was ended (its evaluation, line and
+  // event, which come after the boundary's checkpoint and snapshot): epoch_sums then hold that
+  // epoch's sums, and these the images and seconds of its steps in the run that saved it, so that a
+  // run resumed here ends that epoch first, which a kill during its evaluation had lost for good.
+  // Keys epoch_train_images and epoch_train_seconds, beside epoch_train_sums (since 2026-12-05).
+  int64_t epoch_images{};
+  double epoch_seconds{};
+
+  // Whether the epoch before `epoch` was not ended when this position was saved (above).
+  bool epoch_unended() const { return step_in_epoch == 0 && !epoch_sums.empty(); }
 
   // Where a run stands after global step `step`, whose index in `epoch` was `index`: at the
   // end of the epoch (steps_per_epoch steps) the next step opens the next epoch.
