@@ -370,6 +370,50 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
       << "a stop that wrote its checkpoint left its snapshots";
 }
 
+// The same stop at an epoch's last step (20 of 2 epochs of 20): the snapshots record epoch 1 as not
+// ended (they are taken before its evaluation), and the stop then ends it. The run resumed from
+// them finds epoch 1's event in the metrics file and ends it no second time; a rank killed at that
+// step instead leaves it to the resumed run, which ends it once.
+TEST_F(Snapshots, AnEpochEndedAroundAStopForAChangeOfHostsHasOneLine) {
+  const auto epochs_in = [](const std::string& metrics) {
+    std::vector<double> epochs;
+    for (const JsonObject& line : read_all_json_lines(metrics))
+      if (line.at("event").str == "epoch") epochs.push_back(line.at("epoch").number);
+    return epochs;
+  };
+  const std::string ck = dir_.file("member-edge"), snaps = dir_.file("member-edge-snaps"), m = dir_.file("edge.jsonl");
+  fs::create_directories(ck);
+  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
+  // Checkpoints at 7 and 14 only: the stop's state is in the snapshots alone.
+  const std::vector<std::string> args = with(job(ck, m, snaps), "--checkpoint-every-steps", "7");
+  const RunResult stopped = stopped_after_8(2, args, "20@1:usr1", "0123456789abcdef");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_NE(stopped.err.find("for hpcrun to change the hosts"), std::string::npos) << stopped.err;
+  EXPECT_EQ(epochs_in(m), (std::vector<double>{1})) << read_text(m);
+  fs::remove(ck + "/membership-change");
+  RunResult r = run_mpi(2, args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(done_of(m).at("resumed_from").str, "snapshot");
+  EXPECT_EQ(done_of(m).at("resumed_from_step").number, 20);
+  EXPECT_EQ(epochs_in(m), (std::vector<double>{1, 2})) << read_text(m);
+  expect_same_end(done_of(m), uninterrupted(2));
+  // Killed at that step (its snapshots taken, epoch 1 not yet evaluated; checkpoints at 7 and 14),
+  // with a metrics file of its own.
+  const std::string ck2 = dir_.file("killed-edge"), m2 = dir_.file("killed-edge.jsonl");
+  const std::vector<std::string> args2 =
+      with(with(job(ck2, m2, snaps), "--checkpoint-every-steps", "7"), "--snapshot-every-steps", "5");
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "20@1", 1);
+  r = run_mpi(2, args2);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(r.exit_code, 0);
+  r = run_mpi(2, args2);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(done_of(m2).at("resumed_from").str, "snapshot");
+  EXPECT_EQ(done_of(m2).at("resumed_from_step").number, 20);
+  EXPECT_EQ(epochs_in(m2), (std::vector<double>{1, 2})) << read_text(m2);
+  expect_same_epochs(epochs_of(m2), uninterrupted_run(2).epochs);
+}
+
 // hpcrun takes its marker back when a user's stop replaces its stop to change the hosts. A run
 // that had already read the marker looks again once its snapshots are written: a stop for good
 // (a requeue may land on other nodes) writes its checkpoint too. Here the marker goes while the
