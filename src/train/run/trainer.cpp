@@ -731,7 +731,10 @@ void TrainingRun::add_saved_sums(const std::vector<double>& saved, EpochTally& e
 RunPosition TrainingRun::saved_position(RunPosition at) {
   // global_samples: the same on every rank, as the choice to all-reduce must be.
   const bool unended = at.step_in_epoch == 0 && epoch_.global_samples > 0 && !epoch_.ended;
-  if (at.step_in_epoch == 0 && !unended) return at;
+  if (at.step_in_epoch == 0 && !unended) {
+    at.epoch_sums.clear();  // a resumed run's start, whose recorded epoch end_recorded_epoch has taken
+    return at;
+  }
   at.epoch_sums.assign(3 * static_cast<size_t>(world_), 0.0);
   std::copy(epoch_.sums, epoch_.sums + 3, at.epoch_sums.begin() + 3 * ctx_.rank());
   if (world_ > 1) comm_.allreduce_sum(at.epoch_sums.data(), static_cast<int64_t>(at.epoch_sums.size()));
