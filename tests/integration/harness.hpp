@@ -306,9 +306,10 @@ inline RunResult run_mpi_refused(int ranks, const std::vector<std::string>& args
   return run_mpi_refused({{ranks, args}});
 }
 
-// Starts mpirun with `ranks` ranks of hpctrain `args` in the background.
-inline std::unique_ptr<Started> start_mpi(int ranks, const std::vector<std::string>& args) {
-  return std::make_unique<Started>(mpi_argv({{ranks, args}}));
+// Starts mpirun with `ranks` ranks of hpctrain `args` in the background. no_kill_delay: as
+// run_mpi, for a job the test watches but does not signal.
+inline std::unique_ptr<Started> start_mpi(int ranks, const std::vector<std::string>& args, bool no_kill_delay = false) {
+  return std::make_unique<Started>(mpi_argv({{ranks, args}}, no_kill_delay));
 }
 
 inline int count_of(const std::string& text, const std::string& what) {
