@@ -514,30 +514,38 @@ TEST(Heartbeat, AnEndAtOnceLeavesNoTemporaryFile) {
 
 // Rank 0 writes a checkpoint and a snapshot at once, on two threads (a stop writes both): an end
 // at once removes the temporary file of each write still under way, also after the other ended.
-// (One shared mark was cleared by whichever ended first.) In a child process, as above.
+// (One shared mark was cleared by whichever ended first.) In a child process, as above. Each
+// write waits before its rename for what it must follow, not for a fixed time (a 0.5 s gap
+// between two 1.5 s pauses failed at random on a loaded machine): the first for the second's
+// file written whole, the second for the end at once.
 TEST(WriteFileAtomically, AnEndAtOnceRemovesEveryWritersTemporaryFile) {
   const TempDir tmp;
   const std::string first = tmp.file("first"), second = tmp.file("second");
   const auto end_while_two_write = [&] {
     const std::string suffix = ".tmp." + std::to_string(::getpid());
-    const auto wait_for = [](const std::string& path) {
-      for (int i = 0; i < 10000 && !std::filesystem::exists(path); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::atomic<bool> second_written{false}, ended{false};
+    const auto wait_for = [](const std::atomic<bool>& flag) {  // a minute at most: a failure, not a hang
+      for (int i = 0; i < 60000 && !flag.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     };
-    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1.5", 1);  // each write waits 1.5 s before its rename
-    std::thread a([&] { ckpt::write_file_atomically(first, std::vector<char>(16, 'a')); });
-    wait_for(first + suffix);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::vector<char> a_bytes(16, 'a'), b_bytes(16, 'b');
+    std::thread a([&] {
+      ckpt::write_file_atomically(first, {{a_bytes.data(), a_bytes.size()}}, "", [&] { wait_for(second_written); });
+    });
     std::thread b([&] {
       try {
-        ckpt::write_file_atomically(second, std::vector<char>(16, 'b'));
+        ckpt::write_file_atomically(second, {{b_bytes.data(), b_bytes.size()}}, "", [&] {
+          second_written = true;
+          wait_for(ended);
+        });
       } catch (const Error&) {  // its temporary file removed: the rename fails
       }
     });
-    a.join();  // the first write ended; the second waits 0.5 s more
+    a.join();  // the first write ended; the second waits in its own
     const bool under_way = std::filesystem::exists(second + suffix);
     ckpt::remove_unfinished_files();
     const bool removed = !std::filesystem::exists(second + suffix);
+    ended = true;
+    b.join();
     std::fprintf(stderr, "under_way=%d removed=%d\n", under_way, removed);
     std::_Exit(under_way && removed ? 0 : 1);
   };
