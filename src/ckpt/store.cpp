@@ -118,6 +118,16 @@ double pause_before_rename() {
   return v ? std::atof(v) : 0.0;
 }
 
+// Test hook: HPCTRAIN_TEST_HOLD_BEFORE_RENAME=NAME:PATH holds the write of a file named NAME at
+// the same point while PATH exists (a minute at most), for a test that acts there, however long a
+// loaded machine takes it to see the temporary file, and then lets the write go by removing PATH.
+void hold_before_rename(const std::string& path) {
+  const char* v = std::getenv("HPCTRAIN_TEST_HOLD_BEFORE_RENAME");
+  const char* colon = v ? std::strchr(v, ':') : nullptr;
+  if (!colon || fs::path(path).filename().string() != std::string(v, colon)) return;
+  for (int ms = 0; ms < 60000 && fs::exists(colon + 1); ++ms) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 // The threads whose write sits in that pause now, its temporary file written whole
 // (paused_before_rename()): a snapshot writer's pause must not pass for a checkpoint writer's.
 std::mutex g_paused_mu;
@@ -252,6 +262,7 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
     const PausedMark paused;
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
   }
+  hold_before_rename(path);
   if (before_rename) {
     try {
       before_rename();
