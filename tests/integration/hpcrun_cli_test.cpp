@@ -857,13 +857,29 @@ TEST(HpcrunCli, ALastLineWithoutALineEndKeepsTheRanksStatus) {
 }
 
 // The same with another rank's output and status after the piece without a line end: mpirun
-// writes them on its line. Rank 1's progress comes first, rank 0's after it and then rank 0's
-// status, before rank 1 ends.
+// writes them on its line. Rank 1's progress comes first, rank 0's after it, before rank 1 ends
+// (rank 0's status then comes before or after rank 1's; on the old code either failed). Each waits
+// for the event it must follow, not for a time (a 0.4 s sleep was not enough on a loaded machine):
+// for its pipe to mpirun to be read empty (FIONREAD), then for the other rank's mark.
 TEST(HpcrunCli, AnotherRanksOutputAfterALineWithoutALineEndIsItsOwn) {
   TempDir dir("hpcrun_no_line_end_2");
-  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "2", "--max-restarts", "1", "sh", "-c",
-                              "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then printf 'one 50%%\\r' >&2; sleep 1; "
-                              "else sleep 0.4; printf 'zero 10/10\\r' >&2; fi"});
+  const std::string ranks = R"(
+import fcntl, os, struct, sys, termios, time
+def poll(done):  # a minute at most: a failure, not a hang
+    for _ in range(6000):
+        if done(): return
+        time.sleep(0.01)
+    sys.exit('timed out')
+def read_by_mpirun(): poll(lambda: struct.unpack('i', fcntl.ioctl(2, termios.FIONREAD, b'0000'))[0] == 0)
+def mark(name): open(os.path.join(sys.argv[1], name), 'w').close()
+def marked(name): poll(lambda: os.path.exists(os.path.join(sys.argv[1], name)))
+if os.environ['OMPI_COMM_WORLD_RANK'] == '1':
+    os.write(2, b'one 50%\r'); read_by_mpirun(); mark('one'); marked('zero')
+else:
+    marked('one'); os.write(2, b'zero 10/10\r'); read_by_mpirun(); mark('zero')
+)";
+  const RunResult r =
+      hpcrun({"--log-dir", dir.str(), "-np", "2", "--max-restarts", "1", "/usr/bin/python3", "-c", ranks, dir.str()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("summary: 1 attempt(s), 0 failure(s)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("[a1:r0] zero 10/10"), std::string::npos) << r.err;
