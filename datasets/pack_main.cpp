@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <optional>
 
 #include "core/cpus.hpp"
 #include "core/error.hpp"
@@ -41,14 +43,17 @@ void catch_stop_signals() {
   std::signal(SIGPIPE, SIG_IGN);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// What the command line asks for: the packing's options, and how its lines look.
+struct Command {
   hpc::data::PackOptions o;
-  o.threads = hpc::cpus::usable();  // the CPUs this process may use, not the host's
   bool quiet = false;
   std::string progress = "auto", stamps = "auto";
-  std::string seed = std::to_string(o.seed);  // read as text: a number type would take -1 as 2^64 - 1
+  std::string seed;  // read as text: a number type would take -1 as 2^64 - 1
+};
+
+// The options --help shows, bound to c's members (their initial values are the defaults shown).
+po::options_description shown_options(Command& c) {
+  hpc::data::PackOptions& o = c.o;
   // "Usage: ": help2man makes the man page's SYNOPSIS of it.
   po::options_description desc(
       "Usage: hpcdata-pack SRC OUT [options]   (run by hpcdata pack SRC OUT [options])\n"
@@ -67,16 +72,46 @@ int main(int argc, char** argv) {
       "cgroup quota)")(
       "skip-corrupt", po::bool_switch(&o.skip_corrupt),
       "skip images that do not decode, listing them in <split>.json (default: fail naming the first)")(
-      "seed", po::value(&seed)->default_value(seed), "seed of the order images take in the shards")(
-      "progress", po::value(&progress)->default_value(progress),
+      "seed", po::value(&c.seed)->default_value(c.seed), "seed of the order images take in the shards")(
+      "progress", po::value(&c.progress)->default_value(c.progress),
       "auto (a line redrawn in place when stderr is an interactive terminal, not a launcher's or a file; else "
       "lines), bar, lines (one every tenth of the images) or off")(
-      "log-timestamps", po::value(&stamps)->default_value(stamps),
+      "log-timestamps", po::value(&c.stamps)->default_value(c.stamps),
       "start progress and summary lines with the UTC time: auto (when stderr is not an interactive terminal), on "
       "or off")(
-      "quiet", po::bool_switch(&quiet), "no progress (--progress off)");
+      "quiet", po::bool_switch(&c.quiet), "no progress (--progress off)");
+  return desc;
+}
+
+// What Boost cannot check of the values given: a po::error naming the first that is wrong.
+void check_values(const po::variables_map& vm, Command& c) {
+  hpc::data::PackOptions& o = c.o;
+  if (!vm.count("src") || !vm.count("out"))
+    throw po::error("an image folder SRC and an output directory OUT are needed");
+  if (o.src.empty() || o.out.empty())
+    throw po::error(std::string(o.src.empty() ? "SRC" : "OUT") + " is an empty path (an unset variable?)");
+  // A shard's index counts its records in 32 bits.
+  if (o.images_per_shard <= 0 || o.images_per_shard > 4294967295)
+    throw po::error("--images-per-shard must be positive, and at most 4294967295");
+  if (o.resize < 0) throw po::error("--resize must be 0 or positive");
+  if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
+  if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
+  const std::string& seed = c.seed;
+  const auto [end, parsed] = std::from_chars(seed.data(), seed.data() + seed.size(), o.seed);
+  if (seed.empty() || parsed != std::errc() || end != seed.data() + seed.size())
+    throw po::error("--seed must be a whole number from 0 to 18446744073709551615, got '" + seed + "'");
+  if (c.progress != "auto" && c.progress != "bar" && c.progress != "lines" && c.progress != "off")
+    throw po::error("unknown --progress '" + c.progress + "' (choose auto, bar, lines or off)");
+  if (c.stamps != "auto" && c.stamps != "on" && c.stamps != "off")
+    throw po::error("unknown --log-timestamps '" + c.stamps + "' (choose auto, on or off)");
+}
+
+// Reads the command line into c. Returns the exit code where the program ends here (--help,
+// --version, a usage error: one line, exit 2), nullopt where the packing goes on.
+std::optional<int> read_command_line(int argc, char** argv, Command& c) {
+  const po::options_description desc = shown_options(c);
   po::options_description hidden;
-  hidden.add_options()("src", po::value(&o.src))("out", po::value(&o.out));
+  hidden.add_options()("src", po::value(&c.o.src))("out", po::value(&c.o.out));
   po::options_description all;
   all.add(desc).add(hidden);
   po::positional_options_description pos;
@@ -95,24 +130,8 @@ int main(int argc, char** argv) {
       std::cout << "hpcdata-pack " << HPCTRAIN_VERSION << "\n";
       return 0;
     }
-    if (!vm.count("src") || !vm.count("out"))
-      throw po::error("an image folder SRC and an output directory OUT are needed");
-    if (o.src.empty() || o.out.empty())
-      throw po::error(std::string(o.src.empty() ? "SRC" : "OUT") + " is an empty path (an unset variable?)");
-    // A shard's index counts its records in 32 bits.
-    if (o.images_per_shard <= 0 || o.images_per_shard > 4294967295)
-      throw po::error("--images-per-shard must be positive, and at most 4294967295");
-    if (o.resize < 0) throw po::error("--resize must be 0 or positive");
-    if (o.quality < 1 || o.quality > 100) throw po::error("--quality must be 1..100");
-    if (o.threads < 1 || o.threads > 1024) throw po::error("--threads must be 1..1024");
-    const auto [end, parsed] = std::from_chars(seed.data(), seed.data() + seed.size(), o.seed);
-    if (seed.empty() || parsed != std::errc() || end != seed.data() + seed.size())
-      throw po::error("--seed must be a whole number from 0 to 18446744073709551615, got '" + seed + "'");
-    if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "off")
-      throw po::error("unknown --progress '" + progress + "' (choose auto, bar, lines or off)");
-    if (stamps != "auto" && stamps != "on" && stamps != "off")
-      throw po::error("unknown --log-timestamps '" + stamps + "' (choose auto, on or off)");
-    hpc::data::check_pack_paths(o);
+    check_values(vm, c);
+    hpc::data::check_pack_paths(c.o);
   } catch (const po::error& e) {
     std::fprintf(stderr, "hpcdata pack: error: %s (try --help)\n",
                  hpc::options::error_text(e, argc, argv, all, pos).c_str());
@@ -121,41 +140,56 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
     return 2;
   }
-  catch_stop_signals();
-  o.stop = &stop_requested;
+  return std::nullopt;
+}
+
+// The progress lines, as --progress, --log-timestamps and --quiet ask (the stamps are set here
+// for the summary too): c.o.progress, and whether the line is redrawn in place (a bar).
+bool set_up_progress(Command& c) {
   const bool interactive = hpc::log::interactive(STDERR_FILENO);
-  const bool tty = progress == "bar" || (progress == "auto" && interactive);
-  quiet = quiet || progress == "off";
-  hpc::log::set_stamps(stamps == "on" || (stamps == "auto" && !interactive) ? hpc::log::Stamps::On : hpc::log::Stamps::Off);
-  auto stamp = [] { return hpc::log::stamp(stderr); };
-  int64_t shown_tenth = -1;
-  if (!quiet)
-    o.progress = [&](int64_t done, int64_t total) {
-      if (tty) {
-        std::fprintf(stderr, "\rhpcdata pack: %s: %lld/%lld images", o.split.c_str(), static_cast<long long>(done),
-                     static_cast<long long>(total));
-        if (done == total) std::fputc('\n', stderr);
-      } else if (total > 0 && done * 10 / total > shown_tenth) {
-        shown_tenth = done * 10 / total;
-        std::fprintf(stderr, "%shpcdata pack: %s: %lld/%lld images\n", stamp().c_str(), o.split.c_str(),
-                     static_cast<long long>(done), static_cast<long long>(total));
-      }
-    };
+  const bool tty = c.progress == "bar" || (c.progress == "auto" && interactive);
+  c.quiet = c.quiet || c.progress == "off";
+  hpc::log::set_stamps(c.stamps == "on" || (c.stamps == "auto" && !interactive) ? hpc::log::Stamps::On
+                                                                               : hpc::log::Stamps::Off);
+  if (c.quiet) return tty;
+  auto shown_tenth = std::make_shared<int64_t>(-1);  // the last tenth of the images a line said
+  c.o.progress = [tty, shown_tenth, split = c.o.split](int64_t done, int64_t total) {
+    if (tty) {
+      std::fprintf(stderr, "\rhpcdata pack: %s: %lld/%lld images", split.c_str(), static_cast<long long>(done),
+                   static_cast<long long>(total));
+      if (done == total) std::fputc('\n', stderr);
+    } else if (total > 0 && done * 10 / total > *shown_tenth) {
+      *shown_tenth = done * 10 / total;
+      std::fprintf(stderr, "%shpcdata pack: %s: %lld/%lld images\n", hpc::log::stamp(stderr).c_str(), split.c_str(),
+                   static_cast<long long>(done), static_cast<long long>(total));
+    }
+  };
+  return tty;
+}
+
+// The summary line of a packing done, and its warnings.
+void report(const hpc::data::PackOptions& o, const hpc::data::PackResult& r) {
+  const std::string stamp = hpc::log::stamp(stderr);
+  std::fprintf(stderr, "%shpcdata pack: %s: %lld images of %zu classes in %lld shards (%.1f MiB) in %s", stamp.c_str(), o.split.c_str(),
+               static_cast<long long>(r.images), r.classes.size(), static_cast<long long>(r.shards),
+               static_cast<double>(r.bytes) / (1 << 20), o.out.c_str());
+  if (!r.skipped.empty()) std::fprintf(stderr, "; %zu images skipped, listed in %s.json", r.skipped.size(), o.split.c_str());
+  if (r.cmyk_converted)
+    std::fprintf(stderr, "; %lld CMYK images converted to RGB", static_cast<long long>(r.cmyk_converted));
+  if (r.ignored_files) std::fprintf(stderr, "; %lld files that are not JPEG ignored", static_cast<long long>(r.ignored_files));
+  std::fputc('\n', stderr);
+  for (const std::string& w : r.warnings)
+    std::fprintf(stderr, "%shpcdata pack: warning: %s\n", hpc::log::stamp(stderr).c_str(), w.c_str());
+}
+
+// Packs, stoppable by a signal; the exit code.
+int pack(const Command& c, bool tty) {
+  const hpc::data::PackOptions& o = c.o;
   try {
-    const hpc::data::PackResult r = hpc::data::pack_image_folder(o);
-    std::fprintf(stderr, "%shpcdata pack: %s: %lld images of %zu classes in %lld shards (%.1f MiB) in %s", stamp().c_str(), o.split.c_str(),
-                 static_cast<long long>(r.images), r.classes.size(), static_cast<long long>(r.shards),
-                 static_cast<double>(r.bytes) / (1 << 20), o.out.c_str());
-    if (!r.skipped.empty()) std::fprintf(stderr, "; %zu images skipped, listed in %s.json", r.skipped.size(), o.split.c_str());
-    if (r.cmyk_converted)
-      std::fprintf(stderr, "; %lld CMYK images converted to RGB", static_cast<long long>(r.cmyk_converted));
-    if (r.ignored_files) std::fprintf(stderr, "; %lld files that are not JPEG ignored", static_cast<long long>(r.ignored_files));
-    std::fputc('\n', stderr);
-    for (const std::string& w : r.warnings)
-      std::fprintf(stderr, "%shpcdata pack: warning: %s\n", stamp().c_str(), w.c_str());
+    report(o, hpc::data::pack_image_folder(o));
     return 0;
   } catch (const hpc::Error& e) {
-    if (tty && !quiet) std::fputc('\n', stderr);
+    if (tty && !c.quiet) std::fputc('\n', stderr);
     if (stop_signal) {
       std::fprintf(stderr, "hpcdata pack: stopped by SIG%s before the new %s shards were committed: %s is as it was\n",
                    sigabbrev_np(stop_signal), o.split.c_str(), o.out.c_str());
@@ -167,4 +201,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hpcdata pack: error: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Command c;
+  c.o.threads = hpc::cpus::usable();  // the CPUs this process may use, not the host's
+  c.seed = std::to_string(c.o.seed);
+  if (const std::optional<int> code = read_command_line(argc, argv, c)) return *code;
+  catch_stop_signals();
+  c.o.stop = &stop_requested;
+  const bool tty = set_up_progress(c);
+  return pack(c, tty);
 }
