@@ -256,6 +256,17 @@ void check_stop(const PackOptions& o) {
   if (o.stop && o.stop->load()) usage_error("interrupted before the new shards were complete");
 }
 
+// What a shard holds of the image file `path` read as `file`: the file itself, or the image
+// encoded anew where it is shrunk (--resize) or CMYK (`cmyk` set: packed as RGB, which nvJPEG
+// decodes as it does the others). Every image is decoded: none is packed unreadable.
+std::vector<uint8_t> packed_image(const PackOptions& o, const std::string& path, std::vector<uint8_t> file,
+                                  bool& cmyk) {
+  Image img = decode_jpeg(file, path, &cmyk);
+  const bool shrink = o.resize && std::min(img.height, img.width) > o.resize;
+  if (shrink || cmyk) return encode_jpeg(shrink ? resize_shorter_side(img, o.resize) : img, o.quality);
+  return file;
+}
+
 // Decodes every image (resizing where asked) into shards named `names`, one thread per shard.
 void write_shards(const PackOptions& o, const std::vector<Source>& sources, const std::vector<std::string>& names,
                   PackResult& result) {
@@ -276,10 +287,7 @@ void write_shards(const PackOptions& o, const std::vector<Source>& sources, cons
           std::vector<uint8_t> bytes_in = read_whole_file(src.path);
           try {
             bool cmyk = false;
-            Image img = decode_jpeg(bytes_in, src.path, &cmyk);  // every image is decoded: none is packed unreadable
-            const bool shrink = o.resize && std::min(img.height, img.width) > o.resize;
-            // A CMYK file is packed as RGB, which nvJPEG decodes as it does the others.
-            if (shrink || cmyk) bytes_in = encode_jpeg(shrink ? resize_shorter_side(img, o.resize) : img, o.quality);
+            bytes_in = packed_image(o, src.path, std::move(bytes_in), cmyk);
             if (cmyk) ++converted;
           } catch (const Error& e) {
             if (!o.skip_corrupt) throw;
