@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -594,7 +595,16 @@ void Snapshotter::remove_all() {
   if (ec) log::warn("cannot remove the finished run's snapshots ", run_dir_, ": ", ec.message());
 }
 
-int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+namespace {
+
+// What clean-snapshots is asked to do: where, and which runs' snapshots.
+struct CleanRequest {
+  std::string dir;  // --snapshot-dir; empty: the default
+  SnapshotCleaning what;
+};
+
+// clean-snapshots' options, checked on every rank alike; nullopt when --help was handled.
+std::optional<CleanRequest> parse_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
   namespace po = boost::program_options;
   std::string dir, older, run_id;
   bool all = false;
@@ -628,28 +638,40 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
     what.ended_runs = !all && run_id.empty();
     if (!older.empty()) what.older_than = parse_duration(older, "older-than");
   });
-  if (!go) return kExitSuccess;
-  const std::string parent = dir.empty() ? default_snapshot_parent() : dir;
-  dist::collectively(ctx, [&] {
-    if (ctx.local_rank() != 0) return;
-    struct stat st {};
-    if (::lstat(parent.c_str(), &st) != 0) {
-      HPC_REQUIRE(errno == ENOENT, "cannot read ", parent, ": ", std::strerror(errno));
-      std::printf("hpctrain: %s: no snapshots (no %s)\n", ctx.host().c_str(), parent.c_str());
-      return;
-    }
-    HPC_REQUIRE(S_ISDIR(st.st_mode), parent, " is not a directory");
-    HPC_REQUIRE(st.st_uid == ::geteuid(), parent, " belongs to another user (uid ", st.st_uid,
-                "): each user cleans their own");
-    const CleanedSnapshots c = clean_snapshots(parent, what);
-    std::printf("hpctrain: %s: removed the snapshots of %d run(s), %s freed; kept %d in use and %d %s (%s) in %s\n",
-                ctx.host().c_str(), c.removed, format_bytes(static_cast<double>(c.freed_bytes)).c_str(),
-                c.kept_in_use, c.kept_young,
-                what.all || !what.run_id.empty()
-                    ? "not asked for"
-                    : detail::concat("last written within ", show_duration(what.older_than)).c_str(),
-                format_bytes(static_cast<double>(c.kept_bytes)).c_str(), parent.c_str());
-    std::fflush(stdout);
+  if (!go) return std::nullopt;
+  return CleanRequest{dir, what};
+}
+
+// Cleans `parent`, this user's folder of snapshots on this host, and says what it freed and kept.
+void clean_host_snapshots(const dist::ProcessContext& ctx, const std::string& parent, const SnapshotCleaning& what) {
+  struct stat st {};
+  if (::lstat(parent.c_str(), &st) != 0) {
+    HPC_REQUIRE(errno == ENOENT, "cannot read ", parent, ": ", std::strerror(errno));
+    std::printf("hpctrain: %s: no snapshots (no %s)\n", ctx.host().c_str(), parent.c_str());
+    return;
+  }
+  HPC_REQUIRE(S_ISDIR(st.st_mode), parent, " is not a directory");
+  HPC_REQUIRE(st.st_uid == ::geteuid(), parent, " belongs to another user (uid ", st.st_uid,
+              "): each user cleans their own");
+  const CleanedSnapshots c = clean_snapshots(parent, what);
+  std::printf("hpctrain: %s: removed the snapshots of %d run(s), %s freed; kept %d in use and %d %s (%s) in %s\n",
+              ctx.host().c_str(), c.removed, format_bytes(static_cast<double>(c.freed_bytes)).c_str(),
+              c.kept_in_use, c.kept_young,
+              what.all || !what.run_id.empty()
+                  ? "not asked for"
+                  : detail::concat("last written within ", show_duration(what.older_than)).c_str(),
+              format_bytes(static_cast<double>(c.kept_bytes)).c_str(), parent.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  const std::optional<CleanRequest> request = parse_clean_snapshots(argc, argv, ctx);
+  if (!request) return kExitSuccess;
+  const std::string parent = request->dir.empty() ? default_snapshot_parent() : request->dir;
+  dist::collectively(ctx, [&] {  // once on each host: its first rank
+    if (ctx.local_rank() == 0) clean_host_snapshots(ctx, parent, request->what);
   });
   return kExitSuccess;
 }
