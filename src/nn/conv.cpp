@@ -138,7 +138,7 @@ const Tensor& Conv2d<T>::forward(const Tensor& x, bool /*train*/) {
   T beta = 0;
   if (bias_ >= 0) {  // start from the bias and let the GEMM accumulate onto it
     const T* b = store_->value(bias_);
-    for (int64_t r = 0; r < n * pix; ++r) std::memcpy(yp + r * cout, b, sizeof(T) * cout);
+    bias_rows(yp, n * pix, cout, b);
     beta = 1;
   }
   if (direct()) {
@@ -181,14 +181,7 @@ void Conv2d<T>::backward_weights_im2col(const T* dyp, int64_t n) {
   const int64_t cout = spec_.out_channels, pix = ho_ * wo_;
   const T* xp = x_.data<T>();
   T* dw = store_->grad(weight_);
-  if (bias_ >= 0) {
-    T* db = store_->grad(bias_);
-    std::fill(db, db + cout, T(0));
-    for (int64_t r = 0; r < n * pix; ++r) {
-      const T* row = dyp + r * cout;
-      for (int64_t c = 0; c < cout; ++c) db[c] += row[c];
-    }
-  }
+  if (bias_ >= 0) bias_gradient(dyp, n * pix, cout, store_->grad(bias_));
   if (direct()) {
     gemm(true, false, cout, k_, n * pix, T(1), dyp, cout, xp, k_, T(0), dw, k_);
     return;

@@ -4,7 +4,9 @@
 // to OpenBLAS, it serves the gradient checks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace hpc::nn {
 
@@ -12,6 +14,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
           int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+
+// A layer's bias around its product: every row of y (rows x width) set to the bias, for a gemm
+// with beta 1 to add to; and the bias's gradient, the sums of dy's columns, taken row after row
+// in one order everywhere (the bits of a layer's gradient do not depend on which path made it).
+template <class T>
+void bias_rows(T* y, int64_t rows, int64_t width, const T* bias) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * width, bias, sizeof(T) * width);
+}
+template <class T>
+void bias_gradient(const T* dy, int64_t rows, int64_t width, T* db) {
+  std::fill(db, db + width, T(0));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c) db[c] += dy[r * width + c];
+}
 
 // The float backend's name, for logs and benchmarks.
 const char* gemm_backend();

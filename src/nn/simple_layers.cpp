@@ -260,7 +260,7 @@ const Tensor& Linear<T>::forward(const Tensor& x, bool /*train*/) {
   T beta = 0;
   if (has_bias_) {
     const T* b = store_->value(bias_);
-    for (int64_t r = 0; r < n; ++r) std::memcpy(yp + r * out_, b, sizeof(T) * out_);
+    bias_rows(yp, n, out_, b);
     beta = 1;
   }
   gemm(false, true, n, out_, in_, T(1), x.data<T>(), in_, store_->value(weight_), in_, beta, yp, out_);
@@ -272,12 +272,7 @@ const Tensor& Linear<T>::backward(const Tensor& dy, bool need_dx) {
   const int64_t n = x_.shape()[0];
   const T* g = dy.data<T>();
   gemm(true, false, out_, in_, n, T(1), g, out_, x_.data<T>(), in_, T(0), store_->grad(weight_), in_);
-  if (has_bias_) {
-    T* db = store_->grad(bias_);
-    std::fill(db, db + out_, T(0));
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < out_; ++j) db[j] += g[r * out_ + j];
-  }
+  if (has_bias_) bias_gradient(g, n, out_, store_->grad(bias_));
   if (need_dx) {
     dx_.resize<T>(Shape{n, in_});
     gemm(false, false, n, in_, out_, T(1), g, out_, store_->value(weight_), in_, T(0), dx_.data<T>(), in_);

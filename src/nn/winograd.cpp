@@ -385,12 +385,7 @@ class WinogradConv final : public LibraryConv {
         transform_2d_kernel<Tile<M>::kAlpha, 3, Transforms<M>::kernel_grad>(u, g);
         for (int e = 0; e < 9; ++e) dw[(k * 9 + e) * cin_ + c] = g[e];
       }
-    if (bias_) {
-      std::fill(db, db + cout_, 0.0f);
-      const int64_t pixels = n_ * grid_.h * grid_.w;
-      for (int64_t r = 0; r < pixels; ++r)
-        for (int64_t k = 0; k < cout_; ++k) db[k] += dy[r * cout_ + k];
-    }
+    if (bias_) bias_gradient(dy, n_ * grid_.h * grid_.w, cout_, db);
     return true;
   }
 
