@@ -1,4 +1,5 @@
 #include <cmath>
+#include <initializer_list>
 #include <sstream>
 
 #include "core/rng.hpp"
@@ -77,40 +78,53 @@ LayerPtr<T> basic_block(bool bn, int64_t in, int64_t out, int64_t stride) {
   return std::make_unique<Residual<T>>(std::move(main), std::move(shortcut));
 }
 
-// He et al. 2016, section 4.2: 6n+2 layers on 32x32 images, widths 16/32/64, n = 3.
+// Stages of `blocks` basic blocks each, one a width, on the stem's widths[0] channels: every
+// stage after the first starts by halving the image (its first block's stride 2).
 template <class T>
-void build_resnet20(Sequential<T>& s, const ModelSpec& m) {
-  conv_bn(s, m.batch_norm, 16, 3, 1, 1, true);
-  int64_t in = 16;
-  for (int64_t width : {16, 32, 64}) {
-    for (int b = 0; b < 3; ++b) {
-      s.add(basic_block<T>(m.batch_norm, in, width, (b == 0 && width != 16) ? 2 : 1));
+void basic_stages(Sequential<T>& s, bool bn, std::initializer_list<int64_t> widths, int blocks) {
+  int64_t in = *widths.begin();
+  for (int64_t width : widths) {
+    for (int b = 0; b < blocks; ++b) {
+      s.add(basic_block<T>(bn, in, width, (b == 0 && width != *widths.begin()) ? 2 : 1));
       in = width;
     }
   }
-  push<T, GlobalAvgPool<T>>(s);
-  push<T, Linear<T>>(s, m.classes);
 }
 
-// ResNet-18. Small images (<= 64 pixels a side: MNIST, CIFAR) get the usual CIFAR stem,
-// a 3x3 convolution without max pool; larger ones the ImageNet stem (7x7/2 conv, then a 3x3/2
-// max pool padded by 1, torchvision's: its 3x3 windows overlap, so the pool stays unfused).
+// The stem of resnet18 and resnet50, 64 channels wide. Small images (<= 64 pixels a side:
+// MNIST, CIFAR) get the usual CIFAR stem, a 3x3 convolution without max pool; larger ones the
+// ImageNet stem (7x7/2 conv, then a 3x3/2 max pool padded by 1, torchvision's: its 3x3 windows
+// overlap, so the pool stays unfused).
 template <class T>
-void build_resnet18(Sequential<T>& s, const ModelSpec& m) {
+void resnet_stem(Sequential<T>& s, const ModelSpec& m) {
   if (m.input[0] <= 64) {
     conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
   } else {
     conv_bn_pool(s, m, 64, 7, 2, 3, false, kImageNetStem);
   }
-  int64_t in = 64;
-  for (int64_t width : {64, 128, 256, 512}) {
-    for (int b = 0; b < 2; ++b) {
-      s.add(basic_block<T>(m.batch_norm, in, width, (b == 0 && width != 64) ? 2 : 1));
-      in = width;
-    }
-  }
+}
+
+// The head of every ResNet: the global average of each channel, then the classifier.
+template <class T>
+void pooled_classifier(Sequential<T>& s, const ModelSpec& m) {
   push<T, GlobalAvgPool<T>>(s);
   push<T, Linear<T>>(s, m.classes);
+}
+
+// He et al. 2016, section 4.2: 6n+2 layers on 32x32 images, widths 16/32/64, n = 3.
+template <class T>
+void build_resnet20(Sequential<T>& s, const ModelSpec& m) {
+  conv_bn(s, m.batch_norm, 16, 3, 1, 1, true);
+  basic_stages(s, m.batch_norm, {16, 32, 64}, 3);
+  pooled_classifier(s, m);
+}
+
+// ResNet-18 (He et al. 2016, table 1): stages of 2 basic blocks, widths 64 to 512.
+template <class T>
+void build_resnet18(Sequential<T>& s, const ModelSpec& m) {
+  resnet_stem(s, m);
+  basic_stages(s, m.batch_norm, {64, 128, 256, 512}, 2);
+  pooled_classifier(s, m);
 }
 
 // The bottleneck block of ResNet-50: 1x1 reduce, 3x3 (carrying the stride, as torchvision's
@@ -130,11 +144,7 @@ LayerPtr<T> bottleneck_block(bool bn, int64_t in, int64_t mid, int64_t stride) {
 // as resnet18 (the ImageNet one above 64 pixels a side).
 template <class T>
 void build_resnet50(Sequential<T>& s, const ModelSpec& m) {
-  if (m.input[0] <= 64) {
-    conv_bn(s, m.batch_norm, 64, 3, 1, 1, true);
-  } else {
-    conv_bn_pool(s, m, 64, 7, 2, 3, false, kImageNetStem);
-  }
+  resnet_stem(s, m);
   int64_t in = 64;
   const std::pair<int64_t, int> stages[] = {{64, 3}, {128, 4}, {256, 6}, {512, 3}};
   for (const auto& [mid, blocks] : stages) {
@@ -143,8 +153,7 @@ void build_resnet50(Sequential<T>& s, const ModelSpec& m) {
       in = 4 * mid;
     }
   }
-  push<T, GlobalAvgPool<T>>(s);
-  push<T, Linear<T>>(s, m.classes);
+  pooled_classifier(s, m);
 }
 
 // Every max pool of a network, in order: the separate ones and those fused into a batch norm.
