@@ -350,6 +350,7 @@ void AttemptWatcher::watch_stragglers(double t) {
                     ? std::string("the job is stopping already")
                     : "without it the hosts have fewer than --min-np " + std::to_string(o_.min_np) + " slots"));
   say(line);
+  job_.hosts.served(seen.host, rec_.start, t);  // slow, but it did not fail: its time so far counts
   const double cooldown = job_.hosts.blacklist(seen.host, t);
   request_stop(StopKind::Membership,
                "draining straggler host " + seen.host + ", kept out for " + show_duration(cooldown));

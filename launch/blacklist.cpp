@@ -11,9 +11,20 @@ namespace hpc::launch {
 double Blacklist::fail(const std::string& host, double now) {
   Entry& e = hosts_[host];
   ++e.failures;
+  e.failed_at = now;
+  e.served = 0;
   const double cooldown = std::min(max_, min_ * std::pow(2.0, std::min(e.failures - 1, 60)));
   e.until = now + cooldown;
   return cooldown;
+}
+
+void Blacklist::served(const std::string& host, double from, double to) {
+  const auto it = hosts_.find(host);
+  if (it == hosts_.end()) return;  // never failed: nothing to forgive
+  Entry& e = it->second;
+  // Only the part after its last failure (a straggler drained mid-attempt ran on until the stop).
+  e.served += std::max(0.0, to - std::max(from, e.failed_at));
+  if (e.served >= max_) e.failures = 0;
 }
 
 bool Blacklist::blocked(const std::string& host, double now) const { return remaining(host, now) > 0; }

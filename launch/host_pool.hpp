@@ -40,6 +40,9 @@ class HostPool {
   std::string joining_hosts(const HostList& placement, const HostList& known);
   // The host failed at `t`: kept out for the cooldown returned.
   double blacklist(const std::string& host, double t) { return blacklist_.fail(host, t); }
+  // The host ran the job from `from` to `to` without failing: MAX of that, over attempts since its
+  // last failure, and its next failure's cooldown is MIN again.
+  void served(const std::string& host, double from, double to) { blacklist_.served(host, from, to); }
   int failures(const std::string& host) const { return blacklist_.failures(host); }
 
  private:

@@ -293,7 +293,8 @@ Group recovery_group() {
                             "a whole number from 0 to " + std::to_string(std::numeric_limits<int>::max())),
            options::then(options::text_with_default("blacklist-cooldown", &O::cooldown,
                                                     "MIN:MAX a failed host stays out: MIN, doubling with each failure "
-                                                    "of that host, up to MAX"),
+                                                    "of that host, up to MAX; once it has run the job for MAX "
+                                                    "since its last failure, its next one is MIN again"),
                          [](O& o) {
                            parse_cooldown(o.cooldown, &o.cooldown_min, &o.cooldown_max);
                            wait_at_most()(o.cooldown_max, "--blacklist-cooldown's MAX");

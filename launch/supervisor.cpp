@@ -241,6 +241,9 @@ int Supervisor::run() {
     if (asks_slurm(rec.verdict, signals_.interrupted())) facts.preempted_at = slurm_preemption();
     const Decision d = decide_after_attempt(facts, failures_, o_.max_restarts);
     if (d.failure) ++failures_;
+    // Every host ran until the attempt failed or ended, the failed ones too: a host that served
+    // long since its last failure starts its count over before this one is counted.
+    for (const Host& h : rec.hosts) hosts_.served(h.name, rec.start, rec.failed_at >= 0 ? rec.failed_at : rec.end);
     for (const std::string& h : d.blacklist) {
       const double cooldown = hosts_.blacklist(h, now());
       say("host " + h + " blacklisted for " + show_duration(cooldown) + " (failure " +

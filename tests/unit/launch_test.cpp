@@ -258,6 +258,29 @@ TEST(Blacklist, CooldownDoublesUpToTheMaximum) {
   EXPECT_DOUBLE_EQ(b.next_release(500), 500);
 }
 
+// A host that failed a few times long ago and has served the job since gets MIN again at its next
+// failure, not the doubled cooldown its old failures earned (hpcrun kept every count for the whole job).
+TEST(Blacklist, ACountStartsOverOnceTheHostServedTheMaximum) {
+  Blacklist b(10, 40);
+  EXPECT_EQ(b.fail("h", 0), 10);
+  EXPECT_EQ(b.fail("h", 100), 20);
+  b.served("h", 200, 230);  // 30 s in the job: less than MAX
+  EXPECT_EQ(b.fail("h", 240), 40);
+  b.served("h", 300, 320);  // 20 s, then 20 s more in a later attempt: MAX since its last failure
+  EXPECT_EQ(b.failures("h"), 3);
+  b.served("h", 400, 420);
+  EXPECT_EQ(b.failures("h"), 0);
+  EXPECT_EQ(b.fail("h", 500), 10);
+  EXPECT_EQ(b.fail("h", 520), 20);
+  // Only the time after its last failure counts (a straggler drained at 520 ran on until the stop).
+  b.served("h", 480, 550);
+  EXPECT_EQ(b.fail("h", 600), 40);
+  // A host that never failed has nothing to forgive, and serving does not blacklist it.
+  b.served("x", 0, 1000);
+  EXPECT_EQ(b.failures("x"), 0);
+  EXPECT_FALSE(b.blocked("x", 500));
+}
+
 TEST(Blacklist, CooldownOption) {
   double lo = 0, hi = 0;
   parse_cooldown("1m:10m", &lo, &hi);
