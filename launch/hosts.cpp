@@ -107,6 +107,24 @@ HostList parse_host_list(const std::string& spec, int default_slots) {
   return hosts;
 }
 
+namespace {
+// A hostfile line is a name and two counts: one longer than this is not a hostfile's (a binary
+// file, /dev/zero), and is refused before it is read whole (/dev/zero's first line never ends).
+constexpr size_t kMaxHostfileLine = 64 * 1024;
+
+// The next line into `line` (false at the end); a usage error past kMaxHostfileLine bytes.
+bool read_hostfile_line(std::istream& in, std::string* line, const std::string& where) {
+  line->clear();
+  for (int c; (c = in.get()) != std::char_traits<char>::eof();) {
+    if (c == '\n') return true;
+    HPC_REQUIRE(line->size() < kMaxHostfileLine, where, " is longer than ", kMaxHostfileLine / 1024,
+                " KiB: not a hostfile");
+    line->push_back(static_cast<char>(c));
+  }
+  return !line->empty();
+}
+}  // namespace
+
 HostList parse_hostfile(const std::string& path, int default_slots) {
   // A directory opens as an empty stream: it would read as a file that "names no host".
   HPC_REQUIRE(!std::filesystem::is_directory(path), "--hostfile ", path, ": is a directory, not a hostfile");
@@ -114,7 +132,7 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
   HPC_REQUIRE(in, "--hostfile ", path, ": cannot open it");
   HostList hosts;
   int line_no = 0;
-  for (std::string line; std::getline(in, line);) {
+  for (std::string line; read_hostfile_line(in, &line, "--hostfile " + path + " line " + std::to_string(line_no + 1));) {
     ++line_no;
     line = trim(line.substr(0, line.find('#')));
     if (line.empty()) continue;

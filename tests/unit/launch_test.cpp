@@ -113,6 +113,12 @@ TEST(Hosts, Hostfile) {
     f << std::string("node1 slots=1\0\n", 15);  // a NUL is named, not printed
   }
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("got '1\\x00'"), std::string::npos);
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "node1 slots=1\n" << std::string(100 * 1024, '\0');  // as /dev/zero, whose first line never ends
+  }
+  EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("line 2 is longer than 64 KiB: not a hostfile"),
+            std::string::npos);
   std::remove(path.c_str());
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("cannot open"), std::string::npos);
   // A directory reads as an empty stream: not "names no host".
