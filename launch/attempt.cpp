@@ -397,14 +397,22 @@ void AttemptWatcher::watch_membership(double t) {
   check_membership();
 }
 
-// A host that left the discovery output drains the job off it; healthy hosts that are not in it yet
-// grow it (up to --max-np).
+// A host that left the discovery output drains the job off it, and one whose slots there fell below
+// its ranks drains the job off those (Horovod's elastic driver does the same: else the ranks ran on
+// slots given to others, a GPU or a core taken back); healthy hosts that are not in it yet grow it
+// (up to --max-np).
 void AttemptWatcher::check_membership() {
   const HostList known = job_.hosts.known_hosts();
   if (o_.host_source == HostSource::Discovery) {
-    for (const Host& h : placement_)
-      if (!has_host(known, h.name))
+    for (const Host& h : placement_) {
+      const auto now = std::find_if(known.begin(), known.end(), [&](const Host& k) { return k.name == h.name; });
+      if (now == known.end())
         return request_stop(StopKind::Membership, "host " + h.name + " left the discovery output (draining it)");
+      if (now->slots < h.slots)
+        return request_stop(StopKind::Membership, "host " + h.name + " has " + std::to_string(now->slots) +
+                                                      " slot(s) in the discovery output, fewer than its " +
+                                                      std::to_string(h.slots) + " rank(s) (draining it to them)");
+    }
   }
   const int np = total_slots(placement_);
   if (o_.max_np && np >= o_.max_np) return;

@@ -1003,6 +1003,30 @@ TEST(HpcrunCli, AUsersStopDuringAGrowTakesBackTheMembershipMarker) {
   EXPECT_FALSE(fs::exists(marker));
 }
 
+// A host whose slots in the discovery output fall below its ranks drains the job to them, as one
+// that leaves it does: the job had run on, its ranks on slots given to others. The program runs
+// until it is asked to stop (at most 60 s), and its second attempt ends at once.
+TEST(HpcrunCli, AHostWithFewerSlotsIsDrainedToThem) {
+  TempDir dir("hpcrun_fewer_slots");
+  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh");
+  std::ofstream(hosts) << "localhost:2\n";
+  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
+  fs::permissions(discover, fs::perms::owner_all);
+  const std::string program = "trap 'exit 75' USR1; [ \"$HPCRUN_ATTEMPT\" = 2 ] && exit 0; echo step=1 > " +
+                              dir.file("heartbeat") + "; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+  Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--host-discovery-script", discover,
+               "--discovery-interval", "0.2s", "--max-restarts", "0", "sh", "-c", program});
+  const auto said = [&](const std::string& what) { return read_text(job.err_path()).find(what) != std::string::npos; };
+  while (!said("attempt 1:") && job.running() && job.seconds() < 60) usleep(50 * 1000);
+  std::ofstream(hosts) << "localhost:1\n";
+  const RunResult r = job.finish(120);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("host localhost has 1 slot(s) in the discovery output, fewer than its 2 rank(s)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("attempt 2: 1 rank(s) on localhost:1 "), std::string::npos) << r.err;
+}
+
 TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   TempDir dir("hpcrun_snaps");
   const std::string snaps = dir.file("snaps");
