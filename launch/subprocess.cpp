@@ -269,16 +269,29 @@ bool open_pipes(std::vector<Child>& children, const std::vector<CommandResult>& 
   return alive;
 }
 
+void close_pipe(Child& child, int fd) {
+  if (fd == child.err_fd()) child.close_err();
+  else child.close_out();
+}
+
 // Keeps the first MiB of what the pipe has; closes it at its end.
 void read_pipe(Child& child, int fd, CommandResult& result) {
   char buf[4096];
   const ssize_t n = ::read(fd, buf, sizeof buf);
-  const bool is_err = fd == child.err_fd();
-  std::string& text = is_err ? result.errors : result.output;
+  std::string& text = fd == child.err_fd() ? result.errors : result.output;
   if (n > 0 && text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
   if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) return;
-  if (is_err) child.close_err();
-  else child.close_out();
+  close_pipe(child, fd);
+}
+
+// Whether each command has ended (one that did not start has nothing to wait for).
+std::vector<bool> ended(std::vector<Child>& children, const std::vector<CommandResult>& results) {
+  std::vector<bool> out(children.size());
+  for (size_t i = 0; i < children.size(); ++i) {
+    ExitStatus st;
+    out[i] = !results[i].started || children[i].poll(&st);
+  }
+  return out;
 }
 
 void kill_the_late(std::vector<Child>& children, std::vector<CommandResult>& results) {
@@ -317,11 +330,18 @@ std::vector<CommandResult> run_commands(const std::vector<std::vector<std::strin
       kill_the_late(children, results);
       break;
     }
+    const std::vector<bool> done = ended(children, results);
     const int wait_ms = fds.empty() ? 20 : static_cast<int>(std::min(left, 0.05) * 1000) + 1;
     if (fds.empty()) ::usleep(static_cast<useconds_t>(wait_ms) * 1000);
     else ::poll(fds.data(), fds.size(), wait_ms);
-    for (size_t k = 0; k < fds.size(); ++k)
+    // A command that had ended before the poll had written all its answer: a pipe of its that is
+    // empty now is held open only by a process it left behind (a daemon started with &), which may
+    // never close it. Its answer is complete: hpcrun waited out the whole deadline for it (each
+    // discovery, each probe), and took what that process printed later as part of it.
+    for (size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_pipe(children[owner[k]], fds[k].fd, results[owner[k]]);
+      else if (done[owner[k]]) close_pipe(children[owner[k]], fds[k].fd);
+    }
   }
   for (size_t i = 0; i < children.size(); ++i)
     if (results[i].started) results[i].status = children[i].wait();

@@ -1008,6 +1008,15 @@ TEST(Subprocess, CommandsWithDeadlines) {
   EXPECT_TRUE(run_command({"true"}, 5).ok());
 }
 
+// A command's answer is what it printed until it ended: a process it left behind holding its
+// output (a discovery script that starts a daemon with &) neither makes hpcrun wait out the
+// deadline nor adds its later lines (here a host) to the answer.
+TEST(Subprocess, AnAnswerEndsWithItsCommand) {
+  const CommandResult r = run_command({"sh", "-c", "(sleep 5; echo late:1) & echo node1:1"}, 60, false);
+  EXPECT_TRUE(r.ok()) << r.why();
+  EXPECT_EQ(r.output, "node1:1\n");
+}
+
 TEST(Subprocess, LinesAcrossReads) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
