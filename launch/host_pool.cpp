@@ -20,6 +20,15 @@ HostPool::HostPool(const LaunchOptions& o, const Clock& clock, Voice& voice, Sig
 bool HostPool::discover(bool first) {
   last_discovery_ = clock_.now();
   const CommandResult r = run_command({o_.discovery_script}, o_.probe_timeout, /*merge_stderr=*/false);
+  // Past the bytes kept, hosts would be lost without a word, and the last line kept cut in two
+  // (node12 for node1234).
+  if (r.ok() && r.output_cut) {
+    const std::string msg = "host discovery script " + o_.discovery_script + " printed more than " +
+                            std::to_string(kMaxCommandOutput >> 20) + " MiB, more than a host list";
+    if (first) usage_error(msg);
+    voice_.say("warning: " + msg + "; keeping its previous answer");
+    return false;
+  }
   if (!r.ok()) {
     const std::string msg = "host discovery script " + o_.discovery_script + " failed: " + r.why();
     if (first) usage_error(msg);

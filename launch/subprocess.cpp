@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -274,12 +275,18 @@ void close_pipe(Child& child, int fd) {
   else child.close_out();
 }
 
-// Keeps the first MiB of what the pipe has; closes it at its end.
+// Keeps the first kMaxCommandOutput bytes of what the pipe has (noting a stdout cut short: data,
+// the discovery script's hosts, must not be taken whole when it is not); closes it at its end.
 void read_pipe(Child& child, int fd, CommandResult& result) {
   char buf[4096];
   const ssize_t n = ::read(fd, buf, sizeof buf);
-  std::string& text = fd == child.err_fd() ? result.errors : result.output;
-  if (n > 0 && text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
+  const bool is_err = fd == child.err_fd();
+  std::string& text = is_err ? result.errors : result.output;
+  if (n > 0) {
+    const size_t kept = std::min(static_cast<size_t>(n), kMaxCommandOutput - std::min(text.size(), kMaxCommandOutput));
+    text.append(buf, kept);
+    if (kept < static_cast<size_t>(n) && !is_err) result.output_cut = true;
+  }
   if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) return;
   close_pipe(child, fd);
 }

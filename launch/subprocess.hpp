@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,9 @@ class LineSplitter {
   std::string pending_;
 };
 
+// What a command's stdout and its stderr each keep (a command that prints without end fills no memory).
+constexpr size_t kMaxCommandOutput = 1u << 20;
+
 // A command run to completion or to its deadline (then killed with its process group).
 struct CommandResult {
   bool started = false;   // false: could not be started (`output` says why)
@@ -84,6 +88,7 @@ struct CommandResult {
   ExitStatus status;
   std::string output;     // stdout, and stderr with it unless kept apart
   std::string errors;     // stderr, when kept apart
+  bool output_cut = false;  // stdout went past kMaxCommandOutput: only its first bytes are in `output`
   bool ok() const { return started && !timed_out && status.success(); }
   std::string why() const;  // "timed out after 10 s", "exit code 255: ssh: connect to host ..."
 };

@@ -86,6 +86,9 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   const std::string fails = script(dir, "fails", "echo 'no cloud credentials' >&2; exit 3");
   const std::string zero = script(dir, "zero_slots", "echo localhost:0");
   const std::string twice = script(dir, "twice", "echo localhost:1; echo localhost:1");
+  // Its host after 1.2 MB of comments was lost without a word (the output is kept to 1 MiB).
+  const std::string long_output =
+      script(dir, "long_output", "yes '# a comment line, one of many' | head -n 40000; echo localhost:1");
   const std::string not_executable = script(dir, "not_executable", "echo localhost:1", false);
   const auto slurm = [](const std::string& nodes, const std::string& tasks) {
     return std::vector<std::pair<std::string, std::string>>{
@@ -138,6 +141,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--host-discovery-script", fails, "true"}, "failed: exit code 3: no cloud credentials"},
       {{"--host-discovery-script", zero, "true"}, "'localhost:0': slots must be"},
       {{"--host-discovery-script", twice, "true"}, "line 2: host localhost is named again (first on line 1)"},
+      {{"--elastic-timeout", "1s", "--host-discovery-script", long_output, "true"},
+       "printed more than 1 MiB, more than a host list"},
       // hpcrun's own options
       {{"-np", "1", "--stall-timeout", "0.5s", "true"}, "--stall-timeout 0.5 s is shorter than a start-up needs"},
       {{"-np", "1", "--start-timeout", "2s", "true"}, "--start-timeout 2 s is shorter than a start-up needs"},

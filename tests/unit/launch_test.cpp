@@ -1006,6 +1006,16 @@ TEST(Subprocess, CommandsWithDeadlines) {
   EXPECT_FALSE(r[2].started);
   EXPECT_NE(r[2].why().find("No such file"), std::string::npos);
   EXPECT_TRUE(run_command({"true"}, 5).ok());
+  EXPECT_FALSE(run_command({"true"}, 5).output_cut);
+}
+
+// Output past what is kept is noted, not taken for the whole (the discovery script's hosts).
+TEST(Subprocess, OutputPastWhatIsKeptIsNoted) {
+  const CommandResult r = run_command({"sh", "-c", "head -c 1048577 /dev/zero"}, 60, false);
+  EXPECT_TRUE(r.ok()) << r.why();
+  EXPECT_EQ(r.output.size(), kMaxCommandOutput);
+  EXPECT_TRUE(r.output_cut);
+  EXPECT_FALSE(run_command({"sh", "-c", "head -c 1048576 /dev/zero"}, 60, false).output_cut);
 }
 
 // A command's answer is what it printed until it ended: a process it left behind holding its
