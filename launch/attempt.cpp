@@ -405,8 +405,8 @@ void AttemptWatcher::check_membership() {
   const HostList known = job_.hosts.known_hosts();
   if (o_.host_source == HostSource::Discovery) {
     for (const Host& h : placement_) {
-      const auto now = std::find_if(known.begin(), known.end(), [&](const Host& k) { return k.name == h.name; });
-      if (now == known.end())
+      const Host* now = find_host(known, h.name);
+      if (!now)
         return request_stop(StopKind::Membership, "host " + h.name + " left the discovery output (draining it)");
       if (now->slots < h.slots)
         return request_stop(StopKind::Membership, "host " + h.name + " has " + std::to_string(now->slots) +

@@ -277,9 +277,12 @@ std::string slurm_preempt_time(const std::string& scontrol_record) {
   return "";
 }
 
-bool has_host(const HostList& hosts, const std::string& name) {
-  return std::any_of(hosts.begin(), hosts.end(), [&](const Host& h) { return h.name == name; });
+const Host* find_host(const HostList& hosts, const std::string& name) {
+  const auto it = std::find_if(hosts.begin(), hosts.end(), [&](const Host& h) { return h.name == name; });
+  return it == hosts.end() ? nullptr : &*it;
 }
+
+bool has_host(const HostList& hosts, const std::string& name) { return find_host(hosts, name) != nullptr; }
 
 int total_slots(const HostList& hosts) {
   int n = 0;

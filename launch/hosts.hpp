@@ -43,6 +43,8 @@ std::string slurm_preempt_time(const std::string& scontrol_record);
 
 int total_slots(const HostList& hosts);
 bool has_host(const HostList& hosts, const std::string& name);
+// The host of that name in `hosts`; nullptr when there is none.
+const Host* find_host(const HostList& hosts, const std::string& name);
 // "a:2,b:1", as -H takes it.
 std::string show_hosts(const HostList& hosts);
 // A name this machine itself answers to (localhost, 127.x, its host name): no launch agent
