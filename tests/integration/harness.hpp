@@ -650,6 +650,15 @@ inline std::map<int64_t, JsonObject> epochs_of(const std::string& metrics) {
   return epochs;
 }
 
+// The epoch numbers of a metrics file's epoch events in the order written: an epoch ended twice
+// (by a run and by the one resumed after it) shows twice, where epochs_of keeps one.
+inline std::vector<double> epoch_numbers(const std::string& metrics) {
+  std::vector<double> epochs;
+  for (const JsonObject& line : read_all_json_lines(metrics))
+    if (line.at("event").str == "epoch") epochs.push_back(line.at("epoch").number);
+  return epochs;
+}
+
 // A resumed run's epochs report what an uninterrupted run's do: the training figures over all of
 // the epoch's steps (those before the resume too), bit for bit, and the evaluation.
 inline void expect_same_epochs(const std::map<int64_t, JsonObject>& got, const std::map<int64_t, JsonObject>& want) {

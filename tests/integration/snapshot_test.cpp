@@ -375,12 +375,6 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
 // them finds epoch 1's event in the metrics file and ends it no second time; a rank killed at that
 // step instead leaves it to the resumed run, which ends it once.
 TEST_F(Snapshots, AnEpochEndedAroundAStopForAChangeOfHostsHasOneLine) {
-  const auto epochs_in = [](const std::string& metrics) {
-    std::vector<double> epochs;
-    for (const JsonObject& line : read_all_json_lines(metrics))
-      if (line.at("event").str == "epoch") epochs.push_back(line.at("epoch").number);
-    return epochs;
-  };
   const std::string ck = dir_.file("member-edge"), snaps = dir_.file("member-edge-snaps"), m = dir_.file("edge.jsonl");
   fs::create_directories(ck);
   write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
@@ -389,13 +383,13 @@ TEST_F(Snapshots, AnEpochEndedAroundAStopForAChangeOfHostsHasOneLine) {
   const RunResult stopped = stopped_after_8(2, args, "20@1:usr1", "0123456789abcdef");
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   EXPECT_NE(stopped.err.find("for hpcrun to change the hosts"), std::string::npos) << stopped.err;
-  EXPECT_EQ(epochs_in(m), (std::vector<double>{1})) << read_text(m);
+  EXPECT_EQ(epoch_numbers(m), (std::vector<double>{1})) << read_text(m);
   fs::remove(ck + "/membership-change");
   RunResult r = run_mpi(2, args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(done_of(m).at("resumed_from").str, "snapshot");
   EXPECT_EQ(done_of(m).at("resumed_from_step").number, 20);
-  EXPECT_EQ(epochs_in(m), (std::vector<double>{1, 2})) << read_text(m);
+  EXPECT_EQ(epoch_numbers(m), (std::vector<double>{1, 2})) << read_text(m);
   expect_same_end(done_of(m), uninterrupted(2));
   // Killed at that step (its snapshots taken, epoch 1 not yet evaluated; checkpoints at 7 and 14),
   // with a metrics file of its own.
@@ -410,7 +404,7 @@ TEST_F(Snapshots, AnEpochEndedAroundAStopForAChangeOfHostsHasOneLine) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(done_of(m2).at("resumed_from").str, "snapshot");
   EXPECT_EQ(done_of(m2).at("resumed_from_step").number, 20);
-  EXPECT_EQ(epochs_in(m2), (std::vector<double>{1, 2})) << read_text(m2);
+  EXPECT_EQ(epoch_numbers(m2), (std::vector<double>{1, 2})) << read_text(m2);
   expect_same_epochs(epochs_of(m2), uninterrupted_run(2).epochs);
 }
 
