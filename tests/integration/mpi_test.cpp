@@ -337,7 +337,7 @@ TEST_F(ChromeTrace, OfARunKilledBeforeItsFirstGatherIsAnEmptyArray) {
   check("1-12");
 }
 
-// A rank slower than the others (HPCTRAIN_TEST_SLOW_RANK: 100 ms of its own work more in each
+// A rank slower than the others (HPCTRAIN_TEST_SLOW_RANK: 300 ms of its own work more in each
 // step, the others waiting for it) is named by rank 0, with no collective of its own: in the step
 // events and the Prometheus file (the heartbeat, for hpcrun: tests/launch/stragglers.sh). The
 // control: the same run without the slow rank names no rank twice as busy as the other.
@@ -345,7 +345,7 @@ TEST_F(MpiTraining, TheSlowestRankIsNamed) {
   for (bool slow : {true, false}) {
     SCOPED_TRACE(slow ? "rank 1 slowed" : "no rank slowed");
     const std::string prom = dir_.file(slow ? "slow.prom" : "even.prom"), ck = dir_.file(slow ? "ck_slow" : "ck_even");
-    if (slow) setenv("HPCTRAIN_TEST_SLOW_RANK", "1:100", 1);
+    if (slow) setenv("HPCTRAIN_TEST_SLOW_RANK", "1:300", 1);
     const auto lines = train(2, kSmall + std::vector<std::string>{"--max-steps", "20", "--metrics-every-steps", "5",
                                                                   "--prometheus-file", prom, "--checkpoint-dir", ck});
     unsetenv("HPCTRAIN_TEST_SLOW_RANK");
@@ -365,11 +365,13 @@ TEST_F(MpiTraining, TheSlowestRankIsNamed) {
           << "step " << number(e, "step");
       if (slow) {
         EXPECT_EQ(number(e, "slowest_rank"), 1) << "step " << number(e, "step");
-        // Half the 100 ms: the ranks' own work differs by tens of ms on a loaded machine (0.0797
-        // was seen beside a busy loop and a disk kept busy); a slow-down not measured gives ~0.
+        // A third of the 300 ms: on a loaded machine rank 0's own work (it alone writes the
+        // metrics and checkpoints) took longer than rank 1's by up to ~95 ms a step beside three
+        // builds at load ~17 (with a 100 ms slow-down the gap measured 0.006 to 0.027, 1 run of
+        // 3); a slow-down not measured gives ~0 or less.
         // Not a bound on the ratio: it was > 1.5, which held only while the ranks' own work took
         // under 200 ms a step (beside six busy loops it took more: 1.24 to 1.48, 3 runs of 3).
-        EXPECT_GE(number(e, "slowest_busy_seconds") - number(e, "median_busy_seconds"), 0.05);
+        EXPECT_GE(number(e, "slowest_busy_seconds") - number(e, "median_busy_seconds"), 0.1);
         EXPECT_GT(number(e, "straggler_ratio"), 1);
       } else {
         EXPECT_LT(number(e, "straggler_ratio"), 2) << "step " << number(e, "step");
