@@ -24,20 +24,54 @@ namespace {
 // As the kernel's limit on links followed in one lookup (MAXSYMLINKS): a loop ends here.
 constexpr int kMaxLinks = 40;
 
+// Where the link at `path` (lstat: `st`) points, relative targets taken from its folder; nullopt
+// where it cannot be read.
+std::optional<std::string> link_target(const std::string& path, const struct stat& st) {
+  std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+  const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+  if (n < 0) return std::nullopt;
+  target.resize(static_cast<size_t>(n));
+  const fs::path t(target);
+  return t.is_absolute() ? target : (fs::path(path).parent_path() / t).string();
+}
+
 // `path` with the links of its last part followed (a dangling one included, whose target a
 // write would create); the directories before it are left to the kernel's stat().
 std::string follow_last_links(std::string path) {
   for (int i = 0; i < kMaxLinks; ++i) {
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
-    std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
-    const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
-    if (n < 0) break;
-    target.resize(static_cast<size_t>(n));
-    const fs::path t(target);
-    path = t.is_absolute() ? target : (fs::path(path).parent_path() / t).string();
+    const std::optional<std::string> next = link_target(path, st);
+    if (!next) break;
+    path = *next;
   }
   return path;
+}
+
+// The first link, file or FIFO on the way from `path` (its last part's links followed) that
+// another user may have put there for this process to follow or write into: one of a folder
+// every user may write to and only an entry's owner may remove from (sticky: /tmp, /dev/shm),
+// owned neither by this process's user nor by the folder's. The kernel refuses the same
+// (fs.protected_symlinks, protected_regular and protected_fifos), but only where those are set,
+// and a dangling link is followed here (O_CREAT | O_EXCL will not), where no kernel check sees it.
+std::optional<std::string> planted_by_another_user(std::string path) {
+  for (int i = 0; i < kMaxLinks; ++i) {
+    struct stat entry {}, folder {};
+    if (::lstat(path.c_str(), &entry) != 0) return std::nullopt;
+    const std::string parent = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+    const bool writable_by_all = ::stat(parent.c_str(), &folder) == 0 && (folder.st_mode & S_ISVTX) &&
+                                 (folder.st_mode & S_IWOTH);
+    const bool kind = S_ISLNK(entry.st_mode) || S_ISREG(entry.st_mode) || S_ISFIFO(entry.st_mode);
+    if (kind && writable_by_all && entry.st_uid != ::geteuid() && entry.st_uid != folder.st_uid)
+      return detail::concat(S_ISLNK(entry.st_mode) ? "the link " : S_ISREG(entry.st_mode) ? "the file " : "the FIFO ",
+                            path, " belongs to uid ", entry.st_uid, " in ", parent, " (mode ",
+                            mode_text(folder.st_mode), ", writable by every user)");
+    if (!S_ISLNK(entry.st_mode)) return std::nullopt;
+    const std::optional<std::string> next = link_target(path, entry);
+    if (!next) return std::nullopt;
+    path = *next;
+  }
+  return std::nullopt;
 }
 
 bool is_stream(mode_t mode) { return S_ISFIFO(mode) || S_ISCHR(mode) || S_ISSOCK(mode); }
@@ -101,6 +135,10 @@ OutputFile open_output(const std::string& path, const std::string& option, int c
   HPC_REQUIRE(!path.empty(), option, " is empty (an unset variable?)");
   OutputFile out;
   const std::optional<int> own = dup_own_descriptor(path);
+  if (!own)
+    if (const std::optional<std::string> planted = planted_by_another_user(path))
+      usage_error("refusing ", option, " ", path, ": ", *planted,
+                  ": another user may have put it there for this run to follow or write into; use a path of your own");
   out.file = own ? path : where_a_dangling_link_leads(path);
   out.fd = own ? *own : ::open(out.file.c_str(), create_flags | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   out.created = !own && out.fd >= 0;

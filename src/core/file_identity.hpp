@@ -64,6 +64,10 @@ std::optional<int> dup_own_descriptor(const std::string& path);
 // nothing reads at once (a usage error saying to start its reader) instead of waiting for one;
 // the descriptor returned blocks (a stream's writes wait for a slow reader, as stdout's do).
 // Any failure is a usage error naming `option` and the path; a file created is removed again.
+// Refused too (usage error): a link, file or FIFO on the way (the last part's links followed) that
+// another user owns in a sticky folder every user may write to (/tmp, /dev/shm), unless that user
+// owns the folder: as the kernel's fs.protected_symlinks and protected_regular refuse, whether
+// those are set or not (a dangling link is followed here, beyond their reach).
 struct OutputFile {
   int fd = -1;
   std::string file;  // what was opened: `path`, or where the dangling link at it leads

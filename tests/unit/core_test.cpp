@@ -1,6 +1,7 @@
 // Tensors, the parameter arenas, the device caching allocator, errors, the checksum, the metrics lines
 // and file identity.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -691,6 +692,66 @@ TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
               std::string::npos);
     EXPECT_NE(check("sticky", uid).find(": it is writable by others (mode 1777)"), std::string::npos) << uid;
   }
+}
+
+// An output's path in a sticky folder every user may write to (/tmp): a link, file or FIFO there
+// of another user (not the folder's owner) is refused, whether the kernel's protected_symlinks is
+// set or not (a dangling link is followed by open_output itself); this user's own, or one in a
+// folder of its own, is followed and written as before. Needs root, to give entries to others.
+TEST_F(FileIdentityTest, AnOutputPlantedByAnotherUserInASharedFolderIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown to other users); CI runs as root";
+  const uid_t other = 4343;
+  auto folder = [&](const std::string& rel, mode_t mode, uid_t owner) {
+    fs::create_directories(at(rel));
+    EXPECT_EQ(::chmod(at(rel).c_str(), mode), 0);
+    EXPECT_EQ(::chown(at(rel).c_str(), owner, owner), 0);
+  };
+  auto link = [&](const std::string& target, const std::string& rel, uid_t owner) {
+    fs::create_symlink(target, at(rel));
+    EXPECT_EQ(::lchown(at(rel).c_str(), owner, owner), 0);
+  };
+  auto open = [&](const std::string& rel) {
+    return refusal([&] { ::close(open_output(at(rel), "--metrics-file", O_WRONLY | O_APPEND).fd); });
+  };
+  folder("tmp", 01777, 0);       // as /tmp: root's, sticky, every user's to write
+  folder("theirs", 01777, other);  // sticky too, but the other user's own
+  folder("mine", 0755, 0);
+  link("victim.jsonl", "tmp/dangling", other);  // to a file not there yet: the run would create it
+  std::ofstream(at("tmp/victim2.jsonl")) << "precious\n";
+  link(at("tmp/victim2.jsonl"), "tmp/to-a-file", other);
+  std::ofstream(at("tmp/their.jsonl")) << "theirs\n";
+  EXPECT_EQ(::chown(at("tmp/their.jsonl").c_str(), other, other), 0);
+  ASSERT_EQ(::mkfifo(at("tmp/fifo").c_str(), 0666), 0);
+  EXPECT_EQ(::chown(at("tmp/fifo").c_str(), other, other), 0);
+  link("dangling", "tmp/mine-to-theirs", 0);  // this user's link, to theirs
+
+  EXPECT_EQ(open("tmp/dangling"), "refusing --metrics-file " + at("tmp/dangling") + ": the link " +
+                                      at("tmp/dangling") + " belongs to uid 4343 in " + at("tmp") +
+                                      " (mode 1777, writable by every user): another user may have put it there for "
+                                      "this run to follow or write into; use a path of your own");
+  EXPECT_FALSE(fs::exists(at("tmp/victim.jsonl")));
+  EXPECT_NE(open("tmp/to-a-file").find(": the link " + at("tmp/to-a-file") + " belongs to uid 4343"),
+            std::string::npos);
+  EXPECT_NE(open("tmp/their.jsonl").find(": the file " + at("tmp/their.jsonl") + " belongs to uid 4343"),
+            std::string::npos);
+  EXPECT_NE(open("tmp/fifo").find(": the FIFO " + at("tmp/fifo") + " belongs to uid 4343"), std::string::npos);
+  EXPECT_NE(open("tmp/mine-to-theirs").find(": the link " + at("tmp/dangling") + " belongs to uid 4343"),
+            std::string::npos);
+  std::string kept;
+  std::getline(std::ifstream(at("tmp/victim2.jsonl")), kept);
+  EXPECT_EQ(kept, "precious");
+  std::getline(std::ifstream(at("tmp/their.jsonl")), kept);
+  EXPECT_EQ(kept, "theirs");
+
+  // Followed: this user's link in the shared folder, another user's link in a folder of this
+  // user's, and the folder owner's own link in its sticky folder.
+  link("mine.jsonl", "tmp/my-link", 0);
+  link("new.jsonl", "mine/their-link", other);
+  link("own.jsonl", "theirs/owners-link", other);
+  for (const char* fine : {"tmp/my-link", "mine/their-link", "theirs/owners-link", "tmp/plain.jsonl"})
+    EXPECT_EQ(open(fine), "") << fine;
+  for (const char* made : {"tmp/mine.jsonl", "mine/new.jsonl", "theirs/own.jsonl", "tmp/plain.jsonl"})
+    EXPECT_TRUE(fs::is_regular_file(at(made))) << made;
 }
 
 }  // namespace
