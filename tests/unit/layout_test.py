@@ -287,6 +287,7 @@ COVERED_THROUGH = {
     "train/observe/step_metrics": ("integration/train_test.cpp",
                                    "StepEventsEveryNStepsCarryTheSchedulesLearningRate"),
     "train/options/option_checks": ("integration/cli_test.cpp", "IsOneLineUsageError"),
+    "train/options/subcommand": ("serving/predict_test.py", "test_help_documents_the_options"),
     "train/options/train_options": ("unit/options_test.cpp", "HoldsEveryListedOptionWithItsRule"),
     "train/run/boundary": ("integration/checkpoint_test.cpp", "StopOnSignalCheckpointsAndResumesExactly"),
     "train/run/commands": ("integration/checkpoint_test.cpp", "EvaluateAndInspectACheckpoint"),

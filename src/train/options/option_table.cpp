@@ -11,6 +11,7 @@
 #include "core/option_kit.hpp"
 #include "core/error.hpp"
 #include "train/options/option_checks.hpp"
+#include "train/options/subcommand.hpp"  // --threads, as evaluate and predict word it
 #include "train/stop/signals.hpp"
 
 namespace hpc::train {
@@ -229,9 +230,7 @@ std::vector<Option> general() {
              "start log lines with the UTC time (2026-01-31T12:00:00.123Z): auto (stdout's lines when it is not an "
              "interactive terminal), on (every line, warnings and errors too) or off"),
       number("seed", &Members::seed, R::Match, "seed of initialisation, shuffling and augmentation"),
-      number("threads", &Members::threads, R::Local,
-             "math-library threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the CPUs it may use: its "
-             "affinity and cgroup quota)"),
+      with(R::Local, subcommand_options::threads(&Members::threads, "math-library threads")),
       choice("device", &Members::device, kDeviceNames, R::Agree,
              "auto (the GPU of each rank's local rank when one is visible, else the CPU), cpu or cuda"),
       choice("precision", &Members::precision, kPrecisionNames, R::Agree,

@@ -31,6 +31,7 @@
 #include "nn/gemm.hpp"
 #include "train/observe/metrics.hpp"
 #include "train/options/options.hpp"
+#include "train/options/subcommand.hpp"
 #include "train/run/boundary.hpp"
 #include "train/run/trainer.hpp"
 #include "train/serve/serving.hpp"
@@ -285,8 +286,7 @@ struct EvaluateArgs {
 const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
   using O = EvaluateArgs;
   static const std::vector<options::Entry<O>> table{
-      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid checkpoint)",
-                    options::Presence::Required),
+      subcommand_options::checkpoint(&O::checkpoint, "its newest valid checkpoint"),
       options::path("dataset", &O::dataset,
                     "fashion-mnist, mnist, cifar10, cifar100 or shards (default: the checkpoint's)",
                     options::Presence::NotBlank),
@@ -294,9 +294,7 @@ const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
                     options::Presence::NotBlank),
       options::number("test-samples", &O::test_samples, "evaluate on the first N test samples only (0: all; at most as many as the set holds)"),
       options::number("eval-batch-size", &O::batch_size, "samples per batch"),
-      options::number("threads", &O::threads,
-                      "math-library threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the CPUs it may "
-                      "use: its affinity and cgroup quota)"),
+      subcommand_options::threads(&O::threads, "math-library threads"),
       options::path("metrics-file", &O::metrics_file,
                     "append the result as a JSON line (event \"evaluate\") to FILE", options::Presence::NotBlank),
       options::duration("start-timeout", &O::start_timeout,
@@ -311,28 +309,20 @@ const std::vector<options::Entry<EvaluateArgs>>& evaluate_table() {
 
 // evaluate's options, checked on every rank alike; nullopt when --help was handled.
 std::optional<EvaluateArgs> parse_evaluate(int argc, const char* const* argv, dist::ProcessContext& ctx) {
-  EvaluateArgs a;
-  po::options_description options(
+  return parse_subcommand_options<EvaluateArgs>(
+      argc, argv, ctx,
       "Usage: hpctrain evaluate --checkpoint PATH [options]\n"
       "Prints the test accuracy and loss of a checkpoint's model (batch inference; under mpirun each rank\n"
-      "evaluates a part of the test set)");
-  options.add_options()("help,h", "print this help and exit");
-  options::add(evaluate_table(), options, a);
-  po::variables_map vm;
-  bool go = false;
-  dist::collectively(ctx, [&] {
-    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
-    if (!go) return;
-    options::read(evaluate_table(), vm, a);
-    require_non_negative(a.test_samples, "test-samples");
-    require_batch_size(a.batch_size, "eval-batch-size");
-    require_thread_count(a.threads);
-    require_watchdog_timeout(a.start_timeout, "start-timeout");
-    require_watchdog_timeout(a.step_timeout, "step-timeout");
-    require_distinct_files({{"--metrics-file", a.metrics_file}}, ckpt::checkpoint_inputs("--checkpoint", a.checkpoint));
-  });
-  if (!go) return std::nullopt;
-  return a;
+      "evaluates a part of the test set)",
+      evaluate_table(), {}, [](EvaluateArgs& a, const po::variables_map&) {
+        require_non_negative(a.test_samples, "test-samples");
+        require_batch_size(a.batch_size, "eval-batch-size");
+        require_thread_count(a.threads);
+        require_watchdog_timeout(a.start_timeout, "start-timeout");
+        require_watchdog_timeout(a.step_timeout, "step-timeout");
+        require_distinct_files({{"--metrics-file", a.metrics_file}},
+                               ckpt::checkpoint_inputs("--checkpoint", a.checkpoint));
+      });
 }
 
 // A checkpoint's model and the test set it is evaluated on.
@@ -428,32 +418,27 @@ struct InspectArgs {
 }  // namespace
 
 int run_inspect(int argc, const char* const* argv, dist::ProcessContext& ctx) {
-  InspectArgs a;
   static const std::vector<options::Entry<InspectArgs>> table{
       options::flag("json", &InspectArgs::json, "one JSON object per checkpoint instead of text"),
       options::path("path", &InspectArgs::path, "a checkpoint file or a checkpoint directory"),
   };
-  po::options_description options(
+  po::positional_options_description positional;
+  positional.add("path", 1);
+  const std::optional<InspectArgs> a = parse_subcommand_options<InspectArgs>(
+      argc, argv, ctx,
       "Usage: hpctrain inspect PATH [--json]\n"
       "Prints a checkpoint's header (step, epoch, model, time, size, sections, options) and whether it is valid;\n"
       "for a directory, one line per checkpoint, newest first, and the heartbeat. Exit code 0: valid (a directory:\n"
-      "the newest checkpoint that reads is valid, so --resume auto can continue from it), 2: not");
-  options.add_options()("help,h", "print this help and exit");
-  options::add(table, options, a);
-  po::positional_options_description positional;
-  positional.add("path", 1);
+      "the newest checkpoint that reads is valid, so --resume auto can continue from it), 2: not",
+      table, positional, [](InspectArgs& given, const po::variables_map& vm) {
+        HPC_REQUIRE(vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
+        HPC_REQUIRE(!given.path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
+                    "checkpoint file or directory");
+      });
+  if (!a) return kExitSuccess;
   int code = kExitSuccess;
-  po::variables_map vm;
-  bool go = false;
-  dist::collectively(ctx, [&] {
-    go = options::parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
-    HPC_REQUIRE(!go || vm.count("path"), "hpctrain inspect needs a PATH: a checkpoint file or directory");
-    HPC_REQUIRE(!go || !a.path.empty(), "the PATH of hpctrain inspect is empty (an unset variable?): give a "
-                "checkpoint file or directory");
-  });
-  if (!go) return kExitSuccess;
   dist::collectively(ctx, [&] {  // rank 0 reads; its verdict is every rank's
-    if (ctx.rank() == 0) code = inspect(a.path, a.json);
+    if (ctx.rank() == 0) code = inspect(a->path, a->json);
   });
   return code;
 }

@@ -18,6 +18,7 @@
 #include "dist/agree.hpp"
 #include "export/onnx_export.hpp"
 #include "train/options/options.hpp"
+#include "train/options/subcommand.hpp"
 #include "train/serve/serving.hpp"
 #include "train/state/checkpointing.hpp"
 
@@ -39,8 +40,7 @@ struct ExportOptions {
 const std::vector<options::Entry<ExportOptions>>& export_table() {
   using O = ExportOptions;
   static const std::vector<options::Entry<O>> table{
-      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid one)",
-                    options::Presence::Required),
+      subcommand_options::checkpoint(&O::checkpoint),
       options::path("output", &O::output,
                     "the file to write (replaced only with --force, and then by the rename of a complete file)",
                     options::Presence::Required),
@@ -49,11 +49,7 @@ const std::vector<options::Entry<ExportOptions>>& export_table() {
                     "fold each batch norm into the convolution (or linear layer) before it, instead of "
                     "BatchNormalization nodes"),
       options::flag("force", &O::force, "replace --output if it exists"),
-      options::path("data-dir", &O::data_dir,
-                    "packed shards: a packed dataset, whose classes (its manifests', as training reads them) must be the "
-                    "checkpoint's (needed only for a checkpoint written before 2026-11-26, which records no class "
-                    "names)",
-                    options::Presence::NotBlank),
+      subcommand_options::served_data_dir(&O::data_dir),
   };
   return table;
 }
@@ -155,27 +151,20 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
 }  // namespace
 
 int run_export(int argc, const char* const* argv, dist::ProcessContext& ctx) {
-  ExportOptions o;
-  po::options_description options(
+  const std::optional<ExportOptions> o = parse_subcommand_options<ExportOptions>(
+      argc, argv, ctx,
       "Usage: hpctrain export --checkpoint PATH --output FILE [options]\n"
       "Writes a checkpoint's model as an ONNX file (opset 13, dynamic batch) for other runtimes (ONNX Runtime,\n"
       "TensorRT, OpenCV, Triton). The graph takes float32 N x C x H x W pixel values 0..255 (RGB, or grey for\n"
       "one channel) and normalises them itself; its output is the logits N x classes. The file's metadata\n"
-      "holds the input size, mean and std, class names, the checkpoint's step, state and parameter checksums");
-  options.add_options()("help,h", "print this help and exit");
-  options::add(export_table(), options, o);
-  po::variables_map vm;
-  bool go = false;
+      "holds the input size, mean and std, class names, the checkpoint's step, state and parameter checksums",
+      export_table(), {}, [&](ExportOptions& given, const po::variables_map&) {
+        if (ctx.rank() == 0) check_output(given);
+      });
+  if (!o) return kExitSuccess;
+  const ServingModel m = load_serving_model(o->checkpoint, o->data_dir, ctx);
   dist::collectively(ctx, [&] {
-    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
-    if (!go) return;
-    options::read(export_table(), vm, o);
-    if (ctx.rank() == 0) check_output(o);
-  });
-  if (!go) return kExitSuccess;
-  const ServingModel m = load_serving_model(o.checkpoint, o.data_dir, ctx);
-  dist::collectively(ctx, [&] {
-    if (ctx.rank() == 0) export_model(o, m);
+    if (ctx.rank() == 0) export_model(*o, m);
   });
   return kExitSuccess;
 }

@@ -29,6 +29,7 @@
 #include "train/engine/engine.hpp"
 #include "train/engine/inference.hpp"
 #include "train/options/options.hpp"
+#include "train/options/subcommand.hpp"
 #include "train/serve/serving.hpp"
 
 namespace hpc::train {
@@ -289,32 +290,25 @@ std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel&
 const std::vector<options::Entry<PredictOptions>>& predict_table() {
   using O = PredictOptions;
   static const std::vector<options::Entry<O>> table{
-      options::path("checkpoint", &O::checkpoint, "a checkpoint file, or a directory (its newest valid one)",
-                    options::Presence::Required),
+      subcommand_options::checkpoint(&O::checkpoint),
       options::list("images", &O::inputs, "image files or directories (also as positional arguments)"),
       options::number("top-k", &O::top_k, "classes per image (at most the model's)"),
       options::flag("json", &O::json,
                     "JSON Lines instead of text: {\"path\", \"top\": [{\"class\", \"name\", \"probability\"}, ...]}"),
       options::flag("logits", &O::logits, "with --json: add \"logits\", the model's raw outputs for every class"),
       options::number("batch-size", &O::batch_size, "images per batch"),
-      options::number("threads", &O::threads,
-                      "decoding and math threads per rank (0: OMP_NUM_THREADS where set, else this rank's share of the "
-                      "CPUs it may use: its affinity and cgroup quota)"),
+      subcommand_options::threads(&O::threads, "decoding and math threads"),
       options::flag("skip-bad", &O::skip_bad,
                     "warn about an image that cannot be read (or a path that cannot be used) and classify the rest"),
-      options::path("data-dir", &O::data_dir,
-                    "packed shards: a packed dataset, whose classes (its manifests', as training reads them) must be the "
-                    "checkpoint's (needed only for a checkpoint written before 2026-11-26, which records no class "
-                    "names)",
-                    options::Presence::NotBlank),
+      subcommand_options::served_data_dir(&O::data_dir),
       options::choice("device", &O::device, kDeviceNames,
                       "auto (this rank's GPU when the build and the machine have one), cpu or cuda"),
   };
   return table;
 }
 
-void check_options(PredictOptions& o, const po::variables_map& vm) {
-  options::read(predict_table(), vm, o);
+// What the table cannot check alone: images given, none blank; the ranges; --logits with --json.
+void check_options(PredictOptions& o, const po::variables_map&) {
   HPC_REQUIRE(!o.inputs.empty(), "hpctrain predict needs IMAGES: image files or directories of them");
   for (const std::string& input : o.inputs)
     HPC_REQUIRE(!input.empty(), "an IMAGE given to hpctrain predict is empty (an unset variable?)");
@@ -324,34 +318,28 @@ void check_options(PredictOptions& o, const po::variables_map& vm) {
   HPC_REQUIRE(!o.logits || o.json, "--logits adds the logits to --json's lines: give --json too");
 }
 
-po::options_description predict_options(PredictOptions& o) {
-  po::options_description options(
+// predict's options; nullopt when --help was handled.
+std::optional<PredictOptions> parse_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  po::positional_options_description positional;
+  positional.add("images", -1);
+  return parse_subcommand_options<PredictOptions>(
+      argc, argv, ctx,
       "Usage: hpctrain predict --checkpoint PATH [options] IMAGES...\n"
       "Classifies PNG and JPEG images (files, or directories walked for *.png, *.jpg, *.jpeg) with a checkpoint's\n"
       "model: each image is framed as evaluation frames the test images (the centre square resized to the model's\n"
       "size; packed shards: the centre crop of 7/8 of the shorter side), made grey or RGB as the model takes it and\n"
       "normalised as in training. One line per image, in the order given (directories sorted): its top classes and\n"
       "their probabilities. Under mpirun the batches are shared among the ranks. A file that is not a readable\n"
-      "image is an error (exit 2) unless --skip-bad");
-  options.add_options()("help,h", "print this help and exit");
-  options::add(predict_table(), options, o);
-  return options;
+      "image is an error (exit 2) unless --skip-bad",
+      predict_table(), positional, check_options);
 }
 
 }  // namespace
 
 int run_predict(int argc, const char* const* argv, dist::ProcessContext& ctx) {
-  PredictOptions o;
-  const po::options_description options = predict_options(o);
-  po::positional_options_description positional;
-  positional.add("images", -1);
-  po::variables_map vm;
-  bool go = false;
-  dist::collectively(ctx, [&] {
-    go = options::parse_subcommand(argc, argv, options, positional, vm, ctx.rank() == 0);
-    if (go) check_options(o, vm);
-  });
-  if (!go) return kExitSuccess;
+  std::optional<PredictOptions> parsed = parse_predict(argc, argv, ctx);
+  if (!parsed) return kExitSuccess;
+  PredictOptions& o = *parsed;
   if (ctx.rank() != 0) log::set_level(log::Level::Warn);
   ServingModel m = load_serving_model(o.checkpoint, o.data_dir, ctx);
   std::unique_ptr<Inference> inference;
