@@ -279,6 +279,11 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) 
   spec.label_smoothing = recorded.label_smoothing;
   spec.input = Shape{ds.height, ds.width, ds.channels};
   spec.classes = ds.classes;
+  // The rest of training's spec (build_model) is left at its defaults on purpose. spec.init (--init):
+  // how a new model's weights start, which only Model::init reads; a model made from a checkpoint
+  // is never init()ed, every parameter and buffer being the checkpoint's (apply_model_state, which
+  // refuses other counts), so a model trained with --init kaiming-normal evaluates, exports and
+  // predicts as its weights say. spec.fuse: training keeps the default too (the same results).
   return spec;
 }
 
