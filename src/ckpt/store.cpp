@@ -1,6 +1,7 @@
 #include "ckpt/store.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -297,6 +298,38 @@ void remove_unfinished_files() {
   for (int ms = 0; ms < 1000 && g_heartbeats_writing.load() > 0; ++ms) {
     const timespec one_ms{0, 1000000};
     ::nanosleep(&one_ms, nullptr);
+  }
+}
+
+namespace {
+// The PID of `name` as write_file_atomically names its temporary files for `target` (target.tmp.PID), else 0.
+pid_t writer_of(const std::string& name, const std::string& target) {
+  const std::string prefix = target + ".tmp.";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return 0;
+  pid_t pid = 0;
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + name.size();
+  const auto [end, ec] = std::from_chars(first, last, pid);
+  return ec == std::errc() && end == last && pid > 0 ? pid : 0;
+}
+}  // namespace
+
+void remove_abandoned_writes(const std::string& path) {
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const pid_t pid = writer_of(e.path().filename().string(), target.filename().string());
+    // kill(pid, 0) fails with ESRCH only where no process has that PID (EPERM: another user's, alive).
+    if (pid == 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    const std::string named = (target.parent_path() / e.path().filename()).string();  // as `path` is written
+    if (::unlink(e.path().c_str()) == 0)
+      log::info("removed ", named, ", left by an earlier write to ", path, " whose process (", pid,
+                ") was killed before it finished");
+    else log::warn("cannot remove ", named, " (left by an earlier write killed before it finished): ",
+                   std::strerror(errno));
   }
 }
 

@@ -123,6 +123,14 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "",
                            const std::function<void()>& before_rename = {});
 
+// Removes the PATH.tmp.PID files that earlier write_file_atomically(PATH, ...) calls left when
+// their processes were killed before the rename (SIGKILL, the OOM killer, a lost host: no handler
+// runs), which nothing else ever removes: each export to the same --output left one more. Only
+// regular files of this user (never through a link) whose PID is no process on this host; one
+// whose process lives may be a write under way (or its PID taken by another program since) and
+// is kept. Each removal is said in an info line; one that fails, in a warning.
+void remove_abandoned_writes(const std::string& path);
+
 // Removes the temporary files of the writes under way (a checkpoint's and a snapshot's, on
 // their threads), lets a heartbeat being replaced finish (for up to a second) and starts no
 // other: for a process that ends at once in the middle of a write (train/stop/signals.cpp),

@@ -462,6 +462,30 @@ class Serving(unittest.TestCase):
             self.assertNotEqual(f.read(), b"an older model")
         self.assertEqual(sorted(os.listdir(self.dir)), ["model.onnx"])
 
+    def test_an_export_killed_before_its_rename_leaves_no_file_for_good(self):
+        """SIGKILL runs no handler: the killed export leaves OUT.tmp.PID, which every later export to
+        OUT kept (one more at each kill). The next export removes it and says so; a temporary file
+        of a live process (a write under way) is left alone."""
+        out = os.path.join(self.dir, "model.onnx")
+        env = dict(os.environ, HPCTRAIN_TEST_PAUSE_BEFORE_RENAME="60")
+        p = subprocess.Popen([HPCTRAIN, "export", "--checkpoint", self.ck, "--output", out], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        left = f"model.onnx.tmp.{p.pid}"
+        deadline = time.time() + 60
+        while left not in os.listdir(self.dir) and time.time() < deadline:
+            time.sleep(0.05)
+        p.kill()
+        p.wait(timeout=60)
+        self.assertEqual(sorted(os.listdir(self.dir)), [left])
+        alive = f"model.onnx.tmp.{os.getpid()}"  # this test's own PID: a live process's write
+        with open(os.path.join(self.dir, alive), "wb") as f:
+            f.write(b"being written")
+        code, said, err = run("export", "--checkpoint", self.ck, "--output", out)
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"to {out}: ONNX opset 13", said)
+        self.assertIn(f"removed {os.path.join(self.dir, left)}, left by an earlier write to {out}", said)  # info
+        self.assertEqual(sorted(os.listdir(self.dir)), sorted(["model.onnx", alive]))
+
     def test_no_output_replaces_the_checkpoint_it_reads(self):
         """export --output (even with --force) and evaluate --metrics-file naming the checkpoint
         read, by any spelling or link, or for a directory its newest file or itself: refused (exit

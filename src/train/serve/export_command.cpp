@@ -140,6 +140,8 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
   // Again for the file actually read: a run may have written a newer checkpoint since check_output.
   require_distinct_files({{"--output", o.output}}, {{"the checkpoint", m.path}});
   const std::vector<char> bytes = onnx_export::export_onnx(*m.model, spec_of(m, o.fold_batch_norm));
+  // An export killed before its rename left OUTPUT.tmp.PID: the next export to OUTPUT removes it.
+  ckpt::remove_abandoned_writes(o.output);
   ckpt::write_file_atomically(o.output, bytes);
   const data::DatasetFacts& f = m.facts;
   std::cout << "exported " << m.checkpoint.text("model") << " (" << m.path << ", step " << m.checkpoint.text("step")
