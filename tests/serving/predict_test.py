@@ -486,6 +486,23 @@ class Serving(unittest.TestCase):
         self.assertIn(f"removed {os.path.join(self.dir, left)}, left by an earlier write to {out}", said)  # info
         self.assertEqual(sorted(os.listdir(self.dir)), sorted(["model.onnx", alive]))
 
+    def test_an_export_into_a_folder_it_cannot_write_says_so_first(self):
+        """It was found after the model was made, as "cannot create DIR/m.onnx.tmp.PID", a file the
+        user never named. As root (CI), hpctrain runs without the capabilities that let root past
+        permission bits, so that the test runs everywhere."""
+        locked = os.path.join(self.dir, "locked")
+        os.mkdir(locked, 0o555)
+        out = os.path.join(locked, "m.onnx")
+        prefix = ["/usr/bin/setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                  "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+        p = subprocess.run(prefix + [HPCTRAIN, "export", "--checkpoint", self.ck, "--output", out],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         [f"hpctrain: error: cannot write --output {out}: directory {locked} is not writable "
+                          "(Permission denied)"])
+        self.assertEqual(os.listdir(locked), [])
+
     def test_no_output_replaces_the_checkpoint_it_reads(self):
         """export --output (even with --force) and evaluate --metrics-file naming the checkpoint
         read, by any spelling or link, or for a directory its newest file or itself: refused (exit

@@ -1,6 +1,7 @@
 // `hpctrain export`: a checkpoint's model as an ONNX file (export/onnx_export.hpp), with what a
 // server needs to feed it in the file's metadata.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -81,6 +82,9 @@ void check_output(const ExportOptions& o) {
     usage_error("cannot write --output ", o.output, ": directory ", dir,
                 errno == ENOENT ? " does not exist" : std::string(": ") + std::strerror(errno));
   HPC_REQUIRE(S_ISDIR(st.st_mode), "cannot write --output ", o.output, ": ", dir, " is not a directory");
+  // Found now, not after the model is made, as "cannot create OUTPUT.tmp.PID", a file never named.
+  HPC_REQUIRE(::access(dir.c_str(), W_OK) == 0, "cannot write --output ", o.output, ": directory ", dir,
+              " is not writable (", std::strerror(errno), ")");
 }
 
 std::string joined(const std::vector<float>& v) {
