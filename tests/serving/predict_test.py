@@ -295,6 +295,16 @@ class Serving(unittest.TestCase):
         self.assertEqual(p.stderr.strip().splitlines(),
                          ["hpctrain: error: cannot write the results to standard output: No space left on device"])
 
+    def test_an_evaluation_that_cannot_write_its_metrics_line_is_an_error(self):
+        """evaluate's --metrics-file line is its result: a full disk was a warning ("training goes
+        on") and exit 0, and a script found an empty file."""
+        code, out, err = run("evaluate", "--checkpoint", self.ck, "--threads", "2", "--test-samples", "8",
+                             "--metrics-file", "/dev/full")
+        self.assertEqual(code, 2, err)
+        self.assertIn("test accuracy", out)
+        self.assertEqual(err.strip().splitlines(),
+                         ["hpctrain: error: cannot write --metrics-file /dev/full: No space left on device"])
+
     def test_an_image_too_big_for_the_memory_left_is_its_own_problem(self):
         """A 260 KB PNG of 16384 x 16384 grey zeros takes 1.6 GB to decode and frame: out of
         memory was "internal error: ... std::bad_alloc", exit 1, which --skip-bad could not pass

@@ -101,8 +101,8 @@ bool write_all(int fd, const std::string& text, size_t& done) {
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, const char* option)
-    : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0) {
+MetricsWriter::MetricsWriter(const std::string& path, const char* option, OnFailure on_failure)
+    : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0), on_failure_(on_failure) {
   // A file made here (O_EXCL) is removed again if nothing was written to it; one that was there
   // stays, whatever happens.
   OutputFile out = open_output(path, option, O_WRONLY | O_APPEND);
@@ -204,9 +204,12 @@ void MetricsWriter::give_up(int error, bool part_left) {
   ::close(std::exchange(fd_, -1));
   written_ = written_ || part_left;
   const bool removed = created_ && !written_ && ::unlink(file_.c_str()) == 0;  // made for this run, and empty
+  const char* cut = part_left ? ": its last line is cut short" : "";
+  if (on_failure_ == OnFailure::Fail)
+    usage_error("cannot write ", option_, " ", path_, ": ", std::strerror(error),
+                removed ? " (the file, empty, is removed)" : "", cut);
   log::warn("cannot write ", option_, " ", path_, ": ", std::strerror(error), " (said once; training goes on, and ",
-            removed ? "the file, empty, is removed" : "no more lines are written to it",
-            part_left ? ": its last line is cut short" : "", ")");
+            removed ? "the file, empty, is removed" : "no more lines are written to it", cut, ")");
 }
 
 }  // namespace hpc::train

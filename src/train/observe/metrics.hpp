@@ -20,19 +20,24 @@ using hpc::JsonObject;
 // lines after a line end, with a warning. A file this writer created and never wrote to is
 // removed again, so a refused run leaves nothing behind. A stream (a pipe, a FIFO, a device:
 // --metrics-file /dev/stdout | cat) is written as it is; a FIFO that nothing reads is refused at
-// once instead of waited on. Only opening is an error: a write that fails later (a full file
-// system) is one warning, and the file gets no more lines, while the run goes on.
+// once instead of waited on. Opening is an error; a write that fails later (a full file system)
+// is one warning, and the file gets no more lines, while the run goes on (OnFailure::Warn), or,
+// where the lines are the program's result (evaluate's one line), a usage error (OnFailure::Fail):
+// a script that reads the file then learns from the exit code that it holds nothing.
 class MetricsWriter {
  public:
+  enum class OnFailure { Warn, Fail };
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path, const char* option = "--metrics-file");  // usage error if it cannot
+  explicit MetricsWriter(const std::string& path, const char* option = "--metrics-file",
+                         OnFailure on_failure = OnFailure::Warn);  // usage error if it cannot
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   // One line; in the --metrics-file, with "unix_time" (seconds since 1970, UTC, to the
   // millisecond) added last where `fields` has none. A failed write (a full disk) is one warning
   // naming the option, the file and the cause; the part of the line that reached a regular file
-  // is cut off again (the file keeps whole lines only), and the file is written no more.
+  // is cut off again (the file keeps whole lines only), and the file is written no more; with
+  // OnFailure::Fail the same words are a usage error instead.
   void write(const JsonObject& fields);
   // Whether the file's last `tail_bytes` hold a line with each of `fields` (a whole JSON line of
   // an event that a run killed since may or may not have written). False for a stream (never read
@@ -50,6 +55,7 @@ class MetricsWriter {
   bool truncatable_ = false;  // a regular file of its own (not /dev/stdout's, which the log shares)
   bool cut_ = false;  // the file's last line has no line end yet
   bool stamp_ = false;  // every event gets "unix_time" (the metrics file's, not the timeline's)
+  OnFailure on_failure_ = OnFailure::Warn;
 };
 
 }  // namespace hpc::train

@@ -350,7 +350,9 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     // next run there replaced the results, or moved them away.
     const fs::path folder = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
     ckpt::require_not_its_own_name({"--metrics-file", a.metrics_file}, folder.string(), "the checkpoint's directory");
-    if (lead && !a.metrics_file.empty()) e.metrics = std::make_unique<MetricsWriter>(a.metrics_file);
+    // Its one line is evaluate's result: a write that fails is an error, not a warning and exit 0.
+    if (lead && !a.metrics_file.empty())
+      e.metrics = std::make_unique<MetricsWriter>(a.metrics_file, "--metrics-file", MetricsWriter::OnFailure::Fail);
     e.threads = dist::math_threads(ctx, a.threads);
     nn::set_math_threads(e.threads);
     e.dataset = a.dataset.empty() ? recorded_options(c.meta, {"dataset"}).dataset : data::parse_dataset(a.dataset);
