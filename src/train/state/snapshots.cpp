@@ -29,8 +29,9 @@
 #include "core/file_identity.hpp"  // require_not_root_dir
 #include "core/hash.hpp"
 #include "core/log.hpp"
-#include "core/option_kit.hpp"  // parse_subcommand
+#include "core/option_kit.hpp"
 #include "dist/agree.hpp"
+#include "train/options/subcommand.hpp"
 
 namespace hpc::train {
 namespace fs = std::filesystem;
@@ -597,49 +598,50 @@ void Snapshotter::remove_all() {
 
 namespace {
 
-// What clean-snapshots is asked to do: where, and which runs' snapshots.
+// What clean-snapshots is asked to do: where, and which runs' snapshots; its options as given
+// (older, run_id, all), from which `what` is made.
 struct CleanRequest {
   std::string dir;  // --snapshot-dir; empty: the default
+  std::string older, run_id;
+  bool all = false;
   SnapshotCleaning what;
 };
 
+// The checks of what was given, and what to clean from it.
+void check_clean_request(CleanRequest& r, const boost::program_options::variables_map& vm) {
+  HPC_REQUIRE(vm.count("older-than") + vm.count("run-id") + (r.all ? 1 : 0) <= 1,
+              "hpctrain clean-snapshots takes one of --older-than, --all and --run-id");
+  HPC_REQUIRE(!vm.count("run-id") || is_run_id(r.run_id), "--run-id takes a run id (16 hex digits, as ",
+              "CHECKPOINT_DIR/run-id holds), got '", r.run_id, "'");
+  HPC_REQUIRE(!vm.count("snapshot-dir") || !r.dir.empty(),
+              "--snapshot-dir is empty (an unset variable?): give the directory, or leave it out for the default");
+  require_not_root_dir(r.dir, "--snapshot-dir");
+  r.what.all = r.all;
+  r.what.run_id = r.run_id;
+  r.what.ended_runs = !r.all && r.run_id.empty();
+  if (!r.older.empty()) r.what.older_than = parse_duration(r.older, "older-than");
+}
+
 // clean-snapshots' options, checked on every rank alike; nullopt when --help was handled.
 std::optional<CleanRequest> parse_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
-  namespace po = boost::program_options;
-  std::string dir, older, run_id;
-  bool all = false;
-  po::options_description options(
+  using R = CleanRequest;
+  static const std::vector<options::Entry<R>> table{
+      options::path("snapshot-dir", &R::dir, "where the snapshots are (default /dev/shm/hpctrain-UID, hpctrain's)"),
+      options::path("older-than", &R::older,
+                    "remove those last written longer ago than this (90s, 10m, 2h; default 1h)"),
+      options::flag("all", &R::all, "remove every run's that no running hpctrain uses, whatever its age"),
+      options::path("run-id", &R::run_id,
+                    "remove this run's alone (the id in CHECKPOINT_DIR/run-id), whatever its age"),
+  };
+  return parse_subcommand_options<R>(
+      argc, argv, ctx,
       "Usage: hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]\n"
       "Frees the host memory held by this user's snapshots that no relaunch needs: by default those of runs\n"
       "that failed or were killed, last written over an hour ago (as long as hpctrain keeps them), and those of\n"
       "runs that have ended since on other hosts (their checkpoint directory says so). Snapshots a\n"
       "running hpctrain uses are never removed. Under mpirun it cleans once on each host (the host's first\n"
-      "rank): mpirun --map-by ppr:1:node hpctrain clean-snapshots. Exit code 0, also when nothing was there");
-  options.add_options()("help,h", "print this help and exit")(
-      "snapshot-dir", po::value(&dir), "where the snapshots are (default /dev/shm/hpctrain-UID, hpctrain's)")(
-      "older-than", po::value(&older), "remove those last written longer ago than this (90s, 10m, 2h; default 1h)")(
-      "all", po::bool_switch(&all), "remove every run's that no running hpctrain uses, whatever its age")(
-      "run-id", po::value(&run_id), "remove this run's alone (the id in CHECKPOINT_DIR/run-id), whatever its age");
-  po::variables_map vm;
-  bool go = false;
-  SnapshotCleaning what;
-  dist::collectively(ctx, [&] {
-    go = options::parse_subcommand(argc, argv, options, {}, vm, ctx.rank() == 0);
-    if (!go) return;
-    HPC_REQUIRE(vm.count("older-than") + vm.count("run-id") + (all ? 1 : 0) <= 1,
-                "hpctrain clean-snapshots takes one of --older-than, --all and --run-id");
-    HPC_REQUIRE(!vm.count("run-id") || is_run_id(run_id), "--run-id takes a run id (16 hex digits, as ",
-                "CHECKPOINT_DIR/run-id holds), got '", run_id, "'");
-    HPC_REQUIRE(!vm.count("snapshot-dir") || !dir.empty(),
-                "--snapshot-dir is empty (an unset variable?): give the directory, or leave it out for the default");
-    require_not_root_dir(dir, "--snapshot-dir");
-    what.all = all;
-    what.run_id = run_id;
-    what.ended_runs = !all && run_id.empty();
-    if (!older.empty()) what.older_than = parse_duration(older, "older-than");
-  });
-  if (!go) return std::nullopt;
-  return CleanRequest{dir, what};
+      "rank): mpirun --map-by ppr:1:node hpctrain clean-snapshots. Exit code 0, also when nothing was there",
+      table, {}, check_clean_request);
 }
 
 // Cleans `parent`, this user's folder of snapshots on this host, and says what it freed and kept.
