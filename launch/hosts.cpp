@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -68,32 +69,45 @@ int parse_slots(const std::string& text, const std::string& where) {
   return v;
 }
 
-// Repeated hosts add up their slots (as Open MPI does), keeping the first one's place.
-void add(HostList& hosts, const std::string& name, int slots, const std::string& where) {
-  HPC_REQUIRE(valid_name(name), where, ": '", printable(name), "' is not a host name");
-  for (Host& h : hosts)
-    if (h.name == name) {
-      HPC_REQUIRE(h.slots + slots <= kMaxSlots, where, ": host ", name, " is named again, and its slots add up to ",
-                  h.slots + slots, ", more than ", kMaxSlots);
-      h.slots += slots;
-      return;
-    }
-  hosts.push_back({name, slots});
-}
+// A host list being built. Repeated hosts add up their slots (as Open MPI does), keeping the
+// first one's place; a name index keeps that linear in the hosts (a 100000-node Slurm list).
+class HostAdder {
+ public:
+  void add(const std::string& name, int slots, const std::string& where) {
+    HPC_REQUIRE(valid_name(name), where, ": '", printable(name), "' is not a host name");
+    // Checked before adding, so no sum ever exceeds kMaxTotalSlots (far below INT_MAX).
+    HPC_REQUIRE(total_ <= kMaxTotalSlots - slots, where, ": the hosts' slots add up to more than ", kMaxTotalSlots,
+                ", the most one job may have");
+    total_ += slots;
+    const auto [it, fresh] = at_.emplace(name, hosts_.size());
+    if (fresh) return hosts_.push_back({name, slots});
+    Host& h = hosts_[it->second];
+    HPC_REQUIRE(h.slots <= kMaxSlots - slots, where, ": host ", name, " is named again, and its slots add up to ",
+                h.slots + slots, ", more than ", kMaxSlots);
+    h.slots += slots;
+  }
+  const HostList& hosts() const { return hosts_; }
+  HostList take() { return std::move(hosts_); }
+
+ private:
+  HostList hosts_;
+  std::unordered_map<std::string, size_t> at_;  // name -> its place in hosts_
+  int total_ = 0;
+};
 
 // "name[:slots]"
-void add_colon_form(HostList& hosts, const std::string& item, int default_slots, const std::string& where) {
+void add_colon_form(HostAdder& hosts, const std::string& item, int default_slots, const std::string& where) {
   const size_t colon = item.rfind(':');
-  if (colon == std::string::npos) return add(hosts, item, default_slots, where);
+  if (colon == std::string::npos) return hosts.add(item, default_slots, where);
   HPC_REQUIRE(item.find(':') == colon, where, ": '", printable(item), "' has more than one ':' (an IPv6 address?): ",
               "hosts are names or IPv4 addresses, each NAME or NAME:SLOTS (give an IPv6 host by its name)");
-  add(hosts, item.substr(0, colon), parse_slots(item.substr(colon + 1), where + ": '" + printable(item) + "'"), where);
+  hosts.add(item.substr(0, colon), parse_slots(item.substr(colon + 1), where + ": '" + printable(item) + "'"), where);
 }
 
 }  // namespace
 
 HostList parse_host_list(const std::string& spec, int default_slots) {
-  HostList hosts;
+  HostAdder hosts;
   std::stringstream ss(spec);
   for (std::string item; std::getline(ss, item, ',');) {
     item = trim(item);
@@ -103,8 +117,8 @@ HostList parse_host_list(const std::string& spec, int default_slots) {
   // getline drops an empty last item: "a," would pass as "a".
   HPC_REQUIRE(trim(spec).empty() || trim(spec).back() != ',', "-H '", spec,
               "': empty host name after the last comma (hosts are separated by single commas)");
-  HPC_REQUIRE(!hosts.empty(), "-H names no host");
-  return hosts;
+  HPC_REQUIRE(!hosts.hosts().empty(), "-H names no host");
+  return hosts.take();
 }
 
 namespace {
@@ -130,7 +144,7 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
   HPC_REQUIRE(!std::filesystem::is_directory(path), "--hostfile ", path, ": is a directory, not a hostfile");
   std::ifstream in(path);
   HPC_REQUIRE(in, "--hostfile ", path, ": cannot open it");
-  HostList hosts;
+  HostAdder hosts;
   int line_no = 0;
   for (std::string line; read_hostfile_line(in, &line, "--hostfile " + path + " line " + std::to_string(line_no + 1));) {
     ++line_no;
@@ -154,17 +168,17 @@ HostList parse_hostfile(const std::string& path, int default_slots) {
     }
     HPC_REQUIRE(slots <= max_slots, where, ": slots=", slots, " is more than max_slots=", max_slots,
                 " (Open MPI refuses such a line too)");
-    add(hosts, name, slots, where);
+    hosts.add(name, slots, where);
   }
-  HPC_REQUIRE(!hosts.empty(), "--hostfile ", path, " names no host");
-  return hosts;
+  HPC_REQUIRE(!hosts.hosts().empty(), "--hostfile ", path, " names no host");
+  return hosts.take();
 }
 
 // Unlike -H and hostfiles, a repeated host is refused: horovodrun counts such a host once (its
 // last line's slots), Open MPI would add the slots up, and a script that prints a host twice
 // (two sources concatenated) most likely meant neither.
 HostList parse_discovery_output(const std::string& text, int default_slots, const std::string& source) {
-  HostList hosts;
+  HostAdder hosts;
   std::map<std::string, int> first_line;
   std::stringstream ss(text);
   int line_no = 0;
@@ -179,7 +193,7 @@ HostList parse_discovery_output(const std::string& text, int default_slots, cons
     HPC_REQUIRE(fresh, where, ": host ", name, " is named again (first on line ", it->second,
                 "); print each host once, with all its slots (", name, ":N)");
   }
-  return hosts;
+  return hosts.take();
 }
 
 std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
@@ -250,9 +264,9 @@ HostList slurm_hosts(const std::string& nodelist, const std::string& tasks_per_n
   const std::vector<int> tasks = expand_slurm_tasks_per_node(tasks_per_node);
   HPC_REQUIRE(names.size() == tasks.size(), "Slurm's allocation is inconsistent: SLURM_JOB_NODELIST names ", names.size(),
               " node(s), SLURM_TASKS_PER_NODE ", tasks.size());
-  HostList hosts;
-  for (size_t i = 0; i < names.size(); ++i) add(hosts, names[i], tasks[i], "SLURM_JOB_NODELIST");
-  return hosts;
+  HostAdder hosts;
+  for (size_t i = 0; i < names.size(); ++i) hosts.add(names[i], tasks[i], "SLURM_JOB_NODELIST");
+  return hosts.take();
 }
 
 std::vector<std::pair<std::string, std::string>> slurm_allocation_env(const HostList& hosts) {
@@ -285,9 +299,12 @@ const Host* find_host(const HostList& hosts, const std::string& name) {
 bool has_host(const HostList& hosts, const std::string& name) { return find_host(hosts, name) != nullptr; }
 
 int total_slots(const HostList& hosts) {
-  int n = 0;
+  long long n = 0;
   for (const Host& h : hosts) n += h.slots;
-  return n;
+  // Every parser keeps a list within kMaxTotalSlots; more is a bug, not a wrapped count.
+  HPC_CHECK(n <= kMaxTotalSlots, "hosts ", show_hosts(hosts).substr(0, 200), " have ", n, " slots, more than ",
+            kMaxTotalSlots);
+  return static_cast<int>(n);
 }
 
 std::string show_hosts(const HostList& hosts) {

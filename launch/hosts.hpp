@@ -18,6 +18,9 @@ using HostList = std::vector<Host>;
 
 // The most slots a host may have (host:slots, slots=N, --slots-per-host).
 constexpr int kMaxSlots = 4096;
+// The most slots (ranks) one host list may have in all: every parser refuses more, so slot
+// counts never overflow an int.
+constexpr int kMaxTotalSlots = 1 << 20;
 
 // "-H a:2,b,c:4": comma-separated host[:slots]; a host without slots gets `default_slots`.
 HostList parse_host_list(const std::string& spec, int default_slots);

@@ -80,6 +80,34 @@ TEST(Hosts, BadListsAreUsageErrors) {
             std::string::npos);
 }
 
+// Slots are counted in an int: a list whose slots add up past kMaxTotalSlots is refused where it
+// is read, so no count (total_slots, -np for mpirun) wraps to a negative or small number.
+TEST(Hosts, AllSlotsTogetherHaveALimit) {
+  EXPECT_EQ(total_slots(slurm_hosts("n[1-256]", "4096(x256)")), kMaxTotalSlots);
+  const std::string too_many = usage_message([] { slurm_hosts("n[1-257]", "4096(x257)"); });
+  EXPECT_NE(too_many.find("SLURM_JOB_NODELIST: the hosts' slots add up to more than 1048576"), std::string::npos)
+      << too_many;
+  std::string list;
+  for (int i = 0; i <= 256; ++i) list += "h" + std::to_string(i) + ":4096,";
+  list.pop_back();
+  EXPECT_NE(usage_message([&] { parse_host_list(list, 1); }).find("-H: the hosts' slots add up to more than"),
+            std::string::npos);
+}
+
+// A Slurm list of 100000 nodes (what expand_slurm_nodelist allows in one range) is read whole,
+// each name once, in its order.
+TEST(Hosts, LongListsKeepEveryHostOnce) {
+  std::string tasks;
+  for (int i = 0; i < 24; ++i) tasks += "1(x4096),";
+  tasks += "1(x1696)";
+  const HostList hosts = slurm_hosts("n[000001-100000]", tasks);
+  ASSERT_EQ(hosts.size(), 100000u);
+  EXPECT_EQ(hosts.front().name, "n000001");
+  EXPECT_EQ(hosts.back().name, "n100000");
+  EXPECT_EQ(total_slots(hosts), 100000);
+  EXPECT_EQ(parse_host_list("b:1,a:2,b:3", 1), (HostList{{"b", 4}, {"a", 2}}));  // the first place is kept
+}
+
 TEST(Hosts, Hostfile) {
   const std::string path = ::testing::TempDir() + "/hpcrun_hostfile";
   {
