@@ -304,19 +304,24 @@ job_stage_data() {
   # The warning signal (time limit near) or Slurm's SIGTERM (a preemption) during the copy: stop
   # it and requeue as after the trainer's stop (not when the job is cancelled: job_requeue_or_exit);
   # the next run's staging resumes where this one stopped. (An untrapped SIGTERM ended this shell
-  # with 143 and no requeue.)
-  local pid stopped_by=""
+  # with 143 and no requeue.) One before the copy's pid is known (noted in JOB_SIGNAL by
+  # job_record_signals' traps during the line above, or in stopped_by) stops it once it is: the
+  # copy ran to its end, past the time limit. The kill may find the copy gone (it ended as the
+  # signal came): under set -e a failed kill in a trap ended the shell with 1, unrequeued.
+  local pid="" stopped_by=""
   # shellcheck disable=SC2317  # called by the traps below
   job_stop_staging() {
     stopped_by=$1
     job_log "$1 while staging: stopping the copy"
-    kill -TERM "$pid" 2> /dev/null
+    [[ -z "$pid" ]] || kill -TERM "$pid" 2> /dev/null || true
   }
   trap 'job_stop_staging SIGUSR1' USR1
   trap 'job_stop_staging SIGUSR2' USR2
   trap 'job_stop_staging SIGTERM' TERM
   "${stage[@]}" &
   pid=$!
+  [[ -z "${JOB_SIGNAL:-}" ]] || job_stop_staging "SIG$JOB_SIGNAL"
+  [[ -z "$stopped_by" ]] || kill -TERM "$pid" 2> /dev/null || true
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done
   wait "$pid" || code=$?
   job_record_signals  # no moment without a trap until the trainer's
@@ -498,7 +503,7 @@ job_run_trainer() {
   job_warning_signal() {
     if [[ -z "$pid" ]]; then JOB_SIGNAL=${JOB_SIGNAL:-$1}; return; fi
     job_log "SIG$1: asking the trainer to checkpoint and stop"
-    kill -USR1 "$pid" 2> /dev/null
+    kill -USR1 "$pid" 2> /dev/null || true  # gone (it ended as the signal came): set -e ended the shell
   }
   # shellcheck disable=SC2317  # called by the traps below
   job_stop_signal() {
@@ -506,7 +511,7 @@ job_run_trainer() {
     stop_signal=$1
     if [[ "${LAUNCHER:-srun}" == mpirun ]]; then
       job_log "SIG$1: asking the trainer to checkpoint and stop (SIGUSR1 to mpirun)"
-      kill -USR1 "$pid" 2> /dev/null
+      kill -USR1 "$pid" 2> /dev/null || true
     else
       job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"
     fi
@@ -523,7 +528,7 @@ job_run_trainer() {
   if [[ -n "${JOB_SIGNAL:-}" ]]; then
     stop_signal=$JOB_SIGNAL
     job_log "SIG$JOB_SIGNAL came as the trainer was launched: asking it to checkpoint and stop"
-    kill -USR1 "$pid" 2> /dev/null
+    kill -USR1 "$pid" 2> /dev/null || true  # it may have ended already (set -e)
   fi
   while kill -0 "$pid" 2> /dev/null; do wait "$pid" || true; done  # a trapped signal ends a wait
   local code=0

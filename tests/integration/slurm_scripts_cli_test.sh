@@ -381,6 +381,29 @@ for signal in USR1 TERM; do
     "SIG$signal while staging"
 done
 
+# The warning signal just before the copy starts (here during the staging's first log line, whose
+# `date` stand-in sends it) was noted, not acted on: the copy ran to its end (past the time limit,
+# where Slurm ends the job unrequeued) and the requeue came after. It stops the copy as one during it.
+mkdir -p "$work/signal-bin"
+# shellcheck disable=SC2016  # $PPID and $@ are the stand-in's own
+printf '#!/bin/sh\n[ -e "%s" ] && rm "%s" && kill -USR1 "$PPID"\nexec /bin/date "$@"\n' \
+  "$work/fire" "$work/fire" > "$work/signal-bin/date"
+chmod +x "$work/signal-bin/date"
+rm -f "$work/staging"
+: > "$work/scontrol.log"
+: > "$work/fire"
+PATH="$work/signal-bin:$PATH" "$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/trainer" \
+  HPCTRAIN_HOME="$work/home" STAGE_FROM=s3://data/x STAGE_TO="$work/data" SCONTROL_LOG="$work/scontrol.log" \
+  JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=7 -- > "$work/early.out" 2>&1 || true
+if [[ -e "$work/fire" ]] || ! head -n 1 "$work/early.out" | grep -q "staging s3://data/x"; then
+  fail "the date stand-in did not signal at the staging's log line: $(cat "$work/early.out")"
+elif ! grep -Eq "^requeue 7$" "$work/scontrol.log" || grep -q "the dataset is in" "$work/early.out" ||
+  ! grep -q "SIGUSR1 while staging: stopping the copy" "$work/early.out"; then
+  fail "SIGUSR1 as the staging started did not stop the copy and requeue: $(cat "$work/early.out")"
+else
+  echo "ok: SIGUSR1 as the staging started stops the copy -> scontrol requeue 7"
+fi
+
 # srun no longer takes --cpus-per-task from the job (Slurm 22.05 on): each rank had one CPU while
 # hpctrain ran --threads SLURM_CPUS_PER_TASK, and so did each node's staging.
 mkdir -p "$work/home-ok/datasets"
