@@ -399,8 +399,8 @@ void AttemptWatcher::watch_membership(double t) {
 
 // A host that left the discovery output drains the job off it, and one whose slots there fell below
 // its ranks drains the job off those (Horovod's elastic driver does the same: else the ranks ran on
-// slots given to others, a GPU or a core taken back); healthy hosts that are not in it yet grow it
-// (up to --max-np).
+// slots given to others, a GPU or a core taken back); healthy hosts that are not in it yet, and
+// slots added to a host in it, grow it (up to --max-np).
 void AttemptWatcher::check_membership() {
   const HostList known = job_.hosts.known_hosts();
   if (o_.host_source == HostSource::Discovery) {
@@ -417,7 +417,13 @@ void AttemptWatcher::check_membership() {
   const int np = total_slots(placement_);
   if (o_.max_np && np >= o_.max_np) return;
   const std::string joining = job_.hosts.joining_hosts(placement_, known);
-  if (!joining.empty()) request_stop(StopKind::Membership, "growing onto " + joining);
+  if (!joining.empty()) return request_stop(StopKind::Membership, "growing onto " + joining);
+  // A host whose slots rose (hostA:2, then hostA:4) grows the job as a new host would; Horovod's
+  // elastic driver counts such a host as added too.
+  for (const Host& h : placement_)
+    if (const Host* now = find_host(known, h.name); now && now->slots > h.slots)
+      return request_stop(StopKind::Membership, "growing onto " + std::to_string(now->slots - h.slots) +
+                                                    " more slot(s) of host " + h.name);
 }
 
 // ---------------------------------------------------------------------------------- output

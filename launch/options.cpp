@@ -218,7 +218,7 @@ Group where_group() {
            options::path("hostfile", &O::hostfile, "Open MPI hostfile: 'host slots=N' per line", Presence::NotBlank),
            options::path("host-discovery-script", own(&L::discovery_script),
                          "program printing the usable hosts, one 'host:slots' per line; run every "
-                         "--discovery-interval, the job grows onto new hosts and is drained off vanished ones",
+                         "--discovery-interval, the job grows onto new hosts (and new slots) and is drained off vanished ones",
                          Presence::NotBlank),
            options::duration("discovery-interval", own(&L::discovery_interval),
                              "how often the discovery script runs, and the job looks for hosts to grow onto (with "
