@@ -106,6 +106,15 @@ TEST_F(Cli, SmallCommandsSayTheirProblemsPlainly) {
       << r.out;
 }
 
+// A blank --older-than (an unset variable: --older-than "$AGE") cleaned with the default age, as
+// if it had not been given. A folder of its own: the default one is every run's on this host.
+TEST_F(Cli, ABlankCleanSnapshotsAgeIsRefused) {
+  const std::string dir = work_.file("snapshots");
+  expect_usage_error(
+      run_program({hpctrain_binary(), "clean-snapshots", "--snapshot-dir", dir, "--older-than", ""}, kDeadline),
+      {"error: --older-than is empty (an unset variable?)"});
+}
+
 // A subcommand's options are named whole too (OptionErrors.AnOptionIsNamedWhole: training's).
 TEST_F(Cli, ASubcommandsOptionIsNamedWhole) {
   expect_usage_error(run_program({hpctrain_binary(), "evaluate", "--checkp", work_.str()}, kDeadline),

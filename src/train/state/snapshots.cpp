@@ -627,8 +627,10 @@ std::optional<CleanRequest> parse_clean_snapshots(int argc, const char* const* a
   using R = CleanRequest;
   static const std::vector<options::Entry<R>> table{
       options::path("snapshot-dir", &R::dir, "where the snapshots are (default /dev/shm/hpctrain-UID, hpctrain's)"),
+      // Blank (--older-than "$AGE", unset) is refused: it cleaned as if the option were not given.
       options::path("older-than", &R::older,
-                    "remove those last written longer ago than this (90s, 10m, 2h; default 1h)"),
+                    "remove those last written longer ago than this (90s, 10m, 2h; default 1h)",
+                    options::Presence::NotBlank),
       options::flag("all", &R::all, "remove every run's that no running hpctrain uses, whatever its age"),
       options::path("run-id", &R::run_id,
                     "remove this run's alone (the id in CHECKPOINT_DIR/run-id), whatever its age"),
