@@ -199,7 +199,7 @@ HostList parse_discovery_output(const std::string& text, int default_slots, cons
 std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
   std::vector<std::string> out;
   size_t i = 0;
-  const auto bad = [&] { usage_error("SLURM_JOB_NODELIST '", list, "' is not a Slurm host list"); };
+  const auto bad = [&] { usage_error("SLURM_JOB_NODELIST '", printable(list), "' is not a Slurm host list"); };
   while (i < list.size()) {
     // One item: a prefix, then optionally "[ranges]" and a suffix, up to a comma outside brackets.
     size_t end = i;
@@ -229,6 +229,10 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
           bad();
         const long a = std::stol(lo), b = std::stol(hi);
         if (b < a || b - a > 100000) bad();
+        // Every node has a slot at least: a list of more nodes than kMaxTotalSlots is refused
+        // before its names are made (many ranges of 100000 would otherwise fill the memory).
+        HPC_REQUIRE(b - a < static_cast<long>(kMaxTotalSlots - out.size()), "SLURM_JOB_NODELIST '",
+                    printable(list), "' names more than ", kMaxTotalSlots, " nodes, the most slots one job may have");
         for (long n = a; n <= b; ++n) {
           std::string digits = std::to_string(n);
           if (digits.size() < lo.size()) digits.insert(0, lo.size() - digits.size(), '0');  // keep zero padding
@@ -243,16 +247,20 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
 }
 
 std::vector<int> expand_slurm_tasks_per_node(const std::string& tasks) {
+  const std::string where = "SLURM_TASKS_PER_NODE '" + printable(tasks) + "'";
   std::vector<int> out;
   std::stringstream ss(tasks);
   for (std::string item; std::getline(ss, item, ',');) {
     const size_t x = item.find("(x");
-    const int n = parse_slots(item.substr(0, x), "SLURM_TASKS_PER_NODE '" + tasks + "'");
+    const int n = parse_slots(item.substr(0, x), where);
     int repeat = 1;
     if (x != std::string::npos) {
-      HPC_REQUIRE(item.back() == ')', "SLURM_TASKS_PER_NODE '", tasks, "' is not in Slurm's form, e.g. 2(x3),1");
-      repeat = parse_slots(item.substr(x + 2, item.size() - x - 3), "SLURM_TASKS_PER_NODE '" + tasks + "'");
+      HPC_REQUIRE(item.back() == ')', where, " is not in Slurm's form, e.g. 2(x3),1");
+      repeat = parse_slots(item.substr(x + 2, item.size() - x - 3), where);
     }
+    // As for the node list: each entry is a node with a slot at least, checked before it is made.
+    HPC_REQUIRE(static_cast<size_t>(repeat) <= kMaxTotalSlots - out.size(), where, " counts more than ",
+                kMaxTotalSlots, " nodes, the most slots one job may have");
     out.insert(out.end(), static_cast<size_t>(repeat), n);
   }
   HPC_REQUIRE(!out.empty(), "SLURM_TASKS_PER_NODE is empty");

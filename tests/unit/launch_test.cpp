@@ -92,6 +92,20 @@ TEST(Hosts, AllSlotsTogetherHaveALimit) {
   list.pop_back();
   EXPECT_NE(usage_message([&] { parse_host_list(list, 1); }).find("-H: the hosts' slots add up to more than"),
             std::string::npos);
+  // Slurm's compressed forms are refused before they are expanded past the limit: eleven ranges
+  // of 100000 names, or 257 entries of 4096 nodes, would otherwise be made whole first.
+  std::string nodes;
+  for (char c = 'a'; c <= 'k'; ++c) nodes += std::string(1, c) + "[000000-099999],";
+  nodes.pop_back();
+  const std::string many_nodes = usage_message([&] { expand_slurm_nodelist(nodes); });
+  EXPECT_NE(many_nodes.find("names more than 1048576 nodes"), std::string::npos) << many_nodes;
+  EXPECT_LT(many_nodes.size(), 500u) << "the list is shown cut, not whole";
+  std::string tasks;
+  for (int i = 0; i < 257; ++i) tasks += "1(x4096),";
+  tasks.pop_back();
+  const std::string many_tasks = usage_message([&] { expand_slurm_tasks_per_node(tasks); });
+  EXPECT_NE(many_tasks.find("counts more than 1048576 nodes"), std::string::npos) << many_tasks.substr(0, 300);
+  EXPECT_EQ(expand_slurm_tasks_per_node("1(x4096)").size(), 4096u);
 }
 
 // A Slurm list of 100000 nodes (what expand_slurm_nodelist allows in one range) is read whole,
