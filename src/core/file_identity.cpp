@@ -275,14 +275,11 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
 }
 
 std::string through_links(const std::string& path) {
-  std::error_code ec;
-  fs::path at = path;
-  for (int hops = 0; hops < 40 && fs::is_symlink(at, ec); ++hops) {
-    const fs::path target = fs::read_symlink(at, ec);
-    if (ec) return path;
-    at = (target.is_absolute() ? target : at.parent_path() / target).lexically_normal();
-  }
-  return fs::is_symlink(at, ec) ? path : at.string();
+  // Each target is read as the kernel reads it, from its link's folder, never folded lexically:
+  // "lnk/../f" where lnk leads to a folder elsewhere is beside that folder, not beside lnk.
+  const std::string end = follow_last_links(path);
+  struct stat st {};
+  return ::lstat(end.c_str(), &st) == 0 && S_ISLNK(st.st_mode) ? path : end;
 }
 
 std::string where_a_dangling_link_leads(const std::string& path) {

@@ -583,6 +583,27 @@ TEST_F(FileIdentityTest, AFileNotThereYetByItsDirectoryAndName) {
   fs::current_path(cwd);
 }
 
+// A link is followed as the kernel follows it: "../" in a target goes up from where the folder
+// before it leads, not from the link's spelling (written through for --prometheus-file).
+TEST_F(FileIdentityTest, ALinksTargetIsReadAsTheKernelReadsIt) {
+  fs::create_directories(at("real/deep"));
+  fs::create_directory_symlink("real/deep", at("into"));
+  fs::create_symlink("into/../t.prom", at("m.prom"));  // the kernel: real/t.prom
+  fs::create_symlink("m.prom", at("chain"));
+  fs::create_symlink("loop-b", at("loop-a"));
+  fs::create_symlink("loop-a", at("loop-b"));
+  for (const char* link : {"m.prom", "chain"}) {
+    const std::string end = through_links(at(link));
+    std::ofstream(end) << "x";
+    EXPECT_TRUE(fs::exists(at("real/t.prom"))) << link << " led to " << end;
+    EXPECT_FALSE(fs::exists(at("t.prom"))) << link << " led to " << end;
+    fs::remove(at("real/t.prom"));
+    fs::remove(at("t.prom"));
+  }
+  EXPECT_EQ(through_links(at("x")), at("x"));
+  EXPECT_EQ(through_links(at("loop-a")), at("loop-a"));  // no end within the kernel's 40 links
+}
+
 // Streams are shared by intent and hold no input's bytes; identity never opens them (a FIFO
 // without a writer would block an open forever).
 TEST_F(FileIdentityTest, StreamsAreNeverTheSameFileAndNeverOpened) {
