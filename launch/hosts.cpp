@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -140,10 +141,13 @@ bool read_hostfile_line(std::istream& in, std::string* line, const std::string& 
 }  // namespace
 
 HostList parse_hostfile(const std::string& path, int default_slots) {
-  // A directory opens as an empty stream: it would read as a file that "names no host".
-  HPC_REQUIRE(!std::filesystem::is_directory(path), "--hostfile ", path, ": is a directory, not a hostfile");
+  // A directory opens as an empty stream: it would read as a file that "names no host". A path
+  // that cannot be looked at (a link loop, a name too long) threw std::filesystem's error, which
+  // hpcrun reported as its own bug (exit 1): the open below names it instead.
+  std::error_code unreadable;
+  HPC_REQUIRE(!std::filesystem::is_directory(path, unreadable), "--hostfile ", path, ": is a directory, not a hostfile");
   std::ifstream in(path);
-  HPC_REQUIRE(in, "--hostfile ", path, ": cannot open it");
+  HPC_REQUIRE(in, "--hostfile ", path, ": cannot open it (", std::strerror(errno), ")");
   HostAdder hosts;
   int line_no = 0;
   for (std::string line; read_hostfile_line(in, &line, "--hostfile " + path + " line " + std::to_string(line_no + 1));) {

@@ -165,6 +165,17 @@ TEST(Hosts, Hostfile) {
   EXPECT_NE(usage_message([&] { parse_hostfile(path, 1); }).find("cannot open"), std::string::npos);
   // A directory reads as an empty stream: not "names no host".
   EXPECT_NE(usage_message([&] { parse_hostfile(::testing::TempDir(), 1); }).find("is a directory"), std::string::npos);
+  // A path that cannot be looked at is a usage error naming why, not std::filesystem's exception
+  // (hpcrun's exit 1, a bug): a link loop, and a name longer than the system takes.
+  const std::string loop = ::testing::TempDir() + "/hpcrun_hostfile_loop";
+  std::remove(loop.c_str());
+  ASSERT_EQ(symlink("hpcrun_hostfile_loop", loop.c_str()), 0);
+  EXPECT_NE(usage_message([&] { parse_hostfile(loop, 1); }).find("cannot open it (Too many levels of symbolic links)"),
+            std::string::npos);
+  std::remove(loop.c_str());
+  EXPECT_NE(usage_message([&] { parse_hostfile("/tmp/" + std::string(300, 'a') + "/hosts", 1); })
+                .find("cannot open it (File name too long)"),
+            std::string::npos);
 }
 
 TEST(Hosts, DiscoveryOutput) {
