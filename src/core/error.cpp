@@ -1,24 +1,58 @@
 #include "core/error.hpp"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
 namespace hpc {
 
+namespace {
+
+// How many bytes at text[at] are one printable UTF-8 character: 0 for a byte that starts none (a
+// stray continuation byte, a Latin-1 name's, a cut or overlong sequence, a surrogate) and for the
+// C1 control characters U+0080..U+009F, which a terminal may take for an escape sequence.
+size_t printable_utf8(const std::string& text, size_t at) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[at + k]); };
+  const unsigned char lead = byte(0);
+  const size_t n = lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3 : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
+  if (n == 0 || at + n > text.size()) return 0;
+  uint32_t code = lead & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(k) & 0xC0) != 0x80) return 0;
+    code = code << 6 | (byte(k) & 0x3F);
+  }
+  const uint32_t least[] = {0, 0, 0xA0, 0x800, 0x10000};  // below: overlong, or (2 bytes) a C1 control
+  if (code < least[n] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return 0;
+  return n;
+}
+
+}  // namespace
+
+// Beyond the control characters error.hpp names, each byte that is not printable UTF-8 is escaped:
+// a reader that decodes the error as UTF-8 (a script, a log shipper) must not fail on it.
 std::string one_line(const std::string& text) {
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
+  for (size_t at = 0; at < text.size(); ++at) {
+    const char c = text[at];
     const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (u < 0x20 || u == 0x7f) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u >= 0x20 && u < 0x7f) {
+      out += c;
+    } else if (const size_t n = u >= 0x80 ? printable_utf8(text, at) : 0) {
+      out.append(text, at, n);
+      at += n - 1;
+    } else {
+      // A control character, or a byte that is not UTF-8 (a file's bytes, a name from another
+      // system's encoding), which came out raw: a terminal's replacement glyph, or a reader of
+      // the error that decodes UTF-8 failing on it.
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", u);
       out += buf;
-    } else {
-      out += c;
     }
   }
   return out;

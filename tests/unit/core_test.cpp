@@ -64,6 +64,25 @@ TEST(Error, ANulByteDoesNotEndTheMessage) {
   }
 }
 
+// A byte that is not UTF-8 (a file's bytes, a Latin-1 name) and a C1 control are escaped as a
+// control character is: they came out raw, a terminal's replacement glyph or a C1 escape, and a
+// reader decoding the line as UTF-8 failed on it. Valid UTF-8 stays as it is.
+TEST(Error, BytesThatAreNotUtf8AreEscaped) {
+  EXPECT_EQ(one_line("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x90\x88"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x90\x88");
+  EXPECT_EQ(one_line("caf\xe9"), "caf\\xe9");                        // Latin-1
+  EXPECT_EQ(one_line("fashi\xff\xfenist"), "fashi\\xff\\xfenist");      // not UTF-8 at all
+  EXPECT_EQ(one_line("a\xc2\x9b" "31m"), "a\\xc2\\x9b" "31m");         // U+009B, the C1 CSI
+  EXPECT_EQ(one_line("cut \xe2\x82"), "cut \\xe2\\x82");                // a sequence cut short
+  EXPECT_EQ(one_line("\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80"),           // overlong, surrogate, past U+10FFFF
+            "\\xc0\\xaf \\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80");
+  try {
+    usage_error("unknown model '", std::string("ml\xffp"), "'");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "unknown model 'ml\\xffp'");
+  }
+}
+
 TEST(Tensor, ZeroFilledAndAligned) {
   Tensor t(Shape{3, 5, 7}, DType::F32);
   EXPECT_EQ(t.numel(), 105);
