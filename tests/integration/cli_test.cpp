@@ -1058,6 +1058,10 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
   write_bytes(bad_dir + "/ckpt-000000007.hpck", Bytes{'H', 'P', 'C'});
   const std::string fifo = work_.file("fifo");  // that nothing reads
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // A link to itself (inspect said "no such file"), apart from work_, whose snapshots it would stop.
+  TempDir elsewhere("cli-loop");
+  const std::string loop = elsewhere.file("loop");
+  fs::create_symlink("loop", loop);
   const std::string data = data_.str();
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases{
       {{"evaluate", "--checkpoint", ""}, {"--checkpoint is empty"}},
@@ -1084,7 +1088,10 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
        {"--start-timeout must be 0 (never) or from 1s to 1000h"}},
       {{"inspect", ""}, {"the PATH of hpctrain inspect is empty"}},
       {{"inspect", empty_dir}, {"no checkpoints (ckpt-*.hpck) in", empty_dir}},
-      {{"inspect", "/dev/zero"}, {"/dev/zero: not a regular file"}}};
+      {{"inspect", "/dev/zero"}, {"/dev/zero: not a regular file"}},
+      {{"inspect", loop}, {"cannot read checkpoint " + loop + ": Too many levels of symbolic links"}},
+      {{"evaluate", "--checkpoint", loop, "--data-dir", data},
+       {"cannot read checkpoint " + loop + ": Too many levels of symbolic links"}}};
   for (const auto& [args, expect] : cases) expect_refused(args, expect, false);
 }
 

@@ -245,7 +245,10 @@ int inspect(const std::string& path, bool json) {
                 "aside to continue from the one before");
     return kExitSuccess;
   }
-  HPC_REQUIRE(fs::exists(path, ec), "cannot read checkpoint ", path, ": no such file or directory");
+  // exists() is false with no error for a path that is not there, and with one for a path that
+  // cannot be looked at (a link loop): that one is named as evaluate names it.
+  if (!fs::exists(path, ec))
+    usage_error("cannot read checkpoint ", path, ": ", ec ? ec.message() : "no such file or directory");
   const Inspected r = inspect_file(path);
   if (json) std::cout << inspected_json(r) << "\n";
   else print_inspected(r);
