@@ -513,6 +513,20 @@ class Serving(unittest.TestCase):
                           "(Permission denied)"])
         self.assertEqual(os.listdir(locked), [])
 
+    def test_an_output_name_without_room_for_its_temporary_tail_is_refused_first(self):
+        """A 255-byte name is a file name Linux takes, but the export writes NAME.tmp.PID first:
+        that failed after the model was made, naming the temporary file. 243 bytes still fit."""
+        out = os.path.join(self.dir, "m" * 250 + ".onnx")
+        self.assert_refused(["export", "--checkpoint", self.ck, "--output", out],
+                            f"cannot write --output {out}: its name is 255 bytes, and it is written first as "
+                            f"NAME.tmp.PID, 12 bytes longer, where {self.dir} takes names of at most 255 bytes: "
+                            "give a name of at most 243 bytes")
+        self.assertNotIn(os.path.basename(out), os.listdir(self.dir))
+        fits = os.path.join(self.dir, "m" * 238 + ".onnx")
+        code, _, err = run("export", "--checkpoint", self.ck, "--output", fits)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(os.path.isfile(fits))
+
     def test_no_output_replaces_the_checkpoint_it_reads(self):
         """export --output (even with --force) and evaluate --metrics-file naming the checkpoint
         read, by any spelling or link, or for a directory its newest file or itself: refused (exit
