@@ -227,7 +227,7 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse,
                            const std::function<void()>& before_rename) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = path + kTemporaryInfix + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
   // Made anew (create_new_file): its name is easy to guess, and a link or a file that another
@@ -304,7 +304,7 @@ void remove_unfinished_files() {
 namespace {
 // The PID of `name` as write_file_atomically names its temporary files for `target` (target.tmp.PID), else 0.
 pid_t writer_of(const std::string& name, const std::string& target) {
-  const std::string prefix = target + ".tmp.";
+  const std::string prefix = target + kTemporaryInfix;
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return 0;
   pid_t pid = 0;
   const char* first = name.data() + prefix.size();

@@ -108,6 +108,11 @@ void write_membership_marker(const std::string& dir, const std::string& token);
 // Removes DIR's marker if it is `token`'s: another hpcrun's is its own to remove.
 void remove_membership_marker(const std::string& dir, const std::string& token);
 
+// What write_file_atomically adds to PATH's name for its temporary file: ".tmp." and the PID.
+inline constexpr char kTemporaryInfix[] = ".tmp.";
+// Its longest length: the infix and a PID of up to 7 digits (the kernel's PID_MAX_LIMIT, 4194304).
+inline constexpr size_t kLongestTemporaryTail = sizeof kTemporaryInfix - 1 + 7;
+
 // Replaces (or creates) the file at `path` with `bytes` the checkpoint way: a temporary file
 // beside it, written, synced, renamed over it, the directory synced. A failure or a kill at any
 // moment leaves what was at `path` byte for byte (a kill before the rename may leave the

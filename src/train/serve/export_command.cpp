@@ -58,10 +58,6 @@ const std::vector<options::Entry<ExportOptions>>& export_table() {
 // Checked before any work: the file is not the checkpoint (nor, for a directory, any of its
 // checkpoints), can be written where asked, and replaces nothing unless --force says so (then
 // only by the rename of a complete file).
-// ".tmp." and a PID of up to 7 digits (the kernel's PID_MAX_LIMIT, 4194304): the tail the
-// temporary file's name adds to --output's.
-constexpr size_t kTemporaryTail = 5 + 7;
-
 void check_output(const ExportOptions& o) {
   // Not even with --force: the ONNX file would take the place of the checkpoint it is made from.
   require_distinct_files({{"--output", o.output}}, ckpt::checkpoint_inputs("--checkpoint", o.checkpoint));
@@ -92,11 +88,11 @@ void check_output(const ExportOptions& o) {
   // The file is written as NAME.tmp.PID first (write_file_atomically): a name the file system
   // takes, but with no room for that tail, failed after the model was made, naming the temporary.
   const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
-  const size_t longest = fs::path(o.output).filename().string().size() + kTemporaryTail;
-  HPC_REQUIRE(name_max <= 0 || longest <= static_cast<size_t>(name_max), "cannot write --output ", o.output,
-              ": its name is ", longest - kTemporaryTail, " bytes, and it is written first as NAME.tmp.PID, ",
-              kTemporaryTail, " bytes longer, where ", dir, " takes names of at most ", name_max,
-              " bytes: give a name of at most ", name_max - static_cast<long>(kTemporaryTail), " bytes");
+  const size_t name = fs::path(o.output).filename().string().size(), tail = ckpt::kLongestTemporaryTail;
+  HPC_REQUIRE(name_max <= 0 || name + tail <= static_cast<size_t>(name_max), "cannot write --output ", o.output,
+              ": its name is ", name, " bytes, and it is written first as NAME.tmp.PID, ", tail,
+              " bytes longer, where ", dir, " takes names of at most ", name_max, " bytes: give a name of at most ",
+              name_max - static_cast<long>(tail), " bytes");
 }
 
 std::string joined(const std::vector<float>& v) {
