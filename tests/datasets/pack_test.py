@@ -390,6 +390,8 @@ class Pack(unittest.TestCase):
         empty_jpeg = os.path.join(self.tmp, "empty-jpeg")
         self.folder(empty_jpeg, self.CLASSES)
         open(os.path.join(empty_jpeg, self.CLASSES[0], "zero.jpg"), "w").close()
+        loop = os.path.join(self.tmp, "loop")  # a link to itself
+        os.symlink("loop", loop)
         link = os.path.join(self.tmp, "src-link")  # SRC by another name
         os.symlink(self.src, link)
         line_break = os.path.join(self.tmp, "line-break")
@@ -417,6 +419,11 @@ class Pack(unittest.TestCase):
                  ((self.src, link), 2, "is the image folder itself"),
                  ((self.src, os.path.join(self.src, "n01440764", "packed")), 2, "inside the image folder"),
                  ((self.src, a_file), 2, "exists and is not a directory"),
+                 # Paths that can never be a directory: refused as a file there is, before the scan
+                 # (exit 1, "cannot create", after it before).
+                 ((self.src, os.path.join(a_file, "out")), 2, "out cannot be made or used: Not a directory"),
+                 ((self.src, os.path.join(loop, "out")), 2, "cannot be made or used: Too many levels of symbolic"),
+                 ((self.src, os.path.join(self.tmp, "n" * 256, "out")), 2, "cannot be made or used: File name too long"),
                  (("", self.out), 2, "SRC is an empty path"),
                  ((self.src, ""), 2, "OUT is an empty path"),
                  ((self.src,), 2, "are needed"),

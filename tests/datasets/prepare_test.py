@@ -403,6 +403,11 @@ class Prepare(unittest.TestCase):
                  "--from /dev/null is neither one of cifar10's archives (cifar-10-binary.tar.gz) nor a directory "
                  "holding one"),
                 (("prepare", "mnist", "--out", a_file, "--from", self.mnist), 2, "exists and is not a directory"),
+                # Never a directory: refused as a file there is, not a storage failure (exit 1).
+                (("prepare", "mnist", "--out", os.path.join(a_file, "d"), "--from", self.mnist), 2,
+                 "d cannot be made or used: Not a directory"),
+                (("prepare", "mnist", "--out", os.path.join(self.tmp, "n" * 256), "--from", self.mnist), 2,
+                 "cannot be made or used: File name too long"),
                 # "$UNSET/": the root directory, by any spelling or link, is never an output directory.
                 (("prepare", "mnist", "--out", "/", "--from", self.mnist), 2,
                  "--out / is the root directory / (an unset variable?)"),

@@ -476,6 +476,7 @@ class Stage(unittest.TestCase):
             (("s3://data/sets/one", "/"), 2, "DEST / is the root directory / (an unset variable?)"),
             (("s3://data/sets/one", "/tmp/.."), 2, "DEST /tmp/.. is the root directory /"),
             (("s3://data/sets/one", a_file), 2, "exists and is not a directory"),
+            (("s3://data/sets/one", os.path.join(a_file, "d")), 2, "d cannot be made or used: Not a directory"),
             (("s3://data/sets/one", dest, "--endpoint-url", "localhost:9"), 2, "is not an http:// or https:// URL"),
             (("s3://data/sets/one", dest, "--verify", "sha1"), 2, "invalid choice"),
             (("s3://data/sets/one", dest, "--wait-timeout", "0"), 2, "must be more than 0"),

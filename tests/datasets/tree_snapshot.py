@@ -9,7 +9,8 @@ import sys
 
 def snapshot(*roots):
     """Every path under the roots (a missing one: nothing) with the SHA-256 of its bytes (None for
-    a directory); a root that is a file counts as itself."""
+    a directory, "-> TARGET" for a link, which may lead nowhere or to itself); a root that is a
+    file counts as itself."""
     seen = {}
     for root in roots:
         if os.path.isfile(root):
@@ -18,8 +19,12 @@ def snapshot(*roots):
         for d, _, files in os.walk(root):
             seen[d] = None
             for n in files:
-                with open(os.path.join(d, n), "rb") as f:
-                    seen[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
+                path = os.path.join(d, n)
+                if os.path.islink(path):
+                    seen[path] = "-> " + os.readlink(path)
+                    continue
+                with open(path, "rb") as f:
+                    seen[path] = hashlib.sha256(f.read()).hexdigest()
     return seen
 
 
