@@ -1000,7 +1000,7 @@ TEST_F(CliCheckpoint, BadResumeFilesAreRefused) {
 // What else may stand in a checkpoint directory: a FIFO named lock (the run waited for a writer
 // for ever), a directory named as the checkpoint the run will write (the whole run trained, then
 // its final checkpoint could not be written), a FIFO heartbeat or one of escape sequences (inspect
-// waited for ever, or sent them to the terminal as they were).
+// waited for ever, or sent them to the terminal as they were, and bytes that are not UTF-8 too).
 TEST_F(CliCheckpoint, FifosAndDirectoriesInACheckpointDirectory) {
   const std::string fifo_lock = work_.file("fifo-lock");
   fs::create_directory(fifo_lock);
@@ -1024,6 +1024,11 @@ TEST_F(CliCheckpoint, FifosAndDirectoriesInACheckpointDirectory) {
   EXPECT_EQ(escaped.exit_code, 0) << escaped.err;
   EXPECT_NE(escaped.out.find("heartbeat: ?, step 1"), std::string::npos) << escaped.out;
   EXPECT_EQ(escaped.out.find('\x1b'), std::string::npos) << "an escape sequence reached the terminal";
+  // Bytes that are not UTF-8 (another system's encoding, a damaged file) are escaped as in errors.
+  write_text(dir_ + "/heartbeat", "step=1\nstate=caf\xe9\nunix_time=1\n");
+  const RunResult latin1 = run_hpctrain({"inspect", dir_}, kDeadline);
+  EXPECT_EQ(latin1.exit_code, 0) << latin1.err;
+  EXPECT_NE(latin1.out.find("heartbeat: caf\\xe9, step 1"), std::string::npos) << latin1.out;
 }
 
 // A checkpoint directory whose heartbeat path is taken by a directory: refused at the start,

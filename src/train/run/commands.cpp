@@ -63,6 +63,18 @@ std::string human_bytes(double n) {
   return buf;
 }
 
+// inspect's lines as one_line writes an error's: a checkpoint's or heartbeat's bytes (a value
+// edited or damaged, a name from another system's encoding) never reach the terminal raw.
+void print_lines(const std::string& text) {
+  std::string out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    out += one_line(text.substr(at, end - at)) + "\n";
+    at = end + 1;
+  }
+  std::cout << out << std::flush;
+}
+
 std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key,
                     const std::string& otherwise = "?") {
   auto it = meta.find(key);
@@ -197,7 +209,7 @@ void print_inspected(const Inspected& r) {
       if (key.rfind("option.", 0) == 0) out << " --" << key.substr(7) << "=" << value;
     out << "\n";
   }
-  std::cout << out.str() << std::flush;
+  print_lines(out.str());
 }
 
 // One line per checkpoint of a directory, newest first, then the heartbeat.
@@ -209,7 +221,7 @@ void print_directory_line(const Inspected& r) {
       << (m.count("time") ? utc_time(integer_or(m, "time")) : std::string("?")) << "  "
       << human_bytes(static_cast<double>(r.size)) << "  " << (r.problem.empty() ? "valid" : "INVALID: " + r.problem)
       << "\n";
-  std::cout << out.str() << std::flush;
+  print_lines(out.str());
 }
 
 void print_heartbeat(const std::string& dir) {
@@ -218,9 +230,9 @@ void print_heartbeat(const std::string& dir) {
   const int64_t t = integer_or(beat, "unix_time");
   const int64_t now =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::cout << "heartbeat: " << meta_or(beat, "state") << ", step " << meta_or(beat, "step") << ", "
-            << meta_or(beat, "epoch") << " epoch(s) done, pid " << meta_or(beat, "pid") << ", "
-            << (t >= 0 ? std::to_string(now - t) + " s ago" : "time unknown") << "\n";
+  print_lines(detail::concat("heartbeat: ", meta_or(beat, "state"), ", step ", meta_or(beat, "step"), ", ",
+                             meta_or(beat, "epoch"), " epoch(s) done, pid ", meta_or(beat, "pid"), ", ",
+                             t >= 0 ? std::to_string(now - t) + " s ago" : "time unknown", "\n"));
 }
 
 int inspect(const std::string& path, bool json) {
