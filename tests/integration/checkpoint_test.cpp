@@ -34,9 +34,10 @@ void expect_stopped_heartbeat(const std::string& dir, int exit_code = 0) {
 // Whether the metrics file ends in a stop at once's "stopped" event (its signal and exit code,
 // no checkpoint) and the Prometheus file says state "stopped" with that exit code: a scrape of
 // the file a killed run left said "training" for ever.
-// `job`: the Prometheus file's hpctrain_job label (the checkpoint directory's name).
+// `job`: the Prometheus file's hpctrain_job label (the checkpoint directory's name). `ck`: that
+// directory, whose heartbeat names the event's step (a watcher reading either sees one position).
 void expect_stopped_at_once(const std::string& metrics, const std::string& prom, const std::string& job,
-                            const std::string& signal, int exit_code) {
+                            const std::string& signal, int exit_code, const std::string& ck) {
   const std::string text = read_text(prom);
   const std::string labels = "{hpctrain_job=\"" + job + "\",world_size=\"1\"";
   EXPECT_NE(text.find("hpctrain_state" + labels + ",state=\"stopped\"} 1\n"), std::string::npos) << text;
@@ -54,6 +55,10 @@ void expect_stopped_at_once(const std::string& metrics, const std::string& prom,
   EXPECT_GT(lines.back().at("step").number, 0);
   EXPECT_GT(lines.back().at("elapsed_seconds").number, 0);
   EXPECT_GT(lines.back().at("unix_time").number, 1e9);
+  const std::string beat = read_text(ck + "/heartbeat");
+  const auto step = static_cast<int64_t>(lines.back().at("step").number);
+  EXPECT_NE(beat.find("step=" + std::to_string(step) + "\n"), std::string::npos)
+      << "the stopped event says step " << step << ", the heartbeat:\n" << beat;
 }
 
 // "usr2" -> "USR2" (the tests' hooks name signals in lower case).
@@ -1045,7 +1050,7 @@ TEST_F(Checkpoints, ASignalLeftOutOfStopSignalsKeepsItsDefaultAction) {
   EXPECT_EQ(r.err, "hpctrain: ended by SIGUSR2 (not in --stop-signals)\n");
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
   expect_stopped_heartbeat(ck, 128 + SIGUSR2);
-  expect_stopped_at_once(dir_.file("bg.jsonl"), prom, "left_out", "SIGUSR2", 128 + SIGUSR2);
+  expect_stopped_at_once(dir_.file("bg.jsonl"), prom, "left_out", "SIGUSR2", 128 + SIGUSR2, ck);
   expect_exact_resume(1, ck, 5);
 
   const std::string early = dir_.file("left_out_early");
@@ -1117,7 +1122,7 @@ TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOn
                    "(SIGTERM or SIGUSR1 would have written one first)\n");
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
   expect_stopped_heartbeat(ck, 128 + SIGINT);
-  expect_stopped_at_once(dir_.file("bg.jsonl"), prom, "sigint", "SIGINT", 128 + SIGINT);
+  expect_stopped_at_once(dir_.file("bg.jsonl"), prom, "sigint", "SIGINT", 128 + SIGINT, ck);
   expect_exact_resume(1, ck, 5);
 }
 

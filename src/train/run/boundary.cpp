@@ -174,6 +174,10 @@ void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std:
   last_ = Clock::now();
 }
 
+void Heartbeat::stepped(int64_t step, int64_t epochs_done) {
+  if (store_ && beaten_) ckpt::arm_final_heartbeat(step, epochs_done);
+}
+
 void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra) {
   if (store_ && store_->owned()) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_ + extra);
   // After the write: a stop at once meanwhile leaves "stopped", never "training".

@@ -140,6 +140,9 @@ class Heartbeat {
   // extra: more lines for this beat (the slowest rank's, stragglers.hpp), asked for only when
   // it is written.
   void beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra = {});
+  // A step just done (as the metrics' record of it, final_records::steps_done): where a stop at
+  // once finds the run, before the step's boundary beats (a signal may come in between).
+  void stepped(int64_t step, int64_t epochs_done);
   // The last beat: state "done", "stopped" or "failed" (with extra lines such as "exit_code=2\n").
   void last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra = "");
 

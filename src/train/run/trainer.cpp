@@ -646,6 +646,7 @@ double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTal
   e.sums[2] += static_cast<double>(batch.size());
   e.sums[0] += r.loss * static_cast<double>(batch.size());
   const int64_t step = ++tally_.step;
+  heartbeat_->stepped(step, epoch);  // with record_step's: a stop at once's heartbeat and event agree
   if (trace_) trace_->step(step, start.asked, start.data_wait, r, engine_->timeline(), done);
   watchdog_->progress(step);
   record_step(r, lr, global_len, epoch, start);
