@@ -418,6 +418,28 @@ std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step) {
 
 std::string CheckpointStore::spare() const { return (fs::path(dir_) / kSpare).string(); }
 
+namespace {
+// A last heartbeat (done, stopped, failed) where the heartbeat cannot be replaced: on a full file
+// system its temporary file gets no block, and a run that a full disk ended (its checkpoint
+// could not be written) said "training" for ever, a hung run to whoever reads it. Written over
+// the old heartbeat instead, in the blocks that file already holds (none to allocate); not
+// atomic, so only for a last beat, once the replacement failed. Async-signal-safe. (O_NONBLOCK:
+// a FIFO of that name without a reader fails the open instead of blocking it.)
+bool overwrite_heartbeat(const char* path, const char* text, size_t n) {
+  const int fd = ::open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool whole = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<off_t>(n) <= st.st_blocks * 512;
+  for (size_t done = 0; done < n && whole;) {
+    const ssize_t w = ::pwrite(fd, text + done, n - done, static_cast<off_t>(done));
+    if (w > 0) done += static_cast<size_t>(w);
+    else whole = w < 0 && errno == EINTR;
+  }
+  whole = whole && ::ftruncate(fd, static_cast<off_t>(n)) == 0;
+  return ::close(fd) == 0 && whole;
+}
+}  // namespace
+
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state,
                      const std::string& extra) {
   // Written about once a second: a failure that lasts (a full disk) is said once, not each time.
@@ -425,18 +447,21 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
   const std::string path = (fs::path(dir) / "heartbeat").string(), tmp = path + ".tmp";
   const HeartbeatWrite writing;
   if (HeartbeatWrite::closed()) return;  // the process ends at once: it would leave heartbeat.tmp
+  const std::string text = detail::concat(
+      "step=", step, "\nepoch=", epochs_done, "\nunix_time=",
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(),
+      "\npid=", ::getpid(), "\nstate=", state, "\n", extra);
   {
     ::unlink(tmp.c_str());  // a FIFO of that name would block the open; any other file is replaced anyway
     std::ofstream out(tmp, std::ios::trunc);
-    out << "step=" << step << "\nepoch=" << epochs_done << "\nunix_time="
-        << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
-        << "\npid=" << ::getpid() << "\nstate=" << state << "\n"
-        << extra;
+    out << text;
     out.close();  // a full file system fails here, at the flush: checked before the rename, which
                   // would otherwise put an empty file over the last good heartbeat
     if (!out) {
-      if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
       ::unlink(tmp.c_str());
+      const bool last = std::strcmp(state, "training") != 0;
+      if (last && overwrite_heartbeat(path.c_str(), text.data(), text.size())) return;
+      if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
       return;
     }
   }
@@ -495,15 +520,21 @@ void write_final_heartbeat(int exit_code) {
   append(text, sizeof text, &n, "\n");
   ::unlink(f.tmp);  // as write_heartbeat: a FIFO of that name would block the open
   const int fd = ::open(f.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return;
+  if (fd < 0) {
+    overwrite_heartbeat(f.path, text, n);
+    return;
+  }
   bool whole = true;
   for (size_t done = 0; done < n && whole;) {
     const ssize_t w = ::write(fd, text + done, n - done);
     if (w > 0) done += static_cast<size_t>(w);
     else whole = w < 0 && errno == EINTR;
   }
-  // Never an empty or cut file over the last good heartbeat (a full file system).
-  if (::close(fd) != 0 || !whole || ::rename(f.tmp, f.path) != 0) ::unlink(f.tmp);
+  // Never an empty or cut file over the last good heartbeat (a full file system): the old one is
+  // overwritten in place then, as write_heartbeat's last beat.
+  if (::close(fd) == 0 && whole && ::rename(f.tmp, f.path) == 0) return;
+  ::unlink(f.tmp);
+  overwrite_heartbeat(f.path, text, n);
 }
 
 std::map<std::string, std::string> read_heartbeat(const std::string& dir) {

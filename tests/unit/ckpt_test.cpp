@@ -457,8 +457,11 @@ TEST(MembershipMarker, OnlyTheAskingHpcrunsTokenMakesItOurs) {
 }
 
 // On a full file system the new heartbeat fails at its flush: the last good one stays (an empty
-// file renamed over it would tell hpcrun nothing), and no temporary file is left. Needs root to
-// mount a small tmpfs.
+// file renamed over it would tell hpcrun nothing), and no temporary file is left. A last beat
+// (failed, stopped, done) is written over it in place instead, in the block it holds: a run that
+// the full disk ended (its checkpoint could not be written) said "training" for ever, as a hung
+// one does; so did one stopped at once there (write_final_heartbeat). Needs root to mount a
+// small tmpfs.
 TEST(Heartbeat, AFullFileSystemKeepsTheLastOne) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root (mounts a tmpfs); CI runs as root";
   const TempDir tmp;
@@ -478,6 +481,22 @@ TEST(Heartbeat, AFullFileSystemKeepsTheLastOne) {
   ckpt::write_heartbeat(dir, 13, 1, "training");
   const auto beat = ckpt::read_heartbeat(dir);
   EXPECT_EQ(beat.count("step") ? beat.at("step") : "(none)", "12");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
+  using Beat = std::map<std::string, std::string>;
+  const auto last_words = [&dir] {
+    const Beat b = ckpt::read_heartbeat(dir);
+    return Beat{{"step", b.count("step") ? b.at("step") : ""},
+                {"state", b.count("state") ? b.at("state") : ""},
+                {"exit_code", b.count("exit_code") ? b.at("exit_code") : ""}};
+  };
+  ckpt::write_heartbeat(dir, 14, 1, "failed", "exit_code=2\n");
+  EXPECT_EQ(last_words(), (Beat{{"step", "14"}, {"state", "failed"}, {"exit_code", "2"}}));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
+  ckpt::prepare_final_heartbeat(dir, "");
+  ckpt::arm_final_heartbeat(15, 1);
+  ckpt::write_final_heartbeat(130);
+  ckpt::disarm_final_heartbeat();
+  EXPECT_EQ(last_words(), (Beat{{"step", "15"}, {"state", "stopped"}, {"exit_code", "130"}}));
   EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
 }
 
