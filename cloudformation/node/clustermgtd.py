@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 
 import hpc_cloud
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, JOB_CANNOT_START, NODE_TAG, NO_ANSWER, TRANSIENT_ERRORS,
-                       ConfigError, OWN_REASON_PREFIX, State, cooldown_key, ec2_client, is_own_reason, live_instances,
-                       load_config, scontrol, set_down, setup_logging, write_atomically)
+                       EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, aws_client, cooldown_key, ec2_client,
+                       is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -317,9 +317,7 @@ def put_metrics(cfg, data):
     if not data:
         return
     try:
-        import boto3
-
-        cloudwatch = boto3.client("cloudwatch", region_name=cfg["region"])
+        cloudwatch = aws_client("cloudwatch", cfg["region"], EC2_DEADLINE)  # (hpc_cloud.EC2_DEADLINE: its budget)
         cloudwatch.put_metric_data(Namespace=METRIC_NAMESPACE, MetricData=data)
     except Exception as e:  # noqa: BLE001 - botocore's errors, and any other: the metric must not stop the pass
         logging.warning("cannot put the CloudWatch metrics %s: %s: %s",

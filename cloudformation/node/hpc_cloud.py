@@ -206,15 +206,104 @@ def is_own_reason(reason):
     return reason.startswith(OWN_REASON_PREFIX) or reason.startswith(SLURM_FAILURE_REASONS)
 
 
-def ec2_client(cfg):
+# Every AWS call of the node programs is bounded (aws_client), so that an endpoint that accepts
+# the connection and never answers, or never accepts it, cannot hold a program past the interval
+# of whoever runs it: botocore's own defaults (60 s to connect, 60 s for each read, and with
+# ec2_client's 10 tries) would hold a ResumeProgram, SuspendProgram or cluster manager pass for
+# up to ~20 minutes. Seconds to open a connection, seconds each read of the answer may wait:
+AWS_CONNECT_TIMEOUT = 5
+AWS_READ_TIMEOUT = 20
+# The "standard" retry mode's longest pause between two tries: 20 s, and 5 s more where an answer
+# asks for it (x-amz-retry-after).
+AWS_MAX_PAUSE = 25
+
+
+class NoAnswer(Exception):
+    """An AWS endpoint gave no answer within a call's deadline (aws_client); a BotoCoreError (below),
+    so that every program's handling of botocore's own no-answer errors handles it too."""
+
+
+def aws_worst_case(deadline):
+    """The longest an AWS call of aws_client(..., deadline) may take, in seconds: a try is started
+    only before `deadline` (connect + one read at most), then botocore's pause before the next
+    try, which aws_client refuses."""
+    return deadline + AWS_CONNECT_TIMEOUT + AWS_READ_TIMEOUT + AWS_MAX_PAUSE
+
+
+def aws_client(service, region, deadline, attempts=3, give_up_for_the_run=True):
+    """A boto3 client whose every call takes at most aws_worst_case(deadline) seconds: each try
+    connects within AWS_CONNECT_TIMEOUT and waits at most AWS_READ_TIMEOUT for each read, tries
+    (up to `attempts`, "standard" retry mode: throttling and the service's own failures retried
+    with backoff) start only within `deadline` seconds of the call, and a call past it fails with
+    NoAnswer. One line in the log names the endpoint when it gave no answer. With
+    give_up_for_the_run (the programs that run once: resume.py, suspend.py, a cluster manager
+    pass), every later call of the client then fails at once with NoAnswer, instead of each
+    waiting its own worst case (resume.py's nodes, one RunInstances each, would add up): the
+    program takes its documented failure path (the nodes set down, the instances left to the
+    cluster manager, the next pass) within one call's worst case."""
     import boto3  # imported here so that --help and the host list work without boto3
 
     from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ConnectionError, HTTPClientError
 
+    class NoAnswerError(NoAnswer, BotoCoreError):
+        fmt = "{endpoint} gave no answer within {seconds:g} s ({why})"
+
+    client = boto3.client(service, region_name=region, config=Config(
+        connect_timeout=AWS_CONNECT_TIMEOUT, read_timeout=AWS_READ_TIMEOUT,
+        retries={"mode": "standard", "total_max_attempts": attempts}))
+    endpoint = client.meta.endpoint_url
+    call = {"start": 0.0, "given_up": None, "last": "no try"}
+
+    def give_up(why):
+        if call["given_up"] is None:
+            call["given_up"] = why
+            logging.error("AWS endpoint %s (%s) gave no answer within %g s (%s): %s", endpoint, service,
+                          deadline, why, "its calls fail at once for the rest of this run"
+                          if give_up_for_the_run else "this call fails")
+
+    def before_call(**_):
+        call["start"], call["last"] = time.monotonic(), "no try"
+        if call["given_up"] is not None and not give_up_for_the_run:
+            call["given_up"] = None
+        if call["given_up"] is not None:
+            raise NoAnswerError(endpoint=endpoint, seconds=deadline, why=call["given_up"])
+
+    def before_send(**_):
+        if time.monotonic() - call["start"] > deadline:
+            give_up(call["last"])
+            raise NoAnswerError(endpoint=endpoint, seconds=deadline, why=call["last"])
+
+    def needs_retry(caught_exception=None, response=None, **_):
+        if caught_exception is not None:
+            call["last"] = f"last try: {type(caught_exception).__name__}: {caught_exception}"
+        elif response is not None:
+            code = response[1].get("Error", {}).get("Code", "") if isinstance(response[1], dict) else ""
+            call["last"] = f"last try: {code or 'answered'}"
+
+    def after_call_error(exception=None, **_):
+        if isinstance(exception, (ConnectionError, HTTPClientError)):  # (not NoCredentialsError and such)
+            give_up(f"{type(exception).__name__}: {exception}")
+
+    client.meta.events.register("before-call", before_call)
+    client.meta.events.register("before-send", before_send)
+    client.meta.events.register("needs-retry", needs_retry)
+    client.meta.events.register("after-call-error", after_call_error)
+    return client
+
+
+# The deadline of an EC2 call, in seconds, unless a program names its own (resume.py and
+# suspend.py do, from their Slurm timeouts): the cluster manager's pass may take 5 minutes
+# (bootstrap_head.sh: TimeoutStartSec=5min) and makes EC2 calls and one CloudWatch call, each
+# client giving up for the pass after one call without an answer: 2 x aws_worst_case(60) = 220 s.
+EC2_DEADLINE = 60
+
+
+def ec2_client(cfg, deadline=EC2_DEADLINE):
     # The "standard" retry mode, 10 tries in all rather than its default 3: throttling (RequestLimitExceeded)
     # and EC2's own failures are retried with backoff, and a power-up of many nodes at once (each
-    # a RunInstances) rides out a burst instead of failing it.
-    return boto3.client("ec2", region_name=cfg["region"], config=Config(retries={"mode": "standard", "total_max_attempts": 10}))
+    # a RunInstances) rides out a burst instead of failing it, for as long as `deadline` allows.
+    return aws_client("ec2", cfg["region"], deadline, attempts=10)
 
 
 def live_instances(ec2, cfg, nodes=None):

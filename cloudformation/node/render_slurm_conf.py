@@ -17,6 +17,10 @@ import sys
 
 from hpc_cloud import OneLineParser
 
+# Seconds Slurm gives SuspendProgram before the node may be powered up again (suspend.py's
+# EC2 deadline is derived from it).
+SUSPEND_TIMEOUT = 120
+
 
 def positive(text):
     value = int(text)
@@ -80,7 +84,7 @@ SuspendProgram={a.programs}/suspend.py
 ResumeProgram={a.programs}/resume.py
 ResumeFailProgram={a.programs}/resume_fail.py
 SuspendTime={a.suspend_minutes * 60}
-SuspendTimeout=120
+SuspendTimeout={SUSPEND_TIMEOUT}
 ResumeTimeout={a.resume_timeout}
 ResumeRate=0
 SuspendRate=0

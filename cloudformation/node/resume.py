@@ -51,6 +51,14 @@ from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, JOB_CANNOT_
 TAGGED_RESOURCES = ("instance", "volume", "network-interface")
 # How long a new instance may take to get a private address that Slurm is told (seconds).
 ADDRESS_TIMEOUT = 120
+# The shortest ResumeTimeout the stack takes (cluster.yaml's ResumeTimeoutSeconds: MinValue), in
+# which resume.py must have set every node it could not launch down.
+RESUME_TIMEOUT_MIN = 300
+# Seconds an EC2 call may try (hpc_cloud.aws_client): long enough to ride out throttling of a
+# burst of power-ups. An endpoint that never answers fails the first call within
+# aws_worst_case(120) = 170 s and every later one at once, each node then set down with
+# "resume failed: no answer from EC2: ...", well within RESUME_TIMEOUT_MIN.
+EC2_DEADLINE = 120
 
 
 def tags_for(cfg, node):
@@ -215,7 +223,7 @@ def jobs_of_nodes(path=None):
 def resume(cfg, nodes, jobs=None):
     """Powers `nodes` up; `jobs`: {node: job ids} (jobs_of_nodes(), read here when None)."""
     from botocore.exceptions import BotoCoreError, ClientError
-    ec2 = ec2_client(cfg)
+    ec2 = ec2_client(cfg, EC2_DEADLINE)
     jobs = jobs_of_nodes() if jobs is None else jobs
     try:
         existing = live_instances(ec2, cfg, nodes)

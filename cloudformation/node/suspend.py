@@ -18,7 +18,14 @@ import logging
 import sys
 import time
 
-from hpc_cloud import State, ec2_client, instances_of, main_wrapper, scontrol, suspending
+from hpc_cloud import State, aws_worst_case, ec2_client, instances_of, main_wrapper, scontrol, suspending
+from render_slurm_conf import SUSPEND_TIMEOUT
+
+# Seconds an EC2 call may try (hpc_cloud.aws_client): Slurm may power the node up again
+# SuspendTimeout (120 s) after it asked for the power-down. An endpoint that never answers fails
+# the first call within aws_worst_case(45) = 95 s, and every later one at once; the 25 s left are
+# the scontrol calls' that reset the nodes' addresses.
+EC2_DEADLINE = SUSPEND_TIMEOUT - aws_worst_case(0) - 25
 
 
 def suspend(cfg, nodes):
@@ -40,7 +47,7 @@ def power_down(cfg, state, nodes):
         return 0
     found, ids, described, terminated = {}, [], False, True
     try:
-        ec2 = ec2_client(cfg)
+        ec2 = ec2_client(cfg, EC2_DEADLINE)
         found = instances_of(ec2, cfg, nodes)
         described = True
         ids = [i for node in nodes for i in found.get(node, [])]

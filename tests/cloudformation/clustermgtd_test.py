@@ -17,7 +17,7 @@ from unittest import mock
 
 # First: boto3 and moto or the skip, and the node programs' folder on the path.
 from slurm_fakes import (NODE_DIR, REGION, iam_refuses_terminating_without, moto_and_fake_slurm, recorded_calls,
-                         scontrol_recorder)
+                         run_with_short_timeouts, scontrol_recorder, silent_endpoint)
 
 import boto3  # noqa: E402
 import botocore.exceptions  # noqa: E402
@@ -529,6 +529,38 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual((r.returncode, len(r.stderr.splitlines())), (2, 1), r.stderr)
         self.assertIn("clustermgtd.py: error: ", r.stderr)
 
+
+    def run_against(self, **endpoints):
+        """A pass as systemd runs it, with `endpoints` ({service: URL}) for AWS and the timeouts of
+        hpc_cloud.aws_client shortened (slurm_fakes.SHORT_TIMEOUTS_DRIVER): an endpoint that never
+        answers fails the pass, or only its metrics, within that bound, with one line naming it
+        (rather than hold the state file's lock, which resume.py and suspend.py wait for)."""
+        env = dict(os.environ, **{f"AWS_ENDPOINT_URL_{name.upper()}": url for name, url in endpoints.items()})
+        return run_with_short_timeouts(self, "clustermgtd.py", env=env)
+
+    def test_a_pass_fails_and_writes_no_heartbeat_when_ec2_never_answers(self):
+        self.slurm(("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: no capacity", ""))
+        endpoint = silent_endpoint(self)
+        r = self.run_against(ec2=endpoint)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stderr.count(f"ERROR: AWS endpoint {endpoint} (ec2) gave no answer within 2 s"), 1, r.stderr)
+        self.assertIn("clustermgtd: ERROR: pass failed: ", r.stderr)
+        self.assertFalse(os.path.exists(self.cfg["heartbeat_file"]))  # the compute nodes' watchdogs are told
+        self.assertEqual(self.scontrol_calls(), [])
+
+    def test_a_metric_endpoint_that_never_answers_stops_no_pass(self):
+        self.slurm(("gpu-1", "down+cloud+powered_down", "ResumeTimeout reached", ""))
+        ec2 = silent_endpoint(self, {"DescribeInstances": (
+            '<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            "<requestId>r-1</requestId><reservationSet/></DescribeInstancesResponse>")})
+        cloudwatch = silent_endpoint(self)
+        r = self.run_against(ec2=ec2, cloudwatch=cloudwatch)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.count(f"ERROR: AWS endpoint {cloudwatch} (cloudwatch) gave no answer within 2 s"), 1,
+                         r.stderr)
+        self.assertIn("WARNING: cannot put the CloudWatch metrics ['gpu']: ", r.stderr)
+        self.assertEqual(self.scontrol_calls(), ["update nodename=gpu-1 state=resume"])
+        self.assertTrue(os.path.exists(self.cfg["heartbeat_file"]))
 
 if __name__ == "__main__":
     unittest.main()

@@ -26,7 +26,8 @@ from unittest import mock
 
 # First: boto3 and moto or the skip, and the node programs' folder on the path.
 from slurm_fakes import (NODE_DIR, REGION, iam_refuses_terminating_without, moto_and_fake_slurm,
-                         moto_gives_instances_the_templates_profile, recorded_calls, scontrol_recorder)
+                         moto_gives_instances_the_templates_profile, recorded_calls, run_with_short_timeouts,
+                         scontrol_recorder, silent_endpoint)
 
 import boto3  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
@@ -822,6 +823,84 @@ class LaunchCheck(AwsHooks):
                                "resume.py would try (see the lines above): the cluster's nodes would never come up")
         with self.hooked(), mock.patch.dict(os.environ, env):
             self.assertEqual(launch_check.main(["--wait", "0"]), 0)
+
+
+# EC2's answer to a DescribeInstances that finds nothing.
+NO_INSTANCES = ('<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+                "<requestId>r-1</requestId><reservationSet/></DescribeInstancesResponse>")
+
+
+class SilentEndpoint(unittest.TestCase):
+    """An EC2 endpoint that accepts the connection and never answers: resume.py and suspend.py give
+    up within their bound (hpc_cloud.aws_client; here with the timeouts shortened, see
+    slurm_fakes.SHORT_TIMEOUTS_DRIVER) with one line naming the endpoint, and take their
+    documented failure path, rather than hold Slurm for botocore's 60 s a read, ten times."""
+
+    def setUp(self):
+        moto_and_fake_slurm(self, lambda t: {"scontrol": scontrol_recorder(t)})
+        self.config = os.path.join(self.tmp.name, "cloud.json")
+        with open(self.config, "w", encoding="utf-8") as f:
+            json.dump({"cluster": "testc", "region": REGION, "launch_template_id": "lt-1", "controller": "head",
+                       "state_file": os.path.join(self.tmp.name, "state", "cloud-state.json")}, f)
+
+    def run_against(self, endpoint, program, nodes):
+        env = dict(os.environ, HPCTRAIN_CLOUD_CONFIG=self.config, AWS_ENDPOINT_URL_EC2=endpoint)
+        return run_with_short_timeouts(self, program, nodes, env=env)
+
+    def test_resume_sets_its_nodes_down_when_ec2_never_answers(self):
+        endpoint = silent_endpoint(self)
+        r = self.run_against(endpoint, "resume.py", "gpu-[1-3]")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stderr.count(f"ERROR: AWS endpoint {endpoint} (ec2) gave no answer within 2 s"), 1, r.stderr)
+        calls = recorded_calls(self)
+        self.assertEqual(len(calls), 3, calls)
+        for i, call in enumerate(calls, 1):
+            self.assertTrue(call.startswith(f"update nodename=gpu-{i} state=down reason=hpctrain: resume failed: "
+                                            f"no answer from EC2: {endpoint} gave no answer"), call)
+
+    def test_resume_waits_once_not_once_a_node_when_run_instances_never_answers(self):
+        """DescribeInstances answered, RunInstances not: the first node's launch gives up within
+        one call's bound, and the others are set down at once (not each after its own wait)."""
+        endpoint = silent_endpoint(self, {"DescribeInstances": NO_INSTANCES})
+        r = self.run_against(endpoint, "resume.py", "gpu-[1-8]")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stderr.count(f"AWS endpoint {endpoint} (ec2) gave no answer"), 1, r.stderr)
+        downs = [c for c in recorded_calls(self) if "state=down" in c]
+        self.assertEqual(len(downs), 8, downs)
+        self.assertTrue(all("resume failed: no answer from EC2" in c for c in downs), downs)
+        with open(os.path.join(self.tmp.name, "state", "cloud-state.json"), encoding="utf-8") as f:
+            self.assertIn("gpu-1", json.load(f)["launches"])  # its token kept: the launch may have happened
+
+    def test_suspend_powers_its_nodes_down_when_ec2_never_answers(self):
+        endpoint = silent_endpoint(self)
+        r = self.run_against(endpoint, "suspend.py", "gpu-[1-2]")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stderr.count(f"ERROR: AWS endpoint {endpoint} (ec2) gave no answer within 2 s"), 1, r.stderr)
+        self.assertIn("cannot terminate the instances of gpu-1, gpu-2", r.stderr)
+        self.assertEqual(recorded_calls(self), [f"update nodename=gpu-{i} nodeaddr=gpu-{i} nodehostname=gpu-{i}"
+                                                for i in (1, 2)])
+
+    def test_each_programs_bound_fits_whoever_runs_it(self):
+        """The stated worst cases against the rendered configuration: suspend.py within Slurm's
+        SuspendTimeout, resume.py within the shortest ResumeTimeout the stack takes, a cluster
+        manager pass (an EC2 and a CloudWatch client) within its unit's TimeoutStartSec."""
+        import hpc_cloud
+        import render_slurm_conf
+        import resume
+        import suspend
+
+        self.assertLessEqual(hpc_cloud.aws_worst_case(suspend.EC2_DEADLINE) + 25, render_slurm_conf.SUSPEND_TIMEOUT)
+        with open(os.path.join(NODE_DIR, "..", "cluster.yaml"), encoding="utf-8") as f:
+            text = f.read()
+        min_resume = int(text.split("  ResumeTimeoutSeconds:")[1].split("MinValue:")[1].split()[0])
+        self.assertEqual(min_resume, resume.RESUME_TIMEOUT_MIN)
+        self.assertLess(hpc_cloud.aws_worst_case(resume.EC2_DEADLINE) + 60, min_resume)
+        with open(os.path.join(NODE_DIR, "bootstrap_head.sh"), encoding="utf-8") as f:
+            self.assertIn("TimeoutStartSec=5min", f.read())
+        self.assertLess(2 * hpc_cloud.aws_worst_case(hpc_cloud.EC2_DEADLINE) + 60, 5 * 60)
+        client = hpc_cloud.ec2_client({"region": REGION})
+        self.assertEqual((client.meta.config.connect_timeout, client.meta.config.read_timeout),
+                         (hpc_cloud.AWS_CONNECT_TIMEOUT, hpc_cloud.AWS_READ_TIMEOUT))
 
 
 class BadInput(unittest.TestCase):

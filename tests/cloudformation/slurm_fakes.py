@@ -96,3 +96,95 @@ def recorded_calls(test):
         return []
     with open(test.calls, encoding="utf-8") as f:
         return f.read().splitlines()
+
+
+def silent_endpoint(test, answers=None):
+    """For a TestCase: a local TCP server that accepts every connection and never answers (an AWS
+    endpoint stalled), closed after the test; returns its URL. `answers` ({query API action: XML
+    body}) are the actions it does answer (200), each request read whole first."""
+    import re
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve(conn):
+        data = b""
+        try:
+            while True:
+                head, sep, body = data.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                if sep and len(body) >= (int(length.group(1)) if length else 0):
+                    action = re.search(rb"Action=(\w+)", body)
+                    reply = (answers or {}).get(action.group(1).decode() if action else "")
+                    if reply is None:
+                        return  # held open, never answered
+                    out = reply.encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: "
+                                 + str(len(out)).encode() + b"\r\n\r\n" + out)
+                    data = body[int(length.group(1)) if length else 0:]
+                    continue
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+        except OSError:  # closed at the test's end
+            return
+
+    def accept():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            held.append(conn)  # kept open until the test ends
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def close():
+        server.close()
+        for conn in held:
+            conn.close()
+    test.addCleanup(close)
+    return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+# Runs a node program (argv: its path, then its own arguments) as Slurm or systemd would, with the
+# AWS timeouts of hpc_cloud.aws_client shortened (connect 1 s, each read 1 s, each call's deadline
+# SHORT_DEADLINE s), so that a test of a stalled endpoint takes seconds. Its bound is then
+# short_worst_case(), far below botocore's own 60 s read timeout, which a client without
+# aws_client's bounds waits for each try: a subprocess timeout of that bound fails such a client.
+SHORT_DEADLINE = 2
+SHORT_TIMEOUTS_DRIVER = f"""
+import runpy, sys
+sys.path.insert(0, {NODE_DIR!r})
+import hpc_cloud
+hpc_cloud.AWS_CONNECT_TIMEOUT = hpc_cloud.AWS_READ_TIMEOUT = 1
+real = hpc_cloud.aws_client
+hpc_cloud.aws_client = lambda service, region, deadline, *a, **kw: real(service, region, min(deadline, {SHORT_DEADLINE}), *a, **kw)
+program = sys.argv.pop(1)
+sys.argv[0] = program
+runpy.run_path(program, run_name="__main__")
+"""
+
+
+def short_worst_case():
+    """hpc_cloud.aws_worst_case(SHORT_DEADLINE) with SHORT_TIMEOUTS_DRIVER's timeouts."""
+    import hpc_cloud
+    return SHORT_DEADLINE + 1 + 1 + hpc_cloud.AWS_MAX_PAUSE
+
+
+def run_with_short_timeouts(test, program, *args, env=None):
+    """Runs `program` (a file in NODE_DIR) with SHORT_TIMEOUTS_DRIVER; its CompletedProcess. The
+    test fails if it runs past short_worst_case() (it is killed then)."""
+    import subprocess
+
+    bound = short_worst_case()
+    try:
+        return subprocess.run([sys.executable, "-c", SHORT_TIMEOUTS_DRIVER, os.path.join(NODE_DIR, program), *args],
+                              capture_output=True, text=True, env=env, timeout=bound)
+    except subprocess.TimeoutExpired as e:
+        test.fail(f"{' '.join((program, *args))} still waiting for a silent endpoint after {bound:g} s, its bound; "
+                  f"its output: {e.stderr or ''!r}")
