@@ -18,9 +18,14 @@ import socket
 import sys
 import time
 
-from hpc_cloud import OneLineParser, write_atomically
+from hpc_cloud import OneLineParser, aws_client, write_atomically
 
 DEFAULT_OUT = "/run/hpctrain/aws/credentials"
+# Seconds an AssumeRole call may try (hpc_cloud.aws_client): credentials are renewed with at least
+# half of --duration (900 s at least) left, and a failed renewal is tried again 60 s later. An STS
+# endpoint that never answers fails a try within aws_worst_case(30) = 80 s, so that 3 tries fit
+# in the 450 s before the old credentials expire (botocore's defaults: up to 10 minutes for one).
+STS_DEADLINE = 30
 
 
 def credentials_text(reply):
@@ -58,10 +63,9 @@ def main():
     if not 900 <= args.duration <= 3600:
         p.error(f"--duration must be 900 to 3600 seconds (the role's limit), not {args.duration}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s data_credentials: %(levelname)s: %(message)s")
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    sts = boto3.client("sts", region_name=args.region)
+    sts = aws_client("sts", args.region, STS_DEADLINE, give_up_for_the_run=False)  # (the next renewal tries again)
     while True:
         try:
             left = renew(sts, args)

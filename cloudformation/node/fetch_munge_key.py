@@ -10,7 +10,12 @@ mode 0400, owned by the munge user when there is one. The key never touches /sha
 import pwd
 import sys
 
-from hpc_cloud import OneLineParser, write_atomically
+from hpc_cloud import OneLineParser, aws_client, write_atomically
+
+# Seconds the GetSecretValue call may try (hpc_cloud.aws_client): the head node's bootstrap waits
+# for it, and an endpoint that never answers fails it within aws_worst_case(60) = 110 s (the
+# bootstrap then fails, and the stack with it, instead of hanging until the stack's own timeout).
+DEADLINE = 60
 
 
 def install_key(key, out):
@@ -30,11 +35,10 @@ def main():
     p.add_argument("--region", required=True)
     p.add_argument("--out", default="/etc/munge/munge.key")
     a = p.parse_args()
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        reply = boto3.client("secretsmanager", region_name=a.region).get_secret_value(SecretId=a.secret)
+        reply = aws_client("secretsmanager", a.region, DEADLINE).get_secret_value(SecretId=a.secret)
         key = reply["SecretString"].encode() if "SecretString" in reply else reply["SecretBinary"]
         install_key(key, a.out)
     except (BotoCoreError, ClientError, OSError, ValueError) as e:

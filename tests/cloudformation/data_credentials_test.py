@@ -100,6 +100,21 @@ class DataCredentials(unittest.TestCase):
         self.assertEqual((code, err.count("\n")), (2, 1))
         self.assertIn("--duration must be 900 to 3600 seconds", err)
 
+    def test_an_sts_endpoint_that_never_answers_fails_within_its_bound(self):
+        """The service's renewal, --once here, against an STS endpoint that accepts and never
+        answers: one line naming it and the error within the bound (hpc_cloud.aws_client; the
+        timeouts shortened, see slurm_fakes.SHORT_TIMEOUTS_DRIVER), not botocore's minutes, so
+        that the service tries again well before the old credentials expire."""
+        from slurm_fakes import run_with_short_timeouts, silent_endpoint
+
+        endpoint = silent_endpoint(self)
+        r = run_with_short_timeouts(self, "data_credentials.py", "--role", self.role, "--region", REGION,
+                                    "--out", self.out, "--once", env=dict(os.environ, AWS_ENDPOINT_URL_STS=endpoint))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"ERROR: AWS endpoint {endpoint} (sts) gave no answer within 2 s", r.stderr)
+        self.assertIn(f"data_credentials.py: error: {endpoint} gave no answer within 2 s", r.stderr)
+        self.assertFalse(os.path.exists(self.out))
+
     def test_the_text_names_the_role_and_the_expiry(self):
         reply = {"Credentials": {"AccessKeyId": "ASIA1", "SecretAccessKey": "s", "SessionToken": "t",
                                  "Expiration": datetime.datetime(2026, 11, 27, 12, tzinfo=datetime.timezone.utc)},

@@ -187,4 +187,4 @@ def run_with_short_timeouts(test, program, *args, env=None):
                               capture_output=True, text=True, env=env, timeout=bound)
     except subprocess.TimeoutExpired as e:
         test.fail(f"{' '.join((program, *args))} still waiting for a silent endpoint after {bound:g} s, its bound; "
-                  f"its output: {e.stderr or ''!r}")
+                  f"its output: {(e.stderr or b'').decode(errors='replace')!r}")

@@ -717,6 +717,24 @@ class MungeKey(unittest.TestCase):
             self.assertEqual(os.stat(out).st_mode & 0o777, 0o400)
             self.assertEqual(sorted(os.listdir(d)), ["munge.key"])
 
+    def test_a_secrets_manager_that_never_answers_fails_the_bootstrap_within_its_bound(self):
+        """Against an endpoint that accepts and never answers: exit 1 and one error line naming
+        it within the bound (hpc_cloud.aws_client; the timeouts shortened, see
+        slurm_fakes.SHORT_TIMEOUTS_DRIVER), so that the bootstrap fails instead of hanging."""
+        import tempfile
+
+        from slurm_fakes import run_with_short_timeouts, silent_endpoint
+
+        endpoint = silent_endpoint(self)
+        env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                   AWS_ENDPOINT_URL_SECRETS_MANAGER=endpoint)
+        with tempfile.TemporaryDirectory() as d:
+            r = run_with_short_timeouts(self, "fetch_munge_key.py", "--secret", "hpc-MungeKey", "--region", REGION,
+                                        "--out", os.path.join(d, "munge.key"), env=env)
+            self.assertEqual(os.listdir(d), [])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"fetch_munge_key.py: error: {endpoint} gave no answer within 2 s", r.stderr)
+
 
     def test_served_to_the_compute_subnets_only(self):
         """export_munge_key.py, against moto's EC2 and a fake exportfs: the key copied root-only
