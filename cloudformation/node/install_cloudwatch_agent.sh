@@ -19,9 +19,12 @@ esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 url=https://s3.amazonaws.com/amazoncloudwatch-agent/$distro/amd64/latest/amazon-cloudwatch-agent.deb
-curl -fsSL --retry 5 -o "$work/agent.deb" "$url"
-curl -fsSL --retry 5 -o "$work/agent.deb.sig" "$url.sig"
-curl -fsSL --retry 5 -o "$work/key.gpg" https://s3.amazonaws.com/amazoncloudwatch-agent/assets/amazon-cloudwatch-agent.gpg
+# A stalled or unreachable S3 fails the bootstrap rather than hang it until the stack's 45-minute
+# signal timeout: each try gives up after 10 s without a connection or 30 s under 10 kB/s (a silent
+# server), so 6 tries and curl's pauses (1 to 16 s) take about 3.5 minutes per file; 10 minutes caps a trickle.
+curl -fsSL --retry 5 --connect-timeout 10 --speed-limit 10240 --speed-time 30 --max-time 600 -o "$work/agent.deb" "$url"
+curl -fsSL --retry 5 --connect-timeout 10 --speed-limit 10240 --speed-time 30 --max-time 600 -o "$work/agent.deb.sig" "$url.sig"
+curl -fsSL --retry 5 --connect-timeout 10 --speed-limit 10240 --speed-time 30 --max-time 600 -o "$work/key.gpg" https://s3.amazonaws.com/amazoncloudwatch-agent/assets/amazon-cloudwatch-agent.gpg
 # The key file comes with the package and proves nothing by itself: what counts is that the
 # signature is valid and made by the key of AWS's fingerprint (VALIDSIG's last field: the primary key's).
 gpg --batch --quiet --homedir "$work" --import "$work/key.gpg" 2> /dev/null || true

@@ -19,8 +19,16 @@ node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bash "$node_dir/imds_firewall.sh" compute
 
 imds=http://169.254.169.254/latest
-token=$(curl -fsS -X PUT "$imds/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300")
-tag() { curl -fsS -H "X-aws-ec2-metadata-token: $token" "$imds/meta-data/tags/instance/$1"; }
+# The metadata service answers in milliseconds: one that does not (stalled, or unreachable) fails
+# the boot at once, with a line naming what it asked (the user data's ERR trap then shuts the node
+# down, and the cluster manager sets its node down), rather than hold it until ResumeTimeout.
+# Each request: 2 s to connect, 5 s in all, 3 retries 1, 2 and 4 s apart: 27 s at most, 81 s for the three.
+imds_get() {  # imds_get [CURL OPTION...] URL
+  curl -fsS --connect-timeout 2 --max-time 5 --retry 3 "$@" ||
+    { echo "join_compute.sh: error: no answer from the instance metadata service for ${*: -1}" >&2; return 1; }
+}
+token=$(imds_get -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" "$imds/api/token")
+tag() { imds_get -H "X-aws-ec2-metadata-token: $token" "$imds/meta-data/tags/instance/$1"; }
 node=$(tag hpctrain:node)
 controller=$(tag hpctrain:controller)
 [[ "$node" =~ ^[a-z][a-z0-9-]{0,30}$ ]] || { echo "join_compute.sh: error: bad hpctrain:node tag '$node'" >&2; exit 1; }

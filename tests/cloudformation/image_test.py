@@ -348,6 +348,27 @@ class BootPath(unittest.TestCase):
         text = "".join(code)
         self.assertLess(text.index("prepare_compute.sh"), text.index("systemctl enable slurmd"))
 
+    def test_every_curl_has_a_time_bound(self):
+        """A stalled or unreachable endpoint (the metadata service, S3) fails a bootstrap within
+        curl's bounds instead of hanging it until ResumeTimeout or the stack's signal timeout:
+        every curl of the node scripts and of the templates' scripts has --max-time (and
+        --connect-timeout). (join_compute.sh's against a silent server: 27 s, as it states.)"""
+        node = os.path.join(ROOT, "cloudformation", "node")
+        files = [os.path.join(node, f) for f in sorted(os.listdir(node)) if f.endswith(".sh")]
+        files += [os.path.join(ROOT, "cloudformation", f) for f in ("cluster.yaml", "image.yaml")]
+        seen = 0
+        for path in files:
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    code = line.split("#")[0] if line.lstrip().startswith("#") or " # " in line else line
+                    if not re.search(r"(^|[;(|&{])\s*curl\s+-", code):  # curl run, not the package
+                        continue
+                    seen += 1
+                    with self.subTest(file=os.path.basename(path), line=number):
+                        self.assertIn("--max-time", code, f"{path}:{number}: curl without --max-time: {line.strip()}")
+                        self.assertIn("--connect-timeout", code, f"{path}:{number}: {line.strip()}")
+        self.assertGreaterEqual(seen, 7)  # join_compute.sh's one, the agent's three twice
+
     def test_the_user_data_installs_packages_only_without_the_image(self):
         r = cfn.Resolved(cfn.load_template())
         for logical in ("ComputeLaunchTemplate", "ComputeOnDemandLaunchTemplate"):
