@@ -1126,6 +1126,20 @@ TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOn
   expect_exact_resume(1, ck, 5);
 }
 
+// SIGINT's line names the stop signals that would have checkpointed: those of --stop-signals, not
+// the default's SIGTERM and SIGUSR1.
+TEST_F(Checkpoints, SigintNamesTheStopSignalsChosen) {
+  const std::string ck = dir_.file("sigint_named");
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "7:int", 1);
+  const auto p = start(ck, {"--stop-signals", "USR2,HUP"});
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  const RunResult r = p->finish(120);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_EQ(r.err, "hpctrain: stopped at once by SIGINT, without a checkpoint: the ones already written are kept "
+                   "(SIGUSR2 or SIGHUP would have written one first)\n");
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
+}
+
 // A second SIGTERM while the stop's checkpoint is written ends at once; a SIGUSR1 then SIGTERM,
 // or two SIGUSR1, are one stop, whose checkpoint is written.
 TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {

@@ -30,6 +30,11 @@ std::atomic<bool> g_started{false};
 std::atomic<unsigned> g_stop_mask{0}, g_pending{0};
 std::atomic<bool> g_chosen{false};
 std::atomic<int> g_final_code{-1};  // outcome_is_final(): the exit code decided, or -1
+// What SIGINT's line says would have written a checkpoint: the stop signals chosen (written by
+// use_stop_signals before g_chosen is set, read only after it: the handler allocates nothing).
+constexpr char kSigintDefault[] =
+    ", without a checkpoint: the ones already written are kept (SIGTERM or SIGUSR1 would have written one first)";
+char g_sigint_why[192];
 
 constexpr int kChoices[] = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};
 constexpr int kSignals[] = {SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGINT};
@@ -119,9 +124,7 @@ void decide_pending() {
 void take(int sig) {
   if (const int code = g_final_code.load(); code >= 0) ::_exit(code);  // nothing left to save or say
   if (!g_requests.load()) exit_at_once(sig, " (nothing to save)");
-  if (sig == SIGINT)
-    exit_at_once(sig, ", without a checkpoint: the ones already written are kept (SIGTERM or SIGUSR1 would have "
-                      "written one first)");
+  if (sig == SIGINT) exit_at_once(sig, g_chosen.load() ? g_sigint_why : kSigintDefault);
   if (g_chosen.load()) return decide(sig);
   g_pending.fetch_or(bit(sig));
   if (g_chosen.load()) decide_pending();  // chosen meanwhile: use_stop_signals may have missed it
@@ -192,6 +195,18 @@ std::string stop_signals_text(const std::vector<int>& signals) {
 void use_stop_signals(const std::vector<int>& signals) {
   unsigned mask = 0;
   for (int sig : signals) mask |= bit(sig);
+  // The default's two (SIGTERM: Slurm's, scancel's; SIGUSR1: Lightning's) where both stop, else
+  // each chosen one: "--stop-signals USR2" is not told that SIGTERM would have checkpointed.
+  std::string names;
+  if ((mask & bit(SIGTERM)) && (mask & bit(SIGUSR1))) {
+    names = "SIGTERM or SIGUSR1";
+  } else {
+    for (size_t i = 0; i < signals.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == signals.size() ? " or " : ", ") + signal_name(signals[i]);
+  }
+  std::snprintf(g_sigint_why, sizeof g_sigint_why,
+                ", without a checkpoint: the ones already written are kept (%s would have written one first)",
+                names.c_str());
   g_stop_mask = mask;
   g_chosen = true;
   decide_pending();
