@@ -418,14 +418,7 @@ std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step) {
 
 std::string CheckpointStore::spare() const { return (fs::path(dir_) / kSpare).string(); }
 
-namespace {
-// A last heartbeat (done, stopped, failed) where the heartbeat cannot be replaced: on a full file
-// system its temporary file gets no block, and a run that a full disk ended (its checkpoint
-// could not be written) said "training" for ever, a hung run to whoever reads it. Written over
-// the old heartbeat instead, in the blocks that file already holds (none to allocate); not
-// atomic, so only for a last beat, once the replacement failed. Async-signal-safe. (O_NONBLOCK:
-// a FIFO of that name without a reader fails the open instead of blocking it.)
-bool overwrite_heartbeat(const char* path, const char* text, size_t n) {
+bool overwrite_in_place(const char* path, const char* text, size_t n) {
   const int fd = ::open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
@@ -438,7 +431,6 @@ bool overwrite_heartbeat(const char* path, const char* text, size_t n) {
   whole = whole && ::ftruncate(fd, static_cast<off_t>(n)) == 0;
   return ::close(fd) == 0 && whole;
 }
-}  // namespace
 
 void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, const char* state,
                      const std::string& extra) {
@@ -460,7 +452,7 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
     if (!out) {
       ::unlink(tmp.c_str());
       const bool last = std::strcmp(state, "training") != 0;
-      if (last && overwrite_heartbeat(path.c_str(), text.data(), text.size())) return;
+      if (last && overwrite_in_place(path.c_str(), text.data(), text.size())) return;
       if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
       return;
     }
@@ -521,7 +513,7 @@ void write_final_heartbeat(int exit_code) {
   ::unlink(f.tmp);  // as write_heartbeat: a FIFO of that name would block the open
   const int fd = ::open(f.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    overwrite_heartbeat(f.path, text, n);
+    overwrite_in_place(f.path, text, n);
     return;
   }
   bool whole = true;
@@ -534,7 +526,7 @@ void write_final_heartbeat(int exit_code) {
   // overwritten in place then, as write_heartbeat's last beat.
   if (::close(fd) == 0 && whole && ::rename(f.tmp, f.path) == 0) return;
   ::unlink(f.tmp);
-  overwrite_heartbeat(f.path, text, n);
+  overwrite_in_place(f.path, text, n);
 }
 
 std::map<std::string, std::string> read_heartbeat(const std::string& dir) {

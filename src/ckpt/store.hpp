@@ -82,6 +82,15 @@ void prepare_final_heartbeat(const std::string& dir, const std::string& extra);
 void arm_final_heartbeat(int64_t step, int64_t epochs_done);
 void disarm_final_heartbeat();
 void write_final_heartbeat(int exit_code);
+
+// A run's last word (a heartbeat's or a Prometheus file's done, stopped or failed) where the file
+// cannot be replaced: on a full file system a temporary file gets no block, and a run that the
+// full disk ended said "training" for ever, a hung run to whoever reads it. Written over the old
+// file instead, in the blocks it already holds (none to allocate, else nothing is written); not
+// atomic, so only for a last word, once the replacement failed. Whether it was written.
+// Async-signal-safe. (O_NONBLOCK: a FIFO of that name without a reader fails the open instead of
+// blocking it.)
+bool overwrite_in_place(const char* path, const char* text, size_t n);
 // The heartbeat's fields by name (empty when DIR has none).
 std::map<std::string, std::string> read_heartbeat(const std::string& dir);
 // Its step: the global steps done, -1 when it has none or not a whole number of 0 or more.

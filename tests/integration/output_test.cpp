@@ -355,6 +355,42 @@ TEST_F(FullOutputFileSystem, ATimelineFileThatFillsUpIsAWarning) {
   }
 }
 
+// --prometheus-file, whose rewrites fail once the file system is full (each needs a temporary
+// file beside it): the run's last state is written over the old file in place, "done" or
+// "stopped" at once (SIGINT), never "training" for ever, which a watcher takes for a hang.
+TEST_F(FullOutputFileSystem, APrometheusFileEndsWithTheRunsLastStateOnAFullDisk) {
+  for (const bool interrupted : {false, true}) {
+    SCOPED_TRACE(interrupted ? "SIGINT" : "to its end");
+    const std::string prom = full_ + "/run.prom";
+    fs::remove_all(ck_);
+    const auto p = start_hpctrain({"--data-dir", data_.str(), "--max-steps", interrupted ? "100000" : "300",
+                                   "--batch-size", "16", "--test-samples", "16", "--epochs", "1000", "--threads", "1",
+                                   "--quiet", "--checkpoint-dir", ck_, "--snapshot-every-steps", "0",  // none kept by SIGINT
+                                   "--prometheus-file", prom});
+    ASSERT_TRUE(wait_until([&] { return fs::exists(prom) || !p->running(); }, 60));
+    ASSERT_TRUE(p->running()) << "it ended before its Prometheus file could be watched";
+    {  // no block left: no temporary file for a rewrite
+      std::ofstream fill(full_ + "/more", std::ios::binary);
+      const std::string block(4096, 'x');
+      while (fill << block && fill.flush()) {
+      }
+    }
+    if (interrupted) {
+      usleep(300000);
+      kill(p->pid(), SIGINT);
+    }
+    const RunResult r = p->finish(120);
+    ASSERT_FALSE(r.timed_out);
+    EXPECT_EQ(r.exit_code, interrupted ? 128 + SIGINT : 0) << r.err;
+    const std::string text = read_text(prom);
+    const std::string state = interrupted ? "stopped" : "done";
+    EXPECT_NE(text.find(",state=\"" + state + "\"} 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find(",state=\"training\"} 0\n"), std::string::npos) << text;
+    fs::remove(full_ + "/more");
+    fs::remove(prom);
+  }
+}
+
 // A JSON document that is not JSON Lines (hpcrun's summary.json, a pretty-printed object that
 // begins with '{' and ends with '}') named as --metrics-file: one error line, and it stays as it
 // was. (hpctrain looked at its first and last byte only, and appended to it.) So does a file

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
 #include "core/log.hpp"
@@ -111,7 +112,7 @@ std::string PrometheusTextfile::render(const std::vector<Gauge>& gauges) const {
   return text;
 }
 
-bool PrometheusTextfile::write(const std::vector<Gauge>& gauges) {
+bool PrometheusTextfile::write(const std::vector<Gauge>& gauges, bool last) {
   int fd = -1;
   const std::string tmp = temporary_beside(written_, &fd), text = render(gauges);
   bool ok = fd >= 0 && write_all(fd, text);
@@ -119,6 +120,7 @@ bool PrometheusTextfile::write(const std::vector<Gauge>& gauges) {
   if (fd >= 0 && ::close(fd) != 0 && ok) ok = false, error = errno;
   if (ok && ::rename(tmp.c_str(), written_.c_str()) != 0) ok = false, error = errno;
   if (!ok && fd >= 0) ::unlink(tmp.c_str());
+  if (!ok && last && ckpt::overwrite_in_place(written_.c_str(), text.data(), text.size())) return true;
   if (!ok && !warned_) {
     warned_ = true;
     log::warn("cannot write --prometheus-file ", path_, ": ", std::strerror(error),

@@ -28,8 +28,9 @@ class PrometheusTextfile {
   // The file's text for these gauges.
   std::string render(const std::vector<Gauge>& gauges) const;
   // Replaces the file. A failure is one warning (the first), never an error: the file is for
-  // watching a run, not part of it. Whether it was written.
-  bool write(const std::vector<Gauge>& gauges);
+  // watching a run, not part of it. Whether it was written. last: the run's last state (done,
+  // failed), written over the old file in place where it cannot be replaced (a full disk).
+  bool write(const std::vector<Gauge>& gauges, bool last = false);
   const std::string& path() const { return path_; }
   const std::string& written_path() const { return written_; }  // what each rewrite is renamed over
 

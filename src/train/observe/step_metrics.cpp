@@ -143,7 +143,7 @@ void StepMetrics::publish(bool now) {
   std::vector<Gauge> g = gauges();
   if (state_ == RunState::Training) prepare_stopped_file(g);
   g.push_back({"last_update_timestamp_seconds", "Unix time of this file's last update.", unix_time()});
-  prometheus_->write(g);
+  prometheus_->write(g, state_ != RunState::Training);  // a last state: also on a full disk
   written_ = SteadyClock::now();
 }
 

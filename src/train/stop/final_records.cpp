@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/store.hpp"
 #include "core/signal_safe_text.hpp"
 
 namespace hpc::train::final_records {
@@ -100,10 +101,13 @@ void write_prometheus(int exit_code) {
   t.add("\n");
   ::unlink(g_prom_tmp);
   const int fd = ::open(g_prom_tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  ::fchmod(fd, 0644);  // node_exporter reads it as another user
-  const bool whole = write_whole(fd, t.buf, t.n);
-  if (::close(fd) != 0 || !whole || ::rename(g_prom_tmp, g_prom_target) != 0) ::unlink(g_prom_tmp);
+  if (fd >= 0) {
+    ::fchmod(fd, 0644);  // node_exporter reads it as another user
+    const bool whole = write_whole(fd, t.buf, t.n);
+    if (::close(fd) == 0 && whole && ::rename(g_prom_tmp, g_prom_target) == 0) return;
+    ::unlink(g_prom_tmp);
+  }
+  ckpt::overwrite_in_place(g_prom_target, t.buf, t.n);  // a full disk: "stopped", not "training" for ever
 }
 
 }  // namespace
