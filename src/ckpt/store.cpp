@@ -422,13 +422,8 @@ bool overwrite_in_place(const char* path, const char* text, size_t n) {
   const int fd = ::open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
-  bool whole = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<off_t>(n) <= st.st_blocks * 512;
-  for (size_t done = 0; done < n && whole;) {
-    const ssize_t w = ::pwrite(fd, text + done, n - done, static_cast<off_t>(done));
-    if (w > 0) done += static_cast<size_t>(w);
-    else whole = w < 0 && errno == EINTR;
-  }
-  whole = whole && ::ftruncate(fd, static_cast<off_t>(n)) == 0;
+  const bool whole = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<off_t>(n) <= st.st_blocks * 512 &&
+                     signal_safe::write_whole(fd, text, n) && ::ftruncate(fd, static_cast<off_t>(n)) == 0;
   return ::close(fd) == 0 && whole;
 }
 
@@ -516,12 +511,7 @@ void write_final_heartbeat(int exit_code) {
     overwrite_in_place(f.path, text, n);
     return;
   }
-  bool whole = true;
-  for (size_t done = 0; done < n && whole;) {
-    const ssize_t w = ::write(fd, text + done, n - done);
-    if (w > 0) done += static_cast<size_t>(w);
-    else whole = w < 0 && errno == EINTR;
-  }
+  const bool whole = signal_safe::write_whole(fd, text, n);
   // Never an empty or cut file over the last good heartbeat (a full file system): the old one is
   // overwritten in place then, as write_heartbeat's last beat.
   if (::close(fd) == 0 && whole && ::rename(f.tmp, f.path) == 0) return;

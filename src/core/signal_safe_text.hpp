@@ -3,6 +3,9 @@
 // and Prometheus files' last words (ckpt/store.cpp, train/stop/final_records.cpp).
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 
@@ -26,6 +29,16 @@ inline void append(char* buf, size_t size, size_t* n, int64_t v) {
   for (size_t i = 0; i < k; ++i) text[i] = digits[k - 1 - i];
   text[k] = '\0';
   append(buf, size, n, text);
+}
+
+// Writes buf[0..n) to fd whole, through interruptions; whether it all went (a full disk: not).
+inline bool write_whole(int fd, const char* buf, size_t n) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t w = ::write(fd, buf + done, n - done);
+    if (w > 0) done += static_cast<size_t>(w);
+    else if (!(w < 0 && errno == EINTR)) return false;
+  }
+  return true;
 }
 
 }  // namespace hpc::signal_safe

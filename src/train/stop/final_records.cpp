@@ -50,15 +50,6 @@ int64_t now_ns(clockid_t clock) {
   return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
-bool write_whole(int fd, const char* text, size_t n) {
-  for (size_t done = 0; done < n;) {
-    const ssize_t w = ::write(fd, text + done, n - done);
-    if (w > 0) done += static_cast<size_t>(w);
-    else if (!(w < 0 && errno == EINTR)) return false;
-  }
-  return true;
-}
-
 bool copy(char* to, size_t size, const std::string& from) {
   if (from.size() >= size) return false;
   std::memcpy(to, from.c_str(), from.size() + 1);
@@ -83,7 +74,7 @@ void write_stopped_event(const char* signal_name, int exit_code) {
   t.add(",\"unix_time\":");
   t.add_seconds(now_ns(CLOCK_REALTIME));
   t.add("}\n");
-  write_whole(g_metrics_fd, t.buf, t.n);  // O_APPEND: after every whole line written before
+  signal_safe::write_whole(g_metrics_fd, t.buf, t.n);  // O_APPEND: after every whole line written before
 }
 
 // As PrometheusTextfile::write: a temporary file beside the target, then a rename over it. Its
@@ -103,7 +94,7 @@ void write_prometheus(int exit_code) {
   const int fd = ::open(g_prom_tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd >= 0) {
     ::fchmod(fd, 0644);  // node_exporter reads it as another user
-    const bool whole = write_whole(fd, t.buf, t.n);
+    const bool whole = signal_safe::write_whole(fd, t.buf, t.n);
     if (::close(fd) == 0 && whole && ::rename(g_prom_tmp, g_prom_target) == 0) return;
     ::unlink(g_prom_tmp);
   }
