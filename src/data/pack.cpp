@@ -378,13 +378,13 @@ void check_pack_paths(const PackOptions& o) {
   require_not_root_dir(o.out, "OUT");
   std::error_code ec;
   HPC_REQUIRE(fs::is_directory(o.src, ec), "image folder ", o.src, " does not exist or is not a directory");
-  HPC_REQUIRE(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "output directory ", o.out,
-              " exists and is not a directory");
-  // A path that can never be a directory (a file above it, a link loop, a name past NAME_MAX) is
-  // the user's to fix, as a file there is: refused before anything is read, not a failure of
-  // the storage after the images were scanned. Only "not there yet" is for OutDir to create.
+  // A file there, or a path that can never be a directory (a file above it, a link loop, a name
+  // past NAME_MAX), is the user's to fix: refused before anything is read, not a failure of the
+  // storage after the images were scanned. Only "not there yet" is for OutDir to create.
   struct stat st {};
-  if (::stat(o.out.c_str(), &st) != 0 && errno != ENOENT)
+  if (::stat(o.out.c_str(), &st) == 0)
+    HPC_REQUIRE(S_ISDIR(st.st_mode), "output directory ", o.out, " exists and is not a directory");
+  else if (errno != ENOENT)
     usage_error("output directory ", o.out, " cannot be made or used: ", std::strerror(errno));
   std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
   const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);
