@@ -368,6 +368,45 @@ STATE_SHAPES = {
 }
 
 
+class StateBusy(Exception):
+    """The state file's lock was not had within a State's `wait` seconds."""
+
+
+def forget_marks_dir(state_file):
+    return state_file + ".forget"
+
+
+def mark_forgotten(state_file, nodes, asked):
+    """For suspend.py when it gives up waiting for the state file's lock: the launches of `nodes`
+    recorded at or before `asked` (when their power-down was asked) are forgotten by the next
+    program that holds the lock (State applies the mark), as suspend.py would have forgotten them.
+    Without it a resume.py that came before the cluster manager's next pass would take the node's
+    old instance, left running, for a retry of its own launch. Written without the lock: one file
+    per mark, whole or not at all (write_atomically)."""
+    directory = forget_marks_dir(state_file)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    write_atomically(os.path.join(directory, f"{time.time_ns()}-{os.getpid()}.json"),
+                     json.dumps({"asked": asked, "nodes": list(nodes)}), 0o644)
+
+
+def take_lock(lock, wait):
+    """An exclusive flock on the open file `lock`, waited for without a bound (wait None) or for at
+    most `wait` seconds; whether it was had."""
+    if wait is None:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return True
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.2, left))
+
+
 class State:
     """What the programs remember between runs, in one JSON file (state_file) on the head node's
     own disk: capacity cooldowns {"TYPE|MARKET|ZONE": until} ("*|spot|*": the whole spot market),
@@ -378,17 +417,24 @@ class State:
     A section or an entry of another shape (STATE_SHAPES) is dropped on reading, with one warning.
     Used as `with State(path) as st:`, which holds an exclusive lock (resume.py, suspend.py and the
     cluster manager may run at once) and writes the file back atomically when the block ends
-    without an exception."""
+    without an exception. With `wait` (seconds), a lock not had by then raises StateBusy. The
+    launches that suspend.py marked to forget (mark_forgotten) are forgotten on entering, and the
+    marks removed once the file is written back."""
 
-    def __init__(self, path):
+    def __init__(self, path, wait=None):
         self.path = path
+        self.wait = wait
         self.data = {}
         self._lock = None
+        self._marks = []
 
     def __enter__(self):
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
-        self._lock = open(self.path + ".lock", "a", encoding="utf-8")
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self._lock, self._marks = open(self.path + ".lock", "a", encoding="utf-8"), []
+        if not take_lock(self._lock, self.wait):
+            self._lock.close()
+            raise StateBusy(f"the state file {self.path} stayed locked for {self.wait:g} s (resume.py or the "
+                            "cluster manager holds it)")
         try:
             with open(self.path, encoding="utf-8") as f:
                 self.data = json.load(f)
@@ -412,12 +458,40 @@ class State:
             self.data[key] = section
         if dropped:
             logging.warning("state file %s: dropped what has the wrong shape: %s", self.path, ", ".join(dropped))
+        self._forget_marked()
         return self
+
+    def _forget_marked(self):
+        """Applies suspend.py's marks (mark_forgotten); a mark of another shape is dropped with a warning."""
+        directory = forget_marks_dir(self.path)
+        try:
+            names = sorted(n for n in os.listdir(directory) if not n.startswith("."))  # (not one being written)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    mark = json.load(f)
+                asked, nodes = mark["asked"], mark["nodes"]
+                if not _number(asked) or not isinstance(nodes, list):
+                    raise ValueError(f"not a mark: {mark!r}"[:200])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logging.warning("forget mark %s unreadable (%s): dropped", path, e)
+                self._marks.append(path)
+                continue
+            for node in nodes:
+                if isinstance(node, str) and self.launches.get(node, {}).get("at", 0) <= asked:
+                    self.launches.pop(node, None)  # (one launched after the power-down was asked is kept)
+            self._marks.append(path)
 
     def __exit__(self, kind, value, tb):
         try:
             if kind is None:
                 write_atomically(self.path, json.dumps(self.data, indent=1, sort_keys=True), 0o600)
+                for path in self._marks:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
         finally:
             self._lock.close()
         return False

@@ -6,48 +6,81 @@ nothing. An instance it fails to terminate is the cluster manager's to find as a
 
 All of it holding the state file's lock, which resume.py takes to launch: Slurm powers a node up
 again SuspendTimeout after it asked for the power-down, and this program may still be waiting
-for EC2 (throttled, retried) or for the lock then. A resume.py that comes first launches the node
-a new instance (suspending() tells it not to take the old one for its own) and records the
-launch; a node launched after this program was asked is left alone, its new instance and address
-kept. One that comes after finds the node's launch forgotten and its old instance going.
+for EC2 (throttled, retried) then. A resume.py that comes first launches the node a new instance
+(suspending() tells it not to take the old one for its own) and records the launch; a node
+launched after this program was asked is left alone, its new instance and address kept. One that
+comes after finds the node's launch forgotten and its old instance going.
+
+The lock is waited for LOCK_WAIT seconds at most (resume.py may hold it for minutes, a cluster
+manager pass too), so that the whole run stays within SuspendTimeout. Not had by then, the nodes
+are powered down all the same without touching EC2: their addresses reset, their launches marked
+to be forgotten by the next program that takes the lock (hpc_cloud.mark_forgotten: a resume.py
+then launches anew rather than take an old instance for a retry), and their instances left to the
+cluster manager, whose next pass after SuspendTimeout finds them owned by powered-down nodes and
+terminates them as orphans (exit code 1, one line in the log).
 
     suspend.py NODELIST       (slurm.conf: SuspendProgram=...)
 """
 
+import contextlib
 import logging
 import sys
 import time
 
-from hpc_cloud import State, aws_worst_case, ec2_client, instances_of, main_wrapper, scontrol, suspending
+from hpc_cloud import (State, StateBusy, aws_worst_case, ec2_client, instances_of, main_wrapper, mark_forgotten,
+                       scontrol, suspending)
 from render_slurm_conf import SUSPEND_TIMEOUT
 
-# Seconds an EC2 call may try (hpc_cloud.aws_client): Slurm may power the node up again
-# SuspendTimeout (120 s) after it asked for the power-down. An endpoint that never answers fails
-# the first call within aws_worst_case(45) = 95 s, and every later one at once; the 25 s left are
-# the scontrol calls' that reset the nodes' addresses.
+# Seconds this program waits for the state file's lock at most: what it waited is taken from its
+# EC2 deadline (below), so that a full wait leaves EC2 15 s of tries.
+LOCK_WAIT = 30
+# Seconds an EC2 call may try (hpc_cloud.aws_client) when the lock was had at once, less the
+# seconds waited for it: Slurm may power the node up again SuspendTimeout (120 s) after it asked
+# for the power-down. An endpoint that never answers fails the first call within
+# aws_worst_case(45 - waited) = 95 s - waited, and every later one at once; the 25 s left are the
+# scontrol calls' that reset the nodes' addresses.
 EC2_DEADLINE = SUSPEND_TIMEOUT - aws_worst_case(0) - 25
 
 
+def ec2_deadline(waited):
+    """The EC2 deadline of a run that waited `waited` seconds (at most LOCK_WAIT) for the lock."""
+    return max(0.0, EC2_DEADLINE - waited)
+
+
 def suspend(cfg, nodes):
-    """0, or 1 when EC2 could not be read or refused the termination: the nodes are powered down
-    all the same (their launches forgotten, their addresses reset), and the instances left are
-    the cluster manager's to terminate as orphans."""
-    asked = time.time()
-    with suspending(cfg["state_file"]), State(cfg["state_file"]) as state:
+    """0, or 1 when EC2 could not be read or refused the termination, or the state file stayed
+    locked: the nodes are powered down all the same (their launches forgotten, their addresses
+    reset), and the instances left are the cluster manager's to terminate as orphans."""
+    asked, start = time.time(), time.monotonic()
+    with suspending(cfg["state_file"]), contextlib.ExitStack() as held:
+        try:
+            state = held.enter_context(State(cfg["state_file"], wait=LOCK_WAIT))
+        except StateBusy as e:
+            return leave_to_the_cluster_manager(cfg, nodes, asked, e)
         resumed = [n for n in nodes if state.launches.get(n, {}).get("at", 0) > asked]
         for node in resumed:
             logging.info("%s: powered up again since the power-down was asked: its new instance is kept", node)
-        return power_down(cfg, state, [n for n in nodes if n not in resumed])
+        return power_down(cfg, state, [n for n in nodes if n not in resumed], ec2_deadline(time.monotonic() - start))
 
 
-def power_down(cfg, state, nodes):
+def leave_to_the_cluster_manager(cfg, nodes, asked, why):
+    """The state file's lock not had in time: the nodes powered down without EC2 (see the top)."""
+    mark_forgotten(cfg["state_file"], nodes, asked)  # (still suspending(): resume.py takes no record for a retry)
+    logging.error("%s: instances not terminated: %s; the cluster manager terminates them as orphans once the "
+                  "nodes are powered down", ",".join(nodes), why)
+    for node in nodes:
+        scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}")
+    return 1
+
+
+def power_down(cfg, state, nodes, deadline=EC2_DEADLINE):
     from botocore.exceptions import BotoCoreError, ClientError
 
     if not nodes:
         return 0
     found, ids, described, terminated = {}, [], False, True
     try:
-        ec2 = ec2_client(cfg, EC2_DEADLINE)
+        ec2 = ec2_client(cfg, deadline)
         found = instances_of(ec2, cfg, nodes)
         described = True
         ids = [i for node in nodes for i in found.get(node, [])]
