@@ -63,9 +63,11 @@ def main():
     if not 900 <= args.duration <= 3600:
         p.error(f"--duration must be 900 to 3600 seconds (the role's limit), not {args.duration}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s data_credentials: %(levelname)s: %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # (not its "Found credentials" on every run)
     from botocore.exceptions import BotoCoreError, ClientError
 
-    sts = aws_client("sts", args.region, STS_DEADLINE, give_up_for_the_run=False)  # (the next renewal tries again)
+    # (The next renewal tries again; the error line below names an endpoint that gave no answer, once.)
+    sts = aws_client("sts", args.region, STS_DEADLINE, give_up_for_the_run=False)
     while True:
         try:
             left = renew(sts, args)

@@ -235,7 +235,10 @@ def aws_client(service, region, deadline, attempts=3, give_up_for_the_run=True):
     connects within AWS_CONNECT_TIMEOUT and waits at most AWS_READ_TIMEOUT for each read, tries
     (up to `attempts`, "standard" retry mode: throttling and the service's own failures retried
     with backoff) start only within `deadline` seconds of the call, and a call past it fails with
-    NoAnswer. One line in the log names the endpoint when it gave no answer. With
+    NoAnswer, whose text names the endpoint and its last try. Nothing is logged here: the caller's
+    own error line, which says what the failure means (the nodes set down, the key not fetched)
+    and carries the NoAnswer's text, is the one line of it (with a line here too, every program
+    said it twice). With
     give_up_for_the_run (the programs that run once: resume.py, suspend.py, a cluster manager
     pass), every later call of the client then fails at once with NoAnswer, instead of each
     waiting its own worst case (resume.py's nodes, one RunInstances each, would add up): the
@@ -258,9 +261,6 @@ def aws_client(service, region, deadline, attempts=3, give_up_for_the_run=True):
     def give_up(why):
         if call["given_up"] is None:
             call["given_up"] = why
-            logging.error("AWS endpoint %s (%s) gave no answer within %g s (%s): %s", endpoint, service,
-                          deadline, why, "its calls fail at once for the rest of this run"
-                          if give_up_for_the_run else "this call fails")
 
     def before_call(**_):
         call["start"], call["last"] = time.monotonic(), "no try"

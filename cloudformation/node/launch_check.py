@@ -67,8 +67,13 @@ def check(cfg, wait):
     ec2 = ec2_client(cfg)
     deadline = time.monotonic() + wait
     refused = 0
-    for choice in choices(cfg):
+    every = choices(cfg)
+    for n, choice in enumerate(every):
         code, message = dry_run(ec2, cfg, choice, deadline)
+        if code == "no answer":  # (the client gives up for the run: the choices after it would fail at once)
+            logging.warning("%s%s: not checked: no answer from EC2: %s", describe(choice),
+                            f" and the {len(every) - n - 1} choices after it" if n + 1 < len(every) else "", message)
+            break
         if code == ALLOWED:
             logging.info("%s: may be launched", describe(choice))
         elif code == REFUSED:

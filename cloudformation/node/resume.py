@@ -238,6 +238,7 @@ def resume(cfg, nodes, jobs=None):
             set_down(node, f"resume failed: {reason}")
         return 1
     launched, failed = {}, 0
+    unanswered = {}  # node -> why, of the nodes whose launch EC2 did not answer: said in one line
     doomed = {}  # job id -> why it cannot start: a node of it got no instance
 
     def cannot_start(node):
@@ -273,9 +274,13 @@ def resume(cfg, nodes, jobs=None):
                 launched[node] = instance
             else:
                 failed += 1
+                if reason.startswith(NO_ANSWER):
+                    unanswered[node] = reason
                 set_down(node, f"resume failed: {reason}" if reason else "resume failed")
                 for job in jobs.get(node, ()):
                     doomed.setdefault(job, f"{JOB_CANNOT_START} (job {job}: {node} got no instance)")
+    if unanswered:  # (the client gives up for the run: every node after the first fails at once, alike)
+        logging.error("%s: not launched: %s", ",".join(unanswered), next(iter(unanswered.values())))
     given_up = []
     for node, instance in list(launched.items()):
         why = cannot_start(node)

@@ -894,7 +894,10 @@ class SilentEndpoint(unittest.TestCase):
         endpoint = silent_endpoint(self)
         r = self.run_against(endpoint, "resume.py", "gpu-[1-3]")
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertEqual(r.stderr.count(f"ERROR: AWS endpoint {endpoint} (ec2) gave no answer within 2 s"), 1, r.stderr)
+        # One line naming the endpoint (not a line of hpc_cloud.aws_client's too).
+        self.assertEqual(sum(endpoint in line for line in r.stderr.splitlines()), 1, r.stderr)
+        self.assertIn(f"ERROR: gpu-1,gpu-2,gpu-3: not launched: EC2's instances or subnets not read: no answer from EC2: "
+                      f"{endpoint} gave no answer within 2 s", r.stderr)
         calls = recorded_calls(self)
         self.assertEqual(len(calls), 3, calls)
         for i, call in enumerate(calls, 1):
@@ -907,7 +910,9 @@ class SilentEndpoint(unittest.TestCase):
         endpoint = silent_endpoint(self, {"DescribeInstances": NO_INSTANCES})
         r = self.run_against(endpoint, "resume.py", "gpu-[1-8]")
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertEqual(r.stderr.count(f"AWS endpoint {endpoint} (ec2) gave no answer"), 1, r.stderr)
+        self.assertEqual(sum(endpoint in line for line in r.stderr.splitlines()), 1, r.stderr)  # one line for the eight nodes
+        self.assertIn(f"ERROR: gpu-1,gpu-2,gpu-3,gpu-4,gpu-5,gpu-6,gpu-7,gpu-8: not launched: no answer from EC2: "
+                      f"{endpoint} gave no answer within 2 s", r.stderr)
         downs = [c for c in recorded_calls(self) if "state=down" in c]
         self.assertEqual(len(downs), 8, downs)
         self.assertTrue(all("resume failed: no answer from EC2" in c for c in downs), downs)
@@ -918,10 +923,26 @@ class SilentEndpoint(unittest.TestCase):
         endpoint = silent_endpoint(self)
         r = self.run_against(endpoint, "suspend.py", "gpu-[1-2]")
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertEqual(r.stderr.count(f"ERROR: AWS endpoint {endpoint} (ec2) gave no answer within 2 s"), 1, r.stderr)
-        self.assertIn("cannot terminate the instances of gpu-1, gpu-2", r.stderr)
+        self.assertEqual(sum(endpoint in line for line in r.stderr.splitlines()), 1, r.stderr)  # (not a line of hpc_cloud.aws_client's too)
+        self.assertIn(f"ERROR: cannot terminate the instances of gpu-1, gpu-2: {endpoint} gave no answer within 2 s",
+                      r.stderr)
         self.assertEqual(recorded_calls(self), [f"update nodename=gpu-{i} nodeaddr=gpu-{i} nodehostname=gpu-{i}"
                                                 for i in (1, 2)])
+
+    def test_launch_check_says_once_that_ec2_never_answers(self):
+        """No answer is a warning (the check cannot tell; exit 0, as documented), said once for
+        the choices not checked, not once for each of them besides hpc_cloud.aws_client's."""
+        with open(self.config, encoding="utf-8") as f:
+            cfg = json.load(f)
+        cfg.update(instance_types=["g5.xlarge", "g6.xlarge"], subnet_ids=["subnet-1", "subnet-2"])
+        with open(self.config, "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        endpoint = silent_endpoint(self)
+        r = self.run_against(endpoint, "launch_check.py", "--wait=0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sum(endpoint in line for line in r.stderr.splitlines()), 1, r.stderr)
+        self.assertIn("WARNING: on-demand g5.xlarge in subnet-1 and the 3 choices after it: not checked: no answer from "
+                      f"EC2: {endpoint} gave no answer within 2 s", r.stderr)
 
     def test_each_programs_bound_fits_whoever_runs_it(self):
         """The stated worst cases against the rendered configuration: suspend.py within Slurm's

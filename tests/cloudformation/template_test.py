@@ -733,7 +733,28 @@ class MungeKey(unittest.TestCase):
                                         "--out", os.path.join(d, "munge.key"), env=env)
             self.assertEqual(os.listdir(d), [])
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn(f"fetch_munge_key.py: error: {endpoint} gave no answer within 2 s", r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)  # (not aws_client's log line too)
+        self.assertTrue(r.stderr.startswith(f"fetch_munge_key.py: error: {endpoint} gave no answer within 2 s"), r.stderr)
+
+    def test_an_ec2_that_never_answers_fails_the_export_with_one_line(self):
+        """export_munge_key.py (the head node's bootstrap) against an EC2 endpoint that accepts and
+        never answers: exit 1 and one error line naming it, within the bound."""
+        import tempfile
+
+        from slurm_fakes import run_with_short_timeouts, silent_endpoint
+
+        endpoint = silent_endpoint(self)
+        env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL_EC2=endpoint)
+        with tempfile.TemporaryDirectory() as d:
+            config = os.path.join(d, "cloud.json")
+            with open(config, "w", encoding="utf-8") as f:
+                json.dump({"cluster": "hpc", "region": REGION, "launch_template_id": "lt-1", "subnet_ids": ["subnet-1"]}, f)
+            r = run_with_short_timeouts(self, "export_munge_key.py", "--config", config, "--key", os.path.join(d, "k"),
+                                        "--dir", os.path.join(d, "keys"), "--exports", os.path.join(d, "exports"), env=env)
+            self.assertEqual(sorted(os.listdir(d)), ["cloud.json"])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertTrue(r.stderr.startswith(f"export_munge_key.py: error: {endpoint} gave no answer within 2 s"), r.stderr)
 
 
     def test_served_to_the_compute_subnets_only(self):
