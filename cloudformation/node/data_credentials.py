@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 
-from hpc_cloud import OneLineParser, aws_client, write_atomically
+from hpc_cloud import OneLineParser, aws_client, region_arg, write_atomically
 
 DEFAULT_OUT = "/run/hpctrain/aws/credentials"
 # Seconds an AssumeRole call may try (hpc_cloud.aws_client): credentials are renewed with at least
@@ -55,7 +55,7 @@ def renew(sts, args):
 def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--role", required=True, help="the data role's ARN")
-    p.add_argument("--region", required=True)
+    p.add_argument("--region", required=True, type=region_arg)
     p.add_argument("--out", default=DEFAULT_OUT, help="the credentials file (default %(default)s)")
     p.add_argument("--duration", type=int, default=3600, help="seconds each credential lasts (900 to 3600)")
     p.add_argument("--once", action="store_true", help="write them once and exit")
@@ -67,7 +67,11 @@ def main():
     from botocore.exceptions import BotoCoreError, ClientError
 
     # (The next renewal tries again; the error line below names an endpoint that gave no answer, once.)
-    sts = aws_client("sts", args.region, STS_DEADLINE, give_up_for_the_run=False)
+    try:
+        sts = aws_client("sts", args.region, STS_DEADLINE, give_up_for_the_run=False)
+    except BotoCoreError as e:  # (AWS_PROFILE names no profile, and such: no renewal would help)
+        print(f"data_credentials.py: error: {e}", file=sys.stderr)
+        return 1
     while True:
         try:
             left = renew(sts, args)

@@ -10,7 +10,7 @@ mode 0400, owned by the munge user when there is one. The key never touches /sha
 import pwd
 import sys
 
-from hpc_cloud import OneLineParser, aws_client, write_atomically
+from hpc_cloud import OneLineParser, aws_client, region_arg, write_atomically
 
 # Seconds the GetSecretValue call may try (hpc_cloud.aws_client): the head node's bootstrap waits
 # for it, and an endpoint that never answers fails it within aws_worst_case(60) = 110 s (the
@@ -32,7 +32,7 @@ def install_key(key, out):
 def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--secret", required=True, help="the secret's ARN")
-    p.add_argument("--region", required=True)
+    p.add_argument("--region", required=True, type=region_arg)
     p.add_argument("--out", default="/etc/munge/munge.key")
     a = p.parse_args()
     from botocore.exceptions import BotoCoreError, ClientError

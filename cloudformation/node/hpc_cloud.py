@@ -101,6 +101,23 @@ class ConfigError(Exception):
     """The settings file is missing or malformed."""
 
 
+def aws_region(text):
+    """`text` if it has the shape of an AWS region's name (us-east-1, us-gov-west-1, ap-southeast-2),
+    else ValueError: botocore refuses some malformed names only when a client is made, with a
+    traceback in the programs that make one first, and takes others (us_east_1) for a host name."""
+    if not isinstance(text, str) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", text):
+        raise ValueError(f"{text!r} is not an AWS region (like us-east-1)")
+    return text
+
+
+def region_arg(text):
+    """aws_region for argparse: a malformed --region is a usage error (one line, exit 2)."""
+    try:
+        return aws_region(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def load_config(path=None):
     path = path or os.environ.get("HPCTRAIN_CLOUD_CONFIG", "/etc/hpctrain/cloud.json")
     try:
@@ -115,6 +132,10 @@ def load_config(path=None):
     for key in ("cluster", "region", "launch_template_id"):
         if not isinstance(cfg.get(key), str) or not cfg[key]:
             raise ConfigError(f"{path}: '{key}' must be a non-empty string")
+    try:
+        aws_region(cfg["region"])
+    except ValueError as e:
+        raise ConfigError(f"{path}: 'region': {e}") from None
     for key, what in (("subnet_ids", "subnet ids"), ("instance_types", "instance types"),
                       ("security_group_ids", "security group ids")):
         values = cfg.setdefault(key, [])
@@ -142,11 +163,19 @@ def load_config(path=None):
     return cfg
 
 
+# The most node names a host list may expand to: far more than a cluster has (cluster.yaml allows
+# 512 compute nodes), so that a typo (gpu-[1-10000000]) is one error line, not minutes of memory.
+MAX_HOSTLIST_NAMES = 65536
+
+
 def expand_hostlist(text):
     """Slurm's compressed host list, as ResumeProgram gets it: 'gpu-[1-3,7],cpu-1' ->
-    ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-7', 'cpu-1']. Zero padding is kept (n[01-02])."""
+    ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-7', 'cpu-1']. Zero padding is kept (n[01-02]). White space
+    (a list typed as 'gpu-1, gpu-2') is refused: no node's name holds it."""
     items, depth, start = [], 0, 0
     text = text or ""
+    if re.search(r"[\s\x00-\x1f]", text):
+        raise ValueError(f"not a Slurm host list (it holds white space): {text!r}")
     for i, c in enumerate(text):
         depth += (c == "[") - (c == "]")
         if depth not in (0, 1):
@@ -171,6 +200,8 @@ def expand_hostlist(text):
             if len(bounds) == 1 and bounds[0].isdigit():
                 names.append(prefix + bounds[0] + suffix)
             elif len(bounds) == 2 and all(b.isdigit() for b in bounds) and int(bounds[0]) <= int(bounds[1]):
+                if len(names) + int(bounds[1]) - int(bounds[0]) + 1 > MAX_HOSTLIST_NAMES:
+                    raise ValueError(f"more than {MAX_HOSTLIST_NAMES} node names in {text!r}"[:300])
                 width = len(bounds[0])
                 for i in range(int(bounds[0]), int(bounds[1]) + 1):
                     names.append(f"{prefix}{i:0{width}d}{suffix}")

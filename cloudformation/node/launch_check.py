@@ -15,7 +15,8 @@ reaches the stack's log group) rather than failing anything.
 
     launch_check.py [--wait SECONDS]   (settings: HPCTRAIN_CLOUD_CONFIG, default /etc/hpctrain/cloud.json)
 
-Exit status: 0 when no choice was refused its permissions, 1 when one was, 2 on bad input.
+Exit status: 0 when no choice was refused its permissions, 1 when one was, 2 on bad input (the
+settings, or an AWS configuration that makes no EC2 client: AWS_PROFILE naming no profile).
 """
 
 import logging
@@ -71,7 +72,7 @@ def check(cfg, wait):
     for n, choice in enumerate(every):
         code, message = dry_run(ec2, cfg, choice, deadline)
         if code == "no answer":  # (the client gives up for the run: the choices after it would fail at once)
-            logging.warning("%s%s: not checked: no answer from EC2: %s", describe(choice),
+            logging.warning("%s%s: not checked: %s", describe(choice),
                             f" and the {len(every) - n - 1} choices after it" if n + 1 < len(every) else "", message)
             break
         if code == ALLOWED:
@@ -99,7 +100,13 @@ def main(argv=None):
         print(f"launch_check.py: error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg, "launch_check.py")
-    refused = check(cfg, args.wait)
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        refused = check(cfg, args.wait)
+    except BotoCoreError as e:  # no EC2 client at all (AWS_PROFILE names no profile, and such)
+        print(f"launch_check.py: error: cannot ask EC2: {e}", file=sys.stderr)
+        return 2
     if refused:
         print(f"launch_check.py: error: the head node may not launch {refused} of the {len(choices(cfg))} "
               "instance choices resume.py would try (see the lines above): the cluster's nodes would never "

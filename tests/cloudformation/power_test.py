@@ -941,8 +941,8 @@ class SilentEndpoint(unittest.TestCase):
         r = self.run_against(endpoint, "launch_check.py", "--wait=0")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(sum(endpoint in line for line in r.stderr.splitlines()), 1, r.stderr)
-        self.assertIn("WARNING: on-demand g5.xlarge in subnet-1 and the 3 choices after it: not checked: no answer from "
-                      f"EC2: {endpoint} gave no answer within 2 s", r.stderr)
+        self.assertIn("WARNING: on-demand g5.xlarge in subnet-1 and the 3 choices after it: not checked: "
+                      f"{endpoint} gave no answer within 2 s", r.stderr)
 
     def test_each_programs_bound_fits_whoever_runs_it(self):
         """The stated worst cases against the rendered configuration: suspend.py within Slurm's
@@ -972,15 +972,46 @@ class SilentEndpoint(unittest.TestCase):
 
 
 class BadInput(unittest.TestCase):
-    def run_program(self, program, arg, config_text):
+    def run_program(self, program, arg, config_text, **env):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "cloud.json")
             if config_text is not None:
                 with open(path, "w", encoding="utf-8") as f:
-                    f.write(config_text)
-            env = dict(os.environ, HPCTRAIN_CLOUD_CONFIG=path)
-            return subprocess.run([sys.executable, os.path.join(NODE_DIR, program), arg], env=env,
+                    f.write(config_text.replace("STATE_DIR", d))
+            env = dict(os.environ, HPCTRAIN_CLOUD_CONFIG=path, **env)
+            args = arg if isinstance(arg, list) else [arg]
+            return subprocess.run([sys.executable, os.path.join(NODE_DIR, program), *args], env=env,
                                   capture_output=True, text=True, check=False)
+
+    def test_slurm_host_lists(self):
+        self.assertEqual(hpc_cloud.expand_hostlist("q-dy-gpu-[1-3,5]"), ["q-dy-gpu-1", "q-dy-gpu-2", "q-dy-gpu-3", "q-dy-gpu-5"])
+        self.assertEqual(hpc_cloud.expand_hostlist("n[08-10]x,cpu-1"), ["n08x", "n09x", "n10x", "cpu-1"])
+        self.assertEqual(len(hpc_cloud.expand_hostlist(f"gpu-[1-{hpc_cloud.MAX_HOSTLIST_NAMES}]")),
+                         hpc_cloud.MAX_HOSTLIST_NAMES)
+
+    def test_a_region_of_another_shape(self):
+        for region in ("us-east-1", "us-gov-west-1", "ap-southeast-2", "eu-central-1", "us-isob-east-1"):
+            self.assertEqual(hpc_cloud.aws_region(region), region)
+        for region in ("us east 1", "us_east_1", "US-EAST-1", "us-east", "", "us-east-1 "):
+            with self.subTest(region=region), self.assertRaises(ValueError):
+                hpc_cloud.aws_region(region)
+
+    def test_an_aws_configuration_that_makes_no_client_is_one_line(self):
+        """AWS_PROFILE naming no profile: botocore refuses to make a client, which the programs that
+        make theirs before their error handling turned into a traceback."""
+        good = json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt-1",
+                           "state_file": "STATE_DIR/state/cloud-state.json"})
+        cases = [
+            ("launch_check.py", "--wait=0", 2, "launch_check.py: error: cannot ask EC2: The config profile (no-such-profile) "
+                                               "could not be found"),
+            ("data_credentials.py", ["--role", "arn:aws:iam::123456789012:role/r", "--region", REGION, "--once",
+                                     "--out", "/nonexistent/credentials"], 1,
+             "data_credentials.py: error: The config profile (no-such-profile) could not be found"),
+        ]
+        for program, arg, code, line in cases:
+            with self.subTest(program=program):
+                r = self.run_program(program, arg, good, AWS_PROFILE="no-such-profile")
+                self.assertEqual((r.returncode, r.stderr), (code, line + "\n"))
 
     def test_one_error_line_and_exit_2(self):
         good = json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt-1"})
@@ -999,6 +1030,19 @@ class BadInput(unittest.TestCase):
                                                     "market": "cheap"}), "'market' must be"),
             ("suspend.py", "gpu-1", json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt",
                                                 "instance_profile_arn": "compute"}), "'instance_profile_arn' must be an instance profile's ARN"),
+            # A first user's mistakes: a list typed with spaces, a range typed too long, no node at
+            # all, the region written otherwise (botocore took it into a traceback, or for a host).
+            ("resume.py", "gpu-1, gpu-2", good, "not a Slurm host list (it holds white space): 'gpu-1, gpu-2'"),
+            ("suspend.py", "gpu-[1-10000000]", good, f"more than {hpc_cloud.MAX_HOSTLIST_NAMES} node names"),
+            ("resume.py", "", good, "not a Slurm host list: ''"),
+            ("resume.py", "gpu-1", json.dumps({"cluster": "c", "region": "us east 1", "launch_template_id": "lt"}),
+             "'region': 'us east 1' is not an AWS region (like us-east-1)"),
+            ("launch_check.py", "--wait=0", json.dumps({"cluster": "c", "region": "us_east_1", "launch_template_id": "lt"}),
+             "'region': 'us_east_1' is not an AWS region"),
+            ("data_credentials.py", ["--role", "r", "--region", "us east 1", "--once"], good,
+             "argument --region: 'us east 1' is not an AWS region (like us-east-1)"),
+            ("fetch_munge_key.py", ["--secret", "s", "--region", "us_east_1"], good,
+             "argument --region: 'us_east_1' is not an AWS region"),
         ]
         for program, arg, config, text in cases:
             with self.subTest(program=program, arg=arg, text=text):
