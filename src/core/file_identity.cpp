@@ -48,12 +48,26 @@ std::string follow_last_links(std::string path) {
   return path;
 }
 
-// The first link, file or FIFO on the way from `path` (its last part's links followed) that
-// another user may have put there for this process to follow or write into: one of a folder
-// every user may write to and only an entry's owner may remove from (sticky: /tmp, /dev/shm),
-// owned neither by this process's user nor by the folder's. The kernel refuses the same
-// (fs.protected_symlinks, protected_regular and protected_fifos), but only where those are set,
-// and a dangling link is followed here (O_CREAT | O_EXCL will not), where no kernel check sees it.
+bool is_stream(mode_t mode) { return S_ISFIFO(mode) || S_ISCHR(mode) || S_ISSOCK(mode); }
+
+// /dev/stdout, /dev/fd/N, /proc/self/fd/N: a descriptor the process was given, a stream by the
+// user's own words even where it ends in a regular file (hpctrain ... > log 2>&1 with
+// --metrics-file /dev/stdout --timeline-file /dev/stderr shares the log by intent).
+bool names_a_descriptor(const std::string& path) {
+  const std::string p = fs::path(path).lexically_normal().string();
+  if (p == "/dev/stdin" || p == "/dev/stdout" || p == "/dev/stderr" || p.starts_with("/dev/fd/")) return true;
+  if (!p.starts_with("/proc/")) return false;
+  const std::string rest = p.substr(6), process = rest.substr(0, rest.find('/'));
+  const bool ours = process == "self" || process == "thread-self" ||
+                    (!process.empty() && process.find_first_not_of("0123456789") == std::string::npos);
+  return ours && rest.substr(process.size()).starts_with("/fd/");
+}
+
+}  // namespace
+
+// (file_identity.hpp) The kernel refuses the same (fs.protected_symlinks, protected_regular and
+// protected_fifos), but only where those are set, and a dangling link is followed here (O_CREAT |
+// O_EXCL will not), where no kernel check sees it.
 std::optional<std::string> planted_by_another_user(std::string path) {
   for (int i = 0; i < kMaxLinks; ++i) {
     struct stat entry {}, folder {};
@@ -73,23 +87,6 @@ std::optional<std::string> planted_by_another_user(std::string path) {
   }
   return std::nullopt;
 }
-
-bool is_stream(mode_t mode) { return S_ISFIFO(mode) || S_ISCHR(mode) || S_ISSOCK(mode); }
-
-// /dev/stdout, /dev/fd/N, /proc/self/fd/N: a descriptor the process was given, a stream by the
-// user's own words even where it ends in a regular file (hpctrain ... > log 2>&1 with
-// --metrics-file /dev/stdout --timeline-file /dev/stderr shares the log by intent).
-bool names_a_descriptor(const std::string& path) {
-  const std::string p = fs::path(path).lexically_normal().string();
-  if (p == "/dev/stdin" || p == "/dev/stdout" || p == "/dev/stderr" || p.starts_with("/dev/fd/")) return true;
-  if (!p.starts_with("/proc/")) return false;
-  const std::string rest = p.substr(6), process = rest.substr(0, rest.find('/'));
-  const bool ours = process == "self" || process == "thread-self" ||
-                    (!process.empty() && process.find_first_not_of("0123456789") == std::string::npos);
-  return ours && rest.substr(process.size()).starts_with("/fd/");
-}
-
-}  // namespace
 
 std::optional<FileIdentity> file_identity(const std::string& path) {
   if (path.empty()) return std::nullopt;

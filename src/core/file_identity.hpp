@@ -56,6 +56,14 @@ std::string where_a_dangling_link_leads(const std::string& path);
 // log's writes through fd 1 landed over what it had written.
 std::optional<int> dup_own_descriptor(const std::string& path);
 
+// The first link, file or FIFO on the way from `path` (its last part's links followed) that
+// another user may have put there for this process to follow or write into: one of a folder
+// every user may write to and only an entry's owner may remove from (sticky: /tmp, /dev/shm, a
+// node_exporter collector directory all jobs write to), owned neither by this process's user nor
+// by the folder's; said as "the link P belongs to uid U in F (mode 1777, writable by every
+// user)". nullopt when there is none.
+std::optional<std::string> planted_by_another_user(std::string path);
+
 // An output a run appends its events to (--metrics-file, --trace-file), opened for writing:
 // /dev/stdout and its kin through the descriptor itself (dup_own_descriptor); a link to nothing
 // at the file it leads to; else created with open(O_CREAT | O_EXCL | create_flags), which tells a

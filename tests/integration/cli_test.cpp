@@ -3,6 +3,7 @@
 // --version exit 0.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -772,6 +773,30 @@ TEST_F(Cli, APrometheusFilesTemporaryFollowsNoPlantedLink) {
   EXPECT_EQ(fs::status(prom).permissions(), fs::perms(0644));  // node_exporter reads it as another user
   for (const auto& e : fs::directory_iterator(work_.str()))  // no temporary left
     EXPECT_EQ(e.path().filename().string().find(".job.prom.tmp."), std::string::npos) << e.path();
+}
+
+// A collector directory every job may write to (sticky, as /tmp): a link another user planted
+// there under the job's file name was followed (through_links reads it, which the kernel's
+// fs.protected_symlinks never sees), and the run created or replaced the file it chose, one of
+// this user's. Refused as --metrics-file's is; this user's own link there is still followed.
+// Needs root, to give the link to another user.
+TEST_F(Cli, APrometheusFileLinkPlantedByAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (lchown to another user); CI runs as root";
+  const std::string shared = work_.file("collector"), victim = work_.file("victim.prom");
+  fs::create_directory(shared);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  const std::string planted = shared + "/job.prom";
+  fs::create_symlink(victim, planted);
+  ASSERT_EQ(::lchown(planted.c_str(), 4343, 4343), 0);
+  expect_refused({"--prometheus-file", planted},
+                 {"refusing --prometheus-file " + planted + ": the link " + planted + " belongs to uid 4343 in " +
+                  shared + " (mode 1777, writable by every user): another user may have put it there"});
+  EXPECT_FALSE(fs::exists(fs::symlink_status(victim)));
+  const std::string own = shared + "/own.prom";
+  fs::create_symlink(victim, own);
+  const RunResult r = run({"--prometheus-file", own});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_text(victim).rfind("# HELP hpctrain_", 0), 0u);
 }
 
 // --config from a pipe, as bash's process substitution gives it, is read as a file is.

@@ -82,6 +82,13 @@ PrometheusTextfile::PrometheusTextfile(std::string path, std::vector<std::pair<s
     : path_(std::move(path)), labels_(labels_text(labels)), written_(through_links(path_)) {}
 
 void require_ours_or_none(const std::string& path) {
+  // A collector directory is often one every job may write to (sticky, as /tmp): a link planted
+  // there under the job's file name was followed, and each rewrite renamed over (or created) the
+  // file it chose, one of this user's (through_links reads the link itself, where the kernel's
+  // fs.protected_symlinks never looks). Refused as --metrics-file's is.
+  if (const std::optional<std::string> planted = planted_by_another_user(path))
+    usage_error("refusing --prometheus-file ", path, ": ", *planted,
+                ": another user may have put it there for this run to follow or write into; use a path of your own");
   std::error_code ec;
   const std::string dir = std::filesystem::absolute(path, ec).parent_path().string();
   const std::filesystem::file_status st = std::filesystem::status(dir, ec);
