@@ -54,10 +54,15 @@ double Clock::now() const { return monotonic_seconds() - started_; }
 void Voice::open(const std::string& log_dir) {
   if (hpcrun_log_.is_open()) return;
   std::error_code ec;
-  fs::create_directories(log_dir, ec);
+  make_directories(log_dir, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
   HPC_REQUIRE(!ec, "--log-dir ", log_dir, ": cannot create it: ", ec.message());
   require_safe_directory(log_dir, "--log-dir");
-  hpcrun_log_.open((fs::path(log_dir) / "hpcrun.log").string(), std::ios::app);
+  const std::string log = (fs::path(log_dir) / "hpcrun.log").string();
+  // Made 0644 first, as the attempts' logs and the checkpoints beside them, whatever the umask (an
+  // ofstream's 0666 under umask 000 let every user rewrite the job's record).
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+  hpcrun_log_.open(log, std::ios::app);
   HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", log_dir, ": cannot write in it");
   for (const std::string& line : early_lines_) hpcrun_log_ << line << '\n';
   hpcrun_log_ << std::flush;
@@ -85,7 +90,7 @@ int Voice::open_attempt_log(const std::string& log_dir, int from, std::string* p
   attempt_log_.close();
   for (int n = from; n < kMostAttempts; ++n) {
     *path = log_of(n);
-    const int fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    const int fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST) continue;
     if (fd < 0) break;
     ::close(fd);

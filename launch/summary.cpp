@@ -1,4 +1,5 @@
 // The end of hpcrun's run: the summary on the terminal and in hpcrun.log, and summary.json.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,6 +91,8 @@ Json attempt_json(const AttemptRecord& a, const AttemptRecord* next) {
 // a file, and two hpcruns ending at once on one log directory do not rename each other's.
 bool write_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  // as the logs, whatever the umask
+  if (fd >= 0) ::close(fd);
   std::ofstream out(tmp, std::ios::trunc);
   out << text;
   out.close();

@@ -220,7 +220,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
                                                       const std::function<bool()>& stop) {
   std::error_code ec;
   const bool existed = fs::exists(dir, ec);
-  fs::create_directories(dir, ec);
+  make_directories(dir, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
   HPC_REQUIRE(!ec && fs::is_directory(dir), "cannot create checkpoint directory ", dir,
               ec ? ": " + ec.message() : std::string(": not a directory"));
   require_safe_directory(dir, "--checkpoint-dir");  // before anything in it is read or written

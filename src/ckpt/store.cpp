@@ -338,7 +338,7 @@ CheckpointStore::CheckpointStore(std::string dir, int keep, bool reuse_pages)
   HPC_REQUIRE(!dir_.empty(), "--checkpoint-dir must not be empty");
   HPC_REQUIRE(keep_ >= 1, "--keep-checkpoints must be at least 1, got ", keep_);
   std::error_code ec;
-  fs::create_directories(dir_, ec);
+  make_directories(dir_, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
   HPC_REQUIRE(!ec && fs::is_directory(dir_), "cannot create checkpoint directory ", dir_,
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(::access(dir_.c_str(), W_OK) == 0, "checkpoint directory ", dir_, " is not writable");
@@ -387,7 +387,7 @@ void CheckpointStore::supersede_after(int64_t after) {
   fs::path aside = fs::path(dir_) / name;
   std::error_code ec;
   for (int n = 2; fs::exists(aside, ec); ++n) aside = fs::path(dir_) / (name + "-" + std::to_string(n));
-  HPC_REQUIRE(fs::create_directory(aside, ec) && !ec, "cannot create ", aside.string(), ": ", ec.message());
+  HPC_REQUIRE(::mkdir(aside.c_str(), kSharedDirectoryMode) == 0, "cannot create ", aside.string(), ": ", std::strerror(errno));
   for (const std::string& path : newer)
     if (::rename(path.c_str(), (aside / fs::path(path).filename()).c_str()) != 0) io_error("move", path);
   // Both directories' entries durable (POSIX promises each only for the directory synced).
@@ -440,11 +440,14 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
       "\npid=", ::getpid(), "\nstate=", state, "\n", extra);
   {
     ::unlink(tmp.c_str());  // a FIFO of that name would block the open; any other file is replaced anyway
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.close();  // a full file system fails here, at the flush: checked before the rename, which
-                  // would otherwise put an empty file over the last good heartbeat
-    if (!out) {
+    // 0644 as the checkpoints beside it, whatever the umask (under umask 000 an ofstream's 0666 let
+    // every user rewrite the state and step that hpcrun and the Slurm scripts act on).
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    bool written = fd >= 0 && signal_safe::write_whole(fd, text.data(), text.size());
+    // A full file system may fail only here: checked before the rename, which would otherwise put
+    // an empty file over the last good heartbeat.
+    if (fd >= 0 && ::close(fd) != 0) written = false;
+    if (!written) {
       ::unlink(tmp.c_str());
       const bool last = std::strcmp(state, "training") != 0;
       if (last && overwrite_in_place(path.c_str(), text.data(), text.size())) return;
@@ -554,7 +557,12 @@ MembershipMarker membership_marker(const std::string& dir, const std::string& to
 }
 
 void write_membership_marker(const std::string& dir, const std::string& token) {
-  std::ofstream(fs::path(dir) / kMembershipMarkerFile) << "token=" << token << "\npid=" << ::getpid() << "\n";
+  const std::string path = (fs::path(dir) / kMembershipMarkerFile).string();
+  const std::string text = detail::concat("token=", token, "\npid=", ::getpid(), "\n");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);  // as the heartbeat
+  if (fd < 0) return;  // as before: no marker, and the stop writes a checkpoint instead of snapshots
+  signal_safe::write_whole(fd, text.data(), text.size());
+  ::close(fd);
 }
 
 void remove_membership_marker(const std::string& dir, const std::string& token) {

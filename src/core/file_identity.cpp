@@ -230,6 +230,27 @@ void require_not_root_dir(const std::string& dir, const std::string& what) {
   HPC_REQUIRE(!is_root, what, " ", dir, " is the root directory / (an unset variable?): give a directory of its own");
 }
 
+bool make_directories(const std::string& dir, mode_t mode, std::error_code& ec) {
+  ec.clear();
+  // Part by part as written, as mkdir -p and create_directories go: "a/b/../c" makes a, a/b and a/c.
+  fs::path prefix;
+  for (const fs::path& part : fs::path(dir)) {
+    prefix /= part;
+    if (part.empty()) continue;  // a trailing "/"
+    struct stat st {};
+    if (::stat(prefix.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) continue;
+      ec = std::make_error_code(std::errc::not_a_directory);
+      return false;
+    }
+    if (errno == ENOENT && ::mkdir(prefix.c_str(), mode) == 0) continue;
+    if (errno == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;  // made meanwhile
+    ec = std::error_code(errno == EEXIST ? ENOTDIR : errno, std::generic_category());
+    return false;
+  }
+  return true;
+}
+
 std::string mode_text(mode_t mode) {
   char text[8];
   std::snprintf(text, sizeof text, "%o", static_cast<unsigned>(mode & 07777));

@@ -144,6 +144,15 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
 // directory that cannot be read is a usage error naming it.
 void walk_files(const std::string& dir, const std::function<void(const std::filesystem::directory_entry&)>& visit);
 
+// Creates `dir` and the directories above it that are missing, as mkdir -p does, but each made
+// with `mode` less the umask, where std::filesystem::create_directories gives 0777 less it: under
+// umask 000 that was a directory every user may write to, which the run then refused itself
+// (require_safe_directory) and left behind for anyone to fill, and a private one (a snapshot
+// directory in /dev/shm) was open to all until its chmod. One there already is left as it is.
+// Sets `ec` (and returns false) where one cannot be made or a part is no directory.
+inline constexpr mode_t kSharedDirectoryMode = 0775;  // the group's as the umask says, never others'
+bool make_directories(const std::string& dir, mode_t mode, std::error_code& ec);
+
 // A file's permission bits as chmod takes them, in octal: "755", "1777".
 std::string mode_text(mode_t mode);
 

@@ -122,7 +122,7 @@ class OutDir {
     std::error_code ec;
     for (fs::path p = fs::absolute(path, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
       created_.insert(created_.begin(), p);
-    fs::create_directories(path, ec);
+    make_directories(path, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
     HPC_REQUIRE(!ec, "cannot create ", path, ": ", ec.message());
     fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     HPC_REQUIRE(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));

@@ -1685,5 +1685,29 @@ TEST_F(Checkpoints, TheHeartbeatOfAFailedRunSaysSo) {
   EXPECT_FALSE(fs::exists(none));
 }
 
+// Under umask 000 a run made its checkpoint directory (and those above it) 0777, and then
+// refused it as writable by others, leaving it behind for anyone to fill; its heartbeat was 0666,
+// and the snapshot directory was every user's until its chmod. Now nothing it makes is others' to
+// write in or to: the directories as the umask says but never others', the files 0644 as the
+// checkpoints, the snapshot directory 0700 from the start.
+TEST_F(Checkpoints, UnderUmask000NothingItMakesIsWritableByOthers) {
+  const std::string ck = dir_.file("new/deeper/ck"), shm = dir_.file("shm/hpctrain-test");
+  std::vector<std::string> args{"--train-samples", "640", "--test-samples", "100", "--epochs", "1",
+                                "--global-batch-size", "64", "--threads", "1", "--quiet", "--data-dir",
+                                fashion_mnist_dir(), "--metrics-file", dir_.file("u.jsonl"), "--checkpoint-dir", ck,
+                                "--checkpoint-every-steps", "5", "--snapshot-every-steps", "1", "--snapshot-dir", shm};
+  const mode_t umask_before = ::umask(0);
+  const RunResult r = run_hpctrain(args, 120);
+  ::umask(umask_before);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(ck + "/heartbeat"));
+  for (const auto& e : fs::recursive_directory_iterator(dir_.str()))
+    EXPECT_EQ(e.symlink_status().permissions() & fs::perms::others_write, fs::perms::none)
+        << e.path() << " is writable by others";
+  EXPECT_EQ(fs::status(ck + "/heartbeat").permissions(), fs::perms(0644));
+  EXPECT_EQ(fs::status(ck).permissions(), fs::perms(0775));
+  EXPECT_EQ(fs::status(shm).permissions(), fs::perms(0700));
+}
+
 }  // namespace
 }  // namespace hpc::itest

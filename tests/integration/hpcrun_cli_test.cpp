@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ctime>
@@ -271,6 +272,23 @@ TEST(HpcrunCli, AStrayWordInMpiArgsIsAUsageErrorNotRetried) {
     const std::string last = r.err.substr(r.err.find_last_of('\n', r.err.size() - 2) + 1);
     EXPECT_NE(last.find("gave up: mpirun took '" + word + "' for the program to run"), std::string::npos) << r.err;
   }
+}
+
+// Under umask 000 hpcrun made its log directory 0777 and then refused it as writable by others,
+// leaving it behind; its logs were 0666. Now the directories are never others' to write in, and
+// the logs and the summary are 0644, as hpctrain's checkpoints beside them.
+TEST(HpcrunCli, UnderUmask000ItsLogsAreNoOneElsesToWrite) {
+  TempDir dir("hpcrun_umask");
+  const std::string logs = dir.file("job/logs");
+  const mode_t umask_before = ::umask(0);
+  const RunResult r = hpcrun({"--log-dir", logs, "-np", "1", "sh", "-c", "echo ran"});
+  ::umask(umask_before);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {"hpcrun.log", "attempt-1.log", "summary.json"})
+    EXPECT_EQ(fs::status(logs + "/" + name).permissions(), fs::perms(0644)) << name;
+  for (const auto& e : fs::recursive_directory_iterator(dir.str()))
+    EXPECT_EQ(e.symlink_status().permissions() & fs::perms::others_write, fs::perms::none)
+        << e.path() << " is writable by others";
 }
 
 // The MCA check's control: known parameters (a synonym too), components and exclusions run.

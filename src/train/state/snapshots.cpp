@@ -145,7 +145,7 @@ void require_private(const fs::path& dir, bool sticky_will_do) {
 void require_own_directory(const fs::path& dir, bool run_dir) {
   std::error_code ec;
   const bool existed = fs::exists(fs::symlink_status(dir, ec));
-  fs::create_directories(dir, ec);
+  make_directories(dir.string(), 0700, ec);  // private from its first moment, not after a chmod
   struct stat st {};
   HPC_REQUIRE(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "cannot create ", dir.string(),
               ec ? ": " + ec.message() : std::string(": not a directory"));
