@@ -131,6 +131,23 @@ class Prepare(unittest.TestCase):
         self.assertEqual(p.stderr.strip(), f"hpctrain: error: --data-dir {out} holds fashion-mnist (its hpcdata.json, "
                                            "from hpcdata prepare, says so), not mnist: give --dataset fashion-mnist")
 
+    def test_under_umask_000_nothing_it_makes_is_writable_by_others(self):
+        """A verified dataset was 0666 in a 0777 DIR under umask 000: any user could swap it after
+        its checksums passed. Now neither DIR (nor the directories made above it) nor any file in
+        it is others' to write."""
+        top = self.out("umask000")
+        out = os.path.join(top, "deeper", "mnist")
+        before = os.umask(0)
+        try:
+            code, _, err = hpcdata("prepare", "mnist", "--out", out, "--offline", "--no-verify", "--from", self.mnist)
+        finally:
+            os.umask(before)
+        self.assertEqual(code, 0, err)
+        made = [top] + [os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files]
+        self.assertGreater(len(made), 5, made)
+        for path in made:
+            self.assertEqual(os.lstat(path).st_mode & 0o002, 0, f"{path} is writable by others")
+
     def test_cifar100_archive_unpacks_and_trains(self):
         out = self.out("cifar100")
         code, _, err = hpcdata("prepare", "cifar100", "--out", out, "--offline", "--from", self.archives)
