@@ -213,7 +213,9 @@ job_read_requeues() {
 job_write_requeues() {  # written whole, then renamed: a run killed meanwhile leaves the old counts
   [[ -n "${CHECKPOINT_DIR:-}" && -d "$CHECKPOINT_DIR" ]] || return 0
   local file=$CHECKPOINT_DIR/slurm-requeues
-  { echo "$(job_spec) $job_failed_in_a_row $job_stalled" > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"; } 2> /dev/null ||
+  # (umask o-w: under umask 000 any user could rewrite the counts that decide the requeues)
+  { (umask o-w && echo "$(job_spec) $job_failed_in_a_row $job_stalled" > "$file.tmp.$$") &&
+    mv -f "$file.tmp.$$" "$file"; } 2> /dev/null ||
     job_log "cannot write $file: the runs without a new checkpoint are not counted"
 }
 
@@ -414,7 +416,9 @@ job_run_trainer() {
     CHECKPOINT_DIR=$(job_option_value checkpoint-dir "${args[@]}")
     [[ -n "$CHECKPOINT_DIR" ]] || job_die "$(job_option_where checkpoint-dir "${args[@]}") is given without a directory"
   fi
-  mkdir -p "$CHECKPOINT_DIR" || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
+  # Never others' to write in, whatever the umask: under umask 000 mkdir made it 0777, which
+  # hpctrain then refused (another user could plant a checkpoint there), leaving it for anyone.
+  (umask o-w && mkdir -p "$CHECKPOINT_DIR") || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")
   # The options are the job's, the same on every run of it: a --resume FILE (a fine-tune's start)
   # or --resume none made every requeued run (and every chain segment) start over from FILE, and

@@ -293,6 +293,19 @@ requeues "a job" 7 "requeueing" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLU
 requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID \
   SLURM_JOB_ID=7 SCONTROL_DOWN=1
 
+# Under umask 000 the checkpoint directory job.sh made was 0777 (hpctrain then refused it, and it
+# stayed for anyone to fill), and its slurm-requeues 0666 (anyone could reset the counts that bound
+# the requeues): neither is others' to write now.
+out=$(umask 000 && timeout 30 "$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/trainer" \
+  CHECKPOINT_DIR="$work/umask-ck/deeper" SLURM_JOB_ID=7 JOB_STATE_RETRY_SECONDS=0 -- 2>&1)
+rc=$?
+open=$(find "$work/umask-ck" -perm -o+w)
+if ((rc != 0)) || [[ ! -f "$work/umask-ck/deeper/slurm-requeues" || -n "$open" ]]; then
+  fail "job.sh under umask 000: exit $rc (want 0, requeued), writable by others: '${open//$'\n'/ }': $out"
+else
+  echo "ok: job.sh under umask 000 -> nothing it made is others' to write"
+fi
+
 # MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): it died on the unset variable.
 stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times without a new checkpoint (MAX_REQUEUES): exit 75" \
   -u SLURM_RESTART_COUNT MAX_REQUEUES=0 CHECKPOINT_DIR="$work/none"
