@@ -734,6 +734,25 @@ TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
   }
 }
 
+// make_directories makes each missing part with the mode given less the umask (never 0777 under
+// umask 000, as create_directories did), part by part as written ("a/b/../c" is a, a/b and a/c,
+// as mkdir -p), leaves one that is there as it is, and fails on a part that is a file.
+TEST_F(FileIdentityTest, MakeDirectoriesGivesEachPartTheModeAndFollowsTheWrittenPath) {
+  std::error_code ec;
+  const mode_t umask_before = ::umask(0);
+  const bool made = make_directories(at("a/b/../c/"), kSharedDirectoryMode, ec);
+  const bool kept = make_directories(at("sub"), 0700, ec);
+  ::umask(umask_before);
+  ASSERT_TRUE(made) << ec.message();
+  EXPECT_TRUE(kept);
+  for (const char* part : {"a", "a/b", "a/c"})
+    EXPECT_EQ(fs::status(at(part)).permissions(), fs::perms(0775)) << part;
+  EXPECT_NE(fs::status(at("sub")).permissions(), fs::perms(0700));  // there already: left as it was
+  EXPECT_FALSE(make_directories(at("x/y"), 0755, ec));
+  EXPECT_EQ(ec, std::make_error_code(std::errc::not_a_directory));
+  EXPECT_FALSE(fs::exists(at("x/y")));
+}
+
 // An output's path in a sticky folder every user may write to (/tmp): a link, file or FIFO there
 // of another user (not the folder's owner) is refused, whether the kernel's protected_symlinks is
 // set or not (a dangling link is followed by open_output itself); this user's own, or one in a
