@@ -136,6 +136,21 @@ class Plot(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertEqual(p.stderr.splitlines(), ["hpctrain-plot: error: --out is an empty path (an unset variable?)"])
 
+    def test_under_umask_000_nothing_it_makes_is_writable_by_others(self):
+        """Under umask 000 --out (and the folders above it) was 0777 and each chart 0666: any user
+        could replace a run's charts. Now neither is others' to write."""
+        top = os.path.join(self.tmp.name, "umask000")
+        before = os.umask(0)
+        try:
+            p = plot(self.straight, "--out", os.path.join(top, "charts"))
+        finally:
+            os.umask(before)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        made = [top] + [os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files]
+        self.assertEqual(len(made), 5, made)
+        for path in made:
+            self.assertEqual(os.lstat(path).st_mode & 0o002, 0, f"{path} is writable by others")
+
     def test_version_is_the_projects(self):
         """--version as the suite's other programs say it, the project's version, before the required
         METRICS.jsonl is asked for (it said "the following arguments are required", exit 2)."""
