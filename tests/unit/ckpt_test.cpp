@@ -456,6 +456,24 @@ TEST(MembershipMarker, OnlyTheAskingHpcrunsTokenMakesItOurs) {
   EXPECT_EQ(ckpt::membership_marker(dir, ""), ckpt::MembershipMarker::Stale);
 }
 
+// The heartbeat and hpcrun's membership-change marker were written through an ofstream, 0666
+// less the umask: under umask 000 any user could rewrite the state and step that hpcrun acts on
+// (the token it checks is in the file), or plant a change of hosts. 0644, as the checkpoints.
+TEST(MembershipMarker, HeartbeatAndMarkerAreNoOneElsesToWriteUnderUmask000) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  const mode_t umask_before = ::umask(0);
+  ckpt::write_heartbeat(dir, 3, 0, "training");
+  ckpt::write_membership_marker(dir, "0123456789abcdef");
+  ::umask(umask_before);
+  EXPECT_EQ(ckpt::membership_marker(dir, "0123456789abcdef"), ckpt::MembershipMarker::Ours);
+  for (const char* name : {"heartbeat", "membership-change"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat((dir + "/" + name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 07777, 0644u) << name;
+  }
+}
+
 // On a full file system the new heartbeat fails at its flush: the last good one stays (an empty
 // file renamed over it would tell hpcrun nothing), and no temporary file is left. A last beat
 // (failed, stopped, done) is written over it in place instead, in the block it holds: a run that
