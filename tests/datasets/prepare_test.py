@@ -148,6 +148,28 @@ class Prepare(unittest.TestCase):
         for path in made:
             self.assertEqual(os.lstat(path).st_mode & 0o002, 0, f"{path} is writable by others")
 
+    def test_a_dir_others_may_write_to_is_refused(self):
+        """A DIR every user may write to (another user's 777 in /tmp): they could swap the files after
+        their checks, or plant an hpcdata.json that made prepare say "already prepared" over files
+        of their choosing. Refused, one line, exit 2, whether prepared already or empty."""
+        out = self.out("open")
+        code, _, err = hpcdata("prepare", "mnist", "--out", out, "--offline", "--no-verify", "--from", self.mnist)
+        self.assertEqual(code, 0, err)
+        empty = self.out("open-empty")
+        os.makedirs(empty)
+        for d in (out, empty):
+            os.chmod(d, 0o777)
+            before = sorted(os.listdir(d))
+            code, stdout, err = hpcdata("prepare", "mnist", "--out", d, "--offline", "--no-verify", "--from", self.mnist)
+            self.assertEqual((code, stdout), (2, ""), err)
+            self.assertEqual(err.splitlines(), [f"hpcdata: error: --out {d} is writable by others (mode 777): another "
+                                                "user could replace the dataset after its checks; chmod o-w it, or "
+                                                "prepare into a directory of your own"])
+            self.assertEqual(sorted(os.listdir(d)), before)
+            os.chmod(d, 0o775)  # a team's: its group may write
+            code, _, err = hpcdata("prepare", "mnist", "--out", d, "--offline", "--no-verify", "--from", self.mnist)
+            self.assertEqual(code, 0, err)
+
     def test_cifar100_archive_unpacks_and_trains(self):
         out = self.out("cifar100")
         code, _, err = hpcdata("prepare", "cifar100", "--out", out, "--offline", "--from", self.archives)
