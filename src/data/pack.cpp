@@ -382,9 +382,13 @@ void check_pack_paths(const PackOptions& o) {
   // past NAME_MAX), is the user's to fix: refused before anything is read, not a failure of the
   // storage after the images were scanned. Only "not there yet" is for OutDir to create.
   struct stat st {};
-  if (::stat(o.out.c_str(), &st) == 0)
+  if (::stat(o.out.c_str(), &st) == 0) {
     HPC_REQUIRE(S_ISDIR(st.st_mode), "output directory ", o.out, " exists and is not a directory");
-  else if (errno != ENOENT)
+    // One that other users may write to (another user's 777, made first in /tmp) is refused, as
+    // hpctrain's checkpoint directory is: they could swap the shards once packed. (One made here
+    // is never others' to write: OutDir.)
+    require_safe_directory(o.out, "OUT");
+  } else if (errno != ENOENT)
     usage_error("output directory ", o.out, " cannot be made or used: ", std::strerror(errno));
   std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
   const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);

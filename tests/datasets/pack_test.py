@@ -156,6 +156,16 @@ class Pack(unittest.TestCase):
             self.assertEqual(code, 0, out + err)
             self.assertNotIn("packed from the same image folder", out + err)
 
+    def test_an_out_others_may_write_to_is_refused(self):
+        """An OUT every user may write to (another user's 777 in /tmp) is refused as hpctrain's
+        checkpoint directory is: they could swap the shards once packed. Exit 2, one line."""
+        os.makedirs(self.out)
+        os.chmod(self.out, 0o777)
+        self.assert_refused([self.src, self.out], 2, f"OUT {self.out}: it is writable by others (mode 777)")
+        os.chmod(self.out, 0o775)  # a team's: its group may write
+        code, err = run(self.src, self.out, "--quiet")
+        self.assertEqual(code, 0, err)
+
     def test_corrupt_image_fails_or_is_skipped(self):
         bad = os.path.join(self.src, "n01443537", "n01443537_1.JPEG")
         with open(bad, "wb") as f:
