@@ -1388,6 +1388,32 @@ TEST_F(Checkpoints, EvaluateStopsAtOnceOnASignal) {
   }
 }
 
+// ... and leaves no --metrics-file behind that it made and wrote no result to (an empty file was
+// left, which a script took for a result), nor touches one that was there.
+TEST_F(Checkpoints, EvaluateStoppedAtOnceLeavesNoEmptyMetricsFile) {
+  const std::string ck = dir_.file("evaluate-m");
+  auto args = job(ck, dir_.file("em.jsonl"));
+  args.insert(args.end(), {"--max-steps", "1"});
+  ASSERT_EQ(run_hpctrain(args).exit_code, 0);
+  const std::string before = "{\"event\":\"evaluate\",\"step\":0}\n";
+  for (const int sig : {SIGINT, SIGTERM}) {
+    for (const bool existed : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << sigabbrev_np(sig) << (existed ? ", the file there before" : ""));
+      const std::string m = dir_.file(std::string("eval-") + sigabbrev_np(sig) + (existed ? "-old" : "") + ".jsonl");
+      if (existed) write_text(m, before);
+      // After batch 5 of 1000: the file is opened (made) before the test set is read, and the
+      // result written after the last batch.
+      setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", (std::string("5:") + sigabbrev_np(sig)).c_str(), 1);
+      const RunResult r = run_hpctrain({"evaluate", "--checkpoint", ck, "--data-dir", fashion_mnist_dir(), "--threads",
+                                        "1", "--eval-batch-size", "10", "--metrics-file", m});
+      unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+      ASSERT_EQ(r.exit_code, 128 + sig) << r.err;
+      if (existed) EXPECT_EQ(read_text(m), before);
+      else EXPECT_FALSE(fs::exists(m)) << "left: '" << read_text(m) << "'";
+    }
+  }
+}
+
 TEST_F(Checkpoints, ACheckpointThatDoesNotFitIsAClearError) {
   const std::string ck = dir_.file("fit");
   ASSERT_EQ(run_hpctrain(job(ck, dir_.file("f.jsonl"))).exit_code, 0);

@@ -103,12 +103,14 @@ bool write_all(int fd, const std::string& text, size_t& done) {
 
 MetricsWriter::MetricsWriter(const std::string& path, const char* option, OnFailure on_failure)
     : path_(path), option_(option), stamp_(std::strcmp(option, "--metrics-file") == 0), on_failure_(on_failure) {
-  // A file made here (O_EXCL) is removed again if nothing was written to it; one that was there
-  // stays, whatever happens.
+  // A file made here (O_EXCL) is removed again if nothing was written to it, also by a process
+  // that ends at once (final_records::made_empty); one that was there stays, whatever happens.
+  const final_records::Writing making;  // a stop at once waits for the file to be marked
   OutputFile out = open_output(path, option, O_WRONLY | O_APPEND);
   fd_ = out.fd;
   file_ = std::move(out.file);  // what is checked and removed
   created_ = out.created;
+  if (created_) made_empty_ = final_records::made_empty(file_);
   // A stream (a pipe: /dev/stdout | cat, a FIFO, a device) is written as it is, never read,
   // checked or removed; its writes wait for a slow reader as the progress lines on stdout do.
   if (!S_ISREG(out.st.st_mode)) return;
@@ -159,10 +161,9 @@ bool MetricsWriter::holds(const JsonObject& fields, int64_t tail_bytes) const {
 
 MetricsWriter::~MetricsWriter() {
   if (fd_ < 0) return;
-  if (stamp_) {
-    const final_records::Writing changing;
-    final_records::metrics_file(-1);  // the descriptor's number may be another file's next
-  }
+  const final_records::Writing changing;
+  if (stamp_) final_records::metrics_file(-1);  // the descriptor's number may be another file's next
+  final_records::forget(std::exchange(made_empty_, -1));
   ::close(fd_);
   if (created_ && !written_) ::unlink(file_.c_str());
 }
@@ -189,6 +190,7 @@ void MetricsWriter::write(const JsonObject& fields) {
   size_t done = 0;
   if (write_all(fd_, line, done)) {
     written_ = true;
+    final_records::filled(std::exchange(made_empty_, -1));  // a whole line: the file stays
     if (stamp_) final_records::metrics_file(fd_);  // its last line whole: a stop at once appends there
     return;
   }
@@ -201,6 +203,7 @@ void MetricsWriter::write(const JsonObject& fields) {
 
 void MetricsWriter::give_up(int error, bool part_left) {
   if (stamp_) final_records::metrics_file(-1);  // under write()'s Writing
+  final_records::forget(std::exchange(made_empty_, -1));  // removed below, or left with a cut line
   ::close(std::exchange(fd_, -1));
   written_ = written_ || part_left;
   const bool removed = created_ && !written_ && ::unlink(file_.c_str()) == 0;  // made for this run, and empty

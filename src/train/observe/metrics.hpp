@@ -18,8 +18,9 @@ using hpc::JsonObject;
 // one, a JSON object): appending to anything else (a dataset file, a pretty-printed JSON document
 // named by mistake) would damage it; one whose last line was cut (a killed run) gets the new
 // lines after a line end, with a warning. A file this writer created and never wrote to is
-// removed again, so a refused run leaves nothing behind. A stream (a pipe, a FIFO, a device:
-// --metrics-file /dev/stdout | cat) is written as it is; a FIFO that nothing reads is refused at
+// removed again, so a refused run leaves nothing behind, nor one that a signal ends at once
+// (final_records::made_empty). A stream (a pipe, a FIFO, a device: --metrics-file /dev/stdout |
+// cat) is written as it is; a FIFO that nothing reads is refused at
 // once instead of waited on. Opening is an error; a write that fails later (a full file system)
 // is one warning, and the file gets no more lines, while the run goes on (OnFailure::Warn), or,
 // where the lines are the program's result (evaluate's one line), a usage error (OnFailure::Fail):
@@ -52,6 +53,7 @@ class MetricsWriter {
   const char* option_ = "";
   int fd_ = -1;
   bool created_ = false, written_ = false;  // written_: a whole line of this run is in the file
+  int made_empty_ = -1;  // created_ and no whole line yet: final_records' slot, which a stop at once removes
   bool truncatable_ = false;  // a regular file of its own (not /dev/stdout's, which the log shares)
   bool cut_ = false;  // the file's last line has no line end yet
   bool stamp_ = false;  // every event gets "unix_time" (the metrics file's, not the timeline's)

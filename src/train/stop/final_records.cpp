@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 
 #include "ckpt/store.hpp"
 #include "core/signal_safe_text.hpp"
@@ -26,6 +27,14 @@ bool g_started = false;
 char g_prom_target[4096], g_prom_tmp[4096];
 char g_prom_body[32768], g_prom_exit[1024], g_prom_time[1024];
 bool g_prom_ready = false;
+// made_empty's files: fixed buffers, as a signal's side reads them (never while they change:
+// only under a Writing, read after the writes in flight ended). A slot is taken by exchange: two
+// writers may be made at once on two threads.
+struct MadeEmpty {
+  char path[4096];
+  std::atomic<bool> used{false};
+};
+MadeEmpty g_made_empty[4];
 
 // The text of a last word, built async-signal-safely.
 struct Text {
@@ -135,17 +144,33 @@ void prometheus_file(const std::string& target, const std::string& body, const s
                  copy(g_prom_time, sizeof g_prom_time, time_prefix);
 }
 
+int made_empty(const std::string& path) {
+  for (int i = 0; i < static_cast<int>(std::size(g_made_empty)); ++i) {
+    MadeEmpty& m = g_made_empty[i];
+    if (path.size() >= sizeof m.path || m.used.exchange(true)) continue;
+    copy(m.path, sizeof m.path, path);
+    return i;
+  }
+  return -1;
+}
+
+void filled(int slot) { forget(slot); }
+void forget(int slot) {
+  if (slot >= 0) g_made_empty[slot].used.store(false);
+}
+
 void arm() { g_armed.store(true); }
 void disarm() { g_armed.store(false); }
 
 void write_at_once(const char* signal_name, int exit_code) {
-  if (!g_armed.load()) return;
   g_closed.store(true);
   // A write that still hangs after a second (storage that does not answer) is let be: what is
   // read then may be half-changed text of a gauge, never memory out of bounds.
   const timespec one_ms{0, 1000000};
   for (int ms = 0; ms < 1000 && g_writing.load() > 0; ++ms) ::nanosleep(&one_ms, nullptr);
-  if (!g_armed.load()) return;  // the run's own last words came meanwhile
+  for (const MadeEmpty& m : g_made_empty)
+    if (m.used.load()) ::unlink(m.path);
+  if (!g_armed.load()) return;  // not a training run's, or its own last words came meanwhile
   write_stopped_event(signal_name, exit_code);
   write_prometheus(exit_code);
 }

@@ -42,8 +42,21 @@ void prometheus_file(const std::string& target, const std::string& body, const s
 void arm();
 void disarm();
 
+// An output file that a writer of lines (MetricsWriter) created for this process (none was there)
+// and that holds no whole line yet: a process that ends at once removes it, as the writer's own
+// end would, instead of leaving an empty file, or one with half a line, where a script looks for
+// the result (evaluate's --metrics-file, stopped while it evaluates). made_empty returns its
+// slot (-1: none, for a path too long or more such files at once than slots: left as before);
+// filled gives the slot back once the file's first whole line is in (it stays), forget when the
+// writer removed the file itself. Each only under a Writing.
+int made_empty(const std::string& path);
+void filled(int slot);
+void forget(int slot);
+
 // Async-signal-safe: the metrics file's "stopped" event (checkpointed false, the signal's name
-// and the exit code), and the Prometheus file with state "stopped" and that exit code.
+// and the exit code), and the Prometheus file with state "stopped" and that exit code, where
+// armed; in any process, the files of made_empty that are still empty removed (after the writes
+// in flight, a second at most).
 void write_at_once(const char* signal_name, int exit_code);
 
 }  // namespace hpc::train::final_records
