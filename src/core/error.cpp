@@ -58,6 +58,13 @@ std::string one_line(const std::string& text) {
   return out;
 }
 
+std::string one_line_unambiguous(const std::string& text) {
+  std::string doubled;
+  doubled.reserve(text.size());
+  for (const char c : text) doubled.append(c == '\\' ? 2 : 1, c);
+  return one_line(doubled);
+}
+
 void io_error(const std::string& what, const std::string& path) {
   const int err = errno;  // before anything below could change it
   usage_error("cannot ", what, " ", path, ": ", std::strerror(err));

@@ -14,6 +14,12 @@ enum class ErrorKind { Usage, Internal };
 // gave) written as escapes, so that an error stays the one line its contract promises.
 std::string one_line(const std::string& text);
 
+// one_line with each backslash doubled first, so that an escape is told apart from the same
+// characters in the text: "a\nb" with a newline prints a\nb, with a backslash and an n a\\nb.
+// For what hpctrain prints as its output, not as an error (predict's paths and class names,
+// inspect's lines), which a reader may want to take back to its bytes.
+std::string one_line_unambiguous(const std::string& text);
+
 // An error's message is one printable line (one_line): a NUL from a file's bytes (a class name, a
 // header field) would end the C string what() early, hiding the problem, and a line break in a
 // name a user gave (a folder, a value) would split it.

@@ -1054,6 +1054,12 @@ TEST_F(CliCheckpoint, FifosAndDirectoriesInACheckpointDirectory) {
   const RunResult latin1 = run_hpctrain({"inspect", dir_}, kDeadline);
   EXPECT_EQ(latin1.exit_code, 0) << latin1.err;
   EXPECT_NE(latin1.out.find("heartbeat: caf\\xe9, step 1"), std::string::npos) << latin1.out;
+  // A backslash is doubled, as predict's lines have it: a value holding a backslash and an n read
+  // as the escape of a newline (state=a\nb printed "heartbeat: a\nb").
+  write_text(dir_ + "/heartbeat", "step=1\nstate=a\\nb\\x1b\nunix_time=1\n");
+  const RunResult backslash = run_hpctrain({"inspect", dir_}, kDeadline);
+  EXPECT_EQ(backslash.exit_code, 0) << backslash.err;
+  EXPECT_NE(backslash.out.find("heartbeat: a\\\\nb\\\\x1b, step 1"), std::string::npos) << backslash.out;
 }
 
 // A checkpoint directory whose heartbeat path is taken by a directory: refused at the start,

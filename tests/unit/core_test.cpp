@@ -64,6 +64,15 @@ TEST(Error, ANulByteDoesNotEndTheMessage) {
   }
 }
 
+// What predict and inspect print: one_line's escapes, and a backslash doubled so that a name
+// holding a backslash and an n reads apart from one holding a newline.
+TEST(Error, UnambiguousLinesDoubleTheBackslash) {
+  EXPECT_EQ(one_line_unambiguous("a\nb"), "a\\nb");
+  EXPECT_EQ(one_line_unambiguous("a\\nb"), "a\\\\nb");
+  EXPECT_NE(one_line_unambiguous("a\nb"), one_line_unambiguous("a\\nb"));
+  EXPECT_EQ(one_line_unambiguous("caf\xe9\t\\"), "caf\\xe9\\t\\\\");
+}
+
 // A byte that is not UTF-8 (a file's bytes, a Latin-1 name) and a C1 control are escaped as a
 // control character is: they came out raw, a terminal's replacement glyph or a C1 escape, and a
 // reader decoding the line as UTF-8 failed on it. Valid UTF-8 stays as it is.

@@ -63,13 +63,14 @@ std::string human_bytes(double n) {
   return buf;
 }
 
-// inspect's lines as one_line writes an error's: a checkpoint's or heartbeat's bytes (a value
-// edited or damaged, a name from another system's encoding) never reach the terminal raw.
+// inspect's lines escaped as predict's (one_line_unambiguous): a checkpoint's or heartbeat's
+// bytes (a value edited or damaged, a name from another system's encoding) never reach the
+// terminal raw, and a backslash doubled tells a name's "\n" (backslash, n) from an escaped newline.
 void print_lines(const std::string& text) {
   std::string out;
   for (size_t at = 0; at < text.size();) {
     const size_t end = std::min(text.find('\n', at), text.size());
-    out += one_line(text.substr(at, end - at)) + "\n";
+    out += one_line_unambiguous(text.substr(at, end - at)) + "\n";
     at = end + 1;
   }
   std::cout << out << std::flush;

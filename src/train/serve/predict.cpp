@@ -218,12 +218,7 @@ class Predictor {
   // A path or class name in the text form: control characters escaped as in error lines
   // (one_line) and, so that such an escape is told apart from the same characters in a name,
   // a backslash doubled. "a\nb.png" (newline) and "a\\nb.png" (backslash, n) print apart.
-  static std::string text_field(const std::string& text) {
-    std::string doubled;
-    doubled.reserve(text.size());
-    for (const char c : text) doubled.append(c == '\\' ? 2 : 1, c);
-    return one_line(doubled);
-  }
+  static std::string text_field(const std::string& text) { return one_line_unambiguous(text); }
 
   std::string text_line(const std::string& path, const std::vector<int64_t>& order,
                         const std::vector<double>& p) const {
