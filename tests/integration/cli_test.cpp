@@ -1153,6 +1153,13 @@ TEST_F(CliCheckpoint, EvaluateOnAnotherDataset) {
                  {"--dataset fashion-mnist: the checkpoint's cnn was trained on synthetic and cannot take "
                   "fashion-mnist's images or classes"},
                  false);
+  // Refused before the test set is read, from the dataset's shape alone: a directory without its
+  // files was the error (or, with them, the whole set was read first, and synthetic's made).
+  for (const std::string other : {"cifar10", "synthetic"})
+    expect_refused({"evaluate", "--checkpoint", dir_, "--dataset", other, "--data-dir", "@WORK/none-here"},
+                   {"--dataset " + other + ": the checkpoint's cnn was trained on fashion-mnist and cannot take " +
+                    other + "'s images or classes (evaluate it on fashion-mnist)"},
+                   false);
 }
 
 // A run that does not continue the newest checkpoint of its directory (here --resume none over

@@ -27,6 +27,7 @@
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
 #include "core/spelling.hpp"
+#include "data/facts.hpp"
 #include "dist/agree.hpp"
 #include "nn/gemm.hpp"
 #include "train/observe/metrics.hpp"
@@ -290,6 +291,18 @@ void check_evaluation_data(const ckpt::Checkpoint& c, const nn::Model<float>& mo
               "): this is its accuracy on other data");
 }
 
+// The same refusal before the test set is read, where its shape and classes are known without it
+// (every dataset but packed shards, whose classes come from their manifests as they are opened):
+// a model that cannot take them was refused only after the whole set was read (synthetic's 2048
+// images made), or after a missing directory of a dataset it could never take was the error.
+void check_evaluation_fit(const ckpt::Checkpoint& c, data::DatasetKind dataset, int64_t image_size) {
+  if (dataset == data::DatasetKind::Shards) return;
+  const data::DatasetFacts f = data::dataset_facts(data::dataset_name(dataset), image_size);
+  data::Dataset shape;  // the model's view of its dataset: the sample shape and the classes
+  shape.height = f.height, shape.width = f.width, shape.channels = f.channels, shape.classes = f.classes;
+  check_evaluation_data(c, nn::Model<float>(model_spec_of(c, shape)), dataset, /*speak=*/false);
+}
+
 struct EvaluateArgs {
   std::string checkpoint, dataset, data_dir, metrics_file;
   int64_t test_samples = 0, batch_size = 1000;
@@ -376,8 +389,9 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     // Packed shards are cropped (synthetic images made) to the size the model was trained on.
     const bool sized = e.dataset == data::DatasetKind::Shards || e.dataset == data::DatasetKind::Synthetic;
     const bool recorded = records_option(c.meta, "image-size");
-    e.ds = data::load_dataset(e.dataset, dir, sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0,
-                              /*test_only=*/true);
+    const int64_t image_size = sized && recorded ? recorded_options(c.meta, {"image-size"}).image_size : 0;
+    check_evaluation_fit(c, e.dataset, image_size);
+    e.ds = data::load_dataset(e.dataset, dir, image_size, /*test_only=*/true);
     e.ds.test.truncate_to_option(a.test_samples, "--test-samples", "test");
     e.model = std::make_unique<nn::Model<float>>(model_spec_of(c, e.ds.test));
     check_evaluation_data(c, *e.model, e.dataset, lead);
