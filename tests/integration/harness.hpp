@@ -172,7 +172,9 @@ inline RunResult run_program(std::vector<std::string> argv_s, double deadline_se
 // a training command without a --device of its own gets --device cpu. The subcommands that
 // train nothing are left as they are.
 inline std::vector<std::string> on_cpu_unless_told(std::vector<std::string> args) {
-  if (!args.empty() && (args[0] == "evaluate" || args[0] == "inspect" || args[0] == "clean-snapshots")) return args;
+  if (!args.empty() && (args[0] == "evaluate" || args[0] == "inspect" || args[0] == "export" ||
+                         args[0] == "clean-snapshots"))
+    return args;
   for (const auto& a : args)
     if (a == "--device" || a.rfind("--device=", 0) == 0) return args;
   // In front, so that a trailing option left without its value stays the last word.

@@ -391,6 +391,43 @@ TEST_F(FullOutputFileSystem, APrometheusFileEndsWithTheRunsLastStateOnAFullDisk)
   }
 }
 
+// export to a full file system: one error naming --output and the cause (it named the temporary
+// file, OUTPUT.tmp.PID, which the user never gave and which is gone), nothing left there, and a
+// file --force was to replace as it was. evaluate's --metrics-file there: an error, and no file.
+TEST_F(FullOutputFileSystem, AnExportOrEvaluationThatDoesNotFitLeavesNothing) {
+  ASSERT_EQ(run({}).exit_code, 0);
+  const auto names = [&] {
+    std::vector<std::string> n;
+    for (const auto& e : fs::directory_iterator(full_)) n.push_back(e.path().filename().string());
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  const std::string onnx = full_ + "/m.onnx";
+  for (const bool existed : {false, true}) {
+    SCOPED_TRACE(existed ? "--force over a file" : "a new file");
+    if (existed) write_text(onnx, "the old one");
+    const std::vector<std::string> before = names();
+    std::vector<std::string> args{"export", "--checkpoint", ck_, "--output", onnx};
+    if (existed) args.push_back("--force");
+    const RunResult r = run_hpctrain(args, 120);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    ASSERT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind("hpctrain: error: cannot write --output " + onnx + " (", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+    EXPECT_EQ(names(), before);
+    if (existed) EXPECT_EQ(read_text(onnx), "the old one");
+  }
+  fs::remove(onnx);
+  std::ofstream(full_ + "/more", std::ios::binary) << std::string(static_cast<size_t>(2 * sysconf(_SC_PAGESIZE)), 'x');
+  const std::string m = full_ + "/e.jsonl";
+  const RunResult e = run_hpctrain({"evaluate", "--checkpoint", ck_, "--data-dir", data_.str(), "--threads", "1",
+                                    "--metrics-file", m}, 120);
+  EXPECT_EQ(e.exit_code, 2) << e.err;
+  EXPECT_NE(e.err.find("hpctrain: error: cannot write --metrics-file " + m + ": No space left on device"),
+            std::string::npos) << e.err;
+  EXPECT_FALSE(fs::exists(m)) << "an empty file left behind";
+}
+
 // A JSON document that is not JSON Lines (hpcrun's summary.json, a pretty-printed object that
 // begins with '{' and ends with '}') named as --metrics-file: one error line, and it stays as it
 // was. (hpctrain looked at its first and last byte only, and appended to it.) So does a file

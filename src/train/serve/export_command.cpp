@@ -154,7 +154,15 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
   const std::vector<char> bytes = onnx_export::export_onnx(*m.model, spec_of(m, o.fold_batch_norm));
   // An export killed before its rename left OUTPUT.tmp.PID: the next export to OUTPUT removes it.
   ckpt::remove_abandoned_writes(o.output);
-  ckpt::write_file_atomically(o.output, bytes);
+  try {
+    ckpt::write_file_atomically(o.output, bytes);
+  } catch (const Error& e) {
+    // Its words name the temporary file (OUTPUT.tmp.PID, removed again), which the user never
+    // named: a full file system was "cannot write m.onnx.tmp.4711: No space left on device".
+    if (e.kind() != ErrorKind::Usage) throw;
+    usage_error("cannot write --output ", o.output, " (", human_size(bytes.size()), "; nothing was written there): ",
+                e.what());
+  }
   const data::DatasetFacts& f = m.facts;
   std::cout << "exported " << m.checkpoint.text("model") << " (" << m.path << ", step " << m.checkpoint.text("step")
             << (o.fold_batch_norm ? ", batch norm folded" : "") << ") to " << o.output << ": ONNX opset "
