@@ -957,7 +957,10 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   EXPECT_EQ(help.exit_code, 0) << help.err;
   EXPECT_NE(help.out.find("Usage: hpctrain evaluate --checkpoint PATH"), std::string::npos) << help.out;
   expect_usage_error(run_hpctrain({"inspect"}), "hpctrain inspect needs a PATH");
-  expect_usage_error(run_hpctrain({"inspect", dir_.str() + "/nothing-here"}), "no such file or directory");
+  expect_usage_error(run_hpctrain({"inspect", dir_.str() + "/nothing-here"}), "No such file or directory");
+  // A path through a file is named as what it is, as evaluate names it (not "no such file").
+  expect_usage_error(run_hpctrain({"inspect", ck + "/ckpt-000000040.hpck/"}),
+                     "cannot read checkpoint " + ck + "/ckpt-000000040.hpck/: Not a directory");
 }
 
 // ---- stop signals ----------------------------------------------------------------------------

@@ -2,13 +2,16 @@
 
 #include <boost/program_options.hpp>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -259,10 +262,10 @@ int inspect(const std::string& path, bool json) {
                 "aside to continue from the one before");
     return kExitSuccess;
   }
-  // exists() is false with no error for a path that is not there, and with one for a path that
-  // cannot be looked at (a link loop): that one is named as evaluate names it.
-  if (!fs::exists(path, ec))
-    usage_error("cannot read checkpoint ", path, ": ", ec ? ec.message() : "no such file or directory");
+  // Named as evaluate names it, with the system's reason: exists() took a path through a file
+  // (ckpt-1.hpck/) for one not there, "no such file or directory" where it is "Not a directory".
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) usage_error("cannot read checkpoint ", path, ": ", std::strerror(errno));
   const Inspected r = inspect_file(path);
   if (json) std::cout << inspected_json(r) << "\n";
   else print_inspected(r);
