@@ -437,6 +437,19 @@ class Serving(unittest.TestCase):
         self.assert_refused(["export", "--checkpoint", self.ck, "--output", os.path.join(self.ck, "ckpt-000000099.hpck"),
                              "--force"], "is named as hpctrain names its checkpoints (ckpt-N.hpck)")
         self.assertEqual(len([n for n in os.listdir(self.ck) if n.endswith(".hpck")]), 1, os.listdir(self.ck))
+        # Nor under a name the checkpoint directory's own files take: --force replaced its heartbeat
+        # with the model, and a new lock or run-id was the next run's to trip on.
+        before = sorted(os.listdir(self.ck))
+        with open(os.path.join(self.ck, "heartbeat"), "rb") as f:
+            heartbeat = f.read()
+        for checkpoint in (self.ck, self.ckpt):
+            for name in ("heartbeat", "lock", "run-id"):
+                self.assert_refused(["export", "--checkpoint", checkpoint, "--output", os.path.join(self.ck, name),
+                                     "--force"], f"is in the checkpoint's directory under a name its own files take "
+                                                 f"({name})")
+        self.assertEqual(sorted(os.listdir(self.ck)), before)
+        with open(os.path.join(self.ck, "heartbeat"), "rb") as f:
+            self.assertEqual(f.read(), heartbeat)
         # A link to a missing file exists as well: it was replaced without --force.
         dangling = os.path.join(self.dir, "dangling.onnx")
         os.symlink(os.path.join(self.dir, "no", "target.onnx"), dangling)
