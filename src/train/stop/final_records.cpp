@@ -162,7 +162,7 @@ void forget(int slot) {
 void arm() { g_armed.store(true); }
 void disarm() { g_armed.store(false); }
 
-void write_at_once(const char* signal_name, int exit_code) {
+void remove_made_empty() {
   g_closed.store(true);
   // A write that still hangs after a second (storage that does not answer) is let be: what is
   // read then may be half-changed text of a gauge, never memory out of bounds.
@@ -170,6 +170,10 @@ void write_at_once(const char* signal_name, int exit_code) {
   for (int ms = 0; ms < 1000 && g_writing.load() > 0; ++ms) ::nanosleep(&one_ms, nullptr);
   for (const MadeEmpty& m : g_made_empty)
     if (m.used.load()) ::unlink(m.path);
+}
+
+void write_at_once(const char* signal_name, int exit_code) {
+  remove_made_empty();
   if (!g_armed.load()) return;  // not a training run's, or its own last words came meanwhile
   write_stopped_event(signal_name, exit_code);
   write_prometheus(exit_code);

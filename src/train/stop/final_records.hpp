@@ -52,11 +52,14 @@ void disarm();
 int made_empty(const std::string& path);
 void filled(int slot);
 void forget(int slot);
+// Async-signal-safe: closes the writes of both files, waits for those in flight (a second at
+// most) and removes made_empty's files that are still empty. write_at_once does it first; a
+// process that ends at once otherwise (a watchdog's _exit) calls it itself.
+void remove_made_empty();
 
 // Async-signal-safe: the metrics file's "stopped" event (checkpointed false, the signal's name
 // and the exit code), and the Prometheus file with state "stopped" and that exit code, where
-// armed; in any process, the files of made_empty that are still empty removed (after the writes
-// in flight, a second at most).
+// armed; in any process, remove_made_empty first.
 void write_at_once(const char* signal_name, int exit_code);
 
 }  // namespace hpc::train::final_records

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
+#include "train/stop/final_records.hpp"
 
 namespace hpc::train {
 namespace {
@@ -37,6 +38,9 @@ void StepWatchdog::print_expired(const std::string& message) {
 }
 
 void StepWatchdog::exit_expired() {
+  // evaluate's --metrics-file, made before the set-up that a stopped peer held: no empty file left
+  // for a result.
+  final_records::remove_made_empty();
   std::fflush(stdout);
   // No destructors, no MPI_Finalize: the main thread is stuck inside a collective and would
   // only hang again. mpirun sees a rank leave with this code and ends the others.
