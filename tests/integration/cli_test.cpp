@@ -1155,10 +1155,10 @@ TEST_F(CliCheckpoint, EvaluateOnAnotherDataset) {
                  false);
   // Refused before the test set is read, from the dataset's shape alone: a directory without its
   // files was the error (or, with them, the whole set was read first, and synthetic's made).
-  for (const std::string other : {"cifar10", "synthetic"})
-    expect_refused({"evaluate", "--checkpoint", dir_, "--dataset", other, "--data-dir", "@WORK/none-here"},
-                   {"--dataset " + other + ": the checkpoint's cnn was trained on fashion-mnist and cannot take " +
-                    other + "'s images or classes (evaluate it on fashion-mnist)"},
+  for (const std::string dataset : {"cifar10", "synthetic"})
+    expect_refused({"evaluate", "--checkpoint", dir_, "--dataset", dataset, "--data-dir", "@WORK/none-here"},
+                   {"--dataset " + dataset + ": the checkpoint's cnn was trained on fashion-mnist and cannot take " +
+                    dataset + "'s images or classes (evaluate it on fashion-mnist)"},
                    false);
 }
 

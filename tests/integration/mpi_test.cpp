@@ -532,7 +532,9 @@ TEST_F(MpiTraining, AStoppedRankEndsAnEvaluationWithinItsTimeouts) {
     unsetenv(variable.c_str());
     // Rank 0 made it before it waited (set-up): no empty file is left for a result. (Rank 0
     // stopped after a batch is killed by mpirun: no code of its own runs.)
-    if (variable == "HPCTRAIN_TEST_SIGNAL_IN_SETUP") EXPECT_FALSE(fs::exists(m)) << "an empty file left behind";
+    if (variable == "HPCTRAIN_TEST_SIGNAL_IN_SETUP") {
+      EXPECT_FALSE(fs::exists(m)) << "an empty file left behind";
+    }
     ASSERT_FALSE(r.timed_out) << "the evaluation hung\n" << r.err;
     EXPECT_EQ(r.exit_code, 124) << r.err;
     EXPECT_NE(r.err.find(wanted), std::string::npos) << r.err;

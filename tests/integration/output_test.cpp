@@ -415,7 +415,9 @@ TEST_F(FullOutputFileSystem, AnExportOrEvaluationThatDoesNotFitLeavesNothing) {
     EXPECT_EQ(r.err.rfind("hpctrain: error: cannot write --output " + onnx + " (", 0), 0u) << r.err;
     EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
     EXPECT_EQ(names(), before);
-    if (existed) EXPECT_EQ(read_text(onnx), "the old one");
+    if (existed) {
+      EXPECT_EQ(read_text(onnx), "the old one");
+    }
   }
   fs::remove(onnx);
   std::ofstream(full_ + "/more", std::ios::binary) << std::string(static_cast<size_t>(2 * sysconf(_SC_PAGESIZE)), 'x');
