@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -145,21 +146,31 @@ def load_config(path=None):
     is_arn = isinstance(profile, str) and re.fullmatch(r"arn:[\w-]+:iam::\d{12}:instance-profile/\S+", profile)
     if profile is not None and not is_arn:
         raise ConfigError(f"{path}: 'instance_profile_arn' must be an instance profile's ARN, not {profile!r}")
-    if cfg.setdefault("market", "on-demand") not in ("spot", "on-demand"):
-        raise ConfigError(f"{path}: 'market' must be 'spot' or 'on-demand', not {cfg['market']!r}")
+    market = cfg.setdefault("market", "on-demand")
+    if not isinstance(market, str) or market not in ("spot", "on-demand"):
+        raise ConfigError(f"{path}: 'market' must be 'spot' or 'on-demand', not {market!r}")
     for key, default in (("capacity_cooldown_seconds", 600), ("orphan_grace_seconds", 300)):
         value = cfg.setdefault(key, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{path}: '{key}' must be a number of seconds, not {value!r}")
+        if not _number(value) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{path}: '{key}' must be a number of seconds, 0 or more, not {value!r}")
     count = cfg.setdefault("protected_failure_count", 10)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ConfigError(f"{path}: 'protected_failure_count' must be a whole number, 0 or more, not {count!r}")
-    cfg.setdefault("spot_fallback", True)
-    cfg.setdefault("efa", False)
-    if not cfg.get("controller"):
+    # JSON's true or false only: the string "false" is true to Python, and was taken for it.
+    for key, default in (("spot_fallback", True), ("efa", False)):
+        if not isinstance(cfg.setdefault(key, default), bool):
+            raise ConfigError(f"{path}: '{key}' must be true or false (JSON, unquoted), not {cfg[key]!r}")
+    # Absent or null (or "" where it means the default or none): the default; given: a non-empty
+    # string (a number or a list would fail a run later, or name a file "5").
+    for key, default in (("controller", None), ("fallback_launch_template_id", None), ("log_file", None),
+                         ("state_file", "/var/lib/hpctrain/cloud-state.json"),
+                         ("heartbeat_file", "/shared/.hpctrain/clustermgtd.heartbeat")):
+        if cfg.get(key) is None or (cfg[key] == "" and key in ("controller", "log_file")):
+            cfg[key] = default
+        elif not isinstance(cfg[key], str) or not cfg[key]:
+            raise ConfigError(f"{path}: '{key}' must be a non-empty string, not {cfg[key]!r}")
+    if not cfg["controller"]:
         cfg["controller"] = socket.getfqdn()
-    cfg.setdefault("state_file", "/var/lib/hpctrain/cloud-state.json")
-    cfg.setdefault("heartbeat_file", "/shared/.hpctrain/clustermgtd.heartbeat")
     return cfg
 
 

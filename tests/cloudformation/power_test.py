@@ -1013,6 +1013,57 @@ class BadInput(unittest.TestCase):
                 r = self.run_program(program, arg, good, AWS_PROFILE="no-such-profile")
                 self.assertEqual((r.returncode, r.stderr), (code, line + "\n"))
 
+    def test_every_setting_of_the_wrong_type_is_one_error_naming_it(self):
+        """A value of another type is refused, not taken: "false" (a string) was true to spot_fallback
+        and efa, a string or NaN passed as seconds, a number as a file's name."""
+        base = {"cluster": "c", "region": REGION, "launch_template_id": "lt-1"}
+        cases = [
+            ("spot_fallback", "false", "'spot_fallback' must be true or false (JSON, unquoted), not 'false'"),
+            ("efa", "false", "'efa' must be true or false"),
+            ("efa", 0, "'efa' must be true or false"),
+            ("spot_fallback", None, "'spot_fallback' must be true or false"),
+            ("market", ["spot"], "'market' must be 'spot' or 'on-demand', not ['spot']"),
+            ("capacity_cooldown_seconds", "600", "'capacity_cooldown_seconds' must be a number of seconds, 0 or more"),
+            ("orphan_grace_seconds", -1, "'orphan_grace_seconds' must be a number of seconds, 0 or more, not -1"),
+            ("orphan_grace_seconds", float("nan"), "'orphan_grace_seconds' must be a number of seconds"),
+            ("capacity_cooldown_seconds", float("inf"), "'capacity_cooldown_seconds' must be a number of seconds"),
+            ("protected_failure_count", "10", "'protected_failure_count' must be a whole number"),
+            ("protected_failure_count", 2.5, "'protected_failure_count' must be a whole number"),
+            ("subnet_ids", {"a": "subnet-1"}, "'subnet_ids' must be a list of subnet ids"),
+            ("instance_types", "g5.xlarge", "'instance_types' must be a list of instance types"),
+            ("cluster", 5, "'cluster' must be a non-empty string"),
+            ("controller", 5, "'controller' must be a non-empty string, not 5"),
+            ("controller", ["head"], "'controller' must be a non-empty string"),
+            ("fallback_launch_template_id", 7, "'fallback_launch_template_id' must be a non-empty string"),
+            ("state_file", {"path": "/x"}, "'state_file' must be a non-empty string"),
+            ("state_file", "", "'state_file' must be a non-empty string"),
+            ("heartbeat_file", 1, "'heartbeat_file' must be a non-empty string"),
+            ("log_file", False, "'log_file' must be a non-empty string"),
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "cloud.json")
+            for key, value, text in cases:
+                with self.subTest(key=key, value=value):
+                    with open(path, "w", encoding="utf-8") as f:
+                        json.dump(dict(base, **{key: value}), f)
+                    with self.assertRaises(hpc_cloud.ConfigError) as caught:
+                        hpc_cloud.load_config(path)
+                    self.assertIn(text, str(caught.exception))
+            # What the stack writes, and the defaults, are taken as before.
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(dict(base, efa=True, spot_fallback=False, controller="", log_file="", orphan_grace_seconds=0,
+                               capacity_cooldown_seconds=0.5, fallback_launch_template_id=None), f)
+            cfg = hpc_cloud.load_config(path)
+            self.assertEqual((cfg["efa"], cfg["spot_fallback"], cfg["log_file"]), (True, False, None))
+            self.assertTrue(cfg["controller"])
+        # Through a program: one line, exit 2 (the programs' code for a bad configuration).
+        for program, arg in (("resume.py", "gpu-1"), ("clustermgtd.py", []), ("launch_check.py", "--wait=0")):
+            with self.subTest(program=program):
+                r = self.run_program(program, arg, json.dumps(dict(base, spot_fallback="false")))
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn("'spot_fallback' must be true or false", r.stderr)
+
     def test_one_error_line_and_exit_2(self):
         good = json.dumps({"cluster": "c", "region": REGION, "launch_template_id": "lt-1"})
         cases = [
