@@ -70,8 +70,13 @@ CAPACITY_ERRORS = {
 # service by the cluster manager like any other, but is not a failed boot toward protected mode:
 # a burst of power-ups (hundreds of nodes at once) must not stop a partition whose boots are fine.
 TRANSIENT_ERRORS = {"RequestLimitExceeded", "Throttling", "ServiceUnavailable", "Unavailable", "InternalError"}
-# resume.py's reason when EC2 did not answer at all.
+# resume.py's reason when EC2 did not answer at all (a timeout, the connection closed)...
 NO_ANSWER = "no answer from EC2"
+# ... and when the call never reached EC2: no credentials, a profile or an endpoint setting that
+# makes no client, an endpoint that cannot be connected to (not resolved, refused, TLS failed).
+CANNOT_CALL = "cannot call EC2"
+# The reasons that say nothing of a node or its boot, only that EC2 was not had: not a failed boot.
+EC2_NOT_HAD = (NO_ANSWER, CANNOT_CALL)
 # The reason of a node whose job lost another node's launch: all or nothing (resume.py); what it
 # says is of the job, not of the node or its boot.
 JOB_CANNOT_START = "its job cannot start"

@@ -42,9 +42,10 @@ import sys
 import time
 import uuid
 
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, JOB_CANNOT_START, NO_ANSWER, NODE_TAG,
-                       SPOT_REFUSED_ERRORS, State, cooldown_key, ec2_client, expand_hostlist, live_instances,
-                       main_wrapper, market_cooldown_key, scontrol, set_down, suspend_running)
+from hpc_cloud import (CANNOT_CALL, CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, EC2_NOT_HAD, JOB_CANNOT_START,
+                       NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, NoAnswer, State, cooldown_key, ec2_client,
+                       expand_hostlist, live_instances, main_wrapper, market_cooldown_key, scontrol, set_down,
+                       suspend_running)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
@@ -143,13 +144,24 @@ def cool_down(cfg, state, key):
 
 def ec2_reason(e):
     """Why an EC2 call failed, as a node's down reason says it (clustermgtd's failed_boot reads
-    it): "CODE: message" for EC2's refusal, NO_ANSWER's words where EC2 did not answer."""
-    from botocore.exceptions import ClientError
+    it): "CODE: message" for EC2's refusal, NO_ANSWER's words where EC2 did not answer (a
+    timeout, hpc_cloud.NoAnswer), CANNOT_CALL's where the call never reached it, with what
+    stopped it: no credentials, an endpoint not connected to, a setting that makes no client (an
+    unknown profile)."""
+    from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectionError, ConnectTimeoutError,
+                                     CredentialRetrievalError, NoCredentialsError, PartialCredentialsError,
+                                     ReadTimeoutError)
 
     if isinstance(e, ClientError):
         error = e.response.get("Error", {})
         return f"{error.get('Code', '')}: {error.get('Message', '')}"
-    return f"{NO_ANSWER}: {e}"
+    if isinstance(e, (NoAnswer, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)):
+        return f"{NO_ANSWER}: {e}"
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
+        return f"{CANNOT_CALL}: no AWS credentials: {e}"
+    if isinstance(e, ConnectionError):
+        return f"{CANNOT_CALL}: its endpoint not connected to: {e}"
+    return f"{CANNOT_CALL}: {type(e).__name__}: {e}"
 
 
 def launch_node(ec2, cfg, state, node, zones):
@@ -223,13 +235,13 @@ def jobs_of_nodes(path=None):
 def resume(cfg, nodes, jobs=None):
     """Powers `nodes` up; `jobs`: {node: job ids} (jobs_of_nodes(), read here when None)."""
     from botocore.exceptions import BotoCoreError, ClientError
-    ec2 = ec2_client(cfg, EC2_DEADLINE)
     jobs = jobs_of_nodes() if jobs is None else jobs
     try:
+        ec2 = ec2_client(cfg, EC2_DEADLINE)  # (an unknown AWS_PROFILE is refused here: ProfileNotFound)
         existing = live_instances(ec2, cfg, nodes)
         zones = subnet_zones(ec2, cfg)
     except (BotoCoreError, ClientError) as e:
-        # Before any launch (EC2 throttled past the client's tries, no credentials): every node
+        # Before any launch (EC2 throttled past the client's tries, no credentials, no client): every node
         # set down at once with EC2's reason, which the cluster manager returns to service and
         # counts as no failed boot, not left powering up until ResumeTimeout and counted.
         reason = ec2_reason(e)
@@ -238,7 +250,7 @@ def resume(cfg, nodes, jobs=None):
             set_down(node, f"resume failed: {reason}")
         return 1
     launched, failed = {}, 0
-    unanswered = {}  # node -> why, of the nodes whose launch EC2 did not answer: said in one line
+    unanswered = {}  # node -> why, of the nodes whose launch did not reach EC2 or got no answer: said in one line
     doomed = {}  # job id -> why it cannot start: a node of it got no instance
 
     def cannot_start(node):
@@ -274,7 +286,7 @@ def resume(cfg, nodes, jobs=None):
                 launched[node] = instance
             else:
                 failed += 1
-                if reason.startswith(NO_ANSWER):
+                if reason.startswith(EC2_NOT_HAD):
                     unanswered[node] = reason
                 set_down(node, f"resume failed: {reason}" if reason else "resume failed")
                 for job in jobs.get(node, ()):

@@ -382,6 +382,10 @@ class ClusterManager(unittest.TestCase):
                     ("down+cloud+powered_down", "hpctrain: resume failed: InsufficientFreeAddressesInSubnet: x"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: RequestLimitExceeded: Request limit exceeded."),
                     ("down+cloud+powered_down", "hpctrain: resume failed: no answer from EC2: Connect timeout"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: cannot call EC2: no AWS credentials: Unable "
+                                                "to locate credentials"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: cannot call EC2: ProfileNotFound: The config "
+                                                "profile (x) could not be found"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: no capacity: every instance type, ..."),
                     ("down+cloud+powered_down", "hpctrain: resume failed: launch token of a terminated instance i-1:"
                                                 " retry"),

@@ -528,6 +528,53 @@ class AwsBehaviour(AwsHooks):
                          [f"update nodename={n} state=down reason=hpctrain: resume failed: RequestLimitExceeded: "
                           "Request limit exceeded." for n in ("gpu-1", "gpu-2")])
 
+    def test_ec2_not_reached_says_what_stopped_it(self):
+        """Missing credentials, an unknown profile, an endpoint not connected to: each node set down
+        with what happened (not "no answer from EC2"), and still under a reason that no failed-boot
+        count takes (clustermgtd_test); a timeout is still no answer."""
+        from botocore.exceptions import (EndpointConnectionError, NoCredentialsError, ProfileNotFound,
+                                         ReadTimeoutError)
+        url = f"https://ec2.{REGION}.amazonaws.com/"
+        cases = [
+            ("describe", NoCredentialsError(), "cannot call EC2: no AWS credentials: Unable to locate credentials"),
+            ("describe", EndpointConnectionError(endpoint_url=url),
+             f'cannot call EC2: its endpoint not connected to: Could not connect to the endpoint URL: "{url}"'),
+            ("client", ProfileNotFound(profile="nope"),
+             "cannot call EC2: ProfileNotFound: The config profile (nope) could not be found"),
+            ("describe", ReadTimeoutError(endpoint_url=url), f'no answer from EC2: Read timeout on endpoint URL: "{url}"'),
+        ]
+        for where, error, reason in cases:
+            with self.subTest(error=type(error).__name__):
+                before = len(self.scontrol_calls())
+
+                def fail(op, params, error=error):
+                    if op == "DescribeInstances":
+                        raise error
+                hooks = self.hooked(before=fail) if where == "describe" else mock.patch.object(
+                    boto3, "client", mock.Mock(side_effect=error))
+                with hooks, self.fake_clock(), self.assertLogs(level="ERROR") as logs:
+                    self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 1)
+                self.assertIn(f"gpu-1,gpu-2: not launched: EC2's instances or subnets not read: {reason}", logs.output[0])
+                self.assertEqual(self.scontrol_calls()[before:],
+                                 [f"update nodename={n} state=down reason=hpctrain: resume failed: {reason}"
+                                  for n in ("gpu-1", "gpu-2")])
+        self.assertEqual(self.live(), {})
+
+    def test_a_launch_that_cannot_reach_ec2_is_said_once_for_its_nodes(self):
+        from botocore.exceptions import NoCredentialsError
+
+        def fail(op, params):
+            if op == "RunInstances":
+                raise NoCredentialsError()
+        with self.hooked(before=fail), self.fake_clock(), self.assertLogs(level="ERROR") as logs:
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1", "gpu-2"]), 1)
+        reason = "cannot call EC2: no AWS credentials: Unable to locate credentials"
+        self.assertEqual([line for line in logs.output if "not launched" in line],
+                         [f"ERROR:root:gpu-1,gpu-2: not launched: {reason}"])
+        self.assertEqual([c for c in self.scontrol_calls() if "state=down" in c],
+                         [f"update nodename={n} state=down reason=hpctrain: resume failed: {reason}"
+                          for n in ("gpu-1", "gpu-2")])
+
     def test_an_address_slurm_did_not_take_is_given_again(self):
         """scontrol failed (slurmctld restarting): asked again, not taken for registered."""
         refused = os.path.join(self.tmp.name, "refused-once")
