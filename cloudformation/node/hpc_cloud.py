@@ -228,14 +228,15 @@ def expand_hostlist(text):
     return names
 
 
-def scontrol(*args):
-    """Runs scontrol (the one on PATH); an error is logged, not raised: one node's failure must
-    not stop the others from being handled."""
+def scontrol(*args, timeout=None):
+    """Runs scontrol (the one on PATH), killed after `timeout` seconds (default SLURM_TIMEOUT); an
+    error is logged, not raised: one node's failure must not stop the others from being handled."""
     cmd = ["scontrol", *args]
+    timeout = SLURM_TIMEOUT if timeout is None else timeout
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=SLURM_TIMEOUT, check=False)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        logging.error("%s failed: no answer within %g s (slurmctld hung?)", " ".join(cmd), SLURM_TIMEOUT)
+        logging.error("%s failed: no answer within %g s (slurmctld hung?)", " ".join(cmd), round(timeout, 1))
         return False
     if r.returncode != 0:
         logging.error("%s failed (%d): %s", " ".join(cmd), r.returncode, r.stderr.strip())

@@ -27,19 +27,23 @@ import logging
 import sys
 import time
 
-from hpc_cloud import (State, StateBusy, aws_worst_case, ec2_client, instances_of, main_wrapper, mark_forgotten,
-                       scontrol, suspending)
+from hpc_cloud import (SLURM_TIMEOUT, State, StateBusy, aws_worst_case, ec2_client, instances_of, main_wrapper,
+                       mark_forgotten, scontrol, suspending)
 from render_slurm_conf import SUSPEND_TIMEOUT
 
 # Seconds this program waits for the state file's lock at most: what it waited is taken from its
 # EC2 deadline (below), so that a full wait leaves EC2 15 s of tries.
 LOCK_WAIT = 30
+# Seconds the scontrol calls that reset the nodes' addresses may take together (each is killed
+# when they are spent, hpc_cloud.scontrol's own 60 s notwithstanding, and the nodes not reached
+# are said in one line: resume.py gives a node its address on its next power-up).
+SCONTROL_TIME = 25
 # Seconds an EC2 call may try (hpc_cloud.aws_client) when the lock was had at once, less the
 # seconds waited for it: Slurm may power the node up again SuspendTimeout (120 s) after it asked
 # for the power-down. An endpoint that never answers fails the first call within
-# aws_worst_case(45 - waited) = 95 s - waited, and every later one at once; the 25 s left are the
-# scontrol calls' that reset the nodes' addresses.
-EC2_DEADLINE = SUSPEND_TIMEOUT - aws_worst_case(0) - 25
+# aws_worst_case(45 - waited) = 95 s - waited, and every later one at once; the SCONTROL_TIME left
+# are the scontrol calls'. Worst case in all: LOCK_WAIT or less + 95 s less that + 25 s = 120 s.
+EC2_DEADLINE = SUSPEND_TIMEOUT - aws_worst_case(0) - SCONTROL_TIME
 
 
 def ec2_deadline(waited):
@@ -68,9 +72,23 @@ def leave_to_the_cluster_manager(cfg, nodes, asked, why):
     mark_forgotten(cfg["state_file"], nodes, asked)  # (still suspending(): resume.py takes no record for a retry)
     logging.error("%s: instances not terminated: %s; the cluster manager terminates them as orphans once the "
                   "nodes are powered down", ",".join(nodes), why)
-    for node in nodes:
-        scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}")
+    reset_addresses(nodes)
     return 1
+
+
+def reset_addresses(nodes, seconds=SCONTROL_TIME):
+    """Resets each node's address to its name (scontrol), all the calls within `seconds`: each call
+    gets what is left of them (at most hpc_cloud.scontrol's own bound), and once they are spent
+    (slurmctld hung) the nodes left are said in one line, not waited for. Whether all were asked."""
+    until = time.monotonic() + seconds
+    for i, node in enumerate(nodes):
+        left = min(SLURM_TIMEOUT, until - time.monotonic())
+        if left <= 0:
+            logging.error("%s: addresses not reset: scontrol's %g s are spent (slurmctld hung?); resume.py gives "
+                          "each its address on its next power-up", ",".join(nodes[i:]), seconds)
+            return False
+        scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}", timeout=left)
+    return True
 
 
 def power_down(cfg, state, nodes, deadline=EC2_DEADLINE):
@@ -98,7 +116,7 @@ def power_down(cfg, state, nodes, deadline=EC2_DEADLINE):
             logging.info("%s: %s %s", node, done, ", ".join(found[node]))
         else:
             logging.info("%s: %s", node, "no instance" if described else "its instances unknown (EC2 not read)")
-        scontrol("update", f"nodename={node}", f"nodeaddr={node}", f"nodehostname={node}")
+    reset_addresses(nodes)
     return 0 if terminated else 1
 
 

@@ -976,6 +976,19 @@ class SilentEndpoint(unittest.TestCase):
         self.assertEqual(recorded_calls(self), [f"update nodename=gpu-{i} nodeaddr=gpu-{i} nodehostname=gpu-{i}"
                                                 for i in (1, 2)])
 
+    def test_suspend_gives_a_hung_slurmctld_only_its_scontrol_time(self):
+        """scontrol killed once the time for all its calls is spent, the nodes left said in one line."""
+        with open(os.path.join(self.tmp.name, "bin", "scontrol"), "w", encoding="utf-8") as f:
+            f.write(f'#!/bin/sh\necho "$*" >> {self.calls}\nexec sleep 30\n')
+        start = time.monotonic()
+        with self.assertLogs(level="ERROR") as logs:
+            self.assertFalse(suspend.reset_addresses(["gpu-1", "gpu-2", "gpu-3"], seconds=1.5))
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(recorded_calls(self), ["update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1"])
+        self.assertIn("update nodename=gpu-1 nodeaddr=gpu-1 nodehostname=gpu-1 failed: no answer within 1.5 s",
+                      logs.output[0])
+        self.assertIn("gpu-2,gpu-3: addresses not reset: scontrol's 1.5 s are spent", logs.output[-1])
+
     def test_launch_check_says_once_that_ec2_never_answers(self):
         """No answer is a warning (the check cannot tell; exit 0, as documented), said once for
         the choices not checked, not once for each of them besides hpc_cloud.aws_client's."""
@@ -1000,9 +1013,32 @@ class SilentEndpoint(unittest.TestCase):
         import resume
         import suspend
 
-        # Whatever suspend.py waited for the state file's lock (LOCK_WAIT at most) is taken from its EC2 deadline.
+        # suspend.py's scontrol calls with slurmctld hung (each call takes all the time it is given):
+        # together within SCONTROL_TIME, however many nodes, on both of its paths (not 60 s a node).
+        cfg = hpc_cloud.load_config(self.config)
+        nodes = [f"gpu-{i}" for i in range(1, 9)]
+        for path in ("EC2", "without EC2"):
+            clock, timeouts = [0.0], []
+
+            def hung(*args, timeout=hpc_cloud.SLURM_TIMEOUT):
+                timeouts.append(timeout)
+                clock[0] += timeout
+                return False
+            with mock.patch.object(suspend, "scontrol", hung), \
+                    mock.patch.object(suspend, "time", mock.Mock(wraps=time, monotonic=lambda: clock[0])), \
+                    self.assertLogs(level="INFO"):  # (kept off the test's output)
+                if path == "EC2":
+                    with hpc_cloud.State(cfg["state_file"]) as state:
+                        suspend.power_down(cfg, state, nodes)
+                else:
+                    suspend.leave_to_the_cluster_manager(cfg, nodes, time.time(), "busy")
+            with self.subTest(path=path):
+                self.assertTrue(timeouts)
+                self.assertLessEqual(clock[0], suspend.SCONTROL_TIME, timeouts)
+        # Whatever suspend.py waited for the state file's lock (LOCK_WAIT at most) is taken from its
+        # EC2 deadline; then the scontrol calls' time.
         for waited in (0, suspend.LOCK_WAIT / 2, suspend.LOCK_WAIT):
-            self.assertLessEqual(waited + hpc_cloud.aws_worst_case(suspend.ec2_deadline(waited)) + 25,
+            self.assertLessEqual(waited + hpc_cloud.aws_worst_case(suspend.ec2_deadline(waited)) + suspend.SCONTROL_TIME,
                                  render_slurm_conf.SUSPEND_TIMEOUT)
         self.assertGreaterEqual(suspend.ec2_deadline(suspend.LOCK_WAIT), 10)  # (EC2 still gets a few tries)
         with open(os.path.join(NODE_DIR, "..", "cluster.yaml"), encoding="utf-8") as f:
