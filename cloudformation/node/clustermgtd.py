@@ -45,8 +45,8 @@ import time
 from dataclasses import dataclass, field
 
 import hpc_cloud
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, TRANSIENT_ERRORS,
-                       EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, aws_client, cooldown_key, ec2_client,
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, STATE_LOCKED,
+                       TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, aws_client, cooldown_key, ec2_client,
                        is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
@@ -165,13 +165,13 @@ def failed_boot(node):
     """Whether `node` is down because its boot failed: not for lack of capacity (that has its
     cooldown), not because its job lost another node's launch (all or nothing), not for an
     administrator's reason, not for a launch token to retry (nothing ran),
-    not for EC2's throttling or its own failure, nor for EC2 not had (no answer, no credentials:
-    nothing of the node's)."""
+    not for EC2's throttling or its own failure, nor for EC2 not had (no answer, no credentials)
+    or the state file held too long by a pass (nothing of the node's)."""
     if not node.has("DOWN"):
         return False
     if node.reason.startswith(RESUME_FAILED):
         why = node.reason[len(RESUME_FAILED):].lstrip(": ")
-        return (not why.startswith(("no capacity", "launch token", *EC2_NOT_HAD, JOB_CANNOT_START))
+        return (not why.startswith(("no capacity", "launch token", *EC2_NOT_HAD, JOB_CANNOT_START, STATE_LOCKED))
                 and why.split(":")[0] not in CAPACITY_ERRORS | TRANSIENT_ERRORS)
     return node.reason.startswith(FAILED_BOOT_REASONS)
 

@@ -17,6 +17,7 @@ a JSON file that the head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, defaul
    "security_group_ids": ["sg-..."], "efa": false,
    "market": "spot" | "on-demand", "spot_fallback": true,
    "capacity_cooldown_seconds": 600, "orphan_grace_seconds": 300,
+   "resume_timeout_seconds": 300             slurm.conf's ResumeTimeout (default: the least the stack takes),
    "protected_failure_count": 10             failed boots in a row that stop a partition (0: never),
    "controller": "HOST" (default: this host's name),
    "state_file": "/var/lib/hpctrain/cloud-state.json",
@@ -77,6 +78,9 @@ NO_ANSWER = "no answer from EC2"
 CANNOT_CALL = "cannot call EC2"
 # The reasons that say nothing of a node or its boot, only that EC2 was not had: not a failed boot.
 EC2_NOT_HAD = (NO_ANSWER, CANNOT_CALL)
+# resume.py's reason when the state file stayed locked (a cluster manager pass held it) for longer
+# than its nodes' ResumeTimeout allows: nothing of the node's either.
+STATE_LOCKED = "the state file stayed locked"
 # The reason of a node whose job lost another node's launch: all or nothing (resume.py); what it
 # says is of the job, not of the node or its boot.
 JOB_CANNOT_START = "its job cannot start"
@@ -158,6 +162,9 @@ def load_config(path=None):
         value = cfg.setdefault(key, default)
         if not _number(value) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{path}: '{key}' must be a number of seconds, 0 or more, not {value!r}")
+    timeout = cfg.setdefault("resume_timeout_seconds", 300)
+    if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(f"{path}: 'resume_timeout_seconds' must be a number of seconds, more than 0, not {timeout!r}")
     count = cfg.setdefault("protected_failure_count", 10)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ConfigError(f"{path}: 'protected_failure_count' must be a whole number, 0 or more, not {count!r}")

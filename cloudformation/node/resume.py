@@ -29,11 +29,14 @@ carries a ClientToken kept in the state file until the node is suspended: run ag
 power-up (a retry, a lost reply), EC2 returns the instance it already launched instead of a
 second one. A node that has a live instance keeps it only as such a retry (its launch recorded,
 no suspend.py running); else the instance is an earlier power-up's, which suspend.py is
-terminating or failed to, and it is terminated and the node launched anew.
+terminating or failed to, and it is terminated and the node launched anew. The state file's lock
+(a cluster manager pass may hold it) is waited for until a third of ResumeTimeout has passed
+(LOCK_SHARE); not had by then, every node is set down at once.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -43,9 +46,9 @@ import time
 import uuid
 
 from hpc_cloud import (CANNOT_CALL, CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, EC2_NOT_HAD, JOB_CANNOT_START,
-                       NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, NoAnswer, State, cooldown_key, ec2_client,
-                       expand_hostlist, live_instances, main_wrapper, market_cooldown_key, scontrol, set_down,
-                       suspend_running)
+                       NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, STATE_LOCKED, NoAnswer, State, StateBusy,
+                       cooldown_key, ec2_client, expand_hostlist, live_instances, main_wrapper, market_cooldown_key,
+                       scontrol, set_down, suspend_running)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
@@ -55,6 +58,16 @@ ADDRESS_TIMEOUT = 120
 # The shortest ResumeTimeout the stack takes (cluster.yaml's ResumeTimeoutSeconds: MinValue), in
 # which resume.py must have set every node it could not launch down.
 RESUME_TIMEOUT_MIN = 300
+# The share of ResumeTimeout (cloud.json's resume_timeout_seconds, as slurm.conf's) that this
+# program may spend, from its start, before it holds the state file's lock: a cluster manager pass
+# holds it while it reads Slurm and EC2 and acts (seconds, normally; minutes with EC2 or slurmctld
+# slow). Not had by then, every node is set down at once with STATE_LOCKED's reason (not a failed
+# boot; the cluster manager returns the nodes to service and Slurm requeues their jobs now), rather
+# than launched so late that it cannot boot within ResumeTimeout, or left powering up until it:
+# two thirds of ResumeTimeout are left for the launches and the boots (300 s: a lock had within 100 s).
+LOCK_SHARE = 1 / 3
+# Seconds the lock is waited for at least, however long EC2 took to be read before it.
+LOCK_WAIT_MIN = 10
 # Seconds an EC2 call may try (hpc_cloud.aws_client): long enough to ride out throttling of a
 # burst of power-ups. An endpoint that never answers fails the first call within
 # aws_worst_case(120) = 170 s and every later one at once, each node then set down with
@@ -235,6 +248,7 @@ def jobs_of_nodes(path=None):
 def resume(cfg, nodes, jobs=None):
     """Powers `nodes` up; `jobs`: {node: job ids} (jobs_of_nodes(), read here when None)."""
     from botocore.exceptions import BotoCoreError, ClientError
+    start = time.monotonic()
     jobs = jobs_of_nodes() if jobs is None else jobs
     try:
         ec2 = ec2_client(cfg, EC2_DEADLINE)  # (an unknown AWS_PROFILE is refused here: ProfileNotFound)
@@ -258,7 +272,11 @@ def resume(cfg, nodes, jobs=None):
         mine = jobs.get(node, ())
         return doomed[min(mine)] if mine and all(j in doomed for j in mine) else None
 
-    with State(cfg["state_file"]) as state:
+    with contextlib.ExitStack() as held:
+        try:
+            state = held.enter_context(State(cfg["state_file"], wait=lock_wait(cfg, start)))
+        except StateBusy:
+            return locked_out(cfg, nodes, start)
         # A live instance is this power-up's only when resume.py runs again for it (a retry: its
         # launch recorded, and no suspend.py running, which may not yet have forgotten an earlier
         # power-up's launch). Otherwise it is an earlier power-up's that suspend.py is terminating
@@ -306,6 +324,22 @@ def resume(cfg, nodes, jobs=None):
             for node in lost:
                 state.launches.pop(node, None)  # its instance is terminated: the next power-up is a new launch
     return 1 if failed or lost else 0
+
+
+def locked_out(cfg, nodes, start):
+    """The state file's lock not had within lock_wait: every node set down at once (see LOCK_SHARE)."""
+    reason = f"{STATE_LOCKED} for {time.monotonic() - start:.0f} s (a cluster manager pass held it)"
+    logging.error("%s: not launched: %s; this program waits for it until a third of ResumeTimeout (%g s) has "
+                  "passed", ",".join(nodes), reason, cfg["resume_timeout_seconds"])
+    for node in nodes:
+        set_down(node, f"resume failed: {reason}")
+    return 1
+
+
+def lock_wait(cfg, start):
+    """Seconds left to wait for the state file's lock, of a run that started at `start` (monotonic):
+    at least LOCK_WAIT_MIN (EC2 read slowly before it must not fail the power-up of a pass's moment)."""
+    return max(LOCK_WAIT_MIN, LOCK_SHARE * cfg["resume_timeout_seconds"] - (time.monotonic() - start))
 
 
 def terminate_leftovers(ec2, leftovers):

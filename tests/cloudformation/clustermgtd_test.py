@@ -386,6 +386,8 @@ class ClusterManager(unittest.TestCase):
                                                 "to locate credentials"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: cannot call EC2: ProfileNotFound: The config "
                                                 "profile (x) could not be found"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: the state file stayed locked for 100 s (a "
+                                                "cluster manager pass held it)"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: no capacity: every instance type, ..."),
                     ("down+cloud+powered_down", "hpctrain: resume failed: launch token of a terminated instance i-1:"
                                                 " retry"),

@@ -790,6 +790,37 @@ class AwsBehaviour(AwsHooks):
         self.assertIn("gpu-2", self.state()["launches"])  # not marked
         self.assertEqual(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"])), [])  # applied, removed
 
+    def test_a_state_file_locked_past_its_share_of_resume_timeout_sets_the_nodes_down(self):
+        """A cluster manager pass holding the state file's lock (for minutes with EC2 or slurmctld slow):
+        resume.py waits a third of ResumeTimeout (cloud.json's resume_timeout_seconds), then sets
+        its nodes down at once with a reason no failed-boot count takes (clustermgtd_test), rather
+        than launch them too late to boot, or leave them powering up until ResumeTimeout."""
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.cfg["state_file"]), exist_ok=True)
+        lock = open(self.cfg["state_file"] + ".lock", "a", encoding="utf-8")  # noqa: SIM115 - closed below
+        self.addCleanup(lock.close)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        release = threading.Timer(8, lambda: fcntl.flock(lock, fcntl.LOCK_UN))  # (an unbounded wait ends too)
+        release.start()
+        self.addCleanup(release.cancel)
+        cfg = dict(self.cfg, resume_timeout_seconds=3)
+        start = time.monotonic()
+        with mock.patch.object(resume, "LOCK_WAIT_MIN", 0.2), self.assertLogs(level="ERROR") as logs:
+            self.assertEqual(resume.resume(cfg, ["gpu-1", "gpu-2"]), 1)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(self.live(), {})
+        self.assertRegex(logs.output[-1], r"gpu-1,gpu-2: not launched: the state file stayed locked for [12] s \(a cluster "
+                                          r"manager pass held it\); this program waits for it until a third of "
+                                          r"ResumeTimeout \(3 s\) has passed")
+        downs = [c for c in self.scontrol_calls() if "state=down" in c]
+        self.assertEqual(len(downs), 2, downs)
+        for n, call in zip(("gpu-1", "gpu-2"), downs):
+            self.assertRegex(call, rf"^update nodename={n} state=down reason=hpctrain: resume failed: the state file "
+                                   r"stayed locked for [12] s \(a cluster manager pass held it\)$")
+        # However long EC2 took to be read before it, the lock is waited for a little.
+        self.assertEqual(resume.lock_wait(cfg, time.monotonic() - 100), resume.LOCK_WAIT_MIN)
+
     def test_a_forget_mark_keeps_a_launch_made_after_the_power_down_was_asked(self):
         path = self.cfg["state_file"]
         with hpc_cloud.State(path) as st:
@@ -1121,6 +1152,8 @@ class BadInput(unittest.TestCase):
             ("state_file", {"path": "/x"}, "'state_file' must be a non-empty string"),
             ("state_file", "", "'state_file' must be a non-empty string"),
             ("heartbeat_file", 1, "'heartbeat_file' must be a non-empty string"),
+            ("resume_timeout_seconds", 0, "'resume_timeout_seconds' must be a number of seconds, more than 0, not 0"),
+            ("resume_timeout_seconds", "1800", "'resume_timeout_seconds' must be a number of seconds"),
             ("log_file", False, "'log_file' must be a non-empty string"),
         ]
         with tempfile.TemporaryDirectory() as d:

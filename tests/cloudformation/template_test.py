@@ -144,6 +144,7 @@ class HeadNodeSettings(unittest.TestCase):
         self.assertEqual(cfg["launch_template_id"], r.physical("ComputeLaunchTemplate"))
         self.assertEqual(cfg["fallback_launch_template_id"], r.physical("ComputeOnDemandLaunchTemplate"))
         self.assertEqual((cfg["market"], cfg["spot_fallback"], cfg["efa"]), ("spot", True, False))
+        self.assertEqual(cfg["resume_timeout_seconds"], 1800)  # (ResumeTimeoutSeconds, as slurm.conf's ResumeTimeout)
         self.assertEqual(cfg["instance_types"], ["p5.48xlarge", "p4d.24xlarge"])
         self.assertEqual(cfg["subnet_ids"], [r.physical("PrivateSubnet"), r.physical("PrivateSubnet2")])
         self.assertEqual(cfg["security_group_ids"], [r.physical("ComputeSecurityGroup")])
