@@ -70,6 +70,36 @@ check 77 "" must_run bash -c 'exit 77'
 check 3 "" must_run bash -c 'exit 3'
 check 77 "no frobnicator here" must_run python3 "$here/run_unittest.py" "$tmp/skips_test.py"
 
+# The AWS tools: moto installed without its server extra (Flask; moto[all] leaves it out) has a
+# moto_server that fails on import. The tests that need it say so and skip, rather than fail after
+# waiting for a server that never starts; and the README's pip line installs that extra.
+repo=$(cd "$here/.." && pwd)
+pip_line=$(awk '/<!-- aws-test-tools/ { on = 1; next } on && /^```/ { if (++fence == 2) exit; next } on' \
+  "$repo/README.md" | grep -E 'pip install ')
+checks=$((checks + 1))
+if [[ ! "$pip_line" =~ \'moto\[([a-z,]*,)?server(,[a-z,]*)?\] ]]; then
+  echo "FAILED: README.md's aws-test-tools block installs moto without its server extra (moto_server needs it): '$pip_line'"
+  failures=$((failures + 1))
+fi
+mkdir -p "$tmp/flaskless/bin" "$tmp/flaskless/python/flask"
+printf '#!/bin/sh\nexit 0\n' > "$tmp/flaskless/bin/aws"
+printf '#!/bin/sh\necho "ModuleNotFoundError: No module named %s" >&2\nexit 1\n' "'flask'" > "$tmp/flaskless/bin/moto_server"
+chmod +x "$tmp/flaskless/bin/aws" "$tmp/flaskless/bin/moto_server"
+echo 'raise ImportError("No module named flask (a stand-in: moto without its server extra)")' \
+  > "$tmp/flaskless/python/flask/__init__.py"
+flaskless_path="$tmp/flaskless/bin:$PATH"
+# The interpreter itself, not a wrapper on PATH (pyenv's shims put their own bin first again).
+python=$(python3 -c 'import sys; print(sys.executable)')
+check 77 "moto_server cannot start (ModuleNotFoundError: No module named 'flask')" \
+  env PATH="$flaskless_path" "$python" "$here/run_unittest.py" "$here/datasets/stage_test.py"
+check 77 "SKIPPED: moto_server cannot start" env PATH="$flaskless_path" HPCTRAIN=/bin/true bash "$here/slurm/stage.sh"
+if python3 -c 'import boto3, moto' 2> /dev/null; then
+  check 77 "SKIPPED: moto's server cannot start" \
+    env PYTHONPATH="$tmp/flaskless/python" HPCTRAIN=/bin/true bash "$here/slurm/power_saving.sh"
+else
+  check 77 "SKIPPED: python3 has no boto3 and moto" env HPCTRAIN=/bin/true bash "$here/slurm/power_saving.sh"
+fi
+
 export HPCTRAIN_REQUIRE_ALL_TESTS=1
 check 0 "" must_run true
 check 1 "HPCTRAIN_REQUIRE_ALL_TESTS=1 allows no skip" must_run bash -c 'echo "SKIPPED: no root"; exit 77'

@@ -30,6 +30,21 @@ HPCDATA = os.path.join(HERE, "..", "..", "datasets", "hpcdata")
 
 MISSING = [tool for tool in ("aws", "moto_server") if not shutil.which(tool)]
 
+
+def moto_server_fails():
+    """Why moto_server, on PATH, cannot start ("" when it can): moto installed without its
+    `server` extra (Flask; `moto[all]` leaves it out) fails on import, which a test would
+    otherwise take for a failure of its own after waiting for the server."""
+    try:
+        run = subprocess.run(["moto_server", "--help"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if run.returncode == 0:
+        return ""
+    lines = (run.stderr or run.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit code {run.returncode}"
+
 GET_OBJECT = re.compile(r'"GET /(?P<bucket>[^/?\s]+)/(?P<key>[^?\s]+) HTTP')
 
 
@@ -241,6 +256,10 @@ class Stage(unittest.TestCase):
     def setUpClass(cls):
         if MISSING:
             raise unittest.SkipTest(f"{MISSING[0]} is not on PATH (the AWS CLI and moto's server are needed)")
+        why = moto_server_fails()
+        if why:
+            raise unittest.SkipTest(f"moto_server cannot start ({why}): install moto with its server extra, "
+                                    "'moto[all,server]>=5' (README)")
         cls.tmp = tempfile.mkdtemp(prefix="hpcdata-stage-")
         cls.env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                        AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.path.join(cls.tmp, "aws-config"),

@@ -13,6 +13,9 @@
 # terminated too (slurmctld's SLURM_RESUME_FILE says they are one job's).
 source "$(dirname "$0")/common.sh"
 python3 -c 'import boto3, moto' 2> /dev/null || { echo "SKIPPED: python3 has no boto3 and moto"; exit 77; }
+# fake_cloud.py serves EC2 with moto's ThreadedMotoServer: moto's server extra (Flask, not in moto[all]).
+python3 -c 'import moto.server' 2> /dev/null ||
+  { echo "SKIPPED: moto's server cannot start: install moto with its server extra, 'moto[all,server]>=5' (README)"; exit 77; }
 slurm_setup 1 420
 aws="$TEST_DIR/aws"
 mkdir -p "$aws"/{state,spool,log,programs}

@@ -7,6 +7,9 @@ source "$(dirname "$0")/common.sh"
 for tool in aws moto_server; do
   command -v "$tool" > /dev/null || { echo "SKIPPED: no $tool (the AWS CLI and moto's server)"; exit 77; }
 done
+# moto without its server extra (Flask; moto[all] leaves it out) has a moto_server that fails on import.
+moto_server --help > /dev/null 2>&1 < /dev/null ||
+  { echo "SKIPPED: moto_server cannot start: install moto with its server extra, 'moto[all,server]>=5' (README)"; exit 77; }
 slurm_setup 2 300
 moto_port=$(free_port)
 endpoint="http://127.0.0.1:$moto_port"
