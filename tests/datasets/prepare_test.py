@@ -170,6 +170,29 @@ class Prepare(unittest.TestCase):
             code, _, err = hpcdata("prepare", "mnist", "--out", d, "--offline", "--no-verify", "--from", self.mnist)
             self.assertEqual(code, 0, err)
 
+    def test_a_dir_in_a_folder_others_may_write_to_is_refused(self):
+        """A DIR, there or to be made, in a folder every user may write to that is not sticky (one
+        another user made in /tmp, mode 777): they could rename it away after its checks and put a
+        dataset of their own in its place, as hpcdata pack and hpctrain's checkpoint directory
+        refuse. Exit 2, one line, before anything is made; a sticky folder (as /tmp) or a team's
+        (group write) is fine."""
+        folder = self.out("open-folder")
+        os.makedirs(os.path.join(folder, "there"))
+        os.chmod(folder, 0o777)
+        for d in (os.path.join(folder, "fm"), os.path.join(folder, "new", "fm"), os.path.join(folder, "there")):
+            code, stdout, err = hpcdata("prepare", "mnist", "--out", d, "--offline", "--no-verify", "--from", self.mnist)
+            self.assertEqual((code, stdout), (2, ""), err)
+            self.assertEqual(err.splitlines(), [f"hpcdata: error: --out {d}: {folder} is writable by others (mode 777) "
+                                                f"and not sticky: another user could rename {d} away and put a "
+                                                "dataset of their choosing in its place; use a directory of your own"])
+            self.assertEqual(sorted(os.listdir(folder)), ["there"])
+            self.assertEqual(os.listdir(os.path.join(folder, "there")), [])
+        for mode in (0o1777, 0o775):  # sticky, as /tmp; a team's
+            os.chmod(folder, mode)
+            code, _, err = hpcdata("prepare", "mnist", "--out", os.path.join(folder, "new", "fm"), "--offline",
+                                   "--no-verify", "--from", self.mnist)
+            self.assertEqual(code, 0, err)
+
     def test_cifar100_archive_unpacks_and_trains(self):
         out = self.out("cifar100")
         code, _, err = hpcdata("prepare", "cifar100", "--out", out, "--offline", "--from", self.archives)

@@ -177,6 +177,30 @@ class DestOfAnotherUser(unittest.TestCase):
         shutil.rmtree(os.path.join(self.tmp, "shared-dest"))
         self.assert_refused(self.planted(mode=0o757), "is writable by others (mode 757)")
 
+    def test_dest_in_a_folder_others_may_write_to_is_refused(self):
+        """A DEST, there or to be made, in a folder every user may write to that is not sticky: they
+        could rename it away and put a staging of their own in its place. Refused before DEST is
+        made or read (no AWS CLI call: the stand-in's failure would be exit 1); a sticky folder (as
+        /tmp) or a team's (group write) gets as far as listing."""
+        folder = os.path.join(self.tmp, "open")
+        os.makedirs(folder)
+        os.chmod(folder, 0o777)
+        planted = self.planted()
+        os.rename(planted, os.path.join(folder, "planted"))
+        for dest in (os.path.join(folder, "dest"), os.path.join(folder, "new", "dest"), os.path.join(folder, "planted")):
+            before = snapshot(folder)
+            code, err = self.stage(dest)
+            self.assertEqual(code, 2, err)
+            self.assertEqual(err.splitlines(), [f"hpcdata: error: DEST {dest}: {folder} is writable by others (mode "
+                                                f"777) and not sticky: another user could rename {dest} away and put "
+                                                "a staging of their choosing in its place; use a directory of your own"])
+            self.assertEqual(snapshot(folder), before, "a refused DEST was changed")
+        for mode in (0o1777, 0o775):
+            os.chmod(folder, mode)
+            code, err = self.stage(os.path.join(folder, "new", "dest"))
+            self.assertEqual(code, 1, err)
+            self.assertIn("listing s3://data/sets/one/ failed: aws: no service here", err)
+
     def test_new_dest_is_private_whatever_the_umask(self):
         """Under umask 002 (Debian's for users with a group of their own) the DEST stage makes is
         still not the group's: it gets as far as listing (the stand-in's failure, exit 1)."""
