@@ -270,14 +270,20 @@ bool in_own_groups(gid_t gid) {
 
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid) {
   std::error_code ec;
-  const fs::path real = fs::canonical(dir, ec);
+  // Links resolved as far as the path is there; the rest, not there yet, is its creator's to make.
+  const fs::path real = fs::weakly_canonical(fs::absolute(dir, ec), ec);
   if (ec) return;
   const std::string shown = real.string() == dir ? dir : detail::concat(dir, " (", real.string(), ")");
   const std::string why =
       ": another user could replace what is read back there, or plant a link that a write would follow; ";
   for (fs::path p = real;; p = p.parent_path()) {
     struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) return;
+    if (::stat(p.c_str(), &st) != 0) {
+      // A part not there yet: the folders above it are judged as they would be once it is made
+      // (where every user may write, another could make it first, or rename it away after).
+      if (errno != ENOENT || p == p.root_path()) return;
+      continue;
+    }
     const bool itself = p == real;
     const std::string part = itself ? std::string("it") : p.string();
     // Another user's, in a group of this user's: a project's directory (its PI's, the group's to

@@ -133,7 +133,8 @@ void require_not_root_dir(const std::string& dir, const std::string& what);
 // not be writable by every user, and neither may any directory above it be, unless sticky (as
 // /tmp); with `uid` not root, each of them must belong to `uid`, to root, or to a group of this
 // process's (a project directory of its PI's). Group write is allowed: a group is trusted. A usage error naming `what`, the directory and the part
-// at fault. Nothing is checked for a directory that is not there (its creator reports that).
+// at fault. A directory that is not there yet is judged by the directories above it that are: one
+// it would be made in where every user may write (not sticky) is refused before it is made.
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid = ::geteuid());
 
 // Every entry under `dir` that is no directory, through links to directories too (as find -L and

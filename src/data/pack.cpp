@@ -124,6 +124,12 @@ class OutDir {
       created_.insert(created_.begin(), p);
     make_directories(path, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
     HPC_REQUIRE(!ec, "cannot create ", path, ": ", ec.message());
+    try {
+      require_safe_directory(path, "OUT");  // again, for one another user made since it was checked
+    } catch (const Error&) {
+      remove_created();
+      throw;
+    }
     fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     HPC_REQUIRE(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
@@ -131,9 +137,7 @@ class OutDir {
   }
   ~OutDir() {
     ::close(fd_);
-    std::error_code ec;
-    if (!committed_)
-      for (auto p = created_.rbegin(); p != created_.rend(); ++p) fs::remove(*p, ec);  // only if empty
+    if (!committed_) remove_created();
   }
   OutDir(const OutDir&) = delete;
   OutDir& operator=(const OutDir&) = delete;
@@ -142,6 +146,11 @@ class OutDir {
   void commit() { committed_ = true; }
 
  private:
+  void remove_created() const {
+    std::error_code ec;
+    for (auto p = created_.rbegin(); p != created_.rend(); ++p) fs::remove(*p, ec);  // only if empty
+  }
+
   std::string path_;
   std::vector<fs::path> created_;  // outermost first
   int fd_ = -1;
@@ -382,14 +391,15 @@ void check_pack_paths(const PackOptions& o) {
   // past NAME_MAX), is the user's to fix: refused before anything is read, not a failure of the
   // storage after the images were scanned. Only "not there yet" is for OutDir to create.
   struct stat st {};
-  if (::stat(o.out.c_str(), &st) == 0) {
+  if (::stat(o.out.c_str(), &st) == 0)
     HPC_REQUIRE(S_ISDIR(st.st_mode), "output directory ", o.out, " exists and is not a directory");
-    // One that other users may write to (another user's 777, made first in /tmp) is refused, as
-    // hpctrain's checkpoint directory is: they could swap the shards once packed. (One made here
-    // is never others' to write: OutDir.)
-    require_safe_directory(o.out, "OUT");
-  } else if (errno != ENOENT)
+  else if (errno != ENOENT)
     usage_error("output directory ", o.out, " cannot be made or used: ", std::strerror(errno));
+  // One that other users may write to (another user's 777, made first in /tmp), or that lies, there
+  // or to be made, in a folder they may write to that is not sticky, is refused as hpctrain's
+  // checkpoint directory is: they could swap the shards once packed, or rename OUT away and put
+  // their own in its place. (One made here is never others' to write: OutDir.)
+  require_safe_directory(o.out, "OUT");
   std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
   const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);
   const fs::path out = fs::weakly_canonical(fs::absolute(o.out), out_ec);

@@ -166,6 +166,21 @@ class Pack(unittest.TestCase):
         code, err = run(self.src, self.out, "--quiet")
         self.assertEqual(code, 0, err)
 
+    def test_an_out_in_a_folder_others_may_write_to_is_refused(self):
+        """An OUT, there or to be made, in a folder every user may write to that is not sticky: they
+        could rename OUT away once packed and put shards of their own in its place. Refused as one
+        that is there was, exit 2, one line, before anything is read or made (a creatable OUT was
+        packed into); a sticky folder (as /tmp) or a team's (group write) is fine."""
+        folder = os.path.join(self.tmp, "open")
+        os.makedirs(os.path.join(folder, "there"))
+        os.chmod(folder, 0o777)
+        for out in (os.path.join(folder, "out"), os.path.join(folder, "new", "out"), os.path.join(folder, "there")):
+            self.assert_refused([self.src, out], 2, f"OUT {out}: {folder} is writable by others (mode 777)")
+        for mode in (0o1777, 0o775):
+            os.chmod(folder, mode)
+            code, err = run(self.src, os.path.join(folder, f"out-{mode:o}"), "--quiet")
+            self.assertEqual(code, 0, err)
+
     def test_corrupt_image_fails_or_is_skipped(self):
         bad = os.path.join(self.src, "n01443537", "n01443537_1.JPEG")
         with open(bad, "wb") as f:

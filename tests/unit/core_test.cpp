@@ -721,7 +721,7 @@ TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
   make("project", 02775, other, ::getegid());  // a PI's project directory, of a group of this process's
   make("project/mine", 0755, me);
   fs::create_directory_symlink(at("theirs"), at("link"));
-  for (const char* fine : {"mine", "team", "roots", "sticky/mine", "project/mine", "missing"})
+  for (const char* fine : {"mine", "team", "roots", "sticky/mine", "project/mine", "missing", "sticky/missing/too"})
     EXPECT_EQ(check(fine, me), "") << fine;
   EXPECT_EQ(check("theirs", other), "");  // its owner's
   EXPECT_EQ(check("theirs", 0), "");      // root trusts every owner
@@ -740,7 +740,12 @@ TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
     EXPECT_NE(check("open/mine", uid).find(": " + at("open") + " is writable by others (mode 777)"),
               std::string::npos);
     EXPECT_NE(check("sticky", uid).find(": it is writable by others (mode 1777)"), std::string::npos) << uid;
+    // Not there yet: judged by the folders it would be made in (another user could make it first).
+    for (const char* missing : {"open/missing", "open/missing/too"})
+      EXPECT_NE(check(missing, uid).find(": " + at("open") + " is writable by others (mode 777)"), std::string::npos)
+          << missing;
   }
+  EXPECT_NE(check("theirs/missing", me).find(": " + at("theirs") + " belongs to uid 4343"), std::string::npos);
 }
 
 // make_directories makes each missing part with the mode given less the umask (never 0777 under
