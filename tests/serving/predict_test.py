@@ -426,6 +426,22 @@ class Serving(unittest.TestCase):
                 self.assert_refused(["export", "--checkpoint", path, "--output", out], says)
                 self.assertFalse(os.path.exists(out), "a refused export wrote its output")
 
+    def test_a_data_dir_for_a_model_not_of_packed_shards_is_refused(self):
+        """--data-dir names a packed dataset, for a model trained on packed shards only: given for
+        one of Fashion-MNIST (classes fixed) it was passed over in silence, exit 0, the user left
+        believing it had been checked. Refused as --image-size is for a dataset it does not apply
+        to: one line, exit 2, nothing printed or written."""
+        image = self.write("x.png", self.images[0])
+        out = os.path.join(self.dir, "m.onnx")
+        says = ("--data-dir applies to a model trained on packed shards only; the checkpoint's cnn was trained on "
+                "fashion-mnist, whose classes are fixed: leave --data-dir out")
+        for data_dir in (FASHION_MNIST, os.path.join(self.dir, "nothing-here")):
+            with self.subTest(data_dir):
+                self.assertEqual(self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, image,
+                                                      "--data-dir", data_dir], says), "")
+                self.assert_refused(["export", "--checkpoint", self.ck, "--output", out, "--data-dir", data_dir], says)
+                self.assertFalse(os.path.exists(out), "a refused export wrote its output")
+
     # ---- export's output ---------------------------------------------------------------------------
 
     def test_export_output_is_checked_first_and_replaced_atomically(self):

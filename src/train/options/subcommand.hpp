@@ -61,7 +61,7 @@ options::Entry<S> served_data_dir(std::string S::*m) {
   return options::path("data-dir", m,
                        "packed shards: a packed dataset, whose classes (its manifests', as training reads them) must "
                        "be the checkpoint's (needed only for a checkpoint written before 2026-11-26, which records no "
-                       "class names)",
+                       "class names; refused for a model of another dataset)",
                        options::Presence::NotBlank);
 }
 

@@ -37,6 +37,12 @@ data::DatasetFacts facts_of(const ckpt::Checkpoint& c, const std::string& data_d
                                                                       : recorded_options(c.meta, {"dataset"});
   const std::string dataset = data::dataset_name(recorded.dataset);
   const int64_t image_size = recorded.image_size;
+  // Another dataset's classes are fixed: a --data-dir there named nothing, and was passed over in
+  // silence (the user left believing their packed dataset was checked). Refused as --image-size is
+  // for a dataset it does not apply to.
+  HPC_REQUIRE(recorded.dataset == data::DatasetKind::Shards || data_dir.empty(), "--data-dir applies to a model "
+              "trained on packed shards only; the checkpoint's ", c.text("model"), " was trained on ", dataset,
+              ", whose classes are fixed: leave --data-dir out");
   if (recorded.dataset != data::DatasetKind::Shards) return data::dataset_facts(dataset, image_size);
   return data::dataset_facts(dataset, image_size, shard_classes(c, data_dir, speak));
 }
