@@ -9,6 +9,7 @@
 
 #include "core/duration.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -19,6 +20,17 @@ HostPool::HostPool(const LaunchOptions& o, const Clock& clock, Voice& voice, Sig
 
 bool HostPool::discover(bool first) {
   last_discovery_ = clock_.now();
+  // Again before every run: a script another user made writable, or swapped, since the start
+  // would run their code as this user.
+  try {
+    std::string why;
+    const std::string script = find_program(o_.discovery_script, &why);
+    if (!script.empty()) require_safe_file(script, "--host-discovery-script");
+  } catch (const Error& e) {
+    if (first) throw;
+    voice_.say(std::string("warning: ") + e.what() + "; not running it, keeping its previous answer");
+    return false;
+  }
   const CommandResult r = run_command({o_.discovery_script}, o_.probe_timeout, /*merge_stderr=*/false);
   // Past the bytes kept, hosts would be lost without a word, and the last line kept cut in two
   // (node12 for node1234).

@@ -54,9 +54,10 @@ double Clock::now() const { return monotonic_seconds() - started_; }
 void Voice::open(const std::string& log_dir) {
   if (hpcrun_log_.is_open()) return;
   std::error_code ec;
+  require_safe_directory(log_dir, "--log-dir");  // before it is made in a folder others may write to
   make_directories(log_dir, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
   HPC_REQUIRE(!ec, "--log-dir ", log_dir, ": cannot create it: ", ec.message());
-  require_safe_directory(log_dir, "--log-dir");
+  require_safe_directory(log_dir, "--log-dir");  // again, for one another user made meanwhile
   const std::string log = (fs::path(log_dir) / "hpcrun.log").string();
   // Made 0644 first, as the attempts' logs and the checkpoints beside them, whatever the umask (an
   // ofstream's 0666 under umask 000 let every user rewrite the job's record).

@@ -73,8 +73,10 @@ void check_launch_agent(const LaunchOptions& o) {
   if (!o.launch_agent_given && !remote) return;
   const std::string agent = split_words(o.launch_agent).front();
   std::string why;
-  HPC_REQUIRE(!find_program(agent, &why).empty(), "--launch-agent ", agent, ": ", why,
+  const std::string program = find_program(agent, &why);
+  HPC_REQUIRE(!program.empty(), "--launch-agent ", agent, ": ", why,
               " (it starts the ranks on the other hosts and probes them)");
+  require_safe_file(program, "--launch-agent");  // run as this user at every probe and launch
 }
 
 // Checked now, while nothing is written; the directory itself is created at the first launch.
@@ -86,6 +88,9 @@ void check_log_dir(const std::string& dir) {
   HPC_REQUIRE(fs::is_directory(p, ec), "log directory ", dir, " (--log-dir): ", p.string(), " is not a directory");
   HPC_REQUIRE(::access(p.c_str(), W_OK | X_OK) == 0, "log directory ", dir, " (--log-dir): cannot write in ",
               p.string(), ": ", std::strerror(errno));
+  // Not to be made in a folder another user may write to (not sticky): they could make it first,
+  // or rename it away and read the job's logs where it was. Refused before it is made.
+  require_safe_directory(dir, "--log-dir");
 }
 
 // hpcrun reads the heartbeat where the trainer writes it: a different directory would show no
@@ -215,10 +220,12 @@ options::Check<double> wait_at_most(options::Check<double> also = {}) {
 Group where_group() {
   return {"Where: hosts and slots (one rank per slot)",
           {options::path({"hosts", 'H'}, &O::hosts, "hosts as host[:slots],... (as mpirun -H)", Presence::NotBlank),
-           options::path("hostfile", &O::hostfile, "Open MPI hostfile: 'host slots=N' per line", Presence::NotBlank),
+           options::path("hostfile", &O::hostfile,
+                         "Open MPI hostfile: 'host slots=N' per line (yours, no one else's to write)", Presence::NotBlank),
            options::path("host-discovery-script", own(&L::discovery_script),
                          "program printing the usable hosts, one 'host:slots' per line; run every "
-                         "--discovery-interval, the job grows onto new hosts (and new slots) and is drained off vanished ones",
+                         "--discovery-interval, the job grows onto new hosts (and new slots) and is drained off vanished ones "
+                         "(yours, no one else's to write)",
                          Presence::NotBlank),
            options::duration("discovery-interval", own(&L::discovery_interval),
                              "how often the discovery script runs, and the job looks for hosts to grow onto (with "
@@ -547,12 +554,14 @@ void choose_hosts(CommandLine& o) {
     o.static_hosts = parse_host_list(o.hosts, o.slots_per_host);
   } else if (!o.hostfile.empty()) {
     o.host_source = HostSource::Hostfile;
+    require_safe_file(o.hostfile, "--hostfile");  // its hosts are where the job runs, as this user
     o.static_hosts = parse_hostfile(o.hostfile, o.slots_per_host);
   } else if (!o.discovery_script.empty()) {
     o.host_source = HostSource::Discovery;
     std::string why;
-    HPC_REQUIRE(!find_program(o.discovery_script, &why).empty(), "--host-discovery-script ", o.discovery_script,
-                ": ", why);
+    const std::string script = find_program(o.discovery_script, &why);
+    HPC_REQUIRE(!script.empty(), "--host-discovery-script ", o.discovery_script, ": ", why);
+    require_safe_file(script, "--host-discovery-script");  // run as this user at every discovery
   } else if (std::getenv("SLURM_JOB_ID") && std::getenv("SLURM_JOB_NODELIST") && std::getenv("SLURM_TASKS_PER_NODE")) {
     o.host_source = HostSource::Slurm;
     o.static_hosts = slurm_hosts(std::getenv("SLURM_JOB_NODELIST"), std::getenv("SLURM_TASKS_PER_NODE"));

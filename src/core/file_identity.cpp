@@ -298,6 +298,50 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
   }
 }
 
+void require_safe_file(const std::string& path, const std::string& what, uid_t uid) {
+  const std::string why = ": another user could change what is read or run from it; ";
+  const auto trusted = [&](const struct stat& st) {
+    return st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid);
+  };
+  // The links of its last part, one by one: another user's link (in /tmp, say) leads where they
+  // choose, and may be swapped for another at any moment.
+  std::string at = path;
+  for (int i = 0; i < kMaxLinks; ++i) {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0) return;  // not there: its reader says so
+    if (!S_ISLNK(st.st_mode)) break;
+    HPC_REQUIRE(trusted(st), what, " ", path, ": the link ", at, " belongs to uid ", st.st_uid,
+                ", another user, not of your groups", why, "use a file of your own");
+    const std::optional<std::string> next = link_target(at, st);
+    if (!next) return;
+    at = *next;
+  }
+  std::error_code ec;
+  const fs::path real = fs::canonical(path, ec);
+  if (ec) return;
+  const std::string shown = real.string() == path ? path : detail::concat(path, " (", real.string(), ")");
+  struct stat st {};
+  if (::stat(real.c_str(), &st) != 0) return;
+  // The file's owner may rewrite it whenever they like: checked for root too (as sshd checks
+  // root's authorized_keys).
+  HPC_REQUIRE(trusted(st), what, " ", shown, ": it belongs to uid ", st.st_uid, ", another user, not of your groups",
+              why, "use a file of your own");
+  HPC_REQUIRE(!(st.st_mode & S_IWOTH), what, " ", shown, ": it is writable by others (mode ", mode_text(st.st_mode),
+              ")", why, "chmod o-w it");
+  // The directories above it, held as a directory's own are, but sticky ones (/tmp) allowed all
+  // the way down: no one else may rename or replace a file of this user's there.
+  for (fs::path p = real.parent_path();; p = p.parent_path()) {
+    if (::stat(p.c_str(), &st) != 0) return;
+    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown, ": ",
+                p.string(), " belongs to uid ", st.st_uid, ", another user, not of your groups", why,
+                "use a file of your own");
+    HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX), what, " ", shown, ": ", p.string(),
+                " is writable by others (mode ", mode_text(st.st_mode), ") and not sticky", why,
+                "use a file of your own");
+    if (p == p.root_path()) return;
+  }
+}
+
 std::string through_links(const std::string& path) {
   // Each target is read as the kernel reads it, from its link's folder, never folded lexically:
   // "lnk/../f" where lnk leads to a folder elsewhere is beside that folder, not beside lnk.

@@ -137,6 +137,16 @@ void require_not_root_dir(const std::string& dir, const std::string& what);
 // it would be made in where every user may write (not sticky) is refused before it is made.
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid = ::geteuid());
 
+// A file whose words decide what a tool runs, or where (hpcrun's --host-discovery-script, run
+// again at every discovery, and its --hostfile), must be out of other users' reach, as sshd holds
+// authorized_keys: the file, and every link of its last part on the way to it (another user's link
+// in /tmp leads where they choose), must belong to `uid`, to root or to a group of this process's,
+// for root too (its owner may rewrite it at any moment), and the file may not be writable by
+// others; the directories above it are held to require_safe_directory's rule, sticky ones allowed.
+// A usage error naming `what`, the path and the part at fault. Nothing is checked for a path that
+// is not there (its reader reports that).
+void require_safe_file(const std::string& path, const std::string& what, uid_t uid = ::geteuid());
+
 // Every entry under `dir` that is no directory, through links to directories too (as find -L and
 // torchvision's ImageFolder follow them), in the order the directories list them. A link that
 // leads back to a directory it lies in (a loop, over one link or several) is a usage error naming

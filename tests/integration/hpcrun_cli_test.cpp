@@ -91,6 +91,17 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   const std::string long_output =
       script(dir, "long_output", "yes '# a comment line, one of many' | head -n 40000; echo localhost:1");
   const std::string not_executable = script(dir, "not_executable", "echo localhost:1", false);
+  // Files another user may write to: hpcrun runs the discovery script as this user at every
+  // discovery, and the hosts decide where the job runs (sshd refuses such an authorized_keys).
+  const std::string open_script = script(dir, "open_script", "echo localhost:1");
+  fs::permissions(open_script, fs::perms(0757));
+  write_text(dir.file("open_hostfile"), "localhost slots=1\n");
+  fs::permissions(dir.file("open_hostfile"), fs::perms(0646));
+  fs::create_directory(dir.file("open"));  // a folder every user may write to, not sticky
+  const std::string script_in_open = script(dir, "open/discover", "echo localhost:1");
+  write_text(dir.file("open/hostfile"), "localhost slots=1\n");
+  fs::permissions(dir.file("open"), fs::perms(0777));
+  const std::string in_open = ": " + dir.file("open") + " is writable by others (mode 777)";
   const auto slurm = [](const std::string& nodes, const std::string& tasks) {
     return std::vector<std::pair<std::string, std::string>>{
         {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", nodes}, {"SLURM_TASKS_PER_NODE", tasks}};
@@ -176,6 +187,16 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       // Where every user may write, another could plant a link that hpcrun's writes would follow.
       {{"--log-dir", "/tmp", "-np", "1", "true"}, "--log-dir /tmp: it is writable by others (mode 1777)"},
       {{"-np", "1", "--checkpoint-dir", "/tmp", "true"}, "--checkpoint-dir /tmp: it is writable by others (mode 1777)"},
+      // ... or where they could make it first, or rename it away: refused before it is made
+      {{"--log-dir", dir.file("open/logs"), "-np", "1", "true"}, "--log-dir " + dir.file("open/logs") + in_open},
+      {{"-np", "1", "--checkpoint-dir", dir.file("open/ck"), "true"}, "--checkpoint-dir " + dir.file("open/ck") + in_open},
+      {{"--host-discovery-script", open_script, "true"},
+       "--host-discovery-script " + open_script + ": it is writable by others (mode 757): another user could change "
+       "what is read or run from it; chmod o-w it"},
+      {{"--hostfile", dir.file("open_hostfile"), "true"},
+       "--hostfile " + dir.file("open_hostfile") + ": it is writable by others (mode 646)"},
+      {{"--host-discovery-script", script_in_open, "true"}, script_in_open + in_open + " and not sticky"},
+      {{"--hostfile", dir.file("open/hostfile"), "true"}, dir.file("open/hostfile") + in_open + " and not sticky"},
       // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
        "is not the program's"},
@@ -234,6 +255,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       // A local typo in the launch agent is not the remote host's failure
       {{"--launch-agent", "/nonexistent", "-H", "otherhost", "true"}, "--launch-agent /nonexistent: no such file"},
       {{"--launch-agent", dir.file("a_dir"), "-H", "otherhost", "true"}, "it is a directory"},
+      {{"--launch-agent", open_script, "-H", "otherhost", "true"},
+       "--launch-agent " + open_script + ": it is writable by others (mode 757)"},
   };
   for (const BadCase& c : cases) {
     const auto before = contents(dir.str());
@@ -497,6 +520,65 @@ TEST(HpcrunCli, DiscoveryScriptMayWarnOnStderr) {
   const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--host-discovery-script", noisy, "sh", "-c", "echo ran"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("[a1:r0] ran"), std::string::npos) << r.out;
+}
+
+// A discovery script or hostfile of another user (or another user's link to one of this user's,
+// as one planted in /tmp, where the kernel's protected_symlinks may be off) is refused as one
+// they may write to is: they may change it at any moment. For root too, whose run of another
+// user's script is theirs. This user's own, and a link of theirs, run. Needs root, to give files
+// to another user.
+TEST(HpcrunCli, ADiscoveryScriptOrHostfileOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown to another user); CI runs as root";
+  TempDir dir("hpcrun_theirs");
+  fs::permissions(dir.path(), fs::perms(01777));  // shared and sticky, as /tmp
+  const std::string mine = script(dir, "mine", "echo localhost:1"), theirs = script(dir, "theirs", "echo localhost:1");
+  write_text(dir.file("hosts"), "localhost slots=1\n");
+  ASSERT_EQ(::chown(theirs.c_str(), 4343, 4343), 0);
+  for (const char* name : {"my_link", "their_link", "their_hosts_link"})
+    fs::create_symlink(std::string(name) == "their_hosts_link" ? dir.file("hosts") : mine, dir.file(name));
+  ASSERT_EQ(::lchown(dir.file("their_link").c_str(), 4343, 4343), 0);
+  ASSERT_EQ(::lchown(dir.file("their_hosts_link").c_str(), 4343, 4343), 0);
+  const std::vector<BadCase> cases = {
+      {{"--host-discovery-script", theirs, "true"},
+       "--host-discovery-script " + theirs + ": it belongs to uid 4343, another user, not of your groups: another "
+       "user could change what is read or run from it; use a file of your own"},
+      {{"--host-discovery-script", dir.file("their_link"), "true"},
+       "--host-discovery-script " + dir.file("their_link") + ": the link " + dir.file("their_link") +
+           " belongs to uid 4343"},
+      {{"--hostfile", dir.file("their_hosts_link"), "true"}, ": the link " + dir.file("their_hosts_link") + " belongs"},
+  };
+  for (const BadCase& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.begin(), {"--log-dir", dir.file("logs")});
+    const RunResult r = hpcrun(args);
+    EXPECT_EQ(r.exit_code, 2) << r.command << "\n" << r.err;
+    EXPECT_EQ(error_lines(r.err), 1) << r.command << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.command << "\nexpected: " << c.says << "\ngot: " << r.err;
+    EXPECT_EQ(r.err.find("attempt 1"), std::string::npos) << r.command << ": launched despite bad input";
+  }
+  for (const std::string& fine : {mine, dir.file("my_link")}) {
+    const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--host-discovery-script", fine, "sh", "-c", "echo ran"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+  const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--hostfile", dir.file("hosts"), "sh", "-c", "echo ran"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// A discovery script that another user may write to by a later discovery (here it opens itself)
+// is not run again: one warning each time, and the job goes on with its previous answer.
+TEST(HpcrunCli, ADiscoveryScriptOthersMayWriteToIsNotRunAgain) {
+  TempDir dir("hpcrun_discovery_opened");
+  const std::string runs = dir.file("runs");
+  const std::string discover = script(dir, "discover", "echo run >> " + runs + "; chmod o+w \"$0\"; echo localhost:1");
+  const std::string program = "echo step=1 > " + dir.file("heartbeat") + "; sleep 2; echo done";
+  const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--checkpoint-dir", dir.str(), "--host-discovery-script",
+                              discover, "--discovery-interval", "0.2s", "sh", "-c", program});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("done"), std::string::npos) << r.out << r.err;
+  EXPECT_EQ(read_text(runs), "run\n") << r.err;
+  EXPECT_NE(r.err.find("warning: --host-discovery-script " + discover + ": it is writable by others (mode 702)"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("; not running it, keeping its previous answer"), std::string::npos) << r.err;
 }
 
 TEST(HpcrunCli, ProgramUsageErrorIsNotRetried) {

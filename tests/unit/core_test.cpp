@@ -748,6 +748,59 @@ TEST_F(FileIdentityTest, ADirectoryInOtherUsersReachIsRefused) {
   EXPECT_NE(check("theirs/missing", me).find(": " + at("theirs") + " belongs to uid 4343"), std::string::npos);
 }
 
+// A file that decides what runs or where (hpcrun's discovery script, its hostfile): refused where
+// another user owns it (for root too) or a link of its last part, or every user may write to it or
+// to a folder above it that is not sticky; a sticky folder (/tmp) is fine all the way down, as are
+// a group's files. Needs root, to give files to other users.
+TEST_F(FileIdentityTest, AFileInOtherUsersReachIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown to other users); CI runs as root";
+  const uid_t me = 4242, other = 4343;
+  auto own = [&](const std::string& rel, mode_t mode, uid_t owner) {
+    EXPECT_EQ(::chmod(at(rel).c_str(), mode), 0);
+    EXPECT_EQ(::lchown(at(rel).c_str(), owner, owner), 0);
+  };
+  auto file = [&](const std::string& rel, mode_t mode, uid_t owner) {
+    std::ofstream(at(rel)) << "localhost slots=1\n";
+    own(rel, mode, owner);
+  };
+  auto check = [&](const std::string& rel, uid_t uid) {
+    return refusal([&] { require_safe_file(at(rel), "--hostfile", uid); });
+  };
+  fs::create_directories(at("sticky/sticky"));
+  own("sticky", 01777, 0);
+  own("sticky/sticky", 01777, me);
+  fs::create_directories(at("open"));
+  own("open", 0777, me);
+  file("mine", 0644, me);
+  file("team", 0664, me);
+  file("sticky/sticky/mine", 0600, me);
+  file("written", 0646, me);
+  file("theirs", 0644, other);
+  file("open/mine", 0644, me);
+  fs::create_symlink(at("mine"), at("sticky/my_link"));
+  EXPECT_EQ(::lchown(at("sticky/my_link").c_str(), me, me), 0);
+  fs::create_symlink(at("mine"), at("sticky/their_link"));
+  EXPECT_EQ(::lchown(at("sticky/their_link").c_str(), other, other), 0);
+  for (const char* fine : {"mine", "team", "sticky/sticky/mine", "sticky/my_link", "missing"})
+    EXPECT_EQ(check(fine, me), "") << fine;
+  EXPECT_EQ(check("theirs", other), "");
+  EXPECT_NE(check("written", me).find(": it is writable by others (mode 646): "), std::string::npos);
+  EXPECT_NE(check("open/mine", me).find(": " + at("open") + " is writable by others (mode 777) and not sticky"),
+            std::string::npos);
+  EXPECT_EQ(check("theirs", me), "--hostfile " + at("theirs") + ": it belongs to uid 4343, another user, not of "
+                                 "your groups: another user could change what is read or run from it; use a file "
+                                 "of your own");
+  EXPECT_NE(check("sticky/their_link", me).find("--hostfile " + at("sticky/their_link") + ": the link " +
+                                               at("sticky/their_link") + " belongs to uid 4343"),
+            std::string::npos);
+  // Root trusts no other user's file: its owner could rewrite it (sshd's rule for authorized_keys).
+  EXPECT_NE(check("theirs", 0).find(": it belongs to uid 4343"), std::string::npos);
+  EXPECT_NE(check("mine", 0).find(": it belongs to uid 4242"), std::string::npos);
+  EXPECT_NE(check("sticky/their_link", 0).find(": the link "), std::string::npos);
+  file("roots", 0646, 0);
+  EXPECT_NE(check("roots", 0).find(": it is writable by others (mode 646)"), std::string::npos);
+}
+
 // make_directories makes each missing part with the mode given less the umask (never 0777 under
 // umask 000, as create_directories did), part by part as written ("a/b/../c" is a, a/b and a/c,
 // as mkdir -p), leaves one that is there as it is, and fails on a part that is a file.
