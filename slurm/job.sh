@@ -31,7 +31,7 @@
 #                                   settings are not.
 #
 # Variables (the sbatch scripts set them at their top): HPCTRAIN, HPCRUN, LAUNCHER (srun, mpirun or
-# hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
+# hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, SRUN_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
 # MAX_FAILURES_IN_A_ROW, HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS; CHAIN_SEGMENT (slurm/chain.sh's).
 
 job_log() {
@@ -401,6 +401,8 @@ job_check_requeue_settings() {
     job_die "MAX_REQUEUES must be a whole number of requeues, 0 to 999999, not '$MAX_REQUEUES'"
   [[ "${MAX_FAILURES_IN_A_ROW:-3}" =~ ^[0-9]{1,6}$ ]] && ((10#${MAX_FAILURES_IN_A_ROW:-3} >= 1)) ||
     job_die "MAX_FAILURES_IN_A_ROW must be a whole number of failed runs, 1 to 999999, not '$MAX_FAILURES_IN_A_ROW'"
+  [[ "${SRUN_WAIT:-60}" =~ ^[0-9]{1,5}$ ]] && ((10#${SRUN_WAIT:-60} <= 86400)) ||
+    job_die "SRUN_WAIT must be a whole number of seconds, 0 (no limit) to 86400, not '$SRUN_WAIT'"
 }
 
 job_run_trainer() {
@@ -462,7 +464,11 @@ job_run_trainer() {
     srun)
       local cpus
       mapfile -t cpus < <(job_srun_cpus)
-      launch=(srun --mpi=pmix "${cpus[@]}")
+      # A task that ends while its peers run (a crash, the OOM killer, a rank that died starting
+      # MPI) leaves them waiting in a collective: at start-up no watchdog of hpctrain's runs yet,
+      # and the job would sit to its time limit. srun ends them SRUN_WAIT seconds after the first
+      # task ended; the ranks of a run that ends well leave MPI together, long before.
+      launch=(srun --mpi=pmix --wait="$((10#${SRUN_WAIT:-60}))" "${cpus[@]}")
       ;;
     mpirun)
       # Open MPI's mpirun, sent SIGTERM (Slurm ends a job by signalling every process of it),

@@ -4,7 +4,7 @@
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
 # number to 1), and so are slurm/local-cluster.sh up's --nodes and --cpus-per-node (no cluster is
 # started); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
-# are refused; job.sh refuses a REQUEUE, MAX_REQUEUES or MAX_FAILURES_IN_A_ROW it cannot use before the training runs,
+# are refused; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW or SRUN_WAIT it cannot use before the training runs,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT); the options of a --config file count
@@ -158,7 +158,8 @@ EOF
 chmod +x "$work/job"
 export REPO=$repo
 job="$work/job"
-for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x MAX_FAILURES_IN_A_ROW=0 MAX_FAILURES_IN_A_ROW=x; do
+for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x MAX_FAILURES_IN_A_ROW=0 MAX_FAILURES_IN_A_ROW=x \
+  SRUN_WAIT=-1 SRUN_WAIT=1m SRUN_WAIT=86401 SRUN_WAIT=x; do
   refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" LAUNCHER=srun SLURM_JOB_ID=1 "$bad" --
 done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
@@ -430,6 +431,19 @@ if [[ $(grep -c -- '--cpus-per-task=6' "$work/srun.log") != 2 ]] || ! grep -qx -
   fail "srun (staging, training) not given --cpus-per-task=6: $(tr '\n' ';' < "$work/srun.log") $(cat "$work/cpus.out")"
 else
   echo "ok: the staging's and the training's srun get --cpus-per-task=6"
+fi
+# The training's srun ends the other tasks SRUN_WAIT seconds after the first ended (a rank that
+# crashed while MPI started left its peer waiting to the job's time limit), read in decimal.
+if [[ $(grep -cE -- '--mpi=pmix --wait=60( |$)' "$work/srun.log") != 1 ]]; then
+  fail "the training's srun not given --wait=60: $(tr '\n' ';' < "$work/srun.log")"
+fi
+: > "$work/srun.log"
+"$job" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/cpus-ck" REQUEUE=0 SLURM_JOB_ID=1 SRUN_WAIT=010 \
+  SRUN_LOG="$work/srun.log" -- > "$work/wait.out" 2>&1
+if [[ $(grep -cE -- '--mpi=pmix --wait=10( |$)' "$work/srun.log") != 1 ]]; then
+  fail "SRUN_WAIT=010: the training's srun not given --wait=10: $(tr '\n' ';' < "$work/srun.log") $(cat "$work/wait.out")"
+else
+  echo "ok: the training's srun gets --wait=SRUN_WAIT (60 by default)"
 fi
 
 # A --config FILE's options are hpctrain's too (the command line wins over them): the script looked

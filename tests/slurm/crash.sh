@@ -3,7 +3,8 @@
 # ends the run (exit 124, --step-timeout) instead of waiting forever; the batch script, whose job
 # Slurm still has RUNNING, requeues it itself, and the next run resumes from the snapshot in the
 # nodes' memory (taken every step here), at or after the step the rank died at, not
-# from the last periodic checkpoint (every 20 steps), and finishes.
+# from the last periodic checkpoint (every 20 steps), and finishes. Then a rank that dies as the
+# run starts: srun ends its peer SRUN_WAIT seconds later, and the job is requeued.
 source "$(dirname "$0")/common.sh"
 slurm_setup 2 300
 # Long enough to be killed at step 70 and to go on after the resume; more steps would only
@@ -33,4 +34,16 @@ read -r r1 rest <<< "$(resumed_steps crashed)"
 ((r1 % 20 == 0)) || grep -q "the newest state is a snapshot in host memory" "$WORK/crashed.out" ||
   fail "resumed at step $r1, but not from the snapshot in the nodes' memory"
 [[ "$(done_field crashed steps)" == 250 ]] || fail "$(done_field crashed steps) steps, not 250"
+
+# A rank that dies while the run starts (SIGKILL at the end of set-up's first phase; CI twice saw
+# rank 1 segfault as MPI started under srun), before any watchdog of hpctrain's would end its peer:
+# rank 0 waited in its next collective until the job's time limit. srun ends it SRUN_WAIT seconds
+# after rank 1 died, and the job is requeued (each run dies the same way here: cancelled then).
+HPCTRAIN_TEST_SIGNAL_IN_SETUP=1@1:KILL SRUN_WAIT=5 STEP_TIMEOUT=10m submit startup --nodes=2 -- --start-timeout 30m
+wait_state "$JOB" RUNNING 60
+started=$SECONDS
+wait_restarts "$JOB" 1 60
+say "requeued $((SECONDS - started)) s after it started running"
+scancel "$JOB"
+expect_out startup "the trainer failed (exit [0-9]*: a node or rank lost?); requeueing"
 say "PASS"
