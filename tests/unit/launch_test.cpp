@@ -915,7 +915,8 @@ TEST(Options, EveryOptionReachesItsMember) {
   const LaunchOptions o = launch(
       {"-H", "localhost:3", "--slots-per-host", "2", "--discovery-interval", "7s", "-n", "2", "--min-np", "1",
        "--max-np", "3", "--launch-agent", "true", "--mpirun", "mpirun", "--mpi-args", "--bind-to 'none'", "-x", "A=1",
-       "--env", "B=2", "--log-dir", "/tmp", "--checkpoint-dir", "/tmp/hpcrun-options-test-ck", "--quiet",
+       "--env", "B=2", "--log-dir", "/tmp/hpcrun-options-test-logs", "--checkpoint-dir",
+       "/tmp/hpcrun-options-test-ck", "--quiet",
        "--stall-timeout", "1m", "--start-timeout", "30s", "--max-restarts", "0", "--blacklist-cooldown", "30s:5m",
        "--elastic-timeout", "2m", "--probe-timeout", "5s", "--teardown-timeout", "20s", "--stop-timeout", "1m",
        "--straggler-factor", "2", "--straggler-time", "1m", "--drain-stragglers"});
@@ -929,7 +930,7 @@ TEST(Options, EveryOptionReachesItsMember) {
   EXPECT_TRUE(o.launch_agent_given);
   EXPECT_EQ(o.mpi_args, (std::vector<std::string>{"--bind-to", "none"}));
   EXPECT_EQ(o.env, (std::vector<std::string>{"A=1", "B=2"}));
-  EXPECT_EQ(o.log_dir, "/tmp");
+  EXPECT_EQ(o.log_dir, "/tmp/hpcrun-options-test-logs");
   EXPECT_EQ(o.checkpoint_dir, "/tmp/hpcrun-options-test-ck");
   EXPECT_TRUE(o.quiet);
   EXPECT_EQ(seconds_of(o), (std::vector<double>{7, 60, 30, 5, 20, 60, 120, 30, 300, 60}));
