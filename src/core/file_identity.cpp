@@ -268,6 +268,32 @@ bool in_own_groups(gid_t gid) {
 }
 }  // namespace
 
+namespace {
+// The folders from `from` up to /, as those above a directory or file of this user's are judged:
+// each this user's, root's or of one of this user's groups (any, for root: a project's directory,
+// its PI's, the group's to write, is trusted as a group is; a stranger's is not), and none
+// writable by others unless sticky (/tmp: no one else may rename or replace an entry of this
+// user's there). A part not there yet is judged as it would be once made: passed over, the
+// folders above it judged (where every user may write, another could make it first, or rename
+// it away after). A folder that cannot be looked at otherwise ends the check: said where the path
+// is used. `not_sticky` follows the mode in the message, `advice` the reason.
+void require_safe_folders(fs::path from, const std::string& what, const std::string& shown, const std::string& why,
+                          const char* not_sticky, const char* advice, uid_t uid) {
+  for (fs::path p = std::move(from);; p = p.parent_path()) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno != ENOENT || p == p.root_path()) return;
+      continue;
+    }
+    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown, ": ",
+                p.string(), " belongs to uid ", st.st_uid, ", another user, not of your groups", why, advice);
+    HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX), what, " ", shown, ": ", p.string(),
+                " is writable by others (mode ", mode_text(st.st_mode), ")", not_sticky, why, advice);
+    if (p == p.root_path()) return;
+  }
+}
+}  // namespace
+
 void require_safe_directory(const std::string& dir, const std::string& what, uid_t uid) {
   std::error_code ec;
   // Links resolved as far as the path is there; the rest, not there yet, is its creator's to make.
@@ -276,26 +302,19 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
   const std::string shown = real.string() == dir ? dir : detail::concat(dir, " (", real.string(), ")");
   const std::string why =
       ": another user could replace what is read back there, or plant a link that a write would follow; ";
-  for (fs::path p = real;; p = p.parent_path()) {
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) {
-      // A part not there yet: the folders above it are judged as they would be once it is made
-      // (where every user may write, another could make it first, or rename it away after).
-      if (errno != ENOENT || p == p.root_path()) return;
-      continue;
-    }
-    const bool itself = p == real;
-    const std::string part = itself ? std::string("it") : p.string();
-    // Another user's, in a group of this user's: a project's directory (its PI's, the group's to
-    // write), trusted as a group is; a stranger's is not.
-    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown, ": ",
-                part, " belongs to uid ", st.st_uid, ", another user, not of your groups", why,
-                "use a directory of your own");
-    HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (!itself && (st.st_mode & S_ISVTX)), what, " ", shown, ": ", part,
-                " is writable by others (mode ", mode_text(st.st_mode), ")", why, itself ? "chmod o-w it, or " : "",
-                "use a directory of your own");
-    if (p == p.root_path()) return;
+  const char* advice = "use a directory of your own";
+  struct stat st {};
+  if (::stat(real.c_str(), &st) == 0) {
+    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown,
+                ": it belongs to uid ", st.st_uid, ", another user, not of your groups", why, advice);
+    // Itself, sticky or not: writable by others is theirs to fill.
+    HPC_REQUIRE(!(st.st_mode & S_IWOTH), what, " ", shown, ": it is writable by others (mode ", mode_text(st.st_mode),
+                ")", why, "chmod o-w it, or ", advice);
+  } else if (errno != ENOENT) {
+    return;
   }
+  if (real == real.root_path()) return;
+  require_safe_folders(real.parent_path(), what, shown, why, "", advice, uid);
 }
 
 void require_safe_file(const std::string& path, const std::string& what, uid_t uid) {
@@ -328,18 +347,8 @@ void require_safe_file(const std::string& path, const std::string& what, uid_t u
               why, "use a file of your own");
   HPC_REQUIRE(!(st.st_mode & S_IWOTH), what, " ", shown, ": it is writable by others (mode ", mode_text(st.st_mode),
               ")", why, "chmod o-w it");
-  // The directories above it, held as a directory's own are, but sticky ones (/tmp) allowed all
-  // the way down: no one else may rename or replace a file of this user's there.
-  for (fs::path p = real.parent_path();; p = p.parent_path()) {
-    if (::stat(p.c_str(), &st) != 0) return;
-    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown, ": ",
-                p.string(), " belongs to uid ", st.st_uid, ", another user, not of your groups", why,
-                "use a file of your own");
-    HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX), what, " ", shown, ": ", p.string(),
-                " is writable by others (mode ", mode_text(st.st_mode), ") and not sticky", why,
-                "use a file of your own");
-    if (p == p.root_path()) return;
-  }
+  // The directories above it, as a directory's are, sticky ones (/tmp) allowed all the way down.
+  require_safe_folders(real.parent_path(), what, shown, why, " and not sticky", "use a file of your own", uid);
 }
 
 std::string through_links(const std::string& path) {
