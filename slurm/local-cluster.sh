@@ -224,6 +224,12 @@ free_port_base() {  # a base port P with P..P+$1-1 all free on this machine
   die "no $1 free TCP ports found between 20000 and 30000"
 }
 
+# FirstJobId: each cluster's job ids from its own range (the port base's index times 100000), not
+# from 1. Open MPI names a job launched by srun after the Slurm job and step ids alone, and its TCP
+# transport takes any connection from that name: two clusters on one machine whose jobs both
+# were 1.0 crossed, a rank of one cluster answering the connection a rank of the other made to a
+# port its lost peer had held (a segfault in MPI_Init, the message's handler not yet there:
+# slurm_time_limit in CI, with another cluster's tests beside it, 2026-12-05).
 write_config() {
   local base=$1 k
   cat > "$conf" << EOF
@@ -260,6 +266,7 @@ MessageTimeout=10
 KillWait=$kill_wait
 Epilog=$epilog
 MinJobAge=600
+FirstJobId=$(((base - 20000) / 25 * 100000 + 1000))
 InactiveLimit=0
 EOF
   for ((k = 1; k <= nodes; ++k)); do

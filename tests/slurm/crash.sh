@@ -36,7 +36,8 @@ read -r r1 rest <<< "$(resumed_steps crashed)"
 [[ "$(done_field crashed steps)" == 250 ]] || fail "$(done_field crashed steps) steps, not 250"
 
 # A rank that dies while the run starts (SIGKILL at the end of set-up's first phase; CI twice saw
-# rank 1 segfault as MPI started under srun), before any watchdog of hpctrain's would end its peer:
+# rank 1 segfault as MPI started under srun, from another local cluster's job of the same id:
+# two_clusters.sh), before any watchdog of hpctrain's would end its peer:
 # rank 0 waited in its next collective until the job's time limit. srun ends it SRUN_WAIT seconds
 # after rank 1 died, and the job is requeued (each run dies the same way here: cancelled then).
 HPCTRAIN_TEST_SIGNAL_IN_SETUP=1@1:KILL SRUN_WAIT=5 STEP_TIMEOUT=10m submit startup --nodes=2 -- --start-timeout 30m
