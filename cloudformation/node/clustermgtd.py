@@ -33,6 +33,12 @@ second pass started while one runs exits at once):
      (scontrol update nodename=NODE state=resume): the partition leaves protected mode, its count
      starts from 0, and this program returns its other nodes to service.
 
+The state file's lock, which resume.py and suspend.py wait for (each for a bounded time), is not
+held while Slurm and EC2 are read, nor for the calls that act (terminations, scontrol, CloudWatch):
+only to decide and to record. A node whose launch resume.py records, or suspend.py forgets,
+meanwhile (fresh_launches) is left to the next pass: its instance is no orphan, its boot not
+lost, its launch not forgotten.
+
     clustermgtd.py       (settings: HPCTRAIN_CLOUD_CONFIG, as the power-saving programs)
 """
 
@@ -47,7 +53,7 @@ from dataclasses import dataclass, field
 import hpc_cloud
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, STATE_LOCKED,
                        TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, aws_client, cooldown_key, ec2_client,
-                       is_own_reason, live_instances, load_config, scontrol, set_down, setup_logging, write_atomically)
+                       is_own_reason, live_instances, load_config, peek_launches, scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -184,29 +190,40 @@ def boot_lost(node, owned, launch, grace, now):
             and now - (launch or {}).get("at", 0) >= grace)
 
 
-def reclaimed_boots(ec2, cfg, lost, launches):
-    """{node: (why, cooldown key)} of the nodes in `lost` (boot_lost) whose instance EC2 took back
-    (RECLAIM_CODES): the newest of the node's instances gone, launched since its launch record (a
-    minute's leeway for the clocks). Where EC2 cannot be read (said in the log), none: the boots
-    count as failed, as before this was asked."""
+def gone_instances(ec2, cfg, nodes):
+    """{node: [EC2's descriptions]} of the instances of `nodes` (boot_lost's candidates) that are
+    shutting down or terminated, read without the state file's lock; None where EC2 cannot be read
+    (said in the log: their boots count as failed, as before this was asked)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     # By the cluster's tag only, as live_instances (more than 200 nodes would be refused as a filter).
     filters = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [cfg["cluster"]]},
                {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}]
-    newest = {}
+    found = {}
     try:
         for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
             for inst in (i for r in page["Reservations"] for i in r["Instances"]):
                 node = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}.get(NODE_TAG)
-                since = (launches.get(node) or {}).get("at", 0) - 60
-                if node in lost and inst["LaunchTime"].timestamp() >= since and (
-                        node not in newest or inst["LaunchTime"] > newest[node]["LaunchTime"]):
-                    newest[node] = inst
+                if node in nodes:
+                    found.setdefault(node, []).append(inst)
     except (BotoCoreError, ClientError) as e:
         logging.warning("cannot read why the instances of %s are gone (counted as failed boots): %s",
-                        ",".join(sorted(lost)), e)
-        return {}
+                        ",".join(sorted(nodes)), e)
+        return None
+    return found
+
+
+def reclaimed_boots(gone, cfg, lost, launches):
+    """{node: (why, cooldown key)} of the nodes in `lost` (boot_lost) whose instance EC2 took back
+    (RECLAIM_CODES): the newest of the node's instances gone (`gone`: gone_instances), launched
+    since its launch record (a minute's leeway for the clocks)."""
+    newest = {}
+    for node in lost:
+        since = (launches.get(node) or {}).get("at", 0) - 60
+        for inst in (gone or {}).get(node, []):
+            if inst["LaunchTime"].timestamp() >= since and (
+                    node not in newest or inst["LaunchTime"] > newest[node]["LaunchTime"]):
+                newest[node] = inst
     found = {}
     for node, inst in newest.items():
         code = inst.get("StateReason", {}).get("Code", "")
@@ -256,17 +273,18 @@ def leave_protected_mode(state, nodes):
     return left, lines
 
 
-def count_boots(state, nodes, lost):
+def count_boots(state, nodes, lost, fresh=()):
     """Counts this pass's boots in the partitions not protected: a node that came up after its
-    launch (resume.py's record) sets its partitions' counts to 0; a failed boot not yet counted
-    adds 1 (a node stays down for several passes: it is counted once, until it is back in
-    service). Returns the partitions whose count changed and what happened."""
+    launch (resume.py's record; not one of `fresh`, recorded after Slurm was read) sets its
+    partitions' counts to 0; a failed boot not yet counted adds 1 (a node stays down for several
+    passes: it is counted once, until it is back in service). Returns the partitions whose count
+    changed and what happened."""
     changed, lines = set(), []
     for name in [n for n in state.counted_failures if n not in nodes or not nodes[n].has("DOWN")]:
         del state.counted_failures[name]  # back in service: its next failure is a new one
     for node in nodes.values():  # successes first, as ParallelCluster: only failures after them count
         launch = state.launches.get(node.name)
-        if launch is not None and not launch.get("up") and node.up:
+        if launch is not None and not launch.get("up") and node.up and node.name not in fresh:
             launch["up"] = True
             for partition in sorted(node.partitions - set(state.protected)):
                 if state.boot_failures.pop(partition, 0):
@@ -329,18 +347,18 @@ def protected_partition(state, node):
     return next((p for p in sorted(node.partitions) if p in state.protected), None)
 
 
-def apply(state, node, action):
-    """Carries out repair's `action` on `node`."""
+def apply(node, action):
+    """Carries out repair's `action` on `node` (scontrol, not holding the state file's lock);
+    whether Slurm took it."""
     what, arg = action
     if what in ("down", "boot_failed"):
-        if set_down(node.name, arg) and what == "boot_failed":
+        done = set_down(node.name, arg)
+        if done and what == "boot_failed":
             scontrol("update", f"nodename={node.name}", "state=power_down_force")  # Slurm would wait ResumeTimeout
-    elif what == "protect":
-        count = state.boot_failures.get(arg, 0)
-        if set_down(node.name, f"protected mode: {count} failed boots in a row in partition {arg}, see docs/aws.md"):
-            state.protected[arg]["nodes"].append(node.name)
-    else:
-        scontrol("update", f"nodename={node.name}", f"state={what}")
+        return done
+    if what == "protect":
+        return set_down(node.name, f"protected mode: {arg[1]} failed boots in a row in partition {arg[0]}, see docs/aws.md")
+    return scontrol("update", f"nodename={node.name}", f"state={what}")
 
 
 def beat(cfg):
@@ -354,29 +372,68 @@ def beat(cfg):
         return False
 
 
+def read_zones(ec2, cfg):
+    """The subnets' zones (resume.subnet_zones), or None where EC2 cannot say (said in the log):
+    then the nodes down for lack of capacity wait for a pass that can tell whether a choice is
+    free again; the rest of the pass goes on."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return subnet_zones(ec2, cfg)
+    except (BotoCoreError, ClientError) as e:
+        logging.warning("cannot read the subnets' zones (nodes down for lack of capacity wait for the next pass): %s", e)
+        return None
+
+
+def fresh_launches(state, seen):
+    """The nodes whose launch record (under the lock) is not the one `seen` before Slurm and EC2
+    were read (hpc_cloud.peek_launches): a power-up that resume.py recorded since, whose instance
+    this pass may not have listed and whose node Slurm may no longer show as read; or a launch
+    forgotten since (suspend.py terminated its instance, perhaps after Slurm was read: the node
+    is powering down, not one whose instance is gone). Such a node is left to the next pass: its
+    instances are no orphans, its boot not lost, its launch kept, no action taken on it."""
+    now = {name: launch["token"] for name, launch in state.launches.items()}
+    before = {name: launch["token"] for name, launch in seen.items()}
+    return {name for name in set(now) | set(before) if now.get(name) != before.get(name)}
+
+
 def manage(cfg):
+    """One pass. Slurm and EC2 are read, and the slow calls made (terminations, scontrol, the
+    metrics), without the state file's lock, which resume.py and suspend.py wait for (each for a
+    bounded time): it is held only to decide and to record, for no call to Slurm or AWS."""
     actions = []
     ec2 = ec2_client(cfg)
+    grace = cfg["orphan_grace_seconds"]
+    read_at = time.time()
+    seen = peek_launches(cfg["state_file"])
+    nodes = slurm_nodes()
+    instances = cluster_instances(ec2, cfg)
+    # Only now, with Slurm and EC2 both read (as ParallelCluster's clustermgtd): a pass that
+    # cannot read them (slurmctld down, EC2 refusing) cleans up nothing, and a heartbeat it
+    # wrote would keep every compute node's watchdog from terminating its idle instance.
+    beating = beat(cfg)
+    listed = {i["node"] for i in instances}
+    # The nodes that may have lost their boot (boot_lost before the launch records are had), and
+    # why their instances are gone.
+    candidates = {n.name for n in nodes.values() if boot_lost(n, n.name in listed, None, 0, read_at)}
+    gone_found = gone_instances(ec2, cfg, candidates) if candidates else {}
+    zones = read_zones(ec2, cfg)
     with State(cfg["state_file"]) as state:
         now = time.time()
         for key in [k for k, until in state.cooldowns.items() if until <= now]:
             del state.cooldowns[key]
             actions.append(f"{key}: cooldown over, enabled again")
-        nodes = slurm_nodes()
-        instances = cluster_instances(ec2, cfg)
-        # Only now, with Slurm and EC2 both read (as ParallelCluster's clustermgtd): a pass that
-        # cannot read them (slurmctld down, EC2 refusing) cleans up nothing, and a heartbeat it
-        # wrote would keep every compute node's watchdog from terminating its idle instance.
-        beating = beat(cfg)
-        lost = orphans(instances, nodes, cfg["orphan_grace_seconds"], now)
-        if lost:
-            ec2.terminate_instances(InstanceIds=[inst["id"] for inst, _ in lost])
-            actions += [f"{inst['node']}: terminated orphan {inst['id']} ({why})" for inst, why in lost]
+        cooled = len(actions)  # (the orphans' lines come next, once they are terminated)
+        fresh = fresh_launches(state, seen)
+        # (resume.py holds the lock from before it launches until it has recorded the launch: an
+        # instance this pass listed was recorded by now, and its node's launch is fresh if Slurm
+        # may not have shown its power-up.)
+        lost = orphans([i for i in instances if i["node"] not in fresh], nodes, grace, read_at)
         orphaned = {inst["id"] for inst, _ in lost}
         owned = {name: [i for i in instances if i["node"] == name and i["id"] not in orphaned] for name in nodes}
         gone = {n.name: LOST_BOOT for n in nodes.values()
-                if boot_lost(n, owned[n.name], state.launches.get(n.name), cfg["orphan_grace_seconds"], now)}
-        reclaimed = reclaimed_boots(ec2, cfg, gone, state.launches) if gone else {}
+                if n.name not in fresh and boot_lost(n, owned[n.name], state.launches.get(n.name), grace, read_at)}
+        reclaimed = reclaimed_boots(gone_found, cfg, gone, state.launches) if gone else {}
         for name, (why, key) in sorted(reclaimed.items()):
             gone[name] = why
             if not state.cooling(key):
@@ -384,22 +441,41 @@ def manage(cfg):
             actions.append(f"{name}: not a failed boot: {why}; {key} cooling down")
         lost_boots = {name: OWN_REASON_PREFIX + why for name, why in gone.items() if name not in reclaimed}
         left, lines = leave_protected_mode(state, nodes)
-        changed, counted = count_boots(state, nodes, lost_boots)
+        changed, counted = count_boots(state, nodes, lost_boots, fresh)
         actions += lines + counted
         entered, alerts = enter_protected_mode(cfg, state, nodes, now)
-        capacity_left = bool(available_choices(cfg, state, subnet_zones(ec2, cfg)))
+        capacity_left = zones is not None and bool(available_choices(cfg, state, zones))
+        todo = []
         for node in nodes.values():
+            if node.name in fresh:
+                continue  # powered up since it was read: the next pass sees it as it is
             if node.powered_down:
                 state.launches.pop(node.name, None)  # its next power-up is a new launch
-            action = repair(node, owned[node.name], capacity_left, protected_partition(state, node),
-                            gone.get(node.name))
-            if action is None:
-                continue
-            apply(state, node, action)
-            actions.append(f"{node.name}: {action[0]} (was {'+'.join(sorted(node.states)).lower()}"
-                           f"{', ' + node.reason if node.reason else ''})")
+            partition = protected_partition(state, node)
+            action = repair(node, owned[node.name], capacity_left, partition, gone.get(node.name))
+            if action is not None:
+                if action[0] == "protect":
+                    action = ("protect", (partition, state.boot_failures.get(partition, 0)))
+                todo.append((node, action))
         metrics = metric_data(cfg, state, left | changed | entered)
-    put_metrics(cfg, metrics)  # (not holding the state file's lock, which the power-saving programs wait for)
+    # Not holding the lock: EC2's and Slurm's calls, as slow as they are. A power-up that resume.py
+    # records meanwhile finds the orphans' launches forgotten (above): their instances, which it
+    # would take for earlier power-ups' too, are terminated by whichever comes first.
+    if lost:
+        ec2.terminate_instances(InstanceIds=[inst["id"] for inst, _ in lost])
+        actions[cooled:cooled] = [f"{inst['node']}: terminated orphan {inst['id']} ({why})" for inst, why in lost]
+    protected = []
+    for node, action in todo:
+        if apply(node, action) and action[0] == "protect":
+            protected.append((action[1][0], node.name))
+        actions.append(f"{node.name}: {action[0]} (was {'+'.join(sorted(node.states)).lower()}"
+                       f"{', ' + node.reason if node.reason else ''})")
+    if protected:  # the nodes set DOWN for protected mode: an operator resuming one of them ends it
+        with State(cfg["state_file"]) as state:
+            for partition, name in protected:
+                if partition in state.protected:
+                    state.protected[partition]["nodes"].append(name)
+    put_metrics(cfg, metrics)
     for a in actions:
         logging.info("%s", a)
     for a in alerts:

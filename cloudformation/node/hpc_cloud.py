@@ -94,9 +94,9 @@ JOB_CANNOT_START = "its job cannot start"
 SPOT_REFUSED_ERRORS = {
     "AuthFailure.ServiceLinkedRoleCreationNotPermitted",
 }
-# Seconds a Slurm command (sinfo, scontrol) may take before it is killed: the cluster manager and
-# resume.py run them holding the state file's lock, and a hung slurmctld must not hold every other
-# program behind it for ever.
+# Seconds a Slurm command (sinfo, scontrol) may take before it is killed: resume.py runs some
+# holding the state file's lock, and a hung slurmctld must not hold every other program behind it
+# for ever (nor a cluster manager pass past its unit's timeout).
 SLURM_TIMEOUT = 60
 
 
@@ -575,6 +575,19 @@ class State:
         """Whether the choice `key` is disabled after a capacity error, until when."""
         until = self.cooldowns.get(key, 0)
         return until if until > (now or time.time()) else 0
+
+
+def peek_launches(state_file):
+    """The launches recorded in the state file as last written, read without its lock (for the
+    cluster manager, before it reads Slurm and EC2): the file is replaced whole (write_atomically),
+    so this is what the last program that held the lock left. {} where it cannot be read; entries
+    of the wrong shape (STATE_SHAPES) left out. Forget marks are not applied."""
+    try:
+        with open(state_file, encoding="utf-8") as f:
+            launches = json.load(f).get("launches", {})
+        return {n: v for n, v in launches.items() if STATE_SHAPES["launches"](v)}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 @contextlib.contextmanager

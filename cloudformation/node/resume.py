@@ -59,12 +59,13 @@ ADDRESS_TIMEOUT = 120
 # which resume.py must have set every node it could not launch down.
 RESUME_TIMEOUT_MIN = 300
 # The share of ResumeTimeout (cloud.json's resume_timeout_seconds, as slurm.conf's) that this
-# program may spend, from its start, before it holds the state file's lock: a cluster manager pass
-# holds it while it reads Slurm and EC2 and acts (seconds, normally; minutes with EC2 or slurmctld
-# slow). Not had by then, every node is set down at once with STATE_LOCKED's reason (not a failed
-# boot; the cluster manager returns the nodes to service and Slurm requeues their jobs now), rather
-# than launched so late that it cannot boot within ResumeTimeout, or left powering up until it:
-# two thirds of ResumeTimeout are left for the launches and the boots (300 s: a lock had within 100 s).
+# program may spend, from its start, before it holds the state file's lock: another resume.py holds
+# it while it launches (minutes where EC2 throttles a large power-up), a cluster manager pass only
+# while it decides and records (it reads Slurm and EC2, and acts, without it). Not had by then,
+# every node is set down at once with STATE_LOCKED's reason (not a failed boot; the cluster
+# manager returns the nodes to service and Slurm requeues their jobs now), rather than launched so
+# late that it cannot boot within ResumeTimeout, or left powering up until it: two thirds of
+# ResumeTimeout are left for the launches and the boots (300 s: a lock had within 100 s).
 LOCK_SHARE = 1 / 3
 # Seconds the lock is waited for at least, however long EC2 took to be read before it.
 LOCK_WAIT_MIN = 10

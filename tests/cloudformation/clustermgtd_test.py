@@ -268,6 +268,106 @@ class ClusterManager(unittest.TestCase):
             self.assertEqual(self.run_pass(), [])
         self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])
 
+    # ------------------------------------------------------------------ the state file's lock
+    def hooked_aws(self, before):
+        """boto3 clients whose every call is first passed to before(operation, params)."""
+        real = boto3.client
+
+        def client(*a, **kw):
+            c = real(*a, **kw)
+            c.meta.events.register("provide-client-params.*", lambda params, model, **_: before(model.name, params))
+            return c
+        return mock.patch.object(boto3, "client", client)
+
+    def lock_free(self):
+        """Whether another program (resume.py, suspend.py) could take the state file's lock now."""
+        try:
+            with hpc_cloud.State(self.cfg["state_file"], wait=0.5):
+                return True
+        except hpc_cloud.StateBusy:
+            return False
+
+    def test_the_state_file_is_not_locked_while_slurm_and_aws_are_called(self):
+        """resume.py waits for the state file's lock a third of ResumeTimeout at most, suspend.py
+        30 s: a pass with slurmctld or EC2 slow must not hold it. Each call of the pass (sinfo,
+        scontrol, every EC2 and CloudWatch call) looks, while it runs, whether the lock can be had
+        (as resume.py would take it) and takes a moment, as a throttled or busy one would."""
+        probes = os.path.join(self.tmp.name, "probes")
+        probe = (f'if flock -w 0.5 {self.cfg["state_file"]}.lock true; then echo "$0 free" >> {probes};'
+                 f' else echo "$0 held" >> {probes}; fi; sleep 0.5')
+        self.fake("sinfo", f"{probe}; cat {self.sinfo_out}")
+        self.fake("scontrol", f'{probe} "$*"; echo "$*" >> {self.calls}')
+        subnet = self.ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+        self.set("subnet_ids", [subnet])
+        seen = []
+
+        def before(operation, params):
+            seen.append((operation, self.lock_free()))
+            time.sleep(0.5)
+        orphan, _ = self.launch("gpu-2")
+        with hpc_cloud.State(self.cfg["state_file"]) as st:  # gpu-1's launch, whose instance is gone
+            st.launches["gpu-1"] = {"token": "t", "at": time.time() - 600}
+        self.slurm(("gpu-1", "allocated+cloud+powering_up", "", "10.0.0.1"),
+                   ("gpu-2", "idle+cloud+powered_down", "", ""),
+                   ("gpu-3", "down+cloud+powered_down", "hpctrain: resume failed: InternalError: x", ""))
+        with self.hooked_aws(before):
+            calls = self.run_pass()
+        self.assertEqual(sorted(calls), ["update nodename=gpu-1 state=down reason=hpctrain: boot failed: its instance "
+                                         "is gone during power-up", "update nodename=gpu-1 state=power_down_force",
+                                         "update nodename=gpu-3 state=resume"])
+        self.assertEqual(self.live(), set())
+        del orphan
+        # Every kind of call was made, and none held the lock.
+        ops = {op for op, _ in seen}
+        self.assertLessEqual({"DescribeInstances", "DescribeSubnets", "TerminateInstances", "PutMetricData"}, ops)
+        self.assertEqual([op for op, free in seen if not free], [])
+        with open(probes, encoding="utf-8") as f:
+            said = f.read().splitlines()
+        self.assertEqual(len([line for line in said if "sinfo" in line]), 1, said)
+        self.assertEqual(len([line for line in said if "scontrol" in line]), 3, said)
+        self.assertEqual([line for line in said if line.endswith(" held")], [])
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
+
+    def test_a_power_up_recorded_while_a_pass_reads_ec2_is_left_alone(self):
+        """A pass reads Slurm and EC2 without the lock: resume.py may launch and record a power-up
+        meanwhile. With no grace at all (orphan_grace_seconds 0), the pass neither takes the new
+        launch's node for a lost boot (its instance not in what the pass read) nor forgets its
+        launch (Slurm showed the node powered down), nor takes its instance, launched since Slurm
+        was read, for an orphan; nor does it set down as "instance gone" a node that suspend.py
+        powered down meanwhile. The next pass sees them as they are."""
+        self.slurm(("gpu-1", "allocated+cloud+powering_up", "", "10.0.0.1"),  # an address from an earlier power-up
+                   ("gpu-2", "idle+cloud+powered_down", "", ""),
+                   ("gpu-3", "idle+cloud+powered_down", "", ""),
+                   ("gpu-4", "idle+cloud", "", "10.0.0.4"))  # its power-down not yet asked
+        with hpc_cloud.State(self.cfg["state_file"]) as st:
+            st.launches["gpu-4"] = {"token": "old", "at": time.time() - 600, "up": True}
+        new = {}
+
+        def before(operation, params):  # as resume.py, while the pass reads EC2's instances
+            if operation != "DescribeInstances" or new:
+                return
+            try:
+                with hpc_cloud.State(self.cfg["state_file"], wait=1) as st:
+                    for node in ("gpu-1", "gpu-2", "gpu-3"):  # (begun before the pass: resume.py writes the
+                        # state file back once every node is launched, minutes later when EC2 throttles)
+                        st.launches[node] = {"token": f"new-{node}", "at": time.time() - 5}
+                    new["gpu-3"] = self.launch("gpu-3")[0]  # (gpu-1's and gpu-2's not yet listed)
+                    del st.launches["gpu-4"]  # as suspend.py, which has terminated gpu-4's instance
+            except hpc_cloud.StateBusy as e:
+                new["busy"] = str(e)
+        with self.hooked_aws(before):
+            calls = self.run_pass()
+        self.assertNotIn("busy", new)
+        self.assertEqual(calls, [])
+        self.assertEqual(self.live(), {new["gpu-3"]})
+        self.assertEqual({n: v["token"] for n, v in self.state()["launches"].items()},
+                         {"gpu-1": "new-gpu-1", "gpu-2": "new-gpu-2", "gpu-3": "new-gpu-3"})
+        self.assertEqual(self.state()["boot_failures"], {})
+        # The next pass, with gpu-1's instance still missing (it failed), finds its boot lost.
+        self.slurm(("gpu-1", "allocated+cloud+powering_up", "", "10.0.0.1"))
+        self.assertIn("update nodename=gpu-1 state=power_down_force", self.run_pass())
+        self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
+
     # ------------------------------------------------------------------ protected mode
     # How a failed boot looks in sinfo, as each program leaves it: Slurm's ResumeTimeout (the
     # node powered down, or not yet), resume_fail.py's reason, resume.py's for a launch EC2
