@@ -31,7 +31,9 @@ second one. A node that has a live instance keeps it only as such a retry (its l
 no suspend.py running); else the instance is an earlier power-up's, which suspend.py is
 terminating or failed to, and it is terminated and the node launched anew. The state file's lock
 (a cluster manager pass may hold it) is waited for until a third of ResumeTimeout has passed
-(LOCK_SHARE); not had by then, every node is set down at once.
+(LOCK_SHARE); not had by then, every node is set down at once. A launch whose instance is gone
+before it had an address is forgotten, or marked to be forgotten where the lock is not had within
+FORGET_WAIT.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
@@ -46,9 +48,9 @@ import time
 import uuid
 
 from hpc_cloud import (CANNOT_CALL, CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, EC2_NOT_HAD, JOB_CANNOT_START,
-                       NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, STATE_LOCKED, NoAnswer, State, StateBusy,
-                       cooldown_key, ec2_client, expand_hostlist, live_instances, main_wrapper, market_cooldown_key,
-                       scontrol, set_down, suspend_running)
+                       NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, STATE_LOCKED, NoAnswer, State,
+                       StateBusy, cooldown_key, ec2_client, expand_hostlist, live_instances, main_wrapper,
+                       mark_forgotten, market_cooldown_key, scontrol, set_down, suspend_running)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
@@ -69,6 +71,10 @@ RESUME_TIMEOUT_MIN = 300
 LOCK_SHARE = 1 / 3
 # Seconds the lock is waited for at least, however long EC2 took to be read before it.
 LOCK_WAIT_MIN = 10
+# Seconds the state file's lock is waited for at most, once the launches are done, to forget those
+# of the nodes whose instances were terminated (an address never had): not had by then, they are
+# marked to be forgotten (forget_launches).
+FORGET_WAIT = 10
 # Seconds an EC2 call may try (hpc_cloud.aws_client): long enough to ride out throttling of a
 # burst of power-ups. An endpoint that never answers fails the first call within
 # aws_worst_case(120) = 170 s and every later one at once, each node then set down with
@@ -321,10 +327,30 @@ def resume(cfg, nodes, jobs=None):
             del launched[node]
     lost = register_addresses(ec2, launched) + given_up
     if lost:
-        with State(cfg["state_file"]) as state:
-            for node in lost:
-                state.launches.pop(node, None)  # its instance is terminated: the next power-up is a new launch
+        forget_launches(cfg, lost)
     return 1 if failed or lost else 0
+
+
+def forget_launches(cfg, nodes):
+    """Forgets the launches of `nodes`, whose instances are terminated (the next power-up is a new
+    launch), waiting FORGET_WAIT seconds at most for the state file's lock: not had by then (a
+    large power-up launching), they are marked to be forgotten by the next program that takes it
+    (hpc_cloud.mark_forgotten, as suspend.py does), which a power-up of theirs, recorded after the
+    mark, is not."""
+    asked = time.time()
+    try:
+        with State(cfg["state_file"], wait=FORGET_WAIT) as state:
+            for node in nodes:
+                state.launches.pop(node, None)
+    except StateBusy as e:
+        try:
+            mark_forgotten(cfg["state_file"], nodes, asked)
+        except OSError as e2:
+            logging.error("%s: launches not forgotten: %s, and no mark written: %s (their next power-up is set down "
+                          "once, as a launch token of a terminated instance)", ",".join(nodes), e, e2)
+            return
+        logging.warning("%s: launches marked to be forgotten by the next program that takes the state file: %s",
+                        ",".join(nodes), e)
 
 
 def locked_out(cfg, nodes, start):

@@ -821,6 +821,44 @@ class AwsBehaviour(AwsHooks):
         # However long EC2 took to be read before it, the lock is waited for a little.
         self.assertEqual(resume.lock_wait(cfg, time.monotonic() - 100), resume.LOCK_WAIT_MIN)
 
+    def test_launches_lost_while_the_state_file_is_locked_are_marked_to_be_forgotten(self):
+        """A node whose instance is gone before it had an address: its launch is forgotten (the next
+        power-up is a new launch). With the state file's lock held by then (another resume.py
+        launching a large power-up), resume.py waits FORGET_WAIT at most, not for ever: it marks
+        the launch to be forgotten, says so, and the node's next power-up launches anew."""
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.cfg["state_file"]), exist_ok=True)
+        lock = open(self.cfg["state_file"] + ".lock", "a", encoding="utf-8")  # noqa: SIM115 - closed below
+        self.addCleanup(lock.close)
+        release = threading.Timer(8, lambda: fcntl.flock(lock, fcntl.LOCK_UN))  # (an unbounded wait ends too)
+        self.addCleanup(release.cancel)
+        real = resume.register_addresses
+
+        def locked_meanwhile(ec2, launched, *a, **kw):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            release.start()
+            return real(ec2, launched, *a, **kw)
+
+        def gone(op, parsed):
+            self.without_address(op, parsed)
+            if op == "RunInstances":  # EC2 could not start it
+                self.moto_instance(parsed["Instances"][0]["InstanceId"]).terminate()
+        start = time.monotonic()
+        with self.hooked(after=gone), mock.patch.object(resume, "register_addresses", locked_meanwhile), \
+                mock.patch.object(resume, "FORGET_WAIT", 0.5), self.assertLogs(level="WARNING") as logs:
+            self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 1)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertRegex(logs.output[-1], r"^WARNING:root:gpu-1: launches marked to be forgotten by the next program "
+                                          r"that takes the state file: the state file .* stayed locked for 0.5 s")
+        self.assertIn("gpu-1", self.state()["launches"])  # not yet forgotten: marked
+        self.assertEqual(len(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"]))), 1)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        # The next power-up takes the lock, forgets the launch, and launches anew.
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertIn("gpu-1", self.live())
+        self.assertEqual(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"])), [])
+
     def test_a_forget_mark_keeps_a_launch_made_after_the_power_down_was_asked(self):
         path = self.cfg["state_file"]
         with hpc_cloud.State(path) as st:
