@@ -368,6 +368,29 @@ class ClusterManager(unittest.TestCase):
         self.assertIn("update nodename=gpu-1 state=power_down_force", self.run_pass())
         self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
 
+    def test_subnets_that_cannot_be_read_keep_only_capacity_downs_waiting(self):
+        """DescribeSubnets refused (read before the lock, to tell which choices are cooling down):
+        said in one warning; the orphan is terminated and the other nodes repaired all the same,
+        and a node down for lack of capacity waits for a pass that can tell."""
+        self.set("subnet_ids", [self.ec2.describe_subnets()["Subnets"][0]["SubnetId"]])
+
+        def refuse(operation, params):
+            if operation == "DescribeSubnets":
+                raise botocore.exceptions.ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "no"}},
+                                                      operation)
+        orphan, _ = self.launch("gpu-2")
+        self.slurm(("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: InsufficientInstanceCapacity: x", ""),
+                   ("gpu-2", "idle+cloud+powered_down", "", ""),
+                   ("gpu-3", "idle+drain+cloud", "hpctrain: spot interruption: terminate at 12:00", "10.0.0.3"))
+        with self.hooked_aws(refuse):
+            self.assertEqual(self.run_pass(), ["update nodename=gpu-3 state=power_down_force"])
+        self.assertEqual(self.live(), set())
+        self.assertIn("clustermgtd: WARNING: cannot read the subnets' zones (nodes down for lack of capacity wait for "
+                      "the next pass): An error occurred (UnauthorizedOperation)", self.log())
+        self.slurm(("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: InsufficientInstanceCapacity: x", ""))
+        self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])  # read again
+        del orphan
+
     # ------------------------------------------------------------------ protected mode
     # How a failed boot looks in sinfo, as each program leaves it: Slurm's ResumeTimeout (the
     # node powered down, or not yet), resume_fail.py's reason, resume.py's for a launch EC2
