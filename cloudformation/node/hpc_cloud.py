@@ -81,6 +81,10 @@ EC2_NOT_HAD = (NO_ANSWER, CANNOT_CALL)
 # resume.py's reason when the state file stayed locked (a cluster manager pass held it) for longer
 # than its nodes' ResumeTimeout allows: nothing of the node's either.
 STATE_LOCKED = "the state file stayed locked"
+# resume.py's reason for a node whose launch was not started within its share of ResumeTimeout
+# (LAUNCH_SHARE), the launches before it slow (EC2 throttling them, each with its client's tries):
+# nothing of the node's either.
+NOT_IN_TIME = "not launched in time"
 # The reason of a node whose job lost another node's launch: all or nothing (resume.py); what it
 # says is of the job, not of the node or its boot.
 JOB_CANNOT_START = "its job cannot start"

@@ -31,9 +31,11 @@ second one. A node that has a live instance keeps it only as such a retry (its l
 no suspend.py running); else the instance is an earlier power-up's, which suspend.py is
 terminating or failed to, and it is terminated and the node launched anew. The state file's lock
 (a cluster manager pass may hold it) is waited for until a third of ResumeTimeout has passed
-(LOCK_SHARE); not had by then, every node is set down at once. A launch whose instance is gone
-before it had an address is forgotten, or marked to be forgotten where the lock is not had within
-FORGET_WAIT.
+(LOCK_SHARE); not had by then, every node is set down at once. No launch is started once half of
+ResumeTimeout has passed, less where it is short (launch_budget: EC2 throttling many launches one
+after another): the nodes not reached are set down at once with the reason "not launched in time". A launch whose instance
+is gone before it had an address is forgotten, or marked to be forgotten where the lock is not
+had within FORGET_WAIT.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
@@ -48,8 +50,8 @@ import time
 import uuid
 
 from hpc_cloud import (CANNOT_CALL, CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, EC2_NOT_HAD, JOB_CANNOT_START,
-                       NO_ANSWER, NODE_TAG, SPOT_REFUSED_ERRORS, STATE_LOCKED, NoAnswer, State,
-                       StateBusy, cooldown_key, ec2_client, expand_hostlist, live_instances, main_wrapper,
+                       NO_ANSWER, NODE_TAG, NOT_IN_TIME, SPOT_REFUSED_ERRORS, STATE_LOCKED, NoAnswer, State,
+                       StateBusy, aws_worst_case, cooldown_key, ec2_client, expand_hostlist, live_instances, main_wrapper,
                        mark_forgotten, market_cooldown_key, scontrol, set_down, suspend_running)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
@@ -69,6 +71,13 @@ RESUME_TIMEOUT_MIN = 300
 # late that it cannot boot within ResumeTimeout, or left powering up until it: two thirds of
 # ResumeTimeout are left for the launches and the boots (300 s: a lock had within 100 s).
 LOCK_SHARE = 1 / 3
+# The share of ResumeTimeout, from this program's start, within which a launch is started. Each
+# launch may take its EC2 client's tries (EC2_DEADLINE) when EC2 throttles a burst of power-ups, and
+# a run for many nodes launches them one after another: without a bound, its last nodes were
+# launched after ResumeTimeout had passed (Slurm had set them down, a failed boot each, and their
+# instances ran on as orphans). The nodes not reached by then are set down at once with
+# NOT_IN_TIME's reason (not a failed boot; the cluster manager returns them to service).
+LAUNCH_SHARE = 1 / 2
 # Seconds the lock is waited for at least, however long EC2 took to be read before it.
 LOCK_WAIT_MIN = 10
 # Seconds the state file's lock is waited for at most, once the launches are done, to forget those
@@ -271,6 +280,7 @@ def resume(cfg, nodes, jobs=None):
             set_down(node, f"resume failed: {reason}")
         return 1
     launched, failed = {}, 0
+    late = []  # the nodes not launched because ResumeTimeout's share for the launches was spent
     unanswered = {}  # node -> why, of the nodes whose launch did not reach EC2 or got no answer: said in one line
     doomed = {}  # job id -> why it cannot start: a node of it got no instance
 
@@ -306,6 +316,16 @@ def resume(cfg, nodes, jobs=None):
                 logging.warning("%s: not launched: %s", node, why)
                 set_down(node, f"resume failed: {why}")
                 continue
+            spent = time.monotonic() - start
+            if spent >= launch_budget(cfg):
+                failed += 1
+                late.append(node)
+                reason = (f"{NOT_IN_TIME}: {spent:.0f} s of ResumeTimeout's {cfg['resume_timeout_seconds']:g} s"
+                          " spent before it (EC2 slow or throttled)")
+                set_down(node, f"resume failed: {reason}")
+                for job in jobs.get(node, ()):
+                    doomed.setdefault(job, f"{JOB_CANNOT_START} (job {job}: {node} got no instance)")
+                continue
             instance, reason = launch_node(ec2, cfg, state, node, zones)
             if instance:
                 launched[node] = instance
@@ -316,6 +336,9 @@ def resume(cfg, nodes, jobs=None):
                 set_down(node, f"resume failed: {reason}" if reason else "resume failed")
                 for job in jobs.get(node, ()):
                     doomed.setdefault(job, f"{JOB_CANNOT_START} (job {job}: {node} got no instance)")
+    if late:
+        logging.error("%s: not launched: %s: no launch is started after %.0f s of ResumeTimeout's %g s",
+                      ",".join(late), NOT_IN_TIME, launch_budget(cfg), cfg["resume_timeout_seconds"])
     if unanswered:  # (the client gives up for the run: every node after the first fails at once, alike)
         logging.error("%s: not launched: %s", ",".join(unanswered), next(iter(unanswered.values())))
     given_up = []
@@ -361,6 +384,14 @@ def locked_out(cfg, nodes, start):
     for node in nodes:
         set_down(node, f"resume failed: {reason}")
     return 1
+
+
+def launch_budget(cfg):
+    """Seconds from the start of the run within which a launch is started: LAUNCH_SHARE of
+    ResumeTimeout, less where it is short, so that a launch started ends within it (with EC2
+    throttling its tries: aws_worst_case(EC2_DEADLINE); 130 s of the shortest, 300 s)."""
+    timeout = cfg["resume_timeout_seconds"]
+    return min(LAUNCH_SHARE * timeout, timeout - aws_worst_case(EC2_DEADLINE))
 
 
 def lock_wait(cfg, start):

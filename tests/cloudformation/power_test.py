@@ -859,6 +859,30 @@ class AwsBehaviour(AwsHooks):
         self.assertIn("gpu-1", self.live())
         self.assertEqual(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"])), [])
 
+    def test_no_launch_is_started_once_half_of_resume_timeout_has_passed(self):
+        """EC2 throttling a burst of power-ups: each launch may take its client's tries, one after
+        another. The nodes not reached within half of ResumeTimeout are set down at once with a
+        reason no failed-boot count takes (clustermgtd_test), not launched after Slurm has given
+        up on them; a job that lost one of them keeps no instance (all or nothing)."""
+
+        def slow(op, params):
+            if op == "RunInstances":  # 300 s of throttled tries each, on resume.py's clock
+                resume.time.sleep(300)
+        cfg = dict(self.cfg, resume_timeout_seconds=1800)
+        jobs = {"gpu-1": {1}, "gpu-2": {1}, "gpu-3": {2}, "gpu-4": {2}, "gpu-5": {3}}
+        with self.hooked(before=slow), self.fake_clock(), self.assertLogs(level="INFO") as logs:
+            self.assertEqual(resume.resume(cfg, ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"], jobs), 1)
+        self.assertEqual(sorted(self.live()), ["gpu-1", "gpu-2"])  # launched at 0 and 300 s; gpu-3's at 600 s, given up
+        downs = [c for c in self.scontrol_calls() if "state=down" in c]
+        for node in ("gpu-4", "gpu-5"):
+            self.assertIn(f"update nodename={node} state=down reason=hpctrain: resume failed: not launched in time: "
+                          "900 s of ResumeTimeout's 1800 s spent before it (EC2 slow or throttled)", downs)
+        self.assertIn("update nodename=gpu-3 state=down reason=hpctrain: resume failed: its job cannot start (job 2: "
+                      "gpu-4 got no instance)", downs)
+        self.assertIn("ERROR:root:gpu-4,gpu-5: not launched: not launched in time: no launch is started after 900 s of "
+                      "ResumeTimeout's 1800 s", logs.output)
+        self.assertEqual(sorted(self.state()["launches"]), ["gpu-1", "gpu-2"])
+
     def test_a_forget_mark_keeps_a_launch_made_after_the_power_down_was_asked(self):
         path = self.cfg["state_file"]
         with hpc_cloud.State(path) as st:
@@ -1115,6 +1139,12 @@ class SilentEndpoint(unittest.TestCase):
         min_resume = int(text.split("  ResumeTimeoutSeconds:")[1].split("MinValue:")[1].split()[0])
         self.assertEqual(min_resume, resume.RESUME_TIMEOUT_MIN)
         self.assertLess(hpc_cloud.aws_worst_case(resume.EC2_DEADLINE) + 60, min_resume)
+        # A launch is started only while it can end within ResumeTimeout, and after the longest wait
+        # for the state file's lock some time is left for the launches.
+        for timeout in (min_resume, 1800):
+            budget = resume.launch_budget({"resume_timeout_seconds": timeout})
+            self.assertLessEqual(budget + hpc_cloud.aws_worst_case(resume.EC2_DEADLINE), timeout)
+            self.assertGreaterEqual(budget, resume.LOCK_SHARE * timeout + 20)
         with open(os.path.join(NODE_DIR, "bootstrap_head.sh"), encoding="utf-8") as f:
             self.assertIn("TimeoutStartSec=5min", f.read())
         self.assertLess(2 * hpc_cloud.aws_worst_case(hpc_cloud.EC2_DEADLINE) + 60, 5 * 60)
