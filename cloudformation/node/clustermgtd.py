@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 import hpc_cloud
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, NOT_IN_TIME, STATE_LOCKED,
                        TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, aws_client, cooldown_key, ec2_client,
-                       is_own_reason, live_instances, load_config, peek_launches, scontrol, set_down, setup_logging, write_atomically)
+                       is_own_reason, live_instances, load_config, peek_launches, scontrol, set_down, setup_logging,
+                       write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -360,7 +361,9 @@ def apply(node, action):
             scontrol("update", f"nodename={node.name}", "state=power_down_force")  # Slurm would wait ResumeTimeout
         return done
     if what == "protect":
-        return set_down(node.name, f"protected mode: {arg[1]} failed boots in a row in partition {arg[0]}, see docs/aws.md")
+        partition, count = arg
+        return set_down(node.name, f"protected mode: {count} failed boots in a row in partition {partition},"
+                                   " see docs/aws.md")
     return scontrol("update", f"nodename={node.name}", f"state={what}")
 
 
@@ -384,7 +387,8 @@ def read_zones(ec2, cfg):
     try:
         return subnet_zones(ec2, cfg)
     except (BotoCoreError, ClientError) as e:
-        logging.warning("cannot read the subnets' zones (nodes down for lack of capacity wait for the next pass): %s", e)
+        logging.warning("cannot read the subnets' zones (nodes down for lack of capacity wait for the next pass): %s",
+                        e)
         return None
 
 

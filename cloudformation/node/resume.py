@@ -33,9 +33,9 @@ terminating or failed to, and it is terminated and the node launched anew. The s
 (a cluster manager pass may hold it) is waited for until a third of ResumeTimeout has passed
 (LOCK_SHARE); not had by then, every node is set down at once. No launch is started once half of
 ResumeTimeout has passed, less where it is short (launch_budget: EC2 throttling many launches one
-after another): the nodes not reached are set down at once with the reason "not launched in time". A launch whose instance
-is gone before it had an address is forgotten, or marked to be forgotten where the lock is not
-had within FORGET_WAIT.
+after another): the nodes not reached are set down at once with the reason "not launched in
+time". A launch whose instance is gone before it had an address is forgotten, or marked to be
+forgotten where the lock is not had within FORGET_WAIT.
 
     resume.py NODELIST        e.g. resume.py gpu-[1-3]   (slurm.conf: ResumeProgram=...)
 """
@@ -51,8 +51,8 @@ import uuid
 
 from hpc_cloud import (CANNOT_CALL, CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG, EC2_NOT_HAD, JOB_CANNOT_START,
                        NO_ANSWER, NODE_TAG, NOT_IN_TIME, SPOT_REFUSED_ERRORS, STATE_LOCKED, NoAnswer, State,
-                       StateBusy, aws_worst_case, cooldown_key, ec2_client, expand_hostlist, live_instances, main_wrapper,
-                       mark_forgotten, market_cooldown_key, scontrol, set_down, suspend_running)
+                       StateBusy, aws_worst_case, cooldown_key, ec2_client, expand_hostlist, live_instances,
+                       main_wrapper, mark_forgotten, market_cooldown_key, scontrol, set_down, suspend_running)
 
 # What RunInstances creates and tags: the instance, its root volume, its network interface, and
 # with spot its spot request. The IAM policy requires the cluster tag on each.
