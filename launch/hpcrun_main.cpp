@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "options.hpp"
 #include "rank_report.hpp"
 #include "supervisor.hpp"
@@ -24,7 +25,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--rank-exec") == 0) return hpc::launch::rank_exec_main(argc - 2, argv + 2);
   try {
     std::optional<hpc::launch::LaunchOptions> options = hpc::launch::parse_launch_options(argc, argv);
-    if (!options) return 0;
+    if (!options) {  // --help or --version printed: in its file, or one line, exit 2
+      hpc::log::require_standard_output_written();
+      return 0;
+    }
     hpc::launch::Supervisor supervisor(std::move(*options));
     return supervisor.run();
   } catch (const hpc::Error& e) {

@@ -22,6 +22,7 @@
 #include "core/duration.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
+#include "core/log.hpp"
 #include "core/option_kit.hpp"
 #include "subprocess.hpp"
 
@@ -519,14 +520,15 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
     usage_error(options::what_of(e), " (hpcrun's options come before the program; try --help)");
   }
   if (o.help) {
-    std::cout << "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"
+    log::write_standard_output(detail::concat(
+        "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"
                  "Starts PROGRAM through mpirun on the given hosts and keeps it running to completion: after a\n"
                  "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
                  "the job onto hosts that appear and drains it off hosts that leave.\n"
                  "Exit codes: 0 success; 1 gave up (the reason on one line); 2 bad input (hpcrun's or the program's);\n"
                  "75 stopped on request after a checkpoint (SIGTERM, SIGINT, SIGHUP, SIGUSR1 or SIGUSR2 to hpcrun), resume by\n"
-                 "running it again; 130 killed by a second such signal.\n"
-              << all;
+        "running it again; 130 killed by a second such signal.\n",
+        all));
     return false;
   }
   if (o.version) {

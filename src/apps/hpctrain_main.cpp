@@ -63,17 +63,24 @@ int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
     hpc::dist::require_same_text(ctx, command, hpc::ErrorKind::Usage, [&](int r, const std::string& theirs) {
       return hpc::detail::concat("rank ", r, " was started with the command ", theirs, ", rank 0 with ", command);
     });
-    if (std::strcmp(command, "evaluate") == 0) return hpc::train::run_evaluate(argc - 1, argv + 1, ctx);
-    if (std::strcmp(command, "inspect") == 0) return hpc::train::run_inspect(argc - 1, argv + 1, ctx);
-    if (std::strcmp(command, "export") == 0) return hpc::train::run_export(argc - 1, argv + 1, ctx);
-    if (std::strcmp(command, "predict") == 0) return hpc::train::run_predict(argc - 1, argv + 1, ctx);
-    if (std::strcmp(command, "clean-snapshots") == 0) return hpc::train::run_clean_snapshots(argc - 1, argv + 1, ctx);
+    // What a command printed is its result (and --help's, --version's): it must be in its file.
+    // (A training's progress lines are not: it goes on without them, core/log.cpp.)
+    const auto printed = [&](int code) {
+      hpc::dist::collectively(ctx, hpc::log::require_standard_output_written);
+      return code;
+    };
+    if (std::strcmp(command, "evaluate") == 0) return printed(hpc::train::run_evaluate(argc - 1, argv + 1, ctx));
+    if (std::strcmp(command, "inspect") == 0) return printed(hpc::train::run_inspect(argc - 1, argv + 1, ctx));
+    if (std::strcmp(command, "export") == 0) return printed(hpc::train::run_export(argc - 1, argv + 1, ctx));
+    if (std::strcmp(command, "predict") == 0) return printed(hpc::train::run_predict(argc - 1, argv + 1, ctx));
+    if (std::strcmp(command, "clean-snapshots") == 0)
+      return printed(hpc::train::run_clean_snapshots(argc - 1, argv + 1, ctx));
     hpc::dist::collectively(ctx, [&] { hpc::train::require_known_command(command); });
     if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;
     std::optional<hpc::train::TrainOptions> options;
     // Every rank parses the same command line, so a bad flag fails on all of them alike.
     hpc::dist::collectively(ctx, [&] { options = hpc::train::parse_options(argc, argv, ctx.rank() == 0); });
-    if (!options) return 0;
+    if (!options) return printed(0);  // --help, --version
     return hpc::train::run_training(*options, ctx).exit_code;
   } catch (const hpc::dist::CollectiveError& e) {
     return fail(ctx, true, e.exit_code(), e.what());

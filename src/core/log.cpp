@@ -80,7 +80,8 @@ void write(Level lvl, const std::string& line) {
   std::fprintf(out, "%s%s: %s%s%s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(),
                named ? g_where.c_str() : "", named ? ": " : "", line.c_str());
   errno = 0;
-  std::fflush(out);
+  if (out == stdout) flush_standard_output();
+  else std::fflush(out);
   // Standard output's reader gone (`hpctrain ... | head`; SIGPIPE is ignored): the run goes on,
   // said once, rather than dying unannounced in the middle of a step or a checkpoint.
   static bool said_closed = false;
@@ -90,6 +91,36 @@ void write(Level lvl, const std::string& line) {
                  "its progress lines\n", stamp(stderr, true).c_str(), prefix.substr(0, prefix.find(':')).c_str());
     std::fflush(stderr);
   }
+}
+
+namespace {
+// The first failed write of standard output's that was seen: its errno, or kUnknown where it failed
+// inside a write that moved more than the buffer holds, the errno gone by the time it is asked.
+constexpr int kUnknown = -1;
+int g_stdout_error = 0;
+}  // namespace
+
+int flush_standard_output() {
+  errno = 0;
+  if (std::fflush(stdout) != 0 && g_stdout_error == 0) g_stdout_error = errno ? errno : kUnknown;
+  if (std::ferror(stdout) && g_stdout_error == 0) g_stdout_error = kUnknown;
+  return g_stdout_error;
+}
+
+int write_standard_output(const std::string& text) {
+  errno = 0;
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() && g_stdout_error == 0)
+    g_stdout_error = errno ? errno : kUnknown;
+  return flush_standard_output();
+}
+
+void require_standard_output_written() {
+  int error = flush_standard_output();
+  const int copy = error == 0 ? ::dup(STDOUT_FILENO) : -1;  // none: standard output closed, nothing written
+  if (copy >= 0 && ::close(copy) != 0 && errno != EINTR) error = errno;
+  if (error == kUnknown)
+    usage_error("cannot write the results to standard output: a write failed (a full disk? its reader gone?)");
+  if (error != 0) usage_error("cannot write the results to standard output: ", std::strerror(error));
 }
 
 }  // namespace hpc::log

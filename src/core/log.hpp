@@ -38,6 +38,21 @@ std::string stamp(FILE* out, bool warning = false);
 
 void write(Level level, const std::string& line);
 
+// Standard output (C's stdout, which std::cout writes through) flushed: 0 where everything written
+// to it so far reached its file, else the errno of the first failed write that was seen (-1 where
+// it is no longer known). A command's results end in it (before its next line on stderr), so that
+// a failure is seen with its errno; require_standard_output_written ends the command.
+int flush_standard_output();
+// `text` written to standard output and flushed, as flush_standard_output: for text longer than
+// its buffer (a --help), whose failure is seen only here, inside the write.
+int write_standard_output(const std::string& text);
+// The results a command printed are in their file: standard output flushed, and closed once (a
+// duplicate of it, so that it stays open: a network file system reports a deferred write error at
+// a close). Else a usage error (exit 2): "cannot write the results to standard output: No space
+// left on device", where a script would have found a cut file and exit 0 (`> file` on a full
+// disk, a reader that ended early: SIGPIPE is ignored).
+void require_standard_output_written();
+
 template <class... Args>
 void info(const Args&... args) { write(Level::Info, detail::concat(args...)); }
 template <class... Args>

@@ -1131,6 +1131,33 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
   for (const auto& [args, expect] : cases) expect_refused(args, expect, false);
 }
 
+// Results printed to a standard output that cannot take them (`> file` on a full disk: /dev/full):
+// every command that prints its results, and --help and --version, went on to exit 0 with the
+// file cut short or empty (predict alone said so). Now one line, exit 2.
+TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
+  const TempDir snapshots("cli-full-stdout");
+  const std::string data = data_.str(), onnx = work_.file("m.onnx");
+  const std::vector<std::vector<std::string>> commands{
+      {"inspect", file_},
+      {"inspect", file_, "--json"},
+      {"inspect", dir_},
+      {"evaluate", "--checkpoint", dir_, "--data-dir", data, "--threads", "1"},
+      {"export", "--checkpoint", file_, "--output", onnx},
+      {"clean-snapshots", "--snapshot-dir", snapshots.str()},
+      {"clean-snapshots", "--snapshot-dir", snapshots.file("none")},
+      {"--help"},
+      {"--version"},
+      {"evaluate", "--help"},
+      {"inspect", "--help"}};
+  for (const auto& args : commands) {
+    std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" > /dev/full"};
+    for (const std::string& a : hpctrain_argv(args)) argv.push_back(a);
+    expect_usage_error(run_program(argv, kDeadline),
+                       {"cannot write the results to standard output: No space left on device"});
+  }
+  EXPECT_TRUE(fs::exists(onnx)) << "the model was written; its message was not";
+}
+
 // evaluate on another dataset than the checkpoint's: one warning where the model takes its
 // images and classes (MNIST for Fashion-MNIST), refused where it cannot.
 TEST_F(CliCheckpoint, EvaluateOnAnotherDataset) {

@@ -419,6 +419,12 @@ TEST(HpcrunCli, HelpAndVersion) {
   const RunResult version = hpcrun({"--version"});
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_EQ(version.out.rfind("hpcrun ", 0), 0u);
+  // Where they cannot be written (`> file` on a full disk): one line and exit 2, not exit 0.
+  for (const char* flag : {"--help", "--version"}) {
+    const RunResult full = run_program({"/bin/sh", "-c", "exec \"$0\" \"$1\" > /dev/full", hpcrun_binary(), flag}, 60);
+    EXPECT_EQ(full.exit_code, 2) << flag << ": " << full.err;
+    EXPECT_EQ(full.err, "hpcrun: error: cannot write the results to standard output: No space left on device\n") << flag;
+  }
 }
 
 // A value given with -x NAME=VALUE (a token, a key), here or in --mpi-args, reaches every rank

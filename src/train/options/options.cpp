@@ -377,7 +377,7 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
   // Stored after the command line, so options given there win.
   if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
   if (vm.count("help")) {
-    if (speak) std::cout << all << "\n";
+    if (speak) log::write_standard_output(detail::concat(all, "\n"));
     return std::nullopt;
   }
   if (vm.count("version")) {

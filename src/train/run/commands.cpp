@@ -77,7 +77,7 @@ void print_lines(const std::string& text) {
     out += one_line_unambiguous(text.substr(at, end - at)) + "\n";
     at = end + 1;
   }
-  std::cout << out << std::flush;
+  log::write_standard_output(out);
 }
 
 std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key,
@@ -254,7 +254,7 @@ int inspect(const std::string& path, bool json) {
       else print_directory_line(r);
     }
     if (!json) print_heartbeat(path);
-    std::cout.flush();
+    log::flush_standard_output();
     HPC_REQUIRE(!files.empty(), "no checkpoints (ckpt-*.hpck) in ", path);
     HPC_REQUIRE(valid > 0, "none of the ", files.size(), " checkpoint(s) in ", path, " is valid");
     HPC_REQUIRE(!newest->misfit, "the newest checkpoint that reads, ", newest->path, ", does not fit its model (",
@@ -269,7 +269,7 @@ int inspect(const std::string& path, bool json) {
   const Inspected r = inspect_file(path);
   if (json) std::cout << inspected_json(r) << "\n";
   else print_inspected(r);
-  std::cout.flush();
+  log::flush_standard_output();
   if (!r.problem.empty()) usage_error(r.problem);
   return kExitSuccess;
 }
@@ -427,7 +427,8 @@ void report_evaluation(const Evaluation& e, const EvalResult& r, const ckpt::Che
   std::snprintf(line, sizeof line, "test accuracy %.2f%%, test loss %.4f on %lld %s test samples: %s (%s at step %lld, %s)",
                 100 * r.accuracy, r.loss, static_cast<long long>(r.samples), dataset, path.c_str(),
                 c.text("model").c_str(), static_cast<long long>(step), position_text(c.meta).c_str());
-  std::cout << line << std::endl;
+  std::cout << line << "\n";
+  log::flush_standard_output();
   if (e.metrics)
     e.metrics->write({{"event", std::string("evaluate")},
                       {"checkpoint", path},

@@ -14,6 +14,7 @@
 
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/exit_codes.hpp"
 #include "core/option_kit.hpp"
 #include "dist/agree.hpp"
@@ -174,7 +175,8 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
   std::cout << "exported " << m.checkpoint.text("model") << " (" << m.path << ", step " << m.checkpoint.text("step")
             << (o.fold_batch_norm ? ", batch norm folded" : "") << ") to " << o.output << ": ONNX opset "
             << onnx_export::kOpset << ", " << human_size(bytes.size()) << ", input float32 N x " << f.channels << " x "
-            << f.height << " x " << f.width << " (pixel values 0..255), output logits N x " << f.classes << std::endl;
+            << f.height << " x " << f.width << " (pixel values 0..255), output logits N x " << f.classes << "\n";
+  log::flush_standard_output();
 }
 
 }  // namespace

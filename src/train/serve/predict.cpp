@@ -257,18 +257,14 @@ class Predictor {
 // cannot be written (a full disk, a pipe closed early) are an error on every rank: the run went on
 // to its summary and exit 0 as if every result were there.
 void speak(dist::ProcessContext& ctx, const Said& mine) {
-  int failed = 0;  // errno of the first write that failed
   for (int r = 0; r < ctx.world_size(); ++r) {
     const std::string out = ctx.world_size() == 1 ? mine.out : dist::broadcast_string(ctx.world(), mine.out, r);
     const std::string err = ctx.world_size() == 1 ? mine.err : dist::broadcast_string(ctx.world(), mine.err, r);
     if (ctx.rank() != 0) continue;
-    errno = 0;
-    if (!failed && !(std::cout << out << std::flush)) failed = errno ? errno : EIO;
+    log::write_standard_output(out);  // before the lines on stderr that go with them
     std::cerr << err << std::flush;
   }
-  dist::collectively(ctx, [&] {
-    HPC_REQUIRE(!failed, "cannot write the results to standard output: ", std::strerror(failed));
-  });
+  dist::collectively(ctx, log::require_standard_output_written);
 }
 
 std::unique_ptr<Inference> make_inference(const PredictOptions& o, ServingModel& m, dist::ProcessContext& ctx) {

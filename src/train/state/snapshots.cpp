@@ -665,7 +665,7 @@ void clean_host_snapshots(const dist::ProcessContext& ctx, const std::string& pa
                   ? "not asked for"
                   : detail::concat("last written within ", show_duration(what.older_than)).c_str(),
               format_bytes(static_cast<double>(c.kept_bytes)).c_str(), parent.c_str());
-  std::fflush(stdout);
+  log::flush_standard_output();
 }
 
 }  // namespace
