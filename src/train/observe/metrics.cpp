@@ -163,7 +163,7 @@ MetricsWriter::~MetricsWriter() {
   if (fd_ < 0) return;
   const final_records::Writing changing;
   if (stamp_) final_records::metrics_file(-1);  // the descriptor's number may be another file's next
-  final_records::forget(std::exchange(made_empty_, -1));
+  final_records::release(std::exchange(made_empty_, -1));
   ::close(fd_);
   if (created_ && !written_) ::unlink(file_.c_str());
 }
@@ -190,7 +190,7 @@ void MetricsWriter::write(const JsonObject& fields) {
   size_t done = 0;
   if (write_all(fd_, line, done)) {
     written_ = true;
-    final_records::filled(std::exchange(made_empty_, -1));  // a whole line: the file stays
+    final_records::release(std::exchange(made_empty_, -1));  // a whole line: the file stays
     if (stamp_) final_records::metrics_file(fd_);  // its last line whole: a stop at once appends there
     return;
   }
@@ -203,7 +203,7 @@ void MetricsWriter::write(const JsonObject& fields) {
 
 void MetricsWriter::give_up(int error, bool part_left) {
   if (stamp_) final_records::metrics_file(-1);  // under write()'s Writing
-  final_records::forget(std::exchange(made_empty_, -1));  // removed below, or left with a cut line
+  final_records::release(std::exchange(made_empty_, -1));  // removed below, or left with a cut line
   ::close(std::exchange(fd_, -1));
   written_ = written_ || part_left;
   const bool removed = created_ && !written_ && ::unlink(file_.c_str()) == 0;  // made for this run, and empty

@@ -154,8 +154,7 @@ int made_empty(const std::string& path) {
   return -1;
 }
 
-void filled(int slot) { forget(slot); }
-void forget(int slot) {
+void release(int slot) {
   if (slot >= 0) g_made_empty[slot].used.store(false);
 }
 

@@ -47,11 +47,11 @@ void disarm();
 // end would, instead of leaving an empty file, or one with half a line, where a script looks for
 // the result (evaluate's --metrics-file, stopped while it evaluates). made_empty returns its
 // slot (-1: none, for a path too long or more such files at once than slots: left as before);
-// filled gives the slot back once the file's first whole line is in (it stays), forget when the
-// writer removed the file itself. Each only under a Writing.
+// release gives the slot back, after which a stop at once leaves the file to its writer: once the
+// file's first whole line is in (it stays), or when the writer closes it or gives up on it (and
+// removes it itself where it is still empty). Each only under a Writing.
 int made_empty(const std::string& path);
-void filled(int slot);
-void forget(int slot);
+void release(int slot);
 // Async-signal-safe: closes the writes of both files, waits for those in flight (a second at
 // most) and removes made_empty's files that are still empty. write_at_once does it first; a
 // process that ends at once otherwise (a watchdog's _exit) calls it itself.
