@@ -128,19 +128,10 @@ class Checkpoints : public ::testing::Test {
       a.insert(a.end(), {"--checkpoint-dir", ckpt_dir, "--checkpoint-every-steps", "5", "--snapshot-every-steps", "0"});
     return a;
   }
-  // The done line and epoch events of job() never interrupted (the same in every test: worked out
-  // once per binary).
-  struct Ended {
-    JsonObject done;
-    std::map<int64_t, JsonObject> epochs;
-  };
+  // The done line and epoch events of job() never interrupted (the same in every test).
   const Ended& uninterrupted_run(int ranks) {
-    static std::map<int, Ended> known;
-    if (known.count(ranks)) return known[ranks];
-    const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
-    const RunResult r = run_mpi(ranks, job("", m));
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return known[ranks] = {done_of(m), epochs_of(m)};
+    return uninterrupted_end(ranks, [&](const std::string& m) { return job("", m); },
+                             dir_.file("full" + std::to_string(ranks) + ".jsonl"));
   }
   JsonObject uninterrupted(int ranks) { return uninterrupted_run(ranks).done; }
 

@@ -673,4 +673,23 @@ inline void expect_same_epochs(const std::map<int64_t, JsonObject>& got, const s
   }
 }
 
+// How a run ended: its done line and its epoch events.
+struct Ended {
+  JsonObject done;
+  std::map<int64_t, JsonObject> epochs;
+};
+
+// A job never interrupted, on `ranks` ranks: the reference that an interrupted and resumed run
+// must match bit for bit. `job(metrics)` gives the job's arguments with its metrics file; the run
+// writes `metrics`. Worked out once per process for each number of ranks and job.
+inline const Ended& uninterrupted_end(int ranks, const std::function<std::vector<std::string>(const std::string&)>& job,
+                                      const std::string& metrics) {
+  static std::map<std::pair<int, std::vector<std::string>>, Ended> known;
+  const auto key = std::make_pair(ranks, job(""));  // the job, wherever its metrics go
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  const RunResult r = run_mpi(ranks, job(metrics));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return known[key] = Ended{done_of(metrics), epochs_of(metrics)};
+}
+
 }  // namespace hpc::itest

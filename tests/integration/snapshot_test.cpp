@@ -51,18 +51,10 @@ class Snapshots : public ::testing::Test {
     if (!snaps.empty()) a.insert(a.end(), {"--snapshot-dir", snaps});
     return a;
   }
-  // job() never interrupted: its done line and epoch events (worked out once per binary).
-  struct Ended {
-    JsonObject done;
-    std::map<int64_t, JsonObject> epochs;
-  };
+  // job() never interrupted: its done line and epoch events.
   const Ended& uninterrupted_run(int ranks) {
-    static std::map<int, Ended> known;
-    if (known.count(ranks)) return known[ranks];
-    const std::string m = dir_.file("full" + std::to_string(ranks) + ".jsonl");
-    const RunResult r = run_mpi(ranks, job("", m, ""));
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return known[ranks] = {done_of(m), epochs_of(m)};
+    return uninterrupted_end(ranks, [&](const std::string& m) { return job("", m, ""); },
+                             dir_.file("full" + std::to_string(ranks) + ".jsonl"));
   }
   JsonObject uninterrupted(int ranks) { return uninterrupted_run(ranks).done; }
   // The epochs of the last resume() against job() never interrupted.
