@@ -162,13 +162,13 @@ def load_config(path=None):
     market = cfg.setdefault("market", "on-demand")
     if not isinstance(market, str) or market not in ("spot", "on-demand"):
         raise ConfigError(f"{path}: 'market' must be 'spot' or 'on-demand', not {market!r}")
-    for key, default in (("capacity_cooldown_seconds", 600), ("orphan_grace_seconds", 300)):
+    # Seconds, each with the least it may be: a timeout of 0 would give up at once.
+    for key, default, zero_allowed in (("capacity_cooldown_seconds", 600, True), ("orphan_grace_seconds", 300, True),
+                                       ("resume_timeout_seconds", 300, False)):
         value = cfg.setdefault(key, default)
-        if not _number(value) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{path}: '{key}' must be a number of seconds, 0 or more, not {value!r}")
-    timeout = cfg.setdefault("resume_timeout_seconds", 300)
-    if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:
-        raise ConfigError(f"{path}: 'resume_timeout_seconds' must be a number of seconds, more than 0, not {timeout!r}")
+        if not _number(value) or not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
+            least = "0 or more" if zero_allowed else "more than 0"
+            raise ConfigError(f"{path}: '{key}' must be a number of seconds, {least}, not {value!r}")
     count = cfg.setdefault("protected_failure_count", 10)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ConfigError(f"{path}: 'protected_failure_count' must be a whole number, 0 or more, not {count!r}")

@@ -1222,6 +1222,8 @@ class BadInput(unittest.TestCase):
             ("heartbeat_file", 1, "'heartbeat_file' must be a non-empty string"),
             ("resume_timeout_seconds", 0, "'resume_timeout_seconds' must be a number of seconds, more than 0, not 0"),
             ("resume_timeout_seconds", "1800", "'resume_timeout_seconds' must be a number of seconds"),
+            ("resume_timeout_seconds", -5, "'resume_timeout_seconds' must be a number of seconds, more than 0, not -5"),
+            ("resume_timeout_seconds", float("inf"), "'resume_timeout_seconds' must be a number of seconds"),
             ("log_file", False, "'log_file' must be a non-empty string"),
         ]
         with tempfile.TemporaryDirectory() as d:
