@@ -116,6 +116,22 @@ TEST_F(Cli, ABlankCleanSnapshotsAgeIsRefused) {
       {"error: --older-than is empty (an unset variable?)"});
 }
 
+// A --snapshot-dir that does not exist is a host where no run kept snapshots: nothing to clean,
+// exit 0 as documented (`mpirun --map-by ppr:1:node hpctrain clean-snapshots` reaches such hosts),
+// in one line that names the directory, so that a mistyped path shows. A path that cannot be a
+// directory is an error.
+TEST_F(Cli, CleanSnapshotsInADirectoryThatIsNotThere) {
+  const std::string none = work_.file("none");
+  const RunResult r = run_program({hpctrain_binary(), "clean-snapshots", "--snapshot-dir", none}, kDeadline);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find(": no snapshots (no " + none + ")\n"), std::string::npos) << r.out;
+  write_text(work_.file("file"), "x");
+  expect_usage_error(
+      run_program({hpctrain_binary(), "clean-snapshots", "--snapshot-dir", work_.file("file") + "/x"}, kDeadline),
+      {"cannot read " + work_.file("file") + "/x: Not a directory"});
+}
+
 // A subcommand's options are named whole too (OptionErrors.AnOptionIsNamedWhole: training's).
 TEST_F(Cli, ASubcommandsOptionIsNamedWhole) {
   expect_usage_error(run_program({hpctrain_binary(), "evaluate", "--checkp", work_.str()}, kDeadline),
