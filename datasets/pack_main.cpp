@@ -122,12 +122,10 @@ std::optional<int> read_command_line(int argc, char** argv, Command& c) {
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).style(hpc::options::kCommandLineStyle).run(),
               vm);
     po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\n";
-      return 0;
-    }
-    if (vm.count("version")) {  // hpcdata --version prints this version as its own
-      std::cout << "hpcdata-pack " << HPCTRAIN_VERSION << "\n";
+    if (vm.count("help") || vm.count("version")) {
+      if (vm.count("help")) hpc::log::write_standard_output(hpc::detail::concat(desc, "\n"));
+      else std::cout << "hpcdata-pack " << HPCTRAIN_VERSION << "\n";  // hpcdata --version prints it as its own
+      hpc::log::require_standard_output_written();  // a full disk under `> file`: exit 2, not a cut file
       return 0;
     }
     check_values(vm, c);

@@ -363,6 +363,19 @@ class Pack(unittest.TestCase):
         self.assertEqual(len(p.stderr.splitlines()), 1, p.stderr)
         self.assertIn("hpcdata: error: /bin/false --version failed", p.stderr)
 
+    def test_help_and_version_that_cannot_be_written_are_an_error(self):
+        """`> file` on a full disk (/dev/full): hpcdata's --help ended 0 with nothing written (argparse
+        passes over the failed write), its --version 1 with "hpcdata: error: : No space left on
+        device", hpcdata-pack's 0. Now one line naming the problem, exit 2."""
+        for args in (["--help"], ["--version"], ["prepare", "--help"], ["pack", "--help"], ["pack", "--version"]):
+            with self.subTest(args=args), open("/dev/full", "w") as full:
+                p = subprocess.run([sys.executable, HPCDATA, *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                                   timeout=60)
+                prog = "hpcdata pack" if args[0] == "pack" else "hpcdata"
+                self.assertEqual((p.returncode, p.stderr.splitlines()),
+                                 (2, [f"{prog}: error: cannot write the results to standard output: "
+                                      "No space left on device"]))
+
     def test_hpcdata_pack_must_be_a_packer(self):
         """An HPCDATA_PACK that is set names the packer: one that is missing, a directory or not
         executable is a usage error naming it (no quiet fall back to another packer)."""

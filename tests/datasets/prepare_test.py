@@ -99,6 +99,22 @@ class Prepare(unittest.TestCase):
     def out(self, name):
         return os.path.join(self.tmp, "out", name)
 
+    def test_a_directory_that_cannot_be_printed_is_an_error(self):
+        """DIR on stdout is what `DIR=$(hpcdata prepare ...)` takes: on a full disk (/dev/full) Python
+        said so only at its exit, in an "Exception ignored" block and exit 120. One line, exit 2,
+        the dataset prepared all the same."""
+        dest = self.out("full-stdout")
+        for attempt in ("prepared", "already prepared"):
+            with self.subTest(attempt), open("/dev/full", "w") as full:
+                p = subprocess.run([sys.executable, HPCDATA, "prepare", "mnist", "--from", self.mnist, "--no-verify",
+                                    "--out", dest, "--progress", "off"], stdout=full, stderr=subprocess.PIPE,
+                                   text=True, timeout=300)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertEqual(error_lines(p.stderr),
+                                 ["hpcdata: error: cannot write the results to standard output: No space left on device"])
+                self.assertNotIn("Exception", p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(dest, "hpcdata.json")))
+
     def train(self, dataset, data_dir):
         if not HPCTRAIN:
             self.skipTest("HPCTRAIN (the hpctrain binary) is not set")
