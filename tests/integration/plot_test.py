@@ -159,6 +159,19 @@ class Plot(unittest.TestCase):
         said = plot("--version")
         self.assertEqual((said.returncode, said.stdout, said.stderr), (0, f"hpctrain-plot {project}\n", ""))
 
+    def test_output_that_cannot_be_written_is_an_error(self):
+        """`> file` on a full disk (/dev/full): --help ended 0 with nothing written (argparse passes
+        over the failed write), --version 1 with "error: : No space left on device", and the charts'
+        paths ended 120 with Python's "Exception ignored" block. One line, exit 2."""
+        out = os.path.join(self.tmp.name, "full-stdout")
+        for args in (["--help"], ["--version"], [self.straight, "--out", out]):
+            with self.subTest(args=args), open("/dev/full", "w") as full:
+                p = subprocess.run(["/usr/bin/python3", PLOT, *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                                   timeout=120)
+                self.assertEqual((p.returncode, p.stderr.splitlines()),
+                                 (2, ["hpctrain-plot: error: cannot write the results to standard output: "
+                                      "No space left on device"]))
+
     def test_without_matplotlib_is_one_line_and_makes_nothing(self):
         """matplotlib is only Recommended by the packages (apt --no-install-recommends leaves it out),
         and the first python3 on PATH may lack it: one line naming the package, exit 1, no --out
