@@ -375,6 +375,11 @@ class Pack(unittest.TestCase):
                 self.assertEqual((p.returncode, p.stderr.splitlines()),
                                  (2, [f"{prog}: error: cannot write the results to standard output: "
                                       "No space left on device"]))
+        # Started with stdout closed (`>&-`): Python's sys.stdout is None (print() passed over it).
+        p = subprocess.run(["/bin/sh", "-c", 'exec "$@" >&-', "sh", sys.executable, HPCDATA, "--version"],
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stderr),
+                         (2, "hpcdata: error: cannot write the results to standard output: it is closed\n"))
 
     def test_hpcdata_pack_must_be_a_packer(self):
         """An HPCDATA_PACK that is set names the packer: one that is missing, a directory or not
