@@ -123,8 +123,8 @@ std::optional<int> read_command_line(int argc, char** argv, Command& c) {
               vm);
     po::notify(vm);
     if (vm.count("help") || vm.count("version")) {
-      if (vm.count("help")) hpc::log::write_standard_output(hpc::detail::concat(desc, "\n"));
-      else std::cout << "hpcdata-pack " << HPCTRAIN_VERSION << "\n";  // hpcdata --version prints it as its own
+      if (vm.count("help")) hpc::log::write_help(hpc::detail::concat(desc, "\n"));
+      else hpc::log::write_help(hpc::detail::concat("hpcdata-pack ", HPCTRAIN_VERSION, "\n"));  // hpcdata --version's too
       hpc::log::require_standard_output_written();  // a full disk under `> file`: exit 2, not a cut file
       return 0;
     }

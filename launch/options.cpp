@@ -520,7 +520,7 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
     usage_error(options::what_of(e), " (hpcrun's options come before the program; try --help)");
   }
   if (o.help) {
-    log::write_standard_output(detail::concat(
+    log::write_help(detail::concat(
         "Usage: hpcrun [options] [--] PROGRAM [ARGS...]\n"
                  "Starts PROGRAM through mpirun on the given hosts and keeps it running to completion: after a\n"
                  "failure it relaunches on the healthy hosts (hpctrain resumes from its last checkpoint), it grows\n"
@@ -532,7 +532,7 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
     return false;
   }
   if (o.version) {
-    std::cout << "hpcrun " << HPCTRAIN_VERSION << "\n";
+    log::write_help(detail::concat("hpcrun ", HPCTRAIN_VERSION, "\n"));
     return false;
   }
   return true;

@@ -98,6 +98,7 @@ namespace {
 // inside a write that moved more than the buffer holds, the errno gone by the time it is asked.
 constexpr int kUnknown = -1;
 int g_stdout_error = 0;
+bool g_help = false;  // what was printed is --help's or --version's
 }  // namespace
 
 int flush_standard_output() {
@@ -114,8 +115,14 @@ int write_standard_output(const std::string& text) {
   return flush_standard_output();
 }
 
+void write_help(const std::string& text) {
+  g_help = true;
+  write_standard_output(text);
+}
+
 void require_standard_output_written() {
   int error = flush_standard_output();
+  if (error == EPIPE && g_help) return;
   const int copy = error == 0 ? ::dup(STDOUT_FILENO) : -1;  // none: standard output closed, nothing written
   if (copy >= 0 && ::close(copy) != 0 && errno != EINTR) error = errno;
   if (error == kUnknown)

@@ -46,11 +46,14 @@ int flush_standard_output();
 // `text` written to standard output and flushed, as flush_standard_output: for text longer than
 // its buffer (a --help), whose failure is seen only here, inside the write.
 int write_standard_output(const std::string& text);
+// write_standard_output for --help's or --version's text: a reader that leaves early is then fine
+// (`hpctrain --help | head` read what it wanted), where for results it is an error.
+void write_help(const std::string& text);
 // The results a command printed are in their file: standard output flushed, and closed once (a
 // duplicate of it, so that it stays open: a network file system reports a deferred write error at
 // a close). Else a usage error (exit 2): "cannot write the results to standard output: No space
 // left on device", where a script would have found a cut file and exit 0 (`> file` on a full
-// disk, a reader that ended early: SIGPIPE is ignored).
+// disk, a reader that ended early: SIGPIPE is ignored; after write_help, a full disk alone).
 void require_standard_output_written();
 
 template <class... Args>

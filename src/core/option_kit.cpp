@@ -194,7 +194,7 @@ bool parse_subcommand(int argc, const char* const* argv, const po::options_descr
     po::store(po::command_line_parser(argc, argv).options(options).positional(positional).style(kCommandLineStyle).run(),
               vm);
     if (vm.count("help")) {  // before notify, which would insist on the required options
-      if (speak) log::write_standard_output(hpc::detail::concat(options, "\n"));
+      if (speak) log::write_help(hpc::detail::concat(options, "\n"));
       return false;
     }
     po::notify(vm);

@@ -1172,6 +1172,24 @@ TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
                        {"cannot write the results to standard output: No space left on device"});
   }
   EXPECT_TRUE(fs::exists(onnx)) << "the model was written; its message was not";
+  // A reader that left (a pipe's read end closed; SIGPIPE is ignored): an error for results, but
+  // --help's and --version's reader read what it wanted (`hpctrain --help | head`).
+  const auto into_closed_pipe = [](const std::vector<std::string>& args) {
+    std::vector<std::string> argv{"/usr/bin/python3", "-c",
+                                  "import os, subprocess, sys\n"
+                                  "r, w = os.pipe()\n"
+                                  "os.close(r)\n"
+                                  "sys.exit(subprocess.call(sys.argv[1:], stdout=w))"};
+    for (const std::string& a : hpctrain_argv(args)) argv.push_back(a);
+    return run_program(argv, kDeadline);
+  };
+  expect_usage_error(into_closed_pipe({"inspect", file_}), {"cannot write the results to standard output: Broken pipe"});
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--help"}, {"--version"}, {"inspect", "--help"}}) {
+    const RunResult r = into_closed_pipe(args);
+    EXPECT_EQ(r.exit_code, 0) << r.command << ": " << r.err;
+    EXPECT_EQ(r.err, "") << r.command;
+  }
 }
 
 // evaluate on another dataset than the checkpoint's: one warning where the model takes its

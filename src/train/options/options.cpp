@@ -377,12 +377,13 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
   // Stored after the command line, so options given there win.
   if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
   if (vm.count("help")) {
-    if (speak) log::write_standard_output(detail::concat(all, "\n"));
+    if (speak) log::write_help(detail::concat(all, "\n"));
     return std::nullopt;
   }
   if (vm.count("version")) {
-    if (speak) std::cout << "hpctrain " << HPCTRAIN_VERSION << " (CPU GEMM: " << nn::gemm_backend() << "; "
-                         << device::describe() << ")\n";
+    if (speak)
+      log::write_help(detail::concat("hpctrain ", HPCTRAIN_VERSION, " (CPU GEMM: ", nn::gemm_backend(), "; ",
+                                     device::describe(), ")\n"));
     return std::nullopt;
   }
   return vm;
