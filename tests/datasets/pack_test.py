@@ -375,6 +375,15 @@ class Pack(unittest.TestCase):
                 self.assertEqual((p.returncode, p.stderr.splitlines()),
                                  (2, [f"{prog}: error: cannot write the results to standard output: "
                                       "No space left on device"]))
+        # A reader gone (a pipe's read end closed) has read what it wanted of --help and --version:
+        # exit 0 and nothing said, as hpctrain's.
+        for args in (["--help"], ["--version"]):
+            r, w = os.pipe()
+            os.close(r)
+            p = subprocess.run([sys.executable, HPCDATA, *args], stdout=w, stderr=subprocess.PIPE, text=True,
+                               timeout=60)
+            os.close(w)
+            self.assertEqual((p.returncode, p.stderr), (0, ""), args)
         # Started with stdout closed (`>&-`): Python's sys.stdout is None (print() passed over it).
         p = subprocess.run(["/bin/sh", "-c", 'exec "$@" >&-', "sh", sys.executable, HPCDATA, "--version"],
                            stderr=subprocess.PIPE, text=True, timeout=60)

@@ -171,6 +171,13 @@ class Plot(unittest.TestCase):
                 self.assertEqual((p.returncode, p.stderr.splitlines()),
                                  (2, ["hpctrain-plot: error: cannot write the results to standard output: "
                                       "No space left on device"]))
+        # A reader gone (a pipe's read end closed) read what it wanted of --help: exit 0, nothing said.
+        r, w = os.pipe()
+        os.close(r)
+        p = subprocess.run(["/usr/bin/python3", PLOT, "--help"], stdout=w, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+        os.close(w)
+        self.assertEqual((p.returncode, p.stderr), (0, ""))
 
     def test_without_matplotlib_is_one_line_and_makes_nothing(self):
         """matplotlib is only Recommended by the packages (apt --no-install-recommends leaves it out),
