@@ -33,6 +33,8 @@
 # (HPCTRAIN_SLURM_KILL_WAIT=S in the environment of 'up' sets another, whole seconds from 1 to
 # 300: the tests whose jobs Slurm kills after a node failure use a shorter one).
 # Every node runs slurm/epilog.sh at a job's end (Epilog=), as a site running hpctrain would.
+# Job ids start from a range of the cluster's own (FirstJobId, from its port base), not from 1, so
+# that the MPI jobs of two clusters on this machine never share a name (see write_config).
 set -euo pipefail
 
 me=local-cluster.sh
