@@ -81,6 +81,7 @@ int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
     // Every rank parses the same command line, so a bad flag fails on all of them alike.
     hpc::dist::collectively(ctx, [&] { options = hpc::train::parse_options(argc, argv, ctx.rank() == 0); });
     if (!options) return printed(0);  // --help, --version
+    hpc::log::set_progress_output();
     return hpc::train::run_training(*options, ctx).exit_code;
   } catch (const hpc::dist::CollectiveError& e) {
     return fail(ctx, true, e.exit_code(), e.what());

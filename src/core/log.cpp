@@ -66,6 +66,15 @@ std::string stamp(FILE* out, bool warning) {
   return buf;
 }
 
+namespace {
+// The first failed write of standard output's that was seen: its errno, or kUnknown where it failed
+// inside a write that moved more than the buffer holds, the errno gone by the time it is asked.
+constexpr int kUnknown = -1;
+int g_stdout_error = 0;
+bool g_help = false;  // what was printed is --help's or --version's
+bool g_progress_output = false;  // standard output holds a training's progress lines, not results
+}  // namespace
+
 void write(Level lvl, const std::string& line) {
   if (lvl < g_level) return;
   std::string prefix = "hpctrain";
@@ -79,27 +88,30 @@ void write(Level lvl, const std::string& line) {
   FILE* out = lvl >= Level::Warn ? stderr : stdout;
   std::fprintf(out, "%s%s: %s%s%s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(),
                named ? g_where.c_str() : "", named ? ": " : "", line.c_str());
-  errno = 0;
-  if (out == stdout) flush_standard_output();
+  int failed = 0;
+  if (out == stdout) failed = flush_standard_output();
   else std::fflush(out);
   // Standard output's reader gone (`hpctrain ... | head`; SIGPIPE is ignored): the run goes on,
-  // said once, rather than dying unannounced in the middle of a step or a checkpoint.
-  static bool said_closed = false;
-  if (out == stdout && std::ferror(stdout) && errno == EPIPE && !said_closed) {
-    said_closed = true;
-    std::fprintf(stderr, "%s%s: warning: standard output is closed (its reader exited): the run goes on without "
-                 "its progress lines\n", stamp(stderr, true).c_str(), prefix.substr(0, prefix.find(':')).c_str());
+  // said once, rather than dying unannounced in the middle of a step or a checkpoint. Any other
+  // failure (`> file` on a full disk) is said too where the lines are a training's progress; a
+  // command's results are checked at its end instead (require_standard_output_written).
+  static bool said = false;
+  if (failed != 0 && !said && (failed == EPIPE || g_progress_output)) {
+    said = true;
+    const std::string name = prefix.substr(0, prefix.find(':'));
+    if (failed == EPIPE)
+      std::fprintf(stderr, "%s%s: warning: standard output is closed (its reader exited): the run goes on without "
+                   "its progress lines\n", stamp(stderr, true).c_str(), name.c_str());
+    else
+      std::fprintf(stderr, "%s%s: warning: standard output cannot be written (%s): the run goes on without its "
+                   "progress lines\n", stamp(stderr, true).c_str(), name.c_str(),
+                   failed == kUnknown ? "a write failed" : std::strerror(failed));
     std::fflush(stderr);
   }
 }
 
-namespace {
-// The first failed write of standard output's that was seen: its errno, or kUnknown where it failed
-// inside a write that moved more than the buffer holds, the errno gone by the time it is asked.
-constexpr int kUnknown = -1;
-int g_stdout_error = 0;
-bool g_help = false;  // what was printed is --help's or --version's
-}  // namespace
+void set_progress_output() { g_progress_output = true; }
+
 
 int flush_standard_output() {
   errno = 0;

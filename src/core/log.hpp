@@ -55,6 +55,9 @@ void write_help(const std::string& text);
 // left on device", where a script would have found a cut file and exit 0 (`> file` on a full
 // disk, a reader that ended early: SIGPIPE is ignored; after write_help, a full disk alone).
 void require_standard_output_written();
+// Standard output holds a training's progress lines from now on, not results: a line that cannot
+// be written (a full disk, EIO) is said once on stderr, and the run goes on without them.
+void set_progress_output();
 
 template <class... Args>
 void info(const Args&... args) { write(Level::Info, detail::concat(args...)); }

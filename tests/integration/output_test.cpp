@@ -259,6 +259,29 @@ TEST_F(Output, AClosedStandardOutputIsNotTheEndOfTheRun) {
 }
 
 
+// Standard output on a full disk (`hpctrain ... > log` with no room left; /dev/full here): the
+// training goes on to its end and says once on stderr that its progress lines are lost, rather
+// than ending with exit 0 and an empty log without a word.
+TEST_F(Output, AStandardOutputThatCannotBeWrittenIsSaidOnceAndTheRunGoesOn) {
+  const TempDir ck("full-stdout");
+  std::vector<std::string> args{"/usr/bin/python3", "-c",
+                                "import subprocess, sys\n"
+                                "with open('/dev/full', 'w') as full:\n"
+                                "    sys.exit(subprocess.call(sys.argv[1:], stdout=full))"};
+  for (const std::string& a : hpctrain_argv(quick({"--threads", "1", "--checkpoint-dir", ck.str()}))) args.push_back(a);
+  const RunResult r = run_program(args, 60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string said =
+      "warning: standard output cannot be written (No space left on device): the run goes on without its progress lines";
+  const size_t at = r.err.find(said);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("standard output", at + said.size()), std::string::npos) << "said more than once: " << r.err;
+  std::ifstream beat(ck.str() + "/heartbeat");
+  const std::string heartbeat((std::istreambuf_iterator<char>(beat)), std::istreambuf_iterator<char>());
+  EXPECT_NE(heartbeat.find("state=done"), std::string::npos) << heartbeat;
+}
+
 // A file system that fills up during the run (a tmpfs of 1 MiB, mounted here, filled but for two
 // pages): a write to an output file that fails is not the end of the run.
 class FullOutputFileSystem : public Output {
