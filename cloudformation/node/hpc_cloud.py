@@ -494,29 +494,7 @@ class State:
             self._lock.close()
             raise StateBusy(f"the state file {self.path} stayed locked for {self.wait:g} s (resume.py or the "
                             "cluster manager holds it)")
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                self.data = json.load(f)
-        except FileNotFoundError:
-            self.data = {}
-        except (OSError, json.JSONDecodeError) as e:  # a damaged file costs only what it remembered
-            logging.warning("state file %s unreadable (%s): starting afresh", self.path, e)
-            self.data = {}
-        if not isinstance(self.data, dict):
-            logging.warning("state file %s holds no JSON object: starting afresh", self.path)
-            self.data = {}
-        dropped = []
-        for key, valid in STATE_SHAPES.items():
-            section = self.data.get(key, {})
-            if not isinstance(section, dict):
-                dropped.append(key)
-                section = {}
-            for name in [n for n, value in section.items() if not valid(value)]:
-                del section[name]
-                dropped.append(f"{key}[{name!r}]")
-            self.data[key] = section
-        if dropped:
-            logging.warning("state file %s: dropped what has the wrong shape: %s", self.path, ", ".join(dropped))
+        self.data = read_state(self.path)
         self._forget_marked()
         return self
 
@@ -581,16 +559,46 @@ class State:
         return until if until > (now or time.time()) else 0
 
 
+def read_state(path, warn=logging.warning):
+    """The state file's content as State holds it: a JSON object whose every section of
+    STATE_SHAPES is a dict of entries of that section's shape. A file that is not there is {}; one
+    that cannot be read or is no JSON object is {} too, and a section or entry of another shape is
+    dropped, each said through `warn` (logging's arguments)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        data = {}
+    except (OSError, json.JSONDecodeError) as e:  # a damaged file costs only what it remembered
+        warn("state file %s unreadable (%s): starting afresh", path, e)
+        data = {}
+    if not isinstance(data, dict):
+        warn("state file %s holds no JSON object: starting afresh", path)
+        data = {}
+    dropped = []
+    for key, valid in STATE_SHAPES.items():
+        section = data.get(key, {})
+        if not isinstance(section, dict):
+            dropped.append(key)
+            section = {}
+        for name in [n for n, value in section.items() if not valid(value)]:
+            del section[name]
+            dropped.append(f"{key}[{name!r}]")
+        data[key] = section
+    if dropped:
+        warn("state file %s: dropped what has the wrong shape: %s", path, ", ".join(dropped))
+    return data
+
+
 def peek_launches(state_file):
     """The launches recorded in the state file as last written, read without its lock (for the
     cluster manager, before it reads Slurm and EC2): the file is replaced whole (write_atomically),
     so this is what the last program that held the lock left. {} where it cannot be read; entries
-    of the wrong shape (STATE_SHAPES) left out. Forget marks are not applied."""
+    of the wrong shape (STATE_SHAPES) left out, in silence (the pass's State says so). Forget marks
+    are not applied."""
     try:
-        with open(state_file, encoding="utf-8") as f:
-            launches = json.load(f).get("launches", {})
-        return {n: v for n, v in launches.items() if STATE_SHAPES["launches"](v)}
-    except (OSError, ValueError, AttributeError):
+        return read_state(state_file, warn=lambda *args: None)["launches"]
+    except ValueError:  # (not UTF-8)
         return {}
 
 

@@ -112,7 +112,6 @@ void write(Level lvl, const std::string& line) {
 
 void set_progress_output() { g_progress_output = true; }
 
-
 int flush_standard_output() {
   errno = 0;
   if (std::fflush(stdout) != 0 && g_stdout_error == 0) g_stdout_error = errno ? errno : kUnknown;
