@@ -569,7 +569,7 @@ def read_state(path, warn=logging.warning):
             data = json.load(f)
     except FileNotFoundError:
         data = {}
-    except (OSError, json.JSONDecodeError) as e:  # a damaged file costs only what it remembered
+    except (OSError, ValueError) as e:  # a damaged file (cut JSON, not UTF-8) costs only what it remembered
         warn("state file %s unreadable (%s): starting afresh", path, e)
         data = {}
     if not isinstance(data, dict):
@@ -596,10 +596,7 @@ def peek_launches(state_file):
     so this is what the last program that held the lock left. {} where it cannot be read; entries
     of the wrong shape (STATE_SHAPES) left out, in silence (the pass's State says so). Forget marks
     are not applied."""
-    try:
-        return read_state(state_file, warn=lambda *args: None)["launches"]
-    except ValueError:  # (not UTF-8)
-        return {}
+    return read_state(state_file, warn=lambda *args: None)["launches"]
 
 
 @contextlib.contextmanager

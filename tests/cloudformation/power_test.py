@@ -133,6 +133,22 @@ class PowerSaving(MotoCluster):
         self.assertIn("cooldowns, launches['gpu-1'], launches['gpu-3'], boot_failures, counted_failures['gpu-4'], "
                       "protected['gpu']", dropped[0])
 
+    def test_a_damaged_state_file_costs_only_what_it_remembered(self):
+        """Cut JSON, and bytes that are not UTF-8 (a disk's garbage): resume.py starts afresh with one
+        warning and launches, and the cluster manager's first read (peek_launches) finds no launch,
+        rather than either failing on the file for good."""
+        os.makedirs(os.path.dirname(self.cfg["state_file"]))
+        for damaged in (b'{"launches": {"gpu-1": {"tok', b'\xff\xfe{"launches": {}}'):
+            with self.subTest(damaged=damaged):
+                with open(self.cfg["state_file"], "wb") as f:
+                    f.write(damaged)
+                self.assertEqual(hpc_cloud.peek_launches(self.cfg["state_file"]), {})
+                with self.assertLogs(level="WARNING") as said:
+                    self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+                self.assertTrue(any("unreadable" in line and "starting afresh" in line for line in said.output),
+                                said.output)
+                self.assertIn("gpu-1", self.state()["launches"])
+
     def test_an_unforeseen_error_in_resume_sets_its_nodes_down_with_one_line(self):
         """A bug (here: a TypeError) is one error line in the log file and exit 1, and the nodes
         asked for are set down at once (Slurm requeues their jobs now, not after ResumeTimeout)."""
