@@ -9,6 +9,10 @@ set -euo pipefail
 # which Debian 12 lacks (1.63); 1.x is Python with stunnel for TLS. An image that has it
 # (a compute image built once) skips this.
 EFS_UTILS_TAG=v1.36.0
+if (($# > 0)); then
+  echo "install_efs_utils.sh: error: usage: install_efs_utils.sh (no arguments: installs amazon-efs-utils $EFS_UTILS_TAG unless mount.efs is there)" >&2
+  exit 2
+fi
 if ! command -v mount.efs > /dev/null; then
   apt-get -o DPkg::Lock::Timeout=600 install -y -q git binutils make stunnel4 nfs-common python3
   src=$(mktemp -d)

@@ -15,10 +15,16 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
+usage="usage: prepare_compute.sh [--if-needed] REVISION"
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  echo "$usage (installs the compute node's packages and hpctrain; run as root from /opt/hpctrain/src)"
+  exit 0
+fi
 if_needed=0
 [[ "${1:-}" == --if-needed ]] && { if_needed=1; shift; }
-if (($# != 1)) || [[ -z "$1" ]]; then
-  echo "prepare_compute.sh: error: usage: prepare_compute.sh [--if-needed] REVISION" >&2
+# (a REVISION that starts with '-' is an option this script does not have: refused before it installs)
+if (($# != 1)) || [[ -z "$1" || "$1" == -* ]]; then
+  echo "prepare_compute.sh: error: $usage" >&2
   exit 2
 fi
 revision=$1

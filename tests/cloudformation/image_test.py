@@ -325,12 +325,32 @@ class BootDecision(unittest.TestCase):
         self.assertFalse(os.path.exists(self.marker))
 
     def test_bad_usage_is_one_line_and_exit_2(self):
-        for args in ((), ("--if-needed",), ("",), ("a", "b")):
+        # (an option it does not have, --help after --if-needed: no REVISION, nothing installed)
+        for args in ((), ("--if-needed",), ("",), ("a", "b"), ("--bogus",), ("--if-needed", "--help"), ("-x", "v1")):
             with self.subTest(args=args):
                 r, log = self.run_prepare(*args)
                 self.assertEqual((r.returncode, log, r.stdout), (2, "", ""))
                 self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
                 self.assertIn("usage", r.stderr)
+
+    def test_help_installs_nothing(self):
+        for flag in ("--help", "-h"):
+            with self.subTest(flag=flag):
+                r, log = self.run_prepare(flag)
+                self.assertEqual((r.returncode, log, r.stderr), (0, "", ""))
+                self.assertIn("usage: prepare_compute.sh [--if-needed] REVISION", r.stdout)
+                self.assertFalse(os.path.exists(self.marker))
+
+    def test_efs_utils_installer_takes_no_arguments(self):
+        """Run by hand with --help it installed packages; now any argument is a usage error,
+        before it looks for mount.efs (none on this PATH: it would install)."""
+        script = os.path.join(os.path.dirname(PREPARE), "install_efs_utils.sh")
+        env = dict(self.env, PATH=f"{os.path.join(self.tmp, 'bin')}:/usr/bin:/bin")
+        os.remove(os.path.join(self.tmp, "bin", "mount.efs"))
+        r = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, check=False, env=env, timeout=60)
+        self.assertEqual((r.returncode, r.stdout, os.path.exists(self.log)), (2, "", False), r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertIn("usage: install_efs_utils.sh", r.stderr)
 
 
 class BootPath(unittest.TestCase):
