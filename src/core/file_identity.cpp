@@ -266,6 +266,14 @@ bool in_own_groups(gid_t gid) {
   const int got = n > 0 ? ::getgroups(n, groups.data()) : 0;
   return std::find(groups.begin(), groups.begin() + std::max(got, 0), gid) != groups.begin() + std::max(got, 0);
 }
+
+// Whom a folder or file may belong to for user `uid` to trust it: that user, root, or one of this
+// process's groups. Root may use any folder (RootTrust::AnyOwner); a file's owner may rewrite it
+// whenever they like, so a file is held to the rule for root too (RootTrust::SameRule).
+enum class RootTrust { AnyOwner, SameRule };
+bool trusted_owner(const struct stat& st, uid_t uid, RootTrust root) {
+  return (root == RootTrust::AnyOwner && uid == 0) || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid);
+}
 }  // namespace
 
 namespace {
@@ -285,8 +293,8 @@ void require_safe_folders(fs::path from, const std::string& what, const std::str
       if (errno != ENOENT || p == p.root_path()) return;
       continue;
     }
-    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown, ": ",
-                p.string(), " belongs to uid ", st.st_uid, ", another user, not of your groups", why, advice);
+    HPC_REQUIRE(trusted_owner(st, uid, RootTrust::AnyOwner), what, " ", shown, ": ", p.string(), " belongs to uid ",
+                st.st_uid, ", another user, not of your groups", why, advice);
     HPC_REQUIRE(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX), what, " ", shown, ": ", p.string(),
                 " is writable by others (mode ", mode_text(st.st_mode), ")", not_sticky, why, advice);
     if (p == p.root_path()) return;
@@ -305,8 +313,8 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
   const char* advice = "use a directory of your own";
   struct stat st {};
   if (::stat(real.c_str(), &st) == 0) {
-    HPC_REQUIRE(uid == 0 || st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid), what, " ", shown,
-                ": it belongs to uid ", st.st_uid, ", another user, not of your groups", why, advice);
+    HPC_REQUIRE(trusted_owner(st, uid, RootTrust::AnyOwner), what, " ", shown, ": it belongs to uid ", st.st_uid,
+                ", another user, not of your groups", why, advice);
     // Itself, sticky or not: writable by others is theirs to fill.
     HPC_REQUIRE(!(st.st_mode & S_IWOTH), what, " ", shown, ": it is writable by others (mode ", mode_text(st.st_mode),
                 ")", why, "chmod o-w it, or ", advice);
@@ -319,9 +327,6 @@ void require_safe_directory(const std::string& dir, const std::string& what, uid
 
 void require_safe_file(const std::string& path, const std::string& what, uid_t uid) {
   const std::string why = ": another user could change what is read or run from it; ";
-  const auto trusted = [&](const struct stat& st) {
-    return st.st_uid == uid || st.st_uid == 0 || in_own_groups(st.st_gid);
-  };
   // The links of its last part, one by one: another user's link (in /tmp, say) leads where they
   // choose, and may be swapped for another at any moment.
   std::string at = path;
@@ -329,8 +334,8 @@ void require_safe_file(const std::string& path, const std::string& what, uid_t u
     struct stat st {};
     if (::lstat(at.c_str(), &st) != 0) return;  // not there: its reader says so
     if (!S_ISLNK(st.st_mode)) break;
-    HPC_REQUIRE(trusted(st), what, " ", path, ": the link ", at, " belongs to uid ", st.st_uid,
-                ", another user, not of your groups", why, "use a file of your own");
+    HPC_REQUIRE(trusted_owner(st, uid, RootTrust::SameRule), what, " ", path, ": the link ", at, " belongs to uid ",
+                st.st_uid, ", another user, not of your groups", why, "use a file of your own");
     const std::optional<std::string> next = link_target(at, st);
     if (!next) return;
     at = *next;
@@ -343,8 +348,8 @@ void require_safe_file(const std::string& path, const std::string& what, uid_t u
   if (::stat(real.c_str(), &st) != 0) return;
   // The file's owner may rewrite it whenever they like: checked for root too (as sshd checks
   // root's authorized_keys).
-  HPC_REQUIRE(trusted(st), what, " ", shown, ": it belongs to uid ", st.st_uid, ", another user, not of your groups",
-              why, "use a file of your own");
+  HPC_REQUIRE(trusted_owner(st, uid, RootTrust::SameRule), what, " ", shown, ": it belongs to uid ", st.st_uid,
+              ", another user, not of your groups", why, "use a file of your own");
   HPC_REQUIRE(!(st.st_mode & S_IWOTH), what, " ", shown, ": it is writable by others (mode ", mode_text(st.st_mode),
               ")", why, "chmod o-w it");
   // The directories above it, as a directory's are, sticky ones (/tmp) allowed all the way down.
