@@ -43,8 +43,10 @@ void write(Level level, const std::string& line);
 // it is no longer known). A command's results end in it (before its next line on stderr), so that
 // a failure is seen with its errno; require_standard_output_written ends the command.
 int flush_standard_output();
-// `text` written to standard output and flushed, as flush_standard_output: for text longer than
-// its buffer (a --help), whose failure is seen only here, inside the write.
+// `text` written to standard output and flushed, as flush_standard_output. A command's results go
+// through here, not std::cout or printf: a write that does not fit the buffer (a --help, inspect
+// --json of a directory) fails inside that write, whose errno is gone by the time
+// flush_standard_output asks ("a write failed" where "No space left on device" was known).
 int write_standard_output(const std::string& text);
 // write_standard_output for --help's or --version's text: a reader that leaves early is then fine
 // (`hpctrain --help | head` read what it wanted), where for results it is an error.

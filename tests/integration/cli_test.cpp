@@ -1151,12 +1151,16 @@ TEST_F(CliCheckpoint, BadEvaluateAndInspectInputsAreRefused) {
 // every command that prints its results, and --help and --version, went on to exit 0 with the
 // file cut short or empty (predict alone said so). Now one line, exit 2.
 TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
-  const TempDir snapshots("cli-full-stdout");
+  const TempDir snapshots("cli-full-stdout"), many("cli-full-stdout-many");
   const std::string data = data_.str(), onnx = work_.file("m.onnx");
+  // Four checkpoints' JSON (some 7 kB) is more than stdout's buffer holds: the write that failed
+  // was inside `std::cout <<`, and the error said "a write failed" instead of naming ENOSPC.
+  for (int i = 1; i <= 4; ++i) fs::copy_file(file_, many.file("ckpt-00000000" + std::to_string(i) + ".hpck"));
   const std::vector<std::vector<std::string>> commands{
       {"inspect", file_},
       {"inspect", file_, "--json"},
       {"inspect", dir_},
+      {"inspect", many.str(), "--json"},
       {"evaluate", "--checkpoint", dir_, "--data-dir", data, "--threads", "1"},
       {"export", "--checkpoint", file_, "--output", onnx},
       {"clean-snapshots", "--snapshot-dir", snapshots.str()},
@@ -1184,6 +1188,8 @@ TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
     return run_program(argv, kDeadline);
   };
   expect_usage_error(into_closed_pipe({"inspect", file_}), {"cannot write the results to standard output: Broken pipe"});
+  expect_usage_error(into_closed_pipe({"inspect", many.str(), "--json"}),
+                     {"cannot write the results to standard output: Broken pipe"});
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"--help"}, {"--version"}, {"inspect", "--help"}}) {
     const RunResult r = into_closed_pipe(args);

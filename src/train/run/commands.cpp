@@ -14,7 +14,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -250,7 +249,7 @@ int inspect(const std::string& path, bool json) {
       const Inspected r = inspect_file(file);
       valid += r.problem.empty();
       if (!newest && (r.problem.empty() || r.misfit)) newest = r;
-      if (json) std::cout << inspected_json(r) << "\n";
+      if (json) log::write_standard_output(inspected_json(r) + "\n");
       else print_directory_line(r);
     }
     if (!json) print_heartbeat(path);
@@ -267,7 +266,7 @@ int inspect(const std::string& path, bool json) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) usage_error("cannot read checkpoint ", path, ": ", std::strerror(errno));
   const Inspected r = inspect_file(path);
-  if (json) std::cout << inspected_json(r) << "\n";
+  if (json) log::write_standard_output(inspected_json(r) + "\n");
   else print_inspected(r);
   log::flush_standard_output();
   if (!r.problem.empty()) usage_error(r.problem);
@@ -427,8 +426,7 @@ void report_evaluation(const Evaluation& e, const EvalResult& r, const ckpt::Che
   std::snprintf(line, sizeof line, "test accuracy %.2f%%, test loss %.4f on %lld %s test samples: %s (%s at step %lld, %s)",
                 100 * r.accuracy, r.loss, static_cast<long long>(r.samples), dataset, path.c_str(),
                 c.text("model").c_str(), static_cast<long long>(step), position_text(c.meta).c_str());
-  std::cout << line << "\n";
-  log::flush_standard_output();
+  log::write_standard_output(detail::concat(line, "\n"));
   if (e.metrics)
     e.metrics->write({{"event", std::string("evaluate")},
                       {"checkpoint", path},

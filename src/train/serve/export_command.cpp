@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -172,11 +171,11 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
                 e.what());
   }
   const data::DatasetFacts& f = m.facts;
-  std::cout << "exported " << m.checkpoint.text("model") << " (" << m.path << ", step " << m.checkpoint.text("step")
-            << (o.fold_batch_norm ? ", batch norm folded" : "") << ") to " << o.output << ": ONNX opset "
-            << onnx_export::kOpset << ", " << human_size(bytes.size()) << ", input float32 N x " << f.channels << " x "
-            << f.height << " x " << f.width << " (pixel values 0..255), output logits N x " << f.classes << "\n";
-  log::flush_standard_output();
+  log::write_standard_output(detail::concat(
+      "exported ", m.checkpoint.text("model"), " (", m.path, ", step ", m.checkpoint.text("step"),
+      o.fold_batch_norm ? ", batch norm folded" : "", ") to ", o.output, ": ONNX opset ", onnx_export::kOpset, ", ",
+      human_size(bytes.size()), ", input float32 N x ", f.channels, " x ", f.height, " x ", f.width,
+      " (pixel values 0..255), output logits N x ", f.classes, "\n"));
 }
 
 }  // namespace

@@ -651,21 +651,19 @@ void clean_host_snapshots(const dist::ProcessContext& ctx, const std::string& pa
   struct stat st {};
   if (::lstat(parent.c_str(), &st) != 0) {
     HPC_REQUIRE(errno == ENOENT, "cannot read ", parent, ": ", std::strerror(errno));
-    std::printf("hpctrain: %s: no snapshots (no %s)\n", ctx.host().c_str(), parent.c_str());
+    log::write_standard_output(detail::concat("hpctrain: ", ctx.host(), ": no snapshots (no ", parent, ")\n"));
     return;
   }
   HPC_REQUIRE(S_ISDIR(st.st_mode), parent, " is not a directory");
   HPC_REQUIRE(st.st_uid == ::geteuid(), parent, " belongs to another user (uid ", st.st_uid,
               "): each user cleans their own");
   const CleanedSnapshots c = clean_snapshots(parent, what);
-  std::printf("hpctrain: %s: removed the snapshots of %d run(s), %s freed; kept %d in use and %d %s (%s) in %s\n",
-              ctx.host().c_str(), c.removed, format_bytes(static_cast<double>(c.freed_bytes)).c_str(),
-              c.kept_in_use, c.kept_young,
-              what.all || !what.run_id.empty()
-                  ? "not asked for"
-                  : detail::concat("last written within ", show_duration(what.older_than)).c_str(),
-              format_bytes(static_cast<double>(c.kept_bytes)).c_str(), parent.c_str());
-  log::flush_standard_output();
+  log::write_standard_output(detail::concat(
+      "hpctrain: ", ctx.host(), ": removed the snapshots of ", c.removed, " run(s), ",
+      format_bytes(static_cast<double>(c.freed_bytes)), " freed; kept ", c.kept_in_use, " in use and ", c.kept_young, " ",
+      what.all || !what.run_id.empty() ? std::string("not asked for")
+                                       : detail::concat("last written within ", show_duration(what.older_than)),
+      " (", format_bytes(static_cast<double>(c.kept_bytes)), ") in ", parent, "\n"));
 }
 
 }  // namespace
