@@ -471,9 +471,12 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
     note_failure();
   }
   if (keep_off_terminal(t)) return;
-  std::FILE* out = t.is_stderr ? stderr : stdout;
-  std::fprintf(out, "%s%s\n", prefix.c_str(), t.text.c_str());
-  std::fflush(out);
+  if (!t.is_stderr) {
+    job_.voice.relay_output(prefix + t.text);
+  } else {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), t.text.c_str());
+    std::fflush(stderr);
+  }
 }
 
 // The process map stays in the attempt's log (and on the terminal where --mpi-args asked for one).
@@ -483,10 +486,7 @@ bool AttemptWatcher::take_map_line(const std::string& text) {
   if (!ours) return false;
   const bool asked = std::any_of(o_.mpi_args.begin(), o_.mpi_args.end(),
                                  [](const std::string& w) { return w.find("-display-") != std::string::npos; });
-  if (asked && !o_.quiet) {
-    std::printf("%s%s\n", line_prefix(rec_.number, -1).c_str(), text.c_str());
-    std::fflush(stdout);
-  }
+  if (asked && !o_.quiet) job_.voice.relay_output(line_prefix(rec_.number, -1) + text);
   return true;
 }
 

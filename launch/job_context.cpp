@@ -16,6 +16,7 @@
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
+#include "core/log.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -65,6 +66,7 @@ void Voice::open(const std::string& log_dir) {
   if (fd >= 0) ::close(fd);
   hpcrun_log_.open(log, std::ios::app);
   HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", log_dir, ": cannot write in it");
+  log_dir_ = log_dir;
   for (const std::string& line : early_lines_) hpcrun_log_ << line << '\n';
   hpcrun_log_ << std::flush;
   early_lines_.clear();
@@ -80,6 +82,17 @@ void Voice::say(const std::string& line) {
   if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
   else early_lines_.push_back(timestamp() + " " + line);
   log_line("hpcrun: " + line);
+}
+
+void Voice::relay_output(const std::string& line) {
+  const int failed = log::write_standard_output(line + "\n");
+  if (failed == 0 || output_lost_said_) return;
+  output_lost_said_ = true;
+  const std::string kept = log_dir_.empty() ? "its logs" : (fs::path(log_dir_) / "attempt-N.log").string();
+  const std::string why = failed == EPIPE ? "is closed (its reader exited)"
+                                          : detail::concat("cannot be written (",
+                                                           failed > 0 ? std::strerror(failed) : "a write failed", ")");
+  say("warning: standard output " + why + ": the job goes on, its output kept in " + kept + " alone");
 }
 
 // Made with O_EXCL: two hpcruns on one log directory (two jobs started from one working

@@ -33,6 +33,11 @@ class Voice {
  public:
   void say(const std::string& line);
   void log_line(const std::string& line);  // the attempt's log alone
+  // A line of the job's output (mpirun's stdout) relayed to hpcrun's stdout. Where that cannot
+  // be written (`hpcrun ... > log` on a full disk, `| head` ended; SIGPIPE is ignored) the job goes
+  // on, said once: its lines are still in the attempts' logs, and a lost copy is no reason to
+  // stop a training. hpcrun's exit code stays the job's.
+  void relay_output(const std::string& line);
   // Creates the log directory and opens hpcrun.log (once; later calls do nothing).
   void open(const std::string& log_dir);
   bool opened() const { return hpcrun_log_.is_open(); }
@@ -45,6 +50,8 @@ class Voice {
 
  private:
   std::ofstream attempt_log_, hpcrun_log_;
+  std::string log_dir_;
+  bool output_lost_said_ = false;
   std::vector<std::string> early_lines_;  // said before the log directory was created
 };
 

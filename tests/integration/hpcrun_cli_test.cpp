@@ -427,6 +427,41 @@ TEST(HpcrunCli, HelpAndVersion) {
   }
 }
 
+// The job's output relayed to a standard output that cannot take it (`hpcrun ... > log` on a full
+// disk: /dev/full; `hpcrun ... | head` once head has gone: a pipe with its reader closed) went
+// without a word: the job's lines were lost and no one knew. Now said once, on stderr and in
+// hpcrun.log; the job goes on to its end, hpcrun is not killed by SIGPIPE, its exit code is the
+// job's, and the lines are in the attempt's log.
+TEST(HpcrunCli, AStandardOutputThatCannotBeWrittenIsSaidOnceAndTheJobGoesOn) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> outputs{
+      {{"/bin/sh", "-c", "exec \"$0\" \"$@\" > /dev/full"}, "cannot be written (No space left on device)"},
+      {{"/usr/bin/python3", "-c",
+        "import os, subprocess, sys\n"
+        "r, w = os.pipe()\n"
+        "os.close(r)\n"
+        "sys.exit(subprocess.call(sys.argv[1:], stdout=w))"},
+       "is closed (its reader exited)"}};
+  for (const auto& [into, why] : outputs) {
+    TempDir dir("hpcrun_stdout");
+    std::vector<std::string> argv = into;
+    for (const std::string& a : {hpcrun_binary(), std::string("--log-dir"), dir.str(), std::string("-np"),
+                                 std::string("1"), std::string("sh"), std::string("-c"),
+                                 std::string("for i in 1 2 3; do echo line $i; sleep 0.1; done")})
+      argv.push_back(a);
+    const RunResult r = run_program(argv, 60);
+    ASSERT_FALSE(r.timed_out) << why;
+    EXPECT_EQ(r.exit_code, 0) << why << ": " << r.err;
+    const std::string said = "hpcrun: warning: standard output " + why + ": the job goes on, its output kept in " +
+                             (fs::path(dir.str()) / "attempt-N.log").string() + " alone\n";
+    const size_t at = r.err.find(said);
+    EXPECT_NE(at, std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("standard output", at + said.size()), std::string::npos) << "said more than once: " << r.err;
+    EXPECT_NE(r.err.find("hpcrun: attempt 1 succeeded"), std::string::npos) << r.err;
+    EXPECT_NE(read_text(dir.file("attempt-1.log")).find("[a1:r0] line 3"), std::string::npos) << why;
+    EXPECT_NE(read_text(dir.file("hpcrun.log")).find("standard output " + why), std::string::npos) << why;
+  }
+}
+
 // A value given with -x NAME=VALUE (a token, a key), here or in --mpi-args, reaches every rank
 // but not the attempt's log, which lies beside the checkpoints on shared storage: the logged
 // mpirun command says NAME=(not logged).
