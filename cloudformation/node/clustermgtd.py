@@ -38,11 +38,14 @@ The state file's lock, which resume.py and suspend.py wait for (each for a bound
 held while Slurm and EC2 are read, nor for the calls that act (terminations, scontrol, CloudWatch):
 only to decide and to record. A node whose launch resume.py records, or suspend.py forgets,
 meanwhile (fresh_launches) is left to the next pass: its instance is no orphan, its boot not
-lost, its launch not forgotten.
+lost, its launch not forgotten. A pass waits for the lock LOCK_WAIT seconds at most: not had (a
+resume.py launching a large power-up, or hung), the pass is skipped with one line and exit code 1,
+the heartbeat written, and the next pass tries again.
 
     clustermgtd.py       (settings: HPCTRAIN_CLOUD_CONFIG, as the power-saving programs)
 """
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -53,9 +56,9 @@ from dataclasses import dataclass, field
 
 import hpc_cloud
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, NOT_IN_TIME, STATE_LOCKED,
-                       TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, aws_client, cooldown_key, ec2_client,
-                       is_own_reason, live_instances, load_config, peek_launches, scontrol, set_down, setup_logging,
-                       write_atomically)
+                       TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, StateBusy, aws_client,
+                       cooldown_key, ec2_client, is_own_reason, live_instances, load_config, peek_launches, scontrol,
+                       set_down, setup_logging, write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -75,6 +78,11 @@ LOST_BOOT = "boot failed: its instance is gone during power-up"
 # (which failed_boot does not take) and its choice cooled down, as resume.py does on a capacity error.
 RECLAIM_CODES = {"Server.SpotInstanceTermination", "Server.InsufficientInstanceCapacity"}
 RECLAIMED = "instance taken back by EC2 during power-up"
+# Seconds a pass waits for the state file's lock at most, to decide: not had by then, the pass is
+# skipped, said in one line (a resume.py launching a large power-up holds it for minutes, one hung
+# for ever), and the next pass tries again. With the reads' and calls' bounds, within the unit's
+# TimeoutStartSec (power_test).
+LOCK_WAIT = 10
 METRIC_NAMESPACE = "hpctrain"  # cluster.yaml's head-node policy allows PutMetricData in this one only
 
 
@@ -425,7 +433,13 @@ def manage(cfg):
     candidates = {n.name for n in nodes.values() if boot_lost(n, n.name in listed, None, 0, read_at)}
     gone_found = gone_instances(ec2, cfg, candidates) if candidates else {}
     zones = read_zones(ec2, cfg)
-    with State(cfg["state_file"]) as state:
+    with contextlib.ExitStack() as held:
+        try:
+            state = held.enter_context(State(cfg["state_file"], wait=LOCK_WAIT))
+        except StateBusy as e:  # (a resume.py launching a large power-up, or one hung)
+            logging.warning("pass skipped: %s; nothing decided or done (the heartbeat is written, the next pass tries "
+                            "again)", e)
+            return 1
         now = time.time()
         for key in [k for k, until in state.cooldowns.items() if until <= now]:
             del state.cooldowns[key]

@@ -328,6 +328,40 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual([line for line in said if line.endswith(" held")], [])
         self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
 
+    def test_a_state_file_held_too_long_skips_the_pass_with_one_line(self):
+        """A program that holds the state file's lock and never lets go (a resume.py hung) must not
+        stop the cluster manager: a pass waits LOCK_WAIT at most, says it skips in one line, acts on
+        nothing, writes the heartbeat (Slurm and EC2 were read), and exits 1; the next pass, the
+        lock free again, does the work. (Planted: the wait unbounded; the pass waits for the
+        release 8 s later.)"""
+        import fcntl
+        import threading
+
+        orphan, _ = self.launch("gpu-2")
+        self.slurm(("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: InternalError: x", ""),
+                   ("gpu-2", "idle+cloud+powered_down", "", ""))
+        os.makedirs(os.path.dirname(self.cfg["state_file"]), exist_ok=True)
+        with open(self.cfg["state_file"] + ".lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            release = threading.Timer(8, lambda: fcntl.flock(lock, fcntl.LOCK_UN))  # (an unbounded wait ends too)
+            release.start()
+            self.addCleanup(release.cancel)
+            start = time.monotonic()
+            with mock.patch.object(clustermgtd, "LOCK_WAIT", 0.5), mock.patch.object(sys, "argv", ["clustermgtd.py"]):
+                self.assertEqual(clustermgtd.main(), 1)
+            self.assertLess(time.monotonic() - start, 5)
+            release.cancel()
+        self.assertEqual(self.scontrol_calls(), [])
+        self.assertEqual(self.live(), {orphan})
+        self.assertAlmostEqual(self.heartbeat(), time.time(), delta=30)
+        said = [line for line in self.log().splitlines() if "pass skipped" in line]
+        self.assertEqual(said, [f"{said[0][:23]} clustermgtd: WARNING: pass skipped: the state file "
+                                f"{self.cfg['state_file']} stayed locked for 0.5 s (resume.py or the cluster manager "
+                                "holds it); nothing decided or done (the heartbeat is written, the next pass tries "
+                                "again)"] if said else ["the line"])
+        self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])
+        self.assertEqual(self.live(), set())
+
     def test_a_power_up_recorded_while_a_pass_reads_ec2_is_left_alone(self):
         """A pass reads Slurm and EC2 without the lock: resume.py may launch and record a power-up
         meanwhile. With no grace at all (orphan_grace_seconds 0), the pass neither takes the new
