@@ -40,7 +40,9 @@ only to decide and to record. A node whose launch resume.py records, or suspend.
 meanwhile (fresh_launches) is left to the next pass: its instance is no orphan, its boot not
 lost, its launch not forgotten. A pass waits for the lock LOCK_WAIT seconds at most: not had (a
 resume.py launching a large power-up, or hung), the pass is skipped with one line and exit code 1,
-the heartbeat written, and the next pass tries again.
+the heartbeat written, and the next pass tries again. Nodes set DOWN for protected mode by a pass
+stopped before it recorded them (killed, or the lock not had within RECORD_WAIT) are recorded by
+the next pass from their reason (record_protected).
 
     clustermgtd.py       (settings: HPCTRAIN_CLOUD_CONFIG, as the power-saving programs)
 """
@@ -49,6 +51,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -78,11 +81,13 @@ LOST_BOOT = "boot failed: its instance is gone during power-up"
 # (which failed_boot does not take) and its choice cooled down, as resume.py does on a capacity error.
 RECLAIM_CODES = {"Server.SpotInstanceTermination", "Server.InsufficientInstanceCapacity"}
 RECLAIMED = "instance taken back by EC2 during power-up"
-# Seconds a pass waits for the state file's lock at most, to decide: not had by then, the pass is
-# skipped, said in one line (a resume.py launching a large power-up holds it for minutes, one hung
-# for ever), and the next pass tries again. With the reads' and calls' bounds, within the unit's
+# Seconds a pass waits for the state file's lock at most: to decide (else the pass is skipped, said
+# in one line: a resume.py launching a large power-up holds it for minutes, one hung for ever, and
+# the next pass tries again), and to record the nodes it set DOWN for protected mode (else the
+# next pass records them: record_protected). With the reads' and calls' bounds, within the unit's
 # TimeoutStartSec (power_test).
 LOCK_WAIT = 10
+RECORD_WAIT = 5
 METRIC_NAMESPACE = "hpctrain"  # cluster.yaml's head-node policy allows PutMetricData in this one only
 
 
@@ -268,6 +273,27 @@ def repair(node, owned, capacity_left, protected=None, lost=None):
     if node.reason.startswith((RESUME_FAILED, OWN_REASON_PREFIX + RECLAIMED)) and not capacity_left:
         return None  # every launch choice is cooling down: resumed now, it would fail again
     return ("resume", None)
+
+
+def record_protected(state, nodes):
+    """Records in its partition's protected mode each node that Slurm has DOWN for it (reason
+    PROTECTED_PREFIX) and the record lacks: a pass stopped (killed, the state file's lock not had)
+    between its scontrol and the hold that records the node. Unrecorded, an operator's resume of
+    that node would not end protected mode, and the node would be set DOWN again. Returns what
+    happened."""
+    lines = []
+    for node in sorted(nodes.values(), key=lambda n: n.name):
+        if not (node.has("DOWN") and node.reason.startswith(PROTECTED_PREFIX)):
+            continue
+        named = re.search(r" in partition (\S+?), see ", node.reason)  # (apply's reason; cut at 200 characters)
+        partition = named.group(1) if named else None
+        if partition not in state.protected or partition not in node.partitions:
+            partition = protected_partition(state, node)
+        if partition is not None and node.name not in state.protected[partition]["nodes"]:
+            state.protected[partition]["nodes"].append(node.name)
+            lines.append(f"{node.name}: recorded as set DOWN for protected mode of {partition} (by a pass stopped "
+                         "before it recorded it)")
+    return lines
 
 
 def leave_protected_mode(state, nodes):
@@ -461,6 +487,7 @@ def manage(cfg):
                 cool_down(cfg, state, key)
             actions.append(f"{name}: not a failed boot: {why}; {key} cooling down")
         lost_boots = {name: OWN_REASON_PREFIX + why for name, why in gone.items() if name not in reclaimed}
+        actions += record_protected(state, nodes)
         left, lines = leave_protected_mode(state, nodes)
         changed, counted = count_boots(state, nodes, lost_boots, fresh)
         actions += lines + counted
@@ -479,6 +506,11 @@ def manage(cfg):
                     action = ("protect", (partition, state.boot_failures.get(partition, 0)))
                 todo.append((node, action))
         metrics = metric_data(cfg, state, left | changed | entered)
+    # Said first: a pass stopped while it acts (killed) would otherwise leave protected mode
+    # entered in the state file and never said (the next pass finds nothing changed).
+    put_metrics(cfg, metrics)
+    for a in alerts:
+        logging.error("%s", a)
     # Not holding the lock: EC2's and Slurm's calls, as slow as they are. A power-up that resume.py
     # records meanwhile finds the orphans' launches forgotten (above): their instances, which it
     # would take for earlier power-ups' too, are terminated by whichever comes first.
@@ -492,15 +524,16 @@ def manage(cfg):
         actions.append(f"{node.name}: {action[0]} (was {'+'.join(sorted(node.states)).lower()}"
                        f"{', ' + node.reason if node.reason else ''})")
     if protected:  # the nodes set DOWN for protected mode: an operator resuming one of them ends it
-        with State(cfg["state_file"]) as state:
-            for partition, name in protected:
-                if partition in state.protected:
-                    state.protected[partition]["nodes"].append(name)
-    put_metrics(cfg, metrics)
+        try:
+            with State(cfg["state_file"], wait=RECORD_WAIT) as state:
+                for partition, name in protected:
+                    if partition in state.protected and name not in state.protected[partition]["nodes"]:
+                        state.protected[partition]["nodes"].append(name)
+        except StateBusy as e:
+            actions.append(f"{','.join(name for _, name in protected)}: set DOWN for protected mode, not yet recorded:"
+                           f" {e}; the next pass records them from their reason")
     for a in actions:
         logging.info("%s", a)
-    for a in alerts:
-        logging.error("%s", a)
     if not actions:
         logging.info("nothing to do: %d nodes, %d instances", len(nodes), len(instances))
     return 0 if beating else 1
