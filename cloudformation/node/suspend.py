@@ -9,7 +9,10 @@ again SuspendTimeout after it asked for the power-down, and this program may sti
 for EC2 (throttled, retried) then. A resume.py that comes first launches the node a new instance
 (suspending() tells it not to take the old one for its own) and records the launch; a node
 launched after this program was asked is left alone, its new instance and address kept. One that
-comes after finds the node's launch forgotten and its old instance going.
+comes after finds the node's launch forgotten and its old instance going. The launches are marked
+to be forgotten (hpc_cloud.mark_forgotten) before anything else: this program killed midway, a
+resume.py that comes later still launches anew, rather than take the old instance, left
+running or going, for a retry of its launch.
 
 The lock is waited for LOCK_WAIT seconds at most (resume.py may hold it for minutes, a cluster
 manager pass too), so that the whole run stays within SuspendTimeout. Not had by then, the nodes
@@ -57,19 +60,37 @@ def suspend(cfg, nodes):
     reset), and the instances left are the cluster manager's to terminate as orphans."""
     asked, start = time.time(), time.monotonic()
     with suspending(cfg["state_file"]), contextlib.ExitStack() as held:
+        marked = mark_first(cfg, nodes, asked)
         try:
             state = held.enter_context(State(cfg["state_file"], wait=LOCK_WAIT))
         except StateBusy as e:
-            return leave_to_the_cluster_manager(cfg, nodes, asked, e)
+            return leave_to_the_cluster_manager(cfg, nodes, asked, e, marked)
         resumed = [n for n in nodes if state.launches.get(n, {}).get("at", 0) > asked]
         for node in resumed:
             logging.info("%s: powered up again since the power-down was asked: its new instance is kept", node)
         return power_down(cfg, state, [n for n in nodes if n not in resumed], ec2_deadline(time.monotonic() - start))
 
 
-def leave_to_the_cluster_manager(cfg, nodes, asked, why):
+def mark_first(cfg, nodes, asked):
+    """Marks the launches of `nodes` to be forgotten (hpc_cloud.mark_forgotten) before anything is
+    done: this run killed before it forgets them (SIGKILL, slurmctld's restart killing its
+    children), Slurm has the nodes powered down all the same, and a resume.py that came before the
+    cluster manager's next pass would take the old instance, going or not, for a retry of its
+    launch; the mark makes that a new launch, the old instance terminated. Applied (and removed)
+    by this run's own hold of the lock when it gets that far. Whether it was written: one that
+    cannot be (a full disk) is said, and the run goes on."""
+    try:
+        mark_forgotten(cfg["state_file"], nodes, asked)
+        return True
+    except OSError as e:
+        logging.warning("%s: launches not marked to be forgotten before the power-down: %s", ",".join(nodes), e)
+        return False
+
+
+def leave_to_the_cluster_manager(cfg, nodes, asked, why, marked=False):
     """The state file's lock not had in time: the nodes powered down without EC2 (see the top)."""
-    mark_forgotten(cfg["state_file"], nodes, asked)  # (still suspending(): resume.py takes no record for a retry)
+    if not marked:  # (still suspending(): resume.py takes no record for a retry)
+        mark_forgotten(cfg["state_file"], nodes, asked)
     logging.error("%s: instances not terminated: %s; the cluster manager terminates them as orphans once the "
                   "nodes are powered down", ",".join(nodes), why)
     reset_addresses(nodes)

@@ -921,12 +921,59 @@ class AwsBehaviour(AwsHooks):
         first = self.live()["gpu-1"]["InstanceId"]
         self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertEqual(self.live()["gpu-1"]["InstanceId"], first)
+        # A mark that cannot be written (a full disk) is said, and the power-down goes on.
+        with mock.patch.object(suspend, "mark_forgotten", side_effect=OSError(28, "No space left on device")), \
+                self.assertLogs(level="WARNING") as logs:
+            self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(logs.output, ["WARNING:root:gpu-1: launches not marked to be forgotten before the power-down: "
+                                       "[Errno 28] No space left on device"])
+        self.assertEqual(self.live(), {})
+        self.assertNotIn("gpu-1", self.state()["launches"])
         with hpc_cloud.suspending(self.cfg["state_file"]):
             self.assertTrue(hpc_cloud.suspend_running(self.cfg["state_file"]))
             self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertFalse(hpc_cloud.suspend_running(self.cfg["state_file"]))
         self.assert_powered_up_anew(first)
 
+
+    def test_a_power_up_after_a_suspend_killed_midway_gets_a_new_instance(self):
+        """suspend.py killed (SIGKILL: a restart of slurmctld kills its children) after Slurm asked
+        for the power-down, before it terminated the instance or forgot the launch: Slurm has the
+        node powered down all the same, the launch record is left, and no suspend.py runs. The next
+        power-up must not take the old instance for a retry (an earlier power-up's, perhaps going;
+        a cluster manager pass that read the node powered down terminates it as an orphan under
+        the new job): it is terminated and the node launched anew, as ParallelCluster does.
+        (Planted: the launches not marked before the lock is taken: 'already has'.)"""
+        class Killed(BaseException):
+            """As SIGKILL: nothing after it runs."""
+
+        class KilledWaiting(hpc_cloud.State):
+            def __enter__(self):
+                raise Killed
+
+        def killed_terminating(op, params):
+            if op == "TerminateInstances":
+                raise Killed
+        for where, kill in (("waiting for the state file", mock.patch.object(suspend, "State", KilledWaiting)),
+                            ("terminating", self.hooked(before=killed_terminating))):
+            with self.subTest(where):
+                self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+                old = self.live()["gpu-1"]["InstanceId"]
+                with kill, self.assertRaises(Killed):
+                    suspend.suspend(self.cfg, ["gpu-1"])
+                self.assertEqual(self.live()["gpu-1"]["InstanceId"], old)
+                self.assertIn("gpu-1", self.state()["launches"])  # not forgotten: marked
+                self.assertFalse(hpc_cloud.suspend_running(self.cfg["state_file"]))
+                self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+                self.assert_powered_up_anew(old)
+                self.assertEqual(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"])), [])
+        # A suspend.py that ends leaves no mark, and a retry of the next power-up keeps its instance.
+        self.assertEqual(suspend.suspend(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"])), [])
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        first = self.live()["gpu-1"]["InstanceId"]
+        self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
+        self.assertEqual(self.live()["gpu-1"]["InstanceId"], first)
 
 class LaunchCheck(AwsHooks):
     """launch_check.py, the head node's bootstrap asking EC2 whether it may launch each choice
