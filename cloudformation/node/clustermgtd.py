@@ -13,7 +13,8 @@ second pass started while one runs exits at once):
      (a node that is powered down, a node Slurm does not have, a second instance for a node
      registered at another address), once older than orphan_grace_seconds;
   4. sets down a powered-up node whose instance has gone (a spot reclaim), so that its jobs are
-     requeued now instead of after SlurmdTimeout;
+     requeued now instead of after SlurmdTimeout (Slurm read again just before: a node that
+     suspend.py powered down meanwhile is left alone);
   5. returns to service the nodes this cluster left down or drained (reasons starting
      "hpctrain: ", and Slurm's own for a failed cloud node, such as "Not responding"): one that
      still has jobs is left to finish them; one without is powered down (suspend.py terminates
@@ -385,6 +386,33 @@ def protected_partition(state, node):
     return next((p for p in sorted(node.partitions) if p in state.protected), None)
 
 
+def still_gone(todo):
+    """repair's actions (`todo`: [(node, action)]) less each "down" (instance gone) whose node Slurm,
+    read again just before it, no longer has powered up as it was read (powering down or down,
+    its address reset): suspend.py powered it down meanwhile, its instance terminated after Slurm
+    was read and before EC2 was (a node whose launch is not in the state file: fresh_launches
+    cannot tell). Set down, it would be out of service a pass longer. Returns them, and what
+    happened; with Slurm not read again, the downs are left to the next pass."""
+    downs = sorted(node.name for node, (what, _) in todo if what == "down")
+    if not downs:
+        return todo, []
+    try:
+        again = slurm_nodes()
+    except RuntimeError as e:
+        return ([(node, action) for node, action in todo if action[0] != "down"],
+                [f"{','.join(downs)}: instance gone, not set down yet: Slurm not read again ({e})"])
+    kept, lines = [], []
+    for node, action in todo:
+        now = again.get(node.name)
+        if action[0] == "down" and (now is None or now.powered_down or now.in_transition or now.failed
+                                    or now.addr != node.addr):
+            state = "+".join(sorted(now.states)).lower() if now else "no such node"
+            lines.append(f"{node.name}: instance gone, not set down: Slurm has it {state} now (powered down meanwhile)")
+            continue
+        kept.append((node, action))
+    return kept, lines
+
+
 def apply(node, action):
     """Carries out repair's `action` on `node` (scontrol, not holding the state file's lock);
     whether Slurm took it."""
@@ -517,6 +545,8 @@ def manage(cfg):
     if lost:
         ec2.terminate_instances(InstanceIds=[inst["id"] for inst, _ in lost])
         actions[cooled:cooled] = [f"{inst['node']}: terminated orphan {inst['id']} ({why})" for inst, why in lost]
+    todo, lines = still_gone(todo)
+    actions += lines
     protected = []
     for node, action in todo:
         if apply(node, action) and action[0] == "protect":

@@ -402,6 +402,39 @@ class ClusterManager(unittest.TestCase):
         self.assertIn("update nodename=gpu-1 state=power_down_force", self.run_pass())
         self.assertEqual(self.state()["boot_failures"], {"gpu": 1})
 
+    def test_a_node_powered_down_while_a_pass_reads_ec2_is_not_set_down(self):
+        """A node without a launch record (the state file lost it: damaged, started afresh), powered
+        down by suspend.py after the pass read Slurm and before it read EC2: its instance gone, it
+        is not taken for a spot reclaim and set down (out of service a pass longer): Slurm, read
+        again before a node is set down, has it powering down. A node whose instance EC2 took is
+        set down all the same. (Planted: still_gone not called: gpu-4 is set down.)"""
+        four, four_ip = self.launch("gpu-4")
+        five, five_ip = self.launch("gpu-5")
+        self.ec2.terminate_instances(InstanceIds=[five])  # a spot reclaim
+        self.slurm(("gpu-4", "idle+cloud", "", four_ip), ("gpu-5", "allocated+cloud", "", five_ip))
+        done = []
+
+        def before(operation, params):  # as suspend.py, while the pass reads EC2's instances
+            if operation == "DescribeInstances" and not done:
+                done.append(operation)
+                self.ec2.terminate_instances(InstanceIds=[four])
+                self.slurm(("gpu-4", "idle+cloud+powering_down", "", ""), ("gpu-5", "allocated+cloud", "", five_ip))
+        with self.hooked_aws(before):
+            calls = self.run_pass()
+        self.assertEqual(calls, ["update nodename=gpu-5 state=down reason=hpctrain: instance gone"])
+        self.assertIn("gpu-4: instance gone, not set down: Slurm has it cloud+idle+powering_down now (powered down "
+                      "meanwhile)", self.log())
+        # Slurm not read again: the downs wait for the next pass, said in one line.
+        self.slurm(("gpu-5", "allocated+cloud", "", five_ip))
+        sinfo = f"cat {self.sinfo_out}"
+        self.fake("sinfo", f'if [ -e {self.tmp.name}/read ]; then echo "slurmctld gone" >&2; exit 1; fi; '
+                           f"touch {self.tmp.name}/read; {sinfo}")
+        self.assertEqual(self.run_pass(), [])
+        self.assertIn("gpu-5: instance gone, not set down yet: Slurm not read again (sinfo failed (1): slurmctld gone)",
+                      self.log())
+        self.fake("sinfo", sinfo)
+        self.assertEqual(self.run_pass(), ["update nodename=gpu-5 state=down reason=hpctrain: instance gone"])
+
     def test_subnets_that_cannot_be_read_keep_only_capacity_downs_waiting(self):
         """DescribeSubnets refused (read before the lock, to tell which choices are cooling down):
         said in one warning; the orphan is terminated and the other nodes repaired all the same,
