@@ -677,8 +677,8 @@ class ClusterManager(unittest.TestCase):
                     mock.patch.object(clustermgtd, "RECORD_WAIT", 0.3):
                 self.assertEqual(len([c for c in self.trip(10) if self.REASON in c]), 10)
             self.assertEqual(holds, [clustermgtd.LOCK_WAIT, 0.3])
-        self.assertIn(f"gpu-1,gpu-2,gpu-3,gpu-5,gpu-6,gpu-7,gpu-9,gpu-10,gpu-11,gpu-12: set DOWN for protected mode, not"
-                      f" yet recorded: the state file {self.cfg['state_file']} stayed locked for 0.3 s", self.log())
+        self.assertIn("gpu-1,gpu-2,gpu-3,gpu-5,gpu-6,gpu-7,gpu-9,gpu-10,gpu-11,gpu-12: set DOWN for protected mode,"
+                      f" not yet recorded: the state file {self.cfg['state_file']} stayed locked for 0.3 s", self.log())
         self.assertEqual(self.state()["protected"]["gpu"]["nodes"], [])
         self.nodes([protected] * 12)
         self.assertEqual(self.run_pass(), [])
