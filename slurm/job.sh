@@ -468,6 +468,14 @@ job_run_trainer() {
       # MPI) leaves them waiting in a collective: at start-up no watchdog of hpctrain's runs yet,
       # and the job would sit to its time limit. srun ends them SRUN_WAIT seconds after the first
       # task ended; the ranks of a run that ends well leave MPI together, long before.
+      # (A requeued run's step has the old run's job and step ids, so its ranks have the old
+      # ranks' Open MPI job name, which two local clusters once shared: tests/slurm/two_clusters.sh.
+      # No per-run TCP port range is set against it, which would override a site's own. An old
+      # rank that survives the requeue (on a node Slurm could not reach) loses its connections
+      # when Slurm kills its peers, and Open MPI ends it; it could reach a new rank only by a first
+      # connection to a peer it had never met (Open MPI connects on first use), made before it
+      # learns its peers are gone; and a node cut off for SlurmdTimeout has seen TCP give up
+      # such a connection long before.)
       launch=(srun --mpi=pmix --wait="$((10#${SRUN_WAIT:-60}))" "${cpus[@]}")
       ;;
     mpirun)
