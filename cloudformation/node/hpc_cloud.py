@@ -78,8 +78,9 @@ NO_ANSWER = "no answer from EC2"
 CANNOT_CALL = "cannot call EC2"
 # The reasons that say nothing of a node or its boot, only that EC2 was not had: not a failed boot.
 EC2_NOT_HAD = (NO_ANSWER, CANNOT_CALL)
-# resume.py's reason when the state file stayed locked (a cluster manager pass held it) for longer
-# than its nodes' ResumeTimeout allows: nothing of the node's either.
+# resume.py's reason when the state file stayed locked (another resume.py launching, suspend.py or a
+# cluster manager pass held it) for longer than its nodes' ResumeTimeout allows: nothing of the
+# node's either.
 STATE_LOCKED = "the state file stayed locked"
 # resume.py's reason for a node whose launch was not started within its share of ResumeTimeout
 # (LAUNCH_SHARE), the launches before it slow (EC2 throttling them, each with its client's tries):

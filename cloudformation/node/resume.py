@@ -378,7 +378,9 @@ def forget_launches(cfg, nodes):
 
 def locked_out(cfg, nodes, start):
     """The state file's lock not had within lock_wait: every node set down at once (see LOCK_SHARE)."""
-    reason = f"{STATE_LOCKED} for {time.monotonic() - start:.0f} s (a cluster manager pass held it)"
+    # (Past LOCK_WAIT_MIN, a resume.py launching for minutes, above all: a pass holds it only to decide.)
+    reason = (f"{STATE_LOCKED} for {time.monotonic() - start:.0f} s (held by another resume.py, suspend.py or a "
+              "cluster manager pass)")
     logging.error("%s: not launched: %s; this program waits for it until a third of ResumeTimeout (%g s) has "
                   "passed", ",".join(nodes), reason, cfg["resume_timeout_seconds"])
     for node in nodes:

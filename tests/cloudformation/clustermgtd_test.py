@@ -576,8 +576,8 @@ class ClusterManager(unittest.TestCase):
                                                 "to locate credentials"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: cannot call EC2: ProfileNotFound: The config "
                                                 "profile (x) could not be found"),
-                    ("down+cloud+powered_down", "hpctrain: resume failed: the state file stayed locked for 100 s (a "
-                                                "cluster manager pass held it)"),
+                    ("down+cloud+powered_down", "hpctrain: resume failed: the state file stayed locked for 100 s (held "
+                                                "by another resume.py, suspend.py or a cluster manager pass)"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: not launched in time: 180 s of "
                                                 "ResumeTimeout's 300 s spent before it (EC2 slow or throttled)"),
                     ("down+cloud+powered_down", "hpctrain: resume failed: no capacity: every instance type, ..."),

@@ -807,10 +807,12 @@ class AwsBehaviour(AwsHooks):
         self.assertEqual(os.listdir(hpc_cloud.forget_marks_dir(self.cfg["state_file"])), [])  # applied, removed
 
     def test_a_state_file_locked_past_its_share_of_resume_timeout_sets_the_nodes_down(self):
-        """A cluster manager pass holding the state file's lock (for minutes with EC2 or slurmctld slow):
-        resume.py waits a third of ResumeTimeout (cloud.json's resume_timeout_seconds), then sets
-        its nodes down at once with a reason no failed-boot count takes (clustermgtd_test), rather
-        than launch them too late to boot, or leave them powering up until ResumeTimeout."""
+        """Another program holding the state file's lock (a resume.py launching a large power-up, for
+        minutes where EC2 throttles it; the reason names no cluster manager pass alone, which holds
+        it only to decide): resume.py waits a third of ResumeTimeout (cloud.json's
+        resume_timeout_seconds), then sets its nodes down at once with a reason no failed-boot count
+        takes (clustermgtd_test), rather than launch them too late to boot, or leave them powering up
+        until ResumeTimeout."""
         import fcntl
 
         os.makedirs(os.path.dirname(self.cfg["state_file"]), exist_ok=True)
@@ -826,14 +828,15 @@ class AwsBehaviour(AwsHooks):
             self.assertEqual(resume.resume(cfg, ["gpu-1", "gpu-2"]), 1)
         self.assertLess(time.monotonic() - start, 5)
         self.assertEqual(self.live(), {})
-        self.assertRegex(logs.output[-1], r"gpu-1,gpu-2: not launched: the state file stayed locked for [12] s \(a cluster "
-                                          r"manager pass held it\); this program waits for it until a third of "
-                                          r"ResumeTimeout \(3 s\) has passed")
+        self.assertRegex(logs.output[-1], r"gpu-1,gpu-2: not launched: the state file stayed locked for [12] s \(held "
+                                          r"by another resume.py, suspend.py or a cluster manager pass\); this program "
+                                          r"waits for it until a third of ResumeTimeout \(3 s\) has passed")
         downs = [c for c in self.scontrol_calls() if "state=down" in c]
         self.assertEqual(len(downs), 2, downs)
         for n, call in zip(("gpu-1", "gpu-2"), downs):
             self.assertRegex(call, rf"^update nodename={n} state=down reason=hpctrain: resume failed: the state file "
-                                   r"stayed locked for [12] s \(a cluster manager pass held it\)$")
+                                   r"stayed locked for [12] s \(held by another resume.py, suspend.py or a cluster "
+                                   r"manager pass\)$")
         # However long EC2 took to be read before it, the lock is waited for a little.
         self.assertEqual(resume.lock_wait(cfg, time.monotonic() - 100), resume.LOCK_WAIT_MIN)
 
