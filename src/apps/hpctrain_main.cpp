@@ -15,6 +15,7 @@
 #include "core/crash.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/standard_streams.hpp"
 #include "dist/agree.hpp"
 #include "dist/process.hpp"
 #include "train/options/options.hpp"
@@ -124,6 +125,8 @@ void raise_open_file_limit() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any file is opened: a closed standard output's number is no file's of this run.
+  hpc::hold_closed_standard_streams();
   raise_open_file_limit();
   // A closed standard output (its reader gone: `| head`, a dead tee) fails the write, said once
   // (core/log.cpp), instead of killing a training in the middle of a step or a checkpoint write

@@ -1198,6 +1198,32 @@ TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
   }
 }
 
+// A standard output or error closed at the start (`>&-`, `2>&-`): the first file hpctrain opened
+// took its number, and what was printed there went into that file: evaluate's result line (exit
+// 0) or its warning into its --metrics-file, which the next evaluate then refused as no JSON
+// Lines; a training's progress lines and warnings into the checkpoint directory's lock. Now a
+// result is one line, exit 2, as for any standard output that cannot take it, a warning is lost,
+// and the metrics file holds its events alone.
+TEST_F(CliCheckpoint, AClosedStandardStreamIsNoFilesNumber) {
+  const std::string metrics = work_.file("closed.jsonl");
+  // (mnist: a warning on stderr, as the model takes its images and classes)
+  const auto evaluate = [&](const std::string& redirect, const std::string& dataset) {
+    std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirect};
+    for (const std::string& a : hpctrain_argv({"evaluate", "--checkpoint", dir_, "--dataset", dataset, "--data-dir",
+                                               data_.str(), "--threads", "1", "--metrics-file", metrics}))
+      argv.push_back(a);
+    return run_program(argv, kDeadline);
+  };
+  expect_usage_error(evaluate(">&-", "fashion-mnist"), {"cannot write the results to standard output: Bad file "
+                                                         "descriptor"});
+  const RunResult no_stderr = evaluate("2>&-", "mnist");
+  EXPECT_EQ(no_stderr.exit_code, 0);
+  EXPECT_NE(no_stderr.out.find("test accuracy"), std::string::npos) << no_stderr.out;
+  const std::vector<std::string> lines = lines_of(read_text(metrics));
+  EXPECT_EQ(lines.size(), 2u) << read_text(metrics);
+  for (const std::string& line : lines) EXPECT_EQ(line.rfind("{\"event\":\"evaluate\"", 0), 0u) << line;
+}
+
 // evaluate on another dataset than the checkpoint's: one warning where the model takes its
 // images and classes (MNIST for Fashion-MNIST), refused where it cannot.
 TEST_F(CliCheckpoint, EvaluateOnAnotherDataset) {
