@@ -91,12 +91,13 @@ void write(Level lvl, const std::string& line) {
   int failed = 0;
   if (out == stdout) failed = flush_standard_output();
   else std::fflush(out);
-  // Standard output's reader gone (`hpctrain ... | head`; SIGPIPE is ignored): the run goes on,
-  // said once, rather than dying unannounced in the middle of a step or a checkpoint. Any other
-  // failure (`> file` on a full disk) is said too where the lines are a training's progress; a
-  // command's results are checked at its end instead (require_standard_output_written).
+  // A training's progress lines that cannot be written, its reader gone (`hpctrain ... | head`;
+  // SIGPIPE is ignored) or `> file` on a full disk: the run goes on, said once, rather than dying
+  // unannounced in the middle of a step or a checkpoint. A command's lines (clean-snapshots'
+  // "removed ...") are not: its results are checked at its end (require_standard_output_written),
+  // its one error line; a warning before it spoke of a run and its progress lines that it has not.
   static bool said = false;
-  if (failed != 0 && !said && (failed == EPIPE || g_progress_output)) {
+  if (failed != 0 && !said && g_progress_output) {
     said = true;
     const std::string name = prefix.substr(0, prefix.find(':'));
     if (failed == EPIPE)

@@ -1190,6 +1190,12 @@ TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
   expect_usage_error(into_closed_pipe({"inspect", file_}), {"cannot write the results to standard output: Broken pipe"});
   expect_usage_error(into_closed_pipe({"inspect", many.str(), "--json"}),
                      {"cannot write the results to standard output: Broken pipe"});
+  // A command's lines before its results (clean-snapshots' "kept ...") met the closed pipe first:
+  // a training's warning ("the run goes on without its progress lines") came before the error.
+  fs::create_directory(snapshots.file("0123456789abcdef"));
+  write_text(snapshots.file("0123456789abcdef/notes.txt"), "not a snapshot\n");
+  expect_usage_error(into_closed_pipe({"clean-snapshots", "--snapshot-dir", snapshots.str(), "--all"}),
+                     {"cannot write the results to standard output: Broken pipe"});
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"--help"}, {"--version"}, {"inspect", "--help"}}) {
     const RunResult r = into_closed_pipe(args);
