@@ -17,7 +17,7 @@ a JSON file that the head node's bootstrap writes (HPCTRAIN_CLOUD_CONFIG, defaul
    "security_group_ids": ["sg-..."], "efa": false,
    "market": "spot" | "on-demand", "spot_fallback": true,
    "capacity_cooldown_seconds": 600, "orphan_grace_seconds": 300,
-   "resume_timeout_seconds": 300             slurm.conf's ResumeTimeout (default: the least the stack takes),
+   "resume_timeout_seconds": 300             slurm.conf's ResumeTimeout (default, and the least: the stack's least),
    "protected_failure_count": 10             failed boots in a row that stop a partition (0: never),
    "controller": "HOST" (default: this host's name),
    "state_file": "/var/lib/hpctrain/cloud-state.json",
@@ -99,6 +99,10 @@ JOB_CANNOT_START = "its job cannot start"
 SPOT_REFUSED_ERRORS = {
     "AuthFailure.ServiceLinkedRoleCreationNotPermitted",
 }
+# The shortest ResumeTimeout the stack takes (cluster.yaml's ResumeTimeoutSeconds: MinValue), in
+# which resume.py must have set every node it could not launch down; cloud.json's
+# resume_timeout_seconds may be no less.
+RESUME_TIMEOUT_MIN = 300
 # Seconds a Slurm command (sinfo, scontrol) may take before it is killed: resume.py runs some
 # holding the state file's lock, and a hung slurmctld must not hold every other program behind it
 # for ever (nor a cluster manager pass past its unit's timeout).
@@ -163,13 +167,16 @@ def load_config(path=None):
     market = cfg.setdefault("market", "on-demand")
     if not isinstance(market, str) or market not in ("spot", "on-demand"):
         raise ConfigError(f"{path}: 'market' must be 'spot' or 'on-demand', not {market!r}")
-    # Seconds, each with the least it may be: a timeout of 0 would give up at once.
-    for key, default, zero_allowed in (("capacity_cooldown_seconds", 600, True), ("orphan_grace_seconds", 300, True),
-                                       ("resume_timeout_seconds", 300, False)):
+    # Seconds, each with the least it may be. ResumeTimeout: the stack's least (cluster.yaml's
+    # MinValue), within which resume.py's launches are planned (resume.launch_budget: a launch is
+    # started only while EC2's worst case, 170 s, still ends within it); under 170 s no node was ever
+    # launched, each set down as "not launched in time: 0 s ... spent (EC2 slow or throttled)".
+    for key, default, least in (("capacity_cooldown_seconds", 600, 0), ("orphan_grace_seconds", 300, 0),
+                                ("resume_timeout_seconds", 300, RESUME_TIMEOUT_MIN)):
         value = cfg.setdefault(key, default)
-        if not _number(value) or not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
-            least = "0 or more" if zero_allowed else "more than 0"
-            raise ConfigError(f"{path}: '{key}' must be a number of seconds, {least}, not {value!r}")
+        if not _number(value) or not math.isfinite(value) or value < least:
+            why = " (cluster.yaml's least ResumeTimeoutSeconds, which resume.py plans its launches in)" if least else ""
+            raise ConfigError(f"{path}: '{key}' must be a number of seconds, {least} or more{why}, not {value!r}")
     count = cfg.setdefault("protected_failure_count", 10)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ConfigError(f"{path}: 'protected_failure_count' must be a whole number, 0 or more, not {count!r}")

@@ -59,9 +59,6 @@ from hpc_cloud import (CANNOT_CALL, CAPACITY_ERRORS, CLUSTER_TAG, CONTROLLER_TAG
 TAGGED_RESOURCES = ("instance", "volume", "network-interface")
 # How long a new instance may take to get a private address that Slurm is told (seconds).
 ADDRESS_TIMEOUT = 120
-# The shortest ResumeTimeout the stack takes (cluster.yaml's ResumeTimeoutSeconds: MinValue), in
-# which resume.py must have set every node it could not launch down.
-RESUME_TIMEOUT_MIN = 300
 # The share of ResumeTimeout (cloud.json's resume_timeout_seconds, as slurm.conf's) that this
 # program may spend, from its start, before it holds the state file's lock: another resume.py holds
 # it while it launches (minutes where EC2 throttles a large power-up), a cluster manager pass only
@@ -87,7 +84,7 @@ FORGET_WAIT = 10
 # Seconds an EC2 call may try (hpc_cloud.aws_client): long enough to ride out throttling of a
 # burst of power-ups. An endpoint that never answers fails the first call within
 # aws_worst_case(120) = 170 s and every later one at once, each node then set down with
-# "resume failed: no answer from EC2: ...", well within RESUME_TIMEOUT_MIN.
+# "resume failed: no answer from EC2: ...", well within hpc_cloud.RESUME_TIMEOUT_MIN.
 EC2_DEADLINE = 120
 
 

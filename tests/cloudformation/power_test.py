@@ -1203,7 +1203,7 @@ class SilentEndpoint(unittest.TestCase):
         with open(os.path.join(NODE_DIR, "..", "cluster.yaml"), encoding="utf-8") as f:
             text = f.read()
         min_resume = int(text.split("  ResumeTimeoutSeconds:")[1].split("MinValue:")[1].split()[0])
-        self.assertEqual(min_resume, resume.RESUME_TIMEOUT_MIN)
+        self.assertEqual(min_resume, hpc_cloud.RESUME_TIMEOUT_MIN)
         self.assertLess(hpc_cloud.aws_worst_case(resume.EC2_DEADLINE) + 60, min_resume)
         # A launch is started only while it can end within ResumeTimeout, and after the longest wait
         # for the state file's lock some time is left for the launches.
@@ -1289,9 +1289,13 @@ class BadInput(unittest.TestCase):
             ("state_file", {"path": "/x"}, "'state_file' must be a non-empty string"),
             ("state_file", "", "'state_file' must be a non-empty string"),
             ("heartbeat_file", 1, "'heartbeat_file' must be a non-empty string"),
-            ("resume_timeout_seconds", 0, "'resume_timeout_seconds' must be a number of seconds, more than 0, not 0"),
+            ("resume_timeout_seconds", 0, "'resume_timeout_seconds' must be a number of seconds, 300 or more"),
+            # (less than EC2's worst case: every node was set down as "not launched in time", none launched)
+            ("resume_timeout_seconds", 120, "'resume_timeout_seconds' must be a number of seconds, 300 or more "
+                                            "(cluster.yaml's least ResumeTimeoutSeconds, which resume.py plans its "
+                                            "launches in), not 120"),
             ("resume_timeout_seconds", "1800", "'resume_timeout_seconds' must be a number of seconds"),
-            ("resume_timeout_seconds", -5, "'resume_timeout_seconds' must be a number of seconds, more than 0, not -5"),
+            ("resume_timeout_seconds", -5, "'resume_timeout_seconds' must be a number of seconds, 300 or more"),
             ("resume_timeout_seconds", float("inf"), "'resume_timeout_seconds' must be a number of seconds"),
             ("log_file", False, "'log_file' must be a non-empty string"),
         ]
