@@ -244,8 +244,11 @@ bool make_directories(const std::string& dir, mode_t mode, std::error_code& ec) 
       return false;
     }
     if (errno == ENOENT && ::mkdir(prefix.c_str(), mode) == 0) continue;
-    if (errno == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;  // made meanwhile
-    ec = std::error_code(errno == EEXIST ? ENOTDIR : errno, std::generic_category());
+    // mkdir's (or stat's) errno, before the stat below replaces it: EEXIST where stat found nothing
+    // is a link to nothing, no directory ("No such file or directory" it said, of a part that is there).
+    const int err = errno;
+    if (err == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;  // made meanwhile
+    ec = std::error_code(err == EEXIST ? ENOTDIR : err, std::generic_category());
     return false;
   }
   return true;

@@ -818,6 +818,12 @@ TEST_F(FileIdentityTest, MakeDirectoriesGivesEachPartTheModeAndFollowsTheWritten
   EXPECT_FALSE(make_directories(at("x/y"), 0755, ec));
   EXPECT_EQ(ec, std::make_error_code(std::errc::not_a_directory));
   EXPECT_FALSE(fs::exists(at("x/y")));
+  // A link to nothing on the way is no directory either: mkdir's EEXIST, not the ENOENT of the
+  // stat that looked again (a part that is there, said to be missing).
+  fs::create_symlink(at("nowhere"), at("dangling"));
+  EXPECT_FALSE(make_directories(at("dangling/y"), 0755, ec));
+  EXPECT_EQ(ec, std::make_error_code(std::errc::not_a_directory)) << ec.message();
+  EXPECT_FALSE(fs::exists(at("nowhere")));
 }
 
 // An output's path in a sticky folder every user may write to (/tmp): a link, file or FIFO there
