@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
+#include "core/standard_streams.hpp"
 #include "data/pack.hpp"
 
 namespace po = boost::program_options;
@@ -204,6 +205,7 @@ int pack(const Command& c, bool tty) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hpc::hold_closed_standard_streams();  // before any file is opened, as hpctrain's main
   Command c;
   c.o.threads = hpc::cpus::usable();  // the CPUs this process may use, not the host's
   c.seed = std::to_string(c.o.seed);

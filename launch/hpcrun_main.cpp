@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/standard_streams.hpp"
 #include "options.hpp"
 #include "rank_report.hpp"
 #include "supervisor.hpp"
@@ -22,6 +23,7 @@ void block_early(int argc, char** argv, char**) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hpc::hold_closed_standard_streams();  // before any file is opened, as hpctrain's main
   if (argc > 1 && std::strcmp(argv[1], "--rank-exec") == 0) return hpc::launch::rank_exec_main(argc - 2, argv + 2);
   try {
     std::optional<hpc::launch::LaunchOptions> options = hpc::launch::parse_launch_options(argc, argv);

@@ -35,6 +35,7 @@
 #include "core/option_kit.hpp"
 #include "core/shared_library.hpp"
 #include "core/spelling.hpp"
+#include "core/standard_streams.hpp"
 #include "core/tensor.hpp"
 #include "train/observe/metrics.hpp"
 
@@ -538,6 +539,45 @@ TEST(CrashReporter, InstalledTwiceACrashStillEndsTheProcess) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << status;
   EXPECT_EQ(WTERMSIG(status), SIGSEGV);
+}
+
+// A process started without its standard output and error (`>&- 2>&-`) and with standard input
+// closed: each number is held, writes to the outputs and reads of the input still fail (EBADF),
+// and a file opened next gets a number of its own. (Left free, that file took number 0, and what
+// the process printed went into it.) In a child, whose streams are its own to close.
+TEST(StandardStreams, ClosedOnesAreHeldSoNoFileTakesTheirNumbers) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(10);
+    for (int fd = 0; fd <= 2; ++fd) ::close(fd);
+    hold_closed_standard_streams();
+    int code = 0;
+    for (int fd = 0; fd <= 2; ++fd)
+      if (::fcntl(fd, F_GETFD) == -1) code |= 1;  // not held
+    char c = 'x';
+    if (::write(STDOUT_FILENO, &c, 1) != -1 || errno != EBADF) code |= 2;
+    if (::write(STDERR_FILENO, &c, 1) != -1 || errno != EBADF) code |= 4;
+    if (::read(STDIN_FILENO, &c, 1) != -1 || errno != EBADF) code |= 8;
+    const int file = ::open("/dev/null", O_RDWR);
+    if (file <= STDERR_FILENO) code |= 16;
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: a number left free, 2/4: an output writable, 8: input readable, "
+                                       "16: a file took a standard number";
+}
+
+// Streams that are open are left as they are.
+TEST(StandardStreams, OpenOnesAreLeftAlone) {
+  struct stat before {}, after {};
+  ASSERT_EQ(::fstat(STDOUT_FILENO, &before), 0);
+  hold_closed_standard_streams();
+  ASSERT_EQ(::fstat(STDOUT_FILENO, &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  EXPECT_EQ(before.st_dev, after.st_dev);
 }
 
 // A typo is one or two letters wrong, left out, added or swapped; a word far from every name has
