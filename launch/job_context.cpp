@@ -89,10 +89,8 @@ void Voice::relay_output(const std::string& line) {
   if (failed == 0 || output_lost_said_) return;
   output_lost_said_ = true;
   const std::string kept = log_dir_.empty() ? "its logs" : (fs::path(log_dir_) / "attempt-N.log").string();
-  const std::string why = failed == EPIPE ? "is closed (its reader exited)"
-                                          : detail::concat("cannot be written (",
-                                                           failed > 0 ? std::strerror(failed) : "a write failed", ")");
-  say("warning: standard output " + why + ": the job goes on, its output kept in " + kept + " alone");
+  say("warning: standard output " + log::standard_output_trouble(failed) + ": the job goes on, its output kept in " +
+      kept + " alone");
 }
 
 // Made with O_EXCL: two hpcruns on one log directory (two jobs started from one working

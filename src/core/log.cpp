@@ -99,16 +99,16 @@ void write(Level lvl, const std::string& line) {
   static bool said = false;
   if (failed != 0 && !said && g_progress_output) {
     said = true;
-    const std::string name = prefix.substr(0, prefix.find(':'));
-    if (failed == EPIPE)
-      std::fprintf(stderr, "%s%s: warning: standard output is closed (its reader exited): the run goes on without "
-                   "its progress lines\n", stamp(stderr, true).c_str(), name.c_str());
-    else
-      std::fprintf(stderr, "%s%s: warning: standard output cannot be written (%s): the run goes on without its "
-                   "progress lines\n", stamp(stderr, true).c_str(), name.c_str(),
-                   failed == kUnknown ? "a write failed" : std::strerror(failed));
+    std::fprintf(stderr, "%s%s: warning: standard output %s: the run goes on without its progress lines\n",
+                 stamp(stderr, true).c_str(), prefix.substr(0, prefix.find(':')).c_str(),
+                 standard_output_trouble(failed).c_str());
     std::fflush(stderr);
   }
+}
+
+std::string standard_output_trouble(int failed) {
+  if (failed == EPIPE) return "is closed (its reader exited)";
+  return detail::concat("cannot be written (", failed == kUnknown ? "a write failed" : std::strerror(failed), ")");
 }
 
 void set_progress_output() { g_progress_output = true; }

@@ -48,6 +48,10 @@ int flush_standard_output();
 // --json of a directory) fails inside that write, whose errno is gone by the time
 // flush_standard_output asks ("a write failed" where "No space left on device" was known).
 int write_standard_output(const std::string& text);
+// What a failed write of standard output (flush_standard_output's or write_standard_output's
+// non-zero result) means, to follow "standard output ": "is closed (its reader exited)", or
+// "cannot be written (No space left on device)". For the one warning of a run that goes on.
+std::string standard_output_trouble(int failed);
 // write_standard_output for --help's or --version's text: a reader that leaves early is then fine
 // (`hpctrain --help | head` read what it wanted), where for results it is an error.
 void write_help(const std::string& text);
