@@ -253,8 +253,7 @@ TEST_F(Output, AClosedStandardOutputIsNotTheEndOfTheRun) {
   EXPECT_NE(at, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find(said, at + 1), std::string::npos) << "said more than once: " << r.err;
   EXPECT_FALSE(fs::exists(ck.str() + "/lock"));
-  std::ifstream beat(ck.str() + "/heartbeat");
-  const std::string heartbeat((std::istreambuf_iterator<char>(beat)), std::istreambuf_iterator<char>());
+  const std::string heartbeat = read_text(ck.str() + "/heartbeat");
   EXPECT_NE(heartbeat.find("state=done"), std::string::npos) << heartbeat;
 }
 
@@ -277,8 +276,7 @@ TEST_F(Output, AStandardOutputThatCannotBeWrittenIsSaidOnceAndTheRunGoesOn) {
   const size_t at = r.err.find(said);
   EXPECT_NE(at, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("standard output", at + said.size()), std::string::npos) << "said more than once: " << r.err;
-  std::ifstream beat(ck.str() + "/heartbeat");
-  const std::string heartbeat((std::istreambuf_iterator<char>(beat)), std::istreambuf_iterator<char>());
+  const std::string heartbeat = read_text(ck.str() + "/heartbeat");
   EXPECT_NE(heartbeat.find("state=done"), std::string::npos) << heartbeat;
 }
 
