@@ -938,7 +938,6 @@ class AwsBehaviour(AwsHooks):
         self.assertFalse(hpc_cloud.suspend_running(self.cfg["state_file"]))
         self.assert_powered_up_anew(first)
 
-
     def test_a_power_up_after_a_suspend_killed_midway_gets_a_new_instance(self):
         """suspend.py killed (SIGKILL: a restart of slurmctld kills its children) after Slurm asked
         for the power-down, before it terminated the instance or forgot the launch: Slurm has the
@@ -977,6 +976,7 @@ class AwsBehaviour(AwsHooks):
         first = self.live()["gpu-1"]["InstanceId"]
         self.assertEqual(resume.resume(self.cfg, ["gpu-1"]), 0)
         self.assertEqual(self.live()["gpu-1"]["InstanceId"], first)
+
 
 class LaunchCheck(AwsHooks):
     """launch_check.py, the head node's bootstrap asking EC2 whether it may launch each choice
