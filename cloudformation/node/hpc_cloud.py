@@ -500,8 +500,8 @@ class State:
         self._lock, self._marks = open(self.path + ".lock", "a", encoding="utf-8"), []
         if not take_lock(self._lock, self.wait):
             self._lock.close()
-            raise StateBusy(f"the state file {self.path} stayed locked for {self.wait:g} s (resume.py or the "
-                            "cluster manager holds it)")
+            raise StateBusy(f"the state file {self.path} stayed locked for {self.wait:g} s (resume.py, "
+                            "suspend.py or a cluster manager pass holds it)")
         self.data = read_state(self.path)
         self._forget_marked()
         return self

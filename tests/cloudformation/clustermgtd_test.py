@@ -356,8 +356,8 @@ class ClusterManager(unittest.TestCase):
         self.assertAlmostEqual(self.heartbeat(), time.time(), delta=30)
         said = [line for line in self.log().splitlines() if "pass skipped" in line]
         self.assertEqual(said, [f"{said[0][:23]} clustermgtd: WARNING: pass skipped: the state file "
-                                f"{self.cfg['state_file']} stayed locked for 0.5 s (resume.py or the cluster manager "
-                                "holds it); nothing decided or done (the heartbeat is written, the next pass tries "
+                                f"{self.cfg['state_file']} stayed locked for 0.5 s (resume.py, suspend.py or a cluster "
+                                "manager pass holds it); nothing decided or done (the heartbeat is written, the next pass tries "
                                 "again)"] if said else ["the line"])
         self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])
         self.assertEqual(self.live(), set())
