@@ -444,14 +444,19 @@ void write_heartbeat(const std::string& dir, int64_t step, int64_t epochs_done, 
     // every user rewrite the state and step that hpcrun and the Slurm scripts act on).
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     bool written = fd >= 0 && signal_safe::write_whole(fd, text.data(), text.size());
+    int why = written ? 0 : errno;  // (what follows may set errno again)
     // A full file system may fail only here: checked before the rename, which would otherwise put
     // an empty file over the last good heartbeat.
-    if (fd >= 0 && ::close(fd) != 0) written = false;
+    if (fd >= 0 && ::close(fd) != 0 && written) {
+      written = false;
+      why = errno;
+    }
     if (!written) {
       ::unlink(tmp.c_str());
       const bool last = std::strcmp(state, "training") != 0;
       if (last && overwrite_in_place(path.c_str(), text.data(), text.size())) return;
-      if (!warned.exchange(true)) log::warn("cannot write heartbeat ", tmp, " (said once)");
+      if (!warned.exchange(true))
+        log::warn("cannot write heartbeat ", tmp, ": ", why ? std::strerror(why) : "nothing written", " (said once)");
       return;
     }
   }

@@ -479,7 +479,7 @@ TEST(MembershipMarker, HeartbeatAndMarkerAreNoOneElsesToWriteUnderUmask000) {
 // (failed, stopped, done) is written over it in place instead, in the block it holds: a run that
 // the full disk ended (its checkpoint could not be written) said "training" for ever, as a hung
 // one does; so did one stopped at once there (write_final_heartbeat). Needs root to mount a
-// small tmpfs.
+// small tmpfs. The warning says why, once.
 TEST(Heartbeat, AFullFileSystemKeepsTheLastOne) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root (mounts a tmpfs); CI runs as root";
   const TempDir tmp;
@@ -496,7 +496,13 @@ TEST(Heartbeat, AFullFileSystemKeepsTheLastOne) {
     while (fill << block && fill.flush()) {
     }
   }
+  ::testing::internal::CaptureStderr();
   ckpt::write_heartbeat(dir, 13, 1, "training");
+  ckpt::write_heartbeat(dir, 13, 1, "training");
+  const std::string said = ::testing::internal::GetCapturedStderr();  // the reason, once
+  const std::string line = "warning: cannot write heartbeat " + dir + "/heartbeat.tmp: No space left on device (said once)\n";
+  EXPECT_NE(said.find(line), std::string::npos) << said;
+  EXPECT_EQ(said.find("heartbeat", said.find(line) + line.size()), std::string::npos) << said;
   const auto beat = ckpt::read_heartbeat(dir);
   EXPECT_EQ(beat.count("step") ? beat.at("step") : "(none)", "12");
   EXPECT_FALSE(std::filesystem::exists(dir + "/heartbeat.tmp"));
