@@ -911,6 +911,50 @@ TEST_F(GpuKernels, SgdStepFourAtATimeEqualsOneAtATime) {
   }
 }
 
+// The arguments a captured step passes (gpu_engine.cpp): lr and momentum from device memory
+// (`hyper`: each replay's values, whatever the launch's own arguments held at the capture), and
+// the fp16 step's non-finite flag (`skip`: set, the update changes neither the parameters nor the
+// velocity; clear, it is the plain update). Both widths: four elements a thread (aligned, n a
+// multiple of 4) and one (one float off that alignment, n odd).
+TEST_F(GpuKernels, SgdStepTakesTheDevicesHyperparametersAndSkipsOnTheFlag) {
+  const std::vector<int64_t> ends{3, 10, 501, 998, 1001};
+  const std::vector<float> decays{0.5f, 0.f, 0.25f, 0.f, 0.125f};
+  DeviceBuffer<int64_t> dends(ends);
+  DeviceBuffer<float> ddecays(decays);
+  const int ranges = static_cast<int>(ends.size());
+  const bool fused = optim::sgd_fuses_multiply_add();
+  DeviceBuffer<float> hyper(std::vector<float>{0.05f, 0.9f});
+  DeviceBuffer<int> set(std::vector<int>{1}), clear(std::vector<int>{0});
+  for (const int64_t n : {int64_t{1000}, int64_t{1001}}) {
+    const int off = n % 4 == 0 ? 0 : 1;  // 1: off the 16-byte alignment, one element a thread
+    SCOPED_TRACE(::testing::Message() << n << " elements, " << (off ? "one" : "four") << " a thread");
+    std::vector<float> p0(static_cast<size_t>(n + off), 0.f), g0(p0.size(), 0.f), v0(p0.size(), 0.f);
+    const auto p_rand = random_floats(static_cast<size_t>(n), 31), g_rand = random_floats(static_cast<size_t>(n), 32),
+               v_rand = random_floats(static_cast<size_t>(n), 33);
+    std::copy(p_rand.begin(), p_rand.end(), p0.begin() + off);
+    std::copy(g_rand.begin(), g_rand.end(), g0.begin() + off);
+    std::copy(v_rand.begin(), v_rand.end(), v0.begin() + off);
+    // The plain update (host lr and momentum, no flag), and the same through each argument.
+    DeviceBuffer<float> p(p0), v(v0), g(g0), ph(p0), vh(v0), pc(p0), vc(v0), ps(p0), vs(v0);
+    kernels::sgd_step(p.get() + off, g.get() + off, v.get() + off, n, dends.get(), ddecays.get(), ranges, 0.05f, 0.9f,
+                      true, fused, stream_);
+    kernels::sgd_step(ph.get() + off, g.get() + off, vh.get() + off, n, dends.get(), ddecays.get(), ranges, 7.f, 3.f,
+                      true, fused, stream_, nullptr, hyper.get());
+    kernels::sgd_step(pc.get() + off, g.get() + off, vc.get() + off, n, dends.get(), ddecays.get(), ranges, 0.05f,
+                      0.9f, true, fused, stream_, clear.get());
+    kernels::sgd_step(ps.get() + off, g.get() + off, vs.get() + off, n, dends.get(), ddecays.get(), ranges, 0.05f,
+                      0.9f, true, fused, stream_, set.get(), hyper.get());
+    const auto want_p = p.host(), want_v = v.host();
+    ASSERT_NE(std::memcmp(want_p.data(), p0.data(), p0.size() * sizeof(float)), 0) << "the update changed nothing";
+    EXPECT_TRUE(same_values(ph.host(), want_p)) << "parameters, lr and momentum from the device";
+    EXPECT_TRUE(same_values(vh.host(), want_v)) << "velocity, lr and momentum from the device";
+    EXPECT_TRUE(same_values(pc.host(), want_p)) << "parameters, the flag clear";
+    EXPECT_TRUE(same_values(vc.host(), want_v)) << "velocity, the flag clear";
+    EXPECT_TRUE(same_values(ps.host(), p0)) << "parameters, the flag set";
+    EXPECT_TRUE(same_values(vs.host(), v0)) << "velocity, the flag set";
+  }
+}
+
 TEST_F(GpuKernels, DeviceTensorsComeZeroedFromTheCachingAllocator) {
   const size_t before = device::memory_in_use();
   {
