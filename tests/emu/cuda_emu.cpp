@@ -380,8 +380,9 @@ std::map<void*, Mapping>& mappings() {
 }
 
 // A fault inside a launch (an access past a buffer's end, most likely, or a thread's stack
-// overflowed): say which and where, then die of it. It runs on a stack of its own, as the
-// thread's own may be the one used up.
+// overflowed; SIGILL: a misaligned access, which the emulated code traps on, see
+// tests/CMakeLists.txt): say which and where, then die of it. It runs on a stack of its own, as
+// the thread's own may be the one used up.
 void on_fault(int sig, siginfo_t* info, void*) {
   if (g_in_launch) {
     const Block& b = state();
@@ -390,6 +391,7 @@ void on_fault(int sig, siginfo_t* info, void*) {
     char line[256];
     char why[96];
     if (overflow) std::snprintf(why, sizeof why, "the thread's stack overflowed (the emulation gives each %zu KiB)", kStackBytes / 1024);
+    else if (sig == SIGILL) std::snprintf(why, sizeof why, "a misaligned access (a GPU's 'misaligned address')");
     else std::snprintf(why, sizeof why, "an access outside device memory (past a buffer's end?)");
     const int n = std::snprintf(line, sizeof line, "cuda_emu: signal %d in a kernel, block (%u,%u,%u) thread (%u,%u,%u): %s\n",
                                 sig, g_block_idx.x, g_block_idx.y, g_block_idx.z, g_thread_idx.x, g_thread_idx.y,
@@ -410,6 +412,7 @@ const bool g_fault_handler = [] {
   sigemptyset(&a.sa_mask);
   sigaction(SIGSEGV, &a, nullptr);
   sigaction(SIGBUS, &a, nullptr);
+  sigaction(SIGILL, &a, nullptr);
   return true;
 }();
 

@@ -23,6 +23,10 @@
 //     that reads what nobody wrote sees all-ones bytes (NaN, -1), not zeros;
 //   - each thread's stack (256 KiB) lies above pages it may not touch: a thread that overflows
 //     it faults, and is named, instead of writing over another thread's;
+//   - an access misaligned for its type (a 16-byte Pack off a 16-byte boundary) traps, as a
+//     GPU's fails ("misaligned address"), and is named: the emulated code is compiled with
+//     GCC's alignment check (tests/CMakeLists.txt), where x86 would take most such loads
+//     (not under Clang, whose check does not look at a struct's copy);
 //   - a launch runs when it is made (the stream has finished it at once); a stream being
 //     captured records it instead, and the graph replays what it recorded.
 // One launch at a time, from one host thread (the tests'). What it cannot show: a race that

@@ -3,8 +3,8 @@
 // value, __syncthreads_or sees every thread's flag), what a GPU leaves undefined comes out wrong
 // (a race between threads or blocks, shared memory read before the block wrote it), and what a
 // GPU would fail on fails here too (a trap, a barrier some live thread never reaches, a shuffle
-// from a lane that left, an access past a buffer's end, a thread's stack overflowed), each with
-// one clear line. This file is CUDA: it is built as the kernels are, through emulate_cu.py, its
+// from a lane that left, an access past a buffer's end, a misaligned access, a thread's stack
+// overflowed), each with one clear line. This file is CUDA: it is built as the kernels are, through emulate_cu.py, its
 // launches and __shared__ declarations rewritten.
 #include "emu/cuda_emu.hpp"
 
@@ -56,6 +56,15 @@ void shuffle_after_exit_kernel(int* out) {
 }
 
 void write_past_kernel(int* p, int n) { p[n + static_cast<int>(threadIdx.x)] = 1; }
+
+// Four floats as one 16-byte access (as the kernels' Pack), from p + offset.
+struct alignas(16) Four {
+  float v[4];
+};
+void load_four_kernel(const float* p, int offset, float* out) {
+  const Four f = *reinterpret_cast<const Four*>(p + offset);
+  out[threadIdx.x] = f.v[threadIdx.x];
+}
 
 // About 1 KiB of stack for each of `depth` calls.
 int deep(int depth) {
@@ -240,6 +249,25 @@ TEST(CudaEmulationDeathTest, AnAccessPastABuffersEndFaultsWhereItHappens) {
   write_past_kernel<<<1, 4>>>(p, 96);  // the last four: inside
   EXPECT_EQ(host_copy(p, 100)[99], 1);
   cudaFree(p);
+}
+
+TEST(CudaEmulationDeathTest, AMisalignedAccessFailsWhereItHappens) {
+#if defined(__clang__)
+  GTEST_SKIP() << "Clang's alignment check does not look at a struct's copy (tests/CMakeLists.txt): GCC's builds only";
+#endif
+  EXPECT_DEATH(
+      {
+        float* p = device_copy(std::vector<float>(8));
+        float* out = device_copy(std::vector<float>(4));
+        load_four_kernel<<<1, 4>>>(p, 1, out);  // 4 bytes past a 16-byte boundary
+      },
+      "misaligned");
+  float* p = device_copy(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7});
+  float* out = device_copy(std::vector<float>(4));
+  load_four_kernel<<<1, 4>>>(p, 4, out);  // aligned
+  EXPECT_EQ(host_copy(out, 4), (std::vector<float>{4, 5, 6, 7}));
+  cudaFree(p);
+  cudaFree(out);
 }
 
 TEST(CudaEmulationDeathTest, AThreadThatOverflowsItsStackFaultsWhereItHappens) {
