@@ -308,25 +308,35 @@ const Precision kStored[] = {Precision::Fp32, Precision::Bf16, Precision::Fp16};
 
 // convert: every pair of element types, with a factor (a loss scale divided out), equals the
 // CPU's float product rounded once to the target; the non-finite flag is raised by exactly
-// the conversions that overflow. 70,001 values go one a thread, 70,000 four a thread.
+// the conversions that overflow. 70,001 values go one a thread, 70,000 four a thread; 70,000
+// read or written one element past a 16-byte boundary, one a thread (the emulation fails a
+// misaligned access, as a GPU does), and the element in front is left as it was.
 TEST_F(GpuKernels, ConvertBetweenEveryPairEqualsTheCpuRounding) {
-  for (size_t count : {70001u, 70000u}) {
+  struct Case {
+    size_t count, in_offset, out_offset;
+  };
+  for (const Case k : {Case{70001, 0, 0}, Case{70000, 0, 0}, Case{70000, 1, 0}, Case{70000, 0, 1}}) {
     for (Precision from : kStored)
       for (Precision to : kStored)
         for (float factor : {1.f, 1.f / 1024.f, 300.f}) {
-          auto values = random_floats(count, 11, 300.f);
+          auto values = random_floats(k.count, 11, 300.f);
           values[0] = 0.f, values[1] = -0.f, values[2] = 65504.f, values[3] = 1e-6f;
-          SCOPED_TRACE(::testing::Message() << count << " values, " << testing::name_of(from) << " -> "
-                                            << testing::name_of(to) << " x " << factor);
-          TypedBuffer in(from, values), out(to, std::vector<float>(values.size()));
+          SCOPED_TRACE(::testing::Message() << k.count << " values (offsets " << k.in_offset << ", " << k.out_offset
+                                            << "), " << testing::name_of(from) << " -> " << testing::name_of(to)
+                                            << " x " << factor);
+          std::vector<float> in_values(k.in_offset, 5.f);
+          in_values.insert(in_values.end(), values.begin(), values.end());
+          TypedBuffer in(from, in_values), out(to, std::vector<float>(k.out_offset + values.size(), -3.f));
+          const void* in_at = static_cast<const char*>(in.get()) + k.in_offset * dtype_size(dtype_of(from));
+          void* out_at = static_cast<char*>(out.get()) + k.out_offset * dtype_size(dtype_of(to));
           DeviceBuffer<int> flag(std::vector<int>{0});
-          kernels::convert(dtype_of(from), in.get(), dtype_of(to), out.get(), static_cast<int64_t>(values.size()),
-                           factor, flag.get(), stream_);
-          std::vector<float> want(values.size());
+          kernels::convert(dtype_of(from), in_at, dtype_of(to), out_at, static_cast<int64_t>(values.size()), factor,
+                           flag.get(), stream_);
+          std::vector<float> want(k.out_offset, -3.f);
           bool overflow = false;
           for (size_t i = 0; i < values.size(); ++i) {
-            want[i] = testing::round_to(to, testing::round_to(from, values[i]) * factor);
-            overflow |= !std::isfinite(want[i]);
+            want.push_back(testing::round_to(to, testing::round_to(from, values[i]) * factor));
+            overflow |= !std::isfinite(want.back());
           }
           EXPECT_TRUE(same_values(out.host(), want));
           EXPECT_EQ(flag.host()[0], overflow ? 1 : 0);
