@@ -1073,6 +1073,52 @@ TEST_F(GpuKernels, MaxPoolBackwardEqualsTheCpuLayerBitForBit) {
   }
 }
 
+// The 16-byte path is taken only where x, dy and dx are all on a 16-byte boundary: each of them
+// in turn one element past it (the element in front of dx left as it was), with a channel
+// count that would allow the path, windows dense and overlapping, gives the same gradient
+// (the emulation fails a misaligned access, as a GPU does).
+TEST_F(GpuKernels, MaxPoolBackwardOffTheBoundaryIsOneChannelAThread) {
+  for (const PoolCase k : {PoolCase{2, 7, 7, 64, 2, 2}, PoolCase{2, 7, 7, 64, 3, 2, 1}}) {
+    const int64_t ho = (k.h + 2 * k.padding - k.kernel) / k.stride + 1;
+    const int64_t wo = (k.w + 2 * k.padding - k.kernel) / k.stride + 1;
+    const auto in_size = static_cast<size_t>(k.n * k.h * k.w * k.c);
+    const auto out_size = static_cast<size_t>(k.n * ho * wo * k.c);
+    const auto x = tied_activations(in_size, 43);
+    const auto dy = random_floats(out_size, 44);
+    for (Precision p : kStored) {
+      std::vector<float> xp(in_size), dyp(out_size);
+      for (size_t i = 0; i < in_size; ++i) xp[i] = testing::round_to(p, x[i]);
+      for (size_t i = 0; i < out_size; ++i) dyp[i] = testing::round_to(p, dy[i]);
+      auto want = cpu_max_pool_backward(k, xp, dyp);
+      for (float& v : want) v = testing::round_to(p, v);
+      const size_t bytes = dtype_size(dtype_of(p));
+      for (int shifted = 0; shifted < 3; ++shifted) {  // x, dy, dx
+        SCOPED_TRACE(::testing::Message() << testing::name_of(p) << ", kernel " << k.kernel << " stride " << k.stride
+                                          << " padding " << k.padding << ", " << (shifted == 0 ? "x" : shifted == 1 ? "dy" : "dx")
+                                          << " one element off the boundary");
+        auto front = [&](const std::vector<float>& v, int which) {
+          std::vector<float> out(shifted == which ? 1 : 0, 9.f);
+          out.insert(out.end(), v.begin(), v.end());
+          return out;
+        };
+        TypedBuffer dx_in(p, front(xp, 0)), ddy(p, front(dyp, 1)), dx(p, front(std::vector<float>(in_size, 7.f), 2));
+        auto at = [&](const TypedBuffer& b, int which) {
+          return static_cast<char*>(b.get()) + (shifted == which ? bytes : 0);
+        };
+        kernels::max_pool_backward(dtype_of(p), at(dx_in, 0), at(ddy, 1), at(dx, 2), k.n, k.h, k.w, k.c,
+                                   static_cast<int>(k.kernel), static_cast<int>(k.stride), static_cast<int>(k.padding),
+                                   stream_);
+        auto got = dx.host();
+        if (shifted == 2) {
+          EXPECT_EQ(got.front(), 9.f) << "the element in front of dx";
+          got.erase(got.begin());
+        }
+        EXPECT_TRUE(same_pool_gradient(got, want, k));
+      }
+    }
+  }
+}
+
 
 // ---- per-channel sums (kernels/channel_sums.cu): the bias gradient of convolutions and linear layers ----
 
