@@ -558,6 +558,70 @@ TEST_F(GpuKernels, BatchNormTrainingEqualsItsDefinition) {
   }
 }
 
+// The passes' 8- or 16-byte loads are taken only where every pointer of the call is on that
+// boundary: x, y, dy and dx each in turn one element off (the element in front left as it was)
+// give, through the default launch and its fused twin, what the aligned call gives, within
+// rounding (the slabs follow the width: not the same bits). dy or dx off the boundary has the
+// backward at one channel a thread after a forward at the full width: it reads the forward's
+// coefficients where that one wrote them. The emulation fails a misaligned access.
+TEST_F(GpuKernels, BatchNormOffTheBoundaryIsOneChannelAThread) {
+  const int64_t rows = 1000, c = 40, n = rows * c;
+  auto x = random_floats(static_cast<size_t>(n), 35);
+  for (int64_t i = 0; i < n; ++i) x[i] += 5.0f * static_cast<float>(i % c % 3);
+  const auto dy = random_floats(static_cast<size_t>(n), 36);
+  const auto gamma = random_floats(static_cast<size_t>(c), 37), beta = random_floats(static_cast<size_t>(c), 38);
+  const std::vector<float> running_mean(static_cast<size_t>(c), 0.5f), running_var(static_cast<size_t>(c), 2.0f);
+  const float factor = 1.0f / 1024;
+  const char* names[] = {"none", "x", "y", "dy", "dx"};
+  // shifted: 0 none, else which of x, y, dy, dx is one element off.
+  auto run = [&](int shifted) {
+    auto front = [&](const std::vector<float>& v, int which) {
+      std::vector<float> out(shifted == which ? 1 : 0, 9.f);
+      out.insert(out.end(), v.begin(), v.end());
+      return out;
+    };
+    const std::vector<float> zeros(static_cast<size_t>(n), 0.f);
+    DeviceBuffer<float> dxin(front(x, 1)), dyv(front(zeros, 2)), ddy(front(dy, 3)), dxo(front(zeros, 4));
+    DeviceBuffer<float> dg(gamma), db(beta), drm(running_mean), drv(running_var), sm(static_cast<size_t>(c)),
+        si(static_cast<size_t>(c)), dgamma(static_cast<size_t>(c)), dbeta(static_cast<size_t>(c));
+    DeviceBuffer<double> work((kernels::batch_norm_work_bytes(DType::F32, rows, c) + 7) / 8);
+    auto at = [&](const DeviceBuffer<float>& b, int which) { return b.get() + (shifted == which ? 1 : 0); };
+    kernels::batch_norm_forward_train(DType::F32, at(dxin, 1), at(dyv, 2), rows, c, dg.get(), db.get(), drm.get(),
+                                      drv.get(), 0.1, 1e-5, true, sm.get(), si.get(), work.get(), stream_);
+    kernels::batch_norm_backward(DType::F32, at(dxin, 1), at(ddy, 3), at(dxo, 4), rows, c, dg.get(), sm.get(),
+                                 si.get(), factor, dgamma.get(), dbeta.get(), work.get(), stream_, true);
+    auto back = [&](const DeviceBuffer<float>& b, int which) {
+      auto h = b.host();
+      if (shifted == which) {
+        EXPECT_EQ(h.front(), 9.f) << "the element in front of " << names[which];
+        h.erase(h.begin());
+      }
+      return h;
+    };
+    return BnOutputs{back(dyv, 2), back(dxo, 4), sm.host(), si.host(), drm.host(), drv.host(), dgamma.host(),
+                     dbeta.host()};
+  };
+  kernels::BatchNormTuning tuning = kernels::batch_norm_tuning();
+  for (bool fused : {false, true}) {
+    tuning.fused_finalize = fused;
+    kernels::set_batch_norm_tuning(tuning);
+    const BnOutputs want = run(0);
+    for (int shifted = 1; shifted <= 4; ++shifted) {
+      SCOPED_TRACE(::testing::Message() << "tuning " << kernels::batch_norm_tuning_text(tuning) << ", "
+                                        << names[shifted] << " one element off the boundary");
+      const BnOutputs o = run(shifted);
+      EXPECT_TRUE(testing::matches(o.y, want.y, testing::Precision::Fp32, 4)) << "y";
+      EXPECT_TRUE(testing::matches(o.mean, want.mean, testing::Precision::Fp32, 4)) << "mean";
+      EXPECT_TRUE(testing::matches(o.invstd, want.invstd, testing::Precision::Fp32, 4)) << "1/std";
+      EXPECT_TRUE(testing::matches(o.running_mean, want.running_mean, testing::Precision::Fp32, 4)) << "running mean";
+      EXPECT_TRUE(testing::matches(o.running_var, want.running_var, testing::Precision::Fp32, 4)) << "running var";
+      EXPECT_TRUE(testing::matches(o.dgamma, want.dgamma, testing::Precision::Fp32, 8)) << "dgamma";
+      EXPECT_TRUE(testing::matches(o.dbeta, want.dbeta, testing::Precision::Fp32, 8)) << "dbeta";
+      EXPECT_TRUE(testing::matches(o.dx, want.dx, testing::Precision::Fp32, 8)) << "dx";
+    }
+  }
+}
+
 // The batch-norm passes' launch choices as gpu_step --bn-tuning reads them: every choice's
 // text reads back as itself, the default first, each fused-finalize choice after its unfused
 // twin; the texts of before the sixth field read as they did (unfused); a value the kernels
