@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 struct CUstream_st;  // CUDA's stream (cudaStream_t is a pointer to it): this header needs no CUDA
@@ -53,5 +54,19 @@ void copy(void* dst, const void* src, size_t bytes, Copy direction);
 // Bytes the allocator holds for tensors now, and the most it ever held (for the metrics).
 size_t memory_in_use();
 size_t peak_memory_in_use();
+
+// A CUDA graph's capture against the calls of other threads that may synchronise the device
+// (cudaFree, cudaFreeHost, nvJPEG's decode, which grows its own buffers with them): CUDA's
+// thread-local capture mode lets another thread make such a call, but its implicit device-wide
+// synchronisation may invalidate the capture under way, and the call itself fail (PyTorch's
+// caching allocators likewise free nothing while a capture is under way). The capturing thread
+// holds this from its cudaStreamBeginCapture to its cudaStreamEndCapture; the loader's threads
+// hold it around such calls (allocate_pinned, release_pinned, the GPU decoder's batch). Each side
+// waits for the other at most a capture's or a batch decode's time. Recursive: a thread that holds
+// it may take it again.
+inline std::unique_lock<std::recursive_mutex> exclude_capture() {
+  static std::recursive_mutex held;
+  return std::unique_lock<std::recursive_mutex>(held);
+}
 
 }  // namespace hpc::device

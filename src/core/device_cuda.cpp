@@ -113,6 +113,7 @@ void release(void* p) { allocator().release(p); }
 
 void* allocate_pinned(size_t bytes) {
   if (cuda_device_count() == 0) return nullptr;
+  const auto excluded = exclude_capture();  // (the loader's threads)
   // A thread starts on device 0 (the loader's does): without this, every rank would open a
   // context on GPU 0 just to allocate host memory.
   if (const int gpu = selected_gpu.load(); gpu >= 0) cudaSetDevice(gpu);
@@ -125,7 +126,9 @@ void* allocate_pinned(size_t bytes) {
 }
 
 void release_pinned(void* p) {
-  if (p) cudaFreeHost(p);
+  if (!p) return;
+  const auto excluded = exclude_capture();  // cudaFreeHost synchronises the device
+  cudaFreeHost(p);
 }
 
 namespace {

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -177,7 +180,77 @@ TEST(CudaMemory, GrowsOnlyAndAFailedGrowthLeavesNoBlock) {
   EXPECT_EQ(fake_memory::frees, fake_memory::allocations);
 }
 
+// The loader's pinned memory (device::allocate_pinned, release_pinned: cudaHostAlloc and
+// cudaFreeHost, a device-wide synchronisation) waits while the main thread holds
+// device::exclude_capture, as it does while it captures a step, and goes ahead once it is let go.
+// A held exclusion never lets the call through, so the test cannot fail on a busy machine; with
+// the exclusion left out of either call, the call ends while it is held.
+TEST_F(GpuKernels, PinnedMemoryOfAnotherThreadWaitsForACaptureToEnd) {
+  for (const bool allocating : {true, false}) {
+    void* p = allocating ? nullptr : device::allocate_pinned(64);
+    if (!allocating) {
+      ASSERT_NE(p, nullptr);
+    }
+    std::atomic<bool> done{false};
+    std::thread other;
+    {
+      const auto capturing = device::exclude_capture();
+      other = std::thread([&] {
+        if (allocating) {
+          p = device::allocate_pinned(64);
+        } else {
+          device::release_pinned(p);
+        }
+        done = true;
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      EXPECT_FALSE(done.load()) << (allocating ? "allocate_pinned" : "release_pinned") << " ran during a capture";
+    }
+    other.join();
+    EXPECT_TRUE(done.load());
+    if (allocating) {
+      EXPECT_NE(p, nullptr);
+      device::release_pinned(p);
+    }
+  }
+}
+
 #ifndef HPCTRAIN_KERNELS_EMULATED  // a GPU's alone
+// What the exclusion is for: a step captured (thread-local mode, as the engine's) while another
+// thread frees pinned memory and grows a device buffer, which it does through the exclusion,
+// ends its capture whole and replays.
+TEST_F(GpuKernels, ACaptureHoldsWhileAnotherThreadFreesMemory) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  DeviceBuffer<float> y(1 << 16);
+  void* pinned = device::allocate_pinned(1 << 20);
+  ASSERT_NE(pinned, nullptr);
+  cudaGraph_t g = nullptr;
+  std::thread other;
+  {
+    const auto capturing = device::exclude_capture();
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    other = std::thread([&] {
+      device::release_pinned(pinned);
+      const auto excluded = device::exclude_capture();  // as the GPU decoder's batch
+      train::DeviceBuffer grown;
+      grown.get(1 << 20);
+      grown.get(1 << 22);  // a cudaFree, then a cudaMalloc
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(cudaMemsetAsync(y.get(), 0, (1 << 16) * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  }
+  other.join();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  EXPECT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
 // The real ones: pinned host memory and device memory, a round trip through both.
 TEST_F(GpuKernels, PinnedAndDeviceBuffersHoldWhatIsCopiedThrough) {
   train::PinnedBuffer pinned;

@@ -4,8 +4,8 @@
 // host memory, whose copies to and from the GPU are asynchronous DMA, or device memory. A block
 // that grows takes at least half as much again: requests that creep up (the decoder's batches of
 // JPEGs of every size) free and allocate a few times, not at each new largest one. Each growth's
-// free waits for the whole device, on whichever thread (the loader's, while a step runs or is
-// being captured on another).
+// free waits for the whole device, on whichever thread (the loader's, while a step runs; the
+// decoder holds device::exclude_capture, so never while one is being captured).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/cuda_check.hpp"
+#include "core/device.hpp"
 #include "core/log.hpp"
 #include "data/nvjpeg.hpp"
 #include "kernels/kernels.hpp"
@@ -73,7 +74,11 @@ class NvjpegHandle {
 
 class GpuBatchDecoder final : public data::BatchDecoder {
  public:
+  // Every CUDA and nvJPEG call of the decoder's is made holding device::exclude_capture: its
+  // buffers and nvJPEG's (default allocators) grow with cudaFree and cudaFreeHost, which could
+  // invalidate a step being captured on the main thread meanwhile.
   explicit GpuBatchDecoder(int gpu) : gpu_(gpu) {
+    const auto excluded = device::exclude_capture();
     std::string why;
     lib_ = data::NvjpegLibrary::load_installed(&why);
     HPC_REQUIRE(lib_, "--jpeg-decode gpu: ", why);
@@ -90,6 +95,7 @@ class GpuBatchDecoder final : public data::BatchDecoder {
     }
   }
   ~GpuBatchDecoder() override {
+    const auto excluded = device::exclude_capture();
     // A decode that failed partway may have left work on the stream: done before its state goes.
     if (stream_) cudaStreamSynchronize(stream_);
     hardware_.reset();
@@ -98,6 +104,7 @@ class GpuBatchDecoder final : public data::BatchDecoder {
   }
 
   void decode(data::Batch& b) override {
+    const auto excluded = device::exclude_capture();
     CUDA_CHECK(cudaSetDevice(gpu_));  // the loader's thread: its current device is its own
     const auto n = static_cast<int>(b.jpeg_samples.size());
     HPC_CHECK(n > 0 && b.jpeg.size() == b.jpeg_samples.size() && b.table && b.table->size() == 3 * 256,

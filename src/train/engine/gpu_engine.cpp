@@ -421,10 +421,12 @@ class GpuEngine final : public Engine {
 
  private:
   // The step captured into graph_ (none on failure: the stream's capture is ended, whatever
-  // failed, and the error thrown). Thread-local capture: other threads (NCCL's proxy, the
-  // loader's GPU decoder) may make CUDA calls of their own meanwhile.
+  // failed, and the error thrown). Thread-local capture: other threads (NCCL's proxy) may make
+  // CUDA calls of their own meanwhile; the loader's, which may free memory (a device-wide
+  // synchronisation), wait for its end (device::exclude_capture).
   void capture(float share, double lr, double momentum, StepResult* r) {
     cudaStream_t s = context_.stream();
+    const auto excluded = device::exclude_capture();
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t g = nullptr;
     try {
