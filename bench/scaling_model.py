@@ -68,7 +68,9 @@ to a day, a bucket queued by about its step's backward end, no two buckets over 
 latencies 0 to 1 s, bandwidths 0.001 to 1e6 GB/s, counts positive integers, at most 1,000,000 GPUs),
 and so every number option; --arch takes --step-seconds, not --metrics. A JSON Lines timeline's
 line cut short (a killed run's last, which hpctrain appends after) is skipped with a warning; a
-Chrome trace cut short is refused. A reader that stops early (| head) ends it quietly (exit 141).
+Chrome trace cut short is refused; JSON nested past what Python decodes is not JSON. A reader that
+stops early (| head) ends it quietly (exit 141); standard output that refuses the results (a full
+disk) is one line and exit 2.
 """
 import argparse
 import functools
@@ -97,6 +99,15 @@ def require(ok, message):
 
 def warn(message):
     print(f"scaling_model: warning: {message}", file=sys.stderr)
+
+
+def json_loads(text):
+    """json.loads, where JSON nested past the decoder's depth (RecursionError, a traceback) is
+    refused as any text that is not JSON is: a ValueError, which each reader reports in its way."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 # What the inputs may hold: beyond these a figure is a mistake (and its results hundreds of digits).
@@ -494,7 +505,7 @@ def jsonl_rows(text, path):
             continue
         not_ours = f"timeline '{path}' line {n} is not a bucket line of hpctrain's --timeline-file"
         try:
-            r = json.loads(line)
+            r = json_loads(line)
         except ValueError:
             require(line.lstrip().startswith("{"), not_ours)
             cut.append(n)
@@ -511,7 +522,7 @@ def chrome_events(text, path, what):
     """The Chrome trace's events (a JSON array, or an object with traceEvents); None for JSON Lines.
     A trace that is not JSON (cut short) is refused: JSON Lines begin with an object."""
     try:
-        doc = json.loads(text)
+        doc = json_loads(text)
     except ValueError as e:
         require(not text.lstrip().startswith("[") and '"traceEvents"' not in text.lstrip().split("\n", 1)[0],
                 f"{what} '{path}' is a truncated or invalid Chrome trace ({e})")
@@ -698,7 +709,7 @@ def read_metrics(path, skip):
     steps, waits, batch, world = [], [], None, None
     for n, line in enumerate(text.splitlines(), 1):
         try:
-            e = json.loads(line)
+            e = json_loads(line)
         except ValueError:
             continue
         where = f"metrics file '{path}' line {n}"
@@ -721,7 +732,7 @@ def read_metrics(path, skip):
 def load_cluster(path, name):
     text = read_json_file(path, "clusters file")
     try:
-        presets = json.loads(text)
+        presets = json_loads(text)
     except ValueError:
         raise UsageError(f"clusters file '{path}' is not JSON")
     require(isinstance(presets, dict), f"clusters file '{path}' is not a JSON object of presets by name")
@@ -823,7 +834,7 @@ def fit_sweep(path):
         if line.strip():
             where = f"sweep '{path}' line {n}"
             try:
-                r = json.loads(line)
+                r = json_loads(line)
             except ValueError:
                 r = None
             require(isinstance(r, dict), f"{where} is not a line of bench/allreduce_sweep")
@@ -1028,6 +1039,10 @@ def cli(argv):
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 128 + 13
+    except OSError as e:  # standard output refused the results (`> file` on a full disk): as hpcdata says it
+        print(f"scaling_model: error: cannot write the results to standard output: {e.strerror}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left in its buffer goes nowhere
+        return 2
 
 
 if __name__ == "__main__":

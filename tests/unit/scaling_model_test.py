@@ -775,6 +775,33 @@ class ScalingModelTest(unittest.TestCase):
                 os.close(write)
                 self.assertEqual((r.returncode, r.stderr), (141, ""))
 
+    def test_json_nested_too_deeply_is_one_line(self):
+        """JSON nested past the decoder's depth in any input file: one line and exit 2 (it was a
+        RecursionError traceback, exit 1)."""
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        deep = self.write("deep.json", "[" * 100000 + "]" * 100000 + "\n")
+        base = ["--step-seconds", "0.025", "--clusters", self.clusters, "--cluster", "t"]
+        self.refuse_each([
+            (["--timeline", good, *base[:2], "--cluster", "t", "--clusters", deep], f"clusters file '{deep}' is not JSON"),
+            (["--timeline", deep, *base], "nested too deeply"),
+            (["--explain", deep], "nested too deeply"),
+            (["--fit-sweep", deep], "line 1 is not a line of bench/allreduce_sweep"),
+        ])
+
+    def test_results_that_cannot_be_written_are_one_line(self):
+        """Standard output on a full disk (/dev/full): one line naming it and exit 2, not a traceback."""
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full here")
+        good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
+        for extra in ([], ["--json"]):
+            with self.subTest(extra=extra), open("/dev/full", "w") as full:
+                r = subprocess.run([sys.executable, MODEL, "--timeline", good, "--step-seconds", "0.025", "--clusters",
+                                    self.clusters, "--cluster", "t", *extra], stdout=full, stderr=subprocess.PIPE,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(r.stderr, "scaling_model: error: cannot write the results to standard output: "
+                                           "No space left on device\n")
+
 
 if __name__ == "__main__":
     unittest.main()
