@@ -22,23 +22,123 @@ Only the hpcrun soak has these (each optional):
   --fds FILE               hpcrun's open file descriptors: unix_time<TAB>invocation<TAB>count a line
                            (growth within an invocation is left behind); --fds-end FILE: their
                            targets near the end, one a line
+An input it cannot read (missing, a directory or FIFO, not UTF-8, a line not of its kind, an event
+without the fields the report reads, --times not finite or ending before they start) is one line
+on stderr and exit 2, before any of the report is printed.
 """
-import argparse, collections, json, os, statistics, sys
+import argparse, collections, json, math, os, statistics, sys
+
+PROG = "chaos_report"
 
 
-def events(path):
+class UsageError(Exception):
+    """An input the report cannot read (a missing or foreign file, a bad option): one line, exit 2,
+    apart from a soak that failed (exit 1)."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (try --help)")
+
+
+def lines_of(path, what):
+    """The lines of a file the soak wrote: a regular file (a FIFO would be waited on for ever),
+    readable, UTF-8."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{what} {path}: " + ("no such file" if not os.path.exists(path) else
+                                               "a directory, not a file" if os.path.isdir(path) else
+                                               "not a regular file"))
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"{what} {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path} is not UTF-8 text") from None
+
+
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# What each event the report reads must hold (hpctrain's --metrics-file).
+NEEDED = {"step": ("unix_time", "step"), "config": ("unix_time", "resumed_from_step"), "done": ("steps",)}
+
+
+def events(path, what):
     out = []
-    for line in open(path):
-        try: out.append(json.loads(line))
-        except ValueError: pass  # a line cut by a killed rank 0
+    for n, line in enumerate(lines_of(path, what), 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a killed rank 0
+        except RecursionError:
+            raise UsageError(f"{what} {path}:{n}: not a metrics line (JSON nested too deeply)") from None
+        if not isinstance(e, dict):
+            raise UsageError(f"{what} {path}:{n}: not a metrics line (a JSON object of hpctrain's --metrics-file)")
+        for key in NEEDED.get(e.get("event"), ()):
+            if not is_number(e.get(key)):
+                raise UsageError(f"{what} {path}:{n}: its {e['event']} event's {key} is "
+                                 + ("missing" if key not in e else f"not a number ({json.dumps(e[key])[:40]})"))
+        if e.get("event") == "done" and not isinstance(e.get("state_checksum"), str):
+            raise UsageError(f"{what} {path}:{n}: its done event has no state_checksum (a run without a checkpoint?)")
+        out.append(e)
     return out
+
+
+def faults_of(path):
+    faults = []
+    for n, line in enumerate(lines_of(path, "--faults"), 1):
+        if not line.strip():
+            continue
+        f = line.split("\t")
+        try:
+            ok = len(f) >= 3 and all(math.isfinite(float(t)) for t in f[:2])
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"--faults {path}:{n}: not start<TAB>end<TAB>kind<TAB>where<TAB>detail (unix times)")
+        faults.append(f)
+    return faults
+
+
+def left_of(path):
+    """what<TAB>detail lines; a line without its detail is still something left behind."""
+    return [(l.split("\t", 1) + [""])[:2] for l in lines_of(path, "--left") if l.strip()]
+
+
+def summary_of(path):
+    """hpcrun's summary.json: its attempts (each with its hosts) and failures."""
+    try:
+        s = json.loads("\n".join(lines_of(path, "--hpcrun-summaries")))
+    except (ValueError, RecursionError):
+        s = None
+    ok = (isinstance(s, dict) and isinstance(s.get("failures"), int) and isinstance(s.get("attempts"), list)
+          and s["attempts"] and all(isinstance(t, dict) and isinstance(t.get("hosts"), str) for t in s["attempts"]))
+    if not ok:
+        raise UsageError(f"--hpcrun-summaries {path} is not hpcrun's summary.json (attempts with their hosts, failures)")
+    return s
+
+
+def fds_of(path):
+    fds = collections.defaultdict(list)
+    for n, line in enumerate(lines_of(path, "--fds"), 1):
+        if not line.strip():
+            continue
+        words = line.split()
+        if len(words) != 3 or not words[2].isdigit():
+            raise UsageError(f"--fds {path}:{n}: not unix_time<TAB>invocation<TAB>count")
+        fds[words[1]].append(int(words[2]))
+    return fds
 
 
 def pct(v, q): return sorted(v)[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv):
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--ref", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--faults", required=True)
@@ -54,10 +154,20 @@ def main():
     p.add_argument("--hosts", default="")
     p.add_argument("--fds")
     p.add_argument("--fds-end")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     ref_start, ref_end, start, end = a.times
+    if not all(math.isfinite(t) for t in a.times) or not (ref_end > ref_start and end > start):
+        raise UsageError(f"--times must be finite unix times with each end after its start, got "
+                         f"{' '.join(f'{t:g}' for t in a.times)}")
+    if a.min_kinds < 0:
+        raise UsageError(f"--min-kinds must be 0 or more, got {a.min_kinds}")
 
-    ref, run = events(a.ref), events(a.run)
+    # Every input read before the verdict: one it cannot read is exit 2, not a soak that failed.
+    ref, run = events(a.ref, "--ref"), events(a.run, "--run")
+    faults, left = faults_of(a.faults), left_of(a.left)
+    summaries = [summary_of(f) for f in sorted(a.hpcrun_summaries or [])]
+    fds = fds_of(a.fds) if a.fds else collections.defaultdict(list)
+    fds_end = " ".join(lines_of(a.fds_end, "--fds-end")).split() if a.fds_end and os.path.exists(a.fds_end) else None
     for path, ev in (a.ref, ref), (a.run, run):
         if not any(e.get("event") == "done" for e in ev):
             print(f"\nchaos soak (seed {a.seed}): no done event in {path}: that training did not finish")
@@ -66,7 +176,6 @@ def main():
     done = [e for e in run if e.get("event") == "done"][-1]
     steps = sorted((e["unix_time"], e["step"]) for e in run if e.get("event") == "step")
     starts = sorted((e["unix_time"], e["resumed_from_step"]) for e in run if e.get("event") == "config")
-    faults = [l.rstrip("\n").split("\t") for l in open(a.faults)]
     by_kind = collections.Counter(f[2] for f in faults)
     recover, redone, survived = [], [], 0
     for i, f in enumerate(faults):
@@ -84,20 +193,14 @@ def main():
         redone.append(sum(max(0, max([s for t, s in steps if t < tr] or [0]) - r) for tr, r in relaunch))
 
     ref_s, run_s = ref_end - ref_start, end - start
-    left = [l.rstrip("\n").split("\t", 1) for l in open(a.left)]
     launcher = f"; {a.note}" if a.note else ""
     if a.hpcrun_summaries is not None:
-        summaries = [json.load(open(f)) for f in sorted(a.hpcrun_summaries)]
         attempts = sum(len(s["attempts"]) for s in summaries)
         failed = sum(s["failures"] for s in summaries)
         last_hosts = [h.split(":")[0] for h in summaries[-1]["attempts"][-1]["hosts"].split(",")] if summaries else []
         left += [["host left out", h] for h in a.hosts.split(",") if h and h not in last_hosts]
         launcher = f"; hpcrun: {attempts} attempt(s) in {len(summaries)} invocation(s), {failed} failed" + launcher
-    fds = collections.defaultdict(list)
     if a.fds:
-        for l in open(a.fds):
-            t, inv, n = l.split()
-            fds[inv].append(int(n))
         fd_growth = max((v[-1] - v[0] for v in fds.values()), default=0)
         if fd_growth > 0: left.append(["hpcrun file descriptors", f"{fd_growth} more near the end than at the first fault"])
 
@@ -115,8 +218,8 @@ def main():
     if a.fds:
         fd_line = ", ".join(f"invocation {k}: {v[0]} at the first fault, {v[-1]} near the end" for k, v in fds.items())
         print(f"  hpcrun's open file descriptors: {fd_line or 'not sampled'}")
-        if a.fds_end and os.path.exists(a.fds_end):
-            print("    near the end: " + ", ".join(sorted(collections.Counter(open(a.fds_end).read().split()).elements())))
+        if fds_end is not None:
+            print("    near the end: " + ", ".join(sorted(collections.Counter(fds_end).elements())))
     print(f"  left behind: {len(left)}" + "".join(f"\n    {w}: {x}" for w, x in left))
     same = done["state_checksum"] == done_ref["state_checksum"] and done["steps"] == done_ref["steps"]
     print(f"  state_checksum: {done['state_checksum']} at step {done['steps']}, undisturbed {done_ref['state_checksum']} at "
@@ -125,5 +228,20 @@ def main():
     return 0 if same and not left and len(by_kind) >= a.min_kinds else 1
 
 
+def cli(argv):
+    """main() with an input it cannot read as one line on stderr and exit code 2."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+        return code
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # standard output refused the report (a full disk)
+        print(f"{PROG}: error: cannot write the report to standard output: {e.strerror}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left in its buffer goes nowhere
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(sys.argv[1:]))

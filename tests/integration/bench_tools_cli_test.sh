@@ -92,4 +92,33 @@ for args in "--no-such-option" "$hpctrain_stand_in --no-such-option" "-x $hpctra
     echo "ok: same_bits.sh $args -> 2: $err"
   fi
 done
+
+# bench/chaos_report.py: an input it cannot read is one line and exit 2 (1 is a soak that failed),
+# never a traceback (it was one for each of these, and a --times of no length divided by zero).
+chaos_report=$(cd "$(dirname "$0")/../.." && pwd)/bench/chaos_report.py
+soak=$(mktemp -d)
+trap 'rm -f "$hpctrain_stand_in"; rm -rf "$soak"' EXIT
+printf '%s\n' '{"event":"config","unix_time":100,"resumed_from_step":-1}' '{"event":"step","unix_time":101,"step":1}' \
+  '{"event":"done","unix_time":102,"steps":1,"state_checksum":"ab"}' > "$soak/ok.jsonl"
+printf '1\n' > "$soak/number.jsonl"
+printf '{"event":"done","steps":1}\n' > "$soak/no_checksum.jsonl"
+printf '{"event":"step","unix_time":1,"step":"x"}\n' > "$soak/step_text.jsonl"
+printf '\xff\n' > "$soak/latin1.jsonl"
+printf '101\t101.5\tkill\th1\trank 0\n' > "$soak/faults.tsv"
+printf '101\n' > "$soak/short_faults.tsv"
+: > "$soak/left.tsv"
+printf '{"attempts":[]}\n' > "$soak/summary.json"
+printf '1 2\n' > "$soak/fds.txt"
+mkdir "$soak/dir"
+mkfifo "$soak/fifo"
+soak_args=(--ref "$soak/ok.jsonl" --run "$soak/ok.jsonl" --faults "$soak/faults.tsv" --left "$soak/left.tsv"
+  --times 100 102 100 102 --seed 1 --duration 1 --mean-interval 1 --min-kinds 1 --job test)
+check "$chaos_report" 0 "${soak_args[@]}"
+for bad in "--no-such-option" "--times 100 102 100 100" "--times nan 102 100 102" "--min-kinds -1" \
+  "--ref $soak/missing.jsonl" "--ref $soak/dir" "--run $soak/fifo" "--run $soak/number.jsonl" \
+  "--run $soak/no_checksum.jsonl" "--run $soak/step_text.jsonl" "--run $soak/latin1.jsonl" \
+  "--faults $soak/short_faults.tsv" "--hpcrun-summaries $soak/summary.json" "--fds $soak/fds.txt"; do
+  # shellcheck disable=SC2086 # each case is words
+  check "$chaos_report" 2 "${soak_args[@]}" $bad
+done
 exit $failed
