@@ -393,7 +393,7 @@ job_resume_newest() {
   done
 }
 
-# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES and MAX_FAILURES_IN_A_ROW whole numbers (decimal), checked
+# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT and MPIRUN_KILL_WAIT whole numbers (decimal), checked
 # before the training rather than when a stop asks for a requeue.
 job_check_requeue_settings() {
   [[ "${REQUEUE:-1}" == [01] ]] || job_die "REQUEUE must be 1 (requeue after a stop or failure) or 0, not '$REQUEUE'"
@@ -403,6 +403,9 @@ job_check_requeue_settings() {
     job_die "MAX_FAILURES_IN_A_ROW must be a whole number of failed runs, 1 to 999999, not '$MAX_FAILURES_IN_A_ROW'"
   [[ "${SRUN_WAIT:-60}" =~ ^[0-9]{1,5}$ ]] && ((10#${SRUN_WAIT:-60} <= 86400)) ||
     job_die "SRUN_WAIT must be a whole number of seconds, 0 (no limit) to 86400, not '$SRUN_WAIT'"
+  # mpirun took any word (abc, 1m) and a leading 0 as octal: the ranks' time to checkpoint, silently wrong.
+  [[ "${MPIRUN_KILL_WAIT:-30}" =~ ^[0-9]{1,5}$ ]] && ((10#${MPIRUN_KILL_WAIT:-30} <= 86400)) ||
+    job_die "MPIRUN_KILL_WAIT must be a whole number of seconds, 0 to 86400, not '$MPIRUN_KILL_WAIT'"
 }
 
 job_run_trainer() {
@@ -483,7 +486,7 @@ job_run_trainer() {
       # passes SIGTERM to the ranks and kills them 1 s later (odls_base_sigkill_timeout): too
       # soon for a checkpoint of a big model. MPIRUN_KILL_WAIT seconds instead (Slurm's KillWait
       # bounds it anyway); mpirun waits as long after a rank's non-zero exit (75 included).
-      launch=(mpirun --bind-to none --mca odls_base_sigkill_timeout "${MPIRUN_KILL_WAIT:-30}")
+      launch=(mpirun --bind-to none --mca odls_base_sigkill_timeout "$((10#${MPIRUN_KILL_WAIT:-30}))")
       ((EUID != 0)) || launch+=(--allow-run-as-root)
       ;;
     hpcrun)

@@ -4,7 +4,7 @@
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
 # number to 1), and so are slurm/local-cluster.sh up's --nodes and --cpus-per-node (no cluster is
 # started); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
-# are refused; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW or SRUN_WAIT it cannot use before the training runs,
+# are refused; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT or MPIRUN_KILL_WAIT it cannot use before the training runs,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT); the options of a --config file count
@@ -159,7 +159,8 @@ chmod +x "$work/job"
 export REPO=$repo
 job="$work/job"
 for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x MAX_FAILURES_IN_A_ROW=0 MAX_FAILURES_IN_A_ROW=x \
-  SRUN_WAIT=-1 SRUN_WAIT=1m SRUN_WAIT=86401 SRUN_WAIT=x; do
+  SRUN_WAIT=-1 SRUN_WAIT=1m SRUN_WAIT=86401 SRUN_WAIT=x MPIRUN_KILL_WAIT=abc MPIRUN_KILL_WAIT=1m MPIRUN_KILL_WAIT=-5 \
+  MPIRUN_KILL_WAIT=86401 MPIRUN_KILL_WAIT=010x; do
   refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" LAUNCHER=srun SLURM_JOB_ID=1 "$bad" --
 done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
@@ -444,6 +445,18 @@ if [[ $(grep -cE -- '--mpi=pmix --wait=10( |$)' "$work/srun.log") != 1 ]]; then
   fail "SRUN_WAIT=010: the training's srun not given --wait=10: $(tr '\n' ';' < "$work/srun.log") $(cat "$work/wait.out")"
 else
   echo "ok: the training's srun gets --wait=SRUN_WAIT (60 by default)"
+fi
+# mpirun gets MPIRUN_KILL_WAIT in decimal (Open MPI read 030 as octal, 24 s): a stand-in that
+# records its arguments, on a PATH of this check's own.
+mkdir -p "$work/mpirun-bin"
+printf '#!/bin/sh\necho "$*" > "%s"\nexit 75\n' "$work/mpirun.log" > "$work/mpirun-bin/mpirun"
+chmod +x "$work/mpirun-bin/mpirun"
+PATH="$work/mpirun-bin:$PATH" "$job" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/kill-ck" REQUEUE=0 \
+  SLURM_JOB_ID=1 LAUNCHER=mpirun MPIRUN_KILL_WAIT=030 -- > "$work/kill.out" 2>&1
+if ! grep -qE -- '--mca odls_base_sigkill_timeout 30( |$)' "$work/mpirun.log" 2> /dev/null; then
+  fail "MPIRUN_KILL_WAIT=030: mpirun not given 30: $(cat "$work/mpirun.log" 2>&1) $(cat "$work/kill.out")"
+else
+  echo "ok: mpirun gets odls_base_sigkill_timeout MPIRUN_KILL_WAIT, in decimal"
 fi
 
 # A --config FILE's options are hpctrain's too (the command line wins over them): the script looked
