@@ -204,7 +204,8 @@ pack() {
 }
 
 env_lines() {
-  local dir=${1:?env needs the folder pack made}
+  [[ -n "${1:-}" ]] || die "env needs the folder pack made (bench/device_deps.sh env DIR)"
+  local dir=$1
   [[ -f "$dir/deps.tar.xz" ]] || die "no $dir/deps.tar.xz (run bench/device_deps.sh pack first, and carry it)"
   local to=${HPCTRAIN_DEPS:-/tmp/hpctrain-deps}
   if [[ ! -f $to/.unpacked ]]; then

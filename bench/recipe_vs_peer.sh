@@ -44,7 +44,7 @@ done
 require_count --steps "$steps"
 require_count --samples "$samples"
 require_smoothing "$smoothing"
-[[ "$lr" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] && awk "BEGIN { exit !($lr > 0) }" ||
+[[ "$lr" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] && awk "BEGIN { exit !($lr > 0) }" 2> /dev/null ||
   die "--lr must be a positive number, got '$lr'"
 [[ "$tolerance" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || die "--loss-tolerance must be a number, got '$tolerance'"
 locate_programs

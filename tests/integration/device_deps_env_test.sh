@@ -5,7 +5,7 @@
 # and mpi_vs_peer.sh) is the pack's Open MPI, which hpctrain is linked with there, not an
 # `mpirun` of the machine's own (a stand-in here, first on PATH after the pack's folder). The
 # pack has no `mpirun`: Debian makes that name an update-alternatives link, which is not packed.
-# A damaged pack is one error line naming it, exit 2.
+# A damaged pack, or no folder given, is one error line naming it, exit 2.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$(cd "$here/../../bench" && pwd)
@@ -48,6 +48,12 @@ tail="): make it again with bench/device_deps.sh pack"
 [[ $code == 2 && $out == "$head"*"$tail" && $out != *$'\n'* ]] ||
   fail "env on a damaged pack exited $code, wanted 2 and '${head}...$tail'" "$out"
 [[ ! -e $tmp/damaged/.unpacked ]] || fail "a damaged pack marked unpacked" ""
+
+# env without its folder: one error line of the script's own (it was bash's "1: env needs ...", exit 1).
+out=$("$bench/device_deps.sh" env 2>&1 > /dev/null)
+code=$?
+[[ $code == 2 && $out == "device_deps.sh: error: env needs the folder pack made (bench/device_deps.sh env DIR)" ]] ||
+  fail "env without its folder exited $code, wanted 2 and one error line" "$out"
 
 # pack into a folder outside the repository: refused at once (the device call's carry takes only
 # paths inside the tree), before the long compression, and nothing made there.
