@@ -423,7 +423,12 @@ job_run_trainer() {
   fi
   # Never others' to write in, whatever the umask: under umask 000 mkdir made it 0777, which
   # hpctrain then refused (another user could plant a checkpoint there), leaving it for anyone.
-  (umask o-w && mkdir -p "$CHECKPOINT_DIR") || job_die "cannot create the checkpoint directory $CHECKPOINT_DIR"
+  # One line: mkdir's own reason inside it (it printed a second line, with its own name).
+  local made
+  [[ -d "$CHECKPOINT_DIR" || ! -e "$CHECKPOINT_DIR" ]] ||
+    job_die "the checkpoint directory $CHECKPOINT_DIR exists and is not a directory"
+  made=$( (umask o-w && mkdir -p -- "$CHECKPOINT_DIR") 2>&1) ||
+    job_die "cannot create the checkpoint directory $CHECKPOINT_DIR: ${made##*: }"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")
   # The options are the job's, the same on every run of it: a --resume FILE (a fine-tune's start)
   # or --resume none made every requeued run (and every chain segment) start over from FILE, and

@@ -165,6 +165,9 @@ for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQ
 done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
 refused "job.sh --checkpoint-dir=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir=
+# A checkpoint directory that cannot be made: one line with mkdir's reason (it was mkdir's line and ours).
+refused "job.sh CHECKPOINT_DIR a file" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 CHECKPOINT_DIR="$work/trainer/ck" --
+refused "job.sh --checkpoint-dir a file" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir "$work/trainer"
 # A metrics file that is a stream keeps no last line: every finished job was requeued.
 mkfifo "$work/fifo"
 refused "job.sh --metrics-file /dev/stdout" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --metrics-file /dev/stdout
