@@ -15,8 +15,12 @@ require_torch() {
   "$python" -c 'import torch' 2> /dev/null || die "$python cannot import torch (run ./setup.sh --bench)"
 }
 
-# Positive integer check for an option's value: require_count NAME VALUE.
-require_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
+# Positive integer check for an option's value: require_count NAME VALUE. At most 18 digits: bash's
+# arithmetic wraps past 2^63 without a word (--seeds 18446744073709551617 ran once).
+require_count() {
+  [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"
+  ((${#2} <= 18)) || die "$1 must be a positive integer of at most 18 digits, got '$2'"
+}
 
 # build_paths: root (the repository) and build (BUILD_DIR, default build, under root unless
 # absolute); then exports HPCTRAIN (default build's hpctrain) and HPCRUN (build's hpcrun).

@@ -183,6 +183,10 @@ refuse recipe_vs_peer.sh "--steps must be a positive integer, got '0'" --steps 0
 refuse recipe_vs_peer.sh "--samples must be a positive integer, got 'x'" --samples x
 refuse recipe_vs_peer.sh "--lr must be a positive number, got '-1'" --lr -1
 refuse recipe_vs_peer.sh "--lr must be a positive number, got '0'" --lr 0
+refuse recipe_vs_peer.sh "--steps must be a positive integer of at most 18 digits, got '18446744073709551617'" \
+  --steps 18446744073709551617  # bash's arithmetic took it for 1
+refuse cpu_vs_peer.sh "--epochs must be a positive integer of at most 18 digits, got '99999999999999999999'" \
+  --epochs 99999999999999999999
 refuse recipe_vs_peer.sh "--lr must be a positive number, got '1e999'" --lr 1e999  # awk's own line, "decimal overflow", not said
 refuse recipe_vs_peer.sh "--label-smoothing must be a number in [0, 1) such as 0.1, got '1'" --label-smoothing 1
 refuse recipe_vs_peer.sh "--loss-tolerance must be a number, got 'tiny'" --loss-tolerance tiny
