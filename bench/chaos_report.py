@@ -230,6 +230,9 @@ def main(argv):
 
 def cli(argv):
     """main() with an input it cannot read as one line on stderr and exit code 2."""
+    if sys.stdout is None:  # started with it closed (`>&-`): print() would pass over it
+        print(f"{PROG}: error: cannot write the report to standard output: it is closed", file=sys.stderr)
+        return 2
     try:
         code = main(argv)
         sys.stdout.flush()

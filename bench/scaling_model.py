@@ -1029,6 +1029,9 @@ def as_json(doc):
 def cli(argv):
     """main() with a user's mistake as one line on stderr and exit code 2; a reader that stops early
     (| head) ends it quietly, as it would a program SIGPIPE ends (exit 141)."""
+    if sys.stdout is None:  # started with it closed (`>&-`): print() would pass over it
+        print("scaling_model: error: cannot write the results to standard output: it is closed", file=sys.stderr)
+        return 2
     try:
         code = main(argv)
         sys.stdout.flush()

@@ -121,4 +121,15 @@ for bad in "--no-such-option" "--times 100 102 100 100" "--times nan 102 100 102
   # shellcheck disable=SC2086 # each case is words
   check "$chaos_report" 2 "${soak_args[@]}" $bad
 done
+# Its report refused by standard output: a full disk, or closed (print() passed over that: exit 0, no report).
+for out in /dev/full '&-'; do
+  err=$(bash -c "exec \"\$0\" \"\$@\" >$out" "$chaos_report" "${soak_args[@]}" 2>&1)
+  rc=$?
+  if [[ $rc -ne 2 || $err != "chaos_report: error: cannot write the report to standard output: "* || $err == *$'\n'* ]]; then
+    echo "FAIL: chaos_report.py >$out: exit $rc, want 2 and one line: $err"
+    failed=1
+  else
+    echo "ok: chaos_report.py >$out -> 2: $err"
+  fi
+done
 exit $failed

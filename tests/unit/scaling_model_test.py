@@ -789,7 +789,8 @@ class ScalingModelTest(unittest.TestCase):
         ])
 
     def test_results_that_cannot_be_written_are_one_line(self):
-        """Standard output on a full disk (/dev/full): one line naming it and exit 2, not a traceback."""
+        """Standard output on a full disk (/dev/full), or closed: one line naming it and exit 2, not a
+        traceback."""
         if not os.path.exists("/dev/full"):
             self.skipTest("no /dev/full here")
         good = self.write("t.jsonl", jsonl_timeline(BUCKETS))
@@ -801,6 +802,12 @@ class ScalingModelTest(unittest.TestCase):
                 self.assertEqual(r.returncode, 2, r.stderr)
                 self.assertEqual(r.stderr, "scaling_model: error: cannot write the results to standard output: "
                                            "No space left on device\n")
+        # Started with standard output closed (`>&-`): it was an AttributeError traceback.
+        r = subprocess.run(["bash", "-c", 'exec "$0" "$@" >&-', sys.executable, MODEL, "--timeline", good,
+                            "--step-seconds", "0.025", "--clusters", self.clusters, "--cluster", "t"],
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual((r.returncode, r.stderr), (2, "scaling_model: error: cannot write the results to standard "
+                                                       "output: it is closed\n"))
 
 
 if __name__ == "__main__":
