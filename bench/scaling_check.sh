@@ -36,10 +36,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ranks_list=2,3,4 steps=150 keep="" cold_bytes=""
 while (($#)); do
   case "$1" in
-    --cold-bytes) cold_bytes=${2:-}; shift 2 || die "--cold-bytes needs a value" ;;
+    --cold-bytes) cold_bytes=${2:-}; shift 2 || die "--cold-bytes needs a value"
+      [[ -n $cold_bytes ]] || die "--cold-bytes is empty (an unset variable?)" ;;
     --ranks) ranks_list=${2:-}; shift 2 || die "--ranks needs a value" ;;
     --steps) steps=${2:-}; shift 2 || die "--steps needs a value" ;;
-    --keep) keep=${2:-}; shift 2 || die "--keep needs a value" ;;
+    --keep) keep=${2:-}; shift 2 || die "--keep needs a value"
+      # Empty, it was no --keep at all: the run's files removed at its end, without a word.
+      [[ -n $keep ]] || die "--keep is an empty path (an unset variable?)" ;;
     -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac

@@ -66,6 +66,9 @@ refuse "--cold-bytes must be a byte count" --cold-bytes 09
 PYTHON=$tmp/no-python refuse "no $tmp/no-python (set PYTHON)" --ranks 2 --steps 11
 touch "$tmp/file"
 refuse "--keep $tmp/file is not a directory" --keep "$tmp/file"
+# Empty values (an unset variable) were taken for no option: --keep's files removed at the end.
+refuse "--keep is an empty path (an unset variable?)" --ranks 2 --steps 11 --keep ""
+refuse "--cold-bytes is empty (an unset variable?)" --ranks 2 --steps 11 --cold-bytes ""
 # --cold-bytes 0: no cold sweep, no second set of predictions. Into the first run's --keep
 # directory: its files are cleared first (its checkpoints would resume, training no step, and its
 # metrics grow), a file of the user's is left.
