@@ -292,6 +292,9 @@ job_srun_cpus() {
 job_stage_data() {
   [[ -n "${STAGE_FROM:-}" ]] || return 0
   [[ -n "${STAGE_TO:-}" ]] || job_die "STAGE_FROM is set but STAGE_TO is not: set where the dataset goes"
+  # Anything but 1 was taken for 0: STAGE_PER_NODE=yes staged once, on one node's own disk only.
+  [[ "${STAGE_PER_NODE:-0}" == [01] ]] ||
+    job_die "STAGE_PER_NODE must be 1 (stage on every node) or 0 (once, for storage every node sees), not '$STAGE_PER_NODE'"
   job_act_on_signal "before the staging"
   local stage=("${HPCTRAIN_HOME:?}/datasets/hpcdata" stage "$STAGE_FROM" "$STAGE_TO") code=0
   # shellcheck disable=SC2206  # STAGE_ARGS: words, as on a command line

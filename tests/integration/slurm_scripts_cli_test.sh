@@ -368,6 +368,11 @@ run_ends "a failed staging" 0 requeueing SLURM_RESTART_COUNT=4 MAX_FAILURES_IN_A
   HPCTRAIN_HOME="$work/home-failing" STAGE_FROM=s3://data/x STAGE_TO="$work/data"
 run_ends "a second failed staging" 1 "2 runs in a row have failed without a new checkpoint" SLURM_RESTART_COUNT=5 \
   MAX_FAILURES_IN_A_ROW=2 HPCTRAIN_HOME="$work/home-failing" STAGE_FROM=s3://data/x STAGE_TO="$work/data"
+# STAGE_PER_NODE other than 0 or 1 (it was taken for 0: one node's own disk staged), before the staging.
+for bad in yes 2 true; do
+  refused "job.sh with STAGE_PER_NODE=$bad" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 \
+    HPCTRAIN_HOME="$work/home-failing" STAGE_FROM=s3://data/x STAGE_TO="$work/data" STAGE_PER_NODE="$bad" --
+done
 
 # A signal while the dataset is staged: the copy stops and the job is requeued (its next run
 # stages the rest). SIGTERM (a preemption) ended the shell with 143, unrequeued. The stand-in
