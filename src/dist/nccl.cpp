@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
+#include "dist/bucketer.hpp"
 
 #define NCCL_CHECK(expr) HPC_GPU_CHECK("NCCL", expr, ncclSuccess, ncclGetErrorString)
 
@@ -77,7 +78,7 @@ void NcclCommunicator::wait() {
 
 void NcclCommunicator::enqueue_weighted_sum(float* data, int64_t n, float share) {
   const auto count = static_cast<size_t>(n);
-  if (share * static_cast<float>(size_) == 1.0f) {
+  if (even_share(share, size_)) {
     NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, ncclAvg, comm_, stream_));
     return;
   }

@@ -450,7 +450,7 @@ class GpuEngine final : public Engine {
   // made and destroyed around each call, which a replayed graph would outlive: those steps run
   // eagerly.
   bool graphable(float share) const {
-    return bucketer_ ? share * static_cast<float>(nccl_->size()) == 1.0f : share == 1.0f;
+    return bucketer_ ? dist::even_share(share, nccl_->size()) : share == 1.0f;
   }
 
   // A new step's reduction: this rank's share of the global batch (1 on one GPU).

@@ -31,6 +31,7 @@
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
 #include "dist/agree.hpp"
+#include "dist/bucketer.hpp"
 #include "optim/schedule.hpp"
 #include "train/engine/engine.hpp"
 #include "train/observe/metrics.hpp"
@@ -631,7 +632,7 @@ bool TrainingRun::run_epoch(int64_t epoch) {
 // One step on this rank's part of the global batch; its loss.
 double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTally& e, const StepStart& start) {
   const int64_t global_len = plan_.sampler->global_batch_length(batch.step);
-  const float share = static_cast<float>(static_cast<double>(batch.size()) / static_cast<double>(global_len));
+  const float share = dist::batch_share(batch.size(), global_len);
   const double seen = tally_.samples_seen;
   const double lr = plan_.schedule->lr(seen);
   const StepResult r = engine_->train_step(batch, share, lr, plan_.schedule->momentum(seen, o_.momentum));
