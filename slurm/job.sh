@@ -219,6 +219,33 @@ job_write_requeues() {  # written whole, then renamed: a run killed meanwhile le
     job_log "cannot write $file: the runs without a new checkpoint are not counted"
 }
 
+# job_check_checkpoint_dir DIR: refuses (exit 2) a checkpoint directory that every user may write
+# to, or one in (or to be made in) a folder every user may write to that is not sticky, as hpctrain
+# and hpcrun do (require_safe_directory; they check who owns each too). Checked here, before this
+# script makes it or writes its slurm-requeues there: a failed staging or a signal before the
+# launch wrote that before hpctrain could refuse, through a slurm-requeues.tmp.PID link another
+# user had planted (over any file the job's user may write), after staging the dataset for nothing.
+job_check_checkpoint_dir() {
+  local at=$1 real mode part shown=$1
+  [[ "$at" == /* ]] || at=$PWD/$at
+  while [[ ! -e "$at" && "$at" != / ]]; do at=$(dirname -- "$at"); done  # the part there already
+  real=$(cd -P -- "$at" 2> /dev/null && pwd) || return 0                  # (mkdir says why)
+  if [[ "$at" == "$1" && "$real" != "$1" ]]; then shown+=" ($real)"; fi
+  at=$real
+  while :; do
+    mode=$(stat -c %a -- "$at") || return 0
+    # Writable by others: 2 in the last digit. Sticky (/tmp's 1777): 1 in the fourth. The
+    # directory itself may be neither; a folder above it may be both.
+    if (((8#$mode & 2) != 0)) && { [[ -d "$1" && "$at" == "$real" ]] || (((8#$mode & 8#1000) == 0)); }; then
+      part="it is"
+      [[ -d "$1" && "$at" == "$real" ]] || part="$at is"
+      job_die "the checkpoint directory $shown: $part writable by others (mode $mode): another user could replace what is read back there, or plant a link that a write would follow; chmod o-w it, or use a directory of your own"
+    fi
+    [[ "$at" != / ]] || return 0
+    at=$(dirname -- "$at")
+  done
+}
+
 # job_requeue_or_exit CODE WHY: requeue this job if it may be, else exit with CODE.
 job_requeue_or_exit() {
   local code=$1 why=$2 state newest_now=""
@@ -430,6 +457,7 @@ job_run_trainer() {
   local made
   [[ -d "$CHECKPOINT_DIR" || ! -e "$CHECKPOINT_DIR" ]] ||
     job_die "the checkpoint directory $CHECKPOINT_DIR exists and is not a directory"
+  job_check_checkpoint_dir "$CHECKPOINT_DIR"
   made=$( (umask o-w && mkdir -p -- "$CHECKPOINT_DIR") 2>&1) ||
     job_die "cannot create the checkpoint directory $CHECKPOINT_DIR: ${made##*: }"
   job_has_option metrics-file "${args[@]}" || args+=(--metrics-file "$CHECKPOINT_DIR/metrics.jsonl")

@@ -311,6 +311,42 @@ else
   echo "ok: job.sh under umask 000 -> nothing it made is others' to write"
 fi
 
+# A checkpoint directory every user may write to (or one to be made in such a folder, not sticky)
+# is refused before the staging, as hpctrain refuses it: a failed staging wrote slurm-requeues
+# there first, through the slurm-requeues.tmp.PID links another user had planted for the PIDs
+# to come, over a file of the job's user's. A folder above it that is sticky (/tmp) will do.
+mkdir -p "$work/shared" "$work/home-stage/datasets"
+chmod 777 "$work/shared"
+printf '#!/bin/sh\necho "no credentials" >&2\nexit 1\n' > "$work/home-stage/datasets/hpcdata"
+chmod +x "$work/home-stage/datasets/hpcdata"
+echo precious > "$work/precious"
+# (One process plants them all: an ln each would use up the PIDs planted for.)
+python3 -c 'import os, sys
+first = int(open("/proc/sys/kernel/ns_last_pid").read())
+for p in range(first, first + 400): os.symlink(sys.argv[1], "%s/slurm-requeues.tmp.%d" % (sys.argv[2], p))' \
+  "$work/precious" "$work/shared"
+for dir in "$work/shared" "$work/shared/run"; do
+  out=$("$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/trainer" CHECKPOINT_DIR="$dir" \
+    SLURM_JOB_ID=7 JOB_STATE_RETRY_SECONDS=0 HPCTRAIN_HOME="$work/home-stage" STAGE_FROM=s3://data/x \
+    STAGE_TO="$work/data" -- 2>&1)
+  rc=$?
+  if ((rc != 2)) || [[ "$(cat "$work/precious")" != precious || -e "$work/shared/run" ||
+    "$out" != "hpctrain-slurm: error: the checkpoint directory $dir: "*"writable by others (mode 777)"* ]]; then
+    fail "job.sh with CHECKPOINT_DIR=$dir in a folder all may write to: exit $rc (want 2), the planted link's target holds '$(cat "$work/precious")': $out"
+  else
+    echo "ok: job.sh with CHECKPOINT_DIR=$dir in a folder all may write to -> refused before it writes there"
+  fi
+done
+chmod 1777 "$work/shared"
+out=$(timeout 30 "$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/trainer" \
+  CHECKPOINT_DIR="$work/shared/run" SLURM_JOB_ID=7 JOB_STATE_RETRY_SECONDS=0 -- 2>&1)
+rc=$?
+if ((rc != 0)) || [[ ! -f "$work/shared/run/slurm-requeues" ]]; then
+  fail "job.sh with CHECKPOINT_DIR in a sticky folder all may write to: exit $rc (want 0, requeued): $out"
+else
+  echo "ok: job.sh with CHECKPOINT_DIR in a sticky folder all may write to -> runs"
+fi
+
 # MAX_REQUEUES=0 on the first run (no SLURM_RESTART_COUNT): it died on the unset variable.
 stop_ends "MAX_REQUEUES=0 on a first run" "already requeued 0 times without a new checkpoint (MAX_REQUEUES): exit 75" \
   -u SLURM_RESTART_COUNT MAX_REQUEUES=0 CHECKPOINT_DIR="$work/none"
