@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 import hpc_cloud
 from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, NOT_IN_TIME, STATE_LOCKED,
                        TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, StateBusy, aws_client,
-                       cooldown_key, ec2_client, is_own_reason, live_instances, load_config, peek_launches, scontrol,
-                       set_down, setup_logging, write_atomically)
+                       cooldown_key, ec2_client, is_own_reason, live_instances, load_config, open_lock, peek_launches,
+                       scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -580,7 +580,7 @@ def main():
         return 2
     setup_logging(cfg, "clustermgtd")
     os.makedirs(os.path.dirname(cfg["state_file"]) or ".", exist_ok=True)
-    with open(cfg["state_file"] + ".clustermgtd.lock", "a", encoding="utf-8") as lock:
+    with open_lock(cfg["state_file"] + ".clustermgtd.lock") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

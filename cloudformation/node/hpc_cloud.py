@@ -456,6 +456,23 @@ def mark_forgotten(state_file, nodes, asked):
                      json.dumps({"asked": asked, "nodes": list(nodes)}), 0o644)
 
 
+def open_lock(path):
+    """The lock file `path` (made if missing), opened for flock: 0600, this program's user's alone,
+    whatever the umask, and one made looser before (0644) is made so. A lock file others can open,
+    if only to read, is one they can flock: any user on the head node held the state file's lock
+    (every resume.py then set its nodes down), suspend.py's (no launch was then taken for a
+    retry) or the cluster manager's (each pass said "another pass is running", and none ran)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            with contextlib.suppress(PermissionError):  # (another user's: left to its owner)
+                os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def take_lock(lock, wait):
     """An exclusive flock on the open file `lock`, waited for without a bound (wait None) or for at
     most `wait` seconds; whether it was had."""
@@ -497,7 +514,7 @@ class State:
 
     def __enter__(self):
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
-        self._lock, self._marks = open(self.path + ".lock", "a", encoding="utf-8"), []
+        self._lock, self._marks = open_lock(self.path + ".lock"), []
         if not take_lock(self._lock, self.wait):
             self._lock.close()
             raise StateBusy(f"the state file {self.path} stayed locked for {self.wait:g} s (resume.py, "
@@ -613,7 +630,7 @@ def suspending(state_file):
     before it waits for the state file's lock: resume.py asks suspend_running() whether the
     launch records it reads may be an earlier power-up's that suspend.py has yet to forget."""
     os.makedirs(os.path.dirname(state_file) or ".", mode=0o755, exist_ok=True)
-    with open(state_file + ".suspend.lock", "a", encoding="utf-8") as lock:
+    with open_lock(state_file + ".suspend.lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
         yield
 
@@ -621,7 +638,7 @@ def suspending(state_file):
 def suspend_running(state_file):
     """Whether a suspend.py holds suspending() now."""
     os.makedirs(os.path.dirname(state_file) or ".", mode=0o755, exist_ok=True)
-    with open(state_file + ".suspend.lock", "a", encoding="utf-8") as lock:
+    with open_lock(state_file + ".suspend.lock") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

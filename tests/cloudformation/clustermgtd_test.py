@@ -268,6 +268,26 @@ class ClusterManager(unittest.TestCase):
             self.assertEqual(self.run_pass(), [])
         self.assertEqual(self.run_pass(), ["update nodename=gpu-1 state=resume"])
 
+    def test_the_lock_files_are_no_one_elses_to_open(self):
+        """A lock file that another user may open, if only to read, is one they may flock: any user
+        on the head node then held the cluster manager's lock (each pass said "another pass is
+        running", and none ran), the state file's (resume.py set its nodes down) or suspend.py's.
+        0600 whatever the umask, and one left 0644 by an earlier version is made 0600."""
+        self.slurm(("gpu-1", "down+cloud+powered_down", "hpctrain: resume failed: x", ""))
+        state = self.cfg["state_file"]
+        os.makedirs(os.path.dirname(state), exist_ok=True)
+        with open(state + ".lock", "a", encoding="utf-8"):
+            pass
+        os.chmod(state + ".lock", 0o644)
+        old = os.umask(0)
+        try:
+            self.run_pass()
+            hpc_cloud.suspend_running(state)
+        finally:
+            os.umask(old)
+        for name in (".lock", ".clustermgtd.lock", ".suspend.lock"):
+            self.assertEqual(oct(os.stat(state + name).st_mode & 0o777), oct(0o600), name)
+
     # ------------------------------------------------------------------ the state file's lock
     def hooked_aws(self, before):
         """boto3 clients whose every call is first passed to before(operation, params)."""
