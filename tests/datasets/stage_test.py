@@ -225,6 +225,26 @@ class DestOfAnotherUser(unittest.TestCase):
                                             "following it (remove it, or stage into another DEST)"])
         self.assertTrue(os.path.islink(os.path.join(dest, ".hpcdata-stage.lock")))
 
+    def test_lock_file_is_no_other_users_to_open(self):
+        """The lock file is never others' to open, whatever the umask: one they may open, if only to
+        read, is one they may flock (a user watching DEST held it the moment it was made, and every
+        staging into DEST waited, then gave up). The group's as the umask says (a team's jobs share
+        a DEST). The stand-in aws records its mode while the staging holds it."""
+        dest = os.path.join(self.tmp, "dest")
+        os.makedirs(dest)
+        record = os.path.join(self.tmp, "lock-mode")
+        with open(os.path.join(self.tmp, "bin", "aws"), "w") as f:
+            f.write(f'#!/bin/sh\nstat -c %a {dest}/.hpcdata-stage.lock > {record}\nexit 255\n')
+        for umask, mode, left in ((0o000, "660", None), (0o022, "640", None), (0o022, "640", 0o644)):
+            if left is not None:  # one a killed staging of an earlier hpcdata left
+                with open(os.path.join(dest, ".hpcdata-stage.lock"), "w"):
+                    pass
+                os.chmod(os.path.join(dest, ".hpcdata-stage.lock"), left)
+            code, err = self.stage(dest, umask=umask)
+            self.assertEqual(code, 1, err)
+            with open(record) as f:
+                self.assertEqual(f.read().strip(), mode, f"the lock file's mode under umask {umask:03o}, left {left}")
+
 
 class MalformedJson(unittest.TestCase):
     """hpcdata's markers in DEST and the CLI's listing, malformed: nested past what json decodes
