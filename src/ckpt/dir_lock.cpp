@@ -28,6 +28,11 @@ using Clock = std::chrono::steady_clock;
 
 constexpr double kDefaultStaleSeconds = 30;
 constexpr double kPollSeconds = 0.2;  // how often a waiter looks again
+// The lock file is this user's alone to open, whatever the umask. A lock others may open, if only
+// to read, is one they may lock (a read lock blocks the write lock): another user held a crashed
+// run's leftover lock file from the moment its holder died, and the relaunch (hpcrun's next
+// attempt, a requeued job) was refused at once as "in use by another run", exit 2, its job ended.
+constexpr mode_t kLockMode = 0600;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -160,7 +165,7 @@ class HolderWatch {
 // a file no longer named there. The fd of the new lock.
 int take_over(const std::string& path) {
   const std::string tmp = path + ".new." + host_name() + "." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, kLockMode);
   if (fd < 0) io_error("create", tmp);
   if (!try_lock(fd, tmp) || ::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
@@ -229,7 +234,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
   HolderWatch holder(path);
   bool said = false;
   for (;;) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, kLockMode);
     if (fd < 0) io_error("open", path);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -237,6 +242,8 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
       usage_error("the checkpoint directory's lock ", path, " is not a regular file (a FIFO or device of that name?): ",
                   "remove it");
     }
+    // One an earlier hpctrain left 0644 (a crashed run's): others' bits go before it is locked.
+    if ((st.st_mode & 077) != 0 && st.st_uid == ::geteuid()) ::fchmod(fd, kLockMode);
     if (try_lock(fd, path)) {
       if (same_inode(fd, path)) {  // else taken over between the open and the lock: look again
         const auto left = read_key_values(path);

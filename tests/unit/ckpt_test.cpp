@@ -432,6 +432,47 @@ TEST(DirectoryLock, ItsRemovalAtExitIsNotBlamedOnAnotherRun) {
   EXPECT_EQ(how.find("another run"), std::string::npos) << how;
 }
 
+// The lock file is no other user's to open, whatever the umask: one they could open for reading
+// was one they could read-lock, which blocks the write lock (a crashed run's leftover, held so, had
+// the relaunch refused at once as "in use by another run"). So 0600: made anew, taken over from a
+// stale holder, and one an earlier version left 0644.
+TEST(DirectoryLock, ItsFileIsNoOtherUsersToOpen) {
+  const mode_t umask_was = ::umask(0);
+  const auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  };
+  const TempDir fresh, left, stale;
+  {
+    const auto lock = ckpt::DirectoryLock::acquire(fresh.str(), 0, {});
+    EXPECT_EQ(mode_of(fresh.str() + "/lock"), 0600) << "made anew";
+  }
+  const int old = ::open((left.str() + "/lock").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(old, 0);
+  ::close(old);
+  {
+    const auto lock = ckpt::DirectoryLock::acquire(left.str(), 0, {});
+    EXPECT_EQ(mode_of(left.str() + "/lock"), 0600) << "left 0644";
+  }
+  setenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS", "1", 1);
+  const int held = ::open((stale.str() + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(held, 0);
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(held, F_OFD_SETLK, &l), 0);
+  const std::string record = "host=gone\npid=1\nunix_time=" + std::to_string(::time(nullptr) - 100) + "\nstate=held\n";
+  ASSERT_EQ(::pwrite(held, record.data(), record.size(), 0), static_cast<ssize_t>(record.size()));
+  {
+    const auto lock = ckpt::DirectoryLock::acquire(stale.str(), 30, {});
+    ASSERT_TRUE(lock);
+    EXPECT_EQ(mode_of(stale.str() + "/lock"), 0600) << "taken over";
+  }
+  ::close(held);
+  unsetenv("HPCTRAIN_TEST_LOCK_STALE_SECONDS");
+  ::umask(umask_was);
+}
+
 // The step a launcher reads: a whole number of 0 or more, else -1 (nothing it can compare with a
 // checkpoint's step; atoll read "12abc" as 12 and "x" as 0).
 TEST(Heartbeat, ItsStepIsAWholeNumberOrNone) {
