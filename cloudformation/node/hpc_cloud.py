@@ -649,11 +649,17 @@ def suspend_running(state_file):
 def write_atomically(path, data, mode, owner=None):
     """`data` (text or bytes) into `path` at once, with `mode` (and `owner`, a (uid, gid), if
     given) before it is in place: a reader, or a kill midway, sees the old file or the whole new
-    one, never half of it, and never a moment of looser permissions."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.")
+    one, never half of it, and never a moment of looser permissions. On the disk before the rename,
+    and the rename on it before the return: a head node that lost power just after could otherwise
+    come back with an empty state file (its launches' ClientTokens, cooldowns and protected mode
+    forgotten) or munge key."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, mode)
         if owner is not None:
             os.chown(tmp, *owner)
@@ -661,6 +667,11 @@ def write_atomically(path, data, mode, owner=None):
     except BaseException:
         os.unlink(tmp)
         raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def cooldown_key(instance_type, market, zone):

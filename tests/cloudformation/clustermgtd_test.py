@@ -288,6 +288,28 @@ class ClusterManager(unittest.TestCase):
         for name in (".lock", ".clustermgtd.lock", ".suspend.lock"):
             self.assertEqual(oct(os.stat(state + name).st_mode & 0o777), oct(0o600), name)
 
+    def test_the_state_file_is_on_the_disk_before_and_after_its_rename(self):
+        """The state file is replaced whole (write_atomically): its bytes synced before the rename,
+        the rename synced after (the directory). Without, a head node that lost power just after a
+        pass could come back with an empty state file: the launches' ClientTokens, the cooldowns
+        and protected mode forgotten."""
+        import stat
+
+        events, real_fsync, real_replace = [], os.fsync, os.replace
+
+        def fsync(fd):
+            events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+            real_fsync(fd)
+
+        def replace(a, b):
+            events.append("rename " + os.path.basename(b))
+            real_replace(a, b)
+        with mock.patch.object(os, "fsync", fsync), mock.patch.object(os, "replace", replace):
+            with hpc_cloud.State(self.cfg["state_file"]) as st:
+                st.cooldowns["x|spot|y"] = time.time() + 60
+        name = os.path.basename(self.cfg["state_file"])
+        self.assertEqual(events, ["fsync file", "rename " + name, "fsync dir"])
+
     # ------------------------------------------------------------------ the state file's lock
     def hooked_aws(self, before):
         """boto3 clients whose every call is first passed to before(operation, params)."""
