@@ -15,7 +15,7 @@
 #       every packed symbolic link points inside the pack, and every file a packed CMake package
 #       names is packed. Exit 1 naming what is missing.
 #   bench/device_deps.sh files        the files the pack holds, one a line (what `check` reads).
-#   bench/device_deps.sh env DIR      there: unpacks DIR/deps.tar.xz into /tmp/hpctrain-deps
+#   bench/device_deps.sh env DIR      there: unpacks DIR/deps.tar.xz into /tmp/hpctrain-deps-UID
 #       (HPCTRAIN_DEPS, once) and prints the export lines that make CMake, the compiler, the
 #       loader, Open MPI and the bench scripts' MPIRUN use it:
 #       eval "$(bench/device_deps.sh env .device)"
@@ -207,9 +207,17 @@ env_lines() {
   [[ -n "${1:-}" ]] || die "env needs the folder pack made (bench/device_deps.sh env DIR)"
   local dir=$1
   [[ -f "$dir/deps.tar.xz" ]] || die "no $dir/deps.tar.xz (run bench/device_deps.sh pack first, and carry it)"
-  local to=${HPCTRAIN_DEPS:-/tmp/hpctrain-deps}
+  local to=${HPCTRAIN_DEPS:-/tmp/hpctrain-deps-$(id -u)}
+  # What is there is put on PATH and LD_LIBRARY_PATH, and run: a folder another user made first
+  # (in a shared /tmp, .unpacked and all) or may write in would have their programs run as you.
+  (umask 077 && mkdir -p "$to") || die "cannot create $to"
+  [[ -d "$to" && ! -L "$to" && -O "$to" ]] ||
+    die "$to is not a folder of yours (another user's, or a link?): its programs would run as you; set HPCTRAIN_DEPS to a folder of your own"
+  local mode
+  mode=$(stat -c %a "$to")
+  (((8#$mode & 8#002) == 0)) ||
+    die "$to is writable by others (mode $mode): its programs would run as you; chmod o-w it, or set HPCTRAIN_DEPS to a folder of your own"
   if [[ ! -f $to/.unpacked ]]; then
-    mkdir -p "$to"
     local err
     err=$(tar -C "$to" -xJf "$dir/deps.tar.xz" 2>&1) ||
       die "cannot unpack $dir/deps.tar.xz into $to ($(head -n 1 <<< "$err")): make it again with bench/device_deps.sh pack"

@@ -55,6 +55,30 @@ code=$?
 [[ $code == 2 && $out == "device_deps.sh: error: env needs the folder pack made (bench/device_deps.sh env DIR)" ]] ||
   fail "env without its folder exited $code, wanted 2 and one error line" "$out"
 
+# A folder to unpack into that another user could have filled first (made before, in a shared
+# /tmp, with .unpacked and their own mpirun): its programs went on PATH and were run. One others
+# may write in, a link, or (as root) another user's: refused, one line, exit 2, nothing printed
+# to evaluate.
+planted() {
+  rm -rf "$1" && mkdir -p "$1/usr/bin" && : > "$1/.unpacked"
+  printf '#!/bin/sh\necho planted\n' > "$1/usr/bin/mpirun.openmpi" && chmod +x "$1/usr/bin/mpirun.openmpi"
+}
+tar -C "$tmp/root" -cJf "$tmp/pack/deps.tar.xz" usr
+planted "$tmp/open" && chmod 777 "$tmp/open"
+planted "$tmp/real" && ln -s real "$tmp/link"
+cases=("$tmp/open:is writable by others (mode 777)" "$tmp/link:is not a folder of yours")
+if ((EUID == 0)); then
+  planted "$tmp/theirs" && chown -R 65534 "$tmp/theirs" && chmod 755 "$tmp/theirs"
+  cases+=("$tmp/theirs:is not a folder of yours")
+fi
+for c in "${cases[@]}"; do
+  dir=${c%%:*} says=${c#*:}
+  out=$(HPCTRAIN_DEPS=$dir "$bench/device_deps.sh" env "$tmp/pack" 2> "$tmp/err")
+  code=$?
+  [[ $code == 2 && -z $out && $(< "$tmp/err") == "device_deps.sh: error: $dir $says"* && $(wc -l < "$tmp/err") == 1 ]] ||
+    fail "env into $dir exited $code, wanted 2 and '$dir $says'" "$out$(< "$tmp/err")"
+done
+
 # pack into a folder outside the repository: refused at once (the device call's carry takes only
 # paths inside the tree), before the long compression, and nothing made there.
 if grep -qx 'VERSION_ID="12"' /etc/os-release 2> /dev/null; then
@@ -68,4 +92,4 @@ else
 fi
 
 ((failures == 0)) || exit 1
-echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher, a damaged pack refused; pack outside the tree refused"
+echo "device_deps.sh env: unpacked into HPCTRAIN_DEPS, MPIRUN the pack's launcher, a damaged pack refused, a folder others could fill refused; pack outside the tree refused"
