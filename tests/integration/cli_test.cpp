@@ -1,6 +1,7 @@
 // The command line as a user meets it: every bad input is exit code 2 and exactly one line on
 // stderr, "hpctrain: error: ..." naming the problem (DESIGN.md principle 4); --help and
 // --version exit 0.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -742,6 +743,26 @@ TEST_F(Cli, ChromeTraceWithACutLastEvent) {
   EXPECT_EQ(text.rfind(kept + ",\n{\"name\":\"process_name\"", 0), 0u) << text;
   EXPECT_EQ(text.substr(text.size() - 3), "\n]\n");
   EXPECT_EQ(count_of(text, "step 3"), 0) << text;
+}
+
+// A Chrome trace another run is writing (its file locked) is refused, and left as it is: two runs
+// given one --timeline-file each wrote their events from the end they had found, over each
+// other's, and the file was no JSON array any more; both exited 0. Once it is free, appended to.
+TEST_F(Cli, ATimelineFileAnotherRunWritesIsRefused) {
+  const std::string t = work_.file("t.json");
+  write_text(t, "[\n]\n");
+  const int held = ::open(t.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(held, F_OFD_SETLK, &l), 0);
+  expect_refused({"--timeline-file", t},
+                 {"--timeline-file " + t + " is being written by another run: give each run a timeline file of its own"});
+  ::close(held);
+  const RunResult r = run({"--timeline-file", t});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_text(t).rfind("[\n{\"name\":\"process_name\"", 0), 0u);
 }
 
 // Outputs that are streams (issue 41). A FIFO that nothing reads is refused at once, and stays

@@ -73,11 +73,26 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
     fd_ = ::open(file_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd_ < 0) usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(errno));
   }
+  lock_against_another_run();
   if (out.st.st_size > 0) find_end(out.st.st_size);
   // A new file holds an empty array from the start: a run that a signal or a crash ends before its
   // first events (written every 100 steps) left 0 bytes, which no trace viewer or JSON reader
   // loads. (Removed again at a normal end if nothing was written to it.)
   if (created_ && ::pwrite(fd_, "[\n]\n", 4, 0) == 4) end_ = 1;
+}
+
+// One run writes a trace at a time, for the file's life in this process (a write lock of the open
+// file description, which the kernel drops when the process ends, however): two runs given one
+// --timeline-file (a sweep's tasks, a second job started with the first's options) each wrote
+// their events from the end they had found, over each other's, and the file was no JSON array any
+// more; both exited 0. A file system without locks (ENOLCK) is written as before.
+void TraceFile::lock_against_another_run() {
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  if (::fcntl(fd_, F_OFD_SETLK, &l) == 0 || (errno != EAGAIN && errno != EACCES)) return;
+  ::close(std::exchange(fd_, -1));
+  usage_error(kOption, " ", path_, " is being written by another run: give each run a timeline file of its own");
 }
 
 // The array's first '[' and its last whole event: the next events go after it (over the "]").
