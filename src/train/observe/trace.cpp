@@ -73,7 +73,7 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
     fd_ = ::open(file_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd_ < 0) usage_error("cannot open ", kOption, " ", path, ": ", std::strerror(errno));
   }
-  lock_against_another_run();
+  if (!lock_against_another_run()) return;
   if (out.st.st_size > 0) find_end(out.st.st_size);
   // A new file holds an empty array from the start: a run that a signal or a crash ends before its
   // first events (written every 100 steps) left 0 bytes, which no trace viewer or JSON reader
@@ -85,14 +85,21 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
 // file description, which the kernel drops when the process ends, however): two runs given one
 // --timeline-file (a sweep's tasks, a second job started with the first's options) each wrote
 // their events from the end they had found, over each other's, and the file was no JSON array any
-// more; both exited 0. A file system without locks (ENOLCK) is written as before.
-void TraceFile::lock_against_another_run() {
+// more; both exited 0. A run that finds it locked writes no timeline, with a warning, and goes on:
+// the holder may be the run of a host that was lost, whose lock an NFS server (EFS) keeps until
+// its lease ends (about 90 s), past the checkpoint directory's takeover (30 s), and a relaunch
+// refused there would end the job. A file system without locks (ENOLCK) is written as before.
+bool TraceFile::lock_against_another_run() {
   struct flock l {};
   l.l_type = F_WRLCK;
   l.l_whence = SEEK_SET;
-  if (::fcntl(fd_, F_OFD_SETLK, &l) == 0 || (errno != EAGAIN && errno != EACCES)) return;
+  if (::fcntl(fd_, F_OFD_SETLK, &l) == 0 || (errno != EAGAIN && errno != EACCES)) return true;
   ::close(std::exchange(fd_, -1));
-  usage_error(kOption, " ", path_, " is being written by another run: give each run a timeline file of its own");
+  closed_ = true;
+  log::warn(kOption, " ", path_, " is being written by another process (another run given the same file, or a lost "
+            "host's run whose lock its file server still keeps): this run writes no timeline and goes on; give each "
+            "run a timeline file of its own");
+  return false;
 }
 
 // The array's first '[' and its last whole event: the next events go after it (over the "]").

@@ -61,7 +61,7 @@ class TraceFile {
   void close();
 
  private:
-  void lock_against_another_run();  // usage error while another process writes the file
+  bool lock_against_another_run();  // false (said, the file closed) while another process writes it
   void find_end(off_t size);  // where the next events go in an existing file
   bool write_at(const std::string& text, off_t at, int& error);  // false: failed, with errno in error
   void give_up(int error);  // after a failed write: the warning, the file's end put back, no more writes
