@@ -58,7 +58,11 @@ def lines_of(path, what):
 
 
 def is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number (an integer too large for a float, 400 digits, is not one)."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 # What each event the report reads must hold (hpctrain's --metrics-file).
@@ -78,7 +82,8 @@ def events(path, what):
             raise UsageError(f"{what} {path}:{n}: not a metrics line (JSON nested too deeply)") from None
         if not isinstance(e, dict):
             raise UsageError(f"{what} {path}:{n}: not a metrics line (a JSON object of hpctrain's --metrics-file)")
-        for key in NEEDED.get(e.get("event"), ()):
+        kind = e.get("event")
+        for key in NEEDED.get(kind, ()) if isinstance(kind, str) else ():  # (a list is no key)
             if not is_number(e.get(key)):
                 raise UsageError(f"{what} {path}:{n}: its {e['event']} event's {key} is "
                                  + ("missing" if key not in e else f"not a number ({json.dumps(e[key])[:40]})"))
@@ -128,7 +133,7 @@ def fds_of(path):
         if not line.strip():
             continue
         words = line.split()
-        if len(words) != 3 or not words[2].isdigit():
+        if len(words) != 3 or not (words[2].isascii() and words[2].isdigit()):  # ("²" is a digit to isdigit)
             raise UsageError(f"--fds {path}:{n}: not unix_time<TAB>invocation<TAB>count")
         fds[words[1]].append(int(words[2]))
     return fds

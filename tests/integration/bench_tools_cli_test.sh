@@ -109,15 +109,22 @@ printf '101\n' > "$soak/short_faults.tsv"
 : > "$soak/left.tsv"
 printf '{"attempts":[]}\n' > "$soak/summary.json"
 printf '1 2\n' > "$soak/fds.txt"
+# (Each of these three was a traceback: an "event" that is no string, a number past a float's
+# range, a count whose digit is not 0-9.)
+{ printf '{"event":["x"]}\n'; cat "$soak/ok.jsonl"; } > "$soak/list_event.jsonl"
+printf '{"event":"step","unix_time":1,"step":1%0400d}\n' 0 > "$soak/huge_step.jsonl"
+printf '1\t1\t\xc2\xb2\n' > "$soak/fds_superscript.txt"
 mkdir "$soak/dir"
 mkfifo "$soak/fifo"
 soak_args=(--ref "$soak/ok.jsonl" --run "$soak/ok.jsonl" --faults "$soak/faults.tsv" --left "$soak/left.tsv"
   --times 100 102 100 102 --seed 1 --duration 1 --mean-interval 1 --min-kinds 1 --job test)
 check "$chaos_report" 0 "${soak_args[@]}"
+check "$chaos_report" 0 "${soak_args[@]/#$soak\/ok.jsonl/$soak/list_event.jsonl}"  # not an event it reads
 for bad in "--no-such-option" "--times 100 102 100 100" "--times nan 102 100 102" "--min-kinds -1" \
   "--ref $soak/missing.jsonl" "--ref $soak/dir" "--run $soak/fifo" "--run $soak/number.jsonl" \
   "--run $soak/no_checksum.jsonl" "--run $soak/step_text.jsonl" "--run $soak/latin1.jsonl" \
-  "--faults $soak/short_faults.tsv" "--hpcrun-summaries $soak/summary.json" "--fds $soak/fds.txt"; do
+  "--faults $soak/short_faults.tsv" "--hpcrun-summaries $soak/summary.json" "--fds $soak/fds.txt" \
+  "--run $soak/huge_step.jsonl" "--fds $soak/fds_superscript.txt"; do
   # shellcheck disable=SC2086 # each case is words
   check "$chaos_report" 2 "${soak_args[@]}" $bad
 done
