@@ -226,22 +226,28 @@ TEST_F(GpuKernels, ACaptureHoldsWhileAnotherThreadFreesMemory) {
   void* pinned = device::allocate_pinned(1 << 20);
   ASSERT_NE(pinned, nullptr);
   cudaGraph_t g = nullptr;
+  cudaError_t began = cudaSuccess, set = cudaSuccess, ended = cudaSuccess;
   std::thread other;
   {
     const auto capturing = device::exclude_capture();
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    began = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     other = std::thread([&] {
       device::release_pinned(pinned);
-      const auto excluded = device::exclude_capture();  // as the GPU decoder's batch
+      const auto excluded = device::exclude_capture();  // as the GPU decoder's batch takes it
       train::DeviceBuffer grown;
       grown.get(1 << 20);
       grown.get(1 << 22);  // a cudaFree, then a cudaMalloc
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_EQ(cudaMemsetAsync(y.get(), 0, (1 << 16) * sizeof(float), s), cudaSuccess);
-    ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+    if (began == cudaSuccess) {
+      set = cudaMemsetAsync(y.get(), 0, (1 << 16) * sizeof(float), s);
+      ended = cudaStreamEndCapture(s, &g);
+    }
   }
-  other.join();
+  other.join();  // (before any assertion returns: a thread left joinable would abort the test)
+  ASSERT_EQ(began, cudaSuccess);
+  ASSERT_EQ(set, cudaSuccess);
+  ASSERT_EQ(ended, cudaSuccess);
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
   EXPECT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
