@@ -46,6 +46,10 @@ python3 "$node_dir/export_munge_key.py"
 
 # 4. Slurm.
 install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm /var/log/hpctrain /var/lib/hpctrain
+# The power log, Slurm's user's before any program writes it: launch_check.py (root, step 8 and
+# each update) would otherwise make it root's whenever it came first, and resume.py, suspend.py
+# and the cluster manager (Slurm's user) could then not open it: their lines would reach no log group.
+[[ -e /var/log/hpctrain/power.log ]] || install -o slurm -g slurm -m 0644 /dev/null /var/log/hpctrain/power.log
 "$node_dir/apply_head_settings.sh"  # again by cfn-hup after each update of the settings
 
 # 5. The cluster manager. A pass holds the state file's lock that resume.py and suspend.py wait

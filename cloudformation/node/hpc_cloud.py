@@ -684,17 +684,25 @@ def market_cooldown_key(market):
 
 
 def setup_logging(cfg, program):
+    """Log lines to standard error and to the configuration's log_file (the power log, which the
+    CloudWatch agent sends to the log group). A log file that cannot be opened (another user's:
+    bootstrap_head.sh makes it Slurm's user's before any program runs) is said on standard error,
+    where its lines then go alone: they were lost without a word."""
     handlers = [logging.StreamHandler(sys.stderr)]
     log_file = cfg.get("log_file") if cfg else None
+    unwritable = None
     if log_file:
         try:
             os.makedirs(os.path.dirname(log_file), exist_ok=True)
             handlers.append(logging.FileHandler(log_file))
-        except OSError:
-            pass
+        except OSError as e:
+            unwritable = e.strerror or str(e)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format=f"%(asctime)s {program}: %(levelname)s: %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)  # not its "Found credentials" on every run
+    if unwritable:
+        logging.warning("cannot write the log file %s (%s): this run's lines go to standard error alone",
+                        log_file, unwritable)
 
 
 def main_wrapper(program, body, on_failure=None):

@@ -110,6 +110,23 @@ class HeadUnits(unittest.TestCase):
         self.assertLessEqual(int(m[1]) * (60 if m[2] == "min" else 1), 600)
         self.assertGreater(int(m[1]), 0)
 
+    def test_the_power_log_is_slurms_before_any_program_writes_it(self):
+        """launch_check.py runs as root (bootstrap's last step, each update), resume.py, suspend.py
+        and the cluster manager as Slurm's user: a power log root made first was theirs to open no
+        more, and their lines reached no log group. bootstrap_head.sh makes the cluster's log_file
+        Slurm's user's before the settings, the cluster manager's timer and launch_check.py. (Planted:
+        the line moved after launch_check.py.)"""
+        with open(os.path.join(NODE_DIR, "bootstrap_head.sh"), encoding="utf-8") as f:
+            text = f.read()
+        with open(os.path.join(NODE_DIR, "..", "cluster.yaml"), encoding="utf-8") as f:
+            log = re.search(r'"log_file": "([^"]+)"', f.read())[1]
+        made = re.search(r"install -o slurm -g slurm -m 0644 /dev/null (\S+)\n", text)
+        self.assertTrue(made, "bootstrap_head.sh makes no power log as Slurm's user")
+        self.assertEqual(made[1], log)
+        for later in ('"$node_dir/apply_head_settings.sh"', "systemctl enable --now hpctrain-clustermgtd.timer",
+                      'python3 "$node_dir/launch_check.py"'):
+            self.assertLess(made.start(), text.index(later), later)
+
 
 class Verify(unittest.TestCase):
     """systemd-analyze verify on each rendered unit."""

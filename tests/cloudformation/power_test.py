@@ -14,6 +14,7 @@ refused (suspend.py powers the nodes down all the same)."""
 
 import io
 import json
+import logging
 import os
 import runpy
 import subprocess
@@ -167,6 +168,23 @@ class PowerSaving(MotoCluster):
             lines = f.read().splitlines()
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("resume.py: ERROR: gpu-[1-2] failed: TypeError: 'NoneType' is not subscriptable", lines[0])
+
+    def test_a_log_file_that_cannot_be_opened_is_said_on_standard_error(self):
+        """A power log that cannot be opened (another user's: root's launch_check.py made it before
+        Slurm's programs ran; here a directory) is said on standard error, once, and the lines
+        go there: they reached no log group, and nothing said so. (Planted: the warning left out.)"""
+        log = os.path.join(self.tmp.name, "power.log")
+        os.mkdir(log)  # (root opens any file: a directory in its place cannot be opened to append)
+        err = io.StringIO()
+        with mock.patch("sys.stderr", err):
+            hpc_cloud.setup_logging({"log_file": log}, "suspend.py")
+            logging.error("gpu-1 failed: the line")
+        said = err.getvalue().splitlines()
+        self.assertEqual(len(said), 2, said)
+        self.assertIn(f"suspend.py: WARNING: cannot write the log file {log} (Is a directory): this run's lines go "
+                      "to standard error alone", said[0])
+        self.assertIn("suspend.py: ERROR: gpu-1 failed: the line", said[1])
+        self.assertEqual(os.listdir(log), [])
 
     def test_suspend_terminates_exactly_those_nodes(self):
         resume.resume(self.cfg, hpc_cloud.expand_hostlist("gpu-[1-3]"))
