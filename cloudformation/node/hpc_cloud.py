@@ -465,7 +465,9 @@ def open_lock(path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         if os.fstat(fd).st_mode & 0o077:
-            with contextlib.suppress(PermissionError):  # (another user's: left to its owner)
+            # (Another user's: left to its owner; a file system that takes no modes, some FUSE
+            # mounts' ENOTSUP: the lock works as before.)
+            with contextlib.suppress(OSError):
                 os.fchmod(fd, 0o600)
         return os.fdopen(fd, "a", encoding="utf-8")
     except BaseException:

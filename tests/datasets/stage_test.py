@@ -8,6 +8,7 @@ touched, and the copy never starts in a directory holding someone's files. A DES
 owns or could write into is refused, and the lock file is never opened through a link."""
 
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -244,6 +245,30 @@ class DestOfAnotherUser(unittest.TestCase):
             self.assertEqual(code, 1, err)
             with open(record) as f:
                 self.assertEqual(f.read().strip(), mode, f"the lock file's mode under umask {umask:03o}, left {left}")
+
+    def test_a_lock_file_whose_mode_cannot_be_set_is_still_taken(self):
+        """Making a leftover lock file others' to open no more is hardening, not a condition: on a
+        file system that takes no modes (chmod's ENOTSUP, some FUSE mounts) the staging locks as
+        before. (Planted: only PermissionError passed over: the OSError ended the staging, its
+        descriptor lost.)"""
+        import importlib.machinery
+        import importlib.util
+        from unittest import mock
+
+        loader = importlib.machinery.SourceFileLoader("hpcdata_for_the_lock", HPCDATA)
+        hpcdata = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+        loader.exec_module(hpcdata)
+        dest = os.path.join(self.tmp, "dest")
+        os.makedirs(dest)
+        path = os.path.join(dest, ".hpcdata-stage.lock")
+        with open(path, "w"):
+            pass
+        os.chmod(path, 0o644)
+        with mock.patch.object(os, "fchmod", side_effect=OSError(errno.ENOTSUP, "Operation not supported")):
+            lock = hpcdata.StageLock(dest, 5)
+        with lock:
+            self.assertTrue(os.path.exists(path))
+        self.assertFalse(os.path.exists(path))
 
 
 class MalformedJson(unittest.TestCase):
