@@ -316,12 +316,22 @@ job_srun_cpus() {
   [[ -z "${SLURM_CPUS_PER_TASK:-}" ]] || echo "--cpus-per-task=$SLURM_CPUS_PER_TASK"
 }
 
-job_stage_data() {
+# job_check_stage_settings: STAGE_TO given with STAGE_FROM, STAGE_PER_NODE 0 or 1, and hpcdata there
+# to run; checked with the other settings, before the checkpoint directory is made.
+job_check_stage_settings() {
   [[ -n "${STAGE_FROM:-}" ]] || return 0
   [[ -n "${STAGE_TO:-}" ]] || job_die "STAGE_FROM is set but STAGE_TO is not: set where the dataset goes"
   # Anything but 1 was taken for 0: STAGE_PER_NODE=yes staged once, on one node's own disk only.
   [[ "${STAGE_PER_NODE:-0}" == [01] ]] ||
     job_die "STAGE_PER_NODE must be 1 (stage on every node) or 0 (once, for storage every node sees), not '$STAGE_PER_NODE'"
+  # A missing one failed every run alike (exit 127), each requeued as a failed staging.
+  [[ -n "${HPCTRAIN_HOME:-}" && -f "$HPCTRAIN_HOME/datasets/hpcdata" && -x "$HPCTRAIN_HOME/datasets/hpcdata" ]] ||
+    job_die "STAGE_FROM is set but there is no datasets/hpcdata to stage it with in HPCTRAIN_HOME '${HPCTRAIN_HOME:-}'"
+}
+
+job_stage_data() {
+  [[ -n "${STAGE_FROM:-}" ]] || return 0
+  job_check_stage_settings
   job_act_on_signal "before the staging"
   local stage=("${HPCTRAIN_HOME:?}/datasets/hpcdata" stage "$STAGE_FROM" "$STAGE_TO") code=0
   # shellcheck disable=SC2206  # STAGE_ARGS: words, as on a command line
@@ -440,8 +450,17 @@ job_check_requeue_settings() {
 
 job_run_trainer() {
   job_record_signals
-  [[ -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
+  # (A directory passes -x: launched, it failed every run with 126, each requeued as a lost rank.)
+  [[ -f "$HPCTRAIN" && -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   job_check_requeue_settings
+  # The launcher and the staging before anything is made or staged: a LAUNCHER=bogus job made its
+  # checkpoint directory and staged the whole dataset first, then was refused.
+  case "${LAUNCHER:-srun}" in
+    srun | mpirun) ;;
+    hpcrun) [[ -f "${HPCRUN:-}" && -x "${HPCRUN:-}" ]] || job_die "hpcrun not found at '${HPCRUN:-}' (build it, or set HPCRUN)" ;;
+    *) job_die "LAUNCHER must be srun, mpirun or hpcrun, not '$LAUNCHER'" ;;
+  esac
+  job_check_stage_settings
   local args=("$@")
   job_read_config "${args[@]}"
   if ! job_has_option checkpoint-dir "${args[@]}"; then
@@ -526,10 +545,8 @@ job_run_trainer() {
       ((EUID != 0)) || launch+=(--allow-run-as-root)
       ;;
     hpcrun)
-      [[ -x "${HPCRUN:-}" ]] || job_die "hpcrun not found at '${HPCRUN:-}' (build it, or set HPCRUN)"
       launch=("$HPCRUN" --log-dir "$CHECKPOINT_DIR/hpcrun")
       ;;
-    *) job_die "LAUNCHER must be srun, mpirun or hpcrun, not '$LAUNCHER'" ;;
   esac
   # shellcheck disable=SC2206  # LAUNCHER_ARGS: words, as on a command line
   launch+=(${LAUNCHER_ARGS:-})

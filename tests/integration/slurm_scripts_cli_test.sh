@@ -5,6 +5,7 @@
 # number to 1), and so are slurm/local-cluster.sh up's --nodes and --cpus-per-node (no cluster is
 # started); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
 # are refused; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT or MPIRUN_KILL_WAIT it cannot use before the training runs,
+# a LAUNCHER, HPCRUN, HPCTRAIN or staging setting it cannot use before it makes or stages anything,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
 # trainer's code (it died on an unset SLURM_RESTART_COUNT); the options of a --config file count
@@ -408,6 +409,23 @@ run_ends "a second failed staging" 1 "2 runs in a row have failed without a new 
 for bad in yes 2 true; do
   refused "job.sh with STAGE_PER_NODE=$bad" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 \
     HPCTRAIN_HOME="$work/home-failing" STAGE_FROM=s3://data/x STAGE_TO="$work/data" STAGE_PER_NODE="$bad" --
+done
+
+# A setting the job cannot run with is refused before the checkpoint directory is made or the
+# dataset staged: a LAUNCHER=bogus (or a missing HPCRUN) job made its directory and staged the whole
+# dataset first; an HPCTRAIN that is a directory passed -x and failed every run with 126, each
+# requeued as a lost rank. The stand-in hpcdata leaves a mark where it ran.
+mkdir -p "$work/home-mark/datasets"
+printf '#!/bin/sh\n: > "%s"\n' "$work/staged-mark" > "$work/home-mark/datasets/hpcdata"
+chmod +x "$work/home-mark/datasets/hpcdata"
+for bad in LAUNCHER=bogus "LAUNCHER=hpcrun HPCRUN=$work/no-hpcrun" "LAUNCHER=hpcrun HPCRUN=$work" "HPCTRAIN=$work" \
+  "HPCTRAIN_HOME=$work/home" "STAGE_TO=" "STAGE_PER_NODE=2"; do
+  rm -rf "$work/early-ck" "$work/staged-mark"
+  # shellcheck disable=SC2086  # the settings as words
+  refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 CHECKPOINT_DIR="$work/early-ck" \
+    HPCTRAIN_HOME="$work/home-mark" STAGE_FROM=s3://data/x STAGE_TO="$work/data" $bad --
+  [[ ! -e "$work/early-ck" && ! -e "$work/staged-mark" ]] ||
+    fail "job.sh with $bad: refused only after it made the checkpoint directory or staged the dataset"
 done
 
 # A signal while the dataset is staged: the copy stops and the job is requeued (its next run
