@@ -48,6 +48,12 @@ command -v sbatch > /dev/null || die "sbatch not found: run this where Slurm's c
 # each other's checkpoints.)
 checkpoint_dir=${CHECKPOINT_DIR:-$PWD/runs/hpctrain-chain-$(date +%Y%m%d-%H%M%S)-$$}
 [[ "$checkpoint_dir" == /* ]] || checkpoint_dir="$PWD/$checkpoint_dir"
+# One that is a file, or lies under one, failed every segment at its start: all N were submitted
+# and each ended at once (exit 2). Its nearest part that exists must be a directory.
+part=$checkpoint_dir
+while [[ ! -e "$part" && ! -L "$part" && "$part" == */* ]]; do part=${part%/*}; done
+[[ -z "$part" || -d "$part" ]] ||
+  die "CHECKPOINT_DIR $checkpoint_dir: $part exists and is not a directory; nothing submitted" 2
 
 jobs=()
 cancel_submitted() {

@@ -4,7 +4,7 @@
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
 # number to 1), and so are slurm/local-cluster.sh up's --nodes and --cpus-per-node (no cluster is
 # started); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
-# are refused; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT or MPIRUN_KILL_WAIT it cannot use before the training runs,
+# are refused, and so is a CHECKPOINT_DIR that is a file or lies under one; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT or MPIRUN_KILL_WAIT it cannot use before the training runs,
 # a LAUNCHER, HPCRUN, HPCTRAIN or staging setting it cannot use before it makes or stages anything,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
@@ -100,6 +100,11 @@ refused "chain.sh 18446744073709551617" "$repo/slurm/chain.sh" 18446744073709551
 refused "chain.sh 1e3" "$repo/slurm/chain.sh" 1e3
 for option in --dependency=afterok:5 --depend=afterok:5 -d -dafterany:5 --requeue --reque --export=NONE --export; do
   refused "chain.sh 2 $option" "$repo/slurm/chain.sh" 2 "$option"
+done
+# A CHECKPOINT_DIR that is a file, or lies under one, failed every segment at its start, after all
+# of them were submitted.
+for bad in "$work/bin/sbatch" "$work/bin/sbatch/run" "$work/bin/sbatch/a/b/"; do
+  refused "chain.sh with CHECKPOINT_DIR=$bad" env CHECKPOINT_DIR="$bad" "$repo/slurm/chain.sh" 2 -- --epochs 1
 done
 # slurm/local-cluster.sh up's arguments, checked before it needs root or Slurm: --nodes 08 (or 080)
 # printed bash's "value too great for base" besides the error line, and a 20-digit
