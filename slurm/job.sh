@@ -142,10 +142,14 @@ job_option_shown() {
 # fastest), one per line as "--NAME" then "VALUE"; exit 2 with a message on a malformed grid or an
 # INDEX outside it. job_sweep_size GRID: the number of points.
 job_sweep_size() {
-  local n=1 word values
+  local n=1 word values seen=" "
   for word in $1; do
     [[ "$word" =~ ^[a-z][a-z0-9-]*=[^,]+(,[^,]+)*$ ]] ||
       job_die "SWEEP entry '$word' is not NAME=V1,V2,... (an hpctrain option without --, then values)"
+    # Twice (lr=0.1 lr=0.2): every task got both options, and the grid counted both entries' values.
+    [[ "$seen" != *" ${word%%=*} "* ]] ||
+      job_die "SWEEP names ${word%%=*} twice: give one entry with all its values (${word%%=*}=V1,V2,...)"
+    seen+="${word%%=*} "
     values=${word#*=}
     IFS=, read -r -a values <<< "$values"
     n=$((n * ${#values[@]}))

@@ -229,6 +229,23 @@ for option in "--checkpoint-dir=$work/x" "--metrics-file $work/x" "--timeline-fi
     SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" \
     bash "$repo/slurm/sweep.sbatch" --epochs 1 $option
 done
+# SWEEP set but empty ran the script's example grid (6 points) without a word; an option named
+# twice gave every task both values. Outside sbatch (SLURM_JOB_NAME or SLURM_ARRAY_JOB_ID unset)
+# the scripts ended on bash's "unbound variable".
+for grid in "" "lr=0.1 lr=0.2" "lr=0.1,0.2 wd=1 lr=3"; do
+  refused "sweep.sbatch with SWEEP='$grid'" env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 \
+    SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" SWEEP="$grid" \
+    SWEEP_DIR="$work/sweep-empty" bash "$repo/slurm/sweep.sbatch" --epochs 1
+done
+refused "sweep.sbatch without SLURM_ARRAY_JOB_ID" env -u SLURM_ARRAY_JOB_ID -u SWEEP_DIR -u CHECKPOINT_DIR \
+  HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep \
+  SLURM_SUBMIT_DIR="$work" bash "$repo/slurm/sweep.sbatch" --epochs 1
+for script in train sweep; do
+  refused "$script.sbatch without SLURM_JOB_NAME" env -u SLURM_JOB_NAME -u SWEEP_DIR -u CHECKPOINT_DIR \
+    HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_JOB_ID=5 \
+    SLURM_SUBMIT_DIR="$work" bash "$repo/slurm/$script.sbatch" --epochs 1
+done
+[[ ! -e "$work/sweep-empty" && ! -e "$work/runs" ]] || fail "a refused sweep.sbatch or train.sbatch made a directory"
 # chain.sh with CHAIN_SCRIPT=slurm/sweep.sbatch gives every segment one CHECKPOINT_DIR, but each
 # segment (an array of its own) put its tasks under a new runs/<name>-<array id>: every segment
 # started from scratch. The tasks' directories are under CHECKPOINT_DIR where it is set.
