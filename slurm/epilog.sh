@@ -24,11 +24,32 @@ CLEAN_ARGS=${CLEAN_ARGS:-}        # more clean-snapshots options (--older-than 3
 CLEAN_TIMEOUT=${CLEAN_TIMEOUT:-60}        # seconds the cleanup may take before its SIGTERM
 CLEAN_KILL_AFTER=${CLEAN_KILL_AFTER:-10}  # and then before its SIGKILL
 
+# say MESSAGE: one line to the system log and stderr (slurmd keeps neither of an epilog's streams).
+say() {
+  echo "epilog.sh: error: $1" >&2
+  logger -t hpctrain-epilog "error: $1" 2> /dev/null || true
+}
+# A setting it cannot use: one line and no cleanup, exit 0 all the same (a failing epilog drains the
+# node). CLEAN_TIMEOUT=0 (or CLEAN_KILL_AFTER=0) was timeout's "no limit": a cleanup hung on a dead
+# file system held the node COMPLETING for ever; CLEAN_TIMEOUT=abc made every cleanup fail unseen.
+for setting in CLEAN_TIMEOUT CLEAN_KILL_AFTER; do
+  value=${!setting}
+  if ! [[ "$value" =~ ^[0-9]{1,5}$ ]] || ((10#$value < 1 || 10#$value > 86400)); then
+    say "$setting must be a whole number of seconds, 1 to 86400, not '$value': no snapshots cleaned"
+    exit 0
+  fi
+  printf -v "$setting" %d "$((10#$value))"
+done
 uid=${SLURM_JOB_UID:-}
 [[ "$uid" =~ ^[0-9]+$ ]] || exit 0
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-[[ -n "$HPCTRAIN" ]] || HPCTRAIN=$here/../build/src/hpctrain
-[[ -x "$HPCTRAIN" ]] || HPCTRAIN=$(PATH=/usr/local/bin:/usr/bin:/bin command -v hpctrain) || exit 0
+if [[ -n "$HPCTRAIN" ]]; then
+  # (A directory passes -x: every cleanup failed with 126, unseen.)
+  [[ -f "$HPCTRAIN" && -x "$HPCTRAIN" ]] || { say "HPCTRAIN '$HPCTRAIN' is not an executable file: no snapshots cleaned"; exit 0; }
+else
+  HPCTRAIN=$here/../build/src/hpctrain
+  [[ -f "$HPCTRAIN" && -x "$HPCTRAIN" ]] || HPCTRAIN=$(PATH=/usr/local/bin:/usr/bin:/bin command -v hpctrain) || exit 0
+fi
 
 # clean UID DIR: hpctrain clean-snapshots on DIR as the user UID; its code (timeout's 124 or 137
 # when it had to be ended).

@@ -11,7 +11,8 @@
 # trainer's code (it died on an unset SLURM_RESTART_COUNT); the options of a --config file count
 # as given (the script added its own --checkpoint-dir over the file's), and one it cannot read is
 # refused. Each refusal: one line, exit 2.
-# slurm/epilog.sh ends a cleanup that ignores SIGTERM, and cleans every user's snapshots as that user.
+# slurm/epilog.sh ends a cleanup that ignores SIGTERM, refuses (one line, exit 0) a CLEAN_TIMEOUT,
+# CLEAN_KILL_AFTER or HPCTRAIN it cannot use, and cleans every user's snapshots as that user.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d /tmp/hpctrain-slurm-scripts-XXXXXX)
@@ -637,6 +638,25 @@ if ((rc != 0 || took > 10)); then
 else
   echo "ok: epilog.sh ends a hung cleanup ($took s)"
 fi
+
+# A CLEAN_TIMEOUT or CLEAN_KILL_AFTER of 0 was timeout's "no limit" (a hung cleanup held the node
+# COMPLETING for ever), and one like 'abc' failed every cleanup unseen; an HPCTRAIN that is a
+# directory passed -x. Each: one line, no cleanup, exit 0 (a failing epilog drains the node).
+: > "$work/ran" && chmod 666 "$work/ran"
+# shellcheck disable=SC2016  # the recorder's own $(id -u) and $3, expanded when it runs
+printf '#!/bin/sh\necho "$(id -u) $3" >> %s\n' "$work/ran" > "$work/recorder"
+chmod 755 "$work/recorder"
+for bad in CLEAN_TIMEOUT=0 CLEAN_TIMEOUT=abc CLEAN_TIMEOUT=1m CLEAN_TIMEOUT=-1 CLEAN_KILL_AFTER=0 CLEAN_KILL_AFTER=99999999999 "HPCTRAIN=$work"; do
+  err=$(env HPCTRAIN="$work/recorder" "$bad" SNAPSHOT_DIR="$work/shm" SLURM_JOB_UID="$(id -u)" \
+    timeout 30 bash "$repo/slurm/epilog.sh" 2>&1 > /dev/null)
+  rc=$?
+  if ((rc != 0)) || [[ -s "$work/ran" || $(printf '%s\n' "$err" | grep -c .) != 1 || "$err" != *"${bad%%=*}"* ]]; then
+    fail "epilog.sh with $bad: exit $rc, want 0, one line naming ${bad%%=*} and no cleanup: '$err', ran '$(cat "$work/ran")'"
+  else
+    echo "ok: epilog.sh with $bad -> $err"
+  fi
+  : > "$work/ran"
+done
 
 # Every user's default folder is cleaned, each as its user, the job's user's first; a folder whose
 # name and owner disagree, a link, another name and an empty folder are passed over. (The
