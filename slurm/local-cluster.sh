@@ -384,6 +384,10 @@ up() {
     die "--cpus-per-node must be a number from 1 to 4096 (0: this machine's cores / N), not '$cpus'" 2
   [[ -z "$grace" || ("$grace" =~ ^[0-9]+$ && ${#grace} -le 5) ]] ||
     die "--preemption must be a grace time in whole seconds, not '$grace'" 2
+  # A --dir under a file: mkdir printed its error once per subdirectory (seven lines), exit 1.
+  local part=$dir
+  while [[ ! -e "$part" && ! -L "$part" ]]; do part=${part%/*}; part=${part:-/}; done
+  [[ -d "$part" ]] || die "--dir $dir: $part exists and is not a directory" 2
   kill_wait=${HPCTRAIN_SLURM_KILL_WAIT:-30}
   [[ "$kill_wait" =~ ^[1-9][0-9]{0,2}$ ]] && ((kill_wait >= 1 && kill_wait <= 300)) ||
     die "HPCTRAIN_SLURM_KILL_WAIT must be a whole number of seconds from 1 to 300, not '$kill_wait'" 2
@@ -408,7 +412,11 @@ up() {
     fi
     up_to=${up_to%/*}
   done
-  mkdir -p "$dir"/{etc,munge,state,spool,log,run,tmp}
+  local made
+  made=$(mkdir -p "$dir"/{etc,munge,state,spool,log,run,tmp} 2>&1) || {
+    made=${made%%$'\n'*}
+    die "cannot create --dir $dir: ${made##*: }" 2
+  }
   require_own_dir  # again: in a shared parent another user may have made it in the meantime
   : > "$dir/.hpctrain-local-cluster"
   chmod 755 "$dir" "$dir/munge"

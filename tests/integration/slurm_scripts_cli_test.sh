@@ -129,6 +129,9 @@ cluster_refused "--cpus-per-node must be a number from 1 to 4096" --nodes 09 --c
 cluster_refused "--cpus-per-node must be a number from 1 to 4096" --cpus-per-node 99999999999999999999
 cluster_refused "--cpus-per-node must be a number from 1 to 4096" --cpus-per-node 4097
 cluster_refused "HPCTRAIN_SLURM_KILL_WAIT must be" --nodes 08 --cpus-per-node 08 --preemption 09
+# A --dir under a file: seven lines of mkdir's (as root with Slurm there), exit 1.
+: > "$work/not-a-dir"
+cluster_refused "--dir $work/not-a-dir/c: $work/not-a-dir exists and is not a directory" --dir "$work/not-a-dir/c"
 [[ ! -e "$work/cluster" ]] || fail "local-cluster.sh up with bad arguments made $work/cluster"
 
 # Two chains submitted at once (a loop over learning rates) shared the default directory, named
