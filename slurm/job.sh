@@ -161,8 +161,10 @@ job_sweep_size() {
 job_sweep_point() {
   local grid=$1 index=$2 size words k word values
   size=$(job_sweep_size "$grid") || exit 2
-  [[ "$index" =~ ^[0-9]+$ ]] && ((index < size)) ||
+  # Decimal (bash read 08 as octal: its own error line, then this one); at most 9 digits.
+  [[ "$index" =~ ^[0-9]{1,9}$ ]] && ((10#$index < size)) ||
     job_die "array task '$index' is outside the sweep's $size point(s) (submit with --array=0-$((size - 1)))"
+  index=$((10#$index))
   read -r -a words <<< "$grid"
   local out=()
   for ((k = ${#words[@]} - 1; k >= 0; --k)); do

@@ -241,6 +241,16 @@ for grid in "" "lr=0.1 lr=0.2" "lr=0.1,0.2 wd=1 lr=3"; do
     SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" SWEEP="$grid" \
     SWEEP_DIR="$work/sweep-empty" bash "$repo/slurm/sweep.sbatch" --epochs 1
 done
+# An array task id read in decimal: '08' printed bash's "value too great for base" too.
+refused "sweep.sbatch task 08 of 8" env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 \
+  SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=08 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" SWEEP="lr=1,2,3,4,5,6,7,8" \
+  SWEEP_DIR="$work/sweep-empty" bash "$repo/slurm/sweep.sbatch" --epochs 1
+rm -f "$work/args"
+env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/recorder-trainer" SLURM_JOB_ID=5 REQUEUE=0 SLURM_ARRAY_JOB_ID=5 \
+  SLURM_ARRAY_TASK_ID=08 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" SWEEP="lr=1,2,3,4,5,6,7,8,9" \
+  SWEEP_DIR="$work/sweep-08" bash "$repo/slurm/sweep.sbatch" --epochs 1 > "$work/sweep-08.out" 2>&1
+[[ "$(grep -x -A1 -- --lr "$work/args" 2> /dev/null | tail -1)" == 9 ]] ||
+  fail "sweep.sbatch task 08 of 9 did not run --lr 9: $(cat "$work/sweep-08.out")"
 refused "sweep.sbatch without SLURM_ARRAY_JOB_ID" env -u SLURM_ARRAY_JOB_ID -u SWEEP_DIR -u CHECKPOINT_DIR \
   HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep \
   SLURM_SUBMIT_DIR="$work" bash "$repo/slurm/sweep.sbatch" --epochs 1
