@@ -56,9 +56,9 @@ while [[ ! -e "$part" && ! -L "$part" && "$part" == */* ]]; do part=${part%/*}; 
   die "CHECKPOINT_DIR $checkpoint_dir: $part exists and is not a directory; nothing submitted" 2
 
 jobs=()
-cancel_submitted() {
+cancel_submitted() {  # cancel_submitted K [WHY]
   ((${#jobs[@]})) && scancel "${jobs[@]}" 2> /dev/null
-  die "submitting segment $1 failed; cancelled the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
+  die "submitting segment $1 failed${2:+ ($2)}; cancelled the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
 }
 echo "$me: $segments segment(s) of $script, checkpoints in $checkpoint_dir"
 for ((k = 1; k <= segments; ++k)); do
@@ -68,6 +68,11 @@ for ((k = 1; k <= segments; ++k)); do
   id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 CHAIN_SEGMENT=$k sbatch --parsable --no-requeue --export=ALL "${dep[@]}" \
     "${sbatch_args[@]}" "$script" "$@") || cancel_submitted "$k"
   id=${id%%;*}  # --parsable: "id" or "id;cluster"
+  # Anything else (a site's sbatch wrapper that talks on stdout) was taken for the id: the next
+  # segment's dependency on it was refused, or a one-segment chain said "segment 1: job <words>".
+  shown=${id:0:80}
+  [[ "$id" =~ ^[0-9]{1,18}$ ]] ||
+    cancel_submitted "$k" "sbatch printed '${shown//$'\n'/\\n}', not a job id; see squeue for segment $k"
   jobs+=("$id")
   echo "segment $k: job $id"
 done

@@ -23,6 +23,7 @@ cat > "$work/bin/sbatch" << 'EOF'
 echo "$*" >> "$SUBMITTED"
 [ -z "${DIRS:-}" ] || echo "$CHECKPOINT_DIR" >> "$DIRS"
 [ -z "${SEGMENTS:-}" ] || echo "${CHAIN_SEGMENT:-}" >> "$SEGMENTS"
+[ -z "${SBATCH_SAYS:-}" ] || { printf '%s\n' "$SBATCH_SAYS"; exit 0; }
 echo "$(($(wc -l < "$SUBMITTED") + 100))"
 EOF
 printf '#!/bin/sh\nexit 0\n' > "$work/bin/scancel"
@@ -106,6 +107,17 @@ done
 # of them were submitted.
 for bad in "$work/bin/sbatch" "$work/bin/sbatch/run" "$work/bin/sbatch/a/b/"; do
   refused "chain.sh with CHECKPOINT_DIR=$bad" env CHECKPOINT_DIR="$bad" "$repo/slurm/chain.sh" 2 -- --epochs 1
+done
+# An sbatch that prints more than the job id (a site's wrapper) had its words taken for the id.
+for says in "Submitted batch job 7" $'7\nwarning: queue busy' " "; do
+  : > "$SUBMITTED"
+  err=$(SBATCH_SAYS=$says timeout 30 "$repo/slurm/chain.sh" 1 -- --epochs 1 2>&1 > /dev/null)
+  rc=$?
+  if ((rc != 1)) || [[ $(printf '%s\n' "$err" | grep -c .) != 1 || "$err" != *"not a job id"* ]]; then
+    fail "chain.sh with sbatch printing '$says': exit $rc, want 1 and one line: $err"
+  else
+    echo "ok: chain.sh with sbatch printing '${says//$'\n'/\\n}' -> $err"
+  fi
 done
 # slurm/local-cluster.sh up's arguments, checked before it needs root or Slurm: --nodes 08 (or 080)
 # printed bash's "value too great for base" besides the error line, and a 20-digit
