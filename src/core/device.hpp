@@ -54,6 +54,11 @@ void copy(void* dst, const void* src, size_t bytes, Copy direction);
 // Bytes the allocator holds for tensors now, and the most it ever held (for the metrics).
 size_t memory_in_use();
 size_t peak_memory_in_use();
+// Gives the blocks the caching allocator keeps for reuse back to the driver (cudaFree, which
+// waits for the device): before a library call that takes memory with cudaMalloc of its own,
+// which the cache would otherwise keep from it (cuDNN's cudnnFind*: nn/cuda/layers.cpp). Never
+// while a CUDA graph is being captured. Nothing in a build without CUDA.
+void empty_cache();
 
 // A CUDA graph's capture against the calls of other threads that may synchronise the device
 // (cudaFree, cudaFreeHost, nvJPEG's decode, which grows its own buffers with them): CUDA's

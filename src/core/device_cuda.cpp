@@ -153,6 +153,7 @@ void copy(void* dst, const void* src, size_t bytes, Copy direction) {
 
 size_t memory_in_use() { return allocator().stats().in_use; }
 size_t peak_memory_in_use() { return allocator().stats().peak_in_use; }
+void empty_cache() { allocator().empty_cache(); }
 
 }  // namespace device
 }  // namespace hpc

@@ -26,4 +26,5 @@ void zero(void* /*p*/, size_t /*bytes*/) { no_cuda(); }
 void copy(void* /*dst*/, const void* /*src*/, size_t /*bytes*/, Copy /*direction*/) { no_cuda(); }
 size_t memory_in_use() { return 0; }
 size_t peak_memory_in_use() { return 0; }
+void empty_cache() {}
 }  // namespace hpc::device

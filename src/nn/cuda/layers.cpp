@@ -25,6 +25,13 @@ int to_int(int64_t v) {
 // fastest can differ from run to run, after a resume and between ranks, and with it the bits.
 // Deterministic runs therefore take cuDNN's heuristic order (cudnnGet*_v7), fixed for a given
 // GPU and cuDNN; the others the measured order, as PyTorch's cudnn.benchmark.
+//
+// cudnnFind* runs every algorithm on memory it takes with cudaMalloc itself (input, filter,
+// output, each algorithm's workspace). At a batch shape first seen late in a run (an evaluation
+// batch, the last smaller one) the caching allocator holds a whole step's freed buffers, which
+// cudaMalloc cannot have: the search would fail outright (CUDNN_STATUS_ALLOC_FAILED) or drop the
+// algorithms whose workspace no longer fits. So the cache goes back to the driver first
+// (release_cache_for_find), as cuDNN asks the search to run before layer data is allocated.
 template <class Perf>
 const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char* what) {
   for (int i = 0; i < count; ++i) {
@@ -39,6 +46,10 @@ const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char
                                                   s.deterministic ? " that is deterministic" : "",
                                                   s.math == Math::Fp32 ? " in plain fp32" : ""));
 }
+
+// Before a cudnnFind* (see choose()): the cached blocks back to the driver. Never inside a CUDA
+// graph's capture: a plan is made in an eager step (gpu_engine's settle step).
+void release_cache_for_find() { device::empty_cache(); }
 
 // Compute type float in every precision: 16-bit convolutions accumulate in fp32 (cuDNN's
 // "pseudo" half and bfloat16 configurations).
@@ -195,6 +206,7 @@ ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   // left on the descriptor (which could narrow it to FMA kernels).
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_.get(), math_of(s.math)));
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_.get(), math_of(s.math)));
+  if (measure) release_cache_for_find();
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   CUDNN_CHECK(measure ? cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_.get(),
                                                              conv_fwd_.get(), y_desc_.get(), kMaxAlgos, &got, fwd)
@@ -220,6 +232,7 @@ void ConvGpu::choose_backward_data(Plan& p) {
   int got = 0;
   const GpuSettings& s = ctx_.settings();
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_.get(), math_of(s.math)));
+  if (!s.deterministic) release_cache_for_find();
   cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
   CUDNN_CHECK(!s.deterministic
                   ? cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_.get(), y_desc_.get(),
