@@ -195,7 +195,7 @@ build_step() {
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DHPCTRAIN_CUDA=ON -DHPCTRAIN_CUDNN=ON \
     -DHPCTRAIN_NCCL=ON -DHPCTRAIN_TEST_FASHION_MNIST_DIR="$data" "${cmake_args[@]}" > "$results/cmake.log" 2>&1 ||
     { tail -n 30 "$results/cmake.log"; die "cmake failed (log: $results/cmake.log)"; }
-  local targets=(hpctrain gpu_step kernels_test nccl_test network_test train_gpu_test loader_throughput hpcdata-pack
+  local targets=(hpctrain gpu_step kernels_test nccl_test network_test memory_test train_gpu_test loader_throughput hpcdata-pack
     allreduce_sweep)
   cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" > "$results/build.log" 2>&1 ||
     { tail -n 40 "$results/build.log"; die "the build failed (log: $results/build.log)"; }
