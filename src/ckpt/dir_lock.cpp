@@ -48,12 +48,9 @@ std::string host_name() {
 // A write lock on the whole file, owned by the open file description (see the header): true when
 // taken, false when another holds it.
 bool try_lock(int fd, const std::string& path) {
-  struct flock l {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  if (::fcntl(fd, F_OFD_SETLK, &l) == 0) return true;
-  if (errno == EAGAIN || errno == EACCES) return false;
-  io_error("lock", path);
+  const FileLock got = lock_whole_file(fd);
+  if (got == FileLock::Failed) io_error("lock", path);
+  return got == FileLock::Taken;
 }
 
 // Whether fd is the file `path` names: Unknown when a stat failed for another reason than the

@@ -104,6 +104,14 @@ std::optional<FileIdentity> file_identity(const std::string& path) {
   return FileIdentity{st.st_dev, st.st_ino, name, false};
 }
 
+FileLock lock_whole_file(int fd) {
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  if (::fcntl(fd, F_OFD_SETLK, &l) == 0) return FileLock::Taken;
+  return errno == EAGAIN || errno == EACCES ? FileLock::Held : FileLock::Failed;
+}
+
 int open_data_file(const std::string& path, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
   if (fd < 0 && errno == EMFILE) {  // a split of many shards, each held open

@@ -93,6 +93,13 @@ OutputFile open_output(const std::string& path, const std::string& option, int c
 // -1 with errno.
 int create_new_file(const std::string& path);
 
+// A write lock on the whole file, owned by fd's open file description (fcntl F_OFD_SETLK): the
+// kernel drops it when that description is closed or its process ends, and NFSv4 (EFS) holds it
+// between hosts. Taken; Held by another description (of any process, this one's included); or
+// Failed, with errno (ENOLCK: a file system without locks).
+enum class FileLock { Taken, Held, Failed };
+FileLock lock_whole_file(int fd);
+
 // Opens `path` to read it as a data file (an image, a shard, a manifest, a class list): a regular
 // file only, as a FIFO would block the open or its reads for ever, and a directory or device
 // holds no such data. The descriptor (blocking reads); a usage error naming `what` and the path

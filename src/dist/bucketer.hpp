@@ -34,12 +34,15 @@ namespace hpc::dist {
 inline float batch_share(int64_t batch, int64_t global_batch) {
   return static_cast<float>(static_cast<double>(batch) / static_cast<double>(global_batch));
 }
-// Whether a share is every rank's alike, 1/ranks (batch_share's for a batch of global/ranks, at
-// every world size): the sum of the shared-out parts is then the ranks' average, which NCCL
-// takes as ncclAvg and a CUDA graph can hold (an uneven share needs an operator of its own made
-// around each call). Not share * ranks == 1 in float, which fails at 41, 47, 55, ... and 328
-// ranks (41 hosts of 8 GPUs, what a lost host can leave), whose steps all ran without graphs.
-inline bool even_share(float share, int ranks) { return share == 1.0f / static_cast<float>(ranks); }
+// Every rank's share when all are alike: 1/ranks, in float (batch_share's for a batch of
+// global/ranks, at every world size).
+inline float even_share_of(int ranks) { return 1.0f / static_cast<float>(ranks); }
+// Whether a share is every rank's alike: the sum of the shared-out parts is then the ranks'
+// average, which NCCL takes as ncclAvg and a CUDA graph can hold (an uneven share needs an
+// operator of its own made around each call). Not share * ranks == 1 in float, which fails at
+// 41, 47, 55, ... and 328 ranks (41 hosts of 8 GPUs, what a lost host can leave), whose steps
+// all ran without graphs.
+inline bool even_share(float share, int ranks) { return share == even_share_of(ranks); }
 
 // When each bucket of one step was queued and all-reduced (seconds since begin_step, which
 // the trainer calls before the forward pass), and
@@ -138,7 +141,7 @@ class GradientBucketer {
   float* average_x_ = nullptr;  // the step's average(): what, and whether it is still to queue
   int64_t average_n_ = 0;
   bool average_pending_ = false, averaged_ = false;
-  float average_share() const { return 1.0f / static_cast<float>(comm_.size()); }  // each rank's part of it (even_share)
+  float average_share() const { return even_share_of(comm_.size()); }  // each rank's part of it
   size_t expected_ = 0;  // reductions queued this step (buckets and the average)
   size_t done_ = 0;
   bool stop_ = false;

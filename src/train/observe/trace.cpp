@@ -90,10 +90,7 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
 // its lease ends (about 90 s), past the checkpoint directory's takeover (30 s), and a relaunch
 // refused there would end the job. A file system without locks (ENOLCK) is written as before.
 bool TraceFile::lock_against_another_run() {
-  struct flock l {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  if (::fcntl(fd_, F_OFD_SETLK, &l) == 0 || (errno != EAGAIN && errno != EACCES)) return true;
+  if (lock_whole_file(fd_) != FileLock::Held) return true;
   ::close(std::exchange(fd_, -1));
   closed_ = true;
   log::warn(kOption, " ", path_, " is being written by another process (another run given the same file, or a lost "
