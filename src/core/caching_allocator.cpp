@@ -57,8 +57,10 @@ void* CachingAllocator::allocate(size_t bytes) {
       p = backend_.allocate(size);
     }
     if (!p)
-      usage_error("out of GPU memory allocating ", size >> 20, " MiB (", stats_.in_use >> 20,
-                  " MiB already in use): try a smaller --batch-size or model");
+      usage_error("out of GPU memory allocating ", size >> 20, " MiB (", stats_.in_use >> 20, " MiB already in use",
+                  stats_.cached ? detail::concat(", ", stats_.cached >> 20, " MiB cached that the driver would "
+                                                 "not take back now") : std::string(),
+                  "): try a smaller --batch-size or model");
     ++stats_.backend_allocations;
     used_.emplace(p, size);
     stats_.in_use += size;
@@ -73,12 +75,12 @@ void CachingAllocator::release(void* p) {
   auto it = used_.find(p);
   HPC_CHECK(it != used_.end(), "released a block this allocator did not hand out");
   stats_.in_use -= it->second;
-  if (caching_) {
-    free_.emplace(it->second, p);
-    stats_.cached += it->second;
-  } else {
-    backend_.release(p);
+  if (!caching_ && backend_.release(p)) {
+    used_.erase(it);
+    return;
   }
+  free_.emplace(it->second, p);  // cached; without caching only when the backend refused it
+  stats_.cached += it->second;
   used_.erase(it);
 }
 
@@ -88,9 +90,14 @@ void CachingAllocator::empty_cache() {
 }
 
 void CachingAllocator::empty_cache_locked() {
-  for (auto& [size, p] : free_) backend_.release(p);
-  free_.clear();
-  stats_.cached = 0;
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (backend_.release(it->second)) {
+      stats_.cached -= it->first;
+      it = free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 CachingAllocator::Stats CachingAllocator::stats() const {

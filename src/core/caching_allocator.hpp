@@ -27,7 +27,9 @@ class CachingAllocator {
  public:
   struct Backend {
     std::function<void*(size_t)> allocate;  // nullptr when the device is out of memory
-    std::function<void(void*)> release;
+    // false when the block could not be given back now (cudaFree refused while a CUDA graph
+    // is being captured): it stays cached, to be given back later, never forgotten.
+    std::function<bool(void*)> release;
   };
   struct Stats {
     size_t in_use = 0;        // bytes handed out (rounded sizes)
@@ -52,7 +54,7 @@ class CachingAllocator {
   void* allocate(size_t bytes);
   // Returns a block from allocate() to the cache. nullptr is ignored.
   void release(void* p);
-  // Gives every cached block back to the backend.
+  // Gives every cached block back to the backend (those it refuses stay cached).
   void empty_cache();
   Stats stats() const;
 

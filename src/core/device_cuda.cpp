@@ -49,7 +49,14 @@ CachingAllocator& allocator() {
                                CUDA_CHECK(e);  // anything else (a fault of an earlier kernel) is no shortage
                                return p;
                              },
-                             [](void* p) { cudaFree(p); }},
+                             [](void* p) {
+                               // Refused while a CUDA graph is captured (cudaFree synchronises
+                               // the device): the block stays cached, the refusal not left as
+                               // the next call's error.
+                               if (cudaFree(p) == cudaSuccess) return true;
+                               cudaGetLastError();
+                               return false;
+                             }},
                             !no_memory_caching());
   return a;
 }

@@ -324,6 +324,7 @@ namespace {
 struct CountingBackend {
   int64_t live = 0, calls = 0;
   size_t limit = SIZE_MAX, held = 0;
+  bool refuse = false;  // as cudaFree while a CUDA graph is captured
   std::map<void*, size_t> blocks;
   CachingAllocator::Backend backend() {
     return {[this](size_t n) -> void* {
@@ -336,10 +337,12 @@ struct CountingBackend {
               return p;
             },
             [this](void* p) {
+              if (refuse) return false;
               held -= blocks.at(p);
               blocks.erase(p);
               std::free(p);
               --live;
+              return true;
             }};
   }
 };
@@ -432,6 +435,49 @@ TEST(CachingAllocator, OutOfMemoryEmptiesTheCacheThenFailsClearly) {
   }
   a.release(p);
   EXPECT_THROW(a.release(reinterpret_cast<void*>(0x1000)), Error);
+}
+
+// cudaFree refused (a CUDA graph being captured): what the cache could not give back stays
+// cached, counted and handed out again, never forgotten (leaked), and is given back once the
+// driver takes it; the out-of-memory error says how much was held back. Without caching too.
+TEST(CachingAllocator, ABlockTheBackendRefusesToTakeBackStaysCached) {
+  for (bool caching : {true, false}) {
+    SCOPED_TRACE(caching ? "caching" : "no caching");
+    CountingBackend b;
+    b.limit = 10 << 20;
+    {
+      CachingAllocator a(b.backend(), caching);
+      void* p = a.allocate(6 << 20);
+      b.refuse = true;
+      a.release(p);
+      EXPECT_EQ(a.stats().cached, size_t{6} << 20);
+      try {
+        a.allocate(8 << 20);
+        FAIL() << "expected an out-of-memory error";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Usage);
+        EXPECT_NE(std::string(e.what()).find("(0 MiB already in use, 6 MiB cached that the driver would not take "
+                                             "back now)"),
+                  std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(a.stats().cached, size_t{6} << 20) << "still cached after the refused fallback";
+      EXPECT_EQ(b.live, 1);
+      if (caching) {
+        void* again = a.allocate(5 << 20);
+        EXPECT_EQ(again, p) << "the refused block is handed out again";
+        a.release(again);
+      }
+      b.refuse = false;
+      a.empty_cache();
+      EXPECT_EQ(a.stats().cached, 0u);
+      EXPECT_EQ(b.live, 0) << "given back once the backend takes it";
+      void* q = a.allocate(8 << 20);
+      EXPECT_NE(q, nullptr);
+      a.release(q);
+    }
+    EXPECT_EQ(b.live, 0);
+  }
 }
 
 }  // namespace
