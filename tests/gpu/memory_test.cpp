@@ -7,12 +7,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
+#include "gpu/batch.hpp"
 #include "nn/cuda/network.hpp"
 #include "nn/model.hpp"
 
@@ -59,17 +59,10 @@ TEST(GpuConvolutionSearch, FindsAlgorithmsWhileTheCacheHoldsTheFreeMemory) {
   nn::cuda::GpuNetwork gpu(ctx, cpu);
   gpu.upload(cpu.params());
   const int64_t n = 1024, m = 1000;
-  std::mt19937 g(13);
-  std::normal_distribution<float> normal(0, 1);
-  std::vector<float> x(static_cast<size_t>(nn::batch_shape(n, spec.input).numel()));
-  for (float& e : x) e = normal(g);
-  std::vector<int32_t> labels(static_cast<size_t>(n));
-  for (auto& l : labels) l = static_cast<int32_t>(g() % 10);
-  Tensor xd(nn::batch_shape(n, spec.input), DType::F32, DeviceKind::CUDA), ld(Shape{n}, DType::I32, DeviceKind::CUDA);
-  device::copy(xd.raw(), x.data(), x.size() * sizeof(float), device::Copy::HostToDevice);
-  device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
+  const testing::RandomBatch b = testing::random_batch(n, spec.input, 13);
+  const Tensor &xd = b.x_device, &ld = b.labels_device;
   Tensor xm(nn::batch_shape(m, spec.input), DType::F32, DeviceKind::CUDA);
-  device::copy(xm.raw(), x.data(), static_cast<size_t>(xm.numel()) * sizeof(float), device::Copy::HostToDevice);
+  device::copy(xm.raw(), b.x.raw(), static_cast<size_t>(xm.numel()) * sizeof(float), device::Copy::HostToDevice);
 
   struct GiveBackAtEnd {  // the memory back for the tests after this one, however this one ends
     ~GiveBackAtEnd() { device::empty_cache(); }

@@ -9,6 +9,8 @@
 // inputs, on each side (tests/gpu/compare.hpp, whose helpers compare_test proves on planted
 // errors).
 // Skips where no GPU is visible.
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,9 +19,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/error.hpp"
+#include "gpu/batch.hpp"
 #include "gpu/compare.hpp"
 #include "nn/cuda/layers.hpp"
 #include "nn/cuda/network.hpp"
@@ -92,15 +97,9 @@ TEST_P(GpuNetworkParity, TrainingAndEvalPassesMatchTheCpuModel) {
   gpu.upload(cpu.params());
 
   const int64_t n = v.batch;
-  Tensor x = Tensor::zeros<float>(nn::batch_shape(n, spec.input));
-  std::mt19937 g(3);
-  std::normal_distribution<float> normal(0, 1);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(g);
-  std::vector<int32_t> labels(static_cast<size_t>(n));
-  for (auto& l : labels) l = static_cast<int32_t>(g() % 10);
-  Tensor xd(x.shape(), DType::F32, DeviceKind::CUDA), ld(Shape{n}, DType::I32, DeviceKind::CUDA);
-  device::copy(xd.raw(), x.raw(), x.bytes(), device::Copy::HostToDevice);
-  device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
+  const testing::RandomBatch batch = testing::random_batch(n, spec.input, 3);
+  const Tensor &x = batch.x, &xd = batch.x_device, &ld = batch.labels_device;
+  const std::vector<int32_t>& labels = batch.labels;
 
   // Training pass.
   const Tensor& logits_cpu = cpu.forward(x, true);
@@ -262,6 +261,46 @@ TEST(GpuNetworkLoss, CorrectCountAndLossOfKnownLogits) {
 }
 
 
+// Batch norm and pooling compute in the activations' 16-bit type where cuDNN takes it
+// (GpuContext::norm_type probes the calls those layers make). cuDNN 8 and later take bf16 and
+// fp16 batch-norm inference and pooling on compute capability 8.0 and up: a probe that asks
+// for more than the layers use, or asks wrongly, sends them to fp32 (slower, every result
+// still right, so no parity test notices) and fails here. A refusal must leave no error behind.
+TEST(GpuContextNormType, IsTheActivationTypeOnARecentCudnnAndLeavesNoError) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
+  device::select_gpu(0);
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool recent = major >= 8 && cudnnGetVersion() >= 8000;
+  for (auto math : {nn::cuda::Math::Bf16, nn::cuda::Math::Fp16}) {
+    nn::cuda::GpuContext ctx({math, true});
+    SCOPED_TRACE(dtype_name(ctx.act()));
+    const DType t = ctx.norm_type();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the probe left an error for the next kernel to report";
+    if (recent) {
+      EXPECT_EQ(t, ctx.act()) << "cuDNN " << cudnnGetVersion() << " refused a batch-norm or pooling call";
+    }
+    EXPECT_EQ(ctx.norm_type(), t) << "probed once";
+  }
+}
+
+// cuDNN counts a tensor's elements in an int: an activation past 2^31 - 1 elements (the cnn's
+// first convolution, 28 x 28 x 32, at 86,000 images a GPU) is the user's batch to make
+// smaller, said as a usage error (exit 2) before cuDNN's own status would end the run as a bug.
+TEST(GpuTensorDesc, AnActivationPastCudnnsElementCountIsAUsageError) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: skipped";
+  device::select_gpu(0);
+  nn::cuda::TensorDesc d;
+  EXPECT_NO_THROW(d.set_nhwc(85000, 28, 28, 32, DType::BF16));  // 2,132,480,000 elements
+  try {
+    d.set_nhwc(86000, 28, 28, 32, DType::BF16);  // 2,157,568,000
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--batch-size"), std::string::npos) << e.what();
+  }
+}
+
 // Mixed precision's 16-bit copy of the weights (DeviceArenas::refresh_low: one conversion of the
 // whole value arena at the start of every forward pass, read by the convolutions and products
 // at their slots' offsets): after a forward it holds every fp32 value rounded to nearest even,
@@ -289,16 +328,8 @@ TEST(GpuNetworkLowCopy, HoldsTheValuesOfEveryForwardPassBitForBit) {
     nn::cuda::GpuNetwork gpu(ctx, cpu);
     gpu.upload(cpu.params());
     optim::SgdCuda sgd_gpu(sgd);
-    const int64_t n = 8;
-    std::mt19937 g(9);
-    std::normal_distribution<float> normal(0, 1);
-    std::vector<float> x(static_cast<size_t>(nn::batch_shape(n, spec.input).numel()));
-    for (float& e : x) e = normal(g);
-    std::vector<int32_t> labels(static_cast<size_t>(n));
-    for (auto& l : labels) l = static_cast<int32_t>(g() % 10);
-    Tensor xd(nn::batch_shape(n, spec.input), DType::F32, DeviceKind::CUDA), ld(Shape{n}, DType::I32, DeviceKind::CUDA);
-    device::copy(xd.raw(), x.data(), x.size() * sizeof(float), device::Copy::HostToDevice);
-    device::copy(ld.raw(), labels.data(), labels.size() * sizeof(int32_t), device::Copy::HostToDevice);
+    const testing::RandomBatch batch = testing::random_batch(8, spec.input, 9);
+    const Tensor &xd = batch.x_device, &ld = batch.labels_device;
 
     auto expect_copy_of_values = [&](const char* when) {
       const auto values = host_of(gpu.arenas().values());  // synchronous: the forward is done
