@@ -86,45 +86,56 @@ const void* GpuContext::ones(int64_t n, DType t) {
 DType GpuContext::norm_type() {
   if (act_ == DType::F32) return act_;
   if (norm_native_ < 0) {
-    // Every batch-norm and pooling call the layers make, on a 2x2x2x8 batch of act_: cuDNN
-    // checks the types on the host and answers with a status (none of these throws).
-    constexpr int64_t kC = 8, kN = 2 * 2 * 2 * kC;
-    TensorDesc x, stats, y;
-    x.set_nhwc(2, 2, 2, kC, act_);
-    y.set_nhwc(2, 1, 1, kC, act_);
-    bool ok = cudnnDeriveBNTensorDescriptor(stats.get(), x.get(), CUDNN_BATCHNORM_SPATIAL) == CUDNN_STATUS_SUCCESS;
+    // Exactly the cuDNN calls the layers make in act_ (layers.cpp), on a 2x4x4x8 batch: batch
+    // norm's statistics descriptor and inference; max pooling forward, unpadded (the 2x2 pool
+    // fused into a batch norm) and padded (ResNet's 3x3 stem pool); the global average pool,
+    // forward and backward. Batch-norm training and backward and max pooling's backward are
+    // our kernels (kernels/), which take every act_. cuDNN checks the types on the host and
+    // answers with a status; none of these throws.
+    constexpr int64_t kC = 8, kHW = 4, kN = 2 * kHW * kHW * kC;
+    const float one = 1.0f, zero = 0.0f;
+    auto succeeds = [](cudnnStatus_t st) { return st == CUDNN_STATUS_SUCCESS; };
+    TensorDesc x, stats, pooled, averaged;
+    x.set_nhwc(2, kHW, kHW, kC, act_);
+    pooled.set_nhwc(2, kHW / 2, kHW / 2, kC, act_);
+    averaged.set_nhwc(2, 1, 1, kC, act_);
     Tensor a(Shape{kN}, act_, DeviceKind::CUDA), b(Shape{kN}, act_, DeviceKind::CUDA);
     Tensor c(Shape{kN}, act_, DeviceKind::CUDA), d(Shape{kN}, act_, DeviceKind::CUDA);
-    Tensor f(Shape{6 * kC}, DType::F32, DeviceKind::CUDA);
+    Tensor f(Shape{4 * kC}, DType::F32, DeviceKind::CUDA);
     CUDA_CHECK(cudaMemsetAsync(a.raw(), 0, a.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(c.raw(), 0, c.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(f.raw(), 0, f.bytes(), stream_));
-    float* p = f.data<float>();  // scale, bias, running mean, running variance, saved mean, saved 1/std
-    const float one = 1.0f, zero = 0.0f;
-    auto succeeds = [](cudnnStatus_t st) { return st == CUDNN_STATUS_SUCCESS; };
-    ok = ok && succeeds(cudnnBatchNormalizationForwardTraining(
-                   cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x.get(), a.raw(), x.get(), b.raw(), stats.get(), p,
-                   p + kC, 0.1, p + 2 * kC, p + 3 * kC, CUDNN_BN_MIN_EPSILON, p + 4 * kC, p + 5 * kC));
-    ok = ok && succeeds(cudnnBatchNormalizationBackward(
-                   cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, x.get(), a.raw(), x.get(), c.raw(),
-                   x.get(), d.raw(), stats.get(), p, p + kC, p + 2 * kC, CUDNN_BN_MIN_EPSILON, p + 4 * kC, p + 5 * kC));
+    float* p = f.data<float>();  // scale, bias, running mean, running variance
+    bool ok = succeeds(cudnnDeriveBNTensorDescriptor(stats.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
     ok = ok && succeeds(cudnnBatchNormalizationForwardInference(cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
                                                                 x.get(), a.raw(), x.get(), b.raw(), stats.get(), p,
                                                                 p + kC, p + 2 * kC, p + 3 * kC, CUDNN_BN_MIN_EPSILON));
-    // Max pooling and the global average pool (a 2x2 window over the 2x2 image).
-    for (cudnnPoolingMode_t mode : {CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING}) {
+    struct Pool {
+      cudnnPoolingMode_t mode;
+      int window, pad, stride;
+      const TensorDesc& out;
+      bool backward;
+    };
+    for (const Pool& q : {Pool{CUDNN_POOLING_MAX_DETERMINISTIC, 2, 0, 2, pooled, false},
+                          Pool{CUDNN_POOLING_MAX_DETERMINISTIC, 3, 1, 2, pooled, false},
+                          Pool{CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, kHW, 0, kHW, averaged, true}}) {
       PoolDesc pool;
       CUDNN_CHECK(cudnnCreatePoolingDescriptor(pool.out()));
-      ok = ok && succeeds(cudnnSetPooling2dDescriptor(pool.get(), mode, CUDNN_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
-      ok = ok && succeeds(cudnnPoolingForward(cudnn_, pool.get(), &one, x.get(), a.raw(), &zero, y.get(), b.raw()));
-      ok = ok && succeeds(cudnnPoolingBackward(cudnn_, pool.get(), &one, y.get(), b.raw(), y.get(), c.raw(), x.get(),
-                                               a.raw(), &zero, x.get(), d.raw()));
+      ok = ok && succeeds(cudnnSetPooling2dDescriptor(pool.get(), q.mode, CUDNN_PROPAGATE_NAN, q.window, q.window,
+                                                      q.pad, q.pad, q.stride, q.stride));
+      ok = ok && succeeds(cudnnPoolingForward(cudnn_, pool.get(), &one, x.get(), a.raw(), &zero, q.out.get(), b.raw()));
+      ok = ok && (!q.backward || succeeds(cudnnPoolingBackward(cudnn_, pool.get(), &one, q.out.get(), b.raw(),
+                                                               q.out.get(), c.raw(), x.get(), a.raw(), &zero,
+                                                               x.get(), d.raw())));
     }
+    // A refused call may leave its launch error behind: it is the probe's, not the next kernel's.
+    if (!ok) (void)cudaGetLastError();
     synchronize();  // the probe's buffers go back to the allocator only when it is done
     norm_native_ = ok ? 1 : 0;
-    if (!ok)
+    if (!ok) {
       log::info("cuDNN ", cudnnGetVersion(), " takes no ", dtype_name(act_),
-                " batch norm or pooling: those layers compute in fp32 and convert at their ends");
+                " batch-norm inference or pooling: those layers compute in fp32 and convert at their ends");
+    }
   }
   return norm_native_ ? act_ : DType::F32;
 }
@@ -139,6 +150,13 @@ void ensure(Tensor& t, const Shape& shape, DType dtype) {
 TensorDesc::TensorDesc() { CUDNN_CHECK(cudnnCreateTensorDescriptor(d_.out())); }
 
 void TensorDesc::set_nhwc(int64_t n, int64_t h, int64_t w, int64_t c, DType t) {
+  HPC_CHECK(n > 0 && h > 0 && w > 0 && c > 0 && h * w * c <= INT32_MAX, "tensor descriptor of ", n, "x", h, "x", w,
+            "x", c);
+  // cuDNN's descriptors count a tensor's elements in an int: a batch whose activation is
+  // larger is the user's to make smaller (the cnn at 28x28 reaches it near 86,000 images).
+  HPC_REQUIRE(n <= INT32_MAX / (h * w * c), "a batch of ", n, " images makes an activation of ", n, " x ", h, " x ",
+              w, " x ", c, " elements, more than cuDNN's limit of 2^31 - 1 for one tensor: use a smaller "
+              "--batch-size (or --eval-batch-size) per GPU");
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_.get(), CUDNN_TENSOR_NHWC, cudnn_type(t), static_cast<int>(n),
                                          static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }

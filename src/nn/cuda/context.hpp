@@ -69,9 +69,10 @@ class GpuContext {
 
   // The activations' element type (activation_type of the settings' math).
   DType act() const { return act_; }
-  // The element type batch norm and pooling compute in: act(), or F32 where this cuDNN's
-  // batch-norm and pooling calls refuse act() (bf16 in some versions); those layers then
-  // convert at their ends. Probed once on a tiny tensor.
+  // The element type batch norm and pooling compute in: act(), or F32 where one of the cuDNN
+  // calls those layers make (batch-norm inference, max and average pooling) refuses act()
+  // (bf16 in some versions); those layers then convert at their ends. Probed once, on a tiny
+  // tensor, with exactly the calls and pool shapes the layers use.
   DType norm_type();
   // Loss scaling (fp16): the backward pass starts from the loss times `scale`; layers divide
   // it out of the parameter gradients they write (grad_factor() = 1 / scale). The device
