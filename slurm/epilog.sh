@@ -40,6 +40,11 @@ for setting in CLEAN_TIMEOUT CLEAN_KILL_AFTER; do
   fi
   printf -v "$setting" %d "$((10#$value))"
 done
+# CLEAN_ARGS' words, split at blanks as an unquoted $CLEAN_ARGS is, but never expanded as a
+# pattern: a '*' or '?' in one was replaced by the names of the files it matched in slurmd's
+# directory.
+clean_args=()
+IFS=$' \t\n' read -r -d '' -a clean_args <<< "$CLEAN_ARGS" || true
 uid=${SLURM_JOB_UID:-}
 [[ "$uid" =~ ^[0-9]+$ ]] || exit 0
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -60,9 +65,8 @@ clean() {
     as_user=(setpriv --reuid="$1" --regid="$gid" --clear-groups)
   fi
   # A clean environment: none of Slurm's job variables, which would make MPI look for a job step.
-  # shellcheck disable=SC2086  # CLEAN_ARGS: words, as on a command line
   env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ timeout -k "$CLEAN_KILL_AFTER" "$CLEAN_TIMEOUT" "${as_user[@]}" \
-    "$HPCTRAIN" clean-snapshots --snapshot-dir "$2" $CLEAN_ARGS 2>&1 | logger -t hpctrain-epilog 2> /dev/null
+    "$HPCTRAIN" clean-snapshots --snapshot-dir "$2" "${clean_args[@]}" 2>&1 | logger -t hpctrain-epilog 2> /dev/null
   return "${PIPESTATUS[0]}"
 }
 

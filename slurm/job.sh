@@ -43,6 +43,18 @@ job_die() {  # one line and exit 2: the job cannot run as set up (nothing to req
   exit 2
 }
 
+# job_split_words ARRAY VALUE: VALUE's words appended to the array named ARRAY: split at blanks
+# and newlines as an unquoted $VALUE is, but never expanded as a pattern. LAUNCHER_ARGS,
+# STAGE_ARGS and SWEEP are split this way: unquoted, a '*', '?' or '[...]' in one (a regex, a
+# glob meant for the program) was replaced by the names of the files in the job's directory
+# that it matched.
+job_split_words() {
+  local -n job_split_into=$1
+  local job_split_found=()
+  IFS=$' \t\n' read -r -d '' -a job_split_found <<< "$2" || true  # (-d '': every line, not the first)
+  job_split_into+=("${job_split_found[@]}")
+}
+
 # job_arg_given NAME ARGS...: whether ARGS (a command line) hold --NAME or --NAME=...
 job_arg_given() {
   local name=$1 a
@@ -142,8 +154,9 @@ job_option_shown() {
 # fastest), one per line as "--NAME" then "VALUE"; exit 2 with a message on a malformed grid or an
 # INDEX outside it. job_sweep_size GRID: the number of points.
 job_sweep_size() {
-  local n=1 word values seen=" "
-  for word in $1; do
+  local n=1 word values seen=" " words=()
+  job_split_words words "$1"
+  for word in "${words[@]}"; do
     [[ "$word" =~ ^[a-z][a-z0-9-]*=[^,]+(,[^,]+)*$ ]] ||
       job_die "SWEEP entry '$word' is not NAME=V1,V2,... (an hpctrain option without --, then values)"
     # Twice (lr=0.1 lr=0.2): every task got both options, and the grid counted both entries' values.
@@ -165,7 +178,8 @@ job_sweep_point() {
   [[ "$index" =~ ^[0-9]{1,9}$ ]] && ((10#$index < size)) ||
     job_die "array task '$index' is outside the sweep's $size point(s) (submit with --array=0-$((size - 1)))"
   index=$((10#$index))
-  read -r -a words <<< "$grid"
+  words=()
+  job_split_words words "$grid"  # (every line: read -a alone took the first, and the grid had more points)
   local out=()
   for ((k = ${#words[@]} - 1; k >= 0; --k)); do
     word=${words[k]}
@@ -340,8 +354,7 @@ job_stage_data() {
   job_check_stage_settings
   job_act_on_signal "before the staging"
   local stage=("${HPCTRAIN_HOME:?}/datasets/hpcdata" stage "$STAGE_FROM" "$STAGE_TO") code=0
-  # shellcheck disable=SC2206  # STAGE_ARGS: words, as on a command line
-  stage+=(${STAGE_ARGS:-})
+  job_split_words stage "${STAGE_ARGS:-}"  # words, as on a command line (never file patterns)
   if [[ "${STAGE_PER_NODE:-0}" == 1 ]]; then
     local nodes=${SLURM_JOB_NUM_NODES:-1}
     local cpus
@@ -554,8 +567,7 @@ job_run_trainer() {
       launch=("$HPCRUN" --log-dir "$CHECKPOINT_DIR/hpcrun")
       ;;
   esac
-  # shellcheck disable=SC2206  # LAUNCHER_ARGS: words, as on a command line
-  launch+=(${LAUNCHER_ARGS:-})
+  job_split_words launch "${LAUNCHER_ARGS:-}"  # words, as on a command line (never file patterns)
   [[ "${LAUNCHER:-srun}" == hpcrun ]] && launch+=(--)
 
   job_log "on ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-?} node(s), ${SLURM_NTASKS:-?} task(s)), SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}; checkpoints in $CHECKPOINT_DIR"

@@ -263,6 +263,18 @@ env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/recorder-trainer" SLURM_JOB_ID=5 REQUE
   SWEEP_DIR="$work/sweep-08" bash "$repo/slurm/sweep.sbatch" --epochs 1 > "$work/sweep-08.out" 2>&1
 [[ "$(grep -x -A1 -- --lr "$work/args" 2> /dev/null | tail -1)" == 9 ]] ||
   fail "sweep.sbatch task 08 of 9 did not run --lr 9: $(cat "$work/sweep-08.out")"
+# SWEEP over several lines (a grid written one entry a line): the size counted every line, but
+# each task read only the first line's entry, so the points of the others were never run.
+rm -f "$work/args"
+(cd "$work" && env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/recorder-trainer" SLURM_JOB_ID=5 REQUEUE=0 \
+  SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=3 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" \
+  SWEEP=$'lr=1,2\nwd=3,4\n' SWEEP_DIR="$work/sweep-lines" bash "$repo/slurm/sweep.sbatch" --epochs 1 > "$work/sweep-lines.out" 2>&1)
+got=$(grep -x -A1 -e --lr -e --wd "$work/args" 2> /dev/null | grep -v -- '^--$' | tr '\n' ' ')
+if [[ "$got" != "--lr 2 --wd 4 " ]]; then
+  fail "sweep.sbatch task 3 of SWEEP='lr=1,2<newline>wd=3,4' ran '$got', want '--lr 2 --wd 4': $(cat "$work/sweep-lines.out")"
+else
+  echo "ok: sweep.sbatch with SWEEP on two lines: task 3 -> $got"
+fi
 refused "sweep.sbatch without SLURM_ARRAY_JOB_ID" env -u SLURM_ARRAY_JOB_ID -u SWEEP_DIR -u CHECKPOINT_DIR \
   HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep \
   SLURM_SUBMIT_DIR="$work" bash "$repo/slurm/sweep.sbatch" --epochs 1
@@ -556,6 +568,25 @@ if [[ $(grep -cE -- '--mpi=pmix --wait=10( |$)' "$work/srun.log") != 1 ]]; then
 else
   echo "ok: the training's srun gets --wait=SRUN_WAIT (60 by default)"
 fi
+# LAUNCHER_ARGS and STAGE_ARGS are words, as on a command line, but never file patterns: split
+# unquoted, a '*', '?' or '[...]' in one was replaced by the names of the files it matched in the
+# job's directory (here --x=matched, --y=1, --z=a). The stand-in hpcdata records its arguments.
+mkdir -p "$work/globs" "$work/home-rec/datasets"
+: > "$work/globs/--x=matched" && : > "$work/globs/--y=1" && : > "$work/globs/--z=a"
+printf '#!/bin/sh\nprintf "%%s\\n" "$@" > "%s"\n' "$work/staged-args" > "$work/home-rec/datasets/hpcdata"
+chmod +x "$work/home-rec/datasets/hpcdata"
+: > "$work/srun.log"
+(cd "$work/globs" && timeout 30 "$job" -u SLURM_CPUS_PER_TASK HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/glob-ck" \
+  REQUEUE=0 SLURM_JOB_ID=1 SRUN_LOG="$work/srun.log" LAUNCHER_ARGS=$' --x=*  --y=?\n--z=[ab]\t' \
+  HPCTRAIN_HOME="$work/home-rec" STAGE_FROM=s3://data/x STAGE_TO="$work/data" STAGE_ARGS='--x=* --z=[ab]' \
+  -- > "$work/globs.out" 2>&1)
+if ! grep -qxF -- '--mpi=pmix --wait=60 --x=* --y=? --z=[ab]' "$work/srun.log"; then
+  fail "LAUNCHER_ARGS='--x=* --y=? --z=[ab]': srun got '$(tr '\n' ';' < "$work/srun.log")': $(cat "$work/globs.out")"
+elif [[ "$(tail -n 2 "$work/staged-args" 2> /dev/null | tr '\n' ' ')" != "--x=* --z=[ab] " ]]; then
+  fail "STAGE_ARGS='--x=* --z=[ab]': hpcdata got '$(tr '\n' ' ' < "$work/staged-args")': $(cat "$work/globs.out")"
+else
+  echo "ok: LAUNCHER_ARGS and STAGE_ARGS split into words, none expanded as a file pattern"
+fi
 # mpirun gets MPIRUN_KILL_WAIT in decimal (Open MPI read 030 as octal, 24 s): a stand-in that
 # records its arguments, on a PATH of this check's own.
 mkdir -p "$work/mpirun-bin"
@@ -682,6 +713,19 @@ for bad in CLEAN_TIMEOUT=0 CLEAN_TIMEOUT=abc CLEAN_TIMEOUT=1m CLEAN_TIMEOUT=-1 C
   fi
   : > "$work/ran"
 done
+
+# CLEAN_ARGS are words, never file patterns: unquoted, '--older-than *' became the names of the
+# files in slurmd's directory (here the epilog's own).
+printf '#!/bin/sh\nprintf "%%s\\n" "$@" > "%s"\n' "$work/clean-args" > "$work/args-recorder"
+chmod 755 "$work/args-recorder"
+(cd "$work/globs" && HPCTRAIN="$work/args-recorder" SNAPSHOT_DIR="$work/shm" SLURM_JOB_UID=$(id -u) \
+  CLEAN_ARGS=' --older-than *  --y=? ' timeout 30 bash "$repo/slurm/epilog.sh")
+got=$(tr '\n' ' ' < "$work/clean-args" 2> /dev/null)
+if [[ "$got" != "clean-snapshots --snapshot-dir $work/shm --older-than * --y=? " ]]; then
+  fail "epilog.sh with CLEAN_ARGS='--older-than * --y=?' ran '$got'"
+else
+  echo "ok: epilog.sh with CLEAN_ARGS='--older-than * --y=?' -> $got"
+fi
 
 # Every user's default folder is cleaned, each as its user, the job's user's first; a folder whose
 # name and owner disagree, a link, another name and an empty folder are passed over. (The
