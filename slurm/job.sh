@@ -452,19 +452,34 @@ job_resume_newest() {
   done
 }
 
-# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT and MPIRUN_KILL_WAIT whole numbers (decimal), checked
-# before the training rather than when a stop asks for a requeue.
+# job_check_requeue_settings: REQUEUE 0 or 1, MAX_REQUEUES and MAX_FAILURES_IN_A_ROW whole numbers
+# (decimal), checked before the training rather than when a stop asks for a requeue.
 job_check_requeue_settings() {
   [[ "${REQUEUE:-1}" == [01] ]] || job_die "REQUEUE must be 1 (requeue after a stop or failure) or 0, not '$REQUEUE'"
   [[ "${MAX_REQUEUES:-20}" =~ ^[0-9]{1,6}$ ]] ||
     job_die "MAX_REQUEUES must be a whole number of requeues, 0 to 999999, not '$MAX_REQUEUES'"
   [[ "${MAX_FAILURES_IN_A_ROW:-3}" =~ ^[0-9]{1,6}$ ]] && ((10#${MAX_FAILURES_IN_A_ROW:-3} >= 1)) ||
     job_die "MAX_FAILURES_IN_A_ROW must be a whole number of failed runs, 1 to 999999, not '$MAX_FAILURES_IN_A_ROW'"
-  [[ "${SRUN_WAIT:-60}" =~ ^[0-9]{1,5}$ ]] && ((10#${SRUN_WAIT:-60} <= 86400)) ||
-    job_die "SRUN_WAIT must be a whole number of seconds, 0 (no limit) to 86400, not '$SRUN_WAIT'"
-  # mpirun took any word (abc, 1m) and a leading 0 as octal: the ranks' time to checkpoint, silently wrong.
-  [[ "${MPIRUN_KILL_WAIT:-30}" =~ ^[0-9]{1,5}$ ]] && ((10#${MPIRUN_KILL_WAIT:-30} <= 86400)) ||
-    job_die "MPIRUN_KILL_WAIT must be a whole number of seconds, 0 to 86400, not '$MPIRUN_KILL_WAIT'"
+}
+
+# job_check_launcher_settings: LAUNCHER one of the three, and the setting of its own that it
+# takes (SRUN_WAIT under srun, MPIRUN_KILL_WAIT under mpirun, HPCRUN under hpcrun) usable; checked
+# before anything is made or staged. The others' settings are not looked at: a stray bad
+# MPIRUN_KILL_WAIT (a site's default environment) refused every srun job, which never reads it.
+job_check_launcher_settings() {
+  case "${LAUNCHER:-srun}" in
+    srun)
+      [[ "${SRUN_WAIT:-60}" =~ ^[0-9]{1,5}$ ]] && ((10#${SRUN_WAIT:-60} <= 86400)) ||
+        job_die "SRUN_WAIT must be a whole number of seconds, 0 (no limit) to 86400, not '$SRUN_WAIT'"
+      ;;
+    mpirun)
+      # mpirun took any word (abc, 1m) and a leading 0 as octal: the ranks' time to checkpoint, silently wrong.
+      [[ "${MPIRUN_KILL_WAIT:-30}" =~ ^[0-9]{1,5}$ ]] && ((10#${MPIRUN_KILL_WAIT:-30} <= 86400)) ||
+        job_die "MPIRUN_KILL_WAIT must be a whole number of seconds, 0 to 86400, not '$MPIRUN_KILL_WAIT'"
+      ;;
+    hpcrun) [[ -f "${HPCRUN:-}" && -x "${HPCRUN:-}" ]] || job_die "hpcrun not found at '${HPCRUN:-}' (build it, or set HPCRUN)" ;;
+    *) job_die "LAUNCHER must be srun, mpirun or hpcrun, not '$LAUNCHER'" ;;
+  esac
 }
 
 job_run_trainer() {
@@ -474,11 +489,7 @@ job_run_trainer() {
   job_check_requeue_settings
   # The launcher and the staging before anything is made or staged: a LAUNCHER=bogus job made its
   # checkpoint directory and staged the whole dataset first, then was refused.
-  case "${LAUNCHER:-srun}" in
-    srun | mpirun) ;;
-    hpcrun) [[ -f "${HPCRUN:-}" && -x "${HPCRUN:-}" ]] || job_die "hpcrun not found at '${HPCRUN:-}' (build it, or set HPCRUN)" ;;
-    *) job_die "LAUNCHER must be srun, mpirun or hpcrun, not '$LAUNCHER'" ;;
-  esac
+  job_check_launcher_settings
   job_check_stage_settings
   local args=("$@")
   job_read_config "${args[@]}"

@@ -4,7 +4,7 @@
 # of segments is read in decimal and within 1..1000 (bash took 010 for 8 and wrapped a 20-digit
 # number to 1), and so are slurm/local-cluster.sh up's --nodes and --cpus-per-node (no cluster is
 # started); sbatch's abbreviations of the options chain.sh sets (--depend, --req, -dVALUE)
-# are refused, and so is a CHECKPOINT_DIR that is a file or lies under one; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT or MPIRUN_KILL_WAIT it cannot use before the training runs,
+# are refused, and so is a CHECKPOINT_DIR that is a file or lies under one; job.sh refuses a REQUEUE, MAX_REQUEUES, MAX_FAILURES_IN_A_ROW, SRUN_WAIT (under srun) or MPIRUN_KILL_WAIT (under mpirun) it cannot use before the training runs,
 # a LAUNCHER, HPCRUN, HPCTRAIN or staging setting it cannot use before it makes or stages anything,
 # an empty --checkpoint-dir, and a --metrics-file that is a stream (its last line tells how the
 # run ended); a stop with MAX_REQUEUES=0 on a job's first run exits with the
@@ -181,9 +181,28 @@ chmod +x "$work/job"
 export REPO=$repo
 job="$work/job"
 for bad in REQUEUE=yes MAX_REQUEUES=abc MAX_REQUEUES=1e3 MAX_REQUEUES=-1 MAX_REQUEUES=08x MAX_FAILURES_IN_A_ROW=0 MAX_FAILURES_IN_A_ROW=x \
-  SRUN_WAIT=-1 SRUN_WAIT=1m SRUN_WAIT=86401 SRUN_WAIT=x MPIRUN_KILL_WAIT=abc MPIRUN_KILL_WAIT=1m MPIRUN_KILL_WAIT=-5 \
-  MPIRUN_KILL_WAIT=86401 MPIRUN_KILL_WAIT=010x; do
+  SRUN_WAIT=-1 SRUN_WAIT=1m SRUN_WAIT=86401 SRUN_WAIT=x; do
   refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" LAUNCHER=srun SLURM_JOB_ID=1 "$bad" --
+done
+for bad in MPIRUN_KILL_WAIT=abc MPIRUN_KILL_WAIT=1m MPIRUN_KILL_WAIT=-5 MPIRUN_KILL_WAIT=86401 MPIRUN_KILL_WAIT=010x; do
+  refused "job.sh with LAUNCHER=mpirun $bad" "$job" HPCTRAIN="$work/trainer" LAUNCHER=mpirun SLURM_JOB_ID=1 "$bad" --
+done
+# Each launcher's own setting is looked at under that launcher only: a stray bad MPIRUN_KILL_WAIT
+# (a site's default environment) refused every srun job, which never reads it, and SRUN_WAIT every
+# mpirun job. (Each runs: the trainer under srun, the stand-in mpirun, stops with 75; not requeued.)
+mkdir -p "$work/stray-bin"
+printf '#!/bin/sh\nexit 75\n' > "$work/stray-bin/mpirun"  # as its ranks would: checkpointed and stopped
+chmod +x "$work/stray-bin/mpirun"
+for stray in "LAUNCHER=srun MPIRUN_KILL_WAIT=abc" "LAUNCHER=mpirun SRUN_WAIT=1m"; do
+  # shellcheck disable=SC2086  # the settings as words
+  out=$(PATH="$work/stray-bin:$PATH" timeout 30 "$job" HPCTRAIN="$work/trainer" CHECKPOINT_DIR="$work/stray-ck" \
+    REQUEUE=0 SLURM_JOB_ID=1 $stray -- 2>&1)
+  rc=$?
+  if ((rc != 75)) || [[ "$out" != *"the trainer checkpointed and stopped (exit 75)"* ]]; then
+    fail "job.sh with $stray: exit $rc, want 75 (the trainer ran): $out"
+  else
+    echo "ok: job.sh with $stray -> runs (not its launcher's setting)"
+  fi
 done
 refused "job.sh --checkpoint-dir ''" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir ""
 refused "job.sh --checkpoint-dir=" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 -- --checkpoint-dir=
@@ -479,7 +498,7 @@ mkdir -p "$work/home-mark/datasets"
 printf '#!/bin/sh\n: > "%s"\n' "$work/staged-mark" > "$work/home-mark/datasets/hpcdata"
 chmod +x "$work/home-mark/datasets/hpcdata"
 for bad in LAUNCHER=bogus "LAUNCHER=hpcrun HPCRUN=$work/no-hpcrun" "LAUNCHER=hpcrun HPCRUN=$work" "HPCTRAIN=$work" \
-  "HPCTRAIN_HOME=$work/home" "STAGE_TO=" "STAGE_PER_NODE=2"; do
+  "HPCTRAIN_HOME=$work/home" "STAGE_TO=" "STAGE_PER_NODE=2" "LAUNCHER=mpirun MPIRUN_KILL_WAIT=1m" "LAUNCHER=srun SRUN_WAIT=x"; do
   rm -rf "$work/early-ck" "$work/staged-mark"
   # shellcheck disable=SC2086  # the settings as words
   refused "job.sh with $bad" "$job" HPCTRAIN="$work/trainer" SLURM_JOB_ID=1 CHECKPOINT_DIR="$work/early-ck" \
