@@ -294,6 +294,23 @@ if [[ "$got" != "--lr 2 --wd 4 " ]]; then
 else
   echo "ok: sweep.sbatch with SWEEP on two lines: task 3 -> $got"
 fi
+# A '/' in a value (a sweep over paths) split the task's name into directories, and with '..'
+# (/../../escaped) put its checkpoints outside SWEEP_DIR: '/' is %2F there (and '%' %25);
+# hpctrain gets the value as it is.
+for task in "0 /../../escaped task-0_data-dir=%2F..%2F..%2Fescaped_seed=1%25" "1 d/e task-1_data-dir=d%2Fe_seed=1%25"; do
+  read -r index value want <<< "$task"
+  rm -f "$work/args"
+  env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/recorder-trainer" SLURM_JOB_ID=5 REQUEUE=0 SLURM_ARRAY_JOB_ID=5 \
+    SLURM_ARRAY_TASK_ID="$index" SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" SWEEP="data-dir=/../../escaped,d/e seed=1%" \
+    SWEEP_DIR="$work/sweep-paths/in" bash "$repo/slurm/sweep.sbatch" --epochs 1 > "$work/sweep-paths.out" 2>&1
+  got=$(grep -x -A1 -- --checkpoint-dir "$work/args" 2> /dev/null | tail -1)
+  if [[ "$got" != "$work/sweep-paths/in/$want" || ! -d "$got" ]] || [[ -n "$(find "$work/sweep-paths" -maxdepth 1 -name "escaped*")" ]] ||
+    [[ "$(grep -x -A1 -- --data-dir "$work/args" | tail -1)" != "$value" ]]; then
+    fail "sweep.sbatch task $index with data-dir=$value: checkpoints in '$got', want $work/sweep-paths/in/$want: $(cat "$work/sweep-paths.out")"
+  else
+    echo "ok: sweep.sbatch task $index with data-dir=$value -> ${got#"$work/"}"
+  fi
+done
 refused "sweep.sbatch without SLURM_ARRAY_JOB_ID" env -u SLURM_ARRAY_JOB_ID -u SWEEP_DIR -u CHECKPOINT_DIR \
   HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep \
   SLURM_SUBMIT_DIR="$work" bash "$repo/slurm/sweep.sbatch" --epochs 1
