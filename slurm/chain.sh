@@ -11,6 +11,10 @@
 #   slurm/chain.sh SEGMENTS [sbatch options] [-- hpctrain options]
 #   e.g. slurm/chain.sh 6 --time=04:00:00 -- --epochs 90
 #
+# sbatch's options come before the --, hpctrain's after it: an option before it that sbatch does not
+# know (an hpctrain option without the --) is refused, exit 2, naming it, nothing submitted; so is
+# --threads there, which sbatch would take for its --threads-per-core.
+#
 # Environment: CHECKPOINT_DIR (default runs/hpctrain-chain-<date>-<time>-<pid> here; printed), and
 # CHAIN_SCRIPT (default slurm/train.sbatch beside this script). Prints one line per segment,
 # "segment K: job ID", and exits 2 on bad input; if a submission fails midway, the segments
@@ -37,6 +41,10 @@ while (($#)) && [[ "$1" != -- ]]; do
   # REQUEUE=0): --export=NONE or a list would leave each its own directory, training from scratch.
   [[ "$1" == --export || "$1" == --export=* ]] &&
     die "'$1' is chain.sh's to set: every segment needs CHECKPOINT_DIR and REQUEUE from its environment (--export=ALL)" 2
+  # hpctrain's --threads without the -- before it: sbatch takes any unambiguous start of its long
+  # options, and gave every segment --threads-per-core instead, silently.
+  [[ "$1" == --threads || "$1" == --threads=* ]] &&
+    die "'$1' before --: sbatch would take it for its --threads-per-core; hpctrain's options go after -- (chain.sh $segments [sbatch options] -- [hpctrain options]), and sbatch's is to be written in full" 2
   sbatch_args+=("$1")
   shift
 done
@@ -55,6 +63,20 @@ while [[ ! -e "$part" && ! -L "$part" && "$part" == */* ]]; do part=${part%/*}; 
 [[ -z "$part" || -d "$part" ]] ||
   die "CHECKPOINT_DIR $checkpoint_dir: $part exists and is not a directory; nothing submitted" 2
 
+# sbatch's error output, read when a submission fails. An hpctrain option given before the --
+# went to sbatch, which refused it (exit 255, its own two lines), and chain.sh said only that
+# segment 1's submission failed (exit 1).
+sbatch_err=$(mktemp "${TMPDIR:-/tmp}/chain.sh-sbatch.XXXXXX") || die "cannot create a temporary file in ${TMPDIR:-/tmp}" 2
+trap 'rm -f -- "$sbatch_err"' EXIT
+# unknown_option: the option sbatch's error output says it does not know (getopt's words), if any.
+unknown_option() {
+  local line long="^sbatch: unrecognized option '(.*)'$" short="^sbatch: invalid option -- '(.)'$"
+  while IFS= read -r line; do
+    if [[ "$line" =~ $long ]]; then echo "${BASH_REMATCH[1]}"; return; fi
+    if [[ "$line" =~ $short ]]; then echo "-${BASH_REMATCH[1]}"; return; fi
+  done < "$sbatch_err"
+}
+
 jobs=()
 cancel_submitted() {  # cancel_submitted K [WHY]
   ((${#jobs[@]})) && scancel "${jobs[@]}" 2> /dev/null
@@ -66,7 +88,15 @@ for ((k = 1; k <= segments; ++k)); do
   ((${#jobs[@]})) && dep=(--dependency="afterany:${jobs[-1]}")
   # --export=ALL over a site's SBATCH_EXPORT=NONE, for the same reason.
   id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 CHAIN_SEGMENT=$k sbatch --parsable --no-requeue --export=ALL "${dep[@]}" \
-    "${sbatch_args[@]}" "$script" "$@") || cancel_submitted "$k"
+    "${sbatch_args[@]}" "$script" "$@" 2> "$sbatch_err") || {
+    option=$(unknown_option)
+    if [[ -n "$option" && ${#jobs[@]} == 0 ]]; then
+      die "sbatch does not know the option '$option': hpctrain's options go after -- (chain.sh $segments [sbatch options] -- [hpctrain options]); nothing submitted" 2
+    fi
+    cat -- "$sbatch_err" >&2
+    cancel_submitted "$k"
+  }
+  cat -- "$sbatch_err" >&2  # its warnings
   id=${id%%;*}  # --parsable: "id" or "id;cluster"
   # Anything else (a site's sbatch wrapper that talks on stdout) was taken for the id: the next
   # segment's dependency on it was refused, or a one-segment chain said "segment 1: job <words>".

@@ -20,6 +20,15 @@ trap 'rm -rf "$work"' EXIT
 mkdir "$work/bin"
 cat > "$work/bin/sbatch" << 'EOF'
 #!/bin/sh
+# Options it does not know, refused as Slurm 22.05's sbatch (getopt's words), before the script.
+for a in "$@"; do
+  case "$a" in
+    --epochs* | --lr*) printf "sbatch: unrecognized option '%s'\nTry \"sbatch --help\" for more information\n" "$a" >&2; exit 255 ;;
+    -j) printf "sbatch: invalid option -- 'j'\nTry \"sbatch --help\" for more information\n" >&2; exit 255 ;;
+    -*) ;;
+    *) break ;;
+  esac
+done
 echo "$*" >> "$SUBMITTED"
 [ -z "${DIRS:-}" ] || echo "$CHECKPOINT_DIR" >> "$DIRS"
 [ -z "${SEGMENTS:-}" ] || echo "${CHAIN_SEGMENT:-}" >> "$SEGMENTS"
@@ -102,6 +111,18 @@ refused "chain.sh 18446744073709551617" "$repo/slurm/chain.sh" 18446744073709551
 refused "chain.sh 1e3" "$repo/slurm/chain.sh" 1e3
 for option in --dependency=afterok:5 --depend=afterok:5 -d -dafterany:5 --requeue --reque --export=NONE --export; do
   refused "chain.sh 2 $option" "$repo/slurm/chain.sh" 2 "$option"
+done
+# hpctrain's options without the -- before them went to sbatch, which refused them (exit 255 and
+# its two lines), and chain.sh said only "submitting segment 1 failed" (exit 1); --threads there
+# sbatch took for its --threads-per-core, silently. Each: one line naming it, and where it goes.
+for args in "--epochs 90" "--time=10 --lr=0.1 -- --epochs 1" "-j 2" "--threads 4 -- --epochs 1" "--threads=4"; do
+  # shellcheck disable=SC2086  # the arguments as words
+  refused "chain.sh 2 $args" "$repo/slurm/chain.sh" 2 $args
+  # shellcheck disable=SC2086
+  err=$("$repo/slurm/chain.sh" 2 $args 2>&1 > /dev/null)
+  option=${args%% *} option=${option/#--time=10/--lr=0.1}
+  [[ "$err" == *"'$option'"* && "$err" == *"hpctrain's options go after --"* ]] ||
+    fail "chain.sh 2 $args: the error does not name '$option' and say hpctrain's options go after --: $err"
 done
 # A CHECKPOINT_DIR that is a file, or lies under one, failed every segment at its start, after all
 # of them were submitted.
