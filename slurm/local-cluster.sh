@@ -83,13 +83,18 @@ dir=$(realpath -m -s -- "$dir")
 [[ "$dir" != / ]] || die "--dir is the root directory '/' (an unset variable?); give a directory of its own, such as /run/hpctrain-slurm" 2
 # Root runs the cluster's daemons from files in the directory and sources its cluster.env: one
 # that another user made (first, in a shared /tmp) or may write in is refused by every command.
+# Each refusal says which of these is wrong (it said "not root's own (owner root, a link or not a
+# directory)" of a file of root's).
 require_own_dir() {
-  [[ -e "$dir" ]] || return 0
+  [[ -e "$dir" || -L "$dir" ]] || return 0
   local f
   for f in "$dir" "$dir/cluster.env" "$dir/.hpctrain-local-cluster"; do
-    [[ -e "$f" ]] || continue
-    [[ -d "$dir" && ! -L "$f" && "$(stat -c %u "$f")" == 0 ]] ||
-      die "$f is not root's own (owner $(stat -c %U "$f"), a link or not a directory): a local cluster's files must be; choose another --dir" 2
+    [[ -e "$f" || -L "$f" ]] || continue
+    [[ ! -L "$f" ]] ||
+      die "$f is a link (to $(readlink -- "$f")): a local cluster's directory and files must be root's own, not links; choose another --dir" 2
+    [[ "$f" != "$dir" || -d "$f" ]] || die "--dir $f exists and is not a directory; choose another --dir" 2
+    [[ "$(stat -c %u -- "$f")" == 0 ]] ||
+      die "$f is not root's own (owner $(stat -c %U -- "$f")): a local cluster's files must be; choose another --dir" 2
     (((8#$(stat -c %a "$f") & 8#022) == 0)) ||
       die "$f is writable by others ($(stat -c %a "$f")): a local cluster's files must not be; choose another --dir" 2
   done

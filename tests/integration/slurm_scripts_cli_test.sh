@@ -165,6 +165,11 @@ cluster_refused "HPCTRAIN_SLURM_KILL_WAIT must be" --nodes 08 --cpus-per-node 08
 # A --dir under a file: seven lines of mkdir's (as root with Slurm there), exit 1.
 : > "$work/not-a-dir"
 cluster_refused "--dir $work/not-a-dir/c: $work/not-a-dir exists and is not a directory" --dir "$work/not-a-dir/c"
+# A --dir that is a file, or a link: it said "is not root's own (owner root, a link or not a
+# directory)" of a file of root's. Each says what is wrong.
+cluster_refused "--dir $work/not-a-dir exists and is not a directory;" --dir "$work/not-a-dir"
+ln -s "$work/bin" "$work/dir-link"
+cluster_refused "$work/dir-link is a link (to $work/bin):" --dir "$work/dir-link"
 [[ ! -e "$work/cluster" ]] || fail "local-cluster.sh up with bad arguments made $work/cluster"
 
 # Two chains submitted at once (a loop over learning rates) shared the default directory, named

@@ -62,6 +62,14 @@ for c in up down status env; do
   expect_error 2 "$TEST_DIR/open is writable by others (777)" $c --dir "$TEST_DIR/open"
   expect_error 2 "$TEST_DIR/planted/cluster.env is not root's own (owner nobody" $c --dir "$TEST_DIR/planted"
 done
+# A file of root's, or a link, is not "root's own (owner root, a link or not a directory)": each
+# refusal says what is wrong.
+: > "$TEST_DIR/a-file"
+ln -s "$TEST_DIR/precious" "$TEST_DIR/a-link"
+for c in up down status env; do
+  expect_error 2 "--dir $TEST_DIR/a-file exists and is not a directory;" $c --dir "$TEST_DIR/a-file"
+  expect_error 2 "$TEST_DIR/a-link is a link (to $TEST_DIR/precious):" $c --dir "$TEST_DIR/a-link"
+done
 [[ ! -e "$TEST_DIR/sourced" && -z "$(ls -A "$TEST_DIR/theirs")$(ls -A "$TEST_DIR/open")" ]] ||
   fail "a command used a directory that is not root's own"
 rc=0; "$LOCAL_CLUSTER" status --dir "$TEST_DIR/precious" > /dev/null || rc=$?
