@@ -474,8 +474,7 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   if (!t.is_stderr) {
     job_.voice.relay_output(prefix + t.text);
   } else {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), t.text.c_str());
-    std::fflush(stderr);
+    job_.voice.relay_error(prefix + t.text);
   }
 }
 

@@ -77,8 +77,7 @@ void Voice::log_line(const std::string& line) {
 }
 
 void Voice::say(const std::string& line) {
-  std::fprintf(stderr, "hpcrun: %s\n", line.c_str());
-  std::fflush(stderr);
+  relay_error("hpcrun: " + line);
   if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
   else early_lines_.push_back(timestamp() + " " + line);
   log_line("hpcrun: " + line);
@@ -91,6 +90,23 @@ void Voice::relay_output(const std::string& line) {
   const std::string kept = log_dir_.empty() ? "its logs" : (fs::path(log_dir_) / "attempt-N.log").string();
   say("warning: standard output " + log::standard_output_trouble(failed) + ": the job goes on, its output kept in " +
       kept + " alone");
+}
+
+void Voice::relay_error(const std::string& line) {
+  const std::string text = line + "\n";
+  errno = 0;
+  const bool written = std::fwrite(text.data(), 1, text.size(), stderr) == text.size() && std::fflush(stderr) == 0;
+  const int failed = errno != 0 ? errno : EIO;
+  if (written) return;
+  std::clearerr(stderr);  // the next line is tried again (a disk that has room again takes it)
+  if (!errors_lost_.empty()) return;
+  // Not said on stderr, which cannot take it: in the logs alone, beside the lines it lost. (Before
+  // the log directory exists, kept for hpcrun.log as every early line is.)
+  errors_lost_ = std::string("warning: standard error cannot be written (") + std::strerror(failed) +
+                 "): the job goes on, its errors and hpcrun's lines kept in the logs alone";
+  if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << errors_lost_ << '\n' << std::flush;
+  else early_lines_.push_back(timestamp() + " " + errors_lost_);
+  log_line("hpcrun: " + errors_lost_);
 }
 
 // Made with O_EXCL: two hpcruns on one log directory (two jobs started from one working
@@ -107,6 +123,7 @@ int Voice::open_attempt_log(const std::string& log_dir, int from, std::string* p
     if (fd < 0) break;
     ::close(fd);
     attempt_log_.open(*path, std::ios::app);
+    if (!errors_lost_.empty()) log_line("hpcrun: " + errors_lost_);  // what its reader finds missing on the terminal
     return n;
   }
   *path = log_of(from);

@@ -38,6 +38,10 @@ class Voice {
   // on, said once: its lines are still in the attempts' logs, and a lost copy is no reason to
   // stop a training. hpcrun's exit code stays the job's.
   void relay_output(const std::string& line);
+  // A line of the job's stderr (or hpcrun's own, say()'s) written to hpcrun's stderr. Where that
+  // cannot be written (`2>/dev/full`, `2>&-`) the job goes on, and hpcrun.log says once that the
+  // terminal's copy is lost, as every attempt's log does from then on: they hold the lines lost.
+  void relay_error(const std::string& line);
   // Creates the log directory and opens hpcrun.log (once; later calls do nothing).
   void open(const std::string& log_dir);
   bool opened() const { return hpcrun_log_.is_open(); }
@@ -52,6 +56,7 @@ class Voice {
   std::ofstream attempt_log_, hpcrun_log_;
   std::string log_dir_;
   bool output_lost_said_ = false;
+  std::string errors_lost_;  // the warning that stderr cannot be written, once said: each attempt's log starts with it
   std::vector<std::string> early_lines_;  // said before the log directory was created
 };
 

@@ -462,6 +462,35 @@ TEST(HpcrunCli, AStandardOutputThatCannotBeWrittenIsSaidOnceAndTheJobGoesOn) {
   }
 }
 
+// The job's stderr relayed to a standard error that cannot take it (`2>/dev/full`; `2>&-`, held
+// as a read-only /dev/null: EBADF) was lost without a word anywhere: the writes' errors were not
+// looked at. The job goes on to its end, its exit code is hpcrun's, and hpcrun.log and the
+// attempt's log say once that the terminal's copy is lost; the lines themselves are in the log.
+TEST(HpcrunCli, AStandardErrorThatCannotBeWrittenIsSaidOnceInTheLogsAndTheJobGoesOn) {
+  const std::vector<std::pair<std::string, std::string>> errors{
+      {"2>/dev/full", "No space left on device"}, {"2>&-", "Bad file descriptor"}};
+  for (const auto& [redirect, why] : errors) {
+    TempDir dir("hpcrun_stderr");
+    const RunResult r = run_program({"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirect, hpcrun_binary(), "--log-dir",
+                                     dir.str(), "-np", "1", "sh", "-c",
+                                     "for i in 1 2 3; do echo err $i >&2; sleep 0.1; done; echo out"},
+                                    60);
+    ASSERT_FALSE(r.timed_out) << redirect;
+    EXPECT_EQ(r.exit_code, 0) << redirect << ": " << r.err;
+    EXPECT_NE(r.out.find("[a1:r0] out"), std::string::npos) << redirect << ": " << r.out;
+    const std::string said =
+        "warning: standard error cannot be written (" + why + "): the job goes on, its errors and hpcrun's lines kept in "
+        "the logs alone";
+    const std::string log = read_text(dir.file("hpcrun.log")), attempt = read_text(dir.file("attempt-1.log"));
+    const size_t at = log.find(said);
+    EXPECT_NE(at, std::string::npos) << redirect << ": " << log;
+    EXPECT_EQ(log.find(said, at + 1), std::string::npos) << "said more than once: " << log;
+    EXPECT_NE(log.find("attempt 1 succeeded"), std::string::npos) << log;
+    EXPECT_NE(attempt.find("hpcrun: " + said), std::string::npos) << attempt;
+    EXPECT_NE(attempt.find("[a1:r0] err 3"), std::string::npos) << attempt;
+  }
+}
+
 // A value given with -x NAME=VALUE (a token, a key), here or in --mpi-args, reaches every rank
 // but not the attempt's log, which lies beside the checkpoints on shared storage: the logged
 // mpirun command says NAME=(not logged).
