@@ -86,11 +86,18 @@ void write(Level lvl, const std::string& line) {
   const bool named = g_world > 1 && g_rank != 0 && line.rfind(g_where, 0) != 0;
   std::lock_guard lock(g_mutex);
   FILE* out = lvl >= Level::Warn ? stderr : stdout;
-  std::fprintf(out, "%s%s: %s%s%s\n", stamp(out, lvl == Level::Warn).c_str(), prefix.c_str(),
-               named ? g_where.c_str() : "", named ? ": " : "", line.c_str());
+  const std::string text = detail::concat(stamp(out, lvl == Level::Warn), prefix, ": ", named ? g_where : "",
+                                          named ? ": " : "", line, "\n");
   int failed = 0;
-  if (out == stdout) failed = flush_standard_output();
-  else std::fflush(out);
+  // Standard output's through write_standard_output, which keeps the errno of a write that fails
+  // inside it: a line longer than stdio's buffer fails in the call that writes it, and a flush
+  // after it finds nothing left to write ("a write failed" where "No space left on device" was known).
+  if (out == stdout) {
+    failed = write_standard_output(text);
+  } else {
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fflush(out);
+  }
   // A training's progress lines that cannot be written, its reader gone (`hpctrain ... | head`;
   // SIGPIPE is ignored) or `> file` on a full disk: the run goes on, said once, rather than dying
   // unannounced in the middle of a step or a checkpoint. A command's lines (clean-snapshots'

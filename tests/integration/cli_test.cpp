@@ -1201,6 +1201,20 @@ TEST_F(CliCheckpoint, ResultsThatCannotBeWrittenAreAnError) {
                        {"cannot write the results to standard output: No space left on device"});
   }
   EXPECT_TRUE(fs::exists(onnx)) << "the model was written; its message was not";
+  // A command's line longer than stdio's buffer (clean-snapshots' "kept DIR/...", DIR 4 kB deep, as
+  // a relative path under PATH_MAX) failed inside the call that wrote it, and the error said "a
+  // write failed (a full disk? its reader gone?)" instead of naming ENOSPC.
+  {
+    std::string deep = "d";
+    for (int i = 0; i < 17; ++i) deep += "/" + std::string(238, 'x');
+    const RunResult r = run_program(
+        {"/bin/sh", "-c",
+         "cd \"$0\" && mkdir -p \"$1/0123456789abcdef\" && echo x > \"$1/0123456789abcdef/notes.txt\" || exit 99; "
+         "\"$2\" clean-snapshots --snapshot-dir \"$1\" --all > /dev/full; code=$?; rm -rf d; exit $code",
+         snapshots.str(), deep, hpctrain_binary()},
+        kDeadline);
+    expect_usage_error(r, {"cannot write the results to standard output: No space left on device"});
+  }
   // A reader that left (a pipe's read end closed; SIGPIPE is ignored): an error for results, but
   // --help's and --version's reader read what it wanted (`hpctrain --help | head`).
   const auto into_closed_pipe = [](const std::vector<std::string>& args) {
