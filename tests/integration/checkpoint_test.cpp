@@ -1099,6 +1099,28 @@ TEST_F(Checkpoints, AStopDuringSetUpOnOneRankEndsEveryRankAndLosesNothing) {
   expect_exact_resume(2, ck, 7);
 }
 
+// A stop at once (SIGINT; a second SIGTERM) in set-up's last part, right after the metrics file's
+// config event: the file ended in that event, with no "stopped" record (a job script that reads it
+// for "requeue me" took the run for one that never wrote its end). Now it ends as a stop at once
+// after the first step does, at the step the run started from.
+TEST_F(Checkpoints, AStopAtOnceRightAfterTheConfigEventEndsTheMetricsFileAsStopped) {
+  const std::string ck = dir_.file("at_once"), metrics = dir_.file("at_once.jsonl");
+  setenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP", "4:int", 1);  // SIGINT at set-up's last phase: a stop at once
+  const RunResult r = run_hpctrain(job(ck, metrics), 120);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_IN_SETUP");
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  const std::string text = read_text(metrics);
+  EXPECT_EQ(text.rfind("{\"event\":\"config\"", 0), 0u) << text;
+  const auto lines = read_json_lines(metrics);  // the config event left out
+  ASSERT_EQ(lines.size(), 1u) << text;
+  EXPECT_EQ(lines.back().at("event").str, "stopped") << text;
+  EXPECT_EQ(lines.back().at("step").number, 0);
+  EXPECT_EQ(lines.back().at("signal").str, "SIGINT");
+  EXPECT_EQ(lines.back().at("exit_code").number, 130);
+  EXPECT_EQ(lines.back().at("checkpointed").raw, "false");
+  EXPECT_EQ(lines.back().count("elapsed_seconds"), 1u) << text;
+}
+
 // SIGINT in the middle of a checkpoint write stops at once, and says so (not "second signal"):
 // the unfinished file is removed, the previous checkpoint stays the newest, whole.
 TEST_F(Checkpoints, SigintDuringACheckpointWriteStopsAtOnceAndKeepsThePreviousOne) {

@@ -439,6 +439,12 @@ void TrainingRun::write_config_event() {
                {"run_id", run_.id}};
   for (const auto& [name, value] : all_option_values(o_)) c["option." + name] = value;
   metrics_->write(c);
+  // From its config event on, the file ends as a stopped run's also where set-up's last part is cut
+  // by a stop at once (SIGINT, a second SIGTERM): it ended in that event, as a run that never
+  // began ("stopped" was armed only with the step metrics, after set-up).
+  final_records::run_started(t_start_);
+  final_records::steps_done(p_.start.step);
+  final_records::arm();
 }
 
 // Whether the run resumed a checkpoint file of another directory than its --checkpoint-dir: it then
