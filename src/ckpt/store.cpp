@@ -211,6 +211,31 @@ class UnfinishedMark {
   UnfinishedSlot* slot_ = nullptr;
 };
 
+// The writer's mark on its temporary file, which a remove_abandoned_writes on any host can see:
+// an open file description's write lock (F_OFD_SETLK), held on a duplicate of the file's descriptor
+// from the file's creation to its rename (the descriptor written through is closed before the
+// rename, its close checked; an OFD lock, unlike a process's lock, outlives the close of one of
+// its descriptors). The kernel drops it when the writer dies, and an NFS server (EFS) when the
+// writer's host stops renewing it. Where the file system takes no locks, nothing is held.
+class WriterLock {
+ public:
+  explicit WriterLock(int fd) {  // -1: none
+    if (fd < 0) return;
+    struct flock whole {};
+    whole.l_type = F_WRLCK;
+    whole.l_whence = SEEK_SET;
+    if (::fcntl(fd, F_OFD_SETLK, &whole) == 0) held_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  }
+  ~WriterLock() {
+    if (held_ >= 0) ::close(held_);
+  }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  int held_ = -1;
+};
+
 // A file that replaces one at `path` takes its permission bits, as torch.save or cp over an
 // existing file leaves them: a model that its owner made private (chmod 600) stays so, not
 // readable by all under the umask's 644. A new file keeps the umask's.
@@ -221,12 +246,13 @@ void keep_mode_of(const std::string& path, int fd) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse) {
-  write_file_atomically(path, std::vector<ByteSpan>{{bytes.data(), bytes.size()}}, reuse);
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse,
+                           bool locked) {
+  write_file_atomically(path, std::vector<ByteSpan>{{bytes.data(), bytes.size()}}, reuse, {}, locked);
 }
 
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse,
-                           const std::function<void()>& before_rename) {
+                           const std::function<void()>& before_rename, bool locked) {
   const std::string tmp = path + kTemporaryInfix + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
@@ -239,6 +265,7 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
     errno = err;
     io_error("create", tmp);
   }
+  const WriterLock writing(locked ? fd : -1);  // until after the rename (or the unlink of a failed write)
   keep_mode_of(path, fd);
   try {
     size_t size = 0;
@@ -312,6 +339,41 @@ pid_t writer_of(const std::string& name, const std::string& target) {
   const auto [end, ec] = std::from_chars(first, last, pid);
   return ec == std::errc() && end == last && pid > 0 ? pid : 0;
 }
+
+// Whether a writer holds its lock on the file (WriterLock), seen from any host where the file
+// system passes locks on (NFSv4, EFS): nullopt where that cannot be asked.
+std::optional<bool> writer_lock_held(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct flock whole {};
+  whole.l_type = F_WRLCK;
+  whole.l_whence = SEEK_SET;
+  const bool asked = ::fcntl(fd, F_OFD_GETLK, &whole) == 0;
+  ::close(fd);
+  if (!asked) return std::nullopt;
+  return whole.l_type != F_UNLCK;
+}
+
+// Why the temporary file of writer `pid` (whose status `st` is) is abandoned, or "" while its write
+// may be under way. The PID names a process of the writer's host, which on shared storage (NFS,
+// EFS) may be another host: there a live process of that number here is no sign of the writer, nor
+// is none a sign of its death. The writer's lock is: held, a write under way on whatever host; not
+// held, the writer is gone, unless its PID lives here and the file changed lately (a write of an
+// hpctrain before the lock, or one in the instant between its file's creation and its lock).
+// A file system that takes no locks: this host's PIDs alone, as before.
+constexpr double kUnlockedWriteSeconds = 3600;  // an export's write takes seconds
+std::string abandoned_because(const std::string& file, pid_t pid, const struct stat& st) {
+  const std::optional<bool> locked = writer_lock_held(file);
+  if (locked.value_or(false)) return "";
+  // kill(pid, 0) fails with ESRCH only where no process has that PID (EPERM: another user's, alive).
+  const bool pid_lives_here = ::kill(pid, 0) == 0 || errno != ESRCH;
+  if (!pid_lives_here) return "was killed before it finished";
+  if (!locked) return "";
+  const double age = static_cast<double>(::time(nullptr) - st.st_mtime);
+  if (age < kUnlockedWriteSeconds) return "";
+  return "holds no lock on it, unchanged for " + std::to_string(static_cast<long long>(age / 3600)) +
+         " h: its writer is gone (the PID is another process's now)";
+}
 }  // namespace
 
 void remove_abandoned_writes(const std::string& path) {
@@ -320,14 +382,14 @@ void remove_abandoned_writes(const std::string& path) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const pid_t pid = writer_of(e.path().filename().string(), target.filename().string());
-    // kill(pid, 0) fails with ESRCH only where no process has that PID (EPERM: another user's, alive).
-    if (pid == 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (pid == 0 || pid == ::getpid()) continue;
     struct stat st {};
     if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    const std::string why = abandoned_because(e.path().string(), pid, st);
+    if (why.empty()) continue;
     const std::string named = (target.parent_path() / e.path().filename()).string();  // as `path` is written
     if (::unlink(e.path().c_str()) == 0)
-      log::info("removed ", named, ", left by an earlier write to ", path, " whose process (", pid,
-                ") was killed before it finished");
+      log::info("removed ", named, ", left by an earlier write to ", path, " whose process (", pid, ") ", why);
     else log::warn("cannot remove ", named, " (left by an earlier write killed before it finished): ",
                    std::strerror(errno));
   }

@@ -130,19 +130,28 @@ inline constexpr size_t kLongestTemporaryTail = sizeof kTemporaryInfix - 1 + 7;
 // guess); a file that replaces another takes its permission bits, a new one the umask's. Usage
 // error naming the file and the system's reason. reuse: a file that becomes the
 // temporary one, rewritten in place (its pages kept) rather than created; ignored when absent.
-void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "");
+// locked: the temporary file is held by a lock until the rename, which remove_abandoned_writes
+// (on any host of shared storage) reads as a write under way: for the files it judges (export's
+// --output). Checkpoints take none: their directory's lock says whose they are, and a lock call
+// to a file server that does not answer must not hold a checkpoint up.
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "",
+                           bool locked = false);
 // The same with the file's bytes in pieces, written in order (an Encoded checkpoint's).
 // before_rename: called with the temporary file written whole, just before the rename; what it
 // throws removes that file and is thrown on (a checkpoint store's check that its lock is still held).
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "",
-                           const std::function<void()>& before_rename = {});
+                           const std::function<void()>& before_rename = {}, bool locked = false);
 
 // Removes the PATH.tmp.PID files that earlier write_file_atomically(PATH, ...) calls left when
 // their processes were killed before the rename (SIGKILL, the OOM killer, a lost host: no handler
 // runs), which nothing else ever removes: each export to the same --output left one more. Only
-// regular files of this user (never through a link) whose PID is no process on this host; one
-// whose process lives may be a write under way (or its PID taken by another program since) and
-// is kept. Each removal is said in an info line; one that fails, in a warning.
+// regular files of this user (never through a link) that no writer holds: a write with `locked`
+// holds a lock on its temporary file until its rename (an OFD lock, which NFSv4 and EFS show to every host), so
+// a write under way on another host of shared storage is kept, though its PID is none here. A
+// file no lock holds: removed where its PID is no process on this host, and where it is one, once
+// the file has not changed for an hour (an unrelated process took the PID; younger, it may be a
+// write of an hpctrain that took no lock). On a file system without locks, this host's PIDs alone
+// decide, as before the lock. Each removal is said in an info line; one that fails, in a warning.
 void remove_abandoned_writes(const std::string& path);
 
 // Removes the temporary files of the writes under way (a checkpoint's and a snapshot's, on

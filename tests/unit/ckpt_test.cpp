@@ -2,6 +2,7 @@
 // heartbeat's fields read back as written.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -662,6 +663,91 @@ TEST(WriteFileAtomically, APlantedTemporaryFileIsNeitherWrittenThroughNorKept) {
   EXPECT_EQ(text_of(planted_view), "planted\n");
   EXPECT_EQ(text_of(out), "two");
   EXPECT_FALSE(std::filesystem::exists(tmp_name));
+}
+
+// A PID that no process has now: a child's, reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+// Whether a write lock is held on `path` by another open file description (any process's).
+bool write_locked(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct flock whole {};
+  whole.l_type = F_WRLCK;
+  whole.l_whence = SEEK_SET;
+  const bool asked = fd >= 0 && ::fcntl(fd, F_OFD_GETLK, &whole) == 0;
+  if (fd >= 0) ::close(fd);
+  return asked && whole.l_type != F_UNLCK;
+}
+
+// The temporary file's PID (PATH.tmp.PID) is its writer's host's: on shared storage (NFS, EFS)
+// another host's. Judged by kill(PID, 0) here alone, a live write on another host was removed from
+// under it (its PID none here), and a dead writer's file was kept for ever where a process here had
+// its number. The writer's lock decides now: held (an open file description of another host's, or
+// here of this test's), kept whatever the PID; none, and the PID a process here, once unchanged
+// for an hour; none, and the PID no process here, removed at once, as before. An export's write
+// holds the lock from its file's creation until its rename.
+TEST(WriteFileAtomically, AbandonedWritesAreJudgedByTheWritersLockNotThePidAlone) {
+  const TempDir tmp;
+  const std::string out = tmp.file("model.onnx");
+  const auto temporary = [&](pid_t pid) { return out + ckpt::kTemporaryInfix + std::to_string(pid); };
+  const auto plant = [&](const std::string& path, double age_seconds) {
+    std::ofstream(path) << "a write under way\n";
+    const timespec then{::time(nullptr) - static_cast<time_t>(age_seconds), 0}, times[2] = {then, then};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  };
+  // Another host's live write: its PID is none here, and it holds its lock.
+  const std::string remote_live = temporary(dead_pid());
+  plant(remote_live, 5);
+  const int remote_writer = ::open(remote_live.c_str(), O_WRONLY | O_CLOEXEC);
+  struct flock whole {};
+  whole.l_type = F_WRLCK;
+  whole.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(remote_writer, F_OFD_SETLK, &whole), 0) << std::strerror(errno);
+  // A dead writer's file whose PID a process here has now (an unrelated one), two hours old.
+  const pid_t unrelated = ::fork();
+  if (unrelated == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const std::string reused_pid = temporary(unrelated);
+  plant(reused_pid, 7200);
+  // A write under way here by an hpctrain without the lock (or before it took it): young, kept.
+  const std::string young = temporary(::getppid());
+  plant(young, 5);
+  // A write killed here: removed at once, as before.
+  const std::string killed = temporary(dead_pid());
+  plant(killed, 5);
+  ckpt::remove_abandoned_writes(out);
+  ::kill(unrelated, SIGKILL);
+  ::waitpid(unrelated, nullptr, 0);
+  EXPECT_TRUE(std::filesystem::exists(remote_live)) << "a live write on another host was removed";
+  EXPECT_FALSE(std::filesystem::exists(reused_pid)) << "kept for ever: its PID is another process's now";
+  EXPECT_TRUE(std::filesystem::exists(young));
+  EXPECT_FALSE(std::filesystem::exists(killed));
+  ::close(remote_writer);  // its writer gone: the next look removes it
+  ckpt::remove_abandoned_writes(out);
+  EXPECT_FALSE(std::filesystem::exists(remote_live));
+  EXPECT_TRUE(std::filesystem::exists(young));
+
+  // write_file_atomically holds the lock while its file waits for the rename.
+  const std::string gate = tmp.file("gate");
+  std::ofstream(gate) << "";
+  ::setenv("HPCTRAIN_TEST_HOLD_BEFORE_RENAME", ("m2.onnx:" + gate).c_str(), 1);
+  std::thread writer([&] { ckpt::write_file_atomically(tmp.file("m2.onnx"), std::vector<char>{'m'}, "", true); });
+  const std::string own = tmp.file("m2.onnx") + ckpt::kTemporaryInfix + std::to_string(::getpid());
+  for (int i = 0; i < 6000 && !std::filesystem::exists(own); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its descriptor closed, before the rename
+  EXPECT_TRUE(write_locked(own));
+  std::filesystem::remove(gate);
+  writer.join();
+  ::unsetenv("HPCTRAIN_TEST_HOLD_BEFORE_RENAME");
+  EXPECT_EQ(text_of(tmp.file("m2.onnx")), "m");
+  EXPECT_FALSE(std::filesystem::exists(own));
 }
 
 // A file replaced keeps its permission bits, as torch.save and cp over an existing file keep

@@ -162,7 +162,7 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
   // An export killed before its rename left OUTPUT.tmp.PID: the next export to OUTPUT removes it.
   ckpt::remove_abandoned_writes(o.output);
   try {
-    ckpt::write_file_atomically(o.output, bytes);
+    ckpt::write_file_atomically(o.output, bytes, "", /*locked=*/true);  // seen by remove_abandoned_writes
   } catch (const Error& e) {
     // Its words name the temporary file (OUTPUT.tmp.PID, removed again), which the user never
     // named: a full file system was "cannot write m.onnx.tmp.4711: No space left on device".
