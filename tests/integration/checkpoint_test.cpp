@@ -211,6 +211,33 @@ TEST_F(Checkpoints, TheEtaAfterAResumeCountsOnlyThisProcesssSteps) {
   EXPECT_LE(after.at(30), expected * 2 + 1) << resumed.out << resumed.err;
 }
 
+// A run killed without last words (SIGKILL, a lost host) leaves its last beat, which hpcrun takes
+// for the attempt's last step (its summary's step range, the steps a relaunch redoes). Beats were
+// once a second alone: a run killed at step 12 a second after its start left "step=1", though it
+// had checkpointed step 10. Each checkpoint's step is in the heartbeat now.
+TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastCheckpointsStepAtLeast) {
+  const std::string ck = dir_.file("beat");
+  // Small steps (8 samples): twelve of them take well under the heartbeat's second.
+  const std::vector<std::string> args{"--train-samples", "1280", "--test-samples", "300", "--max-steps", "40",
+                                      "--global-batch-size", "8", "--threads", "1", "--quiet", "--data-dir",
+                                      fashion_mnist_dir(), "--checkpoint-dir", ck, "--checkpoint-every-steps", "5",
+                                      "--snapshot-every-steps", "0"};
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "12", 1);
+  const RunResult killed = run_hpctrain(args, 120);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(killed.exit_code, 0) << killed.err;
+  ASSERT_TRUE(fs::exists(ck + "/ckpt-000000010.hpck")) << killed.err;
+  const std::string beat = read_text(ck + "/heartbeat");
+  const std::smatch m = [&] {
+    std::smatch found;
+    std::regex_search(beat, found, std::regex(R"((?:^|\n)step=(\d+)\n)"));
+    return found;
+  }();
+  ASSERT_FALSE(m.empty()) << beat;
+  EXPECT_GE(std::stoi(m[1]), 10) << beat;
+  EXPECT_LE(std::stoi(m[1]), 12) << beat;
+}
+
 // SIGTERM (or SIGUSR1, SIGUSR2 as submitit sends, SIGHUP) on one rank: every rank stops at the
 // same step boundary, rank 0 checkpoints there, all exit with 75 ("checkpointed, requeue me").
 // One job takes the four stops in turn, each run resumed from the one before's stop checkpoint

@@ -164,10 +164,10 @@ Heartbeat::~Heartbeat() {
   if (store_) ckpt::disarm_final_heartbeat();
 }
 
-void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra) {
+void Heartbeat::beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra, bool now) {
   if (!store_) return;
   if (beaten_) ckpt::arm_final_heartbeat(step, epochs_done);  // where a stop at once finds the run
-  if (seconds_since(last_) < 1.0 || !store_->owned()) return;  // owned() stats the lock: once a second
+  if ((!now && seconds_since(last_) < 1.0) || !store_->owned()) return;  // owned() stats the lock: once a second
   ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training", extra ? resumed_ + extra() : resumed_);
   ckpt::arm_final_heartbeat(step, epochs_done);
   beaten_ = true;

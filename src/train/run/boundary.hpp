@@ -138,8 +138,8 @@ class Heartbeat {
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
   // extra: more lines for this beat (the slowest rank's, stragglers.hpp), asked for only when
-  // it is written.
-  void beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra = {});
+  // it is written. now: written whatever the time since the last (a checkpoint's step).
+  void beat(int64_t step, int64_t epochs_done, const std::function<std::string()>& extra = {}, bool now = false);
   // A step just done (as the metrics' record of it, final_records::steps_done): where a stop at
   // once finds the run, before the step's boundary beats (a signal may come in between).
   void stepped(int64_t step, int64_t epochs_done);

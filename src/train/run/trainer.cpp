@@ -710,6 +710,10 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
     const RunPosition at = saved_position(tally_.here);
     if (checkpoint) this->checkpoint(at);
     snapshot(at);
+    // The checkpoint's step in the heartbeat too: a run killed without last words (SIGKILL, a lost
+    // host) left its once-a-second beat, and hpcrun's account of an attempt of a second or two
+    // said "step 1" and "0 steps redone" of one that had checkpointed step 10 and died at 12.
+    if (checkpoint) heartbeat_->beat(step, epoch, [this] { return stragglers_->heartbeat_lines(); }, true);
   }
   if (trace_) trace_->at_boundary(step);  // where the ranks meet anyway (the agreement above)
   if (hooks_.kills_at(step)) snapshots_->wait();
