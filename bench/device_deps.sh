@@ -210,7 +210,9 @@ env_lines() {
   local to=${HPCTRAIN_DEPS:-/tmp/hpctrain-deps-$(id -u)}
   # What is there is put on PATH and LD_LIBRARY_PATH, and run: a folder another user made first
   # (in a shared /tmp, .unpacked and all) or may write in would have their programs run as you.
-  (umask 077 && mkdir -p "$to") || die "cannot create $to"
+  # One line, mkdir's reason in it (its own line came first, then a second without the reason).
+  local made
+  made=$( (umask 077 && mkdir -p -- "$to") 2>&1) || die "cannot create $to: ${made##*: }"
   [[ -d "$to" && ! -L "$to" && -O "$to" ]] ||
     die "$to is not a folder of yours (another user's, or a link?): its programs would run as you; set HPCTRAIN_DEPS to a folder of your own"
   local mode

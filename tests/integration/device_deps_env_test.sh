@@ -5,7 +5,7 @@
 # and mpi_vs_peer.sh) is the pack's Open MPI, which hpctrain is linked with there, not an
 # `mpirun` of the machine's own (a stand-in here, first on PATH after the pack's folder). The
 # pack has no `mpirun`: Debian makes that name an update-alternatives link, which is not packed.
-# A damaged pack, or no folder given, is one error line naming it, exit 2.
+# A damaged pack, no folder given, or one that cannot be made, is one error line naming it, exit 2.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$(cd "$here/../../bench" && pwd)
@@ -78,6 +78,14 @@ for c in "${cases[@]}"; do
   [[ $code == 2 && -z $out && $(< "$tmp/err") == "device_deps.sh: error: $dir $says"* && $(wc -l < "$tmp/err") == 1 ]] ||
     fail "env into $dir exited $code, wanted 2 and '$dir $says'" "$out$(< "$tmp/err")"
 done
+
+# A folder that cannot be made (under a file): one line with mkdir's reason (it was mkdir's own
+# line, then one without the reason).
+: > "$tmp/a-file"
+out=$(HPCTRAIN_DEPS=$tmp/a-file/deps "$bench/device_deps.sh" env "$tmp/pack" 2> "$tmp/err")
+code=$?
+[[ $code == 2 && -z $out && $(< "$tmp/err") == "device_deps.sh: error: cannot create $tmp/a-file/deps: Not a directory" ]] ||
+  fail "env into a folder under a file exited $code, wanted 2 and one line with mkdir's reason" "$out$(< "$tmp/err")"
 
 # pack into a folder outside the repository: refused at once (the device call's carry takes only
 # paths inside the tree), before the long compression, and nothing made there.
