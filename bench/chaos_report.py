@@ -115,13 +115,15 @@ def left_of(path):
 
 
 def summary_of(path):
-    """hpcrun's summary.json: its attempts (each with its hosts) and failures."""
+    """hpcrun's summary.json: its attempts (each with its hosts) and failures. No attempt at all is
+    one hpcrun writes too: stopped (a preemption, exit 75) while it waited for hosts, as after a
+    cut host; refused, it ended the soak's report with exit 2."""
     try:
         s = json.loads("\n".join(lines_of(path, "--hpcrun-summaries")))
     except (ValueError, RecursionError):
         s = None
     ok = (isinstance(s, dict) and isinstance(s.get("failures"), int) and isinstance(s.get("attempts"), list)
-          and s["attempts"] and all(isinstance(t, dict) and isinstance(t.get("hosts"), str) for t in s["attempts"]))
+          and all(isinstance(t, dict) and isinstance(t.get("hosts"), str) for t in s["attempts"]))
     if not ok:
         raise UsageError(f"--hpcrun-summaries {path} is not hpcrun's summary.json (attempts with their hosts, failures)")
     return s
@@ -202,7 +204,9 @@ def main(argv):
     if a.hpcrun_summaries is not None:
         attempts = sum(len(s["attempts"]) for s in summaries)
         failed = sum(s["failures"] for s in summaries)
-        last_hosts = [h.split(":")[0] for h in summaries[-1]["attempts"][-1]["hosts"].split(",")] if summaries else []
+        # The hosts of the last attempt of all (an invocation stopped before its first has none).
+        last = next((s["attempts"][-1] for s in reversed(summaries) if s["attempts"]), None)
+        last_hosts = [h.split(":")[0] for h in last["hosts"].split(",")] if last else []
         left += [["host left out", h] for h in a.hosts.split(",") if h and h not in last_hosts]
         launcher = f"; hpcrun: {attempts} attempt(s) in {len(summaries)} invocation(s), {failed} failed" + launcher
     if a.fds:

@@ -120,6 +120,12 @@ soak_args=(--ref "$soak/ok.jsonl" --run "$soak/ok.jsonl" --faults "$soak/faults.
   --times 100 102 100 102 --seed 1 --duration 1 --mean-interval 1 --min-kinds 1 --job test)
 check "$chaos_report" 0 "${soak_args[@]}"
 check "$chaos_report" 0 "${soak_args[@]/#$soak\/ok.jsonl/$soak/list_event.jsonl}"  # not an event it reads
+# An hpcrun invocation stopped while it waited for hosts (a preemption after a cut host) writes a
+# summary.json without attempts, exit 75: it is read, and the last hosts are those of the last attempt.
+printf '{"exit_code":0,"failures":0,"attempts":[{"hosts":"h1:1,h2:1"}]}\n' > "$soak/summary-1.json"
+printf '{"exit_code":75,"failures":0,"attempts":[]}\n' > "$soak/summary-2.json"
+cp "$soak/summary-1.json" "$soak/summary-3.json"
+check "$chaos_report" 0 "${soak_args[@]}" --hosts h1,h2 --hpcrun-summaries "$soak"/summary-{1,2,3}.json
 for bad in "--no-such-option" "--times 100 102 100 100" "--times nan 102 100 102" "--min-kinds -1" \
   "--ref $soak/missing.jsonl" "--ref $soak/dir" "--run $soak/fifo" "--run $soak/number.jsonl" \
   "--run $soak/no_checksum.jsonl" "--run $soak/step_text.jsonl" "--run $soak/latin1.jsonl" \
