@@ -16,8 +16,10 @@ Inputs (files the soak wrote):
   --seed, --duration (s), --mean-interval (s), --min-kinds, --job (the header's words on the job)
   --note TEXT              appended to the faults line ("; TEXT"), e.g. how often Slurm requeued
 Only the hpcrun soak has these (each optional):
-  --hpcrun-summaries FILE...  hpcrun's summary.json of each invocation: attempts and failures on
-                           the faults line, and --hosts missing from the last attempt left behind
+  --hpcrun-summaries FILE...  hpcrun's summary.json of each invocation (in the order of the numbers
+                           in their names: summary-10.json after summary-9.json): attempts and
+                           failures on the faults line, and --hosts missing from the last attempt
+                           left behind
   --hosts A,B,C            the hosts every attempt should have
   --fds FILE               hpcrun's open file descriptors: unix_time<TAB>invocation<TAB>count a line
                            (growth within an invocation is left behind); --fds-end FILE: their
@@ -26,7 +28,7 @@ An input it cannot read (missing, a directory or FIFO, not UTF-8, a line not of 
 without the fields the report reads, --times not finite or ending before they start) is one line
 on stderr and exit 2, before any of the report is printed.
 """
-import argparse, collections, json, math, os, statistics, sys
+import argparse, collections, json, math, os, re, statistics, sys
 
 PROG = "chaos_report"
 
@@ -114,6 +116,12 @@ def left_of(path):
     return [(l.split("\t", 1) + [""])[:2] for l in lines_of(path, "--left") if l.strip()]
 
 
+def in_number_order(path):
+    """A sort key that puts numbers in a name in their order: chaos.sh's summary-10.json after
+    summary-9.json (as text it came first, and the last invocation's hosts were another's)."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"([0-9]+)", path))]
+
+
 def summary_of(path):
     """hpcrun's summary.json: its attempts (each with its hosts) and failures. No attempt at all is
     one hpcrun writes too: stopped (a preemption, exit 75) while it waited for hosts, as after a
@@ -172,7 +180,7 @@ def main(argv):
     # Every input read before the verdict: one it cannot read is exit 2, not a soak that failed.
     ref, run = events(a.ref, "--ref"), events(a.run, "--run")
     faults, left = faults_of(a.faults), left_of(a.left)
-    summaries = [summary_of(f) for f in sorted(a.hpcrun_summaries or [])]
+    summaries = [summary_of(f) for f in sorted(a.hpcrun_summaries or [], key=in_number_order)]
     fds = fds_of(a.fds) if a.fds else collections.defaultdict(list)
     fds_end = " ".join(lines_of(a.fds_end, "--fds-end")).split() if a.fds_end and os.path.exists(a.fds_end) else None
     for path, ev in (a.ref, ref), (a.run, run):

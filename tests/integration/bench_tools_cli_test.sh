@@ -126,6 +126,13 @@ printf '{"exit_code":0,"failures":0,"attempts":[{"hosts":"h1:1,h2:1"}]}\n' > "$s
 printf '{"exit_code":75,"failures":0,"attempts":[]}\n' > "$soak/summary-2.json"
 cp "$soak/summary-1.json" "$soak/summary-3.json"
 check "$chaos_report" 0 "${soak_args[@]}" --hosts h1,h2 --hpcrun-summaries "$soak"/summary-{1,2,3}.json
+# The last invocation is the highest number, not the last name as text (summary-10 came before
+# summary-9): here the 10th ran without h2, which is left out (exit 1).
+printf '{"exit_code":0,"failures":0,"attempts":[{"hosts":"h1:1"}]}\n' > "$soak/summary-10.json"
+cp "$soak/summary-1.json" "$soak/summary-9.json"
+check "$chaos_report" 1 "${soak_args[@]}" --hosts h1,h2 --hpcrun-summaries "$soak"/summary-{9,10}.json
+[[ $(timeout 60 "$chaos_report" "${soak_args[@]}" --hosts h1,h2 --hpcrun-summaries "$soak"/summary-{9,10}.json) == \
+  *"host left out: h2"* ]] || { echo "FAIL: chaos_report.py: h2, left out of the 10th invocation, not reported"; failed=1; }
 for bad in "--no-such-option" "--times 100 102 100 100" "--times nan 102 100 102" "--min-kinds -1" \
   "--ref $soak/missing.jsonl" "--ref $soak/dir" "--run $soak/fifo" "--run $soak/number.jsonl" \
   "--run $soak/no_checksum.jsonl" "--run $soak/step_text.jsonl" "--run $soak/latin1.jsonl" \
