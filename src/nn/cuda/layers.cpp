@@ -48,8 +48,16 @@ const Perf& choose(const Perf* perf, int count, const GpuSettings& s, const char
 }
 
 // Before a cudnnFind* (see choose()): the cached blocks back to the driver. Never inside a CUDA
-// graph's capture: a plan is made in an eager step (gpu_engine's settle step).
-void release_cache_for_find() { device::empty_cache(); }
+// graph's capture: a plan is made in an eager step (gpu_engine's settle step). Asked, not assumed:
+// cudaFree (and the search's own timing) inside a capture would end it with an error that names
+// neither; this names the bug.
+void release_cache_for_find(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  HPC_CHECK(capture == cudaStreamCaptureStatusNone,
+            "cuDNN's algorithm search (--no-deterministic) for a batch shape first seen inside a CUDA graph's capture");
+  device::empty_cache();
+}
 
 // Compute type float in every precision: 16-bit convolutions accumulate in fp32 (cuDNN's
 // "pseudo" half and bfloat16 configurations).
@@ -206,7 +214,7 @@ ConvGpu::Plan& ConvGpu::plan(int64_t n) {
   // left on the descriptor (which could narrow it to FMA kernels).
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_fwd_.get(), math_of(s.math)));
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_filter_.get(), math_of(s.math)));
-  if (measure) release_cache_for_find();
+  if (measure) release_cache_for_find(ctx_.stream());
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   CUDNN_CHECK(measure ? cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn(), x_desc_.get(), filter_.get(),
                                                              conv_fwd_.get(), y_desc_.get(), kMaxAlgos, &got, fwd)
@@ -232,7 +240,7 @@ void ConvGpu::choose_backward_data(Plan& p) {
   int got = 0;
   const GpuSettings& s = ctx_.settings();
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_bwd_data_.get(), math_of(s.math)));
-  if (!s.deterministic) release_cache_for_find();
+  if (!s.deterministic) release_cache_for_find(ctx_.stream());
   cudnnConvolutionBwdDataAlgoPerf_t bd[kMaxAlgos];
   CUDNN_CHECK(!s.deterministic
                   ? cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn(), filter_.get(), y_desc_.get(),
