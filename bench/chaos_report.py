@@ -30,6 +30,8 @@ on stderr and exit 2, before any of the report is printed.
 """
 import argparse, collections, json, math, os, re, statistics, sys
 
+import report_cli  # bench/report_cli.py, beside this file
+
 PROG = "chaos_report"
 
 
@@ -247,21 +249,7 @@ def main(argv):
 
 def cli(argv):
     """main() with an input it cannot read as one line on stderr and exit code 2."""
-    if sys.stdout is None:  # started with it closed (`>&-`): print() would pass over it
-        print(f"{PROG}: error: cannot write the report to standard output: it is closed", file=sys.stderr)
-        return 2
-    try:
-        code = main(argv)
-        sys.stdout.flush()
-        return code
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # standard output refused the report (a full disk)
-        print(f"{PROG}: error: cannot write the report to standard output: {e.strerror}", file=sys.stderr)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left in its buffer goes nowhere
-        return 2
-
+    return report_cli.run(PROG, main, argv, UsageError, "the report")
 
 if __name__ == "__main__":
     sys.exit(cli(sys.argv[1:]))

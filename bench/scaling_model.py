@@ -81,6 +81,8 @@ import re
 import statistics
 import sys
 
+import report_cli  # bench/report_cli.py, beside this file
+
 FLOAT_BYTES = 4
 FIRST_BUCKET_BYTES = 1 << 20  # hpctrain's GradientBucketer::kFirstBucketBytes
 DEFAULT_GPUS = [2 ** k for k in range(10)]
@@ -1029,24 +1031,7 @@ def as_json(doc):
 def cli(argv):
     """main() with a user's mistake as one line on stderr and exit code 2; a reader that stops early
     (| head) ends it quietly, as it would a program SIGPIPE ends (exit 141)."""
-    if sys.stdout is None:  # started with it closed (`>&-`): print() would pass over it
-        print("scaling_model: error: cannot write the results to standard output: it is closed", file=sys.stderr)
-        return 2
-    try:
-        code = main(argv)
-        sys.stdout.flush()
-        return code
-    except UsageError as e:
-        print(f"scaling_model: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 128 + 13
-    except OSError as e:  # standard output refused the results (`> file` on a full disk): as hpcdata says it
-        print(f"scaling_model: error: cannot write the results to standard output: {e.strerror}", file=sys.stderr)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left in its buffer goes nowhere
-        return 2
-
+    return report_cli.run("scaling_model", main, argv, UsageError, "the results", quiet_broken_pipe=True)
 
 if __name__ == "__main__":
     sys.exit(cli(sys.argv[1:]))
