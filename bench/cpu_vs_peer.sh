@@ -65,15 +65,10 @@ sgemm_peak "$threads"
 
 train_flops "$done_line" "$tmp/hpctrain.log"
 
-ratio=$(calc "$ours_ips / $peer_ips" 2)
-gflops=$(calc "$ours_ips * $flops / 1e9" 1)
-fraction=$(calc "$ours_ips * $flops / 1e9 / $peak" 3)
+peer_bench_rates
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 2.0) ? \"yes\" : \"no\" }")
 
-echo
-per_seed_report "$seeds" "test accuracy" "means of N seeds"
-echo "hpctrain: $(calc "$ours_ips" 1) images/s, test accuracy $ours_acc${of:-}"
-echo "peer:     $(calc "$peer_ips" 1) images/s, test accuracy $peer_acc${of:-}"
+peer_bench_results "test accuracy" "means of N seeds"
 echo "ratio hpctrain/peer: $ratio (target >= 2.0: $met)"
 echo "hpctrain achieved: $gflops GFLOP/s of $peak peak sgemm GFLOP/s ($(calc "$fraction * 100" 1)%)"
 peer_bench_tail

@@ -251,6 +251,24 @@ peer_bench_means() {
   peer_ips=$(mean "${peer_ips_runs[@]}") peer_acc=$(mean "${peer_acc_runs[@]}") peer_sd=$(sample_sd "${peer_acc_runs[@]}")
 }
 
+# peer_bench_rates: from peer_bench_means, train_flops and sgemm_peak: ratio (hpctrain's images/s
+# over the peer's), gflops (hpctrain's GFLOP/s) and fraction (of the sgemm peak).
+peer_bench_rates() {
+  ratio=$(calc "$ours_ips / $peer_ips" 2)
+  gflops=$(calc "$ours_ips * $flops / 1e9" 1)
+  fraction=$(calc "$ours_ips * $flops / 1e9 / $peak" 3)
+}
+
+# peer_bench_results ACCURACY OF [OURS_MORE PEER_MORE]: a blank line, the per-seed lines
+# (per_seed_report with ACCURACY and OF), then both sides' images/s and ACCURACY (the mean, said
+# so, with several seeds), each line ending with its side's MORE.
+peer_bench_results() {
+  echo
+  per_seed_report "$seeds" "$1" "$2"
+  echo "hpctrain: $(calc "$ours_ips" 1) images/s, $1 $ours_acc${of:-}${3:-}"
+  echo "peer:     $(calc "$peer_ips" 1) images/s, $1 $peer_acc${of:-}${4:-}"
+}
+
 # peer_bench_tail: the lines both end their report with, before the summary.
 peer_bench_tail() {
   echo "training FLOPs per image: $flops ($flops_source)"

@@ -117,18 +117,13 @@ peer_t92=$(time_to_target "$peer_reached" " (its whole run)")
 echo
 echo "== 4/4 sgemm rate: $gemm_shapes --peak-only --threads $ranks"
 sgemm_peak "$ranks"
-gflops=$(calc "$ours_ips * $flops / 1e9" 1)
-fraction=$(calc "$ours_ips * $flops / 1e9 / $peak" 3)
+peer_bench_rates
 fraction_met=$(awk "BEGIN { print ($fraction >= 0.6) ? \"yes\" : \"no\" }")
 
-ratio=$(calc "$ours_ips / $peer_ips" 2)
 met=$(awk "BEGIN { print ($ours_ips / $peer_ips >= 2.0 && $ours_acc >= $peer_acc) ? \"yes\" : \"no\" }")
 share_on=$(calc "100 * $wait_on / $step_on" 2)
 share_off=$(calc "100 * $wait_off / $step_off" 2)
-echo
-per_seed_report "$seeds" "final test accuracy" "mean of N seeds"
-echo "hpctrain: $(calc "$ours_ips" 1) images/s, final test accuracy $ours_acc${of:-}, time to $target: $ours_t92"
-echo "peer:     $(calc "$peer_ips" 1) images/s, final test accuracy $peer_acc${of:-}, time to $target: $peer_t92"
+peer_bench_results "final test accuracy" "mean of N seeds" ", time to $target: $ours_t92" ", time to $target: $peer_t92"
 echo "ratio hpctrain/peer: $ratio (target >= 2.0 at equal or better accuracy: $met)"
 echo "exposed communication per step: $(calc "$wait_on * 1000" 3) ms = $share_on% of the step with overlap" \
   "(target < 5%), $(calc "$wait_off * 1000" 3) ms = $share_off% without"
