@@ -262,6 +262,7 @@ COVERED_THROUGH = {
     "dist/mpi": ("integration/mpi_test.cpp", "TwoAndFourRanksMatchOneRankWithoutBatchNorm"),
     "dist/process": ("integration/mpi_test.cpp", "DefaultThreadsShareTheHostsCores"),
     "export/onnx_export": ("serving/onnx_test.py", "test_resnet50"),
+    "nn/cblas_gemm": ("unit/layers_test.cpp", "AnyThreadCountGivesTheSameBits"),
     "nn/composite": ("unit/gradcheck_test.cpp", "ProjectionShortcut"),
     "nn/cuda/context": ("gpu/network_test.cpp", "TrainingAndEvalPassesMatchTheCpuModel"),
     "nn/gemm_common": ("unit/layers_test.cpp", "MatchesNaiveConvolution"),
