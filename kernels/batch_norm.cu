@@ -54,6 +54,54 @@ __device__ __forceinline__ bool relu_passes(float v) {
   return to_f(from_f<T>(v)) > 0.f;
 }
 
+// Channels c0 .. c0 + V - 1's first N coefficients (of the kCoefficients a channel has), into the
+// registers of the thread that takes those channels.
+template <int V, int N>
+__device__ __forceinline__ void load_coefficients(const float* __restrict__ coef, int c0, float (&k)[V][N]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int q = 0; q < N; ++q) k[j][q] = coef[kCoefficients * (c0 + j) + q];
+}
+
+// A thread's R rows r0, r0 + step, ... (those before `end`), V channels from c0: of x into xv and,
+// when kSecond, of `second` into sv. All of them before any is used: bytes in flight.
+template <bool kSecond, class T, int V, int R>
+__device__ __forceinline__ void load_rows(const T* __restrict__ x, const T* __restrict__ second, int64_t r0,
+                                          int64_t step, int64_t end, int channels, int c0, Pack<T, V> (&xv)[R],
+                                          Pack<T, V> (&sv)[R]) {
+#pragma unroll
+  for (int u = 0; u < R; ++u) {
+    const int64_t r = r0 + u * step;
+    if (r < end) {
+      xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
+      if (kSecond) sv[u] = *reinterpret_cast<const Pack<T, V>*>(second + r * channels + c0);
+    }
+  }
+}
+
+// The apply passes' walk: the thread's rows (a grid-stride loop, R rows loaded at a time) of x and,
+// when kSecond, of `second`, V channels from c0, each row's written to y: channel j's value is
+// value(xv, sv, j), xv and sv the row's packs of x and `second` (sv not loaded without kSecond).
+template <bool kSecond, class T, int V, int R, class Value>
+__device__ __forceinline__ void apply_rows(const T* __restrict__ x, const T* __restrict__ second, T* __restrict__ y,
+                                           int64_t rows, int channels, int c0, const Value& value) {
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += R * step) {
+    Pack<T, V> xv[R], sv[R];
+    load_rows<kSecond>(x, second, r0, step, rows, channels, c0, xv, sv);
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const int64_t r = r0 + u * step;
+      if (r >= rows) break;
+      Pack<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = value(xv[u], sv[u], j);
+      *reinterpret_cast<Pack<T, V>*>(y + r * channels + c0) = out;
+    }
+  }
+}
+
 // Launch geometry: a thread takes V neighbouring channels (cv = channels / V vectors per row);
 // a block is bx vectors by `by` rows; grid.x covers the vectors, grid.y the rows (slabs for
 // the sums). A deterministic function of (T, rows, channels): the slabs, hence the bits, of
@@ -178,22 +226,11 @@ __global__ void __launch_bounds__(kBlockThreads, B)
 #pragma unroll
   for (int j = 0; j < V; ++j) a[j] = 0, b[j] = 0;
   if (c0 < channels) {
-    if (kBackward)
-#pragma unroll
-      for (int j = 0; j < V; ++j)
-#pragma unroll
-        for (int q = 0; q < 3; ++q) k[j][q] = fcoef[kCoefficients * (c0 + j) + q];
+    if (kBackward) load_coefficients(fcoef, c0, k);
     const int64_t step = blockDim.y;
     for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += R * step) {
       Pack<T, V> xv[R], gv[R];
-#pragma unroll
-      for (int u = 0; u < R; ++u) {
-        const int64_t r = r0 + u * step;
-        if (r < end) {
-          xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
-          if (kBackward) gv[u] = *reinterpret_cast<const Pack<T, V>*>(dy + r * channels + c0);
-        }
-      }
+      load_rows<kBackward>(x, dy, r0, step, end, channels, c0, xv, gv);
 #pragma unroll
       for (int u = 0; u < R; ++u) {
         if (r0 + u * step >= end) break;
@@ -328,36 +365,14 @@ __global__ void __launch_bounds__(kBlockThreads, B)
   const int vi = blockIdx.x * blockDim.x + threadIdx.x, c0 = vi * V;
   if (c0 >= channels) return;
   float k[V][3];
-#pragma unroll
-  for (int j = 0; j < V; ++j)
-#pragma unroll
-    for (int q = 0; q < 3; ++q) k[j][q] = coef[kCoefficients * (c0 + j) + q];
-  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += R * step) {
-    Pack<T, V> xv[R], rv[R];
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      const int64_t r = r0 + u * step;
-      if (r < rows) {
-        xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
-        if (kResidual) rv[u] = *reinterpret_cast<const Pack<T, V>*>(residual + r * channels + c0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      const int64_t r = r0 + u * step;
-      if (r >= rows) break;
-      Pack<T, V> out;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float v = affine(to_f(xv[u].v[j]), k[j]);
-        if (kResidual) v = to_f(from_f<T>(v)) + to_f(rv[u].v[j]);
-        if (relu) v = v > 0.f ? v : 0.f;
-        out.v[j] = from_f<T>(v);
-      }
-      *reinterpret_cast<Pack<T, V>*>(y + r * channels + c0) = out;
-    }
-  }
+  load_coefficients(coef, c0, k);
+  apply_rows<kResidual, T, V, R>(x, residual, y, rows, channels, c0,
+                                 [&](const Pack<T, V>& xv, const Pack<T, V>& rv, int j) {
+                                   float v = affine(to_f(xv.v[j]), k[j]);
+                                   if (kResidual) v = to_f(from_f<T>(v)) + to_f(rv.v[j]);
+                                   if (relu) v = v > 0.f ? v : 0.f;
+                                   return from_f<T>(v);
+                                 });
 }
 
 // dx = a g + k (x - mean) + b with the backward's coefficients bcoef, g = dy or (kMask) dy
@@ -378,32 +393,12 @@ __global__ void __launch_bounds__(kBlockThreads, B)
 #pragma unroll
     for (int q = 1; q < 3; ++q) f[j][q] = kMask ? fcoef[kCoefficients * (c0 + j) + q] : 0.f;
   }
-  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  for (int64_t r0 = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r0 < rows; r0 += R * step) {
-    Pack<T, V> xv[R], gv[R];
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      const int64_t r = r0 + u * step;
-      if (r < rows) {
-        xv[u] = *reinterpret_cast<const Pack<T, V>*>(x + r * channels + c0);
-        gv[u] = *reinterpret_cast<const Pack<T, V>*>(dy + r * channels + c0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      const int64_t r = r0 + u * step;
-      if (r >= rows) break;
-      Pack<T, V> out;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float xf = to_f(xv[u].v[j]);
-        float g = to_f(gv[u].v[j]);
-        if (kMask && !relu_passes<T>(affine(xf, f[j]))) g = 0.f;
-        out.v[j] = from_f<T>(k[j][1] * g + k[j][2] * (xf - k[j][0]) + k[j][3]);
-      }
-      *reinterpret_cast<Pack<T, V>*>(dx + r * channels + c0) = out;
-    }
-  }
+  apply_rows<true, T, V, R>(x, dy, dx, rows, channels, c0, [&](const Pack<T, V>& xv, const Pack<T, V>& gv, int j) {
+    const float xf = to_f(xv.v[j]);
+    float g = to_f(gv.v[j]);
+    if (kMask && !relu_passes<T>(affine(xf, f[j]))) g = 0.f;
+    return from_f<T>(k[j][1] * g + k[j][2] * (xf - k[j][0]) + k[j][3]);
+  });
 }
 
 BatchNormTuning tuning_from_environment();
