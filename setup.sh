@@ -47,14 +47,13 @@ packages=(
   strace                                       # the dataset tests hold a syscall to stop a command in its middle
   slurm-wlm munge procps                       # slurm/local-cluster.sh and the Slurm tests
   libboost-program-options-dev                 # command line and config files
-  nlohmann-json3-dev                           # JSON, written and read (hpcrun's summary.json, ...)
+  nlohmann-json3-dev                           # JSON, written and read (hpcrun's summary.json, predict, export, ...)
   libdnnl-dev libopenblas-dev                  # CPU GEMM backends (oneDNN default, OpenBLAS)
   zlib1g-dev                                   # the tests' gzip-compressed dataset files
   libisal-dev                                  # ISA-L: CRC-32 of checkpoints and snapshots, gunzip of datasets
   libturbojpeg0-dev                            # JPEG images in packed shards (hpcdata pack)
   libpng-dev                                   # PNG images for hpctrain predict
   libonnx-dev libprotobuf-dev                  # hpctrain export: ONNX (libonnx-dev omits protobuf's headers)
-  nlohmann-json3-dev                           # JSON of hpctrain predict and export
   libgtest-dev googletest                      # the test suite
   python3-onnx python3-opencv python3-numpy    # the serving tests: onnx.checker and OpenCV DNN check exports
   dataset-fashion-mnist                        # the default job's data
