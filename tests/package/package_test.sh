@@ -373,7 +373,7 @@ done
 mkdir -p "$tmp/app"
 cat > "$tmp/app/CMakeLists.txt" << 'CMAKE'
 cmake_minimum_required(VERSION 3.22)
-project(app LANGUAGES C CXX)
+project(app LANGUAGES CXX)  # as README's: the package enables the C that FindMPI needs
 find_package(hpctrain 0.1 REQUIRED)
 add_executable(app app.cpp)
 target_link_libraries(app PRIVATE hpctrain::hpctrain_lib)
