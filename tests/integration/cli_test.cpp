@@ -459,6 +459,29 @@ TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
   EXPECT_EQ(lines_of(read.err).size(), 1u) << read.err;
 }
 
+// A thread that cannot start (this user's process limit reached, ulimit -u) is one line and exit 1
+// saying so, wherever it happens: the signal thread before MPI (bare 'terminate called' and
+// SIGABRT before), the loader's and the others' later (a bare "Resource temporarily unavailable").
+// ulimit -u binds users other than root only: run as nobody, with OpenBLAS's pool kept off.
+TEST_F(Cli, AThreadThatCannotStartIsOneLineSayingWhy) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (setpriv to another user); CI runs as root";
+  if (!fs::exists("/usr/bin/setpriv")) GTEST_SKIP() << "no setpriv (util-linux)";
+  for (const int limit : {1, 3}) {
+    const RunResult r = run_program(
+        {"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/bin/bash", "-c",
+         "ulimit -u " + std::to_string(limit) + " && OPENBLAS_NUM_THREADS=1 exec '" + hpctrain_binary() +
+             "' --device cpu --quiet --threads 1 --max-steps 1"},
+        kDeadline);
+    EXPECT_EQ(r.exit_code, 1) << limit << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("hpctrain: error: cannot start a thread (Resource temporarily unavailable): this user's "
+                          "limit of processes and threads (ulimit -u",
+                          0),
+              0u)
+        << limit << ": " << r.err;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << limit << ": " << r.err;
+  }
+}
+
 // Streams are shared by intent: /dev/stdout for both files is no conflict, and identity is told
 // without opening anything.
 TEST_F(Cli, StreamsMayBeSharedByOutputs) {
