@@ -26,6 +26,7 @@
 #include "train/serve/serving.hpp"
 #include "train/state/snapshots.hpp"
 #include "train/stop/signals.hpp"
+#include "train/stop/watchdog.hpp"
 
 namespace {
 
@@ -108,6 +109,9 @@ int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
   }
 }
 
+// The libraries' exit handlers take milliseconds; one held longer is stuck (train/stop/watchdog.hpp).
+constexpr double kExitHandlersSeconds = 10;
+
 // The test hook HPCTRAIN_TEST_LINGER_AFTER_MPI=seconds@rank (whole seconds, the other hooks'
 // form): that rank stays this long after MPI's end, as one whose process takes a moment longer to
 // end than its peers' (tests/integration/mpi_test.cpp: mpirun's SIGTERM then must end it quietly,
@@ -168,5 +172,6 @@ int main(int argc, char** argv) {
   stop_before_mpi_end_if_asked(ctx.rank());
   ctx.finalize();
   linger_if_asked(ctx.rank());
+  hpc::train::bound_the_exit(kExitHandlersSeconds, code);
   return code;
 }

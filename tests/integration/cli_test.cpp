@@ -459,6 +459,24 @@ TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
   EXPECT_EQ(lines_of(read.err).size(), 1u) << read.err;
 }
 
+// A run that ends for want of memory under an address-space limit (ulimit -v: Slurm's
+// VSizeFactor, a login's limit) ends within seconds. Its own end was done at once, but the
+// process's exit waited in OpenBLAS's shutdown for a worker that retried its buffer's allocation
+// without end: ten minutes, until --step-timeout's bound said "a file system that does not
+// answer?". The libraries' exit handlers now have 10 s (bound_the_exit), then a warning line.
+TEST_F(Cli, ARunOutOfMemoryUnderAnAddressSpaceLimitEndsWithinSeconds) {
+  std::string line = "ulimit -v 400000 && exec '" + hpctrain_binary() + "'";
+  for (const std::string& a : with_quick_defaults(
+           in_work({"--checkpoint-dir", "@WORK/ck", "--model", "resnet50", "--device", "cpu", "--threads", "2"}),
+           data_.str()))
+    line += " '" + a + "'";
+  const RunResult r = run_program({"/bin/bash", "-c", line}, kDeadline);
+  ASSERT_FALSE(r.timed_out) << "still running after " << kDeadline << " s: " << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.rfind("hpctrain: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find("--step-timeout"), std::string::npos) << r.err;
+}
+
 // A thread that cannot start (this user's process limit reached, ulimit -u) is one line and exit 1
 // saying so, wherever it happens: the signal thread before MPI (bare 'terminate called' and
 // SIGABRT before), the loader's and the others' later (a bare "Resource temporarily unavailable").

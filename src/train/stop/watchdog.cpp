@@ -63,6 +63,22 @@ void bound_the_end(double timeout_seconds, const std::string& where, int exit_co
   }).detach();
 }
 
+void bound_the_exit(double seconds, int exit_code) {
+  try {
+    std::thread([seconds, exit_code] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      std::fprintf(stderr,
+                   "hpctrain: warning: the libraries' exit handlers did not finish within %s (OpenBLAS's threads, "
+                   "which retry an allocation for ever under a memory limit such as ulimit -v?): exiting with "
+                   "code %d now\n",
+                   seconds_text(seconds).c_str(), exit_code);
+      std::fflush(nullptr);
+      ::_exit(exit_code);
+    }).detach();
+  } catch (const std::exception&) {  // no thread to be had (the same limit): the exit as it comes
+  }
+}
+
 StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll, Watched watched,
                            bool peers)
     : timeout_(timeout_seconds),

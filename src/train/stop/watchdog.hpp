@@ -38,6 +38,13 @@ enum class Watched { Steps, SetUp, EvaluationSetUp, EvaluationBatches };
 // thread: the process ending on its own ends it too.
 void bound_the_end(double timeout_seconds, const std::string& where, int exit_code, bool peers);
 
+// The process's exit after MPI's end, when nothing of hpctrain's is left to write: the libraries'
+// exit handlers, which a library's own threads can hold for ever (OpenBLAS's shutdown joins a
+// worker that retries its buffer's allocation without end once a memory limit, ulimit -v, is
+// reached: ten minutes, to --step-timeout, after an out-of-memory error). After `seconds`, one
+// warning line, and the process exits with `exit_code`. Nothing if no thread can be started.
+void bound_the_exit(double seconds, int exit_code);
+
 class StepWatchdog {
  public:
   // Called from the watchdog's thread with the message when the timeout passes; must not
