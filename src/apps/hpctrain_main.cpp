@@ -10,7 +10,6 @@
 #include <exception>
 #include <new>
 #include <string>
-#include <system_error>
 #include <thread>
 
 #include "core/crash.hpp"
@@ -47,18 +46,6 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
   std::fflush(stderr);
   if (several) ctx.world().abort(code);
   return code;
-}
-
-// What an exception that is not ours means to a user. std::thread's EAGAIN ("Resource temporarily
-// unavailable", alone) is a limit reached, not a bug: the user's threads (ulimit -u, a cgroup's
-// pids.max) or the address space for a thread's stack (ulimit -v).
-std::string describe(const std::exception& e) {
-  const auto* failed = dynamic_cast<const std::system_error*>(&e);
-  if (failed && failed->code() == std::errc::resource_unavailable_try_again)
-    return std::string("cannot start a thread (") + failed->what() +
-           "): this user's limit of processes and threads (ulimit -u, a cgroup's pids.max) or the process's "
-           "memory (ulimit -v) is reached";
-  return e.what();
 }
 
 // A stop signal in the first moments (the shared libraries' initialisers, MPI's start) waits
@@ -105,7 +92,7 @@ int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     return fail(ctx, false, 1, hpc::kOutOfMemory);
   } catch (const std::exception& e) {
-    return fail(ctx, false, 1, describe(e).c_str());
+    return fail(ctx, false, 1, hpc::what_it_means(e).c_str());
   }
 }
 
@@ -157,7 +144,7 @@ int main(int argc, char** argv) {
   try {
     hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   } catch (const std::exception& e) {  // before MPI: one process, one line
-    std::fprintf(stderr, "hpctrain: error: %s\n", hpc::one_line(describe(e)).c_str());
+    std::fprintf(stderr, "hpctrain: error: %s\n", hpc::one_line(hpc::what_it_means(e)).c_str());
     return 1;
   }
   hpc::dist::ProcessContext ctx(&argc, &argv);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 namespace hpc {
 
@@ -81,3 +82,16 @@ void throw_internal(const char* file, int line, const char* cond, const std::str
 }
 
 }  // namespace hpc::detail
+
+namespace hpc {
+
+std::string what_it_means(const std::exception& e) {
+  const auto* failed = dynamic_cast<const std::system_error*>(&e);
+  if (failed && failed->code() == std::errc::resource_unavailable_try_again)
+    return std::string("cannot start a thread (") + failed->what() +
+           "): this user's limit of processes and threads (ulimit -u, a cgroup's pids.max) or the process's "
+           "memory (ulimit -v) is reached";
+  return e.what();
+}
+
+}  // namespace hpc

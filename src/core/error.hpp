@@ -43,6 +43,11 @@ std::string concat(const Args&... args) {
 [[noreturn]] void throw_internal(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 
+// What an exception that is not ours means to a user: its what(), but std::thread's EAGAIN
+// ("Resource temporarily unavailable", alone) says which limit was reached: this user's processes
+// and threads (ulimit -u, a cgroup's pids.max) or the memory for a thread's stack (ulimit -v).
+std::string what_it_means(const std::exception& e);
+
 // What a std::bad_alloc means to a user: the job asks for more memory than there is (exit 1,
 // a failure, but no bug to report), and which settings decide how much.
 inline constexpr const char* kOutOfMemory =

@@ -22,7 +22,7 @@ void collectively(ProcessContext& ctx, const std::function<void()>& fn) {
     message = kOutOfMemory;
   } catch (const std::exception& e) {
     code = 1;
-    message = e.what();
+    message = what_it_means(e);  // a thread that cannot start says which limit
   }
   Communicator& comm = ctx.world();
   if (comm.size() == 1) {
