@@ -167,7 +167,9 @@ job_sweep_size() {
     IFS=, read -r -a values <<< "$values"
     n=$((n * ${#values[@]}))
   done
-  [[ -n "${1// /}" ]] || job_die "SWEEP is empty"
+  # Blank by the same split as its words (a newline or tab too, since a grid may take several
+  # lines): one of only newlines ran a single point without any of the sweep's options.
+  ((${#words[@]})) || job_die "SWEEP is empty"
   echo "$n"
 }
 

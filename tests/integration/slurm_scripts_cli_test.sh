@@ -292,8 +292,9 @@ for option in "--checkpoint-dir=$work/x" "--metrics-file $work/x" "--timeline-fi
 done
 # SWEEP set but empty ran the script's example grid (6 points) without a word; an option named
 # twice gave every task both values. Outside sbatch (SLURM_JOB_NAME or SLURM_ARRAY_JOB_ID unset)
-# the scripts ended on bash's "unbound variable".
-for grid in "" "lr=0.1 lr=0.2" "lr=0.1,0.2 wd=1 lr=3"; do
+# the scripts ended on bash's "unbound variable". A SWEEP of blanks alone is empty too, newlines and
+# tabs as spaces (it ran one task without any option of the sweep).
+for grid in "" " " $'\n' $'\t\n ' "lr=0.1 lr=0.2" "lr=0.1,0.2 wd=1 lr=3"; do
   refused "sweep.sbatch with SWEEP='$grid'" env HPCTRAIN_HOME="$repo" HPCTRAIN="$work/trainer" SLURM_JOB_ID=5 \
     SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_NAME=sweep SLURM_SUBMIT_DIR="$work" SWEEP="$grid" \
     SWEEP_DIR="$work/sweep-empty" bash "$repo/slurm/sweep.sbatch" --epochs 1
