@@ -238,6 +238,28 @@ TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastCheckpointsStepAtLeast) {
   EXPECT_LE(std::stoi(m[1]), 12) << beat;
 }
 
+// The same for an epoch's checkpoint (--checkpoint-each-epoch): written after the epoch's last
+// boundary, whose beat the second since the last one had passed over, it was not in the
+// heartbeat, and a run killed two steps into the next epoch left "step=1" of a checkpoint at 10.
+TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastEpochCheckpointsStepAtLeast) {
+  const std::string ck = dir_.file("epoch_beat");
+  // Ten steps an epoch (80 samples, 8 a step), all of them well inside the heartbeat's second.
+  const std::vector<std::string> args{"--train-samples", "80", "--test-samples", "100", "--epochs", "4",
+                                      "--global-batch-size", "8", "--threads", "1", "--quiet", "--data-dir",
+                                      fashion_mnist_dir(), "--checkpoint-dir", ck, "--checkpoint-each-epoch",
+                                      "--snapshot-every-steps", "0"};
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "12", 1);
+  const RunResult killed = run_hpctrain(args, 120);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(killed.exit_code, 0) << killed.err;
+  ASSERT_TRUE(fs::exists(ck + "/ckpt-000000010.hpck")) << killed.err;
+  const std::string beat = read_text(ck + "/heartbeat");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(beat, m, std::regex(R"((?:^|\n)step=(\d+)\n)"))) << beat;
+  EXPECT_GE(std::stoi(m[1]), 10) << beat;
+  EXPECT_LE(std::stoi(m[1]), 12) << beat;
+}
+
 // SIGTERM (or SIGUSR1, SIGUSR2 as submitit sends, SIGHUP) on one rank: every rank stops at the
 // same step boundary, rank 0 checkpoints there, all exit with 75 ("checkpointed, requeue me").
 // One job takes the four stops in turn, each run resumed from the one before's stop checkpoint

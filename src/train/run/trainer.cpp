@@ -833,6 +833,10 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e, bool save) {
     const RunPosition at{tally_.step, epoch + 1, 0, plan_.global_batch, tally_.samples_seen};
     checkpoint(at);
     snapshot(at);
+    // In the heartbeat too, as at_step_boundary's checkpoints: the epoch's last boundary beat is
+    // often passed over (a second not yet gone), and a run killed in the next epoch's first steps
+    // left a heartbeat below the checkpoint it had written.
+    heartbeat_->beat(tally_.step, epoch + 1, [this] { return stragglers_->heartbeat_lines(); }, true);
   }
   if (trace_) trace_->gather();
   return !(tally_.step < plan_.total_steps && stop_asked(comm_).signal);
