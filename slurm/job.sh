@@ -312,7 +312,14 @@ job_requeue_or_exit() {
   if scontrol requeue "$(job_spec)"; then
     exit 0
   fi
-  job_log "'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"
+  # Refused also where Slurm began to requeue or preempt the job itself between the look at its
+  # state and the ask (a preemption's requeue): then it comes back all the same.
+  state=$(job_state)
+  if [[ -n "$state" && "$state" != RUNNING ]]; then
+    job_log "'scontrol requeue' refused: the job is $state in Slurm now (Slurm requeueing or preempting it itself): exit $code"
+  else
+    job_log "'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"
+  fi
   exit "$code"
 }
 

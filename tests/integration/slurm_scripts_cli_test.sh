@@ -47,11 +47,20 @@ exec "$@"
 EOF
 # scontrol: `show job -o ID` as Slurm answers it (ID 100, an array's id, lists each of its tasks;
 # SCONTROL_DOWN: slurmctld does not answer; SCONTROL_SLEEP: it answers that many seconds late;
-# SCONTROL_COMMAND: the job's script); every call recorded in SCONTROL_LOG.
+# SCONTROL_COMMAND: the job's script); every call recorded in SCONTROL_LOG. SCONTROL_REFUSE_REQUEUE:
+# `requeue` is refused, and the job's state from then on is the one in SCONTROL_STATE_AFTER, if set
+# (Slurm requeueing it itself meanwhile).
 cat > "$work/bin/scontrol" << 'EOF'
 #!/bin/sh
 echo "$*" >> "${SCONTROL_LOG:-/dev/null}"
 case "$1" in
+requeue)
+  if [ -n "${SCONTROL_REFUSE_REQUEUE:-}" ]; then
+    [ -z "${SCONTROL_STATE_AFTER:-}" ] || echo "$SCONTROL_STATE_AFTER" > "$SCONTROL_LOG.state"
+    echo "scontrol: error: Requested operation is presently disabled for job $2" >&2
+    exit 1
+  fi
+  ;;
 show)
   [ -z "${SCONTROL_SLEEP:-}" ] || sleep "$SCONTROL_SLEEP"
   if [ -n "${SCONTROL_DOWN:-}" ]; then
@@ -62,7 +71,9 @@ show)
     echo "JobId=101 ArrayJobId=100 ArrayTaskId=0 JobState=RUNNING"
     echo "JobId=100 ArrayJobId=100 ArrayTaskId=1 JobState=RUNNING"
   else
-    echo "JobId=$4 JobState=RUNNING${SCONTROL_COMMAND:+ Command=$SCONTROL_COMMAND WorkDir=/tmp}"
+    state=RUNNING
+    [ ! -f "${SCONTROL_LOG:-/nonexistent}.state" ] || state=$(cat "$SCONTROL_LOG.state")
+    echo "JobId=$4 JobState=$state${SCONTROL_COMMAND:+ Command=$SCONTROL_COMMAND WorkDir=/tmp}"
   fi
   ;;
 esac
@@ -498,6 +509,7 @@ run_ends() {
   local what=$1 want=$2 says=$3 out rc
   shift 3
   : > "$work/scontrol.log"
+  rm -f "$work/scontrol.log.state"
   out=$("$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/failing-trainer" \
     CHECKPOINT_DIR="$work/failing" SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=9 "$@" -- 2>&1)
   rc=$?
@@ -513,6 +525,14 @@ run_ends "a failed run without a new checkpoint" 0 requeueing SLURM_RESTART_COUN
 run_ends "a second one in a row" 0 requeueing SLURM_RESTART_COUNT=1
 run_ends "a third one in a row" 1 "3 runs in a row have failed without a new checkpoint (MAX_FAILURES_IN_A_ROW): not requeued, exit 1" \
   SLURM_RESTART_COUNT=2
+rm "$work/failing/slurm-requeues"
+# A requeue refused: by a site without requeue, or because Slurm began to requeue the job itself
+# (a preemption) between the script's look at its state and its ask, which said the site's.
+run_ends "a refused requeue" 134 "'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit 134" \
+  SLURM_RESTART_COUNT=0 TRAINER_EXIT=134 SCONTROL_REFUSE_REQUEUE=1
+run_ends "a requeue refused as Slurm requeues the job itself" 134 \
+  "'scontrol requeue' refused: the job is REQUEUE_FED in Slurm now (Slurm requeueing or preempting it itself): exit 134" \
+  SLURM_RESTART_COUNT=0 TRAINER_EXIT=134 SCONTROL_REFUSE_REQUEUE=1 SCONTROL_STATE_AFTER=REQUEUE_FED
 rm "$work/failing/slurm-requeues"
 run_ends "a failed run" 0 requeueing SLURM_RESTART_COUNT=0 TRAINER_EXIT=134
 run_ends "a second one" 0 requeueing SLURM_RESTART_COUNT=1 TRAINER_EXIT=134
