@@ -214,40 +214,9 @@ TEST_F(Checkpoints, TheEtaAfterAResumeCountsOnlyThisProcesssSteps) {
 // A run killed without last words (SIGKILL, a lost host) leaves its last beat, which hpcrun takes
 // for the attempt's last step (its summary's step range, the steps a relaunch redoes). Beats were
 // once a second alone: a run killed at step 12 a second after its start left "step=1", though it
-// had checkpointed step 10. Each checkpoint's step is in the heartbeat now.
-TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastCheckpointsStepAtLeast) {
-  const std::string ck = dir_.file("beat");
-  // Small steps (8 samples): twelve of them take well under the heartbeat's second.
-  const std::vector<std::string> args{"--train-samples", "1280", "--test-samples", "300", "--max-steps", "40",
-                                      "--global-batch-size", "8", "--threads", "1", "--quiet", "--data-dir",
-                                      fashion_mnist_dir(), "--checkpoint-dir", ck, "--checkpoint-every-steps", "5",
-                                      "--snapshot-every-steps", "0"};
-  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "12", 1);
-  const RunResult killed = run_hpctrain(args, 120);
-  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
-  ASSERT_NE(killed.exit_code, 0) << killed.err;
-  ASSERT_TRUE(fs::exists(ck + "/ckpt-000000010.hpck")) << killed.err;
-  const std::string beat = read_text(ck + "/heartbeat");
-  const std::smatch m = [&] {
-    std::smatch found;
-    std::regex_search(beat, found, std::regex(R"((?:^|\n)step=(\d+)\n)"));
-    return found;
-  }();
-  ASSERT_FALSE(m.empty()) << beat;
-  EXPECT_GE(std::stoi(m[1]), 10) << beat;
-  EXPECT_LE(std::stoi(m[1]), 12) << beat;
-}
-
-// The same for an epoch's checkpoint (--checkpoint-each-epoch): written after the epoch's last
-// boundary, whose beat the second since the last one had passed over, it was not in the
-// heartbeat, and a run killed two steps into the next epoch left "step=1" of a checkpoint at 10.
-TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastEpochCheckpointsStepAtLeast) {
-  const std::string ck = dir_.file("epoch_beat");
-  // Ten steps an epoch (80 samples, 8 a step), all of them well inside the heartbeat's second.
-  const std::vector<std::string> args{"--train-samples", "80", "--test-samples", "100", "--epochs", "4",
-                                      "--global-batch-size", "8", "--threads", "1", "--quiet", "--data-dir",
-                                      fashion_mnist_dir(), "--checkpoint-dir", ck, "--checkpoint-each-epoch",
-                                      "--snapshot-every-steps", "0"};
+// had checkpointed step 10. Each checkpoint's step is in the heartbeat now. Runs `args` (ck its
+// --checkpoint-dir) killed after step 12, and asks for the checkpoint of step 10 in the heartbeat.
+void expect_killed_runs_heartbeat_holds_step_10(const std::vector<std::string>& args, const std::string& ck) {
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "12", 1);
   const RunResult killed = run_hpctrain(args, 120);
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
@@ -258,6 +227,29 @@ TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastEpochCheckpointsStepAtLeast)
   ASSERT_TRUE(std::regex_search(beat, m, std::regex(R"((?:^|\n)step=(\d+)\n)"))) << beat;
   EXPECT_GE(std::stoi(m[1]), 10) << beat;
   EXPECT_LE(std::stoi(m[1]), 12) << beat;
+}
+
+TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastCheckpointsStepAtLeast) {
+  const std::string ck = dir_.file("beat");
+  // Small steps (8 samples): twelve of them take well under the heartbeat's second.
+  expect_killed_runs_heartbeat_holds_step_10(
+      {"--train-samples", "1280", "--test-samples", "300", "--max-steps", "40", "--global-batch-size", "8",
+       "--threads", "1", "--quiet", "--data-dir", fashion_mnist_dir(), "--checkpoint-dir", ck,
+       "--checkpoint-every-steps", "5", "--snapshot-every-steps", "0"},
+      ck);
+}
+
+// The same for an epoch's checkpoint (--checkpoint-each-epoch): written after the epoch's last
+// boundary, whose beat the second since the last one had passed over, it was not in the
+// heartbeat, and a run killed two steps into the next epoch left "step=1" of a checkpoint at 10.
+TEST_F(Checkpoints, AKilledRunsHeartbeatHoldsItsLastEpochCheckpointsStepAtLeast) {
+  const std::string ck = dir_.file("epoch_beat");
+  // Ten steps an epoch (80 samples, 8 a step), all of them well inside the heartbeat's second.
+  expect_killed_runs_heartbeat_holds_step_10(
+      {"--train-samples", "80", "--test-samples", "100", "--epochs", "4", "--global-batch-size", "8", "--threads",
+       "1", "--quiet", "--data-dir", fashion_mnist_dir(), "--checkpoint-dir", ck, "--checkpoint-each-epoch",
+       "--snapshot-every-steps", "0"},
+      ck);
 }
 
 // SIGTERM (or SIGUSR1, SIGUSR2 as submitit sends, SIGHUP) on one rank: every rank stops at the
