@@ -23,6 +23,7 @@
 
 #include "ckpt/dir_lock.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/log.hpp"
 #include "core/signal_safe_text.hpp"
 
@@ -220,11 +221,7 @@ class UnfinishedMark {
 class WriterLock {
  public:
   explicit WriterLock(int fd) {  // -1: none
-    if (fd < 0) return;
-    struct flock whole {};
-    whole.l_type = F_WRLCK;
-    whole.l_whence = SEEK_SET;
-    if (::fcntl(fd, F_OFD_SETLK, &whole) == 0) held_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (fd >= 0 && lock_whole_file(fd) == FileLock::Taken) held_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   }
   ~WriterLock() {
     if (held_ >= 0) ::close(held_);
@@ -345,13 +342,9 @@ pid_t writer_of(const std::string& name, const std::string& target) {
 std::optional<bool> writer_lock_held(const std::string& file) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
-  struct flock whole {};
-  whole.l_type = F_WRLCK;
-  whole.l_whence = SEEK_SET;
-  const bool asked = ::fcntl(fd, F_OFD_GETLK, &whole) == 0;
+  const std::optional<bool> held = whole_file_lock_held(fd);
   ::close(fd);
-  if (!asked) return std::nullopt;
-  return whole.l_type != F_UNLCK;
+  return held;
 }
 
 // Why the temporary file of writer `pid` (whose status `st` is) is abandoned, or "" while its write

@@ -104,12 +104,25 @@ std::optional<FileIdentity> file_identity(const std::string& path) {
   return FileIdentity{st.st_dev, st.st_ino, name, false};
 }
 
-FileLock lock_whole_file(int fd) {
+namespace {
+struct flock whole_file_write_lock() {
   struct flock l {};
   l.l_type = F_WRLCK;
   l.l_whence = SEEK_SET;
+  return l;
+}
+}  // namespace
+
+FileLock lock_whole_file(int fd) {
+  struct flock l = whole_file_write_lock();
   if (::fcntl(fd, F_OFD_SETLK, &l) == 0) return FileLock::Taken;
   return errno == EAGAIN || errno == EACCES ? FileLock::Held : FileLock::Failed;
+}
+
+std::optional<bool> whole_file_lock_held(int fd) {
+  struct flock l = whole_file_write_lock();
+  if (::fcntl(fd, F_OFD_GETLK, &l) != 0) return std::nullopt;
+  return l.l_type != F_UNLCK;
 }
 
 int open_data_file(const std::string& path, const std::string& what) {

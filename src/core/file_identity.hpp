@@ -99,6 +99,9 @@ int create_new_file(const std::string& path);
 // Failed, with errno (ENOLCK: a file system without locks).
 enum class FileLock { Taken, Held, Failed };
 FileLock lock_whole_file(int fd);
+// Whether another open file description holds such a lock on fd's file (fcntl F_OFD_GETLK, which
+// NFSv4 and EFS answer for every host); nullopt where the file system cannot say.
+std::optional<bool> whole_file_lock_held(int fd);
 
 // Opens `path` to read it as a data file (an image, a shard, a manifest, a class list): a regular
 // file only, as a FIFO would block the open or its reads for ever, and a directory or device
