@@ -47,36 +47,43 @@ void StepWatchdog::exit_expired() {
   ::_exit(kExitStepTimeout);
 }
 
-void bound_the_end(double timeout_seconds, const std::string& where, int exit_code, bool peers) {
-  if (timeout_seconds <= 0) return;
-  std::thread([timeout_seconds, where, exit_code, peers] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_seconds));
-    const std::string message = detail::concat(
-        where, ": the run ended (exit code ", exit_code, ") but its end did not finish within --step-timeout ",
-        seconds_text(timeout_seconds), ": ",
-        peers ? "a peer rank stopped, died or lost its network before MPI's end, or a file system that does not answer?"
-              : "a file system that does not answer?",
-        " Exiting with code ", exit_code, " now");
-    std::fprintf(stderr, "hpctrain: error: %s\n", message.c_str());
-    std::fflush(nullptr);
-    ::_exit(exit_code);
-  }).detach();
-}
+namespace {
 
-void bound_the_exit(double seconds, int exit_code) {
+// After `seconds` (a detached thread: the process ending on its own ends it too), `line` on stderr
+// and the process's exit with `exit_code`, whatever still runs. Where no thread can be started
+// (the limit of threads or memory that may be why the end is slow), the end as it comes.
+void exit_after(double seconds, std::string line, int exit_code) {
   try {
-    std::thread([seconds, exit_code] {
+    std::thread([seconds, line = std::move(line), exit_code] {
       std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-      std::fprintf(stderr,
-                   "hpctrain: warning: the libraries' exit handlers did not finish within %s (OpenBLAS's threads, "
-                   "which retry an allocation for ever under a memory limit such as ulimit -v?): exiting with "
-                   "code %d now\n",
-                   seconds_text(seconds).c_str(), exit_code);
+      std::fprintf(stderr, "%s\n", line.c_str());
       std::fflush(nullptr);
       ::_exit(exit_code);
     }).detach();
-  } catch (const std::exception&) {  // no thread to be had (the same limit): the exit as it comes
+  } catch (const std::exception&) {
   }
+}
+
+}  // namespace
+
+void bound_the_end(double timeout_seconds, const std::string& where, int exit_code, bool peers) {
+  if (timeout_seconds <= 0) return;
+  exit_after(timeout_seconds,
+             detail::concat("hpctrain: error: ", where, ": the run ended (exit code ", exit_code,
+                            ") but its end did not finish within --step-timeout ", seconds_text(timeout_seconds), ": ",
+                            peers ? "a peer rank stopped, died or lost its network before MPI's end, or a file "
+                                    "system that does not answer?"
+                                  : "a file system that does not answer?",
+                            " Exiting with code ", exit_code, " now"),
+             exit_code);
+}
+
+void bound_the_exit(double seconds, int exit_code) {
+  exit_after(seconds,
+             detail::concat("hpctrain: warning: the libraries' exit handlers did not finish within ",
+                            seconds_text(seconds), " (OpenBLAS's threads, which retry an allocation for ever under a "
+                            "memory limit such as ulimit -v?): exiting with code ", exit_code, " now"),
+             exit_code);
 }
 
 StepWatchdog::StepWatchdog(double timeout_seconds, std::string where, Expire expire, Poll poll, Watched watched,

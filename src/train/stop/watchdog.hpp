@@ -35,7 +35,8 @@ enum class Watched { Steps, SetUp, EvaluationSetUp, EvaluationBatches };
 // limit), after which one line names what did not end and the process exits with `exit_code`
 // at once. A peer stopped or cut off after its last collective, or a file system that stopped
 // answering there, held this rank for ever: no watchdog runs past the last step's. A detached
-// thread: the process ending on its own ends it too.
+// thread: the process ending on its own ends it too; none where no thread can be started (an
+// end that succeeded is not turned into a failure by its bound).
 void bound_the_end(double timeout_seconds, const std::string& where, int exit_code, bool peers);
 
 // The process's exit after MPI's end, when nothing of hpctrain's is left to write: the libraries'
