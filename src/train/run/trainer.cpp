@@ -143,6 +143,10 @@ class TrainingRun {
  private:
   TrainResult run_steps();
   void mark_failed(int exit_code);
+  // The heartbeat with the slowest rank's lines: at most once a second, or `now` (a checkpoint's).
+  void beat(int64_t step, int64_t epochs_done, bool now = false) {
+    heartbeat_->beat(step, epochs_done, [this] { return stragglers_->heartbeat_lines(); }, now);
+  }
   void release_directory();
   std::optional<int> set_up();
   void say_stopped_in_setup(int exit_code, bool checkpointed);
@@ -694,7 +698,7 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
   const int64_t step = tally_.step;
   hooks_.signal_after(step, checkpoints_->writer());
   hooks_.slow_down();
-  heartbeat_->beat(step, epoch, [this] { return stragglers_->heartbeat_lines(); });
+  beat(step, epoch);
   const Clock::time_point reaching = Clock::now();
   const StepAgreement agreed = StepAgreement::reach(comm_, checkpoints_->due_by_clock(), snapshots_->due(step), loss,
                                                     lock_ && lock_->lost(), stragglers_->slots());
@@ -713,7 +717,7 @@ bool TrainingRun::at_step_boundary(int64_t epoch, double loss) {
     // The checkpoint's step in the heartbeat too: a run killed without last words (SIGKILL, a lost
     // host) left its once-a-second beat, and hpcrun's account of an attempt of a second or two
     // said "step 1" and "0 steps redone" of one that had checkpointed step 10 and died at 12.
-    if (checkpoint) heartbeat_->beat(step, epoch, [this] { return stragglers_->heartbeat_lines(); }, true);
+    if (checkpoint) beat(step, epoch, /*now=*/true);
   }
   if (trace_) trace_->at_boundary(step);  // where the ranks meet anyway (the agreement above)
   if (hooks_.kills_at(step)) snapshots_->wait();
@@ -836,7 +840,7 @@ bool TrainingRun::end_epoch(int64_t epoch, EpochTally& e, bool save) {
     // In the heartbeat too, as at_step_boundary's checkpoints: the epoch's last boundary beat is
     // often passed over (a second not yet gone), and a run killed in the next epoch's first steps
     // left a heartbeat below the checkpoint it had written.
-    heartbeat_->beat(tally_.step, epoch + 1, [this] { return stragglers_->heartbeat_lines(); }, true);
+    beat(tally_.step, epoch + 1, /*now=*/true);
   }
   if (trace_) trace_->gather();
   return !(tally_.step < plan_.total_steps && stop_asked(comm_).signal);
