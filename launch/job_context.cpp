@@ -76,10 +76,14 @@ void Voice::log_line(const std::string& line) {
   if (attempt_log_.is_open()) attempt_log_ << line << '\n' << std::flush;
 }
 
+void Voice::to_hpcrun_log(const std::string& line) {
+  if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
+  else early_lines_.push_back(timestamp() + " " + line);  // written when open() makes the file
+}
+
 void Voice::say(const std::string& line) {
   relay_error("hpcrun: " + line);
-  if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << line << '\n' << std::flush;
-  else early_lines_.push_back(timestamp() + " " + line);
+  to_hpcrun_log(line);
   log_line("hpcrun: " + line);
 }
 
@@ -104,8 +108,7 @@ void Voice::relay_error(const std::string& line) {
   // the log directory exists, kept for hpcrun.log as every early line is.)
   errors_lost_ = std::string("warning: standard error cannot be written (") + std::strerror(failed) +
                  "): the job goes on, its errors and hpcrun's lines kept in the logs alone";
-  if (hpcrun_log_.is_open()) hpcrun_log_ << timestamp() << " " << errors_lost_ << '\n' << std::flush;
-  else early_lines_.push_back(timestamp() + " " + errors_lost_);
+  to_hpcrun_log(errors_lost_);
   log_line("hpcrun: " + errors_lost_);
 }
 

@@ -53,6 +53,9 @@ class Voice {
   std::ofstream& attempt_log() { return attempt_log_; }
 
  private:
+  // A timestamped line in hpcrun.log, or kept for it until open().
+  void to_hpcrun_log(const std::string& line);
+
   std::ofstream attempt_log_, hpcrun_log_;
   std::string log_dir_;
   bool output_lost_said_ = false;
