@@ -57,5 +57,11 @@ class SelfCommunicator final : public Communicator {
 
 // The root's string on every rank.
 std::string broadcast_string(Communicator& comm, const std::string& s, int root);
+// Every rank's string, by rank, on every rank: one all-gather of their hashes, then one broadcast
+// per distinct string (host names, the libraries each rank computes with: a few among many ranks).
+std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine);
+// Each distinct one of the ranks' strings once, in the order of their first ranks, joined by
+// `separator` (the run's hosts, the kernels it computes with).
+std::string distinct_joined(const std::vector<std::string>& by_rank, const std::string& separator);
 
 }  // namespace hpc::dist

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 namespace hpc::nn {
 
@@ -31,6 +32,13 @@ void bias_gradient(const T* dy, int64_t rows, int64_t width, T* db) {
 
 // The float backend's name, for logs and benchmarks.
 const char* gemm_backend();
+// What the float backend computes with on this machine, as far as it sets the bits beyond this
+// binary's own code: its library, version and the kernels it chose at run time by the CPU
+// ("oneDNN 2.6.3 avx512_core", "OpenBLAS 0.3.21 SkylakeX").
+std::string gemm_kernels();
+// Everything of that kind the CPU layers use (the GEMM's and the library convolution's, each
+// once, joined by ", "): two machines that give the same compute the same bits with this binary.
+std::string cpu_kernels();
 // Threads the math libraries may use in this process.
 void set_math_threads(int threads);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "nn/dnnl_kernels.hpp"
 #include "nn/gemm.hpp"
 #include "nn/parallel.hpp"
 
@@ -61,5 +62,6 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 }
 
 const char* gemm_backend() { return "onednn"; }
+std::string gemm_kernels() { return detail::dnnl_kernels(); }
 
 }  // namespace hpc::nn

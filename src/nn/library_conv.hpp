@@ -30,6 +30,8 @@ class LibraryConv {
 // nullptr when this build has no library convolution or the library rejects the geometry.
 std::unique_ptr<LibraryConv> make_library_conv(const ConvGeometry& g);
 const char* library_conv_name();
+// As gemm_kernels() (nn/gemm.hpp), for the library convolution; "" without one.
+std::string library_conv_kernels();
 
 // Our own Winograd convolution (winograd.cpp), F(2x2, 3x3) or F(4x4, 3x3), in every build: 3x3
 // kernels with stride 1 and padding 1, at least 8 channels in and out and at most 128 x 128

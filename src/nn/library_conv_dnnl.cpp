@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/log.hpp"
+#include "nn/dnnl_kernels.hpp"
 #include "nn/library_conv.hpp"
 #include "nn/parallel.hpp"
 
@@ -201,5 +202,6 @@ std::unique_ptr<LibraryConv> make_library_conv(const ConvGeometry& g) {
 }
 
 const char* library_conv_name() { return "onednn"; }
+std::string library_conv_kernels() { return detail::dnnl_kernels(); }
 
 }  // namespace hpc::nn

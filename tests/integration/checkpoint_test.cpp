@@ -1666,6 +1666,43 @@ TEST_F(Checkpoints, AResumeOnOtherTrainingDataIsRefused) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// What computes the bits beyond the binary (here oneDNN's instruction set, which the CPU and
+// ONEDNN_MAX_CPU_ISA set) is the run's "kernels": in its config event and its checkpoints. A
+// resume on other kernels (another CPU after a requeue) warns that its bits will not be those of
+// a run never stopped, naming both, and records its own; a resume on the same says nothing.
+TEST_F(Checkpoints, AResumeOnOtherKernelsSaysItsBitsWillDiffer) {
+  const std::string ck = dir_.file("kernels");
+  ASSERT_EQ(run_hpctrain(job(ck, dir_.file("k.jsonl"))).exit_code, 0);
+  const std::string from = ck + "/ckpt-000000030.hpck";
+  const auto resumed = [&](const std::string& isa, const std::string& name) {
+    std::vector<std::string> argv = hpctrain_argv(job(dir_.file(name), dir_.file(name + ".jsonl")));
+    argv.insert(argv.end(), {"--resume", from});
+    if (!isa.empty()) argv.insert(argv.begin(), {"/usr/bin/env", "ONEDNN_MAX_CPU_ISA=" + isa});
+    return run_program(argv);
+  };
+  const auto kernels_of = [&](const std::string& name) {
+    return read_all_json_lines(dir_.file(name + ".jsonl")).front().at("kernels").str;
+  };
+  const std::string written = read_all_json_lines(dir_.file("k.jsonl")).front().at("kernels").str;
+  ASSERT_FALSE(written.empty());
+  const RunResult same = resumed("", "same");
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(kernels_of("same"), written);
+  EXPECT_EQ(same.err.find("computed with"), std::string::npos) << same.err;
+  const RunResult other = resumed("SSE41", "other");
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  const std::string now = kernels_of("other");
+  ASSERT_NE(now, written) << "ONEDNN_MAX_CPU_ISA=SSE41 left oneDNN's kernels as they were: a CPU without AVX2?";
+  EXPECT_NE(other.err.find("warning: the checkpoint's run computed with " + written + ", this one computes with " + now +
+                           ": it continues from the checkpoint's state, but its bits will not be those a run never "
+                           "stopped would have had (ONEDNN_MAX_CPU_ISA set to the least"),
+            std::string::npos)
+      << other.err;
+  EXPECT_EQ(count_of(other.err, "computed with"), 1) << other.err;
+  const RunResult shown = run_hpctrain({"inspect", dir_.file("other") + "/ckpt-000000040.hpck"});
+  EXPECT_NE(shown.out.find("computed with: " + now + "\n"), std::string::npos) << shown.out;
+}
+
 // One writer per checkpoint directory: while a run holds it (stopped here, so that nothing moves),
 // a second one on the same directory, fresh or resuming, is refused with one line naming the
 // holder, and leaves every file of the first, its checkpoints and its snapshots, as it was; the

@@ -406,6 +406,33 @@ TEST_F(MpiTraining, RankZeroAloneSpeaksAndWrites) {
             1);
 }
 
+// Ranks that compute with different kernels (here rank 1 held to SSE4.1 by ONEDNN_MAX_CPU_ISA, as a
+// host with an older CPU would be) make bits that depend on where each rank runs: rank 0 says so
+// once, naming each kind with its hosts, and the config event records both. (Ranks on the same
+// kernels say nothing: RankZeroAloneSpeaksAndWrites.)
+TEST_F(MpiTraining, RanksComputingWithOtherKernelsAreSaid) {
+  const std::string metrics = dir_.file("kernels.jsonl");
+  const std::vector<std::string> args =
+      kSmall + std::vector<std::string>{"--max-steps", "2", "--data-dir", fashion_mnist_dir(), "--metrics-file", metrics};
+  std::vector<std::string> argv = mpi_argv({{1, args}, {1, args}}, true);
+  const auto second = std::find(std::find(argv.begin(), argv.end(), std::string(":")), argv.end(), hpctrain_binary());
+  ASSERT_NE(second, argv.end());
+  argv.insert(second, {"env", "ONEDNN_MAX_CPU_ISA=SSE41"});
+  const RunResult r = run_program(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string kernels = read_all_json_lines(metrics).front().at("kernels").str;
+  const size_t plus = kernels.find(" + ");
+  ASSERT_NE(plus, std::string::npos) << kernels << " (a CPU without AVX2?)";
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  EXPECT_EQ(count_of(r.err, std::string("hpctrain: warning: the ranks compute with different kernels (") +
+                                kernels.substr(0, plus) + " on " + host + "; " + kernels.substr(plus + 3) + " on " +
+                                host + "): the run's bits depend on which host each rank runs on"),
+            1)
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "different kernels"), 1) << r.err;
+}
+
 TEST_F(MpiTraining, DefaultThreadsShareTheHostsCores) {
   const RunResult r = run_mpi(2, {"--train-samples", "640", "--test-samples", "100", "--max-steps", "2", "--data-dir",
                                   fashion_mnist_dir()});

@@ -193,6 +193,9 @@ TEST_F(Train, TheMetricsFileStartsWithTheConfiguration) {
   EXPECT_EQ(c.at("device").str, "cpu");
   EXPECT_EQ(c.at("gpu_model").str, "");
   EXPECT_FALSE(c.at("cpu_model").str.empty());
+  // What computes the bits: the float GEMM's library, its version and the kernels it chose.
+  EXPECT_TRUE(std::regex_match(c.at("kernels").str, std::regex("(oneDNN [0-9]+\\.[0-9]+\\.[0-9]+ [a-z0-9_]+|OpenBLAS [^ ]+ [^ ]+)")))
+      << c.at("kernels").str;
   EXPECT_EQ(c.at("threads").number, 1);
   EXPECT_EQ(c.at("global_batch_size").number, 32);
   EXPECT_EQ(c.at("total_steps").number, 12);

@@ -967,6 +967,48 @@ TEST(CheckpointRecord, MaxPoolsTellAnOldImageNetStemApart) {
       << refusal(other, *stem);
 }
 
+// What computed a run: each kind once, in its first rank's order; ranks that differ are said with
+// each kind's hosts (each host once); a checkpoint records the run's, and a resume on other kernels
+// is said (with the instruction-set hint where oneDNN is on both sides), one on the same or from a
+// checkpoint that records none is not.
+TEST(CheckpointRecord, KernelsTravelInCheckpointsAndOtherOnesAreSaid) {
+  const std::string a = "oneDNN 2.6.3 avx512_core", b = "oneDNN 2.6.3 avx2";
+  EXPECT_EQ(train::run_kernels({a, a}), a);
+  EXPECT_EQ(train::run_kernels({b, a, b, a}), b + " + " + a);
+  EXPECT_FALSE(train::mixed_kernels_warning({"n1", "n2"}, {a, a}).has_value());
+  const std::optional<std::string> mixed = train::mixed_kernels_warning({"n1", "n1", "n2", "n3"}, {a, a, b, a});
+  ASSERT_TRUE(mixed.has_value());
+  EXPECT_EQ(mixed->find("the ranks compute with different kernels (" + a + " on n1, n3; " + b +
+                        " on n2): the run's bits depend on which host each rank runs on"),
+            0u)
+      << *mixed;
+  EXPECT_NE(mixed->find("ONEDNN_MAX_CPU_ISA"), std::string::npos) << *mixed;
+
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::Mlp;
+  spec.input = Shape{8, 8, 3};
+  spec.classes = 2;
+  nn::Model<float> model(spec);
+  train::ModelIdentity id = train::ModelIdentity::of(model);
+  id.kernels = a;
+  ckpt::Checkpoint c;
+  train::record_run(c, train::TrainOptions{}, id, 1, train::RunPosition{10, 1, 2, 64, 640});
+  c = ckpt::decode(ckpt::encode(c), "test");
+  EXPECT_EQ(c.text("kernels"), a);
+  EXPECT_FALSE(train::other_kernels_warning(c, a).has_value());
+  const std::optional<std::string> other = train::other_kernels_warning(c, b);
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(other->find("the checkpoint's run computed with " + a + ", this one computes with " + b + ": it continues"),
+            0u)
+      << *other;
+  EXPECT_NE(other->find("ONEDNN_MAX_CPU_ISA"), std::string::npos) << *other;
+  const std::optional<std::string> gpu = train::other_kernels_warning(c, "NVIDIA H100 (sm_90), CUDA 13000, cuDNN 91000");
+  ASSERT_TRUE(gpu.has_value());
+  EXPECT_EQ(gpu->find("ONEDNN_MAX_CPU_ISA"), std::string::npos) << *gpu;
+  c.meta.erase("kernels");  // as hpctrain wrote it before the record
+  EXPECT_FALSE(train::other_kernels_warning(c, b).has_value());
+}
+
 // --init-from's copy: a cnn for 10 classes into one for 5 keeps every tensor but the output
 // layer's, value for value; those stay as the new model's seed made them. Into the same model
 // everything is copied; a model sharing no tensor copies nothing.

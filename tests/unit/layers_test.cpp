@@ -6,7 +6,11 @@
 #include <cmath>
 #include <algorithm>
 #include <barrier>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <regex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -335,6 +339,26 @@ TEST(Conv2dNarrow, AnyThreadCountGivesTheSameBits) {
 // splits K among threads for some shapes: the first two from 2 threads, the cnn's first dense
 // layer's from 8), and its tiles add up to the product: against double, with every
 // transposition, for alpha and beta and leading dimensions wider than the matrices.
+// What the CPU layers compute with, as the config event and checkpoints record it
+// (nn::cpu_kernels; dnnl_kernels.hpp in a oneDNN build): the library, its version and the
+// instruction set it chose, said once where GEMM and convolution both
+// use it. With ONEDNN_MAX_CPU_ISA unset the set is the CPU's widest of AVX-512 and AVX2.
+TEST(Gemm, TheKernelsNameTheLibraryItsVersionAndTheInstructionSetItChose) {
+  const std::string k = nn::cpu_kernels();
+  if (std::string(nn::gemm_backend()) != "onednn") {
+    EXPECT_EQ(k.rfind("OpenBLAS ", 0), 0u) << k;
+    return;
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(k, m, std::regex("oneDNN [0-9]+\\.[0-9]+\\.[0-9]+ ([a-z0-9_]+)"))) << k;
+  if (std::getenv("ONEDNN_MAX_CPU_ISA") || std::getenv("DNNL_MAX_CPU_ISA")) return;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  const std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+  const std::string isa = m[1].str();
+  if (text.find(" avx512f ") != std::string::npos) EXPECT_EQ(isa.rfind("avx512", 0), 0u) << isa;
+  else if (text.find(" avx2 ") != std::string::npos) EXPECT_EQ(isa.rfind("avx2", 0), 0u) << isa;
+}
+
 TEST(Gemm, AnyThreadCountGivesTheSameBits) {
   struct Case {
     bool ta, tb;

@@ -126,6 +126,9 @@ std::unique_ptr<Engine> make_cpu_engine(std::unique_ptr<nn::Model<float>> model,
 
 // Whether this build and machine can train on a GPU; when not, *why says what is missing.
 bool gpu_training_available(std::string* why);
+// What this rank's GPU (its local rank's) computes with, as far as it sets the bits: its name and
+// compute capability, the CUDA runtime's and cuDNN's versions ("" with no GPU).
+std::string gpu_kernels(int local_rank);
 // Selects this rank's GPU (its local rank) and mirrors model and sgd on it. Collective: the
 // NCCL communicator is made from ctx's world.
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,

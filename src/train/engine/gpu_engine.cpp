@@ -600,6 +600,16 @@ bool gpu_training_available(std::string* why) {
   return false;
 }
 
+std::string gpu_kernels(int local_rank) {
+  const int n = device::cuda_device_count();
+  if (n == 0) return "";
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, local_rank % n));  // the GPU select_gpu takes
+  int runtime = 0;
+  CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return detail::concat(p.name, " (sm_", p.major, p.minor, "), CUDA ", runtime, ", cuDNN ", cudnnGetVersion());
+}
+
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>> model, std::unique_ptr<optim::Sgd<float>> sgd,
                                         dist::ProcessContext& ctx, const EngineSpec& spec) {
   return std::make_unique<GpuEngine>(std::move(model), std::move(sgd), ctx, spec);

@@ -15,6 +15,8 @@ bool gpu_training_available(std::string* why) {
   return false;
 }
 
+std::string gpu_kernels(int) { return ""; }
+
 std::unique_ptr<Engine> make_gpu_engine(std::unique_ptr<nn::Model<float>>, std::unique_ptr<optim::Sgd<float>>,
                                         dist::ProcessContext&, const EngineSpec&) {
   std::string why;

@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "core/error.hpp"
-#include "core/hash.hpp"
 #include "dist/communicator.hpp"
 
 namespace hpc::train {
@@ -52,17 +51,8 @@ std::optional<Straggler> StragglerWindow::slowest() const {
 }
 
 std::vector<std::string> host_of_each_rank(dist::ProcessContext& ctx) {
-  const int world = ctx.world_size();
-  if (world == 1) return {ctx.host()};
-  dist::Communicator& comm = ctx.world();
-  const std::vector<uint64_t> hashes = comm.allgather(fnv1a(ctx.host().data(), ctx.host().size()));
-  std::vector<std::string> hosts(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    const auto first = std::find(hashes.begin(), hashes.end(), hashes[static_cast<size_t>(r)]) - hashes.begin();
-    hosts[static_cast<size_t>(r)] =
-        first == r ? dist::broadcast_string(comm, ctx.host(), r) : hosts[static_cast<size_t>(first)];
-  }
-  return hosts;
+  if (ctx.world_size() == 1) return {ctx.host()};
+  return dist::allgather_strings(ctx.world(), ctx.host());
 }
 
 StragglerTracker::StragglerTracker(int rank, std::vector<std::string> hosts)

@@ -192,6 +192,8 @@ void print_inspected(const Inspected& r) {
     out << "position: step " << meta_or(m, "step") << ", " << position_text(m) << "; " << meta_or(m, "samples_seen")
         << " samples seen\n";
     out << "global batch: " << meta_or(m, "global_batch_size") << "\n";
+    if (m.count("kernels"))  // recorded since 2026-12-06: a resume on others says its bits differ
+      out << "computed with: " << m.at("kernels") << "\n";
     if (r.problem.empty())
       out << "checksums: state " << r.state_checksum << ", parameters " << r.param_checksum << "\n";
     out << "seed: " << meta_or(m, "option.seed") << ", dataset: " << meta_or(m, "option.dataset") << "\n";

@@ -32,6 +32,8 @@
 #include "data/sampler.hpp"
 #include "dist/agree.hpp"
 #include "dist/bucketer.hpp"
+#include "dist/communicator.hpp"
+#include "nn/gemm.hpp"  // nn::cpu_kernels
 #include "optim/schedule.hpp"
 #include "train/engine/engine.hpp"
 #include "train/observe/metrics.hpp"
@@ -194,6 +196,7 @@ class TrainingRun {
   std::optional<MetricsWriter> metrics_, timeline_;  // rank 0's; the others' write nothing
   std::unique_ptr<TraceFile> trace_file_;             // rank 0's --timeline-file as a Chrome trace
   std::unique_ptr<Trace> trace_;                      // every rank's, with a Chrome trace
+  std::string kernels_;            // run_kernels: what the ranks compute with
   ModelIdentity model_id_;         // of the model the engine took over
   double train_flops_per_sample_ = 0;
   std::unique_ptr<Engine> engine_;
@@ -410,22 +413,10 @@ void TrainingRun::write_stopped_event(int64_t step, int signal, bool checkpointe
                    {"elapsed_seconds", seconds_since(t_start_)}});
 }
 
-namespace {
-// Each host's name once, in the order of their first ranks, comma-separated.
-std::string host_names(const std::vector<std::string>& by_rank) {
-  std::string names;
-  for (size_t r = 0; r < by_rank.size(); ++r)
-    if (std::find(by_rank.begin(), by_rank.begin() + static_cast<ptrdiff_t>(r), by_rank[r]) ==
-        by_rank.begin() + static_cast<ptrdiff_t>(r))
-      names += (names.empty() ? "" : ",") + by_rank[r];
-  return names;
-}
-}  // namespace
-
 // The metrics file's first line of the run: what it runs with (every option, where, on what).
 void TrainingRun::write_config_event() {
   if (!lead_) return;
-  const std::string hosts = host_names(stragglers_->hosts());
+  const std::string hosts = dist::distinct_joined(stragglers_->hosts(), ",");
   JsonObject c{{"event", std::string("config")},
                {"hpctrain_version", std::string(HPCTRAIN_VERSION)},
                {"world_size", world_},
@@ -434,6 +425,7 @@ void TrainingRun::write_config_event() {
                {"device", std::string(p_.gpu ? "cuda" : "cpu")},
                {"cpu_model", cpus::model_name()},
                {"gpu_model", p_.gpu ? device::gpu_name(ctx_.local_rank()) : std::string()},
+               {"kernels", kernels_},
                {"threads", p_.threads},
                {"global_batch_size", plan_.global_batch},
                {"steps_per_epoch", plan_.steps_per_epoch},
@@ -582,6 +574,10 @@ void TrainingRun::plan() {
     if (chrome && lead_) trace_file_ = std::make_unique<TraceFile>(o_.timeline_file);
   });
   stragglers_.emplace(ctx_.rank(), host_of_each_rank(ctx_));
+  const std::vector<std::string> kernels = dist::allgather_strings(
+      comm_, p_.gpu ? gpu_kernels(ctx_.local_rank()) : nn::cpu_kernels());
+  kernels_ = run_kernels(kernels);
+  if (const auto mixed = mixed_kernels_warning(stragglers_->hosts(), kernels); mixed && lead_) log::warn(*mixed);
   write_config_event();
 }
 
@@ -589,6 +585,9 @@ void TrainingRun::plan() {
 // resumed run's checkpoint (the same bytes on every rank).
 void TrainingRun::start_engine() {
   model_id_ = ModelIdentity::of(*p_.model, p_.ds.train.class_names, training_set_digest(p_.ds.train));
+  model_id_.kernels = kernels_;
+  if (p_.resume && lead_)
+    if (const auto other = other_kernels_warning(*p_.resume, kernels_)) log::warn(*other);
   train_flops_per_sample_ = p_.model->train_flops_per_sample();
   const std::string summary = p_.model->summary();
   const EngineSpec spec = engine_spec(o_, p_.threads);

@@ -14,6 +14,7 @@
 #include "core/log.hpp"
 #include "data/shards.hpp"
 #include "dist/agree.hpp"
+#include "dist/communicator.hpp"
 
 namespace hpc::train {
 namespace {
@@ -85,7 +86,7 @@ std::vector<double> recorded_epoch_sums(const ckpt::Checkpoint& c) {
 ModelIdentity ModelIdentity::of(const nn::Model<float>& model, std::vector<std::string> class_names,
                                 std::string training_set) {
   return {nn::model_name(model.spec().kind), model_signature(model.params()),
-          nn::max_pools_text(nn::max_pools(model.net())), std::move(class_names), std::move(training_set)};
+          nn::max_pools_text(nn::max_pools(model.net())), std::move(class_names), std::move(training_set), /*kernels=*/{}};
 }
 
 std::string training_set_digest(const data::Dataset& train) {
@@ -103,6 +104,50 @@ void require_same_training_set(const ckpt::Checkpoint& c, const std::string& dig
               "with, or begin a new run from its weights with --init-from");
 }
 
+std::string run_kernels(const std::vector<std::string>& of_each_rank) {
+  return dist::distinct_joined(of_each_rank, " + ");
+}
+
+namespace {
+// How the instruction set oneDNN uses is held to one (its kernels differ between AVX-512 and AVX2
+// CPUs, and so do their sums' bits), where oneDNN is among what differs.
+std::string isa_hint(const std::string& a, const std::string& b) {
+  if (a.find("oneDNN") == std::string::npos || b.find("oneDNN") == std::string::npos) return "";
+  return " (ONEDNN_MAX_CPU_ISA set to the least of these instruction sets on every host, e.g. AVX2, makes oneDNN "
+         "compute alike on them)";
+}
+}  // namespace
+
+std::optional<std::string> mixed_kernels_warning(const std::vector<std::string>& hosts,
+                                                 const std::vector<std::string>& kernels) {
+  const std::string run = run_kernels(kernels);
+  if (run.find(" + ") == std::string::npos) return std::nullopt;
+  std::string each, first_kind;
+  for (size_t r = 0; r < kernels.size(); ++r) {
+    if (std::find(kernels.begin(), kernels.begin() + static_cast<ptrdiff_t>(r), kernels[r]) !=
+        kernels.begin() + static_cast<ptrdiff_t>(r))
+      continue;  // this kind's hosts were listed at its first rank
+    std::vector<std::string> on;
+    for (size_t q = r; q < kernels.size(); ++q)
+      if (kernels[q] == kernels[r] && std::find(on.begin(), on.end(), hosts[q]) == on.end()) on.push_back(hosts[q]);
+    std::string names;
+    for (const std::string& h : on) names += (names.empty() ? "" : ", ") + h;
+    each += (each.empty() ? "" : "; ") + kernels[r] + " on " + names;
+    if (first_kind.empty()) first_kind = kernels[r];
+  }
+  return "the ranks compute with different kernels (" + each + "): the run's bits depend on which host each "
+         "rank runs on, and a run placed otherwise (a relaunch, a requeue) will not repeat them" +
+         isa_hint(first_kind, run);
+}
+
+std::optional<std::string> other_kernels_warning(const ckpt::Checkpoint& c, const std::string& kernels) {
+  const auto recorded = c.meta.find("kernels");
+  if (recorded == c.meta.end() || recorded->second == kernels) return std::nullopt;
+  return "the checkpoint's run computed with " + recorded->second + ", this one computes with " + kernels +
+         ": it continues from the checkpoint's state, but its bits will not be those a run never stopped would "
+         "have had" + isa_hint(recorded->second, kernels);
+}
+
 void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity& model, int world,
                 const RunPosition& at) {
   auto& m = c.meta;
@@ -117,6 +162,7 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
     m["classes_digest"] = data::class_names_digest(model.class_names);  // of the names as they were
   }
   if (!model.training_set.empty()) m["training_set_digest"] = model.training_set;
+  if (!model.kernels.empty()) m["kernels"] = model.kernels;
   for (const auto& [name, value] : option_values(o)) m["option." + name] = value;
   record_position(c, at);
 }

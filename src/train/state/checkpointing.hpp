@@ -60,6 +60,7 @@ struct ModelIdentity {
   std::string max_pools;  // nn::max_pools_text of the model: what the signature does not show
   std::vector<std::string> class_names;
   std::string training_set;  // training_set_digest of the data it trains on ("": none recorded)
+  std::string kernels;       // run_kernels of the run that trains it ("": none recorded)
   static ModelIdentity of(const nn::Model<float>& model, std::vector<std::string> class_names = {},
                           std::string training_set = "");
 };
@@ -72,6 +73,19 @@ std::string training_set_digest(const data::Dataset& train);
 // Usage error when the checkpoint records a training set's digest (checkpoints since 2026-12-04) and
 // `digest`, of the data from `source`, is another.
 void require_same_training_set(const ckpt::Checkpoint& c, const std::string& digest, const std::string& source);
+
+// What computes a run's bits beyond this binary, per rank (nn::cpu_kernels, or gpu_kernels on a
+// GPU: libraries, their versions, the instruction set or GPU): each distinct one once, in the order
+// of their first ranks, joined by " + ". Checkpoints record it (key "kernels", since 2026-12-06).
+std::string run_kernels(const std::vector<std::string>& of_each_rank);
+// The warning when the ranks compute with different kernels (each kind with its hosts): the run's
+// bits then depend on where each rank runs. None when they agree.
+std::optional<std::string> mixed_kernels_warning(const std::vector<std::string>& hosts,
+                                                 const std::vector<std::string>& kernels);
+// The warning when a checkpoint to resume records other kernels than the run's (`kernels`,
+// run_kernels): the run continues from its state, but not on the bits a run never stopped would
+// have had. None when they agree or the checkpoint records none.
+std::optional<std::string> other_kernels_warning(const ckpt::Checkpoint& c, const std::string& kernels);
 
 // A checkpoint is the run's record (its meta section: versions, model, time, world size,
 // position, options and training set, written here) and the training state (the arenas, and the loss scaler's
