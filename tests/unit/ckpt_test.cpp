@@ -1009,6 +1009,57 @@ TEST(CheckpointRecord, KernelsTravelInCheckpointsAndOtherOnesAreSaid) {
   EXPECT_FALSE(train::other_kernels_warning(c, b).has_value());
 }
 
+// A checkpoint of resnet18's ImageNet stem as hpctrain wrote it before 2026-12-04, with batch
+// norm (the default): its 2x2/2 pool was fused into the stem's batch norm, no layer of its own, so
+// each block's layer index was one below today's (a pool layer, index 2, now follows the stem's
+// conv and batch norm), and so was its layout signature. Such a file (as the build of 2026-12-03
+// wrote it) is refused for what it is, the old stem, not as "another variant, dataset shape or
+// number of classes": that line sent its reader to other --image-size or --model values. A
+// checkpoint that is of another shape indeed keeps that line.
+TEST(CheckpointRecord, AnOldFusedImageNetStemIsNamedAsSuch) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::ResNet18;
+  spec.input = Shape{72, 72, 3};
+  const nn::Model<float> stem(spec);
+  spec.input = Shape{32, 32, 3};
+  const nn::Model<float> cifar(spec);
+  // The old layout's names: the top-level index of every layer after the stem's pool one lower.
+  auto old_name = [](const std::string& name) {
+    const size_t dot = name.find('.');
+    const int index = std::stoi(name.substr(0, dot));
+    return (index > 2 ? std::to_string(index - 1) : std::to_string(index)) + name.substr(dot);
+  };
+  std::string layout;
+  for (const auto& slot : stem.params().slots()) layout += old_name(slot.name) + slot.shape.str() + ';';
+  for (const auto& slot : stem.params().buffer_slots()) layout += old_name(slot.name) + slot.shape.str() + ';';
+  const train::TrainOptions o;
+  const train::RunPosition at{10, 1, 2, 64, 640};
+  ckpt::Checkpoint old;
+  train::record_run(old, o, train::ModelIdentity::of(stem), 1, at);
+  old.meta.erase("max_pools");
+  old.meta["model_signature"] = fnv1a_hex(layout.data(), layout.size());
+  auto refusal = [](const ckpt::Checkpoint& c, const nn::Model<float>& m) -> std::string {
+    try {
+      train::check_model(c, m);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2);
+      return e.what();
+    }
+    return "";
+  };
+  const std::string why = refusal(old, stem);
+  EXPECT_NE(why.find("old 2x2/2 max pool (hpctrain before 2026-12-04)"), std::string::npos) << why;
+  EXPECT_NE(why.find("train it again"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << "one line: " << why;
+
+  ckpt::Checkpoint small;  // the CIFAR stem's, not recording its pools either: another shape
+  train::record_run(small, o, train::ModelIdentity::of(cifar), 1, at);
+  small.meta.erase("max_pools");
+  EXPECT_NE(refusal(small, stem).find("do not fit this resnet18 (another variant"), std::string::npos)
+      << refusal(small, stem);
+  EXPECT_EQ(refusal(small, cifar), "");
+}
+
 // --init-from's copy: a cnn for 10 classes into one for 5 keeps every tensor but the output
 // layer's, value for value; those stay as the new model's seed made them. Into the same model
 // everything is copied; a model sharing no tensor copies nothing.

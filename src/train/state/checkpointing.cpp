@@ -1,10 +1,12 @@
 #include "train/state/checkpointing.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "ckpt/store.hpp"
@@ -20,13 +22,53 @@ namespace hpc::train {
 namespace {
 
 // Names and shapes of every parameter and buffer: two models with the same layout have the
-// same signature.
-std::string model_signature(const ParamStore<float>& p) {
+// same signature. `rename`, where given, names each tensor otherwise (pool_free_name).
+std::string model_signature(const ParamStore<float>& p,
+                            const std::function<std::string(const std::string&)>& rename = {}) {
   std::ostringstream s;
-  for (const auto& slot : p.slots()) s << slot.name << slot.shape.str() << ';';
-  for (const auto& slot : p.buffer_slots()) s << slot.name << slot.shape.str() << ';';
+  auto named = [&](const std::string& name) { return rename ? rename(name) : name; };
+  for (const auto& slot : p.slots()) s << named(slot.name) << slot.shape.str() << ';';
+  for (const auto& slot : p.buffer_slots()) s << named(slot.name) << slot.shape.str() << ';';
   const std::string text = s.str();
   return fnv1a_hex(text.data(), text.size());
+}
+
+// A parameter's or buffer's name ("4.main.0.weight": layer indices within each Sequential) as if
+// the network had no max-pool layers: each index counts the layers before it but its max pools.
+// Two networks that differ only in whether a pool is a layer of its own (resnet18/50's ImageNet
+// stem and their CIFAR stem; that stem before 2026-12-04, whose 2x2/2 pool was fused into its
+// batch norm) give their same layers the same such names.
+std::string pool_free_name(const nn::Sequential<float>& net, const std::string& name) {
+  std::string out;
+  const nn::Sequential<float>* seq = &net;
+  size_t at = 0;
+  while (seq && at < name.size()) {  // at: the next segment, a layer index within *seq
+    const size_t dot = std::min(name.find('.', at), name.size());
+    const std::string index = name.substr(at, dot - at);
+    size_t i = 0;
+    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), i);
+    if (ec != std::errc() || end != index.data() + index.size() || i >= seq->layers().size()) break;
+    const auto& layers = seq->layers();
+    const auto pools = std::count_if(layers.begin(), layers.begin() + static_cast<std::ptrdiff_t>(i),
+                                     [](const nn::LayerPtr<float>& l) { return l->kind() == "maxpool2d"; });
+    out += std::to_string(i - static_cast<size_t>(pools));
+    at = dot;
+    const nn::Layer<float>* layer = layers[i].get();
+    seq = dynamic_cast<const nn::Sequential<float>*>(layer);
+    if (const auto* res = dynamic_cast<const nn::Residual<float>*>(layer)) {  // ".main." or ".shortcut." next
+      const size_t next = std::min(name.find('.', at + 1), name.size());
+      const std::string branch = at < name.size() ? name.substr(at + 1, next - at - 1) : "";
+      if (branch != "main" && branch != "shortcut") break;
+      seq = branch == "main" ? &res->main() : &res->shortcut();
+      out += "." + branch;
+      at = next;
+    }
+    if (seq && at < name.size()) {
+      out += '.';
+      ++at;
+    }
+  }
+  return out + name.substr(at);
 }
 
 // "cat,dog", or for a long list its first names and the count: one line either way.
@@ -43,6 +85,28 @@ constexpr const char* kEpochImagesKey = "epoch_train_images";
 constexpr const char* kEpochSecondsKey = "epoch_train_seconds";
 constexpr const char* kMaxPoolsKey = "max_pools";
 
+bool has_padded_pool(const nn::Model<float>& model) {
+  const std::vector<nn::PoolGeometry> pools = nn::max_pools(model.net());
+  return std::any_of(pools.begin(), pools.end(), [](const nn::PoolGeometry& p) { return p.padding > 0; });
+}
+
+[[noreturn]] void refuse_old_stem(const char* name) {
+  usage_error("the checkpoint's ", name, " was trained with the ImageNet stem's old 2x2/2 max pool (hpctrain before "
+              "2026-12-04), this hpctrain's is torchvision's 3x3/2 padded by 1, and its weights would predict "
+              "otherwise here: train it again (or use the hpctrain that made it)");
+}
+
+// Whether the checkpoint is of `model` as hpctrain made it before 2026-12-04, with the ImageNet
+// stem's 2x2/2 max pool fused into the stem's batch norm (no layer of its own): the same tensors,
+// each named as if the stem had no pool layer, so its layout signature is another than `model`'s.
+// (Without batch norm that pool was its own layer, and the signatures agree: check_max_pools.)
+bool of_the_old_fused_stem(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
+  if (c.meta.count(kMaxPoolsKey) || !has_padded_pool(model)) return false;
+  const nn::Sequential<float>& net = model.net();
+  return c.text("model_signature") ==
+         model_signature(model.params(), [&net](const std::string& n) { return pool_free_name(net, n); });
+}
+
 // The model's function beyond its parameters' layout: its max pools, recorded since resnet18's
 // and resnet50's ImageNet stem became torchvision's 3x3/2 pool padded by 1. It was a 2x2/2 one
 // before, with the same parameters: a checkpoint without the record had no padded pool, and its
@@ -51,10 +115,7 @@ void check_max_pools(const ckpt::Checkpoint& c, const nn::Model<float>& model, c
   const std::vector<nn::PoolGeometry> pools = nn::max_pools(model.net());
   const auto recorded = c.meta.find(kMaxPoolsKey);
   if (recorded == c.meta.end()) {
-    const bool padded = std::any_of(pools.begin(), pools.end(), [](const nn::PoolGeometry& p) { return p.padding > 0; });
-    HPC_REQUIRE(!padded, "the checkpoint's ", name, " was trained with the ImageNet stem's old 2x2/2 max pool, "
-                "this hpctrain's is torchvision's 3x3/2 padded by 1, and its weights would predict otherwise here: "
-                "train it again (or use the hpctrain that made it)");
+    if (has_padded_pool(model)) refuse_old_stem(name);
     return;
   }
   const std::string here = nn::max_pools_text(pools);
@@ -336,8 +397,11 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds) 
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model) {
   const char* name = nn::model_name(model.spec().kind);
   HPC_REQUIRE(c.text("model") == name, "the checkpoint is of model ", c.text("model"), ", not ", name, " (--model)");
-  HPC_REQUIRE(c.text("model_signature") == model_signature(model.params()), "the checkpoint's parameters do not fit "
-              "this ", name, " (another variant, dataset shape or number of classes)");
+  if (c.text("model_signature") != model_signature(model.params())) {
+    if (of_the_old_fused_stem(c, model)) refuse_old_stem(name);
+    usage_error("the checkpoint's parameters do not fit this ", name, " (another variant, dataset shape or number of "
+                "classes)");
+  }
   check_max_pools(c, model, name);
 }
 

@@ -151,7 +151,9 @@ nn::ModelSpec model_spec_of(const ckpt::Checkpoint& c, const data::Dataset& ds);
 
 // Usage error unless the checkpoint's parameters fit `model` (same name and layout) and mean the
 // same function there (the same max pools; a checkpoint from before they were recorded: no
-// padded one, as resnet18/50's ImageNet stem has since it became torchvision's).
+// padded one, as resnet18/50's ImageNet stem has since it became torchvision's). A checkpoint of
+// that stem as it was before (its 2x2/2 pool fused into the batch norm, a layout of its own) is
+// refused saying so, not as a model of another variant or shape.
 void check_model(const ckpt::Checkpoint& c, const nn::Model<float>& model);
 
 // The position a checkpoint records, and its loss scale, checked (a usage error when either is
