@@ -1106,6 +1106,51 @@ TEST(InitFrom, TensorsOfTheSameNameAndShapeAreCopied) {
   EXPECT_EQ(train::copy_fitting_state(trained, other).copied, 0);
 }
 
+// --init-from between resnet18's two stems (a checkpoint of 32-pixel images into a run of 72, or
+// back): every tensor but the stem's convolution (3x3 against 7x7) goes to the same layer it came
+// from. The ImageNet stem's max pool is a layer of its own (since 2026-12-04), one index that the
+// CIFAR stem lacks: by name alone each block's tensors went into the next block's where the shapes
+// fit, and the rest started from the seed (41 of 102 copied, most into another block), where the
+// build before had copied 101, each into its own layer.
+TEST(InitFrom, TheLayersAfterAStemPoolMeetTheirPeers) {
+  nn::ModelSpec spec;
+  spec.kind = nn::ModelKind::ResNet18;
+  spec.classes = 10;
+  spec.input = Shape{32, 32, 3};
+  nn::Model<float> cifar(spec), cifar_back(spec);
+  spec.input = Shape{72, 72, 3};
+  nn::Model<float> imagenet(spec);
+  cifar.init(1);
+  imagenet.init(2);
+  cifar_back.init(3);
+  auto by_name = [](const nn::Model<float>& m) {
+    std::map<std::string, const ParamSlot*> named;
+    for (const ParamSlot& slot : m.params().slots()) named[slot.name] = &slot;
+    return named;
+  };
+  auto same_values = [](const nn::Model<float>& a, const ParamSlot& sa, const nn::Model<float>& b, const ParamSlot& sb) {
+    return sa.shape == sb.shape && std::memcmp(a.params().values().data<float>() + sa.offset,
+                                               b.params().values().data<float>() + sb.offset,
+                                               static_cast<size_t>(sa.shape.numel()) * sizeof(float)) == 0;
+  };
+  const train::FittingState in = train::copy_fitting_state(cifar, imagenet);
+  EXPECT_EQ(in.copied, in.total - 1);
+  EXPECT_EQ(in.left, std::vector<std::string>{"0.weight"});
+  const auto from = by_name(cifar), to = by_name(imagenet);
+  // Blocks (the CIFAR stem's start at index 2, the ImageNet stem's at 3, after its pool), a
+  // shortcut, and the classifier.
+  for (const auto& [f, t] : std::vector<std::pair<std::string, std::string>>{
+           {"2.main.0.weight", "3.main.0.weight"}, {"4.shortcut.0.weight", "5.shortcut.0.weight"},
+           {"9.main.3.weight", "10.main.3.weight"}, {"11.weight", "12.weight"}}) {
+    ASSERT_TRUE(from.count(f) && to.count(t)) << f << " " << t;
+    EXPECT_TRUE(same_values(cifar, *from.at(f), imagenet, *to.at(t))) << f << " into " << t;
+  }
+  const train::FittingState back = train::copy_fitting_state(imagenet, cifar_back);
+  EXPECT_EQ(back.copied, back.total - 1);
+  EXPECT_EQ(back.left, std::vector<std::string>{"0.weight"});
+  EXPECT_TRUE(same_values(imagenet, *to.at("3.main.0.weight"), cifar_back, *by_name(cifar_back).at("2.main.0.weight")));
+}
+
 // A snapshot begun at a step boundary (Engine::begin_snapshot) holds that boundary's state
 // exactly, though its parameters and momentum are copied later: the next step's update first
 // completes the copy. Without that, this snapshot would hold the next step's parameters.

@@ -365,7 +365,8 @@ std::vector<Option> checkpoints() {
              "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file"),
       path("init-from", &Members::init_from, R::Agree,
            "start a new run from a checkpoint's weights (a file, or a directory's newest): the parameters and "
-           "batch-norm statistics whose names and shapes fit this model (an output layer for other classes, or any "
+           "batch-norm statistics whose names (layer indices counted without max pools) and shapes fit this model (an "
+           "output layer for other classes, or any "
            "other that does not fit, starts from --seed), with a fresh optimizer and schedule from step 0, evaluated "
            "before the first step; fine-tuning, a new schedule, another dataset. A run that resumes from "
            "--checkpoint-dir ignores it"),

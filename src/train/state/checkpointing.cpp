@@ -269,14 +269,20 @@ void record_position(ckpt::Checkpoint& c, const RunPosition& at) {
 }
 
 namespace {
-// Each of `to_slots` whose name and shape `from_slots` holds, copied from `from` into `to`.
+// Each of `to_slots` whose name and shape `from_slots` holds, copied from `from` into `to`. Names
+// are compared as if neither network had max-pool layers (pool_free_name): the ImageNet stem's
+// pool, a layer of its own, put every later layer one index above the CIFAR stem's, and a block's
+// tensors went into the next block's where their shapes fit.
 template <class Slot>
-void copy_fitting(const std::vector<Slot>& from_slots, const Tensor& from, const std::vector<Slot>& to_slots, Tensor& to,
-                  FittingState& s) {
+void copy_fitting(const nn::Sequential<float>& from_net, const std::vector<Slot>& from_slots, const Tensor& from,
+                  const nn::Sequential<float>& to_net, const std::vector<Slot>& to_slots, Tensor& to, FittingState& s) {
+  std::vector<std::string> from_names;
+  for (const Slot& f : from_slots) from_names.push_back(pool_free_name(from_net, f.name));
   for (const Slot& slot : to_slots) {
     ++s.total;
+    const std::string name = pool_free_name(to_net, slot.name);
     const auto it = std::find_if(from_slots.begin(), from_slots.end(), [&](const Slot& f) {
-      return f.name == slot.name && f.shape == slot.shape;
+      return from_names[static_cast<size_t>(&f - from_slots.data())] == name && f.shape == slot.shape;
     });
     if (it == from_slots.end()) {
       s.left.push_back(slot.name);
@@ -290,9 +296,10 @@ void copy_fitting(const std::vector<Slot>& from_slots, const Tensor& from, const
 
 FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to) {
   FittingState s;
-  copy_fitting(from.params().slots(), from.params().values(), to.params().slots(), to.params().values(), s);
-  copy_fitting(from.params().buffer_slots(), from.params().buffers(), to.params().buffer_slots(), to.params().buffers(),
-               s);
+  copy_fitting(from.net(), from.params().slots(), from.params().values(), to.net(), to.params().slots(),
+               to.params().values(), s);
+  copy_fitting(from.net(), from.params().buffer_slots(), from.params().buffers(), to.net(), to.params().buffer_slots(),
+               to.params().buffers(), s);
   return s;
 }
 

@@ -113,7 +113,9 @@ struct FittingState {
 };
 // `from`'s parameters and batch-norm statistics into `to`, tensor by tensor where the names and
 // shapes match (--init-from: a checkpoint's model into this run's, whose output layer may be for
-// other classes).
+// other classes, or whose stem another image size made the ImageNet or the CIFAR one). Names are
+// compared with each layer index counted without the max-pool layers before it, so that the layers
+// after a stem's pool meet their peers in a network without one.
 FittingState copy_fitting_state(const nn::Model<float>& from, nn::Model<float>& to);
 
 // A whole checkpoint of a host model and optimizer (tests, benchmarks).
