@@ -1701,6 +1701,10 @@ TEST_F(Checkpoints, AResumeOnOtherKernelsSaysItsBitsWillDiffer) {
   EXPECT_EQ(count_of(other.err, "computed with"), 1) << other.err;
   const RunResult shown = run_hpctrain({"inspect", dir_.file("other") + "/ckpt-000000040.hpck"});
   EXPECT_NE(shown.out.find("computed with: " + now + "\n"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find(std::string("written by: hpctrain ") + HPCTRAIN_TEST_VERSION + " (revision " + tree_revision() +
+                           ") on 1 rank(s), "),
+            std::string::npos)
+      << shown.out;
 }
 
 // One writer per checkpoint directory: while a run holds it (stopped here, so that nothing moves),

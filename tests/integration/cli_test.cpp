@@ -1519,7 +1519,12 @@ TEST(CliVersion, PrintsVersionAndExitsZero) {
   EXPECT_EQ(r.err, "");
   const auto lines = lines_of(r.out);
   ASSERT_EQ(lines.size(), 1u) << r.out;
-  EXPECT_EQ(lines[0].rfind(std::string("hpctrain ") + HPCTRAIN_TEST_VERSION, 0), 0u) << lines[0];
+  // The release, then which build of it (core/revision.cpp) and what computes its bits.
+  EXPECT_EQ(lines[0].rfind(std::string("hpctrain ") + HPCTRAIN_TEST_VERSION + " (revision " + tree_revision() +
+                               "; CPU GEMM: ",
+                           0),
+            0u)
+      << lines[0];
 }
 
 // A crash says where before the process dies: a call through a null function pointer (which no

@@ -39,6 +39,26 @@ inline std::string fashion_mnist_dir() { return HPCTRAIN_TEST_FASHION_MNIST_DIR;
 
 using hpc::testing::TempDir;  // (temp_dir.hpp)
 
+// The revision a build of this tree records (core/revision.cpp, made by
+// cmake/HpctrainRevision.cmake), as git says it now: the commit's 12 hex digits, "-dirty" when
+// tracked files differ from it; "unknown" without git.
+inline std::string tree_revision() {
+  const std::string top = std::string(HPCTRAIN_TESTS_DIR) + "/..";
+  const auto said = [&](const std::string& args) {
+    std::string out;
+    if (FILE* p = popen(("git -C '" + top + "' " + args + " 2>/dev/null").c_str(), "r")) {
+      char buf[256];
+      for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+      if (pclose(p) != 0) out.clear();
+    }
+    return out;
+  };
+  std::string commit = said("rev-parse --short=12 HEAD");
+  while (!commit.empty() && commit.back() == '\n') commit.pop_back();
+  if (commit.empty()) return "unknown";
+  return commit + (said("status --porcelain --untracked-files=no").empty() ? "" : "-dirty");
+}
+
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

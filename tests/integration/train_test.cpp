@@ -201,6 +201,7 @@ TEST_F(Train, TheMetricsFileStartsWithTheConfiguration) {
   EXPECT_EQ(c.at("total_steps").number, 12);
   EXPECT_EQ(c.at("resumed_from_step").number, -1);
   EXPECT_EQ(c.at("hpctrain_version").str, HPCTRAIN_TEST_VERSION);
+  EXPECT_EQ(c.at("hpctrain_revision").str, tree_revision());
   // Every option of --help is there: each name but --version and --config (no run's options;
   // --help is shown as "-h [ --help ]"), and but the --no-NAME twin of a --NAME (one setting,
   // recorded under NAME).

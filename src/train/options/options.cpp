@@ -24,6 +24,7 @@
 #include "core/file_identity.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
+#include "core/revision.hpp"
 #include "data/dataset.hpp"
 #include "nn/gemm.hpp"
 #include "nn/model.hpp"
@@ -382,8 +383,8 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
   }
   if (vm.count("version")) {
     if (speak)
-      log::write_help(detail::concat("hpctrain ", HPCTRAIN_VERSION, " (CPU GEMM: ", nn::gemm_backend(), "; ",
-                                     device::describe(), ")\n"));
+      log::write_help(detail::concat("hpctrain ", HPCTRAIN_VERSION, " (revision ", build_revision(), "; CPU GEMM: ",
+                                     nn::gemm_backend(), ", ", nn::cpu_kernels(), "; ", device::describe(), ")\n"));
     return std::nullopt;
   }
   return vm;

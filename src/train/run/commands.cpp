@@ -184,7 +184,9 @@ void print_inspected(const Inspected& r) {
   out << "size: " << human_bytes(static_cast<double>(r.size)) << " (" << r.size << " bytes)\n";
   if (r.layout.version) out << "format: version " << r.layout.version << "\n";
   if (!m.empty()) {
-    out << "written by: hpctrain " << meta_or(m, "hpctrain_version") << " on " << meta_or(m, "world_size")
+    out << "written by: hpctrain " << meta_or(m, "hpctrain_version")
+        << (m.count("hpctrain_revision") ? " (revision " + m.at("hpctrain_revision") + ")" : std::string()) << " on "
+        << meta_or(m, "world_size")
         << " rank(s), " << utc_time(integer_or(m, "time")) << "\n";
     out << "model: " << meta_or(m, "model") << " (layout signature " << meta_or(m, "model_signature") << ")\n";
     if (m.count("max_pools"))  // not recorded before resnet18/50's ImageNet stem became torchvision's

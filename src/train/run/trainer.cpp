@@ -28,6 +28,7 @@
 #include "core/cpus.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
+#include "core/revision.hpp"
 #include "data/loader.hpp"
 #include "data/sampler.hpp"
 #include "dist/agree.hpp"
@@ -419,6 +420,7 @@ void TrainingRun::write_config_event() {
   const std::string hosts = dist::distinct_joined(stragglers_->hosts(), ",");
   JsonObject c{{"event", std::string("config")},
                {"hpctrain_version", std::string(HPCTRAIN_VERSION)},
+               {"hpctrain_revision", std::string(build_revision())},
                {"world_size", world_},
                {"hosts", hosts},
                {"host_count", static_cast<int64_t>(std::count(hosts.begin(), hosts.end(), ',') + 1)},

@@ -14,6 +14,7 @@
 #include "core/hash.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
+#include "core/revision.hpp"
 #include "data/shards.hpp"
 #include "dist/agree.hpp"
 #include "dist/communicator.hpp"
@@ -214,6 +215,7 @@ void record_run(ckpt::Checkpoint& c, const TrainOptions& o, const ModelIdentity&
   auto& m = c.meta;
   m.clear();
   m["hpctrain_version"] = HPCTRAIN_VERSION;
+  m["hpctrain_revision"] = build_revision();
   m["model"] = model.name;
   m["model_signature"] = model.signature;
   m[kMaxPoolsKey] = model.max_pools;
