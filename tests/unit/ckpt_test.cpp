@@ -802,7 +802,7 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
   ckpt::Checkpoint scaled = train::make_checkpoint(o, model, sgd, 1, at);
   train::record_loss_scaler(scaled, optim::LossScalerState{8192.0, 37, 3});
   ckpt::Checkpoint c = ckpt::decode(ckpt::encode(scaled), "test");
-  EXPECT_EQ(train::check_resumable(c, o, model).step, 10);
+  EXPECT_EQ(train::check_resumable(c, o, model, 60000).step, 10);
   const std::optional<optim::LossScalerState> back = train::loss_scaler_of(c);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->scale, 8192.0);
@@ -812,7 +812,7 @@ TEST(CheckpointPosition, TheLossScaleTravelsInCheckpoints) {
 
   c.meta["loss_scale"] = "0.25";
   try {
-    train::check_resumable(c, o, model);
+    train::check_resumable(c, o, model, 60000);
     ADD_FAILURE() << "a loss scale below 1 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("loss scale"), std::string::npos) << e.what();

@@ -183,11 +183,11 @@ TEST(OptionTable, TheResumeCheckRefusesAnotherValueOfEveryMatchOption) {
     SCOPED_TRACE(l.name);
     const train::TrainOptions other = parse(l.other);
     if (l.rule != Rule::Match) {
-      EXPECT_NO_THROW(train::check_resumable(c, other, model));
+      EXPECT_NO_THROW(train::check_resumable(c, other, model, 60000));
       continue;
     }
     try {
-      train::check_resumable(c, other, model);
+      train::check_resumable(c, other, model, 60000);
       ADD_FAILURE() << "another --" << l.name << " was accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::Usage);
@@ -276,10 +276,10 @@ TEST(OptionTable, CudaGraphsAreAutoUnlessAskedForOrTurnedOff) {
 TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
   const MlpCheckpoint made({"--batch-size", "32"});
   const auto& [model, c] = made;
-  EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model));
-  EXPECT_THROW(train::check_resumable(c, parse({"--batch-size", "64"}), model), Error);
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model, 60000));
+  EXPECT_THROW(train::check_resumable(c, parse({"--batch-size", "64"}), model, 60000), Error);
   try {
-    train::check_resumable(c, parse({"--global-batch-size", "256"}), model);
+    train::check_resumable(c, parse({"--global-batch-size", "256"}), model, 60000);
     ADD_FAILURE() << "another global batch was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("global batch of 128; --global-batch-size 256"), std::string::npos) << e.what();
@@ -291,10 +291,10 @@ TEST(OptionTable, TheBatchSizeIsComparedWhereItSetsTheGlobalBatch) {
 TEST(OptionTable, ABatchSizeAgainstAGlobalBatchCheckpointNamesTheGlobalBatch) {
   const MlpCheckpoint made({"--global-batch-size", "128"});
   const auto& [model, c] = made;
-  EXPECT_NO_THROW(train::check_resumable(c, parse({}), model));
-  EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model));
+  EXPECT_NO_THROW(train::check_resumable(c, parse({}), model, 60000));
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--global-batch-size", "128"}), model, 60000));
   try {
-    train::check_resumable(c, parse({"--batch-size", "128"}), model);
+    train::check_resumable(c, parse({"--batch-size", "128"}), model, 60000);
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Usage);
@@ -305,17 +305,43 @@ TEST(OptionTable, ABatchSizeAgainstAGlobalBatchCheckpointNamesTheGlobalBatch) {
   }
 }
 
+// --train-samples 0, and N at or above the training set's count, both take the whole set: a
+// checkpoint recording one resumes with the other (hpctrain before 2026-12-04 took and recorded
+// 100000 on Fashion-MNIST's 60000, which this one refuses as a value: such a chain resumes with 0).
+// A count below the set's is another run's, refused as before.
+TEST(OptionTable, TrainSamplesOfTheWholeSetResumeWithAnyWayOfSayingIt) {
+  const MlpCheckpoint above({"--train-samples", "100000"}), none({}), part({"--train-samples", "100"});
+  const auto accepted = [](const MlpCheckpoint& m, const std::vector<std::string>& args, int64_t count) {
+    try {
+      train::check_resumable(m.c, parse(args), m.model, count);
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(accepted(above, {}, 60000), "");
+  EXPECT_EQ(accepted(above, {"--train-samples", "60000"}, 60000), "");
+  EXPECT_EQ(accepted(none, {"--train-samples", "60000"}, 60000), "");
+  EXPECT_EQ(accepted(none, {"--train-samples", "100"}, 100), "");  // a set of 100 samples: all of it
+  EXPECT_NE(accepted(above, {"--train-samples", "100"}, 60000).find("made with --train-samples=100000"),
+            std::string::npos);
+  EXPECT_NE(accepted(above, {}, 200000).find("made with --train-samples=100000, this run has --train-samples=0"),
+            std::string::npos);  // a larger set: 100000 of it was a part
+  EXPECT_NE(accepted(part, {}, 60000).find("made with --train-samples=100"), std::string::npos);
+  EXPECT_NE(accepted(none, {"--train-samples", "59999"}, 60000).find("made with --train-samples=0"), std::string::npos);
+}
+
 // --extend-epochs lets a resumed run have more --epochs than its checkpoint (4 by default), never
 // fewer; without it another --epochs is refused, and the refusal names the way to lengthen.
 TEST(OptionTable, ExtendEpochsOnlyLengthensARun) {
   const MlpCheckpoint made({});
   const auto& model = made.model;  // references, not a structured binding: Clang before 16
   const auto& c = made.c;          // cannot capture one in the lambda below
-  EXPECT_NO_THROW(train::check_resumable(c, parse({"--epochs", "6", "--extend-epochs"}), model));
-  EXPECT_NO_THROW(train::check_resumable(c, parse({"--extend-epochs"}), model));
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--epochs", "6", "--extend-epochs"}), model, 60000));
+  EXPECT_NO_THROW(train::check_resumable(c, parse({"--extend-epochs"}), model, 60000));
   auto refused = [&](const std::vector<std::string>& args, const std::string& why) {
     try {
-      train::check_resumable(c, parse(args), model);
+      train::check_resumable(c, parse(args), model, 60000);
       ADD_FAILURE() << "accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::Usage);

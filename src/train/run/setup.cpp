@@ -189,7 +189,7 @@ void resume_from(dist::ProcessContext& ctx, const TrainOptions& o, ckpt::Checkpo
                  Prepared& p) {
   dist::collectively(ctx, [&] {
     try {
-      p.start = check_resumable(c, o, *p.model);
+      p.start = check_resumable(c, o, *p.model, p.ds.train.count);
       require_valid_norm_statistics(c, *p.model);
     } catch (const Error& e) {  // its messages say "the checkpoint": which one
       if (e.kind() != ErrorKind::Usage) throw;
@@ -302,7 +302,7 @@ void resume_or_initialise(dist::ProcessContext& ctx, const TrainOptions& o, Prep
   p.sgd = std::make_unique<optim::Sgd<float>>(p.model->params(), optim::SgdSpec{o.momentum, o.nesterov,
                                                                                  o.weight_decay,
                                                                                  o.decay_bias_and_norm});
-  FoundState found = find_resume_state(ctx, o, *p.model, run_dir, run_id);
+  FoundState found = find_resume_state(ctx, o, *p.model, p.ds.train.count, run_dir, run_id);
   if (found.state) {
     p.source = found.source;
     if (!o.init_from.empty() && ctx.rank() == 0)

@@ -1,9 +1,11 @@
 #include "train/state/checkpointing.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -459,7 +461,22 @@ void require_batch_size_as_made(const ckpt::Checkpoint& c, const std::string& re
 }
 }  // namespace
 
-RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model) {
+namespace {
+// Whether --train-samples values `recorded` and `given` both take the whole of a training set of
+// `count` samples (0, or at least the count).
+bool both_take_all(const std::string& recorded, const std::string& given, int64_t count) {
+  const auto all = [count](const std::string& text) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(text.c_str(), &end, 10);
+    return !text.empty() && *end == '\0' && errno == 0 && (n == 0 || n >= count);
+  };
+  return all(recorded) && all(given);
+}
+}  // namespace
+
+RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model,
+                            int64_t training_samples) {
   check_model(c, model);
   // (Parameters of another count are the restore's error, which names them.)
   if (c.params.size() == static_cast<size_t>(model.params().values().numel())) check_optimizer_state(c);
@@ -478,6 +495,7 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
     auto it = c.meta.find("option." + name);
     HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
     if (name == "batch-size") require_batch_size_as_made(c, it->second, value);
+    if (name == "train-samples" && both_take_all(it->second, value, training_samples)) continue;
     HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",
                 name, "=", value, " (resume with the same value, ",
                 name == "epochs" ? "or lengthen the run with --extend-epochs, " : "", "or start afresh with --resume none)");

@@ -166,8 +166,11 @@ void check_optimizer_state(const ckpt::Checkpoint& c);
 
 // The position a checkpoint resumes at. Throws a usage error naming the first difference when
 // it belongs to another model or to options that change what is computed, or when its position
-// or loss scale is invalid.
-RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model);
+// or loss scale is invalid. `training_samples`: the count of the training set this run loaded
+// (--train-samples 0, or N at or above the set's count, both mean all of it: a checkpoint that
+// records one resumes with the other; hpctrain before 2026-12-04 took and recorded N above it).
+RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, const nn::Model<float>& model,
+                            int64_t training_samples);
 
 // Usage error unless a resumed position lies in a run of `epochs` epochs of `steps_per_epoch`
 // steps: a hand-made checkpoint's position past the run's end would end it at once, untrained.

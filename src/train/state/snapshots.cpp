@@ -230,6 +230,7 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
                                                                        const std::string& run_id,
                                                                        const TrainOptions& o,
                                                                        const nn::Model<float>& model,
+                                                                       int64_t training_samples,
                                                                        int64_t checkpoint_step) {
   std::vector<std::string> files;
   // A --snapshot-dir that is no directory holds no snapshot: the Snapshotter says it cannot use
@@ -257,7 +258,7 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
       HPC_REQUIRE(step > checkpoint_step, "it is older (step ", step, ") than the newest checkpoint (step ",
                   checkpoint_step, ")");
       try {
-        check_resumable(c, o, model);
+        check_resumable(c, o, model, training_samples);
       } catch (const Error& e) {
         misfit = e.what();
         throw;
@@ -365,7 +366,7 @@ const char* source_name(StateSource s) {
 }
 
 FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, const nn::Model<float>& model,
-                             const std::string& run_dir, const std::string& run_id) {
+                             int64_t training_samples, const std::string& run_dir, const std::string& run_id) {
   FoundState f;
   if (run_dir.empty() || o.resume != ResumeFrom::Auto) {
     f.state = find_resume(o, ctx, &f.path);
@@ -380,7 +381,7 @@ FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, c
   int64_t shared_step = shared ? shared->second.integer("step") : -1;
   if (comm.size() > 1) comm.broadcast(&shared_step, sizeof shared_step, 0);
   dist::collectively(ctx, [&] {
-    if (ctx.local_rank() == 0) mine = newest_snapshot(run_dir, run_id, o, model, shared_step);
+    if (ctx.local_rank() == 0) mine = newest_snapshot(run_dir, run_id, o, model, training_samples, shared_step);
   });
   // The newest snapshot of any host, from the lowest rank that holds it; else the checkpoint.
   const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;

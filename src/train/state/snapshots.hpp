@@ -95,7 +95,7 @@ struct FoundState {
 // are damaged, older than the newest checkpoint, of another run or of options the run cannot
 // resume are skipped, each with one warning naming it. Collective.
 FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, const nn::Model<float>& model,
-                             const std::string& run_dir, const std::string& run_id);
+                             int64_t training_samples, const std::string& run_dir, const std::string& run_id);
 
 // The step loop's snapshots, on every rank (the writing is local rank 0's).
 class Snapshotter {
