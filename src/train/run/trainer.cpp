@@ -209,12 +209,15 @@ class TrainingRun {
   // heartbeat_ holds one: the watchdogs' thread, which marks it failed, reads this first (the
   // set-up watchdog may fire while the main thread makes it).
   std::atomic<bool> heartbeat_ready_{false};
+  // tally_.step for mark_failed, which the watchdogs' last words run on a thread of their own while
+  // the main thread may still be finishing a step (a slow one, not a stuck one): set with it.
+  std::atomic<int64_t> steps_done_{0};
   const TestHooks hooks_;
   std::optional<Progress> progress_;
   // Rank 0's metrics. The main thread makes, publishes and drops them under metrics_lock_; the
   // watchdogs' thread publishes "failed" under it as it ends the run, waiting for the lock only
   // briefly (the main thread may be the one stuck, writing the file).
-  std::timed_mutex metrics_lock_;
+  std::mutex metrics_lock_;
   std::optional<StepMetrics> step_metrics_;
   template <class F>
   void with_metrics(F f) {
@@ -261,9 +264,10 @@ TrainResult TrainingRun::run() {
 }
 
 void TrainingRun::mark_failed(int exit_code) {
-  if (heartbeat_ready_.load(std::memory_order_acquire))
-    heartbeat_->last(tally_.step, plan_.steps_per_epoch ? tally_.step / plan_.steps_per_epoch : 0, "failed",
-                     detail::concat("exit_code=", exit_code, "\n"));
+  if (!heartbeat_ready_.load(std::memory_order_acquire)) return;
+  const int64_t step = steps_done_.load();
+  heartbeat_->last(step, plan_.steps_per_epoch ? step / plan_.steps_per_epoch : 0, "failed",
+                   detail::concat("exit_code=", exit_code, "\n"));
 }
 
 // After an error: the last write finished before the lock goes, and a directory this run made
@@ -300,8 +304,11 @@ TrainResult TrainingRun::run_steps() {
     const auto said = std::make_shared<std::atomic<bool>>(false);
     std::thread([this, said] {
       mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
-      if (const std::unique_lock hold(metrics_lock_, std::chrono::milliseconds(500)); hold && step_metrics_)
-        step_metrics_->ended(RunState::Failed);
+      // Polled with try_lock, not try_lock_for: libstdc++'s timed wait (pthread_mutex_clocklock)
+      // is invisible to GCC's ThreadSanitizer, which then reports every access under it as a race.
+      std::unique_lock hold(metrics_lock_, std::defer_lock);
+      for (int ms = 0; ms < 500 && !hold.try_lock(); ++ms) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (hold && step_metrics_) step_metrics_->ended(RunState::Failed);
       ckpt::remove_lock_at_exit();
       said->store(true);
     }).detach();
@@ -325,6 +332,7 @@ TrainResult TrainingRun::run_steps() {
     step_metrics_.emplace(o_, world_, plan_.total_steps, p_.start.step, *metrics_, checkpoints_->writer());
   }
   tally_.step = p_.start.step;
+  steps_done_.store(tally_.step);
   tally_.samples_seen = p_.start.samples_seen;
   tally_.here = p_.start;
   // From here on every wait is for the peers: a step that never ends is a hung job.
@@ -658,6 +666,7 @@ double TrainingRun::train_step(const data::Batch& batch, int64_t epoch, EpochTal
   e.sums[2] += static_cast<double>(batch.size());
   e.sums[0] += r.loss * static_cast<double>(batch.size());
   const int64_t step = ++tally_.step;
+  steps_done_.store(step);
   heartbeat_->stepped(step, epoch);  // with record_step's: a stop at once's heartbeat and event agree
   if (trace_) trace_->step(step, start.asked, start.data_wait, r, engine_->timeline(), done);
   watchdog_->progress(step);
