@@ -1668,7 +1668,7 @@ TEST_F(Checkpoints, AResumeOnOtherTrainingDataIsRefused) {
 
 // What computes the bits beyond the binary (here oneDNN's instruction set, which the CPU and
 // ONEDNN_MAX_CPU_ISA set) is the run's "kernels": in its config event and its checkpoints. A
-// resume on other kernels (another CPU after a requeue) warns that its bits will not be those of
+// resume on other kernels (another CPU after a requeue) warns that its bits may not be those of
 // a run never stopped, naming both, and records its own; a resume on the same says nothing.
 TEST_F(Checkpoints, AResumeOnOtherKernelsSaysItsBitsWillDiffer) {
   const std::string ck = dir_.file("kernels");
@@ -1694,7 +1694,7 @@ TEST_F(Checkpoints, AResumeOnOtherKernelsSaysItsBitsWillDiffer) {
   const std::string now = kernels_of("other");
   ASSERT_NE(now, written) << "ONEDNN_MAX_CPU_ISA=SSE41 left oneDNN's kernels as they were: a CPU without AVX2?";
   EXPECT_NE(other.err.find("warning: the checkpoint's run computed with " + written + ", this one computes with " + now +
-                           ": it continues from the checkpoint's state, but its bits will not be those a run never "
+                           ": it continues from the checkpoint's state, but its bits may not be those a run never "
                            "stopped would have had (ONEDNN_MAX_CPU_ISA set to the least"),
             std::string::npos)
       << other.err;

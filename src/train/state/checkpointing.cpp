@@ -199,8 +199,8 @@ std::optional<std::string> mixed_kernels_warning(const std::vector<std::string>&
     each += (each.empty() ? "" : "; ") + kernels[r] + " on " + names;
     if (first_kind.empty()) first_kind = kernels[r];
   }
-  return "the ranks compute with different kernels (" + each + "): the run's bits depend on which host each "
-         "rank runs on, and a run placed otherwise (a relaunch, a requeue) will not repeat them" +
+  return "the ranks compute with different kernels (" + each + "): the run's bits may depend on which host each "
+         "rank runs on, and a run placed otherwise (a relaunch, a requeue) may not repeat them" +
          isa_hint(first_kind, run);
 }
 
@@ -208,7 +208,7 @@ std::optional<std::string> other_kernels_warning(const ckpt::Checkpoint& c, cons
   const auto recorded = c.meta.find("kernels");
   if (recorded == c.meta.end() || recorded->second == kernels) return std::nullopt;
   return "the checkpoint's run computed with " + recorded->second + ", this one computes with " + kernels +
-         ": it continues from the checkpoint's state, but its bits will not be those a run never stopped would "
+         ": it continues from the checkpoint's state, but its bits may not be those a run never stopped would "
          "have had" + isa_hint(recorded->second, kernels);
 }
 
