@@ -1670,7 +1670,7 @@ TEST_F(Checkpoints, AResumeOnOtherTrainingDataIsRefused) {
 // ONEDNN_MAX_CPU_ISA set) is the run's "kernels": in its config event and its checkpoints. A
 // resume on other kernels (another CPU after a requeue) warns that its bits may not be those of
 // a run never stopped, naming both, and records its own; a resume on the same says nothing.
-TEST_F(Checkpoints, AResumeOnOtherKernelsSaysItsBitsWillDiffer) {
+TEST_F(Checkpoints, AResumeOnOtherKernelsSaysItsBitsMayDiffer) {
   const std::string ck = dir_.file("kernels");
   ASSERT_EQ(run_hpctrain(job(ck, dir_.file("k.jsonl"))).exit_code, 0);
   const std::string from = ck + "/ckpt-000000030.hpck";
