@@ -603,10 +603,15 @@ bool gpu_training_available(std::string* why) {
 std::string gpu_kernels(int local_rank) {
   const int n = device::cuda_device_count();
   if (n == 0) return "";
+  // Called by every rank before an all-gather: a failure here is said by the engine's own calls
+  // later, with every rank's error handling; here it only leaves the GPU's part out.
   cudaDeviceProp p{};
-  CUDA_CHECK(cudaGetDeviceProperties(&p, local_rank % n));  // the GPU select_gpu takes
   int runtime = 0;
-  CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  if (cudaGetDeviceProperties(&p, local_rank % n) != cudaSuccess ||  // the GPU select_gpu takes
+      cudaRuntimeGetVersion(&runtime) != cudaSuccess) {
+    cudaGetLastError();
+    return detail::concat("a GPU whose properties could not be read, cuDNN ", cudnnGetVersion());
+  }
   return detail::concat(p.name, " (sm_", p.major, p.minor, "), CUDA ", runtime, ", cuDNN ", cudnnGetVersion());
 }
 
