@@ -1,11 +1,9 @@
 #include "train/state/checkpointing.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -184,24 +182,20 @@ std::string isa_hint(const std::string& a, const std::string& b) {
 
 std::optional<std::string> mixed_kernels_warning(const std::vector<std::string>& hosts,
                                                  const std::vector<std::string>& kernels) {
-  const std::string run = run_kernels(kernels);
-  if (run.find(" + ") == std::string::npos) return std::nullopt;
-  std::string each, first_kind;
-  for (size_t r = 0; r < kernels.size(); ++r) {
-    if (std::find(kernels.begin(), kernels.begin() + static_cast<ptrdiff_t>(r), kernels[r]) !=
-        kernels.begin() + static_cast<ptrdiff_t>(r))
-      continue;  // this kind's hosts were listed at its first rank
-    std::vector<std::string> on;
-    for (size_t q = r; q < kernels.size(); ++q)
-      if (kernels[q] == kernels[r] && std::find(on.begin(), on.end(), hosts[q]) == on.end()) on.push_back(hosts[q]);
-    std::string names;
-    for (const std::string& h : on) names += (names.empty() ? "" : ", ") + h;
-    each += (each.empty() ? "" : "; ") + kernels[r] + " on " + names;
-    if (first_kind.empty()) first_kind = kernels[r];
+  std::vector<std::string> kinds;  // each once, in the order of their first ranks
+  for (const std::string& k : kernels)
+    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
+  if (kinds.size() < 2) return std::nullopt;
+  std::string each;
+  for (const std::string& kind : kinds) {
+    std::vector<std::string> on;  // the hosts of its ranks
+    for (size_t r = 0; r < kernels.size(); ++r)
+      if (kernels[r] == kind) on.push_back(hosts[r]);
+    each += (each.empty() ? "" : "; ") + kind + " on " + dist::distinct_joined(on, ", ");
   }
   return "the ranks compute with different kernels (" + each + "): the run's bits may depend on which host each "
          "rank runs on, and a run placed otherwise (a relaunch, a requeue) may not repeat them" +
-         isa_hint(first_kind, run);
+         isa_hint(kinds.front(), run_kernels(kernels));
 }
 
 std::optional<std::string> other_kernels_warning(const ckpt::Checkpoint& c, const std::string& kernels) {
@@ -462,15 +456,10 @@ void require_batch_size_as_made(const ckpt::Checkpoint& c, const std::string& re
 }  // namespace
 
 namespace {
-// Whether --train-samples values `recorded` and `given` both take the whole of a training set of
-// `count` samples (0, or at least the count).
-bool both_take_all(const std::string& recorded, const std::string& given, int64_t count) {
-  const auto all = [count](const std::string& text) {
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(text.c_str(), &end, 10);
-    return !text.empty() && *end == '\0' && errno == 0 && (n == 0 || n >= count);
-  };
+// Whether --train-samples values `recorded` (the checkpoint's) and `given` both take the whole of a
+// training set of `count` samples (0, or at least the count).
+bool both_take_all(int64_t recorded, int64_t given, int64_t count) {
+  const auto all = [count](int64_t n) { return n == 0 || n >= count; };
   return all(recorded) && all(given);
 }
 }  // namespace
@@ -495,7 +484,9 @@ RunPosition check_resumable(const ckpt::Checkpoint& c, const TrainOptions& o, co
     auto it = c.meta.find("option." + name);
     HPC_REQUIRE(it != c.meta.end(), "the checkpoint does not record --", name);
     if (name == "batch-size") require_batch_size_as_made(c, it->second, value);
-    if (name == "train-samples" && both_take_all(it->second, value, training_samples)) continue;
+    if (name == "train-samples" &&
+        both_take_all(recorded_options(c.meta, {name}).train_samples, o.train_samples, training_samples))
+      continue;
     HPC_REQUIRE(it->second == value, "the checkpoint was made with --", name, "=", it->second, ", this run has --",
                 name, "=", value, " (resume with the same value, ",
                 name == "epochs" ? "or lengthen the run with --extend-epochs, " : "", "or start afresh with --resume none)");
