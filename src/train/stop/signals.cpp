@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -130,7 +131,12 @@ void take(int sig) {
   if (g_chosen.load()) decide_pending();  // chosen meanwhile: use_stop_signals may have missed it
 }
 
-extern "C" void on_signal(int sig) { take(sig); }
+// errno is the interrupted code's: kept across take()'s writes and unlinks.
+extern "C" void on_signal(int sig) {
+  const int saved = errno;
+  take(sig);
+  errno = saved;
+}
 
 void watch(sigset_t set) {
   for (;;) {
