@@ -811,7 +811,7 @@ void AsyncWriter::run() {
       busy_ = false;
       spare_ = std::move(job.snapshot);
       if (failure) {
-        failure_ = failure;
+        failure_ = std::move(failure);  // the caller's alone: this thread keeps no reference to release after it
       } else {
         last_ = path;
         ++completed_;

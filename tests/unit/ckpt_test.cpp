@@ -355,6 +355,28 @@ TEST(AsyncWriter, APauseBeforeRenameIsTheWritersOwn) {
   EXPECT_EQ(ckpt::list_checkpoints(snapshots.dir()).size(), 1u);
 }
 
+// A write that fails reaches the step loop once, as its own exception, at the next wait or
+// submit; the writer then goes on. (Its thread hands the failure over and keeps no reference:
+// under ThreadSanitizer the exception's last release raced the reader's what().)
+TEST(AsyncWriter, AFailedWriteIsTheCallersOnceAndTheWriterGoesOn) {
+  const TempDir tmp;
+  ckpt::CheckpointStore store(tmp.str(), 5);
+  ckpt::AsyncWriter writer(store);
+  writer.submit(sample(), 3, [] { throw std::runtime_error("planted: the fill failed"); });
+  try {
+    writer.wait();
+    ADD_FAILURE() << "the failed write was not said";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "planted: the fill failed");
+  }
+  EXPECT_NO_THROW(writer.wait());  // said once
+  EXPECT_TRUE(ckpt::list_checkpoints(tmp.str()).empty());
+  writer.submit(sample(), 4);
+  writer.wait();
+  EXPECT_EQ(writer.completed().first, 1);
+  EXPECT_EQ(ckpt::list_checkpoints(tmp.str()).size(), 1u);
+}
+
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
   const TempDir tmp;  // removed at the end, however the test ends
   const std::string dir = tmp.str();
