@@ -534,9 +534,25 @@ def chrome_events(text, path, what):
     return doc["traceEvents"] if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list) else None
 
 
+def runs_of(events):
+    """Each event with the number of the run that wrote it. A trace appended to by a resumed run
+    (hpcrun's --resume auto relaunches) holds each run's events after the last one's, every run's
+    clock starting again near 0 and its steps keeping their numbers (a run resumed from a checkpoint
+    before the last gather repeats some): each run's first events are rank 0's metadata
+    ("process_name"), which start the next run."""
+    run, out = 0, []
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("pid", 0) == 0 and e.get("name") == "process_name":
+            run += 1
+        out.append((max(run, 1), e))
+    return out
+
+
 def chrome_rows(events, path):
-    """Rank 0's buckets from the Chrome trace: 'queue bucket N' starts when the bucket was queued."""
-    mine = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid", 0) == 0]
+    """Rank 0's buckets from the Chrome trace: 'queue bucket N' starts when the bucket was queued. Steps
+    are each run's (runs_of): a run's events are never timed against another run's steps."""
+    mine = [(run, e) for run, e in runs_of(events)
+            if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid", 0) == 0]
 
     def at(e, key="ts"):  # an event's time or duration, in microseconds
         return field(e, key, f"timeline '{path}': event '{e.get('name')}'", high=MAX_TRACE_US)
@@ -548,31 +564,32 @@ def chrome_rows(events, path):
         return field(a, "step", f"timeline '{path}': event '{e['name']}'", prefix="args.", integer=True,
                      high=MAX_ELEMENTS)
 
-    starts = {int(str(e.get("name"))[5:]): at(e) for e in mine if re.fullmatch(r"step \d+", str(e.get("name", "")))}
+    starts = {(run, int(str(e.get("name"))[5:])): at(e) for run, e in mine
+              if re.fullmatch(r"step \d+", str(e.get("name", "")))}
     backward = {}
-    for e in mine:  # the step a backward belongs to: the last step that began before it
+    for run, e in mine:  # the step a backward belongs to: its run's step that began last before it
         if e.get("name") == "backward":
             begin = at(e)
-            owner = max((s for s, t in starts.items() if t <= begin), default=None)
+            owner = max(((t, s) for (r, s), t in starts.items() if r == run and t <= begin), default=None)
             if owner is not None:
-                backward[owner] = (begin + at(e, "dur") - starts[owner]) * 1e-6
-    averages = {}  # step -> (values, queued): the batch-norm statistics' average
-    for e in mine:
+                backward[(run, owner[1])] = (begin + at(e, "dur") - owner[0]) * 1e-6
+    averages = {}  # (run, step) -> (values, queued): the batch-norm statistics' average
+    for run, e in mine:
         if e.get("name") == "queue statistics":
             step = of_step(e, ("step", "values"))
-            require(step in starts, f"timeline '{path}': a 'queue statistics' event of step {step}, which has no "
-                    f"'step {step}' event")
-            averages[step] = (e["args"]["values"], (at(e) - starts[step]) * 1e-6)
+            require((run, step) in starts, f"timeline '{path}': a 'queue statistics' event of step {step}, which has "
+                    f"no 'step {step}' event")
+            averages[(run, step)] = (e["args"]["values"], (at(e) - starts[(run, step)]) * 1e-6)
     rows = []
-    for e in mine:
+    for run, e in mine:
         if str(e.get("name", "")).startswith("queue bucket "):
             step = of_step(e, ("step", "bucket", "begin", "end"))
-            require(step in starts and step in backward, f"timeline '{path}': step {step} of a 'queue bucket' event "
-                    f"has no 'step {step}' and 'backward' events")
+            require((run, step) in starts and (run, step) in backward, f"timeline '{path}': step {step} of a "
+                    f"'queue bucket' event has no 'step {step}' and 'backward' events")
             r = {k: e["args"][k] for k in ("step", "bucket", "begin", "end")}
-            r.update(queued=(at(e) - starts[step]) * 1e-6, backward_done=backward[step])
-            if step in averages:
-                r["statistics_values"], r["statistics_queued"] = averages[step]
+            r.update(queued=(at(e) - starts[(run, step)]) * 1e-6, backward_done=backward[(run, step)])
+            if (run, step) in averages:
+                r["statistics_values"], r["statistics_queued"] = averages[(run, step)]
             rows.append(bucket_row(r, f"timeline '{path}': event '{e['name']}' of step {step}"))
     return rows
 

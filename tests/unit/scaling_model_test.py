@@ -138,6 +138,32 @@ class ScalingModelTest(unittest.TestCase):
         wrapped = '{ "traceEvents": ' + chrome_timeline(BUCKETS) + ', "displayTimeUnit": "ms"}'
         self.check_expected(self.write("t2.json", wrapped))
 
+    def test_a_trace_appended_to_by_resumed_runs(self):
+        """hpctrain appends a resumed run's events to the trace (hpcrun's --resume auto): each run's clock
+        starts again near 0, its steps keep their numbers, and a run resumed from a checkpoint older than
+        the last gather repeats some. Here the known run (step 7, 1 s in), then a run resumed whose first
+        step begins 0.5 s in: step 8 (it was refused: "step 7 ... has no 'step 7' and 'backward' events",
+        the known step's backward taken for step 8's), or step 7 again (each bucket's queue time was
+        0.5 s late in the known step, timed from the later run's step 7). Each step is timed against its
+        own run's: the known answer."""
+        first = json.loads(chrome_timeline(BUCKETS))
+
+        def resumed(step, ts):  # the known step's events as step `step` of the next run, from ts
+            events = []
+            for e in json.loads(chrome_timeline(BUCKETS)):
+                if e["ph"] == "X":
+                    e["ts"] += ts - 1e6
+                    if e["name"] == "step 7":
+                        e["name"] = f"step {step}"
+                    if "step" in e.get("args", {}):
+                        e["args"]["step"] = step
+                events.append(e)
+            return events
+
+        for step in (8, 7):
+            with self.subTest(resumed_at=step):
+                self.check_expected(self.write(f"resumed{step}.json", json.dumps(first + resumed(step, 5e5))))
+
     def test_median_over_steps_after_the_skipped(self):
         # Step 0 is a slow first step, left out by --skip-steps 1; steps 1-3 hold the known timeline.
         slow = "".join(jsonl_timeline([(b, e, q + 0.5) for b, e, q in BUCKETS], backward=0.6))
