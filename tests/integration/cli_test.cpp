@@ -786,6 +786,24 @@ TEST_F(Cli, ChromeTraceWithACutLastEvent) {
   EXPECT_EQ(count_of(text, "step 3"), 0) << text;
 }
 
+// An empty file given as the Chrome trace (mktemp's, touch's) holds an empty array from the start,
+// as a new one does: a run killed before its first gather left it 0 bytes, which no trace viewer
+// or JSON reader loads. The next run appends its events to that array.
+TEST_F(Cli, AnEmptyTimelineFileIsAnArrayFromTheStart) {
+  const std::string t = work_.file("t.json");
+  write_text(t, "");
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "1", 1);
+  const RunResult killed = run({"--timeline-file", t, "--max-steps", "2"});
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  ASSERT_NE(killed.exit_code, 0) << killed.err;
+  EXPECT_EQ(read_text(t), "[\n]\n");
+  const RunResult r = run({"--timeline-file", t});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = read_text(t);
+  EXPECT_EQ(text.rfind("[\n{\"name\":\"process_name\"", 0), 0u) << text;
+  EXPECT_EQ(text.substr(text.size() - 3), "\n]\n");
+}
+
 // A Chrome trace another run is writing (its file locked) is left as it is, said once, and the run
 // goes on without it (the holder may be a lost host's run, whose lock an NFS server keeps a while:
 // a relaunch must not end there): two runs given one --timeline-file each wrote their events from

@@ -77,8 +77,9 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
   if (out.st.st_size > 0) find_end(out.st.st_size);
   // A new file holds an empty array from the start: a run that a signal or a crash ends before its
   // first events (written every 100 steps) left 0 bytes, which no trace viewer or JSON reader
-  // loads. (Removed again at a normal end if nothing was written to it.)
-  if (created_ && ::pwrite(fd_, "[\n]\n", 4, 0) == 4) end_ = 1;
+  // loads. (Removed again at a normal end if nothing was written to it.) So does an empty file
+  // given to it (mktemp's, touch's), which such a run left empty too.
+  if ((created_ || out.st.st_size == 0) && ::pwrite(fd_, "[\n]\n", 4, 0) == 4) end_ = 1;
 }
 
 // One run writes a trace at a time, for the file's life in this process (a write lock of the open
