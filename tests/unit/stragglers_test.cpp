@@ -1,10 +1,12 @@
 // The straggler window (train/observe/stragglers.hpp): which rank is slowest over the last seconds of
 // steps, its busy time over the median rank's, and what leaves the window. And the Prometheus
-// file's writes once a run trains (train/observe/prometheus.hpp).
+// file's writes once a run trains (train/observe/prometheus.hpp). And what rank 0 gathers of the
+// Chrome trace's events (train/observe/trace.hpp) in a large world.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <chrono>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +14,7 @@
 
 #include "train/observe/prometheus.hpp"
 #include "train/observe/stragglers.hpp"
+#include "train/observe/trace.hpp"
 
 namespace hpc::train {
 namespace {
@@ -187,6 +190,68 @@ TEST(PrometheusTextfile, ALinkIsWrittenThrough) {
   }
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir / "data"), {}), 1) << "no temporary file left";
   std::filesystem::remove_all(made);
+}
+
+// Rank 0 of a world of `size` ranks whose other ranks buffer as many trace events as this one: what
+// one gather would bring rank 0 in all, and whether MPI could carry it (counts and displacements
+// are ints: dist/mpi.cpp refuses a part of INT_MAX / size bytes or more).
+class GatheringComm final : public dist::Communicator {
+ public:
+  explicit GatheringComm(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  std::vector<uint64_t> allgather(uint64_t v) override { return std::vector<uint64_t>(size_, v); }
+  void barrier() override {}
+  std::vector<std::string> gather_bytes(const std::string& mine, int) override {
+    ++gathers;
+    most_in_all = std::max(most_in_all, static_cast<double>(mine.size()) * size_);
+    fits_mpi = fits_mpi && mine.size() < INT_MAX / static_cast<size_t>(size_);
+    return {mine};
+  }
+  std::unique_ptr<dist::Communicator> duplicate() override { return std::make_unique<GatheringComm>(size_); }
+  [[noreturn]] void abort(int) override { std::abort(); }
+
+  int gathers = 0;
+  double most_in_all = 0;  // bytes
+  bool fits_mpi = true;
+
+ private:
+  int size_;
+};
+
+// A rank's events are gathered every gather_period() steps; what rank 0 takes in then is every
+// rank's. The period bounded each rank's events alone (20000): 4096 ranks of 96 buckets gathered
+// 100 steps of ~200 events, ~3 MB a rank and 12 GB in all, which MPI cannot carry (dist/mpi.cpp's
+// check ends the run). Now rank 0 takes in at most about a million events a gather, and the
+// period shortens with the world.
+TEST(TraceGather, RankZeroGathersABoundedAmountInALargeWorld) {
+  for (const int world : {2, 64, 4096}) {
+    SCOPED_TRACE(world);
+    GatheringComm comm(world);
+    constexpr size_t kBuckets = 96;
+    Trace trace(comm, nullptr, "host", kBuckets);
+    dist::BucketTimeline t;
+    t.start = Trace::Clock::now();
+    t.averaged = true;
+    t.statistics = {0, 1000, 0.001, 0.002, 0.003};
+    for (size_t b = 0; b < kBuckets; ++b)
+      t.buckets.push_back({static_cast<int64_t>(b) * 1000, static_cast<int64_t>(b + 1) * 1000, 0.01, 0.02, 0.03});
+    StepResult r;
+    const Trace::Clock::time_point t0 = Trace::Clock::now();
+    r.phases = {t0, t0 + std::chrono::milliseconds(1), t0 + std::chrono::milliseconds(2),
+                t0 + std::chrono::milliseconds(3), t0 + std::chrono::milliseconds(4)};
+    for (int64_t step = 1; step <= trace.gather_period(); ++step) {
+      trace.step(step, t0, 0.001, r, t, t0 + std::chrono::milliseconds(5));
+      trace.at_boundary(step);
+    }
+    EXPECT_EQ(comm.gathers, 1);
+    EXPECT_TRUE(comm.fits_mpi) << comm.most_in_all << " bytes in all";
+    EXPECT_LT(comm.most_in_all, 512e6);
+    if (world == 2) EXPECT_EQ(trace.gather_period(), 100);  // a small world's, as before
+  }
 }
 
 }  // namespace

@@ -212,8 +212,11 @@ Trace::Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const st
     : comm_(comm), file_(std::move(file)) {
   // Steps' events: step, data wait, forward, backward, optimizer, two for the statistics' average
   // and two per bucket, at most: the same bound on every rank, so every rank reaches the same period.
+  // Rank 0 takes in every rank's at a gather: at most about kGatherBudget in all (so that MPI's int
+  // counts carry them, and rank 0's memory holds them, on thousands of ranks too).
   const int64_t per_step = 7 + 2 * static_cast<int64_t>(buckets);
-  period_ = std::clamp<int64_t>(kEventBudget / per_step, 1, 100);
+  const int64_t per_rank = std::min<int64_t>(kEventBudget, kGatherBudget / std::max(comm_.size(), 1));
+  period_ = std::clamp<int64_t>(per_rank / per_step, 1, 100);
   if (const char* every = std::getenv("HPCTRAIN_TEST_TRACE_GATHER_STEPS")) period_ = std::max(1LL, std::atoll(every));
   comm_.barrier();
   zero_ = Clock::now();

@@ -20,7 +20,8 @@
 //
 // Per rank, without a collective per step: each rank buffers its events, and rank 0 gathers
 // them (Communicator::gather_bytes) only where the ranks meet anyway: every gather_period()
-// steps at the step boundary (set so that a rank buffers at most about kEventBudget events), at
+// steps at the step boundary (set so that a rank buffers at most about kEventBudget events, and
+// rank 0 takes in at most about kGatherBudget from all ranks: the period shortens with the world), at
 // each epoch's end, and at the run's end or stop. A rank on another host needs no shared storage.
 // A run that fails loses the events since the last gather (its file stays valid JSON). The tests
 // set the period with HPCTRAIN_TEST_TRACE_GATHER_STEPS=K (every rank must have the same K).
@@ -81,6 +82,7 @@ class Trace {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr int64_t kEventBudget = 20000;  // buffered per rank between gathers (about 4 MB)
+  static constexpr int64_t kGatherBudget = 1000000;  // gathered by rank 0 from all ranks at once (~150 MB)
   static constexpr size_t kMaxBufferBytes = 16 << 20;  // beyond it (never in a step loop) events are dropped
 
   // file: rank 0's (nullptr elsewhere); buckets: the engine's bucket count (the same on every rank).
