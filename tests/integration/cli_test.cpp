@@ -788,7 +788,7 @@ TEST_F(Cli, ChromeTraceWithACutLastEvent) {
 
 // An empty file given as the Chrome trace (mktemp's, touch's) holds an empty array from the start,
 // as a new one does: a run killed before its first gather left it 0 bytes, which no trace viewer
-// or JSON reader loads. The next run appends its events to that array.
+// or JSON reader loads. The next run appends its events to it.
 TEST_F(Cli, AnEmptyTimelineFileIsAnArrayFromTheStart) {
   const std::string t = work_.file("t.json");
   write_text(t, "");
@@ -797,6 +797,13 @@ TEST_F(Cli, AnEmptyTimelineFileIsAnArrayFromTheStart) {
   unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
   ASSERT_NE(killed.exit_code, 0) << killed.err;
   EXPECT_EQ(read_text(t), "[\n]\n");
+  // A run that fails before its first gather, and ends by itself, leaves it as it was (as it
+  // removes a file it created).
+  write_text(t, "");
+  const RunResult diverged = run({"--timeline-file", t, "--max-steps", "5", "--lr", "1e30"});
+  EXPECT_EQ(diverged.exit_code, 2) << diverged.err;
+  EXPECT_NE(diverged.err.find("training diverged"), std::string::npos) << diverged.err;
+  EXPECT_EQ(read_text(t), "");
   const RunResult r = run({"--timeline-file", t});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string text = read_text(t);

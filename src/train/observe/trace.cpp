@@ -79,7 +79,10 @@ TraceFile::TraceFile(const std::string& path) : path_(path) {
   // first events (written every 100 steps) left 0 bytes, which no trace viewer or JSON reader
   // loads. (Removed again at a normal end if nothing was written to it.) So does an empty file
   // given to it (mktemp's, touch's), which such a run left empty too.
-  if ((created_ || out.st.st_size == 0) && ::pwrite(fd_, "[\n]\n", 4, 0) == 4) end_ = 1;
+  if ((created_ || out.st.st_size == 0) && ::pwrite(fd_, "[\n]\n", 4, 0) == 4) {
+    end_ = 1;
+    given_empty_ = !created_;
+  }
 }
 
 // One run writes a trace at a time, for the file's life in this process (a write lock of the open
@@ -139,6 +142,9 @@ TraceFile::~TraceFile() {
     log::warn(e.what());
   }
   if (fd_ < 0) return;  // closed by a failed write
+  // An empty file given to a run that wrote nothing to it (refused, or failed before its first
+  // gather) is left empty again (failing that, an empty array: loadable still).
+  [[maybe_unused]] const int emptied = given_empty_ && !written_ ? ::ftruncate(fd_, 0) : 0;
   ::close(fd_);
   if (created_ && !written_) ::unlink(file_.c_str());
 }

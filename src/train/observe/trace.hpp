@@ -72,6 +72,7 @@ class TraceFile {
   int fd_ = -1;
   bool stream_ = false, created_ = false, closed_ = false;
   bool written_ = false;  // the file holds something of this run's (a regular file: a whole write)
+  bool given_empty_ = false;  // an existing empty file, given "[ ]" from the start (emptied again if unwritten)
   bool has_events_ = false;  // the array holds an event: the next one follows a comma
   off_t end_ = 0;            // regular file: the end of its last event (or of its "[")
 };
