@@ -250,8 +250,31 @@ TEST(TraceGather, RankZeroGathersABoundedAmountInALargeWorld) {
     EXPECT_EQ(comm.gathers, 1);
     EXPECT_TRUE(comm.fits_mpi) << comm.most_in_all << " bytes in all";
     EXPECT_LT(comm.most_in_all, 512e6);
-    if (world == 2) EXPECT_EQ(trace.gather_period(), 100);  // a small world's, as before
+    if (world == 2) {
+      EXPECT_EQ(trace.gather_period(), 100);  // a small world's, as before
+    }
   }
+}
+
+// A step may hold more events than a gather's share: tiny buckets (--bucket-mb 0.001, as
+// bench/scaling_check.sh's) make tens of thousands a step, ~6 MB a rank, and the period cannot go
+// below 1. Each rank's buffer was capped at 16 MB alone: 1024 such ranks gathered 6 GB. A rank now
+// keeps at most its share of 1 GiB (the rest of the step's events dropped, said once).
+TEST(TraceGather, AStepOfTinyBucketsKeepsRankZerosGatherBounded) {
+  GatheringComm comm(1024);
+  constexpr size_t kBuckets = 20000;
+  Trace trace(comm, nullptr, "host", kBuckets);
+  ASSERT_EQ(trace.gather_period(), 1);
+  dist::BucketTimeline t;
+  t.start = Trace::Clock::now();
+  for (size_t b = 0; b < kBuckets; ++b)
+    t.buckets.push_back({static_cast<int64_t>(b) * 10, static_cast<int64_t>(b + 1) * 10, 0.01, 0.02, 0.03});
+  const Trace::Clock::time_point t0 = Trace::Clock::now();
+  trace.step(1, t0, 0.001, StepResult{}, t, t0 + std::chrono::milliseconds(5));
+  trace.at_boundary(1);
+  EXPECT_EQ(comm.gathers, 1);
+  EXPECT_TRUE(comm.fits_mpi) << comm.most_in_all << " bytes in all";
+  EXPECT_LE(comm.most_in_all, 1.1 * (1 << 30));
 }
 
 }  // namespace

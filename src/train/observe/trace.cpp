@@ -215,7 +215,8 @@ void TraceFile::close() {
 // ---- the events --------------------------------------------------------------------------------
 
 Trace::Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const std::string& host, size_t buckets)
-    : comm_(comm), file_(std::move(file)) {
+    : comm_(comm), file_(std::move(file)),
+      max_buffer_bytes_(std::min(kMaxBufferBytes, kMaxGatherBytes / static_cast<size_t>(std::max(comm.size(), 1)))) {
   // Steps' events: step, data wait, forward, backward, optimizer, two for the statistics' average
   // and two per bucket, at most: the same bound on every rank, so every rank reaches the same period.
   // Rank 0 takes in every rank's at a gather: at most about kGatherBudget in all (so that MPI's int
@@ -243,7 +244,7 @@ double Trace::micros(Clock::time_point t, Clock::time_point from) {
 }
 
 void Trace::add(const std::string& name, int tid, Clock::time_point begin, Clock::time_point end, JsonObject args) {
-  if (buffer_.size() > kMaxBufferBytes) {
+  if (buffer_.size() > max_buffer_bytes_) {
     if (dropped_++ == 0)
       log::warn(kOption, ": rank ", comm_.rank(), "'s buffer of trace events is full; events are dropped until the "
                 "next gather");

@@ -84,7 +84,11 @@ class Trace {
   using Clock = std::chrono::steady_clock;
   static constexpr int64_t kEventBudget = 20000;  // buffered per rank between gathers (about 4 MB)
   static constexpr int64_t kGatherBudget = 1000000;  // gathered by rank 0 from all ranks at once (~150 MB)
-  static constexpr size_t kMaxBufferBytes = 16 << 20;  // beyond it (never in a step loop) events are dropped
+  // Beyond a rank's share of what rank 0 may take in at once (1 GiB: MPI's int counts carry it), at
+  // most 16 MB, events are dropped until the next gather: a step of tens of thousands of tiny
+  // buckets, on many ranks, holds more.
+  static constexpr size_t kMaxBufferBytes = 16 << 20;
+  static constexpr size_t kMaxGatherBytes = size_t{1} << 30;
 
   // file: rank 0's (nullptr elsewhere); buckets: the engine's bucket count (the same on every rank).
   Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const std::string& host, size_t buckets);
@@ -110,6 +114,7 @@ class Trace {
   int64_t period_;
   std::string buffer_;  // ",\n{event}" each
   int64_t dropped_ = 0;
+  size_t max_buffer_bytes_;  // kMaxBufferBytes, or this rank's share of kMaxGatherBytes
 };
 
 }  // namespace hpc::train
