@@ -270,11 +270,21 @@ TEST(TraceGather, AStepOfTinyBucketsKeepsRankZerosGatherBounded) {
   for (size_t b = 0; b < kBuckets; ++b)
     t.buckets.push_back({static_cast<int64_t>(b) * 10, static_cast<int64_t>(b + 1) * 10, 0.01, 0.02, 0.03});
   const Trace::Clock::time_point t0 = Trace::Clock::now();
-  trace.step(1, t0, 0.001, StepResult{}, t, t0 + std::chrono::milliseconds(5));
-  trace.at_boundary(1);
-  EXPECT_EQ(comm.gathers, 1);
+  testing::internal::CaptureStderr();
+  for (int64_t step = 1; step <= 3; ++step) {
+    trace.step(step, t0, 0.001, StepResult{}, t, t0 + std::chrono::milliseconds(5));
+    trace.at_boundary(step);
+  }
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(comm.gathers, 3);
   EXPECT_TRUE(comm.fits_mpi) << comm.most_in_all << " bytes in all";
   EXPECT_LE(comm.most_in_all, 1.1 * (1 << 30));
+  // Once, not at every gather: every step here, on every rank.
+  size_t lines = 0;
+  for (size_t at = said.find("buffer of trace events is full"); at != std::string::npos;
+       at = said.find("buffer of trace events is full", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << said;
 }
 
 }  // namespace

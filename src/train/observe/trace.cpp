@@ -247,7 +247,7 @@ void Trace::add(const std::string& name, int tid, Clock::time_point begin, Clock
   if (buffer_.size() > max_buffer_bytes_) {
     if (dropped_++ == 0)
       log::warn(kOption, ": rank ", comm_.rank(), "'s buffer of trace events is full; events are dropped until the "
-                "next gather");
+                "next gather (said once: a step of many tiny buckets may fill it at every one)");
     return;
   }
   JsonObject e{{"name", name}, {"ph", "X"},          {"pid", comm_.rank()},
@@ -303,7 +303,6 @@ void Trace::gather() {
   const std::vector<std::string> parts = comm_.gather_bytes(buffer_, 0);
   buffer_.clear();
   buffer_.shrink_to_fit();  // the peak is a period's: give it back between gathers
-  dropped_ = 0;
   if (!file_) return;
   std::string all;
   for (const std::string& p : parts) all += p;

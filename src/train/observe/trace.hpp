@@ -113,7 +113,7 @@ class Trace {
   Clock::time_point zero_;
   int64_t period_;
   std::string buffer_;  // ",\n{event}" each
-  int64_t dropped_ = 0;
+  int64_t dropped_ = 0;  // events dropped by this run (said at the first)
   size_t max_buffer_bytes_;  // kMaxBufferBytes, or this rank's share of kMaxGatherBytes
 };
 
