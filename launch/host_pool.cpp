@@ -122,14 +122,19 @@ int HostPool::target_np(const HostList& usable, bool first) const {
   return np;
 }
 
-HostList place(const HostList& usable, int np) {
+HostList place(const HostList& usable, int np, const HostList& keep) {
+  // Which slots: the hosts of `keep` first, then the others, each in the order given.
+  std::vector<int> take(usable.size(), 0);
+  for (const bool kept : {true, false})
+    for (size_t i = 0; i < usable.size() && np > 0; ++i)
+      if (has_host(keep, usable[i].name) == kept) {
+        take[i] = std::min(usable[i].slots, np);
+        np -= take[i];
+      }
+  // Ranks in the order given: rank 0 on the first host placed.
   HostList placement;
-  for (const Host& h : usable) {
-    if (np <= 0) break;
-    const int take = std::min(h.slots, np);
-    placement.push_back({h.name, take});
-    np -= take;
-  }
+  for (size_t i = 0; i < usable.size(); ++i)
+    if (take[i] > 0) placement.push_back({usable[i].name, take[i]});
   return placement;
 }
 

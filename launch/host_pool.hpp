@@ -17,8 +17,12 @@ namespace hpc::launch {
 // (nobody would answer it), and no connection attempt longer than a probe may take.
 std::vector<std::string> agent_command(const LaunchOptions& o);
 
-// The first `np` slots of `usable`, in order.
-HostList place(const HostList& usable, int np);
+// `np` slots of `usable`, ranks in its order: the first ones, but where `usable` has more slots
+// than `np` (--max-np), the hosts of `keep` (the attempt before: they hold its snapshots in
+// memory, the only copy of its last steps after a stop to grow or drain) are placed first, and
+// the others fill the rest. Else a joining host, or a discovery script's new order, put the job
+// wholly on other hosts, and the relaunch resumed an older checkpoint.
+HostList place(const HostList& usable, int np, const HostList& keep = {});
 
 class HostPool {
  public:

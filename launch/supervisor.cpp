@@ -220,7 +220,8 @@ int Supervisor::run() {
   open_logs();
   bool first = true;
   for (;;) {
-    const HostList placement = place(usable, hosts_.target_np(usable, first));
+    const HostList placement =
+        place(usable, hosts_.target_np(usable, first), attempts_.empty() ? HostList{} : attempts_.back().hosts);
     first = false;
     const JobContext job{o_, clock_, voice_, signals_, hosts_, heartbeat_, self_exe_};
     // From the last attempt's number on: it may have passed over numbers another hpcrun took.

@@ -23,6 +23,7 @@
 #include "blacklist.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "host_pool.hpp"
 #include "hosts.hpp"
 #include "job_context.hpp"
 #include "mca.hpp"
@@ -338,6 +339,24 @@ TEST(Blacklist, ACountStartsOverOnceTheHostServedTheMaximum) {
   b.served("x", 0, 1000);
   EXPECT_EQ(b.failures("x"), 0);
   EXPECT_FALSE(b.blocked("x", 500));
+}
+
+// Ranks fill the hosts in the order given. Where the hosts have more slots than the job takes
+// (--max-np), a relaunch keeps the hosts of the attempt before, which hold its snapshots in
+// memory (after a stop to grow or drain, the only copy of its last steps): a host that joined
+// ahead of them in the discovery output, or a script that lists its hosts in another order each
+// time, moved the job wholly onto other hosts, and it resumed an older checkpoint.
+TEST(Placement, ARelaunchKeepsTheHostsOfTheAttemptBefore) {
+  const HostList one_each = {{"a", 1}, {"b", 1}, {"c", 1}};
+  EXPECT_EQ(place(one_each, 2), (HostList{{"a", 1}, {"b", 1}}));
+  EXPECT_EQ(place({{"a", 4}, {"b", 2}}, 5), (HostList{{"a", 4}, {"b", 1}}));
+  // Job on a:2 (--max-np 4); c:4 joins ahead of it: the growth takes a's 2 slots and 2 of c's.
+  EXPECT_EQ(place({{"c", 4}, {"a", 2}}, 4, {{"a", 2}}), (HostList{{"c", 2}, {"a", 2}}));
+  // The script's order changed ([d, c, a] after [a, b, c, d]); b was lost: a stays in the job.
+  EXPECT_EQ(place({{"d", 2}, {"c", 2}, {"a", 2}}, 4, {{"a", 2}, {"b", 2}}), (HostList{{"d", 2}, {"a", 2}}));
+  // Enough slots for every host: all of them, in order; a kept host that left is no matter.
+  EXPECT_EQ(place(one_each, 3, {{"c", 1}, {"gone", 1}}), one_each);
+  EXPECT_EQ(place(one_each, 1, {{"c", 1}}), (HostList{{"c", 1}}));
 }
 
 TEST(Blacklist, CooldownOption) {
