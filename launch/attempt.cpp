@@ -393,8 +393,8 @@ void AttemptWatcher::escalate(double t) {
 // starting the job is lost), every --discovery-interval.
 void AttemptWatcher::watch_membership(double t) {
   if (!phase_.running() || t - last_membership_ < o_.discovery_interval) return;
-  last_membership_ = t;
   check_membership();
+  last_membership_ = now();  // from the end: the discovery script and the probes take time of their own
 }
 
 // A host that left the discovery output drains the job off it, and one whose slots there fell below

@@ -32,6 +32,10 @@ bool HostPool::discover(bool first) {
     return false;
   }
   const CommandResult r = run_command({o_.discovery_script}, o_.probe_timeout, /*merge_stderr=*/false);
+  // The interval counts from the end of a run: a script slower than --discovery-interval was run
+  // again at once, back to back, and hpcrun's loop spent its time in it (no output read, no signal
+  // taken, mpirun's end not seen), as Horovod's driver sleeps the interval after each discovery.
+  last_discovery_ = clock_.now();
   // Past the bytes kept, hosts would be lost without a word, and the last line kept cut in two
   // (node12 for node1234).
   if (r.ok() && r.output_cut) {

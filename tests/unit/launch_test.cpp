@@ -359,6 +359,71 @@ TEST(Placement, ARelaunchKeepsTheHostsOfTheAttemptBefore) {
   EXPECT_EQ(place(one_each, 1, {{"c", 1}}), (HostList{{"c", 1}}));
 }
 
+// The discovery script through HostPool, as hpcrun runs it: its first answer must be good (else a
+// usage error); later garbage, a host twice, 0 slots or a failure keep the previous answer; and
+// the interval counts from the end of a run, so a script slower than --discovery-interval is not
+// run again at once, back to back (hpcrun's loop did nothing else: no output read, no signal).
+TEST(HostPool, DiscoveryKeepsItsLastGoodAnswerAndItsInterval) {
+  char dir_template[] = "/tmp/hostpool-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::filesystem::path dir = dir_template;
+  const std::string script = (dir / "discover").string(), answer = (dir / "answer").string(),
+                    runs = (dir / "runs").string();
+  {
+    std::ofstream out(script);
+    out << "#!/bin/sh\necho run >> " << runs << "\nsleep \"$(cat " << dir.string() << "/delay 2>/dev/null || echo 0)\"\n"
+        << "cat " << answer << "\nexit \"$(cat " << dir.string() << "/code 2>/dev/null || echo 0)\"\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  const auto set = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; };
+  const auto count_runs = [&] {
+    std::ifstream in(runs);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  LaunchOptions o;
+  o.host_source = HostSource::Discovery;
+  o.discovery_script = script;
+  o.discovery_interval = 0.4;
+  o.probe_timeout = 5;
+  o.min_np = 1;
+  Clock clock;
+  Voice voice;
+  SignalInbox signals;
+  HostPool pool(o, clock, voice, signals);
+
+  set("answer", "a:2\na:1\n");
+  EXPECT_NE(usage_message([&] { pool.discover(true); }).find("host a is named again (first on line 1)"), std::string::npos);
+  set("answer", "a:2\nb\n");
+  ASSERT_TRUE(pool.discover(true));
+  const HostList good = {{"a", 2}, {"b", 1}};
+  EXPECT_EQ(pool.known_hosts(), good);
+  for (const char* bad : {"a:2\nb:0\n", "a:2\nb:1\na:4\n", "garbage here\n", "a:-1\n"}) {
+    set("answer", bad);
+    EXPECT_FALSE(pool.discover(false)) << bad;
+    EXPECT_EQ(pool.known_hosts(), good) << bad;
+  }
+  set("answer", "b:3\n");
+  set("code", "1");
+  EXPECT_FALSE(pool.discover(false));
+  EXPECT_EQ(pool.known_hosts(), good);
+  set("code", "0");
+  ASSERT_TRUE(pool.discover(false));  // hosts in another order, one gone: taken as they are
+  EXPECT_EQ(pool.known_hosts(), (HostList{{"b", 3}}));
+
+  // A script that takes longer than the interval: the next run waits the interval after its end.
+  set("delay", "0.6");
+  ASSERT_TRUE(pool.discover(false));
+  const int after = count_runs();
+  pool.known_hosts();
+  EXPECT_EQ(count_runs(), after) << "run again at once after a run slower than --discovery-interval";
+  ::usleep(500000);
+  pool.known_hosts();
+  EXPECT_EQ(count_runs(), after + 1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Blacklist, CooldownOption) {
   double lo = 0, hi = 0;
   parse_cooldown("1m:10m", &lo, &hi);
