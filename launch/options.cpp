@@ -542,9 +542,11 @@ bool parse_own(const std::vector<std::string>& own, CommandLine& o, po::variable
 void settle_counts(LaunchOptions& o) {
   if (!o.min_np) o.min_np = o.np ? o.np : 1;
   if (!o.max_np && o.np) o.max_np = std::max(o.np, o.min_np);
-  HPC_REQUIRE(!o.max_np || o.max_np >= o.min_np, "--max-np ", o.max_np, " is below --min-np ", o.min_np);
-  HPC_REQUIRE(!o.np || o.np >= o.min_np, "-np ", o.np, " is below --min-np ", o.min_np);
+  // -np against --max-np first: --min-np defaults to -np, and "-np 3 --max-np 2" was refused as
+  // "--max-np 2 is below --min-np 3", an option the user never gave.
   HPC_REQUIRE(!o.np || !o.max_np || o.np <= o.max_np, "-np ", o.np, " is above --max-np ", o.max_np);
+  HPC_REQUIRE(!o.np || o.np >= o.min_np, "-np ", o.np, " is below --min-np ", o.min_np);
+  HPC_REQUIRE(!o.max_np || o.max_np >= o.min_np, "--max-np ", o.max_np, " is below --min-np ", o.min_np);
 }
 
 // One source of hosts: -H, --hostfile, the discovery script, Slurm's allocation, or this machine.

@@ -122,7 +122,7 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"-H", "localhost:2", "--min-np", "3", "true"}, "--min-np 3 needs more slots than the hosts have"},
       {{"-H", "localhost:2", "-np", "4", "true"}, "-np 4 needs more slots"},
       {{"-np", "2", "--min-np", "3", "true"}, "-np 2 is below --min-np 3"},
-      {{"-np", "2", "--max-np", "1", "true"}, "--max-np 1 is below --min-np 2"},
+      {{"-np", "2", "--max-np", "1", "true"}, "-np 2 is above --max-np 1"},
       {{"-H", "a", "--hostfile", dir.file("bad_hostfile"), "true"}, "not several"},
       {{"true"}, "no hosts"},
       {{"-np", "1", "--bogus", "true"}, "unrecognised option '--bogus'"},

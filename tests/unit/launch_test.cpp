@@ -1041,6 +1041,11 @@ TEST(Options, ValuesOutsideTheirRangeNameTheOption) {
                         "-H, --hostfile or --host-discovery-script for more"},
       {{"-np", "1", "--min-np", "0"}, "--min-np must be a whole number from 1 to 1000000, got 0"},
       {{"-np", "1", "--max-np", "1000001"}, "--max-np must be a whole number from 1 to 1000000, got 1000001"},
+      // Each names the options given: --min-np defaults to -np, and is not named for it.
+      {{"-np", "3", "--max-np", "2"}, "-np 3 is above --max-np 2"},
+      {{"-np", "2", "--min-np", "3"}, "-np 2 is below --min-np 3"},
+      {{"-np", "1", "--min-np", "3", "--max-np", "2"}, "-np 1 is below --min-np 3"},
+      {{"-H", "localhost:4", "--min-np", "3", "--max-np", "2"}, "--max-np 2 is below --min-np 3"},
       {{"-H", "localhost", "--slots-per-host", "0"}, "--slots-per-host must be a whole number from 1 to 4096, got 0"},
       {{"-np", "1", "--max-restarts", "-1"}, "--max-restarts must be 0 or more, got -1"},
       {{"-np", "1", "--probe-timeout", "0"}, "--probe-timeout must be more than 0, got 0"},
