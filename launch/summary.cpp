@@ -117,8 +117,12 @@ void Supervisor::print_summary() {
   if (attempts_.empty()) return;
   int failed = 0, changes = 0;
   for (const AttemptRecord& a : attempts_) failed += a.verdict == Verdict::Failure, changes += a.membership;
-  say("summary: " + std::to_string(attempts_.size()) + " attempt(s), " + std::to_string(failed) + " failure(s), " +
-      std::to_string(changes) + " host change(s), " + show_duration(now()) + " in all");
+  // summary.json's "failures" counts those that spent a restart: one under a stop signal or a
+  // preemption spends none, and the two counts then differ without a word.
+  const std::string spent =
+      failed != failures_ ? " (" + std::to_string(failures_) + " counted against --max-restarts)" : "";
+  say("summary: " + std::to_string(attempts_.size()) + " attempt(s), " + std::to_string(failed) + " failure(s)" +
+      spent + ", " + std::to_string(changes) + " host change(s), " + show_duration(now()) + " in all");
   for (size_t i = 0; i < attempts_.size(); ++i) {
     const AttemptRecord& a = attempts_[i];
     std::string line = "  attempt " + std::to_string(a.number) + ": " + std::to_string(a.np) + " rank(s) on " +

@@ -943,6 +943,11 @@ TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
     EXPECT_EQ(r.err.find("relaunching"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("as the attempt ended: nothing more is launched"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("the attempt failed while hpcrun was asked to stop"), std::string::npos) << r.err;
+    // A failure that spent no restart: summary.json's count is said beside the line's.
+    EXPECT_NE(r.err.find("summary: 1 attempt(s), 1 failure(s) (0 counted against --max-restarts), "),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(summary(dir.file("logs/summary.json")).at("failures"), 0);
   }
 }
 
