@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
 #include "core/log.hpp"
+#include "core/signal_safe_text.hpp"
 #include "subprocess.hpp"
 
 namespace hpc::launch {
@@ -27,10 +28,9 @@ namespace {
 int g_signal_pipe[2] = {-1, -1};
 
 void on_signal(int sig) {
-  const int saved = errno;
+  const signal_safe::KeepErrno keep;
   const unsigned char b = static_cast<unsigned char>(sig);
   [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
-  errno = saved;
 }
 
 // SIGUSR2 as well: submitit and `sbatch --signal=B:USR2@...` send it to the batch script, which

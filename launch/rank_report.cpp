@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "core/signal_safe_text.hpp"
+
 namespace hpc::launch {
 
 namespace {
@@ -28,7 +30,8 @@ size_t g_alive_length = 0, g_signalled_length = 0;
 volatile sig_atomic_t g_child = 0, g_terminated = 0, g_stop = 0;
 
 // Whatever mpirun sends the wrapper is meant for the program.
-void pass_on(int sig) {
+void forward(int sig) {
+  const signal_safe::KeepErrno keep;
   if (sig == SIGUSR2) {  // hpcrun's liveness query: answered here, never forwarded
     [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, g_alive_line, g_alive_length);
     return;
@@ -44,14 +47,6 @@ void pass_on(int sig) {
     g_terminated = 1;
   }
   if (g_child > 0) ::kill(g_child, sig);
-}
-
-// The handler: errno is the interrupted code's, kept across pass_on's write and kill
-// (ThreadSanitizer: "signal handler spoils errno").
-void forward(int sig) {
-  const int saved = errno;
-  pass_on(sig);
-  errno = saved;
 }
 
 bool parse_rank_line(const std::string& text, const char* tag, int* rank) {

@@ -1,6 +1,7 @@
 // Text built where only async-signal-safe calls may be made (a signal handler, a process that
 // ends at once): no allocation, no locale, no stdio. Shared by the heartbeat's and the metrics
-// and Prometheus files' last words (ckpt/store.cpp, train/stop/final_records.cpp).
+// and Prometheus files' last words (ckpt/store.cpp, train/stop/final_records.cpp); KeepErrno by
+// every signal handler that makes a call (hpctrain's stop handler, hpcrun's and its rank wrapper's).
 #pragma once
 
 #include <unistd.h>
@@ -30,6 +31,19 @@ inline void append(char* buf, size_t size, size_t* n, int64_t v) {
   text[k] = '\0';
   append(buf, size, n, text);
 }
+
+// A signal handler's first line: errno is the interrupted code's, kept across the handler's own
+// calls (write, kill, unlink), restored as it returns (ThreadSanitizer: "signal handler spoils errno").
+class KeepErrno {
+ public:
+  KeepErrno() = default;
+  KeepErrno(const KeepErrno&) = delete;
+  KeepErrno& operator=(const KeepErrno&) = delete;
+  ~KeepErrno() { errno = saved_; }
+
+ private:
+  int saved_ = errno;
+};
 
 // Writes buf[0..n) to fd whole, through interruptions; whether it all went (a full disk: not).
 inline bool write_whole(int fd, const char* buf, size_t n) {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -31,6 +32,7 @@
 #include "core/duration.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
+#include "core/signal_safe_text.hpp"
 #include "core/handle.hpp"
 #include "core/option_kit.hpp"
 #include "core/shared_library.hpp"
@@ -1319,3 +1321,20 @@ TEST(SharedLibrary, OpensResolvesAndNamesWhatIsMissing) {
 
 }  // namespace
 }  // namespace hpc::testing
+
+// A handler's own failing call (here a write to a closed descriptor, EBADF) leaves the errno of
+// the code it interrupted as it was.
+TEST(SignalSafe, AHandlerThatKeepsErrnoLeavesTheInterruptedCodesErrno) {
+  struct sigaction sa {}, old {};
+  sa.sa_handler = [](int) {
+    const hpc::signal_safe::KeepErrno keep;
+    [[maybe_unused]] const ssize_t n = ::write(-1, "x", 1);
+  };
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR2, &sa, &old), 0);
+  errno = ENOENT;
+  ASSERT_EQ(::raise(SIGUSR2), 0);
+  const int after = errno;
+  ::sigaction(SIGUSR2, &old, nullptr);
+  EXPECT_EQ(after, ENOENT);
+}

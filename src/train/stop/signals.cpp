@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/signal_safe_text.hpp"
 #include "train/stop/final_records.hpp"
 
 namespace hpc::train {
@@ -131,11 +131,9 @@ void take(int sig) {
   if (g_chosen.load()) decide_pending();  // chosen meanwhile: use_stop_signals may have missed it
 }
 
-// errno is the interrupted code's: kept across take()'s writes and unlinks.
 extern "C" void on_signal(int sig) {
-  const int saved = errno;
+  const signal_safe::KeepErrno keep;  // across take()'s writes and unlinks
   take(sig);
-  errno = saved;
 }
 
 void watch(sigset_t set) {
