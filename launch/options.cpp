@@ -332,7 +332,8 @@ Group straggler_group() {
                options::more_than(1.0, kFactorIs), std::string("more than 1 (") + kFactorIs + ")"),
            options::duration_at<O>(
                "straggler-time", [](auto& o) -> auto& { return o.stragglers.seconds; },
-               "a host slow for this long is named a straggler in hpcrun's log (once)",
+               "a host slow for this long (its heartbeats' time, a gap counting up to 10 s) is named a straggler "
+               "in hpcrun's log (once)",
                wait_at_most(options::more_than(0.0))),
            options::flag_at<O>(
                "drain-stragglers", [](auto& o) -> auto& { return o.stragglers.drain; },

@@ -23,11 +23,19 @@ struct StragglerSighting {
   double ratio = 1;
 };
 
-// The watch over one attempt: the host slow above the factor in every heartbeat since `since`,
-// and whether it was named.
+// The longest time one heartbeat's verdict speaks for: the trainer's window, its last 10 s of
+// steps (train/observe/stragglers.cpp). A longer gap between two heartbeats (an evaluation, a
+// checkpoint, a step longer than that) adds no more than this to a host's slow time: the verdict
+// after an evaluation of minutes is no proof that the host was slow all along.
+inline constexpr double kLongestSighting = 10;
+
+// The watch over one attempt: the host slow above the factor in every heartbeat since it was
+// first seen so, when the last of them came, how long it has been slow (the gaps between those
+// heartbeats, each counted up to kLongestSighting), and whether it was named.
 struct StragglerState {
   std::string host;
-  double since = 0;
+  double last = 0;
+  double held = 0;
   bool named = false;
 };
 
@@ -47,6 +55,7 @@ struct StragglerDecision {
 //  slow above factor? | same host as before? | slow for --straggler-time? | named? | action, then
 //  no                 |                      |                            |        | none, forget it
 //  yes                | no                   |                            |        | none, watch this host from now
+//  (slow for: the gaps between its heartbeats since, each up to kLongestSighting)
 //  yes                | yes                  | no                         |        | none
 //  yes                | yes                  | yes                        | yes    | none (named once)
 //  yes                | yes                  | yes                        | no     | name (drain: when the rest

@@ -1073,55 +1073,73 @@ TEST(Options, ValuesOutsideTheirRangeNameTheOption) {
 
 // The straggler table (straggler_policy.hpp), a heartbeat at a time: named once, after the time,
 // only while the same host stays above the factor; drained when asked and the rest can go on.
-TEST(StragglerPolicy, NamesAHostSlowForTheTimeOnce) {
-  const StragglerPolicy p{1.5, 60, false};
-  StragglerState s;
-  const auto beat = [&](const std::string& host, double ratio, double t, bool rest = true) {
-    const StragglerDecision d = judge_straggler(s, {host, ratio}, t, p, rest);
-    s = d.next;
+// `beats` gives one heartbeat a second from `from` to `to` seconds, as a training writes them.
+struct StragglerBeats {
+  StragglerPolicy policy;
+  StragglerState state;
+  StragglerDecision beat(const std::string& host, double ratio, double t, bool rest = true) {
+    const StragglerDecision d = judge_straggler(state, {host, ratio}, t, policy, rest);
+    state = d.next;
     return d;
-  };
-  EXPECT_EQ(beat("b", 3, 0).action, StragglerAction::None);
-  EXPECT_EQ(beat("b", 3, 59).action, StragglerAction::None) << "not yet --straggler-time";
-  const StragglerDecision named = beat("b", 3.1, 61);
+  }
+  // The actions other than None on the way (each with its time), in order.
+  std::vector<std::pair<double, StragglerAction>> beats(const std::string& host, double ratio, double from, double to) {
+    std::vector<std::pair<double, StragglerAction>> acted;
+    for (double t = from; t <= to; t += 1)
+      if (const StragglerDecision d = beat(host, ratio, t); d.action != StragglerAction::None) acted.emplace_back(t, d.action);
+    return acted;
+  }
+};
+using Acted = std::vector<std::pair<double, StragglerAction>>;
+
+TEST(StragglerPolicy, NamesAHostSlowForTheTimeOnce) {
+  StragglerBeats b{{1.5, 60, false}, {}};
+  EXPECT_EQ(b.beats("b", 3, 0, 59), Acted{}) << "not yet --straggler-time";
+  const StragglerDecision named = b.beat("b", 3.1, 60);
   EXPECT_EQ(named.action, StragglerAction::Name);
-  EXPECT_DOUBLE_EQ(named.held_seconds, 61);
-  EXPECT_EQ(beat("b", 3, 200).action, StragglerAction::None) << "named once";
+  EXPECT_DOUBLE_EQ(named.held_seconds, 60);
+  EXPECT_EQ(b.beats("b", 3, 61, 200), Acted{}) << "named once";
   // Back to normal, then slow again: a new episode, named again after its own time.
-  EXPECT_EQ(beat("b", 1.2, 201).action, StragglerAction::None);
-  EXPECT_EQ(beat("b", 2, 210).action, StragglerAction::None);
-  EXPECT_EQ(beat("b", 2, 269).action, StragglerAction::None);
-  EXPECT_EQ(beat("b", 2, 270).action, StragglerAction::Name);
+  EXPECT_EQ(b.beat("b", 1.2, 201).action, StragglerAction::None);
+  EXPECT_EQ(b.beats("b", 2, 210, 280), (Acted{{270, StragglerAction::Name}}));
 }
 
 TEST(StragglerPolicy, TheClockRestartsWhenTheSlowestHostChangesOrDipsToTheFactor) {
-  const StragglerPolicy p{1.5, 60, false};
-  StragglerState s;
-  const auto beat = [&](const std::string& host, double ratio, double t) {
-    const StragglerDecision d = judge_straggler(s, {host, ratio}, t, p, true);
-    s = d.next;
-    return d.action;
-  };
-  beat("b", 3, 0);
-  EXPECT_EQ(beat("c", 3, 50), StragglerAction::None);
-  EXPECT_EQ(beat("b", 3, 70), StragglerAction::None) << "b's clock restarted at 70";
-  EXPECT_EQ(beat("b", 1.5, 100), StragglerAction::None) << "at the factor is not above it";
-  EXPECT_EQ(beat("b", 3, 110), StragglerAction::None);
-  EXPECT_EQ(beat("b", 3, 135), StragglerAction::None) << "b's clock restarted at 110, after its dip";
-  EXPECT_EQ(beat("", 1, 140), StragglerAction::None) << "a heartbeat without a verdict";
-  EXPECT_EQ(beat("b", 3, 150), StragglerAction::None);
-  EXPECT_EQ(beat("b", 3, 209), StragglerAction::None);
-  EXPECT_EQ(beat("b", 3, 210), StragglerAction::Name);
+  StragglerBeats b{{1.5, 60, false}, {}};
+  EXPECT_EQ(b.beats("b", 3, 0, 49), Acted{});
+  EXPECT_EQ(b.beat("c", 3, 50).action, StragglerAction::None);
+  EXPECT_EQ(b.beats("b", 3, 70, 110), Acted{}) << "b's clock restarted at 70";
+  EXPECT_EQ(b.beat("b", 1.5, 111).action, StragglerAction::None) << "at the factor is not above it";
+  EXPECT_EQ(b.beats("b", 3, 112, 160), Acted{}) << "b's clock restarted at 112, after its dip";
+  EXPECT_EQ(b.beat("", 1, 161).action, StragglerAction::None) << "a heartbeat without a verdict";
+  EXPECT_EQ(b.beats("b", 3, 162, 230), (Acted{{222, StragglerAction::Name}}));
+}
+
+// A gap between two heartbeats (an evaluation, a checkpoint) counts 10 s at most: the verdict
+// that follows a long evaluation (the window of the steps before it) proves no slowness during
+// it. Slow for 30 s, then 5 minutes without a heartbeat: the host is named only once it has been
+// seen slow for the rest of its minute in steps after.
+TEST(StragglerPolicy, AGapBetweenHeartbeatsIsNotSlowTime) {
+  StragglerBeats b{{1.5, 60, true}, {}};
+  EXPECT_EQ(b.beats("b", 3, 0, 30), Acted{});
+  EXPECT_EQ(b.beat("b", 3, 330).action, StragglerAction::None) << "the evaluation's 300 s counted as slow";
+  EXPECT_DOUBLE_EQ(b.state.held, 40);
+  EXPECT_EQ(b.beats("b", 3, 331, 360), (Acted{{350, StragglerAction::NameAndDrain}}));
+  // Heartbeats 5 s apart (steps of 5 s) count whole.
+  StragglerBeats slow_steps{{1.5, 60, false}, {}};
+  for (double t = 0; t < 60; t += 5) EXPECT_EQ(slow_steps.beat("b", 3, t).action, StragglerAction::None) << t;
+  EXPECT_EQ(slow_steps.beat("b", 3, 60).action, StragglerAction::Name);
 }
 
 TEST(StragglerPolicy, DrainsOnlyWhenAskedAndTheRestHasMinNpSlots) {
   const StragglerPolicy drain{1.5, 10, true};
-  const StragglerState watched{"b", 0, false};
-  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 10, drain, true).action, StragglerAction::NameAndDrain);
-  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 10, drain, false).action, StragglerAction::NameNotDrained);
-  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 10, {1.5, 10, false}, true).action, StragglerAction::Name);
-  EXPECT_TRUE(judge_straggler(watched, {"b", 4}, 10, drain, true).next.named);
-  EXPECT_EQ(judge_straggler({"b", 0, true}, {"b", 4}, 20, drain, true).action, StragglerAction::None);
+  const StragglerState watched{"b", 0, 5, false};
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 5, drain, true).action, StragglerAction::NameAndDrain);
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 5, drain, false).action, StragglerAction::NameNotDrained);
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 5, {1.5, 10, false}, true).action, StragglerAction::Name);
+  EXPECT_TRUE(judge_straggler(watched, {"b", 4}, 5, drain, true).next.named);
+  EXPECT_EQ(judge_straggler({"b", 0, 20, true}, {"b", 4}, 1, drain, true).action, StragglerAction::None);
+  EXPECT_EQ(judge_straggler(watched, {"b", 4}, 4, drain, true).action, StragglerAction::None) << "9 s, not 10";
 }
 
 TEST(Subprocess, FindProgramSaysWhy) {
