@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "ckpt/store.hpp"
@@ -149,10 +150,84 @@ bool trained_past_checkpoints(const std::string& dir, int64_t* newest) {
 }
 }  // namespace
 
-void Supervisor::free_snapshots(int code) {
+// Every host of the job's attempts that still answers, once each, one process there (after a
+// success, only those the last attempt left behind: the finished run removed its own on the
+// others); those that no longer answer keep what they hold until their age runs out.
+HostList Supervisor::answering_hosts(bool after_success) {
+  HostList hosts, remote;
+  for (const AttemptRecord& a : attempts_)
+    for (const Host& h : a.hosts)
+      if (!has_host(hosts, h.name) && !(after_success && has_host(attempts_.back().hosts, h.name)))
+        hosts.push_back({h.name, 1});
+  for (const Host& h : hosts)
+    if (!is_local_host(h.name)) remote.push_back(h);
+  std::vector<std::vector<std::string>> probes;
+  for (const Host& h : remote) probes.push_back(hosts_.probe_command(h.name));
+  const std::vector<CommandResult> answers = run_commands(probes, o_.probe_timeout);
+  HostList answering;
+  for (const Host& h : hosts) {
+    const auto at = std::find(remote.begin(), remote.end(), h);
+    if (at == remote.end() || answers[static_cast<size_t>(at - remote.begin())].ok()) answering.push_back(h);
+  }
+  return answering;
+}
+
+// `hpctrain COMMAND ARGS...` once on each of `hosts`, through mpirun: its results (stdout) and its
+// own warnings and errors (stderr's "hpctrain..." lines, not mpirun's) said.
+CommandResult Supervisor::run_on_hosts(const HostList& hosts, const std::vector<std::string>& command, double timeout) {
+  // Inside a Slurm job, Open MPI takes the allocation from SLURM_*, which each attempt narrowed to
+  // its own hosts: the last one's would leave out the hosts asked of it here, and mpirun refused
+  // them. Narrowed to these.
+  if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given)
+    for (const auto& [name, value] : slurm_allocation_env(hosts)) ::setenv(name.c_str(), value.c_str(), 1);
+  std::vector<std::string> program{o_.program.front()};
+  program.insert(program.end(), command.begin(), command.end());
+  if (const std::string dir = program_value(o_, "snapshot-dir"); !dir.empty())
+    program.insert(program.end(), {"--snapshot-dir", dir});
+  const CommandResult r = run_command(mpirun_running(o_, hosts, program), timeout, /*merge_stderr=*/false);
+  for (const std::string* text : {&r.output, &r.errors}) {
+    std::istringstream lines(*text);
+    for (std::string line; std::getline(lines, line);)
+      if (!line.empty() && (text == &r.output || line.rfind("hpctrain", 0) == 0)) say(line);
+  }
+  return r;
+}
+
+// A job that ends with steps past its newest checkpoint (failures that spent --max-restarts; a
+// stop signal between attempts, after one that changed the hosts, whose state only the hosts'
+// snapshots hold): `hpctrain persist-snapshot` writes the newest snapshot of any host that
+// answers into the checkpoint directory. A requeue onto other nodes, or a run long after (the
+// snapshots last an hour; an idle cluster's nodes are terminated with their memory) then resumes
+// from it, not from the older checkpoint. Whether it did its part: the snapshots then hold
+// nothing the checkpoints lack.
+bool Supervisor::persist_snapshots(int code) {
+  if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return false;
+  if (code == kExitSuccess || code == kExitKilled) return false;  // finished; or asked to end now
+  if (!fs::exists(fs::path(o_.checkpoint_dir) / "run-id")) return false;  // no snapshots: none kept
+  // Past the newest checkpoint by the heartbeat; or ended while training, since the heartbeat
+  // beats at most once a second and a snapshot taken after its last beat may be newer too.
+  int64_t newest = -1;
+  const std::map<std::string, std::string> beat = ckpt::read_heartbeat(o_.checkpoint_dir);
+  const auto state = beat.find("state");
+  const bool killed = state != beat.end() && state->second == "training";
+  if (!trained_past_checkpoints(o_.checkpoint_dir, &newest) && !killed) return false;
+  const HostList hosts = answering_hosts(false);
+  if (hosts.empty()) return false;
+  say("the run's newest state may be a snapshot in host memory, past the newest checkpoint in " + o_.checkpoint_dir +
+      " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) + "; the heartbeat's step " +
+      std::to_string(ckpt::heartbeat_step(beat)) + "): writing the newest there (" + show_hosts(hosts) + ")");
+  // A checkpoint to shared storage: seconds for most models, longer for the largest on a slow
+  // file system; bounded, since a stop signal's exit waits for it.
+  const CommandResult r = run_on_hosts(hosts, {"persist-snapshot", "--checkpoint-dir", o_.checkpoint_dir},
+                                       std::max(120.0, 4 * o_.probe_timeout));
+  if (!r.ok()) say("warning: the newest snapshot was not written into " + o_.checkpoint_dir + " (" + r.why() + ")");
+  return r.ok();
+}
+
+void Supervisor::free_snapshots(int code, bool persisted) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
   if (code == kExitCheckpointed || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
-  if (int64_t newest = -1; trained_past_checkpoints(o_.checkpoint_dir, &newest)) {
+  if (int64_t newest = -1; !persisted && trained_past_checkpoints(o_.checkpoint_dir, &newest)) {
     say("keeping the run's snapshots in host memory: they hold steps past the newest checkpoint in " +
         o_.checkpoint_dir + " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) +
         "); the same command run again within an hour resumes them");
@@ -161,43 +236,12 @@ void Supervisor::free_snapshots(int code) {
   std::ifstream in(fs::path(o_.checkpoint_dir) / "run-id");
   std::string run_id;
   if (!(in >> run_id) || run_id.size() != 16) return;
-  // Every host of the job, once each, one process there (after a success only those the last
-  // attempt left behind: the finished run removed its own on the others); those that no longer
-  // answer keep theirs until their age runs out (the next run there, the Slurm epilog).
-  HostList hosts, remote;
-  for (const AttemptRecord& a : attempts_)
-    for (const Host& h : a.hosts)
-      if (!has_host(hosts, h.name) && !(code == 0 && has_host(attempts_.back().hosts, h.name)))
-        hosts.push_back({h.name, 1});
-  if (hosts.empty()) return;
-  for (const Host& h : hosts)
-    if (!is_local_host(h.name)) remote.push_back(h);
-  std::vector<std::vector<std::string>> probes;
-  for (const Host& h : remote) probes.push_back(hosts_.probe_command(h.name));
-  const std::vector<CommandResult> answers = run_commands(probes, o_.probe_timeout);
-  HostList reachable;
-  for (const Host& h : hosts) {
-    const auto at = std::find(remote.begin(), remote.end(), h);
-    if (at == remote.end() || answers[static_cast<size_t>(at - remote.begin())].ok()) reachable.push_back(h);
-  }
+  const HostList reachable = answering_hosts(code == 0);
   if (reachable.empty()) return;
-  // Inside a Slurm job, Open MPI takes the allocation from SLURM_*, which each attempt narrowed to
-  // its own hosts: the last one's would leave out the hosts asked of it here, and mpirun refused
-  // them. Narrowed to these.
-  if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given)
-    for (const auto& [name, value] : slurm_allocation_env(reachable)) ::setenv(name.c_str(), value.c_str(), 1);
-  std::vector<std::string> cmd = mpirun_running(o_, reachable, {o_.program.front(), "clean-snapshots", "--run-id", run_id});
-  if (const std::string dir = program_option(o_.program, "snapshot-dir"); !dir.empty())
-    cmd.insert(cmd.end(), {"--snapshot-dir", dir});
   say("freeing the run's snapshots in host memory on " + show_hosts(reachable) + " (run " + run_id + ")");
-  const CommandResult r = run_command(cmd, std::max(30.0, 2 * o_.probe_timeout), /*merge_stderr=*/false);
-  if (!r.ok()) {
-    say("warning: could not free the run's snapshots (" + r.why() + "); they go after an hour");
-    return;
-  }
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) say(line);
+  const CommandResult r =
+      run_on_hosts(reachable, {"clean-snapshots", "--run-id", run_id}, std::max(30.0, 2 * o_.probe_timeout));
+  if (!r.ok()) say("warning: could not free the run's snapshots (" + r.why() + "); they go after an hour");
 }
 
 // --------------------------------------------------------------------------------- the loop

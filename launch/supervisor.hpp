@@ -38,11 +38,20 @@ class Supervisor {
 
   // The summary (summary.cpp)
   int finish(int code, const std::string& last_line);
+  // The hosts of the job's attempts that answer a probe now, one slot each (after_success: only
+  // those the last attempt did not run on).
+  HostList answering_hosts(bool after_success);
+  // hpctrain's `command` once on each of `hosts`, through mpirun, its lines said.
+  CommandResult run_on_hosts(const HostList& hosts, const std::vector<std::string>& command, double timeout);
+  // At the end of a job (not a success, not killed) whose heartbeat is past its newest checkpoint:
+  // the newest snapshot in host memory written there (hpctrain persist-snapshot). Whether it ran.
+  bool persist_snapshots(int code);
   // At the end of a job that no relaunch continues (not a stop, exit 75): the run's snapshots in
   // host memory go, on every host of its attempts that still answers (hpctrain clean-snapshots
-  // --run-id, through mpirun). A finished run removes its own; this reaches the hosts it left
-  // (after a success, those alone).
-  void free_snapshots(int code);
+  // --run-id, through mpirun), unless they hold steps past the newest checkpoint and were not
+  // `persisted`. A finished run removes its own; this reaches the hosts it left (after a
+  // success, those alone).
+  void free_snapshots(int code, bool persisted);
   void print_summary();
   void write_summary_json(int exit_code);
 

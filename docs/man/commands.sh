@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The COMMANDS section of a man page, for help2man --include: each subcommand's --help (its usage
 # and every option), as the program prints it, in no-fill blocks. hpctrain's (evaluate, inspect,
-# export, predict, clean-snapshots) and hpcdata's (prepare, pack, stage: pack's are hpcdata-pack's,
+# export, predict, clean-snapshots, persist-snapshot) and hpcdata's (prepare, pack, stage: pack's are hpcdata-pack's,
 # found through HPCDATA_PACK).
 #   docs/man/commands.sh PROGRAM OUT
 set -euo pipefail
@@ -10,7 +10,7 @@ out=${2:?the file to write}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # --help starts MPI (a world of one)
 case $(basename "$program") in
   hpctrain)
-    name=hpctrain commands=(evaluate inspect export predict clean-snapshots)
+    name=hpctrain commands=(evaluate inspect export predict clean-snapshots persist-snapshot)
     intro="Besides training (the default, or \\fBhpctrain train\\fR), hpctrain runs these; each takes its own options:" ;;
   hpcdata)
     name=hpcdata commands=(prepare pack stage)

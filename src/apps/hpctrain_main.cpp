@@ -54,7 +54,7 @@ int fail(hpc::dist::ProcessContext& ctx, bool collective, int code, const char* 
 void block_early(int, char**, char**) { hpc::train::block_stop_signals(); }
 [[gnu::section(".preinit_array"), gnu::used]] void (*const g_block_early)(int, char**, char**) = block_early;
 
-// `hpctrain evaluate|inspect|export|predict|clean-snapshots ...`; `hpctrain train ...` or options alone train.
+// `hpctrain evaluate|inspect|export|predict|clean-snapshots|persist-snapshot ...`; `hpctrain train ...` or options alone train.
 const char* command_of(int argc, char** argv) { return argc > 1 && argv[1][0] != '-' ? argv[1] : "train"; }
 
 // The command's exit code; errors become their one line and code here.
@@ -77,6 +77,8 @@ int run_command(hpc::dist::ProcessContext& ctx, int argc, char** argv) {
     if (std::strcmp(command, "predict") == 0) return printed(hpc::train::run_predict(argc - 1, argv + 1, ctx));
     if (std::strcmp(command, "clean-snapshots") == 0)
       return printed(hpc::train::run_clean_snapshots(argc - 1, argv + 1, ctx));
+    if (std::strcmp(command, "persist-snapshot") == 0)
+      return printed(hpc::train::run_persist_snapshot(argc - 1, argv + 1, ctx));
     hpc::dist::collectively(ctx, [&] { hpc::train::require_known_command(command); });
     if (std::strcmp(command, "train") == 0 && argc > 1 && argv[1][0] != '-') --argc, ++argv;
     std::optional<hpc::train::TrainOptions> options;
@@ -139,8 +141,9 @@ int main(int argc, char** argv) {
   // Before MPI starts its threads: they must block the stop signals. Training takes a stop as a
   // request from here on; the other commands have nothing to save and end at once.
   const char* first = command_of(argc, argv);
-  bool trains = true;
-  for (const char* other : {"evaluate", "inspect", "export", "predict", "clean-snapshots"}) trains = trains && std::strcmp(first, other) != 0;
+  bool trains = true;  // (an unknown command too: training's check names it)
+  for (const char* other : hpc::train::kCommandNames)
+    trains = trains && (std::strcmp(other, "train") == 0 || std::strcmp(first, other) != 0);
   try {
     hpc::train::start_signal_thread(trains ? hpc::train::OnStopSignal::Request : hpc::train::OnStopSignal::Exit);
   } catch (const std::exception& e) {  // before MPI: one process, one line

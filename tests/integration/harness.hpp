@@ -193,7 +193,7 @@ inline RunResult run_program(std::vector<std::string> argv_s, double deadline_se
 // train nothing are left as they are.
 inline std::vector<std::string> on_cpu_unless_told(std::vector<std::string> args) {
   if (!args.empty() && (args[0] == "evaluate" || args[0] == "inspect" || args[0] == "export" ||
-                         args[0] == "clean-snapshots"))
+                         args[0] == "clean-snapshots" || args[0] == "persist-snapshot"))
     return args;
   for (const auto& a : args)
     if (a == "--device" || a.rfind("--device=", 0) == 0) return args;

@@ -1210,13 +1210,16 @@ TEST(HpcrunCli, AHostWithFewerSlotsIsDrainedToThem) {
 TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   TempDir dir("hpcrun_snaps");
   const std::string snaps = dir.file("snaps");
-  auto job = [&](const std::string& hook, const std::string& ck) {
+  // `program`: hpctrain, or a script of that name in front of it (hpcrun knows hpctrain by name).
+  auto job = [&](const std::string& hook, const std::string& ck, const std::string& program = hpctrain_binary(),
+                 const std::string& every = "3", const std::vector<std::string>& more = {}) {
     setenv(hook.c_str(), "8", 1);
-    const RunResult r = hpcrun({"-np", "1", "--max-restarts", "0", hpctrain_binary(), "--checkpoint-dir", ck,
-                                "--snapshot-dir", snaps, "--snapshot-every-steps", "3", "--train-samples", "1280",
-                                "--test-samples", "100", "--threads", "1", "--device", "cpu", "--data-dir",
-                                fashion_mnist_dir()},
-                               120);
+    std::vector<std::string> args{"-np", "1", "--max-restarts", "0", program, "--checkpoint-dir", ck,
+                                  "--snapshot-dir", snaps, "--snapshot-every-steps", every, "--train-samples", "1280",
+                                  "--test-samples", "100", "--threads", "1", "--device", "cpu", "--data-dir",
+                                  fashion_mnist_dir()};
+    args.insert(args.end(), more.begin(), more.end());
+    const RunResult r = hpcrun(args, 120);
     unsetenv(hook.c_str());
     return r;
   };
@@ -1230,21 +1233,73 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
   EXPECT_TRUE(run_dirs().empty());
   EXPECT_EQ(stopped.err.find("freeing the run's snapshots"), std::string::npos) << stopped.err;
-  // Killed after step 8 with no checkpoint yet, and --max-restarts 0: hpcrun gives up, and keeps
-  // the snapshots, the only copy of steps 1 to 8 (a full disk that refused the checkpoints, a
-  // person to fix it) ...
-  const RunResult failed = job("HPCTRAIN_TEST_KILL_AFTER_STEP", dir.file("ck2"));
+  EXPECT_EQ(stopped.err.find("persist"), std::string::npos) << stopped.err;
+  // Killed after step 8 with no checkpoint yet, and --max-restarts 0: hpcrun gives up. The
+  // snapshot of step 6, the only copy of steps 1 to 6, goes into the checkpoint directory (the
+  // hosts' memory lasts an hour, and none when an idle cluster's nodes are terminated) ...
+  const std::string ck2 = dir.file("ck2");
+  const RunResult failed = job("HPCTRAIN_TEST_KILL_AFTER_STEP", ck2);
   EXPECT_EQ(failed.exit_code, 1) << failed.err;
-  EXPECT_NE(failed.err.find("keeping the run's snapshots in host memory: they hold steps past the newest "
-                            "checkpoint in " + dir.file("ck2") + " (none)"),
+  EXPECT_NE(failed.err.find("the run's newest state may be a snapshot in host memory, past the newest checkpoint in " +
+                            ck2 + " (none; the heartbeat's step "),
             std::string::npos) << failed.err;
-  EXPECT_EQ(failed.err.find("freeing the run's snapshots"), std::string::npos) << failed.err;
-  EXPECT_EQ(run_dirs().size(), 1u);
-  // ... which the same command then resumes, and its success frees them.
-  const RunResult again = job("HPCTRAIN_TEST_UNUSED", dir.file("ck2"));
+  EXPECT_NE(failed.err.find("): writing the newest there (localhost:1)"), std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find(": kept the snapshot of step 6 ("), std::string::npos) << failed.err;
+  EXPECT_TRUE(fs::exists(ck2 + "/ckpt-000000006.hpck")) << failed.err;
+  // ... and then the snapshots go: they hold nothing more.
+  EXPECT_NE(failed.err.find("freeing the run's snapshots"), std::string::npos) << failed.err;
+  EXPECT_TRUE(run_dirs().empty()) << failed.err;
+  // The same command resumes from that checkpoint, not from step 0.
+  const RunResult again = job("HPCTRAIN_TEST_UNUSED", ck2);
   EXPECT_EQ(again.exit_code, 0) << again.err;
   EXPECT_NE(again.err.find("attempt 2 succeeded"), std::string::npos) << again.err;
-  EXPECT_EQ(again.err.find(", steps 1-"), std::string::npos) << "not resumed from the snapshots: " << again.err;
+  EXPECT_EQ(again.err.find(", steps 1-"), std::string::npos) << "not resumed from step 6: " << again.err;
+  EXPECT_TRUE(run_dirs().empty()) << "the finished run's snapshots are still there";
+  // Steps of half a second and snapshots every 5: the heartbeat (once a second) is past the
+  // snapshot (step 5) when step 8 ends the run. Steps 6 to 8 are lost with the run, and the
+  // snapshots, which hold no more than the checkpoint now, go.
+  const std::string ck4 = dir.file("ck4");
+  setenv("HPCTRAIN_TEST_SLOW_RANK", "0:500", 1);
+  const RunResult slow = job("HPCTRAIN_TEST_KILL_AFTER_STEP", ck4, hpctrain_binary(), "5");
+  unsetenv("HPCTRAIN_TEST_SLOW_RANK");
+  EXPECT_EQ(slow.exit_code, 1) << slow.err;
+  const std::string beat = read_text(ck4 + "/heartbeat");
+  ASSERT_EQ(beat.rfind("step=", 0), 0u) << beat;
+  EXPECT_GT(std::atoll(beat.c_str() + 5), 5) << "the case needs a heartbeat past the snapshot: " << beat;
+  EXPECT_NE(slow.err.find(": kept the snapshot of step 5 ("), std::string::npos) << slow.err;
+  EXPECT_NE(slow.err.find("freeing the run's snapshots"), std::string::npos) << slow.err;
+  EXPECT_TRUE(run_dirs().empty()) << slow.err;
+  // A checkpoint at step 5, a snapshot at 6, killed after 8: the heartbeat beat at the checkpoint
+  // and, steps being fast, not since (it then says step 5, "training"). The snapshot is newer all
+  // the same, and kept.
+  const std::string ck5 = dir.file("ck5");
+  const RunResult fast = job("HPCTRAIN_TEST_KILL_AFTER_STEP", ck5, hpctrain_binary(), "3",
+                             {"--checkpoint-every-steps", "5"});
+  EXPECT_EQ(fast.exit_code, 1) << fast.err;
+  EXPECT_NE(fast.err.find(": kept the snapshot of step 6 ("), std::string::npos)
+      << fast.err << read_text(ck5 + "/heartbeat");
+  EXPECT_TRUE(fs::exists(ck5 + "/ckpt-000000006.hpck"));
+  EXPECT_TRUE(run_dirs().empty()) << fast.err;
+  // Where the snapshot cannot be written (here an hpctrain whose persist-snapshot fails), the
+  // snapshots are kept, the only copy of those steps, for the same command to resume them.
+  const std::string wrapper = dir.file("bin/hpctrain"), ck3 = dir.file("ck3");
+  fs::create_directories(dir.file("bin"));
+  std::ofstream(wrapper) << "#!/bin/sh\n[ \"$1\" = persist-snapshot ] && { echo 'hpctrain: error: planted' >&2; exit 2; }\n"
+                         << "exec " << hpctrain_binary() << " \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const RunResult unsaved = job("HPCTRAIN_TEST_KILL_AFTER_STEP", ck3, wrapper);
+  EXPECT_EQ(unsaved.exit_code, 1) << unsaved.err;
+  EXPECT_NE(unsaved.err.find("hpctrain: error: planted"), std::string::npos) << unsaved.err;
+  EXPECT_NE(unsaved.err.find("warning: the newest snapshot was not written into " + ck3), std::string::npos)
+      << unsaved.err;
+  EXPECT_NE(unsaved.err.find("keeping the run's snapshots in host memory: they hold steps past the newest "
+                             "checkpoint in " + ck3 + " (none)"),
+            std::string::npos) << unsaved.err;
+  EXPECT_EQ(unsaved.err.find("freeing the run's snapshots"), std::string::npos) << unsaved.err;
+  EXPECT_EQ(run_dirs().size(), 1u);
+  const RunResult resumed = job("HPCTRAIN_TEST_UNUSED", ck3, wrapper);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(resumed.err.find(", steps 1-"), std::string::npos) << "not resumed from the snapshots: " << resumed.err;
   EXPECT_TRUE(run_dirs().empty()) << "the finished run's snapshots are still there";
 }
 

@@ -362,6 +362,76 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
       << "a stop that wrote its checkpoint left its snapshots";
 }
 
+// The state that only host memory holds (a stop for hpcrun's change of hosts at step 8: snapshots
+// of step 8, checkpoint 5) is written into the checkpoint directory by `hpctrain persist-snapshot`,
+// once: a run on other nodes (no snapshots there) then resumes at step 8, not 5, and ends as a run
+// never interrupted. Run again, it finds nothing newer to keep. While a live run holds the
+// directory's lock it is refused and writes nothing.
+TEST_F(Snapshots, APersistedSnapshotIsTheStateARunElsewhereResumes) {
+  const std::string ck = dir_.file("persist"), snaps = dir_.file("persist-snaps");
+  fs::create_directories(ck);
+  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
+  const RunResult stopped = stopped_after_8(2, job(ck, dir_.file("p1.jsonl"), snaps), "8@1:usr1", "0123456789abcdef");
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  fs::remove(ck + "/membership-change");
+  ASSERT_FALSE(fs::exists(ck + "/ckpt-000000008.hpck"));
+  const std::string held = run_dir(snaps) + "/ckpt-000000008.hpck";
+  ASSERT_TRUE(fs::exists(held));
+  const std::vector<std::string> persist{"persist-snapshot", "--checkpoint-dir", ck, "--snapshot-dir", snaps};
+  {  // a live run's lock (another process's OFD lock on DIR/lock, its record fresh)
+    const int fd = ::open((ck + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &l), 0);
+    const std::string record = "host=elsewhere\npid=1\nunix_time=" + std::to_string(::time(nullptr)) + "\nstate=held\n";
+    ASSERT_EQ(::write(fd, record.data(), record.size()), static_cast<ssize_t>(record.size()));
+    const RunResult busy = run_mpi(2, persist, 60);
+    ::close(fd);
+    fs::remove(ck + "/lock");
+    EXPECT_EQ(busy.exit_code, 2) << busy.err;
+    EXPECT_NE(busy.err.find("is in use by another run (host elsewhere pid 1)"), std::string::npos) << busy.err;
+    EXPECT_FALSE(fs::exists(ck + "/ckpt-000000008.hpck"));
+  }
+  const RunResult kept = run_mpi(2, persist, 60);
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_NE(kept.out.find(": kept the snapshot of step 8 (" + held + ") as " + ck + "/ckpt-000000008.hpck ("),
+            std::string::npos)
+      << kept.out << kept.err;
+  EXPECT_EQ(read_bytes(ck + "/ckpt-000000008.hpck"), read_bytes(held)) << "not the snapshot's bytes";
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000005.hpck")) << "an older checkpoint was removed";
+  EXPECT_FALSE(fs::exists(ck + "/lock")) << "the directory's lock was left behind";
+  const RunResult again = run_mpi(1, persist, 60);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("hpctrain: nothing to keep: no snapshot of run "), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("newest checkpoint (step 8)"), std::string::npos) << again.out;
+  // Elsewhere: another host's memory, which holds no snapshot of the run.
+  const JsonObject d = resume(2, ck, dir_.file("other-hosts"));
+  EXPECT_EQ(d.at("resumed_from").str, "checkpoint");
+  EXPECT_EQ(d.at("resumed_from_step").number, 8) << "steps redone";
+  expect_same_end(d, uninterrupted(2));
+  expect_resumed_epochs(2);
+}
+
+// What persist-snapshot cannot take, each one line and exit 2: a directory that is not one, one
+// without a run id, a copy of a run's directory (its run-id names the original's).
+TEST_F(Snapshots, PersistSnapshotRefusesWhatIsNoRunsDirectory) {
+  const std::string ck = dir_.file("refused");
+  const auto refused = [&](const std::string& dir, const std::string& says) {
+    const RunResult r = run_hpctrain({"persist-snapshot", "--checkpoint-dir", dir, "--snapshot-dir", dir_.file("s")}, 60);
+    EXPECT_EQ(r.exit_code, 2) << dir << ": " << r.err;
+    EXPECT_NE(r.err.find("hpctrain: error: " + says), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  refused(dir_.file("none"), "--checkpoint-dir " + dir_.file("none") + " is not a directory");
+  fs::create_directories(ck);
+  refused(ck, ck + " holds no run id (" + ck + "/run-id)");
+  write_text(ck + "/run-id", "0123456789abcdef\ndirectory_inode=1\n");
+  refused(ck, ck + "/run-id was written in another directory (this is a copy of it?)");
+  const RunResult blank = run_hpctrain({"persist-snapshot", "--checkpoint-dir", ""}, 60);
+  EXPECT_EQ(blank.exit_code, 2) << blank.err;
+}
+
 // The same stop at an epoch's last step (20 of 2 epochs of 20): the snapshots record epoch 1 as not
 // ended (they are taken before its evaluation), and the stop then ends it. The run resumed from
 // them finds epoch 1's event in the metrics file and ends it no second time; a rank killed at that

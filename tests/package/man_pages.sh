@@ -59,7 +59,7 @@ page() {
   fi
 }
 
-page "$HPCTRAIN" evaluate inspect export predict clean-snapshots
+page "$HPCTRAIN" evaluate inspect export predict clean-snapshots persist-snapshot
 page "$HPCRUN"
 page "$src/datasets/hpcdata" prepare pack stage
 page "$HPCDATA_PACK"

@@ -350,7 +350,7 @@ grep -q -- '--checkpoint-dir' <<< "$page" || fail "the man page lacks the option
 for section in NAME SYNOPSIS 'EXIT STATUS' SIGNALS ENVIRONMENT FILES EXAMPLES COMMANDS 'SEE ALSO'; do
   grep -q "^$section\$" <<< "$page" || fail "the man page has no $section section"
 done
-for command in evaluate inspect export predict clean-snapshots; do
+for command in evaluate inspect export predict clean-snapshots persist-snapshot; do
   grep -q "Usage: hpctrain $command" <<< "$page" || fail "the man page lacks hpctrain $command's options"
 done
 ! grep -qi 'GPU(s) visible\|CUDA runtime' <<< "$page" || fail "the man page holds the build machine's GPUs"

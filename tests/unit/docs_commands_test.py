@@ -48,7 +48,8 @@ BUILT = {"hpctrain": "src/hpctrain", "hpcrun": "launch/hpcrun", "hpcdata-pack": 
          "allreduce_sweep": "bench/allreduce_sweep", "checkpoint_stall": "bench/checkpoint_stall",
          "gemm_shapes": "bench/gemm_shapes", "gpu_step": "bench/gpu_step", "layer_profile": "bench/layer_profile",
          "loader_throughput": "bench/loader_throughput"}
-SUBCOMMANDS = {"hpctrain": {"train", "evaluate", "inspect", "export", "predict", "clean-snapshots"},
+SUBCOMMANDS = {"hpctrain": {"train", "evaluate", "inspect", "export", "predict", "clean-snapshots",
+                            "persist-snapshot"},
                "hpcdata": {"prepare", "pack", "stage"}}
 REQUIRED = {"hpctrain", "hpcrun", "hpcdata-pack"}
 # The tools in the source tree, by name (as installed) or repository path, whose --help is safe to
@@ -394,7 +395,7 @@ class Planted(unittest.TestCase):
         self.assertEqual(problems, ["hpctrain: --chekpoint-dir is not in its --help",
                                     "bench/chaos.sh: --durration is not in its --help",
                                     "hpctrain: evalute is not one of its subcommands (clean-snapshots, evaluate, "
-                                    "export, inspect, predict, train)",
+                                    "export, inspect, persist-snapshot, predict, train)",
                                     "hpctrain-plot: --output is not in its --help",
                                     "ParameterKey=Keyname is no parameter of cloudformation/*.yaml",
                                     "slurm/nope.sbatch does not exist in the repository",

@@ -347,6 +347,7 @@ po::options_description description(TrainOptions& o, std::string* config) {
                               "  or:  hpctrain export --checkpoint PATH --output FILE  (the model as an ONNX file)\n"
                               "  or:  hpctrain predict --checkpoint PATH IMAGES...     (classify PNG and JPEG images)\n"
                               "  or:  hpctrain clean-snapshots [options]               (free old snapshots' host memory)\n"
+                              "  or:  hpctrain persist-snapshot --checkpoint-dir DIR   (the newest snapshot into DIR)\n"
                               "Trains a model; with no options, the default job (cnn on Fashion-MNIST, 4 epochs). "
                               "Run under mpirun for data parallelism");
   for (const OptionGroup& group : option_table()) {

@@ -9,7 +9,8 @@
 namespace hpc::train {
 
 // hpctrain's subcommands; `train` also runs when the first argument is an option.
-inline constexpr const char* kCommandNames[] = {"train", "evaluate", "inspect", "export", "predict", "clean-snapshots"};
+inline constexpr const char* kCommandNames[] = {"train", "evaluate", "inspect", "export", "predict", "clean-snapshots",
+                                             "persist-snapshot"};
 
 // A first argument that is not an option must name a subcommand: a usage error naming them
 // otherwise ("unknown command 'evalute' (did you mean evaluate?) ..."), not Boost's "too many

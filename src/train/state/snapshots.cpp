@@ -16,12 +16,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
 #include <utility>
 
+#include "ckpt/dir_lock.hpp"
 #include "core/cpus.hpp"
 #include "core/duration.hpp"
 #include "core/error.hpp"
@@ -222,16 +225,14 @@ bool remove_unless_in_use(const RunDir& run, const char* why, CleanedSnapshots& 
   return true;
 }
 
-// This host's newest snapshot that the run can resume, above the newest checkpoint's step;
-// every other one on the way is named in a warning. With no checkpoint to fall back to
-// (checkpoint_step -1), one that this run's options do not fit is refused as a checkpoint would
-// be (a usage error): the fresh start would replace the run's only saved state.
-std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const std::string& run_dir,
-                                                                       const std::string& run_id,
-                                                                       const TrainOptions& o,
-                                                                       const nn::Model<float>& model,
-                                                                       int64_t training_samples,
-                                                                       int64_t checkpoint_step) {
+// This host's newest valid snapshot of run `run_id` above the newest checkpoint's step that
+// `fits` (when given: it throws the reason a run cannot resume it); every other one on the way is
+// named in a warning. With no checkpoint to fall back to (checkpoint_step -1), one that `fits`
+// refuses is refused as a checkpoint would be (a usage error): the fresh start would replace the
+// run's only saved state.
+using Found = std::optional<std::pair<std::string, ckpt::Checkpoint>>;
+Found newest_snapshot(const std::string& run_dir, const std::string& run_id, int64_t checkpoint_step,
+                      const std::function<void(const ckpt::Checkpoint&)>& fits) {
   std::vector<std::string> files;
   // A --snapshot-dir that is no directory holds no snapshot: the Snapshotter says it cannot use
   // it (a warning of its own), not a "checkpoint directory" that cannot be listed here.
@@ -258,7 +259,7 @@ std::optional<std::pair<std::string, ckpt::Checkpoint>> newest_snapshot(const st
       HPC_REQUIRE(step > checkpoint_step, "it is older (step ", step, ") than the newest checkpoint (step ",
                   checkpoint_step, ")");
       try {
-        check_resumable(c, o, model, training_samples);
+        if (fits) fits(c);
       } catch (const Error& e) {
         misfit = e.what();
         throw;
@@ -381,7 +382,9 @@ FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, c
   int64_t shared_step = shared ? shared->second.integer("step") : -1;
   if (comm.size() > 1) comm.broadcast(&shared_step, sizeof shared_step, 0);
   dist::collectively(ctx, [&] {
-    if (ctx.local_rank() == 0) mine = newest_snapshot(run_dir, run_id, o, model, training_samples, shared_step);
+    if (ctx.local_rank() == 0)
+      mine = newest_snapshot(run_dir, run_id, shared_step,
+                             [&](const ckpt::Checkpoint& c) { check_resumable(c, o, model, training_samples); });
   });
   // The newest snapshot of any host, from the lowest rank that holds it; else the checkpoint.
   const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
@@ -667,6 +670,91 @@ void clean_host_snapshots(const dist::ProcessContext& ctx, const std::string& pa
       " (", format_bytes(static_cast<double>(c.kept_bytes)), ") in ", parent, "\n"));
 }
 
+// What persist-snapshot is asked: the run's checkpoint directory, where its snapshots are, and how
+// long to wait for the directory's lock.
+struct PersistRequest {
+  std::string checkpoint_dir, snapshot_dir;
+  double lock_wait = 0;
+};
+
+std::optional<PersistRequest> parse_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  using R = PersistRequest;
+  static const std::vector<options::Entry<R>> table{
+      options::path("checkpoint-dir", &R::checkpoint_dir, "the run's checkpoint directory (its run-id names the run)",
+                    options::Presence::Required),
+      options::path("snapshot-dir", &R::snapshot_dir, "where the snapshots are (default /dev/shm/hpctrain-UID, hpctrain's)"),
+      options::duration("checkpoint-lock-wait", &R::lock_wait,
+                        "while a live run holds --checkpoint-dir's lock, wait this long for it before refusing: 30s, 2m",
+                        [](double v, const std::string& name) {
+                          HPC_REQUIRE(v >= 0 && v <= 3600, name, " must be between 0 and 1h, got ", v, " s");
+                        }),
+  };
+  const auto check = [](R& r, const boost::program_options::variables_map& vm) {
+    HPC_REQUIRE(!vm.count("snapshot-dir") || !r.snapshot_dir.empty(),
+                "--snapshot-dir is empty (an unset variable?): give the directory, or leave it out for the default");
+    require_not_root_dir(r.snapshot_dir, "--snapshot-dir");
+    require_not_root_dir(r.checkpoint_dir, "--checkpoint-dir");
+  };
+  return parse_subcommand_options<R>(
+      argc, argv, ctx,
+      "Usage: hpctrain persist-snapshot --checkpoint-dir DIR [--snapshot-dir S] [--checkpoint-lock-wait DURATION]\n"
+      "Writes the run's newest snapshot in host memory into its checkpoint directory, as the checkpoint of its\n"
+      "step, where it is newer than the directory's newest checkpoint: steps that only host memory held (a job\n"
+      "stopped to change its hosts, or ended by failures) then survive the hosts, for a job requeued onto other\n"
+      "nodes or resumed after they are gone. hpcrun does this by itself as a job ends. Under mpirun every host\n"
+      "offers its newest valid snapshot (the host's first rank) and the lowest rank holding the newest writes it:\n"
+      "mpirun --map-by ppr:1:node hpctrain persist-snapshot --checkpoint-dir DIR. The directory's lock is taken\n"
+      "for the write: a run that trains there now is left alone. Exit code 0, also when nothing was newer",
+      table, {}, check);
+}
+
+// The run whose snapshots go into `dir`: its run-id, which must be the directory's own (a copy's
+// names the original's run, whose snapshots are not this directory's state). Usage error otherwise.
+std::string run_of_directory(const std::string& dir) {
+  std::error_code ec;
+  HPC_REQUIRE(fs::is_directory(dir, ec), "--checkpoint-dir ", dir, " is not a directory",
+              ec ? ": " + ec.message() : std::string());
+  const RunIdFile file = read_run_id(dir);
+  HPC_REQUIRE(!file.id.empty(), dir, " holds no run id (", (fs::path(dir) / kRunIdFile).string(),
+              "): no run that keeps snapshots in host memory has trained there");
+  HPC_REQUIRE(file.inode.empty() || file.inode == directory_inode(dir), (fs::path(dir) / kRunIdFile).string(),
+              " was written in another directory (this is a copy of it?): the snapshots of run ", file.id,
+              " are that directory's state, not this one's");
+  return file.id;
+}
+
+// The step of the newest checkpoint file in `dir` by its name, -1 for none.
+int64_t newest_checkpoint_step(const std::string& dir) {
+  const std::vector<std::string> all = ckpt::list_checkpoints(dir);
+  return all.empty() ? -1 : ckpt::step_of(fs::path(all.front()).filename().string());
+}
+
+// Writes `snapshot` (from `from`) into `dir` as the checkpoint of its step, under the directory's
+// lock, and says so.
+void persist(const dist::ProcessContext& ctx, const PersistRequest& r, const std::string& from,
+             const ckpt::Checkpoint& snapshot) {
+  const std::unique_ptr<ckpt::DirectoryLock> lock =
+      ckpt::DirectoryLock::acquire(r.checkpoint_dir, r.lock_wait, [] { return false; });
+  // Taken: no run writes the directory now. Its newest checkpoint may have grown since it was
+  // listed (a run that ended meanwhile), and one as new holds at least this state.
+  const int64_t step = snapshot.integer("step");
+  const int64_t newest = newest_checkpoint_step(r.checkpoint_dir);
+  if (newest >= step) {
+    log::write_standard_output(detail::concat("hpctrain: nothing to keep: ", r.checkpoint_dir,
+                                              " has a checkpoint as new (step ", newest, ") since it was read\n"));
+    lock->release(false);
+    return;
+  }
+  ckpt::CheckpointStore store(r.checkpoint_dir, std::numeric_limits<int>::max());  // removes no checkpoint
+  store.guard_with(lock.get());
+  const ckpt::Encoded bytes(snapshot);
+  const std::string path = store.write(bytes, step);
+  lock->release(false);
+  log::write_standard_output(detail::concat("hpctrain: ", ctx.host(), ": kept the snapshot of step ", step, " (",
+                                            from, ") as ", path, " (",
+                                            format_bytes(static_cast<double>(bytes.size())), ")\n"));
+}
+
 }  // namespace
 
 int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx) {
@@ -675,6 +763,42 @@ int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext&
   const std::string parent = request->dir.empty() ? default_snapshot_parent() : request->dir;
   dist::collectively(ctx, [&] {  // once on each host: its first rank
     if (ctx.local_rank() == 0) clean_host_snapshots(ctx, parent, request->what);
+  });
+  return kExitSuccess;
+}
+
+int run_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext& ctx) {
+  const std::optional<PersistRequest> request = parse_persist_snapshot(argc, argv, ctx);
+  if (!request) return kExitSuccess;
+  std::string run_id;
+  int64_t newest = -1;
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() != 0) return;
+    run_id = run_of_directory(request->checkpoint_dir);
+    newest = newest_checkpoint_step(request->checkpoint_dir);
+  });
+  dist::Communicator& comm = ctx.world();
+  run_id = dist::broadcast_string(comm, run_id, 0);
+  if (comm.size() > 1) comm.broadcast(&newest, sizeof newest, 0);
+  const std::string parent = request->snapshot_dir.empty() ? default_snapshot_parent() : request->snapshot_dir;
+  Found mine;
+  dist::collectively(ctx, [&] {  // once on each host: its first rank
+    if (ctx.local_rank() == 0) mine = newest_snapshot((fs::path(parent) / run_id).string(), run_id, newest, {});
+  });
+  // The newest of any host, from the lowest rank that holds it.
+  const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
+  const std::vector<uint64_t> steps = comm.size() > 1 ? comm.allgather(my_step) : std::vector<uint64_t>{my_step};
+  const int root = static_cast<int>(std::max_element(steps.begin(), steps.end()) - steps.begin());
+  if (steps[static_cast<size_t>(root)] == 0) {
+    if (ctx.rank() == 0)
+      log::write_standard_output(detail::concat(
+          "hpctrain: nothing to keep: no snapshot of run ", run_id, " in ", parent, " is newer than ",
+          request->checkpoint_dir, "'s newest checkpoint (",
+          newest < 0 ? std::string("none") : detail::concat("step ", newest), ")\n"));
+    return kExitSuccess;
+  }
+  dist::collectively(ctx, [&] {
+    if (ctx.rank() == root) persist(ctx, *request, mine->first, mine->second);
   });
   return kExitSuccess;
 }

@@ -78,6 +78,12 @@ std::string default_snapshot_parent();
 // `hpctrain clean-snapshots [--snapshot-dir DIR] [--older-than DURATION | --all | --run-id ID]`:
 // on every host of the job (its local rank 0), the user's snapshots that no relaunch needs.
 int run_clean_snapshots(int argc, const char* const* argv, dist::ProcessContext& ctx);
+// `hpctrain persist-snapshot --checkpoint-dir DIR [--snapshot-dir S] [--checkpoint-lock-wait D]`:
+// the newest valid snapshot of DIR's run on any host of the job (each host's local rank 0 offers
+// its own), where it is newer than DIR's newest checkpoint, written into DIR as the checkpoint
+// of its step, under DIR's lock (a run training there now is refused, exit 2). hpcrun runs it
+// as a job ends with steps that only host memory holds (launch/supervisor.cpp).
+int run_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext& ctx);
 
 
 // Where a resumed run's state came from.
