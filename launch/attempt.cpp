@@ -419,11 +419,13 @@ void AttemptWatcher::check_membership() {
   const std::string joining = job_.hosts.joining_hosts(placement_, known);
   if (!joining.empty()) return request_stop(StopKind::Membership, "growing onto " + joining);
   // A host whose slots rose (hostA:2, then hostA:4) grows the job as a new host would; Horovod's
-  // elastic driver counts such a host as added too.
+  // elastic driver counts such a host as added too. By as many as the job takes: up to --max-np.
   for (const Host& h : placement_)
-    if (const Host* now = find_host(known, h.name); now && now->slots > h.slots)
-      return request_stop(StopKind::Membership, "growing onto " + std::to_string(now->slots - h.slots) +
-                                                    " more slot(s) of host " + h.name);
+    if (const Host* now = find_host(known, h.name); now && now->slots > h.slots) {
+      const int more = o_.max_np ? std::min(now->slots - h.slots, o_.max_np - np) : now->slots - h.slots;
+      return request_stop(StopKind::Membership,
+                          "growing onto " + std::to_string(more) + " more slot(s) of host " + h.name);
+    }
 }
 
 // ---------------------------------------------------------------------------------- output

@@ -30,8 +30,8 @@ printf '%s:1\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[3]}" > "$hosts_file"
 wait_for_text grow "attempt 3: 2 rank(s)" 30
 s=$(step_of grow)
 wait_for_step grow $((s + 15)) 60
-say "giving host 3 a second slot in the discovery output"
-printf '%s:1\n%s:2\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[3]}" > "$hosts_file"
+say "giving host 3 two more slots in the discovery output, of which --max-np 3 takes one"
+printf '%s:1\n%s:3\n' "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[3]}" > "$hosts_file"
 wait_for_text grow "attempt 4: 3 rank(s)" 30
 hpcrun_wait 180
 [[ $RC == 0 ]] || fail "the job ended with $RC"
