@@ -1207,6 +1207,55 @@ TEST(HpcrunCli, AHostWithFewerSlotsIsDrainedToThem) {
   EXPECT_NE(r.err.find("attempt 2: 1 rank(s) on localhost:1 "), std::string::npos) << r.err;
 }
 
+// A drain's stop writes snapshots alone (the hosts that go on hold the state); hpcrun then waits
+// for --min-np slots, and a signal ends the wait: exit 75, for a requeue that may run on other
+// nodes. Before it exits, the state of the stop's step, which only host memory held, is written
+// into the checkpoint directory, and the same command run there without those snapshots (another
+// host's memory) resumes at that very step.
+TEST(HpcrunCli, ASignalWhileWaitingAfterADrainKeepsTheStopsStateOnSharedStorage) {
+  TempDir dir("hpcrun_drain_persist");
+  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh"), ck = dir.file("ck");
+  std::ofstream(hosts) << "localhost:2\n";
+  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
+  fs::permissions(discover, fs::perms::owner_all);
+  const auto train = [&](const std::string& snaps, const std::vector<std::string>& launch) {
+    std::vector<std::string> args{hpcrun_binary()};
+    args.insert(args.end(), launch.begin(), launch.end());
+    args.insert(args.end(), {"--max-restarts", "0", hpctrain_binary(), "--checkpoint-dir", ck, "--snapshot-dir", snaps,
+                             "--train-samples",
+                             "6400", "--epochs", "2", "--test-samples", "100", "--threads", "1", "--device", "cpu",
+                             "--data-dir", fashion_mnist_dir()});
+    return args;
+  };
+  Started job(train(dir.file("snaps"), {"--host-discovery-script", discover, "--discovery-interval", "0.2s",
+                                        "--min-np", "2", "--elastic-timeout", "5m"}));
+  const auto said = [&](const std::string& what) { return read_text(job.err_path()).find(what) != std::string::npos; };
+  const auto step = [&] {
+    const std::string beat = read_text(ck + "/heartbeat");
+    return beat.rfind("step=", 0) == 0 ? std::atoll(beat.c_str() + 5) : -1;
+  };
+  while (step() < 5 && job.running() && job.seconds() < 120) usleep(50 * 1000);
+  ASSERT_GE(step(), 5) << read_text(job.err_path());
+  std::ofstream(hosts) << "localhost:1\n";
+  while (!said("waiting up to 5 min for hosts") && job.running() && job.seconds() < 180) usleep(50 * 1000);
+  ASSERT_TRUE(said("waiting up to 5 min for hosts")) << read_text(job.err_path());
+  const int64_t stopped_at = step();
+  ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
+  const RunResult r = job.finish(120);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  const std::string name = "ckpt-" + std::string(9 - std::to_string(stopped_at).size(), '0') +
+                           std::to_string(stopped_at) + ".hpck";
+  EXPECT_NE(r.err.find(": kept the snapshot of step " + std::to_string(stopped_at) + " ("), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(ck + "/" + name)) << r.err;
+  EXPECT_EQ(r.err.find("freeing the run's snapshots"), std::string::npos) << "a requeue here may want them: " << r.err;
+  // Elsewhere: the same command, on a host whose memory holds nothing of the run.
+  const RunResult again = run_program(train(dir.file("other-snaps"), {"-np", "1"}), 300);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  const nlohmann::json last = summary(ck + "/hpcrun/summary.json").at("attempts").back();
+  EXPECT_EQ(last.at("resumed_from"), "checkpoint") << last.dump();
+  EXPECT_EQ(last.at("resumed_from_step"), stopped_at) << last.dump();
+}
+
 TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   TempDir dir("hpcrun_snaps");
   const std::string snaps = dir.file("snaps");
