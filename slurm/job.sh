@@ -14,7 +14,9 @@
 #                                                                  without: as a failure)
 #     2        a usage error (bad option, bad data)         exit 2, never requeued
 #     75       checkpointed and stopped (warning signal)    requeue the job, which resumes
-#     other    a node lost, a rank killed, a watchdog end   requeue the job, which resumes
+#     other    a node lost, a rank killed, a watchdog end   keep the newest snapshot in the nodes'
+#                                                           memory as a checkpoint, requeue the job,
+#                                                           which resumes
 #   A job is requeued only while Slurm still has it RUNNING (not after scancel, nor when Slurm
 #   itself is requeueing or preempting it), only with REQUEUE=1, not after MAX_FAILURES_IN_A_ROW
 #   runs in a row (default 3) that failed without a new checkpoint, and at most MAX_REQUEUES times
@@ -445,6 +447,29 @@ job_newest_checkpoint() {
   echo "$newest"
 }
 
+# job_persist_snapshot ARGS...: after a run that failed, the newest snapshot in the nodes' memory
+# (hpctrain keeps one with a checkpoint directory, its run-id) goes into CHECKPOINT_DIR as the
+# checkpoint of its step (hpctrain persist-snapshot, once on each node of the job, within 2
+# minutes): a requeue that lands on other nodes resumes from it, not from the last periodic
+# checkpoint, and one that lands here from the same state. hpcrun does this itself as it ends.
+job_persist_snapshot() {
+  [[ "${LAUNCHER:-srun}" != hpcrun && -f "$CHECKPOINT_DIR/run-id" ]] || return 0
+  local snapshots nodes=${SLURM_JOB_NUM_NODES:-1} launch
+  snapshots=$(job_option_value snapshot-dir "$@")
+  [[ "$nodes" =~ ^[0-9]+$ ]] || nodes=1
+  case "${LAUNCHER:-srun}" in
+    srun) launch=(srun --mpi=pmix --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1) ;;
+    mpirun)
+      launch=(mpirun --map-by ppr:1:node --bind-to none)
+      ((EUID != 0)) || launch+=(--allow-run-as-root)
+      ;;
+  esac
+  launch+=("$HPCTRAIN" persist-snapshot --checkpoint-dir "$CHECKPOINT_DIR")
+  [[ -z "$snapshots" ]] || launch+=(--snapshot-dir "$snapshots")
+  job_log "writing the newest snapshot in the nodes' memory into $CHECKPOINT_DIR, where it is newer than its checkpoints"
+  timeout 120 "${launch[@]}" || job_log "warning: the newest snapshot was not written into $CHECKPOINT_DIR (exit $?)"
+}
+
 # job_resume_newest ARGS...: ARGS, one per line, with the value of every --resume (--resume X,
 # --resume=X) made auto.
 job_resume_newest() {
@@ -664,6 +689,9 @@ job_run_trainer() {
       job_requeue_or_exit 1 "the launcher exited 0, but the metrics file does not end with the trainer's done event: it did not finish" ;;
     2) job_log "the trainer stopped with a usage error (exit 2): not requeued"; exit 2 ;;
     75) job_requeue_or_exit 75 "the trainer checkpointed and stopped (exit 75)" ;;
-    *) job_requeue_or_exit "$code" "the trainer failed (exit $code: a node or rank lost?)" ;;
+    *)
+      job_persist_snapshot "${args[@]}"
+      job_requeue_or_exit "$code" "the trainer failed (exit $code: a node or rank lost?)"
+      ;;
   esac
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A rank dies on a healthy node (SIGKILL, as from the OOM killer or a crash). Its peer's watchdog
 # ends the run (exit 124, --step-timeout) instead of waiting forever; the batch script, whose job
-# Slurm still has RUNNING, requeues it itself, and the next run resumes from the snapshot in the
-# nodes' memory (taken every step here), at or after the step the rank died at, not
-# from the last periodic checkpoint (every 20 steps), and finishes. Then a rank that dies as the
+# Slurm still has RUNNING, writes the newest snapshot in the nodes' memory (taken every step here)
+# into the checkpoint directory, for a requeue that may land on other nodes, and requeues the job
+# itself; the next run resumes from that state, at or after the step the rank died at, not from
+# the last periodic checkpoint (every 20 steps), and finishes. Then a rank that dies as the
 # run starts: srun ends its peer SRUN_WAIT seconds later, and the job is requeued.
 source "$(dirname "$0")/common.sh"
 slurm_setup 2 300
@@ -30,9 +31,11 @@ expect_out crashed "the trainer failed (exit [0-9]*: a node or rank lost?); requ
 read -r r1 rest <<< "$(resumed_steps crashed)"
 [[ -n "$r1" && -z "$rest" ]] || fail "expected one resume, saw '$(resumed_steps crashed)'"
 ((r1 >= killed_at)) || fail "resumed at step $r1, before step $killed_at where the rank died"
-# From the snapshot, unless the rank died right after a periodic checkpoint (the same state).
-((r1 % 20 == 0)) || grep -q "the newest state is a snapshot in host memory" "$WORK/crashed.out" ||
-  fail "resumed at step $r1, but not from the snapshot in the nodes' memory"
+# From the snapshot the script kept in the checkpoint directory before the requeue, unless the
+# rank died right after a periodic checkpoint (the same state).
+expect_out crashed "writing the newest snapshot in the nodes' memory into $WORK/crashed"
+((r1 % 20 == 0)) || grep -q ": kept the snapshot of step $r1 (" "$WORK/crashed.out" ||
+  fail "resumed at step $r1, but not from the snapshot the script kept in the checkpoint directory"
 [[ "$(done_field crashed steps)" == 250 ]] || fail "$(done_field crashed steps) steps, not 250"
 
 # A rank that dies while the run starts (SIGKILL at the end of set-up's first phase; CI twice saw
