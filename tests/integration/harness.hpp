@@ -387,6 +387,20 @@ inline void write_gzip(const std::string& path, const Bytes& b) {
     throw std::runtime_error("cannot write " + path);
 }
 
+// DIR/lock held as a live run on another host holds a checkpoint directory's lock (ckpt/dir_lock.hpp):
+// an OFD write lock on the file, a fresh record naming host "elsewhere", pid 1. The descriptor:
+// closing it lets the lock go (the file stays).
+inline int hold_directory_lock(const std::string& dir) {
+  const int fd = ::open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  const std::string record = "host=elsewhere\npid=1\nunix_time=" + std::to_string(::time(nullptr)) + "\nstate=held\n";
+  if (fd < 0 || ::fcntl(fd, F_OFD_SETLK, &l) != 0 ||
+      ::write(fd, record.data(), record.size()) != static_cast<ssize_t>(record.size()))
+    throw std::runtime_error("cannot hold " + dir + "/lock");
+  return fd;
+}
+
 inline Bytes read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return Bytes(std::istreambuf_iterator<char>(in), {});

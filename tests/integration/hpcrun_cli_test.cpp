@@ -954,13 +954,7 @@ TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  ASSERT_GE(fd, 0);
-  struct flock l {};
-  l.l_type = F_WRLCK;
-  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &l), 0);
-  const std::string record = "host=elsewhere\npid=1\nunix_time=" + std::to_string(::time(nullptr)) + "\nstate=held\n";
-  ASSERT_EQ(::write(fd, record.data(), record.size()), static_cast<ssize_t>(record.size()));
+  const int fd = hold_directory_lock(dir.str());
   const std::vector<std::string> train{hpctrain_binary(), "--checkpoint-dir", dir.str(), "--max-steps", "2",
                                        "--train-samples", "640", "--test-samples", "100", "--threads", "1",
                                        "--device", "cpu", "--data-dir", fashion_mnist_dir()};

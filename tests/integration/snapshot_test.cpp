@@ -68,6 +68,9 @@ class Snapshots : public ::testing::Test {
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     ASSERT_NE(killed.exit_code, 0) << killed.err;
   }
+  // job(ck) on 2 ranks, stopped after step 8 for hpcrun's change of hosts (its marker left in ck,
+  // its token given): snapshots of step 8, no checkpoint of it. The marker stays.
+  RunResult stopped_for_hosts_after_8(const std::string& ck, const std::string& snaps);
   // job(ck) again: its done line, its stderr in *err.
   JsonObject resume(int ranks, const std::string& ck, const std::string& snaps, std::string* err = nullptr) {
     const std::string m = dir_.file("resumed.jsonl");
@@ -280,6 +283,13 @@ RunResult stopped_after_8(int ranks, const std::vector<std::string>& args, const
   return r;
 }
 
+RunResult Snapshots::stopped_for_hosts_after_8(const std::string& ck, const std::string& snaps) {
+  fs::create_directories(ck);
+  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
+  return stopped_after_8(2, job(ck, dir_.file(fs::path(ck).filename().string() + ".jsonl"), snaps), "8@1:usr1",
+                         "0123456789abcdef");
+}
+
 // A copy of a checkpoint directory (cp -r, to branch an experiment) is another run: run-id names
 // the directory it was written in, so the copy takes a new id and resumes its own checkpoint, not
 // the original's snapshot, which it leaves in place; the original then resumes that snapshot.
@@ -339,9 +349,7 @@ TEST_F(Snapshots, ARunKilledBeforeItsFirstCheckpointIsTheOneResumedNotTheRunItRe
 // very step it stopped at.
 TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
   const std::string ck = dir_.file("member"), snaps = dir_.file("member-snaps");
-  fs::create_directories(ck);
-  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
-  const RunResult stopped = stopped_after_8(2, job(ck, dir_.file("m1.jsonl"), snaps), "8@1:usr1", "0123456789abcdef");
+  const RunResult stopped = stopped_for_hosts_after_8(ck, snaps);
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   EXPECT_NE(stopped.err.find("for hpcrun to change the hosts"), std::string::npos) << stopped.err;
   EXPECT_FALSE(fs::exists(ck + "/ckpt-000000008.hpck")) << "the stop wrote a checkpoint to shared storage";
@@ -369,23 +377,15 @@ TEST_F(Snapshots, AStopForAChangeOfHostsKeepsTheStateInMemoryOnly) {
 // directory's lock it is refused and writes nothing.
 TEST_F(Snapshots, APersistedSnapshotIsTheStateARunElsewhereResumes) {
   const std::string ck = dir_.file("persist"), snaps = dir_.file("persist-snaps");
-  fs::create_directories(ck);
-  write_text(ck + "/membership-change", "token=0123456789abcdef\npid=1\n");
-  const RunResult stopped = stopped_after_8(2, job(ck, dir_.file("p1.jsonl"), snaps), "8@1:usr1", "0123456789abcdef");
+  const RunResult stopped = stopped_for_hosts_after_8(ck, snaps);
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   fs::remove(ck + "/membership-change");
   ASSERT_FALSE(fs::exists(ck + "/ckpt-000000008.hpck"));
   const std::string held = run_dir(snaps) + "/ckpt-000000008.hpck";
   ASSERT_TRUE(fs::exists(held));
   const std::vector<std::string> persist{"persist-snapshot", "--checkpoint-dir", ck, "--snapshot-dir", snaps};
-  {  // a live run's lock (another process's OFD lock on DIR/lock, its record fresh)
-    const int fd = ::open((ck + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    ASSERT_GE(fd, 0);
-    struct flock l {};
-    l.l_type = F_WRLCK;
-    ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &l), 0);
-    const std::string record = "host=elsewhere\npid=1\nunix_time=" + std::to_string(::time(nullptr)) + "\nstate=held\n";
-    ASSERT_EQ(::write(fd, record.data(), record.size()), static_cast<ssize_t>(record.size()));
+  {  // a live run's lock
+    const int fd = hold_directory_lock(ck);
     const RunResult busy = run_mpi(2, persist, 60);
     ::close(fd);
     fs::remove(ck + "/lock");
