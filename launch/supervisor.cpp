@@ -137,16 +137,23 @@ void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
       why);
 }
 
-// Whether the run trained past the directory's newest checkpoint (whose step, or -1 for none, is
-// put in *newest), by its heartbeat: then the run's snapshots in host memory are the only copy of
-// those steps (a checkpoint that could not be written: a full file system; a kill between two).
+// What the directory's heartbeat says of the run's snapshots in host memory against its newest
+// checkpoint: Past, it trained past that checkpoint, and the snapshots are the only copy of those
+// steps (a checkpoint that could not be written: a full file system; a kill between two); Maybe,
+// it was ended while training at that step (the heartbeat beats at most once a second, and a
+// snapshot taken after its last beat may be newer); else None. *newest: the checkpoint's step (-1
+// for none), *beat: the heartbeat's.
 namespace {
-bool trained_past_checkpoints(const std::string& dir, int64_t* newest) {
-  const int64_t step = ckpt::heartbeat_step(ckpt::read_heartbeat(dir));
-  if (step < 0) return false;
+enum class Newer { None, Maybe, Past };
+Newer snapshots_newer(const std::string& dir, int64_t* newest, int64_t* beat) {
+  const std::map<std::string, std::string> fields = ckpt::read_heartbeat(dir);
+  *beat = ckpt::heartbeat_step(fields);
+  if (*beat < 0) return Newer::None;
   const std::vector<std::string> all = ckpt::list_checkpoints(dir);
   *newest = all.empty() ? -1 : ckpt::step_of(fs::path(all.front()).filename().string());
-  return step > *newest;
+  if (*beat > *newest) return Newer::Past;
+  const auto state = fields.find("state");
+  return state != fields.end() && state->second == "training" ? Newer::Maybe : Newer::None;
 }
 }  // namespace
 
@@ -204,18 +211,13 @@ bool Supervisor::persist_snapshots(int code) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return false;
   if (code == kExitSuccess || code == kExitKilled) return false;  // finished; or asked to end now
   if (!fs::exists(fs::path(o_.checkpoint_dir) / "run-id")) return false;  // no snapshots: none kept
-  // Past the newest checkpoint by the heartbeat; or ended while training, since the heartbeat
-  // beats at most once a second and a snapshot taken after its last beat may be newer too.
-  int64_t newest = -1;
-  const std::map<std::string, std::string> beat = ckpt::read_heartbeat(o_.checkpoint_dir);
-  const auto state = beat.find("state");
-  const bool killed = state != beat.end() && state->second == "training";
-  if (!trained_past_checkpoints(o_.checkpoint_dir, &newest) && !killed) return false;
+  int64_t newest = -1, beat = -1;
+  if (snapshots_newer(o_.checkpoint_dir, &newest, &beat) == Newer::None) return false;
   const HostList hosts = answering_hosts(false);
   if (hosts.empty()) return false;
   say("the run's newest state may be a snapshot in host memory, past the newest checkpoint in " + o_.checkpoint_dir +
       " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) + "; the heartbeat's step " +
-      std::to_string(ckpt::heartbeat_step(beat)) + "): writing the newest there (" + show_hosts(hosts) + ")");
+      std::to_string(beat) + "): writing the newest there (" + show_hosts(hosts) + ")");
   // A checkpoint to shared storage: seconds for most models, longer for the largest on a slow
   // file system; bounded, since a stop signal's exit waits for it.
   const CommandResult r = run_on_hosts(hosts, {"persist-snapshot", "--checkpoint-dir", o_.checkpoint_dir},
@@ -227,9 +229,11 @@ bool Supervisor::persist_snapshots(int code) {
 void Supervisor::free_snapshots(int code, bool persisted) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
   if (code == kExitCheckpointed || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
-  if (int64_t newest = -1; !persisted && trained_past_checkpoints(o_.checkpoint_dir, &newest)) {
-    say("keeping the run's snapshots in host memory: they hold steps past the newest checkpoint in " +
-        o_.checkpoint_dir + " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) +
+  int64_t newest = -1, beat = -1;
+  if (const Newer newer = snapshots_newer(o_.checkpoint_dir, &newest, &beat); !persisted && newer != Newer::None) {
+    say(std::string("keeping the run's snapshots in host memory: they ") +
+        (newer == Newer::Past ? "hold" : "may hold") + " steps past the newest checkpoint in " + o_.checkpoint_dir +
+        " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) +
         "); the same command run again within an hour resumes them");
     return;
   }

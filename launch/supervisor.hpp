@@ -48,9 +48,9 @@ class Supervisor {
   bool persist_snapshots(int code);
   // At the end of a job that no relaunch continues (not a stop, exit 75): the run's snapshots in
   // host memory go, on every host of its attempts that still answers (hpctrain clean-snapshots
-  // --run-id, through mpirun), unless they hold steps past the newest checkpoint and were not
-  // `persisted`. A finished run removes its own; this reaches the hosts it left (after a
-  // success, those alone).
+  // --run-id, through mpirun), unless they hold (or, the run killed in training, may hold) steps
+  // past the newest checkpoint and were not `persisted`. A finished run removes its own; this
+  // reaches the hosts it left (after a success, those alone).
   void free_snapshots(int code, bool persisted);
   void print_summary();
   void write_summary_json(int exit_code);
