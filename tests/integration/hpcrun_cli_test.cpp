@@ -1344,6 +1344,16 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(resumed.err.find(", steps 1-"), std::string::npos) << "not resumed from the snapshots: " << resumed.err;
   EXPECT_TRUE(run_dirs().empty()) << "the finished run's snapshots are still there";
+  // The same where the heartbeat, killed in training, still says the checkpoint's step 5 (steps
+  // being fast) and the snapshot of step 6 is newer: kept too.
+  const std::string ck6 = dir.file("ck6");
+  const RunResult lagging = job("HPCTRAIN_TEST_KILL_AFTER_STEP", ck6, wrapper, "3", {"--checkpoint-every-steps", "5"});
+  EXPECT_EQ(lagging.exit_code, 1) << lagging.err;
+  EXPECT_NE(lagging.err.find("keeping the run's snapshots in host memory: they "), std::string::npos) << lagging.err;
+  EXPECT_EQ(run_dirs().size(), 1u) << lagging.err << read_text(ck6 + "/heartbeat");
+  const RunResult lagging_resumed = job("HPCTRAIN_TEST_UNUSED", ck6, wrapper);
+  EXPECT_EQ(lagging_resumed.exit_code, 0) << lagging_resumed.err;
+  EXPECT_TRUE(run_dirs().empty()) << "the finished run's snapshots are still there";
 }
 
 }  // namespace
