@@ -149,8 +149,7 @@ Newer snapshots_newer(const std::string& dir, int64_t* newest, int64_t* beat) {
   const std::map<std::string, std::string> fields = ckpt::read_heartbeat(dir);
   *beat = ckpt::heartbeat_step(fields);
   if (*beat < 0) return Newer::None;
-  const std::vector<std::string> all = ckpt::list_checkpoints(dir);
-  *newest = all.empty() ? -1 : ckpt::step_of(fs::path(all.front()).filename().string());
+  *newest = ckpt::newest_step(dir);
   if (*beat > *newest) return Newer::Past;
   const auto state = fields.find("state");
   return state != fields.end() && state->second == "training" ? Newer::Maybe : Newer::None;

@@ -100,6 +100,11 @@ int64_t step_of(const std::string& name) {
   return ec == std::errc() && end == last && *first != '-' ? step : -1;
 }
 
+int64_t newest_step(const std::string& dir) {
+  const std::vector<std::string> all = list_checkpoints(dir);
+  return all.empty() ? -1 : step_of(fs::path(all.front()).filename().string());
+}
+
 namespace {
 
 // A checkpoint file's name must say the step it holds: --resume auto, evaluate DIR and retention

@@ -171,6 +171,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // number past int64_t too: no step hpctrain writes, and such a stray file must not stop every
 // command that lists the directory).
 int64_t step_of(const std::string& name);
+// The step of a directory's newest checkpoint file by its name (list_checkpoints' first), -1 for none.
+int64_t newest_step(const std::string& dir);
 // What `option` PATH may read, as inputs that no output may replace (core/file_identity.hpp):
 // the path and, for a directory, each of its checkpoint files (the newest valid one is read).
 std::vector<NamedPath> checkpoint_inputs(const std::string& option, const std::string& path);

@@ -276,6 +276,15 @@ Found newest_snapshot(const std::string& run_dir, const std::string& run_id, int
   return std::nullopt;
 }
 
+// The lowest rank holding the newest of the hosts' snapshots (`mine`: this rank's, on each host's
+// first rank), or -1 where none holds one. Collective.
+int newest_holder(dist::Communicator& comm, const Found& mine) {
+  const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
+  const std::vector<uint64_t> steps = comm.size() > 1 ? comm.allgather(my_step) : std::vector<uint64_t>{my_step};
+  const auto newest = std::max_element(steps.begin(), steps.end());
+  return *newest > 0 ? static_cast<int>(newest - steps.begin()) : -1;
+}
+
 }  // namespace
 
 RunIdentity run_identity(dist::ProcessContext& ctx, const TrainOptions& o) {
@@ -387,12 +396,9 @@ FoundState find_resume_state(dist::ProcessContext& ctx, const TrainOptions& o, c
                              [&](const ckpt::Checkpoint& c) { check_resumable(c, o, model, training_samples); });
   });
   // The newest snapshot of any host, from the lowest rank that holds it; else the checkpoint.
-  const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
-  const std::vector<uint64_t> steps = comm.size() > 1 ? comm.allgather(my_step) : std::vector<uint64_t>{my_step};
-  int root = 0;
-  for (int r = 1; r < static_cast<int>(steps.size()); ++r)
-    if (steps[r] > steps[root]) root = r;
-  const bool snapshot = steps[root] > 0;
+  const int holder = newest_holder(comm, mine);
+  const bool snapshot = holder >= 0;
+  const int root = snapshot ? holder : 0;
   std::optional<ckpt::Checkpoint> state;
   if (snapshot && ctx.rank() == root) f.path = mine->first, state = std::move(mine->second);
   if (!snapshot && ctx.rank() == 0 && shared) f.path = shared->first, state = std::move(shared->second);
@@ -723,12 +729,6 @@ std::string run_of_directory(const std::string& dir) {
   return file.id;
 }
 
-// The step of the newest checkpoint file in `dir` by its name, -1 for none.
-int64_t newest_checkpoint_step(const std::string& dir) {
-  const std::vector<std::string> all = ckpt::list_checkpoints(dir);
-  return all.empty() ? -1 : ckpt::step_of(fs::path(all.front()).filename().string());
-}
-
 // Writes `snapshot` (from `from`) into `dir` as the checkpoint of its step, under the directory's
 // lock, and says so.
 void persist(const dist::ProcessContext& ctx, const PersistRequest& r, const std::string& from,
@@ -738,7 +738,7 @@ void persist(const dist::ProcessContext& ctx, const PersistRequest& r, const std
   // Taken: no run writes the directory now. Its newest checkpoint may have grown since it was
   // listed (a run that ended meanwhile), and one as new holds at least this state.
   const int64_t step = snapshot.integer("step");
-  const int64_t newest = newest_checkpoint_step(r.checkpoint_dir);
+  const int64_t newest = ckpt::newest_step(r.checkpoint_dir);
   if (newest >= step) {
     log::write_standard_output(detail::concat("hpctrain: nothing to keep: ", r.checkpoint_dir,
                                               " has a checkpoint as new (step ", newest, ") since it was read\n"));
@@ -775,7 +775,7 @@ int run_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext
   dist::collectively(ctx, [&] {
     if (ctx.rank() != 0) return;
     run_id = run_of_directory(request->checkpoint_dir);
-    newest = newest_checkpoint_step(request->checkpoint_dir);
+    newest = ckpt::newest_step(request->checkpoint_dir);
   });
   dist::Communicator& comm = ctx.world();
   run_id = dist::broadcast_string(comm, run_id, 0);
@@ -785,11 +785,8 @@ int run_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext
   dist::collectively(ctx, [&] {  // once on each host: its first rank
     if (ctx.local_rank() == 0) mine = newest_snapshot((fs::path(parent) / run_id).string(), run_id, newest, {});
   });
-  // The newest of any host, from the lowest rank that holds it.
-  const uint64_t my_step = mine ? static_cast<uint64_t>(mine->second.integer("step") + 1) : 0;
-  const std::vector<uint64_t> steps = comm.size() > 1 ? comm.allgather(my_step) : std::vector<uint64_t>{my_step};
-  const int root = static_cast<int>(std::max_element(steps.begin(), steps.end()) - steps.begin());
-  if (steps[static_cast<size_t>(root)] == 0) {
+  const int root = newest_holder(comm, mine);  // the newest of any host, from the lowest rank holding it
+  if (root < 0) {
     if (ctx.rank() == 0)
       log::write_standard_output(detail::concat(
           "hpctrain: nothing to keep: no snapshot of run ", run_id, " in ", parent, " is newer than ",
