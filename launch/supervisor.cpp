@@ -142,15 +142,26 @@ void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
 // steps (a checkpoint that could not be written: a full file system; a kill between two); Maybe,
 // it was ended while training at that step (the heartbeat beats at most once a second, and a
 // snapshot taken after its last beat may be newer); else None. *newest: the checkpoint's step (-1
-// for none), *beat: the heartbeat's.
+// for none), *beat: the heartbeat's. With `validate`, where the names alone say None or Maybe, the
+// newest checkpoint is read whole, as a resume reads it: a damaged one there (a resume passes it
+// by for an older one) leaves the snapshots the only copy of its steps; one that cannot be read
+// at all says Maybe.
 namespace {
 enum class Newer { None, Maybe, Past };
-Newer snapshots_newer(const std::string& dir, int64_t* newest, int64_t* beat) {
+Newer snapshots_newer(const std::string& dir, bool validate, int64_t* newest, int64_t* beat) {
   const std::map<std::string, std::string> fields = ckpt::read_heartbeat(dir);
   *beat = ckpt::heartbeat_step(fields);
   if (*beat < 0) return Newer::None;
   *newest = ckpt::newest_step(dir);
   if (*beat > *newest) return Newer::Past;
+  if (validate) {
+    try {
+      *newest = ckpt::newest_valid_step(dir);
+    } catch (const std::exception&) {
+      return Newer::Maybe;
+    }
+    if (*beat > *newest) return Newer::Past;
+  }
   const auto state = fields.find("state");
   return state != fields.end() && state->second == "training" ? Newer::Maybe : Newer::None;
 }
@@ -211,7 +222,9 @@ bool Supervisor::persist_snapshots(int code) {
   if (code == kExitSuccess || code == kExitKilled) return false;  // finished; or asked to end now
   if (!fs::exists(fs::path(o_.checkpoint_dir) / "run-id")) return false;  // no snapshots: none kept
   int64_t newest = -1, beat = -1;
-  if (snapshots_newer(o_.checkpoint_dir, &newest, &beat) == Newer::None) return false;
+  // A stop's snapshots stay (free_snapshots): its checkpoint is not read whole within the signal's grace.
+  if (snapshots_newer(o_.checkpoint_dir, code != kExitCheckpointed, &newest, &beat) == Newer::None)
+    return true;  // they hold nothing newer
   const HostList hosts = answering_hosts(false);
   if (hosts.empty()) return false;
   say("the run's newest state may be a snapshot in host memory, past the newest checkpoint in " + o_.checkpoint_dir +
@@ -229,7 +242,9 @@ void Supervisor::free_snapshots(int code, bool persisted) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
   if (code == kExitCheckpointed || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
   int64_t newest = -1, beat = -1;
-  if (const Newer newer = snapshots_newer(o_.checkpoint_dir, &newest, &beat); !persisted && newer != Newer::None) {
+  const Newer newer =
+      persisted ? Newer::None : snapshots_newer(o_.checkpoint_dir, code != kExitSuccess, &newest, &beat);
+  if (newer != Newer::None) {
     say(std::string("keeping the run's snapshots in host memory: they ") +
         (newer == Newer::Past ? "hold" : "may hold") + " steps past the newest checkpoint in " + o_.checkpoint_dir +
         " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) +

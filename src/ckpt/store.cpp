@@ -726,6 +726,11 @@ LatestCheckpoint find_latest(const std::string& dir) {
   return latest;
 }
 
+int64_t newest_valid_step(const std::string& dir) {
+  const LatestCheckpoint latest = find_latest(dir);
+  return latest.found ? latest.found->second.integer("step") : -1;
+}
+
 std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir) {
   LatestCheckpoint latest = find_latest(dir);
   for (size_t i = 0; i < latest.skipped.size(); ++i) {

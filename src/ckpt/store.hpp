@@ -211,6 +211,10 @@ LatestCheckpoint find_latest(const std::string& dir);
 // whose name says another step than they hold, are skipped with a warning naming them. nullopt
 // when there is none (a fresh start).
 std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir);
+// The step of a directory's newest valid checkpoint (find_latest's, read whole: newer files that
+// are damaged or misnamed are passed by, as a resume passes them by), -1 for none. Throws what
+// find_latest throws (an unreadable file).
+int64_t newest_valid_step(const std::string& dir);
 
 class AsyncWriter {
  public:

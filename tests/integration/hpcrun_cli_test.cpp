@@ -1259,8 +1259,8 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
     setenv(hook.c_str(), "8", 1);
     std::vector<std::string> args{"-np", "1", "--max-restarts", "0", program, "--checkpoint-dir", ck,
                                   "--snapshot-dir", snaps, "--snapshot-every-steps", every, "--train-samples", "1280",
-                                  "--test-samples", "100", "--threads", "1", "--device", "cpu", "--data-dir",
-                                  fashion_mnist_dir()};
+                                  "--epochs", "1", "--test-samples", "100", "--threads", "1", "--device", "cpu",
+                                  "--data-dir", fashion_mnist_dir()};
     args.insert(args.end(), more.begin(), more.end());
     const RunResult r = hpcrun(args, 120);
     unsetenv(hook.c_str());
@@ -1354,6 +1354,49 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   const RunResult lagging_resumed = job("HPCTRAIN_TEST_UNUSED", ck6, wrapper);
   EXPECT_EQ(lagging_resumed.exit_code, 0) << lagging_resumed.err;
   EXPECT_TRUE(run_dirs().empty()) << "the finished run's snapshots are still there";
+}
+
+// A run that failed right after the checkpoint of its step, that checkpoint damaged (a resume
+// passes it by for an older one): by the names the snapshots hold nothing newer, but the newest
+// of them is the only copy of the steps since that older checkpoint, and goes into the directory
+// (in place of the damaged file where it is of the same step) before the snapshots are freed.
+// The trainer is hpctrain, killed after step 8 with checkpoints and snapshots every 4 steps,
+// behind a script that then truncates ckpt-8 and leaves the heartbeat a run that failed there
+// leaves (state=stopped, exit_code=1).
+TEST(HpcrunCli, ADamagedNewestCheckpointLeavesTheSnapshotsStepsOnSharedStorage) {
+  TempDir dir("hpcrun_damaged");
+  const std::string ck = dir.file("ck"), snaps = dir.file("snaps"), wrapper = dir.file("bin/hpctrain");
+  const std::string newest = ck + "/ckpt-000000008.hpck";
+  fs::create_directories(dir.file("bin"));
+  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$1\" in persist-snapshot|clean-snapshots) exec " << hpctrain_binary()
+                         << " \"$@\";; esac\n"
+                         << hpctrain_binary() << " \"$@\"\n"
+                         << "truncate -s -64 " << newest << " || exit 3\n"
+                         << "printf 'step=8\\nepoch=0\\nunix_time=%s\\npid=%s\\nstate=stopped\\nexit_code=1\\n' "
+                         << "$(date +%s) $$ > " << ck << "/heartbeat\nexit 1\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  std::vector<std::string> args{"-np", "1", "--max-restarts", "0", wrapper, "--checkpoint-dir", ck, "--snapshot-dir",
+                                snaps, "--snapshot-every-steps", "4", "--checkpoint-every-steps", "4",
+                                "--train-samples", "1280", "--epochs", "1", "--test-samples", "100", "--threads", "1",
+                                "--device", "cpu", "--data-dir", fashion_mnist_dir()};
+  setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "8", 1);
+  const RunResult failed = hpcrun(args, 120);
+  unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
+  EXPECT_EQ(failed.exit_code, 1) << failed.err;
+  EXPECT_NE(failed.err.find("past the newest checkpoint in " + ck + " (step 4; the heartbeat's step 8)"),
+            std::string::npos)
+      << failed.err;
+  EXPECT_NE(failed.err.find(": kept the snapshot of step 8 ("), std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find(", in place of a damaged file of that step"), std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find("freeing the run's snapshots"), std::string::npos) << failed.err;
+  // Elsewhere (no snapshot): the run resumes at step 8, not at step 4.
+  args[4] = hpctrain_binary();
+  args[8] = dir.file("other-snaps");
+  const RunResult again = hpcrun(args, 120);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  const nlohmann::json last = summary(ck + "/hpcrun/summary.json").at("attempts").back();
+  EXPECT_EQ(last.at("resumed_from"), "checkpoint") << last.dump();
+  EXPECT_EQ(last.at("resumed_from_step"), 8) << last.dump();
 }
 
 }  // namespace

@@ -404,7 +404,21 @@ TEST_F(Snapshots, APersistedSnapshotIsTheStateARunElsewhereResumes) {
   const RunResult again = run_mpi(1, persist, 60);
   EXPECT_EQ(again.exit_code, 0) << again.err;
   EXPECT_NE(again.out.find("hpctrain: nothing to keep: no snapshot of run "), std::string::npos) << again.out;
-  EXPECT_NE(again.out.find("newest checkpoint (step 8)"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("newest valid checkpoint (step 8)"), std::string::npos) << again.out;
+  {  // that checkpoint damaged: the newest valid one is step 5's, as a resume would find, and the
+     // snapshot of step 8 takes the damaged file's place
+    Bytes b = read_bytes(ck + "/ckpt-000000008.hpck");
+    b[b.size() / 2] ^= 0x10;
+    write_bytes(ck + "/ckpt-000000008.hpck", b);
+    const RunResult repaired = run_mpi(1, persist, 60);
+    EXPECT_EQ(repaired.exit_code, 0) << repaired.err;
+    EXPECT_NE(repaired.out.find(": kept the snapshot of step 8 (" + held + ") as " + ck +
+                                "/ckpt-000000008.hpck ("),
+              std::string::npos)
+        << repaired.out << repaired.err;
+    EXPECT_NE(repaired.out.find(", in place of a damaged file of that step"), std::string::npos) << repaired.out;
+    EXPECT_EQ(read_bytes(ck + "/ckpt-000000008.hpck"), read_bytes(held)) << "not the snapshot's bytes";
+  }
   // Elsewhere: another host's memory, which holds no snapshot of the run.
   const JsonObject d = resume(2, ck, dir_.file("other-hosts"));
   EXPECT_EQ(d.at("resumed_from").str, "checkpoint");

@@ -705,7 +705,8 @@ std::optional<PersistRequest> parse_persist_snapshot(int argc, const char* const
       argc, argv, ctx,
       "Usage: hpctrain persist-snapshot --checkpoint-dir DIR [--snapshot-dir S] [--checkpoint-lock-wait DURATION]\n"
       "Writes the run's newest snapshot in host memory into its checkpoint directory, as the checkpoint of its\n"
-      "step, where it is newer than the directory's newest checkpoint: steps that only host memory held (a job\n"
+      "step, where it is newer than the directory's newest valid checkpoint (one of its step that is damaged is\n"
+      "replaced): steps that only host memory held (a job\n"
       "stopped to change its hosts, or ended by failures) then survive the hosts, for a job requeued onto other\n"
       "nodes or resumed after they are gone. hpcrun does this by itself as a job ends. Under mpirun every host\n"
       "offers its newest valid snapshot (the host's first rank) and the lowest rank holding the newest writes it:\n"
@@ -738,7 +739,7 @@ void persist(const dist::ProcessContext& ctx, const PersistRequest& r, const std
   // Taken: no run writes the directory now. Its newest checkpoint may have grown since it was
   // listed (a run that ended meanwhile), and one as new holds at least this state.
   const int64_t step = snapshot.integer("step");
-  const int64_t newest = ckpt::newest_step(r.checkpoint_dir);
+  const int64_t newest = ckpt::newest_valid_step(r.checkpoint_dir);
   if (newest >= step) {
     log::write_standard_output(detail::concat("hpctrain: nothing to keep: ", r.checkpoint_dir,
                                               " has a checkpoint as new (step ", newest, ") since it was read\n"));
@@ -748,11 +749,16 @@ void persist(const dist::ProcessContext& ctx, const PersistRequest& r, const std
   ckpt::CheckpointStore store(r.checkpoint_dir, std::numeric_limits<int>::max());  // removes no checkpoint
   store.guard_with(lock.get());
   const ckpt::Encoded bytes(snapshot);
+  // A file of this step there is damaged (the newest valid one is older): the snapshot, the same
+  // step's state, takes its place.
+  std::error_code ec;
+  const bool replaces = fs::exists(fs::path(r.checkpoint_dir) / ckpt::CheckpointStore::file_name(step), ec);
   const std::string path = store.write(bytes, step);
   lock->release(false);
   log::write_standard_output(detail::concat("hpctrain: ", ctx.host(), ": kept the snapshot of step ", step, " (",
                                             from, ") as ", path, " (",
-                                            format_bytes(static_cast<double>(bytes.size())), ")\n"));
+                                            format_bytes(static_cast<double>(bytes.size())), ")",
+                                            replaces ? ", in place of a damaged file of that step" : "", "\n"));
 }
 
 }  // namespace
@@ -775,7 +781,7 @@ int run_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext
   dist::collectively(ctx, [&] {
     if (ctx.rank() != 0) return;
     run_id = run_of_directory(request->checkpoint_dir);
-    newest = ckpt::newest_step(request->checkpoint_dir);
+    newest = ckpt::newest_valid_step(request->checkpoint_dir);  // as a resume finds it: damaged ones passed by
   });
   dist::Communicator& comm = ctx.world();
   run_id = dist::broadcast_string(comm, run_id, 0);
@@ -790,7 +796,7 @@ int run_persist_snapshot(int argc, const char* const* argv, dist::ProcessContext
     if (ctx.rank() == 0)
       log::write_standard_output(detail::concat(
           "hpctrain: nothing to keep: no snapshot of run ", run_id, " in ", parent, " is newer than ",
-          request->checkpoint_dir, "'s newest checkpoint (",
+          request->checkpoint_dir, "'s newest valid checkpoint (",
           newest < 0 ? std::string("none") : detail::concat("step ", newest), ")\n"));
     return kExitSuccess;
   }
