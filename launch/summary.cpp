@@ -155,8 +155,10 @@ void Supervisor::write_summary_json(int exit_code) {
   Json attempts = Json::array();
   for (size_t i = 0; i < attempts_.size(); ++i)
     attempts.push_back(attempt_json(attempts_[i], i + 1 < attempts_.size() ? &attempts_[i + 1] : nullptr));
-  const Json summary = {{"exit_code", exit_code}, {"started_unix", ms(clock_.started_unix())}, {"seconds", ms(now())},
-                        {"failures", failures_},   {"attempts", attempts}};
+  Json summary = {{"exit_code", exit_code}, {"started_unix", ms(clock_.started_unix())}, {"seconds", ms(now())},
+                  {"failures", failures_},   {"attempts", attempts}};
+  if (persisted_step_ >= 0) summary["persisted_step"] = persisted_step_;
+  if (!snapshots_fate_.empty()) summary["snapshots"] = snapshots_fate_;
   // A program's line in an outcome may hold bytes that are not UTF-8: replaced, not refused.
   const std::string text = summary.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   const std::string path = (fs::path(o_.log_dir) / "summary.json").string();

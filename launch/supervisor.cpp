@@ -235,6 +235,9 @@ bool Supervisor::persist_snapshots(int code) {
   const CommandResult r = run_on_hosts(hosts, {"persist-snapshot", "--checkpoint-dir", o_.checkpoint_dir},
                                        std::max(120.0, 4 * o_.probe_timeout));
   if (!r.ok()) say("warning: the newest snapshot was not written into " + o_.checkpoint_dir + " (" + r.why() + ")");
+  const std::string kept = ": kept the snapshot of step ";
+  if (const size_t at = r.output.find(kept); r.ok() && at != std::string::npos)
+    persisted_step_ = std::atoll(r.output.c_str() + at + kept.size());
   return r.ok();
 }
 
@@ -249,6 +252,7 @@ void Supervisor::free_snapshots(int code, bool persisted) {
         (newer == Newer::Past ? "hold" : "may hold") + " steps past the newest checkpoint in " + o_.checkpoint_dir +
         " (" + (newest < 0 ? std::string("none") : "step " + std::to_string(newest)) +
         "); the same command run again within an hour resumes them");
+    snapshots_fate_ = "kept";
     return;
   }
   std::ifstream in(fs::path(o_.checkpoint_dir) / "run-id");
@@ -260,6 +264,7 @@ void Supervisor::free_snapshots(int code, bool persisted) {
   const CommandResult r =
       run_on_hosts(reachable, {"clean-snapshots", "--run-id", run_id}, std::max(30.0, 2 * o_.probe_timeout));
   if (!r.ok()) say("warning: could not free the run's snapshots (" + r.why() + "); they go after an hour");
+  snapshots_fate_ = r.ok() ? "freed" : "kept";
 }
 
 // --------------------------------------------------------------------------------- the loop

@@ -63,6 +63,10 @@ class Supervisor {
   HeartbeatWatch heartbeat_;
   int failures_ = 0, first_attempt_ = 1;
   bool stragglers_warned_ = false;
+  // summary.json: the step persist-snapshot wrote as a checkpoint (-1: none), and what became of
+  // the run's snapshots in host memory ("freed", "kept"; "" where hpcrun did neither).
+  int64_t persisted_step_ = -1;
+  std::string snapshots_fate_;
   std::vector<AttemptRecord> attempts_;
   std::string self_exe_;
 };

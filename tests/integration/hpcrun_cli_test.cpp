@@ -1277,6 +1277,8 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   EXPECT_TRUE(run_dirs().empty());
   EXPECT_EQ(stopped.err.find("freeing the run's snapshots"), std::string::npos) << stopped.err;
   EXPECT_EQ(stopped.err.find("persist"), std::string::npos) << stopped.err;
+  const nlohmann::json stop_summary = summary(dir.file("ck1") + "/hpcrun/summary.json");
+  EXPECT_FALSE(stop_summary.contains("persisted_step") || stop_summary.contains("snapshots")) << stop_summary.dump();
   // Killed after step 8 with no checkpoint yet, and --max-restarts 0: hpcrun gives up. The
   // snapshot of step 6, the only copy of steps 1 to 6, goes into the checkpoint directory (the
   // hosts' memory lasts an hour, and none when an idle cluster's nodes are terminated) ...
@@ -1292,6 +1294,9 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
   // ... and then the snapshots go: they hold nothing more.
   EXPECT_NE(failed.err.find("freeing the run's snapshots"), std::string::npos) << failed.err;
   EXPECT_TRUE(run_dirs().empty()) << failed.err;
+  const nlohmann::json failed_summary = summary(ck2 + "/hpcrun/summary.json");
+  EXPECT_EQ(failed_summary.value("persisted_step", -1), 6) << failed_summary.dump();
+  EXPECT_EQ(failed_summary.value("snapshots", ""), "freed") << failed_summary.dump();
   // The same command resumes from that checkpoint, not from step 0.
   const RunResult again = job("HPCTRAIN_TEST_UNUSED", ck2);
   EXPECT_EQ(again.exit_code, 0) << again.err;
@@ -1340,6 +1345,9 @@ TEST(HpcrunCli, AJobThatEndsForGoodFreesItsSnapshots) {
             std::string::npos) << unsaved.err;
   EXPECT_EQ(unsaved.err.find("freeing the run's snapshots"), std::string::npos) << unsaved.err;
   EXPECT_EQ(run_dirs().size(), 1u);
+  const nlohmann::json unsaved_summary = summary(ck3 + "/hpcrun/summary.json");
+  EXPECT_FALSE(unsaved_summary.contains("persisted_step")) << unsaved_summary.dump();
+  EXPECT_EQ(unsaved_summary.value("snapshots", ""), "kept") << unsaved_summary.dump();
   const RunResult resumed = job("HPCTRAIN_TEST_UNUSED", ck3, wrapper);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(resumed.err.find(", steps 1-"), std::string::npos) << "not resumed from the snapshots: " << resumed.err;
