@@ -108,10 +108,15 @@ struct Layout {
 // naming `what` (the file) and the first problem found. With `layout`, records what it read
 // there, even when it throws.
 Checkpoint decode(const std::vector<char>& bytes, const std::string& what, Layout* layout = nullptr);
+// What the streaming decode keeps of the arenas (parameters, optimizer state, statistics): Keep,
+// the state to resume; Check, their CRCs verified as they stream past in small pieces and nothing
+// kept (the result's arenas empty): the same verdict on a file as Keep's, without the file's size
+// in memory (hpcrun and persist-snapshot asking which checkpoint is the newest valid one).
+enum class Arenas { Keep, Check };
 // The same for `size` bytes that read(dst, n) delivers in order (exactly n each time, or it
 // throws; never past size): a file read straight into the result's sections, without a copy of
 // the whole file first. A section too large for the process's memory is a usage error.
 Checkpoint decode(uint64_t size, const std::function<void(char*, size_t)>& read, const std::string& what,
-                  Layout* layout = nullptr);
+                  Layout* layout = nullptr, Arenas arenas = Arenas::Keep);
 
 }  // namespace hpc::ckpt

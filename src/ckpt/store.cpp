@@ -664,7 +664,7 @@ namespace {
 
 }  // namespace
 
-Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
+Checkpoint load_checkpoint(const std::string& path, Layout* layout, Arenas arenas) {
   // O_NONBLOCK: a FIFO given by mistake is refused below instead of waiting for a writer.
   const FileCloser file{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
   if (file.fd < 0) refused_reading(path);
@@ -685,12 +685,12 @@ Checkpoint load_checkpoint(const std::string& path, Layout* layout) {
       n -= static_cast<size_t>(got);
     }
   };
-  Checkpoint c = decode(static_cast<uint64_t>(st.st_size), read, "checkpoint " + path, layout);
+  Checkpoint c = decode(static_cast<uint64_t>(st.st_size), read, "checkpoint " + path, layout, arenas);
   require_step_of_name(c, path);
   return c;
 }
 
-LatestCheckpoint find_latest(const std::string& dir) {
+LatestCheckpoint find_latest(const std::string& dir, Arenas arenas) {
   LatestCheckpoint latest;
   const std::vector<std::string> files = list_checkpoints(dir);
   latest.listed = files.size();
@@ -703,7 +703,7 @@ LatestCheckpoint find_latest(const std::string& dir) {
   for (const std::string& path : files) {
     std::optional<Checkpoint> c;
     try {
-      c = load_checkpoint(path);
+      c = load_checkpoint(path, nullptr, arenas);
     } catch (const UnreadableCheckpoint& e) {
       throw UnreadableCheckpoint(detail::concat(e.what(), "; an unreadable checkpoint is not passed by for an older "
                                                 "one: make it readable, or move it out of ", dir));
@@ -727,7 +727,7 @@ LatestCheckpoint find_latest(const std::string& dir) {
 }
 
 int64_t newest_valid_step(const std::string& dir) {
-  const LatestCheckpoint latest = find_latest(dir);
+  const LatestCheckpoint latest = find_latest(dir, Arenas::Check);
   return latest.found ? latest.found->second.integer("step") : -1;
 }
 

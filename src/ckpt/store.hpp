@@ -195,7 +195,7 @@ void require_not_its_own_name(const NamedPath& output, const std::string& dir, c
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason
 // when it cannot be read; a file named ckpt-<step>.hpck must hold that step); with `layout`,
 // records what could be read (see decode).
-Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr);
+Checkpoint load_checkpoint(const std::string& path, Layout* layout = nullptr, Arenas arenas = Arenas::Keep);
 
 // The newest valid checkpoint of a directory, and what was wrong with the newer ones (damaged
 // or misnamed: one that cannot be read is thrown, UnreadableCheckpoint, not passed by; so is one
@@ -205,15 +205,16 @@ struct LatestCheckpoint {
   std::vector<std::string> skipped;  // the problem of each newer file, newest first
   size_t listed = 0;                 // checkpoint files in the directory
 };
-LatestCheckpoint find_latest(const std::string& dir);
+LatestCheckpoint find_latest(const std::string& dir, Arenas arenas = Arenas::Keep);
 
 // The newest valid checkpoint of dir and its path: corrupt or truncated newer ones, and those
 // whose name says another step than they hold, are skipped with a warning naming them. nullopt
 // when there is none (a fresh start).
 std::optional<std::pair<std::string, Checkpoint>> load_latest(const std::string& dir);
-// The step of a directory's newest valid checkpoint (find_latest's, read whole: newer files that
-// are damaged or misnamed are passed by, as a resume passes them by), -1 for none. Throws what
-// find_latest throws (an unreadable file).
+// The step of a directory's newest valid checkpoint (find_latest's, each file read whole and its
+// arenas checked as they stream past, not kept: newer files that are damaged or misnamed are
+// passed by, as a resume passes them by), -1 for none. Throws what find_latest throws (an
+// unreadable file).
 int64_t newest_valid_step(const std::string& dir);
 
 class AsyncWriter {

@@ -73,6 +73,47 @@ TEST(CheckpointFormat, EveryFlippedBitIsDetected) {
     }
 }
 
+// Arenas::Check (which checkpoint is the newest valid one, without its size in memory) reads the
+// arenas in pieces of 1 MiB and keeps none of them, and says of every file what a decode that
+// keeps them says: the same meta, or the same error, whichever byte was flipped or cut.
+TEST(CheckpointFormat, CheckingTheArenasAsTheyStreamGivesTheSameVerdicts) {
+  ckpt::Checkpoint c = sample();
+  c.params.resize(700001);  // 2.8 MB: three pieces, the last one short
+  for (size_t i = 0; i < c.params.size(); ++i) c.params[i] = static_cast<float>(i % 613) * 0.5f;
+  const std::vector<char> bytes = ckpt::encode(c);
+  const auto verdict = [](const std::vector<char>& b, ckpt::Arenas arenas, ckpt::Checkpoint* out) {
+    size_t at = 0;
+    const auto read = [&](char* dst, size_t n) {
+      if (n) std::memcpy(dst, b.data() + at, n);
+      at += n;
+    };
+    try {
+      *out = ckpt::decode(b.size(), read, "file", nullptr, arenas);
+      return std::string("valid");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  ckpt::Checkpoint kept, checked;
+  ASSERT_EQ(verdict(bytes, ckpt::Arenas::Check, &checked), "valid");
+  EXPECT_EQ(checked.meta, c.meta);
+  EXPECT_EQ(checked.integer("step"), 42);
+  EXPECT_TRUE(checked.params.empty() && checked.momentum.empty() && checked.buffers.empty());
+  std::vector<size_t> at{bytes.size() - 1, bytes.size() - 17, bytes.size() / 2};
+  for (size_t i = 0; i < bytes.size(); i += 65537) at.push_back(i);
+  for (size_t piece = 1; piece <= 2; ++piece) at.push_back(100 + piece * (size_t{1} << 20));  // about the pieces' seams
+  for (const size_t i : at) {
+    std::vector<char> flipped = bytes;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x10);
+    const std::string want = verdict(flipped, ckpt::Arenas::Keep, &kept);
+    EXPECT_NE(want, "valid") << "byte " << i;
+    EXPECT_EQ(verdict(flipped, ckpt::Arenas::Check, &checked), want) << "byte " << i << " flipped";
+    const std::vector<char> cut(bytes.begin(), bytes.begin() + static_cast<long>(i));
+    EXPECT_EQ(verdict(cut, ckpt::Arenas::Check, &checked), verdict(cut, ckpt::Arenas::Keep, &kept))
+        << "cut to " << i << " bytes";
+  }
+}
+
 // The sections' checksums are zlib's CRC-32 (computed by ISA-L): checkpoints written before
 // the change, and by other tools, check the same.
 TEST(CheckpointFormat, SectionChecksumsAreZlibsCrc32) {
