@@ -143,7 +143,8 @@ void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
 // it was ended while training at that step (the heartbeat beats at most once a second, and a
 // snapshot taken after its last beat may be newer); else None. *newest: the checkpoint's step (-1
 // for none), *beat: the heartbeat's. With `validate`, where the names alone say None or Maybe, the
-// newest checkpoint is read whole, as a resume reads it: a damaged one there (a resume passes it
+// newest checkpoint is read through and checked as a resume checks it (ckpt::newest_valid_step:
+// its arenas streamed past, not kept): a damaged one there (a resume passes it
 // by for an older one) leaves the snapshots the only copy of its steps; one that cannot be read
 // at all says Maybe.
 namespace {
@@ -222,7 +223,7 @@ bool Supervisor::persist_snapshots(int code) {
   if (code == kExitSuccess || code == kExitKilled) return false;  // finished; or asked to end now
   if (!fs::exists(fs::path(o_.checkpoint_dir) / "run-id")) return false;  // no snapshots: none kept
   int64_t newest = -1, beat = -1;
-  // A stop's snapshots stay (free_snapshots): its checkpoint is not read whole within the signal's grace.
+  // A stop's snapshots stay (free_snapshots): its checkpoint is not read through within the signal's grace.
   if (snapshots_newer(o_.checkpoint_dir, code != kExitCheckpointed, &newest, &beat) == Newer::None)
     return true;  // they hold nothing newer
   const HostList hosts = answering_hosts(false);
