@@ -149,9 +149,7 @@ struct SectionHead {
   uint32_t sum;  // the CRC of its n bytes
 };
 
-// A section's bytes from read, straight into their place in c, then checked (`what` is the
-// file, of `size` bytes).
-// An arena section's n bytes read in pieces of at most 1 MiB, kept nowhere: its CRC-32.
+// An arena section's n bytes read in pieces of at most 1 MiB, kept nowhere: their CRC-32.
 uint32_t crc_of_streamed(const std::function<void(char*, size_t)>& read, uint64_t n) {
   std::vector<char> piece(static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 20)));
   uint32_t sum = crc(nullptr, 0);
@@ -164,34 +162,36 @@ uint32_t crc_of_streamed(const std::function<void(char*, size_t)>& read, uint64_
   return sum;
 }
 
+// A section's bytes from read, straight into their place in c (with Arenas::Check, an arena's
+// bytes stream past and none are kept), then checked (`what` is the file, of `size` bytes).
 void read_section(const SectionHead& head, const std::function<void(char*, size_t)>& read, const std::string& what,
                   uint64_t size, Checkpoint& c, Layout& layout, Arenas arenas) {
   const auto [kind, n, sum] = head;
   HPC_REQUIRE(kind == Meta || n % sizeof(float) == 0, what, ": the ", kind_name(kind),
               " section is not a whole number of floats");
-  if (kind != Meta && arenas == Arenas::Check) {
-    const bool intact = crc_of_streamed(read, n) == sum;
-    layout.sections.push_back({kind_name(kind), n, intact});
-    HPC_REQUIRE(intact, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
-    return;
-  }
   std::string text;
-  char* dst = nullptr;
-  try {
-    if (kind == Meta) {
-      text.resize(n);
-      dst = text.data();
-    } else {
-      std::vector<float>& v = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
-      v.resize(n / sizeof(float));
-      dst = reinterpret_cast<char*>(v.data());
+  uint32_t got = 0;  // the CRC of what was read
+  if (kind != Meta && arenas == Arenas::Check) {
+    got = crc_of_streamed(read, n);
+  } else {
+    char* dst = nullptr;
+    try {
+      if (kind == Meta) {
+        text.resize(n);
+        dst = text.data();
+      } else {
+        std::vector<float>& v = kind == Params ? c.params : kind == Momentum ? c.momentum : c.buffers;
+        v.resize(n / sizeof(float));
+        dst = reinterpret_cast<char*>(v.data());
+      }
+    } catch (const std::bad_alloc&) {
+      throw CheckpointTooLarge(
+          detail::concat("cannot read ", what, ": its ", size, " bytes do not fit in this process's memory"), size);
     }
-  } catch (const std::bad_alloc&) {
-    throw CheckpointTooLarge(detail::concat("cannot read ", what, ": its ", size, " bytes do not fit in this process's memory"),
-                             size);
+    read(dst, n);
+    got = crc(dst, n);
   }
-  read(dst, n);
-  const bool intact = crc(dst, n) == sum;
+  const bool intact = got == sum;
   layout.sections.push_back({kind_name(kind), n, intact});
   HPC_REQUIRE(intact, what, " is corrupt (checksum mismatch in its ", kind_name(kind), " section)");
   if (kind == Meta) {
