@@ -106,7 +106,8 @@ bool write_atomically(const std::string& path, const std::string& text) {
 int Supervisor::finish(int code, const std::string& last_line) {
   mark_membership_change(o_.checkpoint_dir, false);
   open_logs();
-  free_snapshots(code, persist_snapshots(code));
+  const SnapshotsHeld held = snapshots_held(code);
+  free_snapshots(code, persist_snapshots(code, held), held);
   print_summary();
   write_summary_json(code);
   if (!last_line.empty()) say(last_line);

@@ -148,7 +148,7 @@ void Supervisor::warn_stragglers_unjudged(const AttemptRecord* ended) {
 // by for an older one) leaves the snapshots the only copy of its steps; one that cannot be read
 // at all says Maybe.
 namespace {
-enum class Newer { None, Maybe, Past };
+using Newer = SnapshotsHeld::Newer;
 Newer snapshots_newer(const std::string& dir, bool validate, int64_t* newest, int64_t* beat) {
   const std::map<std::string, std::string> fields = ckpt::read_heartbeat(dir);
   *beat = ckpt::heartbeat_step(fields);
@@ -211,6 +211,16 @@ CommandResult Supervisor::run_on_hosts(const HostList& hosts, const std::vector<
   return r;
 }
 
+SnapshotsHeld Supervisor::snapshots_held(int code) {
+  SnapshotsHeld held;
+  if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty() || code == kExitKilled) return held;
+  // Read through only where the snapshots would be freed on the names' word: not after a success,
+  // nor after a stop, whose snapshots stay (free_snapshots) and whose signal's grace it would spend.
+  const bool validate = code != kExitSuccess && code != kExitCheckpointed;
+  held.newer = snapshots_newer(o_.checkpoint_dir, validate, &held.newest, &held.beat);
+  return held;
+}
+
 // A job that ends with steps past its newest checkpoint (failures that spent --max-restarts; a
 // stop signal between attempts, after one that changed the hosts, whose state only the hosts'
 // snapshots hold): `hpctrain persist-snapshot` writes the newest snapshot of any host that
@@ -218,14 +228,12 @@ CommandResult Supervisor::run_on_hosts(const HostList& hosts, const std::vector<
 // snapshots last an hour; an idle cluster's nodes are terminated with their memory) then resumes
 // from it, not from the older checkpoint. Whether it did its part: the snapshots then hold
 // nothing the checkpoints lack.
-bool Supervisor::persist_snapshots(int code) {
+bool Supervisor::persist_snapshots(int code, const SnapshotsHeld& held) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return false;
   if (code == kExitSuccess || code == kExitKilled) return false;  // finished; or asked to end now
   if (!fs::exists(fs::path(o_.checkpoint_dir) / "run-id")) return false;  // no snapshots: none kept
-  int64_t newest = -1, beat = -1;
-  // A stop's snapshots stay (free_snapshots): its checkpoint is not read through within the signal's grace.
-  if (snapshots_newer(o_.checkpoint_dir, code != kExitCheckpointed, &newest, &beat) == Newer::None)
-    return true;  // they hold nothing newer
+  if (held.newer == Newer::None) return true;  // they hold nothing newer
+  const int64_t newest = held.newest, beat = held.beat;
   const HostList hosts = answering_hosts(false);
   if (hosts.empty()) return false;
   say("the run's newest state may be a snapshot in host memory, past the newest checkpoint in " + o_.checkpoint_dir +
@@ -242,12 +250,11 @@ bool Supervisor::persist_snapshots(int code) {
   return r.ok();
 }
 
-void Supervisor::free_snapshots(int code, bool persisted) {
+void Supervisor::free_snapshots(int code, bool persisted, const SnapshotsHeld& held) {
   if (!o_.program_is_hpctrain || o_.checkpoint_dir.empty() || attempts_.empty()) return;
   if (code == kExitCheckpointed || code == kExitKilled) return;  // a relaunch may want them; or asked to end now
-  int64_t newest = -1, beat = -1;
-  const Newer newer =
-      persisted ? Newer::None : snapshots_newer(o_.checkpoint_dir, code != kExitSuccess, &newest, &beat);
+  const Newer newer = persisted ? Newer::None : held.newer;
+  const int64_t newest = held.newest;
   if (newer != Newer::None) {
     say(std::string("keeping the run's snapshots in host memory: they ") +
         (newer == Newer::Past ? "hold" : "may hold") + " steps past the newest checkpoint in " + o_.checkpoint_dir +

@@ -13,6 +13,15 @@
 
 namespace hpc::launch {
 
+// What a run's snapshots in host memory hold past its newest checkpoint as the job ends, judged
+// once for persisting and freeing them (supervisor.cpp, snapshots_held): Past, steps the
+// checkpoints lack; Maybe, perhaps (its rank 0 was killed in training); None. newest: that
+// checkpoint's step (-1 for none); beat: the heartbeat's.
+struct SnapshotsHeld {
+  enum class Newer { None, Maybe, Past } newer = Newer::None;
+  int64_t newest = -1, beat = -1;
+};
+
 class Supervisor {
  public:
   explicit Supervisor(LaunchOptions options);
@@ -43,15 +52,18 @@ class Supervisor {
   HostList answering_hosts(bool after_success);
   // hpctrain's `command` once on each of `hosts`, through mpirun, its lines said.
   CommandResult run_on_hosts(const HostList& hosts, const std::vector<std::string>& command, double timeout);
-  // At the end of a job (not a success, not killed) whose heartbeat is past its newest checkpoint:
-  // the newest snapshot in host memory written there (hpctrain persist-snapshot). Whether it ran.
-  bool persist_snapshots(int code);
+  // What the snapshots hold as the job ends with `code` (nothing judged for a kill, 130).
+  SnapshotsHeld snapshots_held(int code);
+  // At the end of a job (not a success, not killed) whose snapshots `held` steps past its newest
+  // checkpoint: the newest snapshot in host memory written there (hpctrain persist-snapshot).
+  // Whether it did its part (true also where they held nothing newer).
+  bool persist_snapshots(int code, const SnapshotsHeld& held);
   // At the end of a job that no relaunch continues (not a stop, exit 75): the run's snapshots in
   // host memory go, on every host of its attempts that still answers (hpctrain clean-snapshots
   // --run-id, through mpirun), unless they hold (or, the run killed in training, may hold) steps
   // past the newest checkpoint and were not `persisted`. A finished run removes its own; this
   // reaches the hosts it left (after a success, those alone).
-  void free_snapshots(int code, bool persisted);
+  void free_snapshots(int code, bool persisted, const SnapshotsHeld& held);
   void print_summary();
   void write_summary_json(int exit_code);
 
