@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -107,8 +108,19 @@ RankPlacement place_ranks(const HostList& placement, const std::map<int, std::st
   return p;
 }
 
+bool crashed(const RankReport& r) {
+  if (r.terminated || r.status.exited) return false;
+  switch (r.status.signal) {
+    case SIGQUIT: case SIGILL: case SIGTRAP: case SIGABRT: case SIGBUS: case SIGFPE: case SIGSEGV: case SIGSYS:
+    case SIGXCPU: case SIGXFSZ:
+      return true;
+    default: return false;
+  }
+}
+
 bool failed_by_itself(const RankReport& r) {
-  if (r.terminated || r.stop_requested) return false;
+  if (r.terminated) return false;
+  if (r.stop_requested) return crashed(r);
   if (!r.status.exited) return true;  // a crash, or a kill from outside mpirun
   // 124: the trainer's watchdog gave up waiting for a peer: the peer is the culprit, not this rank.
   const int c = r.status.code;
@@ -162,7 +174,7 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   const auto word_after = [&](const std::string& key) { return launch::word_after(line, key); };
   if (line.find("Remote daemon:") != std::string::npos) return word_after(" on node ");
   if (line.find("Peer host:") != std::string::npos) return word_after("Peer host:");
-  if (line.find("noticed that process rank") != std::string::npos) return word_after(" on node ");
+  if (names_a_rank_death(line)) return word_after(" on node ");
   // ssh, as mpirun's launch agent, about the host it could not start a daemon on (or lost).
   if (line.rfind("ssh: connect to host ", 0) == 0) return word_after("connect to host ");
   if (line.rfind("ssh: Could not resolve hostname ", 0) == 0) {
@@ -176,6 +188,8 @@ std::string host_blamed_by_mpirun(const std::string& line) {
     return word_after("Connection to ");
   return "";
 }
+
+bool names_a_rank_death(const std::string& line) { return line.find("noticed that process rank") != std::string::npos; }
 
 bool says_daemons_not_started(const std::string& line) {
   return line.find("was unable to reliably start one or more daemons") != std::string::npos;
@@ -245,7 +259,15 @@ std::optional<Analysis> usage_error_of(const AttemptEvidence& e) {
   return a;
 }
 
-std::optional<Analysis> stop_of(const AttemptEvidence& e) {
+// A rank that crashed in the stop, on a host that stays in the job: a failure, not a stop.
+bool crashed_in_stop(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
+  return std::any_of(e.reports.begin(), e.reports.end(), [&](const RankReport& r) {
+    const bool placed = r.rank >= 0 && r.rank < static_cast<int>(hosts.size());
+    return crashed(r) && !(placed && e.leaving.count(hosts[static_cast<size_t>(r.rank)]));
+  });
+}
+
+std::optional<Analysis> stop_of(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
   if (e.stalled) return std::nullopt;
   const ExitStatus& st = e.mpirun_status;
   bool all_checkpointed = st.exited && st.code == kExitCheckpointed;
@@ -264,6 +286,9 @@ std::optional<Analysis> stop_of(const AttemptEvidence& e) {
     a.reason = "killed on request by a second signal before the job's checkpoint (" + st.show() + ")";
     return a;
   }
+  // A crash is judged as any failure: blamed, counted against --max-restarts. The hosts a drain
+  // takes out of the job may end as they will.
+  if (crashed_in_stop(hosts, e)) return std::nullopt;
   a.verdict = Verdict::Stopped;
   a.reason = "stopped as asked (" + st.show() + ", not a checkpoint's exit code 75)";
   return a;
@@ -296,9 +321,10 @@ Heard read_reports(const std::vector<std::string>& hosts, const AttemptEvidence&
 
 // The placement's hosts mpirun named (by its name for the host in the process map, or by full or
 // short name), each once.
-std::vector<std::string> named_by_mpirun(const std::vector<std::string>& hosts, const AttemptEvidence& e) {
+std::vector<std::string> named_by_mpirun(const std::vector<std::string>& hosts, const AttemptEvidence& e,
+                                         const std::vector<std::string>& names) {
   std::vector<std::string> named;
-  for (const std::string& b : e.blamed_by_mpirun)
+  for (const std::string& b : names)
     for (const std::string& h : hosts) {
       const auto mapped = e.host_of_node.find(b);
       const bool same = mapped != e.host_of_node.end()
@@ -337,7 +363,7 @@ Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvide
   // was too quick for their reports to come through. A stalled job's liveness query outranks
   // silence: a host whose ranks answered it was alive, and its reports were only lost in the
   // teardown (those that did not answer are blamed).
-  const std::vector<std::string> named = named_by_mpirun(hosts, e);
+  const std::vector<std::string> named = named_by_mpirun(hosts, e, e.blamed_by_mpirun);
   const bool query_answered = e.stalled && !e.alive.empty();
   std::vector<std::string> unresponsive, silent;
   if (named.empty() && query_answered) unresponsive = not_answering(hosts, e.alive);
@@ -348,7 +374,16 @@ Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvide
   a.failed_hosts.insert(unresponsive.begin(), unresponsive.end());
   a.failed_hosts.insert(silent.begin(), silent.end());
   if (a.failed_hosts.empty() && !heard.first_host.empty()) a.failed_hosts.insert(heard.first_host);
-  if (!named.empty()) a.reason = "lost " + listed(named) + " (named by mpirun)";
+  // mpirun names the host of a rank that died ("noticed that process rank R ... exited on signal
+  // N"), lost or not: where it named no host for anything else and that rank's own report came,
+  // the report says what happened.
+  std::vector<std::string> for_more = e.blamed_by_mpirun;
+  for (const std::string& d : e.rank_deaths_by_mpirun)
+    if (const auto at = std::find(for_more.begin(), for_more.end(), d); at != for_more.end()) for_more.erase(at);
+  const bool only_a_death = !named.empty() && named_by_mpirun(hosts, e, for_more).empty() &&
+                            std::find(named.begin(), named.end(), heard.first_host) != named.end();
+  if (only_a_death) a.reason = heard.first_failure;
+  else if (!named.empty()) a.reason = "lost " + listed(named) + " (named by mpirun)";
   else if (!unresponsive.empty()) a.reason = "lost " + listed(unresponsive) + " (its ranks did not answer)";
   else if (!silent.empty()) a.reason = "lost " + listed(silent) + " (no word from its ranks)";
   else a.reason = heard.first_failure;
@@ -375,7 +410,7 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e) {
                "--mpi-args that is no option's value?";
     return a;
   }
-  if (std::optional<Analysis> a = stop_of(e)) return *a;
+  if (std::optional<Analysis> a = stop_of(hosts, e)) return *a;
   return blame_failure(hosts, e);
 }
 

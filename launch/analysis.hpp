@@ -86,6 +86,8 @@ void keep_error_line(std::string& kept, const std::string& line);
 struct AttemptEvidence {
   std::vector<RankReport> reports;            // in the order they arrived
   std::vector<std::string> blamed_by_mpirun;  // host_blamed_by_mpirun() of mpirun's lines
+  // Those of them named for a rank that died there (names_a_rank_death), not for a lost host.
+  std::vector<std::string> rank_deaths_by_mpirun;
   std::set<int> alive;                        // ranks that answered the liveness query of a stalled job
   std::set<int> signalled;                    // ranks whose wrapper said mpirun's teardown reached it
   std::map<int, std::string> error_lines;     // keep_error_line() of each rank's stderr
@@ -94,6 +96,9 @@ struct AttemptEvidence {
   bool killed_on_request = false;  // then a second signal: hpcrun killed the job (SIGTERM to mpirun)
   bool stalled = false;         // hpcrun killed it for a heartbeat stall
   bool stalled_starting = false;  // the stall came before the first step (--start-timeout)
+  // The hosts a requested stop drains the job off (a straggler, a host that left the discovery
+  // output): how their ranks end in the stop is no failure of the job.
+  std::set<std::string> leaving;
   // Where each rank ran and mpirun's names for those hosts, from its process map (place_ranks);
   // the slot order where the map could not be read; empty: not placed (no map, no rank heard
   // from), and the ranks are taken to be in slot order (rank_hosts).
@@ -116,6 +121,10 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
 // "a, b, c": host names in a line.
 std::string listed(const std::vector<std::string>& names);
 
+// mpirun's line names a host because a rank died there ("noticed that process rank R ... on node H
+// exited"), which says nothing of the host itself.
+bool names_a_rank_death(const std::string& line);
+
 // mpirun's account that it could not start its daemon on some host, which names none (Open MPI 4:
 // "ORTE was unable to reliably start one or more daemons.").
 bool says_daemons_not_started(const std::string& line);
@@ -128,8 +137,12 @@ std::string first_said(const std::string& output);
 // name: X"), else "".
 std::string executable_named_by_mpirun(const std::string& line);
 
-// A report that shows this rank failed by itself rather than being torn down with the job.
+// A report that shows this rank failed by itself rather than being torn down with the job. After a
+// stop request only a crash counts (crashed()): the ranks' other ends are the stop's.
 bool failed_by_itself(const RankReport& r);
+// The rank's program died of a signal that no stop or teardown sends (SIGSEGV, SIGABRT, SIGBUS,
+// SIGFPE, SIGILL, ...: those whose default action dumps core), before the teardown reached it.
+bool crashed(const RankReport& r);
 // The program rejected its input (exit code 2, not while being stopped): retrying cannot help.
 bool is_usage_error(const RankReport& r);
 

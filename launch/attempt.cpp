@@ -164,6 +164,7 @@ AttemptRecord AttemptWatcher::conclude(const ExitStatus& status) {
 
   evidence_.mpirun_status = status;
   evidence_.stop_requested = stop_.kind != StopKind::None;
+  if (!stop_.leaving.empty()) evidence_.leaving.insert(stop_.leaving);
   evidence_.stalled = phase_.stalled();
   evidence_.stalled_starting = phase_.stalled_starting() && o_.start_timeout_given;
   if (!evidence_.reports.empty() || !process_map_.node_of_rank().empty()) place_ranks_once();
@@ -353,7 +354,7 @@ void AttemptWatcher::watch_stragglers(double t) {
   job_.hosts.served(seen.host, rec_.start, t);  // slow, but it did not fail: its time so far counts
   const double cooldown = job_.hosts.blacklist(seen.host, t);
   request_stop(StopKind::Membership,
-               "draining straggler host " + seen.host + ", kept out for " + show_duration(cooldown));
+               "draining straggler host " + seen.host + ", kept out for " + show_duration(cooldown), seen.host);
 }
 
 void AttemptWatcher::escalate(double t) {
@@ -407,7 +408,7 @@ void AttemptWatcher::check_membership() {
     for (const Host& h : placement_) {
       const Host* now = find_host(known, h.name);
       if (!now)
-        return request_stop(StopKind::Membership, "host " + h.name + " left the discovery output (draining it)");
+        return request_stop(StopKind::Membership, "host " + h.name + " left the discovery output (draining it)", h.name);
       if (now->slots < h.slots)
         return request_stop(StopKind::Membership, "host " + h.name + " has " + std::to_string(now->slots) +
                                                       " slot(s) in the discovery output, fewer than its " +
@@ -470,6 +471,7 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   const std::string blamed = t.rank < 0 ? host_blamed_by_mpirun(t.text) : "";
   if (!blamed.empty()) {
     ev.blamed_by_mpirun.push_back(blamed);
+    if (names_a_rank_death(t.text)) ev.rank_deaths_by_mpirun.push_back(blamed);
     note_failure();
   }
   if (keep_off_terminal(t)) return;
@@ -514,9 +516,9 @@ bool AttemptWatcher::keep_off_terminal(const TaggedLine& t) const {
   return t.rank < 0 && std::any_of(reports.begin(), reports.end(), is_usage_error);
 }
 
-void AttemptWatcher::request_stop(StopKind kind, const std::string& why) {
+void AttemptWatcher::request_stop(StopKind kind, const std::string& why, const std::string& leaving) {
   if (stop_.kind != StopKind::None) return;
-  stop_ = {kind, why};
+  stop_ = {kind, why, leaving};
   stop_before_running_ = rec_.first_step < 0;
   phase_.stop_requested(now());
   // For a change of hosts the hosts that go on keep the state in memory: hpctrain then writes

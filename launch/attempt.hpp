@@ -74,6 +74,7 @@ class AttemptWatcher {
   struct Stop {
     StopKind kind = StopKind::None;
     std::string why;
+    std::string leaving;  // the host a drain takes out of the job ("": none, a grow)
   };
 
   double now() const { return job_.clock.now(); }
@@ -101,7 +102,7 @@ class AttemptWatcher {
   // After a failed start that blamed no host: the hosts where mpirun cannot start its daemon.
   void find_daemonless(Analysis* an);
   void check_membership();
-  void request_stop(StopKind kind, const std::string& why);
+  void request_stop(StopKind kind, const std::string& why, const std::string& leaving = "");
 
   JobContext job_;
   const LaunchOptions& o_;

@@ -1177,6 +1177,32 @@ TEST(HpcrunCli, AUsersStopDuringAGrowTakesBackTheMembershipMarker) {
   EXPECT_FALSE(fs::exists(marker));
 }
 
+// A rank that crashes in a grow's stop is a failure of the job, counted against --max-restarts
+// and blamed, not a stop to change hosts relaunched for free: a program that crashes in its stop
+// path would otherwise be relaunched as often as hosts come and go. The program crashes
+// (SIGSEGV) when asked to stop; the discovery output grows from localhost to 127.0.0.1.
+TEST(HpcrunCli, ARankThatCrashesInAGrowsStopIsAFailure) {
+  TempDir dir("hpcrun_grow_crash");
+  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh");
+  std::ofstream(hosts) << "localhost:1\n";
+  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
+  fs::permissions(discover, fs::perms::owner_all);
+  const std::string program = "trap 'kill -SEGV $$' USR1; [ \"$HPCRUN_ATTEMPT\" = 2 ] && exit 0; echo step=1 > " +
+                              dir.file("heartbeat") + "; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+  Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--host-discovery-script", discover,
+               "--discovery-interval", "0.2s", "--max-np", "2", "--max-restarts", "0", "sh", "-c", program});
+  const auto said = [&](const std::string& what) { return read_text(job.err_path()).find(what) != std::string::npos; };
+  while (!said("attempt 1:") && job.running() && job.seconds() < 60) usleep(50 * 1000);
+  std::ofstream(hosts, std::ios::app) << "127.0.0.1:1\n";
+  const RunResult r = job.finish(120);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("asking the job to checkpoint and stop: growing onto 127.0.0.1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gave up: 1 failure(s), --max-restarts is 0; the last: rank 0 on localhost ended with signal 11"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("attempt 2:"), std::string::npos) << r.err;
+}
+
 // A host whose slots in the discovery output fall below its ranks drains the job to them, as one
 // that leaves it does: the job had run on, its ranks on slots given to others. The program runs
 // until it is asked to stop (at most 60 s), and its second attempt ends at once.

@@ -49,7 +49,7 @@ NETNS_MPI_ARGS+=" --display-devel-map"
 hpcrun_start devel -H "${NETNS_HOSTS[1]}:1,localhost:1" -np 2 --min-np 1 -x HPCTRAIN_TEST_KILL_AFTER_STEP=3@0 \
   --max-restarts 0
 hpcrun_wait 120
-expect_in devel "attempt 1 failed after .*: lost localhost (named by mpirun)"
+expect_in devel "attempt 1 failed after .*: rank 0 on localhost ended with signal 9"
 say "$(grep -o "attempt 1 failed.*" "$NETNS_DIR/devel.err" | head -1)"
 
 # A rank that fails by itself on host 2 (MPI_Abort, exit code 3) while host 1's two ranks wait for

@@ -677,10 +677,24 @@ TEST(Analysis, BlameFollowsTheProcessMap) {
   Analysis a = analyse_attempt(placement, e);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
   EXPECT_NE(a.reason.find("rank 0 on localhost"), std::string::npos) << a.reason;
+  // mpirun names the host as lost (its daemon, "Remote daemon: ... on node H").
   e.blamed_by_mpirun = {this_host()};
   a = analyse_attempt(placement, e);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
   EXPECT_EQ(a.reason, "lost localhost (named by mpirun)");
+  // It names the host of the rank that died there ("noticed that process rank 0 ... on node H
+  // exited"): the rank's own report says how it ended.
+  e.rank_deaths_by_mpirun = {this_host()};
+  a = analyse_attempt(placement, e);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
+  EXPECT_EQ(a.reason, "rank 0 on localhost ended with signal 9 (Killed)");
+  // Without a word from that rank, the host may have been lost with it.
+  e.reports.erase(e.reports.begin());
+  a = analyse_attempt(placement, e);
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
+  EXPECT_EQ(a.reason, "lost localhost (named by mpirun)");
+  EXPECT_TRUE(names_a_rank_death("mpirun noticed that process rank 0 with PID 0 on node vm exited on signal 11"));
+  EXPECT_FALSE(names_a_rank_death("  Remote daemon: [[40563,0],1] on node nodeb"));
 }
 
 TEST(Analysis, SuccessAndStops) {
@@ -717,6 +731,38 @@ TEST(Analysis, ASecondSignalsKillIsNoStop) {
   for (int r = 0; r < 6; ++r) e.reports.push_back(report(r, 75, false, true));
   e.mpirun_status = exit_code(75);
   EXPECT_EQ(analyse_attempt(kThree, e).verdict, Verdict::Stopped);
+}
+
+// A rank that crashes while the job stops (to grow, to drain, or for the user) is a failure of
+// the job: blamed and counted, as any crash, not "stopped as asked". The stop's own ends are not:
+// a checkpoint's 75, the teardown's SIGTERM, a program without a handler dying of SIGUSR1, an exit
+// code after the request; nor is a crash on the host the stop drains off.
+TEST(Analysis, ACrashInAStopIsAFailure) {
+  AttemptEvidence e;
+  e.stop_requested = true;
+  e.mpirun_status = exit_code(75);
+  e.reports = {report(0, 75, false, true), report(1, 75, false, true), report(2, -11, false, true),
+               report(3, 75, false, true), report(4, 75, false, true), report(5, 75, false, true)};
+  const Analysis a = analyse_attempt(kThree, e);
+  EXPECT_EQ(a.verdict, Verdict::Failure) << a.reason;
+  EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"b"}));
+  EXPECT_NE(a.reason.find("rank 2 on b ended with signal 11"), std::string::npos) << a.reason;
+  EXPECT_TRUE(failed_by_itself(e.reports[2]));
+  e.leaving = {"b"};  // b is being drained
+  EXPECT_EQ(analyse_attempt(kThree, e).verdict, Verdict::Stopped);
+  e.leaving = {"c"};
+  EXPECT_EQ(analyse_attempt(kThree, e).verdict, Verdict::Failure);
+  e.leaving.clear();
+  for (const int end : {-15, -9, -10, 1, 124}) {  // SIGTERM, SIGKILL, SIGUSR1; exit codes
+    e.reports[2] = report(2, end, false, true);
+    const Analysis s = analyse_attempt(kThree, e);
+    EXPECT_EQ(s.verdict, Verdict::Stopped) << end << ": " << s.reason;
+    EXPECT_FALSE(failed_by_itself(e.reports[2])) << end;
+  }
+  e.reports[2] = report(2, -6, true, true);  // the teardown reached it first: a victim
+  EXPECT_EQ(analyse_attempt(kThree, e).verdict, Verdict::Stopped);
+  for (const int sig : {-6, -7, -8, -4})  // SIGABRT, SIGBUS, SIGFPE, SIGILL
+    EXPECT_TRUE(crashed(report(2, sig, false, true))) << sig;
 }
 
 TEST(Analysis, UsageErrorsAreNotRetried) {
