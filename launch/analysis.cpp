@@ -174,7 +174,7 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   const auto word_after = [&](const std::string& key) { return launch::word_after(line, key); };
   if (line.find("Remote daemon:") != std::string::npos) return word_after(" on node ");
   if (line.find("Peer host:") != std::string::npos) return word_after("Peer host:");
-  if (names_a_rank_death(line)) return word_after(" on node ");
+  if (line.find("noticed that process rank") != std::string::npos) return word_after(" on node ");
   // ssh, as mpirun's launch agent, about the host it could not start a daemon on (or lost).
   if (line.rfind("ssh: connect to host ", 0) == 0) return word_after("connect to host ");
   if (line.rfind("ssh: Could not resolve hostname ", 0) == 0) {
@@ -189,7 +189,9 @@ std::string host_blamed_by_mpirun(const std::string& line) {
   return "";
 }
 
-bool names_a_rank_death(const std::string& line) { return line.find("noticed that process rank") != std::string::npos; }
+bool names_a_process_end(const std::string& line) {
+  return line.find("noticed that process rank") != std::string::npos || line.find("Peer host:") != std::string::npos;
+}
 
 bool says_daemons_not_started(const std::string& line) {
   return line.find("was unable to reliably start one or more daemons") != std::string::npos;
@@ -375,10 +377,10 @@ Analysis blame_failure(const std::vector<std::string>& hosts, const AttemptEvide
   a.failed_hosts.insert(silent.begin(), silent.end());
   if (a.failed_hosts.empty() && !heard.first_host.empty()) a.failed_hosts.insert(heard.first_host);
   // mpirun names the host of a rank that died ("noticed that process rank R ... exited on signal
-  // N"), lost or not: where it named no host for anything else and that rank's own report came,
-  // the report says what happened.
+  // N", "Peer host: H"), lost or not: where it named no host for anything else (a lost daemon) and
+  // that rank's own report came, the report says what happened.
   std::vector<std::string> for_more = e.blamed_by_mpirun;
-  for (const std::string& d : e.rank_deaths_by_mpirun)
+  for (const std::string& d : e.process_ends_by_mpirun)
     if (const auto at = std::find(for_more.begin(), for_more.end(), d); at != for_more.end()) for_more.erase(at);
   const bool only_a_death = !named.empty() && named_by_mpirun(hosts, e, for_more).empty() &&
                             std::find(named.begin(), named.end(), heard.first_host) != named.end();

@@ -86,8 +86,8 @@ void keep_error_line(std::string& kept, const std::string& line);
 struct AttemptEvidence {
   std::vector<RankReport> reports;            // in the order they arrived
   std::vector<std::string> blamed_by_mpirun;  // host_blamed_by_mpirun() of mpirun's lines
-  // Those of them named for a rank that died there (names_a_rank_death), not for a lost host.
-  std::vector<std::string> rank_deaths_by_mpirun;
+  // Those of them named for a process there (names_a_process_end), not for the host's own loss.
+  std::vector<std::string> process_ends_by_mpirun;
   std::set<int> alive;                        // ranks that answered the liveness query of a stalled job
   std::set<int> signalled;                    // ranks whose wrapper said mpirun's teardown reached it
   std::map<int, std::string> error_lines;     // keep_error_line() of each rank's stderr
@@ -121,9 +121,10 @@ Analysis analyse_attempt(const HostList& placement, const AttemptEvidence& e);
 // "a, b, c": host names in a line.
 std::string listed(const std::vector<std::string>& names);
 
-// mpirun's line names a host because a rank died there ("noticed that process rank R ... on node H
-// exited"), which says nothing of the host itself.
-bool names_a_rank_death(const std::string& line);
+// mpirun's line names a host for a process there that ended ("noticed that process rank R ... on
+// node H exited") or whose connection dropped ("Peer host: H", after a peer's crash as after a
+// host's loss), not for the host's own loss ("Remote daemon: ... on node H", ssh's words).
+bool names_a_process_end(const std::string& line);
 
 // mpirun's account that it could not start its daemon on some host, which names none (Open MPI 4:
 // "ORTE was unable to reliably start one or more daemons.").

@@ -471,7 +471,7 @@ void AttemptWatcher::handle_output(const std::string& line, bool from_stderr) {
   const std::string blamed = t.rank < 0 ? host_blamed_by_mpirun(t.text) : "";
   if (!blamed.empty()) {
     ev.blamed_by_mpirun.push_back(blamed);
-    if (names_a_rank_death(t.text)) ev.rank_deaths_by_mpirun.push_back(blamed);
+    if (names_a_process_end(t.text)) ev.process_ends_by_mpirun.push_back(blamed);
     note_failure();
   }
   if (keep_off_terminal(t)) return;

@@ -684,7 +684,7 @@ TEST(Analysis, BlameFollowsTheProcessMap) {
   EXPECT_EQ(a.reason, "lost localhost (named by mpirun)");
   // It names the host of the rank that died there ("noticed that process rank 0 ... on node H
   // exited"): the rank's own report says how it ended.
-  e.rank_deaths_by_mpirun = {this_host()};
+  e.process_ends_by_mpirun = {this_host()};
   a = analyse_attempt(placement, e);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
   EXPECT_EQ(a.reason, "rank 0 on localhost ended with signal 9 (Killed)");
@@ -693,8 +693,9 @@ TEST(Analysis, BlameFollowsTheProcessMap) {
   a = analyse_attempt(placement, e);
   EXPECT_EQ(a.failed_hosts, (std::set<std::string>{"localhost"}));
   EXPECT_EQ(a.reason, "lost localhost (named by mpirun)");
-  EXPECT_TRUE(names_a_rank_death("mpirun noticed that process rank 0 with PID 0 on node vm exited on signal 11"));
-  EXPECT_FALSE(names_a_rank_death("  Remote daemon: [[40563,0],1] on node nodeb"));
+  EXPECT_TRUE(names_a_process_end("mpirun noticed that process rank 0 with PID 0 on node vm exited on signal 11"));
+  EXPECT_TRUE(names_a_process_end("  Peer host:  vm"));
+  EXPECT_FALSE(names_a_process_end("  Remote daemon: [[40563,0],1] on node nodeb"));
 }
 
 TEST(Analysis, SuccessAndStops) {
