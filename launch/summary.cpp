@@ -106,8 +106,17 @@ bool write_atomically(const std::string& path, const std::string& text) {
 int Supervisor::finish(int code, const std::string& last_line) {
   mark_membership_change(o_.checkpoint_dir, false);
   open_logs();
-  const SnapshotsHeld held = snapshots_held(code);
-  free_snapshots(code, persist_snapshots(code, held), held);
+  // A checkpoint directory that cannot be read now (shared storage failing with the job, an NFS
+  // handle gone stale) must not cost the summary or the exit code a batch script acts on: the
+  // snapshots, which may be the only copy of the last steps, are then kept.
+  try {
+    const SnapshotsHeld held = snapshots_held(code);
+    free_snapshots(code, persist_snapshots(code, held), held);
+  } catch (const std::exception& e) {
+    say(std::string("warning: keeping the run's snapshots in host memory: cannot tell what they hold (") + e.what() +
+        ")");
+    snapshots_fate_ = "kept";
+  }
   print_summary();
   write_summary_json(code);
   if (!last_line.empty()) say(last_line);

@@ -1433,5 +1433,40 @@ TEST(HpcrunCli, ADamagedNewestCheckpointLeavesTheSnapshotsStepsOnSharedStorage) 
   EXPECT_EQ(last.at("resumed_from_step"), 8) << last.dump();
 }
 
+// A checkpoint directory that cannot be read as the job ends (shared storage failing with it)
+// costs neither the exit code a batch script acts on nor the summary: the snapshots are kept, with
+// a warning. The program, named hpctrain, leaves a heartbeat and a run id, then makes the
+// directory unreadable and ends: failing (1 after --max-restarts 0), or stopping itself after a
+// checkpoint (75, which a batch script requeues). As root, hpcrun runs without the capabilities
+// that let root past permission bits.
+TEST(HpcrunCli, ACheckpointDirectoryUnreadableAtTheEndKeepsTheExitCodeAndTheSummary) {
+  for (const int program_exit : {3, 75}) {
+    TempDir dir("hpcrun_unreadable_end");
+    const std::string ck = dir.file("ck"), logs = dir.file("logs"), program = dir.file("bin/hpctrain");
+    fs::create_directories(dir.file("bin"));
+    std::ofstream(program) << "#!/bin/sh\nmkdir -p " << ck << " && printf 'step=5\\nstate=training\\n' > " << ck
+                           << "/heartbeat && echo 0123456789abcdef > " << ck << "/run-id && chmod 000 " << ck
+                           << " && exit " << program_exit << "\nexit 9\n";
+    fs::permissions(program, fs::perms::owner_all);
+    std::vector<std::string> args{hpcrun_binary(), "-np", "1", "--max-restarts", "0", "--log-dir", logs, program,
+                                  "--checkpoint-dir", ck};
+    if (geteuid() == 0)
+      args.insert(args.begin(), {"/usr/bin/setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                                 "--bounding-set=-dac_override,-dac_read_search"});
+    const RunResult r = run_program(args, 60);
+    fs::permissions(ck, fs::perms::owner_all);
+    const int expected = program_exit == 75 ? 75 : 1;
+    EXPECT_EQ(r.exit_code, expected) << r.err;
+    EXPECT_EQ(error_lines(r.err), 0) << r.err;
+    EXPECT_NE(r.err.find("warning: keeping the run's snapshots in host memory: cannot tell what they hold ("),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("hpcrun: summary: 1 attempt(s)"), std::string::npos) << r.err;
+    const nlohmann::json s = summary(logs + "/summary.json");
+    EXPECT_EQ(s.at("exit_code"), expected) << s.dump();
+    EXPECT_EQ(s.at("snapshots"), "kept") << s.dump();
+  }
+}
+
 }  // namespace
 }  // namespace hpc::itest
