@@ -55,18 +55,24 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-int parse_slots(const std::string& text, const std::string& where) {
+namespace {
+// A whole number from 1 to `most`, digits only (stoi also takes "+3" and " 3"), else 0.
+int whole_number(const std::string& text, int most) {
   int v = 0;
   size_t used = 0;
   try {
     v = std::stoi(text, &used);
   } catch (const std::exception&) {
-    used = 0;
+    return 0;
   }
-  // Digits only: stoi also takes "+3" and " 3".
   const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); });
-  HPC_REQUIRE(digits && used == text.size() && v >= 1 && v <= kMaxSlots, where,
-              ": slots must be a whole number from 1 to ", kMaxSlots, ", got '", printable(text), "'");
+  return digits && used == text.size() && v >= 1 && v <= most ? v : 0;
+}
+}  // namespace
+
+int parse_slots(const std::string& text, const std::string& where) {
+  const int v = whole_number(text, kMaxSlots);
+  HPC_REQUIRE(v > 0, where, ": slots must be a whole number from 1 to ", kMaxSlots, ", got '", printable(text), "'");
   return v;
 }
 
@@ -260,7 +266,11 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& tasks) {
     int repeat = 1;
     if (x != std::string::npos) {
       HPC_REQUIRE(item.back() == ')', where, " is not in Slurm's form, e.g. 2(x3),1");
-      repeat = parse_slots(item.substr(x + 2, item.size() - x - 3), where);
+      // A count of nodes, not of slots: 1(x5000) is 5000 nodes of one task each.
+      const std::string count = item.substr(x + 2, item.size() - x - 3);
+      repeat = whole_number(count, kMaxTotalSlots);
+      HPC_REQUIRE(repeat > 0, where, ": a repeat count (xN) must be a whole number from 1 to ", kMaxTotalSlots,
+                  ", got '", printable(count), "'");
     }
     // As for the node list: each entry is a node with a slot at least, checked before it is made.
     HPC_REQUIRE(static_cast<size_t>(repeat) <= kMaxTotalSlots - out.size(), where, " counts more than ",
@@ -268,6 +278,7 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& tasks) {
     out.insert(out.end(), static_cast<size_t>(repeat), n);
   }
   HPC_REQUIRE(!out.empty(), "SLURM_TASKS_PER_NODE is empty");
+  HPC_REQUIRE(tasks.back() != ',', where, " ends with a comma");
   return out;
 }
 

@@ -252,6 +252,13 @@ TEST(Hosts, SlurmForms) {
         << bad;
   usage_message([] { expand_slurm_tasks_per_node("2(x"); });
   EXPECT_NE(usage_message([] { slurm_hosts("a[1-3]", "1"); }).find("inconsistent"), std::string::npos);
+  // A repeat counts nodes, not slots: more than a host's 4096 slots is a large allocation.
+  EXPECT_EQ(slurm_hosts("n[1-5000]", "1(x5000)").size(), 5000u);
+  for (const char* bad : {"1(x0)", "1(x+3)", "1(x)", "1(x1048577)"})
+    EXPECT_NE(usage_message([&] { expand_slurm_tasks_per_node(bad); }).find("a repeat count (xN) must be"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(usage_message([] { expand_slurm_tasks_per_node("1(x2),"); }).find("ends with a comma"), std::string::npos);
 }
 
 // The allocation as mpirun should see it after a lost node: only the healthy hosts, in forms
