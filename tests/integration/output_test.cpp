@@ -451,6 +451,44 @@ TEST_F(FullOutputFileSystem, AnExportOrEvaluationThatDoesNotFitLeavesNothing) {
   EXPECT_FALSE(fs::exists(m)) << "an empty file left behind";
 }
 
+// A periodic checkpoint that a full file system refused does not stop the stop's checkpoint from
+// being tried: room came back (the volume grown) before the stop signal, and the stop writes its
+// checkpoint, with a warning of the earlier failure, and exits 75. (The stop gave up at once
+// with the earlier write's error, exit 2, and the steps since the last checkpoint were lost.)
+// Slowed steps (800 ms) give the write of step 4 time to fail before step 5, and the test time to
+// act before the next checkpoint, of step 8, would throw that failure (the heartbeat, which it
+// watches, beats at most once a second).
+TEST_F(FullOutputFileSystem, AStopWritesItsCheckpointAfterAnEarlierOneFailed) {
+  ASSERT_EQ(mount("tmpfs", full_.c_str(), "tmpfs", MS_REMOUNT, "size=2m"), 0) << std::strerror(errno);
+  fs::remove(full_ + "/pad");
+  write_bytes(full_ + "/pad", Bytes((2 << 20) - (512 << 10), 0));  // 512 KB left: no cnn checkpoint fits
+  const std::string ck = full_ + "/ck";
+  setenv("HPCTRAIN_TEST_SLOW_RANK", "0:800", 1);
+  const auto job = start_hpctrain({"--data-dir", data_.str(), "--max-steps", "40", "--batch-size", "16",
+                                   "--test-samples", "16", "--epochs", "1", "--threads", "1", "--checkpoint-dir", ck,
+                                   "--checkpoint-every-steps", "4", "--checkpoint-interval", "0",
+                                   "--snapshot-every-steps", "0"});
+  unsetenv("HPCTRAIN_TEST_SLOW_RANK");
+  const auto step = [&] {
+    const std::string beat = read_text(ck + "/heartbeat");
+    return beat.rfind("step=", 0) == 0 ? std::atoll(beat.c_str() + 5) : -1;
+  };
+  ASSERT_TRUE(wait_until([&] { return step() >= 5 || !job->running(); }, 60)) << read_text(job->err_path());
+  ASSERT_TRUE(job->running()) << read_text(job->err_path());
+  ASSERT_EQ(mount("tmpfs", full_.c_str(), "tmpfs", MS_REMOUNT, "size=16m"), 0) << std::strerror(errno);
+  ASSERT_EQ(::kill(job->pid(), SIGTERM), 0);
+  const RunResult r = job->finish(60);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_NE(r.err.find("hpctrain: warning: an earlier checkpoint could not be written ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(ck + "/ckpt-000000004.hpck"));
+  std::vector<std::string> written;
+  for (const auto& e : fs::directory_iterator(ck))
+    if (e.path().extension() == ".hpck") written.push_back(e.path().filename().string());
+  ASSERT_EQ(written.size(), 1u) << r.err;
+  EXPECT_GE(std::atoll(written[0].c_str() + 5), 6) << written[0];  // ckpt-<step>.hpck
+}
+
 // A JSON document that is not JSON Lines (hpcrun's summary.json, a pretty-printed object that
 // begins with '{' and ends with '}') named as --metrics-file: one error line, and it stays as it
 // was. (hpctrain looked at its first and last byte only, and appended to it.) So does a file

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "core/log.hpp"
 #include "dist/agree.hpp"
 #include "train/stop/signals.hpp"
 
@@ -200,7 +201,7 @@ bool Checkpointer::due_at_step(int64_t step) const {
   return o_.checkpoint_every_steps > 0 && step % o_.checkpoint_every_steps == 0;
 }
 
-void Checkpointer::save(const RunPosition& at) {
+void Checkpointer::save(const RunPosition& at, bool last) {
   // The same step saved again only where it stands elsewhere: the final checkpoint of a run that
   // --max-steps ended mid-epoch, on a step a periodic checkpoint had just taken, stands after the
   // last epoch (as the done event's state_checksum says); it stayed the mid-epoch one.
@@ -212,7 +213,15 @@ void Checkpointer::save(const RunPosition& at) {
   last_saved_ = at;
   dist::collectively(ctx_, [&] {
     if (!writer_) return;
-    ckpt::Checkpoint snapshot = writer_->recycled();
+    ckpt::Checkpoint snapshot;
+    try {
+      snapshot = writer_->recycled();
+    } catch (const Error& e) {
+      if (!last) throw;
+      log::warn("an earlier checkpoint could not be written (", e.what(), "); writing this one, of step ", at.step,
+                ", all the same");
+      snapshot = writer_->recycled();  // the failure was taken: the writer is idle
+    }
     record_run(snapshot, o_, model_, ctx_.world_size(), at);
     engine_.snapshot(snapshot);
     writer_->submit(std::move(snapshot), at.step);

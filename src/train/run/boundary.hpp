@@ -169,8 +169,12 @@ class Checkpointer {
   // other ranks: StepAgreement spreads rank 0's answer).
   bool due_by_clock() const;
   bool due_at_step(int64_t step) const;  // --checkpoint-every-steps
-  // A checkpoint at `at` (none without --checkpoint-dir, or when one was taken at this step).
-  void save(const RunPosition& at);
+  // A checkpoint at `at` (none without --checkpoint-dir, or when one was taken at this step). An
+  // earlier write that failed is thrown here, unless this is the process's `last` checkpoint (a
+  // stop's, the run's end): then it is warned of and this one is written all the same, for
+  // wait_for_writes to judge (the space may have come back, and it is the last chance to keep
+  // the steps since the newest checkpoint).
+  void save(const RunPosition& at, bool last = false);
   // Waits until rank 0's checkpoints are written; `doing` says what for in the error if one
   // could not be.
   void wait_for_writes(const std::string& doing);

@@ -175,7 +175,8 @@ class TrainingRun {
   void add_saved_sums(const std::vector<double>& saved, EpochTally& e) const;
   bool end_recorded_epoch();
   RunPosition saved_position(RunPosition at);  // with the epoch's sums (collective inside an epoch)
-  void checkpoint(const RunPosition& at);  // checkpoints_->save and snapshots_->take, traced
+  // checkpoints_->save, traced; `last`: the process's last (a stop's, the run's end), Checkpointer::save
+  void checkpoint(const RunPosition& at, bool last = false);
   void snapshot(const RunPosition& at);
   // save: --checkpoint-each-epoch's checkpoint too (not in a stop that keeps the state in memory only).
   bool end_epoch(int64_t epoch, EpochTally& e, bool save = true);
@@ -386,7 +387,7 @@ std::optional<int> TrainingRun::set_up() {
   std::function<void()> save;
   if (only_in_memory)
     save = [this] {
-      checkpoint(p_.start);
+      checkpoint(p_.start, /*last=*/true);
       checkpoints_->wait_for_writes("stopped during set-up");
     };
   const std::optional<int> code = stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
@@ -792,10 +793,10 @@ bool TrainingRun::end_recorded_epoch() {
   return end_epoch(at.epoch - 1, e);
 }
 
-void TrainingRun::checkpoint(const RunPosition& at) {
+void TrainingRun::checkpoint(const RunPosition& at, bool last) {
   const int64_t before = checkpoints_->written();
   const Clock::time_point t0 = Clock::now();
-  checkpoints_->save(at);
+  checkpoints_->save(at, last);
   if (trace_ && checkpoints_->written() > before) trace_->span("checkpoint", t0, Clock::now(), at.step);
 }
 
@@ -865,7 +866,7 @@ TrainResult TrainingRun::stop() {
   const RunPosition here = saved_position(tally_.here);
   const bool in_memory = stop_for_membership(here);  // asked once: it takes the snapshots
   if (!in_memory) {
-    checkpoint(here);
+    checkpoint(here, /*last=*/true);
     snapshot(here);
     checkpoints_->wait_for_writes(cause);  // rank 0's checkpoint is durable before anyone exits
   }
@@ -939,7 +940,7 @@ TrainResult TrainingRun::finish() {
   }
   // Checked by save(), or here without a checkpoint directory.
   if (o_.checkpoint_dir.empty()) require_finite_state(comm_, *engine_, o_, step, true);
-  checkpoint(final_position());
+  checkpoint(final_position(), /*last=*/true);
   if (trace_) trace_->gather();
   checkpoints_->wait_for_writes(detail::concat("finished after step ", step));
   if (StopSignals::requested())  // on this rank: too late to stop before the end, which is as good
