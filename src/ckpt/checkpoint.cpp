@@ -222,6 +222,9 @@ Checkpoint decode(uint64_t size, const std::function<void(char*, size_t)>& read,
   uint32_t version = 0;
   get(version, "header");
   seen_layout.version = version;
+  if (version > kFormatVersion)
+    throw NewerFormatCheckpoint(detail::concat(what, " has checkpoint format version ", version, "; this hpctrain reads ",
+                                               "version ", kFormatVersion, " (written by a newer hpctrain?)"));
   HPC_REQUIRE(version == kFormatVersion, what, " has checkpoint format version ", version, "; this hpctrain reads version ",
               kFormatVersion);
   Checkpoint c;

@@ -39,6 +39,15 @@ class CheckpointTooLarge : public Error {
   uint64_t bytes;  // the file's size
 };
 
+// A checkpoint of a later format than this hpctrain reads (its magic right, its version higher):
+// written by a newer hpctrain, the requeued job on a node with an older one, an install rolled
+// back. --resume auto does not pass it by (find_latest): an older file's resume would move it
+// aside and go back to the older step, or start afresh where it was the only one.
+class NewerFormatCheckpoint : public Error {
+ public:
+  explicit NewerFormatCheckpoint(const std::string& what) : Error(ErrorKind::Usage, what) {}
+};
+
 constexpr uint32_t kFormatVersion = 1;
 
 // Everything a run needs to continue exactly where it stopped.

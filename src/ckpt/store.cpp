@@ -707,6 +707,9 @@ LatestCheckpoint find_latest(const std::string& dir, Arenas arenas) {
     } catch (const UnreadableCheckpoint& e) {
       throw UnreadableCheckpoint(detail::concat(e.what(), "; an unreadable checkpoint is not passed by for an older "
                                                 "one: make it readable, or move it out of ", dir));
+    } catch (const NewerFormatCheckpoint& e) {
+      throw NewerFormatCheckpoint(detail::concat(e.what(), "; it is not passed by for an older one: run the hpctrain "
+                                                 "that wrote it, or move it out of ", dir));
     } catch (const CheckpointTooLarge& e) {
       if (!too_large || e.bytes < too_large->bytes) too_large.emplace(e);
       latest.skipped.push_back(e.what());

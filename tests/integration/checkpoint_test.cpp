@@ -965,6 +965,25 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
   EXPECT_EQ(h.at("option.lr").str, "0.1");
   EXPECT_EQ(h.at("size_bytes").number, static_cast<double>(fs::file_size(ck + "/ckpt-000000035.hpck")));
 
+  // The newest of a later format (a newer hpctrain wrote it): inspect, evaluate and a resume refuse
+  // it alike, rather than pass it by for the older one, whose resume would move it aside.
+  const std::string newer = dir_.file("newer");
+  fs::create_directory(newer);
+  fs::copy_file(ck + "/ckpt-000000035.hpck", newer + "/ckpt-000000035.hpck");
+  Bytes later = read_bytes(ck + "/ckpt-000000040.hpck");
+  later.at(8) = 2;  // the format version, after the magic
+  write_bytes(newer + "/ckpt-000000040.hpck", later);
+  const std::string refused = newer + "/ckpt-000000040.hpck has checkpoint format version 2; this hpctrain reads "
+                              "version 1 (written by a newer hpctrain?)";
+  const RunResult newer_listing = run_hpctrain({"inspect", newer});
+  expect_usage_error(newer_listing, refused + ": --resume auto refuses it rather than pass it by");
+  EXPECT_NE(newer_listing.out.find("ckpt-000000035.hpck  step 35"), std::string::npos) << newer_listing.out;
+  expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", newer}), refused + "; it is not passed by for an older one");
+  expect_usage_error(run_hpctrain({"--data-dir", fashion_mnist_dir(), "--checkpoint-dir", newer, "--resume", "auto",
+                                   "--threads", "1", "--snapshot-every-steps", "0"}),
+                     refused + "; it is not passed by for an older one");
+  EXPECT_TRUE(fs::exists(newer + "/ckpt-000000040.hpck"));
+
   // A bit flipped in the parameters: the header is still shown, the file is declared invalid.
   Bytes bad = read_bytes(ck + "/ckpt-000000035.hpck");
   bad[bad.size() / 3] ^= 0x01;

@@ -237,6 +237,38 @@ TEST(CheckpointStore, AFileWhoseNameSaysAnotherStepIsSkipped) {
   EXPECT_EQ(ckpt::load_checkpoint(dir + "/best.hpck").integer("step"), 10);
 }
 
+// A checkpoint of a later format (its magic right, its version higher: a newer hpctrain wrote it)
+// is not damaged either: passed by, its resume moved it aside and went back to the older step,
+// or started afresh. A version below this one's is damage, and passed by.
+TEST(CheckpointStore, ANewerFormatIsNotPassedBy) {
+  const TempDir tmp;
+  const std::string dir = tmp.str();
+  ckpt::CheckpointStore store(dir, 5);
+  const std::string older = write_sample(store, 10, 10);
+  const std::string newest = write_sample(store, 20, 20);
+  const auto set_version = [&](uint32_t v) {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);  // after the magic
+    f.write(reinterpret_cast<const char*>(&v), sizeof v);
+  };
+  set_version(ckpt::kFormatVersion + 1);
+  for (const ckpt::Arenas arenas : {ckpt::Arenas::Keep, ckpt::Arenas::Check}) {
+    try {
+      ckpt::find_latest(dir, arenas);
+      ADD_FAILURE() << "a checkpoint of a newer format was passed by";
+    } catch (const ckpt::NewerFormatCheckpoint& e) {
+      EXPECT_EQ(std::string(e.what()), "checkpoint " + newest + " has checkpoint format version 2; this hpctrain reads "
+                                       "version 1 (written by a newer hpctrain?); it is not passed by for an older "
+                                       "one: run the hpctrain that wrote it, or move it out of " + dir);
+    }
+  }
+  set_version(0);
+  const ckpt::LatestCheckpoint latest = ckpt::find_latest(dir);
+  ASSERT_TRUE(latest.found.has_value());
+  EXPECT_EQ(latest.found->first, older);
+  ASSERT_EQ(latest.skipped.size(), 1u);
+}
+
 // A checkpoint the system refuses to read (EACCES here; EIO, a stale NFS handle) is not damaged:
 // --resume auto passed it by for an older one, whose resume moved it aside, and when every file
 // failed alike (a permission, a memory limit) it started afresh. Read by an unprivileged user

@@ -106,6 +106,7 @@ struct Inspected {
   ckpt::Layout layout;
   std::string problem;  // empty: valid
   bool misfit = false;  // it reads, but does not fit its model: --resume auto refuses it, not passes it by
+  bool refused = false;  // misfit, unreadable or of a newer format: refused by --resume auto, not passed by
   std::string param_checksum, state_checksum;  // of a valid one (as a done line gives them)
 };
 
@@ -122,8 +123,14 @@ Inspected inspect_file(const std::string& path) {
     // Its arenas as its model has them: a file made or edited elsewhere may hold other counts.
     if (const std::optional<std::string> misfit = model_misfit(c)) {
       r.problem = *misfit;
-      r.misfit = true;
+      r.misfit = r.refused = true;
     }
+  } catch (const ckpt::UnreadableCheckpoint& e) {
+    r.problem = e.what();
+    r.refused = true;
+  } catch (const ckpt::NewerFormatCheckpoint& e) {
+    r.problem = e.what();
+    r.refused = true;
   } catch (const Error& e) {
     r.problem = e.what();
   }
@@ -252,17 +259,19 @@ int inspect(const std::string& path, bool json) {
     for (const std::string& file : files) {
       const Inspected r = inspect_file(file);
       valid += r.problem.empty();
-      if (!newest && (r.problem.empty() || r.misfit)) newest = r;
+      if (!newest && (r.problem.empty() || r.refused)) newest = r;
       if (json) log::write_standard_output(inspected_json(r) + "\n");
       else print_directory_line(r);
     }
     if (!json) print_heartbeat(path);
     log::flush_standard_output();
     HPC_REQUIRE(!files.empty(), "no checkpoints (ckpt-*.hpck) in ", path);
+    HPC_REQUIRE(!newest || !newest->misfit, "the newest checkpoint that reads, ", newest->path,
+                ", does not fit its model (", newest->problem, "): --resume auto refuses it rather than pass it by "
+                "for an older one; move it aside to continue from the one before");
+    HPC_REQUIRE(!newest || !newest->refused, newest->problem, ": --resume auto refuses it rather than pass it by for an "
+                "older one; move it aside to continue from the one before");
     HPC_REQUIRE(valid > 0, "none of the ", files.size(), " checkpoint(s) in ", path, " is valid");
-    HPC_REQUIRE(!newest->misfit, "the newest checkpoint that reads, ", newest->path, ", does not fit its model (",
-                newest->problem, "): --resume auto refuses it rather than pass it by for an older one; move it "
-                "aside to continue from the one before");
     return kExitSuccess;
   }
   // Named as evaluate names it, with the system's reason: exists() took a path through a file
