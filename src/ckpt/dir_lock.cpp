@@ -193,11 +193,10 @@ double DirectoryLock::stale_seconds() {
   return v && std::atof(v) > 0 ? std::atof(v) : kDefaultStaleSeconds;
 }
 
-std::map<std::string, std::string> read_key_values(const std::string& path) {
-  std::map<std::string, std::string> fields;
+std::string read_small_file(const std::string& path) {
   // Not blocking at the open: a FIFO of that name would wait for a writer forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return fields;
+  if (fd < 0) return "";
   struct stat st {};
   std::string text;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
@@ -209,7 +208,12 @@ std::map<std::string, std::string> read_key_values(const std::string& path) {
     text.resize(got);
   }
   ::close(fd);
-  std::istringstream in(text);
+  return text;
+}
+
+std::map<std::string, std::string> read_key_values(const std::string& path) {
+  std::map<std::string, std::string> fields;
+  std::istringstream in(read_small_file(path));
   for (std::string line; std::getline(in, line);) {
     const size_t eq = line.find('=');
     const bool printable = std::none_of(line.begin(), line.end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); });

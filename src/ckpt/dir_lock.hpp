@@ -101,5 +101,8 @@ bool lock_lost_at_exit();
 // characters left out (they would reach a terminal as they are).
 inline constexpr size_t kMostKeyValueBytes = 64 * 1024;
 std::map<std::string, std::string> read_key_values(const std::string& path);
+// The first kMostKeyValueBytes of a regular file, "" for anything else (not there, unreadable, a
+// FIFO, which is not waited on, a directory): a small record's text (run-id, a run's owner).
+std::string read_small_file(const std::string& path);
 
 }  // namespace hpc::ckpt

@@ -402,10 +402,15 @@ CheckpointStore::CheckpointStore(std::string dir, int keep, bool reuse_pages)
   HPC_REQUIRE(!ec && fs::is_directory(dir_), "cannot create checkpoint directory ", dir_,
               ec ? ": " + ec.message() : std::string(": not a directory"));
   HPC_REQUIRE(::access(dir_.c_str(), W_OK) == 0, "checkpoint directory ", dir_, " is not writable");
-  const fs::path beat = fs::path(dir_) / "heartbeat";
-  // The heartbeat is replaced by a rename, which a directory there would refuse all run long.
-  HPC_REQUIRE(!fs::is_directory(fs::symlink_status(beat, ec)), beat.string(),
-              " is a directory: hpctrain replaces that path with its heartbeat file (move it away)");
+  // The heartbeat and the run id are replaced by a rename, which a directory there would refuse
+  // all run long (the heartbeat written through heartbeat.tmp: none at all).
+  for (const auto& [name, what] : {std::pair{"heartbeat", "its heartbeat file"},
+                                   std::pair{"heartbeat.tmp", "the heartbeat it is writing"},
+                                   std::pair{"run-id", "its run id"}}) {
+    const fs::path own = fs::path(dir_) / name;
+    HPC_REQUIRE(!fs::is_directory(fs::symlink_status(own, ec)), own.string(),
+                " is a directory: hpctrain replaces that path with ", what, " (move it away)");
+  }
   // A writer killed before its rename leaves its temporary file (as large as a checkpoint).
   // This store is the directory's only writer now, so such leftovers are garbage.
   for (const auto& e : fs::directory_iterator(dir_, ec)) {

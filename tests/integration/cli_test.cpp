@@ -1139,6 +1139,16 @@ TEST_F(CliCheckpoint, FifosAndDirectoriesInACheckpointDirectory) {
   ASSERT_EQ(mkfifo((fifo_lock + "/lock").c_str(), 0600), 0);
   expect_refused({"--checkpoint-dir", fifo_lock}, {fifo_lock + "/lock is not a regular file"});
 
+  // A FIFO named run-id: read at the start (the run waited on it for ever, and a stop signal did
+  // not end the wait); now taken for no id, and replaced by the run's own.
+  const std::string fifo_id = work_.file("fifo-run-id");
+  fs::create_directory(fifo_id);
+  ASSERT_EQ(mkfifo((fifo_id + "/run-id").c_str(), 0600), 0);
+  const RunResult ran = run({"--checkpoint-dir", fifo_id, "--snapshot-every-steps", "1"});
+  ASSERT_FALSE(ran.timed_out) << "the run waited for the FIFO run-id";
+  EXPECT_EQ(ran.exit_code, 0) << ran.err;
+  EXPECT_TRUE(fs::is_regular_file(fifo_id + "/run-id"));
+
   const std::string blocked = work_.file("blocked");
   fs::create_directories(blocked + "/ckpt-000000001.hpck");
   expect_usage_error(run({"--checkpoint-dir", blocked}),
@@ -1175,6 +1185,17 @@ TEST_F(CliCheckpoint, HeartbeatThatIsADirectory) {
   fs::remove(dir_ + "/heartbeat");
   fs::create_directory(dir_ + "/heartbeat");
   expect_refused({"--checkpoint-dir", dir_}, {dir_ + "/heartbeat is a directory"});
+  fs::remove(dir_ + "/heartbeat");
+  // So is the path it writes the heartbeat through (the run wrote none at all, with one warning),
+  // and the run id's, which a rename replaces (refused once the data and the model were loaded).
+  for (const std::string name : {"heartbeat.tmp", "run-id"}) {
+    const std::string path = dir_ + "/" + name, was = fs::exists(path) ? read_text(path) : "";
+    fs::remove(path);
+    fs::create_directory(path);
+    expect_refused({"--checkpoint-dir", dir_}, {path + " is a directory: hpctrain replaces that path"});
+    fs::remove(path);
+    if (!was.empty()) write_text(path, was);
+  }
 }
 
 // A checkpoint directory that cannot be listed is an error: it must not look empty, which

@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <utility>
 
 #include "ckpt/dir_lock.hpp"
@@ -91,7 +92,7 @@ struct RunIdFile {
 };
 
 RunIdFile read_run_id(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / kRunIdFile);
+  std::istringstream in(ckpt::read_small_file((fs::path(dir) / kRunIdFile).string()));
   RunIdFile f;
   if (!(in >> f.id) || !is_run_id(f.id)) return {};
   f.inode = recorded_inode(in);
@@ -335,7 +336,7 @@ std::string snapshot_run_dir(const TrainOptions& o, const std::string& run_id) {
 // there). nullptr when it cannot tell: no record (an older hpctrain's), the directory gone,
 // moved, replaced (another inode) or unreadable, or the run not finished.
 const char* ended_run(const RunDir& run) {
-  std::ifstream in(run.path / kOwnerFile);
+  std::istringstream in(ckpt::read_small_file((run.path / kOwnerFile).string()));
   std::string dir;
   if (!std::getline(in, dir) || dir.empty()) return nullptr;
   const std::string inode = recorded_inode(in);
@@ -513,9 +514,7 @@ void Snapshotter::record_checkpoint_dir() {
   const std::string text =
       directory_record(fs::absolute(o_.checkpoint_dir).lexically_normal().string(), o_.checkpoint_dir);
   const fs::path file = fs::path(run_dir_) / kOwnerFile;
-  std::ifstream in(file);
-  const std::string was{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (was != text) ckpt::write_file_atomically(file.string(), std::vector<char>(text.begin(), text.end()));
+  if (ckpt::read_small_file(file.string()) != text) ckpt::write_file_atomically(file.string(), std::vector<char>(text.begin(), text.end()));
 }
 
 bool Snapshotter::due(int64_t step) const {
