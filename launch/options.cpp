@@ -32,8 +32,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// How long an hpctrain attempt waits for its checkpoint directory's lock (--checkpoint-lock-wait).
-constexpr const char* kRelaunchLockWait = "1m";
+// How long an hpctrain attempt waits for its checkpoint directory's lock (--checkpoint-lock-wait)
+// beyond the program's --step-timeout (relaunch_lock_wait), and where it has none.
+constexpr double kRelaunchLockMargin = 60;
+
+// The program's --step-timeout (hpctrain's 10m where not given) and a minute; a minute where it
+// has none (0) or hpctrain will refuse the value anyway.
+std::string relaunch_lock_wait(const std::string& step_timeout) {
+  double step = 600;
+  if (!step_timeout.empty()) {
+    try {
+      step = parse_duration(step_timeout, "--step-timeout");
+    } catch (const Error&) {
+      step = 0;
+    }
+  }
+  return options::duration_text(std::min(step > 0 ? step + kRelaunchLockMargin : kRelaunchLockMargin, kLongestWait));
+}
 
 std::vector<std::string> split_words(const std::string& s) {
   std::stringstream ss(s);
@@ -614,9 +629,13 @@ void read_program(LaunchOptions& o) {
   // Every attempt after the first must continue from the last checkpoint.
   if (o.program_is_hpctrain) by_default("resume", "auto");
   if (o.program_is_hpctrain && !o.checkpoint_dir.empty()) {
-    // A relaunch after a lost host may find the last attempt's rank 0 still alive there, holding
-    // the directory's lock until its own step watchdog ends it (about when the other ranks' did).
-    by_default("checkpoint-lock-wait", kRelaunchLockWait);
+    // A relaunch after a lost host may find the last attempt's rank 0 still alive there, cut off
+    // from the other hosts but not from the shared storage, holding the directory's lock until
+    // its own step watchdog ends it: up to its --step-timeout (10m by default) after its last
+    // step, where mpirun, naming the lost daemon, ended the others at once. A wait of a minute
+    // refused the relaunch as a usage error (exit 2: the job ended for good). A dead holder's lock
+    // is taken at once (the kernel drops it), or after 30 s where its record stops changing.
+    by_default("checkpoint-lock-wait", relaunch_lock_wait(program_value(o, "step-timeout")));
     // hpcrun watches the start-up itself (the heartbeat's first step, within --start-timeout):
     // hpctrain's own set-up limit is the same, not its 30m default, which would end a start-up
     // hpcrun was told to wait longer for (0: none either).

@@ -60,7 +60,7 @@ struct LaunchOptions {
 // hpctrain's options that hpcrun reads (where its heartbeat is, how it starts) or sets when the
 // program does not give them.
 inline const char* const kProgramConfigOptions[] = {"checkpoint-dir", "resume", "checkpoint-lock-wait",
-                                                     "start-timeout"};
+                                                     "start-timeout", "step-timeout"};
 
 // The shortest --stall-timeout and --start-timeout (seconds; 0 turns each off): the stall clock
 // counts from the launch unless --start-timeout is given, and mpirun's start-up alone takes a

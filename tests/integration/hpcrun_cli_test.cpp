@@ -691,13 +691,6 @@ TEST(HpcrunCli, StallQueryLeavesHealthyRanksAlive) {
   EXPECT_EQ(sum["attempts"][1]["result"], "success");
 }
 
-// hpcrun's attempts wait for the checkpoint directory's lock (hpctrain --checkpoint-lock-wait
-// 1m, which hpcrun adds): a relaunch can find the last attempt's rank 0 still alive on a lost
-// host, holding it until its own watchdog ends it. Here a holder lets go after 2 s, and the job
-// runs; the same hpctrain alone is refused at once.
-// --start-timeout gives the start-up its own limit: a program whose first step comes after 7 s
-// is no stall under --stall-timeout 5s --start-timeout 20s, but one that then finishes no further
-// step for 5 s is. Without a first step within --start-timeout, the stall says so.
 // A relaunch whose program started afresh (hpctrain's heartbeat: resumed_source=none,
 // resumed_from=-1) is said to have, not "resumed from the none of step -1"; an attempt of one
 // step is "step 1", not "steps 1-1".
@@ -714,6 +707,9 @@ TEST(HpcrunCli, TheSummarySaysAnAttemptStartedAfresh) {
   EXPECT_NE(r.err.find(", step 1: "), std::string::npos) << r.err;
 }
 
+// --start-timeout gives the start-up its own limit: a program whose first step comes after 7 s
+// is no stall under --stall-timeout 5s --start-timeout 20s, but one that then finishes no further
+// step for 5 s is. Without a first step within --start-timeout, the stall says so.
 TEST(HpcrunCli, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
   TempDir dir("hpcrun_start");
   const std::string beat = "printf 'step=1\\nstate=training\\n' > " + dir.file("heartbeat");
@@ -951,13 +947,20 @@ TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
   }
 }
 
+// hpcrun's attempts wait for the checkpoint directory's lock (hpctrain --checkpoint-lock-wait,
+// which hpcrun adds): a relaunch can find the last attempt's rank 0 still alive on a host cut off
+// from the others, holding it until its own watchdog ends it, up to its --step-timeout after its
+// last step (mpirun, naming the lost daemon, ends the rest at once): the wait is that and a
+// minute (90 s here; 11 min by default), not a minute alone, which refused such a relaunch as a
+// usage error and ended the job. Here a holder lets go once the attempt waits, and the job runs;
+// the same hpctrain alone is refused at once.
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");
   const int fd = hold_directory_lock(dir.str());
   const std::vector<std::string> train{hpctrain_binary(), "--checkpoint-dir", dir.str(), "--max-steps", "2",
                                        "--train-samples", "640", "--test-samples", "100", "--threads", "1",
-                                       "--device", "cpu", "--data-dir", fashion_mnist_dir()};
+                                       "--device", "cpu", "--data-dir", fashion_mnist_dir(), "--step-timeout", "30s"};
   const RunResult alone = run_program(train, 60);
   EXPECT_EQ(alone.exit_code, 2) << alone.err;
   EXPECT_NE(alone.err.find("is in use by another run (host elsewhere pid 1)"), std::string::npos) << alone.err;
@@ -966,7 +969,7 @@ TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   Started job(args);
   // The lock is let go once the attempt says it waits for it (a fixed sleep raced a slow start
   // under load: the lock was free before hpctrain looked, and nothing waited).
-  const std::string waiting = "waiting up to 60 s for the checkpoint directory's lock, held by host elsewhere";
+  const std::string waiting = "waiting up to 90 s for the checkpoint directory's lock, held by host elsewhere";
   const auto said = [&] { return (read_text(job.out_path()) + read_text(job.err_path())).find(waiting); };
   while (said() == std::string::npos && job.running() && job.seconds() < 60) usleep(100 * 1000);
   ::close(fd);  // lets go
@@ -1109,7 +1112,7 @@ TEST(HpcrunCli, AConfigFilesCheckpointDirAndResumeAreSeen) {
   earlier.insert(earlier.end(), common.begin(), common.end());
   ASSERT_EQ(run_program(earlier, 60).exit_code, 0);
   write_text(config, "checkpoint-dir = " + ck + "\nresume = none\nsnapshot-dir = " + dir.file("snaps") +
-                         "\nsnapshot-every-steps = 1\n");
+                         "\nsnapshot-every-steps = 1\nstep-timeout = 2m\n");
   setenv("HPCTRAIN_TEST_KILL_AFTER_STEP", "8", 1);
   // 100 ms a step: the heartbeat of attempt 2's first step (9) stands 300 ms, for hpcrun's 0.1 s
   // polls to see it, where steps 10-12 and the end took some 50 ms and the check below was luck.
@@ -1127,6 +1130,8 @@ TEST(HpcrunCli, AConfigFilesCheckpointDirAndResumeAreSeen) {
   // checkpoints set aside), and the heartbeat's steps read.
   const std::string first = read_text(ck + "/hpcrun/attempt-1.log");
   EXPECT_EQ(first.find("resuming from"), std::string::npos) << first;
+  // The file's step-timeout sets the lock wait hpcrun gives (2m and a minute).
+  EXPECT_NE(first.find(" --checkpoint-lock-wait 3m "), std::string::npos) << first.substr(0, 2000);
   EXPECT_NE(r.err.find("attempt 2: 1 rank(s) on localhost:1, "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" s, steps 9-12: every rank finished"), std::string::npos) << r.err;
   const JsonObject d = done_of(m);
