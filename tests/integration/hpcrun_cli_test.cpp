@@ -73,6 +73,13 @@ std::string script(const TempDir& dir, const std::string& name, const std::strin
   return dir.file(name);
 }
 
+// A program (for sh -c) that writes the heartbeat of step 1 at once and runs up to 60 s, until
+// asked to stop (SIGUSR1, which runs `on_stop`); its second attempt ends at once.
+std::string until_asked_to_stop(const TempDir& dir, const std::string& on_stop) {
+  return "trap '" + on_stop + "' USR1; [ \"$HPCRUN_ATTEMPT\" = 2 ] && exit 0; echo step=1 > " + dir.file("heartbeat") +
+         "; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+}
+
 TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
   TempDir dir("hpcrun_cli");
   write_text(dir.file("empty_hostfile"), "# no hosts here\n");
@@ -1159,10 +1166,9 @@ TEST(HpcrunCli, AnotherHpcrunsMembershipMarkerIsLeftAlone) {
 // the marker to go; the discovery output grows from localhost to 127.0.0.1 (both local).
 TEST(HpcrunCli, AUsersStopDuringAGrowTakesBackTheMembershipMarker) {
   TempDir dir("hpcrun_grow_then_stop");
-  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh"), asked = dir.file("asked");
+  const std::string hosts = dir.file("hosts"), asked = dir.file("asked");
   std::ofstream(hosts) << "localhost:1\n";
-  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
-  fs::permissions(discover, fs::perms::owner_all);
+  const std::string discover = script(dir, "discover.sh", "cat " + hosts);
   const std::string marker = dir.file("membership-change");
   const std::string program = "trap 'touch " + asked + "' USR1; echo step=1 > " + dir.file("heartbeat") +
                               "; while [ ! -e " + asked + " ]; do sleep 0.05; done; i=0; while [ -e " + marker +
@@ -1188,12 +1194,10 @@ TEST(HpcrunCli, AUsersStopDuringAGrowTakesBackTheMembershipMarker) {
 // (SIGSEGV) when asked to stop; the discovery output grows from localhost to 127.0.0.1.
 TEST(HpcrunCli, ARankThatCrashesInAGrowsStopIsAFailure) {
   TempDir dir("hpcrun_grow_crash");
-  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh");
+  const std::string hosts = dir.file("hosts");
   std::ofstream(hosts) << "localhost:1\n";
-  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
-  fs::permissions(discover, fs::perms::owner_all);
-  const std::string program = "trap 'kill -SEGV $$' USR1; [ \"$HPCRUN_ATTEMPT\" = 2 ] && exit 0; echo step=1 > " +
-                              dir.file("heartbeat") + "; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+  const std::string discover = script(dir, "discover.sh", "cat " + hosts);
+  const std::string program = until_asked_to_stop(dir, "kill -SEGV $$");
   Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--host-discovery-script", discover,
                "--discovery-interval", "0.2s", "--max-np", "2", "--max-restarts", "0", "sh", "-c", program});
   const auto said = [&](const std::string& what) { return read_text(job.err_path()).find(what) != std::string::npos; };
@@ -1213,12 +1217,10 @@ TEST(HpcrunCli, ARankThatCrashesInAGrowsStopIsAFailure) {
 // until it is asked to stop (at most 60 s), and its second attempt ends at once.
 TEST(HpcrunCli, AHostWithFewerSlotsIsDrainedToThem) {
   TempDir dir("hpcrun_fewer_slots");
-  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh");
+  const std::string hosts = dir.file("hosts");
   std::ofstream(hosts) << "localhost:2\n";
-  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
-  fs::permissions(discover, fs::perms::owner_all);
-  const std::string program = "trap 'exit 75' USR1; [ \"$HPCRUN_ATTEMPT\" = 2 ] && exit 0; echo step=1 > " +
-                              dir.file("heartbeat") + "; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+  const std::string discover = script(dir, "discover.sh", "cat " + hosts);
+  const std::string program = until_asked_to_stop(dir, "exit 75");
   Started job({hpcrun_binary(), "--checkpoint-dir", dir.str(), "--host-discovery-script", discover,
                "--discovery-interval", "0.2s", "--max-restarts", "0", "sh", "-c", program});
   const auto said = [&](const std::string& what) { return read_text(job.err_path()).find(what) != std::string::npos; };
@@ -1239,10 +1241,9 @@ TEST(HpcrunCli, AHostWithFewerSlotsIsDrainedToThem) {
 // host's memory) resumes at that very step.
 TEST(HpcrunCli, ASignalWhileWaitingAfterADrainKeepsTheStopsStateOnSharedStorage) {
   TempDir dir("hpcrun_drain_persist");
-  const std::string hosts = dir.file("hosts"), discover = dir.file("discover.sh"), ck = dir.file("ck");
+  const std::string hosts = dir.file("hosts"), ck = dir.file("ck");
   std::ofstream(hosts) << "localhost:2\n";
-  std::ofstream(discover) << "#!/bin/sh\ncat " << hosts << "\n";
-  fs::permissions(discover, fs::perms::owner_all);
+  const std::string discover = script(dir, "discover.sh", "cat " + hosts);
   const auto train = [&](const std::string& snaps, const std::vector<std::string>& launch) {
     std::vector<std::string> args{hpcrun_binary()};
     args.insert(args.end(), launch.begin(), launch.end());
