@@ -433,6 +433,19 @@ requeues "a job" 7 "requeueing" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLU
 requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID \
   SLURM_JOB_ID=7 SCONTROL_DOWN=1
 
+# slurmctld not answering train.sbatch's own `scontrol show job` (which names the script sbatch
+# ran): the checkout is the submission directory (`sbatch slurm/train.sbatch` from its root). It
+# was that directory's parent, where no slurm/job.sh is, and the job failed for good (exit 2).
+rm -f "$work/args"
+out=$(cd "$repo" && env -u HPCTRAIN_HOME -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SCONTROL_DOWN=1 \
+  HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/fallback-ck" REQUEUE=0 SLURM_JOB_ID=5 \
+  SLURM_SUBMIT_DIR="$repo" JOB_STATE_RETRY_SECONDS=0 timeout 60 bash slurm/train.sbatch --epochs 1 2>&1)
+if [[ ! -f "$work/args" ]]; then
+  fail "train.sbatch without an answer from scontrol did not run the trainer from the submission directory: $out"
+else
+  echo "ok: train.sbatch without an answer from scontrol runs from the submission directory"
+fi
+
 # Under umask 000 the checkpoint directory job.sh made was 0777 (hpctrain then refused it, and it
 # stayed for anyone to fill), and its slurm-requeues 0666 (anyone could reset the counts that bound
 # the requeues): neither is others' to write now.
