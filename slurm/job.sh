@@ -239,8 +239,10 @@ job_write_requeues() {  # written whole, then renamed: a run killed meanwhile le
   local file=$CHECKPOINT_DIR/slurm-requeues
   # (umask o-w: under umask 000 any user could rewrite the counts that decide the requeues)
   { (umask o-w && echo "$(job_spec) $job_failed_in_a_row $job_stalled" > "$file.tmp.$$") &&
-    mv -f "$file.tmp.$$" "$file"; } 2> /dev/null ||
-    job_log "cannot write $file: the runs without a new checkpoint are not counted"
+    mv -f "$file.tmp.$$" "$file"; } 2> /dev/null && return 0
+  rm -f "$file.tmp.$$" 2> /dev/null || true
+  job_log "cannot write $file: the runs without a new checkpoint are not counted"
+  return 1
 }
 
 # job_check_checkpoint_dir DIR: refuses (exit 2) a checkpoint directory that every user may write
@@ -283,23 +285,30 @@ job_requeue_or_exit() {
   # times in a row, and MAX_REQUEUES bounds the requeues of runs without progress in all.
   [[ -z "${CHECKPOINT_DIR:-}" ]] || newest_now=$(job_newest_checkpoint "$CHECKPOINT_DIR")
   job_read_requeues
+  local progressed=0
   if [[ -n "${job_newest_before+set}" && "$newest_now" != "$job_newest_before" ]]; then
-    job_failed_in_a_row=0
+    job_failed_in_a_row=0 progressed=1
   else
     [[ "$code" == 75 ]] || job_failed_in_a_row=$((job_failed_in_a_row + 1))
     if [[ "$code" != 75 ]] && ((job_failed_in_a_row >= 10#${MAX_FAILURES_IN_A_ROW:-3})); then
-      job_write_requeues
+      job_write_requeues || true
       job_log "$why; $job_failed_in_a_row runs in a row have failed without a new checkpoint (MAX_FAILURES_IN_A_ROW): not requeued, exit $code"
       exit "$code"
     fi
     if ((job_stalled >= 10#${MAX_REQUEUES:-20})); then
-      job_write_requeues
+      job_write_requeues || true
       job_log "$why; already requeued $job_stalled times without a new checkpoint (MAX_REQUEUES): exit $code"
       exit "$code"
     fi
     job_stalled=$((job_stalled + 1))
   fi
-  job_write_requeues
+  # A run without a new checkpoint whose count cannot be kept (a full or read-only file system,
+  # a quota) is not requeued: every next run would read the old counts, and the two limits above
+  # would never end a job that fails the same way each time.
+  if ! job_write_requeues && ((progressed == 0)); then
+    job_log "$why; without a new checkpoint and with no count of such runs kept: not requeued, exit $code"
+    exit "$code"
+  fi
   state=$(job_state)
   if [[ -z "$state" ]]; then
     # Unknown: asked to requeue all the same (Slurm refuses to requeue a cancelled job).

@@ -554,6 +554,12 @@ run_ends "a failed run that wrote a checkpoint" 0 requeueing SLURM_RESTART_COUNT
 run_ends "a failed run after it" 0 requeueing SLURM_RESTART_COUNT=3 TRAINER_EXIT=134
 run_ends "a stop that wrote a checkpoint after MAX_REQUEUES restarts" 0 requeueing SLURM_RESTART_COUNT=30 \
   MAX_REQUEUES=2 TRAINER_EXIT=75 NEW_CHECKPOINT="$work/failing/ckpt-000000300.hpck"
+# A run without a new checkpoint whose count cannot be written (a full or read-only file system,
+# a quota; here /sys/kernel, where no one can create a file) is not requeued: every run read the
+# old counts again, the limits never ended the job, and it was requeued for ever.
+run_ends "a failed run whose count cannot be kept" 1 \
+  "without a new checkpoint and with no count of such runs kept: not requeued, exit 1" \
+  SLURM_RESTART_COUNT=6 CHECKPOINT_DIR=/sys/kernel
 # A staging that fails (no credentials) counts as such a run; MAX_FAILURES_IN_A_ROW=2 here.
 printf '#!/bin/sh\necho "no credentials" >&2\nexit 1\n' > "$work/home-failing/datasets/hpcdata"
 chmod +x "$work/home-failing/datasets/hpcdata"
