@@ -175,8 +175,43 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
 
 }  // namespace
 
+namespace {
+// The first `n` bytes of a data file (fewer where it is shorter), and its size.
+std::pair<std::vector<uint8_t>, int64_t> read_head(const std::string& path, size_t n) {
+  const int fd = open_data_file(path, "dataset file");
+  struct stat st {};
+  std::vector<uint8_t> head(n);
+  size_t got = 0;
+  bool failed = ::fstat(fd, &st) != 0;
+  while (!failed && got < n) {
+    const ssize_t r = ::read(fd, head.data() + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    failed = r < 0;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  const int why = errno;
+  ::close(fd);
+  if (failed) usage_error("cannot read dataset file ", path, ": ", std::strerror(why));
+  head.resize(got);
+  return {std::move(head), static_cast<int64_t>(st.st_size)};
+}
+}  // namespace
+
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path, const DecodedSize& limit) {
   HPC_REQUIRE(dataset_file_exists(path), "dataset file ", path, " does not exist");
+  // A file that is not gzipped is read no further than its header says it holds: a wrong file of
+  // gigabytes under a dataset's name was read whole (its time, and memory to the OOM killer)
+  // before its header was looked at.
+  if (limit.declared) {
+    const auto [head, size] = read_head(path, std::max<size_t>(limit.header, 2));
+    if (!gzip_magic(head.data(), head.size()) && head.size() >= limit.header) {
+      const DecodedSize::Declared d = limit.declared(head.data());
+      if (d.bytes == 0) return head;  // another kind of file: its header says which
+      HPC_REQUIRE(static_cast<uint64_t>(size) <= d.bytes, "dataset file ", path, " is malformed: ",
+                  static_cast<uint64_t>(size) - d.bytes, " bytes follow ", d.what);
+    }
+  }
   // As it is on disk; no size limit but the process's memory.
   std::vector<uint8_t> bytes = read_data_file(path, "dataset file", std::numeric_limits<int64_t>::max());
   if (!gzip_magic(bytes.data(), bytes.size())) return bytes;

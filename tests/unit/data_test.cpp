@@ -192,6 +192,27 @@ TEST(IdxReader, AGzipFileIsNeverDecodedPastWhatItsHeaderDeclares) {
   EXPECT_EQ(read_idx(dir.file("good.gz"), dir.file("lab"), 4, 3, 10).images, Bytes(img.begin() + 16, img.end()));
 }
 
+// A file that is not gzipped is read no further than its header declares either: a wrong file
+// of gigabytes under a dataset's name was read whole (seconds, and its size in memory, or the OOM
+// killer) before its header was looked at. Here sparse files of 64 GiB, which reading whole could
+// not even hold: one whose header declares 5 images, and one whose header is of no IDX file.
+TEST(IdxReader, AFileThatIsNotGzippedIsReadNoFurtherThanItsHeaderDeclares) {
+  TempDir dir;
+  const uint64_t huge = uint64_t{64} << 30;
+  write_raw(dir.file("lab"), idx_labels(5));
+  const Bytes img = idx_images(5, 4, 3);
+  write_raw(dir.file("img"), img);
+  fs::resize_file(dir.file("img"), huge);
+  EXPECT_EQ(usage_error_of([&] { read_idx(dir.file("img"), dir.file("lab"), 4, 3, 10); }),
+            "dataset file " + dir.file("img") + " is malformed: " + std::to_string(huge - img.size()) +
+                " bytes follow the 5 images its header declares");
+  write_raw(dir.file("zeros"), Bytes(16, 0));
+  fs::resize_file(dir.file("zeros"), huge);
+  EXPECT_NE(usage_error_of([&] { read_idx(dir.file("zeros"), dir.file("lab"), 4, 3, 10); })
+                .find("is not an IDX image file (magic 0x0, expected 0x00000803)"),
+            std::string::npos);
+}
+
 TEST(IdxReader, CorruptGzipIsAUsageError) {
   TempDir dir;
   const Bytes img = idx_images(200, 28, 28);
