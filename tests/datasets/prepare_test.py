@@ -312,6 +312,14 @@ class Prepare(unittest.TestCase):
         code, _, err = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror, "--no-verify")
         self.assertEqual(code, 0, err)
         self.assertEqual(err.count("downloading " + mirror), 4, err)
+        # Asked again with verification, what --no-verify took is not "already prepared": it is
+        # prepared again, checked, and refused here; the directory stays as it was.
+        before = snapshot(out)
+        code, _, verified = hpcdata("prepare", "mnist", "--out", out, "--mirror", mirror)
+        self.assertEqual(code, 1, verified)
+        self.assertNotIn("already prepared", verified)
+        self.assertIn("is not the published", verified)
+        self.assertEqual(snapshot(out), before)
         self.assertEqual(len([n for n in os.listdir(out) if n.endswith(".gz")]), 4)
         # stderr is a pipe, not a terminal: plain lines, each starting with the UTC time.
         stamped = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z hpcdata: ")
