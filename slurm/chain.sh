@@ -79,8 +79,10 @@ unknown_option() {
 
 jobs=()
 cancel_submitted() {  # cancel_submitted K [WHY]
-  ((${#jobs[@]})) && scancel "${jobs[@]}" 2> /dev/null
-  die "submitting segment $1 failed${2:+ ($2)}; cancelled the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
+  # (A failing scancel ended the script under set -e before it said which segments stayed queued.)
+  local done="cancelled"
+  if ((${#jobs[@]})) && ! scancel "${jobs[@]}" 2> /dev/null; then done="could not cancel (scancel failed: scancel them)"; fi
+  die "submitting segment $1 failed${2:+ ($2)}; $done the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
 }
 echo "$me: $segments segment(s) of $script, checkpoints in $checkpoint_dir"
 for ((k = 1; k <= segments; ++k)); do

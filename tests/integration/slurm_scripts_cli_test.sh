@@ -29,13 +29,17 @@ for a in "$@"; do
     *) break ;;
   esac
 done
+if [ -n "${SBATCH_FAIL_AFTER:-}" ] && [ "$(wc -l < "$SUBMITTED")" -ge "$SBATCH_FAIL_AFTER" ]; then
+  echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
+  exit 1
+fi
 echo "$*" >> "$SUBMITTED"
 [ -z "${DIRS:-}" ] || echo "$CHECKPOINT_DIR" >> "$DIRS"
 [ -z "${SEGMENTS:-}" ] || echo "${CHAIN_SEGMENT:-}" >> "$SEGMENTS"
 [ -z "${SBATCH_SAYS:-}" ] || { printf '%s\n' "$SBATCH_SAYS"; exit 0; }
 echo "$(($(wc -l < "$SUBMITTED") + 100))"
 EOF
-printf '#!/bin/sh\nexit 0\n' > "$work/bin/scancel"
+printf '#!/bin/sh\n[ -z "${SCANCEL_FAILS:-}" ]\n' > "$work/bin/scancel"
 # srun [OPTIONS] PROGRAM ARGS...: runs PROGRAM here (one task); its options recorded in SRUN_LOG.
 cat > "$work/bin/srun" << 'EOF'
 #!/usr/bin/env bash
@@ -149,6 +153,21 @@ for says in "Submitted batch job 7" $'7\nwarning: queue busy' " "; do
     fail "chain.sh with sbatch printing '$says': exit $rc, want 1 and one line: $err"
   else
     echo "ok: chain.sh with sbatch printing '${says//$'\n'/\\n}' -> $err"
+  fi
+done
+# A segment whose submission fails after others were submitted: those are cancelled, and the
+# line says so; where scancel fails too, it says they stay queued (set -e ended the script at the
+# failing scancel, before its line).
+for scancel_fails in "" 1; do
+  : > "$SUBMITTED"
+  err=$(SBATCH_FAIL_AFTER=1 SCANCEL_FAILS=$scancel_fails timeout 30 "$repo/slurm/chain.sh" 2 -- --epochs 1 2>&1 > /dev/null)
+  rc=$?
+  want="cancelled the 1 segment(s) already submitted (101)"
+  [[ -z "$scancel_fails" ]] || want="could not cancel (scancel failed: scancel them) the 1 segment(s) already submitted (101)"
+  if ((rc != 1)) || [[ "$err" != *"submitting segment 2 failed; $want"* ]]; then
+    fail "chain.sh whose second submission fails (scancel fails: ${scancel_fails:-no}): exit $rc, want 1 and '$want': $err"
+  else
+    echo "ok: chain.sh whose second submission fails (scancel fails: ${scancel_fails:-no})"
   fi
 done
 # slurm/local-cluster.sh up's arguments, checked before it needs root or Slurm: --nodes 08 (or 080)
