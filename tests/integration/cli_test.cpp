@@ -445,13 +445,20 @@ TEST_F(Cli, AFileTooLargeForMemoryIsNamed) {
   for (const auto& e : fs::directory_iterator(w + "/short")) kept.push_back(e.path().filename().string());
   std::sort(kept.begin(), kept.end());
   EXPECT_EQ(kept, (std::vector<std::string>{"ckpt-000000010.hpck", "ckpt-000000020.hpck"}));
-  // A dataset file: its header says 60000 images, its size is 6 GiB.
+  // A dataset file: its header says 8 million images, its size is theirs (5.8 GiB). (One of more
+  // bytes than its header declares is refused by its size before it is read: data_test.)
   const std::string data = w + "/big-data";
   fs::create_directories(data);
   for (const char* f : {"train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
     fs::copy_file(data_.file(f), data + "/" + f);
   fs::copy_file(data_.file("train-images-idx3-ubyte"), data + "/train-images-idx3-ubyte");
-  fs::resize_file(data + "/train-images-idx3-ubyte", uint64_t{6} << 30);
+  {
+    const uint8_t count[4] = {0x00, 0x7a, 0x12, 0x00};  // 8000000, big-endian
+    std::fstream header(data + "/train-images-idx3-ubyte", std::ios::in | std::ios::out | std::ios::binary);
+    header.seekp(4);
+    header.write(reinterpret_cast<const char*>(count), 4);
+  }
+  fs::resize_file(data + "/train-images-idx3-ubyte", 16 + uint64_t{8000000} * 784);
   const RunResult read = limited("'" + hpctrain_binary() + "' --device cpu --quiet --threads 1 --data-dir '" + data + "'");
   EXPECT_EQ(read.exit_code, 2) << read.err;
   EXPECT_NE(read.err.find("dataset file " + data + "/train-images-idx3-ubyte does not fit in this process's memory"),
