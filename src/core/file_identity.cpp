@@ -214,16 +214,20 @@ std::vector<uint8_t> read_data_file(const std::string& path, const std::string& 
   } catch (const std::bad_alloc&) {
     usage_error(what, " ", path, " does not fit in this process's memory (", st.st_size, " bytes)");
   }
-  size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) io_error("read " + what, path);
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  bytes.resize(got);
+  bytes.resize(read_into(fd, bytes.data(), bytes.size(), what, path));
   return bytes;
+}
+
+size_t read_into(int fd, uint8_t* dst, size_t n, const std::string& what, const std::string& path) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd, dst + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) io_error("read " + what, path);
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
 }
 
 bool same_file(const std::string& a, const std::string& b) {

@@ -114,6 +114,9 @@ int open_data_file(const std::string& path, const std::string& what);
 // memory; a file that shrinks while it is read is judged by what it held. Read straight into
 // its buffer (reserve_in_huge_pages).
 std::vector<uint8_t> read_data_file(const std::string& path, const std::string& what, int64_t max_bytes);
+// Up to n bytes of fd into dst, fewer only at the file's end: how many. A read error is an I/O
+// error naming `what` and the path.
+size_t read_into(int fd, uint8_t* dst, size_t n, const std::string& what, const std::string& path);
 
 // Room for n bytes in v, in transparent huge pages where the kernel gives them on request (THP
 // "madvise", Debian's default). The first touch of Fashion-MNIST's 47 MB of training images took

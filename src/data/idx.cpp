@@ -179,21 +179,14 @@ namespace {
 // The first `n` bytes of a data file (fewer where it is shorter), and its size.
 std::pair<std::vector<uint8_t>, int64_t> read_head(const std::string& path, size_t n) {
   const int fd = open_data_file(path, "dataset file");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
+  if (::fstat(fd, &st) != 0) io_error("read dataset file", path);
   std::vector<uint8_t> head(n);
-  size_t got = 0;
-  bool failed = ::fstat(fd, &st) != 0;
-  while (!failed && got < n) {
-    const ssize_t r = ::read(fd, head.data() + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    failed = r < 0;
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  const int why = errno;
-  ::close(fd);
-  if (failed) usage_error("cannot read dataset file ", path, ": ", std::strerror(why));
-  head.resize(got);
+  head.resize(read_into(fd, head.data(), n, "dataset file", path));
   return {std::move(head), static_cast<int64_t>(st.st_size)};
 }
 }  // namespace

@@ -514,7 +514,8 @@ void Snapshotter::record_checkpoint_dir() {
   const std::string text =
       directory_record(fs::absolute(o_.checkpoint_dir).lexically_normal().string(), o_.checkpoint_dir);
   const fs::path file = fs::path(run_dir_) / kOwnerFile;
-  if (ckpt::read_small_file(file.string()) != text) ckpt::write_file_atomically(file.string(), std::vector<char>(text.begin(), text.end()));
+  if (ckpt::read_small_file(file.string()) != text)
+    ckpt::write_file_atomically(file.string(), std::vector<char>(text.begin(), text.end()));
 }
 
 bool Snapshotter::due(int64_t step) const {
