@@ -70,8 +70,11 @@ Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& what, bool*
   const size_t pixels = static_cast<size_t>(w) * ht;
   img.pixels.resize(pixels * (four ? 4 : 3));
   // STOPONWARNING: a truncated or damaged file is an error, not an image padded with grey.
+  // LIMITSCANS: a progressive file of more than 500 scans (each a pass over the whole image, the
+  // known way to make a small file take minutes) is refused.
   const int rc = tjDecompress2(h, bytes.data(), static_cast<unsigned long>(bytes.size()), img.pixels.data(), w, 0, ht,
-                               four ? TJPF_CMYK : TJPF_RGB, TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING);
+                               four ? TJPF_CMYK : TJPF_RGB,
+                               TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(h);
     fail_decompressor();

@@ -2,7 +2,10 @@
 // decoding through libjpeg-turbo, resizing, and packing an image folder the test makes: labels
 // and pixels of every packed image verified against its source file.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <turbojpeg.h>
 #include <zlib.h>
 
@@ -364,6 +367,74 @@ TEST(Jpeg, CmykFilesAreReadAsRgb) {
     EXPECT_NEAR(grey.pixels[i + 1], 50, 2);
     EXPECT_NEAR(grey.pixels[i + 2], 0, 2);
   }
+}
+
+// A file whose header claims 16000x16000 but holds a thousand bytes: its 768 MB of pixels were zeroed
+// (seconds, and that much memory in each loader thread) before the decoder found the data cut
+// short. Decoded in a child, whose peak memory the parent reads.
+TEST(Jpeg, AHugeClaimInATinyFileCostsNoMemory) {
+  Bytes jpeg = encode_jpeg(picture(64, 64, 1, 1), 90);
+  bool patched = false;
+  for (size_t i = 0; i + 8 < jpeg.size() && !patched; ++i)
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xC0) {  // SOF0: length, precision, height, width
+      jpeg[i + 5] = jpeg[i + 7] = 16000 >> 8;
+      jpeg[i + 6] = jpeg[i + 8] = 16000 & 0xFF;
+      patched = true;
+    }
+  ASSERT_TRUE(patched);
+  int64_t h = 0, w = 0;
+  jpeg_size(jpeg, "huge.jpg", h, w);
+  ASSERT_EQ(h, 16000);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string why = usage_error_of([&] { decode_jpeg(jpeg, "huge.jpg"); });
+    _exit(why.find("huge.jpg is a damaged JPEG image") != std::string::npos ? 0 : 3);
+  }
+  int status = 0;
+  rusage usage{};
+  ASSERT_EQ(wait4(child, &status, 0, &usage), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the decode did not fail as damaged: " << status;
+  EXPECT_LT(usage.ru_maxrss, 200 * 1024) << "KiB at the peak, for a file of " << jpeg.size() << " bytes";
+}
+
+// A valid progressive grey 8x8 JPEG (every pixel 128) of 1 + 63 x (1 + refinements) scans: the
+// DC, then each AC coefficient alone, first at point transform `al` and then refined bit by bit
+// down to 0. Every coefficient is zero, so each scan's data is one Huffman code "0" (DC
+// difference 0, or end of band) or one correction bit, padded with ones: 0x7F.
+Bytes progressive_jpeg(int al) {
+  Bytes j = {0xFF, 0xD8, 0xFF, 0xDB, 0, 67, 0};
+  j.insert(j.end(), 64, 1);                                           // quantisation table 0: all 1
+  j.insert(j.end(), {0xFF, 0xC2, 0, 11, 8, 0, 8, 0, 8, 1, 1, 0x11, 0});  // SOF2: 8x8, 1 component
+  for (const uint8_t table : {0x00, 0x10}) {                         // DC 0 and AC 0: symbol 0, code "0"
+    j.insert(j.end(), {0xFF, 0xC4, 0, 20, table, 1});
+    j.insert(j.end(), 15, 0);
+    j.push_back(0);
+  }
+  const auto scan = [&](int ss, int se, int ah, int al_) {
+    j.insert(j.end(), {0xFF, 0xDA, 0, 8, 1, 1, 0, static_cast<uint8_t>(ss), static_cast<uint8_t>(se),
+                       static_cast<uint8_t>(ah << 4 | al_), 0x7F});
+  };
+  scan(0, 0, 0, 0);
+  for (int k = 1; k < 64; ++k) {
+    scan(k, k, 0, al);
+    for (int a = al; a > 0; --a) scan(k, k, a, a - 1);
+  }
+  j.insert(j.end(), {0xFF, 0xD9});
+  return j;
+}
+
+// Each scan of a progressive file is a pass over the whole image: a small file of thousands of
+// scans takes minutes (libjpeg-turbo's "Two Issues with the JPEG Standard"). More than 500 are
+// refused, as TurboJPEG's LIMITSCANS does; 64 decode.
+TEST(Jpeg, AProgressiveFileOfTooManyScansIsRefused) {
+  const Image few = decode_jpeg(progressive_jpeg(0), "64 scans.jpg");
+  ASSERT_EQ(few.height, 8);
+  EXPECT_TRUE(std::all_of(few.pixels.begin(), few.pixels.end(), [](uint8_t v) { return v == 128; }));
+  EXPECT_EQ(decode_jpeg(progressive_jpeg(6), "442 scans.jpg").pixels, few.pixels);
+  const std::string many = usage_error_of([&] { decode_jpeg(progressive_jpeg(10), "694 scans.jpg"); });
+  EXPECT_NE(many.find("694 scans.jpg is a damaged JPEG image"), std::string::npos) << many;
+  EXPECT_NE(many.find("500 scans"), std::string::npos) << many;
 }
 
 TEST(Jpeg, ResizeShorterSide) {
