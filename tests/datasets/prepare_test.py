@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import unittest
+import zlib
 
 from tree_snapshot import interrupted_as_imports_begin, snapshot
 
@@ -288,6 +289,49 @@ class Prepare(unittest.TestCase):
                 self.assertEqual(code, 1, err)
                 self.assertIn("is corrupt: 512 bytes that are not gzip data follow its compressed stream", err)
                 self.assertFalse(os.path.exists(self.out("padded")))
+
+    def test_idx_files_hpctrain_would_refuse_are_refused(self):
+        # Under --no-verify only the structure is checked: what hpctrain refuses (another image
+        # size, a label past the classes, images and labels that disagree) was prepared anyway.
+        bad = os.path.join(self.tmp, "refused-mnist")
+        past = idx_labels(100)[:-1] + bytes([10])
+        cases = (("t10k-images-idx3-ubyte.gz", idx_images(100, 32, 32), "holds 32x32 images where the dataset's are 28x28"),
+                 ("t10k-labels-idx1-ubyte.gz", past, "holds label 10, out of range for its 10 classes"),
+                 ("t10k-labels-idx1-ubyte.gz", idx_labels(90), "holds 100 images but"))
+        for name, data, error in cases:
+            shutil.rmtree(bad, ignore_errors=True)
+            shutil.copytree(self.mnist, bad)
+            with gzip.open(os.path.join(bad, name), "wb") as f:
+                f.write(data)
+            code, _, err = hpcdata("prepare", "mnist", "--out", self.out("refused"), "--from", bad, "--no-verify")
+            self.assertEqual(code, 1, err)
+            self.assertIn(error, err)
+            self.assertEqual(len(error_lines(err)), 1, err)
+            self.assertFalse(os.path.exists(self.out("refused")))
+
+    def test_an_idx_file_that_inflates_past_its_header_costs_no_memory(self):
+        # 1 MB that inflates to 1 GiB of zeros, under a header of 100 images: inflated whole, in
+        # one piece, it took that much memory (and the time) before its error.
+        bad = os.path.join(self.tmp, "bomb-mnist")
+        shutil.copytree(self.mnist, bad)
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)
+        bomb = z.compress(idx_images(100)[:16])
+        zeros = bytes(1 << 20)
+        for _ in range(1024):
+            bomb += z.compress(zeros)
+        bomb += z.flush()
+        with open(os.path.join(bad, "t10k-images-idx3-ubyte.gz"), "wb") as f:
+            f.write(bomb)
+        with tempfile.TemporaryFile() as err_file:
+            p = subprocess.Popen([sys.executable, HPCDATA, "prepare", "mnist", "--out", self.out("bomb"), "--from", bad,
+                                  "--no-verify"], stdout=subprocess.DEVNULL, stderr=err_file)
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            err_file.seek(0)
+            err = err_file.read().decode()
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn(f"holds more than the {100 * 28 * 28} bytes of data its header announces", err)
+        self.assertLess(usage.ru_maxrss, 300 * 1024, f"KiB at hpcdata's peak for a {len(bomb)}-byte file")
 
     def test_download_from_a_mirror(self):
         directory = self.mnist
