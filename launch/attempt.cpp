@@ -107,7 +107,8 @@ AttemptWatcher::AttemptWatcher(const JobContext& job, int number, int restarts, 
       placement_(placement),
       phase_(PhaseTimeouts{job.heartbeat.enabled(), job.o.stall_timeout, job.o.stop_timeout, job.o.teardown_timeout,
                            job.o.start_timeout},
-             job.clock.now()) {
+             job.clock.now()),
+      lock_(job.o.checkpoint_dir) {
   rec_.number = number;
   rec_.hosts = placement;
   rec_.np = total_slots(placement);
@@ -297,9 +298,27 @@ void AttemptWatcher::deliver_stop(double t) {
 void AttemptWatcher::watch_heartbeat(double t) {
   if (t - last_beat_poll_ < 0.1) return;
   last_beat_poll_ = t;
+  watch_lock(t);
   if (!record_beat(t)) return;
   phase_.progress(t);
   watch_stragglers(t);
+}
+
+// A relaunch after a lost host can find the last attempt's rank 0 still alive there, holding the
+// checkpoint directory's lock until its own step watchdog ends it (up to --step-timeout, 10m, after
+// its last step); this attempt's rank 0 waits for it (--checkpoint-lock-wait, which hpcrun makes
+// that and a minute). --start-timeout (10m) counted that wait: the attempt was killed as a stall
+// just as the lock came free, and a failure counted. It counts from the release.
+void AttemptWatcher::watch_lock(double t) {
+  if (rec_.first_step >= 0 || phase_.phase() != Phase::Starting || t - last_lock_poll_ < 1) return;
+  last_lock_poll_ = t;
+  std::string holder;
+  if (!lock_.held_by_another(t, hpcrun_token(), std::to_string(rec_.number), &holder)) return;
+  phase_.start_held(t);
+  if (lock_wait_said_) return;
+  lock_wait_said_ = true;
+  say("attempt " + std::to_string(rec_.number) + " waits for the checkpoint directory's lock, held by " + holder +
+      "; its --start-timeout counts from the release");
 }
 
 bool AttemptWatcher::record_beat(double t) {

@@ -88,6 +88,7 @@ class AttemptWatcher {
   void check_exit(double t, ExitStatus* status);
   void take_signals(double t);
   void watch_heartbeat(double t);
+  void watch_lock(double t);  // before the first step: whether rank 0 waits for another's lock
   void deliver_stop(double t);  // SIGUSR1 to mpirun once it takes it, again at the first step
   bool record_beat(double t);  // the heartbeat's step, where it changed and is this attempt's
   void watch_stragglers(double t);  // the heartbeat's slowest rank, each time it changed
@@ -117,7 +118,9 @@ class AttemptWatcher {
   ProcessMap process_map_;
   bool ranks_placed_ = false;
   StragglerState straggler_;
-  double last_beat_poll_ = 0, last_membership_ = 0;
+  LockWatch lock_;
+  bool lock_wait_said_ = false;
+  double last_beat_poll_ = 0, last_membership_ = 0, last_lock_poll_ = 0;
   bool stop_unsent_ = false;          // asked for, held back until mpirun has its handler
   bool stop_before_running_ = false;  // asked for before the first step: asked again at it
 };

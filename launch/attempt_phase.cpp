@@ -64,6 +64,12 @@ void AttemptPhase::failure_seen(double t) {
   if (phase_ != Phase::TearingDown) wait_for_end(Phase::TearingDown, t + timeouts_.teardown);
 }
 
+void AttemptPhase::start_held(double t) {
+  if (phase_ != Phase::Starting) return;
+  start_ = std::max(start_, t);
+  enter(Phase::Starting, watch_deadline(Phase::Starting));
+}
+
 Action AttemptPhase::kill_requested(double t) {
   if (phase_ == Phase::Terminating || phase_ == Phase::Killed || phase_ == Phase::Draining) return Action::None;
   enter(Phase::Terminating, t + kTerminateGrace);

@@ -72,6 +72,9 @@ class AttemptPhase {
   // request to grow or drain), the --stop-timeout starts again.
   void stop_requested(double t);
   void failure_seen(double t);      // a rank failed, or mpirun named a lost host
+  // While Starting: the program waits for what another process holds (the checkpoint directory's
+  // lock, which its own --checkpoint-lock-wait bounds), so --start-timeout counts from `t`.
+  void start_held(double t);
   Action kill_requested(double t);  // a second signal to hpcrun: Terminate, unless already ending it
   void exited(double t);            // mpirun is gone
 

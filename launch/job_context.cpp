@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <random>
 
+#include "ckpt/dir_lock.hpp"
 #include "ckpt/store.hpp"
 #include "core/error.hpp"
 #include "core/file_identity.hpp"
@@ -195,6 +196,29 @@ bool HeartbeatWatch::poll(double now) {
 std::string HeartbeatWatch::field(const std::string& key) const {
   const auto it = last_.find(key);
   return it == last_.end() ? "" : it->second;
+}
+
+LockWatch::LockWatch(std::string dir) : path_(dir.empty() ? "" : (fs::path(dir) / "lock").string()) {}
+
+bool LockWatch::held_by_another(double now, const std::string& token, const std::string& attempt,
+                                std::string* holder) {
+  if (path_.empty()) return false;
+  std::map<std::string, std::string> record = ckpt::read_key_values(path_);
+  if (record != last_ || !seen_) {
+    last_ = std::move(record);
+    changed_ = now;
+    seen_ = true;
+  }
+  const auto state = last_.find("state");
+  if (state == last_.end() || state->second != "held" || now - changed_ >= ckpt::DirectoryLock::stale_seconds() ||
+      ckpt::names_hpcrun_attempt(last_, token, attempt))
+    return false;
+  const auto by = last_.find("hpcrun_attempt");
+  *holder = ckpt::describe_lock_holder(last_) +
+            (last_.count("hpcrun_token") && last_.at("hpcrun_token") == token && by != last_.end()
+                 ? ": attempt " + by->second + "'s rank 0"
+                 : ": another run");
+  return true;
 }
 
 void mark_membership_change(const std::string& checkpoint_dir, bool on) {

@@ -110,6 +110,26 @@ class HeartbeatWatch {
   bool seen_ = false;
 };
 
+// The checkpoint directory's lock (CHECKPOINT_DIR/lock, ckpt/dir_lock.hpp), looked at while an
+// attempt starts. Held by a live process that is not the attempt's own (the rank 0 of an earlier
+// attempt, on a host cut off from the others but not from the storage, which lives until its own
+// watchdog ends it; another run), the attempt's rank 0 waits for it, as long as hpctrain's
+// --checkpoint-lock-wait: no hang of its start-up, which --start-timeout must not end.
+class LockWatch {
+ public:
+  explicit LockWatch(std::string dir);
+  // Whether, at `now`, a live process other than hpcrun `token`'s attempt `attempt` holds it:
+  // its record says "held" and has changed within the lock's stale time (the holder rewrites it
+  // every few seconds; first seen counts as changed). `holder` says who.
+  bool held_by_another(double now, const std::string& token, const std::string& attempt, std::string* holder);
+
+ private:
+  std::string path_;
+  std::map<std::string, std::string> last_;
+  double changed_ = 0;
+  bool seen_ = false;
+};
+
 // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts
 // that go on then keep the state in memory: train/state/snapshots.hpp). Nothing without a checkpoint dir.
 void mark_membership_change(const std::string& checkpoint_dir, bool on);

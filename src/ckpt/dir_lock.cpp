@@ -118,7 +118,7 @@ std::optional<int64_t> number(const std::map<std::string, std::string>& r, const
 
 std::string record_text(const std::map<std::string, std::string>& r) {
   std::string text;
-  for (const char* k : {"host", "pid", "run_id", "since", "unix_time", "state"})
+  for (const char* k : {"host", "pid", "run_id", "hpcrun_token", "hpcrun_attempt", "since", "unix_time", "state"})
     if (const auto it = r.find(k); it != r.end()) text += std::string(k) + '=' + it->second + '\n';
   return text;
 }
@@ -176,6 +176,8 @@ int take_over(const std::string& path) {
 
 }  // namespace
 
+std::string describe_lock_holder(const std::map<std::string, std::string>& record) { return describe(record); }
+
 void remove_lock_at_exit() {
   const int fd = g_lock_fd.load();
   if (fd < 0 || !same_inode(fd, g_lock_path)) return;
@@ -223,7 +225,8 @@ std::map<std::string, std::string> read_key_values(const std::string& path) {
 }
 
 std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, double wait_seconds,
-                                                      const std::function<bool()>& stop) {
+                                                      const std::function<bool()>& stop,
+                                                      const std::map<std::string, std::string>& owner) {
   std::error_code ec;
   const bool existed = fs::exists(dir, ec);
   make_directories(dir, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
@@ -251,7 +254,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
         if (!left.empty() && left.count("state") && left.at("state") != "released")
           log::warn("the checkpoint directory's lock ", path, " was left by ", describe(left),
                     ", which ended without releasing it; taking it");
-        return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd, !existed));
+        return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd, !existed, owner));
       }
       ::close(fd);
       continue;
@@ -262,7 +265,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
       log::warn("taking over the checkpoint directory's lock ", path, " from ", describe(record),
                 ": its record has not changed for ", static_cast<int64_t>(holder.unchanged_for()),
                 " s (its host lost, or the process stopped); it writes nothing more there if it comes back");
-      return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, take_over(path), false));
+      return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, take_over(path), false, owner));
     }
     // A record that looks stale by its own time is watched for stale_seconds past the wait, no
     // longer: a live holder whose clock runs behind rewrites it (never stale()), and the waiter,
@@ -282,9 +285,10 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
   }
 }
 
-DirectoryLock::DirectoryLock(const std::string& dir, int fd, bool made_dir)
-    : dir_(dir), path_((fs::path(dir) / "lock").string()), fd_(fd), made_dir_(made_dir) {
-  record_ = {{"host", host_name()}, {"pid", std::to_string(::getpid())}, {"since", std::to_string(unix_now())}};
+DirectoryLock::DirectoryLock(const std::string& dir, int fd, bool made_dir,
+                             const std::map<std::string, std::string>& owner)
+    : dir_(dir), path_((fs::path(dir) / "lock").string()), fd_(fd), made_dir_(made_dir), record_(owner) {
+  record_.insert({{"host", host_name()}, {"pid", std::to_string(::getpid())}, {"since", std::to_string(unix_now())}});
   write_record("held");
   refresher_ = std::thread([this] { refresh_loop(); });
   if (path_.size() < sizeof g_lock_path) {

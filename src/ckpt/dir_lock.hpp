@@ -43,9 +43,12 @@ class DirectoryLock {
   // Takes DIR/lock (making DIR if needed). While another live process holds it, waits up to
   // wait_seconds, asking stop() every fraction of a second (a stop signal: nullptr is returned),
   // then throws a usage error naming the holder. A lock left by a holder that ended without
-  // releasing it is taken with a warning; a stale one (see above) is taken over.
+  // releasing it is taken with a warning; a stale one (see above) is taken over. `owner`: fields
+  // the record carries besides its own (under hpcrun, its token and attempt: hpcrun tells an
+  // attempt that waits for an earlier one's lock from a start-up that hangs).
   static std::unique_ptr<DirectoryLock> acquire(const std::string& dir, double wait_seconds,
-                                                const std::function<bool()>& stop);
+                                                const std::function<bool()>& stop,
+                                                const std::map<std::string, std::string>& owner = {});
   ~DirectoryLock();  // release(false)
   // Removes DIR/lock and unlocks; with remove_made_directory (a run that failed), also DIR itself
   // when acquire() made it and it is still empty, so a refused run leaves nothing behind.
@@ -69,7 +72,7 @@ class DirectoryLock {
   const std::string& path() const { return path_; }
 
  private:
-  DirectoryLock(const std::string& dir, int fd, bool made_dir);
+  DirectoryLock(const std::string& dir, int fd, bool made_dir, const std::map<std::string, std::string>& owner);
   void write_record(const char* state);
   void refresh_loop();
 
@@ -101,6 +104,8 @@ bool lock_lost_at_exit();
 // characters left out (they would reach a terminal as they are).
 inline constexpr size_t kMostKeyValueBytes = 64 * 1024;
 std::map<std::string, std::string> read_key_values(const std::string& path);
+// A lock's holder as its record names it: "host H pid P, run R, since T".
+std::string describe_lock_holder(const std::map<std::string, std::string>& record);
 // The first kMostKeyValueBytes of a regular file, "" for anything else (not there, unreadable, a
 // FIFO, which is not waited on, a directory): a small record's text (run-id, a run's owner).
 std::string read_small_file(const std::string& path);

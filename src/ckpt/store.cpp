@@ -611,9 +611,30 @@ std::string heartbeat_owner_lines(const std::string& token, const std::string& a
 
 bool heartbeat_is_of(const std::map<std::string, std::string>& beat, const std::string& token,
                      const std::string& attempt) {
-  const auto named_token = beat.find("hpcrun_token"), named_attempt = beat.find("hpcrun_attempt");
-  if (named_token == beat.end()) return true;
-  return named_token->second == token && named_attempt != beat.end() && named_attempt->second == attempt;
+  return beat.find("hpcrun_token") == beat.end() || names_hpcrun_attempt(beat, token, attempt);
+}
+
+bool names_hpcrun_attempt(const std::map<std::string, std::string>& record, const std::string& token,
+                          const std::string& attempt) {
+  const auto named_token = record.find("hpcrun_token"), named_attempt = record.find("hpcrun_attempt");
+  return named_token != record.end() && named_token->second == token && named_attempt != record.end() &&
+         named_attempt->second == attempt;
+}
+
+namespace {
+std::string hpcrun_env(const char* name, const char* allowed) {
+  const char* v = std::getenv(name);
+  if (!v || !*v || std::string(v).find_first_not_of(allowed) != std::string::npos) return "";
+  return v;
+}
+}  // namespace
+
+std::string hpcrun_token_from_env() { return hpcrun_env("HPCRUN_TOKEN", "0123456789abcdef"); }
+std::string hpcrun_attempt_from_env() { return hpcrun_env("HPCRUN_ATTEMPT", "0123456789"); }
+
+std::map<std::string, std::string> hpcrun_owner_fields(const std::string& token, const std::string& attempt) {
+  if (token.empty() || attempt.empty()) return {};
+  return {{"hpcrun_token", token}, {"hpcrun_attempt", attempt}};
 }
 
 MembershipMarker membership_marker(const std::string& dir, const std::string& token) {

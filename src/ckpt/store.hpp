@@ -103,6 +103,17 @@ std::string heartbeat_owner_lines(const std::string& token, const std::string& a
 // only if it names these two; one that names none (a program other than hpctrain) is.
 bool heartbeat_is_of(const std::map<std::string, std::string>& beat, const std::string& token,
                      const std::string& attempt);
+// Whether a record (a heartbeat, a lock's) names hpcrun `token`'s attempt `attempt`; one that
+// names no hpcrun does not.
+bool names_hpcrun_attempt(const std::map<std::string, std::string>& record, const std::string& token,
+                          const std::string& attempt);
+// What hpcrun tells its ranks (launch/attempt.cpp): its token (HPCRUN_TOKEN, hex digits) and the
+// attempt's number (HPCRUN_ATTEMPT). "" where unset or not of that form: taken as none, never
+// written into a record nor matched against a marker.
+std::string hpcrun_token_from_env();
+std::string hpcrun_attempt_from_env();
+// The fields naming them in a record (hpcrun_token=, hpcrun_attempt=); none unless both are given.
+std::map<std::string, std::string> hpcrun_owner_fields(const std::string& token, const std::string& attempt);
 
 // hpcrun's ask for a stop to change the job's hosts: DIR/membership-change, holding
 // "token=T" (and "pid=P", the writer's), T the asking hpcrun's own, which its ranks have as

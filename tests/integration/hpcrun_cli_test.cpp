@@ -960,7 +960,9 @@ TEST(HpcrunCli, ASignalAsAnAttemptEndsStopsTheJob) {
 // last step (mpirun, naming the lost daemon, ends the rest at once): the wait is that and a
 // minute (90 s here; 11 min by default), not a minute alone, which refused such a relaunch as a
 // usage error and ended the job. Here a holder lets go once the attempt waits, and the job runs;
-// the same hpctrain alone is refused at once.
+// the same hpctrain alone is refused at once. The wait is no hang of the start-up: held past
+// --start-timeout 8s (the holder rewriting its record, as a live one does), the attempt was
+// killed as a stall; --start-timeout counts from the release.
 TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   TempDir dir("hpcrun_lock");
   const std::string lock = dir.file("lock");
@@ -971,18 +973,39 @@ TEST(HpcrunCli, AnAttemptWaitsForTheCheckpointDirectorysLock) {
   const RunResult alone = run_program(train, 60);
   EXPECT_EQ(alone.exit_code, 2) << alone.err;
   EXPECT_NE(alone.err.find("is in use by another run (host elsewhere pid 1)"), std::string::npos) << alone.err;
-  std::vector<std::string> args{hpcrun_binary(), "-np", "1", "--max-restarts", "0"};
+  std::vector<std::string> args{hpcrun_binary(), "-np", "1", "--max-restarts", "0", "--start-timeout", "8s"};
   args.insert(args.end(), train.begin(), train.end());
+  setenv("HPCTRAIN_TEST_SLOW_RANK", "0:300", 1);
   Started job(args);
   // The lock is let go once the attempt says it waits for it (a fixed sleep raced a slow start
-  // under load: the lock was free before hpctrain looked, and nothing waited).
+  // under load: the lock was free before hpctrain looked, and nothing waited), and 12 s more.
   const std::string waiting = "waiting up to 90 s for the checkpoint directory's lock, held by host elsewhere";
   const auto said = [&] { return (read_text(job.out_path()) + read_text(job.err_path())).find(waiting); };
   while (said() == std::string::npos && job.running() && job.seconds() < 60) usleep(100 * 1000);
+  for (const double until = job.seconds() + 12; job.running() && job.seconds() < until; usleep(500 * 1000)) {
+    const std::string record = "host=elsewhere\npid=1\nunix_time=" + std::to_string(::time(nullptr)) + "\nstate=held\n";
+    ASSERT_EQ(::pwrite(fd, record.data(), record.size(), 0), static_cast<ssize_t>(record.size()));
+  }
   ::close(fd);  // lets go
+  // The attempt's own lock names it (hpcrun tells it from another's by that): 300 ms steps.
+  bool named = false;
+  std::string seen;
+  while (job.running() && !named) {
+    const std::string record = "\n" + read_text(lock);
+    if (record.size() > 1) seen = record;
+    named = record.find("\nstate=held\n") != std::string::npos && record.find("\nhpcrun_attempt=1\n") != std::string::npos &&
+            record.find("\nhpcrun_token=") != std::string::npos;
+    usleep(20 * 1000);
+  }
   const RunResult r = job.finish(120);
+  unsetenv("HPCTRAIN_TEST_SLOW_RANK");
+  EXPECT_TRUE(named) << "the attempt's lock did not name it: " << seen;
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE((r.out + r.err).find(waiting), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("hpcrun: attempt 1 waits for the checkpoint directory's lock, held by host elsewhere pid 1"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(": another run; its --start-timeout counts from the release"), std::string::npos) << r.err;
 }
 
 TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {

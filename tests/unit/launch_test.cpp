@@ -962,6 +962,40 @@ TEST(HeartbeatWatch, CountsOnlyItsOwnAttemptsBeats) {
   std::filesystem::remove_all(dir);
 }
 
+// An attempt's rank 0 waits for the checkpoint directory's lock while another live process holds
+// it: the rank 0 of an earlier attempt (cut off, alive until its watchdog ends it) or another run.
+// The attempt's own lock, one released or left by a process gone (its record unchanged for the
+// stale time, 30 s) is no such wait.
+TEST(LockWatch, TellsAWaitForAnothersLockFromTheAttemptsOwn) {
+  const std::string dir = ::testing::TempDir() + "/hpcrun_lock_watch";
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& text) { std::ofstream(dir + "/lock") << text; };
+  const std::string ours = "hpcrun_token=" + hpcrun_token() + "\n";
+  std::string holder;
+  LockWatch none(dir);
+  EXPECT_FALSE(none.held_by_another(0, hpcrun_token(), "3", &holder)) << "no lock file";
+  write("host=h1\npid=7\nunix_time=1\nstate=held\n" + ours + "hpcrun_attempt=2\n");
+  LockWatch watch(dir);
+  EXPECT_TRUE(watch.held_by_another(0, hpcrun_token(), "3", &holder));
+  EXPECT_EQ(holder.rfind("host h1 pid 7", 0), 0u) << holder;
+  EXPECT_NE(holder.find(": attempt 2's rank 0"), std::string::npos) << holder;
+  EXPECT_TRUE(watch.held_by_another(29, hpcrun_token(), "3", &holder));
+  EXPECT_FALSE(watch.held_by_another(30.5, hpcrun_token(), "3", &holder)) << "unchanged for the stale time";
+  write("host=h1\npid=7\nunix_time=2\nstate=held\n" + ours + "hpcrun_attempt=2\n");
+  EXPECT_TRUE(watch.held_by_another(31, hpcrun_token(), "3", &holder)) << "rewritten: alive";
+  write("host=h2\npid=8\nunix_time=3\nstate=held\nhpcrun_token=0000000000000000\nhpcrun_attempt=3\n");
+  EXPECT_TRUE(watch.held_by_another(32, hpcrun_token(), "3", &holder));
+  EXPECT_NE(holder.find(": another run"), std::string::npos) << holder;
+  write("host=h2\npid=8\nunix_time=4\nstate=held\n");
+  EXPECT_TRUE(watch.held_by_another(33, hpcrun_token(), "3", &holder)) << "a run outside hpcrun";
+  write("host=h3\npid=9\nunix_time=5\nstate=held\n" + ours + "hpcrun_attempt=3\n");
+  EXPECT_FALSE(watch.held_by_another(34, hpcrun_token(), "3", &holder)) << "the attempt's own";
+  write("host=h1\npid=7\nunix_time=6\nstate=released\n" + ours + "hpcrun_attempt=2\n");
+  EXPECT_FALSE(watch.held_by_another(35, hpcrun_token(), "3", &holder)) << "released";
+  EXPECT_FALSE(LockWatch("").held_by_another(0, hpcrun_token(), "3", &holder)) << "no checkpoint directory";
+  std::filesystem::remove_all(dir);
+}
+
 // hpctrain's config file, for the options hpcrun acts on: read as hpctrain reads it; never a
 // pipe or FIFO (--config <(generate)), which hpcrun would empty before hpctrain reads it.
 TEST(Options, TheProgramsConfigFileGivesWhatHpcrunActsOn) {
@@ -1388,6 +1422,22 @@ TEST(AttemptPhase, TheStartTimeoutLimitsTheStartUpAndTheStallTimeoutTheSteps) {
   EXPECT_DOUBLE_EQ(unlimited.deadline(), AttemptPhase::kNever);
   unlimited.progress(5000);
   EXPECT_DOUBLE_EQ(unlimited.deadline(), 5006);
+}
+
+// While rank 0 waits for another process's lock (LockWatch), --start-timeout counts from the
+// latest moment it was seen waiting; once the attempt runs, a wait seen late changes nothing.
+TEST(AttemptPhase, AWaitForAnothersLockHoldsTheStartUpClock) {
+  AttemptPhase p = launched(true, 6, 10, 120);
+  p.start_held(150);
+  p.start_held(200);
+  p.start_held(190);
+  expect_escalation(p, 221, Phase::Starting, Action::None, Phase::Starting, 320);
+  expect_escalation(p, 321, Phase::Starting, Action::QueryLiveness, Phase::Querying, 323);
+  EXPECT_TRUE(p.stalled_starting());
+  AttemptPhase runs = launched(true, 6, 10, 120);
+  runs.progress(130);
+  runs.start_held(131);
+  EXPECT_DOUBLE_EQ(runs.deadline(), 136);
 }
 
 TEST(AttemptPhase, WithoutAHeartbeatTheJobRunsAfterTenSecondsAndNeverStalls) {

@@ -90,8 +90,9 @@ std::unique_ptr<ckpt::DirectoryLock> lock_directory(dist::ProcessContext& ctx, c
   std::unique_ptr<ckpt::DirectoryLock> lock;
   dist::collectively(ctx, [&] {
     if (ctx.rank() == 0 && !o.checkpoint_dir.empty())
-      lock = ckpt::DirectoryLock::acquire(o.checkpoint_dir, o.checkpoint_lock_wait_seconds,
-                                          [] { return StopSignals::requested(); });
+      lock = ckpt::DirectoryLock::acquire(
+          o.checkpoint_dir, o.checkpoint_lock_wait_seconds, [] { return StopSignals::requested(); },
+          ckpt::hpcrun_owner_fields(ckpt::hpcrun_token_from_env(), ckpt::hpcrun_attempt_from_env()));
   });
   uint64_t got = lock || o.checkpoint_dir.empty() ? 1 : 0;
   if (ctx.world_size() > 1) ctx.world().broadcast(&got, sizeof got, 0);

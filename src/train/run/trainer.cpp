@@ -468,18 +468,6 @@ bool resumed_from_elsewhere(const TrainOptions& o) {
 }
 }  // namespace
 
-namespace {
-// What hpcrun tells its ranks (launch/attempt.cpp): its token (HPCRUN_TOKEN, hex digits) and the
-// attempt's number (HPCRUN_ATTEMPT). A value that is not of that form is taken as none, not
-// written into the heartbeat nor matched against a marker.
-std::string hpcrun_value(const char* name, const char* allowed) {
-  const char* v = std::getenv(name);
-  if (!v || !*v || std::string(v).find_first_not_of(allowed) != std::string::npos) return "";
-  return v;
-}
-std::string hpcrun_token() { return hpcrun_value("HPCRUN_TOKEN", "0123456789abcdef"); }
-}  // namespace
-
 // Where the state is kept: rank 0's checkpoints on shared storage (the store opened after the
 // engine and before the first step, so that a stop during set-up can check the directory), the
 // run's identity beside them, and the snapshots in every host's memory.
@@ -498,7 +486,7 @@ void TrainingRun::start_state_keeping() {
                                              "\nresumed_source=", source_name(p_.source), "\n");
   // Under hpcrun, whose attempt writes it: hpcrun counts the beats of its running attempt only.
   heartbeat_.emplace(checkpoints_->store(),
-                     resumed + ckpt::heartbeat_owner_lines(hpcrun_token(), hpcrun_value("HPCRUN_ATTEMPT", "0123456789")));
+                     resumed + ckpt::heartbeat_owner_lines(ckpt::hpcrun_token_from_env(), ckpt::hpcrun_attempt_from_env()));
   heartbeat_ready_.store(true, std::memory_order_release);
 }
 
@@ -916,7 +904,7 @@ bool TrainingRun::stop_for_membership(const RunPosition& at) {
 bool TrainingRun::membership_marked(bool warn_if_stale) {
   uint64_t marked = 0;
   if (lead_) {
-    const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, hpcrun_token());
+    const ckpt::MembershipMarker marker = ckpt::membership_marker(o_.checkpoint_dir, ckpt::hpcrun_token_from_env());
     marked = marker == ckpt::MembershipMarker::Ours ? 1 : 0;
     if (marker == ckpt::MembershipMarker::Stale && warn_if_stale)
       log::warn((std::filesystem::path(o_.checkpoint_dir) / ckpt::kMembershipMarkerFile).string(),
