@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -142,8 +143,27 @@ HostList place(const HostList& usable, int np, const HostList& keep) {
   return placement;
 }
 
+double HostPool::back_with_enough_slots(const HostList& known, double now) const {
+  int slots = 0;
+  std::vector<std::pair<double, int>> cooling;  // (back at, slots)
+  for (const Host& h : known) {
+    if (blacklist_.blocked(h.name, now)) cooling.emplace_back(now + blacklist_.remaining(h.name, now), h.slots);
+    else slots += h.slots;
+  }
+  if (slots >= o_.min_np) return now;
+  std::sort(cooling.begin(), cooling.end());
+  for (const auto& [at, more] : cooling)
+    if ((slots += more) >= o_.min_np) return at;
+  return -1;
+}
+
 bool HostPool::wait_for_hosts(HostList* usable, bool first) {
-  const double deadline = clock_.now() + o_.elastic_timeout;
+  const double start = clock_.now();
+  double deadline = start + o_.elastic_timeout;
+  // A job on one host that failed (or on hosts that all did) waited out --elastic-timeout alone,
+  // shorter than the cooldown, and ended with restarts left: it waits for them, and their probe.
+  const double back = back_with_enough_slots(known_hosts(), start);
+  if (back > deadline) deadline = back + o_.probe_timeout + 1;
   bool announced = false;
   for (;;) {
     *usable = healthy(known_hosts());
@@ -165,7 +185,12 @@ bool HostPool::wait_for_hosts(HostList* usable, bool first) {
       return false;
     }
     if (!announced) {
-      voice_.say("waiting up to " + show_duration(o_.elastic_timeout) + " for hosts: " + have);
+      const bool cooldown = deadline > start + o_.elastic_timeout;
+      voice_.say("waiting up to " + show_duration(cooldown ? std::ceil(deadline - start) : o_.elastic_timeout) +
+                 " for hosts: " + have +
+                 (cooldown ? " (past --elastic-timeout " + show_duration(o_.elastic_timeout) +
+                                 ": hosts in their --blacklist-cooldown make them up when they are back)"
+                           : ""));
       announced = true;
     }
     // Until a blacklisted host comes free, the next discovery, or a second, whichever is first.

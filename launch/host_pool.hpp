@@ -37,7 +37,12 @@ class HostPool {
   // The ranks to start on `usable`: its slots, at most --max-np (and -np on the first launch).
   int target_np(const HostList& usable, bool first) const;
   // Blocks until healthy hosts have --min-np slots; false after --elastic-timeout (or a signal).
+  // Where hosts in their cooldown would make up the slots, it waits for them past it: until they
+  // are back and probed (their cooldown is hpcrun's own, not hosts that may never come).
   bool wait_for_hosts(HostList* usable, bool first);
+  // When hosts now in their cooldown are back with `known`'s others to make up --min-np slots
+  // (`now` when they need none; a negative time when even all of them have too few).
+  double back_with_enough_slots(const HostList& known, double now) const;
   // Whether the known hosts, but `host` and the blacklisted, have --min-np slots.
   bool enough_slots_without(const std::string& host);
   // The known hosts outside the placement that answer a probe, by name ("" when none).

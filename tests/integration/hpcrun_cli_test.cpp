@@ -1032,6 +1032,23 @@ TEST(HpcrunCli, FailuresAreRetriedThenItGivesUp) {
   }
 }
 
+// A job on one host that failed waits out the host's cooldown, however short --elastic-timeout
+// is: it ended "after waiting --elastic-timeout 1s" with its restarts left (the cooldown is
+// hpcrun's own doing, not a host that may never come). With no cooldown to wait for, the
+// timeout still ends a wait for hosts that are not there.
+TEST(HpcrunCli, TheOnlyHostsCooldownIsWaitedOutPastTheElasticTimeout) {
+  TempDir dir("hpcrun_cooldown");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "1", "--max-restarts", "1", "--blacklist-cooldown", "3s:3s",
+                              "--elastic-timeout", "1s", "sh", "-c", "[ \"$HPCRUN_ATTEMPT\" = 2 ] || exit 3"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("host localhost blacklisted for 3 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" for hosts: 0 healthy slot(s), --min-np 1 needed (past --elastic-timeout 1 s: "
+                       "hosts in their --blacklist-cooldown make them up when they are back)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("attempt 2 succeeded"), std::string::npos) << r.err;
+}
+
 // What a program prints cannot pass for its wrapper's report: a status line for another rank, or
 // one on stdout, is the program's output. Here rank 0 fails (exit 3), a failure hpcrun retries,
 // after printing a usage error for rank 1 on its stderr and for itself on its stdout; believed,
