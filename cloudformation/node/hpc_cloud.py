@@ -177,6 +177,15 @@ def load_config(path=None):
         if not _number(value) or not math.isfinite(value) or value < least:
             why = " (cluster.yaml's least ResumeTimeoutSeconds, which resume.py plans its launches in)" if least else ""
             raise ConfigError(f"{path}: '{key}' must be a number of seconds, {least} or more{why}, not {value!r}")
+    # What Slurm is told of every compute node (slurm.conf's CPUs, Gres and RealMemory), which
+    # launch_check.py holds each instance type to; absent: not checked.
+    shape = cfg.setdefault("node_shape", None)
+    if shape is not None:
+        least = {"cpus": 1, "gpus": 0, "memory_mib": 1}
+        if not isinstance(shape, dict) or sorted(shape) != sorted(least) or not all(
+                isinstance(shape[k], int) and not isinstance(shape[k], bool) and shape[k] >= least[k] for k in least):
+            raise ConfigError(f"{path}: 'node_shape' must be {{\"cpus\": N >= 1, \"gpus\": N >= 0, "
+                              f"\"memory_mib\": N >= 1}}, not {shape!r}")
     count = cfg.setdefault("protected_failure_count", 10)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ConfigError(f"{path}: 'protected_failure_count' must be a whole number, 0 or more, not {count!r}")

@@ -13,9 +13,16 @@ again after each stack update that changes the head node's settings (cluster.yam
 config set): the update is done by then, so a refusal is reported (in the power log, which
 reaches the stack's log group) rather than failing anything.
 
+It also asks EC2 (DescribeInstanceTypes) what each instance type has, against the one shape Slurm
+is told for every node (cloud.json's node_shape: ComputeCpus, ComputeGpus, ComputeMemoryMiB): a
+node whose slurmd finds fewer vCPUs or GPUs, or less memory, than slurm.conf says is drained
+("Low RealMemory") as it registers, and jobs wait for ever for nodes that came up. More than it
+finds fails as a refusal does; fewer (CPUs or GPUs a job will never get) is a warning.
+
     launch_check.py [--wait SECONDS]   (settings: HPCTRAIN_CLOUD_CONFIG, default /etc/hpctrain/cloud.json)
 
-Exit status: 0 when no choice was refused its permissions, 1 when one was, 2 on bad input (the
+Exit status: 0 when no choice was refused its permissions and every type fits the shape, 1
+otherwise, 2 on bad input (the
 settings, or an AWS configuration that makes no EC2 client: AWS_PROFILE naming no profile).
 """
 
@@ -31,6 +38,9 @@ ALLOWED = "DryRunOperation"
 REFUSED = "UnauthorizedOperation"
 # The node name the dry runs' tags carry (the policies check the tags' keys and the cluster's).
 CHECK_NODE = "launch-check"
+# The share of the memory EC2 lists that Slurm may be told (the kernel and firmware keep the rest,
+# 2 to 5%; ParallelCluster gives Slurm 95% too): slurmd finding less than RealMemory drains the node.
+MEMORY_SHARE = 0.95
 
 
 def describe(choice):
@@ -87,6 +97,70 @@ def check(cfg, wait):
     return refused
 
 
+def shape_of(ec2, itype):
+    """(vCPUs, GPUs, MiB) EC2 lists for an instance type; None, said, where it cannot tell: an
+    error string for a type EC2 does not know, or "" where it could not be asked."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        info = ec2.describe_instance_types(InstanceTypes=[itype])["InstanceTypes"]
+    except BotoCoreError as e:
+        logging.warning("%s: its vCPUs, GPUs and memory not checked: %s", itype, e)
+        return None, ""
+    except ClientError as e:
+        error = e.response.get("Error", {})
+        if error.get("Code") == "InvalidInstanceType":
+            return None, f"EC2 knows no instance type {itype} ({error.get('Message', '')})"
+        logging.warning("%s: its vCPUs, GPUs and memory not checked: %s: %s", itype, error.get("Code", ""),
+                        error.get("Message", ""))
+        return None, ""
+    if not info:
+        return None, f"EC2 knows no instance type {itype}"
+    t = info[0]
+    gpus = sum(g.get("Count", 0) for g in t.get("GpuInfo", {}).get("Gpus", []))
+    return (t["VCpuInfo"]["DefaultVCpus"], gpus, t["MemoryInfo"]["SizeInMiB"]), ""
+
+
+def check_shapes(cfg):
+    """Each instance type against node_shape; returns the number of types that cannot run as Slurm's
+    nodes."""
+    shape = cfg.get("node_shape")
+    if not shape:
+        return 0
+    ec2 = ec2_client(cfg)
+    unfit = 0
+    for itype in cfg["instance_types"]:
+        have, unknown = shape_of(ec2, itype)
+        if have is None:
+            if unknown:
+                unfit += 1
+                logging.error("%s: the nodes would never come up", unknown)
+            continue
+        cpus, gpus, mib = have
+        most_mib = int(mib * MEMORY_SHARE)
+        errors, warnings = [], []
+        for param, told, actual, what in (("ComputeCpus", shape["cpus"], cpus, "vCPUs"),
+                                          ("ComputeGpus", shape["gpus"], gpus, "GPUs")):
+            if told > actual:
+                errors.append(f"{param} is {told}, but it has {actual} {what}")
+            elif told < actual:
+                warnings.append(f"{param} is {told}, but it has {actual} {what}: jobs never get the other "
+                                f"{actual - told}")
+        if shape["memory_mib"] > most_mib:
+            errors.append(f"ComputeMemoryMiB is {shape['memory_mib']}, more than {most_mib}, {MEMORY_SHARE:.0%} "
+                          f"of its {mib} MiB (the kernel keeps the rest)")
+        for w in warnings:
+            logging.warning("%s: %s", itype, w)
+        if errors:
+            unfit += 1
+            logging.error("%s: %s: slurmd would find less than slurm.conf says, and Slurm would drain every node "
+                          "as it registers", itype, "; ".join(errors))
+        elif not warnings:
+            logging.info("%s: %d vCPUs, %d GPUs and %d MiB fit Slurm's node (%d, %d, %d MiB)", itype, cpus, gpus,
+                         mib, shape["cpus"], shape["gpus"], shape["memory_mib"])
+    return unfit
+
+
 def main(argv=None):
     parser = OneLineParser(prog="launch_check.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--wait", type=float, default=300, metavar="SECONDS",
@@ -104,13 +178,20 @@ def main(argv=None):
 
     try:
         refused = check(cfg, args.wait)
+        unfit = check_shapes(cfg)
     except BotoCoreError as e:  # no EC2 client at all (AWS_PROFILE names no profile, and such)
         print(f"launch_check.py: error: cannot ask EC2: {e}", file=sys.stderr)
         return 2
+    problems = []
     if refused:
-        print(f"launch_check.py: error: the head node may not launch {refused} of the {len(choices(cfg))} "
-              "instance choices resume.py would try (see the lines above): the cluster's nodes would never "
-              "come up", file=sys.stderr)
+        problems.append(f"the head node may not launch {refused} of the {len(choices(cfg))} instance choices "
+                        "resume.py would try")
+    if unfit:
+        problems.append(f"{unfit} of the {len(cfg['instance_types'])} instance types do not fit the node Slurm is "
+                        "told (ComputeCpus, ComputeGpus, ComputeMemoryMiB)")
+    if problems:
+        print(f"launch_check.py: error: {'; '.join(problems)} (see the lines above): the cluster's nodes would never "
+              "come up" + (" or run a job" if unfit else ""), file=sys.stderr)
         return 1
     return 0
 

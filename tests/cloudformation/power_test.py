@@ -1092,6 +1092,72 @@ class LaunchCheck(AwsHooks):
             self.assertEqual(launch_check.main(["--wait", "0"]), 0)
 
 
+class LaunchCheckShapes(AwsHooks):
+    """launch_check.py holds each instance type to the one node Slurm is told (node_shape: CPUs,
+    GPUs, RealMemory): EC2's figures (moto's, from EC2's own list) for g5.12xlarge and g6.12xlarge,
+    48 vCPUs, 4 GPUs and 196608 MiB each. slurmd finding less than slurm.conf says drains the node."""
+
+    FITS = {"cpus": 48, "gpus": 4, "memory_mib": 180000}
+
+    def setUp(self):
+        super().setUp()
+        self.cfg.update(instance_types=["g5.12xlarge", "g6.12xlarge"])
+
+    def shapes(self, shape, types=None):
+        cfg = {**self.cfg, "node_shape": shape, **({"instance_types": types} if types else {})}
+        with self.hooked(), self.assertLogs(level="INFO") as logs:
+            logging.info("checking")
+            unfit = launch_check.check_shapes(cfg)
+        return unfit, [line for line in logs.output if line.startswith(("ERROR", "WARNING"))]
+
+    def test_each_type_must_have_what_slurm_is_told(self):
+        for shape, unfit, said in (
+                (self.FITS, 0, []),
+                ({**self.FITS, "memory_mib": 186777}, 0, []),  # 95% of 196608
+                ({**self.FITS, "cpus": 96}, 2, ["ComputeCpus is 96, but it has 48 vCPUs"]),
+                ({**self.FITS, "gpus": 8}, 2, ["ComputeGpus is 8, but it has 4 GPUs"]),
+                ({**self.FITS, "memory_mib": 186778}, 2, ["ComputeMemoryMiB is 186778, more than 186777, 95% of its "
+                                                          "196608 MiB"]),
+                ({**self.FITS, "gpus": 2}, 0, ["ComputeGpus is 2, but it has 4 GPUs: jobs never get the other 2"]),
+                ({**self.FITS, "cpus": 24}, 0, ["ComputeCpus is 24, but it has 48 vCPUs"])):
+            with self.subTest(shape=shape):
+                got, lines = self.shapes(shape)
+                self.assertEqual(got, unfit, lines)
+                self.assertEqual(len(lines), 2 * len(said), lines)  # each type
+                for line in lines:
+                    self.assertTrue(any(s in line for s in said), line)
+                    self.assertTrue(line.startswith("ERROR" if unfit else "WARNING"), line)
+                    if unfit:
+                        self.assertIn("Slurm would drain every node", line)
+        self.assertEqual(len([p for op, p in self.ec2_calls if op == "DescribeInstanceTypes"]), 2 * 7)
+
+    def test_a_type_ec2_does_not_know_is_an_error(self):
+        got, lines = self.shapes(self.FITS, ["g5.12xlarge", "g9.huge"])
+        self.assertEqual(got, 1, lines)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("EC2 knows no instance type g9.huge", lines[0])
+
+    def test_without_a_shape_nothing_is_asked(self):
+        with self.hooked():
+            self.assertEqual(launch_check.check_shapes({**self.cfg, "node_shape": None}), 0)
+        self.assertEqual(self.ec2_calls, [])
+
+    def test_the_program_fails_with_one_summary_line(self):
+        env = {"HPCTRAIN_CLOUD_CONFIG": self.write_config({**self.cfg, "log_file": "",
+                                                           "node_shape": {**self.FITS, "memory_mib": 190000}})}
+        with self.hooked(), mock.patch.dict(os.environ, env), \
+                mock.patch.object(sys, "stderr", new_callable=io.StringIO) as err:
+            self.assertEqual(launch_check.main(["--wait", "0"]), 1)
+        last = err.getvalue().strip().splitlines()[-1]
+        self.assertEqual(last, "launch_check.py: error: 2 of the 2 instance types do not fit the node Slurm is told "
+                               "(ComputeCpus, ComputeGpus, ComputeMemoryMiB) (see the lines above): the cluster's "
+                               "nodes would never come up or run a job")
+        for bad in ({"cpus": 0, "gpus": 4, "memory_mib": 1}, {"cpus": 48, "gpus": 4}, {**self.FITS, "gpus": "4"},
+                    {**self.FITS, "gpus": True}, [48, 4, 1]):
+            with self.subTest(bad=bad), self.assertRaisesRegex(hpc_cloud.ConfigError, "'node_shape' must be"):
+                hpc_cloud.load_config(self.write_config({**self.cfg, "node_shape": bad}))
+
+
 # EC2's answer to a DescribeInstances that finds nothing.
 NO_INSTANCES = ('<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
                 "<requestId>r-1</requestId><reservationSet/></DescribeInstancesResponse>")
