@@ -1078,6 +1078,15 @@ class Deploy(unittest.TestCase):
         self.assertEqual(sorted(self.mount_targets()), sorted(private))
         status, physical, _ = self.head_zone_target("Update", "none-x", moved, props)
         self.assertEqual(status, "SUCCESS")
+        # PrivateSubnetId's list, which the template cannot count: a fourth subnet was passed over
+        # without a word; two in one zone failed on EFS's MountTargetConflict.
+        fourth = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.8.0/24", AvailabilityZone=targets[private[0]])["Subnet"]["SubnetId"]
+        for compute, error in ((private + [self.existing_vpc(3)[1][0], fourth], "PrivateSubnetId names 4 subnets; the cluster takes 1 to 3"),
+                               ([private[0], fourth], f"PrivateSubnetId's {private[0]} and {fourth} are both in {targets[private[0]]}")):
+            status, _, reason = self.head_zone_target("Update", physical, props, {**props, "ComputeSubnetIds": compute})
+            self.assertEqual(status, "FAILED", compute)
+            self.assertIn(error, reason)
+        self.assertEqual(sorted(self.mount_targets()), sorted([public, *private]))
         self.assertEqual(self.head_zone_target("Delete", physical, {}, props), ("SUCCESS", physical, ""))
         self.assertEqual(sorted(self.mount_targets()), sorted(private))
         self.assertEqual(self.head_zone_target("Delete", physical, {}, props)[0], "SUCCESS")  # (again: CloudFormation retries)
