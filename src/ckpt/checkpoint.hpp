@@ -19,14 +19,21 @@
 
 namespace hpc::ckpt {
 
+// A checkpoint --resume auto does not pass by for an older one (find_latest), and `inspect`
+// counts as refused: one of the two kinds below. Either is a usage error, not damage.
+class RefusedCheckpoint : public Error {
+ public:
+  explicit RefusedCheckpoint(const std::string& what) : Error(ErrorKind::Usage, what) {}
+};
+
 // A checkpoint that could not be read, as opposed to one that is damaged: the system refused it
 // (EACCES, EIO, a stale NFS handle). --resume auto does not pass it by for an older one
 // (find_latest), whose resume would move it aside and go on from the older step; when every file
 // failed alike, the run started afresh. (One too large for memory is passed by only where it is
 // larger than the older one that fits: CheckpointTooLarge.)
-class UnreadableCheckpoint : public Error {
+class UnreadableCheckpoint : public RefusedCheckpoint {
  public:
-  explicit UnreadableCheckpoint(const std::string& what) : Error(ErrorKind::Usage, what) {}
+  using RefusedCheckpoint::RefusedCheckpoint;
 };
 
 // A checkpoint whose sections do not fit in this process's memory. A file larger than its
@@ -43,9 +50,9 @@ class CheckpointTooLarge : public Error {
 // written by a newer hpctrain, the requeued job on a node with an older one, an install rolled
 // back. --resume auto does not pass it by (find_latest): an older file's resume would move it
 // aside and go back to the older step, or start afresh where it was the only one.
-class NewerFormatCheckpoint : public Error {
+class NewerFormatCheckpoint : public RefusedCheckpoint {
  public:
-  explicit NewerFormatCheckpoint(const std::string& what) : Error(ErrorKind::Usage, what) {}
+  using RefusedCheckpoint::RefusedCheckpoint;
 };
 
 constexpr uint32_t kFormatVersion = 1;

@@ -125,10 +125,7 @@ Inspected inspect_file(const std::string& path) {
       r.problem = *misfit;
       r.misfit = r.refused = true;
     }
-  } catch (const ckpt::UnreadableCheckpoint& e) {
-    r.problem = e.what();
-    r.refused = true;
-  } catch (const ckpt::NewerFormatCheckpoint& e) {
+  } catch (const ckpt::RefusedCheckpoint& e) {  // unreadable, or of a newer format
     r.problem = e.what();
     r.refused = true;
   } catch (const Error& e) {
