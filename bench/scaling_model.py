@@ -115,7 +115,7 @@ def json_loads(text):
 # What the inputs may hold: beyond these a figure is a mistake (and its results hundreds of digits).
 MAX_GPUS = 1_000_000
 MAX_SECONDS = 86400.0  # a step, and any time within one
-MAX_TRACE_US = 1e15  # a Chrome trace's timestamps (microseconds since the run began)
+MAX_TRACE_US = 1e17  # a Chrome trace's timestamps (microseconds since 1970; since the run began before)
 MAX_ELEMENTS = 1 << 40  # a timeline's arena offsets (elements of 4 bytes)
 MAX_BYTES = 1 << 40  # a sweep's message
 MAX_LATENCY_US = 1e6

@@ -8,7 +8,8 @@ forward, backward and optimizer on the main thread (tid 0), inside the step; eve
 and all-reduced on tid 1, with the same extent on every rank and step; with --statistics, the
 batch-norm statistics' average queued and all-reduced there too, one size throughout, ahead of
 bucket 0; the --expect names (e.g.
-checkpoint) on every rank; and the units: rank 0's step durations against the metrics file's
+checkpoint) on every rank; each rank's steps in order in time (a resumed run's after the stopped
+run's, which it appends to); and the units: rank 0's step durations against the metrics file's
 step_seconds (a trace in milliseconds, or in seconds, is off by 1000).
 
 Exit 0 when it holds; otherwise 1, with one line per problem (the first 20)."""
@@ -92,6 +93,13 @@ def check(trace, schema, ranks, steps, expect, metrics, statistics=False):
                         problems.append(f"rank {rank}, step {step}: no {kind} bucket {b}")
             if statistics and (values := check_statistics(by, rank, step, problems)) is not None:
                 sizes.add(values)
+        # In time as in number: a resumed run's steps after the stopped run's, whose file it
+        # appends to (both counted from 0, they lay over each other).
+        timed = [by[(rank, 0, f"step {s}", s)][-1] for s in steps if by.get((rank, 0, f"step {s}", s))]
+        for a, b in zip(timed, timed[1:]):
+            if b["ts"] < a["ts"] + a["dur"] - SLACK_US:
+                problems.append(f"rank {rank}: {b['name']} begins at {b['ts']} us, before {a['name']} ends "
+                                f"({a['ts']} + {a['dur']} us)")
         for name in expect:
             if not any(k[0] == rank and k[2] == name for k in by):
                 problems.append(f"rank {rank} has no {name}")

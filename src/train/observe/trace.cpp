@@ -225,8 +225,17 @@ Trace::Trace(dist::Communicator& comm, std::unique_ptr<TraceFile> file, const st
   const int64_t per_rank = std::min<int64_t>(kEventBudget, kGatherBudget / std::max(comm_.size(), 1));
   period_ = std::clamp<int64_t>(per_rank / per_step, 1, 100);
   if (const char* every = std::getenv("HPCTRAIN_TEST_TRACE_GATHER_STEPS")) period_ = std::max(1LL, std::atoll(every));
+  // The events' clock: rank 0's wall clock at a barrier, in microseconds since 1970 (as PyTorch's
+  // profiler writes them), then each rank's steady clock from that barrier. The ranks line up as
+  // the barrier does, and a resumed run's events follow the stopped run's in the file it appends
+  // to (each counted from 0, they lay over the earlier run's: a viewer drew the two runs' steps as
+  // one tangle, on the same rows).
   comm_.barrier();
   zero_ = Clock::now();
+  int64_t origin = std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  comm_.broadcast(&origin, sizeof origin, 0);
+  origin_us_ = static_cast<double>(origin);
   const int rank = comm_.rank();
   const auto meta = [&](const char* name, int tid, JsonObject args) {
     JsonObject e{{"name", name}, {"ph", "M"}, {"pid", rank}, {"tid", tid}, {"args", std::move(args)}};
@@ -251,7 +260,7 @@ void Trace::add(const std::string& name, int tid, Clock::time_point begin, Clock
     return;
   }
   JsonObject e{{"name", name}, {"ph", "X"},          {"pid", comm_.rank()},
-               {"tid", tid},   {"ts", micros(begin, zero_)}, {"dur", std::max(0.0, micros(end, begin))}};
+               {"tid", tid},   {"ts", origin_us_ + micros(begin, zero_)}, {"dur", std::max(0.0, micros(end, begin))}};
   if (!args.empty()) e["args"] = std::move(args);
   buffer_ += ",\n" + json_text(e);
 }

@@ -111,6 +111,7 @@ class Trace {
   dist::Communicator& comm_;
   std::unique_ptr<TraceFile> file_;
   Clock::time_point zero_;
+  double origin_us_ = 0;  // rank 0's wall clock at zero_, in microseconds since 1970: the events' ts
   int64_t period_;
   std::string buffer_;  // ",\n{event}" each
   int64_t dropped_ = 0;  // events dropped by this run (said at the first)
