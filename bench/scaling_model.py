@@ -536,9 +536,9 @@ def chrome_events(text, path, what):
 
 def runs_of(events):
     """Each event with the number of the run that wrote it. A trace appended to by a resumed run
-    (hpcrun's --resume auto relaunches) holds each run's events after the last one's, every run's
-    clock starting again near 0 and its steps keeping their numbers (a run resumed from a checkpoint
-    before the last gather repeats some): each run's first events are rank 0's metadata
+    (hpcrun's --resume auto relaunches) holds each run's events after the last one's, its steps
+    keeping their numbers (a run resumed from a checkpoint before the last gather repeats some; and
+    a trace of an older hpctrain starts every run's clock again near 0): each run's first events are rank 0's metadata
     ("process_name"), which start the next run."""
     run, out = 0, []
     for e in events:
