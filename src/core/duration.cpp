@@ -1,5 +1,6 @@
 #include "core/duration.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -10,13 +11,11 @@
 namespace hpc {
 
 double parse_duration(const std::string& text, const char* option) {
-  size_t used = 0;
+  // from_chars, not stod: stod took "0x10" for 16 s, and leading spaces and a '+' (numbers are
+  // refused so everywhere else).
   double v = -1;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, std::chars_format::general);
+  const size_t used = ec == std::errc() ? static_cast<size_t>(end - text.data()) : 0;
   const std::string unit = text.substr(used);
   const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
   HPC_REQUIRE(used > 0 && scale > 0 && std::isfinite(v) && v >= 0, "--", option,

@@ -101,6 +101,13 @@ TEST_F(Cli, MisspeltCommandIsNamed) {
 TEST_F(Cli, SmallCommandsSayTheirProblemsPlainly) {
   expect_usage_error(run_program({hpctrain_binary(), "clean-snapshots", "--older-than", "-1"}, kDeadline),
                      {"error: --older-than must be a duration such as 90s, 10m or 1.5h, got '-1'"});
+  // No end: "kept ... last written within 1000000000000000052504760255204420248704... h".
+  expect_usage_error(run_program({hpctrain_binary(), "clean-snapshots", "--older-than", "1e300h"}, kDeadline),
+                     {"error: --older-than must be at most 1000h, got "});
+  // stod took hex (16 s), leading spaces and a '+', which numbers are refused.
+  for (const char* text : {"0x10", " 5s", "+5s"})
+    expect_usage_error(run_program({hpctrain_binary(), "clean-snapshots", "--older-than", text}, kDeadline),
+                       {"error: --older-than must be a duration such as 90s, 10m or 1.5h, got '" + std::string(text) + "'"});
   const RunResult r = run_program({hpctrain_binary(), "inspect", "/dev/zero"}, kDeadline);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.out.find("valid: no: cannot read checkpoint /dev/zero: not a regular file\nsize: 0 B (0 bytes)\n"),
@@ -188,6 +195,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{"threads_negative", {"--threads", "-1"}, {"--threads"}},
         BadArgs{"progress_unknown", {"--progress", "fancy"}, {"--progress", "'fancy'", "lines"}},
         BadArgs{"progress_interval_bad", {"--progress-interval", "soon"}, {"--progress-interval", "soon"}},
+        BadArgs{"progress_interval_endless", {"--progress-interval", "2000h"}, {"--progress-interval must be at most 1000h"}},
+        BadArgs{"checkpoint_interval_endless", {"--checkpoint-interval", "1e300h", "--checkpoint-dir", "ck"},
+                {"--checkpoint-interval must be at most 1000h"}},
+        BadArgs{"step_timeout_in_hex", {"--step-timeout", "0x10"}, {"--step-timeout must be a duration", "'0x10'"}},
         BadArgs{"log_level_unknown", {"--log-level", "loud"}, {"--log-level", "'loud'", "debug"}},
         BadArgs{"log_timestamps_unknown", {"--log-timestamps", "yes"}, {"--log-timestamps", "'yes'", "auto"}},
         BadArgs{"image_size_negative", {"--image-size", "-5"}, {"--image-size", "negative"}},
@@ -618,7 +629,14 @@ TEST_F(Cli, ConfigFileProblems) {
       {"checkpoint-dir =\n", {"'checkpoint-dir' is empty"}},  // an unset variable in a generated file
       {"epochs = 1\n  = 3\n", {"line 2: '= 3' names no option before its '='"}},  // was: "unrecognised option"
       {"epochs = 1\n\x01\x02\x03\x7f\n", {"is not a text file (byte 11"}},  // binary
-      {std::string(2 << 20, '#'), {"is larger than 1 MB"}}};  // huge
+      {std::string(2 << 20, '#'), {"is larger than 1 MB"}},  // huge
+      // No shell reads the file: each trained into a directory named as written, under this one.
+      {"checkpoint-dir = \"/tmp/ck\"\n", {"'checkpoint-dir' is \"/tmp/ck\", in quotes, which would be part of it"}},
+      {"model = 'cnn'\n", {"'model' is 'cnn', in quotes"}},
+      {"checkpoint-dir = ~/runs\n", {"'checkpoint-dir' is ~/runs: a config file's ~ is not your home directory"}},
+      {"checkpoint-dir = /data/$USER/runs\n", {"'checkpoint-dir' is /data/$USER/runs: a config file's variables are "
+                                               "not expanded"}},
+      {"metrics-file = ${HOME}/m.jsonl\n", {"variables are not expanded"}}};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = dir.file(std::to_string(i).append(".cfg"));  // not "c" + ...: GCC 12 -Wrestrict
     write_text(path, cases[i].first);
@@ -656,6 +674,27 @@ TEST_F(Cli, ConfigFileProblemsWhereTheCommandLineSetsTheOptionToo) {
                     "25"},
                    expect);
   }
+}
+
+// A switch in the file and its opposite on the command line: the command line's wins, as its
+// values do (both reached the pair, which refused them as contradicting each other). Both in
+// one place still contradict. The checkpoint records which won.
+TEST_F(Cli, TheCommandLinesSwitchWinsOverTheFilesOpposite) {
+  TempDir dir("cli-config");
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "--decay-bias-and-norm over the file's no-" : "--no-decay-bias-and-norm over the file's");
+    const std::string cfg = dir.file(on ? "on.cfg" : "off.cfg"), ck = dir.file(on ? "ck_on" : "ck_off");
+    write_text(cfg, on ? "no-decay-bias-and-norm = 1\n" : "decay-bias-and-norm = 1\n");
+    const RunResult r = run({"--config", cfg, on ? "--decay-bias-and-norm" : "--no-decay-bias-and-norm",
+                             "--checkpoint-dir", ck});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const RunResult shown = run_program({hpctrain_binary(), "inspect", ck + "/ckpt-000000001.hpck"}, kDeadline);
+    EXPECT_NE(shown.out.find(on ? " --decay-bias-and-norm=1 " : " --decay-bias-and-norm=0 "), std::string::npos)
+        << shown.out;
+  }
+  write_text(dir.file("both.cfg"), "decay-bias-and-norm = 1\nno-decay-bias-and-norm = 1\n");
+  expect_refused({"--config", dir.file("both.cfg")}, {"--decay-bias-and-norm and --no-decay-bias-and-norm contradict"});
+  expect_refused({"--decay-bias-and-norm", "--no-decay-bias-and-norm"}, {"contradict each other"});
 }
 
 // What editors write is read: a UTF-8 byte-order mark, CRLF line ends, comments, no final

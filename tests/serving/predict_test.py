@@ -367,6 +367,14 @@ class Serving(unittest.TestCase):
                             "unknown --device 'tpu' (choose auto, cpu or cuda)")
         self.assert_refused(["predict", "--checkpoint", self.ck, "--device", "", good], "--device is empty")
 
+    def test_more_classes_than_the_model_has_is_refused(self):
+        """--top-k 11 of a 10-class model printed 10 without a word; 10 prints them all, and the
+        default, 5, is no error on a model of fewer (a folder of two classes, packed)."""
+        good, _ = self.bad_files()
+        self.assert_refused(["predict", "--checkpoint", self.ck, "--top-k", "11", good],
+                            "--top-k 11 is more than the 10 classes of the checkpoint's model")
+        self.assertEqual(len(ok("predict", "--checkpoint", self.ck, *CPU, "--top-k", "10", good).split(", ")), 10)
+
     def test_an_unreadable_image_says_why(self):
         """Permission denied is not "does not exist". As root (CI), hpctrain runs without the
         capabilities that let root past permission bits, so that the test runs everywhere."""

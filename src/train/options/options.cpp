@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -98,8 +99,10 @@ void validate_each_value(const TrainOptions& o) {
               o.bucket_mb);
   require_watchdog_timeout(o.step_timeout_seconds, "step-timeout");
   require_watchdog_timeout(o.start_timeout_seconds, "start-timeout");
-  HPC_REQUIRE(o.checkpoint_lock_wait_seconds <= kLongestWait, "--checkpoint-lock-wait must be at most 1000h, got ",
-              show_duration(o.checkpoint_lock_wait_seconds));
+  for (const auto& [seconds, option] : {std::pair{o.checkpoint_lock_wait_seconds, "checkpoint-lock-wait"},
+                                        std::pair{o.checkpoint_interval_seconds, "checkpoint-interval"},
+                                        std::pair{o.progress_interval_seconds, "progress-interval"}})
+    HPC_REQUIRE(seconds <= kLongestWait, "--", option, " must be at most 1000h, got ", show_duration(seconds));
 }
 
 // The values that contradict each other (the choices themselves were parsed with the table),
@@ -202,6 +205,22 @@ std::string read_config_text(const std::string& path) {
   return text;
 }
 
+// No shell reads the file: a value in quotes, or with ~ or $HOME, was taken as written, and
+// 'checkpoint-dir = "/data/ck"' trained into a directory named with the quotes, under this one.
+void require_unexpanded_value(const std::string& path, const std::string& name, const std::string& value) {
+  const char first = value.front(), last = value.back();
+  HPC_REQUIRE(value.size() < 2 || !((first == '"' || first == '\'') && last == first), "config file ", path, ": '",
+              name, "' is ", value, ", in quotes, which would be part of it: write the value without them");
+  HPC_REQUIRE(first != '~', "config file ", path, ": '", name, "' is ", value,
+              ": a config file's ~ is not your home directory (no shell reads it): write the whole path");
+  for (size_t dollar = value.find('$'); dollar != std::string::npos; dollar = value.find('$', dollar + 1)) {
+    const char next = dollar + 1 < value.size() ? value[dollar + 1] : ' ';
+    HPC_REQUIRE(!(std::isalpha(static_cast<unsigned char>(next)) || next == '_' || next == '{'), "config file ", path,
+                ": '", name, "' is ", value, ": a config file's variables are not expanded (no shell reads it): ",
+                "write the value itself");
+  }
+}
+
 // The table's own reads: the values Boost stores as text (choices, durations, lists, switches).
 void read_table(const po::variables_map& vm, TrainOptions& o) {
   for (const OptionGroup& group : option_table())
@@ -211,20 +230,30 @@ void read_table(const po::variables_map& vm, TrainOptions& o) {
 
 po::options_description description(TrainOptions& o, std::string* config);
 
+bool given(const po::variables_map& vm, const char* name);
+
 // Reads --config PATH into vm after the command line (whose values win). Boost's messages
 // are prefixed with the file; the options that only make sense on a command line are refused.
 void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
   const std::string text = read_config_text(path);
   std::istringstream in(text);
   try {
-    const po::parsed_options parsed = po::parse_config_file(in, all);
+    po::parsed_options parsed = po::parse_config_file(in, all);
     for (const po::option& opt : parsed.options) {
       HPC_REQUIRE(opt.string_key != "config" && opt.string_key != "help" && opt.string_key != "version",
                   "config file ", path, " sets '", opt.string_key, "', which only the command line can give");
       // "checkpoint-dir =": a generated file whose variable was unset.
       HPC_REQUIRE(opt.value.empty() || !opt.value.front().empty(), "config file ", path, ": '", opt.string_key,
                   "' is empty (an unset variable?)");
+      if (!opt.value.empty()) require_unexpanded_value(path, opt.string_key, opt.value.front());
     }
+    // "cuda-graphs = 1" in the file and --no-cuda-graphs on the command line: the command line's
+    // switch wins, as its values do (both reached the switch pair, which refused them together).
+    std::erase_if(parsed.options, [&](const po::option& opt) {
+      const std::string& name = opt.string_key;
+      const std::string partner = name.rfind("no-", 0) == 0 ? name.substr(3) : "no-" + name;
+      return all.find_nothrow(partner, false) && given(vm, partner.c_str());
+    });
     // The file on its own first: po::store passes over a name that vm holds already, so where the
     // command line sets it too, a name given twice, a value that cannot be read or one out of its
     // range would go unseen. Read into options of its own (Boost writes the numbers into the

@@ -44,6 +44,7 @@ struct PredictOptions {
   int64_t top_k = 5, batch_size = 64;
   int threads = 0;
   bool json = false, logits = false, skip_bad = false;
+  bool top_k_given = false;  // the default, 5, is the model's classes where it has fewer
 };
 
 // ---- the list of images ----------------------------------------------------------------------
@@ -113,7 +114,11 @@ struct Said {
 class Predictor {
  public:
   Predictor(const PredictOptions& o, ServingModel& m, Inference& inference)
-      : o_(o), m_(m), inference_(inference), top_k_(std::min<int64_t>(o.top_k, m.facts.classes)) {}
+      : o_(o), m_(m), inference_(inference), top_k_(std::min<int64_t>(o.top_k, m.facts.classes)) {
+    // A script asking for 1000 classes of a 10-class model got 10 rows without a word.
+    HPC_REQUIRE(!o.top_k_given || o.top_k <= m.facts.classes, "--top-k ", o.top_k, " is more than the ",
+                m.facts.classes, " classes of the checkpoint's model");
+  }
 
   // Classifies files[begin, end) into said. A bad image is a usage error naming it, or with
   // --skip-bad a warning line.
@@ -283,7 +288,9 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
   static const std::vector<options::Entry<O>> table{
       subcommand_options::checkpoint(&O::checkpoint),
       options::list("images", &O::inputs, "image files or directories (also as positional arguments)"),
-      options::number("top-k", &O::top_k, "classes per image (at most the model's)"),
+      options::noting_given(options::number("top-k", &O::top_k, "classes per image (default 5, or all the model's "
+                                                                "where it has fewer; at most the model's)"),
+                            &O::top_k_given),
       options::flag("json", &O::json,
                     "JSON Lines instead of text: {\"path\", \"top\": [{\"class\", \"name\", \"probability\"}, ...]}"),
       options::flag("logits", &O::logits, "with --json: add \"logits\", the model's raw outputs for every class"),

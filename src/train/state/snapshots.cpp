@@ -630,6 +630,8 @@ void check_clean_request(CleanRequest& r, const boost::program_options::variable
   r.what.run_id = r.run_id;
   r.what.ended_runs = !r.all && r.run_id.empty();
   if (!r.older.empty()) r.what.older_than = parse_duration(r.older, "older-than");
+  HPC_REQUIRE(r.what.older_than <= kLongestWait, "--older-than must be at most 1000h, got ",
+              show_duration(r.what.older_than));
 }
 
 // clean-snapshots' options, checked on every rank alike; nullopt when --help was handled.
