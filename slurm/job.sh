@@ -12,7 +12,8 @@
 #                                   exit code asks (a --config file it cannot read: exit 2):
 #     0        the training finished                        exit 0 (with its metrics' done event;
 #                                                                  without: as a failure)
-#     2        a usage error (bad option, bad data)         exit 2, never requeued
+#     2        a usage or input error (an option,           exit 2, never requeued
+#              the data, a checkpoint a stop could not write)
 #     75       checkpointed and stopped (warning signal)    requeue the job, which resumes
 #     other    a node lost, a rank killed, a watchdog end   keep the newest snapshot in the nodes'
 #                                                           memory as a checkpoint, requeue the job,
@@ -36,12 +37,16 @@
 # hpcrun), LAUNCHER_ARGS (extra options for it), MPIRUN_KILL_WAIT, SRUN_WAIT, CHECKPOINT_DIR, REQUEUE, MAX_REQUEUES,
 # MAX_FAILURES_IN_A_ROW, HPCTRAIN_HOME, STAGE_FROM, STAGE_TO, STAGE_PER_NODE, STAGE_ARGS; CHAIN_SEGMENT (slurm/chain.sh's).
 
+# Neither can fail: under set -e a line the job's output file did not take (a full disk, a
+# quota, a file system gone read-only, which is where the checkpoints often are too) ended the
+# batch shell, before the trainer was launched or in a signal's trap before the signal was passed
+# on, and the job ended without a checkpoint or a requeue.
 job_log() {
-  echo "hpctrain-slurm: $(date '+%F %T') job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $*"
+  echo "hpctrain-slurm: $(date '+%F %T') job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $*" || true
 }
 
 job_die() {  # one line and exit 2: the job cannot run as set up (nothing to requeue)
-  echo "hpctrain-slurm: error: $*" >&2
+  echo "hpctrain-slurm: error: $*" >&2 || true
   exit 2
 }
 
@@ -648,16 +653,16 @@ job_run_trainer() {
   # shellcheck disable=SC2317  # called by the traps below
   job_warning_signal() {
     if [[ -z "$pid" ]]; then JOB_SIGNAL=${JOB_SIGNAL:-$1}; return; fi
-    job_log "SIG$1: asking the trainer to checkpoint and stop"
     kill -USR1 "$pid" 2> /dev/null || true  # gone (it ended as the signal came): set -e ended the shell
+    job_log "SIG$1: asking the trainer to checkpoint and stop"
   }
   # shellcheck disable=SC2317  # called by the traps below
   job_stop_signal() {
     if [[ -z "$pid" ]]; then JOB_SIGNAL=${JOB_SIGNAL:-$1}; return; fi
     stop_signal=$1
     if [[ "${LAUNCHER:-srun}" == mpirun ]]; then
-      job_log "SIG$1: asking the trainer to checkpoint and stop (SIGUSR1 to mpirun)"
       kill -USR1 "$pid" 2> /dev/null || true
+      job_log "SIG$1: asking the trainer to checkpoint and stop (SIGUSR1 to mpirun)"
     else
       job_log "SIGTERM: Slurm is ending the job; the trainer checkpoints if it can"
     fi
@@ -696,7 +701,7 @@ job_run_trainer() {
         exit 0
       fi
       job_requeue_or_exit 1 "the launcher exited 0, but the metrics file does not end with the trainer's done event: it did not finish" ;;
-    2) job_log "the trainer stopped with a usage error (exit 2): not requeued"; exit 2 ;;
+    2) job_log "the trainer stopped with a usage error (exit 2): not requeued (an option, the data, or a checkpoint a stop could not write: its own line says which)"; exit 2 ;;
     75) job_requeue_or_exit 75 "the trainer checkpointed and stopped (exit 75)" ;;
     *)
       job_persist_snapshot "${args[@]}"

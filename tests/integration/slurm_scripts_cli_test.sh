@@ -276,6 +276,33 @@ rc=$?
 [[ $rc == 2 && "$err" == *"--metrics-file /dev/stdout is not a regular file of its own"* ]] ||
   fail "job.sh --metrics-file /dev/stdout with stdout a file: exit $rc, want 2: $err"
 
+# The job's output file full (a quota, a full disk, which is where the checkpoints often are too):
+# job_log's first line failed under set -e and ended the batch shell before the trainer ran, and
+# in the USR1 trap before the signal was passed on; Slurm then ended the job, unsaved. Here stdout
+# and stderr are /dev/full, and the trainer still gets the warning signal and checkpoints (75).
+cat > "$work/waiting-trainer" << 'EOF'
+#!/bin/sh
+trap 'echo stopped > "$MARK"; exit 75' USR1
+echo started > "$MARK"
+i=0
+while [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+echo "not stopped" > "$MARK"
+EOF
+chmod +x "$work/waiting-trainer"
+rm -f "$work/mark"
+MARK="$work/mark" "$job" HPCTRAIN="$work/waiting-trainer" CHECKPOINT_DIR="$work/full-ck" REQUEUE=0 SLURM_JOB_ID=1 \
+  LAUNCHER=srun -- > /dev/full 2>&1 &
+full_job=$!
+for _ in $(seq 100); do [[ "$(cat "$work/mark" 2> /dev/null)" == started ]] && break; sleep 0.1; done
+kill -USR1 "$full_job"
+wait "$full_job"
+rc=$?
+if [[ $rc != 75 || "$(cat "$work/mark" 2> /dev/null)" != stopped ]]; then
+  fail "job.sh writing to a full output file: exit $rc, the trainer: $(cat "$work/mark" 2> /dev/null || echo never ran)"
+else
+  echo "ok: job.sh writing to a full output file -> the trainer ran, got SIGUSR1 and stopped (75)"
+fi
+
 # A --resume FILE or --resume none given to the job was given again to every requeued run (and
 # chain segment): each started over from FILE, and hpctrain moved the newer checkpoints aside.
 # A run that carries on an earlier one continues the newest checkpoint; a first run, or one with
@@ -455,15 +482,19 @@ requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRA
 # slurmctld not answering train.sbatch's own `scontrol show job` (which names the script sbatch
 # ran): the checkout is the submission directory (`sbatch slurm/train.sbatch` from its root). It
 # was that directory's parent, where no slurm/job.sh is, and the job failed for good (exit 2).
-rm -f "$work/args"
-out=$(cd "$repo" && env -u HPCTRAIN_HOME -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SCONTROL_DOWN=1 \
-  HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/fallback-ck" REQUEUE=0 SLURM_JOB_ID=5 \
-  SLURM_SUBMIT_DIR="$repo" JOB_STATE_RETRY_SECONDS=0 timeout 60 bash slurm/train.sbatch --epochs 1 2>&1)
-if [[ ! -f "$work/args" ]]; then
-  fail "train.sbatch without an answer from scontrol did not run the trainer from the submission directory: $out"
-else
-  echo "ok: train.sbatch without an answer from scontrol runs from the submission directory"
-fi
+# So does an answer of Command=(null) (a script sent on stdin: sbatch < slurm/train.sbatch), whose
+# "directory" was taken for the script's.
+for answer in SCONTROL_DOWN=1 "SCONTROL_COMMAND=(null)"; do
+  rm -f "$work/args"
+  out=$(cd "$repo" && env -u HPCTRAIN_HOME -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID "$answer" \
+    HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/fallback-ck" REQUEUE=0 SLURM_JOB_ID=5 \
+    SLURM_SUBMIT_DIR="$repo" JOB_STATE_RETRY_SECONDS=0 timeout 60 bash slurm/train.sbatch --epochs 1 2>&1)
+  if [[ ! -f "$work/args" ]]; then
+    fail "train.sbatch with $answer did not run the trainer from the submission directory: $out"
+  else
+    echo "ok: train.sbatch with $answer runs from the submission directory"
+  fi
+done
 
 # Under umask 000 the checkpoint directory job.sh made was 0777 (hpctrain then refused it, and it
 # stayed for anyone to fill), and its slurm-requeues 0666 (anyone could reset the counts that bound
