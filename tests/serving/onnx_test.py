@@ -239,6 +239,9 @@ class Export(unittest.TestCase):
             ours = self.predicted(ck, folder, paths)
             for fold in ([], ["--fold-batch-norm"]):
                 path, meta = self.export(ck, f"{model}-nobn{'-folded' if fold else ''}.onnx", *fold)
+                # (its metadata said "BatchNormalization with the running statistics", or "folded")
+                self.assertEqual(meta["batch_norm"], "none", model)
+                self.assertFalse(any(n.op_type == "BatchNormalization" for n in onnx.load(path).graph.node), model)
                 theirs = opencv_logits(path, pixels[:500])
                 worst = (np.abs(theirs - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()
                 self.assertLessEqual(worst, RELATIVE, f"{model} without batch norm")

@@ -141,7 +141,10 @@ onnx_export::ExportSpec spec_of(const ServingModel& m, bool fold) {
       {"std", joined(f.norm.std)},
       {"normalization", "in the graph: (input / 255 - mean) / std per channel"},
       {"preprocessing", crop + std::to_string(f.height) + "x" + std::to_string(f.width) + " (as hpctrain predict)"},
-      {"batch_norm", fold ? "folded into the convolutions" : "BatchNormalization with the running statistics"},
+      // A model trained --no-batch-norm has none to fold or to keep: it said it had one.
+      {"batch_norm", !m.model->spec().batch_norm ? "none"
+                     : fold                      ? "folded into the convolutions"
+                                                 : "BatchNormalization with the running statistics"},
       {"classes", std::to_string(f.classes)},
   };
   if (!f.class_names.empty()) spec.metadata.emplace_back("class_names", nlohmann::json(f.class_names).dump());
@@ -158,6 +161,9 @@ std::string human_size(size_t bytes) {
 void export_model(const ExportOptions& o, const ServingModel& m) {
   // Again for the file actually read: a run may have written a newer checkpoint since check_output.
   require_distinct_files({{"--output", o.output}}, {{"the checkpoint", m.path}});
+  const bool folded = o.fold_batch_norm && m.model->spec().batch_norm;
+  if (o.fold_batch_norm && !folded)
+    log::warn("--fold-batch-norm: the model was trained --no-batch-norm, and has no batch norm to fold");
   const std::vector<char> bytes = onnx_export::export_onnx(*m.model, spec_of(m, o.fold_batch_norm));
   // An export killed before its rename left OUTPUT.tmp.PID: the next export to OUTPUT removes it.
   ckpt::remove_abandoned_writes(o.output);
@@ -173,7 +179,7 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
   const data::DatasetFacts& f = m.facts;
   log::write_standard_output(detail::concat(
       "exported ", m.checkpoint.text("model"), " (", m.path, ", step ", m.checkpoint.text("step"),
-      o.fold_batch_norm ? ", batch norm folded" : "", ") to ", o.output, ": ONNX opset ", onnx_export::kOpset, ", ",
+      folded ? ", batch norm folded" : "", ") to ", o.output, ": ONNX opset ", onnx_export::kOpset, ", ",
       human_size(bytes.size()), ", input float32 N x ", f.channels, " x ", f.height, " x ", f.width,
       " (pixel values 0..255), output logits N x ", f.classes, "\n"));
 }
