@@ -33,7 +33,15 @@ fail() {
   echo "FAIL: $*" >&2
   local f
   keep_logs
-  for f in "$WORK"/*.out; do [[ -f "$f" ]] && { echo "--- $f"; tail -n 30 "$f"; } >&2; done
+  # Each run's story (the script's lines, srun's, the errors) before the last lines: a tail alone
+  # showed the last segment of a job, not the one that failed before it.
+  for f in "$WORK"/*.out; do
+    [[ -f "$f" ]] || continue
+    { echo "--- $f: the script's, srun's and error lines"
+      grep -E "^hpctrain-slurm:|^srun:|^slurmstepd|error|[Ss]egmentation|signal|Abort" "$f" | tail -n 80
+      echo "--- $f: its last lines"
+      tail -n 30 "$f"; } >&2
+  done
   for f in "$CLUSTER_DIR/log/slurmctld.log" "${FAIL_LOGS[@]}"; do
     if [[ -f "$f" ]]; then { echo "--- $f"; tail -n 15 "$f"; } >&2; fi
   done
