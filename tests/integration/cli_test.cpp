@@ -1574,6 +1574,16 @@ std::optional<std::string> shown_default(const std::string& help, const std::str
   return std::nullopt;
 }
 
+// --help and --version answer whatever --config names (a missing file ended them with its error).
+TEST(CliHelp, HelpAndVersionDoNotReadTheConfigFile) {
+  for (const char* flag : {"--help", "--version"}) {
+    const RunResult r = run_hpctrain({flag, "--config", "/nonexistent/hpctrain.cfg"});
+    EXPECT_EQ(r.exit_code, 0) << flag << ": " << r.err;
+    EXPECT_EQ(r.err, "") << flag;
+    EXPECT_NE(r.out.find(std::string(flag) == "--help" ? "Usage: hpctrain" : "hpctrain "), std::string::npos) << r.out;
+  }
+}
+
 TEST(CliHelp, ListsEveryOptionWithItsDefault) {
   for (const char* flag : {"--help", "-h"}) {
     const RunResult r = run_hpctrain({flag});

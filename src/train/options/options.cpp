@@ -405,8 +405,7 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
   } catch (const po::error& e) {
     usage_error(options::error_text(e, argc, argv, all, {}));
   }
-  // Stored after the command line, so options given there win.
-  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
+  // --help and --version first: a --config file that is missing or wrong ended them with its error.
   if (vm.count("help")) {
     if (speak) log::write_help(detail::concat(all, "\n"));
     return std::nullopt;
@@ -417,6 +416,8 @@ std::optional<po::variables_map> parse_into(int argc, const char* const* argv, T
                                      nn::gemm_backend(), ", ", nn::cpu_kernels(), "; ", device::describe(), ")\n"));
     return std::nullopt;
   }
+  // Stored after the command line, so options given there win.
+  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
   return vm;
 }
 
