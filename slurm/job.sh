@@ -226,24 +226,32 @@ job_state() {
 }
 
 # The runs of this job that ended without a new checkpoint, kept in CHECKPOINT_DIR/slurm-requeues
-# as "JOB FAILED_IN_A_ROW STALLED": the job (job_spec; another job's counts start again from 0),
-# its runs in a row that failed (any end but 0, 2 and 75) without a new checkpoint, and its requeues
-# of runs without a new checkpoint in all. (Slurm's SLURM_RESTART_COUNT counts every requeue, those
-# of runs that checkpointed and stopped at a time limit too, which carry the training on.)
+# as "JOB FAILED_IN_A_ROW STALLED NEWEST": the job (job_spec; another job's counts start again from
+# 0), its runs in a row that failed (any end but 0, 2 and 75) without a new checkpoint, its requeues
+# of runs without a new checkpoint in all, and the newest checkpoint when they were written ("-":
+# none). (Slurm's SLURM_RESTART_COUNT counts every requeue, those of runs that checkpointed and
+# stopped at a time limit too, which carry the training on.) A checkpoint newer than NEWEST at this
+# run's start came from a run that could not write its counts (its batch host lost after it had
+# checkpointed, Slurm requeueing the job itself): the failures in a row start again from 0 then.
 job_failed_in_a_row=0 job_stalled=0
 job_read_requeues() {
-  local spec failed stalled
+  local spec failed stalled newest
   job_failed_in_a_row=0 job_stalled=0
   [[ -n "${CHECKPOINT_DIR:-}" && -f "$CHECKPOINT_DIR/slurm-requeues" ]] || return 0
-  read -r spec failed stalled < "$CHECKPOINT_DIR/slurm-requeues" || true
+  read -r spec failed stalled newest < "$CHECKPOINT_DIR/slurm-requeues" || true
   [[ "$spec" == "$(job_spec)" && "$failed" =~ ^[0-9]{1,6}$ && "$stalled" =~ ^[0-9]{1,6}$ ]] || return 0
   job_failed_in_a_row=$((10#$failed)) job_stalled=$((10#$stalled))
+  # (A file without NEWEST, written before it was kept, keeps its count. Before the launch, where
+  # a staging failed, the newest now is the newest at this run's start.)
+  local at_start=${job_newest_before-$(job_newest_checkpoint "$CHECKPOINT_DIR")}
+  [[ -z "$newest" || "${at_start:--}" == "$newest" ]] || job_failed_in_a_row=0
 }
 job_write_requeues() {  # written whole, then renamed: a run killed meanwhile leaves the old counts
   [[ -n "${CHECKPOINT_DIR:-}" && -d "$CHECKPOINT_DIR" ]] || return 0
-  local file=$CHECKPOINT_DIR/slurm-requeues
+  local file=$CHECKPOINT_DIR/slurm-requeues newest
+  newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
   # (umask o-w: under umask 000 any user could rewrite the counts that decide the requeues)
-  { (umask o-w && echo "$(job_spec) $job_failed_in_a_row $job_stalled" > "$file.tmp.$$") &&
+  { (umask o-w && echo "$(job_spec) $job_failed_in_a_row $job_stalled ${newest:--}" > "$file.tmp.$$") &&
     mv -f "$file.tmp.$$" "$file"; } 2> /dev/null && return 0
   rm -f "$file.tmp.$$" 2> /dev/null || true
   job_log "cannot write $file: the runs without a new checkpoint are not counted"
@@ -484,17 +492,17 @@ job_persist_snapshot() {
   timeout 120 "${launch[@]}" || job_log "warning: the newest snapshot was not written into $CHECKPOINT_DIR (exit $?)"
 }
 
-# job_resume_newest ARGS...: ARGS, one per line, with the value of every --resume (--resume X,
-# --resume=X) made auto.
+# job_resume_newest NAME: the value of every --resume (--resume X, --resume=X) in the array NAME
+# made auto.
 job_resume_newest() {
-  local a prev=""
-  for a in "$@"; do
+  local -n job_rn_args=$1
+  local i a prev=""
+  for ((i = 0; i < ${#job_rn_args[@]}; ++i)); do
+    a=${job_rn_args[i]}
     if [[ "$prev" == --resume ]]; then
-      echo auto
+      job_rn_args[i]=auto
     elif [[ "$a" == --resume=* ]]; then
-      echo --resume=auto
-    else
-      printf '%s\n' "$a"
+      job_rn_args[i]=--resume=auto
     fi
     prev=$a
   done
@@ -567,7 +575,7 @@ job_run_trainer() {
   if [[ -n "$newest" ]] && job_restarted && job_has_option resume "${args[@]}"; then
     job_log "$(job_option_shown resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
     if job_arg_given resume "${args[@]}"; then
-      mapfile -t args < <(job_resume_newest "${args[@]}")
+      job_resume_newest args  # (in place: read back a line each, a value holding a newline became two)
     else
       args+=(--resume auto)  # over the config file's (a second --resume would be a usage error)
     fi

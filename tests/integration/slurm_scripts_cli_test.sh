@@ -307,7 +307,7 @@ fi
 # chain segment): each started over from FILE, and hpctrain moved the newer checkpoints aside.
 # A run that carries on an earlier one continues the newest checkpoint; a first run, or one with
 # no checkpoint yet, keeps the option. The stand-in trainer records its arguments.
-printf '#!/bin/sh\nprintf "%%s\\n" "$@" > "%s"\nexit 75\n' "$work/args" > "$work/recorder-trainer"
+printf '#!/bin/sh\nprintf "%%s\\n" "$#" "$@" > "%s"\nexit 75\n' "$work/args" > "$work/recorder-trainer"
 chmod +x "$work/recorder-trainer"
 # resumes WHAT WANT ENV... -- ARGS...: the trainer gets WANT (the words of its --resume) from
 # job_run_trainer ARGS under ENV, with one checkpoint in the directory unless ENV says EMPTY=1.
@@ -334,6 +334,14 @@ resumes "--resume FILE on chain segment 2" "--resume auto" SLURM_RESTART_COUNT=0
 resumes "--resume FILE on a first run" "--resume /x/start.hpck" SLURM_RESTART_COUNT=0 CHAIN_SEGMENT=1 -- --resume /x/start.hpck
 resumes "--resume FILE on a requeued run with no checkpoint yet" "--resume /x/start.hpck" \
   SLURM_RESTART_COUNT=2 EMPTY=1 -- --resume /x/start.hpck
+# The other arguments reach the trainer as they were: a value holding a newline was read back
+# as two arguments, and the trainer refused the run (exit 2, never requeued).
+resumes "--resume FILE on a requeued run, beside a value of two lines" "--resume auto" SLURM_RESTART_COUNT=1 \
+  -- --resume /x/start.hpck --log-file $'two\nlines'
+# (The trainer's first line is its number of arguments, the ones the job adds included.)
+if ! grep -qx -A1 two "$work/args" || (($(head -n 1 "$work/args") != $(wc -l < "$work/args") - 2)); then
+  fail "a value of two lines beside --resume: the trainer got $(head -n 1 "$work/args") arguments: $(cat "$work/args")"
+fi
 : > "$work/segments"
 (cd "$work" && SEGMENTS="$work/segments" timeout 30 "$repo/slurm/chain.sh" 3 -- --resume none > /dev/null)
 [[ $(tr '\n' ' ' < "$work/segments") == "1 2 3 " ]] ||
@@ -604,6 +612,22 @@ run_ends "a failed run that wrote a checkpoint" 0 requeueing SLURM_RESTART_COUNT
 run_ends "a failed run after it" 0 requeueing SLURM_RESTART_COUNT=3 TRAINER_EXIT=134
 run_ends "a stop that wrote a checkpoint after MAX_REQUEUES restarts" 0 requeueing SLURM_RESTART_COUNT=30 \
   MAX_REQUEUES=2 TRAINER_EXIT=75 NEW_CHECKPOINT="$work/failing/ckpt-000000300.hpck"
+# A run that checkpointed and then lost its batch host (Slurm requeues the job itself, and this
+# script never counts that run) carried the training on all the same: the next failures in a row
+# count from 0 again. They counted on from the two before it, and the one after ended the job.
+rm "$work/failing/slurm-requeues"
+run_ends "a failed run before a lost batch host" 0 requeueing SLURM_RESTART_COUNT=0 TRAINER_EXIT=134
+run_ends "a second one" 0 requeueing SLURM_RESTART_COUNT=1 TRAINER_EXIT=134
+: > "$work/failing/ckpt-000000400.hpck"  # the run whose batch host was lost, uncounted
+run_ends "a failed run after the lost batch host's checkpoint" 0 requeueing SLURM_RESTART_COUNT=3 TRAINER_EXIT=134
+run_ends "a second one after it" 0 requeueing SLURM_RESTART_COUNT=4 TRAINER_EXIT=134
+run_ends "a third one after it" 134 "3 runs in a row have failed without a new checkpoint" SLURM_RESTART_COUNT=5 \
+  TRAINER_EXIT=134
+# Counts written before the newest checkpoint was kept beside them (three fields) still count.
+echo "9 2 5" > "$work/failing/slurm-requeues"
+run_ends "a failed run after counts of an older job.sh" 134 "3 runs in a row have failed without a new checkpoint" \
+  SLURM_RESTART_COUNT=6 TRAINER_EXIT=134
+rm "$work/failing/slurm-requeues"
 # A run without a new checkpoint whose count cannot be written (a full or read-only file system,
 # a quota; here /sys/kernel, where no one can create a file) is not requeued: every run read the
 # old counts again, the limits never ended the job, and it was requeued for ever.
