@@ -198,26 +198,23 @@ std::string HeartbeatWatch::field(const std::string& key) const {
   return it == last_.end() ? "" : it->second;
 }
 
-LockWatch::LockWatch(std::string dir) : path_(dir.empty() ? "" : (fs::path(dir) / "lock").string()) {}
+LockWatch::LockWatch(std::string dir)
+    : enabled_(!dir.empty()), record_(dir.empty() ? "" : (fs::path(dir) / "lock").string()) {}
 
 bool LockWatch::held_by_another(double now, const std::string& token, const std::string& attempt,
                                 std::string* holder) {
-  if (path_.empty()) return false;
-  std::map<std::string, std::string> record = ckpt::read_key_values(path_);
-  if (record != last_ || !seen_) {
-    last_ = std::move(record);
-    changed_ = now;
-    seen_ = true;
-  }
-  const auto state = last_.find("state");
-  if (state == last_.end() || state->second != "held" || now - changed_ >= ckpt::DirectoryLock::stale_seconds() ||
-      ckpt::names_hpcrun_attempt(last_, token, attempt))
+  if (!enabled_) return false;
+  const std::map<std::string, std::string>& last = record_.look(now);
+  const auto state = last.find("state");
+  if (state == last.end() || state->second != "held" ||
+      record_.unchanged_for(now) >= ckpt::DirectoryLock::stale_seconds() ||
+      ckpt::names_hpcrun_attempt(last, token, attempt))
     return false;
-  const auto by = last_.find("hpcrun_attempt");
-  *holder = ckpt::describe_lock_holder(last_) +
-            (last_.count("hpcrun_token") && last_.at("hpcrun_token") == token && by != last_.end()
-                 ? ": attempt " + by->second + "'s rank 0"
-                 : ": another run");
+  const auto by = last.find("hpcrun_attempt");
+  const auto of = last.find("hpcrun_token");
+  *holder = ckpt::describe_lock_holder(last) +
+            (of != last.end() && of->second == token && by != last.end() ? ": attempt " + by->second + "'s rank 0"
+                                                                           : ": another run");
   return true;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/dir_lock.hpp"
+
 namespace hpc::launch {
 
 // Seconds since hpcrun started (monotonic).
@@ -124,10 +126,8 @@ class LockWatch {
   bool held_by_another(double now, const std::string& token, const std::string& attempt, std::string* holder);
 
  private:
-  std::string path_;
-  std::map<std::string, std::string> last_;
-  double changed_ = 0;
-  bool seen_ = false;
+  bool enabled_;
+  ckpt::RecordWatch record_;
 };
 
 // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts

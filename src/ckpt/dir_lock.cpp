@@ -123,39 +123,26 @@ std::string record_text(const std::map<std::string, std::string>& r) {
   return text;
 }
 
+double steady_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
 // Watches a busy lock's record: stale once it has not changed for stale_seconds by this
 // process's clock, and its unix_time is as old by this host's (two clocks: a holder whose clock
 // runs behind is not taken for dead, nor one seen for only a moment).
 class HolderWatch {
  public:
-  explicit HolderWatch(std::string path) : path_(std::move(path)) {}
-  const std::map<std::string, std::string>& look() {
-    auto now = read_key_values(path_);
-    if (now != last_ || !seen_) {
-      last_ = std::move(now);
-      changed_ = Clock::now();
-      seen_ = true;
-    }
-    return last_;
-  }
-  double unchanged_for() const { return std::chrono::duration<double>(Clock::now() - changed_).count(); }
-  bool stale() const {
-    const double limit = DirectoryLock::stale_seconds();
-    const std::optional<int64_t> t = number(last_, "unix_time");
-    return unchanged_for() >= limit && (!t || static_cast<double>(unix_now() - *t) >= limit);
-  }
+  explicit HolderWatch(std::string path) : watch_(std::move(path)) {}
+  const std::map<std::string, std::string>& look() { return watch_.look(steady_seconds()); }
+  double unchanged_for() const { return watch_.unchanged_for(steady_seconds()); }
+  bool stale() const { return unchanged_for() >= DirectoryLock::stale_seconds() && looks_stale(true); }
   // Whether the record already looks stale by its own time, worth watching for stale_seconds
-  // even past the wait.
-  bool looks_stale() const {
-    const std::optional<int64_t> t = number(last_, "unix_time");
-    return t && static_cast<double>(unix_now() - *t) >= DirectoryLock::stale_seconds();
+  // even past the wait (`untimed`: a record without a unix_time counts as such).
+  bool looks_stale(bool untimed = false) const {
+    const std::optional<int64_t> t = number(watch_.record(), "unix_time");
+    return t ? static_cast<double>(unix_now() - *t) >= DirectoryLock::stale_seconds() : untimed;
   }
 
  private:
-  std::string path_;
-  std::map<std::string, std::string> last_;
-  Clock::time_point changed_ = Clock::now();
-  bool seen_ = false;
+  RecordWatch watch_;
 };
 
 // Writes a new lock file, locked, and renames it over `path`: the stale holder keeps its lock on
@@ -177,6 +164,16 @@ int take_over(const std::string& path) {
 }  // namespace
 
 std::string describe_lock_holder(const std::map<std::string, std::string>& record) { return describe(record); }
+
+const std::map<std::string, std::string>& RecordWatch::look(double now) {
+  auto record = read_key_values(path_);
+  if (record != last_ || !seen_) {
+    last_ = std::move(record);
+    changed_ = now;
+    seen_ = true;
+  }
+  return last_;
+}
 
 void remove_lock_at_exit() {
   const int fd = g_lock_fd.load();

@@ -104,6 +104,24 @@ bool lock_lost_at_exit();
 // characters left out (they would reach a terminal as they are).
 inline constexpr size_t kMostKeyValueBytes = 64 * 1024;
 std::map<std::string, std::string> read_key_values(const std::string& path);
+// A "key=value" record (a lock's) read again and again, and when it last changed by the caller's
+// clock, in seconds: the first look counts as a change. A holder rewrites its record every few
+// seconds (unix_time), so a record unchanged for DirectoryLock::stale_seconds() says its holder
+// is gone (the lock's waiter takes it over; hpcrun stops counting a wait for it).
+class RecordWatch {
+ public:
+  explicit RecordWatch(std::string path) : path_(std::move(path)) {}
+  const std::map<std::string, std::string>& look(double now);
+  const std::map<std::string, std::string>& record() const { return last_; }
+  double unchanged_for(double now) const { return now - changed_; }
+
+ private:
+  std::string path_;
+  std::map<std::string, std::string> last_;
+  double changed_ = 0;
+  bool seen_ = false;
+};
+
 // A lock's holder as its record names it: "host H pid P, run R, since T".
 std::string describe_lock_holder(const std::map<std::string, std::string>& record);
 // The first kMostKeyValueBytes of a regular file, "" for anything else (not there, unreadable, a
