@@ -211,13 +211,17 @@ job_spec() {
 }
 
 # This job's state in Slurm; "" when slurmctld did not answer three times (busy at the very
-# moment a time limit warns every job: "Socket timed out"). Never fails: under set -e a failed
-# scontrol ended the script, exit 1 and no requeue.
+# moment a time limit warns every job: "Socket timed out"). TIMEOUT while Slurm ends the job at
+# its time limit (it shows COMPLETING then, as after scancel: the reason, TimeLimit, tells them
+# apart). Never fails: under set -e a failed scontrol ended the script, exit 1 and no requeue.
 job_state() {
-  local out try
+  local out try state reason
   for try in 1 2 3; do
     if out=$(scontrol show job -o "$(job_spec)" 2> /dev/null); then
-      sed -n '1s/.* JobState=\([A-Z_]*\).*/\1/p' <<< "$out"
+      state=$(sed -n '1s/.* JobState=\([A-Z_]*\).*/\1/p' <<< "$out")
+      reason=$(sed -n '1s/.* Reason=\([A-Za-z_]*\).*/\1/p' <<< "$out")
+      [[ "$state" != COMPLETING || "$reason" != TimeLimit ]] || state=TIMEOUT
+      echo "$state"
       return 0
     fi
     ((try < 3)) && sleep "${JOB_STATE_RETRY_SECONDS:-2}"
@@ -326,6 +330,11 @@ job_requeue_or_exit() {
   if [[ -z "$state" ]]; then
     # Unknown: asked to requeue all the same (Slurm refuses to requeue a cancelled job).
     job_log "$why; Slurm did not say the job's state (slurmctld busy or down?): asking to requeue it all the same"
+  elif [[ "$state" == TIMEOUT ]]; then
+    # Its time limit came before the warning signal did, or before the stop it asked for was
+    # done: Slurm ends the job (SIGTERM, on which the trainer checkpoints, then SIGKILL after
+    # KillWait) and would not requeue it. Carried on as after the warning signal.
+    job_log "$why; the job reached its time limit in Slurm (the warning signal came too late, or none was asked for: sbatch --signal=B:USR1@SECONDS)"
   elif [[ "$state" != RUNNING ]]; then
     # Cancelled (scancel), or Slurm is requeueing or preempting the job itself.
     job_log "$why; the job is $state in Slurm, so this script does not requeue it: exit $code"

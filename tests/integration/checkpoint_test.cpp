@@ -1216,40 +1216,53 @@ TEST_F(Checkpoints, SigintNamesTheStopSignalsChosen) {
   EXPECT_EQ(names_in(ck), (std::vector<std::string>{"ckpt-000000005.hpck", "heartbeat"}));
 }
 
-// A second SIGTERM while the stop's checkpoint is written ends at once; a SIGUSR1 then SIGTERM,
-// or two SIGUSR1, are one stop, whose checkpoint is written.
+// A second SIGTERM while the stop's checkpoint is written ends at once; one within 5 s of the
+// first (Slurm's end of a job sends one to each task, and srun passes its own on) is the same
+// stop, whose checkpoint is written, and so are a SIGUSR1 then SIGTERM, or two SIGUSR1.
 TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {
   struct Case {
     const char* first;  // HPCTRAIN_TEST_SIGNAL_AFTER_STEP
+    double after;       // seconds from the checkpoint's temporary file to the signals
     std::vector<int> then;
     int exit_code;
     std::vector<std::string> lines;
     int64_t resumes_from;
   };
+  const std::string stopped =
+      "hpctrain: warning: stopped on request (SIGUSR1) after step 13; checkpoint written, --resume auto continues "
+      "from it\n";
   const Case cases[] = {
-      {"13", {SIGTERM}, 128 + SIGTERM,
+      {"13", 5.5, {SIGTERM}, 128 + SIGTERM,
        {"hpctrain: stopped at once by SIGTERM (the second one), without a checkpoint: the ones already written are "
         "kept\n"},
        10},
-      {"13:usr1", {SIGUSR1, SIGTERM}, 75,
+      {"13", 0, {SIGTERM}, 75,
+       {"hpctrain: SIGTERM again within 5 s of the first: the same stop (Slurm sends one to each task and srun passes "
+        "its own on); a SIGTERM after that, or SIGINT, stops at once, without a checkpoint\n",
+        "hpctrain: warning: stopped on request (SIGTERM) after step 13; checkpoint written, --resume auto continues "
+        "from it\n"},
+       13},
+      {"13:usr1", 0, {SIGUSR1, SIGTERM}, 75,
        {"hpctrain: SIGUSR1: already stopping (SIGUSR1); a second SIGTERM or SIGINT would stop at once, without a "
         "checkpoint\n",
         "hpctrain: SIGTERM: already stopping (SIGUSR1); a second SIGTERM or SIGINT would stop at once, without a "
         "checkpoint\n",
-        "hpctrain: warning: stopped on request (SIGUSR1) after step 13; checkpoint written, --resume auto continues "
-        "from it\n"},
+        stopped},
        13},
   };
+  int n = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.first);
-    const std::string ck = dir_.file(std::string("second") + (c.exit_code == 75 ? "usr1" : "term"));
+    SCOPED_TRACE(c.after);
+    const std::string ck = dir_.file("second" + std::to_string(n++));
     setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", c.first, 1);
-    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", c.after > 0 ? "10" : "1", 1);
     const auto p = start(ck);
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
     const std::string unfinished = "ckpt-000000013.hpck.tmp." + std::to_string(p->pid());
     ASSERT_TRUE(wait_until([&] { return fs::exists(ck + "/" + unfinished) || !p->running(); }, 60));
+    usleep(static_cast<useconds_t>(c.after * 1e6));
     for (int sig : c.then) {
       kill(p->pid(), sig);
       usleep(100000);
@@ -1267,7 +1280,8 @@ TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {
 }
 
 // A stop asked for while the final checkpoint is written lets the run finish (exit 0, the
-// checkpoint whole, a warning); a second SIGTERM there stops at once and leaves the one before.
+// checkpoint whole, a warning); a second SIGTERM there (more than 5 s after the first: one
+// within that is the same stop) stops at once and leaves the one before.
 TEST_F(Checkpoints, SignalsDuringTheFinalCheckpoint) {
   for (const int sigterms : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << sigterms << " SIGTERM(s)");
@@ -1275,12 +1289,13 @@ TEST_F(Checkpoints, SignalsDuringTheFinalCheckpoint) {
     const std::string m = dir_.file("final" + std::to_string(sigterms) + ".jsonl");
     auto args = job(ck, m);
     *(std::find(args.begin(), args.end(), "--checkpoint-every-steps") + 1) = "20";
-    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", "1", 1);
+    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", sigterms == 1 ? "1" : "10", 1);
     const auto p = start_hpctrain(args);
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
     const std::string unfinished = "ckpt-000000040.hpck.tmp." + std::to_string(p->pid());
     ASSERT_TRUE(wait_until([&] { return fs::exists(ck + "/" + unfinished) || !p->running(); }, 60));
     for (int i = 0; i < sigterms; ++i) {
+      if (i > 0) usleep(5500000);
       kill(p->pid(), SIGTERM);
       usleep(100000);
     }

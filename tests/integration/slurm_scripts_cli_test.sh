@@ -53,7 +53,8 @@ EOF
 # SCONTROL_DOWN: slurmctld does not answer; SCONTROL_SLEEP: it answers that many seconds late;
 # SCONTROL_COMMAND: the job's script); every call recorded in SCONTROL_LOG. SCONTROL_REFUSE_REQUEUE:
 # `requeue` is refused, and the job's state from then on is the one in SCONTROL_STATE_AFTER, if set
-# (Slurm requeueing it itself meanwhile).
+# (Slurm requeueing it itself meanwhile); SCONTROL_STATE: the job's state before (and the fields
+# after it: "COMPLETING Reason=TimeLimit").
 cat > "$work/bin/scontrol" << 'EOF'
 #!/bin/sh
 echo "$*" >> "${SCONTROL_LOG:-/dev/null}"
@@ -75,7 +76,7 @@ show)
     echo "JobId=101 ArrayJobId=100 ArrayTaskId=0 JobState=RUNNING"
     echo "JobId=100 ArrayJobId=100 ArrayTaskId=1 JobState=RUNNING"
   else
-    state=RUNNING
+    state=${SCONTROL_STATE:-RUNNING}
     [ ! -f "${SCONTROL_LOG:-/nonexistent}.state" ] || state=$(cat "$SCONTROL_LOG.state")
     echo "JobId=$4 JobState=$state${SCONTROL_COMMAND:+ Command=$SCONTROL_COMMAND WorkDir=/tmp}"
   fi
@@ -486,6 +487,18 @@ requeues "a job" 7 "requeueing" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLU
 # slurmctld not answering at the time limit's warning: set -e ended the script, exit 1, no requeue.
 requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID \
   SLURM_JOB_ID=7 SCONTROL_DOWN=1
+# A job that reached its time limit before the warning signal came (or with none asked for):
+# Slurm shows it COMPLETING (Reason=TimeLimit) while it sends SIGTERM, on which the trainer
+# checkpoints and exits 75. The script left it as a job Slurm was ending, and the training ended
+# there, checkpointed. A cancelled one (COMPLETING for another reason, CANCELLED) is left as it was.
+for state in "COMPLETING Reason=TimeLimit" "TIMEOUT Reason=TimeLimit"; do
+  requeues "a job at its time limit ($state)" 7 "the job reached its time limit in Slurm" \
+    -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLURM_JOB_ID=7 SCONTROL_STATE="$state"
+done
+for state in "COMPLETING Reason=None" "CANCELLED Reason=None"; do
+  stop_ends "a cancelled job (${state%% *})" "the job is ${state%% *} in Slurm, so this script does not requeue it" \
+    SCONTROL_STATE="$state"
+done
 
 # slurmctld not answering train.sbatch's own `scontrol show job` (which names the script sbatch
 # ran): the checkout is the submission directory (`sbatch slurm/train.sbatch` from its root). It

@@ -2,8 +2,13 @@
 # A job whose time limit (1 minute, Slurm's least) is shorter than its training: the warning
 # signal comes before the limit (--signal=B:USR1@15), the trainer checkpoints, the script requeues
 # the job, and the training finishes over several segments, none of them killed by the limit.
+# Beside it on a third node, a job whose warning never comes (--signal=B:URG@15, a signal the
+# script ignores, stands for one that came too late): Slurm ends it at its limit with SIGTERM,
+# sent twice to each task (once by Slurm, once passed on by srun), and it carries on all the same.
+# The trainer took the second SIGTERM for "stop at once" and dropped its checkpoint, and the
+# script left a job that Slurm was ending (COMPLETING) as it was: the training ended there.
 source "$(dirname "$0")/common.sh"
-slurm_setup 2 400
+slurm_setup 3 400
 # More training than one segment can hold, on any machine: a segment runs at most 45 s (slurmctld
 # checks the limits every 30 s and sends the signal at the first check that finds under 15 + 30 s
 # left; Slurm's manual: up to a minute early). 546 steps, each at least 80 ms (rank 0 sleeps that
@@ -14,6 +19,10 @@ slurm_setup 2 400
 export TRAIN_SAMPLES=10000 EPOCHS=7 HPCTRAIN_TEST_SLOW_RANK=0:80  # 546 steps
 
 submit segments --nodes=2 --time=1 --signal=B:USR1@15 -- --checkpoint-interval 0
+SEGMENTS=$JOB
+# 1170 steps on one rank, each at least 80 ms: 94 s of sleep, past the limit on any machine.
+EPOCHS=15 submit late --nodes=1 --time=1 --signal=B:URG@15 -- --checkpoint-interval 0
+LATE=$JOB JOB=$SEGMENTS
 wait_state "$JOB" COMPLETED 330
 restarts=$(job_field "$JOB" Restarts)
 resumed=$(resumed_steps segments)
@@ -31,4 +40,17 @@ for ((r = 0; r < restarts; r++)); do
 done
 [[ "$(done_field segments steps)" == 546 ]] || fail "$(done_field segments steps) steps, not 546"
 expect_out segments "job $JOB (restart $restarts)"
+
+JOB=$LATE
+wait_state "$JOB" COMPLETED 150
+restarts=$(job_field "$JOB" Restarts)
+resumed=$(resumed_steps late)
+stops=$(stopped_steps late)
+say "the job without a warning completed after $restarts requeue(s); stopped after steps: $stops; resumed at: $resumed"
+grep -q "DUE TO TIME LIMIT" "$WORK/late.out" || fail "the job without a warning was not ended by its time limit"
+grep -q "stopped at once" "$WORK/late.out" && fail "a SIGTERM at the time limit stopped the trainer at once"
+((restarts >= 1)) && [[ -n "$stops" && "$resumed" == "$stops" ]] ||
+  fail "$restarts requeue(s), the runs resumed at '$resumed', not where they stopped ('$stops')"
+expect_out late "the job reached its time limit in Slurm"
+[[ "$(done_field late steps)" == 1170 ]] || fail "$(done_field late steps) steps, not 1170"
 say "PASS"

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "ckpt/dir_lock.hpp"
@@ -23,7 +25,14 @@ namespace hpc::train {
 namespace {
 
 std::atomic<int> g_signal{0};     // the first stop request's signal
-std::atomic<int> g_sigterms{0};   // SIGTERMs taken: the second one ends the process at once
+std::atomic<int> g_sigterms{0};   // SIGTERMs taken: a second one ends the process at once,
+std::atomic<int64_t> g_first_sigterm_ns{0};  // unless it came within kSameStopNs of the first
+// Slurm ends a job (its time limit, scancel) by sending SIGTERM to every task of its steps, and
+// to srun in the batch script, which passes its own on to the same tasks: two SIGTERMs a moment
+// apart, that mean one stop. Taken for "stop at once", they dropped the checkpoint of every job
+// that reached its time limit (seen on the local Slurm cluster). One within this time of the
+// first is the same stop; a person's second one comes later.
+constexpr int64_t kSameStopNs = 5'000'000'000;
 std::atomic<bool> g_requests{false};
 std::atomic<bool> g_started{false};
 // --stop-signals, as a mask of signal numbers; until use_stop_signals() sets it (g_chosen), the
@@ -106,8 +115,20 @@ void say(std::initializer_list<const char*> pieces) {
 // A signal of kChoices once --stop-signals is known.
 void decide(int sig) {
   if (!(g_stop_mask.load() & bit(sig))) default_action(sig);
-  if (sig == SIGTERM && g_sigterms.fetch_add(1) > 0)
-    exit_at_once(sig, " (the second one), without a checkpoint: the ones already written are kept");
+  if (sig == SIGTERM) {
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+    const int64_t now = int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+    if (g_sigterms.fetch_add(1) == 0) {
+      g_first_sigterm_ns = now;
+    } else if (now - g_first_sigterm_ns.load() >= kSameStopNs) {
+      exit_at_once(sig, " (the second one), without a checkpoint: the ones already written are kept");
+    } else {
+      say({"hpctrain: SIGTERM again within 5 s of the first: the same stop (Slurm sends one to each task and srun "
+           "passes its own on); a SIGTERM after that, or SIGINT, stops at once, without a checkpoint"});
+      return;
+    }
+  }
   int first = 0;
   if (!g_signal.compare_exchange_strong(first, sig))
     say({"hpctrain: ", name_of(sig), ": already stopping (", name_of(first),

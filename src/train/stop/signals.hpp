@@ -2,7 +2,8 @@
 // and SIGHUP: Slurm's --signal, scancel, submitit, Lightning, a spot interruption notice, hpcrun)
 // ask a training run to stop, from the moment main() starts: at the next step boundary after a
 // checkpoint, or, before the first step, at the end of the set-up phase the request came in
-// (trainer.cpp), on every rank alike. A second SIGTERM, or SIGINT, ends the process at once; so
+// (trainer.cpp), on every rank alike. A second SIGTERM (more than 5 s after the first: Slurm
+// sends two at once, its own and srun's), or SIGINT, ends the process at once; so
 // does any of them in a command that has nothing to save (evaluate, inspect). One of the four
 // left out of --stop-signals takes its default action (the process ends by it). Every one of
 // these ends says so in one line on stderr, until the outcome is final (outcome_is_final).
