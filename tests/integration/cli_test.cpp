@@ -790,6 +790,27 @@ TEST_F(Cli, AnotherSchedulesOptionsAreSaidToBeIgnored) {
                                                           "under --no-cycle-momentum (the momentum is --momentum's)"});
 }
 
+// Options that the run's other options leave without effect: one warning each, and the run goes
+// on. They were taken in silence: --sync-batch-norm with --no-batch-norm, --no-deterministic on
+// the CPU, --progress-interval beside --log-every N, --log-level debug under --quiet.
+TEST_F(Cli, OptionsWithoutEffectAreSaidToBeIgnored) {
+  const RunResult r = run({"--device", "cpu", "--sync-batch-norm", "--no-batch-norm", "--no-deterministic",
+                           "--log-every", "5", "--progress-interval", "5s", "--log-level", "debug"});  // (and --quiet)
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.err),
+            (std::vector<std::string>{
+                "hpctrain: warning: --sync-batch-norm is ignored: --no-batch-norm leaves the model without batch norm",
+                "hpctrain: warning: --no-deterministic is ignored on the CPU (--device cpu): it lets cuDNN choose its "
+                "algorithms on the GPU, and CPU runs repeat bit for bit",
+                "hpctrain: warning: --progress-interval is ignored: --log-every 5 prints a progress line every 5 steps "
+                "(--log-every 0 prints one every --progress-interval)",
+                "hpctrain: warning: --log-level debug is ignored under --quiet, which prints only warnings and errors"}));
+  // Each with what gives it effect says nothing.
+  const RunResult used = run({"--device", "cpu", "--sync-batch-norm", "--progress-interval", "5s", "--log-level", "error"});
+  ASSERT_EQ(used.exit_code, 0) << used.err;
+  EXPECT_EQ(used.err, "");
+}
+
 // A metrics file whose last line was cut (a run killed while writing it) gets the new events on
 // lines of their own, with one warning; the cut line stays as it was. (They were glued onto it,
 // and hpctrain-plot refused the whole file.) The cut line may be the file's only one, a run killed

@@ -309,6 +309,22 @@ void warn_other_schedules_options(const TrainOptions& o, const po::variables_map
       log::warn("--", name, " is ignored under --no-cycle-momentum (the momentum is --momentum's)");
 }
 
+// Options given that the run's other options leave without effect, each said in one warning (as
+// the other schedules' options are: a resume that repeats a run's command line stays accepted).
+void warn_options_without_effect(const TrainOptions& o, const po::variables_map& vm) {
+  if (o.sync_batch_norm && !o.batch_norm)
+    log::warn("--sync-batch-norm is ignored: --no-batch-norm leaves the model without batch norm");
+  if (!o.deterministic && o.device == Device::Cpu)
+    log::warn("--no-deterministic is ignored on the CPU (--device cpu): it lets cuDNN choose its algorithms on the "
+              "GPU, and CPU runs repeat bit for bit");
+  if (o.log_every > 0 && given(vm, "progress-interval"))
+    log::warn("--progress-interval is ignored: --log-every ", o.log_every, " prints a progress line every ",
+              o.log_every, " steps (--log-every 0 prints one every --progress-interval)");
+  if (o.quiet && o.log_level < log::Level::Warn && given(vm, "log-level"))
+    log::warn("--log-level ", name_of(kLogLevelNames, o.log_level),
+              " is ignored under --quiet, which prints only warnings and errors");
+}
+
 // Neither output folder may be the root directory ("$UNSET/"), and the files hpctrain writes
 // must be neither one another nor a file it reads (the config, the checkpoint it resumes, the
 // run's checkpoints): their bytes would be lost. By identity, so that another spelling or a link
@@ -441,7 +457,10 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
               "give --batch-size (per rank) or --global-batch-size (over all ranks), not both");
   validate_each_value(o);
   validate_together(o);
-  if (speak) warn_other_schedules_options(o, *vm);
+  if (speak) {
+    warn_other_schedules_options(o, *vm);
+    warn_options_without_effect(o, *vm);
+  }
   validate_checkpointing(o, *vm);
   // A usage error now, not when the run starts.
   cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
