@@ -75,6 +75,12 @@ Image decode_png(std::span<const uint8_t> bytes, const std::string& what) {
     usage_error(what, " is not a readable PNG image: ", png.image.message);
   const int64_t w = png.image.width, h = png.image.height;
   HPC_REQUIRE(w > 0 && h > 0 && w * h <= (int64_t{1} << 28), what, " has implausible dimensions ", w, "x", h);
+  // Its pixels take a bit each at the least (1-bit grey), and deflate makes at most 1032 bytes of
+  // each byte it reads: a file that claims more pixels than its bytes can hold is cut or damaged,
+  // refused before its pixels are allocated (a 1 kB file claiming 16384x16384 took 805 MB, zeroed,
+  // in each thread that decoded it, before libpng found the data missing).
+  HPC_REQUIRE(w * h / 8 <= 1032 * static_cast<int64_t>(bytes.size()), what, " is a damaged PNG image: its ", w, "x",
+              h, " pixels cannot come from ", bytes.size(), " bytes");
   png.image.format = PNG_FORMAT_RGB;
   // 16-bit samples are sRGB like 8-bit ones, scaled down as OpenCV and PIL do; without the flag
   // libpng took them for linear light, and a grey of 128 read as 186.

@@ -17,6 +17,7 @@ import signal
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 import zlib
@@ -283,6 +284,33 @@ class Serving(unittest.TestCase):
         empty = os.path.join(self.dir, "empty-dir")
         os.mkdir(empty)
         self.assert_refused(["predict", "--checkpoint", self.ck, *CPU, empty], f"no PNG or JPEG images")
+
+    def test_a_huge_claim_in_a_small_png_costs_no_memory(self):
+        """A valid PNG whose header claims 16384x16384 pixels that its 1 kB cannot hold: refused as
+        damaged before its pixels are allocated. predict allocated them first (805 MB, zeroed, in
+        each decoding thread), and a directory of such files could take a node's memory."""
+        good = self.write("good.png", self.images[0])
+        with open(good, "rb") as f:
+            png = bytearray(f.read())
+        self.assertEqual(png[12:16], b"IHDR")
+        png[16:24] = struct.pack(">II", 16384, 16384)
+        png[29:33] = struct.pack(">I", zlib.crc32(bytes(png[12:29])))
+        path = os.path.join(self.dir, "huge.png")
+        with open(path, "wb") as f:
+            f.write(png)
+        with tempfile.TemporaryFile("w+") as err:
+            p = subprocess.Popen([HPCTRAIN, "predict", "--checkpoint", self.ck, *CPU, path],
+                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
+            timer = threading.Timer(120, p.kill)
+            timer.start()
+            _, status, usage = os.wait4(p.pid, 0)  # (not p.wait(): its peak memory comes with it)
+            timer.cancel()
+            err.seek(0)
+            said = err.read()
+        self.assertEqual(os.waitstatus_to_exitcode(status), 2, said)
+        self.assertLess(usage.ru_maxrss, 300 * 1024, "KiB at the peak")
+        self.assertIn(f"{path} is a damaged PNG image: its 16384x16384 pixels cannot come from {len(png)} bytes",
+                      said)
 
     def test_results_that_cannot_be_written_are_an_error(self):
         """A full disk under stdout: predict went on to its summary and exit 0 as if every line
