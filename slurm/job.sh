@@ -653,8 +653,9 @@ job_run_trainer() {
   # or a preemption notice) comes to this shell only: pass it on as SIGUSR1, which every launcher
   # forwards as a stop (hpcrun takes SIGUSR2 for its own), and the trainer checkpoints and exits
   # 75. SIGTERM is not passed on: when Slurm ends a job it sends SIGTERM to every step's processes
-  # itself, and a second one would make hpctrain stop at once instead of checkpointing. This shell
-  # only outlives it, since a batch script that ends takes its steps down with it.
+  # itself (and srun passes its own on: hpctrain takes a second SIGTERM within 5 s for the same
+  # stop, a later one would stop it at once, without a checkpoint). This shell only outlives it,
+  # since a batch script that ends takes its steps down with it.
   #
   # Under LAUNCHER=mpirun a SIGTERM, SIGINT or SIGHUP that reaches this shell goes on to mpirun
   # as SIGUSR1 too: Open MPI's mpirun exits 1 on any of those three itself, whatever its ranks
