@@ -232,6 +232,20 @@ class Serving(unittest.TestCase):
         records = [json.loads(line) for line in self.predict(*paths).splitlines()]
         self.assertEqual([r["path"] for r in records], paths)
 
+    def test_json_tells_apart_paths_that_are_not_utf8(self):
+        """Two names that differ only in a byte that is not UTF-8 both read "\ufffd.png" in JSON's
+        "path": "path_escaped" gives each as the text form does, so a script can tell them apart."""
+        with open(self.write("good.png", self.images[0]), "rb") as f:
+            png = f.read()
+        names = [os.path.join(os.fsencode(self.dir), n) for n in (b"\xff.png", b"\xfe.png")]
+        for name in names:
+            with open(name, "wb") as f:
+                f.write(png)
+        records = [json.loads(line) for line in self.predict(*map(os.fsdecode, names)).splitlines()]
+        self.assertEqual([r["path"] for r in records], [self.dir + "/\ufffd.png"] * 2)
+        self.assertEqual([r["path_escaped"] for r in records], [self.dir + "/\\xff.png", self.dir + "/\\xfe.png"])
+        self.assertEqual(list(records[0]), ["path", "path_escaped", "top", "logits"])
+
     def test_ranks_share_the_batches_and_print_in_order(self):
         paths = [self.write(f"{i:02d}.png", self.images[i]) for i in range(10)]
         one = self.predict("--batch-size", "3", self.dir)

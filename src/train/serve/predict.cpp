@@ -224,6 +224,14 @@ class Predictor {
   // (one_line) and, so that such an escape is told apart from the same characters in a name,
   // a backslash doubled. "a\nb.png" (newline) and "a\\nb.png" (backslash, n) print apart.
   static std::string text_field(const std::string& text) { return one_line_unambiguous(text); }
+  static bool valid_utf8(const std::string& text) {
+    try {
+      (void)nlohmann::json(text).dump();  // the strict handler: type_error 316 at a byte that is not UTF-8
+      return true;
+    } catch (const nlohmann::json::type_error&) {
+      return false;
+    }
+  }
 
   std::string text_line(const std::string& path, const std::vector<int64_t>& order,
                         const std::vector<double>& p) const {
@@ -241,12 +249,15 @@ class Predictor {
                         const float* z) const {
     nlohmann::ordered_json j;
     j["path"] = path;
+    // A path that is not UTF-8 is written with U+FFFD where its bytes are not, and two such paths
+    // could read the same: "path_escaped" then gives it as the text form does (\xNN for each such
+    // byte, a backslash doubled), one string for one path.
+    if (!valid_utf8(path)) j["path_escaped"] = text_field(path);
     nlohmann::ordered_json top = nlohmann::ordered_json::array();
     for (int64_t k : order)
       top.push_back({{"class", k}, {"name", name_of(k)}, {"probability", p[static_cast<size_t>(k)]}});
     j["top"] = std::move(top);
     if (o_.logits) j["logits"] = std::vector<float>(z, z + m_.facts.classes);
-    // A path that is not UTF-8 is written with U+FFFD where its bytes are not.
     return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   }
 
@@ -292,7 +303,8 @@ const std::vector<options::Entry<PredictOptions>>& predict_table() {
                                                                 "where it has fewer; at most the model's)"),
                             &O::top_k_given),
       options::flag("json", &O::json,
-                    "JSON Lines instead of text: {\"path\", \"top\": [{\"class\", \"name\", \"probability\"}, ...]}"),
+                    "JSON Lines instead of text: {\"path\", \"top\": [{\"class\", \"name\", \"probability\"}, ...]} "
+                    "(and \"path_escaped\" for a path that is not UTF-8)"),
       options::flag("logits", &O::logits, "with --json: add \"logits\", the model's raw outputs for every class"),
       options::number("batch-size", &O::batch_size, "images per batch"),
       subcommand_options::threads(&O::threads, "decoding and math threads"),
