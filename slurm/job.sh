@@ -219,7 +219,8 @@ job_state() {
   for try in 1 2 3; do
     if out=$(scontrol show job -o "$(job_spec)" 2> /dev/null); then
       state=$(sed -n '1s/.* JobState=\([A-Z_]*\).*/\1/p' <<< "$out")
-      reason=$(sed -n '1s/.* Reason=\([A-Za-z_]*\).*/\1/p' <<< "$out")
+      # (Right after the state: a later field the user sets, a Comment or a path, may hold one.)
+      reason=$(sed -n '1s/.* JobState=[A-Z_]* Reason=\([A-Za-z_]*\).*/\1/p' <<< "$out")
       [[ "$state" != COMPLETING || "$reason" != TimeLimit ]] || state=TIMEOUT
       echo "$state"
       return 0
@@ -230,11 +231,12 @@ job_state() {
 }
 
 # The runs of this job that ended without a new checkpoint, kept in CHECKPOINT_DIR/slurm-requeues
-# as "JOB FAILED_IN_A_ROW STALLED NEWEST": the job (job_spec; another job's counts start again from
-# 0), its runs in a row that failed (any end but 0, 2 and 75) without a new checkpoint, its requeues
-# of runs without a new checkpoint in all, and the newest checkpoint when they were written ("-":
-# none). (Slurm's SLURM_RESTART_COUNT counts every requeue, those of runs that checkpointed and
-# stopped at a time limit too, which carry the training on.) A checkpoint newer than NEWEST at this
+# as "JOB FAILED_IN_A_ROW STALLED": the job (job_spec; another job's counts start again from 0),
+# its runs in a row that failed (any end but 0, 2 and 75) without a new checkpoint, and its
+# requeues of runs without a new checkpoint in all; on a second line, the newest checkpoint when
+# they were written ("-": none; a line of its own, so that a job.sh from before it still reads the
+# counts). (Slurm's SLURM_RESTART_COUNT counts every requeue, those of runs that checkpointed and
+# stopped at a time limit too, which carry the training on.) A checkpoint newer than that at this
 # run's start came from a run that could not write its counts (its batch host lost after it had
 # checkpointed, Slurm requeueing the job itself): the failures in a row start again from 0 then.
 job_failed_in_a_row=0 job_stalled=0
@@ -242,11 +244,11 @@ job_read_requeues() {
   local spec failed stalled newest
   job_failed_in_a_row=0 job_stalled=0
   [[ -n "${CHECKPOINT_DIR:-}" && -f "$CHECKPOINT_DIR/slurm-requeues" ]] || return 0
-  read -r spec failed stalled newest < "$CHECKPOINT_DIR/slurm-requeues" || true
+  { read -r spec failed stalled && read -r newest; } < "$CHECKPOINT_DIR/slurm-requeues" || true
   [[ "$spec" == "$(job_spec)" && "$failed" =~ ^[0-9]{1,6}$ && "$stalled" =~ ^[0-9]{1,6}$ ]] || return 0
   job_failed_in_a_row=$((10#$failed)) job_stalled=$((10#$stalled))
-  # (A file without NEWEST, written before it was kept, keeps its count. Before the launch, where
-  # a staging failed, the newest now is the newest at this run's start.)
+  # (A file without the newest, written before it was kept, keeps its count. Where this run's
+  # start did not note its newest, nothing launched yet, the newest now is that.)
   local at_start=${job_newest_before-$(job_newest_checkpoint "$CHECKPOINT_DIR")}
   [[ -z "$newest" || "${at_start:--}" == "$newest" ]] || job_failed_in_a_row=0
 }
@@ -255,7 +257,8 @@ job_write_requeues() {  # written whole, then renamed: a run killed meanwhile le
   local file=$CHECKPOINT_DIR/slurm-requeues newest
   newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
   # (umask o-w: under umask 000 any user could rewrite the counts that decide the requeues)
-  { (umask o-w && echo "$(job_spec) $job_failed_in_a_row $job_stalled ${newest:--}" > "$file.tmp.$$") &&
+  { (umask o-w && printf '%s %s %s\n%s\n' "$(job_spec)" "$job_failed_in_a_row" "$job_stalled" "${newest:--}" \
+    > "$file.tmp.$$") &&
     mv -f "$file.tmp.$$" "$file"; } 2> /dev/null && return 0
   rm -f "$file.tmp.$$" 2> /dev/null || true
   job_log "cannot write $file: the runs without a new checkpoint are not counted"
@@ -348,7 +351,9 @@ job_requeue_or_exit() {
   # Refused also where Slurm began to requeue or preempt the job itself between the look at its
   # state and the ask (a preemption's requeue): then it comes back all the same.
   state=$(job_state)
-  if [[ -n "$state" && "$state" != RUNNING ]]; then
+  if [[ "$state" == TIMEOUT ]]; then
+    job_log "'scontrol requeue' refused as Slurm ends the job at its time limit (a site without requeue: see slurm/chain.sh): exit $code"
+  elif [[ -n "$state" && "$state" != RUNNING ]]; then
     job_log "'scontrol requeue' refused: the job is $state in Slurm now (Slurm requeueing or preempting it itself): exit $code"
   else
     job_log "'scontrol requeue' refused (a site without requeue: see slurm/chain.sh): exit $code"

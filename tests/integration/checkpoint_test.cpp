@@ -1238,15 +1238,15 @@ TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {
        10},
       {"13", 0, {SIGTERM}, 75,
        {"hpctrain: SIGTERM again within 5 s of the first: the same stop (Slurm sends one to each task and srun passes "
-        "its own on); a SIGTERM after that, or SIGINT, stops at once, without a checkpoint\n",
+        "its own on); a SIGTERM 5 s or more after the first, or SIGINT, stops at once, without a checkpoint\n",
         "hpctrain: warning: stopped on request (SIGTERM) after step 13; checkpoint written, --resume auto continues "
         "from it\n"},
        13},
       {"13:usr1", 0, {SIGUSR1, SIGTERM}, 75,
-       {"hpctrain: SIGUSR1: already stopping (SIGUSR1); a second SIGTERM or SIGINT would stop at once, without a "
-        "checkpoint\n",
-        "hpctrain: SIGTERM: already stopping (SIGUSR1); a second SIGTERM or SIGINT would stop at once, without a "
-        "checkpoint\n",
+       {"hpctrain: SIGUSR1: already stopping (SIGUSR1); a second SIGTERM (5 s or more after the first) or SIGINT "
+        "would stop at once, without a checkpoint\n",
+        "hpctrain: SIGTERM: already stopping (SIGUSR1); a second SIGTERM (5 s or more after the first) or SIGINT "
+        "would stop at once, without a checkpoint\n",
         stopped},
        13},
   };
@@ -1256,7 +1256,7 @@ TEST_F(Checkpoints, SignalsDuringTheStopsCheckpoint) {
     SCOPED_TRACE(c.after);
     const std::string ck = dir_.file("second" + std::to_string(n++));
     setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", c.first, 1);
-    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", c.after > 0 ? "10" : "1", 1);
+    setenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME", c.after > 0 ? "10" : "3", 1);  // the signals land in the pause
     const auto p = start(ck);
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");

@@ -495,10 +495,14 @@ for state in "COMPLETING Reason=TimeLimit" "TIMEOUT Reason=TimeLimit"; do
   requeues "a job at its time limit ($state)" 7 "the job reached its time limit in Slurm" \
     -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLURM_JOB_ID=7 SCONTROL_STATE="$state"
 done
-for state in "COMPLETING Reason=None" "CANCELLED Reason=None"; do
-  stop_ends "a cancelled job (${state%% *})" "the job is ${state%% *} in Slurm, so this script does not requeue it" \
+# (The reason is the one right after the state: a Comment the user set may say Reason=TimeLimit.)
+for state in "COMPLETING Reason=None" "CANCELLED Reason=None" "COMPLETING Reason=None Comment=see Reason=TimeLimit"; do
+  stop_ends "a cancelled job (${state})" "the job is ${state%% *} in Slurm, so this script does not requeue it" \
     SCONTROL_STATE="$state"
 done
+stop_ends "a requeue refused at the time limit" \
+  "'scontrol requeue' refused as Slurm ends the job at its time limit (a site without requeue: see slurm/chain.sh): exit 75" \
+  SCONTROL_STATE="COMPLETING Reason=TimeLimit" SCONTROL_REFUSE_REQUEUE=1 JOB_STATE_RETRY_SECONDS=0
 
 # slurmctld not answering train.sbatch's own `scontrol show job` (which names the script sbatch
 # ran): the checkout is the submission directory (`sbatch slurm/train.sbatch` from its root). It
@@ -636,6 +640,10 @@ run_ends "a failed run after the lost batch host's checkpoint" 0 requeueing SLUR
 run_ends "a second one after it" 0 requeueing SLURM_RESTART_COUNT=4 TRAINER_EXIT=134
 run_ends "a third one after it" 134 "3 runs in a row have failed without a new checkpoint" SLURM_RESTART_COUNT=5 \
   TRAINER_EXIT=134
+# The newest checkpoint is kept on a line of its own: a job.sh from before it (read -r JOB FAILED
+# STALLED of the first line) still reads the counts.
+read -r old_spec old_failed old_stalled < "$work/failing/slurm-requeues"
+[[ "$old_spec $old_failed $old_stalled" == "9 3 4" ]] || fail "an older job.sh reads the counts as '$old_spec $old_failed $old_stalled', not '9 3 4'"
 # Counts written before the newest checkpoint was kept beside them (three fields) still count.
 echo "9 2 5" > "$work/failing/slurm-requeues"
 run_ends "a failed run after counts of an older job.sh" 134 "3 runs in a row have failed without a new checkpoint" \

@@ -25,8 +25,9 @@ namespace hpc::train {
 namespace {
 
 std::atomic<int> g_signal{0};     // the first stop request's signal
-std::atomic<int> g_sigterms{0};   // SIGTERMs taken: a second one ends the process at once,
-std::atomic<int64_t> g_first_sigterm_ns{0};  // unless it came within kSameStopNs of the first
+// When the first SIGTERM was taken (CLOCK_MONOTONIC, ns; 0: none yet): one at least kSameStopNs
+// later ends the process at once.
+std::atomic<int64_t> g_first_sigterm_ns{0};
 // Slurm ends a job (its time limit, scancel) by sending SIGTERM to every task of its steps, and
 // to srun in the batch script, which passes its own on to the same tasks: two SIGTERMs a moment
 // apart, that mean one stop. Taken for "stop at once", they dropped the checkpoint of every job
@@ -118,21 +119,23 @@ void decide(int sig) {
   if (sig == SIGTERM) {
     timespec t{};
     clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
-    const int64_t now = int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-    if (g_sigterms.fetch_add(1) == 0) {
-      g_first_sigterm_ns = now;
-    } else if (now - g_first_sigterm_ns.load() >= kSameStopNs) {
-      exit_at_once(sig, " (the second one), without a checkpoint: the ones already written are kept");
-    } else {
+    const int64_t now = std::max<int64_t>(int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec, 1);
+    // One exchange decides which is first: the watcher thread and a handler on a library's thread
+    // may take two at the same moment.
+    int64_t first = 0;
+    if (!g_first_sigterm_ns.compare_exchange_strong(first, now)) {
+      if (now - first >= kSameStopNs)
+        exit_at_once(sig, " (the second one), without a checkpoint: the ones already written are kept");
       say({"hpctrain: SIGTERM again within 5 s of the first: the same stop (Slurm sends one to each task and srun "
-           "passes its own on); a SIGTERM after that, or SIGINT, stops at once, without a checkpoint"});
+           "passes its own on); a SIGTERM 5 s or more after the first, or SIGINT, stops at once, without a "
+           "checkpoint"});
       return;
     }
   }
   int first = 0;
   if (!g_signal.compare_exchange_strong(first, sig))
     say({"hpctrain: ", name_of(sig), ": already stopping (", name_of(first),
-         "); a second SIGTERM or SIGINT would stop at once, without a checkpoint"});
+         "); a second SIGTERM (5 s or more after the first) or SIGINT would stop at once, without a checkpoint"});
 }
 
 // Those taken before --stop-signals was known, each once (whoever empties g_pending decides).
