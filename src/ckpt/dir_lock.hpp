@@ -113,7 +113,7 @@ class RecordWatch {
   explicit RecordWatch(std::string path) : path_(std::move(path)) {}
   const std::map<std::string, std::string>& look(double now);
   const std::map<std::string, std::string>& record() const { return last_; }
-  double unchanged_for(double now) const { return now - changed_; }
+  double unchanged_for(double now) const { return seen_ ? now - changed_ : 0; }  // 0 before the first look
 
  private:
   std::string path_;

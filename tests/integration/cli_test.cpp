@@ -802,8 +802,8 @@ TEST_F(Cli, OptionsWithoutEffectAreSaidToBeIgnored) {
                 "hpctrain: warning: --sync-batch-norm is ignored: --no-batch-norm leaves the model without batch norm",
                 "hpctrain: warning: --no-deterministic is ignored on the CPU (--device cpu): it lets cuDNN choose its "
                 "algorithms on the GPU, and CPU runs repeat bit for bit",
-                "hpctrain: warning: --progress-interval is ignored: --log-every 5 prints a progress line every 5 steps "
-                "(--log-every 0 prints one every --progress-interval)",
+                "hpctrain: warning: --progress-interval is ignored beside --log-every 5: it spaces the progress lines "
+                "under --log-every 0 only",
                 "hpctrain: warning: --log-level debug is ignored under --quiet, which prints only warnings and errors"}));
   // Each with what gives it effect says nothing.
   const RunResult used = run({"--device", "cpu", "--sync-batch-norm", "--progress-interval", "5s", "--log-level", "error"});

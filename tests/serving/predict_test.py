@@ -318,6 +318,7 @@ class Serving(unittest.TestCase):
             timer = threading.Timer(120, p.kill)
             timer.start()
             _, status, usage = os.wait4(p.pid, 0)  # (not p.wait(): its peak memory comes with it)
+            p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
             timer.cancel()
             err.seek(0)
             said = err.read()

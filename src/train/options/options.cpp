@@ -318,8 +318,8 @@ void warn_options_without_effect(const TrainOptions& o, const po::variables_map&
     log::warn("--no-deterministic is ignored on the CPU (--device cpu): it lets cuDNN choose its algorithms on the "
               "GPU, and CPU runs repeat bit for bit");
   if (o.log_every > 0 && given(vm, "progress-interval"))
-    log::warn("--progress-interval is ignored: --log-every ", o.log_every, " prints a progress line every ",
-              o.log_every, " steps (--log-every 0 prints one every --progress-interval)");
+    log::warn("--progress-interval is ignored beside --log-every ", o.log_every,
+              ": it spaces the progress lines under --log-every 0 only");
   if (o.quiet && o.log_level < log::Level::Warn && given(vm, "log-level"))
     log::warn("--log-level ", name_of(kLogLevelNames, o.log_level),
               " is ignored under --quiet, which prints only warnings and errors");
