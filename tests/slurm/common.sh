@@ -38,7 +38,7 @@ fail() {
   for f in "$WORK"/*.out; do
     [[ -f "$f" ]] || continue
     { echo "--- $f: the script's, srun's and error lines"
-      grep -E "^hpctrain-slurm:|^srun:|^slurmstepd|error|[Ss]egmentation|signal|Abort" "$f" | tail -n 80
+      grep -E "^hpctrain-slurm:|^srun:|^slurmstepd|error|[Ss]egmentation|signal|Abort|hpctrain: crashed|stopped at once|resuming from" "$f" | tail -n 80
       echo "--- $f: its last lines"
       tail -n 30 "$f"; } >&2
   done
