@@ -20,8 +20,9 @@ export TRAIN_SAMPLES=10000 EPOCHS=7 HPCTRAIN_TEST_SLOW_RANK=0:80  # 546 steps
 
 submit segments --nodes=2 --time=1 --signal=B:USR1@15 -- --checkpoint-interval 0
 SEGMENTS=$JOB
-# 1170 steps on one rank, each at least 80 ms: 94 s of sleep, past the limit on any machine.
-EPOCHS=15 submit late --nodes=1 --time=1 --signal=B:URG@15 -- --checkpoint-interval 0
+# 624 steps on one rank, each at least 150 ms: 94 s of sleep, past the limit on any machine, and
+# half the work of 80 ms steps to take from the other job's cores.
+EPOCHS=8 HPCTRAIN_TEST_SLOW_RANK=0:150 submit late --nodes=1 --time=1 --signal=B:URG@15 -- --checkpoint-interval 0
 LATE=$JOB JOB=$SEGMENTS
 wait_state "$JOB" COMPLETED $((455 - SECONDS))
 restarts=$(job_field "$JOB" Restarts)
@@ -44,7 +45,7 @@ expect_out segments "job $JOB (restart $restarts)"
 JOB=$LATE
 # Its last segment may itself outrun the limit by less than slurmctld's 30 s between checks: the
 # training then finishes, and Slurm calls the job TIMEOUT all the same. Done is what counts.
-while [[ "$(done_field late steps)" != 1170 || ! "$(job_field "$JOB" JobState)" =~ ^(COMPLETED|TIMEOUT)$ ]]; do
+while [[ "$(done_field late steps)" != 624 || ! "$(job_field "$JOB" JobState)" =~ ^(COMPLETED|TIMEOUT)$ ]]; do
   ((SECONDS < 460)) || fail "the job without a warning is $(job_field "$JOB" JobState), its training unfinished"
   sleep 0.5
 done
@@ -57,5 +58,5 @@ grep -q "stopped at once" "$WORK/late.out" && fail "a SIGTERM at the time limit 
 ((restarts >= 1)) && [[ -n "$stops" && "$resumed" == "$stops" ]] ||
   fail "$restarts requeue(s), the runs resumed at '$resumed', not where they stopped ('$stops')"
 expect_out late "the job reached its time limit in Slurm"
-[[ "$(done_field late steps)" == 1170 ]] || fail "$(done_field late steps) steps, not 1170"
+[[ "$(done_field late steps)" == 624 ]] || fail "$(done_field late steps) steps, not 624"
 say "PASS"
