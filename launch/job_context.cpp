@@ -198,16 +198,17 @@ std::string HeartbeatWatch::field(const std::string& key) const {
   return it == last_.end() ? "" : it->second;
 }
 
-LockWatch::LockWatch(std::string dir)
-    : enabled_(!dir.empty()), record_(dir.empty() ? "" : (fs::path(dir) / "lock").string()) {}
+LockWatch::LockWatch(std::string dir) {
+  if (!dir.empty()) record_.emplace((fs::path(dir) / "lock").string());
+}
 
 bool LockWatch::held_by_another(double now, const std::string& token, const std::string& attempt,
                                 std::string* holder) {
-  if (!enabled_) return false;
-  const std::map<std::string, std::string>& last = record_.look(now);
+  if (!record_) return false;
+  const std::map<std::string, std::string>& last = record_->look(now);
   const auto state = last.find("state");
   if (state == last.end() || state->second != "held" ||
-      record_.unchanged_for(now) >= ckpt::DirectoryLock::stale_seconds() ||
+      record_->unchanged_for(now) >= ckpt::DirectoryLock::stale_seconds() ||
       ckpt::names_hpcrun_attempt(last, token, attempt))
     return false;
   const auto by = last.find("hpcrun_attempt");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,8 +127,7 @@ class LockWatch {
   bool held_by_another(double now, const std::string& token, const std::string& attempt, std::string* holder);
 
  private:
-  bool enabled_;
-  ckpt::RecordWatch record_;
+  std::optional<ckpt::RecordWatch> record_;  // none without a checkpoint directory
 };
 
 // CHECKPOINT_DIR/membership-change: present while a stop to change hosts is asked for (the hosts

@@ -239,6 +239,7 @@ job_state() {
 # stopped at a time limit too, which carry the training on.) A checkpoint newer than that at this
 # run's start came from a run that could not write its counts (its batch host lost after it had
 # checkpointed, Slurm requeueing the job itself): the failures in a row start again from 0 then.
+# job_read_requeues NEWEST: the counts, NEWEST being the directory's newest checkpoint now.
 job_failed_in_a_row=0 job_stalled=0
 job_read_requeues() {
   local spec failed stalled newest
@@ -249,13 +250,13 @@ job_read_requeues() {
   job_failed_in_a_row=$((10#$failed)) job_stalled=$((10#$stalled))
   # (A file without the newest, written before it was kept, keeps its count. Where this run's
   # start did not note its newest, nothing launched yet, the newest now is that.)
-  local at_start=${job_newest_before-$(job_newest_checkpoint "$CHECKPOINT_DIR")}
+  local at_start=${job_newest_before-$1}
   [[ -z "$newest" || "${at_start:--}" == "$newest" ]] || job_failed_in_a_row=0
 }
+# job_write_requeues NEWEST: the counts, beside NEWEST, the directory's newest checkpoint now.
 job_write_requeues() {  # written whole, then renamed: a run killed meanwhile leaves the old counts
   [[ -n "${CHECKPOINT_DIR:-}" && -d "$CHECKPOINT_DIR" ]] || return 0
-  local file=$CHECKPOINT_DIR/slurm-requeues newest
-  newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
+  local file=$CHECKPOINT_DIR/slurm-requeues newest=$1
   # (umask o-w: under umask 000 any user could rewrite the counts that decide the requeues)
   { (umask o-w && printf '%s %s %s\n%s\n' "$(job_spec)" "$job_failed_in_a_row" "$job_stalled" "${newest:--}" \
     > "$file.tmp.$$") &&
@@ -304,19 +305,19 @@ job_requeue_or_exit() {
   # staging without credentials: they fail the same way every time) only MAX_FAILURES_IN_A_ROW
   # times in a row, and MAX_REQUEUES bounds the requeues of runs without progress in all.
   [[ -z "${CHECKPOINT_DIR:-}" ]] || newest_now=$(job_newest_checkpoint "$CHECKPOINT_DIR")
-  job_read_requeues
+  job_read_requeues "$newest_now"
   local progressed=0
   if [[ -n "${job_newest_before+set}" && "$newest_now" != "$job_newest_before" ]]; then
     job_failed_in_a_row=0 progressed=1
   else
     [[ "$code" == 75 ]] || job_failed_in_a_row=$((job_failed_in_a_row + 1))
     if [[ "$code" != 75 ]] && ((job_failed_in_a_row >= 10#${MAX_FAILURES_IN_A_ROW:-3})); then
-      job_write_requeues || true
+      job_write_requeues "$newest_now" || true
       job_log "$why; $job_failed_in_a_row runs in a row have failed without a new checkpoint (MAX_FAILURES_IN_A_ROW): not requeued, exit $code"
       exit "$code"
     fi
     if ((job_stalled >= 10#${MAX_REQUEUES:-20})); then
-      job_write_requeues || true
+      job_write_requeues "$newest_now" || true
       job_log "$why; already requeued $job_stalled times without a new checkpoint (MAX_REQUEUES): exit $code"
       exit "$code"
     fi
@@ -325,7 +326,7 @@ job_requeue_or_exit() {
   # A run without a new checkpoint whose count cannot be kept (a full or read-only file system,
   # a quota) is not requeued: every next run would read the old counts, and the two limits above
   # would never end a job that fails the same way each time.
-  if ! job_write_requeues && ((progressed == 0)); then
+  if ! job_write_requeues "$newest_now" && ((progressed == 0)); then
     job_log "$why; without a new checkpoint and with no count of such runs kept: not requeued, exit $code"
     exit "$code"
   fi

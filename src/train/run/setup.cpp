@@ -57,8 +57,8 @@ bool resolve_device(const TrainOptions& o, const std::string& shared, bool speak
               because, "; leave out --cuda-graphs");
   if (speak && !gpu && o.device == Device::Auto && gpus > 0) log::warn("training on the CPU: ", why);
   if (gpu)
-    HPC_REQUIRE(!o.sync_batch_norm || !o.batch_norm, "--sync-batch-norm is not available on the GPU yet; leave it out or use "
-                                    "--device cpu");
+    HPC_REQUIRE(!o.sync_batch_norm || !o.batch_norm,
+                "--sync-batch-norm is not available on the GPU yet; leave it out or use --device cpu");
   return gpu;
 }
 

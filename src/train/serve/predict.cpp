@@ -19,6 +19,7 @@
 
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "core/json.hpp"
 #include "core/file_identity.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
@@ -224,14 +225,6 @@ class Predictor {
   // (one_line) and, so that such an escape is told apart from the same characters in a name,
   // a backslash doubled. "a\nb.png" (newline) and "a\\nb.png" (backslash, n) print apart.
   static std::string text_field(const std::string& text) { return one_line_unambiguous(text); }
-  static bool valid_utf8(const std::string& text) {
-    try {
-      (void)nlohmann::json(text).dump();  // the strict handler: type_error 316 at a byte that is not UTF-8
-      return true;
-    } catch (const nlohmann::json::type_error&) {
-      return false;
-    }
-  }
 
   std::string text_line(const std::string& path, const std::vector<int64_t>& order,
                         const std::vector<double>& p) const {
@@ -252,7 +245,7 @@ class Predictor {
     // A path that is not UTF-8 is written with U+FFFD where its bytes are not, and two such paths
     // could read the same: "path_escaped" then gives it as the text form does (\xNN for each such
     // byte, a backslash doubled), one string for one path.
-    if (!valid_utf8(path)) j["path_escaped"] = text_field(path);
+    if (!is_utf8(path)) j["path_escaped"] = text_field(path);
     nlohmann::ordered_json top = nlohmann::ordered_json::array();
     for (int64_t k : order)
       top.push_back({{"class", k}, {"name", name_of(k)}, {"probability", p[static_cast<size_t>(k)]}});
