@@ -18,7 +18,8 @@
 # Environment: CHECKPOINT_DIR (default runs/hpctrain-chain-<date>-<time>-<pid> here; printed), and
 # CHAIN_SCRIPT (default slurm/train.sbatch beside this script). Prints one line per segment,
 # "segment K: job ID", and exits 2 on bad input; if a submission fails midway, the segments
-# already submitted are cancelled (no half chain is left queued) and it exits 1.
+# already submitted are cancelled (no half chain is left queued) and it exits 1; so they are when
+# a signal stops it (SIGINT, SIGTERM, SIGHUP: exit 128+N).
 set -euo pipefail
 
 me=chain.sh
@@ -62,6 +63,11 @@ part=$checkpoint_dir
 while [[ ! -e "$part" && ! -L "$part" && "$part" == */* ]]; do part=${part%/*}; done
 [[ -z "$part" || -d "$part" ]] ||
   die "CHECKPOINT_DIR $checkpoint_dir: $part exists and is not a directory; nothing submitted" 2
+# One every segment refuses at its start (slurm/job.sh's check: writable by others, or in a folder
+# others may write to that is not sticky): all N were submitted, and each ended at once (exit 2).
+# shellcheck source=job.sh
+why=$(source "$here/job.sh" && job_check_checkpoint_dir "$checkpoint_dir" 2>&1) ||
+  die "${why#hpctrain-slurm: error: }; nothing submitted" 2
 
 # sbatch's error output, read when a submission fails. An hpctrain option given before the --
 # went to sbatch, which refused it (exit 255, its own two lines), and chain.sh said only that
@@ -77,16 +83,34 @@ unknown_option() {
   done < "$sbatch_err"
 }
 
-jobs=()
-cancel_submitted() {  # cancel_submitted K [WHY]
+jobs=() id=""
+# cancel_submitted: cancels the segments submitted so far; prints what it did.
+cancel_submitted() {
   # (A failing scancel ended the script under set -e before it said which segments stayed queued.)
   local done="cancelled"
   if ((${#jobs[@]})) && ! scancel "${jobs[@]}" 2> /dev/null; then done="could not cancel (scancel failed: scancel them)"; fi
-  die "submitting segment $1 failed${2:+ ($2)}; $done the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
+  echo "$done the ${#jobs[@]} segment(s) already submitted (${jobs[*]:-none})"
 }
-echo "$me: $segments segment(s) of $script, checkpoints in $checkpoint_dir"
+# A signal (Ctrl-C, a closed terminal or ssh session: SIGHUP) between two submissions left the
+# segments before it queued, half a chain, without a word. (A submission under way when it comes
+# is waited for, and its job cancelled with the others.)
+interrupted() {  # interrupted NAME NUMBER
+  trap '' INT TERM HUP
+  local pending=${id%%;*}
+  [[ ! "$pending" =~ ^[0-9]{1,18}$ || " ${jobs[*]} " == *" $pending "* ]] || jobs+=("$pending")
+  echo "$me: error: stopped by SIG$1 while submitting segment $k of $segments; $(cancel_submitted)" >&2 || true
+  exit $((128 + $2))
+}
+trap 'interrupted INT 2' INT
+trap 'interrupted TERM 15' TERM
+trap 'interrupted HUP 1' HUP
+# Output nobody reads any more (`chain.sh 6 ... | head -n 2`) does not stop the submissions: each
+# segment's line is said to whoever still reads them (SIGPIPE ended the script after two).
+trap '' PIPE
+say() { printf '%s\n' "$*" 2> /dev/null || true; }
+say "$me: $segments segment(s) of $script, checkpoints in $checkpoint_dir"
 for ((k = 1; k <= segments; ++k)); do
-  dep=()
+  dep=() id=""
   ((${#jobs[@]})) && dep=(--dependency="afterany:${jobs[-1]}")
   # --export=ALL over a site's SBATCH_EXPORT=NONE, for the same reason.
   id=$(CHECKPOINT_DIR=$checkpoint_dir REQUEUE=0 CHAIN_SEGMENT=$k sbatch --parsable --no-requeue --export=ALL "${dep[@]}" \
@@ -95,16 +119,16 @@ for ((k = 1; k <= segments; ++k)); do
     if [[ -n "$option" && ${#jobs[@]} == 0 ]]; then
       die "sbatch does not know the option '$option': hpctrain's options go after -- (chain.sh $segments [sbatch options] -- [hpctrain options]); nothing submitted" 2
     fi
-    cat -- "$sbatch_err" >&2
-    cancel_submitted "$k"
+    cat -- "$sbatch_err" >&2 || true
+    die "submitting segment $k failed; $(cancel_submitted)"
   }
-  cat -- "$sbatch_err" >&2  # its warnings
+  cat -- "$sbatch_err" >&2 || true  # its warnings
   id=${id%%;*}  # --parsable: "id" or "id;cluster"
   # Anything else (a site's sbatch wrapper that talks on stdout) was taken for the id: the next
   # segment's dependency on it was refused, or a one-segment chain said "segment 1: job <words>".
   shown=${id:0:80}
   [[ "$id" =~ ^[0-9]{1,18}$ ]] ||
-    cancel_submitted "$k" "sbatch printed '${shown//$'\n'/\\n}', not a job id; see squeue for segment $k"
+    die "submitting segment $k failed (sbatch printed '${shown//$'\n'/\\n}', not a job id; see squeue for segment $k); $(cancel_submitted)"
   jobs+=("$id")
-  echo "segment $k: job $id"
+  say "segment $k: job $id"
 done

@@ -218,9 +218,12 @@ job_state() {
   local out try state reason
   for try in 1 2 3; do
     if out=$(scontrol show job -o "$(job_spec)" 2> /dev/null); then
-      state=$(sed -n '1s/.* JobState=\([A-Z_]*\).*/\1/p' <<< "$out")
-      # (Right after the state: a later field the user sets, a Comment or a path, may hold one.)
-      reason=$(sed -n '1s/.* JobState=[A-Z_]* Reason=\([A-Za-z_]*\).*/\1/p' <<< "$out")
+      # The first JobState= of the first line, and the Reason= right after it: a later field the
+      # user sets, a Comment or a path, may hold either (the last JobState= was a Comment's).
+      state="" reason=""
+      if [[ "${out%%$'\n'*}" =~ (^|\ )JobState=([A-Z_]+)(\ Reason=([A-Za-z_]+))? ]]; then
+        state=${BASH_REMATCH[2]} reason=${BASH_REMATCH[4]}
+      fi
       [[ "$state" != COMPLETING || "$reason" != TimeLimit ]] || state=TIMEOUT
       echo "$state"
       return 0
@@ -346,7 +349,11 @@ job_requeue_or_exit() {
   fi
   # Said first: a requeue ends this script (SIGTERM, then SIGKILL) as soon as Slurm acts on it.
   job_log "$why; requeueing: the next run resumes from the checkpoint"
-  if scontrol requeue "$(job_spec)"; then
+  # A job seen RUNNING is requeued only while it still is (Incomplete): Slurm requeues a finished
+  # job too, and a scancel between the look and the ask was undone.
+  local only=()
+  [[ "$state" != RUNNING ]] || only=(Incomplete)
+  if scontrol requeue "${only[@]}" "$(job_spec)"; then
     exit 0
   fi
   # Refused also where Slurm began to requeue or preempt the job itself between the look at its
@@ -484,6 +491,29 @@ job_newest_checkpoint() {
   echo "$newest"
 }
 
+# The training's first run (not requeued, chain segment 1) given --resume notes the directory's
+# newest checkpoint as it starts, by name and inode, in CHECKPOINT_DIR/slurm-first-run ("-": none;
+# written whole, then renamed). job_note_first_run NEWEST writes it; job_from_first_run NEWEST:
+# whether NEWEST is that same file (no run has checkpointed since; false without a note: a job
+# started by an older job.sh continues as it did).
+job_checkpoint_identity() {  # NAME: "NAME INODE", "-" for none
+  [[ -n "$1" ]] || { echo -; return 0; }
+  echo "$1 $(stat -c %i -- "$CHECKPOINT_DIR/$1" 2> /dev/null || echo ?)"
+}
+job_note_first_run() {
+  local file=$CHECKPOINT_DIR/slurm-first-run
+  { (umask o-w && job_checkpoint_identity "$1" > "$file.tmp.$$") && mv -f "$file.tmp.$$" "$file"; } 2> /dev/null &&
+    return 0
+  rm -f "$file.tmp.$$" 2> /dev/null || true
+  job_log "cannot write $file: a requeued run will continue the newest checkpoint, whichever run wrote it"
+}
+job_from_first_run() {
+  local noted=""
+  [[ -f "$CHECKPOINT_DIR/slurm-first-run" ]] || return 1
+  read -r noted < "$CHECKPOINT_DIR/slurm-first-run" 2> /dev/null || return 1
+  [[ "$noted" == "$(job_checkpoint_identity "$1")" && "$noted" != *"?" ]]
+}
+
 # job_persist_snapshot ARGS...: after a run that failed, the newest snapshot in the nodes' memory
 # (hpctrain keeps one with a checkpoint directory, its run-id) goes into CHECKPOINT_DIR as the
 # checkpoint of its step (hpctrain persist-snapshot, once on each node of the job, within 2
@@ -553,8 +583,35 @@ job_check_launcher_settings() {
   esac
 }
 
+# job_find_programs: HPCTRAIN and HPCRUN where the job's environment leaves them unset or empty:
+# HPCTRAIN_HOME's build/, else the ones on PATH (an install). One that is set is used as it is
+# (job_run_trainer refuses it if it is no executable file): a typo in it fell back to whatever
+# PATH held, without a word.
+job_find_programs() {
+  if [[ -z "${HPCTRAIN:-}" ]]; then
+    HPCTRAIN=$HPCTRAIN_HOME/build/src/hpctrain
+    [[ -x "$HPCTRAIN" ]] || HPCTRAIN=$(command -v hpctrain || echo "$HPCTRAIN")
+  fi
+  if [[ -z "${HPCRUN:-}" ]]; then
+    HPCRUN=$HPCTRAIN_HOME/build/launch/hpcrun
+    [[ -x "$HPCRUN" ]] || HPCRUN=$(command -v hpcrun || echo "$HPCRUN")
+  fi
+}
+
+# job_aws_credentials: on the AWS cluster a job has no role of its node's (its metadata service is
+# root's): the data role's credentials are in /run/hpctrain/aws/credentials
+# (cloudformation/node/data_credentials.py), for the staging and for anything the training runs,
+# unless the job's environment names a file of its own.
+job_aws_credentials() {
+  local file=${job_aws_credentials_file:-/run/hpctrain/aws/credentials}
+  if [[ -z "${AWS_SHARED_CREDENTIALS_FILE:-}" && -r "$file" ]]; then
+    export AWS_SHARED_CREDENTIALS_FILE=$file
+  fi
+}
+
 job_run_trainer() {
   job_record_signals
+  job_aws_credentials
   # (A directory passes -x: launched, it failed every run with 126, each requeued as a lost rank.)
   [[ -f "$HPCTRAIN" && -x "$HPCTRAIN" ]] || job_die "hpctrain not found at '$HPCTRAIN' (build it, or set HPCTRAIN)"
   job_check_requeue_settings
@@ -584,10 +641,16 @@ job_run_trainer() {
   # The options are the job's, the same on every run of it: a --resume FILE (a fine-tune's start)
   # or --resume none made every requeued run (and every chain segment) start over from FILE, and
   # hpctrain moved the checkpoints written since aside (superseded-*). A run that carries on an
-  # earlier one continues the newest checkpoint instead, once there is one.
+  # earlier one continues the newest checkpoint instead, once there is one written since the
+  # training's first run started: an older one (a training before it, in a reused directory,
+  # which hpctrain moves aside as it sets up) was continued when the first run ended before that.
   local newest
   newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
-  if [[ -n "$newest" ]] && job_restarted && job_has_option resume "${args[@]}"; then
+  if job_has_option resume "${args[@]}" && ! job_restarted; then
+    job_note_first_run "$newest"
+  elif [[ -n "$newest" ]] && job_has_option resume "${args[@]}" && job_restarted && job_from_first_run "$newest"; then
+    job_log "$(job_option_shown resume "${args[@]}") stays: no run of this training has checkpointed since its first run started ($CHECKPOINT_DIR/$newest was there before it)"
+  elif [[ -n "$newest" ]] && job_restarted && job_has_option resume "${args[@]}"; then
     job_log "$(job_option_shown resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
     if job_arg_given resume "${args[@]}"; then
       job_resume_newest args  # (in place: read back a line each, a value holding a newline became two)

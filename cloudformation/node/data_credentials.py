@@ -4,8 +4,8 @@
 root only (imds_firewall.sh); this service assumes the stack's data role, which may only read
 DataBucket and write under ResultsPrefix, and keeps its short-lived credentials in --out (an AWS
 shared credentials file, mode 0644: every user's jobs may read the data), renewed well before
-they expire. slurm/train.sbatch points AWS_SHARED_CREDENTIALS_FILE at it, so that `hpcdata stage`
-(STAGE_FROM) finds them; any boto3 or AWS CLI program does with that variable set.
+they expire. slurm/train.sbatch and sweep.sbatch (slurm/job.sh) point AWS_SHARED_CREDENTIALS_FILE at it,
+so that `hpcdata stage` (STAGE_FROM) finds them; any boto3 or AWS CLI program does with that variable set.
 
     data_credentials.py --role ARN --region REGION [--out FILE] [--duration SECONDS] [--once]
 """

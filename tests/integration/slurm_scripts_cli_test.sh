@@ -33,13 +33,16 @@ if [ -n "${SBATCH_FAIL_AFTER:-}" ] && [ "$(wc -l < "$SUBMITTED")" -ge "$SBATCH_F
   echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
   exit 1
 fi
+# SBATCH_SLEEP=N:S: a submission after N others takes S seconds (SUBMITTED.sleeping made as it begins).
+[ -z "${SBATCH_SLEEP:-}" ] || [ "$(wc -l < "$SUBMITTED")" -lt "${SBATCH_SLEEP%%:*}" ] ||
+  { : > "$SUBMITTED.sleeping"; sleep "${SBATCH_SLEEP#*:}"; }
 echo "$*" >> "$SUBMITTED"
 [ -z "${DIRS:-}" ] || echo "$CHECKPOINT_DIR" >> "$DIRS"
 [ -z "${SEGMENTS:-}" ] || echo "${CHAIN_SEGMENT:-}" >> "$SEGMENTS"
 [ -z "${SBATCH_SAYS:-}" ] || { printf '%s\n' "$SBATCH_SAYS"; exit 0; }
 echo "$(($(wc -l < "$SUBMITTED") + 100))"
 EOF
-printf '#!/bin/sh\n[ -z "${SCANCEL_FAILS:-}" ]\n' > "$work/bin/scancel"
+printf '#!/bin/sh\n[ -z "${SCANCELLED:-}" ] || echo "$*" >> "$SCANCELLED"\n[ -z "${SCANCEL_FAILS:-}" ]\n' > "$work/bin/scancel"
 # srun [OPTIONS] PROGRAM ARGS...: runs PROGRAM here (one task); its options recorded in SRUN_LOG.
 cat > "$work/bin/srun" << 'EOF'
 #!/usr/bin/env bash
@@ -62,7 +65,8 @@ case "$1" in
 requeue)
   if [ -n "${SCONTROL_REFUSE_REQUEUE:-}" ]; then
     [ -z "${SCONTROL_STATE_AFTER:-}" ] || echo "$SCONTROL_STATE_AFTER" > "$SCONTROL_LOG.state"
-    echo "scontrol: error: Requested operation is presently disabled for job $2" >&2
+    for id; do :; done
+    echo "scontrol: error: Requested operation is presently disabled for job $id" >&2
     exit 1
   fi
   ;;
@@ -169,6 +173,40 @@ for scancel_fails in "" 1; do
     fail "chain.sh whose second submission fails (scancel fails: ${scancel_fails:-no}): exit $rc, want 1 and '$want': $err"
   else
     echo "ok: chain.sh whose second submission fails (scancel fails: ${scancel_fails:-no})"
+  fi
+done
+# A checkpoint directory every segment refuses (writable by others, or in a folder others may
+# write to that is not sticky): all N were submitted, and each ended at once.
+mkdir -p "$work/ww" && chmod 777 "$work/ww"
+refused "chain.sh with CHECKPOINT_DIR in a folder others may write to" env CHECKPOINT_DIR="$work/ww/run" \
+  "$repo/slurm/chain.sh" 2 -- --epochs 1
+chmod 755 "$work/ww"
+# Its output's reader gone (`| head -n 1`): SIGPIPE ended it after two of four submissions, the
+# rest never submitted and the two left queued. Now every segment is submitted.
+: > "$SUBMITTED"
+(cd "$work" && timeout 30 "$repo/slurm/chain.sh" 4 -- --epochs 1 | head -n 1 > /dev/null; exit "${PIPESTATUS[0]}")
+rc=$?
+((rc == 0 && $(wc -l < "$SUBMITTED") == 4)) ||
+  fail "chain.sh 4 | head -n 1: exit $rc, $(wc -l < "$SUBMITTED") of 4 segments submitted"
+# A signal while it submits (a closed terminal: SIGHUP; SIGTERM): the segments submitted so far,
+# the one under way included, are cancelled and the line says so. They were left queued.
+for sig in TERM HUP; do
+  : > "$SUBMITTED"
+  : > "$work/scancelled"
+  rm -f "$SUBMITTED.sleeping"
+  (cd "$work" && SBATCH_SLEEP=2:1 SCANCELLED="$work/scancelled" exec "$repo/slurm/chain.sh" 5 -- --epochs 1 \
+    > /dev/null 2> "$work/chain.err") &
+  chain=$!
+  for _ in $(seq 100); do [[ -e "$SUBMITTED.sleeping" ]] && break; sleep 0.05; done
+  kill -"$sig" "$chain"
+  wait "$chain"
+  rc=$?
+  want=$((128 + $(kill -l "$sig")))
+  if ((rc != want)) || [[ "$(cat "$work/scancelled")" != "101 102 103" ]] ||
+    ! grep -q "stopped by SIG$sig while submitting segment 3 of 5; cancelled the 3 segment(s) already submitted (101 102 103)" "$work/chain.err"; then
+    fail "chain.sh sent SIG$sig while submitting: exit $rc (want $want), scancel got '$(cat "$work/scancelled")': $(cat "$work/chain.err")"
+  else
+    echo "ok: chain.sh sent SIG$sig while submitting segment 3 -> $(cat "$work/chain.err")"
   fi
 done
 # slurm/local-cluster.sh up's arguments, checked before it needs root or Slurm: --nodes 08 (or 080)
@@ -343,6 +381,60 @@ resumes "--resume FILE on a requeued run, beside a value of two lines" "--resume
 if ! grep -qx -A1 two "$work/args" || (($(head -n 1 "$work/args") != $(wc -l < "$work/args") - 2)); then
   fail "a value of two lines beside --resume: the trainer got $(head -n 1 "$work/args") arguments: $(cat "$work/args")"
 fi
+# A requeued run of a training begun with --resume none (or FILE) continued a checkpoint that was
+# in the directory before its first run (a training before it, which hpctrain moves aside as it
+# sets up) when that first run ended before then. The first run notes the newest checkpoint; a
+# requeued run continues only one written since (another name, or the same name in a new file).
+# first_then_requeued WHAT WANT BETWEEN: the requeued run's trainer gets WANT, BETWEEN run between.
+first_then_requeued() {
+  local what=$1 want=$2 between=$3 got out
+  rm -rf "$work/resume-ck" "$work/args"
+  mkdir -p "$work/resume-ck"
+  : > "$work/resume-ck/ckpt-000000040.hpck"
+  "$job" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/resume-ck" REQUEUE=0 SLURM_JOB_ID=1 \
+    SLURM_RESTART_COUNT=0 -- --resume none > /dev/null 2>&1
+  eval "$between"
+  out=$("$job" HPCTRAIN="$work/recorder-trainer" CHECKPOINT_DIR="$work/resume-ck" REQUEUE=0 SLURM_JOB_ID=1 \
+    SLURM_RESTART_COUNT=1 -- --resume none 2>&1)
+  got=$(awk 'value { print; value = 0 } $0 == "--resume" { printf "%s ", $0; value = 1 }' "$work/args")
+  if [[ "$got" != "$want" ]]; then
+    fail "$what: the trainer got '$got', want '$want': $out"
+  else
+    echo "ok: $what -> $want"
+  fi
+}
+first_then_requeued "a requeued run after a first run that wrote no checkpoint" "--resume none" ":"
+first_then_requeued "a requeued run after a first run that wrote one" "--resume auto" \
+  ': > "$work/resume-ck/ckpt-000000050.hpck"'
+first_then_requeued "a requeued run after a first run that wrote one of the same name" "--resume auto" \
+  ': > "$work/resume-ck/new" && mv "$work/resume-ck/new" "$work/resume-ck/ckpt-000000040.hpck"'
+# HPCTRAIN or HPCRUN set to a program that is not there was replaced by the one on PATH, which
+# ran without a word; one left unset still falls back to PATH's.
+mkdir -p "$work/path-bin"
+printf '#!/bin/sh\necho path-trainer > "%s"\nexit 75\n' "$work/ran" > "$work/path-bin/hpctrain"
+chmod +x "$work/path-bin/hpctrain"
+for set_to in "HPCTRAIN=$work/typo/hpctrain" "LAUNCHER=hpcrun HPCRUN=$work/typo/hpcrun"; do
+  rm -f "$work/ran"
+  # shellcheck disable=SC2086  # the settings as words
+  refused "job.sh with $set_to" env PATH="$work/path-bin:$PATH" $set_to SLURM_JOB_ID=5 CHECKPOINT_DIR="$work/typo-ck" \
+    bash -c 'set -euo pipefail; HPCTRAIN_HOME=$0; source "$0/slurm/job.sh"; job_find_programs; job_run_trainer' "$repo"
+  [[ ! -e "$work/ran" ]] || fail "job.sh with $set_to ran the hpctrain on PATH"
+done
+rm -f "$work/ran"
+env -u HPCTRAIN PATH="$work/path-bin:$PATH" SLURM_JOB_ID=5 CHECKPOINT_DIR="$work/typo-ck" REQUEUE=0 bash -c \
+  'set -euo pipefail; HPCTRAIN_HOME=$0; source "$1/slurm/job.sh"; job_find_programs; job_run_trainer' "$work/no-home" \
+  "$repo" > /dev/null 2>&1
+[[ "$(cat "$work/ran" 2> /dev/null)" == path-trainer ]] || fail "HPCTRAIN unset: the hpctrain on PATH did not run"
+# The AWS cluster's data credentials, for train.sbatch's and sweep.sbatch's staging alike (only
+# train.sbatch pointed AWS_SHARED_CREDENTIALS_FILE at them: every sweep task's staging failed).
+printf '#!/bin/sh\necho "${AWS_SHARED_CREDENTIALS_FILE:-unset}" > "%s"\nexit 75\n' "$work/ran" > "$work/aws-trainer"
+chmod +x "$work/aws-trainer"
+: > "$work/credentials"
+rm -f "$work/ran"
+env -u AWS_SHARED_CREDENTIALS_FILE job_aws_credentials_file="$work/credentials" "$job" HPCTRAIN="$work/aws-trainer" \
+  CHECKPOINT_DIR="$work/aws-ck" REQUEUE=0 SLURM_JOB_ID=1 -- > /dev/null 2>&1
+[[ "$(cat "$work/ran" 2> /dev/null)" == "$work/credentials" ]] ||
+  fail "job_run_trainer: the trainer's AWS_SHARED_CREDENTIALS_FILE is '$(cat "$work/ran" 2> /dev/null)', want $work/credentials"
 : > "$work/segments"
 (cd "$work" && SEGMENTS="$work/segments" timeout 30 "$repo/slurm/chain.sh" 3 -- --resume none > /dev/null)
 [[ $(tr '\n' ' ' < "$work/segments") == "1 2 3 " ]] ||
@@ -481,9 +573,9 @@ requeues() {
 }
 # The sweep task whose job id is the array's own: that id lists every task (it read "RUNNING
 # RUNNING" and ended 75), and `scontrol requeue` of it requeues them all.
-requeues "an array task whose job id is the array's" 100_1 "requeueing" \
+requeues "an array task whose job id is the array's" "Incomplete 100_1" "requeueing" \
   SLURM_JOB_ID=100 SLURM_ARRAY_JOB_ID=100 SLURM_ARRAY_TASK_ID=1
-requeues "a job" 7 "requeueing" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLURM_JOB_ID=7
+requeues "a job" "Incomplete 7" "requeueing" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLURM_JOB_ID=7
 # slurmctld not answering at the time limit's warning: set -e ended the script, exit 1, no requeue.
 requeues "slurmctld not answering" 7 "did not say the job's state" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID \
   SLURM_JOB_ID=7 SCONTROL_DOWN=1
@@ -496,7 +588,9 @@ for state in "COMPLETING Reason=TimeLimit" "TIMEOUT Reason=TimeLimit"; do
     -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID SLURM_JOB_ID=7 SCONTROL_STATE="$state"
 done
 # (The reason is the one right after the state: a Comment the user set may say Reason=TimeLimit.)
-for state in "COMPLETING Reason=None" "CANCELLED Reason=None" "COMPLETING Reason=None Comment=see Reason=TimeLimit"; do
+# Nor the last JobState=: a Comment's said RUNNING, and the cancelled job was requeued.
+for state in "COMPLETING Reason=None" "CANCELLED Reason=None" "COMPLETING Reason=None Comment=see Reason=TimeLimit" \
+  "CANCELLED Reason=None Comment=was JobState=RUNNING before"; do
   stop_ends "a cancelled job (${state})" "the job is ${state%% *} in Slurm, so this script does not requeue it" \
     SCONTROL_STATE="$state"
 done
@@ -601,7 +695,7 @@ run_ends() {
   out=$("$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID HPCTRAIN="$work/failing-trainer" \
     CHECKPOINT_DIR="$work/failing" SCONTROL_LOG="$work/scontrol.log" JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=9 "$@" -- 2>&1)
   rc=$?
-  if ((rc != want)) || [[ "$out" != *"$says"* ]] || { ((want == 0)) && ! grep -qx "requeue 9" "$work/scontrol.log"; }; then
+  if ((rc != want)) || [[ "$out" != *"$says"* ]] || { ((want == 0)) && ! grep -qx "requeue Incomplete 9" "$work/scontrol.log"; }; then
     fail "$what: exit $rc, want $want and '$says': $out"
   else
     echo "ok: $what -> exit $rc"
@@ -697,7 +791,7 @@ expect_requeue_on() {
   local signal=$1 pid=$2 out=$3 says=$4 what=$5 rc=0
   kill -"$signal" "$pid"
   wait "$pid" || rc=$?
-  if ((rc != 0)) || ! grep -Eq "^requeue 7(_0)?$" "$work/scontrol.log" || ! grep -q "$says" "$out"; then
+  if ((rc != 0)) || ! grep -Eq "^requeue Incomplete 7(_0)?$" "$work/scontrol.log" || ! grep -q "$says" "$out"; then
     fail "$what: exit $rc, want 0 and a requeue: $(cat "$out")"
   else
     echo "ok: $what -> scontrol requeue 7"
@@ -731,7 +825,7 @@ PATH="$work/signal-bin:$PATH" "$job" -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_I
   JOB_STATE_RETRY_SECONDS=0 SLURM_JOB_ID=7 -- > "$work/early.out" 2>&1 || true
 if [[ -e "$work/fire" ]] || ! head -n 1 "$work/early.out" | grep -q "staging s3://data/x"; then
   fail "the date stand-in did not signal at the staging's log line: $(cat "$work/early.out")"
-elif ! grep -Eq "^requeue 7$" "$work/scontrol.log" || grep -q "the dataset is in" "$work/early.out" ||
+elif ! grep -Eq "^requeue Incomplete 7$" "$work/scontrol.log" || grep -q "the dataset is in" "$work/early.out" ||
   ! grep -q "SIGUSR1 while staging: stopping the copy" "$work/early.out"; then
   fail "SIGUSR1 as the staging started did not stop the copy and requeue: $(cat "$work/early.out")"
 else
