@@ -90,6 +90,14 @@ void require_not_its_own_name(const NamedPath& output, const std::string& dir, c
                 "): it would be replaced or moved away; choose another name");
 }
 
+std::string checkpoint_folder(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return path;
+  fs::path file = fs::canonical(path, ec);
+  if (ec) file = path;  // (not there, or unreadable: its reader names that)
+  return file.has_parent_path() ? file.parent_path().string() : ".";
+}
+
 int64_t step_of(const std::string& name) {
   const size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
   if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 || name.compare(name.size() - s, s, kSuffix) != 0)

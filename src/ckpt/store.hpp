@@ -202,6 +202,11 @@ bool checkpoint_dir_uses(const std::string& file_name);
 // name its own files take: a usage error naming it (it would be replaced or moved away, and its
 // bytes lost without a word). Empty paths are passed by.
 void require_not_its_own_name(const NamedPath& output, const std::string& dir, const std::string& dir_what);
+// The directory whose own files a checkpoint PATH goes with: PATH itself where it is a directory,
+// else the folder of the file it names through links (a link elsewhere to ck/ckpt-N.hpck: ck, not
+// the link's folder, which let "--output ck/heartbeat --force" past the check above); "." for a
+// bare name.
+std::string checkpoint_folder(const std::string& path);
 
 // Reads and verifies one checkpoint file (usage error naming the problem, the system's reason
 // when it cannot be read; a file named ckpt-<step>.hpck must hold that step); with `layout`,

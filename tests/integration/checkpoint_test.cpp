@@ -998,7 +998,9 @@ TEST_F(Checkpoints, EvaluateAndInspectACheckpoint) {
                      "--eval-batch-size must be a positive integer");
   expect_usage_error(run_hpctrain({"evaluate"}), "'--checkpoint' is required");
   // Results under a name the directory's own files take: the next run there deleted them (lock).
-  for (const std::string& checkpoint : {ck, ck + "/ckpt-000000040.hpck"}) {
+  // Through a link elsewhere too: the link's folder was taken for the checkpoint's.
+  fs::create_symlink(ck + "/ckpt-000000040.hpck", dir_.file("link.hpck"));
+  for (const std::string& checkpoint : {ck, ck + "/ckpt-000000040.hpck", dir_.file("link.hpck")}) {
     expect_usage_error(run_hpctrain({"evaluate", "--checkpoint", checkpoint, "--metrics-file", ck + "/lock"}),
                        "--metrics-file " + ck + "/lock is in the checkpoint's directory under a name its own files "
                        "take (lock)");

@@ -465,8 +465,12 @@ class Serving(unittest.TestCase):
         shards = os.path.join(self.dir, "shards.hpck")  # packed shards name their classes in the dataset
         rewrite_meta(self.ckpt, shards, lambda meta: meta.replace("option.dataset=fashion-mnist\n",
                                                                    "option.dataset=shards\n"))
+        # A position no run writes: inspect and evaluate refused it, export wrote step -5 into the model.
+        position = os.path.join(self.dir, "position.hpck")
+        rewrite_meta(self.ckpt, position, lambda meta: re.sub(r"(?m)^step=\d+$", "step=-5", meta))
         out = os.path.join(self.dir, "m.onnx")
         cases = [(shards, "pass --data-dir DIR (the packed dataset it was trained on)"),
+                 (position, "position is invalid (step -5"),
                  (other, "the checkpoint's parameters do not fit this resnet20"),
                  (corrupt, "is corrupt (checksum mismatch"),
                  (unknown, "unknown model (in the checkpoint) 'vgg'"),
@@ -476,6 +480,25 @@ class Serving(unittest.TestCase):
                 self.assert_refused(["predict", "--checkpoint", path, *CPU, image], says)
                 self.assert_refused(["export", "--checkpoint", path, "--output", out], says)
                 self.assertFalse(os.path.exists(out), "a refused export wrote its output")
+
+    def test_inspect_json_keeps_its_own_keys(self):
+        # A header that names inspect's own keys (a crafted or damaged file): its "valid", "path"
+        # and "error" were printed in inspect's place, valid "yes" for a file inspect refused.
+        crafted = os.path.join(self.dir, "crafted.hpck")
+        rewrite_meta(self.ckpt, crafted, lambda meta: meta.replace("model=cnn\n", "model=resnet20\n") +
+                     "valid=yes\npath=other.hpck\nerror=\nsize_bytes=1\nbytes.parameters=1\n")
+        code, out, err = run("inspect", "--json", crafted)
+        self.assertEqual(code, 2, err)
+        j = json.loads(out)
+        self.assertEqual((j["path"], j["valid"], j["size_bytes"]), (crafted, "no", os.path.getsize(crafted)), out)
+        self.assertIn("do not fit this resnet20", j["error"])
+        self.assertNotEqual(j.get("bytes.parameters"), 1, out)
+        # A path that is not UTF-8 is told apart as predict's --json tells it (path_escaped).
+        raw = os.path.join(os.fsencode(self.dir), b"\xff.hpck")
+        shutil.copy(self.ckpt, raw)
+        code, out, err = run("inspect", "--json", raw)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["path_escaped"], os.fsdecode(os.path.join(os.fsencode(self.dir), b"\\xff.hpck")))
 
     def test_a_data_dir_for_a_model_not_of_packed_shards_is_refused(self):
         """--data-dir names a packed dataset, for a model trained on packed shards only: given for
@@ -509,11 +532,15 @@ class Serving(unittest.TestCase):
         before = sorted(os.listdir(self.ck))
         with open(os.path.join(self.ck, "heartbeat"), "rb") as f:
             heartbeat = f.read()
-        for checkpoint in (self.ck, self.ckpt):
+        # (Through a link elsewhere too: the link's folder was taken for the checkpoint's.)
+        link = os.path.join(self.dir, "link.hpck")
+        os.symlink(self.ckpt, link)
+        for checkpoint in (self.ck, self.ckpt, link):
             for name in ("heartbeat", "lock", "run-id"):
                 self.assert_refused(["export", "--checkpoint", checkpoint, "--output", os.path.join(self.ck, name),
                                      "--force"], f"is in the checkpoint's directory under a name its own files take "
                                                  f"({name})")
+        os.remove(link)
         self.assertEqual(sorted(os.listdir(self.ck)), before)
         with open(os.path.join(self.ck, "heartbeat"), "rb") as f:
             self.assertEqual(f.read(), heartbeat)

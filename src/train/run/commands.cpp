@@ -26,6 +26,7 @@
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/hash.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
 #include "core/option_kit.hpp"
 #include "core/spelling.hpp"
@@ -158,16 +159,24 @@ std::string json_key(std::string name) {
 }
 
 // One flat JSON object per checkpoint: the header fields (numbers where they are numbers),
-// the options it was made with as "option.NAME" strings, validity and sizes.
+// the options it was made with as "option.NAME" strings, validity and sizes. A header field under
+// a key inspect sets itself is left out: a file whose header said valid=yes printed "yes" in
+// inspect's place, and a path of its own.
 std::string inspected_json(const Inspected& r) {
   static const std::set<std::string> integers{"step", "epoch", "step_in_epoch", "global_batch_size", "world_size",
                                               "time"};
-  JsonObject f{{"path", r.path},
-               {"valid", r.problem.empty() ? "yes" : "no"},
-               {"size_bytes", static_cast<int64_t>(r.size)},
-               {"format_version", static_cast<int64_t>(r.layout.version)}};
+  static const std::set<std::string> own{"path",  "path_escaped",   "valid",          "size_bytes",
+                                         "error", "format_version", "param_checksum", "state_checksum"};
+  JsonObject f{{"path", r.path}};
+  // Two paths that are not UTF-8 could read the same in "path" (U+FFFD): this one tells them
+  // apart, as the text form does (\xNN for each such byte), as predict's --json does.
+  if (!is_utf8(r.path)) f["path_escaped"] = one_line_unambiguous(r.path);
+  f["valid"] = r.problem.empty() ? "yes" : "no";
+  f["size_bytes"] = static_cast<int64_t>(r.size);
+  f["format_version"] = static_cast<int64_t>(r.layout.version);
   if (!r.problem.empty()) f["error"] = r.problem;
   for (const auto& [key, value] : r.layout.meta) {
+    if (own.count(key) || key.rfind("bytes.", 0) == 0) continue;
     if (integers.count(key)) f[key] = integer_or(r.layout.meta, key);
     else if (key == "samples_seen") f[key] = std::atof(value.c_str());
     else f[key] = value;
@@ -389,8 +398,8 @@ Evaluation prepare_evaluation(const EvaluateArgs& a, const ckpt::Checkpoint& c, 
     recorded_position(c);
     // Not under a name the checkpoint's directory's own files take (its lock, its heartbeat): the
     // next run there replaced the results, or moved them away.
-    const fs::path folder = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-    ckpt::require_not_its_own_name({"--metrics-file", a.metrics_file}, folder.string(), "the checkpoint's directory");
+    ckpt::require_not_its_own_name({"--metrics-file", a.metrics_file}, ckpt::checkpoint_folder(path),
+                                   "the checkpoint's directory");
     // Its one line is evaluate's result: a write that fails is an error, not a warning and exit 0.
     if (lead && !a.metrics_file.empty())
       e.metrics = std::make_unique<MetricsWriter>(a.metrics_file, "--metrics-file", MetricsWriter::OnFailure::Fail);

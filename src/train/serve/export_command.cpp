@@ -68,10 +68,8 @@ void check_output(const ExportOptions& o) {
   // Nor, with or without --force, under a name the checkpoint directory's own files take, as
   // evaluate refuses its --metrics-file there: "--output ck/heartbeat --force" replaced the run's
   // heartbeat with the model, and an ONNX file named lock or run-id was the next run's to trip on.
-  std::error_code ec;
-  const fs::path in(o.checkpoint);
-  const fs::path folder = fs::is_directory(in, ec) ? in : in.has_parent_path() ? in.parent_path() : fs::path(".");
-  ckpt::require_not_its_own_name({"--output", o.output}, folder.string(), "the checkpoint's directory");
+  ckpt::require_not_its_own_name({"--output", o.output}, ckpt::checkpoint_folder(o.checkpoint),
+                                  "the checkpoint's directory");
   struct stat st {};
   if (::stat(o.output.c_str(), &st) == 0) {
     HPC_REQUIRE(!S_ISDIR(st.st_mode), "--output ", o.output, " is a directory: name the file to write");

@@ -90,6 +90,9 @@ ServingModel load_serving_model(const std::string& checkpoint, const std::string
       read_on_rank0(ctx, [&]() -> Found { return load_checkpoint_or_latest(checkpoint); }, &s.path);
   s.checkpoint = std::move(*c);
   dist::collectively(ctx, [&] {
+    // A position no run writes (step -5), which inspect and evaluate refuse: export wrote it into
+    // the model's metadata as its step.
+    recorded_position(s.checkpoint);
     s.facts = facts_of(s.checkpoint, data_dir, ctx.rank() == 0);
     s.model = fitted_model(s.checkpoint, s.facts);
     ckpt::require_finite_state(s.checkpoint, s.path);
