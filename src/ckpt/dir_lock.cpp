@@ -221,11 +221,31 @@ std::map<std::string, std::string> read_key_values(const std::string& path) {
   return fields;
 }
 
+namespace {
+// The folders of DIR's path that are not there yet, in the order they would be made ("new/./a/../b":
+// new, new/./a, new/./a/../b, which is new/b).
+std::vector<std::string> folders_to_make(const std::string& dir) {
+  std::error_code ec;
+  const fs::path whole = fs::absolute(dir, ec);
+  std::vector<std::string> made;
+  fs::path at;
+  for (const fs::path& part : whole) {
+    at /= part;
+    if (ec || part.empty() || part == "." || part == "..") continue;
+    if (!fs::exists(at, ec) && !ec) made.push_back(at.string());
+  }
+  return made;
+}
+}  // namespace
+
 std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, double wait_seconds,
                                                       const std::function<bool()>& stop,
                                                       const std::map<std::string, std::string>& owner) {
   std::error_code ec;
-  const bool existed = fs::exists(dir, ec);
+  // One not there yet is judged before it is made, by the folders above it: one refused was made
+  // all the same, in a folder others may write to.
+  std::vector<std::string> made = folders_to_make(dir);
+  if (!made.empty()) require_safe_directory(dir, "--checkpoint-dir");
   make_directories(dir, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask
   HPC_REQUIRE(!ec && fs::is_directory(dir), "cannot create checkpoint directory ", dir,
               ec ? ": " + ec.message() : std::string(": not a directory"));
@@ -251,7 +271,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
         if (!left.empty() && left.count("state") && left.at("state") != "released")
           log::warn("the checkpoint directory's lock ", path, " was left by ", describe(left),
                     ", which ended without releasing it; taking it");
-        return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd, !existed, owner));
+        return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd, std::move(made), owner));
       }
       ::close(fd);
       continue;
@@ -262,7 +282,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
       log::warn("taking over the checkpoint directory's lock ", path, " from ", describe(record),
                 ": its record has not changed for ", static_cast<int64_t>(holder.unchanged_for()),
                 " s (its host lost, or the process stopped); it writes nothing more there if it comes back");
-      return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, take_over(path), false, owner));
+      return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, take_over(path), {}, owner));
     }
     // A record that looks stale by its own time is watched for stale_seconds past the wait, no
     // longer: a live holder whose clock runs behind rewrites it (never stale()), and the waiter,
@@ -282,9 +302,9 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
   }
 }
 
-DirectoryLock::DirectoryLock(const std::string& dir, int fd, bool made_dir,
+DirectoryLock::DirectoryLock(const std::string& dir, int fd, std::vector<std::string> made,
                              const std::map<std::string, std::string>& owner)
-    : dir_(dir), path_((fs::path(dir) / "lock").string()), fd_(fd), made_dir_(made_dir), record_(owner) {
+    : dir_(dir), path_((fs::path(dir) / "lock").string()), fd_(fd), made_(std::move(made)), record_(owner) {
   record_.insert({{"host", host_name()}, {"pid", std::to_string(::getpid())}, {"since", std::to_string(unix_now())}});
   write_record("held");
   refresher_ = std::thread([this] { refresh_loop(); });
@@ -311,7 +331,10 @@ void DirectoryLock::release(bool remove_made_directory) {
   // which acquire() notices (same_inode) and opens the path again.
   if (held()) ::unlink(path_.c_str());
   ::close(fd_);  // drops the lock
-  if (remove_made_directory && made_dir_) ::rmdir(dir_.c_str());  // only when empty
+  if (!remove_made_directory) return;
+  // The last made first, each only while empty (rmdir refuses any other, and the ones above it).
+  for (auto at = made_.rbegin(); at != made_.rend() && ::rmdir(at->c_str()) == 0; ++at) {
+  }
 }
 
 std::string DirectoryLock::how_lost() const {

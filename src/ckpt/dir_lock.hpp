@@ -51,7 +51,8 @@ class DirectoryLock {
                                                 const std::map<std::string, std::string>& owner = {});
   ~DirectoryLock();  // release(false)
   // Removes DIR/lock and unlocks; with remove_made_directory (a run that failed), also DIR itself
-  // when acquire() made it and it is still empty, so a refused run leaves nothing behind.
+  // when acquire() made it, and the folders above it that it made, as long as they are empty, so
+  // a refused run leaves nothing behind (--checkpoint-dir new/a/b left new/ and new/a/).
   void release(bool remove_made_directory);
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
@@ -72,13 +73,14 @@ class DirectoryLock {
   const std::string& path() const { return path_; }
 
  private:
-  DirectoryLock(const std::string& dir, int fd, bool made_dir, const std::map<std::string, std::string>& owner);
+  DirectoryLock(const std::string& dir, int fd, std::vector<std::string> made,
+                const std::map<std::string, std::string>& owner);
   void write_record(const char* state);
   void refresh_loop();
 
   const std::string dir_, path_;
   const int fd_;
-  const bool made_dir_;  // acquire() made the directory
+  const std::vector<std::string> made_;  // the folders of DIR's path acquire() made, in the order made
   bool released_ = false;
   std::map<std::string, std::string> record_;
   mutable std::mutex mu_;  // record_, lost_to_, stop_

@@ -552,6 +552,25 @@ TEST_F(Cli, MissingDataDirectory) {
                      {"data directory", "/nonexistent/hpctrain-data", "does not exist"});
 }
 
+// A refused run leaves no checkpoint directory behind: one in a folder others may write to was
+// made before the folder was judged, and of new/a/b only b was taken away again.
+TEST_F(Cli, ARefusedRunLeavesNoCheckpointDirectoryBehind) {
+  const fs::path open_folder = work_.path() / "open";
+  fs::create_directory(open_folder);
+  fs::permissions(open_folder, fs::perms::all);  // 0777, whatever the umask
+  expect_usage_error(run({"--checkpoint-dir", (open_folder / "ck").string(), "--max-steps", "1"}),
+                     {"is writable by others (mode 777)"});
+  EXPECT_FALSE(fs::exists(open_folder / "ck"));
+  fs::create_directory(work_.path() / "kept");
+  for (const std::string dir : {"new/a/b/", "kept/c/d", "new/./e/../f"}) {
+    expect_usage_error(run({"--checkpoint-dir", work_.file(dir), "--data-dir", "/nonexistent/hpctrain-data"}),
+                       {"/nonexistent/hpctrain-data", "does not exist"});
+    EXPECT_FALSE(fs::exists(work_.path() / "new")) << dir;
+    EXPECT_FALSE(fs::exists(work_.path() / "kept" / "c")) << dir;
+    EXPECT_TRUE(fs::exists(work_.path() / "kept")) << dir;
+  }
+}
+
 // No --data-dir, and nothing at the dataset's usual place (relative: data/NAME here): the line
 // says how to get the dataset, not only "pass --data-dir" (which left the user to find out how
 // to fill that directory).
