@@ -247,7 +247,9 @@ std::string manifest_json(const PackOptions& o, const PackResult& r, const std::
                      {"version", kManifestVersion},
                      {"generation", generation},
                      {"split", o.split},
-                     {"source", fs::absolute(o.src).string()},
+                     // Links resolved and no trailing "/": "src/" and "src" are one folder (hpctrain
+                     // warns of a val split packed from train's).
+                     {"source", fs::weakly_canonical(fs::absolute(o.src)).string()},
                      {"classes", r.classes.size()},
                      {"images", r.images},
                      {"shards", r.shards},
@@ -400,6 +402,11 @@ void check_pack_paths(const PackOptions& o) {
   // checkpoint directory is: they could swap the shards once packed, or rename OUT away and put
   // their own in its place. (One made here is never others' to write: OutDir.)
   require_safe_directory(o.out, "OUT");
+  // One hpcdata prepare made holds another dataset (its hpcdata.json names it): hpctrain took the
+  // folder for that one, and the shards packed beside it no longer trained.
+  std::error_code prepared;
+  HPC_REQUIRE(!fs::exists(fs::path(o.out) / "hpcdata.json", prepared), "output directory ", o.out,
+              " holds a dataset hpcdata prepare made (its hpcdata.json): pack into another directory");
   std::error_code src_ec, out_ec;  // links resolved, so that another spelling of SRC is still SRC
   const fs::path src = fs::weakly_canonical(fs::absolute(o.src), src_ec);
   const fs::path out = fs::weakly_canonical(fs::absolute(o.out), out_ec);
@@ -421,7 +428,8 @@ PackResult pack_image_folder(const PackOptions& o) {
     HPC_REQUIRE(c.find_first_of("\r\n") == std::string::npos, "class folder name '", c, "' holds a line break");
     // The manifest (JSON) would hold it with U+FFFD for those bytes, classes.txt as it is: the
     // two would never agree again.
-    HPC_REQUIRE(is_utf8(c), "class folder name ", json_string(c), " is not UTF-8 text: rename the folder");
+    // (Named by its bytes, \xNN for those that are not UTF-8: U+FFFD in their place named no folder.)
+    HPC_REQUIRE(is_utf8(c), "class folder name '", one_line_unambiguous(c), "' is not UTF-8 text: rename the folder");
   }
   // One fixed shuffle (Fisher-Yates on Philox: the same on every platform), so shards mix classes.
   Philox rng(o.seed, RngStream::Pack);

@@ -130,8 +130,9 @@ class Pack(unittest.TestCase):
         self.assertEqual(manifest["skipped"], [])
         self.assertEqual(manifest["class_names"], self.CLASSES)
         self.assertEqual([s["name"] for s in manifest["shard_files"]], self.shards())
-        # The val split beside it, with the same classes.
-        code, err = run(self.src, self.out, "--split", "val", "--resize", "4")
+        # The val split beside it, with the same classes (SRC spelled otherwise: "src/", which the
+        # manifest recorded as typed, and hpctrain did not see as train's folder).
+        code, err = run(self.src + os.sep, self.out, "--split", "val", "--resize", "4")
         self.assertEqual(code, 0, err)
         self.assertIn("val-g1-00000-of-00001.hpcs", self.shards())
         # Packing a split again replaces its shards: only the new ones stay.
@@ -147,8 +148,16 @@ class Pack(unittest.TestCase):
             self.assertIn("(9 train, 9 test)", out)
             # Both splits from one folder: the accuracy is on training images, said once.
             warning = (f"hpctrain: warning: the val split in {self.out} was packed from the same image folder as "
-                       f"train ({os.path.abspath(self.src)}): the test accuracy is measured on training images")
+                       f"train ({os.path.realpath(self.src)}): the test accuracy is measured on training images")
             self.assertEqual((out + err).count(warning), 1, out + err)
+            self.assertEqual(self.manifest("val")["source"], os.path.realpath(self.src))
+            # A manifest written before, with the folder as typed: the same folder all the same.
+            val = self.manifest("val")
+            val["source"] = os.path.join(self.tmp, ".", os.path.relpath(self.src, self.tmp)) + os.sep
+            with open(os.path.join(self.out, "val.json"), "w") as f:
+                json.dump(val, f)
+            code, out, err = hpctrain(self.out, self.tmp)
+            self.assertEqual((code, (out + err).count(warning)), (0, 1), out + err)
             other = os.path.join(self.tmp, "other-val")
             shutil.copytree(self.src, other)
             self.assertEqual(run(other, self.out, "--split", "val", "--quiet")[0], 0)
@@ -453,6 +462,10 @@ class Pack(unittest.TestCase):
         os.makedirs(os.path.join(os.fsencode(latin1), b"caf\xe9"))
         with open(os.path.join(os.fsencode(latin1), b"caf\xe9", b"cafe_0.JPEG"), "wb") as f:
             f.write(JPEGS[0])
+        prepared = os.path.join(self.tmp, "prepared")
+        os.makedirs(prepared)
+        with open(os.path.join(prepared, "hpcdata.json"), "w") as f:
+            json.dump({"dataset": "fashion-mnist", "files": {}}, f)
         strays = []  # OUTs with a shard file of no packing's: past int64_t, and at its end (no next)
         for g in ("99999999999999999999", "9223372036854775807"):
             strays.append(os.path.join(self.tmp, "stray-g" + g))
@@ -460,7 +473,11 @@ class Pack(unittest.TestCase):
             open(os.path.join(strays[-1], f"train-g{g}-00000-of-00001.hpcs"), "w").close()
         cases = [((empty_jpeg, self.out), 1, "zero.jpg is empty, not a JPEG image"),
                  ((line_break, self.out), 1, "class folder name 'b\\nc' holds a line break"),  # one line, as all
-                 ((latin1, self.out), 1, 'class folder name "caf\ufffd" is not UTF-8 text'),
+                 ((latin1, self.out), 1, "class folder name 'caf\\xe9' is not UTF-8 text"),
+                 # A folder hpcdata prepare made: with its hpcdata.json, hpctrain took it for that
+                 # dataset, and the shards packed beside it no longer trained.
+                 ((self.src, prepared), 2, f"output directory {prepared} holds a dataset hpcdata prepare made "
+                                           "(its hpcdata.json): pack into another directory"),
                  ((self.src, strays[0]), 1, "has a generation past any hpcdata writes"),
                  ((self.src, strays[1]), 1, "has a generation past any hpcdata writes"),((empty_class, self.out), 1, "has no JPEG images"),
                  ((texts, self.out), 1, "has no JPEG images"),

@@ -116,6 +116,18 @@ class Prepare(unittest.TestCase):
                 self.assertNotIn("Exception", p.stderr)
         self.assertTrue(os.path.exists(os.path.join(dest, "hpcdata.json")))
 
+    def test_a_directory_that_is_not_utf8_is_printed_as_its_bytes(self):
+        """In a UTF-8 locale other than C.UTF-8 Python's standard output is strict: a DIR that is not
+        UTF-8 was prepared, then printing it raised a traceback (exit 1)."""
+        dest = os.path.join(os.fsencode(self.tmp), b"out", b"caf\xe9")
+        env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+        for attempt in ("prepared", "already prepared"):
+            with self.subTest(attempt):
+                p = subprocess.run([sys.executable, HPCDATA, "prepare", "mnist", "--from", self.mnist, "--no-verify",
+                                    "--out", dest, "--progress", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   timeout=300, env=env)
+                self.assertEqual((p.returncode, p.stdout), (0, dest + b"\n"), p.stderr.decode(errors="replace"))
+
     def train(self, dataset, data_dir):
         if not HPCTRAIN:
             self.skipTest("HPCTRAIN (the hpctrain binary) is not set")
@@ -511,6 +523,10 @@ class Prepare(unittest.TestCase):
         new = self.out("u")
         root_link = os.path.join(self.tmp, "root-link")
         os.symlink("/", root_link)
+        packed = self.out("packed")  # hpcdata pack's: its shards no longer trained beside an hpcdata.json
+        os.makedirs(packed)
+        for name in ("train.json", "train-g1-00000-of-00001.hpcs"):
+            open(os.path.join(packed, name), "w").close()
         for args, code, message in [
                 (("prepare", "imagenet", "--out", new), 2, "invalid choice"),
                 (("prepare", "mnist"), 2, "--out"),
@@ -550,6 +566,9 @@ class Prepare(unittest.TestCase):
                  "holds mnist"),
                 (("prepare", "cifar10", "--out", prepared, "--from", self.archives, "--force"), 2, "holds mnist"),
                 (("prepare", "cifar10", "--out", new, "--offline"), 1, "--offline forbids downloading"),
+                (("prepare", "mnist", "--out", packed, "--from", self.mnist), 2,
+                 f"--out {packed} holds packed shards (train-g1-00000-of-00001.hpcs, from hpcdata pack): prepare mnist "
+                 "in another directory"),
                 (("frobnicate",), 2, "invalid choice"),
                 (("prepair", "mnist"), 2, "invalid choice: 'prepair' (choose from 'prepare', 'pack', 'stage'); "
                  "did you mean prepare? (try --help)"),

@@ -53,6 +53,16 @@
 namespace hpc::train {
 namespace {
 
+// Whether two folders a manifest recorded are one: the same text, or the same folder once links and
+// a trailing "/" are resolved (a manifest written before it recorded the folder as typed).
+bool same_folder(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  namespace fs = std::filesystem;
+  std::error_code ec, ec2;
+  const fs::path x = fs::weakly_canonical(a, ec), y = fs::weakly_canonical(b, ec2);
+  return !ec && !ec2 && x == y;
+}
+
 data::AugmentSpec augment_spec(const TrainOptions& o) {
   const bool cifar = o.dataset == data::DatasetKind::Cifar10 || o.dataset == data::DatasetKind::Cifar100;
   const bool shards = o.dataset == data::DatasetKind::Shards;
@@ -607,7 +617,7 @@ void TrainingRun::start_engine() {
             plan_.total_steps, " steps; ", engine_->describe());
   // The loaders of the other datasets refuse a test set that holds the training set's records; a
   // val split packed from train's folder is the user's choice (a smoke test, a benchmark), said.
-  if (lead_ && !train.packed_from.empty() && train.packed_from == p_.ds.test.packed_from)
+  if (lead_ && !train.packed_from.empty() && same_folder(train.packed_from, p_.ds.test.packed_from))
     log::warn("the val split in ", p_.data_dir, " was packed from the same image folder as train (",
               train.packed_from, "): the test accuracy is measured on training images");
   if (world_ > 1)
