@@ -59,8 +59,14 @@ std::vector<std::string> split_words(const std::string& s) {
 
 // The mpirun options that hpcrun sets for each attempt: given again in --mpi-args they would
 // contradict its placement (mpirun refuses a second -np, or takes it and ignores the healthy hosts).
-const std::set<std::string> kOwnMpirunOptions = {"-np", "--np", "-n", "-c", "-H", "--host", "-host", "--hostfile",
-                                                 "-hostfile", "--machinefile", "-machinefile", "--default-hostfile"};
+// "--n" is -np's alias too (mpirun --help lists it); -N, --npernode and --pernode place ranks per
+// node, where hpcrun gives each host its slots, and mpirun's --do-not-launch run passed them
+// (exit 0, its refusal only printed): every attempt then failed as a lost host.
+const std::set<std::string> kOwnMpirunOptions = {"-np",         "--np",           "-n",         "--n",
+                                                 "-c",          "-H",             "--host",     "-host",
+                                                 "--hostfile",  "-hostfile",      "--machinefile", "-machinefile",
+                                                 "--default-hostfile", "-N", "--npernode", "-npernode",
+                                                 "--pernode",   "-pernode"};
 
 // A name that does not resolve is a typo, or a host the name service has lost: when the hosts that
 // do resolve cannot give --min-np slots, nothing could ever start, and it is bad input; otherwise
@@ -118,7 +124,12 @@ void check_checkpoint_dir(const LaunchOptions& o) {
               o.checkpoint_dir, ": not a directory");
   require_safe_directory(o.checkpoint_dir, "--checkpoint-dir");  // hpcrun writes membership-change there
   const std::string programs = program_value(o, "checkpoint-dir");
-  if (!o.program_is_hpctrain || programs.empty()) return;
+  if (!o.program_is_hpctrain) return;
+  // None at all: hpctrain refused the options hpcrun adds for its directory ("--checkpoint-lock-wait
+  // needs --checkpoint-dir", an option the user never gave), after hpcrun had made its log folder.
+  HPC_REQUIRE(!programs.empty(), "hpcrun's --checkpoint-dir ", o.checkpoint_dir,
+              " is not given to hpctrain, which writes its checkpoints and heartbeat where its own --checkpoint-dir "
+              "says: give it once, to the program (hpctrain --checkpoint-dir ", o.checkpoint_dir, ")");
   HPC_REQUIRE(fs::weakly_canonical(fs::absolute(programs), ec) == fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec),
               "hpcrun's --checkpoint-dir ", o.checkpoint_dir, " is not the program's (", programs,
               "), where its heartbeat is: give it once, to the program");
@@ -425,9 +436,16 @@ std::vector<std::string> split_mpi_args(const std::string& text) {
   } catch (const std::exception& e) {
     usage_error("--mpi-args '", text, "': ", e.what());
   }
-  for (const std::string& w : words)
+  // Output in another form hides the rank tags hpcrun reads each rank's status lines by: every job,
+  // finished or not, was judged failed ("never reported finishing") and relaunched.
+  static const std::set<std::string> kOutputForms = {"--timestamp-output", "-timestamp-output", "--xml", "-xml"};
+  for (const std::string& w : words) {
     HPC_REQUIRE(!kOwnMpirunOptions.count(w.substr(0, w.find('='))), "--mpi-args: ", w,
                 " is hpcrun's to set for each attempt; give hpcrun -np, -H or --hostfile instead");
+    HPC_REQUIRE(!kOutputForms.count(w), "--mpi-args: ", w,
+                " changes the form of the ranks' output, whose tagged lines hpcrun reads to know how each rank ended; "
+                "leave it out (hpcrun's log lines carry their time)");
+  }
   // An option whose words are missing at the end would take hpcrun's own words that follow them
   // on mpirun's command line (its rank wrapper's path and options): --mca as a parameter's name
   // and value, which mpirun accepts, and the ranks would start without the wrapper, each attempt
@@ -599,9 +617,10 @@ void choose_hosts(CommandLine& o) {
 void check_slots(const LaunchOptions& o) {
   if (o.host_source == HostSource::Discovery) return;
   const int slots = total_slots(o.static_hosts);
-  HPC_REQUIRE(slots >= o.min_np, "--min-np ", o.min_np, " needs more slots than the hosts have (", slots, ": ",
-              show_hosts(o.static_hosts), ")");
+  // -np first: the --min-np it sets by default was named for an -np the hosts cannot hold.
   HPC_REQUIRE(!o.np || slots >= o.np, "-np ", o.np, " needs more slots than the hosts have (", slots, ": ",
+              show_hosts(o.static_hosts), ")");
+  HPC_REQUIRE(slots >= o.min_np, "--min-np ", o.min_np, " needs more slots than the hosts have (", slots, ": ",
               show_hosts(o.static_hosts), ")");
 }
 

@@ -128,6 +128,8 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       {{"--hostfile", dir.file("missing"), "true"}, "cannot open"},
       {{"-H", "localhost:2", "--min-np", "3", "true"}, "--min-np 3 needs more slots than the hosts have"},
       {{"-H", "localhost:2", "-np", "4", "true"}, "-np 4 needs more slots"},
+      // (-np sets --min-np by default: the refusal named --min-np, an option never given.)
+      {{"-H", "localhost:2", "-np", "3", "true"}, "hpcrun: error: -np 3 needs more slots than the hosts have"},
       {{"-np", "2", "--min-np", "3", "true"}, "-np 2 is below --min-np 3"},
       {{"-np", "2", "--max-np", "1", "true"}, "-np 2 is above --max-np 1"},
       {{"-H", "a", "--hostfile", dir.file("bad_hostfile"), "true"}, "not several"},
@@ -207,6 +209,9 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
       // hpcrun would watch a heartbeat nobody writes, and kill every attempt as stalled
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--checkpoint-dir", dir.file("ck_b")},
        "is not the program's"},
+      // ... or none at all: hpctrain refused the options hpcrun added for it (--checkpoint-lock-wait)
+      {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--epochs", "1"},
+       "hpcrun's --checkpoint-dir " + dir.file("ck_a") + " is not given to hpctrain"},
       // ... given in hpctrain's config file too (among other options and comments)
       {{"--checkpoint-dir", dir.file("ck_a"), "-np", "1", hpctrain_binary(), "--config", dir.file("ck_b.conf")},
        "is not the program's (" + dir.file("ck_b") + ")"},
@@ -243,6 +248,14 @@ TEST(HpcrunCli, BadInputIsOneClearErrorAndExitCode2) {
        "--blacklist-cooldown's MAX must be at most 1000h, got 2000h"},
       {{"-np", "1", "--mpirun", "", "true"}, "--mpirun is empty"},
       {{"-np", "1", "--mpi-args", "-np 4", "true"}, "--mpi-args: -np is hpcrun's to set"},
+      // Placements per node, and -np's alias: mpirun's dry run printed its refusal and exited 0, and
+      // every attempt failed as a lost host; --n 1 ran one rank of two, judged failed.
+      {{"-np", "1", "--mpi-args", "-N 1", "true"}, "--mpi-args: -N is hpcrun's to set"},
+      {{"-np", "1", "--mpi-args", "--npernode 1", "true"}, "--mpi-args: --npernode is hpcrun's to set"},
+      {{"-np", "1", "--mpi-args", "--n 1", "true"}, "--mpi-args: --n is hpcrun's to set"},
+      // Output in another form hides the rank tags: every finished job was judged failed.
+      {{"-np", "1", "--mpi-args", "--timestamp-output", "true"}, "--mpi-args: --timestamp-output changes the form"},
+      {{"-np", "1", "--mpi-args", "--xml", "true"}, "--mpi-args: --xml changes the form of the ranks' output"},
       {{"-np", "1", "--mpi-args", "--mca btl 'self", "true"}, "quote is not closed"},
       // (mpirun would have taken hpcrun's rank wrapper as the parameter: every attempt a failure)
       {{"-np", "1", "--mpi-args", "--mca", "true"}, "--mpi-args '--mca': --mca needs two words after it (--mca NAME VALUE)"},

@@ -360,7 +360,8 @@ std::vector<Option> checkpoints() {
       flag("checkpoint-each-epoch", &Members::checkpoint_each_epoch, R::Local, "also checkpoint after every epoch"),
       duration("checkpoint-lock-wait", &Members::checkpoint_lock_wait_seconds, R::Local,
                "while another live run holds --checkpoint-dir's lock, wait this long for it before refusing to "
-               "start: 30s, 2m (0: refuse at once; hpcrun's relaunches wait 1m for a lost attempt's processes)"),
+               "start: 30s, 2m (0: refuse at once; hpcrun's relaunches wait --step-timeout + 1m for a lost "
+               "attempt's rank, which its own step watchdog ends)"),
       resume(R::Local,
              "auto (the newest valid checkpoint in --checkpoint-dir, else a fresh start), none, or a checkpoint file"),
       path("init-from", &Members::init_from, R::Agree,
