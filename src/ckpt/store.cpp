@@ -1,6 +1,7 @@
 #include "ckpt/store.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -257,12 +258,25 @@ void keep_mode_of(const std::string& path, int fd) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse,
-                           bool locked) {
-  write_file_atomically(path, std::vector<ByteSpan>{{bytes.data(), bytes.size()}}, reuse, {}, locked);
+                           bool locked, bool replace) {
+  write_file_atomically(path, std::vector<ByteSpan>{{bytes.data(), bytes.size()}}, reuse, {}, locked, replace);
 }
 
+namespace {
+// tmp renamed to path where no file is there: 0, else -1 with errno (EEXIST: one is).
+int rename_no_replace(const std::string& tmp, const std::string& path) {
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return -1;
+  // A file system without it (some network ones): a second name, which link() refuses to take
+  // from a file there, then the first one's removal.
+  if (::link(tmp.c_str(), path.c_str()) != 0) return -1;
+  ::unlink(tmp.c_str());
+  return 0;
+}
+}  // namespace
+
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse,
-                           const std::function<void()>& before_rename, bool locked) {
+                           const std::function<void()>& before_rename, bool locked, bool replace) {
   const std::string tmp = path + kTemporaryInfix + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
@@ -309,9 +323,10 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
       throw;
     }
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if ((replace ? ::rename(tmp.c_str(), path.c_str()) : rename_no_replace(tmp, path)) != 0) {
     const int error = errno;
     ::unlink(tmp.c_str());
+    if (!replace && error == EEXIST) usage_error(path, " appeared while it was being written, and is kept");
     const std::string both = tmp + " to " + path;
     errno = error;
     io_error("rename", both);

@@ -145,13 +145,16 @@ inline constexpr size_t kLongestTemporaryTail = sizeof kTemporaryInfix - 1 + 7;
 // (on any host of shared storage) reads as a write under way: for the files it judges (export's
 // --output). Checkpoints take none: their directory's lock says whose they are, and a lock call
 // to a file server that does not answer must not hold a checkpoint up.
+// replace false: a file that appeared at PATH meanwhile is kept, and the write is a usage error
+// saying so (renameat2's RENAME_NOREPLACE; link + unlink where the file system lacks it): a check
+// that PATH is not there, made before the file was made, held only until then.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "",
-                           bool locked = false);
+                           bool locked = false, bool replace = true);
 // The same with the file's bytes in pieces, written in order (an Encoded checkpoint's).
 // before_rename: called with the temporary file written whole, just before the rename; what it
 // throws removes that file and is thrown on (a checkpoint store's check that its lock is still held).
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "",
-                           const std::function<void()>& before_rename = {}, bool locked = false);
+                           const std::function<void()>& before_rename = {}, bool locked = false, bool replace = true);
 
 // Removes the PATH.tmp.PID files that earlier write_file_atomically(PATH, ...) calls left when
 // their processes were killed before the rename (SIGKILL, the OOM killer, a lost host: no handler

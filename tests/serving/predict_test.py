@@ -579,6 +579,30 @@ class Serving(unittest.TestCase):
             self.assertNotEqual(f.read(), b"an older model")
         self.assertEqual(sorted(os.listdir(self.dir)), ["model.onnx"])
 
+    def test_a_file_that_appears_during_an_export_without_force_is_kept(self):
+        """The "exists" check ran before the model was made; the rename at the end replaced
+        whatever another process had put at OUTPUT since, though --force was never given."""
+        out = os.path.join(self.dir, "model.onnx")
+        env = dict(os.environ, HPCTRAIN_TEST_PAUSE_BEFORE_RENAME="2")
+        p = subprocess.Popen([HPCTRAIN, "export", "--checkpoint", self.ck, "--output", out], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not any(n.startswith("model.onnx.tmp.") for n in os.listdir(self.dir)) and time.time() < deadline:
+            time.sleep(0.05)
+        with open(out, "wb") as f:
+            f.write(b"another's model")
+        _, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 2, err)
+        self.assertIn(f"cannot write --output {out}", err)
+        self.assertIn("appeared while it was being written, and is kept", err)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"another's model")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["model.onnx"])
+        # With --force, replaced as asked; a new file, as before.
+        self.assertIn(f"to {out}: ONNX opset 13", ok("export", "--checkpoint", self.ck, "--output", out, "--force"))
+        os.remove(out)
+        self.assertIn(f"to {out}: ONNX opset 13", ok("export", "--checkpoint", self.ck, "--output", out))
+
     def test_an_export_killed_before_its_rename_leaves_no_file_for_good(self):
         """SIGKILL runs no handler: the killed export leaves OUT.tmp.PID, which every later export to
         OUT kept (one more at each kill). The next export removes it and says so; a temporary file

@@ -166,7 +166,9 @@ void export_model(const ExportOptions& o, const ServingModel& m) {
   // An export killed before its rename left OUTPUT.tmp.PID: the next export to OUTPUT removes it.
   ckpt::remove_abandoned_writes(o.output);
   try {
-    ckpt::write_file_atomically(o.output, bytes, "", /*locked=*/true);  // seen by remove_abandoned_writes
+    // (locked: seen by remove_abandoned_writes. Without --force, a file another process put at
+    // OUTPUT while the model was made is kept: the check above was made before it.)
+    ckpt::write_file_atomically(o.output, bytes, "", /*locked=*/true, /*replace=*/o.force);
   } catch (const Error& e) {
     // Its words name the temporary file (OUTPUT.tmp.PID, removed again), which the user never
     // named: a full file system was "cannot write m.onnx.tmp.4711: No space left on device".
