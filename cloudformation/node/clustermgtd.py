@@ -23,8 +23,9 @@ second pass started while one runs exits at once):
      any other reason (an administrator's) are left alone;
   6. protected mode (as ParallelCluster's): counts failed boots in a row per partition (a node
      down with "ResumeTimeout reached", resume_fail.py's reason, resume.py's "resume failed" for
-     any cause but lack of capacity, EC2's throttling or failure or a launch not started in time after
-     slow ones, or powering up while its instance has gone, which it sets
+     any cause but lack of capacity, EC2's throttling or failure, a launch refused for want of
+     permission or a launch not started in time after slow ones, or powering up while its instance
+     has gone, which it sets
      down at once rather than let Slurm wait ResumeTimeout, unless EC2 took the instance back (a spot reclaim,
      capacity it could not keep: RECLAIM_CODES), which cools that choice down instead); a node of the partition that comes up
      after its launch counts it from 0 again. At protected_failure_count (cloud.json, default 10;
@@ -59,10 +60,10 @@ import time
 from dataclasses import dataclass, field
 
 import hpc_cloud
-from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, NOT_IN_TIME, STATE_LOCKED,
-                       TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX, State, StateBusy, aws_client,
-                       cooldown_key, ec2_client, is_own_reason, live_instances, load_config, open_lock, peek_launches,
-                       scontrol, set_down, setup_logging, write_atomically)
+from hpc_cloud import (CAPACITY_ERRORS, CLUSTER_TAG, EC2_NOT_HAD, JOB_CANNOT_START, NODE_TAG, NOT_IN_TIME,
+                       REFUSED_ERRORS, STATE_LOCKED, TRANSIENT_ERRORS, EC2_DEADLINE, ConfigError, OWN_REASON_PREFIX,
+                       State, StateBusy, aws_client, cooldown_key, ec2_client, is_own_reason, live_instances,
+                       load_config, open_lock, peek_launches, scontrol, set_down, setup_logging, write_atomically)
 from resume import available_choices, cool_down, subnet_zones
 
 # sinfo's fields, each padded to its width and ended by "|" (a reason may hold spaces). With
@@ -189,14 +190,15 @@ def failed_boot(node):
     administrator's reason, not for a launch token to retry (nothing ran),
     not for EC2's throttling or its own failure, nor for EC2 not had (no answer, no credentials),
     the state file held too long by a pass, or a launch not started in time after slow ones
-    (nothing of the node's)."""
+    (nothing of the node's), nor for a launch refused for want of permission (REFUSED_ERRORS:
+    nothing launched; a stack update's instance types refused until cfn-hup applies it)."""
     if not node.has("DOWN"):
         return False
     if node.reason.startswith(RESUME_FAILED):
         why = node.reason[len(RESUME_FAILED):].lstrip(": ")
         return (not why.startswith(("no capacity", "launch token", *EC2_NOT_HAD, JOB_CANNOT_START, STATE_LOCKED,
                                     NOT_IN_TIME))
-                and why.split(":")[0] not in CAPACITY_ERRORS | TRANSIENT_ERRORS)
+                and why.split(":")[0] not in CAPACITY_ERRORS | TRANSIENT_ERRORS | REFUSED_ERRORS)
     return node.reason.startswith(FAILED_BOOT_REASONS)
 
 

@@ -71,6 +71,13 @@ CAPACITY_ERRORS = {
 # service by the cluster manager like any other, but is not a failed boot toward protected mode:
 # a burst of power-ups (hundreds of nodes at once) must not stop a partition whose boots are fine.
 TRANSIENT_ERRORS = {"RequestLimitExceeded", "Throttling", "ServiceUnavailable", "Unavailable", "InternalError"}
+# EC2 errors that refuse a launch for want of permission (the head node's policy, an organization's
+# service control policy, a key's policy): nothing was launched or billed, and launch_check.py asks
+# for every launch at creation and after each update, reporting a refusal. Not a failed boot toward
+# protected mode: a stack update that changes ComputeInstanceTypes (or the compute subnets) changes
+# the head node's policy at once, but cloud.json only when cfn-hup next polls (every 5 minutes), and
+# the power-ups in between, of the old choices, are refused; counted, they could stop a partition.
+REFUSED_ERRORS = {"UnauthorizedOperation"}
 # resume.py's reason when EC2 did not answer at all (a timeout, the connection closed)...
 NO_ANSWER = "no answer from EC2"
 # ... and when the call never reached EC2: no credentials, a profile or an endpoint setting that

@@ -17,6 +17,10 @@ node_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # credentials) for root only (this script, the spot watcher and the watchdog), from now and early
 # on every boot, and slurmd made to require it (imds_firewall.sh). No job may read the role.
 bash "$node_dir/imds_firewall.sh" compute
+# And no job takes root, which the firewall lets through: the image's accounts of the uids jobs run
+# as (the Deep Learning AMI's ubuntu has uid 1000, as the head node's admin) lose passwordless sudo
+# and the docker, lxd, sudo and adm groups (unprivileged_users.sh).
+bash "$node_dir/unprivileged_users.sh"
 
 imds=http://169.254.169.254/latest
 # The metadata service answers in milliseconds: one that does not (stalled, or unreachable) fails

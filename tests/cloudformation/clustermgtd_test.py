@@ -645,6 +645,31 @@ class ClusterManager(unittest.TestCase):
         self.assertEqual(self.state()["protected"], {})
         self.assertIsNone(self.metric("FailedBootsInARow"))
 
+    def test_launches_refused_for_want_of_permission_do_not_stop_the_partition(self):
+        """A stack update that changes ComputeInstanceTypes: the head node's policy refuses the old
+        types at once, but cloud.json names them until cfn-hup's next poll (every 5 minutes), and
+        each power-up in between is refused (UnauthorizedOperation, nothing launched). Ten such
+        nodes, as resume.py sets them down, are returned to service and stop no partition; another
+        refusal of the launch (a bad instance type) still counts."""
+        import resume
+        from botocore.exceptions import ClientError
+
+        refusal = ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "You are not authorized to "
+                                         "perform this operation. Encoded authorization failure message: AbC"}},
+                              "RunInstances")
+        hpc_cloud.set_down("gpu-1", f"resume failed: {resume.ec2_reason(refusal)}")  # as resume.py does
+        reason = next(c for c in self.scontrol_calls() if "state=down" in c).split("reason=", 1)[1]
+        self.assertTrue(reason.startswith("hpctrain: resume failed: UnauthorizedOperation: "), reason)
+        self.assertFalse(clustermgtd.failed_boot(clustermgtd.Node("gpu-1", {"DOWN", "CLOUD", "POWERED_DOWN"}, reason)))
+        os.unlink(self.calls)
+        self.nodes([("down+cloud+powered_down", reason)] * 10 + [self.IDLE] * 2)
+        calls = self.run_pass()
+        self.assertEqual(sorted(calls), sorted(f"update nodename=gpu-{i} state=resume" for i in range(1, 11)))
+        self.assertEqual((self.state()["boot_failures"], self.state()["protected"]), ({}, {}))
+        self.assertIsNone(self.metric("FailedBootsInARow"))
+        other = reason.replace("UnauthorizedOperation", "InvalidParameterValue")
+        self.assertTrue(clustermgtd.failed_boot(clustermgtd.Node("gpu-1", {"DOWN", "CLOUD", "POWERED_DOWN"}, other)))
+
     def test_resume_fail_reason_is_a_failed_boot(self):
         """resume_fail.py's own reason (it replaces Slurm's "ResumeTimeout reached") is counted."""
         import resume_fail

@@ -201,15 +201,7 @@ class HeadNodeSettings(unittest.TestCase):
 
         env = self.settings_files(MaxComputeNodes="7", ComputeGpus="8")["settings"]["files"]["/etc/hpctrain/cluster.env"]
         with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "cluster.env"), "w", encoding="utf-8") as f:
-                f.write(env["content"])
-            os.makedirs(os.path.join(d, "bin"))
-            with open(os.path.join(d, "bin", "systemctl"), "w", encoding="utf-8") as f:
-                f.write(f'#!/bin/sh\necho "$@" >> {d}/systemctl.log\n')
-            os.chmod(os.path.join(d, "bin", "systemctl"), 0o755)
-            run = [os.path.join(cfn.NODE_DIR, "apply_head_settings.sh"), "--env", os.path.join(d, "cluster.env"),
-                   "--out", os.path.join(d, "slurm")]
-            path = {"PATH": f"{d}/bin:{os.environ['PATH']}"}
+            run, path = self.fake_head(d, env["content"])
             r = subprocess.run(run, capture_output=True, text=True, env={**os.environ, **path}, check=False)
             self.assertEqual(r.returncode, 0, r.stderr)
             with open(os.path.join(d, "slurm", "slurm.conf"), encoding="utf-8") as f:
@@ -221,6 +213,75 @@ class HeadNodeSettings(unittest.TestCase):
                 self.assertEqual(f.read(), "enable slurmctld\nrestart slurmctld\n")
             r = subprocess.run(run + ["--bogus"], capture_output=True, text=True, env={**os.environ, **path}, check=False)
             self.assertEqual((r.returncode, r.stderr), (2, "apply_head_settings.sh: error: unknown argument '--bogus'\n"))
+
+    def fake_head(self, d, env, ping="UP"):
+        """apply_head_settings.sh's command line and PATH on a scratch head node in `d`: the settings
+        file `env`, systemctl recording its calls, scontrol ping answering `ping` (UP or DOWN). A real
+        slurmctld is head_settings_test.py's."""
+        import cfn
+
+        with open(os.path.join(d, "cluster.env"), "w", encoding="utf-8") as f:
+            f.write(env)
+        os.makedirs(os.path.join(d, "bin"))
+        os.makedirs(os.path.join(d, "state"))
+        fakes = {"systemctl": f'echo "$@" >> {d}/systemctl.log',
+                 "scontrol": f'echo "$SLURM_CONF $*" >> {d}/scontrol.log; echo "Slurmctld(primary) at head is {ping}"'}
+        for name, body in fakes.items():
+            with open(os.path.join(d, "bin", name), "w", encoding="utf-8") as f:
+                f.write(f"#!/bin/sh\n{body}\n")
+            os.chmod(os.path.join(d, "bin", name), 0o755)
+        run = [os.path.join(cfn.NODE_DIR, "apply_head_settings.sh"), "--env", os.path.join(d, "cluster.env"),
+               "--out", os.path.join(d, "slurm"), "--state-dir", os.path.join(d, "state")]
+        return run, {"PATH": f"{d}/bin:{os.environ['PATH']}"}
+
+    def test_an_update_keeps_the_cluster_name_slurmctld_has(self):
+        """ClusterName changed by an update: slurmctld's state names the cluster it was made for, and
+        slurmctld would die at start under another name (head_settings_test.py shows it). slurm.conf
+        keeps the state's name, the other settings are applied, and the script says so in one line
+        and fails (cfn-hup logs it)."""
+        import tempfile
+
+        init = self.settings_files(ClusterName="renamed", MaxComputeNodes="7")
+        with tempfile.TemporaryDirectory() as d:
+            run, path = self.fake_head(d, init["settings"]["files"]["/etc/hpctrain/cluster.env"]["content"])
+            with open(os.path.join(d, "state", "clustername"), "w", encoding="utf-8") as f:
+                f.write("hpctrain")  # (as slurmctld 22.05 writes it: no newline)
+            r = subprocess.run(run, capture_output=True, text=True, env={**os.environ, **path}, check=False)
+            self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+            self.assertEqual(r.stderr, "apply_head_settings.sh: error: ClusterName 'renamed' refused: slurmctld's "
+                             f"state ({d}/state) is cluster 'hpctrain', fixed at creation (slurmctld would not start "
+                             "under another name); slurm.conf keeps 'hpctrain' and the other settings are applied: "
+                             "give ClusterName 'hpctrain' back in the stack\n")
+            with open(os.path.join(d, "slurm", "slurm.conf"), encoding="utf-8") as f:
+                conf = f.read()
+            self.assertIn("\nClusterName=hpctrain\n", conf)
+            self.assertIn(f"\nStateSaveLocation={d}/state\n", conf)
+            self.assertIn("NodeName=gpu-[1-7] ", conf)
+            with open(os.path.join(d, "systemctl.log"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), "enable slurmctld\nrestart slurmctld\n")
+            with open(os.path.join(d, "scontrol.log"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), f"{d}/slurm/slurm.conf ping\n")
+
+    def test_an_update_fails_when_slurmctld_does_not_come_up(self):
+        """The packaged unit is Type=simple: its restart succeeds even when slurmctld dies at once.
+        The script asks slurmctld (scontrol ping) until --wait has passed, and fails in one line."""
+        import tempfile
+
+        env = self.settings_files()["settings"]["files"]["/etc/hpctrain/cluster.env"]["content"]
+        with tempfile.TemporaryDirectory() as d:
+            run, path = self.fake_head(d, env, ping="DOWN")
+            r = subprocess.run(run + ["--wait", "2"], capture_output=True, text=True, env={**os.environ, **path},
+                               check=False, timeout=60)
+            self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+            self.assertEqual(r.stderr, "apply_head_settings.sh: error: slurmctld does not answer 2 s after its "
+                             "restart: see 'journalctl -u slurmctld' and its log (SlurmctldLogFile in "
+                             f"{d}/slurm/slurm.conf)\n")
+            with open(os.path.join(d, "scontrol.log"), encoding="utf-8") as f:
+                self.assertGreaterEqual(len(f.read().splitlines()), 2)  # asked again until --wait passed
+            r = subprocess.run(run + ["--wait", "soon"], capture_output=True, text=True, env={**os.environ, **path},
+                               check=False)
+            self.assertEqual((r.returncode, r.stderr), (2, "apply_head_settings.sh: error: --wait takes whole seconds, "
+                                                          "not 'soon'\n"))
 
 
 class Resolved(unittest.TestCase):
@@ -984,13 +1045,79 @@ class Deploy(unittest.TestCase):
         self.assertTrue(stack_policy_allows(stack_policy, "Update:Modify", "HeadNode"))
         self.assertEqual(self.cfn.get_stack_policy(StackName="hpc").get("StackPolicyBody"), json.dumps(stack_policy))
 
+    def test_an_update_cannot_change_the_cluster_name(self):
+        """slurmctld keeps ClusterName in its state and would not start under another: the Images
+        custom resource, which the head node and the launch templates wait for, refuses an update
+        that changes it (the update then rolls back before the head node is touched), and takes the
+        rollback's Update, which gives the name back. A stack created before the name was kept (its
+        physical id without it) is not refused here: its head node keeps the name
+        (apply_head_settings.sh)."""
+        import cfn
+
+        template = cfn.load_template()
+        self.deploy()
+        created = self.created("Images")
+        self.assertEqual(created[1].split("|")[-1], "hpctrain")
+        at_create = cfn.Resolved(template, custom={"Images": created[4]}).resource("Images")["Properties"]
+        renamed = cfn.Resolved(template, ClusterName="renamed").resource("Images")["Properties"]
+
+        def update(properties, old, physical=created[1]):
+            event = {**created[3], "RequestType": "Update", "PhysicalResourceId": physical,
+                     "ResourceProperties": properties, "OldResourceProperties": old}
+            sent = []
+            cfn.function_module(template, "ImagesFunction", sent).handler(event, cfn.LambdaContext())
+            self.assertEqual(len(sent), 1)
+            return sent[0]
+
+        status, physical, reason, _, data = update(renamed, at_create)
+        self.assertEqual((status, physical, data), ("FAILED", created[1], {}))
+        self.assertEqual(reason, "ValueError: ClusterName is fixed at creation: slurmctld's state names the "
+                                 "cluster 'hpctrain', and slurmctld would not start as 'renamed'; give ClusterName "
+                                 "'hpctrain' back")
+        # CloudFormation's rollback: the properties before the update, the failed ones as the old
+        self.assertEqual(update(at_create, renamed)[:2], ("SUCCESS", created[1]))
+        self.assertEqual(update(at_create, renamed)[4], created[4])
+        # another change (RefreshImages) keeps the name in the physical id
+        refreshed = cfn.Resolved(template, RefreshImages="2026-12-07").resource("Images")["Properties"]
+        status, physical, *_ = update(refreshed, at_create)
+        self.assertEqual((status, physical.split("|")[-1]), ("SUCCESS", "hpctrain"))
+        # a stack made before the name was kept
+        old_style = "|".join(created[1].split("|")[:3])
+        self.assertEqual(update(renamed, at_create, physical=old_style)[:2], ("SUCCESS", old_style))
+
     def test_a_second_stack_with_the_defaults(self):
         """Two clusters with the defaults in one account and region: nothing of one is named from a
         parameter both share (the log group was named from ClusterName and the second failed)."""
         self.deploy()
         self.deploy(StackName="hpc2")  # (CREATE_COMPLETE, or it fails)
         groups = boto3.client("logs", region_name=REGION).describe_log_groups(logGroupNamePrefix="/hpctrain/")["logGroups"]
-        self.assertEqual(sorted(g["logGroupName"] for g in groups), ["/hpctrain/hpc", "/hpctrain/hpc2"])
+        ids = {s["StackName"]: s["StackId"].split("/")[2] for s in self.cfn.describe_stacks()["Stacks"]}
+        self.assertEqual(sorted(g["logGroupName"] for g in groups), [f"/hpctrain/hpc/{ids['hpc']}",
+                                                                      f"/hpctrain/hpc2/{ids['hpc2']}"])
+
+    def test_the_log_group_outlives_a_failed_creation(self):
+        """A creation that fails rolls back, deleting what it made: the log group, where the reason
+        is (the head node's bootstrap, the launch check's), is kept, and so is it when the stack is
+        deleted. A group kept from an earlier stack of the same name (failed, or deleted) does not
+        stop the next one's creation: moto, as CloudFormation, fails a stack whose log group exists."""
+        import cfn
+
+        template = cfn.load_template()
+        res = template["Resources"]["LogGroup"]
+        self.assertEqual((res.get("DeletionPolicy"), res.get("UpdateReplacePolicy")), ("Retain", "Retain"))
+        earlier = cfn.Resolved(template)
+        earlier.pseudo["AWS::StackId"] = f"arn:aws:cloudformation:{REGION}:{cfn.ACCOUNT}:stack/hpc/0e0e0e0e-earlier"
+        leftover = earlier.value(res["Properties"]["LogGroupName"])
+        logs = boto3.client("logs", region_name=REGION)
+        logs.create_log_group(logGroupName=leftover)
+        try:
+            self.deploy()  # (CREATE_COMPLETE, or it fails)
+        except Exception as e:  # (moto answers the failed creation with an error of its own)
+            self.fail(f"no stack hpc beside the log group {leftover} kept from an earlier one: {type(e).__name__}: {e}")
+        groups = logs.describe_log_groups(logGroupNamePrefix="/hpctrain/hpc/")["logGroups"]
+        groups = sorted(g["logGroupName"] for g in groups)
+        stack_id = self.cfn.describe_stacks(StackName="hpc")["Stacks"][0]["StackId"]
+        self.assertEqual(groups, sorted([leftover, f"/hpctrain/hpc/{stack_id.split('/')[2]}"]))
 
     def test_storage_deletion_policy(self):
         # (and CPU-only compute nodes, at most one, in the same deployment: the sample job asks for
