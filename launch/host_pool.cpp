@@ -158,6 +158,7 @@ double HostPool::back_with_enough_slots(const HostList& known, double now) const
 }
 
 bool HostPool::wait_for_hosts(HostList* usable, bool first) {
+  gave_up_.clear();
   const double start = clock_.now();
   double deadline = start + o_.elastic_timeout;
   // A job on one host that failed (or on hosts that all did) waited out --elastic-timeout alone,
@@ -181,7 +182,8 @@ bool HostPool::wait_for_hosts(HostList* usable, bool first) {
     // A fixed host list that cannot start the job at all is bad input, not a reason to wait.
     if (first && o_.host_source != HostSource::Discovery) usage_error("cannot start: ", have);
     if (clock_.now() >= deadline) {
-      voice_.say("gave up: " + have + " after waiting --elastic-timeout " + show_duration(o_.elastic_timeout));
+      // The job's last line, after its summary (the caller's to say): exit 1's reason, last.
+      gave_up_ = "gave up: " + have + " after waiting --elastic-timeout " + show_duration(o_.elastic_timeout);
       return false;
     }
     if (!announced) {

@@ -40,6 +40,8 @@ class HostPool {
   // Where hosts in their cooldown would make up the slots, it waits for them past it: until they
   // are back and probed (their cooldown is hpcrun's own, not hosts that may never come).
   bool wait_for_hosts(HostList* usable, bool first);
+  // Why the last wait_for_hosts gave up ("gave up: ... after waiting --elastic-timeout ..."), "" for a signal.
+  const std::string& gave_up() const { return gave_up_; }
   // When hosts now in their cooldown are back with `known`'s others to make up --min-np slots
   // (`now` when they need none; a negative time when even all of them have too few).
   double back_with_enough_slots(const HostList& known, double now) const;
@@ -62,6 +64,7 @@ class HostPool {
   Blacklist blacklist_;
   HostList discovered_;
   double last_discovery_ = -1e9;
+  std::string gave_up_;
 };
 
 }  // namespace hpc::launch

@@ -285,7 +285,8 @@ int Supervisor::run() {
   warn_stragglers_unjudged(nullptr);
 
   HostList usable;
-  if (!hosts_.wait_for_hosts(&usable, true)) return finish(exit_without_hosts(signals_.interrupted()), "");
+  if (!hosts_.wait_for_hosts(&usable, true))
+    return finish(exit_without_hosts(signals_.interrupted()), hosts_.gave_up());
   check_mpirun_accepts(place(usable, hosts_.target_np(usable, true)));
   check_mca_settings();
   if (int sig; signals_.take(&sig)) {  // during those checks: nothing is launched
@@ -327,7 +328,8 @@ int Supervisor::run() {
     }
     if (d.next == Next::Finish) return finish(d.exit_code, d.last_line);
     if (!d.relaunch_line.empty()) say(d.relaunch_line);
-    if (!hosts_.wait_for_hosts(&usable, false)) return finish(exit_without_hosts(signals_.interrupted()), "");
+    if (!hosts_.wait_for_hosts(&usable, false))
+      return finish(exit_without_hosts(signals_.interrupted()), hosts_.gave_up());
   }
 }
 

@@ -1062,6 +1062,25 @@ TEST(HpcrunCli, TheOnlyHostsCooldownIsWaitedOutPastTheElasticTimeout) {
   EXPECT_NE(r.err.find("attempt 2 succeeded"), std::string::npos) << r.err;
 }
 
+// Exit 1's reason is the last line (launch/README.md's exit codes): a job whose hosts are gone for
+// longer than --elastic-timeout said "gave up: ..." before its summary, whose last attempt's line
+// was then the last.
+TEST(HpcrunCli, AJobWithoutHostsSaysWhyOnItsLastLine) {
+  TempDir dir("hpcrun_no_hosts");
+  // localhost at the first discovery, then none: the failed attempt's host is not found again.
+  const std::string discover =
+      script(dir, "discover", "[ -e " + dir.file("asked") + " ] || { : > " + dir.file("asked") + "; echo localhost:1; }");
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "--host-discovery-script", discover, "--discovery-interval", "1",
+                              "--max-restarts", "2", "--blacklist-cooldown", "0.5s:0.5s", "--elastic-timeout", "2s",
+                              "sh", "-c", "exit 3"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  std::string last = r.err.substr(0, r.err.find_last_not_of('\n') + 1);
+  last = last.substr(last.find_last_of('\n') + 1);
+  EXPECT_EQ(last.rfind("hpcrun: gave up: 0 healthy slot(s), --min-np 1 needed after waiting --elastic-timeout 2 s", 0),
+            0u)
+      << r.err;
+}
+
 // What a program prints cannot pass for its wrapper's report: a status line for another rank, or
 // one on stdout, is the program's output. Here rank 0 fails (exit 3), a failure hpcrun retries,
 // after printing a usage error for rank 1 on its stderr and for itself on its stdout; believed,
