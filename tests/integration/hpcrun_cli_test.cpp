@@ -1068,8 +1068,8 @@ TEST(HpcrunCli, TheOnlyHostsCooldownIsWaitedOutPastTheElasticTimeout) {
 TEST(HpcrunCli, AJobWithoutHostsSaysWhyOnItsLastLine) {
   TempDir dir("hpcrun_no_hosts");
   // localhost at the first discovery, then none: the failed attempt's host is not found again.
-  const std::string discover =
-      script(dir, "discover", "[ -e " + dir.file("asked") + " ] || { : > " + dir.file("asked") + "; echo localhost:1; }");
+  const std::string asked = dir.file("asked");
+  const std::string discover = script(dir, "discover", "[ -e " + asked + " ] || { : > " + asked + "; echo localhost:1; }");
   const RunResult r = hpcrun({"--log-dir", dir.str(), "--host-discovery-script", discover, "--discovery-interval", "1",
                               "--max-restarts", "2", "--blacklist-cooldown", "0.5s:0.5s", "--elastic-timeout", "2s",
                               "sh", "-c", "exit 3"});

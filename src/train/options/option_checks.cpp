@@ -24,7 +24,9 @@ void require_batch_size(int64_t v, const char* option) {
 }
 
 void require_thread_count(int threads) {
-  HPC_REQUIRE(threads >= 0 && threads <= 4096, "--threads must be between 0 (all cores) and 4096, got ", threads);
+  HPC_REQUIRE(threads >= 0 && threads <= 4096,
+              "--threads must be between 0 (OMP_NUM_THREADS where set, else this rank's share of the CPUs) and 4096, "
+              "got ", threads);
 }
 
 void require_watchdog_timeout(double seconds, const char* option) {
