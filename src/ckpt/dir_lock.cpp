@@ -242,8 +242,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::acquire(const std::string& dir, do
                                                       const std::function<bool()>& stop,
                                                       const std::map<std::string, std::string>& owner) {
   std::error_code ec;
-  // One not there yet is judged before it is made, by the folders above it: one refused was made
-  // all the same, in a folder others may write to.
+  // One not there yet is judged by the folders above it before it is made (it was made, then refused).
   std::vector<std::string> made = folders_to_make(dir);
   if (!made.empty()) require_safe_directory(dir, "--checkpoint-dir");
   make_directories(dir, kSharedDirectoryMode, ec);  // never others' to write in, whatever the umask

@@ -79,10 +79,10 @@ ALLOWED = {
 # of these other programs' options, which the documents explain beside ours.
 OTHER_OPTIONS = {
     "mpirun's": {"allow-run-as-root", "oversubscribe", "host", "do-not-launch", "gmca", "tag-output",
-                 "display-map", "rank-by"},
+                 "display-map", "rank-by", "timestamp-output", "xml"},
     "sbatch's and srun's": {"mem", "requeue", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "exclusive",
                             "open-mode", "array", "no-kill"},
-    "aws cloudformation's (docs/aws.md)": {"stack-policy-during-update-body"},
+    "aws cloudformation's (docs/aws.md)": {"stack-policy-during-update-body", "on-failure"},
     "none: an abbreviation launch/README shows being refused": {"res"},
     "timm's (README: what hpctrain's batch norm does instead)": {"dist-bn"},
 }
