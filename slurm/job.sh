@@ -256,15 +256,19 @@ job_read_requeues() {
   local at_start=${job_newest_before-$1}
   [[ -z "$newest" || "${at_start:--}" == "$newest" ]] || job_failed_in_a_row=0
 }
+# job_write_whole FILE TEXT: FILE holds TEXT, written whole, then renamed (a run killed meanwhile
+# leaves the old file), never others' to write (umask o-w: under umask 000 any user could rewrite
+# what decides the requeues); false, with nothing left behind, where it cannot be written.
+job_write_whole() {
+  { (umask o-w && printf '%s' "$2" > "$1.tmp.$$") && mv -f "$1.tmp.$$" "$1"; } 2> /dev/null && return 0
+  rm -f "$1.tmp.$$" 2> /dev/null || true
+  return 1
+}
 # job_write_requeues NEWEST: the counts, beside NEWEST, the directory's newest checkpoint now.
-job_write_requeues() {  # written whole, then renamed: a run killed meanwhile leaves the old counts
+job_write_requeues() {
   [[ -n "${CHECKPOINT_DIR:-}" && -d "$CHECKPOINT_DIR" ]] || return 0
-  local file=$CHECKPOINT_DIR/slurm-requeues newest=$1
-  # (umask o-w: under umask 000 any user could rewrite the counts that decide the requeues)
-  { (umask o-w && printf '%s %s %s\n%s\n' "$(job_spec)" "$job_failed_in_a_row" "$job_stalled" "${newest:--}" \
-    > "$file.tmp.$$") &&
-    mv -f "$file.tmp.$$" "$file"; } 2> /dev/null && return 0
-  rm -f "$file.tmp.$$" 2> /dev/null || true
+  local file=$CHECKPOINT_DIR/slurm-requeues
+  job_write_whole "$file" "$(job_spec) $job_failed_in_a_row $job_stalled"$'\n'"${1:--}"$'\n' && return 0
   job_log "cannot write $file: the runs without a new checkpoint are not counted"
   return 1
 }
@@ -501,11 +505,8 @@ job_checkpoint_identity() {  # NAME: "NAME INODE", "-" for none
   echo "$1 $(stat -c %i -- "$CHECKPOINT_DIR/$1" 2> /dev/null || echo ?)"
 }
 job_note_first_run() {
-  local file=$CHECKPOINT_DIR/slurm-first-run
-  { (umask o-w && job_checkpoint_identity "$1" > "$file.tmp.$$") && mv -f "$file.tmp.$$" "$file"; } 2> /dev/null &&
-    return 0
-  rm -f "$file.tmp.$$" 2> /dev/null || true
-  job_log "cannot write $file: a requeued run will continue the newest checkpoint, whichever run wrote it"
+  job_write_whole "$CHECKPOINT_DIR/slurm-first-run" "$(job_checkpoint_identity "$1")"$'\n' ||
+    job_log "cannot write $CHECKPOINT_DIR/slurm-first-run: a requeued run will continue the newest checkpoint, whichever run wrote it"
 }
 job_from_first_run() {
   local noted=""
@@ -646,16 +647,20 @@ job_run_trainer() {
   # which hpctrain moves aside as it sets up) was continued when the first run ended before that.
   local newest
   newest=$(job_newest_checkpoint "$CHECKPOINT_DIR")
-  if job_has_option resume "${args[@]}" && ! job_restarted; then
-    job_note_first_run "$newest"
-  elif [[ -n "$newest" ]] && job_has_option resume "${args[@]}" && job_restarted && job_from_first_run "$newest"; then
-    job_log "$(job_option_shown resume "${args[@]}") stays: no run of this training has checkpointed since its first run started ($CHECKPOINT_DIR/$newest was there before it)"
-  elif [[ -n "$newest" ]] && job_restarted && job_has_option resume "${args[@]}"; then
-    job_log "$(job_option_shown resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
-    if job_arg_given resume "${args[@]}"; then
-      job_resume_newest args  # (in place: read back a line each, a value holding a newline became two)
+  if job_has_option resume "${args[@]}"; then
+    if ! job_restarted; then
+      job_note_first_run "$newest"
+    elif [[ -z "$newest" ]]; then
+      :  # nothing to continue yet: the option stays
+    elif job_from_first_run "$newest"; then
+      job_log "$(job_option_shown resume "${args[@]}") stays: no run of this training has checkpointed since its first run started ($CHECKPOINT_DIR/$newest was there before it)"
     else
-      args+=(--resume auto)  # over the config file's (a second --resume would be a usage error)
+      job_log "$(job_option_shown resume "${args[@]}") is for the training's first run: this one continues $CHECKPOINT_DIR/$newest (--resume auto)"
+      if job_arg_given resume "${args[@]}"; then
+        job_resume_newest args  # (in place: read back a line each, a value holding a newline became two)
+      else
+        args+=(--resume auto)  # over the config file's (a second --resume would be a usage error)
+      fi
     fi
   fi
   # What job_requeue_or_exit compares with to know whether this run carried the training on.
