@@ -65,15 +65,18 @@ finish() {
   wait "$PID" || RC=$?
 }
 
-# expect_stopped CASE SIGNAL: every rank checkpointed: the last metrics line is the stop event
-# (with exit code 75) and the checkpoint directory holds the step it names.
+# expect_stopped CASE SIGNAL...: every rank checkpointed: the last metrics line is the stop event
+# (with exit code 75) on one of the SIGNALs, and the checkpoint directory holds the step it names.
 expect_stopped() {
-  local last step
-  last=$(tail -n 1 "$work/$1/m.jsonl")
-  [[ "$last" == '{"event":"stopped",'*'"signal":"SIG'"$2"'"'*'"checkpointed":true,"exit_code":75,'* ]] ||
-    fail "$1: the metrics file's last line is not a checkpointed stop on SIG$2: $last"
+  local case=$1 last step sig seen=""
+  shift
+  last=$(tail -n 1 "$work/$case/m.jsonl")
+  for sig in "$@"; do
+    [[ "$last" == '{"event":"stopped",'*'"signal":"SIG'"$sig"'"'*'"checkpointed":true,"exit_code":75,'* ]] && seen=1
+  done
+  [[ -n "$seen" ]] || fail "$case: the metrics file's last line is not a checkpointed stop on SIG${*// /, SIG}: $last"
   step=$(sed 's/.*"step":\([0-9]*\).*/\1/' <<< "$last")
-  [[ -f "$work/$1/ck/$(printf 'ckpt-%09d.hpck' "$step")" ]] || fail "$1: no checkpoint of step $step in ck/"
+  [[ -f "$work/$case/ck/$(printf 'ckpt-%09d.hpck' "$step")" ]] || fail "$case: no checkpoint of step $step in ck/"
 }
 
 mpirun_cmd=(mpirun "${root[@]}" -np 2 --bind-to none "$HPCTRAIN" "${train[@]}" --checkpoint-dir ck --metrics-file m.jsonl)
@@ -124,7 +127,8 @@ wait_for_steps job-all
 kill -TERM -- "-$PID"
 finish job-all
 [[ $RC == 75 ]] || fail "SIGTERM to every process of slurm/job.sh's job: exit $RC, not 75"
-expect_stopped job-all TERM
+# The ranks stop on whichever comes first: mpirun's SIGTERM or the script's SIGUSR1 through mpirun.
+expect_stopped job-all TERM USR1
 grep -q "mpirun exited 1 on SIGTERM (Open MPI's code for a signal sent to it), but the metrics file says every rank checkpointed and stopped: exit 75" \
   "$work/job-all/out" || fail "slurm/job.sh did not say why it took mpirun's 1 for 75"
 say "SIGTERM to every process of slurm/job.sh's job: mpirun exits 1, the script 75 (from the metrics file)"
