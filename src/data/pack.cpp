@@ -17,7 +17,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -168,15 +167,6 @@ struct NewShards {
   }
 };
 
-// A split's shard files: <split>-NNNNN-of-MMMMM.hpcs (before manifests listed them) and
-// <split>-gG-NNNNN-of-MMMMM.hpcs, finished or .part; five digits at least (shard_name writes more
-// for 100000 shards or more: unseen, a packing took the name of a committed split's shard, and a
-// failed one removed them all).
-const std::regex& shard_file_pattern() {
-  static const std::regex pattern(R"(([^-./ ]+)-(?:g(\d+)-)?\d{5,}-of-\d{5,}\.hpcs(\.part)?)");
-  return pattern;
-}
-
 // Generations are counted from 1, one a packing: far below this.
 constexpr int64_t kMostGenerations = 1'000'000'000'000'000;
 
@@ -186,11 +176,10 @@ int64_t next_generation(const std::string& out, const std::string& split) {
   int64_t g = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, shard_file_pattern()) && m[1] == split && m[2].matched) {
+    const auto m = parse_shard_file_name(e.path().filename().string());
+    if (m && m->split == split && !m->generation.empty()) {
       int64_t k = 0;
-      const std::string digits = m[2];
+      const std::string& digits = m->generation;
       const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), k);
       HPC_REQUIRE(parsed == std::errc() && end == digits.data() + digits.size() && k < kMostGenerations, "shard file ",
                   e.path().string(), " has a generation past any hpcdata writes (", kMostGenerations,
@@ -217,10 +206,9 @@ std::map<std::string, std::vector<std::string>> other_splits(const std::string& 
   std::set<std::string> names;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
-    std::smatch m;
     const std::string name = e.path().filename().string();
     if (name.ends_with(".json")) names.insert(name.substr(0, name.size() - 5));
-    else if (std::regex_match(name, m, shard_file_pattern()) && !m[2].matched && !m[3].matched) names.insert(m[1]);
+    else if (const auto m = parse_shard_file_name(name); m && m->generation.empty() && !m->part) names.insert(m->split);
   }
   names.erase(split);
   std::map<std::string, std::vector<std::string>> found;
@@ -369,9 +357,8 @@ void tidy_after_commit(const PackOptions& o, const std::vector<std::string>& kep
     }
   }
   for (const auto& e : fs::directory_iterator(o.out, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (!std::regex_match(name, m, shard_file_pattern()) || m[1] != o.split) continue;
+    const auto m = parse_shard_file_name(e.path().filename().string());
+    if (!m || m->split != o.split) continue;
     if (std::find(kept.begin(), kept.end(), e.path().string()) != kept.end()) continue;
     std::error_code rm;
     if (!fs::remove(e.path(), rm) && rm)

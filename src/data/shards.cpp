@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -75,6 +74,44 @@ std::string shard_name(const std::string& split, int64_t index, int64_t total, i
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05lld-of-%05lld.hpcs", static_cast<long long>(index), static_cast<long long>(total));
   return split + (generation > 0 ? "-g" + std::to_string(generation) : "") + buf;
+}
+
+namespace {
+
+// Takes the digits at the front of REST into DIGITS (nothing when there are none).
+void take_digits(std::string_view& rest, std::string& digits) {
+  size_t n = 0;
+  while (n < rest.size() && rest[n] >= '0' && rest[n] <= '9') ++n;
+  digits.assign(rest.substr(0, n));
+  rest.remove_prefix(n);
+}
+
+bool take(std::string_view& rest, std::string_view word) {
+  if (!rest.starts_with(word)) return false;
+  rest.remove_prefix(word.size());
+  return true;
+}
+
+}  // namespace
+
+std::optional<ShardFileName> parse_shard_file_name(std::string_view name) {
+  ShardFileName f;
+  const size_t dash = name.find('-');
+  if (dash == 0 || dash == std::string_view::npos) return std::nullopt;
+  f.split.assign(name.substr(0, dash));
+  if (f.split.find_first_of("./ ") != std::string::npos) return std::nullopt;
+  std::string_view rest = name.substr(dash + 1);
+  if (take(rest, "g")) {
+    take_digits(rest, f.generation);
+    if (f.generation.empty() || !take(rest, "-")) return std::nullopt;
+  }
+  take_digits(rest, f.index);
+  if (f.index.size() < 5 || !take(rest, "-of-")) return std::nullopt;
+  take_digits(rest, f.total);
+  if (f.total.size() < 5 || !take(rest, ".hpcs")) return std::nullopt;
+  f.part = take(rest, ".part");
+  if (!rest.empty()) return std::nullopt;
+  return f;
 }
 
 // ---- writer ------------------------------------------------------------------------------------
@@ -216,19 +253,18 @@ void ShardReader::read(int64_t i, std::vector<uint8_t>& out) const {
 // ---- dataset directory -------------------------------------------------------------------------
 
 std::vector<std::string> list_shards(const std::string& dir, const std::string& split) {
-  const std::regex pattern(split + R"(-(\d{5,18})-of-(\d{5,18})\.hpcs)");
   std::vector<std::pair<int64_t, std::string>> found;
   int64_t total = -1;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern)) continue;
-    const int64_t of = std::stoll(m[2]);
+    const auto m = parse_shard_file_name(entry.path().filename().string());
+    if (!m || m->split != split || !m->generation.empty() || m->part || m->index.size() > 18 || m->total.size() > 18)
+      continue;
+    const int64_t of = std::stoll(m->total);
     HPC_REQUIRE(total < 0 || of == total, "shards of split ", split, " in ", dir, " disagree on their number (", of,
                 " and ", total, "): files from two packings?");
     total = of;
-    found.emplace_back(std::stoll(m[1]), entry.path().string());
+    found.emplace_back(std::stoll(m->index), entry.path().string());
   }
   HPC_REQUIRE(!ec, "cannot list ", dir, ": ", ec.message());
   std::sort(found.begin(), found.end());
@@ -403,13 +439,12 @@ std::vector<ShardReader> open_listed(const std::string& dir, const SplitManifest
 // The split's shards of a packing's generation (<split>-gG-NNNNN-of-MMMMM.hpcs), sorted: only a
 // manifest lists which of them are the split.
 std::vector<std::string> generation_shards(const std::string& dir, const std::string& split) {
-  static const std::regex pattern(R"(-g\d+-\d{5,}-of-\d{5,}\.hpcs)");
   std::vector<std::string> names;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with(split + "-g") && std::regex_match(name.substr(split.size()), pattern))
-      names.push_back(name);
+    const auto m = parse_shard_file_name(name);
+    if (m && m->split == split && !m->generation.empty() && !m->part) names.push_back(name);
   }
   std::sort(names.begin(), names.end());
   return names;

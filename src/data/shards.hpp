@@ -28,6 +28,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hpc::data {
@@ -145,5 +146,15 @@ std::vector<std::string> packed_class_names(const std::string& dir);
 std::string class_names_digest(const std::vector<std::string>& names);
 // "<split>-NNNNN-of-MMMMM.hpcs", or with a generation (> 0) "<split>-gG-NNNNN-of-MMMMM.hpcs"
 std::string shard_name(const std::string& split, int64_t index, int64_t total, int64_t generation = 0);
+// A shard file's name taken apart: <split>-[gG-]NNNNN-of-MMMMM.hpcs[.part], the split without '-',
+// '.', '/' or ' ', the numbers of five digits or more (shard_name writes more for 100000 shards or
+// more). The digits are kept as written; nullopt for any other name.
+struct ShardFileName {
+  std::string split;
+  std::string generation;  // G's digits; empty: a shard from before manifests listed them
+  std::string index, total;
+  bool part = false;  // a .part: a shard being written, or left by a packing that was killed
+};
+std::optional<ShardFileName> parse_shard_file_name(std::string_view name);
 
 }  // namespace hpc::data

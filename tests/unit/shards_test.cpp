@@ -296,6 +296,32 @@ TEST(Shards, ListingFindsMissingAndMixedShards) {
             std::string::npos);
 }
 
+// Shard file names taken apart as shard_name writes them, and every near miss refused: the names
+// decide which files a packing replaces or removes, and which a listing counts.
+TEST(Shards, ShardFileNamesAreTakenApartExactly) {
+  const auto legacy = parse_shard_file_name(shard_name("train", 2, 3));
+  ASSERT_TRUE(legacy);
+  EXPECT_EQ(legacy->split, "train");
+  EXPECT_EQ(legacy->generation, "");
+  EXPECT_EQ(legacy->index, "00002");
+  EXPECT_EQ(legacy->total, "00003");
+  EXPECT_FALSE(legacy->part);
+  const auto part = parse_shard_file_name(shard_name("val", 123456, 200000, 17) + ".part");
+  ASSERT_TRUE(part);
+  EXPECT_EQ(part->split, "val");
+  EXPECT_EQ(part->generation, "17");
+  EXPECT_EQ(part->index, "123456");
+  EXPECT_EQ(part->total, "200000");
+  EXPECT_TRUE(part->part);
+  EXPECT_EQ(parse_shard_file_name("trag-g1-00000-of-00001.hpcs")->split, "trag");
+  for (const char* name : {"train-0000-of-00001.hpcs", "train-00000-of-0001.hpcs", "train-00000-of-00001.hpc",
+                           "train-00000-of-00001.hpcs.tmp", "train-00000-of-00001.hpcs.part.x", "-00000-of-00001.hpcs",
+                           "tr.ain-00000-of-00001.hpcs", "tr ain-00000-of-00001.hpcs", "train-g-00000-of-00001.hpcs",
+                           "train-g1-x-00000-of-00001.hpcs", "train-g100000-of-00001.hpcs", "train.json",
+                           "train-00000-of-00001", "train-00000-00001.hpcs", "train-a0000-of-00001.hpcs", ""})
+    EXPECT_FALSE(parse_shard_file_name(name)) << name;
+}
+
 // ---- JPEG ---------------------------------------------------------------------------------------
 
 TEST(Jpeg, EncodeDecodeAndDamage) {
