@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,12 +62,17 @@ void Voice::open(const std::string& log_dir) {
   HPC_REQUIRE(!ec, "--log-dir ", log_dir, ": cannot create it: ", ec.message());
   require_safe_directory(log_dir, "--log-dir");  // again, for one another user made meanwhile
   const std::string log = (fs::path(log_dir) / "hpcrun.log").string();
-  // Made 0644 first, as the attempts' logs and the checkpoints beside them, whatever the umask (an
-  // ofstream's 0666 under umask 000 let every user rewrite the job's record).
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd >= 0) ::close(fd);
-  hpcrun_log_.open(log, std::ios::app);
-  HPC_REQUIRE(hpcrun_log_.good(), "--log-dir ", log_dir, ": cannot write in it");
+  // Made 0644 at most, as the attempts' logs and the checkpoints beside them, whatever the umask (an
+  // ofstream's 0666 under umask 000 let every user rewrite the job's record). Never through a link
+  // (root trusts a directory another user owns, who could point the name at one of root's files),
+  // nor into a FIFO or device of that name.
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  struct stat st{};
+  const bool regular = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  HPC_REQUIRE(fd >= 0 || errno != ELOOP, "--log-dir ", log_dir, ": hpcrun.log there is a symbolic link: remove it");
+  if (fd >= 0 && !regular) ::close(fd);
+  HPC_REQUIRE(fd < 0 || regular, "--log-dir ", log_dir, ": hpcrun.log there is not a regular file: remove it");
+  HPC_REQUIRE(fd >= 0 && open_stream_on(hpcrun_log_, fd), "--log-dir ", log_dir, ": cannot write in it");
   log_dir_ = log_dir;
   for (const std::string& line : early_lines_) hpcrun_log_ << line << '\n';
   hpcrun_log_ << std::flush;
@@ -125,8 +131,7 @@ int Voice::open_attempt_log(const std::string& log_dir, int from, std::string* p
     const int fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST) continue;
     if (fd < 0) break;
-    ::close(fd);
-    attempt_log_.open(*path, std::ios::app);
+    open_stream_on(attempt_log_, fd);  // the file made, not what its name may have become since
     if (!errors_lost_.empty()) log_line("hpcrun: " + errors_lost_);  // what its reader finds missing on the terminal
     return n;
   }

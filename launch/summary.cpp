@@ -6,11 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/duration.hpp"
+#include "core/file_identity.hpp"
+#include "core/signal_safe_text.hpp"
 #include "supervisor.hpp"
 
 namespace hpc::launch {
@@ -88,15 +89,15 @@ Json attempt_json(const AttemptRecord& a, const AttemptRecord* next) {
 }
 
 // Written whole under a temporary name of this process's, then renamed: a reader never sees half
-// a file, and two hpcruns ending at once on one log directory do not rename each other's.
+// a file, and two hpcruns ending at once on one log directory do not rename each other's. Made
+// anew (create_new_file: 0644 at most, as the logs), never written through a link planted under
+// the name: the pid in it is in ps for all to see.
 bool write_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  // as the logs, whatever the umask
-  if (fd >= 0) ::close(fd);
-  std::ofstream out(tmp, std::ios::trunc);
-  out << text;
-  out.close();
-  if (out && ::rename(tmp.c_str(), path.c_str()) == 0) return true;
+  const int fd = create_new_file(tmp);
+  if (fd < 0) return false;
+  const bool whole = signal_safe::write_whole(fd, text.data(), text.size());
+  if (::close(fd) == 0 && whole && ::rename(tmp.c_str(), path.c_str()) == 0) return true;
   ::unlink(tmp.c_str());
   return false;
 }

@@ -602,7 +602,9 @@ void write_final_heartbeat(int exit_code) {
   append(text, sizeof text, &n, static_cast<int64_t>(exit_code));
   append(text, sizeof text, &n, "\n");
   ::unlink(f.tmp);  // as write_heartbeat: a FIFO of that name would block the open
-  const int fd = ::open(f.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Made anew: never through a link put under the name since (by the directory's owner, another
+  // user's directory that root trusts); one there now leaves the heartbeat overwritten in place.
+  const int fd = ::open(f.tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     overwrite_in_place(f.path, text, n);
     return;

@@ -189,6 +189,12 @@ int create_new_file(const std::string& path) {
   return fd;
 }
 
+bool open_stream_on(std::ofstream& out, int fd) {
+  out.open("/proc/self/fd/" + std::to_string(fd), std::ios::app);
+  ::close(fd);
+  return out.is_open() && out.good();
+}
+
 void reserve_in_huge_pages(std::vector<uint8_t>& v, size_t n) {
   v.reserve(n);
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;

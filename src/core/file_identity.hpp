@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -92,6 +93,11 @@ OutputFile open_output(const std::string& path, const std::string& option, int c
 // cannot be removed (another user's, in a sticky directory) fails with EEXIST. The descriptor, or
 // -1 with errno.
 int create_new_file(const std::string& path);
+
+// Opens OUT for appending on the file FD is open on, through /proc/self/fd: never by its name
+// again, which the directory's owner may have pointed at another file meanwhile (a link to one of
+// the user's own). Closes FD; false when OUT could not be opened.
+bool open_stream_on(std::ofstream& out, int fd);
 
 // A write lock on the whole file, owned by fd's open file description (fcntl F_OFD_SETLK): the
 // kernel drops it when that description is closed or its process ends, and NFSv4 (EFS) holds it

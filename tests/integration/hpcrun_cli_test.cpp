@@ -334,6 +334,29 @@ TEST(HpcrunCli, UnderUmask000ItsLogsAreNoOneElsesToWrite) {
         << e.path() << " is writable by others";
 }
 
+// Root trusts a log directory another user owns, who can put links in it: hpcrun.log as a link
+// to one of root's files had hpcrun's lines appended to that file, and summary.json.tmp.PID (the
+// pid in ps) had it replaced by the summary. Neither is written through now: the log refused, the
+// summary's temporary file made anew; the file behind the links stays as it was.
+TEST(HpcrunCli, LinksPutInTheLogDirectoryAreNeverWrittenThrough) {
+  TempDir dir("hpcrun_links");
+  const std::string victim = dir.file("victim");
+  write_text(victim, "root's own\n");
+  fs::create_directories(dir.file("a"));
+  fs::create_symlink(victim, dir.file("a/hpcrun.log"));
+  const RunResult r = hpcrun({"--log-dir", dir.file("a"), "-np", "1", "true"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, "hpcrun: error: --log-dir " + dir.file("a") + ": hpcrun.log there is a symbolic link: remove it\n");
+  fs::create_directories(dir.file("b"));
+  Started job({hpcrun_binary(), "--log-dir", dir.file("b"), "-np", "1", "--quiet", "sh", "-c", "sleep 1"});
+  fs::create_symlink(victim, dir.file("b/summary.json.tmp." + std::to_string(job.pid())));
+  const RunResult ran = job.finish(60);
+  EXPECT_EQ(ran.exit_code, 0) << ran.err;
+  EXPECT_EQ(read_text(victim), "root's own\n");
+  EXPECT_EQ(summary(dir.file("b/summary.json")).at("attempts").size(), 1u);
+  EXPECT_FALSE(fs::is_symlink(dir.file("b/summary.json")));
+}
+
 // The MCA check's control: known parameters (a synonym too), components and exclusions run.
 TEST(HpcrunCli, KnownMcaSettingsRun) {
   TempDir dir("hpcrun_mca");
