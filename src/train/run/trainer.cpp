@@ -399,6 +399,7 @@ std::optional<int> TrainingRun::set_up() {
     save = [this] {
       checkpoint(p_.start, /*last=*/true);
       checkpoints_->wait_for_writes("stopped during set-up");
+      snapshots_->remove_all();  // the checkpoint holds their state: the memory goes back, as stop()'s
     };
   const std::optional<int> code = stopped_in_setup(ctx_, o_, 4, "while preparing the training engine", true, save);
   if (code) say_stopped_in_setup(*code, only_in_memory);
