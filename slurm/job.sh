@@ -585,16 +585,22 @@ job_check_launcher_settings() {
 }
 
 # job_find_programs: HPCTRAIN and HPCRUN where the job's environment leaves them unset or empty:
-# HPCTRAIN_HOME's build/, else the ones on PATH (an install). One that is set is used as it is
-# (job_run_trainer refuses it if it is no executable file): a typo in it fell back to whatever
+# HPCTRAIN_HOME's build/; in an install (HPCTRAIN_HOME PREFIX/share/hpctrain) PREFIX/bin's, the
+# programs these scripts came with (PATH's first hpcrun may be HPCToolkit's, loaded by a module,
+# or an older install's in /usr/local/bin); else the ones on PATH. One that is set is used as it
+# is (job_run_trainer refuses it if it is no executable file): a typo in it fell back to whatever
 # PATH held, without a word.
 job_find_programs() {
+  local installed=""
+  [[ "$HPCTRAIN_HOME" != */share/hpctrain ]] || installed=${HPCTRAIN_HOME%/share/hpctrain}/bin
   if [[ -z "${HPCTRAIN:-}" ]]; then
     HPCTRAIN=$HPCTRAIN_HOME/build/src/hpctrain
+    [[ -x "$HPCTRAIN" || -z "$installed" || ! -x "$installed/hpctrain" ]] || HPCTRAIN=$installed/hpctrain
     [[ -x "$HPCTRAIN" ]] || HPCTRAIN=$(command -v hpctrain || echo "$HPCTRAIN")
   fi
   if [[ -z "${HPCRUN:-}" ]]; then
     HPCRUN=$HPCTRAIN_HOME/build/launch/hpcrun
+    [[ -x "$HPCRUN" || -z "$installed" || ! -x "$installed/hpcrun" ]] || HPCRUN=$installed/hpcrun
     [[ -x "$HPCRUN" ]] || HPCRUN=$(command -v hpcrun || echo "$HPCRUN")
   fi
 }

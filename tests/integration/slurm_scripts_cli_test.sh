@@ -425,6 +425,20 @@ env -u HPCTRAIN PATH="$work/path-bin:$PATH" SLURM_JOB_ID=5 CHECKPOINT_DIR="$work
   'set -euo pipefail; HPCTRAIN_HOME=$0; source "$1/slurm/job.sh"; job_find_programs; job_run_trainer' "$work/no-home" \
   "$repo" > /dev/null 2>&1
 [[ "$(cat "$work/ran" 2> /dev/null)" == path-trainer ]] || fail "HPCTRAIN unset: the hpctrain on PATH did not run"
+# An install's scripts (HPCTRAIN_HOME PREFIX/share/hpctrain) run PREFIX/bin's programs, not
+# PATH's first (HPCToolkit's hpcrun, an older install's in /usr/local/bin).
+mkdir -p "$work/prefix/bin" "$work/prefix/share/hpctrain"
+printf '#!/bin/sh
+echo installed-trainer > "%s"
+exit 75
+' "$work/ran" > "$work/prefix/bin/hpctrain"
+chmod +x "$work/prefix/bin/hpctrain"
+rm -f "$work/ran"
+env -u HPCTRAIN PATH="$work/path-bin:$PATH" SLURM_JOB_ID=5 CHECKPOINT_DIR="$work/typo-ck" REQUEUE=0 bash -c \
+  'set -euo pipefail; HPCTRAIN_HOME=$0; source "$1/slurm/job.sh"; job_find_programs; job_run_trainer' \
+  "$work/prefix/share/hpctrain" "$repo" > /dev/null 2>&1
+[[ "$(cat "$work/ran" 2> /dev/null)" == installed-trainer ]] ||
+  fail "an install's job.sh did not run the install's hpctrain: $(cat "$work/ran" 2> /dev/null)"
 # The AWS cluster's data credentials, for train.sbatch's and sweep.sbatch's staging alike (only
 # train.sbatch pointed AWS_SHARED_CREDENTIALS_FILE at them: every sweep task's staging failed).
 printf '#!/bin/sh\necho "${AWS_SHARED_CREDENTIALS_FILE:-unset}" > "%s"\nexit 75\n' "$work/ran" > "$work/aws-trainer"
