@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,6 +138,13 @@ void AttemptWatcher::set_env() {
   ::setenv("HPCRUN_ATTEMPT", std::to_string(rec_.number).c_str(), 1);
   ::setenv("HPCRUN_RESTART_COUNT", std::to_string(restarts_).c_str(), 1);
   ::setenv("HPCRUN_TOKEN", hpcrun_token().c_str(), 1);
+  // hpcrun's umask, for the ranks (rank_exec_main sets it): a rank that sshd started took sshd's
+  // (022), and made the checkpoints of a job run under `umask 077` readable by every user.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  char octal[8];
+  std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mask));
+  ::setenv("HPCRUN_UMASK", octal, 1);
   if (o_.host_source == HostSource::Slurm && !o_.launch_agent_given) {
     for (const auto& [name, value] : slurm_allocation_env(placement_)) ::setenv(name.c_str(), value.c_str(), 1);
   }

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -269,6 +270,12 @@ int rank_exec_main(int argc, char** argv) {
   if (::getppid() != launcher) {
     std::fprintf(stderr, "hpcrun: error: rank %d: its launcher ended before the program started\n", report.rank);
     return 1;
+  }
+  // The launching hpcrun's umask (HPCRUN_UMASK), not the one Open MPI's daemon had: over ssh, sshd's.
+  if (const char* mask = std::getenv("HPCRUN_UMASK")) {
+    char* end = nullptr;
+    const unsigned long value = std::strtoul(mask, &end, 8);
+    if (*mask != '\0' && *end == '\0' && value <= 0777) ::umask(static_cast<mode_t>(value));
   }
   const pid_t child = start_program(argv, block);
   if (child < 0) {

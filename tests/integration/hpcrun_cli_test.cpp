@@ -357,6 +357,25 @@ TEST(HpcrunCli, LinksPutInTheLogDirectoryAreNeverWrittenThrough) {
   EXPECT_FALSE(fs::is_symlink(dir.file("b/summary.json")));
 }
 
+// A rank takes hpcrun's umask, not the one of what started it: over ssh that was sshd's (022),
+// and a job run under `umask 077`, as the README advises for a run's weights on shared storage,
+// wrote its checkpoints readable by all. hpcrun passes its umask on (HPCRUN_UMASK) and the rank's
+// wrapper sets it, whatever its own.
+TEST(HpcrunCli, RanksTakeHpcrunsUmask) {
+  TempDir dir("hpcrun_umask_ranks");
+  const mode_t before = ::umask(027);
+  const RunResult r = hpcrun({"--log-dir", dir.str(), "-np", "1", "sh", "-c", "umask; echo \"$HPCRUN_UMASK\""});
+  ::umask(022);  // the wrapper's own, as sshd's would be
+  setenv("HPCRUN_UMASK", "0077", 1);
+  const RunResult wrapped = run_program({hpcrun_binary(), "--rank-exec", "sh", "-c", "umask"}, 30);
+  unsetenv("HPCRUN_UMASK");
+  ::umask(before);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[a1:r0] 0027\n[a1:r0] 0027\n"), std::string::npos) << r.out;
+  EXPECT_EQ(wrapped.exit_code, 0) << wrapped.err;
+  EXPECT_EQ(wrapped.out, "0077\n") << wrapped.err;
+}
+
 // The MCA check's control: known parameters (a synonym too), components and exclusions run.
 TEST(HpcrunCli, KnownMcaSettingsRun) {
   TempDir dir("hpcrun_mca");
