@@ -682,7 +682,9 @@ TEST_F(Cli, ConfigFileProblemsWhereTheCommandLineSetsTheOptionToo) {
       {"epochs = 2000000\n", {"--epochs must be at most 1000000, got 2000000"}},
       {"seed = -1\n", {"--seed", "-1"}},
       {"lr = -0.5\n", {"--lr must be a positive number, got -0.5"}},
-      {"bucket-mb = 0\n", {"--bucket-mb must be a size in MB"}}};
+      {"bucket-mb = 0\n", {"--bucket-mb must be a size in MB"}},
+      // A size read only when the run starts, once: passed over where the command line set it.
+      {"snapshot-max-memory = banana\n", {"--snapshot-max-memory", "banana"}}};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = dir.file(std::to_string(i).append(".cfg"));
     write_text(path, cases[i].first);
@@ -690,7 +692,7 @@ TEST_F(Cli, ConfigFileProblemsWhereTheCommandLineSetsTheOptionToo) {
     auto expect = cases[i].second;
     expect.push_back("config file " + path);
     expect_refused({"--config", path, "--epochs", "1", "--model", "cnn", "--seed", "3", "--lr", "0.1", "--bucket-mb",
-                    "25"},
+                    "25", "--snapshot-max-memory", "10%"},
                    expect);
   }
 }

@@ -71,6 +71,7 @@ void validate_each_value(const TrainOptions& o) {
   HPC_REQUIRE(o.image_size <= 4096, "--image-size must be at most 4096 pixels, got ", o.image_size);
   HPC_REQUIRE(o.keep_checkpoints >= 1 && o.keep_checkpoints <= 1000000,
               "--keep-checkpoints must be from 1 to 1000000, got ", o.keep_checkpoints);
+  cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
 
   // As optim::Sgd and optim::LrSchedule would refuse them (they check again for their own callers).
   for (auto [v, name] : {std::pair{o.lr, "lr"}, {o.momentum, "momentum"}, {o.weight_decay, "weight-decay"},
@@ -462,8 +463,6 @@ std::optional<TrainOptions> parse_options(int argc, const char* const* argv, boo
     warn_options_without_effect(o, *vm);
   }
   validate_checkpointing(o, *vm);
-  // A usage error now, not when the run starts.
-  cpus::memory_size(o.snapshot_max_memory, cpus::host_memory_bytes(), "--snapshot-max-memory");
   return o;
 }
 
