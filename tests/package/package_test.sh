@@ -102,6 +102,11 @@ fi
 depends=$(field hpctrain-dev Depends)
 grep -q "hpctrain (= $version) | hpctrain-cuda (= $version)" <<< "$depends" || fail "hpctrain-dev does not depend on a runtime package: $depends"
 grep -q 'libboost-program-options-dev' <<< "$depends" || fail "hpctrain-dev's Depends lacks the -dev packages: $depends"
+# The exported targets name what the package depends on by name, never the build machine's paths
+# (its CUDA toolkit's /usr/local/cuda/lib/libcudnn.so, which NVIDIA's apt packages do not have).
+machine_paths=$(grep -hoE '/usr/local/cuda[^;" ]*|'"$BUILD_DIR"'[^;" ]*' "$tmp"/x/hpctrain-dev/usr/lib/cmake/hpctrain/*.cmake |
+  sort -u | xargs) || true
+[[ -z "$machine_paths" ]] || fail "hpctrain-dev's CMake targets name paths of the build machine: $machine_paths"
 
 # The files: programs, scripts, docs and man pages in the runtime packages; headers, archives and
 # the CMake package in hpctrain-dev only; Debian's copyright and changelog in every package.
