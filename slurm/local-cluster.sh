@@ -36,6 +36,10 @@
 # Job ids start from a range of the cluster's own (FirstJobId, from its port base), not from 1, so
 # that the MPI jobs of two clusters on this machine never share a name (see write_config).
 set -euo pipefail
+# Nothing it makes is others' to write, whatever the umask (root sources its files and runs its
+# daemons from them): under umask 000 its directories came out 0777, which it then refused as
+# others' to write, leaving them behind.
+umask "$(printf '%04o' $(($(umask) | 8#022)))"
 
 me=local-cluster.sh
 epilog=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/epilog.sh

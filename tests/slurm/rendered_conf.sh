@@ -4,7 +4,14 @@
 # munged), the controller answers, and the compute nodes are cloud nodes, powered down, with
 # their GPUs and power-saving programs as rendered.
 source "$(dirname "$0")/common.sh"
+# Booted under umask 000 (root's shell may have it): nothing the cluster made is others' to write
+# but munged's socket and the nodes' sticky TMPDIRs, which are for every user (it refused its own
+# 0777 directory, left behind).
+umask 000
 slurm_setup 1 120
+umask 022
+writable=$(find "$CLUSTER_DIR" ! -type s ! -type l -perm -0002 ! -perm -1000 | head -n 3)
+[[ -z "$writable" ]] || fail "local-cluster.sh under umask 000 made these writable by others: $writable"
 
 # start_rendered DIR MAX_NODES: a slurmctld on the bootstrap's slurm.conf for MAX_NODES compute
 # nodes (48 CPUs and 4 GPUs each), rendered into DIR; SLURM_CONF then names it.
