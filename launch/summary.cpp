@@ -1,6 +1,4 @@
 // The end of hpcrun's run: the summary on the terminal and in hpcrun.log, and summary.json.
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt/store.hpp"
 #include "core/duration.hpp"
-#include "core/file_identity.hpp"
-#include "core/signal_safe_text.hpp"
+#include "core/error.hpp"
 #include "supervisor.hpp"
 
 namespace hpc::launch {
@@ -88,18 +86,17 @@ Json attempt_json(const AttemptRecord& a, const AttemptRecord* next) {
   return j;
 }
 
-// Written whole under a temporary name of this process's, then renamed: a reader never sees half
-// a file, and two hpcruns ending at once on one log directory do not rename each other's. Made
-// anew (create_new_file: 0644 at most, as the logs), never written through a link planted under
-// the name: the pid in it is in ps for all to see.
+// Written as the checkpoints are (ckpt::write_file_atomically): whole under a temporary name of
+// this process's, then renamed, so that a reader never sees half a file and two hpcruns ending at
+// once on one log directory do not rename each other's; the temporary file made anew (0644 at
+// most, as the logs), never written through a link planted under its name (its pid is in ps).
 bool write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = create_new_file(tmp);
-  if (fd < 0) return false;
-  const bool whole = signal_safe::write_whole(fd, text.data(), text.size());
-  if (::close(fd) == 0 && whole && ::rename(tmp.c_str(), path.c_str()) == 0) return true;
-  ::unlink(tmp.c_str());
-  return false;
+  try {
+    ckpt::write_file_atomically(path, std::vector<ckpt::ByteSpan>{{text.data(), text.size()}});
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 }  // namespace
