@@ -526,14 +526,18 @@ bool Snapshotter::due(int64_t step) const {
 bool Snapshotter::settle() {
   try {
     writer_->wait();
-    if (std::exchange(submitted_, false) && std::exchange(failing_, false)) log::info("snapshots are written again");
+    if (failed_at_ && writer_->completed().first > *failed_at_) {
+      failed_at_.reset();
+      log::info("snapshots are written again");
+    }
     return true;
   } catch (const Error& e) {
-    submitted_ = false;
     // Said once, as the output files' failures: a full memory file system fails every try.
-    if (!std::exchange(failing_, true))
+    if (!failed_at_) {
+      failed_at_ = writer_->completed().first;
       log::warn("a snapshot could not be written (", e.what(), "); training goes on, the previous one stays, and ",
                 "so do the tries (said once, until one is written)");
+    }
     return false;
   }
 }
@@ -561,7 +565,6 @@ void Snapshotter::take(const RunPosition& at) {
     engine_.begin_snapshot(c);  // the parameters and momentum: on the writer's thread
   }
   if (write) writer_->submit(std::move(c), at.step, [this] { engine_.complete_snapshot(); });
-  submitted_ = submitted_ || write;
   ++taken_;
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   stall_ += took;

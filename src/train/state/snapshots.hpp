@@ -152,8 +152,8 @@ class Snapshotter {
   std::unique_ptr<ckpt::AsyncWriter> writer_;
   int in_use_fd_ = -1;  // the run directory's in-use lock (shared), held while the run lives
   int64_t last_ = -1, taken_ = 0;
-  bool failing_ = false;  // the last write failed, and was said (once, until one is written again)
-  bool submitted_ = false;  // a write handed to writer_ since settle() last waited
+  // writer_'s count of writes completed when one failed (said once, until a write completes again)
+  std::optional<int64_t> failed_at_;
   int64_t every_ = 0;  // steps between snapshots (rank 0's, adapted under auto)
   double stall_ = 0;
   std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
