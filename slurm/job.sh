@@ -591,18 +591,17 @@ job_check_launcher_settings() {
 # is (job_run_trainer refuses it if it is no executable file): a typo in it fell back to whatever
 # PATH held, without a word.
 job_find_programs() {
-  local installed=""
-  [[ "$HPCTRAIN_HOME" != */share/hpctrain ]] || installed=${HPCTRAIN_HOME%/share/hpctrain}/bin
-  if [[ -z "${HPCTRAIN:-}" ]]; then
-    HPCTRAIN=$HPCTRAIN_HOME/build/src/hpctrain
-    [[ -x "$HPCTRAIN" || -z "$installed" || ! -x "$installed/hpctrain" ]] || HPCTRAIN=$installed/hpctrain
-    [[ -x "$HPCTRAIN" ]] || HPCTRAIN=$(command -v hpctrain || echo "$HPCTRAIN")
-  fi
-  if [[ -z "${HPCRUN:-}" ]]; then
-    HPCRUN=$HPCTRAIN_HOME/build/launch/hpcrun
-    [[ -x "$HPCRUN" || -z "$installed" || ! -x "$installed/hpcrun" ]] || HPCRUN=$installed/hpcrun
-    [[ -x "$HPCRUN" ]] || HPCRUN=$(command -v hpcrun || echo "$HPCRUN")
-  fi
+  job_find_program HPCTRAIN hpctrain src
+  job_find_program HPCRUN hpcrun launch
+}
+# job_find_program VARIABLE NAME BUILD_FOLDER: job_find_programs' search for one of them.
+job_find_program() {
+  local -n program=$1
+  [[ -z "${program:-}" ]] || return 0
+  program=$HPCTRAIN_HOME/build/$3/$2
+  local installed=${HPCTRAIN_HOME%/share/hpctrain}/bin/$2
+  [[ -x "$program" || "$HPCTRAIN_HOME" != */share/hpctrain || ! -x "$installed" ]] || program=$installed
+  [[ -x "$program" ]] || program=$(command -v "$2" || echo "$program")
 }
 
 # job_aws_credentials: on the AWS cluster a job has no role of its node's (its metadata service is
