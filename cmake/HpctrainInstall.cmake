@@ -244,7 +244,7 @@ if(HPCTRAIN_GPU_TRAINING)
   set(CPACK_DEBIAN_HPCTRAIN-CUDA_PACKAGE_PROVIDES "hpctrain (= ${HPCTRAIN_DEB_VERSION})")
   # nvJPEG (libnvjpeg.so.13, loaded at run time: --jpeg-decode auto or gpu): JPEG shards decoded on the GPU.
   # Without it, the loader's threads decode (one info line), so only recommended.
-  set(CPACK_DEBIAN_HPCTRAIN-CUDA_PACKAGE_RECOMMENDS "python3-matplotlib, dataset-fashion-mnist, awscli, libnvjpeg-${cuda}")
+  string(APPEND CPACK_DEBIAN_HPCTRAIN-CUDA_PACKAGE_RECOMMENDS ", libnvjpeg-${cuda}")
   set(CPACK_DEBIAN_HPCTRAIN-CUDA_PACKAGE_CONFLICTS "hpctrain")
   set(CPACK_DEBIAN_HPCTRAIN-CUDA_PACKAGE_REPLACES "hpctrain")
   set(CPACK_DEBIAN_HPCTRAIN-CUDA_DESCRIPTION "data-parallel trainer for HPC clusters (CUDA)\n${description_tail}\n\nThis package trains on NVIDIA GPUs (CUDA ${CUDAToolkit_VERSION_MAJOR}.${CUDAToolkit_VERSION_MINOR}, cuDNN, NCCL) and on\nCPUs. It needs NVIDIA's driver and apt repository.")
