@@ -309,7 +309,7 @@ void AttemptWatcher::watch_heartbeat(double t) {
   watch_lock(t);
   if (!record_beat(t)) return;
   phase_.progress(t);
-  watch_stragglers(t);
+  if (!job_.heartbeat.writing()) watch_stragglers(t);
 }
 
 // A relaunch after a lost host can find the last attempt's rank 0 still alive there, holding the
@@ -331,6 +331,9 @@ void AttemptWatcher::watch_lock(double t) {
 
 bool AttemptWatcher::record_beat(double t) {
   if (!job_.heartbeat.poll(t)) return false;
+  // A beat of a checkpoint's write that moves (hpctrain's Heartbeat::writing): the job is alive but
+  // took no step, which the attempt's step times must not count; in set-up's stop it is still starting.
+  if (job_.heartbeat.writing()) return rec_.first_step >= 0;
   if (rec_.first_step < 0) {
     rec_.first_step = job_.heartbeat.step();
     rec_.first_step_at = t;

@@ -103,6 +103,8 @@ class HeartbeatWatch {
   // A heartbeat field ("" when it has none).
   std::string field(const std::string& key) const;
   bool seen() const { return seen_; }
+  // Whether the last beat says the job waits for a checkpoint's write that moves (no step).
+  bool writing() const { return !field("checkpoint_step").empty(); }
 
  private:
   std::string dir_;

@@ -315,8 +315,9 @@ Entry start_timeout() {
 Group recovery_group() {
   return {"Failures",
           {options::duration("stall-timeout", own(&L::stall_timeout),
-                             "a job whose heartbeat shows no finished step for this long (from its launch, unless "
-                             "--start-timeout is given) is killed and relaunched; at least " +
+                             "a job whose heartbeat shows no finished step (nor a checkpoint's write that moves) "
+                             "for this long (from its launch, unless --start-timeout is given) is killed and "
+                             "relaunched; at least " +
                                  show_duration(kMinStallTimeout) + " (0: off)",
                              wait_at_most(start_up_or_zero(" (it counts from the launch)", "to turn it off"))),
            start_timeout(),

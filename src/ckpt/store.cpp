@@ -134,6 +134,49 @@ double pause_before_rename() {
   return v ? std::atof(v) : 0.0;
 }
 
+// Test hook: HPCTRAIN_TEST_SLOW_WRITE=SECONDS[:CHUNKS] makes every write that reports its progress
+// a slow file system's: its bytes in CHUNKS chunks (the size's own otherwise), SECONDS slept before
+// each chunk's sync.
+struct SlowWrite {
+  double seconds = 0;
+  uint64_t chunks = 0;
+};
+SlowWrite slow_write() {
+  const char* v = std::getenv("HPCTRAIN_TEST_SLOW_WRITE");
+  if (!v) return {};
+  const char* colon = std::strchr(v, ':');
+  return {std::atof(v), colon ? std::strtoull(colon + 1, nullptr, 10) : 0};
+}
+
+// pieces' bytes written in chunks, each synced (fdatasync) before progress counts it.
+void write_synced_chunks(int fd, const std::vector<ByteSpan>& pieces, const std::string& path,
+                         WriteProgress& progress) {
+  uint64_t total = 0;
+  for (const ByteSpan& p : pieces) total += p.size;
+  const SlowWrite slow = slow_write();
+  const uint64_t chunk = slow.chunks ? std::max<uint64_t>(1, (total + slow.chunks - 1) / slow.chunks)
+                                     : WriteProgress::kSyncChunkBytes;
+  progress.synced.store(0);
+  progress.total.store(total);
+  uint64_t synced = 0, unsynced = 0;
+  const auto sync = [&] {
+    if (slow.seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow.seconds));
+    if (::fdatasync(fd) != 0) io_error("fsync", path);
+    synced += std::exchange(unsynced, 0);
+    progress.synced.store(synced);
+    progress.chunks.fetch_add(1);
+  };
+  for (const ByteSpan& p : pieces)
+    for (size_t at = 0; at < p.size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(p.size - at, chunk - unsynced));
+      write_all(fd, p.data + at, n, path);
+      at += n;
+      unsynced += n;
+      if (unsynced == chunk) sync();
+    }
+  if (unsynced > 0) sync();
+}
+
 // Test hook: HPCTRAIN_TEST_HOLD_BEFORE_RENAME=NAME:PATH holds the write of a file named NAME at
 // the same point while PATH exists (a minute at most), for a test that acts there, however long a
 // loaded machine takes it to see the temporary file, and then lets the write go by removing PATH.
@@ -276,7 +319,8 @@ int rename_no_replace(const std::string& tmp, const std::string& path) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse,
-                           const std::function<void()>& before_rename, bool locked, bool replace) {
+                           const std::function<void()>& before_rename, bool locked, bool replace,
+                           WriteProgress* progress) {
   const std::string tmp = path + kTemporaryInfix + std::to_string(::getpid());
   const UnfinishedMark mark(tmp);
   const bool reused = !reuse.empty() && ::rename(reuse.c_str(), tmp.c_str()) == 0;
@@ -294,9 +338,10 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
   try {
     size_t size = 0;
     for (const ByteSpan& p : pieces) {
-      write_all(fd, p.data, p.size, tmp);
+      if (!progress) write_all(fd, p.data, p.size, tmp);
       size += p.size;
     }
+    if (progress) write_synced_chunks(fd, pieces, tmp, *progress);
     if (reused && ::ftruncate(fd, static_cast<off_t>(size)) != 0) io_error("truncate", tmp);
     if (::fsync(fd) != 0) io_error("fsync", tmp);
   } catch (...) {
@@ -486,12 +531,13 @@ void CheckpointStore::supersede_after(int64_t after) {
             ": left beside its own, they would outrank them, or retention would delete them");
 }
 
-std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step) {
+std::string CheckpointStore::write(const Encoded& checkpoint, int64_t step, WriteProgress* progress) {
   require_owned();
   const std::string path = (fs::path(dir_) / file_name(step)).string();
   // The lock asked again before the rename: a run taken over during the write (its host stopped
   // for longer than the stale time) puts no file into the directory its successor now writes.
-  write_file_atomically(path, checkpoint.pieces(), reuse_pages_ ? spare() : "", [this] { require_owned(); });
+  write_file_atomically(path, checkpoint.pieces(), reuse_pages_ ? spare() : "", [this] { require_owned(); },
+                        /*locked=*/false, /*replace=*/true, progress);
   // Retention: only after the new one is durable, and only by the lock's holder.
   require_owned();
   const std::vector<std::string> all = list_checkpoints(dir_);
@@ -826,6 +872,12 @@ void AsyncWriter::wait() {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
+bool AsyncWriter::wait_for(double seconds) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, seconds)),
+                      [&] { return (!pending_ && !busy_) || failure_; });
+}
+
 Checkpoint AsyncWriter::recycled() {
   wait();
   std::lock_guard lock(mu_);
@@ -860,13 +912,15 @@ void AsyncWriter::run() {
       job = std::move(*pending_);
       pending_.reset();
       busy_ = true;
+      progress_.synced.store(0);
+      progress_.total.store(0);
     }
     std::string path;
     std::exception_ptr failure;
     try {
       if (job.fill) job.fill();
       const Encoded encoded(job.snapshot);  // (the CRCs) here, off the step loop
-      path = store_.write(encoded, job.step);
+      path = store_.write(encoded, job.step, &progress_);
     } catch (...) {
       failure = std::current_exception();
     }

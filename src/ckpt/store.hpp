@@ -5,6 +5,7 @@
 // pays for copying the state.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -23,6 +24,7 @@
 namespace hpc::ckpt {
 
 class DirectoryLock;
+struct WriteProgress;
 
 class CheckpointStore {
  public:
@@ -33,7 +35,8 @@ class CheckpointStore {
   // is never read; the directory then holds keep checkpoints and one spare.
   CheckpointStore(std::string dir, int keep, bool reuse_pages = false);
   // Writes the checkpoint of `step`; returns its path. Then deletes all but the newest keep.
-  std::string write(const Encoded& checkpoint, int64_t step);
+  // progress: where given, counts its bytes as they are written and synced (WriteProgress).
+  std::string write(const Encoded& checkpoint, int64_t step, WriteProgress* progress = nullptr);
   const std::string& dir() const { return dir_; }
 
   // For a run that does not continue the directory's newest checkpoint (a fresh start, step
@@ -150,11 +153,24 @@ inline constexpr size_t kLongestTemporaryTail = sizeof kTemporaryInfix - 1 + 7;
 // that PATH is not there, made before the file was made, held only until then.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes, const std::string& reuse = "",
                            bool locked = false, bool replace = true);
+// How far a write that reports its progress has come (a checkpoint writer's, read by the ranks
+// that wait for it: a slow file system that still moves is not a hang). Its bytes are written in
+// chunks of kSyncChunkBytes, each made durable (fdatasync) before it counts: on NFS and EFS the
+// transfer happens in the sync, not in write(), which fills the page cache at memory's pace.
+struct WriteProgress {
+  static constexpr uint64_t kSyncChunkBytes = uint64_t{16} << 20;
+  std::atomic<uint64_t> synced{0};  // bytes of the write under way written and synced
+  std::atomic<uint64_t> total{0};   // its size (0 until its bytes are known)
+  std::atomic<uint64_t> chunks{0};  // chunks synced by every write so far: it grows with each
+};
+
 // The same with the file's bytes in pieces, written in order (an Encoded checkpoint's).
 // before_rename: called with the temporary file written whole, just before the rename; what it
 // throws removes that file and is thrown on (a checkpoint store's check that its lock is still held).
+// progress: where given, the bytes go in synced chunks counted there (WriteProgress).
 void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& pieces, const std::string& reuse = "",
-                           const std::function<void()>& before_rename = {}, bool locked = false, bool replace = true);
+                           const std::function<void()>& before_rename = {}, bool locked = false, bool replace = true,
+                           WriteProgress* progress = nullptr);
 
 // Removes the PATH.tmp.PID files that earlier write_file_atomically(PATH, ...) calls left when
 // their processes were killed before the rename (SIGKILL, the OOM killer, a lost host: no handler
@@ -251,6 +267,11 @@ class AsyncWriter {
   double submit(Checkpoint snapshot, int64_t step, std::function<void()> fill = {});
   // Waits until nothing is in flight; throws a failed write's error.
   void wait();
+  // Waits up to `seconds` for nothing to be in flight; whether nothing is. Never throws: a failed
+  // write is kept for wait() or recycled() to throw.
+  bool wait_for(double seconds);
+  // The write in flight's bytes synced and size, and the chunks synced by all writes so far.
+  const WriteProgress& progress() const { return progress_; }
   // A snapshot to fill for the next submit: the last one written, handed back with its
   // buffers' capacity, so taking a snapshot copies into memory already mapped instead of
   // faulting in fresh pages (most of a large model's stall). Waits like submit.
@@ -282,6 +303,7 @@ class AsyncWriter {
   std::string last_;
   int64_t completed_ = 0;
   double completed_unix_ = 0;
+  WriteProgress progress_;
   std::thread thread_;
 };
 

@@ -111,8 +111,10 @@ class Checkpoints : public ::testing::Test {
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+    unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
   }
   void TearDown() override {
+    unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
     unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_KILL_AFTER_STEP");
     unsetenv("HPCTRAIN_TEST_PAUSE_BEFORE_RENAME");
@@ -728,6 +730,89 @@ TEST_F(Checkpoints, TheWatchdogEndsAJobWithAStoppedRank) {
           << read_text(prom);
     }
   }
+}
+
+// job()'s options with the checkpoints of the stop and the end alone (or every `every` steps).
+std::vector<std::string> with_checkpoints_every(std::vector<std::string> args, const std::string& every = "") {
+  const auto at = std::find(args.begin(), args.end(), std::string("--checkpoint-every-steps"));
+  if (every.empty()) {
+    *at = "--keep-checkpoints";
+  } else {
+    *(at + 1) = every;
+  }
+  return args;
+}
+
+// A checkpoint that a slow file system takes longer than --step-timeout to write, but that moves
+// (HPCTRAIN_TEST_SLOW_WRITE: 12 chunks, each synced after 0.5 s), is no hang: a stop's on 2 ranks
+// ends in 75 with the checkpoint whole, every rank's watchdog fed by each synced chunk, the
+// heartbeat naming the write's bytes meanwhile (a launcher's stall clock reads it), and the job
+// resumes from it exactly. Before, both watchdogs fired 3 s into the 6 s write: 124, the
+// checkpoint lost.
+TEST_F(Checkpoints, ACheckpointWriteThatMovesOutlastsTheStepTimeout) {
+  const std::string ck = dir_.file("slow");
+  auto args = with_checkpoints_every(job(ck, dir_.file("slow.jsonl")));
+  args.insert(args.end(), {"--step-timeout", "3s"});
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:12", 1);
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "11@1", 1);
+  const auto p = start_mpi(2, args);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
+  std::string beat;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        beat = read_text(ck + "/heartbeat");
+        return beat.find("\ncheckpoint_step=11\ncheckpoint_bytes_synced=") != std::string::npos &&
+               beat.find("\ncheckpoint_bytes_synced=0\n") == std::string::npos;
+      },
+      60))
+      << "no beat named the write's synced bytes; the last:\n" << beat;
+  const RunResult r = p->finish(120);
+  ASSERT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_EQ(r.err.find("hpctrain: error:"), std::string::npos) << r.err;
+  EXPECT_GE(r.seconds, 6.0) << "the write was not slow";
+  expect_stopped_heartbeat(ck);
+  for (const auto& e : fs::directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  expect_exact_resume(2, ck, 11);
+}
+
+// The same for the checkpoints of a run on one rank: a periodic one still in flight when the next
+// is due (step 20's save waits for step 10's write) and the final one; the run ends in 0.
+TEST_F(Checkpoints, APeriodicAndTheFinalCheckpointThatMoveOutlastTheStepTimeout) {
+  const std::string ck = dir_.file("slow1"), m = dir_.file("slow1.jsonl");
+  auto args = with_checkpoints_every(job(ck, m, 1), "10");
+  args.insert(args.end(), {"--step-timeout", "3s"});
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:8", 1);
+  const RunResult r = run_hpctrain(args);
+  unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("hpctrain: error:"), std::string::npos) << r.err;
+  EXPECT_GE(r.seconds, 8.0) << "the writes were not slow";
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000010.hpck"));
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000020.hpck"));
+  EXPECT_NE(read_text(ck + "/heartbeat").find("\nstate=done\n"), std::string::npos) << read_text(ck + "/heartbeat");
+}
+
+// A write that syncs nothing (30 s before its first chunk) is still a hang: every rank ends it with
+// 124 within --step-timeout, the line naming the checkpoint and that nothing of it was synced.
+TEST_F(Checkpoints, ACheckpointWriteThatDoesNotMoveEndsTheJob) {
+  const std::string ck = dir_.file("stuck");
+  auto args = with_checkpoints_every(job(ck, dir_.file("stuck.jsonl")));
+  args.insert(args.end(), {"--step-timeout", "3s"});
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", "30:2", 1);
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "11@1", 1);
+  const RunResult r = run_mpi(2, args);
+  unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
+  unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_LT(r.seconds, 25.0) << r.err;
+  EXPECT_NE(r.err.find(": the checkpoint of step 11 made no progress within --step-timeout 3 s (0 bytes written and "
+                       "synced): a file system that does not answer? Exiting with code 124"),
+            std::string::npos) << r.err;
+  const std::string beat = read_text(ck + "/heartbeat");
+  EXPECT_NE(beat.find("\nstate=failed\n"), std::string::npos) << beat;
+  EXPECT_NE(beat.find("\nexit_code=124\n"), std::string::npos) << beat;
 }
 
 // One rank stopped by SIGSTOP during set-up, once the data are loaded: the other waits in

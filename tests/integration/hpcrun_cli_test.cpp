@@ -1260,6 +1260,29 @@ TEST(HpcrunCli, AConfigFilesCheckpointDirAndResumeAreSeen) {
   EXPECT_EQ(d.at("resumed_from_step").number, 8);
 }
 
+// A checkpoint whose write outlasts --stall-timeout but moves is no stall: hpctrain's heartbeat
+// names its synced bytes as they come, which hpcrun takes for life (not for a step). The final
+// checkpoint, 20 chunks each synced after 0.5 s, under --stall-timeout 5s: one attempt, a success.
+// Before, the heartbeat stood still for the write, and hpcrun killed the job as stalled.
+TEST(HpcrunCli, ACheckpointWriteThatMovesIsNoStall) {
+  TempDir dir("hpcrun_slow_write");
+  const std::string ck = dir.file("ck");
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:20", 1);
+  const RunResult r = hpcrun({"-np", "1", "--stall-timeout", "5s", "--max-restarts", "0", hpctrain_binary(),
+                              "--checkpoint-dir", ck, "--max-steps", "4", "--step-timeout", "3s",
+                              "--snapshot-every-steps", "0", "--train-samples", "1280", "--test-samples", "100",
+                              "--threads", "1", "--device", "cpu", "--data-dir", fashion_mnist_dir()},
+                             120);
+  unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("stall"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-000000004.hpck")) << r.err;
+  const nlohmann::json sum = summary(ck + "/hpcrun/summary.json");
+  ASSERT_EQ(sum["attempts"].size(), 1u) << sum;
+  EXPECT_EQ(sum["attempts"][0]["result"], "success");
+  EXPECT_EQ(sum["attempts"][0]["last_step"], 4) << sum;
+}
+
 // hpcrun removes its own membership-change marker only: another hpcrun's (of the same checkpoint
 // directory, its drain under way) was removed at each attempt's start and at the end, and that
 // stop then wrote a checkpoint instead of keeping the state in memory.

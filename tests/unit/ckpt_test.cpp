@@ -450,6 +450,38 @@ TEST(AsyncWriter, AFailedWriteIsTheCallersOnceAndTheWriterGoesOn) {
   EXPECT_EQ(ckpt::list_checkpoints(tmp.str()).size(), 1u);
 }
 
+// A checkpoint writer counts its bytes as they are synced, chunk by chunk (HPCTRAIN_TEST_SLOW_WRITE:
+// 4 chunks, 50 ms before each sync): never backwards, to the file's size; wait_for says whether the
+// write is over and never throws: a failure is kept for wait().
+TEST(AsyncWriter, CountsSyncedBytesAndItsTimedWaitNeverThrows) {
+  const TempDir tmp;
+  ckpt::CheckpointStore store(tmp.str(), 5);
+  ::setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.05:4", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("HPCTRAIN_TEST_SLOW_WRITE"); }
+  } unset;
+  ckpt::AsyncWriter writer(store);
+  const uint64_t chunks = writer.progress().chunks.load();
+  writer.submit(sample(), 7);
+  uint64_t last = 0, seen = 0;
+  while (!writer.wait_for(0.01)) {
+    const uint64_t synced = writer.progress().synced.load();
+    EXPECT_GE(synced, last);
+    if (synced != last) ++seen;
+    last = synced;
+  }
+  EXPECT_GE(seen, 2u) << "the bytes were not counted as they were synced";
+  const std::string file = writer.last_written();
+  EXPECT_EQ(writer.progress().synced.load(), std::filesystem::file_size(file));
+  EXPECT_EQ(writer.progress().total.load(), std::filesystem::file_size(file));
+  EXPECT_EQ(writer.progress().chunks.load(), chunks + 4);
+  writer.submit(sample(), 8, [] { throw std::runtime_error("planted: the fill failed"); });
+  bool over = false;
+  EXPECT_NO_THROW(over = writer.wait_for(10));
+  EXPECT_TRUE(over);
+  EXPECT_THROW(writer.wait(), std::runtime_error);
+}
+
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
   const TempDir tmp;  // removed at the end, however the test ends
   const std::string dir = tmp.str();

@@ -962,6 +962,31 @@ TEST(HeartbeatWatch, CountsOnlyItsOwnAttemptsBeats) {
   std::filesystem::remove_all(dir);
 }
 
+// A beat that only says how far a checkpoint's write came (hpctrain's Heartbeat::writing) is a
+// change, which the stall clock takes for life, and says it is a write: no step.
+TEST(HeartbeatWatch, TellsAWritesBeatFromAStep) {
+  const std::string dir = ::testing::TempDir() + "/hpcrun_write_beats";
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& text) { std::ofstream(dir + "/heartbeat") << text; };
+  HeartbeatWatch watch(dir);
+  watch.begin(0, 1);
+  write("step=4\nstate=training\n");
+  EXPECT_TRUE(watch.poll(1));
+  EXPECT_FALSE(watch.writing());
+  write("step=4\nstate=training\ncheckpoint_step=4\ncheckpoint_bytes_synced=16777216\ncheckpoint_bytes=90000000\n");
+  EXPECT_TRUE(watch.poll(2));
+  EXPECT_TRUE(watch.writing());
+  EXPECT_EQ(watch.step(), 4);
+  EXPECT_EQ(watch.last_progress(), 2);
+  write("step=4\nstate=training\ncheckpoint_step=4\ncheckpoint_bytes_synced=33554432\ncheckpoint_bytes=90000000\n");
+  EXPECT_TRUE(watch.poll(3));
+  EXPECT_EQ(watch.last_progress(), 3);
+  write("step=4\nstate=done\n");
+  EXPECT_TRUE(watch.poll(4));
+  EXPECT_FALSE(watch.writing());
+  std::filesystem::remove_all(dir);
+}
+
 // An attempt's rank 0 waits for the checkpoint directory's lock while another live process holds
 // it: the rank 0 of an earlier attempt (cut off, alive until its watchdog ends it) or another run.
 // The attempt's own lock, one released or left by a process gone (its record unchanged for the

@@ -40,6 +40,52 @@ TEST(StepWatchdog, StaysQuietWhileStepsKeepFinishing) {
   EXPECT_FALSE(fired);
 }
 
+// While the loop waits for a checkpoint's write, a chunk synced is progress: a write that moves
+// keeps the watchdog quiet for longer than the timeout; slices without a chunk do not count.
+TEST(StepWatchdog, AWriteThatMovesIsProgressAndOneThatDoesNotIsNot) {
+  std::atomic<bool> fired{false};
+  {
+    StepWatchdog dog(0.5, "rank 0", [&](const std::string&) { fired = true; });
+    dog.progress(11);
+    for (int chunk = 1; chunk <= 15; ++chunk) {  // 1.5 s of 100 ms chunks: longer than the timeout
+      std::this_thread::sleep_for(100ms);
+      dog.writing(11, (uint64_t{1} << 24) * static_cast<uint64_t>(chunk), true, true);
+    }
+  }
+  EXPECT_FALSE(fired);
+  std::promise<std::string> expired;
+  StepWatchdog dog(0.3, "rank 1 on node7", [&](const std::string& m) { expired.set_value(m); });
+  dog.progress(11);
+  dog.writing(11, 1234, false, true);
+  auto f = expired.get_future();
+  for (int slice = 0; slice < 1000 && f.wait_for(10ms) != std::future_status::ready; ++slice)
+    dog.writing(11, 1234, false, false);  // slices that synced nothing
+  ASSERT_EQ(f.wait_for(0s), std::future_status::ready) << "a write that synced nothing never fired";
+  const std::string m = f.get();
+  EXPECT_NE(m.find("rank 1 on node7: rank 0's checkpoint of step 11 made no progress within --step-timeout 0.3 s (1234 "
+                   "bytes written and synced): its file system does not answer, or rank 0 stopped, died or lost its "
+                   "network? Exiting with code 124"),
+            std::string::npos) << m;
+}
+
+// Rank 0's own write names its file system; progress() ends the wait (the message names steps again).
+TEST(StepWatchdog, RankZerosOwnWriteNamesItsFileSystemAndProgressEndsTheWait) {
+  for (const bool ended : {false, true}) {
+    std::promise<std::string> expired;
+    StepWatchdog dog(0.3, "rank 0 on node1", [&](const std::string& m) { expired.set_value(m); },
+                     StepWatchdog::Poll{}, Watched::SetUp);
+    dog.writing(3, 0, true, false);
+    if (ended) dog.progress(0);
+    auto f = expired.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    const std::string m = f.get();
+    const std::string write = "rank 0 on node1: the checkpoint of step 3 made no progress within --start-timeout 0.3 s "
+                              "(0 bytes written and synced): a file system that does not answer?";
+    EXPECT_EQ(m.find(write) != std::string::npos, !ended) << m;
+    EXPECT_EQ(m.find("set-up did not end within --start-timeout 0.3 s") != std::string::npos, ended) << m;
+  }
+}
+
 TEST(StepWatchdog, ZeroMeansOff) {
   std::atomic<bool> fired{false};
   {

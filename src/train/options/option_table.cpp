@@ -377,7 +377,8 @@ std::vector<Option> checkpoints() {
            "log and the metrics file (event extended)"),
       duration("step-timeout", &Members::step_timeout_seconds, R::Local,
                "end the job (exit code 124) when no step finishes for this long, as when a peer hangs or died inside "
-               "an all-reduce: 90s, 10m (0: never; else 1s to 1000h)"),
+               "an all-reduce (a checkpoint being written counts from its last synced chunk): 90s, 10m (0: never; "
+               "else 1s to 1000h)"),
       duration("start-timeout", &Members::start_timeout_seconds, R::Local,
                "end the job (exit code 124) when set-up, from the options read to the first step, takes this long, as "
                "when a peer stopped or died while starting (a wait for --checkpoint-lock-wait does not count): 30m, "

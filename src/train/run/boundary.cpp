@@ -180,6 +180,14 @@ void Heartbeat::stepped(int64_t step, int64_t epochs_done) {
   if (store_ && beaten_) ckpt::arm_final_heartbeat(step, epochs_done);
 }
 
+void Heartbeat::writing(int64_t step, int64_t epochs_done, int64_t checkpoint_step, uint64_t synced, uint64_t total) {
+  if (!store_ || seconds_since(last_) < 1.0 || !store_->owned()) return;
+  ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training",
+                        detail::concat(resumed_, "checkpoint_step=", checkpoint_step, "\ncheckpoint_bytes_synced=",
+                                       synced, "\ncheckpoint_bytes=", total, "\n"));
+  last_ = Clock::now();
+}
+
 void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra) {
   if (store_ && store_->owned()) ckpt::write_heartbeat(store_->dir(), step, epochs_done, state, resumed_ + extra);
   // After the write: a stop at once meanwhile leaves "stopped", never "training".
@@ -188,8 +196,14 @@ void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const
 }
 
 Checkpointer::Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o,
-                           std::unique_ptr<ckpt::CheckpointStore> store, Engine& engine, ModelIdentity model)
-    : ctx_(ctx), o_(o), store_(std::move(store)), engine_(engine), model_(std::move(model)) {
+                           std::unique_ptr<ckpt::CheckpointStore> store, Engine& engine, ModelIdentity model,
+                           OnWait on_wait)
+    : ctx_(ctx),
+      o_(o),
+      store_(std::move(store)),
+      engine_(engine),
+      model_(std::move(model)),
+      on_wait_(std::move(on_wait)) {
   if (store_) writer_ = std::make_unique<ckpt::AsyncWriter>(*store_);
 }
 
@@ -211,6 +225,7 @@ void Checkpointer::save(const RunPosition& at, bool last) {
     return;
   const auto t0 = Clock::now();
   require_finite_state(ctx_.world(), engine_, o_, at.step, writer_ != nullptr);
+  await_writes();  // the last one's
   last_saved_ = at;
   dist::collectively(ctx_, [&] {
     if (!writer_) return;
@@ -232,7 +247,38 @@ void Checkpointer::save(const RunPosition& at, bool last) {
   ++written_;
 }
 
+// Rank 0's write in flight waited for in slices, every rank told after each how far it came: a
+// chunk synced is progress to every rank's step watchdog, so a checkpoint that a slow file system
+// takes longer than --step-timeout to write is not killed as a hang, while one that makes no
+// progress still is. Each slice is an allgather, not a broadcast from rank 0, which may finish at
+// the root before the peers have it: rank 0 would go on feeding its watchdog with its peers dead.
+// The same number of slices on every rank (all go by rank 0's word); a failure stays in the
+// writer for the collective that follows to throw.
+void Checkpointer::await_writes() {
+  if (o_.checkpoint_dir.empty() || !last_saved_) return;
+  const double timeout = std::min(o_.step_timeout_seconds > 0 ? o_.step_timeout_seconds : 4.0,
+                                  o_.start_timeout_seconds > 0 ? o_.start_timeout_seconds : 4.0);
+  const double slice = std::clamp(timeout / 4, 0.05, 1.0);
+  WriteWait w{last_saved_->step};
+  do {
+    uint64_t word = 0;
+    if (writer_) {
+      const bool done = writer_->wait_for(slice);
+      const uint64_t chunks = writer_->progress().chunks.load();
+      word = writer_->progress().synced.load() << 2 | (chunks != chunks_seen_ ? 2 : 0) | (done ? 1 : 0);
+      chunks_seen_ = chunks;
+      w.total = writer_->progress().total.load();
+    }
+    if (ctx_.world_size() > 1) word = ctx_.world().allgather(word)[0];
+    w.synced = word >> 2;
+    w.progressed = (word & 2) != 0;
+    w.done = (word & 1) != 0;
+    if (on_wait_) on_wait_(w);
+  } while (!w.done);
+}
+
 void Checkpointer::wait_for_writes(const std::string& doing) {
+  await_writes();
   dist::collectively(ctx_, [&] {
     if (!writer_) return;
     try {

@@ -143,6 +143,11 @@ class Heartbeat {
   // A step just done (as the metrics' record of it, final_records::steps_done): where a stop at
   // once finds the run, before the step's boundary beats (a signal may come in between).
   void stepped(int64_t step, int64_t epochs_done);
+  // A beat while the run waits for rank 0's checkpoint of `checkpoint_step`, which has come as far
+  // as `synced` of `total` bytes written and synced (checkpoint_step=, checkpoint_bytes_synced=,
+  // checkpoint_bytes=): a launcher that takes a changed heartbeat for life sees a slow write live.
+  // At most once a second, as beat().
+  void writing(int64_t step, int64_t epochs_done, int64_t checkpoint_step, uint64_t synced, uint64_t total);
   // The last beat: state "done", "stopped" or "failed" (with extra lines such as "exit_code=2\n").
   void last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra = "");
 
@@ -157,12 +162,24 @@ class Heartbeat {
 // parameters and optimizer state; batch-norm statistics are rank 0's, as DDP saves them) and a
 // background thread writes it. save() and wait_for_writes() are collective: every rank calls them at the
 // same step and learns whether rank 0 could hand the snapshot over or write it.
+// How the wait for rank 0's checkpoint writes goes, as every rank learns it once per slice of the
+// wait (Checkpointer::await_writes).
+struct WriteWait {
+  int64_t step = -1;    // the checkpoint's
+  uint64_t synced = 0;  // its bytes written and synced
+  uint64_t total = 0;   // its size: rank 0's alone knows it (0 elsewhere)
+  bool progressed = false;  // a chunk was synced in this slice
+  bool done = false;        // nothing left in flight (written, or failed: the wait's caller says which)
+};
+
 class Checkpointer {
  public:
+  using OnWait = std::function<void(const WriteWait&)>;
   // store: rank 0's (open_store), superseded files already set aside; engine: whose state the
-  // checkpoints hold, of `model`.
+  // checkpoints hold, of `model`. on_wait: called on every rank after each slice of a wait for
+  // rank 0's writes (its step watchdog counts a synced chunk as progress, its heartbeat says so).
   Checkpointer(dist::ProcessContext& ctx, const TrainOptions& o, std::unique_ptr<ckpt::CheckpointStore> store,
-               Engine& engine, ModelIdentity model);
+               Engine& engine, ModelIdentity model, OnWait on_wait = {});
   const ckpt::CheckpointStore* store() const { return store_.get(); }
   ckpt::AsyncWriter* writer() const { return writer_.get(); }
   // Whether rank 0's --checkpoint-interval has passed since the last checkpoint (false on the
@@ -182,6 +199,9 @@ class Checkpointer {
   double stall_seconds() const { return stall_; }
 
  private:
+  void await_writes();
+
+
   dist::ProcessContext& ctx_;
   const TrainOptions& o_;
   std::unique_ptr<ckpt::CheckpointStore> store_;
@@ -192,6 +212,8 @@ class Checkpointer {
   std::optional<RunPosition> last_saved_;
   double stall_ = 0;
   Clock::time_point last_time_ = Clock::now();
+  OnWait on_wait_;
+  uint64_t chunks_seen_ = 0;  // rank 0's writer's synced chunks at the last slice
 };
 
 }  // namespace hpc::train

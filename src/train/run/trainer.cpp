@@ -161,6 +161,7 @@ class TrainingRun {
     heartbeat_->beat(step, epochs_done, [this] { return stragglers_->heartbeat_lines(); }, now);
   }
   void release_directory();
+  void on_write_wait(const WriteWait& w);
   std::optional<int> set_up();
   void say_stopped_in_setup(int exit_code, bool checkpointed);
   void write_stopped_event(int64_t step, int signal, bool checkpointed, int exit_code);
@@ -237,6 +238,8 @@ class TrainingRun {
   }
   std::optional<StragglerTracker> stragglers_;
   std::unique_ptr<StepWatchdog> watchdog_;
+  std::optional<Clock::time_point> write_waited_;  // since when rank 0 waits for its writer, while it does
+  int write_said_ = 0;                             // info lines said of it (one a minute)
   Tally tally_;
   EpochTally epoch_;  // the epoch in progress (run_epoch's), whose sums a save inside it records
   EvalResult eval_;
@@ -489,7 +492,8 @@ void TrainingRun::start_state_keeping() {
   dist::collectively(ctx_, [&] {
     if (lead_) record_run_identity(o_, run_);
   });
-  checkpoints_ = std::make_unique<Checkpointer>(ctx_, o_, std::move(store), *engine_, model_id_);
+  checkpoints_ = std::make_unique<Checkpointer>(ctx_, o_, std::move(store), *engine_, model_id_,
+                                               [this](const WriteWait& w) { on_write_wait(w); });
   snapshots_ = std::make_unique<Snapshotter>(ctx_, o_, *engine_, model_id_, snapshot_run_dir(o_, run_.id), run_.id,
                                              run_.previous);
   snapshots_->begins_at(p_.start.step);
@@ -499,6 +503,28 @@ void TrainingRun::start_state_keeping() {
   heartbeat_.emplace(checkpoints_->store(),
                      resumed + ckpt::heartbeat_owner_lines(ckpt::hpcrun_token_from_env(), ckpt::hpcrun_attempt_from_env()));
   heartbeat_ready_.store(true, std::memory_order_release);
+}
+
+// A slice of the wait for rank 0's checkpoint (Checkpointer::await_writes): a chunk synced is
+// progress to the watchdog and to a launcher that reads the heartbeat; the wait's end is progress.
+void TrainingRun::on_write_wait(const WriteWait& w) {
+  if (w.done) {
+    watchdog_->progress(tally_.step);
+    write_waited_.reset();
+    write_said_ = 0;
+    return;
+  }
+  watchdog_->writing(w.step, w.synced, lead_, w.progressed);
+  if (!lead_) return;
+  const int64_t at = std::max(tally_.step, p_.start.step);  // (set-up's stop: the step it starts at)
+  if (w.progressed && heartbeat_ready_.load(std::memory_order_acquire))
+    heartbeat_->writing(at, plan_.steps_per_epoch ? at / plan_.steps_per_epoch : 0, w.step, w.synced, w.total);
+  if (!write_waited_) write_waited_ = Clock::now();
+  const double waited = seconds_since(*write_waited_);
+  if (waited < 60 * (write_said_ + 1)) return;
+  ++write_said_;
+  log::info("checkpoint of step ", w.step, ": ", w.synced, " of ", w.total, " bytes written and synced after ",
+            static_cast<int64_t>(waited), " s; still writing (--step-timeout counts from the write's last progress)");
 }
 
 // A run that starts from --init-from's weights is evaluated before its first step (the

@@ -109,7 +109,16 @@ StepWatchdog::~StepWatchdog() {
 
 void StepWatchdog::progress(int64_t step) {
   step_.store(step, std::memory_order_relaxed);
+  writing_.store(false, std::memory_order_relaxed);
   last_ns_.store(now_ns(), std::memory_order_release);
+}
+
+void StepWatchdog::writing(int64_t checkpoint_step, uint64_t synced, bool own, bool progressed) {
+  write_step_.store(checkpoint_step, std::memory_order_relaxed);
+  write_synced_.store(synced, std::memory_order_relaxed);
+  own_write_.store(own, std::memory_order_relaxed);
+  writing_.store(true, std::memory_order_relaxed);
+  if (progressed) last_ns_.store(now_ns(), std::memory_order_release);
 }
 
 void StepWatchdog::hold_for(double seconds) {
@@ -147,8 +156,30 @@ void StepWatchdog::run() {
   }
 }
 
+const char* StepWatchdog::timeout_option() const {
+  return watched_ == Watched::SetUp || watched_ == Watched::EvaluationSetUp ? "--start-timeout" : "--step-timeout";
+}
+
+// The wait for a checkpoint's write, in words: "the checkpoint of step S" and how far it came.
+std::string StepWatchdog::write_text() const {
+  return detail::concat(own_write_.load() ? "the checkpoint of step " : "rank 0's checkpoint of step ",
+                        write_step_.load());
+}
+
+std::string StepWatchdog::written_text() const {
+  return detail::concat(write_synced_.load(), " bytes written and synced");
+}
+
 std::string StepWatchdog::expired_message() const {
   const std::string timeout = seconds_text(timeout_);
+  if (writing_.load())
+    return detail::concat(where_, ": ", write_text(), " made no progress within ", timeout_option(), " ", timeout, " (",
+                          written_text(), "): ",
+                          own_write_.load() ? "a file system that does not answer?"
+                                            : "its file system does not answer, or rank 0 stopped, died or lost its "
+                                              "network?",
+                          " Exiting with code ", kExitStepTimeout,
+                          " so that the job can be relaunched from its last checkpoint");
   const char* while_starting = peers_ ? "a peer rank stopped, died or lost its network while starting?"
                                       : "a file system or device that does not answer?";
   const char* inside = peers_ ? "a peer rank stopped, died or lost its network inside a collective?"
@@ -175,6 +206,9 @@ std::string StepWatchdog::expired_message() const {
 
 std::string StepWatchdog::late_message(double idle_seconds) const {
   const std::string idle = seconds_text(idle_seconds), timeout = seconds_text(timeout_);
+  if (writing_.load())
+    return detail::concat(where_, ": ", write_text(), " has made no progress for ", idle, " (", written_text(),
+                          "); waiting for a file system? (", timeout_option(), " ", timeout, ")");
   const char* waiting = peers_ ? "waiting for a peer?" : "waiting for a file system or device?";
   switch (watched_) {
     case Watched::SetUp:

@@ -76,11 +76,19 @@ class StepWatchdog {
   // directory's lock: --checkpoint-lock-wait); progress() after the wait starts it again (seen
   // within kPollSeconds).
   void hold_for(double seconds);
+  // The loop waits for rank 0's checkpoint of `checkpoint_step` (Checkpointer::await_writes),
+  // `synced` bytes of it written and synced so far; `progressed`: a chunk was synced since the
+  // last call, which counts as progress (the clock starts again). `own`: this process writes it,
+  // else a peer does. The messages then name the write; progress() ends the wait.
+  void writing(int64_t checkpoint_step, uint64_t synced, bool own, bool progressed);
 
  private:
   void run();
   std::string expired_message() const;
   std::string late_message(double idle_seconds) const;
+  const char* timeout_option() const;
+  std::string write_text() const;
+  std::string written_text() const;
 
   using Clock = std::chrono::steady_clock;
   const double timeout_;
@@ -90,6 +98,9 @@ class StepWatchdog {
   Expire expire_;
   Poll poll_;
   std::atomic<int64_t> last_ns_{0}, step_{0};
+  std::atomic<bool> writing_{false}, own_write_{false};
+  std::atomic<int64_t> write_step_{0};
+  std::atomic<uint64_t> write_synced_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
