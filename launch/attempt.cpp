@@ -308,8 +308,9 @@ void AttemptWatcher::watch_heartbeat(double t) {
   last_beat_poll_ = t;
   watch_lock(t);
   if (!record_beat(t)) return;
+  if (job_.heartbeat.writing()) return phase_.writing(t);
   phase_.progress(t);
-  if (!job_.heartbeat.writing()) watch_stragglers(t);
+  watch_stragglers(t);
 }
 
 // A relaunch after a lost host can find the last attempt's rank 0 still alive there, holding the
@@ -332,8 +333,8 @@ void AttemptWatcher::watch_lock(double t) {
 bool AttemptWatcher::record_beat(double t) {
   if (!job_.heartbeat.poll(t)) return false;
   // A beat of a checkpoint's write that moves (hpctrain's Heartbeat::writing): the job is alive but
-  // took no step, which the attempt's step times must not count; in set-up's stop it is still starting.
-  if (job_.heartbeat.writing()) return rec_.first_step >= 0;
+  // took no step, which the attempt's step times must not count (AttemptPhase::writing).
+  if (job_.heartbeat.writing()) return true;
   if (rec_.first_step < 0) {
     rec_.first_step = job_.heartbeat.step();
     rec_.first_step_at = t;

@@ -55,6 +55,11 @@ void AttemptPhase::progress(double t) {
   if (phase_ == Phase::Starting || phase_ == Phase::Running) enter(Phase::Running, watch_deadline(Phase::Running));
 }
 
+void AttemptPhase::writing(double t) {
+  if (phase_ == Phase::Running) progress(t);
+  if (phase_ == Phase::Stopping) enter(Phase::Stopping, std::max(deadline_, t + timeouts_.stop));
+}
+
 void AttemptPhase::stop_requested(double t) {
   if (phase_ == Phase::Stopping) return enter(Phase::Stopping, t + timeouts_.stop);
   wait_for_end(Phase::Stopping, t + timeouts_.stop);

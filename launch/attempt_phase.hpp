@@ -68,6 +68,10 @@ class AttemptPhase {
 
   // Events. Each may move to another phase; none acts on mpirun by itself.
   void progress(double t);          // the heartbeat showed a finished step
+  // The heartbeat showed a checkpoint's write that moves (a chunk synced, no step): life while
+  // running, as a step is; while stopping, --stop-timeout counts from it (a slow file system's
+  // stop checkpoint, not a hang: hpctrain's watchdog ends one that makes no progress).
+  void writing(double t);
   // hpcrun asked the job to checkpoint and stop; asked again while stopping (a signal after a
   // request to grow or drain), the --stop-timeout starts again.
   void stop_requested(double t);

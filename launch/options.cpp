@@ -345,7 +345,7 @@ Group recovery_group() {
                                                                   "answer, and mpirun to end a failed job"))),
            options::duration("stop-timeout", own(&L::stop_timeout),
                              "how long a checkpoint-and-stop (a signal, growth, a drain) may take before the job is "
-                             "killed",
+                             "killed (while its checkpoint is written, from the write's last synced chunk)",
                              wait_at_most(options::more_than(0.0, "0 would kill every job asked to checkpoint before "
                                                                   "it can")))}};
 }

@@ -1281,6 +1281,26 @@ TEST(HpcrunCli, ACheckpointWriteThatMovesIsNoStall) {
   ASSERT_EQ(sum["attempts"].size(), 1u) << sum;
   EXPECT_EQ(sum["attempts"][0]["result"], "success");
   EXPECT_EQ(sum["attempts"][0]["last_step"], 4) << sum;
+
+  // A stop hpcrun asks for (SIGTERM to hpcrun) whose checkpoint takes 6 s under --stop-timeout 3s:
+  // the timeout counts from the write's last synced chunk, and the job stops with its checkpoint.
+  // Before, hpcrun terminated it 3 s into the write.
+  const std::string stop_ck = dir.file("stop");
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:12", 1);
+  setenv("HPCTRAIN_TEST_SLOW_RANK", "0:100", 1);
+  Started job({hpcrun_binary(), "-np", "1", "--stop-timeout", "3s", "--max-restarts", "0", hpctrain_binary(),
+               "--checkpoint-dir", stop_ck, "--step-timeout", "3s", "--snapshot-every-steps", "0", "--train-samples",
+               "1280", "--test-samples", "100", "--threads", "1", "--device", "cpu", "--data-dir", fashion_mnist_dir()});
+  unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
+  unsetenv("HPCTRAIN_TEST_SLOW_RANK");
+  const auto stepped = [&] { return read_text(stop_ck + "/heartbeat").find("\nstate=training\n") != std::string::npos; };
+  while (!stepped() && job.running() && job.seconds() < 120) usleep(50 * 1000);
+  ASSERT_TRUE(stepped()) << read_text(job.err_path());
+  ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
+  const RunResult stopped = job.finish(120);
+  EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_NE(stopped.err.find("checkpoint written, --resume auto continues from it"), std::string::npos) << stopped.err;
+  EXPECT_GE(stopped.seconds, 6.0) << "the write was not slow";
 }
 
 // hpcrun removes its own membership-change marker only: another hpcrun's (of the same checkpoint

@@ -1491,6 +1491,29 @@ TEST(AttemptPhase, AStopThatTakesTooLongIsTerminatedThenKilled) {
   expect_escalation(p, 505, Phase::Terminating, Action::Kill, Phase::Killed, AttemptPhase::kNever);
 }
 
+// A checkpoint's write that moves (the heartbeat's checkpoint_bytes_synced) is life: the stall clock
+// starts again while running, and a stop's --stop-timeout counts from it; never a first step.
+TEST(AttemptPhase, AWriteThatMovesIsLifeAndHoldsAStopsTimeout) {
+  AttemptPhase p = launched();
+  p.writing(105);  // set-up's stop checkpoint: still starting
+  EXPECT_EQ(p.phase(), Phase::Starting);
+  p.progress(110);
+  p.writing(150);
+  EXPECT_TRUE(p.running());
+  EXPECT_DOUBLE_EQ(p.deadline(), 210);
+  p.stop_requested(160);
+  EXPECT_DOUBLE_EQ(p.deadline(), 460);
+  p.progress(165);  // a step until the checkpoint: no clock of its own while stopping
+  EXPECT_DOUBLE_EQ(p.deadline(), 460);
+  p.writing(170);  // the stop's checkpoint moves: --stop-timeout from its last chunk
+  EXPECT_DOUBLE_EQ(p.deadline(), 470);
+  p.writing(400);
+  EXPECT_DOUBLE_EQ(p.deadline(), 700);
+  expect_escalation(p, 701, Phase::Stopping, Action::Terminate, Phase::Terminating, 704);
+  p.writing(702);  // ending it already
+  EXPECT_EQ(p.phase(), Phase::Terminating);
+}
+
 TEST(AttemptPhase, AFailureGivesMpirunTheTeardownTimeoutThenKills) {
   AttemptPhase p = launched();
   p.progress(110);
