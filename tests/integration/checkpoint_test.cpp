@@ -743,6 +743,17 @@ std::vector<std::string> with_checkpoints_every(std::vector<std::string> args, c
   return args;
 }
 
+// job()'s options with the stop's checkpoint alone, under --step-timeout 3s, stopped by SIGTERM to
+// rank 1 after step 11; its writes made slow by HPCTRAIN_TEST_SLOW_WRITE=`slow` (the caller unsets
+// both once the job is started).
+std::vector<std::string> slow_stop(const std::vector<std::string>& job_args, const char* slow) {
+  auto args = with_checkpoints_every(job_args);
+  args.insert(args.end(), {"--step-timeout", "3s"});
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", slow, 1);
+  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "11@1", 1);
+  return args;
+}
+
 // A checkpoint that a slow file system takes longer than --step-timeout to write, but that moves
 // (HPCTRAIN_TEST_SLOW_WRITE: 12 chunks, each synced after 0.5 s), is no hang: a stop's on 2 ranks
 // ends in 75 with the checkpoint whole, every rank's watchdog fed by each synced chunk, the
@@ -751,11 +762,7 @@ std::vector<std::string> with_checkpoints_every(std::vector<std::string> args, c
 // checkpoint lost.
 TEST_F(Checkpoints, ACheckpointWriteThatMovesOutlastsTheStepTimeout) {
   const std::string ck = dir_.file("slow");
-  auto args = with_checkpoints_every(job(ck, dir_.file("slow.jsonl")));
-  args.insert(args.end(), {"--step-timeout", "3s"});
-  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:12", 1);
-  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "11@1", 1);
-  const auto p = start_mpi(2, args);
+  const auto p = start_mpi(2, slow_stop(job(ck, dir_.file("slow.jsonl")), "0.5:12"));
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
   std::string beat;
@@ -798,11 +805,7 @@ TEST_F(Checkpoints, APeriodicAndTheFinalCheckpointThatMoveOutlastTheStepTimeout)
 // 124 within --step-timeout, the line naming the checkpoint and that nothing of it was synced.
 TEST_F(Checkpoints, ACheckpointWriteThatDoesNotMoveEndsTheJob) {
   const std::string ck = dir_.file("stuck");
-  auto args = with_checkpoints_every(job(ck, dir_.file("stuck.jsonl")));
-  args.insert(args.end(), {"--step-timeout", "3s"});
-  setenv("HPCTRAIN_TEST_SLOW_WRITE", "30:2", 1);
-  setenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP", "11@1", 1);
-  const RunResult r = run_mpi(2, args);
+  const RunResult r = run_mpi(2, slow_stop(job(ck, dir_.file("stuck.jsonl")), "30:2"));
   unsetenv("HPCTRAIN_TEST_SIGNAL_AFTER_STEP");
   unsetenv("HPCTRAIN_TEST_SLOW_WRITE");
   EXPECT_EQ(r.exit_code, 124) << r.err;

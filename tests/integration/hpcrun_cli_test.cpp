@@ -1262,12 +1262,12 @@ TEST(HpcrunCli, AConfigFilesCheckpointDirAndResumeAreSeen) {
 
 // A checkpoint whose write outlasts --stall-timeout but moves is no stall: hpctrain's heartbeat
 // names its synced bytes as they come, which hpcrun takes for life (not for a step). The final
-// checkpoint, 20 chunks each synced after 0.5 s, under --stall-timeout 5s: one attempt, a success.
+// checkpoint, 14 chunks each synced after 0.5 s, under --stall-timeout 5s: one attempt, a success.
 // Before, the heartbeat stood still for the write, and hpcrun killed the job as stalled.
 TEST(HpcrunCli, ACheckpointWriteThatMovesIsNoStall) {
   TempDir dir("hpcrun_slow_write");
   const std::string ck = dir.file("ck");
-  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:20", 1);
+  setenv("HPCTRAIN_TEST_SLOW_WRITE", "0.5:14", 1);
   const RunResult r = hpcrun({"-np", "1", "--stall-timeout", "5s", "--max-restarts", "0", hpctrain_binary(),
                               "--checkpoint-dir", ck, "--max-steps", "4", "--step-timeout", "3s",
                               "--snapshot-every-steps", "0", "--train-samples", "1280", "--test-samples", "100",
