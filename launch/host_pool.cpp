@@ -179,7 +179,13 @@ bool HostPool::wait_for_hosts(HostList* usable, bool first) {
     const std::string have = std::to_string(slots) + " healthy slot(s)" +
                              (usable->empty() ? "" : " (" + show_hosts(*usable) + ")") + ", --min-np " +
                              std::to_string(o_.min_np) + " needed";
-    // A fixed host list that cannot start the job at all is bad input, not a reason to wait.
+    // A fixed host list that cannot start the job at all is bad input, not a reason to wait. Slurm's
+    // allocation is not bad input: a node of it that does not answer is a node failure, exit 1, which
+    // slurm/job.sh requeues (onto other nodes); exit 2 it never requeues.
+    if (first && o_.host_source == HostSource::Slurm) {
+      gave_up_ = "gave up: cannot start: " + have + " in Slurm's allocation (a node that does not answer failed)";
+      return false;
+    }
     if (first && o_.host_source != HostSource::Discovery) usage_error("cannot start: ", have);
     if (clock_.now() >= deadline) {
       // The job's last line, after its summary (the caller's to say): exit 1's reason, last.

@@ -1303,6 +1303,32 @@ TEST(HpcrunCli, ACheckpointWriteThatMovesIsNoStall) {
   EXPECT_GE(stopped.seconds, 6.0) << "the write was not slow";
 }
 
+// Inside a Slurm job, a node of the allocation that does not answer its probe at the start is a node
+// failure (exit 1, which slurm/job.sh requeues onto other nodes), not bad input: before, it was exit
+// 2, "cannot start", which the job script never requeues. A fixed -H list stays bad input.
+TEST(HpcrunCli, ASlurmNodeThatDoesNotAnswerAtTheStartIsAFailureNotBadInput) {
+  TempDir dir("hpcrun_slurm_probe");
+  const std::string agent = dir.file("agent");
+  std::ofstream(agent) << "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\n"
+                          "[ \"$1\" = node2 ] && exit 255\nshift\nexec sh -c \"$*\"\n";
+  fs::permissions(agent, fs::perms::owner_all);
+  ::setenv("SLURM_JOB_ID", "7", 1);
+  ::setenv("SLURM_JOB_NODELIST", "node[1-2]", 1);
+  ::setenv("SLURM_TASKS_PER_NODE", "1(x2)", 1);
+  const RunResult r = hpcrun({"--log-dir", dir.file("logs"), "--launch-agent", agent, "-np", "2", "true"});
+  for (const char* name : {"SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE"}) ::unsetenv(name);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(error_lines(r.err), 0) << r.err;
+  EXPECT_NE(r.err.find("gave up: cannot start: 1 healthy slot(s) (node1:1), --min-np 2 needed in Slurm's allocation"),
+            std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("attempt 1"), std::string::npos) << r.err;
+  const RunResult fixed = hpcrun({"--log-dir", dir.file("logs2"), "--launch-agent", agent, "-H", "node1:1,node2:1",
+                                  "-np", "2", "true"});
+  EXPECT_EQ(fixed.exit_code, 2) << fixed.err;
+  EXPECT_NE(fixed.err.find("hpcrun: error: cannot start: 1 healthy slot(s) (node1:1), --min-np 2 needed"),
+            std::string::npos) << fixed.err;
+}
+
 // hpcrun removes its own membership-change marker only: another hpcrun's (of the same checkpoint
 // directory, its drain under way) was removed at each attempt's start and at the end, and that
 // stop then wrote a checkpoint instead of keeping the state in memory.
