@@ -816,6 +816,9 @@ TEST_F(Checkpoints, ACheckpointWriteThatDoesNotMoveEndsTheJob) {
   const std::string beat = read_text(ck + "/heartbeat");
   EXPECT_NE(beat.find("\nstate=failed\n"), std::string::npos) << beat;
   EXPECT_NE(beat.find("\nexit_code=124\n"), std::string::npos) << beat;
+  // The write given up leaves no temporary file (as a stop at once's).
+  for (const auto& e : fs::directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 // One rank stopped by SIGSTOP during set-up, once the data are loaded: the other waits in

@@ -318,6 +318,9 @@ TrainResult TrainingRun::run_steps() {
     const auto said = std::make_shared<std::atomic<bool>>(false);
     std::thread([this, said] {
       mark_failed(kExitStepTimeout);  // the main thread is stuck in a collective: it writes no more beats
+      // A checkpoint whose write made no progress is given up: its temporary file goes, as a stop at
+      // once's does (the checkpoints written before stay), not left for the next run to find.
+      ckpt::remove_unfinished_files();
       // Polled with try_lock, not try_lock_for: libstdc++'s timed wait (pthread_mutex_clocklock)
       // is invisible to GCC's ThreadSanitizer, which then reports every access under it as a race.
       std::unique_lock hold(metrics_lock_, std::defer_lock);
