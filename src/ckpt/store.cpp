@@ -337,11 +337,12 @@ void write_file_atomically(const std::string& path, const std::vector<ByteSpan>&
   keep_mode_of(path, fd);
   try {
     size_t size = 0;
-    for (const ByteSpan& p : pieces) {
-      if (!progress) write_all(fd, p.data, p.size, tmp);
-      size += p.size;
+    for (const ByteSpan& p : pieces) size += p.size;
+    if (progress) {
+      write_synced_chunks(fd, pieces, tmp, *progress);
+    } else {
+      for (const ByteSpan& p : pieces) write_all(fd, p.data, p.size, tmp);
     }
-    if (progress) write_synced_chunks(fd, pieces, tmp, *progress);
     if (reused && ::ftruncate(fd, static_cast<off_t>(size)) != 0) io_error("truncate", tmp);
     if (::fsync(fd) != 0) io_error("fsync", tmp);
   } catch (...) {

@@ -181,11 +181,10 @@ void Heartbeat::stepped(int64_t step, int64_t epochs_done) {
 }
 
 void Heartbeat::writing(int64_t step, int64_t epochs_done, int64_t checkpoint_step, uint64_t synced, uint64_t total) {
-  if (!store_ || seconds_since(last_) < 1.0 || !store_->owned()) return;
-  ckpt::write_heartbeat(store_->dir(), step, epochs_done, "training",
-                        detail::concat(resumed_, "checkpoint_step=", checkpoint_step, "\ncheckpoint_bytes_synced=",
-                                       synced, "\ncheckpoint_bytes=", total, "\n"));
-  last_ = Clock::now();
+  beat(step, epochs_done, [&] {
+    return detail::concat("checkpoint_step=", checkpoint_step, "\ncheckpoint_bytes_synced=", synced,
+                          "\ncheckpoint_bytes=", total, "\n");
+  });
 }
 
 void Heartbeat::last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra) {

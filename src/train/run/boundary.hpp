@@ -146,7 +146,7 @@ class Heartbeat {
   // A beat while the run waits for rank 0's checkpoint of `checkpoint_step`, which has come as far
   // as `synced` of `total` bytes written and synced (checkpoint_step=, checkpoint_bytes_synced=,
   // checkpoint_bytes=): a launcher that takes a changed heartbeat for life sees a slow write live.
-  // At most once a second, as beat().
+  // A beat() with those lines: at most once a second, and where a stop at once finds the run.
   void writing(int64_t step, int64_t epochs_done, int64_t checkpoint_step, uint64_t synced, uint64_t total);
   // The last beat: state "done", "stopped" or "failed" (with extra lines such as "exit_code=2\n").
   void last(int64_t step, int64_t epochs_done, const char* state, const std::string& extra = "");

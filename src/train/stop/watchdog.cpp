@@ -172,32 +172,32 @@ std::string StepWatchdog::written_text() const {
 
 std::string StepWatchdog::expired_message() const {
   const std::string timeout = seconds_text(timeout_);
-  if (writing_.load())
-    return detail::concat(where_, ": ", write_text(), " made no progress within ", timeout_option(), " ", timeout, " (",
-                          written_text(), "): ",
-                          own_write_.load() ? "a file system that does not answer?"
-                                            : "its file system does not answer, or rank 0 stopped, died or lost its "
-                                              "network?",
-                          " Exiting with code ", kExitStepTimeout,
-                          " so that the job can be relaunched from its last checkpoint");
   const char* while_starting = peers_ ? "a peer rank stopped, died or lost its network while starting?"
                                       : "a file system or device that does not answer?";
   const char* inside = peers_ ? "a peer rank stopped, died or lost its network inside a collective?"
                               : "a file system or device that does not answer?";
   std::string what;
-  switch (watched_) {
-    case Watched::SetUp:
-    case Watched::EvaluationSetUp:
-      what = detail::concat("set-up did not end within --start-timeout ", timeout, ": ", while_starting);
-      break;
-    case Watched::EvaluationBatches:
-      what = detail::concat("no evaluation batch finished within --step-timeout ", timeout, " (the last was batch ",
-                            step_.load(), "): ", inside);
-      break;
-    case Watched::Steps:
-      what = detail::concat("no step finished within --step-timeout ", timeout, " (the last was step ", step_.load(),
-                            "): ", inside);
-      break;
+  if (writing_.load()) {  // (only training's watchdogs, Steps and SetUp, are told of writes)
+    what = detail::concat(write_text(), " made no progress within ", timeout_option(), " ", timeout, " (",
+                          written_text(), "): ",
+                          own_write_.load() ? "a file system that does not answer?"
+                                            : "its file system does not answer, or rank 0 stopped, died or lost its "
+                                              "network?");
+  } else {
+    switch (watched_) {
+      case Watched::SetUp:
+      case Watched::EvaluationSetUp:
+        what = detail::concat("set-up did not end within --start-timeout ", timeout, ": ", while_starting);
+        break;
+      case Watched::EvaluationBatches:
+        what = detail::concat("no evaluation batch finished within --step-timeout ", timeout, " (the last was batch ",
+                              step_.load(), "): ", inside);
+        break;
+      case Watched::Steps:
+        what = detail::concat("no step finished within --step-timeout ", timeout, " (the last was step ",
+                              step_.load(), "): ", inside);
+        break;
+    }
   }
   const bool training = watched_ == Watched::Steps || watched_ == Watched::SetUp;
   return detail::concat(where_, ": ", what, " Exiting with code ", kExitStepTimeout,
